@@ -1,0 +1,60 @@
+# Loops build. `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+GO ?= go
+TOOLS := $(GO) tool -modfile=tools/go.mod
+PROTODEPS := .cache/protodeps
+# googleapis' annotations/http protos, taken from this pinned module at generate time (never committed).
+GOOGLEAPIS_MODULE := github.com/grpc-ecosystem/grpc-gateway/v2@v2.2.0
+
+.PHONY: help
+help: ## Show this help
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
+
+.PHONY: build
+build: ## Build the loops binary into ./bin/loops
+	$(GO) build -o bin/loops ./cmd/loops
+
+.PHONY: test
+test: ## Run the Go tests (fast path)
+	$(GO) test ./...
+
+.PHONY: test-e2e
+test-e2e: ## Run the end-to-end suite with the real tinker SDK (creates a cached venv)
+	bash tests/e2e/run.sh
+
+.PHONY: test-all
+test-all: test test-e2e ## Everything CI runs
+
+.PHONY: protodeps
+protodeps: ## Copy third-party protos from the Go module cache into .cache/protodeps
+	@dir=$$($(GO) mod download -json $(GOOGLEAPIS_MODULE) | sed -n 's/.*"Dir": "\(.*\)".*/\1/p'); \
+	test -n "$$dir" || { echo "cannot download $(GOOGLEAPIS_MODULE)"; exit 1; }; \
+	mkdir -p $(PROTODEPS)/googleapis/google/api; \
+	for f in annotations.proto http.proto; do \
+	  install -m 0644 "$$dir/third_party/googleapis/google/api/$$f" $(PROTODEPS)/googleapis/google/api/$$f; \
+	done; \
+	(cd $(PROTODEPS)/googleapis && sha256sum -c --quiet "$(CURDIR)/tools/protodeps.sha256")
+
+.PHONY: generate
+generate: protodeps ## Regenerate gen/ from proto/
+	$(TOOLS) buf format -w proto
+	$(TOOLS) buf lint
+	rm -rf gen/go gen/openapi/*.json
+	$(TOOLS) buf generate
+	$(GO) fmt ./gen/... >/dev/null
+
+.PHONY: checkgenerate
+checkgenerate: generate ## Fail if gen/ is out of date with proto/
+	@test -z "$$(git status --porcelain -- gen proto)" || { git status --porcelain -- gen proto; echo "gen/ is stale: run make generate and commit"; exit 1; }
+
+.PHONY: lint
+lint: protodeps ## buf lint, buf format check, go vet
+	$(TOOLS) buf lint
+	$(TOOLS) buf format -d --exit-code proto
+	$(GO) vet ./...
+
+.PHONY: breaking
+breaking: protodeps ## buf breaking against main
+	$(TOOLS) buf breaking --against '.git#branch=main'
