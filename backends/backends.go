@@ -1,0 +1,83 @@
+package backends
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
+)
+
+// Trainer trains LoRA adapters. Its methods are the loops.backend.v1 TrainerService, so the
+// in-process engine and a remote worker's gRPC client are interchangeable. Bad input is
+// reported as a *connect.Error with CodeInvalidArgument; an unknown adapter as CodeNotFound.
+type Trainer = backendv1connect.TrainerServiceHandler
+
+// Sampler generates text from a base model with an optional adapter folder applied. Its
+// methods are the loops.backend.v1 SamplerService.
+type Sampler = backendv1connect.SamplerServiceHandler
+
+// Backend is a started backend: both roles and a way to stop it.
+type Backend interface {
+	Trainer() Trainer
+	Sampler() Sampler
+	// Close stops the backend and frees its resources.
+	Close() error
+}
+
+// Config is what every backend factory is given. Options holds backend-specific settings
+// (flag values such as model lists), which each backend documents.
+type Config struct {
+	// DataDir is a folder the backend may write to (built-in models, caches).
+	DataDir string
+	// Models are the base models to serve (names or local folders); empty means the
+	// backend's defaults.
+	Models []string
+	// MaxLoraRank caps adapter ranks; 0 means the backend's default.
+	MaxLoraRank int
+	// Options are backend-specific key/value settings.
+	Options map[string]string
+}
+
+// Factory starts a backend.
+type Factory func(ctx context.Context, cfg Config) (Backend, error)
+
+var (
+	registryMu sync.RWMutex
+	registry   = map[string]Factory{}
+)
+
+// Register makes a backend available by name. It panics if the name is taken, since that is
+// a programming error in the binary's set of built-ins.
+func Register(name string, f Factory) {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	if _, dup := registry[name]; dup {
+		panic(fmt.Sprintf("backends: %q registered twice", name))
+	}
+	registry[name] = f
+}
+
+// Names lists the registered backends, sorted.
+func Names() []string {
+	registryMu.RLock()
+	defer registryMu.RUnlock()
+	names := make([]string, 0, len(registry))
+	for n := range registry {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Open starts the backend registered under name.
+func Open(ctx context.Context, name string, cfg Config) (Backend, error) {
+	registryMu.RLock()
+	f, ok := registry[name]
+	registryMu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("backends: no backend named %q (have %v)", name, Names())
+	}
+	return f(ctx, cfg)
+}

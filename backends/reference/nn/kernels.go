@@ -1,0 +1,270 @@
+package nn
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+)
+
+// Float is the element type the engine computes in: float32 for serving, float64 for
+// reference checks in tests.
+type Float interface{ ~float32 | ~float64 }
+
+var threads atomic.Int32
+
+func init() { threads.Store(int32(runtime.NumCPU())) }
+
+// SetThreads sets how many goroutines the matrix kernels use (at least 1).
+func SetThreads(n int) {
+	if n < 1 {
+		n = 1
+	}
+	threads.Store(int32(n))
+}
+
+// Threads reports the number of goroutines the kernels use.
+func Threads() int { return int(threads.Load()) }
+
+// parallelFor runs fn(i) for i in [0,n) on up to Threads() goroutines, handing out indices
+// dynamically. work is a rough cost estimate of the whole job; small jobs run inline.
+func parallelFor(n int, work int, fn func(i int)) {
+	t := Threads()
+	if t > n {
+		t = n
+	}
+	if t <= 1 || work < 1<<15 {
+		for i := 0; i < n; i++ {
+			fn(i)
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(t)
+	for w := 0; w < t; w++ {
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				fn(i)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+const (
+	blkM = 32
+	blkN = 64
+	blkK = 256
+)
+
+// MatMulT computes C[M,N] = A[M,K] · B[N,K]ᵀ, or adds it to C when acc is true. B is
+// row-major with rows of length K (the layout of a PyTorch Linear weight), so every output
+// element is a dot product of two contiguous rows. Work is split into (row, column) blocks
+// over goroutines; each element is always summed in the same order, so results do not
+// depend on the number of threads.
+func MatMulT[T Float](C, A, B []T, M, N, K int, acc bool) {
+	if M == 0 || N == 0 {
+		return
+	}
+	_ = A[M*K-1]
+	_ = B[N*K-1]
+	_ = C[M*N-1]
+	mb := (M + blkM - 1) / blkM
+	nb := (N + blkN - 1) / blkN
+	parallelFor(mb*nb, M*N*K, func(idx int) {
+		bi, bj := idx/nb, idx%nb
+		i0, i1 := bi*blkM, min((bi+1)*blkM, M)
+		j0, j1 := bj*blkN, min((bj+1)*blkN, N)
+		matMulTBlock(C, A, B, N, K, i0, i1, j0, j1, acc)
+	})
+}
+
+func matMulTBlock[T Float](C, A, B []T, N, K, i0, i1, j0, j1 int, acc bool) {
+	i := i0
+	for ; i+2 <= i1; i += 2 {
+		a0 := A[i*K : i*K+K]
+		a1 := A[(i+1)*K : (i+1)*K+K]
+		c0 := C[i*N : i*N+N]
+		c1 := C[(i+1)*N : (i+1)*N+N]
+		j := j0
+		for ; j+4 <= j1; j += 4 {
+			b0 := B[j*K : j*K+K]
+			b1 := B[(j+1)*K : (j+1)*K+K]
+			b2 := B[(j+2)*K : (j+2)*K+K]
+			b3 := B[(j+3)*K : (j+3)*K+K]
+			var s00, s01, s02, s03, s10, s11, s12, s13 T
+			a1 := a1[:len(a0)]
+			b0 = b0[:len(a0)]
+			b1 = b1[:len(a0)]
+			b2 = b2[:len(a0)]
+			b3 = b3[:len(a0)]
+			for k, x0 := range a0 {
+				x1 := a1[k]
+				y0, y1, y2, y3 := b0[k], b1[k], b2[k], b3[k]
+				s00 += x0 * y0
+				s01 += x0 * y1
+				s02 += x0 * y2
+				s03 += x0 * y3
+				s10 += x1 * y0
+				s11 += x1 * y1
+				s12 += x1 * y2
+				s13 += x1 * y3
+			}
+			if acc {
+				c0[j] += s00
+				c0[j+1] += s01
+				c0[j+2] += s02
+				c0[j+3] += s03
+				c1[j] += s10
+				c1[j+1] += s11
+				c1[j+2] += s12
+				c1[j+3] += s13
+			} else {
+				c0[j], c0[j+1], c0[j+2], c0[j+3] = s00, s01, s02, s03
+				c1[j], c1[j+1], c1[j+2], c1[j+3] = s10, s11, s12, s13
+			}
+		}
+		for ; j < j1; j++ {
+			b := B[j*K : j*K+K]
+			s0, s1 := dot(a0, b), dot(a1, b)
+			if acc {
+				c0[j] += s0
+				c1[j] += s1
+			} else {
+				c0[j], c1[j] = s0, s1
+			}
+		}
+	}
+	for ; i < i1; i++ {
+		a := A[i*K : i*K+K]
+		c := C[i*N : i*N+N]
+		j := j0
+		for ; j+4 <= j1; j += 4 {
+			b0 := B[j*K : j*K+K][:len(a)]
+			b1 := B[(j+1)*K : (j+1)*K+K][:len(a)]
+			b2 := B[(j+2)*K : (j+2)*K+K][:len(a)]
+			b3 := B[(j+3)*K : (j+3)*K+K][:len(a)]
+			var s0, s1, s2, s3 T
+			for k, x := range a {
+				s0 += x * b0[k]
+				s1 += x * b1[k]
+				s2 += x * b2[k]
+				s3 += x * b3[k]
+			}
+			if acc {
+				c[j] += s0
+				c[j+1] += s1
+				c[j+2] += s2
+				c[j+3] += s3
+			} else {
+				c[j], c[j+1], c[j+2], c[j+3] = s0, s1, s2, s3
+			}
+		}
+		for ; j < j1; j++ {
+			s := dot(a, B[j*K:j*K+K])
+			if acc {
+				c[j] += s
+			} else {
+				c[j] = s
+			}
+		}
+	}
+}
+
+// dot returns Σ a[k]·b[k] summed in order with one accumulator per position of a 4-wide
+// stride, matching the order the tiled kernel uses.
+func dot[T Float](a, b []T) T {
+	b = b[:len(a)]
+	var s T
+	for k, x := range a {
+		s += x * b[k]
+	}
+	return s
+}
+
+// MatMul computes C[M,N] = A[M,K] · B[K,N] (or adds to C when acc is true), with B
+// row-major. It is used for input gradients (dX = dY·W). Rows of C are split over
+// goroutines; columns are processed in cache-sized stripes.
+func MatMul[T Float](C, A, B []T, M, N, K int, acc bool) {
+	if M == 0 || N == 0 {
+		return
+	}
+	_ = A[M*K-1]
+	_ = B[K*N-1]
+	_ = C[M*N-1]
+	const stripe = 512
+	mb := (M + 3) / 4
+	ns := (N + stripe - 1) / stripe
+	parallelFor(mb*ns, M*N*K, func(idx int) {
+		bi, bs := idx/ns, idx%ns
+		i0, i1 := bi*4, min(bi*4+4, M)
+		j0, j1 := bs*stripe, min(bs*stripe+stripe, N)
+		if !acc {
+			for i := i0; i < i1; i++ {
+				clear(C[i*N+j0 : i*N+j1])
+			}
+		}
+		if i1-i0 == 4 {
+			c0 := C[i0*N+j0 : i0*N+j1]
+			c1 := C[(i0+1)*N+j0 : (i0+1)*N+j1][:len(c0)]
+			c2 := C[(i0+2)*N+j0 : (i0+2)*N+j1][:len(c0)]
+			c3 := C[(i0+3)*N+j0 : (i0+3)*N+j1][:len(c0)]
+			for k := 0; k < K; k++ {
+				x0, x1, x2, x3 := A[i0*K+k], A[(i0+1)*K+k], A[(i0+2)*K+k], A[(i0+3)*K+k]
+				if x0 == 0 && x1 == 0 && x2 == 0 && x3 == 0 {
+					continue
+				}
+				b := B[k*N+j0 : k*N+j1][:len(c0)]
+				for j, y := range b {
+					c0[j] += x0 * y
+					c1[j] += x1 * y
+					c2[j] += x2 * y
+					c3[j] += x3 * y
+				}
+			}
+			return
+		}
+		for i := i0; i < i1; i++ {
+			c := C[i*N+j0 : i*N+j1]
+			for k := 0; k < K; k++ {
+				x := A[i*K+k]
+				if x == 0 {
+					continue
+				}
+				b := B[k*N+j0 : k*N+j1][:len(c)]
+				for j, y := range b {
+					c[j] += x * y
+				}
+			}
+		}
+	})
+}
+
+// MatMulTN adds A[K,M]ᵀ · B[K,N] to C[M,N]. It computes weight gradients (dW += dYᵀ·X).
+// Rows of C are split over goroutines, so no two goroutines write the same element.
+func MatMulTN[T Float](C, A, B []T, M, N, K int) {
+	if M == 0 || N == 0 || K == 0 {
+		return
+	}
+	_ = A[K*M-1]
+	_ = B[K*N-1]
+	_ = C[M*N-1]
+	parallelFor(M, M*N*K, func(i int) {
+		c := C[i*N : i*N+N]
+		for k := 0; k < K; k++ {
+			x := A[k*M+i]
+			if x == 0 {
+				continue
+			}
+			b := B[k*N : k*N+N][:len(c)]
+			for j, y := range b {
+				c[j] += x * y
+			}
+		}
+	})
+}

@@ -1,0 +1,195 @@
+package nn
+
+import (
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+)
+
+func newRNG(seed uint64) *rand.Rand {
+	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+}
+
+// LoraAlpha is the fixed LoRA alpha; the update is scaled by LoraAlpha/rank.
+const LoraAlpha = 32
+
+// LoraConfig selects an adapter's rank, seed and targets.
+type LoraConfig struct {
+	Rank    int
+	Seed    uint64
+	Attn    bool // q_proj, k_proj, v_proj, o_proj
+	MLP     bool // gate_proj, up_proj, down_proj
+	Unembed bool // lm_head
+}
+
+// Param is one trainable tensor with its gradient and Adam moments.
+type Param[T Float] struct {
+	Name  string // PEFT key, e.g. base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight
+	Shape [2]int
+	W, G  []T
+	M, V  []T
+}
+
+// Pair is the LoRA factor pair of one linear layer: ΔW = scale · B·A with A [R, In] and
+// B [Out, R].
+type Pair[T Float] struct {
+	A, B          *Param[T]
+	In, Out, Rank int
+}
+
+// Adapter is a LoRA adapter over a model with its gradients and optimizer state.
+type Adapter[T Float] struct {
+	Cfg    LoraConfig
+	Scale  T
+	Layers [][NumLayerTargets]*Pair[T]
+	Head   *Pair[T]
+	Params []*Param[T]
+	Step   int // optimizer steps taken
+}
+
+// NewAdapter creates an adapter for m: A is drawn from U(-1/√in, 1/√in) (PEFT's
+// kaiming_uniform_(a=√5) bound) with a generator seeded by (seed, parameter name), B is zero.
+func NewAdapter[T Float](m *Model[T], cfg LoraConfig) (*Adapter[T], error) {
+	if cfg.Rank < 1 {
+		return nil, fmt.Errorf("LoRA rank must be at least 1, got %d", cfg.Rank)
+	}
+	if !cfg.Attn && !cfg.MLP && !cfg.Unembed {
+		return nil, fmt.Errorf("the adapter trains nothing: set at least one of train_attn, train_mlp, train_unembed")
+	}
+	a := &Adapter[T]{Cfg: cfg, Scale: T(float64(LoraAlpha) / float64(cfg.Rank))}
+	a.Layers = make([][NumLayerTargets]*Pair[T], len(m.Layers))
+	newPair := func(prefix string, in, out int) *Pair[T] {
+		r := cfg.Rank
+		p := &Pair[T]{In: in, Out: out, Rank: r,
+			A: &Param[T]{Name: prefix + ".lora_A.weight", Shape: [2]int{r, in}},
+			B: &Param[T]{Name: prefix + ".lora_B.weight", Shape: [2]int{out, r}},
+		}
+		for _, q := range []*Param[T]{p.A, p.B} {
+			n := q.Shape[0] * q.Shape[1]
+			q.W, q.G, q.M, q.V = make([]T, n), make([]T, n), make([]T, n), make([]T, n)
+		}
+		h := fnv.New64a()
+		h.Write([]byte(p.A.Name))
+		rng := newRNG(cfg.Seed ^ h.Sum64())
+		bound := 1 / math.Sqrt(float64(in))
+		for i := range p.A.W {
+			p.A.W[i] = T((rng.Float64()*2 - 1) * bound)
+		}
+		a.Params = append(a.Params, p.A, p.B)
+		return p
+	}
+	for i, L := range m.Layers {
+		for t := Target(0); t < NumLayerTargets; t++ {
+			if (t <= TO && cfg.Attn) || (t > TO && cfg.MLP) {
+				li := L.Lin[t]
+				a.Layers[i][t] = newPair(fmt.Sprintf("base_model.model.model.layers.%d.%s%s", i, targetPrefix(t), TargetNames[t]), li.In, li.Out)
+			}
+		}
+	}
+	if cfg.Unembed {
+		a.Head = newPair("base_model.model.lm_head", m.Head.In, m.Head.Out)
+	}
+	return a, nil
+}
+
+// TargetModules lists the PEFT target_modules of the adapter.
+func (a *Adapter[T]) TargetModules() []string {
+	var out []string
+	if a.Cfg.Attn {
+		out = append(out, TargetNames[:4]...)
+	}
+	if a.Cfg.MLP {
+		out = append(out, TargetNames[4:]...)
+	}
+	if a.Cfg.Unembed {
+		out = append(out, "lm_head")
+	}
+	return out
+}
+
+// ZeroGrad clears the accumulated gradients.
+func (a *Adapter[T]) ZeroGrad() {
+	for _, p := range a.Params {
+		clear(p.G)
+	}
+}
+
+// Clone returns a deep copy of the adapter (weights, gradients, optimizer state).
+func (a *Adapter[T]) Clone() *Adapter[T] {
+	out := &Adapter[T]{Cfg: a.Cfg, Scale: a.Scale, Step: a.Step}
+	mp := map[*Param[T]]*Param[T]{}
+	for _, p := range a.Params {
+		q := &Param[T]{Name: p.Name, Shape: p.Shape, W: append([]T(nil), p.W...), G: append([]T(nil), p.G...),
+			M: append([]T(nil), p.M...), V: append([]T(nil), p.V...)}
+		mp[p] = q
+		out.Params = append(out.Params, q)
+	}
+	cp := func(p *Pair[T]) *Pair[T] {
+		if p == nil {
+			return nil
+		}
+		return &Pair[T]{A: mp[p.A], B: mp[p.B], In: p.In, Out: p.Out, Rank: p.Rank}
+	}
+	out.Layers = make([][NumLayerTargets]*Pair[T], len(a.Layers))
+	for i := range a.Layers {
+		for t := range a.Layers[i] {
+			out.Layers[i][t] = cp(a.Layers[i][t])
+		}
+	}
+	out.Head = cp(a.Head)
+	return out
+}
+
+// AdamParams are AdamW hyper-parameters as Tinker defines them.
+type AdamParams struct {
+	LR, Beta1, Beta2, Eps, WeightDecay, GradClipNorm float64
+}
+
+// OptimStats reports what an optimizer step did.
+type OptimStats struct {
+	GradNorm float64 // global gradient norm before clipping
+	Clipped  bool
+}
+
+// AdamStep applies one AdamW step to every parameter, then zeroes the gradients:
+//
+//	g ← g·min(1, clip/(‖g‖+1e-6)) when GradClipNorm > 0 (global norm over the adapter)
+//	m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²
+//	p ← p − lr·wd·p                        (decoupled weight decay, as torch.optim.AdamW)
+//	p ← p − lr·(m/(1−β1ᵗ)) / (√(v/(1−β2ᵗ)) + eps)
+//
+// Moments are kept in float64 arithmetic per element and stored in T.
+func (a *Adapter[T]) AdamStep(p AdamParams) OptimStats {
+	var ss float64
+	for _, q := range a.Params {
+		for _, g := range q.G {
+			ss += float64(g) * float64(g)
+		}
+	}
+	norm := math.Sqrt(ss)
+	coef := 1.0
+	st := OptimStats{GradNorm: norm}
+	if p.GradClipNorm > 0 && norm > p.GradClipNorm {
+		coef = p.GradClipNorm / (norm + 1e-6)
+		st.Clipped = true
+	}
+	a.Step++
+	t := float64(a.Step)
+	bc1 := 1 - math.Pow(p.Beta1, t)
+	bc2 := 1 - math.Pow(p.Beta2, t)
+	for _, q := range a.Params {
+		for i := range q.W {
+			g := float64(q.G[i]) * coef
+			m := p.Beta1*float64(q.M[i]) + (1-p.Beta1)*g
+			v := p.Beta2*float64(q.V[i]) + (1-p.Beta2)*g*g
+			q.M[i], q.V[i] = T(m), T(v)
+			w := float64(q.W[i])
+			w -= p.LR * p.WeightDecay * w
+			w -= p.LR * (m / bc1) / (math.Sqrt(v/bc2) + p.Eps)
+			q.W[i] = T(w)
+		}
+		clear(q.G)
+	}
+	return st
+}

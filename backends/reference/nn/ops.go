@@ -1,0 +1,191 @@
+package nn
+
+import "math"
+
+// seg is a contiguous run of rows that share one adapter (nil: base model only).
+type seg[T Float] struct {
+	r0, r1 int
+	ad     *Adapter[T]
+}
+
+type pickFn[T Float] func(a *Adapter[T]) *Pair[T]
+
+// linFwd computes Y[M,Out] = X·Wᵀ + b, plus scale·(X·Aᵀ)·Bᵀ on the rows of each segment
+// whose adapter has a pair for this layer. It returns scale·X·Aᵀ per segment (nil where no
+// pair applies) for the backward pass.
+func linFwd[T Float](X []T, M int, li *Linear[T], segs []seg[T], pick pickFn[T], Y []T) [][]T {
+	MatMulT(Y, X, li.W, M, li.Out, li.In, false)
+	if li.B != nil {
+		for i := 0; i < M; i++ {
+			y := Y[i*li.Out : (i+1)*li.Out]
+			for j, b := range li.B {
+				y[j] += b
+			}
+		}
+	}
+	var xs [][]T
+	for si, sg := range segs {
+		if sg.ad == nil {
+			continue
+		}
+		p := pick(sg.ad)
+		if p == nil {
+			continue
+		}
+		if xs == nil {
+			xs = make([][]T, len(segs))
+		}
+		rows := sg.r1 - sg.r0
+		xa := make([]T, rows*p.Rank)
+		MatMulT(xa, X[sg.r0*li.In:sg.r1*li.In], p.A.W, rows, p.Rank, li.In, false)
+		s := sg.ad.Scale
+		for i := range xa {
+			xa[i] *= s
+		}
+		MatMulT(Y[sg.r0*li.Out:sg.r1*li.Out], xa, p.B.W, rows, li.Out, p.Rank, true)
+		xs[si] = xa
+	}
+	return xs
+}
+
+// linBwd computes dX (+)= dY·W (+ LoRA terms) and accumulates LoRA gradients.
+// dX may be nil when the input gradient is not needed.
+func linBwd[T Float](dY, X []T, M int, li *Linear[T], segs []seg[T], pick pickFn[T], xs [][]T, dX []T, acc bool) {
+	if dX != nil {
+		MatMul(dX, dY, li.W, M, li.In, li.Out, acc)
+	}
+	if xs == nil {
+		return
+	}
+	for si, sg := range segs {
+		if xs[si] == nil {
+			continue
+		}
+		p := pick(sg.ad)
+		rows := sg.r1 - sg.r0
+		dy := dY[sg.r0*li.Out : sg.r1*li.Out]
+		x := X[sg.r0*li.In : sg.r1*li.In]
+		// dB += dYᵀ · (scale·X·Aᵀ)
+		MatMulTN(p.B.G, dy, xs[si], li.Out, p.Rank, rows)
+		// g = scale · dY·B  [rows, r]
+		g := make([]T, rows*p.Rank)
+		MatMul(g, dy, p.B.W, rows, p.Rank, li.Out, false)
+		s := sg.ad.Scale
+		for i := range g {
+			g[i] *= s
+		}
+		// dA += gᵀ·X
+		MatMulTN(p.A.G, g, x, p.Rank, li.In, rows)
+		if dX != nil {
+			MatMul(dX[sg.r0*li.In:sg.r1*li.In], g, p.A.W, rows, li.In, p.Rank, true)
+		}
+	}
+}
+
+// rmsnorm: out = w ⊙ x · inv, inv = 1/√(mean(x²)+eps), per row of width D.
+func rmsnorm[T Float](x, w, out, inv []T, M, D int, eps float64) {
+	for i := 0; i < M; i++ {
+		xr := x[i*D : (i+1)*D]
+		var ss float64
+		for _, v := range xr {
+			ss += float64(v) * float64(v)
+		}
+		r := T(1 / math.Sqrt(ss/float64(D)+eps))
+		if inv != nil {
+			inv[i] = r
+		}
+		o := out[i*D : (i+1)*D][:len(xr)]
+		w := w[:len(xr)]
+		for j, v := range xr {
+			o[j] = w[j] * (v * r)
+		}
+	}
+}
+
+// rmsnormBwd adds the input gradient of rmsnorm to dx:
+// dx += r·(w⊙dy) − r³·x·Σ(w⊙dy·x)/D.
+func rmsnormBwd[T Float](dy, x, w, inv, dx []T, M, D int) {
+	for i := 0; i < M; i++ {
+		xr := x[i*D : (i+1)*D]
+		d := dy[i*D : (i+1)*D][:len(xr)]
+		o := dx[i*D : (i+1)*D][:len(xr)]
+		w := w[:len(xr)]
+		r := float64(inv[i])
+		var dot float64
+		for j, v := range xr {
+			dot += float64(w[j]*d[j]) * float64(v)
+		}
+		c := T(r * r * r * dot / float64(D))
+		rr := T(r)
+		for j, v := range xr {
+			o[j] += rr*w[j]*d[j] - c*v
+		}
+	}
+}
+
+// rope rotates each head of x [M, H*hd] in place by its position (pairs (j, j+hd/2)).
+// With inverse set, it applies the transpose (used for gradients).
+func rope[T Float](x []T, M, H, hd int, pos func(i int) int, cos, sin []T, inverse bool) {
+	half := hd / 2
+	for i := 0; i < M; i++ {
+		p := pos(i)
+		c := cos[p*half : (p+1)*half]
+		s := sin[p*half : (p+1)*half]
+		for h := 0; h < H; h++ {
+			v := x[(i*H+h)*hd : (i*H+h+1)*hd]
+			a, b := v[:half], v[half:hd][:half]
+			c := c[:half]
+			s := s[:half]
+			if inverse {
+				for j := range a {
+					x1, x2 := a[j], b[j]
+					a[j] = x1*c[j] + x2*s[j]
+					b[j] = x2*c[j] - x1*s[j]
+				}
+			} else {
+				for j := range a {
+					x1, x2 := a[j], b[j]
+					a[j] = x1*c[j] - x2*s[j]
+					b[j] = x2*c[j] + x1*s[j]
+				}
+			}
+		}
+	}
+}
+
+func silu(x float64) float64 { return x / (1 + math.Exp(-x)) }
+
+// swiglu computes out = silu(g)·u.
+func swiglu[T Float](g, u, out []T) {
+	u = u[:len(g)]
+	out = out[:len(g)]
+	for i, x := range g {
+		out[i] = T(silu(float64(x))) * u[i]
+	}
+}
+
+// swigluBwd computes dg and du from d(out).
+func swigluBwd[T Float](g, u, dout, dg, du []T) {
+	for i, x := range g {
+		xf := float64(x)
+		sg := 1 / (1 + math.Exp(-xf))
+		d := float64(dout[i])
+		du[i] = T(d * xf * sg)
+		dg[i] = T(d * float64(u[i]) * sg * (1 + xf*(1-sg)))
+	}
+}
+
+// logSumExp returns log Σ exp(x) computed in float64.
+func logSumExp[T Float](x []T) float64 {
+	mx := math.Inf(-1)
+	for _, v := range x {
+		if float64(v) > mx {
+			mx = float64(v)
+		}
+	}
+	var s float64
+	for _, v := range x {
+		s += math.Exp(float64(v) - mx)
+	}
+	return mx + math.Log(s)
+}

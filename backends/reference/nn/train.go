@@ -1,0 +1,326 @@
+package nn
+
+import (
+	"math"
+)
+
+// Seq is one training sequence: the model input, the adapter its rows use (nil for the
+// base model) and K targets per position (Targets is row-major N×K).
+type Seq[T Float] struct {
+	Tokens  []int
+	Adapter *Adapter[T]
+	Targets []int
+	K       int
+}
+
+// TokenLoss gives the loss of target k at position pos of sequence s from its learner
+// log-probability lp, and the derivative of that loss with respect to lp.
+type TokenLoss func(s, pos, k int, lp float64) (loss, dlp float64)
+
+// Output holds one sequence's results: LogProbs (N×K) and the per-position loss (N).
+type Output struct {
+	LogProbs []float64
+	Loss     []float64
+}
+
+type layerAct[T Float] struct {
+	xIn, h1, inv1     []T
+	qRaw, kRaw        []T // before q/k norm (Qwen3)
+	qInv, kInv        []T
+	q, k, v, lse, att []T
+	xMid, h2, inv2    []T
+	g, u, act         []T
+	xs                [NumLayerTargets][][]T
+}
+
+type batchLayout[T Float] struct {
+	seqs  []Seq[T]
+	off   []int // row offset of each sequence
+	pos   []int // position of each row inside its sequence
+	segs  []seg[T]
+	total int
+}
+
+func layout[T Float](seqs []Seq[T]) *batchLayout[T] {
+	b := &batchLayout[T]{seqs: seqs, off: make([]int, len(seqs))}
+	for i, s := range seqs {
+		b.off[i] = b.total
+		for p := range s.Tokens {
+			b.pos = append(b.pos, p)
+		}
+		n := len(s.Tokens)
+		if len(b.segs) > 0 && b.segs[len(b.segs)-1].ad == s.Adapter {
+			b.segs[len(b.segs)-1].r1 += n
+		} else {
+			b.segs = append(b.segs, seg[T]{r0: b.total, r1: b.total + n, ad: s.Adapter})
+		}
+		b.total += n
+	}
+	return b
+}
+
+func layerPick[T Float](l int, t Target) pickFn[T] {
+	return func(a *Adapter[T]) *Pair[T] { return a.Layers[l][t] }
+}
+
+func headPick[T Float](a *Adapter[T]) *Pair[T] { return a.Head }
+
+// ForwardBackward runs the sequences through the model, computes each target's log-prob
+// and loss, and, when backward is set, accumulates the gradient of the summed loss into
+// each sequence's adapter. Sequences of different adapters share every matrix product.
+// Callers must make sure no other goroutine touches these adapters meanwhile.
+func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool) []Output {
+	c := &m.Cfg
+	b := layout(seqs)
+	M, D := b.total, c.Hidden
+	QD, KVD, F := m.QDim(), m.KVDim(), c.Inter
+	eps := c.Eps
+	x := make([]T, M*D)
+	for i, s := range seqs {
+		for p, t := range s.Tokens {
+			copy(x[(b.off[i]+p)*D:(b.off[i]+p+1)*D], m.Embed[t*D:(t+1)*D])
+		}
+	}
+	posOf := func(i int) int { return b.pos[i] }
+	acts := make([]*layerAct[T], len(m.Layers))
+	for l := range m.Layers {
+		L := &m.Layers[l]
+		a := &layerAct[T]{xIn: x}
+		acts[l] = a
+		a.h1, a.inv1 = make([]T, M*D), make([]T, M)
+		rmsnorm(x, L.AttnNorm, a.h1, a.inv1, M, D, eps)
+		a.q, a.k, a.v = make([]T, M*QD), make([]T, M*KVD), make([]T, M*KVD)
+		a.xs[TQ] = linFwd(a.h1, M, &L.Lin[TQ], b.segs, layerPick[T](l, TQ), a.q)
+		a.xs[TK] = linFwd(a.h1, M, &L.Lin[TK], b.segs, layerPick[T](l, TK), a.k)
+		a.xs[TV] = linFwd(a.h1, M, &L.Lin[TV], b.segs, layerPick[T](l, TV), a.v)
+		if L.QNorm != nil {
+			a.qRaw, a.kRaw = a.q, a.k
+			a.q, a.k = make([]T, M*QD), make([]T, M*KVD)
+			a.qInv, a.kInv = make([]T, M*c.Heads), make([]T, M*c.KVHeads)
+			rmsnorm(a.qRaw, L.QNorm, a.q, a.qInv, M*c.Heads, c.HeadDim, eps)
+			rmsnorm(a.kRaw, L.KNorm, a.k, a.kInv, M*c.KVHeads, c.HeadDim, eps)
+		}
+		rope(a.q, M, c.Heads, c.HeadDim, posOf, m.cos, m.sin, false)
+		rope(a.k, M, c.KVHeads, c.HeadDim, posOf, m.cos, m.sin, false)
+		a.att, a.lse = make([]T, M*QD), make([]T, M*c.Heads)
+		m.attnFwd(b, a)
+		o := make([]T, M*D)
+		a.xs[TO] = linFwd(a.att, M, &L.Lin[TO], b.segs, layerPick[T](l, TO), o)
+		a.xMid = make([]T, M*D)
+		for i := range o {
+			a.xMid[i] = x[i] + o[i]
+		}
+		a.h2, a.inv2 = make([]T, M*D), make([]T, M)
+		rmsnorm(a.xMid, L.MLPNorm, a.h2, a.inv2, M, D, eps)
+		a.g, a.u, a.act = make([]T, M*F), make([]T, M*F), make([]T, M*F)
+		a.xs[TGate] = linFwd(a.h2, M, &L.Lin[TGate], b.segs, layerPick[T](l, TGate), a.g)
+		a.xs[TUp] = linFwd(a.h2, M, &L.Lin[TUp], b.segs, layerPick[T](l, TUp), a.u)
+		swiglu(a.g, a.u, a.act)
+		dn := make([]T, M*D)
+		a.xs[TDown] = linFwd(a.act, M, &L.Lin[TDown], b.segs, layerPick[T](l, TDown), dn)
+		x = make([]T, M*D)
+		for i := range dn {
+			x[i] = a.xMid[i] + dn[i]
+		}
+		if !backward {
+			acts[l] = nil // keep nothing
+		}
+	}
+	hf, invF := make([]T, M*D), make([]T, M)
+	rmsnorm(x, m.Norm, hf, invF, M, D, eps)
+	var dhf []T
+	if backward {
+		dhf = make([]T, M*D)
+	}
+	outs := m.head(b, hf, loss, dhf)
+	if !backward {
+		return outs
+	}
+	dx := make([]T, M*D)
+	rmsnormBwd(dhf, x, m.Norm, invF, dx, M, D)
+	for l := len(m.Layers) - 1; l >= 0; l-- {
+		L := &m.Layers[l]
+		a := acts[l]
+		// MLP: x = xMid + down(act)
+		dact := make([]T, M*F)
+		linBwd(dx, a.act, M, &L.Lin[TDown], b.segs, layerPick[T](l, TDown), a.xs[TDown], dact, false)
+		dg, du := make([]T, M*F), make([]T, M*F)
+		swigluBwd(a.g, a.u, dact, dg, du)
+		dh2 := make([]T, M*D)
+		linBwd(dg, a.h2, M, &L.Lin[TGate], b.segs, layerPick[T](l, TGate), a.xs[TGate], dh2, false)
+		linBwd(du, a.h2, M, &L.Lin[TUp], b.segs, layerPick[T](l, TUp), a.xs[TUp], dh2, true)
+		rmsnormBwd(dh2, a.xMid, L.MLPNorm, a.inv2, dx, M, D) // dx is now d(xMid)
+		// attention: xMid = xIn + o(att)
+		datt := make([]T, M*QD)
+		linBwd(dx, a.att, M, &L.Lin[TO], b.segs, layerPick[T](l, TO), a.xs[TO], datt, false)
+		dq, dk, dv := make([]T, M*QD), make([]T, M*KVD), make([]T, M*KVD)
+		m.attnBwd(b, a, datt, dq, dk, dv)
+		rope(dq, M, c.Heads, c.HeadDim, posOf, m.cos, m.sin, true)
+		rope(dk, M, c.KVHeads, c.HeadDim, posOf, m.cos, m.sin, true)
+		if L.QNorm != nil {
+			dqr, dkr := make([]T, M*QD), make([]T, M*KVD)
+			rmsnormBwd(dq, a.qRaw, L.QNorm, a.qInv, dqr, M*c.Heads, c.HeadDim)
+			rmsnormBwd(dk, a.kRaw, L.KNorm, a.kInv, dkr, M*c.KVHeads, c.HeadDim)
+			dq, dk = dqr, dkr
+		}
+		dh1 := make([]T, M*D)
+		needDX := l > 0
+		linBwd(dq, a.h1, M, &L.Lin[TQ], b.segs, layerPick[T](l, TQ), a.xs[TQ], dh1, false)
+		linBwd(dk, a.h1, M, &L.Lin[TK], b.segs, layerPick[T](l, TK), a.xs[TK], dh1, true)
+		linBwd(dv, a.h1, M, &L.Lin[TV], b.segs, layerPick[T](l, TV), a.xs[TV], dh1, true)
+		if needDX {
+			rmsnormBwd(dh1, a.xIn, L.AttnNorm, a.inv1, dx, M, D)
+		}
+		acts[l] = nil
+	}
+	return outs
+}
+
+const headChunk = 32
+
+// head computes logits chunk by chunk, the log-prob of every target and its loss, and,
+// when dhf is not nil, back-propagates the loss into dhf and the lm_head LoRA gradients.
+func (m *Model[T]) head(b *batchLayout[T], hf []T, loss TokenLoss, dhf []T) []Output {
+	D, V := m.Cfg.Hidden, m.Cfg.Vocab
+	outs := make([]Output, len(b.seqs))
+	for si, s := range b.seqs {
+		n := len(s.Tokens)
+		outs[si] = Output{LogProbs: make([]float64, n*s.K), Loss: make([]float64, n)}
+		segs := []seg[T]{{0, 0, s.Adapter}}
+		for c0 := 0; c0 < n; c0 += headChunk {
+			c1 := min(c0+headChunk, n)
+			rows := c1 - c0
+			r0 := b.off[si] + c0
+			segs[0].r1 = rows
+			X := hf[r0*D : (r0+rows)*D]
+			logits := make([]T, rows*V)
+			xs := linFwd(X, rows, &m.Head, segs, headPick[T], logits)
+			for i := 0; i < rows; i++ {
+				lg := logits[i*V : (i+1)*V]
+				lse := logSumExp(lg)
+				pos := c0 + i
+				var gsum float64
+				gs := make([]float64, s.K)
+				for k := 0; k < s.K; k++ {
+					t := s.Targets[pos*s.K+k]
+					lp := float64(lg[t]) - lse
+					l, g := loss(si, pos, k, lp)
+					outs[si].LogProbs[pos*s.K+k] = lp
+					outs[si].Loss[pos] += l
+					gs[k] = g
+					gsum += g
+				}
+				if dhf == nil {
+					continue
+				}
+				// d lp_k / d logit_v = [v = t_k] − softmax_v
+				for v, z := range lg {
+					lg[v] = T(-gsum * math.Exp(float64(z)-lse))
+				}
+				for k := 0; k < s.K; k++ {
+					lg[s.Targets[pos*s.K+k]] += T(gs[k])
+				}
+			}
+			if dhf != nil {
+				linBwd(logits, X, rows, &m.Head, segs, headPick[T], xs, dhf[r0*D:(r0+rows)*D], false)
+			}
+		}
+	}
+	return outs
+}
+
+// attnFwd computes causal softmax attention for every (sequence, head), saving the
+// log-sum-exp of each score row.
+func (m *Model[T]) attnFwd(b *batchLayout[T], a *layerAct[T]) {
+	c := &m.Cfg
+	H, KH, hd := c.Heads, c.KVHeads, c.HeadDim
+	grp := H / KH
+	QD, KVD := H*hd, KH*hd
+	scale := 1 / math.Sqrt(float64(hd))
+	nTasks := len(b.seqs) * H
+	parallelFor(nTasks, 1<<30, func(task int) {
+		si, h := task/H, task%H
+		kh := h / grp
+		off, n := b.off[si], len(b.seqs[si].Tokens)
+		sc := make([]float64, n)
+		acc := make([]float64, hd)
+		for i := 0; i < n; i++ {
+			q := a.q[(off+i)*QD+h*hd : (off+i)*QD+(h+1)*hd]
+			mx := math.Inf(-1)
+			for j := 0; j <= i; j++ {
+				k := a.k[(off+j)*KVD+kh*hd : (off+j)*KVD+(kh+1)*hd]
+				s := float64(dot(q, k)) * scale
+				sc[j] = s
+				if s > mx {
+					mx = s
+				}
+			}
+			var sum float64
+			for j := 0; j <= i; j++ {
+				sc[j] = math.Exp(sc[j] - mx)
+				sum += sc[j]
+			}
+			clear(acc)
+			for j := 0; j <= i; j++ {
+				p := sc[j] / sum
+				v := a.v[(off+j)*KVD+kh*hd : (off+j)*KVD+(kh+1)*hd]
+				for d, x := range v {
+					acc[d] += p * float64(x)
+				}
+			}
+			o := a.att[(off+i)*QD+h*hd : (off+i)*QD+(h+1)*hd]
+			for d := range o {
+				o[d] = T(acc[d])
+			}
+			a.lse[(off+i)*H+h] = T(mx + math.Log(sum))
+		}
+	})
+}
+
+// attnBwd back-propagates datt into dq, dk and dv, recomputing the probabilities from the
+// saved log-sum-exp. Tasks are (sequence, kv head) so no two goroutines write one row.
+func (m *Model[T]) attnBwd(b *batchLayout[T], a *layerAct[T], datt, dq, dk, dv []T) {
+	c := &m.Cfg
+	H, KH, hd := c.Heads, c.KVHeads, c.HeadDim
+	grp := H / KH
+	QD, KVD := H*hd, KH*hd
+	scale := 1 / math.Sqrt(float64(hd))
+	parallelFor(len(b.seqs)*KH, 1<<30, func(task int) {
+		si, kh := task/KH, task%KH
+		off, n := b.off[si], len(b.seqs[si].Tokens)
+		dqa := make([]float64, hd)
+		for h := kh * grp; h < (kh+1)*grp; h++ {
+			for i := 0; i < n; i++ {
+				row := (off + i) * QD
+				q := a.q[row+h*hd : row+(h+1)*hd]
+				do := datt[row+h*hd : row+(h+1)*hd]
+				o := a.att[row+h*hd : row+(h+1)*hd]
+				lse := float64(a.lse[(off+i)*H+h])
+				var di float64
+				for d := range do {
+					di += float64(do[d]) * float64(o[d])
+				}
+				clear(dqa)
+				for j := 0; j <= i; j++ {
+					kr := (off + j) * KVD
+					k := a.k[kr+kh*hd : kr+(kh+1)*hd]
+					v := a.v[kr+kh*hd : kr+(kh+1)*hd]
+					pj := math.Exp(float64(dot(q, k))*scale - lse)
+					dp := float64(dot(do, v))
+					ds := pj * (dp - di) * scale
+					dkr := dk[kr+kh*hd : kr+(kh+1)*hd]
+					dvr := dv[kr+kh*hd : kr+(kh+1)*hd]
+					for d := range k {
+						dqa[d] += ds * float64(k[d])
+						dkr[d] += T(ds * float64(q[d]))
+						dvr[d] += T(pj * float64(do[d]))
+					}
+				}
+				dqr := dq[row+h*hd : row+(h+1)*hd]
+				for d := range dqr {
+					dqr[d] = T(dqa[d])
+				}
+			}
+		}
+	})
+}

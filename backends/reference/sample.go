@@ -1,0 +1,161 @@
+package reference
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+
+	"connectrpc.com/connect"
+
+	"github.com/loops-dev/loops/backends/reference/nn"
+	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+)
+
+// MaxSamples caps num_samples of one request.
+const MaxSamples = 256
+
+// MaxTopKPromptLogprobs caps topk_prompt_logprobs.
+const MaxTopKPromptLogprobs = 1024
+
+const samplerCacheSize = 16
+
+// samplerAdapter loads (or reuses) the adapter folder of a sampling request. Folders are
+// immutable snapshots; the cache key includes the weights file's size and modification time.
+func (e *Engine) samplerAdapter(bm *baseModel, dir string) (*nn.Adapter[float32], error) {
+	if err := checkDir(dir); err != nil {
+		return nil, err
+	}
+	st, err := os.Stat(filepath.Join(dir, nn.AdapterWeightsFile))
+	if err != nil {
+		return nil, invalid("adapter_dir %s has no %s: %v", dir, nn.AdapterWeightsFile, err)
+	}
+	key := fmt.Sprintf("%s|%s|%d|%d", bm.name, dir, st.Size(), st.ModTime().UnixNano())
+	e.samplerMu.Lock()
+	if c, ok := e.samplerCache[key]; ok {
+		e.samplerMu.Unlock()
+		return c.ad, nil
+	}
+	e.samplerMu.Unlock()
+	ad, err := nn.LoadAdapter(dir, bm.m, false)
+	if err != nil {
+		return nil, invalid("cannot load adapter from %s: %v", dir, err)
+	}
+	e.samplerMu.Lock()
+	defer e.samplerMu.Unlock()
+	if _, ok := e.samplerCache[key]; !ok {
+		e.samplerCache[key] = &cachedAdapter{ad: ad, key: key}
+		e.samplerOrder = append(e.samplerOrder, key)
+		for len(e.samplerOrder) > samplerCacheSize {
+			delete(e.samplerCache, e.samplerOrder[0])
+			e.samplerOrder = e.samplerOrder[1:]
+		}
+	}
+	return ad, nil
+}
+
+// Sample generates num_samples continuations of the prompt.
+func (e *Engine) Sample(ctx context.Context, req *backendv1.SampleRequest) (*backendv1.SampleResponse, error) {
+	bm, err := e.model(req.BaseModel)
+	if err != nil {
+		return nil, err
+	}
+	V := bm.m.Cfg.Vocab
+	if len(req.Prompt) == 0 {
+		return nil, invalid("the prompt is empty; send at least one token")
+	}
+	prompt := make([]int, len(req.Prompt))
+	for i, t := range req.Prompt {
+		if t < 0 || int(t) >= V {
+			return nil, invalid("prompt token %d at position %d is outside the vocabulary [0, %d)", t, i, V)
+		}
+		prompt[i] = int(t)
+	}
+	p := req.Params
+	if p == nil {
+		p = &loopsv1.SamplingParams{MaxTokens: 16, Temperature: 1, TopP: 1}
+	}
+	n := int(req.NumSamples)
+	if n == 0 {
+		n = 1
+	}
+	switch {
+	case n < 0 || n > MaxSamples:
+		return nil, invalid("num_samples must be between 1 and %d, got %d", MaxSamples, n)
+	case p.MaxTokens < 1:
+		return nil, invalid("max_tokens must be at least 1, got %d", p.MaxTokens)
+	case len(prompt)+int(p.MaxTokens) > bm.m.Cfg.MaxSeq():
+		return nil, invalid("prompt (%d tokens) plus max_tokens (%d) exceeds the model's limit of %d tokens; lower max_tokens or shorten the prompt", len(prompt), p.MaxTokens, bm.m.Cfg.MaxSeq())
+	case !(p.Temperature >= 0) || math.IsInf(float64(p.Temperature), 0):
+		return nil, invalid("temperature must be >= 0 (0 is greedy), got %g", p.Temperature)
+	case !(p.TopP >= 0 && p.TopP <= 1):
+		return nil, invalid("top_p must be in (0, 1] (1 means no limit), got %g", p.TopP)
+	case req.TopkPromptLogprobs < 0 || req.TopkPromptLogprobs > MaxTopKPromptLogprobs:
+		return nil, invalid("topk_prompt_logprobs must be between 0 and %d, got %d", MaxTopKPromptLogprobs, req.TopkPromptLogprobs)
+	}
+	for _, t := range p.StopTokens {
+		if t < 0 || int(t) >= V {
+			return nil, invalid("stop token %d is outside the vocabulary [0, %d)", t, V)
+		}
+	}
+	sp := nn.SampleParams{MaxTokens: int(p.MaxTokens), Temperature: float64(p.Temperature), TopK: int(p.TopK),
+		TopP: float64(p.TopP), Seed: p.Seed, EOS: bm.eos}
+	if sp.TopP == 0 {
+		sp.TopP = 1
+	}
+	for _, t := range p.StopTokens {
+		sp.StopTokens = append(sp.StopTokens, int(t))
+	}
+	if len(p.StopStrings) > 0 {
+		if bm.tok == nil {
+			return nil, invalid("model %q has no tokenizer.json this engine can decode, so stop strings cannot be matched; use stop tokens", bm.name)
+		}
+		sp.StopStrings = p.StopStrings
+		sp.Decode = bm.tok.Decode
+	}
+	var ad *nn.Adapter[float32]
+	if req.AdapterDir != "" {
+		if ad, err = e.samplerAdapter(bm, req.AdapterDir); err != nil {
+			return nil, err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, connect.NewError(connect.CodeCanceled, err)
+	}
+	k := int(req.TopkPromptLogprobs)
+	seqs, scores := bm.m.Sample(prompt, ad, n, sp, req.PromptLogprobs, k)
+	res := &loopsv1.SampleResult{}
+	for _, s := range seqs {
+		out := &loopsv1.SampledSequence{StopReason: loopsv1.StopReason_STOP_REASON_LENGTH}
+		if s.Stopped {
+			out.StopReason = loopsv1.StopReason_STOP_REASON_STOP
+		}
+		for i, t := range s.Tokens {
+			out.Tokens = append(out.Tokens, int32(t))
+			out.Logprobs = append(out.Logprobs, float32(s.LogProbs[i]))
+		}
+		res.Sequences = append(res.Sequences, out)
+	}
+	if scores != nil && req.PromptLogprobs {
+		for _, v := range scores.LogProbs {
+			res.PromptLogprobs = append(res.PromptLogprobs, float32(v))
+		}
+	}
+	if scores != nil && k > 0 {
+		tk := &loopsv1.TopKLogprobs{K: int32(k), Length: int32(len(prompt)),
+			TokenIds: make([]int32, len(prompt)*k), Logprobs: make([]float32, len(prompt)*k)}
+		for i := range tk.Logprobs {
+			tk.Logprobs[i] = -99999
+		}
+		for r, row := range scores.TopK {
+			for c, ent := range row {
+				tk.TokenIds[r*k+c] = int32(ent.Token)
+				tk.Logprobs[r*k+c] = float32(ent.LogProb)
+			}
+		}
+		res.TopkPromptLogprobs = tk
+	}
+	return &backendv1.SampleResponse{Result: res}, nil
+}

@@ -1,0 +1,33 @@
+// Command loops is the Loops server and its command-line client: `loops serve` runs the
+// service; `loops models`, `loops runs` and `loops checkpoints` ask a running server.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := rootCmd().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "loops:", err)
+		os.Exit(1)
+	}
+}
+
+func rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "loops",
+		Short:         "Loops: a self-hosted, Tinker-compatible LoRA post-training service",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(serveCmd(), modelsCmd(), runsCmd(), checkpointsCmd())
+	return root
+}

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/loops-dev/loops/backends"
+	"github.com/loops-dev/loops/gateway"
+	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/core"
+	"github.com/spf13/cobra"
+)
+
+type serveFlags struct {
+	addr        string
+	dataDir     string
+	backend     string
+	models      []string
+	apiKeys     []string
+	apiKeyFile  string
+	sessionTTL  time.Duration
+	maxLoraRank int
+	logLevel    string
+	logFormat   string
+}
+
+func serveCmd() *cobra.Command {
+	f := serveFlags{}
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the Loops server",
+		Long: `Run the Loops server on one port: Tinker's HTTP API (point TINKER_BASE_URL at it),
+loops.v1 over Connect, gRPC and REST, /openapi.json, /healthz and /metrics.
+
+With no API keys configured the server accepts any tml-… key but listens on loopback
+only. Every flag can also be set by an environment variable: LOOPS_ADDR, LOOPS_DATA_DIR,
+LOOPS_BACKEND, LOOPS_MODELS (comma-separated), LOOPS_API_KEYS (comma-separated KEY or
+KEY=WORKSPACE), LOOPS_API_KEY_FILE.`,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runServe(cmd.Context(), f) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.addr, "addr", env("LOOPS_ADDR", "127.0.0.1:8000"), "host:port to listen on (port 0 picks a free one)")
+	fl.StringVar(&f.dataDir, "data-dir", env("LOOPS_DATA_DIR", defaultDataDir()), "folder for the database, checkpoints and built-in models")
+	fl.StringVar(&f.backend, "backend", env("LOOPS_BACKEND", "reference"), "compute backend: "+strings.Join(backends.Names(), ", "))
+	fl.StringSliceVar(&f.models, "model", envList("LOOPS_MODELS", []string{"loops/tiny"}), "base model to serve: loops/tiny, a Hugging Face folder, or a name in the local HF cache (repeatable)")
+	fl.StringSliceVar(&f.apiKeys, "api-key", envList("LOOPS_API_KEYS", nil), "accepted API key, KEY or KEY=WORKSPACE (repeatable)")
+	fl.StringVar(&f.apiKeyFile, "api-key-file", env("LOOPS_API_KEY_FILE", ""), "file of API keys, one KEY or KEY=WORKSPACE a line")
+	fl.DurationVar(&f.sessionTTL, "session-ttl", 5*time.Minute, "how long a session lives without a heartbeat")
+	fl.IntVar(&f.maxLoraRank, "max-lora-rank", 64, "largest LoRA rank accepted")
+	fl.StringVar(&f.logLevel, "log-level", env("LOOPS_LOG_LEVEL", "info"), "debug, info, warn or error")
+	fl.StringVar(&f.logFormat, "log-format", env("LOOPS_LOG_FORMAT", "text"), "text or json")
+	return cmd
+}
+
+func runServe(ctx context.Context, f serveFlags) error {
+	log, err := newLogger(f.logLevel, f.logFormat)
+	if err != nil {
+		return err
+	}
+	entries := f.apiKeys
+	if f.apiKeyFile != "" {
+		more, err := auth.LoadKeyFile(f.apiKeyFile)
+		if err != nil {
+			return err
+		}
+		entries = append(entries, more...)
+	}
+	keys, err := auth.ParseKeys(entries)
+	if err != nil {
+		return err
+	}
+	host, _, err := net.SplitHostPort(f.addr)
+	if err != nil {
+		return fmt.Errorf("--addr %q: %w", f.addr, err)
+	}
+	if keys.Open() && !isLoopback(host) {
+		return fmt.Errorf("no API keys are configured, so Loops only listens on loopback, not %q: listen on 127.0.0.1 or set --api-key / LOOPS_API_KEYS", f.addr)
+	}
+	if err := os.MkdirAll(f.dataDir, 0o755); err != nil {
+		return fmt.Errorf("creating --data-dir: %w", err)
+	}
+	ln, err := net.Listen("tcp", f.addr)
+	if err != nil {
+		return err
+	}
+	srv, err := gateway.New(ctx, ln, gateway.Config{
+		DataDir: f.dataDir,
+		Backend: f.backend,
+		BackendConfig: backends.Config{
+			Models:      f.models,
+			MaxLoraRank: f.maxLoraRank,
+		},
+		Keys:   keys,
+		Core:   core.Options{SessionTTL: f.sessionTTL},
+		Logger: log,
+	})
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	url := "http://" + ln.Addr().String()
+	keyHint := "tml-anything"
+	if !keys.Open() {
+		keyHint = "<one of your --api-key values>"
+	}
+	fmt.Fprintf(os.Stderr, "Loops listening on %s (backend %s, data in %s)\n", url, f.backend, f.dataDir)
+	if keys.Open() {
+		fmt.Fprintln(os.Stderr, "No API keys configured: accepting any tml-… key, loopback only.")
+	} else {
+		fmt.Fprintf(os.Stderr, "%d API key(s) configured.\n", keys.Len())
+	}
+	fmt.Fprintf(os.Stderr, "To train with tinker:\n  export TINKER_BASE_URL=%s\n  export TINKER_API_KEY=%s\n", url, keyHint)
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve() }()
+	select {
+	case err := <-errc:
+		_ = srv.Close(context.Background())
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	return srv.Close(sctx)
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func newLogger(level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: use debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	}
+	return nil, errors.New("--log-format must be text or json")
+}
+
+func env(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+func envList(name string, def []string) []string {
+	if v, ok := os.LookupEnv(name); ok && v != "" {
+		return strings.Split(v, ",")
+	}
+	return def
+}
+
+func defaultDataDir() string {
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "loops")
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(h, ".local", "share", "loops")
+	}
+	return "loops-data"
+}

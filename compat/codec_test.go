@@ -1,0 +1,194 @@
+package compat
+
+import (
+	"encoding/binary"
+	"math"
+	"net/http"
+	"testing"
+
+	"connectrpc.com/connect"
+	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	publicv1 "github.com/loops-dev/loops/gen/go/tinker/public/v1"
+)
+
+var testLimits = limits{maxElements: 1 << 20}
+
+func TestGoldenForwardBackwardRequestDecodes(t *testing.T) {
+	got, err := decodeForwardBackwardProto(mustHex(t, goldenFBRequest), testLimits)
+	require.NoError(t, err)
+	want := &loopsv1.ForwardBackwardRequest{
+		TrainingRunId: "sess:train:0", SeqId: 1, LossFn: "cross_entropy",
+		Data: []*loopsv1.Datum{{
+			Tokens: []int32{1, 2, 3},
+			LossFnInputs: map[string]*loopsv1.Tensor{
+				"target_tokens": {Dtype: loopsv1.Dtype_DTYPE_INT64, Shape: []int64{3}, Int64Data: []int64{2, 3, 4}},
+				"weights":       {Dtype: loopsv1.Dtype_DTYPE_FLOAT32, Shape: []int64{3}, Float32Data: []float32{0, 1, 1}},
+			},
+		}},
+	}
+	require.Empty(t, cmp.Diff(want, got, protocmp.Transform()))
+}
+
+func TestGoldenForwardBackwardOutputEncodes(t *testing.T) {
+	res := &loopsv1.ForwardBackwardResult{
+		Outputs: []*loopsv1.DatumOutput{{Outputs: map[string]*loopsv1.Tensor{
+			"logprobs": {Dtype: loopsv1.Dtype_DTYPE_FLOAT32, Shape: []int64{3}, Float32Data: []float32{-0.5, -1.25, -2}},
+		}}},
+		Metrics: map[string]float64{"loss:sum": 3.25, "bad_key": 1, "a:b:c": 2},
+	}
+	got, dropped := forwardBackwardToProto(res)
+	require.ElementsMatch(t, []string{"bad_key", "a:b:c"}, dropped)
+	var want publicv1.ForwardBackwardOutput
+	require.NoError(t, proto.Unmarshal(mustHex(t, goldenFBOutput), &want))
+	require.Empty(t, cmp.Diff(&want, got, protocmp.Transform()))
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(got)
+	require.NoError(t, err)
+	require.Equal(t, mustHex(t, goldenFBOutput), b)
+}
+
+func TestGoldenSampleResponseEncodes(t *testing.T) {
+	nan := float32(math.NaN())
+	res := &loopsv1.SampleResult{
+		Sequences: []*loopsv1.SampledSequence{{Tokens: []int32{11, 12}, Logprobs: []float32{-0.1, -0.2},
+			StopReason: loopsv1.StopReason_STOP_REASON_LENGTH}},
+		PromptLogprobs: []float32{nan, -1.5, -0.25},
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(sampleToProto(res))
+	require.NoError(t, err)
+	require.Equal(t, mustHex(t, goldenSample), b)
+
+	js := sampleToJSON(res)
+	require.Equal(t, "length", js.Sequences[0].StopReason)
+	require.Nil(t, js.PromptLogprobs[0])
+	require.InDelta(t, -1.5, *js.PromptLogprobs[1], 1e-6)
+}
+
+func f32le(xs ...float32) []byte { return appendFloat32s(nil, xs) }
+
+func TestTensorDecoding(t *testing.T) {
+	bf := make([]byte, 4)
+	binary.LittleEndian.PutUint16(bf, uint16(math.Float32bits(1.5)>>16))
+	binary.LittleEndian.PutUint16(bf[2:], uint16(math.Float32bits(-2)>>16))
+	i32 := appendInt32s(nil, []int32{-7, 9})
+	cases := []struct {
+		name string
+		in   *publicv1.Tensor
+		want *loopsv1.Tensor
+		err  string
+	}{
+		{"bf16 widens", &publicv1.Tensor{Dtype: publicv1.DType_DTYPE_BFLOAT16, Encoding: &publicv1.Tensor_Dense{Dense: bf}},
+			&loopsv1.Tensor{Dtype: loopsv1.Dtype_DTYPE_FLOAT32, Float32Data: []float32{1.5, -2}}, ""},
+		{"int32 widens", &publicv1.Tensor{Dtype: publicv1.DType_DTYPE_INT32, Shape: []int64{2, 1}, Encoding: &publicv1.Tensor_Dense{Dense: i32}},
+			&loopsv1.Tensor{Dtype: loopsv1.Dtype_DTYPE_INT64, Shape: []int64{2, 1}, Int64Data: []int64{-7, 9}}, ""},
+		{"csr to dense", &publicv1.Tensor{Dtype: publicv1.DType_DTYPE_FLOAT32, Shape: []int64{2, 3},
+			Encoding: &publicv1.Tensor_SparseCsr{SparseCsr: &publicv1.SparseCsr{Values: f32le(5, 6), CrowIndices: int64sLE([]int64{0, 1, 2}), ColIndices: int64sLE([]int64{2, 0})}}},
+			&loopsv1.Tensor{Dtype: loopsv1.Dtype_DTYPE_FLOAT32, Shape: []int64{2, 3}, Float32Data: []float32{0, 0, 5, 6, 0, 0}}, ""},
+		{"ragged bytes", &publicv1.Tensor{Dtype: publicv1.DType_DTYPE_FLOAT32, Encoding: &publicv1.Tensor_Dense{Dense: []byte{1, 2, 3}}}, nil, "not a whole number"},
+		{"no dtype", &publicv1.Tensor{Encoding: &publicv1.Tensor_Dense{Dense: []byte{1, 2, 3, 4}}}, nil, "unsupported dtype"},
+		{"shape mismatch", &publicv1.Tensor{Dtype: publicv1.DType_DTYPE_FLOAT32, Shape: []int64{4}, Encoding: &publicv1.Tensor_Dense{Dense: f32le(1)}}, nil, "needs 4 elements"},
+		{"negative shape", &publicv1.Tensor{Dtype: publicv1.DType_DTYPE_FLOAT32, Shape: []int64{-1}, Encoding: &publicv1.Tensor_Dense{Dense: f32le(1)}}, nil, "negative"},
+		{"huge sparse", &publicv1.Tensor{Dtype: publicv1.DType_DTYPE_FLOAT32, Shape: []int64{1 << 40, 1 << 40},
+			Encoding: &publicv1.Tensor_SparseCsr{SparseCsr: &publicv1.SparseCsr{}}}, nil, "limit"},
+		{"bad col", &publicv1.Tensor{Dtype: publicv1.DType_DTYPE_FLOAT32, Shape: []int64{1, 2},
+			Encoding: &publicv1.Tensor_SparseCsr{SparseCsr: &publicv1.SparseCsr{Values: f32le(1), CrowIndices: int64sLE([]int64{0, 1}), ColIndices: int64sLE([]int64{5})}}}, nil, "outside"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := tensorFromProto(c.in, testLimits)
+			if c.err != "" {
+				require.ErrorContains(t, err, c.err)
+				return
+			}
+			require.NoError(t, err)
+			require.Empty(t, cmp.Diff(c.want, got, protocmp.Transform()))
+		})
+	}
+}
+
+func TestForwardBackwardJSONDecodes(t *testing.T) {
+	body := `{"forward_backward_input":{"data":[{"model_input":{"chunks":[{"tokens":[1,2],"type":"encoded_text"},{"tokens":[3],"type":"encoded_text"}]},
+	  "loss_fn_inputs":{"target_tokens":{"data":[2,3,9223372036854775807],"dtype":"int64","shape":[3]},
+	  "weights":{"data":[1],"dtype":"float32","shape":[1,3],"sparse_crow_indices":[0,1],"sparse_col_indices":[1]}}}],
+	  "loss_fn":"ppo","loss_fn_config":{"clip_low_threshold":0.8}},"model_id":"run1","seq_id":4,"type":"forward_backward"}`
+	got, err := decodeForwardBackwardJSON([]byte(body), false, testLimits)
+	require.NoError(t, err)
+	want := &loopsv1.ForwardBackwardRequest{TrainingRunId: "run1", SeqId: 4, LossFn: "ppo", LossFnConfig: map[string]float64{"clip_low_threshold": 0.8},
+		Data: []*loopsv1.Datum{{Tokens: []int32{1, 2, 3}, LossFnInputs: map[string]*loopsv1.Tensor{
+			"target_tokens": {Dtype: loopsv1.Dtype_DTYPE_INT64, Shape: []int64{3}, Int64Data: []int64{2, 3, math.MaxInt64}},
+			"weights":       {Dtype: loopsv1.Dtype_DTYPE_FLOAT32, Shape: []int64{1, 3}, Float32Data: []float32{0, 1, 0}},
+		}}}}
+	require.Empty(t, cmp.Diff(want, got, protocmp.Transform()))
+
+	fwd, err := decodeForwardBackwardJSON([]byte(`{"forward_input":{"data":[],"loss_fn":"cross_entropy"},"model_id":"m","seq_id":1}`), false, testLimits)
+	require.NoError(t, err)
+	require.True(t, fwd.ForwardOnly)
+
+	for _, bad := range []string{
+		`{"forward_backward_input":{"data":[{"model_input":{"chunks":[{"type":"image","data":"AA==","format":"png"}]},"loss_fn_inputs":{}}],"loss_fn":"cross_entropy"}}`,
+		`{"forward_backward_input":{"data":[{"model_input":{"chunks":[]},"loss_fn_inputs":{"w":{"data":[1.5],"dtype":"int64"}}}],"loss_fn":"cross_entropy"}}`,
+		`{"forward_backward_input":{"data":[],"loss_fn":"cross_entropy","loss_fn_config":{"k":"text"}}}`,
+		`{"forward_backward_input":{"data":[]}}`,
+		`{"model_id":"m"}`,
+		`{"forward_backward_input":`,
+	} {
+		_, err := decodeForwardBackwardJSON([]byte(bad), false, testLimits)
+		requireClientError(t, err)
+	}
+}
+
+func requireClientError(t testing.TB, err error) {
+	t.Helper()
+	require.Error(t, err)
+	status, _, detail := classify(err)
+	require.GreaterOrEqual(t, status, 400, detail)
+	require.Less(t, status, 500, detail)
+	require.NotEmpty(t, detail)
+}
+
+func TestLossConfigV2Preferred(t *testing.T) {
+	in := &publicv1.ForwardBackwardRequest{ModelId: "m", SeqId: 1, LossFn: "ppo",
+		LossFnConfig:   map[string]float64{"clip_low_threshold": 0.5},
+		LossFnConfigV2: map[string]*publicv1.LossConfigValue{"clip_low_threshold": {Value: &publicv1.LossConfigValue_Number{Number: 0.7}}}}
+	b, _ := proto.Marshal(in)
+	got, err := decodeForwardBackwardProto(b, testLimits)
+	require.NoError(t, err)
+	require.Equal(t, 0.7, got.LossFnConfig["clip_low_threshold"])
+
+	in.LossFnConfigV2["mode"] = &publicv1.LossConfigValue{Value: &publicv1.LossConfigValue_Text{Text: "x"}}
+	b, _ = proto.Marshal(in)
+	_, err = decodeForwardBackwardProto(b, testLimits)
+	requireClientError(t, err)
+
+	in = &publicv1.ForwardBackwardRequest{ModelId: "m", LossFn: "cross_entropy", Data: []*publicv1.Datum{{ModelInput: []*publicv1.Chunk{
+		{Chunk: &publicv1.Chunk_Image{Image: &publicv1.ImageChunk{Data: []byte{1}, Format: "png"}}}}}}}
+	b, _ = proto.Marshal(in)
+	_, err = decodeForwardBackwardProto(b, testLimits)
+	requireClientError(t, err)
+	require.ErrorContains(t, err, "text-only")
+}
+
+func TestErrorTable(t *testing.T) {
+	for code, want := range map[connect.Code]int{
+		connect.CodeInvalidArgument: 400, connect.CodeFailedPrecondition: 400, connect.CodeOutOfRange: 400,
+		connect.CodeAlreadyExists: 400, connect.CodeUnauthenticated: 401, connect.CodePermissionDenied: 403,
+		connect.CodeNotFound: 404, connect.CodeResourceExhausted: 429, connect.CodeUnimplemented: 501,
+		connect.CodeUnavailable: 503, connect.CodeDeadlineExceeded: 504, connect.CodeInternal: 500,
+		connect.CodeUnknown: 500, connect.CodeDataLoss: 500,
+	} {
+		status, name, detail := classify(connect.NewError(code, errString("boom")))
+		require.Equal(t, want, status, code.String())
+		require.Equal(t, code.String(), name)
+		require.Equal(t, "boom", detail)
+	}
+	status, _, _ := classify(&http.MaxBytesError{Limit: 10})
+	require.Equal(t, 413, status)
+}
+
+type errString string
+
+func (e errString) Error() string { return string(e) }

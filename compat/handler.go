@@ -1,0 +1,293 @@
+package compat
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
+)
+
+// Services are the core handlers compat translates onto. All must be non-nil.
+type Services struct {
+	Sessions    loopsv1connect.SessionServiceHandler
+	Training    loopsv1connect.TrainingServiceHandler
+	Operations  loopsv1connect.OperationServiceHandler
+	Checkpoints loopsv1connect.CheckpointServiceHandler
+	Sampling    loopsv1connect.SamplingServiceHandler
+	Models      loopsv1connect.ModelServiceHandler
+}
+
+// Options tune the Tinker surface. The zero value gives the defaults noted per field.
+type Options struct {
+	// MaxBodyBytes caps the request body as sent (compressed or not). Default 64 MiB.
+	MaxBodyBytes int64
+	// MaxDecompressedBytes caps a zstd body after decompression, and the dense size (in
+	// bytes, 4 per element) of any tensor compat builds from a sparse or JSON encoding.
+	// Default 256 MiB.
+	MaxDecompressedBytes int64
+	// LongPoll is how long retrieve_future waits for a result before answering try_again.
+	// It must stay below the SDK's 45 s client timeout. Default 25 s.
+	LongPoll time.Duration
+	// Logger receives debug logs (telemetry, ignored fields) and errors. Default
+	// slog.Default().
+	Logger *slog.Logger
+	// Owner returns the model_owner shown in TrainingRun JSON for the authenticated caller
+	// (the gateway knows the workspace; compat does not). Default: the empty string.
+	Owner func(ctx context.Context) string
+	// DisableZstdForwardBackward makes client/config tell the SDK not to zstd-compress
+	// forward_backward bodies (proto_compress_fwdbwd false). Compressed bodies are accepted
+	// either way.
+	DisableZstdForwardBackward bool
+	// MaxAliases bounds the in-memory map of Tinker model aliases
+	// ("<session>:train:<n>", see alias.go). Default 100000.
+	MaxAliases int
+}
+
+const (
+	defaultMaxBody         = 64 << 20
+	defaultMaxDecompressed = 256 << 20
+	defaultLongPoll        = 25 * time.Second
+	contentTypeProto       = "application/x-protobuf"
+	contentTypeJSON        = "application/json"
+)
+
+// server holds what every route needs.
+type server struct {
+	svc     Services
+	opt     Options
+	log     *slog.Logger
+	aliases *aliasCache
+}
+
+// NewHandler returns the handler for every path under /api/v1/. The gateway mounts it at
+// "/api/v1/" after authenticating the request; compat passes r.Context() to the core as
+// it is.
+func NewHandler(s Services, o Options) http.Handler {
+	o = o.withDefaults()
+	srv := &server{svc: s, opt: o, log: o.Logger, aliases: newAliasCache(o.MaxAliases)}
+	mux := http.NewServeMux()
+	srv.routes(mux)
+	return srv.recoverMiddleware(mux)
+}
+
+// withDefaults fills in the documented defaults.
+func (o Options) withDefaults() Options {
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = defaultMaxBody
+	}
+	if o.MaxDecompressedBytes <= 0 {
+		o.MaxDecompressedBytes = defaultMaxDecompressed
+	}
+	if o.LongPoll <= 0 {
+		o.LongPoll = defaultLongPoll
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Owner == nil {
+		o.Owner = func(context.Context) string { return "" }
+	}
+	if o.MaxAliases <= 0 {
+		o.MaxAliases = 100000
+	}
+	return o
+}
+
+// handlerFunc is a route that returns an error instead of writing one.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+func (s *server) handle(mux *http.ServeMux, pattern string, h handlerFunc) {
+	mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			s.writeError(w, r, err)
+		}
+	})
+}
+
+func (s *server) recoverMiddleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				s.log.Error("compat: panic serving request", "method", r.Method, "path", r.URL.Path,
+					"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+				s.writeError(w, r, &apiError{status: http.StatusInternalServerError, code: "internal",
+					detail: "internal error while serving " + r.URL.Path})
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// writeError answers err as JSON {"detail","code"} with the mapped status.
+func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	status, code, detail := classify(err)
+	if status >= 500 && status != http.StatusNotImplemented && status != http.StatusServiceUnavailable {
+		s.log.Error("compat: request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
+	} else {
+		s.log.Debug("compat: request rejected", "method", r.Method, "path", r.URL.Path, "status", status, "detail", detail)
+	}
+	writeJSON(w, status, errorBody{Detail: detail, Code: code})
+}
+
+// writeJSON marshals v and writes it with a Content-Length.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b = []byte(`{"detail":"internal error: cannot encode the response","code":"internal"}`)
+	}
+	w.Header().Set("Content-Type", contentTypeJSON)
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// writeProto marshals m and writes it as application/x-protobuf.
+func writeProto(w http.ResponseWriter, m proto.Message) error {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("encode protobuf result: %w", err)
+	}
+	w.Header().Set("Content-Type", contentTypeProto)
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
+	return nil
+}
+
+// readBody reads the whole request body within MaxBodyBytes, decompressing a zstd body
+// within MaxDecompressedBytes.
+func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	body := http.MaxBytesReader(w, r.Body, s.opt.MaxBodyBytes)
+	raw, err := io.ReadAll(body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, err
+		}
+		return nil, badRequest("cannot read the request body: %v", err)
+	}
+	enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding")))
+	switch enc {
+	case "", "identity":
+		return raw, nil
+	case "zstd":
+		return decompressZstd(raw, s.opt.MaxDecompressedBytes)
+	default:
+		return nil, &apiError{status: http.StatusUnsupportedMediaType, code: "invalid_argument",
+			detail: fmt.Sprintf("Content-Encoding %q is not supported; send the body uncompressed or zstd-compressed", enc)}
+	}
+}
+
+// decompressZstd decodes a zstd body, refusing to produce more than limit bytes and
+// capping the decoder's window so that a small hostile frame cannot allocate much memory.
+func decompressZstd(raw []byte, limit int64) ([]byte, error) {
+	window := uint64(limit)
+	if window < zstd.MinWindowSize {
+		window = zstd.MinWindowSize
+	}
+	if window > 128<<20 {
+		window = 128 << 20
+	}
+	dec, err := zstd.NewReader(bytes.NewReader(raw),
+		zstd.WithDecoderConcurrency(1),
+		zstd.WithDecoderLowmem(true),
+		zstd.WithDecoderMaxMemory(uint64(limit)+1),
+		zstd.WithDecoderMaxWindow(window))
+	if err != nil {
+		return nil, badRequest("cannot start zstd decoding: %v", err)
+	}
+	defer dec.Close()
+	var out bytes.Buffer
+	n, err := io.Copy(&out, io.LimitReader(dec, limit+1))
+	if n > limit {
+		return nil, tooLarge("the zstd body decompresses to more than the server's limit of %d bytes; send smaller forward_backward chunks", limit)
+	}
+	if err != nil {
+		if errors.Is(err, zstd.ErrDecoderSizeExceeded) || errors.Is(err, zstd.ErrWindowSizeExceeded) {
+			return nil, tooLarge("the zstd body needs more memory than the server allows (%v); send smaller forward_backward chunks", err)
+		}
+		return nil, badRequest("the body is not valid zstd (Content-Encoding: zstd): %v", err)
+	}
+	return out.Bytes(), nil
+}
+
+// decodeJSONBody reads the body and decodes it into v. Unknown fields (including the
+// SDK's "type" discriminator) are ignored; numbers decode into the typed fields of v
+// without going through float64 for integers.
+func (s *server) decodeJSONBody(w http.ResponseWriter, r *http.Request, v any) error {
+	b, err := s.readBody(w, r)
+	if err != nil {
+		return err
+	}
+	return decodeJSON(b, v)
+}
+
+// decodeJSON decodes b into v; an empty body is an empty object.
+func decodeJSON(b []byte, v any) error {
+	if len(bytes.TrimSpace(b)) == 0 {
+		b = []byte("{}")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if err := dec.Decode(v); err != nil {
+		return badRequest("malformed JSON body: %v", err)
+	}
+	if dec.More() {
+		return badRequest("malformed JSON body: trailing data after the JSON value")
+	}
+	return nil
+}
+
+// isJSONContent reports whether the request declares a JSON body.
+func isJSONContent(r *http.Request) bool {
+	ct := r.Header.Get("Content-Type")
+	if ct == "" {
+		return false
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return false
+	}
+	return mt == contentTypeJSON || strings.HasSuffix(mt, "+json")
+}
+
+// wantsProto reports whether the client accepts protobuf results.
+func wantsProto(r *http.Request) bool {
+	for _, v := range r.Header.Values("Accept") {
+		if strings.Contains(strings.ToLower(v), contentTypeProto) {
+			return true
+		}
+	}
+	return false
+}
+
+// queryInt parses an optional non-negative integer query parameter.
+func queryInt(r *http.Request, name string, def int) (int, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > 1<<30 {
+		return 0, badRequest("query parameter %s=%q must be a non-negative integer", name, v)
+	}
+	return n, nil
+}

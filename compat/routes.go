@@ -1,0 +1,285 @@
+package compat
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+)
+
+// routes registers every Tinker route. Routes Loops does not serve answer 501 with a JSON
+// detail; unknown paths answer 404.
+func (s *server) routes(mux *http.ServeMux) {
+	// Service, config and sessions.
+	s.handle(mux, "POST /api/v1/client/config", s.clientConfig)
+	s.handle(mux, "POST /api/v1/client/dynamic_config", s.dynamicConfig)
+	s.handle(mux, "POST /api/v1/create_session", s.createSession)
+	s.handle(mux, "POST /api/v1/session_heartbeat", s.sessionHeartbeat)
+	s.handle(mux, "POST /api/v1/sessions/{id}/finish", s.finishSession)
+	s.handle(mux, "POST /api/v1/telemetry", s.telemetry)
+	s.handle(mux, "GET /api/v1/get_server_capabilities", s.serverCapabilities)
+	s.handle(mux, "GET /api/v1/healthz", s.healthz)
+
+	// Training.
+	s.handle(mux, "POST /api/v1/create_model", s.createModel)
+	s.handle(mux, "POST /api/v1/get_info", s.getInfo)
+	s.handle(mux, "POST /api/v1/unload_model", s.unloadModel)
+	s.handle(mux, "POST /api/v1/forward_backward", s.forwardBackward)
+	s.handle(mux, "POST /api/v1/forward", s.forward)
+	s.handle(mux, "POST /api/v1/optim_step", s.optimStep)
+	s.handle(mux, "POST /api/v1/save_weights", s.saveWeights)
+	s.handle(mux, "POST /api/v1/save_weights_for_sampler", s.saveWeightsForSampler)
+	s.handle(mux, "POST /api/v1/load_weights", s.loadWeights)
+	s.handle(mux, "POST /api/v1/weights_info", s.weightsInfo)
+
+	// Sampling.
+	s.handle(mux, "POST /api/v1/create_sampling_session", s.createSamplingSession)
+	s.handle(mux, "POST /api/v1/asample", s.asample)
+	s.handle(mux, "GET /api/v1/samplers/{id}", s.getSampler)
+
+	// Futures.
+	s.handle(mux, "POST /api/v1/retrieve_future", s.retrieveFuture)
+
+	// REST: runs, checkpoints, sessions.
+	s.handle(mux, "GET /api/v1/training_runs", s.listTrainingRuns)
+	s.handle(mux, "GET /api/v1/training_runs/{run}", s.getTrainingRun)
+	s.handle(mux, "GET /api/v1/training_runs/{run}/checkpoints", s.listRunCheckpoints)
+	s.handle(mux, "GET /api/v1/checkpoints", s.listUserCheckpoints)
+	s.handle(mux, "DELETE /api/v1/training_runs/{run}/checkpoints/{kind}/{name}", s.deleteCheckpoint)
+	s.handle(mux, "POST /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/publish", s.publishCheckpoint(true))
+	s.handle(mux, "DELETE /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/publish", s.publishCheckpoint(false))
+	s.handle(mux, "PUT /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/ttl", s.setCheckpointTTL)
+	s.handle(mux, "GET /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/archive", s.checkpointArchive)
+	s.handle(mux, "GET /api/v1/sessions", s.listSessions)
+	s.handle(mux, "GET /api/v1/sessions/{id}", s.getSession)
+
+	// Tinker routes Loops does not serve (all flag-gated or admin-only in SDK 0.38.0).
+	for _, p := range []string{
+		"POST /api/v1/auth/token",
+		"POST /api/v1/cancel_future",
+		"POST /api/v1/retrieve_futures",
+		"POST /api/v1/join_sampling_session",
+		"POST /api/v1/create_custom_loss",
+		"POST /api/v1/copy_weights",
+		"POST /api/v1/save_weights_external",
+		"GET /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/external_weights_urls",
+		"POST /api/v1/sessions/search",
+		"PUT /api/v1/sessions/{id}/project",
+		"GET /api/v1/sessions/{id}/trace_export",
+		"GET /api/v1/audit",
+		"GET /api/v1/billing/usage/events",
+		"GET /api/v1/billing/usage/checkpoints/current",
+		"GET /api/v1/auth/apikey/me",
+		"DELETE /api/v1/auth/apikey/me",
+	} {
+		route := p[strings.Index(p, " ")+1:]
+		s.handle(mux, p, func(http.ResponseWriter, *http.Request) error {
+			return notImplemented("%s is not supported by Loops", route)
+		})
+	}
+	s.handle(mux, "/api/v1/", func(w http.ResponseWriter, r *http.Request) error {
+		return &apiError{status: http.StatusNotFound, code: "not_found",
+			detail: r.Method + " " + r.URL.Path + " is not a Tinker API route served by Loops"}
+	})
+}
+
+// futureResponse is the SDK's UntypedAPIFuture.
+type futureResponse struct {
+	RequestID         string   `json:"request_id"`
+	ModelID           string   `json:"model_id,omitempty"`
+	SampleSequenceIDs []string `json:"sample_sequence_ids,omitempty"`
+}
+
+// metadataStrings converts a user_metadata object (values of any JSON type) to strings;
+// non-string values keep their JSON text.
+func metadataStrings(m map[string]json.RawMessage) map[string]string {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	for k, raw := range m {
+		var s string
+		if json.Unmarshal(raw, &s) == nil {
+			out[k] = s
+		} else {
+			out[k] = string(raw)
+		}
+	}
+	return out
+}
+
+// ---------------------------------------------------------------------------------------
+// Service, config and sessions.
+
+// clientConfigResponse is the answer to client/config (SDK ClientConfigResponse).
+type clientConfigResponse struct {
+	PjwtAuthEnabled            bool `json:"pjwt_auth_enabled"`
+	UsePyqwestTransport        bool `json:"use_pyqwest_transport"`
+	CreateModelViaLoadWeights  bool `json:"create_model_via_load_weights"`
+	ParallelFwdbwdChunks       bool `json:"parallel_fwdbwd_chunks"`
+	ProtoCompressFwdbwd        bool `json:"proto_compress_fwdbwd"`
+	SampleUseRetrieveFutures   bool `json:"sample_use_retrieve_futures"`
+	CustomLossServerSide       bool `json:"custom_loss_server_side"`
+	SampleJoinSamplingSession  bool `json:"sample_join_sampling_session"`
+	SampleEnableStuckDetection bool `json:"sample_enable_stuck_detection"`
+	// ProtoWriteFwdbwd and FwdViaFwdbwd make SDKs 0.22.3–0.24.x send protobuf
+	// forward_backward bodies (and forward through forward_backward) like 0.38.0 does.
+	ProtoWriteFwdbwd bool `json:"proto_write_fwdbwd"`
+	FwdViaFwdbwd     bool `json:"fwd_via_fwdbwd"`
+}
+
+// clientConfig answers the SDK's feature flags. Every flag that would make the SDK call a
+// route Loops does not serve is off; zstd fwd/bwd bodies are on (Loops decodes them with
+// bounded memory and real payloads compress >10×); pyqwest is off because plain httpx is
+// the transport we test against.
+func (s *server) clientConfig(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		SDKVersion string `json:"sdk_version"`
+	}
+	if err := s.decodeJSONBody(w, r, &req); err != nil {
+		return err
+	}
+	s.log.Debug("compat: client config", "sdk_version", req.SDKVersion)
+	writeJSON(w, http.StatusOK, clientConfigResponse{
+		ParallelFwdbwdChunks:       true,
+		ProtoCompressFwdbwd:        !s.opt.DisableZstdForwardBackward,
+		SampleEnableStuckDetection: true,
+		ProtoWriteFwdbwd:           true,
+		FwdViaFwdbwd:               true,
+	})
+	return nil
+}
+
+func (s *server) dynamicConfig(w http.ResponseWriter, r *http.Request) error {
+	if _, err := s.readBody(w, r); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"refresh_interval_sec": 300, "sample_cancel_enabled": false})
+	return nil
+}
+
+func (s *server) createSession(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		Tags         []string                   `json:"tags"`
+		UserMetadata map[string]json.RawMessage `json:"user_metadata"`
+		SDKVersion   string                     `json:"sdk_version"`
+		ProjectID    string                     `json:"project_id"`
+		DisplayName  string                     `json:"display_name"`
+	}
+	if err := s.decodeJSONBody(w, r, &req); err != nil {
+		return err
+	}
+	if req.DisplayName != "" {
+		s.log.Debug("compat: create_session display_name is not stored", "display_name", req.DisplayName)
+	}
+	sess, err := s.svc.Sessions.CreateSession(r.Context(), &loopsv1.CreateSessionRequest{
+		Tags: req.Tags, UserMetadata: metadataStrings(req.UserMetadata), SdkVersion: req.SDKVersion, ProjectId: req.ProjectID,
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"type": "create_session", "session_id": sess.GetId()})
+	return nil
+}
+
+// sessionGone checks whether a session the core could not heartbeat has expired or
+// finished; the SDK stops its heartbeat loop quietly on 410.
+func (s *server) sessionGone(r *http.Request, id string) bool {
+	sess, err := s.svc.Sessions.GetSession(r.Context(), &loopsv1.GetSessionRequest{Id: id})
+	return err == nil && sess.GetExpired()
+}
+
+func (s *server) sessionHeartbeat(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		SessionID string `json:"session_id"`
+	}
+	if err := s.decodeJSONBody(w, r, &req); err != nil {
+		return err
+	}
+	if req.SessionID == "" {
+		return badRequest("session_id is required")
+	}
+	if _, err := s.svc.Sessions.HeartbeatSession(r.Context(), &loopsv1.HeartbeatSessionRequest{Id: req.SessionID}); err != nil {
+		status, code, _ := classify(err)
+		if status == http.StatusNotFound || status == http.StatusBadRequest {
+			if s.sessionGone(r, req.SessionID) {
+				return &apiError{status: http.StatusGone, code: code,
+					detail: "session " + req.SessionID + " has expired or finished; create a new ServiceClient to start a new session"}
+			}
+			if status == http.StatusNotFound {
+				return &apiError{status: http.StatusNotFound, code: code,
+					detail: "session " + req.SessionID + " does not exist (or belongs to another API key); create a new ServiceClient"}
+			}
+		}
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"type": "session_heartbeat"})
+	return nil
+}
+
+// finishSession acknowledges ServiceClient.close(). The core has no finish call yet, so the
+// session simply expires when heartbeats stop; compat only checks that it exists.
+func (s *server) finishSession(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		Reason struct {
+			Type string `json:"type"`
+		} `json:"reason"`
+		Detail *string `json:"detail"`
+	}
+	if err := s.decodeJSONBody(w, r, &req); err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	if _, err := s.svc.Sessions.GetSession(r.Context(), &loopsv1.GetSessionRequest{Id: id}); err != nil {
+		return err
+	}
+	s.log.Info("compat: session finished by client", "session_id", id, "reason", req.Reason.Type)
+	writeJSON(w, http.StatusOK, struct{}{})
+	return nil
+}
+
+func (s *server) telemetry(w http.ResponseWriter, r *http.Request) error {
+	b, err := s.readBody(w, r)
+	if err != nil {
+		return err
+	}
+	var req struct {
+		SessionID string            `json:"session_id"`
+		Events    []json.RawMessage `json:"events"`
+	}
+	if json.Unmarshal(b, &req) == nil {
+		s.log.Debug("compat: telemetry", "session_id", req.SessionID, "events", len(req.Events))
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "accepted"})
+	return nil
+}
+
+func (s *server) healthz(w http.ResponseWriter, r *http.Request) error {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	return nil
+}
+
+type supportedModel struct {
+	ModelName        string `json:"model_name"`
+	MaxContextLength int32  `json:"max_context_length,omitempty"`
+	Trainable        bool   `json:"trainable"`
+	Sampleable       bool   `json:"sampleable"`
+}
+
+func (s *server) serverCapabilities(w http.ResponseWriter, r *http.Request) error {
+	res, err := s.svc.Models.ListModels(r.Context(), &loopsv1.ListModelsRequest{})
+	if err != nil {
+		return err
+	}
+	out := struct {
+		SupportedModels []supportedModel `json:"supported_models"`
+	}{SupportedModels: []supportedModel{}}
+	for _, m := range res.GetModels() {
+		out.SupportedModels = append(out.SupportedModels, supportedModel{
+			ModelName: m.GetName(), MaxContextLength: m.GetMaxSequenceLength(), Trainable: true, Sampleable: true,
+		})
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}

@@ -1,0 +1,177 @@
+package auth
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+
+	"connectrpc.com/connect"
+)
+
+// HeaderName is the header that carries the API key, as the tinker SDK sends it.
+const HeaderName = "X-API-Key"
+
+// KeyPrefix is the prefix every API key has.
+const KeyPrefix = "tml-"
+
+type workspaceKey struct{}
+
+// WithWorkspace returns a context that carries the workspace.
+func WithWorkspace(ctx context.Context, workspace string) context.Context {
+	return context.WithValue(ctx, workspaceKey{}, workspace)
+}
+
+// Workspace returns the workspace of an authenticated request, or "" if there is none.
+func Workspace(ctx context.Context) string {
+	ws, _ := ctx.Value(workspaceKey{}).(string)
+	return ws
+}
+
+// RequireWorkspace returns the request's workspace, or an Unauthenticated error.
+func RequireWorkspace(ctx context.Context) (string, error) {
+	if ws := Workspace(ctx); ws != "" {
+		return ws, nil
+	}
+	return "", connect.NewError(connect.CodeUnauthenticated, errors.New("missing API key: send it in the X-API-Key header (tinker: set TINKER_API_KEY=tml-…)"))
+}
+
+// Keys is the set of accepted API keys and their workspaces. The zero value (no keys) is
+// open mode.
+type Keys struct {
+	byHash map[[32]byte]string
+}
+
+// ParseKeys builds a key set from entries "KEY" or "KEY=WORKSPACE". A key without a
+// workspace gets one derived from the key.
+func ParseKeys(entries []string) (*Keys, error) {
+	k := &Keys{byHash: map[[32]byte]string{}}
+	for _, e := range entries {
+		e = strings.TrimSpace(e)
+		if e == "" || strings.HasPrefix(e, "#") {
+			continue
+		}
+		key, ws, _ := strings.Cut(e, "=")
+		key = strings.TrimSpace(key)
+		if err := validKey(key); err != nil {
+			return nil, err
+		}
+		if ws = strings.TrimSpace(ws); ws == "" {
+			ws = derivedWorkspace(key)
+		}
+		k.byHash[sha256.Sum256([]byte(key))] = ws
+	}
+	return k, nil
+}
+
+// LoadKeyFile reads keys from a file, one "KEY" or "KEY=WORKSPACE" a line; # starts a comment.
+func LoadKeyFile(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("auth: reading key file: %w", err)
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		out = append(out, sc.Text())
+	}
+	return out, sc.Err()
+}
+
+// Open reports whether no keys are configured.
+func (k *Keys) Open() bool { return k == nil || len(k.byHash) == 0 }
+
+// Len is the number of configured keys.
+func (k *Keys) Len() int {
+	if k == nil {
+		return 0
+	}
+	return len(k.byHash)
+}
+
+// Authenticate returns the workspace of a key.
+func (k *Keys) Authenticate(key string) (string, error) {
+	if key == "" {
+		return "", errors.New("missing API key: send it in the X-API-Key header (tinker: set TINKER_API_KEY=tml-…)")
+	}
+	if err := validKey(key); err != nil {
+		return "", err
+	}
+	if k.Open() {
+		return derivedWorkspace(key), nil
+	}
+	h := sha256.Sum256([]byte(key))
+	for kh, ws := range k.byHash {
+		if subtle.ConstantTimeCompare(kh[:], h[:]) == 1 {
+			return ws, nil
+		}
+	}
+	return "", errors.New("unknown API key: use a key the server was started with (--api-key, LOOPS_API_KEYS or --api-key-file)")
+}
+
+// Middleware authenticates every request except the paths in public (matched exactly or,
+// when they end in "/", as prefixes) and puts the workspace in the request context. A
+// failure is a 401 with a JSON body.
+func (k *Keys) Middleware(public []string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, p := range public {
+			if r.URL.Path == p || (strings.HasSuffix(p, "/") && strings.HasPrefix(r.URL.Path, p)) {
+				next.ServeHTTP(w, r)
+				return
+			}
+		}
+		key := r.Header.Get(HeaderName)
+		if key == "" {
+			// gRPC-gateway and Connect clients may send the standard bearer form.
+			if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+				key = strings.TrimSpace(b)
+			}
+		}
+		ws, err := k.Authenticate(key)
+		if err != nil {
+			writeUnauthenticated(w, r, err)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(WithWorkspace(r.Context(), ws)))
+	})
+}
+
+func writeUnauthenticated(w http.ResponseWriter, r *http.Request, err error) {
+	ct := r.Header.Get("Content-Type")
+	if strings.HasPrefix(ct, "application/grpc") {
+		w.Header().Set("Content-Type", ct)
+		w.Header().Set("Grpc-Status", "16")
+		w.Header().Set("Grpc-Message", err.Error())
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	body := fmt.Sprintf(`{"code":"unauthenticated","message":%q,"detail":%q}`, err.Error(), err.Error())
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+	w.WriteHeader(http.StatusUnauthorized)
+	_, _ = w.Write([]byte(body))
+}
+
+func validKey(key string) error {
+	if !strings.HasPrefix(key, KeyPrefix) || len(key) < len(KeyPrefix)+1 {
+		return fmt.Errorf("malformed API key: keys start with %q (tinker: set TINKER_API_KEY=tml-…)", KeyPrefix)
+	}
+	for _, c := range key {
+		if c <= ' ' || c > '~' {
+			return errors.New("malformed API key: only printable ASCII without spaces is allowed")
+		}
+	}
+	return nil
+}
+
+func derivedWorkspace(key string) string {
+	h := sha256.Sum256([]byte("loops-workspace:" + key))
+	return "ws-" + hex.EncodeToString(h[:8])
+}

@@ -1,0 +1,237 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/loops-dev/loops/backends"
+	"github.com/loops-dev/loops/gateway/store"
+	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Options configure the core. Zero values take the documented defaults.
+type Options struct {
+	// DataDir holds checkpoints (DataDir/checkpoints) and archives.
+	DataDir string
+	// SessionTTL is how long a session lives without a heartbeat (default 5 min). When it
+	// expires, its runs' adapters are unloaded; saved checkpoints stay.
+	SessionTTL time.Duration
+	// ResultRetention is how long finished operations stay retrievable (default 24 h).
+	ResultRetention time.Duration
+	// GapTimeout is how long a run waits for a missing seq_id before skipping it (default 10 s).
+	GapTimeout time.Duration
+	// MaxBatchTokens caps the tokens of one backend forward/backward call (default 65536).
+	MaxBatchTokens int
+	// MaxDatumsPerRequest caps the datums of one forward_backward request (default 4096).
+	MaxDatumsPerRequest int
+	// MaxSamplesPerRequest caps num_samples (default 256).
+	MaxSamplesPerRequest int
+	// MaxQueuedSamples caps sampling operations waiting for the sampler; more are refused with
+	// ResourceExhausted (HTTP 429), which the tinker SDK treats as back-pressure (default 10000).
+	MaxQueuedSamples int
+	// SamplingConcurrency is how many sampling calls run at once (default 4).
+	SamplingConcurrency int
+	// ArchiveURLTTL is how long a checkpoint archive URL stays valid (default 15 min).
+	ArchiveURLTTL time.Duration
+	// Logger receives the core's logs (default slog.Default()).
+	Logger *slog.Logger
+	// Registerer receives the core's Prometheus metrics (default: none registered).
+	Registerer prometheus.Registerer
+	// Now is the clock (tests); default time.Now.
+	Now func() time.Time
+}
+
+func (o *Options) defaults() {
+	if o.SessionTTL <= 0 {
+		o.SessionTTL = 5 * time.Minute
+	}
+	if o.ResultRetention <= 0 {
+		o.ResultRetention = 24 * time.Hour
+	}
+	if o.GapTimeout <= 0 {
+		o.GapTimeout = 10 * time.Second
+	}
+	if o.MaxBatchTokens <= 0 {
+		o.MaxBatchTokens = 65536
+	}
+	if o.MaxDatumsPerRequest <= 0 {
+		o.MaxDatumsPerRequest = 4096
+	}
+	if o.MaxSamplesPerRequest <= 0 {
+		o.MaxSamplesPerRequest = 256
+	}
+	if o.MaxQueuedSamples <= 0 {
+		o.MaxQueuedSamples = 10000
+	}
+	if o.SamplingConcurrency <= 0 {
+		o.SamplingConcurrency = 4
+	}
+	if o.ArchiveURLTTL <= 0 {
+		o.ArchiveURLTTL = 15 * time.Minute
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}
+
+// Core owns sessions, runs, operations, samplers and checkpoints, and drives the backend.
+type Core struct {
+	opts    Options
+	log     *slog.Logger
+	store   store.Store
+	backend backends.Backend
+	metrics *metrics
+
+	models map[string]*loopsv1.ModelInfo
+	losses map[string]bool
+
+	ops      *operations
+	mu       sync.Mutex
+	runs     map[string]*run
+	lanes    map[string]*lane
+	sessions map[string]*sessionState
+	samplers *samplers
+	archives *archiveTokens
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New starts a core on a store and a backend. It fails operations left unfinished by a
+// previous process, recovers runs from the store and starts the background janitor.
+func New(ctx context.Context, st store.Store, be backends.Backend, opts Options) (*Core, error) {
+	opts.defaults()
+	if opts.DataDir == "" {
+		return nil, errors.New("core: DataDir is required")
+	}
+	if err := os.MkdirAll(filepath.Join(opts.DataDir, "checkpoints"), 0o755); err != nil {
+		return nil, fmt.Errorf("core: creating data dir: %w", err)
+	}
+	c := &Core{
+		opts:     opts,
+		log:      opts.Logger,
+		store:    st,
+		backend:  be,
+		metrics:  newMetrics(opts.Registerer),
+		models:   map[string]*loopsv1.ModelInfo{},
+		losses:   map[string]bool{},
+		runs:     map[string]*run{},
+		lanes:    map[string]*lane{},
+		sessions: map[string]*sessionState{},
+		archives: newArchiveTokens(),
+	}
+	c.ops = newOperations(c)
+	c.samplers = newSamplers(c)
+	c.ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))
+
+	caps, err := be.Trainer().GetCapabilities(ctx, &backendv1.GetCapabilitiesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("core: asking the backend for its capabilities: %w", err)
+	}
+	for _, m := range caps.GetModels() {
+		c.models[m.GetName()] = m
+	}
+	for _, l := range caps.GetLossFunctions() {
+		c.losses[l] = true
+	}
+	if len(c.models) == 0 {
+		return nil, errors.New("core: the backend serves no models")
+	}
+
+	n, err := st.FailUnfinishedOperations(ctx, &loopsv1.OperationError{
+		Code:     14, // Unavailable
+		Message:  "the server restarted while this operation was in flight; its effect is unknown: reload the run's last checkpoint (load_state) and resubmit",
+		Category: loopsv1.ErrorCategory_ERROR_CATEGORY_SERVER,
+	}, c.now())
+	if err != nil {
+		return nil, fmt.Errorf("core: failing unfinished operations: %w", err)
+	}
+	if n > 0 {
+		c.log.Warn("operations in flight at the last shutdown were marked failed", slog.Int("count", n))
+	}
+	if err := c.recoverRuns(ctx); err != nil {
+		return nil, err
+	}
+	c.wg.Add(1)
+	go c.janitor()
+	return c, nil
+}
+
+// Close stops background work. In-flight backend calls finish; queued work is failed.
+func (c *Core) Close() error {
+	c.cancel()
+	c.mu.Lock()
+	lanes := make([]*lane, 0, len(c.lanes))
+	for _, l := range c.lanes {
+		lanes = append(lanes, l)
+	}
+	c.mu.Unlock()
+	for _, l := range lanes {
+		l.stop()
+	}
+	c.wg.Wait()
+	return nil
+}
+
+func (c *Core) now() time.Time { return c.opts.Now() }
+
+// janitor expires sessions and checkpoints and forgets old operations.
+func (c *Core) janitor() {
+	defer c.wg.Done()
+	t := time.NewTicker(15 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-t.C:
+			c.sweep(c.ctx)
+		}
+	}
+}
+
+// sweep does one round of the janitor's work.
+func (c *Core) sweep(ctx context.Context) {
+	now := c.now()
+	c.expireSessions(ctx, now)
+	c.expireCheckpoints(ctx, now)
+	c.ops.evictFinishedBefore(now.Add(-time.Hour))
+	if _, err := c.store.DeleteOperationsDoneBefore(ctx, now.Add(-c.opts.ResultRetention)); err != nil {
+		c.log.Error("deleting old operations", slog.Any("err", err))
+	}
+	c.archives.sweep(now)
+}
+
+// Services returns the loops.v1 service implementations.
+func (c *Core) Services() Services {
+	return Services{
+		Sessions:    SessionService{c},
+		Training:    TrainingService{c},
+		Operations:  OperationService{c},
+		Checkpoints: CheckpointService{c},
+		Sampling:    SamplingService{c},
+		Models:      ModelService{c},
+	}
+}
+
+// Services are the core's loops.v1 service implementations.
+type Services struct {
+	Sessions    SessionService
+	Training    TrainingService
+	Operations  OperationService
+	Checkpoints CheckpointService
+	Sampling    SamplingService
+	Models      ModelService
+}

@@ -1,0 +1,75 @@
+package core
+
+import (
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	opsCreated  *prometheus.CounterVec
+	opsFinished *prometheus.CounterVec
+	opDuration  *prometheus.HistogramVec
+	waiters     prometheus.Gauge
+	batchItems  prometheus.Histogram
+	tokens      *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		opsCreated: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loops_operations_created_total", Help: "Operations created, by kind.",
+		}, []string{"kind"}),
+		opsFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loops_operations_finished_total", Help: "Operations finished, by kind and final state.",
+		}, []string{"kind", "state"}),
+		opDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "loops_operation_duration_seconds", Help: "Time from submission to completion, by kind.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 14),
+		}, []string{"kind"}),
+		waiters: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "loops_operation_waiters", Help: "Requests currently long-polling an operation.",
+		}),
+		batchItems: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "loops_backend_batch_items", Help: "Runs per backend forward/backward call.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
+		}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loops_tokens_total", Help: "Tokens processed, by kind (train, sample_prompt, sample_output).",
+		}, []string{"kind"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.opsCreated, m.opsFinished, m.opDuration, m.waiters, m.batchItems, m.tokens)
+	}
+	return m
+}
+
+func kindLabel(k loopsv1.OperationKind) string {
+	switch k {
+	case loopsv1.OperationKind_OPERATION_KIND_CREATE_TRAINING_RUN:
+		return "create_training_run"
+	case loopsv1.OperationKind_OPERATION_KIND_FORWARD:
+		return "forward"
+	case loopsv1.OperationKind_OPERATION_KIND_FORWARD_BACKWARD:
+		return "forward_backward"
+	case loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP:
+		return "optim_step"
+	case loopsv1.OperationKind_OPERATION_KIND_SAVE_WEIGHTS:
+		return "save_weights"
+	case loopsv1.OperationKind_OPERATION_KIND_SAVE_WEIGHTS_FOR_SAMPLER:
+		return "save_weights_for_sampler"
+	case loopsv1.OperationKind_OPERATION_KIND_LOAD_WEIGHTS:
+		return "load_weights"
+	case loopsv1.OperationKind_OPERATION_KIND_SAMPLE:
+		return "sample"
+	case loopsv1.OperationKind_OPERATION_KIND_UNLOAD_TRAINING_RUN:
+		return "unload"
+	}
+	return "unknown"
+}
+
+func stateLabel(s loopsv1.OperationState) string {
+	if s == loopsv1.OperationState_OPERATION_STATE_SUCCEEDED {
+		return "succeeded"
+	}
+	return "failed"
+}

@@ -1,0 +1,411 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// task is one unit of ordered work on a run. A task with a nil op is a consumed seq_id (its
+// request was rejected) and is skipped. fb is set for forward/backward work, which the lane
+// batches across runs; everything else runs through exec.
+type task struct {
+	seq    int64
+	op     *operation
+	fb     *backendv1.ForwardBackwardItem
+	tokens int
+	exec   func(ctx context.Context) (func(*loopsv1.Operation), error)
+	// creates is true for the task that creates the run's adapter.
+	creates bool
+}
+
+// resyncSeq as a run's next seq_id means "take the next request's seq_id as the start"
+// (a run recovered after a restart).
+const resyncSeq = -1
+
+// run is a training run in memory: its ordered queue and whether its adapter is on the backend.
+type run struct {
+	c    *Core
+	id   string
+	ws   string
+	lane *lane
+
+	mu           sync.Mutex
+	info         *loopsv1.TrainingRun
+	nextSeq      int64
+	maxSeen      int64
+	pending      map[int64]*task
+	seen         map[int64]string // seq_id -> operation id; "" for a rejected request
+	busy         bool
+	queued       bool
+	gapTimer     *time.Timer
+	adapterReady bool
+	unloaded     string // why the run takes no more work; "" while it does
+}
+
+func (c *Core) newRun(ws string, info *loopsv1.TrainingRun, nextSeq int64, adapterReady bool) *run {
+	return &run{
+		c: c, id: info.GetId(), ws: ws, lane: c.laneFor(info.GetBaseModel()),
+		info: info, nextSeq: nextSeq, maxSeen: nextSeq - 1,
+		pending: map[int64]*task{}, seen: map[int64]string{}, adapterReady: adapterReady,
+	}
+}
+
+// snapshot returns the run's current record.
+func (r *run) snapshot() *loopsv1.TrainingRun {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.info
+}
+
+// update changes the run's record under its lock and persists it.
+func (r *run) update(ctx context.Context, f func(*loopsv1.TrainingRun)) {
+	r.mu.Lock()
+	next := proto.CloneOf(r.info)
+	f(next)
+	r.info = next
+	r.mu.Unlock()
+	if err := r.c.store.PutTrainingRun(ctx, r.ws, next); err != nil {
+		r.c.log.Error("persisting training run", slog.String("run", r.id), slog.Any("err", err))
+	}
+}
+
+// submit places work at seq (0: after everything submitted so far). mk validates the request
+// and builds the task; a client error from mk consumes the seq_id so the run does not stall
+// on it. A repeated seq_id returns the operation of its first submission.
+func (r *run) submit(ctx context.Context, seq int64, mk func(seq int64) (*task, error)) (*loopsv1.Operation, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if seq < 0 {
+		return nil, invalidArgument("seq_id must not be negative")
+	}
+	if r.nextSeq == resyncSeq {
+		r.nextSeq = max(seq, 1)
+		r.maxSeen = r.nextSeq - 1
+	}
+	if seq == 0 {
+		seq = max(r.maxSeen, r.nextSeq-1) + 1
+	}
+	if id, ok := r.seen[seq]; ok {
+		if id == "" {
+			return nil, invalidArgument("seq_id %d of training run %s was already used by a request that was rejected; use the next seq_id", seq, r.id)
+		}
+		o, err := r.c.ops.lookup(ctx, r.ws, id)
+		if err != nil {
+			return nil, err
+		}
+		return o.snapshot(), nil
+	}
+	if seq < r.nextSeq {
+		return nil, failedPrecondition("seq_id %d of training run %s arrived after the run had moved past it (next expected seq_id is %d); requests of a run must be sent in seq_id order", seq, r.id, r.nextSeq)
+	}
+	if r.unloaded != "" {
+		return nil, failedPrecondition("training run %s takes no more work: %s", r.id, r.unloaded)
+	}
+	t, err := mk(seq)
+	if err != nil {
+		switch connect.CodeOf(err) {
+		case connect.CodeInvalidArgument, connect.CodeFailedPrecondition, connect.CodeNotFound, connect.CodeOutOfRange:
+			r.seen[seq] = ""
+			r.pending[seq] = &task{seq: seq}
+			r.maxSeen = max(r.maxSeen, seq)
+			r.kick()
+		}
+		return nil, err
+	}
+	t.seq = seq
+	r.pending[seq] = t
+	r.seen[seq] = t.op.op.GetId()
+	r.maxSeen = max(r.maxSeen, seq)
+	r.kick()
+	return t.op.snapshot(), nil
+}
+
+// kick makes the run's head runnable if it is. Called with r.mu held.
+func (r *run) kick() {
+	for {
+		t, ok := r.pending[r.nextSeq]
+		if !ok || t.op != nil {
+			break
+		}
+		delete(r.pending, r.nextSeq)
+		r.nextSeq++
+	}
+	if r.busy || r.queued {
+		return
+	}
+	if _, ok := r.pending[r.nextSeq]; ok {
+		if r.gapTimer != nil {
+			r.gapTimer.Stop()
+			r.gapTimer = nil
+		}
+		r.queued = true
+		r.lane.markReady(r)
+		return
+	}
+	if len(r.pending) > 0 && r.gapTimer == nil {
+		expected := r.nextSeq
+		r.gapTimer = time.AfterFunc(r.c.opts.GapTimeout, func() { r.skipGap(expected) })
+	}
+	// Forget old de-duplication entries; retries come within minutes, not thousands of steps.
+	if len(r.seen) > 8192 {
+		for s := range r.seen {
+			if s < r.nextSeq-4096 {
+				delete(r.seen, s)
+			}
+		}
+	}
+}
+
+// skipGap gives up on a seq_id that never arrived and moves on to the next one that did.
+func (r *run) skipGap(expected int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.gapTimer = nil
+	if r.nextSeq != expected || r.busy || r.queued || len(r.pending) == 0 {
+		return
+	}
+	if _, ok := r.pending[r.nextSeq]; ok {
+		r.kick()
+		return
+	}
+	next := slices.Min(mapKeys(r.pending))
+	r.c.log.Warn("skipping seq_ids that never arrived", slog.String("run", r.id), slog.Int64("from", r.nextSeq), slog.Int64("to", next-1))
+	r.nextSeq = next
+	r.kick()
+}
+
+// takeHead removes the head task for execution and marks the run busy.
+func (r *run) takeHead() *task {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.queued = false
+	t, ok := r.pending[r.nextSeq]
+	if !ok {
+		return nil
+	}
+	delete(r.pending, r.nextSeq)
+	r.nextSeq++
+	r.busy = true
+	return t
+}
+
+// taskDone releases the run after its head task finished.
+func (r *run) taskDone() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.busy = false
+	r.kick()
+}
+
+// failPending fails every queued task of the run (it was unloaded or the server is stopping).
+func (r *run) failPending(err error) {
+	r.mu.Lock()
+	tasks := make([]*task, 0, len(r.pending))
+	for s, t := range r.pending {
+		if t.op != nil {
+			tasks = append(tasks, t)
+		}
+		delete(r.pending, s)
+	}
+	r.mu.Unlock()
+	for _, t := range tasks {
+		r.c.ops.finish(t.op, nil, err)
+	}
+}
+
+func mapKeys[K comparable, V any](m map[K]V) []K {
+	out := make([]K, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// lane executes the ready work of every run on one base model. Forward/backward heads of
+// several runs go to the backend in one call; other tasks run beside it, one per run.
+type lane struct {
+	c     *Core
+	model string
+	mu    sync.Mutex
+	ready []*run
+	wake  chan struct{}
+	quit  chan struct{}
+	done  chan struct{}
+}
+
+func (c *Core) laneFor(model string) *lane {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l, ok := c.lanes[model]; ok {
+		return l
+	}
+	l := &lane{c: c, model: model, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
+	c.lanes[model] = l
+	go l.loop()
+	return l
+}
+
+func (l *lane) markReady(r *run) {
+	l.mu.Lock()
+	l.ready = append(l.ready, r)
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (l *lane) stop() {
+	close(l.quit)
+	<-l.done
+}
+
+func (l *lane) loop() {
+	defer close(l.done)
+	for {
+		select {
+		case <-l.quit:
+			return
+		case <-l.wake:
+		}
+		for {
+			l.mu.Lock()
+			rs := l.ready
+			l.ready = nil
+			l.mu.Unlock()
+			if len(rs) == 0 {
+				break
+			}
+			l.round(rs)
+		}
+	}
+}
+
+type runTask struct {
+	r *run
+	t *task
+}
+
+// round executes one head task of each ready run.
+func (l *lane) round(rs []*run) {
+	ctx := l.c.ctx
+	var fbs, others []runTask
+	for _, r := range rs {
+		t := r.takeHead()
+		if t == nil {
+			r.taskDone()
+			continue
+		}
+		l.c.ops.setRunning(t.op)
+		if err := l.c.ensureAdapter(ctx, r, t); err != nil {
+			l.c.ops.finish(t.op, nil, err)
+			r.taskDone()
+			continue
+		}
+		if t.fb != nil {
+			fbs = append(fbs, runTask{r, t})
+		} else {
+			others = append(others, runTask{r, t})
+		}
+	}
+	var wg sync.WaitGroup
+	for _, rt := range others {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			set, err := rt.t.exec(ctx)
+			l.c.ops.finish(rt.t.op, set, err)
+			rt.r.touch(ctx, rt.t.seq)
+			rt.r.taskDone()
+		}()
+	}
+	for len(fbs) > 0 {
+		n, tokens := 0, 0
+		for n < len(fbs) && (n == 0 || tokens+fbs[n].t.tokens <= l.c.opts.MaxBatchTokens) {
+			tokens += fbs[n].t.tokens
+			n++
+		}
+		l.forwardBackward(ctx, fbs[:n])
+		fbs = fbs[n:]
+	}
+	wg.Wait()
+}
+
+// forwardBackward sends one batch of forward/backward items to the backend and finishes
+// each item's operation with its own outcome.
+func (l *lane) forwardBackward(ctx context.Context, batch []runTask) {
+	req := &backendv1.ForwardBackwardRequest{Items: make([]*backendv1.ForwardBackwardItem, len(batch))}
+	tokens := 0
+	for i, rt := range batch {
+		req.Items[i] = rt.t.fb
+		tokens += rt.t.tokens
+	}
+	l.c.metrics.batchItems.Observe(float64(len(batch)))
+	resp, err := l.c.backend.Trainer().ForwardBackward(ctx, req)
+	if err == nil && len(resp.GetResults()) != len(batch) {
+		err = connect.NewError(connect.CodeInternal, errors.New("backend returned a result count that does not match the batch"))
+	}
+	for i, rt := range batch {
+		var itemErr error
+		var res *loopsv1.ForwardBackwardResult
+		switch {
+		case err != nil:
+			itemErr = err
+		case resp.GetResults()[i].GetError() != nil:
+			e := resp.GetResults()[i].GetError()
+			itemErr = connect.NewError(connect.Code(e.GetCode()), errors.New(e.GetMessage()))
+		default:
+			res = resp.GetResults()[i].GetResult()
+		}
+		if itemErr == nil {
+			l.c.metrics.tokens.WithLabelValues("train").Add(float64(rt.t.tokens))
+		}
+		l.c.ops.finish(rt.t.op, func(op *loopsv1.Operation) {
+			op.Result = &loopsv1.Operation_ForwardBackward{ForwardBackward: res}
+		}, itemErr)
+		rt.r.touch(ctx, rt.t.seq)
+		rt.r.taskDone()
+	}
+}
+
+// touch records that the run did work now.
+func (r *run) touch(ctx context.Context, seq int64) {
+	r.update(ctx, func(info *loopsv1.TrainingRun) {
+		info.LastRequestTime = timestamppb.New(r.c.now())
+		info.LastSeqId = max(info.LastSeqId, seq)
+	})
+}
+
+// ensureAdapter recreates the adapter of a run recovered after a restart. Its unsaved state
+// is gone, so the run is marked corrupted until a checkpoint is loaded.
+func (c *Core) ensureAdapter(ctx context.Context, r *run, t *task) error {
+	r.mu.Lock()
+	ready := r.adapterReady
+	r.mu.Unlock()
+	if ready || t.creates {
+		return nil
+	}
+	info := r.snapshot()
+	_, err := c.backend.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{
+		AdapterId: r.id, BaseModel: info.GetBaseModel(), Lora: info.GetLora(),
+	})
+	if err != nil {
+		return connect.NewError(connect.CodeUnavailable, errors.New("the run's adapter could not be restored after a server restart: "+err.Error()))
+	}
+	r.mu.Lock()
+	r.adapterReady = true
+	r.mu.Unlock()
+	r.update(ctx, func(i *loopsv1.TrainingRun) { i.Corrupted = true })
+	c.log.Warn("recreated a lost adapter; the run is marked corrupted until a checkpoint is loaded", slog.String("run", r.id))
+	return nil
+}

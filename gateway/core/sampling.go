@@ -1,0 +1,322 @@
+package core
+
+import (
+	"context"
+	"math"
+	"sync"
+	"sync/atomic"
+
+	"github.com/loops-dev/loops/gateway/auth"
+	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// maxTopKPromptLogprobs caps topk_prompt_logprobs.
+const maxTopKPromptLogprobs = 100
+
+// defaultMaxTokens is used when a request gives no max_tokens (it is also capped by the
+// model's sequence length).
+const defaultMaxTokens = 1024
+
+// samplerState is a sampler in memory: its record, the adapter folder it samples with
+// (empty for the base model), and its seq_id de-duplication table.
+type samplerState struct {
+	ws   string
+	info *loopsv1.Sampler
+	dir  string
+	mu   sync.Mutex
+	seen map[int64]string // seq_id -> operation id
+}
+
+// samplers holds the live samplers and limits sampling concurrency.
+type samplers struct {
+	c      *Core
+	mu     sync.Mutex
+	byID   map[string]*samplerState
+	sem    chan struct{}
+	queued atomic.Int64
+}
+
+func newSamplers(c *Core) *samplers {
+	return &samplers{c: c, byID: map[string]*samplerState{}, sem: make(chan struct{}, c.opts.SamplingConcurrency)}
+}
+
+// create registers a sampler; model is the checkpoint path ("" for the base model) and dir
+// its resolved folder.
+func (ss *samplers) create(ctx context.Context, ws, sessionID, baseModel, modelPath, dir string) (*loopsv1.Sampler, error) {
+	info := &loopsv1.Sampler{
+		Id: newID("smp"), SessionId: sessionID, BaseModel: baseModel, ModelPath: modelPath,
+		CreateTime: timestamppb.New(ss.c.now()),
+	}
+	if err := ss.c.store.PutSampler(ctx, ws, info); err != nil {
+		return nil, internal("recording sampler", err)
+	}
+	ss.mu.Lock()
+	ss.byID[info.Id] = &samplerState{ws: ws, info: info, dir: dir, seen: map[int64]string{}}
+	ss.mu.Unlock()
+	if sessionID != "" {
+		if st, err := ss.c.session(ctx, ws, sessionID); err == nil {
+			st.addSampler(info.Id)
+		}
+	}
+	return info, nil
+}
+
+// get returns a sampler of the workspace, reviving it from the store after a restart.
+func (ss *samplers) get(ctx context.Context, ws, id string) (*samplerState, error) {
+	ss.mu.Lock()
+	s, ok := ss.byID[id]
+	ss.mu.Unlock()
+	if ok {
+		if s.ws != ws {
+			return nil, notFound("sampler %q not found (it does not exist, or belongs to another API key's workspace)", id)
+		}
+		return s, nil
+	}
+	info, err := ss.c.store.GetSampler(ctx, ws, id)
+	if err != nil {
+		return nil, storeErr(err, "sampler "+quote(id))
+	}
+	dir := ""
+	if info.GetModelPath() != "" {
+		if _, dir, err = ss.c.resolveCheckpoint(ctx, ws, info.GetModelPath()); err != nil {
+			return nil, err
+		}
+	}
+	s = &samplerState{ws: ws, info: info, dir: dir, seen: map[int64]string{}}
+	ss.mu.Lock()
+	ss.byID[id] = s
+	ss.mu.Unlock()
+	return s, nil
+}
+
+// dropSession forgets the samplers of an expired session (their records stay).
+func (ss *samplers) dropSession(sessionID string) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for id, s := range ss.byID {
+		if s.info.GetSessionId() == sessionID {
+			delete(ss.byID, id)
+		}
+	}
+}
+
+// SamplingService implements loops.v1 SamplingService.
+type SamplingService struct{ c *Core }
+
+// CreateSampler creates a sampler on a base model or a checkpoint.
+func (s SamplingService) CreateSampler(ctx context.Context, req *loopsv1.CreateSamplerRequest) (*loopsv1.Sampler, error) {
+	c := s.c
+	ws, err := auth.RequireWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var sess *sessionState
+	if req.GetSessionId() != "" {
+		if sess, err = c.session(ctx, ws, req.GetSessionId()); err != nil {
+			return nil, err
+		}
+		if req.ClientSeqId != nil {
+			sess.mu.Lock()
+			id, ok := sess.samplerSeq[req.GetClientSeqId()]
+			sess.mu.Unlock()
+			if ok {
+				st, err := c.samplers.get(ctx, ws, id)
+				if err != nil {
+					return nil, err
+				}
+				return st.info, nil
+			}
+		}
+	}
+	baseModel, dir := req.GetBaseModel(), ""
+	switch {
+	case req.GetModelPath() != "":
+		ck, d, err := c.resolveCheckpoint(ctx, ws, req.GetModelPath())
+		if err != nil {
+			return nil, err
+		}
+		if baseModel != "" && baseModel != ck.GetBaseModel() {
+			return nil, invalidArgument("checkpoint %s was trained on %s, not %s", req.GetModelPath(), ck.GetBaseModel(), baseModel)
+		}
+		baseModel, dir = ck.GetBaseModel(), d
+	case baseModel == "":
+		return nil, invalidArgument("give a base_model or a model_path (tinker://…/sampler_weights/…)")
+	}
+	if _, err := c.model(baseModel); err != nil {
+		return nil, err
+	}
+	info, err := c.samplers.create(ctx, ws, req.GetSessionId(), baseModel, req.GetModelPath(), dir)
+	if err != nil {
+		return nil, err
+	}
+	if sess != nil && req.ClientSeqId != nil {
+		sess.mu.Lock()
+		sess.samplerSeq[req.GetClientSeqId()] = info.Id
+		sess.mu.Unlock()
+	}
+	return info, nil
+}
+
+// GetSampler returns one sampler.
+func (s SamplingService) GetSampler(ctx context.Context, req *loopsv1.GetSamplerRequest) (*loopsv1.Sampler, error) {
+	ws, err := auth.RequireWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st, err := s.c.samplers.get(ctx, ws, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return st.info, nil
+}
+
+// Sample queues a sampling operation. Samples are not ordered; they run as sampler
+// capacity frees up, and past Options.MaxQueuedSamples new ones are refused with
+// ResourceExhausted.
+func (s SamplingService) Sample(ctx context.Context, req *loopsv1.SampleRequest) (*loopsv1.Operation, error) {
+	c := s.c
+	ws, err := auth.RequireWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st, err := c.samplers.get(ctx, ws, req.GetSamplerId())
+	if err != nil {
+		return nil, err
+	}
+	model, err := c.model(st.info.GetBaseModel())
+	if err != nil {
+		return nil, err
+	}
+	params, err := c.validateSample(model, req)
+	if err != nil {
+		return nil, err
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if req.SeqId != nil {
+		if id, ok := st.seen[req.GetSeqId()]; ok {
+			o, err := c.ops.lookup(ctx, ws, id)
+			if err != nil {
+				return nil, err
+			}
+			return o.snapshot(), nil
+		}
+	}
+	if c.samplers.queued.Load() >= int64(c.opts.MaxQueuedSamples) {
+		return nil, resourceExhausted("the sampler queue is full (%d requests waiting): retry later", c.opts.MaxQueuedSamples)
+	}
+	o, err := c.ops.create(ctx, ws, loopsv1.OperationKind_OPERATION_KIND_SAMPLE, "", st.info.GetId(), req.GetSeqId())
+	if err != nil {
+		return nil, err
+	}
+	if req.SeqId != nil {
+		st.seen[req.GetSeqId()] = o.op.GetId()
+		if len(st.seen) > 100000 {
+			clear(st.seen)
+		}
+	}
+	breq := &backendv1.SampleRequest{
+		BaseModel: st.info.GetBaseModel(), AdapterDir: st.dir, Prompt: req.GetPrompt(),
+		NumSamples: max(req.GetNumSamples(), 1), Params: params,
+		PromptLogprobs: req.GetPromptLogprobs(), TopkPromptLogprobs: req.GetTopkPromptLogprobs(),
+	}
+	c.samplers.queued.Add(1)
+	go c.runSample(o, breq)
+	return o.snapshot(), nil
+}
+
+func (c *Core) runSample(o *operation, req *backendv1.SampleRequest) {
+	ss := c.samplers
+	select {
+	case ss.sem <- struct{}{}:
+	case <-c.ctx.Done():
+		ss.queued.Add(-1)
+		c.ops.finish(o, nil, unavailable("the server is shutting down"))
+		return
+	}
+	ss.queued.Add(-1)
+	defer func() { <-ss.sem }()
+	c.ops.setRunning(o)
+	resp, err := c.backend.Sampler().Sample(c.ctx, req)
+	if err == nil {
+		c.metrics.tokens.WithLabelValues("sample_prompt").Add(float64(len(req.GetPrompt())))
+		for _, seq := range resp.GetResult().GetSequences() {
+			c.metrics.tokens.WithLabelValues("sample_output").Add(float64(len(seq.GetTokens())))
+		}
+	}
+	c.ops.finish(o, func(op *loopsv1.Operation) {
+		op.Result = &loopsv1.Operation_Sample{Sample: resp.GetResult()}
+	}, err)
+}
+
+// validateSample checks a sampling request and fills in defaults.
+func (c *Core) validateSample(model *loopsv1.ModelInfo, req *loopsv1.SampleRequest) (*loopsv1.SamplingParams, error) {
+	n := len(req.GetPrompt())
+	if n == 0 {
+		return nil, invalidArgument("prompt is empty: give at least one token")
+	}
+	if err := checkTokenIDs(model, req.GetPrompt(), "prompt"); err != nil {
+		return nil, invalidArgument("%v", err)
+	}
+	if ns := req.GetNumSamples(); ns < 0 || ns > int32(c.opts.MaxSamplesPerRequest) {
+		return nil, invalidArgument("num_samples %d is out of range [1, %d]", ns, c.opts.MaxSamplesPerRequest)
+	}
+	if k := req.GetTopkPromptLogprobs(); k < 0 || k > maxTopKPromptLogprobs {
+		return nil, invalidArgument("topk_prompt_logprobs %d is out of range [0, %d]", k, maxTopKPromptLogprobs)
+	}
+	p := proto.CloneOf(req.GetParams())
+	if p == nil {
+		p = &loopsv1.SamplingParams{Temperature: 1, TopP: 1}
+	}
+	limit := int(model.GetMaxSequenceLength())
+	if limit > 0 && n > limit {
+		return nil, invalidArgument("prompt of %d tokens is over %s's limit of %d", n, model.GetName(), limit)
+	}
+	switch {
+	case p.GetMaxTokens() < 0:
+		return nil, invalidArgument("max_tokens must not be negative, got %d", p.GetMaxTokens())
+	case p.GetMaxTokens() == 0:
+		p.MaxTokens = defaultMaxTokens
+		if limit > 0 {
+			p.MaxTokens = int32(min(defaultMaxTokens, limit-n))
+		}
+	case limit > 0 && n+int(p.GetMaxTokens()) > limit:
+		return nil, invalidArgument("prompt (%d tokens) + max_tokens (%d) is over %s's limit of %d tokens: lower max_tokens", n, p.GetMaxTokens(), model.GetName(), limit)
+	}
+	t := float64(p.GetTemperature())
+	if math.IsNaN(t) || t < 0 {
+		return nil, invalidArgument("temperature must be >= 0, got %v", p.GetTemperature())
+	}
+	if tp := float64(p.GetTopP()); math.IsNaN(tp) || tp < 0 || tp > 1 {
+		return nil, invalidArgument("top_p must be in (0, 1], got %v", p.GetTopP())
+	} else if tp == 0 {
+		p.TopP = 1
+	}
+	if err := checkTokenIDs(model, p.GetStopTokens(), "stop"); err != nil {
+		return nil, invalidArgument("%v", err)
+	}
+	for _, s := range p.GetStopStrings() {
+		if s == "" {
+			return nil, invalidArgument("stop strings must not be empty")
+		}
+	}
+	return p, nil
+}
+
+// ModelService implements loops.v1 ModelService.
+type ModelService struct{ c *Core }
+
+// ListModels lists the served base models.
+func (s ModelService) ListModels(ctx context.Context, _ *loopsv1.ListModelsRequest) (*loopsv1.ListModelsResponse, error) {
+	if _, err := auth.RequireWorkspace(ctx); err != nil {
+		return nil, err
+	}
+	out := &loopsv1.ListModelsResponse{}
+	for _, name := range sortedKeys(s.c.models) {
+		out.Models = append(out.Models, s.c.models[name])
+	}
+	return out, nil
+}

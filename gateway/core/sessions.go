@@ -1,0 +1,215 @@
+package core
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/loops-dev/loops/gateway/auth"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// sessionState is a live session: its record and the client counters used to de-duplicate
+// retried creations.
+type sessionState struct {
+	ws         string
+	mu         sync.Mutex
+	info       *loopsv1.Session
+	lastBeat   time.Time
+	runSeq     map[int64]string // client_seq_id -> create operation id
+	samplerSeq map[int64]string // client_seq_id -> sampler id
+	dirty      bool
+}
+
+func (s *sessionState) runBySeq(seq int64) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id, ok := s.runSeq[seq]
+	return id, ok
+}
+
+func (s *sessionState) setRunSeq(seq int64, opID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.runSeq[seq] = opID
+}
+
+func (s *sessionState) addRun(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.info = proto.CloneOf(s.info)
+	s.info.TrainingRunIds = append(s.info.TrainingRunIds, id)
+	s.dirty = true
+}
+
+func (s *sessionState) addSampler(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.info = proto.CloneOf(s.info)
+	s.info.SamplerIds = append(s.info.SamplerIds, id)
+	s.dirty = true
+}
+
+func (s *sessionState) snapshot() *loopsv1.Session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.info
+}
+
+// session returns a live session of the workspace; an expired one is a FailedPrecondition.
+func (c *Core) session(ctx context.Context, ws, id string) (*sessionState, error) {
+	c.mu.Lock()
+	s, ok := c.sessions[id]
+	c.mu.Unlock()
+	if !ok || s.ws != ws {
+		if _, err := c.store.GetSession(ctx, ws, id); err == nil {
+			return nil, failedPrecondition("session %s has expired (no heartbeat for %s, or the server restarted): create a new client", id, c.opts.SessionTTL)
+		}
+		return nil, notFound("session %q not found (it does not exist, or belongs to another API key's workspace)", id)
+	}
+	if s.snapshot().GetExpired() {
+		return nil, failedPrecondition("session %s has expired (no heartbeat for %s): create a new client", id, c.opts.SessionTTL)
+	}
+	return s, nil
+}
+
+// persistSession writes a session's record if it changed.
+func (c *Core) persistSession(ctx context.Context, s *sessionState) {
+	s.mu.Lock()
+	if !s.dirty {
+		s.mu.Unlock()
+		return
+	}
+	s.dirty = false
+	info := s.info
+	s.mu.Unlock()
+	if err := c.store.PutSession(ctx, s.ws, info); err != nil {
+		c.log.Error("persisting session", slog.String("session", info.GetId()), slog.Any("err", err))
+	}
+}
+
+// expireSessions ends sessions whose client stopped sending heartbeats: their runs'
+// adapters are unloaded (checkpoints stay) and their samplers are dropped.
+func (c *Core) expireSessions(ctx context.Context, now time.Time) {
+	c.mu.Lock()
+	var expired []*sessionState
+	all := make([]*sessionState, 0, len(c.sessions))
+	for id, s := range c.sessions {
+		all = append(all, s)
+		s.mu.Lock()
+		if now.Sub(s.lastBeat) > c.opts.SessionTTL {
+			s.info = proto.CloneOf(s.info)
+			s.info.Expired = true
+			s.dirty = true
+			expired = append(expired, s)
+			delete(c.sessions, id)
+		}
+		s.mu.Unlock()
+	}
+	c.mu.Unlock()
+	for _, s := range all {
+		c.persistSession(ctx, s)
+	}
+	for _, s := range expired {
+		info := s.snapshot()
+		c.log.Info("session expired", slog.String("session", info.GetId()))
+		for _, id := range info.GetTrainingRunIds() {
+			if r, err := c.runOf(s.ws, id); err == nil {
+				c.unloadRun(ctx, r, "its session "+info.GetId()+" expired (no heartbeat for "+c.opts.SessionTTL.String()+"); load its last checkpoint into a new run to continue")
+			}
+		}
+		c.samplers.dropSession(info.GetId())
+	}
+}
+
+// SessionService implements loops.v1 SessionService.
+type SessionService struct{ c *Core }
+
+// CreateSession starts a session.
+func (s SessionService) CreateSession(ctx context.Context, req *loopsv1.CreateSessionRequest) (*loopsv1.Session, error) {
+	ws, err := auth.RequireWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if len(req.GetTags()) > 100 || len(req.GetUserMetadata()) > 100 {
+		return nil, invalidArgument("at most 100 tags and 100 user_metadata entries")
+	}
+	now := s.c.now()
+	info := &loopsv1.Session{
+		Id:                newID("sess"),
+		Tags:              slices.Compact(slices.Sorted(slices.Values(req.GetTags()))),
+		UserMetadata:      req.GetUserMetadata(),
+		SdkVersion:        req.GetSdkVersion(),
+		ProjectId:         req.GetProjectId(),
+		CreateTime:        timestamppb.New(now),
+		LastHeartbeatTime: timestamppb.New(now),
+	}
+	if err := s.c.store.PutSession(ctx, ws, info); err != nil {
+		return nil, internal("recording session", err)
+	}
+	st := &sessionState{ws: ws, info: info, lastBeat: now, runSeq: map[int64]string{}, samplerSeq: map[int64]string{}}
+	s.c.mu.Lock()
+	s.c.sessions[info.Id] = st
+	s.c.mu.Unlock()
+	return info, nil
+}
+
+// HeartbeatSession keeps a session alive.
+func (s SessionService) HeartbeatSession(ctx context.Context, req *loopsv1.HeartbeatSessionRequest) (*loopsv1.HeartbeatSessionResponse, error) {
+	ws, err := auth.RequireWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st, err := s.c.session(ctx, ws, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	now := s.c.now()
+	st.mu.Lock()
+	st.lastBeat = now
+	st.info = proto.CloneOf(st.info)
+	st.info.LastHeartbeatTime = timestamppb.New(now)
+	st.dirty = true
+	st.mu.Unlock()
+	return &loopsv1.HeartbeatSessionResponse{}, nil
+}
+
+// GetSession returns a session.
+func (s SessionService) GetSession(ctx context.Context, req *loopsv1.GetSessionRequest) (*loopsv1.Session, error) {
+	ws, err := auth.RequireWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.c.mu.Lock()
+	st, ok := s.c.sessions[req.GetId()]
+	s.c.mu.Unlock()
+	if ok && st.ws == ws {
+		return st.snapshot(), nil
+	}
+	info, err := s.c.store.GetSession(ctx, ws, req.GetId())
+	if err != nil {
+		return nil, storeErr(err, "session "+quote(req.GetId()))
+	}
+	return info, nil
+}
+
+// ListSessions lists the workspace's sessions, newest first.
+func (s SessionService) ListSessions(ctx context.Context, req *loopsv1.ListSessionsRequest) (*loopsv1.ListSessionsResponse, error) {
+	ws, err := auth.RequireWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	page, err := pageOf(req.GetLimit(), req.GetOffset())
+	if err != nil {
+		return nil, err
+	}
+	list, total, err := s.c.store.ListSessions(ctx, ws, page)
+	if err != nil {
+		return nil, internal("listing sessions", err)
+	}
+	return &loopsv1.ListSessionsResponse{Sessions: list, TotalCount: total}, nil
+}

@@ -1,0 +1,437 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"connectrpc.com/connect"
+	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/store"
+	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// TrainingService implements loops.v1 TrainingService.
+type TrainingService struct{ c *Core }
+
+// model returns a served model by name.
+func (c *Core) model(name string) (*loopsv1.ModelInfo, error) {
+	m, ok := c.models[name]
+	if !ok {
+		return nil, invalidArgument("unknown base model %q: this server serves %v (see GET /v1/models or get_server_capabilities)", name, sortedKeys(c.models))
+	}
+	return m, nil
+}
+
+// runOf returns a run of the workspace.
+func (c *Core) runOf(ws, id string) (*run, error) {
+	c.mu.Lock()
+	r, ok := c.runs[id]
+	c.mu.Unlock()
+	if !ok || r.ws != ws {
+		return nil, notFound("training run %q not found (it does not exist, or belongs to another API key's workspace)", id)
+	}
+	return r, nil
+}
+
+// CreateTrainingRun creates a LoRA adapter on a base model.
+func (s TrainingService) CreateTrainingRun(ctx context.Context, req *loopsv1.CreateTrainingRunRequest) (*loopsv1.Operation, error) {
+	c := s.c
+	ws, err := auth.RequireWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var sess *sessionState
+	if req.GetSessionId() != "" {
+		if sess, err = c.session(ctx, ws, req.GetSessionId()); err != nil {
+			return nil, err
+		}
+	}
+	if sess != nil && req.ClientSeqId != nil {
+		if opID, ok := sess.runBySeq(req.GetClientSeqId()); ok {
+			o, err := c.ops.lookup(ctx, ws, opID)
+			if err != nil {
+				return nil, err
+			}
+			return o.snapshot(), nil
+		}
+	}
+	baseModel, lora := req.GetBaseModel(), req.GetLora()
+	var fromDir string
+	if req.GetFromCheckpoint() != "" {
+		ck, dir, err := c.resolveCheckpoint(ctx, ws, req.GetFromCheckpoint())
+		if err != nil {
+			return nil, err
+		}
+		if req.GetWithOptimizer() && ck.GetKind() != loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING {
+			return nil, invalidArgument("%s is a sampler checkpoint and holds no optimizer state: load it without the optimizer, or use a training checkpoint (tinker://…/weights/…)", req.GetFromCheckpoint())
+		}
+		if baseModel == "" {
+			baseModel = ck.GetBaseModel()
+		}
+		if baseModel != ck.GetBaseModel() {
+			return nil, invalidArgument("checkpoint %s was trained on %s, not %s", req.GetFromCheckpoint(), ck.GetBaseModel(), baseModel)
+		}
+		if lora == nil {
+			lora = ck.GetLora()
+		}
+		if !proto.Equal(lora, ck.GetLora()) {
+			return nil, invalidArgument("the LoRA config %v does not match checkpoint %s's (%v)", lora, req.GetFromCheckpoint(), ck.GetLora())
+		}
+		fromDir = dir
+	}
+	model, err := c.model(baseModel)
+	if err != nil {
+		return nil, err
+	}
+	if err := validateLora(model, lora); err != nil {
+		return nil, err
+	}
+	now := timestamppb.New(c.now())
+	info := &loopsv1.TrainingRun{
+		Id:              newID("run"),
+		SessionId:       req.GetSessionId(),
+		BaseModel:       baseModel,
+		Lora:            lora,
+		UserMetadata:    req.GetUserMetadata(),
+		CreateTime:      now,
+		LastRequestTime: now,
+	}
+	if err := c.store.PutTrainingRun(ctx, ws, info); err != nil {
+		return nil, internal("recording training run", err)
+	}
+	r := c.newRun(ws, info, 0, false)
+	c.mu.Lock()
+	c.runs[info.Id] = r
+	c.mu.Unlock()
+	if sess != nil {
+		sess.addRun(info.Id)
+	}
+	op, err := r.submit(ctx, 0, func(seq int64) (*task, error) {
+		o, err := c.ops.create(ctx, ws, loopsv1.OperationKind_OPERATION_KIND_CREATE_TRAINING_RUN, info.Id, "", seq)
+		if err != nil {
+			return nil, err
+		}
+		return &task{op: o, creates: true, exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
+			return c.createAdapter(ctx, r, fromDir, req.GetWithOptimizer())
+		}}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if sess != nil && req.ClientSeqId != nil {
+		sess.setRunSeq(req.GetClientSeqId(), op.GetId())
+	}
+	return op, nil
+}
+
+func (c *Core) createAdapter(ctx context.Context, r *run, fromDir string, withOptimizer bool) (func(*loopsv1.Operation), error) {
+	info := r.snapshot()
+	_, err := c.backend.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: r.id, BaseModel: info.GetBaseModel(), Lora: info.GetLora()})
+	if err == nil && fromDir != "" {
+		_, err = c.backend.Trainer().LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: r.id, Dir: fromDir, LoadOptimizer: withOptimizer})
+	}
+	if err != nil {
+		r.mu.Lock()
+		r.unloaded = "creating its adapter failed: " + connectMessage(err)
+		r.mu.Unlock()
+		return nil, err
+	}
+	r.mu.Lock()
+	r.adapterReady = true
+	r.mu.Unlock()
+	info = r.snapshot()
+	return func(op *loopsv1.Operation) { op.Result = &loopsv1.Operation_TrainingRun{TrainingRun: info} }, nil
+}
+
+func connectMessage(err error) string {
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return ce.Message()
+	}
+	return err.Error()
+}
+
+// GetTrainingRun returns one training run.
+func (s TrainingService) GetTrainingRun(ctx context.Context, req *loopsv1.GetTrainingRunRequest) (*loopsv1.TrainingRun, error) {
+	ws, err := auth.RequireWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if r, err := s.c.runOf(ws, req.GetId()); err == nil {
+		return r.snapshot(), nil
+	}
+	run, err := s.c.store.GetTrainingRun(ctx, ws, req.GetId())
+	if err != nil {
+		return nil, storeErr(err, "training run "+quote(req.GetId()))
+	}
+	return run, nil
+}
+
+// ListTrainingRuns lists the workspace's training runs, newest first.
+func (s TrainingService) ListTrainingRuns(ctx context.Context, req *loopsv1.ListTrainingRunsRequest) (*loopsv1.ListTrainingRunsResponse, error) {
+	ws, err := auth.RequireWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	page, err := pageOf(req.GetLimit(), req.GetOffset())
+	if err != nil {
+		return nil, err
+	}
+	runs, total, err := s.c.store.ListTrainingRuns(ctx, ws, page)
+	if err != nil {
+		return nil, internal("listing training runs", err)
+	}
+	return &loopsv1.ListTrainingRunsResponse{TrainingRuns: runs, TotalCount: total}, nil
+}
+
+func pageOf(limit, offset int32) (store.Page, error) {
+	if limit < 0 || offset < 0 {
+		return store.Page{}, invalidArgument("limit and offset must not be negative")
+	}
+	if limit > 1000 {
+		return store.Page{}, invalidArgument("limit %d is over the maximum of 1000", limit)
+	}
+	return store.Page{Limit: int(limit), Offset: int(offset)}, nil
+}
+
+// UnloadTrainingRun frees the run's adapter after the work queued before it.
+func (s TrainingService) UnloadTrainingRun(ctx context.Context, req *loopsv1.UnloadTrainingRunRequest) (*loopsv1.Operation, error) {
+	c := s.c
+	ws, err := auth.RequireWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r, err := c.runOf(ws, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return r.submit(ctx, 0, func(seq int64) (*task, error) {
+		o, err := c.ops.create(ctx, ws, loopsv1.OperationKind_OPERATION_KIND_UNLOAD_TRAINING_RUN, r.id, "", seq)
+		if err != nil {
+			return nil, err
+		}
+		return &task{op: o, exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
+			c.unloadRun(ctx, r, "it was unloaded")
+			return func(op *loopsv1.Operation) {
+				op.Result = &loopsv1.Operation_Unload{Unload: &loopsv1.UnloadTrainingRunResult{TrainingRunId: r.id}}
+			}, nil
+		}}, nil
+	})
+}
+
+// unloadRun frees a run's adapter; later work on the run is refused with reason.
+func (c *Core) unloadRun(ctx context.Context, r *run, reason string) {
+	r.mu.Lock()
+	already := r.unloaded != ""
+	if !already {
+		r.unloaded = reason
+	}
+	r.mu.Unlock()
+	if already {
+		return
+	}
+	r.failPending(failedPrecondition("training run %s takes no more work: %s", r.id, reason))
+	if _, err := c.backend.Trainer().DeleteAdapter(ctx, &backendv1.DeleteAdapterRequest{AdapterId: r.id}); err != nil {
+		c.log.Error("deleting adapter", slog.String("run", r.id), slog.Any("err", err))
+	}
+}
+
+// ForwardBackward queues a forward (forward_only) or forward/backward pass.
+func (s TrainingService) ForwardBackward(ctx context.Context, req *loopsv1.ForwardBackwardRequest) (*loopsv1.Operation, error) {
+	c := s.c
+	ws, err := auth.RequireWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r, err := c.runOf(ws, req.GetTrainingRunId())
+	if err != nil {
+		return nil, err
+	}
+	kind := loopsv1.OperationKind_OPERATION_KIND_FORWARD_BACKWARD
+	if req.GetForwardOnly() {
+		kind = loopsv1.OperationKind_OPERATION_KIND_FORWARD
+	}
+	return r.submit(ctx, req.GetSeqId(), func(seq int64) (*task, error) {
+		model, err := c.model(r.info.GetBaseModel()) // r.mu is held by submit
+		if err != nil {
+			return nil, err
+		}
+		tokens, err := c.validateForwardBackward(model, req)
+		if err != nil {
+			return nil, err
+		}
+		o, err := c.ops.create(ctx, ws, kind, r.id, "", seq)
+		if err != nil {
+			return nil, err
+		}
+		return &task{op: o, tokens: tokens, fb: &backendv1.ForwardBackwardItem{
+			AdapterId: r.id, Data: req.GetData(), LossFn: req.GetLossFn(),
+			LossFnConfig: req.GetLossFnConfig(), ForwardOnly: req.GetForwardOnly(),
+		}}, nil
+	})
+}
+
+// OptimStep queues an AdamW step on the run's accumulated gradients.
+func (s TrainingService) OptimStep(ctx context.Context, req *loopsv1.OptimStepRequest) (*loopsv1.Operation, error) {
+	c := s.c
+	ws, err := auth.RequireWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r, err := c.runOf(ws, req.GetTrainingRunId())
+	if err != nil {
+		return nil, err
+	}
+	return r.submit(ctx, req.GetSeqId(), func(seq int64) (*task, error) {
+		if err := validateAdam(req.GetAdam()); err != nil {
+			return nil, err
+		}
+		o, err := c.ops.create(ctx, ws, loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, r.id, "", seq)
+		if err != nil {
+			return nil, err
+		}
+		return &task{op: o, exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
+			resp, err := c.backend.Trainer().OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: r.id, Adam: req.GetAdam()})
+			if err != nil {
+				return nil, err
+			}
+			return func(op *loopsv1.Operation) {
+				op.Result = &loopsv1.Operation_OptimStep{OptimStep: resp.GetResult()}
+			}, nil
+		}}, nil
+	})
+}
+
+// SaveWeights queues a checkpoint save.
+func (s TrainingService) SaveWeights(ctx context.Context, req *loopsv1.SaveWeightsRequest) (*loopsv1.Operation, error) {
+	c := s.c
+	ws, err := auth.RequireWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r, err := c.runOf(ws, req.GetTrainingRunId())
+	if err != nil {
+		return nil, err
+	}
+	kind := loopsv1.OperationKind_OPERATION_KIND_SAVE_WEIGHTS
+	if req.GetKind() == loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER {
+		kind = loopsv1.OperationKind_OPERATION_KIND_SAVE_WEIGHTS_FOR_SAMPLER
+	}
+	return r.submit(ctx, req.GetSeqId(), func(seq int64) (*task, error) {
+		switch req.GetKind() {
+		case loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING:
+			if err := validateCheckpointName(req.GetName()); err != nil {
+				return nil, err
+			}
+		case loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER:
+			if req.GetName() != "" {
+				if err := validateCheckpointName(req.GetName()); err != nil {
+					return nil, err
+				}
+			}
+		default:
+			return nil, invalidArgument("kind must be CHECKPOINT_KIND_TRAINING or CHECKPOINT_KIND_SAMPLER")
+		}
+		if req.TtlSeconds != nil && req.GetTtlSeconds() <= 0 {
+			return nil, invalidArgument("ttl_seconds must be positive (omit it for no expiry), got %d", req.GetTtlSeconds())
+		}
+		o, err := c.ops.create(ctx, ws, kind, r.id, "", seq)
+		if err != nil {
+			return nil, err
+		}
+		return &task{op: o, exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
+			return c.saveCheckpoint(ctx, r, req, seq)
+		}}, nil
+	})
+}
+
+// LoadWeights queues loading a checkpoint into the run.
+func (s TrainingService) LoadWeights(ctx context.Context, req *loopsv1.LoadWeightsRequest) (*loopsv1.Operation, error) {
+	c := s.c
+	ws, err := auth.RequireWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r, err := c.runOf(ws, req.GetTrainingRunId())
+	if err != nil {
+		return nil, err
+	}
+	return r.submit(ctx, req.GetSeqId(), func(seq int64) (*task, error) {
+		if _, _, err := c.loadableCheckpoint(ctx, ws, r.id, r.info, req); err != nil { // r.mu is held by submit
+			return nil, err
+		}
+		o, err := c.ops.create(ctx, ws, loopsv1.OperationKind_OPERATION_KIND_LOAD_WEIGHTS, r.id, "", seq)
+		if err != nil {
+			return nil, err
+		}
+		return &task{op: o, exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
+			_, dir, err := c.loadableCheckpoint(ctx, ws, r.id, r.snapshot(), req)
+			if err != nil {
+				return nil, err
+			}
+			if _, err := c.backend.Trainer().LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: r.id, Dir: dir, LoadOptimizer: req.GetWithOptimizer()}); err != nil {
+				return nil, err
+			}
+			r.update(ctx, func(i *loopsv1.TrainingRun) { i.Corrupted = false })
+			return func(op *loopsv1.Operation) {
+				op.Result = &loopsv1.Operation_LoadWeights{LoadWeights: &loopsv1.LoadWeightsResult{Path: req.GetPath(), TrainingRunId: r.id}}
+			}, nil
+		}}, nil
+	})
+}
+
+// loadableCheckpoint resolves a checkpoint and checks that it fits the run.
+func (c *Core) loadableCheckpoint(ctx context.Context, ws, runID string, info *loopsv1.TrainingRun, req *loopsv1.LoadWeightsRequest) (*loopsv1.Checkpoint, string, error) {
+	ck, dir, err := c.resolveCheckpoint(ctx, ws, req.GetPath())
+	if err != nil {
+		return nil, "", err
+	}
+	if req.GetWithOptimizer() && ck.GetKind() != loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING {
+		return nil, "", invalidArgument("%s is a sampler checkpoint and holds no optimizer state: load it without the optimizer, or use a training checkpoint (tinker://…/weights/…)", req.GetPath())
+	}
+	if ck.GetBaseModel() != info.GetBaseModel() {
+		return nil, "", invalidArgument("checkpoint %s was trained on %s but training run %s uses %s", req.GetPath(), ck.GetBaseModel(), runID, info.GetBaseModel())
+	}
+	if !proto.Equal(ck.GetLora(), info.GetLora()) {
+		return nil, "", invalidArgument("checkpoint %s has LoRA config {%v} but training run %s has {%v}: create a run from the checkpoint instead (create_training_client_from_state)", req.GetPath(), ck.GetLora(), runID, info.GetLora())
+	}
+	return ck, dir, nil
+}
+
+// recoverRuns loads the runs of the store into memory after a restart. Their adapters are
+// recreated on first use (see ensureAdapter).
+func (c *Core) recoverRuns(ctx context.Context) error {
+	runs, err := c.store.ListAllTrainingRuns(ctx)
+	if err != nil {
+		return fmt.Errorf("core: recovering training runs: %w", err)
+	}
+	for _, or := range runs {
+		if _, ok := c.models[or.Run.GetBaseModel()]; !ok {
+			continue
+		}
+		// The first request after a restart sets the run's position: the client's counter
+		// carries on from wherever it was.
+		r := c.newRun(or.Workspace, or.Run, resyncSeq, false)
+		c.runs[or.Run.GetId()] = r
+	}
+	return nil
+}
+
+// dirSize sums the sizes of the files under dir.
+func dirSize(dir string) int64 {
+	var n int64
+	_ = filepath.Walk(dir, func(_ string, info os.FileInfo, err error) error {
+		if err == nil && !info.IsDir() {
+			n += info.Size()
+		}
+		return nil
+	})
+	return n
+}

@@ -1,0 +1,245 @@
+package core
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+)
+
+// lossSpec says what a loss function takes.
+type lossSpec struct {
+	inputs   []string           // required loss_fn_inputs
+	optional []string           // optional loss_fn_inputs
+	config   map[string]float64 // accepted loss_fn_config keys and their defaults
+}
+
+// lossSpecs are the Tinker losses (DESIGN.md, "Semantics every backend implements").
+var lossSpecs = map[string]lossSpec{
+	"cross_entropy":       {inputs: []string{"target_tokens"}, optional: []string{"weights"}},
+	"importance_sampling": {inputs: []string{"target_tokens", "logprobs", "advantages"}},
+	"ppo":                 {inputs: []string{"target_tokens", "logprobs", "advantages"}, config: map[string]float64{"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}},
+	"cispo":               {inputs: []string{"target_tokens", "logprobs", "advantages"}, config: map[string]float64{"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}},
+	"dro":                 {inputs: []string{"target_tokens", "logprobs", "advantages"}, config: map[string]float64{"beta": 0}},
+}
+
+// validateForwardBackward checks a request against the model's limits and the loss's inputs
+// before it is queued, so that bad input is a 4xx at submission, never a failed operation.
+// It returns the number of tokens in the request.
+func (c *Core) validateForwardBackward(model *loopsv1.ModelInfo, req *loopsv1.ForwardBackwardRequest) (int, error) {
+	spec, ok := lossSpecs[req.GetLossFn()]
+	if !ok || !c.losses[req.GetLossFn()] {
+		return 0, invalidArgument("unknown loss_fn %q: use one of %s", req.GetLossFn(), strings.Join(c.lossNames(), ", "))
+	}
+	for k, v := range req.GetLossFnConfig() {
+		if _, ok := spec.config[k]; !ok {
+			if len(spec.config) == 0 {
+				return 0, invalidArgument("loss_fn_config key %q is not accepted by %s, which takes no config", k, req.GetLossFn())
+			}
+			return 0, invalidArgument("loss_fn_config key %q is not accepted by %s: use %s", k, req.GetLossFn(), strings.Join(sortedKeys(spec.config), ", "))
+		}
+		if v != v { // NaN
+			return 0, invalidArgument("loss_fn_config %q is NaN", k)
+		}
+	}
+	data := req.GetData()
+	if len(data) == 0 {
+		return 0, invalidArgument("data is empty: send at least one datum")
+	}
+	if len(data) > c.opts.MaxDatumsPerRequest {
+		return 0, invalidArgument("%d datums in one request is over the limit of %d: split the batch", len(data), c.opts.MaxDatumsPerRequest)
+	}
+	tokens := 0
+	for i, d := range data {
+		if err := validateDatum(model, spec, req.GetLossFn(), d); err != nil {
+			return 0, invalidArgument("datum %d: %v", i, err)
+		}
+		tokens += len(d.GetTokens())
+	}
+	if tokens > c.opts.MaxBatchTokens {
+		return 0, invalidArgument("%d tokens in one request is over the batch limit of %d: split the batch", tokens, c.opts.MaxBatchTokens)
+	}
+	return tokens, nil
+}
+
+func validateDatum(model *loopsv1.ModelInfo, spec lossSpec, lossFn string, d *loopsv1.Datum) error {
+	n := len(d.GetTokens())
+	if n == 0 {
+		return fmt.Errorf("model_input is empty")
+	}
+	if limit := int(model.GetMaxSequenceLength()); limit > 0 && n > limit {
+		return fmt.Errorf("sequence of %d tokens is over %s's limit of %d: truncate it", n, model.GetName(), limit)
+	}
+	if err := checkTokenIDs(model, d.GetTokens(), "model_input"); err != nil {
+		return err
+	}
+	for _, name := range spec.inputs {
+		if _, ok := d.GetLossFnInputs()[name]; !ok {
+			return fmt.Errorf("loss_fn_inputs lacks %q, which %s requires (it takes %s)", name, lossFn, strings.Join(append(slices.Clone(spec.inputs), spec.optional...), ", "))
+		}
+	}
+	k := -1
+	for name, t := range d.GetLossFnInputs() {
+		if !slices.Contains(spec.inputs, name) && !slices.Contains(spec.optional, name) {
+			return fmt.Errorf("loss_fn_inputs has %q, which %s does not take (it takes %s)", name, lossFn, strings.Join(append(slices.Clone(spec.inputs), spec.optional...), ", "))
+		}
+		shape, err := tensorShape(t)
+		if err != nil {
+			return fmt.Errorf("loss_fn_inputs[%q]: %v", name, err)
+		}
+		if shape[0] != int64(n) {
+			return fmt.Errorf("loss_fn_inputs[%q] has %d rows but model_input has %d tokens: every per-token input has one entry per input position (position i predicts token i+1)", name, shape[0], n)
+		}
+		twoD := lossFn == "cross_entropy" && (name == "target_tokens" || name == "weights")
+		switch {
+		case len(shape) == 2 && twoD:
+			if k >= 0 && int(shape[1]) != k {
+				return fmt.Errorf("target_tokens and weights must have the same shape (N, K)")
+			}
+			k = int(shape[1])
+		case len(shape) != 1:
+			return fmt.Errorf("loss_fn_inputs[%q] has shape %v; it must be 1-D (N,)", name, shape)
+		}
+		wantInt := name == "target_tokens"
+		switch {
+		case wantInt && t.GetDtype() != loopsv1.Dtype_DTYPE_INT64:
+			return fmt.Errorf("loss_fn_inputs[%q] must be int64 token ids, got %s", name, t.GetDtype())
+		case !wantInt && t.GetDtype() != loopsv1.Dtype_DTYPE_FLOAT32:
+			return fmt.Errorf("loss_fn_inputs[%q] must be float32, got %s", name, t.GetDtype())
+		}
+		if wantInt {
+			for _, id := range t.GetInt64Data() {
+				if id < 0 || (model.GetVocabSize() > 0 && id >= int64(model.GetVocabSize())) {
+					return fmt.Errorf("target_tokens has token id %d outside %s's vocabulary [0, %d)", id, model.GetName(), model.GetVocabSize())
+				}
+			}
+		}
+	}
+	if t, ok := d.GetLossFnInputs()["target_tokens"]; ok && lossFn == "cross_entropy" {
+		if _, hasW := d.GetLossFnInputs()["weights"]; hasW {
+			ts, _ := tensorShape(t)
+			ws, _ := tensorShape(d.GetLossFnInputs()["weights"])
+			if !slices.Equal(ts, ws) {
+				return fmt.Errorf("target_tokens has shape %v but weights has shape %v: they must match", ts, ws)
+			}
+		}
+	}
+	return nil
+}
+
+func checkTokenIDs(model *loopsv1.ModelInfo, ids []int32, what string) error {
+	v := model.GetVocabSize()
+	for i, id := range ids {
+		if id < 0 || (v > 0 && id >= v) {
+			return fmt.Errorf("%s token %d is %d, outside %s's vocabulary [0, %d)", what, i, id, model.GetName(), v)
+		}
+	}
+	return nil
+}
+
+// tensorShape returns a tensor's shape after checking that it matches its data.
+func tensorShape(t *loopsv1.Tensor) ([]int64, error) {
+	var n int
+	switch t.GetDtype() {
+	case loopsv1.Dtype_DTYPE_FLOAT32:
+		n = len(t.GetFloat32Data())
+		if len(t.GetInt64Data()) > 0 {
+			return nil, fmt.Errorf("float32 tensor carries int64 data")
+		}
+	case loopsv1.Dtype_DTYPE_INT64:
+		n = len(t.GetInt64Data())
+		if len(t.GetFloat32Data()) > 0 {
+			return nil, fmt.Errorf("int64 tensor carries float32 data")
+		}
+	default:
+		return nil, fmt.Errorf("dtype %s is not supported: use float32 or int64", t.GetDtype())
+	}
+	shape := t.GetShape()
+	if len(shape) == 0 {
+		return []int64{int64(n)}, nil
+	}
+	prod := int64(1)
+	for _, s := range shape {
+		if s < 0 {
+			return nil, fmt.Errorf("shape %v has a negative dimension", shape)
+		}
+		prod *= s
+	}
+	if prod != int64(n) {
+		return nil, fmt.Errorf("shape %v needs %d elements but the tensor has %d", shape, prod, n)
+	}
+	return shape, nil
+}
+
+func (c *Core) lossNames() []string {
+	return sortedKeys(c.losses)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// validateLora checks a LoRA config against the model.
+func validateLora(model *loopsv1.ModelInfo, l *loopsv1.LoraConfig) error {
+	if l == nil {
+		return invalidArgument("lora config is required: give at least rank")
+	}
+	if l.GetRank() <= 0 {
+		return invalidArgument("lora rank must be positive, got %d", l.GetRank())
+	}
+	if m := model.GetMaxLoraRank(); m > 0 && l.GetRank() > m {
+		return invalidArgument("lora rank %d is over %s's limit of %d", l.GetRank(), model.GetName(), m)
+	}
+	if !l.GetTrainAttn() && !l.GetTrainMlp() && !l.GetTrainUnembed() {
+		return invalidArgument("lora config trains nothing: set at least one of train_attn, train_mlp, train_unembed")
+	}
+	return nil
+}
+
+// validateAdam checks AdamParams.
+func validateAdam(a *loopsv1.AdamParams) error {
+	if a == nil {
+		return invalidArgument("adam params are required")
+	}
+	switch {
+	case !(a.GetLearningRate() >= 0):
+		return invalidArgument("learning_rate must be >= 0, got %v", a.GetLearningRate())
+	case !(a.GetBeta1() >= 0 && a.GetBeta1() < 1):
+		return invalidArgument("beta1 must be in [0, 1), got %v", a.GetBeta1())
+	case !(a.GetBeta2() >= 0 && a.GetBeta2() < 1):
+		return invalidArgument("beta2 must be in [0, 1), got %v", a.GetBeta2())
+	case !(a.GetEps() >= 0):
+		return invalidArgument("eps must be >= 0, got %v", a.GetEps())
+	case !(a.GetWeightDecay() >= 0):
+		return invalidArgument("weight_decay must be >= 0, got %v", a.GetWeightDecay())
+	case !(a.GetGradClipNorm() >= 0):
+		return invalidArgument("grad_clip_norm must be >= 0 (0 turns clipping off), got %v", a.GetGradClipNorm())
+	}
+	return nil
+}
+
+// validateCheckpointName checks a checkpoint name.
+func validateCheckpointName(name string) error {
+	if name == "" {
+		return invalidArgument("checkpoint name is empty")
+	}
+	if len(name) > 200 {
+		return invalidArgument("checkpoint name is over 200 characters")
+	}
+	for _, r := range name {
+		if !(r == '-' || r == '_' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+			return invalidArgument("checkpoint name %q has %q: use letters, digits, '-', '_' and '.'", name, r)
+		}
+	}
+	if name == "." || name == ".." {
+		return invalidArgument("checkpoint name %q is reserved", name)
+	}
+	return nil
+}

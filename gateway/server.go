@@ -1,0 +1,280 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"github.com/loops-dev/loops/backends"
+	"github.com/loops-dev/loops/compat"
+	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/core"
+	"github.com/loops-dev/loops/gateway/store/sqlite"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
+	"github.com/loops-dev/loops/gen/openapi"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+)
+
+// Limits are the request limits of every surface. Zero values take the defaults.
+type Limits struct {
+	// MaxBodyBytes caps a request body as sent (default 64 MiB).
+	MaxBodyBytes int64
+	// MaxDecompressedBytes caps a body after decompression (default 256 MiB).
+	MaxDecompressedBytes int64
+}
+
+// Config configures a server.
+type Config struct {
+	// DataDir holds the database, checkpoints and built-in models.
+	DataDir string
+	// Backend is the registered backend's name (default "reference").
+	Backend string
+	// BackendConfig is passed to the backend factory; its DataDir defaults to DataDir.
+	BackendConfig backends.Config
+	// Keys are the accepted API keys; nil or empty is open mode (loopback only).
+	Keys *auth.Keys
+	// Core configures sessions, queues and retention.
+	Core core.Options
+	// Limits are the request size limits.
+	Limits Limits
+	// Logger receives the server's logs (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Server is a running Loops server.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	core    *core.Core
+	closers []func() error
+	http    *http.Server
+	ln      net.Listener
+	conn    *grpc.ClientConn
+}
+
+// New opens the store and the backend, starts the core and builds the handler for ln. Call
+// Serve to start answering and Close to stop.
+func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("gateway: DataDir is required")
+	}
+	if cfg.Backend == "" {
+		cfg.Backend = "reference"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Limits.MaxBodyBytes <= 0 {
+		cfg.Limits.MaxBodyBytes = 64 << 20
+	}
+	if cfg.Limits.MaxDecompressedBytes <= 0 {
+		cfg.Limits.MaxDecompressedBytes = 256 << 20
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, ln: ln}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = s.closeAll()
+		}
+	}()
+
+	st, err := sqlite.Open(ctx, cfg.DataDir+"/loops.db")
+	if err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, st.Close)
+
+	bcfg := cfg.BackendConfig
+	if bcfg.DataDir == "" {
+		bcfg.DataDir = cfg.DataDir
+	}
+	be, err := backends.Open(ctx, cfg.Backend, bcfg)
+	if err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, be.Close)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	copts := cfg.Core
+	copts.DataDir = cfg.DataDir
+	copts.Logger = cfg.Logger
+	copts.Registerer = reg
+	c, err := core.New(ctx, st, be, copts)
+	if err != nil {
+		return nil, err
+	}
+	s.core = c
+	s.closers = append(s.closers, c.Close)
+
+	handler, err := s.handler(ctx, reg)
+	if err != nil {
+		return nil, err
+	}
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	s.http = &http.Server{
+		Handler:           handler,
+		Protocols:         protocols,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       5 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+	}
+	ok = true
+	return s, nil
+}
+
+// Core returns the server's core (for in-process callers such as benchmarks).
+func (s *Server) Core() *core.Core { return s.core }
+
+// Serve answers requests until Close.
+func (s *Server) Serve() error {
+	if err := s.http.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// Close stops accepting requests, waits up to the context's deadline for requests in
+// flight, then stops the core, the backend and the store.
+func (s *Server) Close(ctx context.Context) error {
+	err := s.http.Shutdown(ctx)
+	if s.conn != nil {
+		_ = s.conn.Close()
+	}
+	return errors.Join(err, s.closeAll())
+}
+
+func (s *Server) closeAll() error {
+	var errs []error
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		errs = append(errs, s.closers[i]())
+	}
+	s.closers = nil
+	return errors.Join(errs...)
+}
+
+// publicPaths need no API key.
+var publicPaths = []string{"/healthz", "/metrics", "/openapi.json", "/api/v1/healthz", core.ArchivePathPrefix}
+
+func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Handler, error) {
+	svc := s.core.Services()
+	mux := http.NewServeMux()
+
+	// loops.v1 over Connect, gRPC and gRPC-Web.
+	opts := []connect.HandlerOption{connect.WithReadMaxBytes(int(s.cfg.Limits.MaxBodyBytes))}
+	mux.Handle(loopsv1connect.NewSessionServiceHandler(svc.Sessions, opts...))
+	mux.Handle(loopsv1connect.NewTrainingServiceHandler(svc.Training, opts...))
+	mux.Handle(loopsv1connect.NewOperationServiceHandler(svc.Operations, opts...))
+	mux.Handle(loopsv1connect.NewCheckpointServiceHandler(svc.Checkpoints, opts...))
+	mux.Handle(loopsv1connect.NewSamplingServiceHandler(svc.Sampling, opts...))
+	mux.Handle(loopsv1connect.NewModelServiceHandler(svc.Models, opts...))
+
+	// loops.v1 as REST: grpc-gateway over a gRPC connection to this same listener.
+	rest, err := s.restHandler(ctx)
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle("/v1/", http.MaxBytesHandler(rest, s.cfg.Limits.MaxBodyBytes))
+	mux.Handle(core.ArchivePathPrefix, s.core.ArchiveHandler())
+
+	// Tinker's routes.
+	mux.Handle("/api/v1/", compat.NewHandler(compat.Services{
+		Sessions:    svc.Sessions,
+		Training:    svc.Training,
+		Operations:  svc.Operations,
+		Checkpoints: svc.Checkpoints,
+		Sampling:    svc.Sampling,
+		Models:      svc.Models,
+	}, compat.Options{
+		MaxBodyBytes:         s.cfg.Limits.MaxBodyBytes,
+		MaxDecompressedBytes: s.cfg.Limits.MaxDecompressedBytes,
+		Logger:               s.log,
+	}))
+
+	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(openapi.LoopsV1)
+	})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"status":"ok"}`))
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+
+	keys := s.cfg.Keys
+	if keys == nil {
+		keys = &auth.Keys{}
+	}
+	return recoverPanics(s.log, keys.Middleware(publicPaths, mux)), nil
+}
+
+// restHandler builds the grpc-gateway mux. It dials this server's own listener over h2c, so
+// REST requests pass through the same Connect handlers (and auth) as every other surface.
+func (s *Server) restHandler(ctx context.Context) (http.Handler, error) {
+	conn, err := grpc.NewClient(s.ln.Addr().String(),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(int(s.cfg.Limits.MaxDecompressedBytes))),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: dialing own listener for REST: %w", err)
+	}
+	s.conn = conn
+	gw := runtime.NewServeMux(
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
+			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: false},
+			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
+		}),
+		runtime.WithIncomingHeaderMatcher(func(key string) (string, bool) {
+			switch strings.ToLower(key) {
+			case "x-api-key", "authorization":
+				return strings.ToLower(key), true
+			}
+			return runtime.DefaultHeaderMatcher(key)
+		}),
+	)
+	for _, register := range []func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error{
+		loopsv1.RegisterSessionServiceHandler,
+		loopsv1.RegisterTrainingServiceHandler,
+		loopsv1.RegisterOperationServiceHandler,
+		loopsv1.RegisterCheckpointServiceHandler,
+		loopsv1.RegisterSamplingServiceHandler,
+		loopsv1.RegisterModelServiceHandler,
+	} {
+		if err := register(ctx, gw, conn); err != nil {
+			return nil, fmt.Errorf("gateway: registering REST routes: %w", err)
+		}
+	}
+	return gw, nil
+}
+
+// recoverPanics turns a panic in a handler into a 500 and a log line instead of a dropped
+// connection. Handlers must not panic on bad input; this is the last line of defence.
+func recoverPanics(log *slog.Logger, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				log.Error("handler panicked", slog.String("path", r.URL.Path), slog.Any("panic", v))
+				http.Error(w, `{"detail":"internal error"}`, http.StatusInternalServerError)
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,80 @@
+package sqlite_test
+
+import (
+	"database/sql"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/loops-dev/loops/gateway/store"
+	"github.com/loops-dev/loops/gateway/store/sqlite"
+	"github.com/loops-dev/loops/gateway/store/storetest"
+)
+
+func TestContract(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, path string) store.Store {
+		s, err := sqlite.Open(t.Context(), path)
+		require.NoError(t, err)
+		return s
+	})
+}
+
+func TestOpenPathWithURICharacters(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "a", "b?c#d%20", "loops.db")
+	s, err := sqlite.Open(t.Context(), path)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	require.NoError(t, s.Close(), "Close is idempotent")
+	_, err = os.Stat(path)
+	require.NoError(t, err)
+}
+
+func TestOpenCreatesDirectoryAndSchema(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "a", "b", "loops.db")
+	s, err := sqlite.Open(t.Context(), path)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+
+	// Opening again leaves the schema as it is.
+	s, err = sqlite.Open(t.Context(), path)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+
+	db, err := sql.Open("sqlite", path)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, db.Close()) }()
+	var version int
+	require.NoError(t, db.QueryRow(`SELECT version FROM schema_version`).Scan(&version))
+	require.Equal(t, 1, version)
+	var rows int
+	require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM schema_version`).Scan(&rows))
+	require.Equal(t, 1, rows)
+	var mode string
+	require.NoError(t, db.QueryRow(`PRAGMA journal_mode`).Scan(&mode))
+	require.Equal(t, "wal", mode)
+}
+
+func TestOpenRejectsNewerSchema(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "loops.db")
+	s, err := sqlite.Open(t.Context(), path)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+
+	db, err := sql.Open("sqlite", path)
+	require.NoError(t, err)
+	_, err = db.Exec(`UPDATE schema_version SET version = 999`)
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+
+	_, err = sqlite.Open(t.Context(), path)
+	require.ErrorContains(t, err, "newer")
+}
+
+func TestOpenRejectsNonFilePaths(t *testing.T) {
+	for _, p := range []string{"", ":memory:", "file:x.db"} {
+		_, err := sqlite.Open(t.Context(), p)
+		require.Error(t, err, p)
+	}
+}

@@ -1,0 +1,97 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+)
+
+// ErrNotFound is returned by every Get, Delete and Update method when no record with that id
+// exists in the given workspace.
+var ErrNotFound = errors.New("store: not found")
+
+// Page selects a window of a list: Limit <= 0 means 100, a Limit above 1000 means 1000, and
+// a negative Offset means 0.
+type Page struct {
+	Limit  int
+	Offset int
+}
+
+// Store keeps what must survive a restart: sessions, training runs, checkpoints, samplers and
+// operations. Every record belongs to one workspace (the API key's); a lookup with another
+// workspace returns ErrNotFound; GetCheckpointAnyWorkspace is the one lookup across
+// workspaces. Ids are unique across workspaces (checkpoint ids within their training run): a
+// Put with an id that another workspace owns fails, with an error other than ErrNotFound, and
+// changes nothing. A Put needs a non-empty id (and training_run_id for checkpoints).
+// Lists are newest first: by create_time descending, then by id descending. Stores keep their
+// own copies: messages passed in and returned may be modified by the caller afterwards.
+// Implementations are safe for concurrent use.
+type Store interface {
+	// PutSession inserts or replaces a session.
+	PutSession(ctx context.Context, workspace string, s *loopsv1.Session) error
+	// GetSession returns a session of the workspace.
+	GetSession(ctx context.Context, workspace, id string) (*loopsv1.Session, error)
+	// ListSessions lists the workspace's sessions and the total count.
+	ListSessions(ctx context.Context, workspace string, page Page) ([]*loopsv1.Session, int64, error)
+
+	// PutTrainingRun inserts or replaces a training run.
+	PutTrainingRun(ctx context.Context, workspace string, r *loopsv1.TrainingRun) error
+	// GetTrainingRun returns a training run of the workspace.
+	GetTrainingRun(ctx context.Context, workspace, id string) (*loopsv1.TrainingRun, error)
+	// ListTrainingRuns lists the workspace's training runs and the total count.
+	ListTrainingRuns(ctx context.Context, workspace string, page Page) ([]*loopsv1.TrainingRun, int64, error)
+	// ListAllTrainingRuns lists every run of every workspace (for recovery at start-up).
+	ListAllTrainingRuns(ctx context.Context) ([]OwnedTrainingRun, error)
+
+	// PutCheckpoint inserts or replaces a checkpoint, keyed by (training_run_id, id).
+	PutCheckpoint(ctx context.Context, workspace string, c *loopsv1.Checkpoint) error
+	// GetCheckpoint returns a checkpoint of the workspace by run and checkpoint id.
+	GetCheckpoint(ctx context.Context, workspace, runID, checkpointID string) (*loopsv1.Checkpoint, error)
+	// GetCheckpointAnyWorkspace returns a checkpoint and its owner's workspace, whoever owns
+	// it; callers must check ownership or that it is public.
+	GetCheckpointAnyWorkspace(ctx context.Context, runID, checkpointID string) (*loopsv1.Checkpoint, string, error)
+	// ListCheckpoints lists the workspace's checkpoints, of one run when runID is not empty,
+	// and the total count.
+	ListCheckpoints(ctx context.Context, workspace, runID string, page Page) ([]*loopsv1.Checkpoint, int64, error)
+	// DeleteCheckpoint removes a checkpoint record.
+	DeleteCheckpoint(ctx context.Context, workspace, runID, checkpointID string) error
+	// ListExpiredCheckpoints lists checkpoints of all workspaces whose expire_time is set and
+	// before now.
+	ListExpiredCheckpoints(ctx context.Context, now time.Time) ([]OwnedCheckpoint, error)
+
+	// PutSampler inserts or replaces a sampler.
+	PutSampler(ctx context.Context, workspace string, s *loopsv1.Sampler) error
+	// GetSampler returns a sampler of the workspace.
+	GetSampler(ctx context.Context, workspace, id string) (*loopsv1.Sampler, error)
+
+	// PutOperation inserts or replaces an operation.
+	PutOperation(ctx context.Context, workspace string, op *loopsv1.Operation) error
+	// GetOperation returns an operation of the workspace.
+	GetOperation(ctx context.Context, workspace, id string) (*loopsv1.Operation, error)
+	// FailUnfinishedOperations marks every operation that is not done as failed with the
+	// given error (called at start-up: work in flight at a crash is never lost silently) and
+	// returns how many it changed. The stored operation itself changes: its state becomes
+	// OPERATION_STATE_FAILED, its error e and its done_time now.
+	FailUnfinishedOperations(ctx context.Context, e *loopsv1.OperationError, now time.Time) (int, error)
+	// DeleteOperationsDoneBefore removes finished (succeeded or failed) operations whose
+	// done_time is before t and returns how many it removed; operations without a done_time
+	// are kept.
+	DeleteOperationsDoneBefore(ctx context.Context, t time.Time) (int, error)
+
+	// Close releases the store's resources.
+	Close() error
+}
+
+// OwnedTrainingRun is a training run with its workspace.
+type OwnedTrainingRun struct {
+	Workspace string
+	Run       *loopsv1.TrainingRun
+}
+
+// OwnedCheckpoint is a checkpoint with its workspace.
+type OwnedCheckpoint struct {
+	Workspace  string
+	Checkpoint *loopsv1.Checkpoint
+}

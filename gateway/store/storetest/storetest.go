@@ -1,0 +1,827 @@
+// Package storetest is the contract suite for store.Store implementations.
+//
+// An implementation's test calls Run with a function that opens its store at a path:
+//
+//	func TestContract(t *testing.T) {
+//		storetest.Run(t, func(t *testing.T, path string) store.Store {
+//			s, err := sqlite.Open(t.Context(), path)
+//			require.NoError(t, err)
+//			return s
+//		})
+//	}
+package storetest
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/loops-dev/loops/gateway/store"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+)
+
+// Opener opens the store kept at path. The suite chooses the paths: each test gets a fresh
+// one under t.TempDir(), and a test may open the same path again after closing the first
+// store, in which case the new store must see everything the first one wrote. Backends that
+// do not live in a file may treat path as the name of a database (for example, derive a
+// schema name from it); the path's directory exists, the path itself does not. The suite
+// closes every store it opens; Opener should fail t when it cannot open one.
+type Opener func(t *testing.T, path string) store.Store
+
+// Workspaces used by the suite.
+const (
+	wsA = "ws-a"
+	wsB = "ws-b"
+)
+
+// base is the create_time of the suite's first records; later records are newer.
+var base = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// Run runs the contract suite against the stores open returns. Every subtest opens its own
+// store, so they are independent of one another.
+func Run(t *testing.T, open Opener) {
+	t.Helper()
+	s := func(name string, fn func(t *testing.T, open func(t *testing.T) store.Store)) {
+		t.Run(name, func(t *testing.T) {
+			fn(t, func(t *testing.T) store.Store { return openAt(t, open, newPath(t)) })
+		})
+	}
+	s("Sessions", testSessions)
+	s("TrainingRuns", testTrainingRuns)
+	s("Checkpoints", testCheckpoints)
+	s("ExpiredCheckpoints", testExpiredCheckpoints)
+	s("Samplers", testSamplers)
+	s("Operations", testOperations)
+	s("FailUnfinishedOperations", testFailUnfinishedOperations)
+	s("DeleteOperationsDoneBefore", testDeleteOperationsDoneBefore)
+	s("Paging", testPaging)
+	s("InvalidPut", testInvalidPut)
+	s("ForeignID", testForeignID)
+	s("Concurrency", testConcurrency)
+	t.Run("Reopen", func(t *testing.T) { testReopen(t, open) })
+}
+
+// newPath returns a fresh path in a fresh temporary directory.
+func newPath(t *testing.T) string {
+	return filepath.Join(t.TempDir(), "loops.db")
+}
+
+// openAt opens the store at path and closes it when the test ends.
+func openAt(t *testing.T, open Opener, path string) store.Store {
+	t.Helper()
+	st := open(t, path)
+	require.NotNil(t, st)
+	t.Cleanup(func() { require.NoError(t, st.Close()) })
+	return st
+}
+
+// ts returns base plus d as a timestamp.
+func ts(d time.Duration) *timestamppb.Timestamp { return timestamppb.New(base.Add(d)) }
+
+// requireProtoEqual fails t unless want and got are equal protobuf values (messages or
+// slices or structs of them).
+func requireProtoEqual(t *testing.T, want, got any) {
+	t.Helper()
+	require.Empty(t, cmp.Diff(want, got, protocmp.Transform()))
+}
+
+// requireNotFound fails t unless err is store.ErrNotFound.
+func requireNotFound(t *testing.T, err error) {
+	t.Helper()
+	require.ErrorIs(t, err, store.ErrNotFound)
+}
+
+func session(id string, created time.Duration) *loopsv1.Session {
+	return &loopsv1.Session{
+		Id:                id,
+		Tags:              []string{"t1", "t2"},
+		UserMetadata:      map[string]string{"k": "v"},
+		SdkVersion:        "0.1.0",
+		ProjectId:         "proj",
+		CreateTime:        ts(created),
+		LastHeartbeatTime: ts(created + time.Second),
+		TrainingRunIds:    []string{"run-" + id},
+	}
+}
+
+func trainingRun(id string, created time.Duration) *loopsv1.TrainingRun {
+	return &loopsv1.TrainingRun{
+		Id:           id,
+		SessionId:    "sess-1",
+		BaseModel:    "base/model",
+		Lora:         &loopsv1.LoraConfig{Rank: 8},
+		UserMetadata: map[string]string{"k": "v"},
+		CreateTime:   ts(created),
+		LastCheckpoint: &loopsv1.Checkpoint{
+			Id: "ckpt-0", TrainingRunId: id, Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING,
+		},
+		LastSeqId: 7,
+	}
+}
+
+func checkpoint(runID, id string, created time.Duration) *loopsv1.Checkpoint {
+	return &loopsv1.Checkpoint{
+		Id:            id,
+		TrainingRunId: runID,
+		Kind:          loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING,
+		Name:          "name-" + id,
+		TinkerPath:    "tinker://" + runID + "/weights/" + id,
+		SizeBytes:     1234,
+		CreateTime:    ts(created),
+		BaseModel:     "base/model",
+		Lora:          &loopsv1.LoraConfig{Rank: 4},
+	}
+}
+
+func sampler(id string, created time.Duration) *loopsv1.Sampler {
+	return &loopsv1.Sampler{
+		Id:         id,
+		SessionId:  "sess-1",
+		BaseModel:  "base/model",
+		ModelPath:  "tinker://run/sampler_weights/x",
+		CreateTime: ts(created),
+	}
+}
+
+func operation(id string, state loopsv1.OperationState, created time.Duration) *loopsv1.Operation {
+	op := &loopsv1.Operation{
+		Id:            id,
+		Kind:          loopsv1.OperationKind_OPERATION_KIND_SAVE_WEIGHTS,
+		State:         state,
+		TrainingRunId: "run-1",
+		SeqId:         3,
+		CreateTime:    ts(created),
+	}
+	switch state {
+	case loopsv1.OperationState_OPERATION_STATE_SUCCEEDED:
+		op.DoneTime = ts(created + time.Minute)
+		op.Result = &loopsv1.Operation_SaveWeights{SaveWeights: &loopsv1.SaveWeightsResult{
+			Path: "tinker://run-1/weights/x", Checkpoint: checkpoint("run-1", "x", created),
+		}}
+	case loopsv1.OperationState_OPERATION_STATE_FAILED:
+		op.DoneTime = ts(created + time.Minute)
+		op.Error = &loopsv1.OperationError{
+			Code: 3, Message: "bad input", Category: loopsv1.ErrorCategory_ERROR_CATEGORY_USER,
+		}
+	}
+	return op
+}
+
+func testSessions(t *testing.T, open func(t *testing.T) store.Store) {
+	ctx := t.Context()
+	st := open(t)
+
+	_, err := st.GetSession(ctx, wsA, "missing")
+	requireNotFound(t, err)
+
+	s1 := session("s1", 0)
+	require.NoError(t, st.PutSession(ctx, wsA, s1))
+	got, err := st.GetSession(ctx, wsA, "s1")
+	require.NoError(t, err)
+	requireProtoEqual(t, s1, got)
+
+	// The store keeps its own copy: changing the message after Put or after Get changes
+	// nothing stored.
+	s1.SdkVersion = "changed"
+	got.SdkVersion = "changed too"
+	again, err := st.GetSession(ctx, wsA, "s1")
+	require.NoError(t, err)
+	require.Equal(t, "0.1.0", again.GetSdkVersion())
+
+	// Another workspace sees nothing.
+	_, err = st.GetSession(ctx, wsB, "s1")
+	requireNotFound(t, err)
+	list, total, err := st.ListSessions(ctx, wsB, store.Page{})
+	require.NoError(t, err)
+	require.Empty(t, list)
+	require.Zero(t, total)
+
+	// Replace.
+	s1 = session("s1", 0)
+	s1.Expired = true
+	s1.SamplerIds = []string{"samp-1"}
+	s1.Tags = nil
+	require.NoError(t, st.PutSession(ctx, wsA, s1))
+	got, err = st.GetSession(ctx, wsA, "s1")
+	require.NoError(t, err)
+	requireProtoEqual(t, s1, got)
+
+	// Newest first; equal create_time falls back to id, descending.
+	s2 := session("s2", time.Hour)
+	s3 := session("s3", -time.Hour)
+	s4 := session("s4", time.Hour)
+	for _, s := range []*loopsv1.Session{s2, s3, s4} {
+		require.NoError(t, st.PutSession(ctx, wsA, s))
+	}
+	require.NoError(t, st.PutSession(ctx, wsB, session("b1", 2*time.Hour)))
+	list, total, err = st.ListSessions(ctx, wsA, store.Page{})
+	require.NoError(t, err)
+	require.EqualValues(t, 4, total)
+	requireProtoEqual(t, []*loopsv1.Session{s4, s2, s1, s3}, list)
+
+	list, total, err = st.ListSessions(ctx, wsA, store.Page{Limit: 2, Offset: 1})
+	require.NoError(t, err)
+	require.EqualValues(t, 4, total)
+	requireProtoEqual(t, []*loopsv1.Session{s2, s1}, list)
+
+	list, total, err = st.ListSessions(ctx, wsA, store.Page{Limit: 2, Offset: 10})
+	require.NoError(t, err)
+	require.EqualValues(t, 4, total)
+	require.Empty(t, list)
+}
+
+func testTrainingRuns(t *testing.T, open func(t *testing.T) store.Store) {
+	ctx := t.Context()
+	st := open(t)
+
+	_, err := st.GetTrainingRun(ctx, wsA, "missing")
+	requireNotFound(t, err)
+	all, err := st.ListAllTrainingRuns(ctx)
+	require.NoError(t, err)
+	require.Empty(t, all)
+
+	r1 := trainingRun("r1", 0)
+	require.NoError(t, st.PutTrainingRun(ctx, wsA, r1))
+	got, err := st.GetTrainingRun(ctx, wsA, "r1")
+	require.NoError(t, err)
+	requireProtoEqual(t, r1, got)
+
+	_, err = st.GetTrainingRun(ctx, wsB, "r1")
+	requireNotFound(t, err)
+
+	// Replace.
+	r1.LastSeqId = 42
+	r1.Corrupted = true
+	r1.LastSamplerCheckpoint = checkpoint("r1", "s", time.Second)
+	require.NoError(t, st.PutTrainingRun(ctx, wsA, r1))
+	got, err = st.GetTrainingRun(ctx, wsA, "r1")
+	require.NoError(t, err)
+	requireProtoEqual(t, r1, got)
+
+	r2 := trainingRun("r2", time.Hour)
+	r3 := trainingRun("r3", -time.Hour)
+	b1 := trainingRun("b1", 30*time.Minute)
+	require.NoError(t, st.PutTrainingRun(ctx, wsA, r2))
+	require.NoError(t, st.PutTrainingRun(ctx, wsA, r3))
+	require.NoError(t, st.PutTrainingRun(ctx, wsB, b1))
+
+	list, total, err := st.ListTrainingRuns(ctx, wsA, store.Page{})
+	require.NoError(t, err)
+	require.EqualValues(t, 3, total)
+	requireProtoEqual(t, []*loopsv1.TrainingRun{r2, r1, r3}, list)
+
+	list, total, err = st.ListTrainingRuns(ctx, wsB, store.Page{})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, total)
+	requireProtoEqual(t, []*loopsv1.TrainingRun{b1}, list)
+
+	list, total, err = st.ListTrainingRuns(ctx, wsA, store.Page{Limit: 1, Offset: 2})
+	require.NoError(t, err)
+	require.EqualValues(t, 3, total)
+	requireProtoEqual(t, []*loopsv1.TrainingRun{r3}, list)
+
+	all, err = st.ListAllTrainingRuns(ctx)
+	require.NoError(t, err)
+	requireProtoEqual(t, []store.OwnedTrainingRun{
+		{Workspace: wsA, Run: r2},
+		{Workspace: wsB, Run: b1},
+		{Workspace: wsA, Run: r1},
+		{Workspace: wsA, Run: r3},
+	}, all)
+}
+
+func testCheckpoints(t *testing.T, open func(t *testing.T) store.Store) {
+	ctx := t.Context()
+	st := open(t)
+
+	_, err := st.GetCheckpoint(ctx, wsA, "r1", "missing")
+	requireNotFound(t, err)
+	_, _, err = st.GetCheckpointAnyWorkspace(ctx, "r1", "missing")
+	requireNotFound(t, err)
+	requireNotFound(t, st.DeleteCheckpoint(ctx, wsA, "r1", "missing"))
+
+	// The same checkpoint id in two runs names two checkpoints.
+	c1 := checkpoint("r1", "c1", 0)
+	c1other := checkpoint("r2", "c1", time.Minute)
+	c2 := checkpoint("r1", "c2", time.Hour)
+	c2.Kind = loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER
+	c2.Public = true
+	c2.ExpireTime = ts(48 * time.Hour)
+	c3 := checkpoint("r1", "c3", -time.Hour)
+	b1 := checkpoint("rb", "b1", 2*time.Hour)
+	for _, c := range []*loopsv1.Checkpoint{c1, c1other, c2, c3} {
+		require.NoError(t, st.PutCheckpoint(ctx, wsA, c))
+	}
+	require.NoError(t, st.PutCheckpoint(ctx, wsB, b1))
+
+	got, err := st.GetCheckpoint(ctx, wsA, "r1", "c1")
+	require.NoError(t, err)
+	requireProtoEqual(t, c1, got)
+	got, err = st.GetCheckpoint(ctx, wsA, "r2", "c1")
+	require.NoError(t, err)
+	requireProtoEqual(t, c1other, got)
+	_, err = st.GetCheckpoint(ctx, wsA, "r3", "c1")
+	requireNotFound(t, err)
+
+	// Another workspace: not found, whether public or not, and cannot delete.
+	_, err = st.GetCheckpoint(ctx, wsB, "r1", "c1")
+	requireNotFound(t, err)
+	_, err = st.GetCheckpoint(ctx, wsB, "r1", "c2")
+	requireNotFound(t, err)
+	requireNotFound(t, st.DeleteCheckpoint(ctx, wsB, "r1", "c1"))
+
+	// Any workspace: returns the owner.
+	got, owner, err := st.GetCheckpointAnyWorkspace(ctx, "r1", "c2")
+	require.NoError(t, err)
+	require.Equal(t, wsA, owner)
+	requireProtoEqual(t, c2, got)
+	got, owner, err = st.GetCheckpointAnyWorkspace(ctx, "rb", "b1")
+	require.NoError(t, err)
+	require.Equal(t, wsB, owner)
+	requireProtoEqual(t, b1, got)
+
+	// Lists: one run, or every run of the workspace; newest first.
+	list, total, err := st.ListCheckpoints(ctx, wsA, "r1", store.Page{})
+	require.NoError(t, err)
+	require.EqualValues(t, 3, total)
+	requireProtoEqual(t, []*loopsv1.Checkpoint{c2, c1, c3}, list)
+	list, total, err = st.ListCheckpoints(ctx, wsA, "", store.Page{})
+	require.NoError(t, err)
+	require.EqualValues(t, 4, total)
+	requireProtoEqual(t, []*loopsv1.Checkpoint{c2, c1other, c1, c3}, list)
+	list, total, err = st.ListCheckpoints(ctx, wsA, "", store.Page{Limit: 2, Offset: 1})
+	require.NoError(t, err)
+	require.EqualValues(t, 4, total)
+	requireProtoEqual(t, []*loopsv1.Checkpoint{c1other, c1}, list)
+	list, total, err = st.ListCheckpoints(ctx, wsB, "r1", store.Page{})
+	require.NoError(t, err)
+	require.Zero(t, total)
+	require.Empty(t, list)
+
+	// Replace.
+	c1.Public = true
+	c1.Name = "renamed"
+	c1.ExpireTime = ts(time.Hour)
+	require.NoError(t, st.PutCheckpoint(ctx, wsA, c1))
+	got, err = st.GetCheckpoint(ctx, wsA, "r1", "c1")
+	require.NoError(t, err)
+	requireProtoEqual(t, c1, got)
+	_, total, err = st.ListCheckpoints(ctx, wsA, "r1", store.Page{})
+	require.NoError(t, err)
+	require.EqualValues(t, 3, total)
+
+	// Delete removes that one checkpoint only.
+	require.NoError(t, st.DeleteCheckpoint(ctx, wsA, "r1", "c1"))
+	_, err = st.GetCheckpoint(ctx, wsA, "r1", "c1")
+	requireNotFound(t, err)
+	_, _, err = st.GetCheckpointAnyWorkspace(ctx, "r1", "c1")
+	requireNotFound(t, err)
+	requireNotFound(t, st.DeleteCheckpoint(ctx, wsA, "r1", "c1"))
+	got, err = st.GetCheckpoint(ctx, wsA, "r2", "c1")
+	require.NoError(t, err)
+	requireProtoEqual(t, c1other, got)
+	list, total, err = st.ListCheckpoints(ctx, wsA, "r1", store.Page{})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, total)
+	requireProtoEqual(t, []*loopsv1.Checkpoint{c2, c3}, list)
+}
+
+func testExpiredCheckpoints(t *testing.T, open func(t *testing.T) store.Store) {
+	ctx := t.Context()
+	st := open(t)
+
+	now := base.Add(10 * time.Hour)
+	expiredA := checkpoint("r1", "old", 0)
+	expiredA.ExpireTime = timestamppb.New(now.Add(-time.Hour))
+	expiredB := checkpoint("rb", "old", time.Hour)
+	expiredB.ExpireTime = timestamppb.New(now.Add(-time.Second))
+	later := checkpoint("r1", "later", 2*time.Hour)
+	later.ExpireTime = timestamppb.New(now.Add(time.Hour))
+	never := checkpoint("r1", "never", 3*time.Hour)
+	require.NoError(t, st.PutCheckpoint(ctx, wsA, expiredA))
+	require.NoError(t, st.PutCheckpoint(ctx, wsB, expiredB))
+	require.NoError(t, st.PutCheckpoint(ctx, wsA, later))
+	require.NoError(t, st.PutCheckpoint(ctx, wsA, never))
+
+	got, err := st.ListExpiredCheckpoints(ctx, now)
+	require.NoError(t, err)
+	requireProtoEqual(t, []store.OwnedCheckpoint{
+		{Workspace: wsB, Checkpoint: expiredB},
+		{Workspace: wsA, Checkpoint: expiredA},
+	}, got)
+
+	got, err = st.ListExpiredCheckpoints(ctx, base)
+	require.NoError(t, err)
+	require.Empty(t, got)
+
+	// Clearing the expire time, or deleting, takes a checkpoint off the list.
+	expiredA.ExpireTime = nil
+	require.NoError(t, st.PutCheckpoint(ctx, wsA, expiredA))
+	require.NoError(t, st.DeleteCheckpoint(ctx, wsB, "rb", "old"))
+	got, err = st.ListExpiredCheckpoints(ctx, now)
+	require.NoError(t, err)
+	require.Empty(t, got)
+
+	got, err = st.ListExpiredCheckpoints(ctx, now.Add(2*time.Hour))
+	require.NoError(t, err)
+	requireProtoEqual(t, []store.OwnedCheckpoint{{Workspace: wsA, Checkpoint: later}}, got)
+}
+
+func testSamplers(t *testing.T, open func(t *testing.T) store.Store) {
+	ctx := t.Context()
+	st := open(t)
+
+	_, err := st.GetSampler(ctx, wsA, "missing")
+	requireNotFound(t, err)
+
+	s1 := sampler("s1", 0)
+	require.NoError(t, st.PutSampler(ctx, wsA, s1))
+	got, err := st.GetSampler(ctx, wsA, "s1")
+	require.NoError(t, err)
+	requireProtoEqual(t, s1, got)
+	_, err = st.GetSampler(ctx, wsB, "s1")
+	requireNotFound(t, err)
+
+	s1.ModelPath = "tinker://run/sampler_weights/y"
+	s1.SessionId = "sess-2"
+	require.NoError(t, st.PutSampler(ctx, wsA, s1))
+	got, err = st.GetSampler(ctx, wsA, "s1")
+	require.NoError(t, err)
+	requireProtoEqual(t, s1, got)
+}
+
+func testOperations(t *testing.T, open func(t *testing.T) store.Store) {
+	ctx := t.Context()
+	st := open(t)
+
+	_, err := st.GetOperation(ctx, wsA, "missing")
+	requireNotFound(t, err)
+
+	op := operation("op1", loopsv1.OperationState_OPERATION_STATE_PENDING, 0)
+	require.NoError(t, st.PutOperation(ctx, wsA, op))
+	got, err := st.GetOperation(ctx, wsA, "op1")
+	require.NoError(t, err)
+	requireProtoEqual(t, op, got)
+	_, err = st.GetOperation(ctx, wsB, "op1")
+	requireNotFound(t, err)
+
+	// Replace through its life: running, then succeeded with a result.
+	op.State = loopsv1.OperationState_OPERATION_STATE_RUNNING
+	require.NoError(t, st.PutOperation(ctx, wsA, op))
+	got, err = st.GetOperation(ctx, wsA, "op1")
+	require.NoError(t, err)
+	requireProtoEqual(t, op, got)
+
+	op = operation("op1", loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, 0)
+	require.NoError(t, st.PutOperation(ctx, wsA, op))
+	got, err = st.GetOperation(ctx, wsA, "op1")
+	require.NoError(t, err)
+	requireProtoEqual(t, op, got)
+
+	failed := operation("op2", loopsv1.OperationState_OPERATION_STATE_FAILED, time.Second)
+	require.NoError(t, st.PutOperation(ctx, wsB, failed))
+	got, err = st.GetOperation(ctx, wsB, "op2")
+	require.NoError(t, err)
+	requireProtoEqual(t, failed, got)
+}
+
+func testFailUnfinishedOperations(t *testing.T, open func(t *testing.T) store.Store) {
+	ctx := t.Context()
+	st := open(t)
+
+	cause := &loopsv1.OperationError{
+		Code: 14, Message: "gateway restarted", Category: loopsv1.ErrorCategory_ERROR_CATEGORY_SERVER,
+	}
+	now := base.Add(time.Hour)
+
+	n, err := st.FailUnfinishedOperations(ctx, cause, now)
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	pending := operation("pending", loopsv1.OperationState_OPERATION_STATE_PENDING, 0)
+	running := operation("running", loopsv1.OperationState_OPERATION_STATE_RUNNING, time.Second)
+	running.TrainingRunId = "run-b"
+	succeeded := operation("succeeded", loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, 2*time.Second)
+	failed := operation("failed", loopsv1.OperationState_OPERATION_STATE_FAILED, 3*time.Second)
+	require.NoError(t, st.PutOperation(ctx, wsA, pending))
+	require.NoError(t, st.PutOperation(ctx, wsB, running))
+	require.NoError(t, st.PutOperation(ctx, wsA, succeeded))
+	require.NoError(t, st.PutOperation(ctx, wsA, failed))
+
+	n, err = st.FailUnfinishedOperations(ctx, cause, now)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+
+	for _, c := range []struct {
+		ws string
+		op *loopsv1.Operation
+	}{{wsA, pending}, {wsB, running}} {
+		want := proto.CloneOf(c.op)
+		want.State = loopsv1.OperationState_OPERATION_STATE_FAILED
+		want.Error = cause
+		want.DoneTime = timestamppb.New(now)
+		got, err := st.GetOperation(ctx, c.ws, c.op.GetId())
+		require.NoError(t, err)
+		requireProtoEqual(t, want, got)
+	}
+	for _, op := range []*loopsv1.Operation{succeeded, failed} {
+		got, err := st.GetOperation(ctx, wsA, op.GetId())
+		require.NoError(t, err)
+		requireProtoEqual(t, op, got)
+	}
+
+	// They are now done: a second call changes nothing, and they age out like any other
+	// finished operation.
+	n, err = st.FailUnfinishedOperations(ctx, cause, now.Add(time.Hour))
+	require.NoError(t, err)
+	require.Zero(t, n)
+	deleted, err := st.DeleteOperationsDoneBefore(ctx, now.Add(time.Second))
+	require.NoError(t, err)
+	require.Equal(t, 4, deleted)
+}
+
+func testDeleteOperationsDoneBefore(t *testing.T, open func(t *testing.T) store.Store) {
+	ctx := t.Context()
+	st := open(t)
+
+	n, err := st.DeleteOperationsDoneBefore(ctx, base.Add(time.Hour))
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	// Done at base+1m and base+2m (see operation).
+	oldOK := operation("old-ok", loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, 0)
+	oldFailed := operation("old-failed", loopsv1.OperationState_OPERATION_STATE_FAILED, time.Minute)
+	// Done at base+61m.
+	recent := operation("recent", loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, time.Hour)
+	// Not done, however old.
+	oldPending := operation("old-pending", loopsv1.OperationState_OPERATION_STATE_PENDING, -time.Hour)
+	oldRunning := operation("old-running", loopsv1.OperationState_OPERATION_STATE_RUNNING, -time.Hour)
+	require.NoError(t, st.PutOperation(ctx, wsA, oldOK))
+	require.NoError(t, st.PutOperation(ctx, wsB, oldFailed))
+	require.NoError(t, st.PutOperation(ctx, wsA, recent))
+	require.NoError(t, st.PutOperation(ctx, wsA, oldPending))
+	require.NoError(t, st.PutOperation(ctx, wsA, oldRunning))
+
+	n, err = st.DeleteOperationsDoneBefore(ctx, base.Add(30*time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+
+	_, err = st.GetOperation(ctx, wsA, "old-ok")
+	requireNotFound(t, err)
+	_, err = st.GetOperation(ctx, wsB, "old-failed")
+	requireNotFound(t, err)
+	for _, op := range []*loopsv1.Operation{recent, oldPending, oldRunning} {
+		got, err := st.GetOperation(ctx, wsA, op.GetId())
+		require.NoError(t, err)
+		requireProtoEqual(t, op, got)
+	}
+
+	n, err = st.DeleteOperationsDoneBefore(ctx, base.Add(30*time.Minute))
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
+
+func testPaging(t *testing.T, open func(t *testing.T) store.Store) {
+	ctx := t.Context()
+	st := open(t)
+
+	// Limit <= 0 means 100, and a limit above 1000 means 1000.
+	const n = 1005
+	for i := range n {
+		require.NoError(t, st.PutSession(ctx, wsA, &loopsv1.Session{
+			Id: fmt.Sprintf("s%04d", i), CreateTime: ts(time.Duration(i) * time.Second),
+		}))
+	}
+	for _, limit := range []int{0, -1} {
+		list, total, err := st.ListSessions(ctx, wsA, store.Page{Limit: limit})
+		require.NoError(t, err)
+		require.EqualValues(t, n, total)
+		require.Len(t, list, 100)
+		require.Equal(t, "s1004", list[0].GetId())
+		require.Equal(t, "s0905", list[99].GetId())
+	}
+	list, total, err := st.ListSessions(ctx, wsA, store.Page{Limit: 5000})
+	require.NoError(t, err)
+	require.EqualValues(t, n, total)
+	require.Len(t, list, 1000)
+	list, total, err = st.ListSessions(ctx, wsA, store.Page{Limit: 1000, Offset: 1000})
+	require.NoError(t, err)
+	require.EqualValues(t, n, total)
+	require.Len(t, list, 5)
+	require.Equal(t, "s0004", list[0].GetId())
+	require.Equal(t, "s0000", list[4].GetId())
+
+	// Every page in turn covers the whole list exactly once, in order.
+	var ids []string
+	for off := 0; off < n; off += 97 {
+		list, total, err := st.ListSessions(ctx, wsA, store.Page{Limit: 97, Offset: off})
+		require.NoError(t, err)
+		require.EqualValues(t, n, total)
+		for _, s := range list {
+			ids = append(ids, s.GetId())
+		}
+	}
+	require.Len(t, ids, n)
+	for i, id := range ids {
+		require.Equal(t, fmt.Sprintf("s%04d", n-1-i), id)
+	}
+}
+
+func testInvalidPut(t *testing.T, open func(t *testing.T) store.Store) {
+	ctx := t.Context()
+	st := open(t)
+
+	require.Error(t, st.PutSession(ctx, wsA, &loopsv1.Session{}))
+	require.Error(t, st.PutTrainingRun(ctx, wsA, &loopsv1.TrainingRun{}))
+	require.Error(t, st.PutCheckpoint(ctx, wsA, &loopsv1.Checkpoint{TrainingRunId: "r1"}))
+	require.Error(t, st.PutCheckpoint(ctx, wsA, &loopsv1.Checkpoint{Id: "c1"}))
+	require.Error(t, st.PutSampler(ctx, wsA, &loopsv1.Sampler{}))
+	require.Error(t, st.PutOperation(ctx, wsA, &loopsv1.Operation{}))
+	require.Error(t, st.PutSession(ctx, wsA, nil))
+}
+
+// testForeignID checks that a Put with an id another workspace owns fails and leaves the
+// owner's record alone.
+func testForeignID(t *testing.T, open func(t *testing.T) store.Store) {
+	ctx := t.Context()
+	st := open(t)
+
+	s := session("s1", 0)
+	r := trainingRun("r1", 0)
+	c := checkpoint("r1", "c1", 0)
+	sa := sampler("sa1", 0)
+	op := operation("op1", loopsv1.OperationState_OPERATION_STATE_PENDING, 0)
+	require.NoError(t, st.PutSession(ctx, wsA, s))
+	require.NoError(t, st.PutTrainingRun(ctx, wsA, r))
+	require.NoError(t, st.PutCheckpoint(ctx, wsA, c))
+	require.NoError(t, st.PutSampler(ctx, wsA, sa))
+	require.NoError(t, st.PutOperation(ctx, wsA, op))
+
+	err := st.PutSession(ctx, wsB, session("s1", time.Hour))
+	require.Error(t, err)
+	require.NotErrorIs(t, err, store.ErrNotFound)
+	require.Error(t, st.PutTrainingRun(ctx, wsB, trainingRun("r1", time.Hour)))
+	require.Error(t, st.PutCheckpoint(ctx, wsB, checkpoint("r1", "c1", time.Hour)))
+	require.Error(t, st.PutSampler(ctx, wsB, sampler("sa1", time.Hour)))
+	require.Error(t, st.PutOperation(ctx, wsB, operation("op1", loopsv1.OperationState_OPERATION_STATE_FAILED, time.Hour)))
+
+	gotS, err := st.GetSession(ctx, wsA, "s1")
+	require.NoError(t, err)
+	requireProtoEqual(t, s, gotS)
+	gotR, err := st.GetTrainingRun(ctx, wsA, "r1")
+	require.NoError(t, err)
+	requireProtoEqual(t, r, gotR)
+	gotC, owner, err := st.GetCheckpointAnyWorkspace(ctx, "r1", "c1")
+	require.NoError(t, err)
+	require.Equal(t, wsA, owner)
+	requireProtoEqual(t, c, gotC)
+	gotSa, err := st.GetSampler(ctx, wsA, "sa1")
+	require.NoError(t, err)
+	requireProtoEqual(t, sa, gotSa)
+	gotOp, err := st.GetOperation(ctx, wsA, "op1")
+	require.NoError(t, err)
+	requireProtoEqual(t, op, gotOp)
+	_, err = st.GetSession(ctx, wsB, "s1")
+	requireNotFound(t, err)
+}
+
+// testReopen writes every kind of record, closes the store, opens the same path again and
+// reads them back.
+func testReopen(t *testing.T, open Opener) {
+	ctx := t.Context()
+	path := newPath(t)
+
+	s := session("s1", 0)
+	r := trainingRun("r1", 0)
+	c := checkpoint("r1", "c1", 0)
+	c.ExpireTime = ts(time.Hour)
+	sa := sampler("sa1", 0)
+	op := operation("op1", loopsv1.OperationState_OPERATION_STATE_RUNNING, 0)
+
+	first := open(t, path)
+	require.NoError(t, first.PutSession(ctx, wsA, s))
+	require.NoError(t, first.PutTrainingRun(ctx, wsA, r))
+	require.NoError(t, first.PutCheckpoint(ctx, wsB, c))
+	require.NoError(t, first.PutSampler(ctx, wsA, sa))
+	require.NoError(t, first.PutOperation(ctx, wsA, op))
+	require.NoError(t, first.Close())
+
+	st := openAt(t, open, path)
+	gotS, err := st.GetSession(ctx, wsA, "s1")
+	require.NoError(t, err)
+	requireProtoEqual(t, s, gotS)
+	all, err := st.ListAllTrainingRuns(ctx)
+	require.NoError(t, err)
+	requireProtoEqual(t, []store.OwnedTrainingRun{{Workspace: wsA, Run: r}}, all)
+	gotC, owner, err := st.GetCheckpointAnyWorkspace(ctx, "r1", "c1")
+	require.NoError(t, err)
+	require.Equal(t, wsB, owner)
+	requireProtoEqual(t, c, gotC)
+	expired, err := st.ListExpiredCheckpoints(ctx, base.Add(2*time.Hour))
+	require.NoError(t, err)
+	requireProtoEqual(t, []store.OwnedCheckpoint{{Workspace: wsB, Checkpoint: c}}, expired)
+	gotSa, err := st.GetSampler(ctx, wsA, "sa1")
+	require.NoError(t, err)
+	requireProtoEqual(t, sa, gotSa)
+	gotOp, err := st.GetOperation(ctx, wsA, "op1")
+	require.NoError(t, err)
+	requireProtoEqual(t, op, gotOp)
+
+	// The reopened store fails what the previous process left running.
+	n, err := st.FailUnfinishedOperations(ctx, &loopsv1.OperationError{Message: "restart"}, base.Add(time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+}
+
+// testConcurrency runs writers and readers of every kind at once; none may fail (in
+// particular, no "database is locked" may leak out).
+func testConcurrency(t *testing.T, open func(t *testing.T) store.Store) {
+	ctx := t.Context()
+	st := open(t)
+
+	const workers = 8
+	const rounds = 25
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			ws := fmt.Sprintf("ws-%d", w%2)
+			err := func() error {
+				for i := range rounds {
+					id := fmt.Sprintf("w%d-%d", w, i)
+					created := time.Duration(i) * time.Second
+					if err := st.PutSession(ctx, ws, session(id, created)); err != nil {
+						return err
+					}
+					if _, err := st.GetSession(ctx, ws, id); err != nil {
+						return err
+					}
+					if err := st.PutTrainingRun(ctx, ws, trainingRun(id, created)); err != nil {
+						return err
+					}
+					if err := st.PutCheckpoint(ctx, ws, checkpoint(id, "c", created)); err != nil {
+						return err
+					}
+					op := operation(id, loopsv1.OperationState_OPERATION_STATE_PENDING, created)
+					if err := st.PutOperation(ctx, ws, op); err != nil {
+						return err
+					}
+					op.State = loopsv1.OperationState_OPERATION_STATE_SUCCEEDED
+					op.DoneTime = ts(created)
+					if err := st.PutOperation(ctx, ws, op); err != nil {
+						return err
+					}
+					if _, err := st.GetOperation(ctx, ws, id); err != nil {
+						return err
+					}
+					if _, _, err := st.ListSessions(ctx, ws, store.Page{Limit: 10}); err != nil {
+						return err
+					}
+					if _, _, err := st.ListCheckpoints(ctx, ws, "", store.Page{}); err != nil {
+						return err
+					}
+					if _, err := st.ListAllTrainingRuns(ctx); err != nil {
+						return err
+					}
+					if i%10 == 0 {
+						if _, err := st.FailUnfinishedOperations(ctx, &loopsv1.OperationError{}, base); err != nil {
+							return err
+						}
+						if _, err := st.DeleteOperationsDoneBefore(ctx, base.Add(-time.Hour)); err != nil {
+							return err
+						}
+					}
+				}
+				return nil
+			}()
+			if err != nil {
+				errs <- fmt.Errorf("worker %d: %w", w, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
+	require.NoError(t, errors.Join(all...))
+
+	for w := range 2 {
+		_, total, err := st.ListSessions(ctx, fmt.Sprintf("ws-%d", w), store.Page{})
+		require.NoError(t, err)
+		require.EqualValues(t, workers/2*rounds, total)
+	}
+	runs, err := st.ListAllTrainingRuns(ctx)
+	require.NoError(t, err)
+	require.Len(t, runs, workers*rounds)
+}
