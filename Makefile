@@ -17,15 +17,18 @@ build: ## Build the loops binary into ./bin/loops
 	$(GO) build -o bin/loops ./cmd/loops
 
 .PHONY: test
-test: ## Run the Go tests (fast path)
-	$(GO) test ./...
+test: check test-go test-e2e ## Everything CI runs: checks, Go tests, the tinker SDK end-to-end suite
+
+.PHONY: test-go
+test-go: ## The fast path: Go unit, contract and fuzz-seed tests (no Python)
+	$(GO) test -count=1 ./...
+
+.PHONY: check
+check: checkgenerate lint breaking ## gofmt, go vet, buf lint, buf format, buf breaking and generated-code drift
 
 .PHONY: test-e2e
-test-e2e: ## Run the end-to-end suite with the real tinker SDK (creates a cached venv)
-	bash tests/e2e/run.sh
-
-.PHONY: test-all
-test-all: test test-e2e ## Everything CI runs
+test-e2e: ## The end-to-end suite with the real tinker SDK (cached venv; torch for forward_backward_custom)
+	LOOPS_E2E_TORCH=1 bash tests/e2e/run.sh
 
 .PHONY: protodeps
 protodeps: ## Copy third-party protos from the Go module cache into .cache/protodeps
@@ -50,10 +53,11 @@ checkgenerate: generate ## Fail if gen/ is out of date with proto/
 	@test -z "$$(git status --porcelain -- gen proto)" || { git status --porcelain -- gen proto; echo "gen/ is stale: run make generate and commit"; exit 1; }
 
 .PHONY: lint
-lint: protodeps ## buf lint, buf format check, go vet
+lint: protodeps ## gofmt, go vet, buf lint, buf format check
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/')); test -z "$$out" || { echo "gofmt needed: $$out"; exit 1; }
+	$(GO) vet ./...
 	$(TOOLS) buf lint
 	$(TOOLS) buf format -d --exit-code proto
-	$(GO) vet ./...
 
 .PHONY: breaking
 breaking: protodeps ## buf breaking against main

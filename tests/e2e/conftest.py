@@ -144,7 +144,11 @@ def loops_url() -> str:
         return
 
     tmp = Path(tempfile.mkdtemp(prefix="loops-e2e-"))
-    binary = _build_binary(tmp)
+    try:
+        binary = _build_binary(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     data_dir = tmp / "data"
     log_path = tmp / "server.log"
     _server_log_path = log_path
@@ -182,7 +186,11 @@ def loops_url() -> str:
             if code is not None
             else "did not print its URL within 120 s"
         )
-        pytest.exit(f"loops serve {why}; log:\n" + _log_tail(log_path), returncode=2)
+        tail = _log_tail(log_path)
+        log.close()
+        if not os.environ.get("LOOPS_E2E_KEEP"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        pytest.exit(f"loops serve {why}; log:\n" + tail, returncode=2)
     url = found["url"]
     _wait_for_port(url, time.time() + 30)
     os.environ["TINKER_BASE_URL"] = url
