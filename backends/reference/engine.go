@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -194,6 +195,12 @@ func (e *Engine) loadModel(name string) (*baseModel, error) {
 			return nil, err
 		}
 		dir, tokID = abs, abs
+		// Best effort: clients on this machine can then load the tokenizer by name offline.
+		if snap, err := tiny.RegisterInHubCache(dir); err != nil {
+			slog.Warn("could not register loops/tiny in the local Hugging Face cache; SamplingClient.get_tokenizer() needs it there", slog.Any("err", err))
+		} else {
+			slog.Debug("registered loops/tiny in the local Hugging Face cache", slog.String("dir", snap))
+		}
 	} else {
 		var err error
 		if dir, tokID, err = ResolveModelDir(name); err != nil {

@@ -373,3 +373,30 @@ func TestSessionsExpireWithoutHeartbeat(t *testing.T) {
 func ptr[T any](v T) *T { return &v }
 
 func testutilGauge(c *Core) int { return int(gaugeValue(c.metrics.waiters)) }
+
+func TestLoadChecksAdapterShapeNotSeed(t *testing.T) {
+	h := newHarness(t, t.TempDir(), Options{})
+	mk := func(rank int32, seed uint64) string {
+		op, err := h.svc.Training.CreateTrainingRun(h.ctx, &loopsv1.CreateTrainingRunRequest{BaseModel: "fake/model", Lora: &loopsv1.LoraConfig{Rank: rank, Seed: seed, TrainAttn: true}})
+		require.NoError(t, err)
+		return h.wait(op).GetTrainingRunId()
+	}
+	src := mk(4, 1)
+	op, err := h.svc.Training.SaveWeights(h.ctx, &loopsv1.SaveWeightsRequest{TrainingRunId: src, Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING, Name: "c"})
+	require.NoError(t, err)
+	path := h.wait(op).GetSaveWeights().GetPath()
+	// Another seed, same shape: loads.
+	load, err := h.svc.Training.LoadWeights(h.ctx, &loopsv1.LoadWeightsRequest{TrainingRunId: mk(4, 2), Path: path, WithOptimizer: true})
+	require.NoError(t, err)
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, h.wait(load).GetState())
+	// Another rank: refused at submission with the reason.
+	_, err = h.svc.Training.LoadWeights(h.ctx, &loopsv1.LoadWeightsRequest{TrainingRunId: mk(8, 1), Path: path})
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
+	require.ErrorContains(t, err, "rank and train_* flags must be equal")
+	// Creating a run from the checkpoint takes its config.
+	op, err = h.svc.Training.CreateTrainingRun(h.ctx, &loopsv1.CreateTrainingRunRequest{FromCheckpoint: path, WithOptimizer: true})
+	require.NoError(t, err)
+	done := h.wait(op)
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, done.GetState(), done.GetError().GetMessage())
+	require.EqualValues(t, 4, done.GetTrainingRun().GetLora().GetRank())
+}

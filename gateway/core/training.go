@@ -13,7 +13,6 @@ import (
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -81,8 +80,8 @@ func (s TrainingService) CreateTrainingRun(ctx context.Context, req *loopsv1.Cre
 		if lora == nil {
 			lora = ck.GetLora()
 		}
-		if !proto.Equal(lora, ck.GetLora()) {
-			return nil, invalidArgument("the LoRA config %v does not match checkpoint %s's (%v)", lora, req.GetFromCheckpoint(), ck.GetLora())
+		if !sameAdapterShape(lora, ck.GetLora()) {
+			return nil, invalidArgument("the LoRA config {%v} does not match checkpoint %s's {%v}: rank and train_* flags must be equal", lora, req.GetFromCheckpoint(), ck.GetLora())
 		}
 		fromDir = dir
 	}
@@ -399,8 +398,8 @@ func (c *Core) loadableCheckpoint(ctx context.Context, ws, runID string, info *l
 	if ck.GetBaseModel() != info.GetBaseModel() {
 		return nil, "", invalidArgument("checkpoint %s was trained on %s but training run %s uses %s", req.GetPath(), ck.GetBaseModel(), runID, info.GetBaseModel())
 	}
-	if !proto.Equal(ck.GetLora(), info.GetLora()) {
-		return nil, "", invalidArgument("checkpoint %s has LoRA config {%v} but training run %s has {%v}: create a run from the checkpoint instead (create_training_client_from_state)", req.GetPath(), ck.GetLora(), runID, info.GetLora())
+	if !sameAdapterShape(ck.GetLora(), info.GetLora()) {
+		return nil, "", invalidArgument("checkpoint %s has LoRA config {%v} but training run %s has {%v}; rank and train_* flags must be equal: create a run from the checkpoint instead (create_training_client_from_state)", req.GetPath(), ck.GetLora(), runID, info.GetLora())
 	}
 	return ck, dir, nil
 }
@@ -434,4 +433,11 @@ func dirSize(dir string) int64 {
 		return nil
 	})
 	return n
+}
+
+// sameAdapterShape reports whether two LoRA configs give adapters of the same tensors: equal
+// rank and train_* flags. The seed only sets the initial weights, which a load replaces.
+func sameAdapterShape(a, b *loopsv1.LoraConfig) bool {
+	return a.GetRank() == b.GetRank() && a.GetTrainAttn() == b.GetTrainAttn() &&
+		a.GetTrainMlp() == b.GetTrainMlp() && a.GetTrainUnembed() == b.GetTrainUnembed()
 }

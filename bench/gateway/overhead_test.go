@@ -1,0 +1,213 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/loops-dev/loops/backends"
+	_ "github.com/loops-dev/loops/backends/reference"
+	"github.com/loops-dev/loops/gateway"
+	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
+	publicv1 "github.com/loops-dev/loops/gen/go/tinker/public/v1"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+const iterations = 200
+
+func datum(n int) *loopsv1.Datum {
+	d := &loopsv1.Datum{LossFnInputs: map[string]*loopsv1.Tensor{
+		"target_tokens": {Dtype: loopsv1.Dtype_DTYPE_INT64},
+		"weights":       {Dtype: loopsv1.Dtype_DTYPE_FLOAT32},
+	}}
+	for i := range n {
+		d.Tokens = append(d.Tokens, int32(65+i%26))
+		d.LossFnInputs["target_tokens"].Int64Data = append(d.LossFnInputs["target_tokens"].Int64Data, int64(65+(i+1)%26))
+		d.LossFnInputs["weights"].Float32Data = append(d.LossFnInputs["weights"].Float32Data, 1)
+	}
+	return d
+}
+
+type stats struct{ d []time.Duration }
+
+func (s *stats) add(d time.Duration) { s.d = append(s.d, d) }
+func (s *stats) pct(p float64) time.Duration {
+	x := slices.Clone(s.d)
+	slices.Sort(x)
+	return x[min(len(x)-1, int(p*float64(len(x))))]
+}
+
+func TestOverhead(t *testing.T) {
+	if os.Getenv("LOOPS_BENCH") == "" {
+		t.Skip("set LOOPS_BENCH=1 to run the gateway overhead benchmark")
+	}
+	ctx := t.Context()
+	dir := t.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv, err := gateway.New(ctx, ln, gateway.Config{DataDir: dir})
+	require.NoError(t, err)
+	go func() { _ = srv.Serve() }()
+	defer srv.Close(context.Background())
+	url := "http://" + ln.Addr().String()
+
+	// The baseline: the same engine, called directly, in this process.
+	be, err := backends.Open(ctx, "reference", backends.Config{DataDir: t.TempDir()})
+	require.NoError(t, err)
+	defer be.Close()
+	_, err = be.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "direct", BaseModel: "loops/tiny", Lora: &loopsv1.LoraConfig{Rank: 8, TrainAttn: true, TrainMlp: true}})
+	require.NoError(t, err)
+	d := datum(32)
+	adam := &loopsv1.AdamParams{LearningRate: 1e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-12}
+	var directFB, directOpt stats
+	for i := range iterations + 10 {
+		t0 := time.Now()
+		_, err := be.Trainer().ForwardBackward(ctx, &backendv1.ForwardBackwardRequest{Items: []*backendv1.ForwardBackwardItem{{AdapterId: "direct", Data: []*loopsv1.Datum{d}, LossFn: "cross_entropy"}}})
+		require.NoError(t, err)
+		t1 := time.Now()
+		_, err = be.Trainer().OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: "direct", Adam: adam})
+		require.NoError(t, err)
+		if i >= 10 {
+			directFB.add(t1.Sub(t0))
+			directOpt.add(time.Since(t1))
+		}
+	}
+
+	// Through loops.v1 over Connect: submit, then long-poll the operation.
+	key := connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			req.Header().Set("X-API-Key", "tml-bench")
+			return next(ctx, req)
+		}
+	}))
+	training := loopsv1connect.NewTrainingServiceClient(http.DefaultClient, url, key)
+	ops := loopsv1connect.NewOperationServiceClient(http.DefaultClient, url, key)
+	wait := func(op *loopsv1.Operation, err error) *loopsv1.Operation {
+		require.NoError(t, err)
+		for op.GetDoneTime() == nil {
+			op, err = ops.WaitOperation(ctx, &loopsv1.WaitOperationRequest{Id: op.GetId(), Timeout: durationpb.New(10 * time.Second)})
+			require.NoError(t, err)
+		}
+		require.Nil(t, op.GetError())
+		return op
+	}
+	run := wait(training.CreateTrainingRun(ctx, &loopsv1.CreateTrainingRunRequest{BaseModel: "loops/tiny", Lora: &loopsv1.LoraConfig{Rank: 8, TrainAttn: true, TrainMlp: true}})).GetTrainingRunId()
+	var connectFB, connectOpt stats
+	for i := range iterations + 10 {
+		t0 := time.Now()
+		wait(training.ForwardBackward(ctx, &loopsv1.ForwardBackwardRequest{TrainingRunId: run, Data: []*loopsv1.Datum{d}, LossFn: "cross_entropy"}))
+		t1 := time.Now()
+		wait(training.OptimStep(ctx, &loopsv1.OptimStepRequest{TrainingRunId: run, Adam: adam}))
+		if i >= 10 {
+			connectFB.add(t1.Sub(t0))
+			connectOpt.add(time.Since(t1))
+		}
+	}
+
+	// Through Tinker's routes, as the SDK sends them: protobuf forward_backward, JSON
+	// optim_step, retrieve_future long-polls.
+	post := func(path, ctype string, body []byte, accept string) []byte {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/api/v1/"+path, bytes.NewReader(body))
+		req.Header.Set("Content-Type", ctype)
+		req.Header.Set("X-API-Key", "tml-bench")
+		if accept != "" {
+			req.Header.Set("Accept", accept)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
+		return b
+	}
+	result := func(sub []byte, accept string) {
+		var f struct {
+			RequestID string `json:"request_id"`
+		}
+		require.NoError(t, json.Unmarshal(sub, &f))
+		for {
+			b := post("retrieve_future", "application/json", fmt.Appendf(nil, `{"request_id":%q}`, f.RequestID), accept)
+			if !bytes.Contains(b, []byte(`"try_again"`)) {
+				return
+			}
+		}
+	}
+	var sess struct {
+		SessionID string `json:"session_id"`
+	}
+	require.NoError(t, json.Unmarshal(post("create_session", "application/json", []byte(`{"tags":[],"user_metadata":{},"sdk_version":"0.38.0"}`), ""), &sess))
+	var model struct {
+		ModelID string `json:"model_id"`
+	}
+	sub := post("create_model", "application/json", fmt.Appendf(nil, `{"session_id":%q,"model_seq_id":0,"base_model":"loops/tiny","lora_config":{"rank":8,"train_attn":true,"train_mlp":true,"train_unembed":false}}`, sess.SessionID), "")
+	var f struct {
+		RequestID string `json:"request_id"`
+	}
+	require.NoError(t, json.Unmarshal(sub, &f))
+	for {
+		b := post("retrieve_future", "application/json", fmt.Appendf(nil, `{"request_id":%q}`, f.RequestID), "")
+		if !bytes.Contains(b, []byte(`"try_again"`)) {
+			require.NoError(t, json.Unmarshal(b, &model))
+			break
+		}
+	}
+	tok := make([]byte, 4*len(d.Tokens))
+	for i, x := range d.Tokens {
+		binary.LittleEndian.PutUint32(tok[4*i:], uint32(x))
+	}
+	tgt := make([]byte, 8*len(d.Tokens))
+	w := make([]byte, 4*len(d.Tokens))
+	for i := range d.Tokens {
+		binary.LittleEndian.PutUint64(tgt[8*i:], uint64(d.LossFnInputs["target_tokens"].Int64Data[i]))
+		binary.LittleEndian.PutUint32(w[4*i:], 0x3f800000)
+	}
+	var tinkerFB, tinkerOpt stats
+	seq := int32(1)
+	for i := range iterations + 10 {
+		body, err := proto.Marshal(&publicv1.ForwardBackwardRequest{ModelId: model.ModelID, SeqId: seq, LossFn: "cross_entropy", Data: []*publicv1.Datum{{
+			ModelInput: []*publicv1.Chunk{{Chunk: &publicv1.Chunk_EncodedText{EncodedText: &publicv1.EncodedTextChunk{Tokens: tok}}}},
+			LossFnInputs: map[string]*publicv1.Tensor{
+				"target_tokens": {Encoding: &publicv1.Tensor_Dense{Dense: tgt}, Dtype: publicv1.DType_DTYPE_INT64, Shape: []int64{int64(len(d.Tokens))}},
+				"weights":       {Encoding: &publicv1.Tensor_Dense{Dense: w}, Dtype: publicv1.DType_DTYPE_FLOAT32, Shape: []int64{int64(len(d.Tokens))}},
+			},
+		}}})
+		require.NoError(t, err)
+		t0 := time.Now()
+		result(post("forward_backward", "application/x-protobuf", body, ""), "application/x-protobuf")
+		t1 := time.Now()
+		result(post("optim_step", "application/json", fmt.Appendf(nil, `{"model_id":%q,"seq_id":%d,"adam_params":{"learning_rate":0.0001,"beta1":0.9,"beta2":0.95,"eps":1e-12,"weight_decay":0,"grad_clip_norm":0}}`, model.ModelID, seq+1), ""), "")
+		seq += 2
+		if i >= 10 {
+			tinkerFB.add(t1.Sub(t0))
+			tinkerOpt.add(time.Since(t1))
+		}
+	}
+
+	row := func(name string, s, base *stats) {
+		t.Logf("%-34s p50 %8.3f ms  p99 %8.3f ms  overhead p50 %+7.3f ms", name,
+			ms(s.pct(0.5)), ms(s.pct(0.99)), ms(s.pct(0.5))-ms(base.pct(0.5)))
+	}
+	t.Logf("%d iterations, 1 datum x 32 tokens, loops/tiny, LoRA rank 8 (attn+mlp)", iterations)
+	row("forward_backward, backend direct", &directFB, &directFB)
+	row("forward_backward, loops.v1 Connect", &connectFB, &directFB)
+	row("forward_backward, Tinker HTTP", &tinkerFB, &directFB)
+	row("optim_step, backend direct", &directOpt, &directOpt)
+	row("optim_step, loops.v1 Connect", &connectOpt, &directOpt)
+	row("optim_step, Tinker HTTP", &tinkerOpt, &directOpt)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
