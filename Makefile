@@ -59,6 +59,12 @@ lint: protodeps ## gofmt, go vet, buf lint, buf format check
 	$(TOOLS) buf lint
 	$(TOOLS) buf format -d --exit-code proto
 
+# The tree buf breaking compares against (a git revision).
+BREAKING_AGAINST ?= main
+
 .PHONY: breaking
-breaking: protodeps ## buf breaking against main
-	$(TOOLS) buf breaking --against '.git#branch=main'
+breaking: protodeps ## buf breaking against $(BREAKING_AGAINST) (WIRE_JSON for loops.v1 and Tinker, WIRE for the worker protocol)
+	@rm -rf .cache/against && mkdir -p .cache/against/.cache
+	@git archive $(BREAKING_AGAINST) | tar -x -C .cache/against
+	@cp -r $(PROTODEPS) .cache/against/.cache/
+	$(TOOLS) buf breaking --against .cache/against
