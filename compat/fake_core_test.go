@@ -119,6 +119,21 @@ func (f *fakeCore) HeartbeatSession(_ context.Context, r *loopsv1.HeartbeatSessi
 	return &loopsv1.HeartbeatSessionResponse{}, nil
 }
 
+func (f *fakeCore) FinishSession(_ context.Context, r *loopsv1.FinishSessionRequest) (*loopsv1.Session, error) {
+	if err := f.enter("FinishSession", r); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.sessions[r.Id]
+	if !ok {
+		return nil, notFound("session", r.Id)
+	}
+	s.Expired = true
+	s.EndReason = "finished: " + r.Reason
+	return proto.Clone(s).(*loopsv1.Session), nil
+}
+
 func (f *fakeCore) GetSession(_ context.Context, r *loopsv1.GetSessionRequest) (*loopsv1.Session, error) {
 	if err := f.enter("GetSession", r); err != nil {
 		return nil, err

@@ -218,8 +218,8 @@ func (s *server) sessionHeartbeat(w http.ResponseWriter, r *http.Request) error 
 	return nil
 }
 
-// finishSession acknowledges ServiceClient.close(). The core has no finish call yet, so the
-// session simply expires when heartbeats stop; compat only checks that it exists.
+// finishSession ends the session when the client closes (ServiceClient.close() or the end
+// of a `with` block): its runs' adapters are unloaded and its samplers dropped.
 func (s *server) finishSession(w http.ResponseWriter, r *http.Request) error {
 	var req struct {
 		Reason struct {
@@ -230,11 +230,13 @@ func (s *server) finishSession(w http.ResponseWriter, r *http.Request) error {
 	if err := s.decodeJSONBody(w, r, &req); err != nil {
 		return err
 	}
-	id := r.PathValue("id")
-	if _, err := s.svc.Sessions.GetSession(r.Context(), &loopsv1.GetSessionRequest{Id: id}); err != nil {
+	in := &loopsv1.FinishSessionRequest{Id: r.PathValue("id"), Reason: req.Reason.Type}
+	if req.Detail != nil {
+		in.Detail = *req.Detail
+	}
+	if _, err := s.svc.Sessions.FinishSession(r.Context(), in); err != nil {
 		return err
 	}
-	s.log.Info("compat: session finished by client", "session_id", id, "reason", req.Reason.Type)
 	writeJSON(w, http.StatusOK, struct{}{})
 	return nil
 }

@@ -57,6 +57,7 @@ func TestBootstrapRoutes(t *testing.T) {
 
 	require.Equal(t, 200, e.postJSON("/api/v1/sessions/"+sid+"/finish", `{"reason":{"type":"success"},"detail":null}`).status)
 	require.Equal(t, 404, e.postJSON("/api/v1/sessions/zzz/finish", `{"reason":{"type":"success"}}`).status)
+	require.Equal(t, "finished: success", e.core.sessions[sid].GetEndReason())
 
 	require.Equal(t, 501, e.postJSON("/api/v1/retrieve_futures", `{}`).status)
 	require.Equal(t, 404, e.get("/api/v1/no_such_route").status)

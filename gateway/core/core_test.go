@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"math"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -126,6 +127,8 @@ func TestBadInputIsRejectedAtSubmission(t *testing.T) {
 	long := make([]int32, 65)
 	short := datum(1, 2, 3)
 	short.LossFnInputs["weights"].Float32Data = []float32{1}
+	nanWeights := datum(1, 2)
+	nanWeights.LossFnInputs["weights"].Float32Data[1] = float32(math.NaN())
 	wrongType := datum(1, 2)
 	wrongType.LossFnInputs["target_tokens"] = &loopsv1.Tensor{Dtype: loopsv1.Dtype_DTYPE_FLOAT32, Float32Data: []float32{1, 2}}
 	for name, tc := range map[string]struct {
@@ -138,6 +141,7 @@ func TestBadInputIsRejectedAtSubmission(t *testing.T) {
 		"wrong length":   {&loopsv1.ForwardBackwardRequest{LossFn: "cross_entropy", Data: []*loopsv1.Datum{short}}, "has 1 rows but model_input has 3 tokens"},
 		"wrong dtype":    {&loopsv1.ForwardBackwardRequest{LossFn: "cross_entropy", Data: []*loopsv1.Datum{wrongType}}, "must be int64"},
 		"missing input":  {&loopsv1.ForwardBackwardRequest{LossFn: "ppo", Data: []*loopsv1.Datum{datum(1, 2)}}, `lacks "logprobs"`},
+		"not finite":     {&loopsv1.ForwardBackwardRequest{LossFn: "cross_entropy", Data: []*loopsv1.Datum{nanWeights}}, "values must be finite"},
 		"unknown config": {&loopsv1.ForwardBackwardRequest{LossFn: "cross_entropy", LossFnConfig: map[string]float64{"beta": 1}, Data: []*loopsv1.Datum{datum(1)}}, "takes no config"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -365,7 +369,7 @@ func TestSessionsExpireWithoutHeartbeat(t *testing.T) {
 	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err))
 	_, err = h.fb(run, 2, datum(1, 2))
 	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err))
-	require.ErrorContains(t, err, "expired")
+	require.ErrorContains(t, err, "ended")
 	_, err = h.svc.Sessions.HeartbeatSession(h.ctx, &loopsv1.HeartbeatSessionRequest{Id: "sess-nope"})
 	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err))
 }
@@ -399,4 +403,25 @@ func TestLoadChecksAdapterShapeNotSeed(t *testing.T) {
 	done := h.wait(op)
 	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, done.GetState(), done.GetError().GetMessage())
 	require.EqualValues(t, 4, done.GetTrainingRun().GetLora().GetRank())
+}
+
+func TestFinishSessionUnloadsItsRuns(t *testing.T) {
+	h := newHarness(t, t.TempDir(), Options{})
+	sess, err := h.svc.Sessions.CreateSession(h.ctx, &loopsv1.CreateSessionRequest{})
+	require.NoError(t, err)
+	op, err := h.svc.Training.CreateTrainingRun(h.ctx, &loopsv1.CreateTrainingRunRequest{SessionId: sess.GetId(), BaseModel: "fake/model", Lora: &loopsv1.LoraConfig{Rank: 2, TrainMlp: true}})
+	require.NoError(t, err)
+	run := h.wait(op).GetTrainingRunId()
+	done, err := h.svc.Sessions.FinishSession(h.ctx, &loopsv1.FinishSessionRequest{Id: sess.GetId(), Reason: "success"})
+	require.NoError(t, err)
+	require.True(t, done.GetExpired())
+	require.Equal(t, "finished: success", done.GetEndReason())
+	_, err = h.svc.Sessions.FinishSession(h.ctx, &loopsv1.FinishSessionRequest{Id: sess.GetId()})
+	require.NoError(t, err, "finishing twice is a no-op")
+	_, err = h.fb(run, 1, datum(1, 2))
+	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err))
+	require.Error(t, h.fake.has(run), "the adapter was freed")
+	got, err := h.svc.Sessions.GetSession(h.ctx, &loopsv1.GetSessionRequest{Id: sess.GetId()})
+	require.NoError(t, err)
+	require.Equal(t, []string{run}, got.GetTrainingRunIds())
 }

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"connectrpc.com/connect"
 	"context"
 	"log/slog"
 	"slices"
@@ -67,12 +68,12 @@ func (c *Core) session(ctx context.Context, ws, id string) (*sessionState, error
 	c.mu.Unlock()
 	if !ok || s.ws != ws {
 		if _, err := c.store.GetSession(ctx, ws, id); err == nil {
-			return nil, failedPrecondition("session %s has expired (no heartbeat for %s, or the server restarted): create a new client", id, c.opts.SessionTTL)
+			return nil, failedPrecondition("session %s has ended (it finished, had no heartbeat for %s, or the server restarted): create a new client", id, c.opts.SessionTTL)
 		}
 		return nil, notFound("session %q not found (it does not exist, or belongs to another API key's workspace)", id)
 	}
 	if s.snapshot().GetExpired() {
-		return nil, failedPrecondition("session %s has expired (no heartbeat for %s): create a new client", id, c.opts.SessionTTL)
+		return nil, failedPrecondition("session %s has ended (%s): create a new client", id, s.snapshot().GetEndReason())
 	}
 	return s, nil
 }
@@ -92,38 +93,49 @@ func (c *Core) persistSession(ctx context.Context, s *sessionState) {
 	}
 }
 
-// expireSessions ends sessions whose client stopped sending heartbeats: their runs'
-// adapters are unloaded (checkpoints stay) and their samplers are dropped.
+// expireSessions ends sessions whose client stopped sending heartbeats.
 func (c *Core) expireSessions(ctx context.Context, now time.Time) {
 	c.mu.Lock()
-	var expired []*sessionState
-	all := make([]*sessionState, 0, len(c.sessions))
-	for id, s := range c.sessions {
+	var expired, all []*sessionState
+	for _, s := range c.sessions {
 		all = append(all, s)
 		s.mu.Lock()
 		if now.Sub(s.lastBeat) > c.opts.SessionTTL {
-			s.info = proto.CloneOf(s.info)
-			s.info.Expired = true
-			s.dirty = true
 			expired = append(expired, s)
-			delete(c.sessions, id)
 		}
 		s.mu.Unlock()
 	}
 	c.mu.Unlock()
+	for _, s := range expired {
+		c.endSession(ctx, s, "heartbeat timeout", "no heartbeat for "+c.opts.SessionTTL.String())
+	}
 	for _, s := range all {
 		c.persistSession(ctx, s)
 	}
-	for _, s := range expired {
-		info := s.snapshot()
-		c.log.Info("session expired", slog.String("session", info.GetId()))
-		for _, id := range info.GetTrainingRunIds() {
-			if r, err := c.runOf(s.ws, id); err == nil {
-				c.unloadRun(ctx, r, "its session "+info.GetId()+" expired (no heartbeat for "+c.opts.SessionTTL.String()+"); load its last checkpoint into a new run to continue")
-			}
+}
+
+// endSession ends a session: its runs' adapters are unloaded (checkpoints stay) and its
+// samplers are dropped. why is recorded; detail goes into later errors.
+func (c *Core) endSession(ctx context.Context, s *sessionState, why, detail string) *loopsv1.Session {
+	c.mu.Lock()
+	delete(c.sessions, s.snapshot().GetId())
+	c.mu.Unlock()
+	s.mu.Lock()
+	s.info = proto.CloneOf(s.info)
+	s.info.Expired = true
+	s.info.EndReason = why
+	s.dirty = true
+	info := s.info
+	s.mu.Unlock()
+	c.persistSession(ctx, s)
+	c.log.Info("session ended", slog.String("session", info.GetId()), slog.String("reason", why))
+	for _, id := range info.GetTrainingRunIds() {
+		if r, err := c.runOf(s.ws, id); err == nil {
+			c.unloadRun(ctx, r, "its session "+info.GetId()+" ended ("+detail+"); load its last checkpoint into a new run to continue")
 		}
-		c.samplers.dropSession(info.GetId())
 	}
+	c.samplers.dropSession(info.GetId())
+	return info
 }
 
 // SessionService implements loops.v1 SessionService.
@@ -176,6 +188,27 @@ func (s SessionService) HeartbeatSession(ctx context.Context, req *loopsv1.Heart
 	st.dirty = true
 	st.mu.Unlock()
 	return &loopsv1.HeartbeatSessionResponse{}, nil
+}
+
+// FinishSession ends a session at the client's request.
+func (s SessionService) FinishSession(ctx context.Context, req *loopsv1.FinishSessionRequest) (*loopsv1.Session, error) {
+	ws, err := auth.RequireWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st, err := s.c.session(ctx, ws, req.GetId())
+	if connect.CodeOf(err) == connect.CodeFailedPrecondition {
+		// Already ended: finishing again is a no-op.
+		return s.c.store.GetSession(ctx, ws, req.GetId())
+	}
+	if err != nil {
+		return nil, err
+	}
+	reason := req.GetReason()
+	if reason == "" {
+		reason = "unspecified"
+	}
+	return s.c.endSession(ctx, st, "finished: "+reason, "the client finished it"), nil
 }
 
 // GetSession returns a session.

@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -18,7 +19,7 @@ type lossSpec struct {
 
 // lossSpecs are the Tinker losses (DESIGN.md, "Semantics every backend implements").
 var lossSpecs = map[string]lossSpec{
-	"cross_entropy":       {inputs: []string{"target_tokens"}, optional: []string{"weights"}},
+	"cross_entropy":       {inputs: []string{"target_tokens", "weights"}},
 	"importance_sampling": {inputs: []string{"target_tokens", "logprobs", "advantages"}},
 	"ppo":                 {inputs: []string{"target_tokens", "logprobs", "advantages"}, config: map[string]float64{"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}},
 	"cispo":               {inputs: []string{"target_tokens", "logprobs", "advantages"}, config: map[string]float64{"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}},
@@ -108,6 +109,11 @@ func validateDatum(model *loopsv1.ModelInfo, spec lossSpec, lossFn string, d *lo
 			return fmt.Errorf("loss_fn_inputs[%q] must be int64 token ids, got %s", name, t.GetDtype())
 		case !wantInt && t.GetDtype() != loopsv1.Dtype_DTYPE_FLOAT32:
 			return fmt.Errorf("loss_fn_inputs[%q] must be float32, got %s", name, t.GetDtype())
+		}
+		for j, x := range t.GetFloat32Data() {
+			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+				return fmt.Errorf("loss_fn_inputs[%q][%d] is %v; values must be finite", name, j, x)
+			}
 		}
 		if wantInt {
 			for _, id := range t.GetInt64Data() {

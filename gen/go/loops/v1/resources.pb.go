@@ -87,9 +87,12 @@ type Session struct {
 	LastHeartbeatTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=last_heartbeat_time,json=lastHeartbeatTime,proto3" json:"last_heartbeat_time,omitempty"`
 	TrainingRunIds    []string               `protobuf:"bytes,8,rep,name=training_run_ids,json=trainingRunIds,proto3" json:"training_run_ids,omitempty"`
 	SamplerIds        []string               `protobuf:"bytes,9,rep,name=sampler_ids,json=samplerIds,proto3" json:"sampler_ids,omitempty"`
-	Expired           bool                   `protobuf:"varint,10,opt,name=expired,proto3" json:"expired,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// True once the session has ended (no heartbeat for the session TTL, or finished).
+	Expired bool `protobuf:"varint,10,opt,name=expired,proto3" json:"expired,omitempty"`
+	// Why it ended: "heartbeat timeout" or "finished: <reason>".
+	EndReason     string `protobuf:"bytes,11,opt,name=end_reason,json=endReason,proto3" json:"end_reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Session) Reset() {
@@ -190,6 +193,13 @@ func (x *Session) GetExpired() bool {
 		return x.Expired
 	}
 	return false
+}
+
+func (x *Session) GetEndReason() string {
+	if x != nil {
+		return x.EndReason
+	}
+	return ""
 }
 
 // TrainingRun is one LoRA adapter being trained on a base model.
@@ -529,7 +539,7 @@ var File_loops_v1_resources_proto protoreflect.FileDescriptor
 
 const file_loops_v1_resources_proto_rawDesc = "" +
 	"\n" +
-	"\x18loops/v1/resources.proto\x12\bloops.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14loops/v1/types.proto\"\xe6\x03\n" +
+	"\x18loops/v1/resources.proto\x12\bloops.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14loops/v1/types.proto\"\x85\x04\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04tags\x18\x02 \x03(\tR\x04tags\x12H\n" +
@@ -545,7 +555,9 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\vsampler_ids\x18\t \x03(\tR\n" +
 	"samplerIds\x12\x18\n" +
 	"\aexpired\x18\n" +
-	" \x01(\bR\aexpired\x1a?\n" +
+	" \x01(\bR\aexpired\x12\x1d\n" +
+	"\n" +
+	"end_reason\x18\v \x01(\tR\tendReason\x1a?\n" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe4\x04\n" +

@@ -171,6 +171,67 @@ func (*HeartbeatSessionResponse) Descriptor() ([]byte, []int) {
 	return file_loops_v1_services_proto_rawDescGZIP(), []int{2}
 }
 
+type FinishSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Why the client ended it, e.g. "success", "errored", "interrupted".
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Detail        string `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FinishSessionRequest) Reset() {
+	*x = FinishSessionRequest{}
+	mi := &file_loops_v1_services_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FinishSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FinishSessionRequest) ProtoMessage() {}
+
+func (x *FinishSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FinishSessionRequest.ProtoReflect.Descriptor instead.
+func (*FinishSessionRequest) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *FinishSessionRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *FinishSessionRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *FinishSessionRequest) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
 type GetSessionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -180,7 +241,7 @@ type GetSessionRequest struct {
 
 func (x *GetSessionRequest) Reset() {
 	*x = GetSessionRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[3]
+	mi := &file_loops_v1_services_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -192,7 +253,7 @@ func (x *GetSessionRequest) String() string {
 func (*GetSessionRequest) ProtoMessage() {}
 
 func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[3]
+	mi := &file_loops_v1_services_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -205,7 +266,7 @@ func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionRequest.ProtoReflect.Descriptor instead.
 func (*GetSessionRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{3}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GetSessionRequest) GetId() string {
@@ -225,7 +286,7 @@ type ListSessionsRequest struct {
 
 func (x *ListSessionsRequest) Reset() {
 	*x = ListSessionsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[4]
+	mi := &file_loops_v1_services_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -237,7 +298,7 @@ func (x *ListSessionsRequest) String() string {
 func (*ListSessionsRequest) ProtoMessage() {}
 
 func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[4]
+	mi := &file_loops_v1_services_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -250,7 +311,7 @@ func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
 func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{4}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListSessionsRequest) GetLimit() int32 {
@@ -277,7 +338,7 @@ type ListSessionsResponse struct {
 
 func (x *ListSessionsResponse) Reset() {
 	*x = ListSessionsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[5]
+	mi := &file_loops_v1_services_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -289,7 +350,7 @@ func (x *ListSessionsResponse) String() string {
 func (*ListSessionsResponse) ProtoMessage() {}
 
 func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[5]
+	mi := &file_loops_v1_services_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -302,7 +363,7 @@ func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{5}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListSessionsResponse) GetSessions() []*Session {
@@ -337,7 +398,7 @@ type CreateTrainingRunRequest struct {
 
 func (x *CreateTrainingRunRequest) Reset() {
 	*x = CreateTrainingRunRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[6]
+	mi := &file_loops_v1_services_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -349,7 +410,7 @@ func (x *CreateTrainingRunRequest) String() string {
 func (*CreateTrainingRunRequest) ProtoMessage() {}
 
 func (x *CreateTrainingRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[6]
+	mi := &file_loops_v1_services_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -362,7 +423,7 @@ func (x *CreateTrainingRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTrainingRunRequest.ProtoReflect.Descriptor instead.
 func (*CreateTrainingRunRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{6}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateTrainingRunRequest) GetSessionId() string {
@@ -423,7 +484,7 @@ type GetTrainingRunRequest struct {
 
 func (x *GetTrainingRunRequest) Reset() {
 	*x = GetTrainingRunRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[7]
+	mi := &file_loops_v1_services_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -435,7 +496,7 @@ func (x *GetTrainingRunRequest) String() string {
 func (*GetTrainingRunRequest) ProtoMessage() {}
 
 func (x *GetTrainingRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[7]
+	mi := &file_loops_v1_services_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -448,7 +509,7 @@ func (x *GetTrainingRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTrainingRunRequest.ProtoReflect.Descriptor instead.
 func (*GetTrainingRunRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{7}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetTrainingRunRequest) GetId() string {
@@ -468,7 +529,7 @@ type ListTrainingRunsRequest struct {
 
 func (x *ListTrainingRunsRequest) Reset() {
 	*x = ListTrainingRunsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[8]
+	mi := &file_loops_v1_services_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -480,7 +541,7 @@ func (x *ListTrainingRunsRequest) String() string {
 func (*ListTrainingRunsRequest) ProtoMessage() {}
 
 func (x *ListTrainingRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[8]
+	mi := &file_loops_v1_services_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -493,7 +554,7 @@ func (x *ListTrainingRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTrainingRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListTrainingRunsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{8}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListTrainingRunsRequest) GetLimit() int32 {
@@ -520,7 +581,7 @@ type ListTrainingRunsResponse struct {
 
 func (x *ListTrainingRunsResponse) Reset() {
 	*x = ListTrainingRunsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[9]
+	mi := &file_loops_v1_services_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -532,7 +593,7 @@ func (x *ListTrainingRunsResponse) String() string {
 func (*ListTrainingRunsResponse) ProtoMessage() {}
 
 func (x *ListTrainingRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[9]
+	mi := &file_loops_v1_services_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -545,7 +606,7 @@ func (x *ListTrainingRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTrainingRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListTrainingRunsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{9}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListTrainingRunsResponse) GetTrainingRuns() []*TrainingRun {
@@ -571,7 +632,7 @@ type UnloadTrainingRunRequest struct {
 
 func (x *UnloadTrainingRunRequest) Reset() {
 	*x = UnloadTrainingRunRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[10]
+	mi := &file_loops_v1_services_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -583,7 +644,7 @@ func (x *UnloadTrainingRunRequest) String() string {
 func (*UnloadTrainingRunRequest) ProtoMessage() {}
 
 func (x *UnloadTrainingRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[10]
+	mi := &file_loops_v1_services_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -596,7 +657,7 @@ func (x *UnloadTrainingRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnloadTrainingRunRequest.ProtoReflect.Descriptor instead.
 func (*UnloadTrainingRunRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{10}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *UnloadTrainingRunRequest) GetId() string {
@@ -621,7 +682,7 @@ type ForwardBackwardRequest struct {
 
 func (x *ForwardBackwardRequest) Reset() {
 	*x = ForwardBackwardRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[11]
+	mi := &file_loops_v1_services_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -633,7 +694,7 @@ func (x *ForwardBackwardRequest) String() string {
 func (*ForwardBackwardRequest) ProtoMessage() {}
 
 func (x *ForwardBackwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[11]
+	mi := &file_loops_v1_services_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -646,7 +707,7 @@ func (x *ForwardBackwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardBackwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardBackwardRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{11}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ForwardBackwardRequest) GetTrainingRunId() string {
@@ -702,7 +763,7 @@ type OptimStepRequest struct {
 
 func (x *OptimStepRequest) Reset() {
 	*x = OptimStepRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[12]
+	mi := &file_loops_v1_services_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -714,7 +775,7 @@ func (x *OptimStepRequest) String() string {
 func (*OptimStepRequest) ProtoMessage() {}
 
 func (x *OptimStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[12]
+	mi := &file_loops_v1_services_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -727,7 +788,7 @@ func (x *OptimStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OptimStepRequest.ProtoReflect.Descriptor instead.
 func (*OptimStepRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{12}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *OptimStepRequest) GetTrainingRunId() string {
@@ -769,7 +830,7 @@ type SaveWeightsRequest struct {
 
 func (x *SaveWeightsRequest) Reset() {
 	*x = SaveWeightsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[13]
+	mi := &file_loops_v1_services_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -781,7 +842,7 @@ func (x *SaveWeightsRequest) String() string {
 func (*SaveWeightsRequest) ProtoMessage() {}
 
 func (x *SaveWeightsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[13]
+	mi := &file_loops_v1_services_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -794,7 +855,7 @@ func (x *SaveWeightsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveWeightsRequest.ProtoReflect.Descriptor instead.
 func (*SaveWeightsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{13}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SaveWeightsRequest) GetTrainingRunId() string {
@@ -859,7 +920,7 @@ type LoadWeightsRequest struct {
 
 func (x *LoadWeightsRequest) Reset() {
 	*x = LoadWeightsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[14]
+	mi := &file_loops_v1_services_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +932,7 @@ func (x *LoadWeightsRequest) String() string {
 func (*LoadWeightsRequest) ProtoMessage() {}
 
 func (x *LoadWeightsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[14]
+	mi := &file_loops_v1_services_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +945,7 @@ func (x *LoadWeightsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadWeightsRequest.ProtoReflect.Descriptor instead.
 func (*LoadWeightsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{14}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LoadWeightsRequest) GetTrainingRunId() string {
@@ -926,7 +987,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[15]
+	mi := &file_loops_v1_services_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -938,7 +999,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[15]
+	mi := &file_loops_v1_services_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -951,7 +1012,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{15}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListCheckpointsRequest) GetTrainingRunId() string {
@@ -985,7 +1046,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[16]
+	mi := &file_loops_v1_services_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -997,7 +1058,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[16]
+	mi := &file_loops_v1_services_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1010,7 +1071,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{16}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*Checkpoint {
@@ -1036,7 +1097,7 @@ type GetCheckpointRequest struct {
 
 func (x *GetCheckpointRequest) Reset() {
 	*x = GetCheckpointRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[17]
+	mi := &file_loops_v1_services_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1048,7 +1109,7 @@ func (x *GetCheckpointRequest) String() string {
 func (*GetCheckpointRequest) ProtoMessage() {}
 
 func (x *GetCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[17]
+	mi := &file_loops_v1_services_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1061,7 +1122,7 @@ func (x *GetCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{17}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetCheckpointRequest) GetPath() string {
@@ -1080,7 +1141,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[18]
+	mi := &file_loops_v1_services_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1092,7 +1153,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[18]
+	mi := &file_loops_v1_services_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1105,7 +1166,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{18}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DeleteCheckpointRequest) GetPath() string {
@@ -1123,7 +1184,7 @@ type DeleteCheckpointResponse struct {
 
 func (x *DeleteCheckpointResponse) Reset() {
 	*x = DeleteCheckpointResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[19]
+	mi := &file_loops_v1_services_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1135,7 +1196,7 @@ func (x *DeleteCheckpointResponse) String() string {
 func (*DeleteCheckpointResponse) ProtoMessage() {}
 
 func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[19]
+	mi := &file_loops_v1_services_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1148,7 +1209,7 @@ func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{19}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{20}
 }
 
 type SetCheckpointPublicRequest struct {
@@ -1161,7 +1222,7 @@ type SetCheckpointPublicRequest struct {
 
 func (x *SetCheckpointPublicRequest) Reset() {
 	*x = SetCheckpointPublicRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[20]
+	mi := &file_loops_v1_services_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1173,7 +1234,7 @@ func (x *SetCheckpointPublicRequest) String() string {
 func (*SetCheckpointPublicRequest) ProtoMessage() {}
 
 func (x *SetCheckpointPublicRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[20]
+	mi := &file_loops_v1_services_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1186,7 +1247,7 @@ func (x *SetCheckpointPublicRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCheckpointPublicRequest.ProtoReflect.Descriptor instead.
 func (*SetCheckpointPublicRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{20}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SetCheckpointPublicRequest) GetPath() string {
@@ -1214,7 +1275,7 @@ type SetCheckpointTTLRequest struct {
 
 func (x *SetCheckpointTTLRequest) Reset() {
 	*x = SetCheckpointTTLRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[21]
+	mi := &file_loops_v1_services_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1226,7 +1287,7 @@ func (x *SetCheckpointTTLRequest) String() string {
 func (*SetCheckpointTTLRequest) ProtoMessage() {}
 
 func (x *SetCheckpointTTLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[21]
+	mi := &file_loops_v1_services_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1239,7 +1300,7 @@ func (x *SetCheckpointTTLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCheckpointTTLRequest.ProtoReflect.Descriptor instead.
 func (*SetCheckpointTTLRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{21}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SetCheckpointTTLRequest) GetPath() string {
@@ -1265,7 +1326,7 @@ type GetCheckpointArchiveURLRequest struct {
 
 func (x *GetCheckpointArchiveURLRequest) Reset() {
 	*x = GetCheckpointArchiveURLRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[22]
+	mi := &file_loops_v1_services_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1277,7 +1338,7 @@ func (x *GetCheckpointArchiveURLRequest) String() string {
 func (*GetCheckpointArchiveURLRequest) ProtoMessage() {}
 
 func (x *GetCheckpointArchiveURLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[22]
+	mi := &file_loops_v1_services_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1290,7 +1351,7 @@ func (x *GetCheckpointArchiveURLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointArchiveURLRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointArchiveURLRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{22}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetCheckpointArchiveURLRequest) GetPath() string {
@@ -1310,7 +1371,7 @@ type GetCheckpointArchiveURLResponse struct {
 
 func (x *GetCheckpointArchiveURLResponse) Reset() {
 	*x = GetCheckpointArchiveURLResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[23]
+	mi := &file_loops_v1_services_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1322,7 +1383,7 @@ func (x *GetCheckpointArchiveURLResponse) String() string {
 func (*GetCheckpointArchiveURLResponse) ProtoMessage() {}
 
 func (x *GetCheckpointArchiveURLResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[23]
+	mi := &file_loops_v1_services_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1335,7 +1396,7 @@ func (x *GetCheckpointArchiveURLResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointArchiveURLResponse.ProtoReflect.Descriptor instead.
 func (*GetCheckpointArchiveURLResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{23}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetCheckpointArchiveURLResponse) GetUrl() string {
@@ -1365,7 +1426,7 @@ type CreateSamplerRequest struct {
 
 func (x *CreateSamplerRequest) Reset() {
 	*x = CreateSamplerRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[24]
+	mi := &file_loops_v1_services_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1438,7 @@ func (x *CreateSamplerRequest) String() string {
 func (*CreateSamplerRequest) ProtoMessage() {}
 
 func (x *CreateSamplerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[24]
+	mi := &file_loops_v1_services_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1451,7 @@ func (x *CreateSamplerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSamplerRequest.ProtoReflect.Descriptor instead.
 func (*CreateSamplerRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{24}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CreateSamplerRequest) GetSessionId() string {
@@ -1430,7 +1491,7 @@ type GetSamplerRequest struct {
 
 func (x *GetSamplerRequest) Reset() {
 	*x = GetSamplerRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[25]
+	mi := &file_loops_v1_services_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1442,7 +1503,7 @@ func (x *GetSamplerRequest) String() string {
 func (*GetSamplerRequest) ProtoMessage() {}
 
 func (x *GetSamplerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[25]
+	mi := &file_loops_v1_services_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1455,7 +1516,7 @@ func (x *GetSamplerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSamplerRequest.ProtoReflect.Descriptor instead.
 func (*GetSamplerRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{25}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetSamplerRequest) GetId() string {
@@ -1481,7 +1542,7 @@ type SampleRequest struct {
 
 func (x *SampleRequest) Reset() {
 	*x = SampleRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[26]
+	mi := &file_loops_v1_services_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1493,7 +1554,7 @@ func (x *SampleRequest) String() string {
 func (*SampleRequest) ProtoMessage() {}
 
 func (x *SampleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[26]
+	mi := &file_loops_v1_services_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1506,7 +1567,7 @@ func (x *SampleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SampleRequest.ProtoReflect.Descriptor instead.
 func (*SampleRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{26}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SampleRequest) GetSamplerId() string {
@@ -1566,7 +1627,7 @@ type ListModelsRequest struct {
 
 func (x *ListModelsRequest) Reset() {
 	*x = ListModelsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[27]
+	mi := &file_loops_v1_services_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1578,7 +1639,7 @@ func (x *ListModelsRequest) String() string {
 func (*ListModelsRequest) ProtoMessage() {}
 
 func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[27]
+	mi := &file_loops_v1_services_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1591,7 +1652,7 @@ func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsRequest.ProtoReflect.Descriptor instead.
 func (*ListModelsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{27}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{28}
 }
 
 type ListModelsResponse struct {
@@ -1603,7 +1664,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[28]
+	mi := &file_loops_v1_services_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1615,7 +1676,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[28]
+	mi := &file_loops_v1_services_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1628,7 +1689,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{28}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListModelsResponse) GetModels() []*ModelInfo {
@@ -1655,7 +1716,11 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\")\n" +
 	"\x17HeartbeatSessionRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x1a\n" +
-	"\x18HeartbeatSessionResponse\"#\n" +
+	"\x18HeartbeatSessionResponse\"V\n" +
+	"\x14FinishSessionRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\"#\n" +
 	"\x11GetSessionRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"C\n" +
 	"\x13ListSessionsRequest\x12\x14\n" +
@@ -1771,10 +1836,11 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\a_seq_id\"\x13\n" +
 	"\x11ListModelsRequest\"A\n" +
 	"\x12ListModelsResponse\x12+\n" +
-	"\x06models\x18\x01 \x03(\v2\x13.loops.v1.ModelInfoR\x06models2\xaf\x03\n" +
+	"\x06models\x18\x01 \x03(\v2\x13.loops.v1.ModelInfoR\x06models2\x98\x04\n" +
 	"\x0eSessionService\x12[\n" +
 	"\rCreateSession\x12\x1e.loops.v1.CreateSessionRequest\x1a\x11.loops.v1.Session\"\x17\x82\xd3\xe4\x93\x02\x11:\x01*\"\f/v1/sessions\x12\x81\x01\n" +
-	"\x10HeartbeatSession\x12!.loops.v1.HeartbeatSessionRequest\x1a\".loops.v1.HeartbeatSessionResponse\"&\x82\xd3\xe4\x93\x02 :\x01*\"\x1b/v1/sessions/{id}/heartbeat\x12W\n" +
+	"\x10HeartbeatSession\x12!.loops.v1.HeartbeatSessionRequest\x1a\".loops.v1.HeartbeatSessionResponse\"&\x82\xd3\xe4\x93\x02 :\x01*\"\x1b/v1/sessions/{id}/heartbeat\x12g\n" +
+	"\rFinishSession\x12\x1e.loops.v1.FinishSessionRequest\x1a\x11.loops.v1.Session\"#\x82\xd3\xe4\x93\x02\x1d:\x01*\"\x18/v1/sessions/{id}/finish\x12W\n" +
 	"\n" +
 	"GetSession\x12\x1b.loops.v1.GetSessionRequest\x1a\x11.loops.v1.Session\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/sessions/{id}\x12c\n" +
 	"\fListSessions\x12\x1d.loops.v1.ListSessionsRequest\x1a\x1e.loops.v1.ListSessionsResponse\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/v1/sessions2\xd8\a\n" +
@@ -1817,113 +1883,116 @@ func file_loops_v1_services_proto_rawDescGZIP() []byte {
 	return file_loops_v1_services_proto_rawDescData
 }
 
-var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_loops_v1_services_proto_goTypes = []any{
 	(*CreateSessionRequest)(nil),            // 0: loops.v1.CreateSessionRequest
 	(*HeartbeatSessionRequest)(nil),         // 1: loops.v1.HeartbeatSessionRequest
 	(*HeartbeatSessionResponse)(nil),        // 2: loops.v1.HeartbeatSessionResponse
-	(*GetSessionRequest)(nil),               // 3: loops.v1.GetSessionRequest
-	(*ListSessionsRequest)(nil),             // 4: loops.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),            // 5: loops.v1.ListSessionsResponse
-	(*CreateTrainingRunRequest)(nil),        // 6: loops.v1.CreateTrainingRunRequest
-	(*GetTrainingRunRequest)(nil),           // 7: loops.v1.GetTrainingRunRequest
-	(*ListTrainingRunsRequest)(nil),         // 8: loops.v1.ListTrainingRunsRequest
-	(*ListTrainingRunsResponse)(nil),        // 9: loops.v1.ListTrainingRunsResponse
-	(*UnloadTrainingRunRequest)(nil),        // 10: loops.v1.UnloadTrainingRunRequest
-	(*ForwardBackwardRequest)(nil),          // 11: loops.v1.ForwardBackwardRequest
-	(*OptimStepRequest)(nil),                // 12: loops.v1.OptimStepRequest
-	(*SaveWeightsRequest)(nil),              // 13: loops.v1.SaveWeightsRequest
-	(*LoadWeightsRequest)(nil),              // 14: loops.v1.LoadWeightsRequest
-	(*ListCheckpointsRequest)(nil),          // 15: loops.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),         // 16: loops.v1.ListCheckpointsResponse
-	(*GetCheckpointRequest)(nil),            // 17: loops.v1.GetCheckpointRequest
-	(*DeleteCheckpointRequest)(nil),         // 18: loops.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil),        // 19: loops.v1.DeleteCheckpointResponse
-	(*SetCheckpointPublicRequest)(nil),      // 20: loops.v1.SetCheckpointPublicRequest
-	(*SetCheckpointTTLRequest)(nil),         // 21: loops.v1.SetCheckpointTTLRequest
-	(*GetCheckpointArchiveURLRequest)(nil),  // 22: loops.v1.GetCheckpointArchiveURLRequest
-	(*GetCheckpointArchiveURLResponse)(nil), // 23: loops.v1.GetCheckpointArchiveURLResponse
-	(*CreateSamplerRequest)(nil),            // 24: loops.v1.CreateSamplerRequest
-	(*GetSamplerRequest)(nil),               // 25: loops.v1.GetSamplerRequest
-	(*SampleRequest)(nil),                   // 26: loops.v1.SampleRequest
-	(*ListModelsRequest)(nil),               // 27: loops.v1.ListModelsRequest
-	(*ListModelsResponse)(nil),              // 28: loops.v1.ListModelsResponse
-	nil,                                     // 29: loops.v1.CreateSessionRequest.UserMetadataEntry
-	nil,                                     // 30: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
-	nil,                                     // 31: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	(*Session)(nil),                         // 32: loops.v1.Session
-	(*LoraConfig)(nil),                      // 33: loops.v1.LoraConfig
-	(*TrainingRun)(nil),                     // 34: loops.v1.TrainingRun
-	(*Datum)(nil),                           // 35: loops.v1.Datum
-	(*AdamParams)(nil),                      // 36: loops.v1.AdamParams
-	(CheckpointKind)(0),                     // 37: loops.v1.CheckpointKind
-	(*Checkpoint)(nil),                      // 38: loops.v1.Checkpoint
-	(*timestamppb.Timestamp)(nil),           // 39: google.protobuf.Timestamp
-	(*SamplingParams)(nil),                  // 40: loops.v1.SamplingParams
-	(*ModelInfo)(nil),                       // 41: loops.v1.ModelInfo
-	(*Operation)(nil),                       // 42: loops.v1.Operation
-	(*Sampler)(nil),                         // 43: loops.v1.Sampler
+	(*FinishSessionRequest)(nil),            // 3: loops.v1.FinishSessionRequest
+	(*GetSessionRequest)(nil),               // 4: loops.v1.GetSessionRequest
+	(*ListSessionsRequest)(nil),             // 5: loops.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),            // 6: loops.v1.ListSessionsResponse
+	(*CreateTrainingRunRequest)(nil),        // 7: loops.v1.CreateTrainingRunRequest
+	(*GetTrainingRunRequest)(nil),           // 8: loops.v1.GetTrainingRunRequest
+	(*ListTrainingRunsRequest)(nil),         // 9: loops.v1.ListTrainingRunsRequest
+	(*ListTrainingRunsResponse)(nil),        // 10: loops.v1.ListTrainingRunsResponse
+	(*UnloadTrainingRunRequest)(nil),        // 11: loops.v1.UnloadTrainingRunRequest
+	(*ForwardBackwardRequest)(nil),          // 12: loops.v1.ForwardBackwardRequest
+	(*OptimStepRequest)(nil),                // 13: loops.v1.OptimStepRequest
+	(*SaveWeightsRequest)(nil),              // 14: loops.v1.SaveWeightsRequest
+	(*LoadWeightsRequest)(nil),              // 15: loops.v1.LoadWeightsRequest
+	(*ListCheckpointsRequest)(nil),          // 16: loops.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),         // 17: loops.v1.ListCheckpointsResponse
+	(*GetCheckpointRequest)(nil),            // 18: loops.v1.GetCheckpointRequest
+	(*DeleteCheckpointRequest)(nil),         // 19: loops.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil),        // 20: loops.v1.DeleteCheckpointResponse
+	(*SetCheckpointPublicRequest)(nil),      // 21: loops.v1.SetCheckpointPublicRequest
+	(*SetCheckpointTTLRequest)(nil),         // 22: loops.v1.SetCheckpointTTLRequest
+	(*GetCheckpointArchiveURLRequest)(nil),  // 23: loops.v1.GetCheckpointArchiveURLRequest
+	(*GetCheckpointArchiveURLResponse)(nil), // 24: loops.v1.GetCheckpointArchiveURLResponse
+	(*CreateSamplerRequest)(nil),            // 25: loops.v1.CreateSamplerRequest
+	(*GetSamplerRequest)(nil),               // 26: loops.v1.GetSamplerRequest
+	(*SampleRequest)(nil),                   // 27: loops.v1.SampleRequest
+	(*ListModelsRequest)(nil),               // 28: loops.v1.ListModelsRequest
+	(*ListModelsResponse)(nil),              // 29: loops.v1.ListModelsResponse
+	nil,                                     // 30: loops.v1.CreateSessionRequest.UserMetadataEntry
+	nil,                                     // 31: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	nil,                                     // 32: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	(*Session)(nil),                         // 33: loops.v1.Session
+	(*LoraConfig)(nil),                      // 34: loops.v1.LoraConfig
+	(*TrainingRun)(nil),                     // 35: loops.v1.TrainingRun
+	(*Datum)(nil),                           // 36: loops.v1.Datum
+	(*AdamParams)(nil),                      // 37: loops.v1.AdamParams
+	(CheckpointKind)(0),                     // 38: loops.v1.CheckpointKind
+	(*Checkpoint)(nil),                      // 39: loops.v1.Checkpoint
+	(*timestamppb.Timestamp)(nil),           // 40: google.protobuf.Timestamp
+	(*SamplingParams)(nil),                  // 41: loops.v1.SamplingParams
+	(*ModelInfo)(nil),                       // 42: loops.v1.ModelInfo
+	(*Operation)(nil),                       // 43: loops.v1.Operation
+	(*Sampler)(nil),                         // 44: loops.v1.Sampler
 }
 var file_loops_v1_services_proto_depIdxs = []int32{
-	29, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
-	32, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
-	33, // 2: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
-	30, // 3: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
-	34, // 4: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
-	35, // 5: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
-	31, // 6: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	36, // 7: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
-	37, // 8: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
-	38, // 9: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
-	39, // 10: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
-	40, // 11: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
-	41, // 12: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
+	30, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
+	33, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
+	34, // 2: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
+	31, // 3: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	35, // 4: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
+	36, // 5: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
+	32, // 6: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	37, // 7: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
+	38, // 8: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
+	39, // 9: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
+	40, // 10: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
+	41, // 11: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
+	42, // 12: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
 	0,  // 13: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
 	1,  // 14: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
-	3,  // 15: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
-	4,  // 16: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
-	6,  // 17: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
-	7,  // 18: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
-	8,  // 19: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
-	10, // 20: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
-	11, // 21: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
-	12, // 22: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
-	13, // 23: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
-	14, // 24: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
-	15, // 25: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
-	17, // 26: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
-	18, // 27: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
-	20, // 28: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
-	21, // 29: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
-	22, // 30: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
-	24, // 31: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
-	25, // 32: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
-	26, // 33: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
-	27, // 34: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
-	32, // 35: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
-	2,  // 36: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
-	32, // 37: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
-	5,  // 38: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
-	42, // 39: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
-	34, // 40: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
-	9,  // 41: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
-	42, // 42: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
-	42, // 43: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
-	42, // 44: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
-	42, // 45: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
-	42, // 46: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
-	16, // 47: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
-	38, // 48: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
-	19, // 49: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
-	38, // 50: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
-	38, // 51: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
-	23, // 52: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
-	43, // 53: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
-	43, // 54: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
-	42, // 55: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
-	28, // 56: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
-	35, // [35:57] is the sub-list for method output_type
-	13, // [13:35] is the sub-list for method input_type
+	3,  // 15: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
+	4,  // 16: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
+	5,  // 17: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
+	7,  // 18: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
+	8,  // 19: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
+	9,  // 20: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
+	11, // 21: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
+	12, // 22: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
+	13, // 23: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
+	14, // 24: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
+	15, // 25: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
+	16, // 26: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
+	18, // 27: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
+	19, // 28: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
+	21, // 29: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
+	22, // 30: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
+	23, // 31: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
+	25, // 32: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
+	26, // 33: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
+	27, // 34: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
+	28, // 35: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
+	33, // 36: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
+	2,  // 37: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
+	33, // 38: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
+	33, // 39: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
+	6,  // 40: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
+	43, // 41: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
+	35, // 42: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
+	10, // 43: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
+	43, // 44: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
+	43, // 45: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
+	43, // 46: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
+	43, // 47: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
+	43, // 48: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
+	17, // 49: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
+	39, // 50: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
+	20, // 51: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
+	39, // 52: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
+	39, // 53: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
+	24, // 54: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
+	44, // 55: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
+	44, // 56: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
+	43, // 57: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
+	29, // 58: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
+	36, // [36:59] is the sub-list for method output_type
+	13, // [13:36] is the sub-list for method input_type
 	13, // [13:13] is the sub-list for extension type_name
 	13, // [13:13] is the sub-list for extension extendee
 	0,  // [0:13] is the sub-list for field type_name
@@ -1937,18 +2006,18 @@ func file_loops_v1_services_proto_init() {
 	file_loops_v1_operations_proto_init()
 	file_loops_v1_resources_proto_init()
 	file_loops_v1_types_proto_init()
-	file_loops_v1_services_proto_msgTypes[6].OneofWrappers = []any{}
-	file_loops_v1_services_proto_msgTypes[13].OneofWrappers = []any{}
-	file_loops_v1_services_proto_msgTypes[21].OneofWrappers = []any{}
-	file_loops_v1_services_proto_msgTypes[24].OneofWrappers = []any{}
-	file_loops_v1_services_proto_msgTypes[26].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[7].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[14].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[22].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[25].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[27].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_services_proto_rawDesc), len(file_loops_v1_services_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   32,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

@@ -21,6 +21,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	SessionService_CreateSession_FullMethodName    = "/loops.v1.SessionService/CreateSession"
 	SessionService_HeartbeatSession_FullMethodName = "/loops.v1.SessionService/HeartbeatSession"
+	SessionService_FinishSession_FullMethodName    = "/loops.v1.SessionService/FinishSession"
 	SessionService_GetSession_FullMethodName       = "/loops.v1.SessionService/GetSession"
 	SessionService_ListSessions_FullMethodName     = "/loops.v1.SessionService/ListSessions"
 )
@@ -35,6 +36,9 @@ type SessionServiceClient interface {
 	CreateSession(ctx context.Context, in *CreateSessionRequest, opts ...grpc.CallOption) (*Session, error)
 	// HeartbeatSession keeps a session alive.
 	HeartbeatSession(ctx context.Context, in *HeartbeatSessionRequest, opts ...grpc.CallOption) (*HeartbeatSessionResponse, error)
+	// FinishSession ends a session now (the client closed): its runs' adapters are unloaded
+	// and its samplers dropped; checkpoints stay.
+	FinishSession(ctx context.Context, in *FinishSessionRequest, opts ...grpc.CallOption) (*Session, error)
 	// GetSession returns a session with its training runs and samplers.
 	GetSession(ctx context.Context, in *GetSessionRequest, opts ...grpc.CallOption) (*Session, error)
 	// ListSessions lists the workspace's sessions, newest first.
@@ -63,6 +67,16 @@ func (c *sessionServiceClient) HeartbeatSession(ctx context.Context, in *Heartbe
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(HeartbeatSessionResponse)
 	err := c.cc.Invoke(ctx, SessionService_HeartbeatSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) FinishSession(ctx context.Context, in *FinishSessionRequest, opts ...grpc.CallOption) (*Session, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Session)
+	err := c.cc.Invoke(ctx, SessionService_FinishSession_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -99,6 +113,9 @@ type SessionServiceServer interface {
 	CreateSession(context.Context, *CreateSessionRequest) (*Session, error)
 	// HeartbeatSession keeps a session alive.
 	HeartbeatSession(context.Context, *HeartbeatSessionRequest) (*HeartbeatSessionResponse, error)
+	// FinishSession ends a session now (the client closed): its runs' adapters are unloaded
+	// and its samplers dropped; checkpoints stay.
+	FinishSession(context.Context, *FinishSessionRequest) (*Session, error)
 	// GetSession returns a session with its training runs and samplers.
 	GetSession(context.Context, *GetSessionRequest) (*Session, error)
 	// ListSessions lists the workspace's sessions, newest first.
@@ -118,6 +135,9 @@ func (UnimplementedSessionServiceServer) CreateSession(context.Context, *CreateS
 }
 func (UnimplementedSessionServiceServer) HeartbeatSession(context.Context, *HeartbeatSessionRequest) (*HeartbeatSessionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method HeartbeatSession not implemented")
+}
+func (UnimplementedSessionServiceServer) FinishSession(context.Context, *FinishSessionRequest) (*Session, error) {
+	return nil, status.Error(codes.Unimplemented, "method FinishSession not implemented")
 }
 func (UnimplementedSessionServiceServer) GetSession(context.Context, *GetSessionRequest) (*Session, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetSession not implemented")
@@ -182,6 +202,24 @@ func _SessionService_HeartbeatSession_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionService_FinishSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FinishSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).FinishSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_FinishSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).FinishSession(ctx, req.(*FinishSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _SessionService_GetSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetSessionRequest)
 	if err := dec(in); err != nil {
@@ -232,6 +270,10 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "HeartbeatSession",
 			Handler:    _SessionService_HeartbeatSession_Handler,
+		},
+		{
+			MethodName: "FinishSession",
+			Handler:    _SessionService_FinishSession_Handler,
 		},
 		{
 			MethodName: "GetSession",

@@ -47,6 +47,9 @@ const (
 	// SessionServiceHeartbeatSessionProcedure is the fully-qualified name of the SessionService's
 	// HeartbeatSession RPC.
 	SessionServiceHeartbeatSessionProcedure = "/loops.v1.SessionService/HeartbeatSession"
+	// SessionServiceFinishSessionProcedure is the fully-qualified name of the SessionService's
+	// FinishSession RPC.
+	SessionServiceFinishSessionProcedure = "/loops.v1.SessionService/FinishSession"
 	// SessionServiceGetSessionProcedure is the fully-qualified name of the SessionService's GetSession
 	// RPC.
 	SessionServiceGetSessionProcedure = "/loops.v1.SessionService/GetSession"
@@ -113,6 +116,9 @@ type SessionServiceClient interface {
 	CreateSession(context.Context, *v1.CreateSessionRequest) (*v1.Session, error)
 	// HeartbeatSession keeps a session alive.
 	HeartbeatSession(context.Context, *v1.HeartbeatSessionRequest) (*v1.HeartbeatSessionResponse, error)
+	// FinishSession ends a session now (the client closed): its runs' adapters are unloaded
+	// and its samplers dropped; checkpoints stay.
+	FinishSession(context.Context, *v1.FinishSessionRequest) (*v1.Session, error)
 	// GetSession returns a session with its training runs and samplers.
 	GetSession(context.Context, *v1.GetSessionRequest) (*v1.Session, error)
 	// ListSessions lists the workspace's sessions, newest first.
@@ -142,6 +148,12 @@ func NewSessionServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sessionServiceMethods.ByName("HeartbeatSession")),
 			connect.WithClientOptions(opts...),
 		),
+		finishSession: connect.NewClient[v1.FinishSessionRequest, v1.Session](
+			httpClient,
+			baseURL+SessionServiceFinishSessionProcedure,
+			connect.WithSchema(sessionServiceMethods.ByName("FinishSession")),
+			connect.WithClientOptions(opts...),
+		),
 		getSession: connect.NewClient[v1.GetSessionRequest, v1.Session](
 			httpClient,
 			baseURL+SessionServiceGetSessionProcedure,
@@ -161,6 +173,7 @@ func NewSessionServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 type sessionServiceClient struct {
 	createSession    *connect.Client[v1.CreateSessionRequest, v1.Session]
 	heartbeatSession *connect.Client[v1.HeartbeatSessionRequest, v1.HeartbeatSessionResponse]
+	finishSession    *connect.Client[v1.FinishSessionRequest, v1.Session]
 	getSession       *connect.Client[v1.GetSessionRequest, v1.Session]
 	listSessions     *connect.Client[v1.ListSessionsRequest, v1.ListSessionsResponse]
 }
@@ -177,6 +190,15 @@ func (c *sessionServiceClient) CreateSession(ctx context.Context, req *v1.Create
 // HeartbeatSession calls loops.v1.SessionService.HeartbeatSession.
 func (c *sessionServiceClient) HeartbeatSession(ctx context.Context, req *v1.HeartbeatSessionRequest) (*v1.HeartbeatSessionResponse, error) {
 	response, err := c.heartbeatSession.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// FinishSession calls loops.v1.SessionService.FinishSession.
+func (c *sessionServiceClient) FinishSession(ctx context.Context, req *v1.FinishSessionRequest) (*v1.Session, error) {
+	response, err := c.finishSession.CallUnary(ctx, connect.NewRequest(req))
 	if response != nil {
 		return response.Msg, err
 	}
@@ -207,6 +229,9 @@ type SessionServiceHandler interface {
 	CreateSession(context.Context, *v1.CreateSessionRequest) (*v1.Session, error)
 	// HeartbeatSession keeps a session alive.
 	HeartbeatSession(context.Context, *v1.HeartbeatSessionRequest) (*v1.HeartbeatSessionResponse, error)
+	// FinishSession ends a session now (the client closed): its runs' adapters are unloaded
+	// and its samplers dropped; checkpoints stay.
+	FinishSession(context.Context, *v1.FinishSessionRequest) (*v1.Session, error)
 	// GetSession returns a session with its training runs and samplers.
 	GetSession(context.Context, *v1.GetSessionRequest) (*v1.Session, error)
 	// ListSessions lists the workspace's sessions, newest first.
@@ -232,6 +257,12 @@ func NewSessionServiceHandler(svc SessionServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sessionServiceMethods.ByName("HeartbeatSession")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sessionServiceFinishSessionHandler := connect.NewUnaryHandlerSimple(
+		SessionServiceFinishSessionProcedure,
+		svc.FinishSession,
+		connect.WithSchema(sessionServiceMethods.ByName("FinishSession")),
+		connect.WithHandlerOptions(opts...),
+	)
 	sessionServiceGetSessionHandler := connect.NewUnaryHandlerSimple(
 		SessionServiceGetSessionProcedure,
 		svc.GetSession,
@@ -250,6 +281,8 @@ func NewSessionServiceHandler(svc SessionServiceHandler, opts ...connect.Handler
 			sessionServiceCreateSessionHandler.ServeHTTP(w, r)
 		case SessionServiceHeartbeatSessionProcedure:
 			sessionServiceHeartbeatSessionHandler.ServeHTTP(w, r)
+		case SessionServiceFinishSessionProcedure:
+			sessionServiceFinishSessionHandler.ServeHTTP(w, r)
 		case SessionServiceGetSessionProcedure:
 			sessionServiceGetSessionHandler.ServeHTTP(w, r)
 		case SessionServiceListSessionsProcedure:
@@ -269,6 +302,10 @@ func (UnimplementedSessionServiceHandler) CreateSession(context.Context, *v1.Cre
 
 func (UnimplementedSessionServiceHandler) HeartbeatSession(context.Context, *v1.HeartbeatSessionRequest) (*v1.HeartbeatSessionResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.SessionService.HeartbeatSession is not implemented"))
+}
+
+func (UnimplementedSessionServiceHandler) FinishSession(context.Context, *v1.FinishSessionRequest) (*v1.Session, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.SessionService.FinishSession is not implemented"))
 }
 
 func (UnimplementedSessionServiceHandler) GetSession(context.Context, *v1.GetSessionRequest) (*v1.Session, error) {
