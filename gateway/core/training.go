@@ -203,25 +203,43 @@ func pageOf(limit, offset int32) (store.Page, error) {
 // UnloadTrainingRun frees the run's adapter after the work queued before it.
 func (s TrainingService) UnloadTrainingRun(ctx context.Context, req *loopsv1.UnloadTrainingRunRequest) (*loopsv1.Operation, error) {
 	c := s.c
+	return c.enqueue(ctx, req.GetId(), 0, loopsv1.OperationKind_OPERATION_KIND_UNLOAD_TRAINING_RUN, nil,
+		func(r *run, seq int64) *task {
+			return &task{exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
+				c.unloadRun(ctx, r, "it was unloaded")
+				return func(op *loopsv1.Operation) {
+					op.Result = &loopsv1.Operation_Unload{Unload: &loopsv1.UnloadTrainingRunResult{TrainingRunId: r.id}}
+				}, nil
+			}}
+		})
+}
+
+// enqueue places work on a training run of the caller's workspace at seq. check validates
+// the request against the run's record (under the run's lock, at submission, so bad input
+// is a 4xx and consumes its seq_id); then the operation is created and build makes the task.
+func (c *Core) enqueue(ctx context.Context, runID string, seq int64, kind loopsv1.OperationKind,
+	check func(ws string, info *loopsv1.TrainingRun) error, build func(r *run, seq int64) *task) (*loopsv1.Operation, error) {
 	ws, err := auth.RequireWorkspace(ctx)
 	if err != nil {
 		return nil, err
 	}
-	r, err := c.runOf(ws, req.GetId())
+	r, err := c.runOf(ws, runID)
 	if err != nil {
 		return nil, err
 	}
-	return r.submit(ctx, 0, func(seq int64) (*task, error) {
-		o, err := c.ops.create(ctx, ws, loopsv1.OperationKind_OPERATION_KIND_UNLOAD_TRAINING_RUN, r.id, "", seq)
+	return r.submit(ctx, seq, func(seq int64) (*task, error) {
+		if check != nil {
+			if err := check(ws, r.info); err != nil { // r.mu is held by submit
+				return nil, err
+			}
+		}
+		o, err := c.ops.create(ctx, ws, kind, r.id, "", seq)
 		if err != nil {
 			return nil, err
 		}
-		return &task{op: o, exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
-			c.unloadRun(ctx, r, "it was unloaded")
-			return func(op *loopsv1.Operation) {
-				op.Result = &loopsv1.Operation_Unload{Unload: &loopsv1.UnloadTrainingRunResult{TrainingRunId: r.id}}
-			}, nil
-		}}, nil
+		t := build(r, seq)
+		t.op = o
+		return t, nil
 	})
 }
 
@@ -245,145 +263,106 @@ func (c *Core) unloadRun(ctx context.Context, r *run, reason string) {
 // ForwardBackward queues a forward (forward_only) or forward/backward pass.
 func (s TrainingService) ForwardBackward(ctx context.Context, req *loopsv1.ForwardBackwardRequest) (*loopsv1.Operation, error) {
 	c := s.c
-	ws, err := auth.RequireWorkspace(ctx)
-	if err != nil {
-		return nil, err
-	}
-	r, err := c.runOf(ws, req.GetTrainingRunId())
-	if err != nil {
-		return nil, err
-	}
 	kind := loopsv1.OperationKind_OPERATION_KIND_FORWARD_BACKWARD
 	if req.GetForwardOnly() {
 		kind = loopsv1.OperationKind_OPERATION_KIND_FORWARD
 	}
-	return r.submit(ctx, req.GetSeqId(), func(seq int64) (*task, error) {
-		model, err := c.model(r.info.GetBaseModel()) // r.mu is held by submit
-		if err != nil {
-			return nil, err
-		}
-		tokens, err := c.validateForwardBackward(model, req)
-		if err != nil {
-			return nil, err
-		}
-		o, err := c.ops.create(ctx, ws, kind, r.id, "", seq)
-		if err != nil {
-			return nil, err
-		}
-		return &task{op: o, tokens: tokens, fb: &backendv1.ForwardBackwardItem{
-			AdapterId: r.id, Data: req.GetData(), LossFn: req.GetLossFn(),
-			LossFnConfig: req.GetLossFnConfig(), ForwardOnly: req.GetForwardOnly(),
-		}}, nil
-	})
+	tokens := 0
+	return c.enqueue(ctx, req.GetTrainingRunId(), req.GetSeqId(), kind,
+		func(_ string, info *loopsv1.TrainingRun) error {
+			model, err := c.model(info.GetBaseModel())
+			if err != nil {
+				return err
+			}
+			tokens, err = c.validateForwardBackward(model, req)
+			return err
+		},
+		func(r *run, _ int64) *task {
+			return &task{tokens: tokens, fb: &backendv1.ForwardBackwardItem{
+				AdapterId: r.id, Data: req.GetData(), LossFn: req.GetLossFn(),
+				LossFnConfig: req.GetLossFnConfig(), ForwardOnly: req.GetForwardOnly(),
+			}}
+		})
 }
 
 // OptimStep queues an AdamW step on the run's accumulated gradients.
 func (s TrainingService) OptimStep(ctx context.Context, req *loopsv1.OptimStepRequest) (*loopsv1.Operation, error) {
 	c := s.c
-	ws, err := auth.RequireWorkspace(ctx)
-	if err != nil {
-		return nil, err
-	}
-	r, err := c.runOf(ws, req.GetTrainingRunId())
-	if err != nil {
-		return nil, err
-	}
-	return r.submit(ctx, req.GetSeqId(), func(seq int64) (*task, error) {
-		if err := validateAdam(req.GetAdam()); err != nil {
-			return nil, err
-		}
-		o, err := c.ops.create(ctx, ws, loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, r.id, "", seq)
-		if err != nil {
-			return nil, err
-		}
-		return &task{op: o, exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
-			resp, err := c.backend.Trainer().OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: r.id, Adam: req.GetAdam()})
-			if err != nil {
-				return nil, err
-			}
-			return func(op *loopsv1.Operation) {
-				op.Result = &loopsv1.Operation_OptimStep{OptimStep: resp.GetResult()}
-			}, nil
-		}}, nil
-	})
+	return c.enqueue(ctx, req.GetTrainingRunId(), req.GetSeqId(), loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP,
+		func(string, *loopsv1.TrainingRun) error { return validateAdam(req.GetAdam()) },
+		func(r *run, _ int64) *task {
+			return &task{exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
+				resp, err := c.backend.Trainer().OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: r.id, Adam: req.GetAdam()})
+				if err != nil {
+					return nil, err
+				}
+				return func(op *loopsv1.Operation) {
+					op.Result = &loopsv1.Operation_OptimStep{OptimStep: resp.GetResult()}
+				}, nil
+			}}
+		})
 }
 
 // SaveWeights queues a checkpoint save.
 func (s TrainingService) SaveWeights(ctx context.Context, req *loopsv1.SaveWeightsRequest) (*loopsv1.Operation, error) {
 	c := s.c
-	ws, err := auth.RequireWorkspace(ctx)
-	if err != nil {
-		return nil, err
-	}
-	r, err := c.runOf(ws, req.GetTrainingRunId())
-	if err != nil {
-		return nil, err
-	}
 	kind := loopsv1.OperationKind_OPERATION_KIND_SAVE_WEIGHTS
 	if req.GetKind() == loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER {
 		kind = loopsv1.OperationKind_OPERATION_KIND_SAVE_WEIGHTS_FOR_SAMPLER
 	}
-	return r.submit(ctx, req.GetSeqId(), func(seq int64) (*task, error) {
-		switch req.GetKind() {
-		case loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING:
+	return c.enqueue(ctx, req.GetTrainingRunId(), req.GetSeqId(), kind,
+		func(string, *loopsv1.TrainingRun) error { return validateSave(req) },
+		func(r *run, seq int64) *task {
+			return &task{exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
+				return c.saveCheckpoint(ctx, r, req, seq)
+			}}
+		})
+}
+
+func validateSave(req *loopsv1.SaveWeightsRequest) error {
+	switch req.GetKind() {
+	case loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING:
+		if err := validateCheckpointName(req.GetName()); err != nil {
+			return err
+		}
+	case loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER:
+		if req.GetName() != "" {
 			if err := validateCheckpointName(req.GetName()); err != nil {
-				return nil, err
+				return err
 			}
-		case loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER:
-			if req.GetName() != "" {
-				if err := validateCheckpointName(req.GetName()); err != nil {
-					return nil, err
-				}
-			}
-		default:
-			return nil, invalidArgument("kind must be CHECKPOINT_KIND_TRAINING or CHECKPOINT_KIND_SAMPLER")
 		}
-		if req.TtlSeconds != nil && req.GetTtlSeconds() <= 0 {
-			return nil, invalidArgument("ttl_seconds must be positive (omit it for no expiry), got %d", req.GetTtlSeconds())
-		}
-		o, err := c.ops.create(ctx, ws, kind, r.id, "", seq)
-		if err != nil {
-			return nil, err
-		}
-		return &task{op: o, exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
-			return c.saveCheckpoint(ctx, r, req, seq)
-		}}, nil
-	})
+	default:
+		return invalidArgument("kind must be CHECKPOINT_KIND_TRAINING or CHECKPOINT_KIND_SAMPLER")
+	}
+	if req.TtlSeconds != nil && req.GetTtlSeconds() <= 0 {
+		return invalidArgument("ttl_seconds must be positive (omit it for no expiry), got %d", req.GetTtlSeconds())
+	}
+	return nil
 }
 
 // LoadWeights queues loading a checkpoint into the run.
 func (s TrainingService) LoadWeights(ctx context.Context, req *loopsv1.LoadWeightsRequest) (*loopsv1.Operation, error) {
 	c := s.c
-	ws, err := auth.RequireWorkspace(ctx)
-	if err != nil {
-		return nil, err
-	}
-	r, err := c.runOf(ws, req.GetTrainingRunId())
-	if err != nil {
-		return nil, err
-	}
-	return r.submit(ctx, req.GetSeqId(), func(seq int64) (*task, error) {
-		if _, _, err := c.loadableCheckpoint(ctx, ws, r.id, r.info, req); err != nil { // r.mu is held by submit
-			return nil, err
-		}
-		o, err := c.ops.create(ctx, ws, loopsv1.OperationKind_OPERATION_KIND_LOAD_WEIGHTS, r.id, "", seq)
-		if err != nil {
-			return nil, err
-		}
-		return &task{op: o, exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
-			_, dir, err := c.loadableCheckpoint(ctx, ws, r.id, r.snapshot(), req)
-			if err != nil {
-				return nil, err
-			}
-			if _, err := c.backend.Trainer().LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: r.id, Dir: dir, LoadOptimizer: req.GetWithOptimizer()}); err != nil {
-				return nil, err
-			}
-			r.update(ctx, func(i *loopsv1.TrainingRun) { i.Corrupted = false })
-			return func(op *loopsv1.Operation) {
-				op.Result = &loopsv1.Operation_LoadWeights{LoadWeights: &loopsv1.LoadWeightsResult{Path: req.GetPath(), TrainingRunId: r.id}}
-			}, nil
-		}}, nil
-	})
+	return c.enqueue(ctx, req.GetTrainingRunId(), req.GetSeqId(), loopsv1.OperationKind_OPERATION_KIND_LOAD_WEIGHTS,
+		func(ws string, info *loopsv1.TrainingRun) error {
+			_, _, err := c.loadableCheckpoint(ctx, ws, req.GetTrainingRunId(), info, req)
+			return err
+		},
+		func(r *run, _ int64) *task {
+			return &task{exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
+				_, dir, err := c.loadableCheckpoint(ctx, r.ws, r.id, r.snapshot(), req)
+				if err != nil {
+					return nil, err
+				}
+				if _, err := c.backend.Trainer().LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: r.id, Dir: dir, LoadOptimizer: req.GetWithOptimizer()}); err != nil {
+					return nil, err
+				}
+				r.update(ctx, func(i *loopsv1.TrainingRun) { i.Corrupted = false })
+				return func(op *loopsv1.Operation) {
+					op.Result = &loopsv1.Operation_LoadWeights{LoadWeights: &loopsv1.LoadWeightsResult{Path: req.GetPath(), TrainingRunId: r.id}}
+				}, nil
+			}}
+		})
 }
 
 // loadableCheckpoint resolves a checkpoint and checks that it fits the run.
