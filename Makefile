@@ -17,7 +17,7 @@ build: ## Build the loops binary into ./bin/loops
 	$(GO) build -o bin/loops ./cmd/loops
 
 .PHONY: test
-test: check test-go test-e2e ## Everything CI runs: checks, Go tests, the tinker SDK end-to-end suite
+test: check test-go test-e2e test-clients ## Everything CI runs: checks, Go tests, the tinker SDK end-to-end suite, generated clients
 
 .PHONY: test-go
 test-go: ## The fast path: Go unit, contract and fuzz-seed tests (no Python)
@@ -68,3 +68,12 @@ breaking: protodeps ## buf breaking against $(BREAKING_AGAINST) (WIRE_JSON for l
 	@git archive $(BREAKING_AGAINST) | tar -x -C .cache/against
 	@cp -r $(PROTODEPS) .cache/against/.cache/
 	$(TOOLS) buf breaking --against .cache/against
+
+.PHONY: generate-ts
+generate-ts: protodeps ## Regenerate gen/ts (TypeScript for loops.v1) with buf and the npm-pinned protoc-gen-es
+	bash clients/ts/generate.sh
+
+.PHONY: test-clients
+test-clients: protodeps ## Generated TypeScript (Connect) and Python (gRPC) clients: stubs current, SFT loop + sample against loops serve
+	bash clients/ts/run.sh
+	bash clients/python/run.sh

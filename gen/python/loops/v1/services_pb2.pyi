@@ -1,0 +1,301 @@
+import datetime
+
+from google.api import annotations_pb2 as _annotations_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from loops.v1 import operations_pb2 as _operations_pb2
+from loops.v1 import resources_pb2 as _resources_pb2
+from loops.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class CreateSessionRequest(_message.Message):
+    __slots__ = ("tags", "user_metadata", "sdk_version", "project_id")
+    class UserMetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    USER_METADATA_FIELD_NUMBER: _ClassVar[int]
+    SDK_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    user_metadata: _containers.ScalarMap[str, str]
+    sdk_version: str
+    project_id: str
+    def __init__(self, tags: _Optional[_Iterable[str]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., sdk_version: _Optional[str] = ..., project_id: _Optional[str] = ...) -> None: ...
+
+class HeartbeatSessionRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class HeartbeatSessionResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FinishSessionRequest(_message.Message):
+    __slots__ = ("id", "reason", "detail")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    reason: str
+    detail: str
+    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class GetSessionRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class ListSessionsRequest(_message.Message):
+    __slots__ = ("limit", "offset")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    offset: int
+    def __init__(self, limit: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class ListSessionsResponse(_message.Message):
+    __slots__ = ("sessions", "total_count")
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[_resources_pb2.Session]
+    total_count: int
+    def __init__(self, sessions: _Optional[_Iterable[_Union[_resources_pb2.Session, _Mapping]]] = ..., total_count: _Optional[int] = ...) -> None: ...
+
+class CreateTrainingRunRequest(_message.Message):
+    __slots__ = ("session_id", "client_seq_id", "base_model", "lora", "user_metadata", "from_checkpoint", "with_optimizer")
+    class UserMetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
+    USER_METADATA_FIELD_NUMBER: _ClassVar[int]
+    FROM_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    WITH_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    client_seq_id: int
+    base_model: str
+    lora: _types_pb2.LoraConfig
+    user_metadata: _containers.ScalarMap[str, str]
+    from_checkpoint: str
+    with_optimizer: bool
+    def __init__(self, session_id: _Optional[str] = ..., client_seq_id: _Optional[int] = ..., base_model: _Optional[str] = ..., lora: _Optional[_Union[_types_pb2.LoraConfig, _Mapping]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., from_checkpoint: _Optional[str] = ..., with_optimizer: _Optional[bool] = ...) -> None: ...
+
+class GetTrainingRunRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class ListTrainingRunsRequest(_message.Message):
+    __slots__ = ("limit", "offset")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    offset: int
+    def __init__(self, limit: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class ListTrainingRunsResponse(_message.Message):
+    __slots__ = ("training_runs", "total_count")
+    TRAINING_RUNS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    training_runs: _containers.RepeatedCompositeFieldContainer[_resources_pb2.TrainingRun]
+    total_count: int
+    def __init__(self, training_runs: _Optional[_Iterable[_Union[_resources_pb2.TrainingRun, _Mapping]]] = ..., total_count: _Optional[int] = ...) -> None: ...
+
+class UnloadTrainingRunRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class ForwardBackwardRequest(_message.Message):
+    __slots__ = ("training_run_id", "seq_id", "data", "loss_fn", "loss_fn_config", "forward_only")
+    class LossFnConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    TRAINING_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FN_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FN_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_ONLY_FIELD_NUMBER: _ClassVar[int]
+    training_run_id: str
+    seq_id: int
+    data: _containers.RepeatedCompositeFieldContainer[_types_pb2.Datum]
+    loss_fn: str
+    loss_fn_config: _containers.ScalarMap[str, float]
+    forward_only: bool
+    def __init__(self, training_run_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., data: _Optional[_Iterable[_Union[_types_pb2.Datum, _Mapping]]] = ..., loss_fn: _Optional[str] = ..., loss_fn_config: _Optional[_Mapping[str, float]] = ..., forward_only: _Optional[bool] = ...) -> None: ...
+
+class OptimStepRequest(_message.Message):
+    __slots__ = ("training_run_id", "seq_id", "adam")
+    TRAINING_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    ADAM_FIELD_NUMBER: _ClassVar[int]
+    training_run_id: str
+    seq_id: int
+    adam: _types_pb2.AdamParams
+    def __init__(self, training_run_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., adam: _Optional[_Union[_types_pb2.AdamParams, _Mapping]] = ...) -> None: ...
+
+class SaveWeightsRequest(_message.Message):
+    __slots__ = ("training_run_id", "seq_id", "kind", "name", "ttl_seconds", "overwrite", "sampler_seq_id")
+    TRAINING_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OVERWRITE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLER_SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    training_run_id: str
+    seq_id: int
+    kind: _resources_pb2.CheckpointKind
+    name: str
+    ttl_seconds: int
+    overwrite: bool
+    sampler_seq_id: int
+    def __init__(self, training_run_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., kind: _Optional[_Union[_resources_pb2.CheckpointKind, str]] = ..., name: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., overwrite: _Optional[bool] = ..., sampler_seq_id: _Optional[int] = ...) -> None: ...
+
+class LoadWeightsRequest(_message.Message):
+    __slots__ = ("training_run_id", "seq_id", "path", "with_optimizer")
+    TRAINING_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    WITH_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    training_run_id: str
+    seq_id: int
+    path: str
+    with_optimizer: bool
+    def __init__(self, training_run_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., path: _Optional[str] = ..., with_optimizer: _Optional[bool] = ...) -> None: ...
+
+class ListCheckpointsRequest(_message.Message):
+    __slots__ = ("training_run_id", "limit", "offset")
+    TRAINING_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    training_run_id: str
+    limit: int
+    offset: int
+    def __init__(self, training_run_id: _Optional[str] = ..., limit: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class ListCheckpointsResponse(_message.Message):
+    __slots__ = ("checkpoints", "total_count")
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    checkpoints: _containers.RepeatedCompositeFieldContainer[_resources_pb2.Checkpoint]
+    total_count: int
+    def __init__(self, checkpoints: _Optional[_Iterable[_Union[_resources_pb2.Checkpoint, _Mapping]]] = ..., total_count: _Optional[int] = ...) -> None: ...
+
+class GetCheckpointRequest(_message.Message):
+    __slots__ = ("path",)
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    def __init__(self, path: _Optional[str] = ...) -> None: ...
+
+class DeleteCheckpointRequest(_message.Message):
+    __slots__ = ("path",)
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    def __init__(self, path: _Optional[str] = ...) -> None: ...
+
+class DeleteCheckpointResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SetCheckpointPublicRequest(_message.Message):
+    __slots__ = ("path", "public")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    public: bool
+    def __init__(self, path: _Optional[str] = ..., public: _Optional[bool] = ...) -> None: ...
+
+class SetCheckpointTTLRequest(_message.Message):
+    __slots__ = ("path", "ttl_seconds")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    ttl_seconds: int
+    def __init__(self, path: _Optional[str] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
+
+class GetCheckpointArchiveURLRequest(_message.Message):
+    __slots__ = ("path",)
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    def __init__(self, path: _Optional[str] = ...) -> None: ...
+
+class GetCheckpointArchiveURLResponse(_message.Message):
+    __slots__ = ("url", "expire_time")
+    URL_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    expire_time: _timestamp_pb2.Timestamp
+    def __init__(self, url: _Optional[str] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class CreateSamplerRequest(_message.Message):
+    __slots__ = ("session_id", "client_seq_id", "base_model", "model_path")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    client_seq_id: int
+    base_model: str
+    model_path: str
+    def __init__(self, session_id: _Optional[str] = ..., client_seq_id: _Optional[int] = ..., base_model: _Optional[str] = ..., model_path: _Optional[str] = ...) -> None: ...
+
+class GetSamplerRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class SampleRequest(_message.Message):
+    __slots__ = ("sampler_id", "seq_id", "prompt", "num_samples", "params", "prompt_logprobs", "topk_prompt_logprobs")
+    SAMPLER_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOPK_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    sampler_id: str
+    seq_id: int
+    prompt: _containers.RepeatedScalarFieldContainer[int]
+    num_samples: int
+    params: _types_pb2.SamplingParams
+    prompt_logprobs: bool
+    topk_prompt_logprobs: int
+    def __init__(self, sampler_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., prompt: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ..., topk_prompt_logprobs: _Optional[int] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[_types_pb2.ModelInfo]
+    def __init__(self, models: _Optional[_Iterable[_Union[_types_pb2.ModelInfo, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,192 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Dtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_UNSPECIFIED: _ClassVar[Dtype]
+    DTYPE_FLOAT32: _ClassVar[Dtype]
+    DTYPE_INT64: _ClassVar[Dtype]
+
+class StopReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STOP_REASON_UNSPECIFIED: _ClassVar[StopReason]
+    STOP_REASON_STOP: _ClassVar[StopReason]
+    STOP_REASON_LENGTH: _ClassVar[StopReason]
+DTYPE_UNSPECIFIED: Dtype
+DTYPE_FLOAT32: Dtype
+DTYPE_INT64: Dtype
+STOP_REASON_UNSPECIFIED: StopReason
+STOP_REASON_STOP: StopReason
+STOP_REASON_LENGTH: StopReason
+
+class Tensor(_message.Message):
+    __slots__ = ("dtype", "shape", "float32_data", "int64_data")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    FLOAT32_DATA_FIELD_NUMBER: _ClassVar[int]
+    INT64_DATA_FIELD_NUMBER: _ClassVar[int]
+    dtype: Dtype
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    float32_data: _containers.RepeatedScalarFieldContainer[float]
+    int64_data: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, dtype: _Optional[_Union[Dtype, str]] = ..., shape: _Optional[_Iterable[int]] = ..., float32_data: _Optional[_Iterable[float]] = ..., int64_data: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Datum(_message.Message):
+    __slots__ = ("tokens", "loss_fn_inputs")
+    class LossFnInputsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FN_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    loss_fn_inputs: _containers.MessageMap[str, Tensor]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., loss_fn_inputs: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
+
+class LoraConfig(_message.Message):
+    __slots__ = ("rank", "seed", "train_attn", "train_mlp", "train_unembed")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_ATTN_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_MLP_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_UNEMBED_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    seed: int
+    train_attn: bool
+    train_mlp: bool
+    train_unembed: bool
+    def __init__(self, rank: _Optional[int] = ..., seed: _Optional[int] = ..., train_attn: _Optional[bool] = ..., train_mlp: _Optional[bool] = ..., train_unembed: _Optional[bool] = ...) -> None: ...
+
+class AdamParams(_message.Message):
+    __slots__ = ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    BETA1_FIELD_NUMBER: _ClassVar[int]
+    BETA2_FIELD_NUMBER: _ClassVar[int]
+    EPS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
+    GRAD_CLIP_NORM_FIELD_NUMBER: _ClassVar[int]
+    learning_rate: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    grad_clip_norm: float
+    def __init__(self, learning_rate: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., weight_decay: _Optional[float] = ..., grad_clip_norm: _Optional[float] = ...) -> None: ...
+
+class SamplingParams(_message.Message):
+    __slots__ = ("max_tokens", "temperature", "top_k", "top_p", "seed", "stop_strings", "stop_tokens")
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    STOP_STRINGS_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    max_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    stop_strings: _containers.RepeatedScalarFieldContainer[str]
+    stop_tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop_strings: _Optional[_Iterable[str]] = ..., stop_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SampledSequence(_message.Message):
+    __slots__ = ("tokens", "logprobs", "stop_reason")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    stop_reason: StopReason
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ...) -> None: ...
+
+class TopKLogprobs(_message.Message):
+    __slots__ = ("k", "length", "token_ids", "logprobs")
+    K_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    k: int
+    length: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, k: _Optional[int] = ..., length: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class DatumOutput(_message.Message):
+    __slots__ = ("outputs",)
+    class OutputsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    outputs: _containers.MessageMap[str, Tensor]
+    def __init__(self, outputs: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
+
+class ForwardBackwardResult(_message.Message):
+    __slots__ = ("outputs", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    outputs: _containers.RepeatedCompositeFieldContainer[DatumOutput]
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, outputs: _Optional[_Iterable[_Union[DatumOutput, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class OptimStepResult(_message.Message):
+    __slots__ = ("metrics",)
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class SampleResult(_message.Message):
+    __slots__ = ("sequences", "prompt_logprobs", "topk_prompt_logprobs")
+    SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOPK_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    sequences: _containers.RepeatedCompositeFieldContainer[SampledSequence]
+    prompt_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    topk_prompt_logprobs: TopKLogprobs
+    def __init__(self, sequences: _Optional[_Iterable[_Union[SampledSequence, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[float]] = ..., topk_prompt_logprobs: _Optional[_Union[TopKLogprobs, _Mapping]] = ...) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("name", "max_sequence_length", "vocab_size", "architecture", "tokenizer_id", "max_lora_rank", "backend")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MAX_SEQUENCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORA_RANK_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    max_sequence_length: int
+    vocab_size: int
+    architecture: str
+    tokenizer_id: str
+    max_lora_rank: int
+    backend: str
+    def __init__(self, name: _Optional[str] = ..., max_sequence_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., architecture: _Optional[str] = ..., tokenizer_id: _Optional[str] = ..., max_lora_rank: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
