@@ -1,9 +1,11 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -189,7 +191,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	if err != nil {
 		return nil, err
 	}
-	mux.Handle("/v1/", http.MaxBytesHandler(rest, s.cfg.Limits.MaxBodyBytes))
+	mux.Handle("/v1/", limitBody(rest, s.cfg.Limits.MaxBodyBytes))
 	mux.Handle(core.ArchivePathPrefix, s.core.ArchiveHandler())
 
 	// Tinker's routes.
@@ -261,6 +263,38 @@ func (s *Server) restHandler(ctx context.Context) (http.Handler, error) {
 		}
 	}
 	return gw, nil
+}
+
+// limitBody answers 413 with a JSON body when a request body is over limit bytes, whether
+// it says so in Content-Length or streams it chunked; grpc-gateway would report a cut-off
+// body as a 400. REST bodies are JSON messages, so reading them ahead is cheap.
+func limitBody(next http.Handler, limit int64) http.Handler {
+	tooLarge := func(w http.ResponseWriter) {
+		body := fmt.Sprintf(`{"code":8,"message":"request body is over the %d-byte limit: send less per request"}`, limit)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+		w.WriteHeader(http.StatusRequestEntityTooLarge)
+		_, _ = io.WriteString(w, body)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > limit {
+			tooLarge(w)
+			return
+		}
+		if r.Body != nil && r.Body != http.NoBody {
+			b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+			if err != nil {
+				http.Error(w, `{"code":3,"message":"reading the request body failed"}`, http.StatusBadRequest)
+				return
+			}
+			if int64(len(b)) > limit {
+				tooLarge(w)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(b))
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // recoverPanics turns a panic in a handler into a 500 and a log line instead of a dropped

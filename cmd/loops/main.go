@@ -27,5 +27,6 @@ func rootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(serveCmd(), modelsCmd(), runsCmd(), checkpointsCmd())
+	root.AddCommand(conformanceCmd())
 	return root
 }
