@@ -14,6 +14,11 @@ const Name = "reference"
 func init() {
 	backends.Register(Name, func(_ context.Context, cfg backends.Config) (backends.Backend, error) {
 		opts := Options{DataDir: cfg.DataDir, Models: cfg.Models, MaxLoraRank: cfg.MaxLoraRank}
+		for k := range cfg.Options {
+			if k != "threads" && k != "max_adapters" {
+				return nil, fmt.Errorf("reference: unknown backend option %q (it takes threads and max_adapters)", k)
+			}
+		}
 		if v, ok := cfg.Options["threads"]; ok {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 {

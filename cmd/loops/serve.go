@@ -23,6 +23,7 @@ type serveFlags struct {
 	dataDir     string
 	backend     string
 	models      []string
+	backendOpts []string
 	apiKeys     []string
 	apiKeyFile  string
 	sessionTTL  time.Duration
@@ -50,6 +51,7 @@ KEY=WORKSPACE), LOOPS_API_KEY_FILE.`,
 	fl.StringVar(&f.dataDir, "data-dir", env("LOOPS_DATA_DIR", defaultDataDir()), "folder for the database, checkpoints and built-in models")
 	fl.StringVar(&f.backend, "backend", env("LOOPS_BACKEND", "reference"), "compute backend: "+strings.Join(backends.Names(), ", "))
 	fl.StringSliceVar(&f.models, "model", envList("LOOPS_MODELS", []string{"loops/tiny"}), "base model to serve: loops/tiny, a Hugging Face folder, or a name in the local HF cache (repeatable)")
+	fl.StringArrayVar(&f.backendOpts, "backend-opt", nil, "backend option KEY=VALUE (repeatable), e.g. threads=2 for reference, workers=host:port or device=cuda for torch")
 	fl.StringSliceVar(&f.apiKeys, "api-key", envList("LOOPS_API_KEYS", nil), "accepted API key, KEY or KEY=WORKSPACE (repeatable)")
 	fl.StringVar(&f.apiKeyFile, "api-key-file", env("LOOPS_API_KEY_FILE", ""), "file of API keys, one KEY or KEY=WORKSPACE a line")
 	fl.DurationVar(&f.sessionTTL, "session-ttl", 5*time.Minute, "how long a session lives without a heartbeat")
@@ -83,6 +85,14 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if keys.Open() && !isLoopback(host) {
 		return fmt.Errorf("no API keys are configured, so Loops only listens on loopback, not %q: listen on 127.0.0.1 or set --api-key / LOOPS_API_KEYS", f.addr)
 	}
+	backendOpts := map[string]string{}
+	for _, kv := range f.backendOpts {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("--backend-opt %q: use KEY=VALUE", kv)
+		}
+		backendOpts[k] = v
+	}
 	if err := os.MkdirAll(f.dataDir, 0o755); err != nil {
 		return fmt.Errorf("creating --data-dir: %w", err)
 	}
@@ -96,6 +106,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 		BackendConfig: backends.Config{
 			Models:      f.models,
 			MaxLoraRank: f.maxLoraRank,
+			Options:     backendOpts,
 		},
 		Keys:   keys,
 		Core:   core.Options{SessionTTL: f.sessionTTL},

@@ -120,7 +120,7 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 		AdapterId: r.id, Dir: tmp, IncludeOptimizer: kind == loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING,
 	}); err != nil {
 		_ = os.RemoveAll(tmp)
-		return nil, err
+		return nil, r.adapterLost(err)
 	}
 	if err := os.WriteFile(filepath.Join(tmp, completeMarker), nil, 0o644); err != nil {
 		_ = os.RemoveAll(tmp)

@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/store/sqlite"
+	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -424,4 +425,34 @@ func TestFinishSessionUnloadsItsRuns(t *testing.T) {
 	got, err := h.svc.Sessions.GetSession(h.ctx, &loopsv1.GetSessionRequest{Id: sess.GetId()})
 	require.NoError(t, err)
 	require.Equal(t, []string{run}, got.GetTrainingRunIds())
+}
+
+func TestLostAdapterIsRecreatedAndRunMarkedCorrupted(t *testing.T) {
+	h := newHarness(t, t.TempDir(), Options{})
+	run := h.newRun()
+	op, err := h.svc.Training.SaveWeights(h.ctx, &loopsv1.SaveWeightsRequest{TrainingRunId: run, Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING, Name: "c"})
+	require.NoError(t, err)
+	path := h.wait(op).GetSaveWeights().GetPath()
+	// A worker restart: the backend forgets the adapter.
+	_, err = h.fake.DeleteAdapter(h.ctx, &backendv1.DeleteAdapterRequest{AdapterId: run})
+	require.NoError(t, err)
+	op, err = h.fb(run, 0, datum(1, 2))
+	require.NoError(t, err)
+	failed := h.wait(op)
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_FAILED, failed.GetState())
+	require.Contains(t, failed.GetError().GetMessage(), "lost training run")
+	require.Equal(t, loopsv1.ErrorCategory_ERROR_CATEGORY_SERVER, failed.GetError().GetCategory())
+	// The next request recreates the adapter; the run is corrupted until a checkpoint loads.
+	op, err = h.fb(run, 0, datum(1, 2))
+	require.NoError(t, err)
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, h.wait(op).GetState())
+	info, err := h.svc.Training.GetTrainingRun(h.ctx, &loopsv1.GetTrainingRunRequest{Id: run})
+	require.NoError(t, err)
+	require.True(t, info.GetCorrupted())
+	op, err = h.svc.Training.LoadWeights(h.ctx, &loopsv1.LoadWeightsRequest{TrainingRunId: run, Path: path, WithOptimizer: true})
+	require.NoError(t, err)
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, h.wait(op).GetState())
+	info, err = h.svc.Training.GetTrainingRun(h.ctx, &loopsv1.GetTrainingRunRequest{Id: run})
+	require.NoError(t, err)
+	require.False(t, info.GetCorrupted())
 }

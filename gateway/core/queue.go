@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -360,10 +361,10 @@ func (l *lane) forwardBackward(ctx context.Context, batch []runTask) {
 		var res *loopsv1.ForwardBackwardResult
 		switch {
 		case err != nil:
-			itemErr = err
+			itemErr = rt.r.adapterLost(err)
 		case resp.GetResults()[i].GetError() != nil:
 			e := resp.GetResults()[i].GetError()
-			itemErr = connect.NewError(connect.Code(e.GetCode()), errors.New(e.GetMessage()))
+			itemErr = rt.r.adapterLost(connect.NewError(connect.Code(e.GetCode()), errors.New(e.GetMessage())))
 		default:
 			res = resp.GetResults()[i].GetResult()
 		}
@@ -376,6 +377,20 @@ func (l *lane) forwardBackward(ctx context.Context, batch []runTask) {
 		rt.r.touch(ctx, rt.t.seq)
 		rt.r.taskDone()
 	}
+}
+
+// adapterLost handles a backend error for the run: NotFound means the backend no longer has
+// the run's adapter (a worker restarted), so the next request recreates it and marks the run
+// corrupted (ensureAdapter). Other errors pass through.
+func (r *run) adapterLost(err error) error {
+	if err == nil || connect.CodeOf(err) != connect.CodeNotFound {
+		return err
+	}
+	r.mu.Lock()
+	r.adapterReady = false
+	r.mu.Unlock()
+	r.c.log.Warn("the backend lost a run's adapter", slog.String("run", r.id), slog.Any("err", err))
+	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("the backend lost training run %s's adapter (%s); the next request recreates it, so load the run's last checkpoint (load_state) to continue", r.id, connectMessage(err)))
 }
 
 // touch records that the run did work now.

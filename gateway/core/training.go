@@ -294,7 +294,7 @@ func (s TrainingService) OptimStep(ctx context.Context, req *loopsv1.OptimStepRe
 			return &task{exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
 				resp, err := c.backend.Trainer().OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: r.id, Adam: req.GetAdam()})
 				if err != nil {
-					return nil, err
+					return nil, r.adapterLost(err)
 				}
 				return func(op *loopsv1.Operation) {
 					op.Result = &loopsv1.Operation_OptimStep{OptimStep: resp.GetResult()}
@@ -355,7 +355,7 @@ func (s TrainingService) LoadWeights(ctx context.Context, req *loopsv1.LoadWeigh
 					return nil, err
 				}
 				if _, err := c.backend.Trainer().LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: r.id, Dir: dir, LoadOptimizer: req.GetWithOptimizer()}); err != nil {
-					return nil, err
+					return nil, r.adapterLost(err)
 				}
 				r.update(ctx, func(i *loopsv1.TrainingRun) { i.Corrupted = false })
 				return func(op *loopsv1.Operation) {

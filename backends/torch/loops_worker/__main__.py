@@ -1,0 +1,113 @@
+"""python -m loops_worker --listen 127.0.0.1:0 --model NAME[=PATH] ...
+
+Loads the models, starts the gRPC server and prints one line
+`LOOPS_WORKER_LISTENING <host:port>` on stdout when it is ready (the Go backend waits for
+it). Logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+
+def build(args):
+    import torch
+
+    from .engine import BaseModel, Engine
+
+    if args.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(args.device)
+    if args.dtype == "auto":
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    else:
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    if device.type == "cpu" and args.threads > 0:
+        torch.set_num_threads(args.threads)
+    models, order = {}, []
+    for spec in args.model:
+        name, _, path = spec.partition("=")
+        if name in models:
+            continue
+        gc = args.grad_checkpointing if args.grad_checkpointing is not None else device.type == "cuda"
+        models[name] = BaseModel(name, path or None, device, dtype, args.max_lora_rank,
+                                 attn_impl=args.attn_implementation, grad_checkpointing=gc)
+        order.append(name)
+    engine = Engine(models, order, max_lora_rank=args.max_lora_rank, max_adapters=args.max_adapters)
+    sampler_kind = args.sampler
+    if sampler_kind == "auto":
+        from . import vllm_sampler
+
+        sampler_kind = "vllm" if device.type == "cuda" and vllm_sampler.available() else "transformers"
+    if sampler_kind == "vllm":
+        from .vllm_sampler import VLLMSampler
+
+        sampler = VLLMSampler(engine, gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+                              max_loras=args.vllm_max_loras, enforce_eager=args.vllm_enforce_eager,
+                              max_model_len=args.vllm_max_model_len)
+    else:
+        from .sampler import HFSampler
+
+        sampler = HFSampler(engine)
+    return engine, sampler, device, dtype
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loops_worker", description="Loops GPU/CPU worker (loops.backend.v1 over gRPC)")
+    p.add_argument("--listen", default="127.0.0.1:0", help="host:port to listen on (port 0 picks a free port)")
+    p.add_argument("--model", action="append", default=[], help="base model to serve: NAME (local folder or HF id in the local cache) or NAME=PATH; repeatable")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="base weights: auto = bf16 on GPU, fp32 on CPU")
+    p.add_argument("--sampler", default="auto", choices=["auto", "vllm", "transformers"], help="auto = vLLM on GPU when installed")
+    p.add_argument("--max-lora-rank", type=int, default=64)
+    p.add_argument("--max-adapters", type=int, default=256)
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = torch's default)")
+    p.add_argument("--attn-implementation", default="sdpa")
+    p.add_argument("--grad-checkpointing", dest="grad_checkpointing", action="store_true", default=None)
+    p.add_argument("--no-grad-checkpointing", dest="grad_checkpointing", action="store_false")
+    p.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.4)
+    p.add_argument("--vllm-max-loras", type=int, default=8)
+    p.add_argument("--vllm-max-model-len", type=int, default=0)
+    p.add_argument("--vllm-enforce-eager", action="store_true")
+    p.add_argument("--grpc-threads", type=int, default=64)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("LOOPS_WORKER_LOG", "INFO"), stream=sys.stderr,
+                        format="%(asctime)s loops_worker %(levelname)s %(message)s")
+    if not args.model:
+        print("loops_worker: at least one --model is required", file=sys.stderr)
+        return 2
+    # The parent (the Go backend) closing our stdin means it is gone: exit then too.
+    try:
+        engine, sampler, device, dtype = build(args)
+    except Exception as e:  # noqa: BLE001
+        print(f"loops_worker: startup failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    from .server import serve
+
+    server = serve(engine, sampler, args.listen, threads=args.grpc_threads)
+    host = args.listen.rsplit(":", 1)[0] or "127.0.0.1"
+    logging.info("serving %s on %s (%s, %s, sampler %s)", engine.order, f"{host}:{server.bound_port}", device, dtype, sampler.name)
+    print(f"LOOPS_WORKER_LISTENING {host}:{server.bound_port}", flush=True)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    if os.environ.get("LOOPS_WORKER_EXIT_ON_STDIN_EOF") == "1":
+        def watch():
+            try:
+                sys.stdin.read()
+            finally:
+                done.set()
+        threading.Thread(target=watch, daemon=True).start()
+    done.wait()
+    server.stop(grace=2).wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

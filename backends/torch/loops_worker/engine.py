@@ -1,0 +1,660 @@
+"""The trainer: base models with multi-adapter LoRA, losses, AdamW and checkpoints.
+
+Semantics are those of the reference engine (backends/reference/README.md); comments name
+the Go function each piece mirrors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from . import checkpoint as ckpt
+from .errors import ALREADY_EXISTS, INTERNAL, RESOURCE_EXHAUSTED, WorkerError, invalid, not_found
+from .lora import Adapter, BatchContext, LoraSpec, MultiLoraLinear, wrap_model
+from .proto import tpb
+
+MAX_SEQ_CAP = 32768
+DEFAULT_CLIP_LOW = 0.8
+DEFAULT_CLIP_HIGH = 1.2
+DEFAULT_DRO_BETA = 0.05
+LOSS_FUNCTIONS = ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
+LOSS_CONFIG_KEYS = {
+    "cross_entropy": [],
+    "importance_sampling": [],
+    "ppo": ["clip_low_threshold", "clip_high_threshold"],
+    "cispo": ["clip_low_threshold", "clip_high_threshold"],
+    "dro": ["beta"],
+}
+IMPLEMENTATION = "torch"
+
+
+def _eos_ids(v) -> List[int]:
+    if v is None:
+        return []
+    if isinstance(v, (list, tuple)):
+        return [int(x) for x in v if isinstance(x, (int, float))]
+    if isinstance(v, (int, float)):
+        return [int(v)]
+    return []
+
+
+def resolve_model_dir(name: str) -> Tuple[Optional[str], str]:
+    """(local folder or None, tokenizer id) for a model name (reference.ResolveModelDir)."""
+    if os.path.isfile(os.path.join(name, "config.json")):
+        d = os.path.abspath(name)
+        return d, d
+    roots = []
+    if os.environ.get("HF_HUB_CACHE"):
+        roots.append(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HF_HOME"):
+        roots.append(os.path.join(os.environ["HF_HOME"], "hub"))
+    roots.append(os.path.join(os.path.expanduser("~"), ".cache", "huggingface", "hub"))
+    repo = "models--" + name.replace("/", "--")
+    for r in roots:
+        base = os.path.join(r, repo)
+        try:
+            with open(os.path.join(base, "refs", "main")) as f:
+                d = os.path.join(base, "snapshots", f.read().strip())
+            if os.path.isfile(os.path.join(d, "config.json")):
+                return d, name
+        except OSError:
+            pass
+        snaps = sorted(
+            os.path.join(base, "snapshots", s) for s in (os.listdir(os.path.join(base, "snapshots")) if os.path.isdir(os.path.join(base, "snapshots")) else [])
+        )
+        snaps = [s for s in snaps if os.path.isfile(os.path.join(s, "config.json"))]
+        if snaps:
+            return snaps[-1], name
+    raise FileNotFoundError(
+        f"{name!r} is neither a folder with config.json nor a model in the local Hugging Face cache "
+        f"(searched {roots}); download it first, e.g. `huggingface-cli download {name}`")
+
+
+class BaseModel:
+    """One loaded base model (shared by every adapter on it)."""
+
+    def __init__(self, name: str, path: Optional[str], device: torch.device, dtype: torch.dtype,
+                 max_lora_rank: int, attn_impl: str = "sdpa", grad_checkpointing: bool = False,
+                 model=None, pad: Optional[bool] = None):
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        self.name = name
+        if path is None:
+            path, tok_id = resolve_model_dir(name)
+        else:
+            path = os.path.abspath(path)
+            tok_id = path
+        self.dir = path
+        self.tokenizer_id = tok_id
+        self.device = device
+        self.dtype = dtype
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_impl)
+        self.model = model.to(device)
+        self.model.eval()
+        self.model.requires_grad_(False)
+        self.config = self.model.config
+        self.grad_checkpointing = grad_checkpointing
+        self.pad = device.type == "cuda" if pad is None else pad
+        if grad_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.ctx = BatchContext(torch.float64 if device.type == "cpu" else None)
+        self.layers: Dict[str, MultiLoraLinear] = wrap_model(self.model, self.ctx)
+        self.num_layers = int(self.config.num_hidden_layers)
+        self.vocab = int(self.config.vocab_size)
+        mp = int(getattr(self.config, "max_position_embeddings", 0) or 0)
+        self.max_seq = MAX_SEQ_CAP if mp <= 0 or mp > MAX_SEQ_CAP else mp
+        eos: List[int] = []
+        for v in _eos_ids(getattr(self.config, "eos_token_id", None)):
+            if 0 <= v < self.vocab and v not in eos:
+                eos.append(v)
+        try:
+            with open(os.path.join(path, "generation_config.json")) as f:
+                for v in _eos_ids(json.load(f).get("eos_token_id")):
+                    if 0 <= v < self.vocab and v not in eos:
+                        eos.append(v)
+        except (OSError, ValueError):
+            pass
+        self.eos = eos
+        self.tokenizer = None
+        try:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+        except Exception:  # noqa: BLE001 - stop strings then need a tokenizer
+            self.tokenizer = None
+        arch = (getattr(self.config, "architectures", None) or [getattr(self.config, "model_type", "")])[0]
+        self.info = tpb.ModelInfo(
+            name=name, max_sequence_length=self.max_seq, vocab_size=self.vocab, architecture=arch,
+            tokenizer_id=tok_id, max_lora_rank=max_lora_rank, backend=IMPLEMENTATION)
+
+    # -- the pass ------------------------------------------------------------------------
+
+    def token_logprobs(self, seqs: List[List[int]], adapters: List[Optional[Adapter]],
+                       targets: List[torch.Tensor], train: bool) -> List[torch.Tensor]:
+        """Log-probs of targets[i] ([n_i, K_i] int64) after each position of seqs[i].
+        Rows of the same adapter must be adjacent to share a segment (callers sort).
+
+        With padding (the GPU default) all rows go in one padded pass. Without it (CPU), rows
+        are batched by length, so no row is padded: a row's result then does not depend on
+        what it was batched with beyond float rounding of the matrix products, which keeps
+        accumulated and batched gradients equal to ~1e-7."""
+        if self.pad or len(seqs) == 1:
+            return self._pass(seqs, adapters, targets, train)
+        groups: Dict[int, List[int]] = {}
+        for i, s in enumerate(seqs):
+            groups.setdefault(len(s), []).append(i)
+        out: List[Optional[torch.Tensor]] = [None] * len(seqs)
+        for idx in groups.values():
+            res = self._pass([seqs[i] for i in idx], [adapters[i] for i in idx], [targets[i] for i in idx], train)
+            for i, r in zip(idx, res):
+                out[i] = r
+        return out  # type: ignore[return-value]
+
+    def _pass(self, seqs: List[List[int]], adapters: List[Optional[Adapter]],
+              targets: List[torch.Tensor], train: bool) -> List[torch.Tensor]:
+        B = len(seqs)
+        T = max(len(s) for s in seqs)
+        K = max(int(t.shape[1]) for t in targets)
+        dev = self.device
+        ids = torch.zeros((B, T), dtype=torch.long)
+        mask = torch.zeros((B, T), dtype=torch.long)
+        tg = torch.zeros((B, T, K), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            n = len(s)
+            ids[i, :n] = torch.tensor(s, dtype=torch.long)
+            mask[i, :n] = 1
+            tg[i, :n, : targets[i].shape[1]] = targets[i]
+        ids, mask, tg = ids.to(dev), mask.to(dev), tg.to(dev)
+        segs: List[Tuple[int, int, Optional[Adapter]]] = []
+        for i, ad in enumerate(adapters):
+            if segs and segs[-1][2] is ad:
+                segs[-1] = (segs[-1][0], i + 1, ad)
+            else:
+                segs.append((i, i + 1, ad))
+        self.ctx.segments = segs
+        try:
+            with torch.set_grad_enabled(train):
+                if train and self.grad_checkpointing:
+                    self.model.train()
+                inner = self.model.model
+                full_mask = bool(mask.all())
+                out = inner(input_ids=ids, attention_mask=None if full_mask else mask, use_cache=False)
+                h = out.last_hidden_state
+                lp = self._chunked_logprobs(h, tg, train)
+        finally:
+            self.ctx.segments = []
+            self.model.eval()
+        return [lp[i, : len(s), : targets[i].shape[1]] for i, s in enumerate(seqs)]
+
+    def _chunked_logprobs(self, h: torch.Tensor, tg: torch.Tensor, train: bool) -> torch.Tensor:
+        head = self.model.lm_head
+        B, T, _ = h.shape
+        # Chunk over time so [B, chunk, V] float32 logits stay small; recompute in backward.
+        budget = 1 << 28 if self.device.type == "cuda" else 1 << 26  # elements of fp32 logits
+        chunk = max(1, min(T, budget // max(1, B * self.vocab)))
+
+        def piece(hc: torch.Tensor, tc: torch.Tensor) -> torch.Tensor:
+            logits = head(hc).float()
+            lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+            return torch.gather(logits, -1, tc) - lse
+
+        outs = []
+        for t0 in range(0, T, chunk):
+            hc, tc = h[:, t0:t0 + chunk], tg[:, t0:t0 + chunk]
+            if train and chunk < T:
+                from torch.utils.checkpoint import checkpoint
+
+                outs.append(checkpoint(piece, hc, tc, use_reentrant=False))
+            else:
+                outs.append(piece(hc, tc))
+        return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
+
+
+# -- loss inputs ----------------------------------------------------------------------------
+
+
+def tensor_values(t) -> Tuple[List[float], List[int]]:
+    """A loops.v1.Tensor's values (as floats) and shape; an empty shape means 1-D."""
+    if t.dtype == tpb.DTYPE_INT64:
+        vals = [float(v) for v in t.int64_data]
+    elif t.dtype == tpb.DTYPE_FLOAT32:
+        vals = list(t.float32_data)
+    elif len(t.int64_data) > 0 and len(t.float32_data) == 0:
+        vals = [float(v) for v in t.int64_data]
+    else:
+        vals = list(t.float32_data)
+    shape = list(t.shape) or [len(vals)]
+    n = 1
+    for d in shape:
+        if d < 0:
+            raise ValueError(f"negative dimension in shape {shape}")
+        n *= d
+    if n != len(vals):
+        raise ValueError(f"shape {shape} does not match its {len(vals)} values")
+    return vals, shape
+
+
+@dataclass
+class DatumLoss:
+    n: int
+    k: int
+    targets: torch.Tensor  # [n, k] int64
+    two_d: bool
+    weights: Optional[torch.Tensor] = None  # [n, k] float64
+    q: Optional[torch.Tensor] = None  # [n] float64
+    adv: Optional[torch.Tensor] = None  # [n] float64
+
+
+def _fmt(shape) -> str:
+    return "[" + " ".join(str(int(s)) for s in shape) + "]"
+
+
+def parse_datum(i: int, d, loss: str, bm: BaseModel) -> Tuple[List[int], DatumLoss]:
+    """reference.parseDatum."""
+    if d is None or len(d.tokens) == 0:
+        raise invalid(f"datum {i} has no tokens; every datum needs a non-empty model_input")
+    n = len(d.tokens)
+    V = bm.vocab
+    if n > bm.max_seq:
+        raise invalid(f"datum {i} has {n} tokens, over the model's limit of {bm.max_seq}; shorten or split it")
+    toks = list(d.tokens)
+    for j, t in enumerate(toks):
+        if t < 0 or t >= V:
+            raise invalid(f"datum {i}: token {t} at position {j} is outside the vocabulary [0, {V})")
+
+    def get(key):
+        if key not in d.loss_fn_inputs:
+            raise invalid(f"datum {i}: loss {loss!r} needs loss_fn_inputs[{key!r}]")
+        try:
+            v, s = tensor_values(d.loss_fn_inputs[key])
+        except ValueError as e:
+            raise invalid(f"datum {i}: loss_fn_inputs[{key!r}]: {e}")
+        if s[0] != n or len(s) > 2:
+            raise invalid(
+                f"datum {i}: loss_fn_inputs[{key!r}] has shape {_fmt(s)} but the input has {n} tokens; per-token "
+                f"inputs must have length N (or shape (N, K) for cross_entropy targets and weights)")
+        return v, s
+
+    tv, ts = get("target_tokens")
+    k = 1
+    if len(ts) == 2:
+        if loss != "cross_entropy":
+            raise invalid(f"datum {i}: 2-D target_tokens are only supported by cross_entropy")
+        k = int(ts[1])
+        if k < 1:
+            raise invalid(f"datum {i}: target_tokens has shape {_fmt(ts)}; K must be at least 1")
+    for j, v in enumerate(tv):
+        if v != math.trunc(v) or v < 0 or v >= V:
+            raise invalid(f"datum {i}: target token {v:g} at index {j} is outside the vocabulary [0, {V})")
+    dl = DatumLoss(n=n, k=k, targets=torch.tensor([int(v) for v in tv], dtype=torch.long).reshape(n, k), two_d=len(ts) == 2)
+
+    def finite(key, v):
+        for j, x in enumerate(v):
+            if math.isnan(x) or math.isinf(x):
+                raise invalid(f"datum {i}: loss_fn_inputs[{key!r}][{j}] is {x}; values must be finite")
+
+    if loss == "cross_entropy":
+        wv, ws = get("weights")
+        if len(ws) != len(ts) or (len(ws) == 2 and ws[1] != ts[1]):
+            raise invalid(f"datum {i}: weights has shape {_fmt(ws)} but target_tokens has shape {_fmt(ts)}; they must match")
+        finite("weights", wv)
+        dl.weights = torch.tensor(wv, dtype=torch.float64).reshape(n, k)
+        return toks, dl
+    for key in ("logprobs", "advantages"):
+        v, s = get(key)
+        if len(s) != 1:
+            raise invalid(f"datum {i}: loss_fn_inputs[{key!r}] must be 1-D of length {n}, got shape {_fmt(s)}")
+        finite(key, v)
+        t = torch.tensor(v, dtype=torch.float64)
+        if key == "logprobs":
+            dl.q = t
+        else:
+            dl.adv = t
+    return toks, dl
+
+
+def token_losses(name: str, cfg: Dict[str, float], dl: DatumLoss, lp: torch.Tensor) -> torch.Tensor:
+    """Per-target loss [n, k] (float64) from learner log-probs lp [n, k] (reference.lossFn).
+    Gradients follow the reference: ppo's clipped branch has none; cispo's weight is detached."""
+    lo = cfg.get("clip_low_threshold", DEFAULT_CLIP_LOW)
+    hi = cfg.get("clip_high_threshold", DEFAULT_CLIP_HIGH)
+    beta = cfg.get("beta", DEFAULT_DRO_BETA)
+    lp = lp.double()
+    dev = lp.device
+    if name == "cross_entropy":
+        return -dl.weights.to(dev) * lp
+    l1 = lp[:, 0]
+    q, a = dl.q.to(dev), dl.adv.to(dev)
+    if name == "importance_sampling":
+        r = torch.exp(l1 - q)
+        out = -r * a
+    elif name == "ppo":
+        r = torch.exp(l1 - q)
+        un = r * a
+        cl = torch.clamp(r, lo, hi) * a
+        out = -torch.where(un <= cl, un, cl.detach())
+    elif name == "cispo":
+        c = torch.clamp(torch.exp(l1 - q), lo, hi).detach()
+        out = -c * a * l1
+    elif name == "dro":
+        out = -(l1 * a - 0.5 * beta * (l1 - q) ** 2)
+    else:  # validated before
+        raise invalid(f"unknown loss_fn {name!r}")
+    return out.unsqueeze(1)
+
+
+# -- the engine ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Item:
+    idx: int
+    adapter: Optional[Adapter] = None
+    datums: List[DatumLoss] = field(default_factory=list)
+    tokens: List[List[int]] = field(default_factory=list)
+    err: Optional[WorkerError] = None
+
+
+def _item_error(e: WorkerError):
+    from .proto import bpb
+
+    return bpb.ForwardBackwardItemResult(error=bpb.ItemError(code=e.code, message=e.message))
+
+
+class Engine:
+    def __init__(self, models: Dict[str, BaseModel], order: List[str], max_lora_rank: int = 64,
+                 max_adapters: int = 256):
+        self.models = models
+        self.order = order
+        self.max_lora_rank = max_lora_rank
+        self.max_adapters = max_adapters
+        self.adapters: Dict[str, Adapter] = {}
+        self.mu = threading.Lock()  # guards self.adapters
+        # One pass at a time per worker (one device); sampling takes it too on the HF path.
+        self.compute = threading.RLock()
+
+    # -- lookups -----------------------------------------------------------------------------
+
+    def model(self, name: str) -> BaseModel:
+        bm = self.models.get(name)
+        if bm is None:
+            raise invalid(
+                f"base model {name!r} is not served by this worker; served models: {self.order} "
+                f"(start the worker with --model {name} to serve it)")
+        return bm
+
+    def adapter(self, adapter_id: str) -> Adapter:
+        with self.mu:
+            a = self.adapters.get(adapter_id)
+        if a is None:
+            raise not_found(f"adapter {adapter_id!r} does not exist; create it with CreateAdapter first")
+        return a
+
+    def capabilities(self):
+        from .proto import bpb
+
+        return bpb.GetCapabilitiesResponse(
+            models=[self.models[n].info for n in self.order], loss_functions=list(LOSS_FUNCTIONS),
+            max_adapters=self.max_adapters, implementation=IMPLEMENTATION)
+
+    def _check_lora(self, lc) -> LoraSpec:
+        if lc is None:
+            raise invalid("lora config is required")
+        if lc.rank < 1 or lc.rank > self.max_lora_rank:
+            raise invalid(f"LoRA rank {lc.rank} is out of range: use a rank from 1 to {self.max_lora_rank}")
+        if not (lc.train_attn or lc.train_mlp or lc.train_unembed):
+            raise invalid("the adapter would train nothing: set at least one of train_attn, train_mlp, train_unembed")
+        return LoraSpec(rank=int(lc.rank), seed=int(lc.seed), attn=lc.train_attn, mlp=lc.train_mlp,
+                        unembed=lc.train_unembed)
+
+    # -- adapters ----------------------------------------------------------------------------
+
+    def create_adapter(self, req) -> None:
+        if not req.adapter_id:
+            raise invalid("adapter_id is required")
+        bm = self.model(req.base_model)
+        spec = self._check_lora(req.lora if req.HasField("lora") else None)
+        with self.mu:
+            if req.adapter_id in self.adapters:
+                raise WorkerError(ALREADY_EXISTS, f"adapter {req.adapter_id!r} already exists; delete it first or pick another id")
+            if len(self.adapters) >= self.max_adapters:
+                raise WorkerError(RESOURCE_EXHAUSTED, f"the worker already holds {len(self.adapters)} adapters (its limit); delete one first")
+        ad = Adapter(req.adapter_id, bm, spec, bm.device)
+        with self.mu:
+            if req.adapter_id in self.adapters:
+                raise WorkerError(ALREADY_EXISTS, f"adapter {req.adapter_id!r} already exists; delete it first or pick another id")
+            self.adapters[req.adapter_id] = ad
+
+    def delete_adapter(self, adapter_id: str) -> None:
+        with self.mu:
+            self.adapters.pop(adapter_id, None)
+
+    # -- forward / backward ------------------------------------------------------------------
+
+    def _prepare(self, idx: int, it) -> _Item:
+        fi = _Item(idx=idx)
+        try:
+            fi.adapter = self.adapter(it.adapter_id)
+            if it.loss_fn not in LOSS_CONFIG_KEYS:
+                raise invalid(f"unknown loss_fn {it.loss_fn!r}; use one of {LOSS_FUNCTIONS}")
+            keys = LOSS_CONFIG_KEYS[it.loss_fn]
+            for k, v in it.loss_fn_config.items():
+                if k not in keys:
+                    raise invalid(f"loss_fn_config key {k!r} is not used by {it.loss_fn} (accepted keys: {keys})")
+                if math.isnan(v) or math.isinf(v):
+                    raise invalid(f"loss_fn_config[{k!r}] must be finite")
+            if len(it.data) == 0:
+                raise invalid(f"the batch for adapter {it.adapter_id!r} is empty; send at least one datum")
+            for i, d in enumerate(it.data):
+                toks, dl = parse_datum(i, d, it.loss_fn, fi.adapter.base)
+                fi.tokens.append(toks)
+                fi.datums.append(dl)
+        except WorkerError as e:
+            fi.err = e
+        return fi
+
+    def forward_backward(self, req):
+        from .proto import bpb
+
+        if len(req.items) == 0:
+            raise invalid("the request has no items")
+        items = [self._prepare(i, it) for i, it in enumerate(req.items)]
+        results: List = [None] * len(items)
+        groups: Dict[Tuple[str, bool], List[_Item]] = {}
+        for fi in items:
+            if fi.err is not None:
+                results[fi.idx] = _item_error(fi.err)
+                continue
+            key = (fi.adapter.base.name, bool(req.items[fi.idx].forward_only))
+            groups.setdefault(key, []).append(fi)
+        with self.compute:
+            for (mname, fwd_only), g in groups.items():
+                try:
+                    self._run_group(self.models[mname], g, req, not fwd_only, results)
+                except WorkerError as e:
+                    for fi in g:
+                        results[fi.idx] = _item_error(e)
+                except torch.cuda.OutOfMemoryError as e:  # type: ignore[attr-defined]
+                    torch.cuda.empty_cache()
+                    for fi in g:
+                        results[fi.idx] = _item_error(WorkerError(RESOURCE_EXHAUSTED, f"out of GPU memory in forward_backward: {e}; send smaller batches"))
+        return bpb.ForwardBackwardResponse(results=results)
+
+    def _run_group(self, bm: BaseModel, g: List[_Item], req, train: bool, results) -> None:
+        from .proto import bpb
+
+        # rows sorted by adapter so each adapter's rows form one segment
+        rows = []  # (adapter id, item, datum index)
+        for fi in g:
+            for j in range(len(fi.datums)):
+                rows.append((fi.adapter.id, fi.idx, fi, j))
+        rows.sort(key=lambda r: (r[0], r[1]))
+        seqs = [r[2].tokens[r[3]] for r in rows]
+        ads = [r[2].adapter for r in rows]
+        tgs = [r[2].datums[r[3]].targets for r in rows]
+        lps = bm.token_logprobs(seqs, ads, tgs, train)
+        per_row_loss = []
+        total = None
+        for (aid, idx, fi, j), lp in zip(rows, lps):
+            it = req.items[fi.idx]
+            tl = token_losses(it.loss_fn, dict(it.loss_fn_config), fi.datums[j], lp)
+            per_row_loss.append(tl)
+            s = tl.sum()
+            total = s if total is None else total + s
+        if train and total is not None and total.requires_grad:
+            total.backward()
+        outs: Dict[int, Dict[int, Tuple[torch.Tensor, torch.Tensor]]] = {}
+        for (aid, idx, fi, j), lp, tl in zip(rows, lps, per_row_loss):
+            outs.setdefault(fi.idx, {})[j] = (lp.detach().float().cpu(), tl.detach().sum(dim=1).cpu())
+        for fi in g:
+            res = tpb.ForwardBackwardResult()
+            tot = 0.0
+            for j, dl in enumerate(fi.datums):
+                lp, el = outs[fi.idx][j]
+                shape = [dl.n, dl.k] if (dl.k > 1 or dl.two_d) else [dl.n]
+                o = tpb.DatumOutput()
+                o.outputs["logprobs"].CopyFrom(tpb.Tensor(dtype=tpb.DTYPE_FLOAT32, shape=shape, float32_data=lp.reshape(-1).tolist()))
+                o.outputs["elementwise_loss"].CopyFrom(tpb.Tensor(dtype=tpb.DTYPE_FLOAT32, shape=[dl.n], float32_data=el.float().tolist()))
+                tot += float(el.sum())
+                res.outputs.append(o)
+            res.metrics["loss:sum"] = tot
+            results[fi.idx] = bpb.ForwardBackwardItemResult(result=res)
+
+    # -- optimizer ---------------------------------------------------------------------------
+
+    def optim_step(self, req):
+        from .proto import bpb
+
+        a = self.adapter(req.adapter_id)
+        if not req.HasField("adam"):
+            raise invalid("adam params are required")
+        p = req.adam
+        lr, b1, b2, eps, wd, clip = p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip_norm
+        if b1 == 0 and b2 == 0 and eps == 0:
+            b1, b2, eps = 0.9, 0.95, 1e-12
+        if not lr >= 0:
+            raise invalid(f"learning_rate must be >= 0, got {lr:g}")
+        if not (0 <= b1 < 1) or not (0 <= b2 < 1):
+            raise invalid(f"beta1 and beta2 must be in [0, 1), got {b1:g} and {b2:g}")
+        if not eps >= 0:
+            raise invalid(f"eps must be >= 0, got {eps:g}")
+        if not wd >= 0:
+            raise invalid(f"weight_decay must be >= 0, got {wd:g}")
+        if not clip >= 0:
+            raise invalid(f"grad_clip_norm must be >= 0 (0 turns clipping off), got {clip:g}")
+        with self.compute:
+            norm = a.adam_step(lr, b1, b2, eps, wd, clip)
+        res = tpb.OptimStepResult()
+        res.metrics["grad_norm:mean"] = norm
+        res.metrics["learning_rate:mean"] = lr
+        return bpb.OptimStepResponse(result=res)
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_dir(d: str) -> None:
+        if not d or not os.path.isabs(d):
+            raise invalid(f"dir must be an absolute path, got {d!r}")
+
+    def save_adapter(self, req) -> int:
+        self._check_dir(req.dir)
+        a = self.adapter(req.adapter_id)
+        with self.compute:
+            try:
+                return ckpt.save(req.dir, a, a.base.tokenizer_id, req.include_optimizer)
+            except OSError as e:
+                raise WorkerError(INTERNAL, f"saving adapter {req.adapter_id!r}: {e}")
+
+    def load_adapter_from(self, dir_: str, bm: BaseModel, with_optimizer: bool, adapter_id: str = "") -> Adapter:
+        """nn.LoadAdapter: a new Adapter from a PEFT folder (any subset of targets)."""
+        try:
+            pc = ckpt.read_config(dir_)
+            ws, meta = ckpt.read_weights(dir_)
+        except FileNotFoundError as e:
+            raise invalid(f"cannot load adapter from {dir_}: {e}")
+        except (OSError, ValueError) as e:
+            raise invalid(f"cannot load adapter from {dir_}: {e}")
+        r = int(pc["r"])
+        if r > self.max_lora_rank:
+            raise invalid(f"adapter in {dir_} has rank {r}, above this worker's limit {self.max_lora_rank}")
+        seed = 0
+        try:
+            seed = int(meta.get("loops.seed", "0"))
+        except ValueError:
+            pass
+        alpha = float(pc.get("lora_alpha") or 0)
+        scale = alpha / r if alpha > 0 else None
+        ad = Adapter(adapter_id, bm, LoraSpec(rank=r, seed=seed), bm.device, scale=scale, init=False)
+        present = [k for k in ad.pairs if (k + ".lora_A.weight" in ws) and (k + ".lora_B.weight" in ws)]
+        if not present:
+            raise invalid(
+                f"cannot load adapter from {dir_}: {ckpt.ADAPTER_WEIGHTS} holds no LoRA tensors this model knows "
+                f"(expected keys like base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight)")
+        ad.keep_only(present)
+        used = 0
+        with torch.no_grad():
+            for name, p in ad.params.items():
+                t = ws[name]
+                if tuple(t.shape) != tuple(p.shape):
+                    raise invalid(
+                        f"cannot load adapter from {dir_}: {name} has shape {list(t.shape)}, want {list(p.shape)} "
+                        f"(does the adapter belong to this base model?)")
+                p.copy_(t.to(p.device))
+                used += 1
+        if used != len(ws):
+            raise invalid(f"cannot load adapter from {dir_}: {ckpt.ADAPTER_WEIGHTS} holds {len(ws)} tensors but only {used} match this model's LoRA targets")
+        if with_optimizer:
+            try:
+                st, step = ckpt.read_optimizer(dir_)
+            except (OSError, ValueError) as e:
+                raise invalid(f"cannot load adapter from {dir_}: {e}")
+            ad.step = step
+            with torch.no_grad():
+                for name, p in ad.params.items():
+                    for suffix, dst in ((".exp_avg", ad.exp_avg), (".exp_avg_sq", ad.exp_avg_sq)):
+                        t = st.get(name + suffix)
+                        if t is None:
+                            raise invalid(f"cannot load adapter from {dir_}: {ckpt.OPTIMIZER}: tensor {name + suffix} not found")
+                        if t.numel() != p.numel():
+                            raise invalid(f"cannot load adapter from {dir_}: {ckpt.OPTIMIZER}: {name}{suffix} has the wrong size")
+                        dst[name].copy_(t.reshape(p.shape).to(p.device))
+        return ad
+
+    def load_adapter(self, req) -> None:
+        self._check_dir(req.dir)
+        if not req.adapter_id:
+            raise invalid("adapter_id is required")
+        try:
+            existing = self.adapter(req.adapter_id)
+        except WorkerError as e:
+            existing = None
+            try:
+                pc = ckpt.read_config(req.dir)
+            except Exception:  # noqa: BLE001
+                raise e
+            bm = None
+            for n in self.order:
+                m = self.models[n]
+                if pc.get("base_model_name_or_path") in (n, m.tokenizer_id, m.dir):
+                    bm = m
+            if bm is None:
+                raise e
+        else:
+            bm = existing.base
+        with self.compute:
+            ad = self.load_adapter_from(req.dir, bm, req.load_optimizer, req.adapter_id)
+        with self.mu:
+            if req.adapter_id in self.adapters or existing is not None:
+                self.adapters[req.adapter_id] = ad
+                return
+            if len(self.adapters) >= self.max_adapters:
+                raise WorkerError(RESOURCE_EXHAUSTED, f"the worker already holds {len(self.adapters)} adapters (its limit); delete one first")
+            self.adapters[req.adapter_id] = ad

@@ -1,0 +1,231 @@
+"""Multi-adapter LoRA layers over one shared base model, and the adapters themselves.
+
+Every targeted nn.Linear of the base model is wrapped in a MultiLoraLinear. Before a pass
+the engine sets the batch's row segments (rows r0:r1 of the batch use adapter X, or the base
+model); each wrapped layer then adds scale * (x[r0:r1] @ A^T) @ B^T for its segment's adapter.
+Rows of many adapters thus share every base-model matrix product, and autograd sends each
+adapter's gradient only to its own A and B. Adapters are plain fp32 tensors with their own
+AdamW moments.
+
+Semantics follow the reference engine (backends/reference/README.md): alpha 32 (scale
+32/rank), A ~ U(-1/sqrt(in), 1/sqrt(in)) drawn from Go's PCG seeded with
+seed ^ fnv64a(<PEFT key of lora_A>), B = 0, targets attn = q,k,v,o; mlp = gate,up,down;
+unembed = lm_head.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import pcg
+
+LORA_ALPHA = 32.0
+ATTN_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+MLP_TARGETS = ["gate_proj", "up_proj", "down_proj"]
+LAYER_TARGETS = ATTN_TARGETS + MLP_TARGETS
+PEFT_PREFIX = "base_model.model."
+
+
+@dataclass
+class LoraSpec:
+    rank: int
+    seed: int = 0
+    attn: bool = True
+    mlp: bool = True
+    unembed: bool = True
+
+    def target_modules(self) -> List[str]:
+        out: List[str] = []
+        if self.attn:
+            out += ATTN_TARGETS
+        if self.mlp:
+            out += MLP_TARGETS
+        if self.unembed:
+            out.append("lm_head")
+        return out
+
+
+class BatchContext:
+    """The row segments of the current pass: a list of (r0, r1, adapter or None)."""
+
+    def __init__(self, lora_dtype: Optional[torch.dtype] = None) -> None:
+        self.segments: List[Tuple[int, int, Optional["Adapter"]]] = []
+        self.lora_dtype = lora_dtype
+
+
+class MultiLoraLinear(nn.Module):
+    def __init__(self, base: nn.Linear, key: str, ctx: BatchContext):
+        super().__init__()
+        self.base = base
+        self.key = key  # PEFT module key, e.g. base_model.model.model.layers.0.self_attn.q_proj
+        self.in_features = base.in_features
+        self.out_features = base.out_features
+        self._ctx = ctx
+
+    @property
+    def weight(self) -> torch.Tensor:  # tied embeddings and HF helpers look at .weight
+        return self.base.weight
+
+    def _delta(self, x: torch.Tensor, ad: "Adapter") -> Optional[torch.Tensor]:
+        pair = ad.pairs.get(self.key)
+        if pair is None:
+            return None
+        a, b = pair
+        # On CPU the LoRA branch runs in float64 (it is small), so the reduction over tokens
+        # that forms each adapter's gradient does not depend on how rows were batched or
+        # accumulated; on GPU it runs in the activations' dtype (bf16).
+        cd = self._ctx.lora_dtype or x.dtype
+        return nn.functional.linear(nn.functional.linear(x.to(cd), a.to(cd)), b.to(cd)) * ad.scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        segs = self._ctx.segments
+        if not segs:
+            return y
+        rows = x.shape[0]
+        if len(segs) == 1 and segs[0][0] == 0 and segs[0][1] >= rows:
+            ad = segs[0][2]
+            if ad is None:
+                return y
+            d = self._delta(x, ad)
+            return y if d is None else y + d.to(y.dtype)
+        parts = []
+        touched = False
+        for r0, r1, ad in segs:
+            d = self._delta(x[r0:r1], ad) if ad is not None else None
+            if d is None:
+                parts.append(torch.zeros((r1 - r0,) + tuple(y.shape[1:]), dtype=y.dtype, device=y.device))
+            else:
+                touched = True
+                parts.append(d.to(y.dtype))
+        if not touched:
+            return y
+        return y + torch.cat(parts, dim=0)
+
+
+def wrap_model(model: nn.Module, ctx: BatchContext) -> Dict[str, MultiLoraLinear]:
+    """Wraps every LoRA target of a transformers causal LM; returns {PEFT key: layer}."""
+    found: Dict[str, MultiLoraLinear] = {}
+    targets = set(LAYER_TARGETS) | {"lm_head"}
+    for name, mod in list(model.named_modules()):
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf not in targets or not isinstance(mod, nn.Linear):
+            continue
+        parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+        w = MultiLoraLinear(mod, PEFT_PREFIX + name, ctx)
+        setattr(parent, leaf, w)
+        found[w.key] = w
+    return found
+
+
+def layer_keys(num_layers: int, spec: LoraSpec) -> List[str]:
+    """PEFT module keys an adapter with spec trains, in the reference engine's order."""
+    keys = []
+    for i in range(num_layers):
+        for t in LAYER_TARGETS:
+            if (t in ATTN_TARGETS and spec.attn) or (t in MLP_TARGETS and spec.mlp):
+                prefix = "self_attn." if t in ATTN_TARGETS else "mlp."
+                keys.append(f"{PEFT_PREFIX}model.layers.{i}.{prefix}{t}")
+    if spec.unembed:
+        keys.append(f"{PEFT_PREFIX}lm_head")
+    return keys
+
+
+def init_lora_a(name_a: str, seed: int, rank: int, fan_in: int) -> np.ndarray:
+    """The reference engine's initial A for parameter name_a: float32 [rank, fan_in]."""
+    rng = pcg.new_rng((seed ^ pcg.fnv64a(name_a.encode())) & pcg.MASK64)
+    u = pcg.float64_block(rng, rank * fan_in)
+    bound = 1.0 / math.sqrt(fan_in)
+    return ((u * 2.0 - 1.0) * bound).astype(np.float32).reshape(rank, fan_in)
+
+
+class Adapter:
+    """One LoRA adapter: fp32 A/B tensors, gradients (in .grad) and AdamW moments."""
+
+    def __init__(self, adapter_id: str, base, spec: LoraSpec, device: torch.device,
+                 scale: Optional[float] = None, init: bool = True):
+        self.id = adapter_id
+        self.base = base
+        self.spec = spec
+        self.scale = float(scale) if scale is not None else LORA_ALPHA / spec.rank
+        self.device = device
+        self.step = 0
+        self.lock = threading.Lock()
+        self.pairs: Dict[str, Tuple[torch.Tensor, torch.Tensor]] = {}
+        self.params: Dict[str, torch.Tensor] = {}  # PEFT tensor name -> fp32 leaf tensor
+        self.exp_avg: Dict[str, torch.Tensor] = {}
+        self.exp_avg_sq: Dict[str, torch.Tensor] = {}
+        for key in layer_keys(base.num_layers, spec):
+            lin = base.layers[key]
+            r = spec.rank
+            na, nb = key + ".lora_A.weight", key + ".lora_B.weight"
+            if init:
+                a = torch.from_numpy(init_lora_a(na, spec.seed, r, lin.in_features))
+            else:
+                a = torch.zeros(r, lin.in_features, dtype=torch.float32)
+            a = a.to(device).requires_grad_(True)
+            b = torch.zeros(lin.out_features, r, dtype=torch.float32, device=device).requires_grad_(True)
+            self.pairs[key] = (a, b)
+            self.params[na], self.params[nb] = a, b
+        self.reset_optimizer()
+
+    def reset_optimizer(self) -> None:
+        self.step = 0
+        self.exp_avg = {k: torch.zeros_like(p, memory_format=torch.contiguous_format) for k, p in self.params.items()}
+        self.exp_avg_sq = {k: torch.zeros_like(p, memory_format=torch.contiguous_format) for k, p in self.params.items()}
+
+    def zero_grad(self) -> None:
+        for p in self.params.values():
+            p.grad = None
+
+    def keep_only(self, keys: List[str]) -> None:
+        """Restricts the adapter to the given module keys (a loaded checkpoint's subset)."""
+        keep = set(keys)
+        for key in list(self.pairs):
+            if key not in keep:
+                del self.pairs[key]
+                for s in (".lora_A.weight", ".lora_B.weight"):
+                    self.params.pop(key + s, None)
+                    self.exp_avg.pop(key + s, None)
+                    self.exp_avg_sq.pop(key + s, None)
+        mods = {k.rsplit(".", 1)[-1] for k in self.pairs}
+        self.spec.attn = bool(mods & set(ATTN_TARGETS))
+        self.spec.mlp = bool(mods & set(MLP_TARGETS))
+        self.spec.unembed = "lm_head" in mods
+
+    @torch.no_grad()
+    def adam_step(self, lr: float, beta1: float, beta2: float, eps: float, wd: float, clip: float):
+        """torch.optim.AdamW order, as the reference engine: global-norm clip
+        g*clip/(|g|+1e-6) when clip > 0 and |g| > clip; p -= lr*wd*p; bias-corrected update.
+        Arithmetic in float64, stored in float32. Returns the norm before clipping."""
+        ss = torch.zeros((), dtype=torch.float64, device=self.device)
+        for p in self.params.values():
+            if p.grad is not None:
+                ss += p.grad.double().pow(2).sum()
+        norm = float(ss.sqrt().item())
+        coef = 1.0
+        if clip > 0 and norm > clip:
+            coef = clip / (norm + 1e-6)
+        self.step += 1
+        t = float(self.step)
+        bc1 = 1.0 - beta1 ** t
+        bc2 = 1.0 - beta2 ** t
+        for name, p in self.params.items():
+            g = p.grad.double() * coef if p.grad is not None else torch.zeros_like(p, dtype=torch.float64)
+            m = self.exp_avg[name].double().mul_(beta1).add_(g, alpha=1 - beta1)
+            v = self.exp_avg_sq[name].double().mul_(beta2).add_(g * g, alpha=1 - beta2)
+            self.exp_avg[name].copy_(m)
+            self.exp_avg_sq[name].copy_(v)
+            w = p.detach().double()
+            w = w - lr * wd * w
+            w = w - lr * (m / bc1) / ((v / bc2).sqrt() + eps)
+            p.data.copy_(w)
+            p.grad = None
+        return norm

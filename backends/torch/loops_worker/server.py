@@ -1,0 +1,93 @@
+"""gRPC servicers for loops.backend.v1 TrainerService and SamplerService."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+from concurrent import futures
+
+import grpc
+
+from .errors import INTERNAL, WorkerError
+from .proto import bgrpc, bpb
+
+log = logging.getLogger("loops_worker")
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+_FAULTS = os.environ.get("LOOPS_WORKER_TEST_FAULTS") == "1"
+
+
+def _call(context, fn, *args):
+    try:
+        return fn(*args)
+    except WorkerError as e:
+        context.abort(_CODES.get(e.code, grpc.StatusCode.INTERNAL), e.message)
+    except Exception as e:  # noqa: BLE001
+        log.error("internal error: %s", traceback.format_exc())
+        context.abort(grpc.StatusCode.INTERNAL, f"worker internal error: {type(e).__name__}: {e}")
+
+
+def _fault(adapter_id: str) -> None:
+    """Test hooks (LOOPS_WORKER_TEST_FAULTS=1 only): simulate a crash or a hang."""
+    if not _FAULTS:
+        return
+    if adapter_id == "__crash__":
+        os._exit(17)
+    if adapter_id == "__hang__":
+        while True:
+            time.sleep(3600)
+
+
+class Trainer(bgrpc.TrainerServiceServicer):
+    def __init__(self, engine):
+        self.e = engine
+
+    def GetCapabilities(self, request, context):
+        return _call(context, self.e.capabilities)
+
+    def CreateAdapter(self, request, context):
+        return _call(context, lambda: (self.e.create_adapter(request), bpb.CreateAdapterResponse())[1])
+
+    def DeleteAdapter(self, request, context):
+        return _call(context, lambda: (self.e.delete_adapter(request.adapter_id), bpb.DeleteAdapterResponse())[1])
+
+    def ForwardBackward(self, request, context):
+        for it in request.items:
+            _fault(it.adapter_id)
+        return _call(context, self.e.forward_backward, request)
+
+    def OptimStep(self, request, context):
+        return _call(context, self.e.optim_step, request)
+
+    def SaveAdapter(self, request, context):
+        return _call(context, lambda: bpb.SaveAdapterResponse(size_bytes=self.e.save_adapter(request)))
+
+    def LoadAdapter(self, request, context):
+        return _call(context, lambda: (self.e.load_adapter(request), bpb.LoadAdapterResponse())[1])
+
+
+class Sampler(bgrpc.SamplerServiceServicer):
+    def __init__(self, engine, sampler):
+        self.e = engine
+        self.s = sampler
+
+    def GetCapabilities(self, request, context):
+        return _call(context, self.e.capabilities)
+
+    def Sample(self, request, context):
+        return _call(context, self.s.sample, request)
+
+
+def serve(engine, sampler, listen: str, threads: int = 64) -> grpc.Server:
+    opts = [("grpc.max_receive_message_length", 1 << 30), ("grpc.max_send_message_length", 1 << 30)]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=opts)
+    bgrpc.add_TrainerServiceServicer_to_server(Trainer(engine), server)
+    bgrpc.add_SamplerServiceServicer_to_server(Sampler(engine, sampler), server)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise WorkerError(INTERNAL, f"cannot listen on {listen}")
+    server.start()
+    server.bound_port = port  # type: ignore[attr-defined]
+    return server

@@ -1,0 +1,140 @@
+"""Sampling with vLLM (GPU), LoRA adapters hot-loaded per request.
+
+Each adapter folder is an immutable snapshot, so it gets one LoRARequest id for its path
+(plus size and mtime of its weights file); publishing new sampler weights is just saving a
+new folder and naming it in the next request; the engine is never restarted. Concurrent
+Sample calls go to one AsyncLLM engine, which batches them.
+
+Semantics differences from the reference engine, by design of vLLM: sampling randomness is
+vLLM's (the same seed still gives the same output), and log-probs are vLLM's
+"processed_logprobs" (after temperature, top-k and top-p), which is the distribution that
+was actually sampled. Prompt log-probs are at temperature 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import os
+import threading
+import uuid
+from typing import Dict
+
+from .errors import INTERNAL, WorkerError
+from .sampler import adapter_cache_key, build_result, validate
+
+
+def available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+class VLLMSampler:
+    name = "vllm"
+
+    def __init__(self, engine, gpu_memory_utilization: float = 0.4, max_loras: int = 8,
+                 max_cpu_loras: int = 64, max_model_len: int = 0, enforce_eager: bool = False):
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        from vllm import SamplingParams  # noqa: F401
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.engine = engine
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="vllm-loop", daemon=True)
+        self.thread.start()
+        self.llms: Dict[str, object] = {}
+        self.lora_ids: Dict[str, int] = {}
+        self.next_id = itertools.count(1)
+        self.mu = threading.Lock()
+        for name in engine.order:
+            bm = engine.models[name]
+            kw = dict(model=bm.dir, tokenizer=bm.dir, enable_lora=True, max_lora_rank=_vllm_rank(engine.max_lora_rank),
+                      max_loras=max_loras, max_cpu_loras=max_cpu_loras, dtype="bfloat16",
+                      gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
+                      enforce_eager=enforce_eager, logprobs_mode="processed_logprobs",
+                      max_logprobs=1024)
+            if max_model_len > 0:
+                kw["max_model_len"] = max_model_len
+            else:
+                kw["max_model_len"] = bm.max_seq
+            args = AsyncEngineArgs(**kw)
+            fut = asyncio.run_coroutine_threadsafe(_make(AsyncLLM, args), self.loop)
+            self.llms[name] = fut.result()
+
+    def _lora(self, bm, dir_: str):
+        from vllm.lora.request import LoRARequest
+
+        key = adapter_cache_key(bm, dir_)
+        with self.mu:
+            if key not in self.lora_ids:
+                self.lora_ids[key] = next(self.next_id)
+            lid = self.lora_ids[key]
+        return LoRARequest(lora_name=f"loops-{lid}", lora_int_id=lid, lora_path=dir_)
+
+    def sample(self, req):
+        from vllm import SamplingParams
+
+        bm = self.engine.model(req.base_model)
+        s = validate(req, bm)
+        lora = self._lora(bm, req.adapter_dir) if req.adapter_dir else None
+        want_prompt = s.prompt_logprobs or s.topk > 0
+        sp = SamplingParams(
+            n=s.n, max_tokens=s.max_tokens, temperature=s.temperature,
+            top_k=s.top_k if s.top_k > 0 else 0, top_p=s.top_p, seed=s.seed,
+            stop=s.stop_strings or None, stop_token_ids=s.stop_tokens or None,
+            include_stop_str_in_output=True, skip_special_tokens=False, logprobs=0,
+            prompt_logprobs=(max(s.topk, 0) if want_prompt else None),
+            detokenize=bool(s.stop_strings))
+        llm = self.llms[bm.name]
+        fut = asyncio.run_coroutine_threadsafe(
+            _generate(llm, {"prompt_token_ids": s.prompt}, sp, lora), self.loop)
+        try:
+            out = fut.result()
+        except Exception as e:  # noqa: BLE001
+            raise WorkerError(INTERNAL, f"vLLM sampling failed: {e}")
+        stops = set(s.stop_tokens) | set(s.eos)
+        seqs = []
+        for o in sorted(out.outputs, key=lambda o: o.index):
+            toks = list(o.token_ids)
+            lps = []
+            for t, d in zip(toks, o.logprobs or []):
+                lp = d.get(t) if d else None
+                lps.append(float(lp.logprob) if lp is not None else float("nan"))
+            stopped = o.finish_reason == "stop" or (toks and toks[-1] in stops)
+            seqs.append((toks, lps, bool(stopped)))
+        plp, topk = None, None
+        if want_prompt and out.prompt_logprobs is not None:
+            plp = [float("nan")]
+            topk = [[]]
+            for r, d in enumerate(out.prompt_logprobs[1:], start=1):
+                t = s.prompt[r]
+                plp.append(float(d[t].logprob) if d and t in d else float("nan"))
+                row = []
+                if d:
+                    ranked = sorted(((v.rank or math.inf, tid, v.logprob) for tid, v in d.items()), key=lambda x: (x[0], x[1]))
+                    row = [(tid, lp) for rank, tid, lp in ranked if rank <= s.topk][: s.topk]
+                topk.append(row)
+        return build_result(seqs, plp, topk, s)
+
+
+def _vllm_rank(r: int) -> int:
+    for c in (8, 16, 32, 64, 128, 256, 320, 512):
+        if r <= c:
+            return c
+    return r
+
+
+async def _make(cls, args):
+    return cls.from_engine_args(args)
+
+
+async def _generate(llm, prompt, sp, lora):
+    final = None
+    async for out in llm.generate(prompt, sp, request_id=uuid.uuid4().hex, lora_request=lora):
+        final = out
+    return final

@@ -1,0 +1,142 @@
+import math
+import os
+
+import pytest
+import torch
+
+from loops_worker import pcg
+from loops_worker.errors import INVALID_ARGUMENT, NOT_FOUND, WorkerError
+from loops_worker.proto import bpb, tpb
+
+
+def test_pcg_matches_go():
+    # values printed by Go: rand.New(rand.NewPCG(12345, 12345^0x9e3779b97f4a7c15)).Float64()
+    r = pcg.new_rng(12345)
+    assert [r.float64() for _ in range(3)] == [0.6030194998190209, 0.37500521765242567, 0.7696459404979872]
+    a, b = pcg.new_rng(99), pcg.new_rng(99)
+    assert list(pcg.float64_block(a, 5000, lanes=77)) == [b.float64() for _ in range(5000)]
+
+
+def _datum(toks, loss="cross_entropy", weights=None):
+    d = tpb.Datum(tokens=toks)
+    n = len(toks)
+    d.loss_fn_inputs["target_tokens"].CopyFrom(tpb.Tensor(dtype=tpb.DTYPE_INT64, shape=[n], int64_data=toks[1:] + [0]))
+    if loss == "cross_entropy":
+        w = weights or [1.0] * n
+        d.loss_fn_inputs["weights"].CopyFrom(tpb.Tensor(dtype=tpb.DTYPE_FLOAT32, shape=[n], float32_data=w))
+    else:
+        d.loss_fn_inputs["logprobs"].CopyFrom(tpb.Tensor(dtype=tpb.DTYPE_FLOAT32, shape=[n], float32_data=[-5.0] * n))
+        d.loss_fn_inputs["advantages"].CopyFrom(tpb.Tensor(dtype=tpb.DTYPE_FLOAT32, shape=[n], float32_data=[1.0, -1.0] * (n // 2) + [0.5] * (n % 2)))
+    return d
+
+
+def _train(engine, aid, steps=2, lora=None):
+    engine.create_adapter(bpb.CreateAdapterRequest(adapter_id=aid, base_model="tiny",
+                                                   lora=lora or tpb.LoraConfig(rank=4, seed=7, train_attn=True, train_mlp=True, train_unembed=True)))
+    for s in range(steps):
+        res = engine.forward_backward(bpb.ForwardBackwardRequest(items=[bpb.ForwardBackwardItem(
+            adapter_id=aid, loss_fn="cross_entropy", data=[_datum([5 + s, 9, 33, 70, 11, 2]), _datum([3, 4, 5])])]))
+        assert res.results[0].WhichOneof("outcome") == "result", res.results[0]
+        engine.optim_step(bpb.OptimStepRequest(adapter_id=aid, adam=tpb.AdamParams(learning_rate=0.05)))
+
+
+def test_sampler_checkpoint_loads_in_peft(engine, tiny_dir, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    _train(engine, "peft")
+    out = str(tmp_path / "sampler")
+    engine.save_adapter(bpb.SaveAdapterRequest(adapter_id="peft", dir=out))
+    assert sorted(os.listdir(out)) == ["adapter_config.json", "adapter_model.safetensors"]
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    pm = PeftModel.from_pretrained(base, out)
+    pm.eval()
+    ids = [5, 9, 33, 70, 11, 2, 17, 18]
+    with torch.no_grad():
+        want = torch.log_softmax(pm(input_ids=torch.tensor([ids])).logits[0].double(), -1)
+    d = _datum(ids)
+    res = engine.forward_backward(bpb.ForwardBackwardRequest(items=[bpb.ForwardBackwardItem(
+        adapter_id="peft", loss_fn="cross_entropy", data=[d], forward_only=True)]))
+    got = list(res.results[0].result.outputs[0].outputs["logprobs"].float32_data)
+    exp = [float(want[i, t]) for i, t in enumerate(ids[1:] + [0])]
+    assert max(abs(a - b) for a, b in zip(got, exp)) < 1e-5
+    # and the reverse: PEFT's own save_pretrained output loads back into the worker
+    pm.save_pretrained(str(tmp_path / "peft-saved"), save_embedding_layers=False)
+    engine.load_adapter(bpb.LoadAdapterRequest(adapter_id="from-peft", dir=str(tmp_path / "peft-saved")))
+    res2 = engine.forward_backward(bpb.ForwardBackwardRequest(items=[bpb.ForwardBackwardItem(
+        adapter_id="from-peft", loss_fn="cross_entropy", data=[d], forward_only=True)]))
+    assert list(res2.results[0].result.outputs[0].outputs["logprobs"].float32_data) == got
+
+
+def test_losses_and_gradients(engine):
+    """Each loss equals its formula on the worker's own logprobs (forward_only)."""
+    engine.create_adapter(bpb.CreateAdapterRequest(adapter_id="loss", base_model="tiny", lora=tpb.LoraConfig(rank=2, train_attn=True)))
+    toks = [4, 8, 15, 16, 23, 42]
+    base = engine.forward_backward(bpb.ForwardBackwardRequest(items=[bpb.ForwardBackwardItem(
+        adapter_id="loss", loss_fn="cross_entropy", data=[_datum(toks)], forward_only=True)]))
+    lp = list(base.results[0].result.outputs[0].outputs["logprobs"].float32_data)
+    q = [-5.0] * 6
+    A = [1.0, -1.0, 1.0, -1.0, 1.0, -1.0]
+    clip = lambda x, lo, hi: min(max(x, lo), hi)
+    formulas = {
+        "importance_sampling": lambda l, q, a: -math.exp(l - q) * a,
+        "ppo": lambda l, q, a: -min(math.exp(l - q) * a, clip(math.exp(l - q), 0.8, 1.2) * a),
+        "cispo": lambda l, q, a: -clip(math.exp(l - q), 0.8, 1.2) * a * l,
+        "dro": lambda l, q, a: -(l * a - 0.5 * 0.05 * (l - q) ** 2),
+    }
+    for name, f in formulas.items():
+        res = engine.forward_backward(bpb.ForwardBackwardRequest(items=[bpb.ForwardBackwardItem(
+            adapter_id="loss", loss_fn=name, data=[_datum(toks, name)], forward_only=True)]))
+        r = res.results[0].result
+        el = list(r.outputs[0].outputs["elementwise_loss"].float32_data)
+        want = [f(l, qq, a) for l, qq, a in zip(lp, q, A)]
+        assert max(abs(x - y) / max(1, abs(y)) for x, y in zip(el, want)) < 1e-5, name
+        assert abs(r.metrics["loss:sum"] - sum(want)) < 1e-3 * max(1, abs(sum(want)))
+
+
+def test_errors(engine):
+    res = engine.forward_backward(bpb.ForwardBackwardRequest(items=[
+        bpb.ForwardBackwardItem(adapter_id="nope", loss_fn="cross_entropy", data=[_datum([1, 2])]),
+        bpb.ForwardBackwardItem(adapter_id="loss", loss_fn="bogus", data=[_datum([1, 2])]),
+    ]))
+    assert res.results[0].error.code == NOT_FOUND
+    assert res.results[1].error.code == INVALID_ARGUMENT and "unknown loss_fn" in res.results[1].error.message
+    with pytest.raises(WorkerError) as e:
+        engine.create_adapter(bpb.CreateAdapterRequest(adapter_id="x", base_model="Qwen/Qwen3-8B", lora=tpb.LoraConfig(rank=4, train_attn=True)))
+    assert e.value.code == INVALID_ARGUMENT and "--model Qwen/Qwen3-8B" in e.value.message
+
+
+def test_grpc_server_and_sampling(engine, tmp_path):
+    import grpc
+
+    from loops_worker.proto import bgrpc
+    from loops_worker.sampler import HFSampler
+    from loops_worker.server import serve
+
+    server = serve(engine, HFSampler(engine), "127.0.0.1:0", threads=4)
+    try:
+        ch = grpc.insecure_channel(f"127.0.0.1:{server.bound_port}")
+        tr, sa = bgrpc.TrainerServiceStub(ch), bgrpc.SamplerServiceStub(ch)
+        caps = tr.GetCapabilities(bpb.GetCapabilitiesRequest())
+        assert caps.implementation == "torch" and caps.models[0].name == "tiny"
+        _train(engine, "samp", steps=1)
+        d = str(tmp_path / "s1")
+        tr.SaveAdapter(bpb.SaveAdapterRequest(adapter_id="samp", dir=d))
+        req = bpb.SampleRequest(base_model="tiny", adapter_dir=d, prompt=[5, 9, 33], num_samples=3,
+                                prompt_logprobs=True, topk_prompt_logprobs=2,
+                                params=tpb.SamplingParams(max_tokens=5, temperature=0.7, top_p=0.9, seed=3))
+        a = sa.Sample(req).result
+        b = sa.Sample(req).result
+        assert [list(s.tokens) for s in a.sequences] == [list(s.tokens) for s in b.sequences]
+        assert all(len(s.tokens) == len(s.logprobs) for s in a.sequences)
+        assert math.isnan(a.prompt_logprobs[0]) and len(a.prompt_logprobs) == 3
+        assert a.topk_prompt_logprobs.k == 2 and len(a.topk_prompt_logprobs.token_ids) == 6
+        # training after the save does not change what the saved folder samples (snapshot)
+        _ = engine.optim_step(bpb.OptimStepRequest(adapter_id="samp", adam=tpb.AdamParams(learning_rate=1.0)))
+        c = sa.Sample(req).result
+        assert [list(s.tokens) for s in a.sequences] == [list(s.tokens) for s in c.sequences]
+        with pytest.raises(grpc.RpcError) as e:
+            sa.Sample(bpb.SampleRequest(base_model="tiny", prompt=[]))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        server.stop(0)

@@ -1,0 +1,1081 @@
+// Package worker is the "torch" backend: a backends.Backend that talks to Loops workers
+// (python -m loops_worker, package backends/torch) over gRPC with the generated connect-go
+// clients. It starts local worker processes itself, or connects to remote ones by address.
+//
+// Failure handling: each worker is health-checked; a local worker whose process exits or
+// stops answering is killed and restarted. Calls in flight on a worker that dies fail at
+// once with CodeUnavailable ("worker … died: …"). Adapters live in worker memory, so after a
+// restart they are gone: calls naming them get CodeNotFound, which the gateway turns into its
+// recovery path (reload the run's last checkpoint). A worker that does not serve the model
+// asked for refuses with CodeInvalidArgument naming the models it serves.
+package worker
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/loops-dev/loops/backends"
+	"github.com/loops-dev/loops/backends/reference"
+	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
+	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
+)
+
+// Name is the name the backend registers under.
+const Name = "torch"
+
+// ReadyPrefix starts the line a worker prints on stdout once it serves.
+const ReadyPrefix = "LOOPS_WORKER_LISTENING "
+
+// Options configure the backend. Zero values mean the documented defaults.
+type Options struct {
+	// Workers are addresses (host:port) of remote workers. Empty: start local workers.
+	Workers []string
+	// LocalWorkers is how many local worker processes to start (default 1).
+	LocalWorkers int
+	// Python is the interpreter for local workers (default $LOOPS_WORKER_PYTHON, else python3).
+	Python string
+	// PythonPath is prepended to PYTHONPATH of local workers (default $LOOPS_WORKER_PYTHONPATH),
+	// for running from a checkout: "<repo>/backends/torch:<repo>/gen/python".
+	PythonPath string
+	// Models to serve; "loops/tiny" is the built-in model (written under DataDir). Default:
+	// just "loops/tiny".
+	Models []string
+	// DataDir is where the built-in model is written.
+	DataDir string
+	// MaxLoraRank caps adapter ranks (default 64).
+	MaxLoraRank int
+	// Args are extra command-line arguments for local workers (e.g. --device cpu).
+	Args []string
+	// Env are extra environment variables (KEY=VALUE) for local workers.
+	Env []string
+	// StartTimeout bounds a local worker's start, model loading included (default 10m).
+	StartTimeout time.Duration
+	// HealthInterval is the time between health checks (default 5s); HealthTimeout bounds
+	// one check (default 10s); after HealthFailures failed checks in a row (default 3) the
+	// worker is declared dead (a local one is killed and restarted).
+	HealthInterval time.Duration
+	HealthTimeout  time.Duration
+	HealthFailures int
+	// CallTimeout, when positive, declares a worker hung (and kills a local one) when one call
+	// runs longer. Zero: no limit (long GPU passes are normal).
+	CallTimeout time.Duration
+	// RestartBackoff is the first delay before restarting a dead local worker (default 1s,
+	// doubling up to 30s while restarts fail).
+	RestartBackoff time.Duration
+	// Logger receives worker events and the workers' stderr (default slog.Default()).
+	Logger *slog.Logger
+}
+
+func init() {
+	backends.Register(Name, func(ctx context.Context, cfg backends.Config) (backends.Backend, error) {
+		o, err := OptionsFromConfig(cfg)
+		if err != nil {
+			return nil, err
+		}
+		return New(ctx, o)
+	})
+}
+
+// OptionsFromConfig reads backends.Config. Options keys (environment fallbacks in
+// parentheses): workers (LOOPS_WORKERS; host:port,...),
+// local_workers, python (LOOPS_WORKER_PYTHON), pythonpath (LOOPS_WORKER_PYTHONPATH), args
+// (LOOPS_WORKER_ARGS; space-separated extra worker arguments, e.g. "--sampler vllm"),
+// device (LOOPS_WORKER_DEVICE; shortcut for --device), health_interval,
+// health_timeout, health_failures, call_timeout, start_timeout (Go durations).
+func OptionsFromConfig(cfg backends.Config) (Options, error) {
+	o := Options{Models: cfg.Models, DataDir: cfg.DataDir, MaxLoraRank: cfg.MaxLoraRank}
+	m := map[string]string{}
+	// Environment fallbacks, for `loops serve` (which has no backend-options flag yet).
+	for key, env := range map[string]string{"workers": "LOOPS_WORKERS", "args": "LOOPS_WORKER_ARGS", "device": "LOOPS_WORKER_DEVICE"} {
+		if v := os.Getenv(env); v != "" {
+			m[key] = v
+		}
+	}
+	for k, v := range cfg.Options {
+		m[k] = v
+	}
+	for _, a := range strings.Split(m["workers"], ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			o.Workers = append(o.Workers, a)
+		}
+	}
+	o.Python, o.PythonPath = m["python"], m["pythonpath"]
+	if v := m["args"]; v != "" {
+		o.Args = strings.Fields(v)
+	}
+	if v := m["device"]; v != "" {
+		o.Args = append(o.Args, "--device", v)
+	}
+	if v := m["local_workers"]; v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return o, fmt.Errorf("torch: option local_workers=%q is not a positive integer", v)
+		}
+		o.LocalWorkers = n
+	}
+	if v := m["health_failures"]; v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return o, fmt.Errorf("torch: option health_failures=%q is not a positive integer", v)
+		}
+		o.HealthFailures = n
+	}
+	for key, dst := range map[string]*time.Duration{"health_interval": &o.HealthInterval,
+		"health_timeout": &o.HealthTimeout, "call_timeout": &o.CallTimeout, "start_timeout": &o.StartTimeout} {
+		if v := m[key]; v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 {
+				return o, fmt.Errorf("torch: option %s=%q is not a duration such as 10s", key, v)
+			}
+			*dst = d
+		}
+	}
+	return o, nil
+}
+
+// Backend is the worker client backend.
+type Backend struct {
+	opts   Options
+	log    *slog.Logger
+	http   *http.Client
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	workers  []*worker
+	adapters map[string]*worker
+	lost     map[string]string // adapter id -> why it is gone
+	rr       int
+	wg       sync.WaitGroup
+}
+
+var _ backends.Backend = (*Backend)(nil)
+
+// New starts (or connects to) the workers and waits until each serves.
+func New(ctx context.Context, o Options) (*Backend, error) {
+	if o.LocalWorkers <= 0 {
+		o.LocalWorkers = 1
+	}
+	if o.Python == "" {
+		o.Python = os.Getenv("LOOPS_WORKER_PYTHON")
+	}
+	if o.Python == "" {
+		o.Python = "python3"
+	}
+	if o.PythonPath == "" {
+		o.PythonPath = os.Getenv("LOOPS_WORKER_PYTHONPATH")
+	}
+	if o.MaxLoraRank <= 0 {
+		o.MaxLoraRank = 64
+	}
+	if len(o.Models) == 0 {
+		o.Models = []string{reference.TinyModel}
+	}
+	if o.StartTimeout <= 0 {
+		o.StartTimeout = 10 * time.Minute
+	}
+	if o.HealthInterval <= 0 {
+		o.HealthInterval = 5 * time.Second
+	}
+	if o.HealthTimeout <= 0 {
+		o.HealthTimeout = 10 * time.Second
+	}
+	if o.HealthFailures <= 0 {
+		o.HealthFailures = 3
+	}
+	if o.RestartBackoff <= 0 {
+		o.RestartBackoff = time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.DataDir == "" {
+		d, err := os.UserCacheDir()
+		if err != nil {
+			d = os.TempDir()
+		}
+		o.DataDir = filepath.Join(d, "loops")
+	}
+	p := new(http.Protocols)
+	p.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{Protocols: p, DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext}
+	bctx, cancel := context.WithCancel(context.Background())
+	b := &Backend{opts: o, log: o.Logger.With(slog.String("backend", Name)), http: &http.Client{Transport: tr},
+		ctx: bctx, cancel: cancel, adapters: map[string]*worker{}, lost: map[string]string{}}
+	if len(o.Workers) > 0 {
+		for i, addr := range o.Workers {
+			b.workers = append(b.workers, b.newWorker(i, addr, false))
+		}
+	} else {
+		for i := 0; i < o.LocalWorkers; i++ {
+			b.workers = append(b.workers, b.newWorker(i, "", true))
+		}
+	}
+	errs := make([]error, len(b.workers))
+	var wg sync.WaitGroup
+	for i, w := range b.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = w.start(ctx)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		_ = b.Close()
+		return nil, fmt.Errorf("torch: %w", err)
+	}
+	for _, w := range b.workers {
+		b.wg.Add(1)
+		go func() {
+			defer b.wg.Done()
+			w.healthLoop()
+		}()
+	}
+	return b, nil
+}
+
+// Trainer returns the TrainerService side.
+func (b *Backend) Trainer() backends.Trainer { return (*trainer)(b) }
+
+// Sampler returns the SamplerService side.
+func (b *Backend) Sampler() backends.Sampler { return (*sampler)(b) }
+
+// Close stops local workers and health checks.
+func (b *Backend) Close() error {
+	b.cancel()
+	for _, w := range b.workers {
+		w.stop()
+	}
+	b.wg.Wait()
+	return nil
+}
+
+// Workers returns the workers' current addresses (for tests and status pages).
+func (b *Backend) Workers() []string {
+	var out []string
+	for _, w := range b.workers {
+		w.mu.Lock()
+		out = append(out, w.addr)
+		w.mu.Unlock()
+	}
+	return out
+}
+
+// WorkerPID returns the process id of local worker i (0 if none is running).
+func (b *Backend) WorkerPID(i int) int {
+	w := b.workers[i]
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cmd == nil || w.cmd.Process == nil {
+		return 0
+	}
+	return w.cmd.Process.Pid
+}
+
+// WaitReady waits until every worker is alive again (after a restart).
+func (b *Backend) WaitReady(ctx context.Context) error {
+	for _, w := range b.workers {
+		if err := w.waitAlive(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ---- one worker ----------------------------------------------------------------------------
+
+type worker struct {
+	b     *Backend
+	idx   int
+	local bool
+
+	mu     sync.Mutex
+	addr   string
+	gen    int
+	alive  bool
+	why    string // why it is down
+	life   context.Context
+	kill   context.CancelCauseFunc
+	up     chan struct{} // closed when alive
+	cl     *clients
+	caps   *backendv1.GetCapabilitiesResponse
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	tail   *tail
+	nAdapt int
+}
+
+func (b *Backend) newWorker(i int, addr string, local bool) *worker {
+	return &worker{b: b, idx: i, addr: addr, local: local, up: make(chan struct{}), why: "starting", tail: newTail(40)}
+}
+
+func (w *worker) name() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.local {
+		return fmt.Sprintf("local worker %d (%s)", w.idx, w.addr)
+	}
+	return "worker " + w.addr
+}
+
+// clients are the gRPC clients of one worker address.
+type clients struct {
+	tc backendv1connect.TrainerServiceClient
+	sc backendv1connect.SamplerServiceClient
+}
+
+func (b *Backend) newClients(addr string) *clients {
+	url := "http://" + addr
+	opts := []connect.ClientOption{connect.WithGRPC(), connect.WithReadMaxBytes(1 << 30), connect.WithSendMaxBytes(1 << 30)}
+	return &clients{tc: backendv1connect.NewTrainerServiceClient(b.http, url, opts...),
+		sc: backendv1connect.NewSamplerServiceClient(b.http, url, opts...)}
+}
+
+// modelArgs turns the configured models into worker --model arguments; the built-in tiny
+// model is written to disk first and passed as NAME=PATH.
+func (b *Backend) modelArgs() ([]string, error) {
+	var args []string
+	for _, m := range b.opts.Models {
+		if m == reference.TinyModel {
+			dir := filepath.Join(b.opts.DataDir, "models", "loops-tiny")
+			if err := reference.WriteTinyModel(dir); err != nil {
+				return nil, fmt.Errorf("writing the built-in model: %w", err)
+			}
+			abs, err := filepath.Abs(dir)
+			if err != nil {
+				return nil, err
+			}
+			m = m + "=" + abs
+		}
+		args = append(args, "--model", m)
+	}
+	return args, nil
+}
+
+// start brings the worker up: a local one is spawned; a remote one is probed.
+func (w *worker) start(ctx context.Context) error {
+	if !w.local {
+		cl := w.b.newClients(w.addr)
+		w.mu.Lock()
+		w.cl = cl
+		w.mu.Unlock()
+		cctx, cancel := context.WithTimeout(ctx, w.b.opts.HealthTimeout)
+		defer cancel()
+		caps, err := cl.tc.GetCapabilities(cctx, &backendv1.GetCapabilitiesRequest{})
+		if err != nil {
+			return fmt.Errorf("worker %s is not reachable: %w (is `python -m loops_worker --listen %s` running there?)", w.addr, err, w.addr)
+		}
+		w.setAlive(caps)
+		return nil
+	}
+	margs, err := w.b.modelArgs()
+	if err != nil {
+		return err
+	}
+	args := append([]string{"-m", "loops_worker", "--listen", "127.0.0.1:0", "--max-lora-rank", strconv.Itoa(w.b.opts.MaxLoraRank)}, margs...)
+	args = append(args, w.b.opts.Args...)
+	cmd := exec.Command(w.b.opts.Python, args...)
+	env := append(os.Environ(), "LOOPS_WORKER_EXIT_ON_STDIN_EOF=1", "PYTHONUNBUFFERED=1")
+	if pp := w.b.opts.PythonPath; pp != "" {
+		if old := os.Getenv("PYTHONPATH"); old != "" {
+			pp += string(os.PathListSeparator) + old
+		}
+		env = append(env, "PYTHONPATH="+pp)
+	}
+	cmd.Env = append(env, w.b.opts.Env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("cannot start the worker (%s %s): %w; set the python option or LOOPS_WORKER_PYTHON to an interpreter with loops_worker installed", w.b.opts.Python, strings.Join(args, " "), err)
+	}
+	w.tail.reset()
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			w.tail.add(sc.Text())
+			w.b.log.Debug("worker stderr", slog.Int("worker", w.idx), slog.String("line", sc.Text()))
+		}
+	}()
+	addrCh := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), ReadyPrefix); ok {
+				select {
+				case addrCh <- strings.TrimSpace(a):
+				default:
+				}
+			}
+		}
+	}()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	timer := time.NewTimer(w.b.opts.StartTimeout)
+	defer timer.Stop()
+	var addr string
+	select {
+	case addr = <-addrCh:
+	case err := <-exited:
+		time.Sleep(50 * time.Millisecond) // let stderr drain
+		return fmt.Errorf("local worker %d exited during start (%v): %s", w.idx, err, w.tail.String())
+	case <-timer.C:
+		killGroup(cmd)
+		<-exited
+		return fmt.Errorf("local worker %d did not start within %v: %s", w.idx, w.b.opts.StartTimeout, w.tail.String())
+	case <-ctx.Done():
+		killGroup(cmd)
+		<-exited
+		return ctx.Err()
+	case <-w.b.ctx.Done():
+		killGroup(cmd)
+		<-exited
+		return errors.New("backend closed")
+	}
+	cl := w.b.newClients(addr)
+	w.mu.Lock()
+	w.addr, w.cmd, w.stdin, w.cl = addr, cmd, stdin, cl
+	w.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, w.b.opts.HealthTimeout)
+	caps, err := cl.tc.GetCapabilities(cctx, &backendv1.GetCapabilitiesRequest{})
+	cancel()
+	if err != nil {
+		killGroup(cmd)
+		<-exited
+		return fmt.Errorf("local worker %d at %s does not answer: %w", w.idx, addr, err)
+	}
+	w.setAlive(caps)
+	w.b.log.Info("worker started", slog.Int("worker", w.idx), slog.String("addr", addr), slog.Int("pid", cmd.Process.Pid))
+	w.b.wg.Add(1)
+	go func() {
+		defer w.b.wg.Done()
+		err := <-exited
+		time.Sleep(50 * time.Millisecond)
+		reason := fmt.Sprintf("its process exited (%v)", err)
+		if t := w.tail.String(); t != "" {
+			reason += "; last stderr: " + t
+		}
+		w.fail(-1, reason)
+		w.restart()
+	}()
+	return nil
+}
+
+func (w *worker) setAlive(caps *backendv1.GetCapabilitiesResponse) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.gen++
+	w.alive = true
+	w.why = ""
+	w.caps = caps
+	w.life, w.kill = context.WithCancelCause(context.Background())
+	select {
+	case <-w.up:
+	default:
+		close(w.up)
+	}
+}
+
+// fail marks the worker dead (if gen matches, or gen < 0 for any), fails its in-flight
+// calls, forgets its adapters and kills a local process.
+func (w *worker) fail(gen int, reason string) {
+	w.mu.Lock()
+	if !w.alive || (gen >= 0 && gen != w.gen) {
+		w.mu.Unlock()
+		return
+	}
+	w.alive = false
+	w.why = reason
+	w.up = make(chan struct{})
+	kill := w.kill
+	cmd := w.cmd
+	name := fmt.Sprintf("worker %s", w.addr)
+	if w.local {
+		name = fmt.Sprintf("local worker %d (%s)", w.idx, w.addr)
+	}
+	w.mu.Unlock()
+	closing := w.b.ctx.Err() != nil
+	if !closing {
+		w.b.log.Error("worker died", slog.Int("worker", w.idx), slog.String("reason", reason))
+	}
+	if kill != nil {
+		kill(fmt.Errorf("%s died: %s", name, reason))
+	}
+	w.b.mu.Lock()
+	for id, aw := range w.b.adapters {
+		if aw == w {
+			delete(w.b.adapters, id)
+			w.b.lost[id] = fmt.Sprintf("%s died (%s) and its adapters are gone", name, reason)
+		}
+	}
+	w.nAdapt = 0
+	w.b.mu.Unlock()
+	if w.local && cmd != nil {
+		killGroup(cmd)
+	}
+}
+
+// restart starts a dead local worker again, with backoff, until the backend closes.
+func (w *worker) restart() {
+	delay := w.b.opts.RestartBackoff
+	for w.b.ctx.Err() == nil {
+		select {
+		case <-time.After(delay):
+		case <-w.b.ctx.Done():
+			return
+		}
+		err := w.start(w.b.ctx)
+		if err == nil {
+			w.b.log.Warn("restarted a dead worker; the adapters it held are gone until their runs reload a checkpoint", slog.Int("worker", w.idx))
+			return
+		}
+		w.b.log.Error("restarting worker failed", slog.Int("worker", w.idx), slog.Any("err", err))
+		w.mu.Lock()
+		w.why = "restarting failed: " + err.Error()
+		w.mu.Unlock()
+		delay = min(2*delay, 30*time.Second)
+	}
+}
+
+func (w *worker) stop() {
+	w.mu.Lock()
+	cmd, stdin := w.cmd, w.stdin
+	w.mu.Unlock()
+	w.fail(-1, "the backend is closing")
+	if cmd != nil {
+		if stdin != nil {
+			_ = stdin.Close()
+		}
+		killGroup(cmd)
+	}
+}
+
+func killGroup(cmd *exec.Cmd) {
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	// the worker runs in its own process group (vLLM spawns helpers): kill them all
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	_ = cmd.Process.Kill()
+}
+
+// healthLoop probes the worker; HealthFailures failures in a row declare it dead. A dead
+// remote worker is probed until it answers again.
+func (w *worker) healthLoop() {
+	fails := 0
+	t := time.NewTicker(w.b.opts.HealthInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.b.ctx.Done():
+			return
+		case <-t.C:
+		}
+		w.mu.Lock()
+		alive, gen, cl := w.alive, w.gen, w.cl
+		w.mu.Unlock()
+		if !alive && w.local {
+			fails = 0
+			continue // the exit watcher restarts it
+		}
+		if cl == nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(w.b.ctx, w.b.opts.HealthTimeout)
+		caps, err := cl.tc.GetCapabilities(ctx, &backendv1.GetCapabilitiesRequest{})
+		cancel()
+		switch {
+		case err == nil && !alive:
+			w.setAlive(caps)
+			w.b.log.Warn("worker is back; the adapters it held are gone until their runs reload a checkpoint", slog.Int("worker", w.idx))
+			fails = 0
+		case err == nil:
+			fails = 0
+		case alive:
+			fails++
+			if fails >= w.b.opts.HealthFailures {
+				w.fail(gen, fmt.Sprintf("it did not answer %d health checks in a row (%v; hung or unreachable)", fails, err))
+				fails = 0
+			}
+		}
+	}
+}
+
+// acquire returns the worker's life context if it is alive; otherwise an Unavailable error.
+func (w *worker) acquire() (context.Context, int, *clients, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.alive {
+		name := "worker " + w.addr
+		if w.local {
+			name = fmt.Sprintf("local worker %d", w.idx)
+		}
+		return nil, 0, nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s is down (%s); it is being restarted, retry shortly", name, w.why))
+	}
+	return w.life, w.gen, w.cl, nil
+}
+
+func (w *worker) waitAlive(ctx context.Context) error {
+	for {
+		w.mu.Lock()
+		up := w.up
+		w.mu.Unlock()
+		select {
+		case <-up:
+			if _, _, _, err := w.acquire(); err == nil {
+				return nil
+			}
+		case <-ctx.Done():
+			_, _, _, err := w.acquire()
+			return err
+		}
+	}
+}
+
+// call runs one RPC on w, failing it with CodeUnavailable when the worker dies meanwhile.
+func call[Req, Resp any](ctx context.Context, w *worker, method string, pick func(*clients) func(context.Context, *Req) (*Resp, error), req *Req) (*Resp, error) {
+	life, gen, cl, err := w.acquire()
+	if err != nil {
+		return nil, err
+	}
+	f := pick(cl)
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(life, cancel)
+	defer stop()
+	if d := w.b.opts.CallTimeout; d > 0 {
+		t := time.AfterFunc(d, func() {
+			w.fail(gen, fmt.Sprintf("a %s call ran for more than %v (call_timeout); it is presumed hung", method, d))
+		})
+		defer t.Stop()
+	}
+	resp, err := f(cctx, req)
+	if err == nil {
+		return resp, nil
+	}
+	if life.Err() != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, context.Cause(life))
+	}
+	if ctx.Err() != nil {
+		return nil, err
+	}
+	// The caller did not cancel, so Canceled here is a reset connection (connect-go maps some
+	// resets to it), as are Unavailable and transport-level Unknown errors.
+	code := connect.CodeOf(err)
+	if code == connect.CodeUnavailable || code == connect.CodeCanceled || code == connect.CodeUnknown && isTransport(err) {
+		// A dropped connection is usually a dying process: give the exit watcher (local) or
+		// the health checks (remote) a moment to say so.
+		wait := 3 * time.Second
+		if !w.local {
+			wait = w.b.opts.HealthInterval * time.Duration(w.b.opts.HealthFailures+1)
+		}
+		select {
+		case <-life.Done():
+			return nil, connect.NewError(connect.CodeUnavailable, context.Cause(life))
+		case <-time.After(wait):
+		}
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s is unreachable: %v", w.name(), err))
+	}
+	return nil, err
+}
+
+func isTransport(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// ---- routing ---------------------------------------------------------------------------------
+
+func (b *Backend) adapterWorker(id string) (*worker, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if w, ok := b.adapters[id]; ok {
+		return w, nil
+	}
+	if why, ok := b.lost[id]; ok {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("adapter %q does not exist any more: %s; load the run's last checkpoint to continue", id, why))
+	}
+	return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("adapter %q does not exist; create it with CreateAdapter first", id))
+}
+
+func serves(caps *backendv1.GetCapabilitiesResponse, names ...string) bool {
+	for _, m := range caps.GetModels() {
+		for _, n := range names {
+			if n != "" && (m.GetName() == n || m.GetTokenizerId() == n) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// pick chooses a worker serving the model (fewest adapters first; alive preferred).
+func (b *Backend) pick(names ...string) (*worker, error) {
+	var best *worker
+	var served []string
+	seen := map[string]bool{}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := len(b.workers)
+	for k := range n {
+		w := b.workers[(b.rr+k)%n]
+		w.mu.Lock()
+		caps, alive, na := w.caps, w.alive, w.nAdapt
+		w.mu.Unlock()
+		for _, m := range caps.GetModels() {
+			if !seen[m.GetName()] {
+				seen[m.GetName()] = true
+				served = append(served, m.GetName())
+			}
+		}
+		if caps == nil || !serves(caps, names...) {
+			continue
+		}
+		if best == nil {
+			best = w
+			continue
+		}
+		best.mu.Lock()
+		bAlive, bN := best.alive, best.nAdapt
+		best.mu.Unlock()
+		if (alive && !bAlive) || (alive == bAlive && na < bN) {
+			best = w
+		}
+	}
+	b.rr++
+	if best == nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("base model %q is not served by any worker of this backend; served models: %v (start the workers with that model, e.g. --model %s)", names[0], served, names[0]))
+	}
+	return best, nil
+}
+
+type trainer Backend
+
+type sampler Backend
+
+var (
+	_ backendv1connect.TrainerServiceHandler = (*trainer)(nil)
+	_ backendv1connect.SamplerServiceHandler = (*sampler)(nil)
+)
+
+func (b *Backend) capabilities() *backendv1.GetCapabilitiesResponse {
+	out := &backendv1.GetCapabilitiesResponse{Implementation: Name}
+	seen := map[string]bool{}
+	for _, w := range b.workers {
+		w.mu.Lock()
+		caps := w.caps
+		w.mu.Unlock()
+		if caps == nil {
+			continue
+		}
+		if out.LossFunctions == nil {
+			out.LossFunctions = caps.GetLossFunctions()
+		}
+		out.MaxAdapters += caps.GetMaxAdapters()
+		for _, m := range caps.GetModels() {
+			if !seen[m.GetName()] {
+				seen[m.GetName()] = true
+				out.Models = append(out.Models, m)
+			}
+		}
+	}
+	return out
+}
+
+func (t *trainer) GetCapabilities(context.Context, *backendv1.GetCapabilitiesRequest) (*backendv1.GetCapabilitiesResponse, error) {
+	return (*Backend)(t).capabilities(), nil
+}
+
+func (s *sampler) GetCapabilities(context.Context, *backendv1.GetCapabilitiesRequest) (*backendv1.GetCapabilitiesResponse, error) {
+	return (*Backend)(s).capabilities(), nil
+}
+
+func (t *trainer) CreateAdapter(ctx context.Context, req *backendv1.CreateAdapterRequest) (*backendv1.CreateAdapterResponse, error) {
+	b := (*Backend)(t)
+	if req.GetAdapterId() == "" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("adapter_id is required"))
+	}
+	b.mu.Lock()
+	_, exists := b.adapters[req.GetAdapterId()]
+	b.mu.Unlock()
+	if exists {
+		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("adapter %q already exists; delete it first or pick another id", req.GetAdapterId()))
+	}
+	w, err := b.pick(req.GetBaseModel())
+	if err != nil {
+		return nil, err
+	}
+	resp, err := call(ctx, w, "CreateAdapter", func(c *clients) func(context.Context, *backendv1.CreateAdapterRequest) (*backendv1.CreateAdapterResponse, error) {
+		return c.tc.CreateAdapter
+	}, req)
+	if err != nil {
+		return nil, err
+	}
+	b.bind(req.GetAdapterId(), w)
+	return resp, nil
+}
+
+func (b *Backend) bind(id string, w *worker) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if old, ok := b.adapters[id]; ok && old == w {
+		return
+	}
+	b.adapters[id] = w
+	delete(b.lost, id)
+	w.mu.Lock()
+	w.nAdapt++
+	w.mu.Unlock()
+}
+
+func (t *trainer) DeleteAdapter(ctx context.Context, req *backendv1.DeleteAdapterRequest) (*backendv1.DeleteAdapterResponse, error) {
+	b := (*Backend)(t)
+	b.mu.Lock()
+	w, ok := b.adapters[req.GetAdapterId()]
+	delete(b.lost, req.GetAdapterId())
+	b.mu.Unlock()
+	if !ok {
+		return &backendv1.DeleteAdapterResponse{}, nil
+	}
+	resp, err := call(ctx, w, "DeleteAdapter", func(c *clients) func(context.Context, *backendv1.DeleteAdapterRequest) (*backendv1.DeleteAdapterResponse, error) {
+		return c.tc.DeleteAdapter
+	}, req)
+	if err != nil && connect.CodeOf(err) != connect.CodeUnavailable {
+		return nil, err
+	}
+	b.mu.Lock()
+	if b.adapters[req.GetAdapterId()] == w {
+		delete(b.adapters, req.GetAdapterId())
+		w.mu.Lock()
+		w.nAdapt--
+		w.mu.Unlock()
+	}
+	b.mu.Unlock()
+	if resp == nil {
+		resp = &backendv1.DeleteAdapterResponse{}
+	}
+	return resp, nil
+}
+
+func itemErr(err error) *backendv1.ForwardBackwardItemResult {
+	return &backendv1.ForwardBackwardItemResult{Outcome: &backendv1.ForwardBackwardItemResult_Error{
+		Error: &backendv1.ItemError{Code: int32(connect.CodeOf(err)), Message: errMessage(err)}}}
+}
+
+func errMessage(err error) string {
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return ce.Message()
+	}
+	return err.Error()
+}
+
+func (t *trainer) ForwardBackward(ctx context.Context, req *backendv1.ForwardBackwardRequest) (*backendv1.ForwardBackwardResponse, error) {
+	b := (*Backend)(t)
+	if len(req.GetItems()) == 0 {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("the request has no items"))
+	}
+	results := make([]*backendv1.ForwardBackwardItemResult, len(req.GetItems()))
+	type group struct {
+		w   *worker
+		idx []int
+		req *backendv1.ForwardBackwardRequest
+	}
+	var groups []*group
+	byW := map[*worker]*group{}
+	for i, it := range req.GetItems() {
+		w, err := b.adapterWorker(it.GetAdapterId())
+		if err != nil {
+			results[i] = itemErr(err)
+			continue
+		}
+		g := byW[w]
+		if g == nil {
+			g = &group{w: w, req: &backendv1.ForwardBackwardRequest{}}
+			byW[w] = g
+			groups = append(groups, g)
+		}
+		g.idx = append(g.idx, i)
+		g.req.Items = append(g.req.Items, it)
+	}
+	errs := make([]error, len(groups))
+	var wg sync.WaitGroup
+	for gi, g := range groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := call(ctx, g.w, "ForwardBackward", func(c *clients) func(context.Context, *backendv1.ForwardBackwardRequest) (*backendv1.ForwardBackwardResponse, error) {
+				return c.tc.ForwardBackward
+			}, g.req)
+			if err == nil && len(resp.GetResults()) != len(g.idx) {
+				err = connect.NewError(connect.CodeInternal, fmt.Errorf("%s answered %d results for %d items", g.w.name(), len(resp.GetResults()), len(g.idx)))
+			}
+			if err != nil {
+				errs[gi] = err
+				for _, i := range g.idx {
+					results[i] = itemErr(err)
+				}
+				return
+			}
+			for k, i := range g.idx {
+				results[i] = resp.GetResults()[k]
+			}
+		}()
+	}
+	wg.Wait()
+	// A whole-call failure of the only worker involved is the call's error (the gateway
+	// then fails every operation of the batch with it).
+	if len(groups) == 1 && errs[0] != nil && len(groups[0].idx) == len(results) {
+		return nil, errs[0]
+	}
+	return &backendv1.ForwardBackwardResponse{Results: results}, nil
+}
+
+func (t *trainer) OptimStep(ctx context.Context, req *backendv1.OptimStepRequest) (*backendv1.OptimStepResponse, error) {
+	w, err := (*Backend)(t).adapterWorker(req.GetAdapterId())
+	if err != nil {
+		return nil, err
+	}
+	return call(ctx, w, "OptimStep", func(c *clients) func(context.Context, *backendv1.OptimStepRequest) (*backendv1.OptimStepResponse, error) {
+		return c.tc.OptimStep
+	}, req)
+}
+
+func (t *trainer) SaveAdapter(ctx context.Context, req *backendv1.SaveAdapterRequest) (*backendv1.SaveAdapterResponse, error) {
+	w, err := (*Backend)(t).adapterWorker(req.GetAdapterId())
+	if err != nil {
+		return nil, err
+	}
+	return call(ctx, w, "SaveAdapter", func(c *clients) func(context.Context, *backendv1.SaveAdapterRequest) (*backendv1.SaveAdapterResponse, error) {
+		return c.tc.SaveAdapter
+	}, req)
+}
+
+// LoadAdapter loads into the adapter's worker; an unknown adapter is created on a worker
+// serving the folder's base_model_name_or_path (as the reference engine does).
+func (t *trainer) LoadAdapter(ctx context.Context, req *backendv1.LoadAdapterRequest) (*backendv1.LoadAdapterResponse, error) {
+	b := (*Backend)(t)
+	if req.GetAdapterId() == "" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("adapter_id is required"))
+	}
+	w, err := b.adapterWorker(req.GetAdapterId())
+	if err != nil {
+		base := folderBaseModel(req.GetDir())
+		if base == "" {
+			return nil, err
+		}
+		w2, perr := b.pick(base)
+		if perr != nil {
+			return nil, err
+		}
+		w = w2
+	}
+	resp, err := call(ctx, w, "LoadAdapter", func(c *clients) func(context.Context, *backendv1.LoadAdapterRequest) (*backendv1.LoadAdapterResponse, error) {
+		return c.tc.LoadAdapter
+	}, req)
+	if err != nil {
+		return nil, err
+	}
+	b.bind(req.GetAdapterId(), w)
+	return resp, nil
+}
+
+func folderBaseModel(dir string) string {
+	if !filepath.IsAbs(dir) {
+		return ""
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "adapter_config.json"))
+	if err != nil {
+		return ""
+	}
+	var c struct {
+		Base string `json:"base_model_name_or_path"`
+	}
+	if json.Unmarshal(raw, &c) != nil {
+		return ""
+	}
+	return c.Base
+}
+
+func (s *sampler) Sample(ctx context.Context, req *backendv1.SampleRequest) (*backendv1.SampleResponse, error) {
+	b := (*Backend)(s)
+	w, err := b.pick(req.GetBaseModel())
+	if err != nil {
+		return nil, err
+	}
+	return call(ctx, w, "Sample", func(c *clients) func(context.Context, *backendv1.SampleRequest) (*backendv1.SampleResponse, error) {
+		return c.sc.Sample
+	}, req)
+}
+
+// ---- helpers -----------------------------------------------------------------------------------
+
+// tail keeps the last lines of a worker's stderr for error messages.
+type tail struct {
+	mu    sync.Mutex
+	n     int
+	lines []string
+}
+
+func newTail(n int) *tail { return &tail{n: n} }
+
+func (t *tail) add(s string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.lines = append(t.lines, s)
+	if len(t.lines) > t.n {
+		t.lines = t.lines[len(t.lines)-t.n:]
+	}
+}
+
+func (t *tail) reset() {
+	t.mu.Lock()
+	t.lines = nil
+	t.mu.Unlock()
+}
+
+func (t *tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	// the last few non-progress lines are what explains a failure
+	var keep []string
+	for _, l := range t.lines {
+		if strings.Contains(l, "it/s]") {
+			continue
+		}
+		keep = append(keep, l)
+	}
+	if len(keep) > 8 {
+		keep = keep[len(keep)-8:]
+	}
+	return strings.Join(keep, " | ")
+}

@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""GPU benchmark of the Loops worker (one GPU, nothing downloaded; about 6-7 minutes on an H200).
+
+  python bench/gpu/bench.py [--out results.json] [--workdir /tmp/loops-gpu-bench]
+
+Steps:
+  1. writes a Qwen3-8B-shaped model with random bf16 weights (seed 0) plus a synthetic
+     word-level tokenizer, and a random rank-32 LoRA adapter (all targets, PEFT layout);
+  2. raw vLLM baseline (a subprocess, so its GPU memory is freed after): offline
+     LLM.generate of the sampling workload with that adapter;
+  3. starts the worker (python -m loops_worker --device cuda --sampler vllm) and measures
+     through gRPC, as the gateway would call it:
+       - LoRA forward_backward tokens/s and MFU (cross_entropy, rank 32, all targets);
+       - sampling tokens/s for the same workload with the same adapter (concurrent requests);
+       - weight-publish latency: save_weights_for_sampler (SaveAdapter) + first sample with
+         the new folder (vLLM hot-loads it; nothing restarts).
+MFU = 4·P·T / (t · peak), P = base parameters without embeddings, T = tokens (forward 2PT +
+backward activation gradients 2PT; frozen base weights get no weight gradients; recompute
+from activation checkpointing is not counted). Peak: 989 TFLOP/s dense bf16 (H100/H200
+SXM), override with --peak-tflops. vLLM runs with CUDA graphs off by default (both sides)
+to stay in the time budget; --cuda-graphs turns them on for both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "backends", "torch"))
+sys.path.insert(0, os.path.join(ROOT, "gen", "python"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, eos_token_id=151645,
+                bos_token_id=151643)
+RANK = 32
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def write_model(d: str, layers: int) -> None:
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    if os.path.exists(os.path.join(d, "bench-done")):
+        return
+    os.makedirs(d, exist_ok=True)
+    cfg = Qwen3Config(**dict(QWEN3_8B, num_hidden_layers=layers))
+    cfg.torch_dtype = torch.bfloat16
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        m = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.02)
+    m.save_pretrained(d, max_shard_size="5GB")
+    del m
+    torch.cuda.empty_cache()
+    vocab = {f"t{i}": i for i in range(cfg.vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", eos_token=f"t{cfg.eos_token_id}",
+                                   bos_token=f"t{cfg.bos_token_id}", pad_token="t0")
+    fast.save_pretrained(d)
+    with open(os.path.join(d, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": cfg.eos_token_id, "bos_token_id": cfg.bos_token_id}, f)
+    open(os.path.join(d, "bench-done"), "w").close()
+
+
+def write_adapter(model_dir: str, d: str, layers: int) -> None:
+    """A random rank-32 adapter on every target, in the shared PEFT layout."""
+    import torch
+    from safetensors.torch import save_file
+
+    from loops_worker.checkpoint import peft_config
+
+    os.makedirs(d, exist_ok=True)
+    c = QWEN3_8B
+    H, I, hd = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    shapes = {"self_attn.q_proj": (H, c["num_attention_heads"] * hd), "self_attn.k_proj": (H, c["num_key_value_heads"] * hd),
+              "self_attn.v_proj": (H, c["num_key_value_heads"] * hd), "self_attn.o_proj": (c["num_attention_heads"] * hd, H),
+              "mlp.gate_proj": (H, I), "mlp.up_proj": (H, I), "mlp.down_proj": (I, H)}
+    g = torch.Generator().manual_seed(1)
+    ws = {}
+    for i in range(layers):
+        for name, (fin, fout) in shapes.items():
+            k = f"base_model.model.model.layers.{i}.{name}"
+            ws[k + ".lora_A.weight"] = (torch.rand(RANK, fin, generator=g) * 2 - 1) / fin ** 0.5
+            ws[k + ".lora_B.weight"] = torch.randn(fout, RANK, generator=g) * 1e-3
+    ws["base_model.model.lm_head.lora_A.weight"] = (torch.rand(RANK, H, generator=g) * 2 - 1) / H ** 0.5
+    ws["base_model.model.lm_head.lora_B.weight"] = torch.randn(c["vocab_size"], RANK, generator=g) * 1e-3
+    save_file(ws, os.path.join(d, "adapter_model.safetensors"), metadata={"format": "pt", "loops.seed": "1"})
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
+    with open(os.path.join(d, "adapter_config.json"), "w") as f:
+        json.dump(peft_config(RANK, 32, targets, model_dir), f, indent=2)
+
+
+def prompts(n: int, length: int, vocab: int, seed: int = 0):
+    import random
+
+    r = random.Random(seed)
+    return [[r.randrange(1000, vocab - 1000) for _ in range(length)] for _ in range(n)]
+
+
+def raw_vllm(args) -> None:
+    """Subprocess: raw vLLM offline throughput on the sampling workload."""
+    from vllm import LLM, SamplingParams
+    from vllm.lora.request import LoRARequest
+
+    t0 = time.time()
+    llm = LLM(model=args.model_dir, tokenizer=args.model_dir, enable_lora=True, max_lora_rank=RANK, max_loras=4,
+              dtype="bfloat16", gpu_memory_utilization=args.vllm_mem, max_model_len=args.max_model_len,
+              enforce_eager=not args.cuda_graphs, enable_prefix_caching=True, logprobs_mode="processed_logprobs")
+    start = time.time() - t0
+    lora = LoRARequest("bench", 1, args.adapter_dir)
+    ps = [{"prompt_token_ids": p} for p in prompts(args.prompts, args.prompt_len, QWEN3_8B["vocab_size"])]
+    sp = SamplingParams(n=args.samples, max_tokens=args.max_tokens, temperature=1.0, top_p=1.0, seed=0,
+                        logprobs=0, ignore_eos=True)
+    llm.generate(ps[:2], sp, lora_request=lora, use_tqdm=False)  # warm-up (loads the adapter)
+    t1 = time.time()
+    outs = llm.generate(ps, sp, lora_request=lora, use_tqdm=False)
+    dt = time.time() - t1
+    n = sum(len(o.token_ids) for out in outs for o in out.outputs)
+    print("RAW_VLLM_RESULT " + json.dumps({"tokens": n, "seconds": dt, "tokens_per_s": n / dt, "startup_s": start}), flush=True)
+
+
+def start_worker(args):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "backends", "torch"), os.path.join(ROOT, "gen", "python")]))
+    cmd = [sys.executable, "-m", "loops_worker", "--listen", "127.0.0.1:0", "--device", "cuda", "--sampler", "vllm",
+           "--model", f"bench/qwen3-8b-random={args.model_dir}", "--max-lora-rank", str(RANK),
+           "--vllm-gpu-memory-utilization", str(args.vllm_mem), "--vllm-max-model-len", str(args.max_model_len)]
+    if not args.cuda_graphs:
+        cmd.append("--vllm-enforce-eager")
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    t0 = time.time()
+    for line in p.stdout:
+        if line.startswith("LOOPS_WORKER_LISTENING "):
+            log(f"worker ready in {time.time() - t0:.1f}s")
+            return p, line.split()[1], time.time() - t0
+    raise RuntimeError(f"worker exited with {p.wait()}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir", default="/tmp/loops-gpu-bench")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--layers", type=int, default=36, help="fewer layers for a quick smoke run")
+    ap.add_argument("--fb-batch", type=int, default=8)
+    ap.add_argument("--fb-seqlen", type=int, default=2048)
+    ap.add_argument("--fb-steps", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--vllm-mem", type=float, default=0.45)
+    ap.add_argument("--cuda-graphs", action="store_true")
+    ap.add_argument("--peak-tflops", type=float, default=989.0)
+    ap.add_argument("--skip-raw", action="store_true")
+    ap.add_argument("--raw-vllm", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model-dir", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--adapter-dir", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.raw_vllm:
+        raw_vllm(args)
+        return 0
+    T0 = time.time()
+    res: dict = {"model": "Qwen3-8B-shaped, random bf16 weights", "layers": args.layers, "rank": RANK}
+    args.model_dir = os.path.join(args.workdir, "model")
+    args.adapter_dir = os.path.join(args.workdir, "adapter")
+    log("writing the model")
+    write_model(args.model_dir, args.layers)
+    write_adapter(args.model_dir, args.adapter_dir, args.layers)
+    res["setup_s"] = round(time.time() - T0, 1)
+    log(f"model and adapter ready ({res['setup_s']}s)")
+
+    if not args.skip_raw:
+        log("raw vLLM baseline")
+        cmd = [sys.executable, __file__, "--raw-vllm", "--model-dir", args.model_dir, "--adapter-dir", args.adapter_dir,
+               "--prompts", str(args.prompts), "--prompt-len", str(args.prompt_len), "--samples", str(args.samples),
+               "--max-tokens", str(args.max_tokens), "--max-model-len", str(args.max_model_len), "--vllm-mem", str(args.vllm_mem)]
+        if args.cuda_graphs:
+            cmd.append("--cuda-graphs")
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        for line in out.stdout.splitlines():
+            if line.startswith("RAW_VLLM_RESULT "):
+                res["raw_vllm"] = json.loads(line.split(" ", 1)[1])
+        if "raw_vllm" not in res:
+            res["raw_vllm_error"] = out.stderr[-3000:]
+        log(f"raw vLLM: {res.get('raw_vllm')}")
+
+    import grpc
+
+    from loops_worker.proto import bgrpc, bpb, tpb
+
+    proc, addr, res["worker_start_s"] = start_worker(args)
+    try:
+        ch = grpc.insecure_channel(addr, options=[("grpc.max_send_message_length", 1 << 30), ("grpc.max_receive_message_length", 1 << 30)])
+        tr, sa = bgrpc.TrainerServiceStub(ch), bgrpc.SamplerServiceStub(ch)
+        base = "bench/qwen3-8b-random"
+        # --- forward_backward ---
+        tr.LoadAdapter(bpb.LoadAdapterRequest(adapter_id="bench", dir=args.adapter_dir))
+        data = []
+        for p in prompts(args.fb_batch, args.fb_seqlen, QWEN3_8B["vocab_size"], seed=1):
+            d = tpb.Datum(tokens=p)
+            d.loss_fn_inputs["target_tokens"].CopyFrom(tpb.Tensor(dtype=tpb.DTYPE_INT64, int64_data=p[1:] + [0]))
+            d.loss_fn_inputs["weights"].CopyFrom(tpb.Tensor(dtype=tpb.DTYPE_FLOAT32, float32_data=[1.0] * len(p)))
+            data.append(d)
+        req = bpb.ForwardBackwardRequest(items=[bpb.ForwardBackwardItem(adapter_id="bench", loss_fn="cross_entropy", data=data)])
+        r = tr.ForwardBackward(req)  # warm-up
+        assert r.results[0].WhichOneof("outcome") == "result", r.results[0]
+        tr.OptimStep(bpb.OptimStepRequest(adapter_id="bench", adam=tpb.AdamParams(learning_rate=1e-5)))
+        times = []
+        for _ in range(args.fb_steps):
+            t = time.time()
+            tr.ForwardBackward(req)
+            times.append(time.time() - t)
+        t = time.time()
+        tr.OptimStep(bpb.OptimStepRequest(adapter_id="bench", adam=tpb.AdamParams(learning_rate=1e-5)))
+        optim_s = time.time() - t
+        toks = args.fb_batch * args.fb_seqlen
+        c = QWEN3_8B
+        H, I, hd, L = c["hidden_size"], c["intermediate_size"], c["head_dim"], args.layers
+        P = L * (H * hd * (c["num_attention_heads"] * 2 + c["num_key_value_heads"] * 2) + 3 * H * I) + H * c["vocab_size"]
+        best = min(times)
+        res["forward_backward"] = {"tokens_per_call": toks, "seconds_per_call": times, "tokens_per_s": toks / best,
+                                   "mfu": 4 * P * toks / best / (args.peak_tflops * 1e12), "params_non_embedding": P,
+                                   "optim_step_s": optim_s}
+        log(f"forward_backward: {res['forward_backward']}")
+        # --- sampling through the worker ---
+        ps = prompts(args.prompts, args.prompt_len, c["vocab_size"])
+
+        def one(p, adapter_dir):
+            return sa.Sample(bpb.SampleRequest(base_model=base, adapter_dir=adapter_dir, prompt=p, num_samples=args.samples,
+                                               params=tpb.SamplingParams(max_tokens=args.max_tokens, temperature=1.0, top_p=1.0, seed=0)))
+
+        one(ps[0], args.adapter_dir)  # warm-up
+        t = time.time()
+        with cf.ThreadPoolExecutor(max_workers=len(ps)) as ex:
+            outs = list(ex.map(lambda p: one(p, args.adapter_dir), ps))
+        dt = time.time() - t
+        n = sum(len(s.tokens) for o in outs for s in o.result.sequences)
+        res["sampling_worker"] = {"tokens": n, "seconds": dt, "tokens_per_s": n / dt,
+                                  "note": "stops at EOS like any request; raw vLLM uses ignore_eos (random weights rarely hit EOS)"}
+        if "raw_vllm" in res:
+            res["sampling_worker"]["vs_raw_vllm"] = (n / dt) / res["raw_vllm"]["tokens_per_s"]
+        log(f"sampling through the worker: {res['sampling_worker']}")
+        # --- weight publish latency ---
+        pubs = []
+        for i in range(3):
+            tr.ForwardBackward(bpb.ForwardBackwardRequest(items=[bpb.ForwardBackwardItem(adapter_id="bench", loss_fn="cross_entropy", data=data[:1])]))
+            tr.OptimStep(bpb.OptimStepRequest(adapter_id="bench", adam=tpb.AdamParams(learning_rate=1e-5)))
+            d = os.path.join(args.workdir, f"published-{int(time.time() * 1000)}-{i}")
+            t = time.time()
+            tr.SaveAdapter(bpb.SaveAdapterRequest(adapter_id="bench", dir=d))
+            t_save = time.time() - t
+            sa.Sample(bpb.SampleRequest(base_model=base, adapter_dir=d, prompt=ps[0][:16], num_samples=1,
+                                        params=tpb.SamplingParams(max_tokens=1, temperature=1.0, top_p=1.0, seed=0)))
+            pubs.append({"save_s": t_save, "save_and_first_sample_s": time.time() - t})
+        res["weight_publish"] = pubs
+        log(f"weight publish: {pubs}")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    res["total_s"] = round(time.time() - T0, 1)
+    print(json.dumps(res, indent=2))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
