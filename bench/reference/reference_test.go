@@ -104,6 +104,50 @@ func BenchmarkSample(b *testing.B) {
 	}
 }
 
+// BenchmarkKernels measures the three float32 matrix products on the shapes of a
+// Qwen3-0.6B-sized layer with 512 rows (4×128 tokens): forward (A·Bᵀ), input gradient
+// (A·B), LoRA weight gradient (Aᵀ·B), the lm_head chunk (32 rows × 151936) and decoding (4 rows).
+func BenchmarkKernels(b *testing.B) {
+	type shape struct {
+		name    string
+		op      string
+		M, N, K int
+	}
+	for _, sh := range []shape{
+		{"MatMulT/512x1024x1024", "nt", 512, 1024, 1024},
+		{"MatMulT/512x3072x1024", "nt", 512, 3072, 1024},
+		{"MatMulT/32x151936x1024", "nt", 32, 151936, 1024},
+		{"MatMulT/4x3072x1024", "nt", 4, 3072, 1024},
+		{"MatMulT/512x16x1024", "nt", 512, 16, 1024},
+		{"MatMul/512x1024x3072", "nn", 512, 1024, 3072},
+		{"MatMul/32x1024x151936", "nn", 32, 1024, 151936},
+		{"MatMulTN/16x1024x512", "tn", 16, 1024, 512},
+	} {
+		b.Run(sh.name, func(b *testing.B) {
+			M, N, K := sh.M, sh.N, sh.K
+			A, B, C := make([]float32, M*K), make([]float32, N*K), make([]float32, M*N)
+			for i := range A {
+				A[i] = float32(i%7) * 0.1
+			}
+			for i := range B {
+				B[i] = float32(i%5) * 0.1
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				switch sh.op {
+				case "nt":
+					nn.MatMulT(C, A, B, M, N, K, false)
+				case "nn":
+					nn.MatMul(C, A, B, M, N, K, false)
+				case "tn":
+					nn.MatMulTN(C, A, B, M, N, K)
+				}
+			}
+			b.ReportMetric(2*float64(M*N*K)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}
+
 // BenchmarkMatMulT measures the core kernel on a 256×1024·(1024×1024)ᵀ product.
 func BenchmarkMatMulT(b *testing.B) {
 	M, N, K := 256, 1024, 1024

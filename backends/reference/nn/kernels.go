@@ -12,6 +12,9 @@ type Float interface{ ~float32 | ~float64 }
 
 var threads atomic.Int32
 
+// dotF32 is the vectorised float32 dot product (nil: none; set by kernels_amd64.go).
+var dotF32 func(a, b []float32) float32
+
 func init() { threads.Store(int32(runtime.NumCPU())) }
 
 // SetThreads sets how many goroutines the matrix kernels use (at least 1).
@@ -74,6 +77,10 @@ func MatMulT[T Float](C, A, B []T, M, N, K int, acc bool) {
 	_ = A[M*K-1]
 	_ = B[N*K-1]
 	_ = C[M*N-1]
+	if c, ok := any(C).([]float32); ok && activeKernel.fn != nil {
+		sgemmNT(c, any(A).([]float32), any(B).([]float32), M, N, K, acc)
+		return
+	}
 	mb := (M + blkM - 1) / blkM
 	nb := (N + blkN - 1) / blkN
 	parallelFor(mb*nb, M*N*K, func(idx int) {
@@ -176,9 +183,14 @@ func matMulTBlock[T Float](C, A, B []T, N, K, i0, i1, j0, j1 int, acc bool) {
 	}
 }
 
-// dot returns Σ a[k]·b[k] summed in order with one accumulator per position of a 4-wide
-// stride, matching the order the tiled kernel uses.
+// dot returns Σ a[k]·b[k]. float32 slices use the vector kernel when the CPU has one
+// (dotF32; 16-wide FMA accumulation), otherwise the sum runs in order.
 func dot[T Float](a, b []T) T {
+	if dotF32 != nil {
+		if a32, ok := any(a).([]float32); ok {
+			return T(dotF32(a32, any(b).([]float32)))
+		}
+	}
 	b = b[:len(a)]
 	var s T
 	for k, x := range a {
@@ -197,6 +209,10 @@ func MatMul[T Float](C, A, B []T, M, N, K int, acc bool) {
 	_ = A[M*K-1]
 	_ = B[K*N-1]
 	_ = C[M*N-1]
+	if c, ok := any(C).([]float32); ok && activeKernel.fn != nil {
+		sgemmNN(c, any(A).([]float32), any(B).([]float32), M, N, K, acc)
+		return
+	}
 	const stripe = 512
 	mb := (M + 3) / 4
 	ns := (N + stripe - 1) / stripe
@@ -254,6 +270,10 @@ func MatMulTN[T Float](C, A, B []T, M, N, K int) {
 	_ = A[K*M-1]
 	_ = B[K*N-1]
 	_ = C[M*N-1]
+	if c, ok := any(C).([]float32); ok && activeKernel.fn != nil {
+		sgemmTN(c, any(A).([]float32), any(B).([]float32), M, N, K)
+		return
+	}
 	parallelFor(M, M*N*K, func(i int) {
 		c := C[i*N : i*N+N]
 		for k := 0; k < K; k++ {

@@ -176,7 +176,9 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 	return outs
 }
 
-const headChunk = 32
+// headChunk rows of logits are computed at a time: large enough that packing the
+// vocabulary-sized lm_head weight is amortised over many rows, small enough to bound memory.
+const headChunk = 128
 
 // head computes logits chunk by chunk, the log-prob of every target and its loss, and,
 // when dhf is not nil, back-propagates the loss into dhf and the lm_head LoRA gradients.

@@ -1,0 +1,56 @@
+//go:build amd64
+
+package nn
+
+import "golang.org/x/sys/cpu"
+
+// Assembly micro-kernels (kernels_amd64.s). Each computes one register tile
+// C[mr×nr] (+)= Σ_k a[k·mr+i]·b[k·nr+j] from packed panels, summing k in order.
+//
+//go:noescape
+func sgemmKernel6x16(kc int, a, b, c *float32, ldc int, accum bool)
+
+//go:noescape
+func sgemmKernel12x32(kc int, a, b, c *float32, ldc int, accum bool)
+
+// sdot2x4 computes 8-lane partial dot products of two rows of A with four rows of B
+// (row stride ldb) over the first 8·k8 elements; see kernels_sgemm.go.
+//
+//go:noescape
+func sdot2x4(k8 int, a0, a1, b *float32, ldb int, out *[64]float32)
+
+// sdotAVX2 returns Σ a[k]·b[k] over the first 16·n16 elements.
+//
+//go:noescape
+func sdotAVX2(n16 int, a, b *float32) float32
+
+var (
+	kernelAVX2   = &sgemmKernel{name: "avx2-6x16", mr: 6, nr: 16, fn: sgemmKernel6x16, dot: sdot2x4}
+	kernelAVX512 = &sgemmKernel{name: "avx512-12x32", mr: 12, nr: 32, fn: sgemmKernel12x32, dot: sdot2x4}
+)
+
+func init() {
+	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
+		dotF32 = dotAVX2
+		availableKernels = append(availableKernels, kernelAVX2)
+		activeKernel = kernelAVX2
+		if cpu.X86.HasAVX512F {
+			availableKernels = append(availableKernels, kernelAVX512)
+			activeKernel = kernelAVX512
+		}
+	}
+	selectKernelFromEnv()
+}
+
+func dotAVX2(a, b []float32) float32 {
+	n := len(a)
+	b = b[:n]
+	var s float32
+	if n >= 16 {
+		s = sdotAVX2(n/16, &a[0], &b[0])
+	}
+	for k := n &^ 15; k < n; k++ {
+		s += a[k] * b[k]
+	}
+	return s
+}

@@ -1,0 +1,288 @@
+package nn
+
+import (
+	"os"
+	"strings"
+	"sync"
+)
+
+// The float32 matrix products run through a cache-blocked, packed SGEMM in the style of
+// BLIS/GotoBLAS: for each block of kc (≤ gemmKC) steps of the inner dimension, a block of
+// op(A) is packed into mr-row strips (k-major) and a panel of op(B) into nr-column strips,
+// and a register-tiled micro-kernel computes each mr×nr tile of C. The micro-kernel is
+// assembly (AVX-512 or AVX2+FMA, chosen at start-up from the CPU features) on amd64 and
+// the generic pure-Go kernels of kernels.go elsewhere. Every element of C is owned by one tile and summed over k in
+// order, one kc block after the other, so results do not depend on the number of
+// threads. Work is split over goroutines by (row block, column group) tiles.
+
+// sgemmKernel is one micro-kernel and its tile shape.
+type sgemmKernel struct {
+	name   string
+	mr, nr int
+	// fn computes C[mr×nr] = (accum ? C : 0) + Σ_{k<kc} a[k·mr+i]·b[k·nr+j], where c is
+	// C[0,0] of a row-major tile with row stride ldc.
+	fn func(kc int, a, b, c *float32, ldc int, accum bool)
+	// dot, when set, is the unpacked small-M kernel for A·Bᵀ (see sgemmNTSmall).
+	dot func(k8 int, a0, a1, b *float32, ldb int, out *[64]float32)
+}
+
+var (
+	// kernelGo stands for the portable pure-Go kernels in kernels.go (no fn: the float32
+	// products take the generic path), used where no assembly kernel applies.
+	kernelGo         = &sgemmKernel{name: "go"}
+	availableKernels = []*sgemmKernel{kernelGo}
+	activeKernel     = kernelGo
+)
+
+// selectKernelFromEnv honours LOOPS_SGEMM_KERNEL (go, avx2 or avx512; a prefix of the
+// kernel name) so benchmarks can compare kernels. Unknown or unavailable names are ignored.
+func selectKernelFromEnv() {
+	v := os.Getenv("LOOPS_SGEMM_KERNEL")
+	if v == "" {
+		return
+	}
+	for _, k := range availableKernels {
+		if strings.HasPrefix(k.name, v) {
+			activeKernel = k
+		}
+	}
+}
+
+// KernelName names the float32 micro-kernel in use (for benchmark reports).
+func KernelName() string { return activeKernel.name }
+
+const (
+	gemmKC   = 256  // inner-dimension block: an mr×kc and a kc×nr strip fit in L1
+	gemmMC   = 144  // rows of C per compute task (a multiple of 6 and 12); A block in L2
+	gemmNC   = 2048 // columns of packed B per panel (L3)
+	gemmCols = 128  // columns of C per compute task
+	// smallM is the largest row count for which A·Bᵀ uses the unpacked dot kernel
+	// (decoding): packing B would cost as much as the product itself.
+	smallM = 4
+)
+
+var packPool sync.Pool
+
+func getBuf(n int) *[]float32 {
+	if p, _ := packPool.Get().(*[]float32); p != nil && cap(*p) >= n {
+		*p = (*p)[:n]
+		return p
+	}
+	s := make([]float32, n)
+	return &s
+}
+
+// sgemm computes C (+)= op(A)·op(B) for C[M,N] with row stride ldc, where op(A)[i,k] is
+// A[i·ars+k·acs] and op(B)[k,j] is B[k·brs+j·bcs].
+func sgemm(kn *sgemmKernel, M, N, K int, A []float32, ars, acs int, B []float32, brs, bcs int, C []float32, ldc int, acc bool) {
+	if M == 0 || N == 0 {
+		return
+	}
+	if K == 0 {
+		if !acc {
+			for i := 0; i < M; i++ {
+				clear(C[i*ldc : i*ldc+N])
+			}
+		}
+		return
+	}
+	mr, nr := kn.mr, kn.nr
+	mp := (M + mr - 1) / mr
+	kcMax := min(K, gemmKC)
+	ncMax := min((N+nr-1)/nr*nr, gemmNC)
+	pa, pb := getBuf(mp*mr*kcMax), getBuf(ncMax*kcMax)
+	bufA, bufB := *pa, *pb
+	mc := max(mr, gemmMC/mr*mr)
+	colStrips := max(1, gemmCols/nr)
+	for pc := 0; pc < K; pc += gemmKC {
+		kc := min(gemmKC, K-pc)
+		accum := acc || pc > 0
+		parallelFor(mp, M*kc*4, func(s int) {
+			packA(bufA[s*mr*kc:(s+1)*mr*kc], A, ars, acs, s*mr, min(mr, M-s*mr), pc, kc, mr)
+		})
+		for jc := 0; jc < N; jc += gemmNC {
+			nc := min(gemmNC, N-jc)
+			ns := (nc + nr - 1) / nr
+			parallelFor(ns, nc*kc*4, func(s int) {
+				packB(bufB[s*nr*kc:(s+1)*nr*kc], B, brs, bcs, jc+s*nr, min(nr, nc-s*nr), pc, kc, nr)
+			})
+			rb := (M + mc - 1) / mc
+			cg := (ns + colStrips - 1) / colStrips
+			parallelFor(rb*cg, M*nc*kc, func(t int) {
+				bi, bj := t/cg, t%cg
+				var tmp [12 * 32]float32
+				for s := bj * colStrips; s < min((bj+1)*colStrips, ns); s++ {
+					j0 := jc + s*nr
+					nj := min(nr, N-j0)
+					bp := &bufB[s*nr*kc]
+					for i0 := bi * mc; i0 < min((bi+1)*mc, M); i0 += mr {
+						ni := min(mr, M-i0)
+						ap := &bufA[i0*kc]
+						if ni == mr && nj == nr {
+							kn.fn(kc, ap, bp, &C[i0*ldc+j0], ldc, accum)
+							continue
+						}
+						kn.fn(kc, ap, bp, &tmp[0], nr, false)
+						for ii := 0; ii < ni; ii++ {
+							c := C[(i0+ii)*ldc+j0 : (i0+ii)*ldc+j0+nj]
+							t := tmp[ii*nr : ii*nr+nj]
+							if accum {
+								for jj, v := range t {
+									c[jj] += v
+								}
+							} else {
+								copy(c, t)
+							}
+						}
+					}
+				}
+			})
+		}
+	}
+	packPool.Put(pa)
+	packPool.Put(pb)
+}
+
+// packA writes rows i0..i0+ni of op(A), columns pc..pc+kc, as dst[k·mr+ii], zero-padding
+// rows ni..mr.
+func packA(dst, A []float32, ars, acs, i0, ni, pc, kc, mr int) {
+	dst = dst[:kc*mr]
+	if acs == 1 {
+		for ii := 0; ii < ni; ii++ {
+			src := A[(i0+ii)*ars+pc:][:kc]
+			for k, v := range src {
+				dst[k*mr+ii] = v
+			}
+		}
+		if ni < mr {
+			for k := 0; k < kc; k++ {
+				clear(dst[k*mr+ni : k*mr+mr])
+			}
+		}
+		return
+	}
+	for k := 0; k < kc; k++ {
+		d := dst[k*mr : k*mr+mr]
+		if ars == 1 {
+			copy(d, A[i0+(pc+k)*acs:][:ni])
+		} else {
+			for ii := 0; ii < ni; ii++ {
+				d[ii] = A[(i0+ii)*ars+(pc+k)*acs]
+			}
+		}
+		clear(d[ni:])
+	}
+}
+
+// packB writes columns j0..j0+nj of op(B), rows pc..pc+kc, as dst[k·nr+jj], zero-padding
+// columns nj..nr.
+func packB(dst, B []float32, brs, bcs, j0, nj, pc, kc, nr int) {
+	dst = dst[:kc*nr]
+	if bcs == 1 {
+		for k := 0; k < kc; k++ {
+			d := dst[k*nr : k*nr+nr]
+			copy(d, B[(pc+k)*brs+j0:][:nj])
+			clear(d[nj:])
+		}
+		return
+	}
+	if brs == 1 {
+		jj := 0
+		for ; jj+4 <= nj; jj += 4 {
+			s0 := B[(j0+jj)*bcs+pc:][:kc]
+			s1 := B[(j0+jj+1)*bcs+pc:][:kc]
+			s2 := B[(j0+jj+2)*bcs+pc:][:kc]
+			s3 := B[(j0+jj+3)*bcs+pc:][:kc]
+			for k := range s0 {
+				d := dst[k*nr+jj : k*nr+jj+4 : k*nr+jj+4]
+				d[0], d[1], d[2], d[3] = s0[k], s1[k], s2[k], s3[k]
+			}
+		}
+		for ; jj < nj; jj++ {
+			src := B[(j0+jj)*bcs+pc:][:kc]
+			for k, v := range src {
+				dst[k*nr+jj] = v
+			}
+		}
+	} else {
+		for k := 0; k < kc; k++ {
+			for jj := 0; jj < nj; jj++ {
+				dst[k*nr+jj] = B[(pc+k)*brs+(j0+jj)*bcs]
+			}
+		}
+	}
+	if nj < nr {
+		for k := 0; k < kc; k++ {
+			clear(dst[k*nr+nj : k*nr+nr])
+		}
+	}
+}
+
+// sgemmNTSmall computes C[M,N] (+)= A[M,K]·B[N,K]ᵀ for a few rows of A without packing:
+// the dot kernel reads rows of B in place (each B row once per pair of A rows, from cache
+// within a task). Each element is Σ of 8 lane sums (fixed order) plus the k tail.
+func sgemmNTSmall(kn *sgemmKernel, C, A, B []float32, M, N, K int, acc bool) {
+	const rowsPerTask = 64
+	k8 := K / 8
+	nt := (N + rowsPerTask - 1) / rowsPerTask
+	parallelFor(nt, M*N*K, func(t int) {
+		var out [64]float32
+		j0, j1 := t*rowsPerTask, min(t*rowsPerTask+rowsPerTask, N)
+		for i := 0; i < M; i += 2 {
+			i1 := min(i+1, M-1)
+			a0, a1 := A[i*K:i*K+K], A[i1*K:i1*K+K]
+			for j := j0; j < j1; {
+				w, ldb := 4, K
+				if j1-j < 4 {
+					w, ldb = 1, 0 // one row of B at a time (repeated in all four slots)
+				}
+				if k8 > 0 {
+					kn.dot(k8, &a0[0], &a1[0], &B[j*K], ldb, &out)
+				}
+				for r := 0; r < 2 && i+r < M; r++ {
+					a := a0
+					if r == 1 {
+						a = a1
+					}
+					c := C[(i+r)*N+j : (i+r)*N+j+w]
+					for jj := range c {
+						var s float32
+						if k8 > 0 {
+							l := out[8*(r*4+jj) : 8*(r*4+jj)+8]
+							s = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
+						}
+						b := B[(j+jj)*K : (j+jj)*K+K]
+						for k := 8 * k8; k < K; k++ {
+							s += a[k] * b[k]
+						}
+						if acc {
+							c[jj] += s
+						} else {
+							c[jj] = s
+						}
+					}
+				}
+				j += w
+			}
+		}
+	})
+}
+
+// Float32 entry points used by MatMulT, MatMul and MatMulTN.
+
+func sgemmNT(C, A, B []float32, M, N, K int, acc bool) {
+	kn := activeKernel
+	if M <= smallM && kn.dot != nil {
+		sgemmNTSmall(kn, C, A, B, M, N, K, acc)
+		return
+	}
+	sgemm(kn, M, N, K, A, K, 1, B, 1, K, C, N, acc)
+}
+
+func sgemmNN(C, A, B []float32, M, N, K int, acc bool) {
+	sgemm(activeKernel, M, N, K, A, K, 1, B, N, 1, C, N, acc)
+}
+
+func sgemmTN(C, A, B []float32, M, N, K int) {
+	sgemm(activeKernel, M, N, K, A, 1, M, B, N, 1, C, N, true)
+}

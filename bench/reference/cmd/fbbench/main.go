@@ -1,0 +1,223 @@
+// Command fbbench measures the reference engine's forward_backward and sampling throughput
+// on one model folder, the way bench/reference/torch_compare.py measures PyTorch on the same
+// folder. It prints one JSON object (with -json) or a short text report.
+//
+//	go run ./bench/reference/cmd/fbbench -model DIR -json
+//	go run ./bench/reference/cmd/fbbench -write-tiny DIR   # writes loops/tiny and exits
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"sort"
+	"syscall"
+	"time"
+
+	"github.com/loops-dev/loops/backends/reference/nn"
+	"github.com/loops-dev/loops/backends/reference/tiny"
+)
+
+type result struct {
+	Model       string  `json:"model"`
+	Params      int     `json:"params"`
+	Kernel      string  `json:"kernel"`
+	Threads     int     `json:"threads"`
+	LoadSeconds float64 `json:"load_seconds"`
+
+	FBBatch        int       `json:"fb_batch"`
+	FBSeqLen       int       `json:"fb_seq_len"`
+	FBSeconds      []float64 `json:"fb_seconds,omitempty"`
+	FBTokensPerSec float64   `json:"fb_tokens_per_s,omitempty"`
+	FBLoss         float64   `json:"fb_loss_sum,omitempty"`
+
+	Samples            int       `json:"samples"`
+	PromptLen          int       `json:"prompt_len"`
+	NewTokens          int       `json:"new_tokens"`
+	SampleSeconds      []float64 `json:"sample_seconds,omitempty"`
+	SampleTokensPerSec float64   `json:"sample_tokens_per_s,omitempty"`
+
+	PeakRSSMiB float64 `json:"peak_rss_mib"`
+}
+
+func main() {
+	var (
+		model     = flag.String("model", "", "model folder (config.json + *.safetensors)")
+		writeTiny = flag.String("write-tiny", "", "write the loops/tiny model folder to this directory and exit")
+		tokFile   = flag.String("tokens", "", "JSON file {\"fb\": [[ids]...], \"prompt\": [ids]} (default: random ids from seed 1)")
+		batch     = flag.Int("batch", 4, "forward_backward sequences")
+		seqLen    = flag.Int("seq", 128, "forward_backward tokens per sequence")
+		samples   = flag.Int("samples", 4, "samples per sampling request")
+		promptLen = flag.Int("prompt", 32, "prompt tokens")
+		newTok    = flag.Int("new", 64, "new tokens per sample")
+		rank      = flag.Int("rank", 16, "LoRA rank (attn + mlp)")
+		iters     = flag.Int("iters", 3, "timed iterations of each measurement")
+		warmup    = flag.Int("warmup", 1, "untimed iterations first")
+		threads   = flag.Int("threads", runtime.NumCPU(), "kernel goroutines")
+		modes     = flag.String("modes", "fb,sample", "what to measure: fb, sample or both")
+		jsonOut   = flag.Bool("json", false, "print JSON")
+		cpuProf   = flag.String("cpuprofile", "", "write a CPU profile of the timed iterations")
+	)
+	flag.Parse()
+	if *writeTiny != "" {
+		if err := tiny.Write(*writeTiny); err != nil {
+			fail(err)
+		}
+		return
+	}
+	if *model == "" {
+		fail(fmt.Errorf("-model is required"))
+	}
+	nn.SetThreads(*threads)
+	t0 := time.Now()
+	m, err := nn.Load[float32](*model)
+	if err != nil {
+		fail(err)
+	}
+	runtime.GC()
+	res := result{Model: *model, Params: m.ParamCount(), Kernel: nn.KernelName(), Threads: *threads,
+		LoadSeconds: time.Since(t0).Seconds(), FBBatch: *batch, FBSeqLen: *seqLen,
+		Samples: *samples, PromptLen: *promptLen, NewTokens: *newTok}
+	V := m.Cfg.Vocab
+	var fbTok [][]int
+	var prompt []int
+	if *tokFile != "" {
+		b, err := os.ReadFile(*tokFile)
+		if err != nil {
+			fail(err)
+		}
+		var tf struct {
+			FB     [][]int `json:"fb"`
+			Prompt []int   `json:"prompt"`
+		}
+		if err := json.Unmarshal(b, &tf); err != nil {
+			fail(err)
+		}
+		fbTok, prompt = tf.FB, tf.Prompt
+		res.FBBatch, res.PromptLen = len(fbTok), len(prompt)
+		if len(fbTok) > 0 {
+			res.FBSeqLen = len(fbTok[0]) - 1
+		}
+	} else {
+		r := rand.New(rand.NewPCG(1, 1))
+		for s := 0; s < *batch; s++ {
+			t := make([]int, *seqLen+1)
+			for i := range t {
+				t[i] = r.IntN(V)
+			}
+			fbTok = append(fbTok, t)
+		}
+		for i := 0; i < *promptLen; i++ {
+			prompt = append(prompt, r.IntN(V))
+		}
+	}
+	ad, err := nn.NewAdapter(m, nn.LoraConfig{Rank: *rank, Seed: 1, Attn: true, MLP: true})
+	if err != nil {
+		fail(err)
+	}
+	if *cpuProf != "" {
+		f, err := os.Create(*cpuProf)
+		if err != nil {
+			fail(err)
+		}
+		_ = pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
+	want := map[string]bool{}
+	for _, s := range splitComma(*modes) {
+		want[s] = true
+	}
+	if want["fb"] {
+		// Sequence s of n+1 ids: inputs ids[:n], targets ids[1:] (next-token prediction).
+		var seqs []nn.Seq[float32]
+		tokens := 0
+		for _, t := range fbTok {
+			n := len(t) - 1
+			seqs = append(seqs, nn.Seq[float32]{Tokens: t[:n], Targets: t[1:], K: 1, Adapter: ad})
+			tokens += n
+		}
+		ce := func(_, _, _ int, lp float64) (float64, float64) { return -lp, -1 }
+		for i := 0; i < *warmup+*iters; i++ {
+			t := time.Now()
+			outs := m.ForwardBackward(seqs, ce, true)
+			d := time.Since(t).Seconds()
+			ad.ZeroGrad()
+			if i == 0 {
+				for _, o := range outs {
+					for _, l := range o.Loss {
+						res.FBLoss += l
+					}
+				}
+			}
+			if i >= *warmup {
+				res.FBSeconds = append(res.FBSeconds, d)
+			}
+		}
+		res.FBTokensPerSec = float64(tokens) / median(res.FBSeconds)
+	}
+	if want["sample"] {
+		seed := uint64(1)
+		for i := 0; i < *warmup+*iters; i++ {
+			t := time.Now()
+			out, _ := m.Sample(prompt, ad, *samples, nn.SampleParams{MaxTokens: *newTok, Temperature: 1, TopP: 1, Seed: &seed}, false, 0)
+			d := time.Since(t).Seconds()
+			gen := 0
+			for _, s := range out {
+				gen += len(s.Tokens)
+			}
+			if i >= *warmup {
+				res.SampleSeconds = append(res.SampleSeconds, d)
+				res.SampleTokensPerSec = float64(gen) / median(res.SampleSeconds)
+			}
+		}
+	}
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	res.PeakRSSMiB = float64(ru.Maxrss) / 1024 // Linux: KiB
+	if *jsonOut {
+		b, _ := json.Marshal(res)
+		fmt.Println(string(b))
+		return
+	}
+	fmt.Printf("model %s (%d params), kernel %s, %d threads, load %.1fs\n", res.Model, res.Params, res.Kernel, res.Threads, res.LoadSeconds)
+	if want["fb"] {
+		fmt.Printf("forward_backward %dx%d: %.1f tokens/s (steps %v s), loss sum %.4f\n", res.FBBatch, res.FBSeqLen, res.FBTokensPerSec, res.FBSeconds, res.FBLoss)
+	}
+	if want["sample"] {
+		fmt.Printf("sample %d x %d (prompt %d): %.1f tokens/s (runs %v s)\n", res.Samples, res.NewTokens, res.PromptLen, res.SampleTokensPerSec, res.SampleSeconds)
+	}
+	fmt.Printf("peak RSS %.0f MiB\n", res.PeakRSSMiB)
+}
+
+func median(x []float64) float64 {
+	s := append([]float64(nil), x...)
+	sort.Float64s(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+func splitComma(s string) []string {
+	var out []string
+	start := 0
+	for i := 0; i <= len(s); i++ {
+		if i == len(s) || s[i] == ',' {
+			if i > start {
+				out = append(out, s[start:i])
+			}
+			start = i + 1
+		}
+	}
+	return out
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "fbbench:", err)
+	os.Exit(1)
+}
