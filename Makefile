@@ -77,3 +77,15 @@ generate-ts: protodeps ## Regenerate gen/ts (TypeScript for loops.v1) with buf a
 test-clients: protodeps ## Generated TypeScript (Connect) and Python (gRPC) clients: stubs current, SFT loop + sample against loops serve
 	bash clients/ts/run.sh
 	bash clients/python/run.sh
+
+.PHONY: test-torch
+test-torch: ## The torch worker: Python tests, then the Go worker client tests incl. the backend contract suite against a local CPU worker (cached venv)
+	bash backends/torch/run-tests.sh
+
+.PHONY: test-sdk-matrix
+test-sdk-matrix: ## Real tinker SDK releases (0.18.2, 0.24.1, 0.30.4, 0.38.0) × features; writes tests/sdk_matrix/MATRIX.md
+	bash tests/sdk_matrix/run.sh
+
+.PHONY: test-cookbook
+test-cookbook: ## tinker-cookbook 0.6.1 recipes (chat_sl, math_rl sync/async/stream × IS/PPO/CISPO) unmodified against loops serve
+	bash tests/cookbook/run.sh

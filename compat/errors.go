@@ -28,9 +28,10 @@ func tooLarge(format string, args ...any) error {
 	return &apiError{status: http.StatusRequestEntityTooLarge, code: "resource_exhausted", detail: fmt.Sprintf(format, args...)}
 }
 
-// notImplemented returns a 501 error for a Tinker route Loops does not serve.
+// notImplemented returns the error for a Tinker route Loops does not serve: a 404, not a
+// 501, because the SDK retries every 5xx for minutes while a 404 fails the call at once.
 func notImplemented(format string, args ...any) error {
-	return &apiError{status: http.StatusNotImplemented, code: "unimplemented", detail: fmt.Sprintf(format, args...)}
+	return &apiError{status: http.StatusNotFound, code: "unimplemented", detail: fmt.Sprintf(format, args...)}
 }
 
 // statusForCode is the one table that maps core (connect) error codes to HTTP statuses.

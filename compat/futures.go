@@ -116,6 +116,11 @@ func (s *server) writeResult(w http.ResponseWriter, r *http.Request, op *loopsv1
 		if out.Path == "" {
 			out.Path = sw.GetCheckpoint().GetTinkerPath()
 		}
+		if out.SamplingSessionID != "" {
+			// An unnamed sampler save answers with the sampler only: tinker 0.18 asserts
+			// that such a result has no path.
+			out.Path = ""
+		}
 		writeJSON(w, http.StatusOK, out)
 	case loopsv1.OperationKind_OPERATION_KIND_LOAD_WEIGHTS:
 		lw := op.GetLoadWeights()

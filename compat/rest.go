@@ -243,8 +243,10 @@ func (s *server) setCheckpointTTL(w http.ResponseWriter, r *http.Request) error 
 	return nil
 }
 
-// checkpointArchive answers {"url","expires"}; a relative URL from the core is made
-// absolute with the request's scheme and Host.
+// checkpointArchive answers 302 with the archive's URL in Location and its expiry in
+// Expires (every SDK release accepts that; 0.18 accepts nothing else), and the same as JSON
+// {"url","expires"} in the body. A relative URL from the core is made absolute with the
+// request's scheme and Host.
 func (s *server) checkpointArchive(w http.ResponseWriter, r *http.Request) error {
 	p, err := s.checkpointPath(r)
 	if err != nil {
@@ -269,7 +271,9 @@ func (s *server) checkpointArchive(w http.ResponseWriter, r *http.Request) error
 	if exp == nil {
 		exp = timestamppb.New(time.Now().Add(15 * time.Minute))
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"url": u, "expires": rfc3339(exp)})
+	w.Header().Set("Location", u)
+	w.Header().Set("Expires", exp.AsTime().UTC().Format(http.TimeFormat))
+	writeJSON(w, http.StatusFound, map[string]string{"url": u, "expires": rfc3339(exp)})
 	return nil
 }
 

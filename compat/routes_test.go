@@ -59,7 +59,10 @@ func TestBootstrapRoutes(t *testing.T) {
 	require.Equal(t, 404, e.postJSON("/api/v1/sessions/zzz/finish", `{"reason":{"type":"success"}}`).status)
 	require.Equal(t, "finished: success", e.core.sessions[sid].GetEndReason())
 
-	require.Equal(t, 501, e.postJSON("/api/v1/retrieve_futures", `{}`).status)
+	// Unserved routes are a 404 the SDK fails on at once (it retries a 5xx for minutes).
+	unserved := e.postJSON("/api/v1/retrieve_futures", `{}`)
+	require.Equal(t, 404, unserved.status)
+	require.Contains(t, unserved.json(t)["detail"], "not supported by Loops")
 	require.Equal(t, 404, e.get("/api/v1/no_such_route").status)
 	require.Equal(t, 400, e.postJSON("/api/v1/create_session", `{"tags":`).status)
 }
@@ -289,7 +292,8 @@ func TestRetrieveFuture(t *testing.T) {
 	e.core.finish(id4, func(op *loopsv1.Operation) {
 		op.Result = &loopsv1.Operation_SaveWeights{SaveWeights: &loopsv1.SaveWeightsResult{Path: "tinker://r/sampler_weights/eph", SamplerId: "smp9"}}
 	})
-	require.JSONEq(t, `{"path":"tinker://r/sampler_weights/eph","sampling_session_id":"smp9"}`, string(post(id4, "").body))
+	// An unnamed sampler save answers with the sampler only (tinker 0.18 asserts no path).
+	require.JSONEq(t, `{"sampling_session_id":"smp9"}`, string(post(id4, "").body))
 
 	// Create model result.
 	sid := e.postJSON("/api/v1/create_session", `{}`).json(t)["session_id"].(string)
@@ -400,7 +404,9 @@ func TestRESTRoutes(t *testing.T) {
 	require.Equal(t, 400, e.do("PUT", base+"/ttl", []byte(`{"ttl_seconds":0}`), nil).status)
 
 	r = e.get(base + "/archive")
-	require.Equal(t, 200, r.status)
+	require.Equal(t, 302, r.status)
+	require.Equal(t, e.srv.URL+"/archive/abc.tar?sig=1", r.header.Get("Location"))
+	require.Equal(t, "Tue, 01 Jan 2030 00:15:00 GMT", r.header.Get("Expires"))
 	require.Equal(t, e.srv.URL+"/archive/abc.tar?sig=1", r.json(t)["url"])
 	require.Equal(t, "2030-01-01T00:15:00Z", r.json(t)["expires"])
 
