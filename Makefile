@@ -17,7 +17,7 @@ build: ## Build the loops binary into ./bin/loops
 	$(GO) build -o bin/loops ./cmd/loops
 
 .PHONY: test
-test: check test-go test-e2e test-clients ## Everything CI runs: checks, Go tests, the tinker SDK end-to-end suite, generated clients
+test: check test-go test-e2e test-clients test-torch test-sdk-matrix test-cookbook ## Everything CI runs
 
 .PHONY: test-go
 test-go: ## The fast path: Go unit, contract and fuzz-seed tests (no Python)
