@@ -371,6 +371,19 @@ func (f *fakeCore) GetCheckpointArchiveURL(_ context.Context, r *loopsv1.GetChec
 		ExpireTime: timestamppb.New(time.Date(2030, 1, 1, 0, 15, 0, 0, time.UTC))}, nil
 }
 
+func (f *fakeCore) GetCheckpointFileURLs(_ context.Context, r *loopsv1.GetCheckpointFileURLsRequest) (*loopsv1.GetCheckpointFileURLsResponse, error) {
+	if err := f.enter("GetCheckpointFileURLs", r); err != nil {
+		return nil, err
+	}
+	if _, err := f.ckpt(r.Path); err != nil {
+		return nil, err
+	}
+	return &loopsv1.GetCheckpointFileURLsResponse{
+		Urls:       map[string]string{"adapter_config.json": "/files/tok/adapter_config.json"},
+		ExpireTime: timestamppb.New(time.Date(2030, 1, 1, 0, 15, 0, 0, time.UTC)),
+	}, nil
+}
+
 // SamplingService.
 
 func (f *fakeCore) CreateSampler(_ context.Context, r *loopsv1.CreateSamplerRequest) (*loopsv1.Sampler, error) {

@@ -30,8 +30,11 @@ func rfc3339(ts *timestamppb.Timestamp) string {
 }
 
 func kindSegment(k loopsv1.CheckpointKind) string {
-	if k == loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER {
+	switch k {
+	case loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER:
 		return "sampler_weights"
+	case loopsv1.CheckpointKind_CHECKPOINT_KIND_EXTERNAL:
+		return "external_weights"
 	}
 	return "weights"
 }
@@ -44,8 +47,11 @@ func checkpointToJSON(c *loopsv1.Checkpoint) *checkpointJSON {
 		CheckpointID: c.GetId(), CheckpointType: "training", Time: rfc3339(c.GetCreateTime()),
 		TinkerPath: c.GetTinkerPath(), Public: c.GetPublic(),
 	}
-	if c.GetKind() == loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER {
+	switch c.GetKind() {
+	case loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER:
 		out.CheckpointType = "sampler"
+	case loopsv1.CheckpointKind_CHECKPOINT_KIND_EXTERNAL:
+		out.CheckpointType = "external"
 	}
 	if out.CheckpointID == "" {
 		out.CheckpointID = kindSegment(c.GetKind()) + "/" + c.GetName()
@@ -181,8 +187,8 @@ func (s *server) listUserCheckpoints(w http.ResponseWriter, r *http.Request) err
 // checkpointPath rebuilds tinker://<run>/<kind>/<name> from the REST path.
 func (s *server) checkpointPath(r *http.Request) (string, error) {
 	run, kind, name := r.PathValue("run"), r.PathValue("kind"), r.PathValue("name")
-	if kind != "weights" && kind != "sampler_weights" {
-		return "", badRequest("checkpoint id %q must be weights/<name> or sampler_weights/<name>", kind+"/"+name)
+	if kind != "weights" && kind != "sampler_weights" && kind != "external_weights" {
+		return "", badRequest("checkpoint id %q must be weights/<name>, sampler_weights/<name> or external_weights/<name>", kind+"/"+name)
 	}
 	if name == "" || strings.Contains(name, "/") {
 		return "", badRequest("checkpoint name %q is invalid", name)
@@ -243,6 +249,40 @@ func (s *server) setCheckpointTTL(w http.ResponseWriter, r *http.Request) error 
 	return nil
 }
 
+// externalWeightsURLs answers {"urls": {file: url}, "expires"} for an exported checkpoint
+// (tinker 0.38's `tinker checkpoint download`); relative URLs are made absolute.
+func (s *server) externalWeightsURLs(w http.ResponseWriter, r *http.Request) error {
+	p, err := s.checkpointPath(r)
+	if err != nil {
+		return err
+	}
+	res, err := s.svc.Checkpoints.GetCheckpointFileURLs(r.Context(), &loopsv1.GetCheckpointFileURLsRequest{Path: p})
+	if err != nil {
+		return err
+	}
+	urls := make(map[string]string, len(res.GetUrls()))
+	for name, u := range res.GetUrls() {
+		urls[name] = absoluteURL(r, u)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"urls": urls, "expires": rfc3339(res.GetExpireTime())})
+	return nil
+}
+
+// absoluteURL makes a server-relative URL ("/…") absolute with the request's scheme and Host.
+func absoluteURL(r *http.Request, u string) string {
+	if !strings.HasPrefix(u, "/") {
+		return u
+	}
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	if fp := r.Header.Get("X-Forwarded-Proto"); fp == "https" || fp == "http" {
+		scheme = fp
+	}
+	return scheme + "://" + r.Host + u
+}
+
 // checkpointArchive answers 302 with the archive's URL in Location and its expiry in
 // Expires (every SDK release accepts that; 0.18 accepts nothing else), and the same as JSON
 // {"url","expires"} in the body. A relative URL from the core is made absolute with the
@@ -256,17 +296,7 @@ func (s *server) checkpointArchive(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	u := res.GetUrl()
-	if strings.HasPrefix(u, "/") {
-		scheme := "http"
-		if r.TLS != nil {
-			scheme = "https"
-		}
-		if fp := r.Header.Get("X-Forwarded-Proto"); fp == "https" || fp == "http" {
-			scheme = fp
-		}
-		u = scheme + "://" + r.Host + u
-	}
+	u := absoluteURL(r, res.GetUrl())
 	exp := res.GetExpireTime()
 	if exp == nil {
 		exp = timestamppb.New(time.Now().Add(15 * time.Minute))

@@ -29,6 +29,7 @@ func (s *server) routes(mux *http.ServeMux) {
 	s.handle(mux, "POST /api/v1/forward", s.forward)
 	s.handle(mux, "POST /api/v1/optim_step", s.optimStep)
 	s.handle(mux, "POST /api/v1/save_weights", s.saveWeights)
+	s.handle(mux, "POST /api/v1/save_weights_external", s.saveWeightsExternal)
 	s.handle(mux, "POST /api/v1/save_weights_for_sampler", s.saveWeightsForSampler)
 	s.handle(mux, "POST /api/v1/load_weights", s.loadWeights)
 	s.handle(mux, "POST /api/v1/weights_info", s.weightsInfo)
@@ -51,6 +52,7 @@ func (s *server) routes(mux *http.ServeMux) {
 	s.handle(mux, "DELETE /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/publish", s.publishCheckpoint(false))
 	s.handle(mux, "PUT /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/ttl", s.setCheckpointTTL)
 	s.handle(mux, "GET /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/archive", s.checkpointArchive)
+	s.handle(mux, "GET /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/external_weights_urls", s.externalWeightsURLs)
 	s.handle(mux, "GET /api/v1/sessions", s.listSessions)
 	s.handle(mux, "GET /api/v1/sessions/{id}", s.getSession)
 
@@ -62,8 +64,6 @@ func (s *server) routes(mux *http.ServeMux) {
 		"POST /api/v1/join_sampling_session",
 		"POST /api/v1/create_custom_loss",
 		"POST /api/v1/copy_weights",
-		"POST /api/v1/save_weights_external",
-		"GET /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/external_weights_urls",
 		"POST /api/v1/sessions/search",
 		"PUT /api/v1/sessions/{id}/project",
 		"GET /api/v1/sessions/{id}/trace_export",

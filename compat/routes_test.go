@@ -109,6 +109,13 @@ func TestTrainingRoutes(t *testing.T) {
 		e.core.lastReq("SaveWeights"), protocmp.Transform()))
 	require.Equal(t, 400, e.postJSON("/api/v1/save_weights", fmt.Sprintf(`{"model_id":%q,"path":"a/b","seq_id":7}`, run)).status)
 
+	require.Equal(t, 200, e.postJSON("/api/v1/save_weights_external", fmt.Sprintf(`{"model_id":%q,"path":"download","seq_id":7,"ttl_seconds":3600,"type":"save_weights_external"}`, run)).status)
+	require.Empty(t, cmp.Diff(&loopsv1.SaveWeightsRequest{TrainingRunId: run, SeqId: 7, Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_EXTERNAL, Name: "download", TtlSeconds: &ttl},
+		e.core.lastReq("SaveWeights"), protocmp.Transform()))
+	enc := e.postJSON("/api/v1/save_weights_external", fmt.Sprintf(`{"model_id":%q,"path":"x","seq_id":7,"age_encryption_recipients":["age1xyz"]}`, run))
+	require.Equal(t, 400, enc.status)
+	require.Contains(t, enc.json(t)["detail"], "age_encryption_recipients is not supported")
+
 	require.Equal(t, 200, e.postJSON("/api/v1/save_weights_for_sampler", fmt.Sprintf(`{"model_id":%q,"path":"s1","kind":"snapshot","seq_id":7}`, run)).status)
 	require.Empty(t, cmp.Diff(&loopsv1.SaveWeightsRequest{TrainingRunId: run, SeqId: 7, Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER, Name: "s1"},
 		e.core.lastReq("SaveWeights"), protocmp.Transform()))
@@ -402,6 +409,11 @@ func TestRESTRoutes(t *testing.T) {
 	require.Equal(t, 200, e.do("PUT", base+"/ttl", []byte(`{"ttl_seconds":null}`), nil).status)
 	require.Nil(t, e.core.lastReq("SetCheckpointTTL").(*loopsv1.SetCheckpointTTLRequest).TtlSeconds)
 	require.Equal(t, 400, e.do("PUT", base+"/ttl", []byte(`{"ttl_seconds":0}`), nil).status)
+
+	r = e.get(base + "/external_weights_urls")
+	require.Equal(t, 200, r.status)
+	require.Equal(t, map[string]any{"adapter_config.json": e.srv.URL + "/files/tok/adapter_config.json"}, r.json(t)["urls"])
+	require.Equal(t, "2030-01-01T00:15:00Z", r.json(t)["expires"])
 
 	r = e.get(base + "/archive")
 	require.Equal(t, 302, r.status)

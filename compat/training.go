@@ -331,6 +331,46 @@ func (s *server) saveWeights(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// saveWeightsExternal exports the adapter as a PEFT folder under external_weights/<name>
+// (tinker 0.38's TrainingClient.save_weights_external; the CLI's checkpoint download).
+func (s *server) saveWeightsExternal(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		ModelID           string   `json:"model_id"`
+		Path              string   `json:"path"`
+		SeqID             *int64   `json:"seq_id"`
+		TTLSeconds        *int64   `json:"ttl_seconds"`
+		EncryptRecipients []string `json:"age_encryption_recipients"`
+	}
+	if err := s.decodeJSONBody(w, r, &req); err != nil {
+		return err
+	}
+	if len(req.EncryptRecipients) > 0 {
+		return badRequest("age_encryption_recipients is not supported by Loops: export without encryption")
+	}
+	if req.Path == "" {
+		return badRequest("path (the export's name) is required for save_weights_external")
+	}
+	if err := checkName(req.Path); err != nil {
+		return err
+	}
+	if err := checkTTL(req.TTLSeconds); err != nil {
+		return err
+	}
+	id, err := s.resolveModel(r.Context(), req.ModelID)
+	if err != nil {
+		return err
+	}
+	op, err := s.svc.Training.SaveWeights(r.Context(), &loopsv1.SaveWeightsRequest{
+		TrainingRunId: id, SeqId: derefInt(req.SeqID), Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_EXTERNAL,
+		Name: req.Path, TtlSeconds: req.TTLSeconds,
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: req.ModelID})
+	return nil
+}
+
 func (s *server) saveWeightsForSampler(w http.ResponseWriter, r *http.Request) error {
 	var req struct {
 		ModelID              string `json:"model_id"`

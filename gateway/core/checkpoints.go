@@ -27,7 +27,8 @@ import (
 )
 
 // PathScheme is the scheme of checkpoint paths: tinker://<run>/weights/<name> for training
-// checkpoints and tinker://<run>/sampler_weights/<name> for sampler checkpoints.
+// checkpoints, tinker://<run>/sampler_weights/<name> for sampler checkpoints and
+// tinker://<run>/external_weights/<name> for exported adapters.
 const PathScheme = "tinker://"
 
 // ephemeralTTL is how long an unnamed sampler checkpoint (save_weights_and_get_sampling_client)
@@ -38,8 +39,11 @@ const ephemeralTTL = 24 * time.Hour
 const completeMarker = "checkpoint_complete"
 
 func kindSegment(k loopsv1.CheckpointKind) string {
-	if k == loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER {
+	switch k {
+	case loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER:
 		return "sampler_weights"
+	case loopsv1.CheckpointKind_CHECKPOINT_KIND_EXTERNAL:
+		return "external_weights"
 	}
 	return "weights"
 }
@@ -56,8 +60,10 @@ func ParsePath(path string) (runID string, kind loopsv1.CheckpointKind, name str
 		kind = loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING
 	case "sampler_weights":
 		kind = loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER
+	case "external_weights":
+		kind = loopsv1.CheckpointKind_CHECKPOINT_KIND_EXTERNAL
 	default:
-		return "", 0, "", invalidArgument("checkpoint path %q has kind %q: use weights or sampler_weights", path, parts[1])
+		return "", 0, "", invalidArgument("checkpoint path %q has kind %q: use weights, sampler_weights or external_weights", path, parts[1])
 	}
 	if err := validateCheckpointName(parts[2]); err != nil {
 		return "", 0, "", err
@@ -154,9 +160,10 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 		return nil, internal("recording checkpoint", err)
 	}
 	r.update(ctx, func(i *loopsv1.TrainingRun) {
-		if kind == loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING {
+		switch kind {
+		case loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING:
 			i.LastCheckpoint = ck
-		} else {
+		case loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER:
 			i.LastSamplerCheckpoint = ck
 		}
 	})
@@ -323,6 +330,37 @@ func (s CheckpointService) GetCheckpointArchiveURL(ctx context.Context, req *loo
 	return &loopsv1.GetCheckpointArchiveURLResponse{Url: ArchivePathPrefix + tok + ".tar", ExpireTime: timestamppb.New(exp)}, nil
 }
 
+// GetCheckpointFileURLs returns a short-lived URL path for each file of a checkpoint.
+func (s CheckpointService) GetCheckpointFileURLs(ctx context.Context, req *loopsv1.GetCheckpointFileURLsRequest) (*loopsv1.GetCheckpointFileURLsResponse, error) {
+	ws, err := auth.RequireWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	_, dir, err := s.c.resolveCheckpoint(ctx, ws, req.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	exp := s.c.now().Add(s.c.opts.ArchiveURLTTL)
+	tok := s.c.archives.issue(archiveTarget{dir: dir, expires: exp})
+	out := &loopsv1.GetCheckpointFileURLsResponse{Urls: map[string]string{}, ExpireTime: timestamppb.New(exp)}
+	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() || d.Name() == completeMarker {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		out.Urls[rel] = ArchivePathPrefix + tok + "/" + rel
+		return nil
+	})
+	if err != nil {
+		return nil, internal("listing checkpoint files", err)
+	}
+	return out, nil
+}
+
 type archiveTarget struct {
 	dir     string
 	name    string
@@ -364,13 +402,32 @@ func (a *archiveTokens) sweep(now time.Time) {
 	}
 }
 
-// ArchiveHandler serves checkpoint archives (tar) at ArchivePathPrefix + token + ".tar".
+// ArchiveHandler serves checkpoint downloads: a tar of the folder at ArchivePathPrefix +
+// token + ".tar", and single files at ArchivePathPrefix + token + "/" + relative path.
 func (c *Core) ArchiveHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tok := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, ArchivePathPrefix), ".tar")
+		rest := strings.TrimPrefix(r.URL.Path, ArchivePathPrefix)
+		tok, file, isFile := strings.Cut(rest, "/")
+		tok = strings.TrimSuffix(tok, ".tar")
 		t, ok := c.archives.get(tok, c.now())
 		if !ok {
-			http.Error(w, `{"detail":"archive link unknown or expired: ask for a new one"}`, http.StatusNotFound)
+			http.Error(w, `{"detail":"download link unknown or expired: ask for a new one"}`, http.StatusNotFound)
+			return
+		}
+		if isFile {
+			// The file must be a regular file inside the checkpoint folder.
+			clean := filepath.Clean(filepath.FromSlash(file))
+			if file == "" || filepath.IsAbs(clean) || clean == ".." || strings.HasPrefix(clean, ".."+string(filepath.Separator)) {
+				http.Error(w, `{"detail":"no such file in this checkpoint"}`, http.StatusNotFound)
+				return
+			}
+			p := filepath.Join(t.dir, clean)
+			if info, err := os.Lstat(p); err != nil || !info.Mode().IsRegular() {
+				http.Error(w, `{"detail":"no such file in this checkpoint"}`, http.StatusNotFound)
+				return
+			}
+			w.Header().Set("Content-Type", "application/octet-stream")
+			http.ServeFile(w, r, p)
 			return
 		}
 		w.Header().Set("Content-Type", "application/x-tar")

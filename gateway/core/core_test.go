@@ -2,8 +2,12 @@ package core
 
 import (
 	"context"
+	"io"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -455,4 +459,34 @@ func TestLostAdapterIsRecreatedAndRunMarkedCorrupted(t *testing.T) {
 	info, err = h.svc.Training.GetTrainingRun(h.ctx, &loopsv1.GetTrainingRunRequest{Id: run})
 	require.NoError(t, err)
 	require.False(t, info.GetCorrupted())
+}
+
+func TestExternalWeightsDownloadFileByFile(t *testing.T) {
+	h := newHarness(t, t.TempDir(), Options{})
+	run := h.newRun()
+	op, err := h.svc.Training.SaveWeights(h.ctx, &loopsv1.SaveWeightsRequest{TrainingRunId: run, Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_EXTERNAL, Name: "export"})
+	require.NoError(t, err)
+	path := h.wait(op).GetSaveWeights().GetPath()
+	require.Equal(t, "tinker://"+run+"/external_weights/export", path)
+	urls, err := h.svc.Checkpoints.GetCheckpointFileURLs(h.ctx, &loopsv1.GetCheckpointFileURLsRequest{Path: path})
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"adapter_config.json", "adapter_model.safetensors"}, mapKeys(urls.GetUrls()), "no optimizer state, no marker")
+	srv := httptest.NewServer(h.core.ArchiveHandler())
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + urls.GetUrls()["adapter_config.json"])
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, run, string(body)) // what the fake backend wrote
+	tok := strings.TrimPrefix(strings.TrimSuffix(urls.GetUrls()["adapter_config.json"], "/adapter_config.json"), ArchivePathPrefix)
+	for _, bad := range []string{"/../../loops.db", "/..%2f..%2floops.db", "/", "/nope"} {
+		resp, err := http.Get(srv.URL + ArchivePathPrefix + tok + bad)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusNotFound, resp.StatusCode, bad)
+	}
+	// Another workspace gets nothing.
+	_, err = h.svc.Checkpoints.GetCheckpointFileURLs(auth.WithWorkspace(t.Context(), "ws-b"), &loopsv1.GetCheckpointFileURLsRequest{Path: path})
+	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err))
 }

@@ -321,7 +321,7 @@ func (s TrainingService) SaveWeights(ctx context.Context, req *loopsv1.SaveWeigh
 
 func validateSave(req *loopsv1.SaveWeightsRequest) error {
 	switch req.GetKind() {
-	case loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING:
+	case loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING, loopsv1.CheckpointKind_CHECKPOINT_KIND_EXTERNAL:
 		if err := validateCheckpointName(req.GetName()); err != nil {
 			return err
 		}
@@ -332,7 +332,7 @@ func validateSave(req *loopsv1.SaveWeightsRequest) error {
 			}
 		}
 	default:
-		return invalidArgument("kind must be CHECKPOINT_KIND_TRAINING or CHECKPOINT_KIND_SAMPLER")
+		return invalidArgument("kind must be CHECKPOINT_KIND_TRAINING, CHECKPOINT_KIND_SAMPLER or CHECKPOINT_KIND_EXTERNAL")
 	}
 	if req.TtlSeconds != nil && req.GetTtlSeconds() <= 0 {
 		return invalidArgument("ttl_seconds must be positive (omit it for no expiry), got %d", req.GetTtlSeconds())

@@ -31,6 +31,8 @@ const (
 	CheckpointKind_CHECKPOINT_KIND_TRAINING CheckpointKind = 1
 	// Adapter weights only, for sampling.
 	CheckpointKind_CHECKPOINT_KIND_SAMPLER CheckpointKind = 2
+	// Adapter weights (a PEFT folder) exported for use outside Loops: downloaded file by file.
+	CheckpointKind_CHECKPOINT_KIND_EXTERNAL CheckpointKind = 3
 )
 
 // Enum value maps for CheckpointKind.
@@ -39,11 +41,13 @@ var (
 		0: "CHECKPOINT_KIND_UNSPECIFIED",
 		1: "CHECKPOINT_KIND_TRAINING",
 		2: "CHECKPOINT_KIND_SAMPLER",
+		3: "CHECKPOINT_KIND_EXTERNAL",
 	}
 	CheckpointKind_value = map[string]int32{
 		"CHECKPOINT_KIND_UNSPECIFIED": 0,
 		"CHECKPOINT_KIND_TRAINING":    1,
 		"CHECKPOINT_KIND_SAMPLER":     2,
+		"CHECKPOINT_KIND_EXTERNAL":    3,
 	}
 )
 
@@ -333,7 +337,7 @@ func (x *TrainingRun) GetLastSeqId() int64 {
 // Checkpoint is a saved adapter: a PEFT-compatible folder.
 type Checkpoint struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// "weights/<name>" or "sampler_weights/<name>".
+	// "weights/<name>", "sampler_weights/<name>" or "external_weights/<name>".
 	Id            string         `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	TrainingRunId string         `protobuf:"bytes,2,opt,name=training_run_id,json=trainingRunId,proto3" json:"training_run_id,omitempty"`
 	Kind          CheckpointKind `protobuf:"varint,3,opt,name=kind,proto3,enum=loops.v1.CheckpointKind" json:"kind,omitempty"`
@@ -608,11 +612,12 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\n" +
 	"model_path\x18\x04 \x01(\tR\tmodelPath\x12;\n" +
 	"\vcreate_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTime*l\n" +
+	"createTime*\x8a\x01\n" +
 	"\x0eCheckpointKind\x12\x1f\n" +
 	"\x1bCHECKPOINT_KIND_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18CHECKPOINT_KIND_TRAINING\x10\x01\x12\x1b\n" +
-	"\x17CHECKPOINT_KIND_SAMPLER\x10\x02B\x93\x01\n" +
+	"\x17CHECKPOINT_KIND_SAMPLER\x10\x02\x12\x1c\n" +
+	"\x18CHECKPOINT_KIND_EXTERNAL\x10\x03B\x93\x01\n" +
 	"\fcom.loops.v1B\x0eResourcesProtoP\x01Z2github.com/loops-dev/loops/gen/go/loops/v1;loopsv1\xa2\x02\x03LXX\xaa\x02\bLoops.V1\xca\x02\bLoops\\V1\xe2\x02\x14Loops\\V1\\GPBMetadata\xea\x02\tLoops::V1b\x06proto3"
 
 var (

@@ -1413,6 +1413,104 @@ func (x *GetCheckpointArchiveURLResponse) GetExpireTime() *timestamppb.Timestamp
 	return nil
 }
 
+type GetCheckpointFileURLsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetCheckpointFileURLsRequest) Reset() {
+	*x = GetCheckpointFileURLsRequest{}
+	mi := &file_loops_v1_services_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetCheckpointFileURLsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetCheckpointFileURLsRequest) ProtoMessage() {}
+
+func (x *GetCheckpointFileURLsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetCheckpointFileURLsRequest.ProtoReflect.Descriptor instead.
+func (*GetCheckpointFileURLsRequest) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *GetCheckpointFileURLsRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type GetCheckpointFileURLsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// File path relative to the checkpoint folder -> URL (a path on this server when it starts
+	// with "/").
+	Urls          map[string]string      `protobuf:"bytes,1,rep,name=urls,proto3" json:"urls,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	ExpireTime    *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetCheckpointFileURLsResponse) Reset() {
+	*x = GetCheckpointFileURLsResponse{}
+	mi := &file_loops_v1_services_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetCheckpointFileURLsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetCheckpointFileURLsResponse) ProtoMessage() {}
+
+func (x *GetCheckpointFileURLsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetCheckpointFileURLsResponse.ProtoReflect.Descriptor instead.
+func (*GetCheckpointFileURLsResponse) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *GetCheckpointFileURLsResponse) GetUrls() map[string]string {
+	if x != nil {
+		return x.Urls
+	}
+	return nil
+}
+
+func (x *GetCheckpointFileURLsResponse) GetExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpireTime
+	}
+	return nil
+}
+
 type CreateSamplerRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	SessionId   string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -1426,7 +1524,7 @@ type CreateSamplerRequest struct {
 
 func (x *CreateSamplerRequest) Reset() {
 	*x = CreateSamplerRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[25]
+	mi := &file_loops_v1_services_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1438,7 +1536,7 @@ func (x *CreateSamplerRequest) String() string {
 func (*CreateSamplerRequest) ProtoMessage() {}
 
 func (x *CreateSamplerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[25]
+	mi := &file_loops_v1_services_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1451,7 +1549,7 @@ func (x *CreateSamplerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSamplerRequest.ProtoReflect.Descriptor instead.
 func (*CreateSamplerRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{25}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CreateSamplerRequest) GetSessionId() string {
@@ -1491,7 +1589,7 @@ type GetSamplerRequest struct {
 
 func (x *GetSamplerRequest) Reset() {
 	*x = GetSamplerRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[26]
+	mi := &file_loops_v1_services_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1503,7 +1601,7 @@ func (x *GetSamplerRequest) String() string {
 func (*GetSamplerRequest) ProtoMessage() {}
 
 func (x *GetSamplerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[26]
+	mi := &file_loops_v1_services_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1516,7 +1614,7 @@ func (x *GetSamplerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSamplerRequest.ProtoReflect.Descriptor instead.
 func (*GetSamplerRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{26}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetSamplerRequest) GetId() string {
@@ -1542,7 +1640,7 @@ type SampleRequest struct {
 
 func (x *SampleRequest) Reset() {
 	*x = SampleRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[27]
+	mi := &file_loops_v1_services_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1554,7 +1652,7 @@ func (x *SampleRequest) String() string {
 func (*SampleRequest) ProtoMessage() {}
 
 func (x *SampleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[27]
+	mi := &file_loops_v1_services_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1567,7 +1665,7 @@ func (x *SampleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SampleRequest.ProtoReflect.Descriptor instead.
 func (*SampleRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{27}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SampleRequest) GetSamplerId() string {
@@ -1627,7 +1725,7 @@ type ListModelsRequest struct {
 
 func (x *ListModelsRequest) Reset() {
 	*x = ListModelsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[28]
+	mi := &file_loops_v1_services_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1639,7 +1737,7 @@ func (x *ListModelsRequest) String() string {
 func (*ListModelsRequest) ProtoMessage() {}
 
 func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[28]
+	mi := &file_loops_v1_services_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1652,7 +1750,7 @@ func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsRequest.ProtoReflect.Descriptor instead.
 func (*ListModelsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{28}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{30}
 }
 
 type ListModelsResponse struct {
@@ -1664,7 +1762,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[29]
+	mi := &file_loops_v1_services_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1676,7 +1774,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[29]
+	mi := &file_loops_v1_services_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1689,7 +1787,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{29}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListModelsResponse) GetModels() []*ModelInfo {
@@ -1811,7 +1909,16 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x1fGetCheckpointArchiveURLResponse\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12;\n" +
 	"\vexpire_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"expireTime\"\xae\x01\n" +
+	"expireTime\"2\n" +
+	"\x1cGetCheckpointFileURLsRequest\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\"\xdc\x01\n" +
+	"\x1dGetCheckpointFileURLsResponse\x12E\n" +
+	"\x04urls\x18\x01 \x03(\v21.loops.v1.GetCheckpointFileURLsResponse.UrlsEntryR\x04urls\x12;\n" +
+	"\vexpire_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"expireTime\x1a7\n" +
+	"\tUrlsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xae\x01\n" +
 	"\x14CreateSamplerRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12'\n" +
@@ -1852,13 +1959,14 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x0fForwardBackward\x12 .loops.v1.ForwardBackwardRequest\x1a\x13.loops.v1.Operation\"?\x82\xd3\xe4\x93\x029:\x01*\"4/v1/training_runs/{training_run_id}/forward_backward\x12w\n" +
 	"\tOptimStep\x12\x1a.loops.v1.OptimStepRequest\x1a\x13.loops.v1.Operation\"9\x82\xd3\xe4\x93\x023:\x01*\"./v1/training_runs/{training_run_id}/optim_step\x12}\n" +
 	"\vSaveWeights\x12\x1c.loops.v1.SaveWeightsRequest\x1a\x13.loops.v1.Operation\";\x82\xd3\xe4\x93\x025:\x01*\"0/v1/training_runs/{training_run_id}/save_weights\x12}\n" +
-	"\vLoadWeights\x12\x1c.loops.v1.LoadWeightsRequest\x1a\x13.loops.v1.Operation\";\x82\xd3\xe4\x93\x025:\x01*\"0/v1/training_runs/{training_run_id}/load_weights2\x80\x06\n" +
+	"\vLoadWeights\x12\x1c.loops.v1.LoadWeightsRequest\x1a\x13.loops.v1.Operation\";\x82\xd3\xe4\x93\x025:\x01*\"0/v1/training_runs/{training_run_id}/load_weights2\x8d\a\n" +
 	"\x11CheckpointService\x12\xa2\x01\n" +
 	"\x0fListCheckpoints\x12 .loops.v1.ListCheckpointsRequest\x1a!.loops.v1.ListCheckpointsResponse\"J\x82\xd3\xe4\x93\x02DZ1\x12//v1/training_runs/{training_run_id}/checkpoints\x12\x0f/v1/checkpoints\x12]\n" +
 	"\rGetCheckpoint\x12\x1e.loops.v1.GetCheckpointRequest\x1a\x14.loops.v1.Checkpoint\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/v1/checkpoint\x12q\n" +
 	"\x10DeleteCheckpoint\x12!.loops.v1.DeleteCheckpointRequest\x1a\".loops.v1.DeleteCheckpointResponse\"\x16\x82\xd3\xe4\x93\x02\x10*\x0e/v1/checkpoint\x12s\n" +
 	"\x13SetCheckpointPublic\x12$.loops.v1.SetCheckpointPublicRequest\x1a\x14.loops.v1.Checkpoint\" \x82\xd3\xe4\x93\x02\x1a:\x01*\"\x15/v1/checkpoint/public\x12j\n" +
-	"\x10SetCheckpointTTL\x12!.loops.v1.SetCheckpointTTLRequest\x1a\x14.loops.v1.Checkpoint\"\x1d\x82\xd3\xe4\x93\x02\x17:\x01*\"\x12/v1/checkpoint/ttl\x12\x92\x01\n" +
+	"\x10SetCheckpointTTL\x12!.loops.v1.SetCheckpointTTLRequest\x1a\x14.loops.v1.Checkpoint\"\x1d\x82\xd3\xe4\x93\x02\x17:\x01*\"\x12/v1/checkpoint/ttl\x12\x8a\x01\n" +
+	"\x15GetCheckpointFileURLs\x12&.loops.v1.GetCheckpointFileURLsRequest\x1a'.loops.v1.GetCheckpointFileURLsResponse\" \x82\xd3\xe4\x93\x02\x1a\x12\x18/v1/checkpoint/file_urls\x12\x92\x01\n" +
 	"\x17GetCheckpointArchiveURL\x12(.loops.v1.GetCheckpointArchiveURLRequest\x1a).loops.v1.GetCheckpointArchiveURLResponse\"\"\x82\xd3\xe4\x93\x02\x1c\x12\x1a/v1/checkpoint/archive_url2\xac\x02\n" +
 	"\x0fSamplingService\x12[\n" +
 	"\rCreateSampler\x12\x1e.loops.v1.CreateSamplerRequest\x1a\x11.loops.v1.Sampler\"\x17\x82\xd3\xe4\x93\x02\x11:\x01*\"\f/v1/samplers\x12W\n" +
@@ -1883,7 +1991,7 @@ func file_loops_v1_services_proto_rawDescGZIP() []byte {
 	return file_loops_v1_services_proto_rawDescData
 }
 
-var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_loops_v1_services_proto_goTypes = []any{
 	(*CreateSessionRequest)(nil),            // 0: loops.v1.CreateSessionRequest
 	(*HeartbeatSessionRequest)(nil),         // 1: loops.v1.HeartbeatSessionRequest
@@ -1910,92 +2018,99 @@ var file_loops_v1_services_proto_goTypes = []any{
 	(*SetCheckpointTTLRequest)(nil),         // 22: loops.v1.SetCheckpointTTLRequest
 	(*GetCheckpointArchiveURLRequest)(nil),  // 23: loops.v1.GetCheckpointArchiveURLRequest
 	(*GetCheckpointArchiveURLResponse)(nil), // 24: loops.v1.GetCheckpointArchiveURLResponse
-	(*CreateSamplerRequest)(nil),            // 25: loops.v1.CreateSamplerRequest
-	(*GetSamplerRequest)(nil),               // 26: loops.v1.GetSamplerRequest
-	(*SampleRequest)(nil),                   // 27: loops.v1.SampleRequest
-	(*ListModelsRequest)(nil),               // 28: loops.v1.ListModelsRequest
-	(*ListModelsResponse)(nil),              // 29: loops.v1.ListModelsResponse
-	nil,                                     // 30: loops.v1.CreateSessionRequest.UserMetadataEntry
-	nil,                                     // 31: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
-	nil,                                     // 32: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	(*Session)(nil),                         // 33: loops.v1.Session
-	(*LoraConfig)(nil),                      // 34: loops.v1.LoraConfig
-	(*TrainingRun)(nil),                     // 35: loops.v1.TrainingRun
-	(*Datum)(nil),                           // 36: loops.v1.Datum
-	(*AdamParams)(nil),                      // 37: loops.v1.AdamParams
-	(CheckpointKind)(0),                     // 38: loops.v1.CheckpointKind
-	(*Checkpoint)(nil),                      // 39: loops.v1.Checkpoint
-	(*timestamppb.Timestamp)(nil),           // 40: google.protobuf.Timestamp
-	(*SamplingParams)(nil),                  // 41: loops.v1.SamplingParams
-	(*ModelInfo)(nil),                       // 42: loops.v1.ModelInfo
-	(*Operation)(nil),                       // 43: loops.v1.Operation
-	(*Sampler)(nil),                         // 44: loops.v1.Sampler
+	(*GetCheckpointFileURLsRequest)(nil),    // 25: loops.v1.GetCheckpointFileURLsRequest
+	(*GetCheckpointFileURLsResponse)(nil),   // 26: loops.v1.GetCheckpointFileURLsResponse
+	(*CreateSamplerRequest)(nil),            // 27: loops.v1.CreateSamplerRequest
+	(*GetSamplerRequest)(nil),               // 28: loops.v1.GetSamplerRequest
+	(*SampleRequest)(nil),                   // 29: loops.v1.SampleRequest
+	(*ListModelsRequest)(nil),               // 30: loops.v1.ListModelsRequest
+	(*ListModelsResponse)(nil),              // 31: loops.v1.ListModelsResponse
+	nil,                                     // 32: loops.v1.CreateSessionRequest.UserMetadataEntry
+	nil,                                     // 33: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	nil,                                     // 34: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	nil,                                     // 35: loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	(*Session)(nil),                         // 36: loops.v1.Session
+	(*LoraConfig)(nil),                      // 37: loops.v1.LoraConfig
+	(*TrainingRun)(nil),                     // 38: loops.v1.TrainingRun
+	(*Datum)(nil),                           // 39: loops.v1.Datum
+	(*AdamParams)(nil),                      // 40: loops.v1.AdamParams
+	(CheckpointKind)(0),                     // 41: loops.v1.CheckpointKind
+	(*Checkpoint)(nil),                      // 42: loops.v1.Checkpoint
+	(*timestamppb.Timestamp)(nil),           // 43: google.protobuf.Timestamp
+	(*SamplingParams)(nil),                  // 44: loops.v1.SamplingParams
+	(*ModelInfo)(nil),                       // 45: loops.v1.ModelInfo
+	(*Operation)(nil),                       // 46: loops.v1.Operation
+	(*Sampler)(nil),                         // 47: loops.v1.Sampler
 }
 var file_loops_v1_services_proto_depIdxs = []int32{
-	30, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
-	33, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
-	34, // 2: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
-	31, // 3: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
-	35, // 4: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
-	36, // 5: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
-	32, // 6: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	37, // 7: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
-	38, // 8: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
-	39, // 9: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
-	40, // 10: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
-	41, // 11: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
-	42, // 12: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
-	0,  // 13: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
-	1,  // 14: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
-	3,  // 15: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
-	4,  // 16: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
-	5,  // 17: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
-	7,  // 18: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
-	8,  // 19: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
-	9,  // 20: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
-	11, // 21: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
-	12, // 22: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
-	13, // 23: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
-	14, // 24: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
-	15, // 25: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
-	16, // 26: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
-	18, // 27: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
-	19, // 28: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
-	21, // 29: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
-	22, // 30: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
-	23, // 31: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
-	25, // 32: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
-	26, // 33: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
-	27, // 34: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
-	28, // 35: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
-	33, // 36: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
-	2,  // 37: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
-	33, // 38: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
-	33, // 39: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
-	6,  // 40: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
-	43, // 41: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
-	35, // 42: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
-	10, // 43: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
-	43, // 44: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
-	43, // 45: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
-	43, // 46: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
-	43, // 47: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
-	43, // 48: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
-	17, // 49: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
-	39, // 50: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
-	20, // 51: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
-	39, // 52: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
-	39, // 53: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
-	24, // 54: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
-	44, // 55: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
-	44, // 56: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
-	43, // 57: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
-	29, // 58: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
-	36, // [36:59] is the sub-list for method output_type
-	13, // [13:36] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	32, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
+	36, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
+	37, // 2: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
+	33, // 3: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	38, // 4: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
+	39, // 5: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
+	34, // 6: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	40, // 7: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
+	41, // 8: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
+	42, // 9: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
+	43, // 10: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
+	35, // 11: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	43, // 12: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
+	44, // 13: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
+	45, // 14: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
+	0,  // 15: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
+	1,  // 16: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
+	3,  // 17: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
+	4,  // 18: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
+	5,  // 19: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
+	7,  // 20: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
+	8,  // 21: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
+	9,  // 22: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
+	11, // 23: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
+	12, // 24: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
+	13, // 25: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
+	14, // 26: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
+	15, // 27: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
+	16, // 28: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
+	18, // 29: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
+	19, // 30: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
+	21, // 31: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
+	22, // 32: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
+	25, // 33: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
+	23, // 34: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
+	27, // 35: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
+	28, // 36: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
+	29, // 37: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
+	30, // 38: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
+	36, // 39: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
+	2,  // 40: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
+	36, // 41: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
+	36, // 42: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
+	6,  // 43: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
+	46, // 44: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
+	38, // 45: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
+	10, // 46: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
+	46, // 47: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
+	46, // 48: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
+	46, // 49: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
+	46, // 50: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
+	46, // 51: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
+	17, // 52: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
+	42, // 53: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
+	20, // 54: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
+	42, // 55: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
+	42, // 56: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
+	26, // 57: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
+	24, // 58: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
+	47, // 59: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
+	47, // 60: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
+	46, // 61: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
+	31, // 62: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
+	39, // [39:63] is the sub-list for method output_type
+	15, // [15:39] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_services_proto_init() }
@@ -2009,15 +2124,15 @@ func file_loops_v1_services_proto_init() {
 	file_loops_v1_services_proto_msgTypes[7].OneofWrappers = []any{}
 	file_loops_v1_services_proto_msgTypes[14].OneofWrappers = []any{}
 	file_loops_v1_services_proto_msgTypes[22].OneofWrappers = []any{}
-	file_loops_v1_services_proto_msgTypes[25].OneofWrappers = []any{}
 	file_loops_v1_services_proto_msgTypes[27].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[29].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_services_proto_rawDesc), len(file_loops_v1_services_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   33,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

@@ -684,6 +684,7 @@ const (
 	CheckpointService_DeleteCheckpoint_FullMethodName        = "/loops.v1.CheckpointService/DeleteCheckpoint"
 	CheckpointService_SetCheckpointPublic_FullMethodName     = "/loops.v1.CheckpointService/SetCheckpointPublic"
 	CheckpointService_SetCheckpointTTL_FullMethodName        = "/loops.v1.CheckpointService/SetCheckpointTTL"
+	CheckpointService_GetCheckpointFileURLs_FullMethodName   = "/loops.v1.CheckpointService/GetCheckpointFileURLs"
 	CheckpointService_GetCheckpointArchiveURL_FullMethodName = "/loops.v1.CheckpointService/GetCheckpointArchiveURL"
 )
 
@@ -703,6 +704,9 @@ type CheckpointServiceClient interface {
 	SetCheckpointPublic(ctx context.Context, in *SetCheckpointPublicRequest, opts ...grpc.CallOption) (*Checkpoint, error)
 	// SetCheckpointTTL sets or clears a checkpoint's expiry.
 	SetCheckpointTTL(ctx context.Context, in *SetCheckpointTTLRequest, opts ...grpc.CallOption) (*Checkpoint, error)
+	// GetCheckpointFileURLs returns a short-lived download URL for each file of a checkpoint,
+	// keyed by its path relative to the checkpoint folder.
+	GetCheckpointFileURLs(ctx context.Context, in *GetCheckpointFileURLsRequest, opts ...grpc.CallOption) (*GetCheckpointFileURLsResponse, error)
 	// GetCheckpointArchiveURL returns a short-lived URL from which the checkpoint downloads as
 	// a tar archive.
 	GetCheckpointArchiveURL(ctx context.Context, in *GetCheckpointArchiveURLRequest, opts ...grpc.CallOption) (*GetCheckpointArchiveURLResponse, error)
@@ -766,6 +770,16 @@ func (c *checkpointServiceClient) SetCheckpointTTL(ctx context.Context, in *SetC
 	return out, nil
 }
 
+func (c *checkpointServiceClient) GetCheckpointFileURLs(ctx context.Context, in *GetCheckpointFileURLsRequest, opts ...grpc.CallOption) (*GetCheckpointFileURLsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetCheckpointFileURLsResponse)
+	err := c.cc.Invoke(ctx, CheckpointService_GetCheckpointFileURLs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *checkpointServiceClient) GetCheckpointArchiveURL(ctx context.Context, in *GetCheckpointArchiveURLRequest, opts ...grpc.CallOption) (*GetCheckpointArchiveURLResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetCheckpointArchiveURLResponse)
@@ -792,6 +806,9 @@ type CheckpointServiceServer interface {
 	SetCheckpointPublic(context.Context, *SetCheckpointPublicRequest) (*Checkpoint, error)
 	// SetCheckpointTTL sets or clears a checkpoint's expiry.
 	SetCheckpointTTL(context.Context, *SetCheckpointTTLRequest) (*Checkpoint, error)
+	// GetCheckpointFileURLs returns a short-lived download URL for each file of a checkpoint,
+	// keyed by its path relative to the checkpoint folder.
+	GetCheckpointFileURLs(context.Context, *GetCheckpointFileURLsRequest) (*GetCheckpointFileURLsResponse, error)
 	// GetCheckpointArchiveURL returns a short-lived URL from which the checkpoint downloads as
 	// a tar archive.
 	GetCheckpointArchiveURL(context.Context, *GetCheckpointArchiveURLRequest) (*GetCheckpointArchiveURLResponse, error)
@@ -819,6 +836,9 @@ func (UnimplementedCheckpointServiceServer) SetCheckpointPublic(context.Context,
 }
 func (UnimplementedCheckpointServiceServer) SetCheckpointTTL(context.Context, *SetCheckpointTTLRequest) (*Checkpoint, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetCheckpointTTL not implemented")
+}
+func (UnimplementedCheckpointServiceServer) GetCheckpointFileURLs(context.Context, *GetCheckpointFileURLsRequest) (*GetCheckpointFileURLsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetCheckpointFileURLs not implemented")
 }
 func (UnimplementedCheckpointServiceServer) GetCheckpointArchiveURL(context.Context, *GetCheckpointArchiveURLRequest) (*GetCheckpointArchiveURLResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetCheckpointArchiveURL not implemented")
@@ -934,6 +954,24 @@ func _CheckpointService_SetCheckpointTTL_Handler(srv interface{}, ctx context.Co
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CheckpointService_GetCheckpointFileURLs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetCheckpointFileURLsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CheckpointServiceServer).GetCheckpointFileURLs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CheckpointService_GetCheckpointFileURLs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CheckpointServiceServer).GetCheckpointFileURLs(ctx, req.(*GetCheckpointFileURLsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _CheckpointService_GetCheckpointArchiveURL_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetCheckpointArchiveURLRequest)
 	if err := dec(in); err != nil {
@@ -978,6 +1016,10 @@ var CheckpointService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetCheckpointTTL",
 			Handler:    _CheckpointService_SetCheckpointTTL_Handler,
+		},
+		{
+			MethodName: "GetCheckpointFileURLs",
+			Handler:    _CheckpointService_GetCheckpointFileURLs_Handler,
 		},
 		{
 			MethodName: "GetCheckpointArchiveURL",

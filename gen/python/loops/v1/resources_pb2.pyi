@@ -16,9 +16,11 @@ class CheckpointKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHECKPOINT_KIND_UNSPECIFIED: _ClassVar[CheckpointKind]
     CHECKPOINT_KIND_TRAINING: _ClassVar[CheckpointKind]
     CHECKPOINT_KIND_SAMPLER: _ClassVar[CheckpointKind]
+    CHECKPOINT_KIND_EXTERNAL: _ClassVar[CheckpointKind]
 CHECKPOINT_KIND_UNSPECIFIED: CheckpointKind
 CHECKPOINT_KIND_TRAINING: CheckpointKind
 CHECKPOINT_KIND_SAMPLER: CheckpointKind
+CHECKPOINT_KIND_EXTERNAL: CheckpointKind
 
 class Session(_message.Message):
     __slots__ = ("id", "tags", "user_metadata", "sdk_version", "project_id", "create_time", "last_heartbeat_time", "training_run_ids", "sampler_ids", "expired", "end_reason")

@@ -254,6 +254,27 @@ class GetCheckpointArchiveURLResponse(_message.Message):
     expire_time: _timestamp_pb2.Timestamp
     def __init__(self, url: _Optional[str] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
+class GetCheckpointFileURLsRequest(_message.Message):
+    __slots__ = ("path",)
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    def __init__(self, path: _Optional[str] = ...) -> None: ...
+
+class GetCheckpointFileURLsResponse(_message.Message):
+    __slots__ = ("urls", "expire_time")
+    class UrlsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    URLS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    urls: _containers.ScalarMap[str, str]
+    expire_time: _timestamp_pb2.Timestamp
+    def __init__(self, urls: _Optional[_Mapping[str, str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
 class CreateSamplerRequest(_message.Message):
     __slots__ = ("session_id", "client_seq_id", "base_model", "model_path")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

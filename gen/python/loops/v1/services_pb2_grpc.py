@@ -702,6 +702,11 @@ class CheckpointServiceStub:
                 request_serializer=loops_dot_v1_dot_services__pb2.SetCheckpointTTLRequest.SerializeToString,
                 response_deserializer=loops_dot_v1_dot_resources__pb2.Checkpoint.FromString,
                 _registered_method=True)
+        self.GetCheckpointFileURLs = channel.unary_unary(
+                '/loops.v1.CheckpointService/GetCheckpointFileURLs',
+                request_serializer=loops_dot_v1_dot_services__pb2.GetCheckpointFileURLsRequest.SerializeToString,
+                response_deserializer=loops_dot_v1_dot_services__pb2.GetCheckpointFileURLsResponse.FromString,
+                _registered_method=True)
         self.GetCheckpointArchiveURL = channel.unary_unary(
                 '/loops.v1.CheckpointService/GetCheckpointArchiveURL',
                 request_serializer=loops_dot_v1_dot_services__pb2.GetCheckpointArchiveURLRequest.SerializeToString,
@@ -748,6 +753,14 @@ class CheckpointServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCheckpointFileURLs(self, request, context):
+        """GetCheckpointFileURLs returns a short-lived download URL for each file of a checkpoint,
+        keyed by its path relative to the checkpoint folder.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetCheckpointArchiveURL(self, request, context):
         """GetCheckpointArchiveURL returns a short-lived URL from which the checkpoint downloads as
         a tar archive.
@@ -783,6 +796,11 @@ def add_CheckpointServiceServicer_to_server(servicer, server):
                     servicer.SetCheckpointTTL,
                     request_deserializer=loops_dot_v1_dot_services__pb2.SetCheckpointTTLRequest.FromString,
                     response_serializer=loops_dot_v1_dot_resources__pb2.Checkpoint.SerializeToString,
+            ),
+            'GetCheckpointFileURLs': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCheckpointFileURLs,
+                    request_deserializer=loops_dot_v1_dot_services__pb2.GetCheckpointFileURLsRequest.FromString,
+                    response_serializer=loops_dot_v1_dot_services__pb2.GetCheckpointFileURLsResponse.SerializeToString,
             ),
             'GetCheckpointArchiveURL': grpc.unary_unary_rpc_method_handler(
                     servicer.GetCheckpointArchiveURL,
@@ -926,6 +944,33 @@ class CheckpointService:
             '/loops.v1.CheckpointService/SetCheckpointTTL',
             loops_dot_v1_dot_services__pb2.SetCheckpointTTLRequest.SerializeToString,
             loops_dot_v1_dot_resources__pb2.Checkpoint.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCheckpointFileURLs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loops.v1.CheckpointService/GetCheckpointFileURLs',
+            loops_dot_v1_dot_services__pb2.GetCheckpointFileURLsRequest.SerializeToString,
+            loops_dot_v1_dot_services__pb2.GetCheckpointFileURLsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -95,6 +95,9 @@ const (
 	// CheckpointServiceSetCheckpointTTLProcedure is the fully-qualified name of the CheckpointService's
 	// SetCheckpointTTL RPC.
 	CheckpointServiceSetCheckpointTTLProcedure = "/loops.v1.CheckpointService/SetCheckpointTTL"
+	// CheckpointServiceGetCheckpointFileURLsProcedure is the fully-qualified name of the
+	// CheckpointService's GetCheckpointFileURLs RPC.
+	CheckpointServiceGetCheckpointFileURLsProcedure = "/loops.v1.CheckpointService/GetCheckpointFileURLs"
 	// CheckpointServiceGetCheckpointArchiveURLProcedure is the fully-qualified name of the
 	// CheckpointService's GetCheckpointArchiveURL RPC.
 	CheckpointServiceGetCheckpointArchiveURLProcedure = "/loops.v1.CheckpointService/GetCheckpointArchiveURL"
@@ -628,6 +631,9 @@ type CheckpointServiceClient interface {
 	SetCheckpointPublic(context.Context, *v1.SetCheckpointPublicRequest) (*v1.Checkpoint, error)
 	// SetCheckpointTTL sets or clears a checkpoint's expiry.
 	SetCheckpointTTL(context.Context, *v1.SetCheckpointTTLRequest) (*v1.Checkpoint, error)
+	// GetCheckpointFileURLs returns a short-lived download URL for each file of a checkpoint,
+	// keyed by its path relative to the checkpoint folder.
+	GetCheckpointFileURLs(context.Context, *v1.GetCheckpointFileURLsRequest) (*v1.GetCheckpointFileURLsResponse, error)
 	// GetCheckpointArchiveURL returns a short-lived URL from which the checkpoint downloads as
 	// a tar archive.
 	GetCheckpointArchiveURL(context.Context, *v1.GetCheckpointArchiveURLRequest) (*v1.GetCheckpointArchiveURLResponse, error)
@@ -674,6 +680,12 @@ func NewCheckpointServiceClient(httpClient connect.HTTPClient, baseURL string, o
 			connect.WithSchema(checkpointServiceMethods.ByName("SetCheckpointTTL")),
 			connect.WithClientOptions(opts...),
 		),
+		getCheckpointFileURLs: connect.NewClient[v1.GetCheckpointFileURLsRequest, v1.GetCheckpointFileURLsResponse](
+			httpClient,
+			baseURL+CheckpointServiceGetCheckpointFileURLsProcedure,
+			connect.WithSchema(checkpointServiceMethods.ByName("GetCheckpointFileURLs")),
+			connect.WithClientOptions(opts...),
+		),
 		getCheckpointArchiveURL: connect.NewClient[v1.GetCheckpointArchiveURLRequest, v1.GetCheckpointArchiveURLResponse](
 			httpClient,
 			baseURL+CheckpointServiceGetCheckpointArchiveURLProcedure,
@@ -690,6 +702,7 @@ type checkpointServiceClient struct {
 	deleteCheckpoint        *connect.Client[v1.DeleteCheckpointRequest, v1.DeleteCheckpointResponse]
 	setCheckpointPublic     *connect.Client[v1.SetCheckpointPublicRequest, v1.Checkpoint]
 	setCheckpointTTL        *connect.Client[v1.SetCheckpointTTLRequest, v1.Checkpoint]
+	getCheckpointFileURLs   *connect.Client[v1.GetCheckpointFileURLsRequest, v1.GetCheckpointFileURLsResponse]
 	getCheckpointArchiveURL *connect.Client[v1.GetCheckpointArchiveURLRequest, v1.GetCheckpointArchiveURLResponse]
 }
 
@@ -738,6 +751,15 @@ func (c *checkpointServiceClient) SetCheckpointTTL(ctx context.Context, req *v1.
 	return nil, err
 }
 
+// GetCheckpointFileURLs calls loops.v1.CheckpointService.GetCheckpointFileURLs.
+func (c *checkpointServiceClient) GetCheckpointFileURLs(ctx context.Context, req *v1.GetCheckpointFileURLsRequest) (*v1.GetCheckpointFileURLsResponse, error) {
+	response, err := c.getCheckpointFileURLs.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
 // GetCheckpointArchiveURL calls loops.v1.CheckpointService.GetCheckpointArchiveURL.
 func (c *checkpointServiceClient) GetCheckpointArchiveURL(ctx context.Context, req *v1.GetCheckpointArchiveURLRequest) (*v1.GetCheckpointArchiveURLResponse, error) {
 	response, err := c.getCheckpointArchiveURL.CallUnary(ctx, connect.NewRequest(req))
@@ -759,6 +781,9 @@ type CheckpointServiceHandler interface {
 	SetCheckpointPublic(context.Context, *v1.SetCheckpointPublicRequest) (*v1.Checkpoint, error)
 	// SetCheckpointTTL sets or clears a checkpoint's expiry.
 	SetCheckpointTTL(context.Context, *v1.SetCheckpointTTLRequest) (*v1.Checkpoint, error)
+	// GetCheckpointFileURLs returns a short-lived download URL for each file of a checkpoint,
+	// keyed by its path relative to the checkpoint folder.
+	GetCheckpointFileURLs(context.Context, *v1.GetCheckpointFileURLsRequest) (*v1.GetCheckpointFileURLsResponse, error)
 	// GetCheckpointArchiveURL returns a short-lived URL from which the checkpoint downloads as
 	// a tar archive.
 	GetCheckpointArchiveURL(context.Context, *v1.GetCheckpointArchiveURLRequest) (*v1.GetCheckpointArchiveURLResponse, error)
@@ -801,6 +826,12 @@ func NewCheckpointServiceHandler(svc CheckpointServiceHandler, opts ...connect.H
 		connect.WithSchema(checkpointServiceMethods.ByName("SetCheckpointTTL")),
 		connect.WithHandlerOptions(opts...),
 	)
+	checkpointServiceGetCheckpointFileURLsHandler := connect.NewUnaryHandlerSimple(
+		CheckpointServiceGetCheckpointFileURLsProcedure,
+		svc.GetCheckpointFileURLs,
+		connect.WithSchema(checkpointServiceMethods.ByName("GetCheckpointFileURLs")),
+		connect.WithHandlerOptions(opts...),
+	)
 	checkpointServiceGetCheckpointArchiveURLHandler := connect.NewUnaryHandlerSimple(
 		CheckpointServiceGetCheckpointArchiveURLProcedure,
 		svc.GetCheckpointArchiveURL,
@@ -819,6 +850,8 @@ func NewCheckpointServiceHandler(svc CheckpointServiceHandler, opts ...connect.H
 			checkpointServiceSetCheckpointPublicHandler.ServeHTTP(w, r)
 		case CheckpointServiceSetCheckpointTTLProcedure:
 			checkpointServiceSetCheckpointTTLHandler.ServeHTTP(w, r)
+		case CheckpointServiceGetCheckpointFileURLsProcedure:
+			checkpointServiceGetCheckpointFileURLsHandler.ServeHTTP(w, r)
 		case CheckpointServiceGetCheckpointArchiveURLProcedure:
 			checkpointServiceGetCheckpointArchiveURLHandler.ServeHTTP(w, r)
 		default:
@@ -848,6 +881,10 @@ func (UnimplementedCheckpointServiceHandler) SetCheckpointPublic(context.Context
 
 func (UnimplementedCheckpointServiceHandler) SetCheckpointTTL(context.Context, *v1.SetCheckpointTTLRequest) (*v1.Checkpoint, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.CheckpointService.SetCheckpointTTL is not implemented"))
+}
+
+func (UnimplementedCheckpointServiceHandler) GetCheckpointFileURLs(context.Context, *v1.GetCheckpointFileURLsRequest) (*v1.GetCheckpointFileURLsResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.CheckpointService.GetCheckpointFileURLs is not implemented"))
 }
 
 func (UnimplementedCheckpointServiceHandler) GetCheckpointArchiveURL(context.Context, *v1.GetCheckpointArchiveURLRequest) (*v1.GetCheckpointArchiveURLResponse, error) {
