@@ -23,7 +23,8 @@ const MaxTopKPromptLogprobs = 1024
 const samplerCacheSize = 16
 
 // samplerAdapter loads (or reuses) the adapter folder of a sampling request. Folders are
-// immutable snapshots; the cache key includes the weights file's size and modification time.
+// immutable snapshots; the cache key also holds the weights file's identity (size,
+// modification and change times, inode), so a folder rewritten in place is reloaded.
 func (e *Engine) samplerAdapter(bm *baseModel, dir string) (*nn.Adapter[float32], error) {
 	if err := checkDir(dir); err != nil {
 		return nil, err
@@ -32,7 +33,7 @@ func (e *Engine) samplerAdapter(bm *baseModel, dir string) (*nn.Adapter[float32]
 	if err != nil {
 		return nil, invalid("adapter_dir %s has no %s: %v", dir, nn.AdapterWeightsFile, err)
 	}
-	key := fmt.Sprintf("%s|%s|%d|%d", bm.name, dir, st.Size(), st.ModTime().UnixNano())
+	key := fmt.Sprintf("%s|%s|%s", bm.name, dir, fileIdentity(st))
 	e.samplerMu.Lock()
 	if c, ok := e.samplerCache[key]; ok {
 		e.samplerMu.Unlock()

@@ -97,8 +97,8 @@ def adapter_cache_key(bm, dir_: str) -> str:
         st = os.stat(os.path.join(dir_, ckpt.ADAPTER_WEIGHTS))
     except OSError as e:
         raise invalid(f"adapter_dir {dir_} has no {ckpt.ADAPTER_WEIGHTS}: {e}")
-    # Folders are immutable snapshots; size and mtime guard against a rewritten folder.
-    return f"{bm.name}|{dir_}|{st.st_size}|{st.st_mtime_ns}"
+    # Folders are immutable snapshots; size, times and inode guard against a rewritten folder.
+    return f"{bm.name}|{dir_}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
 
 
 def sample_token(logits: np.ndarray, s: SampleSpec, rng: PCG):
