@@ -23,6 +23,7 @@ type fakeCore struct {
 	errs     map[string]error
 	sessions map[string]*loopsv1.Session
 	runs     map[string]*loopsv1.TrainingRun
+	aliases  map[string]string // "<session>:train:<n>" -> run id, as the core keeps them
 	samplers map[string]*loopsv1.Sampler
 	ops      map[string]*loopsv1.Operation
 	ckpts    map[string]*loopsv1.Checkpoint
@@ -34,7 +35,7 @@ type fakeCore struct {
 func newFakeCore() *fakeCore {
 	return &fakeCore{
 		last: map[string]proto.Message{}, errs: map[string]error{},
-		sessions: map[string]*loopsv1.Session{}, runs: map[string]*loopsv1.TrainingRun{},
+		sessions: map[string]*loopsv1.Session{}, runs: map[string]*loopsv1.TrainingRun{}, aliases: map[string]string{},
 		samplers: map[string]*loopsv1.Sampler{}, ops: map[string]*loopsv1.Operation{},
 		ckpts:  map[string]*loopsv1.Checkpoint{},
 		models: []*loopsv1.ModelInfo{{Name: "Qwen/Qwen3-8B", MaxSequenceLength: 32768, TokenizerId: "/models/qwen3/tokenizer", Architecture: "qwen3"}},
@@ -176,6 +177,10 @@ func (f *fakeCore) CreateTrainingRun(_ context.Context, r *loopsv1.CreateTrainin
 		run.Lora = &loopsv1.LoraConfig{Rank: 8, TrainAttn: true}
 	}
 	f.runs[run.Id] = run
+	if r.SessionId != "" && r.ClientSeqId != nil {
+		// Like the core, the run answers to the alias the tinker SDK assumes.
+		f.aliases[fmt.Sprintf("%s:train:%d", r.SessionId, *r.ClientSeqId)] = run.Id
+	}
 	if s, ok := f.sessions[r.SessionId]; ok {
 		s.TrainingRunIds = append(s.TrainingRunIds, run.Id)
 	}
@@ -202,6 +207,9 @@ func (f *fakeCore) GetTrainingRun(_ context.Context, r *loopsv1.GetTrainingRunRe
 	defer f.mu.Unlock()
 	t, ok := f.runs[r.Id]
 	if !ok {
+		t, ok = f.runs[f.aliases[r.Id]]
+	}
+	if !ok {
 		return nil, notFound("training run", r.Id)
 	}
 	return proto.Clone(t).(*loopsv1.TrainingRun), nil
@@ -226,6 +234,9 @@ func (f *fakeCore) runOp(method string, req proto.Message, run string, kind loop
 	}
 	f.mu.Lock()
 	_, ok := f.runs[run]
+	if !ok {
+		_, ok = f.runs[f.aliases[run]]
+	}
 	f.mu.Unlock()
 	if !ok {
 		return nil, notFound("training run", run)

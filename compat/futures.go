@@ -155,3 +155,11 @@ func (s *server) warnDropped(op *loopsv1.Operation, dropped []string) {
 		s.log.Warn("compat: dropped metrics whose keys are not name:reduction", "request_id", op.GetId(), "keys", dropped)
 	}
 }
+
+// runIDOf is the training run an operation belongs to or created.
+func runIDOf(op *loopsv1.Operation) string {
+	if id := op.GetTrainingRunId(); id != "" {
+		return id
+	}
+	return op.GetTrainingRun().GetId()
+}

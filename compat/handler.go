@@ -52,9 +52,6 @@ type Options struct {
 	// forward_backward bodies (proto_compress_fwdbwd false). Compressed bodies are accepted
 	// either way.
 	DisableZstdForwardBackward bool
-	// MaxAliases bounds the in-memory map of Tinker model aliases
-	// ("<session>:train:<n>", see alias.go). Default 100000.
-	MaxAliases int
 }
 
 const (
@@ -67,10 +64,9 @@ const (
 
 // server holds what every route needs.
 type server struct {
-	svc     Services
-	opt     Options
-	log     *slog.Logger
-	aliases *aliasCache
+	svc Services
+	opt Options
+	log *slog.Logger
 }
 
 // NewHandler returns the handler for every path under /api/v1/. The gateway mounts it at
@@ -78,7 +74,7 @@ type server struct {
 // it is.
 func NewHandler(s Services, o Options) http.Handler {
 	o = o.withDefaults()
-	srv := &server{svc: s, opt: o, log: o.Logger, aliases: newAliasCache(o.MaxAliases)}
+	srv := &server{svc: s, opt: o, log: o.Logger}
 	mux := http.NewServeMux()
 	srv.routes(mux)
 	return srv.recoverMiddleware(mux)
@@ -100,9 +96,6 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Owner == nil {
 		o.Owner = func(context.Context) string { return "" }
-	}
-	if o.MaxAliases <= 0 {
-		o.MaxAliases = 100000
 	}
 	return o
 }

@@ -86,7 +86,6 @@ func (s *server) createModel(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	s.rememberCreate(req.SessionID, req.ModelSeqID, op)
 	writeJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: runIDOf(op)})
 	return nil
 }
@@ -456,7 +455,6 @@ func (s *server) loadWeights(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return err
 		}
-		s.rememberCreate(req.SessionID, req.ModelSeqID, op)
 		writeJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: runIDOf(op)})
 		return nil
 	}

@@ -218,12 +218,16 @@ func (s CheckpointService) ListCheckpoints(ctx context.Context, req *loopsv1.Lis
 	if err != nil {
 		return nil, err
 	}
-	if req.GetTrainingRunId() != "" {
-		if _, err := s.c.store.GetTrainingRun(ctx, ws, req.GetTrainingRunId()); err != nil {
-			return nil, storeErr(err, "training run "+quote(req.GetTrainingRunId()))
+	runID := req.GetTrainingRunId()
+	if r, err := s.c.runOf(ws, runID); err == nil {
+		runID = r.id // an alias names the run
+	}
+	if runID != "" {
+		if _, err := s.c.store.GetTrainingRun(ctx, ws, runID); err != nil {
+			return nil, storeErr(err, "training run "+quote(runID))
 		}
 	}
-	cks, total, err := s.c.store.ListCheckpoints(ctx, ws, req.GetTrainingRunId(), page)
+	cks, total, err := s.c.store.ListCheckpoints(ctx, ws, runID, page)
 	if err != nil {
 		return nil, internal("listing checkpoints", err)
 	}

@@ -99,6 +99,7 @@ type Core struct {
 	ops      *operations
 	mu       sync.Mutex
 	runs     map[string]*run
+	aliases  map[string]string // "<session_id>:train:<n>" -> run id
 	lanes    map[string]*lane
 	sessions map[string]*sessionState
 	samplers *samplers
@@ -128,6 +129,7 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 		models:   map[string]*loopsv1.ModelInfo{},
 		losses:   map[string]bool{},
 		runs:     map[string]*run{},
+		aliases:  map[string]string{},
 		lanes:    map[string]*lane{},
 		sessions: map[string]*sessionState{},
 		archives: newArchiveTokens(),

@@ -490,3 +490,35 @@ func TestExternalWeightsDownloadFileByFile(t *testing.T) {
 	_, err = h.svc.Checkpoints.GetCheckpointFileURLs(auth.WithWorkspace(t.Context(), "ws-b"), &loopsv1.GetCheckpointFileURLsRequest{Path: path})
 	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err))
 }
+
+func TestRunAnswersToItsSessionAliasAcrossRestarts(t *testing.T) {
+	dir := t.TempDir()
+	st, err := sqlite.Open(t.Context(), filepath.Join(dir, "loops.db"))
+	require.NoError(t, err)
+	c, err := New(t.Context(), st, newFakeBackend(), Options{DataDir: dir})
+	require.NoError(t, err)
+	h := &harness{t: t, dir: dir, fake: nil, core: c, svc: c.Services(), ctx: auth.WithWorkspace(t.Context(), "ws-a")}
+	sess, err := h.svc.Sessions.CreateSession(h.ctx, &loopsv1.CreateSessionRequest{})
+	require.NoError(t, err)
+	op, err := h.svc.Training.CreateTrainingRun(h.ctx, &loopsv1.CreateTrainingRunRequest{SessionId: sess.GetId(), ClientSeqId: ptr(int64(3)), BaseModel: "fake/model", Lora: &loopsv1.LoraConfig{Rank: 2, TrainMlp: true}})
+	require.NoError(t, err)
+	run := h.wait(op).GetTrainingRunId()
+	alias := sess.GetId() + ":train:3"
+	got, err := h.svc.Training.GetTrainingRun(h.ctx, &loopsv1.GetTrainingRunRequest{Id: alias})
+	require.NoError(t, err)
+	require.Equal(t, run, got.GetId())
+	op, err = h.fb(alias, 1, datum(1, 2))
+	require.NoError(t, err)
+	require.Equal(t, run, h.wait(op).GetTrainingRunId())
+	_, err = h.svc.Training.GetTrainingRun(auth.WithWorkspace(t.Context(), "ws-b"), &loopsv1.GetTrainingRunRequest{Id: alias})
+	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err))
+	require.NoError(t, c.Close())
+	require.NoError(t, st.Close())
+
+	h2 := newHarness(t, dir, Options{})
+	op, err = h2.fb(alias, 2, datum(1, 2))
+	require.NoError(t, err)
+	done := h2.wait(op)
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, done.GetState(), done.GetError().GetMessage())
+	require.Equal(t, run, done.GetTrainingRunId())
+}

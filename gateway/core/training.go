@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/auth"
@@ -28,10 +29,14 @@ func (c *Core) model(name string) (*loopsv1.ModelInfo, error) {
 	return m, nil
 }
 
-// runOf returns a run of the workspace.
+// runOf returns a run of the workspace, by its id or by its alias
+// "<session_id>:train:<client_seq_id>".
 func (c *Core) runOf(ws, id string) (*run, error) {
 	c.mu.Lock()
 	r, ok := c.runs[id]
+	if !ok {
+		r, ok = c.runs[c.aliases[id]]
+	}
 	c.mu.Unlock()
 	if !ok || r.ws != ws {
 		return nil, notFound("training run %q not found (it does not exist, or belongs to another API key's workspace)", id)
@@ -96,6 +101,7 @@ func (s TrainingService) CreateTrainingRun(ctx context.Context, req *loopsv1.Cre
 	info := &loopsv1.TrainingRun{
 		Id:              newID("run"),
 		SessionId:       req.GetSessionId(),
+		ClientSeqId:     req.ClientSeqId,
 		BaseModel:       baseModel,
 		Lora:            lora,
 		UserMetadata:    req.GetUserMetadata(),
@@ -107,7 +113,7 @@ func (s TrainingService) CreateTrainingRun(ctx context.Context, req *loopsv1.Cre
 	}
 	r := c.newRun(ws, info, 0, false)
 	c.mu.Lock()
-	c.runs[info.Id] = r
+	c.addRunLocked(r)
 	c.mu.Unlock()
 	if sess != nil {
 		sess.addRun(info.Id)
@@ -155,6 +161,19 @@ func connectMessage(err error) string {
 		return ce.Message()
 	}
 	return err.Error()
+}
+
+// runAlias is the id the tinker SDK assumes for the n-th training client of a session.
+func runAlias(sessionID string, n int64) string {
+	return sessionID + ":train:" + strconv.FormatInt(n, 10)
+}
+
+// addRunLocked registers a run and its alias; c.mu must be held.
+func (c *Core) addRunLocked(r *run) {
+	c.runs[r.id] = r
+	if info := r.info; info.GetSessionId() != "" && info.ClientSeqId != nil {
+		c.aliases[runAlias(info.GetSessionId(), info.GetClientSeqId())] = r.id
+	}
 }
 
 // GetTrainingRun returns one training run.
@@ -397,7 +416,9 @@ func (c *Core) recoverRuns(ctx context.Context) error {
 		// The first request after a restart sets the run's position: the client's counter
 		// carries on from wherever it was.
 		r := c.newRun(or.Workspace, or.Run, resyncSeq, false)
-		c.runs[or.Run.GetId()] = r
+		c.mu.Lock()
+		c.addRunLocked(r)
+		c.mu.Unlock()
 	}
 	return nil
 }

@@ -222,7 +222,11 @@ type TrainingRun struct {
 	// checkpoint to continue.
 	Corrupted bool `protobuf:"varint,10,opt,name=corrupted,proto3" json:"corrupted,omitempty"`
 	// Highest seq_id applied so far.
-	LastSeqId     int64 `protobuf:"varint,11,opt,name=last_seq_id,json=lastSeqId,proto3" json:"last_seq_id,omitempty"`
+	LastSeqId int64 `protobuf:"varint,11,opt,name=last_seq_id,json=lastSeqId,proto3" json:"last_seq_id,omitempty"`
+	// The client's counter for runs in its session (Tinker's model_seq_id), if it gave one.
+	// The run also answers to the id "<session_id>:train:<client_seq_id>", which the tinker
+	// SDK assumes for runs it creates from a checkpoint.
+	ClientSeqId   *int64 `protobuf:"varint,12,opt,name=client_seq_id,json=clientSeqId,proto3,oneof" json:"client_seq_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -330,6 +334,13 @@ func (x *TrainingRun) GetCorrupted() bool {
 func (x *TrainingRun) GetLastSeqId() int64 {
 	if x != nil {
 		return x.LastSeqId
+	}
+	return 0
+}
+
+func (x *TrainingRun) GetClientSeqId() int64 {
+	if x != nil && x.ClientSeqId != nil {
+		return *x.ClientSeqId
 	}
 	return 0
 }
@@ -564,7 +575,7 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"end_reason\x18\v \x01(\tR\tendReason\x1a?\n" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe4\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9f\x05\n" +
 	"\vTrainingRun\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -580,10 +591,12 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\x17last_sampler_checkpoint\x18\t \x01(\v2\x14.loops.v1.CheckpointR\x15lastSamplerCheckpoint\x12\x1c\n" +
 	"\tcorrupted\x18\n" +
 	" \x01(\bR\tcorrupted\x12\x1e\n" +
-	"\vlast_seq_id\x18\v \x01(\x03R\tlastSeqId\x1a?\n" +
+	"\vlast_seq_id\x18\v \x01(\x03R\tlastSeqId\x12'\n" +
+	"\rclient_seq_id\x18\f \x01(\x03H\x00R\vclientSeqId\x88\x01\x01\x1a?\n" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa1\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +
+	"\x0e_client_seq_id\"\xa1\x03\n" +
 	"\n" +
 	"Checkpoint\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12&\n" +
@@ -673,6 +686,7 @@ func file_loops_v1_resources_proto_init() {
 		return
 	}
 	file_loops_v1_types_proto_init()
+	file_loops_v1_resources_proto_msgTypes[1].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
