@@ -63,7 +63,7 @@ lint: protodeps ## gofmt, go vet, buf lint, buf format check
 BREAKING_AGAINST ?= main
 
 .PHONY: breaking
-breaking: protodeps ## buf breaking against $(BREAKING_AGAINST) (WIRE_JSON for loops.v1 and Tinker, WIRE for the worker protocol)
+breaking: protodeps ## buf breaking against $(BREAKING_AGAINST) (WIRE_JSON for every proto, the stricter of the two rules DESIGN.md names)
 	@rm -rf .cache/against && mkdir -p .cache/against/.cache
 	@git archive $(BREAKING_AGAINST) | tar -x -C .cache/against
 	@cp -r $(PROTODEPS) .cache/against/.cache/
