@@ -42,7 +42,9 @@ func (s *server) retrieveFuture(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		// A wait that merely ran out of time, or a client that went away, is still
 		// pending: never answer a 5xx here (the SDK re-polls a 5xx with no delay).
-		if connect.CodeOf(err) == connect.CodeDeadlineExceeded || errors.Is(err, context.DeadlineExceeded) {
+		if connect.CodeOf(err) == connect.CodeDeadlineExceeded || errors.Is(err, context.DeadlineExceeded) ||
+			connect.CodeOf(err) == connect.CodeCanceled || r.Context().Err() != nil {
+			// (A canceled wait means the client went away; the answer goes nowhere.)
 			writeJSON(w, http.StatusOK, tryAgainResponse{Type: "try_again", RequestID: req.RequestID, QueueState: "active"})
 			return nil
 		}

@@ -211,11 +211,13 @@ def test_math_rl_arithmetic(recipe_env, loops_url, tmp_path, mode, loss_fn):
     kl = [r["optim/kl_sample_train_v1"] for r in train_rows]
     kl2 = [r["optim/kl_sample_train_v2"] for r in train_rows]
     ent = [r["optim/entropy"] for r in train_rows]
-    # Sampler and trainer logprobs agree: the cookbook's own health threshold is 0.01.
-    assert all(abs(x) < 0.01 for x in kl), f"kl_sample_train_v1 {kl}"
-    assert all(0 <= x < 0.01 for x in kl2), f"kl_sample_train_v2 {kl2}"
     assert all(math.isfinite(x) and x > 0 for x in ent), f"entropy {ent}"
     assert all(math.isfinite(r.get("env/all/reward/total", 0.0)) for r in train_rows)
+    # Sampler and trainer logprobs agree (the cookbook's own health threshold is 0.01) for
+    # every step trained on samples from the current weights. In async mode a step may train
+    # on samples from up to max_steps_off_policy steps ago; then the KL measures real policy
+    # drift, not a disagreement, and only has to be small and finite.
+    lags = [0] * len(train_rows)
     staleness = None
     if mode == "async":
         lag = [r["training_client/step"] - r["sampling_client/step_min"] for r in train_rows
@@ -223,6 +225,10 @@ def test_math_rl_arithmetic(recipe_env, loops_url, tmp_path, mode, loss_fn):
         assert lag, f"async rows lack sampling_client/step_min: {train_rows[0].keys()}"
         assert max(lag) <= 2, f"staleness bound max_steps_off_policy=2 broken: {lag}"
         staleness = max(lag)
+        lags = [r.get("training_client/step", 0) - r.get("sampling_client/step_min", 0) for r in train_rows]
+    for lag_i, x, x2 in zip(lags, kl, kl2):
+        bound = 0.01 if lag_i == 0 else 0.5
+        assert abs(x) < bound and 0 <= x2 < bound, f"kl_sample_train_v1 {kl}, v2 {kl2}, staleness {lags}"
     ck = read_jsonl(log / "checkpoints.jsonl")
     check_checkpoints(ck)
     assert sum(1 for r in ck if _is_final(r)) == 1, ck
