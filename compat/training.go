@@ -296,48 +296,23 @@ func checkTTL(ttl *int64) error {
 }
 
 func (s *server) saveWeights(w http.ResponseWriter, r *http.Request) error {
-	var req struct {
-		ModelID    string `json:"model_id"`
-		Path       string `json:"path"`
-		SeqID      *int64 `json:"seq_id"`
-		TTLSeconds *int64 `json:"ttl_seconds"`
-		Overwrite  bool   `json:"overwrite"`
-	}
-	if err := s.decodeJSONBody(w, r, &req); err != nil {
-		return err
-	}
-	if req.Path == "" {
-		return badRequest("path (the checkpoint name) is required for save_weights")
-	}
-	if err := checkName(req.Path); err != nil {
-		return err
-	}
-	if err := checkTTL(req.TTLSeconds); err != nil {
-		return err
-	}
-	id, err := s.resolveModel(r.Context(), req.ModelID)
-	if err != nil {
-		return err
-	}
-	op, err := s.svc.Training.SaveWeights(r.Context(), &loopsv1.SaveWeightsRequest{
-		TrainingRunId: id, SeqId: derefInt(req.SeqID), Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING,
-		Name: req.Path, TtlSeconds: req.TTLSeconds, Overwrite: req.Overwrite,
-	})
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: req.ModelID})
-	return nil
+	return s.saveNamed(w, r, loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING, "save_weights")
 }
 
 // saveWeightsExternal exports the adapter as a PEFT folder under external_weights/<name>
 // (tinker 0.38's TrainingClient.save_weights_external; the CLI's checkpoint download).
 func (s *server) saveWeightsExternal(w http.ResponseWriter, r *http.Request) error {
+	return s.saveNamed(w, r, loopsv1.CheckpointKind_CHECKPOINT_KIND_EXTERNAL, "save_weights_external")
+}
+
+// saveNamed serves the saves that take a checkpoint name (save_weights, save_weights_external).
+func (s *server) saveNamed(w http.ResponseWriter, r *http.Request, kind loopsv1.CheckpointKind, route string) error {
 	var req struct {
 		ModelID           string   `json:"model_id"`
 		Path              string   `json:"path"`
 		SeqID             *int64   `json:"seq_id"`
 		TTLSeconds        *int64   `json:"ttl_seconds"`
+		Overwrite         bool     `json:"overwrite"`
 		EncryptRecipients []string `json:"age_encryption_recipients"`
 	}
 	if err := s.decodeJSONBody(w, r, &req); err != nil {
@@ -347,7 +322,7 @@ func (s *server) saveWeightsExternal(w http.ResponseWriter, r *http.Request) err
 		return badRequest("age_encryption_recipients is not supported by Loops: export without encryption")
 	}
 	if req.Path == "" {
-		return badRequest("path (the export's name) is required for save_weights_external")
+		return badRequest("path (the checkpoint name) is required for %s", route)
 	}
 	if err := checkName(req.Path); err != nil {
 		return err
@@ -360,8 +335,8 @@ func (s *server) saveWeightsExternal(w http.ResponseWriter, r *http.Request) err
 		return err
 	}
 	op, err := s.svc.Training.SaveWeights(r.Context(), &loopsv1.SaveWeightsRequest{
-		TrainingRunId: id, SeqId: derefInt(req.SeqID), Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_EXTERNAL,
-		Name: req.Path, TtlSeconds: req.TTLSeconds,
+		TrainingRunId: id, SeqId: derefInt(req.SeqID), Kind: kind,
+		Name: req.Path, TtlSeconds: req.TTLSeconds, Overwrite: req.Overwrite,
 	})
 	if err != nil {
 		return err

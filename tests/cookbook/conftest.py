@@ -8,20 +8,15 @@ LOOPS_COOKBOOK_KEEP=DIR (keep every recipe's log_path under DIR).
 from __future__ import annotations
 
 import os
-import re
-import shlex
-import shutil
-import subprocess
 import sys
-import tempfile
-import threading
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "tests"))
+from loops_server import running_server  # noqa: E402
 API_KEY = "tml-cookbook"
-_URL_RE = re.compile(r"http://\S+")
 _server_log: Path | None = None
 
 
@@ -37,52 +32,9 @@ def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def loops_url():
     global _server_log
-    if url := os.environ.get("LOOPS_E2E_URL"):
-        yield url.rstrip("/")
-        return
-    tmp = Path(tempfile.mkdtemp(prefix="loops-cookbook-"))
-    binary = os.environ.get("LOOPS_E2E_BIN")
-    if not binary:
-        binary = str(tmp / "loops")
-        r = subprocess.run(["go", "build", "-o", binary, "./cmd/loops"], cwd=REPO_ROOT,
-                           capture_output=True, text=True)
-        if r.returncode:
-            pytest.exit(f"go build failed:\n{r.stderr}", returncode=2)
-    cmd = [binary, "serve", "--addr", "127.0.0.1:0", "--data-dir", str(tmp / "data")]
-    cmd += shlex.split(os.environ.get("LOOPS_E2E_SERVE_ARGS", ""))
-    _server_log = tmp / "server.log"
-    log = open(_server_log, "w", buffering=1)
-    proc = subprocess.Popen(cmd, cwd=tmp, stdout=log, stderr=subprocess.PIPE, text=True, bufsize=1)
-    found: dict[str, str] = {}
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            log.write(line)
-            if not ready.is_set() and (m := _URL_RE.search(line)):
-                found["url"] = m.group(0).rstrip("/").rstrip(".,;")
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    if not ready.wait(120) or "url" not in found:
-        proc.kill()
-        pytest.exit("loops serve did not start:\n" + _server_log.read_text(), returncode=2)
-    sys.stderr.write(f"\n[cookbook] loops serve at {found['url']} (log {_server_log})\n")
-    try:
-        yield found["url"]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-        if os.environ.get("LOOPS_E2E_KEEP"):
-            sys.stderr.write(f"\n[cookbook] kept {tmp}\n")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+    with running_server("cookbook") as server:
+        _server_log = server.log_path
+        yield server.url
 
 
 @pytest.fixture(scope="session")

@@ -22,21 +22,14 @@ Useful knobs:
 from __future__ import annotations
 
 import os
-import re
-import shlex
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
-import threading
-import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "tests"))
+from loops_server import running_server  # noqa: E402
 BASE_MODEL = "loops/tiny"
 API_KEY = os.environ.get("LOOPS_E2E_API_KEY", "tml-e2e-test")
 
@@ -49,7 +42,6 @@ os.environ["TINKER_TELEMETRY"] = "0"
 for _var in ("TINKER_CREDENTIAL_CMD", "TINKER_PROJECT_ID", "TINKER_TAGS"):
     os.environ.pop(_var, None)
 
-_URL_RE = re.compile(r"http://\S+")
 
 # Set by the session fixture, read by the failure-report hook below.
 _server_log_path: Path | None = None
@@ -95,120 +87,14 @@ def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
         report.sections.append(("loops server log (tail)", _log_tail(_server_log_path)))
 
 
-def _wait_for_port(url: str, deadline: float) -> None:
-    parsed = urlparse(url)
-    host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
-    while time.time() < deadline:
-        try:
-            with socket.create_connection((host, port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"server at {url} did not accept connections in time")
-
-
-def _build_binary(out: Path) -> Path:
-    if bin_env := os.environ.get("LOOPS_E2E_BIN"):
-        return Path(bin_env)
-    go = shutil.which("go")
-    if go is None:
-        pytest.exit("go is not on PATH; set LOOPS_E2E_URL or LOOPS_E2E_BIN", returncode=2)
-    if not (REPO_ROOT / "cmd" / "loops").is_dir():
-        pytest.exit(
-            f"{REPO_ROOT}/cmd/loops does not exist yet; set LOOPS_E2E_URL to target a server",
-            returncode=2,
-        )
-    binary = out / "loops"
-    proc = subprocess.run(
-        [go, "build", "-o", str(binary), "./cmd/loops"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    if proc.returncode != 0:
-        pytest.exit(f"go build ./cmd/loops failed:\n{proc.stdout}\n{proc.stderr}", returncode=2)
-    return binary
-
-
 @pytest.fixture(scope="session", autouse=True)
 def loops_url() -> str:
     """Base URL of the Loops server under test; also exported as TINKER_BASE_URL."""
     global _server_log_path
-
-    if url := os.environ.get("LOOPS_E2E_URL"):
-        url = url.rstrip("/")
-        _wait_for_port(url, time.time() + 30)
-        os.environ["TINKER_BASE_URL"] = url
-        yield url
-        return
-
-    tmp = Path(tempfile.mkdtemp(prefix="loops-e2e-"))
-    try:
-        binary = _build_binary(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    data_dir = tmp / "data"
-    log_path = tmp / "server.log"
-    _server_log_path = log_path
-    cmd = [str(binary), "serve", "--addr", "127.0.0.1:0", "--data-dir", str(data_dir)]
-    cmd += shlex.split(os.environ.get("LOOPS_E2E_SERVE_ARGS", ""))
-    log = open(log_path, "w", buffering=1)
-    log.write(f"$ {shlex.join(cmd)}\n")
-    proc = subprocess.Popen(
-        cmd,
-        cwd=tmp,
-        stdout=log,
-        stderr=subprocess.PIPE,
-        text=True,
-        bufsize=1,
-    )
-
-    found: dict[str, str] = {}
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            log.write(line)
-            if not ready.is_set() and (m := _URL_RE.search(line)):
-                found["url"] = m.group(0).rstrip("/").rstrip(".,;")
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, name="loops-stderr", daemon=True).start()
-    if not ready.wait(120) or "url" not in found:
-        code = proc.poll()
-        proc.kill()
-        why = (
-            f"exited with status {code} before printing its URL"
-            if code is not None
-            else "did not print its URL within 120 s"
-        )
-        tail = _log_tail(log_path)
-        log.close()
-        if not os.environ.get("LOOPS_E2E_KEEP"):
-            shutil.rmtree(tmp, ignore_errors=True)
-        pytest.exit(f"loops serve {why}; log:\n" + tail, returncode=2)
-    url = found["url"]
-    _wait_for_port(url, time.time() + 30)
-    os.environ["TINKER_BASE_URL"] = url
-    sys.stderr.write(f"\n[e2e] loops serve at {url} (log {log_path})\n")
-    try:
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-        log.close()
-        if os.environ.get("LOOPS_E2E_KEEP"):
-            sys.stderr.write(f"\n[e2e] kept {tmp}\n")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+    with running_server("e2e") as server:
+        _server_log_path = server.log_path
+        os.environ["TINKER_BASE_URL"] = server.url
+        yield server.url
 
 
 # --------------------------------------------------------------------------- clients

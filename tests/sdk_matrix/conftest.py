@@ -13,19 +13,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
-import shutil
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "tests"))
+from loops_server import running_server  # noqa: E402
 API_KEY = "tml-sdk-matrix"
 
 os.environ["TINKER_API_KEY"] = API_KEY
@@ -35,7 +31,6 @@ os.environ["TINKER_TELEMETRY"] = "0"
 for _var in ("TINKER_CREDENTIAL_CMD", "TINKER_PROJECT_ID", "TINKER_TAGS"):
     os.environ.pop(_var, None)
 
-_URL_RE = re.compile(r"http://\S+")
 _server_log: Path | None = None
 _records: list[dict] = []
 _t0 = time.time()
@@ -106,55 +101,10 @@ def pytest_sessionfinish(session, exitstatus):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session", autouse=True)
 def loops_url():
     global _server_log
-    if url := os.environ.get("LOOPS_E2E_URL"):
-        os.environ["TINKER_BASE_URL"] = url.rstrip("/")
-        yield url.rstrip("/")
-        return
-    tmp = Path(tempfile.mkdtemp(prefix="loops-sdkm-"))
-    binary = os.environ.get("LOOPS_E2E_BIN")
-    if not binary:
-        binary = str(tmp / "loops")
-        r = subprocess.run(["go", "build", "-o", binary, "./cmd/loops"], cwd=REPO_ROOT,
-                           capture_output=True, text=True)
-        if r.returncode:
-            pytest.exit(f"go build failed:\n{r.stderr}", returncode=2)
-    cmd = [binary, "serve", "--addr", "127.0.0.1:0", "--data-dir", str(tmp / "data")]
-    cmd += shlex.split(os.environ.get("LOOPS_E2E_SERVE_ARGS", ""))
-    _server_log = tmp / "server.log"
-    log = open(_server_log, "w", buffering=1)
-    proc = subprocess.Popen(cmd, cwd=tmp, stdout=log, stderr=subprocess.PIPE, text=True, bufsize=1)
-    found: dict[str, str] = {}
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            log.write(line)
-            if not ready.is_set() and (m := _URL_RE.search(line)):
-                found["url"] = m.group(0).rstrip("/").rstrip(".,;")
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    if not ready.wait(120) or "url" not in found:
-        proc.kill()
-        pytest.exit("loops serve did not start:\n" + _server_log.read_text(), returncode=2)
-    url = found["url"]
-    os.environ["TINKER_BASE_URL"] = url
-    sys.stderr.write(f"\n[sdk-matrix] loops serve at {url} (log {_server_log})\n")
-    try:
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-        if os.environ.get("LOOPS_E2E_KEEP"):
-            sys.stderr.write(f"\n[sdk-matrix] kept {tmp}\n")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+    with running_server("sdk-matrix") as server:
+        _server_log = server.log_path
+        os.environ["TINKER_BASE_URL"] = server.url
+        yield server.url
 
 
 @pytest.fixture(scope="session")
