@@ -89,6 +89,7 @@ func (c *Core) resolveCheckpoint(ctx context.Context, ws, path string) (*loopsv1
 	if err != nil {
 		return nil, "", err
 	}
+	runID = c.canonicalRunID(ws, runID)
 	ck, owner, err := c.store.GetCheckpointAnyWorkspace(ctx, runID, kindSegment(kind)+"/"+name)
 	if err == nil && owner != ws && !ck.GetPublic() {
 		err = store.ErrNotFound
@@ -218,10 +219,7 @@ func (s CheckpointService) ListCheckpoints(ctx context.Context, req *loopsv1.Lis
 	if err != nil {
 		return nil, err
 	}
-	runID := req.GetTrainingRunId()
-	if r, err := s.c.runOf(ws, runID); err == nil {
-		runID = r.id // an alias names the run
-	}
+	runID := s.c.canonicalRunID(ws, req.GetTrainingRunId())
 	if runID != "" {
 		if _, err := s.c.store.GetTrainingRun(ctx, ws, runID); err != nil {
 			return nil, storeErr(err, "training run "+quote(runID))
@@ -250,7 +248,7 @@ func (s CheckpointService) owned(ctx context.Context, ws, path string) (*loopsv1
 	if err != nil {
 		return nil, err
 	}
-	ck, err := s.c.store.GetCheckpoint(ctx, ws, runID, kindSegment(kind)+"/"+name)
+	ck, err := s.c.store.GetCheckpoint(ctx, ws, s.c.canonicalRunID(ws, runID), kindSegment(kind)+"/"+name)
 	if err != nil {
 		return nil, storeErr(err, "checkpoint "+path)
 	}

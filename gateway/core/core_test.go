@@ -512,6 +512,15 @@ func TestRunAnswersToItsSessionAliasAcrossRestarts(t *testing.T) {
 	require.Equal(t, run, h.wait(op).GetTrainingRunId())
 	_, err = h.svc.Training.GetTrainingRun(auth.WithWorkspace(t.Context(), "ws-b"), &loopsv1.GetTrainingRunRequest{Id: alias})
 	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err))
+	// Checkpoint paths and listings take the alias too.
+	op, err = h.svc.Training.SaveWeights(h.ctx, &loopsv1.SaveWeightsRequest{TrainingRunId: alias, Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING, Name: "c"})
+	require.NoError(t, err)
+	require.Equal(t, "tinker://"+run+"/weights/c", h.wait(op).GetSaveWeights().GetPath())
+	_, err = h.svc.Checkpoints.GetCheckpoint(h.ctx, &loopsv1.GetCheckpointRequest{Path: "tinker://" + alias + "/weights/c"})
+	require.NoError(t, err)
+	list, err := h.svc.Checkpoints.ListCheckpoints(h.ctx, &loopsv1.ListCheckpointsRequest{TrainingRunId: alias})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, list.GetTotalCount())
 	require.NoError(t, c.Close())
 	require.NoError(t, st.Close())
 

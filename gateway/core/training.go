@@ -163,6 +163,15 @@ func connectMessage(err error) string {
 	return err.Error()
 }
 
+// canonicalRunID returns the run id for an id or alias of a run of the workspace, and any
+// other string unchanged.
+func (c *Core) canonicalRunID(ws, id string) string {
+	if r, err := c.runOf(ws, id); err == nil {
+		return r.id
+	}
+	return id
+}
+
 // runAlias is the id the tinker SDK assumes for the n-th training client of a session.
 func runAlias(sessionID string, n int64) string {
 	return sessionID + ":train:" + strconv.FormatInt(n, 10)
