@@ -179,6 +179,9 @@ class BaseModel:
                 segs[-1] = (segs[-1][0], i + 1, ad)
             else:
                 segs.append((i, i + 1, ad))
+        # The segments stay set after a training pass: its backward may recompute layers
+        # (activation checkpointing), and the recomputation must apply the same adapters.
+        # The caller clears them with end_pass() once backward has run.
         self.ctx.segments = segs
         try:
             with torch.set_grad_enabled(train):
@@ -189,10 +192,18 @@ class BaseModel:
                 out = inner(input_ids=ids, attention_mask=None if full_mask else mask, use_cache=False)
                 h = out.last_hidden_state
                 lp = self._chunked_logprobs(h, tg, train)
+        except BaseException:
+            self.end_pass()
+            raise
         finally:
-            self.ctx.segments = []
             self.model.eval()
+        if not train:
+            self.end_pass()
         return [lp[i, : len(s), : targets[i].shape[1]] for i, s in enumerate(seqs)]
+
+    def end_pass(self) -> None:
+        """Clears the row segments of the last pass (after its backward, for training)."""
+        self.ctx.segments = []
 
     def _chunked_logprobs(self, h: torch.Tensor, tg: torch.Tensor, train: bool) -> torch.Tensor:
         head = self.model.lm_head
@@ -501,16 +512,19 @@ class Engine:
         ads = [r[2].adapter for r in rows]
         tgs = [r[2].datums[r[3]].targets for r in rows]
         lps = bm.token_logprobs(seqs, ads, tgs, train)
-        per_row_loss = []
-        total = None
-        for (aid, idx, fi, j), lp in zip(rows, lps):
-            it = req.items[fi.idx]
-            tl = token_losses(it.loss_fn, dict(it.loss_fn_config), fi.datums[j], lp)
-            per_row_loss.append(tl)
-            s = tl.sum()
-            total = s if total is None else total + s
-        if train and total is not None and total.requires_grad:
-            total.backward()
+        try:
+            per_row_loss = []
+            total = None
+            for (aid, idx, fi, j), lp in zip(rows, lps):
+                it = req.items[fi.idx]
+                tl = token_losses(it.loss_fn, dict(it.loss_fn_config), fi.datums[j], lp)
+                per_row_loss.append(tl)
+                s = tl.sum()
+                total = s if total is None else total + s
+            if train and total is not None and total.requires_grad:
+                total.backward()
+        finally:
+            bm.end_pass()
         outs: Dict[int, Dict[int, Tuple[torch.Tensor, torch.Tensor]]] = {}
         for (aid, idx, fi, j), lp, tl in zip(rows, lps, per_row_loss):
             outs.setdefault(fi.idx, {})[j] = (lp.detach().float().cpu(), tl.detach().sum(dim=1).cpu())

@@ -140,3 +140,33 @@ def test_grpc_server_and_sampling(engine, tmp_path):
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         server.stop(0)
+
+
+def test_gradient_checkpointing_keeps_lora_gradients(tiny_dir, tmp_path):
+    """With activation checkpointing (on by default on GPU) the backward pass recomputes
+    layers; the LoRA segments must still be in place then, or the adapter gets wrong (or no)
+    gradients. Two engines, with and without checkpointing, must take the same step."""
+    import torch
+
+    from loops_worker.engine import BaseModel, Engine
+
+    weights = {}
+    for gc in (False, True):
+        bm = BaseModel("tiny", tiny_dir, torch.device("cpu"), torch.float32, 64, grad_checkpointing=gc)
+        eng = Engine({"tiny": bm}, ["tiny"])
+        eng.create_adapter(bpb.CreateAdapterRequest(adapter_id="gc", base_model="tiny",
+                                                    lora=tpb.LoraConfig(rank=2, seed=5, train_attn=True, train_mlp=True)))
+        # A first step makes B non-zero, so the second step's A gradients depend on the LoRA path.
+        for _ in range(2):
+            res = eng.forward_backward(bpb.ForwardBackwardRequest(items=[bpb.ForwardBackwardItem(
+                adapter_id="gc", loss_fn="cross_entropy", data=[_datum([4, 8, 15, 16, 23, 42])])]))
+            assert not res.results[0].HasField("error"), res.results[0].error
+            eng.optim_step(bpb.OptimStepRequest(adapter_id="gc", adam=tpb.AdamParams(
+                learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-12)))
+        out = tmp_path / f"gc-{gc}"
+        eng.save_adapter(bpb.SaveAdapterRequest(adapter_id="gc", dir=str(out)))
+        from loops_worker import checkpoint as ckpt
+        weights[gc], _ = ckpt.read_weights(str(out))
+    assert weights[False].keys() == weights[True].keys()
+    for k in weights[False]:
+        assert torch.allclose(torch.as_tensor(weights[False][k]), torch.as_tensor(weights[True][k]), atol=1e-6), k
