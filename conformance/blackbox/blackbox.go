@@ -33,6 +33,9 @@ type Config struct {
 	BaseModel string
 	// MaxBodyBytes is the server's request body limit, when known (over-limit cases need it).
 	MaxBodyBytes int64
+	// OpenMode says the server accepts any well-formed key by design (`loops serve` with no
+	// keys configured); the unknown-key case is skipped.
+	OpenMode bool
 	// KnownFailing lists checks and cases expected to fail ("sdk/<check>",
 	// "<file>/<case>/tinker").
 	KnownFailing *protocol.KnownFailing
@@ -91,6 +94,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			BaseModel:    cfg.BaseModel,
 			Surfaces:     []conformancev1.Surface{conformancev1.Surface_SURFACE_TINKER},
 			MaxBodyBytes: cfg.MaxBodyBytes,
+			OpenMode:     cfg.OpenMode,
 			KnownFailing: cfg.KnownFailing,
 			HTTPClient:   cfg.HTTPClient,
 			CaseTimeout:  cfg.Timeout,

@@ -41,11 +41,14 @@ const (
 	RequiresOtherKey = "other_key"
 	// RequiresBodyLimit: the server's request body limit is known.
 	RequiresBodyLimit = "body_limit"
+	// RequiresKeyCheck: the server refuses keys it was not given (not an open-mode server
+	// such as `loops serve` without keys, which accepts any tml- key on loopback).
+	RequiresKeyCheck = "key_check"
 )
 
 var (
 	caseName  = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
-	knownNeed = []string{RequiresOtherKey, RequiresBodyLimit}
+	knownNeed = []string{RequiresOtherKey, RequiresBodyLimit, RequiresKeyCheck}
 )
 
 // EmbeddedCases returns the cases shipped with Loops (conformance/protocol/cases).

@@ -56,6 +56,9 @@ type Options struct {
 	// MaxBodyBytes is the server's request body limit; over-limit cases send one byte more.
 	// Zero skips them.
 	MaxBodyBytes int64
+	// OpenMode says the server accepts any well-formed key by design; the unknown-key
+	// cases are skipped.
+	OpenMode bool
 	// KnownFailing lists cases expected to fail (nil: none).
 	KnownFailing *KnownFailing
 	// Cases to run (default EmbeddedCases).
@@ -245,6 +248,9 @@ func (r *runner) result(ctx context.Context, j job) Result {
 			return res
 		case need == RequiresBodyLimit && r.opts.MaxBodyBytes <= 0:
 			res.Status, res.Reason = StatusSkip, "needs the server's body limit"
+			return res
+		case need == RequiresKeyCheck && r.opts.OpenMode:
+			res.Status, res.Reason = StatusSkip, "the server accepts any key by design (open mode)"
 			return res
 		}
 	}
