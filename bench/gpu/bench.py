@@ -2,6 +2,8 @@
 """GPU benchmark of the Loops worker (one GPU, nothing downloaded; about 6-7 minutes on an H200).
 
   python bench/gpu/bench.py [--out results.json] [--workdir /tmp/loops-gpu-bench]
+  python bench/gpu/bench.py --dry-run   # CPU smoke run of everything but vLLM (tiny model,
+                                        # transformers sampler, no raw-vLLM baseline)
 
 Steps:
   1. writes a Qwen3-8B-shaped model with random bf16 weights (seed 0) plus a synthetic
@@ -14,10 +16,13 @@ Steps:
        - sampling tokens/s for the same workload with the same adapter (concurrent requests);
        - weight-publish latency: save_weights_for_sampler (SaveAdapter) + first sample with
          the new folder (vLLM hot-loads it; nothing restarts).
-MFU = 4·P·T / (t · peak), P = base parameters without embeddings, T = tokens (forward 2PT +
-backward activation gradients 2PT; frozen base weights get no weight gradients; recompute
-from activation checkpointing is not counted). Peak: 989 TFLOP/s dense bf16 (H100/H200
-SXM), override with --peak-tflops. vLLM runs with CUDA graphs off by default (both sides)
+MFU = (4·P·T + 6·L·B·S²·h) / (t · peak), P = base parameters of the matmuls (no input
+embedding; lm_head included), T = B·S tokens, h = heads·head_dim: forward 2PT + backward
+activation gradients 2PT (frozen base weights get no weight gradients), plus causal attention
+(forward 2·L·S²·h per sequence, backward twice that). LoRA FLOPs and the recompute of
+activation checkpointing are not counted (model FLOPs, not hardware FLOPs); mfu_matmul_only
+leaves attention out. Peak: 989 TFLOP/s dense bf16 (H100/H200 SXM), override with
+--peak-tflops. vLLM runs with CUDA graphs off by default (both sides)
 to stay in the time budget; --cuda-graphs turns them on for both.
 """
 
@@ -29,6 +34,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -37,11 +43,16 @@ sys.path.insert(0, os.path.join(ROOT, "backends", "torch"))
 sys.path.insert(0, os.path.join(ROOT, "gen", "python"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")  # the GPU machine has no network
 
 QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
                 rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, eos_token_id=151645,
                 bos_token_id=151643)
+# --dry-run: a tiny model of the same family (CPU).
+TINY = dict(QWEN3_8B, vocab_size=1024, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=512, eos_token_id=1023, bos_token_id=1022)
 RANK = 32
 
 
@@ -49,7 +60,7 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def write_model(d: str, layers: int) -> None:
+def write_model(d: str, c: dict, device: str) -> None:
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
@@ -57,10 +68,10 @@ def write_model(d: str, layers: int) -> None:
     if os.path.exists(os.path.join(d, "bench-done")):
         return
     os.makedirs(d, exist_ok=True)
-    cfg = Qwen3Config(**dict(QWEN3_8B, num_hidden_layers=layers))
-    cfg.torch_dtype = torch.bfloat16
+    cfg = Qwen3Config(**c)
+    cfg.dtype = torch.bfloat16
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(device):
         m = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
     with torch.no_grad():
         for p in m.parameters():
@@ -68,7 +79,8 @@ def write_model(d: str, layers: int) -> None:
                 p.normal_(0, 0.02)
     m.save_pretrained(d, max_shard_size="5GB")
     del m
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     vocab = {f"t{i}": i for i in range(cfg.vocab_size)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -80,7 +92,7 @@ def write_model(d: str, layers: int) -> None:
     open(os.path.join(d, "bench-done"), "w").close()
 
 
-def write_adapter(model_dir: str, d: str, layers: int) -> None:
+def write_adapter(model_dir: str, d: str, c: dict) -> None:
     """A random rank-32 adapter on every target, in the shared PEFT layout."""
     import torch
     from safetensors.torch import save_file
@@ -88,7 +100,7 @@ def write_adapter(model_dir: str, d: str, layers: int) -> None:
     from loops_worker.checkpoint import peft_config
 
     os.makedirs(d, exist_ok=True)
-    c = QWEN3_8B
+    layers = c["num_hidden_layers"]
     H, I, hd = c["hidden_size"], c["intermediate_size"], c["head_dim"]
     shapes = {"self_attn.q_proj": (H, c["num_attention_heads"] * hd), "self_attn.k_proj": (H, c["num_key_value_heads"] * hd),
               "self_attn.v_proj": (H, c["num_key_value_heads"] * hd), "self_attn.o_proj": (c["num_attention_heads"] * hd, H),
@@ -112,7 +124,8 @@ def prompts(n: int, length: int, vocab: int, seed: int = 0):
     import random
 
     r = random.Random(seed)
-    return [[r.randrange(1000, vocab - 1000) for _ in range(length)] for _ in range(n)]
+    lo = min(1000, vocab // 8)  # away from the special ids at both ends
+    return [[r.randrange(lo, vocab - lo) for _ in range(length)] for _ in range(n)]
 
 
 def raw_vllm(args) -> None:
@@ -121,14 +134,18 @@ def raw_vllm(args) -> None:
     from vllm.lora.request import LoRARequest
 
     t0 = time.time()
-    llm = LLM(model=args.model_dir, tokenizer=args.model_dir, enable_lora=True, max_lora_rank=RANK, max_loras=4,
-              dtype="bfloat16", gpu_memory_utilization=args.vllm_mem, max_model_len=args.max_model_len,
-              enforce_eager=not args.cuda_graphs, enable_prefix_caching=True, logprobs_mode="processed_logprobs")
+    # The engine arguments VLLMSampler uses (backends/torch/loops_worker/vllm_sampler.py).
+    llm = LLM(model=args.model_dir, tokenizer=args.model_dir, enable_lora=True, max_lora_rank=RANK, max_loras=8,
+              max_cpu_loras=64, dtype="bfloat16", gpu_memory_utilization=args.vllm_mem,
+              max_model_len=args.max_model_len, enforce_eager=not args.cuda_graphs, enable_prefix_caching=True,
+              logprobs_mode="processed_logprobs", max_logprobs=1024)
     start = time.time() - t0
     lora = LoRARequest("bench", 1, args.adapter_dir)
     ps = [{"prompt_token_ids": p} for p in prompts(args.prompts, args.prompt_len, QWEN3_8B["vocab_size"])]
+    # As the worker sends it, except ignore_eos (random weights rarely sample EOS anyway).
     sp = SamplingParams(n=args.samples, max_tokens=args.max_tokens, temperature=1.0, top_p=1.0, seed=0,
-                        logprobs=0, ignore_eos=True)
+                        logprobs=0, ignore_eos=True, detokenize=False, skip_special_tokens=False,
+                        include_stop_str_in_output=True)
     llm.generate(ps[:2], sp, lora_request=lora, use_tqdm=False)  # warm-up (loads the adapter)
     t1 = time.time()
     outs = llm.generate(ps, sp, lora_request=lora, use_tqdm=False)
@@ -139,22 +156,33 @@ def raw_vllm(args) -> None:
 
 def start_worker(args):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "backends", "torch"), os.path.join(ROOT, "gen", "python")]))
-    cmd = [sys.executable, "-m", "loops_worker", "--listen", "127.0.0.1:0", "--device", "cuda", "--sampler", "vllm",
-           "--model", f"bench/qwen3-8b-random={args.model_dir}", "--max-lora-rank", str(RANK),
-           "--vllm-gpu-memory-utilization", str(args.vllm_mem), "--vllm-max-model-len", str(args.max_model_len)]
-    if not args.cuda_graphs:
-        cmd.append("--vllm-enforce-eager")
+    if args.dry_run:
+        cmd = [sys.executable, "-m", "loops_worker", "--listen", "127.0.0.1:0", "--device", "cpu", "--sampler", "transformers",
+               "--model", f"{BASE}={args.model_dir}", "--max-lora-rank", str(RANK)]
+    else:
+        cmd = [sys.executable, "-m", "loops_worker", "--listen", "127.0.0.1:0", "--device", "cuda", "--sampler", "vllm",
+               "--model", f"{BASE}={args.model_dir}", "--max-lora-rank", str(RANK),
+               "--vllm-gpu-memory-utilization", str(args.vllm_mem), "--vllm-max-model-len", str(args.max_model_len)]
+        if not args.cuda_graphs:
+            cmd.append("--vllm-enforce-eager")
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     t0 = time.time()
     for line in p.stdout:
         if line.startswith("LOOPS_WORKER_LISTENING "):
             log(f"worker ready in {time.time() - t0:.1f}s")
+            # Keep reading stdout (to stderr), so a full pipe never blocks the worker.
+            threading.Thread(target=lambda: [sys.stderr.write(ln) for ln in p.stdout], daemon=True).start()
             return p, line.split()[1], time.time() - t0
+        sys.stderr.write(line)
     raise RuntimeError(f"worker exited with {p.wait()}")
+
+
+BASE = "bench/qwen3-8b-random"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--dry-run", action="store_true", help="CPU smoke run: tiny model, transformers sampler, no vLLM")
     ap.add_argument("--workdir", default="/tmp/loops-gpu-bench")
     ap.add_argument("--out", default="")
     ap.add_argument("--layers", type=int, default=36, help="fewer layers for a quick smoke run")
@@ -170,6 +198,7 @@ def main() -> int:
     ap.add_argument("--cuda-graphs", action="store_true")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--skip-raw", action="store_true")
+    ap.add_argument("--raw-timeout", type=int, default=300)
     ap.add_argument("--raw-vllm", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", default="", help=argparse.SUPPRESS)
     ap.add_argument("--adapter-dir", default="", help=argparse.SUPPRESS)
@@ -177,15 +206,33 @@ def main() -> int:
     if args.raw_vllm:
         raw_vllm(args)
         return 0
+    if args.dry_run:
+        args.skip_raw = True
+        if args.workdir == ap.get_default("workdir"):
+            args.workdir += "-dry"
+        for k, v in dict(layers=2, fb_batch=2, fb_seqlen=32, fb_steps=2, prompts=4, prompt_len=8, samples=2,
+                         max_tokens=8).items():
+            if getattr(args, k) == ap.get_default(k):
+                setattr(args, k, v)
+    c = dict(TINY if args.dry_run else QWEN3_8B, num_hidden_layers=args.layers)
     T0 = time.time()
-    res: dict = {"model": "Qwen3-8B-shaped, random bf16 weights", "layers": args.layers, "rank": RANK}
-    args.model_dir = os.path.join(args.workdir, "model")
-    args.adapter_dir = os.path.join(args.workdir, "adapter")
+    res: dict = {"model": ("tiny (dry run, CPU)" if args.dry_run else "Qwen3-8B-shaped") + ", random bf16 weights",
+                 "layers": args.layers, "rank": RANK}
+
+    def save() -> None:
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(res, f, indent=2)
+
+    workdir = os.path.abspath(args.workdir)
+    args.model_dir = os.path.join(workdir, f"model-L{c['num_hidden_layers']}-H{c['hidden_size']}-V{c['vocab_size']}")
+    args.adapter_dir = os.path.join(workdir, f"adapter-L{c['num_hidden_layers']}-H{c['hidden_size']}-V{c['vocab_size']}")
     log("writing the model")
-    write_model(args.model_dir, args.layers)
-    write_adapter(args.model_dir, args.adapter_dir, args.layers)
+    write_model(args.model_dir, c, "cpu" if args.dry_run else "cuda")
+    write_adapter(args.model_dir, args.adapter_dir, c)
     res["setup_s"] = round(time.time() - T0, 1)
     log(f"model and adapter ready ({res['setup_s']}s)")
+    save()
 
     if not args.skip_raw:
         log("raw vLLM baseline")
@@ -194,27 +241,35 @@ def main() -> int:
                "--max-tokens", str(args.max_tokens), "--max-model-len", str(args.max_model_len), "--vllm-mem", str(args.vllm_mem)]
         if args.cuda_graphs:
             cmd.append("--cuda-graphs")
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        for line in out.stdout.splitlines():
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.raw_timeout)
+            stdout, stderr = out.stdout, out.stderr
+        except subprocess.TimeoutExpired as e:
+            stdout = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            stderr = (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")) + \
+                f"\n[bench] raw vLLM timed out after {args.raw_timeout}s"
+        for line in stdout.splitlines():
             if line.startswith("RAW_VLLM_RESULT "):
                 res["raw_vllm"] = json.loads(line.split(" ", 1)[1])
         if "raw_vllm" not in res:
-            res["raw_vllm_error"] = out.stderr[-3000:]
-        log(f"raw vLLM: {res.get('raw_vllm')}")
+            res["raw_vllm_error"] = (stdout[-1500:] + "\n--- stderr ---\n" + stderr[-4000:])
+        log(f"raw vLLM: {res.get('raw_vllm') or res['raw_vllm_error']}")
+        save()
 
     import grpc
 
     from loops_worker.proto import bgrpc, bpb, tpb
 
     proc, addr, res["worker_start_s"] = start_worker(args)
+    save()
     try:
         ch = grpc.insecure_channel(addr, options=[("grpc.max_send_message_length", 1 << 30), ("grpc.max_receive_message_length", 1 << 30)])
         tr, sa = bgrpc.TrainerServiceStub(ch), bgrpc.SamplerServiceStub(ch)
-        base = "bench/qwen3-8b-random"
+        base = BASE
         # --- forward_backward ---
         tr.LoadAdapter(bpb.LoadAdapterRequest(adapter_id="bench", dir=args.adapter_dir))
         data = []
-        for p in prompts(args.fb_batch, args.fb_seqlen, QWEN3_8B["vocab_size"], seed=1):
+        for p in prompts(args.fb_batch, args.fb_seqlen, c["vocab_size"], seed=1):
             d = tpb.Datum(tokens=p)
             d.loss_fn_inputs["target_tokens"].CopyFrom(tpb.Tensor(dtype=tpb.DTYPE_INT64, int64_data=p[1:] + [0]))
             d.loss_fn_inputs["weights"].CopyFrom(tpb.Tensor(dtype=tpb.DTYPE_FLOAT32, float32_data=[1.0] * len(p)))
@@ -232,14 +287,17 @@ def main() -> int:
         tr.OptimStep(bpb.OptimStepRequest(adapter_id="bench", adam=tpb.AdamParams(learning_rate=1e-5)))
         optim_s = time.time() - t
         toks = args.fb_batch * args.fb_seqlen
-        c = QWEN3_8B
         H, I, hd, L = c["hidden_size"], c["intermediate_size"], c["head_dim"], args.layers
         P = L * (H * hd * (c["num_attention_heads"] * 2 + c["num_key_value_heads"] * 2) + 3 * H * I) + H * c["vocab_size"]
+        attn = 6 * L * args.fb_batch * args.fb_seqlen ** 2 * c["num_attention_heads"] * hd
         best = min(times)
+        peak = args.peak_tflops * 1e12
         res["forward_backward"] = {"tokens_per_call": toks, "seconds_per_call": times, "tokens_per_s": toks / best,
-                                   "mfu": 4 * P * toks / best / (args.peak_tflops * 1e12), "params_non_embedding": P,
+                                   "mfu": (4 * P * toks + attn) / best / peak, "mfu_matmul_only": 4 * P * toks / best / peak,
+                                   "model_flops_per_call": 4 * P * toks + attn, "params_non_embedding": P,
                                    "optim_step_s": optim_s}
         log(f"forward_backward: {res['forward_backward']}")
+        save()
         # --- sampling through the worker ---
         ps = prompts(args.prompts, args.prompt_len, c["vocab_size"])
 
@@ -258,12 +316,13 @@ def main() -> int:
         if "raw_vllm" in res:
             res["sampling_worker"]["vs_raw_vllm"] = (n / dt) / res["raw_vllm"]["tokens_per_s"]
         log(f"sampling through the worker: {res['sampling_worker']}")
+        save()
         # --- weight publish latency ---
         pubs = []
         for i in range(3):
             tr.ForwardBackward(bpb.ForwardBackwardRequest(items=[bpb.ForwardBackwardItem(adapter_id="bench", loss_fn="cross_entropy", data=data[:1])]))
             tr.OptimStep(bpb.OptimStepRequest(adapter_id="bench", adam=tpb.AdamParams(learning_rate=1e-5)))
-            d = os.path.join(args.workdir, f"published-{int(time.time() * 1000)}-{i}")
+            d = os.path.join(workdir, f"published-{int(time.time() * 1000)}-{i}")
             t = time.time()
             tr.SaveAdapter(bpb.SaveAdapterRequest(adapter_id="bench", dir=d))
             t_save = time.time() - t
@@ -280,9 +339,7 @@ def main() -> int:
             proc.kill()
     res["total_s"] = round(time.time() - T0, 1)
     print(json.dumps(res, indent=2))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=2)
+    save()
     return 0
 
 

@@ -8,7 +8,13 @@ Sample calls go to one AsyncLLM engine, which batches them.
 Semantics differences from the reference engine, by design of vLLM: sampling randomness is
 vLLM's (the same seed still gives the same output), and log-probs are vLLM's
 "processed_logprobs" (after temperature, top-k and top-p), which is the distribution that
-was actually sampled. Prompt log-probs are at temperature 1.
+was actually sampled. Prompt log-probs are at temperature 1. vLLM accepts temperatures up to
+2 only (higher is refused) and raises 0 < T < 0.01 to 0.01; greedy requests (T = 0) with
+num_samples > 1 are run once and repeated (vLLM refuses n > 1 when greedy).
+
+API as of vLLM 0.33.0 (the pinned version): AsyncLLM.generate is an async generator;
+n > 1 must use RequestOutputKind.FINAL_ONLY, otherwise each streamed RequestOutput carries
+only the child sequence that just advanced (and the last one only the last to finish).
 """
 
 from __future__ import annotations
@@ -21,8 +27,15 @@ import threading
 import uuid
 from typing import Dict
 
-from .errors import INTERNAL, WorkerError
+from .errors import INTERNAL, WorkerError, invalid
 from .sampler import adapter_cache_key, build_result, validate
+
+# vLLM logs to stdout by default, where the worker announces itself (LOOPS_WORKER_LISTENING)
+# and which a caller may stop reading after that line; send vLLM's logs (this process and the
+# engine-core processes it starts, which inherit the environment) to stderr. Set before vLLM is
+# first imported (available() imports it).
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+MAX_VLLM_TEMPERATURE = 2.0
 
 
 def available() -> bool:
@@ -49,12 +62,13 @@ class VLLMSampler:
         self.thread.start()
         self.llms: Dict[str, object] = {}
         self.lora_ids: Dict[str, int] = {}
+        self.lora_added: Dict[str, set] = {}
         self.next_id = itertools.count(1)
         self.mu = threading.Lock()
         for name in engine.order:
             bm = engine.models[name]
             kw = dict(model=bm.dir, tokenizer=bm.dir, enable_lora=True, max_lora_rank=_vllm_rank(engine.max_lora_rank),
-                      max_loras=max_loras, max_cpu_loras=max_cpu_loras, dtype="bfloat16",
+                      max_loras=max_loras, max_cpu_loras=max(max_cpu_loras, max_loras), dtype="bfloat16",
                       gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
                       enforce_eager=enforce_eager, logprobs_mode="processed_logprobs",
                       max_logprobs=1024)
@@ -78,28 +92,58 @@ class VLLMSampler:
 
     def sample(self, req):
         from vllm import SamplingParams
+        from vllm.exceptions import VLLMValidationError
+        from vllm.sampling_params import RequestOutputKind
 
         bm = self.engine.model(req.base_model)
         s = validate(req, bm)
+        if s.temperature > MAX_VLLM_TEMPERATURE:
+            raise invalid(f"temperature must be at most {MAX_VLLM_TEMPERATURE:g} with the vLLM sampler, got {s.temperature:g}")
         lora = self._lora(bm, req.adapter_dir) if req.adapter_dir else None
         want_prompt = s.prompt_logprobs or s.topk > 0
-        sp = SamplingParams(
-            n=s.n, max_tokens=s.max_tokens, temperature=s.temperature,
-            top_k=s.top_k if s.top_k > 0 else 0, top_p=s.top_p, seed=s.seed,
-            stop=s.stop_strings or None, stop_token_ids=s.stop_tokens or None,
-            include_stop_str_in_output=True, skip_special_tokens=False, logprobs=0,
-            prompt_logprobs=(max(s.topk, 0) if want_prompt else None),
-            detokenize=bool(s.stop_strings))
+        greedy = s.temperature == 0
+        # vLLM gives child i of an n > 1 request the seed seed + i; keep that within 64 bits.
+        seed = s.seed % (1 << 63) if s.seed is not None else None
+        try:
+            sp = SamplingParams(
+                n=1 if greedy else s.n, max_tokens=s.max_tokens, temperature=s.temperature,
+                top_k=s.top_k if s.top_k > 0 else 0, top_p=s.top_p, seed=seed,
+                stop=s.stop_strings or None, stop_token_ids=s.stop_tokens or None,
+                include_stop_str_in_output=True, skip_special_tokens=False, logprobs=0,
+                prompt_logprobs=(max(s.topk, 0) if want_prompt else None),
+                detokenize=bool(s.stop_strings), output_kind=RequestOutputKind.FINAL_ONLY)
+        except VLLMValidationError as e:
+            raise invalid(f"vLLM refused the sampling parameters: {e}")
         llm = self.llms[bm.name]
+        if lora is not None and lora.lora_int_id not in self.lora_added.setdefault(bm.name, set()):
+            # Load a new adapter folder with add_lora first: a folder vLLM cannot load then fails
+            # this request only (a load failing inside a batch step would kill the engine core).
+            try:
+                asyncio.run_coroutine_threadsafe(llm.add_lora(lora), self.loop).result()
+            except Exception as e:  # noqa: BLE001
+                raise invalid(f"vLLM cannot load the adapter in {req.adapter_dir}: {e}")
+            self.lora_added[bm.name].add(lora.lora_int_id)
         fut = asyncio.run_coroutine_threadsafe(
             _generate(llm, {"prompt_token_ids": s.prompt}, sp, lora), self.loop)
         try:
             out = fut.result()
+        except VLLMValidationError as e:
+            raise invalid(f"vLLM refused the request: {e}")
         except Exception as e:  # noqa: BLE001
-            raise WorkerError(INTERNAL, f"vLLM sampling failed: {e}")
+            cause = e.__cause__ or e.__context__
+            raise WorkerError(INTERNAL, f"vLLM sampling failed: {type(e).__name__}: {e}"
+                              + (f" (caused by {type(cause).__name__}: {cause})" if cause is not None else ""))
+        if out is None or not out.outputs:
+            raise WorkerError(INTERNAL, "vLLM sampling returned no output")
+        outs = sorted(out.outputs, key=lambda o: o.index)
+        if greedy:
+            outs = outs[:1] * s.n
+        bad = [o.finish_reason for o in outs if o.finish_reason in ("abort", "error")]
+        if bad or len(outs) != s.n:
+            raise WorkerError(INTERNAL, f"vLLM sampling failed: {len(outs)} of {s.n} sequences, finish reasons {[o.finish_reason for o in outs]}")
         stops = set(s.stop_tokens) | set(s.eos)
         seqs = []
-        for o in sorted(out.outputs, key=lambda o: o.index):
+        for o in outs:
             toks = list(o.token_ids)
             lps = []
             for t, d in zip(toks, o.logprobs or []):

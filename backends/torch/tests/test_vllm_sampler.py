@@ -1,0 +1,228 @@
+"""VLLMSampler against a stand-in for the vLLM 0.33.0 API (no GPU, no vLLM install).
+
+The stand-in copies the behaviour of the pinned vLLM that the sampler depends on (read from its
+source): AsyncEngineArgs field names, max_lora_rank values, max_cpu_loras >= max_loras;
+SamplingParams refusing n > 1 when greedy and temperatures above 2; AsyncLLM.generate as an
+async generator that, unless output_kind is FINAL_ONLY, streams each child of an n > 1 request
+in its own RequestOutput; LoRARequest(lora_name, lora_int_id, lora_path); Logprob(logprob, rank);
+prompt_logprobs with None first and the prompt token added to the top-k.
+"""
+
+import asyncio
+import enum
+import math
+import sys
+import types
+
+import pytest
+
+from loops_worker.errors import INVALID_ARGUMENT, WorkerError
+from loops_worker.proto import bpb, tpb
+
+ENGINE_FIELDS = {"model", "tokenizer", "enable_lora", "max_lora_rank", "max_loras", "max_cpu_loras", "dtype",
+                 "gpu_memory_utilization", "enable_prefix_caching", "enforce_eager", "logprobs_mode",
+                 "max_logprobs", "max_model_len"}
+
+
+class VLLMValidationError(ValueError):
+    pass
+
+
+class RequestOutputKind(enum.Enum):
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
+class SamplingParams:
+    def __init__(self, n=1, temperature=1.0, top_p=1.0, top_k=0, seed=None, stop=None, stop_token_ids=None,
+                 max_tokens=16, logprobs=None, prompt_logprobs=None, detokenize=True, skip_special_tokens=True,
+                 include_stop_str_in_output=False, output_kind=RequestOutputKind.CUMULATIVE, ignore_eos=False):
+        self.__dict__.update(locals())
+        del self.__dict__["self"]
+        if not 0 <= temperature <= 2:
+            raise VLLMValidationError(f"temperature must be in [0, 2], got {temperature}.")
+        if not 0 < top_p <= 1:
+            raise VLLMValidationError(f"top_p must be in (0, 1], got {top_p}.")
+        if stop and not detokenize:
+            raise VLLMValidationError("stop strings are only supported when detokenize is True.")
+        if temperature < 1e-5 and n > 1:
+            raise VLLMValidationError(f"n must be 1 when using greedy sampling, got {n}.")
+        if seed is not None and not 0 <= seed + n - 1 < 1 << 64:
+            raise OverflowError("seed out of range")
+
+
+class Logprob:
+    def __init__(self, logprob, rank=None):
+        self.logprob, self.rank = logprob, rank
+
+
+class LoRARequest:
+    def __init__(self, lora_name, lora_int_id, lora_path=""):
+        assert lora_int_id >= 1 and lora_path
+        self.lora_name, self.lora_int_id, self.lora_path = lora_name, lora_int_id, lora_path
+
+
+class AsyncEngineArgs:
+    def __init__(self, **kw):
+        assert set(kw) <= ENGINE_FIELDS, set(kw) - ENGINE_FIELDS
+        assert kw["max_lora_rank"] in (1, 8, 16, 32, 64, 128, 256, 320, 512)
+        assert kw["max_cpu_loras"] >= kw["max_loras"]
+        self.kw = kw
+
+
+class AsyncLLM:
+    V = 320
+    calls = []
+    added = []
+
+    def __init__(self, args):
+        self.args = args
+
+    @classmethod
+    def from_engine_args(cls, args):
+        asyncio.get_running_loop()
+        return cls(args)
+
+    def _child(self, prompt, sp, i):
+        seed = (sp.seed if sp.seed is not None else 0) + i
+        toks, lps = [], []
+        for j in range(sp.max_tokens):
+            t = (seed * 7 + j * 13 + len(prompt)) % self.V if sp.temperature > 0 else (len(prompt) + j) % self.V
+            toks.append(t)
+            lps.append({t: Logprob(-1.0 - 0.01 * j, rank=3)})
+            if t in (sp.stop_token_ids or []):
+                break
+        fr = "stop" if toks[-1] in (sp.stop_token_ids or []) else "length"
+        return types.SimpleNamespace(index=i, token_ids=toks, logprobs=lps, finish_reason=fr)
+
+    def _prompt_logprobs(self, prompt, k):
+        rows = [None]
+        for r in range(1, len(prompt)):
+            d = {tid: Logprob(-float(rank), rank=rank) for rank, tid in enumerate(range(10, 10 + k), start=1)}
+            if prompt[r] not in d:
+                d[prompt[r]] = Logprob(-50.0, rank=200)
+            rows.append(d)
+        return rows
+
+    async def add_lora(self, lora_request):
+        AsyncLLM.added.append(lora_request)
+        if "bad" in lora_request.lora_path:
+            raise Exception("Call to add_lora method failed: shapes do not match")
+        return True
+
+    async def generate(self, prompt, sampling_params, request_id, *, lora_request=None):
+        assert isinstance(prompt, dict) and set(prompt) == {"prompt_token_ids"}
+        assert isinstance(request_id, str)
+        sp = sampling_params
+        AsyncLLM.calls.append((sp, lora_request))
+        ids = prompt["prompt_token_ids"]
+        plp = self._prompt_logprobs(ids, sp.prompt_logprobs) if sp.prompt_logprobs is not None else None
+        children = [self._child(ids, sp, i) for i in range(sp.n)]
+        if sp.output_kind == RequestOutputKind.FINAL_ONLY:
+            yield types.SimpleNamespace(outputs=children, prompt_logprobs=plp, finished=True)
+            return
+        for i, c in enumerate(children):  # vLLM: one child per streamed output when n > 1
+            await asyncio.sleep(0)
+            yield types.SimpleNamespace(outputs=[c], prompt_logprobs=plp, finished=i == len(children) - 1)
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    mods = {
+        "vllm": types.ModuleType("vllm"),
+        "vllm.engine": types.ModuleType("vllm.engine"),
+        "vllm.engine.arg_utils": types.ModuleType("vllm.engine.arg_utils"),
+        "vllm.v1": types.ModuleType("vllm.v1"),
+        "vllm.v1.engine": types.ModuleType("vllm.v1.engine"),
+        "vllm.v1.engine.async_llm": types.ModuleType("vllm.v1.engine.async_llm"),
+        "vllm.lora": types.ModuleType("vllm.lora"),
+        "vllm.lora.request": types.ModuleType("vllm.lora.request"),
+        "vllm.exceptions": types.ModuleType("vllm.exceptions"),
+        "vllm.sampling_params": types.ModuleType("vllm.sampling_params"),
+    }
+    mods["vllm"].SamplingParams = SamplingParams
+    mods["vllm.engine.arg_utils"].AsyncEngineArgs = AsyncEngineArgs
+    mods["vllm.v1.engine.async_llm"].AsyncLLM = AsyncLLM
+    mods["vllm.lora.request"].LoRARequest = LoRARequest
+    mods["vllm.exceptions"].VLLMValidationError = VLLMValidationError
+    mods["vllm.sampling_params"].RequestOutputKind = RequestOutputKind
+    mods["vllm.sampling_params"].SamplingParams = SamplingParams
+    for k, v in mods.items():
+        monkeypatch.setitem(sys.modules, k, v)
+    AsyncLLM.calls = []
+    AsyncLLM.added = []
+    return mods
+
+
+def _req(prompt, n=1, **params):
+    topk = params.pop("topk", 0)
+    plp = params.pop("prompt_logprobs", False)
+    adapter = params.pop("adapter_dir", "")
+    return bpb.SampleRequest(base_model="tiny", prompt=prompt, num_samples=n, adapter_dir=adapter,
+                             prompt_logprobs=plp, topk_prompt_logprobs=topk, params=tpb.SamplingParams(**params))
+
+
+def test_vllm_sampler_against_the_033_api(fake_vllm, engine, tmp_path):
+    from loops_worker import checkpoint as ckpt
+    from loops_worker.vllm_sampler import VLLMSampler
+
+    vs = VLLMSampler(engine, max_loras=100)
+    try:
+        assert AsyncLLM.calls == []
+        args = vs.llms["tiny"].args.kw
+        assert args["max_cpu_loras"] == 100 and args["max_lora_rank"] == 64 and args["logprobs_mode"] == "processed_logprobs"
+
+        # n > 1: every sequence comes back (FINAL_ONLY), in index order, log-probs per token.
+        r = vs.sample(_req([5, 6, 7], n=4, max_tokens=5, temperature=1.0, seed=3)).result
+        assert len(r.sequences) == 4
+        assert all(len(s.tokens) == 5 and len(s.logprobs) == 5 for s in r.sequences)
+        assert len({tuple(s.tokens) for s in r.sequences}) == 4
+        sp, lora = AsyncLLM.calls[-1]
+        assert sp.output_kind == RequestOutputKind.FINAL_ONLY and sp.n == 4 and sp.logprobs == 0 and lora is None
+
+        # Greedy with n > 1: run once, repeated.
+        r = vs.sample(_req([5, 6, 7], n=3, max_tokens=4, temperature=0.0)).result
+        assert len(r.sequences) == 3 and len({tuple(s.tokens) for s in r.sequences}) == 1
+        assert AsyncLLM.calls[-1][0].n == 1
+
+        # Stop tokens end a sequence with STOP; the stop token is included.
+        stop_at = (3 * 7 + 2 * 13 + 3) % AsyncLLM.V
+        r = vs.sample(_req([5, 6, 7], max_tokens=8, temperature=1.0, seed=3, stop_tokens=[stop_at])).result
+        assert r.sequences[0].tokens[-1] == stop_at and r.sequences[0].stop_reason == tpb.STOP_REASON_STOP
+
+        # Prompt log-probs (first NaN) and top-k prompt log-probs (ranks 1..k only).
+        r = vs.sample(_req([5, 6, 7, 8], max_tokens=1, prompt_logprobs=True, topk=2)).result
+        assert math.isnan(r.prompt_logprobs[0]) and list(r.prompt_logprobs[1:]) == [-50.0, -50.0, -50.0]
+        assert r.topk_prompt_logprobs.k == 2 and list(r.topk_prompt_logprobs.token_ids[2:4]) == [10, 11]
+        assert AsyncLLM.calls[-1][0].prompt_logprobs == 2
+
+        # Seeds near 2**64 stay valid for every child.
+        vs.sample(_req([5], n=3, max_tokens=1, temperature=1.0, seed=(1 << 64) - 1))
+
+        # Parameters vLLM refuses are the caller's error.
+        with pytest.raises(WorkerError) as e:
+            vs.sample(_req([5], max_tokens=1, temperature=2.5))
+        assert e.value.code == INVALID_ARGUMENT
+
+        # Adapters: one LoRA id per folder snapshot.
+        class Ad:
+            params = {}
+            scale = 1.0
+            spec = types.SimpleNamespace(rank=8, seed=1, target_modules=lambda: ["q_proj"])
+        d = str(tmp_path / "ad")
+        ckpt.save(d, Ad(), "tiny", False)
+        vs.sample(_req([5], max_tokens=1, adapter_dir=d))
+        vs.sample(_req([5], max_tokens=1, adapter_dir=d))
+        a, b = AsyncLLM.calls[-2][1], AsyncLLM.calls[-1][1]
+        assert a.lora_int_id == b.lora_int_id >= 1 and a.lora_path == d
+        assert [x.lora_int_id for x in AsyncLLM.added] == [a.lora_int_id]  # add_lora once per folder
+
+        # A folder vLLM cannot load fails that request only, as the caller's error.
+        bad = str(tmp_path / "bad")
+        ckpt.save(bad, Ad(), "tiny", False)
+        with pytest.raises(WorkerError) as e:
+            vs.sample(_req([5], max_tokens=1, adapter_dir=bad))
+        assert e.value.code == INVALID_ARGUMENT and "cannot load the adapter" in e.value.message
+    finally:
+        vs.loop.call_soon_threadsafe(vs.loop.stop)
