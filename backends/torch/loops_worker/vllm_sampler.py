@@ -27,7 +27,7 @@ import threading
 import uuid
 from typing import Dict
 
-from .errors import INTERNAL, WorkerError, invalid
+from .errors import INTERNAL, UNAVAILABLE, WorkerError, invalid
 from .sampler import adapter_cache_key, build_result, validate
 
 # vLLM logs to stdout by default, where the worker announces itself (LOOPS_WORKER_LISTENING)
@@ -121,6 +121,7 @@ class VLLMSampler:
             try:
                 asyncio.run_coroutine_threadsafe(llm.add_lora(lora), self.loop).result()
             except Exception as e:  # noqa: BLE001
+                _exit_if_engine_dead(e)
                 raise invalid(f"vLLM cannot load the adapter in {req.adapter_dir}: {e}")
             self.lora_added[bm.name].add(lora.lora_int_id)
         fut = asyncio.run_coroutine_threadsafe(
@@ -130,6 +131,7 @@ class VLLMSampler:
         except VLLMValidationError as e:
             raise invalid(f"vLLM refused the request: {e}")
         except Exception as e:  # noqa: BLE001
+            _exit_if_engine_dead(e)
             cause = e.__cause__ or e.__context__
             raise WorkerError(INTERNAL, f"vLLM sampling failed: {type(e).__name__}: {e}"
                               + (f" (caused by {type(cause).__name__}: {cause})" if cause is not None else ""))
@@ -171,6 +173,24 @@ def _vllm_rank(r: int) -> int:
         if r <= c:
             return c
     return r
+
+
+def _exit_if_engine_dead(e: BaseException) -> None:
+    """vLLM's engine core cannot recover once it has died, and the worker would otherwise keep
+    answering health checks. Fail the request as Unavailable and exit the process shortly
+    after (so the answer still goes out); the gateway restarts a local worker."""
+    try:
+        from vllm.v1.engine.exceptions import EngineDeadError
+    except ImportError:  # pragma: no cover - other vLLM layouts
+        return
+    if not isinstance(e, EngineDeadError):
+        return
+    import sys
+
+    sys.stderr.write(f"loops_worker: vLLM's engine core died ({e}); exiting so the gateway restarts this worker\n")
+    sys.stderr.flush()
+    threading.Timer(0.5, lambda: os._exit(3)).start()
+    raise WorkerError(UNAVAILABLE, "the worker's vLLM engine died; the worker is restarting: retry the request shortly") from e
 
 
 async def _make(cls, args):

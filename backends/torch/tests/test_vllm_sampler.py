@@ -28,6 +28,10 @@ class VLLMValidationError(ValueError):
     pass
 
 
+class EngineDeadError(Exception):
+    """vllm.v1.engine.exceptions.EngineDeadError: the engine core died; unrecoverable."""
+
+
 class RequestOutputKind(enum.Enum):
     CUMULATIVE = 0
     DELTA = 1
@@ -117,6 +121,8 @@ class AsyncLLM:
         sp = sampling_params
         AsyncLLM.calls.append((sp, lora_request))
         ids = prompt["prompt_token_ids"]
+        if 299 in ids:  # the test's way to kill the engine core
+            raise EngineDeadError("EngineCore encountered an issue.")
         plp = self._prompt_logprobs(ids, sp.prompt_logprobs) if sp.prompt_logprobs is not None else None
         children = [self._child(ids, sp, i) for i in range(sp.n)]
         if sp.output_kind == RequestOutputKind.FINAL_ONLY:
@@ -136,6 +142,7 @@ def fake_vllm(monkeypatch):
         "vllm.v1": types.ModuleType("vllm.v1"),
         "vllm.v1.engine": types.ModuleType("vllm.v1.engine"),
         "vllm.v1.engine.async_llm": types.ModuleType("vllm.v1.engine.async_llm"),
+        "vllm.v1.engine.exceptions": types.ModuleType("vllm.v1.engine.exceptions"),
         "vllm.lora": types.ModuleType("vllm.lora"),
         "vllm.lora.request": types.ModuleType("vllm.lora.request"),
         "vllm.exceptions": types.ModuleType("vllm.exceptions"),
@@ -146,6 +153,7 @@ def fake_vllm(monkeypatch):
     mods["vllm.v1.engine.async_llm"].AsyncLLM = AsyncLLM
     mods["vllm.lora.request"].LoRARequest = LoRARequest
     mods["vllm.exceptions"].VLLMValidationError = VLLMValidationError
+    mods["vllm.v1.engine.exceptions"].EngineDeadError = EngineDeadError
     mods["vllm.sampling_params"].RequestOutputKind = RequestOutputKind
     mods["vllm.sampling_params"].SamplingParams = SamplingParams
     for k, v in mods.items():
@@ -224,5 +232,29 @@ def test_vllm_sampler_against_the_033_api(fake_vllm, engine, tmp_path):
         with pytest.raises(WorkerError) as e:
             vs.sample(_req([5], max_tokens=1, adapter_dir=bad))
         assert e.value.code == INVALID_ARGUMENT and "cannot load the adapter" in e.value.message
+    finally:
+        vs.loop.call_soon_threadsafe(vs.loop.stop)
+
+
+def test_dead_engine_fails_unavailable_and_exits(fake_vllm, engine, monkeypatch):
+    """A dead vLLM engine core cannot recover: the request fails as Unavailable and the
+    worker process exits, so the gateway restarts it instead of health-checking a zombie."""
+    import os
+    import time
+
+    from loops_worker.errors import UNAVAILABLE
+    from loops_worker.vllm_sampler import VLLMSampler
+
+    exits = []
+    monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
+    vs = VLLMSampler(engine, max_loras=4)
+    try:
+        with pytest.raises(WorkerError) as e:
+            vs.sample(_req([5, 299, 7], max_tokens=2, temperature=1.0, seed=1))
+        assert e.value.code == UNAVAILABLE and "restarting" in e.value.message
+        deadline = time.time() + 5
+        while not exits and time.time() < deadline:
+            time.sleep(0.05)
+        assert exits == [3]
     finally:
         vs.loop.call_soon_threadsafe(vs.loop.stop)
