@@ -13,7 +13,7 @@ import (
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
 
-// fakeCore is a small in-memory implementation of the six core handler interfaces. It
+// fakeCore is a small in-memory implementation of the seven core handler interfaces. It
 // records the last request of each method so tests can check the translation, and lets a
 // test force an error per method.
 type fakeCore struct {
@@ -28,6 +28,7 @@ type fakeCore struct {
 	ops      map[string]*loopsv1.Operation
 	ckpts    map[string]*loopsv1.Checkpoint
 	models   []*loopsv1.ModelInfo
+	usage    []*loopsv1.UsageBucket
 	// createdRunID makes CreateTrainingRun return operations without a run id until done.
 	lazyRunID bool
 }
@@ -43,7 +44,7 @@ func newFakeCore() *fakeCore {
 }
 
 func (f *fakeCore) services() Services {
-	return Services{Sessions: f, Training: f, Operations: f, Checkpoints: f, Sampling: f, Models: f}
+	return Services{Sessions: f, Training: f, Operations: f, Checkpoints: f, Sampling: f, Models: f, Usage: f}
 }
 
 // enter records req under method and returns a forced error, if any. Caller holds no lock.
@@ -444,4 +445,15 @@ func (f *fakeCore) ListModels(_ context.Context, r *loopsv1.ListModelsRequest) (
 		return nil, err
 	}
 	return &loopsv1.ListModelsResponse{Models: f.models}, nil
+}
+
+// UsageService.
+
+func (f *fakeCore) GetUsage(_ context.Context, r *loopsv1.GetUsageRequest) (*loopsv1.GetUsageResponse, error) {
+	if err := f.enter("GetUsage", r); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return &loopsv1.GetUsageResponse{Buckets: f.usage}, nil
 }

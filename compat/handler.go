@@ -29,6 +29,7 @@ type Services struct {
 	Checkpoints loopsv1connect.CheckpointServiceHandler
 	Sampling    loopsv1connect.SamplingServiceHandler
 	Models      loopsv1connect.ModelServiceHandler
+	Usage       loopsv1connect.UsageServiceHandler
 }
 
 // Options tune the Tinker surface. The zero value gives the defaults noted per field.

@@ -56,6 +56,9 @@ func (s *server) routes(mux *http.ServeMux) {
 	s.handle(mux, "GET /api/v1/sessions", s.listSessions)
 	s.handle(mux, "GET /api/v1/sessions/{id}", s.getSession)
 
+	// Billing: metered usage.
+	s.handle(mux, "GET /api/v1/billing/usage/events", s.billingUsageEvents)
+
 	// Tinker routes Loops does not serve (all flag-gated or admin-only in SDK 0.38.0).
 	for _, p := range []string{
 		"POST /api/v1/auth/token",
@@ -68,7 +71,6 @@ func (s *server) routes(mux *http.ServeMux) {
 		"PUT /api/v1/sessions/{id}/project",
 		"GET /api/v1/sessions/{id}/trace_export",
 		"GET /api/v1/audit",
-		"GET /api/v1/billing/usage/events",
 		"GET /api/v1/billing/usage/checkpoints/current",
 		"GET /api/v1/auth/apikey/me",
 		"DELETE /api/v1/auth/apikey/me",

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/google/go-cmp/cmp"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	publicv1 "github.com/loops-dev/loops/gen/go/tinker/public/v1"
@@ -444,4 +446,61 @@ func TestPanicIsRecovered(t *testing.T) {
 	h.ServeHTTP(rec, httpRequest("GET", "/api/v1/x"))
 	require.Equal(t, 500, rec.Code)
 	require.Contains(t, rec.Body.String(), "internal error")
+}
+
+func TestBillingUsageEvents(t *testing.T) {
+	e := newEnv(t)
+	sid := e.postJSON("/api/v1/create_session", `{"tags":[],"user_metadata":{"team":"x"},"sdk_version":"0.38.0"}`).json(t)["session_id"].(string)
+	h0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	bucket := func(h int, kind loopsv1.UsageKind, session string, amount int64) *loopsv1.UsageBucket {
+		start := h0.Add(time.Duration(h) * time.Hour)
+		return &loopsv1.UsageBucket{StartTime: timestamppb.New(start), EndTime: timestamppb.New(start.Add(time.Hour)),
+			BaseModel: "Qwen/Qwen3-8B", SessionId: session, Kind: kind, Amount: amount}
+	}
+	e.core.usage = []*loopsv1.UsageBucket{
+		bucket(0, loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, sid, 100),
+		bucket(0, loopsv1.UsageKind_USAGE_KIND_SAMPLING_PREFILL_TOKENS, sid, 40),
+		bucket(0, loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS, sid, 400),
+		bucket(1, loopsv1.UsageKind_USAGE_KIND_CHECKPOINTS, sid, 2),
+		bucket(1, loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, "gone", 5),
+	}
+
+	r := e.get("/api/v1/billing/usage/events?starting_on=2025-03-01T12%3A00%3A00%2B00%3A00&ending_before=2025-03-01T14:00:00Z")
+	require.Equal(t, 200, r.status, string(r.body))
+	require.JSONEq(t, `{"data":[
+		{"bucket_start":"2025-03-01T12:00:00Z","bucket_end":"2025-03-01T13:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`",
+		 "event_info":{"type":"sampling_sample","token_count":400}},
+		{"bucket_start":"2025-03-01T12:00:00Z","bucket_end":"2025-03-01T13:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`",
+		 "event_info":{"type":"training","token_count":100}},
+		{"bucket_start":"2025-03-01T12:00:00Z","bucket_end":"2025-03-01T13:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`",
+		 "event_info":{"type":"sampling_prefill","cached":false,"token_count":40}},
+		{"bucket_start":"2025-03-01T13:00:00Z","bucket_end":"2025-03-01T14:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"gone",
+		 "event_info":{"type":"training","token_count":5}},
+		{"bucket_start":"2025-03-01T13:00:00Z","bucket_end":"2025-03-01T14:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`",
+		 "event_info":{"type":"checkpoint","count":2}}
+	],"sessions":{"`+sid+`":{"user_metadata":{"team":"x"}}}}`, string(r.body))
+	require.Empty(t, cmp.Diff(&loopsv1.GetUsageRequest{
+		StartTime: timestamppb.New(h0), EndTime: timestamppb.New(h0.Add(2 * time.Hour)),
+	}, e.core.lastReq("GetUsage"), protocmp.Transform()))
+
+	// Naive times are UTC; a '+' sent unescaped (decoded to a space) still parses; bounds may
+	// be left to the core's defaults.
+	require.Equal(t, 200, e.get("/api/v1/billing/usage/events?starting_on=2025-03-01T12:00:00&ending_before=2025-03-01T14:00:00+00:00").status)
+	require.Empty(t, cmp.Diff(&loopsv1.GetUsageRequest{
+		StartTime: timestamppb.New(h0), EndTime: timestamppb.New(h0.Add(2 * time.Hour)),
+	}, e.core.lastReq("GetUsage"), protocmp.Transform()))
+	require.Equal(t, 200, e.get("/api/v1/billing/usage/events").status)
+	require.Empty(t, cmp.Diff(&loopsv1.GetUsageRequest{}, e.core.lastReq("GetUsage"), protocmp.Transform()))
+
+	// Bad times are the caller's error; the core's refusals pass through.
+	r = e.get("/api/v1/billing/usage/events?starting_on=yesterday")
+	require.Equal(t, 400, r.status)
+	require.Contains(t, r.json(t)["detail"], "starting_on")
+	e.core.setErr("GetUsage", connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("end_time is before start_time")))
+	require.Equal(t, 400, e.get("/api/v1/billing/usage/events").status)
+
+	// An empty range answers an empty list, not null.
+	e.core.setErr("GetUsage", nil)
+	e.core.usage = nil
+	require.JSONEq(t, `{"data":[],"sessions":{}}`, string(e.get("/api/v1/billing/usage/events").body))
 }

@@ -185,6 +185,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	mux.Handle(loopsv1connect.NewCheckpointServiceHandler(svc.Checkpoints, opts...))
 	mux.Handle(loopsv1connect.NewSamplingServiceHandler(svc.Sampling, opts...))
 	mux.Handle(loopsv1connect.NewModelServiceHandler(svc.Models, opts...))
+	mux.Handle(loopsv1connect.NewUsageServiceHandler(svc.Usage, opts...))
 
 	// loops.v1 as REST: grpc-gateway over a gRPC connection to this same listener.
 	rest, err := s.restHandler(ctx)
@@ -202,6 +203,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		Checkpoints: svc.Checkpoints,
 		Sampling:    svc.Sampling,
 		Models:      svc.Models,
+		Usage:       svc.Usage,
 	}, compat.Options{
 		MaxBodyBytes:         s.cfg.Limits.MaxBodyBytes,
 		MaxDecompressedBytes: s.cfg.Limits.MaxDecompressedBytes,
@@ -257,6 +259,7 @@ func (s *Server) restHandler(ctx context.Context) (http.Handler, error) {
 		loopsv1.RegisterCheckpointServiceHandler,
 		loopsv1.RegisterSamplingServiceHandler,
 		loopsv1.RegisterModelServiceHandler,
+		loopsv1.RegisterUsageServiceHandler,
 	} {
 		if err := register(ctx, gw, conn); err != nil {
 			return nil, fmt.Errorf("gateway: registering REST routes: %w", err)

@@ -26,7 +26,7 @@ func rootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), modelsCmd(), runsCmd(), checkpointsCmd())
+	root.AddCommand(serveCmd(), modelsCmd(), runsCmd(), checkpointsCmd(), usageCmd())
 	root.AddCommand(conformanceCmd())
 	return root
 }

@@ -176,6 +176,7 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 		}
 		res.SamplerId = s.GetId()
 	}
+	c.recordUsage(r.ws, info.GetBaseModel(), info.GetSessionId(), store.UsageCheckpoint, 1)
 	return func(op *loopsv1.Operation) { op.Result = &loopsv1.Operation_SaveWeights{SaveWeights: res} }, nil
 }
 

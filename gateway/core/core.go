@@ -104,6 +104,7 @@ type Core struct {
 	sessions map[string]*sessionState
 	samplers *samplers
 	archives *archiveTokens
+	usage    *usageMeter
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -133,6 +134,7 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 		lanes:    map[string]*lane{},
 		sessions: map[string]*sessionState{},
 		archives: newArchiveTokens(),
+		usage:    newUsageMeter(),
 	}
 	c.ops = newOperations(c)
 	c.samplers = newSamplers(c)
@@ -172,6 +174,7 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 }
 
 // Close stops background work. In-flight backend calls finish; queued work is failed.
+// Usage recorded so far is written to the store last.
 func (c *Core) Close() error {
 	c.cancel()
 	c.mu.Lock()
@@ -184,12 +187,13 @@ func (c *Core) Close() error {
 		l.stop()
 	}
 	c.wg.Wait()
+	c.flushUsage(context.Background())
 	return nil
 }
 
 func (c *Core) now() time.Time { return c.opts.Now() }
 
-// janitor expires sessions and checkpoints and forgets old operations.
+// janitor expires sessions and checkpoints, forgets old operations and writes usage.
 func (c *Core) janitor() {
 	defer c.wg.Done()
 	t := time.NewTicker(15 * time.Second)
@@ -214,6 +218,7 @@ func (c *Core) sweep(ctx context.Context) {
 		c.log.Error("deleting old operations", slog.Any("err", err))
 	}
 	c.archives.sweep(now)
+	c.flushUsage(ctx)
 }
 
 // Services returns the loops.v1 service implementations.
@@ -225,6 +230,7 @@ func (c *Core) Services() Services {
 		Checkpoints: CheckpointService{c},
 		Sampling:    SamplingService{c},
 		Models:      ModelService{c},
+		Usage:       UsageService{c},
 	}
 }
 
@@ -236,4 +242,5 @@ type Services struct {
 	Checkpoints CheckpointService
 	Sampling    SamplingService
 	Models      ModelService
+	Usage       UsageService
 }

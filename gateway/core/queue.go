@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"google.golang.org/protobuf/proto"
@@ -370,6 +371,8 @@ func (l *lane) forwardBackward(ctx context.Context, batch []runTask) {
 		}
 		if itemErr == nil {
 			l.c.metrics.tokens.WithLabelValues("train").Add(float64(rt.t.tokens))
+			info := rt.r.snapshot()
+			l.c.recordUsage(rt.r.ws, info.GetBaseModel(), info.GetSessionId(), store.UsageTraining, int64(rt.t.tokens))
 		}
 		l.c.ops.finish(rt.t.op, func(op *loopsv1.Operation) {
 			op.Result = &loopsv1.Operation_ForwardBackward{ForwardBackward: res}

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"google.golang.org/protobuf/proto"
@@ -224,11 +225,13 @@ func (s SamplingService) Sample(ctx context.Context, req *loopsv1.SampleRequest)
 		PromptLogprobs: req.GetPromptLogprobs(), TopkPromptLogprobs: req.GetTopkPromptLogprobs(),
 	}
 	c.samplers.queued.Add(1)
-	go c.runSample(o, breq)
+	go c.runSample(o, st.info.GetSessionId(), breq)
 	return o.snapshot(), nil
 }
 
-func (c *Core) runSample(o *operation, req *backendv1.SampleRequest) {
+// runSample runs a sampling operation when the sampler has capacity; session is the
+// sampler's session, which its usage is attributed to.
+func (c *Core) runSample(o *operation, session string, req *backendv1.SampleRequest) {
 	ss := c.samplers
 	select {
 	case ss.sem <- struct{}{}:
@@ -243,9 +246,13 @@ func (c *Core) runSample(o *operation, req *backendv1.SampleRequest) {
 	resp, err := c.backend.Sampler().Sample(c.ctx, req)
 	if err == nil {
 		c.metrics.tokens.WithLabelValues("sample_prompt").Add(float64(len(req.GetPrompt())))
+		generated := 0
 		for _, seq := range resp.GetResult().GetSequences() {
-			c.metrics.tokens.WithLabelValues("sample_output").Add(float64(len(seq.GetTokens())))
+			generated += len(seq.GetTokens())
 		}
+		c.metrics.tokens.WithLabelValues("sample_output").Add(float64(generated))
+		c.recordUsage(o.workspace, req.GetBaseModel(), session, store.UsageSamplingPrefill, int64(len(req.GetPrompt())))
+		c.recordUsage(o.workspace, req.GetBaseModel(), session, store.UsageSamplingSample, int64(generated))
 	}
 	c.ops.finish(o, func(op *loopsv1.Operation) {
 		op.Result = &loopsv1.Operation_Sample{Sample: resp.GetResult()}

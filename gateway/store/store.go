@@ -80,8 +80,38 @@ type Store interface {
 	// are kept.
 	DeleteOperationsDoneBefore(ctx context.Context, t time.Time) (int, error)
 
+	// AddUsage adds u.Amount to the workspace's usage row keyed by (u.BucketStart,
+	// u.BaseModel, u.SessionID, u.Kind), creating the row when there is none. BucketStart is
+	// stored as given (callers truncate it to the hour, in UTC).
+	AddUsage(ctx context.Context, workspace string, u UsageRecord) error
+	// ListUsage lists the workspace's usage rows with from <= BucketStart < to, ordered by
+	// BucketStart, then Kind, then BaseModel, then SessionID. Times come back in UTC.
+	ListUsage(ctx context.Context, workspace string, from, to time.Time) ([]UsageRecord, error)
+
 	// Close releases the store's resources.
 	Close() error
+}
+
+// Usage kinds: what a UsageRecord's Amount counts.
+const (
+	// UsageTraining counts tokens of forward and forward_backward (and forward-only) items.
+	UsageTraining = "training"
+	// UsageSamplingPrefill counts prompt tokens of sample requests (once per request).
+	UsageSamplingPrefill = "sampling_prefill"
+	// UsageSamplingSample counts generated tokens (summed over a request's sequences).
+	UsageSamplingSample = "sampling_sample"
+	// UsageCheckpoint counts checkpoint saves.
+	UsageCheckpoint = "checkpoint"
+)
+
+// UsageRecord is one usage counter: Amount of Kind (one of the Usage* constants) for a base
+// model and session in the hour bucket starting at BucketStart (UTC).
+type UsageRecord struct {
+	BucketStart time.Time
+	BaseModel   string
+	SessionID   string
+	Kind        string
+	Amount      int64
 }
 
 // OwnedTrainingRun is a training run with its workspace.

@@ -56,6 +56,9 @@ func Run(t *testing.T, open Opener) {
 	s("InvalidPut", testInvalidPut)
 	s("ForeignID", testForeignID)
 	s("Concurrency", testConcurrency)
+	s("Usage", testUsage)
+	s("UsageWorkspaces", testUsageWorkspaces)
+	s("UsageRange", testUsageRange)
 	t.Run("Reopen", func(t *testing.T) { testReopen(t, open) })
 }
 
@@ -813,4 +816,81 @@ func testConcurrency(t *testing.T, open func(t *testing.T) store.Store) {
 	runs, err := st.ListAllTrainingRuns(ctx)
 	require.NoError(t, err)
 	require.Len(t, runs, workers*rounds)
+}
+
+// usage returns a usage record in the hour bucket h hours after base.
+func usage(h int, model, session, kind string, amount int64) store.UsageRecord {
+	return store.UsageRecord{
+		BucketStart: base.Add(time.Duration(h) * time.Hour), BaseModel: model,
+		SessionID: session, Kind: kind, Amount: amount,
+	}
+}
+
+func testUsage(t *testing.T, open func(t *testing.T) store.Store) {
+	ctx := t.Context()
+	st := open(t)
+	got, err := st.ListUsage(ctx, wsA, base.Add(-time.Hour), base.Add(time.Hour))
+	require.NoError(t, err)
+	require.Empty(t, got)
+
+	require.NoError(t, st.AddUsage(ctx, wsA, usage(0, "m", "s1", store.UsageTraining, 10)))
+	require.NoError(t, st.AddUsage(ctx, wsA, usage(0, "m", "s1", store.UsageTraining, 5)))
+	require.NoError(t, st.AddUsage(ctx, wsA, usage(0, "m", "s1", store.UsageCheckpoint, 1)))
+	require.NoError(t, st.AddUsage(ctx, wsA, usage(0, "m", "s2", store.UsageTraining, 7)))
+	require.NoError(t, st.AddUsage(ctx, wsA, usage(0, "m2", "s1", store.UsageTraining, 3)))
+	require.NoError(t, st.AddUsage(ctx, wsA, usage(1, "m", "s1", store.UsageTraining, 2)))
+
+	got, err = st.ListUsage(ctx, wsA, base, base.Add(2*time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, []store.UsageRecord{
+		usage(0, "m", "s1", store.UsageCheckpoint, 1),
+		usage(0, "m", "s1", store.UsageTraining, 15),
+		usage(0, "m", "s2", store.UsageTraining, 7),
+		usage(0, "m2", "s1", store.UsageTraining, 3),
+		usage(1, "m", "s1", store.UsageTraining, 2),
+	}, got)
+	for _, u := range got {
+		require.Equal(t, time.UTC, u.BucketStart.Location())
+	}
+
+	require.Error(t, st.AddUsage(ctx, wsA, usage(0, "m", "s1", "", 1)), "a record needs a kind")
+}
+
+func testUsageWorkspaces(t *testing.T, open func(t *testing.T) store.Store) {
+	ctx := t.Context()
+	st := open(t)
+	require.NoError(t, st.AddUsage(ctx, wsA, usage(0, "m", "s1", store.UsageSamplingSample, 10)))
+	require.NoError(t, st.AddUsage(ctx, wsB, usage(0, "m", "s1", store.UsageSamplingSample, 4)))
+
+	got, err := st.ListUsage(ctx, wsA, base, base.Add(time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, []store.UsageRecord{usage(0, "m", "s1", store.UsageSamplingSample, 10)}, got)
+	got, err = st.ListUsage(ctx, wsB, base, base.Add(time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, []store.UsageRecord{usage(0, "m", "s1", store.UsageSamplingSample, 4)}, got)
+	got, err = st.ListUsage(ctx, "ws-c", base, base.Add(time.Hour))
+	require.NoError(t, err)
+	require.Empty(t, got)
+}
+
+func testUsageRange(t *testing.T, open func(t *testing.T) store.Store) {
+	ctx := t.Context()
+	st := open(t)
+	for h := range 5 {
+		require.NoError(t, st.AddUsage(ctx, wsA, usage(h, "m", "s", store.UsageSamplingPrefill, int64(h+1))))
+	}
+	got, err := st.ListUsage(ctx, wsA, base.Add(time.Hour), base.Add(3*time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, []store.UsageRecord{
+		usage(1, "m", "s", store.UsageSamplingPrefill, 2),
+		usage(2, "m", "s", store.UsageSamplingPrefill, 3),
+	}, got, "from is inclusive, to exclusive")
+
+	got, err = st.ListUsage(ctx, wsA, base.Add(90*time.Minute), base.Add(150*time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, []store.UsageRecord{usage(2, "m", "s", store.UsageSamplingPrefill, 3)}, got)
+
+	got, err = st.ListUsage(ctx, wsA, base.Add(3*time.Hour), base.Add(3*time.Hour))
+	require.NoError(t, err)
+	require.Empty(t, got, "an empty range")
 }

@@ -23,6 +23,66 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// UsageKind says what a UsageBucket's amount counts.
+type UsageKind int32
+
+const (
+	UsageKind_USAGE_KIND_UNSPECIFIED UsageKind = 0
+	// Tokens of forward and forward_backward items (the model inputs' lengths).
+	UsageKind_USAGE_KIND_TRAINING_TOKENS UsageKind = 1
+	// Prompt tokens of sample requests, once per request.
+	UsageKind_USAGE_KIND_SAMPLING_PREFILL_TOKENS UsageKind = 2
+	// Generated tokens, summed over a request's sequences.
+	UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS UsageKind = 3
+	// Checkpoint saves (weights and sampler weights).
+	UsageKind_USAGE_KIND_CHECKPOINTS UsageKind = 4
+)
+
+// Enum value maps for UsageKind.
+var (
+	UsageKind_name = map[int32]string{
+		0: "USAGE_KIND_UNSPECIFIED",
+		1: "USAGE_KIND_TRAINING_TOKENS",
+		2: "USAGE_KIND_SAMPLING_PREFILL_TOKENS",
+		3: "USAGE_KIND_SAMPLING_SAMPLE_TOKENS",
+		4: "USAGE_KIND_CHECKPOINTS",
+	}
+	UsageKind_value = map[string]int32{
+		"USAGE_KIND_UNSPECIFIED":             0,
+		"USAGE_KIND_TRAINING_TOKENS":         1,
+		"USAGE_KIND_SAMPLING_PREFILL_TOKENS": 2,
+		"USAGE_KIND_SAMPLING_SAMPLE_TOKENS":  3,
+		"USAGE_KIND_CHECKPOINTS":             4,
+	}
+)
+
+func (x UsageKind) Enum() *UsageKind {
+	p := new(UsageKind)
+	*p = x
+	return p
+}
+
+func (x UsageKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (UsageKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_loops_v1_services_proto_enumTypes[0].Descriptor()
+}
+
+func (UsageKind) Type() protoreflect.EnumType {
+	return &file_loops_v1_services_proto_enumTypes[0]
+}
+
+func (x UsageKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use UsageKind.Descriptor instead.
+func (UsageKind) EnumDescriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{0}
+}
+
 type CreateSessionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Tags          []string               `protobuf:"bytes,1,rep,name=tags,proto3" json:"tags,omitempty"`
@@ -1797,6 +1857,189 @@ func (x *ListModelsResponse) GetModels() []*ModelInfo {
 	return nil
 }
 
+type GetUsageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Start of the range (inclusive); unset means 30 days before end_time.
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// End of the range (exclusive); unset means now. At most 366 days after start_time.
+	EndTime       *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetUsageRequest) Reset() {
+	*x = GetUsageRequest{}
+	mi := &file_loops_v1_services_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetUsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetUsageRequest) ProtoMessage() {}
+
+func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetUsageRequest.ProtoReflect.Descriptor instead.
+func (*GetUsageRequest) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *GetUsageRequest) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *GetUsageRequest) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
+type GetUsageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Buckets       []*UsageBucket         `protobuf:"bytes,1,rep,name=buckets,proto3" json:"buckets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetUsageResponse) Reset() {
+	*x = GetUsageResponse{}
+	mi := &file_loops_v1_services_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetUsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetUsageResponse) ProtoMessage() {}
+
+func (x *GetUsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetUsageResponse.ProtoReflect.Descriptor instead.
+func (*GetUsageResponse) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *GetUsageResponse) GetBuckets() []*UsageBucket {
+	if x != nil {
+		return x.Buckets
+	}
+	return nil
+}
+
+// UsageBucket is the amount of one kind of usage of one base model and session in one hour.
+type UsageBucket struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	StartTime     *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	EndTime       *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	BaseModel     string                 `protobuf:"bytes,3,opt,name=base_model,json=baseModel,proto3" json:"base_model,omitempty"`
+	SessionId     string                 `protobuf:"bytes,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Kind          UsageKind              `protobuf:"varint,5,opt,name=kind,proto3,enum=loops.v1.UsageKind" json:"kind,omitempty"`
+	Amount        int64                  `protobuf:"varint,6,opt,name=amount,proto3" json:"amount,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageBucket) Reset() {
+	*x = UsageBucket{}
+	mi := &file_loops_v1_services_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageBucket) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageBucket) ProtoMessage() {}
+
+func (x *UsageBucket) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageBucket.ProtoReflect.Descriptor instead.
+func (*UsageBucket) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *UsageBucket) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *UsageBucket) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
+func (x *UsageBucket) GetBaseModel() string {
+	if x != nil {
+		return x.BaseModel
+	}
+	return ""
+}
+
+func (x *UsageBucket) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *UsageBucket) GetKind() UsageKind {
+	if x != nil {
+		return x.Kind
+	}
+	return UsageKind_USAGE_KIND_UNSPECIFIED
+}
+
+func (x *UsageBucket) GetAmount() int64 {
+	if x != nil {
+		return x.Amount
+	}
+	return 0
+}
+
 var File_loops_v1_services_proto protoreflect.FileDescriptor
 
 const file_loops_v1_services_proto_rawDesc = "" +
@@ -1943,7 +2186,29 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\a_seq_id\"\x13\n" +
 	"\x11ListModelsRequest\"A\n" +
 	"\x12ListModelsResponse\x12+\n" +
-	"\x06models\x18\x01 \x03(\v2\x13.loops.v1.ModelInfoR\x06models2\x98\x04\n" +
+	"\x06models\x18\x01 \x03(\v2\x13.loops.v1.ModelInfoR\x06models\"\x83\x01\n" +
+	"\x0fGetUsageRequest\x129\n" +
+	"\n" +
+	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
+	"\bend_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\"C\n" +
+	"\x10GetUsageResponse\x12/\n" +
+	"\abuckets\x18\x01 \x03(\v2\x15.loops.v1.UsageBucketR\abuckets\"\xfe\x01\n" +
+	"\vUsageBucket\x129\n" +
+	"\n" +
+	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
+	"\bend_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x1d\n" +
+	"\n" +
+	"base_model\x18\x03 \x01(\tR\tbaseModel\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x04 \x01(\tR\tsessionId\x12'\n" +
+	"\x04kind\x18\x05 \x01(\x0e2\x13.loops.v1.UsageKindR\x04kind\x12\x16\n" +
+	"\x06amount\x18\x06 \x01(\x03R\x06amount*\xb2\x01\n" +
+	"\tUsageKind\x12\x1a\n" +
+	"\x16USAGE_KIND_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aUSAGE_KIND_TRAINING_TOKENS\x10\x01\x12&\n" +
+	"\"USAGE_KIND_SAMPLING_PREFILL_TOKENS\x10\x02\x12%\n" +
+	"!USAGE_KIND_SAMPLING_SAMPLE_TOKENS\x10\x03\x12\x1a\n" +
+	"\x16USAGE_KIND_CHECKPOINTS\x10\x042\x98\x04\n" +
 	"\x0eSessionService\x12[\n" +
 	"\rCreateSession\x12\x1e.loops.v1.CreateSessionRequest\x1a\x11.loops.v1.Session\"\x17\x82\xd3\xe4\x93\x02\x11:\x01*\"\f/v1/sessions\x12\x81\x01\n" +
 	"\x10HeartbeatSession\x12!.loops.v1.HeartbeatSessionRequest\x1a\".loops.v1.HeartbeatSessionResponse\"&\x82\xd3\xe4\x93\x02 :\x01*\"\x1b/v1/sessions/{id}/heartbeat\x12g\n" +
@@ -1976,7 +2241,9 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\fModelService\x12[\n" +
 	"\n" +
 	"ListModels\x12\x1b.loops.v1.ListModelsRequest\x1a\x1c.loops.v1.ListModelsResponse\"\x12\x82\xd3\xe4\x93\x02\f\x12\n" +
-	"/v1/modelsB\x92\x01\n" +
+	"/v1/models2d\n" +
+	"\fUsageService\x12T\n" +
+	"\bGetUsage\x12\x19.loops.v1.GetUsageRequest\x1a\x1a.loops.v1.GetUsageResponse\"\x11\x82\xd3\xe4\x93\x02\v\x12\t/v1/usageB\x92\x01\n" +
 	"\fcom.loops.v1B\rServicesProtoP\x01Z2github.com/loops-dev/loops/gen/go/loops/v1;loopsv1\xa2\x02\x03LXX\xaa\x02\bLoops.V1\xca\x02\bLoops\\V1\xe2\x02\x14Loops\\V1\\GPBMetadata\xea\x02\tLoops::V1b\x06proto3"
 
 var (
@@ -1991,126 +2258,139 @@ func file_loops_v1_services_proto_rawDescGZIP() []byte {
 	return file_loops_v1_services_proto_rawDescData
 }
 
-var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_loops_v1_services_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_loops_v1_services_proto_goTypes = []any{
-	(*CreateSessionRequest)(nil),            // 0: loops.v1.CreateSessionRequest
-	(*HeartbeatSessionRequest)(nil),         // 1: loops.v1.HeartbeatSessionRequest
-	(*HeartbeatSessionResponse)(nil),        // 2: loops.v1.HeartbeatSessionResponse
-	(*FinishSessionRequest)(nil),            // 3: loops.v1.FinishSessionRequest
-	(*GetSessionRequest)(nil),               // 4: loops.v1.GetSessionRequest
-	(*ListSessionsRequest)(nil),             // 5: loops.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),            // 6: loops.v1.ListSessionsResponse
-	(*CreateTrainingRunRequest)(nil),        // 7: loops.v1.CreateTrainingRunRequest
-	(*GetTrainingRunRequest)(nil),           // 8: loops.v1.GetTrainingRunRequest
-	(*ListTrainingRunsRequest)(nil),         // 9: loops.v1.ListTrainingRunsRequest
-	(*ListTrainingRunsResponse)(nil),        // 10: loops.v1.ListTrainingRunsResponse
-	(*UnloadTrainingRunRequest)(nil),        // 11: loops.v1.UnloadTrainingRunRequest
-	(*ForwardBackwardRequest)(nil),          // 12: loops.v1.ForwardBackwardRequest
-	(*OptimStepRequest)(nil),                // 13: loops.v1.OptimStepRequest
-	(*SaveWeightsRequest)(nil),              // 14: loops.v1.SaveWeightsRequest
-	(*LoadWeightsRequest)(nil),              // 15: loops.v1.LoadWeightsRequest
-	(*ListCheckpointsRequest)(nil),          // 16: loops.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),         // 17: loops.v1.ListCheckpointsResponse
-	(*GetCheckpointRequest)(nil),            // 18: loops.v1.GetCheckpointRequest
-	(*DeleteCheckpointRequest)(nil),         // 19: loops.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil),        // 20: loops.v1.DeleteCheckpointResponse
-	(*SetCheckpointPublicRequest)(nil),      // 21: loops.v1.SetCheckpointPublicRequest
-	(*SetCheckpointTTLRequest)(nil),         // 22: loops.v1.SetCheckpointTTLRequest
-	(*GetCheckpointArchiveURLRequest)(nil),  // 23: loops.v1.GetCheckpointArchiveURLRequest
-	(*GetCheckpointArchiveURLResponse)(nil), // 24: loops.v1.GetCheckpointArchiveURLResponse
-	(*GetCheckpointFileURLsRequest)(nil),    // 25: loops.v1.GetCheckpointFileURLsRequest
-	(*GetCheckpointFileURLsResponse)(nil),   // 26: loops.v1.GetCheckpointFileURLsResponse
-	(*CreateSamplerRequest)(nil),            // 27: loops.v1.CreateSamplerRequest
-	(*GetSamplerRequest)(nil),               // 28: loops.v1.GetSamplerRequest
-	(*SampleRequest)(nil),                   // 29: loops.v1.SampleRequest
-	(*ListModelsRequest)(nil),               // 30: loops.v1.ListModelsRequest
-	(*ListModelsResponse)(nil),              // 31: loops.v1.ListModelsResponse
-	nil,                                     // 32: loops.v1.CreateSessionRequest.UserMetadataEntry
-	nil,                                     // 33: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
-	nil,                                     // 34: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	nil,                                     // 35: loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
-	(*Session)(nil),                         // 36: loops.v1.Session
-	(*LoraConfig)(nil),                      // 37: loops.v1.LoraConfig
-	(*TrainingRun)(nil),                     // 38: loops.v1.TrainingRun
-	(*Datum)(nil),                           // 39: loops.v1.Datum
-	(*AdamParams)(nil),                      // 40: loops.v1.AdamParams
-	(CheckpointKind)(0),                     // 41: loops.v1.CheckpointKind
-	(*Checkpoint)(nil),                      // 42: loops.v1.Checkpoint
-	(*timestamppb.Timestamp)(nil),           // 43: google.protobuf.Timestamp
-	(*SamplingParams)(nil),                  // 44: loops.v1.SamplingParams
-	(*ModelInfo)(nil),                       // 45: loops.v1.ModelInfo
-	(*Operation)(nil),                       // 46: loops.v1.Operation
-	(*Sampler)(nil),                         // 47: loops.v1.Sampler
+	(UsageKind)(0),                          // 0: loops.v1.UsageKind
+	(*CreateSessionRequest)(nil),            // 1: loops.v1.CreateSessionRequest
+	(*HeartbeatSessionRequest)(nil),         // 2: loops.v1.HeartbeatSessionRequest
+	(*HeartbeatSessionResponse)(nil),        // 3: loops.v1.HeartbeatSessionResponse
+	(*FinishSessionRequest)(nil),            // 4: loops.v1.FinishSessionRequest
+	(*GetSessionRequest)(nil),               // 5: loops.v1.GetSessionRequest
+	(*ListSessionsRequest)(nil),             // 6: loops.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),            // 7: loops.v1.ListSessionsResponse
+	(*CreateTrainingRunRequest)(nil),        // 8: loops.v1.CreateTrainingRunRequest
+	(*GetTrainingRunRequest)(nil),           // 9: loops.v1.GetTrainingRunRequest
+	(*ListTrainingRunsRequest)(nil),         // 10: loops.v1.ListTrainingRunsRequest
+	(*ListTrainingRunsResponse)(nil),        // 11: loops.v1.ListTrainingRunsResponse
+	(*UnloadTrainingRunRequest)(nil),        // 12: loops.v1.UnloadTrainingRunRequest
+	(*ForwardBackwardRequest)(nil),          // 13: loops.v1.ForwardBackwardRequest
+	(*OptimStepRequest)(nil),                // 14: loops.v1.OptimStepRequest
+	(*SaveWeightsRequest)(nil),              // 15: loops.v1.SaveWeightsRequest
+	(*LoadWeightsRequest)(nil),              // 16: loops.v1.LoadWeightsRequest
+	(*ListCheckpointsRequest)(nil),          // 17: loops.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),         // 18: loops.v1.ListCheckpointsResponse
+	(*GetCheckpointRequest)(nil),            // 19: loops.v1.GetCheckpointRequest
+	(*DeleteCheckpointRequest)(nil),         // 20: loops.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil),        // 21: loops.v1.DeleteCheckpointResponse
+	(*SetCheckpointPublicRequest)(nil),      // 22: loops.v1.SetCheckpointPublicRequest
+	(*SetCheckpointTTLRequest)(nil),         // 23: loops.v1.SetCheckpointTTLRequest
+	(*GetCheckpointArchiveURLRequest)(nil),  // 24: loops.v1.GetCheckpointArchiveURLRequest
+	(*GetCheckpointArchiveURLResponse)(nil), // 25: loops.v1.GetCheckpointArchiveURLResponse
+	(*GetCheckpointFileURLsRequest)(nil),    // 26: loops.v1.GetCheckpointFileURLsRequest
+	(*GetCheckpointFileURLsResponse)(nil),   // 27: loops.v1.GetCheckpointFileURLsResponse
+	(*CreateSamplerRequest)(nil),            // 28: loops.v1.CreateSamplerRequest
+	(*GetSamplerRequest)(nil),               // 29: loops.v1.GetSamplerRequest
+	(*SampleRequest)(nil),                   // 30: loops.v1.SampleRequest
+	(*ListModelsRequest)(nil),               // 31: loops.v1.ListModelsRequest
+	(*ListModelsResponse)(nil),              // 32: loops.v1.ListModelsResponse
+	(*GetUsageRequest)(nil),                 // 33: loops.v1.GetUsageRequest
+	(*GetUsageResponse)(nil),                // 34: loops.v1.GetUsageResponse
+	(*UsageBucket)(nil),                     // 35: loops.v1.UsageBucket
+	nil,                                     // 36: loops.v1.CreateSessionRequest.UserMetadataEntry
+	nil,                                     // 37: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	nil,                                     // 38: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	nil,                                     // 39: loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	(*Session)(nil),                         // 40: loops.v1.Session
+	(*LoraConfig)(nil),                      // 41: loops.v1.LoraConfig
+	(*TrainingRun)(nil),                     // 42: loops.v1.TrainingRun
+	(*Datum)(nil),                           // 43: loops.v1.Datum
+	(*AdamParams)(nil),                      // 44: loops.v1.AdamParams
+	(CheckpointKind)(0),                     // 45: loops.v1.CheckpointKind
+	(*Checkpoint)(nil),                      // 46: loops.v1.Checkpoint
+	(*timestamppb.Timestamp)(nil),           // 47: google.protobuf.Timestamp
+	(*SamplingParams)(nil),                  // 48: loops.v1.SamplingParams
+	(*ModelInfo)(nil),                       // 49: loops.v1.ModelInfo
+	(*Operation)(nil),                       // 50: loops.v1.Operation
+	(*Sampler)(nil),                         // 51: loops.v1.Sampler
 }
 var file_loops_v1_services_proto_depIdxs = []int32{
-	32, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
-	36, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
-	37, // 2: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
-	33, // 3: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
-	38, // 4: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
-	39, // 5: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
-	34, // 6: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	40, // 7: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
-	41, // 8: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
-	42, // 9: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
-	43, // 10: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
-	35, // 11: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
-	43, // 12: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
-	44, // 13: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
-	45, // 14: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
-	0,  // 15: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
-	1,  // 16: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
-	3,  // 17: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
-	4,  // 18: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
-	5,  // 19: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
-	7,  // 20: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
-	8,  // 21: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
-	9,  // 22: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
-	11, // 23: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
-	12, // 24: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
-	13, // 25: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
-	14, // 26: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
-	15, // 27: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
-	16, // 28: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
-	18, // 29: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
-	19, // 30: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
-	21, // 31: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
-	22, // 32: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
-	25, // 33: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
-	23, // 34: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
-	27, // 35: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
-	28, // 36: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
-	29, // 37: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
-	30, // 38: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
-	36, // 39: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
-	2,  // 40: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
-	36, // 41: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
-	36, // 42: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
-	6,  // 43: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
-	46, // 44: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
-	38, // 45: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
-	10, // 46: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
-	46, // 47: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
-	46, // 48: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
-	46, // 49: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
-	46, // 50: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
-	46, // 51: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
-	17, // 52: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
-	42, // 53: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
-	20, // 54: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
-	42, // 55: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
-	42, // 56: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
-	26, // 57: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
-	24, // 58: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
-	47, // 59: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
-	47, // 60: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
-	46, // 61: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
-	31, // 62: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
-	39, // [39:63] is the sub-list for method output_type
-	15, // [15:39] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	36, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
+	40, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
+	41, // 2: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
+	37, // 3: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	42, // 4: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
+	43, // 5: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
+	38, // 6: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	44, // 7: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
+	45, // 8: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
+	46, // 9: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
+	47, // 10: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
+	39, // 11: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	47, // 12: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
+	48, // 13: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
+	49, // 14: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
+	47, // 15: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
+	47, // 16: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
+	35, // 17: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
+	47, // 18: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
+	47, // 19: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
+	0,  // 20: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
+	1,  // 21: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
+	2,  // 22: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
+	4,  // 23: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
+	5,  // 24: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
+	6,  // 25: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
+	8,  // 26: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
+	9,  // 27: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
+	10, // 28: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
+	12, // 29: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
+	13, // 30: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
+	14, // 31: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
+	15, // 32: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
+	16, // 33: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
+	17, // 34: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
+	19, // 35: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
+	20, // 36: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
+	22, // 37: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
+	23, // 38: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
+	26, // 39: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
+	24, // 40: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
+	28, // 41: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
+	29, // 42: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
+	30, // 43: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
+	31, // 44: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
+	33, // 45: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
+	40, // 46: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
+	3,  // 47: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
+	40, // 48: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
+	40, // 49: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
+	7,  // 50: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
+	50, // 51: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
+	42, // 52: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
+	11, // 53: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
+	50, // 54: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
+	50, // 55: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
+	50, // 56: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
+	50, // 57: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
+	50, // 58: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
+	18, // 59: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
+	46, // 60: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
+	21, // 61: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
+	46, // 62: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
+	46, // 63: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
+	27, // 64: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
+	25, // 65: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
+	51, // 66: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
+	51, // 67: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
+	50, // 68: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
+	32, // 69: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
+	34, // 70: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
+	46, // [46:71] is the sub-list for method output_type
+	21, // [21:46] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_services_proto_init() }
@@ -2131,13 +2411,14 @@ func file_loops_v1_services_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_services_proto_rawDesc), len(file_loops_v1_services_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   36,
+			NumEnums:      1,
+			NumMessages:   39,
 			NumExtensions: 0,
-			NumServices:   5,
+			NumServices:   6,
 		},
 		GoTypes:           file_loops_v1_services_proto_goTypes,
 		DependencyIndexes: file_loops_v1_services_proto_depIdxs,
+		EnumInfos:         file_loops_v1_services_proto_enumTypes,
 		MessageInfos:      file_loops_v1_services_proto_msgTypes,
 	}.Build()
 	File_loops_v1_services_proto = out.File

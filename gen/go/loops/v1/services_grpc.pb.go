@@ -1325,3 +1325,115 @@ var ModelService_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "loops/v1/services.proto",
 }
+
+const (
+	UsageService_GetUsage_FullMethodName = "/loops.v1.UsageService/GetUsage"
+)
+
+// UsageServiceClient is the client API for UsageService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// UsageService reports the caller's workspace's metered usage.
+type UsageServiceClient interface {
+	// GetUsage returns the workspace's usage in the hour buckets (UTC) that overlap
+	// [start_time, end_time), ordered by bucket start, then kind. Usage is counted when work
+	// succeeds; a crash can lose the last ~15 seconds of it.
+	GetUsage(ctx context.Context, in *GetUsageRequest, opts ...grpc.CallOption) (*GetUsageResponse, error)
+}
+
+type usageServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewUsageServiceClient(cc grpc.ClientConnInterface) UsageServiceClient {
+	return &usageServiceClient{cc}
+}
+
+func (c *usageServiceClient) GetUsage(ctx context.Context, in *GetUsageRequest, opts ...grpc.CallOption) (*GetUsageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetUsageResponse)
+	err := c.cc.Invoke(ctx, UsageService_GetUsage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// UsageServiceServer is the server API for UsageService service.
+// All implementations must embed UnimplementedUsageServiceServer
+// for forward compatibility.
+//
+// UsageService reports the caller's workspace's metered usage.
+type UsageServiceServer interface {
+	// GetUsage returns the workspace's usage in the hour buckets (UTC) that overlap
+	// [start_time, end_time), ordered by bucket start, then kind. Usage is counted when work
+	// succeeds; a crash can lose the last ~15 seconds of it.
+	GetUsage(context.Context, *GetUsageRequest) (*GetUsageResponse, error)
+	mustEmbedUnimplementedUsageServiceServer()
+}
+
+// UnimplementedUsageServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedUsageServiceServer struct{}
+
+func (UnimplementedUsageServiceServer) GetUsage(context.Context, *GetUsageRequest) (*GetUsageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetUsage not implemented")
+}
+func (UnimplementedUsageServiceServer) mustEmbedUnimplementedUsageServiceServer() {}
+func (UnimplementedUsageServiceServer) testEmbeddedByValue()                      {}
+
+// UnsafeUsageServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to UsageServiceServer will
+// result in compilation errors.
+type UnsafeUsageServiceServer interface {
+	mustEmbedUnimplementedUsageServiceServer()
+}
+
+func RegisterUsageServiceServer(s grpc.ServiceRegistrar, srv UsageServiceServer) {
+	// If the following call panics, it indicates UnimplementedUsageServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&UsageService_ServiceDesc, srv)
+}
+
+func _UsageService_GetUsage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetUsageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(UsageServiceServer).GetUsage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: UsageService_GetUsage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(UsageServiceServer).GetUsage(ctx, req.(*GetUsageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// UsageService_ServiceDesc is the grpc.ServiceDesc for UsageService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var UsageService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "loops.v1.UsageService",
+	HandlerType: (*UsageServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "GetUsage",
+			Handler:    _UsageService_GetUsage_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "loops/v1/services.proto",
+}

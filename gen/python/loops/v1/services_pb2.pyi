@@ -6,12 +6,26 @@ from loops.v1 import operations_pb2 as _operations_pb2
 from loops.v1 import resources_pb2 as _resources_pb2
 from loops.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class UsageKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    USAGE_KIND_UNSPECIFIED: _ClassVar[UsageKind]
+    USAGE_KIND_TRAINING_TOKENS: _ClassVar[UsageKind]
+    USAGE_KIND_SAMPLING_PREFILL_TOKENS: _ClassVar[UsageKind]
+    USAGE_KIND_SAMPLING_SAMPLE_TOKENS: _ClassVar[UsageKind]
+    USAGE_KIND_CHECKPOINTS: _ClassVar[UsageKind]
+USAGE_KIND_UNSPECIFIED: UsageKind
+USAGE_KIND_TRAINING_TOKENS: UsageKind
+USAGE_KIND_SAMPLING_PREFILL_TOKENS: UsageKind
+USAGE_KIND_SAMPLING_SAMPLE_TOKENS: UsageKind
+USAGE_KIND_CHECKPOINTS: UsageKind
 
 class CreateSessionRequest(_message.Message):
     __slots__ = ("tags", "user_metadata", "sdk_version", "project_id")
@@ -320,3 +334,33 @@ class ListModelsResponse(_message.Message):
     MODELS_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[_types_pb2.ModelInfo]
     def __init__(self, models: _Optional[_Iterable[_Union[_types_pb2.ModelInfo, _Mapping]]] = ...) -> None: ...
+
+class GetUsageRequest(_message.Message):
+    __slots__ = ("start_time", "end_time")
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    start_time: _timestamp_pb2.Timestamp
+    end_time: _timestamp_pb2.Timestamp
+    def __init__(self, start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetUsageResponse(_message.Message):
+    __slots__ = ("buckets",)
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    buckets: _containers.RepeatedCompositeFieldContainer[UsageBucket]
+    def __init__(self, buckets: _Optional[_Iterable[_Union[UsageBucket, _Mapping]]] = ...) -> None: ...
+
+class UsageBucket(_message.Message):
+    __slots__ = ("start_time", "end_time", "base_model", "session_id", "kind", "amount")
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    AMOUNT_FIELD_NUMBER: _ClassVar[int]
+    start_time: _timestamp_pb2.Timestamp
+    end_time: _timestamp_pb2.Timestamp
+    base_model: str
+    session_id: str
+    kind: UsageKind
+    amount: int
+    def __init__(self, start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., base_model: _Optional[str] = ..., session_id: _Optional[str] = ..., kind: _Optional[_Union[UsageKind, str]] = ..., amount: _Optional[int] = ...) -> None: ...

@@ -1247,3 +1247,81 @@ class ModelService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class UsageServiceStub:
+    """UsageService reports the caller's workspace's metered usage.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.GetUsage = channel.unary_unary(
+                '/loops.v1.UsageService/GetUsage',
+                request_serializer=loops_dot_v1_dot_services__pb2.GetUsageRequest.SerializeToString,
+                response_deserializer=loops_dot_v1_dot_services__pb2.GetUsageResponse.FromString,
+                _registered_method=True)
+
+
+class UsageServiceServicer:
+    """UsageService reports the caller's workspace's metered usage.
+    """
+
+    def GetUsage(self, request, context):
+        """GetUsage returns the workspace's usage in the hour buckets (UTC) that overlap
+        [start_time, end_time), ordered by bucket start, then kind. Usage is counted when work
+        succeeds; a crash can lose the last ~15 seconds of it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_UsageServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'GetUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUsage,
+                    request_deserializer=loops_dot_v1_dot_services__pb2.GetUsageRequest.FromString,
+                    response_serializer=loops_dot_v1_dot_services__pb2.GetUsageResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'loops.v1.UsageService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('loops.v1.UsageService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class UsageService:
+    """UsageService reports the caller's workspace's metered usage.
+    """
+
+    @staticmethod
+    def GetUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loops.v1.UsageService/GetUsage',
+            loops_dot_v1_dot_services__pb2.GetUsageRequest.SerializeToString,
+            loops_dot_v1_dot_services__pb2.GetUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -31,6 +31,8 @@ const (
 	SamplingServiceName = "loops.v1.SamplingService"
 	// ModelServiceName is the fully-qualified name of the ModelService service.
 	ModelServiceName = "loops.v1.ModelService"
+	// UsageServiceName is the fully-qualified name of the UsageService service.
+	UsageServiceName = "loops.v1.UsageService"
 )
 
 // These constants are the fully-qualified names of the RPCs defined in this package. They're
@@ -111,6 +113,8 @@ const (
 	SamplingServiceSampleProcedure = "/loops.v1.SamplingService/Sample"
 	// ModelServiceListModelsProcedure is the fully-qualified name of the ModelService's ListModels RPC.
 	ModelServiceListModelsProcedure = "/loops.v1.ModelService/ListModels"
+	// UsageServiceGetUsageProcedure is the fully-qualified name of the UsageService's GetUsage RPC.
+	UsageServiceGetUsageProcedure = "/loops.v1.UsageService/GetUsage"
 )
 
 // SessionServiceClient is a client for the loops.v1.SessionService service.
@@ -1105,4 +1109,84 @@ type UnimplementedModelServiceHandler struct{}
 
 func (UnimplementedModelServiceHandler) ListModels(context.Context, *v1.ListModelsRequest) (*v1.ListModelsResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.ModelService.ListModels is not implemented"))
+}
+
+// UsageServiceClient is a client for the loops.v1.UsageService service.
+type UsageServiceClient interface {
+	// GetUsage returns the workspace's usage in the hour buckets (UTC) that overlap
+	// [start_time, end_time), ordered by bucket start, then kind. Usage is counted when work
+	// succeeds; a crash can lose the last ~15 seconds of it.
+	GetUsage(context.Context, *v1.GetUsageRequest) (*v1.GetUsageResponse, error)
+}
+
+// NewUsageServiceClient constructs a client for the loops.v1.UsageService service. By default, it
+// uses the Connect protocol with the binary Protobuf Codec, asks for gzipped responses, and sends
+// uncompressed requests. To use the gRPC or gRPC-Web protocols, supply the connect.WithGRPC() or
+// connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewUsageServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) UsageServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	usageServiceMethods := v1.File_loops_v1_services_proto.Services().ByName("UsageService").Methods()
+	return &usageServiceClient{
+		getUsage: connect.NewClient[v1.GetUsageRequest, v1.GetUsageResponse](
+			httpClient,
+			baseURL+UsageServiceGetUsageProcedure,
+			connect.WithSchema(usageServiceMethods.ByName("GetUsage")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// usageServiceClient implements UsageServiceClient.
+type usageServiceClient struct {
+	getUsage *connect.Client[v1.GetUsageRequest, v1.GetUsageResponse]
+}
+
+// GetUsage calls loops.v1.UsageService.GetUsage.
+func (c *usageServiceClient) GetUsage(ctx context.Context, req *v1.GetUsageRequest) (*v1.GetUsageResponse, error) {
+	response, err := c.getUsage.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// UsageServiceHandler is an implementation of the loops.v1.UsageService service.
+type UsageServiceHandler interface {
+	// GetUsage returns the workspace's usage in the hour buckets (UTC) that overlap
+	// [start_time, end_time), ordered by bucket start, then kind. Usage is counted when work
+	// succeeds; a crash can lose the last ~15 seconds of it.
+	GetUsage(context.Context, *v1.GetUsageRequest) (*v1.GetUsageResponse, error)
+}
+
+// NewUsageServiceHandler builds an HTTP handler from the service implementation. It returns the
+// path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewUsageServiceHandler(svc UsageServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	usageServiceMethods := v1.File_loops_v1_services_proto.Services().ByName("UsageService").Methods()
+	usageServiceGetUsageHandler := connect.NewUnaryHandlerSimple(
+		UsageServiceGetUsageProcedure,
+		svc.GetUsage,
+		connect.WithSchema(usageServiceMethods.ByName("GetUsage")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/loops.v1.UsageService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case UsageServiceGetUsageProcedure:
+			usageServiceGetUsageHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedUsageServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedUsageServiceHandler struct{}
+
+func (UnimplementedUsageServiceHandler) GetUsage(context.Context, *v1.GetUsageRequest) (*v1.GetUsageResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.UsageService.GetUsage is not implemented"))
 }

@@ -1,0 +1,140 @@
+package compat
+
+import (
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+)
+
+// maxBillingSessions caps the sessions whose user_metadata a usage answer looks up.
+const maxBillingSessions = 1000
+
+// billingUsageEvent is one hour bucket of one kind of usage (SDK BillingUsageEvent). The
+// SDK's cost and user fields are left out (null): Loops does not price usage.
+type billingUsageEvent struct {
+	BucketStart string  `json:"bucket_start"`
+	BucketEnd   string  `json:"bucket_end"`
+	BaseModel   *string `json:"base_model"`
+	SessionID   *string `json:"session_id"`
+	EventInfo   any     `json:"event_info"`
+}
+
+// The SDK's BillingEventInfo variants, discriminated by type.
+type (
+	tokenBillingEvent struct {
+		Type       string `json:"type"`
+		TokenCount int64  `json:"token_count"`
+	}
+	prefillBillingEvent struct {
+		Type       string `json:"type"`
+		Cached     bool   `json:"cached"`
+		TokenCount int64  `json:"token_count"`
+	}
+	checkpointBillingEvent struct {
+		Type  string `json:"type"`
+		Count int64  `json:"count"`
+	}
+)
+
+// billingUsageSession is SDK BillingUsageSession.
+type billingUsageSession struct {
+	UserMetadata map[string]string `json:"user_metadata"`
+}
+
+// billingUsageResponse is SDK BillingUsageResponse.
+type billingUsageResponse struct {
+	Data     []billingUsageEvent            `json:"data"`
+	Sessions map[string]billingUsageSession `json:"sessions"`
+}
+
+// billingUsageEvents answers GET billing/usage/events?starting_on=&ending_before= from the
+// core's usage: hour buckets ordered by start, then by amount, largest first. Either bound
+// may be left out (the core's defaults: the 30 days before now).
+func (s *server) billingUsageEvents(w http.ResponseWriter, r *http.Request) error {
+	req := &loopsv1.GetUsageRequest{}
+	var err error
+	if req.StartTime, err = queryTime(r, "starting_on"); err != nil {
+		return err
+	}
+	if req.EndTime, err = queryTime(r, "ending_before"); err != nil {
+		return err
+	}
+	res, err := s.svc.Usage.GetUsage(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	buckets := slices.Clone(res.GetBuckets())
+	slices.SortStableFunc(buckets, func(a, b *loopsv1.UsageBucket) int {
+		if c := a.GetStartTime().AsTime().Compare(b.GetStartTime().AsTime()); c != 0 {
+			return c
+		}
+		return -cmpInt64(a.GetAmount(), b.GetAmount())
+	})
+	out := billingUsageResponse{Data: []billingUsageEvent{}, Sessions: map[string]billingUsageSession{}}
+	for _, b := range buckets {
+		var info any
+		switch b.GetKind() {
+		case loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS:
+			info = tokenBillingEvent{Type: "training", TokenCount: b.GetAmount()}
+		case loopsv1.UsageKind_USAGE_KIND_SAMPLING_PREFILL_TOKENS:
+			info = prefillBillingEvent{Type: "sampling_prefill", TokenCount: b.GetAmount()}
+		case loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS:
+			info = tokenBillingEvent{Type: "sampling_sample", TokenCount: b.GetAmount()}
+		case loopsv1.UsageKind_USAGE_KIND_CHECKPOINTS:
+			info = checkpointBillingEvent{Type: "checkpoint", Count: b.GetAmount()}
+		default:
+			continue // a kind this SDK has no event for
+		}
+		ev := billingUsageEvent{
+			BucketStart: b.GetStartTime().AsTime().UTC().Format(time.RFC3339),
+			BucketEnd:   b.GetEndTime().AsTime().UTC().Format(time.RFC3339),
+			EventInfo:   info,
+		}
+		if m := b.GetBaseModel(); m != "" {
+			ev.BaseModel = &m
+		}
+		if id := b.GetSessionId(); id != "" {
+			ev.SessionID = &id
+			if _, ok := out.Sessions[id]; !ok && len(out.Sessions) < maxBillingSessions {
+				sess, err := s.svc.Sessions.GetSession(r.Context(), &loopsv1.GetSessionRequest{Id: id})
+				if err == nil {
+					out.Sessions[id] = billingUsageSession{UserMetadata: sess.GetUserMetadata()}
+				}
+			}
+		}
+		out.Data = append(out.Data, ev)
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// queryTime parses an ISO 8601 date-time query parameter (RFC 3339; without an offset it
+// is UTC; a '+' decoded to a space is taken back). Absent means nil.
+func queryTime(r *http.Request, name string) (*timestamppb.Timestamp, error) {
+	v := strings.TrimSpace(r.URL.Query().Get(name))
+	if v == "" {
+		return nil, nil
+	}
+	v = strings.ReplaceAll(v, " ", "+")
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05.999999999", "2006-01-02"} {
+		if t, err := time.Parse(layout, v); err == nil {
+			return timestamppb.New(t), nil
+		}
+	}
+	return nil, badRequest("query parameter %s=%q must be an ISO 8601 date-time such as 2025-03-01T00:00:00Z", name, v)
+}

@@ -1,0 +1,146 @@
+package core
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/store"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// Usage ranges: GetUsage looks back usageDefaultRange when no start is given and refuses
+// ranges longer than usageMaxRange.
+const (
+	usageBucket       = time.Hour
+	usageDefaultRange = 30 * 24 * time.Hour
+	usageMaxRange     = 366 * 24 * time.Hour
+)
+
+// usageKey is one usage counter: a workspace's amount of one kind for a base model and
+// session in one hour bucket.
+type usageKey struct {
+	ws, model, session, kind string
+	bucket                   time.Time
+}
+
+// usageMeter accumulates usage in memory; flush adds it to the store. Work that succeeds
+// records usage with one map update under mu, never a store write, so metering stays off
+// the hot paths. The janitor flushes every sweep (15 s), GetUsage flushes before it reads,
+// and Close flushes last: a crash loses at most the usage since the last sweep.
+type usageMeter struct {
+	mu      sync.Mutex
+	pending map[usageKey]int64
+	// flushMu serializes flushes, so a flush that returns has written everything recorded
+	// before it started (GetUsage reads its own writes).
+	flushMu sync.Mutex
+}
+
+func newUsageMeter() *usageMeter { return &usageMeter{pending: map[usageKey]int64{}} }
+
+// recordUsage adds amount of kind to the workspace's counter for model and session in the
+// current hour bucket. Amounts <= 0 are ignored.
+func (c *Core) recordUsage(ws, model, session, kind string, amount int64) {
+	if amount <= 0 {
+		return
+	}
+	k := usageKey{ws: ws, model: model, session: session, kind: kind, bucket: c.now().UTC().Truncate(usageBucket)}
+	c.usage.mu.Lock()
+	c.usage.pending[k] += amount
+	c.usage.mu.Unlock()
+}
+
+// flushUsage writes the accumulated usage to the store. Counters that fail to write are
+// kept for the next flush.
+func (c *Core) flushUsage(ctx context.Context) {
+	u := c.usage
+	u.flushMu.Lock()
+	defer u.flushMu.Unlock()
+	u.mu.Lock()
+	batch := u.pending
+	if len(batch) == 0 {
+		u.mu.Unlock()
+		return
+	}
+	u.pending = map[usageKey]int64{}
+	u.mu.Unlock()
+
+	var failed int
+	for k, amount := range batch {
+		err := c.store.AddUsage(ctx, k.ws, store.UsageRecord{
+			BucketStart: k.bucket, BaseModel: k.model, SessionID: k.session, Kind: k.kind, Amount: amount,
+		})
+		if err != nil {
+			failed++
+			u.mu.Lock()
+			u.pending[k] += amount
+			u.mu.Unlock()
+		}
+	}
+	if failed > 0 {
+		c.log.Error("writing usage; kept in memory for the next flush", slog.Int("counters", failed))
+	}
+}
+
+// usageKinds maps the store's usage kinds to loops.v1's.
+var usageKinds = map[string]loopsv1.UsageKind{
+	store.UsageTraining:        loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS,
+	store.UsageSamplingPrefill: loopsv1.UsageKind_USAGE_KIND_SAMPLING_PREFILL_TOKENS,
+	store.UsageSamplingSample:  loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS,
+	store.UsageCheckpoint:      loopsv1.UsageKind_USAGE_KIND_CHECKPOINTS,
+}
+
+// UsageService implements loops.v1.UsageService.
+type UsageService struct{ c *Core }
+
+// GetUsage returns the workspace's usage in the hour buckets that overlap [start_time,
+// end_time): end defaults to now, start to 30 days before end; the range may not be longer
+// than 366 days.
+func (s UsageService) GetUsage(ctx context.Context, req *loopsv1.GetUsageRequest) (*loopsv1.GetUsageResponse, error) {
+	c := s.c
+	ws, err := auth.RequireWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	end := c.now()
+	if req.GetEndTime() != nil {
+		if err := req.GetEndTime().CheckValid(); err != nil {
+			return nil, invalidArgument("end_time: %v", err)
+		}
+		end = req.GetEndTime().AsTime()
+	}
+	start := end.Add(-usageDefaultRange)
+	if req.GetStartTime() != nil {
+		if err := req.GetStartTime().CheckValid(); err != nil {
+			return nil, invalidArgument("start_time: %v", err)
+		}
+		start = req.GetStartTime().AsTime()
+	}
+	if end.Before(start) {
+		return nil, invalidArgument("end_time (%s) is before start_time (%s)", end.UTC().Format(time.RFC3339), start.UTC().Format(time.RFC3339))
+	}
+	if end.Sub(start) > usageMaxRange {
+		return nil, invalidArgument("the range from start_time to end_time is longer than 366 days: ask for it in parts")
+	}
+	c.flushUsage(ctx)
+	// A bucket overlaps the range when it starts at or after the hour holding start.
+	recs, err := c.store.ListUsage(ctx, ws, start.UTC().Truncate(usageBucket), end)
+	if err != nil {
+		return nil, internal("reading usage", err)
+	}
+	out := &loopsv1.GetUsageResponse{Buckets: make([]*loopsv1.UsageBucket, 0, len(recs))}
+	for _, r := range recs {
+		out.Buckets = append(out.Buckets, &loopsv1.UsageBucket{
+			StartTime: timestamppb.New(r.BucketStart),
+			EndTime:   timestamppb.New(r.BucketStart.Add(usageBucket)),
+			BaseModel: r.BaseModel,
+			SessionId: r.SessionID,
+			Kind:      usageKinds[r.Kind],
+			Amount:    r.Amount,
+		})
+	}
+	return out, nil
+}
