@@ -274,6 +274,16 @@ func wantsProto(r *http.Request) bool {
 }
 
 // queryInt parses an optional non-negative integer query parameter.
+// queryPage reads the limit (default defLimit) and offset (default 0) query parameters of a
+// listing.
+func queryPage(r *http.Request, defLimit int) (limit, offset int, err error) {
+	if limit, err = queryInt(r, "limit", defLimit); err != nil {
+		return 0, 0, err
+	}
+	offset, err = queryInt(r, "offset", 0)
+	return limit, offset, err
+}
+
 func queryInt(r *http.Request, name string, def int) (int, error) {
 	v := r.URL.Query().Get(name)
 	if v == "" {

@@ -104,11 +104,7 @@ type cursorJSON struct {
 }
 
 func (s *server) listTrainingRuns(w http.ResponseWriter, r *http.Request) error {
-	limit, err := queryInt(r, "limit", 20)
-	if err != nil {
-		return err
-	}
-	offset, err := queryInt(r, "offset", 0)
+	limit, offset, err := queryPage(r, 20)
 	if err != nil {
 		return err
 	}
@@ -163,11 +159,7 @@ func (s *server) listRunCheckpoints(w http.ResponseWriter, r *http.Request) erro
 }
 
 func (s *server) listUserCheckpoints(w http.ResponseWriter, r *http.Request) error {
-	limit, err := queryInt(r, "limit", 100)
-	if err != nil {
-		return err
-	}
-	offset, err := queryInt(r, "offset", 0)
+	limit, offset, err := queryPage(r, 100)
 	if err != nil {
 		return err
 	}
@@ -308,11 +300,7 @@ func (s *server) checkpointArchive(w http.ResponseWriter, r *http.Request) error
 }
 
 func (s *server) listSessions(w http.ResponseWriter, r *http.Request) error {
-	limit, err := queryInt(r, "limit", 20)
-	if err != nil {
-		return err
-	}
-	offset, err := queryInt(r, "offset", 0)
+	limit, offset, err := queryPage(r, 20)
 	if err != nil {
 		return err
 	}
