@@ -12,6 +12,7 @@ import (
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	publicv1 "github.com/loops-dev/loops/gen/go/tinker/public/v1"
+	"github.com/loops-dev/loops/internal/shape"
 )
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
@@ -184,21 +185,8 @@ func tensorValues(b []byte, dt publicv1.DType) ([]float32, []int64, error) {
 }
 
 // shapeElements checks a shape and returns its element count.
-func shapeElements(shape []int64, lim limits) (int64, error) {
-	n := int64(1)
-	for _, d := range shape {
-		if d < 0 {
-			return 0, fmt.Errorf("shape %v has a negative dimension", shape)
-		}
-		if d != 0 && n > lim.maxElements/d {
-			return 0, fmt.Errorf("shape %v has more than %d elements, the server's limit", shape, lim.maxElements)
-		}
-		n *= d
-	}
-	if n > lim.maxElements {
-		return 0, fmt.Errorf("shape %v has more than %d elements, the server's limit", shape, lim.maxElements)
-	}
-	return n, nil
+func shapeElements(dims []int64, lim limits) (int64, error) {
+	return shape.Elements(dims, lim.maxElements)
 }
 
 // tensorFromProto converts a tinker Tensor (dense or CSR) into a dense loops Tensor.

@@ -347,13 +347,19 @@ func (e *Engine) OptimStep(_ context.Context, req *backendv1.OptimStepRequest) (
 	case !(ap.GradClipNorm >= 0):
 		return nil, invalid("grad_clip_norm must be >= 0 (0 turns clipping off), got %g", ap.GradClipNorm)
 	}
-	a.mu.Lock()
-	st := a.ad.AdamStep(ap)
-	a.mu.Unlock()
+	st := a.adamStep(ap)
 	return &backendv1.OptimStepResponse{Result: &loopsv1.OptimStepResult{Metrics: map[string]float64{
 		"grad_norm:mean":     st.GradNorm,
 		"learning_rate:mean": ap.LR,
 	}}}, nil
+}
+
+// adamStep runs one optimizer step under the adapter's lock, released even if the step
+// panics (backends.Guard turns the panic into an error, so the adapter must stay usable).
+func (a *adapterState) adamStep(ap nn.AdamParams) nn.OptimStats {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.ad.AdamStep(ap)
 }
 
 func checkDir(dir string) error {

@@ -11,6 +11,7 @@ import (
 	"github.com/loops-dev/loops/backends/reference/nn"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/shape"
 )
 
 // Loss defaults and config keys.
@@ -115,21 +116,14 @@ func tensorValues(t *loopsv1.Tensor) ([]float64, []int64, error) {
 		}
 		return tensorValues(&loopsv1.Tensor{Dtype: loopsv1.Dtype_DTYPE_FLOAT32, Shape: t.Shape, Float32Data: t.Float32Data})
 	}
-	shape := t.Shape
-	if len(shape) == 0 {
-		shape = []int64{int64(len(vals))}
+	dims := t.Shape
+	if len(dims) == 0 {
+		dims = []int64{int64(len(vals))}
 	}
-	n := int64(1)
-	for _, d := range shape {
-		if d < 0 {
-			return nil, nil, fmt.Errorf("negative dimension in shape %v", shape)
-		}
-		n *= d
+	if err := shape.Matches(dims, len(vals)); err != nil {
+		return nil, nil, err
 	}
-	if n != int64(len(vals)) {
-		return nil, nil, fmt.Errorf("shape %v does not match its %d values", shape, len(vals))
-	}
-	return vals, shape, nil
+	return vals, dims, nil
 }
 
 // parseDatum validates one datum for a loss and returns its tokens and parsed inputs.

@@ -125,7 +125,7 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 		opts:     opts,
 		log:      opts.Logger,
 		store:    st,
-		backend:  be,
+		backend:  backends.Guard(be, opts.Logger),
 		metrics:  newMetrics(opts.Registerer),
 		models:   map[string]*loopsv1.ModelInfo{},
 		losses:   map[string]bool{},

@@ -134,6 +134,14 @@ func TestBadInputIsRejectedAtSubmission(t *testing.T) {
 	short.LossFnInputs["weights"].Float32Data = []float32{1}
 	nanWeights := datum(1, 2)
 	nanWeights.LossFnInputs["weights"].Float32Data[1] = float32(math.NaN())
+	// A shape whose product wraps int64 to the value count (4 × (2^62+1) = 4 mod 2^64) once
+	// passed validation and crashed the engine with makeslice.
+	wrapped := datum(1, 2, 3, 4)
+	wrapped.LossFnInputs["target_tokens"].Shape = []int64{4, 4611686018427387905}
+	wrapped.LossFnInputs["weights"].Shape = []int64{4, 4611686018427387905}
+	zeroDim := datum(1, 2)
+	zeroDim.LossFnInputs["target_tokens"] = &loopsv1.Tensor{Dtype: loopsv1.Dtype_DTYPE_INT64, Shape: []int64{2, 0}}
+	zeroDim.LossFnInputs["weights"] = &loopsv1.Tensor{Dtype: loopsv1.Dtype_DTYPE_FLOAT32, Shape: []int64{2, 0}}
 	wrongType := datum(1, 2)
 	wrongType.LossFnInputs["target_tokens"] = &loopsv1.Tensor{Dtype: loopsv1.Dtype_DTYPE_FLOAT32, Float32Data: []float32{1, 2}}
 	for name, tc := range map[string]struct {
@@ -147,6 +155,8 @@ func TestBadInputIsRejectedAtSubmission(t *testing.T) {
 		"wrong dtype":    {&loopsv1.ForwardBackwardRequest{LossFn: "cross_entropy", Data: []*loopsv1.Datum{wrongType}}, "must be int64"},
 		"missing input":  {&loopsv1.ForwardBackwardRequest{LossFn: "ppo", Data: []*loopsv1.Datum{datum(1, 2)}}, `lacks "logprobs"`},
 		"not finite":     {&loopsv1.ForwardBackwardRequest{LossFn: "cross_entropy", Data: []*loopsv1.Datum{nanWeights}}, "values must be finite"},
+		"wrapped shape":  {&loopsv1.ForwardBackwardRequest{LossFn: "cross_entropy", Data: []*loopsv1.Datum{wrapped}}, "needs more elements than the tensor's 4 values"},
+		"zero dimension": {&loopsv1.ForwardBackwardRequest{LossFn: "cross_entropy", Data: []*loopsv1.Datum{zeroDim}}, "has a dimension of 0"},
 		"unknown config": {&loopsv1.ForwardBackwardRequest{LossFn: "cross_entropy", LossFnConfig: map[string]float64{"beta": 1}, Data: []*loopsv1.Datum{datum(1)}}, "takes no config"},
 	} {
 		t.Run(name, func(t *testing.T) {

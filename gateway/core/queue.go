@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,6 +36,31 @@ type task struct {
 // (a run recovered after a restart).
 const resyncSeq = -1
 
+// MaxSeqID is the largest seq_id a client may send (2^53−1, the largest integer every JSON
+// client holds exactly). Larger values are refused, so "the next seq_id" never overflows.
+const MaxSeqID = 1<<53 - 1
+
+// checkSeqID range-checks a seq_id from the wire.
+func checkSeqID(seq int64) error {
+	if seq < 0 || seq > MaxSeqID {
+		return invalidArgument("seq_id %d is out of range: use 0 to %d", seq, int64(MaxSeqID))
+	}
+	return nil
+}
+
+// seenSeq is what a run remembers of a used seq_id: the operation it created ("" for a
+// request that was rejected) and the kind of request, so that a repeat of another kind is
+// refused instead of silently answered with the first one's operation.
+type seenSeq struct {
+	op   string
+	kind loopsv1.OperationKind
+}
+
+// kindName is an operation kind as clients name the call (forward_backward, optim_step, …).
+func kindName(k loopsv1.OperationKind) string {
+	return strings.ToLower(strings.TrimPrefix(k.String(), "OPERATION_KIND_"))
+}
+
 // run is a training run in memory: its ordered queue and whether its adapter is on the backend.
 type run struct {
 	c    *Core
@@ -46,7 +73,7 @@ type run struct {
 	nextSeq      int64
 	maxSeen      int64
 	pending      map[int64]*task
-	seen         map[int64]string // seq_id -> operation id; "" for a rejected request
+	seen         map[int64]seenSeq
 	busy         bool
 	queued       bool
 	gapTimer     *time.Timer
@@ -58,7 +85,7 @@ func (c *Core) newRun(ws string, info *loopsv1.TrainingRun, nextSeq int64, adapt
 	return &run{
 		c: c, id: info.GetId(), ws: ws, lane: c.laneFor(info.GetBaseModel()),
 		info: info, nextSeq: nextSeq, maxSeen: nextSeq - 1,
-		pending: map[int64]*task{}, seen: map[int64]string{}, adapterReady: adapterReady,
+		pending: map[int64]*task{}, seen: map[int64]seenSeq{}, adapterReady: adapterReady,
 	}
 }
 
@@ -81,27 +108,34 @@ func (r *run) update(ctx context.Context, f func(*loopsv1.TrainingRun)) {
 	}
 }
 
-// submit places work at seq (0: after everything submitted so far). mk validates the request
-// and builds the task; a client error from mk consumes the seq_id so the run does not stall
-// on it. A repeated seq_id returns the operation of its first submission.
-func (r *run) submit(ctx context.Context, seq int64, mk func(seq int64) (*task, error)) (*loopsv1.Operation, error) {
+// submit places work of the given kind at seq (0: after everything submitted so far). mk
+// validates the request and builds the task; a client error from mk consumes the seq_id so
+// the run does not stall on it. A repeated seq_id of the same kind returns the operation of
+// its first submission; one of another kind is refused.
+func (r *run) submit(ctx context.Context, seq int64, kind loopsv1.OperationKind, mk func(seq int64) (*task, error)) (*loopsv1.Operation, error) {
+	if err := checkSeqID(seq); err != nil {
+		return nil, err
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if seq < 0 {
-		return nil, invalidArgument("seq_id must not be negative")
-	}
 	if r.nextSeq == resyncSeq {
 		r.nextSeq = max(seq, 1)
 		r.maxSeen = r.nextSeq - 1
 	}
 	if seq == 0 {
 		seq = max(r.maxSeen, r.nextSeq-1) + 1
+		if seq > MaxSeqID {
+			return nil, invalidArgument("training run %s has used every seq_id up to %d: start a new run from its last checkpoint", r.id, int64(MaxSeqID))
+		}
 	}
-	if id, ok := r.seen[seq]; ok {
-		if id == "" {
+	if used, ok := r.seen[seq]; ok {
+		if used.kind != kind {
+			return nil, invalidArgument("seq_id %d of training run %s was already used by a %s request; this %s needs a seq_id of its own (the next one)", seq, r.id, kindName(used.kind), kindName(kind))
+		}
+		if used.op == "" {
 			return nil, invalidArgument("seq_id %d of training run %s was already used by a request that was rejected; use the next seq_id", seq, r.id)
 		}
-		o, err := r.c.ops.lookup(ctx, r.ws, id)
+		o, err := r.c.ops.lookup(ctx, r.ws, used.op)
 		if err != nil {
 			return nil, err
 		}
@@ -117,7 +151,7 @@ func (r *run) submit(ctx context.Context, seq int64, mk func(seq int64) (*task, 
 	if err != nil {
 		switch connect.CodeOf(err) {
 		case connect.CodeInvalidArgument, connect.CodeFailedPrecondition, connect.CodeNotFound, connect.CodeOutOfRange:
-			r.seen[seq] = ""
+			r.seen[seq] = seenSeq{kind: kind}
 			r.pending[seq] = &task{seq: seq}
 			r.maxSeen = max(r.maxSeen, seq)
 			r.kick()
@@ -126,7 +160,7 @@ func (r *run) submit(ctx context.Context, seq int64, mk func(seq int64) (*task, 
 	}
 	t.seq = seq
 	r.pending[seq] = t
-	r.seen[seq] = t.op.op.GetId()
+	r.seen[seq] = seenSeq{op: t.op.op.GetId(), kind: kind}
 	r.maxSeen = max(r.maxSeen, seq)
 	r.kick()
 	return t.op.snapshot(), nil
@@ -325,7 +359,7 @@ func (l *lane) round(rs []*run) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			set, err := rt.t.exec(ctx)
+			set, err := l.c.execTask(ctx, rt.t)
 			l.c.ops.finish(rt.t.op, set, err)
 			rt.r.touch(ctx, rt.t.seq)
 			rt.r.taskDone()
@@ -341,6 +375,21 @@ func (l *lane) round(rs []*run) {
 		fbs = fbs[n:]
 	}
 	wg.Wait()
+}
+
+// execTask runs a task's work. A panic in it (backend calls are already guarded; this
+// covers the core's own part) fails the task's operation with an internal error and keeps
+// the lane and the process running.
+func (c *Core) execTask(ctx context.Context, t *task) (set func(*loopsv1.Operation), err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			id := randHex(6)
+			c.log.Error("operation panicked", slog.String("operation", t.op.op.GetId()), slog.String("incident", id),
+				slog.Any("panic", v), slog.String("stack", string(debug.Stack())))
+			set, err = nil, connect.NewError(connect.CodeInternal, fmt.Errorf("the server failed unexpectedly (incident %s); the operation's effect is unknown: load the run's last checkpoint to continue", id))
+		}
+	}()
+	return t.exec(ctx)
 }
 
 // forwardBackward sends one batch of forward/backward items to the backend and finishes

@@ -183,6 +183,11 @@ func (s SamplingService) Sample(ctx context.Context, req *loopsv1.SampleRequest)
 	if err != nil {
 		return nil, err
 	}
+	if req.SeqId != nil {
+		if err := checkSeqID(req.GetSeqId()); err != nil {
+			return nil, err
+		}
+	}
 	st, err := c.samplers.get(ctx, ws, req.GetSamplerId())
 	if err != nil {
 		return nil, err

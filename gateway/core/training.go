@@ -118,7 +118,7 @@ func (s TrainingService) CreateTrainingRun(ctx context.Context, req *loopsv1.Cre
 	if sess != nil {
 		sess.addRun(info.Id)
 	}
-	op, err := r.submit(ctx, 0, func(seq int64) (*task, error) {
+	op, err := r.submit(ctx, 0, loopsv1.OperationKind_OPERATION_KIND_CREATE_TRAINING_RUN, func(seq int64) (*task, error) {
 		o, err := c.ops.create(ctx, ws, loopsv1.OperationKind_OPERATION_KIND_CREATE_TRAINING_RUN, info.Id, "", seq)
 		if err != nil {
 			return nil, err
@@ -255,7 +255,7 @@ func (c *Core) enqueue(ctx context.Context, runID string, seq int64, kind loopsv
 	if err != nil {
 		return nil, err
 	}
-	return r.submit(ctx, seq, func(seq int64) (*task, error) {
+	return r.submit(ctx, seq, kind, func(seq int64) (*task, error) {
 		if check != nil {
 			if err := check(ws, r.info); err != nil { // r.mu is held by submit
 				return nil, err

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/shape"
 )
 
 // lossSpec says what a loss function takes.
@@ -162,21 +163,14 @@ func tensorShape(t *loopsv1.Tensor) ([]int64, error) {
 	default:
 		return nil, fmt.Errorf("dtype %s is not supported: use float32 or int64", t.GetDtype())
 	}
-	shape := t.GetShape()
-	if len(shape) == 0 {
+	dims := t.GetShape()
+	if len(dims) == 0 {
 		return []int64{int64(n)}, nil
 	}
-	prod := int64(1)
-	for _, s := range shape {
-		if s < 0 {
-			return nil, fmt.Errorf("shape %v has a negative dimension", shape)
-		}
-		prod *= s
+	if err := shape.Matches(dims, n); err != nil {
+		return nil, err
 	}
-	if prod != int64(n) {
-		return nil, fmt.Errorf("shape %v needs %d elements but the tensor has %d", shape, prod, n)
-	}
-	return shape, nil
+	return dims, nil
 }
 
 func (c *Core) lossNames() []string {

@@ -1,7 +1,9 @@
 package nn
 
 import (
+	"fmt"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 )
@@ -43,10 +45,19 @@ func parallelFor(n int, work int, fn func(i int)) {
 	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
+	var panicked atomic.Pointer[workerPanic]
 	wg.Add(t)
 	for w := 0; w < t; w++ {
 		go func() {
 			defer wg.Done()
+			// A panic on a worker goroutine cannot be recovered by the caller; carry it
+			// over and raise it again on the calling goroutine.
+			defer func() {
+				if v := recover(); v != nil {
+					panicked.CompareAndSwap(nil, &workerPanic{v, debug.Stack()})
+					next.Store(int64(n))
+				}
+			}()
 			for {
 				i := int(next.Add(1) - 1)
 				if i >= n {
@@ -57,6 +68,20 @@ func parallelFor(n int, work int, fn func(i int)) {
 		}()
 	}
 	wg.Wait()
+	if p := panicked.Load(); p != nil {
+		panic(p)
+	}
+}
+
+// workerPanic is a panic raised on one of parallelFor's goroutines, with that goroutine's
+// stack.
+type workerPanic struct {
+	value any
+	stack []byte
+}
+
+func (p *workerPanic) String() string {
+	return fmt.Sprintf("%v\n[worker goroutine]\n%s", p.value, p.stack)
 }
 
 const (
