@@ -65,6 +65,9 @@ func ParseKeys(entries []string) (*Keys, error) {
 		if ws = strings.TrimSpace(ws); ws == "" {
 			ws = derivedWorkspace(key)
 		}
+		if err := ValidateWorkspaceName(ws); err != nil {
+			return nil, err
+		}
 		k.byHash[sha256.Sum256([]byte(key))] = ws
 	}
 	return k, nil
