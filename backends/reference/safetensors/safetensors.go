@@ -1,14 +1,44 @@
 package safetensors
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
 	"os"
+	"slices"
 	"sort"
 )
+
+// DefaultMaxHeaderBytes caps a header when Limits.MaxHeaderBytes is zero (the Rust
+// safetensors library uses the same 100 MB cap).
+const DefaultMaxHeaderBytes = 100 << 20
+
+// FloatDTypes are the dtypes ReadFloat64 converts.
+var FloatDTypes = []string{"F32", "F16", "BF16", "F64"}
+
+// elemSizes are the byte sizes of the dtypes of the safetensors specification; any other
+// dtype makes a header invalid (sub-byte dtypes such as F4 are not supported).
+var elemSizes = map[string]int64{
+	"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+	"I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+	"I32": 4, "U32": 4, "F32": 4,
+	"I64": 8, "U64": 8, "F64": 8,
+}
+
+// Limits bound what Open and Parse accept from a header. Everything a header declares is
+// checked against them and against the file's size before a tensor is read.
+type Limits struct {
+	// MaxHeaderBytes caps the JSON header; zero means DefaultMaxHeaderBytes.
+	MaxHeaderBytes int64
+	// MaxTensors caps the number of tensors; zero means no cap beyond the header size.
+	MaxTensors int
+	// DTypes, when not empty, lists the only dtypes accepted.
+	DTypes []string
+}
 
 // Info describes one tensor in a file.
 type Info struct {
@@ -17,57 +47,199 @@ type Info struct {
 	Offsets [2]int64 `json:"data_offsets"`
 }
 
-// File is an open safetensors file.
+// File is an open safetensors file whose header has been validated: every tensor has a
+// known dtype, a shape whose byte size matches its offsets, and the tensors tile the data
+// section exactly (no gaps, no overlaps, nothing past the end of the file).
 type File struct {
-	f        *os.File
+	r        io.ReaderAt
 	base     int64
 	Tensors  map[string]Info
 	Metadata map[string]string
 }
 
-// Open reads the header of a safetensors file.
-func Open(path string) (*File, error) {
+// Open reads and validates the header of a safetensors file with the default limits.
+func Open(path string) (*File, error) { return OpenLimited(path, Limits{}) }
+
+// OpenLimited reads and validates the header of a safetensors file within lim.
+func OpenLimited(path string, lim Limits) (*File, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
-	var n uint64
-	if err := binary.Read(f, binary.LittleEndian, &n); err != nil {
+	st, err := f.Stat()
+	if err != nil {
 		f.Close()
-		return nil, fmt.Errorf("%s: reading header length: %w", path, err)
+		return nil, err
 	}
-	if n > 100<<20 {
+	if !st.Mode().IsRegular() {
 		f.Close()
-		return nil, fmt.Errorf("%s: header of %d bytes is too large", path, n)
+		return nil, fmt.Errorf("%s: not a regular file", path)
 	}
-	hdr := make([]byte, n)
-	if _, err := io.ReadFull(f, hdr); err != nil {
+	out, err := Parse(f, st.Size(), lim)
+	if err != nil {
 		f.Close()
-		return nil, fmt.Errorf("%s: reading header: %w", path, err)
-	}
-	raw := map[string]json.RawMessage{}
-	if err := json.Unmarshal(hdr, &raw); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("%s: bad header: %w", path, err)
-	}
-	out := &File{f: f, base: 8 + int64(n), Tensors: map[string]Info{}, Metadata: map[string]string{}}
-	for k, v := range raw {
-		if k == "__metadata__" {
-			_ = json.Unmarshal(v, &out.Metadata)
-			continue
-		}
-		var info Info
-		if err := json.Unmarshal(v, &info); err != nil {
-			f.Close()
-			return nil, fmt.Errorf("%s: tensor %q: %w", path, k, err)
-		}
-		out.Tensors[k] = info
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return out, nil
 }
 
+type rawInfo struct {
+	DType   string  `json:"dtype"`
+	Shape   []int64 `json:"shape"`
+	Offsets []int64 `json:"data_offsets"`
+}
+
+// Parse reads and validates the header of the safetensors image of size bytes held by r.
+// It allocates no more than the header's size (at most lim.MaxHeaderBytes) and the
+// entries it declares (at most lim.MaxTensors). Close on the result closes r when r is an
+// io.Closer.
+func Parse(r io.ReaderAt, size int64, lim Limits) (*File, error) {
+	maxHdr := lim.MaxHeaderBytes
+	if maxHdr <= 0 {
+		maxHdr = DefaultMaxHeaderBytes
+	}
+	if size < 8 {
+		return nil, fmt.Errorf("file of %d bytes is too short for a safetensors header", size)
+	}
+	var lb [8]byte
+	if _, err := r.ReadAt(lb[:], 0); err != nil {
+		return nil, fmt.Errorf("reading header length: %w", err)
+	}
+	n := binary.LittleEndian.Uint64(lb[:])
+	if n > uint64(size-8) {
+		return nil, fmt.Errorf("header length %d is larger than the file (%d bytes)", n, size)
+	}
+	if n > uint64(maxHdr) {
+		return nil, fmt.Errorf("header of %d bytes is larger than the limit of %d bytes", n, maxHdr)
+	}
+	hdr := make([]byte, n)
+	if _, err := r.ReadAt(hdr, 8); err != nil {
+		return nil, fmt.Errorf("reading header: %w", err)
+	}
+	dataSize := size - 8 - int64(n)
+	out := &File{r: r, base: 8 + int64(n), Tensors: map[string]Info{}, Metadata: map[string]string{}}
+	dec := json.NewDecoder(bytes.NewReader(hdr))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, errors.New("bad header: not a JSON object")
+	}
+	seenMeta := false
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("bad header: %w", err)
+		}
+		name, _ := tok.(string)
+		if name == "__metadata__" {
+			if seenMeta {
+				return nil, errors.New("bad header: __metadata__ appears twice")
+			}
+			seenMeta = true
+			if err := dec.Decode(&out.Metadata); err != nil {
+				return nil, fmt.Errorf("bad header: __metadata__ must map strings to strings: %w", err)
+			}
+			if out.Metadata == nil {
+				out.Metadata = map[string]string{}
+			}
+			continue
+		}
+		if _, dup := out.Tensors[name]; dup {
+			return nil, fmt.Errorf("bad header: tensor %q appears twice", name)
+		}
+		if lim.MaxTensors > 0 && len(out.Tensors) >= lim.MaxTensors {
+			return nil, fmt.Errorf("header declares more than %d tensors, the limit", lim.MaxTensors)
+		}
+		var ri rawInfo
+		if err := dec.Decode(&ri); err != nil {
+			return nil, fmt.Errorf("bad header: tensor %q: %w", name, err)
+		}
+		info, err := checkInfo(ri, lim)
+		if err != nil {
+			return nil, fmt.Errorf("tensor %q: %w", name, err)
+		}
+		out.Tensors[name] = info
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+		return nil, errors.New("bad header: unterminated JSON object")
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("bad header: data after the JSON object")
+	}
+	// The tensors must tile the data section: sorted by offset, each starts where the
+	// previous one ends, and the last ends at the end of the file.
+	names := make([]string, 0, len(out.Tensors))
+	for k := range out.Tensors {
+		names = append(names, k)
+	}
+	sort.Slice(names, func(i, j int) bool {
+		a, b := out.Tensors[names[i]].Offsets, out.Tensors[names[j]].Offsets
+		if a[0] != b[0] {
+			return a[0] < b[0]
+		}
+		return a[1] < b[1]
+	})
+	var end int64
+	for _, k := range names {
+		o := out.Tensors[k].Offsets
+		if o[0] != end {
+			if o[0] < end {
+				return nil, fmt.Errorf("tensor %q: data_offsets [%d, %d] overlap another tensor", k, o[0], o[1])
+			}
+			return nil, fmt.Errorf("tensor %q: data_offsets [%d, %d] leave a gap after byte %d", k, o[0], o[1], end)
+		}
+		end = o[1]
+	}
+	if end != dataSize {
+		return nil, fmt.Errorf("the tensors cover %d bytes but the data section holds %d", end, dataSize)
+	}
+	return out, nil
+}
+
+// checkInfo validates one header entry on its own: dtype, shape and offsets.
+func checkInfo(ri rawInfo, lim Limits) (Info, error) {
+	es, ok := elemSizes[ri.DType]
+	if !ok {
+		return Info{}, fmt.Errorf("unknown dtype %q", ri.DType)
+	}
+	if len(lim.DTypes) > 0 && !slices.Contains(lim.DTypes, ri.DType) {
+		return Info{}, fmt.Errorf("dtype %s is not allowed here (want one of %v)", ri.DType, lim.DTypes)
+	}
+	if len(ri.Offsets) != 2 {
+		return Info{}, fmt.Errorf("data_offsets must hold 2 numbers, got %d", len(ri.Offsets))
+	}
+	nbytes, err := byteSize(ri.Shape, es)
+	if err != nil {
+		return Info{}, err
+	}
+	b, e := ri.Offsets[0], ri.Offsets[1]
+	if b < 0 || e < b || e-b != nbytes {
+		return Info{}, fmt.Errorf("data_offsets [%d, %d] do not hold the %d bytes of shape %v %s", b, e, nbytes, ri.Shape, ri.DType)
+	}
+	return Info{DType: ri.DType, Shape: ri.Shape, Offsets: [2]int64{b, e}}, nil
+}
+
+// byteSize is the byte size of a tensor of shape with elements of es bytes, refusing
+// negative dimensions and sizes that do not fit in an int64.
+func byteSize(shape []int64, es int64) (int64, error) {
+	n := es
+	for _, d := range shape {
+		if d < 0 {
+			return 0, fmt.Errorf("shape %v has a negative dimension", shape)
+		}
+		if d != 0 && n > math.MaxInt64/d {
+			return 0, fmt.Errorf("shape %v is too large", shape)
+		}
+		n *= d
+	}
+	return n, nil
+}
+
 // Close closes the file.
-func (f *File) Close() error { return f.f.Close() }
+func (f *File) Close() error {
+	if c, ok := f.r.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
+}
 
 // Numel returns the number of elements of a shape.
 func Numel(shape []int64) int64 {
@@ -78,34 +250,20 @@ func Numel(shape []int64) int64 {
 	return n
 }
 
-func elemSize(dtype string) (int, error) {
-	switch dtype {
-	case "F32":
-		return 4, nil
-	case "F16", "BF16":
-		return 2, nil
-	case "F64":
-		return 8, nil
-	}
-	return 0, fmt.Errorf("unsupported dtype %s (want F32, F16, BF16 or F64)", dtype)
-}
-
 // ReadFloat64 reads a tensor converted to float64.
 func (f *File) ReadFloat64(name string) ([]float64, []int64, error) {
 	info, ok := f.Tensors[name]
 	if !ok {
 		return nil, nil, fmt.Errorf("tensor %q not found", name)
 	}
-	es, err := elemSize(info.DType)
-	if err != nil {
-		return nil, nil, fmt.Errorf("tensor %q: %w", name, err)
+	if !slices.Contains(FloatDTypes, info.DType) {
+		return nil, nil, fmt.Errorf("tensor %q: unsupported dtype %s (want F32, F16, BF16 or F64)", name, info.DType)
 	}
-	n := Numel(info.Shape)
-	if info.Offsets[1]-info.Offsets[0] != n*int64(es) {
-		return nil, nil, fmt.Errorf("tensor %q: byte length does not match shape", name)
-	}
-	buf := make([]byte, n*int64(es))
-	if _, err := f.f.ReadAt(buf, f.base+info.Offsets[0]); err != nil {
+	es := elemSizes[info.DType]
+	nb := info.Offsets[1] - info.Offsets[0] // validated by Parse: numel*es, inside the file
+	n := nb / es
+	buf := make([]byte, nb)
+	if _, err := f.r.ReadAt(buf, f.base+info.Offsets[0]); err != nil {
 		return nil, nil, fmt.Errorf("tensor %q: %w", name, err)
 	}
 	out := make([]float64, n)
