@@ -402,8 +402,11 @@ func (e *Engine) LoadAdapter(_ context.Context, req *backendv1.LoadAdapterReques
 	var bm *baseModel
 	if err != nil {
 		pc, perr := nn.ReadPEFTConfig(req.Dir)
-		if perr != nil {
+		if errors.Is(perr, fs.ErrNotExist) {
 			return nil, err
+		}
+		if perr != nil {
+			return nil, invalid("cannot load adapter from %s: %v", req.Dir, perr)
 		}
 		for _, n := range e.order {
 			if m := e.models[n]; pc.BaseModel == n || pc.BaseModel == m.info.TokenizerId || pc.BaseModel == m.dir {
@@ -416,15 +419,9 @@ func (e *Engine) LoadAdapter(_ context.Context, req *backendv1.LoadAdapterReques
 	} else {
 		bm = a.base
 	}
-	ad, lerr := nn.LoadAdapter(req.Dir, bm.m, req.LoadOptimizer)
+	ad, lerr := nn.LoadAdapter(req.Dir, bm.m, req.LoadOptimizer, e.opts.MaxLoraRank)
 	if lerr != nil {
-		if errors.Is(lerr, fs.ErrNotExist) {
-			return nil, invalid("cannot load adapter from %s: %v", req.Dir, lerr)
-		}
 		return nil, invalid("cannot load adapter from %s: %v", req.Dir, lerr)
-	}
-	if ad.Cfg.Rank > e.opts.MaxLoraRank {
-		return nil, invalid("adapter in %s has rank %d, above this engine's limit %d", req.Dir, ad.Cfg.Rank, e.opts.MaxLoraRank)
 	}
 	if a != nil {
 		a.mu.Lock()

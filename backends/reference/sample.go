@@ -40,7 +40,7 @@ func (e *Engine) samplerAdapter(bm *baseModel, dir string) (*nn.Adapter[float32]
 		return c.ad, nil
 	}
 	e.samplerMu.Unlock()
-	ad, err := nn.LoadAdapter(dir, bm.m, false)
+	ad, err := nn.LoadAdapter(dir, bm.m, false, e.opts.MaxLoraRank)
 	if err != nil {
 		return nil, invalid("cannot load adapter from %s: %v", dir, err)
 	}

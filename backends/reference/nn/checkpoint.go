@@ -2,7 +2,10 @@ package nn
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -91,140 +94,329 @@ func SaveAdapter[T Float](dir string, a *Adapter[T], baseModel string, withOptim
 	return total, nil
 }
 
-// ReadPEFTConfig reads dir/adapter_config.json.
-func ReadPEFTConfig(dir string) (PEFTConfig, error) {
-	var c PEFTConfig
-	b, err := os.ReadFile(filepath.Join(dir, AdapterConfigFile))
-	if err != nil {
-		return c, err
-	}
-	if err := json.Unmarshal(b, &c); err != nil {
-		return c, fmt.Errorf("%s: %w", AdapterConfigFile, err)
-	}
-	if c.PeftType != "" && c.PeftType != "LORA" {
-		return c, fmt.Errorf("%s: peft_type %q is not LORA", AdapterConfigFile, c.PeftType)
-	}
-	if c.R < 1 {
-		return c, fmt.Errorf("%s: r must be at least 1", AdapterConfigFile)
-	}
-	if c.UseDora || c.UseRSLora {
-		return c, fmt.Errorf("%s: DoRA and rsLoRA adapters are not supported", AdapterConfigFile)
-	}
-	return c, nil
-}
+// MaxConfigBytes caps adapter_config.json; PEFT writes about a kilobyte.
+const MaxConfigBytes = 256 << 10
 
-// LoadAdapter reads a PEFT adapter folder for model m. Tensors may be stored in F32, F16
-// or BF16, with or without PEFT's ".default" adapter name. With withOptimizer, Adam moments
-// and the step count are read from optimizer.safetensors (which must exist).
-func LoadAdapter[T Float](dir string, m *Model[T], withOptimizer bool) (*Adapter[T], error) {
-	pc, err := ReadPEFTConfig(dir)
-	if err != nil {
-		return nil, err
-	}
-	f, err := safetensors.Open(filepath.Join(dir, AdapterWeightsFile))
+// readCapped reads a regular file of at most limit bytes, refusing larger ones before
+// reading them.
+func readCapped(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	names := map[string]string{} // canonical -> stored
-	for k := range f.Tensors {
-		names[strings.Replace(k, ".default.weight", ".weight", 1)] = k
-	}
-	var seed uint64
-	if s, ok := f.Metadata["loops.seed"]; ok {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
-	cfg := LoraConfig{Rank: pc.R, Seed: seed, Attn: true, MLP: true, Unembed: true}
-	a, err := NewAdapter(m, cfg)
+	st, err := f.Stat()
 	if err != nil {
 		return nil, err
 	}
-	if pc.LoraAlpha > 0 {
-		a.Scale = T(pc.LoraAlpha / float64(pc.R))
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", filepath.Base(path))
 	}
-	// keep only the pairs present in the file
-	keep := func(p *Pair[T]) *Pair[T] {
-		if p == nil {
-			return nil
-		}
-		_, okA := names[p.A.Name]
-		_, okB := names[p.B.Name]
-		if okA != okB {
-			return nil
-		}
-		if !okA {
-			return nil
-		}
-		return p
+	if st.Size() > limit {
+		return nil, fmt.Errorf("%s is %d bytes, larger than the limit of %d", filepath.Base(path), st.Size(), limit)
 	}
-	var params []*Param[T]
-	a.Cfg.Attn, a.Cfg.MLP, a.Cfg.Unembed = false, false, false
-	for i := range a.Layers {
-		for t := range a.Layers[i] {
-			p := keep(a.Layers[i][t])
-			a.Layers[i][t] = p
-			if p != nil {
-				params = append(params, p.A, p.B)
-				if Target(t) <= TO {
-					a.Cfg.Attn = true
-				} else {
-					a.Cfg.MLP = true
-				}
-			}
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s is larger than the limit of %d bytes", filepath.Base(path), limit)
+	}
+	return b, nil
+}
+
+// moduleTarget maps a PEFT target module name to its block target; lm_head maps to
+// NumLayerTargets.
+func moduleTarget(name string) (Target, bool) {
+	if name == "lm_head" {
+		return NumLayerTargets, true
+	}
+	for t, n := range TargetNames {
+		if n == name {
+			return Target(t), true
 		}
 	}
-	a.Head = keep(a.Head)
-	if a.Head != nil {
-		params = append(params, a.Head.A, a.Head.B)
-		a.Cfg.Unembed = true
+	return 0, false
+}
+
+// ReadPEFTConfig reads dir/adapter_config.json (at most MaxConfigBytes) and checks what it
+// can without a model: a LoRA adapter with r >= 1, a finite lora_alpha >= 0 (0: the
+// default), known target_modules, and none of the PEFT options this engine cannot apply.
+func ReadPEFTConfig(dir string) (PEFTConfig, error) {
+	var c PEFTConfig
+	b, err := readCapped(filepath.Join(dir, AdapterConfigFile), MaxConfigBytes)
+	if err != nil {
+		return c, err
 	}
-	if len(params) == 0 {
+	var extra struct {
+		RankPattern  map[string]any `json:"rank_pattern"`
+		AlphaPattern map[string]any `json:"alpha_pattern"`
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		return c, fmt.Errorf("%s: %w", AdapterConfigFile, err)
+	}
+	if err := json.Unmarshal(b, &extra); err != nil {
+		return c, fmt.Errorf("%s: %w", AdapterConfigFile, err)
+	}
+	switch {
+	case c.PeftType != "" && c.PeftType != "LORA":
+		return c, fmt.Errorf("%s: peft_type %q is not LORA", AdapterConfigFile, c.PeftType)
+	case c.R < 1:
+		return c, fmt.Errorf("%s: r must be at least 1, got %d", AdapterConfigFile, c.R)
+	case !(c.LoraAlpha >= 0) || math.IsInf(c.LoraAlpha, 0):
+		return c, fmt.Errorf("%s: lora_alpha must be a finite number >= 0, got %g", AdapterConfigFile, c.LoraAlpha)
+	case c.UseDora || c.UseRSLora:
+		return c, fmt.Errorf("%s: DoRA and rsLoRA adapters are not supported", AdapterConfigFile)
+	case len(c.ModulesToSave) > 0:
+		return c, fmt.Errorf("%s: modules_to_save is not supported, got %q", AdapterConfigFile, c.ModulesToSave)
+	case len(extra.RankPattern) > 0 || len(extra.AlphaPattern) > 0:
+		return c, fmt.Errorf("%s: rank_pattern and alpha_pattern are not supported (every module must have rank r)", AdapterConfigFile)
+	case len(c.TargetModules) == 0:
+		return c, fmt.Errorf("%s: target_modules is empty", AdapterConfigFile)
+	}
+	for _, tm := range c.TargetModules {
+		if _, ok := moduleTarget(tm); !ok {
+			return c, fmt.Errorf("%s: unknown target module %q (known: %s, lm_head)", AdapterConfigFile, tm, strings.Join(TargetNames[:], ", "))
+		}
+	}
+	return c, nil
+}
+
+// loraSlot is where a LoRA tensor of the model goes: target t of layer (t < NumLayerTargets)
+// or the head (t == NumLayerTargets), factor A or B.
+type loraSlot struct {
+	layer   int
+	t       Target
+	b       bool
+	in, out int
+}
+
+// module is the PEFT module key of the slot.
+func (s loraSlot) module() string {
+	if s.t == NumLayerTargets {
+		return headKey
+	}
+	return layerKey(s.layer, s.t)
+}
+
+// shape is the tensor shape the slot takes at rank r.
+func (s loraSlot) shape(r int) [2]int {
+	if s.b {
+		return [2]int{s.out, r}
+	}
+	return [2]int{r, s.in}
+}
+
+// loraSlots maps every LoRA tensor name model m accepts to its slot.
+func loraSlots[T Float](m *Model[T]) map[string]loraSlot {
+	out := make(map[string]loraSlot, 2*(len(m.Layers)*int(NumLayerTargets)+1))
+	add := func(key string, s loraSlot) {
+		out[key+".lora_A.weight"] = s
+		s.b = true
+		out[key+".lora_B.weight"] = s
+	}
+	for i, L := range m.Layers {
+		for t := Target(0); t < NumLayerTargets; t++ {
+			add(layerKey(i, t), loraSlot{layer: i, t: t, in: L.Lin[t].In, out: L.Lin[t].Out})
+		}
+	}
+	add(headKey, loraSlot{t: NumLayerTargets, in: m.Head.In, out: m.Head.Out})
+	return out
+}
+
+// tensorLimits bounds the header of a checkpoint file of at most n tensors.
+func tensorLimits(n int) safetensors.Limits {
+	return safetensors.Limits{MaxHeaderBytes: 64<<10 + 1<<10*int64(n), MaxTensors: n, DTypes: safetensors.FloatDTypes}
+}
+
+// openTensors opens dir/name within lim, naming only the file in errors.
+func openTensors(dir, name string, lim safetensors.Limits) (*safetensors.File, error) {
+	f, err := os.Open(filepath.Join(dir, name))
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err == nil && !st.Mode().IsRegular() {
+		err = errors.New("not a regular file")
+	}
+	var sf *safetensors.File
+	if err == nil {
+		sf, err = safetensors.Parse(f, st.Size(), lim)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return sf, nil
+}
+
+// readFinite reads tensor name of f into dst (whose length the header was checked
+// against), refusing NaN, infinities and, with nonNeg, negative values.
+func readFinite[T Float](f *safetensors.File, file, name string, dst []T, nonNeg bool) error {
+	d, _, err := f.ReadFloat64(name)
+	if err != nil {
+		return fmt.Errorf("%s: %w", file, err)
+	}
+	if len(d) != len(dst) {
+		return fmt.Errorf("%s: %s has %d values, want %d", file, name, len(d), len(dst))
+	}
+	for i, v := range d {
+		if math.IsNaN(v) || math.IsInf(v, 0) || (nonNeg && v < 0) {
+			return fmt.Errorf("%s: %s holds %g at index %d (values must be finite%s)", file, name, v, i,
+				map[bool]string{true: " and >= 0", false: ""}[nonNeg])
+		}
+		dst[i] = T(v)
+	}
+	return nil
+}
+
+// LoadAdapter reads a PEFT adapter folder for model m. Tensors may be stored in F32, F16
+// or BF16 (or F64), with or without PEFT's ".default" adapter name. With withOptimizer,
+// Adam moments and the step count are read from optimizer.safetensors (which must exist).
+//
+// Everything the folder declares is checked before anything is allocated for it:
+// adapter_config.json (size, r from 1 to maxRank, lora_alpha, target_modules), the
+// safetensors headers (size, tensor count, dtypes, offsets tiling the file), every tensor
+// name against m's LoRA targets listed in target_modules, every shape against r and m's
+// layer dimensions, and the optimizer state against the weights; values must be finite.
+// The allocation is then bounded by m and maxRank.
+func LoadAdapter[T Float](dir string, m *Model[T], withOptimizer bool, maxRank int) (*Adapter[T], error) {
+	pc, err := ReadPEFTConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	if pc.R > maxRank {
+		return nil, fmt.Errorf("%s: r = %d is above this engine's rank limit %d", AdapterConfigFile, pc.R, maxRank)
+	}
+	targets := map[Target]bool{}
+	for _, tm := range pc.TargetModules {
+		t, _ := moduleTarget(tm)
+		targets[t] = true
+	}
+	for _, l := range pc.LayersToTransform {
+		if l < 0 || l >= len(m.Layers) {
+			return nil, fmt.Errorf("%s: layers_to_transform holds %d, but the model has %d layers", AdapterConfigFile, l, len(m.Layers))
+		}
+	}
+	r := pc.R
+	slots := loraSlots(m)
+	f, err := openTensors(dir, AdapterWeightsFile, tensorLimits(len(slots)))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	stored := map[string]string{} // canonical name -> stored name
+	for k, info := range f.Tensors {
+		name := strings.Replace(k, ".default.weight", ".weight", 1)
+		if prev, dup := stored[name]; dup {
+			return nil, fmt.Errorf("%s holds both %s and %s", AdapterWeightsFile, prev, k)
+		}
+		s, ok := slots[name]
+		if !ok {
+			return nil, fmt.Errorf("%s: tensor %s is not a LoRA tensor of this model (expected keys like base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight)", AdapterWeightsFile, k)
+		}
+		if !targets[s.t] {
+			return nil, fmt.Errorf("%s: tensor %s belongs to a module that target_modules %q does not list", AdapterWeightsFile, k, pc.TargetModules)
+		}
+		want := s.shape(r)
+		if len(info.Shape) != 2 || info.Shape[0] != int64(want[0]) || info.Shape[1] != int64(want[1]) {
+			return nil, fmt.Errorf("%s: %s has shape %v, want %v for r = %d (does the adapter belong to this base model?)", AdapterWeightsFile, k, info.Shape, want, r)
+		}
+		stored[name] = k
+	}
+	if len(stored) == 0 {
 		return nil, fmt.Errorf("%s holds no LoRA tensors this model knows (expected keys like base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight)", AdapterWeightsFile)
 	}
-	a.Params = params
-	used := 0
-	for _, p := range params {
-		d, shape, err := f.ReadFloat64(names[p.Name])
-		if err != nil {
-			return nil, err
+	// Every module needs both factors; every listed target module needs a module.
+	covered := map[Target]bool{}
+	for name, s := range slots {
+		if s.b {
+			continue
 		}
-		if len(shape) != 2 || int(shape[0]) != p.Shape[0] || int(shape[1]) != p.Shape[1] {
-			return nil, fmt.Errorf("%s has shape %v, want %v (does the adapter belong to this base model?)", p.Name, shape, p.Shape)
+		_, hasA := stored[name]
+		_, hasB := stored[s.module()+".lora_B.weight"]
+		if hasA != hasB {
+			return nil, fmt.Errorf("%s holds only one of lora_A and lora_B for %s", AdapterWeightsFile, s.module())
 		}
-		for i, v := range d {
-			p.W[i] = T(v)
+		if hasA {
+			covered[s.t] = true
 		}
-		used++
 	}
-	if used*1 != len(f.Tensors) {
-		return nil, fmt.Errorf("%s holds %d tensors but only %d match this model's LoRA targets", AdapterWeightsFile, len(f.Tensors), used)
+	for _, tm := range pc.TargetModules {
+		if t, _ := moduleTarget(tm); !covered[t] {
+			return nil, fmt.Errorf("%s lists target module %s but %s holds no tensors for it", AdapterConfigFile, tm, AdapterWeightsFile)
+		}
 	}
+	var of *safetensors.File
+	step := 0
 	if withOptimizer {
-		of, err := safetensors.Open(filepath.Join(dir, OptimizerFile))
+		of, err = openTensors(dir, OptimizerFile, tensorLimits(2*len(stored)))
 		if err != nil {
 			return nil, fmt.Errorf("optimizer state requested but %s could not be read: %w", OptimizerFile, err)
 		}
 		defer of.Close()
-		step, err := strconv.Atoi(of.Metadata["step"])
-		if err != nil {
-			return nil, fmt.Errorf("%s: missing step in metadata", OptimizerFile)
+		step, err = strconv.Atoi(of.Metadata["step"])
+		if err != nil || step < 0 {
+			return nil, fmt.Errorf("%s: the metadata needs a step count >= 0, got %q", OptimizerFile, of.Metadata["step"])
 		}
-		a.Step = step
-		for _, p := range params {
-			for _, mv := range []struct {
-				suffix string
-				dst    []T
-			}{{".exp_avg", p.M}, {".exp_avg_sq", p.V}} {
-				d, _, err := of.ReadFloat64(p.Name + mv.suffix)
-				if err != nil {
-					return nil, fmt.Errorf("%s: %w", OptimizerFile, err)
-				}
-				if len(d) != len(mv.dst) {
-					return nil, fmt.Errorf("%s: %s%s has the wrong size", OptimizerFile, p.Name, mv.suffix)
-				}
-				for i, v := range d {
-					mv.dst[i] = T(v)
-				}
+		for k, info := range of.Tensors {
+			base, ok := strings.CutSuffix(k, ".exp_avg")
+			if !ok {
+				base, ok = strings.CutSuffix(k, ".exp_avg_sq")
+			}
+			if _, has := stored[base]; !ok || !has {
+				return nil, fmt.Errorf("%s: tensor %s is not the exp_avg or exp_avg_sq of a tensor in %s", OptimizerFile, k, AdapterWeightsFile)
+			}
+			want := slots[base].shape(r)
+			if len(info.Shape) != 2 || info.Shape[0] != int64(want[0]) || info.Shape[1] != int64(want[1]) {
+				return nil, fmt.Errorf("%s: %s has shape %v, want %v", OptimizerFile, k, info.Shape, want)
+			}
+		}
+		if len(of.Tensors) != 2*len(stored) {
+			return nil, fmt.Errorf("%s holds %d tensors, want exp_avg and exp_avg_sq for each of the %d in %s", OptimizerFile, len(of.Tensors), len(stored), AdapterWeightsFile)
+		}
+	}
+
+	// Validated: allocate only the pairs present, in NewAdapter's order.
+	var seed uint64
+	if s, ok := f.Metadata["loops.seed"]; ok {
+		seed, _ = strconv.ParseUint(s, 10, 64)
+	}
+	a := &Adapter[T]{Cfg: LoraConfig{Rank: r, Seed: seed}, Scale: T(float64(LoraAlpha) / float64(r)), Step: step}
+	if pc.LoraAlpha > 0 {
+		a.Scale = T(pc.LoraAlpha / float64(r))
+	}
+	a.Layers = make([][NumLayerTargets]*Pair[T], len(m.Layers))
+	pair := func(key string, in, out int) *Pair[T] {
+		if _, ok := stored[key+".lora_A.weight"]; !ok {
+			return nil
+		}
+		p := zeroPair[T](key, in, out, r)
+		a.Params = append(a.Params, p.A, p.B)
+		return p
+	}
+	for i, L := range m.Layers {
+		for t := Target(0); t < NumLayerTargets; t++ {
+			if p := pair(layerKey(i, t), L.Lin[t].In, L.Lin[t].Out); p != nil {
+				a.Layers[i][t] = p
+				a.Cfg.Attn = a.Cfg.Attn || t <= TO
+				a.Cfg.MLP = a.Cfg.MLP || t > TO
+			}
+		}
+	}
+	if a.Head = pair(headKey, m.Head.In, m.Head.Out); a.Head != nil {
+		a.Cfg.Unembed = true
+	}
+	for _, p := range a.Params {
+		if err := readFinite(f, AdapterWeightsFile, stored[p.Name], p.W, false); err != nil {
+			return nil, err
+		}
+		if of != nil {
+			if err := readFinite(of, OptimizerFile, p.Name+".exp_avg", p.M, false); err != nil {
+				return nil, err
+			}
+			if err := readFinite(of, OptimizerFile, p.Name+".exp_avg_sq", p.V, true); err != nil {
+				return nil, err
 			}
 		}
 	}

@@ -60,15 +60,7 @@ func NewAdapter[T Float](m *Model[T], cfg LoraConfig) (*Adapter[T], error) {
 	a := &Adapter[T]{Cfg: cfg, Scale: T(float64(LoraAlpha) / float64(cfg.Rank))}
 	a.Layers = make([][NumLayerTargets]*Pair[T], len(m.Layers))
 	newPair := func(prefix string, in, out int) *Pair[T] {
-		r := cfg.Rank
-		p := &Pair[T]{In: in, Out: out, Rank: r,
-			A: &Param[T]{Name: prefix + ".lora_A.weight", Shape: [2]int{r, in}},
-			B: &Param[T]{Name: prefix + ".lora_B.weight", Shape: [2]int{out, r}},
-		}
-		for _, q := range []*Param[T]{p.A, p.B} {
-			n := q.Shape[0] * q.Shape[1]
-			q.W, q.G, q.M, q.V = make([]T, n), make([]T, n), make([]T, n), make([]T, n)
-		}
+		p := zeroPair[T](prefix, in, out, cfg.Rank)
 		h := fnv.New64a()
 		h.Write([]byte(p.A.Name))
 		rng := newRNG(cfg.Seed ^ h.Sum64())
@@ -83,14 +75,35 @@ func NewAdapter[T Float](m *Model[T], cfg LoraConfig) (*Adapter[T], error) {
 		for t := Target(0); t < NumLayerTargets; t++ {
 			if (t <= TO && cfg.Attn) || (t > TO && cfg.MLP) {
 				li := L.Lin[t]
-				a.Layers[i][t] = newPair(fmt.Sprintf("base_model.model.model.layers.%d.%s%s", i, targetPrefix(t), TargetNames[t]), li.In, li.Out)
+				a.Layers[i][t] = newPair(layerKey(i, t), li.In, li.Out)
 			}
 		}
 	}
 	if cfg.Unembed {
-		a.Head = newPair("base_model.model.lm_head", m.Head.In, m.Head.Out)
+		a.Head = newPair(headKey, m.Head.In, m.Head.Out)
 	}
 	return a, nil
+}
+
+// headKey is the PEFT module key of the unembedding (lm_head).
+const headKey = "base_model.model.lm_head"
+
+// layerKey is the PEFT module key of target t of layer i.
+func layerKey(i int, t Target) string {
+	return fmt.Sprintf("base_model.model.model.layers.%d.%s%s", i, targetPrefix(t), TargetNames[t])
+}
+
+// zeroPair allocates a pair with A [r, in] and B [out, r], all zero, for module key prefix.
+func zeroPair[T Float](prefix string, in, out, r int) *Pair[T] {
+	p := &Pair[T]{In: in, Out: out, Rank: r,
+		A: &Param[T]{Name: prefix + ".lora_A.weight", Shape: [2]int{r, in}},
+		B: &Param[T]{Name: prefix + ".lora_B.weight", Shape: [2]int{out, r}},
+	}
+	for _, q := range []*Param[T]{p.A, p.B} {
+		n := q.Shape[0] * q.Shape[1]
+		q.W, q.G, q.M, q.V = make([]T, n), make([]T, n), make([]T, n), make([]T, n)
+	}
+	return p
 }
 
 // TargetModules lists the PEFT target_modules of the adapter.
