@@ -1,20 +1,15 @@
 package core
 
 import (
-	"archive/tar"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -37,6 +32,21 @@ const ephemeralTTL = 24 * time.Hour
 
 // completeMarker is written last into a checkpoint folder; the tinker CLI checks for it.
 const completeMarker = "checkpoint_complete"
+
+// MaxCheckpointTTL is the longest expiry (ttl_seconds) a checkpoint can be given: 10 years.
+// A checkpoint that should never expire is saved without ttl_seconds (or its TTL set to
+// null).
+const MaxCheckpointTTL = 10 * 365 * 24 * time.Hour
+
+// checkpointTTL checks a requested ttl_seconds and returns it as a duration: 1 second to
+// MaxCheckpointTTL. Saves and SetCheckpointTTL both use it.
+func checkpointTTL(seconds int64) (time.Duration, error) {
+	limit := int64(MaxCheckpointTTL / time.Second)
+	if seconds <= 0 || seconds > limit {
+		return 0, invalidArgument("ttl_seconds must be between 1 and %d (10 years), got %d: omit it (or send null) for a checkpoint that never expires", limit, seconds)
+	}
+	return time.Duration(seconds) * time.Second, nil
+}
 
 func kindSegment(k loopsv1.CheckpointKind) string {
 	switch k {
@@ -78,16 +88,18 @@ func checkpointPath(runID string, kind loopsv1.CheckpointKind, name string) stri
 	return PathScheme + runID + "/" + kindSegment(kind) + "/" + name
 }
 
-func (c *Core) checkpointDir(ws, runID string, kind loopsv1.CheckpointKind, name string) string {
-	return filepath.Join(c.opts.DataDir, "checkpoints", ws, runID, kindSegment(kind), name)
+// resolveCheckpoint finds a checkpoint the workspace may read (its own, or a public one)
+// and the folder of its current generation.
+func (c *Core) resolveCheckpoint(ctx context.Context, ws, path string) (*loopsv1.Checkpoint, string, error) {
+	ck, _, dir, err := c.resolveOwned(ctx, ws, path)
+	return ck, dir, err
 }
 
-// resolveCheckpoint finds a checkpoint the workspace may read (its own, or a public one)
-// and its folder.
-func (c *Core) resolveCheckpoint(ctx context.Context, ws, path string) (*loopsv1.Checkpoint, string, error) {
+// resolveOwned is resolveCheckpoint that also returns the checkpoint's owner.
+func (c *Core) resolveOwned(ctx context.Context, ws, path string) (*loopsv1.Checkpoint, string, string, error) {
 	runID, kind, name, err := ParsePath(path)
 	if err != nil {
-		return nil, "", err
+		return nil, "", "", err
 	}
 	runID = c.canonicalRunID(ws, runID)
 	ck, owner, err := c.store.GetCheckpointAnyWorkspace(ctx, runID, kindSegment(kind)+"/"+name)
@@ -95,51 +107,105 @@ func (c *Core) resolveCheckpoint(ctx context.Context, ws, path string) (*loopsv1
 		err = store.ErrNotFound
 	}
 	if err != nil {
-		return nil, "", storeErr(err, "checkpoint "+path)
+		return nil, "", "", storeErr(err, "checkpoint "+path)
 	}
-	dir := c.checkpointDir(owner, runID, kind, name)
-	if _, err := os.Stat(filepath.Join(dir, completeMarker)); err != nil {
-		return nil, "", failedPrecondition("checkpoint %s has no complete files on this server (it may have been deleted)", path)
+	dir, err := c.checkpointFolder(owner, ck)
+	if err != nil {
+		return nil, "", "", err
 	}
-	return ck, dir, nil
+	return ck, owner, dir, nil
 }
 
-// saveCheckpoint writes a checkpoint of the run. A folder is written under a temporary name
-// and renamed into place, so a reader never sees half a checkpoint.
+// checkpointFolder returns the complete folder of a checkpoint record.
+func (c *Core) checkpointFolder(owner string, ck *loopsv1.Checkpoint) (string, error) {
+	dir, ok, err := c.ckpt.current(owner, ck)
+	if err != nil {
+		c.log.Error("resolving a checkpoint folder", slog.String("path", ck.GetTinkerPath()), slog.Any("err", err))
+		return "", err
+	}
+	if !ok {
+		return "", failedPrecondition("checkpoint %s has no complete files on this server (it may have been deleted)", ck.GetTinkerPath())
+	}
+	return dir, nil
+}
+
+// saveCheckpoint writes a checkpoint of the run into a new generation folder and commits it
+// by writing the store record; an overwrite then removes the previous generation (see
+// checkpointFolders), so a crash at any step leaves the old or the new checkpoint whole.
 func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeightsRequest, seq int64) (func(*loopsv1.Operation), error) {
 	kind, name := req.GetKind(), req.GetName()
 	ephemeral := kind == loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER && name == ""
 	if ephemeral {
 		name = fmt.Sprintf("ephemeral-%06d-%s", seq, randHex(4))
 	}
+	var ttl time.Duration
+	switch {
+	case req.TtlSeconds != nil:
+		d, err := checkpointTTL(req.GetTtlSeconds())
+		if err != nil {
+			return nil, err
+		}
+		ttl = d
+	case ephemeral:
+		ttl = ephemeralTTL
+	}
 	id := kindSegment(kind) + "/" + name
-	if _, err := c.store.GetCheckpoint(ctx, r.ws, r.id, id); err == nil && !req.GetOverwrite() {
+	prev, err := c.store.GetCheckpoint(ctx, r.ws, r.id, id)
+	switch {
+	case err == nil && !req.GetOverwrite():
 		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("checkpoint %s already exists: pick another name or pass overwrite=True", checkpointPath(r.id, kind, name)))
-	} else if err != nil && !errors.Is(err, store.ErrNotFound) {
+	case errors.Is(err, store.ErrNotFound):
+		prev = nil
+	case err != nil:
 		return nil, internal("looking up checkpoint", err)
 	}
-	dir := c.checkpointDir(r.ws, r.id, kind, name)
-	tmp := dir + ".tmp-" + randHex(6)
-	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-		return nil, internal("creating checkpoint folder", err)
+	f := c.ckpt
+	kd, err := f.kindDir(r.ws, r.id, kind)
+	if err != nil {
+		return nil, err
+	}
+	now := c.now()
+	gen := f.nextGeneration(now, prev, kd, name)
+	dir := filepath.Join(kd, genEntry(name, gen))
+	if err := f.step(stepSaveMkdir); err != nil {
+		return nil, f.internalFS("creating checkpoint folder", err)
+	}
+	if err := os.MkdirAll(kd, 0o755); err != nil {
+		return nil, f.internalFS("creating checkpoint folder", err)
+	}
+	if err := f.inside(kd); err != nil {
+		return nil, err
+	}
+	// Until the record points at it, the new generation is invisible; on failure it is
+	// removed here, or by the start-up sweep after a crash.
+	abandon := func(err error) error {
+		if f.step(stepSaveCleanup) == nil {
+			_ = os.RemoveAll(dir)
+		}
+		return err
+	}
+	if err := f.step(stepSaveWrite); err != nil {
+		return nil, abandon(f.internalFS("writing checkpoint", err))
 	}
 	if _, err := c.backend.Trainer().SaveAdapter(ctx, &backendv1.SaveAdapterRequest{
-		AdapterId: r.id, Dir: tmp, IncludeOptimizer: kind == loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING,
+		AdapterId: r.id, Dir: dir, IncludeOptimizer: kind == loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING,
 	}); err != nil {
-		_ = os.RemoveAll(tmp)
-		return nil, r.adapterLost(err)
+		return nil, abandon(f.scrub(r.adapterLost(err)))
 	}
-	if err := os.WriteFile(filepath.Join(tmp, completeMarker), nil, 0o644); err != nil {
-		_ = os.RemoveAll(tmp)
-		return nil, internal("writing checkpoint marker", err)
+	if err := f.step(stepSaveMarker); err != nil {
+		return nil, abandon(f.internalFS("writing checkpoint marker", err))
 	}
-	_ = os.RemoveAll(dir)
-	if err := os.Rename(tmp, dir); err != nil {
-		_ = os.RemoveAll(tmp)
-		return nil, internal("moving checkpoint into place", err)
+	if err := writeMarker(dir); err != nil {
+		return nil, abandon(f.internalFS("writing checkpoint marker", err))
+	}
+	if err := f.step(stepSaveSync); err != nil {
+		return nil, abandon(f.internalFS("syncing checkpoint files", err))
+	}
+	if err := syncTree(dir); err != nil {
+		return nil, abandon(f.internalFS("syncing checkpoint files", err))
 	}
 	info := r.snapshot()
-	now := c.now()
+	created := time.Unix(0, gen)
 	ck := &loopsv1.Checkpoint{
 		Id:            id,
 		TrainingRunId: r.id,
@@ -147,18 +213,27 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 		Name:          name,
 		TinkerPath:    checkpointPath(r.id, kind, name),
 		SizeBytes:     dirSize(dir),
-		CreateTime:    timestamppb.New(now),
+		CreateTime:    timestamppb.New(created),
 		BaseModel:     info.GetBaseModel(),
 		Lora:          info.GetLora(),
 	}
-	switch {
-	case req.TtlSeconds != nil:
-		ck.ExpireTime = timestamppb.New(now.Add(time.Duration(req.GetTtlSeconds()) * time.Second))
-	case ephemeral:
-		ck.ExpireTime = timestamppb.New(now.Add(ephemeralTTL))
+	if ttl > 0 {
+		ck.ExpireTime = timestamppb.New(created.Add(ttl))
 	}
-	if err := c.store.PutCheckpoint(ctx, r.ws, ck); err != nil {
-		return nil, internal("recording checkpoint", err)
+	replaced, err := c.commitCheckpoint(ctx, r.ws, ck)
+	if err != nil {
+		return nil, abandon(err)
+	}
+	if replaced != "" {
+		c.samplers.retarget(replaced, dir)
+		if err := f.step(stepSaveRemove); err == nil {
+			err = os.RemoveAll(replaced)
+			if err != nil {
+				// The record already points at the new generation: the old one is garbage
+				// that the start-up sweep removes.
+				c.log.Error("removing a replaced checkpoint generation", slog.String("dir", replaced), slog.Any("err", err))
+			}
+		}
 	}
 	r.update(ctx, func(i *loopsv1.TrainingRun) {
 		switch kind {
@@ -186,6 +261,29 @@ func randHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
+// commitCheckpoint makes the record of a completely written generation the checkpoint's
+// record and returns the folder of the generation it replaced ("" if none).
+func (c *Core) commitCheckpoint(ctx context.Context, ws string, ck *loopsv1.Checkpoint) (string, error) {
+	f := c.ckpt
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.step(stepSaveRecord); err != nil {
+		return "", internal("recording checkpoint", err)
+	}
+	var replaced string
+	if old, err := c.store.GetCheckpoint(ctx, ws, ck.GetTrainingRunId(), ck.GetId()); err == nil {
+		if dir, _, err := f.current(ws, old); err == nil {
+			replaced = dir
+		}
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return "", internal("looking up checkpoint", err)
+	}
+	if err := c.store.PutCheckpoint(ctx, ws, ck); err != nil {
+		return "", internal("recording checkpoint", err)
+	}
+	return replaced, nil
+}
+
 // expireCheckpoints deletes checkpoints whose TTL has passed.
 func (c *Core) expireCheckpoints(ctx context.Context, now time.Time) {
 	expired, err := c.store.ListExpiredCheckpoints(ctx, now)
@@ -194,17 +292,69 @@ func (c *Core) expireCheckpoints(ctx context.Context, now time.Time) {
 		return
 	}
 	for _, e := range expired {
-		if err := c.deleteCheckpoint(ctx, e.Workspace, e.Checkpoint); err != nil {
+		if err := c.deleteCheckpoint(ctx, e.Workspace, e.Checkpoint.GetTrainingRunId(), e.Checkpoint.GetId(), e.Checkpoint); err != nil {
 			c.log.Error("deleting expired checkpoint", slog.String("path", e.Checkpoint.GetTinkerPath()), slog.Any("err", err))
 		}
 	}
 }
 
-func (c *Core) deleteCheckpoint(ctx context.Context, ws string, ck *loopsv1.Checkpoint) error {
-	if err := c.store.DeleteCheckpoint(ctx, ws, ck.GetTrainingRunId(), ck.GetId()); err != nil {
+// deleteCheckpoint deletes a checkpoint: its folder is renamed to trash, then the record is
+// deleted (the commit point), then the trash removed. If the rename or the record delete
+// fails, nothing changed and the delete can be retried; if removing the trash fails, the
+// checkpoint is gone and the start-up sweep removes the files. With want set, the
+// checkpoint is deleted only if its record is still exactly want (the janitor's expiry does
+// not delete a checkpoint overwritten or given a new TTL meanwhile).
+func (c *Core) deleteCheckpoint(ctx context.Context, ws, runID, id string, want *loopsv1.Checkpoint) error {
+	f := c.ckpt
+	trash, err := func() (string, error) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		ck, err := c.store.GetCheckpoint(ctx, ws, runID, id)
+		if err != nil {
+			return "", err
+		}
+		if want != nil && !proto.Equal(ck, want) {
+			return "", nil
+		}
+		dir, _, err := f.current(ws, ck)
+		if err != nil {
+			return "", err
+		}
+		var trash string
+		if dir != "" {
+			trash = filepath.Join(filepath.Dir(dir), genEntry(ck.GetName(), generation(ck))+trashSuffix)
+			if err := f.step(stepDelTrash); err != nil {
+				return "", f.internalFS("moving the checkpoint's files aside (nothing was deleted; retry)", err)
+			}
+			if err := os.Rename(dir, trash); err != nil {
+				return "", f.internalFS("moving the checkpoint's files aside (nothing was deleted; retry)", err)
+			}
+			_ = syncPath(filepath.Dir(dir))
+		}
+		err = f.step(stepDelRecord)
+		if err == nil {
+			err = c.store.DeleteCheckpoint(ctx, ws, runID, id)
+		}
+		if err != nil {
+			if trash != "" && f.step(stepDelRestore) == nil {
+				if rerr := os.Rename(trash, dir); rerr != nil {
+					// The start-up sweep renames it back.
+					c.log.Error("restoring a checkpoint folder after a failed delete", slog.String("dir", dir), slog.Any("err", rerr))
+				}
+			}
+			return "", internal("deleting the checkpoint record (nothing was deleted; retry)", err)
+		}
+		return trash, nil
+	}()
+	if err != nil || trash == "" {
 		return err
 	}
-	return os.RemoveAll(c.checkpointDir(ws, ck.GetTrainingRunId(), ck.GetKind(), ck.GetName()))
+	if err := f.step(stepDelRemove); err == nil {
+		if err := os.RemoveAll(trash); err != nil {
+			c.log.Error("removing a deleted checkpoint's files; the start-up sweep retries", slog.String("dir", trash), slog.Any("err", err))
+		}
+	}
+	return nil
 }
 
 // CheckpointService implements loops.v1 CheckpointService.
@@ -262,12 +412,19 @@ func (s CheckpointService) DeleteCheckpoint(ctx context.Context, req *loopsv1.De
 	if err != nil {
 		return nil, err
 	}
-	ck, err := s.owned(ctx, ws, req.GetPath())
+	runID, kind, name, err := ParsePath(req.GetPath())
 	if err != nil {
 		return nil, err
 	}
-	if err := s.c.deleteCheckpoint(ctx, ws, ck); err != nil {
-		return nil, internal("deleting checkpoint", err)
+	err = s.c.deleteCheckpoint(ctx, ws, s.c.canonicalRunID(ws, runID), kindSegment(kind)+"/"+name, nil)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, storeErr(err, "checkpoint "+req.GetPath())
+	}
+	if err != nil {
+		if connect.CodeOf(err) == connect.CodeUnknown {
+			err = internal("deleting checkpoint", err)
+		}
+		return nil, s.c.ckpt.scrub(err)
 	}
 	return &loopsv1.DeleteCheckpointResponse{}, nil
 }
@@ -287,10 +444,11 @@ func (s CheckpointService) SetCheckpointTTL(ctx context.Context, req *loopsv1.Se
 			ck.ExpireTime = nil
 			return nil
 		}
-		if req.GetTtlSeconds() <= 0 {
-			return invalidArgument("ttl_seconds must be positive (send null to remove the expiry), got %d", req.GetTtlSeconds())
+		ttl, err := checkpointTTL(req.GetTtlSeconds())
+		if err != nil {
+			return err
 		}
-		ck.ExpireTime = timestamppb.New(s.c.now().Add(time.Duration(req.GetTtlSeconds()) * time.Second))
+		ck.ExpireTime = timestamppb.New(s.c.now().Add(ttl))
 		return nil
 	})
 }
@@ -300,6 +458,10 @@ func (s CheckpointService) modify(ctx context.Context, path string, f func(*loop
 	if err != nil {
 		return nil, err
 	}
+	// Under the folders' lock: a save committing meanwhile must not be undone by writing
+	// back the record it replaced.
+	s.c.ckpt.mu.Lock()
+	defer s.c.ckpt.mu.Unlock()
 	ck, err := s.owned(ctx, ws, path)
 	if err != nil {
 		return nil, err
@@ -314,159 +476,17 @@ func (s CheckpointService) modify(ctx context.Context, path string, f func(*loop
 	return next, nil
 }
 
-// ArchivePathPrefix is where checkpoint archives are served; the rest of the path is a
-// short-lived token, so the download needs no API key (as the tinker CLI expects).
-const ArchivePathPrefix = "/v1/checkpoint_archives/"
-
-// GetCheckpointArchiveURL returns a short-lived URL path for a tar of the checkpoint.
-func (s CheckpointService) GetCheckpointArchiveURL(ctx context.Context, req *loopsv1.GetCheckpointArchiveURLRequest) (*loopsv1.GetCheckpointArchiveURLResponse, error) {
-	ws, err := auth.RequireWorkspace(ctx)
-	if err != nil {
-		return nil, err
+// retarget points the live samplers that sample from folder old at folder new (an
+// overwritten checkpoint's new generation), as they followed the checkpoint's name before
+// generations existed.
+func (ss *samplers) retarget(old, new string) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for _, st := range ss.byID {
+		st.mu.Lock()
+		if st.dir == old {
+			st.dir = new
+		}
+		st.mu.Unlock()
 	}
-	ck, dir, err := s.c.resolveCheckpoint(ctx, ws, req.GetPath())
-	if err != nil {
-		return nil, err
-	}
-	exp := s.c.now().Add(s.c.opts.ArchiveURLTTL)
-	tok := s.c.archives.issue(archiveTarget{dir: dir, name: strings.ReplaceAll(ck.GetTrainingRunId()+"-"+ck.GetId(), "/", "-"), expires: exp})
-	return &loopsv1.GetCheckpointArchiveURLResponse{Url: ArchivePathPrefix + tok + ".tar", ExpireTime: timestamppb.New(exp)}, nil
-}
-
-// GetCheckpointFileURLs returns a short-lived URL path for each file of a checkpoint.
-func (s CheckpointService) GetCheckpointFileURLs(ctx context.Context, req *loopsv1.GetCheckpointFileURLsRequest) (*loopsv1.GetCheckpointFileURLsResponse, error) {
-	ws, err := auth.RequireWorkspace(ctx)
-	if err != nil {
-		return nil, err
-	}
-	_, dir, err := s.c.resolveCheckpoint(ctx, ws, req.GetPath())
-	if err != nil {
-		return nil, err
-	}
-	exp := s.c.now().Add(s.c.opts.ArchiveURLTTL)
-	tok := s.c.archives.issue(archiveTarget{dir: dir, expires: exp})
-	out := &loopsv1.GetCheckpointFileURLsResponse{Urls: map[string]string{}, ExpireTime: timestamppb.New(exp)}
-	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() || d.Name() == completeMarker {
-			return err
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil {
-			return err
-		}
-		rel = filepath.ToSlash(rel)
-		out.Urls[rel] = ArchivePathPrefix + tok + "/" + rel
-		return nil
-	})
-	if err != nil {
-		return nil, internal("listing checkpoint files", err)
-	}
-	return out, nil
-}
-
-type archiveTarget struct {
-	dir     string
-	name    string
-	expires time.Time
-}
-
-type archiveTokens struct {
-	mu     sync.Mutex
-	tokens map[string]archiveTarget
-}
-
-func newArchiveTokens() *archiveTokens { return &archiveTokens{tokens: map[string]archiveTarget{}} }
-
-func (a *archiveTokens) issue(t archiveTarget) string {
-	tok := randHex(24)
-	a.mu.Lock()
-	a.tokens[tok] = t
-	a.mu.Unlock()
-	return tok
-}
-
-func (a *archiveTokens) get(tok string, now time.Time) (archiveTarget, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	t, ok := a.tokens[tok]
-	if !ok || now.After(t.expires) {
-		return archiveTarget{}, false
-	}
-	return t, true
-}
-
-func (a *archiveTokens) sweep(now time.Time) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for k, t := range a.tokens {
-		if now.After(t.expires) {
-			delete(a.tokens, k)
-		}
-	}
-}
-
-// ArchiveHandler serves checkpoint downloads: a tar of the folder at ArchivePathPrefix +
-// token + ".tar", and single files at ArchivePathPrefix + token + "/" + relative path.
-func (c *Core) ArchiveHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rest := strings.TrimPrefix(r.URL.Path, ArchivePathPrefix)
-		tok, file, isFile := strings.Cut(rest, "/")
-		tok = strings.TrimSuffix(tok, ".tar")
-		t, ok := c.archives.get(tok, c.now())
-		if !ok {
-			http.Error(w, `{"detail":"download link unknown or expired: ask for a new one"}`, http.StatusNotFound)
-			return
-		}
-		if isFile {
-			// The file must be a regular file inside the checkpoint folder.
-			clean := filepath.Clean(filepath.FromSlash(file))
-			if file == "" || filepath.IsAbs(clean) || clean == ".." || strings.HasPrefix(clean, ".."+string(filepath.Separator)) {
-				http.Error(w, `{"detail":"no such file in this checkpoint"}`, http.StatusNotFound)
-				return
-			}
-			p := filepath.Join(t.dir, clean)
-			if info, err := os.Lstat(p); err != nil || !info.Mode().IsRegular() {
-				http.Error(w, `{"detail":"no such file in this checkpoint"}`, http.StatusNotFound)
-				return
-			}
-			w.Header().Set("Content-Type", "application/octet-stream")
-			http.ServeFile(w, r, p)
-			return
-		}
-		w.Header().Set("Content-Type", "application/x-tar")
-		w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", t.name+".tar"))
-		if err := writeTar(w, t.dir); err != nil {
-			c.log.Error("writing checkpoint archive", slog.Any("err", err))
-		}
-	})
-}
-
-// writeTar writes the regular files under dir as a tar stream with paths relative to dir.
-func writeTar(w io.Writer, dir string) error {
-	tw := tar.NewWriter(w)
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !d.Type().IsRegular() {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		hdr := &tar.Header{Name: filepath.ToSlash(rel), Mode: 0o644, Size: info.Size(), ModTime: info.ModTime(), Typeflag: tar.TypeReg}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		f, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		_, err = io.Copy(tw, f)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	return tw.Close()
 }

@@ -104,6 +104,7 @@ type Core struct {
 	sessions map[string]*sessionState
 	samplers *samplers
 	archives *archiveTokens
+	ckpt     *checkpointFolders
 	usage    *usageMeter
 
 	ctx    context.Context
@@ -139,6 +140,9 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	c.ops = newOperations(c)
 	c.samplers = newSamplers(c)
 	c.ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	if err := c.openCheckpoints(ctx); err != nil {
+		return nil, err
+	}
 
 	caps, err := be.Trainer().GetCapabilities(ctx, &backendv1.GetCapabilitiesRequest{})
 	if err != nil {

@@ -362,8 +362,10 @@ func validateSave(req *loopsv1.SaveWeightsRequest) error {
 	default:
 		return invalidArgument("kind must be CHECKPOINT_KIND_TRAINING, CHECKPOINT_KIND_SAMPLER or CHECKPOINT_KIND_EXTERNAL")
 	}
-	if req.TtlSeconds != nil && req.GetTtlSeconds() <= 0 {
-		return invalidArgument("ttl_seconds must be positive (omit it for no expiry), got %d", req.GetTtlSeconds())
+	if req.TtlSeconds != nil {
+		if _, err := checkpointTTL(req.GetTtlSeconds()); err != nil {
+			return err
+		}
 	}
 	return nil
 }
