@@ -52,7 +52,7 @@ KEY=WORKSPACE), LOOPS_API_KEY_FILE.`,
 	fl.StringVar(&f.backend, "backend", env("LOOPS_BACKEND", "reference"), "compute backend: "+strings.Join(backends.Names(), ", "))
 	fl.StringSliceVar(&f.models, "model", envList("LOOPS_MODELS", []string{"loops/tiny"}), "base model to serve: loops/tiny, a Hugging Face folder, or a name in the local HF cache (repeatable)")
 	fl.StringArrayVar(&f.backendOpts, "backend-opt", nil, "backend option KEY=VALUE (repeatable), e.g. threads=2 for reference, workers=host:port or device=cuda for torch")
-	fl.StringSliceVar(&f.apiKeys, "api-key", envList("LOOPS_API_KEYS", nil), "accepted API key, KEY or KEY=WORKSPACE (repeatable)")
+	fl.StringSliceVar(&f.apiKeys, "api-key", envList("LOOPS_API_KEYS", nil), "accepted API key, KEY or KEY=WORKSPACE (repeatable; WORKSPACE is 1-64 letters, digits, '_' or '-', not starting with '-')")
 	fl.StringVar(&f.apiKeyFile, "api-key-file", env("LOOPS_API_KEY_FILE", ""), "file of API keys, one KEY or KEY=WORKSPACE a line")
 	fl.DurationVar(&f.sessionTTL, "session-ttl", 5*time.Minute, "how long a session lives without a heartbeat")
 	fl.IntVar(&f.maxLoraRank, "max-lora-rank", 64, "largest LoRA rank accepted")
