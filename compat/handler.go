@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"mime"
 	"net/http"
@@ -15,10 +14,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/klauspost/compress/zstd"
+	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
+	"github.com/loops-dev/loops/internal/bounded"
 )
 
 // Services are the core handlers compat translates onto. All must be non-nil.
@@ -40,6 +40,12 @@ type Options struct {
 	// bytes, 4 per element) of any tensor compat builds from a sparse or JSON encoding.
 	// Default 256 MiB.
 	MaxDecompressedBytes int64
+	// DecompressBudget bounds the bytes of zstd bodies being decompressed, and held
+	// decompressed, at once; a body reserves its decompressed size before anything is
+	// allocated and holds it until its handler returns (see internal/bounded). The gateway
+	// shares one budget between every surface. Default: a budget of MaxDecompressedBytes
+	// for this handler alone.
+	DecompressBudget *bounded.Budget
 	// LongPoll is how long retrieve_future waits for a result before answering try_again.
 	// It must stay below the SDK's 45 s client timeout. Default 25 s.
 	LongPoll time.Duration
@@ -54,6 +60,11 @@ type Options struct {
 	// either way.
 	DisableZstdForwardBackward bool
 }
+
+// DecompressWait is how long a compressed body waits for room in the decompression budget
+// (or less, if the client goes away first) before it is answered 429, which the SDK retries
+// with backoff.
+const DecompressWait = 10 * time.Second
 
 const (
 	defaultMaxBody         = 64 << 20
@@ -89,6 +100,9 @@ func (o Options) withDefaults() Options {
 	if o.MaxDecompressedBytes <= 0 {
 		o.MaxDecompressedBytes = defaultMaxDecompressed
 	}
+	if o.DecompressBudget == nil {
+		o.DecompressBudget = bounded.NewBudget(o.MaxDecompressedBytes, DecompressWait)
+	}
 	if o.LongPoll <= 0 {
 		o.LongPoll = defaultLongPoll
 	}
@@ -106,10 +120,35 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request) error
 
 func (s *server) handle(mux *http.ServeMux, pattern string, h handlerFunc) {
 	mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		var held heldBodies
+		defer held.release()
+		r = r.WithContext(context.WithValue(r.Context(), heldBodiesKey{}, &held))
 		if err := h(w, r); err != nil {
 			s.writeError(w, r, err)
 		}
 	})
+}
+
+// heldBodies are the decompression budget reservations of one request's bodies, released
+// when its handler returns.
+type heldBodies []func()
+
+type heldBodiesKey struct{}
+
+func (h *heldBodies) release() {
+	for _, f := range *h {
+		f()
+	}
+	*h = nil
+}
+
+// holdUntilDone releases f when the request's handler returns (at once outside handle).
+func holdUntilDone(r *http.Request, f func()) {
+	if h, ok := r.Context().Value(heldBodiesKey{}).(*heldBodies); ok {
+		*h = append(*h, f)
+		return
+	}
+	f()
 }
 
 func (s *server) recoverMiddleware(next http.Handler) http.Handler {
@@ -166,11 +205,12 @@ func writeProto(w http.ResponseWriter, m proto.Message) error {
 	return nil
 }
 
-// readBody reads the whole request body within MaxBodyBytes, decompressing a zstd body
-// within MaxDecompressedBytes.
+// readBody reads the whole request body within MaxBodyBytes, into a buffer allocated once
+// when the body has a Content-Length, and decompresses a zstd body within
+// MaxDecompressedBytes and the decompression budget (held until the handler returns).
 func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	body := http.MaxBytesReader(w, r.Body, s.opt.MaxBodyBytes)
-	raw, err := io.ReadAll(body)
+	raw, err := bounded.ReadAll(body, r.ContentLength, s.opt.MaxBodyBytes)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -183,44 +223,34 @@ func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	case "", "identity":
 		return raw, nil
 	case "zstd":
-		return decompressZstd(raw, s.opt.MaxDecompressedBytes)
+		out, release, err := decompressZstd(r.Context(), raw, s.opt.MaxDecompressedBytes, s.opt.DecompressBudget)
+		if err != nil {
+			return nil, err
+		}
+		holdUntilDone(r, release)
+		return out, nil
 	default:
 		return nil, &apiError{status: http.StatusUnsupportedMediaType, code: "invalid_argument",
 			detail: fmt.Sprintf("Content-Encoding %q is not supported; send the body uncompressed or zstd-compressed", enc)}
 	}
 }
 
-// decompressZstd decodes a zstd body, refusing to produce more than limit bytes and
-// capping the decoder's window so that a small hostile frame cannot allocate much memory.
-func decompressZstd(raw []byte, limit int64) ([]byte, error) {
-	window := uint64(limit)
-	if window < zstd.MinWindowSize {
-		window = zstd.MinWindowSize
+// decompressZstd decodes a zstd body of at most limit bytes with memory bounded by its
+// size (see bounded.Zstd) and maps its errors onto Tinker's statuses: 413 over the limit,
+// 429 when the budget has no room in time, 400 for a body that is not zstd.
+func decompressZstd(ctx context.Context, raw []byte, limit int64, budget *bounded.Budget) ([]byte, func(), error) {
+	out, release, err := bounded.Zstd(ctx, raw, limit, budget)
+	if err == nil {
+		return out, release, nil
 	}
-	if window > 128<<20 {
-		window = 128 << 20
+	var tl *bounded.TooLargeError
+	switch {
+	case errors.As(err, &tl):
+		return nil, nil, tooLarge("%s; send smaller forward_backward chunks", err.Error())
+	case errors.Is(err, bounded.ErrBusy):
+		return nil, nil, connect.NewError(connect.CodeResourceExhausted, err)
 	}
-	dec, err := zstd.NewReader(bytes.NewReader(raw),
-		zstd.WithDecoderConcurrency(1),
-		zstd.WithDecoderLowmem(true),
-		zstd.WithDecoderMaxMemory(uint64(limit)+1),
-		zstd.WithDecoderMaxWindow(window))
-	if err != nil {
-		return nil, badRequest("cannot start zstd decoding: %v", err)
-	}
-	defer dec.Close()
-	var out bytes.Buffer
-	n, err := io.Copy(&out, io.LimitReader(dec, limit+1))
-	if n > limit {
-		return nil, tooLarge("the zstd body decompresses to more than the server's limit of %d bytes; send smaller forward_backward chunks", limit)
-	}
-	if err != nil {
-		if errors.Is(err, zstd.ErrDecoderSizeExceeded) || errors.Is(err, zstd.ErrWindowSizeExceeded) {
-			return nil, tooLarge("the zstd body needs more memory than the server allows (%v); send smaller forward_backward chunks", err)
-		}
-		return nil, badRequest("the body is not valid zstd (Content-Encoding: zstd): %v", err)
-	}
-	return out.Bytes(), nil
+	return nil, nil, badRequest("%s (Content-Encoding: zstd)", err.Error())
 }
 
 // decodeJSONBody reads the body and decodes it into v. Unknown fields (including the
