@@ -26,12 +26,13 @@ import (
 // short-lived token, so the download needs no API key (as the tinker CLI expects).
 const ArchivePathPrefix = "/v1/checkpoint_archives/"
 
-// Download links are bounded: at most MaxArchiveLinksPerWorkspace unexpired links per
-// workspace and MaxArchiveLinks in all; past either, asking for a link is refused with
+// Download links are bounded; past either limit, asking for a link is refused with
 // ResourceExhausted (HTTP 429) until links expire (Options.ArchiveURLTTL).
 const (
+	// MaxArchiveLinksPerWorkspace is how many unexpired download links one workspace holds.
 	MaxArchiveLinksPerWorkspace = 1000
-	MaxArchiveLinks             = 20000
+	// MaxArchiveLinks is how many unexpired download links the server holds in all.
+	MaxArchiveLinks = 20000
 )
 
 // GetCheckpointArchiveURL returns a short-lived URL path for a tar of the checkpoint.
