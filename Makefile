@@ -17,11 +17,19 @@ build: ## Build the loops binary into ./bin/loops
 	$(GO) build -o bin/loops ./cmd/loops
 
 .PHONY: test
-test: check test-go test-e2e test-clients test-torch test-sdk-matrix test-cookbook ## Everything CI runs
+test: check test-go fuzz-ci test-e2e test-clients test-torch test-sdk-matrix test-cookbook ## Everything CI runs
 
 .PHONY: test-go
 test-go: ## The fast path: Go unit, contract and fuzz-seed tests (no Python)
 	$(GO) test -count=1 ./...
+
+.PHONY: fuzz-ci
+fuzz-ci: ## Every Go fuzz target for a fixed budget (15 s each, the core-through-engine target 60 s)
+	FUZZTIME=15s FUZZTIME_FuzzCore=60s bash scripts/fuzz.sh
+
+.PHONY: fuzz
+fuzz: ## Every Go fuzz target for longer (FUZZTIME, default 5 min each)
+	FUZZTIME=$${FUZZTIME:-5m} bash scripts/fuzz.sh
 
 .PHONY: check
 check: checkgenerate lint breaking ## gofmt, go vet, buf lint, buf format, buf breaking and generated-code drift
