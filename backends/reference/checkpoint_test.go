@@ -117,7 +117,8 @@ func readST(t *testing.T, path string) *stFile {
 }
 
 // write lays the tensors out contiguously in name order; tamper may then change any
-// header entry (offsets included) before it is written.
+// header entry (offsets included) before it is written. Data goes where the final header
+// puts it (where the layout put it for entries tamper removed or sent past the end).
 func (s *stFile) write(t *testing.T, path string, tamper func(hdr map[string]any)) {
 	t.Helper()
 	names := make([]string, 0, len(s.Tensors))
@@ -147,17 +148,23 @@ func (s *stFile) write(t *testing.T, path string, tamper func(hdr map[string]any
 	binary.LittleEndian.PutUint64(lb[:], uint64(len(hb)))
 	_, err = f.Write(append(lb[:], hb...))
 	require.NoError(t, err)
-	base := int64(8 + len(hb))
+	base, end := int64(8+len(hb)), off
 	off = 0
 	for _, k := range names {
 		ts := s.Tensors[k]
-		if ts.Data != nil {
-			_, err = f.WriteAt(ts.Data, base+off)
+		at := off
+		if e, ok := hdr[k].(map[string]any); ok {
+			if o, ok := e["data_offsets"].([]int64); ok && o[0]+ts.size() <= end {
+				at = o[0]
+			}
+		}
+		if len(ts.Data) > 0 {
+			_, err = f.WriteAt(ts.Data, base+at)
 			require.NoError(t, err)
 		}
 		off += ts.size()
 	}
-	require.NoError(t, f.Truncate(base+off))
+	require.NoError(t, f.Truncate(base+end))
 }
 
 func editST(t *testing.T, path string, edit func(*stFile), tamper func(map[string]any)) {
