@@ -17,7 +17,7 @@ import torch
 
 from . import checkpoint as ckpt
 from .errors import ALREADY_EXISTS, INTERNAL, RESOURCE_EXHAUSTED, WorkerError, invalid, not_found
-from .lora import Adapter, BatchContext, LoraSpec, MultiLoraLinear, wrap_model
+from .lora import Adapter, BatchContext, LoraSpec, MultiLoraLinear, layer_keys, wrap_model
 from .proto import tpb
 
 MAX_SEQ_CAP = 32768
@@ -587,59 +587,41 @@ class Engine:
             except OSError as e:
                 raise WorkerError(INTERNAL, f"saving adapter {req.adapter_id!r}: {e}")
 
-    def load_adapter_from(self, dir_: str, bm: BaseModel, with_optimizer: bool, adapter_id: str = "") -> Adapter:
-        """nn.LoadAdapter: a new Adapter from a PEFT folder (any subset of targets)."""
+    @staticmethod
+    def lora_modules(bm: BaseModel) -> Dict[str, Tuple[int, int]]:
+        """{PEFT module key: (in, out)} of every LoRA target of the base model, in the
+        reference engine's order."""
+        keys = layer_keys(bm.num_layers, LoraSpec(rank=1))
+        return {k: (bm.layers[k].in_features, bm.layers[k].out_features) for k in keys if k in bm.layers}
+
+    def check_adapter_dir(self, dir_: str, bm: BaseModel, with_optimizer: bool) -> ckpt.Plan:
+        """ckpt.check_folder against bm and this worker's rank limit, as InvalidArgument."""
         try:
-            pc = ckpt.read_config(dir_)
-            ws, meta = ckpt.read_weights(dir_)
-        except FileNotFoundError as e:
-            raise invalid(f"cannot load adapter from {dir_}: {e}")
+            return ckpt.check_folder(dir_, self.lora_modules(bm), bm.num_layers, self.max_lora_rank, with_optimizer)
         except (OSError, ValueError) as e:
             raise invalid(f"cannot load adapter from {dir_}: {e}")
-        r = int(pc["r"])
-        if r > self.max_lora_rank:
-            raise invalid(f"adapter in {dir_} has rank {r}, above this worker's limit {self.max_lora_rank}")
-        seed = 0
+
+    def load_adapter_from(self, dir_: str, bm: BaseModel, with_optimizer: bool, adapter_id: str = "") -> Adapter:
+        """nn.LoadAdapter: a new Adapter from a PEFT folder (any subset of targets). The
+        folder is checked before anything is allocated; only its modules are allocated."""
+        plan = self.check_adapter_dir(dir_, bm, with_optimizer)
         try:
-            seed = int(meta.get("loops.seed", "0"))
-        except ValueError:
-            pass
-        alpha = float(pc.get("lora_alpha") or 0)
-        scale = alpha / r if alpha > 0 else None
-        ad = Adapter(adapter_id, bm, LoraSpec(rank=r, seed=seed), bm.device, scale=scale, init=False)
-        present = [k for k in ad.pairs if (k + ".lora_A.weight" in ws) and (k + ".lora_B.weight" in ws)]
-        if not present:
-            raise invalid(
-                f"cannot load adapter from {dir_}: {ckpt.ADAPTER_WEIGHTS} holds no LoRA tensors this model knows "
-                f"(expected keys like base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight)")
-        ad.keep_only(present)
-        used = 0
+            ws = ckpt.read_weights(dir_, plan)
+            st = ckpt.read_optimizer(dir_, plan) if with_optimizer else {}
+        except (OSError, ValueError) as e:
+            raise invalid(f"cannot load adapter from {dir_}: {e}")
+        r = plan.rank
+        scale = plan.alpha / r if plan.alpha > 0 else None
+        ad = Adapter(adapter_id, bm, LoraSpec(rank=r, seed=plan.seed), bm.device, scale=scale, init=False, keys=plan.keys)
+        ad.keep_only(plan.keys)
         with torch.no_grad():
             for name, p in ad.params.items():
-                t = ws[name]
-                if tuple(t.shape) != tuple(p.shape):
-                    raise invalid(
-                        f"cannot load adapter from {dir_}: {name} has shape {list(t.shape)}, want {list(p.shape)} "
-                        f"(does the adapter belong to this base model?)")
-                p.copy_(t.to(p.device))
-                used += 1
-        if used != len(ws):
-            raise invalid(f"cannot load adapter from {dir_}: {ckpt.ADAPTER_WEIGHTS} holds {len(ws)} tensors but only {used} match this model's LoRA targets")
-        if with_optimizer:
-            try:
-                st, step = ckpt.read_optimizer(dir_)
-            except (OSError, ValueError) as e:
-                raise invalid(f"cannot load adapter from {dir_}: {e}")
-            ad.step = step
-            with torch.no_grad():
-                for name, p in ad.params.items():
-                    for suffix, dst in ((".exp_avg", ad.exp_avg), (".exp_avg_sq", ad.exp_avg_sq)):
-                        t = st.get(name + suffix)
-                        if t is None:
-                            raise invalid(f"cannot load adapter from {dir_}: {ckpt.OPTIMIZER}: tensor {name + suffix} not found")
-                        if t.numel() != p.numel():
-                            raise invalid(f"cannot load adapter from {dir_}: {ckpt.OPTIMIZER}: {name}{suffix} has the wrong size")
-                        dst[name].copy_(t.reshape(p.shape).to(p.device))
+                p.copy_(ws[name].to(p.device))
+            if with_optimizer:
+                ad.step = plan.step
+                for name in ad.params:
+                    ad.exp_avg[name].copy_(st[name + ".exp_avg"].to(ad.exp_avg[name].device))
+                    ad.exp_avg_sq[name].copy_(st[name + ".exp_avg_sq"].to(ad.exp_avg_sq[name].device))
         return ad
 
     def load_adapter(self, req) -> None:
@@ -652,8 +634,10 @@ class Engine:
             existing = None
             try:
                 pc = ckpt.read_config(req.dir)
-            except Exception:  # noqa: BLE001
+            except FileNotFoundError:
                 raise e
+            except (OSError, ValueError) as ce:
+                raise invalid(f"cannot load adapter from {req.dir}: {ce}")
             bm = None
             for n in self.order:
                 m = self.models[n]

@@ -150,7 +150,9 @@ class Adapter:
     """One LoRA adapter: fp32 A/B tensors, gradients (in .grad) and AdamW moments."""
 
     def __init__(self, adapter_id: str, base, spec: LoraSpec, device: torch.device,
-                 scale: Optional[float] = None, init: bool = True):
+                 scale: Optional[float] = None, init: bool = True, keys: Optional[List[str]] = None):
+        """keys: the PEFT module keys to allocate (a loaded checkpoint's); default: the
+        spec's targets in every layer."""
         self.id = adapter_id
         self.base = base
         self.spec = spec
@@ -162,7 +164,7 @@ class Adapter:
         self.params: Dict[str, torch.Tensor] = {}  # PEFT tensor name -> fp32 leaf tensor
         self.exp_avg: Dict[str, torch.Tensor] = {}
         self.exp_avg_sq: Dict[str, torch.Tensor] = {}
-        for key in layer_keys(base.num_layers, spec):
+        for key in (layer_keys(base.num_layers, spec) if keys is None else keys):
             lin = base.layers[key]
             r = spec.rank
             na, nb = key + ".lora_A.weight", key + ".lora_B.weight"

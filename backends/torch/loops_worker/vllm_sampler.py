@@ -116,6 +116,9 @@ class VLLMSampler:
             raise invalid(f"vLLM refused the sampling parameters: {e}")
         llm = self.llms[bm.name]
         if lora is not None and lora.lora_int_id not in self.lora_added.setdefault(bm.name, set()):
+            # Check a new folder as the trainer would load it (config, headers, names, shapes,
+            # rank limit) before vLLM allocates anything for it.
+            self.engine.check_adapter_dir(req.adapter_dir, bm, False)
             # Load a new adapter folder with add_lora first: a folder vLLM cannot load then fails
             # this request only (a load failing inside a batch step would kill the engine core).
             try:

@@ -10,7 +10,9 @@ prompt_logprobs with None first and the prompt token added to the top-k.
 
 import asyncio
 import enum
+import json
 import math
+import os
 import sys
 import types
 
@@ -214,12 +216,10 @@ def test_vllm_sampler_against_the_033_api(fake_vllm, engine, tmp_path):
         assert e.value.code == INVALID_ARGUMENT
 
         # Adapters: one LoRA id per folder snapshot.
-        class Ad:
-            params = {}
-            scale = 1.0
-            spec = types.SimpleNamespace(rank=8, seed=1, target_modules=lambda: ["q_proj"])
+        engine.create_adapter(bpb.CreateAdapterRequest(adapter_id="vllm-ad", base_model="tiny",
+                                                       lora=tpb.LoraConfig(rank=8, seed=1, train_attn=True)))
         d = str(tmp_path / "ad")
-        ckpt.save(d, Ad(), "tiny", False)
+        engine.save_adapter(bpb.SaveAdapterRequest(adapter_id="vllm-ad", dir=d))
         vs.sample(_req([5], max_tokens=1, adapter_dir=d))
         vs.sample(_req([5], max_tokens=1, adapter_dir=d))
         a, b = AsyncLLM.calls[-2][1], AsyncLLM.calls[-1][1]
@@ -228,10 +228,24 @@ def test_vllm_sampler_against_the_033_api(fake_vllm, engine, tmp_path):
 
         # A folder vLLM cannot load fails that request only, as the caller's error.
         bad = str(tmp_path / "bad")
-        ckpt.save(bad, Ad(), "tiny", False)
+        engine.save_adapter(bpb.SaveAdapterRequest(adapter_id="vllm-ad", dir=bad))
         with pytest.raises(WorkerError) as e:
             vs.sample(_req([5], max_tokens=1, adapter_dir=bad))
         assert e.value.code == INVALID_ARGUMENT and "cannot load the adapter" in e.value.message
+
+        # A crafted folder is refused before vLLM sees it (issue 8, item 5).
+        crafted = str(tmp_path / "crafted")
+        engine.save_adapter(bpb.SaveAdapterRequest(adapter_id="vllm-ad", dir=crafted))
+        cfg = ckpt.read_config(crafted)
+        cfg["r"] = 99999999
+        with open(os.path.join(crafted, ckpt.ADAPTER_CONFIG), "w") as f:
+            json.dump(cfg, f)
+        added = len(AsyncLLM.added)
+        with pytest.raises(WorkerError) as e:
+            vs.sample(_req([5], max_tokens=1, adapter_dir=crafted))
+        assert e.value.code == INVALID_ARGUMENT and "rank limit" in e.value.message
+        assert len(AsyncLLM.added) == added
+        engine.delete_adapter("vllm-ad")
     finally:
         vs.loop.call_soon_threadsafe(vs.loop.stop)
 
