@@ -89,7 +89,8 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 	next.DoneTime = timestamppb.New(ops.core.now())
 	if err != nil {
 		next.State = loopsv1.OperationState_OPERATION_STATE_FAILED
-		next.Error = operationError(err)
+		// Backend errors may name the server's folders; clients see store-relative paths.
+		next.Error = operationError(ops.core.ckpt.scrub(err))
 		if next.Error.Category == loopsv1.ErrorCategory_ERROR_CATEGORY_SERVER {
 			ops.core.log.Error("operation failed", slog.String("op", next.Id), slog.String("kind", kindLabel(next.Kind)), slog.Any("err", err))
 		}
