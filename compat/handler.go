@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"os"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -67,11 +68,14 @@ type Options struct {
 const DecompressWait = 10 * time.Second
 
 const (
-	defaultMaxBody         = 64 << 20
-	defaultMaxDecompressed = 256 << 20
-	defaultLongPoll        = 25 * time.Second
-	contentTypeProto       = "application/x-protobuf"
-	contentTypeJSON        = "application/json"
+	// DefaultMaxBodyBytes is the default cap on a request body as sent: 64 MiB.
+	DefaultMaxBodyBytes = 64 << 20
+	// DefaultMaxDecompressedBytes is the default cap on a body after decompression: 256 MiB.
+	DefaultMaxDecompressedBytes = 256 << 20
+
+	defaultLongPoll  = 25 * time.Second
+	contentTypeProto = "application/x-protobuf"
+	contentTypeJSON  = "application/json"
 )
 
 // server holds what every route needs.
@@ -95,10 +99,10 @@ func NewHandler(s Services, o Options) http.Handler {
 // withDefaults fills in the documented defaults.
 func (o Options) withDefaults() Options {
 	if o.MaxBodyBytes <= 0 {
-		o.MaxBodyBytes = defaultMaxBody
+		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if o.MaxDecompressedBytes <= 0 {
-		o.MaxDecompressedBytes = defaultMaxDecompressed
+		o.MaxDecompressedBytes = DefaultMaxDecompressedBytes
 	}
 	if o.DecompressBudget == nil {
 		o.DecompressBudget = bounded.NewBudget(o.MaxDecompressedBytes, DecompressWait)
@@ -215,6 +219,10 @@ func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return nil, err
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, &apiError{status: http.StatusRequestTimeout, code: "deadline_exceeded",
+				detail: "the request body did not arrive within the server's body read timeout; send it faster or in smaller requests"}
 		}
 		return nil, badRequest("cannot read the request body: %v", err)
 	}

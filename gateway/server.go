@@ -22,6 +22,7 @@ import (
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/gen/openapi"
+	"github.com/loops-dev/loops/internal/bounded"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -32,10 +33,41 @@ import (
 
 // Limits are the request limits of every surface. Zero values take the defaults.
 type Limits struct {
-	// MaxBodyBytes caps a request body as sent (default 64 MiB).
+	// MaxBodyBytes caps a request body as sent, and a loops.v1 message (Connect, gRPC,
+	// gRPC-Web, REST) after decompression too (default compat.DefaultMaxBodyBytes, 64 MiB).
 	MaxBodyBytes int64
-	// MaxDecompressedBytes caps a body after decompression (default 256 MiB).
+	// MaxDecompressedBytes caps a Tinker body after zstd decompression (default
+	// compat.DefaultMaxDecompressedBytes, 256 MiB).
 	MaxDecompressedBytes int64
+	// DecompressBudgetBytes bounds the bytes of compressed bodies being decompressed (and,
+	// on the Tinker routes, held until their handler returns) across the server at once,
+	// every surface together. A body reserves its decompressed size before anything is
+	// allocated and waits up to compat.DecompressWait for room, then gets a 429. Default
+	// MaxDecompressedBytes: one maximal body at a time, or many small ones.
+	DecompressBudgetBytes int64
+	// BodyReadTimeout is how long a request body has to arrive once its headers have
+	// (default DefaultBodyReadTimeout, 60 s).
+	BodyReadTimeout time.Duration
+	// MaxRequestsPerKey caps the requests one API key has in flight; one more is a 429
+	// with the reason (default auth.DefaultMaxRequestsPerKey; negative: no cap).
+	MaxRequestsPerKey int
+}
+
+// withDefaults fills in the documented defaults.
+func (l Limits) withDefaults() Limits {
+	if l.MaxBodyBytes <= 0 {
+		l.MaxBodyBytes = compat.DefaultMaxBodyBytes
+	}
+	if l.MaxDecompressedBytes <= 0 {
+		l.MaxDecompressedBytes = compat.DefaultMaxDecompressedBytes
+	}
+	if l.DecompressBudgetBytes <= 0 {
+		l.DecompressBudgetBytes = l.MaxDecompressedBytes
+	}
+	if l.BodyReadTimeout <= 0 {
+		l.BodyReadTimeout = DefaultBodyReadTimeout
+	}
+	return l
 }
 
 // Config configures a server.
@@ -65,6 +97,8 @@ type Server struct {
 	http    *http.Server
 	ln      net.Listener
 	conn    *grpc.ClientConn
+	// budget bounds the bytes being decompressed across every surface.
+	budget *bounded.Budget
 }
 
 // New opens the store and the backend, starts the core and builds the handler for ln. Call
@@ -79,13 +113,9 @@ func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Limits.MaxBodyBytes <= 0 {
-		cfg.Limits.MaxBodyBytes = 64 << 20
-	}
-	if cfg.Limits.MaxDecompressedBytes <= 0 {
-		cfg.Limits.MaxDecompressedBytes = 256 << 20
-	}
-	s := &Server{cfg: cfg, log: cfg.Logger, ln: ln}
+	cfg.Limits = cfg.Limits.withDefaults()
+	s := &Server{cfg: cfg, log: cfg.Logger, ln: ln,
+		budget: bounded.NewBudget(cfg.Limits.DecompressBudgetBytes, compat.DecompressWait)}
 	ok := false
 	defer func() {
 		if !ok {
@@ -133,8 +163,10 @@ func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 		Handler:           handler,
 		Protocols:         protocols,
 		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       5 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+		// No ReadTimeout or WriteTimeout: bodies get their own deadline (see
+		// withBodyReadDeadline) and responses may be long-polls or large downloads.
+		IdleTimeout: idleTimeout,
+		ErrorLog:    slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
 	}
 	ok = true
 	return s, nil
@@ -178,7 +210,10 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	mux := http.NewServeMux()
 
 	// loops.v1 over Connect, gRPC and gRPC-Web.
-	opts := []connect.HandlerOption{connect.WithReadMaxBytes(int(s.cfg.Limits.MaxBodyBytes))}
+	opts := []connect.HandlerOption{
+		connect.WithReadMaxBytes(int(s.cfg.Limits.MaxBodyBytes)),
+		withBoundedGzip(s.cfg.Limits.MaxBodyBytes, s.budget),
+	}
 	mux.Handle(loopsv1connect.NewSessionServiceHandler(svc.Sessions, opts...))
 	mux.Handle(loopsv1connect.NewTrainingServiceHandler(svc.Training, opts...))
 	mux.Handle(loopsv1connect.NewOperationServiceHandler(svc.Operations, opts...))
@@ -207,6 +242,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	}, compat.Options{
 		MaxBodyBytes:         s.cfg.Limits.MaxBodyBytes,
 		MaxDecompressedBytes: s.cfg.Limits.MaxDecompressedBytes,
+		DecompressBudget:     s.budget,
 		Logger:               s.log,
 		Owner:                auth.Workspace,
 	}))
@@ -225,7 +261,8 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	if keys == nil {
 		keys = &auth.Keys{}
 	}
-	return recoverPanics(s.log, keys.Middleware(publicPaths, mux)), nil
+	guarded := keys.Middleware(auth.Policy{Public: publicPaths, MaxRequestsPerKey: s.cfg.Limits.MaxRequestsPerKey}, mux)
+	return withBodyReadDeadline(s.cfg.Limits.BodyReadTimeout, recoverPanics(s.log, guarded)), nil
 }
 
 // restHandler builds the grpc-gateway mux. It dials this server's own listener over h2c, so
@@ -270,7 +307,9 @@ func (s *Server) restHandler(ctx context.Context) (http.Handler, error) {
 
 // limitBody answers 413 with a JSON body when a request body is over limit bytes, whether
 // it says so in Content-Length or streams it chunked; grpc-gateway would report a cut-off
-// body as a 400. REST bodies are JSON messages, so reading them ahead is cheap.
+// body as a 400. REST bodies are JSON messages, so reading them ahead is cheap; the buffer
+// is allocated once at the Content-Length. grpc-gateway decompresses nothing, so a REST body
+// costs what it weighs.
 func limitBody(next http.Handler, limit int64) http.Handler {
 	tooLarge := func(w http.ResponseWriter) {
 		body := fmt.Sprintf(`{"code":8,"message":"request body is over the %d-byte limit: send less per request"}`, limit)
@@ -285,13 +324,14 @@ func limitBody(next http.Handler, limit int64) http.Handler {
 			return
 		}
 		if r.Body != nil && r.Body != http.NoBody {
-			b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
-			if err != nil {
-				http.Error(w, `{"code":3,"message":"reading the request body failed"}`, http.StatusBadRequest)
+			b, err := bounded.ReadAll(r.Body, r.ContentLength, limit)
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				tooLarge(w)
 				return
 			}
-			if int64(len(b)) > limit {
-				tooLarge(w)
+			if err != nil {
+				http.Error(w, `{"code":3,"message":"reading the request body failed"}`, http.StatusBadRequest)
 				return
 			}
 			r.Body = io.NopCloser(bytes.NewReader(b))

@@ -119,13 +119,25 @@ func (k *Keys) Authenticate(key string) (string, error) {
 	return "", errors.New("unknown API key: use a key the server was started with (--api-key, LOOPS_API_KEYS or --api-key-file)")
 }
 
-// Middleware authenticates every request except the paths in public (matched exactly or,
-// when they end in "/", as prefixes) and puts the workspace in the request context. A
-// failure is a 401 with a JSON body.
-func (k *Keys) Middleware(public []string, next http.Handler) http.Handler {
+// Middleware authenticates every request except those to the policy's public paths and
+// puts the workspace in the request context. A failure is a 401 with a JSON body. In open
+// mode (no keys) a request whose Host is not a loopback name is refused with a 403 first,
+// public paths included: a DNS-rebinding web page would send its own name. A key with
+// MaxRequestsPerKey requests in flight gets a 429 for one more.
+func (k *Keys) Middleware(p Policy, next http.Handler) http.Handler {
+	h, _ := k.middleware(p, next)
+	return h
+}
+
+func (k *Keys) middleware(p Policy, next http.Handler) (http.Handler, *inflight) {
+	inflight := newInflight(p.MaxRequestsPerKey)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		for _, p := range public {
-			if r.URL.Path == p || (strings.HasSuffix(p, "/") && strings.HasPrefix(r.URL.Path, p)) {
+		if k.Open() && !loopbackHost(r.Host) {
+			refusal{http.StatusForbidden, 7, "permission_denied", errForeignHost(r.Host)}.write(w, r)
+			return
+		}
+		for _, pub := range p.Public {
+			if r.URL.Path == pub || (strings.HasSuffix(pub, "/") && strings.HasPrefix(r.URL.Path, pub)) {
 				next.ServeHTTP(w, r)
 				return
 			}
@@ -139,27 +151,18 @@ func (k *Keys) Middleware(public []string, next http.Handler) http.Handler {
 		}
 		ws, err := k.Authenticate(key)
 		if err != nil {
-			writeUnauthenticated(w, r, err)
+			refusal{http.StatusUnauthorized, 16, "unauthenticated", err}.write(w, r)
 			return
 		}
+		id, ok := inflight.acquire(key)
+		if !ok {
+			refusal{http.StatusTooManyRequests, 8, "resource_exhausted", fmt.Errorf(
+				"this API key already has %d requests in flight, the server's limit per key: wait for some to finish (or raise --max-requests-per-key)", inflight.max)}.write(w, r)
+			return
+		}
+		defer inflight.release(id)
 		next.ServeHTTP(w, r.WithContext(WithWorkspace(r.Context(), ws)))
-	})
-}
-
-func writeUnauthenticated(w http.ResponseWriter, r *http.Request, err error) {
-	ct := r.Header.Get("Content-Type")
-	if strings.HasPrefix(ct, "application/grpc") {
-		w.Header().Set("Content-Type", ct)
-		w.Header().Set("Grpc-Status", "16")
-		w.Header().Set("Grpc-Message", err.Error())
-		w.WriteHeader(http.StatusOK)
-		return
-	}
-	body := fmt.Sprintf(`{"code":"unauthenticated","message":%q,"detail":%q}`, err.Error(), err.Error())
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", fmt.Sprint(len(body)))
-	w.WriteHeader(http.StatusUnauthorized)
-	_, _ = w.Write([]byte(body))
+	}), inflight
 }
 
 func validKey(key string) error {

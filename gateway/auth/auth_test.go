@@ -46,7 +46,7 @@ func TestOpenModeGivesEachKeyItsOwnWorkspace(t *testing.T) {
 func TestMiddleware(t *testing.T) {
 	k, err := ParseKeys([]string{"tml-a=ws-a"})
 	require.NoError(t, err)
-	h := k.Middleware([]string{"/healthz", "/public/"}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := k.Middleware(Policy{Public: []string{"/healthz", "/public/"}}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(Workspace(r.Context())))
 	}))
 	do := func(path, key, bearer string) *httptest.ResponseRecorder {

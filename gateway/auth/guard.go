@@ -1,0 +1,141 @@
+package auth
+
+import (
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// DefaultMaxRequestsPerKey is how many requests one API key may have in flight at once
+// unless configured otherwise: above the ~2,000 concurrent retrieve_future long-polls a
+// sampling-heavy tinker script keeps open, far below what exhausts the server.
+const DefaultMaxRequestsPerKey = 4096
+
+// Policy tunes Middleware. The zero value gives the defaults noted per field.
+type Policy struct {
+	// Public paths need no key: matched exactly or, when they end in "/", as prefixes.
+	Public []string
+	// MaxRequestsPerKey caps the requests one key has in flight; one more is answered 429
+	// with the reason. Default DefaultMaxRequestsPerKey; negative means no cap.
+	MaxRequestsPerKey int
+}
+
+// loopbackHost reports whether a request's Host names this machine: localhost, any
+// 127.0.0.0/8 address or ::1, with or without a port. An empty Host (HTTP/1.0) names no
+// one and passes: only a name chosen by someone else, as a DNS-rebinding web page chooses
+// it, is refused.
+func loopbackHost(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	host = strings.TrimSuffix(host, ".")
+	if host == "" || strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}
+
+// errForeignHost is the 403 of a non-loopback Host in open mode.
+func errForeignHost(host string) error {
+	return fmt.Errorf("the request's Host %q is not a loopback name: with no API keys configured Loops answers only requests addressed to localhost, 127.0.0.1 or [::1], so that a web page cannot reach it through DNS rebinding; use one of those names in the URL, or configure API keys (--api-key, LOOPS_API_KEYS or --api-key-file) to accept any Host", host)
+}
+
+// inflight counts each key's requests in flight. A key has an entry only while it has
+// requests in flight, so the map never holds more entries than there are requests.
+type inflight struct {
+	max int
+	mu  sync.Mutex
+	n   map[[32]byte]int
+}
+
+func newInflight(limit int) *inflight {
+	if limit == 0 {
+		limit = DefaultMaxRequestsPerKey
+	}
+	return &inflight{max: limit, n: map[[32]byte]int{}}
+}
+
+// acquire counts one more request for key, or reports false when it already has max.
+func (f *inflight) acquire(key string) ([32]byte, bool) {
+	id := sha256.Sum256([]byte(key))
+	if f.max < 0 {
+		return id, true
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n[id] >= f.max {
+		return id, false
+	}
+	f.n[id]++
+	return id, true
+}
+
+func (f *inflight) release(id [32]byte) {
+	if f.max < 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n[id] <= 1 {
+		delete(f.n, id)
+		return
+	}
+	f.n[id]--
+}
+
+// keys is the number of keys with requests in flight.
+func (f *inflight) keys() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.n)
+}
+
+// refusal is a request the middleware answers itself.
+type refusal struct {
+	status   int    // HTTP status
+	grpcCode int    // the gRPC code of the same error
+	code     string // the Connect code name
+	err      error
+}
+
+// write answers r with the refusal in the form its protocol reads: gRPC and gRPC-Web get a
+// status in the headers; Connect, REST and Tinker clients get the HTTP status and a JSON body
+// with code, message (Connect, REST) and detail (Tinker).
+func (f refusal) write(w http.ResponseWriter, r *http.Request) {
+	ct := r.Header.Get("Content-Type")
+	if strings.HasPrefix(ct, "application/grpc") {
+		w.Header().Set("Content-Type", ct)
+		w.Header().Set("Grpc-Status", strconv.Itoa(f.grpcCode))
+		w.Header().Set("Grpc-Message", grpcPercentEncode(f.err.Error()))
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	body, _ := json.Marshal(map[string]string{"code": f.code, "message": f.err.Error(), "detail": f.err.Error()})
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(f.status)
+	_, _ = w.Write(body)
+}
+
+// grpcPercentEncode encodes a Grpc-Message value as the gRPC spec asks: bytes outside
+// printable ASCII, and '%', as %XX.
+func grpcPercentEncode(msg string) string {
+	var b strings.Builder
+	for i := 0; i < len(msg); i++ {
+		c := msg[i]
+		if c < ' ' || c > '~' || c == '%' {
+			fmt.Fprintf(&b, "%%%02X", c)
+			continue
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
+}
