@@ -30,6 +30,9 @@ type serveFlags struct {
 	maxLoraRank int
 	logLevel    string
 	logFormat   string
+
+	bodyReadTimeout   time.Duration
+	maxRequestsPerKey int
 }
 
 func serveCmd() *cobra.Command {
@@ -41,7 +44,8 @@ func serveCmd() *cobra.Command {
 loops.v1 over Connect, gRPC and REST, /openapi.json, /healthz and /metrics.
 
 With no API keys configured the server accepts any tml-… key but listens on loopback
-only. Every flag can also be set by an environment variable: LOOPS_ADDR, LOOPS_DATA_DIR,
+only, and answers only requests addressed to localhost, 127.0.0.1 or [::1] (403 for
+another Host: a defence against DNS rebinding). Every flag can also be set by an environment variable: LOOPS_ADDR, LOOPS_DATA_DIR,
 LOOPS_BACKEND, LOOPS_MODELS (comma-separated), LOOPS_API_KEYS (comma-separated KEY or
 KEY=WORKSPACE), LOOPS_API_KEY_FILE.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runServe(cmd.Context(), f) },
@@ -58,6 +62,8 @@ KEY=WORKSPACE), LOOPS_API_KEY_FILE.`,
 	fl.IntVar(&f.maxLoraRank, "max-lora-rank", 64, "largest LoRA rank accepted")
 	fl.StringVar(&f.logLevel, "log-level", env("LOOPS_LOG_LEVEL", "info"), "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", env("LOOPS_LOG_FORMAT", "text"), "text or json")
+	fl.DurationVar(&f.bodyReadTimeout, "body-read-timeout", gateway.DefaultBodyReadTimeout, "how long a request body has to arrive once its headers have; a stalled body is cut off then (responses and long-polls are not limited)")
+	fl.IntVar(&f.maxRequestsPerKey, "max-requests-per-key", auth.DefaultMaxRequestsPerKey, "requests one API key may have in flight at once (429 beyond); -1 for no cap")
 	return cmd
 }
 
@@ -108,8 +114,12 @@ func runServe(ctx context.Context, f serveFlags) error {
 			MaxLoraRank: f.maxLoraRank,
 			Options:     backendOpts,
 		},
-		Keys:   keys,
-		Core:   core.Options{SessionTTL: f.sessionTTL},
+		Keys: keys,
+		Core: core.Options{SessionTTL: f.sessionTTL},
+		Limits: gateway.Limits{
+			BodyReadTimeout:   f.bodyReadTimeout,
+			MaxRequestsPerKey: f.maxRequestsPerKey,
+		},
 		Logger: log,
 	})
 	if err != nil {
