@@ -14,7 +14,7 @@ import (
 )
 
 // DefaultMaxHeaderBytes caps a header when Limits.MaxHeaderBytes is zero (the Rust
-// safetensors library uses the same 100 MB cap).
+// safetensors library caps headers at 100 MB).
 const DefaultMaxHeaderBytes = 100 << 20
 
 // FloatDTypes are the dtypes ReadFloat64 converts.
