@@ -33,8 +33,10 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/reference"
+	"github.com/loops-dev/loops/backends/reference/nn"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
+	"github.com/loops-dev/loops/internal/bounded"
 )
 
 // Name is the name the backend registers under.
@@ -1013,7 +1015,7 @@ func folderBaseModel(dir string) string {
 	if !filepath.IsAbs(dir) {
 		return ""
 	}
-	raw, err := os.ReadFile(filepath.Join(dir, "adapter_config.json"))
+	raw, err := bounded.ReadFile(filepath.Join(dir, nn.AdapterConfigFile), nn.MaxConfigBytes)
 	if err != nil {
 		return ""
 	}

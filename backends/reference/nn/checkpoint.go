@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/loops-dev/loops/backends/reference/safetensors"
+	"github.com/loops-dev/loops/internal/bounded"
 )
 
 // File names of an adapter checkpoint folder.
@@ -97,34 +97,6 @@ func SaveAdapter[T Float](dir string, a *Adapter[T], baseModel string, withOptim
 // MaxConfigBytes caps adapter_config.json; PEFT writes about a kilobyte.
 const MaxConfigBytes = 256 << 10
 
-// readCapped reads a regular file of at most limit bytes, refusing larger ones before
-// reading them.
-func readCapped(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", filepath.Base(path))
-	}
-	if st.Size() > limit {
-		return nil, fmt.Errorf("%s is %d bytes, larger than the limit of %d", filepath.Base(path), st.Size(), limit)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("%s is larger than the limit of %d bytes", filepath.Base(path), limit)
-	}
-	return b, nil
-}
-
 // moduleTarget maps a PEFT target module name to its block target; lm_head maps to
 // NumLayerTargets.
 func moduleTarget(name string) (Target, bool) {
@@ -144,7 +116,7 @@ func moduleTarget(name string) (Target, bool) {
 // default), known target_modules, and none of the PEFT options this engine cannot apply.
 func ReadPEFTConfig(dir string) (PEFTConfig, error) {
 	var c PEFTConfig
-	b, err := readCapped(filepath.Join(dir, AdapterConfigFile), MaxConfigBytes)
+	b, err := bounded.ReadFile(filepath.Join(dir, AdapterConfigFile), MaxConfigBytes)
 	if err != nil {
 		return c, err
 	}
