@@ -265,8 +265,7 @@ func randHex(n int) string {
 // record and returns the folder of the generation it replaced ("" if none).
 func (c *Core) commitCheckpoint(ctx context.Context, ws string, ck *loopsv1.Checkpoint) (string, error) {
 	f := c.ckpt
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	defer f.lock(ws, ck.GetTrainingRunId(), ck.GetId())()
 	if err := f.step(stepSaveRecord); err != nil {
 		return "", internal("recording checkpoint", err)
 	}
@@ -307,8 +306,7 @@ func (c *Core) expireCheckpoints(ctx context.Context, now time.Time) {
 func (c *Core) deleteCheckpoint(ctx context.Context, ws, runID, id string, want *loopsv1.Checkpoint) error {
 	f := c.ckpt
 	trash, err := func() (string, error) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
+		defer f.lock(ws, runID, id)()
 		ck, err := c.store.GetCheckpoint(ctx, ws, runID, id)
 		if err != nil {
 			return "", err
@@ -458,10 +456,14 @@ func (s CheckpointService) modify(ctx context.Context, path string, f func(*loop
 	if err != nil {
 		return nil, err
 	}
-	// Under the folders' lock: a save committing meanwhile must not be undone by writing
-	// back the record it replaced.
-	s.c.ckpt.mu.Lock()
-	defer s.c.ckpt.mu.Unlock()
+	runID, kind, name, err := ParsePath(path)
+	if err != nil {
+		return nil, err
+	}
+	runID = s.c.canonicalRunID(ws, runID)
+	// Under the checkpoint's lock: a save committing meanwhile must not be undone by
+	// writing back the record it replaced.
+	defer s.c.ckpt.lock(ws, runID, kindSegment(kind)+"/"+name)()
 	ck, err := s.owned(ctx, ws, path)
 	if err != nil {
 		return nil, err

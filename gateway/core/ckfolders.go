@@ -64,8 +64,12 @@ type checkpointFolders struct {
 	// error messages show instead.
 	hide [][2]string
 
-	// mu serialises changes to checkpoint records and the folders they point at.
-	mu      sync.Mutex
+	// locks serialise changes to one checkpoint's record and the folders it points at, one
+	// lock per checkpoint, so that one workspace's slow save or delete never waits on
+	// another's (see lock).
+	locks keyLocks
+	// genMu guards lastGen, the last generation this process issued.
+	genMu   sync.Mutex
 	lastGen int64
 
 	// fault, when set (tests only), runs before each step; an error makes the step fail
@@ -153,17 +157,71 @@ func (f *checkpointFolders) inside(p string) error {
 // previous generation and every generation this process issued, and never one with a folder
 // (or trash) still on disk.
 func (f *checkpointFolders) nextGeneration(now time.Time, prev *loopsv1.Checkpoint, kindDir, name string) int64 {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	g := max(now.UnixNano(), f.lastGen+1)
+	g := now.UnixNano()
 	if prev != nil {
 		g = max(g, generation(prev)+1)
 	}
-	for exists(filepath.Join(kindDir, genEntry(name, g))) || exists(filepath.Join(kindDir, genEntry(name, g)+trashSuffix)) {
+	for {
+		g = f.reserveGeneration(g)
+		// The look at the disk happens outside genMu: reserved generations are never
+		// handed out twice, so none can be taken meanwhile.
+		if !exists(filepath.Join(kindDir, genEntry(name, g))) && !exists(filepath.Join(kindDir, genEntry(name, g)+trashSuffix)) {
+			return g
+		}
 		g++
 	}
+}
+
+// reserveGeneration returns the first generation at or after g that this process has not
+// issued, and marks it issued.
+func (f *checkpointFolders) reserveGeneration(g int64) int64 {
+	f.genMu.Lock()
+	defer f.genMu.Unlock()
+	g = max(g, f.lastGen+1)
 	f.lastGen = g
 	return g
+}
+
+// lock takes the lock of one checkpoint (workspace, run, checkpoint id), held across the
+// read-check-write of its record and the renames of its folders; call the returned func
+// to release it.
+func (f *checkpointFolders) lock(ws, runID, id string) (unlock func()) {
+	return f.locks.lock(ws + "\x00" + runID + "\x00" + id)
+}
+
+// keyLocks is a set of mutexes by key. An entry lives only while someone holds or waits
+// for it, so the map is bounded by the callers in flight.
+type keyLocks struct {
+	mu sync.Mutex
+	m  map[string]*keyLock
+}
+
+type keyLock struct {
+	sync.Mutex
+	refs int
+}
+
+func (k *keyLocks) lock(key string) (unlock func()) {
+	k.mu.Lock()
+	if k.m == nil {
+		k.m = map[string]*keyLock{}
+	}
+	l := k.m[key]
+	if l == nil {
+		l = &keyLock{}
+		k.m[key] = l
+	}
+	l.refs++
+	k.mu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		k.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(k.m, key)
+		}
+		k.mu.Unlock()
+	}
 }
 
 func exists(p string) bool {
