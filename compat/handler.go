@@ -41,11 +41,11 @@ type Options struct {
 	// bytes, 4 per element) of any tensor compat builds from a sparse or JSON encoding.
 	// Default 256 MiB.
 	MaxDecompressedBytes int64
-	// DecompressBudget bounds the bytes of zstd bodies being decompressed, and held
-	// decompressed, at once; a body reserves its decompressed size before anything is
-	// allocated and holds it until its handler returns (see internal/bounded). The gateway
-	// shares one budget between every surface. Default: a budget of MaxDecompressedBytes
-	// for this handler alone.
+	// DecompressBudget bounds the memory of zstd bodies being decompressed, or held
+	// decompressed, at once: a body reserves its decompressed size before anything is
+	// allocated and holds it until that buffer has been garbage collected (see
+	// internal/bounded). The gateway shares one budget between every surface. Default: a
+	// budget of MaxDecompressedBytes for this handler alone.
 	DecompressBudget *bounded.Budget
 	// LongPoll is how long retrieve_future waits for a result before answering try_again.
 	// It must stay below the SDK's 45 s client timeout. Default 25 s.
@@ -124,35 +124,10 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request) error
 
 func (s *server) handle(mux *http.ServeMux, pattern string, h handlerFunc) {
 	mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		var held heldBodies
-		defer held.release()
-		r = r.WithContext(context.WithValue(r.Context(), heldBodiesKey{}, &held))
 		if err := h(w, r); err != nil {
 			s.writeError(w, r, err)
 		}
 	})
-}
-
-// heldBodies are the decompression budget reservations of one request's bodies, released
-// when its handler returns.
-type heldBodies []func()
-
-type heldBodiesKey struct{}
-
-func (h *heldBodies) release() {
-	for _, f := range *h {
-		f()
-	}
-	*h = nil
-}
-
-// holdUntilDone releases f when the request's handler returns (at once outside handle).
-func holdUntilDone(r *http.Request, f func()) {
-	if h, ok := r.Context().Value(heldBodiesKey{}).(*heldBodies); ok {
-		*h = append(*h, f)
-		return
-	}
-	f()
 }
 
 func (s *server) recoverMiddleware(next http.Handler) http.Handler {
@@ -211,7 +186,8 @@ func writeProto(w http.ResponseWriter, m proto.Message) error {
 
 // readBody reads the whole request body within MaxBodyBytes, into a buffer allocated once
 // when the body has a Content-Length, and decompresses a zstd body within
-// MaxDecompressedBytes and the decompression budget (held until the handler returns).
+// MaxDecompressedBytes and the decompression budget (held until the decompressed body has
+// been garbage collected).
 func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	body := http.MaxBytesReader(w, r.Body, s.opt.MaxBodyBytes)
 	raw, err := bounded.ReadAll(body, r.ContentLength, s.opt.MaxBodyBytes)
@@ -231,12 +207,7 @@ func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	case "", "identity":
 		return raw, nil
 	case "zstd":
-		out, release, err := decompressZstd(r.Context(), raw, s.opt.MaxDecompressedBytes, s.opt.DecompressBudget)
-		if err != nil {
-			return nil, err
-		}
-		holdUntilDone(r, release)
-		return out, nil
+		return decompressZstd(r.Context(), raw, s.opt.MaxDecompressedBytes, s.opt.DecompressBudget)
 	default:
 		return nil, &apiError{status: http.StatusUnsupportedMediaType, code: "invalid_argument",
 			detail: fmt.Sprintf("Content-Encoding %q is not supported; send the body uncompressed or zstd-compressed", enc)}
@@ -246,19 +217,19 @@ func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 // decompressZstd decodes a zstd body of at most limit bytes with memory bounded by its
 // size (see bounded.Zstd) and maps its errors onto Tinker's statuses: 413 over the limit,
 // 429 when the budget has no room in time, 400 for a body that is not zstd.
-func decompressZstd(ctx context.Context, raw []byte, limit int64, budget *bounded.Budget) ([]byte, func(), error) {
-	out, release, err := bounded.Zstd(ctx, raw, limit, budget)
+func decompressZstd(ctx context.Context, raw []byte, limit int64, budget *bounded.Budget) ([]byte, error) {
+	out, err := bounded.Zstd(ctx, raw, limit, budget)
 	if err == nil {
-		return out, release, nil
+		return out, nil
 	}
 	var tl *bounded.TooLargeError
 	switch {
 	case errors.As(err, &tl):
-		return nil, nil, tooLarge("%s; send smaller forward_backward chunks", err.Error())
+		return nil, tooLarge("%s; send smaller forward_backward chunks", err.Error())
 	case errors.Is(err, bounded.ErrBusy):
-		return nil, nil, connect.NewError(connect.CodeResourceExhausted, err)
+		return nil, connect.NewError(connect.CodeResourceExhausted, err)
 	}
-	return nil, nil, badRequest("%s (Content-Encoding: zstd)", err.Error())
+	return nil, badRequest("%s (Content-Encoding: zstd)", err.Error())
 }
 
 // decodeJSONBody reads the body and decodes it into v. Unknown fields (including the

@@ -73,7 +73,7 @@ func TestZstdBombAllocatesNoOutput(t *testing.T) {
 		bomb := zstdZeros(t, 300_000_000, declare)
 		require.Less(t, len(bomb), 64<<10)
 		var err error
-		n := allocated(func() { _, _, err = Zstd(t.Context(), bomb, limit, nil) })
+		n := allocated(func() { _, err = Zstd(t.Context(), bomb, limit, nil) })
 		requireTooLarge(t, err)
 		// Declared: refused from the frame header. Undeclared: one counting pass through
 		// the window.
@@ -92,11 +92,7 @@ func TestZstdAllocatesTheOutputOnce(t *testing.T) {
 		body := zstdZeros(t, size, declare)
 		var out []byte
 		var err error
-		n := allocated(func() {
-			var release func()
-			out, release, err = Zstd(t.Context(), body, 256*mib, nil)
-			release()
-		})
+		n := allocated(func() { out, err = Zstd(t.Context(), body, 256*mib, nil) })
 		require.NoError(t, err)
 		require.Len(t, out, int(size))
 		window := int64(0)
@@ -111,11 +107,10 @@ func TestZstdAllocatesTheOutputOnce(t *testing.T) {
 func TestZstdLimitIsExact(t *testing.T) {
 	for _, declare := range []bool{true, false} {
 		body := zstdZeros(t, 3*mib, declare)
-		out, release, err := Zstd(t.Context(), body, 3*mib, nil)
+		out, err := Zstd(t.Context(), body, 3*mib, nil)
 		require.NoError(t, err)
 		require.Len(t, out, int(3*mib))
-		release()
-		_, _, err = Zstd(t.Context(), body, 3*mib-1, nil)
+		_, err = Zstd(t.Context(), body, 3*mib-1, nil)
 		requireTooLarge(t, err)
 	}
 }
@@ -130,7 +125,7 @@ func TestZstdFrameThatUnderstatesItsSize(t *testing.T) {
 	require.Positive(t, i)
 	binary.LittleEndian.PutUint32(body[i:], uint32(mib))
 	var err error
-	n := allocated(func() { _, _, err = Zstd(t.Context(), body, 256*mib, nil) })
+	n := allocated(func() { _, err = Zstd(t.Context(), body, 256*mib, nil) })
 	requireCorrupt(t, err)
 	require.LessOrEqual(t, n, 2*mib)
 }
@@ -139,7 +134,7 @@ func TestZstdWindows(t *testing.T) {
 	// A streamed frame with a window over MaxStreamWindow is refused before decoding.
 	body := zstdZeros(t, 40*mib, false, zstd.WithWindowSize(32<<20))
 	var err error
-	n := allocated(func() { _, _, err = Zstd(t.Context(), body, 256*mib, nil) })
+	n := allocated(func() { _, err = Zstd(t.Context(), body, 256*mib, nil) })
 	requireTooLarge(t, err)
 	require.ErrorContains(t, err, "window")
 	require.LessOrEqual(t, n, mib)
@@ -150,11 +145,7 @@ func TestZstdWindows(t *testing.T) {
 	require.False(t, h.SingleSegment)
 	require.Equal(t, uint64(32<<20), h.WindowSize)
 	var out []byte
-	n = allocated(func() {
-		var release func()
-		out, release, err = Zstd(t.Context(), body, 256*mib, nil)
-		release()
-	})
+	n = allocated(func() { out, err = Zstd(t.Context(), body, 256*mib, nil) })
 	require.NoError(t, err)
 	require.Len(t, out, int(40*mib))
 	require.LessOrEqual(t, n, 41*mib)
@@ -166,22 +157,19 @@ func TestZstdFramesAndErrors(t *testing.T) {
 	a, b := []byte("hello, "), bytes.Repeat([]byte("world"), 1000)
 	skippable := []byte{0x50, 0x2a, 0x4d, 0x18, 3, 0, 0, 0, 1, 2, 3}
 	two := append(append(enc.EncodeAll(a, nil), skippable...), enc.EncodeAll(b, nil)...)
-	out, release, err := Zstd(t.Context(), two, mib, nil)
+	out, err := Zstd(t.Context(), two, mib, nil)
 	require.NoError(t, err)
 	require.Equal(t, append(append([]byte{}, a...), b...), out)
-	release()
 
 	// One frame declares its size, one does not: counted.
 	mixed := append(enc.EncodeAll(a, nil), zstdZeros(t, 10*kib, false)...)
-	out, release, err = Zstd(t.Context(), mixed, mib, nil)
+	out, err = Zstd(t.Context(), mixed, mib, nil)
 	require.NoError(t, err)
 	require.Len(t, out, len(a)+int(10*kib))
-	release()
 
-	out, release, err = Zstd(t.Context(), nil, mib, nil)
+	out, err = Zstd(t.Context(), nil, mib, nil)
 	require.NoError(t, err)
 	require.Empty(t, out)
-	release()
 
 	for _, bad := range [][]byte{
 		[]byte("not zstd at all"),
@@ -189,21 +177,22 @@ func TestZstdFramesAndErrors(t *testing.T) {
 		append(two, 0x28),
 		{0x28, 0xb5, 0x2f, 0xfd},
 	} {
-		_, _, err := Zstd(t.Context(), bad, mib, nil)
+		_, err := Zstd(t.Context(), bad, mib, nil)
 		requireCorrupt(t, err)
 	}
 	// A corrupted block inside a well-formed frame.
 	body := enc.EncodeAll(b, nil)
 	body[len(body)/2] ^= 0xff
-	_, _, err = Zstd(t.Context(), body, mib, nil)
+	_, err = Zstd(t.Context(), body, mib, nil)
 	require.Error(t, err)
 }
 
 func TestBudget(t *testing.T) {
 	b := NewBudget(100, time.Minute)
-	r1, err := b.Acquire(t.Context(), 60)
+	h1, err := b.Acquire(t.Context(), 60)
 	require.NoError(t, err)
 	require.Equal(t, int64(60), b.InUse())
+	waiters := func() int { b.mu.Lock(); defer b.mu.Unlock(); return b.waiters.Len() }
 
 	// A waiter that does not fit waits, and a smaller one that would fit waits behind it
 	// (first come, first served).
@@ -212,28 +201,32 @@ func TestBudget(t *testing.T) {
 		name string
 		n    int64
 	}{{"big", 50}, {"small", 10}} {
-		queued := b.waiters.Len()
+		queued := waiters()
 		go func() {
-			r, err := b.Acquire(context.Background(), w.n)
+			h, err := b.Acquire(context.Background(), w.n)
 			if err == nil {
 				got <- w.name
-				r()
+				h.Release()
 			}
 		}()
-		require.Eventually(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return b.waiters.Len() == queued+1 }, 5*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return waiters() == queued+1 }, 5*time.Second, time.Millisecond)
 	}
 	require.Equal(t, int64(60), b.InUse())
-	r1()
-	r1() // releasing twice is harmless
+	h1.Release()
+	h1.Release() // releasing twice is harmless
 	require.ElementsMatch(t, []string{"big", "small"}, []string{<-got, <-got})
 	require.Eventually(t, func() bool { return b.InUse() == 0 }, 5*time.Second, time.Millisecond)
 
-	// More than the budget waits for all of it.
-	r, err := b.Acquire(t.Context(), 1000)
+	// More than the budget waits for all of it; Shrink gives back the difference.
+	h, err := b.Acquire(t.Context(), 1000)
 	require.NoError(t, err)
 	require.Equal(t, int64(100), b.InUse())
+	h.Shrink(30)
+	require.Equal(t, int64(30), b.InUse())
 
 	// A wait ends with the context or the budget's wait, as ErrBusy.
+	h2, err := b.Acquire(t.Context(), 70)
+	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
 	defer cancel()
 	_, err = b.Acquire(ctx, 1)
@@ -243,32 +236,65 @@ func TestBudget(t *testing.T) {
 	require.NoError(t, err)
 	_, err = short.Acquire(t.Context(), 1)
 	require.ErrorIs(t, err, ErrBusy)
-	hold()
-	r()
+	hold.Release()
+	h.Release()
+	h2.Release()
 
 	// A waiter at the front that gives up lets the ones behind it in.
-	r, err = b.Acquire(t.Context(), 90)
+	h, err = b.Acquire(t.Context(), 90)
 	require.NoError(t, err)
 	ctx, cancel = context.WithCancel(t.Context())
 	errc := make(chan error, 1)
 	go func() { _, err := b.Acquire(ctx, 50); errc <- err }()
-	require.Eventually(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return b.waiters.Len() == 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return waiters() == 1 }, 5*time.Second, time.Millisecond)
 	small := make(chan error, 1)
 	go func() {
-		r, err := b.Acquire(t.Context(), 10)
-		if err == nil {
-			defer r()
-		}
+		h, err := b.Acquire(t.Context(), 10)
+		h.Release()
 		small <- err
 	}()
-	require.Eventually(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return b.waiters.Len() == 2 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return waiters() == 2 }, 5*time.Second, time.Millisecond)
 	cancel()
 	require.ErrorIs(t, <-errc, ErrBusy)
 	require.NoError(t, <-small)
-	r()
+	h.Release()
+
+	// A nil budget grants everything.
+	var none *Budget
+	h, err = none.Acquire(t.Context(), 1<<40)
+	require.NoError(t, err)
+	h.Release()
 }
 
-// TestZstdConcurrencyIsBounded: concurrent decompressions never hold more than the budget.
+// TestBudgetHoldsGarbageUntilCollected: a body's reservation lasts until its buffer is
+// really free, and a waiter kept out by it gets it collected instead of waiting for the
+// GC's own schedule.
+func TestBudgetHoldsGarbageUntilCollected(t *testing.T) {
+	b := NewBudget(16*mib, 10*time.Second)
+	h, err := b.Acquire(t.Context(), 16*mib)
+	require.NoError(t, err)
+	buf := make([]byte, 16*mib)
+	h.ReleaseWhenCollected(&buf[0])
+
+	// While the buffer is live the budget stays taken.
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	_, err = b.Acquire(ctx, 16*mib)
+	require.ErrorIs(t, err, ErrBusy)
+	runtime.KeepAlive(buf)
+
+	// Once it is garbage, the next waiter triggers its collection and gets in.
+	start := time.Now()
+	h, err = b.Acquire(t.Context(), 16*mib)
+	require.NoError(t, err)
+	require.Less(t, time.Since(start), 5*time.Second)
+	h.Release()
+	require.Zero(t, b.InUse())
+	require.Zero(t, b.collectable)
+}
+
+// TestZstdConcurrencyIsBounded: concurrent decompressions never hold more than the budget,
+// and the budget comes back once their outputs are garbage.
 func TestZstdConcurrencyIsBounded(t *testing.T) {
 	b := NewBudget(10*mib, time.Minute)
 	body := zstdZeros(t, 4*mib, true)
@@ -279,7 +305,7 @@ func TestZstdConcurrencyIsBounded(t *testing.T) {
 	)
 	for range 8 {
 		wg.Go(func() {
-			out, release, err := Zstd(t.Context(), body, 8*mib, b)
+			out, err := Zstd(t.Context(), body, 8*mib, b)
 			if err != nil || len(out) != int(4*mib) {
 				t.Errorf("got %d bytes, %v", len(out), err)
 				return
@@ -287,13 +313,12 @@ func TestZstdConcurrencyIsBounded(t *testing.T) {
 			mu.Lock()
 			peak = max(peak, b.InUse())
 			mu.Unlock()
-			runtime.Gosched() // let others try while this one holds its reservation
-			release()
+			runtime.Gosched() // let others try while this one holds its output
 		})
 	}
 	wg.Wait()
 	require.LessOrEqual(t, peak, 10*mib)
-	require.Zero(t, b.InUse())
+	require.Eventually(t, func() bool { runtime.GC(); return b.InUse() == 0 }, 5*time.Second, 10*time.Millisecond)
 }
 
 func TestReadAll(t *testing.T) {
@@ -366,7 +391,7 @@ func TestGzipStreamsExactly(t *testing.T) {
 		require.Equal(t, 5*mib+3, n)
 		require.Positive(t, b.InUse())
 		require.NoError(t, g.Close())
-		require.Zero(t, b.InUse())
+		require.Zero(t, b.InUse(), "a buffer of 8 MiB or less may be pooled: released at Close")
 	}
 	require.NoError(t, g.Reset(bytes.NewBufferString("nope")))
 	_, err := io.ReadAll(g)
@@ -374,4 +399,22 @@ func TestGzipStreamsExactly(t *testing.T) {
 	require.NoError(t, g.Reset(bytes.NewBuffer(body[:len(body)-5])))
 	_, err = io.ReadAll(g)
 	requireCorrupt(t, err)
+}
+
+// TestGzipHoldsTheReadersBuffer: for a body too large for connect-go's buffer pool, the
+// reservation is cut to twice the reader's final buffer and lasts until that buffer is
+// collected, past Close.
+func TestGzipHoldsTheReadersBuffer(t *testing.T) {
+	const size = 20 * mib
+	b := NewBudget(256*mib, time.Second)
+	g := &Gzip{Limit: 64 * mib, Budget: b}
+	require.NoError(t, g.Reset(bytes.NewBuffer(gzipZeros(t, size))))
+	dst := new(bytes.Buffer)
+	n, err := dst.ReadFrom(io.LimitReader(g, 64*mib+1))
+	require.NoError(t, err)
+	require.Equal(t, size, n)
+	require.NoError(t, g.Close())
+	require.Equal(t, 2*int64(dst.Cap())+gzipWorkingSet, b.InUse())
+	runtime.KeepAlive(dst) // and no further
+	require.Eventually(t, func() bool { runtime.GC(); return b.InUse() == 0 }, 5*time.Second, 10*time.Millisecond)
 }

@@ -13,13 +13,22 @@ import (
 // decoder's tables), reserved along with the output.
 const gzipWorkingSet = 64 << 10
 
-// Gzip decompresses gzip bodies for a reader that pulls the output itself, as connect-go's
-// Decompressor does (Reset, Read, Close). On the first Read it counts what the body
-// decompresses to, without keeping any of it: a body over Limit fails there, before the
-// caller has buffered anything; otherwise it reserves that many bytes in Budget, then
-// streams them, returning io.EOF with the last byte so the caller needs no spare room.
-// The reservation is released by Close or the next Reset. Read's errors are
-// *TooLargeError, *CorruptError or ErrBusy; a wait for the budget is bounded by the
+// recycledBufferMax is the largest buffer connect-go keeps in its pool for reuse (its
+// maxRecycleBufferSize); a reservation is tied to the collection of a larger buffer only.
+const recycledBufferMax = 8 << 20
+
+// Gzip decompresses gzip bodies for a reader that pulls the output itself into a buffer it
+// grows, as connect-go's Decompressor is used (Reset, Read, Close, with the output read into
+// a doubling bytes.Buffer). On the first Read it counts what the body decompresses to,
+// keeping none of it: a body over Limit fails there, before the reader has buffered
+// anything. Otherwise it reserves in Budget what the reader's buffer can take: four times
+// the output for a buffer that doubles (its last size is under twice the output, and the
+// smaller ones it outgrew, garbage until collected, add up to less than that). Then it
+// streams the output, returning io.EOF with the last byte so the
+// reader needs no spare room. At that last Read the reservation is cut to twice the buffer's
+// actual size and lasts until that buffer has been garbage collected; Close or the next
+// Reset ends a reservation earlier when the body was not read to its end. Read's errors
+// are *TooLargeError, *CorruptError or wrap ErrBusy; a wait for the budget is bounded by the
 // budget's wait alone (the reader has no request context). A Gzip is used by one goroutine
 // at a time.
 type Gzip struct {
@@ -31,23 +40,22 @@ type Gzip struct {
 	src     io.Reader
 	zr      *gzip.Reader
 	n, read int64
-	release func()
+	hold    *Hold
 	err     error
 }
 
 // Reset prepares g for a new body read from src.
 func (g *Gzip) Reset(src io.Reader) error {
-	g.Close()
+	_ = g.Close()
 	g.src, g.zr, g.n, g.read, g.err = src, nil, 0, 0, nil
 	return nil
 }
 
-// Close releases the body's reservation. It never fails.
+// Close ends the body's reservation unless its last Read tied it to the output buffer. It
+// never fails.
 func (g *Gzip) Close() error {
-	if g.release != nil {
-		g.release()
-		g.release = nil
-	}
+	g.hold.Release()
+	g.hold = nil
 	return nil
 }
 
@@ -64,17 +72,23 @@ func (g *Gzip) Read(p []byte) (int, error) {
 	if g.read == g.n {
 		return 0, io.EOF
 	}
-	p = p[:min(int64(len(p)), g.n-g.read)]
-	m, err := io.ReadFull(g.zr, p)
+	before := g.read
+	q := p[:min(int64(len(p)), g.n-g.read)]
+	m, err := io.ReadFull(g.zr, q)
 	g.read += int64(m)
 	if err != nil {
 		g.err = &CorruptError{Encoding: "gzip", Err: fmt.Errorf("second pass: %w", err)}
 		return m, g.err
 	}
-	if g.read == g.n {
-		return m, io.EOF
+	if g.read < g.n {
+		return m, nil
 	}
-	return m, nil
+	// The last bytes: p is the tail of the reader's final buffer, of before+cap(p) bytes.
+	if final := before + int64(cap(p)); final > recycledBufferMax {
+		g.hold.Shrink(2*final + gzipWorkingSet)
+		g.hold.ReleaseWhenCollected(&p[0])
+	}
+	return m, io.EOF
 }
 
 func (g *Gzip) start() error {
@@ -92,16 +106,16 @@ func (g *Gzip) start() error {
 		return err
 	}
 	// connect-go's Decompressor has no request context: the budget's own wait bounds this.
-	release, err := g.Budget.Acquire(context.Background(), n+gzipWorkingSet)
+	hold, err := g.Budget.Acquire(context.Background(), 4*n+gzipWorkingSet)
 	if err != nil {
 		return err
 	}
 	zr, err := gzip.NewReader(bytes.NewReader(raw))
 	if err != nil {
-		release()
+		hold.Release()
 		return &CorruptError{Encoding: "gzip", Err: err}
 	}
-	g.zr, g.n, g.release = zr, n, release
+	g.zr, g.n, g.hold = zr, n, hold
 	return nil
 }
 

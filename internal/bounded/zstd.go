@@ -24,56 +24,54 @@ const zstdBlockMax = 128 << 10
 
 // Zstd decompresses a zstd body that may decompress to at most limit bytes. It reserves the
 // memory in b (waiting at most until ctx ends or the budget's wait passes) before allocating
-// anything, allocates the output once, and returns release, which the caller calls when it
-// no longer holds out. Errors are *TooLargeError, *CorruptError or ErrBusy.
-func Zstd(ctx context.Context, raw []byte, limit int64, b *Budget) (out []byte, release func(), err error) {
-	noop := func() {}
+// anything, allocates the output once, and keeps the reservation until the output has been
+// garbage collected. Errors are *TooLargeError, *CorruptError or wrap ErrBusy.
+func Zstd(ctx context.Context, raw []byte, limit int64, b *Budget) ([]byte, error) {
 	declared, window, err := scanZstd(raw)
 	if err != nil {
-		return nil, noop, &CorruptError{Encoding: "zstd", Err: err}
+		return nil, &CorruptError{Encoding: "zstd", Err: err}
 	}
 	if declared > limit {
-		return nil, noop, tooLarge(limit)
+		return nil, tooLarge(limit)
 	}
 	if declared >= 0 {
 		return zstdDeclared(ctx, raw, declared, limit, b)
 	}
 	if window > MaxStreamWindow {
-		return nil, noop, &TooLargeError{Limit: MaxStreamWindow, Reason: fmt.Sprintf(
+		return nil, &TooLargeError{Limit: MaxStreamWindow, Reason: fmt.Sprintf(
 			"the zstd body uses a %d-byte window; frames that do not declare their content size may use at most %d bytes (compress at level 19 or lower without --long, or write the content size)",
 			window, MaxStreamWindow)}
 	}
 	window = max(window, zstd.MinWindowSize)
 
 	// First pass: count what the body decompresses to, keeping nothing but the window.
-	rel, err := b.Acquire(ctx, int64(window))
+	hold, err := b.Acquire(ctx, int64(window))
 	if err != nil {
-		return nil, noop, err
+		return nil, err
 	}
 	n, err := zstdStream(raw, limit, window, nil)
-	rel()
+	hold.Release()
 	if err != nil {
-		return nil, noop, err
+		return nil, err
 	}
 	// Second pass: decode into a buffer of exactly that size.
-	release, err = b.Acquire(ctx, n+int64(window))
-	if err != nil {
-		return nil, noop, err
+	if hold, err = b.Acquire(ctx, n+int64(window)); err != nil {
+		return nil, err
 	}
-	out = make([]byte, n)
+	out := make([]byte, n, n+1)
+	hold.ReleaseWhenCollected(&out[:1][0])
 	if _, err := zstdStream(raw, n, window, out); err != nil {
-		release()
-		return nil, noop, err
+		return nil, err
 	}
-	return out, release, nil
+	return out, nil
 }
 
 // zstdDeclared decodes a body whose frames declare n bytes in all, in place: the output
 // buffer is the decoder's window, so it needs no other memory.
-func zstdDeclared(ctx context.Context, raw []byte, n, limit int64, b *Budget) ([]byte, func(), error) {
-	release, err := b.Acquire(ctx, n+zstdBlockMax)
+func zstdDeclared(ctx context.Context, raw []byte, n, limit int64, b *Budget) ([]byte, error) {
+	hold, err := b.Acquire(ctx, n+zstdBlockMax)
 	if err != nil {
-		return nil, func() {}, err
+		return nil, err
 	}
 	dec, err := zstd.NewReader(nil,
 		zstd.WithDecoderConcurrency(1),
@@ -83,19 +81,20 @@ func zstdDeclared(ctx context.Context, raw []byte, n, limit int64, b *Budget) ([
 		zstd.WithDecoderMaxMemory(zstd.MaxWindowSize),
 		zstd.WithDecoderMaxWindow(zstd.MaxWindowSize))
 	if err != nil {
-		release()
-		return nil, func() {}, &CorruptError{Encoding: "zstd", Err: err}
+		hold.Release()
+		return nil, &CorruptError{Encoding: "zstd", Err: err}
 	}
 	defer dec.Close()
-	out, err := dec.DecodeAll(raw, make([]byte, 0, n+zstdBlockMax))
+	buf := make([]byte, 0, n+zstdBlockMax)
+	hold.ReleaseWhenCollected(&buf[:1][0])
+	out, err := dec.DecodeAll(raw, buf)
 	if err == nil && int64(len(out)) != n {
 		err = fmt.Errorf("the frames declare %d bytes but hold %d", n, len(out))
 	}
 	if err != nil {
-		release()
-		return nil, func() {}, zstdError(err, limit)
+		return nil, zstdError(err, limit)
 	}
-	return out, release, nil
+	return out, nil
 }
 
 // zstdStream decodes raw through a window of at most window bytes. With out == nil it
