@@ -277,6 +277,8 @@ type lane struct {
 	wake  chan struct{}
 	quit  chan struct{}
 	done  chan struct{}
+	// tasks counts the non-batched tasks running beside the lane's loop.
+	tasks sync.WaitGroup
 }
 
 func (c *Core) laneFor(model string) *lane {
@@ -304,6 +306,7 @@ func (l *lane) markReady(r *run) {
 func (l *lane) stop() {
 	close(l.quit)
 	<-l.done
+	l.tasks.Wait()
 }
 
 func (l *lane) loop() {
@@ -354,11 +357,13 @@ func (l *lane) round(rs []*run) {
 			others = append(others, runTask{r, t})
 		}
 	}
-	var wg sync.WaitGroup
+	// A run's non-batched task (create, save, load, optim_step, unload) is a barrier for
+	// that run only: it runs on its own goroutine and the lane goes on batching the other
+	// runs' forward/backward work; the run becomes ready again when the task is done.
 	for _, rt := range others {
-		wg.Add(1)
+		l.tasks.Add(1)
 		go func() {
-			defer wg.Done()
+			defer l.tasks.Done()
 			set, err := l.c.execTask(ctx, rt.t)
 			l.c.ops.finish(rt.t.op, set, err)
 			rt.r.touch(ctx, rt.t.seq)
@@ -374,7 +379,6 @@ func (l *lane) round(rs []*run) {
 		l.forwardBackward(ctx, fbs[:n])
 		fbs = fbs[n:]
 	}
-	wg.Wait()
 }
 
 // execTask runs a task's work. A panic in it (backend calls are already guarded; this
