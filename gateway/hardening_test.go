@@ -88,6 +88,7 @@ func TestStalledBodyIsCutOff(t *testing.T) {
 	require.Equal(t, http.StatusRequestTimeout, resp.StatusCode, string(b))
 	require.Contains(t, string(b), "body read timeout")
 	require.GreaterOrEqual(t, time.Since(start), timeout)
+	t.Logf("HTTP/1.1: %d after %s", resp.StatusCode, time.Since(start))
 
 	for _, path := range []string{"/api/v1/forward_backward", "/loops.v1.ModelService/ListModels"} {
 		pr, pw := io.Pipe()
@@ -108,6 +109,7 @@ func TestStalledBodyIsCutOff(t *testing.T) {
 			require.Equal(t, http.StatusRequestTimeout, resp.StatusCode, string(b))
 		}
 		require.Less(t, time.Since(start), 5*time.Second)
+		t.Logf("h2c %s: %d after %s", path, resp.StatusCode, time.Since(start))
 		cancel()
 		_ = pw.Close()
 	}

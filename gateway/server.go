@@ -39,11 +39,12 @@ type Limits struct {
 	// MaxDecompressedBytes caps a Tinker body after zstd decompression (default
 	// compat.DefaultMaxDecompressedBytes, 256 MiB).
 	MaxDecompressedBytes int64
-	// DecompressBudgetBytes bounds the bytes of compressed bodies being decompressed (and,
-	// on the Tinker routes, held until their handler returns) across the server at once,
-	// every surface together. A body reserves its decompressed size before anything is
-	// allocated and waits up to compat.DecompressWait for room, then gets a 429. Default
-	// MaxDecompressedBytes: one maximal body at a time, or many small ones.
+	// DecompressBudgetBytes bounds the memory of compressed bodies being decompressed, or
+	// held decompressed, across the server at once, every surface together. A body reserves
+	// what its decompression allocates before anything is allocated, until that memory has
+	// been garbage collected, and waits up to compat.DecompressWait for room, then gets a
+	// 429 (see internal/bounded). Default MaxDecompressedBytes: one maximal body at a time,
+	// or many small ones.
 	DecompressBudgetBytes int64
 	// BodyReadTimeout is how long a request body has to arrive once its headers have
 	// (default DefaultBodyReadTimeout, 60 s).
