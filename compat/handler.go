@@ -224,8 +224,10 @@ func decompressZstd(ctx context.Context, raw []byte, limit int64, budget *bounde
 	}
 	var tl *bounded.TooLargeError
 	switch {
-	case errors.As(err, &tl):
+	case errors.As(err, &tl) && tl.Limit == limit:
 		return nil, tooLarge("%s; send smaller forward_backward chunks", err.Error())
+	case errors.As(err, &tl):
+		return nil, tooLarge("%s", err.Error())
 	case errors.Is(err, bounded.ErrBusy):
 		return nil, connect.NewError(connect.CodeResourceExhausted, err)
 	}
