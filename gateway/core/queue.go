@@ -79,6 +79,8 @@ type run struct {
 	gapTimer     *time.Timer
 	adapterReady bool
 	unloaded     string // why the run takes no more work; "" while it does
+	// freeWhenIdle: the run was unloaded while a task ran; taskDone frees the adapter.
+	freeWhenIdle bool
 }
 
 func (c *Core) newRun(ws string, info *loopsv1.TrainingRun, nextSeq int64, adapterReady bool) *run {
@@ -235,17 +237,23 @@ func (r *run) takeHead() *task {
 	return t
 }
 
-// taskDone releases the run after its head task finished.
+// taskDone releases the run after its head task finished, and frees its adapter if the
+// run was unloaded while the task ran.
 func (r *run) taskDone() {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.busy = false
+	free := r.freeWhenIdle
+	r.freeWhenIdle = false
 	r.kick()
+	r.mu.Unlock()
+	if free {
+		r.c.freeAdapter(r.c.ctx, r)
+	}
 }
 
-// failPending fails every queued task of the run (it was unloaded or the server is stopping).
-func (r *run) failPending(err error) {
-	r.mu.Lock()
+// takePendingLocked removes every queued task of the run and returns those with an
+// operation to fail. Called with r.mu held.
+func (r *run) takePendingLocked() []*task {
 	tasks := make([]*task, 0, len(r.pending))
 	for s, t := range r.pending {
 		if t.op != nil {
@@ -253,10 +261,7 @@ func (r *run) failPending(err error) {
 		}
 		delete(r.pending, s)
 	}
-	r.mu.Unlock()
-	for _, t := range tasks {
-		r.c.ops.finish(t.op, nil, err)
-	}
+	return tasks
 }
 
 func mapKeys[K comparable, V any](m map[K]V) []K {

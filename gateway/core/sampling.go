@@ -119,19 +119,29 @@ func (s SamplingService) CreateSampler(ctx context.Context, req *loopsv1.CreateS
 		if sess, err = c.session(ctx, ws, req.GetSessionId()); err != nil {
 			return nil, err
 		}
-		if req.ClientSeqId != nil {
-			sess.mu.Lock()
-			id, ok := sess.samplerSeq[req.GetClientSeqId()]
-			sess.mu.Unlock()
-			if ok {
-				st, err := c.samplers.get(ctx, ws, id)
-				if err != nil {
-					return nil, err
-				}
-				return st.info, nil
-			}
-		}
 	}
+	if sess == nil || req.ClientSeqId == nil {
+		return c.createSampler(ctx, ws, req)
+	}
+	// Retries of one client_seq_id, concurrent ones included, get the first call's sampler.
+	var created *loopsv1.Sampler
+	id, fresh, err := sess.once(ctx, sess.samplerSeq, req.GetClientSeqId(), func() (string, error) {
+		info, err := c.createSampler(ctx, ws, req)
+		created = info
+		return info.GetId(), err
+	})
+	if err != nil || fresh {
+		return created, err
+	}
+	st, err := c.samplers.get(ctx, ws, id)
+	if err != nil {
+		return nil, err
+	}
+	return st.info, nil
+}
+
+// createSampler creates a sampler on a base model or a checkpoint.
+func (c *Core) createSampler(ctx context.Context, ws string, req *loopsv1.CreateSamplerRequest) (*loopsv1.Sampler, error) {
 	baseModel, dir := req.GetBaseModel(), ""
 	switch {
 	case req.GetModelPath() != "":
@@ -149,16 +159,7 @@ func (s SamplingService) CreateSampler(ctx context.Context, req *loopsv1.CreateS
 	if _, err := c.model(baseModel); err != nil {
 		return nil, err
 	}
-	info, err := c.samplers.create(ctx, ws, req.GetSessionId(), baseModel, req.GetModelPath(), dir)
-	if err != nil {
-		return nil, err
-	}
-	if sess != nil && req.ClientSeqId != nil {
-		sess.mu.Lock()
-		sess.samplerSeq[req.GetClientSeqId()] = info.Id
-		sess.mu.Unlock()
-	}
-	return info, nil
+	return c.samplers.create(ctx, ws, req.GetSessionId(), baseModel, req.GetModelPath(), dir)
 }
 
 // GetSampler returns one sampler.

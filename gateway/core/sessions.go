@@ -21,29 +21,71 @@ type sessionState struct {
 	mu         sync.Mutex
 	info       *loopsv1.Session
 	lastBeat   time.Time
-	runSeq     map[int64]string // client_seq_id -> create operation id
-	samplerSeq map[int64]string // client_seq_id -> sampler id
+	runSeq     map[int64]*seqClaim // client_seq_id -> create operation id
+	samplerSeq map[int64]*seqClaim // client_seq_id -> sampler id
 	dirty      bool
 }
 
-func (s *sessionState) runBySeq(seq int64) (string, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	id, ok := s.runSeq[seq]
-	return id, ok
+// seqClaim is a client_seq_id being created (done open) or created (id set).
+type seqClaim struct {
+	id   string
+	done chan struct{}
 }
 
-func (s *sessionState) setRunSeq(seq int64, opID string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.runSeq[seq] = opID
+// once runs create at most once per client_seq_id of a table (runSeq or samplerSeq), so a
+// client's retries, concurrent or not, get what the first call created: fresh is true for
+// the call that ran create. If create fails, the next caller tries again.
+func (s *sessionState) once(ctx context.Context, table map[int64]*seqClaim, seq int64, create func() (string, error)) (id string, fresh bool, err error) {
+	for {
+		s.mu.Lock()
+		c, ok := table[seq]
+		if !ok {
+			c = &seqClaim{done: make(chan struct{})}
+			table[seq] = c
+			s.mu.Unlock()
+			id, err := create()
+			s.mu.Lock()
+			if err != nil {
+				delete(table, seq)
+			} else {
+				c.id = id
+			}
+			close(c.done)
+			s.mu.Unlock()
+			return id, true, err
+		}
+		s.mu.Unlock()
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			return "", false, connect.NewError(connect.CodeCanceled, ctx.Err())
+		}
+		if c.id != "" { // written before done was closed
+			return c.id, false, nil
+		}
+	}
 }
 
-func (s *sessionState) addRun(id string) {
+// addRun records a run in the session. It fails once the session has ended, so a run
+// created while its session ends is either in the list endSession unloads or refused.
+func (s *sessionState) addRun(id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.info.GetExpired() {
+		return failedPrecondition("session %s has ended (%s): create a new client", s.info.GetId(), s.info.GetEndReason())
+	}
+	s.info = proto.CloneOf(s.info)
+	s.info.TrainingRunIds = append(s.info.TrainingRunIds, id)
+	s.dirty = true
+	return nil
+}
+
+// removeRun takes back a run addRun recorded whose creation then failed.
+func (s *sessionState) removeRun(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.info = proto.CloneOf(s.info)
-	s.info.TrainingRunIds = append(s.info.TrainingRunIds, id)
+	s.info.TrainingRunIds = slices.DeleteFunc(s.info.TrainingRunIds, func(x string) bool { return x == id })
 	s.dirty = true
 }
 
@@ -131,7 +173,7 @@ func (c *Core) endSession(ctx context.Context, s *sessionState, why, detail stri
 	c.log.Info("session ended", slog.String("session", info.GetId()), slog.String("reason", why))
 	for _, id := range info.GetTrainingRunIds() {
 		if r, err := c.runOf(s.ws, id); err == nil {
-			c.unloadRun(ctx, r, "its session "+info.GetId()+" ended ("+detail+"); load its last checkpoint into a new run to continue")
+			c.unloadRun(ctx, r, "its session "+info.GetId()+" ended ("+detail+"); load its last checkpoint into a new run to continue", false)
 		}
 	}
 	c.samplers.dropSession(info.GetId())
@@ -163,7 +205,7 @@ func (s SessionService) CreateSession(ctx context.Context, req *loopsv1.CreateSe
 	if err := s.c.store.PutSession(ctx, ws, info); err != nil {
 		return nil, internal("recording session", err)
 	}
-	st := &sessionState{ws: ws, info: info, lastBeat: now, runSeq: map[int64]string{}, samplerSeq: map[int64]string{}}
+	st := &sessionState{ws: ws, info: info, lastBeat: now, runSeq: map[int64]*seqClaim{}, samplerSeq: map[int64]*seqClaim{}}
 	s.c.mu.Lock()
 	s.c.sessions[info.Id] = st
 	s.c.mu.Unlock()

@@ -57,15 +57,28 @@ func (s TrainingService) CreateTrainingRun(ctx context.Context, req *loopsv1.Cre
 			return nil, err
 		}
 	}
-	if sess != nil && req.ClientSeqId != nil {
-		if opID, ok := sess.runBySeq(req.GetClientSeqId()); ok {
-			o, err := c.ops.lookup(ctx, ws, opID)
-			if err != nil {
-				return nil, err
-			}
-			return o.snapshot(), nil
-		}
+	if sess == nil || req.ClientSeqId == nil {
+		return c.createRun(ctx, ws, sess, req)
 	}
+	// Retries of one client_seq_id, concurrent ones included, get the first call's operation.
+	var created *loopsv1.Operation
+	opID, fresh, err := sess.once(ctx, sess.runSeq, req.GetClientSeqId(), func() (string, error) {
+		op, err := c.createRun(ctx, ws, sess, req)
+		created = op
+		return op.GetId(), err
+	})
+	if err != nil || fresh {
+		return created, err
+	}
+	o, err := c.ops.lookup(ctx, ws, opID)
+	if err != nil {
+		return nil, err
+	}
+	return o.snapshot(), nil
+}
+
+// createRun creates a run (in the session sess, if not nil) and queues its adapter's creation.
+func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req *loopsv1.CreateTrainingRunRequest) (*loopsv1.Operation, error) {
 	baseModel, lora := req.GetBaseModel(), req.GetLora()
 	var fromDir string
 	if req.GetFromCheckpoint() != "" {
@@ -108,15 +121,29 @@ func (s TrainingService) CreateTrainingRun(ctx context.Context, req *loopsv1.Cre
 		CreateTime:      now,
 		LastRequestTime: now,
 	}
-	if err := c.store.PutTrainingRun(ctx, ws, info); err != nil {
-		return nil, internal("recording training run", err)
-	}
+	// The run is registered before the session records it, and the session refuses it
+	// once ended: a session that ends meanwhile either unloads the run or refuses it.
 	r := c.newRun(ws, info, 0, false)
 	c.mu.Lock()
 	c.addRunLocked(r)
 	c.mu.Unlock()
+	forget := func() {
+		c.mu.Lock()
+		c.dropRunLocked(r)
+		c.mu.Unlock()
+	}
 	if sess != nil {
-		sess.addRun(info.Id)
+		if err := sess.addRun(info.Id); err != nil {
+			forget()
+			return nil, err
+		}
+	}
+	if err := c.store.PutTrainingRun(ctx, ws, info); err != nil {
+		forget()
+		if sess != nil {
+			sess.removeRun(info.Id)
+		}
+		return nil, internal("recording training run", err)
 	}
 	op, err := r.submit(ctx, 0, loopsv1.OperationKind_OPERATION_KIND_CREATE_TRAINING_RUN, func(seq int64) (*task, error) {
 		o, err := c.ops.create(ctx, ws, loopsv1.OperationKind_OPERATION_KIND_CREATE_TRAINING_RUN, info.Id, "", seq)
@@ -129,9 +156,6 @@ func (s TrainingService) CreateTrainingRun(ctx context.Context, req *loopsv1.Cre
 	})
 	if err != nil {
 		return nil, err
-	}
-	if sess != nil && req.ClientSeqId != nil {
-		sess.setRunSeq(req.GetClientSeqId(), op.GetId())
 	}
 	return op, nil
 }
@@ -185,6 +209,16 @@ func (c *Core) addRunLocked(r *run) {
 	}
 }
 
+// dropRunLocked forgets a run whose creation failed before any work was queued.
+func (c *Core) dropRunLocked(r *run) {
+	delete(c.runs, r.id)
+	if info := r.info; info.GetSessionId() != "" && info.ClientSeqId != nil {
+		if alias := runAlias(info.GetSessionId(), info.GetClientSeqId()); c.aliases[alias] == r.id {
+			delete(c.aliases, alias)
+		}
+	}
+}
+
 // GetTrainingRun returns one training run.
 func (s TrainingService) GetTrainingRun(ctx context.Context, req *loopsv1.GetTrainingRunRequest) (*loopsv1.TrainingRun, error) {
 	ws, err := auth.RequireWorkspace(ctx)
@@ -234,7 +268,7 @@ func (s TrainingService) UnloadTrainingRun(ctx context.Context, req *loopsv1.Unl
 	return c.enqueue(ctx, req.GetId(), 0, loopsv1.OperationKind_OPERATION_KIND_UNLOAD_TRAINING_RUN, nil,
 		func(r *run, seq int64) *task {
 			return &task{exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
-				c.unloadRun(ctx, r, "it was unloaded")
+				c.unloadRun(ctx, r, "it was unloaded", true)
 				return func(op *loopsv1.Operation) {
 					op.Result = &loopsv1.Operation_Unload{Unload: &loopsv1.UnloadTrainingRunResult{TrainingRunId: r.id}}
 				}, nil
@@ -271,18 +305,32 @@ func (c *Core) enqueue(ctx context.Context, runID string, seq int64, kind loopsv
 	})
 }
 
-// unloadRun frees a run's adapter; later work on the run is refused with reason.
-func (c *Core) unloadRun(ctx context.Context, r *run, reason string) {
+// unloadRun refuses later work on a run with reason, fails its queued work and frees its
+// adapter. The adapter is freed only when the run's running work is done: at once if the
+// run is idle (or ownTask: the unload is the run's running task), else when that work
+// finishes (taskDone), so an unload never races the run's in-flight backend call.
+func (c *Core) unloadRun(ctx context.Context, r *run, reason string, ownTask bool) {
 	r.mu.Lock()
-	already := r.unloaded != ""
-	if !already {
-		r.unloaded = reason
-	}
-	r.mu.Unlock()
-	if already {
+	if r.unloaded != "" {
+		r.mu.Unlock()
 		return
 	}
-	r.failPending(failedPrecondition("training run %s takes no more work: %s", r.id, reason))
+	r.unloaded = reason
+	queued := r.takePendingLocked()
+	later := r.busy && !ownTask
+	r.freeWhenIdle = later
+	r.mu.Unlock()
+	err := failedPrecondition("training run %s takes no more work: %s", r.id, reason)
+	for _, t := range queued {
+		c.ops.finish(t.op, nil, err)
+	}
+	if !later {
+		c.freeAdapter(ctx, r)
+	}
+}
+
+// freeAdapter deletes a run's adapter from the backend.
+func (c *Core) freeAdapter(ctx context.Context, r *run) {
 	if _, err := c.backend.Trainer().DeleteAdapter(ctx, &backendv1.DeleteAdapterRequest{AdapterId: r.id}); err != nil {
 		c.log.Error("deleting adapter", slog.String("run", r.id), slog.Any("err", err))
 	}
