@@ -17,7 +17,8 @@ import (
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 
-	"github.com/loops-dev/loops/backends/reference/nn"
+	"github.com/loops-dev/loops/backends/peft"
+	"github.com/loops-dev/loops/backends/tiny"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
@@ -47,7 +48,7 @@ func validCheckpoint(t *testing.T) string {
 	})
 	require.NotEmpty(t, srcDir, "the source checkpoint was not saved")
 	dir := t.TempDir()
-	for _, name := range []string{nn.AdapterConfigFile, nn.AdapterWeightsFile, nn.OptimizerFile} {
+	for _, name := range []string{peft.AdapterConfigFile, peft.AdapterWeightsFile, peft.OptimizerFile} {
 		b, err := os.ReadFile(filepath.Join(srcDir, name))
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(filepath.Join(dir, name), b, 0o644))
@@ -58,7 +59,7 @@ func validCheckpoint(t *testing.T) string {
 // editConfig rewrites dir/adapter_config.json through edit.
 func editConfig(t *testing.T, dir string, edit func(map[string]any)) {
 	t.Helper()
-	p := filepath.Join(dir, nn.AdapterConfigFile)
+	p := filepath.Join(dir, peft.AdapterConfigFile)
 	b, err := os.ReadFile(p)
 	require.NoError(t, err)
 	cfg := map[string]any{}
@@ -196,8 +197,8 @@ func setF32(t *testing.T, ts *stTensor, i int, v float32) {
 	binary.LittleEndian.PutUint32(ts.Data[4*i:], math.Float32bits(v))
 }
 
-func weights(dir string) string   { return filepath.Join(dir, nn.AdapterWeightsFile) }
-func optimizer(dir string) string { return filepath.Join(dir, nn.OptimizerFile) }
+func weights(dir string) string   { return filepath.Join(dir, peft.AdapterWeightsFile) }
+func optimizer(dir string) string { return filepath.Join(dir, peft.OptimizerFile) }
 
 // allocDuring returns the bytes allocated while f runs.
 func allocDuring(f func()) uint64 {
@@ -253,7 +254,7 @@ func TestLoadAdapterRefusesCraftedCheckpoints(t *testing.T) {
 			editConfig(t, dir, func(c map[string]any) { c["rank_pattern"] = map[string]any{"q_proj": 64} })
 		}, false, "rank_pattern"},
 		{"config larger than the cap", func(t *testing.T, dir string) {
-			p := filepath.Join(dir, nn.AdapterConfigFile)
+			p := filepath.Join(dir, peft.AdapterConfigFile)
 			b, err := os.ReadFile(p)
 			require.NoError(t, err)
 			require.NoError(t, os.WriteFile(p, append(b, bytes.Repeat([]byte(" "), 2<<20)...), 0o644))
@@ -396,7 +397,7 @@ func TestCraftedCheckpointRefusedBySamplerAndNewAdapter(t *testing.T) {
 	editConfig(t, dir, func(c map[string]any) { c["r"] = 99999999 })
 	var err error
 	alloc := allocDuring(func() {
-		_, err = e.Sample(ctx, &backendv1.SampleRequest{BaseModel: TinyModel, AdapterDir: dir, Prompt: []int32{1, 2},
+		_, err = e.Sample(ctx, &backendv1.SampleRequest{BaseModel: tiny.Name, AdapterDir: dir, Prompt: []int32{1, 2},
 			Params: &loopsv1.SamplingParams{MaxTokens: 1, Temperature: 1, TopP: 1}})
 	})
 	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "%v", err)

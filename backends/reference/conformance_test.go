@@ -8,6 +8,7 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/reference"
+	"github.com/loops-dev/loops/backends/tiny"
 	"github.com/loops-dev/loops/conformance/backendtest"
 )
 
@@ -17,13 +18,13 @@ func TestConformance(t *testing.T) {
 	dataDir := t.TempDir()
 	// the engine serves loops/tiny from DataDir/models/loops-tiny
 	modelDir := filepath.Join(dataDir, "models", "loops-tiny")
-	require.NoError(t, reference.WriteTinyModel(modelDir))
+	require.NoError(t, tiny.Write(modelDir))
 	backendtest.Run(t, func(t *testing.T) backends.Backend {
 		e, err := reference.New(reference.Options{DataDir: dataDir})
 		require.NoError(t, err)
 		return e
 	}, backendtest.Options{
-		ModelName:    reference.TinyModel,
+		ModelName:    tiny.Name,
 		ModelDir:     modelDir,
 		KnownFailing: "../../conformance/backendtest/known_failing/reference.txt",
 	})

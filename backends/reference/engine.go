@@ -16,15 +16,12 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/loops-dev/loops/backends/reference/nn"
-	"github.com/loops-dev/loops/backends/reference/tiny"
 	"github.com/loops-dev/loops/backends/reference/tokenizer"
+	"github.com/loops-dev/loops/backends/tiny"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
-
-// TinyModel is the name of the built-in model.
-const TinyModel = tiny.Name
 
 // Implementation is the name the engine reports in GetCapabilities.
 const Implementation = "reference"
@@ -92,11 +89,6 @@ func invalid(format string, args ...any) error {
 	return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(format, args...))
 }
 
-// WriteTinyModel writes the built-in model's Hugging Face folder (config.json,
-// model.safetensors, tokenizer.json, tokenizer_config.json) into dir, unless it is already
-// there. Tests elsewhere use it to get a model and a tokenizer that load offline.
-func WriteTinyModel(dir string) error { return tiny.Write(dir) }
-
 // New loads the models and returns a ready engine.
 func New(opts Options) (*Engine, error) {
 	if opts.MaxLoraRank <= 0 {
@@ -117,7 +109,7 @@ func New(opts Options) (*Engine, error) {
 		opts.DataDir = filepath.Join(d, "loops")
 	}
 	if len(opts.Models) == 0 {
-		opts.Models = []string{TinyModel}
+		opts.Models = []string{tiny.Name}
 	}
 	e := &Engine{opts: opts, models: map[string]*baseModel{}, adapters: map[string]*adapterState{}, samplerCache: map[string]*cachedAdapter{}}
 	for _, name := range opts.Models {
@@ -185,7 +177,7 @@ func ResolveModelDir(name string) (dir, tokenizerID string, err error) {
 
 func (e *Engine) loadModel(name string) (*baseModel, error) {
 	var dir, tokID string
-	if name == TinyModel {
+	if name == tiny.Name {
 		dir = filepath.Join(e.opts.DataDir, "models", "loops-tiny")
 		if err := tiny.Write(dir); err != nil {
 			return nil, err

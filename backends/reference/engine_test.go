@@ -11,8 +11,10 @@ import (
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 
+	"github.com/loops-dev/loops/backends/peft"
 	"github.com/loops-dev/loops/backends/reference/nn"
 	"github.com/loops-dev/loops/backends/reference/safetensors"
+	"github.com/loops-dev/loops/backends/tiny"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
@@ -84,7 +86,7 @@ func ceDatum(seq []int, w ...float64) *loopsv1.Datum {
 func createAdapter(t *testing.T, e *Engine, id string, rank int, seed uint64) {
 	t.Helper()
 	_ = mustOK(e.DeleteAdapter(ctx, &backendv1.DeleteAdapterRequest{AdapterId: id}))
-	_, err := e.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: id, BaseModel: TinyModel,
+	_, err := e.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: id, BaseModel: tiny.Name,
 		Lora: &loopsv1.LoraConfig{Rank: int32(rank), Seed: seed, TrainAttn: true, TrainMlp: true, TrainUnembed: true}})
 	require.NoError(t, err)
 }
@@ -124,7 +126,7 @@ func TestCapabilities(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, c.Models, 1)
 	m := c.Models[0]
-	require.Equal(t, TinyModel, m.Name)
+	require.Equal(t, tiny.Name, m.Name)
 	require.True(t, filepath.IsAbs(m.TokenizerId))
 	require.NotContains(t, m.TokenizerId, ":")
 	require.FileExists(t, filepath.Join(m.TokenizerId, "tokenizer.json"))
@@ -439,7 +441,7 @@ func TestSaveLoadContinueMatchesUninterrupted(t *testing.T) {
 	require.Equal(t, 32.0, pc.LoraAlpha)
 	require.Equal(t, "CAUSAL_LM", pc.TaskType)
 	require.Equal(t, []string{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}, pc.TargetModules)
-	f, err := safetensors.Open(filepath.Join(dir, nn.AdapterWeightsFile))
+	f, err := safetensors.Open(filepath.Join(dir, peft.AdapterWeightsFile))
 	require.NoError(t, err)
 	info := f.Tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
 	require.Equal(t, []int64{8, 256}, info.Shape)
@@ -466,10 +468,10 @@ func TestSaveLoadContinueMatchesUninterrupted(t *testing.T) {
 	require.Equal(t, 0, adapterState_(t, e, "ck-restored").Step)
 	// sampling with the saved folder equals sampling with the adapter's weights
 	seed := uint64(3)
-	r1, err := e.Sample(ctx, &backendv1.SampleRequest{BaseModel: TinyModel, AdapterDir: dir, Prompt: toks32(seqA[:4]), NumSamples: 1,
+	r1, err := e.Sample(ctx, &backendv1.SampleRequest{BaseModel: tiny.Name, AdapterDir: dir, Prompt: toks32(seqA[:4]), NumSamples: 1,
 		Params: &loopsv1.SamplingParams{MaxTokens: 8, Temperature: 1, TopP: 1, Seed: &seed}})
 	require.NoError(t, err)
-	r0, err := e.Sample(ctx, &backendv1.SampleRequest{BaseModel: TinyModel, Prompt: toks32(seqA[:4]), NumSamples: 1,
+	r0, err := e.Sample(ctx, &backendv1.SampleRequest{BaseModel: tiny.Name, Prompt: toks32(seqA[:4]), NumSamples: 1,
 		Params: &loopsv1.SamplingParams{MaxTokens: 8, Temperature: 1, TopP: 1, Seed: &seed}})
 	require.NoError(t, err)
 	require.NotEqual(t, r0.Result.Sequences[0].Logprobs, r1.Result.Sequences[0].Logprobs, "the adapter must change the distribution")
@@ -479,9 +481,9 @@ func TestBadInput(t *testing.T) {
 	e := engine(t)
 	createAdapter(t, e, "bad", 4, 1)
 	code := func(err error) connect.Code { return connect.CodeOf(err) }
-	_, err := e.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "r0", BaseModel: TinyModel, Lora: &loopsv1.LoraConfig{Rank: 0, TrainAttn: true}})
+	_, err := e.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "r0", BaseModel: tiny.Name, Lora: &loopsv1.LoraConfig{Rank: 0, TrainAttn: true}})
 	require.Equal(t, connect.CodeInvalidArgument, code(err))
-	_, err = e.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "r99", BaseModel: TinyModel, Lora: &loopsv1.LoraConfig{Rank: 99, TrainAttn: true}})
+	_, err = e.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "r99", BaseModel: tiny.Name, Lora: &loopsv1.LoraConfig{Rank: 99, TrainAttn: true}})
 	require.Equal(t, connect.CodeInvalidArgument, code(err))
 	require.Contains(t, err.Error(), "1 to 32")
 	_, err = e.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "m", BaseModel: "nope", Lora: &loopsv1.LoraConfig{Rank: 4, TrainAttn: true}})
@@ -510,13 +512,13 @@ func TestBadInput(t *testing.T) {
 	_, err = e.OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: "bad", Adam: &loopsv1.AdamParams{LearningRate: -1, Beta1: 0.9, Beta2: 0.9}})
 	require.Equal(t, connect.CodeInvalidArgument, code(err))
 	for name, req := range map[string]*backendv1.SampleRequest{
-		"empty prompt": {BaseModel: TinyModel, Params: &loopsv1.SamplingParams{MaxTokens: 1}},
-		"oov prompt":   {BaseModel: TinyModel, Prompt: []int32{600}, Params: &loopsv1.SamplingParams{MaxTokens: 1}},
-		"zero tokens":  {BaseModel: TinyModel, Prompt: []int32{1}, Params: &loopsv1.SamplingParams{MaxTokens: 0}},
-		"too long":     {BaseModel: TinyModel, Prompt: []int32{1}, Params: &loopsv1.SamplingParams{MaxTokens: 5000}},
-		"bad temp":     {BaseModel: TinyModel, Prompt: []int32{1}, Params: &loopsv1.SamplingParams{MaxTokens: 1, Temperature: -1}},
+		"empty prompt": {BaseModel: tiny.Name, Params: &loopsv1.SamplingParams{MaxTokens: 1}},
+		"oov prompt":   {BaseModel: tiny.Name, Prompt: []int32{600}, Params: &loopsv1.SamplingParams{MaxTokens: 1}},
+		"zero tokens":  {BaseModel: tiny.Name, Prompt: []int32{1}, Params: &loopsv1.SamplingParams{MaxTokens: 0}},
+		"too long":     {BaseModel: tiny.Name, Prompt: []int32{1}, Params: &loopsv1.SamplingParams{MaxTokens: 5000}},
+		"bad temp":     {BaseModel: tiny.Name, Prompt: []int32{1}, Params: &loopsv1.SamplingParams{MaxTokens: 1, Temperature: -1}},
 		"bad model":    {BaseModel: "x", Prompt: []int32{1}, Params: &loopsv1.SamplingParams{MaxTokens: 1}},
-		"relative dir": {BaseModel: TinyModel, AdapterDir: "rel", Prompt: []int32{1}, Params: &loopsv1.SamplingParams{MaxTokens: 1}},
+		"relative dir": {BaseModel: tiny.Name, AdapterDir: "rel", Prompt: []int32{1}, Params: &loopsv1.SamplingParams{MaxTokens: 1}},
 	} {
 		_, err := e.Sample(ctx, req)
 		require.Equal(t, connect.CodeInvalidArgument, code(err), name)
@@ -542,7 +544,7 @@ func TestConcurrentAdapters(t *testing.T) {
 				if _, err := e.OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: id, Adam: &loopsv1.AdamParams{LearningRate: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-12}}); err != nil {
 					panic(err)
 				}
-				if _, err := e.Sample(ctx, &backendv1.SampleRequest{BaseModel: TinyModel, Prompt: toks32(seqA[:3]), NumSamples: 2, Params: &loopsv1.SamplingParams{MaxTokens: 3, Temperature: 1, TopP: 1}}); err != nil {
+				if _, err := e.Sample(ctx, &backendv1.SampleRequest{BaseModel: tiny.Name, Prompt: toks32(seqA[:3]), NumSamples: 2, Params: &loopsv1.SamplingParams{MaxTokens: 3, Temperature: 1, TopP: 1}}); err != nil {
 					panic(err)
 				}
 			}

@@ -9,6 +9,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/loops-dev/loops/backends/peft"
 	"github.com/loops-dev/loops/backends/reference/nn"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -29,9 +30,9 @@ func (e *Engine) samplerAdapter(bm *baseModel, dir string) (*nn.Adapter[float32]
 	if err := checkDir(dir); err != nil {
 		return nil, err
 	}
-	st, err := os.Stat(filepath.Join(dir, nn.AdapterWeightsFile))
+	st, err := os.Stat(filepath.Join(dir, peft.AdapterWeightsFile))
 	if err != nil {
-		return nil, invalid("adapter_dir %s has no %s: %v", dir, nn.AdapterWeightsFile, err)
+		return nil, invalid("adapter_dir %s has no %s: %v", dir, peft.AdapterWeightsFile, err)
 	}
 	key := fmt.Sprintf("%s|%s|%s", bm.name, dir, fileIdentity(st))
 	e.samplerMu.Lock()

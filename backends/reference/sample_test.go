@@ -7,13 +7,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/loops-dev/loops/backends/tiny"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
 
 func sample(t *testing.T, e *Engine, prompt []int, n int, p *loopsv1.SamplingParams, plp bool, k int) *loopsv1.SampleResult {
 	t.Helper()
-	r, err := e.Sample(ctx, &backendv1.SampleRequest{BaseModel: TinyModel, Prompt: toks32(prompt), NumSamples: int32(n), Params: p, PromptLogprobs: plp, TopkPromptLogprobs: int32(k)})
+	r, err := e.Sample(ctx, &backendv1.SampleRequest{BaseModel: tiny.Name, Prompt: toks32(prompt), NumSamples: int32(n), Params: p, PromptLogprobs: plp, TopkPromptLogprobs: int32(k)})
 	require.NoError(t, err)
 	return r.Result
 }
@@ -149,7 +150,7 @@ func TestSamplingParameters(t *testing.T) {
 	st := sample(t, e, prompt, 1, &loopsv1.SamplingParams{MaxTokens: 16, Temperature: 1, TopP: 1, Seed: seedp(9), StopTokens: []int32{int32(stopTok)}}, false, 0).Sequences[0]
 	require.Equal(t, base.Tokens[:want+1], st.Tokens)
 	require.Equal(t, loopsv1.StopReason_STOP_REASON_STOP, st.StopReason)
-	bm := e.models[TinyModel]
+	bm := e.models[tiny.Name]
 	text := bm.tok.Decode(bt)
 	stop := ""
 	for _, r := range []int{6, 5, 7, 8} { // a short stop string taken from the text
@@ -179,7 +180,7 @@ func TestSamplingParameters(t *testing.T) {
 
 func TestEOSStops(t *testing.T) {
 	e := engine(t)
-	bm := e.models[TinyModel]
+	bm := e.models[tiny.Name]
 	require.NotEmpty(t, bm.eos)
 	eos := bm.eos[0]
 	// train an adapter to emit EOS after the prompt, then sample greedily
@@ -193,7 +194,7 @@ func TestEOSStops(t *testing.T) {
 	dir := t.TempDir()
 	_, err := e.SaveAdapter(ctx, &backendv1.SaveAdapterRequest{AdapterId: "eos", Dir: dir})
 	require.NoError(t, err)
-	r, err := e.Sample(ctx, &backendv1.SampleRequest{BaseModel: TinyModel, AdapterDir: dir, Prompt: toks32(prompt), NumSamples: 1,
+	r, err := e.Sample(ctx, &backendv1.SampleRequest{BaseModel: tiny.Name, AdapterDir: dir, Prompt: toks32(prompt), NumSamples: 1,
 		Params: &loopsv1.SamplingParams{MaxTokens: 10, Temperature: 0, TopP: 1}})
 	require.NoError(t, err)
 	s := r.Result.Sequences[0]

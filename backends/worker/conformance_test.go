@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/loops-dev/loops/backends"
-	"github.com/loops-dev/loops/backends/reference"
+	"github.com/loops-dev/loops/backends/tiny"
 	"github.com/loops-dev/loops/conformance/backendtest"
 )
 
@@ -20,7 +20,7 @@ func (sharedHandle) Close() error { return nil }
 func TestConformance(t *testing.T) {
 	b := sharedBackend(t)
 	backendtest.Run(t, func(t *testing.T) backends.Backend { return sharedHandle{b} }, backendtest.Options{
-		ModelName:    reference.TinyModel,
+		ModelName:    tiny.Name,
 		ModelDir:     filepath.Join(sharedDir, "models", "loops-tiny"),
 		KnownFailing: "testdata/known_failing.txt",
 	})

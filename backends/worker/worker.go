@@ -13,7 +13,6 @@ package worker
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -32,11 +31,10 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/loops-dev/loops/backends"
-	"github.com/loops-dev/loops/backends/reference"
-	"github.com/loops-dev/loops/backends/reference/nn"
+	"github.com/loops-dev/loops/backends/peft"
+	"github.com/loops-dev/loops/backends/tiny"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
-	"github.com/loops-dev/loops/internal/bounded"
 )
 
 // Name is the name the backend registers under.
@@ -188,7 +186,7 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 		o.MaxLoraRank = 64
 	}
 	if len(o.Models) == 0 {
-		o.Models = []string{reference.TinyModel}
+		o.Models = []string{tiny.Name}
 	}
 	if o.StartTimeout <= 0 {
 		o.StartTimeout = 10 * time.Minute
@@ -356,9 +354,9 @@ func (b *Backend) newClients(addr string) *clients {
 func (b *Backend) modelArgs() ([]string, error) {
 	var args []string
 	for _, m := range b.opts.Models {
-		if m == reference.TinyModel {
+		if m == tiny.Name {
 			dir := filepath.Join(b.opts.DataDir, "models", "loops-tiny")
-			if err := reference.WriteTinyModel(dir); err != nil {
+			if err := tiny.Write(dir); err != nil {
 				return nil, fmt.Errorf("writing the built-in model: %w", err)
 			}
 			abs, err := filepath.Abs(dir)
@@ -1015,17 +1013,8 @@ func folderBaseModel(dir string) string {
 	if !filepath.IsAbs(dir) {
 		return ""
 	}
-	raw, err := bounded.ReadFile(filepath.Join(dir, nn.AdapterConfigFile), nn.MaxConfigBytes)
-	if err != nil {
-		return ""
-	}
-	var c struct {
-		Base string `json:"base_model_name_or_path"`
-	}
-	if json.Unmarshal(raw, &c) != nil {
-		return ""
-	}
-	return c.Base
+	c, _ := peft.ReadConfig(dir) // best effort: a field of the wrong type spoils no other
+	return c.BaseModel
 }
 
 func (s *sampler) Sample(ctx context.Context, req *backendv1.SampleRequest) (*backendv1.SampleResponse, error) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/loops-dev/loops/backends/reference"
 	"github.com/loops-dev/loops/backends/reference/safetensors"
+	"github.com/loops-dev/loops/backends/tiny"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
@@ -191,7 +192,7 @@ func TestMatchesReference(t *testing.T) {
 			SaveAdapter(context.Context, *backendv1.SaveAdapterRequest) (*backendv1.SaveAdapterResponse, error)
 		}
 	}{{"ref", ref}, {"worker", tr}} {
-		_, err := be.tr.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "init", BaseModel: reference.TinyModel, Lora: lora})
+		_, err := be.tr.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "init", BaseModel: tiny.Name, Lora: lora})
 		require.NoError(t, err)
 		_, err = be.tr.SaveAdapter(ctx, &backendv1.SaveAdapterRequest{AdapterId: "init", Dir: filepath.Join(dir, "init-"+be.name)})
 		require.NoError(t, err)
@@ -203,7 +204,7 @@ func TestMatchesReference(t *testing.T) {
 	_, _ = tr.DeleteAdapter(ctx, &backendv1.DeleteAdapterRequest{AdapterId: "init"})
 
 	// 2. Give the reference adapter non-zero B and Adam state, save it, load it into both.
-	_, err = ref.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "a", BaseModel: reference.TinyModel, Lora: lora})
+	_, err = ref.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "a", BaseModel: tiny.Name, Lora: lora})
 	require.NoError(t, err)
 	for step := range 2 {
 		_, err = ref.ForwardBackward(ctx, &backendv1.ForwardBackwardRequest{Items: []*backendv1.ForwardBackwardItem{{
@@ -304,7 +305,7 @@ func TestSampleMatchesReferenceGreedy(t *testing.T) {
 	ref, err := reference.New(reference.Options{DataDir: sharedDir})
 	require.NoError(t, err)
 	prompt := []int32{72, 101, 108, 108, 111, 32, 119}
-	req := &backendv1.SampleRequest{BaseModel: reference.TinyModel, Prompt: prompt, NumSamples: 2, PromptLogprobs: true, TopkPromptLogprobs: 3,
+	req := &backendv1.SampleRequest{BaseModel: tiny.Name, Prompt: prompt, NumSamples: 2, PromptLogprobs: true, TopkPromptLogprobs: 3,
 		Params: &loopsv1.SamplingParams{MaxTokens: 6, Temperature: 0, TopP: 1}}
 	ra, err := ref.Sample(ctx, req)
 	require.NoError(t, err)
@@ -338,7 +339,7 @@ func TestModelNotServed(t *testing.T) {
 		Lora: &loopsv1.LoraConfig{Rank: 4, TrainAttn: true}})
 	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
 	require.Contains(t, err.Error(), "not served")
-	require.Contains(t, err.Error(), reference.TinyModel)
+	require.Contains(t, err.Error(), tiny.Name)
 	_, err = b.Sampler().Sample(context.Background(), &backendv1.SampleRequest{BaseModel: "Qwen/Qwen3-8B", Prompt: []int32{1}})
 	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
 	// the worker itself refuses too (a remote worker reached directly)
@@ -362,7 +363,7 @@ func TestWorkerDies(t *testing.T) {
 	defer b.Close()
 	tr := b.Trainer()
 	lora := &loopsv1.LoraConfig{Rank: 4, Seed: 1, TrainAttn: true}
-	_, err = tr.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "run1", BaseModel: reference.TinyModel, Lora: lora})
+	_, err = tr.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "run1", BaseModel: tiny.Name, Lora: lora})
 	require.NoError(t, err)
 	fb := func() (*backendv1.ForwardBackwardResponse, error) {
 		return tr.ForwardBackward(ctx, &backendv1.ForwardBackwardRequest{Items: []*backendv1.ForwardBackwardItem{{AdapterId: "run1", LossFn: "cross_entropy", Data: []*loopsv1.Datum{datum(1, 16, "cross_entropy")}}}})
@@ -378,7 +379,7 @@ func TestWorkerDies(t *testing.T) {
 	require.NoError(t, err)
 
 	// An in-flight call on a worker that is killed (kill -9 while it hangs).
-	_, err = tr.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "__hang__", BaseModel: reference.TinyModel, Lora: lora})
+	_, err = tr.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "__hang__", BaseModel: tiny.Name, Lora: lora})
 	require.NoError(t, err)
 	pid := b.WorkerPID(0)
 	errc := make(chan error, 1)
@@ -427,7 +428,7 @@ func TestWorkerHangs(t *testing.T) {
 	require.NoError(t, err)
 	defer b.Close()
 	tr := b.Trainer()
-	_, err = tr.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "r", BaseModel: reference.TinyModel, Lora: &loopsv1.LoraConfig{Rank: 4, TrainMlp: true}})
+	_, err = tr.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "r", BaseModel: tiny.Name, Lora: &loopsv1.LoraConfig{Rank: 4, TrainMlp: true}})
 	require.NoError(t, err)
 	pid := b.WorkerPID(0)
 	require.NoError(t, exec.Command("kill", "-STOP", itoa(pid)).Run())
@@ -450,10 +451,10 @@ func TestWorkerHangs(t *testing.T) {
 func TestRemoteWorker(t *testing.T) {
 	needTorch(t)
 	dir := t.TempDir()
-	tiny := filepath.Join(dir, "tiny")
-	require.NoError(t, reference.WriteTinyModel(tiny))
+	tinyDir := filepath.Join(dir, "tiny")
+	require.NoError(t, tiny.Write(tinyDir))
 	o := testOptions(t, dir)
-	cmd := exec.Command(os.Getenv("LOOPS_WORKER_PYTHON"), "-m", "loops_worker", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", "loops/tiny="+tiny)
+	cmd := exec.Command(os.Getenv("LOOPS_WORKER_PYTHON"), "-m", "loops_worker", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", "loops/tiny="+tinyDir)
 	cmd.Env = append(os.Environ(), "PYTHONPATH="+o.PythonPath, "HF_HUB_OFFLINE=1")
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -472,7 +473,7 @@ func TestRemoteWorker(t *testing.T) {
 	b, err := New(context.Background(), o)
 	require.NoError(t, err)
 	defer b.Close()
-	res, err := b.Sampler().Sample(context.Background(), &backendv1.SampleRequest{BaseModel: reference.TinyModel, Prompt: []int32{1, 2, 3},
+	res, err := b.Sampler().Sample(context.Background(), &backendv1.SampleRequest{BaseModel: tiny.Name, Prompt: []int32{1, 2, 3},
 		Params: &loopsv1.SamplingParams{MaxTokens: 3, Temperature: 1, TopP: 1, Seed: new(uint64(1))}})
 	require.NoError(t, err)
 	require.Len(t, res.Result.Sequences[0].Tokens, len(res.Result.Sequences[0].Logprobs))

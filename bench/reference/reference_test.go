@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/loops-dev/loops/backends/reference/nn"
-	"github.com/loops-dev/loops/backends/reference/tiny"
+	"github.com/loops-dev/loops/backends/tiny"
 )
 
 func qwen3Small() nn.Config {

@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/loops-dev/loops/backends/reference"
+	"github.com/loops-dev/loops/backends/tiny"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/core"
 	"github.com/loops-dev/loops/gateway/store/sqlite"
@@ -97,7 +98,7 @@ func newFuzzEnv() (*fuzzEnv, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := reference.WriteTinyModel(filepath.Join(dir, "models", "loops-tiny")); err != nil {
+	if err := tiny.Write(filepath.Join(dir, "models", "loops-tiny")); err != nil {
 		return nil, err
 	}
 	eng, err := reference.New(reference.Options{DataDir: dir, Threads: 1})
@@ -138,7 +139,7 @@ func newFuzzEnv() (*fuzzEnv, error) {
 		return nil, err
 	}
 	op, err := wait(e.svc.Training.CreateTrainingRun(e.ctx, &loopsv1.CreateTrainingRunRequest{
-		BaseModel: reference.TinyModel, SessionId: sess.GetId(), Lora: &loopsv1.LoraConfig{Rank: 4, TrainAttn: true, TrainMlp: true},
+		BaseModel: tiny.Name, SessionId: sess.GetId(), Lora: &loopsv1.LoraConfig{Rank: 4, TrainAttn: true, TrainMlp: true},
 	}))
 	if err != nil {
 		return nil, err
@@ -152,7 +153,7 @@ func newFuzzEnv() (*fuzzEnv, error) {
 	if err != nil {
 		return nil, err
 	}
-	e.ids = []string{run, sampler.GetId(), save.GetSaveWeights().GetPath(), reference.TinyModel, sess.GetId(), op.GetId(), "cross_entropy", "ppo"}
+	e.ids = []string{run, sampler.GetId(), save.GetSaveWeights().GetPath(), tiny.Name, sess.GetId(), op.GetId(), "cross_entropy", "ppo"}
 	return e, nil
 }
 

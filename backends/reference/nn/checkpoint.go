@@ -10,35 +10,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/loops-dev/loops/backends/peft"
 	"github.com/loops-dev/loops/backends/reference/safetensors"
-	"github.com/loops-dev/loops/internal/bounded"
 )
-
-// File names of an adapter checkpoint folder.
-const (
-	AdapterConfigFile  = "adapter_config.json"
-	AdapterWeightsFile = "adapter_model.safetensors"
-	OptimizerFile      = "optimizer.safetensors"
-)
-
-// PEFTConfig is the adapter_config.json of a PEFT LoRA adapter.
-type PEFTConfig struct {
-	PeftType          string   `json:"peft_type"`
-	TaskType          string   `json:"task_type"`
-	R                 int      `json:"r"`
-	LoraAlpha         float64  `json:"lora_alpha"`
-	LoraDropout       float64  `json:"lora_dropout"`
-	TargetModules     []string `json:"target_modules"`
-	Bias              string   `json:"bias"`
-	BaseModel         string   `json:"base_model_name_or_path"`
-	FanInFanOut       bool     `json:"fan_in_fan_out"`
-	InferenceMode     bool     `json:"inference_mode"`
-	UseRSLora         bool     `json:"use_rslora"`
-	UseDora           bool     `json:"use_dora"`
-	InitLoraWeights   bool     `json:"init_lora_weights"`
-	ModulesToSave     []string `json:"modules_to_save"`
-	LayersToTransform []int    `json:"layers_to_transform"`
-}
 
 // SaveAdapter writes dir/adapter_config.json and dir/adapter_model.safetensors (float32,
 // PEFT key names), and dir/optimizer.safetensors (Adam moments as "<key>.exp_avg" and
@@ -48,7 +22,7 @@ func SaveAdapter[T Float](dir string, a *Adapter[T], baseModel string, withOptim
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return 0, err
 	}
-	cfg := PEFTConfig{PeftType: "LORA", TaskType: "CAUSAL_LM", R: a.Cfg.Rank,
+	cfg := peft.Config{PeftType: "LORA", TaskType: "CAUSAL_LM", R: a.Cfg.Rank,
 		LoraAlpha: float64(a.Scale) * float64(a.Cfg.Rank), TargetModules: a.TargetModules(),
 		Bias: "none", BaseModel: baseModel, InferenceMode: true, InitLoraWeights: true}
 	if a.Cfg.Rank > 0 && a.Scale == T(float64(LoraAlpha)/float64(a.Cfg.Rank)) {
@@ -58,7 +32,7 @@ func SaveAdapter[T Float](dir string, a *Adapter[T], baseModel string, withOptim
 	if err != nil {
 		return 0, err
 	}
-	if err := os.WriteFile(filepath.Join(dir, AdapterConfigFile), append(b, '\n'), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, peft.AdapterConfigFile), append(b, '\n'), 0o644); err != nil {
 		return 0, err
 	}
 	total := int64(len(b) + 1)
@@ -78,13 +52,13 @@ func SaveAdapter[T Float](dir string, a *Adapter[T], baseModel string, withOptim
 			safetensors.Tensor{Name: p.Name + ".exp_avg_sq", Shape: shape, Data: f32(p.V)})
 	}
 	meta := map[string]string{"format": "pt", "loops.seed": strconv.FormatUint(a.Cfg.Seed, 10)}
-	n, err := safetensors.Write(filepath.Join(dir, AdapterWeightsFile), ws, meta)
+	n, err := safetensors.Write(filepath.Join(dir, peft.AdapterWeightsFile), ws, meta)
 	if err != nil {
 		return 0, err
 	}
 	total += n
 	if withOptimizer {
-		n, err := safetensors.Write(filepath.Join(dir, OptimizerFile), os_, map[string]string{
+		n, err := safetensors.Write(filepath.Join(dir, peft.OptimizerFile), os_, map[string]string{
 			"format": "pt", "step": strconv.Itoa(a.Step), "optimizer": "adamw"})
 		if err != nil {
 			return 0, err
@@ -93,9 +67,6 @@ func SaveAdapter[T Float](dir string, a *Adapter[T], baseModel string, withOptim
 	}
 	return total, nil
 }
-
-// MaxConfigBytes caps adapter_config.json; PEFT writes about a kilobyte.
-const MaxConfigBytes = 256 << 10
 
 // moduleTarget maps a PEFT target module name to its block target; lm_head maps to
 // NumLayerTargets.
@@ -111,44 +82,33 @@ func moduleTarget(name string) (Target, bool) {
 	return 0, false
 }
 
-// ReadPEFTConfig reads dir/adapter_config.json (at most MaxConfigBytes) and checks what it
-// can without a model: a LoRA adapter with r >= 1, a finite lora_alpha >= 0 (0: the
+// ReadPEFTConfig reads dir/adapter_config.json (at most peft.MaxConfigBytes) and checks what
+// it can without a model: a LoRA adapter with r >= 1, a finite lora_alpha >= 0 (0: the
 // default), known target_modules, and none of the PEFT options this engine cannot apply.
-func ReadPEFTConfig(dir string) (PEFTConfig, error) {
-	var c PEFTConfig
-	b, err := bounded.ReadFile(filepath.Join(dir, AdapterConfigFile), MaxConfigBytes)
+func ReadPEFTConfig(dir string) (peft.Config, error) {
+	c, err := peft.ReadConfig(dir)
 	if err != nil {
 		return c, err
 	}
-	var extra struct {
-		RankPattern  map[string]any `json:"rank_pattern"`
-		AlphaPattern map[string]any `json:"alpha_pattern"`
-	}
-	if err := json.Unmarshal(b, &c); err != nil {
-		return c, fmt.Errorf("%s: %w", AdapterConfigFile, err)
-	}
-	if err := json.Unmarshal(b, &extra); err != nil {
-		return c, fmt.Errorf("%s: %w", AdapterConfigFile, err)
-	}
 	switch {
 	case c.PeftType != "" && c.PeftType != "LORA":
-		return c, fmt.Errorf("%s: peft_type %q is not LORA", AdapterConfigFile, c.PeftType)
+		return c, fmt.Errorf("%s: peft_type %q is not LORA", peft.AdapterConfigFile, c.PeftType)
 	case c.R < 1:
-		return c, fmt.Errorf("%s: r must be at least 1, got %d", AdapterConfigFile, c.R)
+		return c, fmt.Errorf("%s: r must be at least 1, got %d", peft.AdapterConfigFile, c.R)
 	case !(c.LoraAlpha >= 0) || math.IsInf(c.LoraAlpha, 0):
-		return c, fmt.Errorf("%s: lora_alpha must be a finite number >= 0, got %g", AdapterConfigFile, c.LoraAlpha)
+		return c, fmt.Errorf("%s: lora_alpha must be a finite number >= 0, got %g", peft.AdapterConfigFile, c.LoraAlpha)
 	case c.UseDora || c.UseRSLora:
-		return c, fmt.Errorf("%s: DoRA and rsLoRA adapters are not supported", AdapterConfigFile)
+		return c, fmt.Errorf("%s: DoRA and rsLoRA adapters are not supported", peft.AdapterConfigFile)
 	case len(c.ModulesToSave) > 0:
-		return c, fmt.Errorf("%s: modules_to_save is not supported, got %q", AdapterConfigFile, c.ModulesToSave)
-	case len(extra.RankPattern) > 0 || len(extra.AlphaPattern) > 0:
-		return c, fmt.Errorf("%s: rank_pattern and alpha_pattern are not supported (every module must have rank r)", AdapterConfigFile)
+		return c, fmt.Errorf("%s: modules_to_save is not supported, got %q", peft.AdapterConfigFile, c.ModulesToSave)
+	case len(c.RankPattern) > 0 || len(c.AlphaPattern) > 0:
+		return c, fmt.Errorf("%s: rank_pattern and alpha_pattern are not supported (every module must have rank r)", peft.AdapterConfigFile)
 	case len(c.TargetModules) == 0:
-		return c, fmt.Errorf("%s: target_modules is empty", AdapterConfigFile)
+		return c, fmt.Errorf("%s: target_modules is empty", peft.AdapterConfigFile)
 	}
 	for _, tm := range c.TargetModules {
 		if _, ok := moduleTarget(tm); !ok {
-			return c, fmt.Errorf("%s: unknown target module %q (known: %s, lm_head)", AdapterConfigFile, tm, strings.Join(TargetNames[:], ", "))
+			return c, fmt.Errorf("%s: unknown target module %q (known: %s, lm_head)", peft.AdapterConfigFile, tm, strings.Join(TargetNames[:], ", "))
 		}
 	}
 	return c, nil
@@ -258,7 +218,7 @@ func LoadAdapter[T Float](dir string, m *Model[T], withOptimizer bool, maxRank i
 		return nil, err
 	}
 	if pc.R > maxRank {
-		return nil, fmt.Errorf("%s: r = %d is above this engine's rank limit %d", AdapterConfigFile, pc.R, maxRank)
+		return nil, fmt.Errorf("%s: r = %d is above this engine's rank limit %d", peft.AdapterConfigFile, pc.R, maxRank)
 	}
 	targets := map[Target]bool{}
 	for _, tm := range pc.TargetModules {
@@ -267,12 +227,12 @@ func LoadAdapter[T Float](dir string, m *Model[T], withOptimizer bool, maxRank i
 	}
 	for _, l := range pc.LayersToTransform {
 		if l < 0 || l >= len(m.Layers) {
-			return nil, fmt.Errorf("%s: layers_to_transform holds %d, but the model has %d layers", AdapterConfigFile, l, len(m.Layers))
+			return nil, fmt.Errorf("%s: layers_to_transform holds %d, but the model has %d layers", peft.AdapterConfigFile, l, len(m.Layers))
 		}
 	}
 	r := pc.R
 	slots := loraSlots(m)
-	f, err := openTensors(dir, AdapterWeightsFile, tensorLimits(len(slots)))
+	f, err := openTensors(dir, peft.AdapterWeightsFile, tensorLimits(len(slots)))
 	if err != nil {
 		return nil, err
 	}
@@ -281,23 +241,23 @@ func LoadAdapter[T Float](dir string, m *Model[T], withOptimizer bool, maxRank i
 	for k, info := range f.Tensors {
 		name := strings.Replace(k, ".default.weight", ".weight", 1)
 		if prev, dup := stored[name]; dup {
-			return nil, fmt.Errorf("%s holds both %s and %s", AdapterWeightsFile, prev, k)
+			return nil, fmt.Errorf("%s holds both %s and %s", peft.AdapterWeightsFile, prev, k)
 		}
 		s, ok := slots[name]
 		if !ok {
-			return nil, fmt.Errorf("%s: tensor %s is not a LoRA tensor of this model (expected keys like base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight)", AdapterWeightsFile, k)
+			return nil, fmt.Errorf("%s: tensor %s is not a LoRA tensor of this model (expected keys like base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight)", peft.AdapterWeightsFile, k)
 		}
 		if !targets[s.t] {
-			return nil, fmt.Errorf("%s: tensor %s belongs to a module that target_modules %q does not list", AdapterWeightsFile, k, pc.TargetModules)
+			return nil, fmt.Errorf("%s: tensor %s belongs to a module that target_modules %q does not list", peft.AdapterWeightsFile, k, pc.TargetModules)
 		}
 		want := s.shape(r)
 		if len(info.Shape) != 2 || info.Shape[0] != int64(want[0]) || info.Shape[1] != int64(want[1]) {
-			return nil, fmt.Errorf("%s: %s has shape %v, want %v for r = %d (does the adapter belong to this base model?)", AdapterWeightsFile, k, info.Shape, want, r)
+			return nil, fmt.Errorf("%s: %s has shape %v, want %v for r = %d (does the adapter belong to this base model?)", peft.AdapterWeightsFile, k, info.Shape, want, r)
 		}
 		stored[name] = k
 	}
 	if len(stored) == 0 {
-		return nil, fmt.Errorf("%s holds no LoRA tensors this model knows (expected keys like base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight)", AdapterWeightsFile)
+		return nil, fmt.Errorf("%s holds no LoRA tensors this model knows (expected keys like base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight)", peft.AdapterWeightsFile)
 	}
 	// Every module needs both factors; every listed target module needs a module.
 	covered := map[Target]bool{}
@@ -308,7 +268,7 @@ func LoadAdapter[T Float](dir string, m *Model[T], withOptimizer bool, maxRank i
 		_, hasA := stored[name]
 		_, hasB := stored[s.module()+".lora_B.weight"]
 		if hasA != hasB {
-			return nil, fmt.Errorf("%s holds only one of lora_A and lora_B for %s", AdapterWeightsFile, s.module())
+			return nil, fmt.Errorf("%s holds only one of lora_A and lora_B for %s", peft.AdapterWeightsFile, s.module())
 		}
 		if hasA {
 			covered[s.t] = true
@@ -316,20 +276,20 @@ func LoadAdapter[T Float](dir string, m *Model[T], withOptimizer bool, maxRank i
 	}
 	for _, tm := range pc.TargetModules {
 		if t, _ := moduleTarget(tm); !covered[t] {
-			return nil, fmt.Errorf("%s lists target module %s but %s holds no tensors for it", AdapterConfigFile, tm, AdapterWeightsFile)
+			return nil, fmt.Errorf("%s lists target module %s but %s holds no tensors for it", peft.AdapterConfigFile, tm, peft.AdapterWeightsFile)
 		}
 	}
 	var of *safetensors.File
 	step := 0
 	if withOptimizer {
-		of, err = openTensors(dir, OptimizerFile, tensorLimits(2*len(stored)))
+		of, err = openTensors(dir, peft.OptimizerFile, tensorLimits(2*len(stored)))
 		if err != nil {
-			return nil, fmt.Errorf("optimizer state requested but %s could not be read: %w", OptimizerFile, err)
+			return nil, fmt.Errorf("optimizer state requested but %s could not be read: %w", peft.OptimizerFile, err)
 		}
 		defer of.Close()
 		step, err = strconv.Atoi(of.Metadata["step"])
 		if err != nil || step < 0 {
-			return nil, fmt.Errorf("%s: the metadata needs a step count >= 0, got %q", OptimizerFile, of.Metadata["step"])
+			return nil, fmt.Errorf("%s: the metadata needs a step count >= 0, got %q", peft.OptimizerFile, of.Metadata["step"])
 		}
 		for k, info := range of.Tensors {
 			base, ok := strings.CutSuffix(k, ".exp_avg")
@@ -337,15 +297,15 @@ func LoadAdapter[T Float](dir string, m *Model[T], withOptimizer bool, maxRank i
 				base, ok = strings.CutSuffix(k, ".exp_avg_sq")
 			}
 			if _, has := stored[base]; !ok || !has {
-				return nil, fmt.Errorf("%s: tensor %s is not the exp_avg or exp_avg_sq of a tensor in %s", OptimizerFile, k, AdapterWeightsFile)
+				return nil, fmt.Errorf("%s: tensor %s is not the exp_avg or exp_avg_sq of a tensor in %s", peft.OptimizerFile, k, peft.AdapterWeightsFile)
 			}
 			want := slots[base].shape(r)
 			if len(info.Shape) != 2 || info.Shape[0] != int64(want[0]) || info.Shape[1] != int64(want[1]) {
-				return nil, fmt.Errorf("%s: %s has shape %v, want %v", OptimizerFile, k, info.Shape, want)
+				return nil, fmt.Errorf("%s: %s has shape %v, want %v", peft.OptimizerFile, k, info.Shape, want)
 			}
 		}
 		if len(of.Tensors) != 2*len(stored) {
-			return nil, fmt.Errorf("%s holds %d tensors, want exp_avg and exp_avg_sq for each of the %d in %s", OptimizerFile, len(of.Tensors), len(stored), AdapterWeightsFile)
+			return nil, fmt.Errorf("%s holds %d tensors, want exp_avg and exp_avg_sq for each of the %d in %s", peft.OptimizerFile, len(of.Tensors), len(stored), peft.AdapterWeightsFile)
 		}
 	}
 
@@ -380,14 +340,14 @@ func LoadAdapter[T Float](dir string, m *Model[T], withOptimizer bool, maxRank i
 		a.Cfg.Unembed = true
 	}
 	for _, p := range a.Params {
-		if err := readFinite(f, AdapterWeightsFile, stored[p.Name], p.W, false); err != nil {
+		if err := readFinite(f, peft.AdapterWeightsFile, stored[p.Name], p.W, false); err != nil {
 			return nil, err
 		}
 		if of != nil {
-			if err := readFinite(of, OptimizerFile, p.Name+".exp_avg", p.M, false); err != nil {
+			if err := readFinite(of, peft.OptimizerFile, p.Name+".exp_avg", p.M, false); err != nil {
 				return nil, err
 			}
-			if err := readFinite(of, OptimizerFile, p.Name+".exp_avg_sq", p.V, true); err != nil {
+			if err := readFinite(of, peft.OptimizerFile, p.Name+".exp_avg_sq", p.V, true); err != nil {
 				return nil, err
 			}
 		}

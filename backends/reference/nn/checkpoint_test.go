@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/loops-dev/loops/backends/peft"
 )
 
 // microCheckpoint saves a rank-4 adapter (with optimizer state) of the micro model and
@@ -23,7 +25,7 @@ func microCheckpoint(t testing.TB) (*Model[float32], [3][]byte) {
 	_, err = SaveAdapter(dir, a, "micro", true)
 	require.NoError(t, err)
 	var files [3][]byte
-	for i, name := range []string{AdapterConfigFile, AdapterWeightsFile, OptimizerFile} {
+	for i, name := range []string{peft.AdapterConfigFile, peft.AdapterWeightsFile, peft.OptimizerFile} {
 		files[i], err = os.ReadFile(filepath.Join(dir, name))
 		require.NoError(t, err)
 	}
@@ -31,7 +33,7 @@ func microCheckpoint(t testing.TB) (*Model[float32], [3][]byte) {
 }
 
 func writeFolder(t testing.TB, dir string, files [3][]byte) {
-	for i, name := range []string{AdapterConfigFile, AdapterWeightsFile, OptimizerFile} {
+	for i, name := range []string{peft.AdapterConfigFile, peft.AdapterWeightsFile, peft.OptimizerFile} {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, name), files[i], 0o644))
 	}
 }

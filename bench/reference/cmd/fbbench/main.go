@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/loops-dev/loops/backends/reference/nn"
-	"github.com/loops-dev/loops/backends/reference/tiny"
+	"github.com/loops-dev/loops/backends/tiny"
 )
 
 type result struct {

@@ -44,7 +44,7 @@ func TestWriteLoadAndRoundTrip(t *testing.T) {
 func TestTransformersAgrees(t *testing.T) {
 	py := os.Getenv("LOOPS_PYTHON")
 	if py == "" {
-		for _, c := range []string{"../../../.venv/bin/python", "python3"} {
+		for _, c := range []string{"../../.venv/bin/python", "python3"} {
 			if p, err := exec.LookPath(c); err == nil {
 				py = p
 				break
