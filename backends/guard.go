@@ -2,15 +2,12 @@ package backends
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
 
-	"connectrpc.com/connect"
-
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
+	"github.com/loops-dev/loops/internal/errs"
 )
 
 // Guard returns b with every Trainer and Sampler call protected: a panic inside a call is
@@ -41,20 +38,15 @@ func call[Req, Resp any](ctx context.Context, log *slog.Logger, method string, f
 		if v == nil {
 			return
 		}
-		id := incidentID()
+		id := errs.NewID()
 		log.Error("backend call panicked", slog.String("method", method), slog.String("incident", id),
 			slog.Any("panic", v), slog.String("stack", string(debug.Stack())))
 		resp = nil
-		err = connect.NewError(connect.CodeInternal, fmt.Errorf(
+		// Already logged under id and fit for clients: the edges pass it on unmasked.
+		err = errs.Incident(id, fmt.Sprintf(
 			"the backend failed unexpectedly in %s (incident %s); its effect on the adapter is unknown: load the run's last checkpoint to continue", method, id))
 	}()
 	return f(ctx, req)
-}
-
-func incidentID() string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 type guardedTrainer struct {

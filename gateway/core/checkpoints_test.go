@@ -206,7 +206,7 @@ func TestWorkspaceFolderSymlinkedOutsideIsRefused(t *testing.T) {
 	require.NoError(t, os.Symlink(outside, filepath.Join(dir, "checkpoints", "ws-a")))
 	_, err := h.save(run, "c", false)
 	require.Error(t, err)
-	require.Contains(t, err.Error(), "outside the checkpoint store")
+	require.Contains(t, err.Error(), "internal error, id ", "a server misconfiguration is masked")
 	require.NotContains(t, err.Error(), dir)
 	entries, err := os.ReadDir(outside)
 	require.NoError(t, err)
@@ -237,7 +237,8 @@ func TestCheckpointErrorsShowNoServerPaths(t *testing.T) {
 	require.NoError(t, rerr)
 	require.NotContains(t, err.Error(), dir)
 	require.NotContains(t, err.Error(), real)
-	require.Contains(t, err.Error(), "ws-a/"+run, "paths are shown relative to the checkpoint store")
+	// A file-system failure is the server's: masked to an error id (the log has the text).
+	require.Contains(t, err.Error(), "internal error, id ")
 }
 
 func TestStartupSweepsOrphanFoldersAndReadsOldLayout(t *testing.T) {

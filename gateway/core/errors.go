@@ -7,6 +7,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/errs"
 )
 
 func invalidArgument(format string, args ...any) error {
@@ -25,8 +26,9 @@ func resourceExhausted(format string, args ...any) error {
 	return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf(format, args...))
 }
 
-// internal wraps an unexpected error; the message says what failed without leaking details
-// the client cannot act on.
+// internal wraps an unexpected error. Its text (a driver's, a path) is for the log only:
+// every edge (the gateway's interceptor, compat, operationError) masks an Internal error to
+// "internal error, id <id>" and logs the full error under that id (see internal/errs).
 func internal(what string, err error) error {
 	return connect.NewError(connect.CodeInternal, fmt.Errorf("%s: %w", what, err))
 }
@@ -39,21 +41,17 @@ func storeErr(err error, what string) error {
 	return internal("store", err)
 }
 
-// operationError turns an error into the error recorded on a failed operation.
-func operationError(err error) *loopsv1.OperationError {
-	code := connect.CodeOf(err)
-	msg := err.Error()
-	var ce *connect.Error
-	if errors.As(err, &ce) {
-		msg = ce.Message()
-	}
-	cat := loopsv1.ErrorCategory_ERROR_CATEGORY_SERVER
-	switch code {
-	case connect.CodeInvalidArgument, connect.CodeFailedPrecondition, connect.CodeOutOfRange,
-		connect.CodeNotFound, connect.CodeAlreadyExists, connect.CodePermissionDenied, connect.CodeUnimplemented:
-		cat = loopsv1.ErrorCategory_ERROR_CATEGORY_USER
-	}
-	return &loopsv1.OperationError{Code: int32(code), Message: msg, Category: cat}
+// operationError turns an error into the error recorded on a failed operation, with the
+// category of the one error table (internal/errs). A masked code (Internal, Unknown,
+// DataLoss) is recorded as "internal error, id <id>" and id is returned for the caller to
+// log the full error under; id is empty otherwise.
+func operationError(err error) (oe *loopsv1.OperationError, id string) {
+	out := errs.Edge(err)
+	return &loopsv1.OperationError{
+		Code:     int32(out.Err.Code()),
+		Message:  out.Err.Message(),
+		Category: out.Entry.Category.Proto(),
+	}, out.ID
 }
 
 func unavailable(format string, args ...any) error {

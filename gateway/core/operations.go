@@ -90,9 +90,11 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 	if err != nil {
 		next.State = loopsv1.OperationState_OPERATION_STATE_FAILED
 		// Backend errors may name the server's folders; clients see store-relative paths.
-		next.Error = operationError(ops.core.ckpt.scrub(err))
+		var errID string
+		next.Error, errID = operationError(ops.core.ckpt.scrub(err))
 		if next.Error.Category == loopsv1.ErrorCategory_ERROR_CATEGORY_SERVER {
-			ops.core.log.Error("operation failed", slog.String("op", next.Id), slog.String("kind", kindLabel(next.Kind)), slog.Any("err", err))
+			ops.core.log.Error("operation failed", slog.String("op", next.Id), slog.String("kind", kindLabel(next.Kind)),
+				slog.String("error_id", errID), slog.Any("err", err))
 		}
 	} else {
 		next.State = loopsv1.OperationState_OPERATION_STATE_SUCCEEDED
