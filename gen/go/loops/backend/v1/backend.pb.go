@@ -66,9 +66,19 @@ type GetCapabilitiesResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Models        []*v1.ModelInfo        `protobuf:"bytes,1,rep,name=models,proto3" json:"models,omitempty"`
 	LossFunctions []string               `protobuf:"bytes,2,rep,name=loss_functions,json=lossFunctions,proto3" json:"loss_functions,omitempty"`
-	MaxAdapters   int32                  `protobuf:"varint,3,opt,name=max_adapters,json=maxAdapters,proto3" json:"max_adapters,omitempty"`
+	// The adapters the trainer holds at once (its adapter slots): CreateAdapter, or
+	// LoadAdapter of a new adapter_id, beyond it fails with RESOURCE_EXHAUSTED. For a pool of
+	// workers, the sum over its workers. 0 means the trainer did not say.
+	MaxAdapters int32 `protobuf:"varint,3,opt,name=max_adapters,json=maxAdapters,proto3" json:"max_adapters,omitempty"`
 	// Free-form name of the implementation, e.g. "reference" or "torch".
 	Implementation string `protobuf:"bytes,4,opt,name=implementation,proto3" json:"implementation,omitempty"`
+	// The trainer honours SaveAdapterRequest.include_gradients and
+	// LoadAdapterRequest.load_gradients, so an adapter can leave its slot and come back with
+	// its accumulated gradient (see SaveAdapter). A trainer without it ignores those fields
+	// (proto3 drops unknown fields), so a scheduler must then offload an adapter only when
+	// no gradient is pending (after optim_step, before the next forward_backward). For a
+	// pool of workers, true only when every worker reports it.
+	SavesGradients bool `protobuf:"varint,5,opt,name=saves_gradients,json=savesGradients,proto3" json:"saves_gradients,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -129,6 +139,13 @@ func (x *GetCapabilitiesResponse) GetImplementation() string {
 		return x.Implementation
 	}
 	return ""
+}
+
+func (x *GetCapabilitiesResponse) GetSavesGradients() bool {
+	if x != nil {
+		return x.SavesGradients
+	}
+	return false
 }
 
 type CreateAdapterRequest struct {
@@ -708,8 +725,14 @@ type SaveAdapterRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	AdapterId string                 `protobuf:"bytes,1,opt,name=adapter_id,json=adapterId,proto3" json:"adapter_id,omitempty"`
 	// Folder to write; the worker creates it. Absolute, on storage the gateway can read.
-	Dir              string `protobuf:"bytes,2,opt,name=dir,proto3" json:"dir,omitempty"`
-	IncludeOptimizer bool   `protobuf:"varint,3,opt,name=include_optimizer,json=includeOptimizer,proto3" json:"include_optimizer,omitempty"`
+	Dir string `protobuf:"bytes,2,opt,name=dir,proto3" json:"dir,omitempty"`
+	// Also write optimizer.safetensors: "<tensor>.exp_avg" and "<tensor>.exp_avg_sq" (float32)
+	// for each tensor of adapter_model.safetensors, the step count in the metadata ("step").
+	IncludeOptimizer bool `protobuf:"varint,3,opt,name=include_optimizer,json=includeOptimizer,proto3" json:"include_optimizer,omitempty"`
+	// Also write gradients.safetensors: "<tensor>.grad" (float32, zero where nothing has
+	// accumulated) for each tensor of adapter_model.safetensors: the gradient accumulated by
+	// forward_backward since the last optim_step. Needs saves_gradients.
+	IncludeGradients bool `protobuf:"varint,4,opt,name=include_gradients,json=includeGradients,proto3" json:"include_gradients,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -765,6 +788,13 @@ func (x *SaveAdapterRequest) GetIncludeOptimizer() bool {
 	return false
 }
 
+func (x *SaveAdapterRequest) GetIncludeGradients() bool {
+	if x != nil {
+		return x.IncludeGradients
+	}
+	return false
+}
+
 type SaveAdapterResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SizeBytes     int64                  `protobuf:"varint,1,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
@@ -810,10 +840,16 @@ func (x *SaveAdapterResponse) GetSizeBytes() int64 {
 }
 
 type LoadAdapterRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	AdapterId     string                 `protobuf:"bytes,1,opt,name=adapter_id,json=adapterId,proto3" json:"adapter_id,omitempty"`
-	Dir           string                 `protobuf:"bytes,2,opt,name=dir,proto3" json:"dir,omitempty"`
-	LoadOptimizer bool                   `protobuf:"varint,3,opt,name=load_optimizer,json=loadOptimizer,proto3" json:"load_optimizer,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	AdapterId string                 `protobuf:"bytes,1,opt,name=adapter_id,json=adapterId,proto3" json:"adapter_id,omitempty"`
+	Dir       string                 `protobuf:"bytes,2,opt,name=dir,proto3" json:"dir,omitempty"`
+	// Read the Adam moments and step from optimizer.safetensors (which must exist and match
+	// the weights); without it the optimizer state starts fresh.
+	LoadOptimizer bool `protobuf:"varint,3,opt,name=load_optimizer,json=loadOptimizer,proto3" json:"load_optimizer,omitempty"`
+	// Read the accumulated gradient from gradients.safetensors (which must exist, hold one
+	// finite "<tensor>.grad" per weight tensor, and match its shape); without it the adapter
+	// starts with no accumulated gradient. Needs saves_gradients.
+	LoadGradients bool `protobuf:"varint,4,opt,name=load_gradients,json=loadGradients,proto3" json:"load_gradients,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -865,6 +901,13 @@ func (x *LoadAdapterRequest) GetDir() string {
 func (x *LoadAdapterRequest) GetLoadOptimizer() bool {
 	if x != nil {
 		return x.LoadOptimizer
+	}
+	return false
+}
+
+func (x *LoadAdapterRequest) GetLoadGradients() bool {
+	if x != nil {
+		return x.LoadGradients
 	}
 	return false
 }
@@ -1047,12 +1090,13 @@ var File_loops_backend_v1_backend_proto protoreflect.FileDescriptor
 const file_loops_backend_v1_backend_proto_rawDesc = "" +
 	"\n" +
 	"\x1eloops/backend/v1/backend.proto\x12\x10loops.backend.v1\x1a\x14loops/v1/types.proto\"\x18\n" +
-	"\x16GetCapabilitiesRequest\"\xb8\x01\n" +
+	"\x16GetCapabilitiesRequest\"\xe1\x01\n" +
 	"\x17GetCapabilitiesResponse\x12+\n" +
 	"\x06models\x18\x01 \x03(\v2\x13.loops.v1.ModelInfoR\x06models\x12%\n" +
 	"\x0eloss_functions\x18\x02 \x03(\tR\rlossFunctions\x12!\n" +
 	"\fmax_adapters\x18\x03 \x01(\x05R\vmaxAdapters\x12&\n" +
-	"\x0eimplementation\x18\x04 \x01(\tR\x0eimplementation\"~\n" +
+	"\x0eimplementation\x18\x04 \x01(\tR\x0eimplementation\x12'\n" +
+	"\x0fsaves_gradients\x18\x05 \x01(\bR\x0esavesGradients\"~\n" +
 	"\x14CreateAdapterRequest\x12\x1d\n" +
 	"\n" +
 	"adapter_id\x18\x01 \x01(\tR\tadapterId\x12\x1d\n" +
@@ -1090,20 +1134,22 @@ const file_loops_backend_v1_backend_proto_rawDesc = "" +
 	"adapter_id\x18\x01 \x01(\tR\tadapterId\x12(\n" +
 	"\x04adam\x18\x02 \x01(\v2\x14.loops.v1.AdamParamsR\x04adam\"F\n" +
 	"\x11OptimStepResponse\x121\n" +
-	"\x06result\x18\x01 \x01(\v2\x19.loops.v1.OptimStepResultR\x06result\"r\n" +
+	"\x06result\x18\x01 \x01(\v2\x19.loops.v1.OptimStepResultR\x06result\"\x9f\x01\n" +
 	"\x12SaveAdapterRequest\x12\x1d\n" +
 	"\n" +
 	"adapter_id\x18\x01 \x01(\tR\tadapterId\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\tR\x03dir\x12+\n" +
-	"\x11include_optimizer\x18\x03 \x01(\bR\x10includeOptimizer\"4\n" +
+	"\x11include_optimizer\x18\x03 \x01(\bR\x10includeOptimizer\x12+\n" +
+	"\x11include_gradients\x18\x04 \x01(\bR\x10includeGradients\"4\n" +
 	"\x13SaveAdapterResponse\x12\x1d\n" +
 	"\n" +
-	"size_bytes\x18\x01 \x01(\x03R\tsizeBytes\"l\n" +
+	"size_bytes\x18\x01 \x01(\x03R\tsizeBytes\"\x93\x01\n" +
 	"\x12LoadAdapterRequest\x12\x1d\n" +
 	"\n" +
 	"adapter_id\x18\x01 \x01(\tR\tadapterId\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\tR\x03dir\x12%\n" +
-	"\x0eload_optimizer\x18\x03 \x01(\bR\rloadOptimizer\"\x15\n" +
+	"\x0eload_optimizer\x18\x03 \x01(\bR\rloadOptimizer\x12%\n" +
+	"\x0eload_gradients\x18\x04 \x01(\bR\rloadGradients\"\x15\n" +
 	"\x13LoadAdapterResponse\"\x95\x02\n" +
 	"\rSampleRequest\x12\x1d\n" +
 	"\n" +

@@ -49,9 +49,24 @@ type TrainerServiceClient interface {
 	ForwardBackward(ctx context.Context, in *ForwardBackwardRequest, opts ...grpc.CallOption) (*ForwardBackwardResponse, error)
 	// OptimStep applies AdamW to one adapter's accumulated gradients, then zeroes them.
 	OptimStep(ctx context.Context, in *OptimStepRequest, opts ...grpc.CallOption) (*OptimStepResponse, error)
-	// SaveAdapter writes a PEFT-compatible adapter folder (plus optimizer state if asked).
+	// SaveAdapter writes a PEFT-compatible adapter folder (plus optimizer state and pending
+	// gradients if asked).
+	//
+	// Adapter slots: a trainer holds at most max_adapters adapters at once (its slots). To
+	// move an adapter out of its slot at any point of its training, even between
+	// forward_backward and optim_step, a scheduler offloads it with SaveAdapter
+	// (include_optimizer and include_gradients) into a folder of its choosing, then
+	// DeleteAdapter; it restores it with LoadAdapter (load_optimizer and load_gradients) of
+	// the same adapter_id from that folder, which re-creates the adapter on the folder's base
+	// model. The adapter then continues bit-identically: same weights, Adam moments and step,
+	// same accumulated gradient, all stored as float32. The folder is host memory when it is
+	// on a RAM-backed file system (tmpfs), disk otherwise, and storage the gateway shares
+	// for a remote worker; it is also a complete training checkpoint. Only trainers that
+	// report saves_gradients honour the gradient fields.
 	SaveAdapter(ctx context.Context, in *SaveAdapterRequest, opts ...grpc.CallOption) (*SaveAdapterResponse, error)
-	// LoadAdapter replaces an adapter's weights (and optimizer state if asked) from a folder.
+	// LoadAdapter replaces an adapter's weights (and optimizer state and pending gradients if
+	// asked) from a folder. An unknown adapter_id is created on the base model the folder's
+	// base_model_name_or_path names, if served.
 	LoadAdapter(ctx context.Context, in *LoadAdapterRequest, opts ...grpc.CallOption) (*LoadAdapterResponse, error)
 }
 
@@ -150,9 +165,24 @@ type TrainerServiceServer interface {
 	ForwardBackward(context.Context, *ForwardBackwardRequest) (*ForwardBackwardResponse, error)
 	// OptimStep applies AdamW to one adapter's accumulated gradients, then zeroes them.
 	OptimStep(context.Context, *OptimStepRequest) (*OptimStepResponse, error)
-	// SaveAdapter writes a PEFT-compatible adapter folder (plus optimizer state if asked).
+	// SaveAdapter writes a PEFT-compatible adapter folder (plus optimizer state and pending
+	// gradients if asked).
+	//
+	// Adapter slots: a trainer holds at most max_adapters adapters at once (its slots). To
+	// move an adapter out of its slot at any point of its training, even between
+	// forward_backward and optim_step, a scheduler offloads it with SaveAdapter
+	// (include_optimizer and include_gradients) into a folder of its choosing, then
+	// DeleteAdapter; it restores it with LoadAdapter (load_optimizer and load_gradients) of
+	// the same adapter_id from that folder, which re-creates the adapter on the folder's base
+	// model. The adapter then continues bit-identically: same weights, Adam moments and step,
+	// same accumulated gradient, all stored as float32. The folder is host memory when it is
+	// on a RAM-backed file system (tmpfs), disk otherwise, and storage the gateway shares
+	// for a remote worker; it is also a complete training checkpoint. Only trainers that
+	// report saves_gradients honour the gradient fields.
 	SaveAdapter(context.Context, *SaveAdapterRequest) (*SaveAdapterResponse, error)
-	// LoadAdapter replaces an adapter's weights (and optimizer state if asked) from a folder.
+	// LoadAdapter replaces an adapter's weights (and optimizer state and pending gradients if
+	// asked) from a folder. An unknown adapter_id is created on the base model the folder's
+	// base_model_name_or_path names, if served.
 	LoadAdapter(context.Context, *LoadAdapterRequest) (*LoadAdapterResponse, error)
 	mustEmbedUnimplementedTrainerServiceServer()
 }

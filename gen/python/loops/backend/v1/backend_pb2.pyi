@@ -12,16 +12,18 @@ class GetCapabilitiesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetCapabilitiesResponse(_message.Message):
-    __slots__ = ("models", "loss_functions", "max_adapters", "implementation")
+    __slots__ = ("models", "loss_functions", "max_adapters", "implementation", "saves_gradients")
     MODELS_FIELD_NUMBER: _ClassVar[int]
     LOSS_FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     IMPLEMENTATION_FIELD_NUMBER: _ClassVar[int]
+    SAVES_GRADIENTS_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[_types_pb2.ModelInfo]
     loss_functions: _containers.RepeatedScalarFieldContainer[str]
     max_adapters: int
     implementation: str
-    def __init__(self, models: _Optional[_Iterable[_Union[_types_pb2.ModelInfo, _Mapping]]] = ..., loss_functions: _Optional[_Iterable[str]] = ..., max_adapters: _Optional[int] = ..., implementation: _Optional[str] = ...) -> None: ...
+    saves_gradients: bool
+    def __init__(self, models: _Optional[_Iterable[_Union[_types_pb2.ModelInfo, _Mapping]]] = ..., loss_functions: _Optional[_Iterable[str]] = ..., max_adapters: _Optional[int] = ..., implementation: _Optional[str] = ..., saves_gradients: _Optional[bool] = ...) -> None: ...
 
 class CreateAdapterRequest(_message.Message):
     __slots__ = ("adapter_id", "base_model", "lora")
@@ -111,14 +113,16 @@ class OptimStepResponse(_message.Message):
     def __init__(self, result: _Optional[_Union[_types_pb2.OptimStepResult, _Mapping]] = ...) -> None: ...
 
 class SaveAdapterRequest(_message.Message):
-    __slots__ = ("adapter_id", "dir", "include_optimizer")
+    __slots__ = ("adapter_id", "dir", "include_optimizer", "include_gradients")
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     DIR_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_GRADIENTS_FIELD_NUMBER: _ClassVar[int]
     adapter_id: str
     dir: str
     include_optimizer: bool
-    def __init__(self, adapter_id: _Optional[str] = ..., dir: _Optional[str] = ..., include_optimizer: _Optional[bool] = ...) -> None: ...
+    include_gradients: bool
+    def __init__(self, adapter_id: _Optional[str] = ..., dir: _Optional[str] = ..., include_optimizer: _Optional[bool] = ..., include_gradients: _Optional[bool] = ...) -> None: ...
 
 class SaveAdapterResponse(_message.Message):
     __slots__ = ("size_bytes",)
@@ -127,14 +131,16 @@ class SaveAdapterResponse(_message.Message):
     def __init__(self, size_bytes: _Optional[int] = ...) -> None: ...
 
 class LoadAdapterRequest(_message.Message):
-    __slots__ = ("adapter_id", "dir", "load_optimizer")
+    __slots__ = ("adapter_id", "dir", "load_optimizer", "load_gradients")
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     DIR_FIELD_NUMBER: _ClassVar[int]
     LOAD_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    LOAD_GRADIENTS_FIELD_NUMBER: _ClassVar[int]
     adapter_id: str
     dir: str
     load_optimizer: bool
-    def __init__(self, adapter_id: _Optional[str] = ..., dir: _Optional[str] = ..., load_optimizer: _Optional[bool] = ...) -> None: ...
+    load_gradients: bool
+    def __init__(self, adapter_id: _Optional[str] = ..., dir: _Optional[str] = ..., load_optimizer: _Optional[bool] = ..., load_gradients: _Optional[bool] = ...) -> None: ...
 
 class LoadAdapterResponse(_message.Message):
     __slots__ = ()

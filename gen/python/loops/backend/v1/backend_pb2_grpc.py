@@ -113,14 +113,29 @@ class TrainerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SaveAdapter(self, request, context):
-        """SaveAdapter writes a PEFT-compatible adapter folder (plus optimizer state if asked).
+        """SaveAdapter writes a PEFT-compatible adapter folder (plus optimizer state and pending
+        gradients if asked).
+
+        Adapter slots: a trainer holds at most max_adapters adapters at once (its slots). To
+        move an adapter out of its slot at any point of its training, even between
+        forward_backward and optim_step, a scheduler offloads it with SaveAdapter
+        (include_optimizer and include_gradients) into a folder of its choosing, then
+        DeleteAdapter; it restores it with LoadAdapter (load_optimizer and load_gradients) of
+        the same adapter_id from that folder, which re-creates the adapter on the folder's base
+        model. The adapter then continues bit-identically: same weights, Adam moments and step,
+        same accumulated gradient, all stored as float32. The folder is host memory when it is
+        on a RAM-backed file system (tmpfs), disk otherwise, and storage the gateway shares
+        for a remote worker; it is also a complete training checkpoint. Only trainers that
+        report saves_gradients honour the gradient fields.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def LoadAdapter(self, request, context):
-        """LoadAdapter replaces an adapter's weights (and optimizer state if asked) from a folder.
+        """LoadAdapter replaces an adapter's weights (and optimizer state and pending gradients if
+        asked) from a folder. An unknown adapter_id is created on the base model the folder's
+        base_model_name_or_path names, if served.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
