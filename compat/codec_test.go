@@ -3,10 +3,8 @@ package compat
 import (
 	"encoding/binary"
 	"math"
-	"net/http"
 	"testing"
 
-	"connectrpc.com/connect"
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
@@ -170,23 +168,6 @@ func TestLossConfigV2Preferred(t *testing.T) {
 	_, err = decodeForwardBackwardProto(b, testLimits)
 	requireClientError(t, err)
 	require.ErrorContains(t, err, "text-only")
-}
-
-func TestErrorTable(t *testing.T) {
-	for code, want := range map[connect.Code]int{
-		connect.CodeInvalidArgument: 400, connect.CodeFailedPrecondition: 400, connect.CodeOutOfRange: 400,
-		connect.CodeAlreadyExists: 400, connect.CodeUnauthenticated: 401, connect.CodePermissionDenied: 403,
-		connect.CodeNotFound: 404, connect.CodeResourceExhausted: 429, connect.CodeUnimplemented: 501,
-		connect.CodeUnavailable: 503, connect.CodeDeadlineExceeded: 504, connect.CodeInternal: 500,
-		connect.CodeUnknown: 500, connect.CodeDataLoss: 500,
-	} {
-		status, name, detail := classify(connect.NewError(code, errString("boom")))
-		require.Equal(t, want, status, code.String())
-		require.Equal(t, code.String(), name)
-		require.Equal(t, "boom", detail)
-	}
-	status, _, _ := classify(&http.MaxBytesError{Limit: 10})
-	require.Equal(t, 413, status)
 }
 
 type errString string

@@ -4,15 +4,22 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"connectrpc.com/connect"
+
+	"github.com/loops-dev/loops/internal/errs"
 )
 
 // apiError is an error compat answers with a given HTTP status. Decoders and handlers
-// return it for client mistakes they detect themselves.
+// return it for client mistakes they detect themselves, with statuses the code table does
+// not give (413, 415, 408, 410).
 type apiError struct {
 	status int
-	code   string
+	// code is the connect code's name ("invalid_argument"), sent as the body's code.
+	code string
+	// reason is the machine-readable reason (internal/errs); empty: the code's default.
+	reason string
 	detail string
 }
 
@@ -25,71 +32,69 @@ func badRequest(format string, args ...any) error {
 
 // tooLarge returns a 413 error with a formatted detail.
 func tooLarge(format string, args ...any) error {
-	return &apiError{status: http.StatusRequestEntityTooLarge, code: "resource_exhausted", detail: fmt.Sprintf(format, args...)}
+	return &apiError{status: http.StatusRequestEntityTooLarge, code: "resource_exhausted",
+		reason: errs.ReasonBodyTooLarge, detail: fmt.Sprintf(format, args...)}
 }
 
 // notImplemented returns the error for a Tinker route Loops does not serve: a 404, not a
 // 501, because the SDK retries every 5xx for minutes while a 404 fails the call at once.
 func notImplemented(format string, args ...any) error {
-	return &apiError{status: http.StatusNotFound, code: "unimplemented", detail: fmt.Sprintf(format, args...)}
+	return &apiError{status: http.StatusNotFound, code: "unimplemented",
+		reason: errs.ReasonRouteNotServed, detail: fmt.Sprintf(format, args...)}
 }
 
-// statusForCode is the one table that maps core (connect) error codes to HTTP statuses.
-// AlreadyExists is 400, not 409: the SDK retries 409 for minutes as a lock timeout, so a
-// permanent conflict must not use it.
-var statusForCode = map[connect.Code]int{
-	connect.CodeInvalidArgument:    http.StatusBadRequest,
-	connect.CodeFailedPrecondition: http.StatusBadRequest,
-	connect.CodeOutOfRange:         http.StatusBadRequest,
-	connect.CodeAlreadyExists:      http.StatusBadRequest,
-	connect.CodeUnauthenticated:    http.StatusUnauthorized,
-	connect.CodePermissionDenied:   http.StatusForbidden,
-	connect.CodeNotFound:           http.StatusNotFound,
-	connect.CodeResourceExhausted:  http.StatusTooManyRequests,
-	connect.CodeUnimplemented:      http.StatusNotImplemented,
-	connect.CodeUnavailable:        http.StatusServiceUnavailable,
-	connect.CodeDeadlineExceeded:   http.StatusGatewayTimeout,
-}
-
-// errorBody is the JSON body of every error answer.
+// errorBody is the JSON body of every error answer. The SDK parses none of it (it puts the
+// body in the exception's message); code and reason are for other clients and logs.
 type errorBody struct {
+	// Detail says what was wrong and how to fix it.
 	Detail string `json:"detail"`
-	Code   string `json:"code"`
+	// Code is the connect (gRPC) code's name, as in Connect's own JSON errors.
+	Code string `json:"code"`
+	// Reason is the stable machine-readable reason: the loops.v1 ErrorInfo reason.
+	Reason string `json:"reason"`
+}
+
+// answer is how compat answers an error.
+type answer struct {
+	status int
+	body   errorBody
+	// id is set when the detail was masked: the full error is logged under it.
+	id string
 }
 
 // classify turns any error into (HTTP status, connect code name, detail).
 func classify(err error) (int, string, string) {
+	a := classifyError(err)
+	return a.status, a.body.Code, a.body.Detail
+}
+
+// classifyError maps err through the one error table (internal/errs): the status is the
+// table's TinkerStatus, internal errors are masked to "internal error, id <id>".
+func classifyError(err error) answer {
 	var ae *apiError
 	if errors.As(err, &ae) {
-		return ae.status, ae.code, ae.detail
-	}
-	var ce *connect.Error
-	if errors.As(err, &ce) {
-		status, ok := statusForCode[ce.Code()]
-		if !ok {
-			status = http.StatusInternalServerError
+		reason := ae.reason
+		if reason == "" {
+			reason = strings.ToUpper(ae.code)
 		}
-		msg := ce.Message()
-		if msg == "" {
-			msg = ce.Code().String()
-		}
-		return status, ce.Code().String(), msg
+		return answer{status: ae.status, body: errorBody{Detail: ae.detail, Code: ae.code, Reason: reason}}
 	}
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
-		return http.StatusRequestEntityTooLarge, "resource_exhausted",
-			fmt.Sprintf("request body is larger than the server's limit of %d bytes; send smaller requests (fewer datums per forward_backward chunk)", mbe.Limit)
+		return answer{status: http.StatusRequestEntityTooLarge, body: errorBody{
+			Detail: fmt.Sprintf("request body is larger than the server's limit of %d bytes; send smaller requests (fewer datums per forward_backward chunk)", mbe.Limit),
+			Code:   connect.CodeResourceExhausted.String(), Reason: errs.ReasonBodyTooLarge}}
 	}
-	return http.StatusInternalServerError, connect.CodeInternal.String(), "internal error: " + err.Error()
-}
-
-// isUserCode reports whether a core error code is the client's fault.
-func isUserCode(c connect.Code) bool {
-	switch c {
-	case connect.CodeInvalidArgument, connect.CodeFailedPrecondition, connect.CodeOutOfRange,
-		connect.CodeAlreadyExists, connect.CodeNotFound, connect.CodePermissionDenied,
-		connect.CodeUnauthenticated:
-		return true
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		// compat's own failures (an encoder's, say) are internal.
+		err = connect.NewError(connect.CodeInternal, err)
 	}
-	return false
+	out := errs.Edge(err)
+	msg := out.Err.Message()
+	if msg == "" {
+		msg = out.Err.Code().String()
+	}
+	return answer{status: out.Entry.TinkerStatus, id: out.ID, body: errorBody{
+		Detail: msg, Code: out.Err.Code().String(), Reason: errs.Reason(out.Err)}}
 }

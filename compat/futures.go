@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/errs"
 )
 
 type tryAgainResponse struct {
@@ -81,7 +82,7 @@ func failureCategory(e *loopsv1.OperationError) string {
 	case loopsv1.ErrorCategory_ERROR_CATEGORY_SERVER:
 		return "server"
 	}
-	if e.GetCode() != 0 && isUserCode(connect.Code(e.GetCode())) {
+	if e.GetCode() != 0 && errs.Lookup(connect.Code(e.GetCode())).Category == errs.User {
 		return "user"
 	}
 	return "server"

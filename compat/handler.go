@@ -20,6 +20,7 @@ import (
 
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/internal/bounded"
+	"github.com/loops-dev/loops/internal/errs"
 )
 
 // Services are the core handlers compat translates onto. All must be non-nil.
@@ -137,25 +138,39 @@ func (s *server) recoverMiddleware(next http.Handler) http.Handler {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
+				id := errs.NewID()
 				s.log.Error("compat: panic serving request", "method", r.Method, "path", r.URL.Path,
-					"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-				s.writeError(w, r, &apiError{status: http.StatusInternalServerError, code: "internal",
-					detail: "internal error while serving " + r.URL.Path})
+					"error_id", id, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+				s.writeError(w, r, errs.Incident(id, "internal error, id "+id))
 			}
 		}()
 		next.ServeHTTP(w, r)
 	})
 }
 
-// writeError answers err as JSON {"detail","code"} with the mapped status.
+// writeError answers err as JSON {"detail","code","reason"} with the status of the one
+// error table (internal/errs). An internal error is logged in full under an error id and
+// answered "internal error, id <id>". When the client has gone away nothing is written: the
+// outcome is logged as 499 (the gateway counts it).
 func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
-	status, code, detail := classify(err)
-	if status >= 500 && status != http.StatusNotImplemented && status != http.StatusServiceUnavailable {
-		s.log.Error("compat: request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
-	} else {
-		s.log.Debug("compat: request rejected", "method", r.Method, "path", r.URL.Path, "status", status, "detail", detail)
+	if errs.ClientGone(r.Context()) {
+		s.log.Info("compat: client closed request", "method", r.Method, "path", r.URL.Path,
+			"status", errs.StatusClientClosedRequest, "err", err)
+		return
 	}
-	writeJSON(w, status, errorBody{Detail: detail, Code: code})
+	a := classifyError(err)
+	switch {
+	case a.id != "":
+		s.log.Error("compat: request failed", "method", r.Method, "path", r.URL.Path, "status", a.status,
+			"error_id", a.id, "reason", a.body.Reason, "err", err)
+	case a.status >= 500 && a.status != http.StatusServiceUnavailable:
+		s.log.Error("compat: request failed", "method", r.Method, "path", r.URL.Path, "status", a.status,
+			"reason", a.body.Reason, "err", err)
+	default:
+		s.log.Debug("compat: request rejected", "method", r.Method, "path", r.URL.Path, "status", a.status,
+			"reason", a.body.Reason, "detail", a.body.Detail)
+	}
+	writeJSON(w, a.status, a.body)
 }
 
 // writeJSON marshals v and writes it with a Content-Length.
@@ -163,7 +178,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
 		status = http.StatusInternalServerError
-		b = []byte(`{"detail":"internal error: cannot encode the response","code":"internal"}`)
+		b = []byte(`{"detail":"internal error: cannot encode the response","code":"internal","reason":"INTERNAL"}`)
 	}
 	w.Header().Set("Content-Type", contentTypeJSON)
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
@@ -197,7 +212,7 @@ func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 			return nil, err
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return nil, &apiError{status: http.StatusRequestTimeout, code: "deadline_exceeded",
+			return nil, &apiError{status: http.StatusRequestTimeout, code: "deadline_exceeded", reason: errs.ReasonBodyReadTimeout,
 				detail: "the request body did not arrive within the server's body read timeout; send it faster or in smaller requests"}
 		}
 		return nil, badRequest("cannot read the request body: %v", err)
@@ -209,7 +224,7 @@ func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	case "zstd":
 		return decompressZstd(r.Context(), raw, s.opt.MaxDecompressedBytes, s.opt.DecompressBudget)
 	default:
-		return nil, &apiError{status: http.StatusUnsupportedMediaType, code: "invalid_argument",
+		return nil, &apiError{status: http.StatusUnsupportedMediaType, code: "invalid_argument", reason: errs.ReasonUnsupportedEncoding,
 			detail: fmt.Sprintf("Content-Encoding %q is not supported; send the body uncompressed or zstd-compressed", enc)}
 	}
 }
@@ -229,7 +244,7 @@ func decompressZstd(ctx context.Context, raw []byte, limit int64, budget *bounde
 	case errors.As(err, &tl):
 		return nil, tooLarge("%s", err.Error())
 	case errors.Is(err, bounded.ErrBusy):
-		return nil, connect.NewError(connect.CodeResourceExhausted, err)
+		return nil, errs.New(connect.CodeResourceExhausted, errs.ReasonDecompressBusy, err)
 	}
 	return nil, badRequest("%s (Content-Encoding: zstd)", err.Error())
 }

@@ -436,7 +436,7 @@ func TestRESTRoutes(t *testing.T) {
 	e.core.setErr("ListSessions", connect.NewError(connect.CodePermissionDenied, errString("not yours")))
 	r = e.get("/api/v1/sessions")
 	require.Equal(t, 403, r.status)
-	require.JSONEq(t, `{"detail":"not yours","code":"permission_denied"}`, string(r.body))
+	require.JSONEq(t, `{"detail":"not yours","code":"permission_denied","reason":"PERMISSION_DENIED"}`, string(r.body))
 }
 
 func TestPanicIsRecovered(t *testing.T) {
