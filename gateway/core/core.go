@@ -41,6 +41,10 @@ type Options struct {
 	SamplingConcurrency int
 	// ArchiveURLTTL is how long a checkpoint archive URL stays valid (default 15 min).
 	ArchiveURLTTL time.Duration
+	// BackendDeadlines bound every backend call by its size (backends.Deadlines: by default
+	// 2 min + 100 ms per token processed). A call past its deadline fails its operation and
+	// the run recovers as after a worker crash.
+	BackendDeadlines backends.Deadlines
 	// Logger receives the core's logs (default slog.Default()).
 	Logger *slog.Logger
 	// Registerer receives the core's Prometheus metrics (default: none registered).
@@ -126,7 +130,7 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 		opts:     opts,
 		log:      opts.Logger,
 		store:    st,
-		backend:  backends.Guard(be, opts.Logger),
+		backend:  backends.WithDeadlines(backends.Guard(be, opts.Logger), opts.BackendDeadlines),
 		metrics:  newMetrics(opts.Registerer),
 		models:   map[string]*loopsv1.ModelInfo{},
 		losses:   map[string]bool{},

@@ -81,6 +81,9 @@ type run struct {
 	unloaded     string // why the run takes no more work; "" while it does
 	// freeWhenIdle: the run was unloaded while a task ran; taskDone frees the adapter.
 	freeWhenIdle bool
+	// adapterStale: a backend call on the adapter passed its deadline; the backend may
+	// still hold (and change) it, so it is deleted before being recreated.
+	adapterStale bool
 }
 
 func (c *Core) newRun(ws string, info *loopsv1.TrainingRun, nextSeq int64, adapterReady bool) *run {
@@ -443,7 +446,19 @@ func (l *lane) forwardBackward(ctx context.Context, batch []runTask) {
 // adapterLost handles a backend error for the run: NotFound means the backend no longer has
 // the run's adapter (a worker restarted), so the next request recreates it and marks the run
 // corrupted (ensureAdapter). Other errors pass through.
+//
+// DeadlineExceeded means the backend did not answer in time (backends.WithDeadlines): the
+// adapter's state is unknown and the backend may still be working on it, so it is treated
+// like a lost adapter, and the next request deletes whatever the backend holds before
+// recreating it.
 func (r *run) adapterLost(err error) error {
+	if err != nil && connect.CodeOf(err) == connect.CodeDeadlineExceeded {
+		r.mu.Lock()
+		r.adapterReady, r.adapterStale = false, true
+		r.mu.Unlock()
+		r.c.log.Error("a backend call on a run passed its deadline", slog.String("run", r.id), slog.Any("err", err))
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s; training run %s's adapter state is unknown: the next request recreates it (the run is marked corrupted), so load the run's last checkpoint (load_state) to continue", connectMessage(err), r.id))
+	}
 	if err == nil || connect.CodeOf(err) != connect.CodeNotFound {
 		return err
 	}
@@ -466,10 +481,16 @@ func (r *run) touch(ctx context.Context, seq int64) {
 // is gone, so the run is marked corrupted until a checkpoint is loaded.
 func (c *Core) ensureAdapter(ctx context.Context, r *run, t *task) error {
 	r.mu.Lock()
-	ready := r.adapterReady
+	ready, stale := r.adapterReady, r.adapterStale
 	r.mu.Unlock()
 	if ready || t.creates {
 		return nil
+	}
+	if stale {
+		// A call that passed its deadline may have left the adapter on the backend.
+		if _, err := c.backend.Trainer().DeleteAdapter(ctx, &backendv1.DeleteAdapterRequest{AdapterId: r.id}); err != nil {
+			return connect.NewError(connect.CodeUnavailable, errors.New("the run's adapter could not be reset after a backend call passed its deadline: "+connectMessage(err)))
+		}
 	}
 	info := r.snapshot()
 	_, err := c.backend.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{
@@ -479,7 +500,7 @@ func (c *Core) ensureAdapter(ctx context.Context, r *run, t *task) error {
 		return connect.NewError(connect.CodeUnavailable, errors.New("the run's adapter could not be restored after a server restart: "+err.Error()))
 	}
 	r.mu.Lock()
-	r.adapterReady = true
+	r.adapterReady, r.adapterStale = true, false
 	r.mu.Unlock()
 	r.update(ctx, func(i *loopsv1.TrainingRun) { i.Corrupted = true })
 	c.log.Warn("recreated a lost adapter; the run is marked corrupted until a checkpoint is loaded", slog.String("run", r.id))
