@@ -237,7 +237,7 @@ var LossFunctions = []string{"cross_entropy", "importance_sampling", "ppo", "cis
 // GetCapabilities lists the served models and losses.
 func (e *Engine) GetCapabilities(context.Context, *backendv1.GetCapabilitiesRequest) (*backendv1.GetCapabilitiesResponse, error) {
 	resp := &backendv1.GetCapabilitiesResponse{LossFunctions: append([]string(nil), LossFunctions...),
-		MaxAdapters: int32(e.opts.MaxAdapters), Implementation: Implementation}
+		MaxAdapters: int32(e.opts.MaxAdapters), Implementation: Implementation, SavesGradients: true}
 	for _, n := range e.order {
 		resp.Models = append(resp.Models, e.models[n].info)
 	}
@@ -361,7 +361,8 @@ func checkDir(dir string) error {
 	return nil
 }
 
-// SaveAdapter writes a PEFT adapter folder (and optimizer.safetensors when asked).
+// SaveAdapter writes a PEFT adapter folder (and optimizer.safetensors and
+// gradients.safetensors when asked).
 func (e *Engine) SaveAdapter(_ context.Context, req *backendv1.SaveAdapterRequest) (*backendv1.SaveAdapterResponse, error) {
 	if err := checkDir(req.Dir); err != nil {
 		return nil, err
@@ -373,6 +374,11 @@ func (e *Engine) SaveAdapter(_ context.Context, req *backendv1.SaveAdapterReques
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	n, err := nn.SaveAdapter(req.Dir, a.ad, a.base.info.TokenizerId, req.IncludeOptimizer)
+	if err == nil && req.IncludeGradients {
+		var g int64
+		g, err = nn.SaveGradients(req.Dir, a.ad)
+		n += g
+	}
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("saving adapter %q: %w", req.AdapterId, err))
 	}
@@ -380,7 +386,8 @@ func (e *Engine) SaveAdapter(_ context.Context, req *backendv1.SaveAdapterReques
 }
 
 // LoadAdapter replaces an adapter's weights (and optimizer state when asked) from a folder.
-// Without load_optimizer the optimizer state starts fresh. Pending gradients are dropped.
+// Without load_optimizer the optimizer state starts fresh; without load_gradients pending
+// gradients are dropped (with it they are replaced by gradients.safetensors).
 // If the adapter does not exist, it is created on the base model named by the folder's
 // base_model_name_or_path when that model is served.
 func (e *Engine) LoadAdapter(_ context.Context, req *backendv1.LoadAdapterRequest) (*backendv1.LoadAdapterResponse, error) {
@@ -412,6 +419,9 @@ func (e *Engine) LoadAdapter(_ context.Context, req *backendv1.LoadAdapterReques
 		bm = a.base
 	}
 	ad, lerr := nn.LoadAdapter(req.Dir, bm.m, req.LoadOptimizer, e.opts.MaxLoraRank)
+	if lerr == nil && req.LoadGradients {
+		lerr = nn.LoadGradients(req.Dir, ad)
+	}
 	if lerr != nil {
 		return nil, invalid("cannot load adapter from %s: %v", req.Dir, lerr)
 	}

@@ -13,6 +13,7 @@ func allCases() []testCase {
 	out = append(out, lossCases()...)
 	out = append(out, optimCases()...)
 	out = append(out, adapterCases()...)
+	out = append(out, slotCases()...)
 	out = append(out, sampleCases()...)
 	out = append(out, errorCases()...)
 	return out

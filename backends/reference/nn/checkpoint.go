@@ -354,3 +354,65 @@ func LoadAdapter[T Float](dir string, m *Model[T], withOptimizer bool, maxRank i
 	}
 	return a, nil
 }
+
+// GradientsFile holds an adapter's accumulated (not yet applied) gradient: "<tensor>.grad"
+// for each tensor of adapter_model.safetensors, float32, zero where nothing accumulated.
+// With optimizer.safetensors it makes a folder the complete training state of an adapter,
+// so the adapter can leave its slot between forward_backward and optim_step.
+const GradientsFile = "gradients.safetensors"
+
+// gradSuffix is the suffix of a gradient tensor's name in GradientsFile.
+const gradSuffix = ".grad"
+
+// SaveGradients writes dir/gradients.safetensors with a's accumulated gradients (float32,
+// exactly as held) and returns the bytes written. dir must exist.
+func SaveGradients[T Float](dir string, a *Adapter[T]) (int64, error) {
+	ts := make([]safetensors.Tensor, 0, len(a.Params))
+	for _, p := range a.Params {
+		g := make([]float32, len(p.G))
+		for i, v := range p.G {
+			g[i] = float32(v)
+		}
+		ts = append(ts, safetensors.Tensor{Name: p.Name + gradSuffix, Shape: []int64{int64(p.Shape[0]), int64(p.Shape[1])}, Data: g})
+	}
+	return safetensors.Write(filepath.Join(dir, GradientsFile), ts, map[string]string{"format": "pt"})
+}
+
+// LoadGradients replaces a's accumulated gradients with dir/gradients.safetensors. The
+// header is checked before any value is read: at most one tensor per parameter of a, each
+// named "<parameter>.grad" with the parameter's shape and a float dtype, and every
+// parameter covered; values must be finite. On error a's gradients are unchanged.
+func LoadGradients[T Float](dir string, a *Adapter[T]) error {
+	f, err := openTensors(dir, GradientsFile, tensorLimits(len(a.Params)))
+	if err != nil {
+		return fmt.Errorf("gradients requested but %s could not be read: %w", GradientsFile, err)
+	}
+	defer f.Close()
+	byName := make(map[string]*Param[T], len(a.Params))
+	for _, p := range a.Params {
+		byName[p.Name+gradSuffix] = p
+	}
+	for k, info := range f.Tensors {
+		p, ok := byName[k]
+		if !ok {
+			return fmt.Errorf("%s: tensor %s is not the gradient of a tensor in %s", GradientsFile, k, peft.AdapterWeightsFile)
+		}
+		if len(info.Shape) != 2 || info.Shape[0] != int64(p.Shape[0]) || info.Shape[1] != int64(p.Shape[1]) {
+			return fmt.Errorf("%s: %s has shape %v, want %v", GradientsFile, k, info.Shape, p.Shape)
+		}
+	}
+	if len(f.Tensors) != len(a.Params) {
+		return fmt.Errorf("%s holds %d tensors, want one gradient for each of the %d in %s", GradientsFile, len(f.Tensors), len(a.Params), peft.AdapterWeightsFile)
+	}
+	gs := make([][]T, len(a.Params))
+	for i, p := range a.Params {
+		gs[i] = make([]T, len(p.G))
+		if err := readFinite(f, GradientsFile, p.Name+gradSuffix, gs[i], false); err != nil {
+			return err
+		}
+	}
+	for i, p := range a.Params {
+		copy(p.G, gs[i])
+	}
+	return nil
+}

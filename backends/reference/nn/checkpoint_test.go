@@ -2,6 +2,8 @@ package nn
 
 import (
 	"encoding/binary"
+	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/loops-dev/loops/backends/peft"
+	"github.com/loops-dev/loops/backends/reference/safetensors"
 )
 
 // microCheckpoint saves a rank-4 adapter (with optimizer state) of the micro model and
@@ -79,6 +82,127 @@ func FuzzLoadAdapter(f *testing.F) {
 			require.Len(t, p.W, p.Shape[0]*p.Shape[1], p.Name)
 			require.Len(t, p.M, len(p.W), p.Name)
 			require.Len(t, p.V, len(p.W), p.Name)
+		}
+	})
+}
+
+// gradAdapter is a rank-4 adapter of the micro model with random weights and gradients.
+func gradAdapter(t testing.TB) (*Model[float32], *Adapter[float32]) {
+	m, err := NewRandom[float32](microConfig(false), RandomOptions{QKNorm: true, Std: 0.3, Seed: 7})
+	require.NoError(t, err)
+	a, err := NewAdapter(m, LoraConfig{Rank: 4, Seed: 3, Attn: true, MLP: true, Unembed: true})
+	require.NoError(t, err)
+	randomizeAdapter(a, 5, 0.1)
+	r := rand.New(rand.NewPCG(9, 1))
+	for _, p := range a.Params {
+		for i := range p.G {
+			p.G[i] = float32(r.NormFloat64() * 1e-3)
+		}
+	}
+	return m, a
+}
+
+func TestGradientsRoundTrip(t *testing.T) {
+	m, a := gradAdapter(t)
+	dir := t.TempDir()
+	_, err := SaveAdapter(dir, a, "micro", true)
+	require.NoError(t, err)
+	n, err := SaveGradients(dir, a)
+	require.NoError(t, err)
+	st, err := os.Stat(filepath.Join(dir, GradientsFile))
+	require.NoError(t, err)
+	require.Equal(t, st.Size(), n)
+	b, err := LoadAdapter(dir, m, true, 8)
+	require.NoError(t, err)
+	require.NoError(t, LoadGradients(dir, b))
+	require.Len(t, b.Params, len(a.Params))
+	for i, p := range a.Params {
+		q := b.Params[i]
+		require.Equal(t, p.Name, q.Name)
+		require.Equal(t, p.W, q.W, p.Name)
+		require.Equal(t, p.G, q.G, p.Name)
+		require.Equal(t, p.M, q.M, p.Name)
+		require.Equal(t, p.V, q.V, p.Name)
+	}
+}
+
+func TestLoadGradientsRejects(t *testing.T) {
+	m, a := gradAdapter(t)
+	dir := t.TempDir()
+	_, err := SaveAdapter(dir, a, "micro", false)
+	require.NoError(t, err)
+	b, err := LoadAdapter(dir, m, false, 8)
+	require.NoError(t, err)
+	require.ErrorContains(t, LoadGradients(dir, b), "gradients requested but gradients.safetensors could not be read")
+	grads := func(edit func(name string, shape []int64, g []float32) (string, []int64, []float32)) {
+		var ts []safetensors.Tensor
+		for _, p := range a.Params {
+			name, shape, g := edit(p.Name+".grad", []int64{int64(p.Shape[0]), int64(p.Shape[1])}, append([]float32(nil), p.G...))
+			if name != "" {
+				ts = append(ts, safetensors.Tensor{Name: name, Shape: shape, Data: g})
+			}
+		}
+		_, err := safetensors.Write(filepath.Join(dir, GradientsFile), ts, nil)
+		require.NoError(t, err)
+	}
+	first := a.Params[0].Name + ".grad"
+	for _, tc := range []struct {
+		want string
+		edit func(name string, shape []int64, g []float32) (string, []int64, []float32)
+	}{
+		{"is not the gradient of a tensor", func(n string, s []int64, g []float32) (string, []int64, []float32) {
+			if n == first {
+				n = "base_model.model.nope.lora_A.weight.grad"
+			}
+			return n, s, g
+		}},
+		{"has shape", func(n string, s []int64, g []float32) (string, []int64, []float32) {
+			if n == first {
+				s, g = []int64{s[1], s[0]}, g // transposed
+			}
+			return n, s, g
+		}},
+		{"holds 1 tensors", func(n string, s []int64, g []float32) (string, []int64, []float32) {
+			if n != first {
+				n = ""
+			}
+			return n, s, g
+		}},
+		{"values must be finite", func(n string, s []int64, g []float32) (string, []int64, []float32) {
+			if n == first {
+				g[3] = float32(math.NaN())
+			}
+			return n, s, g
+		}},
+	} {
+		grads(tc.edit)
+		before := append([]float32(nil), b.Params[0].G...)
+		require.ErrorContains(t, LoadGradients(dir, b), tc.want)
+		require.Equal(t, before, b.Params[0].G, "a refused file leaves the gradients alone")
+	}
+}
+
+// FuzzLoadGradients drives LoadGradients with arbitrary gradients.safetensors contents for
+// an adapter of the micro model; it fails on any panic, and leaves the gradients alone
+// unless it accepts the file.
+func FuzzLoadGradients(f *testing.F) {
+	_, a := gradAdapter(f)
+	seed := f.TempDir()
+	_, err := SaveGradients(seed, a)
+	require.NoError(f, err)
+	good, err := os.ReadFile(filepath.Join(seed, GradientsFile))
+	require.NoError(f, err)
+	f.Add(good)
+	huge := append([]byte(nil), good...)
+	binary.LittleEndian.PutUint64(huge, 1<<63)
+	f.Add(huge)
+	f.Add([]byte{})
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, GradientsFile), b, 0o644))
+		before := append([]float32(nil), a.Params[0].G...)
+		if err := LoadGradients(dir, a); err != nil {
+			require.Equal(t, before, a.Params[0].G)
 		}
 	})
 }
