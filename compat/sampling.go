@@ -172,8 +172,8 @@ func (s *server) asample(w http.ResponseWriter, r *http.Request) error {
 	if req.NumSamples != nil {
 		n = *req.NumSamples
 	}
-	if n < 1 || n > 1<<16 {
-		return badRequest("num_samples must be between 1 and 65536, got %d", n)
+	if n < 1 || n > math.MaxInt32 { // the core applies the server's cap
+		return badRequest("num_samples must be at least 1, got %d", n)
 	}
 	prompt, err := chunksToTokens(req.Prompt.Chunks)
 	if err != nil {

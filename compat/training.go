@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/semantics"
 )
 
 // optimizerConfig is the SDK's optimizer_config ({"type":"adamw"} or another family).
@@ -258,8 +259,12 @@ func (s *server) optimStep(w http.ResponseWriter, r *http.Request) error {
 	op, err := s.svc.Training.OptimStep(r.Context(), &loopsv1.OptimStepRequest{
 		TrainingRunId: id, SeqId: derefInt(req.SeqID),
 		Adam: &loopsv1.AdamParams{
-			LearningRate: floatOr(p.LearningRate, 1e-4), Beta1: floatOr(p.Beta1, 0.9), Beta2: floatOr(p.Beta2, 0.95),
-			Eps: floatOr(p.Eps, 1e-12), WeightDecay: floatOr(p.WeightDecay, 0), GradClipNorm: floatOr(p.GradClipNorm, 0),
+			LearningRate: floatOr(p.LearningRate, semantics.DefaultLearningRate),
+			Beta1:        floatOr(p.Beta1, semantics.DefaultBeta1),
+			Beta2:        floatOr(p.Beta2, semantics.DefaultBeta2),
+			Eps:          floatOr(p.Eps, semantics.DefaultEps),
+			WeightDecay:  floatOr(p.WeightDecay, 0),
+			GradClipNorm: floatOr(p.GradClipNorm, 0),
 		},
 	})
 	if err != nil {

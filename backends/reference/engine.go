@@ -21,6 +21,7 @@ import (
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/semantics"
 )
 
 // Implementation is the name the engine reports in GetCapabilities.
@@ -322,11 +323,8 @@ func (e *Engine) OptimStep(_ context.Context, req *backendv1.OptimStepRequest) (
 	if p == nil {
 		return nil, invalid("adam params are required")
 	}
+	p = semantics.AdamWithDefaults(p) // proto3 cannot tell unset from zero
 	ap := nn.AdamParams{LR: p.LearningRate, Beta1: p.Beta1, Beta2: p.Beta2, Eps: p.Eps, WeightDecay: p.WeightDecay, GradClipNorm: p.GradClipNorm}
-	if ap.Beta1 == 0 && ap.Beta2 == 0 && ap.Eps == 0 {
-		// proto3 cannot tell unset from zero: all three zero means Tinker's defaults.
-		ap.Beta1, ap.Beta2, ap.Eps = 0.9, 0.95, 1e-12
-	}
 	switch {
 	case !(ap.LR >= 0):
 		return nil, invalid("learning_rate must be >= 0, got %g", ap.LR)

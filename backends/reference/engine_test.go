@@ -17,6 +17,7 @@ import (
 	"github.com/loops-dev/loops/backends/tiny"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/semantics"
 )
 
 var (
@@ -184,7 +185,7 @@ func TestLossesMatchIndependentComputation(t *testing.T) {
 		}},
 		{"cispo", nil, func(lp, q, a float64) float64 { return -clipv(math.Exp(lp-q), 0.8, 1.2) * a * lp }},
 		{"dro", map[string]float64{"beta": 0.3}, func(lp, q, a float64) float64 { return -(lp*a - 0.5*0.3*(lp-q)*(lp-q)) }},
-		{"dro", nil, func(lp, q, a float64) float64 { return -(lp*a - 0.5*DefaultDROBeta*(lp-q)*(lp-q)) }},
+		{"dro", nil, func(lp, q, a float64) float64 { return -(lp*a - 0.5*semantics.DefaultDROBeta*(lp-q)*(lp-q)) }},
 	}
 	// q close to lp so ratios straddle the clip range
 	for i := range q {

@@ -3,7 +3,9 @@ package reference
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"sort"
 
 	"connectrpc.com/connect"
@@ -11,25 +13,9 @@ import (
 	"github.com/loops-dev/loops/backends/reference/nn"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/semantics"
 	"github.com/loops-dev/loops/internal/shape"
 )
-
-// Loss defaults and config keys.
-const (
-	DefaultClipLow  = 0.8
-	DefaultClipHigh = 1.2
-	// DefaultDROBeta is used when loss_fn_config has no "beta" (Tinker's docs show no
-	// default; 0.05 is the value of their example).
-	DefaultDROBeta = 0.05
-)
-
-var lossConfigKeys = map[string][]string{
-	"cross_entropy":       nil,
-	"importance_sampling": nil,
-	"ppo":                 {"clip_low_threshold", "clip_high_threshold"},
-	"cispo":               {"clip_low_threshold", "clip_high_threshold"},
-	"dro":                 {"beta"},
-}
 
 // datumLoss holds one datum's parsed loss inputs.
 type datumLoss struct {
@@ -47,17 +33,9 @@ func clip(x, lo, hi float64) float64 { return math.Min(math.Max(x, lo), hi) }
 // LossFn returns the per-token loss and its derivative with respect to the learner
 // log-prob for a loss name and config (already validated).
 func lossFn(name string, cfg map[string]float64) tokenLoss {
-	lo, hi := DefaultClipLow, DefaultClipHigh
-	if v, ok := cfg["clip_low_threshold"]; ok {
-		lo = v
-	}
-	if v, ok := cfg["clip_high_threshold"]; ok {
-		hi = v
-	}
-	beta := DefaultDROBeta
-	if v, ok := cfg["beta"]; ok {
-		beta = v
-	}
+	c, _ := semantics.LossConfig(name)
+	maps.Copy(c, cfg)
+	lo, hi, beta := c["clip_low_threshold"], c["clip_high_threshold"], c["beta"]
 	switch name {
 	case "cross_entropy":
 		return func(d *datumLoss, pos, k int, lp float64) (float64, float64) {
@@ -250,18 +228,14 @@ func (e *Engine) prepareItem(idx int, it *backendv1.ForwardBackwardItem) *fbItem
 		return fi
 	}
 	fi.ad = a
-	keys, ok := lossConfigKeys[it.LossFn]
+	accepted, ok := semantics.LossConfig(it.LossFn)
 	if !ok {
 		fi.err = invalid("unknown loss_fn %q; use one of %v", it.LossFn, LossFunctions)
 		return fi
 	}
 	for k, v := range it.LossFnConfig {
-		found := false
-		for _, kk := range keys {
-			found = found || k == kk
-		}
-		if !found {
-			fi.err = invalid("loss_fn_config key %q is not used by %s (accepted keys: %v)", k, it.LossFn, keys)
+		if _, ok := accepted[k]; !ok {
+			fi.err = invalid("loss_fn_config key %q is not used by %s (accepted keys: %v)", k, it.LossFn, slices.Sorted(maps.Keys(accepted)))
 			return fi
 		}
 		if math.IsNaN(v) || math.IsInf(v, 0) {

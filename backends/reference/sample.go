@@ -13,12 +13,12 @@ import (
 	"github.com/loops-dev/loops/backends/reference/nn"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/semantics"
 )
 
-// MaxSamples caps num_samples of one request.
-const MaxSamples = 256
-
-// MaxTopKPromptLogprobs caps topk_prompt_logprobs.
+// MaxTopKPromptLogprobs caps topk_prompt_logprobs in the engine. It is above the public
+// limit (semantics.MaxTopKPromptLogprobs, which the core applies) so that a direct caller
+// can read whole rows of a small vocabulary.
 const MaxTopKPromptLogprobs = 1024
 
 const samplerCacheSize = 16
@@ -77,15 +77,15 @@ func (e *Engine) Sample(ctx context.Context, req *backendv1.SampleRequest) (*bac
 	}
 	p := req.Params
 	if p == nil {
-		p = &loopsv1.SamplingParams{MaxTokens: 16, Temperature: 1, TopP: 1}
+		p = &loopsv1.SamplingParams{MaxTokens: int32(min(semantics.DefaultMaxTokens, bm.m.Cfg.MaxSeq()-len(prompt))), Temperature: 1, TopP: 1}
 	}
 	n := int(req.NumSamples)
 	if n == 0 {
 		n = 1
 	}
 	switch {
-	case n < 0 || n > MaxSamples:
-		return nil, invalid("num_samples must be between 1 and %d, got %d", MaxSamples, n)
+	case n < 0 || n > semantics.MaxNumSamples:
+		return nil, invalid("num_samples must be between 1 and %d, got %d", semantics.MaxNumSamples, n)
 	case p.MaxTokens < 1:
 		return nil, invalid("max_tokens must be at least 1, got %d", p.MaxTokens)
 	case len(prompt)+int(p.MaxTokens) > bm.m.Cfg.MaxSeq():

@@ -14,6 +14,7 @@ import (
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/semantics"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -70,7 +71,7 @@ func (o *Options) defaults() {
 		o.MaxDatumsPerRequest = 4096
 	}
 	if o.MaxSamplesPerRequest <= 0 {
-		o.MaxSamplesPerRequest = 256
+		o.MaxSamplesPerRequest = semantics.MaxNumSamples
 	}
 	if o.MaxQueuedSamples <= 0 {
 		o.MaxQueuedSamples = 10000

@@ -158,6 +158,7 @@ func TestBadInputIsRejectedAtSubmission(t *testing.T) {
 		"wrapped shape":  {&loopsv1.ForwardBackwardRequest{LossFn: "cross_entropy", Data: []*loopsv1.Datum{wrapped}}, "needs more elements than the tensor's 4 values"},
 		"zero dimension": {&loopsv1.ForwardBackwardRequest{LossFn: "cross_entropy", Data: []*loopsv1.Datum{zeroDim}}, "has a dimension of 0"},
 		"unknown config": {&loopsv1.ForwardBackwardRequest{LossFn: "cross_entropy", LossFnConfig: map[string]float64{"beta": 1}, Data: []*loopsv1.Datum{datum(1)}}, "takes no config"},
+		"inf config":     {&loopsv1.ForwardBackwardRequest{LossFn: "dro", LossFnConfig: map[string]float64{"beta": math.Inf(1)}, Data: []*loopsv1.Datum{datum(1)}}, "must be finite"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			tc.req.TrainingRunId = run

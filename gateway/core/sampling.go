@@ -10,16 +10,17 @@ import (
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/semantics"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // maxTopKPromptLogprobs caps topk_prompt_logprobs.
-const maxTopKPromptLogprobs = 100
+const maxTopKPromptLogprobs = semantics.MaxTopKPromptLogprobs
 
 // defaultMaxTokens is used when a request gives no max_tokens (it is also capped by the
 // model's sequence length).
-const defaultMaxTokens = 1024
+const defaultMaxTokens = semantics.DefaultMaxTokens
 
 // samplerState is a sampler in memory: its record, the adapter folder it samples with
 // (empty for the base model), and its seq_id de-duplication table.

@@ -14,6 +14,7 @@ import (
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/semantics"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -368,7 +369,7 @@ func (s TrainingService) OptimStep(ctx context.Context, req *loopsv1.OptimStepRe
 		func(string, *loopsv1.TrainingRun) error { return validateAdam(req.GetAdam()) },
 		func(r *run, _ int64) *task {
 			return &task{exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
-				resp, err := c.backend.Trainer().OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: r.id, Adam: req.GetAdam()})
+				resp, err := c.backend.Trainer().OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: r.id, Adam: semantics.AdamWithDefaults(req.GetAdam())})
 				if err != nil {
 					return nil, r.adapterLost(err)
 				}

@@ -8,23 +8,24 @@ import (
 	"strings"
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/semantics"
 	"github.com/loops-dev/loops/internal/shape"
 )
 
 // lossSpec says what a loss function takes.
 type lossSpec struct {
-	inputs   []string           // required loss_fn_inputs
-	optional []string           // optional loss_fn_inputs
-	config   map[string]float64 // accepted loss_fn_config keys and their defaults
+	inputs   []string // required loss_fn_inputs
+	optional []string // optional loss_fn_inputs
 }
 
-// lossSpecs are the Tinker losses (DESIGN.md, "Semantics every backend implements").
+// lossSpecs are the Tinker losses (DESIGN.md, "Semantics every backend implements"); the
+// loss_fn_config keys each accepts, and their defaults, are semantics.LossConfig's.
 var lossSpecs = map[string]lossSpec{
 	"cross_entropy":       {inputs: []string{"target_tokens", "weights"}},
 	"importance_sampling": {inputs: []string{"target_tokens", "logprobs", "advantages"}},
-	"ppo":                 {inputs: []string{"target_tokens", "logprobs", "advantages"}, config: map[string]float64{"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}},
-	"cispo":               {inputs: []string{"target_tokens", "logprobs", "advantages"}, config: map[string]float64{"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}},
-	"dro":                 {inputs: []string{"target_tokens", "logprobs", "advantages"}, config: map[string]float64{"beta": 0}},
+	"ppo":                 {inputs: []string{"target_tokens", "logprobs", "advantages"}},
+	"cispo":               {inputs: []string{"target_tokens", "logprobs", "advantages"}},
+	"dro":                 {inputs: []string{"target_tokens", "logprobs", "advantages"}},
 }
 
 // validateForwardBackward checks a request against the model's limits and the loss's inputs
@@ -35,15 +36,16 @@ func (c *Core) validateForwardBackward(model *loopsv1.ModelInfo, req *loopsv1.Fo
 	if !ok || !c.losses[req.GetLossFn()] {
 		return 0, invalidArgument("unknown loss_fn %q: use one of %s", req.GetLossFn(), strings.Join(c.lossNames(), ", "))
 	}
+	config, _ := semantics.LossConfig(req.GetLossFn())
 	for k, v := range req.GetLossFnConfig() {
-		if _, ok := spec.config[k]; !ok {
-			if len(spec.config) == 0 {
+		if _, ok := config[k]; !ok {
+			if len(config) == 0 {
 				return 0, invalidArgument("loss_fn_config key %q is not accepted by %s, which takes no config", k, req.GetLossFn())
 			}
-			return 0, invalidArgument("loss_fn_config key %q is not accepted by %s: use %s", k, req.GetLossFn(), strings.Join(sortedKeys(spec.config), ", "))
+			return 0, invalidArgument("loss_fn_config key %q is not accepted by %s: use %s", k, req.GetLossFn(), strings.Join(sortedKeys(config), ", "))
 		}
-		if v != v { // NaN
-			return 0, invalidArgument("loss_fn_config %q is NaN", k)
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return 0, invalidArgument("loss_fn_config %q is %v; it must be finite", k, v)
 		}
 	}
 	data := req.GetData()

@@ -1,0 +1,78 @@
+// Package semantics is the one home of the numbers in Loops' written semantics
+// (docs/semantics.md) that more than one part needs: the defaults that a request's unset
+// fields take and the limits that requests are validated against. The core
+// (gateway/core), the Tinker routes (compat) and the backends import them instead of
+// writing the numbers again, so that loops.v1 and the Tinker routes accept and refuse the
+// same requests and every backend fills the same defaults. The Python worker
+// (backends/torch) cannot import Go; this package's tests check its copies.
+package semantics
+
+import (
+	"maps"
+
+	"google.golang.org/protobuf/proto"
+
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+)
+
+// Tinker's AdamParams defaults.
+const (
+	// DefaultLearningRate is Tinker's learning_rate when a Tinker request omits it. loops.v1
+	// cannot tell an unset learning_rate from 0, so there 0 stays 0.
+	DefaultLearningRate = 1e-4
+	DefaultBeta1        = 0.9
+	DefaultBeta2        = 0.95
+	DefaultEps          = 1e-12
+)
+
+// AdamWithDefaults returns p with beta1, beta2 and eps set to DefaultBeta1, DefaultBeta2 and
+// DefaultEps when all three are 0 (proto3's "unset"; Adam with beta2 = 0 and eps = 0 is no
+// use to anyone). It returns p itself when nothing changes, else a copy; nil stays nil.
+func AdamWithDefaults(p *loopsv1.AdamParams) *loopsv1.AdamParams {
+	if p == nil || p.GetBeta1() != 0 || p.GetBeta2() != 0 || p.GetEps() != 0 {
+		return p
+	}
+	q := proto.CloneOf(p)
+	q.Beta1, q.Beta2, q.Eps = DefaultBeta1, DefaultBeta2, DefaultEps
+	return q
+}
+
+// Loss function config defaults (loss_fn_config).
+const (
+	// DefaultClipLowThreshold and DefaultClipHighThreshold bound the ratio in ppo and cispo.
+	DefaultClipLowThreshold  = 0.8
+	DefaultClipHighThreshold = 1.2
+	// DefaultDROBeta is dro's beta (Tinker documents no default; 0.05 is its example value).
+	DefaultDROBeta = 0.05
+)
+
+// lossConfigs are the loss_fn_config keys each Tinker loss accepts, with their defaults.
+var lossConfigs = map[string]map[string]float64{
+	"cross_entropy":       nil,
+	"importance_sampling": nil,
+	"ppo":                 {"clip_low_threshold": DefaultClipLowThreshold, "clip_high_threshold": DefaultClipHighThreshold},
+	"cispo":               {"clip_low_threshold": DefaultClipLowThreshold, "clip_high_threshold": DefaultClipHighThreshold},
+	"dro":                 {"beta": DefaultDROBeta},
+}
+
+// LossConfig returns the loss_fn_config keys that lossFn accepts, each with its default (a
+// new map; empty for a loss that takes no config), and false for an unknown loss.
+func LossConfig(lossFn string) (map[string]float64, bool) {
+	c, ok := lossConfigs[lossFn]
+	if !ok {
+		return nil, false
+	}
+	return maps.Clone(c), true
+}
+
+// Sampling defaults and limits.
+const (
+	// DefaultMaxTokens is max_tokens when a request gives none (or 0); the model's sequence
+	// length less the prompt caps it further.
+	DefaultMaxTokens = 1024
+	// MaxNumSamples caps num_samples of one sampling request (the core's default cap,
+	// core.Options.MaxSamplesPerRequest; the backends accept as many).
+	MaxNumSamples = 256
+	// MaxTopKPromptLogprobs caps topk_prompt_logprobs.
+	MaxTopKPromptLogprobs = 100
+)
