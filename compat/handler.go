@@ -153,7 +153,7 @@ func (s *server) recoverMiddleware(next http.Handler) http.Handler {
 // answered "internal error, id <id>". When the client has gone away nothing is written: the
 // outcome is logged as 499 (the gateway counts it).
 func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
-	if errs.ClientGone(r.Context()) {
+	if clientGone(r, err) {
 		s.log.Info("compat: client closed request", "method", r.Method, "path", r.URL.Path,
 			"status", errs.StatusClientClosedRequest, "err", err)
 		return
@@ -171,6 +171,18 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 			"reason", a.body.Reason, "detail", a.body.Detail)
 	}
 	writeJSON(w, a.status, a.body)
+}
+
+// clientGone reports whether r's client went away, so err's answer would go nowhere. A body
+// that ran past the server's read deadline cancels the request's context too (net/http
+// cancels it on any read error of the connection), but that client is still there and gets
+// its 408.
+func clientGone(r *http.Request, err error) bool {
+	var ae *apiError
+	if errors.As(err, &ae) && ae.status == http.StatusRequestTimeout {
+		return false
+	}
+	return errs.ClientGone(r.Context())
 }
 
 // writeJSON marshals v and writes it with a Content-Length.

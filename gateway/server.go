@@ -23,6 +23,7 @@ import (
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/gen/openapi"
 	"github.com/loops-dev/loops/internal/bounded"
+	"github.com/loops-dev/loops/internal/errs"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -209,11 +210,13 @@ var publicPaths = []string{"/healthz", "/metrics", "/openapi.json", "/api/v1/hea
 func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Handler, error) {
 	svc := s.core.Services()
 	mux := http.NewServeMux()
+	edge := newEdge(s.log, reg)
 
-	// loops.v1 over Connect, gRPC and gRPC-Web.
+	// loops.v1 over Connect, gRPC and gRPC-Web, every handler behind the one error edge.
 	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(int(s.cfg.Limits.MaxBodyBytes)),
 		withBoundedGzip(s.cfg.Limits.MaxBodyBytes, s.budget),
+		connect.WithInterceptors(edge),
 	}
 	mux.Handle(loopsv1connect.NewSessionServiceHandler(svc.Sessions, opts...))
 	mux.Handle(loopsv1connect.NewTrainingServiceHandler(svc.Training, opts...))
@@ -224,7 +227,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	mux.Handle(loopsv1connect.NewUsageServiceHandler(svc.Usage, opts...))
 
 	// loops.v1 as REST: grpc-gateway over a gRPC connection to this same listener.
-	rest, err := s.restHandler(ctx)
+	rest, err := s.restHandler(ctx, edge)
 	if err != nil {
 		return nil, err
 	}
@@ -232,7 +235,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	mux.Handle(core.ArchivePathPrefix, s.core.ArchiveHandler())
 
 	// Tinker's routes.
-	mux.Handle("/api/v1/", compat.NewHandler(compat.Services{
+	mux.Handle("/api/v1/", edge.countTinker(compat.NewHandler(compat.Services{
 		Sessions:    svc.Sessions,
 		Training:    svc.Training,
 		Operations:  svc.Operations,
@@ -246,7 +249,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		DecompressBudget:     s.budget,
 		Logger:               s.log,
 		Owner:                auth.Workspace,
-	}))
+	})))
 
 	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -268,9 +271,10 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 
 // restHandler builds the grpc-gateway mux. It dials this server's own listener over h2c, so
 // REST requests pass through the same Connect handlers (and auth) as every other surface.
-func (s *Server) restHandler(ctx context.Context) (http.Handler, error) {
+func (s *Server) restHandler(ctx context.Context, edge *edge) (http.Handler, error) {
 	conn, err := grpc.NewClient(s.ln.Addr().String(),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithUserAgent(restUserAgent),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(int(s.cfg.Limits.MaxDecompressedBytes))),
 	)
 	if err != nil {
@@ -278,6 +282,7 @@ func (s *Server) restHandler(ctx context.Context) (http.Handler, error) {
 	}
 	s.conn = conn
 	gw := runtime.NewServeMux(
+		runtime.WithErrorHandler(edge.restErrorHandler),
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
 			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: false},
 			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
@@ -350,8 +355,9 @@ func recoverPanics(log *slog.Logger, next http.Handler) http.Handler {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
-				log.Error("handler panicked", slog.String("path", r.URL.Path), slog.Any("panic", v))
-				http.Error(w, `{"detail":"internal error"}`, http.StatusInternalServerError)
+				id := errs.NewID()
+				log.Error("handler panicked", slog.String("path", r.URL.Path), slog.String("error_id", id), slog.Any("panic", v))
+				http.Error(w, `{"detail":"internal error, id `+id+`","code":"internal","reason":"INTERNAL"}`, http.StatusInternalServerError)
 			}
 		}()
 		next.ServeHTTP(w, r)
