@@ -41,11 +41,15 @@ func (s *server) retrieveFuture(w http.ResponseWriter, r *http.Request) error {
 		Id: req.RequestID, Timeout: durationpb.New(s.opt.LongPoll),
 	})
 	if err != nil {
-		// A wait that merely ran out of time, or a client that went away, is still
-		// pending: never answer a 5xx here (the SDK re-polls a 5xx with no delay).
+		// A client that went away gets nothing (writeError logs it as 499).
+		if errs.ClientGone(r.Context()) {
+			return err
+		}
+		// A wait that merely ran out of time is still pending: never answer a 5xx here
+		// (the SDK re-polls a 5xx with no delay).
 		if connect.CodeOf(err) == connect.CodeDeadlineExceeded || errors.Is(err, context.DeadlineExceeded) ||
 			connect.CodeOf(err) == connect.CodeCanceled || r.Context().Err() != nil {
-			// (A canceled wait means the client went away; the answer goes nowhere.)
+			// (A wait the server canceled, at shutdown say, is re-polled.)
 			writeJSON(w, http.StatusOK, tryAgainResponse{Type: "try_again", RequestID: req.RequestID, QueueState: "active"})
 			return nil
 		}
