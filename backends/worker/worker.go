@@ -790,6 +790,7 @@ var (
 func (b *Backend) capabilities() *backendv1.GetCapabilitiesResponse {
 	out := &backendv1.GetCapabilitiesResponse{Implementation: Name}
 	seen := map[string]bool{}
+	known := 0
 	for _, w := range b.workers {
 		w.mu.Lock()
 		caps := w.caps
@@ -800,6 +801,9 @@ func (b *Backend) capabilities() *backendv1.GetCapabilitiesResponse {
 		if out.LossFunctions == nil {
 			out.LossFunctions = caps.GetLossFunctions()
 		}
+		// an adapter may land on any worker: gradients move only if every worker moves them
+		out.SavesGradients = caps.GetSavesGradients() && (known == 0 || out.SavesGradients)
+		known++
 		out.MaxAdapters += caps.GetMaxAdapters()
 		for _, m := range caps.GetModels() {
 			if !seen[m.GetName()] {

@@ -4,7 +4,10 @@ adapter_config.json: peft_type LORA, task_type CAUSAL_LM, r, lora_alpha, target_
 bias none, base_model_name_or_path. adapter_model.safetensors: F32, PEFT keys
 base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight [r, in] / lora_B.weight
 [out, r], metadata loops.seed. optimizer.safetensors (training checkpoints): <key>.exp_avg,
-<key>.exp_avg_sq, metadata step.
+<key>.exp_avg_sq, metadata step. gradients.safetensors (an adapter offloaded from its slot
+between forward_backward and optim_step): <key>.grad, F32, the accumulated gradient; a
+parameter without one (.grad None) is stored as -0.0, the additive identity, so a restored
+adapter accumulates and steps bit-identically.
 
 Loading checks a folder as the reference engine's nn.LoadAdapter does, before torch
 allocates anything for it (check_folder): adapter_config.json is read with a size cap, the
@@ -32,6 +35,7 @@ from .lora import LAYER_TARGETS
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 OPTIMIZER = "optimizer.safetensors"
+GRADIENTS = "gradients.safetensors"
 # adapter_config.json cap (nn.MaxConfigBytes); PEFT writes about a kilobyte.
 MAX_CONFIG_BYTES = 256 << 10
 TARGET_MODULES = LAYER_TARGETS + ["lm_head"]
@@ -67,7 +71,7 @@ def peft_config(rank: int, alpha: float, target_modules, base_model: str) -> dic
     }
 
 
-def save(dir_: str, adapter, base_model: str, with_optimizer: bool) -> int:
+def save(dir_: str, adapter, base_model: str, with_optimizer: bool, with_gradients: bool = False) -> int:
     os.makedirs(dir_, exist_ok=True)
     alpha = adapter.scale * adapter.spec.rank
     if abs(alpha - 32.0) < 1e-9:
@@ -87,6 +91,16 @@ def save(dir_: str, adapter, base_model: str, with_optimizer: bool) -> int:
             os_[k + ".exp_avg_sq"] = adapter.exp_avg_sq[k].detach().to("cpu", torch.float32).contiguous()
         path = os.path.join(dir_, OPTIMIZER)
         save_file(os_, path, metadata={"format": "pt", "step": str(adapter.step), "optimizer": "adamw"})
+        total += os.path.getsize(path)
+    if with_gradients:
+        gs: Dict[str, torch.Tensor] = {}
+        for k, p in adapter.params.items():
+            if p.grad is None:
+                gs[k + ".grad"] = torch.full(tuple(p.shape), -0.0, dtype=torch.float32)
+            else:
+                gs[k + ".grad"] = p.grad.detach().to("cpu", torch.float32).contiguous()
+        path = os.path.join(dir_, GRADIENTS)
+        save_file(gs, path, metadata={"format": "pt"})
         total += os.path.getsize(path)
     return total
 
@@ -264,7 +278,7 @@ class Plan:
 
 
 def check_folder(dir_: str, modules: Dict[str, Tuple[int, int]], num_layers: int, max_rank: int,
-                 with_optimizer: bool) -> Plan:
+                 with_optimizer: bool, with_gradients: bool = False) -> Plan:
     """Checks an adapter folder against the base model's LoRA modules ({PEFT key: (in,
     out)}) and the rank limit without reading a tensor (nn.LoadAdapter's checks):
     adapter_config.json, both safetensors headers, every tensor name against the modules
@@ -343,6 +357,20 @@ def check_folder(dir_: str, modules: Dict[str, Tuple[int, int]], num_layers: int
                 raise ValueError(f"{OPTIMIZER}: {k} has shape {list(shape)}, want {list(tensors[stored[base]][1])}")
         if len(otensors) != 2 * len(stored):
             raise ValueError(f"{OPTIMIZER} holds {len(otensors)} tensors, want exp_avg and exp_avg_sq for each of the {len(stored)} in {ADAPTER_WEIGHTS}")
+    if with_gradients:
+        path = os.path.join(dir_, GRADIENTS)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"gradients requested but {GRADIENTS} could not be read: {path} does not exist")
+        hb, nt = tensor_limits(len(stored))
+        gtensors, _ = read_header(path, hb, nt)
+        for k, (_, shape) in gtensors.items():
+            base = k[:-len(".grad")] if k.endswith(".grad") else None
+            if base is None or base not in stored:
+                raise ValueError(f"{GRADIENTS}: tensor {k} is not the gradient of a tensor in {ADAPTER_WEIGHTS}")
+            if shape != tensors[stored[base]][1]:
+                raise ValueError(f"{GRADIENTS}: {k} has shape {list(shape)}, want {list(tensors[stored[base]][1])}")
+        if len(gtensors) != len(stored):
+            raise ValueError(f"{GRADIENTS} holds {len(gtensors)} tensors, want one gradient for each of the {len(stored)} in {ADAPTER_WEIGHTS}")
     return plan
 
 
@@ -374,4 +402,14 @@ def read_optimizer(dir_: str, plan: Plan) -> Dict[str, torch.Tensor]:
             for suffix in (".exp_avg", ".exp_avg_sq"):
                 k = name + suffix
                 out[k] = _finite(OPTIMIZER, k, f.get_tensor(k).to(torch.float32), non_negative=suffix == ".exp_avg_sq")
+    return out
+
+
+def read_gradients(dir_: str, plan: Plan) -> Dict[str, torch.Tensor]:
+    """The checked folder's accumulated gradients as float32, by '<name>.grad'."""
+    out: Dict[str, torch.Tensor] = {}
+    with safe_open(os.path.join(dir_, GRADIENTS), framework="pt") as f:
+        for name in plan.stored:
+            k = name + ".grad"
+            out[k] = _finite(GRADIENTS, k, f.get_tensor(k).to(torch.float32))
     return out

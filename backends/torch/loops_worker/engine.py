@@ -414,7 +414,7 @@ class Engine:
 
         return bpb.GetCapabilitiesResponse(
             models=[self.models[n].info for n in self.order], loss_functions=list(LOSS_FUNCTIONS),
-            max_adapters=self.max_adapters, implementation=IMPLEMENTATION)
+            max_adapters=self.max_adapters, implementation=IMPLEMENTATION, saves_gradients=True)
 
     def _check_lora(self, lc) -> LoraSpec:
         if lc is None:
@@ -583,7 +583,7 @@ class Engine:
         a = self.adapter(req.adapter_id)
         with self.compute:
             try:
-                return ckpt.save(req.dir, a, a.base.tokenizer_id, req.include_optimizer)
+                return ckpt.save(req.dir, a, a.base.tokenizer_id, req.include_optimizer, req.include_gradients)
             except OSError as e:
                 raise WorkerError(INTERNAL, f"saving adapter {req.adapter_id!r}: {e}")
 
@@ -594,20 +594,23 @@ class Engine:
         keys = layer_keys(bm.num_layers, LoraSpec(rank=1))
         return {k: (bm.layers[k].in_features, bm.layers[k].out_features) for k in keys if k in bm.layers}
 
-    def check_adapter_dir(self, dir_: str, bm: BaseModel, with_optimizer: bool) -> ckpt.Plan:
+    def check_adapter_dir(self, dir_: str, bm: BaseModel, with_optimizer: bool, with_gradients: bool = False) -> ckpt.Plan:
         """ckpt.check_folder against bm and this worker's rank limit, as InvalidArgument."""
         try:
-            return ckpt.check_folder(dir_, self.lora_modules(bm), bm.num_layers, self.max_lora_rank, with_optimizer)
+            return ckpt.check_folder(dir_, self.lora_modules(bm), bm.num_layers, self.max_lora_rank, with_optimizer, with_gradients)
         except (OSError, ValueError) as e:
             raise invalid(f"cannot load adapter from {dir_}: {e}")
 
-    def load_adapter_from(self, dir_: str, bm: BaseModel, with_optimizer: bool, adapter_id: str = "") -> Adapter:
+    def load_adapter_from(self, dir_: str, bm: BaseModel, with_optimizer: bool, adapter_id: str = "",
+                          with_gradients: bool = False) -> Adapter:
         """nn.LoadAdapter: a new Adapter from a PEFT folder (any subset of targets). The
-        folder is checked before anything is allocated; only its modules are allocated."""
-        plan = self.check_adapter_dir(dir_, bm, with_optimizer)
+        folder is checked before anything is allocated; only its modules are allocated.
+        with_gradients: the accumulated gradient from gradients.safetensors (nn.LoadGradients)."""
+        plan = self.check_adapter_dir(dir_, bm, with_optimizer, with_gradients)
         try:
             ws = ckpt.read_weights(dir_, plan)
             st = ckpt.read_optimizer(dir_, plan) if with_optimizer else {}
+            gs = ckpt.read_gradients(dir_, plan) if with_gradients else {}
         except (OSError, ValueError) as e:
             raise invalid(f"cannot load adapter from {dir_}: {e}")
         r = plan.rank
@@ -622,6 +625,9 @@ class Engine:
                 for name in ad.params:
                     ad.exp_avg[name].copy_(st[name + ".exp_avg"].to(ad.exp_avg[name].device))
                     ad.exp_avg_sq[name].copy_(st[name + ".exp_avg_sq"].to(ad.exp_avg_sq[name].device))
+            for name, p in ad.params.items():
+                if with_gradients:
+                    p.grad = gs[name + ".grad"].to(p.device)
         return ad
 
     def load_adapter(self, req) -> None:
@@ -648,7 +654,7 @@ class Engine:
         else:
             bm = existing.base
         with self.compute:
-            ad = self.load_adapter_from(req.dir, bm, req.load_optimizer, req.adapter_id)
+            ad = self.load_adapter_from(req.dir, bm, req.load_optimizer, req.adapter_id, req.load_gradients)
         with self.mu:
             if req.adapter_id in self.adapters or existing is not None:
                 self.adapters[req.adapter_id] = ad

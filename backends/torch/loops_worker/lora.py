@@ -220,7 +220,9 @@ class Adapter:
         bc1 = 1.0 - beta1 ** t
         bc2 = 1.0 - beta2 ** t
         for name, p in self.params.items():
-            g = p.grad.double() * coef if p.grad is not None else torch.zeros_like(p, dtype=torch.float64)
+            # no gradient is -0.0, the additive identity (how gradients.safetensors stores it), so
+            # a step after an offload and restore is bit-identical to one without
+            g = p.grad.double() * coef if p.grad is not None else torch.full_like(p, -0.0, dtype=torch.float64)
             m = self.exp_avg[name].double().mul_(beta1).add_(g, alpha=1 - beta1)
             v = self.exp_avg_sq[name].double().mul_(beta2).add_(g * g, alpha=1 - beta2)
             self.exp_avg[name].copy_(m)

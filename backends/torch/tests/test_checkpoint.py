@@ -274,3 +274,59 @@ def test_peft_variants_still_load(engine, folder, dtype):
         assert len(ad.params) == 2 * 4 * 2
     finally:
         engine.delete_adapter("variant")
+
+
+GRADS = "gradients.safetensors"
+
+
+def _pending(engine, aid, d):
+    """Creates adapter aid with a pending gradient (one forward_backward, no step) and saves
+    its complete training state into d."""
+    from test_worker import _datum
+
+    engine.create_adapter(bpb.CreateAdapterRequest(adapter_id=aid, base_model="tiny",
+                                                   lora=tpb.LoraConfig(rank=4, seed=3, train_attn=True, train_mlp=True, train_unembed=True)))
+    engine.forward_backward(bpb.ForwardBackwardRequest(items=[bpb.ForwardBackwardItem(
+        adapter_id=aid, loss_fn="cross_entropy", data=[_datum([5, 9, 33, 70, 11, 2])])]))
+    engine.save_adapter(bpb.SaveAdapterRequest(adapter_id=aid, dir=d, include_optimizer=True, include_gradients=True))
+
+
+def test_gradients_round_trip(engine, tmp_path):
+    # an adapter offloaded between forward_backward and optim_step comes back with its
+    # accumulated gradient, bit for bit; a parameter without one is stored as -0.0
+    d = str(tmp_path / "spill")
+    _pending(engine, "grad-src", d)
+    src = engine.adapter("grad-src")
+    engine.delete_adapter("grad-src")
+    engine.load_adapter(bpb.LoadAdapterRequest(adapter_id="grad-src", dir=d, load_optimizer=True, load_gradients=True))
+    back = engine.adapter("grad-src")
+    for k, p in src.params.items():
+        assert torch.equal(p.grad.view(torch.int32), back.params[k].grad.view(torch.int32)), k
+    tensors, _ = read_st(os.path.join(d, GRADS))
+    assert sorted(tensors) == sorted(k + ".grad" for k in src.params)
+    engine.optim_step(bpb.OptimStepRequest(adapter_id="grad-src", adam=tpb.AdamParams(learning_rate=0.05)))
+    d2 = str(tmp_path / "after-step")
+    engine.save_adapter(bpb.SaveAdapterRequest(adapter_id="grad-src", dir=d2, include_gradients=True))
+    for k, (dt, shape, b) in read_st(os.path.join(d2, GRADS))[0].items():
+        assert dt == "F32" and b == struct.pack("<f", -0.0) * math.prod(shape), k
+    engine.delete_adapter("grad-src")
+
+
+@pytest.mark.parametrize("craft,want", [
+    (lambda d: os.remove(os.path.join(d, GRADS)), "could not be read"),
+    (lambda d: edit_st(os.path.join(d, GRADS), lambda t, m: t.pop(QA0 + ".grad")), "want one gradient for each"),
+    (lambda d: edit_st(os.path.join(d, GRADS), lambda t, m: t.__setitem__("nope.grad", t.pop(QA0 + ".grad"))), "is not the gradient of a tensor"),
+    (lambda d: edit_st(os.path.join(d, GRADS), lambda t, m: t[QA0 + ".grad"].__setitem__(1, list(reversed(t[QA0 + ".grad"][1])))), "has shape"),
+    (lambda d: edit_st(os.path.join(d, GRADS), lambda t, m: set_f32(t[QA0 + ".grad"], 2, math.nan)), "values must be finite"),
+])
+def test_crafted_gradients_are_refused(engine, tmp_path, craft, want):
+    d = str(tmp_path / "spill")
+    _pending(engine, "grad-bad", d)
+    before = {k: p.grad.clone() for k, p in engine.adapter("grad-bad").params.items()}
+    craft(d)
+    with pytest.raises(WorkerError) as ei:
+        engine.load_adapter(bpb.LoadAdapterRequest(adapter_id="grad-bad", dir=d, load_optimizer=True, load_gradients=True))
+    assert ei.value.code == INVALID_ARGUMENT and want in ei.value.message, ei.value.message
+    for k, p in engine.adapter("grad-bad").params.items():
+        assert torch.equal(p.grad, before[k]), k
+    engine.delete_adapter("grad-bad")
