@@ -2040,6 +2040,270 @@ func (x *UsageBucket) GetAmount() int64 {
 	return 0
 }
 
+type GetWorkspaceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetWorkspaceRequest) Reset() {
+	*x = GetWorkspaceRequest{}
+	mi := &file_loops_v1_services_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetWorkspaceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetWorkspaceRequest) ProtoMessage() {}
+
+func (x *GetWorkspaceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetWorkspaceRequest.ProtoReflect.Descriptor instead.
+func (*GetWorkspaceRequest) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{35}
+}
+
+// Workspace is an API key's workspace: its name, its policy's limits and its current use.
+type Workspace struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Limits        *WorkspaceLimits       `protobuf:"bytes,2,opt,name=limits,proto3" json:"limits,omitempty"`
+	Use           *WorkspaceUse          `protobuf:"bytes,3,opt,name=use,proto3" json:"use,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Workspace) Reset() {
+	*x = Workspace{}
+	mi := &file_loops_v1_services_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Workspace) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Workspace) ProtoMessage() {}
+
+func (x *Workspace) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Workspace.ProtoReflect.Descriptor instead.
+func (*Workspace) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *Workspace) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Workspace) GetLimits() *WorkspaceLimits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+func (x *Workspace) GetUse() *WorkspaceUse {
+	if x != nil {
+		return x.Use
+	}
+	return nil
+}
+
+// WorkspaceLimits are a workspace's limits. A zero limit means the workspace has no limit of
+// its own: only the model's and the server's apply.
+type WorkspaceLimits struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The base models the workspace may train and sample, each with its effective
+	// max_sequence_length and max_lora_rank (the lesser of the model's and the workspace's).
+	Models []*ModelInfo `protobuf:"bytes,1,rep,name=models,proto3" json:"models,omitempty"`
+	// Longest sequence (prompt plus generated tokens when sampling) on any model.
+	MaxSequenceLength int32 `protobuf:"varint,2,opt,name=max_sequence_length,json=maxSequenceLength,proto3" json:"max_sequence_length,omitempty"`
+	// Largest LoRA rank of a new training run.
+	MaxLoraRank int32 `protobuf:"varint,3,opt,name=max_lora_rank,json=maxLoraRank,proto3" json:"max_lora_rank,omitempty"`
+	// Training runs live at once: created and not yet unloaded, ended with their session or
+	// failed.
+	MaxConcurrentRuns int32 `protobuf:"varint,4,opt,name=max_concurrent_runs,json=maxConcurrentRuns,proto3" json:"max_concurrent_runs,omitempty"`
+	// Operations (training and sampling) queued or running at once.
+	MaxQueuedOperations int32 `protobuf:"varint,5,opt,name=max_queued_operations,json=maxQueuedOperations,proto3" json:"max_queued_operations,omitempty"`
+	// Sampling operations running at once; more wait their turn.
+	SamplingConcurrency int32 `protobuf:"varint,6,opt,name=sampling_concurrency,json=samplingConcurrency,proto3" json:"sampling_concurrency,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *WorkspaceLimits) Reset() {
+	*x = WorkspaceLimits{}
+	mi := &file_loops_v1_services_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkspaceLimits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkspaceLimits) ProtoMessage() {}
+
+func (x *WorkspaceLimits) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkspaceLimits.ProtoReflect.Descriptor instead.
+func (*WorkspaceLimits) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *WorkspaceLimits) GetModels() []*ModelInfo {
+	if x != nil {
+		return x.Models
+	}
+	return nil
+}
+
+func (x *WorkspaceLimits) GetMaxSequenceLength() int32 {
+	if x != nil {
+		return x.MaxSequenceLength
+	}
+	return 0
+}
+
+func (x *WorkspaceLimits) GetMaxLoraRank() int32 {
+	if x != nil {
+		return x.MaxLoraRank
+	}
+	return 0
+}
+
+func (x *WorkspaceLimits) GetMaxConcurrentRuns() int32 {
+	if x != nil {
+		return x.MaxConcurrentRuns
+	}
+	return 0
+}
+
+func (x *WorkspaceLimits) GetMaxQueuedOperations() int32 {
+	if x != nil {
+		return x.MaxQueuedOperations
+	}
+	return 0
+}
+
+func (x *WorkspaceLimits) GetSamplingConcurrency() int32 {
+	if x != nil {
+		return x.SamplingConcurrency
+	}
+	return 0
+}
+
+// WorkspaceUse is what a workspace uses now.
+type WorkspaceUse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Training runs live now (those created since the server started).
+	LiveRuns int32 `protobuf:"varint,1,opt,name=live_runs,json=liveRuns,proto3" json:"live_runs,omitempty"`
+	// Operations queued or running now.
+	QueuedOperations int32 `protobuf:"varint,2,opt,name=queued_operations,json=queuedOperations,proto3" json:"queued_operations,omitempty"`
+	// Sampling operations running now.
+	RunningSamples int32 `protobuf:"varint,3,opt,name=running_samples,json=runningSamples,proto3" json:"running_samples,omitempty"`
+	// Sampling operations waiting for one of the workspace's sampling slots.
+	WaitingSamples int32 `protobuf:"varint,4,opt,name=waiting_samples,json=waitingSamples,proto3" json:"waiting_samples,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *WorkspaceUse) Reset() {
+	*x = WorkspaceUse{}
+	mi := &file_loops_v1_services_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkspaceUse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkspaceUse) ProtoMessage() {}
+
+func (x *WorkspaceUse) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkspaceUse.ProtoReflect.Descriptor instead.
+func (*WorkspaceUse) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *WorkspaceUse) GetLiveRuns() int32 {
+	if x != nil {
+		return x.LiveRuns
+	}
+	return 0
+}
+
+func (x *WorkspaceUse) GetQueuedOperations() int32 {
+	if x != nil {
+		return x.QueuedOperations
+	}
+	return 0
+}
+
+func (x *WorkspaceUse) GetRunningSamples() int32 {
+	if x != nil {
+		return x.RunningSamples
+	}
+	return 0
+}
+
+func (x *WorkspaceUse) GetWaitingSamples() int32 {
+	if x != nil {
+		return x.WaitingSamples
+	}
+	return 0
+}
+
 var File_loops_v1_services_proto protoreflect.FileDescriptor
 
 const file_loops_v1_services_proto_rawDesc = "" +
@@ -2202,7 +2466,24 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x04 \x01(\tR\tsessionId\x12'\n" +
 	"\x04kind\x18\x05 \x01(\x0e2\x13.loops.v1.UsageKindR\x04kind\x12\x16\n" +
-	"\x06amount\x18\x06 \x01(\x03R\x06amount*\xb2\x01\n" +
+	"\x06amount\x18\x06 \x01(\x03R\x06amount\"\x15\n" +
+	"\x13GetWorkspaceRequest\"|\n" +
+	"\tWorkspace\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x121\n" +
+	"\x06limits\x18\x02 \x01(\v2\x19.loops.v1.WorkspaceLimitsR\x06limits\x12(\n" +
+	"\x03use\x18\x03 \x01(\v2\x16.loops.v1.WorkspaceUseR\x03use\"\xa9\x02\n" +
+	"\x0fWorkspaceLimits\x12+\n" +
+	"\x06models\x18\x01 \x03(\v2\x13.loops.v1.ModelInfoR\x06models\x12.\n" +
+	"\x13max_sequence_length\x18\x02 \x01(\x05R\x11maxSequenceLength\x12\"\n" +
+	"\rmax_lora_rank\x18\x03 \x01(\x05R\vmaxLoraRank\x12.\n" +
+	"\x13max_concurrent_runs\x18\x04 \x01(\x05R\x11maxConcurrentRuns\x122\n" +
+	"\x15max_queued_operations\x18\x05 \x01(\x05R\x13maxQueuedOperations\x121\n" +
+	"\x14sampling_concurrency\x18\x06 \x01(\x05R\x13samplingConcurrency\"\xaa\x01\n" +
+	"\fWorkspaceUse\x12\x1b\n" +
+	"\tlive_runs\x18\x01 \x01(\x05R\bliveRuns\x12+\n" +
+	"\x11queued_operations\x18\x02 \x01(\x05R\x10queuedOperations\x12'\n" +
+	"\x0frunning_samples\x18\x03 \x01(\x05R\x0erunningSamples\x12'\n" +
+	"\x0fwaiting_samples\x18\x04 \x01(\x05R\x0ewaitingSamples*\xb2\x01\n" +
 	"\tUsageKind\x12\x1a\n" +
 	"\x16USAGE_KIND_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aUSAGE_KIND_TRAINING_TOKENS\x10\x01\x12&\n" +
@@ -2241,7 +2522,9 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\fModelService\x12[\n" +
 	"\n" +
 	"ListModels\x12\x1b.loops.v1.ListModelsRequest\x1a\x1c.loops.v1.ListModelsResponse\"\x12\x82\xd3\xe4\x93\x02\f\x12\n" +
-	"/v1/models2d\n" +
+	"/v1/models2m\n" +
+	"\x10WorkspaceService\x12Y\n" +
+	"\fGetWorkspace\x12\x1d.loops.v1.GetWorkspaceRequest\x1a\x13.loops.v1.Workspace\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/v1/workspace2d\n" +
 	"\fUsageService\x12T\n" +
 	"\bGetUsage\x12\x19.loops.v1.GetUsageRequest\x1a\x1a.loops.v1.GetUsageResponse\"\x11\x82\xd3\xe4\x93\x02\v\x12\t/v1/usageB\x92\x01\n" +
 	"\fcom.loops.v1B\rServicesProtoP\x01Z2github.com/loops-dev/loops/gen/go/loops/v1;loopsv1\xa2\x02\x03LXX\xaa\x02\bLoops.V1\xca\x02\bLoops\\V1\xe2\x02\x14Loops\\V1\\GPBMetadata\xea\x02\tLoops::V1b\x06proto3"
@@ -2259,7 +2542,7 @@ func file_loops_v1_services_proto_rawDescGZIP() []byte {
 }
 
 var file_loops_v1_services_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_loops_v1_services_proto_goTypes = []any{
 	(UsageKind)(0),                          // 0: loops.v1.UsageKind
 	(*CreateSessionRequest)(nil),            // 1: loops.v1.CreateSessionRequest
@@ -2297,100 +2580,109 @@ var file_loops_v1_services_proto_goTypes = []any{
 	(*GetUsageRequest)(nil),                 // 33: loops.v1.GetUsageRequest
 	(*GetUsageResponse)(nil),                // 34: loops.v1.GetUsageResponse
 	(*UsageBucket)(nil),                     // 35: loops.v1.UsageBucket
-	nil,                                     // 36: loops.v1.CreateSessionRequest.UserMetadataEntry
-	nil,                                     // 37: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
-	nil,                                     // 38: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	nil,                                     // 39: loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
-	(*Session)(nil),                         // 40: loops.v1.Session
-	(*LoraConfig)(nil),                      // 41: loops.v1.LoraConfig
-	(*TrainingRun)(nil),                     // 42: loops.v1.TrainingRun
-	(*Datum)(nil),                           // 43: loops.v1.Datum
-	(*AdamParams)(nil),                      // 44: loops.v1.AdamParams
-	(CheckpointKind)(0),                     // 45: loops.v1.CheckpointKind
-	(*Checkpoint)(nil),                      // 46: loops.v1.Checkpoint
-	(*timestamppb.Timestamp)(nil),           // 47: google.protobuf.Timestamp
-	(*SamplingParams)(nil),                  // 48: loops.v1.SamplingParams
-	(*ModelInfo)(nil),                       // 49: loops.v1.ModelInfo
-	(*Operation)(nil),                       // 50: loops.v1.Operation
-	(*Sampler)(nil),                         // 51: loops.v1.Sampler
+	(*GetWorkspaceRequest)(nil),             // 36: loops.v1.GetWorkspaceRequest
+	(*Workspace)(nil),                       // 37: loops.v1.Workspace
+	(*WorkspaceLimits)(nil),                 // 38: loops.v1.WorkspaceLimits
+	(*WorkspaceUse)(nil),                    // 39: loops.v1.WorkspaceUse
+	nil,                                     // 40: loops.v1.CreateSessionRequest.UserMetadataEntry
+	nil,                                     // 41: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	nil,                                     // 42: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	nil,                                     // 43: loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	(*Session)(nil),                         // 44: loops.v1.Session
+	(*LoraConfig)(nil),                      // 45: loops.v1.LoraConfig
+	(*TrainingRun)(nil),                     // 46: loops.v1.TrainingRun
+	(*Datum)(nil),                           // 47: loops.v1.Datum
+	(*AdamParams)(nil),                      // 48: loops.v1.AdamParams
+	(CheckpointKind)(0),                     // 49: loops.v1.CheckpointKind
+	(*Checkpoint)(nil),                      // 50: loops.v1.Checkpoint
+	(*timestamppb.Timestamp)(nil),           // 51: google.protobuf.Timestamp
+	(*SamplingParams)(nil),                  // 52: loops.v1.SamplingParams
+	(*ModelInfo)(nil),                       // 53: loops.v1.ModelInfo
+	(*Operation)(nil),                       // 54: loops.v1.Operation
+	(*Sampler)(nil),                         // 55: loops.v1.Sampler
 }
 var file_loops_v1_services_proto_depIdxs = []int32{
-	36, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
-	40, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
-	41, // 2: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
-	37, // 3: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
-	42, // 4: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
-	43, // 5: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
-	38, // 6: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	44, // 7: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
-	45, // 8: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
-	46, // 9: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
-	47, // 10: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
-	39, // 11: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
-	47, // 12: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
-	48, // 13: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
-	49, // 14: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
-	47, // 15: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
-	47, // 16: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
+	40, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
+	44, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
+	45, // 2: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
+	41, // 3: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	46, // 4: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
+	47, // 5: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
+	42, // 6: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	48, // 7: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
+	49, // 8: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
+	50, // 9: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
+	51, // 10: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
+	43, // 11: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	51, // 12: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
+	52, // 13: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
+	53, // 14: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
+	51, // 15: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
+	51, // 16: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
 	35, // 17: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
-	47, // 18: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
-	47, // 19: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
+	51, // 18: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
+	51, // 19: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
 	0,  // 20: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
-	1,  // 21: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
-	2,  // 22: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
-	4,  // 23: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
-	5,  // 24: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
-	6,  // 25: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
-	8,  // 26: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
-	9,  // 27: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
-	10, // 28: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
-	12, // 29: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
-	13, // 30: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
-	14, // 31: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
-	15, // 32: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
-	16, // 33: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
-	17, // 34: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
-	19, // 35: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
-	20, // 36: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
-	22, // 37: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
-	23, // 38: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
-	26, // 39: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
-	24, // 40: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
-	28, // 41: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
-	29, // 42: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
-	30, // 43: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
-	31, // 44: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
-	33, // 45: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
-	40, // 46: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
-	3,  // 47: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
-	40, // 48: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
-	40, // 49: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
-	7,  // 50: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
-	50, // 51: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
-	42, // 52: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
-	11, // 53: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
-	50, // 54: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
-	50, // 55: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
-	50, // 56: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
-	50, // 57: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
-	50, // 58: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
-	18, // 59: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
-	46, // 60: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
-	21, // 61: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
-	46, // 62: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
-	46, // 63: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
-	27, // 64: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
-	25, // 65: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
-	51, // 66: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
-	51, // 67: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
-	50, // 68: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
-	32, // 69: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
-	34, // 70: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
-	46, // [46:71] is the sub-list for method output_type
-	21, // [21:46] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	38, // 21: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
+	39, // 22: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
+	53, // 23: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
+	1,  // 24: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
+	2,  // 25: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
+	4,  // 26: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
+	5,  // 27: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
+	6,  // 28: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
+	8,  // 29: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
+	9,  // 30: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
+	10, // 31: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
+	12, // 32: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
+	13, // 33: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
+	14, // 34: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
+	15, // 35: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
+	16, // 36: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
+	17, // 37: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
+	19, // 38: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
+	20, // 39: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
+	22, // 40: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
+	23, // 41: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
+	26, // 42: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
+	24, // 43: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
+	28, // 44: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
+	29, // 45: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
+	30, // 46: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
+	31, // 47: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
+	36, // 48: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
+	33, // 49: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
+	44, // 50: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
+	3,  // 51: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
+	44, // 52: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
+	44, // 53: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
+	7,  // 54: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
+	54, // 55: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
+	46, // 56: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
+	11, // 57: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
+	54, // 58: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
+	54, // 59: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
+	54, // 60: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
+	54, // 61: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
+	54, // 62: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
+	18, // 63: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
+	50, // 64: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
+	21, // 65: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
+	50, // 66: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
+	50, // 67: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
+	27, // 68: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
+	25, // 69: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
+	55, // 70: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
+	55, // 71: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
+	54, // 72: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
+	32, // 73: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
+	37, // 74: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
+	34, // 75: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
+	50, // [50:76] is the sub-list for method output_type
+	24, // [24:50] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_services_proto_init() }
@@ -2412,9 +2704,9 @@ func file_loops_v1_services_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_services_proto_rawDesc), len(file_loops_v1_services_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   39,
+			NumMessages:   43,
 			NumExtensions: 0,
-			NumServices:   6,
+			NumServices:   7,
 		},
 		GoTypes:           file_loops_v1_services_proto_goTypes,
 		DependencyIndexes: file_loops_v1_services_proto_depIdxs,

@@ -1327,6 +1327,116 @@ var ModelService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
+	WorkspaceService_GetWorkspace_FullMethodName = "/loops.v1.WorkspaceService/GetWorkspace"
+)
+
+// WorkspaceServiceClient is the client API for WorkspaceService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// WorkspaceService reports the caller's workspace: its policy's limits and its current use
+// (see docs/semantics.md, "Workspace policy").
+type WorkspaceServiceClient interface {
+	// GetWorkspace returns the workspace of the API key, its limits and its current use.
+	GetWorkspace(ctx context.Context, in *GetWorkspaceRequest, opts ...grpc.CallOption) (*Workspace, error)
+}
+
+type workspaceServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewWorkspaceServiceClient(cc grpc.ClientConnInterface) WorkspaceServiceClient {
+	return &workspaceServiceClient{cc}
+}
+
+func (c *workspaceServiceClient) GetWorkspace(ctx context.Context, in *GetWorkspaceRequest, opts ...grpc.CallOption) (*Workspace, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Workspace)
+	err := c.cc.Invoke(ctx, WorkspaceService_GetWorkspace_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// WorkspaceServiceServer is the server API for WorkspaceService service.
+// All implementations must embed UnimplementedWorkspaceServiceServer
+// for forward compatibility.
+//
+// WorkspaceService reports the caller's workspace: its policy's limits and its current use
+// (see docs/semantics.md, "Workspace policy").
+type WorkspaceServiceServer interface {
+	// GetWorkspace returns the workspace of the API key, its limits and its current use.
+	GetWorkspace(context.Context, *GetWorkspaceRequest) (*Workspace, error)
+	mustEmbedUnimplementedWorkspaceServiceServer()
+}
+
+// UnimplementedWorkspaceServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedWorkspaceServiceServer struct{}
+
+func (UnimplementedWorkspaceServiceServer) GetWorkspace(context.Context, *GetWorkspaceRequest) (*Workspace, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetWorkspace not implemented")
+}
+func (UnimplementedWorkspaceServiceServer) mustEmbedUnimplementedWorkspaceServiceServer() {}
+func (UnimplementedWorkspaceServiceServer) testEmbeddedByValue()                          {}
+
+// UnsafeWorkspaceServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to WorkspaceServiceServer will
+// result in compilation errors.
+type UnsafeWorkspaceServiceServer interface {
+	mustEmbedUnimplementedWorkspaceServiceServer()
+}
+
+func RegisterWorkspaceServiceServer(s grpc.ServiceRegistrar, srv WorkspaceServiceServer) {
+	// If the following call panics, it indicates UnimplementedWorkspaceServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&WorkspaceService_ServiceDesc, srv)
+}
+
+func _WorkspaceService_GetWorkspace_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetWorkspaceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkspaceServiceServer).GetWorkspace(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkspaceService_GetWorkspace_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkspaceServiceServer).GetWorkspace(ctx, req.(*GetWorkspaceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// WorkspaceService_ServiceDesc is the grpc.ServiceDesc for WorkspaceService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var WorkspaceService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "loops.v1.WorkspaceService",
+	HandlerType: (*WorkspaceServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "GetWorkspace",
+			Handler:    _WorkspaceService_GetWorkspace_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "loops/v1/services.proto",
+}
+
+const (
 	UsageService_GetUsage_FullMethodName = "/loops.v1.UsageService/GetUsage"
 )
 

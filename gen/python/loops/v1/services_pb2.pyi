@@ -364,3 +364,45 @@ class UsageBucket(_message.Message):
     kind: UsageKind
     amount: int
     def __init__(self, start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., base_model: _Optional[str] = ..., session_id: _Optional[str] = ..., kind: _Optional[_Union[UsageKind, str]] = ..., amount: _Optional[int] = ...) -> None: ...
+
+class GetWorkspaceRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Workspace(_message.Message):
+    __slots__ = ("name", "limits", "use")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    USE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    limits: WorkspaceLimits
+    use: WorkspaceUse
+    def __init__(self, name: _Optional[str] = ..., limits: _Optional[_Union[WorkspaceLimits, _Mapping]] = ..., use: _Optional[_Union[WorkspaceUse, _Mapping]] = ...) -> None: ...
+
+class WorkspaceLimits(_message.Message):
+    __slots__ = ("models", "max_sequence_length", "max_lora_rank", "max_concurrent_runs", "max_queued_operations", "sampling_concurrency")
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SEQUENCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORA_RANK_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENT_RUNS_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUED_OPERATIONS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[_types_pb2.ModelInfo]
+    max_sequence_length: int
+    max_lora_rank: int
+    max_concurrent_runs: int
+    max_queued_operations: int
+    sampling_concurrency: int
+    def __init__(self, models: _Optional[_Iterable[_Union[_types_pb2.ModelInfo, _Mapping]]] = ..., max_sequence_length: _Optional[int] = ..., max_lora_rank: _Optional[int] = ..., max_concurrent_runs: _Optional[int] = ..., max_queued_operations: _Optional[int] = ..., sampling_concurrency: _Optional[int] = ...) -> None: ...
+
+class WorkspaceUse(_message.Message):
+    __slots__ = ("live_runs", "queued_operations", "running_samples", "waiting_samples")
+    LIVE_RUNS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_OPERATIONS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    WAITING_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    live_runs: int
+    queued_operations: int
+    running_samples: int
+    waiting_samples: int
+    def __init__(self, live_runs: _Optional[int] = ..., queued_operations: _Optional[int] = ..., running_samples: _Optional[int] = ..., waiting_samples: _Optional[int] = ...) -> None: ...

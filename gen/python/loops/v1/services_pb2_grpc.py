@@ -1249,6 +1249,85 @@ class ModelService:
             _registered_method=True)
 
 
+class WorkspaceServiceStub:
+    """WorkspaceService reports the caller's workspace: its policy's limits and its current use
+    (see docs/semantics.md, "Workspace policy").
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.GetWorkspace = channel.unary_unary(
+                '/loops.v1.WorkspaceService/GetWorkspace',
+                request_serializer=loops_dot_v1_dot_services__pb2.GetWorkspaceRequest.SerializeToString,
+                response_deserializer=loops_dot_v1_dot_services__pb2.Workspace.FromString,
+                _registered_method=True)
+
+
+class WorkspaceServiceServicer:
+    """WorkspaceService reports the caller's workspace: its policy's limits and its current use
+    (see docs/semantics.md, "Workspace policy").
+    """
+
+    def GetWorkspace(self, request, context):
+        """GetWorkspace returns the workspace of the API key, its limits and its current use.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_WorkspaceServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'GetWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWorkspace,
+                    request_deserializer=loops_dot_v1_dot_services__pb2.GetWorkspaceRequest.FromString,
+                    response_serializer=loops_dot_v1_dot_services__pb2.Workspace.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'loops.v1.WorkspaceService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('loops.v1.WorkspaceService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class WorkspaceService:
+    """WorkspaceService reports the caller's workspace: its policy's limits and its current use
+    (see docs/semantics.md, "Workspace policy").
+    """
+
+    @staticmethod
+    def GetWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loops.v1.WorkspaceService/GetWorkspace',
+            loops_dot_v1_dot_services__pb2.GetWorkspaceRequest.SerializeToString,
+            loops_dot_v1_dot_services__pb2.Workspace.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class UsageServiceStub:
     """UsageService reports the caller's workspace's metered usage.
     """

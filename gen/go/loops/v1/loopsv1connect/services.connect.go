@@ -31,6 +31,8 @@ const (
 	SamplingServiceName = "loops.v1.SamplingService"
 	// ModelServiceName is the fully-qualified name of the ModelService service.
 	ModelServiceName = "loops.v1.ModelService"
+	// WorkspaceServiceName is the fully-qualified name of the WorkspaceService service.
+	WorkspaceServiceName = "loops.v1.WorkspaceService"
 	// UsageServiceName is the fully-qualified name of the UsageService service.
 	UsageServiceName = "loops.v1.UsageService"
 )
@@ -113,6 +115,9 @@ const (
 	SamplingServiceSampleProcedure = "/loops.v1.SamplingService/Sample"
 	// ModelServiceListModelsProcedure is the fully-qualified name of the ModelService's ListModels RPC.
 	ModelServiceListModelsProcedure = "/loops.v1.ModelService/ListModels"
+	// WorkspaceServiceGetWorkspaceProcedure is the fully-qualified name of the WorkspaceService's
+	// GetWorkspace RPC.
+	WorkspaceServiceGetWorkspaceProcedure = "/loops.v1.WorkspaceService/GetWorkspace"
 	// UsageServiceGetUsageProcedure is the fully-qualified name of the UsageService's GetUsage RPC.
 	UsageServiceGetUsageProcedure = "/loops.v1.UsageService/GetUsage"
 )
@@ -1109,6 +1114,82 @@ type UnimplementedModelServiceHandler struct{}
 
 func (UnimplementedModelServiceHandler) ListModels(context.Context, *v1.ListModelsRequest) (*v1.ListModelsResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.ModelService.ListModels is not implemented"))
+}
+
+// WorkspaceServiceClient is a client for the loops.v1.WorkspaceService service.
+type WorkspaceServiceClient interface {
+	// GetWorkspace returns the workspace of the API key, its limits and its current use.
+	GetWorkspace(context.Context, *v1.GetWorkspaceRequest) (*v1.Workspace, error)
+}
+
+// NewWorkspaceServiceClient constructs a client for the loops.v1.WorkspaceService service. By
+// default, it uses the Connect protocol with the binary Protobuf Codec, asks for gzipped responses,
+// and sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply the
+// connect.WithGRPC() or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewWorkspaceServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) WorkspaceServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	workspaceServiceMethods := v1.File_loops_v1_services_proto.Services().ByName("WorkspaceService").Methods()
+	return &workspaceServiceClient{
+		getWorkspace: connect.NewClient[v1.GetWorkspaceRequest, v1.Workspace](
+			httpClient,
+			baseURL+WorkspaceServiceGetWorkspaceProcedure,
+			connect.WithSchema(workspaceServiceMethods.ByName("GetWorkspace")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// workspaceServiceClient implements WorkspaceServiceClient.
+type workspaceServiceClient struct {
+	getWorkspace *connect.Client[v1.GetWorkspaceRequest, v1.Workspace]
+}
+
+// GetWorkspace calls loops.v1.WorkspaceService.GetWorkspace.
+func (c *workspaceServiceClient) GetWorkspace(ctx context.Context, req *v1.GetWorkspaceRequest) (*v1.Workspace, error) {
+	response, err := c.getWorkspace.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// WorkspaceServiceHandler is an implementation of the loops.v1.WorkspaceService service.
+type WorkspaceServiceHandler interface {
+	// GetWorkspace returns the workspace of the API key, its limits and its current use.
+	GetWorkspace(context.Context, *v1.GetWorkspaceRequest) (*v1.Workspace, error)
+}
+
+// NewWorkspaceServiceHandler builds an HTTP handler from the service implementation. It returns the
+// path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewWorkspaceServiceHandler(svc WorkspaceServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	workspaceServiceMethods := v1.File_loops_v1_services_proto.Services().ByName("WorkspaceService").Methods()
+	workspaceServiceGetWorkspaceHandler := connect.NewUnaryHandlerSimple(
+		WorkspaceServiceGetWorkspaceProcedure,
+		svc.GetWorkspace,
+		connect.WithSchema(workspaceServiceMethods.ByName("GetWorkspace")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/loops.v1.WorkspaceService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case WorkspaceServiceGetWorkspaceProcedure:
+			workspaceServiceGetWorkspaceHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedWorkspaceServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedWorkspaceServiceHandler struct{}
+
+func (UnimplementedWorkspaceServiceHandler) GetWorkspace(context.Context, *v1.GetWorkspaceRequest) (*v1.Workspace, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.WorkspaceService.GetWorkspace is not implemented"))
 }
 
 // UsageServiceClient is a client for the loops.v1.UsageService service.
