@@ -1,0 +1,232 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/loops-dev/loops/gateway/auth"
+	"sigs.k8s.io/yaml"
+)
+
+// Section is one section of a policy file: the default section or a workspace's. A nil
+// field is left out and inherited (see the package doc).
+type Section struct {
+	// Models are the base models allowed: names, or path.Match patterns such as "*".
+	Models *[]string `json:"models,omitempty"`
+	// MaxSequenceLength caps the tokens of one sequence.
+	MaxSequenceLength *int `json:"max_sequence_length,omitempty"`
+	// MaxLoraRank caps the LoRA rank of a new training run.
+	MaxLoraRank *int `json:"max_lora_rank,omitempty"`
+	// MaxConcurrentRuns caps the training runs live at once.
+	MaxConcurrentRuns *int `json:"max_concurrent_runs,omitempty"`
+	// MaxQueuedOperations caps the operations queued or running at once.
+	MaxQueuedOperations *int `json:"max_queued_operations,omitempty"`
+	// SamplingConcurrency caps the sampling operations running at once.
+	SamplingConcurrency *int `json:"sampling_concurrency,omitempty"`
+}
+
+// File is a policy file as written.
+type File struct {
+	// Default applies to every workspace not listed, and fills in what a listed one leaves out.
+	Default Section `json:"default"`
+	// Workspaces are the sections of named workspaces.
+	Workspaces map[string]Section `json:"workspaces"`
+}
+
+// Limits are one workspace's effective limits. A zero limit means no limit of the
+// workspace's own; nil Models means every served model.
+type Limits struct {
+	Models              []string
+	MaxSequenceLength   int
+	MaxLoraRank         int
+	MaxConcurrentRuns   int
+	MaxQueuedOperations int
+	SamplingConcurrency int
+}
+
+// Policy is a parsed, validated policy: the limits of each listed workspace and of the rest.
+// The zero value and nil give every workspace no limits of its own.
+type Policy struct {
+	def Limits
+	ws  map[string]Limits
+}
+
+// Default returns the policy of a server started without a policy file: no workspace has
+// limits of its own.
+func Default() *Policy { return &Policy{} }
+
+// Load reads and parses a policy file.
+func Load(file string) (*Policy, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("workspace policy: %w", err)
+	}
+	p, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("workspace policy %s: %w", file, err)
+	}
+	return p, nil
+}
+
+// Parse parses and validates a policy file's contents (YAML or JSON).
+func Parse(data []byte) (*Policy, error) {
+	var f File
+	if err := yaml.UnmarshalStrict(data, &f); err != nil {
+		return nil, fmt.Errorf("%s (the keys are default and workspaces; each section takes models, max_sequence_length, max_lora_rank, max_concurrent_runs, max_queued_operations, sampling_concurrency)", strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: "))
+	}
+	return f.Compile()
+}
+
+// Compile validates a File and resolves each workspace's limits.
+func (f File) Compile() (*Policy, error) {
+	if err := f.Default.validate("default"); err != nil {
+		return nil, err
+	}
+	p := &Policy{def: resolve(Limits{}, f.Default), ws: map[string]Limits{}}
+	for _, name := range sortedKeys(f.Workspaces) {
+		if err := auth.ValidateWorkspaceName(name); err != nil {
+			return nil, fmt.Errorf("workspaces: %q is not a workspace name: use 1 to %d letters, digits, '_' or '-', not starting with '-', as in --api-key KEY=WORKSPACE", name, auth.MaxWorkspaceNameLen)
+		}
+		s := f.Workspaces[name]
+		if err := s.validate("workspaces." + name); err != nil {
+			return nil, err
+		}
+		p.ws[name] = resolve(p.def, s)
+	}
+	return p, nil
+}
+
+// resolve returns base with the fields s sets replaced.
+func resolve(base Limits, s Section) Limits {
+	out := base
+	if s.Models != nil {
+		out.Models = slices.Clone(*s.Models)
+	}
+	set := func(dst *int, v *int) {
+		if v != nil {
+			*dst = *v
+		}
+	}
+	set(&out.MaxSequenceLength, s.MaxSequenceLength)
+	set(&out.MaxLoraRank, s.MaxLoraRank)
+	set(&out.MaxConcurrentRuns, s.MaxConcurrentRuns)
+	set(&out.MaxQueuedOperations, s.MaxQueuedOperations)
+	set(&out.SamplingConcurrency, s.SamplingConcurrency)
+	return out
+}
+
+func (s Section) validate(where string) error {
+	if s.Models != nil {
+		if len(*s.Models) == 0 {
+			return fmt.Errorf("%s.models is empty, which allows no model: list the allowed base models, or leave models out (or use [\"*\"]) for every served model", where)
+		}
+		for _, m := range *s.Models {
+			if strings.TrimSpace(m) == "" {
+				return fmt.Errorf("%s.models has an empty entry", where)
+			}
+			if _, err := path.Match(m, ""); err != nil {
+				return fmt.Errorf("%s.models entry %q is not a valid pattern: %v", where, m, err)
+			}
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    *int
+	}{
+		{"max_sequence_length", s.MaxSequenceLength},
+		{"max_lora_rank", s.MaxLoraRank},
+		{"max_concurrent_runs", s.MaxConcurrentRuns},
+		{"max_queued_operations", s.MaxQueuedOperations},
+		{"sampling_concurrency", s.SamplingConcurrency},
+	} {
+		if f.v != nil && *f.v < 0 {
+			return fmt.Errorf("%s.%s is %d: use a positive limit, or 0 for no limit of the workspace's own", where, f.name, *f.v)
+		}
+		if f.v != nil && *f.v > 1<<30 {
+			return fmt.Errorf("%s.%s is %d, over the largest accepted value %d: use 0 for no limit", where, f.name, *f.v, 1<<30)
+		}
+	}
+	return nil
+}
+
+// For returns a workspace's limits.
+func (p *Policy) For(ws string) Limits {
+	if p == nil {
+		return Limits{}
+	}
+	if l, ok := p.ws[ws]; ok {
+		return l
+	}
+	return p.def
+}
+
+// Workspaces returns the names of the listed workspaces, sorted.
+func (p *Policy) Workspaces() []string {
+	if p == nil {
+		return nil
+	}
+	return sortedKeys(p.ws)
+}
+
+// CheckModels checks that every models entry of the policy matches at least one of the
+// served models, so that a typo is an error at start-up rather than a workspace locked out.
+func (p *Policy) CheckModels(served []string) error {
+	if p == nil {
+		return nil
+	}
+	check := func(where string, l Limits) error {
+		for _, pat := range l.Models {
+			if !slices.ContainsFunc(served, func(m string) bool { return matches(pat, m) }) {
+				return fmt.Errorf("workspace policy: %s.models has %q, which matches no model this server serves (%s): fix the name or serve the model with --model", where, pat, strings.Join(served, ", "))
+			}
+		}
+		return nil
+	}
+	var errs []error
+	errs = append(errs, check("default", p.def))
+	for _, name := range p.Workspaces() {
+		errs = append(errs, check("workspaces."+name, p.ws[name]))
+	}
+	return errors.Join(errs...)
+}
+
+// allows reports whether limits l allow base model m.
+func (l Limits) allows(m string) bool {
+	return l.Models == nil || slices.ContainsFunc(l.Models, func(pat string) bool { return matches(pat, m) })
+}
+
+// allowed returns the served models that l allows, sorted.
+func (l Limits) allowed(served []string) []string {
+	out := []string{}
+	for _, m := range served {
+		if l.allows(m) {
+			out = append(out, m)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// matches reports whether a models entry matches a model name: "*" matches every model,
+// other entries are a name or a path.Match pattern ("Qwen/*").
+func matches(pattern, model string) bool {
+	if pattern == "*" || pattern == model {
+		return true
+	}
+	ok, _ := path.Match(pattern, model)
+	return ok
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
