@@ -225,6 +225,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	mux.Handle(loopsv1connect.NewSamplingServiceHandler(svc.Sampling, opts...))
 	mux.Handle(loopsv1connect.NewModelServiceHandler(svc.Models, opts...))
 	mux.Handle(loopsv1connect.NewUsageServiceHandler(svc.Usage, opts...))
+	mux.Handle(loopsv1connect.NewWorkspaceServiceHandler(svc.Workspace, opts...))
 
 	// loops.v1 as REST: grpc-gateway over a gRPC connection to this same listener.
 	rest, err := s.restHandler(ctx, edge)
@@ -303,6 +304,7 @@ func (s *Server) restHandler(ctx context.Context, edge *edge) (http.Handler, err
 		loopsv1.RegisterSamplingServiceHandler,
 		loopsv1.RegisterModelServiceHandler,
 		loopsv1.RegisterUsageServiceHandler,
+		loopsv1.RegisterWorkspaceServiceHandler,
 	} {
 		if err := register(ctx, gw, conn); err != nil {
 			return nil, fmt.Errorf("gateway: registering REST routes: %w", err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/loops-dev/loops/backends"
+	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -50,6 +51,8 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer receives the core's Prometheus metrics (default: none registered).
 	Registerer prometheus.Registerer
+	// Policy is the workspace policy (nil: no workspace has limits of its own).
+	Policy *policy.Policy
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
 }
@@ -111,6 +114,7 @@ type Core struct {
 	archives *archiveTokens
 	ckpt     *checkpointFolders
 	usage    *usageMeter
+	policy   *policy.Enforcer // workspace limits and current use
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -161,6 +165,9 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	}
 	if len(c.models) == 0 {
 		return nil, errors.New("core: the backend serves no models")
+	}
+	if c.policy, err = policy.NewEnforcer(opts.Policy, sortedKeys(c.models)); err != nil {
+		return nil, err
 	}
 
 	n, err := st.FailUnfinishedOperations(ctx, &loopsv1.OperationError{
@@ -240,6 +247,7 @@ func (c *Core) Services() Services {
 		Sampling:    SamplingService{c},
 		Models:      ModelService{c},
 		Usage:       UsageService{c},
+		Workspace:   WorkspaceService{c},
 	}
 }
 
@@ -252,4 +260,5 @@ type Services struct {
 	Sampling    SamplingService
 	Models      ModelService
 	Usage       UsageService
+	Workspace   WorkspaceService
 }

@@ -54,7 +54,11 @@ func (ops *operations) create(ctx context.Context, ws string, kind loopsv1.Opera
 		SeqId:         seq,
 		CreateTime:    timestamppb.New(ops.core.now()),
 	}
+	if err := ops.core.policy.StartOp(ws, op.Id, kind); err != nil { // the workspace's max_queued_operations
+		return nil, err
+	}
 	if err := ops.core.store.PutOperation(ctx, ws, op); err != nil {
+		ops.core.policy.EndOp(op.Id)
 		return nil, internal("recording operation", err)
 	}
 	o := &operation{workspace: ws, op: op, done: make(chan struct{})}
@@ -104,6 +108,7 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 	}
 	o.op = next
 	o.mu.Unlock()
+	ops.core.policy.EndOp(next.Id)
 	// Persist before waking waiters: a result a client has seen is never lost by a crash.
 	if perr := ops.core.store.PutOperation(context.WithoutCancel(context.Background()), o.workspace, next); perr != nil {
 		ops.core.log.Error("persisting operation outcome", slog.String("op", next.Id), slog.Any("err", perr))

@@ -160,6 +160,9 @@ func (c *Core) createSampler(ctx context.Context, ws string, req *loopsv1.Create
 	if _, err := c.model(baseModel); err != nil {
 		return nil, err
 	}
+	if err := c.policy.AllowModel(ws, baseModel); err != nil {
+		return nil, err
+	}
 	return c.samplers.create(ctx, ws, req.GetSessionId(), baseModel, req.GetModelPath(), dir)
 }
 
@@ -202,6 +205,9 @@ func (s SamplingService) Sample(ctx context.Context, req *loopsv1.SampleRequest)
 	if err != nil {
 		return nil, err
 	}
+	if err := c.policy.CheckSample(ws, model.GetName(), req, params); err != nil {
+		return nil, err
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if req.SeqId != nil {
@@ -240,6 +246,7 @@ func (s SamplingService) Sample(ctx context.Context, req *loopsv1.SampleRequest)
 // sampler's session, which its usage is attributed to.
 func (c *Core) runSample(o *operation, session string, req *backendv1.SampleRequest) {
 	ss := c.samplers
+	defer c.policy.AcquireSample(c.ctx, o.workspace)() // waits for one of the workspace's sampling slots
 	select {
 	case ss.sem <- struct{}{}:
 	case <-c.ctx.Done():
@@ -332,5 +339,6 @@ func (s ModelService) ListModels(ctx context.Context, _ *loopsv1.ListModelsReque
 	for _, name := range sortedKeys(s.c.models) {
 		out.Models = append(out.Models, s.c.models[name])
 	}
+	out.Models = s.c.policy.Models(auth.Workspace(ctx), out.Models) // the workspace's models and limits
 	return out, nil
 }

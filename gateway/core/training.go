@@ -122,6 +122,9 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 		CreateTime:      now,
 		LastRequestTime: now,
 	}
+	if err := c.policy.StartRun(ws, info.Id, baseModel, lora.GetRank()); err != nil { // counted live until EndRun
+		return nil, err
+	}
 	// The run is registered before the session records it, and the session refuses it
 	// once ended: a session that ends meanwhile either unloads the run or refuses it.
 	r := c.newRun(ws, info, 0, false)
@@ -132,6 +135,7 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 		c.mu.Lock()
 		c.dropRunLocked(r)
 		c.mu.Unlock()
+		c.policy.EndRun(r.id)
 	}
 	if sess != nil {
 		if err := sess.addRun(info.Id); err != nil {
@@ -171,6 +175,7 @@ func (c *Core) createAdapter(ctx context.Context, r *run, fromDir string, withOp
 		r.mu.Lock()
 		r.unloaded = "creating its adapter failed: " + connectMessage(err)
 		r.mu.Unlock()
+		c.policy.EndRun(r.id)
 		return nil, err
 	}
 	r.mu.Lock()
@@ -321,6 +326,7 @@ func (c *Core) unloadRun(ctx context.Context, r *run, reason string, ownTask boo
 	later := r.busy && !ownTask
 	r.freeWhenIdle = later
 	r.mu.Unlock()
+	c.policy.EndRun(r.id)
 	err := failedPrecondition("training run %s takes no more work: %s", r.id, reason)
 	for _, t := range queued {
 		c.ops.finish(t.op, nil, err)
@@ -346,9 +352,12 @@ func (s TrainingService) ForwardBackward(ctx context.Context, req *loopsv1.Forwa
 	}
 	tokens := 0
 	return c.enqueue(ctx, req.GetTrainingRunId(), req.GetSeqId(), kind,
-		func(_ string, info *loopsv1.TrainingRun) error {
+		func(ws string, info *loopsv1.TrainingRun) error {
 			model, err := c.model(info.GetBaseModel())
 			if err != nil {
+				return err
+			}
+			if err := c.policy.CheckData(ws, model.GetName(), req.GetData()); err != nil {
 				return err
 			}
 			tokens, err = c.validateForwardBackward(model, req)

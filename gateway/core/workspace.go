@@ -1,0 +1,47 @@
+package core
+
+import (
+	"context"
+
+	"github.com/loops-dev/loops/gateway/auth"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+)
+
+// WorkspaceService implements loops.v1 WorkspaceService.
+type WorkspaceService struct{ c *Core }
+
+// GetWorkspace returns the caller's workspace, its policy's limits and its current use.
+func (s WorkspaceService) GetWorkspace(ctx context.Context, _ *loopsv1.GetWorkspaceRequest) (*loopsv1.Workspace, error) {
+	ws, err := auth.RequireWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c := s.c
+	l, u := c.policy.Limits(ws), c.policy.Use(ws)
+	return &loopsv1.Workspace{
+		Name: ws,
+		Limits: &loopsv1.WorkspaceLimits{
+			Models:              c.policy.Models(ws, c.modelList()),
+			MaxSequenceLength:   int32(l.MaxSequenceLength),
+			MaxLoraRank:         int32(l.MaxLoraRank),
+			MaxConcurrentRuns:   int32(l.MaxConcurrentRuns),
+			MaxQueuedOperations: int32(l.MaxQueuedOperations),
+			SamplingConcurrency: int32(l.SamplingConcurrency),
+		},
+		Use: &loopsv1.WorkspaceUse{
+			LiveRuns:         int32(u.LiveRuns),
+			QueuedOperations: int32(u.QueuedOperations),
+			RunningSamples:   int32(u.RunningSamples),
+			WaitingSamples:   int32(u.WaitingSamples),
+		},
+	}, nil
+}
+
+// modelList returns the served models, sorted by name.
+func (c *Core) modelList() []*loopsv1.ModelInfo {
+	out := make([]*loopsv1.ModelInfo, 0, len(c.models))
+	for _, name := range sortedKeys(c.models) {
+		out = append(out, c.models[name])
+	}
+	return out
+}
