@@ -27,6 +27,7 @@ func rootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(serveCmd(), modelsCmd(), runsCmd(), checkpointsCmd(), usageCmd())
+	root.AddCommand(workspaceCmd())
 	root.AddCommand(conformanceCmd())
 	return root
 }

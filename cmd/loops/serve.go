@@ -15,6 +15,7 @@ import (
 	"github.com/loops-dev/loops/gateway"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/core"
+	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/spf13/cobra"
 )
 
@@ -33,6 +34,7 @@ type serveFlags struct {
 
 	bodyReadTimeout   time.Duration
 	maxRequestsPerKey int
+	workspacePolicy   string
 }
 
 func serveCmd() *cobra.Command {
@@ -47,7 +49,11 @@ With no API keys configured the server accepts any tml-… key but listens on lo
 only, and answers only requests addressed to localhost, 127.0.0.1 or [::1] (403 for
 another Host: a defence against DNS rebinding). Every flag can also be set by an environment variable: LOOPS_ADDR, LOOPS_DATA_DIR,
 LOOPS_BACKEND, LOOPS_MODELS (comma-separated), LOOPS_API_KEYS (comma-separated KEY or
-KEY=WORKSPACE), LOOPS_API_KEY_FILE.`,
+KEY=WORKSPACE), LOOPS_API_KEY_FILE, LOOPS_WORKSPACE_POLICY.
+
+--workspace-policy FILE gives workspaces limits (allowed base models, max sequence length,
+max LoRA rank, runs at once, queued operations, sampling concurrency): see the
+"Workspace policy" section of docs/semantics.md for the format.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runServe(cmd.Context(), f) },
 	}
 	fl := cmd.Flags()
@@ -64,6 +70,7 @@ KEY=WORKSPACE), LOOPS_API_KEY_FILE.`,
 	fl.StringVar(&f.logFormat, "log-format", env("LOOPS_LOG_FORMAT", "text"), "text or json")
 	fl.DurationVar(&f.bodyReadTimeout, "body-read-timeout", gateway.DefaultBodyReadTimeout, "how long a request body has to arrive once its headers have; a stalled body is cut off then (responses and long-polls are not limited)")
 	fl.IntVar(&f.maxRequestsPerKey, "max-requests-per-key", auth.DefaultMaxRequestsPerKey, "requests one API key may have in flight at once (429 beyond); -1 for no cap")
+	fl.StringVar(&f.workspacePolicy, "workspace-policy", env("LOOPS_WORKSPACE_POLICY", ""), "YAML or JSON file of per-workspace limits: allowed models, max sequence length and LoRA rank, runs, queued operations, sampling concurrency (see docs/semantics.md)")
 	return cmd
 }
 
@@ -83,6 +90,12 @@ func runServe(ctx context.Context, f serveFlags) error {
 	keys, err := auth.ParseKeys(entries)
 	if err != nil {
 		return err
+	}
+	var pol *policy.Policy
+	if f.workspacePolicy != "" {
+		if pol, err = policy.Load(f.workspacePolicy); err != nil {
+			return err
+		}
 	}
 	host, _, err := net.SplitHostPort(f.addr)
 	if err != nil {
@@ -115,7 +128,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 			Options:     backendOpts,
 		},
 		Keys: keys,
-		Core: core.Options{SessionTTL: f.sessionTTL},
+		Core: core.Options{SessionTTL: f.sessionTTL, Policy: pol},
 		Limits: gateway.Limits{
 			BodyReadTimeout:   f.bodyReadTimeout,
 			MaxRequestsPerKey: f.maxRequestsPerKey,

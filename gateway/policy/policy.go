@@ -77,7 +77,7 @@ func Load(file string) (*Policy, error) {
 func Parse(data []byte) (*Policy, error) {
 	var f File
 	if err := yaml.UnmarshalStrict(data, &f); err != nil {
-		return nil, fmt.Errorf("%s (the keys are default and workspaces; each section takes models, max_sequence_length, max_lora_rank, max_concurrent_runs, max_queued_operations, sampling_concurrency)", strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: "))
+		return nil, fmt.Errorf("%s (the keys are default and workspaces; each section takes models, max_sequence_length, max_lora_rank, max_concurrent_runs, max_queued_operations, sampling_concurrency)", strings.TrimPrefix(strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: "), "json: "))
 	}
 	return f.Compile()
 }

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"text/tabwriter"
+
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
+	"github.com/spf13/cobra"
+)
+
+func workspaceCmd() *cobra.Command {
+	var cf clientFlags
+	cmd := &cobra.Command{
+		Use:   "workspace",
+		Short: "Show the API key's workspace: its limits and current use",
+		Long: "Show the workspace of the API key: the base models it may use (with its limits on\n" +
+			"each), its limits on runs, queued operations and sampling, and what it uses now.\n" +
+			"The server's --workspace-policy sets the limits; \"none\" means no limit of the\n" +
+			"workspace's own.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl := loopsv1connect.NewWorkspaceServiceClient(http.DefaultClient, cf.url, cf.options()...)
+			ws, err := cl.GetWorkspace(cmd.Context(), &loopsv1.GetWorkspaceRequest{})
+			if err != nil {
+				return err
+			}
+			return printWorkspace(os.Stdout, ws)
+		},
+	}
+	cf.register(cmd)
+	return cmd
+}
+
+// printWorkspace writes the workspace's limits beside its use, then its models.
+func printWorkspace(w io.Writer, ws *loopsv1.Workspace) error {
+	l, u := ws.GetLimits(), ws.GetUse()
+	limit := func(n int32) string {
+		if n <= 0 {
+			return "none"
+		}
+		return strconv.Itoa(int(n))
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "WORKSPACE %s\n\n", ws.GetName())
+	fmt.Fprintln(tw, "LIMIT\tVALUE\tIN USE")
+	fmt.Fprintf(tw, "max_concurrent_runs\t%s\t%d live\n", limit(l.GetMaxConcurrentRuns()), u.GetLiveRuns())
+	fmt.Fprintf(tw, "max_queued_operations\t%s\t%d queued or running\n", limit(l.GetMaxQueuedOperations()), u.GetQueuedOperations())
+	fmt.Fprintf(tw, "sampling_concurrency\t%s\t%d running, %d waiting\n", limit(l.GetSamplingConcurrency()), u.GetRunningSamples(), u.GetWaitingSamples())
+	fmt.Fprintf(tw, "max_sequence_length\t%s\n", limit(l.GetMaxSequenceLength()))
+	fmt.Fprintf(tw, "max_lora_rank\t%s\n", limit(l.GetMaxLoraRank()))
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "MODEL\tMAX SEQ LEN\tMAX LORA RANK")
+	for _, m := range l.GetModels() {
+		fmt.Fprintf(tw, "%s\t%d\t%d\n", m.GetName(), m.GetMaxSequenceLength(), m.GetMaxLoraRank())
+	}
+	if len(l.GetModels()) == 0 {
+		fmt.Fprintln(tw, "(no models)")
+	}
+	return tw.Flush()
+}
