@@ -38,6 +38,8 @@
 // (429, which the tinker SDK backs off and retries) naming the limit. Sampling over
 // sampling_concurrency is not refused: the sample waits for one of the workspace's slots
 // (so one workspace cannot take every sampler slot), counted against max_queued_operations.
+// The operations that create and unload a run always enter the queue: a new run is checked
+// for room in the queue when it is admitted, and an unload frees capacity.
 //
 // # Current use
 //
