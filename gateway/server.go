@@ -185,12 +185,26 @@ func (s *Server) Serve() error {
 	return nil
 }
 
-// Close stops accepting requests, waits up to the context's deadline for requests in
-// flight, then stops the core, the backend and the store.
+// Close shuts the server down in order, within the context's deadline (the grace): the
+// core drains (new work refused, queued work failed with Unavailable, long-polls answered
+// at once, so Tinker clients hear try_again), the listener stops accepting and requests in
+// flight finish, running backend calls finish, then the core, the backend and the store
+// close, each once. A second Close does nothing more.
 func (s *Server) Close(ctx context.Context) error {
+	if s.core != nil {
+		s.core.Drain()
+	}
 	err := s.http.Shutdown(ctx)
 	if s.conn != nil {
 		_ = s.conn.Close()
+	}
+	if s.core != nil {
+		if werr := s.core.WaitIdle(ctx); werr != nil {
+			s.log.Warn("backend calls still running at the end of the grace period are cancelled", slog.Any("err", werr))
+		}
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
 	}
 	return errors.Join(err, s.closeAll())
 }

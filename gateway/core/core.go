@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/loops-dev/loops/backends"
@@ -119,6 +120,14 @@ type Core struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	// drain is closed when a shutdown starts (Drain); running counts backend calls and
+	// sampling goroutines in progress.
+	drain     chan struct{}
+	stopping  atomic.Bool
+	drainOnce sync.Once
+	closeOnce sync.Once
+	running   *busy
 }
 
 // New starts a core on a store and a backend. It fails operations left unfinished by a
@@ -146,6 +155,7 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 		archives: newArchiveTokens(),
 		usage:    newUsageMeter(),
 	}
+	c.drain, c.running = make(chan struct{}), newBusy()
 	c.ops = newOperations(c)
 	c.samplers = newSamplers(c)
 	c.ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))
@@ -189,9 +199,16 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	return c, nil
 }
 
-// Close stops background work. In-flight backend calls finish; queued work is failed.
-// Usage recorded so far is written to the store last.
+// Close stops the core: it drains (see Drain), cancels what still runs, stops background
+// work and writes the usage recorded so far. It is idempotent; call WaitIdle first to let
+// running backend calls finish.
 func (c *Core) Close() error {
+	c.closeOnce.Do(c.close)
+	return nil
+}
+
+func (c *Core) close() {
+	c.Drain()
 	c.cancel()
 	c.mu.Lock()
 	lanes := make([]*lane, 0, len(c.lanes))
@@ -203,8 +220,8 @@ func (c *Core) Close() error {
 		l.stop()
 	}
 	c.wg.Wait()
+	_ = c.running.wait(context.Background()) // sampling goroutines end once cancelled
 	c.flushUsage(context.Background())
-	return nil
 }
 
 func (c *Core) now() time.Time { return c.opts.Now() }

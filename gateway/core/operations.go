@@ -194,6 +194,7 @@ func (s OperationService) WaitOperation(ctx context.Context, req *loopsv1.WaitOp
 	select {
 	case <-o.done:
 	case <-t.C:
+	case <-s.c.drain: // shutting down: answer now with the operation as it stands
 	case <-ctx.Done():
 		return nil, connect.NewError(connect.CodeCanceled, ctx.Err())
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/errs"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -152,6 +153,9 @@ func (r *run) submit(ctx context.Context, seq int64, kind loopsv1.OperationKind,
 	if r.unloaded != "" {
 		return nil, failedPrecondition("training run %s takes no more work: %s", r.id, r.unloaded)
 	}
+	if r.c.draining() {
+		return nil, errShuttingDown()
+	}
 	t, err := mk(seq)
 	if err != nil {
 		switch connect.CodeOf(err) {
@@ -287,6 +291,9 @@ type lane struct {
 	done  chan struct{}
 	// tasks counts the non-batched tasks running beside the lane's loop.
 	tasks sync.WaitGroup
+	// deficit is each workspace's unused token credit (fair.go); only workspaces with
+	// deferred work have an entry. Used by the lane's goroutine only.
+	deficit map[string]int
 }
 
 func (c *Core) laneFor(model string) *lane {
@@ -295,7 +302,7 @@ func (c *Core) laneFor(model string) *lane {
 	if l, ok := c.lanes[model]; ok {
 		return l
 	}
-	l := &lane{c: c, model: model, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
+	l := &lane{c: c, model: model, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}), deficit: map[string]int{}}
 	c.lanes[model] = l
 	go l.loop()
 	return l
@@ -346,6 +353,10 @@ type runTask struct {
 // round executes one head task of each ready run.
 func (l *lane) round(rs []*run) {
 	ctx := l.c.ctx
+	l.c.running.add()
+	defer l.c.running.done()
+	rs, later := l.fairShare(rs)
+	l.requeue(later)
 	var fbs, others []runTask
 	for _, r := range rs {
 		t := r.takeHead()
@@ -370,8 +381,10 @@ func (l *lane) round(rs []*run) {
 	// runs' forward/backward work; the run becomes ready again when the task is done.
 	for _, rt := range others {
 		l.tasks.Add(1)
+		l.c.running.add()
 		go func() {
 			defer l.tasks.Done()
+			defer l.c.running.done()
 			set, err := l.c.execTask(ctx, rt.t)
 			l.c.ops.finish(rt.t.op, set, err)
 			rt.r.touch(ctx, rt.t.seq)
@@ -398,7 +411,7 @@ func (c *Core) execTask(ctx context.Context, t *task) (set func(*loopsv1.Operati
 			id := randHex(6)
 			c.log.Error("operation panicked", slog.String("operation", t.op.op.GetId()), slog.String("incident", id),
 				slog.Any("panic", v), slog.String("stack", string(debug.Stack())))
-			set, err = nil, connect.NewError(connect.CodeInternal, fmt.Errorf("the server failed unexpectedly (incident %s); the operation's effect is unknown: load the run's last checkpoint to continue", id))
+			set, err = nil, errs.Incident(id, fmt.Sprintf("the server failed unexpectedly (incident %s); the operation's effect is unknown: load the run's last checkpoint to continue", id))
 		}
 	}()
 	return t.exec(ctx)

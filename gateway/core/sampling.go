@@ -2,14 +2,17 @@ package core
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"sync"
 	"sync/atomic"
 
+	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/errs"
 	"github.com/loops-dev/loops/internal/semantics"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -193,6 +196,9 @@ func (s SamplingService) Sample(ctx context.Context, req *loopsv1.SampleRequest)
 			return nil, err
 		}
 	}
+	if c.draining() {
+		return nil, errShuttingDown()
+	}
 	st, err := c.samplers.get(ctx, ws, req.GetSamplerId())
 	if err != nil {
 		return nil, err
@@ -220,7 +226,7 @@ func (s SamplingService) Sample(ctx context.Context, req *loopsv1.SampleRequest)
 		}
 	}
 	if c.samplers.queued.Load() >= int64(c.opts.MaxQueuedSamples) {
-		return nil, resourceExhausted("the sampler queue is full (%d requests waiting): retry later", c.opts.MaxQueuedSamples)
+		return nil, errs.New(connect.CodeResourceExhausted, errs.ReasonQueueFull, fmt.Errorf("the sampler queue is full (%d requests waiting): retry later", c.opts.MaxQueuedSamples))
 	}
 	o, err := c.ops.create(ctx, ws, loopsv1.OperationKind_OPERATION_KIND_SAMPLE, "", st.info.GetId(), req.GetSeqId())
 	if err != nil {
@@ -238,6 +244,7 @@ func (s SamplingService) Sample(ctx context.Context, req *loopsv1.SampleRequest)
 		PromptLogprobs: req.GetPromptLogprobs(), TopkPromptLogprobs: req.GetTopkPromptLogprobs(),
 	}
 	c.samplers.queued.Add(1)
+	c.running.add()
 	go c.runSample(o, st.info.GetSessionId(), breq)
 	return o.snapshot(), nil
 }
@@ -245,17 +252,22 @@ func (s SamplingService) Sample(ctx context.Context, req *loopsv1.SampleRequest)
 // runSample runs a sampling operation when the sampler has capacity; session is the
 // sampler's session, which its usage is attributed to.
 func (c *Core) runSample(o *operation, session string, req *backendv1.SampleRequest) {
+	defer c.running.done()
 	ss := c.samplers
 	defer c.policy.AcquireSample(c.ctx, o.workspace)() // waits for one of the workspace's sampling slots
 	select {
 	case ss.sem <- struct{}{}:
-	case <-c.ctx.Done():
+	case <-c.drain:
 		ss.queued.Add(-1)
-		c.ops.finish(o, nil, unavailable("the server is shutting down"))
+		c.ops.finish(o, nil, errShuttingDown())
 		return
 	}
 	ss.queued.Add(-1)
 	defer func() { <-ss.sem }()
+	if c.draining() { // the select may pick a free slot over a shutdown that began meanwhile
+		c.ops.finish(o, nil, errShuttingDown())
+		return
+	}
 	c.ops.setRunning(o)
 	resp, err := c.backend.Sampler().Sample(c.ctx, req)
 	if err == nil {

@@ -1,0 +1,97 @@
+package core
+
+import (
+	"context"
+	"sync"
+)
+
+// Shutdown, in order (gateway.Server.Close drives it):
+//  1. Drain: new work is refused with Unavailable, queued work fails with Unavailable
+//     "the server is shutting down", and long-polls answer at once with the operation as
+//     it stands (Tinker's retrieve_future then says try_again), so no handler outlives
+//     the grace period waiting for a result.
+//  2. WaitIdle: running backend calls finish, up to the grace period.
+//  3. Close: what still runs is cancelled, background goroutines end, usage is flushed.
+//     Close is idempotent.
+
+// errShuttingDown is the error of work refused or failed by a shutdown.
+func errShuttingDown() error {
+	return unavailable("the server is shutting down; resubmit once it is back (your work up to the last finished operation is kept)")
+}
+
+// busy counts work in progress (backend calls and the goroutines that run them) and says
+// when there is none.
+type busy struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed while n == 0
+}
+
+func newBusy() *busy {
+	ch := make(chan struct{})
+	close(ch)
+	return &busy{idle: ch}
+}
+
+func (b *busy) add() {
+	b.mu.Lock()
+	if b.n == 0 {
+		b.idle = make(chan struct{})
+	}
+	b.n++
+	b.mu.Unlock()
+}
+
+func (b *busy) done() {
+	b.mu.Lock()
+	b.n--
+	if b.n == 0 {
+		close(b.idle)
+	}
+	b.mu.Unlock()
+}
+
+// wait returns when nothing is in progress, or with ctx's error.
+func (b *busy) wait(ctx context.Context) error {
+	b.mu.Lock()
+	ch := b.idle
+	b.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// draining reports whether a shutdown has started.
+func (c *Core) draining() bool { return c.stopping.Load() }
+
+// Drain starts a shutdown: new work is refused, queued work fails, long-polls answer now.
+// Work already running goes on (see WaitIdle). It is idempotent.
+func (c *Core) Drain() {
+	c.drainOnce.Do(func() {
+		// Refuse new work first (submissions check it under the run's lock, so none slips
+		// past the sweep below), fail the queued work, then wake the long-polls, which
+		// then see the queued operations failed.
+		c.stopping.Store(true)
+		defer close(c.drain)
+		c.mu.Lock()
+		runs := make([]*run, 0, len(c.runs))
+		for _, r := range c.runs {
+			runs = append(runs, r)
+		}
+		c.mu.Unlock()
+		for _, r := range runs {
+			r.mu.Lock()
+			queued := r.takePendingLocked()
+			r.mu.Unlock()
+			for _, t := range queued {
+				c.ops.finish(t.op, nil, errShuttingDown())
+			}
+		}
+	})
+}
+
+// WaitIdle waits until no backend call is running, or until ctx ends (the grace period).
+func (c *Core) WaitIdle(ctx context.Context) error { return c.running.wait(ctx) }
