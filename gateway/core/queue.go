@@ -159,7 +159,7 @@ func (r *run) submit(ctx context.Context, seq int64, kind loopsv1.OperationKind,
 	t, err := mk(seq)
 	if err != nil {
 		switch connect.CodeOf(err) {
-		case connect.CodeInvalidArgument, connect.CodeFailedPrecondition, connect.CodeNotFound, connect.CodeOutOfRange:
+		case connect.CodeInvalidArgument, connect.CodeFailedPrecondition, connect.CodeNotFound, connect.CodeOutOfRange, connect.CodePermissionDenied:
 			r.seen[seq] = seenSeq{kind: kind}
 			r.pending[seq] = &task{seq: seq}
 			r.maxSeen = max(r.maxSeen, seq)

@@ -160,6 +160,11 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 		}}, nil
 	})
 	if err != nil {
+		// Nothing was queued: the run stays listed but takes no work and holds no slot.
+		r.mu.Lock()
+		r.unloaded = "creating it failed: " + connectMessage(err)
+		r.mu.Unlock()
+		c.policy.EndRun(r.id)
 		return nil, err
 	}
 	return op, nil
