@@ -226,7 +226,11 @@ type TrainingRun struct {
 	// The client's counter for runs in its session (Tinker's model_seq_id), if it gave one.
 	// The run also answers to the id "<session_id>:train:<client_seq_id>", which the tinker
 	// SDK assumes for runs it creates from a checkpoint.
-	ClientSeqId   *int64 `protobuf:"varint,12,opt,name=client_seq_id,json=clientSeqId,proto3,oneof" json:"client_seq_id,omitempty"`
+	ClientSeqId *int64 `protobuf:"varint,12,opt,name=client_seq_id,json=clientSeqId,proto3,oneof" json:"client_seq_id,omitempty"`
+	// Why the run takes no more work (its session ended, it was unloaded, creating it
+	// failed); empty while it takes work. An unloaded run holds no adapter; its checkpoints
+	// stay.
+	UnloadReason  string `protobuf:"bytes,13,opt,name=unload_reason,json=unloadReason,proto3" json:"unload_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -343,6 +347,13 @@ func (x *TrainingRun) GetClientSeqId() int64 {
 		return *x.ClientSeqId
 	}
 	return 0
+}
+
+func (x *TrainingRun) GetUnloadReason() string {
+	if x != nil {
+		return x.UnloadReason
+	}
+	return ""
 }
 
 // Checkpoint is a saved adapter: a PEFT-compatible folder.
@@ -575,7 +586,7 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"end_reason\x18\v \x01(\tR\tendReason\x1a?\n" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9f\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc4\x05\n" +
 	"\vTrainingRun\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -592,7 +603,8 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\tcorrupted\x18\n" +
 	" \x01(\bR\tcorrupted\x12\x1e\n" +
 	"\vlast_seq_id\x18\v \x01(\x03R\tlastSeqId\x12'\n" +
-	"\rclient_seq_id\x18\f \x01(\x03H\x00R\vclientSeqId\x88\x01\x01\x1a?\n" +
+	"\rclient_seq_id\x18\f \x01(\x03H\x00R\vclientSeqId\x88\x01\x01\x12#\n" +
+	"\runload_reason\x18\r \x01(\tR\funloadReason\x1a?\n" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +
