@@ -75,6 +75,13 @@ type Store interface {
 	// returns how many it changed. The stored operation itself changes: its state becomes
 	// OPERATION_STATE_FAILED, its error e and its done_time now.
 	FailUnfinishedOperations(ctx context.Context, e *loopsv1.OperationError, now time.Time) (int, error)
+	// ApplyBatch writes every record of b in one transaction: all of them or, when it
+	// returns an error, none. Each record is written as by its Put method (PutTrainingRun,
+	// PutOperation), with the same rules; a record that its Put would refuse (a missing id,
+	// an id another workspace owns) fails the whole batch. An empty batch succeeds. When a
+	// record appears twice, the later one wins. Training runs are written before
+	// operations. It is how the core's write-behind persister commits a group of writes.
+	ApplyBatch(ctx context.Context, b Batch) error
 	// DeleteOperationsDoneBefore removes finished (succeeded or failed) operations whose
 	// done_time is before t and returns how many it removed; operations without a done_time
 	// are kept.
@@ -112,6 +119,21 @@ type UsageRecord struct {
 	SessionID   string
 	Kind        string
 	Amount      int64
+}
+
+// Batch is a group of writes that ApplyBatch commits together.
+type Batch struct {
+	TrainingRuns []OwnedTrainingRun
+	Operations   []OwnedOperation
+}
+
+// Len is the number of records in the batch.
+func (b Batch) Len() int { return len(b.TrainingRuns) + len(b.Operations) }
+
+// OwnedOperation is an operation with its workspace.
+type OwnedOperation struct {
+	Workspace string
+	Operation *loopsv1.Operation
 }
 
 // OwnedTrainingRun is a training run with its workspace.

@@ -48,10 +48,14 @@ func (s *Store) ListSessions(ctx context.Context, workspace string, page store.P
 
 // PutTrainingRun inserts or replaces a training run.
 func (s *Store) PutTrainingRun(ctx context.Context, workspace string, m *loopsv1.TrainingRun) error {
+	return putTrainingRun(ctx, s.w, workspace, m)
+}
+
+func putTrainingRun(ctx context.Context, w execer, workspace string, m *loopsv1.TrainingRun) error {
 	if m == nil || m.GetId() == "" {
 		return errors.New("store: put training run: missing id")
 	}
-	return s.put(ctx, "training run", m.GetId(), m,
+	return put(ctx, w, "training run", m.GetId(), m,
 		`INSERT INTO training_runs (id, workspace, session_id, create_time, data) VALUES (?, ?, ?, ?, ?)
 		 ON CONFLICT (id) DO UPDATE SET session_id = excluded.session_id,
 		   create_time = excluded.create_time, data = excluded.data
@@ -209,10 +213,14 @@ func (s *Store) GetSampler(ctx context.Context, workspace, id string) (*loopsv1.
 
 // PutOperation inserts or replaces an operation.
 func (s *Store) PutOperation(ctx context.Context, workspace string, m *loopsv1.Operation) error {
+	return putOperation(ctx, s.w, workspace, m)
+}
+
+func putOperation(ctx context.Context, w execer, workspace string, m *loopsv1.Operation) error {
 	if m == nil || m.GetId() == "" {
 		return errors.New("store: put operation: missing id")
 	}
-	return s.put(ctx, "operation", m.GetId(), m,
+	return put(ctx, w, "operation", m.GetId(), m,
 		`INSERT INTO operations (id, workspace, training_run_id, create_time, state, done, done_time, data)
 		 VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 		 ON CONFLICT (id) DO UPDATE SET training_run_id = excluded.training_run_id,
@@ -221,6 +229,32 @@ func (s *Store) PutOperation(ctx context.Context, workspace string, m *loopsv1.O
 		 WHERE operations.workspace = excluded.workspace`,
 		m.GetId(), workspace, m.GetTrainingRunId(), nanos(m.GetCreateTime()),
 		int64(m.GetState()), isDone(m.GetState()), nullNanos(m.GetDoneTime()))
+}
+
+// ApplyBatch writes the batch's training runs, then its operations, in one transaction.
+func (s *Store) ApplyBatch(ctx context.Context, b store.Batch) error {
+	if b.Len() == 0 {
+		return nil
+	}
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: apply batch: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	for _, r := range b.TrainingRuns {
+		if err := putTrainingRun(ctx, tx, r.Workspace, r.Run); err != nil {
+			return fmt.Errorf("store: apply batch: %w", err)
+		}
+	}
+	for _, o := range b.Operations {
+		if err := putOperation(ctx, tx, o.Workspace, o.Operation); err != nil {
+			return fmt.Errorf("store: apply batch: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: apply batch: commit: %w", err)
+	}
+	return nil
 }
 
 // GetOperation returns an operation of the workspace.
@@ -308,11 +342,21 @@ func (s *Store) DeleteOperationsDoneBefore(ctx context.Context, t time.Time) (in
 // The upsert must only update a row of the same workspace; when it changes no row, the id
 // belongs to another workspace and put fails.
 func (s *Store) put(ctx context.Context, kind, id string, m proto.Message, query string, args ...any) error {
+	return put(ctx, s.w, kind, id, m, query, args...)
+}
+
+// execer is the writer connection or a transaction on it.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// put is Store.put on w.
+func put(ctx context.Context, w execer, kind, id string, m proto.Message, query string, args ...any) error {
 	data, err := proto.Marshal(m)
 	if err != nil {
 		return fmt.Errorf("store: put %s %s: encode: %w", kind, id, err)
 	}
-	res, err := s.w.ExecContext(ctx, query, append(args, data)...)
+	res, err := w.ExecContext(ctx, query, append(args, data)...)
 	if err != nil {
 		return fmt.Errorf("store: put %s %s: %w", kind, id, err)
 	}

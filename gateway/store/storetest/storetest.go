@@ -52,6 +52,7 @@ func Run(t *testing.T, open Opener) {
 	s("Operations", testOperations)
 	s("FailUnfinishedOperations", testFailUnfinishedOperations)
 	s("DeleteOperationsDoneBefore", testDeleteOperationsDoneBefore)
+	s("ApplyBatch", testApplyBatch)
 	s("Paging", testPaging)
 	s("InvalidPut", testInvalidPut)
 	s("ForeignID", testForeignID)
@@ -484,6 +485,72 @@ func testOperations(t *testing.T, open func(t *testing.T) store.Store) {
 	got, err = st.GetOperation(ctx, wsB, "op2")
 	require.NoError(t, err)
 	requireProtoEqual(t, failed, got)
+}
+
+// testApplyBatch: a batch writes training runs and operations of several workspaces in one
+// go, the later of two versions of a record wins, an empty batch is fine, and a batch with
+// a record its Put would refuse changes nothing.
+func testApplyBatch(t *testing.T, open func(t *testing.T) store.Store) {
+	ctx := t.Context()
+	st := open(t)
+
+	require.NoError(t, st.ApplyBatch(ctx, store.Batch{}))
+
+	r1 := trainingRun("r1", 0)
+	r2 := trainingRun("r2", time.Second)
+	pending := operation("op1", loopsv1.OperationState_OPERATION_STATE_PENDING, 0)
+	done := operation("op1", loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, 0)
+	other := operation("op2", loopsv1.OperationState_OPERATION_STATE_FAILED, time.Second)
+	b := store.Batch{
+		TrainingRuns: []store.OwnedTrainingRun{{Workspace: wsA, Run: r1}, {Workspace: wsB, Run: r2}},
+		Operations: []store.OwnedOperation{
+			{Workspace: wsA, Operation: pending}, {Workspace: wsA, Operation: done}, {Workspace: wsB, Operation: other},
+		},
+	}
+	require.Equal(t, 5, b.Len())
+	require.NoError(t, st.ApplyBatch(ctx, b))
+	gotR, err := st.GetTrainingRun(ctx, wsA, "r1")
+	require.NoError(t, err)
+	requireProtoEqual(t, r1, gotR)
+	gotR, err = st.GetTrainingRun(ctx, wsB, "r2")
+	require.NoError(t, err)
+	requireProtoEqual(t, r2, gotR)
+	_, err = st.GetTrainingRun(ctx, wsA, "r2")
+	requireNotFound(t, err)
+	gotOp, err := st.GetOperation(ctx, wsA, "op1")
+	require.NoError(t, err)
+	requireProtoEqual(t, done, gotOp) // the later version wins
+	gotOp, err = st.GetOperation(ctx, wsB, "op2")
+	require.NoError(t, err)
+	requireProtoEqual(t, other, gotOp)
+
+	// Updates replace records as Put does; the finished operation counts as done.
+	r1.LastSeqId = 7
+	n, err := st.FailUnfinishedOperations(ctx, &loopsv1.OperationError{Message: "x"}, base)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.NoError(t, st.ApplyBatch(ctx, store.Batch{TrainingRuns: []store.OwnedTrainingRun{{Workspace: wsA, Run: r1}}}))
+	gotR, err = st.GetTrainingRun(ctx, wsA, "r1")
+	require.NoError(t, err)
+	require.EqualValues(t, 7, gotR.GetLastSeqId())
+
+	// All or nothing: op1 belongs to wsA, so this batch fails and writes neither record.
+	bad := store.Batch{Operations: []store.OwnedOperation{
+		{Workspace: wsB, Operation: operation("op3", loopsv1.OperationState_OPERATION_STATE_PENDING, 0)},
+		{Workspace: wsB, Operation: operation("op1", loopsv1.OperationState_OPERATION_STATE_FAILED, 0)},
+	}}
+	err = st.ApplyBatch(ctx, bad)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, store.ErrNotFound)
+	_, err = st.GetOperation(ctx, wsB, "op3")
+	requireNotFound(t, err)
+	gotOp, err = st.GetOperation(ctx, wsA, "op1")
+	require.NoError(t, err)
+	requireProtoEqual(t, done, gotOp)
+
+	// A missing id fails the batch too.
+	require.Error(t, st.ApplyBatch(ctx, store.Batch{Operations: []store.OwnedOperation{{Workspace: wsA, Operation: &loopsv1.Operation{}}}}))
+	require.Error(t, st.ApplyBatch(ctx, store.Batch{TrainingRuns: []store.OwnedTrainingRun{{Workspace: wsA, Run: &loopsv1.TrainingRun{}}}}))
 }
 
 func testFailUnfinishedOperations(t *testing.T, open func(t *testing.T) store.Store) {
