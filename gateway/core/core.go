@@ -128,6 +128,9 @@ type Core struct {
 	drainOnce sync.Once
 	closeOnce sync.Once
 	running   *busy
+
+	// slots keeps the backend's adapters within its max_adapters (slots.go).
+	slots *slots
 }
 
 // New starts a core on a store and a backend. It fails operations left unfinished by a
@@ -169,6 +172,9 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	}
 	for _, m := range caps.GetModels() {
 		c.models[m.GetName()] = m
+	}
+	if c.slots, err = newSlots(c, int(caps.GetMaxAdapters()), caps.GetSavesGradients()); err != nil {
+		return nil, err
 	}
 	for _, l := range caps.GetLossFunctions() {
 		c.losses[l] = true

@@ -12,6 +12,7 @@ type metrics struct {
 	waiters     prometheus.Gauge
 	batchItems  prometheus.Histogram
 	tokens      *prometheus.CounterVec
+	slotMoves   *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -36,9 +37,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loops_tokens_total", Help: "Tokens processed, by kind (train, sample_prompt, sample_output).",
 		}, []string{"kind"}),
+		slotMoves: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loops_adapter_slot_moves_total", Help: "Adapters moved out of (offload) and back into (restore) the backend's slots.",
+		}, []string{"direction"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.opsCreated, m.opsFinished, m.opDuration, m.waiters, m.batchItems, m.tokens)
+		reg.MustRegister(m.opsCreated, m.opsFinished, m.opDuration, m.waiters, m.batchItems, m.tokens, m.slotMoves)
 	}
 	return m
 }

@@ -256,6 +256,7 @@ func (r *run) taskDone() {
 	if free {
 		r.c.freeAdapter(r.c.ctx, r)
 	}
+	r.c.slots.unpin(r)
 }
 
 // takePendingLocked removes every queued task of the run and returns those with an
@@ -359,6 +360,20 @@ func (l *lane) round(rs []*run) {
 	l.requeue(later)
 	var fbs, others []runTask
 	for _, r := range rs {
+		if err := l.c.slots.admit(ctx, r); errors.Is(err, errNoSlot) {
+			// Every slot is pinned: the run waits, and is made ready when one frees.
+			r.mu.Lock()
+			r.queued = false
+			r.mu.Unlock()
+			l.c.slots.park(r)
+			continue
+		} else if err != nil {
+			if t := r.takeHead(); t != nil {
+				l.c.ops.finish(t.op, nil, err)
+			}
+			r.taskDone()
+			continue
+		}
 		t := r.takeHead()
 		if t == nil {
 			r.taskDone()
@@ -386,6 +401,12 @@ func (l *lane) round(rs []*run) {
 			defer l.tasks.Done()
 			defer l.c.running.done()
 			set, err := l.c.execTask(ctx, rt.t)
+			if err == nil {
+				switch rt.t.op.op.GetKind() {
+				case loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, loopsv1.OperationKind_OPERATION_KIND_LOAD_WEIGHTS:
+					l.c.slots.setGrads(rt.r, false) // applied, or replaced by the loaded state
+				}
+			}
 			l.c.ops.finish(rt.t.op, set, err)
 			rt.r.touch(ctx, rt.t.seq)
 			rt.r.taskDone()
@@ -444,6 +465,9 @@ func (l *lane) forwardBackward(ctx context.Context, batch []runTask) {
 			res = resp.GetResults()[i].GetResult()
 		}
 		if itemErr == nil {
+			if !rt.t.fb.GetForwardOnly() {
+				l.c.slots.setGrads(rt.r, true)
+			}
 			l.c.metrics.tokens.WithLabelValues("train").Add(float64(rt.t.tokens))
 			info := rt.r.snapshot()
 			l.c.recordUsage(rt.r.ws, info.GetBaseModel(), info.GetSessionId(), store.UsageTraining, int64(rt.t.tokens))

@@ -1,0 +1,229 @@
+package core
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"connectrpc.com/connect"
+	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
+)
+
+// Adapter slots. A backend holds at most max_adapters adapters (its capabilities). When
+// more runs are live than that, the least recently used idle run's adapter is offloaded
+// (its complete training state — weights, Adam moments and step, and any accumulated
+// gradient — saved into a spill folder under <data-dir>/spill, then deleted from the
+// backend) and restored from that folder before its next task, so the run continues
+// bit-identically. A run is pinned while one of its tasks is taken (from the lane round
+// until taskDone), and a pinned run is never offloaded. A backend that cannot save
+// gradients (saves_gradients false) only has runs without pending gradients offloaded.
+// When every slot is pinned, the run waits and is made ready again when a slot is unpinned.
+
+// spillFolder is where offloaded adapters are kept, under the data dir.
+const spillFolder = "spill"
+
+// slotRun is a run's place in the slot table.
+type slotRun struct {
+	elem  *list.Element // in lru while resident
+	pins  int
+	grads bool   // gradients accumulated since the last optim_step or load
+	spill string // the folder holding the offloaded state; "" while resident or never created
+}
+
+// slots tracks which runs' adapters are on the backend.
+type slots struct {
+	c         *Core
+	capacity  int // 0: unlimited
+	gradients bool
+	dir       string
+
+	mu      sync.Mutex
+	runs    map[*run]*slotRun
+	lru     *list.List // resident runs, most recently used at the front
+	waiting []*run     // runs that found every slot pinned
+}
+
+func newSlots(c *Core, capacity int, gradients bool) (*slots, error) {
+	dir := filepath.Join(c.opts.DataDir, spillFolder)
+	// Adapters do not survive a restart, so neither does what was offloaded.
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, fmt.Errorf("core: clearing %s: %w", dir, err)
+	}
+	return &slots{c: c, capacity: max(capacity, 0), gradients: gradients, dir: dir, runs: map[*run]*slotRun{}, lru: list.New()}, nil
+}
+
+func (s *slots) entry(r *run) *slotRun {
+	e, ok := s.runs[r]
+	if !ok {
+		e = &slotRun{}
+		s.runs[r] = e
+	}
+	return e
+}
+
+// errNoSlot means every slot is pinned; the run waits for one.
+var errNoSlot = errors.New("no adapter slot is free")
+
+// admit makes r's adapter resident (restoring it if it was offloaded, offloading the least
+// recently used idle run if the backend is full) and pins it. It returns errNoSlot when
+// every slot is pinned: r is then registered to be made ready when a slot frees. Called
+// from a lane's goroutine, never with a run's lock held.
+func (s *slots) admit(ctx context.Context, r *run) error {
+	for {
+		s.mu.Lock()
+		e := s.entry(r)
+		if e.elem != nil { // resident
+			s.lru.MoveToFront(e.elem)
+			e.pins++
+			s.mu.Unlock()
+			return nil
+		}
+		if s.capacity == 0 || s.lru.Len() < s.capacity {
+			e.elem = s.lru.PushFront(r)
+			e.pins++
+			spill := e.spill
+			s.mu.Unlock()
+			if spill == "" {
+				return nil
+			}
+			if err := s.restore(ctx, r, spill); err != nil {
+				s.mu.Lock()
+				e.pins--
+				s.lru.Remove(e.elem)
+				e.elem = nil
+				s.mu.Unlock()
+				return err
+			}
+			s.mu.Lock()
+			e.spill = ""
+			s.mu.Unlock()
+			return nil
+		}
+		victim := s.victimLocked()
+		if victim == nil {
+			s.mu.Unlock()
+			return errNoSlot
+		}
+		ve := s.runs[victim]
+		s.lru.Remove(ve.elem)
+		ve.elem = nil
+		ve.pins++ // nothing else may take or offload it while its state moves
+		s.mu.Unlock()
+		err := s.offload(ctx, victim)
+		s.mu.Lock()
+		ve.pins--
+		if err != nil {
+			ve.elem = s.lru.PushBack(victim) // still resident
+			s.mu.Unlock()
+			return err
+		}
+		s.mu.Unlock()
+	}
+}
+
+// victimLocked picks the least recently used resident run that may be offloaded.
+func (s *slots) victimLocked() *run {
+	for el := s.lru.Back(); el != nil; el = el.Prev() {
+		v := el.Value.(*run)
+		e := s.runs[v]
+		if e.pins == 0 && (s.gradients || !e.grads) {
+			return v
+		}
+	}
+	return nil
+}
+
+// offload saves a run's complete training state into its spill folder and frees its slot
+// on the backend.
+func (s *slots) offload(ctx context.Context, r *run) error {
+	dir := filepath.Join(s.dir, r.id)
+	_ = os.RemoveAll(dir)
+	if err := os.MkdirAll(s.dir, 0o755); err != nil {
+		return internal("creating the adapter spill folder", s.c.ckpt.scrub(err))
+	}
+	t := s.c.backend.Trainer()
+	if _, err := t.SaveAdapter(ctx, &backendv1.SaveAdapterRequest{AdapterId: r.id, Dir: dir, IncludeOptimizer: true, IncludeGradients: s.gradients}); err != nil {
+		_ = os.RemoveAll(dir)
+		return r.adapterLost(err)
+	}
+	if _, err := t.DeleteAdapter(ctx, &backendv1.DeleteAdapterRequest{AdapterId: r.id}); err != nil {
+		_ = os.RemoveAll(dir)
+		return r.adapterLost(err)
+	}
+	s.mu.Lock()
+	s.entry(r).spill = dir
+	s.mu.Unlock()
+	s.c.metrics.slotMoves.WithLabelValues("offload").Inc()
+	s.c.log.Debug("offloaded an adapter", slog.String("run", r.id))
+	return nil
+}
+
+// restore loads an offloaded run's state back onto the backend.
+func (s *slots) restore(ctx context.Context, r *run, dir string) error {
+	if _, err := s.c.backend.Trainer().LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: r.id, Dir: dir, LoadOptimizer: true, LoadGradients: s.gradients}); err != nil {
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("restoring training run %s's offloaded adapter failed (%s); retry, or load its last checkpoint", r.id, connectMessage(err)))
+	}
+	_ = os.RemoveAll(dir)
+	s.c.metrics.slotMoves.WithLabelValues("restore").Inc()
+	return nil
+}
+
+// park registers a run that admit refused with errNoSlot (and that is no longer in a
+// lane's ready list) to be made ready when a slot is unpinned; if one freed meanwhile, the
+// run is made ready at once, so no wake-up is lost.
+func (s *slots) park(r *run) {
+	s.mu.Lock()
+	if s.lru.Len() >= s.capacity && s.victimLocked() == nil {
+		s.waiting = append(s.waiting, r)
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	r.mu.Lock()
+	r.kick()
+	r.mu.Unlock()
+}
+
+// unpin releases a run taken by admit, and makes the runs waiting for a slot ready again.
+func (s *slots) unpin(r *run) {
+	s.mu.Lock()
+	if e, ok := s.runs[r]; ok && e.pins > 0 {
+		e.pins--
+	}
+	waiting := s.waiting
+	s.waiting = nil
+	s.mu.Unlock()
+	for _, w := range waiting {
+		w.mu.Lock()
+		w.kick()
+		w.mu.Unlock()
+	}
+}
+
+// setGrads records whether the run has gradients that no optim_step has applied yet.
+func (s *slots) setGrads(r *run, pending bool) {
+	s.mu.Lock()
+	s.entry(r).grads = pending
+	s.mu.Unlock()
+}
+
+// forget drops a run whose adapter was freed (unloaded): its slot and any spill folder.
+func (s *slots) forget(r *run) {
+	s.mu.Lock()
+	e, ok := s.runs[r]
+	if ok {
+		if e.elem != nil {
+			s.lru.Remove(e.elem)
+		}
+		delete(s.runs, r)
+	}
+	s.mu.Unlock()
+	if ok && e.spill != "" {
+		_ = os.RemoveAll(e.spill)
+	}
+}
