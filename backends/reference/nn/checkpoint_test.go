@@ -158,7 +158,7 @@ func TestLoadGradientsRejects(t *testing.T) {
 		}},
 		{"has shape", func(n string, s []int64, g []float32) (string, []int64, []float32) {
 			if n == first {
-				s, g = []int64{s[1], s[0]}, g // transposed
+				s = []int64{s[1], s[0]} // transposed
 			}
 			return n, s, g
 		}},
