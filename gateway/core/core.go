@@ -40,6 +40,9 @@ type Options struct {
 	// MaxQueuedSamples caps sampling operations waiting for the sampler; more are refused with
 	// ResourceExhausted (HTTP 429), which the tinker SDK treats as back-pressure (default 10000).
 	MaxQueuedSamples int
+	// MaxQueuedSamplesPerWorkspace caps one workspace's sampling operations waiting for the
+	// sampler, so one workspace cannot fill the whole queue (default MaxQueuedSamples / 4).
+	MaxQueuedSamplesPerWorkspace int
 	// SamplingConcurrency is how many sampling calls run at once (default 4).
 	SamplingConcurrency int
 	// ArchiveURLTTL is how long a checkpoint archive URL stays valid (default 15 min).
@@ -79,6 +82,9 @@ func (o *Options) defaults() {
 	}
 	if o.MaxQueuedSamples <= 0 {
 		o.MaxQueuedSamples = 10000
+	}
+	if o.MaxQueuedSamplesPerWorkspace <= 0 {
+		o.MaxQueuedSamplesPerWorkspace = max(o.MaxQueuedSamples/4, 1)
 	}
 	if o.SamplingConcurrency <= 0 {
 		o.SamplingConcurrency = 4

@@ -2,17 +2,13 @@ package core
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"sync"
-	"sync/atomic"
 
-	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
-	"github.com/loops-dev/loops/internal/errs"
 	"github.com/loops-dev/loops/internal/semantics"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -35,17 +31,16 @@ type samplerState struct {
 	seen map[int64]string // seq_id -> operation id
 }
 
-// samplers holds the live samplers and limits sampling concurrency.
+// samplers holds the live samplers and the fair queue of sampling requests.
 type samplers struct {
-	c      *Core
-	mu     sync.Mutex
-	byID   map[string]*samplerState
-	sem    chan struct{}
-	queued atomic.Int64
+	c     *Core
+	mu    sync.Mutex
+	byID  map[string]*samplerState
+	queue *sampleQueue
 }
 
 func newSamplers(c *Core) *samplers {
-	return &samplers{c: c, byID: map[string]*samplerState{}, sem: make(chan struct{}, c.opts.SamplingConcurrency)}
+	return &samplers{c: c, byID: map[string]*samplerState{}, queue: newSampleQueue(c)}
 }
 
 // create registers a sampler; model is the checkpoint path ("" for the base model) and dir
@@ -183,8 +178,9 @@ func (s SamplingService) GetSampler(ctx context.Context, req *loopsv1.GetSampler
 }
 
 // Sample queues a sampling operation. Samples are not ordered; they run as sampler
-// capacity frees up, and past Options.MaxQueuedSamples new ones are refused with
-// ResourceExhausted.
+// capacity frees up, shared fairly between workspaces (samplequeue.go), and past
+// Options.MaxQueuedSamples (or Options.MaxQueuedSamplesPerWorkspace of one workspace) new
+// ones are refused with ResourceExhausted.
 func (s SamplingService) Sample(ctx context.Context, req *loopsv1.SampleRequest) (*loopsv1.Operation, error) {
 	c := s.c
 	ws, err := auth.RequireWorkspace(ctx)
@@ -225,11 +221,12 @@ func (s SamplingService) Sample(ctx context.Context, req *loopsv1.SampleRequest)
 			return o.snapshot(), nil
 		}
 	}
-	if c.samplers.queued.Load() >= int64(c.opts.MaxQueuedSamples) {
-		return nil, errs.New(connect.CodeResourceExhausted, errs.ReasonQueueFull, fmt.Errorf("the sampler queue is full (%d requests waiting): retry later", c.opts.MaxQueuedSamples))
+	if err := c.samplers.queue.reserve(ws); err != nil {
+		return nil, err
 	}
 	o, err := c.ops.create(ctx, ws, loopsv1.OperationKind_OPERATION_KIND_SAMPLE, "", st.info.GetId(), req.GetSeqId())
 	if err != nil {
+		c.samplers.queue.unreserve(ws)
 		return nil, err
 	}
 	if req.SeqId != nil {
@@ -243,31 +240,18 @@ func (s SamplingService) Sample(ctx context.Context, req *loopsv1.SampleRequest)
 		NumSamples: max(req.GetNumSamples(), 1), Params: params,
 		PromptLogprobs: req.GetPromptLogprobs(), TopkPromptLogprobs: req.GetTopkPromptLogprobs(),
 	}
-	c.samplers.queued.Add(1)
-	c.running.add()
-	go c.runSample(o, st.info.GetSessionId(), breq)
+	if !c.samplers.queue.push(&sampleJob{o: o, session: st.info.GetSessionId(), req: breq, cost: sampleCost(breq)}) {
+		c.ops.finish(o, nil, errShuttingDown()) // a shutdown began meanwhile
+	}
 	return o.snapshot(), nil
 }
 
-// runSample runs a sampling operation when the sampler has capacity; session is the
-// sampler's session, which its usage is attributed to.
-func (c *Core) runSample(o *operation, session string, req *backendv1.SampleRequest) {
-	defer c.running.done()
-	ss := c.samplers
-	defer c.policy.AcquireSample(c.ctx, o.workspace)() // waits for one of the workspace's sampling slots
-	select {
-	case ss.sem <- struct{}{}:
-	case <-c.drain:
-		ss.queued.Add(-1)
-		c.ops.finish(o, nil, errShuttingDown())
-		return
-	}
-	ss.queued.Add(-1)
-	defer func() { <-ss.sem }()
-	if c.draining() { // the select may pick a free slot over a shutdown that began meanwhile
-		c.ops.finish(o, nil, errShuttingDown())
-		return
-	}
+// runSample runs a sampling operation on a sampler slot the queue gave it.
+func (c *Core) runSample(j *sampleJob) {
+	o, session, req := j.o, j.session, j.req
+	// One of the workspace's sampling slots: the queue starts no more of a workspace's
+	// samples than its sampling_concurrency, so this never waits; it keeps the count.
+	defer c.policy.AcquireSample(c.ctx, o.workspace)()
 	c.ops.setRunning(o)
 	resp, err := c.backend.Sampler().Sample(c.ctx, req)
 	if err == nil {

@@ -90,6 +90,7 @@ func (c *Core) Drain() {
 				c.ops.finish(t.op, nil, errShuttingDown())
 			}
 		}
+		c.samplers.queue.close()
 	})
 }
 

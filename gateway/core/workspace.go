@@ -32,7 +32,7 @@ func (s WorkspaceService) GetWorkspace(ctx context.Context, _ *loopsv1.GetWorksp
 			LiveRuns:         int32(u.LiveRuns),
 			QueuedOperations: int32(u.QueuedOperations),
 			RunningSamples:   int32(u.RunningSamples),
-			WaitingSamples:   int32(u.WaitingSamples),
+			WaitingSamples:   int32(u.WaitingSamples + c.samplers.queue.waiting(ws)),
 		},
 	}, nil
 }

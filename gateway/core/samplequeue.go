@@ -1,0 +1,240 @@
+package core
+
+import (
+	"fmt"
+	"sync"
+
+	"connectrpc.com/connect"
+	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
+	"github.com/loops-dev/loops/internal/errs"
+)
+
+// Fair sampling. Sampling requests wait in one FIFO queue per workspace, and each free
+// sampler slot (Options.SamplingConcurrency) goes to a workspace chosen by deficit round
+// robin weighted by tokens: a request costs its prompt plus max_tokens × num_samples
+// tokens; when no waiting workspace's deficit covers the cost of its oldest request, every
+// waiting workspace gets the same credit, just enough for one of them to pay; of the
+// workspaces that can pay, the one with the most deficit takes the slot (ties: the one
+// served longest ago). A workspace whose queue empties loses its deficit (no credit is
+// banked while idle), and one at its policy's sampling_concurrency neither takes a slot
+// nor gains credit until one of its samples ends. So every workspace with waiting samples
+// gets the same share of sampled tokens, and a workspace that sends one request while
+// another has thousands waiting is served at the next free slot or the one after.
+//
+// No goroutine waits per request: a slot is a goroutine that runs a sample, then takes the
+// next one the queue picks, and ends when there is none. The queue is bounded
+// (Options.MaxQueuedSamples in all, Options.MaxQueuedSamplesPerWorkspace per workspace;
+// over either, ResourceExhausted naming the limit), and a drain fails every waiting
+// sample with Unavailable.
+
+// sampleJob is a sampling operation waiting for a slot.
+type sampleJob struct {
+	o       *operation
+	session string // the sampler's session, which usage is attributed to
+	req     *backendv1.SampleRequest
+	cost    int // tokens: prompt + max_tokens × num_samples
+}
+
+// sampleCost is a sampling request's size in tokens, its weight in the round robin.
+func sampleCost(req *backendv1.SampleRequest) int {
+	return len(req.GetPrompt()) + int(req.GetParams().GetMaxTokens())*int(max(req.GetNumSamples(), 1))
+}
+
+// wsSamples is one workspace's queue; the entry exists while it has samples reserved,
+// waiting or running.
+type wsSamples struct {
+	name     string
+	jobs     []*sampleJob // waiting, oldest first
+	reserved int          // admitted and not yet started: len(jobs) plus those being created
+	running  int
+	limit    int // the policy's sampling_concurrency (0: none)
+	deficit  int
+}
+
+// sampleQueue is the fair sampling dispatcher.
+type sampleQueue struct {
+	c         *Core
+	maxQueued int // all workspaces
+	maxPerWS  int
+
+	mu       sync.Mutex
+	free     int // slots not running a sample
+	reserved int // all workspaces' reserved
+	ws       map[string]*wsSamples
+	order    []*wsSamples // workspaces with waiting samples, the one served longest ago first
+	closed   bool
+}
+
+func newSampleQueue(c *Core) *sampleQueue {
+	return &sampleQueue{
+		c: c, maxQueued: c.opts.MaxQueuedSamples, maxPerWS: c.opts.MaxQueuedSamplesPerWorkspace,
+		free: c.opts.SamplingConcurrency, ws: map[string]*wsSamples{},
+	}
+}
+
+// reserve admits one more sample of the workspace into the queue, or says which limit it
+// is over. The caller then pushes it, or gives the place back with unreserve.
+func (q *sampleQueue) reserve(ws string) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return errShuttingDown()
+	}
+	if q.reserved >= q.maxQueued {
+		return errs.New(connect.CodeResourceExhausted, errs.ReasonQueueFull, fmt.Errorf(
+			"the sampler queue is full: %d sampling requests are waiting, the server's limit (MaxQueuedSamples): retry later", q.reserved))
+	}
+	w := q.ws[ws]
+	if w == nil {
+		w = &wsSamples{name: ws, limit: q.c.policy.Limits(ws).SamplingConcurrency}
+		q.ws[ws] = w
+	}
+	if w.reserved >= q.maxPerWS {
+		return errs.New(connect.CodeResourceExhausted, errs.ReasonQueueFull, fmt.Errorf(
+			"workspace %q has %d sampling requests waiting, the server's per-workspace limit (MaxQueuedSamplesPerWorkspace): wait for some to finish, then retry", ws, w.reserved))
+	}
+	w.reserved++
+	q.reserved++
+	return nil
+}
+
+// unreserve gives back a place reserve admitted and that was not pushed.
+func (q *sampleQueue) unreserve(ws string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if w := q.ws[ws]; w != nil {
+		w.reserved--
+		q.reserved--
+		q.cleanLocked(w)
+	}
+}
+
+// push queues a reserved sample and starts it if a slot is free. It returns false, with
+// the place given back, when a shutdown began meanwhile: the caller fails the operation.
+func (q *sampleQueue) push(j *sampleJob) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	w := q.ws[j.o.workspace]
+	if q.closed {
+		w.reserved--
+		q.reserved--
+		q.cleanLocked(w)
+		return false
+	}
+	w.jobs = append(w.jobs, j)
+	if len(w.jobs) == 1 {
+		q.order = append(q.order, w)
+	}
+	for q.free > 0 {
+		next := q.pickLocked()
+		if next == nil {
+			break
+		}
+		q.free--
+		q.c.running.add()
+		go q.work(next)
+	}
+	return true
+}
+
+// work runs samples on one slot: j, then each one the queue picks next, until there is
+// none.
+func (q *sampleQueue) work(j *sampleJob) {
+	defer q.c.running.done()
+	for j != nil {
+		q.c.runSample(j)
+		q.mu.Lock()
+		w := q.ws[j.o.workspace]
+		w.running--
+		q.cleanLocked(w)
+		if j = q.pickLocked(); j == nil {
+			q.free++
+		}
+		q.mu.Unlock()
+	}
+}
+
+// pickLocked takes the next sample to run, by deficit round robin (see the top of the
+// file), or nil when none may start: nothing waits, every waiting workspace is at its
+// sampling_concurrency, or a shutdown began. It counts the sample running.
+func (q *sampleQueue) pickLocked() *sampleJob {
+	if q.closed || q.c.draining() {
+		return nil
+	}
+	need, found := 0, false
+	for _, w := range q.order {
+		if w.limit > 0 && w.running >= w.limit {
+			continue
+		}
+		if d := w.jobs[0].cost - w.deficit; !found || d < need {
+			need, found = d, true
+		}
+	}
+	if !found {
+		return nil
+	}
+	var best *wsSamples
+	at := 0
+	for i, w := range q.order {
+		if w.limit > 0 && w.running >= w.limit {
+			continue
+		}
+		if need > 0 {
+			w.deficit += need
+		}
+		if w.deficit >= w.jobs[0].cost && (best == nil || w.deficit > best.deficit) {
+			best, at = w, i
+		}
+	}
+	j := best.jobs[0]
+	best.jobs[0] = nil
+	best.jobs = best.jobs[1:]
+	best.deficit -= j.cost
+	best.reserved--
+	best.running++
+	q.reserved--
+	q.order = append(q.order[:at], q.order[at+1:]...)
+	if len(best.jobs) == 0 {
+		best.jobs, best.deficit = nil, 0 // no credit kept while idle
+	} else {
+		q.order = append(q.order, best) // served: to the back of the round
+	}
+	return j
+}
+
+// cleanLocked forgets a workspace with nothing reserved or running.
+func (q *sampleQueue) cleanLocked(w *wsSamples) {
+	if w.reserved == 0 && w.running == 0 {
+		delete(q.ws, w.name)
+	}
+}
+
+// waiting returns how many of the workspace's samples wait for a slot.
+func (q *sampleQueue) waiting(ws string) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if w := q.ws[ws]; w != nil {
+		return len(w.jobs)
+	}
+	return 0
+}
+
+// close refuses new samples and fails the waiting ones with Unavailable (Drain calls it);
+// running samples go on.
+func (q *sampleQueue) close() {
+	q.mu.Lock()
+	q.closed = true
+	var failed []*sampleJob
+	for _, w := range q.order {
+		failed = append(failed, w.jobs...)
+		w.reserved -= len(w.jobs)
+		q.reserved -= len(w.jobs)
+		w.jobs, w.deficit = nil, 0
+		q.cleanLocked(w)
+	}
+	q.order = nil
+	q.mu.Unlock()
+	for _, j := range failed {
+		q.c.ops.finish(j.o, nil, errShuttingDown())
+	}
+}
