@@ -170,6 +170,9 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		s.log.Debug("compat: request rejected", "method", r.Method, "path", r.URL.Path, "status", a.status,
 			"reason", a.body.Reason, "detail", a.body.Detail)
 	}
+	if d, ok := errs.RetryAfter(err); ok && a.status == http.StatusTooManyRequests {
+		w.Header().Set(errs.HeaderRetryAfter, errs.RetryAfterValue(d)) // the SDK waits this long
+	}
 	writeJSON(w, a.status, a.body)
 }
 

@@ -86,7 +86,7 @@ func (e *edge) finish(ctx context.Context, procedure, surface string, err error)
 	out := errs.Edge(err)
 	e.logError(out, surface, procedure, err)
 	e.requests.WithLabelValues(surface, strconv.Itoa(out.Entry.HTTPStatus)).Inc()
-	return out.Err
+	return errs.WithRetryAfterHeader(out.Err) // a 429 carries Retry-After
 }
 
 func (e *edge) clientGone(surface, what string, err error) {
@@ -138,6 +138,9 @@ func (e *edge) restErrorHandler(ctx context.Context, mux *runtime.ServeMux, m ru
 		e.logError(out, surfaceREST, r.URL.Path, err)
 		e.requests.WithLabelValues(surfaceREST, strconv.Itoa(out.Entry.HTTPStatus)).Inc()
 		err = statusFromConnect(out.Err)
+	}
+	if d, ok := errs.RetryAfter(ce); ok {
+		w.Header().Set(errs.HeaderRetryAfter, errs.RetryAfterValue(d))
 	}
 	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
 }

@@ -59,6 +59,8 @@ type Options struct {
 	Policy *policy.Policy
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
+	// Limits bound what the core holds in memory (limits.go; docs/semantics.md, "Limits").
+	Limits Limits
 }
 
 func (o *Options) defaults() {
@@ -98,6 +100,7 @@ func (o *Options) defaults() {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	o.Limits.defaults()
 }
 
 // Core owns sessions, runs, operations, samplers and checkpoints, and drives the backend.
@@ -114,7 +117,8 @@ type Core struct {
 	ops      *operations
 	mu       sync.Mutex
 	runs     map[string]*run
-	aliases  map[string]string // "<session_id>:train:<n>" -> run id
+	aliases  map[string]string    // "<session_id>:train:<n>" -> run id
+	lastUsed map[string]time.Time // run id -> last lookup, for idle eviction (registry.go)
 	lanes    map[string]*lane
 	sessions map[string]*sessionState
 	samplers *samplers
@@ -257,6 +261,8 @@ func (c *Core) janitor() {
 func (c *Core) sweep(ctx context.Context) {
 	now := c.now()
 	c.expireSessions(ctx, now)
+	c.evictIdleRuns(now)
+	c.samplers.expire(now)
 	c.expireCheckpoints(ctx, now)
 	c.ops.evictFinishedBefore(now.Add(-time.Hour))
 	if _, err := c.store.DeleteOperationsDoneBefore(ctx, now.Add(-c.opts.ResultRetention)); err != nil {

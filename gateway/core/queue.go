@@ -156,6 +156,9 @@ func (r *run) submit(ctx context.Context, seq int64, kind loopsv1.OperationKind,
 	if r.c.draining() {
 		return nil, errShuttingDown()
 	}
+	if err := r.roomForTask(); err != nil { // refused without using seq: the retry is accepted
+		return nil, err
+	}
 	t, err := mk(seq)
 	if err != nil {
 		switch connect.CodeOf(err) {

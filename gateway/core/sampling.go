@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"sync"
+	"time"
 
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/store"
@@ -27,6 +28,7 @@ type samplerState struct {
 	ws   string
 	info *loopsv1.Sampler
 	dir  string
+	used time.Time // last request that named it (samplers.mu); see samplers.expire
 	mu   sync.Mutex
 	seen map[int64]string // seq_id -> operation id
 }
@@ -36,6 +38,7 @@ type samplers struct {
 	c     *Core
 	mu    sync.Mutex
 	byID  map[string]*samplerState
+	perWS map[string]int // samplers in byID per workspace
 	queue *sampleQueue
 }
 
@@ -46,6 +49,16 @@ func newSamplers(c *Core) *samplers {
 // create registers a sampler; model is the checkpoint path ("" for the base model) and dir
 // its resolved folder.
 func (ss *samplers) create(ctx context.Context, ws, sessionID, baseModel, modelPath, dir string) (*loopsv1.Sampler, error) {
+	var sess *sessionState
+	if sessionID != "" {
+		var err error
+		if sess, err = ss.c.session(ctx, ws, sessionID); err != nil {
+			return nil, err
+		}
+		if err := sess.roomForSampler(ss.c); err != nil {
+			return nil, err
+		}
+	}
 	info := &loopsv1.Sampler{
 		Id: newID("smp"), SessionId: sessionID, BaseModel: baseModel, ModelPath: modelPath,
 		CreateTime: timestamppb.New(ss.c.now()),
@@ -53,21 +66,83 @@ func (ss *samplers) create(ctx context.Context, ws, sessionID, baseModel, modelP
 	if err := ss.c.store.PutSampler(ctx, ws, info); err != nil {
 		return nil, internal("recording sampler", err)
 	}
-	ss.mu.Lock()
-	ss.byID[info.Id] = &samplerState{ws: ws, info: info, dir: dir, seen: map[int64]string{}}
-	ss.mu.Unlock()
-	if sessionID != "" {
-		if st, err := ss.c.session(ctx, ws, sessionID); err == nil {
-			st.addSampler(info.Id)
-		}
+	ss.add(&samplerState{ws: ws, info: info, dir: dir, seen: map[int64]string{}})
+	if sess != nil {
+		sess.addSampler(info.Id)
 	}
 	return info, nil
+}
+
+// add holds a sampler in memory. Past Limits.MaxSamplersInMemory samplers of its workspace,
+// the least recently used one of them is dropped from memory (its record stays, and get
+// reloads it when a request names it). It returns the sampler held: s, or the one another
+// request reloaded meanwhile.
+func (ss *samplers) add(s *samplerState) *samplerState {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	now := ss.c.now()
+	if cur, ok := ss.byID[s.info.GetId()]; ok {
+		cur.used = now
+		return cur
+	}
+	s.used = now
+	ss.byID[s.info.GetId()] = s
+	if ss.perWS == nil {
+		ss.perWS = map[string]int{}
+	}
+	ss.perWS[s.ws]++
+	if ss.perWS[s.ws] <= ss.c.opts.Limits.MaxSamplersInMemory {
+		return s
+	}
+	var lru *samplerState
+	for _, o := range ss.byID {
+		if o.ws == s.ws && o != s && (lru == nil || o.used.Before(lru.used)) {
+			lru = o
+		}
+	}
+	if lru != nil {
+		ss.dropLocked(lru)
+	}
+	return s
+}
+
+// dropLocked forgets a sampler held in memory; ss.mu must be held.
+func (ss *samplers) dropLocked(s *samplerState) {
+	if ss.byID[s.info.GetId()] != s {
+		return
+	}
+	delete(ss.byID, s.info.GetId())
+	if ss.perWS[s.ws]--; ss.perWS[s.ws] <= 0 {
+		delete(ss.perWS, s.ws)
+	}
+}
+
+// expire drops from memory the samplers no request named for Limits.SamplerIdleTTL. They
+// still work: get reloads them from the store.
+func (ss *samplers) expire(now time.Time) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for _, s := range ss.byID {
+		if now.Sub(s.used) >= ss.c.opts.Limits.SamplerIdleTTL {
+			ss.dropLocked(s)
+		}
+	}
+}
+
+// inMemory is the number of samplers held in memory (tests, the soak benchmark).
+func (ss *samplers) inMemory() int {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return len(ss.byID)
 }
 
 // get returns a sampler of the workspace, reviving it from the store after a restart.
 func (ss *samplers) get(ctx context.Context, ws, id string) (*samplerState, error) {
 	ss.mu.Lock()
 	s, ok := ss.byID[id]
+	if ok {
+		s.used = ss.c.now()
+	}
 	ss.mu.Unlock()
 	if ok {
 		if s.ws != ws {
@@ -85,20 +160,16 @@ func (ss *samplers) get(ctx context.Context, ws, id string) (*samplerState, erro
 			return nil, err
 		}
 	}
-	s = &samplerState{ws: ws, info: info, dir: dir, seen: map[int64]string{}}
-	ss.mu.Lock()
-	ss.byID[id] = s
-	ss.mu.Unlock()
-	return s, nil
+	return ss.add(&samplerState{ws: ws, info: info, dir: dir, seen: map[int64]string{}}), nil
 }
 
 // dropSession forgets the samplers of an expired session (their records stay).
 func (ss *samplers) dropSession(sessionID string) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	for id, s := range ss.byID {
+	for _, s := range ss.byID {
 		if s.info.GetSessionId() == sessionID {
-			delete(ss.byID, id)
+			ss.dropLocked(s)
 		}
 	}
 }

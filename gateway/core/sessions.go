@@ -10,6 +10,7 @@ import (
 
 	"github.com/loops-dev/loops/gateway/auth"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/errs"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -49,6 +50,7 @@ func (s *sessionState) once(ctx context.Context, table map[int64]*seqClaim, seq 
 				delete(table, seq)
 			} else {
 				c.id = id
+				pruneSeqTable(table, seq)
 			}
 			close(c.done)
 			s.mu.Unlock()
@@ -66,13 +68,53 @@ func (s *sessionState) once(ctx context.Context, table map[int64]*seqClaim, seq 
 	}
 }
 
+// pruneSeqTable bounds a session's de-duplication table (runSeq, samplerSeq): once it holds
+// 2×seqTableKeep client_seq_ids, those more than seqTableKeep below newest that are done are
+// forgotten. Called with the session's lock held.
+func pruneSeqTable(table map[int64]*seqClaim, newest int64) {
+	if len(table) <= 2*seqTableKeep {
+		return
+	}
+	for seq, c := range table {
+		if seq < newest-seqTableKeep && c.id != "" {
+			delete(table, seq)
+		}
+	}
+	if len(table) > 2*seqTableKeep { // sparse or out-of-order ids: keep the newest only
+		seqs := mapKeys(table)
+		slices.Sort(seqs)
+		for _, seq := range seqs[:len(seqs)-seqTableKeep] {
+			if table[seq].id != "" {
+				delete(table, seq)
+			}
+		}
+	}
+}
+
+// roomForSampler refuses a sampler past Limits.MaxSamplersPerSession.
+func (s *sessionState) roomForSampler(c *Core) error {
+	s.mu.Lock()
+	n := len(s.info.GetSamplerIds())
+	s.mu.Unlock()
+	if limit := c.opts.Limits.MaxSamplersPerSession; n >= limit {
+		return c.limitReached(errs.ReasonLimitReached, "max_samplers_per_session",
+			"session %s has created %d samplers, the limit per session (max_samplers_per_session): create a new session (service client) for more", s.info.GetId(), limit)
+	}
+	return nil
+}
+
 // addRun records a run in the session. It fails once the session has ended, so a run
-// created while its session ends is either in the list endSession unloads or refused.
-func (s *sessionState) addRun(id string) error {
+// created while its session ends is either in the list endSession unloads or refused, and
+// past Limits.MaxRunsPerSession.
+func (s *sessionState) addRun(c *Core, id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.info.GetExpired() {
 		return failedPrecondition("session %s has ended (%s): create a new client", s.info.GetId(), s.info.GetEndReason())
+	}
+	if limit := c.opts.Limits.MaxRunsPerSession; len(s.info.GetTrainingRunIds()) >= limit {
+		return c.limitReached(errs.ReasonLimitReached, "max_runs_per_session",
+			"session %s has created %d training runs, the limit per session (max_runs_per_session): create a new session (service client) for more", s.info.GetId(), limit)
 	}
 	s.info = proto.CloneOf(s.info)
 	s.info.TrainingRunIds = append(s.info.TrainingRunIds, id)
@@ -180,6 +222,23 @@ func (c *Core) endSession(ctx context.Context, s *sessionState, why, detail stri
 	return info
 }
 
+// roomForSession refuses a session past Limits.MaxSessionsPerWorkspace live sessions.
+func (c *Core) roomForSession(ws string) error {
+	c.mu.Lock()
+	n := 0
+	for _, s := range c.sessions {
+		if s.ws == ws {
+			n++
+		}
+	}
+	c.mu.Unlock()
+	if limit := c.opts.Limits.MaxSessionsPerWorkspace; n >= limit {
+		return c.limitReached(errs.ReasonLimitReached, "max_sessions_per_workspace",
+			"this workspace has %d live sessions, the limit (max_sessions_per_workspace): finish sessions you no longer use (they also end %s after their last heartbeat)", limit, c.opts.SessionTTL)
+	}
+	return nil
+}
+
 // SessionService implements loops.v1 SessionService.
 type SessionService struct{ c *Core }
 
@@ -191,6 +250,9 @@ func (s SessionService) CreateSession(ctx context.Context, req *loopsv1.CreateSe
 	}
 	if len(req.GetTags()) > 100 || len(req.GetUserMetadata()) > 100 {
 		return nil, invalidArgument("at most 100 tags and 100 user_metadata entries")
+	}
+	if err := s.c.roomForSession(ws); err != nil {
+		return nil, err
 	}
 	now := s.c.now()
 	info := &loopsv1.Session{

@@ -31,14 +31,19 @@ func (c *Core) model(name string) (*loopsv1.ModelInfo, error) {
 }
 
 // runOf returns a run of the workspace, by its id or by its alias
-// "<session_id>:train:<client_seq_id>".
+// "<session_id>:train:<client_seq_id>", reloading it from the store when it is not in
+// memory (registry.go).
 func (c *Core) runOf(ws, id string) (*run, error) {
 	c.mu.Lock()
-	r, ok := c.runs[id]
-	if !ok {
-		r, ok = c.runs[c.aliases[id]]
+	r, ok := c.lookupRunLocked(id)
+	if ok {
+		c.noteUsedLocked(r.id)
 	}
 	c.mu.Unlock()
+	if !ok {
+		r = c.reloadRun(c.ctx, ws, id)
+		ok = r != nil
+	}
 	if !ok || r.ws != ws {
 		return nil, notFound("training run %q not found (it does not exist, or belongs to another API key's workspace)", id)
 	}
@@ -138,7 +143,7 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 		c.policy.EndRun(r.id)
 	}
 	if sess != nil {
-		if err := sess.addRun(info.Id); err != nil {
+		if err := sess.addRun(c, info.Id); err != nil {
 			forget()
 			return nil, err
 		}
@@ -161,10 +166,12 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 	})
 	if err != nil {
 		// Nothing was queued: the run stays listed but takes no work and holds no slot.
+		reason := "creating it failed: " + connectMessage(err)
 		r.mu.Lock()
-		r.unloaded = "creating it failed: " + connectMessage(err)
+		r.unloaded = reason
 		r.mu.Unlock()
 		c.policy.EndRun(r.id)
+		c.markUnloaded(ctx, r, reason)
 		return nil, err
 	}
 	return op, nil
@@ -177,10 +184,12 @@ func (c *Core) createAdapter(ctx context.Context, r *run, fromDir string, withOp
 		_, err = c.backend.Trainer().LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: r.id, Dir: fromDir, LoadOptimizer: withOptimizer})
 	}
 	if err != nil {
+		reason := "creating its adapter failed: " + connectMessage(err)
 		r.mu.Lock()
-		r.unloaded = "creating its adapter failed: " + connectMessage(err)
+		r.unloaded = reason
 		r.mu.Unlock()
 		c.policy.EndRun(r.id)
+		c.markUnloaded(ctx, r, reason)
 		return nil, err
 	}
 	r.mu.Lock()
@@ -332,6 +341,7 @@ func (c *Core) unloadRun(ctx context.Context, r *run, reason string, ownTask boo
 	r.freeWhenIdle = later
 	r.mu.Unlock()
 	c.policy.EndRun(r.id)
+	c.markUnloaded(ctx, r, reason)
 	err := failedPrecondition("training run %s takes no more work: %s", r.id, reason)
 	for _, t := range queued {
 		c.ops.finish(t.op, nil, err)
@@ -477,22 +487,37 @@ func (c *Core) loadableCheckpoint(ctx context.Context, ws, runID string, info *l
 	return ck, dir, nil
 }
 
-// recoverRuns loads the runs of the store into memory after a restart. Their adapters are
-// recreated on first use (see ensureAdapter).
+// recoverRuns loads into memory, after a restart, the runs of the store that may still take
+// work: not those with an unload_reason, nor those of a session the store records as ended
+// (records written before unload_reason existed). Their adapters are recreated on first use
+// (see ensureAdapter); the others are reloaded on demand (registry.go).
 func (c *Core) recoverRuns(ctx context.Context) error {
 	runs, err := c.store.ListAllTrainingRuns(ctx)
 	if err != nil {
 		return fmt.Errorf("core: recovering training runs: %w", err)
 	}
+	ended := map[string]bool{} // session id -> the store records it ended
 	for _, or := range runs {
-		if _, ok := c.models[or.Run.GetBaseModel()]; !ok {
+		if _, ok := c.models[or.Run.GetBaseModel()]; !ok || or.Run.GetUnloadReason() != "" {
 			continue
+		}
+		if sid := or.Run.GetSessionId(); sid != "" {
+			e, seen := ended[sid]
+			if !seen {
+				sess, err := c.store.GetSession(ctx, or.Workspace, sid)
+				e = err == nil && sess.GetExpired()
+				ended[sid] = e
+			}
+			if e {
+				continue
+			}
 		}
 		// The first request after a restart sets the run's position: the client's counter
 		// carries on from wherever it was.
 		r := c.newRun(or.Workspace, or.Run, resyncSeq, false)
 		c.mu.Lock()
 		c.addRunLocked(r)
+		c.noteUsedLocked(r.id)
 		c.mu.Unlock()
 	}
 	return nil
