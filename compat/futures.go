@@ -2,10 +2,14 @@ package compat
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"strconv"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -53,9 +57,15 @@ func (s *server) retrieveFuture(w http.ResponseWriter, r *http.Request) error {
 			writeJSON(w, http.StatusOK, tryAgainResponse{Type: "try_again", RequestID: req.RequestID, QueueState: "active"})
 			return nil
 		}
+		// An unknown request (never recorded: the server restarted before writing it) and a
+		// result that left the result cache are both gone for good: 410, on which the SDK
+		// re-submits a sample by itself and surfaces a training call's error to the user.
 		if connect.CodeOf(err) == connect.CodeNotFound {
-			return &apiError{status: http.StatusNotFound, code: "not_found",
-				detail: "request " + req.RequestID + " is unknown or its result has expired"}
+			return &apiError{status: http.StatusGone, code: "not_found",
+				detail: "unknown request " + req.RequestID + ": it does not exist, belongs to another API key, finished too long ago, or the server restarted before recording it; resubmit the request"}
+		}
+		if errs.Reason(err) == errs.ReasonResultExpired {
+			return &apiError{status: http.StatusGone, code: "failed_precondition", reason: errs.ReasonResultExpired, detail: errorMessage(err)}
 		}
 		return err
 	}
@@ -69,6 +79,15 @@ func (s *server) retrieveFuture(w http.ResponseWriter, r *http.Request) error {
 		writeJSON(w, http.StatusOK, tryAgainResponse{Type: "try_again", RequestID: req.RequestID, QueueState: "active"})
 		return nil
 	}
+}
+
+// errorMessage is err's message without the code prefix connect adds.
+func errorMessage(err error) string {
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return ce.Message()
+	}
+	return err.Error()
 }
 
 func failureMessage(op *loopsv1.Operation) string {
@@ -104,15 +123,17 @@ func (s *server) writeResult(w http.ResponseWriter, r *http.Request, op *loopsv1
 	case loopsv1.OperationKind_OPERATION_KIND_CREATE_TRAINING_RUN:
 		writeJSON(w, http.StatusOK, map[string]string{"model_id": runIDOf(op)})
 	case loopsv1.OperationKind_OPERATION_KIND_FORWARD, loopsv1.OperationKind_OPERATION_KIND_FORWARD_BACKWARD:
-		res := op.GetForwardBackward()
-		if wantsProto(r) {
-			out, dropped := forwardBackwardToProto(res)
+		return s.writeLarge(w, r, op, func(asProto bool) ([]byte, error) {
+			res := op.GetForwardBackward()
+			if asProto {
+				out, dropped := forwardBackwardToProto(res)
+				s.warnDropped(op, dropped)
+				return proto.Marshal(out)
+			}
+			out, dropped := forwardBackwardToJSON(res)
 			s.warnDropped(op, dropped)
-			return writeProto(w, out)
-		}
-		out, dropped := forwardBackwardToJSON(res)
-		s.warnDropped(op, dropped)
-		writeJSON(w, http.StatusOK, out)
+			return json.Marshal(out)
+		})
 	case loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP:
 		metrics, dropped := cleanMetrics(op.GetOptimStep().GetMetrics())
 		s.warnDropped(op, dropped)
@@ -140,10 +161,12 @@ func (s *server) writeResult(w http.ResponseWriter, r *http.Request, op *loopsv1
 		}
 		writeJSON(w, http.StatusOK, out)
 	case loopsv1.OperationKind_OPERATION_KIND_SAMPLE:
-		if wantsProto(r) {
-			return writeProto(w, sampleToProto(op.GetSample()))
-		}
-		writeJSON(w, http.StatusOK, sampleToJSON(op.GetSample()))
+		return s.writeLarge(w, r, op, func(asProto bool) ([]byte, error) {
+			if asProto {
+				return proto.Marshal(sampleToProto(op.GetSample()))
+			}
+			return json.Marshal(sampleToJSON(op.GetSample()))
+		})
 	case loopsv1.OperationKind_OPERATION_KIND_UNLOAD_TRAINING_RUN:
 		id := op.GetUnload().GetTrainingRunId()
 		if id == "" {
@@ -154,6 +177,39 @@ func (s *server) writeResult(w http.ResponseWriter, r *http.Request, op *loopsv1
 		return &apiError{status: http.StatusInternalServerError, code: "internal",
 			detail: "operation " + op.GetId() + " has a kind compat cannot encode: " + op.GetKind().String()}
 	}
+	return nil
+}
+
+// resultEncodings is implemented by an operation service that keeps a result's encodings
+// with the result (core.OperationService: in its result cache, within the cache's budget).
+type resultEncodings interface {
+	EncodedResult(id, format string, encode func() ([]byte, error)) ([]byte, error)
+}
+
+// writeLarge writes a large result (forward/backward outputs, samples) as protobuf or JSON,
+// as the request accepts. The encoding is made once per wire format and kept with the
+// result by the core, so a re-poll (the SDK re-polls after a lost answer) costs no encoding.
+func (s *server) writeLarge(w http.ResponseWriter, r *http.Request, op *loopsv1.Operation, encode func(asProto bool) ([]byte, error)) error {
+	asProto := wantsProto(r)
+	format, contentType := "tinker-json", contentTypeJSON
+	if asProto {
+		format, contentType = "tinker-proto", contentTypeProto
+	}
+	enc := func() ([]byte, error) { return encode(asProto) }
+	var b []byte
+	var err error
+	if re, ok := s.svc.Operations.(resultEncodings); ok {
+		b, err = re.EncodedResult(op.GetId(), format, enc)
+	} else {
+		b, err = enc()
+	}
+	if err != nil {
+		return fmt.Errorf("encode %s result: %w", format, err)
+	}
+	w.Header().Set("Content-Type", contentType)
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
 	return nil
 }
 

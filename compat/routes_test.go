@@ -17,6 +17,7 @@ import (
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	publicv1 "github.com/loops-dev/loops/gen/go/tinker/public/v1"
+	"github.com/loops-dev/loops/internal/errs"
 )
 
 func TestBootstrapRoutes(t *testing.T) {
@@ -311,8 +312,16 @@ func TestRetrieveFuture(t *testing.T) {
 	e.core.finish(cid, func(*loopsv1.Operation) {})
 	require.JSONEq(t, fmt.Sprintf(`{"model_id":%q}`, mid), string(post(cid, "").body))
 
-	// Unknown request, core errors.
-	require.Equal(t, 404, post("nope", "").status)
+	// Unknown request (never recorded: a restart lost it) and an expired result are gone:
+	// 410, which the SDK turns into a re-submit for samples and an error for training.
+	r = post("nope", "")
+	require.Equal(t, 410, r.status)
+	require.Contains(t, r.json(t)["detail"], "resubmit")
+	e.core.setErr("WaitOperation", errs.New(connect.CodeFailedPrecondition, errs.ReasonResultExpired, errString("result expired: rerun the step")))
+	r = post(id, "")
+	require.Equal(t, 410, r.status)
+	require.Equal(t, errs.ReasonResultExpired, r.json(t)["reason"])
+	require.Equal(t, "result expired: rerun the step", r.json(t)["detail"])
 	e.core.setErr("WaitOperation", connect.NewError(connect.CodeDeadlineExceeded, errString("slow")))
 	require.Equal(t, "try_again", post(id, "").json(t)["type"])
 	e.core.setErr("WaitOperation", connect.NewError(connect.CodeUnavailable, errString("draining")))

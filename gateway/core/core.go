@@ -29,6 +29,13 @@ type Options struct {
 	SessionTTL time.Duration
 	// ResultRetention is how long finished operations stay retrievable (default 24 h).
 	ResultRetention time.Duration
+	// ResultCacheBytes bounds the memory that large results (forward/backward outputs,
+	// sampled sequences) and their wire encodings take (default 512 MiB); the oldest leave
+	// first, and asking for one that left answers "result expired".
+	ResultCacheBytes int64
+	// ResultCacheTTL is how long a large result stays retrievable after it finished
+	// (default 1 h), within ResultCacheBytes.
+	ResultCacheTTL time.Duration
 	// GapTimeout is how long a run waits for a missing seq_id before skipping it (default 10 s).
 	GapTimeout time.Duration
 	// MaxBatchTokens caps the tokens of one backend forward/backward call (default 65536).
@@ -69,6 +76,12 @@ func (o *Options) defaults() {
 	}
 	if o.ResultRetention <= 0 {
 		o.ResultRetention = 24 * time.Hour
+	}
+	if o.ResultCacheBytes <= 0 {
+		o.ResultCacheBytes = 512 << 20
+	}
+	if o.ResultCacheTTL <= 0 {
+		o.ResultCacheTTL = time.Hour
 	}
 	if o.GapTimeout <= 0 {
 		o.GapTimeout = 10 * time.Second
@@ -237,6 +250,7 @@ func (c *Core) close() {
 	}
 	c.wg.Wait()
 	_ = c.running.wait(context.Background()) // sampling goroutines end once cancelled
+	c.ops.close()                            // commit and publish the outcomes still queued
 	c.flushUsage(context.Background())
 }
 

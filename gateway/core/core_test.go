@@ -334,6 +334,8 @@ func TestRestartFailsInFlightOperationsAndRecoversRuns(t *testing.T) {
 	fake.gate = make(chan struct{})
 	op, err := h.fb(run, 1, datum(1, 2))
 	require.NoError(t, err)
+	// Its record is written behind (persister.go): let it reach the store first.
+	require.Eventually(t, func() bool { _, err := st.GetOperation(t.Context(), "ws-a", op.GetId()); return err == nil }, 5*time.Second, time.Millisecond)
 	// "Crash": the store closes with the operation still in flight.
 	require.NoError(t, st.Close())
 	close(fake.gate)

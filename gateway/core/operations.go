@@ -2,12 +2,14 @@ package core
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
 
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -17,11 +19,15 @@ import (
 const maxWait = 30 * time.Second
 
 // operation is an operation in memory. op is replaced, never mutated, once published, so a
-// reader holding a snapshot needs no lock.
+// reader holding a snapshot needs no lock. A finished operation holds its small copy (see
+// smallCopy); its large result, if any, lives in the result cache.
 type operation struct {
 	workspace string
 	mu        sync.Mutex
 	op        *loopsv1.Operation
+	// finishing is set when the outcome is decided; it is published (op, done) only once
+	// the persister has committed it.
+	finishing bool
 	done      chan struct{}
 }
 
@@ -31,20 +37,29 @@ func (o *operation) snapshot() *loopsv1.Operation {
 	return o.op
 }
 
-// operations is the registry of live and recently finished operations.
+// operations is the registry of live and recently finished operations, with the
+// write-behind persister (persister.go) and the cache of large results (resultcache.go).
 type operations struct {
-	core *Core
-	mu   sync.Mutex
-	byID map[string]*operation
+	core    *Core
+	persist *persister
+	results *resultCache
+	mu      sync.Mutex
+	byID    map[string]*operation
 }
 
 func newOperations(c *Core) *operations {
-	return &operations{core: c, byID: map[string]*operation{}}
+	return &operations{
+		core: c, byID: map[string]*operation{},
+		persist: newPersister(c.store, c.log),
+		results: newResultCache(c.opts.ResultCacheBytes, c.opts.ResultCacheTTL, c.now),
+	}
 }
 
-// create registers a pending operation and persists it, so that a crash before it finishes
-// is reported rather than lost.
-func (ops *operations) create(ctx context.Context, ws string, kind loopsv1.OperationKind, runID, samplerID string, seq int64) (*operation, error) {
+// create registers a pending operation and queues its record for the store. It never
+// waits for the store (it runs under a run's or a sampler's lock): a crash before the
+// record is committed loses an operation the store never knew of, which a client asking
+// for it after the restart is told (see lookup).
+func (ops *operations) create(_ context.Context, ws string, kind loopsv1.OperationKind, runID, samplerID string, seq int64) (*operation, error) {
 	op := &loopsv1.Operation{
 		Id:            newID("op"),
 		Kind:          kind,
@@ -57,9 +72,9 @@ func (ops *operations) create(ctx context.Context, ws string, kind loopsv1.Opera
 	if err := ops.core.policy.StartOp(ws, op.Id, kind); err != nil { // the workspace's max_queued_operations
 		return nil, err
 	}
-	if err := ops.core.store.PutOperation(ctx, ws, op); err != nil {
+	if err := ops.persist.create(ws, op); err != nil {
 		ops.core.policy.EndOp(op.Id)
-		return nil, internal("recording operation", err)
+		return nil, err
 	}
 	o := &operation{workspace: ws, op: op, done: make(chan struct{})}
 	ops.mu.Lock()
@@ -73,7 +88,7 @@ func (ops *operations) create(ctx context.Context, ws string, kind loopsv1.Opera
 func (ops *operations) setRunning(o *operation) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.op.State != loopsv1.OperationState_OPERATION_STATE_PENDING {
+	if o.op.State != loopsv1.OperationState_OPERATION_STATE_PENDING || o.finishing {
 		return
 	}
 	next := proto.CloneOf(o.op)
@@ -81,15 +96,20 @@ func (ops *operations) setRunning(o *operation) {
 	o.op = next
 }
 
-// finish records an operation's outcome, persists it and wakes every waiter. set fills in
-// the result on a succeeded operation; err != nil fails it.
+// finish decides an operation's outcome and hands it to the persister; the outcome is
+// published (waiters woken, GetOperation answers it, the large result enters the cache)
+// once the persister has committed it, so a result a client has seen is never lost by a
+// crash. finish itself never waits for the store: the lane moves on to its next batch.
+// set fills in the result on a succeeded operation; err != nil fails it.
 func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err error) {
 	o.mu.Lock()
-	if isDone(o.op) {
+	if o.finishing || isDone(o.op) {
 		o.mu.Unlock()
 		return
 	}
+	o.finishing = true
 	next := proto.CloneOf(o.op)
+	o.mu.Unlock()
 	next.DoneTime = timestamppb.New(ops.core.now())
 	if err != nil {
 		next.State = loopsv1.OperationState_OPERATION_STATE_FAILED
@@ -106,16 +126,33 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 			set(next)
 		}
 	}
-	o.op = next
-	o.mu.Unlock()
 	ops.core.policy.EndOp(next.Id)
-	// Persist before waking waiters: a result a client has seen is never lost by a crash.
-	if perr := ops.core.store.PutOperation(context.WithoutCancel(context.Background()), o.workspace, next); perr != nil {
-		ops.core.log.Error("persisting operation outcome", slog.String("op", next.Id), slog.Any("err", perr))
+	small := smallCopy(next)
+	ops.persist.finish(o.workspace, small, func() {
+		if small != next && !ops.results.put(next) {
+			ops.core.log.Warn("a result larger than the whole result cache is not kept", slog.String("op", next.Id),
+				slog.Int64("result_cache_bytes", ops.results.maxBytes))
+		}
+		o.mu.Lock()
+		o.op = small
+		o.mu.Unlock()
+		close(o.done)
+		ops.core.metrics.opsFinished.WithLabelValues(kindLabel(next.Kind), stateLabel(next.State)).Inc()
+		ops.core.metrics.opDuration.WithLabelValues(kindLabel(next.Kind)).Observe(next.DoneTime.AsTime().Sub(next.CreateTime.AsTime()).Seconds())
+	})
+}
+
+// view returns what a client asking for the operation gets: the operation with its full
+// result, or RESULT_EXPIRED when its large result is no longer kept.
+func (ops *operations) view(o *operation) (*loopsv1.Operation, error) {
+	op := o.snapshot()
+	if !hasLargeResult(op) {
+		return op, nil
 	}
-	close(o.done)
-	ops.core.metrics.opsFinished.WithLabelValues(kindLabel(next.Kind), stateLabel(next.State)).Inc()
-	ops.core.metrics.opDuration.WithLabelValues(kindLabel(next.Kind)).Observe(next.DoneTime.AsTime().Sub(next.CreateTime.AsTime()).Seconds())
+	if full, ok := ops.results.get(op.GetId()); ok {
+		return full, nil
+	}
+	return nil, ops.results.errExpired(op)
 }
 
 // lookup finds an operation of the workspace in memory, or a finished one in the store.
@@ -125,11 +162,14 @@ func (ops *operations) lookup(ctx context.Context, ws, id string) (*operation, e
 	ops.mu.Unlock()
 	if ok {
 		if o.workspace != ws {
-			return nil, notFound("operation %q not found (it does not exist, or belongs to another API key's workspace)", id)
+			return nil, errUnknownOperation(id)
 		}
 		return o, nil
 	}
 	op, err := ops.core.store.GetOperation(ctx, ws, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, errUnknownOperation(id)
+	}
 	if err != nil {
 		return nil, storeErr(err, "operation "+quote(id))
 	}
@@ -138,8 +178,15 @@ func (ops *operations) lookup(ctx context.Context, ws, id string) (*operation, e
 	return &operation{workspace: ws, op: op, done: done}, nil
 }
 
-// evictFinishedBefore drops finished operations from memory; they stay in the store.
+// errUnknownOperation answers an operation id that neither memory nor the store knows.
+func errUnknownOperation(id string) error {
+	return notFound("unknown operation %q: it does not exist, belongs to another API key's workspace, finished too long ago, or the server restarted before recording it; resubmit the request", id)
+}
+
+// evictFinishedBefore drops finished operations from memory (they stay in the store) and
+// large results past their time budget.
 func (ops *operations) evictFinishedBefore(t time.Time) {
+	ops.results.sweep()
 	ops.mu.Lock()
 	defer ops.mu.Unlock()
 	for id, o := range ops.byID {
@@ -149,6 +196,12 @@ func (ops *operations) evictFinishedBefore(t time.Time) {
 		}
 	}
 }
+
+// flush waits until the outcomes decided so far are committed and published (Drain).
+func (ops *operations) flush() { ops.persist.flush() }
+
+// close writes the outcomes still queued and stops the persister (Core.Close).
+func (ops *operations) close() { ops.persist.close() }
 
 func isDone(op *loopsv1.Operation) bool {
 	return op.State == loopsv1.OperationState_OPERATION_STATE_SUCCEEDED || op.State == loopsv1.OperationState_OPERATION_STATE_FAILED
@@ -167,7 +220,7 @@ func (s OperationService) GetOperation(ctx context.Context, req *loopsv1.GetOper
 	if err != nil {
 		return nil, err
 	}
-	return o.snapshot(), nil
+	return s.c.ops.view(o)
 }
 
 // WaitOperation waits until the operation is done or the timeout passes.
@@ -198,7 +251,15 @@ func (s OperationService) WaitOperation(ctx context.Context, req *loopsv1.WaitOp
 	case <-ctx.Done():
 		return nil, connect.NewError(connect.CodeCanceled, ctx.Err())
 	}
-	return o.snapshot(), nil
+	return s.c.ops.view(o)
+}
+
+// EncodedResult returns an encoding (format names it: "json", "proto", …) of the result of
+// operation id, made by encode once while the result is in the result cache and kept with
+// it (compat encodes a result once per wire format, not on every poll). A result not in the
+// cache is encoded by each call.
+func (s OperationService) EncodedResult(id, format string, encode func() ([]byte, error)) ([]byte, error) {
+	return s.c.ops.results.encoded(id, format, encode)
 }
 
 func quote(s string) string { return "\"" + s + "\"" }

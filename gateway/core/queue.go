@@ -102,16 +102,15 @@ func (r *run) snapshot() *loopsv1.TrainingRun {
 	return r.info
 }
 
-// update changes the run's record under its lock and persists it.
-func (r *run) update(ctx context.Context, f func(*loopsv1.TrainingRun)) {
+// update changes the run's record under its lock and queues it for the store (write-behind,
+// persister.go: it never waits for the store; queued under the lock so versions keep order).
+func (r *run) update(_ context.Context, f func(*loopsv1.TrainingRun)) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	next := proto.CloneOf(r.info)
 	f(next)
 	r.info = next
-	r.mu.Unlock()
-	if err := r.c.store.PutTrainingRun(ctx, r.ws, next); err != nil {
-		r.c.log.Error("persisting training run", slog.String("run", r.id), slog.Any("err", err))
-	}
+	r.c.ops.persist.run(r.ws, next)
 }
 
 // submit places work of the given kind at seq (0: after everything submitted so far). mk

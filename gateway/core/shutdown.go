@@ -91,8 +91,15 @@ func (c *Core) Drain() {
 			}
 		}
 		c.samplers.queue.close()
+		c.ops.flush() // the failures above are committed and published before long-polls wake
 	})
 }
 
 // WaitIdle waits until no backend call is running, or until ctx ends (the grace period).
-func (c *Core) WaitIdle(ctx context.Context) error { return c.running.wait(ctx) }
+func (c *Core) WaitIdle(ctx context.Context) error {
+	if err := c.running.wait(ctx); err != nil {
+		return err
+	}
+	c.ops.flush() // and their outcomes are committed and published (persister.go)
+	return nil
+}

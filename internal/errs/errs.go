@@ -46,6 +46,10 @@ const (
 	ReasonRouteNotServed = "ROUTE_NOT_SERVED"
 	// ReasonSessionEnded: the session has expired or finished (a heartbeat answers 410).
 	ReasonSessionEnded = "SESSION_ENDED"
+	// ReasonResultExpired: the operation finished, but its large result (forward/backward
+	// outputs, sampled sequences) is no longer kept (time or size budget, or a restart);
+	// rerun the step. Tinker's retrieve_future answers it 410.
+	ReasonResultExpired = "RESULT_EXPIRED"
 	// ReasonClientClosed: the client went away before the answer (logged and counted only).
 	ReasonClientClosed = "CLIENT_CLOSED_REQUEST"
 )
