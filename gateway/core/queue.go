@@ -37,9 +37,10 @@ type task struct {
 // (a run recovered after a restart).
 const resyncSeq = -1
 
-// MaxSeqID is the largest seq_id a client may send (2^53−1, the largest integer every JSON
-// client holds exactly). Larger values are refused, so "the next seq_id" never overflows.
-const MaxSeqID = 1<<53 - 1
+// MaxSeqID is the largest seq_id a client may send (2^62). The tinker SDK's sampling
+// clients use large ones (a pickled sampling client starts near 2.6·10^17), so the range is
+// wide; it stops short of int64's end, so "the next seq_id" can never overflow.
+const MaxSeqID = 1 << 62
 
 // checkSeqID range-checks a seq_id from the wire.
 func checkSeqID(seq int64) error {

@@ -44,7 +44,7 @@ func TestSeqIDRange(t *testing.T) {
 	for _, seq := range []int64{math.MaxInt64, MaxSeqID + 1, -1, math.MinInt64} {
 		_, err := h.fb(run, seq, datum(1, 2))
 		require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "seq_id %d", seq)
-		require.ErrorContains(t, err, "out of range: use 0 to 9007199254740991")
+		require.ErrorContains(t, err, "out of range: use 0 to 4611686018427387904")
 	}
 	// The largest allowed seq_id works, and the run is not wedged afterwards: seq_id 0 (the
 	// next one) is refused with a clear reason instead of overflowing.
