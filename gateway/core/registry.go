@@ -69,7 +69,6 @@ func (c *Core) evictIdleRuns(now time.Time) {
 	for id, r := range c.runs {
 		if c.evictable(r, now.Sub(c.lastUsed[id])) {
 			c.dropRunLocked(r)
-			delete(c.lastUsed, id)
 			n++
 		}
 	}

@@ -229,9 +229,11 @@ func (c *Core) addRunLocked(r *run) {
 	}
 }
 
-// dropRunLocked forgets a run whose creation failed before any work was queued.
+// dropRunLocked forgets a run: one whose creation failed before any work was queued, or
+// one that leaves memory (evictIdleRuns).
 func (c *Core) dropRunLocked(r *run) {
 	delete(c.runs, r.id)
+	delete(c.lastUsed, r.id)
 	if info := r.info; info.GetSessionId() != "" && info.ClientSeqId != nil {
 		if alias := runAlias(info.GetSessionId(), info.GetClientSeqId()); c.aliases[alias] == r.id {
 			delete(c.aliases, alias)
