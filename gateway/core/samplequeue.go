@@ -12,14 +12,17 @@ import (
 // Fair sampling. Sampling requests wait in one FIFO queue per workspace, and each free
 // sampler slot (Options.SamplingConcurrency) goes to a workspace chosen by deficit round
 // robin weighted by tokens: a request costs its prompt plus max_tokens × num_samples
-// tokens; when no waiting workspace's deficit covers the cost of its oldest request, every
-// waiting workspace gets the same credit, just enough for one of them to pay; of the
-// workspaces that can pay, the one with the most deficit takes the slot (ties: the one
-// served longest ago). A workspace whose queue empties loses its deficit (no credit is
-// banked while idle), and one at its policy's sampling_concurrency neither takes a slot
-// nor gains credit until one of its samples ends. So every workspace with waiting samples
-// gets the same share of sampled tokens, and a workspace that sends one request while
-// another has thousands waiting is served at the next free slot or the one after.
+// tokens. A workspace that had nothing waiting or running is new: new ones are served
+// first, in the order they came, and owe the cost (a negative deficit) if more of their
+// samples wait. Otherwise, when no waiting workspace's deficit covers the cost of its
+// oldest request, every waiting workspace gets the same credit, just enough for one of them
+// to pay; of the workspaces that can pay, the one with the most deficit takes the slot
+// (ties: the one served longest ago). A workspace whose queue empties loses its deficit (no
+// credit is banked while idle; a sparse workspace's debt is forgiven, as fq_codel does for
+// sparse flows), and one at its policy's sampling_concurrency neither takes a slot nor
+// gains credit until one of its samples ends. So every workspace with waiting samples gets
+// the same share of sampled tokens, and a workspace that sends one request while another
+// has thousands waiting is served at the next free slot.
 //
 // No goroutine waits per request: a slot is a goroutine that runs a sample, then takes the
 // next one the queue picks, and ends when there is none. The queue is bounded
@@ -49,6 +52,7 @@ type wsSamples struct {
 	running  int
 	limit    int // the policy's sampling_concurrency (0: none)
 	deficit  int
+	fresh    bool // it had nothing waiting or running when its oldest waiting sample came
 }
 
 // sampleQueue is the fair sampling dispatcher.
@@ -124,6 +128,7 @@ func (q *sampleQueue) push(j *sampleJob) bool {
 	w.jobs = append(w.jobs, j)
 	if len(w.jobs) == 1 {
 		q.order = append(q.order, w)
+		w.fresh = w.running == 0
 	}
 	for q.free > 0 {
 		next := q.pickLocked()
@@ -161,6 +166,11 @@ func (q *sampleQueue) pickLocked() *sampleJob {
 	if q.closed || q.c.draining() {
 		return nil
 	}
+	for i, w := range q.order {
+		if w.fresh && (w.limit <= 0 || w.running < w.limit) {
+			return q.takeLocked(w, i)
+		}
+	}
 	need, found := 0, false
 	for _, w := range q.order {
 		if w.limit > 0 && w.running >= w.limit {
@@ -186,18 +196,24 @@ func (q *sampleQueue) pickLocked() *sampleJob {
 			best, at = w, i
 		}
 	}
-	j := best.jobs[0]
-	best.jobs[0] = nil
-	best.jobs = best.jobs[1:]
-	best.deficit -= j.cost
-	best.reserved--
-	best.running++
+	return q.takeLocked(best, at)
+}
+
+// takeLocked takes the oldest sample of w, which is q.order[at], and charges its cost.
+func (q *sampleQueue) takeLocked(w *wsSamples, at int) *sampleJob {
+	j := w.jobs[0]
+	w.jobs[0] = nil
+	w.jobs = w.jobs[1:]
+	w.deficit -= j.cost
+	w.fresh = false
+	w.reserved--
+	w.running++
 	q.reserved--
 	q.order = append(q.order[:at], q.order[at+1:]...)
-	if len(best.jobs) == 0 {
-		best.jobs, best.deficit = nil, 0 // no credit kept while idle
+	if len(w.jobs) == 0 {
+		w.jobs, w.deficit = nil, 0 // no credit (or debt) kept while idle
 	} else {
-		q.order = append(q.order, best) // served: to the back of the round
+		q.order = append(q.order, w) // served: to the back of the round
 	}
 	return j
 }
