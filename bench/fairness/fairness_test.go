@@ -18,6 +18,7 @@ import (
 	_ "github.com/loops-dev/loops/backends/reference"
 	"github.com/loops-dev/loops/gateway"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/core"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 )
@@ -25,6 +26,7 @@ import (
 type tenant struct {
 	training loopsv1connect.TrainingServiceClient
 	ops      loopsv1connect.OperationServiceClient
+	sampling loopsv1connect.SamplingServiceClient
 }
 
 type keyTransport struct {
@@ -40,7 +42,22 @@ func (k keyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 
 func newTenant(url, key string) tenant {
 	hc := &http.Client{Transport: keyTransport{key, http.DefaultTransport}}
-	return tenant{loopsv1connect.NewTrainingServiceClient(hc, url), loopsv1connect.NewOperationServiceClient(hc, url)}
+	return tenant{loopsv1connect.NewTrainingServiceClient(hc, url), loopsv1connect.NewOperationServiceClient(hc, url), loopsv1connect.NewSamplingServiceClient(hc, url)}
+}
+
+// startServer serves a gateway with the reference backend on a loopback port for the keys
+// and returns its URL; the server is closed when the test ends.
+func startServer(t *testing.T, keys []string, opts core.Options) string {
+	t.Helper()
+	parsed, err := auth.ParseKeys(keys)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv, err := gateway.New(t.Context(), ln, gateway.Config{DataDir: t.TempDir(), Keys: parsed, Core: opts})
+	require.NoError(t, err)
+	go func() { _ = srv.Serve() }()
+	t.Cleanup(func() { _ = srv.Close(context.Background()) })
+	return "http://" + ln.Addr().String()
 }
 
 func datum(n int) *loopsv1.Datum {
@@ -126,15 +143,7 @@ func TestFairness(t *testing.T) {
 		t.Skip("set LOOPS_BENCH=1 to run the fairness benchmark")
 	}
 	keys := []string{"tml-light", "tml-heavy", "tml-eq-0", "tml-eq-1", "tml-eq-2", "tml-eq-3"}
-	parsed, err := auth.ParseKeys(keys)
-	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv, err := gateway.New(t.Context(), ln, gateway.Config{DataDir: t.TempDir(), Keys: parsed})
-	require.NoError(t, err)
-	go func() { _ = srv.Serve() }()
-	defer func() { _ = srv.Close(context.Background()) }()
-	url := "http://" + ln.Addr().String()
+	url := startServer(t, keys, core.Options{})
 
 	light, heavy := newTenant(url, "tml-light"), newTenant(url, "tml-heavy")
 	lightRun := light.newRun(t)
