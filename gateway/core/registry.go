@@ -61,19 +61,24 @@ func (c *Core) evictable(r *run, idle time.Duration) bool {
 	return !r.adapterReady && idle >= c.opts.Limits.LiveRunIdleTTL
 }
 
-// evictIdleRuns drops the runs that may leave memory (see evictable).
+// evictIdleRuns drops the runs that may leave memory (see evictable), and whatever the slot
+// table still holds for them.
 func (c *Core) evictIdleRuns(now time.Time) {
+	var gone []*run
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
 	for id, r := range c.runs {
 		if c.evictable(r, now.Sub(c.lastUsed[id])) {
 			c.dropRunLocked(r)
-			n++
+			gone = append(gone, r)
 		}
 	}
-	if n > 0 {
-		c.log.Debug("evicted idle runs from memory", slog.Int("count", n), slog.Int("in_memory", len(c.runs)))
+	left := len(c.runs)
+	c.mu.Unlock()
+	for _, r := range gone {
+		c.slots.forget(r)
+	}
+	if len(gone) > 0 {
+		c.log.Debug("evicted idle runs from memory", slog.Int("count", len(gone)), slog.Int("in_memory", left))
 	}
 }
 
