@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"time"
 
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/store"
@@ -30,12 +29,14 @@ import (
 // maxPendingCreates is how many written-behind operation records may wait for the store
 // before new operations are refused with ResourceExhausted (429, QUEUE_FULL): only a store
 // far behind (stalled, or much slower than the backend) reaches it.
-const maxPendingCreates = 10000
+const maxPendingCreates = 4096
 
-// persistTimeout bounds one batch's transaction; a batch that fails is retried record by
-// record, and what still fails is logged (and published: the server stays available when its
-// store is broken, at the cost of durability).
-const persistTimeout = 30 * time.Second
+// A batch that fails is retried record by record, and what still fails is logged (and
+// published: the server stays available when its store is broken, at the cost of
+// durability). Writes run without a deadline (the store's own busy timeout bounds lock
+// waits): a cancellable context would make the SQLite driver start a watcher goroutine per
+// statement. A store that hangs stops the persister, and new operations are then refused
+// once maxPendingCreates records wait.
 
 type persister struct {
 	st  store.Store
@@ -104,9 +105,7 @@ func (p *persister) finish(ws string, op *loopsv1.Operation, publish func()) {
 	if p.stopped {
 		// After Close: write it here rather than lose it (shutdown, off every hot path).
 		p.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), persistTimeout)
-		defer cancel()
-		if err := p.st.PutOperation(ctx, ws, op); err != nil {
+		if err := p.st.PutOperation(context.Background(), ws, op); err != nil {
 			p.log.Error("persisting operation outcome", slog.String("op", op.GetId()), slog.Any("err", err))
 		}
 		publish()
@@ -183,8 +182,7 @@ func (p *persister) write(b store.Batch) {
 	if b.Len() == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), persistTimeout)
-	defer cancel()
+	ctx := context.Background()
 	err := p.st.ApplyBatch(ctx, b)
 	if err == nil {
 		return

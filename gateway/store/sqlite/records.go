@@ -241,13 +241,14 @@ func (s *Store) ApplyBatch(ctx context.Context, b store.Batch) error {
 		return fmt.Errorf("store: apply batch: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
+	w := &preparedTx{tx: tx, stmts: map[string]*sql.Stmt{}}
 	for _, r := range b.TrainingRuns {
-		if err := putTrainingRun(ctx, tx, r.Workspace, r.Run); err != nil {
+		if err := putTrainingRun(ctx, w, r.Workspace, r.Run); err != nil {
 			return fmt.Errorf("store: apply batch: %w", err)
 		}
 	}
 	for _, o := range b.Operations {
-		if err := putOperation(ctx, tx, o.Workspace, o.Operation); err != nil {
+		if err := putOperation(ctx, w, o.Workspace, o.Operation); err != nil {
 			return fmt.Errorf("store: apply batch: %w", err)
 		}
 	}
@@ -255,6 +256,25 @@ func (s *Store) ApplyBatch(ctx context.Context, b store.Batch) error {
 		return fmt.Errorf("store: apply batch: commit: %w", err)
 	}
 	return nil
+}
+
+// preparedTx runs each query of a batch through a statement prepared once per transaction
+// (the statements close with it).
+type preparedTx struct {
+	tx    *sql.Tx
+	stmts map[string]*sql.Stmt
+}
+
+func (p *preparedTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	st, ok := p.stmts[query]
+	if !ok {
+		var err error
+		if st, err = p.tx.PrepareContext(ctx, query); err != nil {
+			return nil, err
+		}
+		p.stmts[query] = st
+	}
+	return st.ExecContext(ctx, args...)
 }
 
 // GetOperation returns an operation of the workspace.
