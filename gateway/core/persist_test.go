@@ -214,7 +214,10 @@ func TestCrashKeepsWhatWasAcknowledged(t *testing.T) {
 	st.dead.Store(true)
 	c.ops.persist.crash()
 	close(st.release)
-	t.Cleanup(func() { _ = c.Close() })
+	t.Cleanup(func() {
+		_ = c.Close()
+		_ = sq.Close()
+	})
 
 	h2 := newHarness(t, dir, Options{})
 	// The acknowledged forward_backward: its outcome is stored (small part only) and its
