@@ -12,23 +12,28 @@ import (
 // Fair sampling. Sampling requests wait in one FIFO queue per workspace, and each free
 // sampler slot (Options.SamplingConcurrency) goes to a workspace chosen by deficit round
 // robin weighted by tokens: a request costs its prompt plus max_tokens × num_samples
-// tokens. A workspace that had nothing waiting or running is new: new ones are served
-// first, in the order they came, and owe the cost (a negative deficit) if more of their
-// samples wait. Otherwise, when no waiting workspace's deficit covers the cost of its
-// oldest request, every waiting workspace gets the same credit, just enough for one of them
-// to pay; of the workspaces that can pay, the one with the most deficit takes the slot
-// (ties: the one served longest ago). A workspace whose queue empties loses its deficit (no
-// credit is banked while idle; a sparse workspace's debt is forgiven, as fq_codel does for
-// sparse flows), and one at its policy's sampling_concurrency neither takes a slot nor
-// gains credit until one of its samples ends. So every workspace with waiting samples gets
-// the same share of sampled tokens, and a workspace that sends one request while another
-// has thousands waiting is served at the next free slot.
+// tokens. When no waiting workspace's deficit covers the cost of its oldest request, every
+// waiting workspace gets the same credit, just enough for one of them to pay (vtime sums
+// these credits); of the workspaces that can pay, the one with the most deficit takes the
+// slot (ties: the one served longest ago). A workspace whose queue empties loses its credit
+// (none is banked while idle), and one at its policy's sampling_concurrency neither takes a
+// slot nor gains credit until one of its samples ends. Sparse workspaces go first, as in
+// fq_codel: one that had nothing waiting or running and owes nothing is served at the next
+// free slot, ahead of the round, and owes the cost as a negative deficit, which it keeps
+// when its queue empties until the waiting workspaces have been credited as much (so a
+// client that sends one request at a time cannot take more than its share by never
+// queueing). So every workspace with waiting samples gets the same share of sampled
+// tokens, and a workspace that sends one request while another has thousands waiting is
+// served at the next free slot.
 //
 // No goroutine waits per request: a slot is a goroutine that runs a sample, then takes the
 // next one the queue picks, and ends when there is none. The queue is bounded
 // (Options.MaxQueuedSamples in all, Options.MaxQueuedSamplesPerWorkspace per workspace;
 // over either, ResourceExhausted naming the limit), and a drain fails every waiting
 // sample with Unavailable.
+
+// maxOwed bounds the idle workspaces whose debt the queue remembers.
+const maxOwed = 10000
 
 // sampleJob is a sampling operation waiting for a slot.
 type sampleJob struct {
@@ -52,7 +57,7 @@ type wsSamples struct {
 	running  int
 	limit    int // the policy's sampling_concurrency (0: none)
 	deficit  int
-	fresh    bool // it had nothing waiting or running when its oldest waiting sample came
+	fresh    bool // served ahead of the round (sparse; see the top of the file)
 }
 
 // sampleQueue is the fair sampling dispatcher.
@@ -65,14 +70,16 @@ type sampleQueue struct {
 	free     int // slots not running a sample
 	reserved int // all workspaces' reserved
 	ws       map[string]*wsSamples
-	order    []*wsSamples // workspaces with waiting samples, the one served longest ago first
+	order    []*wsSamples   // workspaces with waiting samples, the one served longest ago first
+	vtime    int            // credit given to every waiting workspace so far
+	owed     map[string]int // idle workspaces in debt: the vtime at which it is paid
 	closed   bool
 }
 
 func newSampleQueue(c *Core) *sampleQueue {
 	return &sampleQueue{
 		c: c, maxQueued: c.opts.MaxQueuedSamples, maxPerWS: c.opts.MaxQueuedSamplesPerWorkspace,
-		free: c.opts.SamplingConcurrency, ws: map[string]*wsSamples{},
+		free: c.opts.SamplingConcurrency, ws: map[string]*wsSamples{}, owed: map[string]int{},
 	}
 }
 
@@ -128,7 +135,10 @@ func (q *sampleQueue) push(j *sampleJob) bool {
 	w.jobs = append(w.jobs, j)
 	if len(w.jobs) == 1 {
 		q.order = append(q.order, w)
-		w.fresh = w.running == 0
+		owes := q.owed[w.name] - q.vtime
+		delete(q.owed, w.name)
+		w.deficit = -max(owes, 0)
+		w.fresh = w.running == 0 && owes <= 0
 	}
 	for q.free > 0 {
 		next := q.pickLocked()
@@ -183,15 +193,21 @@ func (q *sampleQueue) pickLocked() *sampleJob {
 	if !found {
 		return nil
 	}
+	if need > 0 {
+		q.vtime += need
+		for ws, paid := range q.owed {
+			if paid <= q.vtime {
+				delete(q.owed, ws)
+			}
+		}
+	}
 	var best *wsSamples
 	at := 0
 	for i, w := range q.order {
 		if w.limit > 0 && w.running >= w.limit {
 			continue
 		}
-		if need > 0 {
-			w.deficit += need
-		}
+		w.deficit += max(need, 0)
 		if w.deficit >= w.jobs[0].cost && (best == nil || w.deficit > best.deficit) {
 			best, at = w, i
 		}
@@ -211,7 +227,13 @@ func (q *sampleQueue) takeLocked(w *wsSamples, at int) *sampleJob {
 	q.reserved--
 	q.order = append(q.order[:at], q.order[at+1:]...)
 	if len(w.jobs) == 0 {
-		w.jobs, w.deficit = nil, 0 // no credit (or debt) kept while idle
+		if w.deficit < 0 { // the debt outlives the queue; credit does not
+			if len(q.owed) >= maxOwed {
+				clear(q.owed) // bounded: forgive every debt
+			}
+			q.owed[w.name] = q.vtime - w.deficit
+		}
+		w.jobs, w.deficit = nil, 0
 	} else {
 		q.order = append(q.order, w) // served: to the back of the round
 	}

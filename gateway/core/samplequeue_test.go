@@ -131,7 +131,8 @@ func TestLightWorkspaceSamplesBeforeAFlood(t *testing.T) {
 
 // TestSamplingSharesTokensFairly: two workspaces keep the one slot busy, one with requests
 // 8× the size of the other's. While both wait, each is given the same number of tokens
-// (within one request), so the small one runs ~8 requests per large one.
+// (within one request, counting the one that held the slot), so the small one runs ~8
+// requests per large one.
 func TestSamplingSharesTokensFairly(t *testing.T) {
 	h := newSampleHarness(t, Options{SamplingConcurrency: 1})
 	big, small := h.sampler("ws-big"), h.sampler("ws-small")
@@ -148,7 +149,7 @@ func TestSamplingSharesTokensFairly(t *testing.T) {
 	}
 	h.release(91)
 	order := h.g.started()[1:]
-	var bigTokens, smallTokens, bigLeft int
+	bigTokens, smallTokens, bigLeft := 32, 0, 0 // the sample that held the slot was ws-big's
 	for i, tag := range order {
 		if tag == 1 {
 			bigTokens += 32
@@ -254,4 +255,53 @@ func TestQueuedSamplesHoldNoGoroutineAndFailOnDrain(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, got.GetState())
 	require.Equal(t, 1, len(h.g.started()))
+}
+
+// TestSparseWorkspaceGetsItsShareOnly: a workspace that sends one sample at a time (and so
+// never has one waiting when the next slot frees) goes ahead of the round, but only while
+// it owes nothing: beside three backlogged workspaces on one slot it gets a quarter of the
+// slots, not every other one.
+func TestSparseWorkspaceGetsItsShareOnly(t *testing.T) {
+	h := newSampleHarness(t, Options{SamplingConcurrency: 1})
+	q := h.core.samplers.queue
+	q.mu.Lock()
+	q.free = 0 // the test takes the picks itself
+	q.mu.Unlock()
+	push := func(ws string) {
+		require.NoError(t, q.reserve(ws))
+		require.True(t, q.push(&sampleJob{o: &operation{workspace: ws}, cost: 10}))
+	}
+	for range 100 {
+		push("ws-b1")
+		push("ws-b2")
+		push("ws-b3")
+	}
+	push("ws-sparse")
+	got := map[string]int{}
+	for i := range 200 {
+		q.mu.Lock()
+		j := q.pickLocked()
+		require.NotNil(t, j)
+		ws := j.o.workspace
+		w := q.ws[ws]
+		w.running--
+		q.cleanLocked(w)
+		q.mu.Unlock()
+		got[ws]++
+		if ws == "ws-sparse" {
+			push("ws-sparse") // its client sends the next one as soon as this one ends
+		}
+		if i < 4 && ws == "ws-sparse" {
+			got["first"]++
+		}
+	}
+	require.Equal(t, 1, got["first"], "the sparse workspace is served in the first round")
+	delete(got, "first")
+	q.mu.Lock() // the jobs left are not real operations: drop them before Close
+	q.order, q.ws, q.reserved, q.free = nil, map[string]*wsSamples{}, 0, 1
+	q.mu.Unlock()
+	require.InDelta(t, 50, got["ws-sparse"], 3, "%v", got)
+	for _, ws := range []string{"ws-b1", "ws-b2", "ws-b3"} {
+		require.InDelta(t, 50, got[ws], 3, "%v", got)
+	}
 }
