@@ -258,16 +258,20 @@ func (s *Store) ApplyBatch(ctx context.Context, b store.Batch) error {
 	return nil
 }
 
-// preparedTx runs each query of a batch through a statement prepared once per transaction
-// (the statements close with it).
+// preparedTx runs a query that a batch uses more than once through a statement prepared once
+// per transaction (the statements close with it); a query used once runs as is.
 type preparedTx struct {
 	tx    *sql.Tx
-	stmts map[string]*sql.Stmt
+	stmts map[string]*sql.Stmt // nil value: used once so far
 }
 
 func (p *preparedTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	st, ok := p.stmts[query]
 	if !ok {
+		p.stmts[query] = nil
+		return p.tx.ExecContext(ctx, query, args...)
+	}
+	if st == nil {
 		var err error
 		if st, err = p.tx.PrepareContext(ctx, query); err != nil {
 			return nil, err
