@@ -278,7 +278,7 @@ func (c *Core) sweep(ctx context.Context) {
 	c.evictIdleRuns(now)
 	c.samplers.expire(now)
 	c.expireCheckpoints(ctx, now)
-	c.ops.evictFinishedBefore(now.Add(-time.Hour))
+	c.ops.evictFinishedBefore(now.Add(-finishedInMemory))
 	if _, err := c.store.DeleteOperationsDoneBefore(ctx, now.Add(-c.opts.ResultRetention)); err != nil {
 		c.log.Error("deleting old operations", slog.Any("err", err))
 	}

@@ -183,6 +183,11 @@ func errUnknownOperation(id string) error {
 	return notFound("unknown operation %q: it does not exist, belongs to another API key's workspace, finished too long ago, or the server restarted before recording it; resubmit the request", id)
 }
 
+// finishedInMemory is how long a finished operation stays in memory. Its record (state,
+// error, metrics) is in the store and its large result in the result cache, so a lookup
+// after that is answered the same, from there; memory holds only the recent ones.
+const finishedInMemory = time.Minute
+
 // evictFinishedBefore drops finished operations from memory (they stay in the store) and
 // large results past their time budget.
 func (ops *operations) evictFinishedBefore(t time.Time) {
