@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/loops-dev/loops/bench/benchdata"
 	_ "github.com/loops-dev/loops/backends/reference"
 	"github.com/loops-dev/loops/gateway"
 	"github.com/loops-dev/loops/gateway/auth"
@@ -60,18 +61,7 @@ func startServer(t *testing.T, keys []string, opts core.Options) string {
 	return "http://" + ln.Addr().String()
 }
 
-func datum(n int) *loopsv1.Datum {
-	d := &loopsv1.Datum{LossFnInputs: map[string]*loopsv1.Tensor{
-		"target_tokens": {Dtype: loopsv1.Dtype_DTYPE_INT64},
-		"weights":       {Dtype: loopsv1.Dtype_DTYPE_FLOAT32},
-	}}
-	for i := range n {
-		d.Tokens = append(d.Tokens, int32(65+i%26))
-		d.LossFnInputs["target_tokens"].Int64Data = append(d.LossFnInputs["target_tokens"].Int64Data, int64(65+(i+1)%26))
-		d.LossFnInputs["weights"].Float32Data = append(d.LossFnInputs["weights"].Float32Data, 1)
-	}
-	return d
-}
+func datum(n int) *loopsv1.Datum { return benchdata.Datum(n) }
 
 func (tn tenant) wait(ctx context.Context, op *loopsv1.Operation) error {
 	for op.GetState() != loopsv1.OperationState_OPERATION_STATE_SUCCEEDED {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/loops-dev/loops/bench/benchdata"
 	"github.com/loops-dev/loops/backends"
 	_ "github.com/loops-dev/loops/backends/reference"
 	"github.com/loops-dev/loops/gateway"
@@ -29,18 +30,7 @@ import (
 
 const iterations = 200
 
-func datum(n int) *loopsv1.Datum {
-	d := &loopsv1.Datum{LossFnInputs: map[string]*loopsv1.Tensor{
-		"target_tokens": {Dtype: loopsv1.Dtype_DTYPE_INT64},
-		"weights":       {Dtype: loopsv1.Dtype_DTYPE_FLOAT32},
-	}}
-	for i := range n {
-		d.Tokens = append(d.Tokens, int32(65+i%26))
-		d.LossFnInputs["target_tokens"].Int64Data = append(d.LossFnInputs["target_tokens"].Int64Data, int64(65+(i+1)%26))
-		d.LossFnInputs["weights"].Float32Data = append(d.LossFnInputs["weights"].Float32Data, 1)
-	}
-	return d
-}
+func datum(n int) *loopsv1.Datum { return benchdata.Datum(n) }
 
 type stats struct{ d []time.Duration }
 
