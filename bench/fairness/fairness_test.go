@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/loops-dev/loops/bench/benchdata"
 	_ "github.com/loops-dev/loops/backends/reference"
+	"github.com/loops-dev/loops/bench/benchdata"
 	"github.com/loops-dev/loops/gateway"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/core"

@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/loops-dev/loops/bench/benchdata"
 	"github.com/loops-dev/loops/backends"
 	_ "github.com/loops-dev/loops/backends/reference"
+	"github.com/loops-dev/loops/bench/benchdata"
 	"github.com/loops-dev/loops/gateway"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"

@@ -19,8 +19,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/loops-dev/loops/bench/benchdata"
 	_ "github.com/loops-dev/loops/backends/reference"
+	"github.com/loops-dev/loops/bench/benchdata"
 	"github.com/loops-dev/loops/gateway"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
