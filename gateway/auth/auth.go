@@ -13,6 +13,8 @@ import (
 	"strings"
 
 	"connectrpc.com/connect"
+
+	"github.com/loops-dev/loops/internal/errs"
 )
 
 // HeaderName is the header that carries the API key, as the tinker SDK sends it.
@@ -133,7 +135,7 @@ func (k *Keys) middleware(p Policy, next http.Handler) (http.Handler, *inflight)
 	inflight := newInflight(p.MaxRequestsPerKey)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if k.Open() && !loopbackHost(r.Host) {
-			refusal{http.StatusForbidden, 7, "permission_denied", errForeignHost(r.Host)}.write(w, r)
+			refusal{connect.CodePermissionDenied, "", errForeignHost(r.Host)}.write(w, r)
 			return
 		}
 		for _, pub := range p.Public {
@@ -151,12 +153,12 @@ func (k *Keys) middleware(p Policy, next http.Handler) (http.Handler, *inflight)
 		}
 		ws, err := k.Authenticate(key)
 		if err != nil {
-			refusal{http.StatusUnauthorized, 16, "unauthenticated", err}.write(w, r)
+			refusal{connect.CodeUnauthenticated, "", err}.write(w, r)
 			return
 		}
 		id, ok := inflight.acquire(key)
 		if !ok {
-			refusal{http.StatusTooManyRequests, 8, "resource_exhausted", fmt.Errorf(
+			refusal{connect.CodeResourceExhausted, errs.ReasonRateLimited, fmt.Errorf(
 				"this API key already has %d requests in flight, the server's limit per key: wait for some to finish (or raise --max-requests-per-key)", inflight.max)}.write(w, r)
 			return
 		}

@@ -10,6 +10,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"connectrpc.com/connect"
+
+	"github.com/loops-dev/loops/internal/errs"
 )
 
 // DefaultMaxRequestsPerKey is how many requests one API key may have in flight at once
@@ -100,28 +104,36 @@ func (f *inflight) keys() int {
 
 // refusal is a request the middleware answers itself.
 type refusal struct {
-	status   int    // HTTP status
-	grpcCode int    // the gRPC code of the same error
-	code     string // the Connect code name
-	err      error
+	code   connect.Code
+	reason string // machine-readable; "" for the code's default
+	err    error
 }
 
-// write answers r with the refusal in the form its protocol reads: gRPC and gRPC-Web get a
-// status in the headers; Connect, REST and Tinker clients get the HTTP status and a JSON body
-// with code, message (Connect, REST) and detail (Tinker).
+// write answers r with the refusal in the form its protocol reads, with the status of the
+// one error table (internal/errs): gRPC and gRPC-Web get a status in the headers; Connect,
+// REST and Tinker clients get the HTTP status and a JSON body with code, reason, message
+// (Connect, REST) and detail (Tinker). A 429 carries Retry-After.
 func (f refusal) write(w http.ResponseWriter, r *http.Request) {
+	e := errs.Lookup(f.code)
+	reason := f.reason
+	if reason == "" {
+		reason = e.Reason
+	}
+	if e.Code == connect.CodeResourceExhausted {
+		w.Header().Set(errs.HeaderRetryAfter, errs.RetryAfterValue(errs.DefaultRetryAfter))
+	}
 	ct := r.Header.Get("Content-Type")
 	if strings.HasPrefix(ct, "application/grpc") {
 		w.Header().Set("Content-Type", ct)
-		w.Header().Set("Grpc-Status", strconv.Itoa(f.grpcCode))
+		w.Header().Set("Grpc-Status", strconv.Itoa(int(f.code)))
 		w.Header().Set("Grpc-Message", grpcPercentEncode(f.err.Error()))
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	body, _ := json.Marshal(map[string]string{"code": f.code, "message": f.err.Error(), "detail": f.err.Error()})
+	body, _ := json.Marshal(map[string]string{"code": f.code.String(), "reason": reason, "message": f.err.Error(), "detail": f.err.Error()})
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(f.status)
+	w.WriteHeader(e.HTTPStatus)
 	_, _ = w.Write(body)
 }
 

@@ -93,6 +93,8 @@ func TestRequestsPerKeyAreCapped(t *testing.T) {
 	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &body))
 	require.Equal(t, "resource_exhausted", body["code"])
 	require.Contains(t, body["detail"], "already has 2 requests in flight")
+	require.Equal(t, "RATE_LIMITED", body["reason"])
+	require.Equal(t, "1", w.Header().Get("Retry-After"))
 	require.Equal(t, http.StatusOK, do("tml-b", "/x").Code)
 	require.Equal(t, 1, inflight.keys())
 
