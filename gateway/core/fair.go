@@ -36,6 +36,7 @@ func (r *run) peekHead() head {
 // It updates the lane's deficits. Called only from the lane's goroutine.
 func (l *lane) fairShare(rs []*run) (now, later []*run) {
 	byWS := map[string][]*run{}
+	tokens := map[*run]int{}
 	var order []string
 	for _, r := range rs {
 		h := r.peekHead()
@@ -43,6 +44,7 @@ func (l *lane) fairShare(rs []*run) (now, later []*run) {
 			now = append(now, r)
 			continue
 		}
+		tokens[r] = h.tokens
 		if _, seen := byWS[r.ws]; !seen {
 			order = append(order, r.ws)
 		}
@@ -59,7 +61,7 @@ func (l *lane) fairShare(rs []*run) (now, later []*run) {
 		runs := byWS[ws]
 		n := 0
 		for ; n < len(runs); n++ {
-			t := runs[n].peekHead().tokens
+			t := tokens[runs[n]]
 			if t > d {
 				break
 			}
