@@ -432,7 +432,7 @@ func (l *lane) round(rs []*run) {
 func (c *Core) execTask(ctx context.Context, t *task) (set func(*loopsv1.Operation), err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			id := randHex(6)
+			id := errs.NewID()
 			c.log.Error("operation panicked", slog.String("operation", t.op.op.GetId()), slog.String("incident", id),
 				slog.Any("panic", v), slog.String("stack", string(debug.Stack())))
 			set, err = nil, errs.Incident(id, fmt.Sprintf("the server failed unexpectedly (incident %s); the operation's effect is unknown: load the run's last checkpoint to continue", id))
