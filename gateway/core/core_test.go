@@ -3,10 +3,12 @@ package core
 import (
 	"context"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -483,7 +485,7 @@ func TestExternalWeightsDownloadFileByFile(t *testing.T) {
 	require.Equal(t, "tinker://"+run+"/external_weights/export", path)
 	urls, err := h.svc.Checkpoints.GetCheckpointFileURLs(h.ctx, &loopsv1.GetCheckpointFileURLsRequest{Path: path})
 	require.NoError(t, err)
-	require.ElementsMatch(t, []string{"adapter_config.json", "adapter_model.safetensors"}, mapKeys(urls.GetUrls()), "no optimizer state, no marker")
+	require.ElementsMatch(t, []string{"adapter_config.json", "adapter_model.safetensors"}, slices.Collect(maps.Keys(urls.GetUrls())), "no optimizer state, no marker")
 	srv := httptest.NewServer(h.core.ArchiveHandler())
 	defer srv.Close()
 	resp, err := http.Get(srv.URL + urls.GetUrls()["adapter_config.json"])

@@ -13,7 +13,6 @@ package core
 
 // head describes a ready run's head task without taking it.
 type head struct {
-	ok     bool // the run has a head task
 	fb     bool // it is forward/backward work
 	tokens int
 }
@@ -23,11 +22,11 @@ type head struct {
 func (r *run) peekHead() head {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	t, ok := r.pending[r.nextSeq]
-	if !ok || t.op == nil {
-		return head{ok: ok}
+	t, ok := r.seq.Head()
+	if !ok {
+		return head{}
 	}
-	return head{ok: true, fb: t.fb != nil, tokens: t.tokens}
+	return head{fb: t.fb != nil, tokens: t.tokens}
 }
 
 // fairShare splits the ready runs into those to run this round (non-batched heads, and

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/loops-dev/loops/gateway/core/sequencer"
 	"github.com/loops-dev/loops/internal/errs"
 )
 
@@ -65,7 +66,7 @@ func setDefault[T int | time.Duration](v *T, d T) {
 // seqTableKeep is how many of the newest client_seq_ids a session's de-duplication tables
 // (runs, samplers) remember once they hold twice as many: retries come within minutes, not
 // thousands of creations later.
-const seqTableKeep = 4096
+const seqTableKeep = sequencer.Keep
 
 // limitReached answers a refusing cap: ResourceExhausted with reason, the limit's name
 // and the retry hint.

@@ -8,6 +8,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/core/sequencer"
 	"github.com/loops-dev/loops/gateway/store/sqlite"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
@@ -182,9 +183,9 @@ func TestSeenSeqTableStaysBounded(t *testing.T) {
 	}
 	h.wait(last)
 	r.mu.Lock()
-	n := len(r.seen)
+	n := r.seq.SeenLen()
 	r.mu.Unlock()
-	require.LessOrEqual(t, n, max(8192, 4096+h.core.opts.Limits.MaxPendingPerRun)+1)
+	require.LessOrEqual(t, n, max(2*sequencer.Keep, sequencer.Keep+h.core.opts.Limits.MaxPendingPerRun)+1)
 }
 
 // TestSessionlessSamplersExpireAndAreBoundedInMemory: samplers are dropped from memory

@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/loops-dev/loops/gateway/core/sequencer"
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -33,35 +33,21 @@ type task struct {
 	creates bool
 }
 
-// resyncSeq as a run's next seq_id means "take the next request's seq_id as the start"
-// (a run recovered after a restart).
-const resyncSeq = -1
-
-// MaxSeqID is the largest seq_id a client may send (2^62). The tinker SDK's sampling
-// clients use large ones (a pickled sampling client starts near 2.6·10^17), so the range is
-// wide; it stops short of int64's end, so "the next seq_id" can never overflow.
-const MaxSeqID = 1 << 62
-
 // checkSeqID range-checks a seq_id from the wire.
 func checkSeqID(seq int64) error {
-	if seq < 0 || seq > MaxSeqID {
-		return invalidArgument("seq_id %d is out of range: use 0 to %d", seq, int64(MaxSeqID))
+	if err := sequencer.Check(seq); err != nil {
+		return invalidArgument("%v", err)
 	}
 	return nil
-}
-
-// seenSeq is what a run remembers of a used seq_id: the operation it created ("" for a
-// request that was rejected) and the kind of request, so that a repeat of another kind is
-// refused instead of silently answered with the first one's operation.
-type seenSeq struct {
-	op   string
-	kind loopsv1.OperationKind
 }
 
 // kindName is an operation kind as clients name the call (forward_backward, optim_step, …).
 func kindName(k loopsv1.OperationKind) string {
 	return strings.ToLower(strings.TrimPrefix(k.String(), "OPERATION_KIND_"))
 }
+
+// runSequencer orders a run's tasks by seq_id (package sequencer).
+type runSequencer = sequencer.Sequencer[*task, loopsv1.OperationKind]
 
 // run is a training run in memory: its ordered queue and whether its adapter is on the backend.
 type run struct {
@@ -70,14 +56,11 @@ type run struct {
 	ws   string
 	lane *lane
 
-	mu           sync.Mutex
-	info         *loopsv1.TrainingRun
-	nextSeq      int64
-	maxSeen      int64
-	pending      map[int64]*task
-	seen         map[int64]seenSeq
-	busy         bool
-	queued       bool
+	mu   sync.Mutex
+	info *loopsv1.TrainingRun
+	seq  *runSequencer
+	// busy: the run's head task is running; queued: the run is in its lane's ready list.
+	busy, queued bool
 	gapTimer     *time.Timer
 	adapterReady bool
 	unloaded     string // why the run takes no more work; "" while it does
@@ -88,11 +71,13 @@ type run struct {
 	adapterStale bool
 }
 
+// newRun returns a run whose next seq_id is nextSeq (sequencer.Resync for a run recovered
+// after a restart).
 func (c *Core) newRun(ws string, info *loopsv1.TrainingRun, nextSeq int64, adapterReady bool) *run {
 	return &run{
-		c: c, id: info.GetId(), ws: ws, lane: c.laneFor(info.GetBaseModel()),
-		info: info, nextSeq: nextSeq, maxSeen: nextSeq - 1,
-		pending: map[int64]*task{}, seen: map[int64]seenSeq{}, adapterReady: adapterReady,
+		c: c, id: info.GetId(), ws: ws, lane: c.laneFor(info.GetBaseModel()), info: info,
+		seq:          sequencer.New[*task, loopsv1.OperationKind](nextSeq, c.opts.Limits.MaxPendingPerRun),
+		adapterReady: adapterReady,
 	}
 }
 
@@ -119,79 +104,71 @@ func (r *run) update(_ context.Context, f func(*loopsv1.TrainingRun)) {
 // the run does not stall on it. A repeated seq_id of the same kind returns the operation of
 // its first submission; one of another kind is refused.
 func (r *run) submit(ctx context.Context, seq int64, kind loopsv1.OperationKind, mk func(seq int64) (*task, error)) (*loopsv1.Operation, error) {
-	if err := checkSeqID(seq); err != nil {
-		return nil, err
-	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.nextSeq == resyncSeq {
-		r.nextSeq = max(seq, 1)
-		r.maxSeen = r.nextSeq - 1
-	}
-	if seq == 0 {
-		seq = max(r.maxSeen, r.nextSeq-1) + 1
-		if seq > MaxSeqID {
-			return nil, invalidArgument("training run %s has used every seq_id up to %d: start a new run from its last checkpoint", r.id, int64(MaxSeqID))
-		}
-	}
-	if used, ok := r.seen[seq]; ok {
-		if used.kind != kind {
-			return nil, invalidArgument("seq_id %d of training run %s was already used by a %s request; this %s needs a seq_id of its own (the next one)", seq, r.id, kindName(used.kind), kindName(kind))
-		}
-		if used.op == "" {
-			return nil, invalidArgument("seq_id %d of training run %s was already used by a request that was rejected; use the next seq_id", seq, r.id)
-		}
-		o, err := r.c.ops.lookup(ctx, r.ws, used.op)
+	adm, err := r.seq.Admit(seq, kind)
+	if err == nil && adm.Repeat {
+		r.mu.Unlock() // the first operation may have to be read from the store
+		o, err := r.c.ops.lookup(ctx, r.ws, adm.Op)
 		if err != nil {
 			return nil, err
 		}
 		return o.snapshot(), nil
 	}
-	if seq < r.nextSeq {
-		return nil, failedPrecondition("seq_id %d of training run %s arrived after the run had moved past it (next expected seq_id is %d); requests of a run must be sent in seq_id order", seq, r.id, r.nextSeq)
-	}
-	if r.unloaded != "" {
+	defer r.mu.Unlock()
+	switch {
+	case err != nil: // refused without using the seq_id: a retry of it is accepted
+		return nil, r.seqError(err, kind)
+	case r.unloaded != "":
 		return nil, failedPrecondition("training run %s takes no more work: %s", r.id, r.unloaded)
-	}
-	if r.c.draining() {
+	case r.c.draining():
 		return nil, errShuttingDown()
 	}
-	if err := r.roomForTask(); err != nil { // refused without using seq: the retry is accepted
-		return nil, err
-	}
-	t, err := mk(seq)
+	t, err := mk(adm.Seq)
 	if err != nil {
 		switch connect.CodeOf(err) {
 		case connect.CodeInvalidArgument, connect.CodeFailedPrecondition, connect.CodeNotFound, connect.CodeOutOfRange, connect.CodePermissionDenied:
-			r.seen[seq] = seenSeq{kind: kind}
-			r.pending[seq] = &task{seq: seq}
-			r.maxSeen = max(r.maxSeen, seq)
+			r.seq.Reject(adm.Seq, kind)
 			r.kick()
 		}
 		return nil, err
 	}
-	t.seq = seq
-	r.pending[seq] = t
-	r.seen[seq] = seenSeq{op: t.op.op.GetId(), kind: kind}
-	r.maxSeen = max(r.maxSeen, seq)
+	t.seq = adm.Seq
+	r.seq.Record(adm.Seq, kind, t.op.op.GetId(), t)
 	r.kick()
 	return t.op.snapshot(), nil
 }
 
-// kick makes the run's head runnable if it is. Called with r.mu held.
-func (r *run) kick() {
-	for {
-		t, ok := r.pending[r.nextSeq]
-		if !ok || t.op != nil {
-			break
-		}
-		delete(r.pending, r.nextSeq)
-		r.nextSeq++
+// seqError turns the sequencer's refusal of a request of kind into the client's error.
+func (r *run) seqError(err error, kind loopsv1.OperationKind) error {
+	var (
+		reused *sequencer.ReusedError[loopsv1.OperationKind]
+		late   *sequencer.LateError
+		full   *sequencer.FullError
+	)
+	switch {
+	case errors.As(err, &reused) && reused.First.Kind != kind:
+		return invalidArgument("seq_id %d of training run %s was already used by a %s request; this %s needs a seq_id of its own (the next one)", reused.Seq, r.id, kindName(reused.First.Kind), kindName(kind))
+	case errors.As(err, &reused):
+		return invalidArgument("seq_id %d of training run %s was already used by a request that was rejected; use the next seq_id", reused.Seq, r.id)
+	case errors.As(err, &late):
+		return failedPrecondition("seq_id %d of training run %s arrived after the run had moved past it (next expected seq_id is %d); requests of a run must be sent in seq_id order", late.Seq, r.id, late.Next)
+	case errors.As(err, &full):
+		return r.c.limitReached(errs.ReasonQueueFull, "max_pending_per_run",
+			"training run %s has %d operations queued, the limit per run (max_pending_per_run): wait for some to finish, then retry (the seq_id is still free)", r.id, full.Limit)
+	case errors.Is(err, sequencer.ErrExhausted):
+		return invalidArgument("training run %s has used every seq_id up to %d: start a new run from its last checkpoint", r.id, sequencer.MaxSeqID)
+	default: // out of range
+		return invalidArgument("%v", err)
 	}
+}
+
+// kick makes the run's head runnable if it is, or arms the gap timer when the next seq_id
+// is missing. Called with r.mu held.
+func (r *run) kick() {
 	if r.busy || r.queued {
 		return
 	}
-	if _, ok := r.pending[r.nextSeq]; ok {
+	if _, ok := r.seq.Head(); ok {
 		if r.gapTimer != nil {
 			r.gapTimer.Stop()
 			r.gapTimer = nil
@@ -200,17 +177,9 @@ func (r *run) kick() {
 		r.lane.markReady(r)
 		return
 	}
-	if len(r.pending) > 0 && r.gapTimer == nil {
-		expected := r.nextSeq
+	if r.seq.Waiting() && r.gapTimer == nil {
+		expected := r.seq.Next()
 		r.gapTimer = time.AfterFunc(r.c.opts.GapTimeout, func() { r.skipGap(expected) })
-	}
-	// Forget old de-duplication entries; retries come within minutes, not thousands of steps.
-	if len(r.seen) > 8192 {
-		for s := range r.seen {
-			if s < r.nextSeq-4096 {
-				delete(r.seen, s)
-			}
-		}
 	}
 }
 
@@ -219,16 +188,12 @@ func (r *run) skipGap(expected int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.gapTimer = nil
-	if r.nextSeq != expected || r.busy || r.queued || len(r.pending) == 0 {
+	if r.busy || r.queued {
 		return
 	}
-	if _, ok := r.pending[r.nextSeq]; ok {
-		r.kick()
-		return
+	if from, to, ok := r.seq.SkipGap(expected); ok {
+		r.c.log.Warn("skipping seq_ids that never arrived", slog.String("run", r.id), slog.Int64("from", from), slog.Int64("to", to))
 	}
-	next := slices.Min(mapKeys(r.pending))
-	r.c.log.Warn("skipping seq_ids that never arrived", slog.String("run", r.id), slog.Int64("from", r.nextSeq), slog.Int64("to", next-1))
-	r.nextSeq = next
 	r.kick()
 }
 
@@ -237,12 +202,10 @@ func (r *run) takeHead() *task {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.queued = false
-	t, ok := r.pending[r.nextSeq]
+	t, ok := r.seq.Take()
 	if !ok {
 		return nil
 	}
-	delete(r.pending, r.nextSeq)
-	r.nextSeq++
 	r.busy = true
 	return t
 }
@@ -260,27 +223,6 @@ func (r *run) taskDone() {
 		r.c.freeAdapter(r.c.ctx, r)
 	}
 	r.c.slots.unpin(r)
-}
-
-// takePendingLocked removes every queued task of the run and returns those with an
-// operation to fail. Called with r.mu held.
-func (r *run) takePendingLocked() []*task {
-	tasks := make([]*task, 0, len(r.pending))
-	for s, t := range r.pending {
-		if t.op != nil {
-			tasks = append(tasks, t)
-		}
-		delete(r.pending, s)
-	}
-	return tasks
-}
-
-func mapKeys[K comparable, V any](m map[K]V) []K {
-	out := make([]K, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
 }
 
 // lane executes the ready work of every run on one base model. Forward/backward heads of

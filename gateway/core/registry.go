@@ -8,9 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/loops-dev/loops/gateway/core/sequencer"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
-	"github.com/loops-dev/loops/internal/errs"
 )
 
 // The run registry: which runs are in memory (Core.runs, Core.aliases).
@@ -52,7 +52,7 @@ func (c *Core) lookupRunLocked(id string) (*run, bool) {
 func (c *Core) evictable(r *run, idle time.Duration) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.busy || r.queued || len(r.pending) > 0 || r.gapTimer != nil || r.freeWhenIdle || r.adapterStale {
+	if r.busy || r.queued || r.seq.Len() > 0 || r.gapTimer != nil || r.freeWhenIdle || r.adapterStale {
 		return false
 	}
 	if r.unloaded != "" {
@@ -99,7 +99,7 @@ func (c *Core) reloadRun(ctx context.Context, ws, id string) *run {
 	if _, ok := c.models[info.GetBaseModel()]; !ok {
 		return nil
 	}
-	r := c.newRun(ws, info, resyncSeq, false)
+	r := c.newRun(ws, info, sequencer.Resync, false)
 	r.unloaded = info.GetUnloadReason()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -147,27 +147,4 @@ func (c *Core) runsInMemory() int {
 // run refuses work with the same reason after it was evicted or the server restarted.
 func (c *Core) markUnloaded(ctx context.Context, r *run, reason string) {
 	r.update(ctx, func(i *loopsv1.TrainingRun) { i.UnloadReason = reason })
-}
-
-// roomForTask refuses a request past Limits.MaxPendingPerRun operations queued on the run,
-// and keeps the run's seq_id de-duplication table bounded. Called by submit with r.mu held,
-// before the request uses its seq_id.
-//
-// The table holds the seq_ids used below nextSeq (pruned here to the last 4096 once it
-// holds 8192) and those at or above it, which are exactly the queued ones (at most
-// MaxPendingPerRun): so it stays within max(8192, 4096+MaxPendingPerRun)+1 entries however
-// sparse or large the seq_ids are, and whether or not the run is ever idle.
-func (r *run) roomForTask() error {
-	if len(r.seen) > 8192 {
-		for s := range r.seen {
-			if s < r.nextSeq-4096 {
-				delete(r.seen, s)
-			}
-		}
-	}
-	if limit := r.c.opts.Limits.MaxPendingPerRun; len(r.pending) >= limit {
-		return r.c.limitReached(errs.ReasonQueueFull, "max_pending_per_run",
-			"training run %s has %d operations queued, the limit per run (max_pending_per_run): wait for some to finish, then retry (the seq_id is still free)", r.id, limit)
-	}
-	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/loops-dev/loops/gateway/core/sequencer"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/stretchr/testify/require"
 )
@@ -35,20 +36,20 @@ func TestRepeatedSeqIDOfAnotherKindIsRefused(t *testing.T) {
 	require.Equal(t, []string{run, "optim:" + run}, h.fake.calls)
 }
 
-// TestSeqIDRange: seq_ids beyond MaxSeqID are refused, so a later "next seq_id" (seq_id 0)
+// TestSeqIDRange: seq_ids beyond sequencer.MaxSeqID are refused, so a later "next seq_id" (seq_id 0)
 // can never overflow into a negative number that would wedge the run.
 func TestSeqIDRange(t *testing.T) {
 	// MaxSeqID leaves a gap after the run's first seq_ids: skip it quickly.
 	h := newHarness(t, t.TempDir(), Options{GapTimeout: 20 * time.Millisecond})
 	run := h.newRun()
-	for _, seq := range []int64{math.MaxInt64, MaxSeqID + 1, -1, math.MinInt64} {
+	for _, seq := range []int64{math.MaxInt64, sequencer.MaxSeqID + 1, -1, math.MinInt64} {
 		_, err := h.fb(run, seq, datum(1, 2))
 		require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "seq_id %d", seq)
 		require.ErrorContains(t, err, "out of range: use 0 to 4611686018427387904")
 	}
 	// The largest allowed seq_id works, and the run is not wedged afterwards: seq_id 0 (the
 	// next one) is refused with a clear reason instead of overflowing.
-	op, err := h.fb(run, MaxSeqID, datum(1, 2))
+	op, err := h.fb(run, sequencer.MaxSeqID, datum(1, 2))
 	require.NoError(t, err)
 	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, h.wait(op).GetState())
 	_, err = h.fb(run, 0, datum(1, 2))

@@ -1,13 +1,14 @@
 package core
 
 import (
-	"connectrpc.com/connect"
 	"context"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/auth"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
@@ -81,8 +82,7 @@ func pruneSeqTable(table map[int64]*seqClaim, newest int64) {
 		}
 	}
 	if len(table) > 2*seqTableKeep { // sparse or out-of-order ids: keep the newest only
-		seqs := mapKeys(table)
-		slices.Sort(seqs)
+		seqs := slices.Sorted(maps.Keys(table))
 		for _, seq := range seqs[:len(seqs)-seqTableKeep] {
 			if table[seq].id != "" {
 				delete(table, seq)

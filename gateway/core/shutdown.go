@@ -84,7 +84,7 @@ func (c *Core) Drain() {
 		c.mu.Unlock()
 		for _, r := range runs {
 			r.mu.Lock()
-			queued := r.takePendingLocked()
+			queued := r.seq.Drain()
 			r.mu.Unlock()
 			for _, t := range queued {
 				c.ops.finish(t.op, nil, errShuttingDown())

@@ -11,6 +11,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/core/sequencer"
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -338,7 +339,7 @@ func (c *Core) unloadRun(ctx context.Context, r *run, reason string, ownTask boo
 		return
 	}
 	r.unloaded = reason
-	queued := r.takePendingLocked()
+	queued := r.seq.Drain()
 	later := r.busy && !ownTask
 	r.freeWhenIdle = later
 	r.mu.Unlock()
@@ -516,7 +517,7 @@ func (c *Core) recoverRuns(ctx context.Context) error {
 		}
 		// The first request after a restart sets the run's position: the client's counter
 		// carries on from wherever it was.
-		r := c.newRun(or.Workspace, or.Run, resyncSeq, false)
+		r := c.newRun(or.Workspace, or.Run, sequencer.Resync, false)
 		c.mu.Lock()
 		c.addRunLocked(r)
 		c.noteUsedLocked(r.id)
