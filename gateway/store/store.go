@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
 
@@ -13,10 +15,38 @@ import (
 var ErrNotFound = errors.New("store: not found")
 
 // Page selects a window of a list: Limit <= 0 means 100, a Limit above 1000 means 1000, and
-// a negative Offset means 0.
+// a negative Offset means 0. With After set the window starts after that position (keyset
+// paging: the cost of a page does not grow with its depth) and Offset counts from there. The
+// total count a list returns is always that of the whole list.
 type Page struct {
 	Limit  int
 	Offset int
+	// After is the position of the last record of the previous page (see CursorOf); nil
+	// starts at the newest record.
+	After *Cursor
+}
+
+// Cursor is a position in a list. Lists are ordered by create_time, then (checkpoints of
+// every run) training_run_id, then id, all descending; a list with Page.After returns the
+// records strictly after the cursor in that order. TrainingRunID is used only by
+// ListCheckpoints across runs.
+type Cursor struct {
+	CreateTime    time.Time
+	TrainingRunID string
+	ID            string
+}
+
+// CursorOf returns the position of a listed record (a session, training run or checkpoint),
+// for the next page's Page.After.
+func CursorOf(m interface {
+	GetCreateTime() *timestamppb.Timestamp
+	GetId() string
+}) *Cursor {
+	c := &Cursor{CreateTime: m.GetCreateTime().AsTime(), ID: m.GetId()}
+	if ck, ok := m.(interface{ GetTrainingRunId() string }); ok {
+		c.TrainingRunID = ck.GetTrainingRunId()
+	}
+	return c
 }
 
 // Store keeps what must survive a restart: sessions, training runs, checkpoints, samplers and

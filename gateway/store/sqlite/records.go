@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -40,10 +41,10 @@ func (s *Store) GetSession(ctx context.Context, workspace, id string) (*loopsv1.
 
 // ListSessions lists the workspace's sessions, newest first, and the total count.
 func (s *Store) ListSessions(ctx context.Context, workspace string, page store.Page) ([]*loopsv1.Session, int64, error) {
-	return list(ctx, s.r, "sessions", newSession,
-		`SELECT data FROM sessions WHERE workspace = ? ORDER BY create_time DESC, id DESC LIMIT ? OFFSET ?`,
-		`SELECT COUNT(*) FROM sessions WHERE workspace = ?`,
-		page, workspace)
+	return list(ctx, s.r, "sessions", newSession, listQuery{
+		from:  `SELECT data FROM sessions WHERE workspace = ?`,
+		count: `SELECT COUNT(*) FROM sessions WHERE workspace = ?`,
+	}, page, workspace)
 }
 
 // PutTrainingRun inserts or replaces a training run.
@@ -71,10 +72,10 @@ func (s *Store) GetTrainingRun(ctx context.Context, workspace, id string) (*loop
 
 // ListTrainingRuns lists the workspace's training runs, newest first, and the total count.
 func (s *Store) ListTrainingRuns(ctx context.Context, workspace string, page store.Page) ([]*loopsv1.TrainingRun, int64, error) {
-	return list(ctx, s.r, "training runs", newTrainingRun,
-		`SELECT data FROM training_runs WHERE workspace = ? ORDER BY create_time DESC, id DESC LIMIT ? OFFSET ?`,
-		`SELECT COUNT(*) FROM training_runs WHERE workspace = ?`,
-		page, workspace)
+	return list(ctx, s.r, "training runs", newTrainingRun, listQuery{
+		from:  `SELECT data FROM training_runs WHERE workspace = ?`,
+		count: `SELECT COUNT(*) FROM training_runs WHERE workspace = ?`,
+	}, page, workspace)
 }
 
 // ListAllTrainingRuns lists every run of every workspace, newest first.
@@ -142,17 +143,16 @@ func (s *Store) GetCheckpointAnyWorkspace(ctx context.Context, runID, checkpoint
 // newest first, and the total count.
 func (s *Store) ListCheckpoints(ctx context.Context, workspace, runID string, page store.Page) ([]*loopsv1.Checkpoint, int64, error) {
 	if runID == "" {
-		return list(ctx, s.r, "checkpoints", newCheckpoint,
-			`SELECT data FROM checkpoints WHERE workspace = ?
-			 ORDER BY create_time DESC, training_run_id DESC, id DESC LIMIT ? OFFSET ?`,
-			`SELECT COUNT(*) FROM checkpoints WHERE workspace = ?`,
-			page, workspace)
+		return list(ctx, s.r, "checkpoints", newCheckpoint, listQuery{
+			from:    `SELECT data FROM checkpoints WHERE workspace = ?`,
+			count:   `SELECT COUNT(*) FROM checkpoints WHERE workspace = ?`,
+			withRun: true,
+		}, page, workspace)
 	}
-	return list(ctx, s.r, "checkpoints", newCheckpoint,
-		`SELECT data FROM checkpoints WHERE workspace = ? AND training_run_id = ?
-		 ORDER BY create_time DESC, id DESC LIMIT ? OFFSET ?`,
-		`SELECT COUNT(*) FROM checkpoints WHERE workspace = ? AND training_run_id = ?`,
-		page, workspace, runID)
+	return list(ctx, s.r, "checkpoints", newCheckpoint, listQuery{
+		from:  `SELECT data FROM checkpoints WHERE workspace = ? AND training_run_id = ?`,
+		count: `SELECT COUNT(*) FROM checkpoints WHERE workspace = ? AND training_run_id = ?`,
+	}, page, workspace, runID)
 }
 
 // DeleteCheckpoint removes a checkpoint record of the workspace.
@@ -412,15 +412,39 @@ func get[M proto.Message](ctx context.Context, db *sql.DB, kind, id string, newM
 	return m, nil
 }
 
-// list runs, in one read transaction, query (which selects one data column and ends with
-// LIMIT ? OFFSET ?) and countQuery, both with args.
-func list[M proto.Message](ctx context.Context, db *sql.DB, kind string, newMsg func() M, query, countQuery string, page store.Page, args ...any) ([]M, int64, error) {
+// listQuery is a list's SQL: from selects one data column with a WHERE clause, count counts
+// the whole list with the same arguments. withRun orders by training_run_id between
+// create_time and id (checkpoints of every run).
+type listQuery struct {
+	from, count string
+	withRun     bool
+}
+
+// list runs, in one read transaction, q.count and q.from (with the page's keyset condition,
+// the list order, LIMIT and OFFSET), both with args.
+func list[M proto.Message](ctx context.Context, db *sql.DB, kind string, newMsg func() M, q listQuery, page store.Page, args ...any) ([]M, int64, error) {
 	limit := page.Limit
 	if limit <= 0 {
 		limit = defaultLimit
 	}
 	limit = min(limit, maxLimit)
 	offset := max(page.Offset, 0)
+	query, qargs := q.from, slices.Clone(args)
+	if c := page.After; c != nil {
+		if q.withRun {
+			query += ` AND (create_time, training_run_id, id) < (?, ?, ?)`
+			qargs = append(qargs, c.CreateTime.UnixNano(), c.TrainingRunID, c.ID)
+		} else {
+			query += ` AND (create_time, id) < (?, ?)`
+			qargs = append(qargs, c.CreateTime.UnixNano(), c.ID)
+		}
+	}
+	if q.withRun {
+		query += ` ORDER BY create_time DESC, training_run_id DESC, id DESC`
+	} else {
+		query += ` ORDER BY create_time DESC, id DESC`
+	}
+	query += ` LIMIT ? OFFSET ?`
 
 	tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
@@ -429,10 +453,10 @@ func list[M proto.Message](ctx context.Context, db *sql.DB, kind string, newMsg 
 	defer func() { _ = tx.Rollback() }()
 
 	var total int64
-	if err := tx.QueryRowContext(ctx, countQuery, args...).Scan(&total); err != nil {
+	if err := tx.QueryRowContext(ctx, q.count, args...).Scan(&total); err != nil {
 		return nil, 0, fmt.Errorf("store: list %s: count: %w", kind, err)
 	}
-	rows, err := tx.QueryContext(ctx, query, append(args, limit, offset)...)
+	rows, err := tx.QueryContext(ctx, query, append(qargs, limit, offset)...)
 	if err != nil {
 		return nil, 0, fmt.Errorf("store: list %s: %w", kind, err)
 	}

@@ -54,6 +54,7 @@ func Run(t *testing.T, open Opener) {
 	s("DeleteOperationsDoneBefore", testDeleteOperationsDoneBefore)
 	s("ApplyBatch", testApplyBatch)
 	s("Paging", testPaging)
+	s("KeysetPaging", testKeysetPaging)
 	s("InvalidPut", testInvalidPut)
 	s("ForeignID", testForeignID)
 	s("Concurrency", testConcurrency)
@@ -693,6 +694,93 @@ func testPaging(t *testing.T, open func(t *testing.T) store.Store) {
 	for i, id := range ids {
 		require.Equal(t, fmt.Sprintf("s%04d", n-1-i), id)
 	}
+}
+
+// testKeysetPaging pages with Page.After through lists whose records share create_times
+// (and, for checkpoints, ids across runs): every page continues exactly after the previous
+// one, and the total is always that of the whole list.
+func testKeysetPaging(t *testing.T, open func(t *testing.T) store.Store) {
+	ctx := t.Context()
+	st := open(t)
+
+	// Three records per create_time; ids sort differently from insertion order.
+	const n = 31
+	for i := range n {
+		created := time.Duration(i/3) * time.Second
+		id := fmt.Sprintf("k%02d", (i*7)%n)
+		require.NoError(t, st.PutSession(ctx, wsA, &loopsv1.Session{Id: id, CreateTime: ts(created)}))
+		require.NoError(t, st.PutTrainingRun(ctx, wsA, &loopsv1.TrainingRun{Id: id, CreateTime: ts(created)}))
+		// Each checkpoint id appears in two runs, with the same create_time.
+		for _, run := range []string{"run-a", "run-b"} {
+			require.NoError(t, st.PutCheckpoint(ctx, wsA, checkpoint(run, id, created)))
+		}
+	}
+	// Records of another workspace never show up.
+	require.NoError(t, st.PutSession(ctx, wsB, &loopsv1.Session{Id: "other", CreateTime: ts(0)}))
+	require.NoError(t, st.PutCheckpoint(ctx, wsB, checkpoint("run-b2", "k00", 0)))
+
+	type listFn func(page store.Page) ([]*store.Cursor, int64, error)
+	lists := map[string]listFn{
+		"sessions": func(p store.Page) ([]*store.Cursor, int64, error) {
+			l, total, err := st.ListSessions(ctx, wsA, p)
+			return cursorsOf(l), total, err
+		},
+		"training runs": func(p store.Page) ([]*store.Cursor, int64, error) {
+			l, total, err := st.ListTrainingRuns(ctx, wsA, p)
+			return cursorsOf(l), total, err
+		},
+		"checkpoints of every run": func(p store.Page) ([]*store.Cursor, int64, error) {
+			l, total, err := st.ListCheckpoints(ctx, wsA, "", p)
+			return cursorsOf(l), total, err
+		},
+		"checkpoints of one run": func(p store.Page) ([]*store.Cursor, int64, error) {
+			l, total, err := st.ListCheckpoints(ctx, wsA, "run-b", p)
+			return cursorsOf(l), total, err
+		},
+	}
+	for name, list := range lists {
+		all, total, err := list(store.Page{Limit: 1000})
+		require.NoError(t, err, name)
+		require.EqualValues(t, len(all), total, name)
+		for _, size := range []int{1, 4, 7, len(all), len(all) + 1} {
+			var got []*store.Cursor
+			var after *store.Cursor
+			for {
+				page, total, err := list(store.Page{Limit: size, After: after})
+				require.NoError(t, err, name)
+				require.EqualValues(t, len(all), total, "%s: total of the whole list", name)
+				require.LessOrEqual(t, len(page), size, name)
+				if len(page) == 0 {
+					break
+				}
+				got = append(got, page...)
+				after = page[len(page)-1]
+			}
+			require.Equal(t, all, got, "%s, pages of %d", name, size)
+		}
+		// Offset counts from the cursor.
+		page, _, err := list(store.Page{Limit: 2, Offset: 3, After: all[4]})
+		require.NoError(t, err, name)
+		require.Equal(t, all[8:10], page, name)
+		// A cursor between records: strictly after its position.
+		mid := *all[5]
+		mid.ID += "~"
+		page, _, err = list(store.Page{Limit: 1, After: &mid})
+		require.NoError(t, err, name)
+		require.Equal(t, all[5:6], page, "%s: after a position between records", name)
+	}
+}
+
+// cursorsOf returns the positions of listed records.
+func cursorsOf[M interface {
+	GetCreateTime() *timestamppb.Timestamp
+	GetId() string
+}](list []M) []*store.Cursor {
+	out := make([]*store.Cursor, 0, len(list))
+	for _, m := range list {
+		out = append(out, store.CursorOf(m))
+	}
+	return out
 }
 
 func testInvalidPut(t *testing.T, open func(t *testing.T) store.Store) {
