@@ -129,9 +129,7 @@ type Core struct {
 
 	ops      *operations
 	mu       sync.Mutex
-	runs     map[string]*run
-	aliases  map[string]string    // "<session_id>:train:<n>" -> run id
-	lastUsed map[string]time.Time // run id -> last lookup, for idle eviction (registry.go)
+	runs     *runRegistry
 	lanes    map[string]*lane
 	sessions map[string]*sessionState
 	samplers *samplers
@@ -174,14 +172,13 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 		metrics:  newMetrics(opts.Registerer),
 		models:   map[string]*loopsv1.ModelInfo{},
 		losses:   map[string]bool{},
-		runs:     map[string]*run{},
-		aliases:  map[string]string{},
 		lanes:    map[string]*lane{},
 		sessions: map[string]*sessionState{},
 		archives: newArchiveTokens(),
 		usage:    newUsageMeter(),
 	}
 	c.drain, c.running = make(chan struct{}), newBusy()
+	c.runs = newRunRegistry(c.now, &c.opts.Limits, c.loadRun)
 	c.ops = newOperations(c)
 	c.samplers = newSamplers(c)
 	c.ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))

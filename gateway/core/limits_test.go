@@ -37,9 +37,9 @@ func (c *testClock) add(d time.Duration) {
 
 // inMemory reports whether the core holds run id in its registry.
 func inMemory(c *Core, id string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	_, ok := c.runs[id]
+	c.runs.mu.Lock()
+	defer c.runs.mu.Unlock()
+	_, ok := c.runs.runs[id]
 	return ok
 }
 

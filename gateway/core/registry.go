@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/loops-dev/loops/gateway/core/sequencer"
@@ -13,7 +16,7 @@ import (
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
 
-// The run registry: which runs are in memory (Core.runs, Core.aliases).
+// The run registry (runRegistry, Core.runs): which runs are in memory.
 //
 // Memory holds the runs that take work, plus, for a while, runs that recently stopped:
 //   - A run that holds no adapter and has nothing queued or running leaves memory once no
@@ -21,7 +24,7 @@ import (
 //     unloaded, or its creation failed) or Limits.LiveRunIdleTTL (a run that still takes
 //     work but holds no adapter: one recovered after a restart and not used since). A run
 //     whose adapter is on the backend is never evicted: its state lives only there.
-//   - A request that names a run not in memory reloads it from the store (runOf), by id or
+//   - A request that names a run not in memory reloads it from the store (runOf, loadRun), by id or
 //     by its alias "<session_id>:train:<n>". A run with an unload_reason comes back as a
 //     record that refuses work with that reason; one without comes back as after a restart
 //     (its adapter is recreated on first use and the run marked corrupted, see
@@ -30,86 +33,162 @@ import (
 //     with an unload_reason, nor those of a session the store records as ended (records
 //     written before unload_reason existed).
 
-// noteUsedLocked records that a request named the run now; c.mu must be held.
-func (c *Core) noteUsedLocked(id string) {
-	if c.lastUsed == nil {
-		c.lastUsed = map[string]time.Time{}
-	}
-	c.lastUsed[id] = c.now()
+// runRegistry holds the runs in memory, by id and by alias, and when a request last named
+// each. Its lock guards only its maps: nothing is read from the store under it.
+type runRegistry struct {
+	now    func() time.Time
+	limits *Limits
+	// load reads a run that is not in memory (by id or alias) from the store; nil, nil when
+	// the store has none that this server can serve.
+	load func(ctx context.Context, ws, id string) (*run, error)
+
+	mu       sync.Mutex
+	runs     map[string]*run
+	aliases  map[string]string    // "<session_id>:train:<n>" -> run id
+	lastUsed map[string]time.Time // run id -> last lookup
 }
 
-// lookupRunLocked finds a run in memory by id or alias; c.mu must be held.
-func (c *Core) lookupRunLocked(id string) (*run, bool) {
-	r, ok := c.runs[id]
+func newRunRegistry(now func() time.Time, limits *Limits, load func(ctx context.Context, ws, id string) (*run, error)) *runRegistry {
+	return &runRegistry{now: now, limits: limits, load: load, runs: map[string]*run{}, aliases: map[string]string{}, lastUsed: map[string]time.Time{}}
+}
+
+// get returns the run named id (or its alias), reloading it from the store when it is not
+// in memory; nil when there is none. It notes the use, for idle eviction.
+func (g *runRegistry) get(ctx context.Context, ws, id string) (*run, error) {
+	g.mu.Lock()
+	r, ok := g.runs[id]
 	if !ok {
-		r, ok = c.runs[c.aliases[id]]
+		r, ok = g.runs[g.aliases[id]]
 	}
-	return r, ok
+	if ok {
+		g.lastUsed[r.id] = g.now()
+	}
+	g.mu.Unlock()
+	if ok {
+		return r, nil
+	}
+	r, err := g.load(ctx, ws, id)
+	if r == nil || err != nil {
+		return nil, err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if cur, ok := g.runs[r.id]; ok { // reloaded meanwhile by another request
+		g.lastUsed[cur.id] = g.now()
+		return cur, nil
+	}
+	g.addLocked(r)
+	return r, nil
 }
 
-// evictable reports whether the run may leave memory now: it holds no adapter, nothing of
-// it is queued or running, and it was idle for its TTL.
-func (c *Core) evictable(r *run, idle time.Duration) bool {
+// add registers a run and its alias.
+func (g *runRegistry) add(r *run) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.addLocked(r)
+}
+
+func (g *runRegistry) addLocked(r *run) {
+	g.runs[r.id] = r
+	g.lastUsed[r.id] = g.now()
+	if info := r.info; info.GetSessionId() != "" && info.ClientSeqId != nil {
+		g.aliases[runAlias(info.GetSessionId(), info.GetClientSeqId())] = r.id
+	}
+}
+
+// drop forgets a run: one whose creation failed before any work was queued, or one that
+// leaves memory (evictIdle).
+func (g *runRegistry) drop(r *run) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.dropLocked(r)
+}
+
+func (g *runRegistry) dropLocked(r *run) {
+	delete(g.runs, r.id)
+	delete(g.lastUsed, r.id)
+	if info := r.info; info.GetSessionId() != "" && info.ClientSeqId != nil {
+		if alias := runAlias(info.GetSessionId(), info.GetClientSeqId()); g.aliases[alias] == r.id {
+			delete(g.aliases, alias)
+		}
+	}
+}
+
+// all returns the runs in memory.
+func (g *runRegistry) all() []*run {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Collect(maps.Values(g.runs))
+}
+
+// len is the number of runs in memory (tests, the soak benchmark).
+func (g *runRegistry) len() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.runs)
+}
+
+// evictIdle drops the runs that may leave memory at now (see evictable) and returns them.
+func (g *runRegistry) evictIdle(now time.Time) []*run {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var gone []*run
+	for id, r := range g.runs {
+		if r.evictable(now.Sub(g.lastUsed[id]), g.limits) {
+			g.dropLocked(r)
+			gone = append(gone, r)
+		}
+	}
+	return gone
+}
+
+// evictable reports whether the run may leave memory after idle without a request: it
+// holds no adapter, nothing of it is queued or running, and idle passed its TTL.
+func (r *run) evictable(idle time.Duration, l *Limits) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.busy || r.queued || r.seq.Len() > 0 || r.gapTimer != nil || r.freeWhenIdle || r.adapterStale {
 		return false
 	}
 	if r.unloaded != "" {
-		return idle >= c.opts.Limits.RunIdleTTL
+		return idle >= l.RunIdleTTL
 	}
-	return !r.adapterReady && idle >= c.opts.Limits.LiveRunIdleTTL
+	return !r.adapterReady && idle >= l.LiveRunIdleTTL
 }
 
 // evictIdleRuns drops the runs that may leave memory (see evictable), and whatever the slot
 // table still holds for them.
 func (c *Core) evictIdleRuns(now time.Time) {
-	var gone []*run
-	c.mu.Lock()
-	for id, r := range c.runs {
-		if c.evictable(r, now.Sub(c.lastUsed[id])) {
-			c.dropRunLocked(r)
-			gone = append(gone, r)
-		}
-	}
-	left := len(c.runs)
-	c.mu.Unlock()
+	gone := c.runs.evictIdle(now)
 	for _, r := range gone {
 		c.slots.forget(r)
 	}
 	if len(gone) > 0 {
-		c.log.Debug("evicted idle runs from memory", slog.Int("count", len(gone)), slog.Int("in_memory", left))
+		c.log.Debug("evicted idle runs from memory", slog.Int("count", len(gone)), slog.Int("in_memory", c.runs.len()))
 	}
 }
 
-// reloadRun loads a run of the workspace that is not in memory from the store, by id or
-// alias, and registers it. It returns nil when the store has no such run (or its base model
-// is not served).
-func (c *Core) reloadRun(ctx context.Context, ws, id string) *run {
+// loadRun reads a run of the workspace that is not in memory from the store, by id or
+// alias (the registry's loader). It returns nil when the store has no such run or its base
+// model is not served.
+func (c *Core) loadRun(ctx context.Context, ws, id string) (*run, error) {
 	info, err := c.store.GetTrainingRun(ctx, ws, id)
 	if errors.Is(err, store.ErrNotFound) {
 		info, err = c.runByAlias(ctx, ws, id)
 	}
-	if err != nil || info == nil {
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			c.log.Error("reloading a training run", slog.String("run", id), slog.Any("err", err))
-		}
-		return nil
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		c.log.Error("reloading a training run", slog.String("run", id), slog.Any("err", err))
+		return nil, unavailable("training run %s could not be read from the store; retry", id)
 	}
 	if _, ok := c.models[info.GetBaseModel()]; !ok {
-		return nil
+		return nil, nil
 	}
 	r := c.newRun(ws, info, sequencer.Resync, false)
 	r.unloaded = info.GetUnloadReason()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if cur, ok := c.runs[r.id]; ok { // reloaded meanwhile by another request
-		c.noteUsedLocked(cur.id)
-		return cur
-	}
-	c.addRunLocked(r)
-	c.noteUsedLocked(r.id)
-	return r
+	return r, nil
 }
 
 // runByAlias finds the run "<session_id>:train:<n>" in the store through its session's
@@ -134,13 +213,6 @@ func (c *Core) runByAlias(ctx context.Context, ws, alias string) (*loopsv1.Train
 		}
 	}
 	return nil, store.ErrNotFound
-}
-
-// runsInMemory is the number of runs the registry holds (tests, the soak benchmark).
-func (c *Core) runsInMemory() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.runs)
 }
 
 // markUnloaded records why the run takes no more work, in memory and in the store, so the

@@ -76,13 +76,7 @@ func (c *Core) Drain() {
 		// then see the queued operations failed.
 		c.stopping.Store(true)
 		defer close(c.drain)
-		c.mu.Lock()
-		runs := make([]*run, 0, len(c.runs))
-		for _, r := range c.runs {
-			runs = append(runs, r)
-		}
-		c.mu.Unlock()
-		for _, r := range runs {
+		for _, r := range c.runs.all() {
 			r.mu.Lock()
 			queued := r.seq.Drain()
 			r.mu.Unlock()

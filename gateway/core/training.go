@@ -35,17 +35,11 @@ func (c *Core) model(name string) (*loopsv1.ModelInfo, error) {
 // "<session_id>:train:<client_seq_id>", reloading it from the store when it is not in
 // memory (registry.go).
 func (c *Core) runOf(ws, id string) (*run, error) {
-	c.mu.Lock()
-	r, ok := c.lookupRunLocked(id)
-	if ok {
-		c.noteUsedLocked(r.id)
+	r, err := c.runs.get(c.ctx, ws, id)
+	if err != nil {
+		return nil, err
 	}
-	c.mu.Unlock()
-	if !ok {
-		r = c.reloadRun(c.ctx, ws, id)
-		ok = r != nil
-	}
-	if !ok || r.ws != ws {
+	if r == nil || r.ws != ws {
 		return nil, notFound("training run %q not found (it does not exist, or belongs to another API key's workspace)", id)
 	}
 	return r, nil
@@ -134,13 +128,9 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 	// The run is registered before the session records it, and the session refuses it
 	// once ended: a session that ends meanwhile either unloads the run or refuses it.
 	r := c.newRun(ws, info, 0, false)
-	c.mu.Lock()
-	c.addRunLocked(r)
-	c.mu.Unlock()
+	c.runs.add(r)
 	forget := func() {
-		c.mu.Lock()
-		c.dropRunLocked(r)
-		c.mu.Unlock()
+		c.runs.drop(r)
 		c.policy.EndRun(r.id)
 	}
 	if sess != nil {
@@ -220,26 +210,6 @@ func (c *Core) canonicalRunID(ws, id string) string {
 // runAlias is the id the tinker SDK assumes for the n-th training client of a session.
 func runAlias(sessionID string, n int64) string {
 	return sessionID + ":train:" + strconv.FormatInt(n, 10)
-}
-
-// addRunLocked registers a run and its alias; c.mu must be held.
-func (c *Core) addRunLocked(r *run) {
-	c.runs[r.id] = r
-	if info := r.info; info.GetSessionId() != "" && info.ClientSeqId != nil {
-		c.aliases[runAlias(info.GetSessionId(), info.GetClientSeqId())] = r.id
-	}
-}
-
-// dropRunLocked forgets a run: one whose creation failed before any work was queued, or
-// one that leaves memory (evictIdleRuns).
-func (c *Core) dropRunLocked(r *run) {
-	delete(c.runs, r.id)
-	delete(c.lastUsed, r.id)
-	if info := r.info; info.GetSessionId() != "" && info.ClientSeqId != nil {
-		if alias := runAlias(info.GetSessionId(), info.GetClientSeqId()); c.aliases[alias] == r.id {
-			delete(c.aliases, alias)
-		}
-	}
 }
 
 // GetTrainingRun returns one training run.
@@ -518,10 +488,7 @@ func (c *Core) recoverRuns(ctx context.Context) error {
 		// The first request after a restart sets the run's position: the client's counter
 		// carries on from wherever it was.
 		r := c.newRun(or.Workspace, or.Run, sequencer.Resync, false)
-		c.mu.Lock()
-		c.addRunLocked(r)
-		c.noteUsedLocked(r.id)
-		c.mu.Unlock()
+		c.runs.add(r)
 	}
 	return nil
 }
