@@ -53,7 +53,7 @@ func (l *lane) fairShare(rs []*run) (now, later []*run) {
 		clear(l.deficit)
 		return now, nil
 	}
-	quantum := max(l.c.opts.MaxBatchTokens/len(order), 1)
+	quantum := max(l.maxBatchTokens/len(order), 1)
 	admitted := make([][]*run, len(order))
 	for i, ws := range order {
 		d := l.deficit[ws] + quantum

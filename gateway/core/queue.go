@@ -210,162 +210,62 @@ func (r *run) takeHead() *task {
 	return t
 }
 
+// release marks the run's running task done and makes its next one ready; it reports
+// whether the run was unloaded meanwhile, so its adapter is now to be freed.
+func (r *run) release() (free bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.busy = false
+	free, r.freeWhenIdle = r.freeWhenIdle, false
+	r.kick()
+	return free
+}
+
+// unqueue records that the run left its lane's ready list without its head being taken
+// (it waits for an adapter slot).
+func (r *run) unqueue() {
+	r.mu.Lock()
+	r.queued = false
+	r.mu.Unlock()
+}
+
 // taskDone releases the run after its head task finished, and frees its adapter if the
 // run was unloaded while the task ran.
 func (r *run) taskDone() {
-	r.mu.Lock()
-	r.busy = false
-	free := r.freeWhenIdle
-	r.freeWhenIdle = false
-	r.kick()
-	r.mu.Unlock()
-	if free {
+	if r.release() {
 		r.c.freeAdapter(r.c.ctx, r)
 	}
 	r.c.slots.unpin(r)
 }
 
-// lane executes the ready work of every run on one base model. Forward/backward heads of
-// several runs go to the backend in one call; other tasks run beside it, one per run.
-type lane struct {
-	c     *Core
-	model string
-	mu    sync.Mutex
-	ready []*run
-	wake  chan struct{}
-	quit  chan struct{}
-	done  chan struct{}
-	// tasks counts the non-batched tasks running beside the lane's loop.
-	tasks sync.WaitGroup
-	// deficit is each workspace's unused token credit (fair.go); only workspaces with
-	// deferred work have an entry. Used by the lane's goroutine only.
-	deficit map[string]int
+// coreRunner is the core's side of a lane (taskRunner): it runs tasks on the backend and
+// finishes their operations.
+type coreRunner struct{ c *Core }
+
+func (cr coreRunner) prepare(ctx context.Context, r *run, t *task) error {
+	cr.c.ops.setRunning(t.op)
+	return cr.c.ensureAdapter(ctx, r, t)
 }
 
-func (c *Core) laneFor(model string) *lane {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if l, ok := c.lanes[model]; ok {
-		return l
+func (cr coreRunner) fail(r *run, t *task, err error) {
+	if t != nil {
+		cr.c.ops.finish(t.op, nil, err)
 	}
-	l := &lane{c: c, model: model, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}), deficit: map[string]int{}}
-	c.lanes[model] = l
-	go l.loop()
-	return l
+	r.taskDone()
 }
 
-func (l *lane) markReady(r *run) {
-	l.mu.Lock()
-	l.ready = append(l.ready, r)
-	l.mu.Unlock()
-	select {
-	case l.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (l *lane) stop() {
-	close(l.quit)
-	<-l.done
-	l.tasks.Wait()
-}
-
-func (l *lane) loop() {
-	defer close(l.done)
-	for {
-		select {
-		case <-l.quit:
-			return
-		case <-l.wake:
-		}
-		for {
-			l.mu.Lock()
-			rs := l.ready
-			l.ready = nil
-			l.mu.Unlock()
-			if len(rs) == 0 {
-				break
-			}
-			l.round(rs)
+func (cr coreRunner) run(ctx context.Context, r *run, t *task) {
+	c := cr.c
+	set, err := c.execTask(ctx, t)
+	if err == nil {
+		switch t.op.op.GetKind() {
+		case loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, loopsv1.OperationKind_OPERATION_KIND_LOAD_WEIGHTS:
+			c.slots.setGrads(r, false) // applied, or replaced by the loaded state
 		}
 	}
-}
-
-type runTask struct {
-	r *run
-	t *task
-}
-
-// round executes one head task of each ready run.
-func (l *lane) round(rs []*run) {
-	ctx := l.c.ctx
-	l.c.running.add()
-	defer l.c.running.done()
-	rs, later := l.fairShare(rs)
-	l.requeue(later)
-	var fbs, others []runTask
-	for _, r := range rs {
-		if err := l.c.slots.admit(ctx, r); errors.Is(err, errNoSlot) {
-			// Every slot is pinned: the run waits, and is made ready when one frees.
-			r.mu.Lock()
-			r.queued = false
-			r.mu.Unlock()
-			l.c.slots.park(r)
-			continue
-		} else if err != nil {
-			if t := r.takeHead(); t != nil {
-				l.c.ops.finish(t.op, nil, err)
-			}
-			r.taskDone()
-			continue
-		}
-		t := r.takeHead()
-		if t == nil {
-			r.taskDone()
-			continue
-		}
-		l.c.ops.setRunning(t.op)
-		if err := l.c.ensureAdapter(ctx, r, t); err != nil {
-			l.c.ops.finish(t.op, nil, err)
-			r.taskDone()
-			continue
-		}
-		if t.fb != nil {
-			fbs = append(fbs, runTask{r, t})
-		} else {
-			others = append(others, runTask{r, t})
-		}
-	}
-	// A run's non-batched task (create, save, load, optim_step, unload) is a barrier for
-	// that run only: it runs on its own goroutine and the lane goes on batching the other
-	// runs' forward/backward work; the run becomes ready again when the task is done.
-	for _, rt := range others {
-		l.tasks.Add(1)
-		l.c.running.add()
-		go func() {
-			defer l.tasks.Done()
-			defer l.c.running.done()
-			set, err := l.c.execTask(ctx, rt.t)
-			if err == nil {
-				switch rt.t.op.op.GetKind() {
-				case loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, loopsv1.OperationKind_OPERATION_KIND_LOAD_WEIGHTS:
-					l.c.slots.setGrads(rt.r, false) // applied, or replaced by the loaded state
-				}
-			}
-			l.c.ops.finish(rt.t.op, set, err)
-			rt.r.touch(ctx, rt.t.seq)
-			rt.r.taskDone()
-		}()
-	}
-	for len(fbs) > 0 {
-		n, tokens := 0, 0
-		for n < len(fbs) && (n == 0 || tokens+fbs[n].t.tokens <= l.c.opts.MaxBatchTokens) {
-			tokens += fbs[n].t.tokens
-			n++
-		}
-		l.forwardBackward(ctx, fbs[:n])
-		fbs = fbs[n:]
-	}
+	c.ops.finish(t.op, set, err)
+	r.touch(ctx, t.seq)
+	r.taskDone()
 }
 
 // execTask runs a task's work. A panic in it (backend calls are already guarded; this
@@ -385,15 +285,16 @@ func (c *Core) execTask(ctx context.Context, t *task) (set func(*loopsv1.Operati
 
 // forwardBackward sends one batch of forward/backward items to the backend and finishes
 // each item's operation with its own outcome.
-func (l *lane) forwardBackward(ctx context.Context, batch []runTask) {
+func (cr coreRunner) forwardBackward(ctx context.Context, batch []runTask) {
+	c := cr.c
 	req := &backendv1.ForwardBackwardRequest{Items: make([]*backendv1.ForwardBackwardItem, len(batch))}
 	tokens := 0
 	for i, rt := range batch {
 		req.Items[i] = rt.t.fb
 		tokens += rt.t.tokens
 	}
-	l.c.metrics.batchItems.Observe(float64(len(batch)))
-	resp, err := l.c.backend.Trainer().ForwardBackward(ctx, req)
+	c.metrics.batchItems.Observe(float64(len(batch)))
+	resp, err := c.backend.Trainer().ForwardBackward(ctx, req)
 	if err == nil && len(resp.GetResults()) != len(batch) {
 		err = connect.NewError(connect.CodeInternal, errors.New("backend returned a result count that does not match the batch"))
 	}
@@ -411,13 +312,13 @@ func (l *lane) forwardBackward(ctx context.Context, batch []runTask) {
 		}
 		if itemErr == nil {
 			if !rt.t.fb.GetForwardOnly() {
-				l.c.slots.setGrads(rt.r, true)
+				c.slots.setGrads(rt.r, true)
 			}
-			l.c.metrics.tokens.WithLabelValues("train").Add(float64(rt.t.tokens))
+			c.metrics.tokens.WithLabelValues("train").Add(float64(rt.t.tokens))
 			info := rt.r.snapshot()
-			l.c.recordUsage(rt.r.ws, info.GetBaseModel(), info.GetSessionId(), store.UsageTraining, int64(rt.t.tokens))
+			c.recordUsage(rt.r.ws, info.GetBaseModel(), info.GetSessionId(), store.UsageTraining, int64(rt.t.tokens))
 		}
-		l.c.ops.finish(rt.t.op, func(op *loopsv1.Operation) {
+		c.ops.finish(rt.t.op, func(op *loopsv1.Operation) {
 			op.Result = &loopsv1.Operation_ForwardBackward{ForwardBackward: res}
 		}, itemErr)
 		rt.r.touch(ctx, rt.t.seq)

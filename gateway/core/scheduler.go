@@ -1,0 +1,182 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"sync"
+)
+
+// The per-model scheduler. A lane executes the ready work of every run on one base model:
+// each round it takes the head task of each ready run (a run is ready when its sequencer
+// has the next seq_id and nothing of it runs), gets it an adapter slot, and sends the
+// forward/backward heads of several runs to the backend in batches of at most
+// maxBatchTokens, shared fairly between workspaces (fair.go). A run's other tasks (create,
+// save, load, optim_step, unload) are barriers for that run only: each runs on its own
+// goroutine beside the batches, and the run becomes ready again when it is done.
+//
+// The lane knows nothing of operations, stores or backends: what runs a task is a
+// taskRunner, and what holds the backend's adapter slots a slotKeeper; the core provides
+// both (coreRunner, slots).
+
+// taskRunner runs the work a lane schedules. Each of run, forwardBackward and fail
+// finishes the task's operation and then releases the run (run.taskDone).
+type taskRunner interface {
+	// prepare readies run r to execute its head task t (marks the operation running and
+	// recreates a lost adapter). An error fails t.
+	prepare(ctx context.Context, r *run, t *task) error
+	// run executes a task that is not batched.
+	run(ctx context.Context, r *run, t *task)
+	// forwardBackward sends forward/backward tasks of several runs to the backend in one call.
+	forwardBackward(ctx context.Context, batch []runTask)
+	// fail ends task t (nil: none was taken) of run r with err.
+	fail(r *run, t *task, err error)
+}
+
+// slotKeeper keeps the backend's adapters within its slots (slots.go).
+type slotKeeper interface {
+	// admit makes r's adapter resident and pins it; errNoSlot when every slot is pinned.
+	admit(ctx context.Context, r *run) error
+	// park makes r ready again once a slot frees (after admit answered errNoSlot).
+	park(r *run)
+}
+
+// runTask is a run's head task, taken for execution.
+type runTask struct {
+	r *run
+	t *task
+}
+
+// lane is the scheduler of one base model.
+type lane struct {
+	model          string
+	ctx            context.Context // the core's: cancelled when it closes
+	runner         taskRunner
+	slots          slotKeeper
+	running        *busy // counts rounds and tasks in progress (shutdown.go)
+	maxBatchTokens int
+
+	mu    sync.Mutex
+	ready []*run
+	wake  chan struct{}
+	quit  chan struct{}
+	done  chan struct{}
+	// tasks counts the non-batched tasks running beside the lane's loop.
+	tasks sync.WaitGroup
+	// deficit is each workspace's unused token credit (fair.go); only workspaces with
+	// deferred work have an entry. Used by the lane's goroutine only.
+	deficit map[string]int
+}
+
+// newLane starts the scheduler of one base model.
+func newLane(ctx context.Context, model string, runner taskRunner, slots slotKeeper, running *busy, maxBatchTokens int) *lane {
+	l := &lane{
+		model: model, ctx: ctx, runner: runner, slots: slots, running: running, maxBatchTokens: maxBatchTokens,
+		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}), deficit: map[string]int{},
+	}
+	go l.loop()
+	return l
+}
+
+// laneFor returns the lane of a base model, starting it on first use.
+func (c *Core) laneFor(model string) *lane {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l, ok := c.lanes[model]; ok {
+		return l
+	}
+	l := newLane(c.ctx, model, coreRunner{c}, c.slots, c.running, c.opts.MaxBatchTokens)
+	c.lanes[model] = l
+	return l
+}
+
+// markReady adds a run whose head task can run to the ready list.
+func (l *lane) markReady(r *run) {
+	l.mu.Lock()
+	l.ready = append(l.ready, r)
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// stop ends the lane's loop and waits for the tasks it started.
+func (l *lane) stop() {
+	close(l.quit)
+	<-l.done
+	l.tasks.Wait()
+}
+
+func (l *lane) loop() {
+	defer close(l.done)
+	for {
+		select {
+		case <-l.quit:
+			return
+		case <-l.wake:
+		}
+		for {
+			l.mu.Lock()
+			rs := l.ready
+			l.ready = nil
+			l.mu.Unlock()
+			if len(rs) == 0 {
+				break
+			}
+			l.round(rs)
+		}
+	}
+}
+
+// round executes one head task of each ready run.
+func (l *lane) round(rs []*run) {
+	ctx := l.ctx
+	l.running.add()
+	defer l.running.done()
+	rs, later := l.fairShare(rs)
+	l.requeue(later)
+	var fbs, others []runTask
+	for _, r := range rs {
+		if err := l.slots.admit(ctx, r); errors.Is(err, errNoSlot) {
+			// Every slot is pinned: the run waits, and is made ready when one frees.
+			r.unqueue()
+			l.slots.park(r)
+			continue
+		} else if err != nil {
+			l.runner.fail(r, r.takeHead(), err)
+			continue
+		}
+		t := r.takeHead()
+		if t == nil {
+			l.runner.fail(r, nil, nil)
+			continue
+		}
+		if err := l.runner.prepare(ctx, r, t); err != nil {
+			l.runner.fail(r, t, err)
+			continue
+		}
+		if t.fb != nil {
+			fbs = append(fbs, runTask{r, t})
+		} else {
+			others = append(others, runTask{r, t})
+		}
+	}
+	for _, rt := range others {
+		l.tasks.Add(1)
+		l.running.add()
+		go func() {
+			defer l.tasks.Done()
+			defer l.running.done()
+			l.runner.run(ctx, rt.r, rt.t)
+		}()
+	}
+	for len(fbs) > 0 {
+		n, tokens := 0, 0
+		for n < len(fbs) && (n == 0 || tokens+fbs[n].t.tokens <= l.maxBatchTokens) {
+			tokens += fbs[n].t.tokens
+			n++
+		}
+		l.runner.forwardBackward(ctx, fbs[:n])
+		fbs = fbs[n:]
+	}
+}

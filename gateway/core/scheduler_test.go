@@ -1,0 +1,118 @@
+package core
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/loops-dev/loops/gateway/core/sequencer"
+	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+)
+
+// recordingRunner is a taskRunner with no backend: it records what the lane sends, holds
+// non-batched tasks until released, and finishes everything else at once.
+type recordingRunner struct {
+	mu      sync.Mutex
+	batches [][]string // run ids per forward/backward call
+	ran     []string   // "<run>:<seq>" of non-batched tasks, when they finished
+	held    chan struct{}
+	started chan string
+	done    chan string
+}
+
+func (f *recordingRunner) prepare(context.Context, *run, *task) error { return nil }
+
+func (f *recordingRunner) run(_ context.Context, r *run, t *task) {
+	f.started <- r.id
+	<-f.held
+	f.mu.Lock()
+	f.ran = append(f.ran, r.id)
+	f.mu.Unlock()
+	r.release()
+	f.done <- r.id
+}
+
+func (f *recordingRunner) forwardBackward(_ context.Context, batch []runTask) {
+	var ids []string
+	for _, rt := range batch {
+		ids = append(ids, rt.r.id)
+	}
+	f.mu.Lock()
+	f.batches = append(f.batches, ids)
+	f.mu.Unlock()
+	for _, rt := range batch {
+		rt.r.release()
+		f.done <- rt.r.id
+	}
+}
+
+func (f *recordingRunner) fail(r *run, _ *task, _ error) { r.release() }
+
+// freeSlots is a slotKeeper with a slot for every run.
+type freeSlots struct{}
+
+func (freeSlots) admit(context.Context, *run) error { return nil }
+func (freeSlots) park(*run)                         {}
+
+// laneRun is a run on lane l with no core behind it.
+func laneRun(l *lane, id, ws string) *run {
+	return &run{id: id, ws: ws, lane: l, info: &loopsv1.TrainingRun{Id: id},
+		seq: sequencer.New[*task, loopsv1.OperationKind](1, 16)}
+}
+
+// enqueue queues a task on the run as submit does: a barrier, or forward/backward work of
+// the given tokens.
+func enqueue(r *run, seq int64, fbTokens int) {
+	t := &task{seq: seq, op: &operation{}}
+	kind := loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP
+	if fbTokens > 0 {
+		t.fb, t.tokens = &backendv1.ForwardBackwardItem{}, fbTokens
+		kind = loopsv1.OperationKind_OPERATION_KIND_FORWARD_BACKWARD
+	}
+	r.mu.Lock()
+	r.seq.Record(seq, kind, "op", t)
+	r.kick()
+	r.mu.Unlock()
+}
+
+// TestLaneBarrierHoldsOnlyItsRun drives a lane with no core: while run A's optim_step (a
+// barrier) is held, runs B and C keep stepping, batched together; A's next step waits for
+// its barrier only; batches split at maxBatchTokens.
+func TestLaneBarrierHoldsOnlyItsRun(t *testing.T) {
+	f := &recordingRunner{held: make(chan struct{}), started: make(chan string, 1), done: make(chan string, 64)}
+	running := newBusy()
+	l := newLane(t.Context(), "m", f, freeSlots{}, running, 100)
+	defer l.stop()
+	a, b, c := laneRun(l, "A", "ws1"), laneRun(l, "B", "ws2"), laneRun(l, "C", "ws3")
+
+	enqueue(a, 1, 0)  // barrier
+	enqueue(a, 2, 10) // waits for it
+	require.Equal(t, "A", <-f.started)
+	for seq := int64(1); seq <= 3; seq++ {
+		enqueue(b, seq, 60)
+		enqueue(c, seq, 60)
+		got := []string{<-f.done, <-f.done}
+		slices.Sort(got)
+		require.Equal(t, []string{"B", "C"}, got, "step %d of B and C ran while A's barrier is held", seq)
+	}
+	f.mu.Lock()
+	for _, batch := range f.batches {
+		require.NotContains(t, batch, "A")
+		require.LessOrEqual(t, len(batch), 1, "two 60-token items do not fit a 100-token batch")
+	}
+	f.mu.Unlock()
+
+	close(f.held)
+	require.Equal(t, "A", <-f.done, "the barrier")
+	require.Equal(t, "A", <-f.done, "then A's own forward/backward")
+	require.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Millisecond)
+		defer cancel()
+		return running.wait(ctx) == nil
+	}, 5*time.Second, time.Millisecond, "the lane is idle")
+}
