@@ -18,6 +18,7 @@ import (
 	"github.com/loops-dev/loops/compat"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/core"
+	"github.com/loops-dev/loops/gateway/store"
 	"github.com/loops-dev/loops/gateway/store/sqlite"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
@@ -76,6 +77,10 @@ func (l Limits) withDefaults() Limits {
 type Config struct {
 	// DataDir holds the database, checkpoints and built-in models.
 	DataDir string
+	// Store, when set, keeps the server's records instead of the SQLite database
+	// DataDir/loops.db (for example a store/postgres.Store). The server closes it, also when
+	// New fails.
+	Store store.Store
 	// Backend is the registered backend's name (default "reference").
 	Backend string
 	// BackendConfig is passed to the backend factory; its DataDir defaults to DataDir.
@@ -107,6 +112,9 @@ type Server struct {
 // Serve to start answering and Close to stop.
 func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 	if cfg.DataDir == "" {
+		if cfg.Store != nil {
+			_ = cfg.Store.Close()
+		}
 		return nil, errors.New("gateway: DataDir is required")
 	}
 	if cfg.Backend == "" {
@@ -125,9 +133,13 @@ func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 		}
 	}()
 
-	st, err := sqlite.Open(ctx, cfg.DataDir+"/loops.db")
-	if err != nil {
-		return nil, err
+	st := cfg.Store
+	if st == nil {
+		sq, err := sqlite.Open(ctx, cfg.DataDir+"/loops.db")
+		if err != nil {
+			return nil, err
+		}
+		st = sq
 	}
 	s.closers = append(s.closers, st.Close)
 

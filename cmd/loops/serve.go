@@ -35,6 +35,8 @@ type serveFlags struct {
 	bodyReadTimeout   time.Duration
 	maxRequestsPerKey int
 	workspacePolicy   string
+
+	db databaseFlags
 }
 
 func serveCmd() *cobra.Command {
@@ -49,13 +51,24 @@ With no API keys configured the server accepts any tml-… key but listens on lo
 only, and answers only requests addressed to localhost, 127.0.0.1 or [::1] (403 for
 another Host: a defence against DNS rebinding). Every flag can also be set by an environment variable: LOOPS_ADDR, LOOPS_DATA_DIR,
 LOOPS_BACKEND, LOOPS_MODELS (comma-separated), LOOPS_API_KEYS (comma-separated KEY or
-KEY=WORKSPACE), LOOPS_API_KEY_FILE, LOOPS_WORKSPACE_POLICY.
+KEY=WORKSPACE), LOOPS_API_KEY_FILE, LOOPS_WORKSPACE_POLICY, LOOPS_DATABASE,
+LOOPS_DB_MAX_CONNS, LOOPS_DB_CONNECT_TIMEOUT, LOOPS_DB_STATEMENT_TIMEOUT.
+
+Records (sessions, runs, checkpoints, operations, usage) go to SQLite in --data-dir by
+default; --database postgres://… keeps them in PostgreSQL instead (the schema is created
+and upgraded at start-up). Checkpoint files stay in --data-dir either way.
 
 --workspace-policy FILE gives workspaces limits (allowed base models, max sequence length,
 max LoRA rank, runs at once, queued operations, sampling concurrency): see the
 "Workspace policy" section of docs/semantics.md for the format.`,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runServe(cmd.Context(), f) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := f.db.applyEnv(cmd); err != nil {
+				return err
+			}
+			return runServe(cmd.Context(), f)
+		},
 	}
+	f.db.register(cmd)
 	fl := cmd.Flags()
 	fl.StringVar(&f.addr, "addr", env("LOOPS_ADDR", "127.0.0.1:8000"), "host:port to listen on (port 0 picks a free one)")
 	fl.StringVar(&f.dataDir, "data-dir", env("LOOPS_DATA_DIR", defaultDataDir()), "folder for the database, checkpoints and built-in models")
@@ -115,12 +128,19 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if err := os.MkdirAll(f.dataDir, 0o755); err != nil {
 		return fmt.Errorf("creating --data-dir: %w", err)
 	}
+	st, storeDesc, err := f.db.open(ctx, f.dataDir)
+	if err != nil {
+		return err
+	}
+	log.Info("store opened", slog.String("store", storeDesc))
 	ln, err := net.Listen("tcp", f.addr)
 	if err != nil {
+		_ = st.Close()
 		return err
 	}
 	srv, err := gateway.New(ctx, ln, gateway.Config{
 		DataDir: f.dataDir,
+		Store:   st,
 		Backend: f.backend,
 		BackendConfig: backends.Config{
 			Models:      f.models,
@@ -144,7 +164,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if !keys.Open() {
 		keyHint = "<one of your --api-key values>"
 	}
-	fmt.Fprintf(os.Stderr, "Loops listening on %s (backend %s, data in %s)\n", url, f.backend, f.dataDir)
+	fmt.Fprintf(os.Stderr, "Loops listening on %s (backend %s, data in %s, store %s)\n", url, f.backend, f.dataDir, storeDesc)
 	if keys.Open() {
 		fmt.Fprintln(os.Stderr, "No API keys configured: accepting any tml-… key, loopback only.")
 	} else {
