@@ -42,6 +42,13 @@ type Options struct {
 	MaxAdapters int
 	// Threads is the number of goroutines the matrix kernels use (default runtime.NumCPU()).
 	Threads int
+	// MaxBatchSequences caps the sequences decoded together in one step across the
+	// concurrent sampling requests of one base model (default DefaultMaxBatchSequences, 64).
+	MaxBatchSequences int
+	// MaxBatchKVBytes caps the key/value cache the sequences decoding together on one base
+	// model may grow to, counting prompt + max_tokens positions for each (default
+	// DefaultMaxBatchKVBytes, 1 GiB); see batch.go.
+	MaxBatchKVBytes int64
 }
 
 // Engine is the pure-Go CPU trainer and sampler. It implements
@@ -72,6 +79,7 @@ type baseModel struct {
 	tok  *tokenizer.Tokenizer // nil when the folder has no usable tokenizer.json
 	eos  []int
 	info *loopsv1.ModelInfo
+	dec  *decoder // batches the model's sampling requests (batch.go)
 }
 
 type adapterState struct {
@@ -101,6 +109,12 @@ func New(opts Options) (*Engine, error) {
 	if opts.Threads <= 0 {
 		opts.Threads = runtime.NumCPU()
 	}
+	if opts.MaxBatchSequences <= 0 {
+		opts.MaxBatchSequences = DefaultMaxBatchSequences
+	}
+	if opts.MaxBatchKVBytes <= 0 {
+		opts.MaxBatchKVBytes = DefaultMaxBatchKVBytes
+	}
 	nn.SetThreads(opts.Threads)
 	if opts.DataDir == "" {
 		d, err := os.UserCacheDir()
@@ -121,6 +135,7 @@ func New(opts Options) (*Engine, error) {
 		if err != nil {
 			return nil, fmt.Errorf("reference: loading model %q: %w", name, err)
 		}
+		bm.dec = newDecoder(bm.m, opts.MaxBatchSequences, opts.MaxBatchKVBytes)
 		e.models[name] = bm
 		e.order = append(e.order, name)
 	}

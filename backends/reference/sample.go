@@ -2,6 +2,7 @@ package reference
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -58,7 +59,8 @@ func (e *Engine) samplerAdapter(bm *baseModel, dir string) (*nn.Adapter[float32]
 	return ad, nil
 }
 
-// Sample generates num_samples continuations of the prompt.
+// Sample generates num_samples continuations of the prompt. Concurrent calls on one base
+// model decode together (batch.go); the result does not depend on them.
 func (e *Engine) Sample(ctx context.Context, req *backendv1.SampleRequest) (*backendv1.SampleResponse, error) {
 	bm, err := e.model(req.BaseModel)
 	if err != nil {
@@ -127,7 +129,14 @@ func (e *Engine) Sample(ctx context.Context, req *backendv1.SampleRequest) (*bac
 		return nil, connect.NewError(connect.CodeCanceled, err)
 	}
 	k := int(req.TopkPromptLogprobs)
-	seqs, scores := bm.m.Sample(prompt, ad, n, sp, req.PromptLogprobs, k)
+	g := bm.m.NewGen(prompt, ad, n, sp, req.PromptLogprobs, k)
+	if err := bm.dec.run(ctx, g); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return nil, connect.NewError(connect.CodeDeadlineExceeded, err)
+		}
+		return nil, connect.NewError(connect.CodeCanceled, err)
+	}
+	seqs, scores := g.Out, g.Scores
 	res := &loopsv1.SampleResult{}
 	for _, s := range seqs {
 		out := &loopsv1.SampledSequence{StopReason: loopsv1.StopReason_STOP_REASON_LENGTH}

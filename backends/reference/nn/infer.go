@@ -39,11 +39,22 @@ func grow[T Float](s []T, n int) []T {
 // at position pos[i] of caches[i], whose keys and values it appends. Rows of one cache
 // must come in increasing positions. It returns the final normalised hidden states [M, D].
 func (m *Model[T]) Step(toks, pos []int, caches []*KVCache[T], ad *Adapter[T]) []T {
+	return m.step(toks, pos, caches, []seg[T]{{0, len(toks), ad}}, false)
+}
+
+// step is Step with one adapter per segment of rows. When stable is set, every matrix
+// product goes through matMulTRows, so each row's result depends on that row alone (not on
+// how many rows run with it, nor on their position in the batch): batched decoding gives
+// every sequence the bits it would get decoding alone.
+func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], stable bool) []T {
 	c := &m.Cfg
 	M, D := len(toks), c.Hidden
 	H, KH, hd := c.Heads, c.KVHeads, c.HeadDim
 	QD, KVD, F := m.QDim(), m.KVDim(), c.Inter
-	segs := []seg[T]{{0, M, ad}}
+	linFwd := linFwd[T]
+	if stable {
+		linFwd = linRows[T]
+	}
 	x := make([]T, M*D)
 	for i, t := range toks {
 		copy(x[i*D:(i+1)*D], m.Embed[t*D:(t+1)*D])
@@ -132,4 +143,121 @@ func (m *Model[T]) Logits(h []T, M int, ad *Adapter[T]) []T {
 	out := make([]T, M*m.Cfg.Vocab)
 	linFwd(h, M, &m.Head, []seg[T]{{0, M, ad}}, headPick[T], out)
 	return out
+}
+
+// linRows is linFwd (without the saved LoRA inputs) through matMulTRows: each output row
+// depends only on its input row and its segment's adapter.
+func linRows[T Float](X []T, M int, li *Linear[T], segs []seg[T], pick pickFn[T], Y []T) [][]T {
+	matMulTRows(Y, X, li.W, M, li.Out, li.In, false)
+	if li.B != nil {
+		for i := 0; i < M; i++ {
+			y := Y[i*li.Out : (i+1)*li.Out]
+			for j, b := range li.B {
+				y[j] += b
+			}
+		}
+	}
+	for _, sg := range segs {
+		if sg.ad == nil || sg.r1 == sg.r0 {
+			continue
+		}
+		p := pick(sg.ad)
+		if p == nil {
+			continue
+		}
+		rows := sg.r1 - sg.r0
+		xa := make([]T, rows*p.Rank)
+		matMulTRows(xa, X[sg.r0*li.In:sg.r1*li.In], p.A.W, rows, p.Rank, li.In, false)
+		s := sg.ad.Scale
+		for i := range xa {
+			xa[i] *= s
+		}
+		matMulTRows(Y[sg.r0*li.Out:sg.r1*li.Out], xa, p.B.W, rows, li.Out, p.Rank, true)
+	}
+	return nil
+}
+
+// matMulTRows computes C[M,N] (+)= A[M,K]·B[N,K]ᵀ like MatMulT, but row by row: every
+// element of row i is summed in an order that depends on N and K only, never on M or i
+// (float32 with a vector kernel: the unpacked dot kernel of sgemmNTSmall for any M;
+// otherwise the generic blocked kernel, whose rows are independent). It is the decode
+// path's product, a little slower than packing for many rows.
+func matMulTRows[T Float](C, A, B []T, M, N, K int, acc bool) {
+	if M == 0 || N == 0 {
+		return
+	}
+	_ = A[M*K-1]
+	_ = B[N*K-1]
+	_ = C[M*N-1]
+	if c, ok := any(C).([]float32); ok && activeKernel.fn != nil && activeKernel.dot != nil {
+		sgemmNTRows(activeKernel, c, any(A).([]float32), any(B).([]float32), M, N, K, acc)
+		return
+	}
+	mb := (M + blkM - 1) / blkM
+	nb := (N + blkN - 1) / blkN
+	parallelFor(mb*nb, M*N*K, func(idx int) {
+		bi, bj := idx/nb, idx%nb
+		i0, i1 := bi*blkM, min((bi+1)*blkM, M)
+		j0, j1 := bj*blkN, min((bj+1)*blkN, N)
+		matMulTBlock(C, A, B, N, K, i0, i1, j0, j1, acc)
+	})
+}
+
+// rowsL1Bytes is how much of B one sgemmNTRows task holds at a time.
+const rowsL1Bytes = 32 << 10
+
+// sgemmNTRows is sgemmNTSmall split over (row block, column block) tasks: each element is
+// computed exactly as sgemmNTSmall computes it (8 lane sums of the dot kernel in a fixed
+// order, then the k tail), whichever task and row pair it falls in.
+func sgemmNTRows(kn *sgemmKernel, C, A, B []float32, M, N, K int, acc bool) {
+	// A task's rows of B (colsPerTask × K) stay in L1 while all its rows of A pass over
+	// them; how the work is cut changes no result.
+	colsPerTask := min(max(rowsL1Bytes/(4*K)/4, 1)*4, 64)
+	rowsPerTask := max(8, (M+1)/2)
+	k8 := K / 8
+	nt := (N + colsPerTask - 1) / colsPerTask
+	mt := (M + rowsPerTask - 1) / rowsPerTask
+	parallelFor(mt*nt, M*N*K, func(t int) {
+		var out [64]float32
+		ti, tj := t/nt, t%nt
+		i0, i1 := ti*rowsPerTask, min(ti*rowsPerTask+rowsPerTask, M)
+		j0, j1 := tj*colsPerTask, min(tj*colsPerTask+colsPerTask, N)
+		for i := i0; i < i1; i += 2 {
+			ib := min(i+1, i1-1)
+			a0, a1 := A[i*K:i*K+K], A[ib*K:ib*K+K]
+			for j := j0; j < j1; {
+				w, ldb := 4, K
+				if j1-j < 4 {
+					w, ldb = 1, 0 // one row of B at a time (repeated in all four slots)
+				}
+				if k8 > 0 {
+					kn.dot(k8, &a0[0], &a1[0], &B[j*K], ldb, &out)
+				}
+				for r := 0; r < 2 && i+r < i1; r++ {
+					a := a0
+					if r == 1 {
+						a = a1
+					}
+					c := C[(i+r)*N+j : (i+r)*N+j+w]
+					for jj := range c {
+						var s float32
+						if k8 > 0 {
+							l := out[8*(r*4+jj) : 8*(r*4+jj)+8]
+							s = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
+						}
+						b := B[(j+jj)*K : (j+jj)*K+K]
+						for k := 8 * k8; k < K; k++ {
+							s += a[k] * b[k]
+						}
+						if acc {
+							c[jj] += s
+						} else {
+							c[jj] = s
+						}
+					}
+				}
+				j += w
+			}
+		}
+	})
 }

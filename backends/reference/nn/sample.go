@@ -3,6 +3,7 @@ package nn
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -40,140 +41,258 @@ type PromptScores struct {
 	TopK     [][]TopEntry // one row per prompt token; the first is empty
 }
 
+// PrefillChunk is how many prompt tokens one prefill pass runs (Gen.Prefill): a prompt is
+// always cut at the same positions, so its results do not depend on what else runs.
+const PrefillChunk = 512
+
 // Sample generates n continuations of prompt. The prompt is run once and its cache is
 // copied to each sample; the samples then decode together, one row each. Sample i draws
 // from a generator seeded with (seed, i), so the same seed gives the same tokens. When
-// promptLP or topK > 0, it also scores the prompt.
+// promptLP or topK > 0, it also scores the prompt. It is a Gen run alone: decoding it in a
+// batch with other generations (Decode) gives the same bits.
 func (m *Model[T]) Sample(prompt []int, ad *Adapter[T], n int, p SampleParams, promptLP bool, topK int) ([]Sampled, *PromptScores) {
-	V := m.Cfg.Vocab
-	base := m.NewCache()
-	pos := make([]int, len(prompt))
-	caches := make([]*KVCache[T], len(prompt))
-	for i := range pos {
-		pos[i] = i
-		caches[i] = base
+	g := m.NewGen(prompt, ad, n, p, promptLP, topK)
+	for !g.Prefilled() {
+		g.Prefill()
 	}
-	h := m.Step(prompt, pos, caches, ad)
-	D := m.Cfg.Hidden
-	var scores *PromptScores
-	var last []T
-	if promptLP || topK > 0 {
-		scores = &PromptScores{}
-		if promptLP {
-			scores.LogProbs = make([]float64, len(prompt))
-			scores.LogProbs[0] = math.NaN()
-		}
-		if topK > 0 {
-			scores.TopK = make([][]TopEntry, len(prompt))
-		}
-		for c0 := 0; c0 < len(prompt); c0 += headChunk {
-			c1 := min(c0+headChunk, len(prompt))
-			lg := m.Logits(h[c0*D:c1*D], c1-c0, ad)
-			for r := c0; r < c1; r++ {
-				row := lg[(r-c0)*V : (r-c0+1)*V]
-				if r == len(prompt)-1 {
-					last = append([]T(nil), row...)
-				}
-				if r+1 >= len(prompt) {
-					continue
-				}
-				lse := logSumExp(row)
-				if promptLP {
-					scores.LogProbs[r+1] = float64(row[prompt[r+1]]) - lse
-				}
-				if topK > 0 {
-					idx := topIndices(row, topK)
-					ent := make([]TopEntry, len(idx))
-					for e, t := range idx {
-						ent[e] = TopEntry{Token: t, LogProb: float64(row[t]) - lse}
-					}
-					scores.TopK[r+1] = ent
-				}
-			}
-		}
-	} else {
-		last = m.Logits(h[(len(prompt)-1)*D:], 1, ad)
+	var seqs []*GenSeq[T]
+	for g.Pending() > 0 {
+		seqs = append(seqs, g.Start())
 	}
-	out := make([]Sampled, n)
-	rngs := make([]*rand.Rand, n)
-	var seed uint64
+	for !g.Done() {
+		m.Decode(seqs)
+	}
+	return g.Out, g.Scores
+}
+
+// Gen is one sampling request in progress: its prompt is prefilled chunk by chunk
+// (Prefill), then each of its n sequences is started (Start) and decoded one token per
+// Decode call, possibly beside sequences of other generations. A Gen is not safe for
+// concurrent use.
+type Gen[T Float] struct {
+	m        *Model[T]
+	prompt   []int
+	ad       *Adapter[T]
+	p        SampleParams
+	n        int
+	promptLP bool
+	topK     int
+	stops    map[int]bool
+	seed     uint64
+	base     *KVCache[T] // the prompt's cache; nil once the last sequence took it
+	filled   int         // prompt tokens prefilled
+	last     []T         // logits after the last prompt token
+	started  int
+	running  int // started and not finished
+
+	// Scores are the prompt's scores (nil unless asked for), complete once Prefilled.
+	Scores *PromptScores
+	// Out holds the sequences, complete once Done.
+	Out []Sampled
+}
+
+// GenSeq is one sequence of a Gen being decoded.
+type GenSeq[T Float] struct {
+	g     *Gen[T]
+	i     int
+	cache *KVCache[T]
+	rng   *rand.Rand
+	done  bool
+}
+
+// NewGen prepares a generation (see Sample); it computes nothing yet.
+func (m *Model[T]) NewGen(prompt []int, ad *Adapter[T], n int, p SampleParams, promptLP bool, topK int) *Gen[T] {
+	g := &Gen[T]{m: m, prompt: prompt, ad: ad, p: p, n: n, promptLP: promptLP, topK: topK,
+		stops: map[int]bool{}, base: m.NewCache(), Out: make([]Sampled, n)}
 	if p.Seed != nil {
-		seed = *p.Seed
+		g.seed = *p.Seed
 	} else {
-		seed = rand.Uint64()
+		g.seed = rand.Uint64()
 	}
-	for i := range rngs {
-		rngs[i] = rand.New(rand.NewPCG(seed, uint64(i)+0x5851f42d4c957f2d))
-	}
-	stops := map[int]bool{}
 	for _, t := range p.StopTokens {
-		stops[t] = true
+		g.stops[t] = true
 	}
 	for _, t := range p.EOS {
-		stops[t] = true
+		g.stops[t] = true
 	}
-	sc := make([]*KVCache[T], n)
-	for i := range sc {
-		if i == 0 {
-			sc[i] = base
-		} else {
-			sc[i] = base.Clone()
+	if promptLP || topK > 0 {
+		g.Scores = &PromptScores{}
+		if promptLP {
+			g.Scores.LogProbs = make([]float64, len(prompt))
+			g.Scores.LogProbs[0] = math.NaN()
+		}
+		if topK > 0 {
+			g.Scores.TopK = make([][]TopEntry, len(prompt))
 		}
 	}
-	active := make([]int, n)
-	for i := range active {
-		active[i] = i
+	return g
+}
+
+// Prefilled reports whether the whole prompt has run.
+func (g *Gen[T]) Prefilled() bool { return g.filled == len(g.prompt) }
+
+// Prefill runs the next chunk of the prompt (at most PrefillChunk tokens, cut at multiples
+// of PrefillChunk) and returns how many tokens it ran.
+func (g *Gen[T]) Prefill() int {
+	m, prompt := g.m, g.prompt
+	c0, c1 := g.filled, min(g.filled+PrefillChunk, len(prompt))
+	if c0 >= c1 {
+		return 0
 	}
-	logits := make([][]T, n)
-	for i := range logits {
-		logits[i] = last
+	pos := make([]int, c1-c0)
+	caches := make([]*KVCache[T], c1-c0)
+	for i := range pos {
+		pos[i] = c0 + i
+		caches[i] = g.base
 	}
-	for step := 0; step < p.MaxTokens && len(active) > 0; step++ {
-		var next []int
-		for _, i := range active {
-			tok, lp := sampleToken(logits[i], p, rngs[i])
-			s := &out[i]
-			s.Tokens = append(s.Tokens, tok)
-			s.LogProbs = append(s.LogProbs, lp)
-			if stops[tok] {
-				s.Stopped = true
+	h := m.Step(prompt[c0:c1], pos, caches, g.ad)
+	g.filled = c1
+	D, V := m.Cfg.Hidden, m.Cfg.Vocab
+	if g.Scores == nil {
+		if c1 == len(prompt) {
+			g.last = m.Logits(h[(c1-c0-1)*D:], 1, g.ad)
+		}
+		return c1 - c0
+	}
+	for r0 := c0; r0 < c1; r0 += headChunk {
+		r1 := min(r0+headChunk, c1)
+		lg := m.Logits(h[(r0-c0)*D:(r1-c0)*D], r1-r0, g.ad)
+		for r := r0; r < r1; r++ {
+			row := lg[(r-r0)*V : (r-r0+1)*V]
+			if r == len(prompt)-1 {
+				g.last = append([]T(nil), row...)
+			}
+			if r+1 >= len(prompt) {
 				continue
 			}
-			if len(p.StopStrings) > 0 && p.Decode != nil {
-				text := p.Decode(s.Tokens)
-				hit := false
-				for _, st := range p.StopStrings {
-					if st != "" && strings.Contains(text, st) {
-						hit = true
-						break
-					}
-				}
-				if hit {
-					s.Stopped = true
-					continue
-				}
+			lse := logSumExp(row)
+			if g.promptLP {
+				g.Scores.LogProbs[r+1] = float64(row[prompt[r+1]]) - lse
 			}
-			next = append(next, i)
-		}
-		active = next
-		if len(active) == 0 || step+1 >= p.MaxTokens {
-			break
-		}
-		toks := make([]int, len(active))
-		ps := make([]int, len(active))
-		cs := make([]*KVCache[T], len(active))
-		for r, i := range active {
-			toks[r] = out[i].Tokens[len(out[i].Tokens)-1]
-			ps[r] = len(prompt) + len(out[i].Tokens) - 1
-			cs[r] = sc[i]
-		}
-		hs := m.Step(toks, ps, cs, ad)
-		lg := m.Logits(hs, len(active), ad)
-		for r, i := range active {
-			logits[i] = lg[r*V : (r+1)*V]
+			if g.topK > 0 {
+				idx := topIndices(row, g.topK)
+				ent := make([]TopEntry, len(idx))
+				for e, t := range idx {
+					ent[e] = TopEntry{Token: t, LogProb: float64(row[t]) - lse}
+				}
+				g.Scores.TopK[r+1] = ent
+			}
 		}
 	}
-	return out, scores
+	return c1 - c0
+}
+
+// Pending is how many sequences are not started yet.
+func (g *Gen[T]) Pending() int { return g.n - g.started }
+
+// Done reports whether every sequence has ended.
+func (g *Gen[T]) Done() bool { return g.started == g.n && g.running == 0 }
+
+// Positions is the most cache positions one of its sequences may fill (prompt plus
+// max_tokens), the bound of its cache's size.
+func (g *Gen[T]) Positions() int { return len(g.prompt) + g.p.MaxTokens }
+
+// Start starts the next sequence (the gen must be prefilled and have one pending): it gets
+// a copy of the prompt's cache (the last one started takes the cache itself) and samples its
+// first token. The sequence may be done at once.
+func (g *Gen[T]) Start() *GenSeq[T] {
+	i := g.started
+	s := &GenSeq[T]{g: g, i: i, rng: rand.New(rand.NewPCG(g.seed, uint64(i)+0x5851f42d4c957f2d))}
+	g.started++
+	if g.started == g.n {
+		s.cache, g.base = g.base, nil
+	} else {
+		s.cache = g.base.Clone()
+	}
+	g.running++
+	s.advance(g.last)
+	if g.started == g.n {
+		g.last = nil
+	}
+	return s
+}
+
+// Done reports whether the sequence has ended.
+func (s *GenSeq[T]) Done() bool { return s.done }
+
+// Gen returns the generation the sequence belongs to.
+func (s *GenSeq[T]) Gen() *Gen[T] { return s.g }
+
+// advance samples the sequence's next token from logits and ends it on a stop token, a stop
+// string or max_tokens.
+func (s *GenSeq[T]) advance(logits []T) {
+	g, p := s.g, &s.g.p
+	out := &g.Out[s.i]
+	tok, lp := sampleToken(logits, *p, s.rng)
+	out.Tokens = append(out.Tokens, tok)
+	out.LogProbs = append(out.LogProbs, lp)
+	switch {
+	case g.stops[tok]:
+		out.Stopped = true
+	case len(p.StopStrings) > 0 && p.Decode != nil && containsAny(p.Decode(out.Tokens), p.StopStrings):
+		out.Stopped = true
+	case len(out.Tokens) < p.MaxTokens:
+		return
+	}
+	s.done, s.cache = true, nil
+	g.running--
+}
+
+func containsAny(text string, subs []string) bool {
+	for _, st := range subs {
+		if st != "" && strings.Contains(text, st) {
+			return true
+		}
+	}
+	return false
+}
+
+// Decode runs one decoding step for every sequence of seqs that is not done, whatever
+// generation, adapter and position each is at: one forward pass over all of them (the
+// base model's products shared, each adapter's LoRA terms on its own rows, each sequence
+// attending to its own cache), then each samples its next token. Every row is computed
+// independently of the others (step's stable products), so a sequence gets the same bits
+// in any batch, with any number of threads.
+func (m *Model[T]) Decode(seqs []*GenSeq[T]) {
+	rows := make([]*GenSeq[T], 0, len(seqs))
+	var ads []*Adapter[T]
+	for _, s := range seqs {
+		if s.done {
+			continue
+		}
+		rows = append(rows, s)
+		if !slices.Contains(ads, s.g.ad) {
+			ads = append(ads, s.g.ad)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	// group the rows by adapter: one segment each
+	slices.SortStableFunc(rows, func(a, b *GenSeq[T]) int {
+		return slices.Index(ads, a.g.ad) - slices.Index(ads, b.g.ad)
+	})
+	M := len(rows)
+	toks, pos := make([]int, M), make([]int, M)
+	caches := make([]*KVCache[T], M)
+	var segs []seg[T]
+	for r, s := range rows {
+		out := &s.g.Out[s.i]
+		toks[r] = out.Tokens[len(out.Tokens)-1]
+		pos[r] = len(s.g.prompt) + len(out.Tokens) - 1
+		caches[r] = s.cache
+		if len(segs) == 0 || segs[len(segs)-1].ad != s.g.ad {
+			segs = append(segs, seg[T]{r, r, s.g.ad})
+		}
+		segs[len(segs)-1].r1 = r + 1
+	}
+	h := m.step(toks, pos, caches, segs, true)
+	V := m.Cfg.Vocab
+	lg := make([]T, M*V)
+	linRows(h, M, &m.Head, segs, headPick[T], lg)
+	for r, s := range rows {
+		s.advance(lg[r*V : (r+1)*V])
+	}
 }
 
 // topIndices returns the indices of the k largest values, largest first (ties: lower id).
