@@ -203,6 +203,14 @@ func matMulTRows[T Float](C, A, B []T, M, N, K int, acc bool) {
 	})
 }
 
+// rowDot2 and rowDot1, when set (kernels_rows_amd64.go), compute the reduced dot products
+// of two rows (one) of A with four rows of B, bit for bit as sdot2x4 and the reduction in
+// sgemmNTSmall.
+var (
+	rowDot2 func(k8 int, a0, a1, b *float32, ldb int, out *[8]float32)
+	rowDot1 func(k8 int, a0, b *float32, ldb int, out *[8]float32)
+)
+
 // rowsL1Bytes is how much of B one sgemmNTRows task holds at a time.
 const rowsL1Bytes = 32 << 10
 
@@ -218,20 +226,35 @@ func sgemmNTRows(kn *sgemmKernel, C, A, B []float32, M, N, K int, acc bool) {
 	nt := (N + colsPerTask - 1) / colsPerTask
 	mt := (M + rowsPerTask - 1) / rowsPerTask
 	parallelFor(mt*nt, M*N*K, func(t int) {
-		var out [64]float32
 		ti, tj := t/nt, t%nt
 		i0, i1 := ti*rowsPerTask, min(ti*rowsPerTask+rowsPerTask, M)
 		j0, j1 := tj*colsPerTask, min(tj*colsPerTask+colsPerTask, N)
 		for i := i0; i < i1; i += 2 {
-			ib := min(i+1, i1-1)
-			a0, a1 := A[i*K:i*K+K], A[ib*K:ib*K+K]
+			two := i+1 < i1
+			a0 := A[i*K : i*K+K]
+			a1 := a0
+			if two {
+				a1 = A[(i+1)*K : (i+1)*K+K]
+			}
 			for j := j0; j < j1; {
 				w, ldb := 4, K
 				if j1-j < 4 {
 					w, ldb = 1, 0 // one row of B at a time (repeated in all four slots)
 				}
-				if k8 > 0 {
-					kn.dot(k8, &a0[0], &a1[0], &B[j*K], ldb, &out)
+				var out [8]float32
+				switch {
+				case k8 == 0:
+				case rowDot2 == nil:
+					var lanes [64]float32
+					kn.dot(k8, &a0[0], &a1[0], &B[j*K], ldb, &lanes)
+					for o := range out {
+						l := lanes[8*o : 8*o+8]
+						out[o] = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
+					}
+				case two:
+					rowDot2(k8, &a0[0], &a1[0], &B[j*K], ldb, &out)
+				default:
+					rowDot1(k8, &a0[0], &B[j*K], ldb, &out)
 				}
 				for r := 0; r < 2 && i+r < i1; r++ {
 					a := a0
@@ -240,11 +263,7 @@ func sgemmNTRows(kn *sgemmKernel, C, A, B []float32, M, N, K int, acc bool) {
 					}
 					c := C[(i+r)*N+j : (i+r)*N+j+w]
 					for jj := range c {
-						var s float32
-						if k8 > 0 {
-							l := out[8*(r*4+jj) : 8*(r*4+jj)+8]
-							s = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
-						}
+						s := out[r*4+jj]
 						b := B[(j+jj)*K : (j+jj)*K+K]
 						for k := 8 * k8; k < K; k++ {
 							s += a[k] * b[k]

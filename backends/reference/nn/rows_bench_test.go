@@ -2,8 +2,11 @@ package nn
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // BenchmarkDecodeProducts times the matrix products of one decoding step of a
@@ -43,6 +46,59 @@ func BenchmarkDecodeProducts(b *testing.B) {
 				}
 				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*M), "ns/row")
 			})
+		}
+	}
+}
+
+// TestMatMulTRowsIsRowStable checks that every row of matMulTRows equals that row computed
+// alone, bit for bit, for any number of rows and threads, that the reduced kernels give
+// the bits of sdot2x4 and sgemmNTSmall's reduction, and that the result is close to the
+// float64 product.
+func TestMatMulTRowsIsRowStable(t *testing.T) {
+	defer SetThreads(Threads())
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, sh := range [][2]int{{256, 256}, {37, 19}, {5, 8}, {130, 768}, {64, 4}, {3, 3}} {
+		N, K := sh[0], sh[1]
+		B := make([]float32, N*K)
+		for i := range B {
+			B[i] = float32(r.NormFloat64())
+		}
+		const M = 35
+		A := make([]float32, M*K)
+		for i := range A {
+			A[i] = float32(r.NormFloat64())
+		}
+		alone := make([]float32, M*N)
+		for i := 0; i < M; i++ {
+			matMulTRows(alone[i*N:(i+1)*N], A[i*K:(i+1)*K], B, 1, N, K, false)
+		}
+		for i := 0; i < M; i++ {
+			for j := 0; j < N; j++ {
+				var want float64
+				for k := 0; k < K; k++ {
+					want += float64(A[i*K+k]) * float64(B[j*K+k])
+				}
+				if d := math.Abs(want - float64(alone[i*N+j])); d > 1e-4*(1+math.Abs(want)) {
+					t.Fatalf("N=%d K=%d [%d,%d]: %g, float64 %g", N, K, i, j, alone[i*N+j], want)
+				}
+			}
+		}
+		if activeKernel.dot != nil {
+			small := make([]float32, 4*N)
+			sgemmNTSmall(activeKernel, small, A[:4*K], B, 4, N, K, false)
+			require.Equal(t, alone[:4*N], small, "N=%d K=%d: the reduced kernels differ from sdot2x4", N, K)
+		}
+		for _, threads := range []int{1, 2, 5} {
+			SetThreads(threads)
+			for _, m := range []int{2, 3, 8, 9, M} {
+				got := make([]float32, m*N)
+				matMulTRows(got, A[:m*K], B, m, N, K, false)
+				require.Equal(t, alone[:m*N], got, "N=%d K=%d M=%d threads=%d", N, K, m, threads)
+				off := M - m // the same rows at other positions of a batch
+				got = make([]float32, m*N)
+				matMulTRows(got, A[off*K:], B, m, N, K, false)
+				require.Equal(t, alone[off*N:], got, "N=%d K=%d M=%d threads=%d (last rows)", N, K, m, threads)
+			}
 		}
 	}
 }

@@ -1,0 +1,103 @@
+// Decode kernels for matMulTRows (infer.go): the dot products of sdot2x4 (kernels_amd64.s),
+// reduced in the kernel. Each output is Σ_{k<8·k8} a_r[k]·b_j[k] computed as eight lane
+// sums (lane l: k ≡ l mod 8, fused multiply-adds in k order) added as
+// ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)): the same bits as sdot2x4 followed by the reduction
+// in sgemmNTSmall.
+
+#include "textflag.h"
+
+// func sdot2x4r(k8 int, a0, a1, b *float32, ldb int, out *[8]float32)
+// out[r*4+j] = Σ_{k<8*k8} a_r[k]·b[j*ldb+k] for rows r∈{0,1}, j∈0..3.
+TEXT ·sdot2x4r(SB), NOSPLIT, $0-48
+	MOVQ k8+0(FP), CX
+	MOVQ a0+8(FP), AX
+	MOVQ a1+16(FP), DX
+	MOVQ b+24(FP), BX
+	MOVQ ldb+32(FP), R8
+	SHLQ $2, R8
+	MOVQ out+40(FP), DI
+	LEAQ (BX)(R8*2), R9
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ SI, SI
+	TESTQ CX, CX
+	JZ r24store
+r24loop:
+	VMOVUPS (AX)(SI*1), Y8
+	VMOVUPS (DX)(SI*1), Y9
+	VMOVUPS (BX)(SI*1), Y10
+	VFMADD231PS Y10, Y8, Y0
+	VFMADD231PS Y10, Y9, Y4
+	LEAQ (BX)(R8*1), R10
+	VMOVUPS (R10)(SI*1), Y11
+	VFMADD231PS Y11, Y8, Y1
+	VFMADD231PS Y11, Y9, Y5
+	VMOVUPS (R9)(SI*1), Y12
+	VFMADD231PS Y12, Y8, Y2
+	VFMADD231PS Y12, Y9, Y6
+	LEAQ (R9)(R8*1), R10
+	VMOVUPS (R10)(SI*1), Y13
+	VFMADD231PS Y13, Y8, Y3
+	VFMADD231PS Y13, Y9, Y7
+	ADDQ $32, SI
+	DECQ CX
+	JNZ r24loop
+r24store:
+	VHADDPS Y1, Y0, Y8
+	VHADDPS Y3, Y2, Y9
+	VHADDPS Y9, Y8, Y8
+	VEXTRACTF128 $1, Y8, X9
+	VADDPS X9, X8, X8
+	VMOVUPS X8, 0(DI)
+	VHADDPS Y5, Y4, Y10
+	VHADDPS Y7, Y6, Y11
+	VHADDPS Y11, Y10, Y10
+	VEXTRACTF128 $1, Y10, X11
+	VADDPS X11, X10, X10
+	VMOVUPS X10, 16(DI)
+	VZEROUPPER
+	RET
+
+// func sdot1x4r(k8 int, a0, b *float32, ldb int, out *[8]float32)
+// out[j] = Σ_{k<8*k8} a0[k]·b[j*ldb+k] for j∈0..3.
+TEXT ·sdot1x4r(SB), NOSPLIT, $0-40
+	MOVQ k8+0(FP), CX
+	MOVQ a0+8(FP), AX
+	MOVQ b+16(FP), BX
+	MOVQ ldb+24(FP), R8
+	SHLQ $2, R8
+	MOVQ out+32(FP), DI
+	LEAQ (BX)(R8*2), R9
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ SI, SI
+	TESTQ CX, CX
+	JZ r14store
+r14loop:
+	VMOVUPS (AX)(SI*1), Y8
+	VFMADD231PS (BX)(SI*1), Y8, Y0
+	LEAQ (BX)(R8*1), R10
+	VFMADD231PS (R10)(SI*1), Y8, Y1
+	VFMADD231PS (R9)(SI*1), Y8, Y2
+	LEAQ (R9)(R8*1), R10
+	VFMADD231PS (R10)(SI*1), Y8, Y3
+	ADDQ $32, SI
+	DECQ CX
+	JNZ r14loop
+r14store:
+	VHADDPS Y1, Y0, Y8
+	VHADDPS Y3, Y2, Y9
+	VHADDPS Y9, Y8, Y8
+	VEXTRACTF128 $1, Y8, X9
+	VADDPS X9, X8, X8
+	VMOVUPS X8, 0(DI)
+	VZEROUPPER
+	RET
