@@ -9,6 +9,7 @@
 // as failed instead of pending forever.
 //
 // Store is the interface every backend implements: package store/sqlite is the embedded
-// single-node backend, and a PostgreSQL backend will implement the same interface. Package
-// store/storetest is the contract suite every implementation must pass.
+// single-node backend (the default), package store/postgres keeps the same records in
+// PostgreSQL (loops serve --database postgres://…). Package store/storetest is the contract
+// suite every implementation must pass.
 package store

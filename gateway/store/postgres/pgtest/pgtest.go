@@ -43,46 +43,76 @@ type Server struct {
 	host string
 	port int
 	dbs  atomic.Int64
+	stop func()
 }
+
+// ErrNoBinaries is returned by Launch when initdb and postgres cannot be found.
+var ErrNoBinaries = errors.New("PostgreSQL binaries (initdb, postgres) not found")
 
 // Start starts a throwaway cluster, stopped and removed when tb ends. It skips tb when the
 // PostgreSQL binaries are missing, unless CI=true, where it fails it.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
-	bin, err := binDir()
-	if err != nil {
+	s, err := Launch(nil)
+	if errors.Is(err, ErrNoBinaries) {
 		if os.Getenv("CI") == "true" {
 			tb.Fatalf("pgtest: %v (CI=true: the PostgreSQL tests must run; .ci/run installs Debian's postgresql package)", err)
 		}
 		tb.Skipf("pgtest: %v: install PostgreSQL (Debian: apt-get install postgresql) or set LOOPS_PG_BIN to its bin folder", err)
 	}
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	tb.Cleanup(s.Stop)
+	return s
+}
+
+// Launch starts a throwaway cluster outside a test (for benchmarks); the caller must Stop
+// it. settings are name=value server settings applied after pgtest's own (fsync=off,
+// synchronous_commit=off, …), for example "fsync=on". Start is the form for tests.
+func Launch(settings []string) (*Server, error) {
+	bin, err := binDir()
+	if err != nil {
+		return nil, err
+	}
 	var lastErr error
 	for range 3 { // another process may take the free port before postgres binds it
-		s, err := start(tb, bin)
+		s, err := start(bin, settings)
 		if err == nil {
-			return s
+			return s, nil
 		}
 		lastErr = err
 	}
-	tb.Fatalf("pgtest: %v", lastErr)
-	return nil
+	return nil, lastErr
 }
+
+// Stop stops the server and removes its folder.
+func (s *Server) Stop() { s.stop() }
 
 // NewDatabase creates an empty database in the cluster and returns its URL.
 func (s *Server) NewDatabase(tb testing.TB) string {
 	tb.Helper()
+	url, err := s.CreateDatabase(context.Background())
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	return url
+}
+
+// CreateDatabase creates an empty database in the cluster and returns its URL.
+func (s *Server) CreateDatabase(ctx context.Context) (string, error) {
 	name := fmt.Sprintf("test_%d", s.dbs.Add(1))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, s.URL)
 	if err != nil {
-		tb.Fatalf("pgtest: connect: %v", err)
+		return "", fmt.Errorf("connect: %w", err)
 	}
 	defer func() { _ = conn.Close(context.Background()) }()
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		tb.Fatalf("pgtest: create database %s: %v", name, err)
+		return "", fmt.Errorf("create database %s: %w", name, err)
 	}
-	return s.dbURL(name)
+	return s.dbURL(name), nil
 }
 
 func (s *Server) dbURL(name string) string {
@@ -108,7 +138,7 @@ func binDir() (string, error) {
 	}
 	if d := os.Getenv("LOOPS_PG_BIN"); d != "" {
 		if !has(d) {
-			return "", fmt.Errorf("LOOPS_PG_BIN=%s has no initdb and postgres", d)
+			return "", fmt.Errorf("%w: LOOPS_PG_BIN=%s has none", ErrNoBinaries, d)
 		}
 		return d, nil
 	}
@@ -123,7 +153,7 @@ func binDir() (string, error) {
 			return d, nil
 		}
 	}
-	return "", errors.New("PostgreSQL binaries (initdb, postgres) not found")
+	return "", ErrNoBinaries
 }
 
 // version is the major version in a /usr/lib/postgresql/N/bin path, 0 when there is none.
@@ -133,15 +163,18 @@ func version(dir string) int {
 }
 
 // start runs initdb and postgres once.
-func start(tb testing.TB, bin string) (*Server, error) {
-	tb.Helper()
+func start(bin string, settings []string) (s *Server, err error) {
 	// Not t.TempDir(): its parents are private to the test's user, and the cluster may
 	// belong to another; the folder is short too, which a Unix socket path needs.
 	dir, err := os.MkdirTemp("", "loops-pgtest-")
 	if err != nil {
 		return nil, err
 	}
-	tb.Cleanup(func() { _ = os.RemoveAll(dir) })
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(dir)
+		}
+	}()
 	cred, err := credential()
 	if err != nil {
 		return nil, err
@@ -172,10 +205,13 @@ func start(tb testing.TB, bin string) (*Server, error) {
 		return nil, err
 	}
 	defer func() { _ = logf.Close() }()
-	pg := exec.Command(filepath.Join(bin, "postgres"), "-D", data,
-		"-h", "127.0.0.1", "-p", strconv.Itoa(port), "-k", dir,
+	args := []string{"-D", data, "-h", "127.0.0.1", "-p", strconv.Itoa(port), "-k", dir,
 		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-		"-c", "max_connections=300", "-c", "log_min_messages=warning")
+		"-c", "max_connections=300", "-c", "log_min_messages=warning"}
+	for _, kv := range settings {
+		args = append(args, "-c", kv)
+	}
+	pg := exec.Command(filepath.Join(bin, "postgres"), args...)
 	pg.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
 	pg.Env = append(os.Environ(), "LC_ALL=C")
 	pg.Stdout, pg.Stderr = logf, logf
@@ -194,7 +230,7 @@ func start(tb testing.TB, bin string) (*Server, error) {
 		}
 	}
 
-	s := &Server{host: "127.0.0.1", port: port}
+	s = &Server{host: "127.0.0.1", port: port, stop: func() { stop(); _ = os.RemoveAll(dir) }}
 	s.URL = s.dbURL("postgres")
 	for {
 		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
@@ -214,7 +250,6 @@ func start(tb testing.TB, bin string) (*Server, error) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	tb.Cleanup(stop)
 	return s, nil
 }
 
