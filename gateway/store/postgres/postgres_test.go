@@ -2,9 +2,11 @@ package postgres_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"github.com/loops-dev/loops/gateway/store"
 	"github.com/loops-dev/loops/gateway/store/postgres"
 	"github.com/loops-dev/loops/gateway/store/postgres/pgtest"
+	"github.com/loops-dev/loops/gateway/store/sqlite"
 	"github.com/loops-dev/loops/gateway/store/storetest"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
@@ -171,4 +174,61 @@ func TestRedact(t *testing.T) {
 	require.Equal(t, "postgres://u:xxxxx@h:5432/db?sslmode=disable", postgres.Redact("postgres://u:pw@h:5432/db?sslmode=disable"))
 	require.Equal(t, "postgres://u@h/db", postgres.Redact("postgres://u@h/db"))
 	require.Equal(t, "host=h password=xxxxx dbname=d", postgres.Redact("host=h password=pw dbname=d"))
+}
+
+// TestSchemaMatchesSQLite: after their migrations both stores have the same tables, columns
+// (in the same order) and secondary indexes.
+func TestSchemaMatchesSQLite(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "loops.db")
+	sq, err := sqlite.Open(ctx, path)
+	require.NoError(t, err)
+	require.NoError(t, sq.Close())
+	db, err := sql.Open("sqlite", path)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, db.Close()) }()
+	pairs := func(rows interface {
+		Next() bool
+		Scan(...any) error
+		Err() error
+	}) []string {
+		var out []string
+		for rows.Next() {
+			var a, b string
+			require.NoError(t, rows.Scan(&a, &b))
+			out = append(out, a+"."+b)
+		}
+		require.NoError(t, rows.Err())
+		return out
+	}
+	rows, err := db.QueryContext(ctx, `SELECT m.name, p.name FROM sqlite_master m, pragma_table_info(m.name) p
+		WHERE m.type = 'table' ORDER BY m.name, p.cid`)
+	require.NoError(t, err)
+	sqliteColumns := pairs(rows)
+	require.NoError(t, rows.Close())
+	rows, err = db.QueryContext(ctx, `SELECT tbl_name, name FROM sqlite_master
+		WHERE type = 'index' AND name NOT LIKE 'sqlite_autoindex%' ORDER BY tbl_name, name`)
+	require.NoError(t, err)
+	sqliteIndexes := pairs(rows)
+	require.NoError(t, rows.Close())
+
+	srv := pgtest.Start(t)
+	url := srv.NewDatabase(t)
+	open(t, url, postgres.Options{})
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, conn.Close(context.Background())) }()
+	prows, err := conn.Query(ctx, `SELECT table_name::text, column_name::text FROM information_schema.columns
+		WHERE table_schema = 'public' ORDER BY table_name, ordinal_position`)
+	require.NoError(t, err)
+	pgColumns := pairs(prows)
+	prows, err = conn.Query(ctx, `SELECT tablename::text, indexname::text FROM pg_indexes
+		WHERE schemaname = 'public' AND indexname NOT LIKE '%_pkey' ORDER BY tablename, indexname`)
+	require.NoError(t, err)
+	pgIndexes := pairs(prows)
+
+	require.NotEmpty(t, sqliteColumns)
+	require.Equal(t, sqliteColumns, pgColumns)
+	require.NotEmpty(t, sqliteIndexes)
+	require.Equal(t, sqliteIndexes, pgIndexes)
 }
