@@ -28,7 +28,7 @@ func TestKeysetPagingUsesNoOffset(t *testing.T) {
 	require.Contains(t, query, "OFFSET $5")
 
 	srv := pgtest.Start(t)
-	s, err := Open(t.Context(), srv.NewDatabase(t), Options{})
+	s, err := Open(t.Context(), srv.NewSchema(t), Options{})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, s.Close()) })
 	ctx := t.Context()
@@ -60,7 +60,7 @@ func TestKeysetPagingUsesNoOffset(t *testing.T) {
 // the server.
 func TestOptions(t *testing.T) {
 	srv := pgtest.Start(t)
-	url := srv.NewDatabase(t)
+	url := srv.NewSchema(t)
 	ctx := t.Context()
 	s, err := Open(ctx, url, Options{MaxConns: 3, MinConns: 1, StatementTimeout: 1500 * time.Millisecond, ConnectTimeout: 5 * time.Second})
 	require.NoError(t, err)

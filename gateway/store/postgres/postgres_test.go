@@ -23,6 +23,9 @@ import (
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
 
+// TestMain shares one PostgreSQL cluster between the package's tests.
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
 // open opens a store on url and closes it when the test ends.
 func open(t *testing.T, url string, o postgres.Options) *postgres.Store {
 	t.Helper()
@@ -40,7 +43,7 @@ func TestContract(t *testing.T) {
 		mu.Lock()
 		url, ok := dbs[path]
 		if !ok {
-			url = srv.NewDatabase(t)
+			url = srv.NewSchema(t)
 			dbs[path] = url
 		}
 		mu.Unlock()
@@ -55,7 +58,7 @@ func TestContract(t *testing.T) {
 // id ordering and the retries), and every record ends as one of the versions written.
 func TestParallelApplyBatch(t *testing.T) {
 	srv := pgtest.Start(t)
-	s := open(t, srv.NewDatabase(t), postgres.Options{MaxConns: 32})
+	s := open(t, srv.NewSchema(t), postgres.Options{MaxConns: 32})
 	ctx := t.Context()
 
 	const workers, rounds, records = 16, 10, 20
@@ -102,7 +105,7 @@ func TestParallelApplyBatch(t *testing.T) {
 // the number of migrations, and data written before survives.
 func TestMigrationsIdempotent(t *testing.T) {
 	srv := pgtest.Start(t)
-	url := srv.NewDatabase(t)
+	url := srv.NewSchema(t)
 	ctx := t.Context()
 
 	first := open(t, url, postgres.Options{})
@@ -213,17 +216,17 @@ func TestSchemaMatchesSQLite(t *testing.T) {
 	require.NoError(t, rows.Close())
 
 	srv := pgtest.Start(t)
-	url := srv.NewDatabase(t)
+	url := srv.NewSchema(t)
 	open(t, url, postgres.Options{})
 	conn, err := pgx.Connect(ctx, url)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, conn.Close(context.Background())) }()
 	prows, err := conn.Query(ctx, `SELECT table_name::text, column_name::text FROM information_schema.columns
-		WHERE table_schema = 'public' ORDER BY table_name, ordinal_position`)
+		WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position`)
 	require.NoError(t, err)
 	pgColumns := pairs(prows)
 	prows, err = conn.Query(ctx, `SELECT tablename::text, indexname::text FROM pg_indexes
-		WHERE schemaname = 'public' AND indexname NOT LIKE '%_pkey' ORDER BY tablename, indexname`)
+		WHERE schemaname = current_schema() AND indexname NOT LIKE '%_pkey' ORDER BY tablename, indexname`)
 	require.NoError(t, err)
 	pgIndexes := pairs(prows)
 
