@@ -2,9 +2,11 @@
 //
 // Start creates a fresh cluster with initdb in a temporary folder, starts postgres on a free
 // loopback port (its Unix socket in the same folder, fsync off), waits until it accepts
-// connections, and stops it and removes the folder when the test ends. Run as root, the
-// cluster belongs to an unprivileged user (postgres when that user exists, else nobody),
-// because initdb and postgres refuse to run as root.
+// connections, and stops it and removes the folder when the test ends, or, in a package
+// whose TestMain calls Main, when all its tests are done (one cluster per test binary).
+// NewDatabase and the much cheaper NewSchema give each test an empty database of its own.
+// Run as root, the cluster belongs to an unprivileged user (postgres when that user exists,
+// else nobody), because initdb and postgres refuse to run as root.
 //
 // The binaries are looked up in $LOOPS_PG_BIN, then on PATH, then in the newest
 // /usr/lib/postgresql/*/bin (Debian's postgresql package) and /usr/local/pgsql/bin. Without
