@@ -48,9 +48,11 @@ func newHarness(t *testing.T, dir string, opts Options) *harness {
 	return h
 }
 
+// wait waits for op to finish: up to 30 s, a bound for a hang, not a timing (a loaded CI
+// machine running -race can take seconds).
 func (h *harness) wait(op *loopsv1.Operation) *loopsv1.Operation {
 	h.t.Helper()
-	got, err := h.svc.Operations.WaitOperation(h.ctx, &loopsv1.WaitOperationRequest{Id: op.GetId(), Timeout: durationpb.New(5 * time.Second)})
+	got, err := h.svc.Operations.WaitOperation(h.ctx, &loopsv1.WaitOperationRequest{Id: op.GetId(), Timeout: durationpb.New(30 * time.Second)})
 	require.NoError(h.t, err)
 	require.True(h.t, isDone(got), "operation %s still %s", got.GetId(), got.GetState())
 	return got

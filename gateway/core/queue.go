@@ -221,6 +221,14 @@ func (r *run) release() (free bool) {
 	return free
 }
 
+// hold marks the run busy without taking its head (its adapter is being moved), so that
+// nothing else runs it and an unload waits for the move.
+func (r *run) hold() {
+	r.mu.Lock()
+	r.queued, r.busy = false, true
+	r.mu.Unlock()
+}
+
 // unqueue records that the run left its lane's ready list without its head being taken
 // (it waits for an adapter slot).
 func (r *run) unqueue() {
@@ -252,6 +260,12 @@ func (cr coreRunner) fail(r *run, t *task, err error) {
 		cr.c.ops.finish(t.op, nil, err)
 	}
 	r.taskDone()
+}
+
+func (cr coreRunner) resume(r *run) {
+	if r.release() { // unloaded while its adapter moved
+		cr.c.freeAdapter(cr.c.ctx, r)
+	}
 }
 
 func (cr coreRunner) run(ctx context.Context, r *run, t *task) {

@@ -14,6 +14,10 @@ import (
 // save, load, optim_step, unload) are barriers for that run only: each runs on its own
 // goroutine beside the batches, and the run becomes ready again when it is done.
 //
+// A run whose adapter must first be restored from host memory or disk, or whose admission
+// needs another run's adapter offloaded (slots.go), does that on a goroutine of its own too:
+// the lane never waits for a backend call other than its forward/backward batch.
+//
 // The lane knows nothing of operations, stores or backends: what runs a task is a
 // taskRunner, and what holds the backend's adapter slots a slotKeeper; the core provides
 // both (coreRunner, slots).
@@ -30,6 +34,9 @@ type taskRunner interface {
 	forwardBackward(ctx context.Context, batch []runTask)
 	// fail ends task t (nil: none was taken) of run r with err.
 	fail(r *run, t *task, err error)
+	// resume releases run r after its adapter was moved (slotKeeper.move), keeping the
+	// slot's pin for its head task.
+	resume(r *run)
 }
 
 // slotKeeper keeps the backend's adapters within its slots (slots.go).
@@ -38,6 +45,10 @@ type slotKeeper interface {
 	admit(ctx context.Context, r *run) error
 	// park makes r ready again once a slot frees (after admit answered errNoSlot).
 	park(r *run)
+	// move restores r's adapter, or offloads another to make room (after admit answered
+	// errMoveNeeded), and reserves a pin for r's next admit. Backend and file I/O: the lane
+	// calls it on a goroutine of its own.
+	move(ctx context.Context, r *run) error
 }
 
 // runTask is a run's head task, taken for execution.
@@ -141,6 +152,22 @@ func (l *lane) round(rs []*run) {
 			// Every slot is pinned: the run waits, and is made ready when one frees.
 			r.unqueue()
 			l.slots.park(r)
+			continue
+		} else if errors.Is(err, errMoveNeeded) {
+			// Its adapter moves on a goroutine of its own (the run held busy, so an unload
+			// waits for it), then the run is ready again, its slot pinned.
+			r.hold()
+			l.tasks.Add(1)
+			l.running.add()
+			go func() {
+				defer l.tasks.Done()
+				defer l.running.done()
+				if err := l.slots.move(ctx, r); err != nil && !errors.Is(err, errNoSlot) {
+					l.runner.fail(r, r.takeHead(), err)
+					return
+				}
+				l.runner.resume(r) // errNoSlot: the next round parks it
+			}()
 			continue
 		} else if err != nil {
 			l.runner.fail(r, r.takeHead(), err)

@@ -32,6 +32,11 @@ type slotRun struct {
 	elem  *list.Element // in lru while resident
 	pins  int
 	grads bool   // gradients accumulated since the last optim_step or load
+	// reserved: move pinned the run for its next admit (which then takes that pin).
+	reserved bool
+	// offloading: another run's move is saving this run's adapter off the backend; the
+	// run waits (parked) until that is done.
+	offloading bool
 	spill string // the folder holding the offloaded state; "" while resident or never created
 }
 
@@ -46,6 +51,8 @@ type slots struct {
 	runs    map[*run]*slotRun
 	lru     *list.List // resident runs, most recently used at the front
 	waiting []*run     // runs that found every slot pinned
+	// offloads counts adapters being offloaded: still on the backend, so still in a slot.
+	offloads int
 }
 
 func newSlots(c *Core, capacity int, gradients bool) (*slots, error) {
@@ -66,14 +73,63 @@ func (s *slots) entry(r *run) *slotRun {
 	return e
 }
 
+// fullLocked reports whether every slot holds an adapter (resident, or being offloaded).
+func (s *slots) fullLocked() bool {
+	return s.capacity > 0 && s.lru.Len()+s.offloads >= s.capacity
+}
+
 // errNoSlot means every slot is pinned; the run waits for one.
 var errNoSlot = errors.New("no adapter slot is free")
 
-// admit makes r's adapter resident (restoring it if it was offloaded, offloading the least
-// recently used idle run if the backend is full) and pins it. It returns errNoSlot when
-// every slot is pinned: r is then registered to be made ready when a slot frees. Called
-// from a lane's goroutine, never with a run's lock held.
-func (s *slots) admit(ctx context.Context, r *run) error {
+// errMoveNeeded means the run's adapter must be restored, or another run's offloaded to make
+// room, before it can run: backend calls that must not hold up the lane (move).
+var errMoveNeeded = errors.New("the run's adapter must be moved onto the backend first")
+
+// admit pins r's adapter if it is resident, or if a slot is free and there is nothing to
+// restore, or if move reserved a pin for it. Otherwise it answers errMoveNeeded (then call
+// move, off the lane's goroutine), or errNoSlot when every slot is pinned (then park r).
+// It does no I/O. Called from a lane's goroutine, never with a run's lock held.
+func (s *slots) admit(_ context.Context, r *run) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.entry(r)
+	switch {
+	case e.offloading:
+		return errNoSlot
+	case e.reserved:
+		e.reserved = false // move took the pin
+		return nil
+	case e.elem != nil: // resident
+		s.lru.MoveToFront(e.elem)
+		e.pins++
+		return nil
+	case e.spill == "" && !s.fullLocked():
+		e.elem = s.lru.PushFront(r)
+		e.pins++
+		return nil
+	case s.fullLocked() && s.victimLocked() == nil:
+		return errNoSlot
+	default:
+		return errMoveNeeded
+	}
+}
+
+// move makes r's adapter resident (restoring it if it was offloaded, offloading the least
+// recently used idle run if the backend is full) and reserves a pin for r's next admit.
+// It returns errNoSlot when every slot is pinned meanwhile. It calls the backend and the
+// file system: the lane runs it on a goroutine of its own while r is held busy.
+func (s *slots) move(ctx context.Context, r *run) error {
+	if err := s.place(ctx, r); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.entry(r).reserved = true
+	s.mu.Unlock()
+	return nil
+}
+
+// place makes r's adapter resident and pins it (move's work).
+func (s *slots) place(ctx context.Context, r *run) error {
 	for {
 		s.mu.Lock()
 		e := s.entry(r)
@@ -83,7 +139,7 @@ func (s *slots) admit(ctx context.Context, r *run) error {
 			s.mu.Unlock()
 			return nil
 		}
-		if s.capacity == 0 || s.lru.Len() < s.capacity {
+		if !s.fullLocked() {
 			e.elem = s.lru.PushFront(r)
 			e.pins++
 			spill := e.spill
@@ -113,16 +169,24 @@ func (s *slots) admit(ctx context.Context, r *run) error {
 		s.lru.Remove(ve.elem)
 		ve.elem = nil
 		ve.pins++ // nothing else may take or offload it while its state moves
+		ve.offloading = true
+		s.offloads++
 		s.mu.Unlock()
 		err := s.offload(ctx, victim)
 		s.mu.Lock()
 		ve.pins--
+		ve.offloading = false
+		s.offloads--
 		if err != nil {
 			ve.elem = s.lru.PushBack(victim) // still resident
-			s.mu.Unlock()
-			return err
 		}
+		waiting := s.takeWaitingLocked() // the victim may be among them
 		s.mu.Unlock()
+		kickAll(waiting)
+		if err != nil { // the victim's error is its own: it may belong to another workspace
+			s.c.log.Warn("offloading an adapter to free a slot failed", slog.String("victim", victim.id), slog.String("for", r.id), slog.Any("err", err))
+			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("training run %s waited for an adapter slot on the backend, and freeing one failed; retry", r.id))
+		}
 	}
 }
 
@@ -178,7 +242,7 @@ func (s *slots) restore(ctx context.Context, r *run, dir string) error {
 // run is made ready at once, so no wake-up is lost.
 func (s *slots) park(r *run) {
 	s.mu.Lock()
-	if s.lru.Len() >= s.capacity && s.victimLocked() == nil {
+	if s.entry(r).offloading || (s.fullLocked() && s.victimLocked() == nil) {
 		s.waiting = append(s.waiting, r)
 		s.mu.Unlock()
 		return
@@ -195,13 +259,24 @@ func (s *slots) unpin(r *run) {
 	if e, ok := s.runs[r]; ok && e.pins > 0 {
 		e.pins--
 	}
-	waiting := s.waiting
-	s.waiting = nil
+	waiting := s.takeWaitingLocked()
 	s.mu.Unlock()
-	for _, w := range waiting {
-		w.mu.Lock()
-		w.kick()
-		w.mu.Unlock()
+	kickAll(waiting)
+}
+
+// takeWaitingLocked empties the list of runs waiting for a slot; s.mu must be held.
+func (s *slots) takeWaitingLocked() []*run {
+	w := s.waiting
+	s.waiting = nil
+	return w
+}
+
+// kickAll makes runs that waited for a slot try again.
+func kickAll(rs []*run) {
+	for _, r := range rs {
+		r.mu.Lock()
+		r.kick()
+		r.mu.Unlock()
 	}
 }
 
