@@ -31,13 +31,13 @@ const spillFolder = "spill"
 type slotRun struct {
 	elem  *list.Element // in lru while resident
 	pins  int
-	grads bool   // gradients accumulated since the last optim_step or load
+	grads bool // gradients accumulated since the last optim_step or load
 	// reserved: move pinned the run for its next admit (which then takes that pin).
 	reserved bool
 	// offloading: another run's move is saving this run's adapter off the backend; the
 	// run waits (parked) until that is done.
 	offloading bool
-	spill string // the folder holding the offloaded state; "" while resident or never created
+	spill      string // the folder holding the offloaded state; "" while resident or never created
 }
 
 // slots tracks which runs' adapters are on the backend.
