@@ -248,6 +248,7 @@ func (c *Core) close() {
 	c.wg.Wait()
 	_ = c.running.wait(context.Background()) // sampling goroutines end once cancelled
 	c.ops.close()                            // commit and publish the outcomes still queued
+	c.persistSessions(context.Background())  // their last heartbeats
 	c.flushUsage(context.Background())
 }
 

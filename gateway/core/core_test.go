@@ -548,3 +548,48 @@ func TestRunAnswersToItsSessionAliasAcrossRestarts(t *testing.T) {
 	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, done.GetState(), done.GetError().GetMessage())
 	require.Equal(t, run, done.GetTrainingRunId())
 }
+
+// TestSessionSurvivesARestart: a live session is revived after a restart (heartbeats, new
+// runs and samplers in it work, its runs carry on); a finished one stays ended; another
+// workspace cannot revive it.
+func TestSessionSurvivesARestart(t *testing.T) {
+	dir := t.TempDir()
+	h := newHarness(t, dir, Options{})
+	live, err := h.svc.Sessions.CreateSession(h.ctx, &loopsv1.CreateSessionRequest{})
+	require.NoError(t, err)
+	ended, err := h.svc.Sessions.CreateSession(h.ctx, &loopsv1.CreateSessionRequest{})
+	require.NoError(t, err)
+	op, err := h.svc.Training.CreateTrainingRun(h.ctx, &loopsv1.CreateTrainingRunRequest{SessionId: live.GetId(), ClientSeqId: ptr(int64(0)), BaseModel: "fake/model", Lora: &loopsv1.LoraConfig{Rank: 2, TrainMlp: true}})
+	require.NoError(t, err)
+	run := h.wait(op).GetTrainingRunId()
+	_, err = h.svc.Sessions.FinishSession(h.ctx, &loopsv1.FinishSessionRequest{Id: ended.GetId()})
+	require.NoError(t, err)
+	require.NoError(t, h.core.Close())
+
+	h2 := newHarness(t, dir, Options{})
+	_, err = h2.svc.Sessions.HeartbeatSession(auth.WithWorkspace(t.Context(), "ws-b"), &loopsv1.HeartbeatSessionRequest{Id: live.GetId()})
+	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err), "another workspace's session")
+	_, err = h2.svc.Sessions.HeartbeatSession(h2.ctx, &loopsv1.HeartbeatSessionRequest{Id: live.GetId()})
+	require.NoError(t, err, "a live session survives the restart")
+	_, err = h2.svc.Sessions.HeartbeatSession(h2.ctx, &loopsv1.HeartbeatSessionRequest{Id: ended.GetId()})
+	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err))
+	require.ErrorContains(t, err, "finished")
+
+	op, err = h2.fb(live.GetId()+":train:0", 1, datum(1, 2))
+	require.NoError(t, err)
+	require.Equal(t, run, h2.wait(op).GetTrainingRunId(), "the session's run carries on")
+	op, err = h2.svc.Training.CreateTrainingRun(h2.ctx, &loopsv1.CreateTrainingRunRequest{SessionId: live.GetId(), ClientSeqId: ptr(int64(1)), BaseModel: "fake/model", Lora: &loopsv1.LoraConfig{Rank: 2, TrainMlp: true}})
+	require.NoError(t, err)
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, h2.wait(op).GetState())
+	sess, err := h2.svc.Sessions.GetSession(h2.ctx, &loopsv1.GetSessionRequest{Id: live.GetId()})
+	require.NoError(t, err)
+	require.Len(t, sess.GetTrainingRunIds(), 2)
+
+	// Finishing it ends it for good, across another restart.
+	_, err = h2.svc.Sessions.FinishSession(h2.ctx, &loopsv1.FinishSessionRequest{Id: live.GetId()})
+	require.NoError(t, err)
+	require.NoError(t, h2.core.Close())
+	h3 := newHarness(t, dir, Options{})
+	_, err = h3.svc.Sessions.HeartbeatSession(h3.ctx, &loopsv1.HeartbeatSessionRequest{Id: live.GetId()})
+	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err))
+}

@@ -1,7 +1,9 @@
 package core
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"log/slog"
 	"maps"
 	"slices"
@@ -10,6 +12,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
 	"google.golang.org/protobuf/proto"
@@ -146,20 +149,44 @@ func (s *sessionState) snapshot() *loopsv1.Session {
 }
 
 // session returns a live session of the workspace; an expired one is a FailedPrecondition.
+// A live session that is not in memory (the server restarted) is revived from the store.
 func (c *Core) session(ctx context.Context, ws, id string) (*sessionState, error) {
 	c.mu.Lock()
 	s, ok := c.sessions[id]
 	c.mu.Unlock()
 	if !ok || s.ws != ws {
-		if _, err := c.store.GetSession(ctx, ws, id); err == nil {
-			return nil, failedPrecondition("session %s has ended (it finished, had no heartbeat for %s, or the server restarted): create a new client", id, c.opts.SessionTTL)
+		stored, err := c.store.GetSession(ctx, ws, id)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return nil, notFound("session %q not found (it does not exist, or belongs to another API key's workspace)", id)
+		case err != nil:
+			return nil, internal("reading a session", err)
+		case stored.GetExpired():
+			why := cmp.Or(stored.GetEndReason(), "it finished, or had no heartbeat for "+c.opts.SessionTTL.String())
+			return nil, failedPrecondition("session %s has ended (%s): create a new client", id, why)
 		}
-		return nil, notFound("session %q not found (it does not exist, or belongs to another API key's workspace)", id)
+		s = c.reviveSession(ws, stored)
 	}
 	if s.snapshot().GetExpired() {
 		return nil, failedPrecondition("session %s has ended (%s): create a new client", id, s.snapshot().GetEndReason())
 	}
 	return s, nil
+}
+
+// reviveSession brings back a live session recorded in the store that is not in memory:
+// the server restarted while its client was running. Its heartbeat clock starts now; its
+// runs were recovered at start-up (their adapters are recreated on first use, see
+// ensureAdapter). Retries of creations from before the restart are not de-duplicated.
+func (c *Core) reviveSession(ws string, info *loopsv1.Session) *sessionState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s, ok := c.sessions[info.GetId()]; ok { // revived meanwhile by another request
+		return s
+	}
+	s := &sessionState{ws: ws, info: info, lastBeat: c.now(), runSeq: map[int64]*seqClaim{}, samplerSeq: map[int64]*seqClaim{}}
+	c.sessions[info.GetId()] = s
+	c.log.Info("session revived after a restart", slog.String("session", info.GetId()))
+	return s
 }
 
 // persistSession writes a session's record if it changed.
@@ -180,9 +207,8 @@ func (c *Core) persistSession(ctx context.Context, s *sessionState) {
 // expireSessions ends sessions whose client stopped sending heartbeats.
 func (c *Core) expireSessions(ctx context.Context, now time.Time) {
 	c.mu.Lock()
-	var expired, all []*sessionState
+	var expired []*sessionState
 	for _, s := range c.sessions {
-		all = append(all, s)
 		s.mu.Lock()
 		if now.Sub(s.lastBeat) > c.opts.SessionTTL {
 			expired = append(expired, s)
@@ -193,6 +219,14 @@ func (c *Core) expireSessions(ctx context.Context, now time.Time) {
 	for _, s := range expired {
 		c.endSession(ctx, s, "heartbeat timeout", "no heartbeat for "+c.opts.SessionTTL.String())
 	}
+	c.persistSessions(ctx)
+}
+
+// persistSessions writes every live session's record that changed.
+func (c *Core) persistSessions(ctx context.Context) {
+	c.mu.Lock()
+	all := slices.Collect(maps.Values(c.sessions))
+	c.mu.Unlock()
 	for _, s := range all {
 		c.persistSession(ctx, s)
 	}
@@ -201,17 +235,24 @@ func (c *Core) expireSessions(ctx context.Context, now time.Time) {
 // endSession ends a session: its runs' adapters are unloaded (checkpoints stay) and its
 // samplers are dropped. why is recorded; detail goes into later errors.
 func (c *Core) endSession(ctx context.Context, s *sessionState, why, detail string) *loopsv1.Session {
-	c.mu.Lock()
-	delete(c.sessions, s.snapshot().GetId())
-	c.mu.Unlock()
 	s.mu.Lock()
+	if s.info.GetExpired() { // another call is ending it
+		info := s.info
+		s.mu.Unlock()
+		return info
+	}
 	s.info = proto.CloneOf(s.info)
 	s.info.Expired = true
 	s.info.EndReason = why
 	s.dirty = true
 	info := s.info
 	s.mu.Unlock()
+	// The session leaves memory only once the store records it ended, so a request that
+	// misses it in memory never revives it (reviveSession) from a stale record.
 	c.persistSession(ctx, s)
+	c.mu.Lock()
+	delete(c.sessions, info.GetId())
+	c.mu.Unlock()
 	c.log.Info("session ended", slog.String("session", info.GetId()), slog.String("reason", why))
 	for _, id := range info.GetTrainingRunIds() {
 		if r, err := c.runOf(s.ws, id); err == nil {

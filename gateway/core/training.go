@@ -146,6 +146,11 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 		}
 		return nil, internal("recording training run", err)
 	}
+	if sess != nil {
+		// The session's list of runs is durable before the run is acknowledged: a session
+		// revived after a crash (reviveSession) knows all its runs.
+		c.persistSession(ctx, sess)
+	}
 	op, err := r.submit(ctx, 0, loopsv1.OperationKind_OPERATION_KIND_CREATE_TRAINING_RUN, func(seq int64) (*task, error) {
 		o, err := c.ops.create(ctx, ws, loopsv1.OperationKind_OPERATION_KIND_CREATE_TRAINING_RUN, info.Id, "", seq)
 		if err != nil {
