@@ -26,6 +26,15 @@ import (
 // tokens, and a workspace that sends one request while another has thousands waiting is
 // served at the next free slot.
 //
+// Spare slots. A backend that batches sampling (the reference engine decodes the samples
+// it is given together: continuous batching) lets a sample start beside running ones
+// rather than after them; but a workspace that floods the slots would make a light one
+// wait for the next to free. So the last spareSlots(n) free slots go only to workspaces
+// with no sample running: a flooding workspace holds at most n − spare slots, and a
+// workspace that sends one request finds a slot at once and joins the running batch. The
+// slot count stays at 4 by default: on the CPU engine a decoding step costs about its rows,
+// so larger batches trade each sample's latency for tokens/s (bench/fairness/README.md).
+//
 // No goroutine waits per request: a slot is a goroutine that runs a sample, then takes the
 // next one the queue picks, and ends when there is none. The queue is bounded
 // (Options.MaxQueuedSamples in all, Options.MaxQueuedSamplesPerWorkspace per workspace;
@@ -34,6 +43,15 @@ import (
 
 // maxOwed bounds the idle workspaces whose debt the queue remembers.
 const maxOwed = 10000
+
+// spareSlots is how many of n sampler slots are kept for workspaces with no sample
+// running: an eighth, at least one when there are two slots or more.
+func spareSlots(n int) int {
+	if n < 2 {
+		return 0
+	}
+	return max(1, n/8)
+}
 
 // sampleJob is a sampling operation waiting for a slot.
 type sampleJob struct {
@@ -66,6 +84,8 @@ type sampleQueue struct {
 	maxQueued int // all workspaces
 	maxPerWS  int
 
+	spare int // spareSlots of the slot count
+
 	mu       sync.Mutex
 	free     int // slots not running a sample
 	reserved int // all workspaces' reserved
@@ -79,7 +99,8 @@ type sampleQueue struct {
 func newSampleQueue(c *Core) *sampleQueue {
 	return &sampleQueue{
 		c: c, maxQueued: c.opts.MaxQueuedSamples, maxPerWS: c.opts.MaxQueuedSamplesPerWorkspace,
-		free: c.opts.SamplingConcurrency, ws: map[string]*wsSamples{}, owed: map[string]int{},
+		free: c.opts.SamplingConcurrency, spare: spareSlots(c.opts.SamplingConcurrency),
+		ws: map[string]*wsSamples{}, owed: map[string]int{},
 	}
 }
 
@@ -141,7 +162,7 @@ func (q *sampleQueue) push(j *sampleJob) bool {
 		w.fresh = w.running == 0 && owes <= 0
 	}
 	for q.free > 0 {
-		next := q.pickLocked()
+		next := q.pickLocked(q.free)
 		if next == nil {
 			break
 		}
@@ -162,28 +183,33 @@ func (q *sampleQueue) work(j *sampleJob) {
 		w := q.ws[j.o.workspace]
 		w.running--
 		q.cleanLocked(w)
-		if j = q.pickLocked(); j == nil {
+		if j = q.pickLocked(q.free + 1); j == nil { // this slot is free too
 			q.free++
 		}
 		q.mu.Unlock()
 	}
 }
 
-// pickLocked takes the next sample to run, by deficit round robin (see the top of the
-// file), or nil when none may start: nothing waits, every waiting workspace is at its
-// sampling_concurrency, or a shutdown began. It counts the sample running.
-func (q *sampleQueue) pickLocked() *sampleJob {
+// pickLocked takes the next sample to run for one of free free slots, by deficit round
+// robin (see the top of the file), or nil when none may start: nothing waits, every
+// waiting workspace is at its sampling_concurrency or has samples running while only spare
+// slots are free, or a shutdown began. It counts the sample running.
+func (q *sampleQueue) pickLocked(free int) *sampleJob {
 	if q.closed || q.c.draining() {
 		return nil
 	}
+	// blocked: w may not take a slot now (it neither takes one nor gains credit).
+	blocked := func(w *wsSamples) bool {
+		return (w.limit > 0 && w.running >= w.limit) || (w.running > 0 && free <= q.spare)
+	}
 	for i, w := range q.order {
-		if w.fresh && (w.limit <= 0 || w.running < w.limit) {
+		if w.fresh && !blocked(w) {
 			return q.takeLocked(w, i)
 		}
 	}
 	need, found := 0, false
 	for _, w := range q.order {
-		if w.limit > 0 && w.running >= w.limit {
+		if blocked(w) {
 			continue
 		}
 		if d := w.jobs[0].cost - w.deficit; !found || d < need {
@@ -204,7 +230,7 @@ func (q *sampleQueue) pickLocked() *sampleJob {
 	var best *wsSamples
 	at := 0
 	for i, w := range q.order {
-		if w.limit > 0 && w.running >= w.limit {
+		if blocked(w) {
 			continue
 		}
 		w.deficit += max(need, 0)

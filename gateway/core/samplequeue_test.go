@@ -280,7 +280,7 @@ func TestSparseWorkspaceGetsItsShareOnly(t *testing.T) {
 	got := map[string]int{}
 	for i := range 200 {
 		q.mu.Lock()
-		j := q.pickLocked()
+		j := q.pickLocked(1)
 		require.NotNil(t, j)
 		ws := j.o.workspace
 		w := q.ws[ws]
@@ -304,4 +304,28 @@ func TestSparseWorkspaceGetsItsShareOnly(t *testing.T) {
 	for _, ws := range []string{"ws-b1", "ws-b2", "ws-b3"} {
 		require.InDelta(t, 50, got[ws], 3, "%v", got)
 	}
+}
+
+// TestFloodLeavesASpareSlot: with 4 sampler slots, a workspace with 10 samples waiting
+// takes 3 (one slot is spare: only for a workspace with nothing running), and a light
+// workspace's sample starts at once in the spare slot, without waiting for one to end.
+func TestFloodLeavesASpareSlot(t *testing.T) {
+	h := newSampleHarness(t, Options{SamplingConcurrency: 4})
+	heavy, light := h.sampler("ws-heavy"), h.sampler("ws-light")
+	for range 10 {
+		_, err := h.sample("ws-heavy", heavy, 1, 4)
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return len(h.g.started()) == 3 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, 7, h.core.samplers.queue.waiting("ws-heavy"))
+	_, err := h.sample("ws-light", light, 2, 4)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(h.g.started()) == 4 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, []int32{1, 1, 1, 2}, h.g.started())
+	h.release(11)
+	require.NoError(t, h.core.WaitIdle(t.Context()))
+	require.Len(t, h.g.started(), 11)
+	require.Equal(t, 1, spareSlots(2))
+	require.Equal(t, 0, spareSlots(1))
+	require.Equal(t, 4, spareSlots(32))
 }
