@@ -23,6 +23,12 @@ import (
 // until taskDone), and a pinned run is never offloaded. A backend that cannot save
 // gradients (saves_gradients false) only has runs without pending gradients offloaded.
 // When every slot is pinned, the run waits and is made ready again when a slot is unpinned.
+//
+// Moving an adapter (restoring it, or offloading another to make room) calls the backend
+// and the file system, so the lane never does it on its own goroutine: admit only decides
+// (pinned now, errMoveNeeded, or errNoSlot), and move runs on a goroutine of its own while
+// the run is held busy, then reserves the pin for the run's next admit. An adapter being
+// offloaded still holds its slot (the backend still has it) until DeleteAdapter returns.
 
 // spillFolder is where offloaded adapters are kept, under the data dir.
 const spillFolder = "spill"
