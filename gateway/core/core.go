@@ -193,7 +193,10 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	for _, m := range caps.GetModels() {
 		c.models[m.GetName()] = m
 	}
-	if c.slots, err = newSlots(c, int(caps.GetMaxAdapters()), caps.GetSavesGradients()); err != nil {
+	c.slots, err = newSlots(opts.DataDir, int(caps.GetMaxAdapters()), caps.GetSavesGradients(), slotDeps{
+		trainer: c.backend.Trainer(), log: c.log, moves: c.metrics.slotMoves, scrub: c.ckpt.scrub,
+	})
+	if err != nil {
 		return nil, err
 	}
 	for _, l := range caps.GetLossFunctions() {

@@ -11,7 +11,9 @@ import (
 	"sync"
 
 	"connectrpc.com/connect"
+	"github.com/loops-dev/loops/backends"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Adapter slots. A backend holds at most max_adapters adapters (its capabilities). When
@@ -48,7 +50,7 @@ type slotRun struct {
 
 // slots tracks which runs' adapters are on the backend.
 type slots struct {
-	c         *Core
+	slotDeps
 	capacity  int // 0: unlimited
 	gradients bool
 	dir       string
@@ -61,13 +63,23 @@ type slots struct {
 	offloads int
 }
 
-func newSlots(c *Core, capacity int, gradients bool) (*slots, error) {
-	dir := filepath.Join(c.opts.DataDir, spillFolder)
+// slotDeps is what the slot table uses of the rest of the core.
+type slotDeps struct {
+	trainer backends.Trainer
+	log     *slog.Logger
+	moves   *prometheus.CounterVec // by "offload" and "restore"
+	scrub   func(error) error      // hides the server's paths in an error for the client
+}
+
+// newSlots returns the slot table of a backend holding capacity adapters (0: unlimited)
+// that can save gradients or not, spilling into dataDir/spill.
+func newSlots(dataDir string, capacity int, gradients bool, deps slotDeps) (*slots, error) {
+	dir := filepath.Join(dataDir, spillFolder)
 	// Adapters do not survive a restart, so neither does what was offloaded.
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, fmt.Errorf("core: clearing %s: %w", dir, err)
 	}
-	return &slots{c: c, capacity: max(capacity, 0), gradients: gradients, dir: dir, runs: map[*run]*slotRun{}, lru: list.New()}, nil
+	return &slots{slotDeps: deps, capacity: max(capacity, 0), gradients: gradients, dir: dir, runs: map[*run]*slotRun{}, lru: list.New()}, nil
 }
 
 func (s *slots) entry(r *run) *slotRun {
@@ -190,7 +202,7 @@ func (s *slots) place(ctx context.Context, r *run) error {
 		s.mu.Unlock()
 		kickAll(waiting)
 		if err != nil { // the victim's error is its own: it may belong to another workspace
-			s.c.log.Warn("offloading an adapter to free a slot failed", slog.String("victim", victim.id), slog.String("for", r.id), slog.Any("err", err))
+			s.log.Warn("offloading an adapter to free a slot failed", slog.String("victim", victim.id), slog.String("for", r.id), slog.Any("err", err))
 			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("training run %s waited for an adapter slot on the backend, and freeing one failed; retry", r.id))
 		}
 	}
@@ -214,9 +226,9 @@ func (s *slots) offload(ctx context.Context, r *run) error {
 	dir := filepath.Join(s.dir, r.id)
 	_ = os.RemoveAll(dir)
 	if err := os.MkdirAll(s.dir, 0o755); err != nil {
-		return internal("creating the adapter spill folder", s.c.ckpt.scrub(err))
+		return internal("creating the adapter spill folder", s.scrub(err))
 	}
-	t := s.c.backend.Trainer()
+	t := s.trainer
 	if _, err := t.SaveAdapter(ctx, &backendv1.SaveAdapterRequest{AdapterId: r.id, Dir: dir, IncludeOptimizer: true, IncludeGradients: s.gradients}); err != nil {
 		_ = os.RemoveAll(dir)
 		return r.adapterLost(err)
@@ -228,18 +240,18 @@ func (s *slots) offload(ctx context.Context, r *run) error {
 	s.mu.Lock()
 	s.entry(r).spill = dir
 	s.mu.Unlock()
-	s.c.metrics.slotMoves.WithLabelValues("offload").Inc()
-	s.c.log.Debug("offloaded an adapter", slog.String("run", r.id))
+	s.moves.WithLabelValues("offload").Inc()
+	s.log.Debug("offloaded an adapter", slog.String("run", r.id))
 	return nil
 }
 
 // restore loads an offloaded run's state back onto the backend.
 func (s *slots) restore(ctx context.Context, r *run, dir string) error {
-	if _, err := s.c.backend.Trainer().LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: r.id, Dir: dir, LoadOptimizer: true, LoadGradients: s.gradients}); err != nil {
+	if _, err := s.trainer.LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: r.id, Dir: dir, LoadOptimizer: true, LoadGradients: s.gradients}); err != nil {
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("restoring training run %s's offloaded adapter failed (%s); retry, or load its last checkpoint", r.id, connectMessage(err)))
 	}
 	_ = os.RemoveAll(dir)
-	s.c.metrics.slotMoves.WithLabelValues("restore").Inc()
+	s.moves.WithLabelValues("restore").Inc()
 	return nil
 }
 
