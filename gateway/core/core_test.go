@@ -340,7 +340,8 @@ func TestRestartFailsInFlightOperationsAndRecoversRuns(t *testing.T) {
 	require.NoError(t, err)
 	// Its record is written behind (persister.go): let it reach the store first.
 	require.Eventually(t, func() bool { _, err := st.GetOperation(t.Context(), "ws-a", op.GetId()); return err == nil }, 5*time.Second, time.Millisecond)
-	// "Crash": the store closes with the operation still in flight.
+	// Crash with the operation still in flight: nothing more is journaled or written.
+	c.ops.persist.crash()
 	require.NoError(t, st.Close())
 	close(fake.gate)
 	_ = c.Close()

@@ -47,10 +47,20 @@ type operations struct {
 	byID    map[string]*operation
 }
 
+// newOperations is called by New before it fails unfinished operations and recovers runs:
+// it first commits to the store what the journal of the previous process holds (outcomes
+// acknowledged but not committed when it died, persister.go), then opens a new journal.
+// From then on the core reads operation and run records through the persister (readStore),
+// so a read never misses a record that is written behind.
 func newOperations(c *Core) *operations {
+	p := newPersister(c.store, c.log)
+	if err := p.recover(context.Background(), c.opts.DataDir); err != nil {
+		c.log.Error("replaying the journal failed; it is kept for the next start", slog.Any("err", err))
+	}
+	c.store = readStore{Store: c.store, p: p}
 	return &operations{
 		core: c, byID: map[string]*operation{},
-		persist: newPersister(c.store, c.log),
+		persist: p,
 		results: newResultCache(c.opts.ResultCacheBytes, c.opts.ResultCacheTTL, c.now),
 	}
 }
@@ -189,14 +199,15 @@ func errUnknownOperation(id string) error {
 const finishedInMemory = time.Minute
 
 // evictFinishedBefore drops finished operations from memory (they stay in the store) and
-// large results past their time budget.
+// large results past their time budget. An operation whose final record the store does not
+// hold yet (a store far behind the journal, persister.go) stays.
 func (ops *operations) evictFinishedBefore(t time.Time) {
 	ops.results.sweep()
 	ops.mu.Lock()
 	defer ops.mu.Unlock()
 	for id, o := range ops.byID {
 		op := o.snapshot()
-		if isDone(op) && op.DoneTime.AsTime().Before(t) {
+		if isDone(op) && op.DoneTime.AsTime().Before(t) && !ops.persist.uncommitted(id) {
 			delete(ops.byID, id)
 		}
 	}

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -170,16 +171,35 @@ func (s *crashStore) PutTrainingRun(ctx context.Context, ws string, r *loopsv1.T
 	return s.Store.PutTrainingRun(ctx, ws, r)
 }
 
-// TestCrashKeepsWhatWasAcknowledged: the process dies while a batch is being written. After
-// the restart, the run, an acknowledged checkpoint and every acknowledged outcome are there
-// (a large result as RESULT_EXPIRED: only its small part is stored); an operation whose
-// creation was recorded but whose outcome was not is failed "server restarted" (no client
-// saw it finish); one whose creation was never recorded is unknown, with "resubmit".
+// holdJournal makes the persister block before journaling the group that holds operation
+// id's final record: entered is closed when it gets there, and it goes on when release is.
+func holdJournal(p *persister, id string) (entered, release chan struct{}) {
+	entered, release = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.beforeJournal = func(b store.Batch) {
+		for _, o := range b.Operations {
+			if o.Operation.GetId() == id && isDone(o.Operation) {
+				once.Do(func() { close(entered) })
+				<-release
+			}
+		}
+	}
+	return entered, release
+}
+
+// TestCrashKeepsWhatWasAcknowledged: the process dies between an operation's finish and the
+// journal write of its outcome (its creation was recorded). After the restart, the run, an acknowledged checkpoint and
+// every acknowledged outcome are there (a large result as RESULT_EXPIRED: only its small part
+// is stored); the operation whose outcome was being journaled was never published (no client
+// saw it finish) and is failed "server restarted"; one whose creation was never journaled is
+// unknown, with "resubmit".
 func TestCrashKeepsWhatWasAcknowledged(t *testing.T) {
 	dir := t.TempDir()
 	sq, err := sqlite.Open(t.Context(), filepath.Join(dir, "loops.db"))
 	require.NoError(t, err)
-	st := &crashStore{Store: sq, entered: make(chan struct{}), release: make(chan struct{})}
+	st := &crashStore{Store: sq}
 	fake := newFakeBackend()
 	c, err := New(t.Context(), st, fake, Options{DataDir: dir, GapTimeout: time.Hour})
 	require.NoError(t, err)
@@ -193,27 +213,28 @@ func TestCrashKeepsWhatWasAcknowledged(t *testing.T) {
 	saved := h.wait(save)
 	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, saved.GetState(), saved.GetError().GetMessage())
 
-	// fb2's creation is recorded; its outcome's batch is the one the crash interrupts.
+	// fb2's outcome is decided; the crash comes before it is journaled.
 	fake.gate = make(chan struct{})
 	fb2, err := h.fb(run, 3, datum(1, 2))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { _, err := sq.GetOperation(t.Context(), "ws-a", fb2.GetId()); return err == nil }, 5*time.Second, time.Millisecond)
-	st.mu.Lock()
-	st.hold = fb2.GetId()
-	st.mu.Unlock()
+	entered, release := holdJournal(c.ops.persist, fb2.GetId())
 	close(fake.gate)
-	<-st.entered
-	fb3, err := h.fb(run, 4, datum(1, 2)) // created while the batch is being written
+	<-entered
+	fb3, err := h.fb(run, 4, datum(1, 2)) // created while fb2's group is being journaled
 	require.NoError(t, err)
 	// No client sees fb2's outcome: it is not durable.
 	got, err := h.svc.Operations.WaitOperation(h.ctx, &loopsv1.WaitOperationRequest{Id: fb2.GetId(), Timeout: durationpb.New(100 * time.Millisecond)})
 	require.NoError(t, err)
 	require.False(t, isDone(got))
 
-	// Crash: nothing more is written or published.
+	// Crash: nothing more is journaled, written or published.
 	st.dead.Store(true)
 	c.ops.persist.crash()
-	close(st.release)
+	close(release)
+	got, err = h.svc.Operations.WaitOperation(h.ctx, &loopsv1.WaitOperationRequest{Id: fb2.GetId(), Timeout: durationpb.New(100 * time.Millisecond)})
+	require.NoError(t, err)
+	require.False(t, isDone(got))
 	t.Cleanup(func() {
 		_ = c.Close()
 		_ = sq.Close()
@@ -247,6 +268,170 @@ func TestCrashKeepsWhatWasAcknowledged(t *testing.T) {
 	_, err = h2.svc.Operations.WaitOperation(h2.ctx, &loopsv1.WaitOperationRequest{Id: fb3.GetId()})
 	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err))
 	require.Contains(t, err.Error(), "restarted before recording it; resubmit")
+}
+
+// TestCrashKeepsJournaledOutcomes: an outcome is acknowledged once journaled, before the
+// store has it; the process dies while the store write is blocked. The restart replays the
+// journal: the acknowledged outcome is there (not "server restarted"), and the store holds
+// it too. The journal is then empty.
+func TestCrashKeepsJournaledOutcomes(t *testing.T) {
+	dir := t.TempDir()
+	sq, err := sqlite.Open(t.Context(), filepath.Join(dir, "loops.db"))
+	require.NoError(t, err)
+	st := &crashStore{Store: sq, entered: make(chan struct{}), release: make(chan struct{})}
+	fake := newFakeBackend()
+	c, err := New(t.Context(), st, fake, Options{DataDir: dir, GapTimeout: time.Hour})
+	require.NoError(t, err)
+	h := &harness{t: t, dir: dir, fake: fake, core: c, svc: c.Services(), ctx: auth.WithWorkspace(t.Context(), "ws-a")}
+	run := h.newRun()
+	fake.gate = make(chan struct{})
+	fb, err := h.fb(run, 1, datum(1, 2))
+	require.NoError(t, err)
+	opt, err := h.svc.Training.OptimStep(h.ctx, &loopsv1.OptimStepRequest{TrainingRunId: run, SeqId: 2, Adam: &loopsv1.AdamParams{LearningRate: 1e-4}})
+	require.NoError(t, err)
+	st.mu.Lock()
+	st.hold = fb.GetId() // the store write of fb's outcome blocks
+	st.mu.Unlock()
+	close(fake.gate)
+	acked := h.wait(fb)
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, acked.GetState())
+	ackedOpt := h.wait(opt)
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, ackedOpt.GetState())
+	<-st.entered
+	if got, err := sq.GetOperation(t.Context(), "ws-a", fb.GetId()); err == nil {
+		require.False(t, isDone(got), "the store does not have fb's outcome yet")
+	}
+
+	st.dead.Store(true)
+	c.ops.persist.crash()
+	close(st.release)
+	t.Cleanup(func() {
+		_ = c.Close()
+		_ = sq.Close()
+	})
+
+	h2 := newHarness(t, dir, Options{})
+	for _, want := range []*loopsv1.Operation{acked, ackedOpt} {
+		stored, err := sq.GetOperation(t.Context(), "ws-a", want.GetId())
+		require.NoError(t, err)
+		require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, stored.GetState(), stored.GetError().GetMessage())
+		require.Equal(t, want.GetDoneTime().AsTime(), stored.GetDoneTime().AsTime())
+	}
+	got, err := h2.svc.Operations.GetOperation(h2.ctx, &loopsv1.GetOperationRequest{Id: opt.GetId()})
+	require.NoError(t, err)
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, got.GetState())
+	info, err := h2.svc.Training.GetTrainingRun(h2.ctx, &loopsv1.GetTrainingRunRequest{Id: run})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, info.GetLastSeqId())
+	names, err := journalFiles(filepath.Join(dir, journalDir))
+	require.NoError(t, err)
+	require.Len(t, names, 1, "the replayed files are removed; the new process has its own")
+}
+
+// TestUncommittedOutcomesStayInMemory: an outcome is published once journaled; while the
+// store does not have it yet, the operation stays in memory past finishedInMemory, and reads
+// through the core's store see it; once committed it may leave memory.
+func TestUncommittedOutcomesStayInMemory(t *testing.T) {
+	dir := t.TempDir()
+	sq, err := sqlite.Open(t.Context(), filepath.Join(dir, "loops.db"))
+	require.NoError(t, err)
+	st := &gateStore{Store: sq, gate: make(chan struct{})}
+	fake := newFakeBackend()
+	c, err := New(t.Context(), st, fake, Options{DataDir: dir})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = c.Close()
+		_ = sq.Close()
+	})
+	h := &harness{t: t, dir: dir, fake: fake, core: c, svc: c.Services(), ctx: auth.WithWorkspace(t.Context(), "ws-a")}
+	run := h.newRun()
+	c.ops.persist.settle()
+	st.closed.Store(true) // from here every batch waits at the gate
+	op, err := h.fb(run, 0, datum(1, 2, 3))
+	require.NoError(t, err)
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, h.wait(op).GetState())
+	_, err = sq.GetOperation(h.ctx, "ws-a", op.GetId())
+	require.ErrorIs(t, err, store.ErrNotFound, "not committed yet")
+	read, err := c.store.GetOperation(h.ctx, "ws-a", op.GetId())
+	require.NoError(t, err)
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, read.GetState())
+	_, err = c.store.GetOperation(h.ctx, "ws-b", op.GetId())
+	require.ErrorIs(t, err, store.ErrNotFound)
+	info, err := c.store.GetTrainingRun(h.ctx, "ws-a", run)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, info.GetLastSeqId())
+
+	c.ops.evictFinishedBefore(c.now().Add(2 * finishedInMemory))
+	c.ops.mu.Lock()
+	_, inMemory := c.ops.byID[op.GetId()]
+	c.ops.mu.Unlock()
+	require.True(t, inMemory, "evicted before the store had it")
+
+	close(st.gate)
+	c.ops.persist.settle()
+	stored, err := sq.GetOperation(h.ctx, "ws-a", op.GetId())
+	require.NoError(t, err)
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, stored.GetState())
+	c.ops.evictFinishedBefore(c.now().Add(2 * finishedInMemory))
+	c.ops.mu.Lock()
+	_, inMemory = c.ops.byID[op.GetId()]
+	c.ops.mu.Unlock()
+	require.False(t, inMemory)
+}
+
+// gateStore holds every ApplyBatch, once closed is set, until gate is closed.
+type gateStore struct {
+	store.Store
+	closed atomic.Bool
+	gate   chan struct{}
+}
+
+func (s *gateStore) ApplyBatch(ctx context.Context, b store.Batch) error {
+	if s.closed.Load() {
+		<-s.gate
+	}
+	return s.Store.ApplyBatch(ctx, b)
+}
+
+// TestJournalReplayStopsAtTornRecord: a journal file whose last record was torn (an OS crash
+// in the middle of a write) replays the records before it; files replay oldest first, so a
+// later record of the same id wins.
+func TestJournalReplayStopsAtTornRecord(t *testing.T) {
+	dir := t.TempDir()
+	j, err := openJournal(dir)
+	require.NoError(t, err)
+	op := func(id string, state loopsv1.OperationState) store.OwnedOperation {
+		return store.OwnedOperation{Workspace: "ws-a", Operation: &loopsv1.Operation{Id: id, State: state, TrainingRunId: "run-1"}}
+	}
+	pending, done := loopsv1.OperationState_OPERATION_STATE_PENDING, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED
+	require.NoError(t, j.append(store.Batch{
+		TrainingRuns: []store.OwnedTrainingRun{{Workspace: "ws-a", Run: &loopsv1.TrainingRun{Id: "run-1", LastSeqId: 1}}},
+		Operations:   []store.OwnedOperation{op("op-1", pending), op("op-2", pending)},
+	}))
+	first := j.name
+	_, err = j.rotate()
+	require.NoError(t, err)
+	require.NoError(t, j.append(store.Batch{Operations: []store.OwnedOperation{op("op-1", done)}}))
+	require.NoError(t, j.append(store.Batch{Operations: []store.OwnedOperation{op("op-2", done)}}))
+	j.close(false)
+	// Tear the last record.
+	fi, err := os.Stat(j.name)
+	require.NoError(t, err)
+	require.NoError(t, os.Truncate(j.name, fi.Size()-3))
+
+	runs, ops := map[string]store.OwnedTrainingRun{}, map[string]store.OwnedOperation{}
+	names, err := journalFiles(filepath.Join(dir, journalDir))
+	require.NoError(t, err)
+	require.Equal(t, []string{first, j.name}, names)
+	for i, name := range names {
+		clean, err := readJournalFile(name, runs, ops)
+		require.NoError(t, err)
+		require.Equal(t, i == 0, clean)
+	}
+	require.EqualValues(t, 1, runs["run-1"].Run.GetLastSeqId())
+	require.Equal(t, done, ops["op-1"].Operation.GetState())
+	require.Equal(t, pending, ops["op-2"].Operation.GetState(), "the torn record is not replayed")
+	require.Equal(t, "ws-a", ops["op-2"].Workspace)
 }
 
 func requireExpired(t *testing.T, err error) {
@@ -301,6 +486,7 @@ func TestResultCacheBudgets(t *testing.T) {
 	require.Len(t, got.GetForwardBackward().GetOutputs(), 1)
 
 	// The store holds state and metrics, not outputs.
+	h.core.ops.persist.settle()
 	stored, err := h.core.store.GetOperation(h.ctx, "ws-a", op3.GetId())
 	require.NoError(t, err)
 	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, stored.GetState())

@@ -4,39 +4,62 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
+	"google.golang.org/protobuf/proto"
 )
 
 // Write-behind persistence (docs/semantics.md, "Restart"). Operation records and training-run
 // bookkeeping (last request time, last seq_id, the corrupted flag, last checkpoints) are not
-// written by the goroutine that changes them: they are queued here and one goroutine commits
-// everything queued so far in one store transaction (store.ApplyBatch), then the next group:
-// a group commit whose batch is whatever arrived while the previous transaction ran. Nothing
-// on the scheduler's path, and nothing under a run's or sampler's lock, waits for the store.
+// written by the goroutine that changes them: they are queued here and one goroutine takes
+// everything queued so far as one group (a group commit whose batch is whatever arrived
+// while the previous group was being written), appends it to the journal (journal.go: one
+// write(2)) and then publishes the group's outcomes; a second goroutine commits the
+// journaled records to the store (one store.ApplyBatch for whatever has been journaled
+// since its previous one) and removes journal files whose records are all committed.
+// Nothing on the scheduler's path, nothing under a run's or sampler's lock, and no
+// acknowledgement waits for the store.
 //
-// Records are coalesced by id (an operation created and finished within one batch is written
+// Records are coalesced by id (an operation created and finished within one group is written
 // once, in its final state; a run touched by many steps is written once). An operation's
-// outcome is published to its waiters only after the batch holding it has committed, so a
-// client never sees an outcome that a crash then loses; everything queued before it (the
-// run's bookkeeping of that step, say) is committed by then too, in the same or an earlier
-// batch.
+// outcome is published to its waiters only after the group holding it is in the journal, so
+// a client never sees an outcome that a crash of the process then loses; everything queued
+// before it (the run's bookkeeping of that step, say) is journaled by then too, in the same
+// or an earlier group. When the journal cannot be written, the group is committed to the
+// store before its outcomes are published (as without a journal).
 
 // maxPendingCreates is how many written-behind operation records may wait for the store
-// before new operations are refused with ResourceExhausted (429, QUEUE_FULL): only a store
-// far behind (stalled, or much slower than the backend) reaches it.
+// (queued, or journaled and not yet committed) before new operations are refused with
+// ResourceExhausted (429, QUEUE_FULL): only a store far behind (stalled, or much slower than
+// the backend) reaches it.
 const maxPendingCreates = 4096
 
-// A batch that fails is retried record by record, and what still fails is logged (and
-// published: the server stays available when its store is broken, at the cost of
-// durability). Writes run without a deadline (the store's own busy timeout bounds lock
-// waits): a cancellable context would make the SQLite driver start a watcher goroutine per
-// statement. A store that hangs stops the persister, and new operations are then refused
-// once maxPendingCreates records wait.
+// A store batch that fails is retried record by record, and what still fails is logged
+// (the server stays available when its store is broken; the journal files are then kept,
+// and replayed at the next start). Writes run without a deadline (the store's own busy
+// timeout bounds lock waits): a cancellable context would make the SQLite driver start a
+// watcher goroutine per statement. A store that hangs stops the committing goroutine, and
+// new operations are then refused once maxPendingCreates records wait.
+
+// The committing goroutine coalesces: once a record is journaled it waits up to
+// commitDelay, or until commitMaxRecords records are waiting, and commits them all in one
+// store transaction. Nothing waits for it (outcomes are published once journaled), and reads
+// see the records it holds (readStore), so the delay is not observable; it makes a
+// transaction per tens of operations instead of one per operation.
+const (
+	commitDelay      = 50 * time.Millisecond
+	commitMaxRecords = 1024
+)
+
+// journalRotateBytes is the journal file size after which the committing goroutine starts a
+// new file, so that the old one can be removed once its records are committed.
+const journalRotateBytes = 4 << 20
 
 type persister struct {
 	st  store.Store
@@ -46,28 +69,74 @@ type persister struct {
 	cond    *sync.Cond
 	ops     map[string]store.OwnedOperation
 	runs    map[string]store.OwnedTrainingRun
-	after   []func() // run once everything queued before them has committed
+	after   []func() // run once everything queued before them is durable
 	closing bool
 	stopped bool // the loop has taken its last batch
 	crashed bool // tests: the process "died"; nothing more is written or published
-	started bool // the goroutine starts with the first write
+	started bool // the goroutines start with the first write
 	done    chan struct{}
 
-	// batches and records count commits (tests, logs).
+	// jmu orders the journal: held while a group is appended and handed to the committer,
+	// and while the committer takes what was handed to it (and rotates the file), so a
+	// file never holds a record that the committer has not taken.
+	jmu sync.Mutex
+	j   *journal // nil until recover has run, or when the journal cannot be written
+	// Journaled records waiting for the store, coalesced by id (under mu).
+	jops     map[string]store.OwnedOperation
+	jruns    map[string]store.OwnedTrainingRun
+	jcond    *sync.Cond
+	jclosing bool
+	jdone    chan struct{}
+	// The batch being committed (nil when none), for reads (readStore).
+	cops  map[string]store.OwnedOperation
+	cruns map[string]store.OwnedTrainingRun
+	// settlers counts callers waiting for the store to catch up (no coalescing delay then).
+	settlers int
+	// keepJournal: a store write failed, so journal files are no longer removed.
+	keepJournal bool
+
+	// beforeJournal (tests; under mu) is called with each group before it is journaled.
+	beforeJournal func(store.Batch)
+
+	// batches and records count store commits (tests, logs).
 	batches, records int
 }
 
 func newPersister(st store.Store, log *slog.Logger) *persister {
-	p := &persister{st: st, log: log, ops: map[string]store.OwnedOperation{}, runs: map[string]store.OwnedTrainingRun{}, done: make(chan struct{})}
+	p := &persister{
+		st: st, log: log, done: make(chan struct{}), jdone: make(chan struct{}),
+		ops: map[string]store.OwnedOperation{}, runs: map[string]store.OwnedTrainingRun{},
+		jops: map[string]store.OwnedOperation{}, jruns: map[string]store.OwnedTrainingRun{},
+	}
 	p.cond = sync.NewCond(&p.mu)
+	p.jcond = sync.NewCond(&p.mu)
 	return p
 }
 
-// wakeLocked starts the goroutine on first use and wakes it.
+// recover replays the journal files that a previous process left in dataDir into the store
+// and opens a new journal there (newOperations calls it, before New fails unfinished
+// operations). When the journal cannot be opened, outcomes wait for the store instead. A
+// replay that fails leaves the files for the next start, and the new journal opens beside
+// them.
+func (p *persister) recover(ctx context.Context, dataDir string) error {
+	rerr := replayJournal(ctx, dataDir, p.st, p.log)
+	j, err := openJournal(dataDir)
+	if err != nil {
+		p.log.Error("the journal cannot be written; outcomes are published once committed to the store", slog.Any("err", err))
+		return rerr
+	}
+	p.jmu.Lock()
+	p.j = j
+	p.jmu.Unlock()
+	return rerr
+}
+
+// wakeLocked starts the goroutines on first use and wakes the loop.
 func (p *persister) wakeLocked() {
 	if !p.started {
 		p.started = true
 		go p.loop()
+		go p.commitLoop()
 	}
 	p.cond.Signal()
 }
@@ -86,7 +155,7 @@ func (p *persister) create(ws string, op *loopsv1.Operation) error {
 	if p.stopped {
 		return errShuttingDown()
 	}
-	if len(p.ops) >= maxPendingCreates {
+	if len(p.ops)+len(p.jops) >= maxPendingCreates {
 		return errWriteQueueFull()
 	}
 	p.ops[op.GetId()] = store.OwnedOperation{Workspace: ws, Operation: op}
@@ -94,8 +163,8 @@ func (p *persister) create(ws string, op *loopsv1.Operation) error {
 	return nil
 }
 
-// finish queues an operation's final record and calls publish once it has committed (on
-// the persister's goroutine; publish must not block). It never refuses and never waits.
+// finish queues an operation's final record and calls publish once it is durable (on the
+// persister's goroutine; publish must not block). It never refuses and never waits.
 func (p *persister) finish(ws string, op *loopsv1.Operation, publish func()) {
 	p.mu.Lock()
 	if p.crashed {
@@ -144,17 +213,25 @@ func (p *persister) take() (b store.Batch, after []func(), stop bool) {
 		p.stopped = true
 		return store.Batch{}, nil, true
 	}
-	for _, r := range p.runs {
-		b.TrainingRuns = append(b.TrainingRuns, r)
-	}
-	for _, o := range p.ops {
-		b.Operations = append(b.Operations, o)
-	}
+	b = batchOf(p.runs, p.ops)
 	after = p.after
 	p.ops, p.runs, p.after = map[string]store.OwnedOperation{}, map[string]store.OwnedTrainingRun{}, nil
 	return b, after, false
 }
 
+func batchOf(runs map[string]store.OwnedTrainingRun, ops map[string]store.OwnedOperation) store.Batch {
+	var b store.Batch
+	for _, r := range runs {
+		b.TrainingRuns = append(b.TrainingRuns, r)
+	}
+	for _, o := range ops {
+		b.Operations = append(b.Operations, o)
+	}
+	return b
+}
+
+// loop makes each group durable, in the journal (or, without one, in the store), and then
+// publishes its outcomes.
 func (p *persister) loop() {
 	defer close(p.done)
 	for {
@@ -162,11 +239,11 @@ func (p *persister) loop() {
 		if stop {
 			return
 		}
-		p.write(b)
+		if !p.journal(b) {
+			p.commit(b)
+		}
 		p.mu.Lock()
 		crashed := p.crashed
-		p.batches++
-		p.records += b.Len()
 		p.mu.Unlock()
 		if crashed {
 			return
@@ -177,31 +254,260 @@ func (p *persister) loop() {
 	}
 }
 
-// write commits one batch, falling back to one record at a time if the batch fails.
-func (p *persister) write(b store.Batch) {
+// journal appends a group to the journal and hands it to the committer; false when there is
+// no journal or it could not be written (the caller commits the group to the store itself).
+func (p *persister) journal(b store.Batch) bool {
 	if b.Len() == 0 {
-		return
+		return true
 	}
+	p.mu.Lock()
+	hook := p.beforeJournal
+	p.mu.Unlock()
+	if hook != nil {
+		hook(b)
+	}
+	p.jmu.Lock()
+	defer p.jmu.Unlock()
+	if p.j == nil {
+		return false
+	}
+	p.mu.Lock()
+	crashed := p.crashed
+	p.mu.Unlock()
+	if crashed {
+		return true // the process is "dead": nothing is written (loop publishes nothing)
+	}
+	if err := p.j.append(b); err != nil {
+		p.log.Error("appending to the journal failed; committing to the store before publishing", slog.Any("err", err))
+		return false
+	}
+	p.mu.Lock()
+	wasEmpty := len(p.jops) == 0 && len(p.jruns) == 0
+	for _, r := range b.TrainingRuns {
+		p.jruns[r.Run.GetId()] = r
+	}
+	for _, o := range b.Operations {
+		p.jops[o.Operation.GetId()] = o
+	}
+	if wasEmpty || len(p.jops)+len(p.jruns) >= commitMaxRecords {
+		p.jcond.Broadcast()
+	}
+	p.mu.Unlock()
+	return true
+}
+
+// commitLoop commits journaled records to the store, whatever has been journaled since its
+// previous commit (coalesced for up to commitDelay) in one batch, and removes journal files
+// whose records are all committed.
+func (p *persister) commitLoop() {
+	defer close(p.jdone)
+	for {
+		p.mu.Lock()
+		for len(p.jops) == 0 && len(p.jruns) == 0 && !p.jclosing && !p.crashed {
+			p.jcond.Wait()
+		}
+		if !p.jclosing && !p.crashed && p.settlers == 0 && len(p.jops)+len(p.jruns) < commitMaxRecords {
+			deadline := time.Now().Add(commitDelay)
+			t := time.AfterFunc(commitDelay, func() {
+				p.mu.Lock()
+				p.jcond.Broadcast()
+				p.mu.Unlock()
+			})
+			for !p.jclosing && !p.crashed && p.settlers == 0 && len(p.jops)+len(p.jruns) < commitMaxRecords && time.Now().Before(deadline) {
+				p.jcond.Wait()
+			}
+			t.Stop()
+		}
+		if p.crashed || (len(p.jops) == 0 && len(p.jruns) == 0) {
+			p.mu.Unlock()
+			return
+		}
+		p.mu.Unlock()
+
+		p.jmu.Lock()
+		p.mu.Lock()
+		p.cops, p.cruns = p.jops, p.jruns
+		p.jops, p.jruns = map[string]store.OwnedOperation{}, map[string]store.OwnedTrainingRun{}
+		b := batchOf(p.cruns, p.cops)
+		p.mu.Unlock()
+		// Every record in the file being appended to is in b or committed before: when the
+		// file is large, the next records go to a new one and this one goes once b commits.
+		var full string
+		if p.j != nil && p.j.size >= journalRotateBytes {
+			var err error
+			if full, err = p.j.rotate(); err != nil {
+				p.log.Error("starting a new journal file", slog.Any("err", err))
+			}
+		}
+		p.jmu.Unlock()
+
+		ok := p.commit(b)
+		p.mu.Lock()
+		if !ok {
+			p.keepJournal = true
+		}
+		p.cops, p.cruns = nil, nil
+		keep, crashed := p.keepJournal, p.crashed
+		p.jcond.Broadcast()
+		p.mu.Unlock()
+		if crashed {
+			return
+		}
+		if full != "" && !keep {
+			if err := os.Remove(full); err != nil {
+				p.log.Error("removing a committed journal file", slog.String("file", full), slog.Any("err", err))
+			}
+		}
+	}
+}
+
+// commit writes one batch to the store, falling back to one record at a time if the batch
+// fails; ok is false when a record could not be written.
+func (p *persister) commit(b store.Batch) (ok bool) {
+	if b.Len() == 0 {
+		return true
+	}
+	defer func() {
+		p.mu.Lock()
+		p.batches++
+		p.records += b.Len()
+		p.mu.Unlock()
+	}()
 	ctx := context.Background()
 	err := p.st.ApplyBatch(ctx, b)
 	if err == nil {
-		return
+		return true
 	}
 	p.log.Error("persisting a batch failed; writing its records one by one", slog.Int("records", b.Len()), slog.Any("err", err))
+	ok = true
 	for _, r := range b.TrainingRuns {
 		if err := p.st.PutTrainingRun(ctx, r.Workspace, r.Run); err != nil {
 			p.log.Error("persisting training run", slog.String("run", r.Run.GetId()), slog.Any("err", err))
+			ok = false
 		}
 	}
 	for _, o := range b.Operations {
 		if err := p.st.PutOperation(ctx, o.Workspace, o.Operation); err != nil {
 			p.log.Error("persisting operation", slog.String("op", o.Operation.GetId()), slog.Any("err", err))
+			ok = false
 		}
+	}
+	return ok
+}
+
+// pendingOp returns the newest record of operation id that the store may not hold yet
+// (queued, journaled or being committed).
+func (p *persister) pendingOp(id string) (store.OwnedOperation, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, m := range []map[string]store.OwnedOperation{p.ops, p.jops, p.cops} {
+		if o, ok := m[id]; ok {
+			return o, true
+		}
+	}
+	return store.OwnedOperation{}, false
+}
+
+// pendingRun is pendingOp for a training run.
+func (p *persister) pendingRun(id string) (store.OwnedTrainingRun, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, m := range []map[string]store.OwnedTrainingRun{p.runs, p.jruns, p.cruns} {
+		if r, ok := m[id]; ok {
+			return r, true
+		}
+	}
+	return store.OwnedTrainingRun{}, false
+}
+
+// uncommitted reports whether operation id has a record that the store may not hold yet:
+// memory must keep it until then.
+func (p *persister) uncommitted(id string) bool {
+	_, ok := p.pendingOp(id)
+	return ok
+}
+
+// sync waits until the store holds every record queued so far (before a read that the
+// records held here cannot answer: a list).
+func (p *persister) sync() {
+	p.flush()
+	p.settle()
+}
+
+// settle waits until every record journaled so far is committed to the store.
+func (p *persister) settle() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.settlers++
+	p.jcond.Broadcast()
+	for (len(p.jops) > 0 || len(p.jruns) > 0 || p.cops != nil) && !p.crashed && p.started && !p.stoppedCommitting() {
+		p.jcond.Wait()
+	}
+	p.settlers--
+}
+
+// stoppedCommitting reports whether the committing goroutine has ended (after close or a
+// crash). Called with mu held.
+func (p *persister) stoppedCommitting() bool {
+	select {
+	case <-p.jdone:
+		return true
+	default:
+		return false
 	}
 }
 
-// flush waits until everything queued so far is committed and published (Drain: the work
-// it failed is answered before long-polls are released).
+// readStore is the store as the core reads it: a record that the persister holds (queued,
+// journaled or being committed) is answered from there, so a read never goes back behind
+// what was published; a list first waits until the store holds everything queued.
+type readStore struct {
+	store.Store
+	p *persister
+}
+
+// GetOperation returns an operation of the workspace, the newest record first.
+func (s readStore) GetOperation(ctx context.Context, ws, id string) (*loopsv1.Operation, error) {
+	if o, ok := s.p.pendingOp(id); ok {
+		if o.Workspace != ws {
+			return nil, fmt.Errorf("store: get operation %s: %w", id, store.ErrNotFound)
+		}
+		return proto.CloneOf(o.Operation), nil
+	}
+	return s.Store.GetOperation(ctx, ws, id)
+}
+
+// GetTrainingRun returns a training run of the workspace, the newest record first.
+func (s readStore) GetTrainingRun(ctx context.Context, ws, id string) (*loopsv1.TrainingRun, error) {
+	if r, ok := s.p.pendingRun(id); ok {
+		if r.Workspace != ws {
+			return nil, fmt.Errorf("store: get training run %s: %w", id, store.ErrNotFound)
+		}
+		return proto.CloneOf(r.Run), nil
+	}
+	return s.Store.GetTrainingRun(ctx, ws, id)
+}
+
+// ListTrainingRuns lists the workspace's training runs once the store holds every record.
+func (s readStore) ListTrainingRuns(ctx context.Context, ws string, page store.Page) ([]*loopsv1.TrainingRun, int64, error) {
+	s.p.sync()
+	return s.Store.ListTrainingRuns(ctx, ws, page)
+}
+
+// ListAllTrainingRuns lists every run once the store holds every record.
+func (s readStore) ListAllTrainingRuns(ctx context.Context) ([]store.OwnedTrainingRun, error) {
+	s.p.sync()
+	return s.Store.ListAllTrainingRuns(ctx)
+}
+
+// DeleteOperationsDoneBefore removes old finished operations once the store holds every
+// record (a record committed later would bring one back).
+func (s readStore) DeleteOperationsDoneBefore(ctx context.Context, t time.Time) (int, error) {
+	s.p.sync()
+	return s.Store.DeleteOperationsDoneBefore(ctx, t)
+}
+
+// flush waits until everything queued so far is durable and published (Drain: the work it
+// failed is answered before long-polls are released).
 func (p *persister) flush() {
 	p.mu.Lock()
 	if p.stopped || p.crashed || (!p.started && p.emptyLocked()) {
@@ -215,26 +521,49 @@ func (p *persister) flush() {
 	<-ch
 }
 
-// close writes what is queued, publishes it and stops the goroutine.
+// close makes what is queued durable, publishes it, commits everything to the store, stops
+// the goroutines and removes the journal.
 func (p *persister) close() {
 	p.mu.Lock()
 	p.closing = true
 	if !p.started {
 		p.stopped = true
 		p.mu.Unlock()
+		p.closeJournal()
 		return
 	}
 	p.cond.Broadcast()
 	p.mu.Unlock()
 	<-p.done
+	p.mu.Lock()
+	p.jclosing = true
+	p.jcond.Broadcast()
+	p.mu.Unlock()
+	<-p.jdone
+	p.closeJournal()
+}
+
+// closeJournal closes the journal and, when everything in it is committed, removes it.
+func (p *persister) closeJournal() {
+	p.mu.Lock()
+	keep := p.keepJournal || p.crashed
+	p.mu.Unlock()
+	p.jmu.Lock()
+	defer p.jmu.Unlock()
+	if p.j != nil {
+		p.j.close(!keep)
+		p.j = nil
+	}
 }
 
 // crash (tests) stops the persister as a process crash would: what is queued, and the
-// outcomes of a batch being written, are never published, and nothing more is written.
+// outcomes of a group being journaled, are never published, and nothing more is written
+// (the journal stays as it is, for the next start to replay).
 func (p *persister) crash() {
 	p.mu.Lock()
 	p.crashed, p.closing = true, true
 	p.ops, p.runs, p.after = map[string]store.OwnedOperation{}, map[string]store.OwnedTrainingRun{}, nil
 	p.cond.Broadcast()
+	p.jcond.Broadcast()
 	p.mu.Unlock()
 }
