@@ -2,6 +2,8 @@ package reference
 
 import (
 	"context"
+	"fmt"
+	"runtime/debug"
 	"sync"
 
 	"github.com/loops-dev/loops/backends/reference/nn"
@@ -40,7 +42,9 @@ type decodeJob struct {
 	ctx  context.Context
 	g    *nn.Gen[float32]
 	kv   int64         // cache bytes one of its sequences may reach
-	done chan struct{} // closed when g is done (or dropped: ctx done)
+	done chan struct{} // closed when g is done (or dropped: ctx done; or the decoder panicked)
+	// panic is set, before done is closed, when the decoder panicked with this job in flight.
+	panic *decoderPanic
 }
 
 // decoder batches the sampling requests of one base model.
@@ -53,6 +57,8 @@ type decoder struct {
 	incoming []*decodeJob
 	running  bool // the loop goroutine is alive
 	stats    decoderStats
+	// beforeStep, when set (tests), runs at the start of every step boundary.
+	beforeStep func()
 }
 
 // decoderStats count what the decoder did (tests and benchmarks).
@@ -82,6 +88,9 @@ func (d *decoder) run(ctx context.Context, g *nn.Gen[float32]) error {
 	d.mu.Unlock()
 	select {
 	case <-j.done:
+		if j.panic != nil {
+			panic(j.panic)
+		}
 		if !g.Done() {
 			return ctx.Err()
 		}
@@ -93,112 +102,148 @@ func (d *decoder) run(ctx context.Context, g *nn.Gen[float32]) error {
 
 // loop is the decoder goroutine (see the top of the file).
 func (d *decoder) loop() {
-	var (
-		jobs   []*decodeJob // in flight, oldest first
-		active []*nn.GenSeq[float32]
-		kv     int64 // cache bytes the active sequences may reach
-	)
+	var st decodeState
 	for {
 		d.mu.Lock()
-		jobs = append(jobs, d.incoming...)
+		st.jobs = append(st.jobs, d.incoming...)
 		d.incoming = nil
-		if len(jobs) == 0 {
+		if len(st.jobs) == 0 {
 			d.running = false
 			d.mu.Unlock()
 			return
 		}
 		d.mu.Unlock()
+		d.boundary(&st)
+	}
+}
 
-		// 1. Drop the requests whose caller has gone, and their sequences.
-		var gone map[*nn.Gen[float32]]bool
-		kept := jobs[:0]
-		for _, j := range jobs {
-			if j.ctx.Err() != nil {
-				if gone == nil {
-					gone = map[*nn.Gen[float32]]bool{}
-				}
-				gone[j.g] = true
+// decodeState is what the decoder holds between step boundaries.
+type decodeState struct {
+	jobs   []*decodeJob // in flight, oldest first
+	active []*nn.GenSeq[float32]
+	kv     int64 // cache bytes the active sequences may reach
+}
+
+// decoderPanic is a panic of the decoder goroutine, handed to every request in flight at
+// the time, each of which raises it again on its caller's goroutine (where
+// backends.Guard turns it into an error).
+type decoderPanic struct {
+	value any
+	stack []byte
+}
+
+func (p *decoderPanic) String() string {
+	return fmt.Sprintf("%v\n[decoder goroutine]\n%s", p.value, p.stack)
+}
+
+// boundary runs one step boundary (see the top of the file). A panic fails the requests
+// in flight (with the panic) and leaves the decoder empty.
+func (d *decoder) boundary(st *decodeState) {
+	jobs, active, kv := st.jobs, st.active, st.kv
+	defer func() {
+		if v := recover(); v != nil {
+			p := &decoderPanic{value: v, stack: debug.Stack()}
+			for _, j := range jobs {
+				j.panic = p
 				close(j.done)
+			}
+			*st = decodeState{}
+			return
+		}
+		st.jobs, st.active, st.kv = jobs, active, kv
+	}()
+	if d.beforeStep != nil {
+		d.beforeStep()
+	}
+	// 1. Drop the requests whose caller has gone, and their sequences.
+	var gone map[*nn.Gen[float32]]bool
+	kept := jobs[:0]
+	for _, j := range jobs {
+		if j.ctx.Err() != nil {
+			if gone == nil {
+				gone = map[*nn.Gen[float32]]bool{}
+			}
+			gone[j.g] = true
+			close(j.done)
+			continue
+		}
+		kept = append(kept, j)
+	}
+	clear(jobs[len(kept):])
+	jobs = kept
+	if gone != nil {
+		kept := active[:0]
+		for _, s := range active {
+			if gone[s.Gen()] {
+				kv -= int64(s.Gen().Positions()) * kvBytesPerPosition(d.m)
 				continue
 			}
-			kept = append(kept, j)
+			kept = append(kept, s)
 		}
-		clear(jobs[len(kept):])
-		jobs = kept
-		if gone != nil {
-			kept := active[:0]
-			for _, s := range active {
-				if gone[s.Gen()] {
-					kv -= int64(s.Gen().Positions()) * kvBytesPerPosition(d.m)
-					continue
-				}
-				kept = append(kept, s)
-			}
-			clear(active[len(kept):])
-			active = kept
-		}
+		clear(active[len(kept):])
+		active = kept
+	}
 
-		// 2. Prefill, oldest first, within the budget; only while sequences can start.
-		budget := nn.PrefillChunk
+	// 2. Prefill, oldest first, within the budget; only while sequences can start.
+	budget := nn.PrefillChunk
+	for _, j := range jobs {
+		if budget <= 0 || len(active) >= d.maxSeqs {
+			break
+		}
+		for !j.g.Prefilled() && budget > 0 {
+			budget -= j.g.Prefill()
+		}
+	}
+
+	// 3. Start sequences, one per request in turn.
+	for more := true; more && len(active) < d.maxSeqs; {
+		more = false
 		for _, j := range jobs {
-			if budget <= 0 || len(active) >= d.maxSeqs {
+			if len(active) >= d.maxSeqs {
 				break
 			}
-			for !j.g.Prefilled() && budget > 0 {
-				budget -= j.g.Prefill()
-			}
-		}
-
-		// 3. Start sequences, one per request in turn.
-		for more := true; more && len(active) < d.maxSeqs; {
-			more = false
-			for _, j := range jobs {
-				if len(active) >= d.maxSeqs {
-					break
-				}
-				if !j.g.Prefilled() || j.g.Pending() == 0 {
-					continue
-				}
-				if len(active) > 0 && kv+j.kv > d.maxKV {
-					more = false // none after it either: the batch drains until it fits
-					break
-				}
-				if s := j.g.Start(); !s.Done() {
-					active = append(active, s)
-					kv += j.kv
-				}
-				more = true
-			}
-		}
-
-		// 4. One step for every active sequence.
-		if len(active) > 0 {
-			d.m.Decode(active)
-			d.mu.Lock()
-			d.stats.steps++
-			d.stats.rows += len(active)
-			d.stats.maxRows = max(d.stats.maxRows, len(active))
-			d.mu.Unlock()
-			kept := active[:0]
-			for _, s := range active {
-				if s.Done() {
-					kv -= int64(s.Gen().Positions()) * kvBytesPerPosition(d.m)
-					continue
-				}
-				kept = append(kept, s)
-			}
-			clear(active[len(kept):])
-			active = kept
-		}
-		left := jobs[:0]
-		for _, j := range jobs {
-			if j.g.Done() {
-				close(j.done)
+			if !j.g.Prefilled() || j.g.Pending() == 0 {
 				continue
 			}
-			left = append(left, j)
+			if len(active) > 0 && kv+j.kv > d.maxKV {
+				more = false // none after it either: the batch drains until it fits
+				break
+			}
+			if s := j.g.Start(); !s.Done() {
+				active = append(active, s)
+				kv += j.kv
+			}
+			more = true
 		}
-		clear(jobs[len(left):])
-		jobs = left
 	}
+
+	// 4. One step for every active sequence.
+	if len(active) > 0 {
+		d.m.Decode(active)
+		d.mu.Lock()
+		d.stats.steps++
+		d.stats.rows += len(active)
+		d.stats.maxRows = max(d.stats.maxRows, len(active))
+		d.mu.Unlock()
+		kept := active[:0]
+		for _, s := range active {
+			if s.Done() {
+				kv -= int64(s.Gen().Positions()) * kvBytesPerPosition(d.m)
+				continue
+			}
+			kept = append(kept, s)
+		}
+		clear(active[len(kept):])
+		active = kept
+	}
+	left := jobs[:0]
+	for _, j := range jobs {
+		if j.g.Done() {
+			close(j.done)
+			continue
+		}
+		left = append(left, j)
+	}
+	clear(jobs[len(left):])
+	jobs = left
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -207,4 +208,31 @@ func TestBatchedSamplingCancel(t *testing.T) {
 	err := <-errc
 	require.Equal(t, connect.CodeCanceled, connect.CodeOf(err))
 	require.Equal(t, want, (<-done)[0])
+}
+
+// TestBatchedSamplingPanic checks that a panic on the decoder goroutine is raised again on
+// the goroutine of each request in flight (where backends.Guard turns it into an error),
+// and that the decoder serves the next request.
+func TestBatchedSamplingPanic(t *testing.T) {
+	e, err := New(Options{DataDir: engineDir(t), MaxLoraRank: 32})
+	require.NoError(t, err)
+	var boom atomic.Bool
+	boom.Store(true)
+	e.models[tiny.Name].dec.beforeStep = func() {
+		if boom.Swap(false) {
+			panic("boom")
+		}
+	}
+	r := &backendv1.SampleRequest{BaseModel: tiny.Name, Prompt: toks32(seqA[:5]),
+		Params: &loopsv1.SamplingParams{MaxTokens: 4, Temperature: 1, TopP: 1, Seed: seedp(1)}}
+	require.Panics(t, func() { _, _ = e.Sample(ctx, r) })
+	resp, err := e.Sample(ctx, r)
+	require.NoError(t, err)
+	require.Len(t, resp.Result.Sequences[0].Tokens, 4)
+}
+
+// engineDir is the data folder of the shared test engine (the built-in model is there).
+func engineDir(t *testing.T) string {
+	engine(t)
+	return engDir
 }
