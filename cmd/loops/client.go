@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"text/tabwriter"
@@ -62,12 +63,13 @@ func modelsCmd() *cobra.Command {
 func runsCmd() *cobra.Command {
 	var cf clientFlags
 	var limit int32
+	var pageToken string
 	cmd := &cobra.Command{
 		Use:   "runs",
 		Short: "List training runs",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cl := loopsv1connect.NewTrainingServiceClient(http.DefaultClient, cf.url, cf.options()...)
-			resp, err := cl.ListTrainingRuns(cmd.Context(), &loopsv1.ListTrainingRunsRequest{Limit: limit})
+			resp, err := cl.ListTrainingRuns(cmd.Context(), &loopsv1.ListTrainingRunsRequest{Limit: limit, PageToken: pageToken})
 			if err != nil {
 				return err
 			}
@@ -78,10 +80,12 @@ func runsCmd() *cobra.Command {
 					r.GetLastRequestTime().AsTime().Format("2006-01-02 15:04:05"), r.GetLastCheckpoint().GetTinkerPath(), r.GetCorrupted())
 			}
 			fmt.Fprintf(tw, "(%d of %d)\n", len(resp.GetTrainingRuns()), resp.GetTotalCount())
+			printNextPage(tw, resp.GetNextPageToken())
 			return tw.Flush()
 		},
 	}
 	cmd.Flags().Int32Var(&limit, "limit", 50, "how many to list")
+	cmd.Flags().StringVar(&pageToken, "page-token", "", "continue a list where the previous page ended (the token it printed)")
 	cf.register(cmd)
 	return cmd
 }
@@ -89,13 +93,14 @@ func runsCmd() *cobra.Command {
 func checkpointsCmd() *cobra.Command {
 	var cf clientFlags
 	var limit int32
+	var pageToken string
 	cmd := &cobra.Command{
 		Use:   "checkpoints [RUN]",
 		Short: "List checkpoints, of one run or of the workspace",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cl := loopsv1connect.NewCheckpointServiceClient(http.DefaultClient, cf.url, cf.options()...)
-			req := &loopsv1.ListCheckpointsRequest{Limit: limit}
+			req := &loopsv1.ListCheckpointsRequest{Limit: limit, PageToken: pageToken}
 			if len(args) == 1 {
 				req.TrainingRunId = args[0]
 			}
@@ -113,10 +118,19 @@ func checkpointsCmd() *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%d\t%s\t%v\t%s\n", c.GetTinkerPath(), c.GetSizeBytes(), c.GetCreateTime().AsTime().Format("2006-01-02 15:04:05"), c.GetPublic(), exp)
 			}
 			fmt.Fprintf(tw, "(%d of %d)\n", len(resp.GetCheckpoints()), resp.GetTotalCount())
+			printNextPage(tw, resp.GetNextPageToken())
 			return tw.Flush()
 		},
 	}
 	cmd.Flags().Int32Var(&limit, "limit", 50, "how many to list")
+	cmd.Flags().StringVar(&pageToken, "page-token", "", "continue a list where the previous page ended (the token it printed)")
 	cf.register(cmd)
 	return cmd
+}
+
+// printNextPage tells how to get the next page of a list, when there is one.
+func printNextPage(w io.Writer, token string) {
+	if token != "" {
+		fmt.Fprintf(w, "next page: --page-token %s\n", token)
+	}
 }

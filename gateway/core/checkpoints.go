@@ -364,21 +364,26 @@ func (s CheckpointService) ListCheckpoints(ctx context.Context, req *loopsv1.Lis
 	if err != nil {
 		return nil, err
 	}
-	page, err := pageOf(req.GetLimit(), req.GetOffset())
+	runID := s.c.canonicalRunID(ws, req.GetTrainingRunId())
+	list := "checkpoints"
+	if runID != "" {
+		list += " of training run " + quote(runID)
+	}
+	page, err := pageOf(ws, list, req.GetLimit(), req.GetOffset(), req.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
-	runID := s.c.canonicalRunID(ws, req.GetTrainingRunId())
 	if runID != "" {
 		if _, err := s.c.store.GetTrainingRun(ctx, ws, runID); err != nil {
 			return nil, storeErr(err, "training run "+quote(runID))
 		}
 	}
-	cks, total, err := s.c.store.ListCheckpoints(ctx, ws, runID, page)
+	cks, total, err := s.c.store.ListCheckpoints(ctx, ws, runID, page.Page)
 	if err != nil {
 		return nil, internal("listing checkpoints", err)
 	}
-	return &loopsv1.ListCheckpointsResponse{Checkpoints: cks, TotalCount: total}, nil
+	cks, next := nextPage(page, cks)
+	return &loopsv1.ListCheckpointsResponse{Checkpoints: cks, TotalCount: total, NextPageToken: next}, nil
 }
 
 // GetCheckpoint returns a checkpoint the caller may read.

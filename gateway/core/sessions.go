@@ -381,13 +381,14 @@ func (s SessionService) ListSessions(ctx context.Context, req *loopsv1.ListSessi
 	if err != nil {
 		return nil, err
 	}
-	page, err := pageOf(req.GetLimit(), req.GetOffset())
+	page, err := pageOf(ws, "sessions", req.GetLimit(), req.GetOffset(), req.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
-	list, total, err := s.c.store.ListSessions(ctx, ws, page)
+	list, total, err := s.c.store.ListSessions(ctx, ws, page.Page)
 	if err != nil {
 		return nil, internal("listing sessions", err)
 	}
-	return &loopsv1.ListSessionsResponse{Sessions: list, TotalCount: total}, nil
+	list, next := nextPage(page, list)
+	return &loopsv1.ListSessionsResponse{Sessions: list, TotalCount: total, NextPageToken: next}, nil
 }

@@ -12,7 +12,6 @@ import (
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/core/sequencer"
-	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/semantics"
@@ -239,25 +238,16 @@ func (s TrainingService) ListTrainingRuns(ctx context.Context, req *loopsv1.List
 	if err != nil {
 		return nil, err
 	}
-	page, err := pageOf(req.GetLimit(), req.GetOffset())
+	page, err := pageOf(ws, "training_runs", req.GetLimit(), req.GetOffset(), req.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
-	runs, total, err := s.c.store.ListTrainingRuns(ctx, ws, page)
+	runs, total, err := s.c.store.ListTrainingRuns(ctx, ws, page.Page)
 	if err != nil {
 		return nil, internal("listing training runs", err)
 	}
-	return &loopsv1.ListTrainingRunsResponse{TrainingRuns: runs, TotalCount: total}, nil
-}
-
-func pageOf(limit, offset int32) (store.Page, error) {
-	if limit < 0 || offset < 0 {
-		return store.Page{}, invalidArgument("limit and offset must not be negative")
-	}
-	if limit > 1000 {
-		return store.Page{}, invalidArgument("limit %d is over the maximum of 1000", limit)
-	}
-	return store.Page{Limit: int(limit), Offset: int(offset)}, nil
+	runs, next := nextPage(page, runs)
+	return &loopsv1.ListTrainingRunsResponse{TrainingRuns: runs, TotalCount: total, NextPageToken: next}, nil
 }
 
 // UnloadTrainingRun frees the run's adapter after the work queued before it.

@@ -14,6 +14,14 @@ import (
 // exists in the given workspace.
 var ErrNotFound = errors.New("store: not found")
 
+// Limits of a Page.
+const (
+	// DefaultPageLimit is the size of a page whose Limit is not positive.
+	DefaultPageLimit = 100
+	// MaxPageLimit is the largest page a list returns.
+	MaxPageLimit = 1000
+)
+
 // Page selects a window of a list: Limit <= 0 means 100, a Limit above 1000 means 1000, and
 // a negative Offset means 0. With After set the window starts after that position (keyset
 // paging: the cost of a page does not grow with its depth) and Offset counts from there. The

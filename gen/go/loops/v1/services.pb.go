@@ -337,9 +337,13 @@ func (x *GetSessionRequest) GetId() string {
 }
 
 type ListSessionsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Limit         int32                  `protobuf:"varint,1,opt,name=limit,proto3" json:"limit,omitempty"`
-	Offset        int32                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Limit  int32                  `protobuf:"varint,1,opt,name=limit,proto3" json:"limit,omitempty"`
+	Offset int32                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	// Where to continue: the next_page_token of the previous page. The token is opaque,
+	// bound to the workspace and to this list, and valid while this server runs; a bad one is
+	// INVALID_ARGUMENT. With a token, offset counts from the token's position.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -388,10 +392,20 @@ func (x *ListSessionsRequest) GetOffset() int32 {
 	return 0
 }
 
+func (x *ListSessionsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListSessionsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sessions      []*Session             `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
-	TotalCount    int64                  `protobuf:"varint,2,opt,name=total_count,json=totalCount,proto3" json:"total_count,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Sessions   []*Session             `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	TotalCount int64                  `protobuf:"varint,2,opt,name=total_count,json=totalCount,proto3" json:"total_count,omitempty"`
+	// Pass as page_token to get the next page; empty on the last page. Paging by token
+	// costs the same at any depth and never repeats or skips a record when records are added.
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -438,6 +452,13 @@ func (x *ListSessionsResponse) GetTotalCount() int64 {
 		return x.TotalCount
 	}
 	return 0
+}
+
+func (x *ListSessionsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type CreateTrainingRunRequest struct {
@@ -580,9 +601,13 @@ func (x *GetTrainingRunRequest) GetId() string {
 }
 
 type ListTrainingRunsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Limit         int32                  `protobuf:"varint,1,opt,name=limit,proto3" json:"limit,omitempty"`
-	Offset        int32                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Limit  int32                  `protobuf:"varint,1,opt,name=limit,proto3" json:"limit,omitempty"`
+	Offset int32                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	// Where to continue: the next_page_token of the previous page. The token is opaque,
+	// bound to the workspace and to this list, and valid while this server runs; a bad one is
+	// INVALID_ARGUMENT. With a token, offset counts from the token's position.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -631,10 +656,20 @@ func (x *ListTrainingRunsRequest) GetOffset() int32 {
 	return 0
 }
 
+func (x *ListTrainingRunsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListTrainingRunsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TrainingRuns  []*TrainingRun         `protobuf:"bytes,1,rep,name=training_runs,json=trainingRuns,proto3" json:"training_runs,omitempty"`
-	TotalCount    int64                  `protobuf:"varint,2,opt,name=total_count,json=totalCount,proto3" json:"total_count,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	TrainingRuns []*TrainingRun         `protobuf:"bytes,1,rep,name=training_runs,json=trainingRuns,proto3" json:"training_runs,omitempty"`
+	TotalCount   int64                  `protobuf:"varint,2,opt,name=total_count,json=totalCount,proto3" json:"total_count,omitempty"`
+	// Pass as page_token to get the next page; empty on the last page. Paging by token
+	// costs the same at any depth and never repeats or skips a record when records are added.
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -681,6 +716,13 @@ func (x *ListTrainingRunsResponse) GetTotalCount() int64 {
 		return x.TotalCount
 	}
 	return 0
+}
+
+func (x *ListTrainingRunsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type UnloadTrainingRunRequest struct {
@@ -1041,6 +1083,10 @@ type ListCheckpointsRequest struct {
 	TrainingRunId string                 `protobuf:"bytes,1,opt,name=training_run_id,json=trainingRunId,proto3" json:"training_run_id,omitempty"`
 	Limit         int32                  `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
 	Offset        int32                  `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	// Where to continue: the next_page_token of the previous page. The token is opaque,
+	// bound to the workspace and to this list (and training_run_id), and valid while this server runs; a bad one is
+	// INVALID_ARGUMENT. With a token, offset counts from the token's position.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1096,10 +1142,20 @@ func (x *ListCheckpointsRequest) GetOffset() int32 {
 	return 0
 }
 
+func (x *ListCheckpointsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListCheckpointsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Checkpoints   []*Checkpoint          `protobuf:"bytes,1,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
-	TotalCount    int64                  `protobuf:"varint,2,opt,name=total_count,json=totalCount,proto3" json:"total_count,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoints []*Checkpoint          `protobuf:"bytes,1,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
+	TotalCount  int64                  `protobuf:"varint,2,opt,name=total_count,json=totalCount,proto3" json:"total_count,omitempty"`
+	// Pass as page_token to get the next page; empty on the last page. Paging by token
+	// costs the same at any depth and never repeats or skips a record when records are added.
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1146,6 +1202,13 @@ func (x *ListCheckpointsResponse) GetTotalCount() int64 {
 		return x.TotalCount
 	}
 	return 0
+}
+
+func (x *ListCheckpointsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type GetCheckpointRequest struct {
@@ -2327,14 +2390,17 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x16\n" +
 	"\x06detail\x18\x03 \x01(\tR\x06detail\"#\n" +
 	"\x11GetSessionRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"C\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"b\n" +
 	"\x13ListSessionsRequest\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\x05R\x05limit\x12\x16\n" +
-	"\x06offset\x18\x02 \x01(\x05R\x06offset\"f\n" +
+	"\x06offset\x18\x02 \x01(\x05R\x06offset\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\x8e\x01\n" +
 	"\x14ListSessionsResponse\x12-\n" +
 	"\bsessions\x18\x01 \x03(\v2\x11.loops.v1.SessionR\bsessions\x12\x1f\n" +
 	"\vtotal_count\x18\x02 \x01(\x03R\n" +
-	"totalCount\"\xa9\x03\n" +
+	"totalCount\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\xa9\x03\n" +
 	"\x18CreateTrainingRunRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12'\n" +
@@ -2350,14 +2416,17 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +
 	"\x0e_client_seq_id\"'\n" +
 	"\x15GetTrainingRunRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"G\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"f\n" +
 	"\x17ListTrainingRunsRequest\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\x05R\x05limit\x12\x16\n" +
-	"\x06offset\x18\x02 \x01(\x05R\x06offset\"w\n" +
+	"\x06offset\x18\x02 \x01(\x05R\x06offset\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\x9f\x01\n" +
 	"\x18ListTrainingRunsResponse\x12:\n" +
 	"\rtraining_runs\x18\x01 \x03(\v2\x15.loops.v1.TrainingRunR\ftrainingRuns\x12\x1f\n" +
 	"\vtotal_count\x18\x02 \x01(\x03R\n" +
-	"totalCount\"*\n" +
+	"totalCount\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"*\n" +
 	"\x18UnloadTrainingRunRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\xd3\x02\n" +
 	"\x16ForwardBackwardRequest\x12&\n" +
@@ -2389,15 +2458,18 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x0ftraining_run_id\x18\x01 \x01(\tR\rtrainingRunId\x12\x15\n" +
 	"\x06seq_id\x18\x02 \x01(\x03R\x05seqId\x12\x12\n" +
 	"\x04path\x18\x03 \x01(\tR\x04path\x12%\n" +
-	"\x0ewith_optimizer\x18\x04 \x01(\bR\rwithOptimizer\"n\n" +
+	"\x0ewith_optimizer\x18\x04 \x01(\bR\rwithOptimizer\"\x8d\x01\n" +
 	"\x16ListCheckpointsRequest\x12&\n" +
 	"\x0ftraining_run_id\x18\x01 \x01(\tR\rtrainingRunId\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x05R\x05limit\x12\x16\n" +
-	"\x06offset\x18\x03 \x01(\x05R\x06offset\"r\n" +
+	"\x06offset\x18\x03 \x01(\x05R\x06offset\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\x9a\x01\n" +
 	"\x17ListCheckpointsResponse\x126\n" +
 	"\vcheckpoints\x18\x01 \x03(\v2\x14.loops.v1.CheckpointR\vcheckpoints\x12\x1f\n" +
 	"\vtotal_count\x18\x02 \x01(\x03R\n" +
-	"totalCount\"*\n" +
+	"totalCount\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"*\n" +
 	"\x14GetCheckpointRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\"-\n" +
 	"\x17DeleteCheckpointRequest\x12\x12\n" +

@@ -73,20 +73,24 @@ class GetSessionRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class ListSessionsRequest(_message.Message):
-    __slots__ = ("limit", "offset")
+    __slots__ = ("limit", "offset", "page_token")
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     limit: int
     offset: int
-    def __init__(self, limit: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, limit: _Optional[int] = ..., offset: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListSessionsResponse(_message.Message):
-    __slots__ = ("sessions", "total_count")
+    __slots__ = ("sessions", "total_count", "next_page_token")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     sessions: _containers.RepeatedCompositeFieldContainer[_resources_pb2.Session]
     total_count: int
-    def __init__(self, sessions: _Optional[_Iterable[_Union[_resources_pb2.Session, _Mapping]]] = ..., total_count: _Optional[int] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, sessions: _Optional[_Iterable[_Union[_resources_pb2.Session, _Mapping]]] = ..., total_count: _Optional[int] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class CreateTrainingRunRequest(_message.Message):
     __slots__ = ("session_id", "client_seq_id", "base_model", "lora", "user_metadata", "from_checkpoint", "with_optimizer")
@@ -120,20 +124,24 @@ class GetTrainingRunRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class ListTrainingRunsRequest(_message.Message):
-    __slots__ = ("limit", "offset")
+    __slots__ = ("limit", "offset", "page_token")
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     limit: int
     offset: int
-    def __init__(self, limit: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, limit: _Optional[int] = ..., offset: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListTrainingRunsResponse(_message.Message):
-    __slots__ = ("training_runs", "total_count")
+    __slots__ = ("training_runs", "total_count", "next_page_token")
     TRAINING_RUNS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     training_runs: _containers.RepeatedCompositeFieldContainer[_resources_pb2.TrainingRun]
     total_count: int
-    def __init__(self, training_runs: _Optional[_Iterable[_Union[_resources_pb2.TrainingRun, _Mapping]]] = ..., total_count: _Optional[int] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, training_runs: _Optional[_Iterable[_Union[_resources_pb2.TrainingRun, _Mapping]]] = ..., total_count: _Optional[int] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class UnloadTrainingRunRequest(_message.Message):
     __slots__ = ("id",)
@@ -205,22 +213,26 @@ class LoadWeightsRequest(_message.Message):
     def __init__(self, training_run_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., path: _Optional[str] = ..., with_optimizer: _Optional[bool] = ...) -> None: ...
 
 class ListCheckpointsRequest(_message.Message):
-    __slots__ = ("training_run_id", "limit", "offset")
+    __slots__ = ("training_run_id", "limit", "offset", "page_token")
     TRAINING_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     training_run_id: str
     limit: int
     offset: int
-    def __init__(self, training_run_id: _Optional[str] = ..., limit: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, training_run_id: _Optional[str] = ..., limit: _Optional[int] = ..., offset: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListCheckpointsResponse(_message.Message):
-    __slots__ = ("checkpoints", "total_count")
+    __slots__ = ("checkpoints", "total_count", "next_page_token")
     CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     checkpoints: _containers.RepeatedCompositeFieldContainer[_resources_pb2.Checkpoint]
     total_count: int
-    def __init__(self, checkpoints: _Optional[_Iterable[_Union[_resources_pb2.Checkpoint, _Mapping]]] = ..., total_count: _Optional[int] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, checkpoints: _Optional[_Iterable[_Union[_resources_pb2.Checkpoint, _Mapping]]] = ..., total_count: _Optional[int] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class GetCheckpointRequest(_message.Message):
     __slots__ = ("path",)
