@@ -137,6 +137,12 @@ type Store interface {
 	Close() error
 }
 
+// Pinger is implemented by stores that can check that their database answers, for the
+// server's health check: Ping runs a trivial query within ctx's deadline.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
 // Usage kinds: what a UsageRecord's Amount counts.
 const (
 	// UsageTraining counts tokens of forward and forward_backward (and forward-only) items.

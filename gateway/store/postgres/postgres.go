@@ -62,7 +62,10 @@ type Store struct {
 	closeOnce sync.Once
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store  = (*Store)(nil)
+	_ store.Pinger = (*Store)(nil)
+)
 
 // Open connects to the PostgreSQL database at databaseURL (postgres://user:password@host:port/db?…
 // or a key=value connection string), checks that it answers, and brings its schema up to
@@ -115,6 +118,18 @@ func Open(ctx context.Context, databaseURL string, o Options) (*Store, error) {
 	}
 	return &Store{pool: pool}, nil
 }
+
+// Ping checks that the database answers, on a connection of the pool, within ctx's
+// deadline.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("store: ping postgres: %w", err)
+	}
+	return nil
+}
+
+// Stat returns the connection pool's statistics (for metrics).
+func (s *Store) Stat() *pgxpool.Stat { return s.pool.Stat() }
 
 // Close closes the pool's connections, waiting for those in use to be released. Calls after
 // the first do nothing.

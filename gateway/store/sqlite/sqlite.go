@@ -38,7 +38,10 @@ type Store struct {
 	closeErr  error
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store  = (*Store)(nil)
+	_ store.Pinger = (*Store)(nil)
+)
 
 // Open opens the SQLite database at path, creating the file (and its directory) when it
 // does not exist, and brings its schema up to date. The caller must Close the store.
@@ -89,6 +92,17 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		return nil, fmt.Errorf("store: open sqlite %s: %w", path, err)
 	}
 	return &Store{w: w, r: r}, nil
+}
+
+// Ping checks that the database answers a query within ctx's deadline. It uses a reading
+// connection: the one writing connection may be busy with a long batch, which is load, not a
+// failure.
+func (s *Store) Ping(ctx context.Context) error {
+	var one int
+	if err := s.r.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
+		return fmt.Errorf("store: ping sqlite: %w", err)
+	}
+	return nil
 }
 
 // Close closes the database connections. Calls after the first return its result.

@@ -1,0 +1,102 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/loops-dev/loops/gateway/store"
+)
+
+// health GETs /healthz and returns its status and JSON body.
+func health(t *testing.T, url string) (int, map[string]string) {
+	t.Helper()
+	res, err := http.Get(url + "/healthz")
+	require.NoError(t, err)
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	require.Equal(t, "application/json", res.Header.Get("Content-Type"))
+	var m map[string]string
+	require.NoError(t, json.Unmarshal(b, &m), "body %s", b)
+	return res.StatusCode, m
+}
+
+func TestHealthzAndMetricsSQLite(t *testing.T) {
+	url := startStoreServer(t, openSQLite(t))
+	code, body := health(t, url)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, map[string]string{"status": "ok", "store": "ok", "store_kind": "sqlite"}, body)
+
+	m := metrics(t, url)
+	require.Contains(t, m, `loops_store_info{kind="sqlite"} 1`)
+	require.NotContains(t, m, "loops_store_pool_", "pool metrics are PostgreSQL's only")
+}
+
+func TestHealthzAndMetricsPostgres(t *testing.T) {
+	url := startStoreServer(t, openPostgres(t))
+	code, body := health(t, url)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, map[string]string{"status": "ok", "store": "ok", "store_kind": "postgres"}, body)
+
+	m := metrics(t, url)
+	require.Contains(t, m, `loops_store_info{kind="postgres"} 1`)
+	for _, name := range []string{
+		"loops_store_pool_total_conns", "loops_store_pool_idle_conns", "loops_store_pool_acquired_conns",
+		"loops_store_pool_constructing_conns", "loops_store_pool_acquires_total",
+		"loops_store_pool_acquire_duration_seconds_total", "loops_store_pool_empty_acquires_total",
+		"loops_store_pool_canceled_acquires_total",
+	} {
+		require.Regexp(t, "(?m)^"+name+" [0-9.e+-]+$", m)
+	}
+	require.Regexp(t, `(?m)^loops_store_pool_max_conns 16$`, m)
+	require.Regexp(t, `(?m)^# TYPE loops_store_pool_acquires_total counter$`, m)
+	require.Regexp(t, `(?m)^# TYPE loops_store_pool_idle_conns gauge$`, m)
+	require.NotRegexp(t, `(?m)^loops_store_pool_acquires_total 0$`, m, "the ping acquired a connection")
+}
+
+// failingStore is a store whose ping fails with err.
+type failingStore struct {
+	store.Store
+	err error
+}
+
+func (f failingStore) Ping(context.Context) error { return f.err }
+
+func TestHealthzNamesStoreFailure(t *testing.T) {
+	for _, tc := range []struct {
+		err         error
+		store, text string
+	}{
+		{fmt.Errorf("store: ping: %w", context.DeadlineExceeded), "timeout", "did not answer a ping within 2s"},
+		{errors.New("store: ping: connection refused"), "error", "ping failed"},
+	} {
+		t.Run(tc.store, func(t *testing.T) {
+			url := startStoreServer(t, failingStore{openSQLite(t), tc.err})
+			code, body := health(t, url)
+			require.Equal(t, http.StatusServiceUnavailable, code)
+			require.Equal(t, "unavailable", body["status"])
+			require.Equal(t, tc.store, body["store"])
+			require.Equal(t, "other", body["store_kind"])
+			require.Contains(t, body["error"], tc.text)
+			require.NotContains(t, body["error"], "refused", "details stay in the log")
+			require.Contains(t, metrics(t, url), `loops_store_info{kind="other"} 1`)
+		})
+	}
+
+	t.Run("closed", func(t *testing.T) {
+		st := openSQLite(t)
+		url := startStoreServer(t, st)
+		require.NoError(t, st.Close())
+		code, body := health(t, url)
+		require.Equal(t, http.StatusServiceUnavailable, code)
+		require.Equal(t, map[string]string{"status": "unavailable", "store": "closed", "store_kind": "sqlite",
+			"error": "the sqlite store is closed (the server is shutting down)"}, body)
+	})
+}
