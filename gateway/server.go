@@ -16,6 +16,7 @@ import (
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/compat"
+	"github.com/loops-dev/loops/compat/openai"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/core"
 	"github.com/loops-dev/loops/gateway/store"
@@ -104,8 +105,6 @@ type Server struct {
 	http    *http.Server
 	ln      net.Listener
 	conn    *grpc.ClientConn
-	// store keeps the records; /healthz pings it.
-	store store.Store
 	// budget bounds the bytes being decompressed across every surface.
 	budget *bounded.Budget
 }
@@ -144,7 +143,6 @@ func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 		st = sq
 	}
 	s.closers = append(s.closers, st.Close)
-	s.store = st
 
 	bcfg := cfg.BackendConfig
 	if bcfg.DataDir == "" {
@@ -158,7 +156,6 @@ func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	registerStoreMetrics(reg, st)
 	copts := cfg.Core
 	copts.DataDir = cfg.DataDir
 	copts.Logger = cfg.Logger
@@ -289,11 +286,28 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		Owner:                auth.Workspace,
 	})))
 
+	// OpenAI-compatible inference.
+	mux.Handle(openai.Prefix, openai.NewHandler(openai.Services{
+		Sampling:    svc.Sampling,
+		Operations:  svc.Operations,
+		Models:      svc.Models,
+		Checkpoints: svc.Checkpoints,
+	}, openai.Options{
+		MaxBodyBytes:         s.cfg.Limits.MaxBodyBytes,
+		MaxSamplesPerRequest: s.cfg.Core.MaxSamplesPerRequest,
+		MaxSamplers:          s.cfg.Core.Limits.MaxSamplersInMemory,
+		Logger:               s.log,
+		Workspace:            auth.Workspace,
+	}))
+
 	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(openapi.LoopsV1)
 	})
-	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"status":"ok"}`))
+	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 
 	keys := s.cfg.Keys

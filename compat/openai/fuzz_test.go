@@ -1,0 +1,54 @@
+package openai
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/loops-dev/loops/internal/semantics"
+)
+
+// FuzzDecodeRequest checks the chat and completion decoders never panic, fail only with
+// 4xx errors in OpenAI's shape, and return only range-checked values.
+func FuzzDecodeRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"loops/tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":8,"temperature":0.7,"top_p":0.9,"top_k":5,"seed":-3,"stop":["\n"],"n":2,"logprobs":true,"top_logprobs":0,"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"model":"tinker://run/sampler_weights/s","messages":[{"role":"system","content":[{"type":"text","text":"a"}]}],"max_completion_tokens":1}`,
+		`{"model":"loops/tiny","prompt":[1,2,3],"max_tokens":2,"logprobs":0,"echo":false,"best_of":1,"suffix":null}`,
+		`{"model":"loops/tiny","prompt":["x"],"stop":"y","user":"u","frequency_penalty":0,"logit_bias":{}}`,
+		`{"model":"m","messages":[],"tools":[]}`,
+		`{"model":1e400,"n":1.0}`,
+		`[]`, `{`, ``,
+	} {
+		f.Add([]byte(s), true)
+		f.Add([]byte(s), false)
+	}
+	f.Fuzz(func(t *testing.T, b []byte, chat bool) {
+		req, err := decodeRequest(b, chat, semantics.MaxNumSamples)
+		if err != nil {
+			var ae *apiError
+			if !errors.As(err, &ae) || ae.status < 400 || ae.status >= 500 || ae.message == "" || ae.typ == "" {
+				t.Fatalf("decoder error is not a client error in OpenAI's shape: %#v", err)
+			}
+			return
+		}
+		switch {
+		case req.model == "":
+			t.Fatal("a request without a model was accepted")
+		case req.n < 1 || req.n > semantics.MaxNumSamples:
+			t.Fatalf("n = %d accepted", req.n)
+		case req.maxTokens < 0:
+			t.Fatalf("max_tokens = %d accepted", req.maxTokens)
+		case !(req.temperature >= 0) || !(req.topP > 0 && req.topP <= 1) || req.topK < -1 || req.topK == 0:
+			t.Fatalf("sampling params out of range accepted: %+v", req)
+		case len(req.stop) > maxStop:
+			t.Fatalf("%d stop sequences accepted", len(req.stop))
+		case chat && len(req.messages) == 0, !chat && req.prompt == "" && len(req.promptTokens) == 0:
+			t.Fatal("a request without a prompt was accepted")
+		}
+		for _, tok := range req.promptTokens {
+			if tok < 0 {
+				t.Fatalf("token %d accepted", tok)
+			}
+		}
+	})
+}

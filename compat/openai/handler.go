@@ -1,0 +1,292 @@
+package openai
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
+	"github.com/loops-dev/loops/internal/bounded"
+	"github.com/loops-dev/loops/internal/errs"
+	"github.com/loops-dev/loops/internal/semantics"
+)
+
+// Prefix is the path under which the gateway mounts the handler.
+const Prefix = "/oai/api/v1/"
+
+// Services are the core handlers the adapter translates onto. All must be non-nil.
+type Services struct {
+	Sampling    loopsv1connect.SamplingServiceHandler
+	Operations  loopsv1connect.OperationServiceHandler
+	Models      loopsv1connect.ModelServiceHandler
+	Checkpoints loopsv1connect.CheckpointServiceHandler
+}
+
+// Options tune the OpenAI surface. The zero value gives the defaults noted per field.
+type Options struct {
+	// MaxBodyBytes caps a request body. Default 64 MiB (the gateway passes its
+	// Limits.MaxBodyBytes, the cap of every surface).
+	MaxBodyBytes int64
+	// MaxSamplesPerRequest caps n (the core's Options.MaxSamplesPerRequest, which the
+	// gateway passes). Default semantics.MaxNumSamples.
+	MaxSamplesPerRequest int
+	// MaxSamplers bounds the samplers the adapter remembers, one per (workspace, model): past
+	// it the least recently used is forgotten (its next request creates a new sampler). The
+	// gateway passes the core's Limits.MaxSamplersInMemory. Default 1024.
+	MaxSamplers int
+	// Logger receives debug logs and errors. Default slog.Default().
+	Logger *slog.Logger
+	// Workspace returns the authenticated caller's workspace (the gateway's
+	// auth.Workspace): the sampler cache is keyed by it. Default: one shared key, which is
+	// only right when the core serves one workspace.
+	Workspace func(ctx context.Context) string
+	// Now returns the current time (the "created" field). Default time.Now.
+	Now func() time.Time
+}
+
+const (
+	defaultMaxBodyBytes = 64 << 20
+	defaultMaxSamplers  = 1024
+	contentTypeJSON     = "application/json"
+)
+
+func (o Options) withDefaults() Options {
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = defaultMaxBodyBytes
+	}
+	if o.MaxSamplesPerRequest <= 0 {
+		o.MaxSamplesPerRequest = semantics.MaxNumSamples
+	}
+	if o.MaxSamplers <= 0 {
+		o.MaxSamplers = defaultMaxSamplers
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Workspace == nil {
+		o.Workspace = func(context.Context) string { return "" }
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+// server holds what every route needs.
+type server struct {
+	svc      Services
+	opt      Options
+	log      *slog.Logger
+	samplers *samplerCache
+	models   *modelCache
+}
+
+// NewHandler returns the handler for every path under Prefix. The gateway mounts it after
+// authenticating the request (Authorization: Bearer <key> or X-API-Key) and passes
+// r.Context(), with the caller's workspace, to the core as it is.
+func NewHandler(s Services, o Options) http.Handler {
+	o = o.withDefaults()
+	srv := &server{svc: s, opt: o, log: o.Logger, samplers: newSamplerCache(o.MaxSamplers), models: newModelCache(s.Models)}
+	mux := http.NewServeMux()
+	srv.handle(mux, "POST "+Prefix+"chat/completions", srv.chatCompletions)
+	srv.handle(mux, "POST "+Prefix+"completions", srv.completions)
+	srv.handle(mux, "GET "+Prefix+"models", srv.listModels)
+	srv.handle(mux, Prefix, func(_ http.ResponseWriter, r *http.Request) error {
+		return &apiError{status: http.StatusNotFound, typ: typeInvalidRequest, code: "unknown_route",
+			message: r.Method + " " + r.URL.Path + " is not an OpenAI-compatible route served by Loops (POST chat/completions, POST completions, GET models)"}
+	})
+	return srv.recoverPanics(mux)
+}
+
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+func (s *server) handle(mux *http.ServeMux, pattern string, h handlerFunc) {
+	mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			s.writeError(w, r, err)
+		}
+	})
+}
+
+func (s *server) recoverPanics(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				id := errs.NewID()
+				s.log.Error("openai: panic serving request", "method", r.Method, "path", r.URL.Path,
+					"error_id", id, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+				s.writeError(w, r, errs.Incident(id, "internal error, id "+id))
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// OpenAI's error types.
+const (
+	typeInvalidRequest = "invalid_request_error"
+	typeAuthentication = "authentication_error"
+	typePermission     = "permission_error"
+	typeRateLimit      = "rate_limit_error"
+	typeServer         = "server_error"
+)
+
+// apiError is an error the adapter answers itself (a field it rejects, a route it does not
+// serve), with OpenAI's fields.
+type apiError struct {
+	status  int
+	typ     string
+	param   string
+	code    string
+	message string
+}
+
+func (e *apiError) Error() string { return e.message }
+
+// badField returns a 400 that names the request field param.
+func badField(param, format string, args ...any) error {
+	return &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, param: param, code: "invalid_value",
+		message: fmt.Sprintf(format, args...)}
+}
+
+// unsupported returns the 400 for a field Loops does not implement.
+func unsupported(param, hint string) error {
+	msg := fmt.Sprintf("%s is not supported by Loops' OpenAI-compatible API", param)
+	if hint != "" {
+		msg += "; " + hint
+	}
+	return &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, param: param, code: "unsupported_parameter", message: msg}
+}
+
+// errorBody is OpenAI's error object.
+type errorBody struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    *string `json:"code"`
+}
+
+// typeOf names OpenAI's error type for an HTTP status.
+func typeOf(status int) string {
+	switch {
+	case status == http.StatusUnauthorized:
+		return typeAuthentication
+	case status == http.StatusForbidden:
+		return typePermission
+	case status == http.StatusTooManyRequests:
+		return typeRateLimit
+	case status >= 500:
+		return typeServer
+	}
+	return typeInvalidRequest
+}
+
+// classify maps err to its status and OpenAI error object through the one error table
+// (internal/errs): the status is the table's TinkerStatus (a permanent error is never a 409
+// or 5xx, which OpenAI clients retry), internal errors are masked to "internal error, id
+// <id>" and id is set to log them under.
+func classify(err error) (status int, body errorBody, id string) {
+	var ae *apiError
+	if errors.As(err, &ae) {
+		b := errorBody{Message: ae.message, Type: ae.typ}
+		if ae.param != "" {
+			b.Param = &ae.param
+		}
+		if ae.code != "" {
+			b.Code = &ae.code
+		}
+		return ae.status, b, ""
+	}
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		code := strings.ToLower(errs.ReasonBodyTooLarge)
+		return http.StatusRequestEntityTooLarge, errorBody{Type: typeInvalidRequest, Code: &code,
+			Message: fmt.Sprintf("request body is larger than the server's limit of %d bytes", mbe.Limit)}, ""
+	}
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		err = connect.NewError(connect.CodeInternal, err)
+	}
+	out := errs.Edge(err)
+	msg := out.Err.Message()
+	if msg == "" {
+		msg = out.Err.Code().String()
+	}
+	code := strings.ToLower(errs.Reason(out.Err))
+	st := out.Entry.TinkerStatus
+	return st, errorBody{Message: msg, Type: typeOf(st), Code: &code}, out.ID
+}
+
+// writeError answers err in OpenAI's error shape; an internal error is logged in full under
+// its error id. Nothing is written when the client has gone away.
+func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	if errs.ClientGone(r.Context()) {
+		s.log.Info("openai: client closed request", "method", r.Method, "path", r.URL.Path,
+			"status", errs.StatusClientClosedRequest, "err", err)
+		return
+	}
+	status, body, id := classify(err)
+	switch {
+	case id != "":
+		s.log.Error("openai: request failed", "method", r.Method, "path", r.URL.Path, "status", status, "error_id", id, "err", err)
+	case status >= 500 && status != http.StatusServiceUnavailable:
+		s.log.Error("openai: request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
+	default:
+		s.log.Debug("openai: request rejected", "method", r.Method, "path", r.URL.Path, "status", status, "message", body.Message)
+	}
+	if d, ok := errs.RetryAfter(err); ok && status == http.StatusTooManyRequests {
+		w.Header().Set(errs.HeaderRetryAfter, errs.RetryAfterValue(d))
+	}
+	writeJSON(w, status, struct {
+		Error errorBody `json:"error"`
+	}{body})
+}
+
+// writeJSON marshals v and writes it with a Content-Length.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b = []byte(`{"error":{"message":"internal error: cannot encode the response","type":"server_error","param":null,"code":"internal"}}`)
+	}
+	w.Header().Set("Content-Type", contentTypeJSON)
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// readBody reads the whole body within MaxBodyBytes. Compressed bodies are refused.
+func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	if enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc != "" && enc != "identity" {
+		return nil, &apiError{status: http.StatusUnsupportedMediaType, typ: typeInvalidRequest, code: strings.ToLower(errs.ReasonUnsupportedEncoding),
+			message: fmt.Sprintf("Content-Encoding %q is not supported; send the body uncompressed", enc)}
+	}
+	body := http.MaxBytesReader(w, r.Body, s.opt.MaxBodyBytes)
+	b, err := bounded.ReadAll(body, r.ContentLength, s.opt.MaxBodyBytes)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, err
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, &apiError{status: http.StatusRequestTimeout, typ: typeInvalidRequest, code: strings.ToLower(errs.ReasonBodyReadTimeout),
+				message: "the request body did not arrive within the server's body read timeout"}
+		}
+		return nil, &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, code: "invalid_body",
+			message: fmt.Sprintf("cannot read the request body: %v", err)}
+	}
+	return b, nil
+}

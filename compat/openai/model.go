@@ -1,0 +1,295 @@
+package openai
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	"connectrpc.com/connect"
+	"github.com/nikolalohinski/gonja/v2"
+	"github.com/nikolalohinski/gonja/v2/config"
+	"github.com/nikolalohinski/gonja/v2/exec"
+	"github.com/nikolalohinski/gonja/v2/loaders"
+
+	"github.com/loops-dev/loops/backends/reference/tokenizer"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
+)
+
+// text is what turns a base model's messages into tokens and its tokens into text: its
+// tokenizer.json, and the chat template and special tokens of its tokenizer_config.json.
+type text struct {
+	tok      *tokenizer.Tokenizer
+	tmpl     *exec.Template // nil: the model has no chat template
+	bos, eos string
+	// special are the ids of added tokens marked special (EOS, chat markers): they end or
+	// frame a message and are left out of the text returned (skip_special_tokens).
+	special map[int32]bool
+}
+
+// modelCache loads each base model's text once. Its size is the number of base models the
+// core serves.
+type modelCache struct {
+	models loopsv1connect.ModelServiceHandler
+	mu     sync.Mutex
+	byName map[string]*text
+}
+
+func newModelCache(m loopsv1connect.ModelServiceHandler) *modelCache {
+	return &modelCache{models: m, byName: map[string]*text{}}
+}
+
+// get returns the text of base model name, loading it on first use.
+func (mc *modelCache) get(ctx context.Context, name string) (*text, error) {
+	mc.mu.Lock()
+	t, ok := mc.byName[name]
+	mc.mu.Unlock()
+	if ok {
+		return t, nil
+	}
+	res, err := mc.models.ListModels(ctx, &loopsv1.ListModelsRequest{})
+	if err != nil {
+		return nil, err
+	}
+	var info *loopsv1.ModelInfo
+	for _, m := range res.GetModels() {
+		if m.GetName() == name {
+			info = m
+		}
+	}
+	if info == nil {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("model %q is not served (GET /models lists those that are)", name))
+	}
+	t, err = loadText(info)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("model %q: %w", name, err))
+	}
+	mc.mu.Lock()
+	mc.byName[name] = t
+	mc.mu.Unlock()
+	return t, nil
+}
+
+// loadText reads the tokenizer files of a model: info's tokenizer_id is a folder, or a
+// Hugging Face id found in the local hub cache.
+func loadText(info *loopsv1.ModelInfo) (*text, error) {
+	id := info.GetTokenizerId()
+	if id == "" {
+		id = info.GetName()
+	}
+	dir, err := tokenizerDir(id)
+	if err != nil {
+		return nil, err
+	}
+	tok, err := tokenizer.LoadHF(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		return nil, fmt.Errorf("reading its tokenizer: %w", err)
+	}
+	t := &text{tok: tok, special: map[int32]bool{}}
+	if err := t.readSpecial(filepath.Join(dir, "tokenizer.json")); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	var cfg struct {
+		ChatTemplate json.RawMessage `json:"chat_template"`
+		BOS          json.RawMessage `json:"bos_token"`
+		EOS          json.RawMessage `json:"eos_token"`
+	}
+	if len(b) > 0 {
+		if err := json.Unmarshal(b, &cfg); err != nil {
+			return nil, fmt.Errorf("tokenizer_config.json: %w", err)
+		}
+	}
+	t.bos, t.eos = tokenString(cfg.BOS), tokenString(cfg.EOS)
+	src := chatTemplateSource(cfg.ChatTemplate)
+	if src == "" {
+		if b, err := os.ReadFile(filepath.Join(dir, "chat_template.jinja")); err == nil {
+			src = string(b)
+		}
+	}
+	if src != "" {
+		if t.tmpl, err = compileTemplate(src); err != nil {
+			return nil, fmt.Errorf("its chat template does not compile: %w", err)
+		}
+	}
+	return t, nil
+}
+
+// readSpecial records the added tokens that tokenizer.json marks special.
+func (t *text) readSpecial(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var doc struct {
+		Added []struct {
+			ID      int32 `json:"id"`
+			Special bool  `json:"special"`
+		} `json:"added_tokens"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	for _, a := range doc.Added {
+		if a.Special {
+			t.special[a.ID] = true
+		}
+	}
+	return nil
+}
+
+// tokenString reads a special token of tokenizer_config.json: a string or {"content": …}.
+func tokenString(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var obj struct {
+		Content string `json:"content"`
+	}
+	_ = json.Unmarshal(raw, &obj)
+	return obj.Content
+}
+
+// chatTemplateSource reads chat_template: a string, or a list of {name, template} of which
+// the one named "default" is used (transformers' rule).
+func chatTemplateSource(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var named []struct {
+		Name     string `json:"name"`
+		Template string `json:"template"`
+	}
+	if json.Unmarshal(raw, &named) == nil {
+		for _, n := range named {
+			if n.Name == "default" {
+				return n.Template
+			}
+		}
+	}
+	return ""
+}
+
+// compileTemplate parses a chat template with transformers' Jinja settings: trim_blocks and
+// lstrip_blocks on.
+func compileTemplate(src string) (*exec.Template, error) {
+	cfg := config.New()
+	cfg.TrimBlocks = true
+	cfg.LeftStripBlocks = true
+	const root = "chat_template"
+	fs, err := loaders.NewFileSystemLoader("")
+	if err != nil {
+		return nil, err
+	}
+	loader, err := loaders.NewShiftedLoader(root, strings.NewReader(src), fs)
+	if err != nil {
+		return nil, err
+	}
+	return exec.NewTemplate(root, cfg, loader, gonja.DefaultEnvironment)
+}
+
+// templateError is raise_exception's error: the messages break the template's rules.
+type templateError struct{ msg string }
+
+func (e *templateError) Error() string { return e.msg }
+
+// render applies the chat template to msgs, with the generation prompt of the assistant's
+// turn appended.
+func (t *text) render(msgs []message) (string, error) {
+	if t.tmpl == nil {
+		return "", badField("model", "this model has no chat template (no chat_template in its tokenizer_config.json); use POST /completions with a prompt")
+	}
+	list := make([]map[string]any, len(msgs))
+	for i, m := range msgs {
+		list[i] = map[string]any{"role": m.Role, "content": m.Content}
+	}
+	ctx := exec.NewContext(map[string]any{
+		"messages":              list,
+		"add_generation_prompt": true,
+		"bos_token":             t.bos,
+		"eos_token":             t.eos,
+		"raise_exception": func(_ *exec.Evaluator, p *exec.VarArgs) (*exec.Value, error) {
+			msg := "the chat template refused the messages"
+			if len(p.Args) > 0 {
+				msg = p.Args[0].String()
+			}
+			return nil, &templateError{msg: msg}
+		},
+	})
+	out, err := t.tmpl.ExecuteToString(ctx)
+	if err != nil {
+		var te *templateError
+		if errors.As(err, &te) {
+			return "", badField("messages", "the model's chat template refused the messages: %s", te.msg)
+		}
+		return "", badField("messages", "the model's chat template failed on these messages: %v", err)
+	}
+	return out, nil
+}
+
+// encode tokenizes text (added tokens such as chat markers are matched first).
+func (t *text) encode(s string) []int32 {
+	ids := t.tok.Encode(s)
+	out := make([]int32, len(ids))
+	for i, id := range ids {
+		out[i] = int32(id)
+	}
+	return out
+}
+
+// decode turns sampled tokens into text, leaving out special tokens.
+func (t *text) decode(toks []int32) string {
+	ids := make([]int, 0, len(toks))
+	for _, id := range toks {
+		if !t.special[id] {
+			ids = append(ids, int(id))
+		}
+	}
+	return t.tok.Decode(ids)
+}
+
+// tokenizerDir finds the folder of a tokenizer id: a folder that holds tokenizer.json, or a
+// Hugging Face model in the local hub cache ($HF_HUB_CACHE, $HF_HOME/hub,
+// ~/.cache/huggingface/hub), as the reference backend finds models.
+func tokenizerDir(id string) (string, error) {
+	if _, err := os.Stat(filepath.Join(id, "tokenizer.json")); err == nil {
+		return id, nil
+	}
+	var roots []string
+	if v := os.Getenv("HF_HUB_CACHE"); v != "" {
+		roots = append(roots, v)
+	}
+	if v := os.Getenv("HF_HOME"); v != "" {
+		roots = append(roots, filepath.Join(v, "hub"))
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		roots = append(roots, filepath.Join(home, ".cache", "huggingface", "hub"))
+	}
+	repo := "models--" + strings.ReplaceAll(id, "/", "--")
+	for _, r := range roots {
+		base := filepath.Join(r, repo)
+		if ref, err := os.ReadFile(filepath.Join(base, "refs", "main")); err == nil {
+			d := filepath.Join(base, "snapshots", strings.TrimSpace(string(ref)))
+			if _, err := os.Stat(filepath.Join(d, "tokenizer.json")); err == nil {
+				return d, nil
+			}
+		}
+		snaps, _ := filepath.Glob(filepath.Join(base, "snapshots", "*", "tokenizer.json"))
+		sort.Strings(snaps)
+		if len(snaps) > 0 {
+			return filepath.Dir(snaps[len(snaps)-1]), nil
+		}
+	}
+	return "", fmt.Errorf("no tokenizer.json found for %q (a folder, or a model in the local Hugging Face cache under %v)", id, roots)
+}

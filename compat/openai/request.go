@@ -1,0 +1,529 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// maxStop is OpenAI's documented limit on stop sequences ("up to 4 sequences").
+const maxStop = 4
+
+// message is one chat message.
+type message struct {
+	Role    string
+	Content string
+}
+
+// request is a decoded, range-checked chat or completion request. Zero values of maxTokens
+// leave the default to the core (semantics.DefaultMaxTokens, capped by the model's length).
+type request struct {
+	chat  bool
+	model string
+	// messages (chat) or prompt / promptTokens (completions).
+	messages     []message
+	prompt       string
+	promptTokens []int32
+	hasTokens    bool
+
+	maxTokens    int32
+	temperature  float32
+	topP         float32
+	topK         int32
+	seed         *uint64
+	stop         []string
+	n            int32
+	logprobs     bool
+	stream       bool
+	includeUsage bool
+}
+
+// decodeRequest decodes the body of POST /chat/completions (chat) or POST /completions.
+// Every field is range-checked; a field the adapter does not implement is a 400 naming it.
+// maxN caps n.
+func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
+	fields, err := decodeObject(b, "")
+	if err != nil {
+		return nil, err
+	}
+	req := &request{chat: chat, temperature: 1, topP: 1, topK: -1, n: 1}
+	var maxTokens, maxCompletionTokens, bestOf *int64
+	hasMessages, hasPrompt := false, false
+	// Visit the fields in a fixed order so that the error names the same field every time.
+	for _, name := range sortedKeys(fields) {
+		raw := fields[name]
+		if isNull(raw) {
+			continue // OpenAI's clients send null for "not given"
+		}
+		switch name {
+		case "model":
+			if req.model, err = str(raw, name); err != nil {
+				return nil, err
+			}
+		case "messages":
+			if !chat {
+				return nil, unsupported(name, "messages belong to POST /chat/completions; send prompt here")
+			}
+			if req.messages, err = decodeMessages(raw); err != nil {
+				return nil, err
+			}
+			hasMessages = true
+		case "prompt":
+			if chat {
+				return nil, unsupported(name, "POST /chat/completions takes messages; send a prompt to POST /completions")
+			}
+			if err := req.decodePrompt(raw); err != nil {
+				return nil, err
+			}
+			hasPrompt = true
+		case "max_tokens":
+			v, err := integer(raw, name, 1, math.MaxInt32)
+			if err != nil {
+				return nil, err
+			}
+			maxTokens = &v
+		case "max_completion_tokens":
+			if !chat {
+				return nil, unsupported(name, "use max_tokens on POST /completions")
+			}
+			v, err := integer(raw, name, 1, math.MaxInt32)
+			if err != nil {
+				return nil, err
+			}
+			maxCompletionTokens = &v
+		case "temperature":
+			v, err := float(raw, name, 0, math.MaxFloat32)
+			if err != nil {
+				return nil, err
+			}
+			req.temperature = float32(v)
+		case "top_p":
+			v, err := float(raw, name, 0, 1)
+			if err != nil {
+				return nil, err
+			}
+			if v == 0 {
+				return nil, badField(name, "top_p must be in (0, 1], got 0")
+			}
+			req.topP = float32(v)
+		case "top_k":
+			v, err := integer(raw, name, -1, math.MaxInt32)
+			if err != nil {
+				return nil, err
+			}
+			if v == 0 {
+				v = -1 // 0 and -1 both mean no limit
+			}
+			req.topK = int32(v)
+		case "seed":
+			if req.seed, err = seed(raw); err != nil {
+				return nil, err
+			}
+		case "stop":
+			if req.stop, err = decodeStop(raw); err != nil {
+				return nil, err
+			}
+		case "n":
+			v, err := integer(raw, name, 1, int64(maxN))
+			if err != nil {
+				return nil, err
+			}
+			req.n = int32(v)
+		case "best_of":
+			if chat {
+				return nil, unsupported(name, "")
+			}
+			v, err := integer(raw, name, 1, int64(maxN))
+			if err != nil {
+				return nil, err
+			}
+			bestOf = &v
+		case "logprobs":
+			if err := req.decodeLogprobs(raw, name); err != nil {
+				return nil, err
+			}
+		case "top_logprobs":
+			if !chat {
+				return nil, unsupported(name, "")
+			}
+			v, err := integer(raw, name, 0, 20)
+			if err != nil {
+				return nil, err
+			}
+			if v > 0 {
+				return nil, unsupported(name, "the sampler returns the logprob of each sampled token but no top-k alternatives; send top_logprobs 0 or omit it")
+			}
+		case "stream":
+			if err := json.Unmarshal(raw, &req.stream); err != nil {
+				return nil, badField(name, "stream must be a boolean")
+			}
+		case "stream_options":
+			if err := req.decodeStreamOptions(raw); err != nil {
+				return nil, err
+			}
+		case "user":
+			// An end-user id for the caller's own abuse tracking: accepted, and has no effect.
+			if _, err := str(raw, name); err != nil {
+				return nil, err
+			}
+		case "frequency_penalty", "presence_penalty":
+			v, err := float(raw, name, -2, 2)
+			if err != nil {
+				return nil, err
+			}
+			if v != 0 {
+				return nil, unsupported(name, "only 0 (no penalty) is supported")
+			}
+		case "logit_bias":
+			var m map[string]json.RawMessage
+			if json.Unmarshal(raw, &m) != nil || len(m) > 0 {
+				return nil, unsupported(name, "only an empty object is supported")
+			}
+		case "echo":
+			var echo bool
+			if chat || json.Unmarshal(raw, &echo) != nil || echo {
+				return nil, unsupported(name, "only echo: false is supported")
+			}
+		case "suffix":
+			if s, err := str(raw, name); err != nil || s != "" || chat {
+				return nil, unsupported(name, "")
+			}
+		default:
+			return nil, unsupported(name, "")
+		}
+	}
+	switch {
+	case req.model == "":
+		return nil, badField("model", "model is required: a base model id (GET /models), a tinker://…/sampler_weights/… path or \"<base model>;<checkpoint path>\"")
+	case chat && !hasMessages:
+		return nil, badField("messages", "messages is required")
+	case !chat && !hasPrompt:
+		return nil, badField("prompt", "prompt is required")
+	case req.includeUsage && !req.stream:
+		return nil, badField("stream_options", "stream_options is only allowed with stream: true")
+	case bestOf != nil && *bestOf != 1 && *bestOf != int64(req.n):
+		return nil, unsupported("best_of", "best_of other than 1 or n is not supported; omit it")
+	case maxTokens != nil && maxCompletionTokens != nil && *maxTokens != *maxCompletionTokens:
+		return nil, badField("max_completion_tokens", "give max_completion_tokens or max_tokens, not both")
+	}
+	if maxTokens != nil {
+		req.maxTokens = int32(*maxTokens)
+	}
+	if maxCompletionTokens != nil {
+		req.maxTokens = int32(*maxCompletionTokens)
+	}
+	return req, nil
+}
+
+// decodeObject decodes a JSON object into its raw fields; param names it in errors ("" for
+// the body). Duplicate keys are refused: the first and the last would disagree on intent.
+func decodeObject(b []byte, param string) (map[string]json.RawMessage, error) {
+	where := "the request body"
+	if param != "" {
+		where = param
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	tok, err := dec.Token()
+	if err != nil || tok != json.Delim('{') {
+		return nil, badField(param, "%s must be a JSON object", where)
+	}
+	fields := map[string]json.RawMessage{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, badField(param, "malformed JSON in %s: %v", where, err)
+		}
+		key, _ := tok.(string)
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, badField(param, "malformed JSON in %s: %v", where, err)
+		}
+		if _, dup := fields[key]; dup {
+			return nil, badField(join(param, key), "%s is given twice", join(param, key))
+		}
+		fields[key] = raw
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, badField(param, "malformed JSON in %s: %v", where, err)
+	}
+	if _, err := dec.Token(); err == nil {
+		return nil, badField(param, "malformed JSON in %s: trailing data after the object", where)
+	}
+	return fields, nil
+}
+
+func join(parent, key string) string {
+	if parent == "" {
+		return key
+	}
+	return parent + "." + key
+}
+
+func sortedKeys(m map[string]json.RawMessage) []string {
+	return slices.Sorted(maps.Keys(m))
+}
+
+func isNull(raw json.RawMessage) bool {
+	s := bytes.TrimSpace(raw)
+	return len(s) == 0 || string(s) == "null"
+}
+
+func str(raw json.RawMessage, param string) (string, error) {
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", badField(param, "%s must be a string", param)
+	}
+	return s, nil
+}
+
+// integer parses a JSON integer in [lo, hi].
+func integer(raw json.RawMessage, param string, lo, hi int64) (int64, error) {
+	s := strings.TrimSpace(string(raw))
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		// 3.0 is an integer too (some clients send floats).
+		f, ferr := strconv.ParseFloat(s, 64)
+		if ferr != nil || f != math.Trunc(f) || f < math.MinInt64 || f >= math.MaxInt64 {
+			return 0, badField(param, "%s must be an integer, got %s", param, truncate(s))
+		}
+		v = int64(f)
+	}
+	if v < lo || v > hi {
+		return 0, badField(param, "%s = %d is out of range [%d, %d]", param, v, lo, hi)
+	}
+	return v, nil
+}
+
+// float parses a JSON number in [lo, hi].
+func float(raw json.RawMessage, param string, lo, hi float64) (float64, error) {
+	s := strings.TrimSpace(string(raw))
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || len(s) == 0 || s[0] == '"' {
+		return 0, badField(param, "%s must be a number, got %s", param, truncate(s))
+	}
+	if v < lo || v > hi {
+		return 0, badField(param, "%s = %g is out of range [%g, %g]", param, v, lo, hi)
+	}
+	return v, nil
+}
+
+func truncate(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "…"
+	}
+	return s
+}
+
+// seed accepts any integer in [-2^63, 2^64-1]; negative seeds keep their two's complement
+// bits, as on the Tinker routes.
+func seed(raw json.RawMessage) (*uint64, error) {
+	s := strings.TrimSpace(string(raw))
+	if u, err := strconv.ParseUint(s, 10, 64); err == nil {
+		return &u, nil
+	}
+	if i, err := strconv.ParseInt(s, 10, 64); err == nil {
+		u := uint64(i)
+		return &u, nil
+	}
+	return nil, badField("seed", "seed must be an integer that fits in 64 bits, got %s", truncate(s))
+}
+
+func decodeStop(raw json.RawMessage) ([]string, error) {
+	var one string
+	var many []string
+	switch {
+	case json.Unmarshal(raw, &one) == nil:
+		many = []string{one}
+	case json.Unmarshal(raw, &many) == nil:
+	default:
+		return nil, badField("stop", "stop must be a string or a list of strings")
+	}
+	if len(many) > maxStop {
+		return nil, badField("stop", "stop has %d sequences; at most %d are allowed", len(many), maxStop)
+	}
+	for _, s := range many {
+		if s == "" {
+			return nil, badField("stop", "stop sequences must not be empty")
+		}
+	}
+	if len(many) == 0 {
+		return nil, nil
+	}
+	return many, nil
+}
+
+func (req *request) decodeLogprobs(raw json.RawMessage, name string) error {
+	if req.chat {
+		if err := json.Unmarshal(raw, &req.logprobs); err != nil {
+			return badField(name, "logprobs must be a boolean")
+		}
+		return nil
+	}
+	// Completions: logprobs is the number of top alternatives; 0 asks for the sampled
+	// tokens' logprobs only.
+	v, err := integer(raw, name, 0, 5)
+	if err != nil {
+		return err
+	}
+	if v > 0 {
+		return unsupported(name, "the sampler returns the logprob of each sampled token but no top-k alternatives; send logprobs: 0")
+	}
+	req.logprobs = true
+	return nil
+}
+
+func (req *request) decodeStreamOptions(raw json.RawMessage) error {
+	fields, err := decodeObject(raw, "stream_options")
+	if err != nil {
+		return err
+	}
+	for _, k := range sortedKeys(fields) {
+		v := fields[k]
+		switch {
+		case isNull(v):
+		case k == "include_usage":
+			if err := json.Unmarshal(v, &req.includeUsage); err != nil {
+				return badField("stream_options.include_usage", "stream_options.include_usage must be a boolean")
+			}
+		default:
+			return unsupported("stream_options."+k, "")
+		}
+	}
+	return nil
+}
+
+// decodePrompt reads a completion prompt: a string, a list of token ids, or a list holding
+// one of those. Several prompts in one request are refused.
+func (req *request) decodePrompt(raw json.RawMessage) error {
+	const name = "prompt"
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		if s == "" {
+			return badField(name, "prompt must not be empty")
+		}
+		req.prompt = s
+		return nil
+	}
+	var list []json.RawMessage
+	if json.Unmarshal(raw, &list) != nil || len(list) == 0 {
+		return badField(name, "prompt must be a string, a list of token ids, or a list holding one of those")
+	}
+	first := bytes.TrimSpace(list[0])
+	if len(first) > 0 && (first[0] == '"' || first[0] == '[') {
+		if len(list) > 1 {
+			return unsupported(name, fmt.Sprintf("a list of %d prompts was given; send one prompt per request", len(list)))
+		}
+		return req.decodePrompt(list[0])
+	}
+	toks := make([]int32, len(list))
+	for i, t := range list {
+		v, err := integer(t, fmt.Sprintf("prompt[%d]", i), 0, math.MaxInt32)
+		if err != nil {
+			return err
+		}
+		toks[i] = int32(v)
+	}
+	req.promptTokens, req.hasTokens = toks, true
+	return nil
+}
+
+// decodeMessages reads chat messages: role system, user or assistant, and content a string
+// or a list of text parts (joined with newlines).
+func decodeMessages(raw json.RawMessage) ([]message, error) {
+	var list []json.RawMessage
+	if json.Unmarshal(raw, &list) != nil {
+		return nil, badField("messages", "messages must be a list of {role, content} objects")
+	}
+	if len(list) == 0 {
+		return nil, badField("messages", "messages must not be empty")
+	}
+	out := make([]message, len(list))
+	for i, m := range list {
+		param := fmt.Sprintf("messages[%d]", i)
+		fields, err := decodeObject(m, param)
+		if err != nil {
+			return nil, err
+		}
+		hasContent := false
+		for _, k := range sortedKeys(fields) {
+			v := fields[k]
+			switch k {
+			case "role":
+				if out[i].Role, err = str(v, param+".role"); err != nil {
+					return nil, err
+				}
+			case "content":
+				if isNull(v) {
+					continue
+				}
+				if out[i].Content, err = content(v, param+".content"); err != nil {
+					return nil, err
+				}
+				hasContent = true
+			default:
+				if isNull(v) {
+					continue
+				}
+				return nil, unsupported(param+"."+k, "messages carry role and content only")
+			}
+		}
+		switch out[i].Role {
+		case "system", "user", "assistant":
+		case "":
+			return nil, badField(param+".role", "%s.role is required", param)
+		default:
+			return nil, unsupported(param+".role", fmt.Sprintf("role %q is not supported; use system, user or assistant", truncate(out[i].Role)))
+		}
+		if !hasContent {
+			return nil, badField(param+".content", "%s.content is required", param)
+		}
+	}
+	return out, nil
+}
+
+func content(raw json.RawMessage, param string) (string, error) {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, nil
+	}
+	var parts []json.RawMessage
+	if json.Unmarshal(raw, &parts) != nil {
+		return "", badField(param, "%s must be a string or a list of text parts", param)
+	}
+	texts := make([]string, 0, len(parts))
+	for j, p := range parts {
+		pp := fmt.Sprintf("%s[%d]", param, j)
+		fields, err := decodeObject(p, pp)
+		if err != nil {
+			return "", err
+		}
+		typ, text := "", ""
+		for _, k := range sortedKeys(fields) {
+			switch v := fields[k]; k {
+			case "type":
+				if typ, err = str(v, pp+".type"); err != nil {
+					return "", err
+				}
+			case "text":
+				if text, err = str(v, pp+".text"); err != nil {
+					return "", err
+				}
+			default:
+				if !isNull(v) {
+					return "", unsupported(pp+"."+k, "only text parts are supported")
+				}
+			}
+		}
+		if typ != "text" {
+			return "", unsupported(pp+".type", fmt.Sprintf("content part type %q is not supported; only \"text\"", truncate(typ)))
+		}
+		texts = append(texts, text)
+	}
+	return strings.Join(texts, "\n"), nil
+}
