@@ -105,6 +105,8 @@ type Server struct {
 	http    *http.Server
 	ln      net.Listener
 	conn    *grpc.ClientConn
+	// store keeps the records; /healthz pings it.
+	store store.Store
 	// budget bounds the bytes being decompressed across every surface.
 	budget *bounded.Budget
 }
@@ -143,6 +145,7 @@ func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 		st = sq
 	}
 	s.closers = append(s.closers, st.Close)
+	s.store = st
 
 	bcfg := cfg.BackendConfig
 	if bcfg.DataDir == "" {
@@ -156,6 +159,7 @@ func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerStoreMetrics(reg, st)
 	copts := cfg.Core
 	copts.DataDir = cfg.DataDir
 	copts.Logger = cfg.Logger
@@ -304,10 +308,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(openapi.LoopsV1)
 	})
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"status":"ok"}`))
-	})
+	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 
 	keys := s.cfg.Keys
