@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -79,8 +81,17 @@ func TestSamplingFairness(t *testing.T) {
 	if os.Getenv("LOOPS_BENCH") == "" {
 		t.Skip("set LOOPS_BENCH=1 to run the fairness benchmark")
 	}
-	for _, slots := range []int{4, 1} {
-		t.Run(fmt.Sprintf("slots=%d", slots), func(t *testing.T) { samplingFairness(t, slots) })
+	slots := []int{4, 1}                              // the default, and one
+	if v := os.Getenv("LOOPS_BENCH_SLOTS"); v != "" { // e.g. "4,8,16"
+		slots = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(f)
+			require.NoError(t, err)
+			slots = append(slots, n)
+		}
+	}
+	for _, n := range slots {
+		t.Run(fmt.Sprintf("slots=%d", n), func(t *testing.T) { samplingFairness(t, n) })
 	}
 }
 
