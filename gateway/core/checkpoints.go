@@ -369,7 +369,7 @@ func (s CheckpointService) ListCheckpoints(ctx context.Context, req *loopsv1.Lis
 	if runID != "" {
 		list += " of training run " + quote(runID)
 	}
-	page, err := pageOf(ws, list, req.GetLimit(), req.GetOffset(), req.GetPageToken())
+	page, err := s.c.pageOf(ws, list, req.GetLimit(), req.GetOffset(), req.GetPageToken())
 	if err != nil {
 		return nil, err
 	}

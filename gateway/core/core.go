@@ -68,6 +68,10 @@ type Options struct {
 	Now func() time.Time
 	// Limits bound what the core holds in memory (limits.go; docs/semantics.md, "Limits").
 	Limits Limits
+	// PageTokenKey signs the page tokens of loops.v1 lists (at least 16 bytes). Empty: a
+	// key kept in DataDir/page-token.key, drawn on first start, so tokens outlive a
+	// restart. Gateways that share a database must share the key.
+	PageTokenKey []byte
 }
 
 func (o *Options) defaults() {
@@ -152,6 +156,8 @@ type Core struct {
 
 	// slots keeps the backend's adapters within its max_adapters (slots.go).
 	slots *slots
+	// pageTokens signs and checks the page tokens of lists (paging.go).
+	pageTokens *store.PageTokens
 }
 
 // New starts a core on a store and a backend. It fails operations left unfinished by a
@@ -185,6 +191,11 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	if err := c.openCheckpoints(ctx); err != nil {
 		return nil, err
 	}
+	pageTokens, err := openPageTokens(opts.DataDir, opts.PageTokenKey)
+	if err != nil {
+		return nil, err
+	}
+	c.pageTokens = pageTokens
 
 	caps, err := be.Trainer().GetCapabilities(ctx, &backendv1.GetCapabilitiesRequest{})
 	if err != nil {

@@ -1,14 +1,72 @@
 package core
 
 import (
-	"google.golang.org/protobuf/types/known/timestamppb"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 
 	"github.com/loops-dev/loops/gateway/store"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// pageTokens signs the page tokens of loops.v1 lists with a key drawn at start-up: a token
-// is valid for the life of the process.
-var pageTokens = store.NewPageTokens(nil)
+// pageTokenKeyFile holds the key that signs page tokens, under the data dir, so a token
+// stays valid across restarts.
+const pageTokenKeyFile = "page-token.key"
+
+// openPageTokens returns the signer of page tokens: with key, or with the key kept in the
+// data dir (created on first start).
+func openPageTokens(dataDir string, key []byte) (*store.PageTokens, error) {
+	if len(key) > 0 {
+		return store.NewPageTokens(key), nil
+	}
+	path := filepath.Join(dataDir, pageTokenKeyFile)
+	key, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		key = make([]byte, 32)
+		if _, err := rand.Read(key); err != nil {
+			return nil, fmt.Errorf("core: drawing the page token key: %w", err)
+		}
+		if err := writeFileAtomic(path, key, 0o600); err != nil {
+			return nil, fmt.Errorf("core: writing the page token key: %w", err)
+		}
+		return store.NewPageTokens(key), nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("core: reading the page token key: %w", err)
+	}
+	if len(key) < 16 {
+		return nil, fmt.Errorf("core: %s holds %d bytes, fewer than the 16 a page token key needs: delete it to draw a new one", path, len(key))
+	}
+	return store.NewPageTokens(key), nil
+}
+
+// writeFileAtomic writes a file whole or not at all (a temporary file, synced, renamed).
+func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(perm); err != nil {
+		tmp.Close()
+		return err
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
 
 // listPage is a list request's window, and what its response's next_page_token needs.
 type listPage struct {
@@ -18,24 +76,25 @@ type listPage struct {
 	limit     int
 	workspace string
 	list      string
+	tokens    *store.PageTokens
 }
 
 // pageOf checks a list request's limit, offset and page_token, for the workspace's list
 // (its name is bound into the tokens, with any filter: "checkpoints/<run>").
-func pageOf(workspace, list string, limit, offset int32, token string) (listPage, error) {
+func (c *Core) pageOf(workspace, list string, limit, offset int32, token string) (listPage, error) {
 	if limit < 0 || offset < 0 {
 		return listPage{}, invalidArgument("limit and offset must not be negative")
 	}
 	if limit > store.MaxPageLimit {
 		return listPage{}, invalidArgument("limit %d is over the maximum of %d", limit, store.MaxPageLimit)
 	}
-	p := listPage{limit: int(limit), workspace: workspace, list: list}
+	p := listPage{limit: int(limit), workspace: workspace, list: list, tokens: c.pageTokens}
 	if p.limit == 0 {
 		p.limit = store.DefaultPageLimit
 	}
 	p.Page = store.Page{Limit: min(p.limit+1, store.MaxPageLimit), Offset: int(offset)}
 	if token != "" {
-		after, err := pageTokens.Decode(workspace, list, token)
+		after, err := c.pageTokens.Decode(workspace, list, token)
 		if err != nil {
 			return listPage{}, invalidArgument("page_token: %v", err)
 		}
@@ -56,5 +115,5 @@ func nextPage[M interface {
 		return items, ""
 	}
 	items = items[:min(len(items), p.limit)]
-	return items, pageTokens.Encode(p.workspace, p.list, store.CursorOf(items[len(items)-1]))
+	return items, p.tokens.Encode(p.workspace, p.list, store.CursorOf(items[len(items)-1]))
 }

@@ -381,7 +381,7 @@ func (s SessionService) ListSessions(ctx context.Context, req *loopsv1.ListSessi
 	if err != nil {
 		return nil, err
 	}
-	page, err := pageOf(ws, "sessions", req.GetLimit(), req.GetOffset(), req.GetPageToken())
+	page, err := s.c.pageOf(ws, "sessions", req.GetLimit(), req.GetOffset(), req.GetPageToken())
 	if err != nil {
 		return nil, err
 	}

@@ -238,7 +238,7 @@ func (s TrainingService) ListTrainingRuns(ctx context.Context, req *loopsv1.List
 	if err != nil {
 		return nil, err
 	}
-	page, err := pageOf(ws, "training_runs", req.GetLimit(), req.GetOffset(), req.GetPageToken())
+	page, err := s.c.pageOf(ws, "training_runs", req.GetLimit(), req.GetOffset(), req.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
