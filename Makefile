@@ -82,9 +82,10 @@ generate-ts: protodeps ## Regenerate gen/ts (TypeScript for loops.v1) with buf a
 	bash clients/ts/generate.sh
 
 .PHONY: test-clients
-test-clients: protodeps ## Generated TypeScript (Connect) and Python (gRPC) clients: stubs current, SFT loop + sample against loops serve
+test-clients: protodeps ## Generated TypeScript (Connect) and Python (gRPC) clients: stubs current, SFT loop + sample against loops serve; the official openai client on /oai/api/v1
 	bash clients/ts/run.sh
 	bash clients/python/run.sh
+	bash clients/openai/run.sh
 
 .PHONY: test-torch
 test-torch: ## The torch worker: Python tests, then the Go worker client tests incl. the backend contract suite against a local CPU worker (cached venv)

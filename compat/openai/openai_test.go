@@ -390,7 +390,7 @@ func TestBadRequests(t *testing.T) {
 		"seed":               {"/chat/completions", chat(map[string]any{"seed": "x"}), 400, "seed"},
 		"stop count":         {"/chat/completions", chat(map[string]any{"stop": []string{"a", "b", "c", "d", "e"}}), 400, "stop"},
 		"penalty":            {"/chat/completions", chat(map[string]any{"presence_penalty": 0.5}), 400, "presence_penalty"},
-		"role":               {"/chat/completions", chat(map[string]any{"messages": []map[string]any{{"role": "tool", "content": "x"}}}), 400, "messages[0].role"},
+		"role":               {"/chat/completions", chat(map[string]any{"messages": []map[string]any{{"role": "tool", "content": "x", "tool_call_id": "1"}}}), 400, "messages[0].role"},
 		"message name":       {"/chat/completions", chat(map[string]any{"messages": []map[string]any{{"role": "user", "content": "x", "name": "bob"}}}), 400, "messages[0].name"},
 		"image part":         {"/chat/completions", chat(map[string]any{"messages": []map[string]any{{"role": "user", "content": []map[string]any{{"type": "image_url"}}}}}), 400, "messages[0].content[0].type"},
 		"no messages":        {"/chat/completions", map[string]any{"model": tiny.Name}, 400, "messages"},

@@ -450,14 +450,24 @@ func decodeMessages(raw json.RawMessage) ([]message, error) {
 		if err != nil {
 			return nil, err
 		}
+		// The role first: it says best what is wrong with a tool message.
+		if raw, ok := fields["role"]; ok && !isNull(raw) {
+			if out[i].Role, err = str(raw, param+".role"); err != nil {
+				return nil, err
+			}
+		}
+		switch out[i].Role {
+		case "system", "user", "assistant":
+		case "":
+			return nil, badField(param+".role", "%s.role is required", param)
+		default:
+			return nil, unsupported(param+".role", fmt.Sprintf("role %q is not supported; use system, user or assistant", truncate(out[i].Role)))
+		}
 		hasContent := false
 		for _, k := range sortedKeys(fields) {
 			v := fields[k]
 			switch k {
 			case "role":
-				if out[i].Role, err = str(v, param+".role"); err != nil {
-					return nil, err
-				}
 			case "content":
 				if isNull(v) {
 					continue
@@ -472,13 +482,6 @@ func decodeMessages(raw json.RawMessage) ([]message, error) {
 				}
 				return nil, unsupported(param+"."+k, "messages carry role and content only")
 			}
-		}
-		switch out[i].Role {
-		case "system", "user", "assistant":
-		case "":
-			return nil, badField(param+".role", "%s.role is required", param)
-		default:
-			return nil, unsupported(param+".role", fmt.Sprintf("role %q is not supported; use system, user or assistant", truncate(out[i].Role)))
 		}
 		if !hasContent {
 			return nil, badField(param+".content", "%s.content is required", param)

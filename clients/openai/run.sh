@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# clients/openai/run.sh: the OpenAI-compatible API (/oai/api/v1) driven by the official
+# `openai` Python client, and a checkpoint that a tinker training script saved served through
+# it at once. Creates/reuses a cached venv (scripts/pyenv.sh) with openai and tinker, starts
+# a `loops serve` (clients/with-server.sh; set LOOPS_URL to use a running one) and runs
+# chat.py. Exits non-zero on failure.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+venv=$("$root/scripts/pyenv.sh" loops-openai-client openai==3.51.0 tinker==0.38.0)
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TINKER_TELEMETRY=0
+"$root/clients/with-server.sh" "$venv/bin/python" "$here/chat.py"
