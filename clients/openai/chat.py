@@ -106,6 +106,8 @@ def main() -> None:
     for model in (path, f"{BASE};{path}"):
         r = client.chat.completions.create(model=model, messages=MSGS, max_tokens=4)
         check(r.model == model and r.choices[0].finish_reason in ("stop", "length"), f"chat on {model}")
+    check(client.models.retrieve(path).id == path, "models.retrieve(path)")
+    check(path in [m.id for m in client.models.list()], "models lists the checkpoint")
 
     prompt = toks[:6]
     sc = service.create_sampling_client(model_path=path).result(timeout=120)

@@ -15,6 +15,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/loops-dev/loops/compat"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/internal/bounded"
 	"github.com/loops-dev/loops/internal/errs"
@@ -34,8 +35,8 @@ type Services struct {
 
 // Options tune the OpenAI surface. The zero value gives the defaults noted per field.
 type Options struct {
-	// MaxBodyBytes caps a request body. Default 64 MiB (the gateway passes its
-	// Limits.MaxBodyBytes, the cap of every surface).
+	// MaxBodyBytes caps a request body. Default compat.DefaultMaxBodyBytes, 64 MiB (the
+	// gateway passes its Limits.MaxBodyBytes, the cap of every surface).
 	MaxBodyBytes int64
 	// MaxSamplesPerRequest caps n (the core's Options.MaxSamplesPerRequest, which the
 	// gateway passes). Default semantics.MaxNumSamples.
@@ -55,7 +56,7 @@ type Options struct {
 }
 
 const (
-	defaultMaxBodyBytes = 64 << 20
+	defaultMaxBodyBytes = compat.DefaultMaxBodyBytes
 	defaultMaxSamplers  = 1024
 	contentTypeJSON     = "application/json"
 )
@@ -101,6 +102,7 @@ func NewHandler(s Services, o Options) http.Handler {
 	srv.handle(mux, "POST "+Prefix+"chat/completions", srv.chatCompletions)
 	srv.handle(mux, "POST "+Prefix+"completions", srv.completions)
 	srv.handle(mux, "GET "+Prefix+"models", srv.listModels)
+	srv.handle(mux, "GET "+Prefix+"models/{model...}", srv.getModel)
 	srv.handle(mux, Prefix, func(_ http.ResponseWriter, r *http.Request) error {
 		return &apiError{status: http.StatusNotFound, typ: typeInvalidRequest, code: "unknown_route",
 			message: r.Method + " " + r.URL.Path + " is not an OpenAI-compatible route served by Loops (POST chat/completions, POST completions, GET models)"}

@@ -8,7 +8,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	neturl "net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +21,7 @@ import (
 
 	_ "github.com/loops-dev/loops/backends/reference"
 	"github.com/loops-dev/loops/backends/tiny"
+	"github.com/loops-dev/loops/compat/openai"
 	"github.com/loops-dev/loops/gateway"
 	"github.com/loops-dev/loops/gateway/auth"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -348,6 +352,17 @@ func TestCheckpointsAndWorkspaces(t *testing.T) {
 	status, body = call(t, "GET", url+"/models", keyB, nil)
 	require.Equal(t, http.StatusOK, status)
 	require.NotContains(t, string(body), path)
+	for model, want := range map[string]int{path: 200, tiny.Name: 200, tiny.Name + ";" + path: 200, "no/such": 404} {
+		for _, p := range []string{model, neturl.PathEscape(model)} {
+			status, body = call(t, "GET", url+"/models/"+p, keyA, nil)
+			require.Equal(t, want, status, "%s: %s", p, body)
+			if want == 200 {
+				require.Contains(t, string(body), `"id":"`+model+`"`)
+			}
+		}
+	}
+	status, body = call(t, "GET", url+"/models/"+path, keyB, nil)
+	require.Equal(t, http.StatusNotFound, status, string(body))
 
 	// A checkpoint on another base model is refused.
 	status, body = call(t, "POST", url+"/chat/completions", keyA, map[string]any{"model": "other/model;" + path, "messages": msgs})
@@ -448,4 +463,56 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// countingSampling counts the samplers the adapter creates.
+type countingSampling struct {
+	loopsv1connect.SamplingServiceHandler
+	created atomic.Int32
+}
+
+func (c *countingSampling) CreateSampler(ctx context.Context, req *loopsv1.CreateSamplerRequest) (*loopsv1.Sampler, error) {
+	c.created.Add(1)
+	return c.SamplingServiceHandler.CreateSampler(ctx, req)
+}
+
+// TestOneSamplerPerWorkspaceAndModel: requests reuse the sampler of their (workspace, model),
+// so serving many requests does not create a sampler each.
+func TestOneSamplerPerWorkspaceAndModel(t *testing.T) {
+	t.Setenv("HF_HUB_CACHE", t.TempDir())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv, err := gateway.New(t.Context(), ln, gateway.Config{DataDir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Close(ctx)
+	})
+	svc := srv.Core().Services()
+	sampling := &countingSampling{SamplingServiceHandler: svc.Sampling}
+	h := openai.NewHandler(openai.Services{Sampling: sampling, Operations: svc.Operations, Models: svc.Models, Checkpoints: svc.Checkpoints},
+		openai.Options{Workspace: auth.Workspace})
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r.WithContext(auth.WithWorkspace(r.Context(), r.Header.Get("X-Workspace"))))
+	}))
+	t.Cleanup(ts.Close)
+	send := func(ws string) {
+		req, err := http.NewRequestWithContext(t.Context(), "POST", ts.URL+openai.Prefix+"completions",
+			strings.NewReader(`{"model":"loops/tiny","prompt":"Hi","max_tokens":2}`))
+		require.NoError(t, err)
+		req.Header.Set("X-Workspace", ws)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
+	}
+	for range 5 {
+		send("ws-one")
+	}
+	require.Equal(t, int32(1), sampling.created.Load())
+	send("ws-two")
+	send("ws-two")
+	require.Equal(t, int32(2), sampling.created.Load(), "one sampler per workspace")
 }

@@ -319,3 +319,44 @@ func (s *server) listModels(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, out)
 	return nil
 }
+
+// getModel answers one model: a served base model, or a sampler checkpoint of the caller's
+// workspace (alone or as "<base model>;<path>"); anything else is a 404.
+func (s *server) getModel(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("model")
+	// An unescaped tinker:// in the URL path reaches here as tinker:/ (the mux cleans "//").
+	if i := strings.Index(id, "tinker:/"); i >= 0 && !strings.HasPrefix(id[i:], "tinker://") {
+		id = id[:i] + "tinker://" + id[i+len("tinker:/"):]
+	}
+	base, path, err := parseModel(id)
+	if err != nil {
+		return err
+	}
+	out := model{ID: id, Object: "model", OwnedBy: "loops"}
+	if base != "" {
+		res, err := s.svc.Models.ListModels(r.Context(), &loopsv1.ListModelsRequest{})
+		if err != nil {
+			return err
+		}
+		found := false
+		for _, m := range res.GetModels() {
+			found = found || m.GetName() == base
+		}
+		if !found {
+			return &apiError{status: http.StatusNotFound, typ: typeInvalidRequest, param: "model", code: "model_not_found",
+				message: "model " + truncate(base) + " is not served (GET /models lists those that are)"}
+		}
+	}
+	if path != "" {
+		ck, err := s.svc.Checkpoints.GetCheckpoint(r.Context(), &loopsv1.GetCheckpointRequest{Path: path})
+		if err != nil {
+			return err
+		}
+		if base != "" && ck.GetBaseModel() != base {
+			return badField("model", "checkpoint %s was trained on %s, not %s", path, ck.GetBaseModel(), base)
+		}
+		out.Created, out.OwnedBy = ck.GetCreateTime().GetSeconds(), "workspace"
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
