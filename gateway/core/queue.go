@@ -277,8 +277,8 @@ func (cr coreRunner) run(ctx context.Context, r *run, t *task) {
 			c.slots.setGrads(r, false) // applied, or replaced by the loaded state
 		}
 	}
+	r.touch(ctx, t.seq) // queued before the outcome: both go out in one journal write
 	c.ops.finish(t.op, set, err)
-	r.touch(ctx, t.seq)
 	r.taskDone()
 }
 
@@ -332,10 +332,10 @@ func (cr coreRunner) forwardBackward(ctx context.Context, batch []runTask) {
 			info := rt.r.snapshot()
 			c.recordUsage(rt.r.ws, info.GetBaseModel(), info.GetSessionId(), store.UsageTraining, int64(rt.t.tokens))
 		}
+		rt.r.touch(ctx, rt.t.seq) // queued before the outcome: both go out in one journal write
 		c.ops.finish(rt.t.op, func(op *loopsv1.Operation) {
 			op.Result = &loopsv1.Operation_ForwardBackward{ForwardBackward: res}
 		}, itemErr)
-		rt.r.touch(ctx, rt.t.seq)
 		rt.r.taskDone()
 	}
 }
