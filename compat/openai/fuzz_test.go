@@ -17,6 +17,7 @@ func FuzzDecodeRequest(f *testing.F) {
 		`{"model":"loops/tiny","prompt":["x"],"stop":"y","user":"u","frequency_penalty":0,"logit_bias":{}}`,
 		`{"model":"m","messages":[],"tools":[]}`,
 		`{"model":1e400,"n":1.0}`,
+		`{"model":"m","prompt":["a",[1,2]],"n":3}`,
 		`[]`, `{`, ``,
 	} {
 		f.Add([]byte(s), true)
@@ -42,12 +43,19 @@ func FuzzDecodeRequest(f *testing.F) {
 			t.Fatalf("sampling params out of range accepted: %+v", req)
 		case len(req.stop) > maxStop:
 			t.Fatalf("%d stop sequences accepted", len(req.stop))
-		case chat && len(req.messages) == 0, !chat && req.prompt == "" && len(req.promptTokens) == 0:
+		case chat && len(req.messages) == 0, !chat && len(req.prompts) == 0:
 			t.Fatal("a request without a prompt was accepted")
+		case len(req.prompts)*int(req.n) > semantics.MaxNumSamples:
+			t.Fatalf("%d prompts × n = %d accepted", len(req.prompts), req.n)
 		}
-		for _, tok := range req.promptTokens {
-			if tok < 0 {
-				t.Fatalf("token %d accepted", tok)
+		for _, p := range req.prompts {
+			if p.text == "" && len(p.tokens) == 0 {
+				t.Fatal("an empty prompt was accepted")
+			}
+			for _, tok := range p.tokens {
+				if tok < 0 {
+					t.Fatalf("token %d accepted", tok)
+				}
 			}
 		}
 	})

@@ -223,6 +223,17 @@ func TestGreedyEqualsLoopsSample(t *testing.T) {
 		require.Equal(t, len(want.GetTokens()), got.Usage.CompletionTokens)
 		require.Equal(t, len(toks), got.Usage.PromptTokens)
 	}
+	// Several prompts: n choices each, in order; usage sums over them.
+	got := okFn(t)(call(t, "POST", url+"/completions", keyA, map[string]any{
+		"model": tiny.Name, "prompt": []any{"What is the capital of France?", toks}, "max_tokens": 12, "temperature": 0, "n": 2,
+	}))
+	require.Len(t, got.Choices, 4)
+	for i, c := range got.Choices {
+		require.Equal(t, i, c.Index)
+		require.Equal(t, decodeText(want.GetTokens()), c.Text)
+	}
+	require.Equal(t, 2*len(toks), got.Usage.PromptTokens)
+	require.Equal(t, 4*len(want.GetTokens()), got.Usage.CompletionTokens)
 }
 
 func TestSeedStopAndN(t *testing.T) {
@@ -411,7 +422,8 @@ func TestBadRequests(t *testing.T) {
 		"no messages":        {"/chat/completions", map[string]any{"model": tiny.Name}, 400, "messages"},
 		"no model":           {"/chat/completions", map[string]any{"messages": msgs}, 400, "model"},
 		"usage, no stream":   {"/chat/completions", chat(map[string]any{"stream_options": map[string]any{"include_usage": true}}), 400, "stream_options"},
-		"prompts":            {"/completions", map[string]any{"model": tiny.Name, "prompt": []string{"a", "b"}}, 400, "prompt"},
+		"prompts × n":        {"/completions", map[string]any{"model": tiny.Name, "prompt": []string{"a", "b"}, "n": 200}, 400, "prompt"},
+		"empty prompt":       {"/completions", map[string]any{"model": tiny.Name, "prompt": []any{"a", ""}}, 400, "prompt[1]"},
 		"echo":               {"/completions", map[string]any{"model": tiny.Name, "prompt": "a", "echo": true}, 400, "echo"},
 		"token out of range": {"/completions", map[string]any{"model": tiny.Name, "prompt": []int{1, 1 << 40}}, 400, "prompt[1]"},
 		"malformed":          {"/chat/completions", `{"model":`, 400, ""},

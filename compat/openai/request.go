@@ -20,16 +20,21 @@ type message struct {
 	Content string
 }
 
+// prompt is one completion prompt: text, or token ids when tokens is set.
+type prompt struct {
+	text      string
+	tokens    []int32
+	hasTokens bool
+}
+
 // request is a decoded, range-checked chat or completion request. Zero values of maxTokens
 // leave the default to the core (semantics.DefaultMaxTokens, capped by the model's length).
 type request struct {
 	chat  bool
 	model string
-	// messages (chat) or prompt / promptTokens (completions).
-	messages     []message
-	prompt       string
-	promptTokens []int32
-	hasTokens    bool
+	// messages (chat) or prompts (completions: one or several).
+	messages []message
+	prompts  []prompt
 
 	maxTokens    int32
 	temperature  float32
@@ -77,7 +82,7 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 			if chat {
 				return nil, unsupported(name, "POST /chat/completions takes messages; send a prompt to POST /completions")
 			}
-			if err := req.decodePrompt(raw); err != nil {
+			if req.prompts, err = decodePrompts(raw); err != nil {
 				return nil, err
 			}
 			hasPrompt = true
@@ -204,6 +209,8 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 		return nil, badField("messages", "messages is required")
 	case !chat && !hasPrompt:
 		return nil, badField("prompt", "prompt is required")
+	case len(req.prompts)*int(req.n) > maxN:
+		return nil, badField("prompt", "%d prompts × n = %d is over the server's limit of %d choices per request", len(req.prompts), req.n, maxN)
 	case req.includeUsage && !req.stream:
 		return nil, badField("stream_options", "stream_options is only allowed with stream: true")
 	case bestOf != nil && *bestOf != 1 && *bestOf != int64(req.n):
@@ -398,39 +405,62 @@ func (req *request) decodeStreamOptions(raw json.RawMessage) error {
 	return nil
 }
 
-// decodePrompt reads a completion prompt: a string, a list of token ids, or a list holding
-// one of those. Several prompts in one request are refused.
-func (req *request) decodePrompt(raw json.RawMessage) error {
+// decodePrompts reads a completion's prompt: a string, a list of token ids, or a list of
+// those (several prompts, each sampled n times).
+func decodePrompts(raw json.RawMessage) ([]prompt, error) {
 	const name = "prompt"
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
 		if s == "" {
-			return badField(name, "prompt must not be empty")
+			return nil, badField(name, "prompt must not be empty")
 		}
-		req.prompt = s
-		return nil
+		return []prompt{{text: s}}, nil
 	}
 	var list []json.RawMessage
 	if json.Unmarshal(raw, &list) != nil || len(list) == 0 {
-		return badField(name, "prompt must be a string, a list of token ids, or a list holding one of those")
+		return nil, badField(name, "prompt must be a string, a list of token ids, or a list of those")
 	}
 	first := bytes.TrimSpace(list[0])
-	if len(first) > 0 && (first[0] == '"' || first[0] == '[') {
-		if len(list) > 1 {
-			return unsupported(name, fmt.Sprintf("a list of %d prompts was given; send one prompt per request", len(list)))
+	if len(first) == 0 || (first[0] != '"' && first[0] != '[') {
+		toks, err := tokenIDs(list, name)
+		if err != nil {
+			return nil, err
 		}
-		return req.decodePrompt(list[0])
+		return []prompt{{tokens: toks, hasTokens: true}}, nil
 	}
+	out := make([]prompt, len(list))
+	for i, item := range list {
+		param := fmt.Sprintf("prompt[%d]", i)
+		var inner []json.RawMessage
+		switch {
+		case json.Unmarshal(item, &out[i].text) == nil:
+			if out[i].text == "" {
+				return nil, badField(param, "%s must not be empty", param)
+			}
+		case json.Unmarshal(item, &inner) == nil && len(inner) > 0:
+			toks, err := tokenIDs(inner, param)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = prompt{tokens: toks, hasTokens: true}
+		default:
+			return nil, badField(param, "%s must be a non-empty string or list of token ids", param)
+		}
+	}
+	return out, nil
+}
+
+// tokenIDs reads a list of token ids; param names the list in errors.
+func tokenIDs(list []json.RawMessage, param string) ([]int32, error) {
 	toks := make([]int32, len(list))
 	for i, t := range list {
-		v, err := integer(t, fmt.Sprintf("prompt[%d]", i), 0, math.MaxInt32)
+		v, err := integer(t, fmt.Sprintf("%s[%d]", param, i), 0, math.MaxInt32)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		toks[i] = int32(v)
 	}
-	req.promptTokens, req.hasTokens = toks, true
-	return nil
+	return toks, nil
 }
 
 // decodeMessages reads chat messages: role system, user or assistant, and content a string

@@ -19,10 +19,12 @@ const notDonePause = 100 * time.Millisecond
 
 // completion is the core's answer to a request, with what the response needs.
 type completion struct {
-	opID   string
-	text   *text
+	opID string
+	text *text
+	// prompt is the prompt tokens, summed over the prompts.
 	prompt int
-	seqs   []*loopsv1.SampledSequence
+	// seqs are the choices: n per prompt, in the prompts' order.
+	seqs []*loopsv1.SampledSequence
 }
 
 func (s *server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
@@ -58,8 +60,8 @@ func (s *server) serve(w http.ResponseWriter, r *http.Request, chat bool) error 
 	return nil
 }
 
-// sample translates req onto the core: the workspace's sampler for the model, the prompt's
-// tokens, Sample, and WaitOperation until the operation is done.
+// sample translates req onto the core: the workspace's sampler for the model, the prompts'
+// tokens, one Sample per prompt, and WaitOperation until each operation is done.
 func (s *server) sample(ctx context.Context, req *request) (*completion, error) {
 	sm, key, err := s.samplerFor(ctx, req.model)
 	if err != nil {
@@ -69,37 +71,60 @@ func (s *server) sample(ctx context.Context, req *request) (*completion, error) 
 	if err != nil {
 		return nil, err
 	}
-	var prompt []int32
-	switch {
-	case req.chat:
+	var prompts [][]int32
+	if req.chat {
 		rendered, err := t.render(req.messages)
 		if err != nil {
 			return nil, err
 		}
-		prompt = t.encode(rendered)
-	case req.hasTokens:
-		prompt = req.promptTokens
-	default:
-		prompt = t.encode(req.prompt)
+		prompts = [][]int32{t.encode(rendered)}
 	}
-	in := &loopsv1.SampleRequest{SamplerId: sm.id, Prompt: prompt, NumSamples: req.n, Params: &loopsv1.SamplingParams{
+	for _, p := range req.prompts {
+		if p.hasTokens {
+			prompts = append(prompts, p.tokens)
+		} else {
+			prompts = append(prompts, t.encode(p.text))
+		}
+	}
+	params := &loopsv1.SamplingParams{
 		MaxTokens: req.maxTokens, Temperature: req.temperature, TopK: req.topK, TopP: req.topP, Seed: req.seed, StopStrings: req.stop,
-	}}
-	op, err := s.svc.Sampling.Sample(ctx, in)
-	if connect.CodeOf(err) == connect.CodeNotFound {
-		// The remembered sampler is gone (its record was deleted): create a new one once. A
-		// checkpoint that is gone fails the creation with its own NotFound.
-		s.samplers.drop(key, sm.id)
-		if sm, _, err = s.samplerFor(ctx, req.model); err != nil {
+	}
+	// Queue every prompt's sample first, so that they run together, then wait for each.
+	ops := make([]*loopsv1.Operation, len(prompts))
+	for i, p := range prompts {
+		in := &loopsv1.SampleRequest{SamplerId: sm.id, Prompt: p, NumSamples: req.n, Params: params}
+		op, err := s.svc.Sampling.Sample(ctx, in)
+		if connect.CodeOf(err) == connect.CodeNotFound && i == 0 {
+			// The remembered sampler is gone (its record was deleted): create a new one once.
+			// A checkpoint that is gone fails the creation with its own NotFound.
+			s.samplers.drop(key, sm.id)
+			if sm, _, err = s.samplerFor(ctx, req.model); err != nil {
+				return nil, err
+			}
+			in.SamplerId = sm.id
+			op, err = s.svc.Sampling.Sample(ctx, in)
+		}
+		if err != nil {
 			return nil, err
 		}
-		in.SamplerId = sm.id
-		op, err = s.svc.Sampling.Sample(ctx, in)
+		ops[i] = op
 	}
-	if err != nil {
-		return nil, err
+	c := &completion{opID: ops[0].GetId(), text: t}
+	for i, op := range ops {
+		op, err := s.wait(ctx, op)
+		if err != nil {
+			return nil, err
+		}
+		c.prompt += len(prompts[i])
+		c.seqs = append(c.seqs, op.GetSample().GetSequences()...)
 	}
+	return c, nil
+}
+
+// wait waits until op is done and returns it, or its error.
+func (s *server) wait(ctx context.Context, op *loopsv1.Operation) (*loopsv1.Operation, error) {
 	for !done(op) {
+		var err error
 		op, err = s.svc.Operations.WaitOperation(ctx, &loopsv1.WaitOperationRequest{Id: op.GetId()})
 		if err != nil {
 			return nil, err
@@ -123,7 +148,7 @@ func (s *server) sample(ctx context.Context, req *request) (*completion, error) 
 		}
 		return nil, connect.NewError(code, errors.New(e.GetMessage()))
 	}
-	return &completion{opID: op.GetId(), text: t, prompt: len(prompt), seqs: op.GetSample().GetSequences()}, nil
+	return op, nil
 }
 
 func done(op *loopsv1.Operation) bool {
