@@ -83,8 +83,12 @@ func TestUnloadedRunIsEvictedAndReloadedOnDemand(t *testing.T) {
 	require.False(t, inMemory(h.core, lone), "an unloaded idle run stays in memory")
 	require.True(t, inMemory(h.core, live))
 
-	info, err := h.svc.Training.GetTrainingRun(h.ctx, &loopsv1.GetTrainingRunRequest{Id: run})
+	// By its alias first: the store finds it by session and client_seq_id.
+	_, err = h.fb(sess+":train:7", 1, datum(1, 2))
+	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err), "no run has that alias")
+	info, err := h.svc.Training.GetTrainingRun(h.ctx, &loopsv1.GetTrainingRunRequest{Id: sess + ":train:0"})
 	require.NoError(t, err)
+	require.Equal(t, run, info.GetId())
 	require.Contains(t, info.GetUnloadReason(), "its session "+sess+" ended")
 	for _, id := range []string{run, sess + ":train:0"} {
 		_, err = h.fb(id, 1, datum(1, 2))

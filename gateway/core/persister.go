@@ -499,6 +499,12 @@ func (s readStore) ListAllTrainingRuns(ctx context.Context) ([]store.OwnedTraini
 	return s.Store.ListAllTrainingRuns(ctx)
 }
 
+// ListSessionTrainingRuns lists a session's runs once the store holds every record.
+func (s readStore) ListSessionTrainingRuns(ctx context.Context, ws, sessionID string) ([]*loopsv1.TrainingRun, error) {
+	s.p.sync()
+	return s.Store.ListSessionTrainingRuns(ctx, ws, sessionID)
+}
+
 // DeleteOperationsDoneBefore removes old finished operations once the store holds every
 // record (a record committed later would bring one back).
 func (s readStore) DeleteOperationsDoneBefore(ctx context.Context, t time.Time) (int, error) {

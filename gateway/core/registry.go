@@ -191,8 +191,8 @@ func (c *Core) loadRun(ctx context.Context, ws, id string) (*run, error) {
 	return r, nil
 }
 
-// runByAlias finds the run "<session_id>:train:<n>" in the store through its session's
-// record.
+// runByAlias finds the run "<session_id>:train:<n>" in the store: one query for the
+// session's runs (at most Limits.MaxRunsPerSession).
 func (c *Core) runByAlias(ctx context.Context, ws, alias string) (*loopsv1.TrainingRun, error) {
 	sessionID, n, ok := strings.Cut(alias, ":train:")
 	if !ok {
@@ -202,13 +202,12 @@ func (c *Core) runByAlias(ctx context.Context, ws, alias string) (*loopsv1.Train
 	if err != nil {
 		return nil, store.ErrNotFound
 	}
-	sess, err := c.store.GetSession(ctx, ws, sessionID)
+	runs, err := c.store.ListSessionTrainingRuns(ctx, ws, sessionID)
 	if err != nil {
 		return nil, err
 	}
-	for _, id := range sess.GetTrainingRunIds() {
-		info, err := c.store.GetTrainingRun(ctx, ws, id)
-		if err == nil && info.ClientSeqId != nil && info.GetClientSeqId() == seq {
+	for _, info := range runs {
+		if info.ClientSeqId != nil && info.GetClientSeqId() == seq {
 			return info, nil
 		}
 	}

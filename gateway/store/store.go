@@ -82,6 +82,9 @@ type Store interface {
 	ListTrainingRuns(ctx context.Context, workspace string, page Page) ([]*loopsv1.TrainingRun, int64, error)
 	// ListAllTrainingRuns lists every run of every workspace (for recovery at start-up).
 	ListAllTrainingRuns(ctx context.Context) ([]OwnedTrainingRun, error)
+	// ListSessionTrainingRuns lists the training runs of one session of the workspace,
+	// oldest first (one query; a session holds at most the core's MaxRunsPerSession).
+	ListSessionTrainingRuns(ctx context.Context, workspace, sessionID string) ([]*loopsv1.TrainingRun, error)
 
 	// PutCheckpoint inserts or replaces a checkpoint, keyed by (training_run_id, id).
 	PutCheckpoint(ctx context.Context, workspace string, c *loopsv1.Checkpoint) error

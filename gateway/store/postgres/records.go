@@ -121,6 +121,24 @@ func (s *Store) ListAllTrainingRuns(ctx context.Context) ([]store.OwnedTrainingR
 	return out, err
 }
 
+// ListSessionTrainingRuns lists the training runs of one session of the workspace, oldest
+// first.
+func (s *Store) ListSessionTrainingRuns(ctx context.Context, workspace, sessionID string) ([]*loopsv1.TrainingRun, error) {
+	var out []*loopsv1.TrainingRun
+	err := s.scanOwned(ctx, "list a session's training runs",
+		`SELECT workspace, data FROM training_runs WHERE workspace = $1 AND session_id = $2 ORDER BY create_time, id`,
+		[]any{workspace, sessionID},
+		func(_ string, data []byte) error {
+			m := &loopsv1.TrainingRun{}
+			if err := proto.Unmarshal(data, m); err != nil {
+				return err
+			}
+			out = append(out, m)
+			return nil
+		})
+	return out, err
+}
+
 // PutCheckpoint inserts or replaces a checkpoint, keyed by (training_run_id, id).
 func (s *Store) PutCheckpoint(ctx context.Context, workspace string, m *loopsv1.Checkpoint) error {
 	if m == nil || m.GetId() == "" || m.GetTrainingRunId() == "" {

@@ -46,6 +46,7 @@ func Run(t *testing.T, open Opener) {
 	}
 	s("Sessions", testSessions)
 	s("TrainingRuns", testTrainingRuns)
+	s("SessionTrainingRuns", testSessionTrainingRuns)
 	s("Checkpoints", testCheckpoints)
 	s("ExpiredCheckpoints", testExpiredCheckpoints)
 	s("Samplers", testSamplers)
@@ -291,6 +292,33 @@ func testTrainingRuns(t *testing.T, open func(t *testing.T) store.Store) {
 		{Workspace: wsA, Run: r1},
 		{Workspace: wsA, Run: r3},
 	}, all)
+}
+
+// testSessionTrainingRuns: a session's runs, oldest first, of its workspace only.
+func testSessionTrainingRuns(t *testing.T, open func(t *testing.T) store.Store) {
+	ctx := t.Context()
+	st := open(t)
+	runs, err := st.ListSessionTrainingRuns(ctx, wsA, "sess-1")
+	require.NoError(t, err)
+	require.Empty(t, runs)
+
+	r1, r2, r3 := trainingRun("r1", time.Hour), trainingRun("r2", 0), trainingRun("r3", time.Minute)
+	r3.SessionId = "sess-2"
+	b1 := trainingRun("b1", 0) // another workspace's run naming the same session id
+	for _, r := range []*loopsv1.TrainingRun{r1, r2, r3} {
+		require.NoError(t, st.PutTrainingRun(ctx, wsA, r))
+	}
+	require.NoError(t, st.PutTrainingRun(ctx, wsB, b1))
+
+	runs, err = st.ListSessionTrainingRuns(ctx, wsA, "sess-1")
+	require.NoError(t, err)
+	requireProtoEqual(t, []*loopsv1.TrainingRun{r2, r1}, runs)
+	runs, err = st.ListSessionTrainingRuns(ctx, wsB, "sess-1")
+	require.NoError(t, err)
+	requireProtoEqual(t, []*loopsv1.TrainingRun{b1}, runs)
+	runs, err = st.ListSessionTrainingRuns(ctx, wsB, "sess-2")
+	require.NoError(t, err)
+	require.Empty(t, runs)
 }
 
 func testCheckpoints(t *testing.T, open func(t *testing.T) store.Store) {
