@@ -3,12 +3,13 @@
 # `openai` Python client, and a checkpoint that a tinker training script saved served through
 # it at once. Creates/reuses a cached venv (scripts/pyenv.sh) with openai and tinker, starts
 # a `loops serve` (clients/with-server.sh; set LOOPS_URL to use a running one) and runs
-# chat.py; then, with the venv's transformers and jinja2, the Go test that the chat prompt of
-# loops/tiny is token for token transformers' apply_chat_template. Exits non-zero on failure.
+# chat.py; then, with the venv's transformers and jinja2, the Go tests that the chat prompt of
+# loops/tiny is token for token transformers' apply_chat_template and that gonja renders
+# Hugging Face style templates as jinja2 does. Exits non-zero on failure.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 venv=$("$root/scripts/pyenv.sh" loops-openai-client openai==3.51.0 tinker==0.38.0 jinja2==3.1.6)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TINKER_TELEMETRY=0
 "$root/clients/with-server.sh" "$venv/bin/python" "$here/chat.py"
-(cd "$root" && LOOPS_PYTHON=$venv/bin/python go test -count=1 -run '^TestTransformersChatTemplateAgrees$' -v ./compat/openai | grep -E '^(--- |ok|FAIL)')
+(cd "$root" && LOOPS_PYTHON=$venv/bin/python go test -count=1 -run '^(TestTransformersChatTemplateAgrees|TestJinja2Agrees)$' -v ./compat/openai | grep -E '^(--- |ok|FAIL)')

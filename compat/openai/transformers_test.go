@@ -74,3 +74,84 @@ print(json.dumps(out))
 		require.Equal(t, res[i].IDs, tx.encode(got), "tokens %d", i)
 	}
 }
+
+// TestJinja2Agrees renders Hugging Face style chat templates with gonja and with Python's
+// jinja2 as transformers sets it up (a sandboxed environment, trim_blocks, lstrip_blocks) and
+// requires the same text: Qwen2.5's (without tools), a Mistral-style one and
+// testdata/qwen3_style.jinja, Qwen3's structure (reversed loops, namespaces, string methods,
+// `is string`, `is defined`, <think> splitting). It runs when LOOPS_PYTHON (or python3) can
+// import jinja2.
+func TestJinja2Agrees(t *testing.T) {
+	py := os.Getenv("LOOPS_PYTHON")
+	if py == "" {
+		if p, err := exec.LookPath("python3"); err == nil {
+			py = p
+		}
+	}
+	if py == "" || exec.Command(py, "-c", "import jinja2").Run() != nil {
+		t.Skip("python with jinja2 not available (set LOOPS_PYTHON)")
+	}
+	qwen3, err := os.ReadFile("testdata/qwen3_style.jinja")
+	require.NoError(t, err)
+	templates := []string{qwenTemplate, mistralTemplate, string(qwen3)}
+	convs := [][]message{
+		{{Role: "user", Content: "Hi"}},
+		{{Role: "system", Content: " Be brief. "}, {Role: "user", Content: "Hi"}},
+		{{Role: "user", Content: "Hi"}, {Role: "assistant", Content: "<think>\nhmm\n</think>\n\nYo"}, {Role: "user", Content: "Again ünïcode 🙂"}},
+		{{Role: "system", Content: "S"}, {Role: "user", Content: "Q"}, {Role: "assistant", Content: "<think>\nlast\n</think>\nA"}},
+	}
+	type job struct {
+		Template string              `json:"template"`
+		Messages []map[string]string `json:"messages"`
+	}
+	var jobs []job
+	for _, src := range templates {
+		for _, c := range convs {
+			j := job{Template: src}
+			for _, m := range c {
+				j.Messages = append(j.Messages, map[string]string{"role": m.Role, "content": m.Content})
+			}
+			jobs = append(jobs, j)
+		}
+	}
+	script := `
+import json, sys
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+def raise_exception(msg):
+    raise ValueError(msg)
+env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+env.globals["raise_exception"] = raise_exception
+out = []
+for j in json.loads(sys.stdin.read()):
+    try:
+        out.append(env.from_string(j["template"]).render(messages=j["messages"], add_generation_prompt=True, bos_token="<s>", eos_token="</s>"))
+    except ValueError as e:
+        out.append(None)
+print(json.dumps(out))
+`
+	b, err := json.Marshal(jobs)
+	require.NoError(t, err)
+	cmd := exec.Command(py, "-c", script)
+	cmd.Stdin = bytes.NewReader(b)
+	outb, err := cmd.Output()
+	require.NoError(t, err, string(outb))
+	var want []*string
+	require.NoError(t, json.Unmarshal(outb, &want))
+	require.Len(t, want, len(jobs))
+	i := 0
+	for ti, src := range templates {
+		tmpl, err := compileTemplate(src)
+		require.NoError(t, err)
+		tx := &text{tmpl: tmpl, bos: "<s>", eos: "</s>"}
+		for ci, c := range convs {
+			got, err := tx.render(c)
+			if want[i] == nil {
+				require.Error(t, err, "template %d, conversation %d: jinja2 raised", ti, ci)
+			} else {
+				require.NoError(t, err, "template %d, conversation %d", ti, ci)
+				require.Equal(t, *want[i], got, "template %d, conversation %d", ti, ci)
+			}
+			i++
+		}
+	}
+}
