@@ -43,7 +43,8 @@ type Options struct {
 	MaxSamplesPerRequest int
 	// MaxSamplers bounds the samplers the adapter remembers, one per (workspace, model): past
 	// it the least recently used is forgotten (its next request creates a new sampler). The
-	// gateway passes the core's Limits.MaxSamplersInMemory. Default 1024.
+	// gateway passes the core's Limits.MaxSamplersInMemory. Default
+	// semantics.MaxSamplersInMemory, the core's default too.
 	MaxSamplers int
 	// Logger receives debug logs and errors. Default slog.Default().
 	Logger *slog.Logger
@@ -57,7 +58,7 @@ type Options struct {
 
 const (
 	defaultMaxBodyBytes = compat.DefaultMaxBodyBytes
-	defaultMaxSamplers  = 1024
+	defaultMaxSamplers  = semantics.MaxSamplersInMemory
 	contentTypeJSON     = "application/json"
 )
 

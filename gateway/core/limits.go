@@ -7,6 +7,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/core/sequencer"
 	"github.com/loops-dev/loops/internal/errs"
+	"github.com/loops-dev/loops/internal/semantics"
 )
 
 // Limits bound what the core holds in memory, so that memory stays flat however many
@@ -50,7 +51,7 @@ func (l *Limits) defaults() {
 	setDefault(&l.MaxSessionsPerWorkspace, 1000)
 	setDefault(&l.MaxRunsPerSession, 1000)
 	setDefault(&l.MaxSamplersPerSession, 100000)
-	setDefault(&l.MaxSamplersInMemory, 1024)
+	setDefault(&l.MaxSamplersInMemory, semantics.MaxSamplersInMemory)
 	setDefault(&l.SamplerIdleTTL, 10*time.Minute)
 	setDefault(&l.RunIdleTTL, time.Minute)
 	setDefault(&l.LiveRunIdleTTL, 10*time.Minute)

@@ -75,4 +75,8 @@ const (
 	MaxNumSamples = 256
 	// MaxTopKPromptLogprobs caps topk_prompt_logprobs.
 	MaxTopKPromptLogprobs = 100
+	// MaxSamplersInMemory is how many samplers of one workspace are held in memory before
+	// the least recently used is dropped (core.Limits.MaxSamplersInMemory's default; the
+	// OpenAI surface bounds its sampler cache the same).
+	MaxSamplersInMemory = 1024
 )
