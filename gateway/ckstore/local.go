@@ -1,0 +1,163 @@
+package ckstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// NewLocal returns the store in the local folder root (created if missing). Objects are
+// files under root; each is written to a temporary sibling, synced and renamed into place,
+// so a manifest appears whole or not at all and only after its parts are on disk.
+func NewLocal(root string, opts Options) (Store, error) {
+	if root == "" {
+		return nil, fmt.Errorf("%w: empty checkpoint folder", ErrInvalid)
+	}
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return nil, fmt.Errorf("ckstore: checkpoint folder: %w", err)
+	}
+	if err := os.MkdirAll(abs, 0o755); err != nil {
+		return nil, fmt.Errorf("ckstore: creating checkpoint folder: %w", err)
+	}
+	if abs, err = filepath.EvalSymlinks(abs); err != nil {
+		return nil, fmt.Errorf("ckstore: checkpoint folder: %w", err)
+	}
+	return newObjStore(&localObjects{root: abs}, opts), nil
+}
+
+// localObjects keeps objects as files under root.
+type localObjects struct{ root string }
+
+// tmpMarker is in the names of files being written; they are never listed as objects.
+const tmpMarker = ".tmp-"
+
+func (l *localObjects) String() string { return l.root }
+
+func (l *localObjects) path(name string) string {
+	return filepath.Join(l.root, filepath.FromSlash(name))
+}
+
+func (l *localObjects) put(_ context.Context, name string, r io.Reader, size int64) error {
+	p := l.path(name)
+	dir := filepath.Dir(p)
+	var f *os.File
+	var err error
+	// Retried: a concurrent remove may prune the folders just made while they are empty.
+	for range 3 {
+		if err = os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		if f, err = os.CreateTemp(dir, filepath.Base(p)+tmpMarker+"*"); !errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+	}
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	fail := func(err error) error {
+		f.Close()
+		_ = os.Remove(tmp)
+		return err
+	}
+	n, err := io.Copy(f, r)
+	if err != nil {
+		return fail(err)
+	}
+	if n != size {
+		return fail(fmt.Errorf("%w: %s: wrote %d bytes, expected %d", ErrInvalid, name, n, size))
+	}
+	if err := f.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := f.Close(); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	return syncDir(dir)
+}
+
+func (l *localObjects) putFile(ctx context.Context, name, src string, size int64) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return l.put(ctx, name, f, size)
+}
+
+func (l *localObjects) get(_ context.Context, name string) (io.ReadCloser, error) {
+	f, err := os.Open(l.path(name))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%s: %w", name, ErrNotFound)
+	}
+	return f, err
+}
+
+func (l *localObjects) list(_ context.Context, prefix string, fn func(string, time.Time) error) error {
+	// Walk the deepest folder that the prefix names whole, then filter by the prefix.
+	start := l.root
+	if i := strings.LastIndex(prefix, "/"); i >= 0 {
+		start = l.path(prefix[:i])
+	}
+	err := filepath.WalkDir(start, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		rel, err := filepath.Rel(l.root, p)
+		if err != nil {
+			return err
+		}
+		name := filepath.ToSlash(rel)
+		if !strings.HasPrefix(name, prefix) {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		return fn(name, info.ModTime())
+	})
+	return err
+}
+
+func (l *localObjects) remove(_ context.Context, names ...string) error {
+	for _, name := range names {
+		p := l.path(name)
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		// Remove the folders this left empty, up to the root.
+		for dir := filepath.Dir(p); dir != l.root && strings.HasPrefix(dir, l.root); dir = filepath.Dir(dir) {
+			if os.Remove(dir) != nil {
+				break
+			}
+		}
+	}
+	return nil
+}
+
+func (l *localObjects) url(_ context.Context, name string, _ time.Duration) (string, error) {
+	return (&url.URL{Scheme: "file", Path: filepath.ToSlash(l.path(name))}).String(), nil
+}
