@@ -216,6 +216,11 @@ func (f *fakeCore) GetTrainingRun(_ context.Context, r *loopsv1.GetTrainingRunRe
 	return proto.Clone(t).(*loopsv1.TrainingRun), nil
 }
 
+// GetTrainingRunMetrics is not used by the compat layer.
+func (f *fakeCore) GetTrainingRunMetrics(context.Context, *loopsv1.GetTrainingRunMetricsRequest) (*loopsv1.GetTrainingRunMetricsResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, nil)
+}
+
 func (f *fakeCore) ListTrainingRuns(_ context.Context, r *loopsv1.ListTrainingRunsRequest) (*loopsv1.ListTrainingRunsResponse, error) {
 	if err := f.enter("ListTrainingRuns", r); err != nil {
 		return nil, err

@@ -37,8 +37,9 @@ import (
 const journalDir = "journal"
 
 const (
-	journalRun byte = 1
-	journalOp  byte = 2
+	journalRun     byte = 1
+	journalOp      byte = 2
+	journalMetrics byte = 3 // a loops.v1.StepMetrics (its training_run_id names the run)
 )
 
 var crc32c = crc32.MakeTable(crc32.Castagnoli)
@@ -101,6 +102,12 @@ func (j *journal) append(b store.Batch) error {
 			return err
 		}
 	}
+	for _, m := range b.StepMetrics {
+		var err error
+		if buf, err = appendFrame(buf, journalMetrics, m.Workspace, m.Metrics); err != nil {
+			return err
+		}
+	}
 	if cap(buf) <= 1<<20 {
 		j.buf = buf
 	}
@@ -155,9 +162,10 @@ func journalFiles(dir string) ([]string, error) {
 	return names, nil
 }
 
-// readJournalFile adds the records of one file to b's maps (later records win) and
-// reports whether the file ended cleanly.
-func readJournalFile(name string, runs map[string]store.OwnedTrainingRun, ops map[string]store.OwnedOperation) (clean bool, err error) {
+// readJournalFile adds the records of one file to b's maps (later records win) and its
+// step metrics to *metrics (when metrics is not nil), and reports whether the file ended
+// cleanly.
+func readJournalFile(name string, runs map[string]store.OwnedTrainingRun, ops map[string]store.OwnedOperation, metrics *[]store.OwnedStepMetrics) (clean bool, err error) {
 	f, err := os.Open(name)
 	if err != nil {
 		return false, err
@@ -200,6 +208,14 @@ func readJournalFile(name string, runs map[string]store.OwnedTrainingRun, ops ma
 				return false, nil
 			}
 			ops[m.GetId()] = store.OwnedOperation{Workspace: ws, Operation: m}
+		case journalMetrics:
+			m := &loopsv1.StepMetrics{}
+			if err := proto.Unmarshal(data, m); err != nil {
+				return false, nil
+			}
+			if metrics != nil {
+				*metrics = append(*metrics, store.OwnedStepMetrics{Workspace: ws, RunID: m.GetTrainingRunId(), Metrics: m})
+			}
 		default:
 			return false, nil
 		}
@@ -219,8 +235,9 @@ func replayJournal(ctx context.Context, dataDir string, st store.Store, log *slo
 		return nil
 	}
 	runs, ops := map[string]store.OwnedTrainingRun{}, map[string]store.OwnedOperation{}
+	var metrics []store.OwnedStepMetrics
 	for _, name := range names {
-		clean, err := readJournalFile(name, runs, ops)
+		clean, err := readJournalFile(name, runs, ops, &metrics)
 		if err != nil {
 			return fmt.Errorf("core: journal: %w", err)
 		}
@@ -230,7 +247,7 @@ func replayJournal(ctx context.Context, dataDir string, st store.Store, log *slo
 			log.Warn("a journal file ends with a torn record; replaying what precedes it", slog.String("file", name))
 		}
 	}
-	var b store.Batch
+	b := store.Batch{StepMetrics: metrics}
 	for _, r := range runs {
 		b.TrainingRuns = append(b.TrainingRuns, r)
 	}
@@ -253,6 +270,12 @@ func replayJournal(ctx context.Context, dataDir string, st store.Store, log *slo
 				failed = true
 			}
 		}
+		for _, m := range b.StepMetrics {
+			if err := st.ApplyBatch(ctx, store.Batch{StepMetrics: []store.OwnedStepMetrics{m}}); err != nil {
+				log.Error("replaying step metrics", slog.String("run", m.RunID), slog.Int64("seq_id", m.Metrics.GetSeqId()), slog.Any("err", err))
+				failed = true
+			}
+		}
 	}
 	if failed {
 		log.Error("the journal is kept, to be replayed again at the next start", slog.String("dir", dir))
@@ -264,6 +287,6 @@ func replayJournal(ctx context.Context, dataDir string, st store.Store, log *slo
 		}
 	}
 	log.Info("replayed the journal left by the previous process", slog.Int("files", len(names)),
-		slog.Int("training_runs", len(b.TrainingRuns)), slog.Int("operations", len(b.Operations)))
+		slog.Int("training_runs", len(b.TrainingRuns)), slog.Int("operations", len(b.Operations)), slog.Int("step_metrics", len(b.StepMetrics)))
 	return nil
 }

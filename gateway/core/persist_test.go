@@ -424,7 +424,7 @@ func TestJournalReplayStopsAtTornRecord(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{first, j.name}, names)
 	for i, name := range names {
-		clean, err := readJournalFile(name, runs, ops)
+		clean, err := readJournalFile(name, runs, ops, nil)
 		require.NoError(t, err)
 		require.Equal(t, i == 0, clean)
 	}

@@ -69,6 +69,7 @@ type persister struct {
 	cond    *sync.Cond
 	ops     map[string]store.OwnedOperation
 	runs    map[string]store.OwnedTrainingRun
+	metrics []store.OwnedStepMetrics
 	after   []func() // run once everything queued before them is durable
 	closing bool
 	stopped bool // the loop has taken its last batch
@@ -84,6 +85,7 @@ type persister struct {
 	// Journaled records waiting for the store, coalesced by id (under mu).
 	jops     map[string]store.OwnedOperation
 	jruns    map[string]store.OwnedTrainingRun
+	jmetrics []store.OwnedStepMetrics
 	jcond    *sync.Cond
 	jclosing bool
 	jdone    chan struct{}
@@ -197,8 +199,20 @@ func (p *persister) run(ws string, r *loopsv1.TrainingRun) {
 	p.wakeLocked()
 }
 
+// stepMetrics queues a step metrics record of a run (runmetrics.go). Like run, it never
+// waits; after Close it is dropped.
+func (p *persister) stepMetrics(ws, runID string, m *loopsv1.StepMetrics) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped {
+		return
+	}
+	p.metrics = append(p.metrics, store.OwnedStepMetrics{Workspace: ws, RunID: runID, Metrics: m})
+	p.wakeLocked()
+}
+
 func (p *persister) emptyLocked() bool {
-	return len(p.ops) == 0 && len(p.runs) == 0 && len(p.after) == 0
+	return len(p.ops) == 0 && len(p.runs) == 0 && len(p.metrics) == 0 && len(p.after) == 0
 }
 
 // take waits for queued writes and takes all of them; stop is true when the persister is
@@ -213,14 +227,14 @@ func (p *persister) take() (b store.Batch, after []func(), stop bool) {
 		p.stopped = true
 		return store.Batch{}, nil, true
 	}
-	b = batchOf(p.runs, p.ops)
+	b = batchOf(p.runs, p.ops, p.metrics)
 	after = p.after
-	p.ops, p.runs, p.after = map[string]store.OwnedOperation{}, map[string]store.OwnedTrainingRun{}, nil
+	p.ops, p.runs, p.metrics, p.after = map[string]store.OwnedOperation{}, map[string]store.OwnedTrainingRun{}, nil, nil
 	return b, after, false
 }
 
-func batchOf(runs map[string]store.OwnedTrainingRun, ops map[string]store.OwnedOperation) store.Batch {
-	var b store.Batch
+func batchOf(runs map[string]store.OwnedTrainingRun, ops map[string]store.OwnedOperation, metrics []store.OwnedStepMetrics) store.Batch {
+	b := store.Batch{StepMetrics: metrics}
 	for _, r := range runs {
 		b.TrainingRuns = append(b.TrainingRuns, r)
 	}
@@ -282,19 +296,28 @@ func (p *persister) journal(b store.Batch) bool {
 		return false
 	}
 	p.mu.Lock()
-	wasEmpty := len(p.jops) == 0 && len(p.jruns) == 0
+	wasEmpty := p.jemptyLocked()
 	for _, r := range b.TrainingRuns {
 		p.jruns[r.Run.GetId()] = r
 	}
 	for _, o := range b.Operations {
 		p.jops[o.Operation.GetId()] = o
 	}
-	if wasEmpty || len(p.jops)+len(p.jruns) >= commitMaxRecords {
+	p.jmetrics = append(p.jmetrics, b.StepMetrics...)
+	if wasEmpty || p.jlenLocked() >= commitMaxRecords {
 		p.jcond.Broadcast()
 	}
 	p.mu.Unlock()
 	return true
 }
+
+// jemptyLocked reports whether no journaled record waits for the store.
+func (p *persister) jemptyLocked() bool {
+	return len(p.jops) == 0 && len(p.jruns) == 0 && len(p.jmetrics) == 0
+}
+
+// jlenLocked is how many journaled records wait for the store.
+func (p *persister) jlenLocked() int { return len(p.jops) + len(p.jruns) + len(p.jmetrics) }
 
 // commitLoop commits journaled records to the store, whatever has been journaled since its
 // previous commit (coalesced for up to commitDelay) in one batch, and removes journal files
@@ -303,22 +326,22 @@ func (p *persister) commitLoop() {
 	defer close(p.jdone)
 	for {
 		p.mu.Lock()
-		for len(p.jops) == 0 && len(p.jruns) == 0 && !p.jclosing && !p.crashed {
+		for p.jemptyLocked() && !p.jclosing && !p.crashed {
 			p.jcond.Wait()
 		}
-		if !p.jclosing && !p.crashed && p.settlers == 0 && len(p.jops)+len(p.jruns) < commitMaxRecords {
+		if !p.jclosing && !p.crashed && p.settlers == 0 && p.jlenLocked() < commitMaxRecords {
 			deadline := time.Now().Add(commitDelay)
 			t := time.AfterFunc(commitDelay, func() {
 				p.mu.Lock()
 				p.jcond.Broadcast()
 				p.mu.Unlock()
 			})
-			for !p.jclosing && !p.crashed && p.settlers == 0 && len(p.jops)+len(p.jruns) < commitMaxRecords && time.Now().Before(deadline) {
+			for !p.jclosing && !p.crashed && p.settlers == 0 && p.jlenLocked() < commitMaxRecords && time.Now().Before(deadline) {
 				p.jcond.Wait()
 			}
 			t.Stop()
 		}
-		if p.crashed || (len(p.jops) == 0 && len(p.jruns) == 0) {
+		if p.crashed || p.jemptyLocked() {
 			p.mu.Unlock()
 			return
 		}
@@ -327,8 +350,8 @@ func (p *persister) commitLoop() {
 		p.jmu.Lock()
 		p.mu.Lock()
 		p.cops, p.cruns = p.jops, p.jruns
-		p.jops, p.jruns = map[string]store.OwnedOperation{}, map[string]store.OwnedTrainingRun{}
-		b := batchOf(p.cruns, p.cops)
+		b := batchOf(p.cruns, p.cops, p.jmetrics)
+		p.jops, p.jruns, p.jmetrics = map[string]store.OwnedOperation{}, map[string]store.OwnedTrainingRun{}, nil
 		p.mu.Unlock()
 		// Every record in the file being appended to is in b or committed before: when the
 		// file is large, the next records go to a new one and this one goes once b commits.
@@ -392,6 +415,12 @@ func (p *persister) commit(b store.Batch) (ok bool) {
 			ok = false
 		}
 	}
+	for _, m := range b.StepMetrics {
+		if err := p.st.ApplyBatch(ctx, store.Batch{StepMetrics: []store.OwnedStepMetrics{m}}); err != nil {
+			p.log.Error("persisting step metrics", slog.String("run", m.RunID), slog.Int64("seq_id", m.Metrics.GetSeqId()), slog.Any("err", err))
+			ok = false
+		}
+	}
 	return ok
 }
 
@@ -440,7 +469,7 @@ func (p *persister) settle() {
 	defer p.mu.Unlock()
 	p.settlers++
 	p.jcond.Broadcast()
-	for (len(p.jops) > 0 || len(p.jruns) > 0 || p.cops != nil) && !p.crashed && p.started && !p.stoppedCommitting() {
+	for (!p.jemptyLocked() || p.cops != nil) && !p.crashed && p.started && !p.stoppedCommitting() {
 		p.jcond.Wait()
 	}
 	p.settlers--
@@ -503,6 +532,12 @@ func (s readStore) ListAllTrainingRuns(ctx context.Context) ([]store.OwnedTraini
 func (s readStore) ListSessionTrainingRuns(ctx context.Context, ws, sessionID string) ([]*loopsv1.TrainingRun, error) {
 	s.p.sync()
 	return s.Store.ListSessionTrainingRuns(ctx, ws, sessionID)
+}
+
+// ListStepMetrics lists a run's step metrics once the store holds every record.
+func (s readStore) ListStepMetrics(ctx context.Context, ws, runID string, fromStep, toStep int64) ([]*loopsv1.StepMetrics, error) {
+	s.p.sync()
+	return s.Store.ListStepMetrics(ctx, ws, runID, fromStep, toStep)
 }
 
 // DeleteOperationsDoneBefore removes old finished operations once the store holds every
@@ -568,7 +603,7 @@ func (p *persister) closeJournal() {
 func (p *persister) crash() {
 	p.mu.Lock()
 	p.crashed, p.closing = true, true
-	p.ops, p.runs, p.after = map[string]store.OwnedOperation{}, map[string]store.OwnedTrainingRun{}, nil
+	p.ops, p.runs, p.metrics, p.after = map[string]store.OwnedOperation{}, map[string]store.OwnedTrainingRun{}, nil, nil
 	p.cond.Broadcast()
 	p.jcond.Broadcast()
 	p.mu.Unlock()

@@ -31,6 +31,8 @@ type task struct {
 	exec   func(ctx context.Context) (func(*loopsv1.Operation), error)
 	// creates is true for the task that creates the run's adapter.
 	creates bool
+	// adam: an optim_step's parameters (its step metrics).
+	adam *loopsv1.AdamParams
 }
 
 // checkSeqID range-checks a seq_id from the wire.
@@ -270,14 +272,24 @@ func (cr coreRunner) resume(r *run) {
 
 func (cr coreRunner) run(ctx context.Context, r *run, t *task) {
 	c := cr.c
+	start := time.Now()
 	set, err := c.execTask(ctx, t)
+	stepped := false
 	if err == nil {
 		switch t.op.op.GetKind() {
 		case loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, loopsv1.OperationKind_OPERATION_KIND_LOAD_WEIGHTS:
 			c.slots.setGrads(r, false) // applied, or replaced by the loaded state
 		}
+		if t.op.op.GetKind() == loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP {
+			res := &loopsv1.Operation{}
+			if set != nil {
+				set(res)
+			}
+			r.recordStep(t.seq, optimStepMetrics(t.adam, res.GetOptimStep(), time.Since(start)))
+			stepped = true
+		}
 	}
-	r.touch(ctx, t.seq) // queued before the outcome: both go out in one journal write
+	r.touch(ctx, t.seq, stepped) // queued before the outcome: both go out in one journal write
 	c.ops.finish(t.op, set, err)
 	r.taskDone()
 }
@@ -308,7 +320,9 @@ func (cr coreRunner) forwardBackward(ctx context.Context, batch []runTask) {
 		tokens += rt.t.tokens
 	}
 	c.metrics.batchItems.Observe(float64(len(batch)))
+	start := time.Now()
 	resp, err := c.backend.Trainer().ForwardBackward(ctx, req)
+	elapsed := time.Since(start)
 	if err == nil && len(resp.GetResults()) != len(batch) {
 		err = connect.NewError(connect.CodeInternal, errors.New("backend returned a result count that does not match the batch"))
 	}
@@ -331,8 +345,11 @@ func (cr coreRunner) forwardBackward(ctx context.Context, batch []runTask) {
 			c.metrics.tokens.WithLabelValues("train").Add(float64(rt.t.tokens))
 			info := rt.r.snapshot()
 			c.recordUsage(rt.r.ws, info.GetBaseModel(), info.GetSessionId(), store.UsageTraining, int64(rt.t.tokens))
+			if !rt.t.fb.GetForwardOnly() {
+				rt.r.recordStep(rt.t.seq, fbStepMetrics(rt.t.fb, res, rt.t.tokens, elapsed))
+			}
 		}
-		rt.r.touch(ctx, rt.t.seq) // queued before the outcome: both go out in one journal write
+		rt.r.touch(ctx, rt.t.seq, false) // queued before the outcome: both go out in one journal write
 		c.ops.finish(rt.t.op, func(op *loopsv1.Operation) {
 			op.Result = &loopsv1.Operation_ForwardBackward{ForwardBackward: res}
 		}, itemErr)
@@ -366,11 +383,14 @@ func (r *run) adapterLost(err error) error {
 	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("the backend lost training run %s's adapter (%s); the next request recreates it, so load the run's last checkpoint (load_state) to continue", r.id, connectMessage(err)))
 }
 
-// touch records that the run did work now.
-func (r *run) touch(ctx context.Context, seq int64) {
+// touch records that the run did work now, and counts an optimizer step when stepped.
+func (r *run) touch(ctx context.Context, seq int64, stepped bool) {
 	r.update(ctx, func(info *loopsv1.TrainingRun) {
 		info.LastRequestTime = timestamppb.New(r.c.now())
 		info.LastSeqId = max(info.LastSeqId, seq)
+		if stepped {
+			info.OptimSteps++
+		}
 	})
 }
 

@@ -361,7 +361,7 @@ func (s TrainingService) OptimStep(ctx context.Context, req *loopsv1.OptimStepRe
 	return c.enqueue(ctx, req.GetTrainingRunId(), req.GetSeqId(), loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP,
 		func(string, *loopsv1.TrainingRun) error { return validateAdam(req.GetAdam()) },
 		func(r *run, _ int64) *task {
-			return &task{exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
+			return &task{adam: req.GetAdam(), exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
 				resp, err := c.backend.Trainer().OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: r.id, Adam: semantics.AdamWithDefaults(req.GetAdam())})
 				if err != nil {
 					return nil, r.adapterLost(err)

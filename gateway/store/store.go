@@ -121,12 +121,22 @@ type Store interface {
 	// PutOperation), with the same rules; a record that its Put would refuse (a missing id,
 	// an id another workspace owns) fails the whole batch. An empty batch succeeds. When a
 	// record appears twice, the later one wins. Training runs are written before
-	// operations. It is how the core's write-behind persister commits a group of writes.
+	// operations, and step metrics last: a step metrics record replaces the run's record
+	// with the same seq_id, is dropped when a merged record already covers its seq_id, and
+	// a run left with more than MaxStepMetricsPerRun records is downsampled
+	// (CompactStepMetrics). It is how the core's write-behind persister commits a group of
+	// writes.
 	ApplyBatch(ctx context.Context, b Batch) error
 	// DeleteOperationsDoneBefore removes finished (succeeded or failed) operations whose
 	// done_time is before t and returns how many it removed; operations without a done_time
 	// are kept.
 	DeleteOperationsDoneBefore(ctx context.Context, t time.Time) (int, error)
+
+	// ListStepMetrics lists the run's step metrics records (written by ApplyBatch), oldest
+	// first (by seq_id), those whose steps overlap [fromStep, toStep] (0: no bound). A run
+	// of another workspace has none. At most MaxStepMetricsPerRun records are kept per run
+	// (see CompactStepMetrics).
+	ListStepMetrics(ctx context.Context, workspace, runID string, fromStep, toStep int64) ([]*loopsv1.StepMetrics, error)
 
 	// AddUsage adds u.Amount to the workspace's usage row keyed by (u.BucketStart,
 	// u.BaseModel, u.SessionID, u.Kind), creating the row when there is none. BucketStart is
@@ -172,10 +182,18 @@ type UsageRecord struct {
 type Batch struct {
 	TrainingRuns []OwnedTrainingRun
 	Operations   []OwnedOperation
+	StepMetrics  []OwnedStepMetrics
 }
 
 // Len is the number of records in the batch.
-func (b Batch) Len() int { return len(b.TrainingRuns) + len(b.Operations) }
+func (b Batch) Len() int { return len(b.TrainingRuns) + len(b.Operations) + len(b.StepMetrics) }
+
+// OwnedStepMetrics is one step metrics record of a training run, with its workspace.
+type OwnedStepMetrics struct {
+	Workspace string
+	RunID     string
+	Metrics   *loopsv1.StepMetrics
+}
 
 // OwnedOperation is an operation with its workspace.
 type OwnedOperation struct {

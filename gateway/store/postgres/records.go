@@ -266,7 +266,8 @@ func (s *Store) GetOperation(ctx context.Context, workspace, id string) (*loopsv
 		`SELECT data FROM operations WHERE id = $1 AND workspace = $2`, id, workspace)
 }
 
-// ApplyBatch writes the batch's training runs, then its operations, in one transaction,
+// ApplyBatch writes the batch's training runs, then its operations, then its step metrics
+// (downsampling runs over the bound, after the batch), in one transaction,
 // sent to the server as one pipelined batch. Within each kind, records are written in id
 // order (duplicates in their given order, so the later one wins): concurrent batches lock
 // rows in the same order and cannot deadlock one another.
@@ -308,10 +309,20 @@ func (s *Store) ApplyBatch(ctx context.Context, b store.Batch) error {
 		writes = append(writes, write{"operation", o.Operation.GetId(), upsertOperation,
 			append(operationArgs(o.Workspace, o.Operation), data)})
 	}
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
+	metrics, metricRuns, err := stepMetricsWrites(b.StepMetrics)
+	if err != nil {
+		return fmt.Errorf("store: apply batch: %w", err)
+	}
+	err = s.inTx(ctx, func(tx pgx.Tx) error {
 		var pb pgx.Batch
 		for _, w := range writes {
 			pb.Queue(w.query, w.args...)
+		}
+		for _, args := range metrics {
+			pb.Queue(insertStepMetrics, args...)
+		}
+		for _, id := range metricRuns {
+			pb.Queue(countStepMetrics, id)
 		}
 		br := tx.SendBatch(ctx, &pb)
 		for _, w := range writes {
@@ -325,7 +336,28 @@ func (s *Store) ApplyBatch(ctx context.Context, b store.Batch) error {
 				return fmt.Errorf("put %s %s: id belongs to another workspace", w.kind, w.id)
 			}
 		}
-		return br.Close()
+		for _, args := range metrics {
+			if _, err := br.Exec(); err != nil {
+				_ = br.Close()
+				return fmt.Errorf("put step metrics %s/%d: %w", args[0], args[1], err)
+			}
+		}
+		counts := make([]int, len(metricRuns))
+		for i, id := range metricRuns {
+			if err := br.QueryRow().Scan(&counts[i]); err != nil {
+				_ = br.Close()
+				return fmt.Errorf("count step metrics of %s: %w", id, err)
+			}
+		}
+		if err := br.Close(); err != nil {
+			return err
+		}
+		for i, id := range metricRuns {
+			if err := compactStepMetrics(ctx, tx, id, counts[i]); err != nil {
+				return fmt.Errorf("downsample step metrics of %s: %w", id, err)
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("store: apply batch: %w", err)

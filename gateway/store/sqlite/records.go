@@ -249,7 +249,8 @@ func putOperation(ctx context.Context, w execer, workspace string, m *loopsv1.Op
 		int64(m.GetState()), isDone(m.GetState()), nullNanos(m.GetDoneTime()))
 }
 
-// ApplyBatch writes the batch's training runs, then its operations, in one transaction.
+// ApplyBatch writes the batch's training runs, then its operations, then its step metrics
+// (downsampling runs over the bound), in one transaction.
 func (s *Store) ApplyBatch(ctx context.Context, b store.Batch) error {
 	if b.Len() == 0 {
 		return nil
@@ -269,6 +270,9 @@ func (s *Store) ApplyBatch(ctx context.Context, b store.Batch) error {
 		if err := putOperation(ctx, w, o.Workspace, o.Operation); err != nil {
 			return fmt.Errorf("store: apply batch: %w", err)
 		}
+	}
+	if err := putStepMetrics(ctx, w, b.StepMetrics); err != nil {
+		return fmt.Errorf("store: apply batch: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("store: apply batch: commit: %w", err)

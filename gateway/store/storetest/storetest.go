@@ -62,6 +62,8 @@ func Run(t *testing.T, open Opener) {
 	s("Usage", testUsage)
 	s("UsageWorkspaces", testUsageWorkspaces)
 	s("UsageRange", testUsageRange)
+	s("StepMetrics", testStepMetrics)
+	s("StepMetricsBound", testStepMetricsBound)
 	t.Run("Reopen", func(t *testing.T) { testReopen(t, open) })
 }
 

@@ -230,7 +230,9 @@ type TrainingRun struct {
 	// Why the run takes no more work (its session ended, it was unloaded, creating it
 	// failed); empty while it takes work. An unloaded run holds no adapter; its checkpoints
 	// stay.
-	UnloadReason  string `protobuf:"bytes,13,opt,name=unload_reason,json=unloadReason,proto3" json:"unload_reason,omitempty"`
+	UnloadReason string `protobuf:"bytes,13,opt,name=unload_reason,json=unloadReason,proto3" json:"unload_reason,omitempty"`
+	// Optimizer steps (optim_step) applied to the run so far.
+	OptimSteps    int64 `protobuf:"varint,14,opt,name=optim_steps,json=optimSteps,proto3" json:"optim_steps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -354,6 +356,13 @@ func (x *TrainingRun) GetUnloadReason() string {
 		return x.UnloadReason
 	}
 	return ""
+}
+
+func (x *TrainingRun) GetOptimSteps() int64 {
+	if x != nil {
+		return x.OptimSteps
+	}
+	return 0
 }
 
 // Checkpoint is a saved adapter: a PEFT-compatible folder.
@@ -586,7 +595,7 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"end_reason\x18\v \x01(\tR\tendReason\x1a?\n" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc4\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe5\x05\n" +
 	"\vTrainingRun\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -604,7 +613,9 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	" \x01(\bR\tcorrupted\x12\x1e\n" +
 	"\vlast_seq_id\x18\v \x01(\x03R\tlastSeqId\x12'\n" +
 	"\rclient_seq_id\x18\f \x01(\x03H\x00R\vclientSeqId\x88\x01\x01\x12#\n" +
-	"\runload_reason\x18\r \x01(\tR\funloadReason\x1a?\n" +
+	"\runload_reason\x18\r \x01(\tR\funloadReason\x12\x1f\n" +
+	"\voptim_steps\x18\x0e \x01(\x03R\n" +
+	"optimSteps\x1a?\n" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +

@@ -600,6 +600,455 @@ func (x *GetTrainingRunRequest) GetId() string {
 	return ""
 }
 
+type GetTrainingRunMetricsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TrainingRunId string                 `protobuf:"bytes,1,opt,name=training_run_id,json=trainingRunId,proto3" json:"training_run_id,omitempty"`
+	// Only records whose steps lie in [from_step, to_step]; 0 means no bound.
+	FromStep int64 `protobuf:"varint,2,opt,name=from_step,json=fromStep,proto3" json:"from_step,omitempty"`
+	ToStep   int64 `protobuf:"varint,3,opt,name=to_step,json=toStep,proto3" json:"to_step,omitempty"`
+	// At most this many records of each kind: consecutive records are merged (as the store's
+	// downsampling merges them) until they fit. 0 means no limit.
+	MaxPoints     int32 `protobuf:"varint,4,opt,name=max_points,json=maxPoints,proto3" json:"max_points,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTrainingRunMetricsRequest) Reset() {
+	*x = GetTrainingRunMetricsRequest{}
+	mi := &file_loops_v1_services_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTrainingRunMetricsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTrainingRunMetricsRequest) ProtoMessage() {}
+
+func (x *GetTrainingRunMetricsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTrainingRunMetricsRequest.ProtoReflect.Descriptor instead.
+func (*GetTrainingRunMetricsRequest) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *GetTrainingRunMetricsRequest) GetTrainingRunId() string {
+	if x != nil {
+		return x.TrainingRunId
+	}
+	return ""
+}
+
+func (x *GetTrainingRunMetricsRequest) GetFromStep() int64 {
+	if x != nil {
+		return x.FromStep
+	}
+	return 0
+}
+
+func (x *GetTrainingRunMetricsRequest) GetToStep() int64 {
+	if x != nil {
+		return x.ToStep
+	}
+	return 0
+}
+
+func (x *GetTrainingRunMetricsRequest) GetMaxPoints() int32 {
+	if x != nil {
+		return x.MaxPoints
+	}
+	return 0
+}
+
+type GetTrainingRunMetricsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Oldest first (by seq_id); forward_backward and optim_step records interleaved.
+	Steps         []*StepMetrics `protobuf:"bytes,1,rep,name=steps,proto3" json:"steps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTrainingRunMetricsResponse) Reset() {
+	*x = GetTrainingRunMetricsResponse{}
+	mi := &file_loops_v1_services_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTrainingRunMetricsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTrainingRunMetricsResponse) ProtoMessage() {}
+
+func (x *GetTrainingRunMetricsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTrainingRunMetricsResponse.ProtoReflect.Descriptor instead.
+func (*GetTrainingRunMetricsResponse) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *GetTrainingRunMetricsResponse) GetSteps() []*StepMetrics {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+// StepMetrics is what the server recorded about one forward_backward or optim_step of a
+// training run, or about several consecutive ones of the same kind merged by downsampling
+// (count > 1: seq_id and step are the first one's, last_seq_id and last_step the last one's;
+// sums are added, means and spreads are weighted by the tokens or examples they cover).
+type StepMetrics struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Kind      OperationKind          `protobuf:"varint,1,opt,name=kind,proto3,enum=loops.v1.OperationKind" json:"kind,omitempty"`
+	SeqId     int64                  `protobuf:"varint,2,opt,name=seq_id,json=seqId,proto3" json:"seq_id,omitempty"`
+	LastSeqId int64                  `protobuf:"varint,3,opt,name=last_seq_id,json=lastSeqId,proto3" json:"last_seq_id,omitempty"`
+	// The optimizer step the work belongs to: 1 + the optim_steps the run had applied
+	// before it.
+	Step     int64 `protobuf:"varint,4,opt,name=step,proto3" json:"step,omitempty"`
+	LastStep int64 `protobuf:"varint,5,opt,name=last_step,json=lastStep,proto3" json:"last_step,omitempty"`
+	// How many operations this record covers (1 unless merged).
+	Count int64 `protobuf:"varint,6,opt,name=count,proto3" json:"count,omitempty"`
+	// When the (last) operation finished.
+	Time *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=time,proto3" json:"time,omitempty"`
+	// Wall time of the backend call, in seconds (for a batched forward_backward: the whole
+	// batch's pass).
+	BackendSeconds float64 `protobuf:"fixed64,8,opt,name=backend_seconds,json=backendSeconds,proto3" json:"backend_seconds,omitempty"`
+	// forward_backward: the loss function ("" when merged records differ).
+	LossFn string `protobuf:"bytes,9,opt,name=loss_fn,json=lossFn,proto3" json:"loss_fn,omitempty"`
+	// forward_backward: the backend's loss:sum, and loss_sum / loss_tokens.
+	LossSum  float64 `protobuf:"fixed64,10,opt,name=loss_sum,json=lossSum,proto3" json:"loss_sum,omitempty"`
+	LossMean float64 `protobuf:"fixed64,11,opt,name=loss_mean,json=lossMean,proto3" json:"loss_mean,omitempty"`
+	// forward_backward: model input tokens, tokens that carry loss (non-zero weights for
+	// cross_entropy, sampled tokens for RL losses, every position otherwise), and examples.
+	Tokens     int64 `protobuf:"varint,12,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	LossTokens int64 `protobuf:"varint,13,opt,name=loss_tokens,json=lossTokens,proto3" json:"loss_tokens,omitempty"`
+	Examples   int64 `protobuf:"varint,14,opt,name=examples,proto3" json:"examples,omitempty"`
+	// forward_backward with an RL loss and sampler logprobs: health signals.
+	Rl *RLStepMetrics `protobuf:"bytes,15,opt,name=rl,proto3" json:"rl,omitempty"`
+	// optim_step: the learning rate applied.
+	LearningRate *float64 `protobuf:"fixed64,16,opt,name=learning_rate,json=learningRate,proto3,oneof" json:"learning_rate,omitempty"`
+	// optim_step: the global gradient norm before clipping, when the backend reports it.
+	GradNorm *float64 `protobuf:"fixed64,17,opt,name=grad_norm,json=gradNorm,proto3,oneof" json:"grad_norm,omitempty"`
+	// The training run.
+	TrainingRunId string `protobuf:"bytes,18,opt,name=training_run_id,json=trainingRunId,proto3" json:"training_run_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StepMetrics) Reset() {
+	*x = StepMetrics{}
+	mi := &file_loops_v1_services_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StepMetrics) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StepMetrics) ProtoMessage() {}
+
+func (x *StepMetrics) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StepMetrics.ProtoReflect.Descriptor instead.
+func (*StepMetrics) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *StepMetrics) GetKind() OperationKind {
+	if x != nil {
+		return x.Kind
+	}
+	return OperationKind_OPERATION_KIND_UNSPECIFIED
+}
+
+func (x *StepMetrics) GetSeqId() int64 {
+	if x != nil {
+		return x.SeqId
+	}
+	return 0
+}
+
+func (x *StepMetrics) GetLastSeqId() int64 {
+	if x != nil {
+		return x.LastSeqId
+	}
+	return 0
+}
+
+func (x *StepMetrics) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *StepMetrics) GetLastStep() int64 {
+	if x != nil {
+		return x.LastStep
+	}
+	return 0
+}
+
+func (x *StepMetrics) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *StepMetrics) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *StepMetrics) GetBackendSeconds() float64 {
+	if x != nil {
+		return x.BackendSeconds
+	}
+	return 0
+}
+
+func (x *StepMetrics) GetLossFn() string {
+	if x != nil {
+		return x.LossFn
+	}
+	return ""
+}
+
+func (x *StepMetrics) GetLossSum() float64 {
+	if x != nil {
+		return x.LossSum
+	}
+	return 0
+}
+
+func (x *StepMetrics) GetLossMean() float64 {
+	if x != nil {
+		return x.LossMean
+	}
+	return 0
+}
+
+func (x *StepMetrics) GetTokens() int64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+func (x *StepMetrics) GetLossTokens() int64 {
+	if x != nil {
+		return x.LossTokens
+	}
+	return 0
+}
+
+func (x *StepMetrics) GetExamples() int64 {
+	if x != nil {
+		return x.Examples
+	}
+	return 0
+}
+
+func (x *StepMetrics) GetRl() *RLStepMetrics {
+	if x != nil {
+		return x.Rl
+	}
+	return nil
+}
+
+func (x *StepMetrics) GetLearningRate() float64 {
+	if x != nil && x.LearningRate != nil {
+		return *x.LearningRate
+	}
+	return 0
+}
+
+func (x *StepMetrics) GetGradNorm() float64 {
+	if x != nil && x.GradNorm != nil {
+		return *x.GradNorm
+	}
+	return 0
+}
+
+func (x *StepMetrics) GetTrainingRunId() string {
+	if x != nil {
+		return x.TrainingRunId
+	}
+	return ""
+}
+
+// RLStepMetrics are computed over the sampled tokens of an RL forward_backward: the
+// positions whose sampler logprob or advantage is non-zero (prompt positions carry zeros).
+// With q the sampler's logprob and lp the trainer's, r = exp(lp - q).
+type RLStepMetrics struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sampled tokens counted.
+	Tokens int64 `protobuf:"varint,1,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// KL(sampler || trainer) estimated from the samples: k1 = mean(q - lp),
+	// k3 = mean((r - 1) - log r).
+	KlSampleTrainK1 float64 `protobuf:"fixed64,2,opt,name=kl_sample_train_k1,json=klSampleTrainK1,proto3" json:"kl_sample_train_k1,omitempty"`
+	KlSampleTrainK3 float64 `protobuf:"fixed64,3,opt,name=kl_sample_train_k3,json=klSampleTrainK3,proto3" json:"kl_sample_train_k3,omitempty"`
+	// The importance ratio r over the sampled tokens.
+	RatioMean float64 `protobuf:"fixed64,4,opt,name=ratio_mean,json=ratioMean,proto3" json:"ratio_mean,omitempty"`
+	RatioStd  float64 `protobuf:"fixed64,5,opt,name=ratio_std,json=ratioStd,proto3" json:"ratio_std,omitempty"`
+	RatioMin  float64 `protobuf:"fixed64,6,opt,name=ratio_min,json=ratioMin,proto3" json:"ratio_min,omitempty"`
+	RatioMax  float64 `protobuf:"fixed64,7,opt,name=ratio_max,json=ratioMax,proto3" json:"ratio_max,omitempty"`
+	// Advantages over the sampled tokens.
+	AdvantageMean float64 `protobuf:"fixed64,8,opt,name=advantage_mean,json=advantageMean,proto3" json:"advantage_mean,omitempty"`
+	AdvantageStd  float64 `protobuf:"fixed64,9,opt,name=advantage_std,json=advantageStd,proto3" json:"advantage_std,omitempty"`
+	// Share of examples whose advantages are all zero (they learn nothing).
+	ZeroAdvantageFraction float64 `protobuf:"fixed64,10,opt,name=zero_advantage_fraction,json=zeroAdvantageFraction,proto3" json:"zero_advantage_fraction,omitempty"`
+	// ppo and cispo: share of sampled tokens with r outside [clip_low_threshold,
+	// clip_high_threshold].
+	ClipFraction  *float64 `protobuf:"fixed64,11,opt,name=clip_fraction,json=clipFraction,proto3,oneof" json:"clip_fraction,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RLStepMetrics) Reset() {
+	*x = RLStepMetrics{}
+	mi := &file_loops_v1_services_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RLStepMetrics) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RLStepMetrics) ProtoMessage() {}
+
+func (x *RLStepMetrics) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RLStepMetrics.ProtoReflect.Descriptor instead.
+func (*RLStepMetrics) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RLStepMetrics) GetTokens() int64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+func (x *RLStepMetrics) GetKlSampleTrainK1() float64 {
+	if x != nil {
+		return x.KlSampleTrainK1
+	}
+	return 0
+}
+
+func (x *RLStepMetrics) GetKlSampleTrainK3() float64 {
+	if x != nil {
+		return x.KlSampleTrainK3
+	}
+	return 0
+}
+
+func (x *RLStepMetrics) GetRatioMean() float64 {
+	if x != nil {
+		return x.RatioMean
+	}
+	return 0
+}
+
+func (x *RLStepMetrics) GetRatioStd() float64 {
+	if x != nil {
+		return x.RatioStd
+	}
+	return 0
+}
+
+func (x *RLStepMetrics) GetRatioMin() float64 {
+	if x != nil {
+		return x.RatioMin
+	}
+	return 0
+}
+
+func (x *RLStepMetrics) GetRatioMax() float64 {
+	if x != nil {
+		return x.RatioMax
+	}
+	return 0
+}
+
+func (x *RLStepMetrics) GetAdvantageMean() float64 {
+	if x != nil {
+		return x.AdvantageMean
+	}
+	return 0
+}
+
+func (x *RLStepMetrics) GetAdvantageStd() float64 {
+	if x != nil {
+		return x.AdvantageStd
+	}
+	return 0
+}
+
+func (x *RLStepMetrics) GetZeroAdvantageFraction() float64 {
+	if x != nil {
+		return x.ZeroAdvantageFraction
+	}
+	return 0
+}
+
+func (x *RLStepMetrics) GetClipFraction() float64 {
+	if x != nil && x.ClipFraction != nil {
+		return *x.ClipFraction
+	}
+	return 0
+}
+
 type ListTrainingRunsRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Limit  int32                  `protobuf:"varint,1,opt,name=limit,proto3" json:"limit,omitempty"`
@@ -614,7 +1063,7 @@ type ListTrainingRunsRequest struct {
 
 func (x *ListTrainingRunsRequest) Reset() {
 	*x = ListTrainingRunsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[9]
+	mi := &file_loops_v1_services_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -626,7 +1075,7 @@ func (x *ListTrainingRunsRequest) String() string {
 func (*ListTrainingRunsRequest) ProtoMessage() {}
 
 func (x *ListTrainingRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[9]
+	mi := &file_loops_v1_services_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -639,7 +1088,7 @@ func (x *ListTrainingRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTrainingRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListTrainingRunsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{9}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListTrainingRunsRequest) GetLimit() int32 {
@@ -676,7 +1125,7 @@ type ListTrainingRunsResponse struct {
 
 func (x *ListTrainingRunsResponse) Reset() {
 	*x = ListTrainingRunsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[10]
+	mi := &file_loops_v1_services_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -688,7 +1137,7 @@ func (x *ListTrainingRunsResponse) String() string {
 func (*ListTrainingRunsResponse) ProtoMessage() {}
 
 func (x *ListTrainingRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[10]
+	mi := &file_loops_v1_services_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -701,7 +1150,7 @@ func (x *ListTrainingRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTrainingRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListTrainingRunsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{10}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListTrainingRunsResponse) GetTrainingRuns() []*TrainingRun {
@@ -734,7 +1183,7 @@ type UnloadTrainingRunRequest struct {
 
 func (x *UnloadTrainingRunRequest) Reset() {
 	*x = UnloadTrainingRunRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[11]
+	mi := &file_loops_v1_services_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -746,7 +1195,7 @@ func (x *UnloadTrainingRunRequest) String() string {
 func (*UnloadTrainingRunRequest) ProtoMessage() {}
 
 func (x *UnloadTrainingRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[11]
+	mi := &file_loops_v1_services_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -759,7 +1208,7 @@ func (x *UnloadTrainingRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnloadTrainingRunRequest.ProtoReflect.Descriptor instead.
 func (*UnloadTrainingRunRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{11}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *UnloadTrainingRunRequest) GetId() string {
@@ -784,7 +1233,7 @@ type ForwardBackwardRequest struct {
 
 func (x *ForwardBackwardRequest) Reset() {
 	*x = ForwardBackwardRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[12]
+	mi := &file_loops_v1_services_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -796,7 +1245,7 @@ func (x *ForwardBackwardRequest) String() string {
 func (*ForwardBackwardRequest) ProtoMessage() {}
 
 func (x *ForwardBackwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[12]
+	mi := &file_loops_v1_services_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -809,7 +1258,7 @@ func (x *ForwardBackwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardBackwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardBackwardRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{12}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ForwardBackwardRequest) GetTrainingRunId() string {
@@ -865,7 +1314,7 @@ type OptimStepRequest struct {
 
 func (x *OptimStepRequest) Reset() {
 	*x = OptimStepRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[13]
+	mi := &file_loops_v1_services_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -877,7 +1326,7 @@ func (x *OptimStepRequest) String() string {
 func (*OptimStepRequest) ProtoMessage() {}
 
 func (x *OptimStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[13]
+	mi := &file_loops_v1_services_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -890,7 +1339,7 @@ func (x *OptimStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OptimStepRequest.ProtoReflect.Descriptor instead.
 func (*OptimStepRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{13}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *OptimStepRequest) GetTrainingRunId() string {
@@ -932,7 +1381,7 @@ type SaveWeightsRequest struct {
 
 func (x *SaveWeightsRequest) Reset() {
 	*x = SaveWeightsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[14]
+	mi := &file_loops_v1_services_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -944,7 +1393,7 @@ func (x *SaveWeightsRequest) String() string {
 func (*SaveWeightsRequest) ProtoMessage() {}
 
 func (x *SaveWeightsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[14]
+	mi := &file_loops_v1_services_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -957,7 +1406,7 @@ func (x *SaveWeightsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveWeightsRequest.ProtoReflect.Descriptor instead.
 func (*SaveWeightsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{14}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SaveWeightsRequest) GetTrainingRunId() string {
@@ -1022,7 +1471,7 @@ type LoadWeightsRequest struct {
 
 func (x *LoadWeightsRequest) Reset() {
 	*x = LoadWeightsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[15]
+	mi := &file_loops_v1_services_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1034,7 +1483,7 @@ func (x *LoadWeightsRequest) String() string {
 func (*LoadWeightsRequest) ProtoMessage() {}
 
 func (x *LoadWeightsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[15]
+	mi := &file_loops_v1_services_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1047,7 +1496,7 @@ func (x *LoadWeightsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadWeightsRequest.ProtoReflect.Descriptor instead.
 func (*LoadWeightsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{15}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LoadWeightsRequest) GetTrainingRunId() string {
@@ -1093,7 +1542,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[16]
+	mi := &file_loops_v1_services_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1554,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[16]
+	mi := &file_loops_v1_services_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1567,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{16}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListCheckpointsRequest) GetTrainingRunId() string {
@@ -1162,7 +1611,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[17]
+	mi := &file_loops_v1_services_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1174,7 +1623,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[17]
+	mi := &file_loops_v1_services_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1187,7 +1636,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{17}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*Checkpoint {
@@ -1220,7 +1669,7 @@ type GetCheckpointRequest struct {
 
 func (x *GetCheckpointRequest) Reset() {
 	*x = GetCheckpointRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[18]
+	mi := &file_loops_v1_services_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1232,7 +1681,7 @@ func (x *GetCheckpointRequest) String() string {
 func (*GetCheckpointRequest) ProtoMessage() {}
 
 func (x *GetCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[18]
+	mi := &file_loops_v1_services_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1245,7 +1694,7 @@ func (x *GetCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{18}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetCheckpointRequest) GetPath() string {
@@ -1264,7 +1713,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[19]
+	mi := &file_loops_v1_services_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1276,7 +1725,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[19]
+	mi := &file_loops_v1_services_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1289,7 +1738,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{19}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DeleteCheckpointRequest) GetPath() string {
@@ -1307,7 +1756,7 @@ type DeleteCheckpointResponse struct {
 
 func (x *DeleteCheckpointResponse) Reset() {
 	*x = DeleteCheckpointResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[20]
+	mi := &file_loops_v1_services_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1319,7 +1768,7 @@ func (x *DeleteCheckpointResponse) String() string {
 func (*DeleteCheckpointResponse) ProtoMessage() {}
 
 func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[20]
+	mi := &file_loops_v1_services_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1332,7 +1781,7 @@ func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{20}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{24}
 }
 
 type SetCheckpointPublicRequest struct {
@@ -1345,7 +1794,7 @@ type SetCheckpointPublicRequest struct {
 
 func (x *SetCheckpointPublicRequest) Reset() {
 	*x = SetCheckpointPublicRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[21]
+	mi := &file_loops_v1_services_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1357,7 +1806,7 @@ func (x *SetCheckpointPublicRequest) String() string {
 func (*SetCheckpointPublicRequest) ProtoMessage() {}
 
 func (x *SetCheckpointPublicRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[21]
+	mi := &file_loops_v1_services_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1370,7 +1819,7 @@ func (x *SetCheckpointPublicRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCheckpointPublicRequest.ProtoReflect.Descriptor instead.
 func (*SetCheckpointPublicRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{21}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SetCheckpointPublicRequest) GetPath() string {
@@ -1398,7 +1847,7 @@ type SetCheckpointTTLRequest struct {
 
 func (x *SetCheckpointTTLRequest) Reset() {
 	*x = SetCheckpointTTLRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[22]
+	mi := &file_loops_v1_services_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1410,7 +1859,7 @@ func (x *SetCheckpointTTLRequest) String() string {
 func (*SetCheckpointTTLRequest) ProtoMessage() {}
 
 func (x *SetCheckpointTTLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[22]
+	mi := &file_loops_v1_services_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1423,7 +1872,7 @@ func (x *SetCheckpointTTLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCheckpointTTLRequest.ProtoReflect.Descriptor instead.
 func (*SetCheckpointTTLRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{22}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SetCheckpointTTLRequest) GetPath() string {
@@ -1449,7 +1898,7 @@ type GetCheckpointArchiveURLRequest struct {
 
 func (x *GetCheckpointArchiveURLRequest) Reset() {
 	*x = GetCheckpointArchiveURLRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[23]
+	mi := &file_loops_v1_services_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1461,7 +1910,7 @@ func (x *GetCheckpointArchiveURLRequest) String() string {
 func (*GetCheckpointArchiveURLRequest) ProtoMessage() {}
 
 func (x *GetCheckpointArchiveURLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[23]
+	mi := &file_loops_v1_services_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1474,7 +1923,7 @@ func (x *GetCheckpointArchiveURLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointArchiveURLRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointArchiveURLRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{23}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetCheckpointArchiveURLRequest) GetPath() string {
@@ -1494,7 +1943,7 @@ type GetCheckpointArchiveURLResponse struct {
 
 func (x *GetCheckpointArchiveURLResponse) Reset() {
 	*x = GetCheckpointArchiveURLResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[24]
+	mi := &file_loops_v1_services_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1506,7 +1955,7 @@ func (x *GetCheckpointArchiveURLResponse) String() string {
 func (*GetCheckpointArchiveURLResponse) ProtoMessage() {}
 
 func (x *GetCheckpointArchiveURLResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[24]
+	mi := &file_loops_v1_services_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1519,7 +1968,7 @@ func (x *GetCheckpointArchiveURLResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointArchiveURLResponse.ProtoReflect.Descriptor instead.
 func (*GetCheckpointArchiveURLResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{24}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetCheckpointArchiveURLResponse) GetUrl() string {
@@ -1545,7 +1994,7 @@ type GetCheckpointFileURLsRequest struct {
 
 func (x *GetCheckpointFileURLsRequest) Reset() {
 	*x = GetCheckpointFileURLsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[25]
+	mi := &file_loops_v1_services_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1557,7 +2006,7 @@ func (x *GetCheckpointFileURLsRequest) String() string {
 func (*GetCheckpointFileURLsRequest) ProtoMessage() {}
 
 func (x *GetCheckpointFileURLsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[25]
+	mi := &file_loops_v1_services_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1570,7 +2019,7 @@ func (x *GetCheckpointFileURLsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointFileURLsRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointFileURLsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{25}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetCheckpointFileURLsRequest) GetPath() string {
@@ -1592,7 +2041,7 @@ type GetCheckpointFileURLsResponse struct {
 
 func (x *GetCheckpointFileURLsResponse) Reset() {
 	*x = GetCheckpointFileURLsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[26]
+	mi := &file_loops_v1_services_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1604,7 +2053,7 @@ func (x *GetCheckpointFileURLsResponse) String() string {
 func (*GetCheckpointFileURLsResponse) ProtoMessage() {}
 
 func (x *GetCheckpointFileURLsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[26]
+	mi := &file_loops_v1_services_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1617,7 +2066,7 @@ func (x *GetCheckpointFileURLsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointFileURLsResponse.ProtoReflect.Descriptor instead.
 func (*GetCheckpointFileURLsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{26}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetCheckpointFileURLsResponse) GetUrls() map[string]string {
@@ -1647,7 +2096,7 @@ type CreateSamplerRequest struct {
 
 func (x *CreateSamplerRequest) Reset() {
 	*x = CreateSamplerRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[27]
+	mi := &file_loops_v1_services_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1659,7 +2108,7 @@ func (x *CreateSamplerRequest) String() string {
 func (*CreateSamplerRequest) ProtoMessage() {}
 
 func (x *CreateSamplerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[27]
+	mi := &file_loops_v1_services_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1672,7 +2121,7 @@ func (x *CreateSamplerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSamplerRequest.ProtoReflect.Descriptor instead.
 func (*CreateSamplerRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{27}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CreateSamplerRequest) GetSessionId() string {
@@ -1712,7 +2161,7 @@ type GetSamplerRequest struct {
 
 func (x *GetSamplerRequest) Reset() {
 	*x = GetSamplerRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[28]
+	mi := &file_loops_v1_services_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1724,7 +2173,7 @@ func (x *GetSamplerRequest) String() string {
 func (*GetSamplerRequest) ProtoMessage() {}
 
 func (x *GetSamplerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[28]
+	mi := &file_loops_v1_services_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1737,7 +2186,7 @@ func (x *GetSamplerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSamplerRequest.ProtoReflect.Descriptor instead.
 func (*GetSamplerRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{28}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetSamplerRequest) GetId() string {
@@ -1763,7 +2212,7 @@ type SampleRequest struct {
 
 func (x *SampleRequest) Reset() {
 	*x = SampleRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[29]
+	mi := &file_loops_v1_services_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1775,7 +2224,7 @@ func (x *SampleRequest) String() string {
 func (*SampleRequest) ProtoMessage() {}
 
 func (x *SampleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[29]
+	mi := &file_loops_v1_services_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1788,7 +2237,7 @@ func (x *SampleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SampleRequest.ProtoReflect.Descriptor instead.
 func (*SampleRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{29}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SampleRequest) GetSamplerId() string {
@@ -1848,7 +2297,7 @@ type ListModelsRequest struct {
 
 func (x *ListModelsRequest) Reset() {
 	*x = ListModelsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[30]
+	mi := &file_loops_v1_services_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1860,7 +2309,7 @@ func (x *ListModelsRequest) String() string {
 func (*ListModelsRequest) ProtoMessage() {}
 
 func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[30]
+	mi := &file_loops_v1_services_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1873,7 +2322,7 @@ func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsRequest.ProtoReflect.Descriptor instead.
 func (*ListModelsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{30}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{34}
 }
 
 type ListModelsResponse struct {
@@ -1885,7 +2334,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[31]
+	mi := &file_loops_v1_services_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1897,7 +2346,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[31]
+	mi := &file_loops_v1_services_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1910,7 +2359,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{31}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListModelsResponse) GetModels() []*ModelInfo {
@@ -1932,7 +2381,7 @@ type GetUsageRequest struct {
 
 func (x *GetUsageRequest) Reset() {
 	*x = GetUsageRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[32]
+	mi := &file_loops_v1_services_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1944,7 +2393,7 @@ func (x *GetUsageRequest) String() string {
 func (*GetUsageRequest) ProtoMessage() {}
 
 func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[32]
+	mi := &file_loops_v1_services_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1957,7 +2406,7 @@ func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetUsageRequest.ProtoReflect.Descriptor instead.
 func (*GetUsageRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{32}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetUsageRequest) GetStartTime() *timestamppb.Timestamp {
@@ -1983,7 +2432,7 @@ type GetUsageResponse struct {
 
 func (x *GetUsageResponse) Reset() {
 	*x = GetUsageResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[33]
+	mi := &file_loops_v1_services_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1995,7 +2444,7 @@ func (x *GetUsageResponse) String() string {
 func (*GetUsageResponse) ProtoMessage() {}
 
 func (x *GetUsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[33]
+	mi := &file_loops_v1_services_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2008,7 +2457,7 @@ func (x *GetUsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetUsageResponse.ProtoReflect.Descriptor instead.
 func (*GetUsageResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{33}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetUsageResponse) GetBuckets() []*UsageBucket {
@@ -2033,7 +2482,7 @@ type UsageBucket struct {
 
 func (x *UsageBucket) Reset() {
 	*x = UsageBucket{}
-	mi := &file_loops_v1_services_proto_msgTypes[34]
+	mi := &file_loops_v1_services_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2045,7 +2494,7 @@ func (x *UsageBucket) String() string {
 func (*UsageBucket) ProtoMessage() {}
 
 func (x *UsageBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[34]
+	mi := &file_loops_v1_services_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2058,7 +2507,7 @@ func (x *UsageBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageBucket.ProtoReflect.Descriptor instead.
 func (*UsageBucket) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{34}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *UsageBucket) GetStartTime() *timestamppb.Timestamp {
@@ -2111,7 +2560,7 @@ type GetWorkspaceRequest struct {
 
 func (x *GetWorkspaceRequest) Reset() {
 	*x = GetWorkspaceRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[35]
+	mi := &file_loops_v1_services_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2123,7 +2572,7 @@ func (x *GetWorkspaceRequest) String() string {
 func (*GetWorkspaceRequest) ProtoMessage() {}
 
 func (x *GetWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[35]
+	mi := &file_loops_v1_services_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2136,7 +2585,7 @@ func (x *GetWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*GetWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{35}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{39}
 }
 
 // Workspace is an API key's workspace: its name, its policy's limits and its current use.
@@ -2151,7 +2600,7 @@ type Workspace struct {
 
 func (x *Workspace) Reset() {
 	*x = Workspace{}
-	mi := &file_loops_v1_services_proto_msgTypes[36]
+	mi := &file_loops_v1_services_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2163,7 +2612,7 @@ func (x *Workspace) String() string {
 func (*Workspace) ProtoMessage() {}
 
 func (x *Workspace) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[36]
+	mi := &file_loops_v1_services_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2176,7 +2625,7 @@ func (x *Workspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workspace.ProtoReflect.Descriptor instead.
 func (*Workspace) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{36}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Workspace) GetName() string {
@@ -2224,7 +2673,7 @@ type WorkspaceLimits struct {
 
 func (x *WorkspaceLimits) Reset() {
 	*x = WorkspaceLimits{}
-	mi := &file_loops_v1_services_proto_msgTypes[37]
+	mi := &file_loops_v1_services_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2236,7 +2685,7 @@ func (x *WorkspaceLimits) String() string {
 func (*WorkspaceLimits) ProtoMessage() {}
 
 func (x *WorkspaceLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[37]
+	mi := &file_loops_v1_services_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2249,7 +2698,7 @@ func (x *WorkspaceLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceLimits.ProtoReflect.Descriptor instead.
 func (*WorkspaceLimits) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{37}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *WorkspaceLimits) GetModels() []*ModelInfo {
@@ -2311,7 +2760,7 @@ type WorkspaceUse struct {
 
 func (x *WorkspaceUse) Reset() {
 	*x = WorkspaceUse{}
-	mi := &file_loops_v1_services_proto_msgTypes[38]
+	mi := &file_loops_v1_services_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2323,7 +2772,7 @@ func (x *WorkspaceUse) String() string {
 func (*WorkspaceUse) ProtoMessage() {}
 
 func (x *WorkspaceUse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[38]
+	mi := &file_loops_v1_services_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2336,7 +2785,7 @@ func (x *WorkspaceUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceUse.ProtoReflect.Descriptor instead.
 func (*WorkspaceUse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{38}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *WorkspaceUse) GetLiveRuns() int32 {
@@ -2416,7 +2865,54 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +
 	"\x0e_client_seq_id\"'\n" +
 	"\x15GetTrainingRunRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"f\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x9b\x01\n" +
+	"\x1cGetTrainingRunMetricsRequest\x12&\n" +
+	"\x0ftraining_run_id\x18\x01 \x01(\tR\rtrainingRunId\x12\x1b\n" +
+	"\tfrom_step\x18\x02 \x01(\x03R\bfromStep\x12\x17\n" +
+	"\ato_step\x18\x03 \x01(\x03R\x06toStep\x12\x1d\n" +
+	"\n" +
+	"max_points\x18\x04 \x01(\x05R\tmaxPoints\"L\n" +
+	"\x1dGetTrainingRunMetricsResponse\x12+\n" +
+	"\x05steps\x18\x01 \x03(\v2\x15.loops.v1.StepMetricsR\x05steps\"\xf4\x04\n" +
+	"\vStepMetrics\x12+\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x17.loops.v1.OperationKindR\x04kind\x12\x15\n" +
+	"\x06seq_id\x18\x02 \x01(\x03R\x05seqId\x12\x1e\n" +
+	"\vlast_seq_id\x18\x03 \x01(\x03R\tlastSeqId\x12\x12\n" +
+	"\x04step\x18\x04 \x01(\x03R\x04step\x12\x1b\n" +
+	"\tlast_step\x18\x05 \x01(\x03R\blastStep\x12\x14\n" +
+	"\x05count\x18\x06 \x01(\x03R\x05count\x12.\n" +
+	"\x04time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12'\n" +
+	"\x0fbackend_seconds\x18\b \x01(\x01R\x0ebackendSeconds\x12\x17\n" +
+	"\aloss_fn\x18\t \x01(\tR\x06lossFn\x12\x19\n" +
+	"\bloss_sum\x18\n" +
+	" \x01(\x01R\alossSum\x12\x1b\n" +
+	"\tloss_mean\x18\v \x01(\x01R\blossMean\x12\x16\n" +
+	"\x06tokens\x18\f \x01(\x03R\x06tokens\x12\x1f\n" +
+	"\vloss_tokens\x18\r \x01(\x03R\n" +
+	"lossTokens\x12\x1a\n" +
+	"\bexamples\x18\x0e \x01(\x03R\bexamples\x12'\n" +
+	"\x02rl\x18\x0f \x01(\v2\x17.loops.v1.RLStepMetricsR\x02rl\x12(\n" +
+	"\rlearning_rate\x18\x10 \x01(\x01H\x00R\flearningRate\x88\x01\x01\x12 \n" +
+	"\tgrad_norm\x18\x11 \x01(\x01H\x01R\bgradNorm\x88\x01\x01\x12&\n" +
+	"\x0ftraining_run_id\x18\x12 \x01(\tR\rtrainingRunIdB\x10\n" +
+	"\x0e_learning_rateB\f\n" +
+	"\n" +
+	"_grad_norm\"\xb7\x03\n" +
+	"\rRLStepMetrics\x12\x16\n" +
+	"\x06tokens\x18\x01 \x01(\x03R\x06tokens\x12+\n" +
+	"\x12kl_sample_train_k1\x18\x02 \x01(\x01R\x0fklSampleTrainK1\x12+\n" +
+	"\x12kl_sample_train_k3\x18\x03 \x01(\x01R\x0fklSampleTrainK3\x12\x1d\n" +
+	"\n" +
+	"ratio_mean\x18\x04 \x01(\x01R\tratioMean\x12\x1b\n" +
+	"\tratio_std\x18\x05 \x01(\x01R\bratioStd\x12\x1b\n" +
+	"\tratio_min\x18\x06 \x01(\x01R\bratioMin\x12\x1b\n" +
+	"\tratio_max\x18\a \x01(\x01R\bratioMax\x12%\n" +
+	"\x0eadvantage_mean\x18\b \x01(\x01R\radvantageMean\x12#\n" +
+	"\radvantage_std\x18\t \x01(\x01R\fadvantageStd\x126\n" +
+	"\x17zero_advantage_fraction\x18\n" +
+	" \x01(\x01R\x15zeroAdvantageFraction\x12(\n" +
+	"\rclip_fraction\x18\v \x01(\x01H\x00R\fclipFraction\x88\x01\x01B\x10\n" +
+	"\x0e_clip_fraction\"f\n" +
 	"\x17ListTrainingRunsRequest\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\x05R\x05limit\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x05R\x06offset\x12\x1d\n" +
@@ -2568,7 +3064,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\rFinishSession\x12\x1e.loops.v1.FinishSessionRequest\x1a\x11.loops.v1.Session\"#\x82\xd3\xe4\x93\x02\x1d:\x01*\"\x18/v1/sessions/{id}/finish\x12W\n" +
 	"\n" +
 	"GetSession\x12\x1b.loops.v1.GetSessionRequest\x1a\x11.loops.v1.Session\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/sessions/{id}\x12c\n" +
-	"\fListSessions\x12\x1d.loops.v1.ListSessionsRequest\x1a\x1e.loops.v1.ListSessionsResponse\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/v1/sessions2\xd8\a\n" +
+	"\fListSessions\x12\x1d.loops.v1.ListSessionsRequest\x1a\x1e.loops.v1.ListSessionsResponse\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/v1/sessions2\xf8\b\n" +
 	"\x0fTrainingService\x12j\n" +
 	"\x11CreateTrainingRun\x12\".loops.v1.CreateTrainingRunRequest\x1a\x13.loops.v1.Operation\"\x1c\x82\xd3\xe4\x93\x02\x16:\x01*\"\x11/v1/training_runs\x12h\n" +
 	"\x0eGetTrainingRun\x12\x1f.loops.v1.GetTrainingRunRequest\x1a\x15.loops.v1.TrainingRun\"\x1e\x82\xd3\xe4\x93\x02\x18\x12\x16/v1/training_runs/{id}\x12t\n" +
@@ -2577,7 +3073,8 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x0fForwardBackward\x12 .loops.v1.ForwardBackwardRequest\x1a\x13.loops.v1.Operation\"?\x82\xd3\xe4\x93\x029:\x01*\"4/v1/training_runs/{training_run_id}/forward_backward\x12w\n" +
 	"\tOptimStep\x12\x1a.loops.v1.OptimStepRequest\x1a\x13.loops.v1.Operation\"9\x82\xd3\xe4\x93\x023:\x01*\"./v1/training_runs/{training_run_id}/optim_step\x12}\n" +
 	"\vSaveWeights\x12\x1c.loops.v1.SaveWeightsRequest\x1a\x13.loops.v1.Operation\";\x82\xd3\xe4\x93\x025:\x01*\"0/v1/training_runs/{training_run_id}/save_weights\x12}\n" +
-	"\vLoadWeights\x12\x1c.loops.v1.LoadWeightsRequest\x1a\x13.loops.v1.Operation\";\x82\xd3\xe4\x93\x025:\x01*\"0/v1/training_runs/{training_run_id}/load_weights2\x8d\a\n" +
+	"\vLoadWeights\x12\x1c.loops.v1.LoadWeightsRequest\x1a\x13.loops.v1.Operation\";\x82\xd3\xe4\x93\x025:\x01*\"0/v1/training_runs/{training_run_id}/load_weights\x12\x9d\x01\n" +
+	"\x15GetTrainingRunMetrics\x12&.loops.v1.GetTrainingRunMetricsRequest\x1a'.loops.v1.GetTrainingRunMetricsResponse\"3\x82\xd3\xe4\x93\x02-\x12+/v1/training_runs/{training_run_id}/metrics2\x8d\a\n" +
 	"\x11CheckpointService\x12\xa2\x01\n" +
 	"\x0fListCheckpoints\x12 .loops.v1.ListCheckpointsRequest\x1a!.loops.v1.ListCheckpointsResponse\"J\x82\xd3\xe4\x93\x02DZ1\x12//v1/training_runs/{training_run_id}/checkpoints\x12\x0f/v1/checkpoints\x12]\n" +
 	"\rGetCheckpoint\x12\x1e.loops.v1.GetCheckpointRequest\x1a\x14.loops.v1.Checkpoint\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/v1/checkpoint\x12q\n" +
@@ -2614,7 +3111,7 @@ func file_loops_v1_services_proto_rawDescGZIP() []byte {
 }
 
 var file_loops_v1_services_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_loops_v1_services_proto_goTypes = []any{
 	(UsageKind)(0),                          // 0: loops.v1.UsageKind
 	(*CreateSessionRequest)(nil),            // 1: loops.v1.CreateSessionRequest
@@ -2626,135 +3123,146 @@ var file_loops_v1_services_proto_goTypes = []any{
 	(*ListSessionsResponse)(nil),            // 7: loops.v1.ListSessionsResponse
 	(*CreateTrainingRunRequest)(nil),        // 8: loops.v1.CreateTrainingRunRequest
 	(*GetTrainingRunRequest)(nil),           // 9: loops.v1.GetTrainingRunRequest
-	(*ListTrainingRunsRequest)(nil),         // 10: loops.v1.ListTrainingRunsRequest
-	(*ListTrainingRunsResponse)(nil),        // 11: loops.v1.ListTrainingRunsResponse
-	(*UnloadTrainingRunRequest)(nil),        // 12: loops.v1.UnloadTrainingRunRequest
-	(*ForwardBackwardRequest)(nil),          // 13: loops.v1.ForwardBackwardRequest
-	(*OptimStepRequest)(nil),                // 14: loops.v1.OptimStepRequest
-	(*SaveWeightsRequest)(nil),              // 15: loops.v1.SaveWeightsRequest
-	(*LoadWeightsRequest)(nil),              // 16: loops.v1.LoadWeightsRequest
-	(*ListCheckpointsRequest)(nil),          // 17: loops.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),         // 18: loops.v1.ListCheckpointsResponse
-	(*GetCheckpointRequest)(nil),            // 19: loops.v1.GetCheckpointRequest
-	(*DeleteCheckpointRequest)(nil),         // 20: loops.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil),        // 21: loops.v1.DeleteCheckpointResponse
-	(*SetCheckpointPublicRequest)(nil),      // 22: loops.v1.SetCheckpointPublicRequest
-	(*SetCheckpointTTLRequest)(nil),         // 23: loops.v1.SetCheckpointTTLRequest
-	(*GetCheckpointArchiveURLRequest)(nil),  // 24: loops.v1.GetCheckpointArchiveURLRequest
-	(*GetCheckpointArchiveURLResponse)(nil), // 25: loops.v1.GetCheckpointArchiveURLResponse
-	(*GetCheckpointFileURLsRequest)(nil),    // 26: loops.v1.GetCheckpointFileURLsRequest
-	(*GetCheckpointFileURLsResponse)(nil),   // 27: loops.v1.GetCheckpointFileURLsResponse
-	(*CreateSamplerRequest)(nil),            // 28: loops.v1.CreateSamplerRequest
-	(*GetSamplerRequest)(nil),               // 29: loops.v1.GetSamplerRequest
-	(*SampleRequest)(nil),                   // 30: loops.v1.SampleRequest
-	(*ListModelsRequest)(nil),               // 31: loops.v1.ListModelsRequest
-	(*ListModelsResponse)(nil),              // 32: loops.v1.ListModelsResponse
-	(*GetUsageRequest)(nil),                 // 33: loops.v1.GetUsageRequest
-	(*GetUsageResponse)(nil),                // 34: loops.v1.GetUsageResponse
-	(*UsageBucket)(nil),                     // 35: loops.v1.UsageBucket
-	(*GetWorkspaceRequest)(nil),             // 36: loops.v1.GetWorkspaceRequest
-	(*Workspace)(nil),                       // 37: loops.v1.Workspace
-	(*WorkspaceLimits)(nil),                 // 38: loops.v1.WorkspaceLimits
-	(*WorkspaceUse)(nil),                    // 39: loops.v1.WorkspaceUse
-	nil,                                     // 40: loops.v1.CreateSessionRequest.UserMetadataEntry
-	nil,                                     // 41: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
-	nil,                                     // 42: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	nil,                                     // 43: loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
-	(*Session)(nil),                         // 44: loops.v1.Session
-	(*LoraConfig)(nil),                      // 45: loops.v1.LoraConfig
-	(*TrainingRun)(nil),                     // 46: loops.v1.TrainingRun
-	(*Datum)(nil),                           // 47: loops.v1.Datum
-	(*AdamParams)(nil),                      // 48: loops.v1.AdamParams
-	(CheckpointKind)(0),                     // 49: loops.v1.CheckpointKind
-	(*Checkpoint)(nil),                      // 50: loops.v1.Checkpoint
+	(*GetTrainingRunMetricsRequest)(nil),    // 10: loops.v1.GetTrainingRunMetricsRequest
+	(*GetTrainingRunMetricsResponse)(nil),   // 11: loops.v1.GetTrainingRunMetricsResponse
+	(*StepMetrics)(nil),                     // 12: loops.v1.StepMetrics
+	(*RLStepMetrics)(nil),                   // 13: loops.v1.RLStepMetrics
+	(*ListTrainingRunsRequest)(nil),         // 14: loops.v1.ListTrainingRunsRequest
+	(*ListTrainingRunsResponse)(nil),        // 15: loops.v1.ListTrainingRunsResponse
+	(*UnloadTrainingRunRequest)(nil),        // 16: loops.v1.UnloadTrainingRunRequest
+	(*ForwardBackwardRequest)(nil),          // 17: loops.v1.ForwardBackwardRequest
+	(*OptimStepRequest)(nil),                // 18: loops.v1.OptimStepRequest
+	(*SaveWeightsRequest)(nil),              // 19: loops.v1.SaveWeightsRequest
+	(*LoadWeightsRequest)(nil),              // 20: loops.v1.LoadWeightsRequest
+	(*ListCheckpointsRequest)(nil),          // 21: loops.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),         // 22: loops.v1.ListCheckpointsResponse
+	(*GetCheckpointRequest)(nil),            // 23: loops.v1.GetCheckpointRequest
+	(*DeleteCheckpointRequest)(nil),         // 24: loops.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil),        // 25: loops.v1.DeleteCheckpointResponse
+	(*SetCheckpointPublicRequest)(nil),      // 26: loops.v1.SetCheckpointPublicRequest
+	(*SetCheckpointTTLRequest)(nil),         // 27: loops.v1.SetCheckpointTTLRequest
+	(*GetCheckpointArchiveURLRequest)(nil),  // 28: loops.v1.GetCheckpointArchiveURLRequest
+	(*GetCheckpointArchiveURLResponse)(nil), // 29: loops.v1.GetCheckpointArchiveURLResponse
+	(*GetCheckpointFileURLsRequest)(nil),    // 30: loops.v1.GetCheckpointFileURLsRequest
+	(*GetCheckpointFileURLsResponse)(nil),   // 31: loops.v1.GetCheckpointFileURLsResponse
+	(*CreateSamplerRequest)(nil),            // 32: loops.v1.CreateSamplerRequest
+	(*GetSamplerRequest)(nil),               // 33: loops.v1.GetSamplerRequest
+	(*SampleRequest)(nil),                   // 34: loops.v1.SampleRequest
+	(*ListModelsRequest)(nil),               // 35: loops.v1.ListModelsRequest
+	(*ListModelsResponse)(nil),              // 36: loops.v1.ListModelsResponse
+	(*GetUsageRequest)(nil),                 // 37: loops.v1.GetUsageRequest
+	(*GetUsageResponse)(nil),                // 38: loops.v1.GetUsageResponse
+	(*UsageBucket)(nil),                     // 39: loops.v1.UsageBucket
+	(*GetWorkspaceRequest)(nil),             // 40: loops.v1.GetWorkspaceRequest
+	(*Workspace)(nil),                       // 41: loops.v1.Workspace
+	(*WorkspaceLimits)(nil),                 // 42: loops.v1.WorkspaceLimits
+	(*WorkspaceUse)(nil),                    // 43: loops.v1.WorkspaceUse
+	nil,                                     // 44: loops.v1.CreateSessionRequest.UserMetadataEntry
+	nil,                                     // 45: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	nil,                                     // 46: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	nil,                                     // 47: loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	(*Session)(nil),                         // 48: loops.v1.Session
+	(*LoraConfig)(nil),                      // 49: loops.v1.LoraConfig
+	(OperationKind)(0),                      // 50: loops.v1.OperationKind
 	(*timestamppb.Timestamp)(nil),           // 51: google.protobuf.Timestamp
-	(*SamplingParams)(nil),                  // 52: loops.v1.SamplingParams
-	(*ModelInfo)(nil),                       // 53: loops.v1.ModelInfo
-	(*Operation)(nil),                       // 54: loops.v1.Operation
-	(*Sampler)(nil),                         // 55: loops.v1.Sampler
+	(*TrainingRun)(nil),                     // 52: loops.v1.TrainingRun
+	(*Datum)(nil),                           // 53: loops.v1.Datum
+	(*AdamParams)(nil),                      // 54: loops.v1.AdamParams
+	(CheckpointKind)(0),                     // 55: loops.v1.CheckpointKind
+	(*Checkpoint)(nil),                      // 56: loops.v1.Checkpoint
+	(*SamplingParams)(nil),                  // 57: loops.v1.SamplingParams
+	(*ModelInfo)(nil),                       // 58: loops.v1.ModelInfo
+	(*Operation)(nil),                       // 59: loops.v1.Operation
+	(*Sampler)(nil),                         // 60: loops.v1.Sampler
 }
 var file_loops_v1_services_proto_depIdxs = []int32{
-	40, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
-	44, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
-	45, // 2: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
-	41, // 3: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
-	46, // 4: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
-	47, // 5: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
-	42, // 6: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	48, // 7: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
-	49, // 8: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
-	50, // 9: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
-	51, // 10: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
-	43, // 11: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
-	51, // 12: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
-	52, // 13: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
-	53, // 14: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
-	51, // 15: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
-	51, // 16: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
-	35, // 17: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
-	51, // 18: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
-	51, // 19: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
-	0,  // 20: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
-	38, // 21: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
-	39, // 22: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
-	53, // 23: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
-	1,  // 24: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
-	2,  // 25: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
-	4,  // 26: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
-	5,  // 27: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
-	6,  // 28: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
-	8,  // 29: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
-	9,  // 30: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
-	10, // 31: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
-	12, // 32: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
-	13, // 33: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
-	14, // 34: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
-	15, // 35: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
-	16, // 36: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
-	17, // 37: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
-	19, // 38: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
-	20, // 39: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
-	22, // 40: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
-	23, // 41: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
-	26, // 42: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
-	24, // 43: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
-	28, // 44: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
-	29, // 45: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
-	30, // 46: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
-	31, // 47: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
-	36, // 48: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
-	33, // 49: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
-	44, // 50: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
-	3,  // 51: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
-	44, // 52: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
-	44, // 53: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
-	7,  // 54: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
-	54, // 55: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
-	46, // 56: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
-	11, // 57: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
-	54, // 58: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
-	54, // 59: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
-	54, // 60: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
-	54, // 61: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
-	54, // 62: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
-	18, // 63: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
-	50, // 64: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
-	21, // 65: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
-	50, // 66: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
-	50, // 67: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
-	27, // 68: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
-	25, // 69: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
-	55, // 70: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
-	55, // 71: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
-	54, // 72: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
-	32, // 73: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
-	37, // 74: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
-	34, // 75: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
-	50, // [50:76] is the sub-list for method output_type
-	24, // [24:50] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	44, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
+	48, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
+	49, // 2: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
+	45, // 3: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	12, // 4: loops.v1.GetTrainingRunMetricsResponse.steps:type_name -> loops.v1.StepMetrics
+	50, // 5: loops.v1.StepMetrics.kind:type_name -> loops.v1.OperationKind
+	51, // 6: loops.v1.StepMetrics.time:type_name -> google.protobuf.Timestamp
+	13, // 7: loops.v1.StepMetrics.rl:type_name -> loops.v1.RLStepMetrics
+	52, // 8: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
+	53, // 9: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
+	46, // 10: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	54, // 11: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
+	55, // 12: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
+	56, // 13: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
+	51, // 14: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
+	47, // 15: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	51, // 16: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
+	57, // 17: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
+	58, // 18: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
+	51, // 19: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
+	51, // 20: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
+	39, // 21: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
+	51, // 22: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
+	51, // 23: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
+	0,  // 24: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
+	42, // 25: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
+	43, // 26: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
+	58, // 27: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
+	1,  // 28: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
+	2,  // 29: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
+	4,  // 30: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
+	5,  // 31: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
+	6,  // 32: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
+	8,  // 33: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
+	9,  // 34: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
+	14, // 35: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
+	16, // 36: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
+	17, // 37: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
+	18, // 38: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
+	19, // 39: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
+	20, // 40: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
+	10, // 41: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
+	21, // 42: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
+	23, // 43: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
+	24, // 44: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
+	26, // 45: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
+	27, // 46: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
+	30, // 47: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
+	28, // 48: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
+	32, // 49: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
+	33, // 50: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
+	34, // 51: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
+	35, // 52: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
+	40, // 53: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
+	37, // 54: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
+	48, // 55: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
+	3,  // 56: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
+	48, // 57: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
+	48, // 58: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
+	7,  // 59: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
+	59, // 60: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
+	52, // 61: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
+	15, // 62: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
+	59, // 63: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
+	59, // 64: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
+	59, // 65: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
+	59, // 66: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
+	59, // 67: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
+	11, // 68: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
+	22, // 69: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
+	56, // 70: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
+	25, // 71: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
+	56, // 72: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
+	56, // 73: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
+	31, // 74: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
+	29, // 75: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
+	60, // 76: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
+	60, // 77: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
+	59, // 78: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
+	36, // 79: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
+	41, // 80: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
+	38, // 81: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
+	55, // [55:82] is the sub-list for method output_type
+	28, // [28:55] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_services_proto_init() }
@@ -2766,17 +3274,19 @@ func file_loops_v1_services_proto_init() {
 	file_loops_v1_resources_proto_init()
 	file_loops_v1_types_proto_init()
 	file_loops_v1_services_proto_msgTypes[7].OneofWrappers = []any{}
-	file_loops_v1_services_proto_msgTypes[14].OneofWrappers = []any{}
-	file_loops_v1_services_proto_msgTypes[22].OneofWrappers = []any{}
-	file_loops_v1_services_proto_msgTypes[27].OneofWrappers = []any{}
-	file_loops_v1_services_proto_msgTypes[29].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[11].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[12].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[18].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[26].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[31].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[33].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_services_proto_rawDesc), len(file_loops_v1_services_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   43,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   7,
 		},

@@ -662,6 +662,59 @@ func local_request_TrainingService_LoadWeights_0(ctx context.Context, marshaler 
 	return msg, metadata, err
 }
 
+var filter_TrainingService_GetTrainingRunMetrics_0 = &utilities.DoubleArray{Encoding: map[string]int{"training_run_id": 0}, Base: []int{1, 1, 0}, Check: []int{0, 1, 2}}
+
+func request_TrainingService_GetTrainingRunMetrics_0(ctx context.Context, marshaler runtime.Marshaler, client TrainingServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq GetTrainingRunMetricsRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	val, ok := pathParams["training_run_id"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "training_run_id")
+	}
+	protoReq.TrainingRunId, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "training_run_id", err)
+	}
+	if err := req.ParseForm(); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if err := runtime.PopulateQueryParameters(&protoReq, req.Form, filter_TrainingService_GetTrainingRunMetrics_0); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	msg, err := client.GetTrainingRunMetrics(ctx, &protoReq, grpc.Header(&metadata.HeaderMD), grpc.Trailer(&metadata.TrailerMD))
+	return msg, metadata, err
+}
+
+func local_request_TrainingService_GetTrainingRunMetrics_0(ctx context.Context, marshaler runtime.Marshaler, server TrainingServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq GetTrainingRunMetricsRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	val, ok := pathParams["training_run_id"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "training_run_id")
+	}
+	protoReq.TrainingRunId, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "training_run_id", err)
+	}
+	if err := req.ParseForm(); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if err := runtime.PopulateQueryParameters(&protoReq, req.Form, filter_TrainingService_GetTrainingRunMetrics_0); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	msg, err := server.GetTrainingRunMetrics(ctx, &protoReq)
+	return msg, metadata, err
+}
+
 var filter_CheckpointService_ListCheckpoints_0 = &utilities.DoubleArray{Encoding: map[string]int{}, Base: []int(nil), Check: []int(nil)}
 
 func request_CheckpointService_ListCheckpoints_0(ctx context.Context, marshaler runtime.Marshaler, client CheckpointServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
@@ -1456,6 +1509,26 @@ func RegisterTrainingServiceHandlerServer(ctx context.Context, mux *runtime.Serv
 		}
 		forward_TrainingService_LoadWeights_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodGet, pattern_TrainingService_GetTrainingRunMetrics_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		var stream runtime.ServerTransportStream
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/loops.v1.TrainingService/GetTrainingRunMetrics", runtime.WithHTTPPathPattern("/v1/training_runs/{training_run_id}/metrics"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := local_request_TrainingService_GetTrainingRunMetrics_0(annotatedContext, inboundMarshaler, server, req, pathParams)
+		md.HeaderMD, md.TrailerMD = metadata.Join(md.HeaderMD, stream.Header()), metadata.Join(md.TrailerMD, stream.Trailer())
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_TrainingService_GetTrainingRunMetrics_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 
 	return nil
 }
@@ -2102,29 +2175,48 @@ func RegisterTrainingServiceHandlerClient(ctx context.Context, mux *runtime.Serv
 		}
 		forward_TrainingService_LoadWeights_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodGet, pattern_TrainingService_GetTrainingRunMetrics_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/loops.v1.TrainingService/GetTrainingRunMetrics", runtime.WithHTTPPathPattern("/v1/training_runs/{training_run_id}/metrics"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_TrainingService_GetTrainingRunMetrics_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_TrainingService_GetTrainingRunMetrics_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	return nil
 }
 
 var (
-	pattern_TrainingService_CreateTrainingRun_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "training_runs"}, ""))
-	pattern_TrainingService_GetTrainingRun_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "training_runs", "id"}, ""))
-	pattern_TrainingService_ListTrainingRuns_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "training_runs"}, ""))
-	pattern_TrainingService_UnloadTrainingRun_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "training_runs", "id", "unload"}, ""))
-	pattern_TrainingService_ForwardBackward_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "training_runs", "training_run_id", "forward_backward"}, ""))
-	pattern_TrainingService_OptimStep_0         = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "training_runs", "training_run_id", "optim_step"}, ""))
-	pattern_TrainingService_SaveWeights_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "training_runs", "training_run_id", "save_weights"}, ""))
-	pattern_TrainingService_LoadWeights_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "training_runs", "training_run_id", "load_weights"}, ""))
+	pattern_TrainingService_CreateTrainingRun_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "training_runs"}, ""))
+	pattern_TrainingService_GetTrainingRun_0        = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "training_runs", "id"}, ""))
+	pattern_TrainingService_ListTrainingRuns_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "training_runs"}, ""))
+	pattern_TrainingService_UnloadTrainingRun_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "training_runs", "id", "unload"}, ""))
+	pattern_TrainingService_ForwardBackward_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "training_runs", "training_run_id", "forward_backward"}, ""))
+	pattern_TrainingService_OptimStep_0             = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "training_runs", "training_run_id", "optim_step"}, ""))
+	pattern_TrainingService_SaveWeights_0           = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "training_runs", "training_run_id", "save_weights"}, ""))
+	pattern_TrainingService_LoadWeights_0           = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "training_runs", "training_run_id", "load_weights"}, ""))
+	pattern_TrainingService_GetTrainingRunMetrics_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "training_runs", "training_run_id", "metrics"}, ""))
 )
 
 var (
-	forward_TrainingService_CreateTrainingRun_0 = runtime.ForwardResponseMessage
-	forward_TrainingService_GetTrainingRun_0    = runtime.ForwardResponseMessage
-	forward_TrainingService_ListTrainingRuns_0  = runtime.ForwardResponseMessage
-	forward_TrainingService_UnloadTrainingRun_0 = runtime.ForwardResponseMessage
-	forward_TrainingService_ForwardBackward_0   = runtime.ForwardResponseMessage
-	forward_TrainingService_OptimStep_0         = runtime.ForwardResponseMessage
-	forward_TrainingService_SaveWeights_0       = runtime.ForwardResponseMessage
-	forward_TrainingService_LoadWeights_0       = runtime.ForwardResponseMessage
+	forward_TrainingService_CreateTrainingRun_0     = runtime.ForwardResponseMessage
+	forward_TrainingService_GetTrainingRun_0        = runtime.ForwardResponseMessage
+	forward_TrainingService_ListTrainingRuns_0      = runtime.ForwardResponseMessage
+	forward_TrainingService_UnloadTrainingRun_0     = runtime.ForwardResponseMessage
+	forward_TrainingService_ForwardBackward_0       = runtime.ForwardResponseMessage
+	forward_TrainingService_OptimStep_0             = runtime.ForwardResponseMessage
+	forward_TrainingService_SaveWeights_0           = runtime.ForwardResponseMessage
+	forward_TrainingService_LoadWeights_0           = runtime.ForwardResponseMessage
+	forward_TrainingService_GetTrainingRunMetrics_0 = runtime.ForwardResponseMessage
 )
 
 // RegisterCheckpointServiceHandlerFromEndpoint is same as RegisterCheckpointServiceHandler but

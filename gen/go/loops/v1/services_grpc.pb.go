@@ -289,14 +289,15 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	TrainingService_CreateTrainingRun_FullMethodName = "/loops.v1.TrainingService/CreateTrainingRun"
-	TrainingService_GetTrainingRun_FullMethodName    = "/loops.v1.TrainingService/GetTrainingRun"
-	TrainingService_ListTrainingRuns_FullMethodName  = "/loops.v1.TrainingService/ListTrainingRuns"
-	TrainingService_UnloadTrainingRun_FullMethodName = "/loops.v1.TrainingService/UnloadTrainingRun"
-	TrainingService_ForwardBackward_FullMethodName   = "/loops.v1.TrainingService/ForwardBackward"
-	TrainingService_OptimStep_FullMethodName         = "/loops.v1.TrainingService/OptimStep"
-	TrainingService_SaveWeights_FullMethodName       = "/loops.v1.TrainingService/SaveWeights"
-	TrainingService_LoadWeights_FullMethodName       = "/loops.v1.TrainingService/LoadWeights"
+	TrainingService_CreateTrainingRun_FullMethodName     = "/loops.v1.TrainingService/CreateTrainingRun"
+	TrainingService_GetTrainingRun_FullMethodName        = "/loops.v1.TrainingService/GetTrainingRun"
+	TrainingService_ListTrainingRuns_FullMethodName      = "/loops.v1.TrainingService/ListTrainingRuns"
+	TrainingService_UnloadTrainingRun_FullMethodName     = "/loops.v1.TrainingService/UnloadTrainingRun"
+	TrainingService_ForwardBackward_FullMethodName       = "/loops.v1.TrainingService/ForwardBackward"
+	TrainingService_OptimStep_FullMethodName             = "/loops.v1.TrainingService/OptimStep"
+	TrainingService_SaveWeights_FullMethodName           = "/loops.v1.TrainingService/SaveWeights"
+	TrainingService_LoadWeights_FullMethodName           = "/loops.v1.TrainingService/LoadWeights"
+	TrainingService_GetTrainingRunMetrics_FullMethodName = "/loops.v1.TrainingService/GetTrainingRunMetrics"
 )
 
 // TrainingServiceClient is the client API for TrainingService service.
@@ -322,6 +323,9 @@ type TrainingServiceClient interface {
 	SaveWeights(ctx context.Context, in *SaveWeightsRequest, opts ...grpc.CallOption) (*Operation, error)
 	// LoadWeights loads a training checkpoint into the run, with or without optimizer state.
 	LoadWeights(ctx context.Context, in *LoadWeightsRequest, opts ...grpc.CallOption) (*Operation, error)
+	// GetTrainingRunMetrics returns the run's recorded per-step metrics (docs/semantics.md,
+	// "Run metrics"), oldest first.
+	GetTrainingRunMetrics(ctx context.Context, in *GetTrainingRunMetricsRequest, opts ...grpc.CallOption) (*GetTrainingRunMetricsResponse, error)
 }
 
 type trainingServiceClient struct {
@@ -412,6 +416,16 @@ func (c *trainingServiceClient) LoadWeights(ctx context.Context, in *LoadWeights
 	return out, nil
 }
 
+func (c *trainingServiceClient) GetTrainingRunMetrics(ctx context.Context, in *GetTrainingRunMetricsRequest, opts ...grpc.CallOption) (*GetTrainingRunMetricsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetTrainingRunMetricsResponse)
+	err := c.cc.Invoke(ctx, TrainingService_GetTrainingRunMetrics_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TrainingServiceServer is the server API for TrainingService service.
 // All implementations must embed UnimplementedTrainingServiceServer
 // for forward compatibility.
@@ -435,6 +449,9 @@ type TrainingServiceServer interface {
 	SaveWeights(context.Context, *SaveWeightsRequest) (*Operation, error)
 	// LoadWeights loads a training checkpoint into the run, with or without optimizer state.
 	LoadWeights(context.Context, *LoadWeightsRequest) (*Operation, error)
+	// GetTrainingRunMetrics returns the run's recorded per-step metrics (docs/semantics.md,
+	// "Run metrics"), oldest first.
+	GetTrainingRunMetrics(context.Context, *GetTrainingRunMetricsRequest) (*GetTrainingRunMetricsResponse, error)
 	mustEmbedUnimplementedTrainingServiceServer()
 }
 
@@ -468,6 +485,9 @@ func (UnimplementedTrainingServiceServer) SaveWeights(context.Context, *SaveWeig
 }
 func (UnimplementedTrainingServiceServer) LoadWeights(context.Context, *LoadWeightsRequest) (*Operation, error) {
 	return nil, status.Error(codes.Unimplemented, "method LoadWeights not implemented")
+}
+func (UnimplementedTrainingServiceServer) GetTrainingRunMetrics(context.Context, *GetTrainingRunMetricsRequest) (*GetTrainingRunMetricsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetTrainingRunMetrics not implemented")
 }
 func (UnimplementedTrainingServiceServer) mustEmbedUnimplementedTrainingServiceServer() {}
 func (UnimplementedTrainingServiceServer) testEmbeddedByValue()                         {}
@@ -634,6 +654,24 @@ func _TrainingService_LoadWeights_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TrainingService_GetTrainingRunMetrics_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetTrainingRunMetricsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TrainingServiceServer).GetTrainingRunMetrics(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TrainingService_GetTrainingRunMetrics_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TrainingServiceServer).GetTrainingRunMetrics(ctx, req.(*GetTrainingRunMetricsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // TrainingService_ServiceDesc is the grpc.ServiceDesc for TrainingService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -672,6 +710,10 @@ var TrainingService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "LoadWeights",
 			Handler:    _TrainingService_LoadWeights_Handler,
+		},
+		{
+			MethodName: "GetTrainingRunMetrics",
+			Handler:    _TrainingService_GetTrainingRunMetrics_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

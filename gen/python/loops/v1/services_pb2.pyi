@@ -123,6 +123,90 @@ class GetTrainingRunRequest(_message.Message):
     id: str
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
+class GetTrainingRunMetricsRequest(_message.Message):
+    __slots__ = ("training_run_id", "from_step", "to_step", "max_points")
+    TRAINING_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_STEP_FIELD_NUMBER: _ClassVar[int]
+    TO_STEP_FIELD_NUMBER: _ClassVar[int]
+    MAX_POINTS_FIELD_NUMBER: _ClassVar[int]
+    training_run_id: str
+    from_step: int
+    to_step: int
+    max_points: int
+    def __init__(self, training_run_id: _Optional[str] = ..., from_step: _Optional[int] = ..., to_step: _Optional[int] = ..., max_points: _Optional[int] = ...) -> None: ...
+
+class GetTrainingRunMetricsResponse(_message.Message):
+    __slots__ = ("steps",)
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    steps: _containers.RepeatedCompositeFieldContainer[StepMetrics]
+    def __init__(self, steps: _Optional[_Iterable[_Union[StepMetrics, _Mapping]]] = ...) -> None: ...
+
+class StepMetrics(_message.Message):
+    __slots__ = ("kind", "seq_id", "last_seq_id", "step", "last_step", "count", "time", "backend_seconds", "loss_fn", "loss_sum", "loss_mean", "tokens", "loss_tokens", "examples", "rl", "learning_rate", "grad_norm", "training_run_id")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FN_FIELD_NUMBER: _ClassVar[int]
+    LOSS_SUM_FIELD_NUMBER: _ClassVar[int]
+    LOSS_MEAN_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    RL_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    kind: _operations_pb2.OperationKind
+    seq_id: int
+    last_seq_id: int
+    step: int
+    last_step: int
+    count: int
+    time: _timestamp_pb2.Timestamp
+    backend_seconds: float
+    loss_fn: str
+    loss_sum: float
+    loss_mean: float
+    tokens: int
+    loss_tokens: int
+    examples: int
+    rl: RLStepMetrics
+    learning_rate: float
+    grad_norm: float
+    training_run_id: str
+    def __init__(self, kind: _Optional[_Union[_operations_pb2.OperationKind, str]] = ..., seq_id: _Optional[int] = ..., last_seq_id: _Optional[int] = ..., step: _Optional[int] = ..., last_step: _Optional[int] = ..., count: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., backend_seconds: _Optional[float] = ..., loss_fn: _Optional[str] = ..., loss_sum: _Optional[float] = ..., loss_mean: _Optional[float] = ..., tokens: _Optional[int] = ..., loss_tokens: _Optional[int] = ..., examples: _Optional[int] = ..., rl: _Optional[_Union[RLStepMetrics, _Mapping]] = ..., learning_rate: _Optional[float] = ..., grad_norm: _Optional[float] = ..., training_run_id: _Optional[str] = ...) -> None: ...
+
+class RLStepMetrics(_message.Message):
+    __slots__ = ("tokens", "kl_sample_train_k1", "kl_sample_train_k3", "ratio_mean", "ratio_std", "ratio_min", "ratio_max", "advantage_mean", "advantage_std", "zero_advantage_fraction", "clip_fraction")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KL_SAMPLE_TRAIN_K1_FIELD_NUMBER: _ClassVar[int]
+    KL_SAMPLE_TRAIN_K3_FIELD_NUMBER: _ClassVar[int]
+    RATIO_MEAN_FIELD_NUMBER: _ClassVar[int]
+    RATIO_STD_FIELD_NUMBER: _ClassVar[int]
+    RATIO_MIN_FIELD_NUMBER: _ClassVar[int]
+    RATIO_MAX_FIELD_NUMBER: _ClassVar[int]
+    ADVANTAGE_MEAN_FIELD_NUMBER: _ClassVar[int]
+    ADVANTAGE_STD_FIELD_NUMBER: _ClassVar[int]
+    ZERO_ADVANTAGE_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    CLIP_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    tokens: int
+    kl_sample_train_k1: float
+    kl_sample_train_k3: float
+    ratio_mean: float
+    ratio_std: float
+    ratio_min: float
+    ratio_max: float
+    advantage_mean: float
+    advantage_std: float
+    zero_advantage_fraction: float
+    clip_fraction: float
+    def __init__(self, tokens: _Optional[int] = ..., kl_sample_train_k1: _Optional[float] = ..., kl_sample_train_k3: _Optional[float] = ..., ratio_mean: _Optional[float] = ..., ratio_std: _Optional[float] = ..., ratio_min: _Optional[float] = ..., ratio_max: _Optional[float] = ..., advantage_mean: _Optional[float] = ..., advantage_std: _Optional[float] = ..., zero_advantage_fraction: _Optional[float] = ..., clip_fraction: _Optional[float] = ...) -> None: ...
+
 class ListTrainingRunsRequest(_message.Message):
     __slots__ = ("limit", "offset", "page_token")
     LIMIT_FIELD_NUMBER: _ClassVar[int]

@@ -331,6 +331,11 @@ class TrainingServiceStub:
                 request_serializer=loops_dot_v1_dot_services__pb2.LoadWeightsRequest.SerializeToString,
                 response_deserializer=loops_dot_v1_dot_operations__pb2.Operation.FromString,
                 _registered_method=True)
+        self.GetTrainingRunMetrics = channel.unary_unary(
+                '/loops.v1.TrainingService/GetTrainingRunMetrics',
+                request_serializer=loops_dot_v1_dot_services__pb2.GetTrainingRunMetricsRequest.SerializeToString,
+                response_deserializer=loops_dot_v1_dot_services__pb2.GetTrainingRunMetricsResponse.FromString,
+                _registered_method=True)
 
 
 class TrainingServiceServicer:
@@ -394,6 +399,14 @@ class TrainingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTrainingRunMetrics(self, request, context):
+        """GetTrainingRunMetrics returns the run's recorded per-step metrics (docs/semantics.md,
+        "Run metrics"), oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -436,6 +449,11 @@ def add_TrainingServiceServicer_to_server(servicer, server):
                     servicer.LoadWeights,
                     request_deserializer=loops_dot_v1_dot_services__pb2.LoadWeightsRequest.FromString,
                     response_serializer=loops_dot_v1_dot_operations__pb2.Operation.SerializeToString,
+            ),
+            'GetTrainingRunMetrics': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTrainingRunMetrics,
+                    request_deserializer=loops_dot_v1_dot_services__pb2.GetTrainingRunMetricsRequest.FromString,
+                    response_serializer=loops_dot_v1_dot_services__pb2.GetTrainingRunMetricsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -656,6 +674,33 @@ class TrainingService:
             '/loops.v1.TrainingService/LoadWeights',
             loops_dot_v1_dot_services__pb2.LoadWeightsRequest.SerializeToString,
             loops_dot_v1_dot_operations__pb2.Operation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTrainingRunMetrics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loops.v1.TrainingService/GetTrainingRunMetrics',
+            loops_dot_v1_dot_services__pb2.GetTrainingRunMetricsRequest.SerializeToString,
+            loops_dot_v1_dot_services__pb2.GetTrainingRunMetricsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,7 +7,7 @@ import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf
 import { file_google_api_annotations } from "../../google/api/annotations_pb.js";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
-import type { OperationSchema } from "./operations_pb.js";
+import type { OperationKind, OperationSchema } from "./operations_pb.js";
 import { file_loops_v1_operations } from "./operations_pb.js";
 import type { Checkpoint, CheckpointKind, CheckpointSchema, SamplerSchema, Session, SessionSchema, TrainingRun, TrainingRunSchema } from "./resources_pb.js";
 import { file_loops_v1_resources } from "./resources_pb.js";
@@ -19,7 +19,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file loops/v1/services.proto.
  */
 export const file_loops_v1_services: GenFile = /*@__PURE__*/
-  fileDesc("Chdsb29wcy92MS9zZXJ2aWNlcy5wcm90bxIIbG9vcHMudjEiywEKFENyZWF0ZVNlc3Npb25SZXF1ZXN0EgwKBHRhZ3MYASADKAkSRwoNdXNlcl9tZXRhZGF0YRgCIAMoCzIwLmxvb3BzLnYxLkNyZWF0ZVNlc3Npb25SZXF1ZXN0LlVzZXJNZXRhZGF0YUVudHJ5EhMKC3Nka192ZXJzaW9uGAMgASgJEhIKCnByb2plY3RfaWQYBCABKAkaMwoRVXNlck1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASIlChdIZWFydGJlYXRTZXNzaW9uUmVxdWVzdBIKCgJpZBgBIAEoCSIaChhIZWFydGJlYXRTZXNzaW9uUmVzcG9uc2UiQgoURmluaXNoU2Vzc2lvblJlcXVlc3QSCgoCaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg4KBmRldGFpbBgDIAEoCSIfChFHZXRTZXNzaW9uUmVxdWVzdBIKCgJpZBgBIAEoCSJIChNMaXN0U2Vzc2lvbnNSZXF1ZXN0Eg0KBWxpbWl0GAEgASgFEg4KBm9mZnNldBgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJImkKFExpc3RTZXNzaW9uc1Jlc3BvbnNlEiMKCHNlc3Npb25zGAEgAygLMhEubG9vcHMudjEuU2Vzc2lvbhITCgt0b3RhbF9jb3VudBgCIAEoAxIXCg9uZXh0X3BhZ2VfdG9rZW4YAyABKAkixwIKGENyZWF0ZVRyYWluaW5nUnVuUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEhoKDWNsaWVudF9zZXFfaWQYAiABKANIAIgBARISCgpiYXNlX21vZGVsGAMgASgJEiIKBGxvcmEYBCABKAsyFC5sb29wcy52MS5Mb3JhQ29uZmlnEksKDXVzZXJfbWV0YWRhdGEYBSADKAsyNC5sb29wcy52MS5DcmVhdGVUcmFpbmluZ1J1blJlcXVlc3QuVXNlck1ldGFkYXRhRW50cnkSFwoPZnJvbV9jaGVja3BvaW50GAYgASgJEhYKDndpdGhfb3B0aW1pemVyGAcgASgIGjMKEVVzZXJNZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCEAoOX2NsaWVudF9zZXFfaWQiIwoVR2V0VHJhaW5pbmdSdW5SZXF1ZXN0EgoKAmlkGAEgASgJIkwKF0xpc3RUcmFpbmluZ1J1bnNSZXF1ZXN0Eg0KBWxpbWl0GAEgASgFEg4KBm9mZnNldBgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJInYKGExpc3RUcmFpbmluZ1J1bnNSZXNwb25zZRIsCg10cmFpbmluZ19ydW5zGAEgAygLMhUubG9vcHMudjEuVHJhaW5pbmdSdW4SEwoLdG90YWxfY291bnQYAiABKAMSFwoPbmV4dF9wYWdlX3Rva2VuGAMgASgJIiYKGFVubG9hZFRyYWluaW5nUnVuUmVxdWVzdBIKCgJpZBgBIAEoCSKIAgoWRm9yd2FyZEJhY2t3YXJkUmVxdWVzdBIXCg90cmFpbmluZ19ydW5faWQYASABKAkSDgoGc2VxX2lkGAIgASgDEh0KBGRhdGEYAyADKAsyDy5sb29wcy52MS5EYXR1bRIPCgdsb3NzX2ZuGAQgASgJEkoKDmxvc3NfZm5fY29uZmlnGAUgAygLMjIubG9vcHMudjEuRm9yd2FyZEJhY2t3YXJkUmVxdWVzdC5Mb3NzRm5Db25maWdFbnRyeRIUCgxmb3J3YXJkX29ubHkYBiABKAgaMwoRTG9zc0ZuQ29uZmlnRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgBOgI4ASJfChBPcHRpbVN0ZXBSZXF1ZXN0EhcKD3RyYWluaW5nX3J1bl9pZBgBIAEoCRIOCgZzZXFfaWQYAiABKAMSIgoEYWRhbRgDIAEoCzIULmxvb3BzLnYxLkFkYW1QYXJhbXMi4AEKElNhdmVXZWlnaHRzUmVxdWVzdBIXCg90cmFpbmluZ19ydW5faWQYASABKAkSDgoGc2VxX2lkGAIgASgDEiYKBGtpbmQYAyABKA4yGC5sb29wcy52MS5DaGVja3BvaW50S2luZBIMCgRuYW1lGAQgASgJEhgKC3R0bF9zZWNvbmRzGAUgASgDSACIAQESEQoJb3ZlcndyaXRlGAYgASgIEhsKDnNhbXBsZXJfc2VxX2lkGAcgASgDSAGIAQFCDgoMX3R0bF9zZWNvbmRzQhEKD19zYW1wbGVyX3NlcV9pZCJjChJMb2FkV2VpZ2h0c1JlcXVlc3QSFwoPdHJhaW5pbmdfcnVuX2lkGAEgASgJEg4KBnNlcV9pZBgCIAEoAxIMCgRwYXRoGAMgASgJEhYKDndpdGhfb3B0aW1pemVyGAQgASgIImQKFkxpc3RDaGVja3BvaW50c1JlcXVlc3QSFwoPdHJhaW5pbmdfcnVuX2lkGAEgASgJEg0KBWxpbWl0GAIgASgFEg4KBm9mZnNldBgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJInIKF0xpc3RDaGVja3BvaW50c1Jlc3BvbnNlEikKC2NoZWNrcG9pbnRzGAEgAygLMhQubG9vcHMudjEuQ2hlY2twb2ludBITCgt0b3RhbF9jb3VudBgCIAEoAxIXCg9uZXh0X3BhZ2VfdG9rZW4YAyABKAkiJAoUR2V0Q2hlY2twb2ludFJlcXVlc3QSDAoEcGF0aBgBIAEoCSInChdEZWxldGVDaGVja3BvaW50UmVxdWVzdBIMCgRwYXRoGAEgASgJIhoKGERlbGV0ZUNoZWNrcG9pbnRSZXNwb25zZSI6ChpTZXRDaGVja3BvaW50UHVibGljUmVxdWVzdBIMCgRwYXRoGAEgASgJEg4KBnB1YmxpYxgCIAEoCCJRChdTZXRDaGVja3BvaW50VFRMUmVxdWVzdBIMCgRwYXRoGAEgASgJEhgKC3R0bF9zZWNvbmRzGAIgASgDSACIAQFCDgoMX3R0bF9zZWNvbmRzIi4KHkdldENoZWNrcG9pbnRBcmNoaXZlVVJMUmVxdWVzdBIMCgRwYXRoGAEgASgJIl8KH0dldENoZWNrcG9pbnRBcmNoaXZlVVJMUmVzcG9uc2USCwoDdXJsGAEgASgJEi8KC2V4cGlyZV90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIsChxHZXRDaGVja3BvaW50RmlsZVVSTHNSZXF1ZXN0EgwKBHBhdGgYASABKAkivgEKHUdldENoZWNrcG9pbnRGaWxlVVJMc1Jlc3BvbnNlEj8KBHVybHMYASADKAsyMS5sb29wcy52MS5HZXRDaGVja3BvaW50RmlsZVVSTHNSZXNwb25zZS5VcmxzRW50cnkSLwoLZXhwaXJlX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wGisKCVVybHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIoABChRDcmVhdGVTYW1wbGVyUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEhoKDWNsaWVudF9zZXFfaWQYAiABKANIAIgBARISCgpiYXNlX21vZGVsGAMgASgJEhIKCm1vZGVsX3BhdGgYBCABKAlCEAoOX2NsaWVudF9zZXFfaWQiHwoRR2V0U2FtcGxlclJlcXVlc3QSCgoCaWQYASABKAkiyQEKDVNhbXBsZVJlcXVlc3QSEgoKc2FtcGxlcl9pZBgBIAEoCRITCgZzZXFfaWQYAiABKANIAIgBARIOCgZwcm9tcHQYAyADKAUSEwoLbnVtX3NhbXBsZXMYBCABKAUSKAoGcGFyYW1zGAUgASgLMhgubG9vcHMudjEuU2FtcGxpbmdQYXJhbXMSFwoPcHJvbXB0X2xvZ3Byb2JzGAYgASgIEhwKFHRvcGtfcHJvbXB0X2xvZ3Byb2JzGAcgASgFQgkKB19zZXFfaWQiEwoRTGlzdE1vZGVsc1JlcXVlc3QiOQoSTGlzdE1vZGVsc1Jlc3BvbnNlEiMKBm1vZGVscxgBIAMoCzITLmxvb3BzLnYxLk1vZGVsSW5mbyJvCg9HZXRVc2FnZVJlcXVlc3QSLgoKc3RhcnRfdGltZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjoKEEdldFVzYWdlUmVzcG9uc2USJgoHYnVja2V0cxgBIAMoCzIVLmxvb3BzLnYxLlVzYWdlQnVja2V0IsYBCgtVc2FnZUJ1Y2tldBIuCgpzdGFydF90aW1lGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKYmFzZV9tb2RlbBgDIAEoCRISCgpzZXNzaW9uX2lkGAQgASgJEiEKBGtpbmQYBSABKA4yEy5sb29wcy52MS5Vc2FnZUtpbmQSDgoGYW1vdW50GAYgASgDIhUKE0dldFdvcmtzcGFjZVJlcXVlc3QiaQoJV29ya3NwYWNlEgwKBG5hbWUYASABKAkSKQoGbGltaXRzGAIgASgLMhkubG9vcHMudjEuV29ya3NwYWNlTGltaXRzEiMKA3VzZRgDIAEoCzIWLmxvb3BzLnYxLldvcmtzcGFjZVVzZSLEAQoPV29ya3NwYWNlTGltaXRzEiMKBm1vZGVscxgBIAMoCzITLmxvb3BzLnYxLk1vZGVsSW5mbxIbChNtYXhfc2VxdWVuY2VfbGVuZ3RoGAIgASgFEhUKDW1heF9sb3JhX3JhbmsYAyABKAUSGwoTbWF4X2NvbmN1cnJlbnRfcnVucxgEIAEoBRIdChVtYXhfcXVldWVkX29wZXJhdGlvbnMYBSABKAUSHAoUc2FtcGxpbmdfY29uY3VycmVuY3kYBiABKAUibgoMV29ya3NwYWNlVXNlEhEKCWxpdmVfcnVucxgBIAEoBRIZChFxdWV1ZWRfb3BlcmF0aW9ucxgCIAEoBRIXCg9ydW5uaW5nX3NhbXBsZXMYAyABKAUSFwoPd2FpdGluZ19zYW1wbGVzGAQgASgFKrIBCglVc2FnZUtpbmQSGgoWVVNBR0VfS0lORF9VTlNQRUNJRklFRBAAEh4KGlVTQUdFX0tJTkRfVFJBSU5JTkdfVE9LRU5TEAESJgoiVVNBR0VfS0lORF9TQU1QTElOR19QUkVGSUxMX1RPS0VOUxACEiUKIVVTQUdFX0tJTkRfU0FNUExJTkdfU0FNUExFX1RPS0VOUxADEhoKFlVTQUdFX0tJTkRfQ0hFQ0tQT0lOVFMQBDKYBAoOU2Vzc2lvblNlcnZpY2USWwoNQ3JlYXRlU2Vzc2lvbhIeLmxvb3BzLnYxLkNyZWF0ZVNlc3Npb25SZXF1ZXN0GhEubG9vcHMudjEuU2Vzc2lvbiIXgtPkkwIROgEqIgwvdjEvc2Vzc2lvbnMSgQEKEEhlYXJ0YmVhdFNlc3Npb24SIS5sb29wcy52MS5IZWFydGJlYXRTZXNzaW9uUmVxdWVzdBoiLmxvb3BzLnYxLkhlYXJ0YmVhdFNlc3Npb25SZXNwb25zZSImgtPkkwIgOgEqIhsvdjEvc2Vzc2lvbnMve2lkfS9oZWFydGJlYXQSZwoNRmluaXNoU2Vzc2lvbhIeLmxvb3BzLnYxLkZpbmlzaFNlc3Npb25SZXF1ZXN0GhEubG9vcHMudjEuU2Vzc2lvbiIjgtPkkwIdOgEqIhgvdjEvc2Vzc2lvbnMve2lkfS9maW5pc2gSVwoKR2V0U2Vzc2lvbhIbLmxvb3BzLnYxLkdldFNlc3Npb25SZXF1ZXN0GhEubG9vcHMudjEuU2Vzc2lvbiIZgtPkkwITEhEvdjEvc2Vzc2lvbnMve2lkfRJjCgxMaXN0U2Vzc2lvbnMSHS5sb29wcy52MS5MaXN0U2Vzc2lvbnNSZXF1ZXN0Gh4ubG9vcHMudjEuTGlzdFNlc3Npb25zUmVzcG9uc2UiFILT5JMCDhIML3YxL3Nlc3Npb25zMtgHCg9UcmFpbmluZ1NlcnZpY2USagoRQ3JlYXRlVHJhaW5pbmdSdW4SIi5sb29wcy52MS5DcmVhdGVUcmFpbmluZ1J1blJlcXVlc3QaEy5sb29wcy52MS5PcGVyYXRpb24iHILT5JMCFjoBKiIRL3YxL3RyYWluaW5nX3J1bnMSaAoOR2V0VHJhaW5pbmdSdW4SHy5sb29wcy52MS5HZXRUcmFpbmluZ1J1blJlcXVlc3QaFS5sb29wcy52MS5UcmFpbmluZ1J1biIegtPkkwIYEhYvdjEvdHJhaW5pbmdfcnVucy97aWR9EnQKEExpc3RUcmFpbmluZ1J1bnMSIS5sb29wcy52MS5MaXN0VHJhaW5pbmdSdW5zUmVxdWVzdBoiLmxvb3BzLnYxLkxpc3RUcmFpbmluZ1J1bnNSZXNwb25zZSIZgtPkkwITEhEvdjEvdHJhaW5pbmdfcnVucxJ2ChFVbmxvYWRUcmFpbmluZ1J1bhIiLmxvb3BzLnYxLlVubG9hZFRyYWluaW5nUnVuUmVxdWVzdBoTLmxvb3BzLnYxLk9wZXJhdGlvbiIogtPkkwIiOgEqIh0vdjEvdHJhaW5pbmdfcnVucy97aWR9L3VubG9hZBKJAQoPRm9yd2FyZEJhY2t3YXJkEiAubG9vcHMudjEuRm9yd2FyZEJhY2t3YXJkUmVxdWVzdBoTLmxvb3BzLnYxLk9wZXJhdGlvbiI/gtPkkwI5OgEqIjQvdjEvdHJhaW5pbmdfcnVucy97dHJhaW5pbmdfcnVuX2lkfS9mb3J3YXJkX2JhY2t3YXJkEncKCU9wdGltU3RlcBIaLmxvb3BzLnYxLk9wdGltU3RlcFJlcXVlc3QaEy5sb29wcy52MS5PcGVyYXRpb24iOYLT5JMCMzoBKiIuL3YxL3RyYWluaW5nX3J1bnMve3RyYWluaW5nX3J1bl9pZH0vb3B0aW1fc3RlcBJ9CgtTYXZlV2VpZ2h0cxIcLmxvb3BzLnYxLlNhdmVXZWlnaHRzUmVxdWVzdBoTLmxvb3BzLnYxLk9wZXJhdGlvbiI7gtPkkwI1OgEqIjAvdjEvdHJhaW5pbmdfcnVucy97dHJhaW5pbmdfcnVuX2lkfS9zYXZlX3dlaWdodHMSfQoLTG9hZFdlaWdodHMSHC5sb29wcy52MS5Mb2FkV2VpZ2h0c1JlcXVlc3QaEy5sb29wcy52MS5PcGVyYXRpb24iO4LT5JMCNToBKiIwL3YxL3RyYWluaW5nX3J1bnMve3RyYWluaW5nX3J1bl9pZH0vbG9hZF93ZWlnaHRzMo0HChFDaGVja3BvaW50U2VydmljZRKiAQoPTGlzdENoZWNrcG9pbnRzEiAubG9vcHMudjEuTGlzdENoZWNrcG9pbnRzUmVxdWVzdBohLmxvb3BzLnYxLkxpc3RDaGVja3BvaW50c1Jlc3BvbnNlIkqC0+STAkRaMRIvL3YxL3RyYWluaW5nX3J1bnMve3RyYWluaW5nX3J1bl9pZH0vY2hlY2twb2ludHMSDy92MS9jaGVja3BvaW50cxJdCg1HZXRDaGVja3BvaW50Eh4ubG9vcHMudjEuR2V0Q2hlY2twb2ludFJlcXVlc3QaFC5sb29wcy52MS5DaGVja3BvaW50IhaC0+STAhASDi92MS9jaGVja3BvaW50EnEKEERlbGV0ZUNoZWNrcG9pbnQSIS5sb29wcy52MS5EZWxldGVDaGVja3BvaW50UmVxdWVzdBoiLmxvb3BzLnYxLkRlbGV0ZUNoZWNrcG9pbnRSZXNwb25zZSIWgtPkkwIQKg4vdjEvY2hlY2twb2ludBJzChNTZXRDaGVja3BvaW50UHVibGljEiQubG9vcHMudjEuU2V0Q2hlY2twb2ludFB1YmxpY1JlcXVlc3QaFC5sb29wcy52MS5DaGVja3BvaW50IiCC0+STAho6ASoiFS92MS9jaGVja3BvaW50L3B1YmxpYxJqChBTZXRDaGVja3BvaW50VFRMEiEubG9vcHMudjEuU2V0Q2hlY2twb2ludFRUTFJlcXVlc3QaFC5sb29wcy52MS5DaGVja3BvaW50Ih2C0+STAhc6ASoiEi92MS9jaGVja3BvaW50L3R0bBKKAQoVR2V0Q2hlY2twb2ludEZpbGVVUkxzEiYubG9vcHMudjEuR2V0Q2hlY2twb2ludEZpbGVVUkxzUmVxdWVzdBonLmxvb3BzLnYxLkdldENoZWNrcG9pbnRGaWxlVVJMc1Jlc3BvbnNlIiCC0+STAhoSGC92MS9jaGVja3BvaW50L2ZpbGVfdXJscxKSAQoXR2V0Q2hlY2twb2ludEFyY2hpdmVVUkwSKC5sb29wcy52MS5HZXRDaGVja3BvaW50QXJjaGl2ZVVSTFJlcXVlc3QaKS5sb29wcy52MS5HZXRDaGVja3BvaW50QXJjaGl2ZVVSTFJlc3BvbnNlIiKC0+STAhwSGi92MS9jaGVja3BvaW50L2FyY2hpdmVfdXJsMqwCCg9TYW1wbGluZ1NlcnZpY2USWwoNQ3JlYXRlU2FtcGxlchIeLmxvb3BzLnYxLkNyZWF0ZVNhbXBsZXJSZXF1ZXN0GhEubG9vcHMudjEuU2FtcGxlciIXgtPkkwIROgEqIgwvdjEvc2FtcGxlcnMSVwoKR2V0U2FtcGxlchIbLmxvb3BzLnYxLkdldFNhbXBsZXJSZXF1ZXN0GhEubG9vcHMudjEuU2FtcGxlciIZgtPkkwITEhEvdjEvc2FtcGxlcnMve2lkfRJjCgZTYW1wbGUSFy5sb29wcy52MS5TYW1wbGVSZXF1ZXN0GhMubG9vcHMudjEuT3BlcmF0aW9uIiuC0+STAiU6ASoiIC92MS9zYW1wbGVycy97c2FtcGxlcl9pZH0vc2FtcGxlMmsKDE1vZGVsU2VydmljZRJbCgpMaXN0TW9kZWxzEhsubG9vcHMudjEuTGlzdE1vZGVsc1JlcXVlc3QaHC5sb29wcy52MS5MaXN0TW9kZWxzUmVzcG9uc2UiEoLT5JMCDBIKL3YxL21vZGVsczJtChBXb3Jrc3BhY2VTZXJ2aWNlElkKDEdldFdvcmtzcGFjZRIdLmxvb3BzLnYxLkdldFdvcmtzcGFjZVJlcXVlc3QaEy5sb29wcy52MS5Xb3Jrc3BhY2UiFYLT5JMCDxINL3YxL3dvcmtzcGFjZTJkCgxVc2FnZVNlcnZpY2USVAoIR2V0VXNhZ2USGS5sb29wcy52MS5HZXRVc2FnZVJlcXVlc3QaGi5sb29wcy52MS5HZXRVc2FnZVJlc3BvbnNlIhGC0+STAgsSCS92MS91c2FnZWIGcHJvdG8z", [file_google_api_annotations, file_google_protobuf_timestamp, file_loops_v1_operations, file_loops_v1_resources, file_loops_v1_types]);
+  fileDesc("Chdsb29wcy92MS9zZXJ2aWNlcy5wcm90bxIIbG9vcHMudjEiywEKFENyZWF0ZVNlc3Npb25SZXF1ZXN0EgwKBHRhZ3MYASADKAkSRwoNdXNlcl9tZXRhZGF0YRgCIAMoCzIwLmxvb3BzLnYxLkNyZWF0ZVNlc3Npb25SZXF1ZXN0LlVzZXJNZXRhZGF0YUVudHJ5EhMKC3Nka192ZXJzaW9uGAMgASgJEhIKCnByb2plY3RfaWQYBCABKAkaMwoRVXNlck1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASIlChdIZWFydGJlYXRTZXNzaW9uUmVxdWVzdBIKCgJpZBgBIAEoCSIaChhIZWFydGJlYXRTZXNzaW9uUmVzcG9uc2UiQgoURmluaXNoU2Vzc2lvblJlcXVlc3QSCgoCaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg4KBmRldGFpbBgDIAEoCSIfChFHZXRTZXNzaW9uUmVxdWVzdBIKCgJpZBgBIAEoCSJIChNMaXN0U2Vzc2lvbnNSZXF1ZXN0Eg0KBWxpbWl0GAEgASgFEg4KBm9mZnNldBgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJImkKFExpc3RTZXNzaW9uc1Jlc3BvbnNlEiMKCHNlc3Npb25zGAEgAygLMhEubG9vcHMudjEuU2Vzc2lvbhITCgt0b3RhbF9jb3VudBgCIAEoAxIXCg9uZXh0X3BhZ2VfdG9rZW4YAyABKAkixwIKGENyZWF0ZVRyYWluaW5nUnVuUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEhoKDWNsaWVudF9zZXFfaWQYAiABKANIAIgBARISCgpiYXNlX21vZGVsGAMgASgJEiIKBGxvcmEYBCABKAsyFC5sb29wcy52MS5Mb3JhQ29uZmlnEksKDXVzZXJfbWV0YWRhdGEYBSADKAsyNC5sb29wcy52MS5DcmVhdGVUcmFpbmluZ1J1blJlcXVlc3QuVXNlck1ldGFkYXRhRW50cnkSFwoPZnJvbV9jaGVja3BvaW50GAYgASgJEhYKDndpdGhfb3B0aW1pemVyGAcgASgIGjMKEVVzZXJNZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCEAoOX2NsaWVudF9zZXFfaWQiIwoVR2V0VHJhaW5pbmdSdW5SZXF1ZXN0EgoKAmlkGAEgASgJIm8KHEdldFRyYWluaW5nUnVuTWV0cmljc1JlcXVlc3QSFwoPdHJhaW5pbmdfcnVuX2lkGAEgASgJEhEKCWZyb21fc3RlcBgCIAEoAxIPCgd0b19zdGVwGAMgASgDEhIKCm1heF9wb2ludHMYBCABKAUiRQodR2V0VHJhaW5pbmdSdW5NZXRyaWNzUmVzcG9uc2USJAoFc3RlcHMYASADKAsyFS5sb29wcy52MS5TdGVwTWV0cmljcyLLAwoLU3RlcE1ldHJpY3MSJQoEa2luZBgBIAEoDjIXLmxvb3BzLnYxLk9wZXJhdGlvbktpbmQSDgoGc2VxX2lkGAIgASgDEhMKC2xhc3Rfc2VxX2lkGAMgASgDEgwKBHN0ZXAYBCABKAMSEQoJbGFzdF9zdGVwGAUgASgDEg0KBWNvdW50GAYgASgDEigKBHRpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2JhY2tlbmRfc2Vjb25kcxgIIAEoARIPCgdsb3NzX2ZuGAkgASgJEhAKCGxvc3Nfc3VtGAogASgBEhEKCWxvc3NfbWVhbhgLIAEoARIOCgZ0b2tlbnMYDCABKAMSEwoLbG9zc190b2tlbnMYDSABKAMSEAoIZXhhbXBsZXMYDiABKAMSIwoCcmwYDyABKAsyFy5sb29wcy52MS5STFN0ZXBNZXRyaWNzEhoKDWxlYXJuaW5nX3JhdGUYECABKAFIAIgBARIWCglncmFkX25vcm0YESABKAFIAYgBARIXCg90cmFpbmluZ19ydW5faWQYEiABKAlCEAoOX2xlYXJuaW5nX3JhdGVCDAoKX2dyYWRfbm9ybSKiAgoNUkxTdGVwTWV0cmljcxIOCgZ0b2tlbnMYASABKAMSGgoSa2xfc2FtcGxlX3RyYWluX2sxGAIgASgBEhoKEmtsX3NhbXBsZV90cmFpbl9rMxgDIAEoARISCgpyYXRpb19tZWFuGAQgASgBEhEKCXJhdGlvX3N0ZBgFIAEoARIRCglyYXRpb19taW4YBiABKAESEQoJcmF0aW9fbWF4GAcgASgBEhYKDmFkdmFudGFnZV9tZWFuGAggASgBEhUKDWFkdmFudGFnZV9zdGQYCSABKAESHwoXemVyb19hZHZhbnRhZ2VfZnJhY3Rpb24YCiABKAESGgoNY2xpcF9mcmFjdGlvbhgLIAEoAUgAiAEBQhAKDl9jbGlwX2ZyYWN0aW9uIkwKF0xpc3RUcmFpbmluZ1J1bnNSZXF1ZXN0Eg0KBWxpbWl0GAEgASgFEg4KBm9mZnNldBgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJInYKGExpc3RUcmFpbmluZ1J1bnNSZXNwb25zZRIsCg10cmFpbmluZ19ydW5zGAEgAygLMhUubG9vcHMudjEuVHJhaW5pbmdSdW4SEwoLdG90YWxfY291bnQYAiABKAMSFwoPbmV4dF9wYWdlX3Rva2VuGAMgASgJIiYKGFVubG9hZFRyYWluaW5nUnVuUmVxdWVzdBIKCgJpZBgBIAEoCSKIAgoWRm9yd2FyZEJhY2t3YXJkUmVxdWVzdBIXCg90cmFpbmluZ19ydW5faWQYASABKAkSDgoGc2VxX2lkGAIgASgDEh0KBGRhdGEYAyADKAsyDy5sb29wcy52MS5EYXR1bRIPCgdsb3NzX2ZuGAQgASgJEkoKDmxvc3NfZm5fY29uZmlnGAUgAygLMjIubG9vcHMudjEuRm9yd2FyZEJhY2t3YXJkUmVxdWVzdC5Mb3NzRm5Db25maWdFbnRyeRIUCgxmb3J3YXJkX29ubHkYBiABKAgaMwoRTG9zc0ZuQ29uZmlnRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgBOgI4ASJfChBPcHRpbVN0ZXBSZXF1ZXN0EhcKD3RyYWluaW5nX3J1bl9pZBgBIAEoCRIOCgZzZXFfaWQYAiABKAMSIgoEYWRhbRgDIAEoCzIULmxvb3BzLnYxLkFkYW1QYXJhbXMi4AEKElNhdmVXZWlnaHRzUmVxdWVzdBIXCg90cmFpbmluZ19ydW5faWQYASABKAkSDgoGc2VxX2lkGAIgASgDEiYKBGtpbmQYAyABKA4yGC5sb29wcy52MS5DaGVja3BvaW50S2luZBIMCgRuYW1lGAQgASgJEhgKC3R0bF9zZWNvbmRzGAUgASgDSACIAQESEQoJb3ZlcndyaXRlGAYgASgIEhsKDnNhbXBsZXJfc2VxX2lkGAcgASgDSAGIAQFCDgoMX3R0bF9zZWNvbmRzQhEKD19zYW1wbGVyX3NlcV9pZCJjChJMb2FkV2VpZ2h0c1JlcXVlc3QSFwoPdHJhaW5pbmdfcnVuX2lkGAEgASgJEg4KBnNlcV9pZBgCIAEoAxIMCgRwYXRoGAMgASgJEhYKDndpdGhfb3B0aW1pemVyGAQgASgIImQKFkxpc3RDaGVja3BvaW50c1JlcXVlc3QSFwoPdHJhaW5pbmdfcnVuX2lkGAEgASgJEg0KBWxpbWl0GAIgASgFEg4KBm9mZnNldBgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJInIKF0xpc3RDaGVja3BvaW50c1Jlc3BvbnNlEikKC2NoZWNrcG9pbnRzGAEgAygLMhQubG9vcHMudjEuQ2hlY2twb2ludBITCgt0b3RhbF9jb3VudBgCIAEoAxIXCg9uZXh0X3BhZ2VfdG9rZW4YAyABKAkiJAoUR2V0Q2hlY2twb2ludFJlcXVlc3QSDAoEcGF0aBgBIAEoCSInChdEZWxldGVDaGVja3BvaW50UmVxdWVzdBIMCgRwYXRoGAEgASgJIhoKGERlbGV0ZUNoZWNrcG9pbnRSZXNwb25zZSI6ChpTZXRDaGVja3BvaW50UHVibGljUmVxdWVzdBIMCgRwYXRoGAEgASgJEg4KBnB1YmxpYxgCIAEoCCJRChdTZXRDaGVja3BvaW50VFRMUmVxdWVzdBIMCgRwYXRoGAEgASgJEhgKC3R0bF9zZWNvbmRzGAIgASgDSACIAQFCDgoMX3R0bF9zZWNvbmRzIi4KHkdldENoZWNrcG9pbnRBcmNoaXZlVVJMUmVxdWVzdBIMCgRwYXRoGAEgASgJIl8KH0dldENoZWNrcG9pbnRBcmNoaXZlVVJMUmVzcG9uc2USCwoDdXJsGAEgASgJEi8KC2V4cGlyZV90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIsChxHZXRDaGVja3BvaW50RmlsZVVSTHNSZXF1ZXN0EgwKBHBhdGgYASABKAkivgEKHUdldENoZWNrcG9pbnRGaWxlVVJMc1Jlc3BvbnNlEj8KBHVybHMYASADKAsyMS5sb29wcy52MS5HZXRDaGVja3BvaW50RmlsZVVSTHNSZXNwb25zZS5VcmxzRW50cnkSLwoLZXhwaXJlX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wGisKCVVybHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIoABChRDcmVhdGVTYW1wbGVyUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEhoKDWNsaWVudF9zZXFfaWQYAiABKANIAIgBARISCgpiYXNlX21vZGVsGAMgASgJEhIKCm1vZGVsX3BhdGgYBCABKAlCEAoOX2NsaWVudF9zZXFfaWQiHwoRR2V0U2FtcGxlclJlcXVlc3QSCgoCaWQYASABKAkiyQEKDVNhbXBsZVJlcXVlc3QSEgoKc2FtcGxlcl9pZBgBIAEoCRITCgZzZXFfaWQYAiABKANIAIgBARIOCgZwcm9tcHQYAyADKAUSEwoLbnVtX3NhbXBsZXMYBCABKAUSKAoGcGFyYW1zGAUgASgLMhgubG9vcHMudjEuU2FtcGxpbmdQYXJhbXMSFwoPcHJvbXB0X2xvZ3Byb2JzGAYgASgIEhwKFHRvcGtfcHJvbXB0X2xvZ3Byb2JzGAcgASgFQgkKB19zZXFfaWQiEwoRTGlzdE1vZGVsc1JlcXVlc3QiOQoSTGlzdE1vZGVsc1Jlc3BvbnNlEiMKBm1vZGVscxgBIAMoCzITLmxvb3BzLnYxLk1vZGVsSW5mbyJvCg9HZXRVc2FnZVJlcXVlc3QSLgoKc3RhcnRfdGltZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjoKEEdldFVzYWdlUmVzcG9uc2USJgoHYnVja2V0cxgBIAMoCzIVLmxvb3BzLnYxLlVzYWdlQnVja2V0IsYBCgtVc2FnZUJ1Y2tldBIuCgpzdGFydF90aW1lGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKYmFzZV9tb2RlbBgDIAEoCRISCgpzZXNzaW9uX2lkGAQgASgJEiEKBGtpbmQYBSABKA4yEy5sb29wcy52MS5Vc2FnZUtpbmQSDgoGYW1vdW50GAYgASgDIhUKE0dldFdvcmtzcGFjZVJlcXVlc3QiaQoJV29ya3NwYWNlEgwKBG5hbWUYASABKAkSKQoGbGltaXRzGAIgASgLMhkubG9vcHMudjEuV29ya3NwYWNlTGltaXRzEiMKA3VzZRgDIAEoCzIWLmxvb3BzLnYxLldvcmtzcGFjZVVzZSLEAQoPV29ya3NwYWNlTGltaXRzEiMKBm1vZGVscxgBIAMoCzITLmxvb3BzLnYxLk1vZGVsSW5mbxIbChNtYXhfc2VxdWVuY2VfbGVuZ3RoGAIgASgFEhUKDW1heF9sb3JhX3JhbmsYAyABKAUSGwoTbWF4X2NvbmN1cnJlbnRfcnVucxgEIAEoBRIdChVtYXhfcXVldWVkX29wZXJhdGlvbnMYBSABKAUSHAoUc2FtcGxpbmdfY29uY3VycmVuY3kYBiABKAUibgoMV29ya3NwYWNlVXNlEhEKCWxpdmVfcnVucxgBIAEoBRIZChFxdWV1ZWRfb3BlcmF0aW9ucxgCIAEoBRIXCg9ydW5uaW5nX3NhbXBsZXMYAyABKAUSFwoPd2FpdGluZ19zYW1wbGVzGAQgASgFKrIBCglVc2FnZUtpbmQSGgoWVVNBR0VfS0lORF9VTlNQRUNJRklFRBAAEh4KGlVTQUdFX0tJTkRfVFJBSU5JTkdfVE9LRU5TEAESJgoiVVNBR0VfS0lORF9TQU1QTElOR19QUkVGSUxMX1RPS0VOUxACEiUKIVVTQUdFX0tJTkRfU0FNUExJTkdfU0FNUExFX1RPS0VOUxADEhoKFlVTQUdFX0tJTkRfQ0hFQ0tQT0lOVFMQBDKYBAoOU2Vzc2lvblNlcnZpY2USWwoNQ3JlYXRlU2Vzc2lvbhIeLmxvb3BzLnYxLkNyZWF0ZVNlc3Npb25SZXF1ZXN0GhEubG9vcHMudjEuU2Vzc2lvbiIXgtPkkwIROgEqIgwvdjEvc2Vzc2lvbnMSgQEKEEhlYXJ0YmVhdFNlc3Npb24SIS5sb29wcy52MS5IZWFydGJlYXRTZXNzaW9uUmVxdWVzdBoiLmxvb3BzLnYxLkhlYXJ0YmVhdFNlc3Npb25SZXNwb25zZSImgtPkkwIgOgEqIhsvdjEvc2Vzc2lvbnMve2lkfS9oZWFydGJlYXQSZwoNRmluaXNoU2Vzc2lvbhIeLmxvb3BzLnYxLkZpbmlzaFNlc3Npb25SZXF1ZXN0GhEubG9vcHMudjEuU2Vzc2lvbiIjgtPkkwIdOgEqIhgvdjEvc2Vzc2lvbnMve2lkfS9maW5pc2gSVwoKR2V0U2Vzc2lvbhIbLmxvb3BzLnYxLkdldFNlc3Npb25SZXF1ZXN0GhEubG9vcHMudjEuU2Vzc2lvbiIZgtPkkwITEhEvdjEvc2Vzc2lvbnMve2lkfRJjCgxMaXN0U2Vzc2lvbnMSHS5sb29wcy52MS5MaXN0U2Vzc2lvbnNSZXF1ZXN0Gh4ubG9vcHMudjEuTGlzdFNlc3Npb25zUmVzcG9uc2UiFILT5JMCDhIML3YxL3Nlc3Npb25zMvgICg9UcmFpbmluZ1NlcnZpY2USagoRQ3JlYXRlVHJhaW5pbmdSdW4SIi5sb29wcy52MS5DcmVhdGVUcmFpbmluZ1J1blJlcXVlc3QaEy5sb29wcy52MS5PcGVyYXRpb24iHILT5JMCFjoBKiIRL3YxL3RyYWluaW5nX3J1bnMSaAoOR2V0VHJhaW5pbmdSdW4SHy5sb29wcy52MS5HZXRUcmFpbmluZ1J1blJlcXVlc3QaFS5sb29wcy52MS5UcmFpbmluZ1J1biIegtPkkwIYEhYvdjEvdHJhaW5pbmdfcnVucy97aWR9EnQKEExpc3RUcmFpbmluZ1J1bnMSIS5sb29wcy52MS5MaXN0VHJhaW5pbmdSdW5zUmVxdWVzdBoiLmxvb3BzLnYxLkxpc3RUcmFpbmluZ1J1bnNSZXNwb25zZSIZgtPkkwITEhEvdjEvdHJhaW5pbmdfcnVucxJ2ChFVbmxvYWRUcmFpbmluZ1J1bhIiLmxvb3BzLnYxLlVubG9hZFRyYWluaW5nUnVuUmVxdWVzdBoTLmxvb3BzLnYxLk9wZXJhdGlvbiIogtPkkwIiOgEqIh0vdjEvdHJhaW5pbmdfcnVucy97aWR9L3VubG9hZBKJAQoPRm9yd2FyZEJhY2t3YXJkEiAubG9vcHMudjEuRm9yd2FyZEJhY2t3YXJkUmVxdWVzdBoTLmxvb3BzLnYxLk9wZXJhdGlvbiI/gtPkkwI5OgEqIjQvdjEvdHJhaW5pbmdfcnVucy97dHJhaW5pbmdfcnVuX2lkfS9mb3J3YXJkX2JhY2t3YXJkEncKCU9wdGltU3RlcBIaLmxvb3BzLnYxLk9wdGltU3RlcFJlcXVlc3QaEy5sb29wcy52MS5PcGVyYXRpb24iOYLT5JMCMzoBKiIuL3YxL3RyYWluaW5nX3J1bnMve3RyYWluaW5nX3J1bl9pZH0vb3B0aW1fc3RlcBJ9CgtTYXZlV2VpZ2h0cxIcLmxvb3BzLnYxLlNhdmVXZWlnaHRzUmVxdWVzdBoTLmxvb3BzLnYxLk9wZXJhdGlvbiI7gtPkkwI1OgEqIjAvdjEvdHJhaW5pbmdfcnVucy97dHJhaW5pbmdfcnVuX2lkfS9zYXZlX3dlaWdodHMSfQoLTG9hZFdlaWdodHMSHC5sb29wcy52MS5Mb2FkV2VpZ2h0c1JlcXVlc3QaEy5sb29wcy52MS5PcGVyYXRpb24iO4LT5JMCNToBKiIwL3YxL3RyYWluaW5nX3J1bnMve3RyYWluaW5nX3J1bl9pZH0vbG9hZF93ZWlnaHRzEp0BChVHZXRUcmFpbmluZ1J1bk1ldHJpY3MSJi5sb29wcy52MS5HZXRUcmFpbmluZ1J1bk1ldHJpY3NSZXF1ZXN0GicubG9vcHMudjEuR2V0VHJhaW5pbmdSdW5NZXRyaWNzUmVzcG9uc2UiM4LT5JMCLRIrL3YxL3RyYWluaW5nX3J1bnMve3RyYWluaW5nX3J1bl9pZH0vbWV0cmljczKNBwoRQ2hlY2twb2ludFNlcnZpY2USogEKD0xpc3RDaGVja3BvaW50cxIgLmxvb3BzLnYxLkxpc3RDaGVja3BvaW50c1JlcXVlc3QaIS5sb29wcy52MS5MaXN0Q2hlY2twb2ludHNSZXNwb25zZSJKgtPkkwJEWjESLy92MS90cmFpbmluZ19ydW5zL3t0cmFpbmluZ19ydW5faWR9L2NoZWNrcG9pbnRzEg8vdjEvY2hlY2twb2ludHMSXQoNR2V0Q2hlY2twb2ludBIeLmxvb3BzLnYxLkdldENoZWNrcG9pbnRSZXF1ZXN0GhQubG9vcHMudjEuQ2hlY2twb2ludCIWgtPkkwIQEg4vdjEvY2hlY2twb2ludBJxChBEZWxldGVDaGVja3BvaW50EiEubG9vcHMudjEuRGVsZXRlQ2hlY2twb2ludFJlcXVlc3QaIi5sb29wcy52MS5EZWxldGVDaGVja3BvaW50UmVzcG9uc2UiFoLT5JMCECoOL3YxL2NoZWNrcG9pbnQScwoTU2V0Q2hlY2twb2ludFB1YmxpYxIkLmxvb3BzLnYxLlNldENoZWNrcG9pbnRQdWJsaWNSZXF1ZXN0GhQubG9vcHMudjEuQ2hlY2twb2ludCIggtPkkwIaOgEqIhUvdjEvY2hlY2twb2ludC9wdWJsaWMSagoQU2V0Q2hlY2twb2ludFRUTBIhLmxvb3BzLnYxLlNldENoZWNrcG9pbnRUVExSZXF1ZXN0GhQubG9vcHMudjEuQ2hlY2twb2ludCIdgtPkkwIXOgEqIhIvdjEvY2hlY2twb2ludC90dGwSigEKFUdldENoZWNrcG9pbnRGaWxlVVJMcxImLmxvb3BzLnYxLkdldENoZWNrcG9pbnRGaWxlVVJMc1JlcXVlc3QaJy5sb29wcy52MS5HZXRDaGVja3BvaW50RmlsZVVSTHNSZXNwb25zZSIggtPkkwIaEhgvdjEvY2hlY2twb2ludC9maWxlX3VybHMSkgEKF0dldENoZWNrcG9pbnRBcmNoaXZlVVJMEigubG9vcHMudjEuR2V0Q2hlY2twb2ludEFyY2hpdmVVUkxSZXF1ZXN0GikubG9vcHMudjEuR2V0Q2hlY2twb2ludEFyY2hpdmVVUkxSZXNwb25zZSIigtPkkwIcEhovdjEvY2hlY2twb2ludC9hcmNoaXZlX3VybDKsAgoPU2FtcGxpbmdTZXJ2aWNlElsKDUNyZWF0ZVNhbXBsZXISHi5sb29wcy52MS5DcmVhdGVTYW1wbGVyUmVxdWVzdBoRLmxvb3BzLnYxLlNhbXBsZXIiF4LT5JMCEToBKiIML3YxL3NhbXBsZXJzElcKCkdldFNhbXBsZXISGy5sb29wcy52MS5HZXRTYW1wbGVyUmVxdWVzdBoRLmxvb3BzLnYxLlNhbXBsZXIiGYLT5JMCExIRL3YxL3NhbXBsZXJzL3tpZH0SYwoGU2FtcGxlEhcubG9vcHMudjEuU2FtcGxlUmVxdWVzdBoTLmxvb3BzLnYxLk9wZXJhdGlvbiIrgtPkkwIlOgEqIiAvdjEvc2FtcGxlcnMve3NhbXBsZXJfaWR9L3NhbXBsZTJrCgxNb2RlbFNlcnZpY2USWwoKTGlzdE1vZGVscxIbLmxvb3BzLnYxLkxpc3RNb2RlbHNSZXF1ZXN0GhwubG9vcHMudjEuTGlzdE1vZGVsc1Jlc3BvbnNlIhKC0+STAgwSCi92MS9tb2RlbHMybQoQV29ya3NwYWNlU2VydmljZRJZCgxHZXRXb3Jrc3BhY2USHS5sb29wcy52MS5HZXRXb3Jrc3BhY2VSZXF1ZXN0GhMubG9vcHMudjEuV29ya3NwYWNlIhWC0+STAg8SDS92MS93b3Jrc3BhY2UyZAoMVXNhZ2VTZXJ2aWNlElQKCEdldFVzYWdlEhkubG9vcHMudjEuR2V0VXNhZ2VSZXF1ZXN0GhoubG9vcHMudjEuR2V0VXNhZ2VSZXNwb25zZSIRgtPkkwILEgkvdjEvdXNhZ2ViBnByb3RvMw", [file_google_api_annotations, file_google_protobuf_timestamp, file_loops_v1_operations, file_loops_v1_resources, file_loops_v1_types]);
 
 /**
  * @generated from message loops.v1.CreateSessionRequest
@@ -260,6 +260,279 @@ export const GetTrainingRunRequestSchema: GenMessage<GetTrainingRunRequest> = /*
   messageDesc(file_loops_v1_services, 8);
 
 /**
+ * @generated from message loops.v1.GetTrainingRunMetricsRequest
+ */
+export type GetTrainingRunMetricsRequest = Message<"loops.v1.GetTrainingRunMetricsRequest"> & {
+  /**
+   * @generated from field: string training_run_id = 1;
+   */
+  trainingRunId: string;
+
+  /**
+   * Only records whose steps lie in [from_step, to_step]; 0 means no bound.
+   *
+   * @generated from field: int64 from_step = 2;
+   */
+  fromStep: bigint;
+
+  /**
+   * @generated from field: int64 to_step = 3;
+   */
+  toStep: bigint;
+
+  /**
+   * At most this many records of each kind: consecutive records are merged (as the store's
+   * downsampling merges them) until they fit. 0 means no limit.
+   *
+   * @generated from field: int32 max_points = 4;
+   */
+  maxPoints: number;
+};
+
+/**
+ * Describes the message loops.v1.GetTrainingRunMetricsRequest.
+ * Use `create(GetTrainingRunMetricsRequestSchema)` to create a new message.
+ */
+export const GetTrainingRunMetricsRequestSchema: GenMessage<GetTrainingRunMetricsRequest> = /*@__PURE__*/
+  messageDesc(file_loops_v1_services, 9);
+
+/**
+ * @generated from message loops.v1.GetTrainingRunMetricsResponse
+ */
+export type GetTrainingRunMetricsResponse = Message<"loops.v1.GetTrainingRunMetricsResponse"> & {
+  /**
+   * Oldest first (by seq_id); forward_backward and optim_step records interleaved.
+   *
+   * @generated from field: repeated loops.v1.StepMetrics steps = 1;
+   */
+  steps: StepMetrics[];
+};
+
+/**
+ * Describes the message loops.v1.GetTrainingRunMetricsResponse.
+ * Use `create(GetTrainingRunMetricsResponseSchema)` to create a new message.
+ */
+export const GetTrainingRunMetricsResponseSchema: GenMessage<GetTrainingRunMetricsResponse> = /*@__PURE__*/
+  messageDesc(file_loops_v1_services, 10);
+
+/**
+ * StepMetrics is what the server recorded about one forward_backward or optim_step of a
+ * training run, or about several consecutive ones of the same kind merged by downsampling
+ * (count > 1: seq_id and step are the first one's, last_seq_id and last_step the last one's;
+ * sums are added, means and spreads are weighted by the tokens or examples they cover).
+ *
+ * @generated from message loops.v1.StepMetrics
+ */
+export type StepMetrics = Message<"loops.v1.StepMetrics"> & {
+  /**
+   * @generated from field: loops.v1.OperationKind kind = 1;
+   */
+  kind: OperationKind;
+
+  /**
+   * @generated from field: int64 seq_id = 2;
+   */
+  seqId: bigint;
+
+  /**
+   * @generated from field: int64 last_seq_id = 3;
+   */
+  lastSeqId: bigint;
+
+  /**
+   * The optimizer step the work belongs to: 1 + the optim_steps the run had applied
+   * before it.
+   *
+   * @generated from field: int64 step = 4;
+   */
+  step: bigint;
+
+  /**
+   * @generated from field: int64 last_step = 5;
+   */
+  lastStep: bigint;
+
+  /**
+   * How many operations this record covers (1 unless merged).
+   *
+   * @generated from field: int64 count = 6;
+   */
+  count: bigint;
+
+  /**
+   * When the (last) operation finished.
+   *
+   * @generated from field: google.protobuf.Timestamp time = 7;
+   */
+  time?: Timestamp | undefined;
+
+  /**
+   * Wall time of the backend call, in seconds (for a batched forward_backward: the whole
+   * batch's pass).
+   *
+   * @generated from field: double backend_seconds = 8;
+   */
+  backendSeconds: number;
+
+  /**
+   * forward_backward: the loss function ("" when merged records differ).
+   *
+   * @generated from field: string loss_fn = 9;
+   */
+  lossFn: string;
+
+  /**
+   * forward_backward: the backend's loss:sum, and loss_sum / loss_tokens.
+   *
+   * @generated from field: double loss_sum = 10;
+   */
+  lossSum: number;
+
+  /**
+   * @generated from field: double loss_mean = 11;
+   */
+  lossMean: number;
+
+  /**
+   * forward_backward: model input tokens, tokens that carry loss (non-zero weights for
+   * cross_entropy, sampled tokens for RL losses, every position otherwise), and examples.
+   *
+   * @generated from field: int64 tokens = 12;
+   */
+  tokens: bigint;
+
+  /**
+   * @generated from field: int64 loss_tokens = 13;
+   */
+  lossTokens: bigint;
+
+  /**
+   * @generated from field: int64 examples = 14;
+   */
+  examples: bigint;
+
+  /**
+   * forward_backward with an RL loss and sampler logprobs: health signals.
+   *
+   * @generated from field: loops.v1.RLStepMetrics rl = 15;
+   */
+  rl?: RLStepMetrics | undefined;
+
+  /**
+   * optim_step: the learning rate applied.
+   *
+   * @generated from field: optional double learning_rate = 16;
+   */
+  learningRate?: number | undefined;
+
+  /**
+   * optim_step: the global gradient norm before clipping, when the backend reports it.
+   *
+   * @generated from field: optional double grad_norm = 17;
+   */
+  gradNorm?: number | undefined;
+
+  /**
+   * The training run.
+   *
+   * @generated from field: string training_run_id = 18;
+   */
+  trainingRunId: string;
+};
+
+/**
+ * Describes the message loops.v1.StepMetrics.
+ * Use `create(StepMetricsSchema)` to create a new message.
+ */
+export const StepMetricsSchema: GenMessage<StepMetrics> = /*@__PURE__*/
+  messageDesc(file_loops_v1_services, 11);
+
+/**
+ * RLStepMetrics are computed over the sampled tokens of an RL forward_backward: the
+ * positions whose sampler logprob or advantage is non-zero (prompt positions carry zeros).
+ * With q the sampler's logprob and lp the trainer's, r = exp(lp - q).
+ *
+ * @generated from message loops.v1.RLStepMetrics
+ */
+export type RLStepMetrics = Message<"loops.v1.RLStepMetrics"> & {
+  /**
+   * Sampled tokens counted.
+   *
+   * @generated from field: int64 tokens = 1;
+   */
+  tokens: bigint;
+
+  /**
+   * KL(sampler || trainer) estimated from the samples: k1 = mean(q - lp),
+   * k3 = mean((r - 1) - log r).
+   *
+   * @generated from field: double kl_sample_train_k1 = 2;
+   */
+  klSampleTrainK1: number;
+
+  /**
+   * @generated from field: double kl_sample_train_k3 = 3;
+   */
+  klSampleTrainK3: number;
+
+  /**
+   * The importance ratio r over the sampled tokens.
+   *
+   * @generated from field: double ratio_mean = 4;
+   */
+  ratioMean: number;
+
+  /**
+   * @generated from field: double ratio_std = 5;
+   */
+  ratioStd: number;
+
+  /**
+   * @generated from field: double ratio_min = 6;
+   */
+  ratioMin: number;
+
+  /**
+   * @generated from field: double ratio_max = 7;
+   */
+  ratioMax: number;
+
+  /**
+   * Advantages over the sampled tokens.
+   *
+   * @generated from field: double advantage_mean = 8;
+   */
+  advantageMean: number;
+
+  /**
+   * @generated from field: double advantage_std = 9;
+   */
+  advantageStd: number;
+
+  /**
+   * Share of examples whose advantages are all zero (they learn nothing).
+   *
+   * @generated from field: double zero_advantage_fraction = 10;
+   */
+  zeroAdvantageFraction: number;
+
+  /**
+   * ppo and cispo: share of sampled tokens with r outside [clip_low_threshold,
+   * clip_high_threshold].
+   *
+   * @generated from field: optional double clip_fraction = 11;
+   */
+  clipFraction?: number | undefined;
+};
+
+/**
+ * Describes the message loops.v1.RLStepMetrics.
+ * Use `create(RLStepMetricsSchema)` to create a new message.
+ */
+export const RLStepMetricsSchema: GenMessage<RLStepMetrics> = /*@__PURE__*/
+  messageDesc(file_loops_v1_services, 12);
+
+/**
  * @generated from message loops.v1.ListTrainingRunsRequest
  */
 export type ListTrainingRunsRequest = Message<"loops.v1.ListTrainingRunsRequest"> & {
@@ -288,7 +561,7 @@ export type ListTrainingRunsRequest = Message<"loops.v1.ListTrainingRunsRequest"
  * Use `create(ListTrainingRunsRequestSchema)` to create a new message.
  */
 export const ListTrainingRunsRequestSchema: GenMessage<ListTrainingRunsRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 9);
+  messageDesc(file_loops_v1_services, 13);
 
 /**
  * @generated from message loops.v1.ListTrainingRunsResponse
@@ -318,7 +591,7 @@ export type ListTrainingRunsResponse = Message<"loops.v1.ListTrainingRunsRespons
  * Use `create(ListTrainingRunsResponseSchema)` to create a new message.
  */
 export const ListTrainingRunsResponseSchema: GenMessage<ListTrainingRunsResponse> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 10);
+  messageDesc(file_loops_v1_services, 14);
 
 /**
  * @generated from message loops.v1.UnloadTrainingRunRequest
@@ -335,7 +608,7 @@ export type UnloadTrainingRunRequest = Message<"loops.v1.UnloadTrainingRunReques
  * Use `create(UnloadTrainingRunRequestSchema)` to create a new message.
  */
 export const UnloadTrainingRunRequestSchema: GenMessage<UnloadTrainingRunRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 11);
+  messageDesc(file_loops_v1_services, 15);
 
 /**
  * @generated from message loops.v1.ForwardBackwardRequest
@@ -379,7 +652,7 @@ export type ForwardBackwardRequest = Message<"loops.v1.ForwardBackwardRequest"> 
  * Use `create(ForwardBackwardRequestSchema)` to create a new message.
  */
 export const ForwardBackwardRequestSchema: GenMessage<ForwardBackwardRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 12);
+  messageDesc(file_loops_v1_services, 16);
 
 /**
  * @generated from message loops.v1.OptimStepRequest
@@ -406,7 +679,7 @@ export type OptimStepRequest = Message<"loops.v1.OptimStepRequest"> & {
  * Use `create(OptimStepRequestSchema)` to create a new message.
  */
 export const OptimStepRequestSchema: GenMessage<OptimStepRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 13);
+  messageDesc(file_loops_v1_services, 17);
 
 /**
  * @generated from message loops.v1.SaveWeightsRequest
@@ -458,7 +731,7 @@ export type SaveWeightsRequest = Message<"loops.v1.SaveWeightsRequest"> & {
  * Use `create(SaveWeightsRequestSchema)` to create a new message.
  */
 export const SaveWeightsRequestSchema: GenMessage<SaveWeightsRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 14);
+  messageDesc(file_loops_v1_services, 18);
 
 /**
  * @generated from message loops.v1.LoadWeightsRequest
@@ -492,7 +765,7 @@ export type LoadWeightsRequest = Message<"loops.v1.LoadWeightsRequest"> & {
  * Use `create(LoadWeightsRequestSchema)` to create a new message.
  */
 export const LoadWeightsRequestSchema: GenMessage<LoadWeightsRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 15);
+  messageDesc(file_loops_v1_services, 19);
 
 /**
  * @generated from message loops.v1.ListCheckpointsRequest
@@ -528,7 +801,7 @@ export type ListCheckpointsRequest = Message<"loops.v1.ListCheckpointsRequest"> 
  * Use `create(ListCheckpointsRequestSchema)` to create a new message.
  */
 export const ListCheckpointsRequestSchema: GenMessage<ListCheckpointsRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 16);
+  messageDesc(file_loops_v1_services, 20);
 
 /**
  * @generated from message loops.v1.ListCheckpointsResponse
@@ -558,7 +831,7 @@ export type ListCheckpointsResponse = Message<"loops.v1.ListCheckpointsResponse"
  * Use `create(ListCheckpointsResponseSchema)` to create a new message.
  */
 export const ListCheckpointsResponseSchema: GenMessage<ListCheckpointsResponse> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 17);
+  messageDesc(file_loops_v1_services, 21);
 
 /**
  * @generated from message loops.v1.GetCheckpointRequest
@@ -575,7 +848,7 @@ export type GetCheckpointRequest = Message<"loops.v1.GetCheckpointRequest"> & {
  * Use `create(GetCheckpointRequestSchema)` to create a new message.
  */
 export const GetCheckpointRequestSchema: GenMessage<GetCheckpointRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 18);
+  messageDesc(file_loops_v1_services, 22);
 
 /**
  * @generated from message loops.v1.DeleteCheckpointRequest
@@ -592,7 +865,7 @@ export type DeleteCheckpointRequest = Message<"loops.v1.DeleteCheckpointRequest"
  * Use `create(DeleteCheckpointRequestSchema)` to create a new message.
  */
 export const DeleteCheckpointRequestSchema: GenMessage<DeleteCheckpointRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 19);
+  messageDesc(file_loops_v1_services, 23);
 
 /**
  * @generated from message loops.v1.DeleteCheckpointResponse
@@ -605,7 +878,7 @@ export type DeleteCheckpointResponse = Message<"loops.v1.DeleteCheckpointRespons
  * Use `create(DeleteCheckpointResponseSchema)` to create a new message.
  */
 export const DeleteCheckpointResponseSchema: GenMessage<DeleteCheckpointResponse> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 20);
+  messageDesc(file_loops_v1_services, 24);
 
 /**
  * @generated from message loops.v1.SetCheckpointPublicRequest
@@ -627,7 +900,7 @@ export type SetCheckpointPublicRequest = Message<"loops.v1.SetCheckpointPublicRe
  * Use `create(SetCheckpointPublicRequestSchema)` to create a new message.
  */
 export const SetCheckpointPublicRequestSchema: GenMessage<SetCheckpointPublicRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 21);
+  messageDesc(file_loops_v1_services, 25);
 
 /**
  * @generated from message loops.v1.SetCheckpointTTLRequest
@@ -651,7 +924,7 @@ export type SetCheckpointTTLRequest = Message<"loops.v1.SetCheckpointTTLRequest"
  * Use `create(SetCheckpointTTLRequestSchema)` to create a new message.
  */
 export const SetCheckpointTTLRequestSchema: GenMessage<SetCheckpointTTLRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 22);
+  messageDesc(file_loops_v1_services, 26);
 
 /**
  * @generated from message loops.v1.GetCheckpointArchiveURLRequest
@@ -668,7 +941,7 @@ export type GetCheckpointArchiveURLRequest = Message<"loops.v1.GetCheckpointArch
  * Use `create(GetCheckpointArchiveURLRequestSchema)` to create a new message.
  */
 export const GetCheckpointArchiveURLRequestSchema: GenMessage<GetCheckpointArchiveURLRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 23);
+  messageDesc(file_loops_v1_services, 27);
 
 /**
  * @generated from message loops.v1.GetCheckpointArchiveURLResponse
@@ -690,7 +963,7 @@ export type GetCheckpointArchiveURLResponse = Message<"loops.v1.GetCheckpointArc
  * Use `create(GetCheckpointArchiveURLResponseSchema)` to create a new message.
  */
 export const GetCheckpointArchiveURLResponseSchema: GenMessage<GetCheckpointArchiveURLResponse> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 24);
+  messageDesc(file_loops_v1_services, 28);
 
 /**
  * @generated from message loops.v1.GetCheckpointFileURLsRequest
@@ -707,7 +980,7 @@ export type GetCheckpointFileURLsRequest = Message<"loops.v1.GetCheckpointFileUR
  * Use `create(GetCheckpointFileURLsRequestSchema)` to create a new message.
  */
 export const GetCheckpointFileURLsRequestSchema: GenMessage<GetCheckpointFileURLsRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 25);
+  messageDesc(file_loops_v1_services, 29);
 
 /**
  * @generated from message loops.v1.GetCheckpointFileURLsResponse
@@ -732,7 +1005,7 @@ export type GetCheckpointFileURLsResponse = Message<"loops.v1.GetCheckpointFileU
  * Use `create(GetCheckpointFileURLsResponseSchema)` to create a new message.
  */
 export const GetCheckpointFileURLsResponseSchema: GenMessage<GetCheckpointFileURLsResponse> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 26);
+  messageDesc(file_loops_v1_services, 30);
 
 /**
  * @generated from message loops.v1.CreateSamplerRequest
@@ -766,7 +1039,7 @@ export type CreateSamplerRequest = Message<"loops.v1.CreateSamplerRequest"> & {
  * Use `create(CreateSamplerRequestSchema)` to create a new message.
  */
 export const CreateSamplerRequestSchema: GenMessage<CreateSamplerRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 27);
+  messageDesc(file_loops_v1_services, 31);
 
 /**
  * @generated from message loops.v1.GetSamplerRequest
@@ -783,7 +1056,7 @@ export type GetSamplerRequest = Message<"loops.v1.GetSamplerRequest"> & {
  * Use `create(GetSamplerRequestSchema)` to create a new message.
  */
 export const GetSamplerRequestSchema: GenMessage<GetSamplerRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 28);
+  messageDesc(file_loops_v1_services, 32);
 
 /**
  * @generated from message loops.v1.SampleRequest
@@ -832,7 +1105,7 @@ export type SampleRequest = Message<"loops.v1.SampleRequest"> & {
  * Use `create(SampleRequestSchema)` to create a new message.
  */
 export const SampleRequestSchema: GenMessage<SampleRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 29);
+  messageDesc(file_loops_v1_services, 33);
 
 /**
  * @generated from message loops.v1.ListModelsRequest
@@ -845,7 +1118,7 @@ export type ListModelsRequest = Message<"loops.v1.ListModelsRequest"> & {
  * Use `create(ListModelsRequestSchema)` to create a new message.
  */
 export const ListModelsRequestSchema: GenMessage<ListModelsRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 30);
+  messageDesc(file_loops_v1_services, 34);
 
 /**
  * @generated from message loops.v1.ListModelsResponse
@@ -862,7 +1135,7 @@ export type ListModelsResponse = Message<"loops.v1.ListModelsResponse"> & {
  * Use `create(ListModelsResponseSchema)` to create a new message.
  */
 export const ListModelsResponseSchema: GenMessage<ListModelsResponse> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 31);
+  messageDesc(file_loops_v1_services, 35);
 
 /**
  * @generated from message loops.v1.GetUsageRequest
@@ -888,7 +1161,7 @@ export type GetUsageRequest = Message<"loops.v1.GetUsageRequest"> & {
  * Use `create(GetUsageRequestSchema)` to create a new message.
  */
 export const GetUsageRequestSchema: GenMessage<GetUsageRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 32);
+  messageDesc(file_loops_v1_services, 36);
 
 /**
  * @generated from message loops.v1.GetUsageResponse
@@ -905,7 +1178,7 @@ export type GetUsageResponse = Message<"loops.v1.GetUsageResponse"> & {
  * Use `create(GetUsageResponseSchema)` to create a new message.
  */
 export const GetUsageResponseSchema: GenMessage<GetUsageResponse> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 33);
+  messageDesc(file_loops_v1_services, 37);
 
 /**
  * UsageBucket is the amount of one kind of usage of one base model and session in one hour.
@@ -949,7 +1222,7 @@ export type UsageBucket = Message<"loops.v1.UsageBucket"> & {
  * Use `create(UsageBucketSchema)` to create a new message.
  */
 export const UsageBucketSchema: GenMessage<UsageBucket> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 34);
+  messageDesc(file_loops_v1_services, 38);
 
 /**
  * @generated from message loops.v1.GetWorkspaceRequest
@@ -962,7 +1235,7 @@ export type GetWorkspaceRequest = Message<"loops.v1.GetWorkspaceRequest"> & {
  * Use `create(GetWorkspaceRequestSchema)` to create a new message.
  */
 export const GetWorkspaceRequestSchema: GenMessage<GetWorkspaceRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 35);
+  messageDesc(file_loops_v1_services, 39);
 
 /**
  * Workspace is an API key's workspace: its name, its policy's limits and its current use.
@@ -991,7 +1264,7 @@ export type Workspace = Message<"loops.v1.Workspace"> & {
  * Use `create(WorkspaceSchema)` to create a new message.
  */
 export const WorkspaceSchema: GenMessage<Workspace> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 36);
+  messageDesc(file_loops_v1_services, 40);
 
 /**
  * WorkspaceLimits are a workspace's limits. A zero limit means the workspace has no limit of
@@ -1050,7 +1323,7 @@ export type WorkspaceLimits = Message<"loops.v1.WorkspaceLimits"> & {
  * Use `create(WorkspaceLimitsSchema)` to create a new message.
  */
 export const WorkspaceLimitsSchema: GenMessage<WorkspaceLimits> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 37);
+  messageDesc(file_loops_v1_services, 41);
 
 /**
  * WorkspaceUse is what a workspace uses now.
@@ -1092,7 +1365,7 @@ export type WorkspaceUse = Message<"loops.v1.WorkspaceUse"> & {
  * Use `create(WorkspaceUseSchema)` to create a new message.
  */
 export const WorkspaceUseSchema: GenMessage<WorkspaceUse> = /*@__PURE__*/
-  messageDesc(file_loops_v1_services, 38);
+  messageDesc(file_loops_v1_services, 42);
 
 /**
  * UsageKind says what a UsageBucket's amount counts.
@@ -1286,6 +1559,17 @@ export const TrainingService: GenService<{
     methodKind: "unary";
     input: typeof LoadWeightsRequestSchema;
     output: typeof OperationSchema;
+  },
+  /**
+   * GetTrainingRunMetrics returns the run's recorded per-step metrics (docs/semantics.md,
+   * "Run metrics"), oldest first.
+   *
+   * @generated from rpc loops.v1.TrainingService.GetTrainingRunMetrics
+   */
+  getTrainingRunMetrics: {
+    methodKind: "unary";
+    input: typeof GetTrainingRunMetricsRequestSchema;
+    output: typeof GetTrainingRunMetricsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_loops_v1_services, 1);

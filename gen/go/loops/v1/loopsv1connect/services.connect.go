@@ -84,6 +84,9 @@ const (
 	// TrainingServiceLoadWeightsProcedure is the fully-qualified name of the TrainingService's
 	// LoadWeights RPC.
 	TrainingServiceLoadWeightsProcedure = "/loops.v1.TrainingService/LoadWeights"
+	// TrainingServiceGetTrainingRunMetricsProcedure is the fully-qualified name of the
+	// TrainingService's GetTrainingRunMetrics RPC.
+	TrainingServiceGetTrainingRunMetricsProcedure = "/loops.v1.TrainingService/GetTrainingRunMetrics"
 	// CheckpointServiceListCheckpointsProcedure is the fully-qualified name of the CheckpointService's
 	// ListCheckpoints RPC.
 	CheckpointServiceListCheckpointsProcedure = "/loops.v1.CheckpointService/ListCheckpoints"
@@ -346,6 +349,9 @@ type TrainingServiceClient interface {
 	SaveWeights(context.Context, *v1.SaveWeightsRequest) (*v1.Operation, error)
 	// LoadWeights loads a training checkpoint into the run, with or without optimizer state.
 	LoadWeights(context.Context, *v1.LoadWeightsRequest) (*v1.Operation, error)
+	// GetTrainingRunMetrics returns the run's recorded per-step metrics (docs/semantics.md,
+	// "Run metrics"), oldest first.
+	GetTrainingRunMetrics(context.Context, *v1.GetTrainingRunMetricsRequest) (*v1.GetTrainingRunMetricsResponse, error)
 }
 
 // NewTrainingServiceClient constructs a client for the loops.v1.TrainingService service. By
@@ -407,19 +413,26 @@ func NewTrainingServiceClient(httpClient connect.HTTPClient, baseURL string, opt
 			connect.WithSchema(trainingServiceMethods.ByName("LoadWeights")),
 			connect.WithClientOptions(opts...),
 		),
+		getTrainingRunMetrics: connect.NewClient[v1.GetTrainingRunMetricsRequest, v1.GetTrainingRunMetricsResponse](
+			httpClient,
+			baseURL+TrainingServiceGetTrainingRunMetricsProcedure,
+			connect.WithSchema(trainingServiceMethods.ByName("GetTrainingRunMetrics")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // trainingServiceClient implements TrainingServiceClient.
 type trainingServiceClient struct {
-	createTrainingRun *connect.Client[v1.CreateTrainingRunRequest, v1.Operation]
-	getTrainingRun    *connect.Client[v1.GetTrainingRunRequest, v1.TrainingRun]
-	listTrainingRuns  *connect.Client[v1.ListTrainingRunsRequest, v1.ListTrainingRunsResponse]
-	unloadTrainingRun *connect.Client[v1.UnloadTrainingRunRequest, v1.Operation]
-	forwardBackward   *connect.Client[v1.ForwardBackwardRequest, v1.Operation]
-	optimStep         *connect.Client[v1.OptimStepRequest, v1.Operation]
-	saveWeights       *connect.Client[v1.SaveWeightsRequest, v1.Operation]
-	loadWeights       *connect.Client[v1.LoadWeightsRequest, v1.Operation]
+	createTrainingRun     *connect.Client[v1.CreateTrainingRunRequest, v1.Operation]
+	getTrainingRun        *connect.Client[v1.GetTrainingRunRequest, v1.TrainingRun]
+	listTrainingRuns      *connect.Client[v1.ListTrainingRunsRequest, v1.ListTrainingRunsResponse]
+	unloadTrainingRun     *connect.Client[v1.UnloadTrainingRunRequest, v1.Operation]
+	forwardBackward       *connect.Client[v1.ForwardBackwardRequest, v1.Operation]
+	optimStep             *connect.Client[v1.OptimStepRequest, v1.Operation]
+	saveWeights           *connect.Client[v1.SaveWeightsRequest, v1.Operation]
+	loadWeights           *connect.Client[v1.LoadWeightsRequest, v1.Operation]
+	getTrainingRunMetrics *connect.Client[v1.GetTrainingRunMetricsRequest, v1.GetTrainingRunMetricsResponse]
 }
 
 // CreateTrainingRun calls loops.v1.TrainingService.CreateTrainingRun.
@@ -494,6 +507,15 @@ func (c *trainingServiceClient) LoadWeights(ctx context.Context, req *v1.LoadWei
 	return nil, err
 }
 
+// GetTrainingRunMetrics calls loops.v1.TrainingService.GetTrainingRunMetrics.
+func (c *trainingServiceClient) GetTrainingRunMetrics(ctx context.Context, req *v1.GetTrainingRunMetricsRequest) (*v1.GetTrainingRunMetricsResponse, error) {
+	response, err := c.getTrainingRunMetrics.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
 // TrainingServiceHandler is an implementation of the loops.v1.TrainingService service.
 type TrainingServiceHandler interface {
 	// CreateTrainingRun creates a LoRA adapter on a base model, optionally from a checkpoint.
@@ -512,6 +534,9 @@ type TrainingServiceHandler interface {
 	SaveWeights(context.Context, *v1.SaveWeightsRequest) (*v1.Operation, error)
 	// LoadWeights loads a training checkpoint into the run, with or without optimizer state.
 	LoadWeights(context.Context, *v1.LoadWeightsRequest) (*v1.Operation, error)
+	// GetTrainingRunMetrics returns the run's recorded per-step metrics (docs/semantics.md,
+	// "Run metrics"), oldest first.
+	GetTrainingRunMetrics(context.Context, *v1.GetTrainingRunMetricsRequest) (*v1.GetTrainingRunMetricsResponse, error)
 }
 
 // NewTrainingServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -569,6 +594,12 @@ func NewTrainingServiceHandler(svc TrainingServiceHandler, opts ...connect.Handl
 		connect.WithSchema(trainingServiceMethods.ByName("LoadWeights")),
 		connect.WithHandlerOptions(opts...),
 	)
+	trainingServiceGetTrainingRunMetricsHandler := connect.NewUnaryHandlerSimple(
+		TrainingServiceGetTrainingRunMetricsProcedure,
+		svc.GetTrainingRunMetrics,
+		connect.WithSchema(trainingServiceMethods.ByName("GetTrainingRunMetrics")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/loops.v1.TrainingService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case TrainingServiceCreateTrainingRunProcedure:
@@ -587,6 +618,8 @@ func NewTrainingServiceHandler(svc TrainingServiceHandler, opts ...connect.Handl
 			trainingServiceSaveWeightsHandler.ServeHTTP(w, r)
 		case TrainingServiceLoadWeightsProcedure:
 			trainingServiceLoadWeightsHandler.ServeHTTP(w, r)
+		case TrainingServiceGetTrainingRunMetricsProcedure:
+			trainingServiceGetTrainingRunMetricsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -626,6 +659,10 @@ func (UnimplementedTrainingServiceHandler) SaveWeights(context.Context, *v1.Save
 
 func (UnimplementedTrainingServiceHandler) LoadWeights(context.Context, *v1.LoadWeightsRequest) (*v1.Operation, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.TrainingService.LoadWeights is not implemented"))
+}
+
+func (UnimplementedTrainingServiceHandler) GetTrainingRunMetrics(context.Context, *v1.GetTrainingRunMetricsRequest) (*v1.GetTrainingRunMetricsResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.TrainingService.GetTrainingRunMetrics is not implemented"))
 }
 
 // CheckpointServiceClient is a client for the loops.v1.CheckpointService service.
