@@ -1,0 +1,186 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
+	"github.com/spf13/cobra"
+)
+
+// runsShowCmd is `loops runs show RUN`: the run, sparklines of its loss and KL over its
+// whole history, and a table of its last steps.
+func runsShowCmd(cf *clientFlags) *cobra.Command {
+	var (
+		last  int
+		width int32
+	)
+	cmd := &cobra.Command{
+		Use:   "show RUN",
+		Short: "Show a training run and its per-step metrics (loss, KL between sampler and trainer, learning rate)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl := loopsv1connect.NewTrainingServiceClient(http.DefaultClient, cf.url, cf.options()...)
+			run, err := cl.GetTrainingRun(cmd.Context(), &loopsv1.GetTrainingRunRequest{Id: args[0]})
+			if err != nil {
+				return err
+			}
+			all, err := cl.GetTrainingRunMetrics(cmd.Context(), &loopsv1.GetTrainingRunMetricsRequest{TrainingRunId: run.GetId(), MaxPoints: width})
+			if err != nil {
+				return err
+			}
+			recent, err := cl.GetTrainingRunMetrics(cmd.Context(), &loopsv1.GetTrainingRunMetricsRequest{
+				TrainingRunId: run.GetId(), FromStep: max(run.GetOptimSteps()+1-int64(last), 1),
+			})
+			if err != nil {
+				return err
+			}
+			return printRunShow(cmd.OutOrStdout(), run, all.GetSteps(), recent.GetSteps())
+		},
+	}
+	cmd.Flags().IntVar(&last, "last", 20, "how many of the last steps to list")
+	cmd.Flags().Int32Var(&width, "width", 60, "points in each sparkline")
+	return cmd
+}
+
+// printRunShow writes a run's summary, sparklines of the forward_backward loss (per-token
+// mean) and KL (k3) over history, and a table of the steps in recent, one line per step.
+func printRunShow(w io.Writer, run *loopsv1.TrainingRun, history, recent []*loopsv1.StepMetrics) error {
+	fmt.Fprintf(w, "run:         %s\n", run.GetId())
+	fmt.Fprintf(w, "base model:  %s (rank %d)\n", run.GetBaseModel(), run.GetLora().GetRank())
+	fmt.Fprintf(w, "optim steps: %d\n", run.GetOptimSteps())
+	if run.GetCorrupted() {
+		fmt.Fprintln(w, "corrupted:   yes (load a checkpoint to continue)")
+	}
+	var loss, kl []float64
+	for _, s := range history {
+		if s.GetKind() != loopsv1.OperationKind_OPERATION_KIND_FORWARD_BACKWARD {
+			continue
+		}
+		loss = append(loss, s.GetLossMean())
+		if s.GetRl() != nil {
+			kl = append(kl, s.GetRl().GetKlSampleTrainK3())
+		}
+	}
+	if len(loss) == 0 {
+		fmt.Fprintln(w, "no step metrics recorded yet")
+		return nil
+	}
+	fmt.Fprintf(w, "loss  %s  %s\n", sparkline(loss), spanOf(loss))
+	if len(kl) > 0 {
+		fmt.Fprintf(w, "kl    %s  %s\n", sparkline(kl), spanOf(kl))
+	}
+	fmt.Fprintln(w)
+
+	// One row per step: its forward_backward records summed, its optim_step's rate.
+	type row struct {
+		step, fbs                    int64
+		lossFn                       string
+		lossSum, backend             float64
+		lossTokens, tokens, examples int64
+		rl                           *loopsv1.RLStepMetrics
+		lr, gradNorm                 *float64
+	}
+	var rows []*row
+	byStep := map[int64]*row{}
+	for _, s := range recent {
+		r := byStep[s.GetStep()]
+		if r == nil {
+			r = &row{step: s.GetStep()}
+			byStep[s.GetStep()] = r
+			rows = append(rows, r)
+		}
+		r.backend += s.GetBackendSeconds()
+		switch s.GetKind() {
+		case loopsv1.OperationKind_OPERATION_KIND_FORWARD_BACKWARD:
+			r.fbs += max(s.GetCount(), 1)
+			if r.lossFn == "" {
+				r.lossFn = s.GetLossFn()
+			}
+			r.lossSum += s.GetLossSum()
+			r.lossTokens += s.GetLossTokens()
+			r.tokens += s.GetTokens()
+			r.examples += s.GetExamples()
+			if s.GetRl() != nil {
+				r.rl = s.GetRl() // the step's last RL record
+			}
+		case loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP:
+			r.lr, r.gradNorm = s.LearningRate, s.GradNorm
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STEP\tFB\tLOSS FN\tLOSS/TOKEN\tTOKENS\tEXAMPLES\tKL(k3)\tRATIO\tADV ZERO\tCLIP\tLR\tGRAD NORM\tBACKEND")
+	for _, r := range rows {
+		mean := "-"
+		if r.lossTokens > 0 {
+			mean = fmt.Sprintf("%.4f", r.lossSum/float64(r.lossTokens))
+		}
+		kl, ratio, zero, clip := "-", "-", "-", "-"
+		if r.rl != nil {
+			kl = fmt.Sprintf("%.4g", r.rl.GetKlSampleTrainK3())
+			ratio = fmt.Sprintf("%.3f±%.3f", r.rl.GetRatioMean(), r.rl.GetRatioStd())
+			zero = fmt.Sprintf("%.0f%%", 100*r.rl.GetZeroAdvantageFraction())
+			if r.rl.ClipFraction != nil {
+				clip = fmt.Sprintf("%.1f%%", 100*r.rl.GetClipFraction())
+			}
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.3fs\n", r.step, r.fbs, dash(r.lossFn), mean, r.tokens, r.examples,
+			kl, ratio, zero, clip, optionalG(r.lr), optionalG(r.gradNorm), r.backend)
+	}
+	return tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func optionalG(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.3g", *v)
+}
+
+// spanOf is "first → last (min … max)" of a series.
+func spanOf(v []float64) string {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, x := range v {
+		lo, hi = min(lo, x), max(hi, x)
+	}
+	return fmt.Sprintf("%.4g → %.4g (min %.4g, max %.4g)", v[0], v[len(v)-1], lo, hi)
+}
+
+// sparkBlocks are a sparkline's eight levels.
+var sparkBlocks = []rune("▁▂▃▄▅▆▇█")
+
+// sparkline draws v with one block per value, scaled between its minimum and maximum
+// (a flat series is drawn at the lowest level; NaN and infinities as a space).
+func sparkline(v []float64) string {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, x := range v {
+		if !math.IsNaN(x) && !math.IsInf(x, 0) {
+			lo, hi = min(lo, x), max(hi, x)
+		}
+	}
+	var b strings.Builder
+	for _, x := range v {
+		switch {
+		case math.IsNaN(x) || math.IsInf(x, 0):
+			b.WriteRune(' ')
+		case hi <= lo:
+			b.WriteRune(sparkBlocks[0])
+		default:
+			i := int(math.Round((x - lo) / (hi - lo) * float64(len(sparkBlocks)-1)))
+			b.WriteRune(sparkBlocks[i])
+		}
+	}
+	return b.String()
+}

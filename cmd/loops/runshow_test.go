@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
+)
+
+func TestSparkline(t *testing.T) {
+	require.Equal(t, "▁▂▃▄▅▆▇█", sparkline([]float64{0, 1, 2, 3, 4, 5, 6, 7}))
+	require.Equal(t, "▁▁▁", sparkline([]float64{2, 2, 2}))
+	require.Equal(t, "█ ▁", sparkline([]float64{1, 0 / zero(), -1}))
+}
+
+func zero() float64 { return 0 }
+
+// TestRunsShow trains two RL steps through loops serve (the reference engine) and checks
+// what `loops runs show` prints: the run, loss and KL sparklines and a row per step.
+func TestRunsShow(t *testing.T) {
+	url, _ := startServe(t, t.TempDir())
+	key := connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			req.Header().Set("X-API-Key", "tml-serve-test")
+			return next(ctx, req)
+		}
+	}))
+	training := loopsv1connect.NewTrainingServiceClient(http.DefaultClient, url, key)
+	ops := loopsv1connect.NewOperationServiceClient(http.DefaultClient, url, key)
+	wait := func(op *loopsv1.Operation, err error) *loopsv1.Operation {
+		t.Helper()
+		require.NoError(t, err)
+		got, err := ops.WaitOperation(t.Context(), &loopsv1.WaitOperationRequest{Id: op.GetId(), Timeout: durationpb.New(60 * time.Second)})
+		require.NoError(t, err)
+		require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, got.GetState(), got.GetError().GetMessage())
+		return got
+	}
+	created := wait(training.CreateTrainingRun(t.Context(), &loopsv1.CreateTrainingRunRequest{BaseModel: "loops/tiny", Lora: &loopsv1.LoraConfig{Rank: 4, TrainAttn: true}}))
+	run := created.GetTrainingRunId()
+	f := func(v ...float32) *loopsv1.Tensor {
+		return &loopsv1.Tensor{Dtype: loopsv1.Dtype_DTYPE_FLOAT32, Float32Data: v}
+	}
+	for step := int64(1); step <= 2; step++ {
+		wait(training.ForwardBackward(t.Context(), &loopsv1.ForwardBackwardRequest{TrainingRunId: run, SeqId: 2*step - 1, LossFn: "ppo",
+			Data: []*loopsv1.Datum{{Tokens: []int32{72, 105, 33, 10}, LossFnInputs: map[string]*loopsv1.Tensor{
+				"target_tokens": {Dtype: loopsv1.Dtype_DTYPE_INT64, Int64Data: []int64{105, 33, 10, 72}},
+				"logprobs":      f(0, -3, -4, -5),
+				"advantages":    f(0, 1, 1, 1),
+			}}}}))
+		wait(training.OptimStep(t.Context(), &loopsv1.OptimStepRequest{TrainingRunId: run, SeqId: 2 * step, Adam: &loopsv1.AdamParams{LearningRate: 1e-3}}))
+	}
+
+	var out bytes.Buffer
+	cmd := rootCmd()
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"runs", "show", run, "--url", url, "--api-key", "tml-serve-test"})
+	require.NoError(t, cmd.ExecuteContext(t.Context()))
+	text := out.String()
+	require.Contains(t, text, "run:         "+run)
+	require.Contains(t, text, "optim steps: 2")
+	var lossLine, klLine string
+	for _, l := range strings.Split(text, "\n") {
+		switch {
+		case strings.HasPrefix(l, "loss  "):
+			lossLine = l
+		case strings.HasPrefix(l, "kl    "):
+			klLine = l
+		}
+	}
+	require.Equal(t, 2, strings.Count(lossLine, "▁")+strings.Count(lossLine, "█")+strings.Count(lossLine, "▄"), lossLine)
+	require.NotEmpty(t, klLine)
+	require.Regexp(t, `(?m)^STEP\s+FB\s+LOSS FN\s+LOSS/TOKEN`, text)
+	require.Regexp(t, `(?m)^1\s+1\s+ppo\s+-?\d+\.\d{4}\s+4\s+1\s+\S+\s+\S+±\S+\s+0%\s+\d+\.\d%\s+0\.001\s`, text)
+	require.Regexp(t, `(?m)^2\s+1\s+ppo\s`, text)
+
+	// Another workspace's key: not found.
+	cmd = rootCmd()
+	cmd.SetOut(&bytes.Buffer{})
+	cmd.SetErr(&bytes.Buffer{})
+	cmd.SetArgs([]string{"runs", "show", run, "--url", url, "--api-key", "tml-someone-else"})
+	require.Error(t, cmd.ExecuteContext(t.Context()))
+}
