@@ -7,6 +7,11 @@ TOOLS := $(GO) tool -modfile=tools/go.mod
 PROTODEPS := .cache/protodeps
 # googleapis' annotations/http protos, taken from this pinned module at generate time (never committed).
 GOOGLEAPIS_MODULE := github.com/grpc-ecosystem/grpc-gateway/v2@v2.2.0
+# SeaweedFS's weed, the real S3-compatible server that the checkpoint store's S3 tests start
+# (gateway/ckstore/s3test), built from this pinned module into .cache/bin (never committed).
+WEED_MODULE := github.com/seaweedfs/seaweedfs
+WEED_VERSION := v0.0.0-20261109003541-7506e5f91cd6
+WEED_BIN := .cache/bin/weed
 
 .PHONY: help
 help: ## Show this help
@@ -20,8 +25,19 @@ build: ## Build the loops binary into ./bin/loops
 test: check test-go fuzz-ci test-e2e test-clients test-torch test-sdk-matrix test-cookbook ## Everything CI runs
 
 .PHONY: test-go
-test-go: ## The fast path: Go unit, contract and fuzz-seed tests (no Python)
+test-go: weed ## The fast path: Go unit, contract and fuzz-seed tests (no Python)
 	$(GO) test -count=1 ./...
+
+.PHONY: weed
+weed: ## Build SeaweedFS's weed (the S3 server of the checkpoint store tests) into .cache/bin, once per version
+	@if [ "$$(cat $(WEED_BIN).version 2>/dev/null)" != "$(WEED_VERSION)" ] || [ ! -x $(WEED_BIN) ]; then \
+	  echo "building $(WEED_MODULE)/weed@$(WEED_VERSION) into $(WEED_BIN) (several minutes, once)"; \
+	  dir=$$(cd / && GOFLAGS=-mod=mod $(GO) mod download -json $(WEED_MODULE)@$(WEED_VERSION) | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$$/\1/p'); \
+	  test -d "$$dir" || { echo "cannot download $(WEED_MODULE)@$(WEED_VERSION)"; exit 1; }; \
+	  mkdir -p $(dir $(WEED_BIN)); out=$$(pwd)/$(WEED_BIN); \
+	  (cd "$$dir" && GOFLAGS=-mod=readonly $(GO) build -trimpath -ldflags=-s -o "$$out.tmp" ./weed) && \
+	  mv "$$out.tmp" "$$out" && echo $(WEED_VERSION) > $(WEED_BIN).version; \
+	fi
 
 .PHONY: fuzz-ci
 fuzz-ci: ## Every Go fuzz target for a fixed budget (15 s each, the core-through-engine target 60 s)

@@ -38,7 +38,12 @@ func HelperMain() {
 		return
 	}
 	ctx := context.Background()
-	opts := ckstore.Options{Progress: func(key, file string) { fmt.Printf("uploaded %s\n", file) }}
+	// After its first file the helper waits to be killed, so that the kill lands between
+	// the parts and before the manifest every time.
+	opts := ckstore.Options{Progress: func(key, file string) {
+		fmt.Printf("uploaded %s\n", file)
+		time.Sleep(time.Minute)
+	}}
 	s, err := ckstore.Open(ctx, os.Getenv(envLocation), opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -300,9 +305,9 @@ func secondReader(t *testing.T, loc string) {
 	require.ErrorIs(t, err, ckstore.ErrNotFound)
 }
 
-// killedSave starts a save in a helper process and kills it after its first file is
-// uploaded, while the large second one is on its way: nothing becomes visible, and a
-// checkpoint that the save was overwriting stays whole.
+// killedSave starts a save in a helper process and kills it (SIGKILL) after its first
+// file is uploaded, before the large second one: nothing becomes visible, and a checkpoint
+// that the save was overwriting stays whole.
 func killedSave(t *testing.T, loc string) {
 	ctx := t.Context()
 	s := open(t, loc)
