@@ -113,3 +113,57 @@ func TestOpenLocation(t *testing.T) {
 	_, err = Open(ctx, "s3://bucket/p", Options{})
 	require.ErrorIs(t, err, ErrInvalid)
 }
+
+// TestFetchDuringOverwrites checks that readers racing a writer always get one whole
+// version: a Fetch whose generation is removed under it starts again.
+func TestFetchDuringOverwrites(t *testing.T) {
+	ctx := t.Context()
+	root := t.TempDir()
+	w, err := NewLocal(root, Options{})
+	require.NoError(t, err)
+	r, err := NewLocal(root, Options{})
+	require.NoError(t, err)
+	version := func(tag string) string {
+		src := t.TempDir()
+		for _, name := range []string{"a", "b", "c"} {
+			require.NoError(t, os.WriteFile(filepath.Join(src, name), []byte(strings.Repeat(tag, 64<<10)), 0o644))
+		}
+		return src
+	}
+	srcs := []string{version("1"), version("2")}
+	_, err = w.Put(ctx, "k", srcs[0])
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 200 {
+			if _, err := w.Put(ctx, "k", srcs[i%2]); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	fetched := 0
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		dst := filepath.Join(t.TempDir(), "ck")
+		_, err := r.Fetch(ctx, "k", dst)
+		if err != nil {
+			require.ErrorContains(t, err, "retry", "the only acceptable failure is being overwritten too often")
+			continue
+		}
+		fetched++
+		a, err := os.ReadFile(filepath.Join(dst, "a"))
+		require.NoError(t, err)
+		for _, name := range []string{"b", "c"} {
+			b, err := os.ReadFile(filepath.Join(dst, name))
+			require.NoError(t, err)
+			require.Equal(t, a, b, "files of one fetch come from one version")
+		}
+	}
+	require.Positive(t, fetched)
+}

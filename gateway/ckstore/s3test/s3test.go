@@ -36,6 +36,9 @@ import (
 // startTimeout bounds the wait for the S3 gateway to answer.
 const startTimeout = 2 * time.Minute
 
+// stopGrace is how long Stop waits after SIGTERM before it kills the server.
+const stopGrace = 2 * time.Second
+
 // Server is a running throwaway S3-compatible server.
 type Server struct {
 	// Endpoint is the S3 gateway's URL, http://127.0.0.1:<port>.
@@ -201,14 +204,20 @@ func Launch(ctx context.Context) (*Server, error) {
 	var once sync.Once
 	s.stop = func() {
 		once.Do(func() {
+			// The data is thrown away, so a short grace is enough (weed's own orderly stop
+			// takes about 15 s).
 			_ = cmd.Process.Signal(syscall.SIGTERM)
 			select {
 			case <-exited:
-			case <-time.After(30 * time.Second):
+			case <-time.After(stopGrace):
 				_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 				<-exited
 			}
 			_ = os.RemoveAll(dir)
+			// weed puts its gRPC Unix sockets in /tmp whatever its flags say.
+			for svc, port := range map[string]int{"master": ports[1], "volume": ports[3], "filer": ports[5], "s3": ports[7]} {
+				_ = os.Remove(fmt.Sprintf("/tmp/seaweedfs-%s-grpc-%d.sock", svc, port))
+			}
 		})
 	}
 	s.Endpoint = "http://127.0.0.1:" + p(6)
