@@ -8,10 +8,12 @@ PROTODEPS := .cache/protodeps
 # googleapis' annotations/http protos, taken from this pinned module at generate time (never committed).
 GOOGLEAPIS_MODULE := github.com/grpc-ecosystem/grpc-gateway/v2@v2.2.0
 # SeaweedFS's weed, the real S3-compatible server that the checkpoint store's S3 tests start
-# (gateway/ckstore/s3test), built from this pinned module into .cache/bin (never committed).
+# (gateway/ckstore/s3test), built from this pinned module once per machine into
+# ~/.cache/loops/bin/weed-VERSION, outside the work tree so fresh clones (CI) reuse it; the
+# tests find it through the link ~/.cache/loops/bin/weed.
 WEED_MODULE := github.com/seaweedfs/seaweedfs
 WEED_VERSION := v0.0.0-20261109003541-7506e5f91cd6
-WEED_BIN := .cache/bin/weed
+WEED_DIR := $(HOME)/.cache/loops/bin
 
 .PHONY: help
 help: ## Show this help
@@ -29,15 +31,16 @@ test-go: weed ## The fast path: Go unit, contract and fuzz-seed tests (no Python
 	$(GO) test -count=1 ./...
 
 .PHONY: weed
-weed: ## Build SeaweedFS's weed (the S3 server of the checkpoint store tests) into .cache/bin, once per version
-	@if [ "$$(cat $(WEED_BIN).version 2>/dev/null)" != "$(WEED_VERSION)" ] || [ ! -x $(WEED_BIN) ]; then \
-	  echo "building $(WEED_MODULE)/weed@$(WEED_VERSION) into $(WEED_BIN) (several minutes, once)"; \
+weed: ## Build SeaweedFS's weed (the S3 server of the checkpoint store tests) into ~/.cache/loops/bin, once per version
+	@if [ ! -x $(WEED_DIR)/weed-$(WEED_VERSION) ]; then \
+	  echo "building $(WEED_MODULE)/weed@$(WEED_VERSION) into $(WEED_DIR) (several minutes, once per machine)"; \
 	  dir=$$(cd / && GOFLAGS=-mod=mod $(GO) mod download -json $(WEED_MODULE)@$(WEED_VERSION) | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$$/\1/p'); \
 	  test -d "$$dir" || { echo "cannot download $(WEED_MODULE)@$(WEED_VERSION)"; exit 1; }; \
-	  mkdir -p $(dir $(WEED_BIN)); out=$$(pwd)/$(WEED_BIN); \
-	  (cd "$$dir" && GOFLAGS=-mod=readonly $(GO) build -trimpath -ldflags=-s -o "$$out.tmp" ./weed) && \
-	  mv "$$out.tmp" "$$out" && echo $(WEED_VERSION) > $(WEED_BIN).version; \
+	  mkdir -p $(WEED_DIR) && \
+	  (cd "$$dir" && GOFLAGS=-mod=readonly $(GO) build -trimpath -ldflags=-s -o $(WEED_DIR)/weed-$(WEED_VERSION).tmp ./weed) && \
+	  mv $(WEED_DIR)/weed-$(WEED_VERSION).tmp $(WEED_DIR)/weed-$(WEED_VERSION); \
 	fi
+	@ln -sfn weed-$(WEED_VERSION) $(WEED_DIR)/weed
 
 .PHONY: fuzz-ci
 fuzz-ci: ## Every Go fuzz target for a fixed budget (15 s each, the core-through-engine target 60 s)

@@ -3,9 +3,9 @@
 // loopback ports with its data in a temporary folder, stopped and removed when the test
 // (or, in a package whose TestMain calls Main, the test binary) ends.
 //
-// The weed binary is looked up in $LOOPS_WEED_BIN, then as weed on PATH, then in the
-// module's .cache/bin/weed, which `make weed` builds from the Go module proxy (and `make
-// test-go`, hence CI, builds first). Without it Start skips the test with a message saying
+// The weed binary is looked up in $LOOPS_WEED_BIN, then as weed on PATH, then as
+// ~/.cache/loops/bin/weed, which `make weed` builds from the Go module proxy once per
+// machine (and `make test-go`, hence CI, runs first). Without it Start skips the test with a message saying
 // how to build it, except under CI (CI=true), where it fails it: CI must never pass by
 // skipping the S3 tests.
 package s3test
@@ -111,7 +111,8 @@ func orSkip(tb testing.TB, s *Server, err error) *Server {
 	return s
 }
 
-// Binary returns the path of the weed binary, or ErrNoBinary.
+// Binary returns the path of the weed binary, or ErrNoBinary: $LOOPS_WEED_BIN, else weed
+// on PATH, else ~/.cache/loops/bin/weed (where `make weed` links it).
 func Binary() (string, error) {
 	if p := os.Getenv("LOOPS_WEED_BIN"); p != "" {
 		if _, err := os.Stat(p); err != nil {
@@ -122,24 +123,15 @@ func Binary() (string, error) {
 	if p, err := exec.LookPath("weed"); err == nil {
 		return p, nil
 	}
-	dir, err := os.Getwd()
+	home, err := os.UserHomeDir()
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("%w: %v", ErrNoBinary, err)
 	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			p := filepath.Join(dir, ".cache", "bin", "weed")
-			if _, err := os.Stat(p); err == nil {
-				return p, nil
-			}
-			return "", fmt.Errorf("%w: not in %s", ErrNoBinary, p)
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", ErrNoBinary
-		}
-		dir = parent
+	p := filepath.Join(home, ".cache", "loops", "bin", "weed")
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("%w: not in %s", ErrNoBinary, p)
 	}
+	return p, nil
 }
 
 // Launch starts a server of its own; the caller must Stop it.
