@@ -131,16 +131,29 @@ func (s *s3Objects) putFile(ctx context.Context, name, src string, size int64) e
 }
 
 func (s *s3Objects) get(ctx context.Context, name string) (io.ReadCloser, error) {
-	obj, err := s.c.GetObject(ctx, s.bucket, s.object(name), minio.GetObjectOptions{})
+	// One GET whose body is the object: minio.Client.GetObject would send a second,
+	// conditional request for the body, which fails when the object is replaced between
+	// the two.
+	body, _, _, err := minio.Core{Client: s.c}.GetObject(ctx, s.bucket, s.object(name), minio.GetObjectOptions{})
 	if err != nil {
 		return nil, s3Err(name, err)
 	}
-	// GetObject is lazy: Stat sends the request, so that a missing object fails here.
-	if _, err := obj.Stat(); err != nil {
-		obj.Close()
-		return nil, s3Err(name, err)
+	return s3Reader{body, name}, nil
+}
+
+// s3Reader maps the errors of reads that fail because the object was removed meanwhile
+// to ErrNotFound.
+type s3Reader struct {
+	io.ReadCloser
+	name string
+}
+
+func (r s3Reader) Read(p []byte) (int, error) {
+	n, err := r.ReadCloser.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) {
+		err = s3Err(r.name, err)
 	}
-	return obj, nil
+	return n, err
 }
 
 func s3Err(name string, err error) error {

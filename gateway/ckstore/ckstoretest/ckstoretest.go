@@ -70,6 +70,7 @@ func Run(t *testing.T, newLocation func(t *testing.T) string) {
 		{"Invalid", invalid},
 		{"URL", urlCase},
 		{"SecondReader", secondReader},
+		{"ReadDuringOverwrites", readDuringOverwrites},
 		{"KilledSave", killedSave},
 		{"Big", big},
 	}
@@ -303,6 +304,52 @@ func secondReader(t *testing.T, loc string) {
 	require.NoError(t, a.Delete(ctx, "ws/r/weights/shared"))
 	_, err = b.Stat(ctx, "ws/r/weights/shared")
 	require.ErrorIs(t, err, ckstore.ErrNotFound)
+}
+
+// readDuringOverwrites fetches through one store instance while another overwrites the
+// checkpoint again and again: every Fetch gets one whole version (a Fetch whose
+// generation is removed under it starts again), or, at worst, asks to be retried.
+func readDuringOverwrites(t *testing.T, loc string) {
+	ctx := t.Context()
+	w, r := open(t, loc), open(t, loc)
+	srcs := make([]string, 2)
+	for i := range srcs {
+		files := map[string]string{}
+		for _, name := range []string{"a", "b", "c"} {
+			files[name] = strings.Repeat(fmt.Sprint(i), 256<<10)
+		}
+		srcs[i] = writeDir(t, files)
+	}
+	_, err := w.Put(ctx, "ws/r/weights/hot", srcs[0])
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 40 {
+			if _, err := w.Put(ctx, "ws/r/weights/hot", srcs[i%2]); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	fetched := 0
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		dst := filepath.Join(t.TempDir(), "ck")
+		if _, err := r.Fetch(ctx, "ws/r/weights/hot", dst); err != nil {
+			require.ErrorContains(t, err, "retry", "the only acceptable failure is being overwritten too often")
+			continue
+		}
+		fetched++
+		got := readDir(t, dst)
+		require.Len(t, got, 3)
+		require.True(t, got["a"] == got["b"] && got["b"] == got["c"], "files of one fetch come from one version")
+	}
+	require.Positive(t, fetched)
 }
 
 // killedSave starts a save in a helper process and kills it (SIGKILL) after its first
