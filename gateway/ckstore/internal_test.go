@@ -113,3 +113,17 @@ func TestOpenLocation(t *testing.T) {
 	_, err = Open(ctx, "s3://bucket/p", Options{})
 	require.ErrorIs(t, err, ErrInvalid)
 }
+
+func TestLocalDir(t *testing.T) {
+	s, _, m := localWith(t, "ws/r/weights/k", Options{})
+	ld, ok := s.(LocalDirs)
+	require.True(t, ok)
+	dir, got, err := ld.LocalDir(t.Context(), "ws/r/weights/k")
+	require.NoError(t, err)
+	require.Equal(t, m.Generation, got.Generation)
+	b, err := os.ReadFile(filepath.Join(dir, "a.json"))
+	require.NoError(t, err)
+	require.JSONEq(t, `{"a":1}`, string(b))
+	_, _, err = ld.LocalDir(t.Context(), "ws/r/weights/none")
+	require.ErrorIs(t, err, ErrNotFound)
+}

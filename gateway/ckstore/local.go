@@ -30,8 +30,11 @@ func NewLocal(root string, opts Options) (Store, error) {
 	if abs, err = filepath.EvalSymlinks(abs); err != nil {
 		return nil, fmt.Errorf("ckstore: checkpoint folder: %w", err)
 	}
-	return newObjStore(&localObjects{root: abs}, opts), nil
+	return localStore{newObjStore(&localObjects{root: abs}, opts)}, nil
 }
+
+// localStore is the local folder's Store; it also implements LocalDirs.
+type localStore struct{ *objStore }
 
 // localObjects keeps objects as files under root.
 type localObjects struct{ root string }
@@ -160,4 +163,24 @@ func (l *localObjects) remove(_ context.Context, names ...string) error {
 
 func (l *localObjects) url(_ context.Context, name string, _ time.Duration) (string, error) {
 	return (&url.URL{Scheme: "file", Path: filepath.ToSlash(l.path(name))}).String(), nil
+}
+
+// LocalDirs is implemented by the stores whose checkpoints are local folders (NewLocal),
+// so that a reader on the same host can use a checkpoint in place instead of fetching a
+// copy.
+type LocalDirs interface {
+	// LocalDir returns the folder holding the files of the committed checkpoint key and
+	// its manifest. The folder is removed when the checkpoint is overwritten or deleted;
+	// callers must not modify it.
+	LocalDir(ctx context.Context, key string) (string, *Manifest, error)
+}
+
+// LocalDir implements LocalDirs.
+func (s localStore) LocalDir(ctx context.Context, key string) (string, *Manifest, error) {
+	l := s.o.(*localObjects)
+	m, err := s.Stat(ctx, key)
+	if err != nil {
+		return "", nil, err
+	}
+	return l.path(partsObject(key, m.Generation)), m, nil
 }
