@@ -56,7 +56,7 @@ type Store interface {
 	// generations replaced or deleted by a process that died before removing them) and
 	// whose newest object is older than olderThan, and returns how many objects it
 	// removed. olderThan must exceed the longest save, or Sweep removes the parts of a
-	// save still under way.
+	// save still under way. Objects that are not the store's own are left alone.
 	Sweep(ctx context.Context, prefix string, olderThan time.Duration) (int, error)
 	// String says where the store is, for logs (never credentials).
 	String() string

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -126,4 +127,22 @@ func TestLocalDir(t *testing.T) {
 	require.JSONEq(t, `{"a":1}`, string(b))
 	_, _, err = ld.LocalDir(t.Context(), "ws/r/weights/none")
 	require.ErrorIs(t, err, ErrNotFound)
+}
+
+func TestSweepLeavesForeignObjects(t *testing.T) {
+	s, root, _ := localWith(t, "ws/k", Options{})
+	foreign := filepath.Join(root, "ws", "notes.txt")
+	require.NoError(t, os.WriteFile(foreign, []byte("mine"), 0o644))
+	stray := filepath.Join(root, "ws", "k2", manifestName+tmpMarker+"123")
+	require.NoError(t, os.MkdirAll(filepath.Dir(stray), 0o755))
+	require.NoError(t, os.WriteFile(stray, []byte("{"), 0o644))
+	n, err := s.Sweep(t.Context(), "", -time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the unfinished manifest write only")
+	_, err = os.Stat(foreign)
+	require.NoError(t, err)
+	_, err = os.Stat(filepath.Dir(stray))
+	require.ErrorIs(t, err, os.ErrNotExist, "its emptied folder went too")
+	_, err = s.Fetch(t.Context(), "ws/k", filepath.Join(t.TempDir(), "ck"))
+	require.NoError(t, err)
 }

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -348,11 +349,13 @@ func (s *objStore) Sweep(ctx context.Context, prefix string, olderThan time.Dura
 			return nil
 		}
 		g := &group{key: "", gen: ""}
-		id := name // a stray object (an unfinished local write) is a group of its own
+		id := name // an unfinished local write is a group of its own
 		if key, rest, ok := strings.Cut(name, "/"+partsDir+"/"); ok {
 			gen, _, _ := strings.Cut(rest, "/")
 			id = key + "\x00" + gen
 			g.key, g.gen = key, gen
+		} else if !strings.Contains(path.Base(name), "@manifest.json"+tmpMarker) {
+			return nil // not ours: left alone
 		}
 		if have, ok := groups[id]; ok {
 			g = have
