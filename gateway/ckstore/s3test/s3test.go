@@ -170,6 +170,7 @@ func Launch(ctx context.Context) (*Server, error) {
 	}
 	p := func(i int) string { return strconv.Itoa(ports[i]) }
 	args := []string{
+		"-logtostderr", // into weed.log, not glog's files in /tmp
 		"server", "-dir=" + data, "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
 		"-master.port=" + p(0), "-master.port.grpc=" + p(1), "-master.telemetry=false",
 		"-master.volumeSizeLimitMB=64", "-volume.max=0",
