@@ -2,6 +2,7 @@ package store
 
 import (
 	"math"
+	"sync"
 
 	"google.golang.org/protobuf/proto"
 
@@ -11,13 +12,42 @@ import (
 // The bound on a run's step metrics (docs/semantics.md, "Run metrics"). ApplyBatch keeps
 // every record until a run has more than MaxStepMetricsPerRun; it then replaces the run's
 // oldest StepMetricsCompactWindow records by CompactStepMetrics of them (consecutive
-// records of the same kind merged in pairs), so a run never holds more than
-// MaxStepMetricsPerRun records: the newest steps are kept one by one, older ones merged,
-// the oldest the most.
+// records of the same kind merged in pairs) until it has no more: the newest steps are
+// kept one by one, older ones merged, the oldest the most. A store counts a run's records
+// only when StepMetricsCheck says so (on the run's first write by the process, then once
+// every StepMetricsCheckEvery records), so a run holds at most MaxStepMetricsPerRun +
+// StepMetricsCheckEvery records.
 const (
 	MaxStepMetricsPerRun     = 2048
 	StepMetricsCompactWindow = 1024
+	StepMetricsCheckEvery    = 64
 )
+
+// StepMetricsCheck tells a store when to count a run's step metrics (the count is what
+// costs; a write is cheap). The zero value is ready to use and safe for concurrent use.
+type StepMetricsCheck struct {
+	mu    sync.Mutex
+	since map[string]int // records written per run since its last count
+}
+
+// Due records that n more records of the run are being written and reports whether the
+// store should count the run's records now: on the run's first write seen by this process,
+// and then once every StepMetricsCheckEvery records. (Memory stays bounded: past 10,000 runs
+// the record is reset, and each run is counted again at its next write.)
+func (c *StepMetricsCheck) Due(runID string, n int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.since == nil || len(c.since) > 10000 {
+		c.since = map[string]int{}
+	}
+	s, seen := c.since[runID]
+	if !seen || s+n >= StepMetricsCheckEvery {
+		c.since[runID] = 0
+		return true
+	}
+	c.since[runID] = s + n
+	return false
+}
 
 // CompactStepMetrics merges records (oldest first) in pairs: each record with the next
 // record of the same kind (MergeStepMetrics). The result is oldest first; a record left

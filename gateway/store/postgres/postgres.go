@@ -58,6 +58,8 @@ type Options struct {
 // Store is a store.Store on a PostgreSQL database. It is safe for concurrent use.
 type Store struct {
 	pool *pgxpool.Pool
+	// metricsCheck says when to count a run's step metrics (stepmetrics.go).
+	metricsCheck store.StepMetricsCheck
 
 	closeOnce sync.Once
 }

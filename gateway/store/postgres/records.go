@@ -309,7 +309,7 @@ func (s *Store) ApplyBatch(ctx context.Context, b store.Batch) error {
 		writes = append(writes, write{"operation", o.Operation.GetId(), upsertOperation,
 			append(operationArgs(o.Workspace, o.Operation), data)})
 	}
-	metrics, metricRuns, err := stepMetricsWrites(b.StepMetrics)
+	metrics, metricRuns, err := stepMetricsWrites(&s.metricsCheck, b.StepMetrics)
 	if err != nil {
 		return fmt.Errorf("store: apply batch: %w", err)
 	}

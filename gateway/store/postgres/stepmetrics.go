@@ -22,7 +22,7 @@ const insertStepMetrics = `INSERT INTO step_metrics (run_id, seq_id, workspace, 
 	SELECT $1::text, $2::bigint, $3::text, $4::integer, $5::bigint, $6::bigint, $7::bigint, $8::bytea
 	WHERE COALESCE((SELECT last_seq_id FROM step_metrics WHERE run_id = $1 AND kind = $4 AND seq_id < $2
 	                ORDER BY seq_id DESC LIMIT 1), 0) < $2
-	ON CONFLICT (run_id, seq_id) DO UPDATE SET kind = excluded.kind, last_seq_id = excluded.last_seq_id,
+	ON CONFLICT (run_id, kind, seq_id) DO UPDATE SET last_seq_id = excluded.last_seq_id,
 	  step = excluded.step, last_step = excluded.last_step, data = excluded.data
 	WHERE step_metrics.workspace = excluded.workspace`
 
@@ -43,8 +43,8 @@ func stepMetricsArgs(workspace, runID string, m *loopsv1.StepMetrics) ([]any, er
 
 // stepMetricsWrites returns the inserts of a batch's step metrics, in (run, seq_id) order
 // (duplicates in their given order, so the later one wins; concurrent batches lock rows in
-// the same order), and the runs they touch, sorted.
-func stepMetricsWrites(ms []store.OwnedStepMetrics) (writes [][]any, runs []string, err error) {
+// the same order), and the runs whose records are to be counted now (check), sorted.
+func stepMetricsWrites(check *store.StepMetricsCheck, ms []store.OwnedStepMetrics) (writes [][]any, runs []string, err error) {
 	if len(ms) == 0 {
 		return nil, nil, nil
 	}
@@ -52,14 +52,20 @@ func stepMetricsWrites(ms []store.OwnedStepMetrics) (writes [][]any, runs []stri
 	slices.SortStableFunc(ms, func(x, y store.OwnedStepMetrics) int {
 		return cmp.Or(cmp.Compare(x.RunID, y.RunID), cmp.Compare(x.Metrics.GetSeqId(), y.Metrics.GetSeqId()))
 	})
-	for _, m := range ms {
+	for i, m := range ms {
 		args, err := stepMetricsArgs(m.Workspace, m.RunID, m.Metrics)
 		if err != nil {
 			return nil, nil, err
 		}
 		writes = append(writes, args)
-		if len(runs) == 0 || runs[len(runs)-1] != m.RunID {
-			runs = append(runs, m.RunID)
+		if i == len(ms)-1 || ms[i+1].RunID != m.RunID {
+			n := 1
+			for j := i - 1; j >= 0 && ms[j].RunID == m.RunID; j-- {
+				n++
+			}
+			if check.Due(m.RunID, n) {
+				runs = append(runs, m.RunID)
+			}
 		}
 	}
 	return writes, runs, nil

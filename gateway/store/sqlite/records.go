@@ -271,7 +271,7 @@ func (s *Store) ApplyBatch(ctx context.Context, b store.Batch) error {
 			return fmt.Errorf("store: apply batch: %w", err)
 		}
 	}
-	if err := putStepMetrics(ctx, w, b.StepMetrics); err != nil {
+	if err := s.putStepMetrics(ctx, tx, b.StepMetrics); err != nil {
 		return fmt.Errorf("store: apply batch: %w", err)
 	}
 	if err := tx.Commit(); err != nil {

@@ -33,6 +33,10 @@ type Store struct {
 	w *sql.DB
 	// r is a pool of read-only connections.
 	r *sql.DB
+	// metricsCheck says when to count a run's step metrics; insertMetrics is
+	// insertStepMetrics prepared once on w (stepmetrics.go).
+	metricsCheck  store.StepMetricsCheck
+	insertMetrics *sql.Stmt
 
 	closeOnce sync.Once
 	closeErr  error
@@ -91,7 +95,13 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		_ = w.Close()
 		return nil, fmt.Errorf("store: open sqlite %s: %w", path, err)
 	}
-	return &Store{w: w, r: r}, nil
+	ins, err := w.PrepareContext(ctx, insertStepMetrics)
+	if err != nil {
+		_ = r.Close()
+		_ = w.Close()
+		return nil, fmt.Errorf("store: open sqlite %s: %w", path, err)
+	}
+	return &Store{w: w, r: r, insertMetrics: ins}, nil
 }
 
 // Ping checks that the database answers a query within ctx's deadline. It uses a reading

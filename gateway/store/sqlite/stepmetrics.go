@@ -20,7 +20,7 @@ const insertStepMetrics = `INSERT INTO step_metrics (run_id, seq_id, workspace, 
 	SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8
 	WHERE COALESCE((SELECT last_seq_id FROM step_metrics WHERE run_id = ?1 AND kind = ?4 AND seq_id < ?2
 	                ORDER BY seq_id DESC LIMIT 1), 0) < ?2
-	ON CONFLICT (run_id, seq_id) DO UPDATE SET kind = excluded.kind, last_seq_id = excluded.last_seq_id,
+	ON CONFLICT (run_id, kind, seq_id) DO UPDATE SET last_seq_id = excluded.last_seq_id,
 	  step = excluded.step, last_step = excluded.last_step, data = excluded.data
 	WHERE step_metrics.workspace = excluded.workspace`
 
@@ -37,25 +37,30 @@ func stepMetricsArgs(workspace, runID string, m *loopsv1.StepMetrics) ([]any, er
 		m.GetStep(), max(m.GetLastStep(), m.GetStep()), data}, nil
 }
 
-// putStepMetrics writes a batch's step metrics in its transaction, then downsamples each
-// run that holds more than store.MaxStepMetricsPerRun records.
-func putStepMetrics(ctx context.Context, w *preparedTx, ms []store.OwnedStepMetrics) error {
+// putStepMetrics writes a batch's step metrics in its transaction (through insertStepMetrics
+// prepared once: compiling it is most of a write's cost), then downsamples each run that
+// holds more than store.MaxStepMetricsPerRun records (counted when metricsCheck says).
+func (s *Store) putStepMetrics(ctx context.Context, tx *sql.Tx, ms []store.OwnedStepMetrics) error {
 	if len(ms) == 0 {
 		return nil
 	}
-	runs := map[string]bool{}
+	ins := tx.StmtContext(ctx, s.insertMetrics)
+	runs := map[string]int{}
 	for _, m := range ms {
 		args, err := stepMetricsArgs(m.Workspace, m.RunID, m.Metrics)
 		if err != nil {
 			return err
 		}
-		if _, err := w.ExecContext(ctx, insertStepMetrics, args...); err != nil {
+		if _, err := ins.ExecContext(ctx, args...); err != nil {
 			return fmt.Errorf("store: put step metrics %s/%d: %w", m.RunID, m.Metrics.GetSeqId(), err)
 		}
-		runs[m.RunID] = true
+		runs[m.RunID]++
 	}
-	for id := range runs {
-		if err := compactStepMetrics(ctx, w.tx, id); err != nil {
+	for id, n := range runs {
+		if !s.metricsCheck.Due(id, n) {
+			continue
+		}
+		if err := compactStepMetrics(ctx, tx, id); err != nil {
 			return fmt.Errorf("store: downsample step metrics of %s: %w", id, err)
 		}
 	}

@@ -14,8 +14,7 @@ CREATE TABLE step_metrics (
     step        INTEGER NOT NULL,
     last_step   INTEGER NOT NULL,
     data        BLOB    NOT NULL,
-    PRIMARY KEY (run_id, seq_id)
-) STRICT;
-
--- A record's latest predecessor of the same kind (whether a merged record covers a seq_id).
-CREATE INDEX step_metrics_kind ON step_metrics (run_id, kind, seq_id);
+    -- kind before seq_id: a record's latest predecessor of the same kind (does a merged
+    -- record cover a seq_id?) is one seek; lists sort a run's rows (at most a few thousand).
+    PRIMARY KEY (run_id, kind, seq_id)
+) STRICT, WITHOUT ROWID;
