@@ -499,8 +499,10 @@ type Sampler struct {
 	SessionId string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	BaseModel string                 `protobuf:"bytes,3,opt,name=base_model,json=baseModel,proto3" json:"base_model,omitempty"`
 	// tinker:// path of the sampler checkpoint; empty samples the base model.
-	ModelPath     string                 `protobuf:"bytes,4,opt,name=model_path,json=modelPath,proto3" json:"model_path,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	ModelPath  string                 `protobuf:"bytes,4,opt,name=model_path,json=modelPath,proto3" json:"model_path,omitempty"`
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// The deployment it samples ("[<owner>:]<name>/<checkpoint name>"), if any.
+	Deployment    string `protobuf:"bytes,6,opt,name=deployment,proto3" json:"deployment,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -568,6 +570,13 @@ func (x *Sampler) GetCreateTime() *timestamppb.Timestamp {
 		return x.CreateTime
 	}
 	return nil
+}
+
+func (x *Sampler) GetDeployment() string {
+	if x != nil {
+		return x.Deployment
+	}
+	return ""
 }
 
 var File_loops_v1_resources_proto protoreflect.FileDescriptor
@@ -638,7 +647,7 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\n" +
 	"base_model\x18\n" +
 	" \x01(\tR\tbaseModel\x12(\n" +
-	"\x04lora\x18\v \x01(\v2\x14.loops.v1.LoraConfigR\x04lora\"\xb3\x01\n" +
+	"\x04lora\x18\v \x01(\v2\x14.loops.v1.LoraConfigR\x04lora\"\xd3\x01\n" +
 	"\aSampler\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -648,7 +657,10 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\n" +
 	"model_path\x18\x04 \x01(\tR\tmodelPath\x12;\n" +
 	"\vcreate_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTime*\x8a\x01\n" +
+	"createTime\x12\x1e\n" +
+	"\n" +
+	"deployment\x18\x06 \x01(\tR\n" +
+	"deployment*\x8a\x01\n" +
 	"\x0eCheckpointKind\x12\x1f\n" +
 	"\x1bCHECKPOINT_KIND_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18CHECKPOINT_KIND_TRAINING\x10\x01\x12\x1b\n" +

@@ -23,6 +23,59 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ExportFormat is the layout of an exported checkpoint.
+type ExportFormat int32
+
+const (
+	ExportFormat_EXPORT_FORMAT_UNSPECIFIED ExportFormat = 0
+	// The PEFT adapter folder (adapter_config.json, adapter_model.safetensors).
+	ExportFormat_EXPORT_FORMAT_PEFT ExportFormat = 1
+	// A Hugging Face model folder: the base model's weights with the adapter folded in
+	// (W + scale * B A), in float32 safetensors, its config.json and tokenizer files.
+	ExportFormat_EXPORT_FORMAT_MERGED ExportFormat = 2
+)
+
+// Enum value maps for ExportFormat.
+var (
+	ExportFormat_name = map[int32]string{
+		0: "EXPORT_FORMAT_UNSPECIFIED",
+		1: "EXPORT_FORMAT_PEFT",
+		2: "EXPORT_FORMAT_MERGED",
+	}
+	ExportFormat_value = map[string]int32{
+		"EXPORT_FORMAT_UNSPECIFIED": 0,
+		"EXPORT_FORMAT_PEFT":        1,
+		"EXPORT_FORMAT_MERGED":      2,
+	}
+)
+
+func (x ExportFormat) Enum() *ExportFormat {
+	p := new(ExportFormat)
+	*p = x
+	return p
+}
+
+func (x ExportFormat) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ExportFormat) Descriptor() protoreflect.EnumDescriptor {
+	return file_loops_v1_services_proto_enumTypes[0].Descriptor()
+}
+
+func (ExportFormat) Type() protoreflect.EnumType {
+	return &file_loops_v1_services_proto_enumTypes[0]
+}
+
+func (x ExportFormat) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ExportFormat.Descriptor instead.
+func (ExportFormat) EnumDescriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{0}
+}
+
 // UsageKind says what a UsageBucket's amount counts.
 type UsageKind int32
 
@@ -67,11 +120,11 @@ func (x UsageKind) String() string {
 }
 
 func (UsageKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_loops_v1_services_proto_enumTypes[0].Descriptor()
+	return file_loops_v1_services_proto_enumTypes[1].Descriptor()
 }
 
 func (UsageKind) Type() protoreflect.EnumType {
-	return &file_loops_v1_services_proto_enumTypes[0]
+	return &file_loops_v1_services_proto_enumTypes[1]
 }
 
 func (x UsageKind) Number() protoreflect.EnumNumber {
@@ -80,7 +133,7 @@ func (x UsageKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use UsageKind.Descriptor instead.
 func (UsageKind) EnumDescriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{0}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{1}
 }
 
 type CreateSessionRequest struct {
@@ -1985,6 +2038,110 @@ func (x *GetCheckpointArchiveURLResponse) GetExpireTime() *timestamppb.Timestamp
 	return nil
 }
 
+type GetCheckpointExportURLRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Format        ExportFormat           `protobuf:"varint,2,opt,name=format,proto3,enum=loops.v1.ExportFormat" json:"format,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetCheckpointExportURLRequest) Reset() {
+	*x = GetCheckpointExportURLRequest{}
+	mi := &file_loops_v1_services_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetCheckpointExportURLRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetCheckpointExportURLRequest) ProtoMessage() {}
+
+func (x *GetCheckpointExportURLRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetCheckpointExportURLRequest.ProtoReflect.Descriptor instead.
+func (*GetCheckpointExportURLRequest) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *GetCheckpointExportURLRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *GetCheckpointExportURLRequest) GetFormat() ExportFormat {
+	if x != nil {
+		return x.Format
+	}
+	return ExportFormat_EXPORT_FORMAT_UNSPECIFIED
+}
+
+type GetCheckpointExportURLResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Url           string                 `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	ExpireTime    *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetCheckpointExportURLResponse) Reset() {
+	*x = GetCheckpointExportURLResponse{}
+	mi := &file_loops_v1_services_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetCheckpointExportURLResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetCheckpointExportURLResponse) ProtoMessage() {}
+
+func (x *GetCheckpointExportURLResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetCheckpointExportURLResponse.ProtoReflect.Descriptor instead.
+func (*GetCheckpointExportURLResponse) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *GetCheckpointExportURLResponse) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *GetCheckpointExportURLResponse) GetExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpireTime
+	}
+	return nil
+}
+
 type GetCheckpointFileURLsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
@@ -1994,7 +2151,7 @@ type GetCheckpointFileURLsRequest struct {
 
 func (x *GetCheckpointFileURLsRequest) Reset() {
 	*x = GetCheckpointFileURLsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[29]
+	mi := &file_loops_v1_services_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2006,7 +2163,7 @@ func (x *GetCheckpointFileURLsRequest) String() string {
 func (*GetCheckpointFileURLsRequest) ProtoMessage() {}
 
 func (x *GetCheckpointFileURLsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[29]
+	mi := &file_loops_v1_services_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2019,7 +2176,7 @@ func (x *GetCheckpointFileURLsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointFileURLsRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointFileURLsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{29}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetCheckpointFileURLsRequest) GetPath() string {
@@ -2041,7 +2198,7 @@ type GetCheckpointFileURLsResponse struct {
 
 func (x *GetCheckpointFileURLsResponse) Reset() {
 	*x = GetCheckpointFileURLsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[30]
+	mi := &file_loops_v1_services_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2053,7 +2210,7 @@ func (x *GetCheckpointFileURLsResponse) String() string {
 func (*GetCheckpointFileURLsResponse) ProtoMessage() {}
 
 func (x *GetCheckpointFileURLsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[30]
+	mi := &file_loops_v1_services_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2066,7 +2223,7 @@ func (x *GetCheckpointFileURLsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointFileURLsResponse.ProtoReflect.Descriptor instead.
 func (*GetCheckpointFileURLsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{30}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetCheckpointFileURLsResponse) GetUrls() map[string]string {
@@ -2089,14 +2246,18 @@ type CreateSamplerRequest struct {
 	ClientSeqId *int64                 `protobuf:"varint,2,opt,name=client_seq_id,json=clientSeqId,proto3,oneof" json:"client_seq_id,omitempty"`
 	BaseModel   string                 `protobuf:"bytes,3,opt,name=base_model,json=baseModel,proto3" json:"base_model,omitempty"`
 	// tinker:// path of a sampler (or training) checkpoint.
-	ModelPath     string `protobuf:"bytes,4,opt,name=model_path,json=modelPath,proto3" json:"model_path,omitempty"`
+	ModelPath string `protobuf:"bytes,4,opt,name=model_path,json=modelPath,proto3" json:"model_path,omitempty"`
+	// A deployment instead of base_model and model_path: "[<owner>:]<name>[/<checkpoint
+	// name>]" (docs/deployments.md). The sampler is the caller's; its usage is metered to the
+	// caller's workspace under the deployment.
+	Deployment    string `protobuf:"bytes,5,opt,name=deployment,proto3" json:"deployment,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateSamplerRequest) Reset() {
 	*x = CreateSamplerRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[31]
+	mi := &file_loops_v1_services_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2108,7 +2269,7 @@ func (x *CreateSamplerRequest) String() string {
 func (*CreateSamplerRequest) ProtoMessage() {}
 
 func (x *CreateSamplerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[31]
+	mi := &file_loops_v1_services_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2121,7 +2282,7 @@ func (x *CreateSamplerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSamplerRequest.ProtoReflect.Descriptor instead.
 func (*CreateSamplerRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{31}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CreateSamplerRequest) GetSessionId() string {
@@ -2152,6 +2313,13 @@ func (x *CreateSamplerRequest) GetModelPath() string {
 	return ""
 }
 
+func (x *CreateSamplerRequest) GetDeployment() string {
+	if x != nil {
+		return x.Deployment
+	}
+	return ""
+}
+
 type GetSamplerRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -2161,7 +2329,7 @@ type GetSamplerRequest struct {
 
 func (x *GetSamplerRequest) Reset() {
 	*x = GetSamplerRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[32]
+	mi := &file_loops_v1_services_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2173,7 +2341,7 @@ func (x *GetSamplerRequest) String() string {
 func (*GetSamplerRequest) ProtoMessage() {}
 
 func (x *GetSamplerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[32]
+	mi := &file_loops_v1_services_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2186,7 +2354,7 @@ func (x *GetSamplerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSamplerRequest.ProtoReflect.Descriptor instead.
 func (*GetSamplerRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{32}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetSamplerRequest) GetId() string {
@@ -2212,7 +2380,7 @@ type SampleRequest struct {
 
 func (x *SampleRequest) Reset() {
 	*x = SampleRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[33]
+	mi := &file_loops_v1_services_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2224,7 +2392,7 @@ func (x *SampleRequest) String() string {
 func (*SampleRequest) ProtoMessage() {}
 
 func (x *SampleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[33]
+	mi := &file_loops_v1_services_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2237,7 +2405,7 @@ func (x *SampleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SampleRequest.ProtoReflect.Descriptor instead.
 func (*SampleRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{33}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SampleRequest) GetSamplerId() string {
@@ -2297,7 +2465,7 @@ type ListModelsRequest struct {
 
 func (x *ListModelsRequest) Reset() {
 	*x = ListModelsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[34]
+	mi := &file_loops_v1_services_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2309,7 +2477,7 @@ func (x *ListModelsRequest) String() string {
 func (*ListModelsRequest) ProtoMessage() {}
 
 func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[34]
+	mi := &file_loops_v1_services_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2322,7 +2490,7 @@ func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsRequest.ProtoReflect.Descriptor instead.
 func (*ListModelsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{34}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{36}
 }
 
 type ListModelsResponse struct {
@@ -2334,7 +2502,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[35]
+	mi := &file_loops_v1_services_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2346,7 +2514,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[35]
+	mi := &file_loops_v1_services_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2359,7 +2527,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{35}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListModelsResponse) GetModels() []*ModelInfo {
@@ -2381,7 +2549,7 @@ type GetUsageRequest struct {
 
 func (x *GetUsageRequest) Reset() {
 	*x = GetUsageRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[36]
+	mi := &file_loops_v1_services_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2393,7 +2561,7 @@ func (x *GetUsageRequest) String() string {
 func (*GetUsageRequest) ProtoMessage() {}
 
 func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[36]
+	mi := &file_loops_v1_services_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2406,7 +2574,7 @@ func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetUsageRequest.ProtoReflect.Descriptor instead.
 func (*GetUsageRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{36}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetUsageRequest) GetStartTime() *timestamppb.Timestamp {
@@ -2432,7 +2600,7 @@ type GetUsageResponse struct {
 
 func (x *GetUsageResponse) Reset() {
 	*x = GetUsageResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[37]
+	mi := &file_loops_v1_services_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2444,7 +2612,7 @@ func (x *GetUsageResponse) String() string {
 func (*GetUsageResponse) ProtoMessage() {}
 
 func (x *GetUsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[37]
+	mi := &file_loops_v1_services_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2457,7 +2625,7 @@ func (x *GetUsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetUsageResponse.ProtoReflect.Descriptor instead.
 func (*GetUsageResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{37}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetUsageResponse) GetBuckets() []*UsageBucket {
@@ -2469,20 +2637,22 @@ func (x *GetUsageResponse) GetBuckets() []*UsageBucket {
 
 // UsageBucket is the amount of one kind of usage of one base model and session in one hour.
 type UsageBucket struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	StartTime     *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
-	EndTime       *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
-	BaseModel     string                 `protobuf:"bytes,3,opt,name=base_model,json=baseModel,proto3" json:"base_model,omitempty"`
-	SessionId     string                 `protobuf:"bytes,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Kind          UsageKind              `protobuf:"varint,5,opt,name=kind,proto3,enum=loops.v1.UsageKind" json:"kind,omitempty"`
-	Amount        int64                  `protobuf:"varint,6,opt,name=amount,proto3" json:"amount,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	EndTime   *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	BaseModel string                 `protobuf:"bytes,3,opt,name=base_model,json=baseModel,proto3" json:"base_model,omitempty"`
+	SessionId string                 `protobuf:"bytes,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Kind      UsageKind              `protobuf:"varint,5,opt,name=kind,proto3,enum=loops.v1.UsageKind" json:"kind,omitempty"`
+	Amount    int64                  `protobuf:"varint,6,opt,name=amount,proto3" json:"amount,omitempty"`
+	// The deployment sampled ("[<owner>:]<name>"), empty for other usage.
+	Deployment    string `protobuf:"bytes,7,opt,name=deployment,proto3" json:"deployment,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UsageBucket) Reset() {
 	*x = UsageBucket{}
-	mi := &file_loops_v1_services_proto_msgTypes[38]
+	mi := &file_loops_v1_services_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2494,7 +2664,7 @@ func (x *UsageBucket) String() string {
 func (*UsageBucket) ProtoMessage() {}
 
 func (x *UsageBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[38]
+	mi := &file_loops_v1_services_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2507,7 +2677,7 @@ func (x *UsageBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageBucket.ProtoReflect.Descriptor instead.
 func (*UsageBucket) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{38}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *UsageBucket) GetStartTime() *timestamppb.Timestamp {
@@ -2552,6 +2722,13 @@ func (x *UsageBucket) GetAmount() int64 {
 	return 0
 }
 
+func (x *UsageBucket) GetDeployment() string {
+	if x != nil {
+		return x.Deployment
+	}
+	return ""
+}
+
 type GetWorkspaceRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2560,7 +2737,7 @@ type GetWorkspaceRequest struct {
 
 func (x *GetWorkspaceRequest) Reset() {
 	*x = GetWorkspaceRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[39]
+	mi := &file_loops_v1_services_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2572,7 +2749,7 @@ func (x *GetWorkspaceRequest) String() string {
 func (*GetWorkspaceRequest) ProtoMessage() {}
 
 func (x *GetWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[39]
+	mi := &file_loops_v1_services_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2585,7 +2762,7 @@ func (x *GetWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*GetWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{39}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{41}
 }
 
 // Workspace is an API key's workspace: its name, its policy's limits and its current use.
@@ -2600,7 +2777,7 @@ type Workspace struct {
 
 func (x *Workspace) Reset() {
 	*x = Workspace{}
-	mi := &file_loops_v1_services_proto_msgTypes[40]
+	mi := &file_loops_v1_services_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2612,7 +2789,7 @@ func (x *Workspace) String() string {
 func (*Workspace) ProtoMessage() {}
 
 func (x *Workspace) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[40]
+	mi := &file_loops_v1_services_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2625,7 +2802,7 @@ func (x *Workspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workspace.ProtoReflect.Descriptor instead.
 func (*Workspace) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{40}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Workspace) GetName() string {
@@ -2673,7 +2850,7 @@ type WorkspaceLimits struct {
 
 func (x *WorkspaceLimits) Reset() {
 	*x = WorkspaceLimits{}
-	mi := &file_loops_v1_services_proto_msgTypes[41]
+	mi := &file_loops_v1_services_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2685,7 +2862,7 @@ func (x *WorkspaceLimits) String() string {
 func (*WorkspaceLimits) ProtoMessage() {}
 
 func (x *WorkspaceLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[41]
+	mi := &file_loops_v1_services_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2698,7 +2875,7 @@ func (x *WorkspaceLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceLimits.ProtoReflect.Descriptor instead.
 func (*WorkspaceLimits) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{41}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *WorkspaceLimits) GetModels() []*ModelInfo {
@@ -2760,7 +2937,7 @@ type WorkspaceUse struct {
 
 func (x *WorkspaceUse) Reset() {
 	*x = WorkspaceUse{}
-	mi := &file_loops_v1_services_proto_msgTypes[42]
+	mi := &file_loops_v1_services_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2772,7 +2949,7 @@ func (x *WorkspaceUse) String() string {
 func (*WorkspaceUse) ProtoMessage() {}
 
 func (x *WorkspaceUse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[42]
+	mi := &file_loops_v1_services_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2785,7 +2962,7 @@ func (x *WorkspaceUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceUse.ProtoReflect.Descriptor instead.
 func (*WorkspaceUse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{42}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *WorkspaceUse) GetLiveRuns() int32 {
@@ -2984,6 +3161,13 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x1fGetCheckpointArchiveURLResponse\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12;\n" +
 	"\vexpire_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"expireTime\"c\n" +
+	"\x1dGetCheckpointExportURLRequest\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12.\n" +
+	"\x06format\x18\x02 \x01(\x0e2\x16.loops.v1.ExportFormatR\x06format\"o\n" +
+	"\x1eGetCheckpointExportURLResponse\x12\x10\n" +
+	"\x03url\x18\x01 \x01(\tR\x03url\x12;\n" +
+	"\vexpire_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"expireTime\"2\n" +
 	"\x1cGetCheckpointFileURLsRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\"\xdc\x01\n" +
@@ -2993,7 +3177,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"expireTime\x1a7\n" +
 	"\tUrlsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xae\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xce\x01\n" +
 	"\x14CreateSamplerRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12'\n" +
@@ -3001,7 +3185,10 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\n" +
 	"base_model\x18\x03 \x01(\tR\tbaseModel\x12\x1d\n" +
 	"\n" +
-	"model_path\x18\x04 \x01(\tR\tmodelPathB\x10\n" +
+	"model_path\x18\x04 \x01(\tR\tmodelPath\x12\x1e\n" +
+	"\n" +
+	"deployment\x18\x05 \x01(\tR\n" +
+	"deploymentB\x10\n" +
 	"\x0e_client_seq_id\"#\n" +
 	"\x11GetSamplerRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x9b\x02\n" +
@@ -3024,7 +3211,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
 	"\bend_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\"C\n" +
 	"\x10GetUsageResponse\x12/\n" +
-	"\abuckets\x18\x01 \x03(\v2\x15.loops.v1.UsageBucketR\abuckets\"\xfe\x01\n" +
+	"\abuckets\x18\x01 \x03(\v2\x15.loops.v1.UsageBucketR\abuckets\"\x9e\x02\n" +
 	"\vUsageBucket\x129\n" +
 	"\n" +
 	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
@@ -3034,7 +3221,10 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x04 \x01(\tR\tsessionId\x12'\n" +
 	"\x04kind\x18\x05 \x01(\x0e2\x13.loops.v1.UsageKindR\x04kind\x12\x16\n" +
-	"\x06amount\x18\x06 \x01(\x03R\x06amount\"\x15\n" +
+	"\x06amount\x18\x06 \x01(\x03R\x06amount\x12\x1e\n" +
+	"\n" +
+	"deployment\x18\a \x01(\tR\n" +
+	"deployment\"\x15\n" +
 	"\x13GetWorkspaceRequest\"|\n" +
 	"\tWorkspace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x121\n" +
@@ -3051,7 +3241,11 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\tlive_runs\x18\x01 \x01(\x05R\bliveRuns\x12+\n" +
 	"\x11queued_operations\x18\x02 \x01(\x05R\x10queuedOperations\x12'\n" +
 	"\x0frunning_samples\x18\x03 \x01(\x05R\x0erunningSamples\x12'\n" +
-	"\x0fwaiting_samples\x18\x04 \x01(\x05R\x0ewaitingSamples*\xb2\x01\n" +
+	"\x0fwaiting_samples\x18\x04 \x01(\x05R\x0ewaitingSamples*_\n" +
+	"\fExportFormat\x12\x1d\n" +
+	"\x19EXPORT_FORMAT_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12EXPORT_FORMAT_PEFT\x10\x01\x12\x18\n" +
+	"\x14EXPORT_FORMAT_MERGED\x10\x02*\xb2\x01\n" +
 	"\tUsageKind\x12\x1a\n" +
 	"\x16USAGE_KIND_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aUSAGE_KIND_TRAINING_TOKENS\x10\x01\x12&\n" +
@@ -3074,7 +3268,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\tOptimStep\x12\x1a.loops.v1.OptimStepRequest\x1a\x13.loops.v1.Operation\"9\x82\xd3\xe4\x93\x023:\x01*\"./v1/training_runs/{training_run_id}/optim_step\x12}\n" +
 	"\vSaveWeights\x12\x1c.loops.v1.SaveWeightsRequest\x1a\x13.loops.v1.Operation\";\x82\xd3\xe4\x93\x025:\x01*\"0/v1/training_runs/{training_run_id}/save_weights\x12}\n" +
 	"\vLoadWeights\x12\x1c.loops.v1.LoadWeightsRequest\x1a\x13.loops.v1.Operation\";\x82\xd3\xe4\x93\x025:\x01*\"0/v1/training_runs/{training_run_id}/load_weights\x12\x9d\x01\n" +
-	"\x15GetTrainingRunMetrics\x12&.loops.v1.GetTrainingRunMetricsRequest\x1a'.loops.v1.GetTrainingRunMetricsResponse\"3\x82\xd3\xe4\x93\x02-\x12+/v1/training_runs/{training_run_id}/metrics2\x8d\a\n" +
+	"\x15GetTrainingRunMetrics\x12&.loops.v1.GetTrainingRunMetricsRequest\x1a'.loops.v1.GetTrainingRunMetricsResponse\"3\x82\xd3\xe4\x93\x02-\x12+/v1/training_runs/{training_run_id}/metrics2\x9e\b\n" +
 	"\x11CheckpointService\x12\xa2\x01\n" +
 	"\x0fListCheckpoints\x12 .loops.v1.ListCheckpointsRequest\x1a!.loops.v1.ListCheckpointsResponse\"J\x82\xd3\xe4\x93\x02DZ1\x12//v1/training_runs/{training_run_id}/checkpoints\x12\x0f/v1/checkpoints\x12]\n" +
 	"\rGetCheckpoint\x12\x1e.loops.v1.GetCheckpointRequest\x1a\x14.loops.v1.Checkpoint\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/v1/checkpoint\x12q\n" +
@@ -3082,7 +3276,8 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x13SetCheckpointPublic\x12$.loops.v1.SetCheckpointPublicRequest\x1a\x14.loops.v1.Checkpoint\" \x82\xd3\xe4\x93\x02\x1a:\x01*\"\x15/v1/checkpoint/public\x12j\n" +
 	"\x10SetCheckpointTTL\x12!.loops.v1.SetCheckpointTTLRequest\x1a\x14.loops.v1.Checkpoint\"\x1d\x82\xd3\xe4\x93\x02\x17:\x01*\"\x12/v1/checkpoint/ttl\x12\x8a\x01\n" +
 	"\x15GetCheckpointFileURLs\x12&.loops.v1.GetCheckpointFileURLsRequest\x1a'.loops.v1.GetCheckpointFileURLsResponse\" \x82\xd3\xe4\x93\x02\x1a\x12\x18/v1/checkpoint/file_urls\x12\x92\x01\n" +
-	"\x17GetCheckpointArchiveURL\x12(.loops.v1.GetCheckpointArchiveURLRequest\x1a).loops.v1.GetCheckpointArchiveURLResponse\"\"\x82\xd3\xe4\x93\x02\x1c\x12\x1a/v1/checkpoint/archive_url2\xac\x02\n" +
+	"\x17GetCheckpointArchiveURL\x12(.loops.v1.GetCheckpointArchiveURLRequest\x1a).loops.v1.GetCheckpointArchiveURLResponse\"\"\x82\xd3\xe4\x93\x02\x1c\x12\x1a/v1/checkpoint/archive_url\x12\x8e\x01\n" +
+	"\x16GetCheckpointExportURL\x12'.loops.v1.GetCheckpointExportURLRequest\x1a(.loops.v1.GetCheckpointExportURLResponse\"!\x82\xd3\xe4\x93\x02\x1b\x12\x19/v1/checkpoint/export_url2\xac\x02\n" +
 	"\x0fSamplingService\x12[\n" +
 	"\rCreateSampler\x12\x1e.loops.v1.CreateSamplerRequest\x1a\x11.loops.v1.Sampler\"\x17\x82\xd3\xe4\x93\x02\x11:\x01*\"\f/v1/samplers\x12W\n" +
 	"\n" +
@@ -3110,159 +3305,166 @@ func file_loops_v1_services_proto_rawDescGZIP() []byte {
 	return file_loops_v1_services_proto_rawDescData
 }
 
-var file_loops_v1_services_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_loops_v1_services_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_loops_v1_services_proto_goTypes = []any{
-	(UsageKind)(0),                          // 0: loops.v1.UsageKind
-	(*CreateSessionRequest)(nil),            // 1: loops.v1.CreateSessionRequest
-	(*HeartbeatSessionRequest)(nil),         // 2: loops.v1.HeartbeatSessionRequest
-	(*HeartbeatSessionResponse)(nil),        // 3: loops.v1.HeartbeatSessionResponse
-	(*FinishSessionRequest)(nil),            // 4: loops.v1.FinishSessionRequest
-	(*GetSessionRequest)(nil),               // 5: loops.v1.GetSessionRequest
-	(*ListSessionsRequest)(nil),             // 6: loops.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),            // 7: loops.v1.ListSessionsResponse
-	(*CreateTrainingRunRequest)(nil),        // 8: loops.v1.CreateTrainingRunRequest
-	(*GetTrainingRunRequest)(nil),           // 9: loops.v1.GetTrainingRunRequest
-	(*GetTrainingRunMetricsRequest)(nil),    // 10: loops.v1.GetTrainingRunMetricsRequest
-	(*GetTrainingRunMetricsResponse)(nil),   // 11: loops.v1.GetTrainingRunMetricsResponse
-	(*StepMetrics)(nil),                     // 12: loops.v1.StepMetrics
-	(*RLStepMetrics)(nil),                   // 13: loops.v1.RLStepMetrics
-	(*ListTrainingRunsRequest)(nil),         // 14: loops.v1.ListTrainingRunsRequest
-	(*ListTrainingRunsResponse)(nil),        // 15: loops.v1.ListTrainingRunsResponse
-	(*UnloadTrainingRunRequest)(nil),        // 16: loops.v1.UnloadTrainingRunRequest
-	(*ForwardBackwardRequest)(nil),          // 17: loops.v1.ForwardBackwardRequest
-	(*OptimStepRequest)(nil),                // 18: loops.v1.OptimStepRequest
-	(*SaveWeightsRequest)(nil),              // 19: loops.v1.SaveWeightsRequest
-	(*LoadWeightsRequest)(nil),              // 20: loops.v1.LoadWeightsRequest
-	(*ListCheckpointsRequest)(nil),          // 21: loops.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),         // 22: loops.v1.ListCheckpointsResponse
-	(*GetCheckpointRequest)(nil),            // 23: loops.v1.GetCheckpointRequest
-	(*DeleteCheckpointRequest)(nil),         // 24: loops.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil),        // 25: loops.v1.DeleteCheckpointResponse
-	(*SetCheckpointPublicRequest)(nil),      // 26: loops.v1.SetCheckpointPublicRequest
-	(*SetCheckpointTTLRequest)(nil),         // 27: loops.v1.SetCheckpointTTLRequest
-	(*GetCheckpointArchiveURLRequest)(nil),  // 28: loops.v1.GetCheckpointArchiveURLRequest
-	(*GetCheckpointArchiveURLResponse)(nil), // 29: loops.v1.GetCheckpointArchiveURLResponse
-	(*GetCheckpointFileURLsRequest)(nil),    // 30: loops.v1.GetCheckpointFileURLsRequest
-	(*GetCheckpointFileURLsResponse)(nil),   // 31: loops.v1.GetCheckpointFileURLsResponse
-	(*CreateSamplerRequest)(nil),            // 32: loops.v1.CreateSamplerRequest
-	(*GetSamplerRequest)(nil),               // 33: loops.v1.GetSamplerRequest
-	(*SampleRequest)(nil),                   // 34: loops.v1.SampleRequest
-	(*ListModelsRequest)(nil),               // 35: loops.v1.ListModelsRequest
-	(*ListModelsResponse)(nil),              // 36: loops.v1.ListModelsResponse
-	(*GetUsageRequest)(nil),                 // 37: loops.v1.GetUsageRequest
-	(*GetUsageResponse)(nil),                // 38: loops.v1.GetUsageResponse
-	(*UsageBucket)(nil),                     // 39: loops.v1.UsageBucket
-	(*GetWorkspaceRequest)(nil),             // 40: loops.v1.GetWorkspaceRequest
-	(*Workspace)(nil),                       // 41: loops.v1.Workspace
-	(*WorkspaceLimits)(nil),                 // 42: loops.v1.WorkspaceLimits
-	(*WorkspaceUse)(nil),                    // 43: loops.v1.WorkspaceUse
-	nil,                                     // 44: loops.v1.CreateSessionRequest.UserMetadataEntry
-	nil,                                     // 45: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
-	nil,                                     // 46: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	nil,                                     // 47: loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
-	(*Session)(nil),                         // 48: loops.v1.Session
-	(*LoraConfig)(nil),                      // 49: loops.v1.LoraConfig
-	(OperationKind)(0),                      // 50: loops.v1.OperationKind
-	(*timestamppb.Timestamp)(nil),           // 51: google.protobuf.Timestamp
-	(*TrainingRun)(nil),                     // 52: loops.v1.TrainingRun
-	(*Datum)(nil),                           // 53: loops.v1.Datum
-	(*AdamParams)(nil),                      // 54: loops.v1.AdamParams
-	(CheckpointKind)(0),                     // 55: loops.v1.CheckpointKind
-	(*Checkpoint)(nil),                      // 56: loops.v1.Checkpoint
-	(*SamplingParams)(nil),                  // 57: loops.v1.SamplingParams
-	(*ModelInfo)(nil),                       // 58: loops.v1.ModelInfo
-	(*Operation)(nil),                       // 59: loops.v1.Operation
-	(*Sampler)(nil),                         // 60: loops.v1.Sampler
+	(ExportFormat)(0),                       // 0: loops.v1.ExportFormat
+	(UsageKind)(0),                          // 1: loops.v1.UsageKind
+	(*CreateSessionRequest)(nil),            // 2: loops.v1.CreateSessionRequest
+	(*HeartbeatSessionRequest)(nil),         // 3: loops.v1.HeartbeatSessionRequest
+	(*HeartbeatSessionResponse)(nil),        // 4: loops.v1.HeartbeatSessionResponse
+	(*FinishSessionRequest)(nil),            // 5: loops.v1.FinishSessionRequest
+	(*GetSessionRequest)(nil),               // 6: loops.v1.GetSessionRequest
+	(*ListSessionsRequest)(nil),             // 7: loops.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),            // 8: loops.v1.ListSessionsResponse
+	(*CreateTrainingRunRequest)(nil),        // 9: loops.v1.CreateTrainingRunRequest
+	(*GetTrainingRunRequest)(nil),           // 10: loops.v1.GetTrainingRunRequest
+	(*GetTrainingRunMetricsRequest)(nil),    // 11: loops.v1.GetTrainingRunMetricsRequest
+	(*GetTrainingRunMetricsResponse)(nil),   // 12: loops.v1.GetTrainingRunMetricsResponse
+	(*StepMetrics)(nil),                     // 13: loops.v1.StepMetrics
+	(*RLStepMetrics)(nil),                   // 14: loops.v1.RLStepMetrics
+	(*ListTrainingRunsRequest)(nil),         // 15: loops.v1.ListTrainingRunsRequest
+	(*ListTrainingRunsResponse)(nil),        // 16: loops.v1.ListTrainingRunsResponse
+	(*UnloadTrainingRunRequest)(nil),        // 17: loops.v1.UnloadTrainingRunRequest
+	(*ForwardBackwardRequest)(nil),          // 18: loops.v1.ForwardBackwardRequest
+	(*OptimStepRequest)(nil),                // 19: loops.v1.OptimStepRequest
+	(*SaveWeightsRequest)(nil),              // 20: loops.v1.SaveWeightsRequest
+	(*LoadWeightsRequest)(nil),              // 21: loops.v1.LoadWeightsRequest
+	(*ListCheckpointsRequest)(nil),          // 22: loops.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),         // 23: loops.v1.ListCheckpointsResponse
+	(*GetCheckpointRequest)(nil),            // 24: loops.v1.GetCheckpointRequest
+	(*DeleteCheckpointRequest)(nil),         // 25: loops.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil),        // 26: loops.v1.DeleteCheckpointResponse
+	(*SetCheckpointPublicRequest)(nil),      // 27: loops.v1.SetCheckpointPublicRequest
+	(*SetCheckpointTTLRequest)(nil),         // 28: loops.v1.SetCheckpointTTLRequest
+	(*GetCheckpointArchiveURLRequest)(nil),  // 29: loops.v1.GetCheckpointArchiveURLRequest
+	(*GetCheckpointArchiveURLResponse)(nil), // 30: loops.v1.GetCheckpointArchiveURLResponse
+	(*GetCheckpointExportURLRequest)(nil),   // 31: loops.v1.GetCheckpointExportURLRequest
+	(*GetCheckpointExportURLResponse)(nil),  // 32: loops.v1.GetCheckpointExportURLResponse
+	(*GetCheckpointFileURLsRequest)(nil),    // 33: loops.v1.GetCheckpointFileURLsRequest
+	(*GetCheckpointFileURLsResponse)(nil),   // 34: loops.v1.GetCheckpointFileURLsResponse
+	(*CreateSamplerRequest)(nil),            // 35: loops.v1.CreateSamplerRequest
+	(*GetSamplerRequest)(nil),               // 36: loops.v1.GetSamplerRequest
+	(*SampleRequest)(nil),                   // 37: loops.v1.SampleRequest
+	(*ListModelsRequest)(nil),               // 38: loops.v1.ListModelsRequest
+	(*ListModelsResponse)(nil),              // 39: loops.v1.ListModelsResponse
+	(*GetUsageRequest)(nil),                 // 40: loops.v1.GetUsageRequest
+	(*GetUsageResponse)(nil),                // 41: loops.v1.GetUsageResponse
+	(*UsageBucket)(nil),                     // 42: loops.v1.UsageBucket
+	(*GetWorkspaceRequest)(nil),             // 43: loops.v1.GetWorkspaceRequest
+	(*Workspace)(nil),                       // 44: loops.v1.Workspace
+	(*WorkspaceLimits)(nil),                 // 45: loops.v1.WorkspaceLimits
+	(*WorkspaceUse)(nil),                    // 46: loops.v1.WorkspaceUse
+	nil,                                     // 47: loops.v1.CreateSessionRequest.UserMetadataEntry
+	nil,                                     // 48: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	nil,                                     // 49: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	nil,                                     // 50: loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	(*Session)(nil),                         // 51: loops.v1.Session
+	(*LoraConfig)(nil),                      // 52: loops.v1.LoraConfig
+	(OperationKind)(0),                      // 53: loops.v1.OperationKind
+	(*timestamppb.Timestamp)(nil),           // 54: google.protobuf.Timestamp
+	(*TrainingRun)(nil),                     // 55: loops.v1.TrainingRun
+	(*Datum)(nil),                           // 56: loops.v1.Datum
+	(*AdamParams)(nil),                      // 57: loops.v1.AdamParams
+	(CheckpointKind)(0),                     // 58: loops.v1.CheckpointKind
+	(*Checkpoint)(nil),                      // 59: loops.v1.Checkpoint
+	(*SamplingParams)(nil),                  // 60: loops.v1.SamplingParams
+	(*ModelInfo)(nil),                       // 61: loops.v1.ModelInfo
+	(*Operation)(nil),                       // 62: loops.v1.Operation
+	(*Sampler)(nil),                         // 63: loops.v1.Sampler
 }
 var file_loops_v1_services_proto_depIdxs = []int32{
-	44, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
-	48, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
-	49, // 2: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
-	45, // 3: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
-	12, // 4: loops.v1.GetTrainingRunMetricsResponse.steps:type_name -> loops.v1.StepMetrics
-	50, // 5: loops.v1.StepMetrics.kind:type_name -> loops.v1.OperationKind
-	51, // 6: loops.v1.StepMetrics.time:type_name -> google.protobuf.Timestamp
-	13, // 7: loops.v1.StepMetrics.rl:type_name -> loops.v1.RLStepMetrics
-	52, // 8: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
-	53, // 9: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
-	46, // 10: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	54, // 11: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
-	55, // 12: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
-	56, // 13: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
-	51, // 14: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
-	47, // 15: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
-	51, // 16: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
-	57, // 17: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
-	58, // 18: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
-	51, // 19: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
-	51, // 20: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
-	39, // 21: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
-	51, // 22: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
-	51, // 23: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
-	0,  // 24: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
-	42, // 25: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
-	43, // 26: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
-	58, // 27: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
-	1,  // 28: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
-	2,  // 29: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
-	4,  // 30: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
-	5,  // 31: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
-	6,  // 32: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
-	8,  // 33: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
-	9,  // 34: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
-	14, // 35: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
-	16, // 36: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
-	17, // 37: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
-	18, // 38: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
-	19, // 39: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
-	20, // 40: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
-	10, // 41: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
-	21, // 42: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
-	23, // 43: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
-	24, // 44: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
-	26, // 45: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
-	27, // 46: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
-	30, // 47: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
-	28, // 48: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
-	32, // 49: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
-	33, // 50: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
-	34, // 51: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
-	35, // 52: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
-	40, // 53: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
-	37, // 54: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
-	48, // 55: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
-	3,  // 56: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
-	48, // 57: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
-	48, // 58: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
-	7,  // 59: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
-	59, // 60: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
-	52, // 61: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
-	15, // 62: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
-	59, // 63: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
-	59, // 64: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
-	59, // 65: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
-	59, // 66: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
-	59, // 67: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
-	11, // 68: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
-	22, // 69: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
-	56, // 70: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
-	25, // 71: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
-	56, // 72: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
-	56, // 73: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
-	31, // 74: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
-	29, // 75: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
-	60, // 76: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
-	60, // 77: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
-	59, // 78: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
-	36, // 79: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
-	41, // 80: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
-	38, // 81: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
-	55, // [55:82] is the sub-list for method output_type
-	28, // [28:55] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	47, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
+	51, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
+	52, // 2: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
+	48, // 3: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	13, // 4: loops.v1.GetTrainingRunMetricsResponse.steps:type_name -> loops.v1.StepMetrics
+	53, // 5: loops.v1.StepMetrics.kind:type_name -> loops.v1.OperationKind
+	54, // 6: loops.v1.StepMetrics.time:type_name -> google.protobuf.Timestamp
+	14, // 7: loops.v1.StepMetrics.rl:type_name -> loops.v1.RLStepMetrics
+	55, // 8: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
+	56, // 9: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
+	49, // 10: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	57, // 11: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
+	58, // 12: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
+	59, // 13: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
+	54, // 14: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
+	0,  // 15: loops.v1.GetCheckpointExportURLRequest.format:type_name -> loops.v1.ExportFormat
+	54, // 16: loops.v1.GetCheckpointExportURLResponse.expire_time:type_name -> google.protobuf.Timestamp
+	50, // 17: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	54, // 18: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
+	60, // 19: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
+	61, // 20: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
+	54, // 21: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
+	54, // 22: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
+	42, // 23: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
+	54, // 24: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
+	54, // 25: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
+	1,  // 26: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
+	45, // 27: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
+	46, // 28: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
+	61, // 29: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
+	2,  // 30: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
+	3,  // 31: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
+	5,  // 32: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
+	6,  // 33: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
+	7,  // 34: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
+	9,  // 35: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
+	10, // 36: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
+	15, // 37: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
+	17, // 38: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
+	18, // 39: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
+	19, // 40: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
+	20, // 41: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
+	21, // 42: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
+	11, // 43: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
+	22, // 44: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
+	24, // 45: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
+	25, // 46: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
+	27, // 47: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
+	28, // 48: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
+	33, // 49: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
+	29, // 50: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
+	31, // 51: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
+	35, // 52: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
+	36, // 53: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
+	37, // 54: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
+	38, // 55: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
+	43, // 56: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
+	40, // 57: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
+	51, // 58: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
+	4,  // 59: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
+	51, // 60: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
+	51, // 61: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
+	8,  // 62: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
+	62, // 63: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
+	55, // 64: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
+	16, // 65: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
+	62, // 66: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
+	62, // 67: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
+	62, // 68: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
+	62, // 69: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
+	62, // 70: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
+	12, // 71: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
+	23, // 72: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
+	59, // 73: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
+	26, // 74: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
+	59, // 75: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
+	59, // 76: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
+	34, // 77: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
+	30, // 78: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
+	32, // 79: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
+	63, // 80: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
+	63, // 81: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
+	62, // 82: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
+	39, // 83: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
+	44, // 84: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
+	41, // 85: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
+	58, // [58:86] is the sub-list for method output_type
+	30, // [30:58] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_services_proto_init() }
@@ -3278,15 +3480,15 @@ func file_loops_v1_services_proto_init() {
 	file_loops_v1_services_proto_msgTypes[12].OneofWrappers = []any{}
 	file_loops_v1_services_proto_msgTypes[18].OneofWrappers = []any{}
 	file_loops_v1_services_proto_msgTypes[26].OneofWrappers = []any{}
-	file_loops_v1_services_proto_msgTypes[31].OneofWrappers = []any{}
 	file_loops_v1_services_proto_msgTypes[33].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[35].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_services_proto_rawDesc), len(file_loops_v1_services_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   47,
+			NumEnums:      2,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   7,
 		},

@@ -1021,6 +1021,41 @@ func local_request_CheckpointService_GetCheckpointArchiveURL_0(ctx context.Conte
 	return msg, metadata, err
 }
 
+var filter_CheckpointService_GetCheckpointExportURL_0 = &utilities.DoubleArray{Encoding: map[string]int{}, Base: []int(nil), Check: []int(nil)}
+
+func request_CheckpointService_GetCheckpointExportURL_0(ctx context.Context, marshaler runtime.Marshaler, client CheckpointServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq GetCheckpointExportURLRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := req.ParseForm(); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if err := runtime.PopulateQueryParameters(&protoReq, req.Form, filter_CheckpointService_GetCheckpointExportURL_0); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	msg, err := client.GetCheckpointExportURL(ctx, &protoReq, grpc.Header(&metadata.HeaderMD), grpc.Trailer(&metadata.TrailerMD))
+	return msg, metadata, err
+}
+
+func local_request_CheckpointService_GetCheckpointExportURL_0(ctx context.Context, marshaler runtime.Marshaler, server CheckpointServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq GetCheckpointExportURLRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := req.ParseForm(); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if err := runtime.PopulateQueryParameters(&protoReq, req.Form, filter_CheckpointService_GetCheckpointExportURL_0); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	msg, err := server.GetCheckpointExportURL(ctx, &protoReq)
+	return msg, metadata, err
+}
+
 func request_SamplingService_CreateSampler_0(ctx context.Context, marshaler runtime.Marshaler, client SamplingServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
 	var (
 		protoReq CreateSamplerRequest
@@ -1698,6 +1733,26 @@ func RegisterCheckpointServiceHandlerServer(ctx context.Context, mux *runtime.Se
 			return
 		}
 		forward_CheckpointService_GetCheckpointArchiveURL_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
+	mux.Handle(http.MethodGet, pattern_CheckpointService_GetCheckpointExportURL_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		var stream runtime.ServerTransportStream
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/loops.v1.CheckpointService/GetCheckpointExportURL", runtime.WithHTTPPathPattern("/v1/checkpoint/export_url"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := local_request_CheckpointService_GetCheckpointExportURL_0(annotatedContext, inboundMarshaler, server, req, pathParams)
+		md.HeaderMD, md.TrailerMD = metadata.Join(md.HeaderMD, stream.Header()), metadata.Join(md.TrailerMD, stream.Trailer())
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_CheckpointService_GetCheckpointExportURL_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
 
 	return nil
@@ -2391,6 +2446,23 @@ func RegisterCheckpointServiceHandlerClient(ctx context.Context, mux *runtime.Se
 		}
 		forward_CheckpointService_GetCheckpointArchiveURL_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodGet, pattern_CheckpointService_GetCheckpointExportURL_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/loops.v1.CheckpointService/GetCheckpointExportURL", runtime.WithHTTPPathPattern("/v1/checkpoint/export_url"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_CheckpointService_GetCheckpointExportURL_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_CheckpointService_GetCheckpointExportURL_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	return nil
 }
 
@@ -2403,6 +2475,7 @@ var (
 	pattern_CheckpointService_SetCheckpointTTL_0        = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"v1", "checkpoint", "ttl"}, ""))
 	pattern_CheckpointService_GetCheckpointFileURLs_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"v1", "checkpoint", "file_urls"}, ""))
 	pattern_CheckpointService_GetCheckpointArchiveURL_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"v1", "checkpoint", "archive_url"}, ""))
+	pattern_CheckpointService_GetCheckpointExportURL_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"v1", "checkpoint", "export_url"}, ""))
 )
 
 var (
@@ -2414,6 +2487,7 @@ var (
 	forward_CheckpointService_SetCheckpointTTL_0        = runtime.ForwardResponseMessage
 	forward_CheckpointService_GetCheckpointFileURLs_0   = runtime.ForwardResponseMessage
 	forward_CheckpointService_GetCheckpointArchiveURL_0 = runtime.ForwardResponseMessage
+	forward_CheckpointService_GetCheckpointExportURL_0  = runtime.ForwardResponseMessage
 )
 
 // RegisterSamplingServiceHandlerFromEndpoint is same as RegisterSamplingServiceHandler but

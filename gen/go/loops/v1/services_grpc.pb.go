@@ -728,6 +728,7 @@ const (
 	CheckpointService_SetCheckpointTTL_FullMethodName        = "/loops.v1.CheckpointService/SetCheckpointTTL"
 	CheckpointService_GetCheckpointFileURLs_FullMethodName   = "/loops.v1.CheckpointService/GetCheckpointFileURLs"
 	CheckpointService_GetCheckpointArchiveURL_FullMethodName = "/loops.v1.CheckpointService/GetCheckpointArchiveURL"
+	CheckpointService_GetCheckpointExportURL_FullMethodName  = "/loops.v1.CheckpointService/GetCheckpointExportURL"
 )
 
 // CheckpointServiceClient is the client API for CheckpointService service.
@@ -752,6 +753,10 @@ type CheckpointServiceClient interface {
 	// GetCheckpointArchiveURL returns a short-lived URL from which the checkpoint downloads as
 	// a tar archive.
 	GetCheckpointArchiveURL(ctx context.Context, in *GetCheckpointArchiveURLRequest, opts ...grpc.CallOption) (*GetCheckpointArchiveURLResponse, error)
+	// GetCheckpointExportURL returns a short-lived URL from which the checkpoint downloads as
+	// a tar archive in an export format: the PEFT adapter folder, or a complete Hugging Face
+	// model folder with the adapter folded into the base weights (docs/export-import.md).
+	GetCheckpointExportURL(ctx context.Context, in *GetCheckpointExportURLRequest, opts ...grpc.CallOption) (*GetCheckpointExportURLResponse, error)
 }
 
 type checkpointServiceClient struct {
@@ -832,6 +837,16 @@ func (c *checkpointServiceClient) GetCheckpointArchiveURL(ctx context.Context, i
 	return out, nil
 }
 
+func (c *checkpointServiceClient) GetCheckpointExportURL(ctx context.Context, in *GetCheckpointExportURLRequest, opts ...grpc.CallOption) (*GetCheckpointExportURLResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetCheckpointExportURLResponse)
+	err := c.cc.Invoke(ctx, CheckpointService_GetCheckpointExportURL_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CheckpointServiceServer is the server API for CheckpointService service.
 // All implementations must embed UnimplementedCheckpointServiceServer
 // for forward compatibility.
@@ -854,6 +869,10 @@ type CheckpointServiceServer interface {
 	// GetCheckpointArchiveURL returns a short-lived URL from which the checkpoint downloads as
 	// a tar archive.
 	GetCheckpointArchiveURL(context.Context, *GetCheckpointArchiveURLRequest) (*GetCheckpointArchiveURLResponse, error)
+	// GetCheckpointExportURL returns a short-lived URL from which the checkpoint downloads as
+	// a tar archive in an export format: the PEFT adapter folder, or a complete Hugging Face
+	// model folder with the adapter folded into the base weights (docs/export-import.md).
+	GetCheckpointExportURL(context.Context, *GetCheckpointExportURLRequest) (*GetCheckpointExportURLResponse, error)
 	mustEmbedUnimplementedCheckpointServiceServer()
 }
 
@@ -884,6 +903,9 @@ func (UnimplementedCheckpointServiceServer) GetCheckpointFileURLs(context.Contex
 }
 func (UnimplementedCheckpointServiceServer) GetCheckpointArchiveURL(context.Context, *GetCheckpointArchiveURLRequest) (*GetCheckpointArchiveURLResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetCheckpointArchiveURL not implemented")
+}
+func (UnimplementedCheckpointServiceServer) GetCheckpointExportURL(context.Context, *GetCheckpointExportURLRequest) (*GetCheckpointExportURLResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetCheckpointExportURL not implemented")
 }
 func (UnimplementedCheckpointServiceServer) mustEmbedUnimplementedCheckpointServiceServer() {}
 func (UnimplementedCheckpointServiceServer) testEmbeddedByValue()                           {}
@@ -1032,6 +1054,24 @@ func _CheckpointService_GetCheckpointArchiveURL_Handler(srv interface{}, ctx con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CheckpointService_GetCheckpointExportURL_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetCheckpointExportURLRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CheckpointServiceServer).GetCheckpointExportURL(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CheckpointService_GetCheckpointExportURL_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CheckpointServiceServer).GetCheckpointExportURL(ctx, req.(*GetCheckpointExportURLRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // CheckpointService_ServiceDesc is the grpc.ServiceDesc for CheckpointService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1066,6 +1106,10 @@ var CheckpointService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetCheckpointArchiveURL",
 			Handler:    _CheckpointService_GetCheckpointArchiveURL_Handler,
+		},
+		{
+			MethodName: "GetCheckpointExportURL",
+			Handler:    _CheckpointService_GetCheckpointExportURL_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

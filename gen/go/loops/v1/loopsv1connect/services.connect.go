@@ -108,6 +108,9 @@ const (
 	// CheckpointServiceGetCheckpointArchiveURLProcedure is the fully-qualified name of the
 	// CheckpointService's GetCheckpointArchiveURL RPC.
 	CheckpointServiceGetCheckpointArchiveURLProcedure = "/loops.v1.CheckpointService/GetCheckpointArchiveURL"
+	// CheckpointServiceGetCheckpointExportURLProcedure is the fully-qualified name of the
+	// CheckpointService's GetCheckpointExportURL RPC.
+	CheckpointServiceGetCheckpointExportURLProcedure = "/loops.v1.CheckpointService/GetCheckpointExportURL"
 	// SamplingServiceCreateSamplerProcedure is the fully-qualified name of the SamplingService's
 	// CreateSampler RPC.
 	SamplingServiceCreateSamplerProcedure = "/loops.v1.SamplingService/CreateSampler"
@@ -683,6 +686,10 @@ type CheckpointServiceClient interface {
 	// GetCheckpointArchiveURL returns a short-lived URL from which the checkpoint downloads as
 	// a tar archive.
 	GetCheckpointArchiveURL(context.Context, *v1.GetCheckpointArchiveURLRequest) (*v1.GetCheckpointArchiveURLResponse, error)
+	// GetCheckpointExportURL returns a short-lived URL from which the checkpoint downloads as
+	// a tar archive in an export format: the PEFT adapter folder, or a complete Hugging Face
+	// model folder with the adapter folded into the base weights (docs/export-import.md).
+	GetCheckpointExportURL(context.Context, *v1.GetCheckpointExportURLRequest) (*v1.GetCheckpointExportURLResponse, error)
 }
 
 // NewCheckpointServiceClient constructs a client for the loops.v1.CheckpointService service. By
@@ -738,6 +745,12 @@ func NewCheckpointServiceClient(httpClient connect.HTTPClient, baseURL string, o
 			connect.WithSchema(checkpointServiceMethods.ByName("GetCheckpointArchiveURL")),
 			connect.WithClientOptions(opts...),
 		),
+		getCheckpointExportURL: connect.NewClient[v1.GetCheckpointExportURLRequest, v1.GetCheckpointExportURLResponse](
+			httpClient,
+			baseURL+CheckpointServiceGetCheckpointExportURLProcedure,
+			connect.WithSchema(checkpointServiceMethods.ByName("GetCheckpointExportURL")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -750,6 +763,7 @@ type checkpointServiceClient struct {
 	setCheckpointTTL        *connect.Client[v1.SetCheckpointTTLRequest, v1.Checkpoint]
 	getCheckpointFileURLs   *connect.Client[v1.GetCheckpointFileURLsRequest, v1.GetCheckpointFileURLsResponse]
 	getCheckpointArchiveURL *connect.Client[v1.GetCheckpointArchiveURLRequest, v1.GetCheckpointArchiveURLResponse]
+	getCheckpointExportURL  *connect.Client[v1.GetCheckpointExportURLRequest, v1.GetCheckpointExportURLResponse]
 }
 
 // ListCheckpoints calls loops.v1.CheckpointService.ListCheckpoints.
@@ -815,6 +829,15 @@ func (c *checkpointServiceClient) GetCheckpointArchiveURL(ctx context.Context, r
 	return nil, err
 }
 
+// GetCheckpointExportURL calls loops.v1.CheckpointService.GetCheckpointExportURL.
+func (c *checkpointServiceClient) GetCheckpointExportURL(ctx context.Context, req *v1.GetCheckpointExportURLRequest) (*v1.GetCheckpointExportURLResponse, error) {
+	response, err := c.getCheckpointExportURL.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
 // CheckpointServiceHandler is an implementation of the loops.v1.CheckpointService service.
 type CheckpointServiceHandler interface {
 	// ListCheckpoints lists one run's checkpoints, or the workspace's when no run is given.
@@ -833,6 +856,10 @@ type CheckpointServiceHandler interface {
 	// GetCheckpointArchiveURL returns a short-lived URL from which the checkpoint downloads as
 	// a tar archive.
 	GetCheckpointArchiveURL(context.Context, *v1.GetCheckpointArchiveURLRequest) (*v1.GetCheckpointArchiveURLResponse, error)
+	// GetCheckpointExportURL returns a short-lived URL from which the checkpoint downloads as
+	// a tar archive in an export format: the PEFT adapter folder, or a complete Hugging Face
+	// model folder with the adapter folded into the base weights (docs/export-import.md).
+	GetCheckpointExportURL(context.Context, *v1.GetCheckpointExportURLRequest) (*v1.GetCheckpointExportURLResponse, error)
 }
 
 // NewCheckpointServiceHandler builds an HTTP handler from the service implementation. It returns
@@ -884,6 +911,12 @@ func NewCheckpointServiceHandler(svc CheckpointServiceHandler, opts ...connect.H
 		connect.WithSchema(checkpointServiceMethods.ByName("GetCheckpointArchiveURL")),
 		connect.WithHandlerOptions(opts...),
 	)
+	checkpointServiceGetCheckpointExportURLHandler := connect.NewUnaryHandlerSimple(
+		CheckpointServiceGetCheckpointExportURLProcedure,
+		svc.GetCheckpointExportURL,
+		connect.WithSchema(checkpointServiceMethods.ByName("GetCheckpointExportURL")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/loops.v1.CheckpointService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case CheckpointServiceListCheckpointsProcedure:
@@ -900,6 +933,8 @@ func NewCheckpointServiceHandler(svc CheckpointServiceHandler, opts ...connect.H
 			checkpointServiceGetCheckpointFileURLsHandler.ServeHTTP(w, r)
 		case CheckpointServiceGetCheckpointArchiveURLProcedure:
 			checkpointServiceGetCheckpointArchiveURLHandler.ServeHTTP(w, r)
+		case CheckpointServiceGetCheckpointExportURLProcedure:
+			checkpointServiceGetCheckpointExportURLHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -935,6 +970,10 @@ func (UnimplementedCheckpointServiceHandler) GetCheckpointFileURLs(context.Conte
 
 func (UnimplementedCheckpointServiceHandler) GetCheckpointArchiveURL(context.Context, *v1.GetCheckpointArchiveURLRequest) (*v1.GetCheckpointArchiveURLResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.CheckpointService.GetCheckpointArchiveURL is not implemented"))
+}
+
+func (UnimplementedCheckpointServiceHandler) GetCheckpointExportURL(context.Context, *v1.GetCheckpointExportURLRequest) (*v1.GetCheckpointExportURLResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.CheckpointService.GetCheckpointExportURL is not implemented"))
 }
 
 // SamplingServiceClient is a client for the loops.v1.SamplingService service.
