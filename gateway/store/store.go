@@ -139,12 +139,14 @@ type Store interface {
 	ListStepMetrics(ctx context.Context, workspace, runID string, fromStep, toStep int64) ([]*loopsv1.StepMetrics, error)
 
 	// AddUsage adds u.Amount to the workspace's usage row keyed by (u.BucketStart,
-	// u.BaseModel, u.SessionID, u.Kind), creating the row when there is none. BucketStart is
+	// u.BaseModel, u.SessionID, u.Deployment, u.Kind), creating the row when there is none. BucketStart is
 	// stored as given (callers truncate it to the hour, in UTC).
 	AddUsage(ctx context.Context, workspace string, u UsageRecord) error
 	// ListUsage lists the workspace's usage rows with from <= BucketStart < to, ordered by
-	// BucketStart, then Kind, then BaseModel, then SessionID. Times come back in UTC.
+	// BucketStart, then Kind, then BaseModel, then SessionID, then Deployment. Times come back in UTC.
 	ListUsage(ctx context.Context, workspace string, from, to time.Time) ([]UsageRecord, error)
+
+	DeploymentStore
 
 	// Close releases the store's resources.
 	Close() error
@@ -169,13 +171,15 @@ const (
 )
 
 // UsageRecord is one usage counter: Amount of Kind (one of the Usage* constants) for a base
-// model and session in the hour bucket starting at BucketStart (UTC).
+// model, session and deployment in the hour bucket starting at BucketStart (UTC).
 type UsageRecord struct {
 	BucketStart time.Time
 	BaseModel   string
 	SessionID   string
-	Kind        string
-	Amount      int64
+	// Deployment is the deployment sampled ("[<owner>:]<name>"), empty for other usage.
+	Deployment string
+	Kind       string
+	Amount     int64
 }
 
 // Batch is a group of writes that ApplyBatch commits together.

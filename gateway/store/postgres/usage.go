@@ -18,11 +18,11 @@ func (s *Store) AddUsage(ctx context.Context, workspace string, u store.UsageRec
 		return errors.New("store: add usage: missing kind")
 	}
 	if _, err := s.pool.Exec(ctx,
-		`INSERT INTO usage (workspace, bucket_start, base_model, session_id, kind, amount)
-		 VALUES ($1, $2, $3, $4, $5, $6)
-		 ON CONFLICT (workspace, bucket_start, base_model, session_id, kind)
+		`INSERT INTO usage (workspace, bucket_start, base_model, session_id, kind, amount, deployment)
+		 VALUES ($1, $2, $3, $4, $5, $6, $7)
+		 ON CONFLICT (workspace, bucket_start, base_model, session_id, deployment, kind)
 		 DO UPDATE SET amount = usage.amount + excluded.amount`,
-		workspace, u.BucketStart.UnixNano(), u.BaseModel, u.SessionID, u.Kind, u.Amount); err != nil {
+		workspace, u.BucketStart.UnixNano(), u.BaseModel, u.SessionID, u.Kind, u.Amount, u.Deployment); err != nil {
 		return fmt.Errorf("store: add usage: %w", err)
 	}
 	return nil
@@ -32,9 +32,9 @@ func (s *Store) AddUsage(ctx context.Context, workspace string, u store.UsageRec
 // bucket start, kind, base model and session.
 func (s *Store) ListUsage(ctx context.Context, workspace string, from, to time.Time) ([]store.UsageRecord, error) {
 	rows, err := s.pool.Query(ctx,
-		`SELECT bucket_start, base_model, session_id, kind, amount FROM usage
+		`SELECT bucket_start, base_model, session_id, kind, amount, deployment FROM usage
 		 WHERE workspace = $1 AND bucket_start >= $2 AND bucket_start < $3
-		 ORDER BY bucket_start, kind, base_model, session_id`,
+		 ORDER BY bucket_start, kind, base_model, session_id, deployment`,
 		workspace, from.UnixNano(), to.UnixNano())
 	if err != nil {
 		return nil, fmt.Errorf("store: list usage: %w", err)
@@ -42,7 +42,7 @@ func (s *Store) ListUsage(ctx context.Context, workspace string, from, to time.T
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.UsageRecord, error) {
 		var u store.UsageRecord
 		var start int64
-		if err := r.Scan(&start, &u.BaseModel, &u.SessionID, &u.Kind, &u.Amount); err != nil {
+		if err := r.Scan(&start, &u.BaseModel, &u.SessionID, &u.Kind, &u.Amount, &u.Deployment); err != nil {
 			return u, err
 		}
 		u.BucketStart = time.Unix(0, start).UTC()

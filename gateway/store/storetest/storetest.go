@@ -64,7 +64,11 @@ func Run(t *testing.T, open Opener) {
 	s("UsageRange", testUsageRange)
 	s("StepMetrics", testStepMetrics)
 	s("StepMetricsBound", testStepMetricsBound)
+	s("Deployments", testDeployments)
+	s("DeploymentGrants", testDeploymentGrants)
+	s("UsageDeployments", testUsageDeployments)
 	t.Run("Reopen", func(t *testing.T) { testReopen(t, open) })
+	t.Run("DeploymentsReopen", func(t *testing.T) { testDeploymentsReopen(t, open) })
 }
 
 // newPath returns a fresh path in a fresh temporary directory.
