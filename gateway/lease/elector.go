@@ -289,7 +289,7 @@ func (e *Elector) Collector() prometheus.Collector {
 }
 
 type collector struct {
-	e                             *Elector
+	e                              *Elector
 	isLeader, age, term, takeovers *prometheus.Desc
 }
 
