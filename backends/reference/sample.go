@@ -15,6 +15,7 @@ import (
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/semantics"
+	"github.com/loops-dev/loops/internal/tokenstream"
 )
 
 // MaxTopKPromptLogprobs caps topk_prompt_logprobs in the engine. It is above the public
@@ -62,6 +63,17 @@ func (e *Engine) samplerAdapter(bm *baseModel, dir string) (*nn.Adapter[float32]
 // Sample generates num_samples continuations of the prompt. Concurrent calls on one base
 // model decode together (batch.go); the result does not depend on them.
 func (e *Engine) Sample(ctx context.Context, req *backendv1.SampleRequest) (*backendv1.SampleResponse, error) {
+	return e.sample(ctx, req, nil)
+}
+
+// SampleStream is Sample with every token passed to sink as it is sampled
+// (backends.TokenStreamer); the sample is dropped at the next step boundary once sink is
+// gone. The response is Sample's, bit for bit.
+func (e *Engine) SampleStream(ctx context.Context, req *backendv1.SampleRequest, sink tokenstream.Sink) (*backendv1.SampleResponse, error) {
+	return e.sample(ctx, req, sink)
+}
+
+func (e *Engine) sample(ctx context.Context, req *backendv1.SampleRequest, sink tokenstream.Sink) (*backendv1.SampleResponse, error) {
 	bm, err := e.model(req.BaseModel)
 	if err != nil {
 		return nil, err
@@ -130,6 +142,20 @@ func (e *Engine) Sample(ctx context.Context, req *backendv1.SampleRequest) (*bac
 	}
 	k := int(req.TopkPromptLogprobs)
 	g := bm.m.NewGen(prompt, ad, n, sp, req.PromptLogprobs, k)
+	if sink != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = tokenstream.CancelOnGone(ctx, sink)
+		defer cancel()
+		gone := sink.Gone()
+		g.OnToken = func(seq, tok int, lp float64) {
+			sink.Token(seq, int32(tok), float32(lp))
+			select {
+			case <-gone: // seen on the decoding goroutine: dropped at the next boundary
+				cancel()
+			default:
+			}
+		}
+	}
 	if err := bm.dec.run(ctx, g); err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
 			return nil, connect.NewError(connect.CodeDeadlineExceeded, err)

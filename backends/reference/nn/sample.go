@@ -89,6 +89,10 @@ type Gen[T Float] struct {
 	Scores *PromptScores
 	// Out holds the sequences, complete once Done.
 	Out []Sampled
+	// OnToken, when set, is called with every token as it is sampled: its sequence's
+	// index, the token and its log-prob (those appended to Out). It runs on the decoding
+	// goroutine and must not block.
+	OnToken func(seq, token int, logprob float64)
 }
 
 // GenSeq is one sequence of a Gen being decoded.
@@ -226,6 +230,9 @@ func (s *GenSeq[T]) advance(logits []T) {
 	tok, lp := sampleToken(logits, *p, s.rng)
 	out.Tokens = append(out.Tokens, tok)
 	out.LogProbs = append(out.LogProbs, lp)
+	if g.OnToken != nil {
+		g.OnToken(s.i, tok, lp)
+	}
 	switch {
 	case g.stops[tok]:
 		out.Stopped = true

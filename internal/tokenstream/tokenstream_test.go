@@ -1,0 +1,55 @@
+package tokenstream
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestBufferTakesInOrderAndWakesOnce(t *testing.T) {
+	b := NewBuffer(4)
+	b.Token(0, 7, -0.5)
+	b.Token(1, 8, -1)
+	select {
+	case <-b.Ready():
+	default:
+		t.Fatal("Ready must fire after Token")
+	}
+	select {
+	case <-b.Ready():
+		t.Fatal("one wake-up for any number of tokens")
+	default:
+	}
+	require.Equal(t, []Token{{0, 7, -0.5}, {1, 8, -1}}, b.Take())
+	require.Empty(t, b.Take())
+}
+
+// TestBufferOverLimitIsGone: a reader that falls more than the limit behind is dropped:
+// Gone closes, the backlog is freed and later tokens are ignored, so the decoder never
+// waits and memory stays bounded.
+func TestBufferOverLimitIsGone(t *testing.T) {
+	b := NewBuffer(2)
+	b.Token(0, 1, 0)
+	b.Token(0, 2, 0)
+	select {
+	case <-b.Gone():
+		t.Fatal("gone too early")
+	default:
+	}
+	b.Token(0, 3, 0)
+	<-b.Gone()
+	require.Empty(t, b.Take())
+	b.Token(0, 4, 0)
+	require.Empty(t, b.Take())
+}
+
+func TestCancelOnGone(t *testing.T) {
+	b := NewBuffer(1)
+	ctx, cancel := CancelOnGone(context.Background(), b)
+	defer cancel()
+	require.NoError(t, ctx.Err())
+	b.Close()
+	<-ctx.Done()
+	b.Close() // twice is fine
+}
