@@ -7,6 +7,7 @@ import (
 	"connectrpc.com/connect"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/internal/errs"
+	"github.com/loops-dev/loops/internal/tokenstream"
 )
 
 // Fair sampling. Sampling requests wait in one FIFO queue per workspace, and each free
@@ -59,6 +60,8 @@ type sampleJob struct {
 	session string // the sampler's session, which usage is attributed to
 	req     *backendv1.SampleRequest
 	cost    int // tokens: prompt + max_tokens × num_samples
+	// sink, when set, receives the tokens while they are decoded (SampleStream).
+	sink tokenstream.Sink
 }
 
 // sampleCost is a sampling request's size in tokens, its weight in the round robin.

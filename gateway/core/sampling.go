@@ -2,15 +2,20 @@ package core
 
 import (
 	"context"
+	"errors"
 	"math"
 	"sync"
 	"time"
 
+	"connectrpc.com/connect"
+
+	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/semantics"
+	"github.com/loops-dev/loops/internal/tokenstream"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -253,6 +258,20 @@ func (s SamplingService) GetSampler(ctx context.Context, req *loopsv1.GetSampler
 // Options.MaxQueuedSamples (or Options.MaxQueuedSamplesPerWorkspace of one workspace) new
 // ones are refused with ResourceExhausted.
 func (s SamplingService) Sample(ctx context.Context, req *loopsv1.SampleRequest) (*loopsv1.Operation, error) {
+	return s.sample(ctx, req, nil)
+}
+
+// SampleStream is Sample with the sampled tokens also written to sink while the backend
+// decodes them (tokenstream.Streamer), for the streaming answers of the inference APIs.
+// The sample is queued, scheduled, metered and answered as Sample's; a backend without the
+// ability (backends.TokenStreamer) writes nothing to sink. Once sink is gone the backend
+// drops the sample (its operation fails with Canceled), and a sample still queued then is
+// failed when its slot comes rather than run.
+func (s SamplingService) SampleStream(ctx context.Context, req *loopsv1.SampleRequest, sink tokenstream.Sink) (*loopsv1.Operation, error) {
+	return s.sample(ctx, req, sink)
+}
+
+func (s SamplingService) sample(ctx context.Context, req *loopsv1.SampleRequest, sink tokenstream.Sink) (*loopsv1.Operation, error) {
 	c := s.c
 	ws, err := auth.RequireWorkspace(ctx)
 	if err != nil {
@@ -311,7 +330,7 @@ func (s SamplingService) Sample(ctx context.Context, req *loopsv1.SampleRequest)
 		NumSamples: max(req.GetNumSamples(), 1), Params: params,
 		PromptLogprobs: req.GetPromptLogprobs(), TopkPromptLogprobs: req.GetTopkPromptLogprobs(),
 	}
-	if !c.samplers.queue.push(&sampleJob{o: o, session: st.info.GetSessionId(), req: breq, cost: sampleCost(breq)}) {
+	if !c.samplers.queue.push(&sampleJob{o: o, session: st.info.GetSessionId(), req: breq, cost: sampleCost(breq), sink: sink}) {
 		c.ops.finish(o, nil, errShuttingDown()) // a shutdown began meanwhile
 	}
 	return o.snapshot(), nil
@@ -323,8 +342,16 @@ func (c *Core) runSample(j *sampleJob) {
 	// One of the workspace's sampling slots: the queue starts no more of a workspace's
 	// samples than its sampling_concurrency, so this never waits; it keeps the count.
 	defer c.policy.AcquireSample(c.ctx, o.workspace)()
-	c.ops.setRunning(o)
-	resp, err := c.backend.Sampler().Sample(c.ctx, req)
+	var (
+		resp *backendv1.SampleResponse
+		err  error
+	)
+	if j.sink != nil {
+		resp, err = c.sampleStream(j)
+	} else {
+		c.ops.setRunning(o)
+		resp, err = c.backend.Sampler().Sample(c.ctx, req)
+	}
 	if err == nil {
 		c.metrics.tokens.WithLabelValues("sample_prompt").Add(float64(len(req.GetPrompt())))
 		generated := 0
@@ -338,6 +365,21 @@ func (c *Core) runSample(j *sampleJob) {
 	c.ops.finish(o, func(op *loopsv1.Operation) {
 		op.Result = &loopsv1.Operation_Sample{Sample: resp.GetResult()}
 	}, err)
+}
+
+// sampleStream runs a streamed sample: nothing when its reader left while it waited, on
+// the backend's TokenStreamer when it has one, and as a plain sample otherwise.
+func (c *Core) sampleStream(j *sampleJob) (*backendv1.SampleResponse, error) {
+	select {
+	case <-j.sink.Gone():
+		return nil, connect.NewError(connect.CodeCanceled, errors.New("the streaming client went away before the sample started"))
+	default:
+	}
+	c.ops.setRunning(j.o)
+	if ts, ok := c.backend.Sampler().(backends.TokenStreamer); ok {
+		return ts.SampleStream(c.ctx, j.req, j.sink)
+	}
+	return c.backend.Sampler().Sample(c.ctx, j.req)
 }
 
 // validateSample checks a sampling request and fills in defaults.
