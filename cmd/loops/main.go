@@ -27,7 +27,7 @@ func rootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(serveCmd(), modelsCmd(), runsCmd(), checkpointsCmd(), usageCmd())
-	root.AddCommand(workspaceCmd())
+	root.AddCommand(workspaceCmd(), deployCmd())
 	root.AddCommand(conformanceCmd())
 	return root
 }

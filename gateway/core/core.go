@@ -309,6 +309,7 @@ func (c *Core) Services() Services {
 		Models:      ModelService{c},
 		Usage:       UsageService{c},
 		Workspace:   WorkspaceService{c},
+		Deployments: DeploymentService{c},
 	}
 }
 
@@ -322,4 +323,5 @@ type Services struct {
 	Models      ModelService
 	Usage       UsageService
 	Workspace   WorkspaceService
+	Deployments DeploymentService
 }
