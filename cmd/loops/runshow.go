@@ -10,6 +10,7 @@ import (
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
+	"github.com/loops-dev/loops/internal/runhealth"
 	"github.com/spf13/cobra"
 )
 
@@ -48,7 +49,8 @@ func runsShowCmd(cf *clientFlags) *cobra.Command {
 	return cmd
 }
 
-// printRunShow writes a run's summary, sparklines of the forward_backward loss (per-token
+// printRunShow writes a run's summary, its health alerts (runhealth.Check on the recent
+// steps), sparklines of the forward_backward loss (per-token
 // mean) and KL (k3) over history, and a table of the steps in recent, one line per step.
 func printRunShow(w io.Writer, run *loopsv1.TrainingRun, history, recent []*loopsv1.StepMetrics) error {
 	fmt.Fprintf(w, "run:         %s\n", run.GetId())
@@ -56,6 +58,9 @@ func printRunShow(w io.Writer, run *loopsv1.TrainingRun, history, recent []*loop
 	fmt.Fprintf(w, "optim steps: %d\n", run.GetOptimSteps())
 	if run.GetCorrupted() {
 		fmt.Fprintln(w, "corrupted:   yes (load a checkpoint to continue)")
+	}
+	for _, a := range runhealth.Check(recent) {
+		fmt.Fprintf(w, "ALERT %s: %s\n      usually: %s\n", a.Rule, a.Message, a.Cause)
 	}
 	var loss, kl []float64
 	for _, s := range history {

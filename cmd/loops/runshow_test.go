@@ -24,6 +24,28 @@ func TestSparkline(t *testing.T) {
 
 func zero() float64 { return 0 }
 
+// TestRunsShowAlerts checks that printRunShow prints runhealth's alerts for crafted steps,
+// and none for a healthy run.
+func TestRunsShowAlerts(t *testing.T) {
+	run := &loopsv1.TrainingRun{Id: "r1", BaseModel: "loops/tiny", OptimSteps: 2}
+	fb := func(step int64, loss, kl, zero float64) *loopsv1.StepMetrics {
+		return &loopsv1.StepMetrics{Kind: loopsv1.OperationKind_OPERATION_KIND_FORWARD_BACKWARD, Step: step, LossFn: "ppo", LossMean: loss, LossSum: loss,
+			LossTokens: 1, Rl: &loopsv1.RLStepMetrics{KlSampleTrainK3: kl, ZeroAdvantageFraction: zero}}
+	}
+	var out bytes.Buffer
+	healthy := []*loopsv1.StepMetrics{fb(1, 1, 0.001, 0.5), fb(2, 0.9, 0.002, 0.25)}
+	require.NoError(t, printRunShow(&out, run, healthy, healthy))
+	require.NotContains(t, out.String(), "ALERT")
+
+	out.Reset()
+	bad := []*loopsv1.StepMetrics{fb(1, 0/zero(), 0.2, 1), fb(2, 1, 0.2, 1)}
+	require.NoError(t, printRunShow(&out, run, bad, bad))
+	text := out.String()
+	require.Contains(t, text, "ALERT non_finite: loss is NaN at step 1\n      usually: divergence")
+	require.Contains(t, text, "ALERT kl_sample_train: kl_sample_train 0.2 at step 2 is above 0.01")
+	require.Contains(t, text, "ALERT zero_advantage: zero-advantage share 100% at step 2")
+}
+
 // TestRunsShow trains two RL steps through loops serve (the reference engine) and checks
 // what `loops runs show` prints: the run, loss and KL sparklines and a row per step.
 func TestRunsShow(t *testing.T) {
@@ -81,6 +103,8 @@ func TestRunsShow(t *testing.T) {
 	require.Regexp(t, `(?m)^STEP\s+FB\s+LOSS FN\s+LOSS/TOKEN`, text)
 	require.Regexp(t, `(?m)^1\s+1\s+ppo\s+-?\d+\.\d{4}\s+4\s+1\s+\S+\s+\S+±\S+\s+0%\s+\d+\.\d%\s+0\.001\s`, text)
 	require.Regexp(t, `(?m)^2\s+1\s+ppo\s`, text)
+	// The sampler logprobs sent are far from the tiny model's: the KL alert is raised.
+	require.Regexp(t, `(?m)^ALERT kl_sample_train: kl_sample_train \S+ at step 2 is above 0.01 .*\n      usually: off-policy data`, text)
 
 	// Another workspace's key: not found.
 	cmd = rootCmd()
