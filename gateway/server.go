@@ -264,6 +264,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	mux.Handle(loopsv1connect.NewModelServiceHandler(svc.Models, opts...))
 	mux.Handle(loopsv1connect.NewUsageServiceHandler(svc.Usage, opts...))
 	mux.Handle(loopsv1connect.NewWorkspaceServiceHandler(svc.Workspace, opts...))
+	mux.Handle(loopsv1connect.NewDeploymentServiceHandler(svc.Deployments, opts...))
 
 	// loops.v1 as REST: grpc-gateway over a gRPC connection to this same listener.
 	rest, err := s.restHandler(ctx, edge)
@@ -354,6 +355,7 @@ func (s *Server) restHandler(ctx context.Context, edge *edge) (http.Handler, err
 		loopsv1.RegisterModelServiceHandler,
 		loopsv1.RegisterUsageServiceHandler,
 		loopsv1.RegisterWorkspaceServiceHandler,
+		loopsv1.RegisterDeploymentServiceHandler,
 	} {
 		if err := register(ctx, gw, conn); err != nil {
 			return nil, fmt.Errorf("gateway: registering REST routes: %w", err)
