@@ -12,4 +12,4 @@ root=$(cd "$here/../.." && pwd)
 venv=$("$root/scripts/pyenv.sh" loops-openai-client openai==3.51.0 tinker==0.38.0 jinja2==3.1.6)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TINKER_TELEMETRY=0
 "$root/clients/with-server.sh" "$venv/bin/python" "$here/chat.py"
-(cd "$root" && LOOPS_PYTHON=$venv/bin/python go test -count=1 -run '^(TestTransformersChatTemplateAgrees|TestJinja2Agrees)$' -v ./compat/openai | grep -E '^(--- |ok|FAIL)')
+(cd "$root" && LOOPS_PYTHON=$venv/bin/python go test -count=1 -run '^(TestTransformersChatTemplateAgrees|TestJinja2Agrees)$' -v ./compat/internal/infer | grep -E '^(--- |ok|FAIL)')

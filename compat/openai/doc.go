@@ -4,15 +4,20 @@
 // "<base model>;<checkpoint path>").
 //
 // Like the Tinker adapter (package compat) it is nothing but translation onto the loops.v1
-// core services: a request is decoded and range-checked, chat messages are rendered with the
-// model's own chat template (the chat_template of its tokenizer_config.json, evaluated by
-// gonja, a Go Jinja implementation) and tokenized with the model's tokenizer.json, and then
-// the core samples: SamplingService.CreateSampler (one sampler per workspace and model,
-// remembered in a bounded LRU), SamplingService.Sample and OperationService.WaitOperation.
-// The sampled tokens are decoded back to text. No sampling logic lives here.
+// core services: a request is decoded and range-checked here, and the machinery it shares
+// with compat/anthropic (compat/internal/infer) renders chat messages with the model's own
+// chat template (the chat_template of its tokenizer_config.json, evaluated by gonja, a Go
+// Jinja implementation), tokenizes them with the model's tokenizer.json, and has the core
+// sample: SamplingService.CreateSampler (one sampler per workspace and model, remembered in
+// a bounded LRU), SamplingService.Sample and OperationService.WaitOperation. The sampled
+// tokens are decoded back to text. No sampling logic lives here.
 //
-// Streaming (stream: true) answers with server-sent events in OpenAI's chunk format, but the
-// core samples a whole sequence at a time, so the chunks are sent when the sample completes.
+// Streaming (stream: true) answers with server-sent events in OpenAI's chunk format as the
+// tokens are decoded: the core's SamplingService.SampleStream hands them from the backend's
+// decoder (internal/tokenstream) without ever making it wait; a client that stops reading
+// for 30 s, falls infer.StreamBacklog tokens behind or disconnects has its samples stopped.
+// A backend that cannot stream (the gRPC worker today) sends each choice's text in one
+// chunk when it completes.
 //
 // Errors have OpenAI's shape, {"error": {"message", "type", "param", "code"}}, with the HTTP
 // status of the one error table (internal/errs, its Tinker column: permanent errors are

@@ -16,6 +16,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/loops-dev/loops/compat"
+	"github.com/loops-dev/loops/compat/internal/infer"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/internal/bounded"
 	"github.com/loops-dev/loops/internal/errs"
@@ -86,11 +87,10 @@ func (o Options) withDefaults() Options {
 
 // server holds what every route needs.
 type server struct {
-	svc      Services
-	opt      Options
-	log      *slog.Logger
-	samplers *samplerCache
-	models   *modelCache
+	svc    Services
+	opt    Options
+	log    *slog.Logger
+	engine *infer.Engine
 }
 
 // NewHandler returns the handler for every path under Prefix. The gateway mounts it after
@@ -98,7 +98,9 @@ type server struct {
 // r.Context(), with the caller's workspace, to the core as it is.
 func NewHandler(s Services, o Options) http.Handler {
 	o = o.withDefaults()
-	srv := &server{svc: s, opt: o, log: o.Logger, samplers: newSamplerCache(o.MaxSamplers), models: newModelCache(s.Models)}
+	srv := &server{svc: s, opt: o, log: o.Logger,
+		engine: infer.New(infer.Services{Sampling: s.Sampling, Operations: s.Operations, Models: s.Models},
+			infer.Options{MaxSamplers: o.MaxSamplers, Workspace: o.Workspace})}
 	mux := http.NewServeMux()
 	srv.handle(mux, "POST "+Prefix+"chat/completions", srv.chatCompletions)
 	srv.handle(mux, "POST "+Prefix+"completions", srv.completions)
@@ -202,6 +204,10 @@ func typeOf(status int) string {
 // or 5xx, which OpenAI clients retry), internal errors are masked to "internal error, id
 // <id>" and id is set to log them under.
 func classify(err error) (status int, body errorBody, id string) {
+	var ie *infer.Error
+	if errors.As(err, &ie) {
+		err = &apiError{status: ie.Status, typ: typeOf(ie.Status), param: ie.Param, code: ie.Code, message: ie.Message}
+	}
 	var ae *apiError
 	if errors.As(err, &ae) {
 		b := errorBody{Message: ae.message, Type: ae.typ}

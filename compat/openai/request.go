@@ -2,6 +2,7 @@ package openai
 
 import (
 	"bytes"
+
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -9,16 +10,15 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/loops-dev/loops/compat/internal/infer"
 )
 
 // maxStop is OpenAI's documented limit on stop sequences ("up to 4 sequences").
 const maxStop = 4
 
 // message is one chat message.
-type message struct {
-	Role    string
-	Content string
-}
+type message = infer.Message
 
 // prompt is one completion prompt: text, or token ids when tokens is set.
 type prompt struct {
@@ -320,12 +320,7 @@ func float(raw json.RawMessage, param string, lo, hi float64) (float64, error) {
 	return v, nil
 }
 
-func truncate(s string) string {
-	if len(s) > 40 {
-		return s[:40] + "…"
-	}
-	return s
-}
+func truncate(s string) string { return infer.Truncate(s) }
 
 // seed accepts any integer in [-2^63, 2^64-1]; negative seeds keep their two's complement
 // bits, as on the Tinker routes.

@@ -1,31 +1,12 @@
 package openai
 
 import (
-	"context"
-	"errors"
 	"net/http"
 	"strings"
-	"time"
 
-	"connectrpc.com/connect"
-
+	"github.com/loops-dev/loops/compat/internal/infer"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
-
-// notDonePause is how long the adapter waits before asking again when WaitOperation answers
-// with an operation that is not done: its own 30 s wait passed, or the server is draining
-// (then it answers at once, and the operation fails or finishes soon).
-const notDonePause = 100 * time.Millisecond
-
-// completion is the core's answer to a request, with what the response needs.
-type completion struct {
-	opID string
-	text *text
-	// prompt is the prompt tokens, summed over the prompts.
-	prompt int
-	// seqs are the choices: n per prompt, in the prompts' order.
-	seqs []*loopsv1.SampledSequence
-}
 
 func (s *server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
 	return s.serve(w, r, true)
@@ -44,13 +25,19 @@ func (s *server) serve(w http.ResponseWriter, r *http.Request, chat bool) error 
 	if err != nil {
 		return err
 	}
-	c, err := s.sample(r.Context(), req)
-	if err != nil {
-		return err
-	}
+	in := req.infer()
 	created := s.opt.Now().Unix()
 	if req.stream {
-		return s.stream(w, req, c, created)
+		run, err := s.engine.Stream(r.Context(), in)
+		if err != nil {
+			return err
+		}
+		defer run.Close()
+		return s.stream(w, r, req, run, created)
+	}
+	c, err := s.engine.Sample(r.Context(), in)
+	if err != nil {
+		return err
 	}
 	if chat {
 		writeJSON(w, http.StatusOK, chatResponse(req, c, created))
@@ -60,100 +47,19 @@ func (s *server) serve(w http.ResponseWriter, r *http.Request, chat bool) error 
 	return nil
 }
 
-// sample translates req onto the core: the workspace's sampler for the model, the prompts'
-// tokens, one Sample per prompt, and WaitOperation until each operation is done.
-func (s *server) sample(ctx context.Context, req *request) (*completion, error) {
-	sm, key, err := s.samplerFor(ctx, req.model)
-	if err != nil {
-		return nil, err
-	}
-	t, err := s.models.get(ctx, sm.baseModel)
-	if err != nil {
-		return nil, err
-	}
-	var prompts [][]int32
-	if req.chat {
-		rendered, err := t.render(req.messages)
-		if err != nil {
-			return nil, err
-		}
-		prompts = [][]int32{t.encode(rendered)}
-	}
-	for _, p := range req.prompts {
-		if p.hasTokens {
-			prompts = append(prompts, p.tokens)
-		} else {
-			prompts = append(prompts, t.encode(p.text))
-		}
-	}
-	params := &loopsv1.SamplingParams{
+// infer is the request as the shared engine takes it.
+func (req *request) infer() *infer.Request {
+	out := &infer.Request{Model: req.model, Messages: req.messages, N: req.n, Params: &loopsv1.SamplingParams{
 		MaxTokens: req.maxTokens, Temperature: req.temperature, TopK: req.topK, TopP: req.topP, Seed: req.seed, StopStrings: req.stop,
+	}}
+	for _, p := range req.prompts {
+		ip := infer.Prompt{Text: p.text}
+		if p.hasTokens {
+			ip.Tokens = p.tokens
+		}
+		out.Prompts = append(out.Prompts, ip)
 	}
-	// Queue every prompt's sample first, so that they run together, then wait for each.
-	ops := make([]*loopsv1.Operation, len(prompts))
-	for i, p := range prompts {
-		in := &loopsv1.SampleRequest{SamplerId: sm.id, Prompt: p, NumSamples: req.n, Params: params}
-		op, err := s.svc.Sampling.Sample(ctx, in)
-		if connect.CodeOf(err) == connect.CodeNotFound && i == 0 {
-			// The remembered sampler is gone (its record was deleted): create a new one once.
-			// A checkpoint that is gone fails the creation with its own NotFound.
-			s.samplers.drop(key, sm.id)
-			if sm, _, err = s.samplerFor(ctx, req.model); err != nil {
-				return nil, err
-			}
-			in.SamplerId = sm.id
-			op, err = s.svc.Sampling.Sample(ctx, in)
-		}
-		if err != nil {
-			return nil, err
-		}
-		ops[i] = op
-	}
-	c := &completion{opID: ops[0].GetId(), text: t}
-	for i, op := range ops {
-		op, err := s.wait(ctx, op)
-		if err != nil {
-			return nil, err
-		}
-		c.prompt += len(prompts[i])
-		c.seqs = append(c.seqs, op.GetSample().GetSequences()...)
-	}
-	return c, nil
-}
-
-// wait waits until op is done and returns it, or its error.
-func (s *server) wait(ctx context.Context, op *loopsv1.Operation) (*loopsv1.Operation, error) {
-	for !done(op) {
-		var err error
-		op, err = s.svc.Operations.WaitOperation(ctx, &loopsv1.WaitOperationRequest{Id: op.GetId()})
-		if err != nil {
-			return nil, err
-		}
-		if done(op) {
-			break
-		}
-		t := time.NewTimer(notDonePause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, connect.NewError(connect.CodeCanceled, ctx.Err())
-		case <-t.C:
-		}
-	}
-	if op.GetState() == loopsv1.OperationState_OPERATION_STATE_FAILED {
-		e := op.GetError()
-		code := connect.Code(e.GetCode())
-		if code == 0 || code > connect.CodeUnauthenticated {
-			code = connect.CodeUnknown
-		}
-		return nil, connect.NewError(code, errors.New(e.GetMessage()))
-	}
-	return op, nil
-}
-
-func done(op *loopsv1.Operation) bool {
-	st := op.GetState()
-	return st == loopsv1.OperationState_OPERATION_STATE_SUCCEEDED || st == loopsv1.OperationState_OPERATION_STATE_FAILED
+	return out
 }
 
 // usage is OpenAI's token count of a response.
@@ -163,33 +69,16 @@ type usage struct {
 	TotalTokens      int `json:"total_tokens"`
 }
 
-func (c *completion) usage() usage {
-	u := usage{PromptTokens: c.prompt}
-	for _, seq := range c.seqs {
-		u.CompletionTokens += len(seq.GetTokens())
-	}
-	u.TotalTokens = u.PromptTokens + u.CompletionTokens
-	return u
+func usageOf(c *infer.Completion) usage {
+	p, g := c.Usage()
+	return usage{PromptTokens: p, CompletionTokens: g, TotalTokens: p + g}
 }
 
-// choiceText is a sequence's text: special tokens left out, and cut before the first stop
-// sequence (OpenAI returns text without it; the sampler's tokens include it).
-func (c *completion) choiceText(req *request, seq *loopsv1.SampledSequence) string {
-	out := c.text.decode(seq.GetTokens())
-	cut := len(out)
-	for _, st := range req.stop {
-		if i := strings.Index(out, st); i >= 0 && i < cut {
-			cut = i
-		}
+func finishReason(stopped bool) string {
+	if stopped {
+		return "stop"
 	}
-	return out[:cut]
-}
-
-func finishReason(seq *loopsv1.SampledSequence) string {
-	if seq.GetStopReason() == loopsv1.StopReason_STOP_REASON_LENGTH {
-		return "length"
-	}
-	return "stop"
+	return "length"
 }
 
 // chatLogprob is one token of a chat choice's logprobs.content.
@@ -204,17 +93,18 @@ type chatLogprobs struct {
 	Content []chatLogprob `json:"content"`
 }
 
-func (c *completion) chatLogprobs(seq *loopsv1.SampledSequence) *chatLogprobs {
-	out := &chatLogprobs{Content: make([]chatLogprob, 0, len(seq.GetTokens()))}
-	for i, tok := range seq.GetTokens() {
-		s := c.text.tok.Decode([]int{int(tok)})
+// chatLogprobsOf is the logprobs of tokens toks with log-probs lps.
+func chatLogprobsOf(t *infer.Text, toks []int32, lps []float32) *chatLogprobs {
+	out := &chatLogprobs{Content: make([]chatLogprob, 0, len(toks))}
+	for i, tok := range toks {
+		s := t.TokenText(tok)
 		b := make([]int, len(s))
 		for j := range len(s) {
 			b[j] = int(s[j])
 		}
 		var lp float32
-		if i < len(seq.GetLogprobs()) {
-			lp = seq.GetLogprobs()[i]
+		if i < len(lps) {
+			lp = lps[i]
 		}
 		out.Content = append(out.Content, chatLogprob{Token: s, Logprob: lp, Bytes: b, TopLogprobs: []string{}})
 	}
@@ -229,16 +119,17 @@ type completionLogprobs struct {
 	TextOffset    []int     `json:"text_offset"`
 }
 
-func (c *completion) completionLogprobs(seq *loopsv1.SampledSequence) *completionLogprobs {
-	n := len(seq.GetTokens())
+// completionLogprobsOf is the logprobs of tokens toks with log-probs lps, whose text
+// starts at byte off of the choice's text.
+func completionLogprobsOf(t *infer.Text, toks []int32, lps []float32, off int) *completionLogprobs {
+	n := len(toks)
 	out := &completionLogprobs{Tokens: make([]string, n), TokenLogprobs: make([]float32, n), TopLogprobs: make([]any, n), TextOffset: make([]int, n)}
-	off := 0
-	for i, tok := range seq.GetTokens() {
-		s := c.text.tok.Decode([]int{int(tok)})
+	for i, tok := range toks {
+		s := t.TokenText(tok)
 		out.Tokens[i], out.TextOffset[i] = s, off
 		off += len(s)
-		if i < len(seq.GetLogprobs()) {
-			out.TokenLogprobs[i] = seq.GetLogprobs()[i]
+		if i < len(lps) {
+			out.TokenLogprobs[i] = lps[i]
 		}
 	}
 	return out
@@ -265,13 +156,13 @@ type chatCompletion struct {
 	Usage   usage        `json:"usage"`
 }
 
-func chatResponse(req *request, c *completion, created int64) chatCompletion {
-	out := chatCompletion{ID: "chatcmpl-" + c.opID, Object: "chat.completion", Created: created, Model: req.model,
-		Choices: make([]chatChoice, len(c.seqs)), Usage: c.usage()}
-	for i, seq := range c.seqs {
-		ch := chatChoice{Index: i, Message: chatMessage{Role: "assistant", Content: c.choiceText(req, seq)}, FinishReason: finishReason(seq)}
+func chatResponse(req *request, c *infer.Completion, created int64) chatCompletion {
+	out := chatCompletion{ID: "chatcmpl-" + c.ID, Object: "chat.completion", Created: created, Model: req.model,
+		Choices: make([]chatChoice, len(c.Seqs)), Usage: usageOf(c)}
+	for i, seq := range c.Seqs {
+		ch := chatChoice{Index: i, Message: chatMessage{Role: "assistant", Content: c.ChoiceText(i)}, FinishReason: finishReason(c.Stopped(i))}
 		if req.logprobs {
-			ch.Logprobs = c.chatLogprobs(seq)
+			ch.Logprobs = chatLogprobsOf(c.Text, seq.GetTokens(), seq.GetLogprobs())
 		}
 		out.Choices[i] = ch
 	}
@@ -294,15 +185,15 @@ type textCompletion struct {
 	Usage   *usage             `json:"usage,omitempty"`
 }
 
-func completionResponse(req *request, c *completion, created int64) textCompletion {
-	u := c.usage()
-	out := textCompletion{ID: "cmpl-" + c.opID, Object: "text_completion", Created: created, Model: req.model,
-		Choices: make([]completionChoice, len(c.seqs)), Usage: &u}
-	for i, seq := range c.seqs {
-		fr := finishReason(seq)
-		ch := completionChoice{Text: c.choiceText(req, seq), Index: i, FinishReason: &fr}
+func completionResponse(req *request, c *infer.Completion, created int64) textCompletion {
+	u := usageOf(c)
+	out := textCompletion{ID: "cmpl-" + c.ID, Object: "text_completion", Created: created, Model: req.model,
+		Choices: make([]completionChoice, len(c.Seqs)), Usage: &u}
+	for i, seq := range c.Seqs {
+		fr := finishReason(c.Stopped(i))
+		ch := completionChoice{Text: c.ChoiceText(i), Index: i, FinishReason: &fr}
 		if req.logprobs {
-			ch.Logprobs = c.completionLogprobs(seq)
+			ch.Logprobs = completionLogprobsOf(c.Text, seq.GetTokens(), seq.GetLogprobs(), 0)
 		}
 		out.Choices[i] = ch
 	}
@@ -353,7 +244,7 @@ func (s *server) getModel(w http.ResponseWriter, r *http.Request) error {
 	if i := strings.Index(id, "tinker:/"); i >= 0 && !strings.HasPrefix(id[i:], "tinker://") {
 		id = id[:i] + "tinker://" + id[i+len("tinker:/"):]
 	}
-	base, path, err := parseModel(id)
+	base, path, err := infer.ParseModel(id)
 	if err != nil {
 		return err
 	}
@@ -369,7 +260,7 @@ func (s *server) getModel(w http.ResponseWriter, r *http.Request) error {
 		}
 		if !found {
 			return &apiError{status: http.StatusNotFound, typ: typeInvalidRequest, param: "model", code: "model_not_found",
-				message: "model " + truncate(base) + " is not served (GET /models lists those that are)"}
+				message: "model " + infer.Truncate(base) + " is not served (GET /models lists those that are)"}
 		}
 	}
 	if path != "" {

@@ -3,12 +3,11 @@ package openai
 import (
 	"encoding/json"
 	"net/http"
-)
+	"time"
 
-// The core samples a whole sequence at a time, so a streamed answer is sent when the sample
-// completes: per choice a chunk with the role (chat), one with the text and one with the
-// finish_reason, then the usage chunk when stream_options.include_usage asks for it, then
-// "data: [DONE]".
+	"github.com/loops-dev/loops/compat/internal/infer"
+	"github.com/loops-dev/loops/internal/errs"
+)
 
 type chatDelta struct {
 	Role    string  `json:"role,omitempty"`
@@ -61,69 +60,140 @@ func (c completionChunk) MarshalJSON() ([]byte, error) {
 	}{textCompletion: c.textCompletion})
 }
 
-// stream writes the completion as server-sent events.
-func (s *server) stream(w http.ResponseWriter, req *request, c *completion, created int64) error {
+// streamWriteTimeout bounds one write of a stream: a client that reads nothing for that
+// long is gone, and its samples are stopped.
+const streamWriteTimeout = 30 * time.Second
+
+// stream answers with server-sent events while the samples decode: per choice (chat) a
+// chunk with the role, then a chunk per batch of new text (with the logprobs of its tokens
+// when asked), then one with the finish_reason, then the usage chunk when
+// stream_options.include_usage asks for it, then "data: [DONE]". On a backend that cannot
+// stream (the gRPC worker today) a choice's text comes in one chunk when it completes. A
+// sample that fails after the first chunk ends the stream with an error event in OpenAI's
+// shape and no [DONE].
+func (s *server) stream(w http.ResponseWriter, r *http.Request, req *request, run *infer.Run, created int64) error {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
+	var werr error
+	write := func(b []byte) {
+		if werr != nil {
+			return
+		}
+		_ = rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+		if _, werr = w.Write(b); werr == nil {
+			werr = rc.Flush()
+		}
+	}
 	send := func(v any) {
 		b, err := json.Marshal(v)
 		if err != nil {
 			s.log.Error("openai: cannot encode a stream chunk", "err", err)
 			return
 		}
-		_, _ = w.Write([]byte("data: "))
-		_, _ = w.Write(b)
-		_, _ = w.Write([]byte("\n\n"))
-		_ = rc.Flush()
+		write(append(append([]byte("data: "), b...), "\n\n"...))
 	}
-	u := c.usage()
+	c := run.Completion()
+	var (
+		id       string
+		chatFor  func(ch chatChunkChoice) chatChunk
+		textFor  func(ch completionChoice) completionChunk
+		offsets  []int // completions: bytes of each choice's text sent
+		nChoices = len(req.prompts) * int(req.n)
+	)
 	if req.chat {
-		id := "chatcmpl-" + c.opID
-		chunk := func(ch chatChunkChoice) chatChunk {
+		nChoices = int(req.n)
+	}
+	if req.chat {
+		chatFor = func(ch chatChunkChoice) chatChunk {
 			return chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: req.model,
 				Choices: []chatChunkChoice{ch}, withUsage: req.includeUsage}
 		}
-		for i, seq := range c.seqs {
-			empty := ""
-			send(chunk(chatChunkChoice{Index: i, Delta: chatDelta{Role: "assistant", Content: &empty}}))
-			text := c.choiceText(req, seq)
-			ch := chatChunkChoice{Index: i, Delta: chatDelta{Content: &text}}
-			if req.logprobs {
-				ch.Logprobs = c.chatLogprobs(seq)
-			}
-			send(chunk(ch))
-			fr := finishReason(seq)
-			send(chunk(chatChunkChoice{Index: i, FinishReason: &fr}))
-		}
-		if req.includeUsage {
-			send(chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: req.model,
-				Choices: []chatChunkChoice{}, Usage: &u, withUsage: true})
-		}
 	} else {
-		id := "cmpl-" + c.opID
-		chunk := func(ch completionChoice) completionChunk {
+		offsets = make([]int, nChoices)
+		textFor = func(ch completionChoice) completionChunk {
 			return completionChunk{textCompletion: textCompletion{ID: id, Object: "text_completion", Created: created, Model: req.model,
 				Choices: []completionChoice{ch}}, withUsage: req.includeUsage}
 		}
-		for i, seq := range c.seqs {
-			ch := completionChoice{Text: c.choiceText(req, seq), Index: i}
-			if req.logprobs {
-				ch.Logprobs = c.completionLogprobs(seq)
-			}
-			send(chunk(ch))
-			fr := finishReason(seq)
-			send(chunk(completionChoice{Index: i, FinishReason: &fr}))
+	}
+	id = "cmpl-" + c.ID
+	if req.chat {
+		id = "chatcmpl-" + c.ID
+		for i := range nChoices {
+			empty := ""
+			send(chatFor(chatChunkChoice{Index: i, Delta: chatDelta{Role: "assistant", Content: &empty}}))
 		}
-		if req.includeUsage {
+	}
+	for werr == nil {
+		chunks, err := run.Next(r.Context())
+		if infer.IsDone(err) {
+			break
+		}
+		if err != nil {
+			if errs.ClientGone(r.Context()) {
+				return nil
+			}
+			status, body, eid := classify(err)
+			if eid != "" || status >= 500 {
+				s.log.Error("openai: stream failed", "path", r.URL.Path, "status", status, "error_id", eid, "err", err)
+			}
+			send(struct {
+				Error errorBody `json:"error"`
+			}{body})
+			return nil
+		}
+		for _, ch := range chunks {
+			toks := make([]int32, len(ch.Tokens))
+			lps := make([]float32, len(ch.Tokens))
+			for k, t := range ch.Tokens {
+				toks[k], lps[k] = t.ID, t.Logprob
+			}
+			if ch.Text != "" || (req.logprobs && len(toks) > 0) {
+				if req.chat {
+					text := ch.Text
+					cc := chatChunkChoice{Index: ch.Choice, Delta: chatDelta{Content: &text}}
+					if req.logprobs {
+						cc.Logprobs = chatLogprobsOf(c.Text, toks, lps)
+					}
+					send(chatFor(cc))
+				} else {
+					cc := completionChoice{Text: ch.Text, Index: ch.Choice}
+					if req.logprobs {
+						cc.Logprobs = completionLogprobsOf(c.Text, toks, lps, offsets[ch.Choice])
+						for _, t := range toks {
+							offsets[ch.Choice] += len(c.Text.TokenText(t))
+						}
+					}
+					send(textFor(cc))
+				}
+			}
+			if ch.Done {
+				fr := finishReason(ch.Stopped)
+				if req.chat {
+					send(chatFor(chatChunkChoice{Index: ch.Choice, FinishReason: &fr}))
+				} else {
+					send(textFor(completionChoice{Index: ch.Choice, FinishReason: &fr}))
+				}
+			}
+		}
+	}
+	if werr != nil {
+		s.log.Info("openai: stream client gone; its samples are stopped", "path", r.URL.Path, "err", werr)
+		return nil
+	}
+	if req.includeUsage {
+		u := usageOf(c)
+		if req.chat {
+			send(chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: req.model,
+				Choices: []chatChunkChoice{}, Usage: &u, withUsage: true})
+		} else {
 			send(completionChunk{textCompletion: textCompletion{ID: id, Object: "text_completion", Created: created, Model: req.model,
 				Choices: []completionChoice{}, Usage: &u}, withUsage: true})
 		}
 	}
-	_, _ = w.Write([]byte("data: [DONE]\n\n"))
-	_ = rc.Flush()
+	write([]byte("data: [DONE]\n\n"))
 	return nil
 }

@@ -1,12 +1,9 @@
-package openai
+package infer
 
 import (
 	"container/list"
-	"context"
 	"strings"
 	"sync"
-
-	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
 
 // sampler is a core sampler the adapter reuses for one (workspace, model).
@@ -79,14 +76,14 @@ func (c *samplerCache) len() int {
 	return c.lru.Len()
 }
 
-// parseModel splits a request's model into the CreateSampler fields: "<base>",
+// ParseModel splits a request's model into the CreateSampler fields: "<base>",
 // "tinker://…" (a checkpoint path) or "<base>;<checkpoint path>".
-func parseModel(model string) (baseModel, modelPath string, err error) {
+func ParseModel(model string) (baseModel, modelPath string, err error) {
 	model = strings.TrimSpace(model)
 	if base, path, ok := strings.Cut(model, ";"); ok {
 		base, path = strings.TrimSpace(base), strings.TrimSpace(path)
 		if base == "" || !strings.HasPrefix(path, "tinker://") {
-			return "", "", badField("model", "model %q: write \"<base model>;tinker://<run>/sampler_weights/<name>\"", truncate(model))
+			return "", "", BadField("model", "model %q: write \"<base model>;tinker://<run>/sampler_weights/<name>\"", Truncate(model))
 		}
 		return base, path, nil
 	}
@@ -94,23 +91,4 @@ func parseModel(model string) (baseModel, modelPath string, err error) {
 		return "", model, nil
 	}
 	return model, "", nil
-}
-
-// samplerFor returns the workspace's sampler for model, creating it on first use.
-func (s *server) samplerFor(ctx context.Context, model string) (sampler, string, error) {
-	base, path, err := parseModel(model)
-	if err != nil {
-		return sampler{}, "", err
-	}
-	key := s.opt.Workspace(ctx) + "\x00" + base + "\x00" + path
-	if sm, ok := s.samplers.get(key); ok {
-		return sm, key, nil
-	}
-	info, err := s.svc.Sampling.CreateSampler(ctx, &loopsv1.CreateSamplerRequest{BaseModel: base, ModelPath: path})
-	if err != nil {
-		return sampler{}, "", err
-	}
-	sm := sampler{id: info.GetId(), baseModel: info.GetBaseModel()}
-	s.samplers.put(key, sm)
-	return sm, key, nil
 }

@@ -1,4 +1,4 @@
-package openai
+package infer
 
 import (
 	"bytes"
@@ -33,7 +33,7 @@ func TestTransformersChatTemplateAgrees(t *testing.T) {
 	require.NoError(t, tiny.Write(dir))
 	tx, err := loadText(&loopsv1.ModelInfo{Name: tiny.Name, TokenizerId: dir})
 	require.NoError(t, err)
-	convs := [][]message{
+	convs := [][]Message{
 		{{Role: "user", Content: "Hello world!"}},
 		{{Role: "system", Content: "Be brief."}, {Role: "user", Content: "What is 2+2?"}, {Role: "assistant", Content: "Four."}, {Role: "user", Content: "naïve café — 東京 🙂"}},
 		{{Role: "user", Content: "  spaces\tand\nnew lines  "}},
@@ -68,10 +68,10 @@ print(json.dumps(out))
 	}
 	require.NoError(t, json.Unmarshal(outb, &res))
 	for i, c := range convs {
-		got, err := tx.render(c)
+		got, err := tx.Render(c)
 		require.NoError(t, err)
 		require.Equal(t, res[i].Text, got, "rendering %d", i)
-		require.Equal(t, res[i].IDs, tx.encode(got), "tokens %d", i)
+		require.Equal(t, res[i].IDs, tx.Encode(got), "tokens %d", i)
 	}
 }
 
@@ -94,7 +94,7 @@ func TestJinja2Agrees(t *testing.T) {
 	qwen3, err := os.ReadFile("testdata/qwen3_style.jinja")
 	require.NoError(t, err)
 	templates := []string{qwenTemplate, mistralTemplate, string(qwen3)}
-	convs := [][]message{
+	convs := [][]Message{
 		{{Role: "user", Content: "Hi"}},
 		{{Role: "system", Content: " Be brief. "}, {Role: "user", Content: "Hi"}},
 		{{Role: "user", Content: "Hi"}, {Role: "assistant", Content: "<think>\nhmm\n</think>\n\nYo"}, {Role: "user", Content: "Again ünïcode 🙂"}},
@@ -142,9 +142,9 @@ print(json.dumps(out))
 	for ti, src := range templates {
 		tmpl, err := compileTemplate(src)
 		require.NoError(t, err)
-		tx := &text{tmpl: tmpl, bos: "<s>", eos: "</s>"}
+		tx := &Text{tmpl: tmpl, bos: "<s>", eos: "</s>"}
 		for ci, c := range convs {
-			got, err := tx.render(c)
+			got, err := tx.Render(c)
 			if want[i] == nil {
 				require.Error(t, err, "template %d, conversation %d: jinja2 raised", ti, ci)
 			} else {

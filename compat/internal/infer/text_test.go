@@ -1,4 +1,4 @@
-package openai
+package infer
 
 import (
 	"errors"
@@ -14,7 +14,7 @@ import (
 )
 
 // tinyText loads loops/tiny's tokenizer files as the adapter does.
-func tinyText(t *testing.T) *text {
+func tinyText(t *testing.T) *Text {
 	t.Helper()
 	t.Setenv("HF_HUB_CACHE", t.TempDir())
 	dir := t.TempDir()
@@ -27,14 +27,14 @@ func tinyText(t *testing.T) *text {
 func TestTinyChatTemplate(t *testing.T) {
 	tx := tinyText(t)
 	require.NotNil(t, tx.tmpl, "loops/tiny ships a chat template")
-	out, err := tx.render([]message{{Role: "system", Content: "S"}, {Role: "user", Content: "Hi"}, {Role: "assistant", Content: "Yo"}, {Role: "user", Content: "Again"}})
+	out, err := tx.Render([]Message{{Role: "system", Content: "S"}, {Role: "user", Content: "Hi"}, {Role: "assistant", Content: "Yo"}, {Role: "user", Content: "Again"}})
 	require.NoError(t, err)
 	require.Equal(t, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nYo<|im_end|>\n<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\n", out)
 	// Chat markers encode to their added tokens, and decode leaves special tokens out.
-	toks := tx.encode(out)
+	toks := tx.Encode(out)
 	imStart, _ := tx.tok.TokenID(tiny.IMStart)
 	require.Equal(t, int32(imStart), toks[0])
-	require.Equal(t, "S", tx.decode(tx.encode("<|im_start|>S<|im_end|>")))
+	require.Equal(t, "S", tx.Decode(tx.Encode("<|im_start|>S<|im_end|>")))
 }
 
 // qwenTemplate is Qwen2.5's chat template without its tool-calling branches.
@@ -76,32 +76,32 @@ func TestHuggingFaceTemplates(t *testing.T) {
 	tmpl, err := compileTemplate(qwenTemplate)
 	require.NoError(t, err)
 	tx.tmpl = tmpl
-	out, err := tx.render([]message{{Role: "user", Content: "Hi"}})
+	out, err := tx.Render([]Message{{Role: "user", Content: "Hi"}})
 	require.NoError(t, err)
 	require.Equal(t, "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", out)
 
 	tmpl, err = compileTemplate(mistralTemplate)
 	require.NoError(t, err)
 	tx.tmpl, tx.bos, tx.eos = tmpl, "<s>", "</s>"
-	out, err = tx.render([]message{{Role: "user", Content: " Hi "}, {Role: "assistant", Content: " Yo "}, {Role: "user", Content: "Again"}})
+	out, err = tx.Render([]Message{{Role: "user", Content: " Hi "}, {Role: "assistant", Content: " Yo "}, {Role: "user", Content: "Again"}})
 	require.NoError(t, err)
 	require.Equal(t, "<s>[INST] Hi [/INST] Yo</s>[INST] Again [/INST]", out)
 
-	_, err = tx.render([]message{{Role: "user", Content: "a"}, {Role: "user", Content: "b"}})
-	var ae *apiError
+	_, err = tx.Render([]Message{{Role: "user", Content: "a"}, {Role: "user", Content: "b"}})
+	var ae *Error
 	require.True(t, errors.As(err, &ae), "%v", err)
-	require.Equal(t, http.StatusBadRequest, ae.status)
-	require.Equal(t, "messages", ae.param)
-	require.Contains(t, ae.message, "Conversation roles must alternate")
+	require.Equal(t, http.StatusBadRequest, ae.Status)
+	require.Equal(t, "messages", ae.Param)
+	require.Contains(t, ae.Message, "Conversation roles must alternate")
 }
 
 func TestNoChatTemplate(t *testing.T) {
 	tx := tinyText(t)
 	tx.tmpl = nil
-	_, err := tx.render([]message{{Role: "user", Content: "x"}})
-	var ae *apiError
+	_, err := tx.Render([]Message{{Role: "user", Content: "x"}})
+	var ae *Error
 	require.True(t, errors.As(err, &ae))
-	require.Equal(t, http.StatusBadRequest, ae.status)
+	require.Equal(t, http.StatusBadRequest, ae.Status)
 }
 
 func TestTokenizerDirFromHubCache(t *testing.T) {
@@ -141,12 +141,12 @@ func TestParseModel(t *testing.T) {
 		"tinker://r/sampler_weights/s":            {"", "tinker://r/sampler_weights/s"},
 		"loops/tiny;tinker://r/sampler_weights/s": {"loops/tiny", "tinker://r/sampler_weights/s"},
 	} {
-		b, p, err := parseModel(in)
+		b, p, err := ParseModel(in)
 		require.NoError(t, err)
 		require.Equal(t, want, [2]string{b, p})
 	}
 	for _, bad := range []string{";tinker://x", "loops/tiny;x", "a;"} {
-		_, _, err := parseModel(bad)
+		_, _, err := ParseModel(bad)
 		require.Error(t, err, bad)
 	}
 }

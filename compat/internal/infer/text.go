@@ -1,4 +1,4 @@
-package openai
+package infer
 
 import (
 	"context"
@@ -22,9 +22,15 @@ import (
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 )
 
-// text is what turns a base model's messages into tokens and its tokens into text: its
+// Message is one chat message.
+type Message struct {
+	Role    string
+	Content string
+}
+
+// Text is what turns a base model's messages into tokens and its tokens into text: its
 // tokenizer.json, and the chat template and special tokens of its tokenizer_config.json.
-type text struct {
+type Text struct {
 	tok      *tokenizer.Tokenizer
 	tmpl     *exec.Template // nil: the model has no chat template
 	bos, eos string
@@ -38,15 +44,15 @@ type text struct {
 type modelCache struct {
 	models loopsv1connect.ModelServiceHandler
 	mu     sync.Mutex
-	byName map[string]*text
+	byName map[string]*Text
 }
 
 func newModelCache(m loopsv1connect.ModelServiceHandler) *modelCache {
-	return &modelCache{models: m, byName: map[string]*text{}}
+	return &modelCache{models: m, byName: map[string]*Text{}}
 }
 
 // get returns the text of base model name, loading it on first use.
-func (mc *modelCache) get(ctx context.Context, name string) (*text, error) {
+func (mc *modelCache) get(ctx context.Context, name string) (*Text, error) {
 	mc.mu.Lock()
 	t, ok := mc.byName[name]
 	mc.mu.Unlock()
@@ -78,7 +84,7 @@ func (mc *modelCache) get(ctx context.Context, name string) (*text, error) {
 
 // loadText reads the tokenizer files of a model: info's tokenizer_id is a folder, or a
 // Hugging Face id found in the local hub cache.
-func loadText(info *loopsv1.ModelInfo) (*text, error) {
+func loadText(info *loopsv1.ModelInfo) (*Text, error) {
 	id := info.GetTokenizerId()
 	if id == "" {
 		id = info.GetName()
@@ -91,7 +97,7 @@ func loadText(info *loopsv1.ModelInfo) (*text, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading its tokenizer: %w", err)
 	}
-	t := &text{tok: tok, special: map[int32]bool{}}
+	t := &Text{tok: tok, special: map[int32]bool{}}
 	if err := t.readSpecial(filepath.Join(dir, "tokenizer.json")); err != nil {
 		return nil, err
 	}
@@ -125,7 +131,7 @@ func loadText(info *loopsv1.ModelInfo) (*text, error) {
 }
 
 // readSpecial records the added tokens that tokenizer.json marks special.
-func (t *text) readSpecial(path string) error {
+func (t *Text) readSpecial(path string) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return err
@@ -204,11 +210,11 @@ type templateError struct{ msg string }
 
 func (e *templateError) Error() string { return e.msg }
 
-// render applies the chat template to msgs, with the generation prompt of the assistant's
+// Render applies the chat template to msgs, with the generation prompt of the assistant's
 // turn appended.
-func (t *text) render(msgs []message) (string, error) {
+func (t *Text) Render(msgs []Message) (string, error) {
 	if t.tmpl == nil {
-		return "", badField("model", "this model has no chat template (no chat_template in its tokenizer_config.json); use POST /completions with a prompt")
+		return "", BadField("model", "this model has no chat template (no chat_template in its tokenizer_config.json); use POST /completions with a prompt")
 	}
 	list := make([]map[string]any, len(msgs))
 	for i, m := range msgs {
@@ -231,15 +237,15 @@ func (t *text) render(msgs []message) (string, error) {
 	if err != nil {
 		var te *templateError
 		if errors.As(err, &te) {
-			return "", badField("messages", "the model's chat template refused the messages: %s", te.msg)
+			return "", BadField("messages", "the model's chat template refused the messages: %s", te.msg)
 		}
-		return "", badField("messages", "the model's chat template failed on these messages: %v", err)
+		return "", BadField("messages", "the model's chat template failed on these messages: %v", err)
 	}
 	return out, nil
 }
 
-// encode tokenizes text (added tokens such as chat markers are matched first).
-func (t *text) encode(s string) []int32 {
+// Encode tokenizes text (added tokens such as chat markers are matched first).
+func (t *Text) Encode(s string) []int32 {
 	ids := t.tok.Encode(s)
 	out := make([]int32, len(ids))
 	for i, id := range ids {
@@ -248,8 +254,8 @@ func (t *text) encode(s string) []int32 {
 	return out
 }
 
-// decode turns sampled tokens into text, leaving out special tokens.
-func (t *text) decode(toks []int32) string {
+// Decode turns sampled tokens into text, leaving out special tokens.
+func (t *Text) Decode(toks []int32) string {
 	ids := make([]int, 0, len(toks))
 	for _, id := range toks {
 		if !t.special[id] {
@@ -258,6 +264,10 @@ func (t *text) decode(toks []int32) string {
 	}
 	return t.tok.Decode(ids)
 }
+
+// TokenText is the text of one token as the tokenizer decodes it alone, special tokens
+// included (the token strings of logprobs).
+func (t *Text) TokenText(tok int32) string { return t.tok.Decode([]int{int(tok)}) }
 
 // tokenizerDir finds the folder of a tokenizer id: a folder that holds tokenizer.json, or a
 // Hugging Face model in the local hub cache ($HF_HUB_CACHE, $HF_HOME/hub,
