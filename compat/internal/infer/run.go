@@ -1,0 +1,277 @@
+package infer
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"unicode/utf8"
+
+	"connectrpc.com/connect"
+
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/tokenstream"
+)
+
+// StreamBacklog is how many decoded tokens a streamed request may have waiting for its
+// client; a client that falls further behind is treated as gone and its samples are
+// stopped (tokenstream.NewBuffer), so a stalled reader costs the batch nothing.
+const StreamBacklog = 8192
+
+// errDone ends Next once every choice has finished.
+var errDone = errors.New("infer: every choice has finished")
+
+// IsDone reports whether err is Next's end of the run.
+func IsDone(err error) bool { return errors.Is(err, errDone) }
+
+// Chunk is what one choice produced since the last Next.
+type Chunk struct {
+	// Choice is the choice's index: N per prompt, in the prompts' order.
+	Choice int
+	// Text is the new text (possibly empty: text that may turn out to be part of a stop
+	// sequence, or an incomplete UTF-8 character, is held back until it is known).
+	Text string
+	// Tokens are the new tokens with their log-probs (their text is Text, and text
+	// held back from earlier chunks).
+	Tokens []tokenstream.Token
+	// Done is set on the choice's last chunk; Stopped then says whether it ended on a stop
+	// (a stop sequence or token, or the end of sequence) rather than at max_tokens.
+	Done, Stopped bool
+}
+
+// Run is a request queued on the core, read with Next until it returns an error (IsDone
+// once every choice has finished), then Close.
+type Run struct {
+	c       *Completion
+	n       int
+	buf     *tokenstream.Buffer // nil: not streamed
+	results chan opResult
+	pending int // operations not answered yet
+	choices []choiceState
+	cancel  context.CancelFunc
+}
+
+type opResult struct {
+	prompt int
+	op     *loopsv1.Operation
+	err    error
+}
+
+// choiceState is a choice's text so far.
+type choiceState struct {
+	toks    []int32
+	sent    int // bytes of the decoded text already returned
+	done    bool
+	pending []tokenstream.Token // tokens not returned in a chunk yet
+}
+
+// offsetSink is the request's buffer as one prompt's sink: its sequence i is choice off+i.
+type offsetSink struct {
+	buf *tokenstream.Buffer
+	off int
+}
+
+func (s offsetSink) Token(seq int, id int32, lp float32) { s.buf.Token(s.off+seq, id, lp) }
+func (s offsetSink) Gone() <-chan struct{}               { return s.buf.Gone() }
+
+// start resolves the sampler, tokenizes the prompts and queues one sample per prompt on the
+// core (all of them first, so that they run together), then waits for each in the
+// background.
+func (e *Engine) start(ctx context.Context, req *Request, stream bool) (*Run, error) {
+	sm, key, err := e.samplerFor(ctx, req.Model)
+	if err != nil {
+		return nil, err
+	}
+	t, err := e.models.get(ctx, sm.baseModel)
+	if err != nil {
+		return nil, err
+	}
+	ps, err := prompts(t, req)
+	if err != nil {
+		return nil, err
+	}
+	n := max(int(req.N), 1)
+	r := &Run{c: &Completion{Text: t, Stop: req.Params.GetStopStrings()}, n: n,
+		results: make(chan opResult, len(ps)), choices: make([]choiceState, len(ps)*n)}
+	streamer, canStream := e.svc.Sampling.(tokenstream.Streamer)
+	if stream && canStream {
+		r.buf = tokenstream.NewBuffer(StreamBacklog)
+	}
+	queue := func(in *loopsv1.SampleRequest, i int) (*loopsv1.Operation, error) {
+		if r.buf != nil {
+			return streamer.SampleStream(ctx, in, offsetSink{r.buf, i * n})
+		}
+		return e.svc.Sampling.Sample(ctx, in)
+	}
+	ops := make([]*loopsv1.Operation, len(ps))
+	for i, p := range ps {
+		in := &loopsv1.SampleRequest{SamplerId: sm.id, Prompt: p, NumSamples: int32(n), Params: req.Params}
+		op, err := queue(in, i)
+		if connect.CodeOf(err) == connect.CodeNotFound && i == 0 {
+			// The remembered sampler is gone (its record was deleted): create a new one once.
+			// A checkpoint that is gone fails the creation with its own NotFound.
+			e.samplers.drop(key, sm.id)
+			if sm, _, err = e.samplerFor(ctx, req.Model); err != nil {
+				return nil, err
+			}
+			in.SamplerId = sm.id
+			op, err = queue(in, i)
+		}
+		if err != nil {
+			r.Close()
+			return nil, err
+		}
+		ops[i] = op
+		r.c.PromptTokens += len(p)
+	}
+	r.c.ID = ops[0].GetId()
+	wctx, cancel := context.WithCancel(ctx)
+	r.cancel = cancel
+	r.pending = len(ops)
+	for i, op := range ops {
+		go func() {
+			op, err := e.wait(wctx, op)
+			r.results <- opResult{prompt: i, op: op, err: err}
+		}()
+	}
+	return r, nil
+}
+
+// Completion is the whole completion, complete once Next has returned IsDone.
+func (r *Run) Completion() *Completion { return r.c }
+
+// Close stops waiting, and stops the samples if they still run (a streamed client that
+// went away).
+func (r *Run) Close() {
+	if r.buf != nil {
+		r.buf.Close()
+	}
+	if r.cancel != nil {
+		r.cancel()
+	}
+}
+
+// Next waits for new tokens or finished choices and returns what each choice produced.
+// It returns an error when a sample failed or ctx ended, and IsDone once every choice has
+// finished.
+func (r *Run) Next(ctx context.Context) ([]Chunk, error) {
+	for {
+		if r.pending == 0 {
+			return nil, errDone
+		}
+		var ready <-chan struct{}
+		if r.buf != nil {
+			ready = r.buf.Ready()
+		}
+		select {
+		case <-ctx.Done():
+			return nil, connect.NewError(connect.CodeCanceled, ctx.Err())
+		case res := <-r.results:
+			if res.err != nil {
+				return nil, res.err
+			}
+			r.pending--
+			return r.finish(res), nil
+		case <-ready:
+			if out := r.streamed(); len(out) > 0 {
+				return out, nil
+			}
+		}
+	}
+}
+
+// streamed turns the tokens the buffer holds into chunks.
+func (r *Run) streamed() []Chunk {
+	var touched []int
+	for _, t := range r.buf.Take() {
+		if t.Seq < 0 || t.Seq >= len(r.choices) {
+			continue
+		}
+		cs := &r.choices[t.Seq]
+		if cs.done {
+			continue
+		}
+		if len(cs.pending) == 0 {
+			touched = append(touched, t.Seq)
+		}
+		cs.toks = append(cs.toks, t.ID)
+		cs.pending = append(cs.pending, t)
+	}
+	out := make([]Chunk, 0, len(touched))
+	for _, i := range touched {
+		cs := &r.choices[i]
+		text := r.c.Text.Decode(cs.toks)
+		safe := safeLen(text, r.c.Stop)
+		ch := Chunk{Choice: i, Tokens: cs.pending}
+		if safe > cs.sent {
+			ch.Text = text[cs.sent:safe]
+			cs.sent = safe
+		}
+		cs.pending = nil
+		out = append(out, ch)
+	}
+	return out
+}
+
+// finish turns a finished operation into the last chunk of each of its choices: the tokens
+// and text not streamed yet (all of them when the backend did not stream).
+func (r *Run) finish(res opResult) []Chunk {
+	seqs := res.op.GetSample().GetSequences()
+	if r.buf != nil {
+		r.streamed() // tokens still buffered belong before the end
+	}
+	out := make([]Chunk, 0, len(seqs))
+	for j, seq := range seqs {
+		i := res.prompt*r.n + j
+		if i >= len(r.choices) {
+			break
+		}
+		for len(r.c.Seqs) <= i {
+			r.c.Seqs = append(r.c.Seqs, nil)
+		}
+		r.c.Seqs[i] = seq
+		cs := &r.choices[i]
+		ch := Chunk{Choice: i, Done: true, Stopped: r.c.Stopped(i)}
+		for k := len(cs.toks); k < len(seq.GetTokens()); k++ {
+			var lp float32
+			if k < len(seq.GetLogprobs()) {
+				lp = seq.GetLogprobs()[k]
+			}
+			ch.Tokens = append(ch.Tokens, tokenstream.Token{Seq: i, ID: seq.GetTokens()[k], Logprob: lp})
+		}
+		final := r.c.ChoiceText(i)
+		if cs.sent <= len(final) {
+			ch.Text = final[cs.sent:]
+		}
+		cs.done, cs.toks, cs.pending = true, nil, nil
+		out = append(out, ch)
+	}
+	return out
+}
+
+// safeLen is how much of a choice's decoded text so far can be sent: up to its first stop
+// sequence, short of a suffix that may be the start of one, and short of an incomplete
+// UTF-8 character at its end (decoded as U+FFFD until its last byte comes).
+func safeLen(s string, stop []string) int {
+	n := len(cutStop(s, stop))
+	if n < len(s) {
+		return n
+	}
+	for _, st := range stop {
+		for k := min(len(st)-1, n); k > 0; k-- {
+			if strings.HasSuffix(s[:n], st[:k]) {
+				n -= k
+				break
+			}
+		}
+	}
+	for n > 0 {
+		r, size := utf8.DecodeLastRuneInString(s[:n])
+		if r != utf8.RuneError {
+			break
+		}
+		n -= size
+	}
+	return n
+}
+
+func indexOf(s, sub string) int { return strings.Index(s, sub) }
