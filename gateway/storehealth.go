@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/loops-dev/loops/gateway/ckstore"
 	"github.com/loops-dev/loops/gateway/store"
 	"github.com/loops-dev/loops/gateway/store/postgres"
 	"github.com/loops-dev/loops/gateway/store/sqlite"
@@ -42,16 +43,24 @@ type healthBody struct {
 	Store string `json:"store"`
 	// StoreKind is the store in use (see storeKind).
 	StoreKind string `json:"store_kind"`
+	// CheckpointStore is "ok", or what went wrong with the checkpoint store: "timeout" or
+	// "error".
+	CheckpointStore string `json:"checkpoint_store"`
+	// CheckpointStoreKind is "local" (a folder) or "s3".
+	CheckpointStoreKind string `json:"checkpoint_store_kind"`
 	// Error says, when Status is "unavailable", what failed; details are in the server's log.
 	Error string `json:"error,omitempty"`
 }
 
-// healthz answers /healthz: 200 when the store answers a ping within StoreHealthTimeout,
-// else 503 naming the failure. A store that cannot be pinged (not a store.Pinger) counts as
-// healthy.
+// healthz answers /healthz: 200 when the store answers a ping and the checkpoint store a
+// lookup within StoreHealthTimeout, else 503 naming the failure. A store that cannot be
+// pinged (not a store.Pinger) counts as healthy.
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	kind := storeKind(s.store)
 	body, code := healthBody{Status: "ok", Store: "ok", StoreKind: kind}, http.StatusOK
+	if msg := s.checkpointStoreHealth(r.Context(), &body); msg != "" {
+		body.Status, body.Error, code = "unavailable", msg, http.StatusServiceUnavailable
+	}
 	if p, ok := s.store.(store.Pinger); ok {
 		ctx, cancel := context.WithTimeout(r.Context(), StoreHealthTimeout)
 		err := p.Ping(ctx)
@@ -76,6 +85,36 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(body)
+}
+
+// healthCheckKey is the checkpoint key /healthz looks up: never a checkpoint (the core's
+// keys have four segments), so a healthy store answers "not found".
+const healthCheckKey = "loops-health-check"
+
+// checkpointStoreHealth looks up healthCheckKey in the core's checkpoint store within
+// StoreHealthTimeout and fills in body's checkpoint store fields; it returns what failed,
+// or "".
+func (s *Server) checkpointStoreHealth(ctx context.Context, body *healthBody) string {
+	cs := s.core.CheckpointStore()
+	body.CheckpointStore, body.CheckpointStoreKind = "ok", "s3"
+	if _, ok := cs.(ckstore.LocalDirs); ok {
+		body.CheckpointStoreKind = "local"
+	}
+	ctx, cancel := context.WithTimeout(ctx, StoreHealthTimeout)
+	defer cancel()
+	_, err := cs.Stat(ctx, healthCheckKey)
+	switch {
+	case err == nil || errors.Is(err, ckstore.ErrNotFound):
+		return ""
+	case errors.Is(err, context.DeadlineExceeded):
+		body.CheckpointStore = "timeout"
+		s.log.Warn("health check: checkpoint store lookup timed out", slog.String("checkpoint_store", cs.String()))
+		return fmt.Sprintf("the checkpoint store did not answer a lookup within %s", StoreHealthTimeout)
+	default:
+		body.CheckpointStore = "error"
+		s.log.Warn("health check: checkpoint store lookup failed", slog.String("checkpoint_store", cs.String()), slog.Any("err", err))
+		return "the checkpoint store's lookup failed (the server's log has the details)"
+	}
 }
 
 // isClosed reports whether err says the store's connections are closed.

@@ -14,6 +14,7 @@ import (
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/ckstore"
 	"github.com/loops-dev/loops/gateway/core"
 	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/spf13/cobra"
@@ -37,6 +38,8 @@ type serveFlags struct {
 	workspacePolicy   string
 
 	db databaseFlags
+	// checkpointStore is --checkpoint-store: "" for the local folder in the data dir.
+	checkpointStore string
 }
 
 func serveCmd() *cobra.Command {
@@ -52,11 +55,16 @@ only, and answers only requests addressed to localhost, 127.0.0.1 or [::1] (403 
 another Host: a defence against DNS rebinding). Every flag can also be set by an environment variable: LOOPS_ADDR, LOOPS_DATA_DIR,
 LOOPS_BACKEND, LOOPS_MODELS (comma-separated), LOOPS_API_KEYS (comma-separated KEY or
 KEY=WORKSPACE), LOOPS_API_KEY_FILE, LOOPS_WORKSPACE_POLICY, LOOPS_DATABASE,
-LOOPS_DB_MAX_CONNS, LOOPS_DB_CONNECT_TIMEOUT, LOOPS_DB_STATEMENT_TIMEOUT.
+LOOPS_DB_MAX_CONNS, LOOPS_DB_CONNECT_TIMEOUT, LOOPS_DB_STATEMENT_TIMEOUT,
+LOOPS_CHECKPOINT_STORE.
 
 Records (sessions, runs, checkpoints, operations, usage) go to SQLite in --data-dir by
 default; --database postgres://… keeps them in PostgreSQL instead (the schema is created
-and upgraded at start-up). Checkpoint files stay in --data-dir either way.
+and upgraded at start-up). Checkpoint files go to the folder checkpoint-store in
+--data-dir by default; --checkpoint-store s3://bucket/prefix keeps them in S3 or an
+S3-compatible server instead (endpoint, region and credentials from AWS_ENDPOINT_URL,
+AWS_REGION, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or the shared AWS credentials
+file; see docs/checkpoint-store.md), so that gateways and workers on other hosts share them.
 
 --workspace-policy FILE gives workspaces limits (allowed base models, max sequence length,
 max LoRA rank, runs at once, queued operations, sampling concurrency): see the
@@ -83,6 +91,7 @@ max LoRA rank, runs at once, queued operations, sampling concurrency): see the
 	fl.StringVar(&f.logFormat, "log-format", env("LOOPS_LOG_FORMAT", "text"), "text or json")
 	fl.DurationVar(&f.bodyReadTimeout, "body-read-timeout", gateway.DefaultBodyReadTimeout, "how long a request body has to arrive once its headers have; a stalled body is cut off then (responses and long-polls are not limited)")
 	fl.IntVar(&f.maxRequestsPerKey, "max-requests-per-key", auth.DefaultMaxRequestsPerKey, "requests one API key may have in flight at once (429 beyond); -1 for no cap")
+	fl.StringVar(&f.checkpointStore, "checkpoint-store", env("LOOPS_CHECKPOINT_STORE", ""), "where checkpoint files go: s3://bucket/prefix (AWS_* environment variables) or a folder; default: checkpoint-store in --data-dir")
 	fl.StringVar(&f.workspacePolicy, "workspace-policy", env("LOOPS_WORKSPACE_POLICY", ""), "YAML or JSON file of per-workspace limits: allowed models, max sequence length and LoRA rank, runs, queued operations, sampling concurrency (see docs/semantics.md)")
 	return cmd
 }
@@ -133,6 +142,13 @@ func runServe(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	log.Info("store opened", slog.String("store", storeDesc))
+	var cks ckstore.Store
+	if f.checkpointStore != "" {
+		if cks, err = ckstore.Open(ctx, f.checkpointStore, ckstore.Options{}); err != nil {
+			_ = st.Close()
+			return fmt.Errorf("--checkpoint-store: %w", err)
+		}
+	}
 	ln, err := net.Listen("tcp", f.addr)
 	if err != nil {
 		_ = st.Close()
@@ -148,7 +164,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 			Options:     backendOpts,
 		},
 		Keys: keys,
-		Core: core.Options{SessionTTL: f.sessionTTL, Policy: pol},
+		Core: core.Options{SessionTTL: f.sessionTTL, Policy: pol, CheckpointStore: cks},
 		Limits: gateway.Limits{
 			BodyReadTimeout:   f.bodyReadTimeout,
 			MaxRequestsPerKey: f.maxRequestsPerKey,
@@ -164,7 +180,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if !keys.Open() {
 		keyHint = "<one of your --api-key values>"
 	}
-	fmt.Fprintf(os.Stderr, "Loops listening on %s (backend %s, data in %s, store %s)\n", url, f.backend, f.dataDir, storeDesc)
+	fmt.Fprintf(os.Stderr, "Loops listening on %s (backend %s, data in %s, store %s, checkpoint store %s)\n", url, f.backend, f.dataDir, storeDesc, srv.Core().CheckpointStore())
 	if keys.Open() {
 		fmt.Fprintln(os.Stderr, "No API keys configured: accepting any tml-… key, loopback only.")
 	} else {

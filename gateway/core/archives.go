@@ -7,16 +7,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net/http"
-	"os"
-	"path/filepath"
+	"path"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/ckstore"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -41,8 +42,11 @@ func (s CheckpointService) GetCheckpointArchiveURL(ctx context.Context, req *loo
 	if err != nil {
 		return nil, err
 	}
-	ck, owner, _, err := s.c.resolveOwned(ctx, ws, req.GetPath())
+	ck, owner, err := s.c.resolveOwned(ctx, ws, req.GetPath())
 	if err != nil {
+		return nil, err
+	}
+	if _, err := s.c.checkpointManifest(ctx, owner, ck); err != nil {
 		return nil, err
 	}
 	t := s.c.archiveTarget(ws, owner, ck)
@@ -60,33 +64,24 @@ func (s CheckpointService) GetCheckpointFileURLs(ctx context.Context, req *loops
 	if err != nil {
 		return nil, err
 	}
-	ck, owner, dir, err := s.c.resolveOwned(ctx, ws, req.GetPath())
+	ck, owner, err := s.c.resolveOwned(ctx, ws, req.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	m, err := s.c.checkpointManifest(ctx, owner, ck)
 	if err != nil {
 		return nil, err
 	}
 	out := &loopsv1.GetCheckpointFileURLsResponse{Urls: map[string]string{}}
-	var files []string
-	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() || d.Name() == completeMarker {
-			return err
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil {
-			return err
-		}
-		files = append(files, filepath.ToSlash(rel))
-		return nil
-	})
-	if err != nil {
-		return nil, s.c.ckpt.internalFS("listing checkpoint files", err)
-	}
 	t := s.c.archiveTarget(ws, owner, ck)
 	tok, err := s.c.archives.issue(t)
 	if err != nil {
 		return nil, err
 	}
-	for _, rel := range files {
-		out.Urls[rel] = ArchivePathPrefix + tok + "/" + rel
+	for _, f := range m.Files {
+		if path.Base(f.Name) != completeMarker {
+			out.Urls[f.Name] = ArchivePathPrefix + tok + "/" + f.Name
+		}
 	}
 	out.ExpireTime = timestamppb.New(t.expires)
 	return out, nil
@@ -186,32 +181,58 @@ func (a *archiveTokens) sweepLocked(now time.Time) {
 	}
 }
 
-// linkFolder checks, when a link is used, that it still grants access: the checkpoint
-// exists with the generation the link was issued for, and the issuing workspace may still
-// read it (it owns it, or it is still public). It returns the folder to serve, or the
-// status and message to answer.
-func (c *Core) linkFolder(ctx context.Context, t archiveTarget) (string, int, string) {
+// checkpointManifest returns the manifest of a checkpoint record's files in the checkpoint
+// store.
+func (c *Core) checkpointManifest(ctx context.Context, owner string, ck *loopsv1.Checkpoint) (*ckstore.Manifest, error) {
+	key, err := c.ckpt.recordKey(owner, ck)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.ckpt.inside(key); err != nil {
+		return nil, err
+	}
+	m, err := c.ckpt.st.Stat(ctx, key)
+	switch {
+	case errors.Is(err, ckstore.ErrNotFound):
+		return nil, failedPrecondition("checkpoint %s has no complete files in the checkpoint store (it may have been deleted)", ck.GetTinkerPath())
+	case err != nil:
+		return nil, c.ckpt.internalFS("reading checkpoint "+key, err)
+	}
+	return m, nil
+}
+
+// linkKey checks, when a link is used, that it still grants access: the checkpoint exists
+// with the generation the link was issued for, and the issuing workspace may still read it
+// (it owns it, or it is still public). It returns the store key and manifest to serve, or
+// the status and message to answer.
+func (c *Core) linkKey(ctx context.Context, t archiveTarget) (string, *ckstore.Manifest, int, string) {
 	ck, owner, err := c.store.GetCheckpointAnyWorkspace(ctx, t.runID, t.id)
 	switch {
 	case errors.Is(err, store.ErrNotFound) || err == nil && (owner != t.owner || generation(ck) != t.gen):
-		return "", http.StatusNotFound, fmt.Sprintf("checkpoint %s was deleted or saved again since this link was issued: ask for a new link", t.path)
+		return "", nil, http.StatusNotFound, fmt.Sprintf("checkpoint %s was deleted or saved again since this link was issued: ask for a new link", t.path)
 	case err != nil:
 		c.log.Error("looking up the checkpoint of a download link", slog.String("path", t.path), slog.Any("err", err))
-		return "", http.StatusInternalServerError, "internal error looking up the checkpoint: retry"
+		return "", nil, http.StatusInternalServerError, "internal error looking up the checkpoint: retry"
 	case t.issuer != owner && !ck.GetPublic():
-		return "", http.StatusNotFound, fmt.Sprintf("checkpoint %s is no longer public, so this link no longer works", t.path)
+		return "", nil, http.StatusNotFound, fmt.Sprintf("checkpoint %s is no longer public, so this link no longer works", t.path)
 	}
-	dir, err := c.checkpointFolder(owner, ck)
+	m, err := c.checkpointManifest(ctx, owner, ck)
 	if err != nil {
-		return "", http.StatusNotFound, fmt.Sprintf("checkpoint %s has no complete files on this server: ask for a new link", t.path)
+		if connect.CodeOf(err) == connect.CodeFailedPrecondition {
+			return "", nil, http.StatusNotFound, fmt.Sprintf("checkpoint %s has no complete files on this server: ask for a new link", t.path)
+		}
+		c.log.Error("reading the checkpoint of a download link", slog.String("path", t.path), slog.Any("err", err))
+		return "", nil, http.StatusInternalServerError, "internal error reading the checkpoint: retry"
 	}
-	return dir, 0, ""
+	key, _ := c.ckpt.recordKey(owner, ck) // checked by checkpointManifest
+	return key, m, 0, ""
 }
 
-// ArchiveHandler serves checkpoint downloads: a tar of the folder at ArchivePathPrefix +
-// token + ".tar", and single files at ArchivePathPrefix + token + "/" + relative path. Each
-// use re-checks that the link's checkpoint generation still exists and that the workspace
-// it was issued to may still read it.
+// ArchiveHandler serves checkpoint downloads: a tar of the checkpoint's files at
+// ArchivePathPrefix + token + ".tar", and single files at ArchivePathPrefix + token + "/" +
+// relative path, streamed from the checkpoint store (verified against its manifest: a
+// corrupt file cuts the download short). Each use re-checks that the link's checkpoint
+// generation still exists and that the workspace it was issued to may still read it.
 func (c *Core) ArchiveHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rest := strings.TrimPrefix(r.URL.Path, ArchivePathPrefix)
@@ -222,7 +243,7 @@ func (c *Core) ArchiveHandler() http.Handler {
 			writeDetail(w, http.StatusNotFound, "download link unknown or expired: ask for a new one")
 			return
 		}
-		dir, status, msg := c.linkFolder(r.Context(), t)
+		key, m, status, msg := c.linkKey(r.Context(), t)
 		if status != 0 {
 			if status == http.StatusNotFound {
 				c.archives.revoke(tok)
@@ -231,25 +252,34 @@ func (c *Core) ArchiveHandler() http.Handler {
 			return
 		}
 		if isFile {
-			// The file must be a regular file inside the checkpoint folder.
-			clean := filepath.Clean(filepath.FromSlash(file))
-			if file == "" || filepath.IsAbs(clean) || clean == ".." || strings.HasPrefix(clean, ".."+string(filepath.Separator)) {
+			f, ok := m.File(file)
+			if !ok {
 				writeDetail(w, http.StatusNotFound, "no such file in this checkpoint")
 				return
 			}
-			p := filepath.Join(dir, clean)
-			if info, err := os.Lstat(p); err != nil || !info.Mode().IsRegular() {
-				writeDetail(w, http.StatusNotFound, "no such file in this checkpoint")
+			rc, _, err := c.ckpt.st.Open(r.Context(), key, f.Name)
+			if err != nil {
+				c.log.Error("opening a checkpoint file for download", slog.String("key", key), slog.String("file", f.Name), slog.Any("err", err))
+				writeDetail(w, http.StatusInternalServerError, "internal error reading the checkpoint: retry")
 				return
 			}
+			defer rc.Close()
 			w.Header().Set("Content-Type", "application/octet-stream")
-			http.ServeFile(w, r, p)
+			w.Header().Set("Content-Length", strconv.FormatInt(f.Size, 10))
+			if r.Method == http.MethodHead {
+				return
+			}
+			if _, err := io.Copy(w, rc); err != nil {
+				c.log.Error("streaming a checkpoint file", slog.String("key", key), slog.String("file", f.Name), slog.Any("err", err))
+				panic(http.ErrAbortHandler) // cut the response short: the client sees a failed download
+			}
 			return
 		}
 		w.Header().Set("Content-Type", "application/x-tar")
 		w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", t.name+".tar"))
-		if err := writeTar(w, dir); err != nil {
+		if err := c.writeTar(r.Context(), w, key, m); err != nil {
 			c.log.Error("writing checkpoint archive", slog.Any("err", err))
+			panic(http.ErrAbortHandler)
 		}
 	})
 }
@@ -263,32 +293,24 @@ func writeDetail(w http.ResponseWriter, status int, msg string) {
 	_, _ = w.Write(body)
 }
 
-// writeTar writes the regular files under dir as a tar stream with paths relative to dir.
-func writeTar(w io.Writer, dir string) error {
+// writeTar writes the files of the checkpoint key (manifest m) as a tar stream with their
+// relative paths, each streamed from the store.
+func (c *Core) writeTar(ctx context.Context, w io.Writer, key string, m *ckstore.Manifest) error {
 	tw := tar.NewWriter(w)
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !d.Type().IsRegular() {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		hdr := &tar.Header{Name: filepath.ToSlash(rel), Mode: 0o644, Size: info.Size(), ModTime: info.ModTime(), Typeflag: tar.TypeReg}
+	for _, f := range m.Files {
+		hdr := &tar.Header{Name: f.Name, Mode: 0o644, Size: f.Size, ModTime: m.Created, Typeflag: tar.TypeReg}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
 		}
-		f, err := os.Open(p)
+		rc, _, err := c.ckpt.st.Open(ctx, key, f.Name)
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		_, err = io.Copy(tw, f)
-		return err
-	})
-	if err != nil {
-		return err
+		_, err = io.Copy(tw, rc)
+		rc.Close()
+		if err != nil {
+			return err
+		}
 	}
 	return tw.Close()
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -89,17 +88,25 @@ func checkpointPath(runID string, kind loopsv1.CheckpointKind, name string) stri
 }
 
 // resolveCheckpoint finds a checkpoint the workspace may read (its own, or a public one)
-// and the folder of its current generation.
-func (c *Core) resolveCheckpoint(ctx context.Context, ws, path string) (*loopsv1.Checkpoint, string, error) {
-	ck, _, dir, err := c.resolveOwned(ctx, ws, path)
-	return ck, dir, err
+// and opens a local folder with its current generation's files: release the ref when done.
+func (c *Core) resolveCheckpoint(ctx context.Context, ws, path string) (*loopsv1.Checkpoint, *ckRef, error) {
+	ck, owner, err := c.resolveOwned(ctx, ws, path)
+	if err != nil {
+		return nil, nil, err
+	}
+	ref, err := c.checkpointFolder(ctx, owner, ck)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ck, ref, nil
 }
 
-// resolveOwned is resolveCheckpoint that also returns the checkpoint's owner.
-func (c *Core) resolveOwned(ctx context.Context, ws, path string) (*loopsv1.Checkpoint, string, string, error) {
+// resolveOwned finds a checkpoint the workspace may read (its own, or a public one) and
+// returns it with its owner.
+func (c *Core) resolveOwned(ctx context.Context, ws, path string) (*loopsv1.Checkpoint, string, error) {
 	runID, kind, name, err := ParsePath(path)
 	if err != nil {
-		return nil, "", "", err
+		return nil, "", err
 	}
 	runID = c.canonicalRunID(ws, runID)
 	ck, owner, err := c.store.GetCheckpointAnyWorkspace(ctx, runID, kindSegment(kind)+"/"+name)
@@ -107,31 +114,32 @@ func (c *Core) resolveOwned(ctx context.Context, ws, path string) (*loopsv1.Chec
 		err = store.ErrNotFound
 	}
 	if err != nil {
-		return nil, "", "", storeErr(err, "checkpoint "+path)
+		return nil, "", storeErr(err, "checkpoint "+path)
 	}
-	dir, err := c.checkpointFolder(owner, ck)
-	if err != nil {
-		return nil, "", "", err
-	}
-	return ck, owner, dir, nil
+	return ck, owner, nil
 }
 
-// checkpointFolder returns the complete folder of a checkpoint record.
-func (c *Core) checkpointFolder(owner string, ck *loopsv1.Checkpoint) (string, error) {
-	dir, ok, err := c.ckpt.current(owner, ck)
+// checkpointFolder opens a local folder with the files of a checkpoint record.
+func (c *Core) checkpointFolder(ctx context.Context, owner string, ck *loopsv1.Checkpoint) (*ckRef, error) {
+	key, err := c.ckpt.recordKey(owner, ck)
 	if err != nil {
-		c.log.Error("resolving a checkpoint folder", slog.String("path", ck.GetTinkerPath()), slog.Any("err", err))
-		return "", err
+		return nil, err
+	}
+	ref, ok, err := c.ckpt.open(ctx, key)
+	if err != nil {
+		c.log.Error("opening a checkpoint's files", slog.String("path", ck.GetTinkerPath()), slog.Any("err", err))
+		return nil, err
 	}
 	if !ok {
-		return "", failedPrecondition("checkpoint %s has no complete files on this server (it may have been deleted)", ck.GetTinkerPath())
+		return nil, failedPrecondition("checkpoint %s has no complete files in the checkpoint store (it may have been deleted)", ck.GetTinkerPath())
 	}
-	return dir, nil
+	return ref, nil
 }
 
-// saveCheckpoint writes a checkpoint of the run into a new generation folder and commits it
-// by writing the store record; an overwrite then removes the previous generation (see
-// checkpointFolders), so a crash at any step leaves the old or the new checkpoint whole.
+// saveCheckpoint has the backend write a checkpoint of the run into a staging folder, puts
+// it into the checkpoint store as a new generation and commits it by writing the store
+// record; an overwrite then deletes the previous generation (see checkpointFiles), so a
+// crash at any step leaves the old or the new checkpoint whole.
 func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeightsRequest, seq int64) (func(*loopsv1.Operation), error) {
 	kind, name := req.GetKind(), req.GetName()
 	ephemeral := kind == loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER && name == ""
@@ -160,49 +168,54 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 		return nil, internal("looking up checkpoint", err)
 	}
 	f := c.ckpt
-	kd, err := f.kindDir(r.ws, r.id, kind)
+	gen := f.nextGeneration(c.now(), prev)
+	key, err := f.key(r.ws, r.id, kind, name, gen)
 	if err != nil {
 		return nil, err
 	}
-	now := c.now()
-	gen := f.nextGeneration(now, prev, kd, name)
-	dir := filepath.Join(kd, genEntry(name, gen))
-	if err := f.step(stepSaveMkdir); err != nil {
-		return nil, f.internalFS("creating checkpoint folder", err)
-	}
-	if err := os.MkdirAll(kd, 0o755); err != nil {
-		return nil, f.internalFS("creating checkpoint folder", err)
-	}
-	if err := f.inside(kd); err != nil {
+	if err := f.inside(key); err != nil {
 		return nil, err
 	}
-	// Until the record points at it, the new generation is invisible; on failure it is
-	// removed here, or by the start-up sweep after a crash.
-	abandon := func(err error) error {
-		if f.step(stepSaveCleanup) == nil {
-			_ = os.RemoveAll(dir)
-		}
-		return err
+	if err := f.step(stepSaveMkdir); err != nil {
+		return nil, f.internalFS("creating the checkpoint staging folder", err)
 	}
+	dir, err := os.MkdirTemp(f.staging, "save-")
+	if err != nil {
+		return nil, f.internalFS("creating the checkpoint staging folder", err)
+	}
+	// The staging folder goes whatever happens; a crash leaves it to the start-up, which
+	// empties the staging folder.
+	defer os.RemoveAll(dir)
 	if err := f.step(stepSaveWrite); err != nil {
-		return nil, abandon(f.internalFS("writing checkpoint", err))
+		return nil, f.internalFS("writing checkpoint", err)
 	}
 	if _, err := c.backend.Trainer().SaveAdapter(ctx, &backendv1.SaveAdapterRequest{
 		AdapterId: r.id, Dir: dir, IncludeOptimizer: kind == loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING,
 	}); err != nil {
-		return nil, abandon(f.scrub(r.adapterLost(err)))
+		return nil, f.scrub(r.adapterLost(err))
 	}
 	if err := f.step(stepSaveMarker); err != nil {
-		return nil, abandon(f.internalFS("writing checkpoint marker", err))
+		return nil, f.internalFS("writing checkpoint marker", err)
 	}
 	if err := writeMarker(dir); err != nil {
-		return nil, abandon(f.internalFS("writing checkpoint marker", err))
+		return nil, f.internalFS("writing checkpoint marker", err)
 	}
-	if err := f.step(stepSaveSync); err != nil {
-		return nil, abandon(f.internalFS("syncing checkpoint files", err))
+	if err := f.step(stepSavePut); err != nil {
+		return nil, f.internalFS("storing checkpoint files", err)
 	}
-	if err := syncTree(dir); err != nil {
-		return nil, abandon(f.internalFS("syncing checkpoint files", err))
+	m, err := f.st.Put(ctx, key, dir)
+	if err != nil {
+		return nil, f.internalFS("storing checkpoint files", err)
+	}
+	// Until the record points at it, the new generation is invisible; on failure it is
+	// deleted here, or by the store sweep after a crash.
+	abandon := func(err error) error {
+		if f.step(stepSaveCleanup) == nil {
+			if derr := f.st.Delete(context.WithoutCancel(ctx), key); derr != nil {
+				c.log.Error("deleting an unrecorded checkpoint generation; the store sweep retries", slog.String("key", key), slog.Any("err", derr))
+			}
+		}
+		return err
 	}
 	info := r.snapshot()
 	created := time.Unix(0, gen)
@@ -212,7 +225,7 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 		Kind:          kind,
 		Name:          name,
 		TinkerPath:    checkpointPath(r.id, kind, name),
-		SizeBytes:     dirSize(dir),
+		SizeBytes:     m.Size(),
 		CreateTime:    timestamppb.New(created),
 		BaseModel:     info.GetBaseModel(),
 		Lora:          info.GetLora(),
@@ -225,13 +238,12 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 		return nil, abandon(err)
 	}
 	if replaced != "" {
-		c.samplers.retarget(replaced, dir)
+		c.samplers.retarget(ctx, replaced, key)
 		if err := f.step(stepSaveRemove); err == nil {
-			err = os.RemoveAll(replaced)
-			if err != nil {
+			if err := f.st.Delete(context.WithoutCancel(ctx), replaced); err != nil {
 				// The record already points at the new generation: the old one is garbage
-				// that the start-up sweep removes.
-				c.log.Error("removing a replaced checkpoint generation", slog.String("dir", replaced), slog.Any("err", err))
+				// that the store sweep deletes.
+				c.log.Error("deleting a replaced checkpoint generation", slog.String("key", replaced), slog.Any("err", err))
 			}
 		}
 	}
@@ -245,7 +257,11 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 	})
 	res := &loopsv1.SaveWeightsResult{Path: ck.TinkerPath, Checkpoint: ck}
 	if ephemeral {
-		s, err := c.samplers.create(ctx, r.ws, info.GetSessionId(), info.GetBaseModel(), ck.TinkerPath, dir)
+		ref, err := c.checkpointFolder(ctx, r.ws, ck)
+		if err != nil {
+			return nil, err
+		}
+		s, err := c.samplers.create(ctx, r.ws, info.GetSessionId(), info.GetBaseModel(), ck.TinkerPath, ref)
 		if err != nil {
 			return nil, err
 		}
@@ -261,8 +277,8 @@ func randHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// commitCheckpoint makes the record of a completely written generation the checkpoint's
-// record and returns the folder of the generation it replaced ("" if none).
+// commitCheckpoint makes the record of a completely stored generation the checkpoint's
+// record and returns the store key of the generation it replaced ("" if none).
 func (c *Core) commitCheckpoint(ctx context.Context, ws string, ck *loopsv1.Checkpoint) (string, error) {
 	f := c.ckpt
 	defer f.lock(ws, ck.GetTrainingRunId(), ck.GetId())()
@@ -271,8 +287,8 @@ func (c *Core) commitCheckpoint(ctx context.Context, ws string, ck *loopsv1.Chec
 	}
 	var replaced string
 	if old, err := c.store.GetCheckpoint(ctx, ws, ck.GetTrainingRunId(), ck.GetId()); err == nil {
-		if dir, _, err := f.current(ws, old); err == nil {
-			replaced = dir
+		if key, err := f.recordKey(ws, old); err == nil {
+			replaced = key
 		}
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return "", internal("looking up checkpoint", err)
@@ -297,15 +313,15 @@ func (c *Core) expireCheckpoints(ctx context.Context, now time.Time) {
 	}
 }
 
-// deleteCheckpoint deletes a checkpoint: its folder is renamed to trash, then the record is
-// deleted (the commit point), then the trash removed. If the rename or the record delete
-// fails, nothing changed and the delete can be retried; if removing the trash fails, the
-// checkpoint is gone and the start-up sweep removes the files. With want set, the
-// checkpoint is deleted only if its record is still exactly want (the janitor's expiry does
-// not delete a checkpoint overwritten or given a new TTL meanwhile).
+// deleteCheckpoint deletes a checkpoint: its record first (the commit point), then its
+// generation's key in the checkpoint store. If the record delete fails, nothing changed and
+// the delete can be retried; if deleting the key fails, the checkpoint is gone and the store
+// sweep deletes the files. With want set, the checkpoint is deleted only if its record is
+// still exactly want (the janitor's expiry does not delete a checkpoint overwritten or given
+// a new TTL meanwhile).
 func (c *Core) deleteCheckpoint(ctx context.Context, ws, runID, id string, want *loopsv1.Checkpoint) error {
 	f := c.ckpt
-	trash, err := func() (string, error) {
+	key, err := func() (string, error) {
 		defer f.lock(ws, runID, id)()
 		ck, err := c.store.GetCheckpoint(ctx, ws, runID, id)
 		if err != nil {
@@ -314,42 +330,25 @@ func (c *Core) deleteCheckpoint(ctx context.Context, ws, runID, id string, want 
 		if want != nil && !proto.Equal(ck, want) {
 			return "", nil
 		}
-		dir, _, err := f.current(ws, ck)
-		if err != nil {
-			return "", err
-		}
-		var trash string
-		if dir != "" {
-			trash = filepath.Join(filepath.Dir(dir), genEntry(ck.GetName(), generation(ck))+trashSuffix)
-			if err := f.step(stepDelTrash); err != nil {
-				return "", f.internalFS("moving the checkpoint's files aside (nothing was deleted; retry)", err)
-			}
-			if err := os.Rename(dir, trash); err != nil {
-				return "", f.internalFS("moving the checkpoint's files aside (nothing was deleted; retry)", err)
-			}
-			_ = syncPath(filepath.Dir(dir))
-		}
+		key, kerr := f.recordKey(ws, ck)
 		err = f.step(stepDelRecord)
 		if err == nil {
 			err = c.store.DeleteCheckpoint(ctx, ws, runID, id)
 		}
 		if err != nil {
-			if trash != "" && f.step(stepDelRestore) == nil {
-				if rerr := os.Rename(trash, dir); rerr != nil {
-					// The start-up sweep renames it back.
-					c.log.Error("restoring a checkpoint folder after a failed delete", slog.String("dir", dir), slog.Any("err", rerr))
-				}
-			}
 			return "", internal("deleting the checkpoint record (nothing was deleted; retry)", err)
 		}
-		return trash, nil
+		if kerr != nil {
+			return "", nil // a record no key can belong to: nothing to delete
+		}
+		return key, nil
 	}()
-	if err != nil || trash == "" {
+	if err != nil || key == "" {
 		return err
 	}
 	if err := f.step(stepDelRemove); err == nil {
-		if err := os.RemoveAll(trash); err != nil {
-			c.log.Error("removing a deleted checkpoint's files; the start-up sweep retries", slog.String("dir", trash), slog.Any("err", err))
+		if err := f.st.Delete(context.WithoutCancel(ctx), key); err != nil {
+			c.log.Error("deleting a deleted checkpoint's files; the store sweep retries", slog.String("key", key), slog.Any("err", err))
 		}
 	}
 	return nil
@@ -392,7 +391,7 @@ func (s CheckpointService) GetCheckpoint(ctx context.Context, req *loopsv1.GetCh
 	if err != nil {
 		return nil, err
 	}
-	ck, _, err := s.c.resolveCheckpoint(ctx, ws, req.GetPath())
+	ck, _, err := s.c.resolveOwned(ctx, ws, req.GetPath())
 	return ck, err
 }
 
@@ -483,16 +482,40 @@ func (s CheckpointService) modify(ctx context.Context, path string, f func(*loop
 	return next, nil
 }
 
-// retarget points the live samplers that sample from folder old at folder new (an
-// overwritten checkpoint's new generation), as they followed the checkpoint's name before
-// generations existed.
-func (ss *samplers) retarget(old, new string) {
+// retarget points the live samplers that sample from the checkpoint generation oldKey at
+// newKey (an overwritten checkpoint's new generation), as they followed the checkpoint's
+// name before generations existed. The new folder is opened outside the samplers' locks.
+func (ss *samplers) retarget(ctx context.Context, oldKey, newKey string) {
 	ss.mu.Lock()
-	defer ss.mu.Unlock()
+	var follow []*samplerState
 	for _, st := range ss.byID {
 		st.mu.Lock()
-		if st.dir == old {
-			st.dir = new
+		if st.ref != nil && st.ref.key == oldKey {
+			follow = append(follow, st)
+		}
+		st.mu.Unlock()
+	}
+	ss.mu.Unlock()
+	if len(follow) == 0 {
+		return
+	}
+	ref, ok, err := ss.c.ckpt.open(ctx, newKey)
+	if err != nil || !ok {
+		ss.c.log.Error("opening an overwritten checkpoint for its samplers", slog.String("key", newKey), slog.Any("err", err))
+		return
+	}
+	defer ref.release()
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for _, st := range follow {
+		if ss.byID[st.info.GetId()] != st {
+			continue // dropped meanwhile: it released its folder
+		}
+		st.mu.Lock()
+		old := st.ref
+		if old != nil && old.key == oldKey {
+			st.ref, st.dir = ref.hold(), ref.dir
+			old.release()
 		}
 		st.mu.Unlock()
 	}

@@ -6,7 +6,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"strings"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -44,9 +44,16 @@ type errorString string
 // both, as a process exit would, so the next openHarness on dir is a restart.
 func openHarness(t *testing.T, dir string, be backends.Backend, fake *fakeBackend) (h *harness, stop func()) {
 	t.Helper()
+	return openHarnessWith(t, dir, be, fake, Options{CheckpointSweepGrace: time.Nanosecond})
+}
+
+// openHarnessWith is openHarness with options (DataDir is set to dir).
+func openHarnessWith(t *testing.T, dir string, be backends.Backend, fake *fakeBackend, opts Options) (h *harness, stop func()) {
+	t.Helper()
 	st, err := sqlite.Open(t.Context(), filepath.Join(dir, "loops.db"))
 	require.NoError(t, err)
-	c, err := New(t.Context(), st, be, Options{DataDir: dir})
+	opts.DataDir = dir
+	c, err := New(t.Context(), st, be, opts)
 	require.NoError(t, err)
 	var once sync.Once
 	stop = func() {
@@ -203,7 +210,7 @@ func TestWorkspaceFolderSymlinkedOutsideIsRefused(t *testing.T) {
 	run := h.newRun()
 	// An operator (or an old unvalidated workspace name) made the workspace folder a link
 	// out of the data dir.
-	require.NoError(t, os.Symlink(outside, filepath.Join(dir, "checkpoints", "ws-a")))
+	require.NoError(t, os.Symlink(outside, filepath.Join(dir, localStoreFolder, "ws-a")))
 	_, err := h.save(run, "c", false)
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "internal error, id ", "a server misconfiguration is masked")
@@ -213,11 +220,11 @@ func TestWorkspaceFolderSymlinkedOutsideIsRefused(t *testing.T) {
 	require.Empty(t, entries, "nothing is written outside the data dir")
 
 	// A record whose folder sits behind such a link is not served either.
-	require.NoError(t, os.Remove(filepath.Join(dir, "checkpoints", "ws-a")))
+	require.NoError(t, os.Remove(filepath.Join(dir, localStoreFolder, "ws-a")))
 	path, err := h.save(run, "c", false)
 	require.NoError(t, err)
-	require.NoError(t, os.Rename(filepath.Join(dir, "checkpoints", "ws-a"), filepath.Join(outside, "ws-a")))
-	require.NoError(t, os.Symlink(filepath.Join(outside, "ws-a"), filepath.Join(dir, "checkpoints", "ws-a")))
+	require.NoError(t, os.Rename(filepath.Join(dir, localStoreFolder, "ws-a"), filepath.Join(outside, "ws-a")))
+	require.NoError(t, os.Symlink(filepath.Join(outside, "ws-a"), filepath.Join(dir, localStoreFolder, "ws-a")))
 	_, _, err = h.core.resolveCheckpoint(h.ctx, "ws-a", path)
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "outside the checkpoint store")
@@ -229,8 +236,8 @@ func TestCheckpointErrorsShowNoServerPaths(t *testing.T) {
 	h := newHarness(t, dir, Options{})
 	run := h.newRun()
 	// A file where the run's checkpoint folder should be: the save fails on the file system.
-	require.NoError(t, os.MkdirAll(filepath.Join(dir, "checkpoints", "ws-a"), 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "checkpoints", "ws-a", run), nil, 0o644))
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, localStoreFolder, "ws-a"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, localStoreFolder, "ws-a", run), nil, 0o644))
 	_, err := h.save(run, "c", false)
 	require.Error(t, err)
 	real, rerr := filepath.EvalSymlinks(dir)
@@ -241,40 +248,57 @@ func TestCheckpointErrorsShowNoServerPaths(t *testing.T) {
 	require.Contains(t, err.Error(), "internal error, id ")
 }
 
-func TestStartupSweepsOrphanFoldersAndReadsOldLayout(t *testing.T) {
+// TestStartupMovesTheOldFolderLayoutIntoTheStore: checkpoints that versions before the
+// checkpoint store kept under DataDir/checkpoints (plain <name> folders, generation
+// folders, the trash of a delete whose record survived) are moved into the store at
+// start-up and stay loadable with their content; folders no record references go.
+func TestStartupMovesTheOldFolderLayoutIntoTheStore(t *testing.T) {
 	dir := t.TempDir()
 	fake := newFakeBackend()
 	h, stop := openHarness(t, dir, fake, fake)
 	run := h.newRun()
-	// A checkpoint as the layout before generations wrote it: <name>/ with the marker, plus
-	// the orphan temporary folder of a killed save and a folder whose record is gone.
-	kd := filepath.Join(dir, "checkpoints", "ws-a", run, "weights")
-	for _, d := range []string{"old", "old.tmp-0123456789ab", "gone"} {
+	created := time.Now().Add(-time.Hour).Truncate(time.Microsecond)
+	gen := strconv.FormatInt(created.UnixNano(), 10)
+	kd := filepath.Join(dir, legacyFolder, "ws-a", run, "weights")
+	folders := map[string]string{ // folder -> content
+		"old":                     "old",
+		"old.tmp-0123456789ab":    "tmp",
+		"gone":                    "gone",
+		"g@" + gen:                "g",
+		"g@1":                     "stale generation",
+		"t@" + gen + "@trash":     "t",
+		"other@" + gen + "@trash": "deleted",
+	}
+	for d, content := range folders {
 		require.NoError(t, os.MkdirAll(filepath.Join(kd, d), 0o755))
-		require.NoError(t, os.WriteFile(filepath.Join(kd, d, "adapter_model.safetensors"), []byte(d), 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join(kd, d, "adapter_model.safetensors"), []byte(content), 0o644))
 		require.NoError(t, os.WriteFile(filepath.Join(kd, d, "checkpoint_complete"), nil, 0o644))
 	}
-	require.NoError(t, h.core.store.PutCheckpoint(h.ctx, "ws-a", &loopsv1.Checkpoint{
-		Id: "weights/old", TrainingRunId: run, Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING, Name: "old",
-		TinkerPath: "tinker://" + run + "/weights/old", CreateTime: timestamppb.New(time.Now().Add(-time.Hour)),
-		BaseModel: "fake/model", Lora: &loopsv1.LoraConfig{Rank: 4, TrainAttn: true},
-	}))
+	for _, name := range []string{"old", "g", "t"} {
+		require.NoError(t, h.core.store.PutCheckpoint(h.ctx, "ws-a", &loopsv1.Checkpoint{
+			Id: "weights/" + name, TrainingRunId: run, Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING, Name: name,
+			TinkerPath: "tinker://" + run + "/weights/" + name, CreateTime: timestamppb.New(created),
+			BaseModel: "fake/model", Lora: &loopsv1.LoraConfig{Rank: 4, TrainAttn: true},
+		}))
+	}
 	stop()
 
 	h2, _ := openHarness(t, dir, fake, fake)
-	entries, err := os.ReadDir(kd)
+	_, err := os.Stat(filepath.Join(dir, legacyFolder))
+	require.ErrorIs(t, err, os.ErrNotExist, "the old layout's folders are gone")
+	for _, name := range []string{"old", "g", "t"} {
+		_, ref, err := h2.core.resolveCheckpoint(h2.ctx, "ws-a", "tinker://"+run+"/weights/"+name)
+		require.NoError(t, err, name)
+		got, err := os.ReadFile(filepath.Join(ref.dir, "adapter_model.safetensors"))
+		require.NoError(t, err)
+		require.Equal(t, name, string(got))
+		ref.release()
+	}
+	keys, err := h2.core.ckpt.st.List(h2.ctx, "ws-a/"+run)
 	require.NoError(t, err)
-	require.Len(t, entries, 1)
-	require.Equal(t, "old", entries[0].Name())
-	_, folder, err := h2.core.resolveCheckpoint(h2.ctx, "ws-a", "tinker://"+run+"/weights/old")
-	require.NoError(t, err)
-	require.Equal(t, "old", filepath.Base(folder))
-	// Overwriting moves it to a generation folder and removes the old layout's folder.
+	require.Len(t, keys, 3)
+	// Overwriting works as for any checkpoint.
 	_, err = h2.save(run, "old", true)
 	require.NoError(t, err)
-	entries, err = os.ReadDir(kd)
-	require.NoError(t, err)
-	require.Len(t, entries, 1)
-	require.True(t, strings.HasPrefix(entries[0].Name(), "old@"), entries[0].Name())
-	require.Equal(t, []string{"old"}, h2.listNames(run))
+	require.ElementsMatch(t, []string{"g", "old", "t"}, h2.listNames(run))
 }

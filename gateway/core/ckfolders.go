@@ -15,56 +15,93 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/loops-dev/loops/gateway/ckstore"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
 
-// Checkpoint folders
+// Checkpoint files
 //
-// A checkpoint's files live in a generation folder,
-// <data-dir>/checkpoints/<workspace>/<run>/<kind>/<name>@<generation>, where the generation
-// is the checkpoint's create_time in Unix nanoseconds (kept unique: see nextGeneration). The
-// store record is the commit point: a save writes the new generation completely (files, the
-// checkpoint_complete marker, fsync), then replaces the record, then removes the previous
-// generation; a delete renames the folder to <name>@<generation>@trash, then deletes the
-// record, then removes the trash. At start-up, sweepFolders restores a trash folder whose
-// record is still there and removes every folder that no record references, so a crash at
-// any step leaves either the old or the new checkpoint, complete and listed. A checkpoint
-// saved before generations existed lives in the plain <name> folder, which stays its folder
-// until it is overwritten or deleted.
+// A checkpoint's files live in the checkpoint store (package ckstore: a local folder, by
+// default DataDir/checkpoint-store, or an S3-compatible bucket) under the key
+// <workspace>/<run>/<kind>/<name>@<generation>, where the generation is the checkpoint's
+// create_time in Unix nanoseconds (kept increasing: see nextGeneration). The store record is
+// the commit point. A save has the backend write a staging folder
+// (DataDir/checkpoint-staging/…), puts it into the checkpoint store as the new generation's
+// key (its manifest written last, so the key is whole or absent), then replaces the record,
+// then deletes the previous generation's key; a delete deletes the record, then the key. So a
+// crash at any step leaves either the old or the new checkpoint, complete and listed. Keys
+// that no record references (a generation put but never recorded, one replaced or deleted by
+// a process that died before deleting it) are removed by sweepStore, at start-up and every
+// checkpointSweepEvery, once older than Options.CheckpointSweepGrace, which also lets another
+// gateway's save in progress be.
+//
+// Readers need a local folder (the backends load adapters from folders): the store's own
+// folder for the local store (ckstore.LocalDirs, no copy), or a verified copy in the cache
+// (DataDir/checkpoint-cache, ckstore.Cache, bounded by Options.CheckpointCacheBytes) for
+// S3, held while in use (see ckRef).
+//
+// Data dirs written before the checkpoint store existed kept generation folders under
+// DataDir/checkpoints; migrateFolders moves the ones that records reference into the store at
+// start-up and removes the rest (see its comment).
 
-// ckStep names a file-system or store step of a checkpoint save or delete (see
-// checkpointFolders.step).
+// ckStep names a step of a checkpoint save or delete (see checkpointFiles.step).
 type ckStep string
 
 // The steps of saves and deletes, in order.
 const (
-	stepSaveMkdir   ckStep = "save: create the kind folder"
-	stepSaveWrite   ckStep = "save: backend writes the generation folder"
+	stepSaveMkdir   ckStep = "save: create the staging folder"
+	stepSaveWrite   ckStep = "save: backend writes the staging folder"
 	stepSaveMarker  ckStep = "save: write the checkpoint_complete marker"
-	stepSaveSync    ckStep = "save: fsync the generation folder"
+	stepSavePut     ckStep = "save: put the files into the checkpoint store"
 	stepSaveRecord  ckStep = "save: replace the store record"
-	stepSaveRemove  ckStep = "save: remove the previous generation"
-	stepSaveCleanup ckStep = "save: remove the unfinished generation"
-	stepDelTrash    ckStep = "delete: rename the folder to trash"
+	stepSaveRemove  ckStep = "save: delete the previous generation"
+	stepSaveCleanup ckStep = "save: delete the unrecorded generation"
 	stepDelRecord   ckStep = "delete: delete the store record"
-	stepDelRestore  ckStep = "delete: rename the trash back"
-	stepDelRemove   ckStep = "delete: remove the trash"
+	stepDelRemove   ckStep = "delete: delete the files"
 )
 
-// trashSuffix ends the name of a folder being deleted.
-const trashSuffix = "@trash"
+// Folders in the data dir.
+const (
+	// localStoreFolder is the default (local) checkpoint store.
+	localStoreFolder = "checkpoint-store"
+	// stagingFolder holds saves being written by the backend; emptied at start-up.
+	stagingFolder = "checkpoint-staging"
+	// cacheFolder holds the S3 store's cached copies; emptied at start-up.
+	cacheFolder = "checkpoint-cache"
+	// legacyFolder is where versions before the checkpoint store kept checkpoints.
+	legacyFolder = "checkpoints"
+)
 
-// checkpointFolders lays out checkpoint files under <data-dir>/checkpoints and refuses any
-// path that leaves it.
-type checkpointFolders struct {
-	// root is <data-dir>/checkpoints, absolute, symbolic links resolved.
-	root string
-	// hide maps the absolute spellings of root and of the data dir, longest first, to what
-	// error messages show instead.
+// Defaults of the checkpoint options.
+const (
+	// DefaultCheckpointCacheBytes is Options.CheckpointCacheBytes when unset.
+	DefaultCheckpointCacheBytes int64 = 20 << 30
+	// DefaultCheckpointSweepGrace is Options.CheckpointSweepGrace when unset.
+	DefaultCheckpointSweepGrace = time.Hour
+	// checkpointSweepEvery is how often the janitor sweeps the checkpoint store.
+	checkpointSweepEvery = time.Hour
+)
+
+// checkpointFiles keeps checkpoint files in the checkpoint store.
+type checkpointFiles struct {
+	st ckstore.Store
+	// local is st when it is the local store (readers use its folders in place), else nil.
+	local ckstore.LocalDirs
+	// localRoot is the local store's folder, symbolic links resolved ("" for S3).
+	localRoot string
+	// cache keeps local copies of an S3 store's checkpoints (nil for the local store).
+	cache *ckstore.Cache
+	// staging is DataDir/checkpoint-staging.
+	staging string
+	// grace is Options.CheckpointSweepGrace.
+	grace time.Duration
+
+	// hide maps the absolute spellings of the data dir, longest first, to what error
+	// messages show instead.
 	hide [][2]string
 
-	// locks serialise changes to one checkpoint's record and the folders it points at, one
+	// locks serialise changes to one checkpoint's record and the keys it points at, one
 	// lock per checkpoint, so that one workspace's slow save or delete never waits on
 	// another's (see lock).
 	locks keyLocks
@@ -72,40 +109,57 @@ type checkpointFolders struct {
 	genMu   sync.Mutex
 	lastGen int64
 
+	// sweepMu makes sweeps one at a time; lastSweep is when the last one started.
+	sweepMu   sync.Mutex
+	lastSweep time.Time
+
 	// fault, when set (tests only), runs before each step; an error makes the step fail
 	// without doing anything.
 	fault func(ckStep) error
 }
 
-func newCheckpointFolders(dataDir string) (*checkpointFolders, error) {
-	dir := filepath.Join(dataDir, "checkpoints")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("core: creating data dir: %w", err)
+func newCheckpointFiles(opts Options) (*checkpointFiles, error) {
+	dataDir := opts.DataDir
+	f := &checkpointFiles{st: opts.CheckpointStore, staging: filepath.Join(dataDir, stagingFolder), grace: opts.CheckpointSweepGrace}
+	var err error
+	if f.st == nil {
+		if f.st, err = ckstore.NewLocal(filepath.Join(dataDir, localStoreFolder), ckstore.Options{}); err != nil {
+			return nil, fmt.Errorf("core: opening the checkpoint store: %w", err)
+		}
 	}
-	abs, err := filepath.Abs(dir)
+	if l, ok := f.st.(ckstore.LocalDirs); ok {
+		f.local = l
+		f.localRoot = f.st.String()
+	} else if f.cache, err = ckstore.NewCache(f.st, filepath.Join(dataDir, cacheFolder), opts.CheckpointCacheBytes); err != nil {
+		return nil, fmt.Errorf("core: %w", err)
+	}
+	if err := os.RemoveAll(f.staging); err != nil {
+		return nil, fmt.Errorf("core: emptying the checkpoint staging folder: %w", err)
+	}
+	if err := os.MkdirAll(f.staging, 0o755); err != nil {
+		return nil, fmt.Errorf("core: creating the checkpoint staging folder: %w", err)
+	}
+	abs, err := filepath.Abs(dataDir)
 	if err != nil {
 		return nil, fmt.Errorf("core: data dir: %w", err)
 	}
-	root, err := filepath.EvalSymlinks(abs)
+	real, err := filepath.EvalSymlinks(abs)
 	if err != nil {
 		return nil, fmt.Errorf("core: data dir: %w", err)
 	}
-	f := &checkpointFolders{root: root}
 	// Only absolute spellings: a relative one could match inside other words.
-	for _, p := range []string{root, abs} {
+	for _, p := range []string{real, abs} {
 		f.hide = append(f.hide, [2]string{p + string(filepath.Separator), ""}, [2]string{p, "."})
 	}
-	for _, p := range []string{filepath.Dir(root), filepath.Dir(abs)} {
-		if p != filepath.Dir(p) { // not the file-system root
-			f.hide = append(f.hide, [2]string{p + string(filepath.Separator), ""})
-		}
+	if f.localRoot != "" && !strings.HasPrefix(f.localRoot, real) && !strings.HasPrefix(f.localRoot, abs) {
+		f.hide = append(f.hide, [2]string{f.localRoot + string(filepath.Separator), ""}, [2]string{f.localRoot, "."})
 	}
 	slices.SortStableFunc(f.hide, func(a, b [2]string) int { return len(b[0]) - len(a[0]) })
 	return f, nil
 }
 
 // step runs the test hook of a step.
-func (f *checkpointFolders) step(s ckStep) error {
+func (f *checkpointFiles) step(s ckStep) error {
 	if f.fault != nil {
 		return f.fault(s)
 	}
@@ -117,26 +171,50 @@ func generation(ck *loopsv1.Checkpoint) int64 { return ck.GetCreateTime().AsTime
 
 func genEntry(name string, gen int64) string { return name + "@" + strconv.FormatInt(gen, 10) }
 
-// kindDir is the folder of a run's checkpoints of one kind; it checks that the folder stays
-// inside the checkpoint store, symbolic links included.
-func (f *checkpointFolders) kindDir(ws, runID string, kind loopsv1.CheckpointKind) (string, error) {
+// runPrefix is the key prefix of a run's checkpoints; it refuses workspace and run ids that
+// are not plain names.
+func runPrefix(ws, runID string) (string, error) {
 	for _, e := range []string{ws, runID} {
-		if e == "" || e == "." || e == ".." || strings.ContainsAny(e, `/\`) || strings.ContainsRune(e, 0) {
-			return "", connect.NewError(connect.CodeInternal, fmt.Errorf("checkpoint folder element %q is not a plain name; refused", e))
+		if e == "" || e == "." || e == ".." || strings.ContainsAny(e, `/\@`) || strings.ContainsRune(e, 0) {
+			return "", connect.NewError(connect.CodeInternal, fmt.Errorf("checkpoint key element %q is not a plain name; refused", e))
 		}
 	}
-	dir := filepath.Join(f.root, ws, runID, kindSegment(kind))
-	return dir, f.inside(dir)
+	return ws + "/" + runID, nil
 }
 
-// inside checks that p, with its deepest existing ancestor's symbolic links resolved, is
-// inside the checkpoint store.
-func (f *checkpointFolders) inside(p string) error {
+// key is the store key of one generation of a checkpoint.
+func (f *checkpointFiles) key(ws, runID string, kind loopsv1.CheckpointKind, name string, gen int64) (string, error) {
+	p, err := runPrefix(ws, runID)
+	if err != nil {
+		return "", err
+	}
+	k := p + "/" + kindSegment(kind) + "/" + genEntry(name, gen)
+	if err := ckstore.ValidKey(k); err != nil {
+		return "", internal("checkpoint key", err)
+	}
+	return k, nil
+}
+
+// recordKey is the store key of the generation a record points at.
+func (f *checkpointFiles) recordKey(ws string, ck *loopsv1.Checkpoint) (string, error) {
+	if err := validateCheckpointName(ck.GetName()); err != nil {
+		return "", internal("checkpoint record "+ck.GetTinkerPath()+" has a bad name", err)
+	}
+	return f.key(ws, ck.GetTrainingRunId(), ck.GetKind(), ck.GetName(), generation(ck))
+}
+
+// inside checks, for the local store, that the folder of key, with its deepest existing
+// ancestor's symbolic links resolved, is inside the store's folder.
+func (f *checkpointFiles) inside(key string) error {
+	if f.localRoot == "" {
+		return nil
+	}
+	p := filepath.Join(f.localRoot, filepath.FromSlash(key))
 	q := p
 	for {
 		real, err := filepath.EvalSymlinks(q)
 		if err == nil {
-			rel, err := filepath.Rel(f.root, real)
+			rel, err := filepath.Rel(f.localRoot, real)
 			if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) || filepath.IsAbs(rel) {
 				return connect.NewError(connect.CodeInternal, fmt.Errorf("checkpoint folder %s resolves outside the checkpoint store (a symbolic link?); refused", f.rel(p)))
 			}
@@ -146,35 +224,20 @@ func (f *checkpointFolders) inside(p string) error {
 			return f.internalFS("resolving checkpoint folder "+f.rel(p), err)
 		}
 		parent := filepath.Dir(q)
-		if parent == q || len(parent) < len(f.root) {
+		if parent == q || len(parent) < len(f.localRoot) {
 			return f.internalFS("resolving checkpoint folder "+f.rel(p), err)
 		}
 		q = parent
 	}
 }
 
-// nextGeneration picks the generation of a new save of name: its time, but always after the
-// previous generation and every generation this process issued, and never one with a folder
-// (or trash) still on disk.
-func (f *checkpointFolders) nextGeneration(now time.Time, prev *loopsv1.Checkpoint, kindDir, name string) int64 {
+// nextGeneration picks the generation of a new save: its time, but always after the
+// previous generation and every generation this process issued.
+func (f *checkpointFiles) nextGeneration(now time.Time, prev *loopsv1.Checkpoint) int64 {
 	g := now.UnixNano()
 	if prev != nil {
 		g = max(g, generation(prev)+1)
 	}
-	for {
-		g = f.reserveGeneration(g)
-		// The look at the disk happens outside genMu: reserved generations are never
-		// handed out twice, so none can be taken meanwhile.
-		if !exists(filepath.Join(kindDir, genEntry(name, g))) && !exists(filepath.Join(kindDir, genEntry(name, g)+trashSuffix)) {
-			return g
-		}
-		g++
-	}
-}
-
-// reserveGeneration returns the first generation at or after g that this process has not
-// issued, and marks it issued.
-func (f *checkpointFolders) reserveGeneration(g int64) int64 {
 	f.genMu.Lock()
 	defer f.genMu.Unlock()
 	g = max(g, f.lastGen+1)
@@ -183,9 +246,9 @@ func (f *checkpointFolders) reserveGeneration(g int64) int64 {
 }
 
 // lock takes the lock of one checkpoint (workspace, run, checkpoint id), held across the
-// read-check-write of its record and the renames of its folders; call the returned func
-// to release it.
-func (f *checkpointFolders) lock(ws, runID, id string) (unlock func()) {
+// read-check-write of its record and the changes to its keys; call the returned func to
+// release it.
+func (f *checkpointFiles) lock(ws, runID, id string) (unlock func()) {
 	return f.locks.lock(ws + "\x00" + runID + "\x00" + id)
 }
 
@@ -229,37 +292,68 @@ func exists(p string) bool {
 	return err == nil
 }
 
-// current returns the folder that holds ck's files: its generation folder, or the plain
-// <name> folder of a checkpoint saved before generations existed; ok is false when
-// neither is complete.
-func (f *checkpointFolders) current(ws string, ck *loopsv1.Checkpoint) (dir string, ok bool, err error) {
-	kd, err := f.kindDir(ws, ck.GetTrainingRunId(), ck.GetKind())
-	if err != nil {
-		return "", false, err
-	}
-	if err := validateCheckpointName(ck.GetName()); err != nil {
-		return "", false, internal("checkpoint record "+ck.GetTinkerPath()+" has a bad name", err)
-	}
-	for _, e := range []string{genEntry(ck.GetName(), generation(ck)), ck.GetName()} {
-		d := filepath.Join(kd, e)
-		if !exists(d) {
-			continue
-		}
-		if err := f.inside(d); err != nil {
-			return "", false, err
-		}
-		_, err := os.Stat(filepath.Join(d, completeMarker))
-		return d, err == nil, nil
-	}
-	return "", false, nil
+// ckRef is a local folder holding one checkpoint generation's files, kept while held:
+// release it when done. hold adds a holder (a sampling request of a sampler that holds it).
+type ckRef struct {
+	dir string
+	key string
+	mu  sync.Mutex
+	n   int
+	// free lets the folder go (the cache may evict it); nil for the local store.
+	free func()
 }
 
-// rel shows a path relative to the checkpoint store.
-func (f *checkpointFolders) rel(p string) string { return f.hideText(p) }
+func (r *ckRef) hold() *ckRef {
+	r.mu.Lock()
+	r.n++
+	r.mu.Unlock()
+	return r
+}
 
-// hideText replaces the data dir's absolute spellings in a message with paths relative to
-// the checkpoint store.
-func (f *checkpointFolders) hideText(s string) string {
+func (r *ckRef) release() {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	r.n--
+	last := r.n == 0
+	r.mu.Unlock()
+	if last && r.free != nil {
+		r.free()
+	}
+}
+
+// open returns a local folder with the files of the checkpoint generation key: the local
+// store's own folder, or a cached copy of an S3 one. ok is false when the store has no such
+// checkpoint.
+func (f *checkpointFiles) open(ctx context.Context, key string) (*ckRef, bool, error) {
+	if err := f.inside(key); err != nil {
+		return nil, false, err
+	}
+	var (
+		dir  string
+		free func()
+		err  error
+	)
+	if f.local != nil {
+		dir, _, err = f.local.LocalDir(ctx, key)
+	} else {
+		dir, _, free, err = f.cache.Get(ctx, key)
+	}
+	switch {
+	case errors.Is(err, ckstore.ErrNotFound):
+		return nil, false, nil
+	case err != nil:
+		return nil, false, f.internalFS("reading checkpoint "+key, err)
+	}
+	return &ckRef{dir: dir, key: key, n: 1, free: free}, true, nil
+}
+
+// rel shows a path relative to the data dir.
+func (f *checkpointFiles) rel(p string) string { return f.hideText(p) }
+
+// hideText replaces the data dir's absolute spellings in a message with relative paths.
+func (f *checkpointFiles) hideText(s string) string {
 	for _, h := range f.hide {
 		s = strings.ReplaceAll(s, h[0], h[1])
 	}
@@ -268,7 +362,7 @@ func (f *checkpointFolders) hideText(s string) string {
 
 // scrub returns err with the server's absolute paths made relative (os errors name the
 // path); a connect error keeps its code.
-func (f *checkpointFolders) scrub(err error) error {
+func (f *checkpointFiles) scrub(err error) error {
 	if err == nil {
 		return nil
 	}
@@ -291,38 +385,8 @@ func (e *scrubbedError) Error() string { return e.msg }
 func (e *scrubbedError) Unwrap() error { return e.err }
 
 // internalFS is internal with the error's paths made relative.
-func (f *checkpointFolders) internalFS(what string, err error) error {
+func (f *checkpointFiles) internalFS(what string, err error) error {
 	return internal(what, f.scrub(err))
-}
-
-// syncTree fsyncs every file and folder under dir, then dir's parent, so a completed
-// generation survives a power loss before the record points at it.
-func syncTree(dir string) error {
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if !d.IsDir() && !d.Type().IsRegular() {
-			return nil
-		}
-		return syncPath(p)
-	})
-	if err != nil {
-		return err
-	}
-	return syncPath(filepath.Dir(dir))
-}
-
-func syncPath(p string) error {
-	fh, err := os.Open(p)
-	if err != nil {
-		return err
-	}
-	err = fh.Sync()
-	if cerr := fh.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
 
 // writeMarker writes the checkpoint_complete marker into dir.
@@ -330,19 +394,105 @@ func writeMarker(dir string) error {
 	return os.WriteFile(filepath.Join(dir, completeMarker), nil, 0o644)
 }
 
-// sweepFolders runs at start-up, before anything is served: it renames back the trash of a
-// delete that stopped before its record was deleted, and removes every folder under the
-// checkpoint store that no record references (unfinished saves, replaced generations,
-// finished deletes, temporary folders of older versions). Symbolic links are neither
-// followed nor removed; a store error leaves the folder alone.
-func (c *Core) sweepFolders(ctx context.Context) {
+// parseKey splits a store key written by this package into its parts; ok is false for
+// any other key.
+func parseKey(key string) (ws, runID string, kind loopsv1.CheckpointKind, name string, gen int64, ok bool) {
+	parts := strings.Split(key, "/")
+	if len(parts) != 4 {
+		return "", "", 0, "", 0, false
+	}
+	switch parts[2] {
+	case "weights":
+		kind = loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING
+	case "sampler_weights":
+		kind = loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER
+	case "external_weights":
+		kind = loopsv1.CheckpointKind_CHECKPOINT_KIND_EXTERNAL
+	default:
+		return "", "", 0, "", 0, false
+	}
+	name, g, found := strings.Cut(parts[3], "@")
+	gen, err := strconv.ParseInt(g, 10, 64)
+	if !found || err != nil {
+		return "", "", 0, "", 0, false
+	}
+	return parts[0], parts[1], kind, name, gen, true
+}
+
+// sweepStore deletes the checkpoint keys that no record references and whose generation is
+// older than the grace (a save of this or another gateway may still be about to record it),
+// then has the store remove its own leftovers (ckstore Store.Sweep: parts of killed
+// uploads) older than the grace. A store error leaves the key alone.
+func (c *Core) sweepStore(ctx context.Context) {
 	f := c.ckpt
-	wss, _ := os.ReadDir(f.root)
+	f.sweepMu.Lock()
+	defer f.sweepMu.Unlock()
+	f.lastSweep = c.now()
+	keys, err := f.st.List(ctx, "")
+	if err != nil {
+		c.log.Error("listing the checkpoint store to sweep it", slog.Any("err", err))
+		return
+	}
+	cutoff := c.now().Add(-f.grace).UnixNano()
+	for _, key := range keys {
+		ws, runID, kind, name, gen, ok := parseKey(key)
+		if !ok || gen >= cutoff {
+			continue
+		}
+		id := kindSegment(kind) + "/" + name
+		gone := func() bool {
+			defer f.lock(ws, runID, id)()
+			ck, err := c.store.GetCheckpoint(ctx, ws, runID, id)
+			switch {
+			case errors.Is(err, store.ErrNotFound):
+			case err != nil:
+				c.log.Error("looking up a checkpoint while sweeping the checkpoint store", slog.String("key", key), slog.Any("err", err))
+				return false
+			case generation(ck) == gen:
+				return false
+			}
+			if err := f.st.Delete(ctx, key); err != nil {
+				c.log.Error("deleting an unreferenced checkpoint", slog.String("key", key), slog.Any("err", err))
+				return false
+			}
+			return true
+		}()
+		if gone {
+			c.log.Info("deleted an unreferenced checkpoint from the checkpoint store", slog.String("key", key))
+		}
+	}
+	if n, err := f.st.Sweep(ctx, "", f.grace); err != nil {
+		c.log.Error("sweeping the checkpoint store", slog.Any("err", err))
+	} else if n > 0 {
+		c.log.Info("removed leftovers of unfinished checkpoint saves", slog.Int("objects", n))
+	}
+}
+
+// migrateFolders moves the checkpoints of the folder layout that versions before the
+// checkpoint store used (DataDir/checkpoints/<ws>/<run>/<kind>/<name>@<gen>, or <name> for
+// checkpoints older still, each with a checkpoint_complete marker; <name>@<gen>@trash for a
+// delete under way) into the store, then removes the folders. A folder is moved when a
+// record references it: its generation's folder, the plain <name> folder when no generation
+// folder exists, or the trash of a delete that stopped before its record went. The store
+// key is put before the folder is removed, so a crash during the migration leaves either
+// (and the next start-up finishes it). Folders no record references were garbage already
+// and are removed. Symbolic links and files are left alone.
+func (c *Core) migrateFolders(ctx context.Context) error {
+	f := c.ckpt
+	root := filepath.Join(c.opts.DataDir, legacyFolder)
+	wss, err := os.ReadDir(root)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("core: reading the old checkpoint folder: %w", err)
+	}
+	moved := 0
 	for _, ws := range wss {
 		if !ws.IsDir() {
 			continue
 		}
-		runs, _ := os.ReadDir(filepath.Join(f.root, ws.Name()))
+		runs, _ := os.ReadDir(filepath.Join(root, ws.Name()))
 		for _, run := range runs {
 			if !run.IsDir() {
 				continue
@@ -352,89 +502,143 @@ func (c *Core) sweepFolders(ctx context.Context) {
 				loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER,
 				loopsv1.CheckpointKind_CHECKPOINT_KIND_EXTERNAL,
 			} {
-				c.sweepKind(ctx, ws.Name(), run.Name(), kind)
+				n, err := c.migrateKind(ctx, filepath.Join(root, ws.Name(), run.Name(), kindSegment(kind)), ws.Name(), run.Name(), kind)
+				moved += n
+				if err != nil {
+					return err
+				}
 			}
+			_ = removeEmpty(filepath.Join(root, ws.Name(), run.Name()))
 		}
+		_ = removeEmpty(filepath.Join(root, ws.Name()))
 	}
+	_ = os.Remove(root) // only when empty
+	if moved > 0 {
+		c.log.Info("moved checkpoints of the old folder layout into the checkpoint store", slog.Int("count", moved), slog.String("checkpoint_store", f.st.String()))
+	}
+	return nil
 }
 
-func (c *Core) sweepKind(ctx context.Context, ws, runID string, kind loopsv1.CheckpointKind) {
+// removeEmpty removes dir and the empty folders under it.
+func removeEmpty(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			_ = removeEmpty(filepath.Join(dir, e.Name()))
+		}
+	}
+	return os.Remove(dir)
+}
+
+func (c *Core) migrateKind(ctx context.Context, kd, ws, runID string, kind loopsv1.CheckpointKind) (int, error) {
 	f := c.ckpt
-	kd := filepath.Join(f.root, ws, runID, kindSegment(kind))
 	if info, err := os.Lstat(kd); err != nil || !info.IsDir() {
-		return
+		return 0, nil
 	}
 	entries, err := os.ReadDir(kd)
 	if err != nil {
-		c.log.Error("reading checkpoint folder", slog.String("dir", kd), slog.Any("err", err))
-		return
+		return 0, fmt.Errorf("core: reading old checkpoint folder: %w", f.scrub(err))
 	}
 	records := map[string]*loopsv1.Checkpoint{}
-	lookup := func(name string) (*loopsv1.Checkpoint, bool) {
+	lookup := func(name string) (*loopsv1.Checkpoint, error) {
 		if ck, ok := records[name]; ok {
-			return ck, true
+			return ck, nil
 		}
 		ck, err := c.store.GetCheckpoint(ctx, ws, runID, kindSegment(kind)+"/"+name)
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			c.log.Error("looking up a checkpoint while sweeping its folder", slog.String("dir", kd), slog.String("name", name), slog.Any("err", err))
-			return nil, false
+			return nil, fmt.Errorf("core: looking up a checkpoint of the old folder layout: %w", err)
 		}
 		records[name] = ck // nil: no record
-		return ck, true
+		return ck, nil
 	}
-	// Trash first: a delete that stopped before its record went is undone.
+	// Which folder holds each record's files: the generation folder, else its trash, else
+	// the plain folder.
+	rank := func(entry, name string, ck *loopsv1.Checkpoint) int {
+		switch entry {
+		case genEntry(name, generation(ck)):
+			return 3
+		case genEntry(name, generation(ck)) + "@trash":
+			return 2
+		case name:
+			return 1
+		}
+		return 0
+	}
+	best := map[string]string{} // name -> entry to move
 	for _, e := range entries {
-		name, gen, ok := strings.Cut(strings.TrimSuffix(e.Name(), trashSuffix), "@")
-		if !ok || !strings.HasSuffix(e.Name(), trashSuffix) || !e.IsDir() {
+		if !e.IsDir() {
 			continue
 		}
-		ck, ok := lookup(name)
-		if !ok || ck == nil || strconv.FormatInt(generation(ck), 10) != gen {
+		name, _, _ := strings.Cut(e.Name(), "@")
+		ck, err := lookup(name)
+		if err != nil {
+			return 0, err
+		}
+		if ck == nil || !exists(filepath.Join(kd, e.Name(), completeMarker)) {
 			continue
 		}
-		live := filepath.Join(kd, genEntry(name, generation(ck)))
-		if exists(live) {
-			continue
-		}
-		if err := os.Rename(filepath.Join(kd, e.Name()), live); err != nil {
-			c.log.Error("restoring the folder of an interrupted checkpoint delete", slog.String("dir", live), slog.Any("err", err))
-		} else {
-			c.log.Warn("restored the folder of an interrupted checkpoint delete", slog.String("dir", live))
+		if r := rank(e.Name(), name, ck); r > 0 && r > rank(best[name], name, ck) {
+			best[name] = e.Name()
 		}
 	}
-	entries, _ = os.ReadDir(kd)
+	moved := 0
+	for name, entry := range best {
+		ck := records[name]
+		key, err := f.recordKey(ws, ck)
+		if err != nil {
+			return moved, err
+		}
+		if _, err := f.st.Stat(ctx, key); errors.Is(err, ckstore.ErrNotFound) {
+			if _, err := f.st.Put(ctx, key, filepath.Join(kd, entry)); err != nil {
+				return moved, fmt.Errorf("core: moving checkpoint %s into the checkpoint store: %w", ck.GetTinkerPath(), f.scrub(err))
+			}
+		} else if err != nil {
+			return moved, fmt.Errorf("core: moving checkpoint %s into the checkpoint store: %w", ck.GetTinkerPath(), f.scrub(err))
+		}
+		moved++
+	}
 	for _, e := range entries {
 		if !e.IsDir() { // symbolic links and files are not ours to remove
 			continue
 		}
-		name, _, _ := strings.Cut(e.Name(), "@")
-		ck, ok := lookup(name)
-		if !ok {
-			continue
-		}
-		if ck != nil {
-			live := genEntry(name, generation(ck))
-			if e.Name() == live || e.Name() == name && !exists(filepath.Join(kd, live)) {
-				continue
-			}
-		}
 		if err := os.RemoveAll(filepath.Join(kd, e.Name())); err != nil {
-			c.log.Error("removing an unreferenced checkpoint folder", slog.String("dir", filepath.Join(kd, e.Name())), slog.Any("err", err))
-			continue
+			c.log.Error("removing a checkpoint folder of the old layout", slog.String("dir", f.rel(filepath.Join(kd, e.Name()))), slog.Any("err", err))
 		}
-		c.log.Info("removed an unreferenced checkpoint folder", slog.String("dir", filepath.Join(kd, e.Name())))
 	}
+	_ = os.Remove(kd)
+	return moved, nil
 }
 
-// openCheckpoints prepares the checkpoint store at start-up: it resolves the folder, binds
-// download links to the core's clock and sweeps folders left by a crash.
+// openCheckpoints prepares the checkpoint store at start-up: it opens it, binds download
+// links to the core's clock, moves checkpoints of the old folder layout into it and sweeps
+// what a crash left.
 func (c *Core) openCheckpoints(ctx context.Context) error {
-	f, err := newCheckpointFolders(c.opts.DataDir)
+	f, err := newCheckpointFiles(c.opts)
 	if err != nil {
 		return err
 	}
 	c.ckpt = f
 	c.archives.now = c.now
-	c.sweepFolders(ctx)
+	if err := c.migrateFolders(ctx); err != nil {
+		return err
+	}
+	c.sweepStore(ctx)
 	return nil
+}
+
+// CheckpointStore returns the checkpoint store in use.
+func (c *Core) CheckpointStore() ckstore.Store { return c.ckpt.st }
+
+// maybeSweepStore runs sweepStore when the last one is checkpointSweepEvery old.
+func (c *Core) maybeSweepStore(ctx context.Context, now time.Time) {
+	f := c.ckpt
+	f.sweepMu.Lock()
+	due := now.Sub(f.lastSweep) >= checkpointSweepEvery
+	f.sweepMu.Unlock()
+	if due {
+		c.sweepStore(ctx)
+	}
 }

@@ -8,9 +8,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/backends"
+	"github.com/loops-dev/loops/gateway/ckstore"
+	"github.com/loops-dev/loops/gateway/ckstore/s3test"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/stretchr/testify/require"
@@ -65,34 +68,62 @@ func (c *crasher) hook(s ckStep) error {
 	return nil
 }
 
+// ckStores are the checkpoint stores the crash tests run on: the local folder (the
+// default) and an S3 bucket on a real S3-compatible server (skipped without the weed
+// binary, except under CI). Each returns the Options that every core of one test (its
+// restarts included) opens with.
+var ckStores = []struct {
+	name string
+	opts func(t *testing.T) Options
+}{
+	{"local", func(t *testing.T) Options { return Options{CheckpointSweepGrace: time.Nanosecond} }},
+	{"s3", func(t *testing.T) Options {
+		return Options{CheckpointStore: newS3Store(t), CheckpointSweepGrace: time.Nanosecond}
+	}},
+}
+
+// newS3Store is a checkpoint store in a fresh bucket of the package's S3 server.
+func newS3Store(t *testing.T) ckstore.Store {
+	t.Helper()
+	srv := s3test.Start(t)
+	srv.SetEnv(t)
+	st, err := ckstore.Open(t.Context(), "s3://"+srv.NewBucket(t)+"/loops", ckstore.Options{})
+	require.NoError(t, err)
+	return st
+}
+
 // checkAfterRestart opens a fresh core on dir and checks that checkpoint name of run is
-// listed (or not, if gone), complete, loadable and holds want, and that no other folder
-// survived the start-up sweep.
-func checkAfterRestart(t *testing.T, dir, run, name, want string, gone bool) {
+// listed (or not, if gone), complete, loadable and holds want, and that no other
+// generation survived the start-up sweep.
+func checkAfterRestart(t *testing.T, dir string, opts Options, run, name, want string, gone bool) {
 	t.Helper()
 	be := &contentBackend{fakeBackend: newFakeBackend()}
-	h, stop := openHarness(t, dir, be, be.fakeBackend)
+	h, stop := openHarnessWith(t, dir, be, be.fakeBackend, opts)
 	defer stop()
-	kd := filepath.Join(dir, "checkpoints", "ws-a", run, "weights")
-	entries, err := os.ReadDir(kd)
+	keys, err := h.core.ckpt.st.List(h.ctx, "ws-a/"+run)
 	require.NoError(t, err)
 	path := "tinker://" + run + "/weights/" + name
 	if gone {
 		require.Empty(t, h.listNames(run))
-		require.Empty(t, entries, "the start-up sweep removed every folder")
+		require.Empty(t, keys, "the start-up sweep deleted every generation")
 		_, _, err := h.core.resolveCheckpoint(h.ctx, "ws-a", path)
 		require.Equal(t, connect.CodeNotFound, connect.CodeOf(err))
 		return
 	}
 	require.Equal(t, []string{name}, h.listNames(run))
-	_, folder, err := h.core.resolveCheckpoint(h.ctx, "ws-a", path)
+	ck, ref, err := h.core.resolveCheckpoint(h.ctx, "ws-a", path)
 	require.NoError(t, err)
-	require.FileExists(t, filepath.Join(folder, completeMarker))
-	got, err := os.ReadFile(filepath.Join(folder, "adapter_model.safetensors"))
+	defer ref.release()
+	require.FileExists(t, filepath.Join(ref.dir, completeMarker))
+	got, err := os.ReadFile(filepath.Join(ref.dir, "adapter_model.safetensors"))
 	require.NoError(t, err)
 	require.Equal(t, want, string(got))
-	require.Len(t, entries, 1, "only the current generation survives the start-up sweep")
-	require.Equal(t, filepath.Base(folder), entries[0].Name())
+	key, err := h.core.ckpt.recordKey("ws-a", ck)
+	require.NoError(t, err)
+	require.Equal(t, []string{key}, keys, "only the current generation survives the start-up sweep")
+	staged, err := os.ReadDir(filepath.Join(dir, stagingFolder))
+	require.NoError(t, err)
+	require.Empty(t, staged, "the staging folder is emptied at start-up")
 	op, err := h.svc.Training.LoadWeights(h.ctx, &loopsv1.LoadWeightsRequest{TrainingRunId: run, Path: path, WithOptimizer: true})
 	require.NoError(t, err)
 	done := h.wait(op)
@@ -100,82 +131,95 @@ func checkAfterRestart(t *testing.T, dir, run, name, want string, gone bool) {
 }
 
 // TestOverwriteSurvivesACrashAtEveryStep kills an overwrite save right before each of its
-// file-system and store steps; after a restart the checkpoint is always listed, complete,
-// loadable and either the old or the new one, and no temporary folder is left.
+// file-system and store steps, on each checkpoint store; after a restart the checkpoint is
+// always listed, complete, loadable and either the old or the new one, and no other
+// generation is left.
 func TestOverwriteSurvivesACrashAtEveryStep(t *testing.T) {
-	want := []ckStep{stepSaveMkdir, stepSaveWrite, stepSaveMarker, stepSaveSync, stepSaveRecord, stepSaveRemove}
-	for at := -1; at < len(want); at++ {
-		name := "clean run"
-		if at >= 0 {
-			name = "crash before " + string(want[at])
-		}
-		t.Run(name, func(t *testing.T) {
-			dir := t.TempDir()
-			be := &contentBackend{fakeBackend: newFakeBackend()}
-			h, stop := openHarness(t, dir, be, be.fakeBackend)
-			run := h.newRun()
-			be.set("old")
-			_, err := h.save(run, "c", false)
-			require.NoError(t, err)
+	want := []ckStep{stepSaveMkdir, stepSaveWrite, stepSaveMarker, stepSavePut, stepSaveRecord, stepSaveRemove}
+	for _, cs := range ckStores {
+		t.Run(cs.name, func(t *testing.T) {
+			opts := cs.opts(t)
+			for at := -1; at < len(want); at++ {
+				name := "clean run"
+				if at >= 0 {
+					name = "crash before " + string(want[at])
+				}
+				t.Run(name, func(t *testing.T) {
+					dir := t.TempDir()
+					be := &contentBackend{fakeBackend: newFakeBackend()}
+					h, stop := openHarnessWith(t, dir, be, be.fakeBackend, opts)
+					run := h.newRun()
+					be.set("old")
+					_, err := h.save(run, "c", false)
+					require.NoError(t, err)
 
-			cr := &crasher{at: at}
-			h.core.ckpt.fault = cr.hook
-			be.set("new")
-			_, err = h.save(run, "c", true)
-			if at < 0 {
-				require.NoError(t, err)
-				require.Equal(t, want, cr.steps, "the steps of an overwrite")
-			}
-			stop()
+					cr := &crasher{at: at}
+					h.core.ckpt.fault = cr.hook
+					be.set("new")
+					_, err = h.save(run, "c", true)
+					if at < 0 {
+						require.NoError(t, err)
+						require.Equal(t, want, cr.steps, "the steps of an overwrite")
+					}
+					stop()
 
-			content := "new"
-			if at >= 0 && at <= 4 { // before the record was replaced
-				content = "old"
+					content := "new"
+					if at >= 0 && at <= 4 { // before the record was replaced
+						content = "old"
+					}
+					checkAfterRestart(t, dir, opts, run, "c", content, false)
+				})
 			}
-			checkAfterRestart(t, dir, run, "c", content, false)
 		})
 	}
 }
 
-// TestDeleteSurvivesACrashAtEveryStep kills a delete right before each step: after a restart
-// the checkpoint is either still there, whole, or gone with its files.
+// TestDeleteSurvivesACrashAtEveryStep kills a delete right before each step, on each
+// checkpoint store: after a restart the checkpoint is either still there, whole, or gone
+// with its files.
 func TestDeleteSurvivesACrashAtEveryStep(t *testing.T) {
-	want := []ckStep{stepDelTrash, stepDelRecord, stepDelRemove}
-	for at := -1; at < len(want); at++ {
-		name := "clean run"
-		if at >= 0 {
-			name = "crash before " + string(want[at])
-		}
-		t.Run(name, func(t *testing.T) {
-			dir := t.TempDir()
-			be := &contentBackend{fakeBackend: newFakeBackend(), content: "old"}
-			h, stop := openHarness(t, dir, be, be.fakeBackend)
-			run := h.newRun()
-			path, err := h.save(run, "c", false)
-			require.NoError(t, err)
+	want := []ckStep{stepDelRecord, stepDelRemove}
+	for _, cs := range ckStores {
+		t.Run(cs.name, func(t *testing.T) {
+			opts := cs.opts(t)
+			for at := -1; at < len(want); at++ {
+				name := "clean run"
+				if at >= 0 {
+					name = "crash before " + string(want[at])
+				}
+				t.Run(name, func(t *testing.T) {
+					dir := t.TempDir()
+					be := &contentBackend{fakeBackend: newFakeBackend(), content: "old"}
+					h, stop := openHarnessWith(t, dir, be, be.fakeBackend, opts)
+					run := h.newRun()
+					path, err := h.save(run, "c", false)
+					require.NoError(t, err)
 
-			cr := &crasher{at: at}
-			h.core.ckpt.fault = cr.hook
-			_, err = h.svc.Checkpoints.DeleteCheckpoint(h.ctx, &loopsv1.DeleteCheckpointRequest{Path: path})
-			if at < 0 {
-				require.NoError(t, err)
-				require.Equal(t, want, cr.steps, "the steps of a delete")
+					cr := &crasher{at: at}
+					h.core.ckpt.fault = cr.hook
+					_, err = h.svc.Checkpoints.DeleteCheckpoint(h.ctx, &loopsv1.DeleteCheckpointRequest{Path: path})
+					if at < 0 {
+						require.NoError(t, err)
+						require.Equal(t, want, cr.steps, "the steps of a delete")
+					}
+					stop()
+					checkAfterRestart(t, dir, opts, run, "c", "old", at != 0)
+				})
 			}
-			stop()
-			checkAfterRestart(t, dir, run, "c", "old", at < 0 || at > 1)
 		})
 	}
 }
 
 // TestDeleteFailureLeavesARetryableState fails one step of a delete (the process lives on):
 // before the record is deleted nothing changes and a retry works; after it, the delete has
-// happened and the start-up sweep removes the leftover files.
+// happened and the store sweep deletes the leftover files.
 func TestDeleteFailureLeavesARetryableState(t *testing.T) {
-	for _, failing := range []ckStep{stepDelTrash, stepDelRecord, stepDelRemove} {
+	for _, failing := range []ckStep{stepDelRecord, stepDelRemove} {
 		t.Run(string(failing), func(t *testing.T) {
 			dir := t.TempDir()
 			be := &contentBackend{fakeBackend: newFakeBackend(), content: "old"}
-			h, stop := openHarness(t, dir, be, be.fakeBackend)
+			opts := ckStores[0].opts(t)
+			h, stop := openHarnessWith(t, dir, be, be.fakeBackend, opts)
 			run := h.newRun()
 			path, err := h.save(run, "c", false)
 			require.NoError(t, err)
@@ -184,7 +228,7 @@ func TestDeleteFailureLeavesARetryableState(t *testing.T) {
 				var err error
 				if s == failing {
 					once.Do(func() {
-						err = &os.PathError{Op: "rename", Path: filepath.Join(h.core.ckpt.root, "ws-a", run), Err: errors.New("input/output error")}
+						err = &os.PathError{Op: "rename", Path: filepath.Join(dir, "loops.db"), Err: errors.New("input/output error")}
 					})
 				}
 				return err
@@ -193,33 +237,36 @@ func TestDeleteFailureLeavesARetryableState(t *testing.T) {
 			if failing == stepDelRemove {
 				require.NoError(t, err, "the record is gone: the delete happened")
 				require.Empty(t, h.listNames(run))
+				keys, err := h.core.ckpt.st.List(h.ctx, "ws-a/"+run)
+				require.NoError(t, err)
+				require.Len(t, keys, 1, "the files are left for the sweep")
 				stop()
-				checkAfterRestart(t, dir, run, "c", "", true)
+				checkAfterRestart(t, dir, opts, run, "c", "", true)
 				return
 			}
 			require.Equal(t, connect.CodeInternal, connect.CodeOf(err))
 			require.ErrorContains(t, err, "nothing was deleted; retry")
 			require.NotContains(t, err.Error(), dir, "no server paths in errors")
-			require.Contains(t, err.Error(), "ws-a/"+run)
 			// Unchanged: listed, complete, loadable.
-			_, folder, err := h.core.resolveCheckpoint(h.ctx, "ws-a", path)
+			_, ref, err := h.core.resolveCheckpoint(h.ctx, "ws-a", path)
 			require.NoError(t, err)
-			require.FileExists(t, filepath.Join(folder, "adapter_model.safetensors"))
+			require.FileExists(t, filepath.Join(ref.dir, "adapter_model.safetensors"))
+			ref.release()
 			// The retry succeeds.
 			_, err = h.svc.Checkpoints.DeleteCheckpoint(h.ctx, &loopsv1.DeleteCheckpointRequest{Path: path})
 			require.NoError(t, err)
 			require.Empty(t, h.listNames(run))
-			entries, err := os.ReadDir(filepath.Dir(folder))
+			keys, err := h.core.ckpt.st.List(h.ctx, "ws-a/"+run)
 			require.NoError(t, err)
-			require.Empty(t, entries)
+			require.Empty(t, keys)
 		})
 	}
 }
 
-// TestSaveFailureLeavesNoFolder fails each step of a fresh save once: the save fails, the
-// name is not listed and its unfinished folder is gone at once.
-func TestSaveFailureLeavesNoFolder(t *testing.T) {
-	for _, failing := range []ckStep{stepSaveWrite, stepSaveMarker, stepSaveSync, stepSaveRecord} {
+// TestSaveFailureLeavesNothing fails each step of a fresh save once: the save fails, the
+// name is not listed, and neither the store nor the staging folder keeps anything.
+func TestSaveFailureLeavesNothing(t *testing.T) {
+	for _, failing := range []ckStep{stepSaveMkdir, stepSaveWrite, stepSaveMarker, stepSavePut, stepSaveRecord} {
 		t.Run(string(failing), func(t *testing.T) {
 			dir := t.TempDir()
 			be := &contentBackend{fakeBackend: newFakeBackend(), content: "x"}
@@ -234,9 +281,12 @@ func TestSaveFailureLeavesNoFolder(t *testing.T) {
 			_, err := h.save(run, "c", false)
 			require.ErrorContains(t, err, "internal error, id ", "a disk fault is masked")
 			require.Empty(t, h.listNames(run))
-			entries, err := os.ReadDir(filepath.Join(dir, "checkpoints", "ws-a", run, "weights"))
+			keys, err := h.core.ckpt.st.List(h.ctx, "ws-a/"+run)
 			require.NoError(t, err)
-			require.Empty(t, entries)
+			require.Empty(t, keys)
+			staged, err := os.ReadDir(filepath.Join(dir, stagingFolder))
+			require.NoError(t, err)
+			require.Empty(t, staged)
 		})
 	}
 }
@@ -259,10 +309,10 @@ func TestDownloadLinksAreBounded(t *testing.T) {
 	require.NoError(t, err)
 }
 
-func TestCheckpointPathsNeverLeaveTheStore(t *testing.T) {
+func TestCheckpointKeysNeverLeaveTheStore(t *testing.T) {
 	h := newHarness(t, t.TempDir(), Options{})
-	for _, ws := range []string{"..", "../x", "a/b", "", "."} {
-		_, err := h.core.ckpt.kindDir(ws, "run-1", loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING)
+	for _, ws := range []string{"..", "../x", "a/b", "", ".", "@x"} {
+		_, err := h.core.ckpt.key(ws, "run-1", loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING, "c", 1)
 		require.Error(t, err, ws)
 		require.False(t, strings.Contains(err.Error(), h.dir), err.Error())
 	}

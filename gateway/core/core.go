@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/loops-dev/loops/backends"
+	"github.com/loops-dev/loops/gateway/ckstore"
 	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
@@ -22,8 +22,20 @@ import (
 
 // Options configure the core. Zero values take the documented defaults.
 type Options struct {
-	// DataDir holds checkpoints (DataDir/checkpoints) and archives.
+	// DataDir holds the local checkpoint store (DataDir/checkpoint-store, unless
+	// CheckpointStore is set), the staging folder of checkpoint saves and the cache of
+	// checkpoints read from a remote store.
 	DataDir string
+	// CheckpointStore keeps the checkpoints' files (default: the local folder
+	// DataDir/checkpoint-store); see ckfolders.go.
+	CheckpointStore ckstore.Store
+	// CheckpointCacheBytes bounds the local copies of a remote checkpoint store's
+	// checkpoints that no reader holds (default DefaultCheckpointCacheBytes, 20 GiB).
+	CheckpointCacheBytes int64
+	// CheckpointSweepGrace is how old a checkpoint generation or upload that no record
+	// references must be before the store sweep deletes it (default 1 h); it must exceed
+	// the longest save, of this gateway or another one on the same store.
+	CheckpointSweepGrace time.Duration
 	// SessionTTL is how long a session lives without a heartbeat (default 5 min). When it
 	// expires, its runs' adapters are unloaded; saved checkpoints stay.
 	SessionTTL time.Duration
@@ -108,6 +120,12 @@ func (o *Options) defaults() {
 	if o.SamplingConcurrency <= 0 {
 		o.SamplingConcurrency = 4
 	}
+	if o.CheckpointCacheBytes <= 0 {
+		o.CheckpointCacheBytes = DefaultCheckpointCacheBytes
+	}
+	if o.CheckpointSweepGrace <= 0 {
+		o.CheckpointSweepGrace = DefaultCheckpointSweepGrace
+	}
 	if o.ArchiveURLTTL <= 0 {
 		o.ArchiveURLTTL = 15 * time.Minute
 	}
@@ -138,7 +156,7 @@ type Core struct {
 	sessions map[string]*sessionState
 	samplers *samplers
 	archives *archiveTokens
-	ckpt     *checkpointFolders
+	ckpt     *checkpointFiles
 	usage    *usageMeter
 	policy   *policy.Enforcer // workspace limits and current use
 
@@ -167,7 +185,7 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	if opts.DataDir == "" {
 		return nil, errors.New("core: DataDir is required")
 	}
-	if err := os.MkdirAll(filepath.Join(opts.DataDir, "checkpoints"), 0o755); err != nil {
+	if err := os.MkdirAll(opts.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("core: creating data dir: %w", err)
 	}
 	c := &Core{
@@ -290,6 +308,7 @@ func (c *Core) sweep(ctx context.Context) {
 	c.evictIdleRuns(now)
 	c.samplers.expire(now)
 	c.expireCheckpoints(ctx, now)
+	c.maybeSweepStore(ctx, now)
 	c.ops.evictFinishedBefore(now.Add(-finishedInMemory))
 	if _, err := c.store.DeleteOperationsDoneBefore(ctx, now.Add(-c.opts.ResultRetention)); err != nil {
 		c.log.Error("deleting old operations", slog.Any("err", err))

@@ -28,11 +28,13 @@ const maxTopKPromptLogprobs = semantics.MaxTopKPromptLogprobs
 const defaultMaxTokens = semantics.DefaultMaxTokens
 
 // samplerState is a sampler in memory: its record, the adapter folder it samples with
-// (empty for the base model), and its seq_id de-duplication table.
+// (empty for the base model) and the hold on it (ref, released when the sampler leaves
+// memory), and its seq_id de-duplication table.
 type samplerState struct {
 	ws   string
 	info *loopsv1.Sampler
 	dir  string
+	ref  *ckRef
 	used time.Time // last request that named it (samplers.mu); see samplers.expire
 	mu   sync.Mutex
 	seen map[int64]string // seq_id -> operation id
@@ -51,16 +53,18 @@ func newSamplers(c *Core) *samplers {
 	return &samplers{c: c, byID: map[string]*samplerState{}, queue: newSampleQueue(c)}
 }
 
-// create registers a sampler; model is the checkpoint path ("" for the base model) and dir
-// its resolved folder.
-func (ss *samplers) create(ctx context.Context, ws, sessionID, baseModel, modelPath, dir string) (*loopsv1.Sampler, error) {
+// create registers a sampler; model is the checkpoint path ("" for the base model) and ref
+// its opened folder (nil for the base model), which the sampler holds from then on.
+func (ss *samplers) create(ctx context.Context, ws, sessionID, baseModel, modelPath string, ref *ckRef) (*loopsv1.Sampler, error) {
 	var sess *sessionState
 	if sessionID != "" {
 		var err error
 		if sess, err = ss.c.session(ctx, ws, sessionID); err != nil {
+			ref.release()
 			return nil, err
 		}
 		if err := sess.roomForSampler(ss.c); err != nil {
+			ref.release()
 			return nil, err
 		}
 	}
@@ -69,9 +73,10 @@ func (ss *samplers) create(ctx context.Context, ws, sessionID, baseModel, modelP
 		CreateTime: timestamppb.New(ss.c.now()),
 	}
 	if err := ss.c.store.PutSampler(ctx, ws, info); err != nil {
+		ref.release()
 		return nil, internal("recording sampler", err)
 	}
-	ss.add(&samplerState{ws: ws, info: info, dir: dir, seen: map[int64]string{}})
+	ss.add(newSamplerState(ws, info, ref))
 	if sess != nil {
 		sess.addSampler(info.Id)
 	}
@@ -88,6 +93,7 @@ func (ss *samplers) add(s *samplerState) *samplerState {
 	now := ss.c.now()
 	if cur, ok := ss.byID[s.info.GetId()]; ok {
 		cur.used = now
+		s.ref.release()
 		return cur
 	}
 	s.used = now
@@ -120,6 +126,19 @@ func (ss *samplers) dropLocked(s *samplerState) {
 	if ss.perWS[s.ws]--; ss.perWS[s.ws] <= 0 {
 		delete(ss.perWS, s.ws)
 	}
+	s.mu.Lock()
+	s.ref.release()
+	s.ref = nil
+	s.mu.Unlock()
+}
+
+// newSamplerState is a sampler in memory that holds ref (nil for the base model).
+func newSamplerState(ws string, info *loopsv1.Sampler, ref *ckRef) *samplerState {
+	s := &samplerState{ws: ws, info: info, ref: ref, seen: map[int64]string{}}
+	if ref != nil {
+		s.dir = ref.dir
+	}
+	return s
 }
 
 // expire drops from memory the samplers no request named for Limits.SamplerIdleTTL. They
@@ -159,13 +178,13 @@ func (ss *samplers) get(ctx context.Context, ws, id string) (*samplerState, erro
 	if err != nil {
 		return nil, storeErr(err, "sampler "+quote(id))
 	}
-	dir := ""
+	var ref *ckRef
 	if info.GetModelPath() != "" {
-		if _, dir, err = ss.c.resolveCheckpoint(ctx, ws, info.GetModelPath()); err != nil {
+		if _, ref, err = ss.c.resolveCheckpoint(ctx, ws, info.GetModelPath()); err != nil {
 			return nil, err
 		}
 	}
-	return ss.add(&samplerState{ws: ws, info: info, dir: dir, seen: map[int64]string{}}), nil
+	return ss.add(newSamplerState(ws, info, ref)), nil
 }
 
 // dropSession forgets the samplers of an expired session (their records stay).
@@ -217,17 +236,19 @@ func (s SamplingService) CreateSampler(ctx context.Context, req *loopsv1.CreateS
 
 // createSampler creates a sampler on a base model or a checkpoint.
 func (c *Core) createSampler(ctx context.Context, ws string, req *loopsv1.CreateSamplerRequest) (*loopsv1.Sampler, error) {
-	baseModel, dir := req.GetBaseModel(), ""
+	baseModel := req.GetBaseModel()
+	var ck *loopsv1.Checkpoint
+	var owner string
 	switch {
 	case req.GetModelPath() != "":
-		ck, d, err := c.resolveCheckpoint(ctx, ws, req.GetModelPath())
-		if err != nil {
+		var err error
+		if ck, owner, err = c.resolveOwned(ctx, ws, req.GetModelPath()); err != nil {
 			return nil, err
 		}
 		if baseModel != "" && baseModel != ck.GetBaseModel() {
 			return nil, invalidArgument("checkpoint %s was trained on %s, not %s", req.GetModelPath(), ck.GetBaseModel(), baseModel)
 		}
-		baseModel, dir = ck.GetBaseModel(), d
+		baseModel = ck.GetBaseModel()
 	case baseModel == "":
 		return nil, invalidArgument("give a base_model or a model_path (tinker://…/sampler_weights/…)")
 	}
@@ -237,7 +258,14 @@ func (c *Core) createSampler(ctx context.Context, ws string, req *loopsv1.Create
 	if err := c.policy.AllowModel(ws, baseModel); err != nil {
 		return nil, err
 	}
-	return c.samplers.create(ctx, ws, req.GetSessionId(), baseModel, req.GetModelPath(), dir)
+	var ref *ckRef
+	if ck != nil {
+		var err error
+		if ref, err = c.checkpointFolder(ctx, owner, ck); err != nil {
+			return nil, err
+		}
+	}
+	return c.samplers.create(ctx, ws, req.GetSessionId(), baseModel, req.GetModelPath(), ref)
 }
 
 // GetSampler returns one sampler.

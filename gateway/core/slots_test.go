@@ -98,7 +98,7 @@ func trainThroughSlots(t *testing.T, k, maxAdapters int) []slotRunResult {
 	}
 	for i, run := range runs {
 		wait(svc.Training.SaveWeights(ctx, &loopsv1.SaveWeightsRequest{TrainingRunId: run, Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING, Name: "final"}))
-		m, err := filepath.Glob(filepath.Join(dir, "checkpoints", "ws", run, "weights", "final*", "adapter_model.safetensors"))
+		m, err := filepath.Glob(filepath.Join(dir, "checkpoint-store", "ws", run, "weights", "final@*", "@parts", "*", "adapter_model.safetensors"))
 		require.NoError(t, err)
 		require.Len(t, m, 1)
 		out[i].weights, err = os.ReadFile(m[0])

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strconv"
 
 	"connectrpc.com/connect"
@@ -80,9 +78,9 @@ func (s TrainingService) CreateTrainingRun(ctx context.Context, req *loopsv1.Cre
 // createRun creates a run (in the session sess, if not nil) and queues its adapter's creation.
 func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req *loopsv1.CreateTrainingRunRequest) (*loopsv1.Operation, error) {
 	baseModel, lora := req.GetBaseModel(), req.GetLora()
-	var fromDir string
+	var from *checkpointOf
 	if req.GetFromCheckpoint() != "" {
-		ck, dir, err := c.resolveCheckpoint(ctx, ws, req.GetFromCheckpoint())
+		ck, owner, err := c.resolveOwned(ctx, ws, req.GetFromCheckpoint())
 		if err != nil {
 			return nil, err
 		}
@@ -101,7 +99,7 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 		if !sameAdapterShape(lora, ck.GetLora()) {
 			return nil, invalidArgument("the LoRA config {%v} does not match checkpoint %s's {%v}: rank and train_* flags must be equal", lora, req.GetFromCheckpoint(), ck.GetLora())
 		}
-		fromDir = dir
+		from = &checkpointOf{owner: owner, ck: ck}
 	}
 	model, err := c.model(baseModel)
 	if err != nil {
@@ -156,7 +154,7 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 			return nil, err
 		}
 		return &task{op: o, creates: true, exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
-			return c.createAdapter(ctx, r, fromDir, req.GetWithOptimizer())
+			return c.createAdapter(ctx, r, from, req.GetWithOptimizer())
 		}}, nil
 	})
 	if err != nil {
@@ -172,11 +170,21 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 	return op, nil
 }
 
-func (c *Core) createAdapter(ctx context.Context, r *run, fromDir string, withOptimizer bool) (func(*loopsv1.Operation), error) {
+// checkpointOf is a checkpoint record and its owner's workspace.
+type checkpointOf struct {
+	owner string
+	ck    *loopsv1.Checkpoint
+}
+
+func (c *Core) createAdapter(ctx context.Context, r *run, from *checkpointOf, withOptimizer bool) (func(*loopsv1.Operation), error) {
 	info := r.snapshot()
 	_, err := c.backend.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: r.id, BaseModel: info.GetBaseModel(), Lora: info.GetLora()})
-	if err == nil && fromDir != "" {
-		_, err = c.backend.Trainer().LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: r.id, Dir: fromDir, LoadOptimizer: withOptimizer})
+	if err == nil && from != nil {
+		var ref *ckRef
+		if ref, err = c.checkpointFolder(ctx, from.owner, from.ck); err == nil {
+			_, err = c.backend.Trainer().LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: r.id, Dir: ref.dir, LoadOptimizer: withOptimizer})
+			ref.release()
+		}
 	}
 	if err != nil {
 		reason := "creating its adapter failed: " + connectMessage(err)
@@ -422,11 +430,17 @@ func (s TrainingService) LoadWeights(ctx context.Context, req *loopsv1.LoadWeigh
 		},
 		func(r *run, _ int64) *task {
 			return &task{exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
-				_, dir, err := c.loadableCheckpoint(ctx, r.ws, r.id, r.snapshot(), req)
+				ck, owner, err := c.loadableCheckpoint(ctx, r.ws, r.id, r.snapshot(), req)
 				if err != nil {
 					return nil, err
 				}
-				if _, err := c.backend.Trainer().LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: r.id, Dir: dir, LoadOptimizer: req.GetWithOptimizer()}); err != nil {
+				ref, err := c.checkpointFolder(ctx, owner, ck)
+				if err != nil {
+					return nil, err
+				}
+				_, err = c.backend.Trainer().LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: r.id, Dir: ref.dir, LoadOptimizer: req.GetWithOptimizer()})
+				ref.release()
+				if err != nil {
 					return nil, r.adapterLost(err)
 				}
 				r.update(ctx, func(i *loopsv1.TrainingRun) { i.Corrupted = false })
@@ -437,9 +451,10 @@ func (s TrainingService) LoadWeights(ctx context.Context, req *loopsv1.LoadWeigh
 		})
 }
 
-// loadableCheckpoint resolves a checkpoint and checks that it fits the run.
+// loadableCheckpoint resolves a checkpoint, returning it and its owner, and checks that it
+// fits the run.
 func (c *Core) loadableCheckpoint(ctx context.Context, ws, runID string, info *loopsv1.TrainingRun, req *loopsv1.LoadWeightsRequest) (*loopsv1.Checkpoint, string, error) {
-	ck, dir, err := c.resolveCheckpoint(ctx, ws, req.GetPath())
+	ck, owner, err := c.resolveOwned(ctx, ws, req.GetPath())
 	if err != nil {
 		return nil, "", err
 	}
@@ -452,7 +467,7 @@ func (c *Core) loadableCheckpoint(ctx context.Context, ws, runID string, info *l
 	if !sameAdapterShape(ck.GetLora(), info.GetLora()) {
 		return nil, "", invalidArgument("checkpoint %s has LoRA config {%v} but training run %s has {%v}; rank and train_* flags must be equal: create a run from the checkpoint instead (create_training_client_from_state)", req.GetPath(), ck.GetLora(), runID, info.GetLora())
 	}
-	return ck, dir, nil
+	return ck, owner, nil
 }
 
 // recoverRuns loads into memory, after a restart, the runs of the store that may still take
@@ -486,18 +501,6 @@ func (c *Core) recoverRuns(ctx context.Context) error {
 		c.runs.add(r)
 	}
 	return nil
-}
-
-// dirSize sums the sizes of the files under dir.
-func dirSize(dir string) int64 {
-	var n int64
-	_ = filepath.Walk(dir, func(_ string, info os.FileInfo, err error) error {
-		if err == nil && !info.IsDir() {
-			n += info.Size()
-		}
-		return nil
-	})
-	return n
 }
 
 // sameAdapterShape reports whether two LoRA configs give adapters of the same tensors: equal
