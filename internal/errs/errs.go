@@ -52,6 +52,10 @@ const (
 	ReasonResultExpired = "RESULT_EXPIRED"
 	// ReasonClientClosed: the client went away before the answer (logged and counted only).
 	ReasonClientClosed = "CLIENT_CLOSED_REQUEST"
+	// ReasonNoLeader: a standby gateway knows no leader it can reach (the leader died and
+	// its lease has not lapsed yet, or this gateway is taking over); retry in a second
+	// (HTTP 503, which the tinker SDK retries).
+	ReasonNoLeader = "NO_LEADER"
 )
 
 // Category says whose fault an error is.
