@@ -18,7 +18,7 @@ googleapis=$root/.cache/protodeps/googleapis
 cd "$root/proto"
 "$venv/bin/python" -m grpc_tools.protoc -I . -I "$googleapis" \
   --python_out="$out" --pyi_out="$out" --grpc_python_out="$out" \
-  loops/v1/types.proto loops/backend/v1/backend.proto \
+  loops/v1/types.proto loops/backend/v1/backend.proto loops/backend/v1/registry.proto \
   loops/v1/operations.proto loops/v1/resources.proto loops/v1/services.proto
 # Regular packages (not namespace packages), so `import loops.backend.v1` is unambiguous.
 for d in loops loops/v1 loops/backend loops/backend/v1; do

@@ -14,6 +14,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ExportFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXPORT_FORMAT_UNSPECIFIED: _ClassVar[ExportFormat]
+    EXPORT_FORMAT_PEFT: _ClassVar[ExportFormat]
+    EXPORT_FORMAT_MERGED: _ClassVar[ExportFormat]
+
 class UsageKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     USAGE_KIND_UNSPECIFIED: _ClassVar[UsageKind]
@@ -21,6 +27,9 @@ class UsageKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     USAGE_KIND_SAMPLING_PREFILL_TOKENS: _ClassVar[UsageKind]
     USAGE_KIND_SAMPLING_SAMPLE_TOKENS: _ClassVar[UsageKind]
     USAGE_KIND_CHECKPOINTS: _ClassVar[UsageKind]
+EXPORT_FORMAT_UNSPECIFIED: ExportFormat
+EXPORT_FORMAT_PEFT: ExportFormat
+EXPORT_FORMAT_MERGED: ExportFormat
 USAGE_KIND_UNSPECIFIED: UsageKind
 USAGE_KIND_TRAINING_TOKENS: UsageKind
 USAGE_KIND_SAMPLING_PREFILL_TOKENS: UsageKind
@@ -364,6 +373,22 @@ class GetCheckpointArchiveURLResponse(_message.Message):
     expire_time: _timestamp_pb2.Timestamp
     def __init__(self, url: _Optional[str] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
+class GetCheckpointExportURLRequest(_message.Message):
+    __slots__ = ("path", "format")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    format: ExportFormat
+    def __init__(self, path: _Optional[str] = ..., format: _Optional[_Union[ExportFormat, str]] = ...) -> None: ...
+
+class GetCheckpointExportURLResponse(_message.Message):
+    __slots__ = ("url", "expire_time")
+    URL_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    expire_time: _timestamp_pb2.Timestamp
+    def __init__(self, url: _Optional[str] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
 class GetCheckpointFileURLsRequest(_message.Message):
     __slots__ = ("path",)
     PATH_FIELD_NUMBER: _ClassVar[int]
@@ -386,16 +411,18 @@ class GetCheckpointFileURLsResponse(_message.Message):
     def __init__(self, urls: _Optional[_Mapping[str, str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateSamplerRequest(_message.Message):
-    __slots__ = ("session_id", "client_seq_id", "base_model", "model_path")
+    __slots__ = ("session_id", "client_seq_id", "base_model", "model_path", "deployment")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     client_seq_id: int
     base_model: str
     model_path: str
-    def __init__(self, session_id: _Optional[str] = ..., client_seq_id: _Optional[int] = ..., base_model: _Optional[str] = ..., model_path: _Optional[str] = ...) -> None: ...
+    deployment: str
+    def __init__(self, session_id: _Optional[str] = ..., client_seq_id: _Optional[int] = ..., base_model: _Optional[str] = ..., model_path: _Optional[str] = ..., deployment: _Optional[str] = ...) -> None: ...
 
 class GetSamplerRequest(_message.Message):
     __slots__ = ("id",)
@@ -446,20 +473,22 @@ class GetUsageResponse(_message.Message):
     def __init__(self, buckets: _Optional[_Iterable[_Union[UsageBucket, _Mapping]]] = ...) -> None: ...
 
 class UsageBucket(_message.Message):
-    __slots__ = ("start_time", "end_time", "base_model", "session_id", "kind", "amount")
+    __slots__ = ("start_time", "end_time", "base_model", "session_id", "kind", "amount", "deployment")
     START_TIME_FIELD_NUMBER: _ClassVar[int]
     END_TIME_FIELD_NUMBER: _ClassVar[int]
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     AMOUNT_FIELD_NUMBER: _ClassVar[int]
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
     start_time: _timestamp_pb2.Timestamp
     end_time: _timestamp_pb2.Timestamp
     base_model: str
     session_id: str
     kind: UsageKind
     amount: int
-    def __init__(self, start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., base_model: _Optional[str] = ..., session_id: _Optional[str] = ..., kind: _Optional[_Union[UsageKind, str]] = ..., amount: _Optional[int] = ...) -> None: ...
+    deployment: str
+    def __init__(self, start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., base_model: _Optional[str] = ..., session_id: _Optional[str] = ..., kind: _Optional[_Union[UsageKind, str]] = ..., amount: _Optional[int] = ..., deployment: _Optional[str] = ...) -> None: ...
 
 class GetWorkspaceRequest(_message.Message):
     __slots__ = ()

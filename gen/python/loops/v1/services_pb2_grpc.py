@@ -757,6 +757,11 @@ class CheckpointServiceStub:
                 request_serializer=loops_dot_v1_dot_services__pb2.GetCheckpointArchiveURLRequest.SerializeToString,
                 response_deserializer=loops_dot_v1_dot_services__pb2.GetCheckpointArchiveURLResponse.FromString,
                 _registered_method=True)
+        self.GetCheckpointExportURL = channel.unary_unary(
+                '/loops.v1.CheckpointService/GetCheckpointExportURL',
+                request_serializer=loops_dot_v1_dot_services__pb2.GetCheckpointExportURLRequest.SerializeToString,
+                response_deserializer=loops_dot_v1_dot_services__pb2.GetCheckpointExportURLResponse.FromString,
+                _registered_method=True)
 
 
 class CheckpointServiceServicer:
@@ -814,6 +819,15 @@ class CheckpointServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCheckpointExportURL(self, request, context):
+        """GetCheckpointExportURL returns a short-lived URL from which the checkpoint downloads as
+        a tar archive in an export format: the PEFT adapter folder, or a complete Hugging Face
+        model folder with the adapter folded into the base weights (docs/export-import.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CheckpointServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -851,6 +865,11 @@ def add_CheckpointServiceServicer_to_server(servicer, server):
                     servicer.GetCheckpointArchiveURL,
                     request_deserializer=loops_dot_v1_dot_services__pb2.GetCheckpointArchiveURLRequest.FromString,
                     response_serializer=loops_dot_v1_dot_services__pb2.GetCheckpointArchiveURLResponse.SerializeToString,
+            ),
+            'GetCheckpointExportURL': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCheckpointExportURL,
+                    request_deserializer=loops_dot_v1_dot_services__pb2.GetCheckpointExportURLRequest.FromString,
+                    response_serializer=loops_dot_v1_dot_services__pb2.GetCheckpointExportURLResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1043,6 +1062,33 @@ class CheckpointService:
             '/loops.v1.CheckpointService/GetCheckpointArchiveURL',
             loops_dot_v1_dot_services__pb2.GetCheckpointArchiveURLRequest.SerializeToString,
             loops_dot_v1_dot_services__pb2.GetCheckpointArchiveURLResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCheckpointExportURL(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loops.v1.CheckpointService/GetCheckpointExportURL',
+            loops_dot_v1_dot_services__pb2.GetCheckpointExportURLRequest.SerializeToString,
+            loops_dot_v1_dot_services__pb2.GetCheckpointExportURLResponse.FromString,
             options,
             channel_credentials,
             insecure,
