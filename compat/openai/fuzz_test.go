@@ -4,6 +4,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/loops-dev/loops/compat/internal/infer"
 	"github.com/loops-dev/loops/internal/semantics"
 )
 
@@ -27,8 +28,12 @@ func FuzzDecodeRequest(f *testing.F) {
 		req, err := decodeRequest(b, chat, semantics.MaxNumSamples)
 		if err != nil {
 			var ae *apiError
-			if !errors.As(err, &ae) || ae.status < 400 || ae.status >= 500 || ae.message == "" || ae.typ == "" {
-				t.Fatalf("decoder error is not a client error in OpenAI's shape: %#v", err)
+			var ie *infer.Error
+			if !errors.As(err, &ae) && !errors.As(err, &ie) {
+				t.Fatalf("decoder error is not the adapter's own: %#v", err)
+			}
+			if status, body, id := classify(err); status < 400 || status >= 500 || body.Message == "" || body.Type == "" || id != "" {
+				t.Fatalf("decoder error is not a client error in OpenAI's shape: %d %+v %#v", status, body, err)
 			}
 			return
 		}

@@ -5,10 +5,7 @@ import (
 
 	"encoding/json"
 	"fmt"
-	"maps"
 	"math"
-	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/loops-dev/loops/compat/internal/infer"
@@ -52,7 +49,7 @@ type request struct {
 // Every field is range-checked; a field the adapter does not implement is a 400 naming it.
 // maxN caps n.
 func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
-	fields, err := decodeObject(b, "")
+	fields, err := infer.DecodeObject(b, "")
 	if err != nil {
 		return nil, err
 	}
@@ -60,14 +57,14 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 	var maxTokens, maxCompletionTokens, bestOf *int64
 	hasMessages, hasPrompt := false, false
 	// Visit the fields in a fixed order so that the error names the same field every time.
-	for _, name := range sortedKeys(fields) {
+	for _, name := range infer.SortedKeys(fields) {
 		raw := fields[name]
-		if isNull(raw) {
+		if infer.IsNull(raw) {
 			continue // OpenAI's clients send null for "not given"
 		}
 		switch name {
 		case "model":
-			if req.model, err = str(raw, name); err != nil {
+			if req.model, err = infer.Str(raw, name); err != nil {
 				return nil, err
 			}
 		case "messages":
@@ -87,7 +84,7 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 			}
 			hasPrompt = true
 		case "max_tokens":
-			v, err := integer(raw, name, 1, math.MaxInt32)
+			v, err := infer.Integer(raw, name, 1, math.MaxInt32)
 			if err != nil {
 				return nil, err
 			}
@@ -96,19 +93,19 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 			if !chat {
 				return nil, unsupported(name, "use max_tokens on POST /completions")
 			}
-			v, err := integer(raw, name, 1, math.MaxInt32)
+			v, err := infer.Integer(raw, name, 1, math.MaxInt32)
 			if err != nil {
 				return nil, err
 			}
 			maxCompletionTokens = &v
 		case "temperature":
-			v, err := float(raw, name, 0, math.MaxFloat32)
+			v, err := infer.Float(raw, name, 0, math.MaxFloat32)
 			if err != nil {
 				return nil, err
 			}
 			req.temperature = float32(v)
 		case "top_p":
-			v, err := float(raw, name, 0, 1)
+			v, err := infer.Float(raw, name, 0, 1)
 			if err != nil {
 				return nil, err
 			}
@@ -117,7 +114,7 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 			}
 			req.topP = float32(v)
 		case "top_k":
-			v, err := integer(raw, name, -1, math.MaxInt32)
+			v, err := infer.Integer(raw, name, -1, math.MaxInt32)
 			if err != nil {
 				return nil, err
 			}
@@ -126,7 +123,7 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 			}
 			req.topK = int32(v)
 		case "seed":
-			if req.seed, err = seed(raw); err != nil {
+			if req.seed, err = infer.Seed(raw); err != nil {
 				return nil, err
 			}
 		case "stop":
@@ -134,7 +131,7 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 				return nil, err
 			}
 		case "n":
-			v, err := integer(raw, name, 1, int64(maxN))
+			v, err := infer.Integer(raw, name, 1, int64(maxN))
 			if err != nil {
 				return nil, err
 			}
@@ -143,7 +140,7 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 			if chat {
 				return nil, unsupported(name, "")
 			}
-			v, err := integer(raw, name, 1, int64(maxN))
+			v, err := infer.Integer(raw, name, 1, int64(maxN))
 			if err != nil {
 				return nil, err
 			}
@@ -156,7 +153,7 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 			if !chat {
 				return nil, unsupported(name, "")
 			}
-			v, err := integer(raw, name, 0, 20)
+			v, err := infer.Integer(raw, name, 0, 20)
 			if err != nil {
 				return nil, err
 			}
@@ -173,11 +170,11 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 			}
 		case "user":
 			// An end-user id for the caller's own abuse tracking: accepted, and has no effect.
-			if _, err := str(raw, name); err != nil {
+			if _, err := infer.Str(raw, name); err != nil {
 				return nil, err
 			}
 		case "frequency_penalty", "presence_penalty":
-			v, err := float(raw, name, -2, 2)
+			v, err := infer.Float(raw, name, -2, 2)
 			if err != nil {
 				return nil, err
 			}
@@ -195,7 +192,7 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 				return nil, unsupported(name, "only echo: false is supported")
 			}
 		case "suffix":
-			if s, err := str(raw, name); err != nil || s != "" || chat {
+			if s, err := infer.Str(raw, name); err != nil || s != "" || chat {
 				return nil, unsupported(name, "")
 			}
 		default:
@@ -227,114 +224,7 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 	return req, nil
 }
 
-// decodeObject decodes a JSON object into its raw fields; param names it in errors ("" for
-// the body). Duplicate keys are refused: the first and the last would disagree on intent.
-func decodeObject(b []byte, param string) (map[string]json.RawMessage, error) {
-	where := "the request body"
-	if param != "" {
-		where = param
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	tok, err := dec.Token()
-	if err != nil || tok != json.Delim('{') {
-		return nil, badField(param, "%s must be a JSON object", where)
-	}
-	fields := map[string]json.RawMessage{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil, badField(param, "malformed JSON in %s: %v", where, err)
-		}
-		key, _ := tok.(string)
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			return nil, badField(param, "malformed JSON in %s: %v", where, err)
-		}
-		if _, dup := fields[key]; dup {
-			return nil, badField(join(param, key), "%s is given twice", join(param, key))
-		}
-		fields[key] = raw
-	}
-	if _, err := dec.Token(); err != nil {
-		return nil, badField(param, "malformed JSON in %s: %v", where, err)
-	}
-	if _, err := dec.Token(); err == nil {
-		return nil, badField(param, "malformed JSON in %s: trailing data after the object", where)
-	}
-	return fields, nil
-}
-
-func join(parent, key string) string {
-	if parent == "" {
-		return key
-	}
-	return parent + "." + key
-}
-
-func sortedKeys(m map[string]json.RawMessage) []string {
-	return slices.Sorted(maps.Keys(m))
-}
-
-func isNull(raw json.RawMessage) bool {
-	s := bytes.TrimSpace(raw)
-	return len(s) == 0 || string(s) == "null"
-}
-
-func str(raw json.RawMessage, param string) (string, error) {
-	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return "", badField(param, "%s must be a string", param)
-	}
-	return s, nil
-}
-
-// integer parses a JSON integer in [lo, hi].
-func integer(raw json.RawMessage, param string, lo, hi int64) (int64, error) {
-	s := strings.TrimSpace(string(raw))
-	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
-		// 3.0 is an integer too (some clients send floats).
-		f, ferr := strconv.ParseFloat(s, 64)
-		if ferr != nil || f != math.Trunc(f) || f < math.MinInt64 || f >= math.MaxInt64 {
-			return 0, badField(param, "%s must be an integer, got %s", param, truncate(s))
-		}
-		v = int64(f)
-	}
-	if v < lo || v > hi {
-		return 0, badField(param, "%s = %d is out of range [%d, %d]", param, v, lo, hi)
-	}
-	return v, nil
-}
-
-// float parses a JSON number in [lo, hi].
-func float(raw json.RawMessage, param string, lo, hi float64) (float64, error) {
-	s := strings.TrimSpace(string(raw))
-	v, err := strconv.ParseFloat(s, 64)
-	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || len(s) == 0 || s[0] == '"' {
-		return 0, badField(param, "%s must be a number, got %s", param, truncate(s))
-	}
-	if v < lo || v > hi {
-		return 0, badField(param, "%s = %g is out of range [%g, %g]", param, v, lo, hi)
-	}
-	return v, nil
-}
-
 func truncate(s string) string { return infer.Truncate(s) }
-
-// seed accepts any integer in [-2^63, 2^64-1]; negative seeds keep their two's complement
-// bits, as on the Tinker routes.
-func seed(raw json.RawMessage) (*uint64, error) {
-	s := strings.TrimSpace(string(raw))
-	if u, err := strconv.ParseUint(s, 10, 64); err == nil {
-		return &u, nil
-	}
-	if i, err := strconv.ParseInt(s, 10, 64); err == nil {
-		u := uint64(i)
-		return &u, nil
-	}
-	return nil, badField("seed", "seed must be an integer that fits in 64 bits, got %s", truncate(s))
-}
 
 func decodeStop(raw json.RawMessage) ([]string, error) {
 	var one string
@@ -369,7 +259,7 @@ func (req *request) decodeLogprobs(raw json.RawMessage, name string) error {
 	}
 	// Completions: logprobs is the number of top alternatives; 0 asks for the sampled
 	// tokens' logprobs only.
-	v, err := integer(raw, name, 0, 5)
+	v, err := infer.Integer(raw, name, 0, 5)
 	if err != nil {
 		return err
 	}
@@ -381,14 +271,14 @@ func (req *request) decodeLogprobs(raw json.RawMessage, name string) error {
 }
 
 func (req *request) decodeStreamOptions(raw json.RawMessage) error {
-	fields, err := decodeObject(raw, "stream_options")
+	fields, err := infer.DecodeObject(raw, "stream_options")
 	if err != nil {
 		return err
 	}
-	for _, k := range sortedKeys(fields) {
+	for _, k := range infer.SortedKeys(fields) {
 		v := fields[k]
 		switch {
-		case isNull(v):
+		case infer.IsNull(v):
 		case k == "include_usage":
 			if err := json.Unmarshal(v, &req.includeUsage); err != nil {
 				return badField("stream_options.include_usage", "stream_options.include_usage must be a boolean")
@@ -449,7 +339,7 @@ func decodePrompts(raw json.RawMessage) ([]prompt, error) {
 func tokenIDs(list []json.RawMessage, param string) ([]int32, error) {
 	toks := make([]int32, len(list))
 	for i, t := range list {
-		v, err := integer(t, fmt.Sprintf("%s[%d]", param, i), 0, math.MaxInt32)
+		v, err := infer.Integer(t, fmt.Sprintf("%s[%d]", param, i), 0, math.MaxInt32)
 		if err != nil {
 			return nil, err
 		}
@@ -471,13 +361,13 @@ func decodeMessages(raw json.RawMessage) ([]message, error) {
 	out := make([]message, len(list))
 	for i, m := range list {
 		param := fmt.Sprintf("messages[%d]", i)
-		fields, err := decodeObject(m, param)
+		fields, err := infer.DecodeObject(m, param)
 		if err != nil {
 			return nil, err
 		}
 		// The role first: it says best what is wrong with a tool message.
-		if raw, ok := fields["role"]; ok && !isNull(raw) {
-			if out[i].Role, err = str(raw, param+".role"); err != nil {
+		if raw, ok := fields["role"]; ok && !infer.IsNull(raw) {
+			if out[i].Role, err = infer.Str(raw, param+".role"); err != nil {
 				return nil, err
 			}
 		}
@@ -489,12 +379,12 @@ func decodeMessages(raw json.RawMessage) ([]message, error) {
 			return nil, unsupported(param+".role", fmt.Sprintf("role %q is not supported; use system, user or assistant", truncate(out[i].Role)))
 		}
 		hasContent := false
-		for _, k := range sortedKeys(fields) {
+		for _, k := range infer.SortedKeys(fields) {
 			v := fields[k]
 			switch k {
 			case "role":
 			case "content":
-				if isNull(v) {
+				if infer.IsNull(v) {
 					continue
 				}
 				if out[i].Content, err = content(v, param+".content"); err != nil {
@@ -502,7 +392,7 @@ func decodeMessages(raw json.RawMessage) ([]message, error) {
 				}
 				hasContent = true
 			default:
-				if isNull(v) {
+				if infer.IsNull(v) {
 					continue
 				}
 				return nil, unsupported(param+"."+k, "messages carry role and content only")
@@ -527,23 +417,23 @@ func content(raw json.RawMessage, param string) (string, error) {
 	texts := make([]string, 0, len(parts))
 	for j, p := range parts {
 		pp := fmt.Sprintf("%s[%d]", param, j)
-		fields, err := decodeObject(p, pp)
+		fields, err := infer.DecodeObject(p, pp)
 		if err != nil {
 			return "", err
 		}
 		typ, text := "", ""
-		for _, k := range sortedKeys(fields) {
+		for _, k := range infer.SortedKeys(fields) {
 			switch v := fields[k]; k {
 			case "type":
-				if typ, err = str(v, pp+".type"); err != nil {
+				if typ, err = infer.Str(v, pp+".type"); err != nil {
 					return "", err
 				}
 			case "text":
-				if text, err = str(v, pp+".text"); err != nil {
+				if text, err = infer.Str(v, pp+".text"); err != nil {
 					return "", err
 				}
 			default:
-				if !isNull(v) {
+				if !infer.IsNull(v) {
 					return "", unsupported(pp+"."+k, "only text parts are supported")
 				}
 			}
