@@ -80,6 +80,15 @@ type Options struct {
 	Now func() time.Time
 	// Limits bound what the core holds in memory (limits.go; docs/semantics.md, "Limits").
 	Limits Limits
+	// PublishAfterCommit publishes an outcome only once it is committed to the store,
+	// instead of once it is in the journal on this host's disk (DataDir/journal). Set it
+	// when other gateways share the store (PostgreSQL with a standby): the gateway that
+	// takes over from a dead one cannot replay that one's journal (docs/two-gateways.md).
+	PublishAfterCommit bool
+	// TookOver says that this core starts on a gateway that took the leader lease from
+	// another one: operations left unfinished are failed with a message that says the
+	// gateway failed over, rather than that it restarted.
+	TookOver bool
 	// PageTokenKey signs the page tokens of loops.v1 lists (at least 16 bytes). Empty: a
 	// key kept in DataDir/page-token.key, drawn on first start, so tokens outlive a
 	// restart. Gateways that share a database must share the key.
@@ -238,11 +247,7 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 		return nil, err
 	}
 
-	n, err := st.FailUnfinishedOperations(ctx, &loopsv1.OperationError{
-		Code:     14, // Unavailable
-		Message:  "the server restarted while this operation was in flight; its effect is unknown: reload the run's last checkpoint (load_state) and resubmit",
-		Category: loopsv1.ErrorCategory_ERROR_CATEGORY_SERVER,
-	}, c.now())
+	n, err := st.FailUnfinishedOperations(ctx, unfinishedError(opts.TookOver), c.now())
 	if err != nil {
 		return nil, fmt.Errorf("core: failing unfinished operations: %w", err)
 	}

@@ -54,7 +54,7 @@ type operations struct {
 // so a read never misses a record that is written behind.
 func newOperations(c *Core) *operations {
 	p := newPersister(c.store, c.log)
-	if err := p.recover(context.Background(), c.opts.DataDir); err != nil {
+	if err := p.recover(context.Background(), c.opts.DataDir, !c.opts.PublishAfterCommit); err != nil {
 		c.log.Error("replaying the journal failed; it is kept for the next start", slog.Any("err", err))
 	}
 	c.store = readStore{Store: c.store, p: p}

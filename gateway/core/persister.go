@@ -89,9 +89,12 @@ type persister struct {
 	jcond    *sync.Cond
 	jclosing bool
 	jdone    chan struct{}
-	// The batch being committed (nil when none), for reads (readStore).
+	// The batch being committed (nil when none), for reads (readStore): by the committer
+	// (cops, cruns) and by the loop itself when there is no journal (lops, lruns).
 	cops  map[string]store.OwnedOperation
 	cruns map[string]store.OwnedTrainingRun
+	lops  map[string]store.OwnedOperation
+	lruns map[string]store.OwnedTrainingRun
 	// settlers counts callers waiting for the store to catch up (no coalescing delay then).
 	settlers int
 	// keepJournal: a store write failed, so journal files are no longer removed.
@@ -119,9 +122,15 @@ func newPersister(st store.Store, log *slog.Logger) *persister {
 // and opens a new journal there (newOperations calls it, before New fails unfinished
 // operations). When the journal cannot be opened, outcomes wait for the store instead. A
 // replay that fails leaves the files for the next start, and the new journal opens beside
-// them.
-func (p *persister) recover(ctx context.Context, dataDir string) error {
+// them. Without journal (Options.PublishAfterCommit: a store shared with a standby gateway,
+// which could not replay a journal on this host's disk) no journal is opened and every
+// group is committed to the store before its outcomes are published.
+func (p *persister) recover(ctx context.Context, dataDir string, journal bool) error {
 	rerr := replayJournal(ctx, dataDir, p.st, p.log)
+	if !journal {
+		p.log.Info("no outcome journal: outcomes are published once committed to the store, which other gateways share")
+		return rerr
+	}
 	j, err := openJournal(dataDir)
 	if err != nil {
 		p.log.Error("the journal cannot be written; outcomes are published once committed to the store", slog.Any("err", err))
@@ -254,7 +263,7 @@ func (p *persister) loop() {
 			return
 		}
 		if !p.journal(b) {
-			p.commit(b)
+			p.commitInLoop(b)
 		}
 		p.mu.Lock()
 		crashed := p.crashed
@@ -266,6 +275,28 @@ func (p *persister) loop() {
 			f()
 		}
 	}
+}
+
+// commitInLoop commits a group that is not journaled before its outcomes are published;
+// reads see its records meanwhile (readStore).
+func (p *persister) commitInLoop(b store.Batch) {
+	if b.Len() == 0 {
+		return
+	}
+	ops, runs := make(map[string]store.OwnedOperation, len(b.Operations)), make(map[string]store.OwnedTrainingRun, len(b.TrainingRuns))
+	for _, o := range b.Operations {
+		ops[o.Operation.GetId()] = o
+	}
+	for _, r := range b.TrainingRuns {
+		runs[r.Run.GetId()] = r
+	}
+	p.mu.Lock()
+	p.lops, p.lruns = ops, runs
+	p.mu.Unlock()
+	p.commit(b)
+	p.mu.Lock()
+	p.lops, p.lruns = nil, nil
+	p.mu.Unlock()
 }
 
 // journal appends a group to the journal and hands it to the committer; false when there is
@@ -429,7 +460,7 @@ func (p *persister) commit(b store.Batch) (ok bool) {
 func (p *persister) pendingOp(id string) (store.OwnedOperation, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, m := range []map[string]store.OwnedOperation{p.ops, p.jops, p.cops} {
+	for _, m := range []map[string]store.OwnedOperation{p.ops, p.jops, p.cops, p.lops} {
 		if o, ok := m[id]; ok {
 			return o, true
 		}
@@ -441,7 +472,7 @@ func (p *persister) pendingOp(id string) (store.OwnedOperation, bool) {
 func (p *persister) pendingRun(id string) (store.OwnedTrainingRun, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, m := range []map[string]store.OwnedTrainingRun{p.runs, p.jruns, p.cruns} {
+	for _, m := range []map[string]store.OwnedTrainingRun{p.runs, p.jruns, p.cruns, p.lruns} {
 		if r, ok := m[id]; ok {
 			return r, true
 		}
