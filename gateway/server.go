@@ -111,10 +111,10 @@ type Server struct {
 	core    *core.Core
 	closers []func() error
 	// fo is the lease and the forwarding to the leader (nil without Config.Lease).
-	fo *failover
-	http    *http.Server
-	ln      net.Listener
-	conn    *grpc.ClientConn
+	fo   *failover
+	http *http.Server
+	ln   net.Listener
+	conn *grpc.ClientConn
 	// store keeps the records; /healthz pings it.
 	store store.Store
 	// budget bounds the bytes being decompressed across every surface.
@@ -247,12 +247,12 @@ func (s *Server) closeAll() error {
 	s.mu.Unlock()
 	var errs []error
 	for i := len(closers) - 1; i >= 0; i-- {
-		errs = append(errs, closers[i]())
 		if i == 0 {
 			// The core has committed everything: a lease held is released now, so that a
 			// standby takes over at once. The store closes last.
 			s.stopLease()
 		}
+		errs = append(errs, closers[i]())
 	}
 	if len(closers) == 0 {
 		s.stopLease()
