@@ -360,6 +360,103 @@ func (*DeregisterResponse) Descriptor() ([]byte, []int) {
 	return file_loops_backend_v1_registry_proto_rawDescGZIP(), []int{5}
 }
 
+type WatchPoolRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PoolId        string                 `protobuf:"bytes,1,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	JoinToken     string                 `protobuf:"bytes,2,opt,name=join_token,json=joinToken,proto3" json:"join_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchPoolRequest) Reset() {
+	*x = WatchPoolRequest{}
+	mi := &file_loops_backend_v1_registry_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchPoolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchPoolRequest) ProtoMessage() {}
+
+func (x *WatchPoolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_backend_v1_registry_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchPoolRequest.ProtoReflect.Descriptor instead.
+func (*WatchPoolRequest) Descriptor() ([]byte, []int) {
+	return file_loops_backend_v1_registry_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *WatchPoolRequest) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+func (x *WatchPoolRequest) GetJoinToken() string {
+	if x != nil {
+		return x.JoinToken
+	}
+	return ""
+}
+
+type WatchPoolResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many replicas the pool should have (replicas 0 .. desired_replicas-1).
+	DesiredReplicas uint32 `protobuf:"varint,1,opt,name=desired_replicas,json=desiredReplicas,proto3" json:"desired_replicas,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *WatchPoolResponse) Reset() {
+	*x = WatchPoolResponse{}
+	mi := &file_loops_backend_v1_registry_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchPoolResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchPoolResponse) ProtoMessage() {}
+
+func (x *WatchPoolResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_backend_v1_registry_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchPoolResponse.ProtoReflect.Descriptor instead.
+func (*WatchPoolResponse) Descriptor() ([]byte, []int) {
+	return file_loops_backend_v1_registry_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *WatchPoolResponse) GetDesiredReplicas() uint32 {
+	if x != nil {
+		return x.DesiredReplicas
+	}
+	return 0
+}
+
 var File_loops_backend_v1_registry_proto protoreflect.FileDescriptor
 
 const file_loops_backend_v1_registry_proto_rawDesc = "" +
@@ -384,12 +481,19 @@ const file_loops_backend_v1_registry_proto_rawDesc = "" +
 	"\x05drain\x18\x01 \x01(\bR\x05drain\".\n" +
 	"\x11DeregisterRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\"\x14\n" +
-	"\x12DeregisterResponse2\x97\x02\n" +
+	"\x12DeregisterResponse\"J\n" +
+	"\x10WatchPoolRequest\x12\x17\n" +
+	"\apool_id\x18\x01 \x01(\tR\x06poolId\x12\x1d\n" +
+	"\n" +
+	"join_token\x18\x02 \x01(\tR\tjoinToken\">\n" +
+	"\x11WatchPoolResponse\x12)\n" +
+	"\x10desired_replicas\x18\x01 \x01(\rR\x0fdesiredReplicas2\xef\x02\n" +
 	"\x0fRegistryService\x12Q\n" +
 	"\bRegister\x12!.loops.backend.v1.RegisterRequest\x1a\".loops.backend.v1.RegisterResponse\x12X\n" +
 	"\tHeartbeat\x12\".loops.backend.v1.HeartbeatRequest\x1a#.loops.backend.v1.HeartbeatResponse(\x010\x01\x12W\n" +
 	"\n" +
-	"Deregister\x12#.loops.backend.v1.DeregisterRequest\x1a$.loops.backend.v1.DeregisterResponseB\xc5\x01\n" +
+	"Deregister\x12#.loops.backend.v1.DeregisterRequest\x1a$.loops.backend.v1.DeregisterResponse\x12V\n" +
+	"\tWatchPool\x12\".loops.backend.v1.WatchPoolRequest\x1a#.loops.backend.v1.WatchPoolResponse0\x01B\xc5\x01\n" +
 	"\x14com.loops.backend.v1B\rRegistryProtoP\x01Z<github.com/loops-dev/loops/gen/go/loops/backend/v1;backendv1\xa2\x02\x03LBX\xaa\x02\x10Loops.Backend.V1\xca\x02\x10Loops\\Backend\\V1\xe2\x02\x1cLoops\\Backend\\V1\\GPBMetadata\xea\x02\x12Loops::Backend::V1b\x06proto3"
 
 var (
@@ -404,7 +508,7 @@ func file_loops_backend_v1_registry_proto_rawDescGZIP() []byte {
 	return file_loops_backend_v1_registry_proto_rawDescData
 }
 
-var file_loops_backend_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_loops_backend_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_loops_backend_v1_registry_proto_goTypes = []any{
 	(*RegisterRequest)(nil),         // 0: loops.backend.v1.RegisterRequest
 	(*RegisterResponse)(nil),        // 1: loops.backend.v1.RegisterResponse
@@ -412,18 +516,22 @@ var file_loops_backend_v1_registry_proto_goTypes = []any{
 	(*HeartbeatResponse)(nil),       // 3: loops.backend.v1.HeartbeatResponse
 	(*DeregisterRequest)(nil),       // 4: loops.backend.v1.DeregisterRequest
 	(*DeregisterResponse)(nil),      // 5: loops.backend.v1.DeregisterResponse
-	(*GetCapabilitiesResponse)(nil), // 6: loops.backend.v1.GetCapabilitiesResponse
+	(*WatchPoolRequest)(nil),        // 6: loops.backend.v1.WatchPoolRequest
+	(*WatchPoolResponse)(nil),       // 7: loops.backend.v1.WatchPoolResponse
+	(*GetCapabilitiesResponse)(nil), // 8: loops.backend.v1.GetCapabilitiesResponse
 }
 var file_loops_backend_v1_registry_proto_depIdxs = []int32{
-	6, // 0: loops.backend.v1.RegisterRequest.capabilities:type_name -> loops.backend.v1.GetCapabilitiesResponse
+	8, // 0: loops.backend.v1.RegisterRequest.capabilities:type_name -> loops.backend.v1.GetCapabilitiesResponse
 	0, // 1: loops.backend.v1.RegistryService.Register:input_type -> loops.backend.v1.RegisterRequest
 	2, // 2: loops.backend.v1.RegistryService.Heartbeat:input_type -> loops.backend.v1.HeartbeatRequest
 	4, // 3: loops.backend.v1.RegistryService.Deregister:input_type -> loops.backend.v1.DeregisterRequest
-	1, // 4: loops.backend.v1.RegistryService.Register:output_type -> loops.backend.v1.RegisterResponse
-	3, // 5: loops.backend.v1.RegistryService.Heartbeat:output_type -> loops.backend.v1.HeartbeatResponse
-	5, // 6: loops.backend.v1.RegistryService.Deregister:output_type -> loops.backend.v1.DeregisterResponse
-	4, // [4:7] is the sub-list for method output_type
-	1, // [1:4] is the sub-list for method input_type
+	6, // 4: loops.backend.v1.RegistryService.WatchPool:input_type -> loops.backend.v1.WatchPoolRequest
+	1, // 5: loops.backend.v1.RegistryService.Register:output_type -> loops.backend.v1.RegisterResponse
+	3, // 6: loops.backend.v1.RegistryService.Heartbeat:output_type -> loops.backend.v1.HeartbeatResponse
+	5, // 7: loops.backend.v1.RegistryService.Deregister:output_type -> loops.backend.v1.DeregisterResponse
+	7, // 8: loops.backend.v1.RegistryService.WatchPool:output_type -> loops.backend.v1.WatchPoolResponse
+	5, // [5:9] is the sub-list for method output_type
+	1, // [1:5] is the sub-list for method input_type
 	1, // [1:1] is the sub-list for extension type_name
 	1, // [1:1] is the sub-list for extension extendee
 	0, // [0:1] is the sub-list for field type_name
@@ -441,7 +549,7 @@ func file_loops_backend_v1_registry_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_backend_v1_registry_proto_rawDesc), len(file_loops_backend_v1_registry_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,6 +28,7 @@ const (
 	RegistryService_Register_FullMethodName   = "/loops.backend.v1.RegistryService/Register"
 	RegistryService_Heartbeat_FullMethodName  = "/loops.backend.v1.RegistryService/Heartbeat"
 	RegistryService_Deregister_FullMethodName = "/loops.backend.v1.RegistryService/Deregister"
+	RegistryService_WatchPool_FullMethodName  = "/loops.backend.v1.RegistryService/WatchPool"
 )
 
 // RegistryServiceClient is the client API for RegistryService service.
@@ -48,6 +49,10 @@ type RegistryServiceClient interface {
 	Heartbeat(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HeartbeatRequest, HeartbeatResponse], error)
 	// Deregister ends a lease at once (a worker shutting down cleanly).
 	Deregister(ctx context.Context, in *DeregisterRequest, opts ...grpc.CallOption) (*DeregisterResponse, error)
+	// WatchPool streams a pool's desired size to the agent that places its replicas (a Ray
+	// pool driver): one message at once, then one per change, until the pool is deleted (the
+	// stream then ends with NOT_FOUND). Authenticated by the join token.
+	WatchPool(ctx context.Context, in *WatchPoolRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchPoolResponse], error)
 }
 
 type registryServiceClient struct {
@@ -91,6 +96,25 @@ func (c *registryServiceClient) Deregister(ctx context.Context, in *DeregisterRe
 	return out, nil
 }
 
+func (c *registryServiceClient) WatchPool(ctx context.Context, in *WatchPoolRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchPoolResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &RegistryService_ServiceDesc.Streams[1], RegistryService_WatchPool_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchPoolRequest, WatchPoolResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type RegistryService_WatchPoolClient = grpc.ServerStreamingClient[WatchPoolResponse]
+
 // RegistryServiceServer is the server API for RegistryService service.
 // All implementations must embed UnimplementedRegistryServiceServer
 // for forward compatibility.
@@ -109,6 +133,10 @@ type RegistryServiceServer interface {
 	Heartbeat(grpc.BidiStreamingServer[HeartbeatRequest, HeartbeatResponse]) error
 	// Deregister ends a lease at once (a worker shutting down cleanly).
 	Deregister(context.Context, *DeregisterRequest) (*DeregisterResponse, error)
+	// WatchPool streams a pool's desired size to the agent that places its replicas (a Ray
+	// pool driver): one message at once, then one per change, until the pool is deleted (the
+	// stream then ends with NOT_FOUND). Authenticated by the join token.
+	WatchPool(*WatchPoolRequest, grpc.ServerStreamingServer[WatchPoolResponse]) error
 	mustEmbedUnimplementedRegistryServiceServer()
 }
 
@@ -127,6 +155,9 @@ func (UnimplementedRegistryServiceServer) Heartbeat(grpc.BidiStreamingServer[Hea
 }
 func (UnimplementedRegistryServiceServer) Deregister(context.Context, *DeregisterRequest) (*DeregisterResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Deregister not implemented")
+}
+func (UnimplementedRegistryServiceServer) WatchPool(*WatchPoolRequest, grpc.ServerStreamingServer[WatchPoolResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchPool not implemented")
 }
 func (UnimplementedRegistryServiceServer) mustEmbedUnimplementedRegistryServiceServer() {}
 func (UnimplementedRegistryServiceServer) testEmbeddedByValue()                         {}
@@ -192,6 +223,17 @@ func _RegistryService_Deregister_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegistryService_WatchPool_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchPoolRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(RegistryServiceServer).WatchPool(m, &grpc.GenericServerStream[WatchPoolRequest, WatchPoolResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type RegistryService_WatchPoolServer = grpc.ServerStreamingServer[WatchPoolResponse]
+
 // RegistryService_ServiceDesc is the grpc.ServiceDesc for RegistryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -214,6 +256,11 @@ var RegistryService_ServiceDesc = grpc.ServiceDesc{
 			Handler:       _RegistryService_Heartbeat_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "WatchPool",
+			Handler:       _RegistryService_WatchPool_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "loops/backend/v1/registry.proto",

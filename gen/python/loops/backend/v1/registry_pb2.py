@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from loops.backend.v1 import backend_pb2 as loops_dot_backend_dot_v1_dot_backend__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1floops/backend/v1/registry.proto\x12\x10loops.backend.v1\x1a\x1eloops/backend/v1/backend.proto\"\xbf\x01\n\x0fRegisterRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x16\n\x0eincarnation_id\x18\x04 \x01(\t\x12\x12\n\njoin_token\x18\x05 \x01(\t\x12?\n\x0c\x63\x61pabilities\x18\x06 \x01(\x0b\x32).loops.backend.v1.GetCapabilitiesResponse\x12\x0c\n\x04gpus\x18\x07 \x01(\r\"a\n\x10RegisterResponse\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\x12\x1c\n\x14heartbeat_timeout_ms\x18\x03 \x01(\r\"$\n\x10HeartbeatRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\"\"\n\x11HeartbeatResponse\x12\r\n\x05\x64rain\x18\x01 \x01(\x08\"%\n\x11\x44\x65registerRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\"\x14\n\x12\x44\x65registerResponse2\x97\x02\n\x0fRegistryService\x12Q\n\x08Register\x12!.loops.backend.v1.RegisterRequest\x1a\".loops.backend.v1.RegisterResponse\x12X\n\tHeartbeat\x12\".loops.backend.v1.HeartbeatRequest\x1a#.loops.backend.v1.HeartbeatResponse(\x01\x30\x01\x12W\n\nDeregister\x12#.loops.backend.v1.DeregisterRequest\x1a$.loops.backend.v1.DeregisterResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1floops/backend/v1/registry.proto\x12\x10loops.backend.v1\x1a\x1eloops/backend/v1/backend.proto\"\xbf\x01\n\x0fRegisterRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x16\n\x0eincarnation_id\x18\x04 \x01(\t\x12\x12\n\njoin_token\x18\x05 \x01(\t\x12?\n\x0c\x63\x61pabilities\x18\x06 \x01(\x0b\x32).loops.backend.v1.GetCapabilitiesResponse\x12\x0c\n\x04gpus\x18\x07 \x01(\r\"a\n\x10RegisterResponse\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\x12\x1c\n\x14heartbeat_timeout_ms\x18\x03 \x01(\r\"$\n\x10HeartbeatRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\"\"\n\x11HeartbeatResponse\x12\r\n\x05\x64rain\x18\x01 \x01(\x08\"%\n\x11\x44\x65registerRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\"\x14\n\x12\x44\x65registerResponse\"7\n\x10WatchPoolRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\x12\n\njoin_token\x18\x02 \x01(\t\"-\n\x11WatchPoolResponse\x12\x18\n\x10\x64\x65sired_replicas\x18\x01 \x01(\r2\xef\x02\n\x0fRegistryService\x12Q\n\x08Register\x12!.loops.backend.v1.RegisterRequest\x1a\".loops.backend.v1.RegisterResponse\x12X\n\tHeartbeat\x12\".loops.backend.v1.HeartbeatRequest\x1a#.loops.backend.v1.HeartbeatResponse(\x01\x30\x01\x12W\n\nDeregister\x12#.loops.backend.v1.DeregisterRequest\x1a$.loops.backend.v1.DeregisterResponse\x12V\n\tWatchPool\x12\".loops.backend.v1.WatchPoolRequest\x1a#.loops.backend.v1.WatchPoolResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,6 +44,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DEREGISTERREQUEST']._serialized_end=489
   _globals['_DEREGISTERRESPONSE']._serialized_start=491
   _globals['_DEREGISTERRESPONSE']._serialized_end=511
-  _globals['_REGISTRYSERVICE']._serialized_start=514
-  _globals['_REGISTRYSERVICE']._serialized_end=793
+  _globals['_WATCHPOOLREQUEST']._serialized_start=513
+  _globals['_WATCHPOOLREQUEST']._serialized_end=568
+  _globals['_WATCHPOOLRESPONSE']._serialized_start=570
+  _globals['_WATCHPOOLRESPONSE']._serialized_end=615
+  _globals['_REGISTRYSERVICE']._serialized_start=618
+  _globals['_REGISTRYSERVICE']._serialized_end=985
 # @@protoc_insertion_point(module_scope)

@@ -55,3 +55,17 @@ class DeregisterRequest(_message.Message):
 class DeregisterResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class WatchPoolRequest(_message.Message):
+    __slots__ = ("pool_id", "join_token")
+    POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    JOIN_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    pool_id: str
+    join_token: str
+    def __init__(self, pool_id: _Optional[str] = ..., join_token: _Optional[str] = ...) -> None: ...
+
+class WatchPoolResponse(_message.Message):
+    __slots__ = ("desired_replicas",)
+    DESIRED_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    desired_replicas: int
+    def __init__(self, desired_replicas: _Optional[int] = ...) -> None: ...

@@ -50,6 +50,11 @@ class RegistryServiceStub:
                 request_serializer=loops_dot_backend_dot_v1_dot_registry__pb2.DeregisterRequest.SerializeToString,
                 response_deserializer=loops_dot_backend_dot_v1_dot_registry__pb2.DeregisterResponse.FromString,
                 _registered_method=True)
+        self.WatchPool = channel.unary_stream(
+                '/loops.backend.v1.RegistryService/WatchPool',
+                request_serializer=loops_dot_backend_dot_v1_dot_registry__pb2.WatchPoolRequest.SerializeToString,
+                response_deserializer=loops_dot_backend_dot_v1_dot_registry__pb2.WatchPoolResponse.FromString,
+                _registered_method=True)
 
 
 class RegistryServiceServicer:
@@ -83,6 +88,15 @@ class RegistryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchPool(self, request, context):
+        """WatchPool streams a pool's desired size to the agent that places its replicas (a Ray
+        pool driver): one message at once, then one per change, until the pool is deleted (the
+        stream then ends with NOT_FOUND). Authenticated by the join token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RegistryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -100,6 +114,11 @@ def add_RegistryServiceServicer_to_server(servicer, server):
                     servicer.Deregister,
                     request_deserializer=loops_dot_backend_dot_v1_dot_registry__pb2.DeregisterRequest.FromString,
                     response_serializer=loops_dot_backend_dot_v1_dot_registry__pb2.DeregisterResponse.SerializeToString,
+            ),
+            'WatchPool': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchPool,
+                    request_deserializer=loops_dot_backend_dot_v1_dot_registry__pb2.WatchPoolRequest.FromString,
+                    response_serializer=loops_dot_backend_dot_v1_dot_registry__pb2.WatchPoolResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -184,6 +203,33 @@ class RegistryService:
             '/loops.backend.v1.RegistryService/Deregister',
             loops_dot_backend_dot_v1_dot_registry__pb2.DeregisterRequest.SerializeToString,
             loops_dot_backend_dot_v1_dot_registry__pb2.DeregisterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchPool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/loops.backend.v1.RegistryService/WatchPool',
+            loops_dot_backend_dot_v1_dot_registry__pb2.WatchPoolRequest.SerializeToString,
+            loops_dot_backend_dot_v1_dot_registry__pb2.WatchPoolResponse.FromString,
             options,
             channel_credentials,
             insecure,

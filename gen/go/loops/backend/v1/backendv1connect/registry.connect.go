@@ -48,6 +48,9 @@ const (
 	// RegistryServiceDeregisterProcedure is the fully-qualified name of the RegistryService's
 	// Deregister RPC.
 	RegistryServiceDeregisterProcedure = "/loops.backend.v1.RegistryService/Deregister"
+	// RegistryServiceWatchPoolProcedure is the fully-qualified name of the RegistryService's WatchPool
+	// RPC.
+	RegistryServiceWatchPoolProcedure = "/loops.backend.v1.RegistryService/WatchPool"
 )
 
 // RegistryServiceClient is a client for the loops.backend.v1.RegistryService service.
@@ -64,6 +67,10 @@ type RegistryServiceClient interface {
 	Heartbeat(context.Context) (*connect.BidiStreamForClientSimple[v1.HeartbeatRequest, v1.HeartbeatResponse], error)
 	// Deregister ends a lease at once (a worker shutting down cleanly).
 	Deregister(context.Context, *v1.DeregisterRequest) (*v1.DeregisterResponse, error)
+	// WatchPool streams a pool's desired size to the agent that places its replicas (a Ray
+	// pool driver): one message at once, then one per change, until the pool is deleted (the
+	// stream then ends with NOT_FOUND). Authenticated by the join token.
+	WatchPool(context.Context, *v1.WatchPoolRequest) (*connect.ServerStreamForClient[v1.WatchPoolResponse], error)
 }
 
 // NewRegistryServiceClient constructs a client for the loops.backend.v1.RegistryService service. By
@@ -95,6 +102,12 @@ func NewRegistryServiceClient(httpClient connect.HTTPClient, baseURL string, opt
 			connect.WithSchema(registryServiceMethods.ByName("Deregister")),
 			connect.WithClientOptions(opts...),
 		),
+		watchPool: connect.NewClient[v1.WatchPoolRequest, v1.WatchPoolResponse](
+			httpClient,
+			baseURL+RegistryServiceWatchPoolProcedure,
+			connect.WithSchema(registryServiceMethods.ByName("WatchPool")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -103,6 +116,7 @@ type registryServiceClient struct {
 	register   *connect.Client[v1.RegisterRequest, v1.RegisterResponse]
 	heartbeat  *connect.Client[v1.HeartbeatRequest, v1.HeartbeatResponse]
 	deregister *connect.Client[v1.DeregisterRequest, v1.DeregisterResponse]
+	watchPool  *connect.Client[v1.WatchPoolRequest, v1.WatchPoolResponse]
 }
 
 // Register calls loops.backend.v1.RegistryService.Register.
@@ -128,6 +142,11 @@ func (c *registryServiceClient) Deregister(ctx context.Context, req *v1.Deregist
 	return nil, err
 }
 
+// WatchPool calls loops.backend.v1.RegistryService.WatchPool.
+func (c *registryServiceClient) WatchPool(ctx context.Context, req *v1.WatchPoolRequest) (*connect.ServerStreamForClient[v1.WatchPoolResponse], error) {
+	return c.watchPool.CallServerStream(ctx, connect.NewRequest(req))
+}
+
 // RegistryServiceHandler is an implementation of the loops.backend.v1.RegistryService service.
 type RegistryServiceHandler interface {
 	// Register announces one replica of a pool. The join token must match the gateway's. A
@@ -142,6 +161,10 @@ type RegistryServiceHandler interface {
 	Heartbeat(context.Context, *connect.BidiStream[v1.HeartbeatRequest, v1.HeartbeatResponse]) error
 	// Deregister ends a lease at once (a worker shutting down cleanly).
 	Deregister(context.Context, *v1.DeregisterRequest) (*v1.DeregisterResponse, error)
+	// WatchPool streams a pool's desired size to the agent that places its replicas (a Ray
+	// pool driver): one message at once, then one per change, until the pool is deleted (the
+	// stream then ends with NOT_FOUND). Authenticated by the join token.
+	WatchPool(context.Context, *v1.WatchPoolRequest, *connect.ServerStream[v1.WatchPoolResponse]) error
 }
 
 // NewRegistryServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -169,6 +192,12 @@ func NewRegistryServiceHandler(svc RegistryServiceHandler, opts ...connect.Handl
 		connect.WithSchema(registryServiceMethods.ByName("Deregister")),
 		connect.WithHandlerOptions(opts...),
 	)
+	registryServiceWatchPoolHandler := connect.NewServerStreamHandlerSimple(
+		RegistryServiceWatchPoolProcedure,
+		svc.WatchPool,
+		connect.WithSchema(registryServiceMethods.ByName("WatchPool")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/loops.backend.v1.RegistryService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RegistryServiceRegisterProcedure:
@@ -177,6 +206,8 @@ func NewRegistryServiceHandler(svc RegistryServiceHandler, opts ...connect.Handl
 			registryServiceHeartbeatHandler.ServeHTTP(w, r)
 		case RegistryServiceDeregisterProcedure:
 			registryServiceDeregisterHandler.ServeHTTP(w, r)
+		case RegistryServiceWatchPoolProcedure:
+			registryServiceWatchPoolHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -196,4 +227,8 @@ func (UnimplementedRegistryServiceHandler) Heartbeat(context.Context, *connect.B
 
 func (UnimplementedRegistryServiceHandler) Deregister(context.Context, *v1.DeregisterRequest) (*v1.DeregisterResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.backend.v1.RegistryService.Deregister is not implemented"))
+}
+
+func (UnimplementedRegistryServiceHandler) WatchPool(context.Context, *v1.WatchPoolRequest, *connect.ServerStream[v1.WatchPoolResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("loops.backend.v1.RegistryService.WatchPool is not implemented"))
 }
