@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -96,25 +95,17 @@ type Config struct {
 	Limits Limits
 	// Logger receives the server's logs (default slog.Default()).
 	Logger *slog.Logger
-	// Lease, when set, makes this gateway one of several on a shared database: it runs
-	// the core only while it holds the leader lease and forwards to the leader otherwise
-	// (standby.go, docs/two-gateways.md). Nil: the only gateway (SQLite), always leader.
-	Lease *LeaseConfig
 }
 
 // Server is a running Loops server.
 type Server struct {
-	cfg Config
-	log *slog.Logger
-	// mu guards core and closers, which a standby sets when it takes over.
-	mu      sync.Mutex
+	cfg     Config
+	log     *slog.Logger
 	core    *core.Core
 	closers []func() error
-	// fo is the lease and the forwarding to the leader (nil without Config.Lease).
-	fo   *failover
-	http *http.Server
-	ln   net.Listener
-	conn *grpc.ClientConn
+	http    *http.Server
+	ln      net.Listener
+	conn    *grpc.ClientConn
 	// store keeps the records; /healthz pings it.
 	store store.Store
 	// budget bounds the bytes being decompressed across every surface.
@@ -174,15 +165,14 @@ func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 	copts.DataDir = cfg.DataDir
 	copts.Logger = cfg.Logger
 	copts.Registerer = reg
-	var handler http.Handler
-	if cfg.Lease != nil {
-		if cfg.Lease.Address == "" {
-			return nil, errNoLeaseAddress
-		}
-		handler, err = s.standby(ctx, reg, st, be, copts)
-	} else {
-		handler, err = s.lead(ctx, reg, st, be, copts)
+	c, err := core.New(ctx, st, be, copts)
+	if err != nil {
+		return nil, err
 	}
+	s.core = c
+	s.closers = append(s.closers, c.Close)
+
+	handler, err := s.handler(ctx, reg)
 	if err != nil {
 		return nil, err
 	}
@@ -202,9 +192,8 @@ func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Core returns the server's core (for in-process callers such as benchmarks); nil while
-// the server is a standby.
-func (s *Server) Core() *core.Core { return s.leaderCore() }
+// Core returns the server's core (for in-process callers such as benchmarks).
+func (s *Server) Core() *core.Core { return s.core }
 
 // Serve answers requests until Close.
 func (s *Server) Serve() error {
@@ -220,17 +209,15 @@ func (s *Server) Serve() error {
 // flight finish, running backend calls finish, then the core, the backend and the store
 // close, each once. A second Close does nothing more.
 func (s *Server) Close(ctx context.Context) error {
-	s.closingLease()
-	c := s.leaderCore()
-	if c != nil {
-		c.Drain()
+	if s.core != nil {
+		s.core.Drain()
 	}
 	err := s.http.Shutdown(ctx)
 	if s.conn != nil {
 		_ = s.conn.Close()
 	}
-	if c != nil {
-		if werr := c.WaitIdle(ctx); werr != nil {
+	if s.core != nil {
+		if werr := s.core.WaitIdle(ctx); werr != nil {
 			s.log.Warn("backend calls still running at the end of the grace period are cancelled", slog.Any("err", werr))
 		}
 	}
@@ -241,22 +228,11 @@ func (s *Server) Close(ctx context.Context) error {
 }
 
 func (s *Server) closeAll() error {
-	s.mu.Lock()
-	closers := s.closers
-	s.closers = nil
-	s.mu.Unlock()
 	var errs []error
-	for i := len(closers) - 1; i >= 0; i-- {
-		if i == 0 {
-			// The core has committed everything: a lease held is released now, so that a
-			// standby takes over at once. The store closes last.
-			s.stopLease()
-		}
-		errs = append(errs, closers[i]())
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		errs = append(errs, s.closers[i]())
 	}
-	if len(closers) == 0 {
-		s.stopLease()
-	}
+	s.closers = nil
 	return errors.Join(errs...)
 }
 
@@ -351,6 +327,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		Sampling:    svc.Sampling,
 		Usage:       svc.Usage,
 		Workspace:   svc.Workspace,
+		Deployments: svc.Deployments,
 	}, console.Options{Authenticate: keys.Authenticate, Logger: s.log})
 	pages := cons.Handler()
 	mux.Handle("GET "+console.Root+"{$}", pages)
