@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -95,17 +96,25 @@ type Config struct {
 	Limits Limits
 	// Logger receives the server's logs (default slog.Default()).
 	Logger *slog.Logger
+	// Lease, when set, makes this gateway one of several on a shared database: it runs
+	// the core only while it holds the leader lease and forwards to the leader otherwise
+	// (standby.go, docs/two-gateways.md). Nil: the only gateway (SQLite), always leader.
+	Lease *LeaseConfig
 }
 
 // Server is a running Loops server.
 type Server struct {
-	cfg     Config
-	log     *slog.Logger
+	cfg Config
+	log *slog.Logger
+	// mu guards core and closers, which a standby sets when it takes over.
+	mu      sync.Mutex
 	core    *core.Core
 	closers []func() error
-	http    *http.Server
-	ln      net.Listener
-	conn    *grpc.ClientConn
+	// fo is the lease and the forwarding to the leader (nil without Config.Lease).
+	fo   *failover
+	http *http.Server
+	ln   net.Listener
+	conn *grpc.ClientConn
 	// store keeps the records; /healthz pings it.
 	store store.Store
 	// budget bounds the bytes being decompressed across every surface.
@@ -165,14 +174,15 @@ func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 	copts.DataDir = cfg.DataDir
 	copts.Logger = cfg.Logger
 	copts.Registerer = reg
-	c, err := core.New(ctx, st, be, copts)
-	if err != nil {
-		return nil, err
+	var handler http.Handler
+	if cfg.Lease != nil {
+		if cfg.Lease.Address == "" {
+			return nil, errNoLeaseAddress
+		}
+		handler, err = s.standby(ctx, reg, st, be, copts)
+	} else {
+		handler, err = s.lead(ctx, reg, st, be, copts)
 	}
-	s.core = c
-	s.closers = append(s.closers, c.Close)
-
-	handler, err := s.handler(ctx, reg)
 	if err != nil {
 		return nil, err
 	}
@@ -192,8 +202,9 @@ func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Core returns the server's core (for in-process callers such as benchmarks).
-func (s *Server) Core() *core.Core { return s.core }
+// Core returns the server's core (for in-process callers such as benchmarks); nil while
+// the server is a standby.
+func (s *Server) Core() *core.Core { return s.leaderCore() }
 
 // Serve answers requests until Close.
 func (s *Server) Serve() error {
@@ -209,15 +220,17 @@ func (s *Server) Serve() error {
 // flight finish, running backend calls finish, then the core, the backend and the store
 // close, each once. A second Close does nothing more.
 func (s *Server) Close(ctx context.Context) error {
-	if s.core != nil {
-		s.core.Drain()
+	s.closingLease()
+	c := s.leaderCore()
+	if c != nil {
+		c.Drain()
 	}
 	err := s.http.Shutdown(ctx)
 	if s.conn != nil {
 		_ = s.conn.Close()
 	}
-	if s.core != nil {
-		if werr := s.core.WaitIdle(ctx); werr != nil {
+	if c != nil {
+		if werr := c.WaitIdle(ctx); werr != nil {
 			s.log.Warn("backend calls still running at the end of the grace period are cancelled", slog.Any("err", werr))
 		}
 	}
@@ -228,11 +241,22 @@ func (s *Server) Close(ctx context.Context) error {
 }
 
 func (s *Server) closeAll() error {
-	var errs []error
-	for i := len(s.closers) - 1; i >= 0; i-- {
-		errs = append(errs, s.closers[i]())
-	}
+	s.mu.Lock()
+	closers := s.closers
 	s.closers = nil
+	s.mu.Unlock()
+	var errs []error
+	for i := len(closers) - 1; i >= 0; i-- {
+		if i == 0 {
+			// The core has committed everything: a lease held is released now, so that a
+			// standby takes over at once. The store closes last.
+			s.stopLease()
+		}
+		errs = append(errs, closers[i]())
+	}
+	if len(closers) == 0 {
+		s.stopLease()
+	}
 	return errors.Join(errs...)
 }
 
