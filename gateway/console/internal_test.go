@@ -1,0 +1,154 @@
+package console
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"gonum.org/v1/plot/plotter"
+	"google.golang.org/protobuf/proto"
+
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+)
+
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time { return c.t }
+
+func TestSessionsBounded(t *testing.T) {
+	clk := &clock{t: time.Unix(1_000_000, 0)}
+	s := newSessions(Options{MaxSessions: 4, MaxSessionsPerWorkspace: 2, SessionIdle: time.Hour, SessionLifetime: 3 * time.Hour, Now: clk.now}.withDefaults())
+
+	a1, err := s.create("tml-a", "a")
+	require.NoError(t, err)
+	clk.t = clk.t.Add(time.Minute)
+	a2, err := s.create("tml-a", "a")
+	require.NoError(t, err)
+	require.NotEqual(t, a1.id, a2.id)
+	require.NotEqual(t, a1.csrf, a2.csrf)
+	clk.t = clk.t.Add(time.Minute)
+	require.NotNil(t, s.get(a1.id)) // a1 is now the most recently used
+	// A third sign-in of workspace a ends a's least recently used session (a2), no other's.
+	a3, err := s.create("tml-a", "a")
+	require.NoError(t, err)
+	require.Nil(t, s.get(a2.id))
+	require.NotNil(t, s.get(a1.id))
+	require.NotNil(t, s.get(a3.id))
+
+	b1, err := s.create("tml-b", "b")
+	require.NoError(t, err)
+	_, err = s.create("tml-b", "b")
+	require.NoError(t, err)
+	// The server is full (4): a new workspace is refused, and no one is pushed out.
+	_, err = s.create("tml-c", "c")
+	require.ErrorIs(t, err, errSessionsFull)
+	require.Equal(t, 4, s.len())
+
+	// Idle expiry: b1 unused for over an hour is gone, and its slot is free again.
+	clk.t = clk.t.Add(61 * time.Minute)
+	require.Nil(t, s.get(b1.id))
+	_, err = s.create("tml-c", "c")
+	require.NoError(t, err)
+	require.LessOrEqual(t, s.len(), 4)
+
+	// Lifetime: even a session in use ends SessionLifetime after sign-in.
+	x, err := s.create("tml-d", "d")
+	require.NoError(t, err)
+	for range 5 {
+		clk.t = clk.t.Add(50 * time.Minute)
+		if s.get(x.id) == nil {
+			break
+		}
+	}
+	require.Nil(t, s.get(x.id))
+	require.Less(t, clk.t.Sub(x.created), 3*time.Hour+time.Hour)
+
+	// A signed-out session is gone; an unknown or empty id is no session.
+	s.remove(a1.id)
+	require.Nil(t, s.get(a1.id))
+	require.Nil(t, s.get(""))
+	require.Nil(t, s.get("nope"))
+	require.True(t, a3.validCSRF(a3.csrf))
+	require.False(t, a3.validCSRF(""))
+	require.False(t, a3.validCSRF(a1.csrf))
+}
+
+func TestEMA(t *testing.T) {
+	xy := plotter.XYs{{X: 1, Y: 10}, {X: 2, Y: 0}, {X: 3, Y: 5}}
+	got := ema(xy)
+	// Independent computation: debiased EMA with weight w on the past.
+	w := EMAWeight
+	s1 := (1 - w) * 10
+	s2 := w*s1 + (1-w)*0
+	s3 := w*s2 + (1-w)*5
+	want := []float64{s1 / (1 - w), s2 / (1 - w*w), s3 / (1 - w*w*w)}
+	for i := range want {
+		require.InDelta(t, want[i], got[i].Y, 1e-12)
+		require.Equal(t, xy[i].X, got[i].X)
+	}
+	require.InDelta(t, 10, got[0].Y, 1e-12) // the first point is itself
+}
+
+func fbRecord(step int64, fn string, loss float64, tokens int64) *loopsv1.StepMetrics {
+	return &loopsv1.StepMetrics{Kind: loopsv1.OperationKind_OPERATION_KIND_FORWARD_BACKWARD, Step: step, LastStep: step, LossFn: fn,
+		LossMean: loss, LossSum: loss * float64(tokens), LossTokens: tokens, Tokens: tokens, BackendSeconds: 0.5}
+}
+
+func chartByID(t *testing.T, cs []chartView, id string) chartView {
+	t.Helper()
+	for _, c := range cs {
+		if c.ID == id {
+			return c
+		}
+	}
+	t.Fatalf("no chart %q", id)
+	return chartView{}
+}
+
+func TestCharts(t *testing.T) {
+	// No records: every chart says so and draws nothing.
+	for _, c := range charts(nil, chartOptions{}) {
+		require.Zero(t, c.Points)
+		require.Empty(t, c.SVG)
+		require.Equal(t, "no data yet", c.Note)
+	}
+
+	steps := []*loopsv1.StepMetrics{
+		fbRecord(1, "cross_entropy", 2, 10), fbRecord(1, "ppo", -0.5, 6),
+		{Kind: loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, Step: 1, LastStep: 1, BackendSeconds: 0.25, LearningRate: proto.Float64(1e-3)},
+		fbRecord(2, "cross_entropy", math.NaN(), 10),
+		// A merged record over steps 3-4: its tokens and time count per step.
+		{Kind: loopsv1.OperationKind_OPERATION_KIND_FORWARD_BACKWARD, Step: 3, LastStep: 4, Count: 2, LossFn: "cross_entropy", LossMean: 1, LossTokens: 20, Tokens: 40, BackendSeconds: 2},
+	}
+	steps[1].Rl = &loopsv1.RLStepMetrics{KlSampleTrainK1: 0.02, KlSampleTrainK3: 0.01, ZeroAdvantageFraction: 0.5}
+	cs := charts(steps, chartOptions{})
+	loss := chartByID(t, cs, "loss")
+	require.Equal(t, 3, loss.Points) // cross_entropy 2 and 1, ppo -0.5; the NaN left out
+	require.Equal(t, "1 NaN or infinite values not drawn", loss.Note)
+	require.Contains(t, string(loss.SVG), "<svg")
+	require.Contains(t, string(loss.SVG), "cross_entropy") // a legend per loss function
+	require.Contains(t, string(loss.SVG), "ppo")
+	require.NotContains(t, string(loss.SVG), "<?xml")
+	tokens := chartByID(t, cs, "tokens")
+	require.Equal(t, 3, tokens.Points) // steps 1, 2, 3 (the merged record's step)
+	kl := chartByID(t, cs, "kl")
+	require.Equal(t, 2, kl.Points)
+	require.Contains(t, string(kl.SVG), "alert at 0.01")
+	require.Equal(t, 1, chartByID(t, cs, "zero_adv").Points)
+
+	// Log scale: non-positive values cannot be drawn and are counted as left out.
+	cs = charts(steps, chartOptions{Log: true, EMA: true})
+	loss = chartByID(t, cs, "loss")
+	require.Equal(t, 2, loss.Points)
+	require.Equal(t, "2 non-positive, NaN or infinite values not drawn", loss.Note)
+	require.Contains(t, string(loss.SVG), "<svg")
+}
+
+func TestPerStep(t *testing.T) {
+	var p perStep
+	p.add(2, 1)
+	p.add(1, 3)
+	p.add(2, 4)
+	require.Equal(t, plotter.XYs{{X: 2, Y: 5}, {X: 1, Y: 3}}, p.xys())
+}
