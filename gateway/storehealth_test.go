@@ -11,6 +11,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/loops-dev/loops/gateway"
+	"github.com/loops-dev/loops/gateway/ckstore"
+	"github.com/loops-dev/loops/gateway/ckstore/s3test"
 	"github.com/loops-dev/loops/gateway/store"
 )
 
@@ -32,7 +35,7 @@ func TestHealthzAndMetricsSQLite(t *testing.T) {
 	url := startStoreServer(t, openSQLite(t))
 	code, body := health(t, url)
 	require.Equal(t, http.StatusOK, code)
-	require.Equal(t, map[string]string{"status": "ok", "store": "ok", "store_kind": "sqlite"}, body)
+	require.Equal(t, map[string]string{"status": "ok", "store": "ok", "store_kind": "sqlite", "checkpoint_store": "ok", "checkpoint_store_kind": "local"}, body)
 
 	m := metrics(t, url)
 	require.Contains(t, m, `loops_store_info{kind="sqlite"} 1`)
@@ -43,7 +46,7 @@ func TestHealthzAndMetricsPostgres(t *testing.T) {
 	url := startStoreServer(t, openPostgres(t))
 	code, body := health(t, url)
 	require.Equal(t, http.StatusOK, code)
-	require.Equal(t, map[string]string{"status": "ok", "store": "ok", "store_kind": "postgres"}, body)
+	require.Equal(t, map[string]string{"status": "ok", "store": "ok", "store_kind": "postgres", "checkpoint_store": "ok", "checkpoint_store_kind": "local"}, body)
 
 	m := metrics(t, url)
 	require.Contains(t, m, `loops_store_info{kind="postgres"} 1`)
@@ -97,6 +100,56 @@ func TestHealthzNamesStoreFailure(t *testing.T) {
 		code, body := health(t, url)
 		require.Equal(t, http.StatusServiceUnavailable, code)
 		require.Equal(t, map[string]string{"status": "unavailable", "store": "closed", "store_kind": "sqlite",
+			"checkpoint_store": "ok", "checkpoint_store_kind": "local",
 			"error": "the sqlite store is closed (the server is shutting down)"}, body)
 	})
+}
+
+// failingCheckpoints is a local checkpoint store whose lookups fail with err.
+type failingCheckpoints struct {
+	ckstore.Store
+	ckstore.LocalDirs
+	err error
+}
+
+func (f failingCheckpoints) Stat(context.Context, string) (*ckstore.Manifest, error) {
+	return nil, f.err
+}
+
+func TestHealthzNamesCheckpointStoreFailure(t *testing.T) {
+	for _, tc := range []struct {
+		err         error
+		state, text string
+	}{
+		{fmt.Errorf("get: %w", context.DeadlineExceeded), "timeout", "did not answer a lookup within 2s"},
+		{errors.New("get: 403 Forbidden: secret-bucket-detail"), "error", "lookup failed"},
+	} {
+		t.Run(tc.state, func(t *testing.T) {
+			local, err := ckstore.NewLocal(t.TempDir(), ckstore.Options{})
+			require.NoError(t, err)
+			url := "http://" + startServerWith(t, func(c *gateway.Config) {
+				c.Core.CheckpointStore = failingCheckpoints{local, local.(ckstore.LocalDirs), tc.err}
+			})
+			code, body := health(t, url)
+			require.Equal(t, http.StatusServiceUnavailable, code)
+			require.Equal(t, "unavailable", body["status"])
+			require.Equal(t, "ok", body["store"])
+			require.Equal(t, tc.state, body["checkpoint_store"])
+			require.Equal(t, "local", body["checkpoint_store_kind"])
+			require.Contains(t, body["error"], tc.text)
+			require.NotContains(t, body["error"], "secret", "details stay in the log")
+		})
+	}
+}
+
+func TestHealthzReportsAnS3CheckpointStore(t *testing.T) {
+	srv := s3test.Start(t)
+	srv.SetEnv(t)
+	cks, err := ckstore.Open(t.Context(), "s3://"+srv.NewBucket(t)+"/loops", ckstore.Options{})
+	require.NoError(t, err)
+	url := "http://" + startServerWith(t, func(c *gateway.Config) { c.Core.CheckpointStore = cks })
+	code, body := health(t, url)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "ok", body["checkpoint_store"])
+	require.Equal(t, "s3", body["checkpoint_store_kind"])
 }
