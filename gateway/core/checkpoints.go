@@ -261,7 +261,7 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 		if err != nil {
 			return nil, err
 		}
-		s, err := c.samplers.create(ctx, r.ws, info.GetSessionId(), info.GetBaseModel(), ck.TinkerPath, ref)
+		s, err := c.samplers.create(ctx, r.ws, info.GetSessionId(), info.GetBaseModel(), ck.TinkerPath, "", ref)
 		if err != nil {
 			return nil, err
 		}
@@ -307,7 +307,11 @@ func (c *Core) expireCheckpoints(ctx context.Context, now time.Time) {
 		return
 	}
 	for _, e := range expired {
-		if err := c.deleteCheckpoint(ctx, e.Workspace, e.Checkpoint.GetTrainingRunId(), e.Checkpoint.GetId(), e.Checkpoint); err != nil {
+		err := c.deleteCheckpoint(ctx, e.Workspace, e.Checkpoint.GetTrainingRunId(), e.Checkpoint.GetId(), e.Checkpoint)
+		if isPinned(err) {
+			continue // deployed: it expires once no deployment holds it
+		}
+		if err != nil {
 			c.log.Error("deleting expired checkpoint", slog.String("path", e.Checkpoint.GetTinkerPath()), slog.Any("err", err))
 		}
 	}
@@ -318,7 +322,8 @@ func (c *Core) expireCheckpoints(ctx context.Context, now time.Time) {
 // the delete can be retried; if deleting the key fails, the checkpoint is gone and the store
 // sweep deletes the files. With want set, the checkpoint is deleted only if its record is
 // still exactly want (the janitor's expiry does not delete a checkpoint overwritten or given
-// a new TTL meanwhile).
+// a new TTL meanwhile). A checkpoint that a deployment holds is not deleted: the error
+// names the deployments (pinnedBy).
 func (c *Core) deleteCheckpoint(ctx context.Context, ws, runID, id string, want *loopsv1.Checkpoint) error {
 	f := c.ckpt
 	key, err := func() (string, error) {
@@ -329,6 +334,9 @@ func (c *Core) deleteCheckpoint(ctx context.Context, ws, runID, id string, want 
 		}
 		if want != nil && !proto.Equal(ck, want) {
 			return "", nil
+		}
+		if err := c.pinnedBy(ctx, ws, runID, id, ck.GetTinkerPath()); err != nil {
+			return "", err
 		}
 		key, kerr := f.recordKey(ws, ck)
 		err = f.step(stepDelRecord)

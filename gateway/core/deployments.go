@@ -129,6 +129,10 @@ func (c *Core) deploymentFor(ctx context.Context, ws string, r DeploymentRef) (*
 func (c *Core) deploymentCheckpoint(ctx context.Context, ws, model string) (*loopsv1.Checkpoint, string, string, error) {
 	r, err := ParseDeploymentRef(ws, model)
 	if err != nil {
+		var ce *connect.Error
+		if errors.As(err, &ce) {
+			return nil, "", "", notFound("no deployment is named %q: %s", clip(model), ce.Message())
+		}
 		return nil, "", "", err
 	}
 	d, err := c.deploymentFor(ctx, ws, r)
@@ -145,7 +149,10 @@ func (c *Core) deploymentCheckpoint(ctx context.Context, ws, model string) (*loo
 	}
 	if dc == nil {
 		if r.Checkpoint == "" {
-			return nil, "", "", invalidArgument("deployment %q serves %d checkpoints: name one as %s/<checkpoint>, one of %s", r.Name, len(names), model, strings.Join(names, ", "))
+			for i, n := range names {
+				names[i] = model + "/" + n
+			}
+			return nil, "", "", invalidArgument("deployment %q serves %d checkpoints: name one, as %s", r.Name, len(names), strings.Join(names, " or "))
 		}
 		return nil, "", "", notFound("deployment %q has no checkpoint %q: it serves %s", r.Name, clip(r.Checkpoint), strings.Join(names, ", "))
 	}

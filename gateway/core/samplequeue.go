@@ -58,6 +58,9 @@ func spareSlots(n int) int {
 type sampleJob struct {
 	o       *operation
 	session string // the sampler's session, which usage is attributed to
+	// deployment is the deployment sampled ("<owner>:<name>", "" for none), which usage is
+	// also kept under.
+	deployment string
 	req     *backendv1.SampleRequest
 	cost    int // tokens: prompt + max_tokens × num_samples
 	// sink, when set, receives the tokens while they are decoded (SampleStream).

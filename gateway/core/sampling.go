@@ -55,7 +55,7 @@ func newSamplers(c *Core) *samplers {
 
 // create registers a sampler; model is the checkpoint path ("" for the base model) and ref
 // its opened folder (nil for the base model), which the sampler holds from then on.
-func (ss *samplers) create(ctx context.Context, ws, sessionID, baseModel, modelPath string, ref *ckRef) (*loopsv1.Sampler, error) {
+func (ss *samplers) create(ctx context.Context, ws, sessionID, baseModel, modelPath, deployment string, ref *ckRef) (*loopsv1.Sampler, error) {
 	var sess *sessionState
 	if sessionID != "" {
 		var err error
@@ -70,7 +70,7 @@ func (ss *samplers) create(ctx context.Context, ws, sessionID, baseModel, modelP
 	}
 	info := &loopsv1.Sampler{
 		Id: newID("smp"), SessionId: sessionID, BaseModel: baseModel, ModelPath: modelPath,
-		CreateTime: timestamppb.New(ss.c.now()),
+		CreateTime: timestamppb.New(ss.c.now()), Deployment: deployment,
 	}
 	if err := ss.c.store.PutSampler(ctx, ws, info); err != nil {
 		ref.release()
@@ -172,6 +172,12 @@ func (ss *samplers) get(ctx context.Context, ws, id string) (*samplerState, erro
 		if s.ws != ws {
 			return nil, notFound("sampler %q not found (it does not exist, or belongs to another API key's workspace)", id)
 		}
+		if d := s.info.GetDeployment(); d != "" {
+			// Deleting the deployment or revoking its grant stops its samplers.
+			if err := ss.c.checkDeploymentAccess(ctx, ws, d); err != nil {
+				return nil, err
+			}
+		}
 		return s, nil
 	}
 	info, err := ss.c.store.GetSampler(ctx, ws, id)
@@ -179,7 +185,15 @@ func (ss *samplers) get(ctx context.Context, ws, id string) (*samplerState, erro
 		return nil, storeErr(err, "sampler "+quote(id))
 	}
 	var ref *ckRef
-	if info.GetModelPath() != "" {
+	if d := info.GetDeployment(); d != "" {
+		ck, owner, _, err := ss.c.deploymentCheckpoint(ctx, ws, d)
+		if err != nil {
+			return nil, err
+		}
+		if ref, err = ss.c.checkpointFolder(ctx, owner, ck); err != nil {
+			return nil, err
+		}
+	} else if info.GetModelPath() != "" {
 		if _, ref, err = ss.c.resolveCheckpoint(ctx, ws, info.GetModelPath()); err != nil {
 			return nil, err
 		}
@@ -236,10 +250,19 @@ func (s SamplingService) CreateSampler(ctx context.Context, req *loopsv1.CreateS
 
 // createSampler creates a sampler on a base model or a checkpoint.
 func (c *Core) createSampler(ctx context.Context, ws string, req *loopsv1.CreateSamplerRequest) (*loopsv1.Sampler, error) {
-	baseModel := req.GetBaseModel()
+	baseModel, modelPath := req.GetBaseModel(), req.GetModelPath()
 	var ck *loopsv1.Checkpoint
-	var owner string
+	var owner, deployment string
 	switch {
+	case req.GetDeployment() != "":
+		if baseModel != "" || modelPath != "" {
+			return nil, invalidArgument("give a deployment, or a base_model and model_path, not both")
+		}
+		var err error
+		if ck, owner, deployment, err = c.deploymentCheckpoint(ctx, ws, req.GetDeployment()); err != nil {
+			return nil, err
+		}
+		baseModel, modelPath = ck.GetBaseModel(), ck.GetTinkerPath()
 	case req.GetModelPath() != "":
 		var err error
 		if ck, owner, err = c.resolveOwned(ctx, ws, req.GetModelPath()); err != nil {
@@ -265,7 +288,7 @@ func (c *Core) createSampler(ctx context.Context, ws string, req *loopsv1.Create
 			return nil, err
 		}
 	}
-	return c.samplers.create(ctx, ws, req.GetSessionId(), baseModel, req.GetModelPath(), ref)
+	return c.samplers.create(ctx, ws, req.GetSessionId(), baseModel, modelPath, deployment, ref)
 }
 
 // GetSampler returns one sampler.
@@ -358,7 +381,7 @@ func (s SamplingService) sample(ctx context.Context, req *loopsv1.SampleRequest,
 		NumSamples: max(req.GetNumSamples(), 1), Params: params,
 		PromptLogprobs: req.GetPromptLogprobs(), TopkPromptLogprobs: req.GetTopkPromptLogprobs(),
 	}
-	if !c.samplers.queue.push(&sampleJob{o: o, session: st.info.GetSessionId(), req: breq, cost: sampleCost(breq), sink: sink}) {
+	if !c.samplers.queue.push(&sampleJob{o: o, session: st.info.GetSessionId(), deployment: deploymentUsage(st.info.GetDeployment()), req: breq, cost: sampleCost(breq), sink: sink}) {
 		c.ops.finish(o, nil, errShuttingDown()) // a shutdown began meanwhile
 	}
 	return o.snapshot(), nil
@@ -387,8 +410,8 @@ func (c *Core) runSample(j *sampleJob) {
 			generated += len(seq.GetTokens())
 		}
 		c.metrics.tokens.WithLabelValues("sample_output").Add(float64(generated))
-		c.recordUsage(o.workspace, req.GetBaseModel(), session, store.UsageSamplingPrefill, int64(len(req.GetPrompt())))
-		c.recordUsage(o.workspace, req.GetBaseModel(), session, store.UsageSamplingSample, int64(generated))
+		c.recordDeploymentUsage(o.workspace, req.GetBaseModel(), session, j.deployment, store.UsageSamplingPrefill, int64(len(req.GetPrompt())))
+		c.recordDeploymentUsage(o.workspace, req.GetBaseModel(), session, j.deployment, store.UsageSamplingSample, int64(generated))
 	}
 	c.ops.finish(o, func(op *loopsv1.Operation) {
 		op.Result = &loopsv1.Operation_Sample{Sample: resp.GetResult()}

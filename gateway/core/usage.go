@@ -23,8 +23,8 @@ const (
 // usageKey is one usage counter: a workspace's amount of one kind for a base model and
 // session in one hour bucket.
 type usageKey struct {
-	ws, model, session, kind string
-	bucket                   time.Time
+	ws, model, session, deployment, kind string
+	bucket                               time.Time
 }
 
 // usageMeter accumulates usage in memory; flush adds it to the store. Work that succeeds
@@ -44,10 +44,16 @@ func newUsageMeter() *usageMeter { return &usageMeter{pending: map[usageKey]int6
 // recordUsage adds amount of kind to the workspace's counter for model and session in the
 // current hour bucket. Amounts <= 0 are ignored.
 func (c *Core) recordUsage(ws, model, session, kind string, amount int64) {
+	c.recordDeploymentUsage(ws, model, session, "", kind, amount)
+}
+
+// recordDeploymentUsage is recordUsage for work done through a deployment ("<owner>:<name>",
+// "" for none), which the counter is kept under.
+func (c *Core) recordDeploymentUsage(ws, model, session, deployment, kind string, amount int64) {
 	if amount <= 0 {
 		return
 	}
-	k := usageKey{ws: ws, model: model, session: session, kind: kind, bucket: c.now().UTC().Truncate(usageBucket)}
+	k := usageKey{ws: ws, model: model, session: session, deployment: deployment, kind: kind, bucket: c.now().UTC().Truncate(usageBucket)}
 	c.usage.mu.Lock()
 	c.usage.pending[k] += amount
 	c.usage.mu.Unlock()
@@ -71,7 +77,7 @@ func (c *Core) flushUsage(ctx context.Context) {
 	var failed int
 	for k, amount := range batch {
 		err := c.store.AddUsage(ctx, k.ws, store.UsageRecord{
-			BucketStart: k.bucket, BaseModel: k.model, SessionID: k.session, Kind: k.kind, Amount: amount,
+			BucketStart: k.bucket, BaseModel: k.model, SessionID: k.session, Deployment: k.deployment, Kind: k.kind, Amount: amount,
 		})
 		if err != nil {
 			failed++
@@ -137,9 +143,10 @@ func (s UsageService) GetUsage(ctx context.Context, req *loopsv1.GetUsageRequest
 			StartTime: timestamppb.New(r.BucketStart),
 			EndTime:   timestamppb.New(r.BucketStart.Add(usageBucket)),
 			BaseModel: r.BaseModel,
-			SessionId: r.SessionID,
-			Kind:      usageKinds[r.Kind],
-			Amount:    r.Amount,
+			SessionId:  r.SessionID,
+			Kind:       usageKinds[r.Kind],
+			Amount:     r.Amount,
+			Deployment: r.Deployment,
 		})
 	}
 	return out, nil

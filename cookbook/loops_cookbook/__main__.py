@@ -1,3 +1,0 @@
-from loops_cookbook.cli import main
-
-raise SystemExit(main())

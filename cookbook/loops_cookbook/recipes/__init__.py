@@ -1,1 +1,0 @@
-"""The recipes, one module each (the list is loops_cookbook.registry.RECIPES)."""
