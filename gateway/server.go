@@ -17,6 +17,7 @@ import (
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/compat"
+	"github.com/loops-dev/loops/compat/anthropic"
 	"github.com/loops-dev/loops/compat/openai"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/console"
@@ -330,6 +331,18 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		Workspace:            auth.Workspace,
 	}))
 
+	// Anthropic-compatible inference.
+	mux.Handle(anthropic.Prefix, anthropic.NewHandler(anthropic.Services{
+		Sampling:   svc.Sampling,
+		Operations: svc.Operations,
+		Models:     svc.Models,
+	}, anthropic.Options{
+		MaxBodyBytes: s.cfg.Limits.MaxBodyBytes,
+		MaxSamplers:  s.cfg.Core.Limits.MaxSamplersInMemory,
+		Logger:       s.log,
+		Workspace:    auth.Workspace,
+	}))
+
 	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(openapi.LoopsV1)
@@ -351,7 +364,6 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		Sampling:    svc.Sampling,
 		Usage:       svc.Usage,
 		Workspace:   svc.Workspace,
-		Deployments: svc.Deployments,
 	}, console.Options{Authenticate: keys.Authenticate, Logger: s.log})
 	pages := cons.Handler()
 	mux.Handle("GET "+console.Root+"{$}", pages)

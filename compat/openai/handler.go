@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -18,7 +17,6 @@ import (
 	"github.com/loops-dev/loops/compat"
 	"github.com/loops-dev/loops/compat/internal/infer"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
-	"github.com/loops-dev/loops/internal/bounded"
 	"github.com/loops-dev/loops/internal/errs"
 	"github.com/loops-dev/loops/internal/semantics"
 )
@@ -277,25 +275,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_, _ = w.Write(b)
 }
 
-// readBody reads the whole body within MaxBodyBytes. Compressed bodies are refused.
+// readBody reads the whole body within MaxBodyBytes (infer.ReadBody).
 func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	if enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc != "" && enc != "identity" {
-		return nil, &apiError{status: http.StatusUnsupportedMediaType, typ: typeInvalidRequest, code: strings.ToLower(errs.ReasonUnsupportedEncoding),
-			message: fmt.Sprintf("Content-Encoding %q is not supported; send the body uncompressed", enc)}
-	}
-	body := http.MaxBytesReader(w, r.Body, s.opt.MaxBodyBytes)
-	b, err := bounded.ReadAll(body, r.ContentLength, s.opt.MaxBodyBytes)
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, err
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return nil, &apiError{status: http.StatusRequestTimeout, typ: typeInvalidRequest, code: strings.ToLower(errs.ReasonBodyReadTimeout),
-				message: "the request body did not arrive within the server's body read timeout"}
-		}
-		return nil, &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, code: "invalid_body",
-			message: fmt.Sprintf("cannot read the request body: %v", err)}
-	}
-	return b, nil
+	return infer.ReadBody(w, r, s.opt.MaxBodyBytes)
 }

@@ -108,6 +108,19 @@ func (c *Completion) ChoiceText(i int) string {
 	return cutStop(c.Text.Decode(c.Seqs[i].GetTokens()), c.Stop)
 }
 
+// StopSequence is the stop sequence choice i ended on ("" when it ended otherwise): the
+// first of them in its text.
+func (c *Completion) StopSequence(i int) string {
+	text := c.Text.Decode(c.Seqs[i].GetTokens())
+	at, which := len(text)+1, ""
+	for _, st := range c.Stop {
+		if j := indexOf(text, st); j >= 0 && j < at {
+			at, which = j, st
+		}
+	}
+	return which
+}
+
 // Stopped reports whether choice i ended on a stop (a stop sequence or token, or the end
 // of sequence) rather than at max_tokens.
 func (c *Completion) Stopped(i int) bool {
@@ -196,7 +209,7 @@ func (e *Engine) samplerFor(ctx context.Context, model string) (sampler, string,
 	if sm, ok := e.samplers.get(key); ok {
 		return sm, key, nil
 	}
-	info, err := e.createSampler(ctx, base, path)
+	info, err := e.svc.Sampling.CreateSampler(ctx, &loopsv1.CreateSamplerRequest{BaseModel: base, ModelPath: path})
 	if err != nil {
 		return sampler{}, "", err
 	}

@@ -1,0 +1,292 @@
+package anthropic_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	_ "github.com/loops-dev/loops/backends/reference"
+	"github.com/loops-dev/loops/backends/tiny"
+	"github.com/loops-dev/loops/gateway"
+	"github.com/loops-dev/loops/gateway/auth"
+)
+
+const keyA = "tml-anthropic-key-a"
+
+// startServer runs a gateway with the reference engine on 127.0.0.1:0.
+func startServer(t *testing.T) string {
+	t.Helper()
+	t.Setenv("HF_HUB_CACHE", t.TempDir())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	keys, err := auth.ParseKeys([]string{keyA})
+	require.NoError(t, err)
+	srv, err := gateway.New(t.Context(), ln, gateway.Config{DataDir: t.TempDir(), Keys: keys})
+	require.NoError(t, err)
+	go func() { _ = srv.Serve() }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Close(ctx)
+	})
+	return "http://" + ln.Addr().String()
+}
+
+// answer is a status and a raw body.
+type answer struct {
+	status int
+	body   []byte
+}
+
+// post sends body with the key in x-api-key (or as a bearer token) and returns the status
+// and the raw answer.
+func post(t *testing.T, url string, body any, bearer bool) answer {
+	t.Helper()
+	raw, ok := body.(string)
+	if !ok {
+		b, err := json.Marshal(body)
+		require.NoError(t, err)
+		raw = string(b)
+	}
+	req, err := http.NewRequestWithContext(t.Context(), "POST", url, strings.NewReader(raw))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("anthropic-version", "2023-06-01")
+	if bearer {
+		req.Header.Set("Authorization", "Bearer "+keyA)
+	} else {
+		req.Header.Set("x-api-key", keyA)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return answer{resp.StatusCode, b}
+}
+
+type message struct {
+	ID      string `json:"id"`
+	Type    string `json:"type"`
+	Role    string `json:"role"`
+	Model   string `json:"model"`
+	Content []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	} `json:"content"`
+	StopReason   string  `json:"stop_reason"`
+	StopSequence *string `json:"stop_sequence"`
+	Usage        struct {
+		InputTokens  int `json:"input_tokens"`
+		OutputTokens int `json:"output_tokens"`
+	} `json:"usage"`
+}
+
+func decode[T any](t *testing.T, a answer) T {
+	t.Helper()
+	require.Equal(t, http.StatusOK, a.status, string(a.body))
+	var v T
+	require.NoError(t, json.Unmarshal(a.body, &v))
+	return v
+}
+
+// TestMessagesMatchOpenAIChat: a Messages request samples the same prompt as the OpenAI
+// chat route (the system prompt first, the model's chat template) and answers the same
+// greedy text, with Anthropic's fields; count_tokens counts that prompt.
+func TestMessagesMatchOpenAIChat(t *testing.T) {
+	base := startServer(t)
+	url := base + "/anthropic/api/v1/messages"
+	body := map[string]any{"model": tiny.Name, "max_tokens": 16, "temperature": 0, "system": "Be brief.",
+		"messages": []map[string]any{{"role": "user", "content": "Hello world!"}, {"role": "assistant", "content": "Hi."},
+			{"role": "user", "content": []map[string]any{{"type": "text", "text": "Again", "cache_control": map[string]string{"type": "ephemeral"}}}}}}
+	m := decode[message](t, post(t, url, body, false))
+	require.Equal(t, "message", m.Type)
+	require.Equal(t, "assistant", m.Role)
+	require.Equal(t, tiny.Name, m.Model)
+	require.True(t, strings.HasPrefix(m.ID, "msg_"), m.ID)
+	require.Len(t, m.Content, 1)
+	require.Equal(t, "text", m.Content[0].Type)
+	require.Contains(t, []string{"end_turn", "max_tokens"}, m.StopReason)
+
+	oa := decode[struct {
+		Choices []struct {
+			Message struct {
+				Content string `json:"content"`
+			} `json:"message"`
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+		Usage struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}](t, postOpenAI(t, base+"/oai/api/v1/chat/completions", map[string]any{"model": tiny.Name, "max_tokens": 16, "temperature": 0,
+		"messages": []map[string]any{{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello world!"},
+			{"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Again"}}}))
+	require.Equal(t, oa.Choices[0].Message.Content, m.Content[0].Text)
+	require.Equal(t, oa.Usage.PromptTokens, m.Usage.InputTokens)
+	require.Equal(t, oa.Usage.CompletionTokens, m.Usage.OutputTokens)
+	require.Equal(t, map[string]string{"stop": "end_turn", "length": "max_tokens"}[oa.Choices[0].FinishReason], m.StopReason)
+
+	count := decode[struct {
+		InputTokens int `json:"input_tokens"`
+	}](t, post(t, url+"/count_tokens", map[string]any{"model": tiny.Name, "system": body["system"], "messages": body["messages"]}, true))
+	require.Equal(t, m.Usage.InputTokens, count.InputTokens)
+}
+
+func postOpenAI(t *testing.T, url string, body any) answer {
+	return post(t, url, body, true)
+}
+
+// TestStopSequence: the answer ends before the stop sequence it met, which stop_reason and
+// stop_sequence name.
+func TestStopSequence(t *testing.T) {
+	url := startServer(t) + "/anthropic/api/v1/messages"
+	body := map[string]any{"model": tiny.Name, "max_tokens": 24, "temperature": 0, "messages": []map[string]any{{"role": "user", "content": "Tell me"}}}
+	full := decode[message](t, post(t, url, body, false)).Content[0].Text
+	require.GreaterOrEqual(t, len([]rune(full)), 4, "loops/tiny's greedy answer is long enough to cut: %q", full)
+	stop := string([]rune(full)[2:4])
+	body["stop_sequences"] = []string{stop}
+	m := decode[message](t, post(t, url, body, false))
+	require.Equal(t, "stop_sequence", m.StopReason)
+	require.NotNil(t, m.StopSequence)
+	require.Equal(t, stop, *m.StopSequence)
+	require.Equal(t, full[:strings.Index(full, stop)], m.Content[0].Text)
+}
+
+// event is one server-sent event.
+type event struct {
+	name string
+	data map[string]any
+}
+
+func streamEvents(t *testing.T, url string, body map[string]any) []event {
+	t.Helper()
+	body["stream"] = true
+	raw, err := json.Marshal(body)
+	require.NoError(t, err)
+	req, err := http.NewRequestWithContext(t.Context(), "POST", url, bytes.NewReader(raw))
+	require.NoError(t, err)
+	req.Header.Set("x-api-key", keyA)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	var out []event
+	sc := bufio.NewScanner(resp.Body)
+	var name string
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "event: "):
+			name = strings.TrimPrefix(line, "event: ")
+		case strings.HasPrefix(line, "data: "):
+			var d map[string]any
+			require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &d))
+			require.Equal(t, name, d["type"], "the event name is the data's type")
+			out = append(out, event{name, d})
+		default:
+			require.Empty(t, line)
+		}
+	}
+	require.NoError(t, sc.Err())
+	return out
+}
+
+// TestStream: Anthropic's event sequence, whose text deltas add up to the non-streamed
+// answer and whose message_delta carries its stop_reason and output tokens.
+func TestStream(t *testing.T) {
+	url := startServer(t) + "/anthropic/api/v1/messages"
+	body := func() map[string]any {
+		return map[string]any{"model": tiny.Name, "max_tokens": 20, "temperature": 0, "messages": []map[string]any{{"role": "user", "content": "Stream this"}}}
+	}
+	want := decode[message](t, post(t, url, body(), false))
+	evs := streamEvents(t, url, body())
+	var names []string
+	var text strings.Builder
+	for _, e := range evs {
+		if len(names) == 0 || names[len(names)-1] != e.name {
+			names = append(names, e.name)
+		}
+		if e.name == "content_block_delta" {
+			d := e.data["delta"].(map[string]any)
+			require.Equal(t, "text_delta", d["type"])
+			text.WriteString(d["text"].(string))
+		}
+	}
+	require.Equal(t, []string{"message_start", "content_block_start", "ping", "content_block_delta", "content_block_stop", "message_delta", "message_stop"}, names)
+	require.Equal(t, want.Content[0].Text, text.String())
+	start := evs[0].data["message"].(map[string]any)
+	require.Equal(t, float64(want.Usage.InputTokens), start["usage"].(map[string]any)["input_tokens"])
+	require.Empty(t, start["content"])
+	delta := evs[len(evs)-2].data
+	require.Equal(t, want.StopReason, delta["delta"].(map[string]any)["stop_reason"])
+	require.Equal(t, float64(want.Usage.OutputTokens), delta["usage"].(map[string]any)["output_tokens"])
+}
+
+// TestBadRequests: Anthropic's error shape, and unsupported fields named.
+func TestBadRequests(t *testing.T) {
+	base := startServer(t)
+	url := base + "/anthropic/api/v1/messages"
+	msgs := []map[string]any{{"role": "user", "content": "x"}}
+	for _, c := range []struct {
+		body    any
+		status  int
+		typ     string
+		mention string
+	}{
+		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": msgs, "tools": []any{}}, 400, "invalid_request_error", "tools"},
+		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": msgs, "temperature": 1.5}, 400, "invalid_request_error", "temperature"},
+		{map[string]any{"model": tiny.Name, "messages": msgs}, 400, "invalid_request_error", "max_tokens"},
+		{map[string]any{"model": tiny.Name, "max_tokens": 0, "messages": msgs}, 400, "invalid_request_error", "max_tokens"},
+		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": []map[string]any{{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}}}, 400, "invalid_request_error", "messages[1]"},
+		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": []map[string]any{{"role": "system", "content": "x"}}}, 400, "invalid_request_error", "messages[0].role"},
+		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": []map[string]any{{"role": "user", "content": []map[string]any{{"type": "image", "source": map[string]any{}}}}}}, 400, "invalid_request_error", "messages[0].content[0]"},
+		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": msgs, "thinking": map[string]any{"type": "enabled"}}, 400, "invalid_request_error", "thinking"},
+		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": msgs, "metadata": map[string]any{"other": 1}}, 400, "invalid_request_error", "metadata.other"},
+		{map[string]any{"model": tiny.Name, "max_tokens": 4000000, "messages": msgs}, 400, "invalid_request_error", "max_tokens"},
+		{map[string]any{"model": "tinker://nope/sampler_weights/x", "max_tokens": 4, "messages": msgs}, 404, "not_found_error", "nope"},
+		{`{"model":"m","model":"m"}`, 400, "invalid_request_error", "model"},
+		{`[1]`, 400, "invalid_request_error", "JSON object"},
+	} {
+		a := post(t, url, c.body, false)
+		st, b := a.status, a.body
+		require.Equal(t, c.status, st, "%v: %s", c.body, b)
+		var e struct {
+			Type  string `json:"type"`
+			Error struct {
+				Type    string `json:"type"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		require.NoError(t, json.Unmarshal(b, &e), string(b))
+		require.Equal(t, "error", e.Type)
+		require.Equal(t, c.typ, e.Error.Type, string(b))
+		require.Contains(t, e.Error.Message, c.mention)
+	}
+	a := post(t, url, map[string]any{"model": "no/such-model", "max_tokens": 4, "messages": msgs}, false)
+	require.Contains(t, []int{400, 404}, a.status, "an unknown model (a 400 once deployment names resolve): %s", a.body)
+	require.Contains(t, string(a.body), "no/such-model")
+	a = post(t, url+"/count_tokens", map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": msgs}, false)
+	require.Equal(t, http.StatusBadRequest, a.status)
+	require.Contains(t, string(a.body), "max_tokens")
+	require.Equal(t, http.StatusNotFound, post(t, base+"/anthropic/api/v1/complete", map[string]any{}, false).status)
+
+	// The gateway authenticates the route with the same keys.
+	req, err := http.NewRequestWithContext(t.Context(), "POST", url, strings.NewReader(`{}`))
+	require.NoError(t, err)
+	req.Header.Set("x-api-key", "tml-not-a-key")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+}

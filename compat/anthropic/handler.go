@@ -1,0 +1,241 @@
+package anthropic
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"strconv"
+	"strings"
+
+	"connectrpc.com/connect"
+
+	"github.com/loops-dev/loops/compat"
+	"github.com/loops-dev/loops/compat/internal/infer"
+	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
+	"github.com/loops-dev/loops/internal/errs"
+)
+
+// Prefix is the path under which the gateway mounts the handler: an Anthropic client's base
+// URL is <server>/anthropic/api.
+const Prefix = "/anthropic/api/"
+
+// Services are the core handlers the adapter translates onto. All must be non-nil.
+type Services struct {
+	Sampling   loopsv1connect.SamplingServiceHandler
+	Operations loopsv1connect.OperationServiceHandler
+	Models     loopsv1connect.ModelServiceHandler
+}
+
+// Options tune the Anthropic surface. The zero value gives the defaults noted per field.
+type Options struct {
+	// MaxBodyBytes caps a request body. Default compat.DefaultMaxBodyBytes (the gateway
+	// passes its Limits.MaxBodyBytes, the cap of every surface).
+	MaxBodyBytes int64
+	// MaxSamplers bounds the samplers the adapter remembers, one per (workspace, model)
+	// (infer.Options.MaxSamplers). The gateway passes the core's Limits.MaxSamplersInMemory.
+	MaxSamplers int
+	// Logger receives debug logs and errors. Default slog.Default().
+	Logger *slog.Logger
+	// Workspace returns the authenticated caller's workspace (the gateway's
+	// auth.Workspace): the sampler cache is keyed by it.
+	Workspace func(ctx context.Context) string
+}
+
+type server struct {
+	opt    Options
+	log    *slog.Logger
+	engine *infer.Engine
+}
+
+// NewHandler returns the handler for every path under Prefix. The gateway mounts it after
+// authenticating the request and passes r.Context(), with the caller's workspace, to the
+// core as it is.
+func NewHandler(s Services, o Options) http.Handler {
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = compat.DefaultMaxBodyBytes
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	srv := &server{opt: o, log: o.Logger, engine: infer.New(
+		infer.Services{Sampling: s.Sampling, Operations: s.Operations, Models: s.Models},
+		infer.Options{MaxSamplers: o.MaxSamplers, Workspace: o.Workspace})}
+	mux := http.NewServeMux()
+	srv.handle(mux, "POST "+Prefix+"v1/messages", srv.messages)
+	srv.handle(mux, "POST "+Prefix+"v1/messages/count_tokens", srv.countTokens)
+	srv.handle(mux, Prefix, func(_ http.ResponseWriter, r *http.Request) error {
+		return &apiError{status: http.StatusNotFound, typ: typeNotFound,
+			message: r.Method + " " + r.URL.Path + " is not an Anthropic-compatible route served by Loops (POST v1/messages, POST v1/messages/count_tokens)"}
+	})
+	return srv.recoverPanics(mux)
+}
+
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+func (s *server) handle(mux *http.ServeMux, pattern string, h handlerFunc) {
+	mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			s.writeError(w, r, err)
+		}
+	})
+}
+
+func (s *server) recoverPanics(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				id := errs.NewID()
+				s.log.Error("anthropic: panic serving request", "method", r.Method, "path", r.URL.Path,
+					"error_id", id, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+				s.writeError(w, r, errs.Incident(id, "internal error, id "+id))
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// Anthropic's error types.
+const (
+	typeInvalidRequest = "invalid_request_error"
+	typeAuthentication = "authentication_error"
+	typePermission     = "permission_error"
+	typeNotFound       = "not_found_error"
+	typeTooLarge       = "request_too_large"
+	typeRateLimit      = "rate_limit_error"
+	typeAPI            = "api_error"
+	typeOverloaded     = "overloaded_error"
+)
+
+// apiError is an error the adapter answers itself, with Anthropic's fields.
+type apiError struct {
+	status  int
+	typ     string
+	message string
+}
+
+func (e *apiError) Error() string { return e.message }
+
+// unsupported returns the 400 for a field Loops does not implement.
+func unsupported(param, hint string) error {
+	msg := fmt.Sprintf("%s: this field is not supported by Loops' Anthropic-compatible API", param)
+	if hint != "" {
+		msg += "; " + hint
+	}
+	return &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, message: msg}
+}
+
+// errorBody is Anthropic's error object.
+type errorBody struct {
+	Type    string `json:"type"`
+	Message string `json:"message"`
+}
+
+// typeOf names Anthropic's error type for an HTTP status.
+func typeOf(status int) string {
+	switch status {
+	case http.StatusUnauthorized:
+		return typeAuthentication
+	case http.StatusForbidden:
+		return typePermission
+	case http.StatusNotFound:
+		return typeNotFound
+	case http.StatusRequestEntityTooLarge:
+		return typeTooLarge
+	case http.StatusTooManyRequests:
+		return typeRateLimit
+	case http.StatusServiceUnavailable:
+		return typeOverloaded
+	}
+	if status >= 500 {
+		return typeAPI
+	}
+	return typeInvalidRequest
+}
+
+// classify maps err to its status and Anthropic error object through the one error table
+// (internal/errs): the status is the table's TinkerStatus (a permanent error is never a 409
+// or 5xx, which clients retry), internal errors are masked to "internal error, id <id>" and
+// id is set to log them under.
+func classify(err error) (status int, body errorBody, id string) {
+	var ie *infer.Error
+	if errors.As(err, &ie) {
+		msg := ie.Message
+		if ie.Param != "" && !strings.HasPrefix(msg, ie.Param) {
+			msg = ie.Param + ": " + msg
+		}
+		return ie.Status, errorBody{Type: typeOf(ie.Status), Message: msg}, ""
+	}
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return ae.status, errorBody{Type: ae.typ, Message: ae.message}, ""
+	}
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return http.StatusRequestEntityTooLarge, errorBody{Type: typeTooLarge,
+			Message: fmt.Sprintf("request body is larger than the server's limit of %d bytes", mbe.Limit)}, ""
+	}
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		err = connect.NewError(connect.CodeInternal, err)
+	}
+	out := errs.Edge(err)
+	msg := out.Err.Message()
+	if msg == "" {
+		msg = out.Err.Code().String()
+	}
+	st := out.Entry.TinkerStatus
+	return st, errorBody{Type: typeOf(st), Message: msg}, out.ID
+}
+
+// writeError answers err in Anthropic's error shape; an internal error is logged in full
+// under its error id. Nothing is written when the client has gone away.
+func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	if errs.ClientGone(r.Context()) {
+		s.log.Info("anthropic: client closed request", "method", r.Method, "path", r.URL.Path,
+			"status", errs.StatusClientClosedRequest, "err", err)
+		return
+	}
+	status, body, id := classify(err)
+	switch {
+	case id != "":
+		s.log.Error("anthropic: request failed", "method", r.Method, "path", r.URL.Path, "status", status, "error_id", id, "err", err)
+	case status >= 500 && status != http.StatusServiceUnavailable:
+		s.log.Error("anthropic: request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
+	default:
+		s.log.Debug("anthropic: request rejected", "method", r.Method, "path", r.URL.Path, "status", status, "message", body.Message)
+	}
+	if d, ok := errs.RetryAfter(err); ok && status == http.StatusTooManyRequests {
+		w.Header().Set(errs.HeaderRetryAfter, errs.RetryAfterValue(d))
+	}
+	writeJSON(w, status, errorEnvelope{Type: "error", Error: body})
+}
+
+type errorEnvelope struct {
+	Type  string    `json:"type"`
+	Error errorBody `json:"error"`
+}
+
+// writeJSON marshals v and writes it with a Content-Length.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b = []byte(`{"type":"error","error":{"type":"api_error","message":"internal error: cannot encode the response"}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// readBody reads the whole body within MaxBodyBytes (infer.ReadBody).
+func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	return infer.ReadBody(w, r, s.opt.MaxBodyBytes)
+}

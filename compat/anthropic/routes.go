@@ -1,0 +1,179 @@
+package anthropic
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/loops-dev/loops/compat/internal/infer"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/errs"
+)
+
+// streamWriteTimeout bounds one write of a stream: a client that reads nothing for that
+// long is gone, and its sample is stopped.
+const streamWriteTimeout = 30 * time.Second
+
+func (s *server) messages(w http.ResponseWriter, r *http.Request) error {
+	b, err := s.readBody(w, r)
+	if err != nil {
+		return err
+	}
+	req, err := decodeRequest(b, false)
+	if err != nil {
+		return err
+	}
+	in := &infer.Request{Model: req.model, Messages: req.conversation(), N: 1, Params: &loopsv1.SamplingParams{
+		MaxTokens: req.maxTokens, Temperature: req.temperature, TopK: req.topK, TopP: req.topP, StopStrings: req.stop,
+	}}
+	if req.stream {
+		run, err := s.engine.Stream(r.Context(), in)
+		if err != nil {
+			return err
+		}
+		defer run.Close()
+		s.stream(w, r, req, run)
+		return nil
+	}
+	c, err := s.engine.Sample(r.Context(), in)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, messageOf(req, c, true))
+	return nil
+}
+
+func (s *server) countTokens(w http.ResponseWriter, r *http.Request) error {
+	b, err := s.readBody(w, r)
+	if err != nil {
+		return err
+	}
+	req, err := decodeRequest(b, true)
+	if err != nil {
+		return err
+	}
+	prompts, err := s.engine.Tokens(r.Context(), &infer.Request{Model: req.model, Messages: req.conversation()})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, struct {
+		InputTokens int `json:"input_tokens"`
+	}{len(prompts[0])})
+	return nil
+}
+
+// usage is Anthropic's token count of a message.
+type usage struct {
+	InputTokens  int `json:"input_tokens"`
+	OutputTokens int `json:"output_tokens"`
+}
+
+type textBlock struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+// message is Anthropic's Message object.
+type message struct {
+	ID           string      `json:"id"`
+	Type         string      `json:"type"`
+	Role         string      `json:"role"`
+	Model        string      `json:"model"`
+	Content      []textBlock `json:"content"`
+	StopReason   *string     `json:"stop_reason"`
+	StopSequence *string     `json:"stop_sequence"`
+	Usage        usage       `json:"usage"`
+}
+
+// stopReason is Anthropic's stop_reason of the completion's one choice, and the stop
+// sequence it ended on.
+func stopReason(c *infer.Completion) (reason string, seq *string) {
+	switch {
+	case !c.Stopped(0):
+		return "max_tokens", nil
+	case c.StopSequence(0) != "":
+		s := c.StopSequence(0)
+		return "stop_sequence", &s
+	}
+	return "end_turn", nil
+}
+
+// messageOf is the completion as a Message; done says whether it is complete (it is not
+// in message_start).
+func messageOf(req *request, c *infer.Completion, done bool) message {
+	m := message{ID: "msg_" + c.ID, Type: "message", Role: "assistant", Model: req.model, Content: []textBlock{}}
+	p, g := c.Usage()
+	m.Usage = usage{InputTokens: p, OutputTokens: g}
+	if done {
+		m.Content = append(m.Content, textBlock{Type: "text", Text: c.ChoiceText(0)})
+		reason, seq := stopReason(c)
+		m.StopReason, m.StopSequence = &reason, seq
+	}
+	return m
+}
+
+// stream answers with Anthropic's server-sent events while the sample decodes:
+// message_start, content_block_start, ping, a content_block_delta per batch of new text,
+// content_block_stop, message_delta (stop_reason and the output tokens), message_stop. A
+// sample that fails after message_start ends the stream with an error event.
+func (s *server) stream(w http.ResponseWriter, r *http.Request, req *request, run *infer.Run) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	var werr error
+	send := func(event string, v any) {
+		if werr != nil {
+			return
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			s.log.Error("anthropic: cannot encode a stream event", "err", err)
+			return
+		}
+		_ = rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+		if _, werr = w.Write([]byte("event: " + event + "\ndata: " + string(b) + "\n\n")); werr == nil {
+			werr = rc.Flush()
+		}
+	}
+	c := run.Completion()
+	start := messageOf(req, c, false)
+	send("message_start", map[string]any{"type": "message_start", "message": start})
+	send("content_block_start", map[string]any{"type": "content_block_start", "index": 0, "content_block": textBlock{Type: "text"}})
+	send("ping", map[string]string{"type": "ping"})
+	for werr == nil {
+		chunks, err := run.Next(r.Context())
+		if infer.IsDone(err) {
+			break
+		}
+		if err != nil {
+			if errs.ClientGone(r.Context()) {
+				return
+			}
+			status, body, id := classify(err)
+			if id != "" || status >= 500 {
+				s.log.Error("anthropic: stream failed", "path", r.URL.Path, "status", status, "error_id", id, "err", err)
+			}
+			send("error", errorEnvelope{Type: "error", Error: body})
+			return
+		}
+		for _, ch := range chunks {
+			if ch.Text != "" {
+				send("content_block_delta", map[string]any{"type": "content_block_delta", "index": 0,
+					"delta": map[string]string{"type": "text_delta", "text": ch.Text}})
+			}
+		}
+	}
+	if werr != nil {
+		s.log.Info("anthropic: stream client gone; its sample is stopped", "path", r.URL.Path, "err", werr)
+		return
+	}
+	send("content_block_stop", map[string]any{"type": "content_block_stop", "index": 0})
+	reason, seq := stopReason(c)
+	_, g := c.Usage()
+	send("message_delta", map[string]any{"type": "message_delta",
+		"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq}, "usage": map[string]int{"output_tokens": g}})
+	send("message_stop", map[string]string{"type": "message_stop"})
+}
