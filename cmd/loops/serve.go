@@ -37,7 +37,8 @@ type serveFlags struct {
 	maxRequestsPerKey int
 	workspacePolicy   string
 
-	db databaseFlags
+	db    databaseFlags
+	lease leaseFlags
 	// checkpointStore is --checkpoint-store: "" for the local folder in the data dir.
 	checkpointStore string
 }
@@ -66,6 +67,11 @@ S3-compatible server instead (endpoint, region and credentials from AWS_ENDPOINT
 AWS_REGION, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or the shared AWS credentials
 file; see docs/checkpoint-store.md), so that gateways and workers on other hosts share them.
 
+With --database postgres://…, gateways on the same database share a leader lease
+(--leader-lease, --lease-ttl, --advertise-url; LOOPS_LEADER_LEASE, LOOPS_LEASE_TTL,
+LOOPS_ADVERTISE_URL): one leads, a second loops serve is a standby that forwards to it and
+takes over when it dies (docs/two-gateways.md).
+
 --workspace-policy FILE gives workspaces limits (allowed base models, max sequence length,
 max LoRA rank, runs at once, queued operations, sampling concurrency): see the
 "Workspace policy" section of docs/semantics.md for the format.`,
@@ -77,6 +83,7 @@ max LoRA rank, runs at once, queued operations, sampling concurrency): see the
 		},
 	}
 	f.db.register(cmd)
+	f.lease.register(cmd)
 	fl := cmd.Flags()
 	fl.StringVar(&f.addr, "addr", env("LOOPS_ADDR", "127.0.0.1:8000"), "host:port to listen on (port 0 picks a free one)")
 	fl.StringVar(&f.dataDir, "data-dir", env("LOOPS_DATA_DIR", defaultDataDir()), "folder for the database, checkpoints and built-in models")
@@ -154,6 +161,13 @@ func runServe(ctx context.Context, f serveFlags) error {
 		_ = st.Close()
 		return err
 	}
+	leaseCfg, closeLease, err := f.lease.open(ctx, f.db.url, ln.Addr(), f.db.connectTimeout, log)
+	if err != nil {
+		_ = ln.Close()
+		_ = st.Close()
+		return err
+	}
+	defer closeLease()
 	srv, err := gateway.New(ctx, ln, gateway.Config{
 		DataDir: f.dataDir,
 		Store:   st,
@@ -170,6 +184,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 			MaxRequestsPerKey: f.maxRequestsPerKey,
 		},
 		Logger: log,
+		Lease:  leaseCfg,
 	})
 	if err != nil {
 		_ = ln.Close()
@@ -180,7 +195,14 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if !keys.Open() {
 		keyHint = "<one of your --api-key values>"
 	}
-	fmt.Fprintf(os.Stderr, "Loops listening on %s (backend %s, data in %s, store %s, checkpoint store %s)\n", url, f.backend, f.dataDir, storeDesc, srv.Core().CheckpointStore())
+	cksDesc := f.checkpointStore
+	if c := srv.Core(); c != nil {
+		cksDesc = c.CheckpointStore().String()
+	}
+	fmt.Fprintf(os.Stderr, "Loops listening on %s (backend %s, data in %s, store %s, checkpoint store %s)\n", url, f.backend, f.dataDir, storeDesc, cksDesc)
+	if leaseCfg != nil {
+		fmt.Fprintf(os.Stderr, "Leader lease on (TTL %s, advertised as %s): this gateway leads or stands by for the one that does; GET /healthz says which.\n", f.lease.ttl, leaseCfg.Address)
+	}
 	if keys.Open() {
 		fmt.Fprintln(os.Stderr, "No API keys configured: accepting any tml-… key, loopback only.")
 	} else {
