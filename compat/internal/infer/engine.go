@@ -209,7 +209,7 @@ func (e *Engine) samplerFor(ctx context.Context, model string) (sampler, string,
 	if sm, ok := e.samplers.get(key); ok {
 		return sm, key, nil
 	}
-	info, err := e.svc.Sampling.CreateSampler(ctx, &loopsv1.CreateSamplerRequest{BaseModel: base, ModelPath: path})
+	info, err := e.createSampler(ctx, base, path)
 	if err != nil {
 		return sampler{}, "", err
 	}
