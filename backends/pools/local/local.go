@@ -1,0 +1,314 @@
+package local
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/loops-dev/loops/backends/pools"
+)
+
+// Options configure the provider. Zero values mean the documented defaults.
+type Options struct {
+	// Registry is where the workers register (required); RegistryURL is its address as the
+	// workers dial it, and JoinTokenFile a file holding the join token (both required).
+	Registry      *pools.Registry
+	RegistryURL   string
+	JoinTokenFile string
+	// Command starts a worker (default: python3 -m loops_worker); the provider appends
+	// --listen 127.0.0.1:0 --register URL --pool ID --replica N --join-token-file F
+	// --model BASE and the spec's Args.
+	Command []string
+	// Env are extra KEY=VALUE variables for the workers.
+	Env []string
+	// GPUs is the inventory of GPU ids (CUDA_VISIBLE_DEVICES values) the provider hands out;
+	// a pool asking for more than are free is refused.
+	GPUs []string
+	// Backoff is the first delay before restarting an exited worker (default 1s), doubling
+	// up to MaxBackoff (default 30s) while it keeps exiting within a minute.
+	Backoff, MaxBackoff time.Duration
+	// Logger receives worker events and stderr lines (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Provider is the local provider.
+type Provider struct {
+	opts Options
+	log  *slog.Logger
+
+	mu     sync.Mutex
+	pools  map[string]*pool
+	free   []string // GPU ids not assigned
+	closed bool
+	wg     sync.WaitGroup
+}
+
+type pool struct {
+	spec     pools.Spec
+	replicas map[int]*replica
+}
+
+type replica struct {
+	gpus   []string
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu  sync.Mutex
+	pid int
+}
+
+var _ pools.Provider = (*Provider)(nil)
+
+// New returns a provider.
+func New(o Options) (*Provider, error) {
+	if o.Registry == nil || o.RegistryURL == "" || o.JoinTokenFile == "" {
+		return nil, errors.New("local pools: Registry, RegistryURL and JoinTokenFile are required")
+	}
+	if len(o.Command) == 0 {
+		o.Command = []string{"python3", "-m", "loops_worker"}
+	}
+	if o.Backoff <= 0 {
+		o.Backoff = time.Second
+	}
+	if o.MaxBackoff <= 0 {
+		o.MaxBackoff = 30 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return &Provider{opts: o, log: o.Logger.With(slog.String("provider", "local")), pools: map[string]*pool{}, free: slices.Clone(o.GPUs)}, nil
+}
+
+// EnsurePool implements pools.Provider.
+func (p *Provider) EnsurePool(ctx context.Context, spec pools.Spec) error {
+	if err := spec.Validate(); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return errors.New("local pools: the provider is closed")
+	}
+	pl := p.pools[spec.ID]
+	if pl != nil && (pl.spec.BaseModel != spec.BaseModel || pl.spec.Role != spec.Role || pl.spec.GPUsPerReplica != spec.GPUsPerReplica || !slices.Equal(pl.spec.Args, spec.Args)) {
+		p.mu.Unlock()
+		return fmt.Errorf("pool %s exists with another shape (%s %s, %d GPUs per replica); delete it first", spec.ID, pl.spec.Role, pl.spec.BaseModel, pl.spec.GPUsPerReplica)
+	}
+	if pl == nil {
+		if need := spec.Replicas * spec.GPUsPerReplica; need > len(p.free) {
+			p.mu.Unlock()
+			return fmt.Errorf("pool %s needs %d GPUs (%d replicas × %d) but %d of this host's %d are free (local provider inventory: --backend-opt gpus=0,1,...)", spec.ID, need, spec.Replicas, spec.GPUsPerReplica, len(p.free), len(p.opts.GPUs))
+		}
+		pl = &pool{spec: spec, replicas: map[int]*replica{}}
+		p.pools[spec.ID] = pl
+	}
+	p.mu.Unlock()
+	return p.ScalePool(ctx, spec.ID, spec.Replicas)
+}
+
+// ScalePool implements pools.Provider.
+func (p *Provider) ScalePool(_ context.Context, id string, n int) error {
+	if n < 0 || n > pools.MaxReplicas {
+		return fmt.Errorf("pool %s: replicas %d must be between 0 and %d", id, n, pools.MaxReplicas)
+	}
+	p.mu.Lock()
+	pl := p.pools[id]
+	if pl == nil {
+		p.mu.Unlock()
+		return fmt.Errorf("pool %q: %w", id, pools.ErrNoPool)
+	}
+	g := pl.spec.GPUsPerReplica
+	if need := (n - len(pl.replicas)) * g; need > len(p.free) {
+		p.mu.Unlock()
+		return fmt.Errorf("pool %s: %d more replicas need %d GPUs but %d are free", id, n-len(pl.replicas), need, len(p.free))
+	}
+	pl.spec.Replicas = n
+	p.opts.Registry.SetDesired(id, n)
+	var stopping []*replica
+	for i, r := range pl.replicas {
+		if i >= n {
+			stopping = append(stopping, r)
+			delete(pl.replicas, i)
+			p.free = append(p.free, r.gpus...)
+		}
+	}
+	for i := range n {
+		if pl.replicas[i] != nil {
+			continue
+		}
+		r := &replica{gpus: slices.Clone(p.free[:g]), done: make(chan struct{})}
+		p.free = p.free[g:]
+		ctx, cancel := context.WithCancel(context.Background())
+		r.cancel = cancel
+		pl.replicas[i] = r
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.supervise(ctx, pl.spec, i, r)
+		}()
+	}
+	p.mu.Unlock()
+	for _, r := range stopping {
+		r.cancel()
+		<-r.done
+	}
+	return nil
+}
+
+// DeletePool implements pools.Provider.
+func (p *Provider) DeletePool(_ context.Context, id string) error {
+	p.mu.Lock()
+	pl := p.pools[id]
+	delete(p.pools, id)
+	var rs []*replica
+	if pl != nil {
+		for _, r := range pl.replicas {
+			rs = append(rs, r)
+			p.free = append(p.free, r.gpus...)
+		}
+	}
+	p.mu.Unlock()
+	for _, r := range rs {
+		r.cancel()
+		<-r.done
+	}
+	if pl != nil {
+		p.opts.Registry.DropPool(id, "the pool was deleted")
+	}
+	return nil
+}
+
+// Watch implements pools.Provider.
+func (p *Provider) Watch(ctx context.Context, id string) (<-chan pools.Event, error) {
+	p.mu.Lock()
+	_, ok := p.pools[id]
+	p.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("pool %q: %w", id, pools.ErrNoPool)
+	}
+	return p.opts.Registry.Watch(ctx, id), nil
+}
+
+// PID returns the process id of a replica's current worker (0 if none runs).
+func (p *Provider) PID(id string, i int) int {
+	p.mu.Lock()
+	pl := p.pools[id]
+	var r *replica
+	if pl != nil {
+		r = pl.replicas[i]
+	}
+	p.mu.Unlock()
+	if r == nil {
+		return 0
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pid
+}
+
+// Close stops every worker process.
+func (p *Provider) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	var ids []string
+	for id := range p.pools {
+		ids = append(ids, id)
+	}
+	p.mu.Unlock()
+	for _, id := range ids {
+		_ = p.DeletePool(context.Background(), id)
+	}
+	p.wg.Wait()
+	return nil
+}
+
+// supervise runs replica i until ctx ends, restarting it with back-off.
+func (p *Provider) supervise(ctx context.Context, spec pools.Spec, i int, r *replica) {
+	defer close(r.done)
+	log := p.log.With(slog.String("pool", spec.ID), slog.Int("replica", i))
+	delay := p.opts.Backoff
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := p.runOnce(ctx, spec, i, r, log)
+		if ctx.Err() != nil {
+			p.opts.Registry.Remove(spec.ID, i, "stopped by the provider")
+			return
+		}
+		p.opts.Registry.Remove(spec.ID, i, "its process exited: "+err.Error())
+		if time.Since(start) > time.Minute {
+			delay = p.opts.Backoff
+		}
+		log.Warn("worker exited; restarting", slog.String("err", err.Error()), slog.Duration("in", delay))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, p.opts.MaxBackoff)
+	}
+}
+
+func (p *Provider) runOnce(ctx context.Context, spec pools.Spec, i int, r *replica, log *slog.Logger) error {
+	args := append(slices.Clone(p.opts.Command[1:]), "--listen", "127.0.0.1:0", "--register", p.opts.RegistryURL,
+		"--pool", spec.ID, "--replica", strconv.Itoa(i), "--join-token-file", p.opts.JoinTokenFile, "--model", spec.BaseModel)
+	args = append(args, spec.Args...)
+	cmd := exec.Command(p.opts.Command[0], args...)
+	cmd.Env = append(os.Environ(), "LOOPS_WORKER_EXIT_ON_STDIN_EOF=1", "PYTHONUNBUFFERED=1", "CUDA_VISIBLE_DEVICES="+strings.Join(r.gpus, ","))
+	cmd.Env = append(cmd.Env, p.opts.Env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdin, err := cmd.StdinPipe() // closed when we exit: the worker exits too
+	if err != nil {
+		return err
+	}
+	defer stdin.Close()
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return err
+	}
+	tail := pools.NewTail(8)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("cannot start %s: %w", p.opts.Command[0], err)
+	}
+	r.mu.Lock()
+	r.pid = cmd.Process.Pid
+	r.mu.Unlock()
+	log.Info("worker started", slog.Int("pid", cmd.Process.Pid), slog.String("gpus", strings.Join(r.gpus, ",")))
+	logged := make(chan struct{})
+	go func() {
+		defer close(logged)
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			tail.Add(sc.Text())
+			log.Debug("worker stderr", slog.String("line", sc.Text()))
+		}
+	}()
+	exited := make(chan error, 1)
+	go func() {
+		<-logged
+		exited <- cmd.Wait()
+	}()
+	select {
+	case err = <-exited:
+	case <-ctx.Done():
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		err = <-exited
+	}
+	r.mu.Lock()
+	r.pid = 0
+	r.mu.Unlock()
+	if t := tail.String(); t != "" {
+		return fmt.Errorf("%v; last stderr: %s", err, t)
+	}
+	return err
+}

@@ -1,0 +1,142 @@
+package poolstest
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/loops-dev/loops/backends/pools"
+	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
+	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+)
+
+// FakeWorkerEnv, set to 1, makes FakeWorkerMain run the fake worker.
+const FakeWorkerEnv = "LOOPS_POOLS_FAKE_WORKER"
+
+// FakeWorker serves TrainerService.GetCapabilities (Implementation "fake cuda=<CUDA_VISIBLE_DEVICES>",
+// the models it was given) on a listener.
+type FakeWorker struct {
+	Addr string
+	srv  *http.Server
+}
+
+type fakeTrainer struct {
+	backendv1connect.UnimplementedTrainerServiceHandler
+	caps *backendv1.GetCapabilitiesResponse
+}
+
+func (f *fakeTrainer) GetCapabilities(context.Context, *backendv1.GetCapabilitiesRequest) (*backendv1.GetCapabilitiesResponse, error) {
+	return f.caps, nil
+}
+
+// Capabilities are what the fake worker answers.
+func Capabilities(models []string) *backendv1.GetCapabilitiesResponse {
+	caps := &backendv1.GetCapabilitiesResponse{Implementation: "fake cuda=" + os.Getenv("CUDA_VISIBLE_DEVICES")}
+	for _, m := range models {
+		name, _, _ := strings.Cut(m, "=")
+		caps.Models = append(caps.Models, &loopsv1.ModelInfo{Name: name})
+	}
+	return caps
+}
+
+// StartFakeWorker serves a fake worker on addr (host:port; port 0 picks one).
+func StartFakeWorker(addr string, models []string) (*FakeWorker, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle(backendv1connect.NewTrainerServiceHandler(&fakeTrainer{caps: Capabilities(models)}))
+	p := new(http.Protocols)
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	w := &FakeWorker{Addr: l.Addr().String(), srv: &http.Server{Handler: mux, Protocols: p, ReadHeaderTimeout: 5 * time.Second}}
+	go func() { _ = w.srv.Serve(l) }()
+	return w, nil
+}
+
+// Close stops the fake worker at once.
+func (w *FakeWorker) Close() { _ = w.srv.Close() }
+
+// FakeWorkerMain runs the fake worker process when FakeWorkerEnv is 1 (call it first in
+// TestMain) and exits; otherwise it returns. It takes the real worker's flags: --listen,
+// --register, --pool, --replica, --join-token-file, --model (others are ignored); it exits
+// when its stdin closes (with LOOPS_WORKER_EXIT_ON_STDIN_EOF=1), on SIGTERM, or when told to
+// drain.
+func FakeWorkerMain() {
+	if os.Getenv(FakeWorkerEnv) != "1" {
+		return
+	}
+	os.Exit(fakeMain(os.Args[1:]))
+}
+
+type multi []string
+
+func (m *multi) String() string     { return strings.Join(*m, ",") }
+func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
+
+func fakeMain(args []string) int {
+	fs := flag.NewFlagSet("fakeworker", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:0", "")
+	reg := fs.String("register", "", "")
+	pool := fs.String("pool", "", "")
+	replica := fs.Uint("replica", 0, "")
+	tokenFile := fs.String("join-token-file", "", "")
+	var models multi
+	fs.Var(&models, "model", "")
+	// ignore unknown flags the real worker takes
+	var known []string
+	for i := 0; i < len(args); i++ {
+		name := strings.TrimLeft(args[i], "-")
+		if fs.Lookup(name) != nil {
+			known = append(known, args[i])
+			if i+1 < len(args) {
+				known = append(known, args[i+1])
+				i++
+			}
+		}
+	}
+	if err := fs.Parse(known); err != nil {
+		return 2
+	}
+	w, err := StartFakeWorker(*listen, models)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fake worker:", err)
+		return 1
+	}
+	fmt.Printf("LOOPS_WORKER_LISTENING %s\n", w.Addr)
+	fmt.Fprintf(os.Stderr, "fake worker serving on %s cuda=%q\n", w.Addr, os.Getenv("CUDA_VISIBLE_DEVICES"))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if os.Getenv("LOOPS_WORKER_EXIT_ON_STDIN_EOF") == "1" {
+		c, cancel := context.WithCancel(ctx)
+		ctx = c
+		go func() { _, _ = io.Copy(io.Discard, os.Stdin); cancel() }()
+	}
+	if *reg == "" {
+		<-ctx.Done()
+		return 0
+	}
+	tok, err := os.ReadFile(*tokenFile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fake worker: join token:", err)
+		return 1
+	}
+	err = pools.Hold(ctx, pools.H2CClient(), *reg, &backendv1.RegisterRequest{PoolId: *pool, Replica: uint32(*replica), Address: w.Addr,
+		IncarnationId: fmt.Sprintf("fake-%d-%d", os.Getpid(), time.Now().UnixNano()), JoinToken: strings.TrimSpace(string(tok)), Capabilities: Capabilities(models)})
+	if errors.Is(err, pools.ErrDrain) || err == nil {
+		return 0
+	}
+	fmt.Fprintln(os.Stderr, "fake worker:", err)
+	return 1
+}
