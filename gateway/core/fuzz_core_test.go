@@ -281,6 +281,14 @@ func FuzzCore(f *testing.F) {
 		{"Checkpoints.GetCheckpointArchiveURL", 1, path, &loopsv1.GetCheckpointArchiveURLRequest{}},
 		{"Training.ListTrainingRuns", 0, 0, &loopsv1.ListTrainingRunsRequest{Limit: -1, Offset: 1 << 30}},
 		{"Usage.GetUsage", 0, 0, &loopsv1.GetUsageRequest{}},
+		{"Deployments.CreateDeployment", 0, 0, &loopsv1.CreateDeploymentRequest{Name: "d", Checkpoints: []string{e.ids[path]}, Replicas: 2}},
+		{"Deployments.GrantDeployment", 0, 0, &loopsv1.GrantDeploymentRequest{Name: "d", Workspace: "ws-other"}},
+		{"Deployments.RevokeDeployment", 0, 0, &loopsv1.RevokeDeploymentRequest{Name: "d", Workspace: "ws-other"}},
+		{"Deployments.GetDeployment", 0, 0, &loopsv1.GetDeploymentRequest{Name: "d", Owner: "ws-other"}},
+		{"Deployments.ListDeployments", 0, 0, &loopsv1.ListDeploymentsRequest{}},
+		{"Deployments.DeleteDeployment", 0, 0, &loopsv1.DeleteDeploymentRequest{Name: "d"}},
+		{"Sampling.CreateSampler", 0, 0, &loopsv1.CreateSamplerRequest{Deployment: "ws-fuzz:d/ck"}},
+		{"Checkpoints.DeleteCheckpoint", 1, path, &loopsv1.DeleteCheckpointRequest{}},
 	} {
 		f.Add(fuzzSeed(e.methods, s.name, s.mask, s.choice, s.req))
 	}
@@ -298,7 +306,8 @@ func TestFuzzCoreCoversEveryMethod(t *testing.T) {
 	for _, want := range []string{"Training.ForwardBackward", "Training.OptimStep", "Training.SaveWeights", "Training.LoadWeights",
 		"Training.CreateTrainingRun", "Training.UnloadTrainingRun", "Sampling.Sample", "Sampling.CreateSampler",
 		"Checkpoints.DeleteCheckpoint", "Checkpoints.SetCheckpointPublic", "Sessions.CreateSession", "Operations.WaitOperation",
-		"Models.ListModels", "Usage.GetUsage"} {
+		"Models.ListModels", "Usage.GetUsage", "Deployments.CreateDeployment", "Deployments.GrantDeployment",
+		"Deployments.RevokeDeployment", "Deployments.DeleteDeployment", "Deployments.GetDeployment", "Deployments.ListDeployments"} {
 		require.Contains(t, names, want)
 	}
 }
