@@ -285,11 +285,17 @@ func decodeManifest(key string, data []byte, maxBytes int64) (*Manifest, error) 
 			return bad(fmt.Sprintf("files total over the %d-byte limit", maxBytes))
 		}
 		total += f.Size
-		if b, err := hex.DecodeString(f.SHA256); err != nil || len(b) != sha256.Size {
+		if !validHash(f.SHA256) {
 			return bad(fmt.Sprintf("bad sha256 for %q", f.Name))
 		}
 	}
 	return &m, nil
+}
+
+// validHash reports whether h is a SHA-256 in lower-case hex.
+func validHash(h string) bool {
+	b, err := hex.DecodeString(h)
+	return err == nil && len(b) == sha256.Size && h == strings.ToLower(h)
 }
 
 // scanDir lists the regular files under dir with their sizes, refusing special files and

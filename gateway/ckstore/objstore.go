@@ -80,6 +80,12 @@ func (s *objStore) Put(ctx context.Context, key, dir string) (*Manifest, error) 
 			s.opts.Progress(key, f.Name)
 		}
 	}
+	return s.commit(ctx, key, m)
+}
+
+// commit writes the manifest m of key, whose generation's parts are all uploaded, and then
+// removes the generation it replaced. On failure it removes m's parts.
+func (s *objStore) commit(ctx context.Context, key string, m *Manifest) (*Manifest, error) {
 	old, err := s.Stat(ctx, key)
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		// An unreadable previous manifest is replaced; its parts are left to Sweep.

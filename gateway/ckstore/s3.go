@@ -94,7 +94,7 @@ func NewS3(ctx context.Context, cfg S3Config, opts Options) (Store, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: bucket %s does not exist at %s", ErrInvalid, cfg.Bucket, host)
 	}
-	return newObjStore(o, opts), nil
+	return s3Store{newObjStore(o, opts)}, nil
 }
 
 // s3Objects keeps objects in a bucket under a prefix.
