@@ -1,0 +1,3 @@
+from loops_cookbook.cli import main
+
+raise SystemExit(main())

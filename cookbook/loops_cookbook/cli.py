@@ -1,0 +1,168 @@
+"""`python -m loops_cookbook list | show NAME | check NAME | run NAME [key=value ...]`.
+
+`loops cookbook` (the Go command) runs this CLI in the cookbook's venv: `list --json` is where
+its recipe list comes from, `check --json` gives the local rows of its table.
+
+Exit codes: 0 success; 1 a check failed or an unexpected error; 2 usage or config error
+(unknown recipe or field, bad value); 3 data error (a file does not parse); 4 the server
+refused or could not be reached (connection, API key, rejected request).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from typing import Any
+
+from loops_cookbook import registry
+from loops_cookbook.config import apply_overrides
+from loops_cookbook.data import DataError, read_jsonl
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_DATA, EXIT_SERVER = 0, 1, 2, 3, 4
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="loops_cookbook", description="Loops cookbook recipes")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    ls = sub.add_parser("list", help="list the recipes")
+    ls.add_argument("--json", action="store_true")
+    sh = sub.add_parser("show", help="a recipe's purpose, data format and config")
+    sh.add_argument("name")
+    sh.add_argument("--json", action="store_true")
+    ck = sub.add_parser("check", help="check a recipe's data, tokenizer, chat template and sandbox (trains nothing)")
+    ck.add_argument("name")
+    ck.add_argument("overrides", nargs="*", help="config key=value")
+    ck.add_argument("--max-seq-len", type=int, default=0, help="the server's limit for the model (0: the recipe's max_length)")
+    ck.add_argument("--json", action="store_true")
+    rn = sub.add_parser("run", help="run a recipe")
+    rn.add_argument("name")
+    rn.add_argument("overrides", nargs="*", help="config key=value")
+    args = p.parse_args(argv)
+    try:
+        if args.cmd == "list":
+            return cmd_list(args.json)
+        if args.cmd == "show":
+            return cmd_show(args.name, args.json)
+        cfg = config_for(args.name, args.overrides)
+        if args.cmd == "check":
+            return cmd_check(args.name, cfg, args.max_seq_len, args.json)
+        return cmd_run(args.name, cfg)
+    except (KeyError, ValueError) as e:
+        if isinstance(e, DataError):
+            print(f"data error: {e}", file=sys.stderr)
+            return EXIT_DATA
+        print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def config_for(name: str, overrides: list[str]) -> Any:
+    return apply_overrides(registry.load(name).Config(), overrides)
+
+
+def cmd_list(as_json: bool) -> int:
+    if as_json:
+        print(json.dumps([{"name": n, "summary": s} for n, s in registry.RECIPES.items()]))
+        return EXIT_OK
+    width = max(map(len, registry.RECIPES))
+    for n, s in registry.RECIPES.items():
+        print(f"{n:<{width}}  {s}")
+    return EXIT_OK
+
+
+def cmd_show(name: str, as_json: bool) -> int:
+    d = registry.describe(name)
+    if as_json:
+        print(json.dumps(d, default=str))
+        return EXIT_OK
+    print(f"{d['name']}: {d['summary']}\n\n{d['description']}\n\nData format:\n{d['data_format']}\n\nConfig (key=value):")
+    width = max(len(f["name"]) for f in d["config"])
+    for f in d["config"]:
+        print(f"  {f['name']:<{width}}  {f['default']!s:<12} {f['help']}")
+    return EXIT_OK
+
+
+def check_rows(name: str, cfg: Any, max_seq_len: int) -> list[dict]:
+    """The local checks: data files parse, tokenizer, chat template, sequence lengths, sandbox."""
+    mod = registry.load(name)
+    rows: list[dict] = []
+
+    def row(check: str, ok: bool, detail: str) -> None:
+        rows.append({"check": check, "ok": ok, "detail": detail})
+
+    data_ok = True
+    for role, (path, validate) in mod.data_files(cfg).items():
+        items, errors = read_jsonl(path, validate)
+        data_ok &= not errors
+        more = f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""
+        row(f"data {role}", not errors, f"{len(items)} records in {path}" if not errors else "; ".join(errors[:3]) + more)
+    chat = None
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(cfg.model)
+        row("tokenizer", True, f"{cfg.model}: {type(tok).__name__}, {len(tok)} tokens")
+    except Exception as e:  # noqa: BLE001 - reported as a failed row
+        tok = None
+        row("tokenizer", False, f"{cfg.model}: {str(e).splitlines()[0][:200]} (HF_HUB_OFFLINE=1 needs it in the local HF cache)")
+    if tok is not None:
+        from loops_cookbook.chat import ChatML, template_matches
+
+        ok, detail = template_matches(tok)
+        row("chat template", ok, detail)
+        try:
+            chat = ChatML(tok)
+        except ValueError:
+            chat = None
+    limit = max_seq_len or cfg.max_length
+    if chat is not None and data_ok:
+        lengths = mod.token_lengths(cfg, chat)
+        over = sum(n > limit for n in lengths)
+        truncated = sum(n > cfg.max_length for n in lengths)
+        detail = f"{over} of {len(lengths)} examples exceed {limit} tokens (longest {max(lengths, default=0)})"
+        if max_seq_len and cfg.max_length < max_seq_len:
+            detail += f"; {truncated} exceed max_length={cfg.max_length} and are truncated"
+        row("sequence length", over == 0, detail)
+    else:
+        row("sequence length", False, "not measured: needs parsed data and a ChatML tokenizer")
+    if getattr(mod, "USES_SANDBOX", False):
+        from loops_cookbook.sandbox import self_test
+
+        ok, detail = self_test()
+        row("sandbox", ok, detail)
+    return rows
+
+
+def cmd_check(name: str, cfg: Any, max_seq_len: int, as_json: bool) -> int:
+    rows = check_rows(name, cfg, max_seq_len)
+    if as_json:
+        print(json.dumps({"recipe": name, "checks": rows}))
+    else:
+        width = max(len(r["check"]) for r in rows)
+        for r in rows:
+            print(f"{'PASS' if r['ok'] else 'FAIL'}  {r['check']:<{width}}  {r['detail']}")
+    return EXIT_OK if all(r["ok"] for r in rows) else EXIT_FAIL
+
+
+def cmd_run(name: str, cfg: Any) -> int:
+    import tinker
+
+    mod = registry.load(name)
+    try:
+        result = mod.main(cfg)
+    except DataError as e:
+        print(f"data error: {e}", file=sys.stderr)
+        return EXIT_DATA
+    except (tinker.APIConnectionError, tinker.AuthenticationError, tinker.PermissionDeniedError,
+            tinker.BadRequestError, tinker.NotFoundError, tinker.UnprocessableEntityError) as e:
+        print(f"server error ({type(e).__name__}): {e}", file=sys.stderr)
+        return EXIT_SERVER
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception:  # noqa: BLE001 - the traceback is the report
+        traceback.print_exc()
+        return EXIT_FAIL
+    print(json.dumps({"recipe": name, **result}, default=str))
+    return EXIT_OK

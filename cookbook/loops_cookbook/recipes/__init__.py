@@ -1,0 +1,1 @@
+"""The recipes, one module each (the list is loops_cookbook.registry.RECIPES)."""

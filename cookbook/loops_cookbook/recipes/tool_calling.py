@@ -1,0 +1,147 @@
+"""Tool calling: SFT on tool-call transcripts, then RL where the calls really run.
+
+Phase 1 (`sft_steps`): cross-entropy on the assistant turns of the transcripts (a tool call,
+then the answer). Phase 2 (`steps`): RL on questions. Each episode is multi-turn: the policy
+may call a tool (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`); the call is
+executed against the local Python tools of loops_cookbook.tools (calculator, lookup, convert)
+and the result comes back as a `tool` message; the episode ends at `Answer: ...` or after
+`max_turns`. Reward: `valid_call_reward` once when the policy made a valid call that ran, plus
+1 when the answer matches. metrics.jsonl: sft rows (train_loss) then RL rows (reward,
+valid_call, tool_calls_executed, correct, ...).
+
+On loops/tiny this runs end to end (calls parsed and executed whenever the model emits
+one); learning to use tools is an exercise for a real model on a GPU (cookbook/README.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from loops_cookbook.config import field, resolve_data
+from loops_cookbook.data import load_jsonl, messages_error
+from loops_cookbook.config import RLConfig
+from loops_cookbook.env import Step
+
+DATA_FORMAT = """
+Two JSONL files. transcripts: {"messages": [...]} in the sft_chat format, with role "tool"
+messages holding tool results (default: bundled data/tool_transcripts.jsonl). tasks:
+{"question": "...", "answer": "..."} (default: bundled data/tool_tasks.jsonl). The system
+prompt (loops_cookbook.tools.SYSTEM_PROMPT) is added to every RL episode.
+"""
+
+
+@dataclasses.dataclass
+class Config(RLConfig):
+    transcripts: str | None = field(None, "SFT transcripts (JSONL); default: bundled tool_transcripts.jsonl")
+    tasks: str | None = field(None, "RL questions (JSONL); default: bundled tool_tasks.jsonl")
+    sft_steps: int = field(20, "SFT steps before RL")
+    sft_batch_size: int = field(8, "transcripts per SFT step")
+    sft_learning_rate: float = field(5e-3, "SFT learning rate; ~1e-4 on a real model")
+    steps: int = field(10, "RL steps")
+    learning_rate: float = field(1e-3, "RL learning rate; ~1e-5 on a real model")
+    max_turns: int = field(3, "assistant turns per episode")
+    max_tokens: int = field(64, "tokens sampled per turn")
+    group_size: int = field(4, "episodes per question")
+    groups_per_batch: int = field(4, "questions per RL step")
+    valid_call_reward: float = field(0.2, "reward for making a valid tool call")
+
+
+def transcript_error(rec: object) -> str | None:
+    if not isinstance(rec, dict) or "messages" not in rec:
+        return 'want an object with "messages"'
+    return messages_error(rec["messages"])
+
+
+def task_error(rec: object) -> str | None:
+    if not isinstance(rec, dict) or not isinstance(rec.get("question"), str) or not isinstance(rec.get("answer"), str):
+        return 'want {"question": string, "answer": string}'
+    return None
+
+
+def data_files(cfg: Config) -> dict:
+    return {"transcripts": (resolve_data(cfg.transcripts, "tool_transcripts.jsonl"), transcript_error),
+            "tasks": (resolve_data(cfg.tasks, "tool_tasks.jsonl"), task_error)}
+
+
+def task_messages(rec: dict) -> list[dict]:
+    from loops_cookbook.tools import SYSTEM_PROMPT
+
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": rec["question"]}]
+
+
+def token_lengths(cfg: Config, chat) -> list[int]:
+    files = data_files(cfg)
+    out = [len(chat.conversation(r["messages"])[0]) for r in load_jsonl(*files["transcripts"])]
+    return out + [len(chat.prompt(task_messages(r))) + cfg.max_turns * cfg.max_tokens for r in load_jsonl(*files["tasks"])]
+
+
+class ToolEnv:
+    """One question; tool calls are executed in-process against loops_cookbook.tools."""
+
+    def __init__(self, cfg: Config, chat, rec: dict) -> None:
+        self.cfg, self.chat, self.rec = cfg, chat, rec
+        self.turn = 0
+        self.valid = 0.0
+        self.executed = 0.0
+
+    def reset(self) -> list[int]:
+        return self.chat.prompt(task_messages(self.rec))
+
+    def _reward(self, correct: bool) -> float:
+        return (self.cfg.valid_call_reward if self.valid else 0.0) + (1.0 if correct else 0.0)
+
+    def step(self, action: list[int]) -> Step:
+        from loops_cookbook import tools
+
+        self.turn += 1
+        text = self.chat.response_text(action)
+        answer = tools.parse_answer(text)
+        call = tools.parse_call(text)
+        if answer is not None and call is None:
+            correct = tools.answers_match(answer, self.rec["answer"])
+            return Step(done=True, reward=self._reward(correct), metrics=self._metrics(correct, answered=1.0))
+        if isinstance(call, tuple) and self.turn < self.cfg.max_turns:
+            ok, result = tools.execute(*call)
+            self.executed += 1
+            self.valid = self.valid or float(ok)
+            return Step(done=False, reward=self._reward(False), metrics=self._metrics(False),
+                        next_tokens=self.chat.continuation(action, [{"role": "tool", "content": result}]))
+        if isinstance(call, str) and self.turn < self.cfg.max_turns:
+            return Step(done=False, reward=self._reward(False), metrics=self._metrics(False),
+                        next_tokens=self.chat.continuation(action, [{"role": "tool", "content": '{"error": "' + call.replace('"', "'") + '"}'}]))
+        return Step(done=True, reward=self._reward(False), metrics=self._metrics(False))
+
+    def _metrics(self, correct: bool, answered: float = 0.0) -> dict:
+        return {"valid_call": self.valid, "tool_calls_executed": self.executed, "correct": float(correct),
+                "answered": answered}
+
+
+def main(cfg: Config) -> dict:
+    from loops_cookbook.chat import ChatML
+    from loops_cookbook.rl import train_sync
+    from loops_cookbook.runtime import Run, sft_datum
+
+    files = data_files(cfg)
+    transcripts = load_jsonl(*files["transcripts"])
+    tasks = load_jsonl(*files["tasks"])
+    run = Run("tool_calling", cfg, total=cfg.sft_steps + cfg.steps)
+    chat = ChatML(run.tokenizer)
+    sft = [sft_datum(*chat.conversation(r["messages"]), cfg.max_length) for r in transcripts]
+    rng = random.Random(cfg.seed)
+    from tinker import types
+
+    for step in range(1, cfg.sft_steps + 1):
+        batch = rng.sample(sft, min(cfg.sft_batch_size, len(sft)))
+        out = run.training.forward_backward(batch, "cross_entropy").result()
+        tokens = sum(sum(d.loss_fn_inputs["weights"].tolist()) for d in batch)
+        run.training.optim_step(types.AdamParams(learning_rate=cfg.sft_learning_rate)).result()
+        run.log(step, phase="sft", train_loss=float(out.metrics["loss:sum"]) / max(1.0, tokens))
+        run.maybe_save(step)
+
+    def sample_task(r):
+        rec = r.choice(tasks)
+        return lambda: ToolEnv(cfg, chat, rec)
+
+    rows = train_sync(run, cfg, sample_task, [chat.end], max_turns=cfg.max_turns, step_offset=cfg.sft_steps)
+    final = run.finish(cfg.sft_steps + cfg.steps)
+    return {"run_id": run.run_id, "rewards": [r["reward"] for r in rows], "log_dir": str(run.log_dir), "final": final}

@@ -1,0 +1,221 @@
+"""The RL machinery the RL recipes share: rollouts of (multi-turn) environments with a sampler,
+group-relative advantages, importance-sampling updates, and a synchronous or an asynchronous
+(bounded-staleness) training loop.
+
+An environment plays one episode: `reset()` returns the prompt tokens; `step(action_tokens)`
+returns a Step: done, reward (on the last step), the tokens that continue the conversation
+(when not done), and metrics. A multi-turn episode is one sequence: each observation extends
+the previous prompt and action, so one datum carries every turn (action tokens are trained,
+observation tokens are not).
+
+Advantages are reward minus the group mean (the G episodes of one task); groups whose
+rewards are all equal teach nothing and are left out. The loss is `importance_sampling`
+(−Σ exp(lp − q)·A over action tokens), which also corrects for the lag of off-policy samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
+
+import tinker
+from tinker import types
+
+from loops_cookbook.config import RLConfig
+from loops_cookbook.env import Env, Episode, Step
+
+
+def rollout(sampler: tinker.SamplingClient, env: Env, params: types.SamplingParams, max_length: int,
+            max_turns: int = 1) -> Episode:
+    """Plays one episode to its end (or to max_turns / max_length, scored by the env's last step)."""
+    prompt = env.reset()
+    ep = Episode(list(prompt), [0.0] * len(prompt), [0.0] * len(prompt))
+    while True:
+        seq = sampler.sample(types.ModelInput.from_ints(ep.tokens), 1, params).result().sequences[0]
+        ep.tokens += seq.tokens
+        ep.logprobs += [float(x) for x in (seq.logprobs or [0.0] * len(seq.tokens))]
+        ep.mask += [1.0] * len(seq.tokens)
+        ep.turns += 1
+        st = env.step(list(seq.tokens))
+        ep.metrics.update(st.metrics)
+        if st.done or ep.turns >= max_turns or len(ep.tokens) + len(st.next_tokens) >= max_length:
+            ep.reward = st.reward
+            if close := getattr(env, "close", None):
+                close()
+            return ep
+        ep.tokens += st.next_tokens
+        ep.logprobs += [0.0] * len(st.next_tokens)
+        ep.mask += [0.0] * len(st.next_tokens)
+
+
+def datums(group: Sequence[Episode]) -> list[types.Datum]:
+    """Importance-sampling data of one group: advantage = reward − group mean on action tokens."""
+    mean = sum(e.reward for e in group) / len(group)
+    out = []
+    for e in group:
+        adv = e.reward - mean
+        if adv == 0:
+            continue
+        out.append(types.Datum(
+            model_input=types.ModelInput.from_ints(e.tokens[:-1]),
+            loss_fn_inputs={"target_tokens": e.tokens[1:], "logprobs": e.logprobs[1:],
+                            "advantages": [adv * m for m in e.mask[1:]]}))
+    return out
+
+
+def train_on(tc: tinker.TrainingClient, groups: Sequence[Sequence[Episode]], learning_rate: float) -> dict[str, float]:
+    """One importance-sampling step on the groups; returns reward and KL metrics."""
+    episodes = [e for g in groups for e in g]
+    data = [d for g in groups for d in datums(g)]
+    m: dict[str, float] = {
+        "reward": sum(e.reward for e in episodes) / len(episodes),
+        "frac_mixed": sum(len({e.reward for e in g}) > 1 for g in groups) / len(groups),
+        "turns": sum(e.turns for e in episodes) / len(episodes),
+        "action_tokens": float(sum(sum(e.mask) for e in episodes)) / len(episodes),
+        "datums": float(len(data)),
+    }
+    keys = {k for e in episodes for k in e.metrics}
+    for k in sorted(keys):
+        m[k] = sum(e.metrics.get(k, 0.0) for e in episodes) / len(episodes)
+    if data:
+        out = tc.forward_backward(data, "importance_sampling").result()
+        diff = n = 0.0
+        for d, o in zip(data, out.loss_fn_outputs):
+            lp = o["logprobs"].tolist()
+            q = d.loss_fn_inputs["logprobs"].tolist()
+            a = d.loss_fn_inputs["advantages"].tolist()
+            for x, y, adv in zip(lp, q, a):
+                if adv != 0:
+                    diff += y - x
+                    n += 1
+        m["kl_sample_train"] = diff / max(1.0, n)
+        tc.optim_step(types.AdamParams(learning_rate=learning_rate)).result()
+    return m
+
+
+def sampling_params(cfg: RLConfig, stop: list[int]) -> types.SamplingParams:
+    return types.SamplingParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature, stop=stop)
+
+
+# A task source: given a random generator, returns a function that builds a fresh env for one
+# episode of the next task (all G episodes of a group share the task).
+TaskSampler = Callable[[random.Random], Callable[[], Env]]
+
+
+def play_group(sampler: tinker.SamplingClient, make_env: Callable[[], Env], cfg: RLConfig,
+               params: types.SamplingParams, pool: ThreadPoolExecutor, max_turns: int) -> list[Episode]:
+    if max_turns == 1:
+        # One-turn episodes of one task share the prompt: one request samples the whole group.
+        envs = [make_env() for _ in range(cfg.group_size)]
+        prompts = [e.reset() for e in envs]
+        if all(p == prompts[0] for p in prompts):
+            seqs = sampler.sample(types.ModelInput.from_ints(prompts[0]), cfg.group_size, params).result().sequences
+            futs = [pool.submit(_finish_one_turn, env, prompts[0], seq) for env, seq in zip(envs, seqs)]
+            return [f.result() for f in futs]
+    futs = [pool.submit(rollout, sampler, make_env(), params, cfg.max_length, max_turns) for _ in range(cfg.group_size)]
+    return [f.result() for f in futs]
+
+
+def _finish_one_turn(env: Env, prompt: list[int], seq: Any) -> Episode:
+    """Scores one sampled sequence of a one-turn episode (the env's step may run code)."""
+    st = env.step(list(seq.tokens))
+    return Episode(tokens=list(prompt) + list(seq.tokens),
+                   logprobs=[0.0] * len(prompt) + [float(x) for x in (seq.logprobs or [0.0] * len(seq.tokens))],
+                   mask=[0.0] * len(prompt) + [1.0] * len(seq.tokens), reward=st.reward, metrics=dict(st.metrics), turns=1)
+
+
+def train_sync(run: Any, cfg: RLConfig, tasks: TaskSampler, stop: list[int], max_turns: int = 1,
+               step_offset: int = 0) -> list[dict]:
+    """On-policy RL: each step samples with the newest weights, then trains on those samples."""
+    rng = random.Random(cfg.seed)
+    params = sampling_params(cfg, stop)
+    rows = []
+    with ThreadPoolExecutor(cfg.concurrency) as pool, ThreadPoolExecutor(cfg.groups_per_batch) as groups_pool:
+        for step in range(1, cfg.steps + 1):
+            sampler = run.training.save_weights_and_get_sampling_client()
+            makers = [tasks(rng) for _ in range(cfg.groups_per_batch)]
+            groups = list(groups_pool.map(lambda mk: play_group(sampler, mk, cfg, params, pool, max_turns), makers))
+            m = train_on(run.training, groups, cfg.learning_rate)
+            rows.append(m)
+            run.log(step_offset + step, **m)
+            run.maybe_save(step_offset + step)
+    return rows
+
+
+def train_async(run: Any, cfg: RLConfig, tasks: TaskSampler, stop: list[int], max_staleness: int,
+                max_turns: int = 1) -> list[dict]:
+    """Off-policy RL with bounded staleness: rollout workers keep sampling with whichever
+    weights are newest while the trainer trains; a step uses groups_per_batch groups sampled
+    at most max_staleness steps ago (older ones are dropped and counted)."""
+    if max_staleness <= 0:
+        return train_sync(run, cfg, tasks, stop, max_turns)
+    rng = random.Random(cfg.seed)
+    rng_lock = threading.Lock()
+    params = sampling_params(cfg, stop)
+    current: dict[str, Any] = {"sampler": run.training.save_weights_and_get_sampling_client(), "step": 0}
+    cur_lock = threading.Lock()
+    done = threading.Event()
+    # Bounded to one batch ahead: workers block while the trainer is busy, so few groups go stale.
+    ready: queue.Queue = queue.Queue(maxsize=cfg.groups_per_batch)
+    errors: list[BaseException] = []
+
+    def worker(pool: ThreadPoolExecutor) -> None:
+        try:
+            while not done.is_set():
+                with rng_lock:
+                    make_env = tasks(rng)
+                with cur_lock:
+                    sampler, version = current["sampler"], current["step"]
+                group = play_group(sampler, make_env, cfg, params, pool, max_turns)
+                for e in group:
+                    e.sampler_step = version
+                while not done.is_set():
+                    try:
+                        ready.put(group, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as e:  # noqa: BLE001 - handed to the trainer
+            errors.append(e)
+            done.set()
+
+    rows = []
+    with ThreadPoolExecutor(cfg.concurrency) as pool:
+        threads = [threading.Thread(target=worker, args=(pool,), daemon=True) for _ in range(cfg.groups_per_batch)]
+        for t in threads:
+            t.start()
+        try:
+            for step in range(1, cfg.steps + 1):
+                batch: list[list[Episode]] = []
+                dropped = 0
+                while len(batch) < cfg.groups_per_batch:
+                    if errors:
+                        raise errors[0]
+                    try:
+                        g = ready.get(timeout=0.5)
+                    except queue.Empty:
+                        continue
+                    if (step - 1) - g[0].sampler_step > max_staleness:
+                        dropped += 1
+                        continue
+                    batch.append(g)
+                lags = [(step - 1) - g[0].sampler_step for g in batch]
+                m = train_on(run.training, batch, cfg.learning_rate)
+                m.update({"staleness_mean": sum(lags) / len(lags), "staleness_max": float(max(lags)),
+                          "dropped_stale": float(dropped)})
+                new = run.training.save_weights_and_get_sampling_client()
+                with cur_lock:
+                    current["sampler"], current["step"] = new, step
+                rows.append(m)
+                run.log(step, **m)
+                run.maybe_save(step)
+        finally:
+            done.set()
+            for t in threads:
+                t.join(timeout=60)
+    return rows
+

@@ -1,0 +1,111 @@
+"""What every recipe does around its loop: connect, log metrics and checkpoints, show progress."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import tinker
+from tinker import types
+from tqdm import tqdm
+
+from loops_cookbook.config import BaseConfig, base_url, log_dir_for
+
+
+class Run:
+    """One recipe run: the training client, its log folder and its progress bar.
+
+    Files in log_dir: config.json (the config as run), metrics.jsonl (one JSON object per
+    step), checkpoints.jsonl (one per save: name, step, state_path, sampler_path)."""
+
+    def __init__(self, recipe: str, cfg: BaseConfig, total: int | None = None) -> None:
+        self.recipe = recipe
+        self.cfg = cfg
+        self.log_dir = log_dir_for(recipe, cfg)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        (self.log_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str) + "\n")
+        self._metrics = open(self.log_dir / "metrics.jsonl", "a", buffering=1)
+        self._checkpoints = open(self.log_dir / "checkpoints.jsonl", "a", buffering=1)
+        self.service = tinker.ServiceClient(base_url=base_url(cfg), user_metadata={"recipe": recipe})
+        self.training = self.service.create_lora_training_client(
+            base_model=cfg.model, rank=cfg.lora_rank, seed=cfg.seed, user_metadata={"recipe": recipe})
+        self.run_id = str(self.training.model_id)
+        self.tokenizer = self.training.get_tokenizer()
+        print(f"run {self.run_id} ({recipe}, {cfg.model}); logs in {self.log_dir}", file=sys.stderr, flush=True)
+        print(f"watch it: loops runs show {self.run_id}", file=sys.stderr, flush=True)
+        self.total = total if total is not None else cfg.steps
+        self._bar = tqdm(total=self.total, desc=recipe, unit="step",
+                         disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
+        self._t0 = time.time()
+
+    def log(self, step: int, **metrics: Any) -> None:
+        """Appends one metrics row and advances the progress bar, showing the main figures."""
+        row = {"step": step, "time": round(time.time() - self._t0, 3)}
+        row.update({k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in metrics.items()})
+        self._metrics.write(json.dumps(row) + "\n")
+        shown = {k: f"{v:.4g}" for k, v in metrics.items() if isinstance(v, float)}
+        self._bar.set_postfix(dict(list(shown.items())[:4]), refresh=False)
+        self._bar.update(1)
+
+    def save(self, name: str, step: int) -> dict:
+        """Saves training state (weights + optimizer) and sampler weights; records both paths."""
+        state = self.training.save_state(name).result().path
+        sampler = self.training.save_weights_for_sampler(name).result().path
+        rec = {"name": name, "step": step, "state_path": state, "sampler_path": sampler}
+        self._checkpoints.write(json.dumps(rec) + "\n")
+        return rec
+
+    def maybe_save(self, step: int) -> None:
+        """Saves every cfg.save_every steps (step counts from 1)."""
+        if self.cfg.save_every > 0 and step % self.cfg.save_every == 0 and step < self.total:
+            self.save(f"{step:06d}", step)
+
+    def finish(self, step: int) -> dict:
+        """Saves the final checkpoint, closes the files and prints where everything is."""
+        rec = self.save("final", step)
+        self._bar.close()
+        self._metrics.close()
+        self._checkpoints.close()
+        print(f"done: run {self.run_id}, final checkpoint {rec['state_path']} (sampler {rec['sampler_path']})",
+              file=sys.stderr, flush=True)
+        return rec
+
+    def optim_step(self) -> dict:
+        """Applies accumulated gradients with the config's learning rate; returns the server's metrics."""
+        out = self.training.optim_step(types.AdamParams(learning_rate=self.cfg.learning_rate)).result()
+        return dict(getattr(out, "metrics", None) or {})
+
+
+def sft_datum(tokens: Sequence[int], weights: Sequence[float], max_length: int) -> types.Datum:
+    """A next-token datum: input tokens[:-1], targets tokens[1:], weights aligned with targets."""
+    tokens, weights = list(tokens)[:max_length], list(weights)[:max_length]
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [float(w) for w in weights[1:]]},
+    )
+
+
+def datum_weight(d: types.Datum) -> float:
+    return float(sum(d.loss_fn_inputs["weights"].tolist()))
+
+
+def weighted_logprob_sums(data: Sequence[types.Datum], outputs: Iterable[Any]) -> list[float]:
+    """Σ weight·logprob per datum, from forward/forward_backward outputs."""
+    sums = []
+    for d, out in zip(data, outputs):
+        lp = out["logprobs"].tolist()
+        w = d.loss_fn_inputs["weights"].tolist()
+        sums.append(float(sum(a * b for a, b in zip(lp, w))))
+    return sums
+
+
+def mean_nll(tc: tinker.TrainingClient, data: Sequence[types.Datum]) -> float:
+    """Per-token negative log-likelihood of data under the current weights (forward only)."""
+    out = tc.forward(list(data), "cross_entropy").result()
+    total = -sum(weighted_logprob_sums(data, out.loss_fn_outputs))
+    return total / max(1.0, sum(datum_weight(d) for d in data))
