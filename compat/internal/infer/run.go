@@ -216,10 +216,10 @@ func (r *Run) streamed() []Chunk {
 // and text not streamed yet (all of them when the backend did not stream).
 func (r *Run) finish(res opResult) []Chunk {
 	seqs := res.op.GetSample().GetSequences()
+	var out []Chunk
 	if r.buf != nil {
-		r.streamed() // tokens still buffered belong before the end
+		out = r.streamed() // tokens still buffered come before the end
 	}
-	out := make([]Chunk, 0, len(seqs))
 	for j, seq := range seqs {
 		i := res.prompt*r.n + j
 		if i >= len(r.choices) {
