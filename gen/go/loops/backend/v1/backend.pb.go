@@ -79,6 +79,11 @@ type GetCapabilitiesResponse struct {
 	// no gradient is pending (after optim_step, before the next forward_backward). For a
 	// pool of workers, true only when every worker reports it.
 	SavesGradients bool `protobuf:"varint,5,opt,name=saves_gradients,json=savesGradients,proto3" json:"saves_gradients,omitempty"`
+	// The worker takes checkpoints as presigned URLs (SaveAdapterRequest.upload,
+	// LoadAdapterRequest.download, SampleRequest.adapter_files), so it needs no file system
+	// shared with the gateway: with an S3 checkpoint store the gateway sends URLs instead of
+	// folders. For a pool of workers, true only when every worker reports it.
+	CheckpointUrls bool `protobuf:"varint,6,opt,name=checkpoint_urls,json=checkpointUrls,proto3" json:"checkpoint_urls,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -148,6 +153,87 @@ func (x *GetCapabilitiesResponse) GetSavesGradients() bool {
 	return false
 }
 
+func (x *GetCapabilitiesResponse) GetCheckpointUrls() bool {
+	if x != nil {
+		return x.CheckpointUrls
+	}
+	return false
+}
+
+// FileURL is one file of a checkpoint in a store that the worker reaches over HTTP(S).
+type FileURL struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Path relative to the checkpoint folder, with forward slashes; no "..", not absolute.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// A presigned URL: GET reads the file, PUT writes it. Empty in SaveAdapterResponse.files.
+	Url string `protobuf:"bytes,2,opt,name=url,proto3" json:"url,omitempty"`
+	// The file's size in bytes: checked while downloading; reported after an upload.
+	Size int64 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	// The file's SHA-256, lower-case hex: checked while downloading; reported after an
+	// upload.
+	Sha256        string `protobuf:"bytes,4,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileURL) Reset() {
+	*x = FileURL{}
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileURL) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileURL) ProtoMessage() {}
+
+func (x *FileURL) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileURL.ProtoReflect.Descriptor instead.
+func (*FileURL) Descriptor() ([]byte, []int) {
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *FileURL) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *FileURL) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *FileURL) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *FileURL) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
 type CreateAdapterRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	AdapterId     string                 `protobuf:"bytes,1,opt,name=adapter_id,json=adapterId,proto3" json:"adapter_id,omitempty"`
@@ -159,7 +245,7 @@ type CreateAdapterRequest struct {
 
 func (x *CreateAdapterRequest) Reset() {
 	*x = CreateAdapterRequest{}
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[2]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -171,7 +257,7 @@ func (x *CreateAdapterRequest) String() string {
 func (*CreateAdapterRequest) ProtoMessage() {}
 
 func (x *CreateAdapterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[2]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -184,7 +270,7 @@ func (x *CreateAdapterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAdapterRequest.ProtoReflect.Descriptor instead.
 func (*CreateAdapterRequest) Descriptor() ([]byte, []int) {
-	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{2}
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CreateAdapterRequest) GetAdapterId() string {
@@ -216,7 +302,7 @@ type CreateAdapterResponse struct {
 
 func (x *CreateAdapterResponse) Reset() {
 	*x = CreateAdapterResponse{}
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[3]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -228,7 +314,7 @@ func (x *CreateAdapterResponse) String() string {
 func (*CreateAdapterResponse) ProtoMessage() {}
 
 func (x *CreateAdapterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[3]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -241,7 +327,7 @@ func (x *CreateAdapterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAdapterResponse.ProtoReflect.Descriptor instead.
 func (*CreateAdapterResponse) Descriptor() ([]byte, []int) {
-	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{3}
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{4}
 }
 
 type DeleteAdapterRequest struct {
@@ -253,7 +339,7 @@ type DeleteAdapterRequest struct {
 
 func (x *DeleteAdapterRequest) Reset() {
 	*x = DeleteAdapterRequest{}
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[4]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -265,7 +351,7 @@ func (x *DeleteAdapterRequest) String() string {
 func (*DeleteAdapterRequest) ProtoMessage() {}
 
 func (x *DeleteAdapterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[4]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -278,7 +364,7 @@ func (x *DeleteAdapterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAdapterRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAdapterRequest) Descriptor() ([]byte, []int) {
-	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{4}
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DeleteAdapterRequest) GetAdapterId() string {
@@ -296,7 +382,7 @@ type DeleteAdapterResponse struct {
 
 func (x *DeleteAdapterResponse) Reset() {
 	*x = DeleteAdapterResponse{}
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[5]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -308,7 +394,7 @@ func (x *DeleteAdapterResponse) String() string {
 func (*DeleteAdapterResponse) ProtoMessage() {}
 
 func (x *DeleteAdapterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[5]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -321,7 +407,7 @@ func (x *DeleteAdapterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAdapterResponse.ProtoReflect.Descriptor instead.
 func (*DeleteAdapterResponse) Descriptor() ([]byte, []int) {
-	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{5}
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{6}
 }
 
 type ForwardBackwardItem struct {
@@ -337,7 +423,7 @@ type ForwardBackwardItem struct {
 
 func (x *ForwardBackwardItem) Reset() {
 	*x = ForwardBackwardItem{}
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[6]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -349,7 +435,7 @@ func (x *ForwardBackwardItem) String() string {
 func (*ForwardBackwardItem) ProtoMessage() {}
 
 func (x *ForwardBackwardItem) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[6]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -362,7 +448,7 @@ func (x *ForwardBackwardItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardBackwardItem.ProtoReflect.Descriptor instead.
 func (*ForwardBackwardItem) Descriptor() ([]byte, []int) {
-	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{6}
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ForwardBackwardItem) GetAdapterId() string {
@@ -409,7 +495,7 @@ type ForwardBackwardRequest struct {
 
 func (x *ForwardBackwardRequest) Reset() {
 	*x = ForwardBackwardRequest{}
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[7]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -421,7 +507,7 @@ func (x *ForwardBackwardRequest) String() string {
 func (*ForwardBackwardRequest) ProtoMessage() {}
 
 func (x *ForwardBackwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[7]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -434,7 +520,7 @@ func (x *ForwardBackwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardBackwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardBackwardRequest) Descriptor() ([]byte, []int) {
-	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{7}
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ForwardBackwardRequest) GetItems() []*ForwardBackwardItem {
@@ -456,7 +542,7 @@ type ItemError struct {
 
 func (x *ItemError) Reset() {
 	*x = ItemError{}
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[8]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -468,7 +554,7 @@ func (x *ItemError) String() string {
 func (*ItemError) ProtoMessage() {}
 
 func (x *ItemError) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[8]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -481,7 +567,7 @@ func (x *ItemError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemError.ProtoReflect.Descriptor instead.
 func (*ItemError) Descriptor() ([]byte, []int) {
-	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{8}
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ItemError) GetCode() int32 {
@@ -511,7 +597,7 @@ type ForwardBackwardItemResult struct {
 
 func (x *ForwardBackwardItemResult) Reset() {
 	*x = ForwardBackwardItemResult{}
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[9]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -523,7 +609,7 @@ func (x *ForwardBackwardItemResult) String() string {
 func (*ForwardBackwardItemResult) ProtoMessage() {}
 
 func (x *ForwardBackwardItemResult) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[9]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -536,7 +622,7 @@ func (x *ForwardBackwardItemResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardBackwardItemResult.ProtoReflect.Descriptor instead.
 func (*ForwardBackwardItemResult) Descriptor() ([]byte, []int) {
-	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{9}
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ForwardBackwardItemResult) GetOutcome() isForwardBackwardItemResult_Outcome {
@@ -590,7 +676,7 @@ type ForwardBackwardResponse struct {
 
 func (x *ForwardBackwardResponse) Reset() {
 	*x = ForwardBackwardResponse{}
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[10]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -602,7 +688,7 @@ func (x *ForwardBackwardResponse) String() string {
 func (*ForwardBackwardResponse) ProtoMessage() {}
 
 func (x *ForwardBackwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[10]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -615,7 +701,7 @@ func (x *ForwardBackwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardBackwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardBackwardResponse) Descriptor() ([]byte, []int) {
-	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{10}
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ForwardBackwardResponse) GetResults() []*ForwardBackwardItemResult {
@@ -635,7 +721,7 @@ type OptimStepRequest struct {
 
 func (x *OptimStepRequest) Reset() {
 	*x = OptimStepRequest{}
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[11]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -647,7 +733,7 @@ func (x *OptimStepRequest) String() string {
 func (*OptimStepRequest) ProtoMessage() {}
 
 func (x *OptimStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[11]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -660,7 +746,7 @@ func (x *OptimStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OptimStepRequest.ProtoReflect.Descriptor instead.
 func (*OptimStepRequest) Descriptor() ([]byte, []int) {
-	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{11}
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *OptimStepRequest) GetAdapterId() string {
@@ -686,7 +772,7 @@ type OptimStepResponse struct {
 
 func (x *OptimStepResponse) Reset() {
 	*x = OptimStepResponse{}
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[12]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -698,7 +784,7 @@ func (x *OptimStepResponse) String() string {
 func (*OptimStepResponse) ProtoMessage() {}
 
 func (x *OptimStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[12]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -711,7 +797,7 @@ func (x *OptimStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OptimStepResponse.ProtoReflect.Descriptor instead.
 func (*OptimStepResponse) Descriptor() ([]byte, []int) {
-	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{12}
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *OptimStepResponse) GetResult() *v1.OptimStepResult {
@@ -733,13 +819,19 @@ type SaveAdapterRequest struct {
 	// accumulated) for each tensor of adapter_model.safetensors: the gradient accumulated by
 	// forward_backward since the last optim_step. Needs saves_gradients.
 	IncludeGradients bool `protobuf:"varint,4,opt,name=include_gradients,json=includeGradients,proto3" json:"include_gradients,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Instead of dir (which is then empty), with checkpoint_urls: a presigned PUT URL for
+	// each file the worker may write. The worker writes the adapter into a folder of its own,
+	// PUTs each file to the URL of its name (a file with no URL is an error; a URL with no
+	// file stays unused), reports the files in SaveAdapterResponse.files and removes its
+	// folder.
+	Upload        []*FileURL `protobuf:"bytes,5,rep,name=upload,proto3" json:"upload,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SaveAdapterRequest) Reset() {
 	*x = SaveAdapterRequest{}
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[13]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -751,7 +843,7 @@ func (x *SaveAdapterRequest) String() string {
 func (*SaveAdapterRequest) ProtoMessage() {}
 
 func (x *SaveAdapterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[13]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -764,7 +856,7 @@ func (x *SaveAdapterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveAdapterRequest.ProtoReflect.Descriptor instead.
 func (*SaveAdapterRequest) Descriptor() ([]byte, []int) {
-	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{13}
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SaveAdapterRequest) GetAdapterId() string {
@@ -795,16 +887,25 @@ func (x *SaveAdapterRequest) GetIncludeGradients() bool {
 	return false
 }
 
+func (x *SaveAdapterRequest) GetUpload() []*FileURL {
+	if x != nil {
+		return x.Upload
+	}
+	return nil
+}
+
 type SaveAdapterResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SizeBytes     int64                  `protobuf:"varint,1,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SizeBytes int64                  `protobuf:"varint,1,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// With upload: the files uploaded, with their sizes and SHA-256s (url empty).
+	Files         []*FileURL `protobuf:"bytes,2,rep,name=files,proto3" json:"files,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SaveAdapterResponse) Reset() {
 	*x = SaveAdapterResponse{}
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[14]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -816,7 +917,7 @@ func (x *SaveAdapterResponse) String() string {
 func (*SaveAdapterResponse) ProtoMessage() {}
 
 func (x *SaveAdapterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[14]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -829,7 +930,7 @@ func (x *SaveAdapterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveAdapterResponse.ProtoReflect.Descriptor instead.
 func (*SaveAdapterResponse) Descriptor() ([]byte, []int) {
-	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{14}
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SaveAdapterResponse) GetSizeBytes() int64 {
@@ -837,6 +938,13 @@ func (x *SaveAdapterResponse) GetSizeBytes() int64 {
 		return x.SizeBytes
 	}
 	return 0
+}
+
+func (x *SaveAdapterResponse) GetFiles() []*FileURL {
+	if x != nil {
+		return x.Files
+	}
+	return nil
 }
 
 type LoadAdapterRequest struct {
@@ -850,13 +958,17 @@ type LoadAdapterRequest struct {
 	// finite "<tensor>.grad" per weight tensor, and match its shape); without it the adapter
 	// starts with no accumulated gradient. Needs saves_gradients.
 	LoadGradients bool `protobuf:"varint,4,opt,name=load_gradients,json=loadGradients,proto3" json:"load_gradients,omitempty"`
+	// Instead of dir (which is then empty), with checkpoint_urls: the checkpoint's files. The
+	// worker downloads them into a folder of its own, checking each size and SHA-256, loads
+	// from it and removes it.
+	Download      []*FileURL `protobuf:"bytes,5,rep,name=download,proto3" json:"download,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LoadAdapterRequest) Reset() {
 	*x = LoadAdapterRequest{}
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[15]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -868,7 +980,7 @@ func (x *LoadAdapterRequest) String() string {
 func (*LoadAdapterRequest) ProtoMessage() {}
 
 func (x *LoadAdapterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[15]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -881,7 +993,7 @@ func (x *LoadAdapterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadAdapterRequest.ProtoReflect.Descriptor instead.
 func (*LoadAdapterRequest) Descriptor() ([]byte, []int) {
-	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{15}
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LoadAdapterRequest) GetAdapterId() string {
@@ -912,6 +1024,13 @@ func (x *LoadAdapterRequest) GetLoadGradients() bool {
 	return false
 }
 
+func (x *LoadAdapterRequest) GetDownload() []*FileURL {
+	if x != nil {
+		return x.Download
+	}
+	return nil
+}
+
 type LoadAdapterResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -920,7 +1039,7 @@ type LoadAdapterResponse struct {
 
 func (x *LoadAdapterResponse) Reset() {
 	*x = LoadAdapterResponse{}
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[16]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -932,7 +1051,7 @@ func (x *LoadAdapterResponse) String() string {
 func (*LoadAdapterResponse) ProtoMessage() {}
 
 func (x *LoadAdapterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[16]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -945,7 +1064,7 @@ func (x *LoadAdapterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadAdapterResponse.ProtoReflect.Descriptor instead.
 func (*LoadAdapterResponse) Descriptor() ([]byte, []int) {
-	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{16}
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{17}
 }
 
 type SampleRequest struct {
@@ -958,13 +1077,17 @@ type SampleRequest struct {
 	Params             *v1.SamplingParams `protobuf:"bytes,5,opt,name=params,proto3" json:"params,omitempty"`
 	PromptLogprobs     bool               `protobuf:"varint,6,opt,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
 	TopkPromptLogprobs int32              `protobuf:"varint,7,opt,name=topk_prompt_logprobs,json=topkPromptLogprobs,proto3" json:"topk_prompt_logprobs,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Instead of adapter_dir (which is then empty), with checkpoint_urls: the adapter's
+	// files, which the worker downloads (checking each size and SHA-256) once per content
+	// into a bounded cache of its own.
+	AdapterFiles  []*FileURL `protobuf:"bytes,8,rep,name=adapter_files,json=adapterFiles,proto3" json:"adapter_files,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SampleRequest) Reset() {
 	*x = SampleRequest{}
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[17]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -976,7 +1099,7 @@ func (x *SampleRequest) String() string {
 func (*SampleRequest) ProtoMessage() {}
 
 func (x *SampleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[17]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -989,7 +1112,7 @@ func (x *SampleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SampleRequest.ProtoReflect.Descriptor instead.
 func (*SampleRequest) Descriptor() ([]byte, []int) {
-	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{17}
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SampleRequest) GetBaseModel() string {
@@ -1041,6 +1164,13 @@ func (x *SampleRequest) GetTopkPromptLogprobs() int32 {
 	return 0
 }
 
+func (x *SampleRequest) GetAdapterFiles() []*FileURL {
+	if x != nil {
+		return x.AdapterFiles
+	}
+	return nil
+}
+
 type SampleResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Result        *v1.SampleResult       `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
@@ -1050,7 +1180,7 @@ type SampleResponse struct {
 
 func (x *SampleResponse) Reset() {
 	*x = SampleResponse{}
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[18]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1062,7 +1192,7 @@ func (x *SampleResponse) String() string {
 func (*SampleResponse) ProtoMessage() {}
 
 func (x *SampleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_backend_v1_backend_proto_msgTypes[18]
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1075,7 +1205,7 @@ func (x *SampleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SampleResponse.ProtoReflect.Descriptor instead.
 func (*SampleResponse) Descriptor() ([]byte, []int) {
-	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{18}
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SampleResponse) GetResult() *v1.SampleResult {
@@ -1090,13 +1220,19 @@ var File_loops_backend_v1_backend_proto protoreflect.FileDescriptor
 const file_loops_backend_v1_backend_proto_rawDesc = "" +
 	"\n" +
 	"\x1eloops/backend/v1/backend.proto\x12\x10loops.backend.v1\x1a\x14loops/v1/types.proto\"\x18\n" +
-	"\x16GetCapabilitiesRequest\"\xe1\x01\n" +
+	"\x16GetCapabilitiesRequest\"\x8a\x02\n" +
 	"\x17GetCapabilitiesResponse\x12+\n" +
 	"\x06models\x18\x01 \x03(\v2\x13.loops.v1.ModelInfoR\x06models\x12%\n" +
 	"\x0eloss_functions\x18\x02 \x03(\tR\rlossFunctions\x12!\n" +
 	"\fmax_adapters\x18\x03 \x01(\x05R\vmaxAdapters\x12&\n" +
 	"\x0eimplementation\x18\x04 \x01(\tR\x0eimplementation\x12'\n" +
-	"\x0fsaves_gradients\x18\x05 \x01(\bR\x0esavesGradients\"~\n" +
+	"\x0fsaves_gradients\x18\x05 \x01(\bR\x0esavesGradients\x12'\n" +
+	"\x0fcheckpoint_urls\x18\x06 \x01(\bR\x0echeckpointUrls\"[\n" +
+	"\aFileURL\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03url\x18\x02 \x01(\tR\x03url\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x16\n" +
+	"\x06sha256\x18\x04 \x01(\tR\x06sha256\"~\n" +
 	"\x14CreateAdapterRequest\x12\x1d\n" +
 	"\n" +
 	"adapter_id\x18\x01 \x01(\tR\tadapterId\x12\x1d\n" +
@@ -1134,23 +1270,26 @@ const file_loops_backend_v1_backend_proto_rawDesc = "" +
 	"adapter_id\x18\x01 \x01(\tR\tadapterId\x12(\n" +
 	"\x04adam\x18\x02 \x01(\v2\x14.loops.v1.AdamParamsR\x04adam\"F\n" +
 	"\x11OptimStepResponse\x121\n" +
-	"\x06result\x18\x01 \x01(\v2\x19.loops.v1.OptimStepResultR\x06result\"\x9f\x01\n" +
+	"\x06result\x18\x01 \x01(\v2\x19.loops.v1.OptimStepResultR\x06result\"\xd2\x01\n" +
 	"\x12SaveAdapterRequest\x12\x1d\n" +
 	"\n" +
 	"adapter_id\x18\x01 \x01(\tR\tadapterId\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\tR\x03dir\x12+\n" +
 	"\x11include_optimizer\x18\x03 \x01(\bR\x10includeOptimizer\x12+\n" +
-	"\x11include_gradients\x18\x04 \x01(\bR\x10includeGradients\"4\n" +
+	"\x11include_gradients\x18\x04 \x01(\bR\x10includeGradients\x121\n" +
+	"\x06upload\x18\x05 \x03(\v2\x19.loops.backend.v1.FileURLR\x06upload\"e\n" +
 	"\x13SaveAdapterResponse\x12\x1d\n" +
 	"\n" +
-	"size_bytes\x18\x01 \x01(\x03R\tsizeBytes\"\x93\x01\n" +
+	"size_bytes\x18\x01 \x01(\x03R\tsizeBytes\x12/\n" +
+	"\x05files\x18\x02 \x03(\v2\x19.loops.backend.v1.FileURLR\x05files\"\xca\x01\n" +
 	"\x12LoadAdapterRequest\x12\x1d\n" +
 	"\n" +
 	"adapter_id\x18\x01 \x01(\tR\tadapterId\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\tR\x03dir\x12%\n" +
 	"\x0eload_optimizer\x18\x03 \x01(\bR\rloadOptimizer\x12%\n" +
-	"\x0eload_gradients\x18\x04 \x01(\bR\rloadGradients\"\x15\n" +
-	"\x13LoadAdapterResponse\"\x95\x02\n" +
+	"\x0eload_gradients\x18\x04 \x01(\bR\rloadGradients\x125\n" +
+	"\bdownload\x18\x05 \x03(\v2\x19.loops.backend.v1.FileURLR\bdownload\"\x15\n" +
+	"\x13LoadAdapterResponse\"\xd5\x02\n" +
 	"\rSampleRequest\x12\x1d\n" +
 	"\n" +
 	"base_model\x18\x01 \x01(\tR\tbaseModel\x12\x1f\n" +
@@ -1161,7 +1300,8 @@ const file_loops_backend_v1_backend_proto_rawDesc = "" +
 	"numSamples\x120\n" +
 	"\x06params\x18\x05 \x01(\v2\x18.loops.v1.SamplingParamsR\x06params\x12'\n" +
 	"\x0fprompt_logprobs\x18\x06 \x01(\bR\x0epromptLogprobs\x120\n" +
-	"\x14topk_prompt_logprobs\x18\a \x01(\x05R\x12topkPromptLogprobs\"@\n" +
+	"\x14topk_prompt_logprobs\x18\a \x01(\x05R\x12topkPromptLogprobs\x12>\n" +
+	"\radapter_files\x18\b \x03(\v2\x19.loops.backend.v1.FileURLR\fadapterFiles\"@\n" +
 	"\x0eSampleResponse\x12.\n" +
 	"\x06result\x18\x01 \x01(\v2\x16.loops.v1.SampleResultR\x06result2\xb2\x05\n" +
 	"\x0eTrainerService\x12f\n" +
@@ -1189,73 +1329,78 @@ func file_loops_backend_v1_backend_proto_rawDescGZIP() []byte {
 	return file_loops_backend_v1_backend_proto_rawDescData
 }
 
-var file_loops_backend_v1_backend_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_loops_backend_v1_backend_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_loops_backend_v1_backend_proto_goTypes = []any{
 	(*GetCapabilitiesRequest)(nil),    // 0: loops.backend.v1.GetCapabilitiesRequest
 	(*GetCapabilitiesResponse)(nil),   // 1: loops.backend.v1.GetCapabilitiesResponse
-	(*CreateAdapterRequest)(nil),      // 2: loops.backend.v1.CreateAdapterRequest
-	(*CreateAdapterResponse)(nil),     // 3: loops.backend.v1.CreateAdapterResponse
-	(*DeleteAdapterRequest)(nil),      // 4: loops.backend.v1.DeleteAdapterRequest
-	(*DeleteAdapterResponse)(nil),     // 5: loops.backend.v1.DeleteAdapterResponse
-	(*ForwardBackwardItem)(nil),       // 6: loops.backend.v1.ForwardBackwardItem
-	(*ForwardBackwardRequest)(nil),    // 7: loops.backend.v1.ForwardBackwardRequest
-	(*ItemError)(nil),                 // 8: loops.backend.v1.ItemError
-	(*ForwardBackwardItemResult)(nil), // 9: loops.backend.v1.ForwardBackwardItemResult
-	(*ForwardBackwardResponse)(nil),   // 10: loops.backend.v1.ForwardBackwardResponse
-	(*OptimStepRequest)(nil),          // 11: loops.backend.v1.OptimStepRequest
-	(*OptimStepResponse)(nil),         // 12: loops.backend.v1.OptimStepResponse
-	(*SaveAdapterRequest)(nil),        // 13: loops.backend.v1.SaveAdapterRequest
-	(*SaveAdapterResponse)(nil),       // 14: loops.backend.v1.SaveAdapterResponse
-	(*LoadAdapterRequest)(nil),        // 15: loops.backend.v1.LoadAdapterRequest
-	(*LoadAdapterResponse)(nil),       // 16: loops.backend.v1.LoadAdapterResponse
-	(*SampleRequest)(nil),             // 17: loops.backend.v1.SampleRequest
-	(*SampleResponse)(nil),            // 18: loops.backend.v1.SampleResponse
-	nil,                               // 19: loops.backend.v1.ForwardBackwardItem.LossFnConfigEntry
-	(*v1.ModelInfo)(nil),              // 20: loops.v1.ModelInfo
-	(*v1.LoraConfig)(nil),             // 21: loops.v1.LoraConfig
-	(*v1.Datum)(nil),                  // 22: loops.v1.Datum
-	(*v1.ForwardBackwardResult)(nil),  // 23: loops.v1.ForwardBackwardResult
-	(*v1.AdamParams)(nil),             // 24: loops.v1.AdamParams
-	(*v1.OptimStepResult)(nil),        // 25: loops.v1.OptimStepResult
-	(*v1.SamplingParams)(nil),         // 26: loops.v1.SamplingParams
-	(*v1.SampleResult)(nil),           // 27: loops.v1.SampleResult
+	(*FileURL)(nil),                   // 2: loops.backend.v1.FileURL
+	(*CreateAdapterRequest)(nil),      // 3: loops.backend.v1.CreateAdapterRequest
+	(*CreateAdapterResponse)(nil),     // 4: loops.backend.v1.CreateAdapterResponse
+	(*DeleteAdapterRequest)(nil),      // 5: loops.backend.v1.DeleteAdapterRequest
+	(*DeleteAdapterResponse)(nil),     // 6: loops.backend.v1.DeleteAdapterResponse
+	(*ForwardBackwardItem)(nil),       // 7: loops.backend.v1.ForwardBackwardItem
+	(*ForwardBackwardRequest)(nil),    // 8: loops.backend.v1.ForwardBackwardRequest
+	(*ItemError)(nil),                 // 9: loops.backend.v1.ItemError
+	(*ForwardBackwardItemResult)(nil), // 10: loops.backend.v1.ForwardBackwardItemResult
+	(*ForwardBackwardResponse)(nil),   // 11: loops.backend.v1.ForwardBackwardResponse
+	(*OptimStepRequest)(nil),          // 12: loops.backend.v1.OptimStepRequest
+	(*OptimStepResponse)(nil),         // 13: loops.backend.v1.OptimStepResponse
+	(*SaveAdapterRequest)(nil),        // 14: loops.backend.v1.SaveAdapterRequest
+	(*SaveAdapterResponse)(nil),       // 15: loops.backend.v1.SaveAdapterResponse
+	(*LoadAdapterRequest)(nil),        // 16: loops.backend.v1.LoadAdapterRequest
+	(*LoadAdapterResponse)(nil),       // 17: loops.backend.v1.LoadAdapterResponse
+	(*SampleRequest)(nil),             // 18: loops.backend.v1.SampleRequest
+	(*SampleResponse)(nil),            // 19: loops.backend.v1.SampleResponse
+	nil,                               // 20: loops.backend.v1.ForwardBackwardItem.LossFnConfigEntry
+	(*v1.ModelInfo)(nil),              // 21: loops.v1.ModelInfo
+	(*v1.LoraConfig)(nil),             // 22: loops.v1.LoraConfig
+	(*v1.Datum)(nil),                  // 23: loops.v1.Datum
+	(*v1.ForwardBackwardResult)(nil),  // 24: loops.v1.ForwardBackwardResult
+	(*v1.AdamParams)(nil),             // 25: loops.v1.AdamParams
+	(*v1.OptimStepResult)(nil),        // 26: loops.v1.OptimStepResult
+	(*v1.SamplingParams)(nil),         // 27: loops.v1.SamplingParams
+	(*v1.SampleResult)(nil),           // 28: loops.v1.SampleResult
 }
 var file_loops_backend_v1_backend_proto_depIdxs = []int32{
-	20, // 0: loops.backend.v1.GetCapabilitiesResponse.models:type_name -> loops.v1.ModelInfo
-	21, // 1: loops.backend.v1.CreateAdapterRequest.lora:type_name -> loops.v1.LoraConfig
-	22, // 2: loops.backend.v1.ForwardBackwardItem.data:type_name -> loops.v1.Datum
-	19, // 3: loops.backend.v1.ForwardBackwardItem.loss_fn_config:type_name -> loops.backend.v1.ForwardBackwardItem.LossFnConfigEntry
-	6,  // 4: loops.backend.v1.ForwardBackwardRequest.items:type_name -> loops.backend.v1.ForwardBackwardItem
-	23, // 5: loops.backend.v1.ForwardBackwardItemResult.result:type_name -> loops.v1.ForwardBackwardResult
-	8,  // 6: loops.backend.v1.ForwardBackwardItemResult.error:type_name -> loops.backend.v1.ItemError
-	9,  // 7: loops.backend.v1.ForwardBackwardResponse.results:type_name -> loops.backend.v1.ForwardBackwardItemResult
-	24, // 8: loops.backend.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
-	25, // 9: loops.backend.v1.OptimStepResponse.result:type_name -> loops.v1.OptimStepResult
-	26, // 10: loops.backend.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
-	27, // 11: loops.backend.v1.SampleResponse.result:type_name -> loops.v1.SampleResult
-	0,  // 12: loops.backend.v1.TrainerService.GetCapabilities:input_type -> loops.backend.v1.GetCapabilitiesRequest
-	2,  // 13: loops.backend.v1.TrainerService.CreateAdapter:input_type -> loops.backend.v1.CreateAdapterRequest
-	4,  // 14: loops.backend.v1.TrainerService.DeleteAdapter:input_type -> loops.backend.v1.DeleteAdapterRequest
-	7,  // 15: loops.backend.v1.TrainerService.ForwardBackward:input_type -> loops.backend.v1.ForwardBackwardRequest
-	11, // 16: loops.backend.v1.TrainerService.OptimStep:input_type -> loops.backend.v1.OptimStepRequest
-	13, // 17: loops.backend.v1.TrainerService.SaveAdapter:input_type -> loops.backend.v1.SaveAdapterRequest
-	15, // 18: loops.backend.v1.TrainerService.LoadAdapter:input_type -> loops.backend.v1.LoadAdapterRequest
-	0,  // 19: loops.backend.v1.SamplerService.GetCapabilities:input_type -> loops.backend.v1.GetCapabilitiesRequest
-	17, // 20: loops.backend.v1.SamplerService.Sample:input_type -> loops.backend.v1.SampleRequest
-	1,  // 21: loops.backend.v1.TrainerService.GetCapabilities:output_type -> loops.backend.v1.GetCapabilitiesResponse
-	3,  // 22: loops.backend.v1.TrainerService.CreateAdapter:output_type -> loops.backend.v1.CreateAdapterResponse
-	5,  // 23: loops.backend.v1.TrainerService.DeleteAdapter:output_type -> loops.backend.v1.DeleteAdapterResponse
-	10, // 24: loops.backend.v1.TrainerService.ForwardBackward:output_type -> loops.backend.v1.ForwardBackwardResponse
-	12, // 25: loops.backend.v1.TrainerService.OptimStep:output_type -> loops.backend.v1.OptimStepResponse
-	14, // 26: loops.backend.v1.TrainerService.SaveAdapter:output_type -> loops.backend.v1.SaveAdapterResponse
-	16, // 27: loops.backend.v1.TrainerService.LoadAdapter:output_type -> loops.backend.v1.LoadAdapterResponse
-	1,  // 28: loops.backend.v1.SamplerService.GetCapabilities:output_type -> loops.backend.v1.GetCapabilitiesResponse
-	18, // 29: loops.backend.v1.SamplerService.Sample:output_type -> loops.backend.v1.SampleResponse
-	21, // [21:30] is the sub-list for method output_type
-	12, // [12:21] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	21, // 0: loops.backend.v1.GetCapabilitiesResponse.models:type_name -> loops.v1.ModelInfo
+	22, // 1: loops.backend.v1.CreateAdapterRequest.lora:type_name -> loops.v1.LoraConfig
+	23, // 2: loops.backend.v1.ForwardBackwardItem.data:type_name -> loops.v1.Datum
+	20, // 3: loops.backend.v1.ForwardBackwardItem.loss_fn_config:type_name -> loops.backend.v1.ForwardBackwardItem.LossFnConfigEntry
+	7,  // 4: loops.backend.v1.ForwardBackwardRequest.items:type_name -> loops.backend.v1.ForwardBackwardItem
+	24, // 5: loops.backend.v1.ForwardBackwardItemResult.result:type_name -> loops.v1.ForwardBackwardResult
+	9,  // 6: loops.backend.v1.ForwardBackwardItemResult.error:type_name -> loops.backend.v1.ItemError
+	10, // 7: loops.backend.v1.ForwardBackwardResponse.results:type_name -> loops.backend.v1.ForwardBackwardItemResult
+	25, // 8: loops.backend.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
+	26, // 9: loops.backend.v1.OptimStepResponse.result:type_name -> loops.v1.OptimStepResult
+	2,  // 10: loops.backend.v1.SaveAdapterRequest.upload:type_name -> loops.backend.v1.FileURL
+	2,  // 11: loops.backend.v1.SaveAdapterResponse.files:type_name -> loops.backend.v1.FileURL
+	2,  // 12: loops.backend.v1.LoadAdapterRequest.download:type_name -> loops.backend.v1.FileURL
+	27, // 13: loops.backend.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
+	2,  // 14: loops.backend.v1.SampleRequest.adapter_files:type_name -> loops.backend.v1.FileURL
+	28, // 15: loops.backend.v1.SampleResponse.result:type_name -> loops.v1.SampleResult
+	0,  // 16: loops.backend.v1.TrainerService.GetCapabilities:input_type -> loops.backend.v1.GetCapabilitiesRequest
+	3,  // 17: loops.backend.v1.TrainerService.CreateAdapter:input_type -> loops.backend.v1.CreateAdapterRequest
+	5,  // 18: loops.backend.v1.TrainerService.DeleteAdapter:input_type -> loops.backend.v1.DeleteAdapterRequest
+	8,  // 19: loops.backend.v1.TrainerService.ForwardBackward:input_type -> loops.backend.v1.ForwardBackwardRequest
+	12, // 20: loops.backend.v1.TrainerService.OptimStep:input_type -> loops.backend.v1.OptimStepRequest
+	14, // 21: loops.backend.v1.TrainerService.SaveAdapter:input_type -> loops.backend.v1.SaveAdapterRequest
+	16, // 22: loops.backend.v1.TrainerService.LoadAdapter:input_type -> loops.backend.v1.LoadAdapterRequest
+	0,  // 23: loops.backend.v1.SamplerService.GetCapabilities:input_type -> loops.backend.v1.GetCapabilitiesRequest
+	18, // 24: loops.backend.v1.SamplerService.Sample:input_type -> loops.backend.v1.SampleRequest
+	1,  // 25: loops.backend.v1.TrainerService.GetCapabilities:output_type -> loops.backend.v1.GetCapabilitiesResponse
+	4,  // 26: loops.backend.v1.TrainerService.CreateAdapter:output_type -> loops.backend.v1.CreateAdapterResponse
+	6,  // 27: loops.backend.v1.TrainerService.DeleteAdapter:output_type -> loops.backend.v1.DeleteAdapterResponse
+	11, // 28: loops.backend.v1.TrainerService.ForwardBackward:output_type -> loops.backend.v1.ForwardBackwardResponse
+	13, // 29: loops.backend.v1.TrainerService.OptimStep:output_type -> loops.backend.v1.OptimStepResponse
+	15, // 30: loops.backend.v1.TrainerService.SaveAdapter:output_type -> loops.backend.v1.SaveAdapterResponse
+	17, // 31: loops.backend.v1.TrainerService.LoadAdapter:output_type -> loops.backend.v1.LoadAdapterResponse
+	1,  // 32: loops.backend.v1.SamplerService.GetCapabilities:output_type -> loops.backend.v1.GetCapabilitiesResponse
+	19, // 33: loops.backend.v1.SamplerService.Sample:output_type -> loops.backend.v1.SampleResponse
+	25, // [25:34] is the sub-list for method output_type
+	16, // [16:25] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_loops_backend_v1_backend_proto_init() }
@@ -1263,7 +1408,7 @@ func file_loops_backend_v1_backend_proto_init() {
 	if File_loops_backend_v1_backend_proto != nil {
 		return
 	}
-	file_loops_backend_v1_backend_proto_msgTypes[9].OneofWrappers = []any{
+	file_loops_backend_v1_backend_proto_msgTypes[10].OneofWrappers = []any{
 		(*ForwardBackwardItemResult_Result)(nil),
 		(*ForwardBackwardItemResult_Error)(nil),
 	}
@@ -1273,7 +1418,7 @@ func file_loops_backend_v1_backend_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_backend_v1_backend_proto_rawDesc), len(file_loops_backend_v1_backend_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -12,18 +12,32 @@ class GetCapabilitiesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetCapabilitiesResponse(_message.Message):
-    __slots__ = ("models", "loss_functions", "max_adapters", "implementation", "saves_gradients")
+    __slots__ = ("models", "loss_functions", "max_adapters", "implementation", "saves_gradients", "checkpoint_urls")
     MODELS_FIELD_NUMBER: _ClassVar[int]
     LOSS_FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     IMPLEMENTATION_FIELD_NUMBER: _ClassVar[int]
     SAVES_GRADIENTS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_URLS_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[_types_pb2.ModelInfo]
     loss_functions: _containers.RepeatedScalarFieldContainer[str]
     max_adapters: int
     implementation: str
     saves_gradients: bool
-    def __init__(self, models: _Optional[_Iterable[_Union[_types_pb2.ModelInfo, _Mapping]]] = ..., loss_functions: _Optional[_Iterable[str]] = ..., max_adapters: _Optional[int] = ..., implementation: _Optional[str] = ..., saves_gradients: _Optional[bool] = ...) -> None: ...
+    checkpoint_urls: bool
+    def __init__(self, models: _Optional[_Iterable[_Union[_types_pb2.ModelInfo, _Mapping]]] = ..., loss_functions: _Optional[_Iterable[str]] = ..., max_adapters: _Optional[int] = ..., implementation: _Optional[str] = ..., saves_gradients: _Optional[bool] = ..., checkpoint_urls: _Optional[bool] = ...) -> None: ...
+
+class FileURL(_message.Message):
+    __slots__ = ("name", "url", "size", "sha256")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    url: str
+    size: int
+    sha256: str
+    def __init__(self, name: _Optional[str] = ..., url: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class CreateAdapterRequest(_message.Message):
     __slots__ = ("adapter_id", "base_model", "lora")
@@ -113,41 +127,47 @@ class OptimStepResponse(_message.Message):
     def __init__(self, result: _Optional[_Union[_types_pb2.OptimStepResult, _Mapping]] = ...) -> None: ...
 
 class SaveAdapterRequest(_message.Message):
-    __slots__ = ("adapter_id", "dir", "include_optimizer", "include_gradients")
+    __slots__ = ("adapter_id", "dir", "include_optimizer", "include_gradients", "upload")
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     DIR_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_GRADIENTS_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_FIELD_NUMBER: _ClassVar[int]
     adapter_id: str
     dir: str
     include_optimizer: bool
     include_gradients: bool
-    def __init__(self, adapter_id: _Optional[str] = ..., dir: _Optional[str] = ..., include_optimizer: _Optional[bool] = ..., include_gradients: _Optional[bool] = ...) -> None: ...
+    upload: _containers.RepeatedCompositeFieldContainer[FileURL]
+    def __init__(self, adapter_id: _Optional[str] = ..., dir: _Optional[str] = ..., include_optimizer: _Optional[bool] = ..., include_gradients: _Optional[bool] = ..., upload: _Optional[_Iterable[_Union[FileURL, _Mapping]]] = ...) -> None: ...
 
 class SaveAdapterResponse(_message.Message):
-    __slots__ = ("size_bytes",)
+    __slots__ = ("size_bytes", "files")
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
     size_bytes: int
-    def __init__(self, size_bytes: _Optional[int] = ...) -> None: ...
+    files: _containers.RepeatedCompositeFieldContainer[FileURL]
+    def __init__(self, size_bytes: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileURL, _Mapping]]] = ...) -> None: ...
 
 class LoadAdapterRequest(_message.Message):
-    __slots__ = ("adapter_id", "dir", "load_optimizer", "load_gradients")
+    __slots__ = ("adapter_id", "dir", "load_optimizer", "load_gradients", "download")
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     DIR_FIELD_NUMBER: _ClassVar[int]
     LOAD_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     LOAD_GRADIENTS_FIELD_NUMBER: _ClassVar[int]
+    DOWNLOAD_FIELD_NUMBER: _ClassVar[int]
     adapter_id: str
     dir: str
     load_optimizer: bool
     load_gradients: bool
-    def __init__(self, adapter_id: _Optional[str] = ..., dir: _Optional[str] = ..., load_optimizer: _Optional[bool] = ..., load_gradients: _Optional[bool] = ...) -> None: ...
+    download: _containers.RepeatedCompositeFieldContainer[FileURL]
+    def __init__(self, adapter_id: _Optional[str] = ..., dir: _Optional[str] = ..., load_optimizer: _Optional[bool] = ..., load_gradients: _Optional[bool] = ..., download: _Optional[_Iterable[_Union[FileURL, _Mapping]]] = ...) -> None: ...
 
 class LoadAdapterResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class SampleRequest(_message.Message):
-    __slots__ = ("base_model", "adapter_dir", "prompt", "num_samples", "params", "prompt_logprobs", "topk_prompt_logprobs")
+    __slots__ = ("base_model", "adapter_dir", "prompt", "num_samples", "params", "prompt_logprobs", "topk_prompt_logprobs", "adapter_files")
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_DIR_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +175,7 @@ class SampleRequest(_message.Message):
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOPK_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FILES_FIELD_NUMBER: _ClassVar[int]
     base_model: str
     adapter_dir: str
     prompt: _containers.RepeatedScalarFieldContainer[int]
@@ -162,7 +183,8 @@ class SampleRequest(_message.Message):
     params: _types_pb2.SamplingParams
     prompt_logprobs: bool
     topk_prompt_logprobs: int
-    def __init__(self, base_model: _Optional[str] = ..., adapter_dir: _Optional[str] = ..., prompt: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ..., topk_prompt_logprobs: _Optional[int] = ...) -> None: ...
+    adapter_files: _containers.RepeatedCompositeFieldContainer[FileURL]
+    def __init__(self, base_model: _Optional[str] = ..., adapter_dir: _Optional[str] = ..., prompt: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ..., topk_prompt_logprobs: _Optional[int] = ..., adapter_files: _Optional[_Iterable[_Union[FileURL, _Mapping]]] = ...) -> None: ...
 
 class SampleResponse(_message.Message):
     __slots__ = ("result",)
