@@ -162,6 +162,16 @@ func (r *Run) Next(ctx context.Context) ([]Chunk, error) {
 		if r.buf != nil {
 			ready = r.buf.Ready()
 		}
+		// A finished sample first: its last chunks take the tokens still buffered too.
+		select {
+		case res := <-r.results:
+			if res.err != nil {
+				return nil, res.err
+			}
+			r.pending--
+			return r.finish(res), nil
+		default:
+		}
 		select {
 		case <-ctx.Done():
 			return nil, connect.NewError(connect.CodeCanceled, ctx.Err())

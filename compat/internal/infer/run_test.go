@@ -137,3 +137,29 @@ func TestRunChunksAddUp(t *testing.T) {
 		require.Equal(t, "", c.StopSequence(0))
 	}
 }
+
+// TestFinishTakesBufferedTokens: tokens still in the buffer when a sample's answer arrives
+// come out in the last chunks, text included.
+func TestFinishTakesBufferedTokens(t *testing.T) {
+	t.Setenv("HF_HUB_CACHE", t.TempDir())
+	dir := t.TempDir()
+	require.NoError(t, tiny.Write(dir))
+	tx, err := loadText(&loopsv1.ModelInfo{Name: tiny.Name, TokenizerId: dir})
+	require.NoError(t, err)
+	seq := &loopsv1.SampledSequence{Tokens: tx.Encode("buffered text"), StopReason: loopsv1.StopReason_STOP_REASON_LENGTH}
+	seq.Logprobs = make([]float32, len(seq.Tokens))
+	r := &Run{c: &Completion{Text: tx}, n: 1, buf: tokenstream.NewBuffer(100), choices: make([]choiceState, 1)}
+	for _, tok := range seq.Tokens {
+		r.buf.Token(0, tok, 0)
+	}
+	text := ""
+	var toks []int32
+	for _, ch := range r.finish(opResult{op: &loopsv1.Operation{Result: &loopsv1.Operation_Sample{Sample: &loopsv1.SampleResult{Sequences: []*loopsv1.SampledSequence{seq}}}}}) {
+		text += ch.Text
+		for _, tk := range ch.Tokens {
+			toks = append(toks, tk.ID)
+		}
+	}
+	require.Equal(t, "buffered text", text)
+	require.Equal(t, seq.Tokens, toks)
+}
