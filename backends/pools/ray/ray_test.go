@@ -1,0 +1,243 @@
+package ray
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/stretchr/testify/require"
+
+	"github.com/loops-dev/loops/backends/pools"
+	"github.com/loops-dev/loops/backends/pools/poolstest"
+	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
+	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
+)
+
+// fakeRay serves the Jobs REST routes; a submitted job runs a Go stand-in for the Python
+// pool driver (WatchPool, one fake worker per desired replica, restarted when killed, as Ray
+// restarts an actor).
+type fakeRay struct {
+	t    *testing.T
+	mu   sync.Mutex
+	jobs map[string]*fakeJob
+	reqs []string
+}
+
+type fakeJob struct {
+	req    SubmitRequest
+	status string
+	cancel context.CancelFunc
+	kill   map[int]context.CancelFunc
+	mu     sync.Mutex
+	logs   strings.Builder
+}
+
+func (f *fakeRay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	f.reqs = append(f.reqs, r.Method+" "+r.URL.Path)
+	f.mu.Unlock()
+	path := strings.TrimPrefix(r.URL.Path, "/api/jobs/")
+	id, action, _ := strings.Cut(path, "/")
+	writeJSON := func(v any) { w.Header().Set("Content-Type", "application/json"); _ = json.NewEncoder(w).Encode(v) }
+	f.mu.Lock()
+	j := f.jobs[id]
+	f.mu.Unlock()
+	switch {
+	case r.Method == http.MethodPost && path == "":
+		var req SubmitRequest
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Entrypoint == "" {
+			http.Error(w, "bad request", http.StatusBadRequest)
+			return
+		}
+		f.mu.Lock()
+		if f.jobs[req.SubmissionID] != nil {
+			f.mu.Unlock()
+			http.Error(w, "Job with submission_id "+req.SubmissionID+" already exists", http.StatusBadRequest)
+			return
+		}
+		j := &fakeJob{req: req, status: StatusRunning, kill: map[int]context.CancelFunc{}}
+		f.jobs[req.SubmissionID] = j
+		f.mu.Unlock()
+		ctx, cancel := context.WithCancel(context.Background())
+		j.cancel = cancel
+		go f.drive(ctx, j)
+		writeJSON(map[string]string{"submission_id": req.SubmissionID})
+	case j == nil:
+		http.Error(w, "Job "+id+" does not exist", http.StatusNotFound)
+	case r.Method == http.MethodGet && action == "":
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		writeJSON(JobInfo{SubmissionID: id, Status: j.status})
+	case r.Method == http.MethodGet && action == "logs":
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		writeJSON(map[string]string{"logs": j.logs.String()})
+	case r.Method == http.MethodPost && action == "stop":
+		j.cancel()
+		j.mu.Lock()
+		stopped := !Terminal(j.status)
+		if stopped {
+			j.status = StatusStopped
+		}
+		j.mu.Unlock()
+		writeJSON(map[string]bool{"stopped": stopped})
+	case r.Method == http.MethodDelete && action == "":
+		f.mu.Lock()
+		delete(f.jobs, id)
+		f.mu.Unlock()
+		writeJSON(map[string]bool{"deleted": true})
+	default:
+		http.Error(w, "no route", http.StatusNotFound)
+	}
+}
+
+func (f *fakeRay) drive(ctx context.Context, j *fakeJob) {
+	ep := j.req.Entrypoint
+	i := strings.Index(ep, "--spec '")
+	raw := strings.ReplaceAll(strings.TrimSuffix(ep[i+len("--spec '"):], "'"), `'\''`, "'")
+	var spec DriverSpec
+	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
+		f.t.Errorf("driver spec %q: %v", raw, err)
+		return
+	}
+	token := j.req.RuntimeEnv["env_vars"].(map[string]any)[JoinTokenEnv].(string)
+	cl := backendv1connect.NewRegistryServiceClient(pools.H2CClient(), spec.RegistryURL, connect.WithGRPC())
+	st, err := cl.WatchPool(ctx, &backendv1.WatchPoolRequest{PoolId: spec.Pool.ID, JoinToken: token})
+	if err != nil {
+		return
+	}
+	var wg sync.WaitGroup
+	defer func() {
+		j.mu.Lock()
+		for _, k := range j.kill {
+			k()
+		}
+		if j.status == StatusRunning {
+			j.status = StatusSucceeded
+		}
+		j.mu.Unlock()
+		wg.Wait()
+	}()
+	actors := map[int]context.CancelFunc{}
+	for st.Receive() {
+		n := int(st.Msg().GetDesiredReplicas())
+		fmt.Fprintf(&j.logs, "desired %d\n", n)
+		for r, stop := range actors {
+			if r >= n {
+				stop()
+				delete(actors, r)
+			}
+		}
+		for r := range n {
+			if actors[r] != nil {
+				continue
+			}
+			actx, stop := context.WithCancel(ctx)
+			actors[r] = stop
+			wg.Add(1)
+			go func() { // an actor: restarted whenever it dies, until stopped
+				defer wg.Done()
+				for actx.Err() == nil {
+					w, err := poolstest.StartFakeWorker("127.0.0.1:0", []string{spec.Pool.BaseModel})
+					if err != nil {
+						return
+					}
+					lctx, die := context.WithCancel(actx)
+					j.mu.Lock()
+					j.kill[r] = die
+					j.mu.Unlock()
+					_ = pools.Hold(lctx, pools.H2CClient(), spec.RegistryURL, &backendv1.RegisterRequest{PoolId: spec.Pool.ID, Replica: uint32(r),
+						Address: w.Addr, IncarnationId: fmt.Sprintf("actor-%d-%d", r, time.Now().UnixNano()), JoinToken: token})
+					w.Close()
+					die()
+					time.Sleep(50 * time.Millisecond)
+				}
+			}()
+		}
+	}
+}
+
+func (f *fakeRay) killActor(pool string, r int) {
+	f.mu.Lock()
+	j := f.jobs[JobID(pool)]
+	f.mu.Unlock()
+	j.mu.Lock()
+	k := j.kill[r]
+	j.mu.Unlock()
+	k()
+}
+
+func newProvider(t *testing.T) (*Provider, *pools.Registry, *fakeRay) {
+	reg := pools.NewRegistry(pools.RegistryOptions{JoinToken: "tok'en", HeartbeatInterval: 50 * time.Millisecond, HeartbeatTimeout: time.Second})
+	srv, err := pools.Serve(reg, "127.0.0.1:0")
+	require.NoError(t, err)
+	fr := &fakeRay{t: t, jobs: map[string]*fakeJob{}}
+	hs := httptest.NewServer(fr)
+	p, err := New(Options{Client: NewClient(hs.URL, nil, nil), Registry: reg, RegistryURL: srv.URL(), JoinToken: "tok'en", MonitorInterval: 100 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		for _, id := range reg.Pools() {
+			_ = p.DeletePool(context.Background(), id)
+		}
+		require.NoError(t, p.Close())
+		reg.Close()
+		_ = srv.Close()
+		hs.Close()
+	})
+	return p, reg, fr
+}
+
+func TestContract(t *testing.T) {
+	poolstest.Run(t, func(t *testing.T) *poolstest.Harness {
+		p, reg, fr := newProvider(t)
+		return &poolstest.Harness{Provider: p, Registry: reg, MaxReplicas: 4,
+			Spec: func(id string) pools.Spec {
+				return pools.Spec{ID: id, Role: pools.RoleTrainer, BaseModel: "loops/tiny", GPUsPerReplica: 1}
+			},
+			Kill: func(t *testing.T, pool string, r int) { fr.killActor(pool, r) }}
+	})
+}
+
+// A driver job that ends while its pool should exist is submitted again; the job request
+// carries the spec, the token and the metadata.
+func TestResubmit(t *testing.T) {
+	p, reg, fr := newProvider(t)
+	ctx := t.Context()
+	require.NoError(t, p.EnsurePool(ctx, pools.Spec{ID: "r", Role: pools.RoleSampler, BaseModel: "m", Replicas: 1}))
+	require.Eventually(t, func() bool { return len(reg.Members("r")) == 1 }, 10*time.Second, 20*time.Millisecond)
+	fr.mu.Lock()
+	j := fr.jobs[JobID("r")]
+	fr.mu.Unlock()
+	require.Equal(t, "r", j.req.Metadata["loops_pool"])
+	require.Contains(t, j.req.Entrypoint, "-m loops_worker.ray_pool --spec ")
+	j.cancel() // the driver dies
+	require.Eventually(t, func() bool {
+		fr.mu.Lock()
+		defer fr.mu.Unlock()
+		return fr.jobs[JobID("r")] != nil && fr.jobs[JobID("r")] != j
+	}, 10*time.Second, 20*time.Millisecond, "resubmitted")
+	require.Eventually(t, func() bool { return len(reg.Members("r")) == 1 }, 10*time.Second, 20*time.Millisecond)
+	fr.mu.Lock()
+	require.Contains(t, strings.Join(fr.reqs, ","), "DELETE /api/jobs/loops-pool-r")
+	fr.mu.Unlock()
+}
+
+func TestClientErrors(t *testing.T) {
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "Traceback ...\nValueError: bad runtime_env", http.StatusBadRequest)
+	}))
+	defer hs.Close()
+	c := NewClient(hs.URL, nil, http.Header{"Authorization": {"Bearer x"}})
+	_, err := c.Submit(t.Context(), SubmitRequest{Entrypoint: "x"})
+	require.ErrorContains(t, err, "HTTP 400")
+	require.ErrorContains(t, err, "bad runtime_env")
+	_, err = NewClient("http://127.0.0.1:1", nil, nil).Job(t.Context(), "x")
+	require.ErrorContains(t, err, "ray dashboard")
+}
