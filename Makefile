@@ -24,7 +24,7 @@ build: ## Build the loops binary into ./bin/loops
 	$(GO) build -o bin/loops ./cmd/loops
 
 .PHONY: test
-test: check test-go fuzz-ci test-e2e test-clients test-torch test-sdk-matrix test-cookbook ## Everything CI runs
+test: check test-go fuzz-ci test-e2e test-clients test-torch test-export test-sdk-matrix test-cookbook ## Everything CI runs
 
 .PHONY: test-go
 test-go: weed ## The fast path: Go unit, contract and fuzz-seed tests (no Python)
@@ -109,6 +109,11 @@ test-clients: protodeps ## Generated TypeScript (Connect) and Python (gRPC) clie
 .PHONY: test-torch
 test-torch: ## The torch worker: Python tests, then the Go worker client tests incl. the backend contract suite against a local CPU worker (cached venv)
 	bash backends/torch/run-tests.sh
+
+.PHONY: test-export
+test-export: ## Merged checkpoint exports loaded by transformers offline, logits vs transformers + PEFT within 1e-4 in float32 (torch-worker venv)
+	set -o pipefail; venv=$$(scripts/pyenv.sh torch-worker $$(cat backends/torch/requirements-cpu.txt)) && \
+	  HF_HUB_OFFLINE=1 LOOPS_TORCH_PYTHON=$$venv/bin/python $(GO) test -count=1 -v -run '^TestExport$$' ./gateway/ | grep -E '^(=== RUN|\s*--- |ok|FAIL|PASS)|max_abs_diff'
 
 .PHONY: test-sdk-matrix
 test-sdk-matrix: ## Real tinker SDK releases (0.18.2, 0.24.1, 0.30.4, 0.38.0) × features; writes tests/sdk_matrix/MATRIX.md

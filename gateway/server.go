@@ -299,6 +299,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	}
 	mux.Handle("/v1/", limitBody(rest, s.cfg.Limits.MaxBodyBytes))
 	mux.Handle(core.ArchivePathPrefix, s.core.ArchiveHandler())
+	mux.Handle("GET "+core.ExportPath, s.core.ExportHandler())
 
 	// Tinker's routes.
 	mux.Handle("/api/v1/", edge.countTinker(compat.NewHandler(compat.Services{

@@ -57,9 +57,8 @@ type key struct {
 type entry struct {
 	m     Member
 	lease string
-	timer   *time.Timer   // nil for announced (in-process) members
-	ended   chan struct{} // closed when the lease ends
-	dropped bool          // ended because its pool was deleted: the worker drains
+	timer *time.Timer   // nil for announced (in-process) members
+	ended chan struct{} // closed when the lease ends
 }
 
 type poolState struct {
@@ -206,7 +205,6 @@ func (r *Registry) DropPool(pool, why string) {
 	defer r.mu.Unlock()
 	for k, e := range r.members {
 		if k.pool == pool {
-			e.dropped = true
 			r.removeLocked(e, why)
 		}
 	}
@@ -407,20 +405,20 @@ func (r *Registry) expire(e *entry) {
 	r.changedLocked()
 }
 
-// beat renews a lease; it reports whether the replica should drain, and the lease's entry
-// (nil when it does not exist).
-func (r *Registry) beat(lease string) (drain bool, e *entry) {
+// beat renews a lease; it reports whether the replica should drain and whether the lease
+// still exists, with its ended channel.
+func (r *Registry) beat(lease string) (drain bool, ended <-chan struct{}, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	e = r.leases[lease]
+	e := r.leases[lease]
 	if e == nil {
-		return false, nil
+		return false, nil, false
 	}
 	r.resetLocked(e)
 	if ps := r.pools[e.m.Pool]; ps != nil && e.m.Replica >= ps.desired {
 		drain = true
 	}
-	return drain, e
+	return drain, e.ended, true
 }
 
 // Heartbeat implements RegistryService.Heartbeat.
@@ -430,8 +428,8 @@ func (r *Registry) Heartbeat(ctx context.Context, st *connect.BidiStream[backend
 		return nil // the worker went away before its first beat; its timer decides
 	}
 	lease := first.GetLeaseId()
-	drain, e := r.beat(lease)
-	if e == nil {
+	drain, ended, ok := r.beat(lease)
+	if !ok {
 		return connect.NewError(connect.CodeNotFound, errors.New("the lease is unknown or ended (replaced by a newer incarnation, deregistered or expired): register again"))
 	}
 	if err := st.Send(&backendv1.HeartbeatResponse{Drain: drain}); err != nil {
@@ -457,21 +455,14 @@ func (r *Registry) Heartbeat(ctx context.Context, st *connect.BidiStream[backend
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-e.ended:
-			r.mu.Lock()
-			dropped := e.dropped
-			r.mu.Unlock()
-			if dropped {
-				_ = st.Send(&backendv1.HeartbeatResponse{Drain: true})
-				return nil
-			}
+		case <-ended:
 			return connect.NewError(connect.CodeNotFound, errors.New("the lease ended (replaced by a newer incarnation, deregistered, expired, or the pool was deleted)"))
 		case _, open := <-beats:
 			if !open {
 				return nil // stream closed; the lease lives until its timer expires
 			}
-			drain, cur := r.beat(lease)
-			if cur == nil {
+			drain, _, ok := r.beat(lease)
+			if !ok {
 				return connect.NewError(connect.CodeNotFound, errors.New("the lease ended: register again"))
 			}
 			if err := st.Send(&backendv1.HeartbeatResponse{Drain: drain}); err != nil {
