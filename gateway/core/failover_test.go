@@ -103,3 +103,39 @@ func TestRestartMessage(t *testing.T) {
 	require.Contains(t, unfinishedError(false).GetMessage(), "server restarted")
 	require.Contains(t, unfinishedError(true).GetMessage(), "failed over")
 }
+
+// TestTakeoverFailsFirstStepOfARun: after a takeover, a run's adapter is recreated fresh;
+// its first operation fails with the failover message naming the checkpoint to load, so a
+// client never trains on silently from a reset adapter. A load_state goes through, and
+// after the failure later steps run (on the run marked corrupted, as after a restart).
+func TestTakeoverFailsFirstStepOfARun(t *testing.T) {
+	dir := t.TempDir()
+	h := newHarness(t, dir, Options{PublishAfterCommit: true, GapTimeout: time.Hour})
+	run, other := h.newRun(), h.newRun()
+	h.wait(must(h.fb(run, 1, datum(1, 2))))
+	saved := h.wait(must(h.svc.Training.SaveWeights(h.ctx, &loopsv1.SaveWeightsRequest{TrainingRunId: run, SeqId: 2, Name: "ck", Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING})))
+	path := saved.GetSaveWeights().GetPath()
+	h.wait(must(h.fb(other, 1, datum(1, 2))))
+	otherSaved := h.wait(must(h.svc.Training.SaveWeights(h.ctx, &loopsv1.SaveWeightsRequest{TrainingRunId: other, SeqId: 2, Name: "ck", Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING})))
+	require.NoError(t, h.core.Close())
+
+	h2 := newHarness(t, dir, Options{PublishAfterCommit: true, TookOver: true, GapTimeout: time.Hour})
+	got := h2.wait(must(h2.fb(run, 3, datum(1, 2))))
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_FAILED, got.GetState())
+	require.Contains(t, got.GetError().GetMessage(), "failed over to a standby")
+	require.Contains(t, got.GetError().GetMessage(), path)
+	got = h2.wait(must(h2.fb(run, 4, datum(1, 2))))
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, got.GetState(), got.GetError().GetMessage())
+
+	got = h2.wait(must(h2.svc.Training.LoadWeights(h2.ctx, &loopsv1.LoadWeightsRequest{TrainingRunId: other, SeqId: 3, Path: otherSaved.GetSaveWeights().GetPath()})))
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, got.GetState(), got.GetError().GetMessage())
+	got = h2.wait(must(h2.fb(other, 4, datum(1, 2))))
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, got.GetState(), got.GetError().GetMessage())
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}

@@ -421,5 +421,5 @@ func (c *Core) ensureAdapter(ctx context.Context, r *run, t *task) error {
 	r.mu.Unlock()
 	r.update(ctx, func(i *loopsv1.TrainingRun) { i.Corrupted = true })
 	c.log.Warn("recreated a lost adapter; the run is marked corrupted until a checkpoint is loaded", slog.String("run", r.id))
-	return nil
+	return c.failedOverRun(r.id, info, t)
 }
