@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -15,6 +16,11 @@ func main() {
 	defer stop()
 	if err := rootCmd().ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "loops:", err)
+		// A command that documents its exit codes returns an error that carries one.
+		var ec interface{ ExitCode() int }
+		if errors.As(err, &ec) {
+			os.Exit(ec.ExitCode())
+		}
 		os.Exit(1)
 	}
 }
@@ -29,5 +35,6 @@ func rootCmd() *cobra.Command {
 	root.AddCommand(serveCmd(), modelsCmd(), runsCmd(), checkpointsCmd(), usageCmd())
 	root.AddCommand(workspaceCmd(), deployCmd())
 	root.AddCommand(conformanceCmd())
+	root.AddCommand(cookbookCmd())
 	return root
 }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from typing import Any
@@ -24,6 +25,8 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_DATA, EXIT_SERVER = 0, 1, 2, 3, 4
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The recipes need only transformers' tokenizers; its "PyTorch was not found" notice is noise.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     p = argparse.ArgumentParser(prog="loops_cookbook", description="Loops cookbook recipes")
     sub = p.add_subparsers(dest="cmd", required=True)
     ls = sub.add_parser("list", help="list the recipes")

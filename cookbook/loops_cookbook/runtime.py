@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,12 +33,17 @@ class Run:
         self._metrics = open(self.log_dir / "metrics.jsonl", "a", buffering=1)
         self._checkpoints = open(self.log_dir / "checkpoints.jsonl", "a", buffering=1)
         self.service = tinker.ServiceClient(base_url=base_url(cfg), user_metadata={"recipe": recipe})
-        self.training = self.service.create_lora_training_client(
+        training = self.service.create_lora_training_client(
             base_model=cfg.model, rank=cfg.lora_rank, seed=cfg.seed, user_metadata={"recipe": recipe})
+        # Newer SDKs hand back a future of the client.
+        self.training: tinker.TrainingClient = training if isinstance(training, tinker.TrainingClient) else training.result()
         self.run_id = str(self.training.model_id)
         self.tokenizer = self.training.get_tokenizer()
         print(f"run {self.run_id} ({recipe}, {cfg.model}); logs in {self.log_dir}", file=sys.stderr, flush=True)
-        print(f"watch it: loops runs show {self.run_id}", file=sys.stderr, flush=True)
+        url = base_url(cfg)
+        console = os.environ.get("LOOPS_CONSOLE_URL") or (url.rstrip("/") + "/" if url else "")
+        print(f"watch it: loops runs show {self.run_id}" + (f", or the console at {console}" if console else ""),
+              file=sys.stderr, flush=True)
         self.total = total if total is not None else cfg.steps
         self._bar = tqdm(total=self.total, desc=recipe, unit="step",
                          disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
