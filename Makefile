@@ -101,10 +101,12 @@ generate-ts: protodeps ## Regenerate gen/ts (TypeScript for loops.v1) with buf a
 	bash clients/ts/generate.sh
 
 .PHONY: test-clients
-test-clients: protodeps ## Generated TypeScript (Connect) and Python (gRPC) clients: stubs current, SFT loop + sample against loops serve; the official openai client on /oai/api/v1
+test-clients: protodeps ## Generated TypeScript (Connect) and Python (gRPC) clients: stubs current, SFT loop + sample against loops serve; the official openai and anthropic clients and curl on /oai/api/v1 and /anthropic/api
 	bash clients/ts/run.sh
 	bash clients/python/run.sh
 	bash clients/openai/run.sh
+	bash clients/anthropic/run.sh
+	bash clients/curl/run.sh
 
 .PHONY: test-torch
 test-torch: ## The torch worker: Python tests, then the Go worker client tests incl. the backend contract suite against a local CPU worker (cached venv)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # clients/openai/run.sh: the OpenAI-compatible API (/oai/api/v1) driven by the official
 # `openai` Python client, and a checkpoint that a tinker training script saved served through
-# it at once. Creates/reuses a cached venv (scripts/pyenv.sh) with openai and tinker, starts
+# it at once. Creates/reuses the cached venv of the inference clients (clients/llm-venv.sh), starts
 # a `loops serve` (clients/with-server.sh; set LOOPS_URL to use a running one) and runs
 # chat.py; then, with the venv's transformers and jinja2, the Go tests that the chat prompt of
 # loops/tiny is token for token transformers' apply_chat_template and that gonja renders
@@ -9,7 +9,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-venv=$("$root/scripts/pyenv.sh" loops-openai-client openai==3.51.0 tinker==0.38.0 jinja2==3.1.6)
+venv=$("$root/clients/llm-venv.sh")
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TINKER_TELEMETRY=0
 "$root/clients/with-server.sh" "$venv/bin/python" "$here/chat.py"
 (cd "$root" && LOOPS_PYTHON=$venv/bin/python go test -count=1 -run '^(TestTransformersChatTemplateAgrees|TestJinja2Agrees)$' -v ./compat/internal/infer | grep -E '^(--- |ok|FAIL)')

@@ -98,6 +98,11 @@ func decodeRequest(b []byte, count bool) (*request, error) {
 			if err := json.Unmarshal(raw, &req.stream); err != nil {
 				return nil, infer.BadField(name, "stream must be a boolean")
 			}
+		case "cache_control":
+			// A prompt-caching hint: accepted, and has no effect on the answer.
+			if _, err := infer.DecodeObject(raw, name); err != nil {
+				return nil, err
+			}
 		case "metadata":
 			// metadata.user_id is an end-user id for the caller's own abuse tracking:
 			// accepted, and has no effect.
@@ -240,15 +245,20 @@ func content(raw json.RawMessage, param string, nonEmpty bool) (string, error) {
 		if err != nil {
 			return "", err
 		}
+		// The type first: it says best what is wrong with an image or tool block.
 		typ, text := "", ""
+		if v, ok := fields["type"]; ok && !infer.IsNull(v) {
+			if typ, err = infer.Str(v, pp+".type"); err != nil {
+				return "", err
+			}
+		}
+		if typ != "text" {
+			return "", unsupported(pp+".type", fmt.Sprintf("content block type %q is not supported; only \"text\"", infer.Truncate(typ)))
+		}
 		for _, k := range infer.SortedKeys(fields) {
 			v := fields[k]
 			switch {
-			case infer.IsNull(v):
-			case k == "type":
-				if typ, err = infer.Str(v, pp+".type"); err != nil {
-					return "", err
-				}
+			case infer.IsNull(v), k == "type":
 			case k == "text":
 				if text, err = infer.Str(v, pp+".text"); err != nil {
 					return "", err
@@ -257,9 +267,6 @@ func content(raw json.RawMessage, param string, nonEmpty bool) (string, error) {
 			default:
 				return "", unsupported(pp+"."+k, "only text blocks are supported")
 			}
-		}
-		if typ != "text" {
-			return "", unsupported(pp+".type", fmt.Sprintf("content block type %q is not supported; only \"text\"", infer.Truncate(typ)))
 		}
 		texts = append(texts, text)
 	}
