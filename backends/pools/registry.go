@@ -57,8 +57,9 @@ type key struct {
 type entry struct {
 	m     Member
 	lease string
-	timer *time.Timer   // nil for announced (in-process) members
-	ended chan struct{} // closed when the lease ends
+	timer   *time.Timer   // nil for announced (in-process) members
+	ended   chan struct{} // closed when the lease ends
+	dropped bool          // ended because its pool was deleted: the worker drains
 }
 
 type poolState struct {
@@ -205,6 +206,7 @@ func (r *Registry) DropPool(pool, why string) {
 	defer r.mu.Unlock()
 	for k, e := range r.members {
 		if k.pool == pool {
+			e.dropped = true
 			r.removeLocked(e, why)
 		}
 	}
@@ -405,20 +407,20 @@ func (r *Registry) expire(e *entry) {
 	r.changedLocked()
 }
 
-// beat renews a lease; it reports whether the replica should drain and whether the lease
-// still exists, with its ended channel.
-func (r *Registry) beat(lease string) (drain bool, ended <-chan struct{}, ok bool) {
+// beat renews a lease; it reports whether the replica should drain, and the lease's entry
+// (nil when it does not exist).
+func (r *Registry) beat(lease string) (drain bool, e *entry) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	e := r.leases[lease]
+	e = r.leases[lease]
 	if e == nil {
-		return false, nil, false
+		return false, nil
 	}
 	r.resetLocked(e)
 	if ps := r.pools[e.m.Pool]; ps != nil && e.m.Replica >= ps.desired {
 		drain = true
 	}
-	return drain, e.ended, true
+	return drain, e
 }
 
 // Heartbeat implements RegistryService.Heartbeat.
@@ -428,8 +430,8 @@ func (r *Registry) Heartbeat(ctx context.Context, st *connect.BidiStream[backend
 		return nil // the worker went away before its first beat; its timer decides
 	}
 	lease := first.GetLeaseId()
-	drain, ended, ok := r.beat(lease)
-	if !ok {
+	drain, e := r.beat(lease)
+	if e == nil {
 		return connect.NewError(connect.CodeNotFound, errors.New("the lease is unknown or ended (replaced by a newer incarnation, deregistered or expired): register again"))
 	}
 	if err := st.Send(&backendv1.HeartbeatResponse{Drain: drain}); err != nil {
@@ -455,14 +457,21 @@ func (r *Registry) Heartbeat(ctx context.Context, st *connect.BidiStream[backend
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-ended:
+		case <-e.ended:
+			r.mu.Lock()
+			dropped := e.dropped
+			r.mu.Unlock()
+			if dropped {
+				_ = st.Send(&backendv1.HeartbeatResponse{Drain: true})
+				return nil
+			}
 			return connect.NewError(connect.CodeNotFound, errors.New("the lease ended (replaced by a newer incarnation, deregistered, expired, or the pool was deleted)"))
 		case _, open := <-beats:
 			if !open {
 				return nil // stream closed; the lease lives until its timer expires
 			}
-			drain, _, ok := r.beat(lease)
-			if !ok {
+			drain, cur := r.beat(lease)
+			if cur == nil {
 				return connect.NewError(connect.CodeNotFound, errors.New("the lease ended: register again"))
 			}
 			if err := st.Send(&backendv1.HeartbeatResponse{Drain: drain}); err != nil {

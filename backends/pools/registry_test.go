@@ -175,3 +175,20 @@ func FuzzRegister(f *testing.F) {
 		require.LessOrEqual(t, n, 4)
 	})
 }
+
+// Deleting a pool drains its workers (they stop instead of registering again).
+func TestDropPoolDrains(t *testing.T) {
+	reg, _, url := serveURL(t, pools.RegistryOptions{JoinToken: "tok", HeartbeatInterval: 50 * time.Millisecond})
+	reg.SetDesired("p", 1)
+	errc := make(chan error, 1)
+	go func() { errc <- pools.Hold(t.Context(), pools.H2CClient(), url, req("p", 0, "a")) }()
+	require.Eventually(t, func() bool { return len(reg.Members("p")) == 1 }, 5*time.Second, 10*time.Millisecond)
+	reg.DropPool("p", "deleted")
+	select {
+	case err := <-errc:
+		require.ErrorIs(t, err, pools.ErrDrain)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a worker of a deleted pool kept its registration")
+	}
+	require.Empty(t, reg.Members("p"))
+}

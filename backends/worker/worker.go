@@ -32,6 +32,7 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/peft"
+	"github.com/loops-dev/loops/backends/pools"
 	"github.com/loops-dev/loops/backends/tiny"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
@@ -81,6 +82,10 @@ type Options struct {
 	RestartBackoff time.Duration
 	// Logger receives worker events and the workers' stderr (default slog.Default()).
 	Logger *slog.Logger
+	// Pool, when set, selects pool mode (pool.go): workers come from a pools.Provider and
+	// register with a Registry this backend serves; Workers and LocalWorkers are then unused
+	// (except by the static provider, which takes Workers as its addresses).
+	Pool *PoolOptions
 }
 
 func init() {
@@ -111,6 +116,11 @@ func OptionsFromConfig(cfg backends.Config) (Options, error) {
 	for k, v := range cfg.Options {
 		m[k] = v
 	}
+	po, err := poolOptionsFromConfig(m)
+	if err != nil {
+		return o, err
+	}
+	o.Pool = po
 	for _, a := range strings.Split(m["workers"], ",") {
 		if a = strings.TrimSpace(a); a != "" {
 			o.Workers = append(o.Workers, a)
@@ -164,6 +174,11 @@ type Backend struct {
 	lost     map[string]string // adapter id -> why it is gone
 	rr       int
 	wg       sync.WaitGroup
+
+	// pool mode (pool.go)
+	pools    pools.Provider
+	registry *pools.Registry
+	closers  []func()
 }
 
 var _ backends.Backend = (*Backend)(nil)
@@ -219,7 +234,12 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 	bctx, cancel := context.WithCancel(context.Background())
 	b := &Backend{opts: o, log: o.Logger.With(slog.String("backend", Name)), http: &http.Client{Transport: tr},
 		ctx: bctx, cancel: cancel, adapters: map[string]*worker{}, lost: map[string]string{}}
-	if len(o.Workers) > 0 {
+	if o.Pool != nil {
+		if err := b.startPooled(ctx); err != nil {
+			_ = b.Close()
+			return nil, fmt.Errorf("torch: %w", err)
+		}
+	} else if len(o.Workers) > 0 {
 		for i, addr := range o.Workers {
 			b.workers = append(b.workers, b.newWorker(i, addr, false))
 		}
@@ -231,6 +251,9 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 	errs := make([]error, len(b.workers))
 	var wg sync.WaitGroup
 	for i, w := range b.workers {
+		if w.pooled {
+			continue // registered replicas are attached as they come
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -264,6 +287,9 @@ func (b *Backend) Close() error {
 	for _, w := range b.workers {
 		w.stop()
 	}
+	for _, c := range b.closers {
+		c()
+	}
 	b.wg.Wait()
 	return nil
 }
@@ -290,9 +316,18 @@ func (b *Backend) WorkerPID(i int) int {
 	return w.cmd.Process.Pid
 }
 
-// WaitReady waits until every worker is alive again (after a restart).
+// WaitReady waits until every worker is alive again (after a restart). In pool mode it
+// waits for the slots that a registered replica holds.
 func (b *Backend) WaitReady(ctx context.Context) error {
 	for _, w := range b.workers {
+		if w.pooled {
+			w.mu.Lock()
+			held := w.cl != nil
+			w.mu.Unlock()
+			if !held {
+				continue
+			}
+		}
 		if err := w.waitAlive(ctx); err != nil {
 			return err
 		}
@@ -303,9 +338,10 @@ func (b *Backend) WaitReady(ctx context.Context) error {
 // ---- one worker ----------------------------------------------------------------------------
 
 type worker struct {
-	b     *Backend
-	idx   int
-	local bool
+	b      *Backend
+	idx    int
+	local  bool
+	pooled bool // a slot for registered replicas (pool mode)
 
 	mu     sync.Mutex
 	addr   string
@@ -603,7 +639,7 @@ func (w *worker) healthLoop() {
 		w.mu.Lock()
 		alive, gen, cl := w.alive, w.gen, w.cl
 		w.mu.Unlock()
-		if !alive && w.local {
+		if !alive && (w.local || w.pooled) {
 			fails = 0
 			continue // the exit watcher restarts it
 		}

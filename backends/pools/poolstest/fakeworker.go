@@ -24,7 +24,8 @@ import (
 const FakeWorkerEnv = "LOOPS_POOLS_FAKE_WORKER"
 
 // FakeWorker serves TrainerService.GetCapabilities (Implementation "fake cuda=<CUDA_VISIBLE_DEVICES>",
-// the models it was given) on a listener.
+// the models it was given), and CreateAdapter and OptimStep that accept anything, on a
+// listener.
 type FakeWorker struct {
 	Addr string
 	srv  *http.Server
@@ -33,6 +34,15 @@ type FakeWorker struct {
 type fakeTrainer struct {
 	backendv1connect.UnimplementedTrainerServiceHandler
 	caps *backendv1.GetCapabilitiesResponse
+}
+
+// CreateAdapter and OptimStep accept anything (enough to bind adapters to a replica).
+func (f *fakeTrainer) CreateAdapter(context.Context, *backendv1.CreateAdapterRequest) (*backendv1.CreateAdapterResponse, error) {
+	return &backendv1.CreateAdapterResponse{}, nil
+}
+
+func (f *fakeTrainer) OptimStep(context.Context, *backendv1.OptimStepRequest) (*backendv1.OptimStepResponse, error) {
+	return &backendv1.OptimStepResponse{}, nil
 }
 
 func (f *fakeTrainer) GetCapabilities(context.Context, *backendv1.GetCapabilitiesRequest) (*backendv1.GetCapabilitiesResponse, error) {

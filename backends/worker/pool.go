@@ -1,0 +1,342 @@
+package worker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/loops-dev/loops/backends/pools"
+	"github.com/loops-dev/loops/backends/pools/local"
+	"github.com/loops-dev/loops/backends/pools/ray"
+	"github.com/loops-dev/loops/backends/pools/static"
+	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
+)
+
+// PoolOptions select pool mode: the workers come from a pools.Provider and register with a
+// Registry the backend serves, instead of being started or dialled one by one.
+type PoolOptions struct {
+	// Provider is local, static or ray.
+	Provider string
+	// Replicas per pool (default 1); GPUsPerReplica (default 0); Slots bounds the replicas
+	// of all pools together (default 64).
+	Replicas       int
+	GPUsPerReplica int
+	Slots          int
+	// RegistryListen is where the Registry listens (default 127.0.0.1:0 for local and
+	// static, 0.0.0.0:7450 for ray); RegistryURL is its address as workers dial it (default
+	// derived from the listener; for ray set it to an address the Ray nodes reach).
+	RegistryListen string
+	RegistryURL    string
+	// JoinTokenFile holds the join token (default: a random token written under DataDir).
+	JoinTokenFile string
+	// GPUs is the local provider's inventory of GPU ids.
+	GPUs []string
+	// RayAddress is the Ray dashboard (http://host:8265) for the ray provider; RayPython
+	// the interpreter on the Ray nodes (default python3).
+	RayAddress string
+	RayPython  string
+	// HeartbeatTimeout marks a replica lost (default 10s).
+	HeartbeatTimeout time.Duration
+}
+
+var poolNameRE = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
+
+// PoolID is the pool that serves a model in pool mode ("torch-" and the model name, other
+// characters replaced).
+func PoolID(model string) string {
+	name, _, _ := strings.Cut(model, "=")
+	id := "torch-" + strings.Trim(poolNameRE.ReplaceAllString(name, "-"), "-")
+	if len(id) > 128 {
+		id = id[:128]
+	}
+	return id
+}
+
+// poolOptionsFromConfig reads the pool keys of a backend's options: provider (LOOPS_POOL_PROVIDER),
+// replicas, gpus_per_replica, pool_slots, registry_listen, registry_url, join_token_file
+// (LOOPS_JOIN_TOKEN_FILE), gpus (0,1,...), ray_address (LOOPS_RAY_ADDRESS), ray_python,
+// heartbeat_timeout. No provider: nil (today's workers/local_workers mode).
+func poolOptionsFromConfig(m map[string]string) (*PoolOptions, error) {
+	for key, env := range map[string]string{"provider": "LOOPS_POOL_PROVIDER", "join_token_file": "LOOPS_JOIN_TOKEN_FILE", "ray_address": "LOOPS_RAY_ADDRESS"} {
+		if _, ok := m[key]; !ok {
+			if v := os.Getenv(env); v != "" {
+				m[key] = v
+			}
+		}
+	}
+	if m["provider"] == "" {
+		return nil, nil
+	}
+	p := &PoolOptions{Provider: m["provider"], RegistryListen: m["registry_listen"], RegistryURL: m["registry_url"],
+		JoinTokenFile: m["join_token_file"], RayAddress: m["ray_address"], RayPython: m["ray_python"]}
+	switch p.Provider {
+	case "local", "static", "ray":
+	default:
+		return nil, fmt.Errorf("torch: option provider=%q must be local, static or ray", p.Provider)
+	}
+	for key, dst := range map[string]*int{"replicas": &p.Replicas, "gpus_per_replica": &p.GPUsPerReplica, "pool_slots": &p.Slots} {
+		if v := m[key]; v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 || n > pools.MaxReplicas {
+				return nil, fmt.Errorf("torch: option %s=%q must be an integer between 0 and %d", key, v, pools.MaxReplicas)
+			}
+			*dst = n
+		}
+	}
+	for _, g := range strings.Split(m["gpus"], ",") {
+		if g = strings.TrimSpace(g); g != "" {
+			p.GPUs = append(p.GPUs, g)
+		}
+	}
+	if v := m["heartbeat_timeout"]; v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return nil, fmt.Errorf("torch: option heartbeat_timeout=%q is not a duration such as 10s", v)
+		}
+		p.HeartbeatTimeout = d
+	}
+	if p.Provider == "ray" && p.RayAddress == "" {
+		return nil, errors.New("torch: provider=ray needs ray_address (the Ray dashboard, e.g. http://127.0.0.1:8265; or LOOPS_RAY_ADDRESS)")
+	}
+	return p, nil
+}
+
+// startPooled sets up pool mode: the Registry and its server, the provider, one pool per
+// model, worker slots filled from the Registry's membership.
+func (b *Backend) startPooled(ctx context.Context) error {
+	po := *b.opts.Pool
+	if po.Replicas <= 0 {
+		po.Replicas = 1
+	}
+	if po.Slots <= 0 {
+		po.Slots = 64
+	}
+	if po.RegistryListen == "" {
+		po.RegistryListen = "127.0.0.1:0"
+		if po.Provider == "ray" {
+			po.RegistryListen = "0.0.0.0:7450"
+		}
+	}
+	token, tokenFile, err := b.joinToken(po.JoinTokenFile)
+	if err != nil {
+		return err
+	}
+	reg := pools.NewRegistry(pools.RegistryOptions{JoinToken: token, MaxRegistrations: po.Slots, HeartbeatTimeout: po.HeartbeatTimeout, Logger: b.opts.Logger})
+	srv, err := pools.Serve(reg, po.RegistryListen)
+	if err != nil {
+		return fmt.Errorf("the worker registry cannot listen on %s: %w", po.RegistryListen, err)
+	}
+	b.closers = append(b.closers, func() { reg.Close(); _ = srv.Close() })
+	url := po.RegistryURL
+	if url == "" {
+		url = srv.URL()
+		if host, port, _ := net.SplitHostPort(srv.Addr()); net.ParseIP(host).IsUnspecified() {
+			url = "http://127.0.0.1:" + port
+		}
+	}
+	var prov pools.Provider
+	switch po.Provider {
+	case "local":
+		cmd := []string{b.opts.Python, "-m", "loops_worker"}
+		var env []string
+		if pp := b.opts.PythonPath; pp != "" {
+			if old := os.Getenv("PYTHONPATH"); old != "" {
+				pp += string(os.PathListSeparator) + old
+			}
+			env = append(env, "PYTHONPATH="+pp)
+		}
+		prov, err = local.New(local.Options{Registry: reg, RegistryURL: url, JoinTokenFile: tokenFile, Command: cmd,
+			Env: append(env, b.opts.Env...), GPUs: po.GPUs, Logger: b.opts.Logger})
+	case "static":
+		prov, err = static.New(static.Options{Registry: reg, Pools: map[string][]string{PoolID(b.opts.Models[0]): b.opts.Workers}, Logger: b.opts.Logger})
+		if len(b.opts.Models) > 1 {
+			err = errors.New("provider=static serves one model (its workers are given by the workers option)")
+		}
+		po.Replicas = len(b.opts.Workers)
+	case "ray":
+		env := map[string]string{"PYTHONUNBUFFERED": "1"}
+		if b.opts.PythonPath != "" {
+			env["PYTHONPATH"] = b.opts.PythonPath
+		}
+		for _, kv := range b.opts.Env {
+			if k, v, ok := strings.Cut(kv, "="); ok {
+				env[k] = v
+			}
+		}
+		prov, err = ray.New(ray.Options{Client: ray.NewClient(po.RayAddress, nil, nil), Registry: reg, RegistryURL: url, JoinToken: token,
+			Python: po.RayPython, EnvVars: env, Logger: b.opts.Logger})
+	}
+	if err != nil {
+		return err
+	}
+	b.pools, b.registry = prov, reg
+	b.closers = append(b.closers, func() { _ = prov.Close() })
+	margs, err := b.modelArgs()
+	if err != nil {
+		return err
+	}
+	for i := 0; i < po.Slots; i++ {
+		w := b.newWorker(i, "", false)
+		w.pooled = true
+		w.why = "no replica has registered in this slot yet"
+		b.workers = append(b.workers, w)
+	}
+	for i := 1; i < len(margs); i += 2 {
+		spec := pools.Spec{ID: PoolID(margs[i]), Role: pools.RoleTrainer, BaseModel: margs[i], Replicas: po.Replicas,
+			GPUsPerReplica: po.GPUsPerReplica, Args: append([]string{"--max-lora-rank", strconv.Itoa(b.opts.MaxLoraRank)}, b.opts.Args...)}
+		if err := prov.EnsurePool(ctx, spec); err != nil {
+			return err
+		}
+		b.log.Info("pool ensured", slog.String("pool", spec.ID), slog.String("provider", po.Provider), slog.Int("replicas", spec.Replicas), slog.String("registry", url))
+	}
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		b.followRegistry()
+	}()
+	// wait for one replica of each pool
+	wctx, cancel := context.WithTimeout(ctx, b.opts.StartTimeout)
+	defer cancel()
+	for {
+		ready := true
+		for i := 1; i < len(margs); i += 2 {
+			if len(reg.Members(PoolID(margs[i]))) == 0 {
+				ready = false
+			}
+		}
+		if ready {
+			return nil
+		}
+		select {
+		case <-wctx.Done():
+			return fmt.Errorf("no worker of the pools registered within %v (provider %s, registry %s)", b.opts.StartTimeout, po.Provider, url)
+		case <-reg.Changed():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// joinToken reads the token file, or writes a random token to one under DataDir.
+func (b *Backend) joinToken(file string) (string, string, error) {
+	if file != "" {
+		raw, err := os.ReadFile(file)
+		if err != nil {
+			return "", "", fmt.Errorf("join token: %w", err)
+		}
+		tok := strings.TrimSpace(string(raw))
+		if tok == "" {
+			return "", "", fmt.Errorf("join token file %s is empty", file)
+		}
+		return tok, file, nil
+	}
+	var r [24]byte
+	_, _ = rand.Read(r[:])
+	tok := hex.EncodeToString(r[:])
+	dir := filepath.Join(b.opts.DataDir, "pools")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", "", err
+	}
+	file = filepath.Join(dir, "join-token")
+	if err := os.WriteFile(file, []byte(tok+"\n"), 0o600); err != nil {
+		return "", "", err
+	}
+	return tok, file, nil
+}
+
+type slotKey struct {
+	pool    string
+	replica int
+}
+
+// followRegistry maps the registered replicas of the backend's pools onto worker slots: a
+// new incarnation in a slot fails the old one (its adapters are lost, their runs reload
+// their checkpoints) and brings the slot up at the new address; a lost replica fails its
+// slot.
+func (b *Backend) followRegistry() {
+	slots := map[slotKey]*worker{}
+	incarnation := map[*worker]string{}
+	var free []*worker
+	for i := len(b.workers) - 1; i >= 0; i-- {
+		free = append(free, b.workers[i])
+	}
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	for {
+		changed := b.registry.Changed()
+		seen := map[slotKey]bool{}
+		for _, pool := range b.registry.Pools() {
+			for _, m := range b.registry.Members(pool) {
+				k := slotKey{m.Pool, m.Replica}
+				seen[k] = true
+				w := slots[k]
+				if w == nil {
+					if len(free) == 0 {
+						b.log.Warn("more replicas than worker slots; ignoring one", slog.String("pool", m.Pool), slog.Int("replica", m.Replica))
+						continue
+					}
+					w, free = free[len(free)-1], free[:len(free)-1]
+					slots[k] = w
+				}
+				w.mu.Lock()
+				alive := w.alive
+				w.mu.Unlock()
+				if incarnation[w] == m.Incarnation && alive {
+					continue
+				}
+				if incarnation[w] != "" && incarnation[w] != m.Incarnation {
+					w.fail(-1, fmt.Sprintf("pool %s replica %d restarted as a new incarnation (%s)", m.Pool, m.Replica, m.Incarnation))
+				}
+				incarnation[w] = m.Incarnation
+				b.attach(w, m)
+			}
+		}
+		for k, w := range slots {
+			if !seen[k] {
+				why := b.registry.LostReason(k.pool, k.replica)
+				if why == "" {
+					why = "it left the pool"
+				}
+				w.fail(-1, fmt.Sprintf("pool %s replica %d was lost: %s", k.pool, k.replica, why))
+				delete(slots, k)
+				delete(incarnation, w)
+				free = append(free, w)
+			}
+		}
+		select {
+		case <-b.ctx.Done():
+			return
+		case <-changed:
+		case <-tick.C: // retry attaching replicas whose first probe failed
+		}
+	}
+}
+
+// attach points a slot at a registered replica once it answers.
+func (b *Backend) attach(w *worker, m pools.Member) {
+	cl := b.newClients(m.Address)
+	ctx, cancel := context.WithTimeout(b.ctx, b.opts.HealthTimeout)
+	caps, err := cl.tc.GetCapabilities(ctx, &backendv1.GetCapabilitiesRequest{})
+	cancel()
+	if err != nil {
+		b.log.Warn("a registered replica does not answer yet", slog.String("pool", m.Pool), slog.Int("replica", m.Replica), slog.String("address", m.Address), slog.String("err", err.Error()))
+		return
+	}
+	w.mu.Lock()
+	w.addr, w.cl = m.Address, cl
+	w.mu.Unlock()
+	w.setAlive(caps)
+	b.log.Info("replica attached", slog.String("pool", m.Pool), slog.Int("replica", m.Replica), slog.String("address", m.Address), slog.String("incarnation", m.Incarnation))
+}
+
+// Pools returns the pool provider and the Registry in pool mode (nil otherwise).
+func (b *Backend) Pools() (pools.Provider, *pools.Registry) { return b.pools, b.registry }

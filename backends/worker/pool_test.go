@@ -1,0 +1,78 @@
+package worker
+
+import (
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/stretchr/testify/require"
+
+	"github.com/loops-dev/loops/backends"
+	"github.com/loops-dev/loops/backends/pools/local"
+	"github.com/loops-dev/loops/backends/pools/poolstest"
+	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
+)
+
+// The test binary doubles as the fake worker the local provider starts.
+func init() { poolstest.FakeWorkerMain() }
+
+func TestPoolOptions(t *testing.T) {
+	o, err := OptionsFromConfig(backendsConfig(map[string]string{}))
+	require.NoError(t, err)
+	require.Nil(t, o.Pool, "no provider: today's mode")
+	o, err = OptionsFromConfig(backendsConfig(map[string]string{"provider": "local", "replicas": "3", "gpus": "0, 1", "gpus_per_replica": "1"}))
+	require.NoError(t, err)
+	require.Equal(t, &PoolOptions{Provider: "local", Replicas: 3, GPUsPerReplica: 1, GPUs: []string{"0", "1"}}, o.Pool)
+	for _, bad := range []map[string]string{{"provider": "k8s"}, {"provider": "ray"}, {"provider": "local", "replicas": "-1"}, {"provider": "local", "heartbeat_timeout": "x"}} {
+		_, err := OptionsFromConfig(backendsConfig(bad))
+		require.Error(t, err, "%v", bad)
+	}
+	require.Equal(t, "torch-Qwen-Qwen3-8B", PoolID("Qwen/Qwen3-8B"))
+	require.Equal(t, "torch-loops-tiny", PoolID("loops/tiny=/data/models/loops-tiny"))
+}
+
+// Pool mode: replicas come from the local provider and register; killing one loses its
+// adapters (NotFound, the gateway's reload path), and its new incarnation takes work again.
+func TestPoolModeLocal(t *testing.T) {
+	b, err := New(t.Context(), Options{Models: []string{"m"}, Python: testBinary(), Env: []string{poolstest.FakeWorkerEnv + "=1"}, DataDir: t.TempDir(),
+		HealthInterval: 100 * time.Millisecond, StartTimeout: 30 * time.Second,
+		Pool: &PoolOptions{Provider: "local", Replicas: 2, HeartbeatTimeout: 2 * time.Second}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	ctx := t.Context()
+	prov, reg := b.Pools()
+	require.Eventually(t, func() bool { return len(reg.Members(PoolID("m"))) == 2 }, 20*time.Second, 20*time.Millisecond)
+	caps, err := b.Trainer().GetCapabilities(ctx, &backendv1.GetCapabilitiesRequest{})
+	require.NoError(t, err)
+	require.Equal(t, "m", caps.GetModels()[0].GetName())
+
+	_, err = b.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "a1", BaseModel: "m"})
+	require.NoError(t, err)
+	_, err = b.Trainer().OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: "a1"})
+	require.NoError(t, err)
+	before := reg.Members(PoolID("m"))
+	lp := prov.(*local.Provider)
+	for i := range 2 {
+		require.NoError(t, syscall.Kill(lp.PID(PoolID("m"), i), syscall.SIGKILL))
+	}
+	require.Eventually(t, func() bool {
+		_, err := b.Trainer().OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: "a1"})
+		return connect.CodeOf(err) == connect.CodeNotFound
+	}, 20*time.Second, 20*time.Millisecond, "the adapter of a dead replica is gone")
+	require.Eventually(t, func() bool {
+		now := reg.Members(PoolID("m"))
+		return len(now) == 2 && now[0].Incarnation != before[0].Incarnation && now[1].Incarnation != before[1].Incarnation
+	}, 20*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool {
+		_, err := b.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "a2", BaseModel: "m"})
+		return err == nil
+	}, 20*time.Second, 50*time.Millisecond, "the new incarnations take work")
+}
+
+func backendsConfig(opts map[string]string) backends.Config {
+	return backends.Config{Models: []string{"m"}, Options: opts}
+}
+
+func testBinary() string { return os.Args[0] }
