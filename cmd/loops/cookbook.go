@@ -437,7 +437,8 @@ func (cf *cookbookFlags) check(ctx context.Context, py *cookbookPython, name str
 		return nil, err
 	}
 	rows, maxSeqLen := serverChecks(ctx, cf.url, cf.apiKey, settings)
-	args := append([]string{"check", name, "--json", "--max-seq-len", strconv.Itoa(maxSeqLen)}, overrides...)
+	// Overrides right after the name: argparse takes positionals before the options.
+	args := append(append([]string{"check", name}, overrides...), "--json", "--max-seq-len", strconv.Itoa(maxSeqLen))
 	out, err := py.output(ctx, os.Stderr, args...)
 	var ee *exitError
 	if err != nil && !(errors.As(err, &ee) && ee.code == exitCookbookFailed) {
