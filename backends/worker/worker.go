@@ -839,6 +839,8 @@ func (b *Backend) capabilities() *backendv1.GetCapabilitiesResponse {
 		}
 		// an adapter may land on any worker: gradients move only if every worker moves them
 		out.SavesGradients = caps.GetSavesGradients() && (known == 0 || out.SavesGradients)
+		// and checkpoints come as URLs only if every worker takes them
+		out.CheckpointUrls = caps.GetCheckpointUrls() && (known == 0 || out.CheckpointUrls)
 		known++
 		out.MaxAdapters += caps.GetMaxAdapters()
 		for _, m := range caps.GetModels() {

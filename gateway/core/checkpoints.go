@@ -6,13 +6,17 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"strings"
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/loops-dev/loops/backends/peft"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/ckstore"
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -176,36 +180,13 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 	if err := f.inside(key); err != nil {
 		return nil, err
 	}
-	if err := f.step(stepSaveMkdir); err != nil {
-		return nil, f.internalFS("creating the checkpoint staging folder", err)
+	put := c.saveThroughStaging
+	if f.urls != nil {
+		put = c.saveThroughURLs
 	}
-	dir, err := os.MkdirTemp(f.staging, "save-")
+	m, err := put(ctx, r, key, kind == loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING)
 	if err != nil {
-		return nil, f.internalFS("creating the checkpoint staging folder", err)
-	}
-	// The staging folder goes whatever happens; a crash leaves it to the start-up, which
-	// empties the staging folder.
-	defer os.RemoveAll(dir)
-	if err := f.step(stepSaveWrite); err != nil {
-		return nil, f.internalFS("writing checkpoint", err)
-	}
-	if _, err := c.backend.Trainer().SaveAdapter(ctx, &backendv1.SaveAdapterRequest{
-		AdapterId: r.id, Dir: dir, IncludeOptimizer: kind == loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING,
-	}); err != nil {
-		return nil, f.scrub(r.adapterLost(err))
-	}
-	if err := f.step(stepSaveMarker); err != nil {
-		return nil, f.internalFS("writing checkpoint marker", err)
-	}
-	if err := writeMarker(dir); err != nil {
-		return nil, f.internalFS("writing checkpoint marker", err)
-	}
-	if err := f.step(stepSavePut); err != nil {
-		return nil, f.internalFS("storing checkpoint files", err)
-	}
-	m, err := f.st.Put(ctx, key, dir)
-	if err != nil {
-		return nil, f.internalFS("storing checkpoint files", err)
+		return nil, err
 	}
 	// Until the record points at it, the new generation is invisible; on failure it is
 	// deleted here, or by the store sweep after a crash.
@@ -257,7 +238,7 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 	})
 	res := &loopsv1.SaveWeightsResult{Path: ck.TinkerPath, Checkpoint: ck}
 	if ephemeral {
-		ref, err := c.checkpointFolder(ctx, r.ws, ck)
+		ref, err := c.adapterOf(ctx, r.ws, ck)
 		if err != nil {
 			return nil, err
 		}
@@ -269,6 +250,158 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 	}
 	c.recordUsage(r.ws, info.GetBaseModel(), info.GetSessionId(), store.UsageCheckpoint, 1)
 	return func(op *loopsv1.Operation) { op.Result = &loopsv1.Operation_SaveWeights{SaveWeights: res} }, nil
+}
+
+// saveThroughStaging has the backend write the run's adapter into a staging folder on the
+// gateway's disk, adds the checkpoint_complete marker and puts the folder into the store as
+// key.
+func (c *Core) saveThroughStaging(ctx context.Context, r *run, key string, optimizer bool) (*ckstore.Manifest, error) {
+	f := c.ckpt
+	if err := f.step(stepSaveMkdir); err != nil {
+		return nil, f.internalFS("creating the checkpoint staging folder", err)
+	}
+	dir, err := os.MkdirTemp(f.staging, "save-")
+	if err != nil {
+		return nil, f.internalFS("creating the checkpoint staging folder", err)
+	}
+	// The staging folder goes whatever happens; a crash leaves it to the start-up, which
+	// empties the staging folder.
+	defer os.RemoveAll(dir)
+	if err := f.step(stepSaveWrite); err != nil {
+		return nil, f.internalFS("writing checkpoint", err)
+	}
+	if _, err := c.backend.Trainer().SaveAdapter(ctx, &backendv1.SaveAdapterRequest{
+		AdapterId: r.id, Dir: dir, IncludeOptimizer: optimizer,
+	}); err != nil {
+		return nil, f.scrub(r.adapterLost(err))
+	}
+	if err := f.step(stepSaveMarker); err != nil {
+		return nil, f.internalFS("writing checkpoint marker", err)
+	}
+	if err := writeMarker(dir); err != nil {
+		return nil, f.internalFS("writing checkpoint marker", err)
+	}
+	if err := f.step(stepSavePut); err != nil {
+		return nil, f.internalFS("storing checkpoint files", err)
+	}
+	m, err := f.st.Put(ctx, key, dir)
+	if err != nil {
+		return nil, f.internalFS("storing checkpoint files", err)
+	}
+	return m, nil
+}
+
+// saveThroughURLs has a backend that takes URLs (checkpointFiles.urls) upload the run's
+// adapter straight into the store as a new generation of key (presigned PUT URLs), adds
+// the checkpoint_complete marker and commits the upload with the sizes and SHA-256s the
+// backend reports (every later read checks them). Until the commit nothing is visible; an
+// upload the commit never came for is removed here or by the store sweep.
+func (c *Core) saveThroughURLs(ctx context.Context, r *run, key string, optimizer bool) (*ckstore.Manifest, error) {
+	f := c.ckpt
+	names := []string{peft.AdapterConfigFile, peft.AdapterWeightsFile}
+	if optimizer {
+		names = append(names, peft.OptimizerFile)
+	}
+	if err := f.step(stepSaveMkdir); err != nil {
+		return nil, f.internalFS("starting the checkpoint upload", err)
+	}
+	up, err := f.urls.BeginUpload(ctx, key, append(names, completeMarker), checkpointURLTTL)
+	if err != nil {
+		return nil, f.internalFS("starting the checkpoint upload", err)
+	}
+	abort := func(err error) error {
+		f.urls.AbortUpload(up)
+		return err
+	}
+	if err := f.step(stepSaveWrite); err != nil {
+		return nil, abort(f.internalFS("writing checkpoint", err))
+	}
+	req := &backendv1.SaveAdapterRequest{AdapterId: r.id, IncludeOptimizer: optimizer}
+	for _, n := range names {
+		req.Upload = append(req.Upload, &backendv1.FileURL{Name: n, Url: up.URLs[n]})
+	}
+	resp, err := c.backend.Trainer().SaveAdapter(ctx, req)
+	if err != nil {
+		return nil, abort(f.scrub(r.adapterLost(err)))
+	}
+	if err := f.step(stepSaveMarker); err != nil {
+		return nil, abort(f.internalFS("writing checkpoint marker", err))
+	}
+	if err := putEmpty(ctx, up.URLs[completeMarker]); err != nil {
+		return nil, abort(f.internalFS("writing checkpoint marker", err))
+	}
+	files := []ckstore.File{{Name: completeMarker, SHA256: emptySHA256}}
+	for _, file := range resp.GetFiles() {
+		files = append(files, ckstore.File{Name: file.GetName(), Size: file.GetSize(), SHA256: file.GetSha256()})
+	}
+	if err := f.step(stepSavePut); err != nil {
+		return nil, abort(f.internalFS("storing checkpoint files", err))
+	}
+	m, err := f.urls.CommitUpload(ctx, up, files)
+	if err != nil {
+		return nil, f.internalFS("committing the checkpoint upload", err)
+	}
+	return m, nil
+}
+
+// emptySHA256 is the SHA-256 of no bytes (the checkpoint_complete marker).
+const emptySHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+// putEmpty writes an empty object through a presigned PUT URL, within a minute.
+func putEmpty(ctx context.Context, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, url, http.NoBody)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("PUT of the marker: HTTP %d", resp.StatusCode)
+	}
+	return nil
+}
+
+// adapterOf returns what the backend reads a checkpoint record's files from (see
+// checkpointFiles.adapter): release it when done.
+func (c *Core) adapterOf(ctx context.Context, owner string, ck *loopsv1.Checkpoint) (*ckRef, error) {
+	key, err := c.ckpt.recordKey(owner, ck)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.ckpt.inside(key); err != nil {
+		return nil, err
+	}
+	ref, ok, err := c.ckpt.adapter(ctx, key)
+	if err != nil {
+		c.log.Error("opening a checkpoint's files", slog.String("path", ck.GetTinkerPath()), slog.Any("err", err))
+		return nil, err
+	}
+	if !ok {
+		return nil, failedPrecondition("checkpoint %s has no complete files in the checkpoint store (it may have been deleted)", ck.GetTinkerPath())
+	}
+	return ref, nil
+}
+
+// loadAdapter loads a checkpoint record's files into the run's adapter (with its optimizer
+// state if optimizer).
+func (c *Core) loadAdapter(ctx context.Context, r *run, owner string, ck *loopsv1.Checkpoint, optimizer bool) error {
+	ref, err := c.adapterOf(ctx, owner, ck)
+	if err != nil {
+		return err
+	}
+	defer ref.release()
+	dir, files, err := c.ckpt.source(ctx, ref)
+	if err != nil {
+		return err
+	}
+	_, err = c.backend.Trainer().LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: r.id, Dir: dir, Download: files, LoadOptimizer: optimizer})
+	return err
 }
 
 func randHex(n int) string {
@@ -507,7 +640,7 @@ func (ss *samplers) retarget(ctx context.Context, oldKey, newKey string) {
 	if len(follow) == 0 {
 		return
 	}
-	ref, ok, err := ss.c.ckpt.open(ctx, newKey)
+	ref, ok, err := ss.c.ckpt.adapter(ctx, newKey)
 	if err != nil || !ok {
 		ss.c.log.Error("opening an overwritten checkpoint for its samplers", slog.String("key", newKey), slog.Any("err", err))
 		return
@@ -522,7 +655,7 @@ func (ss *samplers) retarget(ctx context.Context, oldKey, newKey string) {
 		st.mu.Lock()
 		old := st.ref
 		if old != nil && old.key == oldKey {
-			st.ref, st.dir = ref.hold(), ref.dir
+			st.ref = ref.hold()
 			old.release()
 		}
 		st.mu.Unlock()

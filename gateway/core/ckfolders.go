@@ -17,6 +17,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/ckstore"
 	"github.com/loops-dev/loops/gateway/store"
+	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
 
@@ -92,6 +93,10 @@ type checkpointFiles struct {
 	localRoot string
 	// cache keeps local copies of an S3 store's checkpoints (nil for the local store).
 	cache *ckstore.Cache
+	// urls is st when the backend takes checkpoints as presigned URLs
+	// (checkpoint_urls) and the store hands them out (ckstore.Uploads): the backend then
+	// reads and writes the store itself, with nothing on the gateway's disk. Else nil.
+	urls ckstore.Uploads
 	// staging is DataDir/checkpoint-staging.
 	staging string
 	// grace is Options.CheckpointSweepGrace.
@@ -294,9 +299,12 @@ func exists(p string) bool {
 
 // ckRef is a local folder holding one checkpoint generation's files, kept while held:
 // release it when done. hold adds a holder (a sampling request of a sampler that holds it).
+// For a backend that takes URLs (checkpointFiles.urls), a ckRef from adapter has no folder
+// but the generation's manifest, from which source presigns the files' URLs.
 type ckRef struct {
 	dir string
 	key string
+	m   *ckstore.Manifest
 	mu  sync.Mutex
 	n   int
 	// free lets the folder go (the cache may evict it); nil for the local store.
@@ -347,6 +355,46 @@ func (f *checkpointFiles) open(ctx context.Context, key string) (*ckRef, bool, e
 		return nil, false, f.internalFS("reading checkpoint "+key, err)
 	}
 	return &ckRef{dir: dir, key: key, n: 1, free: free}, true, nil
+}
+
+// adapter returns what the backend reads the checkpoint generation key from: a ckRef with
+// a local folder (open), or, when the backend takes URLs, one with the manifest. ok is
+// false when the store has no such checkpoint.
+func (f *checkpointFiles) adapter(ctx context.Context, key string) (*ckRef, bool, error) {
+	if f.urls == nil {
+		return f.open(ctx, key)
+	}
+	m, err := f.st.Stat(ctx, key)
+	switch {
+	case errors.Is(err, ckstore.ErrNotFound):
+		return nil, false, nil
+	case err != nil:
+		return nil, false, f.internalFS("reading checkpoint "+key, err)
+	}
+	return &ckRef{key: key, m: m, n: 1}, true, nil
+}
+
+// checkpointURLTTL is how long the URLs of a backend request stay valid: past the longest
+// wait of a request in the queues.
+const checkpointURLTTL = 2 * time.Hour
+
+// source returns the folder (dir) or presigned files (files) a backend request names for
+// the checkpoint ref holds; a nil ref is no adapter.
+func (f *checkpointFiles) source(ctx context.Context, ref *ckRef) (dir string, files []*backendv1.FileURL, err error) {
+	if ref == nil {
+		return "", nil, nil
+	}
+	if ref.m == nil {
+		return ref.dir, nil, nil
+	}
+	urls, err := f.urls.DownloadURLs(ctx, ref.key, ref.m, checkpointURLTTL)
+	if err != nil {
+		return "", nil, f.internalFS("presigning checkpoint "+ref.key, err)
+	}
+	for _, file := range ref.m.Files {
+		files = append(files, &backendv1.FileURL{Name: file.Name, Url: urls[file.Name], Size: file.Size, Sha256: file.SHA256})
+	}
+	return "", files, nil
 }
 
 // rel shows a path relative to the data dir.

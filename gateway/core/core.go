@@ -231,6 +231,9 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	for _, m := range caps.GetModels() {
 		c.models[m.GetName()] = m
 	}
+	if u, ok := c.ckpt.st.(ckstore.Uploads); ok && caps.GetCheckpointUrls() {
+		c.ckpt.urls = u // the backend reads and writes the store itself
+	}
 	c.slots, err = newSlots(opts.DataDir, int(caps.GetMaxAdapters()), caps.GetSavesGradients(), slotDeps{
 		trainer: c.backend.Trainer(), log: c.log, moves: c.metrics.slotMoves, scrub: c.ckpt.scrub,
 	})

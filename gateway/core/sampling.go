@@ -27,13 +27,12 @@ const maxTopKPromptLogprobs = semantics.MaxTopKPromptLogprobs
 // model's sequence length).
 const defaultMaxTokens = semantics.DefaultMaxTokens
 
-// samplerState is a sampler in memory: its record, the adapter folder it samples with
-// (empty for the base model) and the hold on it (ref, released when the sampler leaves
-// memory), and its seq_id de-duplication table.
+// samplerState is a sampler in memory: its record, the checkpoint it samples with (ref: a
+// held folder, or presignable files for a backend that takes URLs; nil for the base model;
+// released when the sampler leaves memory), and its seq_id de-duplication table.
 type samplerState struct {
 	ws   string
 	info *loopsv1.Sampler
-	dir  string
 	ref  *ckRef
 	used time.Time // last request that named it (samplers.mu); see samplers.expire
 	mu   sync.Mutex
@@ -127,18 +126,13 @@ func (ss *samplers) dropLocked(s *samplerState) {
 		delete(ss.perWS, s.ws)
 	}
 	s.mu.Lock()
-	s.ref.release()
-	s.ref = nil
+	s.ref.release() // the pointer stays: a request that already got s may still send it
 	s.mu.Unlock()
 }
 
 // newSamplerState is a sampler in memory that holds ref (nil for the base model).
 func newSamplerState(ws string, info *loopsv1.Sampler, ref *ckRef) *samplerState {
-	s := &samplerState{ws: ws, info: info, ref: ref, seen: map[int64]string{}}
-	if ref != nil {
-		s.dir = ref.dir
-	}
-	return s
+	return &samplerState{ws: ws, info: info, ref: ref, seen: map[int64]string{}}
 }
 
 // expire drops from memory the samplers no request named for Limits.SamplerIdleTTL. They
@@ -194,7 +188,11 @@ func (ss *samplers) get(ctx context.Context, ws, id string) (*samplerState, erro
 			return nil, err
 		}
 	} else if info.GetModelPath() != "" {
-		if _, ref, err = ss.c.resolveCheckpoint(ctx, ws, info.GetModelPath()); err != nil {
+		ck, owner, err := ss.c.resolveOwned(ctx, ws, info.GetModelPath())
+		if err != nil {
+			return nil, err
+		}
+		if ref, err = ss.c.adapterOf(ctx, owner, ck); err != nil {
 			return nil, err
 		}
 	}
@@ -284,7 +282,7 @@ func (c *Core) createSampler(ctx context.Context, ws string, req *loopsv1.Create
 	var ref *ckRef
 	if ck != nil {
 		var err error
-		if ref, err = c.checkpointFolder(ctx, owner, ck); err != nil {
+		if ref, err = c.adapterOf(ctx, owner, ck); err != nil {
 			return nil, err
 		}
 	}
@@ -362,6 +360,10 @@ func (s SamplingService) sample(ctx context.Context, req *loopsv1.SampleRequest,
 			return o.snapshot(), nil
 		}
 	}
+	adapterDir, adapterFiles, err := c.ckpt.source(ctx, st.ref)
+	if err != nil {
+		return nil, err
+	}
 	if err := c.samplers.queue.reserve(ws); err != nil {
 		return nil, err
 	}
@@ -377,7 +379,7 @@ func (s SamplingService) sample(ctx context.Context, req *loopsv1.SampleRequest,
 		}
 	}
 	breq := &backendv1.SampleRequest{
-		BaseModel: st.info.GetBaseModel(), AdapterDir: st.dir, Prompt: req.GetPrompt(),
+		BaseModel: st.info.GetBaseModel(), AdapterDir: adapterDir, AdapterFiles: adapterFiles, Prompt: req.GetPrompt(),
 		NumSamples: max(req.GetNumSamples(), 1), Params: params,
 		PromptLogprobs: req.GetPromptLogprobs(), TopkPromptLogprobs: req.GetTopkPromptLogprobs(),
 	}

@@ -180,11 +180,7 @@ func (c *Core) createAdapter(ctx context.Context, r *run, from *checkpointOf, wi
 	info := r.snapshot()
 	_, err := c.backend.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: r.id, BaseModel: info.GetBaseModel(), Lora: info.GetLora()})
 	if err == nil && from != nil {
-		var ref *ckRef
-		if ref, err = c.checkpointFolder(ctx, from.owner, from.ck); err == nil {
-			_, err = c.backend.Trainer().LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: r.id, Dir: ref.dir, LoadOptimizer: withOptimizer})
-			ref.release()
-		}
+		err = c.loadAdapter(ctx, r, from.owner, from.ck, withOptimizer)
 	}
 	if err != nil {
 		reason := "creating its adapter failed: " + connectMessage(err)
@@ -434,13 +430,10 @@ func (s TrainingService) LoadWeights(ctx context.Context, req *loopsv1.LoadWeigh
 				if err != nil {
 					return nil, err
 				}
-				ref, err := c.checkpointFolder(ctx, owner, ck)
-				if err != nil {
-					return nil, err
-				}
-				_, err = c.backend.Trainer().LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: r.id, Dir: ref.dir, LoadOptimizer: req.GetWithOptimizer()})
-				ref.release()
-				if err != nil {
+				if err := c.loadAdapter(ctx, r, owner, ck, req.GetWithOptimizer()); err != nil {
+					if connect.CodeOf(err) == connect.CodeFailedPrecondition {
+						return nil, err // the checkpoint's files are gone: the adapter is untouched
+					}
 					return nil, r.adapterLost(err)
 				}
 				r.update(ctx, func(i *loopsv1.TrainingRun) { i.Corrupted = false })
