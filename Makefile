@@ -117,6 +117,11 @@ test-export: ## Merged checkpoint exports loaded by transformers offline, logits
 	set -o pipefail; venv=$$(scripts/pyenv.sh torch-worker $$(cat backends/torch/requirements-cpu.txt)) && \
 	  HF_HUB_OFFLINE=1 LOOPS_TORCH_PYTHON=$$venv/bin/python $(GO) test -count=1 -v -run '^TestExport$$' ./gateway/ | grep -E '^(=== RUN|\s*--- |ok|FAIL|PASS)|max_abs_diff'
 
+.PHONY: test-export
+test-export: ## Merged checkpoint exports loaded by transformers offline, logits vs transformers + PEFT within 1e-4 in float32 (torch-worker venv)
+	set -o pipefail; venv=$$(scripts/pyenv.sh torch-worker $$(cat backends/torch/requirements-cpu.txt)) && \
+	  HF_HUB_OFFLINE=1 LOOPS_TORCH_PYTHON=$$venv/bin/python $(GO) test -count=1 -v -run '^(TestExport|TestImport)$$' ./gateway/ | grep -E '^(=== RUN|\s*--- |ok|FAIL|PASS)|max_abs_diff'
+
 .PHONY: test-sdk-matrix
 test-sdk-matrix: ## Real tinker SDK releases (0.18.2, 0.24.1, 0.30.4, 0.38.0) × features; writes tests/sdk_matrix/MATRIX.md
 	bash tests/sdk_matrix/run.sh

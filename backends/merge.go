@@ -58,3 +58,50 @@ func (g deadlinedSampler) MergeAdapter(ctx context.Context, req MergeRequest) (i
 	}
 	return m.MergeAdapter(ctx, req)
 }
+
+// AdapterCheck is what CheckAdapter found in a valid adapter folder.
+type AdapterCheck struct {
+	// Rank is the adapter's r; Alpha its lora_alpha.
+	Rank  int
+	Alpha float64
+	// Attn, MLP and Unembed say which of the model's module groups it adapts (some modules
+	// of the group at least).
+	Attn, MLP, Unembed bool
+}
+
+// AdapterChecker is the optional ability of a Sampler to validate an adapter folder
+// against a served base model without loading it anywhere: adapter_config.json (rank within
+// the backend's limit, target modules it knows) and every tensor's name and shape against the
+// model. A bad folder is CodeInvalidArgument with a message that names the mismatch. The
+// reference engine has it.
+type AdapterChecker interface {
+	CheckAdapter(ctx context.Context, baseModel, dir string) (AdapterCheck, error)
+}
+
+// errNoCheck answers a check on a backend without the ability.
+var errNoCheck = connect.NewError(connect.CodeFailedPrecondition, errors.New("this server's backend cannot validate imported adapters (the reference engine can)"))
+
+// CheckAdapter checks through the guarded sampler when it can.
+func (g guardedSampler) CheckAdapter(ctx context.Context, baseModel, dir string) (AdapterCheck, error) {
+	c, ok := g.s.(AdapterChecker)
+	if !ok {
+		return AdapterCheck{}, errNoCheck
+	}
+	resp, err := call(ctx, g.log, "Sampler.CheckAdapter", func(ctx context.Context, dir *string) (*AdapterCheck, error) {
+		r, err := c.CheckAdapter(ctx, baseModel, *dir)
+		return &r, err
+	}, &dir)
+	if resp == nil {
+		return AdapterCheck{}, err
+	}
+	return *resp, err
+}
+
+// CheckAdapter checks through the sampler when it can.
+func (g deadlinedSampler) CheckAdapter(ctx context.Context, baseModel, dir string) (AdapterCheck, error) {
+	c, ok := g.s.(AdapterChecker)
+	if !ok {
+		return AdapterCheck{}, errNoCheck
+	}
+	return c.CheckAdapter(ctx, baseModel, dir)
+}

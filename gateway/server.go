@@ -300,6 +300,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	mux.Handle("/v1/", limitBody(rest, s.cfg.Limits.MaxBodyBytes))
 	mux.Handle(core.ArchivePathPrefix, s.core.ArchiveHandler())
 	mux.Handle("GET "+core.ExportPath, s.core.ExportHandler())
+	mux.Handle("POST "+core.ImportPath, s.core.ImportHandler())
 
 	// Tinker's routes.
 	mux.Handle("/api/v1/", edge.countTinker(compat.NewHandler(compat.Services{

@@ -122,3 +122,22 @@ func copyFile(src, dst string) (int64, error) {
 	}
 	return n, err
 }
+
+var _ backends.AdapterChecker = (*Engine)(nil)
+
+// CheckAdapter validates an adapter folder against a served base model
+// (backends.AdapterChecker) with the checks of a load.
+func (e *Engine) CheckAdapter(_ context.Context, baseModel, dir string) (backends.AdapterCheck, error) {
+	bm, err := e.model(baseModel)
+	if err != nil {
+		return backends.AdapterCheck{}, err
+	}
+	a, err := nn.LoadAdapter[float32](dir, bm.m, false, e.opts.MaxLoraRank)
+	if err != nil {
+		return backends.AdapterCheck{}, invalid("the adapter does not fit base model %s: %v", baseModel, err)
+	}
+	return backends.AdapterCheck{
+		Rank: a.Cfg.Rank, Alpha: float64(a.Scale) * float64(a.Cfg.Rank),
+		Attn: a.Cfg.Attn, MLP: a.Cfg.MLP, Unembed: a.Cfg.Unembed,
+	}, nil
+}
