@@ -113,12 +113,7 @@ test-torch: ## The torch worker: Python tests, then the Go worker client tests i
 	bash backends/torch/run-tests.sh
 
 .PHONY: test-export
-test-export: ## Merged checkpoint exports loaded by transformers offline, logits vs transformers + PEFT within 1e-4 in float32 (torch-worker venv)
-	set -o pipefail; venv=$$(scripts/pyenv.sh torch-worker $$(cat backends/torch/requirements-cpu.txt)) && \
-	  HF_HUB_OFFLINE=1 LOOPS_TORCH_PYTHON=$$venv/bin/python $(GO) test -count=1 -v -run '^TestExport$$' ./gateway/ | grep -E '^(=== RUN|\s*--- |ok|FAIL|PASS)|max_abs_diff'
-
-.PHONY: test-export
-test-export: ## Merged checkpoint exports loaded by transformers offline, logits vs transformers + PEFT within 1e-4 in float32 (torch-worker venv)
+test-export: ## Checkpoint export and import against transformers + PEFT (torch-worker venv): merged exports load offline with logits within 1e-4 (float32); a PEFT adapter imported samples as PEFT does
 	set -o pipefail; venv=$$(scripts/pyenv.sh torch-worker $$(cat backends/torch/requirements-cpu.txt)) && \
 	  HF_HUB_OFFLINE=1 LOOPS_TORCH_PYTHON=$$venv/bin/python $(GO) test -count=1 -v -run '^(TestExport|TestImport)$$' ./gateway/ | grep -E '^(=== RUN|\s*--- |ok|FAIL|PASS)|max_abs_diff'
 

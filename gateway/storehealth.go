@@ -50,6 +50,11 @@ type healthBody struct {
 	CheckpointStoreKind string `json:"checkpoint_store_kind"`
 	// Error says, when Status is "unavailable", what failed; details are in the server's log.
 	Error string `json:"error,omitempty"`
+	// Role is "leader" (this gateway runs the schedulers; always so without a lease) or
+	// "standby" (it forwards to the leader; standby.go).
+	Role string `json:"role"`
+	// Lease is what this gateway knows of the leader lease (absent without one).
+	Lease *leaseHealth `json:"lease,omitempty"`
 }
 
 // healthz answers /healthz: 200 when the store answers a ping and the checkpoint store a
@@ -57,7 +62,7 @@ type healthBody struct {
 // pinged (not a store.Pinger) counts as healthy.
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	kind := storeKind(s.store)
-	body, code := healthBody{Status: "ok", Store: "ok", StoreKind: kind}, http.StatusOK
+	body, code := healthBody{Status: "ok", Store: "ok", StoreKind: kind, Role: s.role(), Lease: s.leaseStatus()}, http.StatusOK
 	if msg := s.checkpointStoreHealth(r.Context(), &body); msg != "" {
 		body.Status, body.Error, code = "unavailable", msg, http.StatusServiceUnavailable
 	}
@@ -95,7 +100,14 @@ const healthCheckKey = "loops-health-check"
 // StoreHealthTimeout and fills in body's checkpoint store fields; it returns what failed,
 // or "".
 func (s *Server) checkpointStoreHealth(ctx context.Context, body *healthBody) string {
-	cs := s.core.CheckpointStore()
+	cs := s.cfg.Core.CheckpointStore // a standby has no core yet
+	if c := s.leaderCore(); c != nil {
+		cs = c.CheckpointStore()
+	}
+	if cs == nil { // a standby's default local folder, opened when it takes over
+		body.CheckpointStore, body.CheckpointStoreKind = "ok", "local"
+		return ""
+	}
 	body.CheckpointStore, body.CheckpointStoreKind = "ok", "s3"
 	if _, ok := cs.(ckstore.LocalDirs); ok {
 		body.CheckpointStoreKind = "local"

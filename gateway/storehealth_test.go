@@ -35,7 +35,7 @@ func TestHealthzAndMetricsSQLite(t *testing.T) {
 	url := startStoreServer(t, openSQLite(t))
 	code, body := health(t, url)
 	require.Equal(t, http.StatusOK, code)
-	require.Equal(t, map[string]string{"status": "ok", "store": "ok", "store_kind": "sqlite", "checkpoint_store": "ok", "checkpoint_store_kind": "local"}, body)
+	require.Equal(t, map[string]string{"status": "ok", "role": "leader", "store": "ok", "store_kind": "sqlite", "checkpoint_store": "ok", "checkpoint_store_kind": "local"}, body)
 
 	m := metrics(t, url)
 	require.Contains(t, m, `loops_store_info{kind="sqlite"} 1`)
@@ -46,7 +46,7 @@ func TestHealthzAndMetricsPostgres(t *testing.T) {
 	url := startStoreServer(t, openPostgres(t))
 	code, body := health(t, url)
 	require.Equal(t, http.StatusOK, code)
-	require.Equal(t, map[string]string{"status": "ok", "store": "ok", "store_kind": "postgres", "checkpoint_store": "ok", "checkpoint_store_kind": "local"}, body)
+	require.Equal(t, map[string]string{"status": "ok", "role": "leader", "store": "ok", "store_kind": "postgres", "checkpoint_store": "ok", "checkpoint_store_kind": "local"}, body)
 
 	m := metrics(t, url)
 	require.Contains(t, m, `loops_store_info{kind="postgres"} 1`)
@@ -99,7 +99,7 @@ func TestHealthzNamesStoreFailure(t *testing.T) {
 		require.NoError(t, st.Close())
 		code, body := health(t, url)
 		require.Equal(t, http.StatusServiceUnavailable, code)
-		require.Equal(t, map[string]string{"status": "unavailable", "store": "closed", "store_kind": "sqlite",
+		require.Equal(t, map[string]string{"status": "unavailable", "role": "leader", "store": "closed", "store_kind": "sqlite",
 			"checkpoint_store": "ok", "checkpoint_store_kind": "local",
 			"error": "the sqlite store is closed (the server is shutting down)"}, body)
 	})
