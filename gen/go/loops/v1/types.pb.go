@@ -410,14 +410,20 @@ func (x *AdamParams) GetGradClipNorm() float64 {
 
 // SamplingParams control generation. top_k <= 0 means no limit; top_p 1 means no limit.
 type SamplingParams struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	MaxTokens     int32                  `protobuf:"varint,1,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
-	Temperature   float32                `protobuf:"fixed32,2,opt,name=temperature,proto3" json:"temperature,omitempty"`
-	TopK          int32                  `protobuf:"varint,3,opt,name=top_k,json=topK,proto3" json:"top_k,omitempty"`
-	TopP          float32                `protobuf:"fixed32,4,opt,name=top_p,json=topP,proto3" json:"top_p,omitempty"`
-	Seed          *uint64                `protobuf:"varint,5,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
-	StopStrings   []string               `protobuf:"bytes,6,rep,name=stop_strings,json=stopStrings,proto3" json:"stop_strings,omitempty"`
-	StopTokens    []int32                `protobuf:"varint,7,rep,packed,name=stop_tokens,json=stopTokens,proto3" json:"stop_tokens,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	MaxTokens   int32                  `protobuf:"varint,1,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	Temperature float32                `protobuf:"fixed32,2,opt,name=temperature,proto3" json:"temperature,omitempty"`
+	TopK        int32                  `protobuf:"varint,3,opt,name=top_k,json=topK,proto3" json:"top_k,omitempty"`
+	TopP        float32                `protobuf:"fixed32,4,opt,name=top_p,json=topP,proto3" json:"top_p,omitempty"`
+	Seed        *uint64                `protobuf:"varint,5,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
+	StopStrings []string               `protobuf:"bytes,6,rep,name=stop_strings,json=stopStrings,proto3" json:"stop_strings,omitempty"`
+	StopTokens  []int32                `protobuf:"varint,7,rep,packed,name=stop_tokens,json=stopTokens,proto3" json:"stop_tokens,omitempty"`
+	// For every sampled token, also return the top_logprobs most likely tokens (0 … 20) and
+	// their log-probs under the distribution the token was drawn from: at temperature 0 the
+	// model's (temperature 1), otherwise softmax(logits / temperature) cut to top_k and top_p
+	// and renormalised, so fewer than top_logprobs when the cut leaves fewer. Ties: the lower
+	// token id first. A backend that cannot fails the sample with FAILED_PRECONDITION.
+	TopLogprobs   int32 `protobuf:"varint,8,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -501,12 +507,22 @@ func (x *SamplingParams) GetStopTokens() []int32 {
 	return nil
 }
 
+func (x *SamplingParams) GetTopLogprobs() int32 {
+	if x != nil {
+		return x.TopLogprobs
+	}
+	return 0
+}
+
 // SampledSequence is one generated continuation.
 type SampledSequence struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Tokens        []int32                `protobuf:"varint,1,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
-	Logprobs      []float32              `protobuf:"fixed32,2,rep,packed,name=logprobs,proto3" json:"logprobs,omitempty"`
-	StopReason    StopReason             `protobuf:"varint,3,opt,name=stop_reason,json=stopReason,proto3,enum=loops.v1.StopReason" json:"stop_reason,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Tokens     []int32                `protobuf:"varint,1,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	Logprobs   []float32              `protobuf:"fixed32,2,rep,packed,name=logprobs,proto3" json:"logprobs,omitempty"`
+	StopReason StopReason             `protobuf:"varint,3,opt,name=stop_reason,json=stopReason,proto3,enum=loops.v1.StopReason" json:"stop_reason,omitempty"`
+	// With SamplingParams.top_logprobs k > 0: per sampled token (length = len(tokens)), the
+	// k most likely alternatives, most likely first (see SamplingParams.top_logprobs).
+	TopLogprobs   *TopKLogprobs `protobuf:"bytes,4,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -562,8 +578,16 @@ func (x *SampledSequence) GetStopReason() StopReason {
 	return StopReason_STOP_REASON_UNSPECIFIED
 }
 
-// TopKLogprobs are the k most likely tokens at each prompt position, row-major
-// (prompt_length x k). Cells without a candidate have token id 0 and logprob -99999.
+func (x *SampledSequence) GetTopLogprobs() *TopKLogprobs {
+	if x != nil {
+		return x.TopLogprobs
+	}
+	return nil
+}
+
+// TopKLogprobs are the k most likely tokens at each position (of a prompt, or of a sampled
+// sequence), row-major (length x k). Cells without a candidate have token id 0 and logprob
+// -99999.
 type TopKLogprobs struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	K             int32                  `protobuf:"varint,1,opt,name=k,proto3" json:"k,omitempty"`
@@ -965,7 +989,7 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x05beta2\x18\x03 \x01(\x01R\x05beta2\x12\x10\n" +
 	"\x03eps\x18\x04 \x01(\x01R\x03eps\x12!\n" +
 	"\fweight_decay\x18\x05 \x01(\x01R\vweightDecay\x12$\n" +
-	"\x0egrad_clip_norm\x18\x06 \x01(\x01R\fgradClipNorm\"\xe1\x01\n" +
+	"\x0egrad_clip_norm\x18\x06 \x01(\x01R\fgradClipNorm\"\x84\x02\n" +
 	"\x0eSamplingParams\x12\x1d\n" +
 	"\n" +
 	"max_tokens\x18\x01 \x01(\x05R\tmaxTokens\x12 \n" +
@@ -975,13 +999,15 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x04seed\x18\x05 \x01(\x04H\x00R\x04seed\x88\x01\x01\x12!\n" +
 	"\fstop_strings\x18\x06 \x03(\tR\vstopStrings\x12\x1f\n" +
 	"\vstop_tokens\x18\a \x03(\x05R\n" +
-	"stopTokensB\a\n" +
-	"\x05_seed\"|\n" +
+	"stopTokens\x12!\n" +
+	"\ftop_logprobs\x18\b \x01(\x05R\vtopLogprobsB\a\n" +
+	"\x05_seed\"\xb7\x01\n" +
 	"\x0fSampledSequence\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\x12\x1a\n" +
 	"\blogprobs\x18\x02 \x03(\x02R\blogprobs\x125\n" +
 	"\vstop_reason\x18\x03 \x01(\x0e2\x14.loops.v1.StopReasonR\n" +
-	"stopReason\"m\n" +
+	"stopReason\x129\n" +
+	"\ftop_logprobs\x18\x04 \x01(\v2\x16.loops.v1.TopKLogprobsR\vtopLogprobs\"m\n" +
 	"\fTopKLogprobs\x12\f\n" +
 	"\x01k\x18\x01 \x01(\x05R\x01k\x12\x16\n" +
 	"\x06length\x18\x02 \x01(\x05R\x06length\x12\x1b\n" +
@@ -1066,19 +1092,20 @@ var file_loops_v1_types_proto_depIdxs = []int32{
 	0,  // 0: loops.v1.Tensor.dtype:type_name -> loops.v1.Dtype
 	14, // 1: loops.v1.Datum.loss_fn_inputs:type_name -> loops.v1.Datum.LossFnInputsEntry
 	1,  // 2: loops.v1.SampledSequence.stop_reason:type_name -> loops.v1.StopReason
-	15, // 3: loops.v1.DatumOutput.outputs:type_name -> loops.v1.DatumOutput.OutputsEntry
-	9,  // 4: loops.v1.ForwardBackwardResult.outputs:type_name -> loops.v1.DatumOutput
-	16, // 5: loops.v1.ForwardBackwardResult.metrics:type_name -> loops.v1.ForwardBackwardResult.MetricsEntry
-	17, // 6: loops.v1.OptimStepResult.metrics:type_name -> loops.v1.OptimStepResult.MetricsEntry
-	7,  // 7: loops.v1.SampleResult.sequences:type_name -> loops.v1.SampledSequence
-	8,  // 8: loops.v1.SampleResult.topk_prompt_logprobs:type_name -> loops.v1.TopKLogprobs
-	2,  // 9: loops.v1.Datum.LossFnInputsEntry.value:type_name -> loops.v1.Tensor
-	2,  // 10: loops.v1.DatumOutput.OutputsEntry.value:type_name -> loops.v1.Tensor
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	8,  // 3: loops.v1.SampledSequence.top_logprobs:type_name -> loops.v1.TopKLogprobs
+	15, // 4: loops.v1.DatumOutput.outputs:type_name -> loops.v1.DatumOutput.OutputsEntry
+	9,  // 5: loops.v1.ForwardBackwardResult.outputs:type_name -> loops.v1.DatumOutput
+	16, // 6: loops.v1.ForwardBackwardResult.metrics:type_name -> loops.v1.ForwardBackwardResult.MetricsEntry
+	17, // 7: loops.v1.OptimStepResult.metrics:type_name -> loops.v1.OptimStepResult.MetricsEntry
+	7,  // 8: loops.v1.SampleResult.sequences:type_name -> loops.v1.SampledSequence
+	8,  // 9: loops.v1.SampleResult.topk_prompt_logprobs:type_name -> loops.v1.TopKLogprobs
+	2,  // 10: loops.v1.Datum.LossFnInputsEntry.value:type_name -> loops.v1.Tensor
+	2,  // 11: loops.v1.DatumOutput.OutputsEntry.value:type_name -> loops.v1.Tensor
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_types_proto_init() }
