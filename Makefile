@@ -24,7 +24,7 @@ build: ## Build the loops binary into ./bin/loops
 	$(GO) build -o bin/loops ./cmd/loops
 
 .PHONY: test
-test: check test-go fuzz-ci test-e2e test-clients test-torch test-export test-sdk-matrix test-cookbook ## Everything CI runs
+test: check test-go fuzz-ci test-e2e test-failover test-clients test-torch test-export test-sdk-matrix test-cookbook ## Everything CI runs
 
 .PHONY: test-go
 test-go: weed ## The fast path: Go unit, contract and fuzz-seed tests (no Python)
@@ -56,6 +56,10 @@ check: checkgenerate lint breaking ## gofmt, go vet, buf lint, buf format, buf b
 .PHONY: test-e2e
 test-e2e: ## The end-to-end suite with the real tinker SDK (cached venv; torch for forward_backward_custom)
 	LOOPS_E2E_TORCH=1 bash tests/e2e/run.sh
+
+.PHONY: test-failover
+test-failover: ## Two loops serve on one throwaway PostgreSQL behind HAProxy; a tinker script trains through it while the leader is killed -9 (tests/failover)
+	$(GO) test -tags failover -count=1 -v -timeout 15m -run TestTinkerScriptSurvivesLeaderKill ./tests/failover/
 
 .PHONY: protodeps
 protodeps: ## Copy third-party protos from the Go module cache into .cache/protodeps

@@ -1,0 +1,10 @@
+// Package failover runs two `loops serve` gateways on one throwaway PostgreSQL database and
+// one checkpoint folder, behind a real HAProxy front, and kills the leader with SIGKILL:
+// the end-to-end check of docs/two-gateways.md (make test-failover, with a tinker SDK script
+// training through the front) and the harness of bench/failover (failover times over many
+// kills).
+//
+// The harness needs the PostgreSQL binaries (see gateway/store/postgres/pgtest), haproxy on
+// PATH (Debian's haproxy package; .ci/run installs it) and, for the tinker script, the
+// cached tinker venv (scripts/pyenv.sh).
+package failover
