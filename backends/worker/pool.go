@@ -204,13 +204,14 @@ func (b *Backend) startPooled(ctx context.Context) error {
 		defer b.wg.Done()
 		b.followRegistry()
 	}()
-	// wait for one replica of each pool
+	// wait until one replica of each pool is attached (serves its model)
 	wctx, cancel := context.WithTimeout(ctx, b.opts.StartTimeout)
 	defer cancel()
 	for {
 		ready := true
 		for i := 1; i < len(margs); i += 2 {
-			if len(reg.Members(PoolID(margs[i]))) == 0 {
+			name, _, _ := strings.Cut(margs[i], "=")
+			if !b.served(name) {
 				ready = false
 			}
 		}
@@ -219,11 +220,23 @@ func (b *Backend) startPooled(ctx context.Context) error {
 		}
 		select {
 		case <-wctx.Done():
-			return fmt.Errorf("no worker of the pools registered within %v (provider %s, registry %s)", b.opts.StartTimeout, po.Provider, url)
-		case <-reg.Changed():
-		case <-time.After(500 * time.Millisecond):
+			return fmt.Errorf("no worker of the pools registered and answered within %v (provider %s, registry %s)", b.opts.StartTimeout, po.Provider, url)
+		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// served reports whether an alive worker serves the model.
+func (b *Backend) served(name string) bool {
+	for _, w := range b.workers {
+		w.mu.Lock()
+		ok := w.alive && serves(w.caps, name)
+		w.mu.Unlock()
+		if ok {
+			return true
+		}
+	}
+	return false
 }
 
 // joinToken reads the token file, or writes a random token to one under DataDir.

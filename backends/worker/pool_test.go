@@ -13,6 +13,7 @@ import (
 	"github.com/loops-dev/loops/backends/pools/local"
 	"github.com/loops-dev/loops/backends/pools/poolstest"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
 
 // The test binary doubles as the fake worker the local provider starts.
@@ -76,3 +77,39 @@ func backendsConfig(opts map[string]string) backends.Config {
 }
 
 func testBinary() string { return os.Args[0] }
+
+// Pool mode with the real Python worker (make test-torch): it registers with --register,
+// trains, and after its process is killed the adapter answers NotFound while the new
+// incarnation registers and trains again.
+func TestPoolModeTorch(t *testing.T) {
+	needTorch(t)
+	o := testOptions(t, t.TempDir())
+	o.Python = os.Getenv("LOOPS_WORKER_PYTHON")
+	o.StartTimeout = 5 * time.Minute
+	o.Pool = &PoolOptions{Provider: "local", Replicas: 1, HeartbeatTimeout: 3 * time.Second}
+	b, err := New(t.Context(), o)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	ctx := t.Context()
+	prov, reg := b.Pools()
+	pool := PoolID("loops/tiny")
+	ms := reg.Members(pool)
+	require.Len(t, ms, 1)
+	require.NotEmpty(t, ms[0].Capabilities.GetModels(), "the worker registers its capabilities")
+	lora := &loopsv1.LoraConfig{Rank: 4, Seed: 1, TrainAttn: true}
+	_, err = b.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "a", BaseModel: "loops/tiny", Lora: lora})
+	require.NoError(t, err)
+	require.NoError(t, syscall.Kill(prov.(*local.Provider).PID(pool, 0), syscall.SIGKILL))
+	require.Eventually(t, func() bool {
+		_, err := b.Trainer().OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: "a", Adam: &loopsv1.AdamParams{LearningRate: 0.01}})
+		return connect.CodeOf(err) == connect.CodeNotFound
+	}, time.Minute, 50*time.Millisecond)
+	require.Eventually(t, func() bool {
+		now := reg.Members(pool)
+		return len(now) == 1 && now[0].Incarnation != ms[0].Incarnation
+	}, 2*time.Minute, 100*time.Millisecond)
+	require.Eventually(t, func() bool {
+		_, err := b.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "b", BaseModel: "loops/tiny", Lora: lora})
+		return err == nil
+	}, 2*time.Minute, 200*time.Millisecond)
+}

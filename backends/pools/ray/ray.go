@@ -103,8 +103,8 @@ func (p *Provider) submitRequest(spec pools.Spec) (SubmitRequest, error) {
 		SubmissionID: JobID(spec.ID),
 		RuntimeEnv:   map[string]any{"env_vars": env},
 		Metadata:     map[string]string{"loops_pool": spec.ID, "loops_role": string(spec.Role)},
-		// the driver only waits on the gateway and on Ray; the workers hold the resources
-		EntrypointNumCPUs: 0.1,
+		// no entrypoint resources: the driver then runs on the head node (Ray's default), not
+		// on a worker node whose loss would take it down with its replicas
 	}, nil
 }
 

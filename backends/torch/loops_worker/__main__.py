@@ -3,6 +3,10 @@
 Loads the models, starts the gRPC server and prints one line
 `LOOPS_WORKER_LISTENING <host:port>` on stdout when it is ready (the Go backend waits for
 it). Logs go to stderr.
+
+With --register URL --pool P --replica N --join-token-file F the worker also registers with
+the gateway's RegistryService at URL and holds its lease with heartbeats (register.py); it
+exits when the gateway tells it to drain or refuses it for good.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ def build(args):
     return engine, sampler, device, dtype
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m loops_worker", description="Loops GPU/CPU worker (loops.backend.v1 over gRPC)")
     p.add_argument("--listen", default="127.0.0.1:0", help="host:port to listen on (port 0 picks a free port)")
     p.add_argument("--model", action="append", default=[], help="base model to serve: NAME (local folder or HF id in the local cache) or NAME=PATH; repeatable")
@@ -76,7 +80,19 @@ def main(argv=None) -> int:
     p.add_argument("--vllm-max-model-len", type=int, default=0)
     p.add_argument("--vllm-enforce-eager", action="store_true")
     p.add_argument("--grpc-threads", type=int, default=64)
+    p.add_argument("--register", default="", help="gateway registry URL (http://host:port): register and heartbeat there")
+    p.add_argument("--pool", default="", help="with --register: the pool this worker is a replica of")
+    p.add_argument("--replica", type=int, default=0, help="with --register: the replica index in the pool")
+    p.add_argument("--join-token-file", default="", help="with --register: file holding the gateway's join token")
+    p.add_argument("--advertise", default="", help="with --register: host the gateway dials (default: the --listen host, or this host's address when listening on all)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
     args = p.parse_args(argv)
+    if args.register and (not args.pool or not args.join_token_file):
+        p.error("--register needs --pool and --join-token-file")
     logging.basicConfig(level=os.environ.get("LOOPS_WORKER_LOG", "INFO"), stream=sys.stderr,
                         format="%(asctime)s loops_worker %(levelname)s %(message)s")
     if not args.model:
@@ -95,6 +111,10 @@ def main(argv=None) -> int:
     logging.info("serving %s on %s (%s, %s, sampler %s)", engine.order, f"{host}:{server.bound_port}", device, dtype, sampler.name)
     print(f"LOOPS_WORKER_LISTENING {host}:{server.bound_port}", flush=True)
     done = threading.Event()
+    reg = None
+    if args.register:
+        reg = start_registration(args, engine, server.bound_port)
+        threading.Thread(target=lambda: (reg.done.wait(), done.set()), daemon=True).start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     if os.environ.get("LOOPS_WORKER_EXIT_ON_STDIN_EOF") == "1":
@@ -105,8 +125,39 @@ def main(argv=None) -> int:
                 done.set()
         threading.Thread(target=watch, daemon=True).start()
     done.wait()
+    if reg is not None:
+        reg.stop()
     server.stop(grace=2).wait()
     return 0
+
+
+def advertise_host(listen: str, advertise: str = "") -> str:
+    """The host the gateway dials: --advertise, else the --listen host, else (listening on
+    all interfaces) this host's address."""
+    if advertise:
+        return advertise
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    if host and host not in ("0.0.0.0", "::"):
+        return host
+    import socket
+
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def start_registration(args, engine, port: int, gpus: int | None = None):
+    """Registers the serving worker (register.Registration) and returns it."""
+    from .register import Registration, read_token
+
+    host = advertise_host(args.listen, args.advertise)
+    addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if gpus is None:
+        cvd = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        gpus = len([g for g in cvd.split(",") if g.strip()])
+    return Registration(args.register, args.pool, args.replica, addr, read_token(args.join_token_file),
+                        capabilities=engine.capabilities(), gpus=gpus).start()
 
 
 if __name__ == "__main__":
