@@ -414,7 +414,8 @@ class Engine:
 
         return bpb.GetCapabilitiesResponse(
             models=[self.models[n].info for n in self.order], loss_functions=list(LOSS_FUNCTIONS),
-            max_adapters=self.max_adapters, implementation=IMPLEMENTATION, saves_gradients=True)
+            max_adapters=self.max_adapters, implementation=IMPLEMENTATION, saves_gradients=True,
+            checkpoint_urls=True)
 
     def _check_lora(self, lc) -> LoraSpec:
         if lc is None:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import time
 import traceback
 from concurrent import futures
 
 import grpc
 
+from . import transfer
 from .errors import INTERNAL, WorkerError
 from .proto import bgrpc, bpb
 
@@ -62,22 +65,67 @@ class Trainer(bgrpc.TrainerServiceServicer):
         return _call(context, self.e.optim_step, request)
 
     def SaveAdapter(self, request, context):
-        return _call(context, lambda: bpb.SaveAdapterResponse(size_bytes=self.e.save_adapter(request)))
+        if not request.upload:
+            return _call(context, lambda: bpb.SaveAdapterResponse(size_bytes=self.e.save_adapter(request)))
+        return _call(context, self._save_and_upload, request)
+
+    def _save_and_upload(self, request):
+        """Saves into a folder of the worker's own and PUTs the files to the gateway's URLs."""
+        tmp = tempfile.mkdtemp(prefix="loops-save-")
+        try:
+            local = bpb.SaveAdapterRequest()
+            local.CopyFrom(request)
+            del local.upload[:]
+            local.dir = os.path.join(tmp, "adapter")
+            size = self.e.save_adapter(local)
+            files = transfer.upload(local.dir, request.upload)
+            return bpb.SaveAdapterResponse(size_bytes=size, files=files)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def LoadAdapter(self, request, context):
-        return _call(context, lambda: (self.e.load_adapter(request), bpb.LoadAdapterResponse())[1])
+        if not request.download:
+            return _call(context, lambda: (self.e.load_adapter(request), bpb.LoadAdapterResponse())[1])
+        return _call(context, self._download_and_load, request)
+
+    def _download_and_load(self, request):
+        """Downloads the files (size and SHA-256 checked) into a folder of its own and loads."""
+        tmp = tempfile.mkdtemp(prefix="loops-load-")
+        try:
+            local = bpb.LoadAdapterRequest()
+            local.CopyFrom(request)
+            del local.download[:]
+            local.dir = os.path.join(tmp, "adapter")
+            transfer.download(request.download, local.dir)
+            self.e.load_adapter(local)
+            return bpb.LoadAdapterResponse()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 class Sampler(bgrpc.SamplerServiceServicer):
-    def __init__(self, engine, sampler):
+    def __init__(self, engine, sampler, adapters: transfer.AdapterCache | None = None):
         self.e = engine
         self.s = sampler
+        self.adapters = adapters or transfer.AdapterCache(
+            os.path.join(tempfile.gettempdir(), f"loops-worker-adapters-{os.getpid()}"),
+            int(os.environ.get("LOOPS_WORKER_ADAPTER_CACHE_BYTES", str(8 << 30))))
 
     def GetCapabilities(self, request, context):
         return _call(context, self.e.capabilities)
 
     def Sample(self, request, context):
-        return _call(context, self.s.sample, request)
+        if not request.adapter_files:
+            return _call(context, self.s.sample, request)
+        return _call(context, self._sample_downloaded, request)
+
+    def _sample_downloaded(self, request):
+        """Samples with an adapter given as URLs, downloaded once per content (AdapterCache)."""
+        local = bpb.SampleRequest()
+        local.CopyFrom(request)
+        del local.adapter_files[:]
+        local.adapter_dir = self.adapters.get(request.adapter_files)
+        return self.s.sample(local)
 
 
 def serve(engine, sampler, listen: str, threads: int = 64) -> grpc.Server:
