@@ -233,7 +233,7 @@ func TestKilledLeader(t *testing.T) {
 	require.NoError(t, err)
 	defer s2.Close()
 	ev := newEvents()
-	const ttl = 600 * time.Millisecond
+	const ttl = 1500 * time.Millisecond
 	fa := &flaky{Store: s}
 	a := elector(t, fa, s2, "A", ev, ttl)
 	b := elector(t, s2, s2, "B", ev, ttl)
