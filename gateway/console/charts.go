@@ -40,7 +40,18 @@ type chartView struct {
 	SVG template.HTML
 	// Note says what was left out or why nothing is drawn.
 	Note string
+	// Legend names the lines (drawn in the caption, not over the data).
+	Legend []legendItem
 }
+
+// legendItem is one line's name and colour ("#rrggbb").
+type legendItem struct {
+	Name   string
+	Color  string
+	Dashed bool
+}
+
+func hexColor(c color.RGBA) string { return fmt.Sprintf("#%02x%02x%02x", c.R, c.G, c.B) }
 
 // series is one line of a chart.
 type series struct {
@@ -166,7 +177,6 @@ func drawChart(id, title string, o chartOptions, limit *threshold, ss ...series)
 	v := chartView{ID: id, Title: title}
 	p := plot.New()
 	p.X.Label.Text = "step"
-	p.Legend.Top = true
 	left := 0
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, s := range ss {
@@ -197,7 +207,7 @@ func drawChart(id, title string, o chartOptions, limit *threshold, ss ...series)
 		line.Width = vg.Points(1.5)
 		p.Add(line)
 		if len(ss) > 1 {
-			p.Legend.Add(s.name, line)
+			v.Legend = append(v.Legend, legendItem{Name: s.name, Color: hexColor(s.rgb)})
 		}
 		if len(xy) < 30 {
 			pts, err := plotter.NewScatter(main)
@@ -231,12 +241,19 @@ func drawChart(id, title string, o chartOptions, limit *threshold, ss ...series)
 			t.Color = red
 			t.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
 			p.Add(t)
-			p.Legend.Add(fmt.Sprintf("alert at %g", float64(*limit)), t)
+			v.Legend = append(v.Legend, legendItem{Name: fmt.Sprintf("alert at %g", float64(*limit)), Color: hexColor(red), Dashed: true})
 		}
 	}
 	if o.Log {
 		p.Y.Scale = plot.LogScale{}
-		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+		// A flat series gets a decade around it; ticks at powers of ten only when the
+		// range spans one (else the default ticks, which a log axis places fine).
+		if p.Y.Min == p.Y.Max {
+			p.Y.Min, p.Y.Max = p.Y.Min/math.Sqrt(10), p.Y.Max*math.Sqrt(10)
+		}
+		if p.Y.Max/p.Y.Min >= 10 {
+			p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+		}
 	}
 	p.Add(plotter.NewGrid())
 	c := vgsvg.New(6.4*vg.Inch, 2.4*vg.Inch)

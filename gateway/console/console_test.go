@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"html"
 	"io"
 	"net"
 	"net/http"
@@ -191,8 +192,12 @@ func TestConsoleSignInAndWorkspaces(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.NotContains(t, body, "<html")
 	require.Contains(t, body, `id="chart-tokens" data-points="3"`)
-	code, _, body = a.get("/console/checkpoint?path=" + url.QueryEscape(ck))
-	require.Equal(t, http.StatusOK, code)
+	// The run page's link to its checkpoint leads there (as a browser follows it).
+	_, _, body = a.get("/console/runs/" + run)
+	link := regexp.MustCompile(`href="(/console/checkpoint\?path=[^"]+)"`).FindStringSubmatch(body)
+	require.NotNil(t, link, body)
+	code, _, body = a.get(html.UnescapeString(link[1]))
+	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, ck)
 	for _, p := range []string{"/console/sessions", "/console/usage", "/console/usage?range=7d", "/console/limits"} {
 		code, _, body = a.get(p)

@@ -127,14 +127,13 @@ func TestCharts(t *testing.T) {
 	require.Equal(t, 3, loss.Points) // cross_entropy 2 and 1, ppo -0.5; the NaN left out
 	require.Equal(t, "1 NaN or infinite values not drawn", loss.Note)
 	require.Contains(t, string(loss.SVG), "<svg")
-	require.Contains(t, string(loss.SVG), "cross_entropy") // a legend per loss function
-	require.Contains(t, string(loss.SVG), "ppo")
+	require.Equal(t, []legendItem{{Name: "cross_entropy", Color: "#1f77b4"}, {Name: "ppo", Color: "#e67e22"}}, loss.Legend) // a line per loss function
 	require.NotContains(t, string(loss.SVG), "<?xml")
 	tokens := chartByID(t, cs, "tokens")
 	require.Equal(t, 3, tokens.Points) // steps 1, 2, 3 (the merged record's step)
 	kl := chartByID(t, cs, "kl")
 	require.Equal(t, 2, kl.Points)
-	require.Contains(t, string(kl.SVG), "alert at 0.01")
+	require.Contains(t, kl.Legend, legendItem{Name: "alert at 0.01", Color: "#c0392b", Dashed: true})
 	require.Equal(t, 1, chartByID(t, cs, "zero_adv").Points)
 
 	// Log scale: non-positive values cannot be drawn and are counted as left out.
@@ -143,6 +142,10 @@ func TestCharts(t *testing.T) {
 	require.Equal(t, 2, loss.Points)
 	require.Equal(t, "2 non-positive, NaN or infinite values not drawn", loss.Note)
 	require.Contains(t, string(loss.SVG), "<svg")
+	// A flat series on a log scale still gets an axis around it.
+	tokens = chartByID(t, cs, "tokens")
+	require.Equal(t, 3, tokens.Points)
+	require.Contains(t, string(tokens.SVG), "<svg")
 }
 
 func TestPerStep(t *testing.T) {
