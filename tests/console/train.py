@@ -1,0 +1,67 @@
+"""A small tinker script for the console's browser test (tests/console).
+
+Trains loops/tiny through the public tinker SDK: each step one supervised
+forward_backward (cross_entropy), one RL forward_backward (importance_sampling, with
+sampler logprobs deliberately far from the trainer's, so the run page shows the KL alert)
+and one optim_step; it saves a training checkpoint after step 2 and at the end, and a
+sampler checkpoint at the end. Usage: train.py STEPS SECONDS_BETWEEN_STEPS.
+TINKER_BASE_URL and TINKER_API_KEY say where and as whom.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import tinker
+from tinker import types
+
+TIMEOUT = 120
+
+
+def datum(text: str) -> types.Datum:
+    ids = list(text.encode("utf-8"))  # loops/tiny's tokenizer is byte-level
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(ids[:-1]),
+        loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)},
+    )
+
+
+def rl_datum(text: str, advantage: float) -> types.Datum:
+    ids = list(text.encode("utf-8"))
+    n = len(ids) - 1
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(ids[:-1]),
+        loss_fn_inputs={
+            "target_tokens": ids[1:],
+            "logprobs": [-1.0] * n,  # not the trainer's: kl_sample_train is large
+            "advantages": [advantage] * n,
+        },
+    )
+
+
+def main() -> None:
+    steps, pause = int(sys.argv[1]), float(sys.argv[2])
+    service = tinker.ServiceClient()
+    tc = service.create_lora_training_client(base_model="loops/tiny", rank=4).result(timeout=TIMEOUT)
+    print("run", tc.model_id, flush=True)
+    batch = [datum("The quick brown fox jumps over the lazy dog."), datum("A stitch in time saves nine.")]
+    rl = [rl_datum("two plus two is four", 1.0), rl_datum("two plus two is five", -1.0)]
+    for step in range(1, steps + 1):
+        fb = tc.forward_backward(batch, "cross_entropy")
+        fb_rl = tc.forward_backward(rl, "importance_sampling")
+        opt = tc.optim_step(types.AdamParams(learning_rate=2e-3))
+        loss = fb.result(timeout=TIMEOUT).metrics["loss:sum"]
+        fb_rl.result(timeout=TIMEOUT)
+        opt.result(timeout=TIMEOUT)
+        print(f"step {step} loss {loss:.4f}", flush=True)
+        if step == 2:
+            print("saved", tc.save_state("ck-early").result(timeout=TIMEOUT).path, flush=True)
+        time.sleep(pause)
+    print("saved", tc.save_state("ck-final").result(timeout=TIMEOUT).path, flush=True)
+    print("saved", tc.save_weights_for_sampler("sampler-final").result(timeout=TIMEOUT).path, flush=True)
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
