@@ -83,7 +83,7 @@ func startMember(t *testing.T, dbURL string, cks ckstore.Store, keys *auth.Keys)
 	srv, err := gateway.New(t.Context(), kl, gateway.Config{
 		DataDir: t.TempDir(), Store: st, Keys: keys,
 		Core: core.Options{CheckpointStore: cks, PageTokenKey: []byte("a key both gateways share 0123456789")},
-		Lease: &gateway.LeaseConfig{Store: ls, Address: m.url, TTL: time.Second, RetryEvery: 50 * time.Millisecond,
+		Lease: &gateway.LeaseConfig{Store: ls, Address: m.url, TTL: 2 * time.Second, RetryEvery: 50 * time.Millisecond,
 			OnLost: func(err error) { m.lost <- err }},
 	})
 	require.NoError(t, err)
