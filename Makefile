@@ -24,7 +24,7 @@ build: ## Build the loops binary into ./bin/loops
 	$(GO) build -o bin/loops ./cmd/loops
 
 .PHONY: test
-test: check test-go fuzz-ci test-e2e test-failover test-clients test-torch test-export test-sdk-matrix test-cookbook ## Everything CI runs
+test: check test-go fuzz-ci test-e2e test-console test-failover test-clients test-torch test-export test-sdk-matrix test-cookbook ## Everything CI runs
 
 .PHONY: test-go
 test-go: weed ## The fast path: Go unit, contract and fuzz-seed tests (no Python)
@@ -56,6 +56,11 @@ check: checkgenerate lint breaking ## gofmt, go vet, buf lint, buf format, buf b
 .PHONY: test-e2e
 test-e2e: ## The end-to-end suite with the real tinker SDK (cached venv; torch for forward_backward_custom)
 	LOOPS_E2E_TORCH=1 bash tests/e2e/run.sh
+
+.PHONY: test-console
+test-console: ## The web console in a real browser (Debian's chromium, headless, via chromedp) while a tinker script trains; prints where its screenshots are
+	$(GO) vet -tags console ./tests/console/
+	bash tests/console/run.sh
 
 .PHONY: test-failover
 test-failover: ## Two loops serve on one throwaway PostgreSQL behind HAProxy; a tinker script trains through it while the leader is killed -9 (tests/failover)
