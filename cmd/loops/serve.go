@@ -162,6 +162,9 @@ func runServe(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	leaseCfg, closeLease, err := f.lease.open(ctx, f.db.url, ln.Addr(), f.db.connectTimeout, log)
+	if leaseCfg != nil && f.checkpointStore == "" {
+		log.Warn("the leader lease is on but checkpoints go to this gateway's --data-dir: a standby that takes over will not have them; set --checkpoint-store to a bucket or a folder every gateway reaches")
+	}
 	if err != nil {
 		_ = ln.Close()
 		_ = st.Close()
