@@ -61,8 +61,8 @@ type sampleJob struct {
 	// deployment is the deployment sampled ("<owner>:<name>", "" for none), which usage is
 	// also kept under.
 	deployment string
-	req     *backendv1.SampleRequest
-	cost    int // tokens: prompt + max_tokens × num_samples
+	req        *backendv1.SampleRequest
+	cost       int // tokens: prompt + max_tokens × num_samples
 	// sink, when set, receives the tokens while they are decoded (SampleStream).
 	sink tokenstream.Sink
 }

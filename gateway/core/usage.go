@@ -140,9 +140,9 @@ func (s UsageService) GetUsage(ctx context.Context, req *loopsv1.GetUsageRequest
 	out := &loopsv1.GetUsageResponse{Buckets: make([]*loopsv1.UsageBucket, 0, len(recs))}
 	for _, r := range recs {
 		out.Buckets = append(out.Buckets, &loopsv1.UsageBucket{
-			StartTime: timestamppb.New(r.BucketStart),
-			EndTime:   timestamppb.New(r.BucketStart.Add(usageBucket)),
-			BaseModel: r.BaseModel,
+			StartTime:  timestamppb.New(r.BucketStart),
+			EndTime:    timestamppb.New(r.BucketStart.Add(usageBucket)),
+			BaseModel:  r.BaseModel,
 			SessionId:  r.SessionID,
 			Kind:       usageKinds[r.Kind],
 			Amount:     r.Amount,

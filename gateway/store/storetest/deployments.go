@@ -17,7 +17,9 @@ func deployment(name string, created time.Duration, grants ...string) *loopsv1.D
 	}
 }
 
-func pin(run, id string) store.CheckpointRef { return store.CheckpointRef{RunID: run, CheckpointID: id} }
+func pin(run, id string) store.CheckpointRef {
+	return store.CheckpointRef{RunID: run, CheckpointID: id}
+}
 
 // testDeployments: put, get, list, replace (pins and grants replaced with the record), delete
 // (pins and grants go with it), scoped to the workspace.
