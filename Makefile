@@ -24,7 +24,7 @@ build: ## Build the loops binary into ./bin/loops
 	$(GO) build -o bin/loops ./cmd/loops
 
 .PHONY: test
-test: check test-go fuzz-ci test-e2e test-console test-failover test-clients test-torch test-export test-sdk-matrix test-cookbook ## Everything CI runs
+test: check test-go fuzz-ci test-e2e test-console test-failover test-clients test-torch test-export test-sdk-matrix test-cookbook test-recipes ## Everything CI runs
 
 .PHONY: test-go
 test-go: weed ## The fast path: Go unit, contract and fuzz-seed tests (no Python)
@@ -133,3 +133,7 @@ test-sdk-matrix: ## Real tinker SDK releases (0.18.2, 0.24.1, 0.30.4, 0.38.0) ×
 .PHONY: test-cookbook
 test-cookbook: ## tinker-cookbook 0.6.1 recipes (chat_sl, math_rl sync/async/stream × IS/PPO/CISPO) unmodified against loops serve
 	bash tests/cookbook/run.sh
+
+.PHONY: test-recipes
+test-recipes: ## Our cookbook (cookbook/) on loops/tiny: learning shown (SFT, RL sync/async, DPO), agent recipes with real sandboxes, loops cookbook check/run
+	bash tests/recipes/run.sh
