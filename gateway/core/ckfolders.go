@@ -461,7 +461,7 @@ func parseKey(key string) (ws, runID string, kind loopsv1.CheckpointKind, name s
 	}
 	name, g, found := strings.Cut(parts[3], "@")
 	gen, err := strconv.ParseInt(g, 10, 64)
-	if !found || err != nil {
+	if !found || err != nil || strconv.FormatInt(gen, 10) != g { // only the spelling genEntry writes
 		return "", "", 0, "", 0, false
 	}
 	return parts[0], parts[1], kind, name, gen, true
