@@ -6,6 +6,7 @@ import (
 	"html/template"
 	"image/color"
 	"math"
+	"strconv"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -244,11 +245,24 @@ func drawChart(id, title string, o chartOptions, limit *threshold, ss ...series)
 			v.Legend = append(v.Legend, legendItem{Name: fmt.Sprintf("alert at %g", float64(*limit)), Color: hexColor(red), Dashed: true})
 		}
 	}
+	p.X.Tick.Marker = stepTicks{}
+	if !o.Log && flat(p.Y.Min, p.Y.Max) {
+		p.Y.Min, p.Y.Max = p.Y.Min-1, p.Y.Max+1 // as gonum pads an exactly flat range
+	}
+	if !o.Log && p.Y.Min >= 0 {
+		// Tokens, seconds, shares and most losses are counts from zero: start the axis there
+		// (gonum pads a flat series by ±1, which would show negative seconds).
+		p.Y.Min = 0
+		if p.Y.Max <= 0 {
+			p.Y.Max = 1
+		}
+		p.Y.Max *= 1.05 // headroom: the largest value is not drawn on the frame
+	}
 	if o.Log {
 		p.Y.Scale = plot.LogScale{}
 		// A flat series gets a decade around it; ticks at powers of ten only when the
 		// range spans one (else the default ticks, which a log axis places fine).
-		if p.Y.Min == p.Y.Max {
+		if flat(p.Y.Min, p.Y.Max) {
 			p.Y.Min, p.Y.Max = p.Y.Min/math.Sqrt(10), p.Y.Max*math.Sqrt(10)
 		}
 		if p.Y.Max/p.Y.Min >= 10 {
@@ -270,3 +284,26 @@ func drawChart(id, title string, o chartOptions, limit *threshold, ss ...series)
 	v.SVG = template.HTML(svg) // drawn here from numbers and our own labels
 	return v
 }
+
+// stepTicks are the default ticks at whole steps only (a run's first steps would get
+// ticks at 0.5 and 1.5).
+type stepTicks struct{}
+
+// Ticks implements plot.Ticker.
+func (stepTicks) Ticks(lo, hi float64) []plot.Tick {
+	all := plot.DefaultTicks{}.Ticks(lo, hi)
+	out := make([]plot.Tick, 0, len(all))
+	for _, t := range all {
+		if t.Value == math.Trunc(t.Value) {
+			if t.Label != "" {
+				t.Label = strconv.FormatFloat(t.Value, 'f', -1, 64)
+			}
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// flat reports whether a range is a single value up to rounding (the EMA of a constant
+// series differs from it in the last bits), which an axis cannot span.
+func flat(lo, hi float64) bool { return hi-lo <= 1e-9*max(math.Abs(lo), math.Abs(hi)) }

@@ -2,6 +2,8 @@ package console
 
 import (
 	"math"
+	"regexp"
+	"strconv"
 	"testing"
 	"time"
 
@@ -148,10 +150,44 @@ func TestCharts(t *testing.T) {
 	require.Contains(t, string(tokens.SVG), "<svg")
 }
 
+// TestFlatSeriesDrawn: a constant series (exactly, or smoothed to within rounding) is drawn
+// inside the plot on every scale: its line's y is strictly between the axis ends.
+func TestFlatSeriesDrawn(t *testing.T) {
+	flatXY := plotter.XYs{{X: 1, Y: 108}, {X: 2, Y: 108}, {X: 3, Y: 108}, {X: 4, Y: 108}, {X: 5, Y: 108}}
+	line := regexp.MustCompile(`<path d="M([\d.]+),([\d.]+)L[^"]*" style="fill:none;stroke:#1F77B4;stroke-width:1.5"`)
+	for _, o := range []chartOptions{{}, {Log: true}, {EMA: true}, {EMA: true, Log: true}} {
+		v := drawChart("x", "x", o, nil, series{"a", flatXY, blue})
+		m := line.FindStringSubmatch(string(v.SVG))
+		require.NotNil(t, m, "%+v: no line drawn", o)
+		y, err := strconv.ParseFloat(m[2], 64)
+		require.NoError(t, err)
+		require.Greater(t, y, 40.0, "%+v", o) // above the x axis
+		require.Less(t, y, 170.0, "%+v", o)   // below the top
+	}
+	require.True(t, flat(108, 108+1e-12))
+	require.False(t, flat(0.001, 0.002))
+}
+
 func TestPerStep(t *testing.T) {
 	var p perStep
 	p.add(2, 1)
 	p.add(1, 3)
 	p.add(2, 4)
 	require.Equal(t, plotter.XYs{{X: 2, Y: 5}, {X: 1, Y: 3}}, p.xys())
+}
+
+func TestStepTicks(t *testing.T) {
+	for _, tk := range (stepTicks{}).Ticks(0.5, 1.5) {
+		require.Equal(t, math.Trunc(tk.Value), tk.Value)
+		if tk.Label != "" {
+			require.Equal(t, "1", tk.Label)
+		}
+	}
+	labels := []string{}
+	for _, tk := range (stepTicks{}).Ticks(0, 100) {
+		if tk.Label != "" {
+			labels = append(labels, tk.Label)
+		}
+	}
+	require.Equal(t, []string{"0", "50", "100"}, labels) // gonum's default ticks, whole already
 }
