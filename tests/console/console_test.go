@@ -247,7 +247,10 @@ func TestConsoleInBrowser(t *testing.T) {
 	// Usage, sessions and limits.
 	run("usage", chromedp.Navigate(base+"/console/usage"), chromedp.WaitVisible("#usage-totals", chromedp.ByID), chromedp.Text("#usage-totals", &msg, chromedp.ByID), sh.shot("usage"))
 	require.Contains(t, msg, "training_tokens")
-	run("sessions", chromedp.Navigate(base+"/console/sessions"), chromedp.WaitVisible(`a[href="/console/runs/`+runID+`"]`, chromedp.ByQuery), sh.shot("sessions"))
+	require.Contains(t, msg, "sampling_sample_tokens")
+	run("sessions", chromedp.Navigate(base+"/console/sessions"), chromedp.WaitVisible(`a[href="/console/runs/`+runID+`"]`, chromedp.ByQuery),
+		chromedp.OuterHTML("main", &html, chromedp.ByQuery), sh.shot("sessions"))
+	require.Contains(t, html, runID+"/sampler_weights/sampler-final") // the sampler train.py sampled from
 	run("limits", chromedp.Navigate(base+"/console/limits"), chromedp.WaitVisible("#limits", chromedp.ByID), sh.shot("limits"))
 
 	// Bob: none of Alice's runs, not even by its address.

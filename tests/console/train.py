@@ -4,7 +4,7 @@ Trains loops/tiny through the public tinker SDK: each step one supervised
 forward_backward (cross_entropy), one RL forward_backward (importance_sampling, with
 sampler logprobs deliberately far from the trainer's, so the run page shows the KL alert)
 and one optim_step; it saves a training checkpoint after step 2 and at the end, and a
-sampler checkpoint at the end. Usage: train.py STEPS SECONDS_BETWEEN_STEPS.
+sampler checkpoint at the end, which it samples from once. Usage: train.py STEPS SECONDS_BETWEEN_STEPS.
 TINKER_BASE_URL and TINKER_API_KEY say where and as whom.
 """
 
@@ -59,7 +59,15 @@ def main() -> None:
             print("saved", tc.save_state("ck-early").result(timeout=TIMEOUT).path, flush=True)
         time.sleep(pause)
     print("saved", tc.save_state("ck-final").result(timeout=TIMEOUT).path, flush=True)
-    print("saved", tc.save_weights_for_sampler("sampler-final").result(timeout=TIMEOUT).path, flush=True)
+    sampler_path = tc.save_weights_for_sampler("sampler-final").result(timeout=TIMEOUT).path
+    print("saved", sampler_path, flush=True)
+    sc = service.create_sampling_client(model_path=sampler_path)
+    out = sc.sample(
+        prompt=types.ModelInput.from_ints(list(b"two plus two is")),
+        num_samples=1,
+        sampling_params=types.SamplingParams(max_tokens=8, temperature=1.0),
+    ).result(timeout=TIMEOUT)
+    print("sampled", len(out.sequences[0].tokens), "tokens", flush=True)
     print("done", flush=True)
 
 
