@@ -377,6 +377,14 @@ func (f *fakeCore) SetCheckpointTTL(_ context.Context, r *loopsv1.SetCheckpointT
 	return c, nil
 }
 
+// GetCheckpointExportURL is not used by the Tinker routes.
+func (f *fakeCore) GetCheckpointExportURL(_ context.Context, r *loopsv1.GetCheckpointExportURLRequest) (*loopsv1.GetCheckpointExportURLResponse, error) {
+	if err := f.enter("GetCheckpointExportURL", r); err != nil {
+		return nil, err
+	}
+	return nil, connect.NewError(connect.CodeUnimplemented, fmt.Errorf("not used by the Tinker routes"))
+}
+
 func (f *fakeCore) GetCheckpointArchiveURL(_ context.Context, r *loopsv1.GetCheckpointArchiveURLRequest) (*loopsv1.GetCheckpointArchiveURLResponse, error) {
 	if err := f.enter("GetCheckpointArchiveURL", r); err != nil {
 		return nil, err

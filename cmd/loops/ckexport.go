@@ -67,7 +67,7 @@ func checkpointsExportCmd(cf *clientFlags) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("export of %s into %s: %w", args[0], out, err)
 			}
-			fmt.Printf("wrote %d files (%d bytes) to %s\n", files, bytes, out)
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote %d files (%d bytes) to %s\n", files, bytes, out)
 			return nil
 		},
 	}

@@ -71,7 +71,7 @@ func checkpointsImportCmd(cf *clientFlags) *cobra.Command {
 			if err := protojson.Unmarshal(b, &ck); err != nil {
 				return fmt.Errorf("import answered %q: %w", b, err)
 			}
-			fmt.Printf("imported %s (base model %s, rank %d, %d bytes)\n", ck.GetTinkerPath(), ck.GetBaseModel(), ck.GetLora().GetRank(), ck.GetSizeBytes())
+			fmt.Fprintf(cmd.OutOrStdout(), "imported %s (base model %s, rank %d, %d bytes)\n", ck.GetTinkerPath(), ck.GetBaseModel(), ck.GetLora().GetRank(), ck.GetSizeBytes())
 			return nil
 		},
 	}

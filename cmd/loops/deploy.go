@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strings"
 	"text/tabwriter"
 
@@ -43,7 +42,7 @@ func deployCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printDeployment(os.Stdout, d)
+			return printDeployment(cmd.OutOrStdout(), d)
 		},
 	}
 	create.Flags().StringVar(&name, "name", "", "deployment name (letters, digits, '_', '-', '.')")
@@ -61,7 +60,7 @@ func deployCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printDeployments(os.Stdout, resp.GetDeployments())
+			return printDeployments(cmd.OutOrStdout(), resp.GetDeployments())
 		},
 	}
 
@@ -78,7 +77,7 @@ func deployCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printDeployment(os.Stdout, d)
+			return printDeployment(cmd.OutOrStdout(), d)
 		},
 	}
 
@@ -90,7 +89,7 @@ func deployCmd() *cobra.Command {
 			if _, err := client().DeleteDeployment(cmd.Context(), &loopsv1.DeleteDeploymentRequest{Name: args[0]}); err != nil {
 				return err
 			}
-			fmt.Printf("deleted deployment %s\n", args[0])
+			fmt.Fprintf(cmd.OutOrStdout(), "deleted deployment %s\n", args[0])
 			return nil
 		},
 	}
@@ -104,7 +103,7 @@ func deployCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printDeployment(os.Stdout, d)
+			return printDeployment(cmd.OutOrStdout(), d)
 		},
 	}
 	revoke := &cobra.Command{
@@ -116,7 +115,7 @@ func deployCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printDeployment(os.Stdout, d)
+			return printDeployment(cmd.OutOrStdout(), d)
 		},
 	}
 	cmd.AddCommand(create, list, show, del, grant, revoke)
