@@ -807,6 +807,9 @@ type StepMetrics struct {
 	GradNorm *float64 `protobuf:"fixed64,17,opt,name=grad_norm,json=gradNorm,proto3,oneof" json:"grad_norm,omitempty"`
 	// The training run.
 	TrainingRunId string `protobuf:"bytes,18,opt,name=training_run_id,json=trainingRunId,proto3" json:"training_run_id,omitempty"`
+	// optim_step: the norm of the update the step applied to the adapter's weights,
+	// ‖W_after − W_before‖ over all its parameters, when the backend reports it.
+	UpdateNorm    *float64 `protobuf:"fixed64,19,opt,name=update_norm,json=updateNorm,proto3,oneof" json:"update_norm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -965,6 +968,13 @@ func (x *StepMetrics) GetTrainingRunId() string {
 		return x.TrainingRunId
 	}
 	return ""
+}
+
+func (x *StepMetrics) GetUpdateNorm() float64 {
+	if x != nil && x.UpdateNorm != nil {
+		return *x.UpdateNorm
+	}
+	return 0
 }
 
 // RLStepMetrics are computed over the sampled tokens of an RL forward_backward: the
@@ -3050,7 +3060,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\n" +
 	"max_points\x18\x04 \x01(\x05R\tmaxPoints\"L\n" +
 	"\x1dGetTrainingRunMetricsResponse\x12+\n" +
-	"\x05steps\x18\x01 \x03(\v2\x15.loops.v1.StepMetricsR\x05steps\"\xf4\x04\n" +
+	"\x05steps\x18\x01 \x03(\v2\x15.loops.v1.StepMetricsR\x05steps\"\xaa\x05\n" +
 	"\vStepMetrics\x12+\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x17.loops.v1.OperationKindR\x04kind\x12\x15\n" +
 	"\x06seq_id\x18\x02 \x01(\x03R\x05seqId\x12\x1e\n" +
@@ -3071,10 +3081,13 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x02rl\x18\x0f \x01(\v2\x17.loops.v1.RLStepMetricsR\x02rl\x12(\n" +
 	"\rlearning_rate\x18\x10 \x01(\x01H\x00R\flearningRate\x88\x01\x01\x12 \n" +
 	"\tgrad_norm\x18\x11 \x01(\x01H\x01R\bgradNorm\x88\x01\x01\x12&\n" +
-	"\x0ftraining_run_id\x18\x12 \x01(\tR\rtrainingRunIdB\x10\n" +
+	"\x0ftraining_run_id\x18\x12 \x01(\tR\rtrainingRunId\x12$\n" +
+	"\vupdate_norm\x18\x13 \x01(\x01H\x02R\n" +
+	"updateNorm\x88\x01\x01B\x10\n" +
 	"\x0e_learning_rateB\f\n" +
 	"\n" +
-	"_grad_norm\"\xb7\x03\n" +
+	"_grad_normB\x0e\n" +
+	"\f_update_norm\"\xb7\x03\n" +
 	"\rRLStepMetrics\x12\x16\n" +
 	"\x06tokens\x18\x01 \x01(\x03R\x06tokens\x12+\n" +
 	"\x12kl_sample_train_k1\x18\x02 \x01(\x01R\x0fklSampleTrainK1\x12+\n" +

@@ -151,7 +151,7 @@ class GetTrainingRunMetricsResponse(_message.Message):
     def __init__(self, steps: _Optional[_Iterable[_Union[StepMetrics, _Mapping]]] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("kind", "seq_id", "last_seq_id", "step", "last_step", "count", "time", "backend_seconds", "loss_fn", "loss_sum", "loss_mean", "tokens", "loss_tokens", "examples", "rl", "learning_rate", "grad_norm", "training_run_id")
+    __slots__ = ("kind", "seq_id", "last_seq_id", "step", "last_step", "count", "time", "backend_seconds", "loss_fn", "loss_sum", "loss_mean", "tokens", "loss_tokens", "examples", "rl", "learning_rate", "grad_norm", "training_run_id", "update_norm")
     KIND_FIELD_NUMBER: _ClassVar[int]
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_ID_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +170,7 @@ class StepMetrics(_message.Message):
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
     GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
     TRAINING_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_NORM_FIELD_NUMBER: _ClassVar[int]
     kind: _operations_pb2.OperationKind
     seq_id: int
     last_seq_id: int
@@ -188,7 +189,8 @@ class StepMetrics(_message.Message):
     learning_rate: float
     grad_norm: float
     training_run_id: str
-    def __init__(self, kind: _Optional[_Union[_operations_pb2.OperationKind, str]] = ..., seq_id: _Optional[int] = ..., last_seq_id: _Optional[int] = ..., step: _Optional[int] = ..., last_step: _Optional[int] = ..., count: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., backend_seconds: _Optional[float] = ..., loss_fn: _Optional[str] = ..., loss_sum: _Optional[float] = ..., loss_mean: _Optional[float] = ..., tokens: _Optional[int] = ..., loss_tokens: _Optional[int] = ..., examples: _Optional[int] = ..., rl: _Optional[_Union[RLStepMetrics, _Mapping]] = ..., learning_rate: _Optional[float] = ..., grad_norm: _Optional[float] = ..., training_run_id: _Optional[str] = ...) -> None: ...
+    update_norm: float
+    def __init__(self, kind: _Optional[_Union[_operations_pb2.OperationKind, str]] = ..., seq_id: _Optional[int] = ..., last_seq_id: _Optional[int] = ..., step: _Optional[int] = ..., last_step: _Optional[int] = ..., count: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., backend_seconds: _Optional[float] = ..., loss_fn: _Optional[str] = ..., loss_sum: _Optional[float] = ..., loss_mean: _Optional[float] = ..., tokens: _Optional[int] = ..., loss_tokens: _Optional[int] = ..., examples: _Optional[int] = ..., rl: _Optional[_Union[RLStepMetrics, _Mapping]] = ..., learning_rate: _Optional[float] = ..., grad_norm: _Optional[float] = ..., training_run_id: _Optional[str] = ..., update_norm: _Optional[float] = ...) -> None: ...
 
 class RLStepMetrics(_message.Message):
     __slots__ = ("tokens", "kl_sample_train_k1", "kl_sample_train_k3", "ratio_mean", "ratio_std", "ratio_min", "ratio_max", "advantage_mean", "advantage_std", "zero_advantage_fraction", "clip_fraction")
