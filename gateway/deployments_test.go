@@ -152,6 +152,15 @@ func TestDeployments(t *testing.T) {
 		require.Equal(t, 200, st, "%v", got)
 		require.Equal(t, completionText(t, want), completionText(t, got))
 	}
+	// GET /models lists the deployment's model strings.
+	mreq, _ := http.NewRequestWithContext(ctx, "GET", url+"/oai/api/v1/models", nil)
+	mreq.Header.Set("Authorization", "Bearer "+keyA)
+	mresp, err := http.DefaultClient.Do(mreq)
+	require.NoError(t, err)
+	mb, _ := io.ReadAll(mresp.Body)
+	mresp.Body.Close()
+	require.Contains(t, string(mb), `"id":"dep/c1"`)
+	require.Contains(t, string(mb), `"id":"dep/c2"`)
 	st, body := oai(t, url, keyA, "dep")
 	require.Equal(t, 400, st)
 	require.Contains(t, errMessage(body), "dep/c1")

@@ -325,6 +325,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		Operations:  svc.Operations,
 		Models:      svc.Models,
 		Checkpoints: svc.Checkpoints,
+		Deployments: svc.Deployments,
 	}, openai.Options{
 		MaxBodyBytes:         s.cfg.Limits.MaxBodyBytes,
 		MaxSamplesPerRequest: s.cfg.Core.MaxSamplesPerRequest,

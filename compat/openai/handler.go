@@ -30,6 +30,9 @@ type Services struct {
 	Operations  loopsv1connect.OperationServiceHandler
 	Models      loopsv1connect.ModelServiceHandler
 	Checkpoints loopsv1connect.CheckpointServiceHandler
+	// Deployments, when set, adds the workspace's deployments (and those shared with it) to
+	// GET /models.
+	Deployments loopsv1connect.DeploymentServiceHandler
 }
 
 // Options tune the OpenAI surface. The zero value gives the defaults noted per field.

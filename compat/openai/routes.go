@@ -232,6 +232,17 @@ func (s *server) listModels(w http.ResponseWriter, r *http.Request) error {
 		}
 		out.Data = append(out.Data, model{ID: ck.GetTinkerPath(), Object: "model", Created: ck.GetCreateTime().GetSeconds(), OwnedBy: "workspace"})
 	}
+	if s.svc.Deployments != nil {
+		deps, err := s.svc.Deployments.ListDeployments(r.Context(), &loopsv1.ListDeploymentsRequest{})
+		if err != nil {
+			return err
+		}
+		for _, d := range deps.GetDeployments() {
+			for _, m := range d.GetModels() {
+				out.Data = append(out.Data, model{ID: m, Object: "model", Created: d.GetCreateTime().GetSeconds(), OwnedBy: d.GetOwner()})
+			}
+		}
+	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
 }
