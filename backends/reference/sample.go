@@ -108,6 +108,8 @@ func (e *Engine) sample(ctx context.Context, req *backendv1.SampleRequest, sink 
 		return nil, invalid("temperature must be >= 0 (0 is greedy), got %g", p.Temperature)
 	case !(p.TopP >= 0 && p.TopP <= 1):
 		return nil, invalid("top_p must be in (0, 1] (1 means no limit), got %g", p.TopP)
+	case p.TopLogprobs < 0 || p.TopLogprobs > semantics.MaxTopLogprobs:
+		return nil, invalid("top_logprobs must be between 0 and %d, got %d", semantics.MaxTopLogprobs, p.TopLogprobs)
 	case req.TopkPromptLogprobs < 0 || req.TopkPromptLogprobs > MaxTopKPromptLogprobs:
 		return nil, invalid("topk_prompt_logprobs must be between 0 and %d, got %d", MaxTopKPromptLogprobs, req.TopkPromptLogprobs)
 	}
@@ -117,7 +119,7 @@ func (e *Engine) sample(ctx context.Context, req *backendv1.SampleRequest, sink 
 		}
 	}
 	sp := nn.SampleParams{MaxTokens: int(p.MaxTokens), Temperature: float64(p.Temperature), TopK: int(p.TopK),
-		TopP: float64(p.TopP), Seed: p.Seed, EOS: bm.eos}
+		TopP: float64(p.TopP), Seed: p.Seed, EOS: bm.eos, TopLogprobs: int(p.TopLogprobs)}
 	if sp.TopP == 0 {
 		sp.TopP = 1
 	}
@@ -147,8 +149,12 @@ func (e *Engine) sample(ctx context.Context, req *backendv1.SampleRequest, sink 
 		ctx, cancel = tokenstream.CancelOnGone(ctx, sink)
 		defer cancel()
 		gone := sink.Gone()
-		g.OnToken = func(seq, tok int, lp float64) {
-			sink.Token(seq, int32(tok), float32(lp))
+		g.OnToken = func(seq, tok int, lp float64, top []nn.TopEntry) {
+			var alts []tokenstream.Alt
+			for _, e := range top {
+				alts = append(alts, tokenstream.Alt{ID: int32(e.Token), Logprob: float32(e.LogProb)})
+			}
+			sink.Token(seq, int32(tok), float32(lp), alts)
 			select {
 			case <-gone: // seen on the decoding goroutine: dropped at the next boundary
 				cancel()
@@ -173,6 +179,9 @@ func (e *Engine) sample(ctx context.Context, req *backendv1.SampleRequest, sink 
 			out.Tokens = append(out.Tokens, int32(t))
 			out.Logprobs = append(out.Logprobs, float32(s.LogProbs[i]))
 		}
+		if k := int(p.TopLogprobs); k > 0 {
+			out.TopLogprobs = topKOf(s.Top, k)
+		}
 		res.Sequences = append(res.Sequences, out)
 	}
 	if scores != nil && req.PromptLogprobs {
@@ -181,18 +190,24 @@ func (e *Engine) sample(ctx context.Context, req *backendv1.SampleRequest, sink 
 		}
 	}
 	if scores != nil && k > 0 {
-		tk := &loopsv1.TopKLogprobs{K: int32(k), Length: int32(len(prompt)),
-			TokenIds: make([]int32, len(prompt)*k), Logprobs: make([]float32, len(prompt)*k)}
-		for i := range tk.Logprobs {
-			tk.Logprobs[i] = -99999
-		}
-		for r, row := range scores.TopK {
-			for c, ent := range row {
-				tk.TokenIds[r*k+c] = int32(ent.Token)
-				tk.Logprobs[r*k+c] = float32(ent.LogProb)
-			}
-		}
-		res.TopkPromptLogprobs = tk
+		res.TopkPromptLogprobs = topKOf(scores.TopK, k)
 	}
 	return &backendv1.SampleResponse{Result: res}, nil
+}
+
+// topKOf lays rows of at most k entries out as TopKLogprobs (cells without a candidate:
+// token 0, log-prob -99999).
+func topKOf(rows [][]nn.TopEntry, k int) *loopsv1.TopKLogprobs {
+	tk := &loopsv1.TopKLogprobs{K: int32(k), Length: int32(len(rows)),
+		TokenIds: make([]int32, len(rows)*k), Logprobs: make([]float32, len(rows)*k)}
+	for i := range tk.Logprobs {
+		tk.Logprobs[i] = -99999
+	}
+	for r, row := range rows {
+		for c, ent := range row {
+			tk.TokenIds[r*k+c] = int32(ent.Token)
+			tk.Logprobs[r*k+c] = float32(ent.LogProb)
+		}
+	}
+	return tk
 }

@@ -58,8 +58,8 @@ type goneAfter struct {
 	n, seen int
 }
 
-func (g *goneAfter) Token(seq int, id int32, lp float32) {
-	g.Buffer.Token(seq, id, lp)
+func (g *goneAfter) Token(seq int, id int32, lp float32, top []tokenstream.Alt) {
+	g.Buffer.Token(seq, id, lp, top)
 	if g.seen++; g.seen == g.n {
 		g.Close()
 	}

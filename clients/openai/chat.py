@@ -3,7 +3,7 @@ checkpoint saved by a tinker training script served through it at once.
 
     LOOPS_URL=http://127.0.0.1:PORT LOOPS_API_KEY=tml-anything python chat.py
 
-Checks: GET /models lists loops/tiny; chat completions (n, seed, logprobs, usage,
+Checks: GET /models lists loops/tiny; chat completions (n, seed, logprobs and top_logprobs, usage,
 finish_reason); streaming with stream_options.include_usage equals the plain answer;
 completions; OpenAI-shaped 400s naming unsupported fields; then a tinker SDK LoRA step,
 save_weights_for_sampler, and chat/completions on the saved path (alone and as
@@ -86,7 +86,15 @@ def main() -> None:
     expect_error(openai.BadRequestError, "tools", lambda: client.chat.completions.create(
         model=BASE, messages=MSGS, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]))
     expect_error(openai.BadRequestError, "top_logprobs", lambda: client.chat.completions.create(
-        model=BASE, messages=MSGS, logprobs=True, top_logprobs=3))
+        model=BASE, messages=MSGS, logprobs=True, top_logprobs=21))
+    top = client.chat.completions.create(model=BASE, messages=MSGS, max_tokens=4, temperature=0, logprobs=True, top_logprobs=3)
+    tl = top.choices[0].logprobs.content
+    check(all(len(t.top_logprobs) == 3 and t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == t.logprob for t in tl),
+          "top_logprobs: 3 alternatives per token, the greedy token first")
+    streamed = [t for chunk in client.chat.completions.create(model=BASE, messages=MSGS, max_tokens=4, temperature=0, logprobs=True,
+                                                              top_logprobs=3, stream=True)
+                for ch in chunk.choices if ch.logprobs for t in ch.logprobs.content]
+    check([t.model_dump() for t in streamed] == [t.model_dump() for t in tl], "streamed top_logprobs equal the plain ones")
     expect_error(openai.BadRequestError, "n", lambda: client.chat.completions.create(model=BASE, messages=MSGS, n=0))
     expect_error(openai.BadRequestError, "messages[0].role", lambda: client.chat.completions.create(
         model=BASE, messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}]))

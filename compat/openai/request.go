@@ -9,10 +9,15 @@ import (
 	"strings"
 
 	"github.com/loops-dev/loops/compat/internal/infer"
+	"github.com/loops-dev/loops/internal/semantics"
 )
 
 // maxStop is OpenAI's documented limit on stop sequences ("up to 4 sequences").
 const maxStop = 4
+
+// maxCompletionLogprobs is OpenAI's limit on a completion's logprobs (alternatives per
+// token).
+const maxCompletionLogprobs = 5
 
 // message is one chat message.
 type message = infer.Message
@@ -41,6 +46,7 @@ type request struct {
 	stop         []string
 	n            int32
 	logprobs     bool
+	topLogprobs  int32
 	stream       bool
 	includeUsage bool
 }
@@ -153,13 +159,11 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 			if !chat {
 				return nil, unsupported(name, "")
 			}
-			v, err := infer.Integer(raw, name, 0, 20)
+			v, err := infer.Integer(raw, name, 0, semantics.MaxTopLogprobs)
 			if err != nil {
 				return nil, err
 			}
-			if v > 0 {
-				return nil, unsupported(name, "the sampler returns the logprob of each sampled token but no top-k alternatives; send top_logprobs 0 or omit it")
-			}
+			req.topLogprobs = int32(v)
 		case "stream":
 			if err := json.Unmarshal(raw, &req.stream); err != nil {
 				return nil, badField(name, "stream must be a boolean")
@@ -208,6 +212,8 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 		return nil, badField("prompt", "prompt is required")
 	case len(req.prompts)*int(req.n) > maxN:
 		return nil, badField("prompt", "%d prompts × n = %d is over the server's limit of %d choices per request", len(req.prompts), req.n, maxN)
+	case req.topLogprobs > 0 && !req.logprobs:
+		return nil, badField("top_logprobs", "top_logprobs needs logprobs: true")
 	case req.includeUsage && !req.stream:
 		return nil, badField("stream_options", "stream_options is only allowed with stream: true")
 	case bestOf != nil && *bestOf != 1 && *bestOf != int64(req.n):
@@ -259,14 +265,11 @@ func (req *request) decodeLogprobs(raw json.RawMessage, name string) error {
 	}
 	// Completions: logprobs is the number of top alternatives; 0 asks for the sampled
 	// tokens' logprobs only.
-	v, err := infer.Integer(raw, name, 0, 5)
+	v, err := infer.Integer(raw, name, 0, maxCompletionLogprobs)
 	if err != nil {
 		return err
 	}
-	if v > 0 {
-		return unsupported(name, "the sampler returns the logprob of each sampled token but no top-k alternatives; send logprobs: 0")
-	}
-	req.logprobs = true
+	req.logprobs, req.topLogprobs = true, int32(v)
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 
 	"github.com/loops-dev/loops/compat/internal/infer"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/tokenstream"
 )
 
 func (s *server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
@@ -51,6 +52,7 @@ func (s *server) serve(w http.ResponseWriter, r *http.Request, chat bool) error 
 func (req *request) infer() *infer.Request {
 	out := &infer.Request{Model: req.model, Messages: req.messages, N: req.n, Params: &loopsv1.SamplingParams{
 		MaxTokens: req.maxTokens, Temperature: req.temperature, TopK: req.topK, TopP: req.topP, Seed: req.seed, StopStrings: req.stop,
+		TopLogprobs: req.topLogprobs,
 	}}
 	for _, p := range req.prompts {
 		ip := infer.Prompt{Text: p.text}
@@ -81,32 +83,59 @@ func finishReason(stopped bool) string {
 	return "length"
 }
 
+// chatTop is one alternative of a chat token's top_logprobs.
+type chatTop struct {
+	Token   string  `json:"token"`
+	Logprob float32 `json:"logprob"`
+	Bytes   []int   `json:"bytes"`
+}
+
 // chatLogprob is one token of a chat choice's logprobs.content.
 type chatLogprob struct {
-	Token       string   `json:"token"`
-	Logprob     float32  `json:"logprob"`
-	Bytes       []int    `json:"bytes"`
-	TopLogprobs []string `json:"top_logprobs"`
+	Token       string    `json:"token"`
+	Logprob     float32   `json:"logprob"`
+	Bytes       []int     `json:"bytes"`
+	TopLogprobs []chatTop `json:"top_logprobs"`
 }
 
 type chatLogprobs struct {
 	Content []chatLogprob `json:"content"`
 }
 
-// chatLogprobsOf is the logprobs of tokens toks with log-probs lps.
-func chatLogprobsOf(t *infer.Text, toks []int32, lps []float32) *chatLogprobs {
+// tokenBytes is a token's text and its bytes.
+func tokenBytes(t *infer.Text, tok int32) (string, []int) {
+	s := t.TokenText(tok)
+	b := make([]int, len(s))
+	for j := range len(s) {
+		b[j] = int(s[j])
+	}
+	return s, b
+}
+
+// seqTokens is choice i's tokens with their log-probs and alternatives.
+func seqTokens(c *infer.Completion, i int) []tokenstream.Token {
+	seq := c.Seqs[i]
+	out := make([]tokenstream.Token, len(seq.GetTokens()))
+	for k, tok := range seq.GetTokens() {
+		out[k] = tokenstream.Token{Seq: i, ID: tok, Top: c.Top(i, k)}
+		if k < len(seq.GetLogprobs()) {
+			out[k].Logprob = seq.GetLogprobs()[k]
+		}
+	}
+	return out
+}
+
+// chatLogprobsOf is the logprobs of toks.
+func chatLogprobsOf(t *infer.Text, toks []tokenstream.Token) *chatLogprobs {
 	out := &chatLogprobs{Content: make([]chatLogprob, 0, len(toks))}
-	for i, tok := range toks {
-		s := t.TokenText(tok)
-		b := make([]int, len(s))
-		for j := range len(s) {
-			b[j] = int(s[j])
+	for _, tok := range toks {
+		s, b := tokenBytes(t, tok.ID)
+		lp := chatLogprob{Token: s, Logprob: tok.Logprob, Bytes: b, TopLogprobs: make([]chatTop, 0, len(tok.Top))}
+		for _, alt := range tok.Top {
+			as, ab := tokenBytes(t, alt.ID)
+			lp.TopLogprobs = append(lp.TopLogprobs, chatTop{Token: as, Logprob: alt.Logprob, Bytes: ab})
 		}
-		var lp float32
-		if i < len(lps) {
-			lp = lps[i]
-		}
-		out.Content = append(out.Content, chatLogprob{Token: s, Logprob: lp, Bytes: b, TopLogprobs: []string{}})
+		out.Content = append(out.Content, lp)
 	}
 	return out
 }
@@ -115,21 +144,29 @@ func chatLogprobsOf(t *infer.Text, toks []int32, lps []float32) *chatLogprobs {
 type completionLogprobs struct {
 	Tokens        []string  `json:"tokens"`
 	TokenLogprobs []float32 `json:"token_logprobs"`
-	TopLogprobs   []any     `json:"top_logprobs"`
-	TextOffset    []int     `json:"text_offset"`
+	// TopLogprobs is, per token, null (logprobs: 0) or {token text: logprob} of its
+	// alternatives (tokens of the same text share one key: the most likely is kept).
+	TopLogprobs []map[string]float32 `json:"top_logprobs"`
+	TextOffset  []int                `json:"text_offset"`
 }
 
-// completionLogprobsOf is the logprobs of tokens toks with log-probs lps, whose text
-// starts at byte off of the choice's text.
-func completionLogprobsOf(t *infer.Text, toks []int32, lps []float32, off int) *completionLogprobs {
+// completionLogprobsOf is the logprobs of toks, whose text starts at byte off of the
+// choice's text; top says whether alternatives were asked for.
+func completionLogprobsOf(t *infer.Text, toks []tokenstream.Token, off int, top bool) *completionLogprobs {
 	n := len(toks)
-	out := &completionLogprobs{Tokens: make([]string, n), TokenLogprobs: make([]float32, n), TopLogprobs: make([]any, n), TextOffset: make([]int, n)}
+	out := &completionLogprobs{Tokens: make([]string, n), TokenLogprobs: make([]float32, n), TopLogprobs: make([]map[string]float32, n), TextOffset: make([]int, n)}
 	for i, tok := range toks {
-		s := t.TokenText(tok)
-		out.Tokens[i], out.TextOffset[i] = s, off
+		s := t.TokenText(tok.ID)
+		out.Tokens[i], out.TextOffset[i], out.TokenLogprobs[i] = s, off, tok.Logprob
 		off += len(s)
-		if i < len(lps) {
-			out.TokenLogprobs[i] = lps[i]
+		if top {
+			m := make(map[string]float32, len(tok.Top))
+			for _, alt := range tok.Top {
+				if _, dup := m[t.TokenText(alt.ID)]; !dup {
+					m[t.TokenText(alt.ID)] = alt.Logprob
+				}
+			}
+			out.TopLogprobs[i] = m
 		}
 	}
 	return out
@@ -159,10 +196,10 @@ type chatCompletion struct {
 func chatResponse(req *request, c *infer.Completion, created int64) chatCompletion {
 	out := chatCompletion{ID: "chatcmpl-" + c.ID, Object: "chat.completion", Created: created, Model: req.model,
 		Choices: make([]chatChoice, len(c.Seqs)), Usage: usageOf(c)}
-	for i, seq := range c.Seqs {
+	for i := range c.Seqs {
 		ch := chatChoice{Index: i, Message: chatMessage{Role: "assistant", Content: c.ChoiceText(i)}, FinishReason: finishReason(c.Stopped(i))}
 		if req.logprobs {
-			ch.Logprobs = chatLogprobsOf(c.Text, seq.GetTokens(), seq.GetLogprobs())
+			ch.Logprobs = chatLogprobsOf(c.Text, seqTokens(c, i))
 		}
 		out.Choices[i] = ch
 	}
@@ -189,11 +226,11 @@ func completionResponse(req *request, c *infer.Completion, created int64) textCo
 	u := usageOf(c)
 	out := textCompletion{ID: "cmpl-" + c.ID, Object: "text_completion", Created: created, Model: req.model,
 		Choices: make([]completionChoice, len(c.Seqs)), Usage: &u}
-	for i, seq := range c.Seqs {
+	for i := range c.Seqs {
 		fr := finishReason(c.Stopped(i))
 		ch := completionChoice{Text: c.ChoiceText(i), Index: i, FinishReason: &fr}
 		if req.logprobs {
-			ch.Logprobs = completionLogprobsOf(c.Text, seq.GetTokens(), seq.GetLogprobs(), 0)
+			ch.Logprobs = completionLogprobsOf(c.Text, seqTokens(c, i), 0, req.topLogprobs > 0)
 		}
 		out.Choices[i] = ch
 	}

@@ -146,25 +146,20 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, req *request, ru
 			return nil
 		}
 		for _, ch := range chunks {
-			toks := make([]int32, len(ch.Tokens))
-			lps := make([]float32, len(ch.Tokens))
-			for k, t := range ch.Tokens {
-				toks[k], lps[k] = t.ID, t.Logprob
-			}
-			if ch.Text != "" || (req.logprobs && len(toks) > 0) {
+			if ch.Text != "" || (req.logprobs && len(ch.Tokens) > 0) {
 				if req.chat {
 					text := ch.Text
 					cc := chatChunkChoice{Index: ch.Choice, Delta: chatDelta{Content: &text}}
 					if req.logprobs {
-						cc.Logprobs = chatLogprobsOf(c.Text, toks, lps)
+						cc.Logprobs = chatLogprobsOf(c.Text, ch.Tokens)
 					}
 					send(chatFor(cc))
 				} else {
 					cc := completionChoice{Text: ch.Text, Index: ch.Choice}
 					if req.logprobs {
-						cc.Logprobs = completionLogprobsOf(c.Text, toks, lps, offsets[ch.Choice])
-						for _, t := range toks {
-							offsets[ch.Choice] += len(c.Text.TokenText(t))
+						cc.Logprobs = completionLogprobsOf(c.Text, ch.Tokens, offsets[ch.Choice], req.topLogprobs > 0)
+						for _, t := range ch.Tokens {
+							offsets[ch.Choice] += len(c.Text.TokenText(t.ID))
 						}
 					}
 					send(textFor(cc))

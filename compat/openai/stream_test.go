@@ -40,8 +40,8 @@ type gatedSink struct {
 	n       int
 }
 
-func (s *gatedSink) Token(seq int, id int32, lp float32) {
-	s.Sink.Token(seq, id, lp)
+func (s *gatedSink) Token(seq int, id int32, lp float32, top []tokenstream.Alt) {
+	s.Sink.Token(seq, id, lp, top)
 	if s.n++; s.n == 1 {
 		select { // the decoding goroutine waits here, in the middle of the sequence
 		case <-s.release:

@@ -406,6 +406,9 @@ func (c *Core) runSample(j *sampleJob) {
 		resp, err = c.backend.Sampler().Sample(c.ctx, req)
 	}
 	if err == nil {
+		err = checkTopLogprobs(req, resp)
+	}
+	if err == nil {
 		c.metrics.tokens.WithLabelValues("sample_prompt").Add(float64(len(req.GetPrompt())))
 		generated := 0
 		for _, seq := range resp.GetResult().GetSequences() {
@@ -418,6 +421,22 @@ func (c *Core) runSample(j *sampleJob) {
 	c.ops.finish(o, func(op *loopsv1.Operation) {
 		op.Result = &loopsv1.Operation_Sample{Sample: resp.GetResult()}
 	}, err)
+}
+
+// checkTopLogprobs fails a sample that asked for top_logprobs and came back without them
+// (a backend that does not compute them, such as the gRPC worker today) rather than
+// answering it silently without.
+func checkTopLogprobs(req *backendv1.SampleRequest, resp *backendv1.SampleResponse) error {
+	if req.GetParams().GetTopLogprobs() == 0 {
+		return nil
+	}
+	for _, seq := range resp.GetResult().GetSequences() {
+		if len(seq.GetTokens()) > 0 && seq.GetTopLogprobs() == nil {
+			return connect.NewError(connect.CodeFailedPrecondition, errors.New(
+				"the backend serving this model does not return top_logprobs (the reference engine does): ask without them"))
+		}
+	}
+	return nil
 }
 
 // sampleStream runs a streamed sample: nothing when its reader left while it waited, on
@@ -449,6 +468,9 @@ func (c *Core) validateSample(model *loopsv1.ModelInfo, req *loopsv1.SampleReque
 	}
 	if k := req.GetTopkPromptLogprobs(); k < 0 || k > maxTopKPromptLogprobs {
 		return nil, invalidArgument("topk_prompt_logprobs %d is out of range [0, %d]", k, maxTopKPromptLogprobs)
+	}
+	if k := req.GetParams().GetTopLogprobs(); k < 0 || k > semantics.MaxTopLogprobs {
+		return nil, invalidArgument("top_logprobs %d is out of range [0, %d]", k, semantics.MaxTopLogprobs)
 	}
 	p := proto.CloneOf(req.GetParams())
 	if p == nil {

@@ -75,6 +75,9 @@ const (
 	MaxNumSamples = 256
 	// MaxTopKPromptLogprobs caps topk_prompt_logprobs.
 	MaxTopKPromptLogprobs = 100
+	// MaxTopLogprobs caps SamplingParams.top_logprobs, the alternatives returned per sampled
+	// token (OpenAI's limit).
+	MaxTopLogprobs = 20
 	// MaxSamplersInMemory is how many samplers of one workspace are held in memory before
 	// the least recently used is dropped (core.Limits.MaxSamplersInMemory's default; the
 	// OpenAI surface bounds its sampler cache the same).

@@ -23,9 +23,17 @@ import (
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
 
-// Token is one sampled token of sequence Seq (0 ≤ Seq < num_samples).
+// Token is one sampled token of sequence Seq (0 ≤ Seq < num_samples), with its most
+// likely alternatives when the request asked for them (SamplingParams.top_logprobs).
 type Token struct {
 	Seq     int
+	ID      int32
+	Logprob float32
+	Top     []Alt
+}
+
+// Alt is one of the most likely tokens at a sampled token's position.
+type Alt struct {
 	ID      int32
 	Logprob float32
 }
@@ -51,7 +59,7 @@ func NewBuffer(limit int) *Buffer {
 }
 
 // Token records a sampled token. It never blocks.
-func (b *Buffer) Token(seq int, id int32, logprob float32) {
+func (b *Buffer) Token(seq int, id int32, logprob float32, top []Alt) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -61,7 +69,7 @@ func (b *Buffer) Token(seq int, id int32, logprob float32) {
 		b.closeLocked()
 		return
 	}
-	b.toks = append(b.toks, Token{Seq: seq, ID: id, Logprob: logprob})
+	b.toks = append(b.toks, Token{Seq: seq, ID: id, Logprob: logprob, Top: top})
 	b.total++
 	select {
 	case b.ready <- struct{}{}:
@@ -102,7 +110,7 @@ func (b *Buffer) Gone() <-chan struct{} { return b.gone }
 // Sink is what a sampler writes to: Token must not block, and Gone is closed when nobody
 // reads any more (the sampler should stop).
 type Sink interface {
-	Token(seq int, id int32, logprob float32)
+	Token(seq int, id int32, logprob float32, top []Alt)
 	Gone() <-chan struct{}
 }
 

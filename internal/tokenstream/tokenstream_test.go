@@ -9,8 +9,8 @@ import (
 
 func TestBufferTakesInOrderAndWakesOnce(t *testing.T) {
 	b := NewBuffer(4)
-	b.Token(0, 7, -0.5)
-	b.Token(1, 8, -1)
+	b.Token(0, 7, -0.5, nil)
+	b.Token(1, 8, -1, nil)
 	select {
 	case <-b.Ready():
 	default:
@@ -21,7 +21,7 @@ func TestBufferTakesInOrderAndWakesOnce(t *testing.T) {
 		t.Fatal("one wake-up for any number of tokens")
 	default:
 	}
-	require.Equal(t, []Token{{0, 7, -0.5}, {1, 8, -1}}, b.Take())
+	require.Equal(t, []Token{{0, 7, -0.5, nil}, {1, 8, -1, nil}}, b.Take())
 	require.Empty(t, b.Take())
 }
 
@@ -30,17 +30,17 @@ func TestBufferTakesInOrderAndWakesOnce(t *testing.T) {
 // waits and memory stays bounded.
 func TestBufferOverLimitIsGone(t *testing.T) {
 	b := NewBuffer(2)
-	b.Token(0, 1, 0)
-	b.Token(0, 2, 0)
+	b.Token(0, 1, 0, nil)
+	b.Token(0, 2, 0, nil)
 	select {
 	case <-b.Gone():
 		t.Fatal("gone too early")
 	default:
 	}
-	b.Token(0, 3, 0)
+	b.Token(0, 3, 0, nil)
 	<-b.Gone()
 	require.Empty(t, b.Take())
-	b.Token(0, 4, 0)
+	b.Token(0, 4, 0, nil)
 	require.Empty(t, b.Take())
 }
 

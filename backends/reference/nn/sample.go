@@ -20,6 +20,9 @@ type SampleParams struct {
 	EOS         []int
 	// Decode turns token ids into text; needed only for StopStrings.
 	Decode func([]int) string
+	// TopLogprobs > 0 also returns, per sampled token, the TopLogprobs most likely tokens
+	// of the distribution it was drawn from (Sampled.Top).
+	TopLogprobs int
 }
 
 // Sampled is one generated continuation.
@@ -27,6 +30,12 @@ type Sampled struct {
 	Tokens   []int
 	LogProbs []float64
 	Stopped  bool // ended on a stop token, stop string or end-of-sequence token
+	// Top holds, with SampleParams.TopLogprobs, per token the most likely tokens of the
+	// distribution it was drawn from (at most TopLogprobs; fewer when top_k or top_p leave
+	// fewer), most likely first, ties by lower id: at temperature <= 0 the model's
+	// (temperature 1), otherwise softmax(logits/temperature) cut to top_k and top_p and
+	// renormalised, the distribution of LogProbs.
+	Top [][]TopEntry
 }
 
 // TopEntry is one candidate token of a top-k prompt log-prob row.
@@ -92,7 +101,7 @@ type Gen[T Float] struct {
 	// OnToken, when set, is called with every token as it is sampled: its sequence's
 	// index, the token and its log-prob (those appended to Out). It runs on the decoding
 	// goroutine and must not block.
-	OnToken func(seq, token int, logprob float64)
+	OnToken func(seq, token int, logprob float64, top []TopEntry)
 }
 
 // GenSeq is one sequence of a Gen being decoded.
@@ -227,11 +236,14 @@ func (s *GenSeq[T]) Gen() *Gen[T] { return s.g }
 func (s *GenSeq[T]) advance(logits []T) {
 	g, p := s.g, &s.g.p
 	out := &g.Out[s.i]
-	tok, lp := sampleToken(logits, *p, s.rng)
+	tok, lp, top := sampleToken(logits, *p, s.rng)
 	out.Tokens = append(out.Tokens, tok)
 	out.LogProbs = append(out.LogProbs, lp)
+	if p.TopLogprobs > 0 {
+		out.Top = append(out.Top, top)
+	}
 	if g.OnToken != nil {
-		g.OnToken(s.i, tok, lp)
+		g.OnToken(s.i, tok, lp, top)
 	}
 	switch {
 	case g.stops[tok]:
@@ -329,8 +341,9 @@ func topIndices[T Float](x []T, k int) []int {
 // top_k most likely tokens, then to the smallest set whose mass reaches top_p, and
 // renormalised; the returned log-prob is the token's log-prob under exactly that
 // distribution. With temperature <= 0 it returns the argmax and its log-prob at
-// temperature 1.
-func sampleToken[T Float](logits []T, p SampleParams, r *rand.Rand) (int, float64) {
+// temperature 1. With p.TopLogprobs > 0 it also returns the most likely tokens of that
+// distribution (Sampled.Top).
+func sampleToken[T Float](logits []T, p SampleParams, r *rand.Rand) (int, float64, []TopEntry) {
 	if p.Temperature <= 0 {
 		best := 0
 		for i, v := range logits {
@@ -338,7 +351,14 @@ func sampleToken[T Float](logits []T, p SampleParams, r *rand.Rand) (int, float6
 				best = i
 			}
 		}
-		return best, float64(logits[best]) - logSumExp(logits)
+		lse := logSumExp(logits)
+		var top []TopEntry
+		if p.TopLogprobs > 0 {
+			for _, t := range topIndices(logits, p.TopLogprobs) {
+				top = append(top, TopEntry{Token: t, LogProb: float64(logits[t]) - lse})
+			}
+		}
+		return best, float64(logits[best]) - lse, top
 	}
 	inv := 1 / p.Temperature
 	V := len(logits)
@@ -375,7 +395,13 @@ func sampleToken[T Float](logits []T, p SampleParams, r *rand.Rand) (int, float6
 				break
 			}
 		}
-		return tok, float64(logits[tok])*inv - mx - math.Log(sum)
+		var top []TopEntry
+		if p.TopLogprobs > 0 {
+			for _, t := range topIndices(logits, p.TopLogprobs) {
+				top = append(top, TopEntry{Token: t, LogProb: float64(logits[t])*inv - mx - math.Log(sum)})
+			}
+		}
+		return tok, float64(logits[tok])*inv - mx - math.Log(sum), top
 	}
 	// cand is sorted by decreasing logit
 	mx := float64(logits[cand[0]]) * inv
@@ -411,5 +437,9 @@ func sampleToken[T Float](logits []T, p SampleParams, r *rand.Rand) (int, float6
 			break
 		}
 	}
-	return cand[pick], math.Log(w[pick] / sum)
+	var top []TopEntry
+	for i := range min(p.TopLogprobs, len(cand)) {
+		top = append(top, TopEntry{Token: cand[i], LogProb: math.Log(w[i] / sum)})
+	}
+	return cand[pick], math.Log(w[pick] / sum), top
 }

@@ -10,6 +10,7 @@ import (
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/internal/semantics"
+	"github.com/loops-dev/loops/internal/tokenstream"
 )
 
 // notDonePause is how long the engine waits before asking again when WaitOperation answers
@@ -119,6 +120,28 @@ func (c *Completion) StopSequence(i int) string {
 		}
 	}
 	return which
+}
+
+// Top is the alternatives of token k of choice i (SamplingParams.top_logprobs), most
+// likely first; nil when none were asked for.
+func (c *Completion) Top(i, k int) []tokenstream.Alt {
+	return topRow(c.Seqs[i].GetTopLogprobs(), k)
+}
+
+// topRow is row k of tk without its empty cells.
+func topRow(tk *loopsv1.TopKLogprobs, k int) []tokenstream.Alt {
+	n := int(tk.GetK())
+	if n <= 0 || k < 0 || (k+1)*n > len(tk.GetTokenIds()) || (k+1)*n > len(tk.GetLogprobs()) {
+		return nil
+	}
+	out := make([]tokenstream.Alt, 0, n)
+	for j := k * n; j < (k+1)*n; j++ {
+		if tk.GetLogprobs()[j] <= -99999 {
+			break
+		}
+		out = append(out, tokenstream.Alt{ID: tk.GetTokenIds()[j], Logprob: tk.GetLogprobs()[j]})
+	}
+	return out
 }
 
 // Stopped reports whether choice i ended on a stop (a stop sequence or token, or the end

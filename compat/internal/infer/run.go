@@ -70,8 +70,10 @@ type offsetSink struct {
 	off int
 }
 
-func (s offsetSink) Token(seq int, id int32, lp float32) { s.buf.Token(s.off+seq, id, lp) }
-func (s offsetSink) Gone() <-chan struct{}               { return s.buf.Gone() }
+func (s offsetSink) Token(seq int, id int32, lp float32, top []tokenstream.Alt) {
+	s.buf.Token(s.off+seq, id, lp, top)
+}
+func (s offsetSink) Gone() <-chan struct{} { return s.buf.Gone() }
 
 // start resolves the sampler, tokenizes the prompts and queues one sample per prompt on the
 // core (all of them first, so that they run together), then waits for each in the
@@ -165,28 +167,29 @@ func (r *Run) Next(ctx context.Context) ([]Chunk, error) {
 		// A finished sample first: its last chunks take the tokens still buffered too.
 		select {
 		case res := <-r.results:
-			if res.err != nil {
-				return nil, res.err
-			}
-			r.pending--
-			return r.finish(res), nil
+			return r.answer(res)
 		default:
 		}
 		select {
 		case <-ctx.Done():
 			return nil, connect.NewError(connect.CodeCanceled, ctx.Err())
 		case res := <-r.results:
-			if res.err != nil {
-				return nil, res.err
-			}
-			r.pending--
-			return r.finish(res), nil
+			return r.answer(res)
 		case <-ready:
 			if out := r.streamed(); len(out) > 0 {
 				return out, nil
 			}
 		}
 	}
+}
+
+// answer takes a finished sample: its error, or its last chunks.
+func (r *Run) answer(res opResult) ([]Chunk, error) {
+	if res.err != nil {
+		return nil, res.err
+	}
+	r.pending--
+	return r.finish(res), nil
 }
 
 // streamed turns the tokens the buffer holds into chunks.
@@ -246,7 +249,7 @@ func (r *Run) finish(res opResult) []Chunk {
 			if k < len(seq.GetLogprobs()) {
 				lp = seq.GetLogprobs()[k]
 			}
-			ch.Tokens = append(ch.Tokens, tokenstream.Token{Seq: i, ID: seq.GetTokens()[k], Logprob: lp})
+			ch.Tokens = append(ch.Tokens, tokenstream.Token{Seq: i, ID: seq.GetTokens()[k], Logprob: lp, Top: topRow(seq.GetTopLogprobs(), k)})
 		}
 		final := r.c.ChoiceText(i)
 		if cs.sent <= len(final) {

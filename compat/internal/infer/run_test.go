@@ -53,7 +53,7 @@ func (f *fakeSampling) SampleStream(_ context.Context, _ *loopsv1.SampleRequest,
 	for j, seq := range f.seqs {
 		for k := range min(f.streamed, len(seq.Tokens)) {
 			if sink != nil {
-				sink.Token(j, seq.Tokens[k], seq.Logprobs[k])
+				sink.Token(j, seq.Tokens[k], seq.Logprobs[k], nil)
 			}
 		}
 	}
@@ -150,7 +150,7 @@ func TestFinishTakesBufferedTokens(t *testing.T) {
 	seq.Logprobs = make([]float32, len(seq.Tokens))
 	r := &Run{c: &Completion{Text: tx}, n: 1, buf: tokenstream.NewBuffer(100), choices: make([]choiceState, 1)}
 	for _, tok := range seq.Tokens {
-		r.buf.Token(0, tok, 0)
+		r.buf.Token(0, tok, 0, nil)
 	}
 	text := ""
 	var toks []int32
