@@ -355,6 +355,7 @@ func (e *Engine) OptimStep(_ context.Context, req *backendv1.OptimStepRequest) (
 	st := a.adamStep(ap)
 	return &backendv1.OptimStepResponse{Result: &loopsv1.OptimStepResult{Metrics: map[string]float64{
 		"grad_norm:mean":     st.GradNorm,
+		"update_norm:mean":   st.UpdateNorm,
 		"learning_rate:mean": ap.LR,
 	}}}, nil
 }

@@ -321,17 +321,26 @@ func TestOptimStepMatchesHandComputation(t *testing.T) {
 				s[i].w -= ap.LearningRate * mh / (math.Sqrt(vh) + ap.Eps)
 			}
 		}
+		before := map[*nn.Param[float32]][]float32{}
+		for _, p := range ad.Params {
+			before[p] = append([]float32(nil), p.W...)
+		}
 		res, err := e.OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: "adam", Adam: ap})
 		require.NoError(t, err)
 		require.InDelta(t, norm, res.Result.Metrics["grad_norm:mean"], 1e-6*norm+1e-9)
-		worst := 0.0
+		worst, upd := 0.0, 0.0
 		for _, p := range ad.Params {
 			for i, w := range p.W {
+				d := float64(w) - float64(before[p][i])
+				upd += d * d
 				worst = max(worst, math.Abs(float64(w)-state[p][i].w))
 				require.Zero(t, p.G[i], "gradients must be zeroed")
 			}
 		}
-		t.Logf("step %d: grad norm %.4g, max |w - hand| = %.2e", step+1, norm, worst)
+		// The update norm is ‖W_after − W_before‖ of the weights as stored.
+		require.Greater(t, upd, 0.0)
+		require.InDelta(t, math.Sqrt(upd), res.Result.Metrics["update_norm:mean"], 1e-9*math.Sqrt(upd))
+		t.Logf("step %d: grad norm %.4g, update norm %.4g, max |w - hand| = %.2e", step+1, norm, math.Sqrt(upd), worst)
 		require.Less(t, worst, 1e-6)
 	}
 }

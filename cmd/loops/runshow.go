@@ -89,7 +89,7 @@ func printRunShow(w io.Writer, run *loopsv1.TrainingRun, history, recent []*loop
 		lossSum, backend             float64
 		lossTokens, tokens, examples int64
 		rl                           *loopsv1.RLStepMetrics
-		lr, gradNorm                 *float64
+		lr, gradNorm, updateNorm     *float64
 	}
 	var rows []*row
 	byStep := map[int64]*row{}
@@ -115,11 +115,11 @@ func printRunShow(w io.Writer, run *loopsv1.TrainingRun, history, recent []*loop
 				r.rl = s.GetRl() // the step's last RL record
 			}
 		case loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP:
-			r.lr, r.gradNorm = s.LearningRate, s.GradNorm
+			r.lr, r.gradNorm, r.updateNorm = s.LearningRate, s.GradNorm, s.UpdateNorm
 		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "STEP\tFB\tLOSS FN\tLOSS/TOKEN\tTOKENS\tEXAMPLES\tKL(k3)\tRATIO\tADV ZERO\tCLIP\tLR\tGRAD NORM\tBACKEND")
+	fmt.Fprintln(tw, "STEP\tFB\tLOSS FN\tLOSS/TOKEN\tTOKENS\tEXAMPLES\tKL(k3)\tRATIO\tADV ZERO\tCLIP\tLR\tGRAD NORM\tUPD NORM\tBACKEND")
 	for _, r := range rows {
 		mean := "-"
 		if r.lossTokens > 0 {
@@ -134,8 +134,8 @@ func printRunShow(w io.Writer, run *loopsv1.TrainingRun, history, recent []*loop
 				clip = fmt.Sprintf("%.1f%%", 100*r.rl.GetClipFraction())
 			}
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.3fs\n", r.step, r.fbs, dash(r.lossFn), mean, r.tokens, r.examples,
-			kl, ratio, zero, clip, optionalG(r.lr), optionalG(r.gradNorm), r.backend)
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.3fs\n", r.step, r.fbs, dash(r.lossFn), mean, r.tokens, r.examples,
+			kl, ratio, zero, clip, optionalG(r.lr), optionalG(r.gradNorm), optionalG(r.updateNorm), r.backend)
 	}
 	return tw.Flush()
 }

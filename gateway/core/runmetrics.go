@@ -158,8 +158,9 @@ func (s *rlAccum) result() *loopsv1.RLStepMetrics {
 	return m
 }
 
-// optimStepMetrics is an optim_step's record: the learning rate applied and the gradient
-// norm when the backend reports it (metric "grad_norm:mean").
+// optimStepMetrics is an optim_step's record: the learning rate applied, and the gradient
+// and update norms when the backend reports them (metrics "grad_norm:mean",
+// "update_norm:mean").
 func optimStepMetrics(adam *loopsv1.AdamParams, res *loopsv1.OptimStepResult, backend time.Duration) *loopsv1.StepMetrics {
 	m := &loopsv1.StepMetrics{
 		Kind: loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, Count: 1, BackendSeconds: backend.Seconds(),
@@ -167,6 +168,9 @@ func optimStepMetrics(adam *loopsv1.AdamParams, res *loopsv1.OptimStepResult, ba
 	}
 	if g, ok := res.GetMetrics()["grad_norm:mean"]; ok {
 		m.GradNorm = proto.Float64(g)
+	}
+	if u, ok := res.GetMetrics()["update_norm:mean"]; ok {
+		m.UpdateNorm = proto.Float64(u)
 	}
 	return m
 }

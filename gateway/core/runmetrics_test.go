@@ -203,12 +203,13 @@ func TestMergeStepMetrics(t *testing.T) {
 	require.InDelta(t, 2.0/5, m.GetRl().GetClipFraction(), eps)
 
 	// Downsampling to one point per kind merges everything of that kind.
-	o := &loopsv1.StepMetrics{Kind: loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, SeqId: 2, Step: 1, Count: 1, LearningRate: proto.Float64(1)}
-	o2 := &loopsv1.StepMetrics{Kind: loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, SeqId: 4, Step: 2, Count: 1, LearningRate: proto.Float64(3)}
+	o := &loopsv1.StepMetrics{Kind: loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, SeqId: 2, Step: 1, Count: 1, LearningRate: proto.Float64(1), UpdateNorm: proto.Float64(0.5)}
+	o2 := &loopsv1.StepMetrics{Kind: loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, SeqId: 4, Step: 2, Count: 1, LearningRate: proto.Float64(3), UpdateNorm: proto.Float64(1.5)}
 	ds := store.DownsampleStepMetrics([]*loopsv1.StepMetrics{x, o, y, o2}, 1)
 	require.Len(t, ds, 2)
 	require.Empty(t, cmp.Diff(m, ds[0], protocmp.Transform()))
 	require.InDelta(t, 2, ds[1].GetLearningRate(), eps)
+	require.InDelta(t, 1, ds[1].GetUpdateNorm(), eps) // merged like the learning rate: the mean
 }
 
 // rlRequest is an importance_sampling forward_backward of one example (the fake backend
@@ -359,4 +360,19 @@ func TestRunMetricsSurviveACrash(t *testing.T) {
 	require.Len(t, steps, 2)
 	require.Equal(t, "importance_sampling", steps[0].GetLossFn())
 	require.InDelta(t, 1e-4, steps[1].GetLearningRate(), 1e-12)
+}
+
+// TestOptimStepMetrics: an optim_step's record carries the learning rate, and the gradient
+// and update norms only when the backend reports them.
+func TestOptimStepMetrics(t *testing.T) {
+	m := optimStepMetrics(&loopsv1.AdamParams{LearningRate: 2e-4}, &loopsv1.OptimStepResult{Metrics: map[string]float64{
+		"grad_norm:mean": 1.5, "update_norm:mean": 0.25, "learning_rate:mean": 2e-4}}, 3*time.Second)
+	require.Equal(t, loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, m.GetKind())
+	require.InDelta(t, 2e-4, m.GetLearningRate(), 1e-15)
+	require.InDelta(t, 1.5, m.GetGradNorm(), 0)
+	require.InDelta(t, 0.25, m.GetUpdateNorm(), 0)
+	require.InDelta(t, 3, m.GetBackendSeconds(), 1e-12)
+	m = optimStepMetrics(&loopsv1.AdamParams{LearningRate: 1e-3}, &loopsv1.OptimStepResult{}, 0)
+	require.Nil(t, m.GradNorm)
+	require.Nil(t, m.UpdateNorm)
 }

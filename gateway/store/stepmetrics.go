@@ -120,6 +120,7 @@ func MergeStepMetrics(a, b *loopsv1.StepMetrics) *loopsv1.StepMetrics {
 	ca, cb := float64(stepCount(a)), float64(stepCount(b))
 	m.LearningRate = mergeOptional(a.LearningRate, b.LearningRate, ca, cb)
 	m.GradNorm = mergeOptional(a.GradNorm, b.GradNorm, ca, cb)
+	m.UpdateNorm = mergeOptional(a.UpdateNorm, b.UpdateNorm, ca, cb)
 	m.Rl = mergeRL(a.GetRl(), b.GetRl(), float64(a.GetExamples()), float64(b.GetExamples()))
 	return m
 }

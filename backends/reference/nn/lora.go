@@ -161,8 +161,9 @@ type AdamParams struct {
 
 // OptimStats reports what an optimizer step did.
 type OptimStats struct {
-	GradNorm float64 // global gradient norm before clipping
-	Clipped  bool
+	GradNorm   float64 // global gradient norm before clipping
+	UpdateNorm float64 // ‖W_after − W_before‖ over every parameter, as stored (in T)
+	Clipped    bool
 }
 
 // AdamStep applies one AdamW step to every parameter, then zeroes the gradients:
@@ -191,18 +192,23 @@ func (a *Adapter[T]) AdamStep(p AdamParams) OptimStats {
 	t := float64(a.Step)
 	bc1 := 1 - math.Pow(p.Beta1, t)
 	bc2 := 1 - math.Pow(p.Beta2, t)
+	var upd float64 // Σ (W_after − W_before)²
 	for _, q := range a.Params {
 		for i := range q.W {
 			g := float64(q.G[i]) * coef
 			m := p.Beta1*float64(q.M[i]) + (1-p.Beta1)*g
 			v := p.Beta2*float64(q.V[i]) + (1-p.Beta2)*g*g
 			q.M[i], q.V[i] = T(m), T(v)
-			w := float64(q.W[i])
+			before := float64(q.W[i])
+			w := before
 			w -= p.LR * p.WeightDecay * w
 			w -= p.LR * (m / bc1) / (math.Sqrt(v/bc2) + p.Eps)
 			q.W[i] = T(w)
+			d := float64(q.W[i]) - before
+			upd += d * d
 		}
 		clear(q.G)
 	}
+	st.UpdateNorm = math.Sqrt(upd)
 	return st
 }
