@@ -155,20 +155,7 @@ func (s *Server) standby(ctx context.Context, reg *prometheus.Registry, st store
 		return nil, err
 	}
 	fo.elector = el
-	fo.proxy = &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(pr.In.Context().Value(targetKey{}).(*url.URL))
-			pr.Out.Host = pr.In.Host // the leader checks the Host the client used
-			pr.SetXForwarded()
-			pr.Out.Header.Set(forwardedHeader, lc.Holder)
-		},
-		FlushInterval: -1, // streamed answers (server-sent events) pass at once
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			s.log.Warn("forwarding to the leader failed", slog.String("path", r.URL.Path), slog.Any("err", err))
-			noLeader(w, "the leader gateway did not answer (it may have just died; a standby takes over once its lease lapses)")
-		},
-		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
-	}
+	fo.proxy = newProxy(s.log, lc.Holder)
 	s.fo = fo
 	reg.MustRegister(el.Collector())
 	go func() {
@@ -193,6 +180,25 @@ func (s *Server) standby(ctx context.Context, reg *prometheus.Registry, st store
 		}
 		standby.ServeHTTP(w, r)
 	}), nil
+}
+
+// newProxy returns the reverse proxy that forwards to the leader whose URL the request's
+// context holds (targetKey), marking the request as forwarded by holder.
+func newProxy(log *slog.Logger, holder string) *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(pr.In.Context().Value(targetKey{}).(*url.URL))
+			pr.Out.Host = pr.In.Host // the leader checks the Host the client used
+			pr.SetXForwarded()
+			pr.Out.Header.Set(forwardedHeader, holder)
+		},
+		FlushInterval: -1, // streamed answers (server-sent events) pass at once
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			log.Warn("forwarding to the leader failed", slog.String("path", r.URL.Path), slog.Any("err", err))
+			noLeader(w, "the leader gateway did not answer (it may have just died; a standby takes over once its lease lapses)")
+		},
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
 }
 
 // forward sends a request to the leader, waiting up to noLeaderWait for one.
