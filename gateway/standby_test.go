@@ -148,7 +148,11 @@ func TestStandbyForwardsAndTakesOver(t *testing.T) {
 	require.Equal(t, "standby", hb.Role)
 	require.Equal(t, "ok", hb.Status)
 	require.Contains(t, metricsOf(t, b.url), "loops_lease_is_leader 0")
-	require.Contains(t, metricsOf(t, a.url), "loops_lease_is_leader 1")
+	ma := metricsOf(t, a.url)
+	require.Contains(t, ma, "loops_lease_is_leader 1")
+	require.Contains(t, ma, "loops_lease_term 1")
+	require.Regexp(t, `loops_lease_age_seconds 0\.\d+|loops_lease_age_seconds [0-9.e-]+\n`, ma, "seconds since the last renewal")
+	require.NotContains(t, ma, "loops_lease_age_seconds -1")
 
 	// Training through the standby: every call is forwarded to the leader.
 	ctx := t.Context()
