@@ -151,7 +151,9 @@ func runServe(ctx context.Context, f serveFlags) error {
 	log.Info("store opened", slog.String("store", storeDesc))
 	var cks ckstore.Store
 	if f.checkpointStore != "" {
-		if cks, err = ckstore.Open(ctx, f.checkpointStore, ckstore.Options{}); err != nil {
+		// LinkFiles: a folder store on the data dir's file system takes saves (staged in the
+		// data dir, never modified afterwards) as hard links.
+		if cks, err = ckstore.Open(ctx, f.checkpointStore, ckstore.Options{LinkFiles: true}); err != nil {
 			_ = st.Close()
 			return fmt.Errorf("--checkpoint-store: %w", err)
 		}

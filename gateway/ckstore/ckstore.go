@@ -150,6 +150,12 @@ type Options struct {
 	Now func() time.Time
 	// Progress, when set, is called by Put after each file is uploaded.
 	Progress func(key, file string)
+	// LinkFiles lets the local store hard-link Put's files into the store instead of
+	// copying them, when they are on the same file system (else it copies): a save then
+	// costs no second write of its bytes. The caller must not modify the files after Put
+	// (removing them is fine), or the stored checkpoint changes with them (every read
+	// would then fail its hash check). The S3 store ignores it.
+	LinkFiles bool
 }
 
 func (o Options) withDefaults() Options {

@@ -30,14 +30,18 @@ func NewLocal(root string, opts Options) (Store, error) {
 	if abs, err = filepath.EvalSymlinks(abs); err != nil {
 		return nil, fmt.Errorf("ckstore: checkpoint folder: %w", err)
 	}
-	return localStore{newObjStore(&localObjects{root: abs}, opts)}, nil
+	return localStore{newObjStore(&localObjects{root: abs, link: opts.LinkFiles}, opts)}, nil
 }
 
 // localStore is the local folder's Store; it also implements LocalDirs.
 type localStore struct{ *objStore }
 
-// localObjects keeps objects as files under root.
-type localObjects struct{ root string }
+// localObjects keeps objects as files under root; with link, putFile hard-links its source
+// when it can (Options.LinkFiles).
+type localObjects struct {
+	root string
+	link bool
+}
 
 // tmpMarker is in the names of files being written; they are never listed as objects.
 const tmpMarker = ".tmp-"
@@ -93,12 +97,57 @@ func (l *localObjects) put(_ context.Context, name string, r io.Reader, size int
 }
 
 func (l *localObjects) putFile(ctx context.Context, name, src string, size int64) error {
+	if l.link {
+		if ok, err := l.linkFile(name, src, size); ok || err != nil {
+			return err
+		}
+	}
 	f, err := os.Open(src)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
 	return l.put(ctx, name, f, size)
+}
+
+// linkFile puts the object name as a hard link to src (size bytes): linked to a temporary
+// name, synced (the source's data may not be on disk yet), renamed into place. ok is false,
+// with nothing done, when src cannot be linked (another file system, no hard links).
+func (l *localObjects) linkFile(name, src string, size int64) (ok bool, err error) {
+	p := l.path(name)
+	dir := filepath.Dir(p)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return false, err
+	}
+	tmp := p + tmpMarker + "link-" + newGeneration(time.Now())
+	if err := os.Link(src, tmp); err != nil {
+		return false, nil
+	}
+	fail := func(err error) (bool, error) {
+		_ = os.Remove(tmp)
+		return true, err
+	}
+	f, err := os.Open(tmp)
+	if err != nil {
+		return fail(err)
+	}
+	info, err := f.Stat()
+	if err == nil && (!info.Mode().IsRegular() || info.Size() != size) {
+		err = fmt.Errorf("%w: %s: %d bytes, expected %d", ErrInvalid, name, info.Size(), size)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fail(err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		return fail(err)
+	}
+	return true, syncDir(dir)
 }
 
 func (l *localObjects) get(_ context.Context, name string) (io.ReadCloser, error) {

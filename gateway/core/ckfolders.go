@@ -128,7 +128,8 @@ func newCheckpointFiles(opts Options) (*checkpointFiles, error) {
 	f := &checkpointFiles{st: opts.CheckpointStore, staging: filepath.Join(dataDir, stagingFolder), grace: opts.CheckpointSweepGrace}
 	var err error
 	if f.st == nil {
-		if f.st, err = ckstore.NewLocal(filepath.Join(dataDir, localStoreFolder), ckstore.Options{}); err != nil {
+		// The staging folder is on the same file system: saves are linked, not copied.
+		if f.st, err = ckstore.NewLocal(filepath.Join(dataDir, localStoreFolder), ckstore.Options{LinkFiles: true}); err != nil {
 			return nil, fmt.Errorf("core: opening the checkpoint store: %w", err)
 		}
 	}
