@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"runtime"
 	"strings"
 	"time"
 
@@ -123,6 +124,7 @@ type Console struct {
 	sessions *sessions
 	pages    map[string]*template.Template
 	static   http.Handler
+	drawer   *drawer
 }
 
 // New returns a console over svc.
@@ -133,7 +135,8 @@ func New(svc Services, opts Options) *Console {
 		panic(err) // the embedded folder exists
 	}
 	return &Console{svc: svc, opts: opts, log: opts.Logger, sessions: newSessions(opts),
-		pages: parsePages(), static: http.StripPrefix(StaticPrefix, http.FileServerFS(sub))}
+		pages: parsePages(), static: http.StripPrefix(StaticPrefix, http.FileServerFS(sub)),
+		drawer: newDrawer(runtime.GOMAXPROCS(0) / 2)}
 }
 
 // IsConsolePath reports whether a request path is the console's: the root or under Prefix.

@@ -40,5 +40,9 @@
 // Bounds: a page lists at most PageSize rows (then a next-page link with the API's page
 // token), charts at most ChartPoints points per series, alerts read the last AlertSteps
 // steps, the sessions page looks up SamplersPerSession samplers per session, forms are at
-// most 8 KiB, and each page's service calls share a 30 s deadline.
+// most 8 KiB, and each page's service calls share a 30 s deadline. Drawing is CPU work the
+// training path shares: at most GOMAXPROCS/2 chart sets are drawn at once across the server
+// (a page that finds no slot before its deadline gets 429), and the last 128 drawings are
+// kept, keyed by run, toggles and the newest record, so refreshing the page of an idle run
+// reads its metrics but draws nothing (BenchmarkCharts: one drawing of five 400-point charts).
 package console

@@ -1,12 +1,15 @@
 package console
 
 import (
+	"context"
+	"fmt"
 	"math"
 	"regexp"
 	"strconv"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 	"gonum.org/v1/plot/plotter"
 	"google.golang.org/protobuf/proto"
@@ -190,4 +193,60 @@ func TestStepTicks(t *testing.T) {
 		}
 	}
 	require.Equal(t, []string{"0", "50", "100"}, labels) // gonum's default ticks, whole already
+}
+
+// BenchmarkCharts draws a run page's charts from ChartPoints records of each kind (the most
+// a page asks for), with and without the toggles: the cost of one live refresh's drawing.
+func BenchmarkCharts(b *testing.B) {
+	var steps []*loopsv1.StepMetrics
+	for i := range int64(ChartPoints) {
+		fb := fbRecord(i+1, "ppo", 1/float64(i+1), 512)
+		fb.Rl = &loopsv1.RLStepMetrics{KlSampleTrainK1: 0.001, KlSampleTrainK3: 0.0005, ZeroAdvantageFraction: 0.25}
+		steps = append(steps, fb, &loopsv1.StepMetrics{Kind: loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, Step: i + 1, LastStep: i + 1, BackendSeconds: 0.1})
+	}
+	for _, o := range []chartOptions{{}, {EMA: true, Log: true}} {
+		b.Run(fmt.Sprintf("ema=%v,log=%v", o.EMA, o.Log), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				cs := charts(steps, o)
+				if len(cs) != 5 || cs[0].Points != ChartPoints {
+					b.Fatal("unexpected charts")
+				}
+			}
+		})
+	}
+}
+
+func TestDrawerCachesAndBounds(t *testing.T) {
+	d := newDrawer(1)
+	steps := []*loopsv1.StepMetrics{fbRecord(1, "cross_entropy", 2, 10)}
+	k := keyOf("ws", "run", steps, chartOptions{})
+	a, err := d.draw(t.Context(), k, steps)
+	require.NoError(t, err)
+	b, err := d.draw(t.Context(), k, steps)
+	require.NoError(t, err)
+	require.Same(t, &a[0], &b[0]) // the second refresh did not draw again
+
+	// A new step, another workspace or other toggles is another drawing.
+	steps2 := append(steps, &loopsv1.StepMetrics{Kind: loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, SeqId: 2, LastSeqId: 2, Step: 1})
+	require.NotEqual(t, k, keyOf("ws", "run", steps2, chartOptions{}))
+	require.NotEqual(t, k, keyOf("other", "run", steps, chartOptions{}))
+	require.NotEqual(t, k, keyOf("ws", "run", steps, chartOptions{Log: true}))
+
+	// The cache is bounded.
+	for i := range chartCacheSize + 10 {
+		_, err := d.draw(t.Context(), keyOf("ws", fmt.Sprint("run", i), steps, chartOptions{}), steps)
+		require.NoError(t, err)
+	}
+	require.Len(t, d.cache, chartCacheSize)
+	require.Len(t, d.order, chartCacheSize)
+
+	// With every slot taken, a drawing waits for one until its deadline, then is refused.
+	d.slots <- struct{}{}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel()
+	_, err = d.draw(ctx, keyOf("ws", "new", steps, chartOptions{}), steps)
+	require.ErrorIs(t, err, errDrawBusy)
+	require.Equal(t, connect.CodeResourceExhausted, connect.CodeOf(err))
+	<-d.slots
 }

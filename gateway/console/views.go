@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/loops-dev/loops/gateway/auth"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/runhealth"
 )
@@ -231,7 +232,10 @@ func (c *Console) liveView(r *http.Request) (*runView, error) {
 		return nil, err
 	}
 	v.Alerts = runhealth.Check(recent.GetSteps())
-	v.Charts = charts(all.GetSteps(), chartOptions{EMA: v.EMA, Log: v.Log})
+	o := chartOptions{EMA: v.EMA, Log: v.Log}
+	if v.Charts, err = c.drawer.draw(ctx, keyOf(auth.Workspace(ctx), run.GetId(), all.GetSteps(), o), all.GetSteps()); err != nil {
+		return nil, err
+	}
 	lq := url.Values{}
 	if v.EMA {
 		lq.Set("ema", "1")
