@@ -566,9 +566,10 @@ class Engine:
         if not clip >= 0:
             raise invalid(f"grad_clip_norm must be >= 0 (0 turns clipping off), got {clip:g}")
         with self.compute:
-            norm = a.adam_step(lr, b1, b2, eps, wd, clip)
+            norm, update = a.adam_step(lr, b1, b2, eps, wd, clip)
         res = tpb.OptimStepResult()
         res.metrics["grad_norm:mean"] = norm
+        res.metrics["update_norm:mean"] = update
         res.metrics["learning_rate:mean"] = lr
         return bpb.OptimStepResponse(result=res)
 

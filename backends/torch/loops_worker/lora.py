@@ -206,7 +206,8 @@ class Adapter:
     def adam_step(self, lr: float, beta1: float, beta2: float, eps: float, wd: float, clip: float):
         """torch.optim.AdamW order, as the reference engine: global-norm clip
         g*clip/(|g|+1e-6) when clip > 0 and |g| > clip; p -= lr*wd*p; bias-corrected update.
-        Arithmetic in float64, stored in float32. Returns the norm before clipping."""
+        Arithmetic in float64, stored in float32. Returns the gradient norm before clipping and
+        the update norm |W_after - W_before| of the weights as stored (as the reference engine)."""
         ss = torch.zeros((), dtype=torch.float64, device=self.device)
         for p in self.params.values():
             if p.grad is not None:
@@ -219,6 +220,7 @@ class Adapter:
         t = float(self.step)
         bc1 = 1.0 - beta1 ** t
         bc2 = 1.0 - beta2 ** t
+        upd = torch.zeros((), dtype=torch.float64, device=self.device)
         for name, p in self.params.items():
             # no gradient is -0.0, the additive identity (how gradients.safetensors stores it), so
             # a step after an offload and restore is bit-identical to one without
@@ -227,9 +229,10 @@ class Adapter:
             v = self.exp_avg_sq[name].double().mul_(beta2).add_(g * g, alpha=1 - beta2)
             self.exp_avg[name].copy_(m)
             self.exp_avg_sq[name].copy_(v)
-            w = p.detach().double()
-            w = w - lr * wd * w
+            before = p.detach().double()
+            w = before - lr * wd * before
             w = w - lr * (m / bc1) / ((v / bc2).sqrt() + eps)
             p.data.copy_(w)
+            upd += (p.detach().double() - before).pow(2).sum()
             p.grad = None
-        return norm
+        return norm, float(upd.sqrt().item())

@@ -204,3 +204,21 @@ def test_gpu_configuration_on_cpu(tiny_dir):
     for want, got in zip(lps[False], lps[True]):
         assert len(want) == len(got)
         assert max(abs(x - y) for x, y in zip(want, got)) < 0.1, (want, got)
+
+
+def test_optim_step_reports_update_norm(engine):
+    """update_norm:mean is |W_after - W_before| over the adapter's weights as stored (as the
+    reference engine reports it), next to the gradient norm."""
+    aid = "updnorm"
+    engine.create_adapter(bpb.CreateAdapterRequest(adapter_id=aid, base_model="tiny", lora=tpb.LoraConfig(rank=4, seed=3, train_attn=True)))
+    res = engine.forward_backward(bpb.ForwardBackwardRequest(items=[bpb.ForwardBackwardItem(
+        adapter_id=aid, loss_fn="cross_entropy", data=[_datum([5, 9, 33, 70, 11, 2])])]))
+    assert res.results[0].WhichOneof("outcome") == "result", res.results[0]
+    before = {k: p.detach().double().clone() for k, p in engine.adapter(aid).params.items()}
+    out = engine.optim_step(bpb.OptimStepRequest(adapter_id=aid, adam=tpb.AdamParams(learning_rate=0.01)))
+    after = engine.adapter(aid).params
+    want = math.sqrt(sum(float((after[k].detach().double() - before[k]).pow(2).sum()) for k in before))
+    assert want > 0
+    got = out.result.metrics["update_norm:mean"]
+    assert abs(got - want) <= 1e-9 * want, (got, want)
+    assert out.result.metrics["grad_norm:mean"] > 0
