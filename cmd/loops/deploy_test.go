@@ -13,6 +13,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
@@ -113,4 +114,22 @@ func TestDeployAndCheckpointCommands(t *testing.T) {
 	require.Contains(t, out, "deleted deployment web")
 	_, err = cks.DeleteCheckpoint(t.Context(), &loopsv1.DeleteCheckpointRequest{Path: path})
 	require.NoError(t, err)
+}
+
+// TestPrintUsageWithDeployments: usage through a deployment gets a DEPLOYMENT column.
+func TestPrintUsageWithDeployments(t *testing.T) {
+	h := timestamppb.New(time.Date(2026, 1, 2, 3, 0, 0, 0, time.UTC))
+	var out strings.Builder
+	require.NoError(t, printUsage(&out, []*loopsv1.UsageBucket{
+		{StartTime: h, BaseModel: "loops/tiny", Kind: loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS, Amount: 5},
+		{StartTime: h, BaseModel: "loops/tiny", Deployment: "ws-a:web", Kind: loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS, Amount: 7},
+		{StartTime: h, BaseModel: "loops/tiny", Deployment: "ws-a:web", SessionId: "s", Kind: loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS, Amount: 1},
+	}))
+	require.Equal(t, strings.Join([]string{
+		"BUCKET (UTC)      MODEL       DEPLOYMENT  KIND                    AMOUNT",
+		"2026-01-02 03:00  loops/tiny  -           sampling_sample_tokens  5",
+		"2026-01-02 03:00  loops/tiny  ws-a:web    sampling_sample_tokens  8",
+		"TOTAL                                     sampling_sample_tokens  13",
+		"",
+	}, "\n"), out.String())
 }

@@ -83,19 +83,23 @@ func usageKindName(k loopsv1.UsageKind) string {
 	return k.String()
 }
 
-// printUsage writes one row per (bucket, model, kind), summed over sessions, in bucket
-// order, then the total of each kind.
+// printUsage writes one row per (bucket, model, deployment, kind), summed over sessions, in
+// bucket order, then the total of each kind. The DEPLOYMENT column (usage sampled through a
+// deployment, "<owner>:<name>") is shown only when some usage has one.
 func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket) error {
 	type row struct {
-		start time.Time
-		model string
-		kind  loopsv1.UsageKind
+		start      time.Time
+		model      string
+		deployment string
+		kind       loopsv1.UsageKind
 	}
 	sums := map[row]int64{}
 	totals := map[loopsv1.UsageKind]int64{}
+	deployments := false
 	for _, b := range buckets {
-		sums[row{b.GetStartTime().AsTime().UTC(), b.GetBaseModel(), b.GetKind()}] += b.GetAmount()
+		sums[row{b.GetStartTime().AsTime().UTC(), b.GetBaseModel(), b.GetDeployment(), b.GetKind()}] += b.GetAmount()
 		totals[b.GetKind()] += b.GetAmount()
+		deployments = deployments || b.GetDeployment() != ""
 	}
 	rows := make([]row, 0, len(sums))
 	for r := range sums {
@@ -108,12 +112,24 @@ func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket) error {
 		if c := strings.Compare(a.model, b.model); c != 0 {
 			return c
 		}
+		if c := strings.Compare(a.deployment, b.deployment); c != 0 {
+			return c
+		}
 		return int(a.kind) - int(b.kind)
 	})
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "BUCKET (UTC)\tMODEL\tKIND\tAMOUNT")
+	dep := func(d string) string {
+		if !deployments {
+			return ""
+		}
+		if d == "" {
+			d = "-"
+		}
+		return d + "\t"
+	}
+	fmt.Fprintf(tw, "BUCKET (UTC)\tMODEL\t%sKIND\tAMOUNT\n", map[bool]string{true: "DEPLOYMENT\t"}[deployments])
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", r.start.Format("2006-01-02 15:04"), r.model, usageKindName(r.kind), sums[r])
+		fmt.Fprintf(tw, "%s\t%s\t%s%s\t%d\n", r.start.Format("2006-01-02 15:04"), r.model, dep(r.deployment), usageKindName(r.kind), sums[r])
 	}
 	if len(rows) == 0 {
 		fmt.Fprintln(tw, "(no usage in this range)")
@@ -124,7 +140,7 @@ func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket) error {
 	}
 	slices.Sort(kinds)
 	for _, k := range kinds {
-		fmt.Fprintf(tw, "TOTAL\t\t%s\t%d\n", usageKindName(k), totals[k])
+		fmt.Fprintf(tw, "TOTAL\t\t%s%s\t%d\n", map[bool]string{true: "\t"}[deployments], usageKindName(k), totals[k])
 	}
 	return tw.Flush()
 }
