@@ -30,12 +30,14 @@ from loops_cookbook.env import Env, Episode, Step
 
 
 def rollout(sampler: tinker.SamplingClient, env: Env, params: types.SamplingParams, max_length: int,
-            max_turns: int = 1) -> Episode:
-    """Plays one episode to its end (or to max_turns / max_length, scored by the env's last step)."""
+            max_turns: int = 1, seed: int = 0) -> Episode:
+    """Plays one episode to its end (or to max_turns / max_length, scored by the env's last step).
+    Turn t samples with seed+t, so a run's samples follow from its seed."""
     prompt = env.reset()
     ep = Episode(list(prompt), [0.0] * len(prompt), [0.0] * len(prompt))
     while True:
-        seq = sampler.sample(types.ModelInput.from_ints(ep.tokens), 1, params).result().sequences[0]
+        turn_params = params.model_copy(update={"seed": seed + ep.turns})
+        seq = sampler.sample(types.ModelInput.from_ints(ep.tokens), 1, turn_params).result().sequences[0]
         ep.tokens += seq.tokens
         ep.logprobs += [float(x) for x in (seq.logprobs or [0.0] * len(seq.tokens))]
         ep.mask += [1.0] * len(seq.tokens)
@@ -107,16 +109,18 @@ TaskSampler = Callable[[random.Random], Callable[[], Env]]
 
 
 def play_group(sampler: tinker.SamplingClient, make_env: Callable[[], Env], cfg: RLConfig,
-               params: types.SamplingParams, pool: ThreadPoolExecutor, max_turns: int) -> list[Episode]:
+               params: types.SamplingParams, pool: ThreadPoolExecutor, max_turns: int, seed: int) -> list[Episode]:
     if max_turns == 1:
         # One-turn episodes of one task share the prompt: one request samples the whole group.
         envs = [make_env() for _ in range(cfg.group_size)]
         prompts = [e.reset() for e in envs]
         if all(p == prompts[0] for p in prompts):
-            seqs = sampler.sample(types.ModelInput.from_ints(prompts[0]), cfg.group_size, params).result().sequences
+            group_params = params.model_copy(update={"seed": seed})
+            seqs = sampler.sample(types.ModelInput.from_ints(prompts[0]), cfg.group_size, group_params).result().sequences
             futs = [pool.submit(_finish_one_turn, env, prompts[0], seq) for env, seq in zip(envs, seqs)]
             return [f.result() for f in futs]
-    futs = [pool.submit(rollout, sampler, make_env(), params, cfg.max_length, max_turns) for _ in range(cfg.group_size)]
+    futs = [pool.submit(rollout, sampler, make_env(), params, cfg.max_length, max_turns, seed + 1000 * i)
+            for i in range(cfg.group_size)]
     return [f.result() for f in futs]
 
 
@@ -137,8 +141,8 @@ def train_sync(run: Any, cfg: RLConfig, tasks: TaskSampler, stop: list[int], max
     with ThreadPoolExecutor(cfg.concurrency) as pool, ThreadPoolExecutor(cfg.groups_per_batch) as groups_pool:
         for step in range(1, cfg.steps + 1):
             sampler = run.training.save_weights_and_get_sampling_client()
-            makers = [tasks(rng) for _ in range(cfg.groups_per_batch)]
-            groups = list(groups_pool.map(lambda mk: play_group(sampler, mk, cfg, params, pool, max_turns), makers))
+            makers = [(tasks(rng), rng.randrange(1 << 30)) for _ in range(cfg.groups_per_batch)]
+            groups = list(groups_pool.map(lambda m: play_group(sampler, m[0], cfg, params, pool, max_turns, m[1]), makers))
             m = train_on(run.training, groups, cfg.learning_rate)
             rows.append(m)
             run.log(step_offset + step, **m)
@@ -168,9 +172,10 @@ def train_async(run: Any, cfg: RLConfig, tasks: TaskSampler, stop: list[int], ma
             while not done.is_set():
                 with rng_lock:
                     make_env = tasks(rng)
+                    seed = rng.randrange(1 << 30)
                 with cur_lock:
                     sampler, version = current["sampler"], current["step"]
-                group = play_group(sampler, make_env, cfg, params, pool, max_turns)
+                group = play_group(sampler, make_env, cfg, params, pool, max_turns, seed)
                 for e in group:
                     e.sampler_step = version
                 while not done.is_set():

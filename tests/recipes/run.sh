@@ -8,4 +8,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 venv=$("$root/scripts/pyenv.sh" loops-cookbook-tests tinker==0.38.0 transformers jinja2 tqdm pytest pytest-timeout)
 cd "$root"
 export HF_HUB_OFFLINE=1
-exec "$venv/bin/python" -m pytest -c tests/recipes/pytest.ini --rootdir tests/recipes tests/recipes "$@"
+# The whole folder unless test files are named (tests/recipes/test_x.py[::test]).
+where=tests/recipes
+for a in "$@"; do [[ $a == tests/recipes/* ]] && where=; done
+exec "$venv/bin/python" -m pytest -c tests/recipes/pytest.ini --rootdir tests/recipes $where "$@"
