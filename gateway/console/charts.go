@@ -73,7 +73,7 @@ var (
 
 // charts draws the run page's charts from a run's (downsampled) step metrics.
 func charts(steps []*loopsv1.StepMetrics, o chartOptions) []chartView {
-	var klK1, klK3, zero plotter.XYs
+	var klK1, klK3, zero, gradNorm, updNorm plotter.XYs
 	tokens, backend := perStep{}, perStep{}
 	// One loss series per loss function (an RL loop's cross_entropy and ppo differ in
 	// scale), in order of first appearance.
@@ -83,6 +83,14 @@ func charts(steps []*loopsv1.StepMetrics, o chartOptions) []chartView {
 		x := float64(m.GetStep())
 		span := float64(max(m.GetLastStep()-m.GetStep()+1, 1))
 		backend.add(m.GetStep(), m.GetBackendSeconds()/span)
+		if m.GetKind() == loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP {
+			if m.GradNorm != nil {
+				gradNorm = append(gradNorm, plotter.XY{X: x, Y: m.GetGradNorm()})
+			}
+			if m.UpdateNorm != nil {
+				updNorm = append(updNorm, plotter.XY{X: x, Y: m.GetUpdateNorm()})
+			}
+		}
 		if m.GetKind() != loopsv1.OperationKind_OPERATION_KIND_FORWARD_BACKWARD {
 			continue
 		}
@@ -118,6 +126,7 @@ func charts(steps []*loopsv1.StepMetrics, o chartOptions) []chartView {
 		drawChart("step_time", "Backend seconds per step", o, nil, series{"seconds", backend.xys(), blue}),
 		drawChart("kl", "kl_sample_train (RL)", o, &kl, series{"k3", klK3, blue}, series{"k1", klK1, orange}),
 		drawChart("zero_adv", "Zero-advantage share (RL)", o, &zeroLine, series{"share", zero, blue}),
+		drawChart("norms", "Gradient and update norms (optim_step)", o, nil, series{"gradient", gradNorm, blue}, series{"update", updNorm, orange}),
 	}
 }
 

@@ -1,8 +1,8 @@
 // Package console is Loops' web console, served by `loops serve` at / (the runs list) and
 // under /console/: sign in with an API key, then see the key's workspace only: training
 // runs with their live status, a run's live charts (loss per token by loss function,
-// tokens per step, backend seconds per step, kl_sample_train, zero-advantage share; EMA
-// smoothing and log-scale toggles) and health alerts (internal/runhealth, the same rules
+// tokens per step, backend seconds per step, kl_sample_train, zero-advantage share,
+// gradient and update norms; EMA smoothing and log-scale toggles) and health alerts (internal/runhealth, the same rules
 // as `loops runs show`), its checkpoints (download, publish/unpublish, TTL, delete after a
 // confirmation page), sessions and their samplers, usage by hour or day and kind, and the
 // workspace's limits. Deployments get a page only when the server is given a

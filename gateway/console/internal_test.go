@@ -121,7 +121,8 @@ func TestCharts(t *testing.T) {
 
 	steps := []*loopsv1.StepMetrics{
 		fbRecord(1, "cross_entropy", 2, 10), fbRecord(1, "ppo", -0.5, 6),
-		{Kind: loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, Step: 1, LastStep: 1, BackendSeconds: 0.25, LearningRate: proto.Float64(1e-3)},
+		{Kind: loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, Step: 1, LastStep: 1, BackendSeconds: 0.25, LearningRate: proto.Float64(1e-3),
+			GradNorm: proto.Float64(3), UpdateNorm: proto.Float64(0.01)},
 		fbRecord(2, "cross_entropy", math.NaN(), 10),
 		// A merged record over steps 3-4: its tokens and time count per step.
 		{Kind: loopsv1.OperationKind_OPERATION_KIND_FORWARD_BACKWARD, Step: 3, LastStep: 4, Count: 2, LossFn: "cross_entropy", LossMean: 1, LossTokens: 20, Tokens: 40, BackendSeconds: 2},
@@ -140,6 +141,9 @@ func TestCharts(t *testing.T) {
 	require.Equal(t, 2, kl.Points)
 	require.Contains(t, kl.Legend, legendItem{Name: "alert at 0.01", Color: "#c0392b", Dashed: true})
 	require.Equal(t, 1, chartByID(t, cs, "zero_adv").Points)
+	norms := chartByID(t, cs, "norms")
+	require.Equal(t, 2, norms.Points) // the one optim_step's gradient and update norms
+	require.Equal(t, []legendItem{{Name: "gradient", Color: "#1f77b4"}, {Name: "update", Color: "#e67e22"}}, norms.Legend)
 
 	// Log scale: non-positive values cannot be drawn and are counted as left out.
 	cs = charts(steps, chartOptions{Log: true, EMA: true})
@@ -209,7 +213,7 @@ func BenchmarkCharts(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				cs := charts(steps, o)
-				if len(cs) != 5 || cs[0].Points != ChartPoints {
+				if len(cs) != 6 || cs[0].Points != ChartPoints {
 					b.Fatal("unexpected charts")
 				}
 			}
