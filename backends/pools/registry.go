@@ -55,8 +55,8 @@ type key struct {
 }
 
 type entry struct {
-	m     Member
-	lease string
+	m       Member
+	lease   string
 	timer   *time.Timer   // nil for announced (in-process) members
 	ended   chan struct{} // closed when the lease ends
 	dropped bool          // ended because its pool was deleted: the worker drains

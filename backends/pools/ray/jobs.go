@@ -41,6 +41,7 @@ type SubmitRequest struct {
 // JobInfo is what GET /api/jobs/{id} answers (the fields used here).
 type JobInfo struct {
 	SubmissionID string `json:"submission_id"`
+	Entrypoint   string `json:"entrypoint"`
 	Status       string `json:"status"`
 	Message      string `json:"message"`
 	StartTime    int64  `json:"start_time"`

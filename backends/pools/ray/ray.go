@@ -149,9 +149,31 @@ func (p *Provider) EnsurePool(ctx context.Context, spec pools.Spec) error {
 // submit starts the driver job, adopting a live one and clearing a finished one.
 func (p *Provider) submit(ctx context.Context, spec pools.Spec) error {
 	id := JobID(spec.ID)
+	req, err := p.submitRequest(spec)
+	if err != nil {
+		return err
+	}
 	info, err := p.opts.Client.Job(ctx, id)
+	if err == nil && !Terminal(info.Status) && info.Entrypoint != req.Entrypoint {
+		// a driver of another gateway configuration (registry URL, model, args): replace it
+		p.log.Warn("stopping a pool driver started with another spec", slog.String("pool", spec.ID), slog.String("job", id))
+		if _, err := p.opts.Client.Stop(ctx, id); err != nil && !errors.Is(err, ErrNotFound) {
+			return fmt.Errorf("pool %s: stopping the stale driver job %s: %w", spec.ID, id, err)
+		}
+		for i := 0; i < 60 && err == nil && !Terminal(info.Status); i++ {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(500 * time.Millisecond):
+			}
+			info, err = p.opts.Client.Job(ctx, id)
+		}
+	}
 	switch {
 	case err == nil && !Terminal(info.Status):
+		if info.Entrypoint != req.Entrypoint {
+			return fmt.Errorf("pool %s: the stale driver job %s did not stop within 30s (status %s)", spec.ID, id, info.Status)
+		}
 		p.log.Info("adopting the running pool driver", slog.String("pool", spec.ID), slog.String("job", id), slog.String("status", info.Status))
 		return nil
 	case err == nil:
@@ -160,10 +182,6 @@ func (p *Provider) submit(ctx context.Context, spec pools.Spec) error {
 		}
 	case !errors.Is(err, ErrNotFound):
 		return fmt.Errorf("pool %s: %w", spec.ID, err)
-	}
-	req, err := p.submitRequest(spec)
-	if err != nil {
-		return err
 	}
 	if _, err := p.opts.Client.Submit(ctx, req); err != nil {
 		return fmt.Errorf("pool %s: submitting the pool driver: %w", spec.ID, err)

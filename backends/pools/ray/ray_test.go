@@ -74,7 +74,7 @@ func (f *fakeRay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case r.Method == http.MethodGet && action == "":
 		j.mu.Lock()
 		defer j.mu.Unlock()
-		writeJSON(JobInfo{SubmissionID: id, Status: j.status})
+		writeJSON(JobInfo{SubmissionID: id, Entrypoint: j.req.Entrypoint, Status: j.status})
 	case r.Method == http.MethodGet && action == "logs":
 		j.mu.Lock()
 		defer j.mu.Unlock()
@@ -240,4 +240,36 @@ func TestClientErrors(t *testing.T) {
 	require.ErrorContains(t, err, "bad runtime_env")
 	_, err = NewClient("http://127.0.0.1:1", nil, nil).Job(t.Context(), "x")
 	require.ErrorContains(t, err, "ray dashboard")
+}
+
+// A gateway that starts again adopts its running driver, and replaces one submitted with
+// another spec (another registry URL).
+func TestAdoptOrReplace(t *testing.T) {
+	p, reg, fr := newProvider(t)
+	ctx := t.Context()
+	spec := pools.Spec{ID: "a", Role: pools.RoleSampler, BaseModel: "m", Replicas: 1}
+	require.NoError(t, p.EnsurePool(ctx, spec))
+	fr.mu.Lock()
+	j := fr.jobs[JobID("a")]
+	fr.mu.Unlock()
+	require.NoError(t, p.Close()) // the first gateway is gone
+	p2, err := New(Options{Client: p.opts.Client, Registry: reg, RegistryURL: p.opts.RegistryURL, JoinToken: p.opts.JoinToken})
+	require.NoError(t, err)
+	require.NoError(t, p2.EnsurePool(ctx, spec))
+	fr.mu.Lock()
+	require.Same(t, j, fr.jobs[JobID("a")], "the same spec adopts the running job")
+	fr.mu.Unlock()
+	require.NoError(t, p2.Close())
+	p3, err := New(Options{Client: p.opts.Client, Registry: reg, RegistryURL: p.opts.RegistryURL + "/other", JoinToken: p.opts.JoinToken})
+	require.NoError(t, err)
+	require.NoError(t, p3.EnsurePool(ctx, spec))
+	defer func() { require.NoError(t, p3.DeletePool(ctx, "a")); require.NoError(t, p3.Close()) }()
+	fr.mu.Lock()
+	j3 := fr.jobs[JobID("a")]
+	fr.mu.Unlock()
+	require.NotSame(t, j, j3, "another spec replaces the job")
+	require.Contains(t, j3.req.Entrypoint, "/other")
+	j.mu.Lock()
+	require.Equal(t, StatusStopped, j.status)
+	j.mu.Unlock()
 }

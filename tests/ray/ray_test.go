@@ -1,0 +1,283 @@
+package ray
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/loops-dev/loops/backends"
+	"github.com/loops-dev/loops/backends/pools"
+	"github.com/loops-dev/loops/backends/worker"
+	"github.com/loops-dev/loops/gateway"
+)
+
+const backendName = "torch-ray-test"
+
+var (
+	beMu sync.Mutex
+	be   *worker.Backend
+)
+
+func init() {
+	// the torch backend, kept at hand so the test can scale its pool
+	backends.Register(backendName, func(ctx context.Context, cfg backends.Config) (backends.Backend, error) {
+		o, err := worker.OptionsFromConfig(cfg)
+		if err != nil {
+			return nil, err
+		}
+		b, err := worker.New(ctx, o)
+		if err == nil {
+			beMu.Lock()
+			be = b
+			beMu.Unlock()
+		}
+		return b, err
+	})
+}
+
+type line struct {
+	Event  string  `json:"event"`
+	Step   int     `json:"step"`
+	Loss   float64 `json:"loss"`
+	Secs   float64 `json:"secs"`
+	Error  string  `json:"error"`
+	Tokens any     `json:"tokens"`
+	T      float64 `json:"t"`
+}
+
+type script struct {
+	t     *testing.T
+	stdin io.WriteCloser
+	lines chan line
+}
+
+// do sends a command and waits for its outcome line, logging the errors seen meanwhile.
+func (s *script) do(cmd, want string) line {
+	s.t.Helper()
+	_, err := fmt.Fprintln(s.stdin, cmd)
+	require.NoError(s.t, err)
+	return s.wait(want)
+}
+
+func (s *script) wait(want string) line {
+	s.t.Helper()
+	timeout := time.After(8 * time.Minute)
+	for {
+		select {
+		case l, ok := <-s.lines:
+			require.True(s.t, ok, "the script ended while waiting for %s", want)
+			if l.Event == want {
+				return l
+			}
+		case <-timeout:
+			s.t.Fatalf("no %s from the script within 8 minutes", want)
+		}
+	}
+}
+
+// rayState calls the dashboard's state API (GET /api/v0/<kind>) and returns its rows.
+func rayState(t *testing.T, dash, kind string, filter url.Values) []map[string]any {
+	t.Helper()
+	resp, err := http.Get(dash + "/api/v0/" + kind + "?" + filter.Encode())
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var body struct {
+		Data struct {
+			Result struct {
+				Result []map[string]any `json:"result"`
+			} `json:"result"`
+		} `json:"data"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+	return body.Data.Result.Result
+}
+
+// actor returns the live actor of a replica (its pid and node id).
+func actor(t *testing.T, dash, name string) (pid int, node string) {
+	t.Helper()
+	rows := rayState(t, dash, "actors", url.Values{"filter_keys": {"name", "state"}, "filter_predicates": {"=", "="}, "filter_values": {name, "ALIVE"}, "detail": {"true"}})
+	require.NotEmpty(t, rows, "no live actor %s", name)
+	return int(rows[0]["pid"].(float64)), rows[0]["node_id"].(string)
+}
+
+// raylet finds the raylet process of a node by its id on its command line.
+func raylet(t *testing.T, node string) int {
+	t.Helper()
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		cmd := strings.ReplaceAll(string(b), "\x00", " ")
+		if strings.Contains(cmd, "/raylet ") && strings.Contains(cmd, node) {
+			var pid int
+			_, _ = fmt.Sscanf(strings.Split(p, "/")[2], "%d", &pid)
+			return pid
+		}
+	}
+	t.Fatalf("no raylet process for node %s", node)
+	return 0
+}
+
+func TestRayPool(t *testing.T) {
+	if os.Getenv("LOOPS_TEST_RAY") != "1" {
+		t.Skip("needs a local Ray cluster: make test-ray")
+	}
+	dash, py := os.Getenv("LOOPS_RAY_ADDRESS"), os.Getenv("LOOPS_RAY_PYTHON")
+	root, err := filepath.Abs("../..")
+	require.NoError(t, err)
+	ctx := t.Context()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t0 := time.Now()
+	srv, err := gateway.New(ctx, ln, gateway.Config{DataDir: t.TempDir(), Backend: backendName, BackendConfig: backends.Config{
+		Models: []string{"loops/tiny"},
+		Options: map[string]string{"provider": "ray", "ray_address": dash, "ray_python": py, "registry_listen": "127.0.0.1:0",
+			"gpus_per_replica": "1", "device": "cpu", "args": "--threads 1", "heartbeat_timeout": "5s",
+			"pythonpath": root + "/backends/torch:" + root + "/gen/python", "start_timeout": "10m"}}})
+	require.NoError(t, err)
+	cold := time.Since(t0)
+	t.Logf("FIGURE pool cold start (gateway start → first replica attached, Ray job submit + actor + model load): %.1fs", cold.Seconds())
+	go func() { _ = srv.Serve() }()
+	t.Cleanup(func() { _ = srv.Close(context.Background()) })
+	beMu.Lock()
+	b := be
+	beMu.Unlock()
+	prov, reg := b.Pools()
+	pool := worker.PoolID("loops/tiny")
+
+	// every membership change, logged with its time
+	ups := make(chan pools.Event, 64)
+	evs, err := prov.Watch(ctx, pool)
+	require.NoError(t, err)
+	go func() {
+		for ev := range evs {
+			t.Logf("EVENT %s %v", ev.Time.Format("15:04:05.000"), ev)
+			if ev.Kind == pools.Up {
+				ups <- ev
+			}
+		}
+	}()
+	<-ups
+
+	cmd := exec.CommandContext(ctx, py, filepath.Join(root, "tests/ray/drive.py"))
+	cmd.Env = append(os.Environ(), "TINKER_BASE_URL=http://"+ln.Addr().String(), "TINKER_API_KEY=tml-ray-test", "HF_HUB_OFFLINE=1")
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	s := &script{t: t, stdin: stdin, lines: make(chan line, 256)}
+	go func() {
+		defer close(s.lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			t.Logf("SCRIPT %s", sc.Text())
+			var l line
+			if json.Unmarshal(sc.Bytes(), &l) == nil {
+				s.lines <- l
+			}
+		}
+	}()
+	t.Cleanup(func() { _ = stdin.Close(); _ = cmd.Wait() })
+	s.wait("ready")
+	first := s.do("step", "step")
+	s.do("step", "step")
+	s.do("save s2", "saved")
+	s.do("sample w2", "sampled")
+
+	members := func(n int) {
+		require.Eventually(t, func() bool { return len(reg.Members(pool)) == n }, 8*time.Minute, 100*time.Millisecond, "pool size %d", n)
+		require.NoError(t, b.WaitReady(ctx))
+	}
+	t1 := time.Now()
+	require.NoError(t, prov.ScalePool(ctx, pool, 3))
+	members(3)
+	t.Logf("FIGURE scale 1→3: %.1fs until 3 replicas registered and attached", time.Since(t1).Seconds())
+	s.do("step", "step")
+	s.do("sample w3", "sampled")
+	t1 = time.Now()
+	require.NoError(t, prov.ScalePool(ctx, pool, 1))
+	members(1)
+	t.Logf("FIGURE scale 3→1: %.1fs", time.Since(t1).Seconds())
+	s.do("step", "step")
+	s.do("save s4", "saved")
+	drain(ups)
+
+	// kill the worker actor's process while the script trains: Ray restarts it, a new
+	// incarnation registers, the script reloads its last state and goes on
+	name := "loops-" + pool + "-0"
+	pid, _ := actor(t, dash, name)
+	midTraining(t, s, ups, "an actor kill", func() {
+		require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+		t.Logf("killed actor %s (pid %d)", name, pid)
+	})
+	s.do("save s5", "saved")
+
+	// kill the raylet of the node holding replica 0 while the script trains: Ray places the
+	// replica's group on the other node
+	_, node := actor(t, dash, name)
+	rp := raylet(t, node)
+	midTraining(t, s, ups, "a raylet kill", func() {
+		require.NoError(t, syscall.Kill(rp, syscall.SIGKILL))
+		t.Logf("killed raylet pid %d of node %s", rp, node)
+	})
+	s.do("sample w6", "sampled")
+	last := s.do("step", "step")
+	require.Less(t, last.Loss, first.Loss, "training went on: the loss fell across the failures")
+	s.do("quit", "bye")
+	require.NoError(t, prov.DeletePool(ctx, pool))
+}
+
+// midTraining starts 60 steps, kills something after the first, and reports how long until
+// a new incarnation registered and until the script's next step succeeded.
+func midTraining(t *testing.T, s *script, ups chan pools.Event, what string, kill func()) {
+	t.Helper()
+	drain(ups)
+	_, err := fmt.Fprintln(s.stdin, "steps 60")
+	require.NoError(t, err)
+	s.wait("step")
+	tk := time.Now()
+	kill()
+	select {
+	case up := <-ups:
+		t.Logf("FIGURE failover after %s: %.1fs until the new incarnation registered", what, up.Time.Sub(tk).Seconds())
+	case <-time.After(8 * time.Minute):
+		t.Fatalf("no new incarnation within 8 minutes of %s", what)
+	}
+	for {
+		l := s.wait("step")
+		if l.T > float64(tk.UnixMilli())/1000 && l.Secs > 0.5 { // the step that spanned the failure
+			t.Logf("FIGURE failover after %s: %.1fs until the script's step in flight succeeded (step %d, loss %.4f)", what, l.T-float64(tk.UnixMilli())/1000, l.Step, l.Loss)
+			break
+		}
+	}
+	s.wait("steps_done")
+}
+
+func drain(ch chan pools.Event) {
+	for {
+		select {
+		case <-ch:
+		default:
+			return
+		}
+	}
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# tests/ray/run.sh (make test-ray): the Ray pool test against a real local Ray cluster.
+#
+# Builds/reuses the venv (scripts/pyenv.sh ray-pool: the torch worker's CPU requirements,
+# ray[default] for the dashboard and its Jobs API, the tinker SDK), starts a cluster of three
+# raylets on this machine (a head with no GPUs, where the pool driver job runs, and two nodes
+# declaring 2 logical GPUs each: 4 in all; Ray GPUs are only labels here, the workers run on
+# the CPU), runs the Go test tests/ray (LOOPS_TEST_RAY=1), and stops the cluster.
+# Ports: RAY_PORT (6390), RAY_DASHBOARD_PORT (8290). Cold cost: the venv (~1.5 GB of wheels;
+# minutes, cached afterwards), then about a minute of cluster start-up.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+venv=$("$root/scripts/pyenv.sh" ray-pool $(cat "$root/backends/torch/requirements-cpu.txt") 'ray[default]==2.60.0' tinker==0.38.0)
+port=${RAY_PORT:-6390}
+dport=${RAY_DASHBOARD_PORT:-8290}
+tmp=$(mktemp -d /tmp/loops-ray.XXXXXX)
+export RAY_USAGE_STATS_ENABLED=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+stop() {
+  # ray stop has no per-cluster switch: it stops this user's Ray processes on the machine
+  "$venv/bin/ray" stop --force >/dev/null 2>&1 || true
+  rm -rf "$tmp"
+}
+trap stop EXIT
+# `ray start` gives a node 30 s to come up (hard-coded); on a loaded machine that can fail,
+# so each start is tried three times.
+try3() {
+  local log=$1
+  shift
+  for attempt in 1 2 3; do
+    "$@" >"$log" 2>&1 && return 0
+    echo "test-ray: '$*' failed (attempt $attempt): $(tail -1 "$log")" >&2
+    sleep 5
+  done
+  cat "$log" >&2
+  return 1
+}
+start=$(date +%s)
+try3 "$tmp/head.log" "$venv/bin/ray" start --head --node-ip-address=127.0.0.1 --port="$port" --dashboard-host=127.0.0.1 \
+  --dashboard-port="$dport" --num-cpus=2 --num-gpus=0 --temp-dir="$tmp" --disable-usage-stats
+for n in a b; do
+  try3 "$tmp/node-$n.log" "$venv/bin/ray" start --address="127.0.0.1:$port" --node-ip-address=127.0.0.1 --num-cpus=2 \
+    --num-gpus=2 --resources="{\"loops_node_$n\": 1}" --disable-usage-stats
+done
+echo "test-ray: cluster of 3 raylets up in $(( $(date +%s) - start ))s (dashboard http://127.0.0.1:$dport; load: $(cut -d' ' -f1-3 /proc/loadavg))"
+cd "$root"
+LOOPS_TEST_RAY=1 LOOPS_RAY_ADDRESS="http://127.0.0.1:$dport" LOOPS_RAY_PYTHON="$venv/bin/python" \
+  ${GO:-go} test -count=1 -v -timeout 30m -run TestRayPool ./tests/ray/ 2>&1 | tee "$tmp/test.log" | grep -E 'FIGURE|EVENT|SCRIPT|killed|^(---|ok|FAIL|PASS)|Error' || true
+
+grep -q '^ok' "$tmp/test.log" || { tail -80 "$tmp/test.log"; exit 1; }
+echo "test-ray: load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+
