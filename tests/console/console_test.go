@@ -214,6 +214,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	run("finished run", chromedp.Reload(), chromedp.WaitVisible(`tr[data-checkpoint="ck-early"]`, chromedp.ByQuery))
 	require.GreaterOrEqual(t, points(ctx, t, "loss"), 16) // 8 steps × (cross_entropy, importance_sampling)
 	require.Equal(t, 8, points(ctx, t, "tokens"))
+	require.Equal(t, 16, points(ctx, t, "norms")) // 8 optim_steps × (gradient, update) norm
 	run("finished run shot", sh.shot("run-finished"))
 
 	// The toggles: EMA and log scale redraw the charts and stay in the page's URL.
