@@ -41,6 +41,9 @@ type serveFlags struct {
 	lease leaseFlags
 	// checkpointStore is --checkpoint-store: "" for the local folder in the data dir.
 	checkpointStore string
+	// samplerSlots is --sampler-slots: sampling calls that run at once (0: the core's
+	// default).
+	samplerSlots int
 }
 
 func serveCmd() *cobra.Command {
@@ -93,6 +96,7 @@ max LoRA rank, runs at once, queued operations, sampling concurrency): see the
 	fl.StringSliceVar(&f.apiKeys, "api-key", envList("LOOPS_API_KEYS", nil), "accepted API key, KEY or KEY=WORKSPACE (repeatable; WORKSPACE is 1-64 letters, digits, '_' or '-', not starting with '-')")
 	fl.StringVar(&f.apiKeyFile, "api-key-file", env("LOOPS_API_KEY_FILE", ""), "file of API keys, one KEY or KEY=WORKSPACE a line")
 	fl.DurationVar(&f.sessionTTL, "session-ttl", 5*time.Minute, "how long a session lives without a heartbeat")
+	fl.IntVar(&f.samplerSlots, "sampler-slots", 0, "sampling calls that run at once, decoded together by a batching backend (0: the default, 4); serving many concurrent inference requests wants about one per request in flight (bench/serving)")
 	fl.IntVar(&f.maxLoraRank, "max-lora-rank", 64, "largest LoRA rank accepted")
 	fl.StringVar(&f.logLevel, "log-level", env("LOOPS_LOG_LEVEL", "info"), "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", env("LOOPS_LOG_FORMAT", "text"), "text or json")
@@ -183,7 +187,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 			Options:     backendOpts,
 		},
 		Keys: keys,
-		Core: core.Options{SessionTTL: f.sessionTTL, Policy: pol, CheckpointStore: cks},
+		Core: core.Options{SessionTTL: f.sessionTTL, Policy: pol, CheckpointStore: cks, SamplingConcurrency: f.samplerSlots},
 		Limits: gateway.Limits{
 			BodyReadTimeout:   f.bodyReadTimeout,
 			MaxRequestsPerKey: f.maxRequestsPerKey,
