@@ -333,3 +333,44 @@ func TestConfig(t *testing.T) {
 	require.Equal(t, lease.DefaultTTL/4, c.RenewEvery)
 	require.Equal(t, lease.DefaultTTL/5, c.Margin)
 }
+
+// slow answers renewals late: the database has renewed the lease, the leader hears it
+// delay later.
+type slow struct {
+	lease.Store
+	delay atomic.Int64
+}
+
+func (s *slow) Renew(ctx context.Context, name, holder string, term int64, ttl time.Duration) (lease.Record, error) {
+	r, err := s.Store.Renew(ctx, name, holder, term, ttl)
+	time.Sleep(time.Duration(s.delay.Load()))
+	return r, err
+}
+
+// TestLateAnswersCountFromTheSend: the leader counts its TTL from when it sent a renewal,
+// not from when the answer came. Answers within RenewEvery keep it leading; answers later
+// than that are given up on, and it steps down TTL − margin after the last renewal whose
+// answer it heard, while the database, which did renew, still holds the lease.
+func TestLateAnswersCountFromTheSend(t *testing.T) {
+	s, url := open(t)
+	s2, err := pglease.Open(context.Background(), url, 0)
+	require.NoError(t, err)
+	defer s2.Close()
+	ev := newEvents()
+	const ttl = 2 * time.Second // renew every 500 ms; step down 1.6 s after the last heard renewal's send
+	sl := &slow{Store: s}
+	a := elector(t, sl, s2, "A", ev, ttl)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = a.Run(ctx) }()
+	next(t, ev, "elected A")
+	sl.delay.Store(int64(300 * time.Millisecond))
+	time.Sleep(2 * ttl)
+	require.True(t, a.Status().Leader, "answers within RenewEvery keep the lease")
+
+	sl.delay.Store(int64(time.Second))
+	next(t, ev, "lost A")
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	require.True(t, ev.live["A"], "it stepped down while the database still held its lease")
+}
