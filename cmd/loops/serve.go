@@ -218,6 +218,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 		fmt.Fprintf(os.Stderr, "%d API key(s) configured.\n", keys.Len())
 	}
 	fmt.Fprintf(os.Stderr, "To train with tinker:\n  export TINKER_BASE_URL=%s\n  export TINKER_API_KEY=%s\n", url, keyHint)
+	fmt.Fprintf(os.Stderr, "Web console: %s/ (sign in with an API key)\n", url)
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve() }()
