@@ -24,7 +24,7 @@ build: ## Build the loops binary into ./bin/loops
 	$(GO) build -o bin/loops ./cmd/loops
 
 .PHONY: test
-test: check test-go fuzz-ci test-e2e test-console test-failover test-clients test-torch test-export test-sdk-matrix test-cookbook test-recipes test-large ## Everything CI runs
+test: check test-go fuzz-ci test-e2e test-console test-failover test-clients test-torch test-ray test-export test-sdk-matrix test-cookbook test-recipes test-large ## Everything CI runs
 
 .PHONY: test-go
 test-go: weed ## The fast path: Go unit, contract and fuzz-seed tests (no Python)
@@ -120,6 +120,10 @@ test-clients: protodeps ## Generated TypeScript (Connect) and Python (gRPC) clie
 	bash clients/openai/run.sh
 	bash clients/anthropic/run.sh
 	bash clients/curl/run.sh
+
+.PHONY: test-ray
+test-ray: ## Worker pools on a real local Ray cluster (3 raylets, logical GPUs, CPU workers): tinker trains and samples while the pool scales 1→3→1 and an actor, then a raylet, is killed (cached venv with ray[default]; ~5 min warm)
+	bash tests/ray/run.sh
 
 .PHONY: test-torch
 test-torch: ## The torch worker: Python tests, then the Go worker client tests incl. the backend contract suite against a local CPU worker (cached venv)
