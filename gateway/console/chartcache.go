@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	"connectrpc.com/connect"
@@ -54,11 +55,7 @@ func newDrawer(slots int) *drawer {
 
 // errDrawBusy is the answer when no drawing slot frees up before the request's deadline.
 var errDrawBusy = errs.New(connect.CodeResourceExhausted, errs.ReasonRateLimited,
-	errorString("the console is drawing as many charts as it may at once: try again in a few seconds"))
-
-type errorString string
-
-func (e errorString) Error() string { return string(e) }
+	errors.New("the console is drawing as many charts as it may at once: try again in a few seconds"))
 
 // draw returns the charts of steps, from the cache or drawn in a slot.
 func (d *drawer) draw(ctx context.Context, k chartKey, steps []*loopsv1.StepMetrics) ([]chartView, error) {

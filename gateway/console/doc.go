@@ -30,7 +30,9 @@
 // browser forgets it when it closes), HttpOnly, SameSite=Strict, Secure over TLS. The key
 // itself never goes back to the browser. Sessions are bounded (MaxSessions in all,
 // MaxSessionsPerWorkspace each: one workspace's sign-ins push out only its own oldest) and
-// expire (idle SessionIdle, at most SessionLifetime). Wrap, in front of the API-key
+// expire (idle SessionIdle, at most SessionLifetime); on a full server a sign-in takes the
+// oldest session of the workspace holding the most, if it holds at least two more than the
+// signing-in one, so no set of workspaces keeps another out. Wrap, in front of the API-key
 // middleware, turns a session cookie into the session's key header, so a console request is
 // authenticated, scoped to its workspace and counted against the key's requests in flight
 // by exactly the path an API request takes. Every state-changing form (sign-out, publish,

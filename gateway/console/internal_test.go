@@ -40,12 +40,26 @@ func TestSessionsBounded(t *testing.T) {
 	require.Nil(t, s.get(a2.id))
 	require.NotNil(t, s.get(a1.id))
 	require.NotNil(t, s.get(a3.id))
+	clk.t = clk.t.Add(time.Minute)
+	require.NotNil(t, s.get(a3.id)) // a3 is now a's most recently used
 
+	clk.t = clk.t.Add(time.Minute)
 	b1, err := s.create("tml-b", "b")
 	require.NoError(t, err)
+	clk.t = clk.t.Add(time.Minute)
 	_, err = s.create("tml-b", "b")
 	require.NoError(t, err)
-	// The server is full (4): a new workspace is refused, and no one is pushed out.
+	require.Equal(t, 4, s.len()) // full
+	// A new workspace gets in on a full server at the cost of the largest workspace's least
+	// recently used session (a and b hold 2 each: a by name, and a1 is a's older one).
+	clk.t = clk.t.Add(time.Minute)
+	c1, err := s.create("tml-c", "c")
+	require.NoError(t, err)
+	require.Nil(t, s.get(a1.id))
+	require.NotNil(t, s.get(a3.id))
+	require.NotNil(t, s.get(c1.id))
+	// Now no workspace holds two more than c: c's second sign-in is refused, no one pushed out.
+	clk.t = clk.t.Add(time.Minute)
 	_, err = s.create("tml-c", "c")
 	require.ErrorIs(t, err, errSessionsFull)
 	require.Equal(t, 4, s.len())

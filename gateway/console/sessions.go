@@ -66,30 +66,41 @@ func (s *sessions) expired(x *session, now time.Time) bool {
 }
 
 // create signs a key in: a new session for its workspace. A workspace at its bound loses
-// its least recently used session; a full server answers errSessionsFull.
+// its least recently used session. On a full server, the workspace holding the most
+// sessions loses its least recently used one, if it holds more than the signing-in
+// workspace (so no workspace can keep another out); otherwise the answer is
+// errSessionsFull.
 func (s *sessions) create(key, workspace string) (*session, error) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var oldest *session
-	n := 0
+	count := map[string]int{}
+	lru := map[string]*session{}
 	for id, x := range s.byID {
 		if s.expired(x, now) {
 			delete(s.byID, id)
 			continue
 		}
-		if x.workspace == workspace {
-			n++
-			if oldest == nil || x.used.Before(oldest.used) {
-				oldest = x
-			}
+		count[x.workspace]++
+		if o := lru[x.workspace]; o == nil || x.used.Before(o.used) {
+			lru[x.workspace] = x
 		}
 	}
-	if n >= s.maxPerWS && oldest != nil {
-		delete(s.byID, oldest.id)
+	if count[workspace] >= s.maxPerWS {
+		delete(s.byID, lru[workspace].id)
+		count[workspace]--
 	}
 	if len(s.byID) >= s.maxAll {
-		return nil, errSessionsFull
+		top := ""
+		for ws, n := range count {
+			if n > count[top] || (n == count[top] && ws < top) {
+				top = ws
+			}
+		}
+		if count[top] <= count[workspace]+1 {
+			return nil, errSessionsFull
+		}
+		delete(s.byID, lru[top].id)
 	}
 	x := &session{id: randomToken(), key: key, workspace: workspace, csrf: randomToken(), created: now, used: now}
 	s.byID[x.id] = x

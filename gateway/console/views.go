@@ -466,12 +466,14 @@ func usageKind(k loopsv1.UsageKind) string {
 	return strings.ToLower(strings.TrimPrefix(k.String(), "USAGE_KIND_"))
 }
 
-// usageRanges are the usage page's choices: how far back, and the bucket width.
-var usageRanges = []struct {
-	Name   string
-	Since  time.Duration
-	Bucket time.Duration
-}{
+// usageRange is one of the usage page's choices: how far back, and the bucket width.
+type usageRange struct {
+	Name          string
+	Since, Bucket time.Duration
+}
+
+// usageRanges are the usage page's choices; the first is the default.
+var usageRanges = []usageRange{
 	{"24h", 24 * time.Hour, time.Hour},
 	{"7d", 7 * 24 * time.Hour, 24 * time.Hour},
 	{"30d", 30 * 24 * time.Hour, 24 * time.Hour},
@@ -494,13 +496,7 @@ type usageView struct {
 
 func (c *Console) usagePage(w http.ResponseWriter, r *http.Request, s *session) error {
 	name := r.URL.Query().Get("range")
-	i := slices.IndexFunc(usageRanges, func(u struct {
-		Name   string
-		Since  time.Duration
-		Bucket time.Duration
-	}) bool {
-		return u.Name == name
-	})
+	i := slices.IndexFunc(usageRanges, func(u usageRange) bool { return u.Name == name })
 	if i < 0 {
 		i = 0
 	}
