@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/loops-dev/loops/backends"
 	_ "github.com/loops-dev/loops/backends/reference"
@@ -27,6 +28,8 @@ import (
 	"github.com/loops-dev/loops/backends/tiny"
 	"github.com/loops-dev/loops/gateway"
 	"github.com/loops-dev/loops/gateway/core"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 )
 
 // largeSeed seeds the Qwen3-0.6B-shaped model's weights.
@@ -66,7 +69,8 @@ func writeLarge(t *testing.T, dir string) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "loops-bench-version"), []byte(largeVersion+"\n"), 0o644))
 }
 
-// startServer runs a gateway with the reference engine serving models, in open mode.
+// startServer runs a gateway with the reference engine serving models, in open mode, and
+// returns its root URL.
 func startServer(t *testing.T, slots int, models ...string) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -76,8 +80,50 @@ func startServer(t *testing.T, slots int, models ...string) string {
 	require.NoError(t, err)
 	go func() { _ = srv.Serve() }()
 	t.Cleanup(func() { _ = srv.Close(context.Background()) })
-	return "http://" + ln.Addr().String() + "/oai/api/v1/completions"
+	return "http://" + ln.Addr().String()
 }
+
+// samplerCheckpoints creates k LoRA runs (rank 8, attention and MLP) on base and saves each
+// one's sampler weights: k adapters of one base, named by their tinker:// paths.
+func samplerCheckpoints(t *testing.T, root, base string, k int) []string {
+	hc := &http.Client{Transport: keyTransport{http.DefaultTransport}}
+	training := loopsv1connect.NewTrainingServiceClient(hc, root)
+	ops := loopsv1connect.NewOperationServiceClient(hc, root)
+	wait := func(op *loopsv1.Operation) *loopsv1.Operation {
+		for op.GetState() != loopsv1.OperationState_OPERATION_STATE_SUCCEEDED {
+			require.NotEqual(t, loopsv1.OperationState_OPERATION_STATE_FAILED, op.GetState(), op.GetError().GetMessage())
+			var err error
+			op, err = ops.WaitOperation(t.Context(), &loopsv1.WaitOperationRequest{Id: op.GetId(), Timeout: durationpb.New(25 * time.Second)})
+			require.NoError(t, err)
+		}
+		return op
+	}
+	var paths []string
+	for i := range k {
+		seed := uint64(i + 1)
+		op, err := training.CreateTrainingRun(t.Context(), &loopsv1.CreateTrainingRunRequest{BaseModel: base,
+			Lora: &loopsv1.LoraConfig{Rank: 8, TrainAttn: true, TrainMlp: true, Seed: seed}})
+		require.NoError(t, err)
+		run := wait(op).GetTrainingRunId()
+		op, err = training.SaveWeights(t.Context(), &loopsv1.SaveWeightsRequest{TrainingRunId: run, SeqId: 1,
+			Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER, Name: fmt.Sprintf("serving-%d", i)})
+		require.NoError(t, err)
+		paths = append(paths, wait(op).GetSaveWeights().GetCheckpoint().GetTinkerPath())
+	}
+	return paths
+}
+
+// keyTransport sends the benchmark's API key.
+type keyTransport struct{ next http.RoundTripper }
+
+func (k keyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+benchKey)
+	return k.next.RoundTrip(r)
+}
+
+// benchKey is the benchmark's API key (open mode: any tml- key).
+const benchKey = "tml-serving-bench"
 
 // result is one streamed completion as the client saw it.
 type result struct {
@@ -94,7 +140,7 @@ func complete(ctx context.Context, url, model string, prompt []int32, maxTokens 
 	if err != nil {
 		return result{}, err
 	}
-	req.Header.Set("Authorization", "Bearer tml-serving-bench")
+	req.Header.Set("Authorization", "Bearer "+benchKey)
 	start := time.Now()
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -158,8 +204,8 @@ type stats struct {
 
 func (s stats) tokensPerSecond() float64 { return float64(s.tokens) / s.wall.Seconds() }
 
-// run sends n requests, conc at a time.
-func run(t *testing.T, url, model string, n, conc, promptLen, maxTokens int) stats {
+// run sends n requests, conc at a time; request i names models[i % len(models)].
+func run(t *testing.T, url string, models []string, n, conc, promptLen, maxTokens int) stats {
 	jobs := make(chan int)
 	var mu sync.Mutex
 	st := stats{conc: conc, requests: n}
@@ -174,7 +220,7 @@ func run(t *testing.T, url, model string, n, conc, promptLen, maxTokens int) sta
 				for k := range p {
 					p[k] = int32(65 + (i*7+k)%26)
 				}
-				r, err := complete(t.Context(), url, model, p, maxTokens, i)
+				r, err := complete(t.Context(), url, models[i%len(models)], p, maxTokens, i)
 				if err != nil {
 					t.Error(err)
 					continue
@@ -230,8 +276,9 @@ func TestServing(t *testing.T) {
 		name              string
 		prompt, maxTokens int
 		perConc, reqs     int // requests per level: max(perConc·conc, reqs)
+		adapters          int // > 0: requests go round robin to that many sampler checkpoints
 	}
-	models := []model{{tiny.Name, 16, 64, 2, 16}}
+	models := []model{{tiny.Name, 16, 64, 2, 16, 0}, {tiny.Name, 16, 64, 2, 16, envInt("LOOPS_BENCH_ADAPTERS", 4)}}
 	if os.Getenv("LOOPS_BENCH_LARGE") != "" {
 		home, err := os.UserHomeDir()
 		require.NoError(t, err)
@@ -239,9 +286,9 @@ func TestServing(t *testing.T) {
 		t0 := time.Now()
 		writeLarge(t, dir)
 		t.Logf("0.6B-shaped model in %s (%v)", dir, time.Since(t0).Round(time.Second))
-		models = append(models, model{dir, 16, envInt("LOOPS_BENCH_LARGE_TOKENS", 16), 1, 4})
+		models = append(models, model{dir, 16, envInt("LOOPS_BENCH_LARGE_TOKENS", 16), 1, 4, 0})
 		if os.Getenv("LOOPS_BENCH_LARGE") == "only" {
-			models = models[1:]
+			models = models[2:]
 		}
 	}
 	// The core's default is 4 sampler slots; a serving deployment wants one per request in
@@ -267,16 +314,27 @@ func TestServing(t *testing.T) {
 	}
 	t.Logf("GOMAXPROCS %d, load average before: %s", runtime.GOMAXPROCS(0), loadavg())
 	rounds := envInt("LOOPS_BENCH_ROUNDS", 3)
+	label := func(m model) string {
+		if m.adapters > 0 {
+			return fmt.Sprintf("%s with %d adapters", filepath.Base(m.name), m.adapters)
+		}
+		return filepath.Base(m.name)
+	}
 	line := func(m model, slots int, st stats, gain string) {
 		t.Logf("%s, %d slots, concurrency %2d: %3d requests × (%d+≤%d tokens): %7.1f tokens/s%s; TTFT p50 %v p99 %v; ITL p50 %v p99 %v; load %s",
-			filepath.Base(m.name), slots, st.conc, st.requests, m.prompt, m.maxTokens, st.tokensPerSecond(), gain,
+			label(m), slots, st.conc, st.requests, m.prompt, m.maxTokens, st.tokensPerSecond(), gain,
 			pct(st.ttft, .5).Round(time.Millisecond), pct(st.ttft, .99).Round(time.Millisecond),
 			pct(st.itl, .5).Round(100*time.Microsecond), pct(st.itl, .99).Round(100*time.Microsecond), loadavg())
 	}
 	for _, m := range models {
 		for _, slots := range slotCounts {
-			url := startServer(t, slots, m.name)
-			run(t, url, m.name, 2, 2, m.prompt, 4) // warm-up: loads the model
+			root := startServer(t, slots, m.name)
+			url := root + "/oai/api/v1/completions"
+			names := []string{m.name}
+			if m.adapters > 0 {
+				names = samplerCheckpoints(t, root, m.name, m.adapters)
+			}
+			run(t, url, names, 2*len(names), 2, m.prompt, 4) // warm-up: loads the model and adapters
 			// The machine's load moves between phases, so each level alternates with its own
 			// serial baseline (the same number of requests one at a time, right before it),
 			// rounds times; the gain is the median of the rounds' ratios.
@@ -284,15 +342,15 @@ func TestServing(t *testing.T) {
 				n := max(m.perConc*conc, m.reqs)
 				var ratios []float64
 				for range rounds {
-					serial := run(t, url, m.name, max(n/4, m.reqs/2, 1), concs[0], m.prompt, m.maxTokens)
-					par := run(t, url, m.name, n, conc, m.prompt, m.maxTokens)
+					serial := run(t, url, names, max(n/4, m.reqs/2, 1), concs[0], m.prompt, m.maxTokens)
+					par := run(t, url, names, n, conc, m.prompt, m.maxTokens)
 					ratios = append(ratios, par.tokensPerSecond()/serial.tokensPerSecond())
 					line(m, slots, serial, "")
 					line(m, slots, par, fmt.Sprintf(" (%.2f× the serial run before it)", ratios[len(ratios)-1]))
 				}
 				slices.Sort(ratios)
 				t.Logf("%s, %d slots, concurrency %d: batching gain over serial, median of %d rounds: %.2f× (range %.2f–%.2f×)",
-					filepath.Base(m.name), slots, conc, rounds, ratios[len(ratios)/2], ratios[0], ratios[len(ratios)-1])
+					label(m), slots, conc, rounds, ratios[len(ratios)/2], ratios[0], ratios[len(ratios)-1])
 			}
 		}
 	}
