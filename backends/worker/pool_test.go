@@ -113,3 +113,24 @@ func TestPoolModeTorch(t *testing.T) {
 		return err == nil
 	}, 2*time.Minute, 200*time.Millisecond)
 }
+
+// Pool mode with the static provider: configured addresses become the pool's replicas.
+func TestPoolModeStatic(t *testing.T) {
+	var addrs []string
+	for range 2 {
+		w, err := poolstest.StartFakeWorker("127.0.0.1:0", []string{"m"})
+		require.NoError(t, err)
+		t.Cleanup(w.Close)
+		addrs = append(addrs, w.Addr)
+	}
+	o, err := OptionsFromConfig(backends.Config{Models: []string{"m"}, DataDir: t.TempDir(),
+		Options: map[string]string{"provider": "static", "workers": addrs[0] + "," + addrs[1]}})
+	require.NoError(t, err)
+	b, err := New(t.Context(), o)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	_, reg := b.Pools()
+	require.Eventually(t, func() bool { return len(reg.Members(PoolID("m"))) == 2 }, 10*time.Second, 20*time.Millisecond)
+	_, err = b.Trainer().CreateAdapter(t.Context(), &backendv1.CreateAdapterRequest{AdapterId: "a", BaseModel: "m"})
+	require.NoError(t, err)
+}
