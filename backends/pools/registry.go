@@ -423,13 +423,38 @@ func (r *Registry) beat(lease string) (drain bool, e *entry) {
 	return drain, e
 }
 
-// Heartbeat implements RegistryService.Heartbeat.
+// Heartbeat implements RegistryService.Heartbeat. The first beat must come within the
+// heartbeat timeout and name a live lease, so a stream without a lease holds nothing long.
 func (r *Registry) Heartbeat(ctx context.Context, st *connect.BidiStream[backendv1.HeartbeatRequest, backendv1.HeartbeatResponse]) error {
-	first, err := st.Receive()
-	if err != nil {
-		return nil // the worker went away before its first beat; its timer decides
+	beats := make(chan *backendv1.HeartbeatRequest)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		defer close(beats)
+		for {
+			m, err := st.Receive()
+			if err != nil {
+				return
+			}
+			select {
+			case beats <- m:
+			case <-done:
+				return
+			}
+		}
+	}()
+	var lease string
+	select {
+	case <-ctx.Done():
+		return nil
+	case first, open := <-beats:
+		if !open {
+			return nil // the worker went away before its first beat; its timer decides
+		}
+		lease = first.GetLeaseId()
+	case <-time.After(r.opts.HeartbeatTimeout):
+		return connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("no heartbeat within %v of opening the stream; send {lease_id} first", r.opts.HeartbeatTimeout))
 	}
-	lease := first.GetLeaseId()
 	drain, e := r.beat(lease)
 	if e == nil {
 		return connect.NewError(connect.CodeNotFound, errors.New("the lease is unknown or ended (replaced by a newer incarnation, deregistered or expired): register again"))
@@ -437,22 +462,6 @@ func (r *Registry) Heartbeat(ctx context.Context, st *connect.BidiStream[backend
 	if err := st.Send(&backendv1.HeartbeatResponse{Drain: drain}); err != nil {
 		return nil
 	}
-	beats := make(chan struct{})
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		for {
-			if _, err := st.Receive(); err != nil {
-				close(beats)
-				return
-			}
-			select {
-			case beats <- struct{}{}:
-			case <-done:
-				return
-			}
-		}
-	}()
 	for {
 		select {
 		case <-ctx.Done():

@@ -192,3 +192,17 @@ func TestDropPoolDrains(t *testing.T) {
 	}
 	require.Empty(t, reg.Members("p"))
 }
+
+// A heartbeat stream that names no lease is closed after the heartbeat timeout.
+func TestHeartbeatWithoutLease(t *testing.T) {
+	_, cl := serve(t, pools.RegistryOptions{JoinToken: "tok", HeartbeatTimeout: 200 * time.Millisecond})
+	st, err := cl.Heartbeat(t.Context())
+	require.NoError(t, err)
+	_, err = st.Receive()
+	require.Equal(t, connect.CodeDeadlineExceeded, connect.CodeOf(err))
+	st2, err := cl.Heartbeat(t.Context())
+	require.NoError(t, err)
+	require.NoError(t, st2.Send(&backendv1.HeartbeatRequest{LeaseId: "nope"}))
+	_, err = st2.Receive()
+	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err))
+}

@@ -26,7 +26,7 @@ func Serve(r *Registry, addr string) (*Server, error) {
 	p := new(http.Protocols)
 	p.SetHTTP1(true)
 	p.SetUnencryptedHTTP2(true)
-	s := &Server{l: l, srv: &http.Server{Handler: mux, Protocols: p, ReadHeaderTimeout: 10 * time.Second}}
+	s := &Server{l: l, srv: &http.Server{Handler: mux, Protocols: p, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}}
 	go func() {
 		if err := s.srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			r.log.Error("registry server stopped", "err", err)
