@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 )
 
 // Job statuses of the Ray Jobs API.
@@ -66,7 +67,12 @@ func NewClient(base string, hc *http.Client, header http.Header) *Client {
 
 const maxBody = 8 << 20 // logs included
 
+// callTimeout bounds one call to the dashboard.
+const callTimeout = 30 * time.Second
+
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
