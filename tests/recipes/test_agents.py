@@ -9,7 +9,8 @@ from conftest import report, run_recipe
 
 
 def test_tool_calling_sft_then_rl(recipe_env, tmp_path):
-    res = run_recipe(recipe_env, tmp_path, "tool_calling", "sft_steps=8", "steps=2")
+    res = run_recipe(recipe_env, tmp_path, "tool_calling", "sft_steps=8", "steps=2", "max_tokens=32",
+                     "group_size=2")
     sft = [r for r in res.metrics if r.get("phase") == "sft"]
     rl = [r for r in res.metrics if "reward" in r]
     assert [r["step"] for r in sft] == list(range(1, 9)) and [r["step"] for r in rl] == [9, 10]
@@ -32,8 +33,9 @@ def test_coding_agent_runs_every_solution_in_the_sandbox(recipe_env, tmp_path):
 
 
 def test_sandboxed_agent_runs_end_to_end(recipe_env, tmp_path):
-    res = run_recipe(recipe_env, tmp_path, "sandboxed_agent", "steps=2", "max_tokens=48")
+    res = run_recipe(recipe_env, tmp_path, "sandboxed_agent", "steps=2", "max_tokens=48", "max_turns=2",
+                     "group_size=2")
     for r in res.metrics:
         assert {"solved", "commands", "commands_ok"} <= r.keys()
-        assert 1.0 <= r["turns"] <= 4.0
+        assert 1.0 <= r["turns"] <= 2.0
     report("sandboxed_agent", rewards=[r["reward"] for r in res.metrics], seconds=round(res.seconds, 1))
