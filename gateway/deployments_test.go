@@ -161,6 +161,15 @@ func TestDeployments(t *testing.T) {
 	mresp.Body.Close()
 	require.Contains(t, string(mb), `"id":"dep/c1"`)
 	require.Contains(t, string(mb), `"id":"dep/c2"`)
+	for model, want := range map[string]int{"dep/c1": 200, "dep/c3": 404} {
+		greq, _ := http.NewRequestWithContext(ctx, "GET", url+"/oai/api/v1/models/"+model, nil)
+		greq.Header.Set("Authorization", "Bearer "+keyA)
+		gresp, err := http.DefaultClient.Do(greq)
+		require.NoError(t, err)
+		gb, _ := io.ReadAll(gresp.Body)
+		gresp.Body.Close()
+		require.Equal(t, want, gresp.StatusCode, "%s: %s", model, gb)
+	}
 	st, body := oai(t, url, keyA, "dep")
 	require.Equal(t, 400, st)
 	require.Contains(t, errMessage(body), "dep/c1")

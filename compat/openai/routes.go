@@ -306,6 +306,13 @@ func (s *server) getModel(w http.ResponseWriter, r *http.Request) error {
 		for _, m := range res.GetModels() {
 			found = found || m.GetName() == base
 		}
+		if !found && path == "" {
+			if d := s.deploymentModel(r.Context(), base); d != nil {
+				out.Created, out.OwnedBy = d.GetCreateTime().GetSeconds(), d.GetOwner()
+				writeJSON(w, http.StatusOK, out)
+				return nil
+			}
+		}
 		if !found {
 			return &apiError{status: http.StatusNotFound, typ: typeInvalidRequest, param: "model", code: "model_not_found",
 				message: "model " + infer.Truncate(base) + " is not served (GET /models lists those that are)"}
