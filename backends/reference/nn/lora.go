@@ -194,6 +194,7 @@ func (a *Adapter[T]) AdamStep(p AdamParams) OptimStats {
 	bc2 := 1 - math.Pow(p.Beta2, t)
 	var upd float64 // Σ (W_after − W_before)²
 	for _, q := range a.Params {
+		var pu float64 // this parameter's Σ d², in a register
 		for i := range q.W {
 			g := float64(q.G[i]) * coef
 			m := p.Beta1*float64(q.M[i]) + (1-p.Beta1)*g
@@ -203,10 +204,12 @@ func (a *Adapter[T]) AdamStep(p AdamParams) OptimStats {
 			w := before
 			w -= p.LR * p.WeightDecay * w
 			w -= p.LR * (m / bc1) / (math.Sqrt(v/bc2) + p.Eps)
-			q.W[i] = T(w)
-			d := float64(q.W[i]) - before
-			upd += d * d
+			nw := T(w)
+			q.W[i] = nw
+			d := float64(nw) - before
+			pu += d * d
 		}
+		upd += pu
 		clear(q.G)
 	}
 	st.UpdateNorm = math.Sqrt(upd)
