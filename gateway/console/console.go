@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"runtime"
 	"strings"
 	"time"
@@ -248,6 +249,10 @@ func (c *Console) page(f pageFunc) http.HandlerFunc {
 		defer cancel()
 		r = r.WithContext(ctx)
 		if r.Method == http.MethodPost {
+			if !sameOrigin(r) {
+				c.fail(w, r, http.StatusForbidden, "the form was sent from another site ("+r.Header.Get("Origin")+"): use the console's own pages")
+				return
+			}
 			r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
 			if err := r.ParseForm(); err != nil {
 				c.fail(w, r, http.StatusBadRequest, "the form could not be read (over "+itoa(maxFormBytes)+" bytes, or malformed): go back and submit it again")
@@ -262,6 +267,18 @@ func (c *Console) page(f pageFunc) http.HandlerFunc {
 			c.serviceError(w, r, err)
 		}
 	}
+}
+
+// sameOrigin reports whether a browser's POST comes from the console's own pages: its
+// Origin header, when sent (browsers send it on every cross-site POST), names this host.
+// Requests without one (non-browser clients) are left to the CSRF token.
+func sameOrigin(r *http.Request) bool {
+	o := r.Header.Get("Origin")
+	if o == "" {
+		return true
+	}
+	u, err := url.Parse(o)
+	return err == nil && u.Host == r.Host
 }
 
 // serviceError renders a service error with the status and message the API would give

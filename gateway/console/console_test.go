@@ -224,9 +224,24 @@ func TestConsoleSignInAndWorkspaces(t *testing.T) {
 	code, _, _ = b.post("/console/checkpoint/delete", url.Values{"csrf": {b.csrf()}, "path": {ck}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusNotFound, code)
 
+	// Forms sent from another site are refused, sign-in included (login CSRF).
+	req, err := http.NewRequest(http.MethodPost, base+console.SignInPath, strings.NewReader(url.Values{"api_key": {keyB}}.Encode()))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", "http://evil.example")
+	code, _, body = newBrowser(t, base).do(req)
+	require.Equal(t, http.StatusForbidden, code)
+	require.Contains(t, body, "another site")
+	req, err = http.NewRequest(http.MethodPost, base+"/console/checkpoint/public", strings.NewReader(url.Values{"csrf": {b.csrf()}, "path": {ck}, "public": {"true"}}.Encode()))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", "http://evil.example")
+	code, _, _ = b.do(req)
+	require.Equal(t, http.StatusForbidden, code)
+
 	// A key header from the browser is not trusted on console paths.
 	anon := newBrowser(t, base)
-	req, err := http.NewRequest(http.MethodGet, base+"/", nil)
+	req, err = http.NewRequest(http.MethodGet, base+"/", nil)
 	require.NoError(t, err)
 	req.Header.Set(auth.HeaderName, keyA)
 	code, _, _ = anon.do(req)

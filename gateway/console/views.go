@@ -111,6 +111,11 @@ func (c *Console) signInPage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
+	if !sameOrigin(r) {
+		// Login CSRF: another site signing this browser in to the site's own workspace.
+		c.render(w, http.StatusForbidden, "signin", "Sign in", "", nil, "the sign-in form was sent from another site: sign in on this page")
+		return
+	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
 	if err := r.ParseForm(); err != nil {
 		c.render(w, http.StatusBadRequest, "signin", "Sign in", "", nil, "the form could not be read: submit it again")
