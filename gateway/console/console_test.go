@@ -333,6 +333,8 @@ func FuzzConsoleForms(f *testing.F) {
 		{"/console/usage", "", "range=9999d"},
 		{"/", "", "page=bm90IGEgdG9rZW4"},
 		{"/console/sessions", "", "page=%ff"},
+		{"/console/signin", "api_key=tml-%00x&api_key=tml-console-a", ""},
+		{"/console/signout", "csrf=x", ""},
 	} {
 		f.Add(s[0], s[1], s[2])
 	}
