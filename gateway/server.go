@@ -367,6 +367,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		Sampling:    svc.Sampling,
 		Usage:       svc.Usage,
 		Workspace:   svc.Workspace,
+		Deployments: svc.Deployments,
 	}, console.Options{Authenticate: keys.Authenticate, Logger: s.log})
 	pages := cons.Handler()
 	mux.Handle("GET "+console.Root+"{$}", pages)
