@@ -69,17 +69,31 @@ func (c *crasher) hook(s ckStep) error {
 }
 
 // ckStores are the checkpoint stores the crash tests run on: the local folder (the
-// default) and an S3 bucket on a real S3-compatible server (skipped without the weed
-// binary, except under CI). Each returns the Options that every core of one test (its
-// restarts included) opens with.
+// default), an S3 bucket on a real S3-compatible server (skipped without the weed binary,
+// except under CI), and that bucket with a backend that reads and writes it through
+// presigned URLs. opts returns the Options that every core of one test (its restarts
+// included) opens with; backend returns a fresh backend whose saves hold the given content.
 var ckStores = []struct {
-	name string
-	opts func(t *testing.T) Options
+	name    string
+	opts    func(t *testing.T) Options
+	backend func(content string) (backends.Backend, *fakeBackend, func(string))
 }{
-	{"local", func(t *testing.T) Options { return Options{CheckpointSweepGrace: time.Nanosecond} }},
+	{"local", func(t *testing.T) Options { return Options{CheckpointSweepGrace: time.Nanosecond} }, folderBackend},
 	{"s3", func(t *testing.T) Options {
 		return Options{CheckpointStore: newS3Store(t), CheckpointSweepGrace: time.Nanosecond}
+	}, folderBackend},
+	{"s3 through worker URLs", func(t *testing.T) Options {
+		return Options{CheckpointStore: newS3Store(t), CheckpointSweepGrace: time.Nanosecond}
+	}, func(content string) (backends.Backend, *fakeBackend, func(string)) {
+		be := &urlBackend{fakeBackend: newFakeBackend(), content: content}
+		return be, be.fakeBackend, be.set
 	}},
+}
+
+// folderBackend is a contentBackend (a backend on the gateway's host, given folders).
+func folderBackend(content string) (backends.Backend, *fakeBackend, func(string)) {
+	be := &contentBackend{fakeBackend: newFakeBackend(), content: content}
+	return be, be.fakeBackend, be.set
 }
 
 // newS3Store is a checkpoint store in a fresh bucket of the package's S3 server.
@@ -95,10 +109,10 @@ func newS3Store(t *testing.T) ckstore.Store {
 // checkAfterRestart opens a fresh core on dir and checks that checkpoint name of run is
 // listed (or not, if gone), complete, loadable and holds want, and that no other
 // generation survived the start-up sweep.
-func checkAfterRestart(t *testing.T, dir string, opts Options, run, name, want string, gone bool) {
+func checkAfterRestart(t *testing.T, dir string, opts Options, newBackend func(string) (backends.Backend, *fakeBackend, func(string)), run, name, want string, gone bool) {
 	t.Helper()
-	be := &contentBackend{fakeBackend: newFakeBackend()}
-	h, stop := openHarnessWith(t, dir, be, be.fakeBackend, opts)
+	be, fake, _ := newBackend("")
+	h, stop := openHarnessWith(t, dir, be, fake, opts)
 	defer stop()
 	keys, err := h.core.ckpt.st.List(h.ctx, "ws-a/"+run)
 	require.NoError(t, err)
@@ -146,16 +160,16 @@ func TestOverwriteSurvivesACrashAtEveryStep(t *testing.T) {
 				}
 				t.Run(name, func(t *testing.T) {
 					dir := t.TempDir()
-					be := &contentBackend{fakeBackend: newFakeBackend()}
-					h, stop := openHarnessWith(t, dir, be, be.fakeBackend, opts)
+					be, fake, set := cs.backend("")
+					h, stop := openHarnessWith(t, dir, be, fake, opts)
 					run := h.newRun()
-					be.set("old")
+					set("old")
 					_, err := h.save(run, "c", false)
 					require.NoError(t, err)
 
 					cr := &crasher{at: at}
 					h.core.ckpt.fault = cr.hook
-					be.set("new")
+					set("new")
 					_, err = h.save(run, "c", true)
 					if at < 0 {
 						require.NoError(t, err)
@@ -167,7 +181,7 @@ func TestOverwriteSurvivesACrashAtEveryStep(t *testing.T) {
 					if at >= 0 && at <= 4 { // before the record was replaced
 						content = "old"
 					}
-					checkAfterRestart(t, dir, opts, run, "c", content, false)
+					checkAfterRestart(t, dir, opts, cs.backend, run, "c", content, false)
 				})
 			}
 		})
@@ -189,8 +203,8 @@ func TestDeleteSurvivesACrashAtEveryStep(t *testing.T) {
 				}
 				t.Run(name, func(t *testing.T) {
 					dir := t.TempDir()
-					be := &contentBackend{fakeBackend: newFakeBackend(), content: "old"}
-					h, stop := openHarnessWith(t, dir, be, be.fakeBackend, opts)
+					be, fake, _ := cs.backend("old")
+					h, stop := openHarnessWith(t, dir, be, fake, opts)
 					run := h.newRun()
 					path, err := h.save(run, "c", false)
 					require.NoError(t, err)
@@ -203,7 +217,7 @@ func TestDeleteSurvivesACrashAtEveryStep(t *testing.T) {
 						require.Equal(t, want, cr.steps, "the steps of a delete")
 					}
 					stop()
-					checkAfterRestart(t, dir, opts, run, "c", "old", at != 0)
+					checkAfterRestart(t, dir, opts, cs.backend, run, "c", "old", at != 0)
 				})
 			}
 		})
@@ -241,7 +255,7 @@ func TestDeleteFailureLeavesARetryableState(t *testing.T) {
 				require.NoError(t, err)
 				require.Len(t, keys, 1, "the files are left for the sweep")
 				stop()
-				checkAfterRestart(t, dir, opts, run, "c", "", true)
+				checkAfterRestart(t, dir, opts, folderBackend, run, "c", "", true)
 				return
 			}
 			require.Equal(t, connect.CodeInternal, connect.CodeOf(err))

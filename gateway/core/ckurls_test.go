@@ -27,8 +27,15 @@ import (
 type urlBackend struct {
 	*fakeBackend
 	mu      sync.Mutex
+	content string            // adapter_model.safetensors of the next saves, when set
 	loaded  map[string]string // file -> content of the last load
 	sampled []*backendv1.FileURL
+}
+
+func (b *urlBackend) set(content string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.content = content
 }
 
 func (b *urlBackend) Trainer() backends.Trainer { return b }
@@ -50,6 +57,11 @@ func (b *urlBackend) SaveAdapter(ctx context.Context, req *backendv1.SaveAdapter
 			continue
 		}
 		body := []byte(req.GetAdapterId() + ":" + u.GetName())
+		b.mu.Lock()
+		if u.GetName() == "adapter_model.safetensors" && b.content != "" {
+			body = []byte(b.content)
+		}
+		b.mu.Unlock()
 		hr, err := http.NewRequestWithContext(ctx, http.MethodPut, u.GetUrl(), bytes.NewReader(body))
 		if err != nil {
 			return nil, err
