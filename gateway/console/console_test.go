@@ -199,7 +199,9 @@ func TestConsoleSignInAndWorkspaces(t *testing.T) {
 	code, _, body = a.get(html.UnescapeString(link[1]))
 	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, ck)
-	for _, p := range []string{"/console/sessions", "/console/usage", "/console/usage?range=7d", "/console/limits"} {
+	// The gateway serves deployments, so the console lists them.
+	require.Contains(t, body, `href="/console/deployments"`)
+	for _, p := range []string{"/console/sessions", "/console/usage", "/console/usage?range=7d", "/console/limits", "/console/deployments"} {
 		code, _, body = a.get(p)
 		require.Equal(t, http.StatusOK, code, p+": "+body)
 	}
