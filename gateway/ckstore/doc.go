@@ -25,6 +25,11 @@
 // run); readers need no coordination with writers: a Fetch that races an overwrite and
 // finds its generation's parts gone re-reads the manifest and starts again.
 //
+// The S3 store also implements Uploads: a process without the store's credentials (a
+// worker on another host) writes a checkpoint's files through presigned PUT URLs and the
+// key's owner commits them, and reads them through presigned GET URLs. The local store can
+// hard-link Put's files instead of copying them (Options.LinkFiles).
+//
 // Every implementation passes the contract suite in package ckstoretest; the S3 one runs
 // it against a real S3-compatible server started by package s3test.
 package ckstore
