@@ -15,7 +15,6 @@ rewards are all equal teach nothing and are left out. The loss is `importance_sa
 
 from __future__ import annotations
 
-import dataclasses
 import queue
 import random
 import threading
@@ -26,7 +25,7 @@ import tinker
 from tinker import types
 
 from loops_cookbook.config import RLConfig
-from loops_cookbook.env import Env, Episode, Step
+from loops_cookbook.env import Env, Episode
 
 
 def rollout(sampler: tinker.SamplingClient, env: Env, params: types.SamplingParams, max_length: int,
