@@ -28,11 +28,27 @@ def out(**kw):
 STATE = {"last": None}
 
 
+def corrupted(tc):
+    """Whether the gateway marked the run corrupted (its adapter was recreated empty)."""
+    try:
+        return bool(tinker.RestClient().get_training_run(tc.model_id).result(timeout=60).corrupted)
+    except Exception as e:  # noqa: BLE001
+        out(event="error", what="get_training_run", error=f"{type(e).__name__}: {str(e)[:300]}")
+        return False
+
+
 def retry(tc, what, fn, tries=120):
     t0 = time.time()
     for attempt in range(tries):
         try:
-            return fn(), time.time() - t0
+            res = fn()
+            # after errors, the call may have run on an adapter the gateway recreated empty
+            # (the run is then marked corrupted): reload the last state and do it again
+            if attempt > 0 and STATE["last"] and corrupted(tc):
+                tc.load_state(STATE["last"]).result(timeout=300)
+                out(event="reloaded", path=STATE["last"], why="the run was marked corrupted")
+                continue
+            return res, time.time() - t0
         except Exception as e:  # noqa: BLE001 - the point is to show what the script sees
             msg = str(e)
             out(event="error", what=what, attempt=attempt, error=f"{type(e).__name__}: {msg[:300]}")
