@@ -249,9 +249,19 @@ func TestConsoleInBrowser(t *testing.T) {
 	run("usage", chromedp.Navigate(base+"/console/usage"), chromedp.WaitVisible("#usage-totals", chromedp.ByID), chromedp.Text("#usage-totals", &msg, chromedp.ByID), sh.shot("usage"))
 	require.Contains(t, msg, "training_tokens")
 	require.Contains(t, msg, "sampling_sample_tokens")
-	run("sessions", chromedp.Navigate(base+"/console/sessions"), chromedp.WaitVisible(`a[href="/console/runs/`+runID+`"]`, chromedp.ByQuery),
-		chromedp.OuterHTML("main", &html, chromedp.ByQuery), sh.shot("sessions"))
-	require.Contains(t, html, runID+"/sampler_weights/sampler-final") // the sampler train.py sampled from
+	// The sampler train.py sampled from: a session's list of samplers is written behind, so
+	// reload until it is there.
+	deadline = time.Now().Add(60 * time.Second)
+	for {
+		run("sessions", chromedp.Navigate(base+"/console/sessions"), chromedp.WaitVisible(`a[href="/console/runs/`+runID+`"]`, chromedp.ByQuery),
+			chromedp.OuterHTML("main", &html, chromedp.ByQuery))
+		if strings.Contains(html, runID+"/sampler_weights/sampler-final") {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the sessions page does not list train.py's sampler:\n%s", html)
+		time.Sleep(time.Second)
+	}
+	run("sessions shot", sh.shot("sessions"))
 	run("limits", chromedp.Navigate(base+"/console/limits"), chromedp.WaitVisible("#limits", chromedp.ByID), sh.shot("limits"))
 
 	// Bob: none of Alice's runs, not even by its address.

@@ -62,6 +62,8 @@ def main() -> None:
     sampler_path = tc.save_weights_for_sampler("sampler-final").result(timeout=TIMEOUT).path
     print("saved", sampler_path, flush=True)
     sc = service.create_sampling_client(model_path=sampler_path)
+    if hasattr(sc, "result"):  # tinker 0.38 hands back a future of the client
+        sc = sc.result(timeout=TIMEOUT)
     out = sc.sample(
         prompt=types.ModelInput.from_ints(list(b"two plus two is")),
         num_samples=1,
