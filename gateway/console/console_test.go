@@ -313,6 +313,8 @@ func TestConsoleCheckpointActions(t *testing.T) {
 	code, h, _ = a.post("/console/checkpoint/delete", url.Values{"path": {ck}, "csrf": {tok}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Contains(t, h.Get("Location"), "/console/runs/"+run)
+	_, _, body = a.get(h.Get("Location"))
+	require.Contains(t, body, `id="deleted">Deleted checkpoint ck1.`)
 	code, _, _ = a.get("/console/checkpoint?path=" + url.QueryEscape(ck))
 	require.Equal(t, http.StatusNotFound, code)
 	_, _, body = a.get("/console/runs/" + run)

@@ -214,7 +214,9 @@ type runView struct {
 	CkTotal     int64
 	CkNext      string
 	CkPage      string
-	Now         time.Time
+	// Deleted names the checkpoint just deleted (after the confirmation's redirect).
+	Deleted string
+	Now     time.Time
 }
 
 // liveView fills what the live fragment shows: the run, its alerts and its charts.
@@ -266,6 +268,9 @@ func (c *Console) runPage(w http.ResponseWriter, r *http.Request, s *session) er
 		return err
 	}
 	v.Checkpoints, v.CkTotal, v.CkNext, v.CkPage = cks.GetCheckpoints(), cks.GetTotalCount(), cks.GetNextPageToken(), tok
+	if d := r.URL.Query().Get("deleted"); len(d) <= 200 {
+		v.Deleted = d
+	}
 	c.render(w, http.StatusOK, "run", "Run "+v.Run.GetId(), "runs", s, v)
 	return nil
 }
