@@ -55,6 +55,9 @@ func openHarnessWith(t *testing.T, dir string, be backends.Backend, fake *fakeBa
 	opts.DataDir = dir
 	c, err := New(t.Context(), st, be, opts)
 	require.NoError(t, err)
+	// The start-up sweep runs in the background; with the tests' tiny grace it could take a
+	// save's generation before its record is written, so the tests start after it.
+	<-c.ckpt.swept
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {

@@ -114,9 +114,11 @@ type checkpointFiles struct {
 	genMu   sync.Mutex
 	lastGen int64
 
-	// sweepMu makes sweeps one at a time; lastSweep is when the last one started.
+	// sweepMu makes sweeps one at a time; lastSweep is when the last one started; swept
+	// is closed when the start-up sweep is done.
 	sweepMu   sync.Mutex
 	lastSweep time.Time
+	swept     chan struct{}
 
 	// fault, when set (tests only), runs before each step; an error makes the step fail
 	// without doing anything.
@@ -662,8 +664,10 @@ func (c *Core) migrateKind(ctx context.Context, kd, ws, runID string, kind loops
 }
 
 // openCheckpoints prepares the checkpoint store at start-up: it opens it, binds download
-// links to the core's clock, moves checkpoints of the old folder layout into it and sweeps
-// what a crash left.
+// links to the core's clock, moves checkpoints of the old folder layout into it, and starts
+// sweeping what a crash left in the background (listing a large bucket takes a while, and a
+// gateway taking over from another must start serving at once); storeSwept is closed when
+// that sweep is done.
 func (c *Core) openCheckpoints(ctx context.Context) error {
 	f, err := newCheckpointFiles(c.opts)
 	if err != nil {
@@ -674,7 +678,13 @@ func (c *Core) openCheckpoints(ctx context.Context) error {
 	if err := c.migrateFolders(ctx); err != nil {
 		return err
 	}
-	c.sweepStore(ctx)
+	f.swept = make(chan struct{})
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		defer close(f.swept)
+		c.sweepStore(c.ctx)
+	}()
 	return nil
 }
 
