@@ -332,3 +332,51 @@ func TestS3LargeAdapterRoundTrip(t *testing.T) {
 	require.Equal(t, be.sums, be2.seen, "every file arrives byte for byte")
 	t.Log(fmt.Sprintf("%.0f MB: save %s, load on a second gateway %s", float64(12*qwen3LoraParams+600)/1e6, saved.Round(time.Millisecond), loaded.Round(time.Millisecond)))
 }
+
+// heldSampler is the fake backend whose Sample waits at a gate and then fails unless the
+// adapter folder it was given still exists.
+type heldSampler struct {
+	*fakeBackend
+	gate    chan struct{}
+	entered chan string
+}
+
+func (g *heldSampler) Sampler() backends.Sampler { return g }
+
+func (g *heldSampler) Sample(ctx context.Context, req *backendv1.SampleRequest) (*backendv1.SampleResponse, error) {
+	g.entered <- req.GetAdapterDir()
+	<-g.gate
+	if _, err := os.Stat(filepath.Join(req.GetAdapterDir(), "adapter_model.safetensors")); err != nil {
+		return nil, err
+	}
+	return g.fakeBackend.Sample(ctx, req)
+}
+
+// TestS3SampleKeepsItsAdapter: a sample whose sampler leaves memory while the sample waits
+// or runs keeps the sampler's cached checkpoint copy until it is done, even with a cache
+// bound that keeps nothing unused; then the copy goes.
+func TestS3SampleKeepsItsAdapter(t *testing.T) {
+	cks := newS3Store(t)
+	be := &heldSampler{fakeBackend: newFakeBackend(), gate: make(chan struct{}), entered: make(chan string, 1)}
+	h, _ := openHarnessWith(t, t.TempDir(), be, be.fakeBackend, Options{CheckpointStore: cks, CheckpointCacheBytes: 1})
+	run := h.newRun()
+	op, err := h.svc.Training.SaveWeights(h.ctx, &loopsv1.SaveWeightsRequest{TrainingRunId: run, Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER, Name: "s"})
+	require.NoError(t, err)
+	path := h.wait(op).GetSaveWeights().GetPath()
+	smp, err := h.svc.Sampling.CreateSampler(h.ctx, &loopsv1.CreateSamplerRequest{ModelPath: path})
+	require.NoError(t, err)
+	sample, err := h.svc.Sampling.Sample(h.ctx, &loopsv1.SampleRequest{SamplerId: smp.GetId(), Prompt: []int32{1}, NumSamples: 1, Params: &loopsv1.SamplingParams{MaxTokens: 2}})
+	require.NoError(t, err)
+	dir := <-be.entered
+	require.NotEmpty(t, dir)
+	st, err := h.core.samplers.get(h.ctx, "ws-a", smp.GetId())
+	require.NoError(t, err)
+	h.core.samplers.mu.Lock()
+	h.core.samplers.dropLocked(st) // the sampler leaves memory while its sample runs
+	h.core.samplers.mu.Unlock()
+	close(be.gate)
+	done := h.wait(sample)
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, done.GetState(), done.GetError().GetMessage())
+	require.Eventually(t, func() bool { _, err := os.Stat(dir); return os.IsNotExist(err) }, 10*time.Second, 10*time.Millisecond,
+		"released by the sample and the sampler, the copy goes past the cache bound")
+}

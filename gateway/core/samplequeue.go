@@ -65,6 +65,9 @@ type sampleJob struct {
 	cost       int // tokens: prompt + max_tokens × num_samples
 	// sink, when set, receives the tokens while they are decoded (SampleStream).
 	sink tokenstream.Sink
+	// adapter holds the sampler's checkpoint folder until the job ends (nil for the base
+	// model), even if the sampler leaves memory meanwhile.
+	adapter *ckRef
 }
 
 // sampleCost is a sampling request's size in tokens, its weight in the round robin.
@@ -305,6 +308,7 @@ func (q *sampleQueue) close() {
 	q.order = nil
 	q.mu.Unlock()
 	for _, j := range failed {
+		j.adapter.release()
 		q.c.ops.finish(j.o, nil, errShuttingDown())
 	}
 }

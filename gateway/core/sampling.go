@@ -383,7 +383,12 @@ func (s SamplingService) sample(ctx context.Context, req *loopsv1.SampleRequest,
 		NumSamples: max(req.GetNumSamples(), 1), Params: params,
 		PromptLogprobs: req.GetPromptLogprobs(), TopkPromptLogprobs: req.GetTopkPromptLogprobs(),
 	}
-	if !c.samplers.queue.push(&sampleJob{o: o, session: st.info.GetSessionId(), deployment: deploymentUsage(st.info.GetDeployment()), req: breq, cost: sampleCost(breq), sink: sink}) {
+	var adapter *ckRef
+	if st.ref != nil {
+		adapter = st.ref.hold()
+	}
+	if !c.samplers.queue.push(&sampleJob{o: o, session: st.info.GetSessionId(), deployment: deploymentUsage(st.info.GetDeployment()), req: breq, cost: sampleCost(breq), sink: sink, adapter: adapter}) {
+		adapter.release()
 		c.ops.finish(o, nil, errShuttingDown()) // a shutdown began meanwhile
 	}
 	return o.snapshot(), nil
@@ -391,6 +396,7 @@ func (s SamplingService) sample(ctx context.Context, req *loopsv1.SampleRequest,
 
 // runSample runs a sampling operation on a sampler slot the queue gave it.
 func (c *Core) runSample(j *sampleJob) {
+	defer j.adapter.release()
 	o, session, req := j.o, j.session, j.req
 	// One of the workspace's sampling slots: the queue starts no more of a workspace's
 	// samples than its sampling_concurrency, so this never waits; it keeps the count.
