@@ -147,6 +147,7 @@ type Store interface {
 	ListUsage(ctx context.Context, workspace string, from, to time.Time) ([]UsageRecord, error)
 
 	DeploymentStore
+	JobStore
 
 	// Close releases the store's resources.
 	Close() error

@@ -67,8 +67,10 @@ func Run(t *testing.T, open Opener) {
 	s("Deployments", testDeployments)
 	s("DeploymentGrants", testDeploymentGrants)
 	s("UsageDeployments", testUsageDeployments)
+	s("Jobs", testJobs)
 	t.Run("Reopen", func(t *testing.T) { testReopen(t, open) })
 	t.Run("DeploymentsReopen", func(t *testing.T) { testDeploymentsReopen(t, open) })
+	t.Run("FailRunningJobs", func(t *testing.T) { testFailRunningJobs(t, open) })
 }
 
 // newPath returns a fresh path in a fresh temporary directory.
