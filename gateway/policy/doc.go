@@ -16,6 +16,10 @@
 //	  max_concurrent_runs: 0     # training runs live at once
 //	  max_queued_operations: 0   # operations queued or running at once
 //	  sampling_concurrency: 0    # samples running at once; more wait (and count as queued)
+//	  allow_jobs: false          # may its keys run managed jobs (`loops jobs`, docs/jobs.md)
+//	  max_running_jobs: 0        # jobs running at once (0: the server's default, 2)
+//	  max_job_seconds: 0         # a job's wall time (0: the server's default, 3600)
+//	  max_job_memory_mb: 0       # a job's address space in MiB (0: the server's default, 8192)
 //	workspaces:
 //	  team-a:                    # a workspace name, as --api-key KEY=WORKSPACE gives it
 //	    models: [loops/tiny]

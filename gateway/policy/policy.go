@@ -28,6 +28,14 @@ type Section struct {
 	MaxQueuedOperations *int `json:"max_queued_operations,omitempty"`
 	// SamplingConcurrency caps the sampling operations running at once.
 	SamplingConcurrency *int `json:"sampling_concurrency,omitempty"`
+	// AllowJobs lets the workspace's keys run managed jobs (`loops jobs`); off by default.
+	AllowJobs *bool `json:"allow_jobs,omitempty"`
+	// MaxRunningJobs caps the workspace's jobs running at once (0: the server's default).
+	MaxRunningJobs *int `json:"max_running_jobs,omitempty"`
+	// MaxJobSeconds caps a job's wall time (0: the server's default).
+	MaxJobSeconds *int `json:"max_job_seconds,omitempty"`
+	// MaxJobMemoryMB caps a job's address space, in MiB (0: the server's default).
+	MaxJobMemoryMB *int `json:"max_job_memory_mb,omitempty"`
 }
 
 // File is a policy file as written.
@@ -47,6 +55,13 @@ type Limits struct {
 	MaxConcurrentRuns   int
 	MaxQueuedOperations int
 	SamplingConcurrency int
+	// AllowJobs says whether the workspace may run managed jobs.
+	AllowJobs bool
+	// MaxRunningJobs, MaxJobSeconds and MaxJobMemoryMB are the workspace's job quotas; 0
+	// takes the job service's defaults.
+	MaxRunningJobs int
+	MaxJobSeconds  int
+	MaxJobMemoryMB int
 }
 
 // Policy is a parsed, validated policy: the limits of each listed workspace and of the rest.
@@ -77,7 +92,7 @@ func Load(file string) (*Policy, error) {
 func Parse(data []byte) (*Policy, error) {
 	var f File
 	if err := yaml.UnmarshalStrict(data, &f); err != nil {
-		return nil, fmt.Errorf("%s (the keys are default and workspaces; each section takes models, max_sequence_length, max_lora_rank, max_concurrent_runs, max_queued_operations, sampling_concurrency)", strings.TrimPrefix(strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: "), "json: "))
+		return nil, fmt.Errorf("%s (the keys are default and workspaces; each section takes models, max_sequence_length, max_lora_rank, max_concurrent_runs, max_queued_operations, sampling_concurrency, allow_jobs, max_running_jobs, max_job_seconds, max_job_memory_mb)", strings.TrimPrefix(strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: "), "json: "))
 	}
 	return f.Compile()
 }
@@ -117,6 +132,12 @@ func resolve(base Limits, s Section) Limits {
 	set(&out.MaxConcurrentRuns, s.MaxConcurrentRuns)
 	set(&out.MaxQueuedOperations, s.MaxQueuedOperations)
 	set(&out.SamplingConcurrency, s.SamplingConcurrency)
+	if s.AllowJobs != nil {
+		out.AllowJobs = *s.AllowJobs
+	}
+	set(&out.MaxRunningJobs, s.MaxRunningJobs)
+	set(&out.MaxJobSeconds, s.MaxJobSeconds)
+	set(&out.MaxJobMemoryMB, s.MaxJobMemoryMB)
 	return out
 }
 
@@ -143,6 +164,9 @@ func (s Section) validate(where string) error {
 		{"max_concurrent_runs", s.MaxConcurrentRuns},
 		{"max_queued_operations", s.MaxQueuedOperations},
 		{"sampling_concurrency", s.SamplingConcurrency},
+		{"max_running_jobs", s.MaxRunningJobs},
+		{"max_job_seconds", s.MaxJobSeconds},
+		{"max_job_memory_mb", s.MaxJobMemoryMB},
 	} {
 		if f.v != nil && *f.v < 0 {
 			return fmt.Errorf("%s.%s is %d: use a positive limit, or 0 for no limit of the workspace's own", where, f.name, *f.v)
