@@ -125,7 +125,15 @@ func (p *Provider) EnsurePool(ctx context.Context, spec pools.Spec) error {
 		return p.ScalePool(ctx, spec.ID, spec.Replicas)
 	}
 	p.mu.Unlock()
+	// The registry knows the pool before its driver starts: a driver whose first WatchPool
+	// finds no pool exits (NOT_FOUND means deleted), and the monitor would submit it again.
+	p.opts.Registry.SetDesired(spec.ID, spec.Replicas)
 	if err := p.submit(ctx, spec); err != nil {
+		p.mu.Lock()
+		if p.pools[spec.ID] == nil { // nobody else made it meanwhile
+			p.opts.Registry.DropPool(spec.ID, "its driver could not be submitted")
+		}
+		p.mu.Unlock()
 		return err
 	}
 	p.mu.Lock()
@@ -133,7 +141,6 @@ func (p *Provider) EnsurePool(ctx context.Context, spec pools.Spec) error {
 	if p.pools[spec.ID] != nil { // a concurrent EnsurePool won
 		return nil
 	}
-	p.opts.Registry.SetDesired(spec.ID, spec.Replicas)
 	mctx, cancel := context.WithCancel(context.Background())
 	pl = &pool{spec: spec, cancel: cancel, done: make(chan struct{})}
 	p.pools[spec.ID] = pl

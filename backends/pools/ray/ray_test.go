@@ -109,10 +109,6 @@ func (f *fakeRay) drive(ctx context.Context, j *fakeJob) {
 	}
 	token := j.req.RuntimeEnv["env_vars"].(map[string]any)[JoinTokenEnv].(string)
 	cl := backendv1connect.NewRegistryServiceClient(pools.H2CClient(), spec.RegistryURL, connect.WithGRPC())
-	st, err := cl.WatchPool(ctx, &backendv1.WatchPoolRequest{PoolId: spec.Pool.ID, JoinToken: token})
-	if err != nil {
-		return
-	}
 	var wg sync.WaitGroup
 	defer func() {
 		j.mu.Lock()
@@ -126,41 +122,62 @@ func (f *fakeRay) drive(ctx context.Context, j *fakeJob) {
 		wg.Wait()
 	}()
 	actors := map[int]context.CancelFunc{}
-	for st.Receive() {
-		n := int(st.Msg().GetDesiredReplicas())
-		fmt.Fprintf(&j.logs, "desired %d\n", n)
-		for r, stop := range actors {
-			if r >= n {
-				stop()
-				delete(actors, r)
+	// Like ray_pool.follow: a stream that ends or breaks is opened again (the gateway may be
+	// restarting; its replicas keep serving), until the gateway says the pool is gone or
+	// refuses the driver.
+	for ctx.Err() == nil {
+		st, err := cl.WatchPool(ctx, &backendv1.WatchPoolRequest{PoolId: spec.Pool.ID, JoinToken: token})
+		if err == nil {
+			for st.Receive() {
+				f.follow(ctx, j, &spec, token, actors, &wg, int(st.Msg().GetDesiredReplicas()))
 			}
+			err = st.Err()
 		}
-		for r := range n {
-			if actors[r] != nil {
-				continue
-			}
-			actx, stop := context.WithCancel(ctx)
-			actors[r] = stop
-			wg.Add(1)
-			go func() { // an actor: restarted whenever it dies, until stopped
-				defer wg.Done()
-				for actx.Err() == nil {
-					w, err := poolstest.StartFakeWorker("127.0.0.1:0", []string{spec.Pool.BaseModel})
-					if err != nil {
-						return
-					}
-					lctx, die := context.WithCancel(actx)
-					j.mu.Lock()
-					j.kill[r] = die
-					j.mu.Unlock()
-					_ = pools.Hold(lctx, pools.H2CClient(), spec.RegistryURL, &backendv1.RegisterRequest{PoolId: spec.Pool.ID, Replica: uint32(r),
-						Address: w.Addr, IncarnationId: fmt.Sprintf("actor-%d-%d", r, time.Now().UnixNano()), JoinToken: token})
-					w.Close()
-					die()
-					time.Sleep(50 * time.Millisecond)
+		switch connect.CodeOf(err) {
+		case connect.CodeNotFound, connect.CodeUnauthenticated, connect.CodePermissionDenied, connect.CodeInvalidArgument:
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// follow starts or stops the fake driver's actors for n desired replicas.
+func (f *fakeRay) follow(ctx context.Context, j *fakeJob, spec *DriverSpec, token string, actors map[int]context.CancelFunc, wg *sync.WaitGroup, n int) {
+	fmt.Fprintf(&j.logs, "desired %d\n", n)
+	for r, stop := range actors {
+		if r >= n {
+			stop()
+			delete(actors, r)
+		}
+	}
+	for r := range n {
+		if actors[r] != nil {
+			continue
+		}
+		actx, stop := context.WithCancel(ctx)
+		actors[r] = stop
+		wg.Add(1)
+		go func() { // an actor: restarted whenever it dies, until stopped
+			defer wg.Done()
+			for actx.Err() == nil {
+				w, err := poolstest.StartFakeWorker("127.0.0.1:0", []string{spec.Pool.BaseModel})
+				if err != nil {
+					return
 				}
-			}()
-		}
+				lctx, die := context.WithCancel(actx)
+				j.mu.Lock()
+				j.kill[r] = die
+				j.mu.Unlock()
+				_ = pools.Hold(lctx, pools.H2CClient(), spec.RegistryURL, &backendv1.RegisterRequest{PoolId: spec.Pool.ID, Replica: uint32(r),
+					Address: w.Addr, IncarnationId: fmt.Sprintf("actor-%d-%d", r, time.Now().UnixNano()), JoinToken: token})
+				w.Close()
+				die()
+				time.Sleep(50 * time.Millisecond)
+			}
+		}()
 	}
 }
 
