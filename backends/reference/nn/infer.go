@@ -203,37 +203,47 @@ func matMulTRows[T Float](C, A, B []T, M, N, K int, acc bool) {
 	})
 }
 
-// rowDot2 and rowDot1, when set (kernels_rows_amd64.go), compute the reduced dot products
-// of two rows (one) of A with four rows of B, bit for bit as sdot2x4 and the reduction in
-// sgemmNTSmall.
-var (
-	rowDot2 func(k8 int, a0, a1, b *float32, ldb int, out *[8]float32)
-	rowDot1 func(k8 int, a0, b *float32, ldb int, out *[8]float32)
-)
+// rowDot1, rowDot2 and rowDot4 (when hasRowDot, hasRowDot4: kernels_rows_amd64.go)
+// compute the reduced dot products of one, two or four rows of A with four rows of B, bit
+// for bit as sdot2x4 and the reduction in sgemmNTSmall; rowDot4 loads each element of B
+// once for its four rows.
 
 // rowsL1Bytes is how much of B one sgemmNTRows task holds at a time.
 const rowsL1Bytes = 32 << 10
 
 // sgemmNTRows is sgemmNTSmall split over (row block, column block) tasks: each element is
 // computed exactly as sgemmNTSmall computes it (8 lane sums of the dot kernel in a fixed
-// order, then the k tail), whichever task and row pair it falls in.
+// order, then the k tail), whichever task and row group (4, 2 or 1 rows of A per load of
+// B) it falls in, so a row's bits do not depend on M, on its place in the batch, nor on the
+// number of threads.
 func sgemmNTRows(kn *sgemmKernel, C, A, B []float32, M, N, K int, acc bool) {
 	// A task's rows of B (colsPerTask × K) stay in L1 while all its rows of A pass over
-	// them; how the work is cut changes no result.
+	// them, so B is read from memory once per step when the columns alone make tasks
+	// enough for the threads (the rows are cut in two otherwise); how the work is cut
+	// changes no result. Row blocks are multiples of 4 so that the four-row kernel covers
+	// all but the last rows of M.
 	colsPerTask := min(max(rowsL1Bytes/(4*K)/4, 1)*4, 64)
-	rowsPerTask := max(8, (M+1)/2)
 	k8 := K / 8
 	nt := (N + colsPerTask - 1) / colsPerTask
+	rowsPerTask := (M + 3) &^ 3
+	if nt < 2*Threads() {
+		rowsPerTask = (max(8, (M+1)/2) + 3) &^ 3
+	}
 	mt := (M + rowsPerTask - 1) / rowsPerTask
 	parallelFor(mt*nt, M*N*K, func(t int) {
 		ti, tj := t/nt, t%nt
 		i0, i1 := ti*rowsPerTask, min(ti*rowsPerTask+rowsPerTask, M)
 		j0, j1 := tj*colsPerTask, min(tj*colsPerTask+colsPerTask, N)
-		for i := i0; i < i1; i += 2 {
-			two := i+1 < i1
+		for i := i0; i < i1; {
+			if hasRowDot4 && k8 > 0 && i1-i >= 4 {
+				rows4(C, A, B, i, j0, j1, N, K, acc)
+				i += 4
+				continue
+			}
+			nr := min(2, i1-i)
 			a0 := A[i*K : i*K+K]
 			a1 := a0
-			if two {
+			if nr > 1 {
 				a1 = A[(i+1)*K : (i+1)*K+K]
 			}
 			for j := j0; j < j1; {
@@ -244,23 +254,20 @@ func sgemmNTRows(kn *sgemmKernel, C, A, B []float32, M, N, K int, acc bool) {
 				var out [8]float32
 				switch {
 				case k8 == 0:
-				case rowDot2 == nil:
+				case !hasRowDot:
 					var lanes [64]float32
 					kn.dot(k8, &a0[0], &a1[0], &B[j*K], ldb, &lanes)
-					for o := range out {
+					for o := range 8 {
 						l := lanes[8*o : 8*o+8]
 						out[o] = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
 					}
-				case two:
+				case nr == 2:
 					rowDot2(k8, &a0[0], &a1[0], &B[j*K], ldb, &out)
 				default:
 					rowDot1(k8, &a0[0], &B[j*K], ldb, &out)
 				}
-				for r := 0; r < 2 && i+r < i1; r++ {
-					a := a0
-					if r == 1 {
-						a = a1
-					}
+				for r := range nr {
+					a := A[(i+r)*K : (i+r)*K+K]
 					c := C[(i+r)*N+j : (i+r)*N+j+w]
 					for jj := range c {
 						s := out[r*4+jj]
@@ -277,6 +284,62 @@ func sgemmNTRows(kn *sgemmKernel, C, A, B []float32, M, N, K int, acc bool) {
 				}
 				j += w
 			}
+			i += nr
 		}
 	})
+}
+
+// rows4 is sgemmNTRows' product of rows i..i+3 of A with rows j0..j1 of B (j1-j0 ≤ 64)
+// through rowDot4: the groups of four rows of B in one call, each of the last
+// (j1-j0) mod 4 rows in a call of its own (the row repeated in the four slots).
+func rows4(C, A, B []float32, i, j0, j1, N, K int, acc bool) {
+	k8 := K / 8
+	var buf [16 * 16]float32
+	ng := (j1 - j0) / 4
+	if ng > 0 {
+		rowDot4(k8, &A[i*K], K, &B[j0*K], K, ng, &buf[0])
+	}
+	var tail [3][16]float32
+	for t := range (j1 - j0) % 4 {
+		rowDot4(k8, &A[i*K], K, &B[(j0+4*ng+t)*K], 0, 1, &tail[t][0])
+	}
+	for r := range 4 {
+		c := C[(i+r)*N+j0 : (i+r)*N+j1]
+		if 8*k8 == K { // no k tail: the kernel's sums are the results
+			for g := range ng {
+				o, d := buf[g*16+r*4:g*16+r*4+4], c[4*g:4*g+4]
+				if acc {
+					d[0], d[1], d[2], d[3] = d[0]+o[0], d[1]+o[1], d[2]+o[2], d[3]+o[3]
+				} else {
+					copy(d, o)
+				}
+			}
+			for t := range len(c) - 4*ng {
+				if acc {
+					c[4*ng+t] += tail[t][r*4]
+				} else {
+					c[4*ng+t] = tail[t][r*4]
+				}
+			}
+			continue
+		}
+		a := A[(i+r)*K : (i+r)*K+K]
+		for jj := range c {
+			var s float32
+			if g := jj / 4; g < ng {
+				s = buf[g*16+r*4+jj%4]
+			} else {
+				s = tail[jj-4*ng][r*4]
+			}
+			b := B[(j0+jj)*K : (j0+jj)*K+K]
+			for k := 8 * k8; k < K; k++ {
+				s += a[k] * b[k]
+			}
+			if acc {
+				c[jj] += s
+			} else {
+				c[jj] = s
+			}
+		}
+	}
 }

@@ -3,3 +3,14 @@
 package nn
 
 func init() { selectKernelFromEnv() }
+
+// Without the amd64 row kernels, sgemmNTRows uses the dot kernel (kernels_rows_amd64.go).
+const hasRowDot, hasRowDot4 = false, false
+
+func rowDot4(k8 int, a *float32, lda int, b *float32, ldb int, ng int, out *float32) {
+	panic("nn: no row kernels")
+}
+
+func rowDot2(k8 int, a0, a1, b *float32, ldb int, out *[8]float32) { panic("nn: no row kernels") }
+
+func rowDot1(k8 int, a0, b *float32, ldb int, out *[8]float32) { panic("nn: no row kernels") }

@@ -14,8 +14,26 @@ func sdot2x4r(k8 int, a0, a1, b *float32, ldb int, out *[8]float32)
 //go:noescape
 func sdot1x4r(k8 int, a0, b *float32, ldb int, out *[8]float32)
 
-func init() {
-	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
-		rowDot2, rowDot1 = sdot2x4r, sdot1x4r
-	}
+// sdot4x4r is sdot2x4r for four rows of A (lda apart) and ng groups of four rows of B
+// (ldb apart), out holding 16 results per group; each load of B serves the four rows of
+// A. It needs AVX-512VL for its registers.
+//
+//go:noescape
+func sdot4x4r(k8 int, a *float32, lda int, b *float32, ldb int, ng int, out *float32)
+
+// The row kernels are called directly (not through function values) so that the
+// buffers they write stay on the caller's stack.
+var (
+	hasRowDot  = cpu.X86.HasAVX2 && cpu.X86.HasFMA
+	hasRowDot4 = hasRowDot && cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL
+)
+
+func rowDot4(k8 int, a *float32, lda int, b *float32, ldb int, ng int, out *float32) {
+	sdot4x4r(k8, a, lda, b, ldb, ng, out)
 }
+
+func rowDot2(k8 int, a0, a1, b *float32, ldb int, out *[8]float32) {
+	sdot2x4r(k8, a0, a1, b, ldb, out)
+}
+
+func rowDot1(k8 int, a0, b *float32, ldb int, out *[8]float32) { sdot1x4r(k8, a0, b, ldb, out) }
