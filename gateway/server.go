@@ -22,6 +22,7 @@ import (
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/console"
 	"github.com/loops-dev/loops/gateway/core"
+	"github.com/loops-dev/loops/gateway/jobs"
 	"github.com/loops-dev/loops/gateway/store"
 	"github.com/loops-dev/loops/gateway/store/sqlite"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -101,6 +102,8 @@ type Config struct {
 	// the core only while it holds the leader lease and forwards to the leader otherwise
 	// (standby.go, docs/two-gateways.md). Nil: the only gateway (SQLite), always leader.
 	Lease *LeaseConfig
+	// Jobs configures managed jobs (jobs.go).
+	Jobs JobsConfig
 }
 
 // Server is a running Loops server.
@@ -120,6 +123,8 @@ type Server struct {
 	store store.Store
 	// budget bounds the bytes being decompressed across every surface.
 	budget *bounded.Budget
+	// jobs runs managed jobs (guarded by mu; nil while a standby).
+	jobs *jobs.Service
 }
 
 // New opens the store and the backend, starts the core and builds the handler for ln. Call
@@ -226,6 +231,7 @@ func (s *Server) Close(ctx context.Context) error {
 	if c != nil {
 		c.Drain()
 	}
+	s.closeJobs(ctx)
 	err := s.http.Shutdown(ctx)
 	if s.conn != nil {
 		_ = s.conn.Close()
@@ -291,6 +297,11 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	mux.Handle(loopsv1connect.NewUsageServiceHandler(svc.Usage, opts...))
 	mux.Handle(loopsv1connect.NewWorkspaceServiceHandler(svc.Workspace, opts...))
 	mux.Handle(loopsv1connect.NewDeploymentServiceHandler(svc.Deployments, opts...))
+	js, err := s.newJobs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle(loopsv1connect.NewJobServiceHandler(js, opts...))
 
 	// loops.v1 as REST: grpc-gateway over a gRPC connection to this same listener.
 	rest, err := s.restHandler(ctx, edge)
@@ -414,6 +425,7 @@ func (s *Server) restHandler(ctx context.Context, edge *edge) (http.Handler, err
 		loopsv1.RegisterUsageServiceHandler,
 		loopsv1.RegisterWorkspaceServiceHandler,
 		loopsv1.RegisterDeploymentServiceHandler,
+		loopsv1.RegisterJobServiceHandler,
 	} {
 		if err := register(ctx, gw, conn); err != nil {
 			return nil, fmt.Errorf("gateway: registering REST routes: %w", err)

@@ -235,7 +235,7 @@ func apiKey(h interface{ Get(string) string }) string {
 }
 
 // SubmitJob checks the policy and quotas, unpacks the files and starts the job.
-func (s *Service) SubmitJob(ctx context.Context, req *connect.Request[loopsv1.SubmitJobRequest]) (*connect.Response[loopsv1.Job], error) {
+func (s *Service) SubmitJob(ctx context.Context, m *loopsv1.SubmitJobRequest) (*loopsv1.Job, error) {
 	ws, err := auth.RequireWorkspace(ctx)
 	if err != nil {
 		return nil, err
@@ -245,7 +245,6 @@ func (s *Service) SubmitJob(ctx context.Context, req *connect.Request[loopsv1.Su
 		return nil, errs.New(connect.CodePermissionDenied, ReasonJobsNotAllowed, fmt.Errorf(
 			"workspace %q may not run jobs: allow_jobs is off (the default); set allow_jobs: true in its section of the workspace policy file (loops serve --workspace-policy FILE) and restart the gateway", ws))
 	}
-	m := req.Msg
 	if err := s.validate(m); err != nil {
 		return nil, err
 	}
@@ -258,7 +257,10 @@ func (s *Service) SubmitJob(ctx context.Context, req *connect.Request[loopsv1.Su
 			return nil, errs.New(connect.CodeFailedPrecondition, "", errors.New("jobs need bubblewrap on the gateway's host and it is not installed (apt-get install bubblewrap)"))
 		}
 	}
-	key := apiKey(req.Header())
+	key := ""
+	if ci, ok := connect.CallInfoForHandlerContext(ctx); ok {
+		key = apiKey(ci.RequestHeader())
+	}
 	q := s.quotas(lim)
 
 	id := newJobID()
@@ -332,7 +334,7 @@ func (s *Service) SubmitJob(ctx context.Context, req *connect.Request[loopsv1.Su
 	}
 	started = true
 	go s.execute(jctx, r, dir, bwrap, key, q)
-	return connect.NewResponse(s.snapshot(r)), nil
+	return s.snapshot(r), nil
 }
 
 func (s *Service) internal(what string, err error) error {
@@ -559,28 +561,28 @@ func (s *Service) live(ws, id string) *run {
 }
 
 // GetJob returns a job of the workspace.
-func (s *Service) GetJob(ctx context.Context, req *connect.Request[loopsv1.GetJobRequest]) (*connect.Response[loopsv1.Job], error) {
+func (s *Service) GetJob(ctx context.Context, req *loopsv1.GetJobRequest) (*loopsv1.Job, error) {
 	ws, err := auth.RequireWorkspace(ctx)
 	if err != nil {
 		return nil, err
 	}
-	j, _, err := s.lookup(ctx, ws, req.Msg.GetId())
+	j, _, err := s.lookup(ctx, ws, req.GetId())
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(j), nil
+	return j, nil
 }
 
 // ListJobs lists the workspace's jobs, newest first.
-func (s *Service) ListJobs(ctx context.Context, req *connect.Request[loopsv1.ListJobsRequest]) (*connect.Response[loopsv1.ListJobsResponse], error) {
+func (s *Service) ListJobs(ctx context.Context, req *loopsv1.ListJobsRequest) (*loopsv1.ListJobsResponse, error) {
 	ws, err := auth.RequireWorkspace(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if n := req.Msg.GetPageSize(); n < 0 || n > store.MaxPageLimit {
+	if n := req.GetPageSize(); n < 0 || n > store.MaxPageLimit {
 		return nil, invalid("page_size %d: use 1 to %d, or 0 for %d", n, store.MaxPageLimit, store.DefaultPageLimit)
 	}
-	list, err := s.o.Store.ListJobs(ctx, ws, int(req.Msg.GetPageSize()))
+	list, err := s.o.Store.ListJobs(ctx, ws, int(req.GetPageSize()))
 	if err != nil {
 		return nil, s.internal("listing jobs", err)
 	}
@@ -589,21 +591,21 @@ func (s *Service) ListJobs(ctx context.Context, req *connect.Request[loopsv1.Lis
 			list[i] = s.snapshot(r)
 		}
 	}
-	return connect.NewResponse(&loopsv1.ListJobsResponse{Jobs: list}), nil
+	return &loopsv1.ListJobsResponse{Jobs: list}, nil
 }
 
 // CancelJob stops a running job and waits for it to end (at most the grace and a little).
-func (s *Service) CancelJob(ctx context.Context, req *connect.Request[loopsv1.CancelJobRequest]) (*connect.Response[loopsv1.Job], error) {
+func (s *Service) CancelJob(ctx context.Context, req *loopsv1.CancelJobRequest) (*loopsv1.Job, error) {
 	ws, err := auth.RequireWorkspace(ctx)
 	if err != nil {
 		return nil, err
 	}
-	j, r, err := s.lookup(ctx, ws, req.Msg.GetId())
+	j, r, err := s.lookup(ctx, ws, req.GetId())
 	if err != nil {
 		return nil, err
 	}
 	if r == nil {
-		return connect.NewResponse(j), nil
+		return j, nil
 	}
 	r.cancel(fmt.Errorf("%w by a request", errCancelled))
 	select {
@@ -611,16 +613,15 @@ func (s *Service) CancelJob(ctx context.Context, req *connect.Request[loopsv1.Ca
 	case <-ctx.Done():
 		return nil, connect.NewError(connect.CodeDeadlineExceeded, errors.New("the job is stopping; ask again with loops jobs list"))
 	}
-	return connect.NewResponse(s.snapshot(r)), nil
+	return s.snapshot(r), nil
 }
 
 // ReadJobLogs returns log bytes from an offset, long-polling while the job runs.
-func (s *Service) ReadJobLogs(ctx context.Context, req *connect.Request[loopsv1.ReadJobLogsRequest]) (*connect.Response[loopsv1.ReadJobLogsResponse], error) {
+func (s *Service) ReadJobLogs(ctx context.Context, m *loopsv1.ReadJobLogsRequest) (*loopsv1.ReadJobLogsResponse, error) {
 	ws, err := auth.RequireWorkspace(ctx)
 	if err != nil {
 		return nil, err
 	}
-	m := req.Msg
 	if m.GetOffset() < 0 {
 		return nil, invalid("offset %d is negative", m.GetOffset())
 	}
@@ -649,7 +650,7 @@ func (s *Service) ReadJobLogs(ctx context.Context, req *connect.Request[loopsv1.
 	if err != nil {
 		return nil, s.internal("reading the job's log", err)
 	}
-	return connect.NewResponse(&loopsv1.ReadJobLogsResponse{Data: data, NextOffset: m.GetOffset() + int64(len(data)), Job: j}), nil
+	return &loopsv1.ReadJobLogsResponse{Data: data, NextOffset: m.GetOffset() + int64(len(data)), Job: j}, nil
 }
 
 func (s *Service) logOf(r *run) *logFile {

@@ -25,10 +25,9 @@ import (
 	"github.com/loops-dev/loops/gateway/store"
 	"github.com/loops-dev/loops/gateway/store/sqlite"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/internal/errs"
 )
-
-const testKey = "tml-test-key"
 
 // tarball builds a tar archive (gzip-compressed when gz) of name -> contents.
 func tarball(t testing.TB, gz bool, files map[string]string) []byte {
@@ -55,6 +54,7 @@ func tarball(t testing.TB, gz bool, files map[string]string) []byte {
 
 type fixture struct {
 	svc   *Service
+	api   *client
 	st    store.Store
 	dir   string
 	gw    *httptest.Server
@@ -112,6 +112,7 @@ func newFixture(t *testing.T, dir string, st store.Store) *fixture {
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = f.svc.Close(context.Background()) })
+	f.api = serve(t, f.svc)
 	return f
 }
 
@@ -125,28 +126,22 @@ func wsCtx(t *testing.T, ws string) context.Context {
 	return auth.WithWorkspace(t.Context(), ws)
 }
 
-func submit(t *testing.T, s *Service, ws string, m *loopsv1.SubmitJobRequest) (*loopsv1.Job, error) {
-	req := connect.NewRequest(m)
-	req.Header().Set(auth.HeaderName, testKey)
-	res, err := s.SubmitJob(wsCtx(t, ws), req)
-	if err != nil {
-		return nil, err
-	}
-	return res.Msg, nil
+func submit(t *testing.T, s *client, ws string, m *loopsv1.SubmitJobRequest) (*loopsv1.Job, error) {
+	return s.SubmitJob(wsCtx(t, ws), m)
 }
 
 // wait follows a job's log to its end and returns the log and the final job.
-func wait(t *testing.T, s *Service, ws, id string) (string, *loopsv1.Job) {
+func wait(t *testing.T, s *client, ws, id string) (string, *loopsv1.Job) {
 	t.Helper()
 	var log bytes.Buffer
 	var off int64
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
-		res, err := s.ReadJobLogs(wsCtx(t, ws), connect.NewRequest(&loopsv1.ReadJobLogsRequest{Id: id, Offset: off, WaitSeconds: 5}))
+		res, err := s.ReadJobLogs(wsCtx(t, ws), &loopsv1.ReadJobLogsRequest{Id: id, Offset: off, WaitSeconds: 5})
 		require.NoError(t, err)
-		log.Write(res.Msg.GetData())
-		off = res.Msg.GetNextOffset()
-		j := res.Msg.GetJob()
+		log.Write(res.GetData())
+		off = res.GetNextOffset()
+		j := res.GetJob()
 		if j.GetState() != loopsv1.JobState_JOB_STATE_RUNNING && off == j.GetLogBytes() {
 			return log.String(), j
 		}
@@ -180,21 +175,21 @@ print("cwd", os.getcwd(), sorted(os.listdir(".")))
 print("args", sys.argv[1:])
 sys.exit(3)
 `, otherPort, dir)
-	j, err := submit(t, f.svc, "ws-a", &loopsv1.SubmitJobRequest{
+	j, err := submit(t, f.api, "ws-a", &loopsv1.SubmitJobRequest{
 		Archive: tarball(t, true, map[string]string{"train.py": script, "data/x.txt": "x"}), Entrypoint: "train.py", Args: []string{"--steps", "2"},
 	})
 	require.NoError(t, err)
 	require.Equal(t, loopsv1.JobState_JOB_STATE_RUNNING, j.GetState())
 	require.True(t, strings.HasPrefix(j.GetId(), "job-"))
 
-	log, end := wait(t, f.svc, "ws-a", j.GetId())
-	require.Contains(t, log, "key "+testKey+" extra 1")
+	log, end := wait(t, f.api, "ws-a", j.GetId())
+	require.Contains(t, log, "key "+keyOf("ws-a")+" extra 1")
 	require.Contains(t, log, "gateway says: hello from the gateway")
 	require.Contains(t, log, "other port: refused", "the sandbox reaches the gateway and nothing else")
 	require.Contains(t, log, "data dir visible: False")
 	require.Contains(t, log, "cwd /job ['data', 'train.py']")
 	require.Contains(t, log, "args ['--steps', '2']")
-	require.Equal(t, testKey, <-f.seen)
+	require.Equal(t, keyOf("ws-a"), <-f.seen, "the job called the gateway with the submitting key")
 	require.Equal(t, loopsv1.JobState_JOB_STATE_FAILED, end.GetState())
 	require.Equal(t, int32(3), end.GetExitCode())
 	require.Equal(t, "exited with status 3", end.GetReason())
@@ -213,25 +208,25 @@ func TestJobsWorkspaceIsolation(t *testing.T) {
 	st := openStore(t, dir)
 	defer st.Close()
 	f := newFixture(t, dir, st)
-	j, err := submit(t, f.svc, "ws-a", &loopsv1.SubmitJobRequest{Archive: tarball(t, false, map[string]string{"a.py": "print('ok')"}), Entrypoint: "a.py"})
+	j, err := submit(t, f.api, "ws-a", &loopsv1.SubmitJobRequest{Archive: tarball(t, false, map[string]string{"a.py": "print('ok')"}), Entrypoint: "a.py"})
 	require.NoError(t, err)
-	log, end := wait(t, f.svc, "ws-a", j.GetId())
+	log, end := wait(t, f.api, "ws-a", j.GetId())
 	require.Contains(t, log, "ok\n")
 	require.Equal(t, loopsv1.JobState_JOB_STATE_SUCCEEDED, end.GetState())
 
 	ctxB := wsCtx(t, "ws-b")
-	_, err = f.svc.GetJob(ctxB, connect.NewRequest(&loopsv1.GetJobRequest{Id: j.GetId()}))
+	_, err = f.api.GetJob(ctxB, &loopsv1.GetJobRequest{Id: j.GetId()})
 	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err))
-	_, err = f.svc.ReadJobLogs(ctxB, connect.NewRequest(&loopsv1.ReadJobLogsRequest{Id: j.GetId()}))
+	_, err = f.api.ReadJobLogs(ctxB, &loopsv1.ReadJobLogsRequest{Id: j.GetId()})
 	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err))
-	_, err = f.svc.CancelJob(ctxB, connect.NewRequest(&loopsv1.CancelJobRequest{Id: j.GetId()}))
+	_, err = f.api.CancelJob(ctxB, &loopsv1.CancelJobRequest{Id: j.GetId()})
 	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err))
-	list, err := f.svc.ListJobs(ctxB, connect.NewRequest(&loopsv1.ListJobsRequest{}))
+	list, err := f.api.ListJobs(ctxB, &loopsv1.ListJobsRequest{})
 	require.NoError(t, err)
-	require.Empty(t, list.Msg.GetJobs())
-	list, err = f.svc.ListJobs(wsCtx(t, "ws-a"), connect.NewRequest(&loopsv1.ListJobsRequest{}))
+	require.Empty(t, list.GetJobs())
+	list, err = f.api.ListJobs(wsCtx(t, "ws-a"), &loopsv1.ListJobsRequest{})
 	require.NoError(t, err)
-	require.Len(t, list.Msg.GetJobs(), 1)
+	require.Len(t, list.GetJobs(), 1)
 }
 
 // Jobs are off unless the policy allows them: 403 naming the flag.
@@ -240,7 +235,7 @@ func TestJobsPolicy(t *testing.T) {
 	st := openStore(t, dir)
 	defer st.Close()
 	f := newFixture(t, dir, st)
-	_, err := submit(t, f.svc, "ws-other", &loopsv1.SubmitJobRequest{Recipe: "sft_chat"})
+	_, err := submit(t, f.api, "ws-other", &loopsv1.SubmitJobRequest{Recipe: "sft_chat"})
 	require.Equal(t, connect.CodePermissionDenied, connect.CodeOf(err))
 	require.Equal(t, ReasonJobsNotAllowed, errs.Reason(err))
 	require.ErrorContains(t, err, "allow_jobs: true")
@@ -256,30 +251,30 @@ func TestJobsQuotaAndCancel(t *testing.T) {
 	f := newFixture(t, dir, st)
 	polite := tarball(t, false, map[string]string{"s.py": "import signal, sys, time\ndef stop(*_):\n    print('stopping cleanly', flush=True)\n    sys.exit(0)\nsignal.signal(signal.SIGTERM, stop)\nprint('up', flush=True)\ntime.sleep(600)\n"})
 	stubborn := tarball(t, false, map[string]string{"s.py": "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(600)\n"})
-	j1, err := submit(t, f.svc, "ws-a", &loopsv1.SubmitJobRequest{Archive: polite, Entrypoint: "s.py"})
+	j1, err := submit(t, f.api, "ws-a", &loopsv1.SubmitJobRequest{Archive: polite, Entrypoint: "s.py"})
 	require.NoError(t, err)
-	j2, err := submit(t, f.svc, "ws-a", &loopsv1.SubmitJobRequest{Archive: stubborn, Entrypoint: "s.py"})
+	j2, err := submit(t, f.api, "ws-a", &loopsv1.SubmitJobRequest{Archive: stubborn, Entrypoint: "s.py"})
 	require.NoError(t, err)
-	_, err = submit(t, f.svc, "ws-a", &loopsv1.SubmitJobRequest{Archive: polite, Entrypoint: "s.py"})
+	_, err = submit(t, f.api, "ws-a", &loopsv1.SubmitJobRequest{Archive: polite, Entrypoint: "s.py"})
 	require.Equal(t, connect.CodeResourceExhausted, connect.CodeOf(err))
 	require.Equal(t, ReasonJobQuota, errs.Reason(err))
 	require.ErrorContains(t, err, "max_running_jobs")
 
 	// Another workspace is not held back by ws-a's quota.
-	jb, err := submit(t, f.svc, "ws-b", &loopsv1.SubmitJobRequest{Archive: tarball(t, false, map[string]string{"b.py": "print('b')"}), Entrypoint: "b.py"})
+	jb, err := submit(t, f.api, "ws-b", &loopsv1.SubmitJobRequest{Archive: tarball(t, false, map[string]string{"b.py": "print('b')"}), Entrypoint: "b.py"})
 	require.NoError(t, err)
-	_, endB := wait(t, f.svc, "ws-b", jb.GetId())
+	_, endB := wait(t, f.api, "ws-b", jb.GetId())
 	require.Equal(t, loopsv1.JobState_JOB_STATE_SUCCEEDED, endB.GetState())
 
 	for i, j := range []*loopsv1.Job{j1, j2} {
-		waitFor(t, f.svc, "ws-a", j.GetId(), "up\n")
+		waitFor(t, f.api, "ws-a", j.GetId(), "up\n")
 		start := time.Now()
-		res, err := f.svc.CancelJob(wsCtx(t, "ws-a"), connect.NewRequest(&loopsv1.CancelJobRequest{Id: j.GetId()}))
+		res, err := f.api.CancelJob(wsCtx(t, "ws-a"), &loopsv1.CancelJobRequest{Id: j.GetId()})
 		took := time.Since(start)
 		require.NoError(t, err)
-		require.Equal(t, loopsv1.JobState_JOB_STATE_CANCELLED, res.Msg.GetState())
-		require.Equal(t, "cancelled by a request", res.Msg.GetReason())
-		log, _ := wait(t, f.svc, "ws-a", j.GetId())
+		require.Equal(t, loopsv1.JobState_JOB_STATE_CANCELLED, res.GetState())
+		require.Equal(t, "cancelled by a request", res.GetReason())
+		log, _ := wait(t, f.api, "ws-a", j.GetId())
 		if i == 0 {
 			require.Contains(t, log, "stopping cleanly", "SIGTERM reaches the script, which stops on its own")
 			require.Less(t, took, 2*time.Second, "before the grace")
@@ -289,20 +284,20 @@ func TestJobsQuotaAndCancel(t *testing.T) {
 			require.Less(t, took, 20*time.Second)
 		}
 	}
-	j3, err := submit(t, f.svc, "ws-a", &loopsv1.SubmitJobRequest{Archive: polite, Entrypoint: "s.py"})
+	j3, err := submit(t, f.api, "ws-a", &loopsv1.SubmitJobRequest{Archive: polite, Entrypoint: "s.py"})
 	require.NoError(t, err, "cancelled jobs free their slots")
-	_, err = f.svc.CancelJob(wsCtx(t, "ws-a"), connect.NewRequest(&loopsv1.CancelJobRequest{Id: j3.GetId()}))
+	_, err = f.api.CancelJob(wsCtx(t, "ws-a"), &loopsv1.CancelJobRequest{Id: j3.GetId()})
 	require.NoError(t, err)
 }
 
 // waitFor long-polls a job's log until it holds want.
-func waitFor(t *testing.T, s *Service, ws, id, want string) {
+func waitFor(t *testing.T, s *client, ws, id, want string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		res, err := s.ReadJobLogs(wsCtx(t, ws), connect.NewRequest(&loopsv1.ReadJobLogsRequest{Id: id, WaitSeconds: 1}))
+		res, err := s.ReadJobLogs(wsCtx(t, ws), &loopsv1.ReadJobLogsRequest{Id: id, WaitSeconds: 1})
 		require.NoError(t, err)
-		if strings.Contains(string(res.Msg.GetData()), want) {
+		if strings.Contains(string(res.GetData()), want) {
 			return
 		}
 	}
@@ -315,11 +310,11 @@ func TestJobsWallTimeAndLogCap(t *testing.T) {
 	st := openStore(t, dir)
 	defer st.Close()
 	f := newFixture(t, dir, st)
-	j, err := submit(t, f.svc, "ws-short", &loopsv1.SubmitJobRequest{
+	j, err := submit(t, f.api, "ws-short", &loopsv1.SubmitJobRequest{
 		Archive: tarball(t, false, map[string]string{"s.py": "import time\nprint('x' * 10000, flush=True)\ntime.sleep(600)\n"}), Entrypoint: "s.py",
 	})
 	require.NoError(t, err)
-	log, end := wait(t, f.svc, "ws-short", j.GetId())
+	log, end := wait(t, f.api, "ws-short", j.GetId())
 	require.Equal(t, loopsv1.JobState_JOB_STATE_FAILED, end.GetState())
 	require.Contains(t, end.GetReason(), "wall time of 1s ran out (max_job_seconds)")
 	require.Contains(t, log, "the log reached its 4096-byte cap")
@@ -333,9 +328,9 @@ func TestJobsShutdownAndRestart(t *testing.T) {
 	st := openStore(t, dir)
 	defer st.Close()
 	f := newFixture(t, dir, st)
-	j, err := submit(t, f.svc, "ws-a", &loopsv1.SubmitJobRequest{Archive: tarball(t, false, map[string]string{"s.py": "import time\nprint('up', flush=True)\ntime.sleep(600)\n"}), Entrypoint: "s.py"})
+	j, err := submit(t, f.api, "ws-a", &loopsv1.SubmitJobRequest{Archive: tarball(t, false, map[string]string{"s.py": "import time\nprint('up', flush=True)\ntime.sleep(600)\n"}), Entrypoint: "s.py"})
 	require.NoError(t, err)
-	waitFor(t, f.svc, "ws-a", j.GetId(), "up\n")
+	waitFor(t, f.api, "ws-a", j.GetId(), "up\n")
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	require.NoError(t, f.svc.Close(ctx))
@@ -343,17 +338,17 @@ func TestJobsShutdownAndRestart(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, loopsv1.JobState_JOB_STATE_CANCELLED, rec.GetState())
 	require.Equal(t, "the gateway shut down", rec.GetReason())
-	_, err = submit(t, f.svc, "ws-a", &loopsv1.SubmitJobRequest{Recipe: "sft_chat"})
+	_, err = submit(t, f.api, "ws-a", &loopsv1.SubmitJobRequest{Recipe: "sft_chat"})
 	require.Equal(t, connect.CodeUnavailable, connect.CodeOf(err))
 
 	// A crash: the record says running, nothing runs it.
 	crashed := &loopsv1.Job{Id: "job-00000000000000aa", State: loopsv1.JobState_JOB_STATE_RUNNING, Entrypoint: "s.py"}
 	require.NoError(t, st.PutJob(t.Context(), "ws-a", crashed))
 	f2 := newFixture(t, dir, st)
-	res, err := f2.svc.GetJob(wsCtx(t, "ws-a"), connect.NewRequest(&loopsv1.GetJobRequest{Id: crashed.GetId()}))
+	res, err := f2.api.GetJob(wsCtx(t, "ws-a"), &loopsv1.GetJobRequest{Id: crashed.GetId()})
 	require.NoError(t, err)
-	require.Equal(t, loopsv1.JobState_JOB_STATE_FAILED, res.Msg.GetState())
-	require.Equal(t, ReasonRestarted, res.Msg.GetReason())
+	require.Equal(t, loopsv1.JobState_JOB_STATE_FAILED, res.GetState())
+	require.Equal(t, ReasonRestarted, res.GetReason())
 }
 
 // Bad submissions get InvalidArgument saying what was wrong.
@@ -377,9 +372,54 @@ func TestSubmitValidation(t *testing.T) {
 		"traversal":      {&loopsv1.SubmitJobRequest{Entrypoint: "a.py", Archive: tarball(t, false, map[string]string{"../../x.py": "x"})}, "'..'"},
 		"nul arg":        {&loopsv1.SubmitJobRequest{Recipe: "sft_chat", Args: []string{"a\x00b"}}, "NUL"},
 	} {
-		_, err := submit(t, f.svc, "ws-a", c.m)
+		_, err := submit(t, f.api, "ws-a", c.m)
 		require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), name)
 		require.ErrorContains(t, err, c.want, name)
 	}
 	require.Empty(t, f.svc.running, "refused submissions hold no slot")
+}
+
+// client calls the service over Connect, through the gateway's key middleware, with the
+// key of the workspace its context names (wsCtx).
+type client struct {
+	c loopsv1connect.JobServiceClient
+}
+
+func keyOf(ws string) string { return "tml-key-" + ws }
+
+func keyed(ctx context.Context) context.Context {
+	ctx, ci := connect.NewClientContext(ctx)
+	ci.RequestHeader().Set(auth.HeaderName, keyOf(auth.Workspace(ctx)))
+	return ctx
+}
+
+func (c *client) SubmitJob(ctx context.Context, m *loopsv1.SubmitJobRequest) (*loopsv1.Job, error) {
+	return c.c.SubmitJob(keyed(ctx), m)
+}
+func (c *client) GetJob(ctx context.Context, m *loopsv1.GetJobRequest) (*loopsv1.Job, error) {
+	return c.c.GetJob(keyed(ctx), m)
+}
+func (c *client) ListJobs(ctx context.Context, m *loopsv1.ListJobsRequest) (*loopsv1.ListJobsResponse, error) {
+	return c.c.ListJobs(keyed(ctx), m)
+}
+func (c *client) CancelJob(ctx context.Context, m *loopsv1.CancelJobRequest) (*loopsv1.Job, error) {
+	return c.c.CancelJob(keyed(ctx), m)
+}
+func (c *client) ReadJobLogs(ctx context.Context, m *loopsv1.ReadJobLogsRequest) (*loopsv1.ReadJobLogsResponse, error) {
+	return c.c.ReadJobLogs(keyed(ctx), m)
+}
+
+// serve puts the service behind the key middleware on a test server.
+func serve(t *testing.T, svc *Service) *client {
+	var entries []string
+	for _, ws := range []string{"ws-a", "ws-b", "ws-other", "ws-short"} {
+		entries = append(entries, keyOf(ws)+"="+ws)
+	}
+	keys, err := auth.ParseKeys(entries)
+	require.NoError(t, err)
+	mux := http.NewServeMux()
+	mux.Handle(loopsv1connect.NewJobServiceHandler(svc))
+	srv := httptest.NewServer(keys.Middleware(auth.Policy{}, mux))
+	t.Cleanup(srv.Close)
+	return &client{loopsv1connect.NewJobServiceClient(srv.Client(), srv.URL)}
 }
