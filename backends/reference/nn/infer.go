@@ -39,39 +39,54 @@ func grow[T Float](s []T, n int) []T {
 // at position pos[i] of caches[i], whose keys and values it appends. Rows of one cache
 // must come in increasing positions. It returns the final normalised hidden states [M, D].
 func (m *Model[T]) Step(toks, pos []int, caches []*KVCache[T], ad *Adapter[T]) []T {
-	return m.step(toks, pos, caches, []seg[T]{{0, len(toks), ad}}, false)
+	return m.step(toks, pos, caches, []seg[T]{{0, len(toks), ad}}, false, nil)
 }
 
 // step is Step with one adapter per segment of rows. When stable is set, every matrix
 // product goes through matMulTRows, so each row's result depends on that row alone (not on
 // how many rows run with it, nor on their position in the batch): batched decoding gives
-// every sequence the bits it would get decoding alone.
-func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], stable bool) []T {
+// every sequence the bits it would get decoding alone. Its work arrays come from buf when
+// it is not nil (the result then lives in buf until its next use).
+func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], stable bool, buf *stepBuf[T]) []T {
 	c := &m.Cfg
 	M, D := len(toks), c.Hidden
 	H, KH, hd := c.Heads, c.KVHeads, c.HeadDim
 	QD, KVD, F := m.QDim(), m.KVDim(), c.Inter
-	linFwd := linFwd[T]
-	if stable {
-		linFwd = linRows[T]
+	if buf == nil {
+		buf = &stepBuf[T]{}
 	}
-	x := make([]T, M*D)
+	lin := func(X []T, li *Linear[T], l int, t Target, Y []T) {
+		if stable {
+			linRows(X, M, li, segs, l, t, Y, &buf.xa)
+		} else {
+			linFwd(X, M, li, segs, layerPick[T](l, t), Y)
+		}
+	}
+	x := grow(buf.x[:0], M*D)
 	for i, t := range toks {
 		copy(x[i*D:(i+1)*D], m.Embed[t*D:(t+1)*D])
 	}
 	posOf := func(i int) int { return pos[i] }
-	h := make([]T, M*D)
-	q, k, v := make([]T, M*QD), make([]T, M*KVD), make([]T, M*KVD)
-	att := make([]T, M*QD)
-	o := make([]T, M*D)
-	g, u := make([]T, M*F), make([]T, M*F)
+	h := grow(buf.h[:0], M*D)
+	q, k, v := grow(buf.q[:0], M*QD), grow(buf.k[:0], M*KVD), grow(buf.v[:0], M*KVD)
+	att := grow(buf.att[:0], M*QD)
+	o := grow(buf.o[:0], M*D)
+	g, u := grow(buf.g[:0], M*F), grow(buf.u[:0], M*F)
+	buf.x, buf.h, buf.q, buf.k, buf.v, buf.att, buf.o, buf.g, buf.u = x, h, q, k, v, att, o, g, u
+	// the attention scores: task (i, head) uses H·Σ_{i'<i} n_i' + head·n_i, n_i = pos[i]+1
+	scOff := growInts(&buf.scOff, M+1)
+	scOff[0] = 0
+	for i := range M {
+		scOff[i+1] = scOff[i] + H*(pos[i]+1)
+	}
+	scAll := growF64(&buf.sc, scOff[M])
 	scale := 1 / math.Sqrt(float64(hd))
 	for l := range m.Layers {
 		L := &m.Layers[l]
 		rmsnorm(x, L.AttnNorm, h, nil, M, D, c.Eps)
-		linFwd(h, M, &L.Lin[TQ], segs, layerPick[T](l, TQ), q)
-		linFwd(h, M, &L.Lin[TK], segs, layerPick[T](l, TK), k)
-		linFwd(h, M, &L.Lin[TV], segs, layerPick[T](l, TV), v)
+		lin(h, &L.Lin[TQ], l, TQ, q)
+		lin(h, &L.Lin[TK], l, TK, k)
+		lin(h, &L.Lin[TV], l, TV, v)
 		if L.QNorm != nil {
 			rmsnorm(q, L.QNorm, q, nil, M*H, hd, c.Eps)
 			rmsnorm(k, L.KNorm, k, nil, M*KH, hd, c.Eps)
@@ -96,7 +111,7 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], st
 			cc := caches[i]
 			n := pos[i] + 1
 			qr := q[i*QD+hh*hd : i*QD+(hh+1)*hd]
-			sc := make([]float64, n)
+			sc := scAll[scOff[i]+hh*n : scOff[i]+(hh+1)*n]
 			mx := math.Inf(-1)
 			for j := 0; j < n; j++ {
 				s := float64(dot(qr, cc.K[l][j*KVD+kh*hd:j*KVD+(kh+1)*hd])) * scale
@@ -108,7 +123,13 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], st
 				sc[j] = math.Exp(sc[j] - mx)
 				sum += sc[j]
 			}
-			acc := make([]float64, hd)
+			var accBuf [256]float64
+			acc := accBuf[:0]
+			if hd <= len(accBuf) {
+				acc = accBuf[:hd]
+			} else {
+				acc = make([]float64, hd)
+			}
 			for j := 0; j < n; j++ {
 				p := sc[j] / sum
 				vr := cc.V[l][j*KVD+kh*hd : j*KVD+(kh+1)*hd]
@@ -121,15 +142,15 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], st
 				out[d] = T(acc[d])
 			}
 		})
-		linFwd(att, M, &L.Lin[TO], segs, layerPick[T](l, TO), o)
+		lin(att, &L.Lin[TO], l, TO, o)
 		for i := range x {
 			x[i] += o[i]
 		}
 		rmsnorm(x, L.MLPNorm, h, nil, M, D, c.Eps)
-		linFwd(h, M, &L.Lin[TGate], segs, layerPick[T](l, TGate), g)
-		linFwd(h, M, &L.Lin[TUp], segs, layerPick[T](l, TUp), u)
+		lin(h, &L.Lin[TGate], l, TGate, g)
+		lin(h, &L.Lin[TUp], l, TUp, u)
 		swiglu(g, u, g)
-		linFwd(g, M, &L.Lin[TDown], segs, layerPick[T](l, TDown), o)
+		lin(g, &L.Lin[TDown], l, TDown, o)
 		for i := range x {
 			x[i] += o[i]
 		}
@@ -146,8 +167,9 @@ func (m *Model[T]) Logits(h []T, M int, ad *Adapter[T]) []T {
 }
 
 // linRows is linFwd (without the saved LoRA inputs) through matMulTRows: each output row
-// depends only on its input row and its segment's adapter.
-func linRows[T Float](X []T, M int, li *Linear[T], segs []seg[T], pick pickFn[T], Y []T) [][]T {
+// depends only on its input row and its segment's adapter. The adapter's pair is layer l's
+// target t (the head's when l < 0); xa is scratch for the LoRA rows.
+func linRows[T Float](X []T, M int, li *Linear[T], segs []seg[T], l int, t Target, Y []T, xa *[]T) {
 	matMulTRows(Y, X, li.W, M, li.Out, li.In, false)
 	if li.B != nil {
 		for i := 0; i < M; i++ {
@@ -161,20 +183,51 @@ func linRows[T Float](X []T, M int, li *Linear[T], segs []seg[T], pick pickFn[T]
 		if sg.ad == nil || sg.r1 == sg.r0 {
 			continue
 		}
-		p := pick(sg.ad)
+		p := sg.ad.Head
+		if l >= 0 {
+			p = sg.ad.Layers[l][t]
+		}
 		if p == nil {
 			continue
 		}
 		rows := sg.r1 - sg.r0
-		xa := make([]T, rows*p.Rank)
-		matMulTRows(xa, X[sg.r0*li.In:sg.r1*li.In], p.A.W, rows, p.Rank, li.In, false)
+		*xa = grow((*xa)[:0], rows*p.Rank)
+		x := *xa
+		matMulTRows(x, X[sg.r0*li.In:sg.r1*li.In], p.A.W, rows, p.Rank, li.In, false)
 		s := sg.ad.Scale
-		for i := range xa {
-			xa[i] *= s
+		for i := range x {
+			x[i] *= s
 		}
-		matMulTRows(Y[sg.r0*li.Out:sg.r1*li.Out], xa, p.B.W, rows, li.Out, p.Rank, true)
+		matMulTRows(Y[sg.r0*li.Out:sg.r1*li.Out], x, p.B.W, rows, li.Out, p.Rank, true)
 	}
-	return nil
+}
+
+// stepBuf holds the work arrays of step and Decode between calls (see decodeBufs).
+type stepBuf[T Float] struct {
+	x, h, q, k, v, att, o, g, u, xa, logits []T
+	sc                                      []float64
+	scOff                                   []int
+	toks, pos                               []int
+	rows                                    []*GenSeq[T]
+	ads                                     []*Adapter[T]
+	caches                                  []*KVCache[T]
+	segs                                    []seg[T]
+}
+
+func growInts(s *[]int, n int) []int {
+	if cap(*s) < n {
+		*s = make([]int, n, 2*n)
+	}
+	*s = (*s)[:n]
+	return *s
+}
+
+func growF64(s *[]float64, n int) []float64 {
+	if cap(*s) < n {
+		*s = make([]float64, n, 2*n)
+	}
+	*s = (*s)[:n]
+	return *s
 }
 
 // matMulTRows computes C[M,N] (+)= A[M,K]·B[N,K]ᵀ like MatMulT, but row by row: every

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 )
 
 // SampleParams control generation.
@@ -273,8 +274,12 @@ func containsAny(text string, subs []string) bool {
 // independently of the others (step's stable products), so a sequence gets the same bits
 // in any batch, with any number of threads.
 func (m *Model[T]) Decode(seqs []*GenSeq[T]) {
-	rows := make([]*GenSeq[T], 0, len(seqs))
-	var ads []*Adapter[T]
+	buf, _ := decodeBufs.Get().(*stepBuf[T])
+	if buf == nil {
+		buf = &stepBuf[T]{}
+	}
+	defer decodeBufs.Put(buf)
+	rows, ads := buf.rows[:0], buf.ads[:0]
 	for _, s := range seqs {
 		if s.done {
 			continue
@@ -284,6 +289,11 @@ func (m *Model[T]) Decode(seqs []*GenSeq[T]) {
 			ads = append(ads, s.g.ad)
 		}
 	}
+	defer func() { // the buffer holds no sequence or adapter once the step is over
+		clear(rows)
+		clear(ads)
+		buf.rows, buf.ads = rows[:0], ads[:0]
+	}()
 	if len(rows) == 0 {
 		return
 	}
@@ -292,9 +302,12 @@ func (m *Model[T]) Decode(seqs []*GenSeq[T]) {
 		return slices.Index(ads, a.g.ad) - slices.Index(ads, b.g.ad)
 	})
 	M := len(rows)
-	toks, pos := make([]int, M), make([]int, M)
-	caches := make([]*KVCache[T], M)
-	var segs []seg[T]
+	toks, pos := growInts(&buf.toks, M), growInts(&buf.pos, M)
+	if cap(buf.caches) < M {
+		buf.caches = make([]*KVCache[T], M, 2*M)
+	}
+	caches := buf.caches[:M]
+	segs := buf.segs[:0]
 	for r, s := range rows {
 		out := &s.g.Out[s.i]
 		toks[r] = out.Tokens[len(out.Tokens)-1]
@@ -305,14 +318,22 @@ func (m *Model[T]) Decode(seqs []*GenSeq[T]) {
 		}
 		segs[len(segs)-1].r1 = r + 1
 	}
-	h := m.step(toks, pos, caches, segs, true)
+	h := m.step(toks, pos, caches, segs, true, buf)
+	clear(caches)
 	V := m.Cfg.Vocab
-	lg := make([]T, M*V)
-	linRows(h, M, &m.Head, segs, headPick[T], lg)
+	lg := grow(buf.logits[:0], M*V)
+	buf.logits = lg
+	linRows(h, M, &m.Head, segs, -1, 0, lg, &buf.xa)
+	clear(segs)
+	buf.segs = segs[:0]
 	for r, s := range rows {
 		s.advance(lg[r*V : (r+1)*V])
 	}
 }
+
+// decodeBufs holds Decode's work arrays (a *stepBuf[T]) between steps, so a decoding
+// step allocates nothing once the batch has reached its size.
+var decodeBufs sync.Pool
 
 // topIndices returns the indices of the k largest values, largest first (ties: lower id).
 func topIndices[T Float](x []T, k int) []int {
