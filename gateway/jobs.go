@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"io"
+	"os"
 	"path/filepath"
 
 	"github.com/loops-dev/loops/gateway/jobs"
@@ -21,7 +22,20 @@ type JobsConfig struct {
 
 // newJobs starts the job service on the server's store, under DATA_DIR/jobs.
 func (s *Server) newJobs(ctx context.Context) (*jobs.Service, error) {
+	// Jobs read the base models' files (get_tokenizer() loads the tokenizer from the path the
+	// server gives): the data dir's built-in models and the Hugging Face cache, read-only.
+	// Nothing else of the data dir is visible to them.
+	var binds, env []string
+	if fi, err := os.Stat(filepath.Join(s.cfg.DataDir, "models")); err == nil && fi.IsDir() {
+		binds = append(binds, filepath.Join(s.cfg.DataDir, "models"))
+	}
+	if hf := hfHome(); hf != "" {
+		binds = append(binds, hf)
+		env = append(env, "HF_HOME="+hf)
+	}
 	j, err := jobs.New(ctx, jobs.Options{
+		Binds:   binds,
+		Env:     env,
 		Dir:     filepath.Join(s.cfg.DataDir, "jobs"),
 		Store:   s.store,
 		Policy:  s.cfg.Core.Policy,
@@ -37,6 +51,27 @@ func (s *Server) newJobs(ctx context.Context) (*jobs.Service, error) {
 	s.jobs = j
 	s.mu.Unlock()
 	return j, nil
+}
+
+// hfHome is the Hugging Face cache folder when it exists (HF_HOME, else
+// ~/.cache/huggingface), as an absolute path.
+func hfHome() string {
+	hf := os.Getenv("HF_HOME")
+	if hf == "" {
+		cache, err := os.UserCacheDir()
+		if err != nil {
+			return ""
+		}
+		hf = filepath.Join(cache, "huggingface")
+	}
+	hf, err := filepath.Abs(hf)
+	if err != nil {
+		return ""
+	}
+	if fi, err := os.Stat(hf); err != nil || !fi.IsDir() {
+		return ""
+	}
+	return hf
 }
 
 // closeJobs stops the running jobs within ctx (before the listener closes: they talk to it).

@@ -35,6 +35,6 @@ func rootCmd() *cobra.Command {
 	root.AddCommand(serveCmd(), modelsCmd(), runsCmd(), checkpointsCmd(), usageCmd())
 	root.AddCommand(workspaceCmd(), deployCmd())
 	root.AddCommand(conformanceCmd())
-	root.AddCommand(cookbookCmd())
+	root.AddCommand(cookbookCmd(), jobsCmd())
 	return root
 }

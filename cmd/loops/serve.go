@@ -194,6 +194,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 		},
 		Logger: log,
 		Lease:  leaseCfg,
+		Jobs:   jobsConfig(),
 	})
 	if err != nil {
 		_ = ln.Close()

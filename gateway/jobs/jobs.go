@@ -84,6 +84,10 @@ type Options struct {
 	Relay []string
 	// RelayEnv is added to the relay's environment (tests use it to select RelayMain).
 	RelayEnv []string
+	// Binds are host folders every job sees read-only at the same path (base models'
+	// files, for their tokenizers), and Env is added to every job's environment.
+	Binds []string
+	Env   []string
 	// Bwrap is the bubblewrap binary (default: bwrap from PATH). Jobs are refused when it
 	// is missing: they never run outside a sandbox.
 	Bwrap string
@@ -452,7 +456,7 @@ func (s *Service) runSandboxed(ctx context.Context, r *run, dir, bwrap, key stri
 	cmd.Env = append([]string{
 		"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/job", "LANG=C.UTF-8", "PYTHONUNBUFFERED=1", "HF_HUB_OFFLINE=1",
 		"TINKER_API_KEY=" + key, "TINKER_BASE_URL=http://127.0.0.1:" + port, "LOOPS_JOB_ID=" + r.job.GetId(),
-	}, append(py.Env, s.o.RelayEnv...)...)
+	}, append(append(append([]string(nil), s.o.Env...), py.Env...), s.o.RelayEnv...)...)
 	cmd.Stdout, cmd.Stderr = r.log, r.log
 	// Its own process group: cancel signals the whole sandbox.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -514,7 +518,7 @@ func (s *Service) sandboxArgs(bwrap, dir string, py Python, j *loopsv1.Job, port
 	for _, p := range []string{"/usr", "/bin", "/lib", "/lib64", "/lib32", "/sbin", "/etc/alternatives", "/etc/ssl", "/etc/ca-certificates", "/etc/localtime"} {
 		argv = append(argv, "--ro-bind-try", p, p)
 	}
-	for _, p := range py.Binds {
+	for _, p := range append(append([]string(nil), s.o.Binds...), py.Binds...) {
 		argv = append(argv, "--ro-bind", p, p)
 	}
 	relayPath := "/.loops/relay"
