@@ -84,7 +84,6 @@ workspaces:
 
 func newFixture(t *testing.T, dir string, st store.Store) *fixture {
 	t.Helper()
-	needSandbox(t)
 	f := &fixture{dir: dir, st: st, seen: make(chan string, 16)}
 	f.gw = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
@@ -108,12 +107,22 @@ func newFixture(t *testing.T, dir string, st store.Store) *fixture {
 			return Python{Exe: "/usr/bin/python3", Env: []string{"EXTRA=1"}}, nil
 		},
 		Relay: []string{exe}, RelayEnv: []string{"LOOPS_TEST_RELAY=1"},
+		// Set, so that the checks before a job starts run without bubblewrap too; the tests
+		// that run jobs call needSandbox.
+		Bwrap: bwrapPath(),
 		Grace: 2 * time.Second, MaxLogBytes: 4096,
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = f.svc.Close(context.Background()) })
 	f.api = serve(t, f.svc)
 	return f
+}
+
+func bwrapPath() string {
+	if p, err := exec.LookPath("bwrap"); err == nil {
+		return p
+	}
+	return "/nonexistent/bwrap"
 }
 
 func openStore(t *testing.T, dir string) store.Store {
@@ -154,6 +163,7 @@ func wait(t *testing.T, s *client, ws, id string) (string, *loopsv1.Job) {
 // through the relay and nothing else, sees neither the data dir nor the host's files, and
 // its log and exit status persist.
 func TestJobRunsSandboxed(t *testing.T) {
+	needSandbox(t)
 	dir := t.TempDir()
 	st := openStore(t, dir)
 	defer st.Close()
@@ -204,6 +214,7 @@ sys.exit(3)
 
 // Another workspace sees none of a workspace's jobs.
 func TestJobsWorkspaceIsolation(t *testing.T) {
+	needSandbox(t)
 	dir := t.TempDir()
 	st := openStore(t, dir)
 	defer st.Close()
@@ -245,6 +256,7 @@ func TestJobsPolicy(t *testing.T) {
 // A workspace runs at most max_running_jobs at once (429); cancel stops a job (SIGTERM,
 // then SIGKILL after the grace for one that ignores it) and frees its slot.
 func TestJobsQuotaAndCancel(t *testing.T) {
+	needSandbox(t)
 	dir := t.TempDir()
 	st := openStore(t, dir)
 	defer st.Close()
@@ -306,6 +318,7 @@ func waitFor(t *testing.T, s *client, ws, id, want string) {
 
 // A job over its wall time is stopped and failed with the reason; its log is capped.
 func TestJobsWallTimeAndLogCap(t *testing.T) {
+	needSandbox(t)
 	dir := t.TempDir()
 	st := openStore(t, dir)
 	defer st.Close()
@@ -324,6 +337,7 @@ func TestJobsWallTimeAndLogCap(t *testing.T) {
 // Gateway shutdown stops running jobs and records them cancelled; a job left running by a
 // process that died is marked failed when the service starts again.
 func TestJobsShutdownAndRestart(t *testing.T) {
+	needSandbox(t)
 	dir := t.TempDir()
 	st := openStore(t, dir)
 	defer st.Close()
