@@ -79,7 +79,10 @@ type Registry struct {
 	leases  map[string]*entry
 	pools   map[string]*poolState
 	lost    map[key]string // why a replica was last lost (bounded: cleared when large)
-	notify  chan struct{}  // closed and replaced on every change
+	// dropped holds the leases of deleted pools' workers, so a beat that races the deletion
+	// is told to drain rather than to register again (bounded: cleared when large).
+	dropped map[string]struct{}
+	notify  chan struct{} // closed and replaced on every change
 	closed  bool
 }
 
@@ -100,7 +103,7 @@ func NewRegistry(o RegistryOptions) *Registry {
 		o.Logger = slog.Default()
 	}
 	return &Registry{opts: o, log: o.Logger.With(slog.String("component", "pools.registry")), token: sha256.Sum256([]byte(o.JoinToken)),
-		members: map[key]*entry{}, leases: map[string]*entry{}, pools: map[string]*poolState{}, lost: map[key]string{}, notify: make(chan struct{})}
+		members: map[key]*entry{}, leases: map[string]*entry{}, pools: map[string]*poolState{}, lost: map[key]string{}, dropped: map[string]struct{}{}, notify: make(chan struct{})}
 }
 
 // Handler returns the RegistryService's path and handler (requests bounded to 1 MiB).
@@ -207,6 +210,10 @@ func (r *Registry) DropPool(pool, why string) {
 	for k, e := range r.members {
 		if k.pool == pool {
 			e.dropped = true
+			if len(r.dropped) >= 4*r.opts.MaxRegistrations {
+				clear(r.dropped)
+			}
+			r.dropped[e.lease] = struct{}{}
 			r.removeLocked(e, why)
 		}
 	}
@@ -408,13 +415,14 @@ func (r *Registry) expire(e *entry) {
 }
 
 // beat renews a lease; it reports whether the replica should drain, and the lease's entry
-// (nil when it does not exist).
+// (nil when it does not exist, with drain set when its pool was deleted).
 func (r *Registry) beat(lease string) (drain bool, e *entry) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e = r.leases[lease]
 	if e == nil {
-		return false, nil
+		_, drain = r.dropped[lease]
+		return drain, nil
 	}
 	r.resetLocked(e)
 	if ps := r.pools[e.m.Pool]; ps != nil && e.m.Replica >= ps.desired {
@@ -456,6 +464,10 @@ func (r *Registry) Heartbeat(ctx context.Context, st *connect.BidiStream[backend
 		return connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("no heartbeat within %v of opening the stream; send {lease_id} first", r.opts.HeartbeatTimeout))
 	}
 	drain, e := r.beat(lease)
+	if e == nil && drain { // its pool was deleted
+		_ = st.Send(&backendv1.HeartbeatResponse{Drain: true})
+		return nil
+	}
 	if e == nil {
 		return connect.NewError(connect.CodeNotFound, errors.New("the lease is unknown or ended (replaced by a newer incarnation, deregistered or expired): register again"))
 	}
@@ -480,6 +492,10 @@ func (r *Registry) Heartbeat(ctx context.Context, st *connect.BidiStream[backend
 				return nil // stream closed; the lease lives until its timer expires
 			}
 			drain, cur := r.beat(lease)
+			if cur == nil && drain { // its pool was deleted while this beat was on its way
+				_ = st.Send(&backendv1.HeartbeatResponse{Drain: true})
+				return nil
+			}
 			if cur == nil {
 				return connect.NewError(connect.CodeNotFound, errors.New("the lease ended: register again"))
 			}
