@@ -6,6 +6,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Float is the element type the engine computes in: float32 for serving, float64 for
@@ -31,7 +32,10 @@ func SetThreads(n int) {
 func Threads() int { return int(threads.Load()) }
 
 // parallelFor runs fn(i) for i in [0,n) on up to Threads() goroutines, handing out indices
-// dynamically. work is a rough cost estimate of the whole job; small jobs run inline.
+// dynamically: the caller's and idle workers' (parallelWorker), new ones only when none is
+// idle, so a call starts no goroutine in the steady state. work is a rough cost estimate of
+// the whole job; small jobs run inline. A panic of fn is raised again on the caller's
+// goroutine (a *workerPanic) once every index has stopped.
 func parallelFor(n int, work int, fn func(i int)) {
 	t := Threads()
 	if t > n {
@@ -43,33 +47,80 @@ func parallelFor(n int, work int, fn func(i int)) {
 		}
 		return
 	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	var panicked atomic.Pointer[workerPanic]
-	wg.Add(t)
-	for w := 0; w < t; w++ {
-		go func() {
-			defer wg.Done()
+	j := parallelJobs.Get().(*parallelJob)
+	j.fn, j.n = fn, int64(n)
+	j.next.Store(0)
+	j.wg.Add(t - 1)
+	for w := 1; w < t; w++ {
+		select {
+		case idleWorkers <- j:
+		default:
+			go parallelWorker(j)
+		}
+	}
+	j.run()
+	j.wg.Wait()
+	p := j.panicked.Swap(nil)
+	j.fn = nil
+	parallelJobs.Put(j)
+	if p != nil {
+		panic(p)
+	}
+}
+
+// parallelJob is one parallelFor call, shared by the goroutines that run its indices.
+type parallelJob struct {
+	fn       func(i int)
+	n        int64
+	next     atomic.Int64
+	wg       sync.WaitGroup // the workers other than the caller
+	panicked atomic.Pointer[workerPanic]
+}
+
+// run runs indices of j until none is left; a panic stops the job (no new index starts)
+// and is kept for the caller.
+func (j *parallelJob) run() {
+	defer func() {
+		if v := recover(); v != nil {
 			// A panic on a worker goroutine cannot be recovered by the caller; carry it
 			// over and raise it again on the calling goroutine.
-			defer func() {
-				if v := recover(); v != nil {
-					panicked.CompareAndSwap(nil, &workerPanic{v, debug.Stack()})
-					next.Store(int64(n))
-				}
-			}()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				fn(i)
-			}
-		}()
+			j.panicked.CompareAndSwap(nil, &workerPanic{v, debug.Stack()})
+			j.next.Store(j.n)
+		}
+	}()
+	for {
+		i := j.next.Add(1) - 1
+		if i >= j.n {
+			return
+		}
+		j.fn(int(i))
 	}
-	wg.Wait()
-	if p := panicked.Load(); p != nil {
-		panic(p)
+}
+
+var (
+	// parallelJobs recycles parallelFor's jobs.
+	parallelJobs = sync.Pool{New: func() any { return new(parallelJob) }}
+	// idleWorkers hands a job to a worker waiting for one.
+	idleWorkers = make(chan *parallelJob)
+)
+
+// workerIdle is how long a worker waits for another job before it ends.
+const workerIdle = 20 * time.Millisecond
+
+// parallelWorker runs j, then the jobs handed to it while it is idle, and ends after
+// workerIdle without one.
+func parallelWorker(j *parallelJob) {
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		j.run()
+		j.wg.Done()
+		idle.Reset(workerIdle)
+		select {
+		case j = <-idleWorkers:
+		case <-idle.C:
+			return
+		}
 	}
 }
 
