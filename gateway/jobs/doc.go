@@ -26,7 +26,7 @@
 // # Quotas and policy
 //
 // A workspace may submit jobs only when its policy sets allow_jobs (403 JOBS_NOT_ALLOWED
-// otherwise, naming the key). max_running_jobs (default 2), max_job_seconds (3600) and
+// otherwise, naming the flag and how to set it). max_running_jobs (default 2), max_job_seconds (3600) and
 // max_job_memory_mb (8192, an address-space limit through prlimit: a script over it gets
 // MemoryError) apply per workspace; the gateway caps jobs of all workspaces at
 // Options.MaxRunningAll (8). A full quota is 429 JOB_QUOTA. A log is one file, capped at
