@@ -37,6 +37,7 @@
 // A job runs on after its client disconnects. CancelJob, the wall time and Close (gateway
 // shutdown) stop it: SIGTERM to the job's processes, SIGKILL to its process group after the
 // grace (10 s). Its end (state, exit status, reason, log size) is written to the store; its
-// files are removed and its log kept. A gateway that dies without Close leaves running
+// files are removed and its log kept, with the workspace's newest Options.MaxKeptJobs (100)
+// jobs: older finished ones are deleted then, record and log. A gateway that dies without Close leaves running
 // records behind: New marks them failed with ReasonRestarted.
 package jobs

@@ -38,6 +38,7 @@ const (
 	DefaultJobSeconds     = 3600
 	DefaultJobMemoryMB    = 8192
 	DefaultGrace          = 10 * time.Second
+	DefaultMaxKeptJobs    = 100
 	maxArgs               = 64
 	maxArgBytes           = 4096
 	maxReadBytes          = 1 << 20
@@ -99,6 +100,9 @@ type Options struct {
 	MaxFiles         int
 	MaxLogBytes      int64
 	MaxRunningAll    int
+	// MaxKeptJobs is how many jobs a workspace keeps, records and logs (default 100): when
+	// a job ends, the workspace's older finished jobs past that many are deleted.
+	MaxKeptJobs int
 	// Grace is how long a stopped job has between SIGTERM and SIGKILL (default 10 s).
 	Grace time.Duration
 	// Logger receives the service's logs (default slog.Default()).
@@ -150,6 +154,9 @@ func New(ctx context.Context, o Options) (*Service, error) {
 	}
 	if o.Grace <= 0 {
 		o.Grace = DefaultGrace
+	}
+	if o.MaxKeptJobs <= 0 {
+		o.MaxKeptJobs = DefaultMaxKeptJobs
 	}
 	if o.Dir == "" || o.Store == nil {
 		return nil, errors.New("jobs: Dir and Store are required")
@@ -417,6 +424,27 @@ func (s *Service) execute(ctx context.Context, r *run, dir, bwrap, key string, q
 		s.o.Logger.Error("jobs: recording a job's end", slog.String("job", id), slog.Any("err", err))
 	}
 	s.release(id, r)
+	s.prune(wctx, r.ws)
+}
+
+// prune deletes the workspace's finished jobs past the newest MaxKeptJobs: records and
+// folders (logs).
+func (s *Service) prune(ctx context.Context, ws string) {
+	list, err := s.o.Store.ListJobs(ctx, ws, min(s.o.MaxKeptJobs+store.DefaultPageLimit, store.MaxPageLimit))
+	if err != nil {
+		s.o.Logger.Warn("jobs: listing old jobs to prune", slog.Any("err", err))
+		return
+	}
+	for _, j := range list[min(len(list), s.o.MaxKeptJobs):] {
+		if j.GetState() == loopsv1.JobState_JOB_STATE_RUNNING {
+			continue
+		}
+		if err := s.o.Store.DeleteJob(ctx, ws, j.GetId()); err != nil && !errors.Is(err, store.ErrNotFound) {
+			s.o.Logger.Warn("jobs: pruning an old job", slog.String("job", j.GetId()), slog.Any("err", err))
+			continue
+		}
+		_ = os.RemoveAll(filepath.Join(s.o.Dir, j.GetId()))
+	}
 }
 
 var errShutdown = errors.New("the gateway shut down")

@@ -110,7 +110,7 @@ func newFixture(t *testing.T, dir string, st store.Store) *fixture {
 		// Set, so that the checks before a job starts run without bubblewrap too; the tests
 		// that run jobs call needSandbox.
 		Bwrap: bwrapPath(),
-		Grace: 2 * time.Second, MaxLogBytes: 4096,
+		Grace: 2 * time.Second, MaxLogBytes: 4096, MaxKeptJobs: 3,
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = f.svc.Close(context.Background()) })
@@ -436,4 +436,35 @@ func serve(t *testing.T, svc *Service) *client {
 	srv := httptest.NewServer(keys.Middleware(auth.Policy{}, mux))
 	t.Cleanup(srv.Close)
 	return &client{loopsv1connect.NewJobServiceClient(srv.Client(), srv.URL)}
+}
+
+// A workspace keeps its newest MaxKeptJobs jobs (3 here): older finished ones go, record and
+// log, when a job ends.
+func TestJobsRetention(t *testing.T) {
+	needSandbox(t)
+	dir := t.TempDir()
+	st := openStore(t, dir)
+	defer st.Close()
+	f := newFixture(t, dir, st)
+	var ids []string
+	for i := range 5 {
+		j, err := submit(t, f.api, "ws-b", &loopsv1.SubmitJobRequest{Archive: tarball(t, false, map[string]string{"a.py": fmt.Sprintf("print(%d)", i)}), Entrypoint: "a.py"})
+		require.NoError(t, err)
+		wait(t, f.api, "ws-b", j.GetId())
+		ids = append(ids, j.GetId())
+		time.Sleep(10 * time.Millisecond) // distinct create times
+	}
+	require.Eventually(t, func() bool {
+		list, err := f.api.ListJobs(wsCtx(t, "ws-b"), &loopsv1.ListJobsRequest{})
+		return err == nil && len(list.GetJobs()) == 3
+	}, 10*time.Second, 20*time.Millisecond)
+	list, err := f.api.ListJobs(wsCtx(t, "ws-b"), &loopsv1.ListJobsRequest{})
+	require.NoError(t, err)
+	require.Equal(t, []string{ids[4], ids[3], ids[2]}, []string{list.GetJobs()[0].GetId(), list.GetJobs()[1].GetId(), list.GetJobs()[2].GetId()})
+	for _, id := range ids[:2] {
+		_, err := os.Stat(filepath.Join(dir, "jobs", id))
+		require.True(t, os.IsNotExist(err), "%s's folder and log are gone", id)
+	}
+	_, err = os.Stat(filepath.Join(dir, "jobs", ids[2], "log"))
+	require.NoError(t, err)
 }

@@ -20,6 +20,8 @@ type JobStore interface {
 	// ListJobs lists at most limit of the workspace's jobs (limit is bounded as a Page's),
 	// newest first: by create_time, then id, descending.
 	ListJobs(ctx context.Context, workspace string, limit int) ([]*loopsv1.Job, error)
+	// DeleteJob removes a job of the workspace.
+	DeleteJob(ctx context.Context, workspace, id string) error
 	// FailRunningJobs marks every job still in JOB_STATE_RUNNING, of every workspace, failed
 	// with reason and end time end, and returns how many it marked (a gateway starting up
 	// calls it: its previous process's jobs died with it).

@@ -47,6 +47,18 @@ func (s *Store) ListJobs(ctx context.Context, workspace string, limit int) ([]*l
 	return out, err
 }
 
+// DeleteJob removes a job of the workspace.
+func (s *Store) DeleteJob(ctx context.Context, workspace, id string) error {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM jobs WHERE workspace = $1 AND id = $2`, workspace, id)
+	if err != nil {
+		return fmt.Errorf("store: delete job %s: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("store: delete job %s: %w", id, store.ErrNotFound)
+	}
+	return nil
+}
+
 // FailRunningJobs marks every running job failed, in one transaction.
 func (s *Store) FailRunningJobs(ctx context.Context, reason string, end time.Time) (int, error) {
 	n := 0

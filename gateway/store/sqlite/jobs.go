@@ -46,6 +46,21 @@ func (s *Store) ListJobs(ctx context.Context, workspace string, limit int) ([]*l
 	return out, err
 }
 
+// DeleteJob removes a job of the workspace.
+func (s *Store) DeleteJob(ctx context.Context, workspace, id string) error {
+	res, err := s.w.ExecContext(ctx, `DELETE FROM jobs WHERE workspace = ? AND id = ?`, workspace, id)
+	if err != nil {
+		return fmt.Errorf("store: delete job %s: %w", id, err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		if err == nil {
+			err = store.ErrNotFound
+		}
+		return fmt.Errorf("store: delete job %s: %w", id, err)
+	}
+	return nil
+}
+
 // FailRunningJobs marks every running job failed, in one transaction.
 func (s *Store) FailRunningJobs(ctx context.Context, reason string, end time.Time) (int, error) {
 	tx, err := s.w.BeginTx(ctx, nil)

@@ -14,8 +14,8 @@ func job(id string, created time.Duration, state loopsv1.JobState) *loopsv1.Job 
 	return &loopsv1.Job{Id: id, State: state, Entrypoint: "train.py", Args: []string{"--steps", "2"}, CreateTime: ts(created)}
 }
 
-// testJobs: put, get, replace, list newest first with a limit, scoped to the workspace; an id
-// of another workspace is refused.
+// testJobs: put, get, replace, delete, list newest first with a limit, scoped to the
+// workspace; an id of another workspace is refused.
 func testJobs(t *testing.T, open func(t *testing.T) store.Store) {
 	ctx := t.Context()
 	st := open(t)
@@ -51,6 +51,15 @@ func testJobs(t *testing.T, open func(t *testing.T) store.Store) {
 	got, err = st.GetJob(ctx, wsA, "job-1")
 	require.NoError(t, err)
 	requireProtoEqual(t, j1, got)
+
+	requireNotFound(t, st.DeleteJob(ctx, wsB, "job-3"))
+	require.NoError(t, st.DeleteJob(ctx, wsA, "job-3"))
+	_, err = st.GetJob(ctx, wsA, "job-3")
+	requireNotFound(t, err)
+	requireNotFound(t, st.DeleteJob(ctx, wsA, "job-3"))
+	list, err = st.ListJobs(ctx, wsA, 0)
+	require.NoError(t, err)
+	requireProtoEqual(t, []*loopsv1.Job{j2, j1}, list)
 
 	j1.State = loopsv1.JobState_JOB_STATE_CANCELLED
 	j1.Reason = "cancelled"
