@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -87,7 +88,13 @@ def test_script_job_cancel(loops_bin, jobs_url, tmp_path):
     p = jobs(loops_bin, jobs_url, JOBS_KEY, "submit", str(tmp_path / "wait.py"))
     assert p.returncode == 0, p.stderr
     job_id = p.stdout.strip()
+    deadline = time.monotonic() + 120  # the first job may wait for the venv
+    while "waiting" not in jobs(loops_bin, jobs_url, JOBS_KEY, "logs", job_id).stdout:
+        assert time.monotonic() < deadline, "the script never started"
+        time.sleep(0.2)
     c = jobs(loops_bin, jobs_url, JOBS_KEY, "cancel", job_id)
     assert c.returncode == 0 and "cancelled" in c.stdout, c.stdout + c.stderr
     f = jobs(loops_bin, jobs_url, JOBS_KEY, "logs", job_id, "-f")
     assert f.returncode == 130, (f.returncode, f.stdout, f.stderr)
+    assert "got SIGTERM" in f.stdout, "the script heard SIGTERM and stopped on its own"
+    assert "cancelled by a request" in f.stdout
