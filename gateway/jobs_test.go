@@ -1,0 +1,101 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/loops-dev/loops/gateway"
+	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/jobs"
+	"github.com/loops-dev/loops/gateway/policy"
+	"github.com/loops-dev/loops/gateway/store/sqlite"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
+	"github.com/loops-dev/loops/internal/errs"
+)
+
+// jobsServer runs a gateway on dataDir whose policy lets team-b run jobs; keyC's team-c may not.
+func jobsServer(t *testing.T, dataDir string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	keys, err := auth.ParseKeys([]string{keyB + "=team-b", keyC + "=team-c"})
+	require.NoError(t, err)
+	pol, err := policy.Parse([]byte("workspaces:\n  team-b: {allow_jobs: true}\n"))
+	require.NoError(t, err)
+	cfg := gateway.Config{DataDir: dataDir, Keys: keys}
+	cfg.Core.Policy = pol
+	srv, err := gateway.New(t.Context(), ln, cfg)
+	require.NoError(t, err)
+	go func() { _ = srv.Serve() }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Close(ctx)
+	})
+	return "http://" + ln.Addr().String()
+}
+
+func rest(t *testing.T, method, url, key, body string) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), method, url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set(auth.HeaderName, key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	var out map[string]any
+	require.NoError(t, json.Unmarshal(raw, &out), string(raw))
+	return resp.StatusCode, out
+}
+
+// The gateway serves JobService on every surface: a workspace without allow_jobs gets 403
+// naming the flag; a job left running by a gateway that died is failed, with the reason, once
+// the gateway is back; another workspace does not see it.
+func TestJobServiceServed(t *testing.T) {
+	dir := t.TempDir()
+	url := jobsServer(t, dir)
+
+	code, body := rest(t, "POST", url+"/v1/jobs", keyC, `{"recipe":"sft_chat"}`)
+	require.Equal(t, http.StatusForbidden, code, body)
+	require.Contains(t, body["message"], "allow_jobs: true")
+	require.Contains(t, body["message"], "--workspace-policy")
+	_, err := loopsv1connect.NewJobServiceClient(http.DefaultClient, url, withKey(keyC)).
+		SubmitJob(t.Context(), &loopsv1.SubmitJobRequest{Recipe: "sft_chat"})
+	require.Equal(t, jobs.ReasonJobsNotAllowed, errs.Reason(err))
+	code, body = rest(t, "POST", url+"/v1/jobs", keyB, `{"recipe":"sft_chat","entrypoint":"a.py"}`)
+	require.Equal(t, http.StatusBadRequest, code, body)
+	code, _ = rest(t, "GET", url+"/v1/jobs/job-0000000000000001", keyB, "")
+	require.Equal(t, http.StatusNotFound, code)
+	list, err := loopsv1connect.NewJobServiceClient(http.DefaultClient, url, withKey(keyB)).
+		ListJobs(t.Context(), &loopsv1.ListJobsRequest{})
+	require.NoError(t, err)
+	require.Empty(t, list.GetJobs())
+}
+
+func TestJobsLeftRunningFailOnStart(t *testing.T) {
+	dir := t.TempDir()
+	st, err := sqlite.Open(t.Context(), dir+"/loops.db")
+	require.NoError(t, err)
+	require.NoError(t, st.PutJob(t.Context(), "team-b", &loopsv1.Job{Id: "job-00000000000000ab", State: loopsv1.JobState_JOB_STATE_RUNNING, Recipe: "sft_chat"}))
+	require.NoError(t, st.Close())
+
+	url := jobsServer(t, dir)
+	code, body := rest(t, "GET", url+"/v1/jobs/job-00000000000000ab", keyB, "")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, "JOB_STATE_FAILED", body["state"])
+	require.Equal(t, jobs.ReasonRestarted, body["reason"])
+	code, _ = rest(t, "GET", url+"/v1/jobs/job-00000000000000ab", keyC, "")
+	require.Equal(t, http.StatusNotFound, code, "another workspace does not see it")
+}
