@@ -234,7 +234,8 @@ func growF64(s *[]float64, n int) []float64 {
 // element of row i is summed in an order that depends on N and K only, never on M or i
 // (float32 with a vector kernel: the unpacked dot kernel of sgemmNTSmall for any M;
 // otherwise the generic blocked kernel, whose rows are independent). It is the decode
-// path's product, a little slower than packing for many rows.
+// path's product: with the four-row kernel and B read once per step, faster than packing
+// up to a few dozen rows (BenchmarkDecodeProducts).
 func matMulTRows[T Float](C, A, B []T, M, N, K int, acc bool) {
 	if M == 0 || N == 0 {
 		return
