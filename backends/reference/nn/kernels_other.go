@@ -5,7 +5,7 @@ package nn
 func init() { selectKernelFromEnv() }
 
 // Without the amd64 row kernels, sgemmNTRows uses the dot kernel (kernels_rows_amd64.go).
-const hasRowDot, hasRowDot4 = false, false
+var hasRowDot, hasRowDot4 = false, false
 
 func rowDot4(k8 int, a *float32, lda int, b *float32, ldb int, ng int, out *float32) {
 	panic("nn: no row kernels")
