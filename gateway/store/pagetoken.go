@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -88,8 +89,9 @@ func (p *PageTokens) Decode(workspace, list, token string) (*Cursor, error) {
 	if len(token) > MaxPageTokenLen {
 		return nil, bad("it is %d characters long, over the maximum of %d", len(token), MaxPageTokenLen)
 	}
+	// Go's base64 decoders skip \r and \n even in strict mode; a token is one line.
 	b, err := base64.RawURLEncoding.Strict().DecodeString(token)
-	if err != nil {
+	if err != nil || strings.ContainsAny(token, "\r\n") {
 		return nil, bad("it is not unpadded base64url (pass next_page_token exactly as it was returned)")
 	}
 	if len(b) < 1+wsHashLen+macLen {
