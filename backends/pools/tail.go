@@ -1,8 +1,10 @@
 package pools
 
 import (
+	"os/exec"
 	"strings"
 	"sync"
+	"syscall"
 )
 
 // Tail keeps the last lines of a worker's output for error messages. Safe for concurrent
@@ -29,7 +31,15 @@ func (t *Tail) Add(s string) {
 	}
 }
 
-// String joins the kept lines, progress bars left out.
+// Reset forgets the kept lines (a restarted worker's output starts afresh).
+func (t *Tail) Reset() {
+	t.mu.Lock()
+	t.lines = nil
+	t.mu.Unlock()
+}
+
+// String joins the last (at most 8) kept lines, progress bars left out: the last few
+// non-progress lines are what explains a failure.
 func (t *Tail) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -39,5 +49,18 @@ func (t *Tail) String() string {
 			keep = append(keep, l)
 		}
 	}
+	if len(keep) > 8 {
+		keep = keep[len(keep)-8:]
+	}
 	return strings.Join(keep, " | ")
+}
+
+// KillGroup kills a worker started in its own process group (Setpgid) with everything it
+// spawned (vLLM starts helpers), then the process itself.
+func KillGroup(cmd *exec.Cmd) {
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	_ = cmd.Process.Kill()
 }

@@ -355,12 +355,12 @@ type worker struct {
 	caps   *backendv1.GetCapabilitiesResponse
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
-	tail   *tail
+	tail   *pools.Tail
 	nAdapt int
 }
 
 func (b *Backend) newWorker(i int, addr string, local bool) *worker {
-	return &worker{b: b, idx: i, addr: addr, local: local, up: make(chan struct{}), why: "starting", tail: newTail(40)}
+	return &worker{b: b, idx: i, addr: addr, local: local, up: make(chan struct{}), why: "starting", tail: pools.NewTail(40)}
 }
 
 func (w *worker) name() string {
@@ -453,12 +453,12 @@ func (w *worker) start(ctx context.Context) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("cannot start the worker (%s %s): %w; set the python option or LOOPS_WORKER_PYTHON to an interpreter with loops_worker installed", w.b.opts.Python, strings.Join(args, " "), err)
 	}
-	w.tail.reset()
+	w.tail.Reset()
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
-			w.tail.add(sc.Text())
+			w.tail.Add(sc.Text())
 			w.b.log.Debug("worker stderr", slog.Int("worker", w.idx), slog.String("line", sc.Text()))
 		}
 	}()
@@ -485,15 +485,15 @@ func (w *worker) start(ctx context.Context) error {
 		time.Sleep(50 * time.Millisecond) // let stderr drain
 		return fmt.Errorf("local worker %d exited during start (%v): %s", w.idx, err, w.tail.String())
 	case <-timer.C:
-		killGroup(cmd)
+		pools.KillGroup(cmd)
 		<-exited
 		return fmt.Errorf("local worker %d did not start within %v: %s", w.idx, w.b.opts.StartTimeout, w.tail.String())
 	case <-ctx.Done():
-		killGroup(cmd)
+		pools.KillGroup(cmd)
 		<-exited
 		return ctx.Err()
 	case <-w.b.ctx.Done():
-		killGroup(cmd)
+		pools.KillGroup(cmd)
 		<-exited
 		return errors.New("backend closed")
 	}
@@ -505,7 +505,7 @@ func (w *worker) start(ctx context.Context) error {
 	caps, err := cl.tc.GetCapabilities(cctx, &backendv1.GetCapabilitiesRequest{})
 	cancel()
 	if err != nil {
-		killGroup(cmd)
+		pools.KillGroup(cmd)
 		<-exited
 		return fmt.Errorf("local worker %d at %s does not answer: %w", w.idx, addr, err)
 	}
@@ -576,7 +576,7 @@ func (w *worker) fail(gen int, reason string) {
 	w.nAdapt = 0
 	w.b.mu.Unlock()
 	if w.local && cmd != nil {
-		killGroup(cmd)
+		pools.KillGroup(cmd)
 	}
 }
 
@@ -611,17 +611,8 @@ func (w *worker) stop() {
 		if stdin != nil {
 			_ = stdin.Close()
 		}
-		killGroup(cmd)
+		pools.KillGroup(cmd)
 	}
-}
-
-func killGroup(cmd *exec.Cmd) {
-	if cmd == nil || cmd.Process == nil {
-		return
-	}
-	// the worker runs in its own process group (vLLM spawns helpers): kill them all
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	_ = cmd.Process.Kill()
 }
 
 // healthLoop probes the worker; HealthFailures failures in a row declare it dead. A dead
@@ -1071,44 +1062,3 @@ func (s *sampler) Sample(ctx context.Context, req *backendv1.SampleRequest) (*ba
 }
 
 // ---- helpers -----------------------------------------------------------------------------------
-
-// tail keeps the last lines of a worker's stderr for error messages.
-type tail struct {
-	mu    sync.Mutex
-	n     int
-	lines []string
-}
-
-func newTail(n int) *tail { return &tail{n: n} }
-
-func (t *tail) add(s string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.lines = append(t.lines, s)
-	if len(t.lines) > t.n {
-		t.lines = t.lines[len(t.lines)-t.n:]
-	}
-}
-
-func (t *tail) reset() {
-	t.mu.Lock()
-	t.lines = nil
-	t.mu.Unlock()
-}
-
-func (t *tail) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	// the last few non-progress lines are what explains a failure
-	var keep []string
-	for _, l := range t.lines {
-		if strings.Contains(l, "it/s]") {
-			continue
-		}
-		keep = append(keep, l)
-	}
-	if len(keep) > 8 {
-		keep = keep[len(keep)-8:]
-	}
-	return strings.Join(keep, " | ")
-}

@@ -301,7 +301,7 @@ func (p *Provider) runOnce(ctx context.Context, spec pools.Spec, i int, r *repli
 	select {
 	case err = <-exited:
 	case <-ctx.Done():
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		pools.KillGroup(cmd)
 		err = <-exited
 	}
 	r.mu.Lock()
