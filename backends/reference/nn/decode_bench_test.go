@@ -49,3 +49,27 @@ func BenchmarkDecode(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPrefill times prefilling one prompt of P tokens on a loops/tiny-shaped model
+// (what every sampling request pays before its first token), in ns per prompt token.
+func BenchmarkPrefill(b *testing.B) {
+	m, err := NewRandom[float32](benchDecodeConfig, RandomOptions{Seed: 7, QKNorm: true})
+	require.NoError(b, err)
+	for _, P := range []int{4, 16, 64, 256} {
+		b.Run(fmt.Sprintf("P=%d", P), func(b *testing.B) {
+			b.ReportAllocs()
+			p := make([]int, P)
+			for k := range p {
+				p[k] = (k * 13) % 512
+			}
+			seed := uint64(1)
+			for range b.N {
+				g := m.NewGen(p, nil, 1, SampleParams{MaxTokens: 1, Temperature: 1, Seed: &seed}, false, 0)
+				for !g.Prefilled() {
+					g.Prefill()
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*P), "ns/token")
+		})
+	}
+}

@@ -130,13 +130,10 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], st
 			} else {
 				acc = make([]float64, hd)
 			}
-			for j := 0; j < n; j++ {
-				p := sc[j] / sum
-				vr := cc.V[l][j*KVD+kh*hd : j*KVD+(kh+1)*hd]
-				for d, xv := range vr {
-					acc[d] += p * float64(xv)
-				}
+			for j := range sc {
+				sc[j] /= sum
 			}
+			weightedSum(acc, sc, cc.V[l][kh*hd:], KVD)
 			out := att[i*QD+hh*hd : i*QD+(hh+1)*hd]
 			for d := range out {
 				out[d] = T(acc[d])

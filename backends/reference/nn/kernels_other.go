@@ -14,3 +14,9 @@ func rowDot4(k8 int, a *float32, lda int, b *float32, ldb int, ng int, out *floa
 func rowDot2(k8 int, a0, a1, b *float32, ldb int, out *[8]float32) { panic("nn: no row kernels") }
 
 func rowDot1(k8 int, a0, b *float32, ldb int, out *[8]float32) { panic("nn: no row kernels") }
+
+// weightedSum sets acc[d] += Σ_{j<len(p)} p[j]·float64(v[j·ldv+d]) for d < len(acc), j in
+// order.
+func weightedSum[T Float](acc []float64, p []float64, v []T, ldv int) {
+	weightedSumFrom(acc, p, v, ldv, 0)
+}

@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 var sgemmShapes = [][3]int{ // M, N, K
@@ -195,5 +197,41 @@ func TestSgemmConcurrent(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
+	}
+}
+
+// TestWeightedSumBits requires the attention's weighted sum of value rows (an assembly
+// kernel for 16-wide blocks where the CPU has one, Go for the rest) to give every element
+// the bits of the plain loop acc[d] += p[j]·float64(v[j·ldv+d]), j in order, for head
+// sizes with and without a tail and strides wider than a row.
+func TestWeightedSumBits(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, hd := range []int{1, 5, 16, 24, 64, 72, 128} {
+		for _, n := range []int{0, 1, 3, 17, 80} {
+			ldv := hd + 8
+			v := make([]float32, n*ldv)
+			for i := range v {
+				v[i] = float32(r.NormFloat64())
+			}
+			p := make([]float64, n)
+			for i := range p {
+				p[i] = r.Float64()
+			}
+			want := make([]float64, hd)
+			got := make([]float64, hd)
+			for d := range want {
+				want[d] = r.NormFloat64()
+				got[d] = want[d]
+			}
+			for j := range p {
+				for d := range want {
+					want[d] += p[j] * float64(v[j*ldv+d])
+				}
+			}
+			weightedSum(got, p, v, ldv)
+			for d := range want {
+				require.Equal(t, math.Float64bits(want[d]), math.Float64bits(got[d]), "hd %d n %d element %d", hd, n, d)
+			}
+		}
 	}
 }

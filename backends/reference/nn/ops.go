@@ -156,23 +156,40 @@ func rope[T Float](x []T, M, H, hd int, pos func(i int) int, cos, sin []T, inver
 func silu(x float64) float64 { return x / (1 + math.Exp(-x)) }
 
 // swiglu computes out = silu(g)·u.
+// Element i depends on element i of the inputs alone, so the work is cut in chunks over the
+// threads (an exp per element is worth it from a few thousand elements).
 func swiglu[T Float](g, u, out []T) {
-	u = u[:len(g)]
-	out = out[:len(g)]
-	for i, x := range g {
-		out[i] = T(silu(float64(x))) * u[i]
-	}
+	n := len(g)
+	u, out = u[:n], out[:n]
+	parallelFor((n+elementwiseChunk-1)/elementwiseChunk, n*expWork, func(c int) {
+		i0, i1 := c*elementwiseChunk, min((c+1)*elementwiseChunk, n)
+		for i, x := range g[i0:i1] {
+			out[i0+i] = T(silu(float64(x))) * u[i0+i]
+		}
+	})
 }
 
-// swigluBwd computes dg and du from d(out).
+// elementwiseChunk is how many elements one task of an element-wise op takes, and expWork
+// the rough cost of one element with an exp in parallelFor's units.
+const (
+	elementwiseChunk = 2048
+	expWork          = 16
+)
+
+// swigluBwd computes dg and du from d(out), in chunks over the threads like swiglu.
 func swigluBwd[T Float](g, u, dout, dg, du []T) {
-	for i, x := range g {
-		xf := float64(x)
-		sg := 1 / (1 + math.Exp(-xf))
-		d := float64(dout[i])
-		du[i] = T(d * xf * sg)
-		dg[i] = T(d * float64(u[i]) * sg * (1 + xf*(1-sg)))
-	}
+	n := len(g)
+	u, dout, dg, du = u[:n], dout[:n], dg[:n], du[:n]
+	parallelFor((n+elementwiseChunk-1)/elementwiseChunk, n*expWork, func(c int) {
+		i0, i1 := c*elementwiseChunk, min((c+1)*elementwiseChunk, n)
+		for i := i0; i < i1; i++ {
+			xf := float64(g[i])
+			sg := 1 / (1 + math.Exp(-xf))
+			d := float64(dout[i])
+			du[i] = T(d * xf * sg)
+			dg[i] = T(d * float64(u[i]) * sg * (1 + xf*(1-sg)))
+		}
+	})
 }
 
 // logSumExp returns log Σ exp(x) computed in float64.
@@ -188,4 +205,18 @@ func logSumExp[T Float](x []T) float64 {
 		s += math.Exp(float64(v) - mx)
 	}
 	return mx + math.Log(s)
+}
+
+// weightedSumFrom is weightedSum for the elements d ≥ d0 of acc, in Go.
+func weightedSumFrom[T Float](acc []float64, p []float64, v []T, ldv, d0 int) {
+	if d0 >= len(acc) {
+		return
+	}
+	for j, pj := range p {
+		row := v[j*ldv+d0 : j*ldv+len(acc)]
+		a := acc[d0:]
+		for d, x := range row {
+			a[d] += pj * float64(x)
+		}
+	}
 }

@@ -55,6 +55,11 @@ type PromptScores struct {
 // always cut at the same positions, so its results do not depend on what else runs.
 const PrefillChunk = 512
 
+// prefillRowsMax is the longest prompt chunk whose products go through the unpacked,
+// row-stable kernels (as decoding does) rather than the packed SGEMM: below it, packing the
+// weights costs more than the product (BenchmarkPrefill).
+var prefillRowsMax = 64
+
 // Sample generates n continuations of prompt. The prompt is run once and its cache is
 // copied to each sample; the samples then decode together, one row each. Sample i draws
 // from a generator seeded with (seed, i), so the same seed gives the same tokens. When
@@ -159,7 +164,12 @@ func (g *Gen[T]) Prefill() int {
 		pos[i] = c0 + i
 		caches[i] = g.base
 	}
-	h := m.Step(prompt[c0:c1], pos, caches, g.ad)
+	buf, _ := decodeBufs.Get().(*stepBuf[T])
+	if buf == nil {
+		buf = &stepBuf[T]{}
+	}
+	defer decodeBufs.Put(buf)
+	h := m.step(prompt[c0:c1], pos, caches, []seg[T]{{0, c1 - c0, g.ad}}, c1-c0 <= prefillRowsMax, buf)
 	g.filled = c1
 	D, V := m.Cfg.Hidden, m.Cfg.Vocab
 	if g.Scores == nil {

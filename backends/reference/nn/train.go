@@ -264,12 +264,9 @@ func (m *Model[T]) attnFwd(b *batchLayout[T], a *layerAct[T]) {
 			}
 			clear(acc)
 			for j := 0; j <= i; j++ {
-				p := sc[j] / sum
-				v := a.v[(off+j)*KVD+kh*hd : (off+j)*KVD+(kh+1)*hd]
-				for d, x := range v {
-					acc[d] += p * float64(x)
-				}
+				sc[j] /= sum
 			}
+			weightedSum(acc, sc[:i+1], a.v[off*KVD+kh*hd:], KVD)
 			o := a.att[(off+i)*QD+h*hd : (off+i)*QD+(h+1)*hd]
 			for d := range o {
 				o[d] = T(acc[d])
