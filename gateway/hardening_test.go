@@ -247,3 +247,67 @@ func TestConnectGzipBombIsRefusedCheaply(t *testing.T) {
 	_, err = loopsv1.NewTrainingServiceClient(conn).GetTrainingRun(gctx, &loopsv1.GetTrainingRunRequest{Id: strings.Repeat("run-nope", 100)}, grpc.UseCompressor(grpcgzip.Name))
 	require.Equal(t, codes.NotFound, status.Code(err), "%v", err)
 }
+
+// TestRefusalsInForeignShapes: the key check's refusals of OpenAI- and Anthropic-compatible
+// requests come in those protocols' error shapes (their clients read nothing else), 429s
+// with Retry-After, while the Tinker routes keep theirs.
+func TestRefusalsInForeignShapes(t *testing.T) {
+	addr := startServerWith(t, func(c *gateway.Config) { c.Limits.MaxRequestsPerKey = 2 })
+	do := func(method, path, key string) (int, http.Header, map[string]any) {
+		req, err := http.NewRequestWithContext(t.Context(), method, "http://"+addr+path, strings.NewReader(`{}`))
+		require.NoError(t, err)
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var body map[string]any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+		return resp.StatusCode, resp.Header, body
+	}
+	openaiErr := func(body map[string]any) map[string]any {
+		e, ok := body["error"].(map[string]any)
+		require.True(t, ok, "OpenAI's shape has an error object: %v", body)
+		return e
+	}
+	anthropicErr := func(body map[string]any) map[string]any {
+		require.Equal(t, "error", body["type"], "Anthropic's shape: %v", body)
+		e, ok := body["error"].(map[string]any)
+		require.True(t, ok, "Anthropic's shape has an error object: %v", body)
+		return e
+	}
+
+	code, _, body := do(http.MethodGet, "/oai/api/v1/models", "")
+	require.Equal(t, http.StatusUnauthorized, code)
+	e := openaiErr(body)
+	require.Equal(t, "authentication_error", e["type"])
+	require.Contains(t, e["message"], "missing API key")
+	code, _, body = do(http.MethodPost, "/anthropic/api/v1/messages", "tml-not-a-configured-key")
+	require.Equal(t, http.StatusUnauthorized, code)
+	e = anthropicErr(body)
+	require.Equal(t, "authentication_error", e["type"])
+	require.Contains(t, e["message"], "unknown API key")
+
+	stallBody(t, addr, keyA)
+	stallBody(t, addr, keyA)
+	stallBody(t, addr, keyA)
+	require.Eventually(t, func() bool {
+		code, _, _ := do(http.MethodGet, "/oai/api/v1/models", keyA)
+		return code == http.StatusTooManyRequests
+	}, 5*time.Second, 10*time.Millisecond)
+	code, hdr, body := do(http.MethodGet, "/oai/api/v1/models", keyA)
+	require.Equal(t, http.StatusTooManyRequests, code)
+	require.NotEmpty(t, hdr.Get("Retry-After"))
+	e = openaiErr(body)
+	require.Equal(t, "rate_limit_error", e["type"])
+	require.Contains(t, e["message"], "already has 2 requests in flight")
+	code, hdr, body = do(http.MethodPost, "/anthropic/api/v1/messages", keyA)
+	require.Equal(t, http.StatusTooManyRequests, code)
+	require.NotEmpty(t, hdr.Get("Retry-After"))
+	e = anthropicErr(body)
+	require.Equal(t, "rate_limit_error", e["type"])
+	code, _, body = do(http.MethodGet, "/api/v1/get_server_capabilities", keyA)
+	require.Equal(t, http.StatusTooManyRequests, code)
+	require.Contains(t, body["detail"], "already has 2 requests in flight", "Tinker's shape is unchanged")
+}

@@ -385,7 +385,11 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	mux.Handle(console.Prefix, pages)
 
 	public := append(append([]string(nil), publicPaths...), console.PublicPaths...)
-	guarded := keys.Middleware(auth.Policy{Public: public, MaxRequestsPerKey: s.cfg.Limits.MaxRequestsPerKey}, mux)
+	guarded := keys.Middleware(auth.Policy{Public: public, MaxRequestsPerKey: s.cfg.Limits.MaxRequestsPerKey,
+		ErrorShapes: []auth.ErrorShape{
+			{Prefix: openai.Prefix, Write: openai.WriteError},
+			{Prefix: anthropic.Prefix, Write: anthropic.WriteError},
+		}}, mux)
 	return withBodyReadDeadline(s.cfg.Limits.BodyReadTimeout, recoverPanics(s.log, cons.Wrap(guarded))), nil
 }
 

@@ -257,6 +257,18 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	default:
 		s.log.Debug("openai: request rejected", "method", r.Method, "path", r.URL.Path, "status", status, "message", body.Message)
 	}
+	writeErrorBody(w, err, status, body)
+}
+
+// WriteError answers err in OpenAI's error shape without logging: the gateway's key check
+// uses it for the refusals (401, 403, 429) of requests under Prefix, so OpenAI clients read
+// them as they read this adapter's own errors.
+func WriteError(w http.ResponseWriter, _ *http.Request, err error) {
+	status, body, _ := classify(err)
+	writeErrorBody(w, err, status, body)
+}
+
+func writeErrorBody(w http.ResponseWriter, err error, status int, body errorBody) {
 	if d, ok := errs.RetryAfter(err); ok && status == http.StatusTooManyRequests {
 		w.Header().Set(errs.HeaderRetryAfter, errs.RetryAfterValue(d))
 	}

@@ -135,7 +135,7 @@ func (k *Keys) middleware(p Policy, next http.Handler) (http.Handler, *inflight)
 	inflight := newInflight(p.MaxRequestsPerKey)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if k.Open() && !loopbackHost(r.Host) {
-			refusal{connect.CodePermissionDenied, "", errForeignHost(r.Host)}.write(w, r)
+			p.refuse(w, r, refusal{connect.CodePermissionDenied, "", errForeignHost(r.Host)})
 			return
 		}
 		for _, pub := range p.Public {
@@ -153,13 +153,13 @@ func (k *Keys) middleware(p Policy, next http.Handler) (http.Handler, *inflight)
 		}
 		ws, err := k.Authenticate(key)
 		if err != nil {
-			refusal{connect.CodeUnauthenticated, "", err}.write(w, r)
+			p.refuse(w, r, refusal{connect.CodeUnauthenticated, "", err})
 			return
 		}
 		id, ok := inflight.acquire(key)
 		if !ok {
-			refusal{connect.CodeResourceExhausted, errs.ReasonRateLimited, fmt.Errorf(
-				"this API key already has %d requests in flight, the server's limit per key: wait for some to finish (or raise --max-requests-per-key)", inflight.max)}.write(w, r)
+			p.refuse(w, r, refusal{connect.CodeResourceExhausted, errs.ReasonRateLimited, fmt.Errorf(
+				"this API key already has %d requests in flight, the server's limit per key: wait for some to finish (or raise --max-requests-per-key)", inflight.max)})
 			return
 		}
 		defer inflight.release(id)

@@ -28,6 +28,29 @@ type Policy struct {
 	// MaxRequestsPerKey caps the requests one key has in flight; one more is answered 429
 	// with the reason. Default DefaultMaxRequestsPerKey; negative means no cap.
 	MaxRequestsPerKey int
+	// ErrorShapes answer the refusals of requests under a path prefix in that protocol's own
+	// error shape: OpenAI's and Anthropic's clients read only theirs. Other paths get the
+	// forms described at refusal.write.
+	ErrorShapes []ErrorShape
+}
+
+// ErrorShape writes the refusals of the requests whose path starts with Prefix. Write gets
+// a *connect.Error with the refusal's code and reason (errs.Reason); a ResourceExhausted one
+// is to carry Retry-After (errs.RetryAfter).
+type ErrorShape struct {
+	Prefix string
+	Write  func(w http.ResponseWriter, r *http.Request, err error)
+}
+
+// refuse answers r with f, in the error shape of its path when the policy names one.
+func (p Policy) refuse(w http.ResponseWriter, r *http.Request, f refusal) {
+	for _, sh := range p.ErrorShapes {
+		if strings.HasPrefix(r.URL.Path, sh.Prefix) {
+			sh.Write(w, r, errs.New(f.code, f.reason, f.err))
+			return
+		}
+	}
+	f.write(w, r)
 }
 
 // loopbackHost reports whether a request's Host names this machine: localhost, any
