@@ -6,6 +6,7 @@ import (
 	"sort"
 	"sync"
 
+	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
 )
 
@@ -15,8 +16,13 @@ import (
 type Trainer = backendv1connect.TrainerServiceHandler
 
 // Sampler generates text from a base model with an optional adapter folder applied. Its
-// methods are the loops.backend.v1 SamplerService.
-type Sampler = backendv1connect.SamplerServiceHandler
+// methods are the unary RPCs of the loops.backend.v1 SamplerService; a sampler that can
+// report tokens while it decodes also implements TokenStreamer (a remote worker does it
+// through the service's StreamSample).
+type Sampler interface {
+	GetCapabilities(context.Context, *backendv1.GetCapabilitiesRequest) (*backendv1.GetCapabilitiesResponse, error)
+	Sample(context.Context, *backendv1.SampleRequest) (*backendv1.SampleResponse, error)
+}
 
 // Backend is a started backend: both roles and a way to stop it.
 type Backend interface {

@@ -11,8 +11,9 @@ import (
 // them: SampleStream is Sample, with every sampled token also passed to sink.Token as soon
 // as it is sampled (from the decoder's goroutine: Token must not block), and the sample
 // dropped, with a Canceled error, once sink.Gone is closed. Its response is the bits Sample
-// would return. The reference engine has it; the gRPC worker does not yet (its answers come
-// whole, and the inference APIs send them in one chunk).
+// would return. The reference engine has it, and the gRPC worker through its StreamSample
+// (the torch worker's transformers sampler streams; its vLLM sampler answers whole, and
+// the inference APIs then send the text in one chunk).
 type TokenStreamer interface {
 	SampleStream(ctx context.Context, req *backendv1.SampleRequest, sink tokenstream.Sink) (*backendv1.SampleResponse, error)
 }

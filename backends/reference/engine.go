@@ -15,6 +15,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/reference/nn"
 	"github.com/loops-dev/loops/backends/reference/tokenizer"
 	"github.com/loops-dev/loops/backends/tiny"
@@ -52,7 +53,7 @@ type Options struct {
 }
 
 // Engine is the pure-Go CPU trainer and sampler. It implements
-// backendv1connect.TrainerServiceHandler and backendv1connect.SamplerServiceHandler.
+// backendv1connect.TrainerServiceHandler, backends.Sampler and backends.TokenStreamer.
 // Calls for different adapters may run concurrently; calls for one adapter are serialised.
 type Engine struct {
 	opts   Options
@@ -69,7 +70,8 @@ type Engine struct {
 
 var (
 	_ backendv1connect.TrainerServiceHandler = (*Engine)(nil)
-	_ backendv1connect.SamplerServiceHandler = (*Engine)(nil)
+	_ backends.Sampler                       = (*Engine)(nil)
+	_ backends.TokenStreamer                 = (*Engine)(nil)
 )
 
 type baseModel struct {
@@ -145,8 +147,8 @@ func New(opts Options) (*Engine, error) {
 // Trainer returns the engine as a TrainerService handler.
 func (e *Engine) Trainer() backendv1connect.TrainerServiceHandler { return e }
 
-// Sampler returns the engine as a SamplerService handler.
-func (e *Engine) Sampler() backendv1connect.SamplerServiceHandler { return e }
+// Sampler returns the engine as a sampler.
+func (e *Engine) Sampler() backends.Sampler { return e }
 
 // Close frees the engine's adapters.
 func (e *Engine) Close() error {

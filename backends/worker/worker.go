@@ -712,7 +712,7 @@ func call[Req, Resp any](ctx context.Context, w *worker, method string, pick fun
 	if life.Err() != nil {
 		return nil, connect.NewError(connect.CodeUnavailable, context.Cause(life))
 	}
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || errors.Is(err, errSinkGone) {
 		return nil, err
 	}
 	// The caller did not cancel, so Canceled here is a reset connection (connect-go maps some
@@ -811,7 +811,7 @@ type sampler Backend
 
 var (
 	_ backendv1connect.TrainerServiceHandler = (*trainer)(nil)
-	_ backendv1connect.SamplerServiceHandler = (*sampler)(nil)
+	_ backends.Sampler                       = (*sampler)(nil)
 )
 
 func (b *Backend) capabilities() *backendv1.GetCapabilitiesResponse {

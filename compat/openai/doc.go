@@ -16,8 +16,8 @@
 // tokens are decoded: the core's SamplingService.SampleStream hands them from the backend's
 // decoder (internal/tokenstream) without ever making it wait; a client that stops reading
 // for 30 s, falls infer.StreamBacklog tokens behind or disconnects has its samples stopped.
-// A backend that cannot stream (the gRPC worker today) sends each choice's text in one
-// chunk when it completes.
+// A backend that cannot stream (a worker sampling with vLLM, or one older than
+// StreamSample) sends each choice's text in one chunk when it completes.
 //
 // Errors have OpenAI's shape, {"error": {"message", "type", "param", "code"}}, with the HTTP
 // status of the one error table (internal/errs, its Tinker column: permanent errors are

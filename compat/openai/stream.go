@@ -68,7 +68,7 @@ const streamWriteTimeout = 30 * time.Second
 // chunk with the role, then a chunk per batch of new text (with the logprobs of its tokens
 // when asked), then one with the finish_reason, then the usage chunk when
 // stream_options.include_usage asks for it, then "data: [DONE]". On a backend that cannot
-// stream (the gRPC worker today) a choice's text comes in one chunk when it completes. A
+// stream (a worker sampling with vLLM) a choice's text comes in one chunk when it completes. A
 // sample that fails after the first chunk ends the stream with an error event in OpenAI's
 // shape and no [DONE].
 func (s *server) stream(w http.ResponseWriter, r *http.Request, req *request, run *infer.Run, created int64) error {

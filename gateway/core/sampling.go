@@ -430,7 +430,7 @@ func (c *Core) runSample(j *sampleJob) {
 }
 
 // checkTopLogprobs fails a sample that asked for top_logprobs and came back without them
-// (a backend that does not compute them, such as the gRPC worker today) rather than
+// (a backend that does not compute them, such as a worker sampling with vLLM) rather than
 // answering it silently without.
 func checkTopLogprobs(req *backendv1.SampleRequest, resp *backendv1.SampleResponse) error {
 	if req.GetParams().GetTopLogprobs() == 0 {

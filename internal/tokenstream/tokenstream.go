@@ -11,7 +11,7 @@
 // bounded) and by an explicit limit past which it stops the sample. A reader that goes
 // away calls Close: the backend drops the sample at its next step boundary.
 //
-// A backend without the ability (the gRPC worker today) never calls Token; the adapter
+// A backend without the ability (the torch worker's vLLM sampler today) never calls Token; the adapter
 // then sends the whole text when the operation completes. So the tokens streamed are a
 // prefix of the operation's result, never something else.
 package tokenstream

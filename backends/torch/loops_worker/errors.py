@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+CANCELLED = 1
 INVALID_ARGUMENT = 3
 NOT_FOUND = 5
 ALREADY_EXISTS = 6

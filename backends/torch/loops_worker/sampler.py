@@ -28,6 +28,7 @@ from .proto import bpb, tpb
 
 MAX_SAMPLES = 256
 MAX_TOPK_PROMPT_LOGPROBS = 1024
+MAX_TOP_LOGPROBS = 20  # semantics.MaxTopLogprobs
 SAMPLER_CACHE_SIZE = 16
 
 
@@ -45,6 +46,7 @@ class SampleSpec:
     prompt_logprobs: bool
     topk: int
     eos: List[int] = field(default_factory=list)
+    top_logprobs: int = 0
 
 
 def validate(req, bm) -> SampleSpec:
@@ -61,8 +63,10 @@ def validate(req, bm) -> SampleSpec:
         max_tokens, temp, top_k, top_p = p.max_tokens, p.temperature, p.top_k, p.top_p
         seed = p.seed if p.HasField("seed") else None
         stop_tokens, stop_strings = list(p.stop_tokens), list(p.stop_strings)
+        top_logprobs = p.top_logprobs
     else:
         max_tokens, temp, top_k, top_p, seed, stop_tokens, stop_strings = 16, 1.0, 0, 1.0, None, [], []
+        top_logprobs = 0
     n = req.num_samples or 1
     if n < 0 or n > MAX_SAMPLES:
         raise invalid(f"num_samples must be between 1 and {MAX_SAMPLES}, got {n}")
@@ -78,6 +82,8 @@ def validate(req, bm) -> SampleSpec:
         raise invalid(f"top_p must be in (0, 1] (1 means no limit), got {top_p:g}")
     if req.topk_prompt_logprobs < 0 or req.topk_prompt_logprobs > MAX_TOPK_PROMPT_LOGPROBS:
         raise invalid(f"topk_prompt_logprobs must be between 0 and {MAX_TOPK_PROMPT_LOGPROBS}, got {req.topk_prompt_logprobs}")
+    if top_logprobs < 0 or top_logprobs > MAX_TOP_LOGPROBS:
+        raise invalid(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {top_logprobs}")
     for t in stop_tokens:
         if t < 0 or t >= V:
             raise invalid(f"stop token {t} is outside the vocabulary [0, {V})")
@@ -87,7 +93,8 @@ def validate(req, bm) -> SampleSpec:
         top_p = 1.0
     return SampleSpec(prompt=prompt, n=n, max_tokens=max_tokens, temperature=float(temp), top_k=int(top_k),
                       top_p=float(top_p), seed=seed, stop_tokens=stop_tokens, stop_strings=stop_strings,
-                      prompt_logprobs=req.prompt_logprobs, topk=int(req.topk_prompt_logprobs), eos=list(bm.eos))
+                      prompt_logprobs=req.prompt_logprobs, topk=int(req.topk_prompt_logprobs), eos=list(bm.eos),
+                      top_logprobs=int(top_logprobs))
 
 
 def adapter_cache_key(bm, dir_: str) -> str:
@@ -102,11 +109,18 @@ def adapter_cache_key(bm, dir_: str) -> str:
 
 
 def sample_token(logits: np.ndarray, s: SampleSpec, rng: PCG):
-    """nn.sampleToken on float64 logits."""
+    """nn.sampleToken on float64 logits: (token, log-prob, top), where top lists, with
+    s.top_logprobs > 0, the most likely (token, log-prob) of the distribution the token was
+    drawn from (ties: lower id first), else None."""
+    k = s.top_logprobs
     if s.temperature <= 0:
         best = int(np.argmax(logits))
         mx = logits.max()
-        return best, float(logits[best] - (mx + math.log(np.exp(logits - mx).sum())))
+        lse = mx + math.log(np.exp(logits - mx).sum())
+        top = None
+        if k > 0:
+            top = [(int(t), float(logits[t] - lse)) for t in np.argsort(-logits, kind="stable")[:k]]
+        return best, float(logits[best] - lse), top
     inv = 1.0 / s.temperature
     V = logits.shape[0]
     cand = None
@@ -123,7 +137,10 @@ def sample_token(logits: np.ndarray, s: SampleSpec, rng: PCG):
         acc = np.cumsum(w)
         hit = np.nonzero(acc > u)[0]
         tok = int(hit[0]) if len(hit) else V - 1
-        return tok, float(z[tok] - mx - math.log(total))
+        top = None
+        if k > 0:
+            top = [(int(t), float(z[t] - mx - math.log(total))) for t in np.argsort(-logits, kind="stable")[:k]]
+        return tok, float(z[tok] - mx - math.log(total)), top
     z = logits[cand] * inv
     w = np.exp(z - z[0])
     total = float(w.sum())
@@ -137,26 +154,39 @@ def sample_token(logits: np.ndarray, s: SampleSpec, rng: PCG):
     acc = np.cumsum(w)
     hit = np.nonzero(acc > u)[0]
     pick = int(hit[0]) if len(hit) else len(cand) - 1
-    return int(cand[pick]), float(math.log(w[pick] / total))
+    top = None
+    if k > 0:
+        top = [(int(cand[i]), float(math.log(w[i] / total))) for i in range(min(k, len(cand)))]
+    return int(cand[pick]), float(math.log(w[pick] / total)), top
+
+
+def top_rows(rows, k: int):
+    """reference topKOf: k entries per row, missing ones as id 0 and log-prob -99999."""
+    ids = [0] * (len(rows) * k)
+    lps = [-99999.0] * (len(rows) * k)
+    for r, row in enumerate(rows):
+        for c, (t, lp) in enumerate(row or []):
+            ids[r * k + c] = int(t)
+            lps[r * k + c] = float(lp)
+    return tpb.TopKLogprobs(k=k, length=len(rows), token_ids=ids, logprobs=lps)
 
 
 def build_result(seqs, prompt_lp, topk_rows, spec: SampleSpec):
+    """seqs: (tokens, logprobs, stopped[, top rows]) per sequence."""
     res = tpb.SampleResult()
-    for toks, lps, stopped in seqs:
-        res.sequences.append(tpb.SampledSequence(
-            tokens=toks, logprobs=lps,
-            stop_reason=tpb.STOP_REASON_STOP if stopped else tpb.STOP_REASON_LENGTH))
+    for seq in seqs:
+        toks, lps, stopped = seq[0], seq[1], seq[2]
+        out = tpb.SampledSequence(tokens=toks, logprobs=lps,
+                                  stop_reason=tpb.STOP_REASON_STOP if stopped else tpb.STOP_REASON_LENGTH)
+        if spec.top_logprobs > 0 and len(seq) > 3:
+            out.top_logprobs.CopyFrom(top_rows(seq[3], spec.top_logprobs))
+        res.sequences.append(out)
     if spec.prompt_logprobs and prompt_lp is not None:
         res.prompt_logprobs.extend(prompt_lp)
     if spec.topk > 0 and topk_rows is not None:
-        k, L = spec.topk, len(spec.prompt)
-        ids = [0] * (L * k)
-        lps = [-99999.0] * (L * k)
-        for r, row in enumerate(topk_rows):
-            for c, (t, lp) in enumerate(row or []):
-                ids[r * k + c] = int(t)
-                lps[r * k + c] = float(lp)
-        res.topk_prompt_logprobs.CopyFrom(tpb.TopKLogprobs(k=k, length=L, token_ids=ids, logprobs=lps))
+        L = len(spec.prompt)
+        rows = list(topk_rows)[:L]
+        res.topk_prompt_logprobs.CopyFrom(top_rows(rows + [[]] * (L - len(rows)), spec.topk))
     return bpb.SampleResponse(result=res)
 
 
@@ -164,6 +194,7 @@ class HFSampler:
     """Sampling with the trainer's own transformers model (CPU, or GPU without vLLM)."""
 
     name = "transformers"
+    streams = True  # sample takes on_token
 
     def __init__(self, engine):
         self.engine = engine
@@ -183,16 +214,19 @@ class HFSampler:
                 self.cache.popitem(last=False)
         return ad
 
-    def sample(self, req):
+    def sample(self, req, on_token=None):
+        """Samples req. on_token(sequence, token, logprob, top), when given, is called for
+        every token as it is sampled (top: the (token, log-prob) alternatives or None); an
+        exception it raises stops the sample."""
         bm = self.engine.model(req.base_model)
         spec = validate(req, bm)
         ad = self._adapter(bm, req.adapter_dir) if req.adapter_dir else None
         with self.engine.compute:
-            seqs, plp, topk = self._generate(bm, ad, spec)
+            seqs, plp, topk = self._generate(bm, ad, spec, on_token)
         return build_result(seqs, plp, topk, spec)
 
     @torch.no_grad()
-    def _generate(self, bm, ad, s: SampleSpec):
+    def _generate(self, bm, ad, s: SampleSpec, on_token=None):
         from transformers import DynamicCache
 
         model = bm.model
@@ -227,6 +261,7 @@ class HFSampler:
             stops = set(s.stop_tokens) | set(s.eos)
             toks: List[List[int]] = [[] for _ in range(n)]
             lps: List[List[float]] = [[] for _ in range(n)]
+            tops: List[list] = [[] for _ in range(n)]
             stopped = [False] * n
             active = list(range(n))
             if n > 1:
@@ -235,9 +270,12 @@ class HFSampler:
             for step in range(s.max_tokens):
                 nxt = []
                 for i in active:
-                    t, lp = sample_token(rows[i], s, rngs[i])
+                    t, lp, top = sample_token(rows[i], s, rngs[i])
                     toks[i].append(t)
                     lps[i].append(lp)
+                    tops[i].append(top)
+                    if on_token is not None:
+                        on_token(i, t, lp, top)
                     if t in stops:
                         stopped[i] = True
                         continue
@@ -255,6 +293,6 @@ class HFSampler:
                 out = model(input_ids=feed, past_key_values=cache, use_cache=True)
                 lg = out.logits[:, -1].to(torch.float64).cpu().numpy()
                 rows = [lg[i] for i in range(n)]
-            return [(toks[i], lps[i], stopped[i]) for i in range(n)], plp, topk
+            return [(toks[i], lps[i], stopped[i], tops[i]) for i in range(n)], plp, topk
         finally:
             bm.ctx.segments = []

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import shutil
 import tempfile
+import threading
 import time
 import traceback
 from concurrent import futures
@@ -13,7 +15,7 @@ from concurrent import futures
 import grpc
 
 from . import transfer
-from .errors import INTERNAL, WorkerError
+from .errors import CANCELLED, INTERNAL, WorkerError
 from .proto import bgrpc, bpb
 
 log = logging.getLogger("loops_worker")
@@ -119,13 +121,61 @@ class Sampler(bgrpc.SamplerServiceServicer):
             return _call(context, self.s.sample, request)
         return _call(context, self._sample_downloaded, request)
 
-    def _sample_downloaded(self, request):
+    def _sample_downloaded(self, request, on_token=None):
         """Samples with an adapter given as URLs, downloaded once per content (AdapterCache)."""
         local = bpb.SampleRequest()
         local.CopyFrom(request)
         del local.adapter_files[:]
         local.adapter_dir = self.adapters.get(request.adapter_files)
-        return self.s.sample(local)
+        return self._sample(local, on_token)
+
+    def _sample(self, request, on_token=None):
+        if on_token is not None and getattr(self.s, "streams", False):
+            return self.s.sample(request, on_token)
+        return self.s.sample(request)
+
+    def StreamSample(self, request, context):
+        """Sample, with every token sent as the sampler draws it (the transformers sampler;
+        vLLM's answers come whole), then the result. The sample runs on its own thread; a
+        client that goes away stops it at its next token."""
+        req = request.request
+        items: "queue.SimpleQueue" = queue.SimpleQueue()
+        end = object()
+
+        def on_token(i, t, lp, top):
+            if not context.is_active():
+                raise WorkerError(CANCELLED, "the client stopped reading the sample")
+            msg = bpb.SampledToken(sequence=i, token=t, logprob=lp)
+            if top:
+                msg.top_tokens.extend(int(a) for a, _ in top)
+                msg.top_logprobs.extend(float(b) for _, b in top)
+            items.put(bpb.StreamSampleResponse(token=msg))
+
+        def run():
+            try:
+                if req.adapter_files:
+                    resp = self._sample_downloaded(req, on_token)
+                else:
+                    resp = self._sample(req, on_token)
+                items.put(bpb.StreamSampleResponse(response=resp))
+            except BaseException as e:  # noqa: BLE001 - reported to the client below
+                items.put(e)
+            finally:
+                items.put(end)
+
+        threading.Thread(target=run, name="stream-sample", daemon=True).start()
+        while True:
+            item = items.get()
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                _call(context, _raise, item)
+                return
+            yield item
+
+
+def _raise(e: BaseException):
+    raise e
 
 
 def serve(engine, sampler, listen: str, threads: int = 64) -> grpc.Server:

@@ -1215,6 +1215,212 @@ func (x *SampleResponse) GetResult() *v1.SampleResult {
 	return nil
 }
 
+type StreamSampleRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Request       *SampleRequest         `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamSampleRequest) Reset() {
+	*x = StreamSampleRequest{}
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamSampleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamSampleRequest) ProtoMessage() {}
+
+func (x *StreamSampleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamSampleRequest.ProtoReflect.Descriptor instead.
+func (*StreamSampleRequest) Descriptor() ([]byte, []int) {
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *StreamSampleRequest) GetRequest() *SampleRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+type StreamSampleResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Item:
+	//
+	//	*StreamSampleResponse_Token
+	//	*StreamSampleResponse_Response
+	Item          isStreamSampleResponse_Item `protobuf_oneof:"item"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamSampleResponse) Reset() {
+	*x = StreamSampleResponse{}
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamSampleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamSampleResponse) ProtoMessage() {}
+
+func (x *StreamSampleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamSampleResponse.ProtoReflect.Descriptor instead.
+func (*StreamSampleResponse) Descriptor() ([]byte, []int) {
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *StreamSampleResponse) GetItem() isStreamSampleResponse_Item {
+	if x != nil {
+		return x.Item
+	}
+	return nil
+}
+
+func (x *StreamSampleResponse) GetToken() *SampledToken {
+	if x != nil {
+		if x, ok := x.Item.(*StreamSampleResponse_Token); ok {
+			return x.Token
+		}
+	}
+	return nil
+}
+
+func (x *StreamSampleResponse) GetResponse() *SampleResponse {
+	if x != nil {
+		if x, ok := x.Item.(*StreamSampleResponse_Response); ok {
+			return x.Response
+		}
+	}
+	return nil
+}
+
+type isStreamSampleResponse_Item interface {
+	isStreamSampleResponse_Item()
+}
+
+type StreamSampleResponse_Token struct {
+	Token *SampledToken `protobuf:"bytes,1,opt,name=token,proto3,oneof"`
+}
+
+type StreamSampleResponse_Response struct {
+	// The last message: the whole result.
+	Response *SampleResponse `protobuf:"bytes,2,opt,name=response,proto3,oneof"`
+}
+
+func (*StreamSampleResponse_Token) isStreamSampleResponse_Item() {}
+
+func (*StreamSampleResponse_Response) isStreamSampleResponse_Item() {}
+
+// SampledToken is one token of sequence `sequence` (0 ≤ sequence < num_samples), with its
+// log-prob and, with SamplingParams.top_logprobs, its most likely alternatives (most
+// likely first; as SampledSequence.top_logprobs defines them).
+type SampledToken struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sequence      int32                  `protobuf:"varint,1,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	Token         int32                  `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	Logprob       float32                `protobuf:"fixed32,3,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	TopTokens     []int32                `protobuf:"varint,4,rep,packed,name=top_tokens,json=topTokens,proto3" json:"top_tokens,omitempty"`
+	TopLogprobs   []float32              `protobuf:"fixed32,5,rep,packed,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SampledToken) Reset() {
+	*x = SampledToken{}
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SampledToken) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SampledToken) ProtoMessage() {}
+
+func (x *SampledToken) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_backend_v1_backend_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SampledToken.ProtoReflect.Descriptor instead.
+func (*SampledToken) Descriptor() ([]byte, []int) {
+	return file_loops_backend_v1_backend_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *SampledToken) GetSequence() int32 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *SampledToken) GetToken() int32 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *SampledToken) GetLogprob() float32 {
+	if x != nil {
+		return x.Logprob
+	}
+	return 0
+}
+
+func (x *SampledToken) GetTopTokens() []int32 {
+	if x != nil {
+		return x.TopTokens
+	}
+	return nil
+}
+
+func (x *SampledToken) GetTopLogprobs() []float32 {
+	if x != nil {
+		return x.TopLogprobs
+	}
+	return nil
+}
+
 var File_loops_backend_v1_backend_proto protoreflect.FileDescriptor
 
 const file_loops_backend_v1_backend_proto_rawDesc = "" +
@@ -1303,7 +1509,20 @@ const file_loops_backend_v1_backend_proto_rawDesc = "" +
 	"\x14topk_prompt_logprobs\x18\a \x01(\x05R\x12topkPromptLogprobs\x12>\n" +
 	"\radapter_files\x18\b \x03(\v2\x19.loops.backend.v1.FileURLR\fadapterFiles\"@\n" +
 	"\x0eSampleResponse\x12.\n" +
-	"\x06result\x18\x01 \x01(\v2\x16.loops.v1.SampleResultR\x06result2\xb2\x05\n" +
+	"\x06result\x18\x01 \x01(\v2\x16.loops.v1.SampleResultR\x06result\"P\n" +
+	"\x13StreamSampleRequest\x129\n" +
+	"\arequest\x18\x01 \x01(\v2\x1f.loops.backend.v1.SampleRequestR\arequest\"\x96\x01\n" +
+	"\x14StreamSampleResponse\x126\n" +
+	"\x05token\x18\x01 \x01(\v2\x1e.loops.backend.v1.SampledTokenH\x00R\x05token\x12>\n" +
+	"\bresponse\x18\x02 \x01(\v2 .loops.backend.v1.SampleResponseH\x00R\bresponseB\x06\n" +
+	"\x04item\"\x9c\x01\n" +
+	"\fSampledToken\x12\x1a\n" +
+	"\bsequence\x18\x01 \x01(\x05R\bsequence\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\x05R\x05token\x12\x18\n" +
+	"\alogprob\x18\x03 \x01(\x02R\alogprob\x12\x1d\n" +
+	"\n" +
+	"top_tokens\x18\x04 \x03(\x05R\ttopTokens\x12!\n" +
+	"\ftop_logprobs\x18\x05 \x03(\x02R\vtopLogprobs2\xb2\x05\n" +
 	"\x0eTrainerService\x12f\n" +
 	"\x0fGetCapabilities\x12(.loops.backend.v1.GetCapabilitiesRequest\x1a).loops.backend.v1.GetCapabilitiesResponse\x12`\n" +
 	"\rCreateAdapter\x12&.loops.backend.v1.CreateAdapterRequest\x1a'.loops.backend.v1.CreateAdapterResponse\x12`\n" +
@@ -1311,10 +1530,11 @@ const file_loops_backend_v1_backend_proto_rawDesc = "" +
 	"\x0fForwardBackward\x12(.loops.backend.v1.ForwardBackwardRequest\x1a).loops.backend.v1.ForwardBackwardResponse\x12T\n" +
 	"\tOptimStep\x12\".loops.backend.v1.OptimStepRequest\x1a#.loops.backend.v1.OptimStepResponse\x12Z\n" +
 	"\vSaveAdapter\x12$.loops.backend.v1.SaveAdapterRequest\x1a%.loops.backend.v1.SaveAdapterResponse\x12Z\n" +
-	"\vLoadAdapter\x12$.loops.backend.v1.LoadAdapterRequest\x1a%.loops.backend.v1.LoadAdapterResponse2\xc5\x01\n" +
+	"\vLoadAdapter\x12$.loops.backend.v1.LoadAdapterRequest\x1a%.loops.backend.v1.LoadAdapterResponse2\xa6\x02\n" +
 	"\x0eSamplerService\x12f\n" +
 	"\x0fGetCapabilities\x12(.loops.backend.v1.GetCapabilitiesRequest\x1a).loops.backend.v1.GetCapabilitiesResponse\x12K\n" +
-	"\x06Sample\x12\x1f.loops.backend.v1.SampleRequest\x1a .loops.backend.v1.SampleResponseB\xc4\x01\n" +
+	"\x06Sample\x12\x1f.loops.backend.v1.SampleRequest\x1a .loops.backend.v1.SampleResponse\x12_\n" +
+	"\fStreamSample\x12%.loops.backend.v1.StreamSampleRequest\x1a&.loops.backend.v1.StreamSampleResponse0\x01B\xc4\x01\n" +
 	"\x14com.loops.backend.v1B\fBackendProtoP\x01Z<github.com/loops-dev/loops/gen/go/loops/backend/v1;backendv1\xa2\x02\x03LBX\xaa\x02\x10Loops.Backend.V1\xca\x02\x10Loops\\Backend\\V1\xe2\x02\x1cLoops\\Backend\\V1\\GPBMetadata\xea\x02\x12Loops::Backend::V1b\x06proto3"
 
 var (
@@ -1329,7 +1549,7 @@ func file_loops_backend_v1_backend_proto_rawDescGZIP() []byte {
 	return file_loops_backend_v1_backend_proto_rawDescData
 }
 
-var file_loops_backend_v1_backend_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_loops_backend_v1_backend_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_loops_backend_v1_backend_proto_goTypes = []any{
 	(*GetCapabilitiesRequest)(nil),    // 0: loops.backend.v1.GetCapabilitiesRequest
 	(*GetCapabilitiesResponse)(nil),   // 1: loops.backend.v1.GetCapabilitiesResponse
@@ -1351,56 +1571,64 @@ var file_loops_backend_v1_backend_proto_goTypes = []any{
 	(*LoadAdapterResponse)(nil),       // 17: loops.backend.v1.LoadAdapterResponse
 	(*SampleRequest)(nil),             // 18: loops.backend.v1.SampleRequest
 	(*SampleResponse)(nil),            // 19: loops.backend.v1.SampleResponse
-	nil,                               // 20: loops.backend.v1.ForwardBackwardItem.LossFnConfigEntry
-	(*v1.ModelInfo)(nil),              // 21: loops.v1.ModelInfo
-	(*v1.LoraConfig)(nil),             // 22: loops.v1.LoraConfig
-	(*v1.Datum)(nil),                  // 23: loops.v1.Datum
-	(*v1.ForwardBackwardResult)(nil),  // 24: loops.v1.ForwardBackwardResult
-	(*v1.AdamParams)(nil),             // 25: loops.v1.AdamParams
-	(*v1.OptimStepResult)(nil),        // 26: loops.v1.OptimStepResult
-	(*v1.SamplingParams)(nil),         // 27: loops.v1.SamplingParams
-	(*v1.SampleResult)(nil),           // 28: loops.v1.SampleResult
+	(*StreamSampleRequest)(nil),       // 20: loops.backend.v1.StreamSampleRequest
+	(*StreamSampleResponse)(nil),      // 21: loops.backend.v1.StreamSampleResponse
+	(*SampledToken)(nil),              // 22: loops.backend.v1.SampledToken
+	nil,                               // 23: loops.backend.v1.ForwardBackwardItem.LossFnConfigEntry
+	(*v1.ModelInfo)(nil),              // 24: loops.v1.ModelInfo
+	(*v1.LoraConfig)(nil),             // 25: loops.v1.LoraConfig
+	(*v1.Datum)(nil),                  // 26: loops.v1.Datum
+	(*v1.ForwardBackwardResult)(nil),  // 27: loops.v1.ForwardBackwardResult
+	(*v1.AdamParams)(nil),             // 28: loops.v1.AdamParams
+	(*v1.OptimStepResult)(nil),        // 29: loops.v1.OptimStepResult
+	(*v1.SamplingParams)(nil),         // 30: loops.v1.SamplingParams
+	(*v1.SampleResult)(nil),           // 31: loops.v1.SampleResult
 }
 var file_loops_backend_v1_backend_proto_depIdxs = []int32{
-	21, // 0: loops.backend.v1.GetCapabilitiesResponse.models:type_name -> loops.v1.ModelInfo
-	22, // 1: loops.backend.v1.CreateAdapterRequest.lora:type_name -> loops.v1.LoraConfig
-	23, // 2: loops.backend.v1.ForwardBackwardItem.data:type_name -> loops.v1.Datum
-	20, // 3: loops.backend.v1.ForwardBackwardItem.loss_fn_config:type_name -> loops.backend.v1.ForwardBackwardItem.LossFnConfigEntry
+	24, // 0: loops.backend.v1.GetCapabilitiesResponse.models:type_name -> loops.v1.ModelInfo
+	25, // 1: loops.backend.v1.CreateAdapterRequest.lora:type_name -> loops.v1.LoraConfig
+	26, // 2: loops.backend.v1.ForwardBackwardItem.data:type_name -> loops.v1.Datum
+	23, // 3: loops.backend.v1.ForwardBackwardItem.loss_fn_config:type_name -> loops.backend.v1.ForwardBackwardItem.LossFnConfigEntry
 	7,  // 4: loops.backend.v1.ForwardBackwardRequest.items:type_name -> loops.backend.v1.ForwardBackwardItem
-	24, // 5: loops.backend.v1.ForwardBackwardItemResult.result:type_name -> loops.v1.ForwardBackwardResult
+	27, // 5: loops.backend.v1.ForwardBackwardItemResult.result:type_name -> loops.v1.ForwardBackwardResult
 	9,  // 6: loops.backend.v1.ForwardBackwardItemResult.error:type_name -> loops.backend.v1.ItemError
 	10, // 7: loops.backend.v1.ForwardBackwardResponse.results:type_name -> loops.backend.v1.ForwardBackwardItemResult
-	25, // 8: loops.backend.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
-	26, // 9: loops.backend.v1.OptimStepResponse.result:type_name -> loops.v1.OptimStepResult
+	28, // 8: loops.backend.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
+	29, // 9: loops.backend.v1.OptimStepResponse.result:type_name -> loops.v1.OptimStepResult
 	2,  // 10: loops.backend.v1.SaveAdapterRequest.upload:type_name -> loops.backend.v1.FileURL
 	2,  // 11: loops.backend.v1.SaveAdapterResponse.files:type_name -> loops.backend.v1.FileURL
 	2,  // 12: loops.backend.v1.LoadAdapterRequest.download:type_name -> loops.backend.v1.FileURL
-	27, // 13: loops.backend.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
+	30, // 13: loops.backend.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
 	2,  // 14: loops.backend.v1.SampleRequest.adapter_files:type_name -> loops.backend.v1.FileURL
-	28, // 15: loops.backend.v1.SampleResponse.result:type_name -> loops.v1.SampleResult
-	0,  // 16: loops.backend.v1.TrainerService.GetCapabilities:input_type -> loops.backend.v1.GetCapabilitiesRequest
-	3,  // 17: loops.backend.v1.TrainerService.CreateAdapter:input_type -> loops.backend.v1.CreateAdapterRequest
-	5,  // 18: loops.backend.v1.TrainerService.DeleteAdapter:input_type -> loops.backend.v1.DeleteAdapterRequest
-	8,  // 19: loops.backend.v1.TrainerService.ForwardBackward:input_type -> loops.backend.v1.ForwardBackwardRequest
-	12, // 20: loops.backend.v1.TrainerService.OptimStep:input_type -> loops.backend.v1.OptimStepRequest
-	14, // 21: loops.backend.v1.TrainerService.SaveAdapter:input_type -> loops.backend.v1.SaveAdapterRequest
-	16, // 22: loops.backend.v1.TrainerService.LoadAdapter:input_type -> loops.backend.v1.LoadAdapterRequest
-	0,  // 23: loops.backend.v1.SamplerService.GetCapabilities:input_type -> loops.backend.v1.GetCapabilitiesRequest
-	18, // 24: loops.backend.v1.SamplerService.Sample:input_type -> loops.backend.v1.SampleRequest
-	1,  // 25: loops.backend.v1.TrainerService.GetCapabilities:output_type -> loops.backend.v1.GetCapabilitiesResponse
-	4,  // 26: loops.backend.v1.TrainerService.CreateAdapter:output_type -> loops.backend.v1.CreateAdapterResponse
-	6,  // 27: loops.backend.v1.TrainerService.DeleteAdapter:output_type -> loops.backend.v1.DeleteAdapterResponse
-	11, // 28: loops.backend.v1.TrainerService.ForwardBackward:output_type -> loops.backend.v1.ForwardBackwardResponse
-	13, // 29: loops.backend.v1.TrainerService.OptimStep:output_type -> loops.backend.v1.OptimStepResponse
-	15, // 30: loops.backend.v1.TrainerService.SaveAdapter:output_type -> loops.backend.v1.SaveAdapterResponse
-	17, // 31: loops.backend.v1.TrainerService.LoadAdapter:output_type -> loops.backend.v1.LoadAdapterResponse
-	1,  // 32: loops.backend.v1.SamplerService.GetCapabilities:output_type -> loops.backend.v1.GetCapabilitiesResponse
-	19, // 33: loops.backend.v1.SamplerService.Sample:output_type -> loops.backend.v1.SampleResponse
-	25, // [25:34] is the sub-list for method output_type
-	16, // [16:25] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	31, // 15: loops.backend.v1.SampleResponse.result:type_name -> loops.v1.SampleResult
+	18, // 16: loops.backend.v1.StreamSampleRequest.request:type_name -> loops.backend.v1.SampleRequest
+	22, // 17: loops.backend.v1.StreamSampleResponse.token:type_name -> loops.backend.v1.SampledToken
+	19, // 18: loops.backend.v1.StreamSampleResponse.response:type_name -> loops.backend.v1.SampleResponse
+	0,  // 19: loops.backend.v1.TrainerService.GetCapabilities:input_type -> loops.backend.v1.GetCapabilitiesRequest
+	3,  // 20: loops.backend.v1.TrainerService.CreateAdapter:input_type -> loops.backend.v1.CreateAdapterRequest
+	5,  // 21: loops.backend.v1.TrainerService.DeleteAdapter:input_type -> loops.backend.v1.DeleteAdapterRequest
+	8,  // 22: loops.backend.v1.TrainerService.ForwardBackward:input_type -> loops.backend.v1.ForwardBackwardRequest
+	12, // 23: loops.backend.v1.TrainerService.OptimStep:input_type -> loops.backend.v1.OptimStepRequest
+	14, // 24: loops.backend.v1.TrainerService.SaveAdapter:input_type -> loops.backend.v1.SaveAdapterRequest
+	16, // 25: loops.backend.v1.TrainerService.LoadAdapter:input_type -> loops.backend.v1.LoadAdapterRequest
+	0,  // 26: loops.backend.v1.SamplerService.GetCapabilities:input_type -> loops.backend.v1.GetCapabilitiesRequest
+	18, // 27: loops.backend.v1.SamplerService.Sample:input_type -> loops.backend.v1.SampleRequest
+	20, // 28: loops.backend.v1.SamplerService.StreamSample:input_type -> loops.backend.v1.StreamSampleRequest
+	1,  // 29: loops.backend.v1.TrainerService.GetCapabilities:output_type -> loops.backend.v1.GetCapabilitiesResponse
+	4,  // 30: loops.backend.v1.TrainerService.CreateAdapter:output_type -> loops.backend.v1.CreateAdapterResponse
+	6,  // 31: loops.backend.v1.TrainerService.DeleteAdapter:output_type -> loops.backend.v1.DeleteAdapterResponse
+	11, // 32: loops.backend.v1.TrainerService.ForwardBackward:output_type -> loops.backend.v1.ForwardBackwardResponse
+	13, // 33: loops.backend.v1.TrainerService.OptimStep:output_type -> loops.backend.v1.OptimStepResponse
+	15, // 34: loops.backend.v1.TrainerService.SaveAdapter:output_type -> loops.backend.v1.SaveAdapterResponse
+	17, // 35: loops.backend.v1.TrainerService.LoadAdapter:output_type -> loops.backend.v1.LoadAdapterResponse
+	1,  // 36: loops.backend.v1.SamplerService.GetCapabilities:output_type -> loops.backend.v1.GetCapabilitiesResponse
+	19, // 37: loops.backend.v1.SamplerService.Sample:output_type -> loops.backend.v1.SampleResponse
+	21, // 38: loops.backend.v1.SamplerService.StreamSample:output_type -> loops.backend.v1.StreamSampleResponse
+	29, // [29:39] is the sub-list for method output_type
+	19, // [19:29] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_loops_backend_v1_backend_proto_init() }
@@ -1412,13 +1640,17 @@ func file_loops_backend_v1_backend_proto_init() {
 		(*ForwardBackwardItemResult_Result)(nil),
 		(*ForwardBackwardItemResult_Error)(nil),
 	}
+	file_loops_backend_v1_backend_proto_msgTypes[21].OneofWrappers = []any{
+		(*StreamSampleResponse_Token)(nil),
+		(*StreamSampleResponse_Response)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_backend_v1_backend_proto_rawDesc), len(file_loops_backend_v1_backend_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -405,6 +405,7 @@ var TrainerService_ServiceDesc = grpc.ServiceDesc{
 const (
 	SamplerService_GetCapabilities_FullMethodName = "/loops.backend.v1.SamplerService/GetCapabilities"
 	SamplerService_Sample_FullMethodName          = "/loops.backend.v1.SamplerService/Sample"
+	SamplerService_StreamSample_FullMethodName    = "/loops.backend.v1.SamplerService/StreamSample"
 )
 
 // SamplerServiceClient is the client API for SamplerService service.
@@ -418,6 +419,11 @@ type SamplerServiceClient interface {
 	GetCapabilities(ctx context.Context, in *GetCapabilitiesRequest, opts ...grpc.CallOption) (*GetCapabilitiesResponse, error)
 	// Sample generates num_samples continuations of one prompt.
 	Sample(ctx context.Context, in *SampleRequest, opts ...grpc.CallOption) (*SampleResponse, error)
+	// StreamSample is Sample with every token sent as soon as it is sampled: a stream of
+	// SampledToken messages, then one SampleResponse equal to Sample's. The tokens sent are
+	// a prefix of the response's, in order per sequence. A client that goes away cancels
+	// the sample.
+	StreamSample(ctx context.Context, in *StreamSampleRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StreamSampleResponse], error)
 }
 
 type samplerServiceClient struct {
@@ -448,6 +454,25 @@ func (c *samplerServiceClient) Sample(ctx context.Context, in *SampleRequest, op
 	return out, nil
 }
 
+func (c *samplerServiceClient) StreamSample(ctx context.Context, in *StreamSampleRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StreamSampleResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SamplerService_ServiceDesc.Streams[0], SamplerService_StreamSample_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[StreamSampleRequest, StreamSampleResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SamplerService_StreamSampleClient = grpc.ServerStreamingClient[StreamSampleResponse]
+
 // SamplerServiceServer is the server API for SamplerService service.
 // All implementations must embed UnimplementedSamplerServiceServer
 // for forward compatibility.
@@ -459,6 +484,11 @@ type SamplerServiceServer interface {
 	GetCapabilities(context.Context, *GetCapabilitiesRequest) (*GetCapabilitiesResponse, error)
 	// Sample generates num_samples continuations of one prompt.
 	Sample(context.Context, *SampleRequest) (*SampleResponse, error)
+	// StreamSample is Sample with every token sent as soon as it is sampled: a stream of
+	// SampledToken messages, then one SampleResponse equal to Sample's. The tokens sent are
+	// a prefix of the response's, in order per sequence. A client that goes away cancels
+	// the sample.
+	StreamSample(*StreamSampleRequest, grpc.ServerStreamingServer[StreamSampleResponse]) error
 	mustEmbedUnimplementedSamplerServiceServer()
 }
 
@@ -474,6 +504,9 @@ func (UnimplementedSamplerServiceServer) GetCapabilities(context.Context, *GetCa
 }
 func (UnimplementedSamplerServiceServer) Sample(context.Context, *SampleRequest) (*SampleResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Sample not implemented")
+}
+func (UnimplementedSamplerServiceServer) StreamSample(*StreamSampleRequest, grpc.ServerStreamingServer[StreamSampleResponse]) error {
+	return status.Error(codes.Unimplemented, "method StreamSample not implemented")
 }
 func (UnimplementedSamplerServiceServer) mustEmbedUnimplementedSamplerServiceServer() {}
 func (UnimplementedSamplerServiceServer) testEmbeddedByValue()                        {}
@@ -532,6 +565,17 @@ func _SamplerService_Sample_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SamplerService_StreamSample_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(StreamSampleRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SamplerServiceServer).StreamSample(m, &grpc.GenericServerStream[StreamSampleRequest, StreamSampleResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SamplerService_StreamSampleServer = grpc.ServerStreamingServer[StreamSampleResponse]
+
 // SamplerService_ServiceDesc is the grpc.ServiceDesc for SamplerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -548,6 +592,12 @@ var SamplerService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _SamplerService_Sample_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "StreamSample",
+			Handler:       _SamplerService_StreamSample_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "loops/backend/v1/backend.proto",
 }

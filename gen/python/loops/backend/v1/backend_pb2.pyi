@@ -191,3 +191,31 @@ class SampleResponse(_message.Message):
     RESULT_FIELD_NUMBER: _ClassVar[int]
     result: _types_pb2.SampleResult
     def __init__(self, result: _Optional[_Union[_types_pb2.SampleResult, _Mapping]] = ...) -> None: ...
+
+class StreamSampleRequest(_message.Message):
+    __slots__ = ("request",)
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    request: SampleRequest
+    def __init__(self, request: _Optional[_Union[SampleRequest, _Mapping]] = ...) -> None: ...
+
+class StreamSampleResponse(_message.Message):
+    __slots__ = ("token", "response")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    token: SampledToken
+    response: SampleResponse
+    def __init__(self, token: _Optional[_Union[SampledToken, _Mapping]] = ..., response: _Optional[_Union[SampleResponse, _Mapping]] = ...) -> None: ...
+
+class SampledToken(_message.Message):
+    __slots__ = ("sequence", "token", "logprob", "top_tokens", "top_logprobs")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    token: int
+    logprob: float
+    top_tokens: _containers.RepeatedScalarFieldContainer[int]
+    top_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, sequence: _Optional[int] = ..., token: _Optional[int] = ..., logprob: _Optional[float] = ..., top_tokens: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...

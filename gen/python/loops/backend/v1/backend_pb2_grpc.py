@@ -402,6 +402,11 @@ class SamplerServiceStub:
                 request_serializer=loops_dot_backend_dot_v1_dot_backend__pb2.SampleRequest.SerializeToString,
                 response_deserializer=loops_dot_backend_dot_v1_dot_backend__pb2.SampleResponse.FromString,
                 _registered_method=True)
+        self.StreamSample = channel.unary_stream(
+                '/loops.backend.v1.SamplerService/StreamSample',
+                request_serializer=loops_dot_backend_dot_v1_dot_backend__pb2.StreamSampleRequest.SerializeToString,
+                response_deserializer=loops_dot_backend_dot_v1_dot_backend__pb2.StreamSampleResponse.FromString,
+                _registered_method=True)
 
 
 class SamplerServiceServicer:
@@ -423,6 +428,16 @@ class SamplerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamSample(self, request, context):
+        """StreamSample is Sample with every token sent as soon as it is sampled: a stream of
+        SampledToken messages, then one SampleResponse equal to Sample's. The tokens sent are
+        a prefix of the response's, in order per sequence. A client that goes away cancels
+        the sample.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SamplerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -435,6 +450,11 @@ def add_SamplerServiceServicer_to_server(servicer, server):
                     servicer.Sample,
                     request_deserializer=loops_dot_backend_dot_v1_dot_backend__pb2.SampleRequest.FromString,
                     response_serializer=loops_dot_backend_dot_v1_dot_backend__pb2.SampleResponse.SerializeToString,
+            ),
+            'StreamSample': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamSample,
+                    request_deserializer=loops_dot_backend_dot_v1_dot_backend__pb2.StreamSampleRequest.FromString,
+                    response_serializer=loops_dot_backend_dot_v1_dot_backend__pb2.StreamSampleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -493,6 +513,33 @@ class SamplerService:
             '/loops.backend.v1.SamplerService/Sample',
             loops_dot_backend_dot_v1_dot_backend__pb2.SampleRequest.SerializeToString,
             loops_dot_backend_dot_v1_dot_backend__pb2.SampleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamSample(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/loops.backend.v1.SamplerService/StreamSample',
+            loops_dot_backend_dot_v1_dot_backend__pb2.StreamSampleRequest.SerializeToString,
+            loops_dot_backend_dot_v1_dot_backend__pb2.StreamSampleResponse.FromString,
             options,
             channel_credentials,
             insecure,

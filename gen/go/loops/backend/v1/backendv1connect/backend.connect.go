@@ -65,6 +65,9 @@ const (
 	SamplerServiceGetCapabilitiesProcedure = "/loops.backend.v1.SamplerService/GetCapabilities"
 	// SamplerServiceSampleProcedure is the fully-qualified name of the SamplerService's Sample RPC.
 	SamplerServiceSampleProcedure = "/loops.backend.v1.SamplerService/Sample"
+	// SamplerServiceStreamSampleProcedure is the fully-qualified name of the SamplerService's
+	// StreamSample RPC.
+	SamplerServiceStreamSampleProcedure = "/loops.backend.v1.SamplerService/StreamSample"
 )
 
 // TrainerServiceClient is a client for the loops.backend.v1.TrainerService service.
@@ -373,6 +376,11 @@ type SamplerServiceClient interface {
 	GetCapabilities(context.Context, *v1.GetCapabilitiesRequest) (*v1.GetCapabilitiesResponse, error)
 	// Sample generates num_samples continuations of one prompt.
 	Sample(context.Context, *v1.SampleRequest) (*v1.SampleResponse, error)
+	// StreamSample is Sample with every token sent as soon as it is sampled: a stream of
+	// SampledToken messages, then one SampleResponse equal to Sample's. The tokens sent are
+	// a prefix of the response's, in order per sequence. A client that goes away cancels
+	// the sample.
+	StreamSample(context.Context, *v1.StreamSampleRequest) (*connect.ServerStreamForClient[v1.StreamSampleResponse], error)
 }
 
 // NewSamplerServiceClient constructs a client for the loops.backend.v1.SamplerService service. By
@@ -398,6 +406,12 @@ func NewSamplerServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(samplerServiceMethods.ByName("Sample")),
 			connect.WithClientOptions(opts...),
 		),
+		streamSample: connect.NewClient[v1.StreamSampleRequest, v1.StreamSampleResponse](
+			httpClient,
+			baseURL+SamplerServiceStreamSampleProcedure,
+			connect.WithSchema(samplerServiceMethods.ByName("StreamSample")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -405,6 +419,7 @@ func NewSamplerServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 type samplerServiceClient struct {
 	getCapabilities *connect.Client[v1.GetCapabilitiesRequest, v1.GetCapabilitiesResponse]
 	sample          *connect.Client[v1.SampleRequest, v1.SampleResponse]
+	streamSample    *connect.Client[v1.StreamSampleRequest, v1.StreamSampleResponse]
 }
 
 // GetCapabilities calls loops.backend.v1.SamplerService.GetCapabilities.
@@ -425,12 +440,22 @@ func (c *samplerServiceClient) Sample(ctx context.Context, req *v1.SampleRequest
 	return nil, err
 }
 
+// StreamSample calls loops.backend.v1.SamplerService.StreamSample.
+func (c *samplerServiceClient) StreamSample(ctx context.Context, req *v1.StreamSampleRequest) (*connect.ServerStreamForClient[v1.StreamSampleResponse], error) {
+	return c.streamSample.CallServerStream(ctx, connect.NewRequest(req))
+}
+
 // SamplerServiceHandler is an implementation of the loops.backend.v1.SamplerService service.
 type SamplerServiceHandler interface {
 	// GetCapabilities says which models the sampler serves.
 	GetCapabilities(context.Context, *v1.GetCapabilitiesRequest) (*v1.GetCapabilitiesResponse, error)
 	// Sample generates num_samples continuations of one prompt.
 	Sample(context.Context, *v1.SampleRequest) (*v1.SampleResponse, error)
+	// StreamSample is Sample with every token sent as soon as it is sampled: a stream of
+	// SampledToken messages, then one SampleResponse equal to Sample's. The tokens sent are
+	// a prefix of the response's, in order per sequence. A client that goes away cancels
+	// the sample.
+	StreamSample(context.Context, *v1.StreamSampleRequest, *connect.ServerStream[v1.StreamSampleResponse]) error
 }
 
 // NewSamplerServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -452,12 +477,20 @@ func NewSamplerServiceHandler(svc SamplerServiceHandler, opts ...connect.Handler
 		connect.WithSchema(samplerServiceMethods.ByName("Sample")),
 		connect.WithHandlerOptions(opts...),
 	)
+	samplerServiceStreamSampleHandler := connect.NewServerStreamHandlerSimple(
+		SamplerServiceStreamSampleProcedure,
+		svc.StreamSample,
+		connect.WithSchema(samplerServiceMethods.ByName("StreamSample")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/loops.backend.v1.SamplerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SamplerServiceGetCapabilitiesProcedure:
 			samplerServiceGetCapabilitiesHandler.ServeHTTP(w, r)
 		case SamplerServiceSampleProcedure:
 			samplerServiceSampleHandler.ServeHTTP(w, r)
+		case SamplerServiceStreamSampleProcedure:
+			samplerServiceStreamSampleHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -473,4 +506,8 @@ func (UnimplementedSamplerServiceHandler) GetCapabilities(context.Context, *v1.G
 
 func (UnimplementedSamplerServiceHandler) Sample(context.Context, *v1.SampleRequest) (*v1.SampleResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.backend.v1.SamplerService.Sample is not implemented"))
+}
+
+func (UnimplementedSamplerServiceHandler) StreamSample(context.Context, *v1.StreamSampleRequest, *connect.ServerStream[v1.StreamSampleResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("loops.backend.v1.SamplerService.StreamSample is not implemented"))
 }
