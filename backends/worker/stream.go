@@ -20,10 +20,11 @@ var _ backends.TokenStreamer = (*sampler)(nil)
 // nothing, as the inference APIs expect of a backend that cannot stream.
 func (s *sampler) SampleStream(ctx context.Context, req *backendv1.SampleRequest, sink tokenstream.Sink) (*backendv1.SampleResponse, error) {
 	b := (*Backend)(s)
-	w, err := b.pick(req.GetBaseModel())
+	w, done, err := b.pickSampler(req.GetBaseModel(), adapterKey(req))
 	if err != nil {
 		return nil, err
 	}
+	defer done()
 	resp, err := call(ctx, w, "StreamSample", func(c *clients) func(context.Context, *backendv1.SampleRequest) (*backendv1.SampleResponse, error) {
 		return func(ctx context.Context, req *backendv1.SampleRequest) (*backendv1.SampleResponse, error) {
 			return receiveSample(ctx, c.sc, req, sink)

@@ -357,6 +357,7 @@ type worker struct {
 	stdin  io.WriteCloser
 	tail   *pools.Tail
 	nAdapt int
+	load   samplerLoad // route.go
 }
 
 func (b *Backend) newWorker(i int, addr string, local bool) *worker {
@@ -552,6 +553,7 @@ func (w *worker) fail(gen int, reason string) {
 	w.alive = false
 	w.why = reason
 	w.up = make(chan struct{})
+	w.load.held = nil // a restarted worker has loaded nothing
 	kill := w.kill
 	cmd := w.cmd
 	name := fmt.Sprintf("worker %s", w.addr)
@@ -1052,10 +1054,11 @@ func folderBaseModel(dir string) string {
 
 func (s *sampler) Sample(ctx context.Context, req *backendv1.SampleRequest) (*backendv1.SampleResponse, error) {
 	b := (*Backend)(s)
-	w, err := b.pick(req.GetBaseModel())
+	w, done, err := b.pickSampler(req.GetBaseModel(), adapterKey(req))
 	if err != nil {
 		return nil, err
 	}
+	defer done()
 	return call(ctx, w, "Sample", func(c *clients) func(context.Context, *backendv1.SampleRequest) (*backendv1.SampleResponse, error) {
 		return c.sc.Sample
 	}, req)
