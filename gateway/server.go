@@ -18,6 +18,7 @@ import (
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/compat"
 	"github.com/loops-dev/loops/compat/anthropic"
+	"github.com/loops-dev/loops/compat/inference"
 	"github.com/loops-dev/loops/compat/openai"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/console"
@@ -125,6 +126,9 @@ type Server struct {
 	budget *bounded.Budget
 	// jobs runs managed jobs (guarded by mu; nil while a standby).
 	jobs *jobs.Service
+	// infer is the sampling engine the OpenAI- and Anthropic-compatible APIs share
+	// (guarded by mu).
+	infer *inference.Engine
 }
 
 // New opens the store and the backend, starts the core and builds the handler for ln. Call
@@ -330,7 +334,12 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		Owner:                auth.Workspace,
 	})))
 
-	// OpenAI-compatible inference.
+	// OpenAI- and Anthropic-compatible inference, over one sampling engine.
+	eng := inference.New(inference.Services{Sampling: svc.Sampling, Operations: svc.Operations, Models: svc.Models},
+		inference.Options{MaxSamplers: s.cfg.Core.Limits.MaxSamplersInMemory, Workspace: auth.Workspace})
+	s.mu.Lock()
+	s.infer = eng
+	s.mu.Unlock()
 	mux.Handle(openai.Prefix, openai.NewHandler(openai.Services{
 		Sampling:    svc.Sampling,
 		Operations:  svc.Operations,
@@ -340,21 +349,17 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	}, openai.Options{
 		MaxBodyBytes:         s.cfg.Limits.MaxBodyBytes,
 		MaxSamplesPerRequest: s.cfg.Core.MaxSamplesPerRequest,
-		MaxSamplers:          s.cfg.Core.Limits.MaxSamplersInMemory,
 		Logger:               s.log,
-		Workspace:            auth.Workspace,
+		Engine:               eng,
 	}))
-
-	// Anthropic-compatible inference.
 	mux.Handle(anthropic.Prefix, anthropic.NewHandler(anthropic.Services{
 		Sampling:   svc.Sampling,
 		Operations: svc.Operations,
 		Models:     svc.Models,
 	}, anthropic.Options{
 		MaxBodyBytes: s.cfg.Limits.MaxBodyBytes,
-		MaxSamplers:  s.cfg.Core.Limits.MaxSamplersInMemory,
 		Logger:       s.log,
-		Workspace:    auth.Workspace,
+		Engine:       eng,
 	}))
 
 	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {

@@ -14,6 +14,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/loops-dev/loops/compat"
+	"github.com/loops-dev/loops/compat/inference"
 	"github.com/loops-dev/loops/compat/internal/infer"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/internal/errs"
@@ -43,6 +44,10 @@ type Options struct {
 	// Workspace returns the authenticated caller's workspace (the gateway's
 	// auth.Workspace): the sampler cache is keyed by it.
 	Workspace func(ctx context.Context) string
+	// Engine is the sampling engine shared with the other inference APIs
+	// (compat/inference); MaxSamplers and Workspace are then the engine's. Default: an
+	// engine of this handler's own.
+	Engine *inference.Engine
 }
 
 type server struct {
@@ -61,9 +66,12 @@ func NewHandler(s Services, o Options) http.Handler {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	srv := &server{opt: o, log: o.Logger, engine: infer.New(
-		infer.Services{Sampling: s.Sampling, Operations: s.Operations, Models: s.Models},
-		infer.Options{MaxSamplers: o.MaxSamplers, Workspace: o.Workspace})}
+	eng := o.Engine
+	if eng == nil {
+		eng = inference.New(inference.Services{Sampling: s.Sampling, Operations: s.Operations, Models: s.Models},
+			inference.Options{MaxSamplers: o.MaxSamplers, Workspace: o.Workspace})
+	}
+	srv := &server{opt: o, log: o.Logger, engine: eng}
 	mux := http.NewServeMux()
 	srv.handle(mux, "POST "+Prefix+"v1/messages", srv.messages)
 	srv.handle(mux, "POST "+Prefix+"v1/messages/count_tokens", srv.countTokens)

@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/loops-dev/loops/compat"
+	"github.com/loops-dev/loops/compat/inference"
 	"github.com/loops-dev/loops/compat/internal/infer"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/internal/errs"
@@ -56,6 +57,10 @@ type Options struct {
 	Workspace func(ctx context.Context) string
 	// Now returns the current time (the "created" field). Default time.Now.
 	Now func() time.Time
+	// Engine is the sampling engine shared with the other inference APIs
+	// (compat/inference); MaxSamplers and Workspace are then the engine's. Default: an
+	// engine of this handler's own.
+	Engine *inference.Engine
 }
 
 const (
@@ -99,9 +104,12 @@ type server struct {
 // r.Context(), with the caller's workspace, to the core as it is.
 func NewHandler(s Services, o Options) http.Handler {
 	o = o.withDefaults()
-	srv := &server{svc: s, opt: o, log: o.Logger,
-		engine: infer.New(infer.Services{Sampling: s.Sampling, Operations: s.Operations, Models: s.Models},
-			infer.Options{MaxSamplers: o.MaxSamplers, Workspace: o.Workspace})}
+	eng := o.Engine
+	if eng == nil {
+		eng = inference.New(inference.Services{Sampling: s.Sampling, Operations: s.Operations, Models: s.Models},
+			inference.Options{MaxSamplers: o.MaxSamplers, Workspace: o.Workspace})
+	}
+	srv := &server{svc: s, opt: o, log: o.Logger, engine: eng}
 	mux := http.NewServeMux()
 	srv.handle(mux, "POST "+Prefix+"chat/completions", srv.chatCompletions)
 	srv.handle(mux, "POST "+Prefix+"completions", srv.completions)
