@@ -248,7 +248,7 @@ func TestBadRequests(t *testing.T) {
 		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": msgs, "temperature": 1.5}, 400, "invalid_request_error", "temperature"},
 		{map[string]any{"model": tiny.Name, "messages": msgs}, 400, "invalid_request_error", "max_tokens"},
 		{map[string]any{"model": tiny.Name, "max_tokens": 0, "messages": msgs}, 400, "invalid_request_error", "max_tokens"},
-		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": []map[string]any{{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}}}, 400, "invalid_request_error", "messages[1]"},
+		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": []map[string]any{{"role": "assistant", "content": "y"}, {"role": "user", "content": "x"}}}, 400, "invalid_request_error", "messages[0].role"},
 		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": []map[string]any{{"role": "system", "content": "x"}}}, 400, "invalid_request_error", "messages[0].role"},
 		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": []map[string]any{{"role": "user", "content": []map[string]any{{"type": "image", "source": map[string]any{}}}}}}, 400, "invalid_request_error", "messages[0].content[0].type"},
 		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": msgs, "thinking": map[string]any{"type": "enabled"}}, 400, "invalid_request_error", "thinking"},
@@ -289,4 +289,32 @@ func TestBadRequests(t *testing.T) {
 	require.NoError(t, err)
 	_ = resp.Body.Close()
 	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+}
+
+// TestPrefill: a last assistant turn is a prefill: the answer continues it, its content is
+// the continuation only, and it equals what the OpenAI completions route gives for the
+// template's text followed by the prefill (loops/tiny's ChatML template written out here).
+func TestPrefill(t *testing.T) {
+	base := startServer(t)
+	url := base + "/anthropic/api/v1/messages"
+	msgs := []map[string]any{{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": "The color is"}}
+	m := decode[message](t, post(t, url, map[string]any{"model": tiny.Name, "max_tokens": 8, "temperature": 0, "system": "Be brief.", "messages": msgs}, false))
+	require.Len(t, m.Content, 1)
+
+	oa := decode[struct {
+		Choices []struct {
+			Text string `json:"text"`
+		} `json:"choices"`
+		Usage struct {
+			PromptTokens int `json:"prompt_tokens"`
+		} `json:"usage"`
+	}](t, postOpenAI(t, base+"/oai/api/v1/completions", map[string]any{"model": tiny.Name, "max_tokens": 8, "temperature": 0,
+		"prompt": "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nName a color.<|im_end|>\n<|im_start|>assistant\nThe color is"}))
+	require.Equal(t, oa.Choices[0].Text, m.Content[0].Text, "the answer continues the prefill")
+	require.Equal(t, oa.Usage.PromptTokens, m.Usage.InputTokens, "the prefill counts as input")
+
+	count := decode[struct {
+		InputTokens int `json:"input_tokens"`
+	}](t, post(t, url+"/count_tokens", map[string]any{"model": tiny.Name, "system": "Be brief.", "messages": msgs}, true))
+	require.Equal(t, m.Usage.InputTokens, count.InputTokens)
 }

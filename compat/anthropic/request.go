@@ -166,8 +166,8 @@ func decodeStop(raw json.RawMessage) ([]string, error) {
 	return list, nil
 }
 
-// decodeMessages reads the conversation: user and assistant turns, the last one the
-// user's.
+// decodeMessages reads the conversation: user and assistant turns, the first one the
+// user's. A last assistant turn is a prefill: the answer continues it (request.conversation).
 func decodeMessages(raw json.RawMessage) ([]infer.Message, error) {
 	var list []json.RawMessage
 	if json.Unmarshal(raw, &list) != nil {
@@ -213,9 +213,8 @@ func decodeMessages(raw json.RawMessage) ([]infer.Message, error) {
 			return nil, infer.BadField(param+".content", "%s.content is required", param)
 		}
 	}
-	if last := out[len(out)-1]; last.Role != "user" {
-		return nil, unsupported(fmt.Sprintf("messages[%d]", len(out)-1),
-			"the last message must be the user's: continuing a prefilled assistant turn is not supported")
+	if out[0].Role != "user" {
+		return nil, infer.BadField("messages[0].role", "the first message must be the user's")
 	}
 	return out, nil
 }
@@ -275,8 +274,21 @@ func content(raw json.RawMessage, param string, nonEmpty bool) (string, error) {
 
 // conversation is the messages as the chat template takes them: the system prompt first.
 func (req *request) conversation() []infer.Message {
-	if !req.hasSystem || req.system == "" {
-		return req.messages
+	msgs := req.messages
+	if n := len(msgs); n > 0 && msgs[n-1].Role == "assistant" {
+		msgs = msgs[:n-1]
 	}
-	return append([]infer.Message{{Role: "system", Content: req.system}}, req.messages...)
+	if !req.hasSystem || req.system == "" {
+		return msgs
+	}
+	return append([]infer.Message{{Role: "system", Content: req.system}}, msgs...)
+}
+
+// prefill is the start of the answer given as a last assistant turn: the sample continues
+// it, and the answer's content is the continuation only (as Anthropic's API answers).
+func (req *request) prefill() string {
+	if n := len(req.messages); n > 0 && req.messages[n-1].Role == "assistant" {
+		return req.messages[n-1].Content
+	}
+	return ""
 }

@@ -23,7 +23,7 @@ func (s *server) messages(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	in := &infer.Request{Model: req.model, Messages: req.conversation(), N: 1, Params: &loopsv1.SamplingParams{
+	in := &infer.Request{Model: req.model, Messages: req.conversation(), Prefill: req.prefill(), N: 1, Params: &loopsv1.SamplingParams{
 		MaxTokens: req.maxTokens, Temperature: req.temperature, TopK: req.topK, TopP: req.topP, StopStrings: req.stop,
 	}}
 	if req.stream {
@@ -52,7 +52,7 @@ func (s *server) countTokens(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	prompts, err := s.engine.Tokens(r.Context(), &infer.Request{Model: req.model, Messages: req.conversation()})
+	prompts, err := s.engine.Tokens(r.Context(), &infer.Request{Model: req.model, Messages: req.conversation(), Prefill: req.prefill()})
 	if err != nil {
 		return err
 	}

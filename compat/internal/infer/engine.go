@@ -73,6 +73,9 @@ type Request struct {
 	// Messages, when not empty, are rendered with the model's chat template into the first
 	// prompt.
 	Messages []Message
+	// Prefill is text the answer to Messages starts with: appended to the rendered messages
+	// (after the template's generation prompt), so the sample continues it.
+	Prefill string
 	// Prompts are sampled after the rendered messages, each N times.
 	Prompts []Prompt
 	// N is the number of samples per prompt (at least 1).
@@ -209,7 +212,7 @@ func prompts(t *Text, req *Request) ([][]int32, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, t.Encode(rendered))
+		out = append(out, t.Encode(rendered+req.Prefill))
 	}
 	for _, p := range req.Prompts {
 		if p.Tokens != nil {
