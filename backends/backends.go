@@ -87,3 +87,13 @@ func Open(ctx context.Context, name string, cfg Config) (Backend, error) {
 	}
 	return f(ctx, cfg)
 }
+
+// SamplerScaler is the optional ability of a backend to place sampler replicas of a base
+// model: the worker backend in pool mode scales the model's pool. The core asks it for the
+// replicas the model's deployments want (the most any of them asks for).
+type SamplerScaler interface {
+	// ScaleSamplers sets the sampler replicas of baseModel to n, or to the backend's own
+	// configured count when that is larger, and returns the count it set. ok is false
+	// when the backend places no replicas (not in pool mode): n is then not applied.
+	ScaleSamplers(ctx context.Context, baseModel string, n int) (set int, ok bool, err error)
+}

@@ -15,6 +15,9 @@ import (
 	"strings"
 	"time"
 
+	"connectrpc.com/connect"
+
+	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/pools"
 	"github.com/loops-dev/loops/backends/pools/local"
 	"github.com/loops-dev/loops/backends/pools/ray"
@@ -180,6 +183,7 @@ func (b *Backend) startPooled(ctx context.Context) error {
 		return err
 	}
 	b.pools, b.registry = prov, reg
+	b.poolReplicas, b.poolSlots = po.Replicas, po.Slots
 	b.closers = append(b.closers, func() { _ = prov.Close() })
 	margs, err := b.modelArgs()
 	if err != nil {
@@ -353,3 +357,29 @@ func (b *Backend) attach(w *worker, m pools.Member) {
 
 // Pools returns the pool provider and the Registry in pool mode (nil otherwise).
 func (b *Backend) Pools() (pools.Provider, *pools.Registry) { return b.pools, b.registry }
+
+var _ backends.SamplerScaler = (*Backend)(nil)
+
+// ScaleSamplers scales the pool serving baseModel to n replicas, or to the configured
+// replicas when more, within the pool slots. Without pool mode it places nothing (ok
+// false): the local workers are fixed at start-up.
+func (b *Backend) ScaleSamplers(ctx context.Context, baseModel string, n int) (int, bool, error) {
+	if b.pools == nil {
+		return 0, false, nil
+	}
+	want := min(max(n, b.poolReplicas, 1), b.poolSlots)
+	var pool string
+	for _, m := range b.opts.Models {
+		if name, _, _ := strings.Cut(m, "="); name == baseModel {
+			pool = PoolID(m)
+		}
+	}
+	if pool == "" {
+		return 0, true, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("base model %q is not served by a pool of this backend", baseModel))
+	}
+	if err := b.pools.ScalePool(ctx, pool, want); err != nil {
+		return 0, true, err
+	}
+	b.log.Info("pool scaled for deployments", slog.String("pool", pool), slog.Int("replicas", want))
+	return want, true, nil
+}

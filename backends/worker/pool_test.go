@@ -72,6 +72,35 @@ func TestPoolModeLocal(t *testing.T) {
 	}, 20*time.Second, 50*time.Millisecond, "the new incarnations take work")
 }
 
+// TestScaleSamplersScalesThePool: a deployment's replicas scale the model's pool (never
+// below the configured replicas, within the slots); without pool mode nothing is placed.
+func TestScaleSamplersScalesThePool(t *testing.T) {
+	b, err := New(t.Context(), Options{Models: []string{"m"}, Python: testBinary(), Env: []string{poolstest.FakeWorkerEnv + "=1"}, DataDir: t.TempDir(),
+		HealthInterval: 100 * time.Millisecond, StartTimeout: 30 * time.Second,
+		Pool: &PoolOptions{Provider: "local", Replicas: 1, Slots: 3, HeartbeatTimeout: 2 * time.Second}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	_, reg := b.Pools()
+	members := func() int { return len(reg.Members(PoolID("m"))) }
+	require.Eventually(t, func() bool { return members() == 1 }, 20*time.Second, 20*time.Millisecond)
+	set, ok, err := b.ScaleSamplers(t.Context(), "m", 5)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, 3, set, "within the pool slots")
+	require.Eventually(t, func() bool { return members() == 3 }, 20*time.Second, 20*time.Millisecond)
+	set, _, err = b.ScaleSamplers(t.Context(), "m", 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, set, "never below the configured replicas")
+	require.Eventually(t, func() bool { return members() == 1 }, 20*time.Second, 20*time.Millisecond)
+	_, _, err = b.ScaleSamplers(t.Context(), "other", 2)
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
+
+	plain := &Backend{}
+	_, ok, err = plain.ScaleSamplers(t.Context(), "m", 2)
+	require.NoError(t, err)
+	require.False(t, ok, "no pools: nothing placed")
+}
+
 func backendsConfig(opts map[string]string) backends.Config {
 	return backends.Config{Models: []string{"m"}, Options: opts}
 }

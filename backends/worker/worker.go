@@ -175,10 +175,13 @@ type Backend struct {
 	rr       int
 	wg       sync.WaitGroup
 
-	// pool mode (pool.go)
-	pools    pools.Provider
-	registry *pools.Registry
-	closers  []func()
+	// pool mode (pool.go): the provider, the registry, the configured replicas per pool
+	// (the floor of ScaleSamplers) and the slots for all pools
+	pools        pools.Provider
+	registry     *pools.Registry
+	poolReplicas int
+	poolSlots    int
+	closers      []func()
 }
 
 var _ backends.Backend = (*Backend)(nil)

@@ -125,10 +125,10 @@ func deployCmd() *cobra.Command {
 // printDeployments writes one line per deployment.
 func printDeployments(w io.Writer, ds []*loopsv1.Deployment) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tOWNER\tBASE MODEL\tCHECKPOINTS\tREPLICAS\tSHARED WITH\tCREATED")
+	fmt.Fprintln(tw, "NAME\tOWNER\tBASE MODEL\tCHECKPOINTS\tREPLICAS\tPLACED\tSHARED WITH\tCREATED")
 	for _, d := range ds {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", d.GetName(), d.GetOwner(), d.GetBaseModel(), len(d.GetCheckpoints()),
-			d.GetReplicas(), strings.Join(d.GetGrants(), ","), d.GetCreateTime().AsTime().Format("2006-01-02 15:04:05"))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", d.GetName(), d.GetOwner(), d.GetBaseModel(), len(d.GetCheckpoints()),
+			d.GetReplicas(), d.GetPlacedReplicas(), strings.Join(d.GetGrants(), ","), d.GetCreateTime().AsTime().Format("2006-01-02 15:04:05"))
 	}
 	if len(ds) == 0 {
 		fmt.Fprintln(tw, "(no deployments)")
@@ -143,6 +143,7 @@ func printDeployment(w io.Writer, d *loopsv1.Deployment) error {
 	fmt.Fprintf(tw, "owner\t%s\n", d.GetOwner())
 	fmt.Fprintf(tw, "base model\t%s\n", d.GetBaseModel())
 	fmt.Fprintf(tw, "replicas\t%d\n", d.GetReplicas())
+	fmt.Fprintf(tw, "placed\t%d: %s\n", d.GetPlacedReplicas(), d.GetPlacement())
 	fmt.Fprintf(tw, "created\t%s\n", d.GetCreateTime().AsTime().Format("2006-01-02 15:04:05"))
 	if len(d.GetGrants()) > 0 {
 		fmt.Fprintf(tw, "shared with\t%s\n", strings.Join(d.GetGrants(), ", "))

@@ -185,6 +185,8 @@ type Core struct {
 	slots *slots
 	// pageTokens signs and checks the page tokens of lists (paging.go).
 	pageTokens *store.PageTokens
+	// placer has the backend place the sampler replicas deployments ask for (placement.go).
+	placer *placer
 }
 
 // New starts a core on a store and a backend. It fails operations left unfinished by a
@@ -260,8 +262,16 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	if err := c.recoverRuns(ctx); err != nil {
 		return nil, err
 	}
-	c.wg.Add(1)
+	c.placer = newPlacer(be, c.log)
+	if err := c.placer.load(ctx, st.ListAllDeployments); err != nil {
+		return nil, err
+	}
+	c.wg.Add(2)
 	go c.janitor()
+	go func() {
+		defer c.wg.Done()
+		c.placer.run(c.ctx)
+	}()
 	return c, nil
 }
 

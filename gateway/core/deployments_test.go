@@ -1,7 +1,9 @@
 package core
 
 import (
+	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -81,4 +83,85 @@ func TestDeploymentBounds(t *testing.T) {
 	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err))
 	_, err = h.svc.Sampling.CreateSampler(h.ctx, &loopsv1.CreateSamplerRequest{Deployment: "d000", BaseModel: "fake/model"})
 	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "a deployment or a model, not both")
+}
+
+// scalingBackend is the fake backend with worker pools: it records the sampler replicas the
+// core asks for.
+type scalingBackend struct {
+	*fakeBackend
+	mu   sync.Mutex
+	asks []string // "base=n"
+}
+
+func (b *scalingBackend) ScaleSamplers(_ context.Context, base string, n int) (int, bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.asks = append(b.asks, fmt.Sprintf("%s=%d", base, n))
+	return max(n, 1), true, nil
+}
+
+func (b *scalingBackend) last() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.asks) == 0 {
+		return ""
+	}
+	return b.asks[len(b.asks)-1]
+}
+
+// TestDeploymentReplicasArePlaced: with a backend that places sampler replicas, the pool of
+// a deployment's base model is scaled to the most its deployments ask for, down again when
+// they go, and again after a restart; a deployment shows the replicas placed for it (never
+// more than it asked for, which would tell it of other deployments); a backend that places
+// none says so.
+func TestDeploymentReplicasArePlaced(t *testing.T) {
+	dir := t.TempDir()
+	be := &scalingBackend{fakeBackend: newFakeBackend()}
+	h, stop := openHarness(t, dir, be, be.fakeBackend)
+	run := h.newRun()
+	path, err := h.save(run, "c1", false)
+	require.NoError(t, err)
+	create := func(h *harness, name string, replicas int32) {
+		_, err := h.svc.Deployments.CreateDeployment(h.ctx, &loopsv1.CreateDeploymentRequest{Name: name, Checkpoints: []string{path}, Replicas: replicas})
+		require.NoError(t, err)
+	}
+	get := func(h *harness, name string) *loopsv1.Deployment {
+		var d *loopsv1.Deployment
+		require.Eventually(t, func() bool {
+			var err error
+			d, err = h.svc.Deployments.GetDeployment(h.ctx, &loopsv1.GetDeploymentRequest{Name: name})
+			require.NoError(t, err)
+			return d.GetPlacement() != "placing…"
+		}, 10*time.Second, 5*time.Millisecond)
+		return d
+	}
+	create(h, "big", 3)
+	require.Eventually(t, func() bool { return be.last() == "fake/model=3" }, 10*time.Second, 5*time.Millisecond)
+	require.EqualValues(t, 3, get(h, "big").GetPlacedReplicas())
+	create(h, "small", 2)
+	require.EqualValues(t, 2, get(h, "small").GetPlacedReplicas(), "a deployment sees its own share, not the pool's size")
+	require.Contains(t, get(h, "small").GetPlacement(), "2 sampler replicas placed")
+	require.Equal(t, "fake/model=3", be.last())
+
+	stop() // a restart places what the stored deployments want
+	be2 := &scalingBackend{fakeBackend: be.fakeBackend}
+	h, _ = openHarness(t, dir, be2, be.fakeBackend)
+	require.Eventually(t, func() bool { return be2.last() == "fake/model=3" }, 10*time.Second, 5*time.Millisecond)
+
+	_, err = h.svc.Deployments.DeleteDeployment(h.ctx, &loopsv1.DeleteDeploymentRequest{Name: "big"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return be2.last() == "fake/model=2" }, 10*time.Second, 5*time.Millisecond)
+	_, err = h.svc.Deployments.DeleteDeployment(h.ctx, &loopsv1.DeleteDeploymentRequest{Name: "small"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return be2.last() == "fake/model=1" }, 10*time.Second, 5*time.Millisecond, "no deployment left: the backend's own count")
+
+	// A backend without worker pools places nothing and says so.
+	plain := newHarness(t, t.TempDir(), Options{})
+	run = plain.newRun()
+	path, err = plain.save(run, "c1", false)
+	require.NoError(t, err)
+	create(plain, "d", 4)
+	d := get(plain, "d")
+	require.Zero(t, d.GetPlacedReplicas())
+	require.Contains(t, d.GetPlacement(), "places no replicas")
 }

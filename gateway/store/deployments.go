@@ -19,6 +19,10 @@ type DeploymentStore interface {
 	GetDeployment(ctx context.Context, workspace, name string) (*loopsv1.Deployment, error)
 	// ListDeployments lists the workspace's deployments by name.
 	ListDeployments(ctx context.Context, workspace string) ([]*loopsv1.Deployment, error)
+	// ListAllDeployments lists the deployments of every workspace ordered by (workspace,
+	// name), the first limit (at least 1) after (afterWorkspace, afterName): a page of a
+	// keyset walk for the operator's view of them all.
+	ListAllDeployments(ctx context.Context, afterWorkspace, afterName string, limit int) ([]*loopsv1.Deployment, error)
 	// ListGrantedDeployments lists the deployments of other workspaces shared with grantee,
 	// by owner, then name.
 	ListGrantedDeployments(ctx context.Context, grantee string) ([]*loopsv1.Deployment, error)

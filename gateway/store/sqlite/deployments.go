@@ -75,6 +75,14 @@ func (s *Store) ListDeployments(ctx context.Context, workspace string) ([]*loops
 		`SELECT workspace, data FROM deployments WHERE workspace = ? ORDER BY name`, workspace)
 }
 
+// ListAllDeployments lists every workspace's deployments by (workspace, name), limit of them
+// after (afterWorkspace, afterName).
+func (s *Store) ListAllDeployments(ctx context.Context, afterWorkspace, afterName string, limit int) ([]*loopsv1.Deployment, error) {
+	return s.deployments(ctx, "list all deployments",
+		`SELECT workspace, data FROM deployments WHERE workspace > ? OR (workspace = ? AND name > ?)
+		 ORDER BY workspace, name LIMIT ?`, afterWorkspace, afterWorkspace, afterName, max(limit, 1))
+}
+
 // ListGrantedDeployments lists the deployments shared with grantee, by owner and name.
 func (s *Store) ListGrantedDeployments(ctx context.Context, grantee string) ([]*loopsv1.Deployment, error) {
 	return s.deployments(ctx, "list granted deployments",

@@ -85,6 +85,30 @@ func testDeployments(t *testing.T, open func(t *testing.T) store.Store) {
 	got, err = st.GetDeployment(ctx, wsB, "d1")
 	require.NoError(t, err)
 	requireProtoEqual(t, other, got)
+
+	// Every workspace's deployments, by (workspace, name), in keyset pages.
+	d3 := deployment("d3", 0)
+	require.NoError(t, st.PutDeployment(ctx, wsA, d3, nil))
+	all, err := st.ListAllDeployments(ctx, "", "", 10)
+	require.NoError(t, err)
+	want := []*loopsv1.Deployment{d1, d3, other}
+	if wsB < wsA {
+		want = []*loopsv1.Deployment{other, d1, d3}
+	}
+	requireProtoEqual(t, want, all)
+	var walked []*loopsv1.Deployment
+	ws, name := "", ""
+	for {
+		page, err := st.ListAllDeployments(ctx, ws, name, 1)
+		require.NoError(t, err)
+		if len(page) == 0 {
+			break
+		}
+		require.Len(t, page, 1)
+		walked = append(walked, page...)
+		ws, name = page[0].GetOwner(), page[0].GetName()
+	}
+	requireProtoEqual(t, want, walked)
 }
 
 // testDeploymentGrants: a grant lists the deployment to its grantee, and goes with a

@@ -33,8 +33,9 @@ type Deployment struct {
 	Owner       string                  `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
 	BaseModel   string                  `protobuf:"bytes,3,opt,name=base_model,json=baseModel,proto3" json:"base_model,omitempty"`
 	Checkpoints []*DeploymentCheckpoint `protobuf:"bytes,4,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
-	// Sampler replicas. Without worker pools they are local: the deployment may run this many
-	// samples at once (see docs/deployments.md).
+	// Sampler replicas asked for. With worker pools the pool serving the base model is
+	// scaled to the most any of the model's deployments asks for; without them nothing is
+	// placed (see placement and docs/deployments.md).
 	Replicas int32 `protobuf:"varint,5,opt,name=replicas,proto3" json:"replicas,omitempty"`
 	// Workspaces it is shared with; listed to the owner only.
 	Grants     []string               `protobuf:"bytes,6,rep,name=grants,proto3" json:"grants,omitempty"`
@@ -42,7 +43,14 @@ type Deployment struct {
 	// The OpenAI model strings that address it, one per checkpoint: "<name>/<checkpoint
 	// name>" (and "<name>" alone for the first checkpoint); other workspaces prefix
 	// "<owner>:".
-	Models        []string `protobuf:"bytes,8,rep,name=models,proto3" json:"models,omitempty"`
+	Models []string `protobuf:"bytes,8,rep,name=models,proto3" json:"models,omitempty"`
+	// Output only: the sampler replicas placed for the deployment's base model (the pool's
+	// size, shared by the model's deployments); 0 when the backend places none or placing is
+	// pending or failed.
+	PlacedReplicas int32 `protobuf:"varint,9,opt,name=placed_replicas,json=placedReplicas,proto3" json:"placed_replicas,omitempty"`
+	// Output only: what placing replicas did, in words ("pool scaled to 3 replicas", why
+	// nothing was placed, or the error).
+	Placement     string `protobuf:"bytes,10,opt,name=placement,proto3" json:"placement,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -131,6 +139,20 @@ func (x *Deployment) GetModels() []string {
 		return x.Models
 	}
 	return nil
+}
+
+func (x *Deployment) GetPlacedReplicas() int32 {
+	if x != nil {
+		return x.PlacedReplicas
+	}
+	return 0
+}
+
+func (x *Deployment) GetPlacement() string {
+	if x != nil {
+		return x.Placement
+	}
+	return ""
 }
 
 // DeploymentCheckpoint is one checkpoint of a deployment.
@@ -573,7 +595,7 @@ var File_loops_v1_deployments_proto protoreflect.FileDescriptor
 
 const file_loops_v1_deployments_proto_rawDesc = "" +
 	"\n" +
-	"\x1aloops/v1/deployments.proto\x12\bloops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa0\x02\n" +
+	"\x1aloops/v1/deployments.proto\x12\bloops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe7\x02\n" +
 	"\n" +
 	"Deployment\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
@@ -585,7 +607,10 @@ const file_loops_v1_deployments_proto_rawDesc = "" +
 	"\x06grants\x18\x06 \x03(\tR\x06grants\x12;\n" +
 	"\vcreate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12\x16\n" +
-	"\x06models\x18\b \x03(\tR\x06models\"K\n" +
+	"\x06models\x18\b \x03(\tR\x06models\x12'\n" +
+	"\x0fplaced_replicas\x18\t \x01(\x05R\x0eplacedReplicas\x12\x1c\n" +
+	"\tplacement\x18\n" +
+	" \x01(\tR\tplacement\"K\n" +
 	"\x14DeploymentCheckpoint\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vtinker_path\x18\x02 \x01(\tR\n" +
