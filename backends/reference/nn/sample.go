@@ -58,7 +58,7 @@ const PrefillChunk = 512
 // prefillRowsMax is the longest prompt chunk whose products go through the unpacked,
 // row-stable kernels (as decoding does) rather than the packed SGEMM: below it, packing the
 // weights costs more than the product (BenchmarkPrefill).
-var prefillRowsMax = 64
+const prefillRowsMax = 64
 
 // Sample generates n continuations of prompt. The prompt is run once and its cache is
 // copied to each sample; the samples then decode together, one row each. Sample i draws
