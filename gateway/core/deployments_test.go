@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/policy"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
 
@@ -164,4 +165,20 @@ func TestDeploymentReplicasArePlaced(t *testing.T) {
 	d := get(plain, "d")
 	require.Zero(t, d.GetPlacedReplicas())
 	require.Contains(t, d.GetPlacement(), "places no replicas")
+}
+
+// TestDeploymentReplicasPolicy: a workspace's max_deployment_replicas caps what one of its
+// deployments may ask for, with a 400 naming the policy key.
+func TestDeploymentReplicasPolicy(t *testing.T) {
+	p, err := policy.Parse([]byte("default: {max_deployment_replicas: 2}\n"))
+	require.NoError(t, err)
+	h := newHarness(t, t.TempDir(), Options{Policy: p})
+	run := h.newRun()
+	path, err := h.save(run, "c1", false)
+	require.NoError(t, err)
+	_, err = h.svc.Deployments.CreateDeployment(h.ctx, &loopsv1.CreateDeploymentRequest{Name: "d", Checkpoints: []string{path}, Replicas: 3})
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
+	require.ErrorContains(t, err, "max_deployment_replicas")
+	_, err = h.svc.Deployments.CreateDeployment(h.ctx, &loopsv1.CreateDeploymentRequest{Name: "d", Checkpoints: []string{path}, Replicas: 2})
+	require.NoError(t, err)
 }

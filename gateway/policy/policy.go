@@ -36,6 +36,10 @@ type Section struct {
 	MaxJobSeconds *int `json:"max_job_seconds,omitempty"`
 	// MaxJobMemoryMB caps a job's address space, in MiB (0: the server's default).
 	MaxJobMemoryMB *int `json:"max_job_memory_mb,omitempty"`
+	// MaxDeploymentReplicas caps the sampler replicas one of the workspace's deployments
+	// may ask for (0: the server's bound, 8). With worker pools, replicas scale the shared
+	// pool of the deployment's base model.
+	MaxDeploymentReplicas *int `json:"max_deployment_replicas,omitempty"`
 }
 
 // File is a policy file as written.
@@ -62,6 +66,8 @@ type Limits struct {
 	MaxRunningJobs int
 	MaxJobSeconds  int
 	MaxJobMemoryMB int
+	// MaxDeploymentReplicas caps a deployment's replicas; 0 takes the server's bound.
+	MaxDeploymentReplicas int
 }
 
 // Policy is a parsed, validated policy: the limits of each listed workspace and of the rest.
@@ -92,7 +98,7 @@ func Load(file string) (*Policy, error) {
 func Parse(data []byte) (*Policy, error) {
 	var f File
 	if err := yaml.UnmarshalStrict(data, &f); err != nil {
-		return nil, fmt.Errorf("%s (the keys are default and workspaces; each section takes models, max_sequence_length, max_lora_rank, max_concurrent_runs, max_queued_operations, sampling_concurrency, allow_jobs, max_running_jobs, max_job_seconds, max_job_memory_mb)", strings.TrimPrefix(strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: "), "json: "))
+		return nil, fmt.Errorf("%s (the keys are default and workspaces; each section takes models, max_sequence_length, max_lora_rank, max_concurrent_runs, max_queued_operations, sampling_concurrency, allow_jobs, max_running_jobs, max_job_seconds, max_job_memory_mb, max_deployment_replicas)", strings.TrimPrefix(strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: "), "json: "))
 	}
 	return f.Compile()
 }
@@ -138,6 +144,7 @@ func resolve(base Limits, s Section) Limits {
 	set(&out.MaxRunningJobs, s.MaxRunningJobs)
 	set(&out.MaxJobSeconds, s.MaxJobSeconds)
 	set(&out.MaxJobMemoryMB, s.MaxJobMemoryMB)
+	set(&out.MaxDeploymentReplicas, s.MaxDeploymentReplicas)
 	return out
 }
 
@@ -167,6 +174,7 @@ func (s Section) validate(where string) error {
 		{"max_running_jobs", s.MaxRunningJobs},
 		{"max_job_seconds", s.MaxJobSeconds},
 		{"max_job_memory_mb", s.MaxJobMemoryMB},
+		{"max_deployment_replicas", s.MaxDeploymentReplicas},
 	} {
 		if f.v != nil && *f.v < 0 {
 			return fmt.Errorf("%s.%s is %d: use a positive limit, or 0 for no limit of the workspace's own", where, f.name, *f.v)
