@@ -122,6 +122,8 @@ type decodeState struct {
 	jobs   []*decodeJob // in flight, oldest first
 	active []*nn.GenSeq[float32]
 	kv     int64 // cache bytes the active sequences may reach
+	// prefill is scratch for the requests prefilled at a boundary
+	prefill []*nn.Gen[float32]
 }
 
 // decoderPanic is a panic of the decoder goroutine, handed to every request in flight at
@@ -184,16 +186,23 @@ func (d *decoder) boundary(st *decodeState) {
 		active = kept
 	}
 
-	// 2. Prefill, oldest first, within the budget; only while sequences can start.
+	// 2. Prefill, oldest first, within the budget; only while sequences can start. The
+	// short chunks run together in one step (nn.PrefillTogether: the weights are read once,
+	// and each prompt gets the bits it would get alone).
 	budget := nn.PrefillChunk
+	prefill := st.prefill[:0]
 	for _, j := range jobs {
 		if budget <= 0 || len(active) >= d.maxSeqs {
 			break
 		}
-		for !j.g.Prefilled() && budget > 0 {
-			budget -= j.g.Prefill()
+		if n := j.g.NextChunk(); n > 0 {
+			prefill = append(prefill, j.g)
+			budget -= n
 		}
 	}
+	nn.PrefillTogether(prefill)
+	clear(prefill)
+	st.prefill = prefill[:0]
 
 	// 3. Start sequences, one per request in turn.
 	for more := true; more && len(active) < d.maxSeqs; {

@@ -153,8 +153,7 @@ func (g *Gen[T]) Prefilled() bool { return g.filled == len(g.prompt) }
 // Prefill runs the next chunk of the prompt (at most PrefillChunk tokens, cut at multiples
 // of PrefillChunk) and returns how many tokens it ran.
 func (g *Gen[T]) Prefill() int {
-	m, prompt := g.m, g.prompt
-	c0, c1 := g.filled, min(g.filled+PrefillChunk, len(prompt))
+	c0, c1 := g.chunk()
 	if c0 >= c1 {
 		return 0
 	}
@@ -164,19 +163,101 @@ func (g *Gen[T]) Prefill() int {
 		pos[i] = c0 + i
 		caches[i] = g.base
 	}
-	buf, _ := decodeBufs.Get().(*stepBuf[T])
-	if buf == nil {
-		buf = &stepBuf[T]{}
-	}
+	buf := getStepBuf[T]()
 	defer decodeBufs.Put(buf)
-	h := m.step(prompt[c0:c1], pos, caches, []seg[T]{{0, c1 - c0, g.ad}}, c1-c0 <= prefillRowsMax, buf)
+	h := g.m.step(g.prompt[c0:c1], pos, caches, []seg[T]{{0, c1 - c0, g.ad}}, c1-c0 <= prefillRowsMax, buf)
+	g.finishChunk(h, c0, c1)
+	return c1 - c0
+}
+
+// NextChunk is how many prompt tokens the next Prefill runs (0 once prefilled).
+func (g *Gen[T]) NextChunk() int {
+	c0, c1 := g.chunk()
+	return c1 - c0
+}
+
+// chunk is the next prompt chunk [c0, c1).
+func (g *Gen[T]) chunk() (c0, c1 int) {
+	return g.filled, min(g.filled+PrefillChunk, len(g.prompt))
+}
+
+// PrefillTogether runs the next prompt chunk of each of gens (of one model): the chunks of at
+// most prefillRowsMax tokens in one step, whose products are row-stable, so each gets the
+// bits it would get from Prefill alone while the weights are read once for all; longer
+// chunks run alone. It returns the prompt tokens run.
+func PrefillTogether[T Float](gens []*Gen[T]) int {
+	var batch []*Gen[T]
+	ran := 0
+	for _, g := range gens {
+		switch n := g.NextChunk(); {
+		case n == 0:
+		case n > prefillRowsMax:
+			ran += g.Prefill()
+		default:
+			batch = append(batch, g)
+		}
+	}
+	switch len(batch) {
+	case 0:
+		return ran
+	case 1:
+		return ran + batch[0].Prefill()
+	}
+	// rows grouped by adapter, one segment each, in the order the adapters first appear
+	var ads []*Adapter[T]
+	for _, g := range batch {
+		if !slices.Contains(ads, g.ad) {
+			ads = append(ads, g.ad)
+		}
+	}
+	slices.SortStableFunc(batch, func(a, b *Gen[T]) int { return slices.Index(ads, a.ad) - slices.Index(ads, b.ad) })
+	var toks, pos []int
+	var caches []*KVCache[T]
+	var segs []seg[T]
+	for _, g := range batch {
+		c0, c1 := g.chunk()
+		r0 := len(toks)
+		toks = append(toks, g.prompt[c0:c1]...)
+		for p := c0; p < c1; p++ {
+			pos = append(pos, p)
+			caches = append(caches, g.base)
+		}
+		if len(segs) == 0 || segs[len(segs)-1].ad != g.ad {
+			segs = append(segs, seg[T]{r0, r0, g.ad})
+		}
+		segs[len(segs)-1].r1 = len(toks)
+	}
+	m := batch[0].m
+	buf := getStepBuf[T]()
+	defer decodeBufs.Put(buf)
+	h := m.step(toks, pos, caches, segs, true, buf)
+	D, off := m.Cfg.Hidden, 0
+	for _, g := range batch {
+		c0, c1 := g.chunk()
+		g.finishChunk(h[off*D:(off+c1-c0)*D], c0, c1)
+		off += c1 - c0
+	}
+	return ran + len(toks)
+}
+
+func getStepBuf[T Float]() *stepBuf[T] {
+	if buf, _ := decodeBufs.Get().(*stepBuf[T]); buf != nil {
+		return buf
+	}
+	return &stepBuf[T]{}
+}
+
+// finishChunk records a prefilled chunk [c0, c1) whose final hidden states are h: the
+// logits after the last prompt token and the prompt's scores when asked for.
+func (g *Gen[T]) finishChunk(h []T, c0, c1 int) {
+	m, prompt := g.m, g.prompt
 	g.filled = c1
 	D, V := m.Cfg.Hidden, m.Cfg.Vocab
 	if g.Scores == nil {
 		if c1 == len(prompt) {
 			g.last = m.Logits(h[(c1-c0-1)*D:], 1, g.ad)
 		}
-		return c1 - c0
+		return
 	}
 	for r0 := c0; r0 < c1; r0 += headChunk {
 		r1 := min(r0+headChunk, c1)
@@ -203,7 +284,6 @@ func (g *Gen[T]) Prefill() int {
 			}
 		}
 	}
-	return c1 - c0
 }
 
 // Pending is how many sequences are not started yet.
@@ -284,10 +364,7 @@ func containsAny(text string, subs []string) bool {
 // independently of the others (step's stable products), so a sequence gets the same bits
 // in any batch, with any number of threads.
 func (m *Model[T]) Decode(seqs []*GenSeq[T]) {
-	buf, _ := decodeBufs.Get().(*stepBuf[T])
-	if buf == nil {
-		buf = &stepBuf[T]{}
-	}
+	buf := getStepBuf[T]()
 	defer decodeBufs.Put(buf)
 	rows, ads := buf.rows[:0], buf.ads[:0]
 	for _, s := range seqs {
