@@ -15,9 +15,7 @@ rewards are all equal teach nothing and are left out. The loss is `importance_sa
 
 from __future__ import annotations
 
-import queue
 import random
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
@@ -151,75 +149,38 @@ def train_sync(run: Any, cfg: RLConfig, tasks: TaskSampler, stop: list[int], max
 
 def train_async(run: Any, cfg: RLConfig, tasks: TaskSampler, stop: list[int], max_staleness: int,
                 max_turns: int = 1) -> list[dict]:
-    """Off-policy RL with bounded staleness: rollout workers keep sampling with whichever
-    weights are newest while the trainer trains; a step uses groups_per_batch groups sampled
-    at most max_staleness steps ago (older ones are dropped and counted)."""
+    """Off-policy RL with bounded staleness, as a pipeline: the groups of step t are sampled
+    with the weights of step max(0, t - 1 - max_staleness), so they are sampled while the
+    trainer is still on the steps before (up to max_staleness + 1 batches in flight) and are
+    exactly min(t - 1, max_staleness) steps old when trained on. The schedule does not depend
+    on thread timing, so a run repeats exactly like the synchronous loop."""
     if max_staleness <= 0:
         return train_sync(run, cfg, tasks, stop, max_turns)
     rng = random.Random(cfg.seed)
-    rng_lock = threading.Lock()
     params = sampling_params(cfg, stop)
-    current: dict[str, Any] = {"sampler": run.training.save_weights_and_get_sampling_client(), "step": 0}
-    cur_lock = threading.Lock()
-    done = threading.Event()
-    # Bounded to one batch ahead: workers block while the trainer is busy, so few groups go stale.
-    ready: queue.Queue = queue.Queue(maxsize=cfg.groups_per_batch)
-    errors: list[BaseException] = []
-
-    def worker(pool: ThreadPoolExecutor) -> None:
-        try:
-            while not done.is_set():
-                with rng_lock:
-                    make_env = tasks(rng)
-                    seed = rng.randrange(1 << 30)
-                with cur_lock:
-                    sampler, version = current["sampler"], current["step"]
-                group = play_group(sampler, make_env, cfg, params, pool, max_turns, seed)
-                for e in group:
-                    e.sampler_step = version
-                while not done.is_set():
-                    try:
-                        ready.put(group, timeout=0.2)
-                        break
-                    except queue.Full:
-                        continue
-        except BaseException as e:  # noqa: BLE001 - handed to the trainer
-            errors.append(e)
-            done.set()
-
     rows = []
-    with ThreadPoolExecutor(cfg.concurrency) as pool:
-        threads = [threading.Thread(target=worker, args=(pool,), daemon=True) for _ in range(cfg.groups_per_batch)]
-        for t in threads:
-            t.start()
-        try:
-            for step in range(1, cfg.steps + 1):
-                batch: list[list[Episode]] = []
-                dropped = 0
-                while len(batch) < cfg.groups_per_batch:
-                    if errors:
-                        raise errors[0]
-                    try:
-                        g = ready.get(timeout=0.5)
-                    except queue.Empty:
-                        continue
-                    if (step - 1) - g[0].sampler_step > max_staleness:
-                        dropped += 1
-                        continue
-                    batch.append(g)
-                lags = [(step - 1) - g[0].sampler_step for g in batch]
-                m = train_on(run.training, batch, cfg.learning_rate)
-                m.update({"staleness_mean": sum(lags) / len(lags), "staleness_max": float(max(lags)),
-                          "dropped_stale": float(dropped)})
-                new = run.training.save_weights_and_get_sampling_client()
-                with cur_lock:
-                    current["sampler"], current["step"] = new, step
-                rows.append(m)
-                run.log(step, **m)
-                run.maybe_save(step)
-        finally:
-            done.set()
-            for t in threads:
-                t.join(timeout=60)
+    with ThreadPoolExecutor(cfg.concurrency) as pool, \
+            ThreadPoolExecutor(cfg.groups_per_batch * (max_staleness + 1)) as groups_pool:
+        def launch(sampler: tinker.SamplingClient) -> list[Any]:
+            # tasks and seeds are drawn here, in step order, so they do not depend on timing
+            makers = [(tasks(rng), rng.randrange(1 << 30)) for _ in range(cfg.groups_per_batch)]
+            return [groups_pool.submit(play_group, sampler, m, cfg, params, pool, max_turns, seed)
+                    for m, seed in makers]
+
+        first = run.training.save_weights_and_get_sampling_client()
+        # steps 1 .. max_staleness + 1 sample with the initial weights
+        in_flight = {t: launch(first) for t in range(1, min(cfg.steps, max_staleness + 1) + 1)}
+        for step in range(1, cfg.steps + 1):
+            groups = [f.result() for f in in_flight.pop(step)]
+            m = train_on(run.training, groups, cfg.learning_rate)
+            lag = float(min(step - 1, max_staleness))  # every group of the step is this old
+            m.update({"staleness_mean": lag, "staleness_max": lag})
+            sampler = run.training.save_weights_and_get_sampling_client()
+            nxt = step + max_staleness + 1
+            if nxt <= cfg.steps:
+                in_flight[nxt] = launch(sampler)
+            rows.append(m)
+            run.log(step, **m)
+            run.maybe_save(step)
     return rows
 

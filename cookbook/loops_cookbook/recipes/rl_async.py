@@ -1,8 +1,8 @@
 """RL on verifiable prompt/answer tasks, off-policy with bounded staleness.
 
-Rollout workers keep sampling with the newest sampler while the trainer trains; each step
-takes `groups_per_batch` groups sampled at most `max_staleness` optimizer steps ago (older
-groups are dropped and counted in `dropped_stale`). `max_staleness=0` is the synchronous,
+A pipeline: the `groups_per_batch` groups of step t are sampled with the weights of step
+max(0, t - 1 - `max_staleness`), while the trainer trains the steps before, so every batch is
+exactly min(t - 1, `max_staleness`) steps old and a run repeats. `max_staleness=0` is the synchronous,
 on-policy loop: sample with the newest weights, train, repeat. The loss is importance
 sampling, which weights each token by exp(lp − q) and so accounts for the lag.
 
