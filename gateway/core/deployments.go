@@ -248,8 +248,8 @@ func (s DeploymentService) CreateDeployment(ctx context.Context, req *loopsv1.Cr
 	if replicas < 1 || replicas > MaxDeploymentReplicas {
 		return nil, invalidArgument("replicas must be between 1 and %d, got %d", MaxDeploymentReplicas, req.GetReplicas())
 	}
-	if limit := c.policy.Limits(ws).MaxDeploymentReplicas; limit > 0 && int(replicas) > limit {
-		return nil, invalidArgument("replicas %d is over this workspace's limit of %d (max_deployment_replicas in the server's workspace policy): ask for at most %d", replicas, limit, limit)
+	if err := c.policy.CheckDeploymentReplicas(ws, replicas); err != nil {
+		return nil, err
 	}
 	d := &loopsv1.Deployment{
 		Name: req.GetName(), Owner: ws, Replicas: replicas, CreateTime: timestamppb.New(c.now()),

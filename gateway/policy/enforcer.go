@@ -160,6 +160,19 @@ func (e *Enforcer) StartRun(ws, runID, model string, rank int32) error {
 	return nil
 }
 
+// CheckDeploymentReplicas returns InvalidArgument if a deployment of the workspace asks for
+// more sampler replicas than its policy's max_deployment_replicas.
+func (e *Enforcer) CheckDeploymentReplicas(ws string, replicas int32) error {
+	if e == nil {
+		return nil
+	}
+	if l := e.p.For(ws).MaxDeploymentReplicas; l > 0 && int(replicas) > l {
+		return errs.New(connect.CodeInvalidArgument, ReasonWorkspaceLimit, fmt.Errorf(
+			"replicas %d is over workspace %q's limit of %d (max_deployment_replicas in its policy): ask for at most %d", replicas, ws, l, l))
+	}
+	return nil
+}
+
 // EndRun stops counting a run as live. Ending a run that is not live is a no-op.
 func (e *Enforcer) EndRun(runID string) {
 	if e == nil {
