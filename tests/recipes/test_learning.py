@@ -68,6 +68,9 @@ def test_rl_async_reward_rises_within_the_staleness_bound(recipe_env, tmp_path, 
     res = _rl(recipe_env, tmp_path, seed, 2, 20)
     assert all(r["staleness_max"] <= 2 for r in res.metrics)
     assert any(r["staleness_max"] >= 1 for r in res.metrics), "never off-policy: the async path did not overlap"
+    # The pipeline's schedule, not thread timing, decides each batch's age: step t trains on
+    # groups sampled with the weights of step max(0, t - 3).
+    assert [r["staleness_max"] for r in res.metrics] == [float(min(t, 2)) for t in range(20)]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
