@@ -36,5 +36,6 @@ func rootCmd() *cobra.Command {
 	root.AddCommand(workspaceCmd(), deployCmd())
 	root.AddCommand(conformanceCmd())
 	root.AddCommand(cookbookCmd(), jobsCmd())
+	root.AddCommand(workerCmd())
 	return root
 }

@@ -1,0 +1,122 @@
+package serve
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/loops-dev/loops/backends/reference"
+	"github.com/loops-dev/loops/backends/tiny"
+)
+
+// TestParseArgs: the command line the gateway's local provider gives a worker, and the
+// defaults.
+func TestParseArgs(t *testing.T) {
+	t.Setenv(ExitOnStdinEOFEnv, "1")
+	o, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--register", "http://127.0.0.1:7450", "--pool", "torch-loops-tiny",
+		"--replica", "3", "--join-token-file", "/tmp/token", "--model", "loops/tiny=/data/models/loops-tiny",
+		"--max-lora-rank", "32", "--device", "cpu", "--threads", "2", "--max-adapters", "8", "--data-dir", "/tmp/d", "--advertise", "10.0.0.5"})
+	require.NoError(t, err)
+	require.Equal(t, Options{Listen: "127.0.0.1:0", Register: "http://127.0.0.1:7450", Pool: "torch-loops-tiny", Replica: 3,
+		JoinTokenFile: "/tmp/token", Advertise: "10.0.0.5", ExitOnStdinEOF: true,
+		Engine: reference.Options{DataDir: "/tmp/d", Models: []string{tiny.Name}, MaxLoraRank: 32, MaxAdapters: 8, Threads: 2}}, o)
+
+	t.Setenv(ExitOnStdinEOFEnv, "")
+	o, err = ParseArgs(nil)
+	require.NoError(t, err)
+	require.Equal(t, Options{Listen: "127.0.0.1:0",
+		Engine: reference.Options{DataDir: defaultDataDir(), MaxLoraRank: 64, MaxAdapters: 256}}, o, "the Python worker's defaults; no model: the engine's (loops/tiny)")
+
+	// a folder named by itself, or by the Hugging Face id that resolves to it
+	dir := t.TempDir()
+	model := filepath.Join(dir, "m")
+	require.NoError(t, tiny.Write(model))
+	o, err = ParseArgs([]string{"--model", model, "--model", model + "=" + model + "/", "-model=Org/Name"})
+	require.NoError(t, err)
+	require.Equal(t, []string{model, model, "Org/Name"}, o.Engine.Models)
+	hub := filepath.Join(dir, "hub")
+	t.Setenv("HF_HUB_CACHE", hub)
+	snap := filepath.Join(hub, "models--Org--Name", "snapshots", "abc")
+	require.NoError(t, os.MkdirAll(filepath.Dir(snap), 0o755))
+	require.NoError(t, os.Symlink(model, snap))
+	o, err = ParseArgs([]string{"--model", "Org/Name=" + snap, "--model", "Org/Name=" + model})
+	require.NoError(t, err)
+	require.Equal(t, []string{"Org/Name", "Org/Name"}, o.Engine.Models)
+
+	_, err = ParseArgs([]string{"--help"})
+	require.ErrorIs(t, err, flag.ErrHelp)
+}
+
+// TestParseArgsErrors: each bad command line is refused with a reason that says what to
+// pass instead.
+func TestParseArgsErrors(t *testing.T) {
+	model := filepath.Join(t.TempDir(), "m")
+	require.NoError(t, tiny.Write(model))
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--device", "cuda"}, "the Go worker runs on the CPU"},
+		{[]string{"--device", "cuda:0"}, "the Go worker runs on the CPU"},
+		{[]string{"--dtype", "bfloat16"}, "--dtype is a flag of the Python worker"},
+		{[]string{"--vllm-enforce-eager"}, "flag of the Python worker"},
+		{[]string{"--gpus", "2"}, "unknown flag --gpus"},
+		{[]string{"stray"}, `unexpected argument "stray"`},
+		{[]string{"--model"}, "flag needs an argument"},
+		{[]string{"--model", "=x"}, "the model name is empty"},
+		{[]string{"--model", "Org/Name="}, "the path after = is empty"},
+		{[]string{"--model", "my-model=" + model}, "cannot serve " + model + ` as "my-model"`},
+		{[]string{"--listen", "7460"}, "is not host:port"},
+		{[]string{"--listen", "127.0.0.1:99999"}, "port must be a number"},
+		{[]string{"--listen", "127.0.0.1:http"}, "port must be a number"},
+		{[]string{"--max-lora-rank", "0"}, "--max-lora-rank must be at least 1"},
+		{[]string{"--max-adapters", "-1"}, "--max-adapters must be at least 1"},
+		{[]string{"--threads", "-2"}, "--threads must be 0"},
+		{[]string{"--threads", "many"}, "invalid value"},
+		{[]string{"--replica", "1024"}, "--replica must be between 0 and 1023"},
+		{[]string{"--data-dir", ""}, "--data-dir must not be empty"},
+		{[]string{"--register", "http://127.0.0.1:1"}, "--register needs --pool and --join-token-file"},
+		{[]string{"--register", "127.0.0.1:7450", "--pool", "p", "--join-token-file", "f"}, "is not a registry URL"},
+		{[]string{"--register", "http://h:1", "--pool", "p q", "--join-token-file", "f"}, "--pool \"p q\" must be"},
+	} {
+		_, err := ParseArgs(c.args)
+		require.ErrorContains(t, err, c.want, "%q", c.args)
+	}
+}
+
+// FuzzParseArgs: any command line parses or is refused with an error; never a panic, and
+// what parses holds values Run can take.
+func FuzzParseArgs(f *testing.F) {
+	for _, s := range []string{"", "--listen 127.0.0.1:0 --model loops/tiny=/x --max-lora-rank 8",
+		"--register http://h:1 --pool p --replica 2 --join-token-file t", "--device gpu", "--model a=b --model =",
+		"-threads=-1", "--listen [::1]:0", "--help", "-- --model", "--max-adapters 99999999999999999999"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, line string) {
+		args := strings.Fields(line)
+		o, err := ParseArgs(args)
+		if err != nil {
+			require.NotEmpty(t, err.Error())
+			require.Equal(t, Options{}, o, "an error comes with no options")
+			return
+		}
+		require.NotEmpty(t, o.Listen)
+		require.NotEmpty(t, o.Engine.DataDir)
+		require.GreaterOrEqual(t, o.Engine.MaxLoraRank, 1)
+		require.GreaterOrEqual(t, o.Engine.MaxAdapters, 1)
+		require.GreaterOrEqual(t, o.Engine.Threads, 0)
+		require.True(t, o.Replica >= 0 && o.Replica < 1024)
+		if o.Register != "" {
+			require.NotEmpty(t, o.Pool)
+			require.NotEmpty(t, o.JoinTokenFile)
+		}
+		for _, m := range o.Engine.Models {
+			require.NotEmpty(t, m)
+			require.NotContains(t, m, "=", "a NAME=PATH is resolved to the engine's name")
+		}
+	})
+}
