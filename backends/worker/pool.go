@@ -150,7 +150,7 @@ func (b *Backend) startPooled(ctx context.Context) error {
 	var prov pools.Provider
 	switch po.Provider {
 	case "local":
-		cmd := []string{b.opts.Python, "-m", "loops_worker"}
+		cmd := b.workerCommand()
 		var env []string
 		if pp := b.opts.PythonPath; pp != "" {
 			if old := os.Getenv("PYTHONPATH"); old != "" {
@@ -324,6 +324,9 @@ func (b *Backend) followRegistry() {
 					why = "it left the pool"
 				}
 				w.fail(-1, fmt.Sprintf("pool %s replica %d was lost: %s", k.pool, k.replica, why))
+				w.mu.Lock()
+				w.pool, w.replica = "", 0
+				w.mu.Unlock()
 				delete(slots, k)
 				delete(incarnation, w)
 				free = append(free, w)
@@ -350,9 +353,28 @@ func (b *Backend) attach(w *worker, m pools.Member) {
 	}
 	w.mu.Lock()
 	w.addr, w.cl = m.Address, cl
+	w.pool, w.replica = m.Pool, m.Replica
 	w.mu.Unlock()
 	w.setAlive(caps)
 	b.log.Info("replica attached", slog.String("pool", m.Pool), slog.Int("replica", m.Replica), slog.String("address", m.Address), slog.String("incarnation", m.Incarnation))
+}
+
+// AdapterReplica says which registered replica holds an adapter in pool mode: its pool and
+// replica index. ok is false when the adapter is not held (unknown, deleted, or lost with
+// its replica) or the backend is not in pool mode.
+func (b *Backend) AdapterReplica(adapterID string) (pool string, replica int, ok bool) {
+	b.mu.Lock()
+	w := b.adapters[adapterID]
+	b.mu.Unlock()
+	if w == nil || !w.pooled {
+		return "", 0, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.pool == "" {
+		return "", 0, false
+	}
+	return w.pool, w.replica, true
 }
 
 // Pools returns the pool provider and the Registry in pool mode (nil otherwise).

@@ -1,6 +1,8 @@
 // Package worker is the "torch" backend: a backends.Backend that talks to Loops workers
-// (python -m loops_worker, package backends/torch) over gRPC with the generated connect-go
-// clients. It starts local worker processes itself, or connects to remote ones by address.
+// (python -m loops_worker, package backends/torch; or the Go CPU worker, loops worker,
+// package backends/serve, through the worker_command option) over gRPC with the generated
+// connect-go clients. It starts local worker processes itself, or connects to remote ones
+// by address.
 //
 // Failure handling: each worker is health-checked; a local worker whose process exits or
 // stops answering is killed and restarted. Calls in flight on a worker that dies fail at
@@ -22,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,6 +58,10 @@ type Options struct {
 	// PythonPath is prepended to PYTHONPATH of local workers (default $LOOPS_WORKER_PYTHONPATH),
 	// for running from a checkout: "<repo>/backends/torch:<repo>/gen/python".
 	PythonPath string
+	// Command, when set, starts local workers instead of `Python -m loops_worker` (default
+	// $LOOPS_WORKER_COMMAND, split at spaces), e.g. {"/usr/local/bin/loops", "worker"} for
+	// the Go CPU worker. It is given the same arguments (--listen, --model, ...).
+	Command []string
 	// Models to serve; "loops/tiny" is the built-in model (written under DataDir). Default:
 	// just "loops/tiny".
 	Models []string
@@ -100,7 +107,10 @@ func init() {
 
 // OptionsFromConfig reads backends.Config. Options keys (environment fallbacks in
 // parentheses): workers (LOOPS_WORKERS; host:port,...),
-// local_workers, python (LOOPS_WORKER_PYTHON), pythonpath (LOOPS_WORKER_PYTHONPATH), args
+// local_workers, python (LOOPS_WORKER_PYTHON), pythonpath (LOOPS_WORKER_PYTHONPATH),
+// worker_command (LOOPS_WORKER_COMMAND; space-separated command that replaces
+// `<python> -m loops_worker` for the workers this backend starts, local_workers and
+// provider=local alike, e.g. "/usr/local/bin/loops worker" for the Go CPU worker), args
 // (LOOPS_WORKER_ARGS; space-separated extra worker arguments, e.g. "--sampler vllm"),
 // device (LOOPS_WORKER_DEVICE; shortcut for --device), health_interval,
 // health_timeout, health_failures, call_timeout, start_timeout (Go durations).
@@ -127,6 +137,7 @@ func OptionsFromConfig(cfg backends.Config) (Options, error) {
 		}
 	}
 	o.Python, o.PythonPath = m["python"], m["pythonpath"]
+	o.Command = strings.Fields(m["worker_command"])
 	if v := m["args"]; v != "" {
 		o.Args = strings.Fields(v)
 	}
@@ -199,6 +210,9 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 	}
 	if o.PythonPath == "" {
 		o.PythonPath = os.Getenv("LOOPS_WORKER_PYTHONPATH")
+	}
+	if len(o.Command) == 0 {
+		o.Command = strings.Fields(os.Getenv("LOOPS_WORKER_COMMAND"))
 	}
 	if o.MaxLoraRank <= 0 {
 		o.MaxLoraRank = 64
@@ -361,6 +375,9 @@ type worker struct {
 	tail   *pools.Tail
 	nAdapt int
 	load   samplerLoad // route.go
+	// pool mode: the registered replica the slot is attached to (pool empty when none)
+	pool    string
+	replica int
 }
 
 func (b *Backend) newWorker(i int, addr string, local bool) *worker {
@@ -387,6 +404,15 @@ func (b *Backend) newClients(addr string) *clients {
 	opts := []connect.ClientOption{connect.WithGRPC(), connect.WithReadMaxBytes(1 << 30), connect.WithSendMaxBytes(1 << 30)}
 	return &clients{tc: backendv1connect.NewTrainerServiceClient(b.http, url, opts...),
 		sc: backendv1connect.NewSamplerServiceClient(b.http, url, opts...)}
+}
+
+// workerCommand is the command that starts a local worker, before its arguments: the
+// Command option, or the interpreter running loops_worker.
+func (b *Backend) workerCommand() []string {
+	if len(b.opts.Command) > 0 {
+		return slices.Clone(b.opts.Command)
+	}
+	return []string{b.opts.Python, "-m", "loops_worker"}
 }
 
 // modelArgs turns the configured models into worker --model arguments; the built-in tiny
@@ -430,9 +456,10 @@ func (w *worker) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	args := append([]string{"-m", "loops_worker", "--listen", "127.0.0.1:0", "--max-lora-rank", strconv.Itoa(w.b.opts.MaxLoraRank)}, margs...)
-	args = append(args, w.b.opts.Args...)
-	cmd := exec.Command(w.b.opts.Python, args...)
+	command := w.b.workerCommand()
+	args := append(command[1:], "--listen", "127.0.0.1:0", "--max-lora-rank", strconv.Itoa(w.b.opts.MaxLoraRank))
+	args = append(append(args, margs...), w.b.opts.Args...)
+	cmd := exec.Command(command[0], args...)
 	env := append(os.Environ(), "LOOPS_WORKER_EXIT_ON_STDIN_EOF=1", "PYTHONUNBUFFERED=1")
 	if pp := w.b.opts.PythonPath; pp != "" {
 		if old := os.Getenv("PYTHONPATH"); old != "" {
@@ -455,7 +482,10 @@ func (w *worker) start(ctx context.Context) error {
 		return err
 	}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("cannot start the worker (%s %s): %w; set the python option or LOOPS_WORKER_PYTHON to an interpreter with loops_worker installed", w.b.opts.Python, strings.Join(args, " "), err)
+		if len(w.b.opts.Command) > 0 {
+			return fmt.Errorf("cannot start the worker (%s %s): %w; check the worker_command option (LOOPS_WORKER_COMMAND)", command[0], strings.Join(args, " "), err)
+		}
+		return fmt.Errorf("cannot start the worker (%s %s): %w; set the python option or LOOPS_WORKER_PYTHON to an interpreter with loops_worker installed", command[0], strings.Join(args, " "), err)
 	}
 	w.tail.Reset()
 	go func() {

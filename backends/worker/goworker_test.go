@@ -1,0 +1,155 @@
+package worker
+
+import (
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/loops-dev/loops/backends/pools/local"
+	"github.com/loops-dev/loops/backends/serve"
+	"github.com/loops-dev/loops/backends/tiny"
+	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+)
+
+// goWorkerEnv, set to 1, makes the test binary the Go worker (serve.Main): the tests give
+// it as worker_command.
+const goWorkerEnv = "LOOPS_TEST_GO_WORKER"
+
+func init() {
+	if os.Getenv(goWorkerEnv) == "1" {
+		os.Exit(serve.Main(os.Args[1:]))
+	}
+}
+
+// TestOptionsWorkerCommand: worker_command (or LOOPS_WORKER_COMMAND) replaces
+// `<python> -m loops_worker`.
+func TestOptionsWorkerCommand(t *testing.T) {
+	t.Setenv("LOOPS_WORKER_COMMAND", "")
+	o, err := OptionsFromConfig(backendsConfig(map[string]string{"worker_command": " /usr/local/bin/loops  worker "}))
+	require.NoError(t, err)
+	require.Equal(t, []string{"/usr/local/bin/loops", "worker"}, o.Command)
+	b := &Backend{opts: o}
+	require.Equal(t, []string{"/usr/local/bin/loops", "worker"}, b.workerCommand())
+	b = &Backend{opts: Options{Python: "python3"}}
+	require.Equal(t, []string{"python3", "-m", "loops_worker"}, b.workerCommand(), "the default is unchanged")
+}
+
+// TestPoolModeGoWorker: pool mode with provider=local whose worker_command is the Go worker
+// (2 replicas of loops/tiny): an adapter trains and samples on the replica AdapterReplica
+// names; after that replica's process is killed the adapter is gone (NotFound, the
+// gateway's reload path) and the provider restarts the replica as a new incarnation.
+func TestPoolModeGoWorker(t *testing.T) {
+	dir := t.TempDir()
+	b, err := New(t.Context(), Options{Command: []string{testBinary()}, DataDir: dir,
+		Args:           []string{"--data-dir", dir, "--threads", "1"},
+		Env:            []string{goWorkerEnv + "=1", "HF_HUB_CACHE=" + filepath.Join(dir, "hub"), serve.LogLevelEnv + "=WARN"},
+		HealthInterval: 200 * time.Millisecond, HealthTimeout: 2 * time.Second, StartTimeout: 30 * time.Second,
+		Pool: &PoolOptions{Provider: "local", Replicas: 2, HeartbeatTimeout: 2 * time.Second}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	ctx := t.Context()
+	prov, reg := b.Pools()
+	pool := PoolID(tiny.Name)
+	require.Eventually(t, func() bool { return len(reg.Members(pool)) == 2 }, 20*time.Second, 20*time.Millisecond)
+	require.NoError(t, b.WaitReady(ctx))
+	for _, m := range reg.Members(pool) {
+		require.Equal(t, "reference", m.Capabilities.GetImplementation(), "the replicas are Go workers")
+	}
+
+	lora := &loopsv1.LoraConfig{Rank: 4, Seed: 1, TrainAttn: true, TrainMlp: true}
+	_, err = b.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "a", BaseModel: tiny.Name, Lora: lora})
+	require.NoError(t, err)
+	fb, err := b.Trainer().ForwardBackward(ctx, &backendv1.ForwardBackwardRequest{Items: []*backendv1.ForwardBackwardItem{
+		{AdapterId: "a", LossFn: "cross_entropy", Data: []*loopsv1.Datum{datum(1, 16, "cross_entropy")}}}})
+	require.NoError(t, err)
+	require.NotNil(t, fb.GetResults()[0].GetResult(), "%v", fb.GetResults()[0].GetError())
+	_, err = b.Trainer().OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: "a", Adam: &loopsv1.AdamParams{LearningRate: 0.01, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}})
+	require.NoError(t, err)
+	ck := t.TempDir()
+	_, err = b.Trainer().SaveAdapter(ctx, &backendv1.SaveAdapterRequest{AdapterId: "a", Dir: ck})
+	require.NoError(t, err)
+	sr, err := b.Sampler().Sample(ctx, &backendv1.SampleRequest{BaseModel: tiny.Name, AdapterDir: ck, Prompt: []int32{5, 17, 42},
+		Params: &loopsv1.SamplingParams{MaxTokens: 4, Temperature: 1, TopP: 1, Seed: proto.Uint64(3)}})
+	require.NoError(t, err)
+	require.NotEmpty(t, sr.GetResult().GetSequences()[0].GetTokens())
+
+	gotPool, replica, ok := b.AdapterReplica("a")
+	require.True(t, ok, "the adapter is held by a replica")
+	require.Equal(t, pool, gotPool)
+	var before string
+	for _, m := range reg.Members(pool) {
+		if m.Replica == replica {
+			before = m.Incarnation
+		}
+	}
+	require.NotEmpty(t, before, "AdapterReplica names a registered replica")
+	_, _, ok = b.AdapterReplica("unknown")
+	require.False(t, ok)
+
+	pid := prov.(*local.Provider).PID(pool, replica)
+	require.NotZero(t, pid)
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+	var odd []error // answers other than NotFound and Unavailable
+	require.Eventually(t, func() bool {
+		_, err := b.Trainer().OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: "a", Adam: &loopsv1.AdamParams{LearningRate: 0.01}})
+		switch connect.CodeOf(err) {
+		case connect.CodeNotFound:
+			return true
+		case connect.CodeUnavailable: // the replica is down, not yet forgotten
+		default:
+			odd = append(odd, err)
+		}
+		return false
+	}, 20*time.Second, 50*time.Millisecond, "the adapter of a dead replica is gone")
+	require.Empty(t, odd, "after the kill the adapter answers NotFound, or Unavailable meanwhile")
+	_, _, ok = b.AdapterReplica("a")
+	require.False(t, ok, "a lost adapter is held by no replica")
+	require.Eventually(t, func() bool {
+		for _, m := range reg.Members(pool) {
+			if m.Replica == replica && m.Incarnation != before {
+				return true
+			}
+		}
+		return false
+	}, 20*time.Second, 50*time.Millisecond, "the provider restarts the replica as a new incarnation")
+	require.NotEqual(t, pid, prov.(*local.Provider).PID(pool, replica))
+	require.Eventually(t, func() bool {
+		_, err := b.Trainer().LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: "a", Dir: ck})
+		return err == nil
+	}, 20*time.Second, 50*time.Millisecond, "the run's checkpoint loads again")
+	_, _, ok = b.AdapterReplica("a")
+	require.True(t, ok)
+}
+
+// TestLocalWorkersGoWorker: the local_workers mode starts worker_command too, and waits
+// for its LOOPS_WORKER_LISTENING line; a killed worker is restarted.
+func TestLocalWorkersGoWorker(t *testing.T) {
+	dir := t.TempDir()
+	b, err := New(t.Context(), Options{Command: []string{testBinary()}, DataDir: dir, Args: []string{"--data-dir", dir, "--threads", "1"},
+		Env:            []string{goWorkerEnv + "=1", "HF_HUB_CACHE=" + filepath.Join(dir, "hub"), serve.LogLevelEnv + "=WARN"},
+		HealthInterval: 200 * time.Millisecond, StartTimeout: 30 * time.Second, RestartBackoff: 50 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	ctx := t.Context()
+	caps, err := b.Trainer().GetCapabilities(ctx, &backendv1.GetCapabilitiesRequest{})
+	require.NoError(t, err)
+	require.Equal(t, tiny.Name, caps.GetModels()[0].GetName())
+	_, err = b.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "a", BaseModel: tiny.Name, Lora: &loopsv1.LoraConfig{Rank: 2, TrainAttn: true}})
+	require.NoError(t, err)
+	_, _, ok := b.AdapterReplica("a")
+	require.False(t, ok, "no pools: no replica")
+	pid := b.WorkerPID(0)
+	require.NotZero(t, pid)
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+	require.Eventually(t, func() bool { p := b.WorkerPID(0); return p != 0 && p != pid }, 20*time.Second, 50*time.Millisecond)
+	require.NoError(t, b.WaitReady(ctx))
+	_, err = b.Trainer().OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: "a"})
+	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err), "the adapter went with the worker")
+}
