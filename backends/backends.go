@@ -97,3 +97,12 @@ type SamplerScaler interface {
 	// when the backend places no replicas (not in pool mode): n is then not applied.
 	ScaleSamplers(ctx context.Context, baseModel string, n int) (set int, ok bool, err error)
 }
+
+// Preemptible is the optional ability of a backend to say that the replicas serving a base
+// model may be lost at any time (a pool on spot capacity): the core then keeps every run on
+// that model recoverable step by step (a snapshot after each optim_step and a replay log),
+// so a lost replica costs no step.
+type Preemptible interface {
+	// Preemptible reports whether baseModel is served by replicas that may be lost.
+	Preemptible(baseModel string) bool
+}

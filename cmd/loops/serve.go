@@ -44,6 +44,9 @@ type serveFlags struct {
 	// samplerSlots is --sampler-slots: sampling calls that run at once (0: the core's
 	// default).
 	samplerSlots int
+	// stepRecovery is --step-recovery: keep every run recoverable step by step, not only
+	// those on preemptible pools.
+	stepRecovery bool
 }
 
 func serveCmd() *cobra.Command {
@@ -96,6 +99,7 @@ max LoRA rank, runs at once, queued operations, sampling concurrency): see the
 	fl.StringSliceVar(&f.apiKeys, "api-key", envList("LOOPS_API_KEYS", nil), "accepted API key, KEY or KEY=WORKSPACE (repeatable; WORKSPACE is 1-64 letters, digits, '_' or '-', not starting with '-')")
 	fl.StringVar(&f.apiKeyFile, "api-key-file", env("LOOPS_API_KEY_FILE", ""), "file of API keys, one KEY or KEY=WORKSPACE a line")
 	fl.DurationVar(&f.sessionTTL, "session-ttl", 5*time.Minute, "how long a session lives without a heartbeat")
+	fl.BoolVar(&f.stepRecovery, "step-recovery", os.Getenv("LOOPS_STEP_RECOVERY") == "1", "keep every run recoverable step by step (a snapshot after each optim_step and a replay log), so a lost worker costs no step; on by itself for pools marked preemptible (LOOPS_STEP_RECOVERY=1)")
 	fl.IntVar(&f.samplerSlots, "sampler-slots", 0, "sampling calls that run at once, decoded together by a batching backend (0: the default, 4); serving many concurrent inference requests wants about one per request in flight (bench/serving)")
 	fl.IntVar(&f.maxLoraRank, "max-lora-rank", 64, "largest LoRA rank accepted")
 	fl.StringVar(&f.logLevel, "log-level", env("LOOPS_LOG_LEVEL", "info"), "debug, info, warn or error")
@@ -187,7 +191,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 			Options:     backendOpts,
 		},
 		Keys: keys,
-		Core: core.Options{SessionTTL: f.sessionTTL, Policy: pol, CheckpointStore: cks, SamplingConcurrency: f.samplerSlots},
+		Core: core.Options{SessionTTL: f.sessionTTL, Policy: pol, CheckpointStore: cks, SamplingConcurrency: f.samplerSlots, RecoverSteps: f.stepRecovery},
 		Limits: gateway.Limits{
 			BodyReadTimeout:   f.bodyReadTimeout,
 			MaxRequestsPerKey: f.maxRequestsPerKey,

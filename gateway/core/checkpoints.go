@@ -180,11 +180,7 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 	if err := f.inside(key); err != nil {
 		return nil, err
 	}
-	put := c.saveThroughStaging
-	if f.urls != nil {
-		put = c.saveThroughURLs
-	}
-	m, err := put(ctx, r, key, kind == loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING)
+	m, err := c.putAdapter(ctx, r, key, kind == loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING, r.adapterLost)
 	if err != nil {
 		return nil, err
 	}
@@ -252,10 +248,21 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 	return func(op *loopsv1.Operation) { op.Result = &loopsv1.Operation_SaveWeights{SaveWeights: res} }, nil
 }
 
+// putAdapter writes the run's adapter (with its optimizer state if optimizer) into the
+// checkpoint store as key: through a staging folder, or straight from a backend that takes
+// URLs. A backend error goes through lost (the run's adapterLost, or nothing for a
+// snapshot that must not change the run's state).
+func (c *Core) putAdapter(ctx context.Context, r *run, key string, optimizer bool, lost func(error) error) (*ckstore.Manifest, error) {
+	if c.ckpt.urls != nil {
+		return c.saveThroughURLs(ctx, r, key, optimizer, lost)
+	}
+	return c.saveThroughStaging(ctx, r, key, optimizer, lost)
+}
+
 // saveThroughStaging has the backend write the run's adapter into a staging folder on the
 // gateway's disk, adds the checkpoint_complete marker and puts the folder into the store as
 // key.
-func (c *Core) saveThroughStaging(ctx context.Context, r *run, key string, optimizer bool) (*ckstore.Manifest, error) {
+func (c *Core) saveThroughStaging(ctx context.Context, r *run, key string, optimizer bool, lost func(error) error) (*ckstore.Manifest, error) {
 	f := c.ckpt
 	if err := f.step(stepSaveMkdir); err != nil {
 		return nil, f.internalFS("creating the checkpoint staging folder", err)
@@ -273,7 +280,7 @@ func (c *Core) saveThroughStaging(ctx context.Context, r *run, key string, optim
 	if _, err := c.backend.Trainer().SaveAdapter(ctx, &backendv1.SaveAdapterRequest{
 		AdapterId: r.id, Dir: dir, IncludeOptimizer: optimizer,
 	}); err != nil {
-		return nil, f.scrub(r.adapterLost(err))
+		return nil, f.scrub(lost(err))
 	}
 	if err := f.step(stepSaveMarker); err != nil {
 		return nil, f.internalFS("writing checkpoint marker", err)
@@ -296,7 +303,7 @@ func (c *Core) saveThroughStaging(ctx context.Context, r *run, key string, optim
 // the checkpoint_complete marker and commits the upload with the sizes and SHA-256s the
 // backend reports (every later read checks them). Until the commit nothing is visible; an
 // upload the commit never came for is removed here or by the store sweep.
-func (c *Core) saveThroughURLs(ctx context.Context, r *run, key string, optimizer bool) (*ckstore.Manifest, error) {
+func (c *Core) saveThroughURLs(ctx context.Context, r *run, key string, optimizer bool, lost func(error) error) (*ckstore.Manifest, error) {
 	f := c.ckpt
 	names := []string{peft.AdapterConfigFile, peft.AdapterWeightsFile}
 	if optimizer {
@@ -322,7 +329,7 @@ func (c *Core) saveThroughURLs(ctx context.Context, r *run, key string, optimize
 	}
 	resp, err := c.backend.Trainer().SaveAdapter(ctx, req)
 	if err != nil {
-		return nil, abort(f.scrub(r.adapterLost(err)))
+		return nil, abort(f.scrub(lost(err)))
 	}
 	if err := f.step(stepSaveMarker); err != nil {
 		return nil, abort(f.internalFS("writing checkpoint marker", err))
@@ -396,6 +403,24 @@ func (c *Core) loadAdapter(ctx context.Context, r *run, owner string, ck *loopsv
 		return err
 	}
 	defer ref.release()
+	return c.loadRef(ctx, r, ref, optimizer)
+}
+
+// loadKey loads the files stored under key (a step snapshot) into the run's adapter.
+func (c *Core) loadKey(ctx context.Context, r *run, key string, optimizer bool) error {
+	ref, ok, err := c.ckpt.adapter(ctx, key)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return failedPrecondition("the step snapshot %s is gone from the checkpoint store", key)
+	}
+	defer ref.release()
+	return c.loadRef(ctx, r, ref, optimizer)
+}
+
+// loadRef loads the files a checkpoint ref holds into the run's adapter.
+func (c *Core) loadRef(ctx context.Context, r *run, ref *ckRef, optimizer bool) error {
 	dir, files, err := c.ckpt.source(ctx, ref)
 	if err != nil {
 		return err

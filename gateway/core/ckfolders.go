@@ -486,6 +486,16 @@ func (c *Core) sweepStore(ctx context.Context) {
 	}
 	cutoff := c.now().Add(-f.grace).UnixNano()
 	for _, key := range keys {
+		if gen, ok := isSnapshotKey(key); ok {
+			// A step snapshot no live run holds as its recovery point (one replaced, or
+			// left by a gateway that died) is garbage once past the grace.
+			if _, live := c.liveSnapshots.Load(key); !live && gen < cutoff {
+				if err := f.st.Delete(ctx, key); err != nil {
+					c.log.Error("deleting a stale step snapshot", slog.String("key", key), slog.Any("err", err))
+				}
+			}
+			continue
+		}
 		ws, runID, kind, name, gen, ok := parseKey(key)
 		if !ok || gen >= cutoff {
 			continue

@@ -89,6 +89,13 @@ type Options struct {
 	// another one: operations left unfinished are failed with a message that says the
 	// gateway failed over, rather than that it restarted.
 	TookOver bool
+	// RecoverSteps keeps step recovery (recovery.go) for the runs of every base model, not
+	// only those the backend places on preemptible replicas (backends.Preemptible).
+	RecoverSteps bool
+	// RecoveryTimeout bounds how long a run whose replica was lost waits for its adapter to
+	// be rebuilt on another one (default 5 min); then its task fails and the run is marked
+	// corrupted.
+	RecoveryTimeout time.Duration
 	// PageTokenKey signs the page tokens of loops.v1 lists (at least 16 bytes). Empty: a
 	// key kept in DataDir/page-token.key, drawn on first start, so tokens outlive a
 	// restart. Gateways that share a database must share the key.
@@ -134,6 +141,9 @@ func (o *Options) defaults() {
 	}
 	if o.CheckpointSweepGrace <= 0 {
 		o.CheckpointSweepGrace = DefaultCheckpointSweepGrace
+	}
+	if o.RecoveryTimeout <= 0 {
+		o.RecoveryTimeout = 5 * time.Minute
 	}
 	if o.ArchiveURLTTL <= 0 {
 		o.ArchiveURLTTL = 15 * time.Minute
@@ -187,6 +197,11 @@ type Core struct {
 	pageTokens *store.PageTokens
 	// placer has the backend place the sampler replicas deployments ask for (placement.go).
 	placer *placer
+	// liveSnapshots holds the store keys of the step snapshots that are runs' recovery
+	// points (recovery.go), which the store sweep keeps.
+	liveSnapshots sync.Map
+	// preemptible says which base models' replicas may be lost (nil: none).
+	preemptible backends.Preemptible
 }
 
 // New starts a core on a store and a backend. It fails operations left unfinished by a
@@ -263,6 +278,7 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 		return nil, err
 	}
 	c.placer = newPlacer(be, c.log)
+	c.preemptible, _ = be.(backends.Preemptible) // the unwrapped backend
 	if err := c.placer.load(ctx, st.ListAllDeployments); err != nil {
 		return nil, err
 	}

@@ -22,6 +22,8 @@ type fakeBackend struct {
 	batches  []int    // items per ForwardBackward call
 	gate     chan struct{}
 	entered  chan struct{}
+	// createErr, when set, fails CreateAdapter (no replica serves).
+	createErr error
 }
 
 func newFakeBackend() *fakeBackend {
@@ -42,6 +44,9 @@ func (f *fakeBackend) GetCapabilities(context.Context, *backendv1.GetCapabilitie
 func (f *fakeBackend) CreateAdapter(_ context.Context, req *backendv1.CreateAdapterRequest) (*backendv1.CreateAdapterResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.createErr != nil {
+		return nil, f.createErr
+	}
 	f.adapters[req.GetAdapterId()] = true
 	return &backendv1.CreateAdapterResponse{}, nil
 }

@@ -42,6 +42,11 @@ type Limits struct {
 	// LiveRunIdleTTL: the same for a run that still takes work but holds no adapter (one
 	// recovered after a restart and not used since); default 10 min.
 	LiveRunIdleTTL time.Duration
+	// MaxReplayBytesPerRun bounds a run's replay log (recovery.go: the forward_backward
+	// items and optim_steps since its last stored snapshot; default 256 MiB). Past it the
+	// log is dropped, and a lost replica costs the run's steps since its last checkpoint
+	// until the next snapshot is stored.
+	MaxReplayBytesPerRun int
 	// RetryAfter is the hint sent with a refusing cap's 429 (default 1 s).
 	RetryAfter time.Duration
 }
@@ -55,6 +60,7 @@ func (l *Limits) defaults() {
 	setDefault(&l.SamplerIdleTTL, 10*time.Minute)
 	setDefault(&l.RunIdleTTL, time.Minute)
 	setDefault(&l.LiveRunIdleTTL, 10*time.Minute)
+	setDefault(&l.MaxReplayBytesPerRun, 256<<20)
 	setDefault(&l.RetryAfter, time.Second)
 }
 

@@ -13,6 +13,11 @@ type metrics struct {
 	batchItems  prometheus.Histogram
 	tokens      *prometheus.CounterVec
 	slotMoves   *prometheus.CounterVec
+	// step recovery (recovery.go)
+	recovery        *prometheus.CounterVec
+	replayedCalls   prometheus.Counter
+	snapshotSeconds prometheus.Histogram
+	rebuildSeconds  prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -40,9 +45,24 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		slotMoves: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loops_adapter_slot_moves_total", Help: "Adapters moved out of (offload) and back into (restore) the backend's slots.",
 		}, []string{"direction"}),
+		recovery: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loops_step_recovery_events_total", Help: "Step recovery events: snapshot, snapshot_failed, rebuilt, rebuild_failed, log_dropped.",
+		}, []string{"event"}),
+		replayedCalls: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "loops_step_recovery_replayed_calls_total", Help: "Backend calls replayed to rebuild lost adapters.",
+		}),
+		snapshotSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "loops_step_snapshot_seconds", Help: "Time to store a run's step snapshot (off the run's critical path).",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 12),
+		}),
+		rebuildSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "loops_step_rebuild_seconds", Help: "Time to rebuild a lost adapter: waiting for a replica, loading the snapshot, replaying.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2.5, 12),
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.opsCreated, m.opsFinished, m.opDuration, m.waiters, m.batchItems, m.tokens, m.slotMoves)
+		reg.MustRegister(m.opsCreated, m.opsFinished, m.opDuration, m.waiters, m.batchItems, m.tokens, m.slotMoves,
+			m.recovery, m.replayedCalls, m.snapshotSeconds, m.rebuildSeconds)
 	}
 	return m
 }

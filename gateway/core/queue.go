@@ -33,6 +33,8 @@ type task struct {
 	creates bool
 	// adam: an optim_step's parameters (its step metrics).
 	adam *loopsv1.AdamParams
+	// attempts counts the times the task was run again after a lost replica (recovery.go).
+	attempts int
 }
 
 // checkSeqID range-checks a seq_id from the wire.
@@ -71,6 +73,11 @@ type run struct {
 	// adapterStale: a backend call on the adapter passed its deadline; the backend may
 	// still hold (and change) it, so it is deleted before being recreated.
 	adapterStale bool
+	// rec is the run's step recovery state (recovery.go); nil when its model keeps none.
+	rec *stepRecovery
+	// retry is a task whose replica was lost: it runs again, before the run's queue, once
+	// the adapter is rebuilt.
+	retry *task
 }
 
 // newRun returns a run whose next seq_id is nextSeq (sequencer.Resync for a run recovered
@@ -170,7 +177,7 @@ func (r *run) kick() {
 	if r.busy || r.queued {
 		return
 	}
-	if _, ok := r.seq.Head(); ok {
+	if _, ok := r.seq.Head(); ok || r.retry != nil {
 		if r.gapTimer != nil {
 			r.gapTimer.Stop()
 			r.gapTimer = nil
@@ -204,6 +211,11 @@ func (r *run) takeHead() *task {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.queued = false
+	if t := r.retry; t != nil {
+		r.retry = nil
+		r.busy = true
+		return t
+	}
 	t, ok := r.seq.Take()
 	if !ok {
 		return nil
@@ -216,10 +228,19 @@ func (r *run) takeHead() *task {
 // whether the run was unloaded meanwhile, so its adapter is now to be freed.
 func (r *run) release() (free bool) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.busy = false
 	free, r.freeWhenIdle = r.freeWhenIdle, false
+	dropped, reason := r.retry, r.unloaded
+	if reason != "" {
+		r.retry = nil // a task waiting to run again after a lost replica ends with the run
+	} else {
+		dropped = nil
+	}
 	r.kick()
+	r.mu.Unlock()
+	if dropped != nil {
+		r.c.ops.finish(dropped.op, nil, failedPrecondition("training run %s takes no more work: %s", r.id, reason))
+	}
 	return free
 }
 
@@ -264,6 +285,8 @@ func (cr coreRunner) fail(r *run, t *task, err error) {
 	r.taskDone()
 }
 
+func (cr coreRunner) rebuild(ctx context.Context, r *run) error { return cr.c.rebuild(ctx, r) }
+
 func (cr coreRunner) resume(r *run) {
 	if r.release() { // unloaded while its adapter moved
 		cr.c.freeAdapter(cr.c.ctx, r)
@@ -272,8 +295,16 @@ func (cr coreRunner) resume(r *run) {
 
 func (cr coreRunner) run(ctx context.Context, r *run, t *task) {
 	c := cr.c
+	switch t.op.op.GetKind() {
+	case loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, loopsv1.OperationKind_OPERATION_KIND_LOAD_WEIGHTS:
+		r.waitSnapshot(ctx) // it reads the weights and Adam state these change
+	}
 	start := time.Now()
 	set, err := c.execTask(ctx, t)
+	if err != nil && c.lostReplica(r, t, err) {
+		r.taskDone() // the task runs again once the adapter is rebuilt
+		return
+	}
 	stepped := false
 	if err == nil {
 		switch t.op.op.GetKind() {
@@ -287,6 +318,7 @@ func (cr coreRunner) run(ctx context.Context, r *run, t *task) {
 			}
 			r.recordStep(t.seq, optimStepMetrics(t.adam, res.GetOptimStep(), time.Since(start)))
 			stepped = true
+			c.afterOptimStep(r, t.seq, t.adam)
 		}
 	}
 	r.touch(ctx, t.seq, stepped) // queued before the outcome: both go out in one journal write
@@ -331,16 +363,22 @@ func (cr coreRunner) forwardBackward(ctx context.Context, batch []runTask) {
 		var res *loopsv1.ForwardBackwardResult
 		switch {
 		case err != nil:
-			itemErr = rt.r.adapterLost(err)
+			itemErr = err
 		case resp.GetResults()[i].GetError() != nil:
 			e := resp.GetResults()[i].GetError()
-			itemErr = rt.r.adapterLost(connect.NewError(connect.Code(e.GetCode()), errors.New(e.GetMessage())))
+			itemErr = connect.NewError(connect.Code(e.GetCode()), errors.New(e.GetMessage()))
 		default:
 			res = resp.GetResults()[i].GetResult()
 		}
+		if itemErr != nil && c.lostReplica(rt.r, rt.t, itemErr) {
+			rt.r.taskDone() // the task runs again once the adapter is rebuilt
+			continue
+		}
+		itemErr = rt.r.adapterLost(itemErr)
 		if itemErr == nil {
 			if !rt.t.fb.GetForwardOnly() {
 				c.slots.setGrads(rt.r, true)
+				c.recordCall(rt.r, replayCall{seq: rt.t.seq, fb: rt.t.fb})
 			}
 			c.metrics.tokens.WithLabelValues("train").Add(float64(rt.t.tokens))
 			info := rt.r.snapshot()
@@ -420,6 +458,7 @@ func (c *Core) ensureAdapter(ctx context.Context, r *run, t *task) error {
 	r.adapterReady, r.adapterStale = true, false
 	r.mu.Unlock()
 	r.update(ctx, func(i *loopsv1.TrainingRun) { i.Corrupted = true })
+	c.startRecovery(r, nil, false) // from the new adapter on
 	c.log.Warn("recreated a lost adapter; the run is marked corrupted until a checkpoint is loaded", slog.String("run", r.id))
 	return c.failedOverRun(r.id, info, t)
 }

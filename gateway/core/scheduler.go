@@ -34,9 +34,12 @@ type taskRunner interface {
 	forwardBackward(ctx context.Context, batch []runTask)
 	// fail ends task t (nil: none was taken) of run r with err.
 	fail(r *run, t *task, err error)
-	// resume releases run r after its adapter was moved (slotKeeper.move), keeping the
-	// slot's pin for its head task.
+	// resume releases run r after its adapter was moved (slotKeeper.move) or rebuilt,
+	// keeping the slot's pin for its head task.
 	resume(r *run)
+	// rebuild restores run r's adapter after its replica was lost (recovery.go). Backend
+	// calls: the lane runs it on a goroutine of its own while r is held busy.
+	rebuild(ctx context.Context, r *run) error
 }
 
 // slotKeeper keeps the backend's adapters within its slots (slots.go).
@@ -49,6 +52,8 @@ type slotKeeper interface {
 	// errMoveNeeded), and reserves a pin for r's next admit. Backend and file I/O: the lane
 	// calls it on a goroutine of its own.
 	move(ctx context.Context, r *run) error
+	// keep reserves the pin admit just took for r's next admit (r's head did not run).
+	keep(r *run)
 }
 
 // runTask is a run's head task, taken for execution.
@@ -171,6 +176,24 @@ func (l *lane) round(rs []*run) {
 			continue
 		} else if err != nil {
 			l.runner.fail(r, r.takeHead(), err)
+			continue
+		}
+		if r.lost() {
+			// Its replica was lost: the adapter is rebuilt on a goroutine of its own (the
+			// run held busy, its pin kept for the task that runs again), then it is ready.
+			r.hold()
+			l.tasks.Add(1)
+			l.running.add()
+			go func() {
+				defer l.tasks.Done()
+				defer l.running.done()
+				if err := l.runner.rebuild(ctx, r); err != nil {
+					l.runner.fail(r, r.takeHead(), err)
+					return
+				}
+				l.slots.keep(r)
+				l.runner.resume(r)
+			}()
 			continue
 		}
 		t := r.takeHead()

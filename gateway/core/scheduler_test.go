@@ -55,12 +55,15 @@ func (f *recordingRunner) fail(r *run, _ *task, _ error) { r.release() }
 
 func (f *recordingRunner) resume(r *run) { r.release() }
 
+func (f *recordingRunner) rebuild(context.Context, *run) error { return nil }
+
 // freeSlots is a slotKeeper with a slot for every run.
 type freeSlots struct{}
 
 func (freeSlots) admit(context.Context, *run) error { return nil }
 func (freeSlots) park(*run)                         {}
 func (freeSlots) move(context.Context, *run) error  { return nil }
+func (freeSlots) keep(*run)                         {}
 
 // laneRun is a run on lane l with no core behind it.
 func laneRun(l *lane, id, ws string) *run {

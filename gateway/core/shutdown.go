@@ -79,6 +79,10 @@ func (c *Core) Drain() {
 		for _, r := range c.runs.all() {
 			r.mu.Lock()
 			queued := r.seq.Drain()
+			if r.retry != nil && !r.busy { // a rebuilding run's rebuild stops (draining)
+				queued = append(queued, r.retry)
+				r.retry = nil
+			}
 			r.mu.Unlock()
 			for _, t := range queued {
 				c.ops.finish(t.op, nil, errShuttingDown())

@@ -146,6 +146,14 @@ func (s *slots) move(ctx context.Context, r *run) error {
 	return nil
 }
 
+// keep reserves the pin admit took for r's next admit: r's head did not run (its adapter
+// was rebuilt first), and the pin stays until the task that does run is done.
+func (s *slots) keep(r *run) {
+	s.mu.Lock()
+	s.entry(r).reserved = true
+	s.mu.Unlock()
+}
+
 // place makes r's adapter resident and pins it (move's work).
 func (s *slots) place(ctx context.Context, r *run) error {
 	for {

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/reference"
 	"github.com/loops-dev/loops/backends/tiny"
 	"github.com/loops-dev/loops/gateway/auth"
@@ -22,6 +23,7 @@ import (
 // its final adapter and optimizer state.
 type slotRunResult struct {
 	losses    []float64
+	steps     []map[string]float64 // each optim_step's metrics
 	weights   []byte
 	optimizer []byte
 }
@@ -33,9 +35,15 @@ func trainThroughSlots(t *testing.T, k, maxAdapters int) []slotRunResult {
 	require.NoError(t, tiny.Write(filepath.Join(dir, "models", "loops-tiny")))
 	eng, err := reference.New(reference.Options{DataDir: dir, Threads: 1, MaxAdapters: maxAdapters})
 	require.NoError(t, err)
+	return trainRuns(t, dir, eng, k)
+}
+
+// trainRuns runs the training script of trainThroughSlots on a core over be, whose data
+// dir dir holds the tiny model.
+func trainRuns(t *testing.T, dir string, be backends.Backend, k int) []slotRunResult {
 	st, err := sqlite.Open(t.Context(), filepath.Join(dir, "loops.db"))
 	require.NoError(t, err)
-	c, err := core.New(t.Context(), st, eng, core.Options{DataDir: dir})
+	c, err := core.New(t.Context(), st, be, core.Options{DataDir: dir})
 	require.NoError(t, err)
 	defer func() {
 		_ = c.Close()
@@ -89,7 +97,7 @@ func trainThroughSlots(t *testing.T, k, maxAdapters int) []slotRunResult {
 			for _, op := range fbs[i] {
 				out[i].losses = append(out[i].losses, wait(op, nil).GetForwardBackward().GetMetrics()["loss:sum"])
 			}
-			wait(opts[i], nil)
+			out[i].steps = append(out[i].steps, wait(opts[i], nil).GetOptimStep().GetMetrics())
 		}
 	}
 	// One more forward_backward leaves gradients pending, then a save of every run.
@@ -119,6 +127,7 @@ func TestRunsThroughOneSlotMatchRunsWithTheirOwn(t *testing.T) {
 	shared := trainThroughSlots(t, k, 1)
 	for i := range k {
 		require.Equal(t, own[i].losses, shared[i].losses, "run %d losses", i)
+		require.Equal(t, own[i].steps, shared[i].steps, "run %d optim_step metrics", i)
 		require.Equal(t, own[i].weights, shared[i].weights, fmt.Sprintf("run %d weights", i))
 		require.Equal(t, own[i].optimizer, shared[i].optimizer, fmt.Sprintf("run %d optimizer state", i))
 	}

@@ -178,9 +178,16 @@ type checkpointOf struct {
 
 func (c *Core) createAdapter(ctx context.Context, r *run, from *checkpointOf, withOptimizer bool) (func(*loopsv1.Operation), error) {
 	info := r.snapshot()
-	_, err := c.backend.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: r.id, BaseModel: info.GetBaseModel(), Lora: info.GetLora()})
-	if err == nil && from != nil {
-		err = c.loadAdapter(ctx, r, from.owner, from.ck, withOptimizer)
+	create := func() error {
+		_, err := c.backend.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: r.id, BaseModel: info.GetBaseModel(), Lora: info.GetLora()})
+		if err == nil && from != nil {
+			err = c.loadAdapter(ctx, r, from.owner, from.ck, withOptimizer)
+		}
+		return err
+	}
+	err := create()
+	if err != nil && c.recoversSteps(info.GetBaseModel()) {
+		err = c.retryCreate(ctx, r, create, err)
 	}
 	if err != nil {
 		reason := "creating its adapter failed: " + connectMessage(err)
@@ -194,6 +201,7 @@ func (c *Core) createAdapter(ctx context.Context, r *run, from *checkpointOf, wi
 	r.mu.Lock()
 	r.adapterReady = true
 	r.mu.Unlock()
+	c.startRecovery(r, from, withOptimizer)
 	info = r.snapshot()
 	return func(op *loopsv1.Operation) { op.Result = &loopsv1.Operation_TrainingRun{TrainingRun: info} }, nil
 }
@@ -309,6 +317,10 @@ func (c *Core) unloadRun(ctx context.Context, r *run, reason string, ownTask boo
 	}
 	r.unloaded = reason
 	queued := r.seq.Drain()
+	if r.retry != nil && !r.busy { // a busy (rebuilding) run ends its retry when released
+		queued = append([]*task{r.retry}, queued...)
+		r.retry = nil
+	}
 	later := r.busy && !ownTask
 	r.freeWhenIdle = later
 	r.mu.Unlock()
@@ -326,6 +338,7 @@ func (c *Core) unloadRun(ctx context.Context, r *run, reason string, ownTask boo
 // freeAdapter deletes a run's adapter from the backend and gives up its slot.
 func (c *Core) freeAdapter(ctx context.Context, r *run) {
 	defer c.slots.forget(r)
+	c.endRecovery(r)
 	if _, err := c.backend.Trainer().DeleteAdapter(ctx, &backendv1.DeleteAdapterRequest{AdapterId: r.id}); err != nil {
 		c.log.Error("deleting adapter", slog.String("run", r.id), slog.Any("err", err))
 	}
@@ -437,6 +450,7 @@ func (s TrainingService) LoadWeights(ctx context.Context, req *loopsv1.LoadWeigh
 					return nil, r.adapterLost(err)
 				}
 				r.update(ctx, func(i *loopsv1.TrainingRun) { i.Corrupted = false })
+				c.afterLoad(r, &checkpointOf{owner: owner, ck: ck}, req.GetWithOptimizer())
 				return func(op *loopsv1.Operation) {
 					op.Result = &loopsv1.Operation_LoadWeights{LoadWeights: &loopsv1.LoadWeightsResult{Path: req.GetPath(), TrainingRunId: r.id}}
 				}, nil
