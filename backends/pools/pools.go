@@ -39,6 +39,10 @@ type Spec struct {
 	GPUsPerReplica int `json:"gpus_per_replica"`
 	// Args are extra worker command-line arguments.
 	Args []string `json:"args,omitempty"`
+	// Preemptible marks replicas that may be taken away at any time (spot capacity): the
+	// gateway keeps its runs recoverable step by step (backends.Preemptible), and a provider
+	// may place them on cheaper, preemptible capacity.
+	Preemptible bool `json:"preemptible,omitempty"`
 }
 
 // Validate says what is wrong with a spec, if anything.

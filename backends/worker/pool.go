@@ -50,6 +50,10 @@ type PoolOptions struct {
 	RayPython  string
 	// HeartbeatTimeout marks a replica lost (default 10s).
 	HeartbeatTimeout time.Duration
+	// Preemptible marks the pools' replicas as ones that may be lost at any time (spot
+	// capacity): the gateway then keeps every run on them recoverable step by step, so a
+	// lost replica costs no step (backends.Preemptible).
+	Preemptible bool
 }
 
 var poolNameRE = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
@@ -68,7 +72,7 @@ func PoolID(model string) string {
 // poolOptionsFromConfig reads the pool keys of a backend's options: provider (LOOPS_POOL_PROVIDER),
 // replicas, gpus_per_replica, pool_slots, registry_listen, registry_url, join_token_file
 // (LOOPS_JOIN_TOKEN_FILE), gpus (0,1,...), ray_address (LOOPS_RAY_ADDRESS), ray_python,
-// heartbeat_timeout. No provider: nil (today's workers/local_workers mode).
+// heartbeat_timeout, preemptible (true: runs keep step recovery). No provider: nil (today's workers/local_workers mode).
 func poolOptionsFromConfig(m map[string]string) (*PoolOptions, error) {
 	for key, env := range map[string]string{"provider": "LOOPS_POOL_PROVIDER", "join_token_file": "LOOPS_JOIN_TOKEN_FILE", "ray_address": "LOOPS_RAY_ADDRESS"} {
 		if _, ok := m[key]; !ok {
@@ -100,6 +104,13 @@ func poolOptionsFromConfig(m map[string]string) (*PoolOptions, error) {
 		if g = strings.TrimSpace(g); g != "" {
 			p.GPUs = append(p.GPUs, g)
 		}
+	}
+	if v := m["preemptible"]; v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, fmt.Errorf("torch: option preemptible=%q must be true or false", v)
+		}
+		p.Preemptible = b
 	}
 	if v := m["heartbeat_timeout"]; v != "" {
 		d, err := time.ParseDuration(v)
@@ -197,7 +208,7 @@ func (b *Backend) startPooled(ctx context.Context) error {
 	}
 	for i := 1; i < len(margs); i += 2 {
 		spec := pools.Spec{ID: PoolID(margs[i]), Role: pools.RoleTrainer, BaseModel: margs[i], Replicas: po.Replicas,
-			GPUsPerReplica: po.GPUsPerReplica, Args: append([]string{"--max-lora-rank", strconv.Itoa(b.opts.MaxLoraRank)}, b.opts.Args...)}
+			GPUsPerReplica: po.GPUsPerReplica, Preemptible: po.Preemptible, Args: append([]string{"--max-lora-rank", strconv.Itoa(b.opts.MaxLoraRank)}, b.opts.Args...)}
 		if err := prov.EnsurePool(ctx, spec); err != nil {
 			return err
 		}
@@ -375,6 +386,21 @@ func (b *Backend) AdapterReplica(adapterID string) (pool string, replica int, ok
 		return "", 0, false
 	}
 	return w.pool, w.replica, true
+}
+
+var _ backends.Preemptible = (*Backend)(nil)
+
+// Preemptible reports whether baseModel is served by a pool marked preemptible.
+func (b *Backend) Preemptible(baseModel string) bool {
+	if b.opts.Pool == nil || !b.opts.Pool.Preemptible {
+		return false
+	}
+	for _, m := range b.opts.Models {
+		if name, _, _ := strings.Cut(m, "="); name == baseModel {
+			return true
+		}
+	}
+	return false
 }
 
 // Pools returns the pool provider and the Registry in pool mode (nil otherwise).

@@ -225,12 +225,12 @@ func TestLostReplicaLosesNoStep(t *testing.T) {
 	require.NoError(t, tiny.Write(filepath.Join(dir, "models", "loops-tiny")))
 	eng, err := reference.New(reference.Options{DataDir: dir, Threads: 1})
 	require.NoError(t, err)
-	want := trainRuns(t, dir, eng, k)
+	want := trainRuns(t, dir, eng, k, nil)
 
 	// Count the calls of a run without losses, and check it matches too.
 	dry := newLossyReplicas(t, t.TempDir(), 0, false)
 	require.NoError(t, tiny.Write(filepath.Join(dry.dir, "models", "loops-tiny")))
-	require.Equal(t, want, trainRuns(t, dry.dir, dry, k))
+	require.Equal(t, want, trainRuns(t, dry.dir, dry, k, nil))
 	calls := dry.calls
 	require.Greater(t, calls, 20)
 
@@ -244,7 +244,7 @@ func TestLostReplicaLosesNoStep(t *testing.T) {
 					d := t.TempDir()
 					require.NoError(t, tiny.Write(filepath.Join(d, "models", "loops-tiny")))
 					l := newLossyReplicas(t, d, killAt, after)
-					got := trainRuns(t, d, l, k)
+					got := trainRuns(t, d, l, k, nil)
 					if l.killed == "" {
 						return // this run made fewer calls (snapshots race the next step)
 					}

@@ -35,12 +35,13 @@ func trainThroughSlots(t *testing.T, k, maxAdapters int) []slotRunResult {
 	require.NoError(t, tiny.Write(filepath.Join(dir, "models", "loops-tiny")))
 	eng, err := reference.New(reference.Options{DataDir: dir, Threads: 1, MaxAdapters: maxAdapters})
 	require.NoError(t, err)
-	return trainRuns(t, dir, eng, k)
+	return trainRuns(t, dir, eng, k, nil)
 }
 
 // trainRuns runs the training script of trainThroughSlots on a core over be, whose data
-// dir dir holds the tiny model.
-func trainRuns(t *testing.T, dir string, be backends.Backend, k int) []slotRunResult {
+// dir dir holds the tiny model. midStep, if set, is called with the runs' ids once the
+// work of each step is submitted and before any of it is awaited.
+func trainRuns(t *testing.T, dir string, be backends.Backend, k int, midStep func(step int, runs []string)) []slotRunResult {
 	st, err := sqlite.Open(t.Context(), filepath.Join(dir, "loops.db"))
 	require.NoError(t, err)
 	c, err := core.New(t.Context(), st, be, core.Options{DataDir: dir})
@@ -92,6 +93,9 @@ func trainRuns(t *testing.T, dir string, be backends.Backend, k int) []slotRunRe
 			op, err := svc.Training.OptimStep(ctx, &loopsv1.OptimStepRequest{TrainingRunId: run, Adam: &loopsv1.AdamParams{LearningRate: 1e-2 * float64(i+1), Beta1: 0.9, Beta2: 0.95, Eps: 1e-12, WeightDecay: 0.01}})
 			require.NoError(t, err)
 			opts = append(opts, op)
+		}
+		if midStep != nil {
+			midStep(step, runs)
 		}
 		for i := range runs {
 			for _, op := range fbs[i] {
