@@ -2,11 +2,12 @@
 
 Commands on stdin: `step` (forward_backward + optim_step on loops/tiny), `steps N` (N steps
 back to back, then `steps_done`), `save NAME` (save_state), `sample NAME`
-(save_weights_and_get_sampling_client + sample), `quit`. A failed call is printed and
-retried; when the gateway says the run's adapter was lost ("load the run's last
-checkpoint"), the script does what a user script does: load_state of its last saved state,
-then retries. Every outcome is one JSON line on stdout, so the test log shows exactly what a
-script sees while replicas die.
+(save_weights_and_get_sampling_client + sample), `shadow N` (a second training client with
+the same seed and data takes N steps undisturbed and prints its losses), `quit`. A failed
+call is printed and retried; when the gateway says the run's adapter was lost ("load the
+run's last checkpoint"), the script does what a user script does: load_state of its last
+saved state, then retries. Every outcome is one JSON line on stdout, so the test log shows
+exactly what a script sees while replicas die.
 """
 
 import json
@@ -72,7 +73,7 @@ def main():
                         loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)})
     out(event="ready", tokens=len(ids))
 
-    def step():
+    def step(tc=tc):
         fb = tc.forward_backward([datum], "cross_entropy")
         opt = tc.optim_step(types.AdamParams(learning_rate=1e-2))
         r = fb.result(timeout=300)
@@ -101,6 +102,10 @@ def main():
                 return r.sequences[0].tokens
             toks, secs = retry(tc, "sample", sample)
             out(event="sampled", tokens=toks, secs=round(secs, 3))
+        elif cmd == "shadow":
+            sh = sc.create_lora_training_client(base_model=BASE, rank=4, seed=7)
+            losses = [step(sh) for _ in range(int(arg))]
+            out(event="shadow", losses=losses)
         elif cmd == "quit":
             break
     out(event="bye")
