@@ -30,8 +30,9 @@ type RegistryOptions struct {
 	// MaxRegistrations bounds the replicas registered at once (default 1024); more get
 	// RESOURCE_EXHAUSTED.
 	MaxRegistrations int
-	// HeartbeatInterval is how often workers are told to beat (default 2s);
-	// HeartbeatTimeout is how long without a beat marks a replica lost (default 10s).
+	// HeartbeatInterval is how often workers are told to beat (default 2s, and at most a
+	// third of the timeout, so one late beat never loses a replica); HeartbeatTimeout is how
+	// long without a beat marks a replica lost (default 10s).
 	HeartbeatInterval time.Duration
 	HeartbeatTimeout  time.Duration
 	// Logger receives membership changes (default slog.Default()).
@@ -62,6 +63,12 @@ type entry struct {
 	dropped bool          // ended because its pool was deleted: the worker drains
 }
 
+// slotUsed is what a replica slot's ended registrations used.
+type slotUsed struct {
+	registered time.Duration
+	lostAt     time.Time
+}
+
 type poolState struct {
 	desired int
 	changed chan struct{} // closed and replaced when desired changes or the pool goes
@@ -82,7 +89,10 @@ type Registry struct {
 	// dropped holds the leases of deleted pools' workers, so a beat that races the deletion
 	// is told to drain rather than to register again (bounded: cleared when large).
 	dropped map[string]struct{}
-	notify  chan struct{} // closed and replaced on every change
+	// used is the registered time of the ended registrations of managed pools' replica
+	// slots (bounded: one entry per slot, removed with the pool; see Usage).
+	used   map[key]*slotUsed
+	notify chan struct{} // closed and replaced on every change
 	closed  bool
 }
 
@@ -99,11 +109,12 @@ func NewRegistry(o RegistryOptions) *Registry {
 	if o.HeartbeatTimeout <= 0 {
 		o.HeartbeatTimeout = 10 * time.Second
 	}
+	o.HeartbeatInterval = min(o.HeartbeatInterval, o.HeartbeatTimeout/3)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
 	return &Registry{opts: o, log: o.Logger.With(slog.String("component", "pools.registry")), token: sha256.Sum256([]byte(o.JoinToken)),
-		members: map[key]*entry{}, leases: map[string]*entry{}, pools: map[string]*poolState{}, lost: map[key]string{}, dropped: map[string]struct{}{}, notify: make(chan struct{})}
+		members: map[key]*entry{}, leases: map[string]*entry{}, pools: map[string]*poolState{}, lost: map[key]string{}, dropped: map[string]struct{}{}, used: map[key]*slotUsed{}, notify: make(chan struct{})}
 }
 
 // Handler returns the RegistryService's path and handler (requests bounded to 1 MiB).
@@ -226,6 +237,11 @@ func (r *Registry) DropPool(pool, why string) {
 			delete(r.lost, k)
 		}
 	}
+	for k := range r.used {
+		if k.pool == pool {
+			delete(r.used, k)
+		}
+	}
 	r.changedLocked()
 }
 
@@ -267,6 +283,54 @@ func (r *Registry) LostReason(pool string, replica int) string {
 	return r.lost[key{pool, replica}]
 }
 
+// SlotUsage is what one replica slot of a pool has used.
+type SlotUsage struct {
+	// Replica is the slot's replica index.
+	Replica int
+	// Registered is how long replicas were registered in the slot, every incarnation
+	// together, the current one up to now. The time of a managed pool's slots is kept
+	// after their replicas leave (scaled down, lost) until the pool is deleted; an
+	// unmanaged pool's slots count only their current registration.
+	Registered time.Duration
+	// LostAt is when the slot's last registration ended; zero while a replica is
+	// registered in it, or when none ever was.
+	LostAt time.Time
+}
+
+// Usage returns the registered time of the pool's replica slots, by replica index: the
+// slots with a registered replica and those whose earlier registrations are remembered.
+func (r *Registry) Usage(pool string) []SlotUsage {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	byReplica := map[int]*SlotUsage{}
+	for k, u := range r.used {
+		if k.pool == pool {
+			byReplica[k.replica] = &SlotUsage{Replica: k.replica, Registered: u.registered, LostAt: u.lostAt}
+		}
+	}
+	for k, e := range r.members {
+		if k.pool != pool {
+			continue
+		}
+		su := byReplica[k.replica]
+		if su == nil {
+			su = &SlotUsage{Replica: k.replica}
+			byReplica[k.replica] = su
+		}
+		if !r.closed {
+			su.Registered += max(now.Sub(e.m.Since), 0)
+		}
+		su.LostAt = time.Time{}
+	}
+	out := make([]SlotUsage, 0, len(byReplica))
+	for _, su := range byReplica {
+		out = append(out, *su)
+	}
+	slices.SortFunc(out, func(a, b SlotUsage) int { return a.Replica - b.Replica })
+	return out
+}
+
 func (r *Registry) endLocked(e *entry) {
 	if e.timer != nil {
 		e.timer.Stop()
@@ -286,6 +350,16 @@ func (r *Registry) removeLocked(e *entry, why string) {
 	}
 	r.endLocked(e)
 	delete(r.members, k)
+	if _, managed := r.pools[k.pool]; managed {
+		u := r.used[k]
+		if u == nil {
+			u = &slotUsed{}
+			r.used[k] = u
+		}
+		now := time.Now()
+		u.registered += now.Sub(e.m.Since)
+		u.lostAt = now
+	}
 	if len(r.lost) >= 4*r.opts.MaxRegistrations {
 		clear(r.lost)
 	}

@@ -145,6 +145,13 @@ func TestLocalWorkersGoWorker(t *testing.T) {
 	require.NoError(t, err)
 	_, _, ok := b.AdapterReplica("a")
 	require.False(t, ok, "no pools: no replica")
+	// A worker declared lost that comes back as itself still holds the adapter the backend
+	// forgot: creating it again replaces that orphan instead of answering AlreadyExists.
+	b.mu.Lock()
+	delete(b.adapters, "a")
+	b.mu.Unlock()
+	_, err = b.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "a", BaseModel: tiny.Name, Lora: &loopsv1.LoraConfig{Rank: 2, TrainAttn: true}})
+	require.NoError(t, err)
 	pid := b.WorkerPID(0)
 	require.NotZero(t, pid)
 	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))

@@ -902,9 +902,22 @@ func (t *trainer) CreateAdapter(ctx context.Context, req *backendv1.CreateAdapte
 	if err != nil {
 		return nil, err
 	}
-	resp, err := call(ctx, w, "CreateAdapter", func(c *clients) func(context.Context, *backendv1.CreateAdapterRequest) (*backendv1.CreateAdapterResponse, error) {
+	create := func(c *clients) func(context.Context, *backendv1.CreateAdapterRequest) (*backendv1.CreateAdapterResponse, error) {
 		return c.tc.CreateAdapter
-	}, req)
+	}
+	resp, err := call(ctx, w, "CreateAdapter", create, req)
+	if connect.CodeOf(err) == connect.CodeAlreadyExists {
+		// The worker holds an adapter this backend no longer binds: one left on a replica
+		// that was declared lost (missed heartbeats) and came back as the same incarnation.
+		// It is an orphan: replace it.
+		b.log.Warn("a replica still held an adapter it had been declared to have lost; replacing it", slog.String("adapter", req.GetAdapterId()), slog.String("worker", w.name()))
+		if _, derr := call(ctx, w, "DeleteAdapter", func(c *clients) func(context.Context, *backendv1.DeleteAdapterRequest) (*backendv1.DeleteAdapterResponse, error) {
+			return c.tc.DeleteAdapter
+		}, &backendv1.DeleteAdapterRequest{AdapterId: req.GetAdapterId()}); derr != nil {
+			return nil, derr
+		}
+		resp, err = call(ctx, w, "CreateAdapter", create, req)
+	}
 	if err != nil {
 		return nil, err
 	}

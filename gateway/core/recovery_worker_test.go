@@ -49,7 +49,7 @@ func TestKilledWorkerLosesNoStep(t *testing.T) {
 		Args:           []string{"--data-dir", d, "--threads", "1"},
 		Env:            []string{goWorkerEnv + "=1", "HF_HUB_CACHE=" + filepath.Join(d, "hub"), serve.LogLevelEnv + "=WARN"},
 		HealthInterval: 200 * time.Millisecond, HealthTimeout: 2 * time.Second, StartTimeout: 30 * time.Second,
-		Pool: &worker.PoolOptions{Provider: "local", Replicas: 2, HeartbeatTimeout: 2 * time.Second, Preemptible: true}})
+		Pool: &worker.PoolOptions{Provider: "local", Replicas: 2, HeartbeatTimeout: 6 * time.Second, Preemptible: true}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
 	require.True(t, b.Preemptible(tiny.Name))
