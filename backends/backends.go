@@ -2,9 +2,11 @@ package backends
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
@@ -105,4 +107,135 @@ type SamplerScaler interface {
 type Preemptible interface {
 	// Preemptible reports whether baseModel is served by replicas that may be lost.
 	Preemptible(baseModel string) bool
+}
+
+// ErrNoPools is returned (wrapped) by a PoolManager whose backend runs no worker pools (the
+// worker backend without a provider option).
+var ErrNoPools = errors.New("this backend runs no worker pools")
+
+// PoolManager is the optional ability of a backend to show and change the worker pools it
+// runs (the worker backend in pool mode: backends/worker, docs/pools.md). Every method of
+// a backend that runs none returns an error wrapping ErrNoPools. An unknown pool id is a
+// *connect.Error with CodeNotFound; a count out of range CodeInvalidArgument; a provider
+// that cannot do what is asked (no free GPUs, no more static addresses) CodeFailedPrecondition
+// with its reason.
+type PoolManager interface {
+	// ListPools returns the pools the backend manages, by id. A deleted pool is not listed.
+	ListPools(ctx context.Context) ([]PoolInfo, error)
+	// ScalePool sets a pool's desired replicas (0 .. pools.MaxReplicas, and within the
+	// backend's slots): new replicas start, the highest-numbered ones stop, and the
+	// adapters those held are lost (their runs reload their last checkpoint).
+	ScalePool(ctx context.Context, id string, replicas int) error
+	// DeletePool stops every replica of a pool and forgets it; the adapters they held are
+	// lost. The pool stays deleted until the backend restarts.
+	DeletePool(ctx context.Context, id string) error
+	// Allocations returns the replicas of a pool (every pool when id is ""), by pool and
+	// replica index: the desired ones, registered or not, and any other registered one.
+	Allocations(ctx context.Context, id string) ([]Allocation, error)
+}
+
+// PoolInfo describes one pool.
+type PoolInfo struct {
+	// ID names the pool.
+	ID string
+	// Role is what its replicas do ("trainer" or "sampler").
+	Role string
+	// BaseModel is the model its replicas serve.
+	BaseModel string
+	// Provider places its replicas ("local", "static", "ray").
+	Provider string
+	// DesiredReplicas is what the pool is scaled to; RegisteredReplicas how many are
+	// registered now.
+	DesiredReplicas    int
+	RegisteredReplicas int
+	// GPUsPerReplica is how many GPUs each replica holds (0: CPU only).
+	GPUsPerReplica int
+	// Preemptible says its replicas may be taken away at any time (spot capacity).
+	Preemptible bool
+	// ReplicaSeconds is the time its replicas have been registered, every replica slot and
+	// incarnation together; GPUSeconds is that times GPUsPerReplica (0 for a CPU pool).
+	ReplicaSeconds float64
+	GPUSeconds     float64
+}
+
+// AllocationState says where a replica slot of a pool stands.
+type AllocationState string
+
+// The states of an Allocation.
+const (
+	// AllocationStarting: a desired replica that has not registered yet.
+	AllocationStarting AllocationState = "starting"
+	// AllocationRegistered: registered, not (yet) serving: the gateway has not reached it.
+	AllocationRegistered AllocationState = "registered"
+	// AllocationAttached: registered and serving the gateway's calls.
+	AllocationAttached AllocationState = "attached"
+	// AllocationLost: a desired replica whose last incarnation was lost (Reason says why)
+	// and that has not registered again.
+	AllocationLost AllocationState = "lost"
+)
+
+// Allocation is one replica slot of a pool and what it holds.
+type Allocation struct {
+	// Pool, Role and BaseModel are its pool's.
+	Pool      string
+	Role      string
+	BaseModel string
+	// Replica is its index in the pool.
+	Replica int
+	// GPUs is how many GPUs it holds; GPUIDs names them where the provider knows them (the
+	// local provider's CUDA_VISIBLE_DEVICES assignment).
+	GPUs   int
+	GPUIDs []string
+	// State says where it stands; Reason why it was lost (AllocationLost).
+	State  AllocationState
+	Reason string
+	// Address and Incarnation are the registered replica's (empty when none is).
+	Address     string
+	Incarnation string
+	// Since is when it entered its state: registered (registered, attached) or lost; zero
+	// when unknown (starting).
+	Since time.Time
+	// Adapters are the ids of the adapters it holds, sorted (the gateway's adapter ids are
+	// its training run ids).
+	Adapters []string
+	// ReplicaSeconds is the time replicas were registered in the slot, every incarnation
+	// together; GPUSeconds is that times the pool's GPUs per replica.
+	ReplicaSeconds float64
+	GPUSeconds     float64
+}
+
+// PoolRequest asks for a dedicated pool: replicas of BaseModel bound to one training run
+// (Owner) of a workspace, not shared with other runs.
+type PoolRequest struct {
+	BaseModel string
+	// Replicas serve the run: its trainer, and samplers for its checkpoints (at least 1).
+	Replicas int
+	// Workspace and Owner (the run id) name who holds the pool, for the operator's views.
+	Workspace, Owner string
+}
+
+// PoolGrant is a dedicated pool bound to a run.
+type PoolGrant struct {
+	// Pool names it; pass it as the pool of the run's CreateAdapter and Sample requests.
+	Pool string
+	// Warm: a pool another run had released within its keep-warm period was bound, instead
+	// of starting one cold.
+	Warm bool
+	// GPUsPerReplica is what each replica holds (0: CPU).
+	GPUsPerReplica int
+}
+
+// DedicatedPools is the optional ability of a backend to give runs pools of their own
+// (dedicated mode). A released pool is kept warm for a while and bound to the next request of
+// the same shape; a bound pool idle for long enough is scaled to zero replicas and scaled up
+// again on its next call (the run's adapter is then rebuilt by the core's step recovery).
+type DedicatedPools interface {
+	// AcquirePool binds a warm pool of the request's shape, or starts one and waits until a
+	// replica serves. ResourceExhausted when the backend has no room for it.
+	AcquirePool(ctx context.Context, req PoolRequest) (PoolGrant, error)
+	// ReleasePool unbinds a pool: it is kept warm, then deleted.
+	ReleasePool(ctx context.Context, pool string)
+	// ReplicaSeconds is how many replica-seconds the pool has run while bound (scaled-to-zero
+	// time excluded), for metering: multiply by GPUsPerReplica for GPU-seconds.
+	ReplicaSeconds(pool string) float64
 }

@@ -54,6 +54,11 @@ type PoolOptions struct {
 	// capacity): the gateway then keeps every run on them recoverable step by step, so a
 	// lost replica costs no step (backends.Preemptible).
 	Preemptible bool
+	// KeepWarm is how long a released dedicated pool waits for the next run of its shape
+	// before it is deleted (default DefaultKeepWarm; dedicated.go). IdleToZero is how long a
+	// bound dedicated pool may go without a call before it is scaled to zero replicas
+	// (default DefaultIdleToZero). Negative: none (deleted at once; never scaled to zero).
+	KeepWarm, IdleToZero time.Duration
 }
 
 var poolNameRE = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
@@ -72,7 +77,8 @@ func PoolID(model string) string {
 // poolOptionsFromConfig reads the pool keys of a backend's options: provider (LOOPS_POOL_PROVIDER),
 // replicas, gpus_per_replica, pool_slots, registry_listen, registry_url, join_token_file
 // (LOOPS_JOIN_TOKEN_FILE), gpus (0,1,...), ray_address (LOOPS_RAY_ADDRESS), ray_python,
-// heartbeat_timeout, preemptible (true: runs keep step recovery). No provider: nil (today's workers/local_workers mode).
+// heartbeat_timeout, preemptible (true: runs keep step recovery), keep_warm and idle_to_zero
+// (dedicated pools, dedicated.go; unset: the defaults; 0s: none). No provider: nil (today's workers/local_workers mode).
 func poolOptionsFromConfig(m map[string]string) (*PoolOptions, error) {
 	for key, env := range map[string]string{"provider": "LOOPS_POOL_PROVIDER", "join_token_file": "LOOPS_JOIN_TOKEN_FILE", "ray_address": "LOOPS_RAY_ADDRESS"} {
 		if _, ok := m[key]; !ok {
@@ -119,6 +125,18 @@ func poolOptionsFromConfig(m map[string]string) (*PoolOptions, error) {
 		}
 		p.HeartbeatTimeout = d
 	}
+	for key, dst := range map[string]*time.Duration{"keep_warm": &p.KeepWarm, "idle_to_zero": &p.IdleToZero} {
+		if v := m[key]; v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 || d > 30*24*time.Hour {
+				return nil, fmt.Errorf("torch: option %s=%q is not a duration between 0s and 720h (0: none)", key, v)
+			}
+			if d == 0 {
+				d = -1 // none (0 in PoolOptions is the default)
+			}
+			*dst = d
+		}
+	}
 	if p.Provider == "ray" && p.RayAddress == "" {
 		return nil, errors.New("torch: provider=ray needs ray_address (the Ray dashboard, e.g. http://127.0.0.1:8265; or LOOPS_RAY_ADDRESS)")
 	}
@@ -134,6 +152,13 @@ func (b *Backend) startPooled(ctx context.Context) error {
 	}
 	if po.Slots <= 0 {
 		po.Slots = 64
+	}
+	// dedicated pools (dedicated.go): 0 takes the default, a negative value means none
+	if b.opts.Pool.KeepWarm == 0 {
+		b.opts.Pool.KeepWarm = DefaultKeepWarm
+	}
+	if b.opts.Pool.IdleToZero == 0 {
+		b.opts.Pool.IdleToZero = DefaultIdleToZero
 	}
 	if po.RegistryListen == "" {
 		po.RegistryListen = "127.0.0.1:0"
@@ -208,16 +233,20 @@ func (b *Backend) startPooled(ctx context.Context) error {
 	}
 	for i := 1; i < len(margs); i += 2 {
 		spec := pools.Spec{ID: PoolID(margs[i]), Role: pools.RoleTrainer, BaseModel: margs[i], Replicas: po.Replicas,
-			GPUsPerReplica: po.GPUsPerReplica, Preemptible: po.Preemptible, Args: append([]string{"--max-lora-rank", strconv.Itoa(b.opts.MaxLoraRank)}, b.opts.Args...)}
+			GPUsPerReplica: po.GPUsPerReplica, Preemptible: po.Preemptible, Args: b.poolArgs()}
 		if err := prov.EnsurePool(ctx, spec); err != nil {
 			return err
 		}
 		b.log.Info("pool ensured", slog.String("pool", spec.ID), slog.String("provider", po.Provider), slog.Int("replicas", spec.Replicas), slog.String("registry", url))
 	}
-	b.wg.Add(1)
+	b.wg.Add(2)
 	go func() {
 		defer b.wg.Done()
 		b.followRegistry()
+	}()
+	go func() {
+		defer b.wg.Done()
+		b.idleToZero()
 	}()
 	// wait until one replica of each pool is attached (serves its model)
 	wctx, cancel := context.WithTimeout(ctx, b.opts.StartTimeout)

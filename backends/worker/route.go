@@ -46,13 +46,14 @@ func adapterKey(req *backendv1.SampleRequest) string {
 	return b.String()
 }
 
-// pickSampler chooses the replica for a sample of base with adapter key (see above),
+// pickSampler chooses the replica of pool ("": the shared pools) for a sample of base
+// with adapter key (see above),
 // counts the sample in its load and returns the function that uncounts it. With no alive
 // replica serving base it falls back to pick, whose worker fails the call with the reason.
-func (b *Backend) pickSampler(base, key string) (*worker, func(), error) {
-	w := b.routeSample(base, key)
+func (b *Backend) pickSampler(pool, base, key string) (*worker, func(), error) {
+	w := b.routeSample(pool, base, key)
 	if w == nil {
-		w, err := b.pick(base)
+		w, err := b.pick(pool, base)
 		return w, func() {}, err
 	}
 	return w, func() {
@@ -62,7 +63,7 @@ func (b *Backend) pickSampler(base, key string) (*worker, func(), error) {
 	}, nil
 }
 
-func (b *Backend) routeSample(base, key string) *worker {
+func (b *Backend) routeSample(pool, base, key string) *worker {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var holder, least *worker
@@ -71,7 +72,7 @@ func (b *Backend) routeSample(base, key string) *worker {
 	for k := range n {
 		w := b.workers[(b.rr+k)%n]
 		w.mu.Lock()
-		ok := w.alive && w.caps != nil && serves(w.caps, base)
+		ok := w.alive && w.caps != nil && serves(w.caps, base) && b.inPoolLocked(w.pool, pool)
 		load, holds := w.load.inflight, key != "" && slices.Contains(w.load.held, key)
 		w.mu.Unlock()
 		if !ok {

@@ -40,7 +40,7 @@ func inflight(ws []*worker) []int {
 func TestSamplerRouting(t *testing.T) {
 	b, ws := replicas(3)
 	pickA := func() (*worker, func()) {
-		w, done, err := b.pickSampler("m", "dir:/ck/a")
+		w, done, err := b.pickSampler("", "m", "dir:/ck/a")
 		require.NoError(t, err)
 		return w, done
 	}
@@ -55,7 +55,7 @@ func TestSamplerRouting(t *testing.T) {
 	require.Same(t, fourth, five, "the replica that took the overflow holds a too now")
 
 	// the base model and a new adapter go to the least loaded replica
-	other, d6, err := b.pickSampler("m", "")
+	other, d6, err := b.pickSampler("", "m", "")
 	require.NoError(t, err)
 	require.NotSame(t, first, other)
 	require.NotSame(t, fourth, other)
@@ -67,7 +67,7 @@ func TestSamplerRouting(t *testing.T) {
 	// a dead replica gets nothing and has loaded nothing once back
 	first.fail(-1, "test")
 	for range 5 {
-		w, done, err := b.pickSampler("m", "dir:/ck/a")
+		w, done, err := b.pickSampler("", "m", "dir:/ck/a")
 		require.NoError(t, err)
 		require.NotSame(t, first, w)
 		done()
@@ -79,7 +79,7 @@ func TestSamplerRouting(t *testing.T) {
 
 	// the remembered adapters per replica are bounded
 	for i := range 3 * samplerHeldMax {
-		_, done, err := b.pickSampler("m", "dir:/ck/"+string(rune('A'+i)))
+		_, done, err := b.pickSampler("", "m", "dir:/ck/"+string(rune('A'+i)))
 		require.NoError(t, err)
 		done()
 	}
@@ -87,7 +87,7 @@ func TestSamplerRouting(t *testing.T) {
 		require.LessOrEqual(t, len(w.load.held), samplerHeldMax)
 	}
 	// a model no replica serves is the usual error
-	_, _, err = b.pickSampler("other", "")
+	_, _, err = b.pickSampler("", "other", "")
 	require.Error(t, err)
 }
 

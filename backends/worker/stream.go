@@ -20,7 +20,10 @@ var _ backends.TokenStreamer = (*sampler)(nil)
 // nothing, as the inference APIs expect of a backend that cannot stream.
 func (s *sampler) SampleStream(ctx context.Context, req *backendv1.SampleRequest, sink tokenstream.Sink) (*backendv1.SampleResponse, error) {
 	b := (*Backend)(s)
-	w, done, err := b.pickSampler(req.GetBaseModel(), adapterKey(req))
+	if err := b.usePool(ctx, req.GetPool()); err != nil {
+		return nil, err
+	}
+	w, done, err := b.pickSampler(req.GetPool(), req.GetBaseModel(), adapterKey(req))
 	if err != nil {
 		return nil, err
 	}

@@ -193,6 +193,8 @@ type Backend struct {
 	poolReplicas int
 	poolSlots    int
 	closers      []func()
+	// dedicated pools by id (dedicated.go), guarded by mu
+	dedicated map[string]*dedicatedPool
 }
 
 var _ backends.Backend = (*Backend)(nil)
@@ -250,7 +252,7 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 	tr := &http.Transport{Protocols: p, DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext}
 	bctx, cancel := context.WithCancel(context.Background())
 	b := &Backend{opts: o, log: o.Logger.With(slog.String("backend", Name)), http: &http.Client{Transport: tr},
-		ctx: bctx, cancel: cancel, adapters: map[string]*worker{}, lost: map[string]string{}}
+		ctx: bctx, cancel: cancel, adapters: map[string]*worker{}, lost: map[string]string{}, dedicated: map[string]*dedicatedPool{}}
 	if o.Pool != nil {
 		if err := b.startPooled(ctx); err != nil {
 			_ = b.Close()
@@ -781,6 +783,7 @@ func (b *Backend) adapterWorker(id string) (*worker, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if w, ok := b.adapters[id]; ok {
+		b.touchLocked(w)
 		return w, nil
 	}
 	if why, ok := b.lost[id]; ok {
@@ -800,8 +803,9 @@ func serves(caps *backendv1.GetCapabilitiesResponse, names ...string) bool {
 	return false
 }
 
-// pick chooses a worker serving the model (fewest adapters first; alive preferred).
-func (b *Backend) pick(names ...string) (*worker, error) {
+// pick chooses a worker of pool ("": the shared pools) serving the model (fewest adapters
+// first; alive preferred).
+func (b *Backend) pick(pool string, names ...string) (*worker, error) {
 	var best *worker
 	var served []string
 	seen := map[string]bool{}
@@ -811,8 +815,11 @@ func (b *Backend) pick(names ...string) (*worker, error) {
 	for k := range n {
 		w := b.workers[(b.rr+k)%n]
 		w.mu.Lock()
-		caps, alive, na := w.caps, w.alive, w.nAdapt
+		caps, alive, na, wpool := w.caps, w.alive, w.nAdapt, w.pool
 		w.mu.Unlock()
+		if !b.inPoolLocked(wpool, pool) {
+			continue
+		}
 		for _, m := range caps.GetModels() {
 			if !seen[m.GetName()] {
 				seen[m.GetName()] = true
@@ -898,7 +905,10 @@ func (t *trainer) CreateAdapter(ctx context.Context, req *backendv1.CreateAdapte
 	if exists {
 		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("adapter %q already exists; delete it first or pick another id", req.GetAdapterId()))
 	}
-	w, err := b.pick(req.GetBaseModel())
+	if err := b.usePool(ctx, req.GetPool()); err != nil {
+		return nil, err
+	}
+	w, err := b.pick(req.GetPool(), req.GetBaseModel())
 	if err != nil {
 		return nil, err
 	}
@@ -1074,7 +1084,7 @@ func (t *trainer) LoadAdapter(ctx context.Context, req *backendv1.LoadAdapterReq
 		if base == "" {
 			return nil, err
 		}
-		w2, perr := b.pick(base)
+		w2, perr := b.pick("", base)
 		if perr != nil {
 			return nil, err
 		}
@@ -1100,7 +1110,10 @@ func folderBaseModel(dir string) string {
 
 func (s *sampler) Sample(ctx context.Context, req *backendv1.SampleRequest) (*backendv1.SampleResponse, error) {
 	b := (*Backend)(s)
-	w, done, err := b.pickSampler(req.GetBaseModel(), adapterKey(req))
+	if err := b.usePool(ctx, req.GetPool()); err != nil {
+		return nil, err
+	}
+	w, done, err := b.pickSampler(req.GetPool(), req.GetBaseModel(), adapterKey(req))
 	if err != nil {
 		return nil, err
 	}

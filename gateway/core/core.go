@@ -202,6 +202,8 @@ type Core struct {
 	liveSnapshots sync.Map
 	// preemptible says which base models' replicas may be lost (nil: none).
 	preemptible backends.Preemptible
+	// dedicatedPools gives runs pools of their own (nil: the backend cannot; dedicated.go).
+	dedicatedPools backends.DedicatedPools
 }
 
 // New starts a core on a store and a backend. It fails operations left unfinished by a
@@ -279,6 +281,7 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	}
 	c.placer = newPlacer(be, c.log)
 	c.preemptible, _ = be.(backends.Preemptible) // the unwrapped backend
+	c.dedicatedPools, _ = be.(backends.DedicatedPools)
 	if err := c.placer.load(ctx, st.ListAllDeployments); err != nil {
 		return nil, err
 	}
@@ -348,6 +351,7 @@ func (c *Core) sweep(ctx context.Context) {
 		c.log.Error("deleting old operations", slog.Any("err", err))
 	}
 	c.archives.sweep(now)
+	c.meterPools()
 	c.flushUsage(ctx)
 }
 

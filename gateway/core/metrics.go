@@ -18,6 +18,8 @@ type metrics struct {
 	replayedCalls   prometheus.Counter
 	snapshotSeconds prometheus.Histogram
 	rebuildSeconds  prometheus.Histogram
+	// dedicated runs (dedicated.go)
+	poolBinds *prometheus.HistogramVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -59,10 +61,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "loops_step_rebuild_seconds", Help: "Time to rebuild a lost adapter: waiting for a replica, loading the snapshot, replaying.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2.5, 12),
 		}),
+		poolBinds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "loops_dedicated_pool_bind_seconds", Help: "Time to bind a dedicated pool to a run, by start (cold: started; warm: a released pool reused).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 3, 14),
+		}, []string{"start"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.opsCreated, m.opsFinished, m.opDuration, m.waiters, m.batchItems, m.tokens, m.slotMoves,
-			m.recovery, m.replayedCalls, m.snapshotSeconds, m.rebuildSeconds)
+			m.recovery, m.replayedCalls, m.snapshotSeconds, m.rebuildSeconds, m.poolBinds)
 	}
 	return m
 }

@@ -78,6 +78,11 @@ type run struct {
 	// retry is a task whose replica was lost: it runs again, before the run's queue, once
 	// the adapter is rebuilt.
 	retry *task
+	// pool is the run's dedicated pool ("" for the shared pools; dedicated.go), its GPUs
+	// per replica, and the replica-seconds already metered.
+	pool        string
+	poolGPUs    int
+	poolMetered int64
 }
 
 // newRun returns a run whose next seq_id is nextSeq (sequencer.Resync for a run recovered
@@ -449,7 +454,7 @@ func (c *Core) ensureAdapter(ctx context.Context, r *run, t *task) error {
 	}
 	info := r.snapshot()
 	_, err := c.backend.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{
-		AdapterId: r.id, BaseModel: info.GetBaseModel(), Lora: info.GetLora(),
+		AdapterId: r.id, BaseModel: info.GetBaseModel(), Lora: info.GetLora(), Pool: r.runPool(),
 	})
 	if err != nil {
 		return connect.NewError(connect.CodeUnavailable, errors.New("the run's adapter could not be restored after a server restart: "+err.Error()))

@@ -98,7 +98,8 @@ func (c *Core) recoversSteps(model string) bool {
 // startRecovery gives a run whose adapter was just created (from a checkpoint, or new) its
 // recovery state, when its base model keeps one.
 func (c *Core) startRecovery(r *run, from *checkpointOf, optimizer bool) {
-	if !c.recoversSteps(r.snapshot().GetBaseModel()) {
+	// dedicated runs keep it too: their pool may be scaled to zero while idle
+	if !c.recoversSteps(r.snapshot().GetBaseModel()) && r.runPool() == "" {
 		return
 	}
 	r.mu.Lock()
@@ -451,7 +452,7 @@ func (c *Core) rebuildOnce(ctx context.Context, r *run) (int, error) {
 	if _, err := t.DeleteAdapter(ctx, &backendv1.DeleteAdapterRequest{AdapterId: r.id}); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
 		return 0, err
 	}
-	if _, err := t.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: r.id, BaseModel: info.GetBaseModel(), Lora: info.GetLora()}); err != nil {
+	if _, err := t.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: r.id, BaseModel: info.GetBaseModel(), Lora: info.GetLora(), Pool: r.runPool()}); err != nil {
 		return 0, err
 	}
 	switch {

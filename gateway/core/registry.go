@@ -81,6 +81,13 @@ func (g *runRegistry) get(ctx context.Context, ws, id string) (*run, error) {
 	return r, nil
 }
 
+// peek returns the run named id if it is in memory (no store read, no use noted).
+func (g *runRegistry) peek(id string) *run {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.runs[id]
+}
+
 // add registers a run and its alias.
 func (g *runRegistry) add(r *run) {
 	g.mu.Lock()

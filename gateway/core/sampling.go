@@ -382,6 +382,7 @@ func (s SamplingService) sample(ctx context.Context, req *loopsv1.SampleRequest,
 		BaseModel: st.info.GetBaseModel(), AdapterDir: adapterDir, AdapterFiles: adapterFiles, Prompt: req.GetPrompt(),
 		NumSamples: max(req.GetNumSamples(), 1), Params: params,
 		PromptLogprobs: req.GetPromptLogprobs(), TopkPromptLogprobs: req.GetTopkPromptLogprobs(),
+		Pool: c.samplerPool(st.info.GetModelPath()),
 	}
 	var adapter *ckRef
 	if st.ref != nil {

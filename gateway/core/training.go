@@ -108,6 +108,10 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 	if err := validateLora(model, lora); err != nil {
 		return nil, err
 	}
+	replicas, err := c.dedicatedFor(ws, req.GetUserMetadata(), req.GetDedicated())
+	if err != nil {
+		return nil, err
+	}
 	now := timestamppb.New(c.now())
 	info := &loopsv1.TrainingRun{
 		Id:              newID("run"),
@@ -154,7 +158,7 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 			return nil, err
 		}
 		return &task{op: o, creates: true, exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
-			return c.createAdapter(ctx, r, from, req.GetWithOptimizer())
+			return c.createAdapter(ctx, r, from, req.GetWithOptimizer(), replicas)
 		}}, nil
 	})
 	if err != nil {
@@ -176,17 +180,23 @@ type checkpointOf struct {
 	ck    *loopsv1.Checkpoint
 }
 
-func (c *Core) createAdapter(ctx context.Context, r *run, from *checkpointOf, withOptimizer bool) (func(*loopsv1.Operation), error) {
+func (c *Core) createAdapter(ctx context.Context, r *run, from *checkpointOf, withOptimizer bool, replicas int) (func(*loopsv1.Operation), error) {
 	info := r.snapshot()
 	create := func() error {
-		_, err := c.backend.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: r.id, BaseModel: info.GetBaseModel(), Lora: info.GetLora()})
+		_, err := c.backend.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: r.id, BaseModel: info.GetBaseModel(), Lora: info.GetLora(), Pool: r.runPool()})
 		if err == nil && from != nil {
 			err = c.loadAdapter(ctx, r, from.owner, from.ck, withOptimizer)
 		}
 		return err
 	}
-	err := create()
-	if err != nil && c.recoversSteps(info.GetBaseModel()) {
+	var err error
+	if replicas > 0 {
+		err = c.acquirePool(ctx, r, replicas)
+	}
+	if err == nil {
+		err = create()
+	}
+	if err != nil && (c.recoversSteps(info.GetBaseModel()) || r.runPool() != "") {
 		err = c.retryCreate(ctx, r, create, err)
 	}
 	if err != nil {
@@ -342,6 +352,7 @@ func (c *Core) freeAdapter(ctx context.Context, r *run) {
 	if _, err := c.backend.Trainer().DeleteAdapter(ctx, &backendv1.DeleteAdapterRequest{AdapterId: r.id}); err != nil {
 		c.log.Error("deleting adapter", slog.String("run", r.id), slog.Any("err", err))
 	}
+	c.releasePool(ctx, r)
 }
 
 // ForwardBackward queues a forward (forward_only) or forward/backward pass.

@@ -93,10 +93,12 @@ func (c *Core) flushUsage(ctx context.Context) {
 
 // usageKinds maps the store's usage kinds to loops.v1's.
 var usageKinds = map[string]loopsv1.UsageKind{
-	store.UsageTraining:        loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS,
-	store.UsageSamplingPrefill: loopsv1.UsageKind_USAGE_KIND_SAMPLING_PREFILL_TOKENS,
-	store.UsageSamplingSample:  loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS,
-	store.UsageCheckpoint:      loopsv1.UsageKind_USAGE_KIND_CHECKPOINTS,
+	store.UsageTraining:                loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS,
+	store.UsageSamplingPrefill:         loopsv1.UsageKind_USAGE_KIND_SAMPLING_PREFILL_TOKENS,
+	store.UsageSamplingSample:          loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS,
+	store.UsageCheckpoint:              loopsv1.UsageKind_USAGE_KIND_CHECKPOINTS,
+	store.UsageDedicatedReplicaSeconds: loopsv1.UsageKind_USAGE_KIND_DEDICATED_REPLICA_SECONDS,
+	store.UsageDedicatedGPUSeconds:     loopsv1.UsageKind_USAGE_KIND_DEDICATED_GPU_SECONDS,
 }
 
 // UsageService implements loops.v1.UsageService.

@@ -173,6 +173,26 @@ func (e *Enforcer) CheckDeploymentReplicas(ws string, replicas int32) error {
 	return nil
 }
 
+// Dedicated decides whether a new run of ws gets a dedicated pool (ask: it asked for one):
+// refused with InvalidArgument (WORKSPACE_LIMIT) when the policy says off, always when it
+// says always.
+func (e *Enforcer) Dedicated(ws string, ask bool) (bool, error) {
+	if e == nil {
+		return ask, nil
+	}
+	switch e.p.For(ws).Dedicated {
+	case DedicatedOff:
+		if ask {
+			return false, errs.New(connect.CodeInvalidArgument, ReasonWorkspaceLimit, fmt.Errorf(
+				"workspace %q may not run dedicated runs (dedicated: off in its policy): leave out user_metadata loops.dedicated, or ask the operator", ws))
+		}
+		return false, nil
+	case DedicatedAlways:
+		return true, nil
+	}
+	return ask, nil
+}
+
 // EndRun stops counting a run as live. Ending a run that is not live is a no-op.
 func (e *Enforcer) EndRun(runID string) {
 	if e == nil {

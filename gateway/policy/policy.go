@@ -40,6 +40,9 @@ type Section struct {
 	// may ask for (0: the server's bound, 8). With worker pools, replicas scale the shared
 	// pool of the deployment's base model.
 	MaxDeploymentReplicas *int `json:"max_deployment_replicas,omitempty"`
+	// Dedicated says whether the workspace's runs get worker pools of their own (dedicated
+	// mode): "off" (refused), "allowed" (when a run asks; the default) or "always".
+	Dedicated *string `json:"dedicated,omitempty"`
 }
 
 // File is a policy file as written.
@@ -68,7 +71,16 @@ type Limits struct {
 	MaxJobMemoryMB int
 	// MaxDeploymentReplicas caps a deployment's replicas; 0 takes the server's bound.
 	MaxDeploymentReplicas int
+	// Dedicated is DedicatedOff, DedicatedAllowed (the default) or DedicatedAlways.
+	Dedicated string
 }
+
+// The values of a section's dedicated key.
+const (
+	DedicatedOff     = "off"
+	DedicatedAllowed = "allowed"
+	DedicatedAlways  = "always"
+)
 
 // Policy is a parsed, validated policy: the limits of each listed workspace and of the rest.
 // The zero value and nil give every workspace no limits of its own.
@@ -98,7 +110,7 @@ func Load(file string) (*Policy, error) {
 func Parse(data []byte) (*Policy, error) {
 	var f File
 	if err := yaml.UnmarshalStrict(data, &f); err != nil {
-		return nil, fmt.Errorf("%s (the keys are default and workspaces; each section takes models, max_sequence_length, max_lora_rank, max_concurrent_runs, max_queued_operations, sampling_concurrency, allow_jobs, max_running_jobs, max_job_seconds, max_job_memory_mb, max_deployment_replicas)", strings.TrimPrefix(strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: "), "json: "))
+		return nil, fmt.Errorf("%s (the keys are default and workspaces; each section takes models, max_sequence_length, max_lora_rank, max_concurrent_runs, max_queued_operations, sampling_concurrency, allow_jobs, max_running_jobs, max_job_seconds, max_job_memory_mb, max_deployment_replicas, dedicated)", strings.TrimPrefix(strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: "), "json: "))
 	}
 	return f.Compile()
 }
@@ -145,6 +157,9 @@ func resolve(base Limits, s Section) Limits {
 	set(&out.MaxJobSeconds, s.MaxJobSeconds)
 	set(&out.MaxJobMemoryMB, s.MaxJobMemoryMB)
 	set(&out.MaxDeploymentReplicas, s.MaxDeploymentReplicas)
+	if s.Dedicated != nil {
+		out.Dedicated = *s.Dedicated
+	}
 	return out
 }
 
@@ -160,6 +175,13 @@ func (s Section) validate(where string) error {
 			if _, err := path.Match(m, ""); err != nil {
 				return fmt.Errorf("%s.models entry %q is not a valid pattern: %v", where, m, err)
 			}
+		}
+	}
+	if s.Dedicated != nil {
+		switch *s.Dedicated {
+		case DedicatedOff, DedicatedAllowed, DedicatedAlways:
+		default:
+			return fmt.Errorf("%s.dedicated is %q: use off, allowed or always", where, *s.Dedicated)
 		}
 	}
 	for _, f := range []struct {

@@ -169,6 +169,11 @@ const (
 	UsageSamplingSample = "sampling_sample"
 	// UsageCheckpoint counts checkpoint saves.
 	UsageCheckpoint = "checkpoint"
+	// UsageDedicatedReplicaSeconds counts the seconds the replicas of a workspace's
+	// dedicated pools ran bound to its runs (summed over replicas).
+	UsageDedicatedReplicaSeconds = "dedicated_replica_seconds"
+	// UsageDedicatedGPUSeconds is the same times the GPUs per replica.
+	UsageDedicatedGPUSeconds = "dedicated_gpu_seconds"
 )
 
 // UsageRecord is one usage counter: Amount of Kind (one of the Usage* constants) for a base

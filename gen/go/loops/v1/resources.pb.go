@@ -232,7 +232,11 @@ type TrainingRun struct {
 	// stay.
 	UnloadReason string `protobuf:"bytes,13,opt,name=unload_reason,json=unloadReason,proto3" json:"unload_reason,omitempty"`
 	// Optimizer steps (optim_step) applied to the run so far.
-	OptimSteps    int64 `protobuf:"varint,14,opt,name=optim_steps,json=optimSteps,proto3" json:"optim_steps,omitempty"`
+	OptimSteps int64 `protobuf:"varint,14,opt,name=optim_steps,json=optimSteps,proto3" json:"optim_steps,omitempty"`
+	// The dedicated worker pool bound to the run (dedicated mode); empty for a run on the
+	// shared pools (serverless). Its replicas' time is metered as dedicated replica- and
+	// GPU-seconds.
+	DedicatedPool string `protobuf:"bytes,15,opt,name=dedicated_pool,json=dedicatedPool,proto3" json:"dedicated_pool,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -363,6 +367,13 @@ func (x *TrainingRun) GetOptimSteps() int64 {
 		return x.OptimSteps
 	}
 	return 0
+}
+
+func (x *TrainingRun) GetDedicatedPool() string {
+	if x != nil {
+		return x.DedicatedPool
+	}
+	return ""
 }
 
 // Checkpoint is a saved adapter: a PEFT-compatible folder.
@@ -604,7 +615,7 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"end_reason\x18\v \x01(\tR\tendReason\x1a?\n" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe5\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8c\x06\n" +
 	"\vTrainingRun\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -624,7 +635,8 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\rclient_seq_id\x18\f \x01(\x03H\x00R\vclientSeqId\x88\x01\x01\x12#\n" +
 	"\runload_reason\x18\r \x01(\tR\funloadReason\x12\x1f\n" +
 	"\voptim_steps\x18\x0e \x01(\x03R\n" +
-	"optimSteps\x1a?\n" +
+	"optimSteps\x12%\n" +
+	"\x0ededicated_pool\x18\x0f \x01(\tR\rdedicatedPool\x1a?\n" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +

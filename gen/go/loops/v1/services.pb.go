@@ -89,6 +89,11 @@ const (
 	UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS UsageKind = 3
 	// Checkpoint saves (weights and sampler weights).
 	UsageKind_USAGE_KIND_CHECKPOINTS UsageKind = 4
+	// Seconds the replicas of dedicated pools ran bound to the workspace's runs, summed over
+	// replicas (time scaled to zero excluded).
+	UsageKind_USAGE_KIND_DEDICATED_REPLICA_SECONDS UsageKind = 5
+	// The same times each replica's GPUs (dedicated GPU time; 0 for CPU pools).
+	UsageKind_USAGE_KIND_DEDICATED_GPU_SECONDS UsageKind = 6
 )
 
 // Enum value maps for UsageKind.
@@ -99,13 +104,17 @@ var (
 		2: "USAGE_KIND_SAMPLING_PREFILL_TOKENS",
 		3: "USAGE_KIND_SAMPLING_SAMPLE_TOKENS",
 		4: "USAGE_KIND_CHECKPOINTS",
+		5: "USAGE_KIND_DEDICATED_REPLICA_SECONDS",
+		6: "USAGE_KIND_DEDICATED_GPU_SECONDS",
 	}
 	UsageKind_value = map[string]int32{
-		"USAGE_KIND_UNSPECIFIED":             0,
-		"USAGE_KIND_TRAINING_TOKENS":         1,
-		"USAGE_KIND_SAMPLING_PREFILL_TOKENS": 2,
-		"USAGE_KIND_SAMPLING_SAMPLE_TOKENS":  3,
-		"USAGE_KIND_CHECKPOINTS":             4,
+		"USAGE_KIND_UNSPECIFIED":               0,
+		"USAGE_KIND_TRAINING_TOKENS":           1,
+		"USAGE_KIND_SAMPLING_PREFILL_TOKENS":   2,
+		"USAGE_KIND_SAMPLING_SAMPLE_TOKENS":    3,
+		"USAGE_KIND_CHECKPOINTS":               4,
+		"USAGE_KIND_DEDICATED_REPLICA_SECONDS": 5,
+		"USAGE_KIND_DEDICATED_GPU_SECONDS":     6,
 	}
 )
 
@@ -526,8 +535,12 @@ type CreateTrainingRunRequest struct {
 	// to the checkpoint's.
 	FromCheckpoint string `protobuf:"bytes,6,opt,name=from_checkpoint,json=fromCheckpoint,proto3" json:"from_checkpoint,omitempty"`
 	WithOptimizer  bool   `protobuf:"varint,7,opt,name=with_optimizer,json=withOptimizer,proto3" json:"with_optimizer,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Ask for worker replicas of the run's own (dedicated mode) instead of the shared pools.
+	// The same as user_metadata loops.dedicated=true (and loops.dedicated_replicas), which is
+	// how a tinker script asks; the workspace's policy may refuse it or make it the default.
+	Dedicated     *DedicatedPool `protobuf:"bytes,8,opt,name=dedicated,proto3" json:"dedicated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateTrainingRunRequest) Reset() {
@@ -609,6 +622,60 @@ func (x *CreateTrainingRunRequest) GetWithOptimizer() bool {
 	return false
 }
 
+func (x *CreateTrainingRunRequest) GetDedicated() *DedicatedPool {
+	if x != nil {
+		return x.Dedicated
+	}
+	return nil
+}
+
+// DedicatedPool is what a dedicated run asks for.
+type DedicatedPool struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Replicas of the run's base model, serving its training and the sampling of its
+	// checkpoints: 1 to 8; 0 means 1.
+	Replicas      int32 `protobuf:"varint,1,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DedicatedPool) Reset() {
+	*x = DedicatedPool{}
+	mi := &file_loops_v1_services_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DedicatedPool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DedicatedPool) ProtoMessage() {}
+
+func (x *DedicatedPool) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DedicatedPool.ProtoReflect.Descriptor instead.
+func (*DedicatedPool) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *DedicatedPool) GetReplicas() int32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
 type GetTrainingRunRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -618,7 +685,7 @@ type GetTrainingRunRequest struct {
 
 func (x *GetTrainingRunRequest) Reset() {
 	*x = GetTrainingRunRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[8]
+	mi := &file_loops_v1_services_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -630,7 +697,7 @@ func (x *GetTrainingRunRequest) String() string {
 func (*GetTrainingRunRequest) ProtoMessage() {}
 
 func (x *GetTrainingRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[8]
+	mi := &file_loops_v1_services_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +710,7 @@ func (x *GetTrainingRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTrainingRunRequest.ProtoReflect.Descriptor instead.
 func (*GetTrainingRunRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{8}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetTrainingRunRequest) GetId() string {
@@ -668,7 +735,7 @@ type GetTrainingRunMetricsRequest struct {
 
 func (x *GetTrainingRunMetricsRequest) Reset() {
 	*x = GetTrainingRunMetricsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[9]
+	mi := &file_loops_v1_services_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -680,7 +747,7 @@ func (x *GetTrainingRunMetricsRequest) String() string {
 func (*GetTrainingRunMetricsRequest) ProtoMessage() {}
 
 func (x *GetTrainingRunMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[9]
+	mi := &file_loops_v1_services_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -693,7 +760,7 @@ func (x *GetTrainingRunMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTrainingRunMetricsRequest.ProtoReflect.Descriptor instead.
 func (*GetTrainingRunMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{9}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetTrainingRunMetricsRequest) GetTrainingRunId() string {
@@ -734,7 +801,7 @@ type GetTrainingRunMetricsResponse struct {
 
 func (x *GetTrainingRunMetricsResponse) Reset() {
 	*x = GetTrainingRunMetricsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[10]
+	mi := &file_loops_v1_services_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -746,7 +813,7 @@ func (x *GetTrainingRunMetricsResponse) String() string {
 func (*GetTrainingRunMetricsResponse) ProtoMessage() {}
 
 func (x *GetTrainingRunMetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[10]
+	mi := &file_loops_v1_services_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -759,7 +826,7 @@ func (x *GetTrainingRunMetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTrainingRunMetricsResponse.ProtoReflect.Descriptor instead.
 func (*GetTrainingRunMetricsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{10}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetTrainingRunMetricsResponse) GetSteps() []*StepMetrics {
@@ -816,7 +883,7 @@ type StepMetrics struct {
 
 func (x *StepMetrics) Reset() {
 	*x = StepMetrics{}
-	mi := &file_loops_v1_services_proto_msgTypes[11]
+	mi := &file_loops_v1_services_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -828,7 +895,7 @@ func (x *StepMetrics) String() string {
 func (*StepMetrics) ProtoMessage() {}
 
 func (x *StepMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[11]
+	mi := &file_loops_v1_services_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -841,7 +908,7 @@ func (x *StepMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepMetrics.ProtoReflect.Descriptor instead.
 func (*StepMetrics) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{11}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StepMetrics) GetKind() OperationKind {
@@ -1007,7 +1074,7 @@ type RLStepMetrics struct {
 
 func (x *RLStepMetrics) Reset() {
 	*x = RLStepMetrics{}
-	mi := &file_loops_v1_services_proto_msgTypes[12]
+	mi := &file_loops_v1_services_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1019,7 +1086,7 @@ func (x *RLStepMetrics) String() string {
 func (*RLStepMetrics) ProtoMessage() {}
 
 func (x *RLStepMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[12]
+	mi := &file_loops_v1_services_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1032,7 +1099,7 @@ func (x *RLStepMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLStepMetrics.ProtoReflect.Descriptor instead.
 func (*RLStepMetrics) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{12}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RLStepMetrics) GetTokens() int64 {
@@ -1126,7 +1193,7 @@ type ListTrainingRunsRequest struct {
 
 func (x *ListTrainingRunsRequest) Reset() {
 	*x = ListTrainingRunsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[13]
+	mi := &file_loops_v1_services_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1205,7 @@ func (x *ListTrainingRunsRequest) String() string {
 func (*ListTrainingRunsRequest) ProtoMessage() {}
 
 func (x *ListTrainingRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[13]
+	mi := &file_loops_v1_services_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1218,7 @@ func (x *ListTrainingRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTrainingRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListTrainingRunsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{13}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListTrainingRunsRequest) GetLimit() int32 {
@@ -1188,7 +1255,7 @@ type ListTrainingRunsResponse struct {
 
 func (x *ListTrainingRunsResponse) Reset() {
 	*x = ListTrainingRunsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[14]
+	mi := &file_loops_v1_services_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1200,7 +1267,7 @@ func (x *ListTrainingRunsResponse) String() string {
 func (*ListTrainingRunsResponse) ProtoMessage() {}
 
 func (x *ListTrainingRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[14]
+	mi := &file_loops_v1_services_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1213,7 +1280,7 @@ func (x *ListTrainingRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTrainingRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListTrainingRunsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{14}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListTrainingRunsResponse) GetTrainingRuns() []*TrainingRun {
@@ -1246,7 +1313,7 @@ type UnloadTrainingRunRequest struct {
 
 func (x *UnloadTrainingRunRequest) Reset() {
 	*x = UnloadTrainingRunRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[15]
+	mi := &file_loops_v1_services_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1258,7 +1325,7 @@ func (x *UnloadTrainingRunRequest) String() string {
 func (*UnloadTrainingRunRequest) ProtoMessage() {}
 
 func (x *UnloadTrainingRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[15]
+	mi := &file_loops_v1_services_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1271,7 +1338,7 @@ func (x *UnloadTrainingRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnloadTrainingRunRequest.ProtoReflect.Descriptor instead.
 func (*UnloadTrainingRunRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{15}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *UnloadTrainingRunRequest) GetId() string {
@@ -1296,7 +1363,7 @@ type ForwardBackwardRequest struct {
 
 func (x *ForwardBackwardRequest) Reset() {
 	*x = ForwardBackwardRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[16]
+	mi := &file_loops_v1_services_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1308,7 +1375,7 @@ func (x *ForwardBackwardRequest) String() string {
 func (*ForwardBackwardRequest) ProtoMessage() {}
 
 func (x *ForwardBackwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[16]
+	mi := &file_loops_v1_services_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1321,7 +1388,7 @@ func (x *ForwardBackwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardBackwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardBackwardRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{16}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ForwardBackwardRequest) GetTrainingRunId() string {
@@ -1377,7 +1444,7 @@ type OptimStepRequest struct {
 
 func (x *OptimStepRequest) Reset() {
 	*x = OptimStepRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[17]
+	mi := &file_loops_v1_services_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1389,7 +1456,7 @@ func (x *OptimStepRequest) String() string {
 func (*OptimStepRequest) ProtoMessage() {}
 
 func (x *OptimStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[17]
+	mi := &file_loops_v1_services_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1402,7 +1469,7 @@ func (x *OptimStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OptimStepRequest.ProtoReflect.Descriptor instead.
 func (*OptimStepRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{17}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *OptimStepRequest) GetTrainingRunId() string {
@@ -1444,7 +1511,7 @@ type SaveWeightsRequest struct {
 
 func (x *SaveWeightsRequest) Reset() {
 	*x = SaveWeightsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[18]
+	mi := &file_loops_v1_services_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1456,7 +1523,7 @@ func (x *SaveWeightsRequest) String() string {
 func (*SaveWeightsRequest) ProtoMessage() {}
 
 func (x *SaveWeightsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[18]
+	mi := &file_loops_v1_services_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1469,7 +1536,7 @@ func (x *SaveWeightsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveWeightsRequest.ProtoReflect.Descriptor instead.
 func (*SaveWeightsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{18}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SaveWeightsRequest) GetTrainingRunId() string {
@@ -1534,7 +1601,7 @@ type LoadWeightsRequest struct {
 
 func (x *LoadWeightsRequest) Reset() {
 	*x = LoadWeightsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[19]
+	mi := &file_loops_v1_services_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1546,7 +1613,7 @@ func (x *LoadWeightsRequest) String() string {
 func (*LoadWeightsRequest) ProtoMessage() {}
 
 func (x *LoadWeightsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[19]
+	mi := &file_loops_v1_services_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1559,7 +1626,7 @@ func (x *LoadWeightsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadWeightsRequest.ProtoReflect.Descriptor instead.
 func (*LoadWeightsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{19}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LoadWeightsRequest) GetTrainingRunId() string {
@@ -1605,7 +1672,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[20]
+	mi := &file_loops_v1_services_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1617,7 +1684,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[20]
+	mi := &file_loops_v1_services_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1630,7 +1697,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{20}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListCheckpointsRequest) GetTrainingRunId() string {
@@ -1674,7 +1741,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[21]
+	mi := &file_loops_v1_services_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1686,7 +1753,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[21]
+	mi := &file_loops_v1_services_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1699,7 +1766,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{21}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*Checkpoint {
@@ -1732,7 +1799,7 @@ type GetCheckpointRequest struct {
 
 func (x *GetCheckpointRequest) Reset() {
 	*x = GetCheckpointRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[22]
+	mi := &file_loops_v1_services_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1744,7 +1811,7 @@ func (x *GetCheckpointRequest) String() string {
 func (*GetCheckpointRequest) ProtoMessage() {}
 
 func (x *GetCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[22]
+	mi := &file_loops_v1_services_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1757,7 +1824,7 @@ func (x *GetCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{22}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetCheckpointRequest) GetPath() string {
@@ -1776,7 +1843,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[23]
+	mi := &file_loops_v1_services_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1788,7 +1855,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[23]
+	mi := &file_loops_v1_services_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1801,7 +1868,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{23}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteCheckpointRequest) GetPath() string {
@@ -1819,7 +1886,7 @@ type DeleteCheckpointResponse struct {
 
 func (x *DeleteCheckpointResponse) Reset() {
 	*x = DeleteCheckpointResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[24]
+	mi := &file_loops_v1_services_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1831,7 +1898,7 @@ func (x *DeleteCheckpointResponse) String() string {
 func (*DeleteCheckpointResponse) ProtoMessage() {}
 
 func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[24]
+	mi := &file_loops_v1_services_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1844,7 +1911,7 @@ func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{24}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{25}
 }
 
 type SetCheckpointPublicRequest struct {
@@ -1857,7 +1924,7 @@ type SetCheckpointPublicRequest struct {
 
 func (x *SetCheckpointPublicRequest) Reset() {
 	*x = SetCheckpointPublicRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[25]
+	mi := &file_loops_v1_services_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1869,7 +1936,7 @@ func (x *SetCheckpointPublicRequest) String() string {
 func (*SetCheckpointPublicRequest) ProtoMessage() {}
 
 func (x *SetCheckpointPublicRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[25]
+	mi := &file_loops_v1_services_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1882,7 +1949,7 @@ func (x *SetCheckpointPublicRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCheckpointPublicRequest.ProtoReflect.Descriptor instead.
 func (*SetCheckpointPublicRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{25}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SetCheckpointPublicRequest) GetPath() string {
@@ -1910,7 +1977,7 @@ type SetCheckpointTTLRequest struct {
 
 func (x *SetCheckpointTTLRequest) Reset() {
 	*x = SetCheckpointTTLRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[26]
+	mi := &file_loops_v1_services_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1922,7 +1989,7 @@ func (x *SetCheckpointTTLRequest) String() string {
 func (*SetCheckpointTTLRequest) ProtoMessage() {}
 
 func (x *SetCheckpointTTLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[26]
+	mi := &file_loops_v1_services_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1935,7 +2002,7 @@ func (x *SetCheckpointTTLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCheckpointTTLRequest.ProtoReflect.Descriptor instead.
 func (*SetCheckpointTTLRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{26}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SetCheckpointTTLRequest) GetPath() string {
@@ -1961,7 +2028,7 @@ type GetCheckpointArchiveURLRequest struct {
 
 func (x *GetCheckpointArchiveURLRequest) Reset() {
 	*x = GetCheckpointArchiveURLRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[27]
+	mi := &file_loops_v1_services_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1973,7 +2040,7 @@ func (x *GetCheckpointArchiveURLRequest) String() string {
 func (*GetCheckpointArchiveURLRequest) ProtoMessage() {}
 
 func (x *GetCheckpointArchiveURLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[27]
+	mi := &file_loops_v1_services_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1986,7 +2053,7 @@ func (x *GetCheckpointArchiveURLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointArchiveURLRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointArchiveURLRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{27}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetCheckpointArchiveURLRequest) GetPath() string {
@@ -2006,7 +2073,7 @@ type GetCheckpointArchiveURLResponse struct {
 
 func (x *GetCheckpointArchiveURLResponse) Reset() {
 	*x = GetCheckpointArchiveURLResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[28]
+	mi := &file_loops_v1_services_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2018,7 +2085,7 @@ func (x *GetCheckpointArchiveURLResponse) String() string {
 func (*GetCheckpointArchiveURLResponse) ProtoMessage() {}
 
 func (x *GetCheckpointArchiveURLResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[28]
+	mi := &file_loops_v1_services_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2031,7 +2098,7 @@ func (x *GetCheckpointArchiveURLResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointArchiveURLResponse.ProtoReflect.Descriptor instead.
 func (*GetCheckpointArchiveURLResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{28}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetCheckpointArchiveURLResponse) GetUrl() string {
@@ -2058,7 +2125,7 @@ type GetCheckpointExportURLRequest struct {
 
 func (x *GetCheckpointExportURLRequest) Reset() {
 	*x = GetCheckpointExportURLRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[29]
+	mi := &file_loops_v1_services_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2070,7 +2137,7 @@ func (x *GetCheckpointExportURLRequest) String() string {
 func (*GetCheckpointExportURLRequest) ProtoMessage() {}
 
 func (x *GetCheckpointExportURLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[29]
+	mi := &file_loops_v1_services_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2083,7 +2150,7 @@ func (x *GetCheckpointExportURLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointExportURLRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointExportURLRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{29}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetCheckpointExportURLRequest) GetPath() string {
@@ -2110,7 +2177,7 @@ type GetCheckpointExportURLResponse struct {
 
 func (x *GetCheckpointExportURLResponse) Reset() {
 	*x = GetCheckpointExportURLResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[30]
+	mi := &file_loops_v1_services_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2122,7 +2189,7 @@ func (x *GetCheckpointExportURLResponse) String() string {
 func (*GetCheckpointExportURLResponse) ProtoMessage() {}
 
 func (x *GetCheckpointExportURLResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[30]
+	mi := &file_loops_v1_services_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2135,7 +2202,7 @@ func (x *GetCheckpointExportURLResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointExportURLResponse.ProtoReflect.Descriptor instead.
 func (*GetCheckpointExportURLResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{30}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetCheckpointExportURLResponse) GetUrl() string {
@@ -2161,7 +2228,7 @@ type GetCheckpointFileURLsRequest struct {
 
 func (x *GetCheckpointFileURLsRequest) Reset() {
 	*x = GetCheckpointFileURLsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[31]
+	mi := &file_loops_v1_services_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2173,7 +2240,7 @@ func (x *GetCheckpointFileURLsRequest) String() string {
 func (*GetCheckpointFileURLsRequest) ProtoMessage() {}
 
 func (x *GetCheckpointFileURLsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[31]
+	mi := &file_loops_v1_services_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2186,7 +2253,7 @@ func (x *GetCheckpointFileURLsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointFileURLsRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointFileURLsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{31}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetCheckpointFileURLsRequest) GetPath() string {
@@ -2208,7 +2275,7 @@ type GetCheckpointFileURLsResponse struct {
 
 func (x *GetCheckpointFileURLsResponse) Reset() {
 	*x = GetCheckpointFileURLsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[32]
+	mi := &file_loops_v1_services_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2220,7 +2287,7 @@ func (x *GetCheckpointFileURLsResponse) String() string {
 func (*GetCheckpointFileURLsResponse) ProtoMessage() {}
 
 func (x *GetCheckpointFileURLsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[32]
+	mi := &file_loops_v1_services_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2233,7 +2300,7 @@ func (x *GetCheckpointFileURLsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointFileURLsResponse.ProtoReflect.Descriptor instead.
 func (*GetCheckpointFileURLsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{32}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetCheckpointFileURLsResponse) GetUrls() map[string]string {
@@ -2267,7 +2334,7 @@ type CreateSamplerRequest struct {
 
 func (x *CreateSamplerRequest) Reset() {
 	*x = CreateSamplerRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[33]
+	mi := &file_loops_v1_services_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2279,7 +2346,7 @@ func (x *CreateSamplerRequest) String() string {
 func (*CreateSamplerRequest) ProtoMessage() {}
 
 func (x *CreateSamplerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[33]
+	mi := &file_loops_v1_services_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2292,7 +2359,7 @@ func (x *CreateSamplerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSamplerRequest.ProtoReflect.Descriptor instead.
 func (*CreateSamplerRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{33}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CreateSamplerRequest) GetSessionId() string {
@@ -2339,7 +2406,7 @@ type GetSamplerRequest struct {
 
 func (x *GetSamplerRequest) Reset() {
 	*x = GetSamplerRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[34]
+	mi := &file_loops_v1_services_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2351,7 +2418,7 @@ func (x *GetSamplerRequest) String() string {
 func (*GetSamplerRequest) ProtoMessage() {}
 
 func (x *GetSamplerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[34]
+	mi := &file_loops_v1_services_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2364,7 +2431,7 @@ func (x *GetSamplerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSamplerRequest.ProtoReflect.Descriptor instead.
 func (*GetSamplerRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{34}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetSamplerRequest) GetId() string {
@@ -2390,7 +2457,7 @@ type SampleRequest struct {
 
 func (x *SampleRequest) Reset() {
 	*x = SampleRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[35]
+	mi := &file_loops_v1_services_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2402,7 +2469,7 @@ func (x *SampleRequest) String() string {
 func (*SampleRequest) ProtoMessage() {}
 
 func (x *SampleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[35]
+	mi := &file_loops_v1_services_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2415,7 +2482,7 @@ func (x *SampleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SampleRequest.ProtoReflect.Descriptor instead.
 func (*SampleRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{35}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SampleRequest) GetSamplerId() string {
@@ -2475,7 +2542,7 @@ type ListModelsRequest struct {
 
 func (x *ListModelsRequest) Reset() {
 	*x = ListModelsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[36]
+	mi := &file_loops_v1_services_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2487,7 +2554,7 @@ func (x *ListModelsRequest) String() string {
 func (*ListModelsRequest) ProtoMessage() {}
 
 func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[36]
+	mi := &file_loops_v1_services_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2500,7 +2567,7 @@ func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsRequest.ProtoReflect.Descriptor instead.
 func (*ListModelsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{36}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{37}
 }
 
 type ListModelsResponse struct {
@@ -2512,7 +2579,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[37]
+	mi := &file_loops_v1_services_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2524,7 +2591,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[37]
+	mi := &file_loops_v1_services_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2537,7 +2604,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{37}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListModelsResponse) GetModels() []*ModelInfo {
@@ -2559,7 +2626,7 @@ type GetUsageRequest struct {
 
 func (x *GetUsageRequest) Reset() {
 	*x = GetUsageRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[38]
+	mi := &file_loops_v1_services_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2571,7 +2638,7 @@ func (x *GetUsageRequest) String() string {
 func (*GetUsageRequest) ProtoMessage() {}
 
 func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[38]
+	mi := &file_loops_v1_services_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2584,7 +2651,7 @@ func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetUsageRequest.ProtoReflect.Descriptor instead.
 func (*GetUsageRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{38}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetUsageRequest) GetStartTime() *timestamppb.Timestamp {
@@ -2610,7 +2677,7 @@ type GetUsageResponse struct {
 
 func (x *GetUsageResponse) Reset() {
 	*x = GetUsageResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[39]
+	mi := &file_loops_v1_services_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2622,7 +2689,7 @@ func (x *GetUsageResponse) String() string {
 func (*GetUsageResponse) ProtoMessage() {}
 
 func (x *GetUsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[39]
+	mi := &file_loops_v1_services_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2635,7 +2702,7 @@ func (x *GetUsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetUsageResponse.ProtoReflect.Descriptor instead.
 func (*GetUsageResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{39}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetUsageResponse) GetBuckets() []*UsageBucket {
@@ -2662,7 +2729,7 @@ type UsageBucket struct {
 
 func (x *UsageBucket) Reset() {
 	*x = UsageBucket{}
-	mi := &file_loops_v1_services_proto_msgTypes[40]
+	mi := &file_loops_v1_services_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2674,7 +2741,7 @@ func (x *UsageBucket) String() string {
 func (*UsageBucket) ProtoMessage() {}
 
 func (x *UsageBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[40]
+	mi := &file_loops_v1_services_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2687,7 +2754,7 @@ func (x *UsageBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageBucket.ProtoReflect.Descriptor instead.
 func (*UsageBucket) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{40}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *UsageBucket) GetStartTime() *timestamppb.Timestamp {
@@ -2747,7 +2814,7 @@ type GetWorkspaceRequest struct {
 
 func (x *GetWorkspaceRequest) Reset() {
 	*x = GetWorkspaceRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[41]
+	mi := &file_loops_v1_services_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2759,7 +2826,7 @@ func (x *GetWorkspaceRequest) String() string {
 func (*GetWorkspaceRequest) ProtoMessage() {}
 
 func (x *GetWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[41]
+	mi := &file_loops_v1_services_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2772,7 +2839,7 @@ func (x *GetWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*GetWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{41}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{42}
 }
 
 // Workspace is an API key's workspace: its name, its policy's limits and its current use.
@@ -2787,7 +2854,7 @@ type Workspace struct {
 
 func (x *Workspace) Reset() {
 	*x = Workspace{}
-	mi := &file_loops_v1_services_proto_msgTypes[42]
+	mi := &file_loops_v1_services_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2799,7 +2866,7 @@ func (x *Workspace) String() string {
 func (*Workspace) ProtoMessage() {}
 
 func (x *Workspace) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[42]
+	mi := &file_loops_v1_services_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2812,7 +2879,7 @@ func (x *Workspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workspace.ProtoReflect.Descriptor instead.
 func (*Workspace) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{42}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Workspace) GetName() string {
@@ -2860,7 +2927,7 @@ type WorkspaceLimits struct {
 
 func (x *WorkspaceLimits) Reset() {
 	*x = WorkspaceLimits{}
-	mi := &file_loops_v1_services_proto_msgTypes[43]
+	mi := &file_loops_v1_services_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2872,7 +2939,7 @@ func (x *WorkspaceLimits) String() string {
 func (*WorkspaceLimits) ProtoMessage() {}
 
 func (x *WorkspaceLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[43]
+	mi := &file_loops_v1_services_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2885,7 +2952,7 @@ func (x *WorkspaceLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceLimits.ProtoReflect.Descriptor instead.
 func (*WorkspaceLimits) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{43}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *WorkspaceLimits) GetModels() []*ModelInfo {
@@ -2947,7 +3014,7 @@ type WorkspaceUse struct {
 
 func (x *WorkspaceUse) Reset() {
 	*x = WorkspaceUse{}
-	mi := &file_loops_v1_services_proto_msgTypes[44]
+	mi := &file_loops_v1_services_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2959,7 +3026,7 @@ func (x *WorkspaceUse) String() string {
 func (*WorkspaceUse) ProtoMessage() {}
 
 func (x *WorkspaceUse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[44]
+	mi := &file_loops_v1_services_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2972,7 +3039,7 @@ func (x *WorkspaceUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceUse.ProtoReflect.Descriptor instead.
 func (*WorkspaceUse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{44}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *WorkspaceUse) GetLiveRuns() int32 {
@@ -3036,7 +3103,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\bsessions\x18\x01 \x03(\v2\x11.loops.v1.SessionR\bsessions\x12\x1f\n" +
 	"\vtotal_count\x18\x02 \x01(\x03R\n" +
 	"totalCount\x12&\n" +
-	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\xa9\x03\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\xe0\x03\n" +
 	"\x18CreateTrainingRunRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12'\n" +
@@ -3046,11 +3113,14 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x04lora\x18\x04 \x01(\v2\x14.loops.v1.LoraConfigR\x04lora\x12Y\n" +
 	"\ruser_metadata\x18\x05 \x03(\v24.loops.v1.CreateTrainingRunRequest.UserMetadataEntryR\fuserMetadata\x12'\n" +
 	"\x0ffrom_checkpoint\x18\x06 \x01(\tR\x0efromCheckpoint\x12%\n" +
-	"\x0ewith_optimizer\x18\a \x01(\bR\rwithOptimizer\x1a?\n" +
+	"\x0ewith_optimizer\x18\a \x01(\bR\rwithOptimizer\x125\n" +
+	"\tdedicated\x18\b \x01(\v2\x17.loops.v1.DedicatedPoolR\tdedicated\x1a?\n" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +
-	"\x0e_client_seq_id\"'\n" +
+	"\x0e_client_seq_id\"+\n" +
+	"\rDedicatedPool\x12\x1a\n" +
+	"\breplicas\x18\x01 \x01(\x05R\breplicas\"'\n" +
 	"\x15GetTrainingRunRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x9b\x01\n" +
 	"\x1cGetTrainingRunMetricsRequest\x12&\n" +
@@ -3258,13 +3328,15 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\fExportFormat\x12\x1d\n" +
 	"\x19EXPORT_FORMAT_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12EXPORT_FORMAT_PEFT\x10\x01\x12\x18\n" +
-	"\x14EXPORT_FORMAT_MERGED\x10\x02*\xb2\x01\n" +
+	"\x14EXPORT_FORMAT_MERGED\x10\x02*\x82\x02\n" +
 	"\tUsageKind\x12\x1a\n" +
 	"\x16USAGE_KIND_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aUSAGE_KIND_TRAINING_TOKENS\x10\x01\x12&\n" +
 	"\"USAGE_KIND_SAMPLING_PREFILL_TOKENS\x10\x02\x12%\n" +
 	"!USAGE_KIND_SAMPLING_SAMPLE_TOKENS\x10\x03\x12\x1a\n" +
-	"\x16USAGE_KIND_CHECKPOINTS\x10\x042\x98\x04\n" +
+	"\x16USAGE_KIND_CHECKPOINTS\x10\x04\x12(\n" +
+	"$USAGE_KIND_DEDICATED_REPLICA_SECONDS\x10\x05\x12$\n" +
+	" USAGE_KIND_DEDICATED_GPU_SECONDS\x10\x062\x98\x04\n" +
 	"\x0eSessionService\x12[\n" +
 	"\rCreateSession\x12\x1e.loops.v1.CreateSessionRequest\x1a\x11.loops.v1.Session\"\x17\x82\xd3\xe4\x93\x02\x11:\x01*\"\f/v1/sessions\x12\x81\x01\n" +
 	"\x10HeartbeatSession\x12!.loops.v1.HeartbeatSessionRequest\x1a\".loops.v1.HeartbeatSessionResponse\"&\x82\xd3\xe4\x93\x02 :\x01*\"\x1b/v1/sessions/{id}/heartbeat\x12g\n" +
@@ -3319,7 +3391,7 @@ func file_loops_v1_services_proto_rawDescGZIP() []byte {
 }
 
 var file_loops_v1_services_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_loops_v1_services_proto_goTypes = []any{
 	(ExportFormat)(0),                       // 0: loops.v1.ExportFormat
 	(UsageKind)(0),                          // 1: loops.v1.UsageKind
@@ -3331,153 +3403,155 @@ var file_loops_v1_services_proto_goTypes = []any{
 	(*ListSessionsRequest)(nil),             // 7: loops.v1.ListSessionsRequest
 	(*ListSessionsResponse)(nil),            // 8: loops.v1.ListSessionsResponse
 	(*CreateTrainingRunRequest)(nil),        // 9: loops.v1.CreateTrainingRunRequest
-	(*GetTrainingRunRequest)(nil),           // 10: loops.v1.GetTrainingRunRequest
-	(*GetTrainingRunMetricsRequest)(nil),    // 11: loops.v1.GetTrainingRunMetricsRequest
-	(*GetTrainingRunMetricsResponse)(nil),   // 12: loops.v1.GetTrainingRunMetricsResponse
-	(*StepMetrics)(nil),                     // 13: loops.v1.StepMetrics
-	(*RLStepMetrics)(nil),                   // 14: loops.v1.RLStepMetrics
-	(*ListTrainingRunsRequest)(nil),         // 15: loops.v1.ListTrainingRunsRequest
-	(*ListTrainingRunsResponse)(nil),        // 16: loops.v1.ListTrainingRunsResponse
-	(*UnloadTrainingRunRequest)(nil),        // 17: loops.v1.UnloadTrainingRunRequest
-	(*ForwardBackwardRequest)(nil),          // 18: loops.v1.ForwardBackwardRequest
-	(*OptimStepRequest)(nil),                // 19: loops.v1.OptimStepRequest
-	(*SaveWeightsRequest)(nil),              // 20: loops.v1.SaveWeightsRequest
-	(*LoadWeightsRequest)(nil),              // 21: loops.v1.LoadWeightsRequest
-	(*ListCheckpointsRequest)(nil),          // 22: loops.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),         // 23: loops.v1.ListCheckpointsResponse
-	(*GetCheckpointRequest)(nil),            // 24: loops.v1.GetCheckpointRequest
-	(*DeleteCheckpointRequest)(nil),         // 25: loops.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil),        // 26: loops.v1.DeleteCheckpointResponse
-	(*SetCheckpointPublicRequest)(nil),      // 27: loops.v1.SetCheckpointPublicRequest
-	(*SetCheckpointTTLRequest)(nil),         // 28: loops.v1.SetCheckpointTTLRequest
-	(*GetCheckpointArchiveURLRequest)(nil),  // 29: loops.v1.GetCheckpointArchiveURLRequest
-	(*GetCheckpointArchiveURLResponse)(nil), // 30: loops.v1.GetCheckpointArchiveURLResponse
-	(*GetCheckpointExportURLRequest)(nil),   // 31: loops.v1.GetCheckpointExportURLRequest
-	(*GetCheckpointExportURLResponse)(nil),  // 32: loops.v1.GetCheckpointExportURLResponse
-	(*GetCheckpointFileURLsRequest)(nil),    // 33: loops.v1.GetCheckpointFileURLsRequest
-	(*GetCheckpointFileURLsResponse)(nil),   // 34: loops.v1.GetCheckpointFileURLsResponse
-	(*CreateSamplerRequest)(nil),            // 35: loops.v1.CreateSamplerRequest
-	(*GetSamplerRequest)(nil),               // 36: loops.v1.GetSamplerRequest
-	(*SampleRequest)(nil),                   // 37: loops.v1.SampleRequest
-	(*ListModelsRequest)(nil),               // 38: loops.v1.ListModelsRequest
-	(*ListModelsResponse)(nil),              // 39: loops.v1.ListModelsResponse
-	(*GetUsageRequest)(nil),                 // 40: loops.v1.GetUsageRequest
-	(*GetUsageResponse)(nil),                // 41: loops.v1.GetUsageResponse
-	(*UsageBucket)(nil),                     // 42: loops.v1.UsageBucket
-	(*GetWorkspaceRequest)(nil),             // 43: loops.v1.GetWorkspaceRequest
-	(*Workspace)(nil),                       // 44: loops.v1.Workspace
-	(*WorkspaceLimits)(nil),                 // 45: loops.v1.WorkspaceLimits
-	(*WorkspaceUse)(nil),                    // 46: loops.v1.WorkspaceUse
-	nil,                                     // 47: loops.v1.CreateSessionRequest.UserMetadataEntry
-	nil,                                     // 48: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
-	nil,                                     // 49: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	nil,                                     // 50: loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
-	(*Session)(nil),                         // 51: loops.v1.Session
-	(*LoraConfig)(nil),                      // 52: loops.v1.LoraConfig
-	(OperationKind)(0),                      // 53: loops.v1.OperationKind
-	(*timestamppb.Timestamp)(nil),           // 54: google.protobuf.Timestamp
-	(*TrainingRun)(nil),                     // 55: loops.v1.TrainingRun
-	(*Datum)(nil),                           // 56: loops.v1.Datum
-	(*AdamParams)(nil),                      // 57: loops.v1.AdamParams
-	(CheckpointKind)(0),                     // 58: loops.v1.CheckpointKind
-	(*Checkpoint)(nil),                      // 59: loops.v1.Checkpoint
-	(*SamplingParams)(nil),                  // 60: loops.v1.SamplingParams
-	(*ModelInfo)(nil),                       // 61: loops.v1.ModelInfo
-	(*Operation)(nil),                       // 62: loops.v1.Operation
-	(*Sampler)(nil),                         // 63: loops.v1.Sampler
+	(*DedicatedPool)(nil),                   // 10: loops.v1.DedicatedPool
+	(*GetTrainingRunRequest)(nil),           // 11: loops.v1.GetTrainingRunRequest
+	(*GetTrainingRunMetricsRequest)(nil),    // 12: loops.v1.GetTrainingRunMetricsRequest
+	(*GetTrainingRunMetricsResponse)(nil),   // 13: loops.v1.GetTrainingRunMetricsResponse
+	(*StepMetrics)(nil),                     // 14: loops.v1.StepMetrics
+	(*RLStepMetrics)(nil),                   // 15: loops.v1.RLStepMetrics
+	(*ListTrainingRunsRequest)(nil),         // 16: loops.v1.ListTrainingRunsRequest
+	(*ListTrainingRunsResponse)(nil),        // 17: loops.v1.ListTrainingRunsResponse
+	(*UnloadTrainingRunRequest)(nil),        // 18: loops.v1.UnloadTrainingRunRequest
+	(*ForwardBackwardRequest)(nil),          // 19: loops.v1.ForwardBackwardRequest
+	(*OptimStepRequest)(nil),                // 20: loops.v1.OptimStepRequest
+	(*SaveWeightsRequest)(nil),              // 21: loops.v1.SaveWeightsRequest
+	(*LoadWeightsRequest)(nil),              // 22: loops.v1.LoadWeightsRequest
+	(*ListCheckpointsRequest)(nil),          // 23: loops.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),         // 24: loops.v1.ListCheckpointsResponse
+	(*GetCheckpointRequest)(nil),            // 25: loops.v1.GetCheckpointRequest
+	(*DeleteCheckpointRequest)(nil),         // 26: loops.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil),        // 27: loops.v1.DeleteCheckpointResponse
+	(*SetCheckpointPublicRequest)(nil),      // 28: loops.v1.SetCheckpointPublicRequest
+	(*SetCheckpointTTLRequest)(nil),         // 29: loops.v1.SetCheckpointTTLRequest
+	(*GetCheckpointArchiveURLRequest)(nil),  // 30: loops.v1.GetCheckpointArchiveURLRequest
+	(*GetCheckpointArchiveURLResponse)(nil), // 31: loops.v1.GetCheckpointArchiveURLResponse
+	(*GetCheckpointExportURLRequest)(nil),   // 32: loops.v1.GetCheckpointExportURLRequest
+	(*GetCheckpointExportURLResponse)(nil),  // 33: loops.v1.GetCheckpointExportURLResponse
+	(*GetCheckpointFileURLsRequest)(nil),    // 34: loops.v1.GetCheckpointFileURLsRequest
+	(*GetCheckpointFileURLsResponse)(nil),   // 35: loops.v1.GetCheckpointFileURLsResponse
+	(*CreateSamplerRequest)(nil),            // 36: loops.v1.CreateSamplerRequest
+	(*GetSamplerRequest)(nil),               // 37: loops.v1.GetSamplerRequest
+	(*SampleRequest)(nil),                   // 38: loops.v1.SampleRequest
+	(*ListModelsRequest)(nil),               // 39: loops.v1.ListModelsRequest
+	(*ListModelsResponse)(nil),              // 40: loops.v1.ListModelsResponse
+	(*GetUsageRequest)(nil),                 // 41: loops.v1.GetUsageRequest
+	(*GetUsageResponse)(nil),                // 42: loops.v1.GetUsageResponse
+	(*UsageBucket)(nil),                     // 43: loops.v1.UsageBucket
+	(*GetWorkspaceRequest)(nil),             // 44: loops.v1.GetWorkspaceRequest
+	(*Workspace)(nil),                       // 45: loops.v1.Workspace
+	(*WorkspaceLimits)(nil),                 // 46: loops.v1.WorkspaceLimits
+	(*WorkspaceUse)(nil),                    // 47: loops.v1.WorkspaceUse
+	nil,                                     // 48: loops.v1.CreateSessionRequest.UserMetadataEntry
+	nil,                                     // 49: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	nil,                                     // 50: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	nil,                                     // 51: loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	(*Session)(nil),                         // 52: loops.v1.Session
+	(*LoraConfig)(nil),                      // 53: loops.v1.LoraConfig
+	(OperationKind)(0),                      // 54: loops.v1.OperationKind
+	(*timestamppb.Timestamp)(nil),           // 55: google.protobuf.Timestamp
+	(*TrainingRun)(nil),                     // 56: loops.v1.TrainingRun
+	(*Datum)(nil),                           // 57: loops.v1.Datum
+	(*AdamParams)(nil),                      // 58: loops.v1.AdamParams
+	(CheckpointKind)(0),                     // 59: loops.v1.CheckpointKind
+	(*Checkpoint)(nil),                      // 60: loops.v1.Checkpoint
+	(*SamplingParams)(nil),                  // 61: loops.v1.SamplingParams
+	(*ModelInfo)(nil),                       // 62: loops.v1.ModelInfo
+	(*Operation)(nil),                       // 63: loops.v1.Operation
+	(*Sampler)(nil),                         // 64: loops.v1.Sampler
 }
 var file_loops_v1_services_proto_depIdxs = []int32{
-	47, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
-	51, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
-	52, // 2: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
-	48, // 3: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
-	13, // 4: loops.v1.GetTrainingRunMetricsResponse.steps:type_name -> loops.v1.StepMetrics
-	53, // 5: loops.v1.StepMetrics.kind:type_name -> loops.v1.OperationKind
-	54, // 6: loops.v1.StepMetrics.time:type_name -> google.protobuf.Timestamp
-	14, // 7: loops.v1.StepMetrics.rl:type_name -> loops.v1.RLStepMetrics
-	55, // 8: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
-	56, // 9: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
-	49, // 10: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	57, // 11: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
-	58, // 12: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
-	59, // 13: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
-	54, // 14: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
-	0,  // 15: loops.v1.GetCheckpointExportURLRequest.format:type_name -> loops.v1.ExportFormat
-	54, // 16: loops.v1.GetCheckpointExportURLResponse.expire_time:type_name -> google.protobuf.Timestamp
-	50, // 17: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
-	54, // 18: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
-	60, // 19: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
-	61, // 20: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
-	54, // 21: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
-	54, // 22: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
-	42, // 23: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
-	54, // 24: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
-	54, // 25: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
-	1,  // 26: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
-	45, // 27: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
-	46, // 28: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
-	61, // 29: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
-	2,  // 30: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
-	3,  // 31: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
-	5,  // 32: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
-	6,  // 33: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
-	7,  // 34: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
-	9,  // 35: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
-	10, // 36: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
-	15, // 37: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
-	17, // 38: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
-	18, // 39: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
-	19, // 40: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
-	20, // 41: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
-	21, // 42: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
-	11, // 43: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
-	22, // 44: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
-	24, // 45: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
-	25, // 46: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
-	27, // 47: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
-	28, // 48: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
-	33, // 49: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
-	29, // 50: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
-	31, // 51: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
-	35, // 52: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
-	36, // 53: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
-	37, // 54: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
-	38, // 55: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
-	43, // 56: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
-	40, // 57: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
-	51, // 58: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
-	4,  // 59: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
-	51, // 60: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
-	51, // 61: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
-	8,  // 62: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
-	62, // 63: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
-	55, // 64: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
-	16, // 65: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
-	62, // 66: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
-	62, // 67: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
-	62, // 68: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
-	62, // 69: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
-	62, // 70: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
-	12, // 71: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
-	23, // 72: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
-	59, // 73: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
-	26, // 74: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
-	59, // 75: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
-	59, // 76: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
-	34, // 77: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
-	30, // 78: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
-	32, // 79: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
-	63, // 80: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
-	63, // 81: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
-	62, // 82: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
-	39, // 83: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
-	44, // 84: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
-	41, // 85: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
-	58, // [58:86] is the sub-list for method output_type
-	30, // [30:58] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	48, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
+	52, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
+	53, // 2: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
+	49, // 3: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	10, // 4: loops.v1.CreateTrainingRunRequest.dedicated:type_name -> loops.v1.DedicatedPool
+	14, // 5: loops.v1.GetTrainingRunMetricsResponse.steps:type_name -> loops.v1.StepMetrics
+	54, // 6: loops.v1.StepMetrics.kind:type_name -> loops.v1.OperationKind
+	55, // 7: loops.v1.StepMetrics.time:type_name -> google.protobuf.Timestamp
+	15, // 8: loops.v1.StepMetrics.rl:type_name -> loops.v1.RLStepMetrics
+	56, // 9: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
+	57, // 10: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
+	50, // 11: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	58, // 12: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
+	59, // 13: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
+	60, // 14: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
+	55, // 15: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
+	0,  // 16: loops.v1.GetCheckpointExportURLRequest.format:type_name -> loops.v1.ExportFormat
+	55, // 17: loops.v1.GetCheckpointExportURLResponse.expire_time:type_name -> google.protobuf.Timestamp
+	51, // 18: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	55, // 19: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
+	61, // 20: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
+	62, // 21: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
+	55, // 22: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
+	55, // 23: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
+	43, // 24: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
+	55, // 25: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
+	55, // 26: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
+	1,  // 27: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
+	46, // 28: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
+	47, // 29: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
+	62, // 30: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
+	2,  // 31: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
+	3,  // 32: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
+	5,  // 33: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
+	6,  // 34: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
+	7,  // 35: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
+	9,  // 36: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
+	11, // 37: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
+	16, // 38: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
+	18, // 39: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
+	19, // 40: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
+	20, // 41: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
+	21, // 42: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
+	22, // 43: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
+	12, // 44: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
+	23, // 45: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
+	25, // 46: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
+	26, // 47: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
+	28, // 48: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
+	29, // 49: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
+	34, // 50: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
+	30, // 51: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
+	32, // 52: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
+	36, // 53: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
+	37, // 54: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
+	38, // 55: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
+	39, // 56: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
+	44, // 57: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
+	41, // 58: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
+	52, // 59: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
+	4,  // 60: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
+	52, // 61: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
+	52, // 62: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
+	8,  // 63: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
+	63, // 64: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
+	56, // 65: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
+	17, // 66: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
+	63, // 67: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
+	63, // 68: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
+	63, // 69: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
+	63, // 70: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
+	63, // 71: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
+	13, // 72: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
+	24, // 73: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
+	60, // 74: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
+	27, // 75: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
+	60, // 76: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
+	60, // 77: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
+	35, // 78: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
+	31, // 79: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
+	33, // 80: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
+	64, // 81: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
+	64, // 82: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
+	63, // 83: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
+	40, // 84: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
+	45, // 85: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
+	42, // 86: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
+	59, // [59:87] is the sub-list for method output_type
+	31, // [31:59] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_services_proto_init() }
@@ -3489,19 +3563,19 @@ func file_loops_v1_services_proto_init() {
 	file_loops_v1_resources_proto_init()
 	file_loops_v1_types_proto_init()
 	file_loops_v1_services_proto_msgTypes[7].OneofWrappers = []any{}
-	file_loops_v1_services_proto_msgTypes[11].OneofWrappers = []any{}
 	file_loops_v1_services_proto_msgTypes[12].OneofWrappers = []any{}
-	file_loops_v1_services_proto_msgTypes[18].OneofWrappers = []any{}
-	file_loops_v1_services_proto_msgTypes[26].OneofWrappers = []any{}
-	file_loops_v1_services_proto_msgTypes[33].OneofWrappers = []any{}
-	file_loops_v1_services_proto_msgTypes[35].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[13].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[19].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[27].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[34].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[36].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_services_proto_rawDesc), len(file_loops_v1_services_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   49,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   7,
 		},

@@ -27,6 +27,8 @@ class UsageKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     USAGE_KIND_SAMPLING_PREFILL_TOKENS: _ClassVar[UsageKind]
     USAGE_KIND_SAMPLING_SAMPLE_TOKENS: _ClassVar[UsageKind]
     USAGE_KIND_CHECKPOINTS: _ClassVar[UsageKind]
+    USAGE_KIND_DEDICATED_REPLICA_SECONDS: _ClassVar[UsageKind]
+    USAGE_KIND_DEDICATED_GPU_SECONDS: _ClassVar[UsageKind]
 EXPORT_FORMAT_UNSPECIFIED: ExportFormat
 EXPORT_FORMAT_PEFT: ExportFormat
 EXPORT_FORMAT_MERGED: ExportFormat
@@ -35,6 +37,8 @@ USAGE_KIND_TRAINING_TOKENS: UsageKind
 USAGE_KIND_SAMPLING_PREFILL_TOKENS: UsageKind
 USAGE_KIND_SAMPLING_SAMPLE_TOKENS: UsageKind
 USAGE_KIND_CHECKPOINTS: UsageKind
+USAGE_KIND_DEDICATED_REPLICA_SECONDS: UsageKind
+USAGE_KIND_DEDICATED_GPU_SECONDS: UsageKind
 
 class CreateSessionRequest(_message.Message):
     __slots__ = ("tags", "user_metadata", "sdk_version", "project_id")
@@ -102,7 +106,7 @@ class ListSessionsResponse(_message.Message):
     def __init__(self, sessions: _Optional[_Iterable[_Union[_resources_pb2.Session, _Mapping]]] = ..., total_count: _Optional[int] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class CreateTrainingRunRequest(_message.Message):
-    __slots__ = ("session_id", "client_seq_id", "base_model", "lora", "user_metadata", "from_checkpoint", "with_optimizer")
+    __slots__ = ("session_id", "client_seq_id", "base_model", "lora", "user_metadata", "from_checkpoint", "with_optimizer", "dedicated")
     class UserMetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +121,7 @@ class CreateTrainingRunRequest(_message.Message):
     USER_METADATA_FIELD_NUMBER: _ClassVar[int]
     FROM_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     WITH_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    DEDICATED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     client_seq_id: int
     base_model: str
@@ -124,7 +129,14 @@ class CreateTrainingRunRequest(_message.Message):
     user_metadata: _containers.ScalarMap[str, str]
     from_checkpoint: str
     with_optimizer: bool
-    def __init__(self, session_id: _Optional[str] = ..., client_seq_id: _Optional[int] = ..., base_model: _Optional[str] = ..., lora: _Optional[_Union[_types_pb2.LoraConfig, _Mapping]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., from_checkpoint: _Optional[str] = ..., with_optimizer: _Optional[bool] = ...) -> None: ...
+    dedicated: DedicatedPool
+    def __init__(self, session_id: _Optional[str] = ..., client_seq_id: _Optional[int] = ..., base_model: _Optional[str] = ..., lora: _Optional[_Union[_types_pb2.LoraConfig, _Mapping]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., from_checkpoint: _Optional[str] = ..., with_optimizer: _Optional[bool] = ..., dedicated: _Optional[_Union[DedicatedPool, _Mapping]] = ...) -> None: ...
+
+class DedicatedPool(_message.Message):
+    __slots__ = ("replicas",)
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    replicas: int
+    def __init__(self, replicas: _Optional[int] = ...) -> None: ...
 
 class GetTrainingRunRequest(_message.Message):
     __slots__ = ("id",)

@@ -235,10 +235,13 @@ func (x *FileURL) GetSha256() string {
 }
 
 type CreateAdapterRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	AdapterId     string                 `protobuf:"bytes,1,opt,name=adapter_id,json=adapterId,proto3" json:"adapter_id,omitempty"`
-	BaseModel     string                 `protobuf:"bytes,2,opt,name=base_model,json=baseModel,proto3" json:"base_model,omitempty"`
-	Lora          *v1.LoraConfig         `protobuf:"bytes,3,opt,name=lora,proto3" json:"lora,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	AdapterId string                 `protobuf:"bytes,1,opt,name=adapter_id,json=adapterId,proto3" json:"adapter_id,omitempty"`
+	BaseModel string                 `protobuf:"bytes,2,opt,name=base_model,json=baseModel,proto3" json:"base_model,omitempty"`
+	Lora      *v1.LoraConfig         `protobuf:"bytes,3,opt,name=lora,proto3" json:"lora,omitempty"`
+	// The dedicated pool to place the adapter on (backends.DedicatedPools); empty: the shared
+	// pools. Set by the gateway for its worker backend; workers ignore it.
+	Pool          string `protobuf:"bytes,4,opt,name=pool,proto3" json:"pool,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -292,6 +295,13 @@ func (x *CreateAdapterRequest) GetLora() *v1.LoraConfig {
 		return x.Lora
 	}
 	return nil
+}
+
+func (x *CreateAdapterRequest) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
 }
 
 type CreateAdapterResponse struct {
@@ -1080,7 +1090,10 @@ type SampleRequest struct {
 	// Instead of adapter_dir (which is then empty), with checkpoint_urls: the adapter's
 	// files, which the worker downloads (checking each size and SHA-256) once per content
 	// into a bounded cache of its own.
-	AdapterFiles  []*FileURL `protobuf:"bytes,8,rep,name=adapter_files,json=adapterFiles,proto3" json:"adapter_files,omitempty"`
+	AdapterFiles []*FileURL `protobuf:"bytes,8,rep,name=adapter_files,json=adapterFiles,proto3" json:"adapter_files,omitempty"`
+	// The dedicated pool whose replicas sample (the pool of the run whose checkpoint this
+	// is); empty: the shared pools. Set by the gateway for its worker backend.
+	Pool          string `protobuf:"bytes,9,opt,name=pool,proto3" json:"pool,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1169,6 +1182,13 @@ func (x *SampleRequest) GetAdapterFiles() []*FileURL {
 		return x.AdapterFiles
 	}
 	return nil
+}
+
+func (x *SampleRequest) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
 }
 
 type SampleResponse struct {
@@ -1438,13 +1458,14 @@ const file_loops_backend_v1_backend_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12\x12\n" +
 	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x16\n" +
-	"\x06sha256\x18\x04 \x01(\tR\x06sha256\"~\n" +
+	"\x06sha256\x18\x04 \x01(\tR\x06sha256\"\x92\x01\n" +
 	"\x14CreateAdapterRequest\x12\x1d\n" +
 	"\n" +
 	"adapter_id\x18\x01 \x01(\tR\tadapterId\x12\x1d\n" +
 	"\n" +
 	"base_model\x18\x02 \x01(\tR\tbaseModel\x12(\n" +
-	"\x04lora\x18\x03 \x01(\v2\x14.loops.v1.LoraConfigR\x04lora\"\x17\n" +
+	"\x04lora\x18\x03 \x01(\v2\x14.loops.v1.LoraConfigR\x04lora\x12\x12\n" +
+	"\x04pool\x18\x04 \x01(\tR\x04pool\"\x17\n" +
 	"\x15CreateAdapterResponse\"5\n" +
 	"\x14DeleteAdapterRequest\x12\x1d\n" +
 	"\n" +
@@ -1495,7 +1516,7 @@ const file_loops_backend_v1_backend_proto_rawDesc = "" +
 	"\x0eload_optimizer\x18\x03 \x01(\bR\rloadOptimizer\x12%\n" +
 	"\x0eload_gradients\x18\x04 \x01(\bR\rloadGradients\x125\n" +
 	"\bdownload\x18\x05 \x03(\v2\x19.loops.backend.v1.FileURLR\bdownload\"\x15\n" +
-	"\x13LoadAdapterResponse\"\xd5\x02\n" +
+	"\x13LoadAdapterResponse\"\xe9\x02\n" +
 	"\rSampleRequest\x12\x1d\n" +
 	"\n" +
 	"base_model\x18\x01 \x01(\tR\tbaseModel\x12\x1f\n" +
@@ -1507,7 +1528,8 @@ const file_loops_backend_v1_backend_proto_rawDesc = "" +
 	"\x06params\x18\x05 \x01(\v2\x18.loops.v1.SamplingParamsR\x06params\x12'\n" +
 	"\x0fprompt_logprobs\x18\x06 \x01(\bR\x0epromptLogprobs\x120\n" +
 	"\x14topk_prompt_logprobs\x18\a \x01(\x05R\x12topkPromptLogprobs\x12>\n" +
-	"\radapter_files\x18\b \x03(\v2\x19.loops.backend.v1.FileURLR\fadapterFiles\"@\n" +
+	"\radapter_files\x18\b \x03(\v2\x19.loops.backend.v1.FileURLR\fadapterFiles\x12\x12\n" +
+	"\x04pool\x18\t \x01(\tR\x04pool\"@\n" +
 	"\x0eSampleResponse\x12.\n" +
 	"\x06result\x18\x01 \x01(\v2\x16.loops.v1.SampleResultR\x06result\"P\n" +
 	"\x13StreamSampleRequest\x129\n" +

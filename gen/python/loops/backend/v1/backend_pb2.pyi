@@ -40,14 +40,16 @@ class FileURL(_message.Message):
     def __init__(self, name: _Optional[str] = ..., url: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class CreateAdapterRequest(_message.Message):
-    __slots__ = ("adapter_id", "base_model", "lora")
+    __slots__ = ("adapter_id", "base_model", "lora", "pool")
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
     adapter_id: str
     base_model: str
     lora: _types_pb2.LoraConfig
-    def __init__(self, adapter_id: _Optional[str] = ..., base_model: _Optional[str] = ..., lora: _Optional[_Union[_types_pb2.LoraConfig, _Mapping]] = ...) -> None: ...
+    pool: str
+    def __init__(self, adapter_id: _Optional[str] = ..., base_model: _Optional[str] = ..., lora: _Optional[_Union[_types_pb2.LoraConfig, _Mapping]] = ..., pool: _Optional[str] = ...) -> None: ...
 
 class CreateAdapterResponse(_message.Message):
     __slots__ = ()
@@ -167,7 +169,7 @@ class LoadAdapterResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class SampleRequest(_message.Message):
-    __slots__ = ("base_model", "adapter_dir", "prompt", "num_samples", "params", "prompt_logprobs", "topk_prompt_logprobs", "adapter_files")
+    __slots__ = ("base_model", "adapter_dir", "prompt", "num_samples", "params", "prompt_logprobs", "topk_prompt_logprobs", "adapter_files", "pool")
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_DIR_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +178,7 @@ class SampleRequest(_message.Message):
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOPK_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FILES_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
     base_model: str
     adapter_dir: str
     prompt: _containers.RepeatedScalarFieldContainer[int]
@@ -184,7 +187,8 @@ class SampleRequest(_message.Message):
     prompt_logprobs: bool
     topk_prompt_logprobs: int
     adapter_files: _containers.RepeatedCompositeFieldContainer[FileURL]
-    def __init__(self, base_model: _Optional[str] = ..., adapter_dir: _Optional[str] = ..., prompt: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ..., topk_prompt_logprobs: _Optional[int] = ..., adapter_files: _Optional[_Iterable[_Union[FileURL, _Mapping]]] = ...) -> None: ...
+    pool: str
+    def __init__(self, base_model: _Optional[str] = ..., adapter_dir: _Optional[str] = ..., prompt: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ..., topk_prompt_logprobs: _Optional[int] = ..., adapter_files: _Optional[_Iterable[_Union[FileURL, _Mapping]]] = ..., pool: _Optional[str] = ...) -> None: ...
 
 class SampleResponse(_message.Message):
     __slots__ = ("result",)
