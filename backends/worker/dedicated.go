@@ -82,7 +82,7 @@ func (b *Backend) AcquirePool(ctx context.Context, req backends.PoolRequest) (ba
 			return backends.PoolGrant{Pool: d.id, Warm: true, GPUsPerReplica: b.opts.Pool.GPUsPerReplica}, nil
 		}
 	}
-	used := b.poolReplicas * (len(b.opts.Models))
+	used := (b.poolReplicas + b.samplerReplicas) * len(b.opts.Models)
 	for _, d := range b.dedicated {
 		if !d.zero {
 			used += d.replicas

@@ -3,6 +3,7 @@ package worker
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/pools/local"
 	"github.com/loops-dev/loops/backends/serve"
 	"github.com/loops-dev/loops/backends/tiny"
@@ -159,4 +161,67 @@ func TestLocalWorkersGoWorker(t *testing.T) {
 	require.NoError(t, b.WaitReady(ctx))
 	_, err = b.Trainer().OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: "a"})
 	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err), "the adapter went with the worker")
+}
+
+// TestSamplerPool: with sampler_replicas, each model has a pool of sampler replicas beside
+// its trainers: adapters are placed on trainers only, samples go to the sampler replicas
+// (to the trainers while none serves), and deployments scale the sampler pool.
+func TestSamplerPool(t *testing.T) {
+	dir := t.TempDir()
+	o, err := OptionsFromConfig(backends.Config{Models: []string{tiny.Name}, Options: map[string]string{"provider": "local", "replicas": "1", "sampler_replicas": "1"}})
+	require.NoError(t, err)
+	o.Pool.HeartbeatTimeout = 6 * time.Second
+	o.Command, o.DataDir, o.Args = []string{testBinary()}, dir, []string{"--data-dir", dir, "--threads", "1"}
+	o.Env = []string{goWorkerEnv + "=1", "HF_HUB_CACHE=" + filepath.Join(dir, "hub"), serve.LogLevelEnv + "=WARN"}
+	o.HealthInterval, o.HealthTimeout, o.StartTimeout = 200*time.Millisecond, 2*time.Second, 30*time.Second
+	b, err := New(t.Context(), o)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	ctx := t.Context()
+	prov, reg := b.Pools()
+	trainers, samplers := PoolID(tiny.Name), SamplerPoolID(tiny.Name)
+	require.Eventually(t, func() bool { return len(reg.Members(trainers)) == 1 && len(reg.Members(samplers)) == 1 }, 30*time.Second, 20*time.Millisecond)
+	require.NoError(t, b.WaitReady(ctx))
+
+	_, err = b.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "a", BaseModel: tiny.Name, Lora: &loopsv1.LoraConfig{Rank: 2, TrainAttn: true}})
+	require.NoError(t, err)
+	pool, _, ok := b.AdapterReplica("a")
+	require.True(t, ok)
+	require.Equal(t, trainers, pool, "adapters go to the trainers")
+	ck := t.TempDir()
+	_, err = b.Trainer().SaveAdapter(ctx, &backendv1.SaveAdapterRequest{AdapterId: "a", Dir: ck})
+	require.NoError(t, err)
+	sample := func() string { // the pool that sampled; "" when the sample failed
+		t.Helper()
+		_, err := b.Sampler().Sample(ctx, &backendv1.SampleRequest{BaseModel: tiny.Name, AdapterDir: ck, Prompt: []int32{5, 17}, NumSamples: 1,
+			Params: &loopsv1.SamplingParams{MaxTokens: 2, Temperature: 1, TopP: 1, Seed: proto.Uint64(1)}})
+		if err != nil {
+			return ""
+		}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		for _, w := range b.workers { // the replica that sampled now holds the adapter
+			w.mu.Lock()
+			held, p := slices.Contains(w.load.held, "dir:"+ck), w.pool
+			w.load.held = nil
+			w.mu.Unlock()
+			if held {
+				return p
+			}
+		}
+		return ""
+	}
+	require.Equal(t, samplers, sample(), "samples go to the sampler replicas")
+	// deployments scale the sampler pool
+	n, placed, err := b.ScaleSamplers(ctx, tiny.Name, 2)
+	require.NoError(t, err)
+	require.True(t, placed)
+	require.Equal(t, 2, n)
+	require.Eventually(t, func() bool { return len(reg.Members(samplers)) == 2 }, 30*time.Second, 20*time.Millisecond)
+	require.Len(t, reg.Members(trainers), 1)
+	// with no sampler replica, the trainers sample (a sample may fail while the replica
+	// being stopped is still attached)
+	require.NoError(t, prov.ScalePool(ctx, samplers, 0))
+	require.Eventually(t, func() bool { return len(reg.Members(samplers)) == 0 }, 30*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return sample() == trainers }, 10*time.Second, 100*time.Millisecond)
 }

@@ -32,7 +32,12 @@ type PoolOptions struct {
 	Provider string
 	// Replicas per pool (default 1); GPUsPerReplica (default 0); Slots bounds the replicas
 	// of all pools together (default 64).
-	Replicas       int
+	Replicas int
+	// SamplerReplicas, when above 0, gives each model a second pool of that many replicas in
+	// the sampler role ("<pool>-sampler"): sampling goes to them (to the trainers only while
+	// none serves), training never does, and deployments scale it. 0: the trainer replicas
+	// serve sampling too.
+	SamplerReplicas int
 	GPUsPerReplica int
 	Slots          int
 	// RegistryListen is where the Registry listens (default 127.0.0.1:0 for local and
@@ -74,8 +79,14 @@ func PoolID(model string) string {
 	return id
 }
 
+// SamplerPoolID is the pool of sampler replicas of a model (PoolOptions.SamplerReplicas).
+func SamplerPoolID(model string) string {
+	id := PoolID(model)
+	return id[:min(len(id), 120)] + "-sampler"
+}
+
 // poolOptionsFromConfig reads the pool keys of a backend's options: provider (LOOPS_POOL_PROVIDER),
-// replicas, gpus_per_replica, pool_slots, registry_listen, registry_url, join_token_file
+// replicas, sampler_replicas, gpus_per_replica, pool_slots, registry_listen, registry_url, join_token_file
 // (LOOPS_JOIN_TOKEN_FILE), gpus (0,1,...), ray_address (LOOPS_RAY_ADDRESS), ray_python,
 // heartbeat_timeout, preemptible (true: runs keep step recovery), keep_warm and idle_to_zero
 // (dedicated pools, dedicated.go; unset: the defaults; 0s: none). No provider: nil (today's workers/local_workers mode).
@@ -97,7 +108,7 @@ func poolOptionsFromConfig(m map[string]string) (*PoolOptions, error) {
 	default:
 		return nil, fmt.Errorf("torch: option provider=%q must be local, static or ray", p.Provider)
 	}
-	for key, dst := range map[string]*int{"replicas": &p.Replicas, "gpus_per_replica": &p.GPUsPerReplica, "pool_slots": &p.Slots} {
+	for key, dst := range map[string]*int{"replicas": &p.Replicas, "sampler_replicas": &p.SamplerReplicas, "gpus_per_replica": &p.GPUsPerReplica, "pool_slots": &p.Slots} {
 		if v := m[key]; v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 0 || n > pools.MaxReplicas {
@@ -231,13 +242,24 @@ func (b *Backend) startPooled(ctx context.Context) error {
 		w.why = "no replica has registered in this slot yet"
 		b.workers = append(b.workers, w)
 	}
+	b.samplerReplicas = po.SamplerReplicas
 	for i := 1; i < len(margs); i += 2 {
-		spec := pools.Spec{ID: PoolID(margs[i]), Role: pools.RoleTrainer, BaseModel: margs[i], Replicas: po.Replicas,
-			GPUsPerReplica: po.GPUsPerReplica, Preemptible: po.Preemptible, Args: b.poolArgs()}
-		if err := prov.EnsurePool(ctx, spec); err != nil {
-			return err
+		specs := []pools.Spec{{ID: PoolID(margs[i]), Role: pools.RoleTrainer, BaseModel: margs[i], Replicas: po.Replicas,
+			GPUsPerReplica: po.GPUsPerReplica, Preemptible: po.Preemptible, Args: b.poolArgs()}}
+		if po.SamplerReplicas > 0 && po.Provider != "static" {
+			s := specs[0]
+			s.ID, s.Role, s.Replicas = SamplerPoolID(margs[i]), pools.RoleSampler, po.SamplerReplicas
+			specs = append(specs, s)
 		}
-		b.log.Info("pool ensured", slog.String("pool", spec.ID), slog.String("provider", po.Provider), slog.Int("replicas", spec.Replicas), slog.String("registry", url))
+		for _, spec := range specs {
+			b.mu.Lock()
+			b.roles[spec.ID] = spec.Role
+			b.mu.Unlock()
+			if err := prov.EnsurePool(ctx, spec); err != nil {
+				return err
+			}
+			b.log.Info("pool ensured", slog.String("pool", spec.ID), slog.String("role", string(spec.Role)), slog.String("provider", po.Provider), slog.Int("replicas", spec.Replicas), slog.String("registry", url))
+		}
 	}
 	b.wg.Add(2)
 	go func() {
@@ -449,6 +471,9 @@ func (b *Backend) ScaleSamplers(ctx context.Context, baseModel string, n int) (i
 	for _, m := range b.opts.Models {
 		if name, _, _ := strings.Cut(m, "="); name == baseModel {
 			pool = PoolID(m)
+			if b.samplerReplicas > 0 { // the sampler pool serves the deployments
+				pool, want = SamplerPoolID(m), min(max(n, b.samplerReplicas, 1), b.poolSlots)
+			}
 		}
 	}
 	if pool == "" {

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/loops-dev/loops/backends/pools"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 )
 
@@ -66,13 +67,24 @@ func (b *Backend) pickSampler(pool, base, key string) (*worker, func(), error) {
 func (b *Backend) routeSample(pool, base, key string) *worker {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	// sampler replicas when one serves, else the trainers
+	samplers := false
+	for _, w := range b.workers {
+		w.mu.Lock()
+		ok := w.alive && w.caps != nil && b.roles[w.pool] == pools.RoleSampler && serves(w.caps, base) && b.inPoolLocked(w.pool, pool)
+		w.mu.Unlock()
+		if ok {
+			samplers = true
+			break
+		}
+	}
 	var holder, least *worker
 	var holderLoad, leastLoad int
 	n := len(b.workers)
 	for k := range n {
 		w := b.workers[(b.rr+k)%n]
 		w.mu.Lock()
-		ok := w.alive && w.caps != nil && serves(w.caps, base) && b.inPoolLocked(w.pool, pool)
+		ok := w.alive && w.caps != nil && serves(w.caps, base) && b.inPoolLocked(w.pool, pool) && (!samplers || b.roles[w.pool] == pools.RoleSampler)
 		load, holds := w.load.inflight, key != "" && slices.Contains(w.load.held, key)
 		w.mu.Unlock()
 		if !ok {

@@ -195,6 +195,10 @@ type Backend struct {
 	closers      []func()
 	// dedicated pools by id (dedicated.go), guarded by mu
 	dedicated map[string]*dedicatedPool
+	// roles of the pools (sampler pools serve sampling only), guarded by mu; and the
+	// configured sampler replicas per model (0: no sampler pools)
+	roles           map[string]pools.Role
+	samplerReplicas int
 }
 
 var _ backends.Backend = (*Backend)(nil)
@@ -252,7 +256,7 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 	tr := &http.Transport{Protocols: p, DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext}
 	bctx, cancel := context.WithCancel(context.Background())
 	b := &Backend{opts: o, log: o.Logger.With(slog.String("backend", Name)), http: &http.Client{Transport: tr},
-		ctx: bctx, cancel: cancel, adapters: map[string]*worker{}, lost: map[string]string{}, dedicated: map[string]*dedicatedPool{}}
+		ctx: bctx, cancel: cancel, adapters: map[string]*worker{}, lost: map[string]string{}, dedicated: map[string]*dedicatedPool{}, roles: map[string]pools.Role{}}
 	if o.Pool != nil {
 		if err := b.startPooled(ctx); err != nil {
 			_ = b.Close()
@@ -817,8 +821,8 @@ func (b *Backend) pick(pool string, names ...string) (*worker, error) {
 		w.mu.Lock()
 		caps, alive, na, wpool := w.caps, w.alive, w.nAdapt, w.pool
 		w.mu.Unlock()
-		if !b.inPoolLocked(wpool, pool) {
-			continue
+		if !b.inPoolLocked(wpool, pool) || b.roles[wpool] == pools.RoleSampler {
+			continue // another pool's, or a sampler replica (pick places adapters)
 		}
 		for _, m := range caps.GetModels() {
 			if !seen[m.GetName()] {
