@@ -38,8 +38,8 @@ type PoolOptions struct {
 	// none serves), training never does, and deployments scale it. 0: the trainer replicas
 	// serve sampling too.
 	SamplerReplicas int
-	GPUsPerReplica int
-	Slots          int
+	GPUsPerReplica  int
+	Slots           int
 	// RegistryListen is where the Registry listens (default 127.0.0.1:0 for local and
 	// static, 0.0.0.0:7450 for ray); RegistryURL is its address as workers dial it (default
 	// derived from the listener; for ray set it to an address the Ray nodes reach).
