@@ -210,6 +210,9 @@ type PoolRequest struct {
 	BaseModel string
 	// Replicas serve the run: its trainer, and samplers for its checkpoints (at least 1).
 	Replicas int
+	// SamplerReplicas, when above 0, are replicas in the sampler role beside them, which
+	// then sample the run's checkpoints.
+	SamplerReplicas int
 	// Workspace and Owner (the run id) name who holds the pool, for the operator's views.
 	Workspace, Owner string
 }

@@ -36,10 +36,13 @@ const (
 type dedicatedPool struct {
 	id, model string
 	replicas  int
-	ws, owner string // who holds it; empty while warm
-	warmTimer *time.Timer
-	zero      bool      // scaled to zero for idleness
-	lastUse   time.Time // the last call on it
+	// the pool of its sampler replicas ("" when none), and their number
+	samplerID       string
+	samplerReplicas int
+	ws, owner       string // who holds it; empty while warm
+	warmTimer       *time.Timer
+	zero            bool      // scaled to zero for idleness
+	lastUse         time.Time // the last call on it
 	// replica-seconds while bound and not at zero: counted up to since
 	seconds float64
 	since   time.Time
@@ -49,7 +52,8 @@ type dedicatedPool struct {
 // dedicated pool itself, or ("") any shared pool. b.mu must be held.
 func (b *Backend) inPoolLocked(wpool, asked string) bool {
 	if asked != "" {
-		return wpool == asked
+		d := b.dedicated[asked]
+		return wpool == asked || d != nil && d.samplerID != "" && wpool == d.samplerID
 	}
 	_, dedicated := b.dedicated[wpool]
 	return !dedicated
@@ -66,7 +70,7 @@ func (b *Backend) AcquirePool(ctx context.Context, req backends.PoolRequest) (ba
 	if b.opts.Pool.Provider == "static" {
 		return backends.PoolGrant{}, connect.NewError(connect.CodeFailedPrecondition, errors.New("dedicated pools need a provider that starts workers (local or ray); provider=static has a fixed set"))
 	}
-	replicas := max(req.Replicas, 1)
+	replicas, samplers := max(req.Replicas, 1), max(req.SamplerReplicas, 0)
 	marg, err := b.modelArg(req.BaseModel)
 	if err != nil {
 		return backends.PoolGrant{}, err
@@ -74,7 +78,7 @@ func (b *Backend) AcquirePool(ctx context.Context, req backends.PoolRequest) (ba
 	now := time.Now()
 	b.mu.Lock()
 	for _, d := range b.dedicated {
-		if d.owner == "" && d.model == req.BaseModel && d.replicas == replicas {
+		if d.owner == "" && d.model == req.BaseModel && d.replicas == replicas && d.samplerReplicas == samplers {
 			d.warmTimer.Stop()
 			d.ws, d.owner, d.lastUse, d.since = req.Workspace, req.Owner, now, now
 			b.mu.Unlock()
@@ -85,40 +89,49 @@ func (b *Backend) AcquirePool(ctx context.Context, req backends.PoolRequest) (ba
 	used := (b.poolReplicas + b.samplerReplicas) * len(b.opts.Models)
 	for _, d := range b.dedicated {
 		if !d.zero {
-			used += d.replicas
+			used += d.replicas + d.samplerReplicas
 		}
 	}
-	if used+replicas > b.poolSlots {
+	if used+replicas+samplers > b.poolSlots {
 		b.mu.Unlock()
-		return backends.PoolGrant{}, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("no room for a dedicated pool of %d replicas: %d of the backend's %d replica slots (pool_slots) are in use; end a dedicated run, or retry when a warm pool expires", replicas, used, b.poolSlots))
+		return backends.PoolGrant{}, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("no room for a dedicated pool of %d replicas: %d of the backend's %d replica slots (pool_slots) are in use; end a dedicated run, or retry when a warm pool expires", replicas+samplers, used, b.poolSlots))
 	}
 	var r [4]byte
 	_, _ = rand.Read(r[:])
 	id := "ded-" + strings.TrimPrefix(PoolID(req.BaseModel), "torch-")
 	id = id[:min(len(id), 110)] + "-" + hex.EncodeToString(r[:])
-	d := &dedicatedPool{id: id, model: req.BaseModel, replicas: replicas, ws: req.Workspace, owner: req.Owner, lastUse: now, since: now}
+	d := &dedicatedPool{id: id, model: req.BaseModel, replicas: replicas, samplerReplicas: samplers, ws: req.Workspace, owner: req.Owner, lastUse: now, since: now}
+	specs := []pools.Spec{{ID: id, Role: pools.RoleTrainer, BaseModel: marg, Replicas: replicas, GPUsPerReplica: b.opts.Pool.GPUsPerReplica,
+		Preemptible: b.opts.Pool.Preemptible, Args: b.poolArgs()}}
+	if samplers > 0 {
+		d.samplerID = id + "-s"
+		s := specs[0]
+		s.ID, s.Role, s.Replicas = d.samplerID, pools.RoleSampler, samplers
+		specs = append(specs, s)
+		b.roles[d.samplerID] = pools.RoleSampler
+	}
 	b.dedicated[id] = d
 	b.mu.Unlock()
-	spec := pools.Spec{ID: id, Role: pools.RoleTrainer, BaseModel: marg, Replicas: replicas, GPUsPerReplica: b.opts.Pool.GPUsPerReplica,
-		Preemptible: b.opts.Pool.Preemptible, Args: b.poolArgs()}
-	if err := b.pools.EnsurePool(ctx, spec); err != nil {
-		b.forgetDedicated(id)
-		return backends.PoolGrant{}, connect.NewError(connect.CodeUnavailable, fmt.Errorf("starting a dedicated pool: %w", err))
+	for _, spec := range specs {
+		if err := b.pools.EnsurePool(ctx, spec); err != nil {
+			b.deleteDedicated(context.WithoutCancel(ctx), id, "it could not be started")
+			return backends.PoolGrant{}, connect.NewError(connect.CodeUnavailable, fmt.Errorf("starting a dedicated pool: %w", err))
+		}
 	}
 	b.log.Info("dedicated pool starting", slog.String("pool", id), slog.String("run", req.Owner), slog.Int("replicas", replicas))
-	if err := b.waitPool(ctx, id); err != nil {
-		_ = b.pools.DeletePool(context.WithoutCancel(ctx), id)
-		b.forgetDedicated(id)
+	if err := b.waitPool(ctx, id, false); err != nil {
+		b.deleteDedicated(context.WithoutCancel(ctx), id, "no replica served in time")
 		return backends.PoolGrant{}, err
 	}
 	return backends.PoolGrant{Pool: id, GPUsPerReplica: b.opts.Pool.GPUsPerReplica}, nil
 }
 
-// waitPool waits until a replica of pool serves, up to the start timeout.
-func (b *Backend) waitPool(ctx context.Context, pool string) error {
+// waitPool waits until a trainer replica of pool serves (with sampling, one of its sampler
+// replicas will do), up to the start timeout.
+func (b *Backend) waitPool(ctx context.Context, pool string, sampling bool) error {
 	wctx, cancel := context.WithTimeout(ctx, b.opts.StartTimeout)
 	defer cancel()
-	for !b.poolServes(pool) {
+	for !b.poolServes(pool, sampling) {
 		select {
 		case <-wctx.Done():
 			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("no replica of dedicated pool %s served within %v", pool, b.opts.StartTimeout))
@@ -128,13 +141,14 @@ func (b *Backend) waitPool(ctx context.Context, pool string) error {
 	return nil
 }
 
-// poolServes reports whether an alive replica of pool is attached.
-func (b *Backend) poolServes(pool string) bool {
+// poolServes reports whether an alive trainer replica of pool is attached (with sampling,
+// or one of its sampler replicas).
+func (b *Backend) poolServes(pool string, sampling bool) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, w := range b.workers {
 		w.mu.Lock()
-		ok := w.alive && w.pool == pool
+		ok := w.alive && (w.pool == pool || sampling && b.inPoolLocked(w.pool, pool))
 		w.mu.Unlock()
 		if ok {
 			return true
@@ -176,25 +190,44 @@ func (b *Backend) expireWarm(pool string) {
 	}
 }
 
+// deleteDedicated forgets a dedicated pool and deletes it (and its sampler pool).
 func (b *Backend) deleteDedicated(ctx context.Context, pool, why string) {
-	b.forgetDedicated(pool)
-	if err := b.pools.DeletePool(ctx, pool); err != nil {
-		b.log.Error("deleting a dedicated pool", slog.String("pool", pool), slog.Any("err", err))
-		return
+	b.mu.Lock()
+	ids := []string{pool}
+	if d := b.dedicated[pool]; d != nil && d.samplerID != "" {
+		ids = append(ids, d.samplerID)
+		delete(b.roles, d.samplerID)
+	}
+	delete(b.dedicated, pool)
+	b.mu.Unlock()
+	for _, id := range ids {
+		if err := b.pools.DeletePool(ctx, id); err != nil {
+			b.log.Error("deleting a dedicated pool", slog.String("pool", id), slog.Any("err", err))
+			return
+		}
 	}
 	b.log.Info("dedicated pool deleted", slog.String("pool", pool), slog.String("why", why))
 }
 
-func (b *Backend) forgetDedicated(pool string) {
-	b.mu.Lock()
-	delete(b.dedicated, pool)
-	b.mu.Unlock()
+// scaleDedicated scales a dedicated pool and its sampler pool to their sizes (up) or to zero.
+func (b *Backend) scaleDedicated(ctx context.Context, d *dedicatedPool, up bool) error {
+	n, s := 0, 0
+	if up {
+		n, s = d.replicas, d.samplerReplicas
+	}
+	if err := b.pools.ScalePool(ctx, d.id, n); err != nil {
+		return err
+	}
+	if d.samplerID != "" {
+		return b.pools.ScalePool(ctx, d.samplerID, s)
+	}
+	return nil
 }
 
 // count adds the replica-seconds since d.since (bound and not at zero). b.mu held.
 func (d *dedicatedPool) count(now time.Time) {
 	if d.owner != "" && !d.zero {
-		d.seconds += now.Sub(d.since).Seconds() * float64(d.replicas)
+		d.seconds += now.Sub(d.since).Seconds() * float64(d.replicas+d.samplerReplicas)
 	}
 	d.since = now
 }
@@ -214,7 +247,7 @@ func (b *Backend) ReplicaSeconds(pool string) float64 {
 // usePool records a call on a dedicated pool and, when it was scaled to zero, scales it up
 // again and waits (up to the start timeout) until a replica serves. An unknown pool answers
 // FailedPrecondition.
-func (b *Backend) usePool(ctx context.Context, pool string) error {
+func (b *Backend) usePool(ctx context.Context, pool string, sampling bool) error {
 	if pool == "" {
 		return nil
 	}
@@ -230,15 +263,14 @@ func (b *Backend) usePool(ctx context.Context, pool string) error {
 	if wake {
 		d.zero, d.since = false, now
 	}
-	n := d.replicas
 	b.mu.Unlock()
 	if wake {
-		if err := b.pools.ScalePool(ctx, pool, n); err != nil {
+		if err := b.scaleDedicated(ctx, d, true); err != nil {
 			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("scaling dedicated pool %s up again: %w", pool, err))
 		}
-		b.log.Info("dedicated pool scaled up again after idling at zero", slog.String("pool", pool), slog.Int("replicas", n))
+		b.log.Info("dedicated pool scaled up again after idling at zero", slog.String("pool", pool), slog.Int("replicas", d.replicas), slog.Int("sampler_replicas", d.samplerReplicas))
 	}
-	return b.waitPool(ctx, pool) // Unavailable when it does not come up in time
+	return b.waitPool(ctx, pool, sampling) // Unavailable when it does not come up in time
 }
 
 // touchAdapter records a call on the dedicated pool holding the adapter bound to w. b.mu
@@ -268,22 +300,22 @@ func (b *Backend) idleToZero() {
 		case <-t.C:
 		}
 		now := time.Now()
-		var down []string
+		var down []*dedicatedPool
 		b.mu.Lock()
-		for id, d := range b.dedicated {
+		for _, d := range b.dedicated {
 			if d.owner != "" && !d.zero && now.Sub(d.lastUse) >= idle {
 				d.count(now)
 				d.zero = true
-				down = append(down, id)
+				down = append(down, d)
 			}
 		}
 		b.mu.Unlock()
-		for _, id := range down {
-			if err := b.pools.ScalePool(b.ctx, id, 0); err != nil {
-				b.log.Error("scaling an idle dedicated pool to zero", slog.String("pool", id), slog.Any("err", err))
+		for _, d := range down {
+			if err := b.scaleDedicated(b.ctx, d, false); err != nil {
+				b.log.Error("scaling an idle dedicated pool to zero", slog.String("pool", d.id), slog.Any("err", err))
 				continue
 			}
-			b.log.Info("dedicated pool scaled to zero after idling", slog.String("pool", id), slog.Duration("idle", idle))
+			b.log.Info("dedicated pool scaled to zero after idling", slog.String("pool", d.id), slog.Duration("idle", idle))
 		}
 	}
 }

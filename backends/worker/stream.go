@@ -20,7 +20,7 @@ var _ backends.TokenStreamer = (*sampler)(nil)
 // nothing, as the inference APIs expect of a backend that cannot stream.
 func (s *sampler) SampleStream(ctx context.Context, req *backendv1.SampleRequest, sink tokenstream.Sink) (*backendv1.SampleResponse, error) {
 	b := (*Backend)(s)
-	if err := b.usePool(ctx, req.GetPool()); err != nil {
+	if err := b.usePool(ctx, req.GetPool(), true); err != nil {
 		return nil, err
 	}
 	w, done, err := b.pickSampler(req.GetPool(), req.GetBaseModel(), adapterKey(req))

@@ -909,7 +909,7 @@ func (t *trainer) CreateAdapter(ctx context.Context, req *backendv1.CreateAdapte
 	if exists {
 		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("adapter %q already exists; delete it first or pick another id", req.GetAdapterId()))
 	}
-	if err := b.usePool(ctx, req.GetPool()); err != nil {
+	if err := b.usePool(ctx, req.GetPool(), false); err != nil {
 		return nil, err
 	}
 	w, err := b.pick(req.GetPool(), req.GetBaseModel())
@@ -1114,7 +1114,7 @@ func folderBaseModel(dir string) string {
 
 func (s *sampler) Sample(ctx context.Context, req *backendv1.SampleRequest) (*backendv1.SampleResponse, error) {
 	b := (*Backend)(s)
-	if err := b.usePool(ctx, req.GetPool()); err != nil {
+	if err := b.usePool(ctx, req.GetPool(), true); err != nil {
 		return nil, err
 	}
 	w, done, err := b.pickSampler(req.GetPool(), req.GetBaseModel(), adapterKey(req))

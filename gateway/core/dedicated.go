@@ -28,62 +28,73 @@ import (
 const (
 	MetaDedicated         = "loops.dedicated"
 	MetaDedicatedReplicas = "loops.dedicated_replicas"
+	// MetaDedicatedSamplerReplicas asks for sampler replicas beside them (0-8, default 0).
+	MetaDedicatedSamplerReplicas = "loops.dedicated_sampler_replicas"
 	// maxDedicatedReplicas bounds loops.dedicated_replicas.
 	maxDedicatedReplicas = 8
 )
 
-// dedicatedAsk reads a run's request for a dedicated pool from its metadata: whether it
-// asks, and for how many replicas.
-func dedicatedAsk(meta map[string]string) (ask bool, replicas int, err error) {
-	replicas = 1
+// dedicatedShape is what a dedicated run asks for: replicas that train (and sample), and
+// sampler replicas beside them. Zero replicas: the shared pools.
+type dedicatedShape struct{ replicas, samplers int }
+
+// dedicatedAsk reads a run's request for a dedicated pool from its metadata.
+func dedicatedAsk(meta map[string]string) (ask bool, shape dedicatedShape, err error) {
+	shape.replicas = 1
 	switch v := strings.ToLower(strings.TrimSpace(meta[MetaDedicated])); v {
 	case "", "false", "0", "no":
 	case "true", "1", "yes":
 		ask = true
 	default:
-		return false, 0, invalidArgument("user_metadata %s=%q must be true or false", MetaDedicated, meta[MetaDedicated])
+		return false, shape, invalidArgument("user_metadata %s=%q must be true or false", MetaDedicated, meta[MetaDedicated])
 	}
-	if v, ok := meta[MetaDedicatedReplicas]; ok {
-		n, perr := strconv.Atoi(strings.TrimSpace(v))
-		if perr != nil || n < 1 || n > maxDedicatedReplicas {
-			return false, 0, invalidArgument("user_metadata %s=%q must be a whole number from 1 to %d", MetaDedicatedReplicas, v, maxDedicatedReplicas)
+	for _, f := range []struct {
+		key string
+		min int
+		dst *int
+	}{{MetaDedicatedReplicas, 1, &shape.replicas}, {MetaDedicatedSamplerReplicas, 0, &shape.samplers}} {
+		if v, ok := meta[f.key]; ok {
+			n, perr := strconv.Atoi(strings.TrimSpace(v))
+			if perr != nil || n < f.min || n > maxDedicatedReplicas {
+				return false, shape, invalidArgument("user_metadata %s=%q must be a whole number from %d to %d", f.key, v, f.min, maxDedicatedReplicas)
+			}
+			*f.dst = n
 		}
-		replicas = n
 	}
-	return ask, replicas, nil
+	return ask, shape, nil
 }
 
-// dedicatedFor decides at submission whether a new run of ws gets a dedicated pool, and how
-// many replicas, from its request (the dedicated field, or its metadata) and the
-// workspace's policy. 0: the shared pools.
-func (c *Core) dedicatedFor(ws string, meta map[string]string, field *loopsv1.DedicatedPool) (int, error) {
-	ask, replicas, err := dedicatedAsk(meta)
+// dedicatedFor decides at submission whether a new run of ws gets a dedicated pool, and of
+// what shape, from its request (the dedicated field, or its metadata) and the workspace's
+// policy.
+func (c *Core) dedicatedFor(ws string, meta map[string]string, field *loopsv1.DedicatedPool) (dedicatedShape, error) {
+	ask, shape, err := dedicatedAsk(meta)
 	if err != nil {
-		return 0, err
+		return dedicatedShape{}, err
 	}
 	if field != nil {
-		n := field.GetReplicas()
-		if n < 0 || n > maxDedicatedReplicas {
-			return 0, invalidArgument("dedicated.replicas must be from 1 to %d (0 means 1), got %d", maxDedicatedReplicas, n)
+		n, s := field.GetReplicas(), field.GetSamplerReplicas()
+		if n < 0 || n > maxDedicatedReplicas || s < 0 || s > maxDedicatedReplicas {
+			return dedicatedShape{}, invalidArgument("dedicated.replicas must be from 1 to %d (0 means 1) and dedicated.sampler_replicas from 0 to %d, got %d and %d", maxDedicatedReplicas, maxDedicatedReplicas, n, s)
 		}
-		ask, replicas = true, max(int(n), 1)
+		ask, shape = true, dedicatedShape{replicas: max(int(n), 1), samplers: int(s)}
 	}
 	dedicated, err := c.policy.Dedicated(ws, ask)
 	if err != nil || !dedicated {
-		return 0, err
+		return dedicatedShape{}, err
 	}
 	if c.dedicatedPools == nil {
-		return 0, failedPrecondition("dedicated runs need worker pools: this gateway's backend has none (start loops serve --backend torch --backend-opt provider=local|ray); leave out user_metadata %s", MetaDedicated)
+		return dedicatedShape{}, failedPrecondition("dedicated runs need worker pools: this gateway's backend has none (start loops serve --backend torch --backend-opt provider=local|ray); leave out user_metadata %s", MetaDedicated)
 	}
-	return replicas, nil
+	return shape, nil
 }
 
 // acquirePool binds a dedicated pool to a run about to create its adapter (its creation
 // task waits for a cold start).
-func (c *Core) acquirePool(ctx context.Context, r *run, replicas int) error {
+func (c *Core) acquirePool(ctx context.Context, r *run, shape dedicatedShape) error {
 	info := r.snapshot()
 	start := time.Now()
-	g, err := c.dedicatedPools.AcquirePool(ctx, backends.PoolRequest{BaseModel: info.GetBaseModel(), Replicas: replicas, Workspace: r.ws, Owner: r.id})
+	g, err := c.dedicatedPools.AcquirePool(ctx, backends.PoolRequest{BaseModel: info.GetBaseModel(), Replicas: shape.replicas, SamplerReplicas: shape.samplers, Workspace: r.ws, Owner: r.id})
 	if err != nil {
 		return err
 	}

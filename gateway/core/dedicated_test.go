@@ -62,7 +62,7 @@ func TestDedicatedRuns(t *testing.T) {
 	create := func() (string, string, time.Duration) {
 		start := time.Now()
 		run := wait(svc.Training.CreateTrainingRun(ctx, &loopsv1.CreateTrainingRunRequest{BaseModel: tiny.Name,
-			Lora: &loopsv1.LoraConfig{Rank: 4, Seed: 1, TrainAttn: true}, UserMetadata: map[string]string{core.MetaDedicated: "true"}})).GetTrainingRun()
+			Lora: &loopsv1.LoraConfig{Rank: 4, Seed: 1, TrainAttn: true}, UserMetadata: map[string]string{core.MetaDedicated: "true", core.MetaDedicatedSamplerReplicas: "1"}})).GetTrainingRun()
 		took := time.Since(start)
 		require.True(t, strings.HasPrefix(run.GetDedicatedPool(), "ded-"), "the run has a pool of its own: %q", run.GetDedicatedPool())
 		p, _, ok := b.AdapterReplica(run.GetId())
@@ -92,13 +92,18 @@ func TestDedicatedRuns(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, info.GetCorrupted())
 
-	// its checkpoints sample on its pool: with the shared pool scaled to zero, they still do
+	// its checkpoints sample on its sampler replicas: with the shared pool and its own
+	// trainer at zero, they still do
+	require.Len(t, reg.Members(poolB+"-s"), 1, "the run has a sampler replica of its own")
 	require.NoError(t, prov.ScalePool(t.Context(), worker.PoolID(tiny.Name), 0))
 	require.Eventually(t, func() bool { return len(reg.Members(worker.PoolID(tiny.Name))) == 0 }, 20*time.Second, 50*time.Millisecond)
 	eph := wait(svc.Training.SaveWeights(ctx, &loopsv1.SaveWeightsRequest{TrainingRunId: bRun, Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER}))
+	require.NoError(t, prov.ScalePool(t.Context(), poolB, 0))
+	require.Eventually(t, func() bool { return len(reg.Members(poolB)) == 0 }, 20*time.Second, 50*time.Millisecond)
 	sample := wait(svc.Sampling.Sample(ctx, &loopsv1.SampleRequest{SamplerId: eph.GetSaveWeights().GetSamplerId(), Prompt: []int32{72, 105}, NumSamples: 1,
 		Params: &loopsv1.SamplingParams{MaxTokens: 4}}))
 	require.Len(t, sample.GetSample().GetSequences(), 1)
+	require.NoError(t, prov.ScalePool(t.Context(), poolB, 1)) // its trainer back, for the unload below
 
 	usage, err := svc.Usage.GetUsage(ctx, &loopsv1.GetUsageRequest{})
 	require.NoError(t, err)

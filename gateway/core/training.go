@@ -108,7 +108,7 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 	if err := validateLora(model, lora); err != nil {
 		return nil, err
 	}
-	replicas, err := c.dedicatedFor(ws, req.GetUserMetadata(), req.GetDedicated())
+	dedicated, err := c.dedicatedFor(ws, req.GetUserMetadata(), req.GetDedicated())
 	if err != nil {
 		return nil, err
 	}
@@ -158,7 +158,7 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 			return nil, err
 		}
 		return &task{op: o, creates: true, exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
-			return c.createAdapter(ctx, r, from, req.GetWithOptimizer(), replicas)
+			return c.createAdapter(ctx, r, from, req.GetWithOptimizer(), dedicated)
 		}}, nil
 	})
 	if err != nil {
@@ -180,7 +180,7 @@ type checkpointOf struct {
 	ck    *loopsv1.Checkpoint
 }
 
-func (c *Core) createAdapter(ctx context.Context, r *run, from *checkpointOf, withOptimizer bool, replicas int) (func(*loopsv1.Operation), error) {
+func (c *Core) createAdapter(ctx context.Context, r *run, from *checkpointOf, withOptimizer bool, dedicated dedicatedShape) (func(*loopsv1.Operation), error) {
 	info := r.snapshot()
 	create := func() error {
 		_, err := c.backend.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: r.id, BaseModel: info.GetBaseModel(), Lora: info.GetLora(), Pool: r.runPool()})
@@ -190,8 +190,8 @@ func (c *Core) createAdapter(ctx context.Context, r *run, from *checkpointOf, wi
 		return err
 	}
 	var err error
-	if replicas > 0 {
-		err = c.acquirePool(ctx, r, replicas)
+	if dedicated.replicas > 0 {
+		err = c.acquirePool(ctx, r, dedicated)
 	}
 	if err == nil {
 		err = create()

@@ -3,7 +3,9 @@
 Commands on stdin: `step` (forward_backward + optim_step on loops/tiny), `steps N` (N steps
 back to back, then `steps_done`), `save NAME` (save_state), `sample NAME`
 (save_weights_and_get_sampling_client + sample), `shadow N` (a second training client with
-the same seed and data takes N steps undisturbed and prints its losses), `quit`. A failed
+the same seed and data takes N steps undisturbed and prints its losses), `dedicated` (a new
+session creates a run with a dedicated pool and takes a step — timed together — and ends,
+releasing the pool), `quit`. A failed
 call is printed and retried; when the gateway says the run's adapter was lost ("load the
 run's last checkpoint"), the script does what a user script does: load_state of its last
 saved state, then retries. Every outcome is one JSON line on stdout, so the test log shows
@@ -106,6 +108,13 @@ def main():
             sh = sc.create_lora_training_client(base_model=BASE, rank=4, seed=7)
             losses = [step(sh) for _ in range(int(arg))]
             out(event="shadow", losses=losses)
+        elif cmd == "dedicated":
+            t0 = time.time()
+            with tinker.ServiceClient() as sc2:
+                dc = sc2.create_lora_training_client(base_model=BASE, rank=4, seed=7, user_metadata={"loops.dedicated": "true"})
+                loss = step(dc)  # waits for the run's creation, then its first step
+                secs = time.time() - t0
+            out(event="dedicated", secs=round(secs, 3), loss=loss)
         elif cmd == "quit":
             break
     out(event="bye")

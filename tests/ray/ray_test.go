@@ -273,6 +273,26 @@ func TestRayPool(t *testing.T) {
 	shadow := s.do(fmt.Sprintf("shadow %d", len(losses)), "shadow")
 	require.Equal(t, losses, shadow.Losses, "the disturbed run's losses equal an undisturbed run's")
 	reportRecovery(t, "http://"+ln.Addr().String())
+
+	// dedicated runs: the first starts a pool of its own (a Ray job, an actor, a model load);
+	// once its session ends the pool is kept warm, and the next binds it at once
+	dedicatedPools := func() (ids []string) {
+		for _, p := range reg.Pools() {
+			if strings.HasPrefix(p, "ded-") {
+				ids = append(ids, p)
+			}
+		}
+		return ids
+	}
+	require.Empty(t, dedicatedPools())
+	dcold := s.do("dedicated", "dedicated")
+	t.Logf("FIGURE dedicated run, cold pool (Ray job submitted, actor placed, model loaded): %.1fs to create the run and take its first step", dcold.Secs)
+	dfirst := dedicatedPools()
+	require.Len(t, dfirst, 1, "the run had a pool of its own")
+	warm := s.do("dedicated", "dedicated")
+	t.Logf("FIGURE dedicated run, warm pool reused: %.2fs to create the run and take its first step (a step alone: %.2fs)", warm.Secs, last.Secs)
+	require.Equal(t, dfirst, dedicatedPools(), "the second run bound the first one's pool, kept warm")
+	require.Equal(t, dcold.Loss, warm.Loss, "the same first step on a fresh adapter")
 	s.do("quit", "bye")
 	require.NoError(t, prov.DeletePool(ctx, pool))
 }

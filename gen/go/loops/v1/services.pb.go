@@ -634,9 +634,12 @@ type DedicatedPool struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Replicas of the run's base model, serving its training and the sampling of its
 	// checkpoints: 1 to 8; 0 means 1.
-	Replicas      int32 `protobuf:"varint,1,opt,name=replicas,proto3" json:"replicas,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Replicas int32 `protobuf:"varint,1,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	// Replicas in the sampler role beside them (0 to 8), which then sample the run's
+	// checkpoints while the others train.
+	SamplerReplicas int32 `protobuf:"varint,2,opt,name=sampler_replicas,json=samplerReplicas,proto3" json:"sampler_replicas,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *DedicatedPool) Reset() {
@@ -672,6 +675,13 @@ func (*DedicatedPool) Descriptor() ([]byte, []int) {
 func (x *DedicatedPool) GetReplicas() int32 {
 	if x != nil {
 		return x.Replicas
+	}
+	return 0
+}
+
+func (x *DedicatedPool) GetSamplerReplicas() int32 {
+	if x != nil {
+		return x.SamplerReplicas
 	}
 	return 0
 }
@@ -3118,9 +3128,10 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +
-	"\x0e_client_seq_id\"+\n" +
+	"\x0e_client_seq_id\"V\n" +
 	"\rDedicatedPool\x12\x1a\n" +
-	"\breplicas\x18\x01 \x01(\x05R\breplicas\"'\n" +
+	"\breplicas\x18\x01 \x01(\x05R\breplicas\x12)\n" +
+	"\x10sampler_replicas\x18\x02 \x01(\x05R\x0fsamplerReplicas\"'\n" +
 	"\x15GetTrainingRunRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x9b\x01\n" +
 	"\x1cGetTrainingRunMetricsRequest\x12&\n" +

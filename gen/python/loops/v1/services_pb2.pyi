@@ -133,10 +133,12 @@ class CreateTrainingRunRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., client_seq_id: _Optional[int] = ..., base_model: _Optional[str] = ..., lora: _Optional[_Union[_types_pb2.LoraConfig, _Mapping]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., from_checkpoint: _Optional[str] = ..., with_optimizer: _Optional[bool] = ..., dedicated: _Optional[_Union[DedicatedPool, _Mapping]] = ...) -> None: ...
 
 class DedicatedPool(_message.Message):
-    __slots__ = ("replicas",)
+    __slots__ = ("replicas", "sampler_replicas")
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLER_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     replicas: int
-    def __init__(self, replicas: _Optional[int] = ...) -> None: ...
+    sampler_replicas: int
+    def __init__(self, replicas: _Optional[int] = ..., sampler_replicas: _Optional[int] = ...) -> None: ...
 
 class GetTrainingRunRequest(_message.Message):
     __slots__ = ("id",)
