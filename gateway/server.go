@@ -24,6 +24,7 @@ import (
 	"github.com/loops-dev/loops/gateway/console"
 	"github.com/loops-dev/loops/gateway/core"
 	"github.com/loops-dev/loops/gateway/jobs"
+	"github.com/loops-dev/loops/gateway/poolsvc"
 	"github.com/loops-dev/loops/gateway/store"
 	"github.com/loops-dev/loops/gateway/store/sqlite"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -129,6 +130,8 @@ type Server struct {
 	// infer is the sampling engine the OpenAI- and Anthropic-compatible APIs share
 	// (guarded by mu).
 	infer *inference.Engine
+	// backend is the opened backend; PoolService shows and scales its pools.
+	backend backends.Backend
 }
 
 // New opens the store and the backend, starts the core and builds the handler for ln. Call
@@ -176,6 +179,7 @@ func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.closers = append(s.closers, be.Close)
+	s.backend = be
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -306,6 +310,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		return nil, err
 	}
 	mux.Handle(loopsv1connect.NewJobServiceHandler(js, opts...))
+	mux.Handle(loopsv1connect.NewPoolServiceHandler(poolsvc.New(s.backend), opts...))
 
 	// loops.v1 as REST: grpc-gateway over a gRPC connection to this same listener.
 	rest, err := s.restHandler(ctx, edge)
@@ -417,9 +422,9 @@ func (s *Server) restHandler(ctx context.Context, edge *edge) (http.Handler, err
 			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
 		}),
 		runtime.WithIncomingHeaderMatcher(func(key string) (string, bool) {
-			switch strings.ToLower(key) {
-			case "x-api-key", "authorization":
-				return strings.ToLower(key), true
+			switch k := strings.ToLower(key); k {
+			case "x-api-key", "authorization", strings.ToLower(auth.NotOperatorHeader):
+				return k, true
 			}
 			return runtime.DefaultHeaderMatcher(key)
 		}),
@@ -435,6 +440,7 @@ func (s *Server) restHandler(ctx context.Context, edge *edge) (http.Handler, err
 		loopsv1.RegisterWorkspaceServiceHandler,
 		loopsv1.RegisterDeploymentServiceHandler,
 		loopsv1.RegisterJobServiceHandler,
+		loopsv1.RegisterPoolServiceHandler,
 	} {
 		if err := register(ctx, gw, conn); err != nil {
 			return nil, fmt.Errorf("gateway: registering REST routes: %w", err)

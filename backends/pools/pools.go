@@ -25,6 +25,15 @@ const (
 
 var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
+// ValidateID says what is wrong with a pool id, if anything: 1-128 characters of
+// [A-Za-z0-9._-], starting with a letter or digit.
+func ValidateID(id string) error {
+	if !idRE.MatchString(id) {
+		return fmt.Errorf("pool id %q must be 1-128 characters of letters, digits, '.', '_' or '-', starting with a letter or digit", id)
+	}
+	return nil
+}
+
 // Spec describes a pool.
 type Spec struct {
 	// ID names the pool: 1-128 characters of [A-Za-z0-9._-], starting with a letter or digit.
@@ -82,6 +91,14 @@ type Provider interface {
 	// Close stops what the provider runs itself (local processes); a remote engine's pools
 	// stay up.
 	Close() error
+}
+
+// SpecReader is the optional ability of a Provider to say the spec of a pool it manages:
+// the spec it was ensured with, Replicas as last scaled (Args may hold secrets of the
+// deployment: show them to operators only). ok is false for a pool it does not manage
+// (never ensured, or deleted). The local, static and ray providers have it.
+type SpecReader interface {
+	Spec(id string) (spec Spec, ok bool)
 }
 
 // EventKind says what happened to a replica.

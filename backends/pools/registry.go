@@ -93,7 +93,7 @@ type Registry struct {
 	// slots (bounded: one entry per slot, removed with the pool; see Usage).
 	used   map[key]*slotUsed
 	notify chan struct{} // closed and replaced on every change
-	closed  bool
+	closed bool
 }
 
 var _ backendv1connect.RegistryServiceHandler = (*Registry)(nil)

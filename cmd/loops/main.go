@@ -37,5 +37,6 @@ func rootCmd() *cobra.Command {
 	root.AddCommand(conformanceCmd())
 	root.AddCommand(cookbookCmd(), jobsCmd())
 	root.AddCommand(workerCmd())
+	root.AddCommand(poolsCmd(), allocationsCmd())
 	return root
 }

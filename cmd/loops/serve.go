@@ -47,6 +47,8 @@ type serveFlags struct {
 	// stepRecovery is --step-recovery: keep every run recoverable step by step, not only
 	// those on preemptible pools.
 	stepRecovery bool
+	// operatorKeys are --operator-key: the keys of the operator role (PoolService).
+	operatorKeys []string
 }
 
 func serveCmd() *cobra.Command {
@@ -61,7 +63,8 @@ With no API keys configured the server accepts any tml-… key but listens on lo
 only, and answers only requests addressed to localhost, 127.0.0.1 or [::1] (403 for
 another Host: a defence against DNS rebinding). Every flag can also be set by an environment variable: LOOPS_ADDR, LOOPS_DATA_DIR,
 LOOPS_BACKEND, LOOPS_MODELS (comma-separated), LOOPS_API_KEYS (comma-separated KEY or
-KEY=WORKSPACE), LOOPS_API_KEY_FILE, LOOPS_WORKSPACE_POLICY, LOOPS_DATABASE,
+KEY=WORKSPACE), LOOPS_API_KEY_FILE, LOOPS_OPERATOR_KEYS (comma-separated),
+LOOPS_WORKSPACE_POLICY, LOOPS_DATABASE,
 LOOPS_DB_MAX_CONNS, LOOPS_DB_CONNECT_TIMEOUT, LOOPS_DB_STATEMENT_TIMEOUT,
 LOOPS_CHECKPOINT_STORE.
 
@@ -77,6 +80,12 @@ With --database postgres://…, gateways on the same database share a leader lea
 (--leader-lease, --lease-ttl, --advertise-url; LOOPS_LEADER_LEASE, LOOPS_LEASE_TTL,
 LOOPS_ADVERTISE_URL): one leads, a second loops serve is a standby that forwards to it and
 takes over when it dies (docs/two-gateways.md).
+
+--operator-key KEY (repeatable) configures an operator: a key that is no workspace's and
+may call PoolService (loops pools, loops allocations: list, scale and delete worker pools,
+see what each replica holds) and nothing else. With no API keys and no operator keys
+configured, any key is an operator's from loopback (the only place open mode listens);
+once operator keys are set, only they are (docs/pools.md).
 
 --workspace-policy FILE gives workspaces limits (allowed base models, max sequence length,
 max LoRA rank, runs at once, queued operations, sampling concurrency): see the
@@ -97,6 +106,7 @@ max LoRA rank, runs at once, queued operations, sampling concurrency): see the
 	fl.StringSliceVar(&f.models, "model", envList("LOOPS_MODELS", []string{"loops/tiny"}), "base model to serve: loops/tiny, a Hugging Face folder, or a name in the local HF cache (repeatable)")
 	fl.StringArrayVar(&f.backendOpts, "backend-opt", nil, "backend option KEY=VALUE (repeatable), e.g. threads=2 for reference, workers=host:port or device=cuda for torch")
 	fl.StringSliceVar(&f.apiKeys, "api-key", envList("LOOPS_API_KEYS", nil), "accepted API key, KEY or KEY=WORKSPACE (repeatable; WORKSPACE is 1-64 letters, digits, '_' or '-', not starting with '-')")
+	fl.StringSliceVar(&f.operatorKeys, "operator-key", envList("LOOPS_OPERATOR_KEYS", nil), "operator key, tml-… (repeatable): may call PoolService (loops pools, loops allocations) and nothing else; no workspace's key")
 	fl.StringVar(&f.apiKeyFile, "api-key-file", env("LOOPS_API_KEY_FILE", ""), "file of API keys, one KEY or KEY=WORKSPACE a line")
 	fl.DurationVar(&f.sessionTTL, "session-ttl", 5*time.Minute, "how long a session lives without a heartbeat")
 	fl.BoolVar(&f.stepRecovery, "step-recovery", os.Getenv("LOOPS_STEP_RECOVERY") == "1", "keep every run recoverable step by step (a snapshot after each optim_step and a replay log), so a lost worker costs no step; on by itself for pools marked preemptible (LOOPS_STEP_RECOVERY=1)")
@@ -127,6 +137,9 @@ func runServe(ctx context.Context, f serveFlags) error {
 	keys, err := auth.ParseKeys(entries)
 	if err != nil {
 		return err
+	}
+	if err := keys.AddOperatorKeys(f.operatorKeys); err != nil {
+		return fmt.Errorf("--operator-key: %w", err)
 	}
 	var pol *policy.Policy
 	if f.workspacePolicy != "" {
@@ -221,6 +234,12 @@ func runServe(ctx context.Context, f serveFlags) error {
 		fmt.Fprintln(os.Stderr, "No API keys configured: accepting any tml-… key, loopback only.")
 	} else {
 		fmt.Fprintf(os.Stderr, "%d API key(s) configured.\n", keys.Len())
+	}
+	switch {
+	case keys.Operators() > 0:
+		fmt.Fprintf(os.Stderr, "%d operator key(s) configured (loops pools, loops allocations).\n", keys.Operators())
+	case keys.Open():
+		fmt.Fprintln(os.Stderr, "No operator keys configured: any key is an operator's from loopback (loops pools, loops allocations).")
 	}
 	fmt.Fprintf(os.Stderr, "To train with tinker:\n  export TINKER_BASE_URL=%s\n  export TINKER_API_KEY=%s\n", url, keyHint)
 	fmt.Fprintf(os.Stderr, "Web console: %s/ (sign in with an API key)\n", url)

@@ -41,13 +41,17 @@ func RequireWorkspace(ctx context.Context) (string, error) {
 	if ws := Workspace(ctx); ws != "" {
 		return ws, nil
 	}
+	if IsOperator(ctx) {
+		return "", connect.NewError(connect.CodePermissionDenied, errOperatorKey)
+	}
 	return "", connect.NewError(connect.CodeUnauthenticated, errors.New("missing API key: send it in the X-API-Key header (tinker: set TINKER_API_KEY=tml-…)"))
 }
 
-// Keys is the set of accepted API keys and their workspaces. The zero value (no keys) is
-// open mode.
+// Keys is the set of accepted API keys and their workspaces, and the operator keys
+// (operator.go). The zero value (no keys) is open mode.
 type Keys struct {
-	byHash map[[32]byte]string
+	byHash    map[[32]byte]string
+	operators map[[32]byte]struct{}
 }
 
 // ParseKeys builds a key set from entries "KEY" or "KEY=WORKSPACE". A key without a
@@ -90,7 +94,7 @@ func LoadKeyFile(path string) ([]string, error) {
 	return out, sc.Err()
 }
 
-// Open reports whether no keys are configured.
+// Open reports whether no workspace API keys are configured (operator keys do not count).
 func (k *Keys) Open() bool { return k == nil || len(k.byHash) == 0 }
 
 // Len is the number of configured keys.
@@ -109,6 +113,9 @@ func (k *Keys) Authenticate(key string) (string, error) {
 	if err := validKey(key); err != nil {
 		return "", err
 	}
+	if k.operatorKey(key) {
+		return "", errOperatorKey
+	}
 	if k.Open() {
 		return derivedWorkspace(key), nil
 	}
@@ -125,7 +132,9 @@ func (k *Keys) Authenticate(key string) (string, error) {
 // puts the workspace in the request context. A failure is a 401 with a JSON body. In open
 // mode (no keys) a request whose Host is not a loopback name is refused with a 403 first,
 // public paths included: a DNS-rebinding web page would send its own name. A key with
-// MaxRequestsPerKey requests in flight gets a 429 for one more.
+// MaxRequestsPerKey requests in flight gets a 429 for one more. An operator key's request
+// carries the operator role and no workspace; in open mode with no operator keys a request
+// from a loopback peer carries both (operator.go).
 func (k *Keys) Middleware(p Policy, next http.Handler) http.Handler {
 	h, _ := k.middleware(p, next)
 	return h
@@ -151,10 +160,19 @@ func (k *Keys) middleware(p Policy, next http.Handler) (http.Handler, *inflight)
 				key = strings.TrimSpace(b)
 			}
 		}
-		ws, err := k.Authenticate(key)
-		if err != nil {
-			p.refuse(w, r, refusal{connect.CodeUnauthenticated, "", err})
-			return
+		var ctx context.Context
+		if k.operatorKey(key) {
+			ctx = WithOperator(r.Context())
+		} else {
+			ws, err := k.Authenticate(key)
+			if err != nil {
+				p.refuse(w, r, refusal{connect.CodeUnauthenticated, "", err})
+				return
+			}
+			ctx = WithWorkspace(r.Context(), ws)
+			if k.openOperator(r) {
+				ctx = WithOperator(ctx)
+			}
 		}
 		id, ok := inflight.acquire(key)
 		if !ok {
@@ -163,7 +181,7 @@ func (k *Keys) middleware(p Policy, next http.Handler) (http.Handler, *inflight)
 			return
 		}
 		defer inflight.release(id)
-		next.ServeHTTP(w, r.WithContext(WithWorkspace(r.Context(), ws)))
+		next.ServeHTTP(w, r.WithContext(ctx))
 	}), inflight
 }
 

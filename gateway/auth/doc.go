@@ -3,4 +3,8 @@
 // accepted and each maps to its workspace. With none configured the server runs in open
 // mode: it must listen on loopback only, accepts any well-formed key, and gives each distinct
 // key its own workspace, so isolation still holds between keys.
+//
+// Operator keys (operator.go) are a second role: an operator key belongs to no workspace and
+// may call the operator services (PoolService) only; RequireOperator checks the role. In
+// open mode with no operator keys, every request from a loopback peer is an operator's too.
 package auth

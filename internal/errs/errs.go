@@ -56,6 +56,12 @@ const (
 	// its lease has not lapsed yet, or this gateway is taking over); retry in a second
 	// (HTTP 503, which the tinker SDK retries).
 	ReasonNoLeader = "NO_LEADER"
+	// ReasonOperatorRequired: the call is an operator's (PoolService) and the key is not an
+	// operator key (HTTP 403); configure one with loops serve --operator-key.
+	ReasonOperatorRequired = "OPERATOR_REQUIRED"
+	// ReasonNoPools: the gateway's backend runs no worker pools, so PoolService has nothing
+	// to show or change (HTTP 400, FAILED_PRECONDITION).
+	ReasonNoPools = "NO_POOLS"
 )
 
 // Category says whose fault an error is.

@@ -67,7 +67,10 @@ type replica struct {
 	pid int
 }
 
-var _ pools.Provider = (*Provider)(nil)
+var (
+	_ pools.Provider   = (*Provider)(nil)
+	_ pools.SpecReader = (*Provider)(nil)
+)
 
 // New returns a provider.
 func New(o Options) (*Provider, error) {
@@ -214,6 +217,32 @@ func (p *Provider) PID(id string, i int) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.pid
+}
+
+// Spec implements pools.SpecReader.
+func (p *Provider) Spec(id string) (pools.Spec, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl := p.pools[id]
+	if pl == nil {
+		return pools.Spec{}, false
+	}
+	s := pl.spec
+	s.Args = slices.Clone(s.Args)
+	return s, true
+}
+
+// GPUs returns the GPU ids (its CUDA_VISIBLE_DEVICES) assigned to a replica of a pool;
+// nil for a replica that holds none or does not exist.
+func (p *Provider) GPUs(id string, i int) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pl := p.pools[id]; pl != nil {
+		if r := pl.replicas[i]; r != nil && len(r.gpus) > 0 {
+			return slices.Clone(r.gpus)
+		}
+	}
+	return nil
 }
 
 // Close stops every worker process.

@@ -133,9 +133,11 @@ func testScale(t *testing.T, h *Harness) {
 		t.Skip("the harness hosts fewer than 3 replicas")
 	}
 	spec := ensure(t, h, "pool-s", 1)
+	specIs(t, h, spec, 1)
 	ch := watch(t, h, spec.ID)
 	upAll(t, h, ch, 1)
 	require.NoError(t, h.Provider.ScalePool(t.Context(), spec.ID, 3))
+	specIs(t, h, spec, 3)
 	ups := upAll(t, h, ch, 2)
 	require.Contains(t, ups, 1)
 	require.Contains(t, ups, 2)
@@ -149,8 +151,27 @@ func testScale(t *testing.T, h *Harness) {
 	ms := h.Registry.Members(spec.ID)
 	require.Len(t, ms, 1)
 	require.Equal(t, 0, ms[0].Replica)
+	specIs(t, h, spec, 1)
 	quiet(t, ch, 2*time.Second) // the stopped replicas stay stopped
 	require.ErrorIs(t, h.Provider.ScalePool(t.Context(), "no-such-pool", 1), pools.ErrNoPool)
+}
+
+// specIs checks, for a provider that says its pools' specs (pools.SpecReader), that pool id
+// has want's shape scaled to n replicas; n < 0: that it is not managed.
+func specIs(t *testing.T, h *Harness, want pools.Spec, n int) {
+	t.Helper()
+	sr, ok := h.Provider.(pools.SpecReader)
+	if !ok {
+		return
+	}
+	got, ok := sr.Spec(want.ID)
+	if n < 0 {
+		require.False(t, ok, "a deleted pool has no spec")
+		return
+	}
+	require.True(t, ok)
+	want.Replicas = n
+	require.Equal(t, want, got)
 }
 
 func testKill(t *testing.T, h *Harness) {
@@ -188,6 +209,7 @@ func testDelete(t *testing.T, h *Harness) {
 		}
 	}
 	require.Empty(t, h.Registry.Members(spec.ID))
+	specIs(t, h, spec, -1)
 	require.NoError(t, h.Provider.DeletePool(t.Context(), spec.ID), "deleting twice is not an error")
 	require.ErrorIs(t, h.Provider.ScalePool(t.Context(), spec.ID, 1), pools.ErrNoPool)
 	// the same id can be created again

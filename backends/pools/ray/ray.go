@@ -62,7 +62,10 @@ type pool struct {
 	done   chan struct{}
 }
 
-var _ pools.Provider = (*Provider)(nil)
+var (
+	_ pools.Provider   = (*Provider)(nil)
+	_ pools.SpecReader = (*Provider)(nil)
+)
 
 // New returns a provider.
 func New(o Options) (*Provider, error) {
@@ -272,6 +275,19 @@ func (p *Provider) ScalePool(_ context.Context, id string, n int) error {
 		}
 	}
 	return nil
+}
+
+// Spec implements pools.SpecReader.
+func (p *Provider) Spec(id string) (pools.Spec, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl := p.pools[id]
+	if pl == nil {
+		return pools.Spec{}, false
+	}
+	s := pl.spec
+	s.Args = slices.Clone(s.Args)
+	return s, true
 }
 
 // DeletePool implements pools.Provider: the Registry forgets the pool (the driver's

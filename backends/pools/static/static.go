@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -47,7 +48,10 @@ type pool struct {
 	done    map[int]chan struct{}
 }
 
-var _ pools.Provider = (*Provider)(nil)
+var (
+	_ pools.Provider   = (*Provider)(nil)
+	_ pools.SpecReader = (*Provider)(nil)
+)
 
 // New returns a provider.
 func New(o Options) (*Provider, error) {
@@ -102,6 +106,7 @@ func (p *Provider) ScalePool(_ context.Context, id string, n int) error {
 		p.mu.Unlock()
 		return fmt.Errorf("pool %s: replicas %d must be between 0 and the %d configured addresses", id, n, len(addrs))
 	}
+	pl.spec.Replicas = n
 	p.opts.Registry.SetDesired(id, n)
 	var stop []chan struct{}
 	for i, cancel := range pl.probers {
@@ -131,6 +136,19 @@ func (p *Provider) ScalePool(_ context.Context, id string, n int) error {
 		<-d
 	}
 	return nil
+}
+
+// Spec implements pools.SpecReader.
+func (p *Provider) Spec(id string) (pools.Spec, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl := p.pools[id]
+	if pl == nil {
+		return pools.Spec{}, false
+	}
+	s := pl.spec
+	s.Args = slices.Clone(s.Args)
+	return s, true
 }
 
 // DeletePool implements pools.Provider.
