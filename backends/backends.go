@@ -156,6 +156,10 @@ type PoolInfo struct {
 	// incarnation together; GPUSeconds is that times GPUsPerReplica (0 for a CPU pool).
 	ReplicaSeconds float64
 	GPUSeconds     float64
+	// Dedicated pools (DedicatedPools): the workspace and run holding it (empty while it
+	// waits warm for the next run), and whether it is warm, or scaled to zero for idleness.
+	Workspace, Run string
+	Warm, Idle     bool
 }
 
 // AllocationState says where a replica slot of a pool stands.

@@ -232,6 +232,18 @@ func (d *dedicatedPool) count(now time.Time) {
 	d.since = now
 }
 
+// dedicatedInfo fills in who holds a dedicated pool (or its sampler pool), for the
+// operator's views.
+func (b *Backend) dedicatedInfo(info *backends.PoolInfo) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, d := range b.dedicated {
+		if d.id == info.ID || d.samplerID == info.ID {
+			info.Workspace, info.Run, info.Warm, info.Idle = d.ws, d.owner, d.owner == "", d.zero
+		}
+	}
+}
+
 // ReplicaSeconds is the replica-seconds the pool ran bound (scaled-to-zero time excluded).
 func (b *Backend) ReplicaSeconds(pool string) float64 {
 	b.mu.Lock()

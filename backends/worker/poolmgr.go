@@ -111,6 +111,7 @@ func (b *Backend) poolInfo(d poolDef, desired int) backends.PoolInfo {
 		info.ReplicaSeconds += u.Registered.Seconds()
 	}
 	info.GPUSeconds = info.ReplicaSeconds * float64(d.gpusPerReplica)
+	b.dedicatedInfo(&info)
 	return info
 }
 

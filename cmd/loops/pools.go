@@ -208,6 +208,16 @@ func printPool(w io.Writer, p *loopsv1.Pool) error {
 	fmt.Fprintf(tw, "preemptible\t%v\n", p.GetPreemptible())
 	fmt.Fprintf(tw, "gpu-seconds\t%s\n", seconds(p.GetGpuSeconds()))
 	fmt.Fprintf(tw, "replica-seconds\t%s\n", seconds(p.GetReplicaSeconds()))
+	switch {
+	case p.GetTrainingRunId() != "":
+		idle := ""
+		if p.GetIdle() {
+			idle = " (scaled to zero while idle)"
+		}
+		fmt.Fprintf(tw, "dedicated to\t%s, workspace %s%s\n", p.GetTrainingRunId(), p.GetWorkspace(), idle)
+	case p.GetWarm():
+		fmt.Fprintf(tw, "dedicated to\tnone: kept warm for the next dedicated run of its shape\n")
+	}
 	return tw.Flush()
 }
 

@@ -302,8 +302,9 @@ func TestPoolServiceDedicatedPool(t *testing.T) {
 	ded := list.GetPools()[0] // "ded-…" sorts before "torch-…"
 	require.True(t, strings.HasPrefix(ded.GetId(), "ded-"), ded.GetId())
 	require.Equal(t, worker.PoolID(tiny.Name), list.GetPools()[1].GetId())
+	require.NotEmpty(t, ded.GetWorkspace(), "the pool names the workspace holding it")
 	require.Empty(t, cmpDiff(&loopsv1.Pool{Id: ded.GetId(), Role: loopsv1.PoolRole_POOL_ROLE_TRAINER, BaseModel: tiny.Name, Provider: "local",
-		DesiredReplicas: 1, RegisteredReplicas: 1}, ded, protocmp.IgnoreFields(&loopsv1.Pool{}, "replica_seconds")))
+		DesiredReplicas: 1, RegisteredReplicas: 1, TrainingRunId: done.GetTrainingRunId()}, ded, protocmp.IgnoreFields(&loopsv1.Pool{}, "replica_seconds", "workspace")))
 	allocs := attached(t, op, ded.GetId(), 1)
 	require.Equal(t, []string{done.GetTrainingRunId()}, allocs[0].GetTrainingRunIds())
 

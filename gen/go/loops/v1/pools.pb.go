@@ -164,8 +164,16 @@ type Pool struct {
 	GpuSeconds float64 `protobuf:"fixed64,9,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
 	// Seconds replicas have been registered, every replica slot and incarnation together.
 	ReplicaSeconds float64 `protobuf:"fixed64,10,opt,name=replica_seconds,json=replicaSeconds,proto3" json:"replica_seconds,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// A dedicated run's pool (docs/scale-out.md, "Dedicated runs"): the workspace and
+	// training run holding it, empty while it waits warm for the next run of its shape.
+	Workspace     string `protobuf:"bytes,11,opt,name=workspace,proto3" json:"workspace,omitempty"`
+	TrainingRunId string `protobuf:"bytes,12,opt,name=training_run_id,json=trainingRunId,proto3" json:"training_run_id,omitempty"`
+	// Released by its run and kept warm for the next one.
+	Warm bool `protobuf:"varint,13,opt,name=warm,proto3" json:"warm,omitempty"`
+	// Scaled to zero because its run made no call for idle_to_zero.
+	Idle          bool `protobuf:"varint,14,opt,name=idle,proto3" json:"idle,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Pool) Reset() {
@@ -266,6 +274,34 @@ func (x *Pool) GetReplicaSeconds() float64 {
 		return x.ReplicaSeconds
 	}
 	return 0
+}
+
+func (x *Pool) GetWorkspace() string {
+	if x != nil {
+		return x.Workspace
+	}
+	return ""
+}
+
+func (x *Pool) GetTrainingRunId() string {
+	if x != nil {
+		return x.TrainingRunId
+	}
+	return ""
+}
+
+func (x *Pool) GetWarm() bool {
+	if x != nil {
+		return x.Warm
+	}
+	return false
+}
+
+func (x *Pool) GetIdle() bool {
+	if x != nil {
+		return x.Idle
+	}
+	return false
 }
 
 // Allocation is one replica slot of a pool and what it holds.
@@ -808,7 +844,7 @@ var File_loops_v1_pools_proto protoreflect.FileDescriptor
 
 const file_loops_v1_pools_proto_rawDesc = "" +
 	"\n" +
-	"\x14loops/v1/pools.proto\x12\bloops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xeb\x02\n" +
+	"\x14loops/v1/pools.proto\x12\bloops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd9\x03\n" +
 	"\x04Pool\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12&\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x12.loops.v1.PoolRoleR\x04role\x12\x1d\n" +
@@ -822,7 +858,11 @@ const file_loops_v1_pools_proto_rawDesc = "" +
 	"\vgpu_seconds\x18\t \x01(\x01R\n" +
 	"gpuSeconds\x12'\n" +
 	"\x0freplica_seconds\x18\n" +
-	" \x01(\x01R\x0ereplicaSeconds\"\x8e\x04\n" +
+	" \x01(\x01R\x0ereplicaSeconds\x12\x1c\n" +
+	"\tworkspace\x18\v \x01(\tR\tworkspace\x12&\n" +
+	"\x0ftraining_run_id\x18\f \x01(\tR\rtrainingRunId\x12\x12\n" +
+	"\x04warm\x18\r \x01(\bR\x04warm\x12\x12\n" +
+	"\x04idle\x18\x0e \x01(\bR\x04idle\"\x8e\x04\n" +
 	"\n" +
 	"Allocation\x12\x17\n" +
 	"\apool_id\x18\x01 \x01(\tR\x06poolId\x12&\n" +
