@@ -225,3 +225,31 @@ func TestSamplerPool(t *testing.T) {
 	require.Eventually(t, func() bool { return len(reg.Members(samplers)) == 0 }, 30*time.Second, 20*time.Millisecond)
 	require.Eventually(t, func() bool { return sample() == trainers }, 10*time.Second, 100*time.Millisecond)
 }
+
+// TestHungReplicaIsRestarted: a pool replica whose process stops answering (SIGSTOP) is
+// declared lost by its missed heartbeats; as it does not register again, the local provider
+// kills it and starts a new incarnation.
+func TestHungReplicaIsRestarted(t *testing.T) {
+	dir := t.TempDir()
+	b, err := New(t.Context(), Options{Command: []string{testBinary()}, DataDir: dir,
+		Args:           []string{"--data-dir", dir, "--threads", "1"},
+		Env:            []string{goWorkerEnv + "=1", "HF_HUB_CACHE=" + filepath.Join(dir, "hub"), serve.LogLevelEnv + "=WARN"},
+		HealthInterval: 200 * time.Millisecond, HealthTimeout: 2 * time.Second, StartTimeout: 30 * time.Second,
+		Pool: &PoolOptions{Provider: "local", Replicas: 1, HeartbeatTimeout: 1500 * time.Millisecond}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	prov, reg := b.Pools()
+	pool := PoolID(tiny.Name)
+	require.Eventually(t, func() bool { return len(reg.Members(pool)) == 1 }, 20*time.Second, 20*time.Millisecond)
+	before := reg.Members(pool)[0].Incarnation
+	pid := prov.(*local.Provider).PID(pool, 0)
+	require.NotZero(t, pid)
+	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	require.Eventually(t, func() bool { return len(reg.Members(pool)) == 0 }, 10*time.Second, 20*time.Millisecond, "lost by its heartbeats")
+	require.Eventually(t, func() bool {
+		m := reg.Members(pool)
+		return len(m) == 1 && m[0].Incarnation != before
+	}, 20*time.Second, 50*time.Millisecond, "killed and started again")
+	require.NotEqual(t, pid, prov.(*local.Provider).PID(pool, 0))
+}

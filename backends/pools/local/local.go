@@ -287,6 +287,40 @@ func (p *Provider) supervise(ctx context.Context, spec pools.Spec, i int, r *rep
 	}
 }
 
+// watchHung reports (once) when replica i of pool, whose process still runs, was declared
+// lost by the registry (no heartbeat) and did not register again within a heartbeat timeout:
+// a hung process, which is then killed so that supervise starts a new one.
+func (p *Provider) watchHung(ctx context.Context, pool string, i int) <-chan string {
+	out := make(chan string, 1)
+	grace := p.opts.Registry.HeartbeatTimeout()
+	go func() {
+		evs := p.opts.Registry.Watch(ctx, pool)
+		var timer <-chan time.Time
+		var why string
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ev, ok := <-evs:
+				if !ok {
+					return
+				}
+				switch {
+				case ev.Replica != i:
+				case ev.Kind == pools.Lost:
+					why, timer = ev.Reason, time.After(grace)
+				case ev.Kind == pools.Up:
+					timer = nil // it came back
+				}
+			case <-timer:
+				out <- why
+				return
+			}
+		}
+	}()
+	return out
+}
+
 func (p *Provider) runOnce(ctx context.Context, spec pools.Spec, i int, r *replica, log *slog.Logger) error {
 	args := append(slices.Clone(p.opts.Command[1:]), "--listen", "127.0.0.1:0", "--register", p.opts.RegistryURL,
 		"--pool", spec.ID, "--replica", strconv.Itoa(i), "--join-token-file", p.opts.JoinTokenFile, "--model", spec.BaseModel)
@@ -327,11 +361,19 @@ func (p *Provider) runOnce(ctx context.Context, spec pools.Spec, i int, r *repli
 		<-logged
 		exited <- cmd.Wait()
 	}()
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	hung := p.watchHung(wctx, spec.ID, i)
 	select {
 	case err = <-exited:
 	case <-ctx.Done():
 		pools.KillGroup(cmd)
 		err = <-exited
+	case why := <-hung:
+		log.Warn("worker stopped heartbeating and did not register again; killing it to restart it", slog.String("why", why), slog.Int("pid", cmd.Process.Pid))
+		pools.KillGroup(cmd)
+		err = <-exited
+		err = fmt.Errorf("killed after it was lost (%s) and did not come back: %v", why, err)
 	}
 	r.mu.Lock()
 	r.pid = 0
