@@ -462,7 +462,13 @@ func (c *Core) ensureAdapter(ctx context.Context, r *run, t *task) error {
 	r.mu.Lock()
 	r.adapterReady, r.adapterStale = true, false
 	r.mu.Unlock()
-	r.update(ctx, func(i *loopsv1.TrainingRun) { i.Corrupted = true })
+	pool := r.runPool()
+	r.update(ctx, func(i *loopsv1.TrainingRun) {
+		i.Corrupted = true
+		// A dedicated pool named by a run recovered after a restart went with the backend
+		// that held it: the run now trains on the shared pools.
+		i.DedicatedPool = pool
+	})
 	c.startRecovery(r, nil, false) // from the new adapter on
 	c.log.Warn("recreated a lost adapter; the run is marked corrupted until a checkpoint is loaded", slog.String("run", r.id))
 	return c.failedOverRun(r.id, info, t)
