@@ -254,6 +254,7 @@ func (b *Backend) startPooled(ctx context.Context) error {
 		for _, spec := range specs {
 			b.mu.Lock()
 			b.roles[spec.ID] = spec.Role
+			b.shared[spec.ID] = spec
 			b.mu.Unlock()
 			if err := prov.EnsurePool(ctx, spec); err != nil {
 				return err

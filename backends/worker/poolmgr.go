@@ -125,7 +125,11 @@ func (b *Backend) ScalePool(ctx context.Context, id string, replicas int) error 
 	if replicas < 0 || replicas > pools.MaxReplicas {
 		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("replicas %d must be between 0 and %d", replicas, pools.MaxReplicas))
 	}
-	if _, _, err := b.livePool(id); err != nil {
+	_, _, err := b.livePool(id)
+	b.mu.Lock()
+	spec, shared := b.shared[id]
+	b.mu.Unlock()
+	if err != nil && !shared {
 		return err
 	}
 	if err := b.notDedicated(id); err != nil {
@@ -140,6 +144,14 @@ func (b *Backend) ScalePool(ctx context.Context, id string, replicas int) error 
 	if others+replicas > b.poolSlots {
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
 			"pool %s: %d replicas do not fit: the backend has %d worker slots for all its pools (backend option pool_slots) and the other pools want %d", id, replicas, b.poolSlots, others))
+	}
+	if err != nil { // a shared pool an operator deleted: created again at that size
+		spec.Replicas = replicas
+		if err := b.pools.EnsurePool(ctx, spec); err != nil {
+			return providerErr(connect.CodeFailedPrecondition, err)
+		}
+		b.log.Info("pool created again by an operator", slog.String("pool", id), slog.Int("replicas", replicas))
+		return nil
 	}
 	if err := b.pools.ScalePool(ctx, id, replicas); err != nil {
 		return providerErr(connect.CodeFailedPrecondition, err)

@@ -199,6 +199,9 @@ type Backend struct {
 	// configured sampler replicas per model (0: no sampler pools)
 	roles           map[string]pools.Role
 	samplerReplicas int
+	// shared holds the specs of the shared pools as configured, so that one an operator
+	// deleted can be created again by scaling it (poolmgr.go); guarded by mu
+	shared map[string]pools.Spec
 }
 
 var _ backends.Backend = (*Backend)(nil)
@@ -256,7 +259,7 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 	tr := &http.Transport{Protocols: p, DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext}
 	bctx, cancel := context.WithCancel(context.Background())
 	b := &Backend{opts: o, log: o.Logger.With(slog.String("backend", Name)), http: &http.Client{Transport: tr},
-		ctx: bctx, cancel: cancel, adapters: map[string]*worker{}, lost: map[string]string{}, dedicated: map[string]*dedicatedPool{}, roles: map[string]pools.Role{}}
+		ctx: bctx, cancel: cancel, adapters: map[string]*worker{}, lost: map[string]string{}, dedicated: map[string]*dedicatedPool{}, roles: map[string]pools.Role{}, shared: map[string]pools.Spec{}}
 	if o.Pool != nil {
 		if err := b.startPooled(ctx); err != nil {
 			_ = b.Close()

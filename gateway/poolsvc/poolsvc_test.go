@@ -271,14 +271,17 @@ func TestPoolService(t *testing.T) {
 	require.Empty(t, list.GetPools())
 	_, err = op.GetPool(ctx, &loopsv1.GetPoolRequest{Id: pool})
 	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err))
-	_, err = op.ScalePool(ctx, &loopsv1.ScalePoolRequest{Id: pool, Replicas: n(1)})
-	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err))
-	require.ErrorContains(t, err, "deleted")
 	all, err := op.ListAllocations(ctx, &loopsv1.ListAllocationsRequest{})
 	require.NoError(t, err)
 	require.Empty(t, all.GetAllocations())
 	_, err = op.DeletePool(ctx, &loopsv1.DeletePoolRequest{Id: pool})
 	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err))
+	_, err = op.ScalePool(ctx, &loopsv1.ScalePoolRequest{Id: "no-such-pool", Replicas: n(1)})
+	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err))
+	// a deleted shared pool is created again, as configured, by scaling it
+	_, err = op.ScalePool(ctx, &loopsv1.ScalePoolRequest{Id: pool, Replicas: n(1)})
+	require.NoError(t, err)
+	attached(t, op, pool, 1)
 }
 
 // TestPoolServiceDedicatedPool: a dedicated run's pool is listed with the shared one, its
