@@ -160,3 +160,29 @@ func TestSweepDeletesStaleSnapshots(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{live.key}, keys)
 }
+
+// FuzzDedicatedAsk: a run's dedicated-mode metadata never panics, and what it accepts is in
+// range (1-8 replicas, 0-8 sampler replicas); anything else is an InvalidArgument.
+func FuzzDedicatedAsk(f *testing.F) {
+	f.Add("true", "2", "1")
+	f.Add("yes", "", "")
+	f.Add("maybe", "9", "-1")
+	f.Add("1", "99999999999999999999", "0x3")
+	f.Fuzz(func(t *testing.T, ded, replicas, samplers string) {
+		meta := map[string]string{MetaDedicated: ded}
+		if replicas != "" {
+			meta[MetaDedicatedReplicas] = replicas
+		}
+		if samplers != "" {
+			meta[MetaDedicatedSamplerReplicas] = samplers
+		}
+		ask, shape, err := dedicatedAsk(meta)
+		if err != nil {
+			require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
+			return
+		}
+		require.True(t, shape.replicas >= 1 && shape.replicas <= maxDedicatedReplicas, "%+v", shape)
+		require.True(t, shape.samplers >= 0 && shape.samplers <= maxDedicatedReplicas, "%+v", shape)
+		_ = ask
+	})
+}
