@@ -130,8 +130,8 @@ func TestPoolModeGoWorker(t *testing.T) {
 	require.True(t, ok)
 }
 
-// TestLocalWorkersGoWorker: the local_workers mode starts worker_command too, and waits
-// for its LOOPS_WORKER_LISTENING line; a killed worker is restarted.
+// TestLocalWorkersGoWorker: the default mode (local workers) starts worker_command through
+// the local pool provider, as one pool; a killed worker is restarted.
 func TestLocalWorkersGoWorker(t *testing.T) {
 	dir := t.TempDir()
 	b, err := New(t.Context(), Options{Command: []string{testBinary()}, DataDir: dir, Args: []string{"--data-dir", dir, "--threads", "1"},
@@ -145,8 +145,9 @@ func TestLocalWorkersGoWorker(t *testing.T) {
 	require.Equal(t, tiny.Name, caps.GetModels()[0].GetName())
 	_, err = b.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "a", BaseModel: tiny.Name, Lora: &loopsv1.LoraConfig{Rank: 2, TrainAttn: true}})
 	require.NoError(t, err)
-	_, _, ok := b.AdapterReplica("a")
-	require.False(t, ok, "no pools: no replica")
+	pool, _, ok := b.AdapterReplica("a")
+	require.True(t, ok)
+	require.Equal(t, PoolID(tiny.Name), pool, "local workers are the replicas of one pool")
 	// A worker declared lost that comes back as itself still holds the adapter the backend
 	// forgot: creating it again replaces that orphan instead of answering AlreadyExists.
 	b.mu.Lock()
@@ -252,4 +253,15 @@ func TestHungReplicaIsRestarted(t *testing.T) {
 		return len(m) == 1 && m[0].Incarnation != before
 	}, 20*time.Second, 50*time.Millisecond, "killed and started again")
 	require.NotEqual(t, pid, prov.(*local.Provider).PID(pool, 0))
+}
+
+// TestLocalWorkerThatCannotStart: a local worker whose process exits at once fails the
+// backend's start right away, with what it printed, instead of after the start timeout.
+func TestLocalWorkerThatCannotStart(t *testing.T) {
+	start := time.Now()
+	_, err := New(t.Context(), Options{Command: []string{"sh", "-c", "echo no torch here >&2; exit 3", "--"}, DataDir: t.TempDir(),
+		StartTimeout: 10 * time.Minute})
+	require.ErrorContains(t, err, "exited during start")
+	require.ErrorContains(t, err, "no torch here")
+	require.Less(t, time.Since(start), 5*time.Minute, "it did not wait for the start timeout")
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -59,6 +60,9 @@ type PoolOptions struct {
 	// capacity): the gateway then keeps every run on them recoverable step by step, so a
 	// lost replica costs no step (backends.Preemptible).
 	Preemptible bool
+	// implicit: the default mode (no provider configured, no worker addresses): one local
+	// pool of LocalWorkers replicas, each serving every model, seeing the gateway's GPUs.
+	implicit bool
 	// KeepWarm is how long a released dedicated pool waits for the next run of its shape
 	// before it is deleted (default DefaultKeepWarm; dedicated.go). IdleToZero is how long a
 	// bound dedicated pool may go without a call before it is scaled to zero replicas
@@ -206,7 +210,7 @@ func (b *Backend) startPooled(ctx context.Context) error {
 			env = append(env, "PYTHONPATH="+pp)
 		}
 		prov, err = local.New(local.Options{Registry: reg, RegistryURL: url, JoinTokenFile: tokenFile, Command: cmd,
-			Env: append(env, b.opts.Env...), GPUs: po.GPUs, Logger: b.opts.Logger})
+			Env: append(env, b.opts.Env...), GPUs: po.GPUs, Logger: b.opts.Logger, InheritGPUs: po.implicit, OnExit: b.noteExit, Backoff: b.opts.RestartBackoff})
 	case "static":
 		prov, err = static.New(static.Options{Registry: reg, Pools: map[string][]string{PoolID(b.opts.Models[0]): b.opts.Workers}, Logger: b.opts.Logger})
 		if len(b.opts.Models) > 1 {
@@ -237,15 +241,19 @@ func (b *Backend) startPooled(ctx context.Context) error {
 		return err
 	}
 	for i := 0; i < po.Slots; i++ {
-		w := b.newWorker(i, "", false)
+		w := b.newWorker(i, "")
 		w.pooled = true
 		w.why = "no replica has registered in this slot yet"
 		b.workers = append(b.workers, w)
 	}
 	b.samplerReplicas = po.SamplerReplicas
 	for i := 1; i < len(margs); i += 2 {
+		args := b.poolArgs()
+		if po.implicit { // one pool whose replicas serve every model, as local workers always did
+			args = append(slices.Clone(margs[i+1:]), args...)
+		}
 		specs := []pools.Spec{{ID: PoolID(margs[i]), Role: pools.RoleTrainer, BaseModel: margs[i], Replicas: po.Replicas,
-			GPUsPerReplica: po.GPUsPerReplica, Preemptible: po.Preemptible, Args: b.poolArgs()}}
+			GPUsPerReplica: po.GPUsPerReplica, Preemptible: po.Preemptible, Args: args}}
 		if po.SamplerReplicas > 0 && po.Provider != "static" {
 			s := specs[0]
 			s.ID, s.Role, s.Replicas = SamplerPoolID(margs[i]), pools.RoleSampler, po.SamplerReplicas
@@ -260,6 +268,9 @@ func (b *Backend) startPooled(ctx context.Context) error {
 				return err
 			}
 			b.log.Info("pool ensured", slog.String("pool", spec.ID), slog.String("role", string(spec.Role)), slog.String("provider", po.Provider), slog.Int("replicas", spec.Replicas), slog.String("registry", url))
+		}
+		if po.implicit {
+			break
 		}
 	}
 	b.wg.Add(2)
@@ -285,12 +296,33 @@ func (b *Backend) startPooled(ctx context.Context) error {
 		if ready {
 			return nil
 		}
+		if why := b.startFailure(); why != "" && po.implicit {
+			// a local worker that cannot start fails the backend at once, with its stderr
+			return fmt.Errorf("a local worker exited during start (%s); check the python option (LOOPS_WORKER_PYTHON) or worker_command (LOOPS_WORKER_COMMAND)", why)
+		}
 		select {
 		case <-wctx.Done():
 			return fmt.Errorf("no worker of the pools registered and answered within %v (provider %s, registry %s)", b.opts.StartTimeout, po.Provider, url)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// noteExit records a local worker's exit (local.Options.OnExit): before any worker served,
+// it is the reason the backend does not start.
+func (b *Backend) noteExit(pool string, replica int, why string) {
+	b.mu.Lock()
+	if b.firstExit == "" {
+		b.firstExit = fmt.Sprintf("pool %s replica %d: %s", pool, replica, why)
+	}
+	b.mu.Unlock()
+}
+
+// startFailure is the first worker exit recorded by noteExit ("" if none).
+func (b *Backend) startFailure() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.firstExit
 }
 
 // served reports whether an alive worker serves the model.
@@ -455,6 +487,21 @@ func (b *Backend) Preemptible(baseModel string) bool {
 	return false
 }
 
+// restartReplica has the local provider kill and start again the replica a slot is attached
+// to, which the health checks found hung (the registry may still see its heartbeats).
+func (b *Backend) restartReplica(w *worker, why string) {
+	lp, ok := b.pools.(*local.Provider)
+	if !ok || !w.pooled {
+		return
+	}
+	w.mu.Lock()
+	pool, replica := w.pool, w.replica
+	w.mu.Unlock()
+	if pool != "" {
+		lp.Restart(pool, replica, why)
+	}
+}
+
 // Pools returns the pool provider and the Registry in pool mode (nil otherwise).
 func (b *Backend) Pools() (pools.Provider, *pools.Registry) { return b.pools, b.registry }
 
@@ -464,8 +511,8 @@ var _ backends.SamplerScaler = (*Backend)(nil)
 // replicas when more, within the pool slots. Without pool mode it places nothing (ok
 // false): the local workers are fixed at start-up.
 func (b *Backend) ScaleSamplers(ctx context.Context, baseModel string, n int) (int, bool, error) {
-	if b.pools == nil {
-		return 0, false, nil
+	if b.pools == nil || b.opts.Pool.implicit {
+		return 0, false, nil // local workers are as many as configured
 	}
 	want := min(max(n, b.poolReplicas, 1), b.poolSlots)
 	var pool string

@@ -16,7 +16,7 @@ import (
 func replicas(n int) (*Backend, []*worker) {
 	b := &Backend{ctx: context.Background(), log: slog.New(slog.DiscardHandler), adapters: map[string]*worker{}, lost: map[string]string{}}
 	for i := range n {
-		w := b.newWorker(i, "", false)
+		w := b.newWorker(i, "")
 		w.setAlive(&backendv1.GetCapabilitiesResponse{Models: []*loopsv1.ModelInfo{{Name: "m"}}})
 		b.workers = append(b.workers, w)
 	}

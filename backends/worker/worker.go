@@ -13,7 +13,6 @@
 package worker
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -22,13 +21,11 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -36,6 +33,7 @@ import (
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/peft"
 	"github.com/loops-dev/loops/backends/pools"
+	"github.com/loops-dev/loops/backends/pools/local"
 	"github.com/loops-dev/loops/backends/tiny"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
@@ -51,7 +49,10 @@ const ReadyPrefix = "LOOPS_WORKER_LISTENING "
 type Options struct {
 	// Workers are addresses (host:port) of remote workers. Empty: start local workers.
 	Workers []string
-	// LocalWorkers is how many local worker processes to start (default 1).
+	// LocalWorkers is how many local worker processes to start (default 1). They are the
+	// replicas of one pool of the local provider (backends/pools/local: restarts with
+	// back-off, logs, hung ones killed), each serving every model and seeing this process's
+	// GPUs, registering with the backend's registry on loopback.
 	LocalWorkers int
 	// Python is the interpreter for local workers (default $LOOPS_WORKER_PYTHON, else python3).
 	Python string
@@ -73,7 +74,8 @@ type Options struct {
 	Args []string
 	// Env are extra environment variables (KEY=VALUE) for local workers.
 	Env []string
-	// StartTimeout bounds a local worker's start, model loading included (default 10m).
+	// StartTimeout bounds a local worker's start, model loading included (default 10m); a
+	// local worker whose process exits before any serves fails the start at once.
 	StartTimeout time.Duration
 	// HealthInterval is the time between health checks (default 5s); HealthTimeout bounds
 	// one check (default 10s); after HealthFailures failed checks in a row (default 3) the
@@ -85,7 +87,7 @@ type Options struct {
 	// runs longer. Zero: no limit (long GPU passes are normal).
 	CallTimeout time.Duration
 	// RestartBackoff is the first delay before restarting a dead local worker (default 1s,
-	// doubling up to 30s while restarts fail).
+	// doubling up to 30s while it keeps exiting within a minute).
 	RestartBackoff time.Duration
 	// Logger receives worker events and the workers' stderr (default slog.Default()).
 	Logger *slog.Logger
@@ -202,6 +204,8 @@ type Backend struct {
 	// shared holds the specs of the shared pools as configured, so that one an operator
 	// deleted can be created again by scaling it (poolmgr.go); guarded by mu
 	shared map[string]pools.Spec
+	// firstExit is the first exit of a local worker (pool.go, noteExit)
+	firstExit string
 }
 
 var _ backends.Backend = (*Backend)(nil)
@@ -260,18 +264,20 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 	bctx, cancel := context.WithCancel(context.Background())
 	b := &Backend{opts: o, log: o.Logger.With(slog.String("backend", Name)), http: &http.Client{Transport: tr},
 		ctx: bctx, cancel: cancel, adapters: map[string]*worker{}, lost: map[string]string{}, dedicated: map[string]*dedicatedPool{}, roles: map[string]pools.Role{}, shared: map[string]pools.Spec{}}
+	if o.Pool == nil && len(o.Workers) == 0 {
+		// The default mode: LocalWorkers processes serving every model, supervised by the
+		// local pool provider (restart with back-off, logs, hung workers killed).
+		o.Pool = &PoolOptions{Provider: "local", Replicas: o.LocalWorkers, implicit: true}
+		b.opts.Pool = o.Pool
+	}
 	if o.Pool != nil {
 		if err := b.startPooled(ctx); err != nil {
 			_ = b.Close()
 			return nil, fmt.Errorf("torch: %w", err)
 		}
-	} else if len(o.Workers) > 0 {
-		for i, addr := range o.Workers {
-			b.workers = append(b.workers, b.newWorker(i, addr, false))
-		}
 	} else {
-		for i := 0; i < o.LocalWorkers; i++ {
-			b.workers = append(b.workers, b.newWorker(i, "", true))
+		for i, addr := range o.Workers {
+			b.workers = append(b.workers, b.newWorker(i, addr))
 		}
 	}
 	errs := make([]error, len(b.workers))
@@ -331,15 +337,14 @@ func (b *Backend) Workers() []string {
 	return out
 }
 
-// WorkerPID returns the process id of local worker i (0 if none is running).
+// WorkerPID returns the process id of local worker i (replica i of the first model's pool
+// with the local provider; 0 if none is running).
 func (b *Backend) WorkerPID(i int) int {
-	w := b.workers[i]
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.cmd == nil || w.cmd.Process == nil {
+	lp, ok := b.pools.(*local.Provider)
+	if !ok || len(b.opts.Models) == 0 {
 		return 0
 	}
-	return w.cmd.Process.Pid
+	return lp.PID(PoolID(b.opts.Models[0]), i)
 }
 
 // WaitReady waits until every worker is alive again (after a restart). In pool mode it
@@ -366,7 +371,6 @@ func (b *Backend) WaitReady(ctx context.Context) error {
 type worker struct {
 	b      *Backend
 	idx    int
-	local  bool
 	pooled bool // a slot for registered replicas (pool mode)
 
 	mu     sync.Mutex
@@ -379,9 +383,6 @@ type worker struct {
 	up     chan struct{} // closed when alive
 	cl     *clients
 	caps   *backendv1.GetCapabilitiesResponse
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	tail   *pools.Tail
 	nAdapt int
 	load   samplerLoad // route.go
 	// pool mode: the registered replica the slot is attached to (pool empty when none)
@@ -389,16 +390,13 @@ type worker struct {
 	replica int
 }
 
-func (b *Backend) newWorker(i int, addr string, local bool) *worker {
-	return &worker{b: b, idx: i, addr: addr, local: local, up: make(chan struct{}), why: "starting", tail: pools.NewTail(40)}
+func (b *Backend) newWorker(i int, addr string) *worker {
+	return &worker{b: b, idx: i, addr: addr, up: make(chan struct{}), why: "starting"}
 }
 
 func (w *worker) name() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.local {
-		return fmt.Sprintf("local worker %d (%s)", w.idx, w.addr)
-	}
 	return "worker " + w.addr
 }
 
@@ -445,127 +443,19 @@ func (b *Backend) modelArgs() ([]string, error) {
 	return args, nil
 }
 
-// start brings the worker up: a local one is spawned; a remote one is probed.
+// start probes a worker given by address.
 func (w *worker) start(ctx context.Context) error {
-	if !w.local {
-		cl := w.b.newClients(w.addr)
-		w.mu.Lock()
-		w.cl = cl
-		w.mu.Unlock()
-		cctx, cancel := context.WithTimeout(ctx, w.b.opts.HealthTimeout)
-		defer cancel()
-		caps, err := cl.tc.GetCapabilities(cctx, &backendv1.GetCapabilitiesRequest{})
-		if err != nil {
-			return fmt.Errorf("worker %s is not reachable: %w (is `python -m loops_worker --listen %s` running there?)", w.addr, err, w.addr)
-		}
-		w.setAlive(caps)
-		return nil
-	}
-	margs, err := w.b.modelArgs()
-	if err != nil {
-		return err
-	}
-	command := w.b.workerCommand()
-	args := append(command[1:], "--listen", "127.0.0.1:0", "--max-lora-rank", strconv.Itoa(w.b.opts.MaxLoraRank))
-	args = append(append(args, margs...), w.b.opts.Args...)
-	cmd := exec.Command(command[0], args...)
-	env := append(os.Environ(), "LOOPS_WORKER_EXIT_ON_STDIN_EOF=1", "PYTHONUNBUFFERED=1")
-	if pp := w.b.opts.PythonPath; pp != "" {
-		if old := os.Getenv("PYTHONPATH"); old != "" {
-			pp += string(os.PathListSeparator) + old
-		}
-		env = append(env, "PYTHONPATH="+pp)
-	}
-	cmd.Env = append(env, w.b.opts.Env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return err
-	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return err
-	}
-	if err := cmd.Start(); err != nil {
-		if len(w.b.opts.Command) > 0 {
-			return fmt.Errorf("cannot start the worker (%s %s): %w; check the worker_command option (LOOPS_WORKER_COMMAND)", command[0], strings.Join(args, " "), err)
-		}
-		return fmt.Errorf("cannot start the worker (%s %s): %w; set the python option or LOOPS_WORKER_PYTHON to an interpreter with loops_worker installed", command[0], strings.Join(args, " "), err)
-	}
-	w.tail.Reset()
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			w.tail.Add(sc.Text())
-			w.b.log.Debug("worker stderr", slog.Int("worker", w.idx), slog.String("line", sc.Text()))
-		}
-	}()
-	addrCh := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if a, ok := strings.CutPrefix(sc.Text(), ReadyPrefix); ok {
-				select {
-				case addrCh <- strings.TrimSpace(a):
-				default:
-				}
-			}
-		}
-	}()
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	timer := time.NewTimer(w.b.opts.StartTimeout)
-	defer timer.Stop()
-	var addr string
-	select {
-	case addr = <-addrCh:
-	case err := <-exited:
-		time.Sleep(50 * time.Millisecond) // let stderr drain
-		return fmt.Errorf("local worker %d exited during start (%v): %s", w.idx, err, w.tail.String())
-	case <-timer.C:
-		pools.KillGroup(cmd)
-		<-exited
-		return fmt.Errorf("local worker %d did not start within %v: %s", w.idx, w.b.opts.StartTimeout, w.tail.String())
-	case <-ctx.Done():
-		pools.KillGroup(cmd)
-		<-exited
-		return ctx.Err()
-	case <-w.b.ctx.Done():
-		pools.KillGroup(cmd)
-		<-exited
-		return errors.New("backend closed")
-	}
-	cl := w.b.newClients(addr)
+	cl := w.b.newClients(w.addr)
 	w.mu.Lock()
-	w.addr, w.cmd, w.stdin, w.cl = addr, cmd, stdin, cl
+	w.cl = cl
 	w.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, w.b.opts.HealthTimeout)
+	defer cancel()
 	caps, err := cl.tc.GetCapabilities(cctx, &backendv1.GetCapabilitiesRequest{})
-	cancel()
 	if err != nil {
-		pools.KillGroup(cmd)
-		<-exited
-		return fmt.Errorf("local worker %d at %s does not answer: %w", w.idx, addr, err)
+		return fmt.Errorf("worker %s is not reachable: %w (is `loops worker --listen %s` or `python -m loops_worker --listen %s` running there?)", w.addr, err, w.addr, w.addr)
 	}
 	w.setAlive(caps)
-	w.b.log.Info("worker started", slog.Int("worker", w.idx), slog.String("addr", addr), slog.Int("pid", cmd.Process.Pid))
-	w.b.wg.Add(1)
-	go func() {
-		defer w.b.wg.Done()
-		err := <-exited
-		time.Sleep(50 * time.Millisecond)
-		reason := fmt.Sprintf("its process exited (%v)", err)
-		if t := w.tail.String(); t != "" {
-			reason += "; last stderr: " + t
-		}
-		w.fail(-1, reason)
-		w.restart()
-	}()
 	return nil
 }
 
@@ -585,7 +475,7 @@ func (w *worker) setAlive(caps *backendv1.GetCapabilitiesResponse) {
 }
 
 // fail marks the worker dead (if gen matches, or gen < 0 for any), fails its in-flight
-// calls, forgets its adapters and kills a local process.
+// calls and forgets its adapters.
 func (w *worker) fail(gen int, reason string) {
 	w.mu.Lock()
 	if !w.alive || (gen >= 0 && gen != w.gen) {
@@ -597,11 +487,7 @@ func (w *worker) fail(gen int, reason string) {
 	w.up = make(chan struct{})
 	w.load.held = nil // a restarted worker has loaded nothing
 	kill := w.kill
-	cmd := w.cmd
 	name := fmt.Sprintf("worker %s", w.addr)
-	if w.local {
-		name = fmt.Sprintf("local worker %d (%s)", w.idx, w.addr)
-	}
 	w.mu.Unlock()
 	closing := w.b.ctx.Err() != nil
 	if !closing {
@@ -619,45 +505,9 @@ func (w *worker) fail(gen int, reason string) {
 	}
 	w.nAdapt = 0
 	w.b.mu.Unlock()
-	if w.local && cmd != nil {
-		pools.KillGroup(cmd)
-	}
 }
 
-// restart starts a dead local worker again, with backoff, until the backend closes.
-func (w *worker) restart() {
-	delay := w.b.opts.RestartBackoff
-	for w.b.ctx.Err() == nil {
-		select {
-		case <-time.After(delay):
-		case <-w.b.ctx.Done():
-			return
-		}
-		err := w.start(w.b.ctx)
-		if err == nil {
-			w.b.log.Warn("restarted a dead worker; the adapters it held are gone until their runs reload a checkpoint", slog.Int("worker", w.idx))
-			return
-		}
-		w.b.log.Error("restarting worker failed", slog.Int("worker", w.idx), slog.Any("err", err))
-		w.mu.Lock()
-		w.why = "restarting failed: " + err.Error()
-		w.mu.Unlock()
-		delay = min(2*delay, 30*time.Second)
-	}
-}
-
-func (w *worker) stop() {
-	w.mu.Lock()
-	cmd, stdin := w.cmd, w.stdin
-	w.mu.Unlock()
-	w.fail(-1, "the backend is closing")
-	if cmd != nil {
-		if stdin != nil {
-			_ = stdin.Close()
-		}
-		pools.KillGroup(cmd)
-	}
-}
+func (w *worker) stop() { w.fail(-1, "the backend is closing") }
 
 // healthLoop probes the worker; HealthFailures failures in a row declare it dead. A dead
 // remote worker is probed until it answers again.
@@ -674,9 +524,9 @@ func (w *worker) healthLoop() {
 		w.mu.Lock()
 		alive, gen, cl := w.alive, w.gen, w.cl
 		w.mu.Unlock()
-		if !alive && (w.local || w.pooled) {
+		if !alive && w.pooled {
 			fails = 0
-			continue // the exit watcher restarts it
+			continue // the registry brings it back
 		}
 		if cl == nil {
 			continue
@@ -694,7 +544,9 @@ func (w *worker) healthLoop() {
 		case alive:
 			fails++
 			if fails >= w.b.opts.HealthFailures {
-				w.fail(gen, fmt.Sprintf("it did not answer %d health checks in a row (%v; hung or unreachable)", fails, err))
+				why := fmt.Sprintf("it did not answer %d health checks in a row (%v; hung or unreachable)", fails, err)
+				w.fail(gen, why)
+				w.b.restartReplica(w, why)
 				fails = 0
 			}
 		}
@@ -707,9 +559,6 @@ func (w *worker) acquire() (context.Context, int, *clients, error) {
 	defer w.mu.Unlock()
 	if !w.alive {
 		name := "worker " + w.addr
-		if w.local {
-			name = fmt.Sprintf("local worker %d", w.idx)
-		}
 		return nil, 0, nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s is down (%s); it is being restarted, retry shortly", name, w.why))
 	}
 	return w.life, w.gen, w.cl, nil
@@ -745,7 +594,9 @@ func call[Req, Resp any](ctx context.Context, w *worker, method string, pick fun
 	defer stop()
 	if d := w.b.opts.CallTimeout; d > 0 {
 		t := time.AfterFunc(d, func() {
-			w.fail(gen, fmt.Sprintf("a %s call ran for more than %v (call_timeout); it is presumed hung", method, d))
+			why := fmt.Sprintf("a %s call ran for more than %v (call_timeout); it is presumed hung", method, d)
+			w.fail(gen, why)
+			w.b.restartReplica(w, why)
 		})
 		defer t.Stop()
 	}
@@ -763,10 +614,10 @@ func call[Req, Resp any](ctx context.Context, w *worker, method string, pick fun
 	// resets to it), as are Unavailable and transport-level Unknown errors.
 	code := connect.CodeOf(err)
 	if code == connect.CodeUnavailable || code == connect.CodeCanceled || code == connect.CodeUnknown && isTransport(err) {
-		// A dropped connection is usually a dying process: give the exit watcher (local) or
-		// the health checks (remote) a moment to say so.
+		// A dropped connection is usually a dying process: give the local provider's exit
+		// watcher, or the health checks (remote workers), a moment to say so.
 		wait := 3 * time.Second
-		if !w.local {
+		if _, local := w.b.pools.(*local.Provider); !local {
 			wait = w.b.opts.HealthInterval * time.Duration(w.b.opts.HealthFailures+1)
 		}
 		select {

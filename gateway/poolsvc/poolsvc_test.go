@@ -322,8 +322,8 @@ func TestPoolServiceDedicatedPool(t *testing.T) {
 // TestPoolServiceWithoutPools: a gateway on the reference engine answers FailedPrecondition
 // (NO_POOLS) to an operator, on every surface; with no keys configured any key from loopback
 // is an operator's, and the mark of a REST request from another peer holds on its hop back;
-// with keys but no operator key, nobody is. The torch backend without a provider answers
-// the same.
+// with keys but no operator key, nobody is. A worker backend without pools (one that dials
+// its workers by address) answers the same.
 func TestPoolServiceWithoutPools(t *testing.T) {
 	url := startGateway(t, gateway.Config{DataDir: t.TempDir()})
 	ctx := t.Context()
@@ -349,7 +349,7 @@ func TestPoolServiceWithoutPools(t *testing.T) {
 
 	svc := poolsvc.New(&worker.Backend{})
 	_, err = svc.ListAllocations(auth.WithOperator(ctx), &loopsv1.ListAllocationsRequest{})
-	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err), "the torch backend without a provider runs no pools")
+	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err), "a worker backend that dials its workers runs no pools")
 	require.ErrorContains(t, err, poolsvc.NoPoolsMessage)
 }
 

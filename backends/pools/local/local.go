@@ -39,6 +39,12 @@ type Options struct {
 	Backoff, MaxBackoff time.Duration
 	// Logger receives worker events and stderr lines (default slog.Default()).
 	Logger *slog.Logger
+	// InheritGPUs: with no GPU inventory, workers keep this process's CUDA_VISIBLE_DEVICES
+	// (see every GPU it sees) instead of none. The torch backend's default mode sets it.
+	InheritGPUs bool
+	// OnExit, when set, is told every time a worker process exits, with why (its exit status
+	// and the last lines of its stderr).
+	OnExit func(pool string, replica int, why string)
 }
 
 // Provider is the local provider.
@@ -204,6 +210,33 @@ func (p *Provider) Watch(ctx context.Context, id string) (<-chan pools.Event, er
 
 // PID returns the process id of a replica's current worker (0 if none runs).
 func (p *Provider) PID(id string, i int) int {
+	r := p.replica(id, i)
+	if r == nil {
+		return 0
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pid
+}
+
+// Restart kills the process of replica i of pool id, if one runs, for the provider to start
+// it again (a worker the backend found hung). why is logged.
+func (p *Provider) Restart(id string, i int, why string) {
+	r := p.replica(id, i)
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	pid := r.pid
+	r.mu.Unlock()
+	if pid > 0 {
+		p.log.Warn("killing a worker to restart it", slog.String("pool", id), slog.Int("replica", i), slog.Int("pid", pid), slog.String("why", why))
+		_ = syscall.Kill(-pid, syscall.SIGKILL) // its process group (Setpgid)
+	}
+}
+
+// replica returns replica i of pool id (nil if none).
+func (p *Provider) replica(id string, i int) *replica {
 	p.mu.Lock()
 	pl := p.pools[id]
 	var r *replica
@@ -211,12 +244,7 @@ func (p *Provider) PID(id string, i int) int {
 		r = pl.replicas[i]
 	}
 	p.mu.Unlock()
-	if r == nil {
-		return 0
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.pid
+	return r
 }
 
 // Spec implements pools.SpecReader.
@@ -274,6 +302,9 @@ func (p *Provider) supervise(ctx context.Context, spec pools.Spec, i int, r *rep
 			return
 		}
 		p.opts.Registry.Remove(spec.ID, i, "its process exited: "+err.Error())
+		if p.opts.OnExit != nil {
+			p.opts.OnExit(spec.ID, i, err.Error())
+		}
 		if time.Since(start) > time.Minute {
 			delay = p.opts.Backoff
 		}
@@ -326,7 +357,10 @@ func (p *Provider) runOnce(ctx context.Context, spec pools.Spec, i int, r *repli
 		"--pool", spec.ID, "--replica", strconv.Itoa(i), "--join-token-file", p.opts.JoinTokenFile, "--model", spec.BaseModel)
 	args = append(args, spec.Args...)
 	cmd := exec.Command(p.opts.Command[0], args...)
-	cmd.Env = append(os.Environ(), "LOOPS_WORKER_EXIT_ON_STDIN_EOF=1", "PYTHONUNBUFFERED=1", "CUDA_VISIBLE_DEVICES="+strings.Join(r.gpus, ","))
+	cmd.Env = append(os.Environ(), "LOOPS_WORKER_EXIT_ON_STDIN_EOF=1", "PYTHONUNBUFFERED=1")
+	if len(r.gpus) > 0 || !p.opts.InheritGPUs || len(p.opts.GPUs) > 0 {
+		cmd.Env = append(cmd.Env, "CUDA_VISIBLE_DEVICES="+strings.Join(r.gpus, ","))
+	}
 	cmd.Env = append(cmd.Env, p.opts.Env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stdin, err := cmd.StdinPipe() // closed when we exit: the worker exits too
