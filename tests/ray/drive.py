@@ -1,7 +1,7 @@
 """tests/ray/drive.py: a tinker script the Ray pool test (ray_test.go) drives line by line.
 
 Commands on stdin: `step` (forward_backward + optim_step on loops/tiny), `steps N` (N steps
-back to back, then `steps_done`), `save NAME` (save_state), `sample NAME`
+back to back, or fewer once the file LOOPS_DRIVE_STOP exists, then `steps_done`), `save NAME` (save_state), `sample NAME`
 (save_weights_and_get_sampling_client + sample), `shadow N` (a second training client with
 the same seed and data takes N steps undisturbed and prints its losses), `dedicated` (a new
 session creates a run with a dedicated pool and takes a step — timed together — and ends,
@@ -29,6 +29,9 @@ def out(**kw):
 
 
 STATE = {"last": None}
+# `steps N` ends early once this file exists (LOOPS_DRIVE_STOP), so the test can keep the
+# script training for as long as a failure takes to play out.
+STOP = os.environ.get("LOOPS_DRIVE_STOP", "")
 
 
 def corrupted(tc):
@@ -87,6 +90,8 @@ def main():
         cmd, _, arg = line.strip().partition(" ")
         if cmd in ("step", "steps"):
             for _ in range(int(arg or 1)):
+                if cmd == "steps" and STOP and os.path.exists(STOP):
+                    break  # the test has seen what it waited for
                 loss, secs = retry(tc, "step", step)
                 n += 1
                 out(event="step", step=n, loss=loss, secs=round(secs, 3))

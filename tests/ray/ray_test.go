@@ -67,6 +67,8 @@ type script struct {
 	stdin io.WriteCloser
 	lines chan line
 
+	stop string // the file that ends `steps N` early
+
 	mu       sync.Mutex
 	losses   []float64 // of every step, in order
 	errors   []string  // what failed, as the script saw it
@@ -184,14 +186,15 @@ func TestRayPool(t *testing.T) {
 	<-ups
 
 	cmd := exec.CommandContext(ctx, py, filepath.Join(root, "tests/ray/drive.py"))
-	cmd.Env = append(os.Environ(), "TINKER_BASE_URL=http://"+ln.Addr().String(), "TINKER_API_KEY=tml-ray-test", "HF_HUB_OFFLINE=1")
+	stopFile := filepath.Join(t.TempDir(), "stop")
+	cmd.Env = append(os.Environ(), "TINKER_BASE_URL=http://"+ln.Addr().String(), "TINKER_API_KEY=tml-ray-test", "HF_HUB_OFFLINE=1", "LOOPS_DRIVE_STOP="+stopFile)
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = os.Stderr
 	require.NoError(t, cmd.Start())
-	s := &script{t: t, stdin: stdin, lines: make(chan line, 256)}
+	s := &script{t: t, stdin: stdin, lines: make(chan line, 256), stop: stopFile}
 	go func() {
 		defer close(s.lines)
 		sc := bufio.NewScanner(stdout)
@@ -297,12 +300,14 @@ func TestRayPool(t *testing.T) {
 	require.NoError(t, prov.DeletePool(ctx, pool))
 }
 
-// midTraining starts 60 steps, kills something after the first, and reports how long until
-// a new incarnation registered and until the script's next step succeeded.
+// midTraining has the script train until told to stop, kills something after its first
+// step, and reports how long until a new incarnation registered and until the script's next
+// step succeeded; then the script stops.
 func midTraining(t *testing.T, s *script, ups chan pools.Event, what string, kill func()) {
 	t.Helper()
 	drain(ups)
-	_, err := fmt.Fprintln(s.stdin, "steps 60")
+	require.NoError(t, os.RemoveAll(s.stop))
+	_, err := fmt.Fprintln(s.stdin, "steps 100000")
 	require.NoError(t, err)
 	s.wait("step")
 	tk := time.Now()
@@ -323,7 +328,9 @@ func midTraining(t *testing.T, s *script, ups chan pools.Event, what string, kil
 			break
 		}
 	}
+	require.NoError(t, os.WriteFile(s.stop, nil, 0o644))
 	s.wait("steps_done")
+	require.NoError(t, os.RemoveAll(s.stop))
 }
 
 func drain(ch chan pools.Event) {
