@@ -118,9 +118,12 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], st
 				sc[j] = s
 				mx = max(mx, s)
 			}
+			for j := range sc {
+				sc[j] -= mx
+			}
+			expInPlace(sc)
 			var sum float64
 			for j := range sc {
-				sc[j] = math.Exp(sc[j] - mx)
 				sum += sc[j]
 			}
 			var accBuf [256]float64
@@ -231,7 +234,7 @@ func growF64(s *[]float64, n int) []float64 {
 // element of row i is summed in an order that depends on N and K only, never on M or i
 // (float32 with a vector kernel: the unpacked dot kernel of sgemmNTSmall for any M;
 // otherwise the generic blocked kernel, whose rows are independent). It is the decode
-// path's product: with the four-row kernel and B read once per step, faster than packing
+// path's product: with the row kernels and B read once per step, faster than packing
 // up to a few dozen rows (BenchmarkDecodeProducts).
 func matMulTRows[T Float](C, A, B []T, M, N, K int, acc bool) {
 	if M == 0 || N == 0 {
@@ -254,10 +257,10 @@ func matMulTRows[T Float](C, A, B []T, M, N, K int, acc bool) {
 	})
 }
 
-// rowDot1, rowDot2 and rowDot4 (when hasRowDot, hasRowDot4: kernels_rows_amd64.go)
-// compute the reduced dot products of one, two or four rows of A with four rows of B, bit
-// for bit as sdot2x4 and the reduction in sgemmNTSmall; rowDot4 loads each element of B
-// once for its four rows.
+// rowDot1, rowDot2 and rowDotTile (when hasRowDot, rowTile > 0: kernels_rows_amd64.go)
+// compute the reduced dot products of one, two or rowTile rows of A with four rows of B,
+// bit for bit as sdot2x4 and the reduction in sgemmNTSmall; rowDotTile loads each element
+// of B once for its rowTile rows.
 
 // rowsL1Bytes is how much of B one sgemmNTRows task holds at a time.
 const rowsL1Bytes = 32 << 10
@@ -271,14 +274,15 @@ func sgemmNTRows(kn *sgemmKernel, C, A, B []float32, M, N, K int, acc bool) {
 	// A task's rows of B (colsPerTask × K) stay in L1 while all its rows of A pass over
 	// them, so B is read from memory once per step when the columns alone make tasks
 	// enough for the threads (the rows are cut in two otherwise); how the work is cut
-	// changes no result. Row blocks are multiples of 4 so that the four-row kernel covers
-	// all but the last rows of M.
+	// changes no result. Row blocks are multiples of the row kernel's width so that it
+	// covers all but the last rows of M.
 	colsPerTask := min(max(rowsL1Bytes/(4*K)/4, 1)*4, 64)
 	k8 := K / 8
 	nt := (N + colsPerTask - 1) / colsPerTask
-	rowsPerTask := (M + 3) &^ 3
+	rowsPerTask := M
 	if nt < 2*Threads() {
-		rowsPerTask = (max(8, (M+1)/2) + 3) &^ 3
+		unit := max(rowTile, 1)
+		rowsPerTask = (max(8, (M+1)/2) + unit - 1) / unit * unit
 	}
 	mt := (M + rowsPerTask - 1) / rowsPerTask
 	parallelFor(mt*nt, M*N*K, func(t int) {
@@ -286,9 +290,9 @@ func sgemmNTRows(kn *sgemmKernel, C, A, B []float32, M, N, K int, acc bool) {
 		i0, i1 := ti*rowsPerTask, min(ti*rowsPerTask+rowsPerTask, M)
 		j0, j1 := tj*colsPerTask, min(tj*colsPerTask+colsPerTask, N)
 		for i := i0; i < i1; {
-			if hasRowDot4 && k8 > 0 && i1-i >= 4 {
-				rows4(C, A, B, i, j0, j1, N, K, acc)
-				i += 4
+			if rt := rowTile; rt > 0 && k8 > 0 && i1-i >= rt {
+				rowsTile(C, A, B, i, rt, j0, j1, N, K, acc)
+				i += rt
 				continue
 			}
 			nr := min(2, i1-i)
@@ -340,25 +344,27 @@ func sgemmNTRows(kn *sgemmKernel, C, A, B []float32, M, N, K int, acc bool) {
 	})
 }
 
-// rows4 is sgemmNTRows' product of rows i..i+3 of A with rows j0..j1 of B (j1-j0 ≤ 64)
-// through rowDot4: the groups of four rows of B in one call, each of the last
-// (j1-j0) mod 4 rows in a call of its own (the row repeated in the four slots).
-func rows4(C, A, B []float32, i, j0, j1, N, K int, acc bool) {
+// rowsTile is sgemmNTRows' product of rows i..i+nr-1 of A (nr = rowTile) with rows
+// j0..j1 of B (j1-j0 ≤ 64) through rowDotTile: the groups of four rows of B in one call,
+// each of the last (j1-j0) mod 4 rows in a call of its own (the row repeated in the four
+// slots).
+func rowsTile(C, A, B []float32, i, nr, j0, j1, N, K int, acc bool) {
 	k8 := K / 8
 	var buf [16 * 16]float32
 	ng := (j1 - j0) / 4
 	if ng > 0 {
-		rowDot4(k8, &A[i*K], K, &B[j0*K], K, ng, &buf[0])
+		rowDotTile(k8, &A[i*K], K, &B[j0*K], K, ng, &buf[0])
 	}
 	var tail [3][16]float32
 	for t := range (j1 - j0) % 4 {
-		rowDot4(k8, &A[i*K], K, &B[(j0+4*ng+t)*K], 0, 1, &tail[t][0])
+		rowDotTile(k8, &A[i*K], K, &B[(j0+4*ng+t)*K], 0, 1, &tail[t][0])
 	}
-	for r := range 4 {
+	gs := 4 * nr // results per group
+	for r := range nr {
 		c := C[(i+r)*N+j0 : (i+r)*N+j1]
 		if 8*k8 == K { // no k tail: the kernel's sums are the results
 			for g := range ng {
-				o, d := buf[g*16+r*4:g*16+r*4+4], c[4*g:4*g+4]
+				o, d := buf[g*gs+r*4:g*gs+r*4+4], c[4*g:4*g+4]
 				if acc {
 					d[0], d[1], d[2], d[3] = d[0]+o[0], d[1]+o[1], d[2]+o[2], d[3]+o[3]
 				} else {
@@ -378,7 +384,7 @@ func rows4(C, A, B []float32, i, j0, j1, N, K int, acc bool) {
 		for jj := range c {
 			var s float32
 			if g := jj / 4; g < ng {
-				s = buf[g*16+r*4+jj%4]
+				s = buf[g*gs+r*4+jj%4]
 			} else {
 				s = tail[jj-4*ng][r*4]
 			}

@@ -5,9 +5,14 @@ package nn
 func init() { selectKernelFromEnv() }
 
 // Without the amd64 row kernels, sgemmNTRows uses the dot kernel (kernels_rows_amd64.go).
-var hasRowDot, hasRowDot4 = false, false
+var (
+	hasRowDot = false
+	rowTile   = 0
+)
 
-func rowDot4(k8 int, a *float32, lda int, b *float32, ldb int, ng int, out *float32) {
+func rowTiles() []int { return nil }
+
+func rowDotTile(k8 int, a *float32, lda int, b *float32, ldb int, ng int, out *float32) {
 	panic("nn: no row kernels")
 }
 
@@ -20,3 +25,9 @@ func rowDot1(k8 int, a0, b *float32, ldb int, out *[8]float32) { panic("nn: no r
 func weightedSum[T Float](acc []float64, p []float64, v []T, ldv int) {
 	weightedSumFrom(acc, p, v, ldv, 0)
 }
+
+// swigluF32 is swiglu's loop over one chunk for float32 (in Go here).
+func swigluF32(g, u, out []float32) { swigluGo(g, u, out) }
+
+// expInPlace sets x[i] = math.Exp(x[i]).
+func expInPlace(x []float64) { expGo(x) }

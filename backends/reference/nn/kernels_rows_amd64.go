@@ -21,15 +21,47 @@ func sdot1x4r(k8 int, a0, b *float32, ldb int, out *[8]float32)
 //go:noescape
 func sdot4x4r(k8 int, a *float32, lda int, b *float32, ldb int, ng int, out *float32)
 
+// sdot3x4r is sdot4x4r for three rows of A (12 results per group), in AVX2's registers.
+//
+//go:noescape
+func sdot3x4r(k8 int, a *float32, lda int, b *float32, ldb int, ng int, out *float32)
+
 // The row kernels are called directly (not through function values) so that the
 // buffers they write stay on the caller's stack.
 var (
-	hasRowDot  = cpu.X86.HasAVX2 && cpu.X86.HasFMA
-	hasRowDot4 = hasRowDot && cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL
+	hasRowDot = cpu.X86.HasAVX2 && cpu.X86.HasFMA
+	rowTile   = bestRowTile()
 )
 
-func rowDot4(k8 int, a *float32, lda int, b *float32, ldb int, ng int, out *float32) {
-	sdot4x4r(k8, a, lda, b, ldb, ng, out)
+// bestRowTile is the widest row kernel the CPU has: four rows with AVX-512VL's 32
+// registers, three with AVX2's 16.
+func bestRowTile() int {
+	switch {
+	case hasRowDot && cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL:
+		return 4
+	case hasRowDot:
+		return 3
+	}
+	return 0
+}
+
+// rowTiles are the row-kernel widths this CPU can run, for tests.
+func rowTiles() []int {
+	switch rowTile {
+	case 4:
+		return []int{4, 3}
+	case 3:
+		return []int{3}
+	}
+	return nil
+}
+
+func rowDotTile(k8 int, a *float32, lda int, b *float32, ldb int, ng int, out *float32) {
+	if rowTile == 4 {
+		sdot4x4r(k8, a, lda, b, ldb, ng, out)
+	} else {
+		sdot3x4r(k8, a, lda, b, ldb, ng, out)
+	}
 }
 
 func rowDot2(k8 int, a0, a1, b *float32, ldb int, out *[8]float32) {

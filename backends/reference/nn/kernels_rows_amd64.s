@@ -205,3 +205,91 @@ r44store:
 	VZEROUPPER
 r44done:
 	RET
+
+// func sdot3x4r(k8 int, a *float32, lda int, b *float32, ldb int, ng int, out *float32)
+// sdot4x4r for three rows of A in AVX2's sixteen registers: out[12g + 4r + j] =
+// Σ_{k<8*k8} a[r*lda+k]·b[(4g+j)*ldb+k] for rows r∈0..2, j∈0..3. The twelve accumulators
+// Y0–Y11 hold the lane sums of sdot2x4r, in the same order, reduced the same way; each load
+// of B (Y15) serves three rows of A (Y12–Y14).
+TEXT ·sdot3x4r(SB), NOSPLIT, $0-56
+	MOVQ a+8(FP), AX
+	MOVQ lda+16(FP), DX
+	SHLQ $2, DX
+	MOVQ b+24(FP), BX
+	MOVQ ldb+32(FP), R8
+	SHLQ $2, R8
+	MOVQ ng+40(FP), R12
+	MOVQ out+48(FP), DI
+	LEAQ (AX)(DX*1), R13      // row 1 of A
+	LEAQ (AX)(DX*2), R11      // row 2 of A
+	TESTQ R12, R12
+	JZ r34done
+r34group:
+	MOVQ k8+0(FP), CX
+	LEAQ (BX)(R8*2), R9       // column 2 of B
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+	XORQ SI, SI
+	TESTQ CX, CX
+	JZ r34store
+r34loop:
+	VMOVUPS (AX)(SI*1), Y12
+	VMOVUPS (R13)(SI*1), Y13
+	VMOVUPS (R11)(SI*1), Y14
+	VMOVUPS (BX)(SI*1), Y15
+	VFMADD231PS Y15, Y12, Y0
+	VFMADD231PS Y15, Y13, Y4
+	VFMADD231PS Y15, Y14, Y8
+	LEAQ (BX)(R8*1), R10
+	VMOVUPS (R10)(SI*1), Y15
+	VFMADD231PS Y15, Y12, Y1
+	VFMADD231PS Y15, Y13, Y5
+	VFMADD231PS Y15, Y14, Y9
+	VMOVUPS (R9)(SI*1), Y15
+	VFMADD231PS Y15, Y12, Y2
+	VFMADD231PS Y15, Y13, Y6
+	VFMADD231PS Y15, Y14, Y10
+	LEAQ (R9)(R8*1), R10
+	VMOVUPS (R10)(SI*1), Y15
+	VFMADD231PS Y15, Y12, Y3
+	VFMADD231PS Y15, Y13, Y7
+	VFMADD231PS Y15, Y14, Y11
+	ADDQ $32, SI
+	DECQ CX
+	JNZ r34loop
+r34store:
+	VHADDPS Y1, Y0, Y0
+	VHADDPS Y3, Y2, Y2
+	VHADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VMOVUPS X0, 0(DI)
+	VHADDPS Y5, Y4, Y4
+	VHADDPS Y7, Y6, Y6
+	VHADDPS Y6, Y4, Y4
+	VEXTRACTF128 $1, Y4, X5
+	VADDPS X5, X4, X4
+	VMOVUPS X4, 16(DI)
+	VHADDPS Y9, Y8, Y8
+	VHADDPS Y11, Y10, Y10
+	VHADDPS Y10, Y8, Y8
+	VEXTRACTF128 $1, Y8, X9
+	VADDPS X9, X8, X8
+	VMOVUPS X8, 32(DI)
+	ADDQ $48, DI
+	LEAQ (BX)(R8*4), BX
+	DECQ R12
+	JNZ r34group
+	VZEROUPPER
+r34done:
+	RET

@@ -161,12 +161,23 @@ func silu(x float64) float64 { return x / (1 + math.Exp(-x)) }
 func swiglu[T Float](g, u, out []T) {
 	n := len(g)
 	u, out = u[:n], out[:n]
+	gf, ok := any(g).([]float32)
 	parallelFor((n+elementwiseChunk-1)/elementwiseChunk, n*expWork, func(c int) {
 		i0, i1 := c*elementwiseChunk, min((c+1)*elementwiseChunk, n)
-		for i, x := range g[i0:i1] {
-			out[i0+i] = T(silu(float64(x))) * u[i0+i]
+		if ok {
+			swigluF32(gf[i0:i1], any(u).([]float32)[i0:i1], any(out).([]float32)[i0:i1])
+			return
 		}
+		swigluGo(g[i0:i1], u[i0:i1], out[i0:i1])
 	})
+}
+
+// swigluGo is swiglu's loop in Go.
+func swigluGo[T Float](g, u, out []T) {
+	u, out = u[:len(g)], out[:len(g)]
+	for i, x := range g {
+		out[i] = T(silu(float64(x))) * u[i]
+	}
 }
 
 // elementwiseChunk is how many elements one task of an element-wise op takes, and expWork
@@ -218,5 +229,12 @@ func weightedSumFrom[T Float](acc []float64, p []float64, v []T, ldv, d0 int) {
 		for d, x := range row {
 			a[d] += pj * float64(x)
 		}
+	}
+}
+
+// expGo sets x[i] = math.Exp(x[i]), in Go.
+func expGo(x []float64) {
+	for i, v := range x {
+		x[i] = math.Exp(v)
 	}
 }

@@ -52,7 +52,7 @@ func BenchmarkDecodeProducts(b *testing.B) {
 
 // TestMatMulTRowsIsRowStable checks that every row of matMulTRows equals that row computed
 // alone, bit for bit, for any number of rows and threads (with and without the four-row
-// kernel), that the reduced kernels give
+// kernels), that the reduced kernels give
 // the bits of sdot2x4 and sgemmNTSmall's reduction, and that the result is close to the
 // float64 product.
 func TestMatMulTRowsIsRowStable(t *testing.T) {
@@ -91,12 +91,14 @@ func TestMatMulTRowsIsRowStable(t *testing.T) {
 		}
 		for _, threads := range []int{1, 2, 5} {
 			SetThreads(threads)
-			if hasRowDot4 { // the two-row kernel alone gives the four-row kernel's bits
-				hasRowDot4 = false
+			// the two-row kernel alone, and each narrower row kernel, give the widest one's bits
+			best := rowTile
+			for _, tile := range append(rowTiles(), 0) {
+				rowTile = tile
 				got := make([]float32, M*N)
 				matMulTRows(got, A, B, M, N, K, false)
-				hasRowDot4 = true
-				require.Equal(t, alone, got, "N=%d K=%d threads=%d without the four-row kernel", N, K, threads)
+				rowTile = best
+				require.Equal(t, alone, got, "N=%d K=%d threads=%d with the %d-row kernel", N, K, threads, tile)
 			}
 			for _, m := range []int{2, 3, 8, 9, M} {
 				got := make([]float32, m*N)

@@ -257,9 +257,12 @@ func (m *Model[T]) attnFwd(b *batchLayout[T], a *layerAct[T]) {
 					mx = s
 				}
 			}
+			for j := 0; j <= i; j++ {
+				sc[j] -= mx
+			}
+			expInPlace(sc[:i+1])
 			var sum float64
 			for j := 0; j <= i; j++ {
-				sc[j] = math.Exp(sc[j] - mx)
 				sum += sc[j]
 			}
 			clear(acc)

@@ -1,0 +1,56 @@
+//go:build amd64
+
+package nn
+
+import "golang.org/x/sys/cpu"
+
+// siluMulF32 computes out[i] = float32(silu(float64(g[i])))·u[i] four elements at a time
+// with the bits of silu (kernels_act_amd64.s), over the first n4 groups of four, stopping
+// before a group that holds an element with |g| > 708 or NaN (silu's exp takes special
+// paths there); it returns the number of groups done.
+//
+//go:noescape
+func siluMulF32(n4 int, gate, up, out *float32) (done int)
+
+// hasExpKernels: the kernels's exp follows math.Exp's FMA path, which math takes with AVX
+// and FMA; the kernel itself needs AVX2.
+var hasExpKernels = cpu.X86.HasAVX2 && cpu.X86.HasFMA
+
+// swigluF32 is swiglu's loop over one chunk for float32, through the kernel where it can.
+func swigluF32(g, u, out []float32) {
+	n := len(g)
+	u, out = u[:n], out[:n]
+	i := 0
+	if hasExpKernels {
+		for i+4 <= n {
+			i += 4 * siluMulF32((n-i)/4, &g[i], &u[i], &out[i])
+			if i+4 <= n { // a group with an element the kernel leaves to Go
+				swigluGo(g[i:i+4], u[i:i+4], out[i:i+4])
+				i += 4
+			}
+		}
+	}
+	swigluGo(g[i:], u[i:], out[i:])
+}
+
+// expF64 sets x[i] = exp(x[i]) with math.Exp's bits over the first n4 groups of four
+// (kernels_act_amd64.s), stopping before a group that holds an element with |x| > 708 or
+// NaN; it returns the number of groups done.
+//
+//go:noescape
+func expF64(n4 int, x *float64) (done int)
+
+// expInPlace sets x[i] = math.Exp(x[i]), through the kernel where it can.
+func expInPlace(x []float64) {
+	n, i := len(x), 0
+	if hasExpKernels {
+		for i+4 <= n {
+			i += 4 * expF64((n-i)/4, &x[i])
+			if i+4 <= n {
+				expGo(x[i : i+4])
+				i += 4
+			}
+		}
+	}
+	expGo(x[i:])
+}
