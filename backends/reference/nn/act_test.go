@@ -76,3 +76,64 @@ func TestExpInPlaceBits(t *testing.T) {
 		}
 	}
 }
+
+// TestSwigluBwdF32Bits checks that swigluBwd's float32 path gives the bits of the scalar
+// Go loop for every input, at every alignment and length.
+func TestSwigluBwdF32Bits(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	special := []float32{0, float32(math.Copysign(0, -1)), 1, -1, 707.99, -707.99, 708, -708, 708.01, -708.01,
+		750, -750, 1e30, -1e30, 1e-45, float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN())}
+	const n = 1 << 16
+	g, u, d := make([]float32, n), make([]float32, n), make([]float32, n)
+	for i := range g {
+		if i%7 == 0 {
+			g[i] = special[r.IntN(len(special))]
+		} else {
+			g[i] = float32(r.NormFloat64() * math.Pow(10, float64(r.IntN(5)-2)))
+		}
+		u[i], d[i] = float32(r.NormFloat64()), float32(r.NormFloat64())
+	}
+	wg, wu := make([]float32, n), make([]float32, n)
+	swigluBwdGo(g, u, d, wg, wu)
+	for _, lo := range []int{0, 1, 3} {
+		for _, hi := range []int{n, n - 1, n - 2, lo + 7, lo + 4} {
+			gg, gu := make([]float32, n), make([]float32, n)
+			swigluBwdF32(g[lo:hi], u[lo:hi], d[lo:hi], gg[lo:hi], gu[lo:hi])
+			require.Equal(t, bitsOf(wg[lo:hi]), bitsOf(gg[lo:hi]), "dg, elements %d..%d", lo, hi)
+			require.Equal(t, bitsOf(wu[lo:hi]), bitsOf(gu[lo:hi]), "du, elements %d..%d", lo, hi)
+		}
+	}
+}
+
+// TestAttnGradBits checks that attnGrad (the vector kernel on amd64) gives the bits of the
+// Go loop, for head sizes with and without a lane tail.
+func TestAttnGradBits(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	f32 := func(n int) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(r.NormFloat64())
+		}
+		return x
+	}
+	f64 := func(n int) []float64 {
+		x := make([]float64, n)
+		for i := range x {
+			x[i] = r.NormFloat64()
+		}
+		return x
+	}
+	for _, hd := range []int{64, 8, 6, 3} {
+		const n, ldk = 37, 150
+		q, do, k := f32(hd), f32(hd), f32(n*ldk)
+		ds, p := f64(n), f64(n)
+		dqa0, dk0, dv0 := f64(hd), f32(n*ldk), f32(n*ldk)
+		wq, wk, wv := append([]float64(nil), dqa0...), append([]float32(nil), dk0...), append([]float32(nil), dv0...)
+		attnGradFrom(wq, ds, p, q, do, k, ldk, wk, wv, 0)
+		gq, gk, gv := append([]float64(nil), dqa0...), append([]float32(nil), dk0...), append([]float32(nil), dv0...)
+		attnGrad(gq, ds, p, q, do, k, ldk, gk, gv)
+		require.Equal(t, wq, gq, "hd=%d dq", hd)
+		require.Equal(t, bitsOf(wk), bitsOf(gk), "hd=%d dk", hd)
+		require.Equal(t, bitsOf(wv), bitsOf(gv), "hd=%d dv", hd)
+	}
+}

@@ -54,3 +54,28 @@ func expInPlace(x []float64) {
 	}
 	expGo(x[i:])
 }
+
+// siluBwdF32 is swigluBwd's loop four elements at a time with its bits
+// (kernels_act_amd64.s), over the first n4 groups, stopping before a group that holds an
+// element with |g| > 708 or NaN; it returns the number of groups done.
+//
+//go:noescape
+func siluBwdF32(n4 int, gate, up, dout, dgate, dup *float32) (done int)
+
+// swigluBwdF32 is swigluBwd's loop over one chunk for float32, through the kernel where
+// it can.
+func swigluBwdF32(g, u, dout, dg, du []float32) {
+	n := len(g)
+	u, dout, dg, du = u[:n], dout[:n], dg[:n], du[:n]
+	i := 0
+	if hasExpKernels {
+		for i+4 <= n {
+			i += 4 * siluBwdF32((n-i)/4, &g[i], &u[i], &dout[i], &dg[i], &du[i])
+			if i+4 <= n {
+				swigluBwdGo(g[i:i+4], u[i:i+4], dout[i:i+4], dg[i:i+4], du[i:i+4])
+				i += 4
+			}
+		}
+	}
+	swigluBwdGo(g[i:], u[i:], dout[i:], dg[i:], du[i:])
+}

@@ -174,3 +174,58 @@ expdone:
 	VZEROUPPER
 	MOVQ R11, done+16(FP)
 	RET
+
+// func siluBwdF32(n4 int, gate, up, dout, dgate, dup *float32) (done int)
+// swigluBwd's loop, four elements at a time with its bits: sg = 1/(1+exp(-g)),
+// du = float32(d·g·sg), dg = float32(d·u·sg·(1 + g·(1−sg))), in float64 with g, u and d
+// widened, each product and sum in the scalar code's order; groups in order until n4 are
+// done or one holds an element with |g| > 708 or NaN.
+TEXT ·siluBwdF32(SB), NOSPLIT, $0-56
+	MOVQ n4+0(FP), CX
+	MOVQ gate+8(FP), AX
+	MOVQ up+16(FP), BX
+	MOVQ dout+24(FP), DX
+	MOVQ dgate+32(FP), DI
+	MOVQ dup+40(FP), SI
+	XORQ R11, R11
+	TESTQ CX, CX
+	JZ silubdone
+silubloop:
+	VCVTPS2PD (AX), Y0                 // g
+	VMULPD expk<>+512(SB), Y0, Y1      // x = -g
+	VANDPD expk<>+480(SB), Y1, Y2      // |x|
+	VCMPPD $6, expk<>+416(SB), Y2, Y3  // !(|x| <= 708)
+	VMOVMSKPD Y3, R10
+	TESTQ R10, R10
+	JNZ silubdone
+	EXPPD
+	VADDPD expk<>+352(SB), Y4, Y4      // 1 + exp(-g)
+	VMOVUPD expk<>+352(SB), Y1
+	VDIVPD Y4, Y1, Y1                  // sg
+	VCVTPS2PD (DX), Y2                 // d
+	VMULPD Y0, Y2, Y3                  // d·g
+	VMULPD Y1, Y3, Y3                  // ·sg
+	VCVTPD2PSY Y3, X3
+	VMOVUPS X3, (SI)                   // du
+	VCVTPS2PD (BX), Y3                 // u
+	VMULPD Y3, Y2, Y2                  // d·u
+	VMULPD Y1, Y2, Y2                  // ·sg
+	VMOVUPD expk<>+352(SB), Y3
+	VSUBPD Y1, Y3, Y3                  // 1 - sg
+	VMULPD Y3, Y0, Y3                  // g·(1-sg)
+	VADDPD expk<>+352(SB), Y3, Y3      // 1 + g·(1-sg)
+	VMULPD Y3, Y2, Y2
+	VCVTPD2PSY Y2, X2
+	VMOVUPS X2, (DI)                   // dg
+	ADDQ $16, AX
+	ADDQ $16, BX
+	ADDQ $16, DX
+	ADDQ $16, DI
+	ADDQ $16, SI
+	INCQ R11
+	DECQ CX
+	JNZ silubloop
+silubdone:
+	VZEROUPPER
+	MOVQ R11, done+48(FP)
+	RET

@@ -28,3 +28,25 @@ func weightedSum[T Float](acc []float64, p []float64, v []T, ldv int) {
 	}
 	weightedSumFrom(acc, p, v, ldv, nb*16)
 }
+
+// attnGradF32 is attnBwd's inner loop over n rows of keys and lanes d < 4·hd4
+// (kernels_attn_amd64.s), with the bits of the Go loop.
+//
+//go:noescape
+func attnGradF32(n, hd4 int, ds, p *float64, q, dout, k *float32, ldk int, dqa *float64, dk, dv *float32)
+
+// attnGrad adds, for rows j < len(p) of k, dk and dv (ldk apart), in order:
+// dqa[d] += ds[j]·float64(k[j][d]), dk[j][d] += T(ds[j]·float64(q[d])) and
+// dv[j][d] += T(p[j]·float64(dout[d])) for d < len(dqa).
+func attnGrad[T Float](dqa, ds, p []float64, q, dout, k []T, ldk int, dk, dv []T) {
+	hd, d0 := len(dqa), 0
+	if qf, ok := any(q).([]float32); ok && hasWsum && len(p) > 0 && hd >= 4 {
+		n, hd4 := len(p), hd/4
+		last := (n-1)*ldk + 4*hd4 - 1
+		kf, dkf, dvf, df := any(k).([]float32), any(dk).([]float32), any(dv).([]float32), any(dout).([]float32)
+		_, _, _, _, _, _ = kf[last], dkf[last], dvf[last], qf[4*hd4-1], df[4*hd4-1], ds[n-1]
+		attnGradF32(n, hd4, &ds[0], &p[0], &qf[0], &df[0], &kf[0], ldk, &dqa[0], &dkf[0], &dvf[0])
+		d0 = 4 * hd4
+	}
+	attnGradFrom(dqa, ds, p, q, dout, k, ldk, dk, dv, d0)
+}

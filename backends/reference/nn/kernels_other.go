@@ -31,3 +31,13 @@ func swigluF32(g, u, out []float32) { swigluGo(g, u, out) }
 
 // expInPlace sets x[i] = math.Exp(x[i]).
 func expInPlace(x []float64) { expGo(x) }
+
+// swigluBwdF32 is swigluBwd's loop over one chunk for float32 (in Go here).
+func swigluBwdF32(g, u, dout, dg, du []float32) { swigluBwdGo(g, u, dout, dg, du) }
+
+// attnGrad adds, for rows j < len(p) of k, dk and dv (ldk apart), in order:
+// dqa[d] += ds[j]·float64(k[j][d]), dk[j][d] += T(ds[j]·float64(q[d])) and
+// dv[j][d] += T(p[j]·float64(dout[d])) for d < len(dqa).
+func attnGrad[T Float](dqa, ds, p []float64, q, dout, k []T, ldk int, dk, dv []T) {
+	attnGradFrom(dqa, ds, p, q, dout, k, ldk, dk, dv, 0)
+}

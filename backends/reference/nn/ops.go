@@ -191,16 +191,29 @@ const (
 func swigluBwd[T Float](g, u, dout, dg, du []T) {
 	n := len(g)
 	u, dout, dg, du = u[:n], dout[:n], dg[:n], du[:n]
+	gf, ok := any(g).([]float32)
 	parallelFor((n+elementwiseChunk-1)/elementwiseChunk, n*expWork, func(c int) {
 		i0, i1 := c*elementwiseChunk, min((c+1)*elementwiseChunk, n)
-		for i := i0; i < i1; i++ {
-			xf := float64(g[i])
-			sg := 1 / (1 + math.Exp(-xf))
-			d := float64(dout[i])
-			du[i] = T(d * xf * sg)
-			dg[i] = T(d * float64(u[i]) * sg * (1 + xf*(1-sg)))
+		if ok {
+			swigluBwdF32(gf[i0:i1], any(u).([]float32)[i0:i1], any(dout).([]float32)[i0:i1],
+				any(dg).([]float32)[i0:i1], any(du).([]float32)[i0:i1])
+			return
 		}
+		swigluBwdGo(g[i0:i1], u[i0:i1], dout[i0:i1], dg[i0:i1], du[i0:i1])
 	})
+}
+
+// swigluBwdGo is swigluBwd's loop in Go.
+func swigluBwdGo[T Float](g, u, dout, dg, du []T) {
+	n := len(g)
+	u, dout, dg, du = u[:n], dout[:n], dg[:n], du[:n]
+	for i := range n {
+		xf := float64(g[i])
+		sg := 1 / (1 + math.Exp(-xf))
+		d := float64(dout[i])
+		du[i] = T(d * xf * sg)
+		dg[i] = T(d * float64(u[i]) * sg * (1 + xf*(1-sg)))
+	}
 }
 
 // logSumExp returns log Σ exp(x) computed in float64.
@@ -236,5 +249,22 @@ func weightedSumFrom[T Float](acc []float64, p []float64, v []T, ldv, d0 int) {
 func expGo(x []float64) {
 	for i, v := range x {
 		x[i] = math.Exp(v)
+	}
+}
+
+// attnGradFrom is attnGrad for the lanes d ≥ d0, in Go.
+func attnGradFrom[T Float](dqa, ds, p []float64, q, dout, k []T, ldk int, dk, dv []T, d0 int) {
+	hd := len(dqa)
+	if d0 >= hd {
+		return
+	}
+	for j := range p {
+		kr := k[j*ldk : j*ldk+hd]
+		dkr, dvr := dk[j*ldk:j*ldk+hd], dv[j*ldk:j*ldk+hd]
+		for d := d0; d < hd; d++ {
+			dqa[d] += ds[j] * float64(kr[d])
+			dkr[d] += T(ds[j] * float64(q[d]))
+			dvr[d] += T(p[j] * float64(dout[d]))
+		}
 	}
 }

@@ -291,6 +291,8 @@ func (m *Model[T]) attnBwd(b *batchLayout[T], a *layerAct[T], datt, dq, dk, dv [
 		si, kh := task/KH, task%KH
 		off, n := b.off[si], len(b.seqs[si].Tokens)
 		dqa := make([]float64, hd)
+		pAll, dsAll := make([]float64, n), make([]float64, n)
+		kv0 := off*KVD + kh*hd // this sequence's first key row of this head
 		for h := kh * grp; h < (kh+1)*grp; h++ {
 			for i := 0; i < n; i++ {
 				row := (off + i) * QD
@@ -302,22 +304,17 @@ func (m *Model[T]) attnBwd(b *batchLayout[T], a *layerAct[T], datt, dq, dk, dv [
 				for d := range do {
 					di += float64(do[d]) * float64(o[d])
 				}
-				clear(dqa)
-				for j := 0; j <= i; j++ {
-					kr := (off + j) * KVD
-					k := a.k[kr+kh*hd : kr+(kh+1)*hd]
-					v := a.v[kr+kh*hd : kr+(kh+1)*hd]
-					pj := math.Exp(float64(dot(q, k))*scale - lse)
-					dp := float64(dot(do, v))
-					ds := pj * (dp - di) * scale
-					dkr := dk[kr+kh*hd : kr+(kh+1)*hd]
-					dvr := dv[kr+kh*hd : kr+(kh+1)*hd]
-					for d := range k {
-						dqa[d] += ds * float64(k[d])
-						dkr[d] += T(ds * float64(q[d]))
-						dvr[d] += T(pj * float64(do[d]))
-					}
+				p, ds := pAll[:i+1], dsAll[:i+1]
+				for j := range p {
+					p[j] = float64(dot(q, a.k[kv0+j*KVD:kv0+j*KVD+hd]))*scale - lse
 				}
+				expInPlace(p)
+				for j, pj := range p {
+					dp := float64(dot(do, a.v[kv0+j*KVD:kv0+j*KVD+hd]))
+					ds[j] = pj * (dp - di) * scale
+				}
+				clear(dqa)
+				attnGrad(dqa, ds, p, q, do, a.k[kv0:], KVD, dk[kv0:], dv[kv0:])
 				dqr := dq[row+h*hd : row+(h+1)*hd]
 				for d := range dqr {
 					dqr[d] = T(dqa[d])
