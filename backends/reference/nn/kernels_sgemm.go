@@ -147,6 +147,15 @@ func sgemm(kn *sgemmKernel, M, N, K int, A []float32, ars, acs int, B []float32,
 // rows ni..mr.
 func packA(dst, A []float32, ars, acs, i0, ni, pc, kc, mr int) {
 	dst = dst[:kc*mr]
+	if acs == 1 && ni == 6 && mr == 6 { // the AVX2 kernel's full panels: six rows in step
+		r0, r1, r2 := A[i0*ars+pc:][:kc], A[(i0+1)*ars+pc:][:kc], A[(i0+2)*ars+pc:][:kc]
+		r3, r4, r5 := A[(i0+3)*ars+pc:][:kc], A[(i0+4)*ars+pc:][:kc], A[(i0+5)*ars+pc:][:kc]
+		for k := range kc {
+			d := dst[k*6 : k*6+6 : k*6+6]
+			d[0], d[1], d[2], d[3], d[4], d[5] = r0[k], r1[k], r2[k], r3[k], r4[k], r5[k]
+		}
+		return
+	}
 	if acs == 1 {
 		for ii := 0; ii < ni; ii++ {
 			src := A[(i0+ii)*ars+pc:][:kc]
