@@ -137,3 +137,35 @@ func TestAttnGradBits(t *testing.T) {
 		require.Equal(t, bitsOf(wv), bitsOf(gv), "hd=%d dv", hd)
 	}
 }
+
+// TestExpAffineBits checks that expAffine (the vector kernel on amd64) gives the bits of
+// math.Exp(float64(x)*scale - shift) for every input, at every alignment and length.
+func TestExpAffineBits(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	special := []float32{0, float32(math.Copysign(0, -1)), 700, -700, 720, -720, 1e30, -1e30,
+		float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN())}
+	const n = 1 << 15
+	x := make([]float32, n)
+	for i := range x {
+		if i%9 == 0 {
+			x[i] = special[r.IntN(len(special))]
+		} else {
+			x[i] = float32(r.NormFloat64() * 8)
+		}
+	}
+	for _, sc := range [][2]float64{{1, 3.5}, {1 / 0.7, 12.25}, {1, 0}, {2, -1}} {
+		want := make([]float64, n)
+		expAffineGo(x, sc[0], sc[1], want)
+		for _, lo := range []int{0, 1, 3} {
+			for _, hi := range []int{n, n - 1, n - 2, lo + 7, lo + 4, lo} {
+				got := make([]float64, n)
+				expAffine(x[lo:hi], sc[0], sc[1], got[lo:hi])
+				for i := lo; i < hi; i++ {
+					if math.Float64bits(got[i]) != math.Float64bits(want[i]) && !(math.IsNaN(got[i]) && math.IsNaN(want[i])) {
+						t.Fatalf("scale %v shift %v: exp(%v) = %v, want %v", sc[0], sc[1], x[i], got[i], want[i])
+					}
+				}
+			}
+		}
+	}
+}

@@ -79,3 +79,27 @@ func swigluBwdF32(g, u, dout, dg, du []float32) {
 	}
 	swigluBwdGo(g[i:], u[i:], dout[i:], dg[i:], du[i:])
 }
+
+// expAffineF32 sets out[i] = exp(float64(x[i])·scale − shift) with math.Exp's bits over
+// the first n4 groups of four (kernels_act_amd64.s), stopping before a group with an
+// argument of magnitude over 708 or NaN; it returns the number of groups done.
+//
+//go:noescape
+func expAffineF32(n4 int, x *float32, scale, shift float64, out *float64) (done int)
+
+// expAffine sets out[i] = math.Exp(float64(x[i])*scale - shift), through the kernel where
+// it can.
+func expAffine[T Float](x []T, scale, shift float64, out []float64) {
+	n, i := len(x), 0
+	out = out[:n]
+	if xf, ok := any(x).([]float32); ok && hasExpKernels {
+		for i+4 <= n {
+			i += 4 * expAffineF32((n-i)/4, &xf[i], scale, shift, &out[i])
+			if i+4 <= n {
+				expAffineGo(x[i:i+4], scale, shift, out[i:i+4])
+				i += 4
+			}
+		}
+	}
+	expAffineGo(x[i:], scale, shift, out[i:])
+}

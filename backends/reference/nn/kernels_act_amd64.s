@@ -229,3 +229,37 @@ silubdone:
 	VZEROUPPER
 	MOVQ R11, done+48(FP)
 	RET
+
+// func expAffineF32(n4 int, x *float32, scale, shift float64, out *float64) (done int)
+// out[i] = exp(float64(x[i])·scale − shift) with math.Exp's bits (a multiply, then a
+// subtract), for groups of four in order until n4 groups are done or one holds an argument
+// with |arg| > 708 or NaN, which the caller computes in Go.
+TEXT ·expAffineF32(SB), NOSPLIT, $0-48
+	MOVQ n4+0(FP), CX
+	MOVQ x+8(FP), AX
+	VBROADCASTSD scale+16(FP), Y6
+	VBROADCASTSD shift+24(FP), Y7
+	MOVQ out+32(FP), DI
+	XORQ R11, R11
+	TESTQ CX, CX
+	JZ expadone
+expaloop:
+	VCVTPS2PD (AX), Y1
+	VMULPD Y6, Y1, Y1
+	VSUBPD Y7, Y1, Y1                  // arg = x·scale − shift
+	VANDPD expk<>+480(SB), Y1, Y2      // |arg|
+	VCMPPD $6, expk<>+416(SB), Y2, Y3  // !(|arg| <= 708)
+	VMOVMSKPD Y3, R10
+	TESTQ R10, R10
+	JNZ expadone
+	EXPPD
+	VMOVUPD Y4, (DI)
+	ADDQ $16, AX
+	ADDQ $32, DI
+	INCQ R11
+	DECQ CX
+	JNZ expaloop
+expadone:
+	VZEROUPPER
+	MOVQ R11, done+40(FP)
+	RET

@@ -41,3 +41,8 @@ func swigluBwdF32(g, u, dout, dg, du []float32) { swigluBwdGo(g, u, dout, dg, du
 func attnGrad[T Float](dqa, ds, p []float64, q, dout, k []T, ldk int, dk, dv []T) {
 	attnGradFrom(dqa, ds, p, q, dout, k, ldk, dk, dv, 0)
 }
+
+// expAffine sets out[i] = math.Exp(float64(x[i])*scale - shift).
+func expAffine[T Float](x []T, scale, shift float64, out []float64) {
+	expAffineGo(x, scale, shift, out)
+}

@@ -1,6 +1,9 @@
 package nn
 
-import "math"
+import (
+	"math"
+	"sync"
+)
 
 // seg is a contiguous run of rows that share one adapter (nil: base model only).
 type seg[T Float] struct {
@@ -224,12 +227,38 @@ func logSumExp[T Float](x []T) float64 {
 			mx = float64(v)
 		}
 	}
+	e := getF64(len(x))
+	defer putF64(e)
+	expAffine(x, 1, mx, *e)
 	var s float64
-	for _, v := range x {
-		s += math.Exp(float64(v) - mx)
+	for _, v := range *e {
+		s += v
 	}
 	return mx + math.Log(s)
 }
+
+// expAffineGo sets out[i] = math.Exp(float64(x[i])*scale - shift), in Go.
+func expAffineGo[T Float](x []T, scale, shift float64, out []float64) {
+	out = out[:len(x)]
+	for i, v := range x {
+		out[i] = math.Exp(float64(v)*scale - shift)
+	}
+}
+
+// f64Pool holds vocabulary-sized float64 work arrays (the exponentials of a row of
+// logits) between uses.
+var f64Pool sync.Pool
+
+func getF64(n int) *[]float64 {
+	if p, _ := f64Pool.Get().(*[]float64); p != nil && cap(*p) >= n {
+		*p = (*p)[:n]
+		return p
+	}
+	s := make([]float64, n)
+	return &s
+}
+
+func putF64(p *[]float64) { f64Pool.Put(p) }
 
 // weightedSumFrom is weightedSum for the elements d ≥ d0 of acc, in Go.
 func weightedSumFrom[T Float](acc []float64, p []float64, v []T, ldv, d0 int) {

@@ -489,15 +489,18 @@ func sampleToken[T Float](logits []T, p SampleParams, r *rand.Rand) (int, float6
 		for _, v := range logits {
 			mx = max(mx, float64(v)*inv)
 		}
+		e := getF64(V)
+		defer putF64(e)
+		expAffine(logits, inv, mx, *e)
 		var sum float64
-		for _, v := range logits {
-			sum += math.Exp(float64(v)*inv - mx)
+		for _, x := range *e {
+			sum += x
 		}
 		u := r.Float64() * sum
 		var acc float64
 		tok := V - 1
-		for i, v := range logits {
-			acc += math.Exp(float64(v)*inv - mx)
+		for i, x := range *e {
+			acc += x
 			if acc > u {
 				tok = i
 				break

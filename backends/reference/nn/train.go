@@ -14,7 +14,8 @@ type Seq[T Float] struct {
 }
 
 // TokenLoss gives the loss of target k at position pos of sequence s from its learner
-// log-probability lp, and the derivative of that loss with respect to lp.
+// log-probability lp, and the derivative of that loss with respect to lp. It is called
+// from several goroutines at once (for different positions).
 type TokenLoss func(s, pos, k int, lp float64) (loss, dlp float64)
 
 // Output holds one sequence's results: LogProbs (N×K) and the per-position loss (N).
@@ -197,7 +198,8 @@ func (m *Model[T]) head(b *batchLayout[T], hf []T, loss TokenLoss, dhf []T) []Ou
 			X := hf[r0*D : (r0+rows)*D]
 			logits := make([]T, rows*V)
 			xs := linFwd(X, rows, &m.Head, segs, headPick[T], logits)
-			for i := 0; i < rows; i++ {
+			// rows over the threads: each writes its own logits, log-probs and loss
+			parallelFor(rows, rows*V*expWork, func(i int) {
 				lg := logits[i*V : (i+1)*V]
 				lse := logSumExp(lg)
 				pos := c0 + i
@@ -213,16 +215,19 @@ func (m *Model[T]) head(b *batchLayout[T], hf []T, loss TokenLoss, dhf []T) []Ou
 					gsum += g
 				}
 				if dhf == nil {
-					continue
+					return
 				}
 				// d lp_k / d logit_v = [v = t_k] − softmax_v
-				for v, z := range lg {
-					lg[v] = T(-gsum * math.Exp(float64(z)-lse))
+				e := getF64(V)
+				expAffine(lg, 1, lse, *e)
+				for v, x := range *e {
+					lg[v] = T(-gsum * x)
 				}
+				putF64(e)
 				for k := 0; k < s.K; k++ {
 					lg[s.Targets[pos*s.K+k]] += T(gs[k])
 				}
-			}
+			})
 			if dhf != nil {
 				linBwd(logits, X, rows, &m.Head, segs, headPick[T], xs, dhf[r0*D:(r0+rows)*D], false)
 			}
