@@ -80,6 +80,8 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], st
 		scOff[i+1] = scOff[i] + H*(pos[i]+1)
 	}
 	scAll := growF64(&buf.sc, scOff[M])
+	dAll := grow(buf.dots[:0], scOff[M]) // the scores' dot products, laid out like scAll
+	buf.dots = dAll
 	scale := 1 / math.Sqrt(float64(hd))
 	for l := range m.Layers {
 		L := &m.Layers[l]
@@ -112,9 +114,11 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], st
 			n := pos[i] + 1
 			qr := q[i*QD+hh*hd : i*QD+(hh+1)*hd]
 			sc := scAll[scOff[i]+hh*n : scOff[i]+(hh+1)*n]
+			qk := dAll[scOff[i]+hh*n : scOff[i]+(hh+1)*n]
+			dotRows(qk, qr, cc.K[l][kh*hd:], KVD)
 			mx := math.Inf(-1)
 			for j := 0; j < n; j++ {
-				s := float64(dot(qr, cc.K[l][j*KVD+kh*hd:j*KVD+(kh+1)*hd])) * scale
+				s := float64(qk[j]) * scale
 				sc[j] = s
 				mx = max(mx, s)
 			}
@@ -205,6 +209,7 @@ func linRows[T Float](X []T, M int, li *Linear[T], segs []seg[T], l int, t Targe
 // stepBuf holds the work arrays of step and Decode between calls (see decodeBufs).
 type stepBuf[T Float] struct {
 	x, h, q, k, v, att, o, g, u, xa, logits []T
+	dots                                    []T
 	sc                                      []float64
 	scOff                                   []int
 	toks, pos                               []int

@@ -24,6 +24,11 @@ func sdot2x4(k8 int, a0, a1, b *float32, ldb int, out *[64]float32)
 //go:noescape
 func sdotAVX2(n16 int, a, b *float32) float32
 
+// sdotRowsAVX2 sets out[r] = sdotAVX2(n16, a, b + r·ldb) for r < nrows.
+//
+//go:noescape
+func sdotRowsAVX2(n16 int, a, b *float32, ldb, nrows int, out *float32)
+
 var (
 	kernelAVX2   = &sgemmKernel{name: "avx2-6x16", mr: 6, nr: 16, fn: sgemmKernel6x16, dot: sdot2x4}
 	kernelAVX512 = &sgemmKernel{name: "avx512-12x32", mr: 12, nr: 32, fn: sgemmKernel12x32, dot: sdot2x4}
@@ -53,4 +58,25 @@ func dotAVX2(a, b []float32) float32 {
 		s += a[k] * b[k]
 	}
 	return s
+}
+
+// dotRows sets out[j] = dot(a, b[j·ldb:j·ldb+len(a)]) for j < len(out), with dot's bits:
+// float32 rows through one call of the vector kernel, then each row's tail as dotAVX2 adds
+// it.
+func dotRows[T Float](out, a, b []T, ldb int) {
+	n, K := len(out), len(a)
+	a32, ok := any(a).([]float32)
+	if !ok || dotF32 == nil || K < 16 || n == 0 {
+		dotRowsGo(out, a, b, ldb)
+		return
+	}
+	b32, o32 := any(b).([]float32), any(out).([]float32)
+	_ = b32[(n-1)*ldb+K-1]
+	sdotRowsAVX2(K/16, &a32[0], &b32[0], ldb, n, &o32[0])
+	for j := range o32 {
+		row := b32[j*ldb : j*ldb+K]
+		for k := K &^ 15; k < K; k++ {
+			o32[j] += a32[k] * row[k]
+		}
+	}
 }

@@ -623,3 +623,48 @@ sdotdone:
 	VZEROUPPER
 	MOVSS X0, ret+24(FP)
 	RET
+
+// func sdotRowsAVX2(n16 int, a, b *float32, ldb, nrows int, out *float32)
+// out[r] = sdotAVX2(n16, a, b + r·ldb) for r < nrows: the same instructions per row.
+TEXT ·sdotRowsAVX2(SB), NOSPLIT, $0-48
+	MOVQ n16+0(FP), DX
+	MOVQ b+16(FP), BX
+	MOVQ ldb+24(FP), R8
+	SHLQ $2, R8
+	MOVQ nrows+32(FP), R9
+	MOVQ out+40(FP), DI
+	TESTQ R9, R9
+	JZ sdrdone
+sdrrow:
+	MOVQ a+8(FP), AX
+	MOVQ BX, SI
+	MOVQ DX, CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	TESTQ CX, CX
+	JZ sdrred
+sdrloop:
+	VMOVUPS (AX), Y2
+	VMOVUPS 32(AX), Y3
+	VFMADD231PS (SI), Y2, Y0
+	VFMADD231PS 32(SI), Y3, Y1
+	ADDQ $64, AX
+	ADDQ $64, SI
+	DECQ CX
+	JNZ sdrloop
+sdrred:
+	VADDPS Y1, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VMOVHLPS X0, X0, X1
+	VADDPS X1, X0, X0
+	VMOVSHDUP X0, X1
+	VADDSS X1, X0, X0
+	VMOVSS X0, (DI)
+	ADDQ $4, DI
+	ADDQ R8, BX
+	DECQ R9
+	JNZ sdrrow
+	VZEROUPPER
+sdrdone:
+	RET

@@ -46,3 +46,6 @@ func attnGrad[T Float](dqa, ds, p []float64, q, dout, k []T, ldk int, dk, dv []T
 func expAffine[T Float](x []T, scale, shift float64, out []float64) {
 	expAffineGo(x, scale, shift, out)
 }
+
+// dotRows sets out[j] = dot(a, b[j·ldb:j·ldb+len(a)]) for j < len(out).
+func dotRows[T Float](out, a, b []T, ldb int) { dotRowsGo(out, a, b, ldb) }

@@ -297,3 +297,11 @@ func attnGradFrom[T Float](dqa, ds, p []float64, q, dout, k []T, ldk int, dk, dv
 		}
 	}
 }
+
+// dotRowsGo sets out[j] = dot(a, b[j·ldb:j·ldb+len(a)]) for j < len(out), one dot at a
+// time.
+func dotRowsGo[T Float](out, a, b []T, ldb int) {
+	for j := range out {
+		out[j] = dot(a, b[j*ldb:j*ldb+len(a)])
+	}
+}

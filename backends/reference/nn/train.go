@@ -250,13 +250,14 @@ func (m *Model[T]) attnFwd(b *batchLayout[T], a *layerAct[T]) {
 		kh := h / grp
 		off, n := b.off[si], len(b.seqs[si].Tokens)
 		sc := make([]float64, n)
+		qk := make([]T, n)
 		acc := make([]float64, hd)
 		for i := 0; i < n; i++ {
 			q := a.q[(off+i)*QD+h*hd : (off+i)*QD+(h+1)*hd]
+			dotRows(qk[:i+1], q, a.k[off*KVD+kh*hd:], KVD)
 			mx := math.Inf(-1)
 			for j := 0; j <= i; j++ {
-				k := a.k[(off+j)*KVD+kh*hd : (off+j)*KVD+(kh+1)*hd]
-				s := float64(dot(q, k)) * scale
+				s := float64(qk[j]) * scale
 				sc[j] = s
 				if s > mx {
 					mx = s
@@ -296,7 +297,7 @@ func (m *Model[T]) attnBwd(b *batchLayout[T], a *layerAct[T], datt, dq, dk, dv [
 		si, kh := task/KH, task%KH
 		off, n := b.off[si], len(b.seqs[si].Tokens)
 		dqa := make([]float64, hd)
-		pAll, dsAll := make([]float64, n), make([]float64, n)
+		pAll, dsAll, dAll := make([]float64, n), make([]float64, n), make([]T, n)
 		kv0 := off*KVD + kh*hd // this sequence's first key row of this head
 		for h := kh * grp; h < (kh+1)*grp; h++ {
 			for i := 0; i < n; i++ {
@@ -309,14 +310,15 @@ func (m *Model[T]) attnBwd(b *batchLayout[T], a *layerAct[T], datt, dq, dk, dv [
 				for d := range do {
 					di += float64(do[d]) * float64(o[d])
 				}
-				p, ds := pAll[:i+1], dsAll[:i+1]
+				p, ds, dots := pAll[:i+1], dsAll[:i+1], dAll[:i+1]
+				dotRows(dots, q, a.k[kv0:], KVD)
 				for j := range p {
-					p[j] = float64(dot(q, a.k[kv0+j*KVD:kv0+j*KVD+hd]))*scale - lse
+					p[j] = float64(dots[j])*scale - lse
 				}
 				expInPlace(p)
+				dotRows(dots, do, a.v[kv0:], KVD)
 				for j, pj := range p {
-					dp := float64(dot(do, a.v[kv0+j*KVD:kv0+j*KVD+hd]))
-					ds[j] = pj * (dp - di) * scale
+					ds[j] = pj * (float64(dots[j]) - di) * scale
 				}
 				clear(dqa)
 				attnGrad(dqa, ds, p, q, do, a.k[kv0:], KVD, dk[kv0:], dv[kv0:])
