@@ -177,63 +177,79 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 	return outs
 }
 
-// headChunk rows of logits are computed at a time: large enough that packing the
-// vocabulary-sized lm_head weight is amortised over many rows, small enough to bound memory.
-const headChunk = 128
+// headChunk rows of logits are computed at a time (across sequences): large enough that
+// packing the vocabulary-sized lm_head weight (once for the logits, once for their
+// gradient) is amortised over many rows, small enough to bound memory.
+const headChunk = 256
 
 // head computes logits chunk by chunk, the log-prob of every target and its loss, and,
 // when dhf is not nil, back-propagates the loss into dhf and the lm_head LoRA gradients.
 func (m *Model[T]) head(b *batchLayout[T], hf []T, loss TokenLoss, dhf []T) []Output {
 	D, V := m.Cfg.Hidden, m.Cfg.Vocab
 	outs := make([]Output, len(b.seqs))
+	seqOf := make([]int, b.total) // the sequence of each row
 	for si, s := range b.seqs {
 		n := len(s.Tokens)
 		outs[si] = Output{LogProbs: make([]float64, n*s.K), Loss: make([]float64, n)}
-		segs := []seg[T]{{0, 0, s.Adapter}}
-		for c0 := 0; c0 < n; c0 += headChunk {
-			c1 := min(c0+headChunk, n)
-			rows := c1 - c0
-			r0 := b.off[si] + c0
-			segs[0].r1 = rows
-			X := hf[r0*D : (r0+rows)*D]
-			logits := make([]T, rows*V)
-			xs := linFwd(X, rows, &m.Head, segs, headPick[T], logits)
-			// rows over the threads: each writes its own logits, log-probs and loss
-			parallelFor(rows, rows*V*expWork, func(i int) {
-				lg := logits[i*V : (i+1)*V]
-				lse := logSumExp(lg)
-				pos := c0 + i
-				var gsum float64
-				gs := make([]float64, s.K)
-				for k := 0; k < s.K; k++ {
-					t := s.Targets[pos*s.K+k]
-					lp := float64(lg[t]) - lse
-					l, g := loss(si, pos, k, lp)
-					outs[si].LogProbs[pos*s.K+k] = lp
-					outs[si].Loss[pos] += l
-					gs[k] = g
-					gsum += g
-				}
-				if dhf == nil {
-					return
-				}
-				// d lp_k / d logit_v = [v = t_k] − softmax_v
-				e := getF64(V)
-				expAffine(lg, 1, lse, *e)
-				for v, x := range *e {
-					lg[v] = T(-gsum * x)
-				}
-				putF64(e)
-				for k := 0; k < s.K; k++ {
-					lg[s.Targets[pos*s.K+k]] += T(gs[k])
-				}
-			})
-			if dhf != nil {
-				linBwd(logits, X, rows, &m.Head, segs, headPick[T], xs, dhf[r0*D:(r0+rows)*D], false)
+		for p := range n {
+			seqOf[b.off[si]+p] = si
+		}
+	}
+	logits := make([]T, min(headChunk, b.total)*V)
+	for r0 := 0; r0 < b.total; r0 += headChunk {
+		r1 := min(r0+headChunk, b.total)
+		rows := r1 - r0
+		segs := clipSegs(b.segs, r0, r1)
+		X := hf[r0*D : r1*D]
+		lgs := logits[:rows*V]
+		xs := linFwd(X, rows, &m.Head, segs, headPick[T], lgs)
+		// rows over the threads: each writes its own logits, log-probs and loss
+		parallelFor(rows, rows*V*expWork, func(i int) {
+			si, pos := seqOf[r0+i], b.pos[r0+i]
+			s := &b.seqs[si]
+			lg := lgs[i*V : (i+1)*V]
+			lse := logSumExp(lg)
+			var gsum float64
+			gs := make([]float64, s.K)
+			for k := 0; k < s.K; k++ {
+				t := s.Targets[pos*s.K+k]
+				lp := float64(lg[t]) - lse
+				l, g := loss(si, pos, k, lp)
+				outs[si].LogProbs[pos*s.K+k] = lp
+				outs[si].Loss[pos] += l
+				gs[k] = g
+				gsum += g
 			}
+			if dhf == nil {
+				return
+			}
+			// d lp_k / d logit_v = [v = t_k] − softmax_v
+			e := getF64(V)
+			expAffine(lg, 1, lse, *e)
+			for v, x := range *e {
+				lg[v] = T(-gsum * x)
+			}
+			putF64(e)
+			for k := 0; k < s.K; k++ {
+				lg[s.Targets[pos*s.K+k]] += T(gs[k])
+			}
+		})
+		if dhf != nil {
+			linBwd(lgs, X, rows, &m.Head, segs, headPick[T], xs, dhf[r0*D:r1*D], false)
 		}
 	}
 	return outs
+}
+
+// clipSegs returns the parts of segs inside rows [r0, r1), numbered from r0.
+func clipSegs[T Float](segs []seg[T], r0, r1 int) []seg[T] {
+	var out []seg[T]
+	for _, sg := range segs {
+		if a, z := max(sg.r0, r0), min(sg.r1, r1); a < z {
+			out = append(out, seg[T]{r0: a - r0, r1: z - r0, ad: sg.ad})
+		}
+	}
+	return out
 }
 
 // attnFwd computes causal softmax attention for every (sequence, head), saving the
