@@ -172,7 +172,11 @@ func packA(dst, A []float32, ars, acs, i0, ni, pc, kc, mr int) {
 	}
 	for k := 0; k < kc; k++ {
 		d := dst[k*mr : k*mr+mr]
-		if ars == 1 {
+		if ars == 1 && ni == 6 && mr == 6 { // six floats: a call of copy would cost more
+			s := A[i0+(pc+k)*acs:][:6:6]
+			d[0], d[1], d[2], d[3], d[4], d[5] = s[0], s[1], s[2], s[3], s[4], s[5]
+			continue
+		} else if ars == 1 {
 			copy(d, A[i0+(pc+k)*acs:][:ni])
 		} else {
 			for ii := 0; ii < ni; ii++ {
@@ -188,6 +192,12 @@ func packA(dst, A []float32, ars, acs, i0, ni, pc, kc, mr int) {
 func packB(dst, B []float32, brs, bcs, j0, nj, pc, kc, nr int) {
 	dst = dst[:kc*nr]
 	if bcs == 1 {
+		if nj == 16 && nr == 16 { // the AVX2 kernel's full panels: 64-byte moves, not calls of copy
+			for k := 0; k < kc; k++ {
+				*(*[16]float32)(dst[k*16:]) = [16]float32(B[(pc+k)*brs+j0:])
+			}
+			return
+		}
 		for k := 0; k < kc; k++ {
 			d := dst[k*nr : k*nr+nr]
 			copy(d, B[(pc+k)*brs+j0:][:nj])
