@@ -355,8 +355,16 @@ func sgemmNTRows(kn *sgemmKernel, C, A, B []float32, M, N, K int, acc bool) {
 // slots).
 func rowsTile(C, A, B []float32, i, nr, j0, j1, N, K int, acc bool) {
 	k8 := K / 8
-	var buf [16 * 16]float32
 	ng := (j1 - j0) / 4
+	_ = C[(i+nr-1)*N+j1-1]
+	if 8*k8 == K && ng > 0 && rowDotTileInto(k8, &A[i*K], K, &B[j0*K], K, ng, &C[i*N+j0], N, acc) {
+		// the groups of four columns are in C: the last columns alone are left
+		if j0+4*ng < j1 {
+			rowsTile(C, A, B, i, nr, j0+4*ng, j1, N, K, acc)
+		}
+		return
+	}
+	var buf [16 * 16]float32
 	if ng > 0 {
 		rowDotTile(k8, &A[i*K], K, &B[j0*K], K, ng, &buf[0])
 	}

@@ -49,3 +49,7 @@ func expAffine[T Float](x []T, scale, shift float64, out []float64) {
 
 // dotRows sets out[j] = dot(a, b[j·ldb:j·ldb+len(a)]) for j < len(out).
 func dotRows[T Float](out, a, b []T, ldb int) { dotRowsGo(out, a, b, ldb) }
+
+func rowDotTileInto(k8 int, a *float32, lda int, b *float32, ldb int, ng int, c *float32, ldc int, acc bool) bool {
+	return false
+}

@@ -26,6 +26,12 @@ func sdot4x4r(k8 int, a *float32, lda int, b *float32, ldb int, ng int, out *flo
 //go:noescape
 func sdot3x4r(k8 int, a *float32, lda int, b *float32, ldb int, ng int, out *float32)
 
+// sdot3x4c is sdot3x4r storing its results into C (row stride ldc), or adding them to C
+// when acc is set, instead of into a buffer.
+//
+//go:noescape
+func sdot3x4c(k8 int, a *float32, lda int, b *float32, ldb int, ng int, c *float32, ldc int, acc bool)
+
 // The row kernels are called directly (not through function values) so that the
 // buffers they write stay on the caller's stack.
 var (
@@ -54,6 +60,16 @@ func rowTiles() []int {
 		return []int{3}
 	}
 	return nil
+}
+
+// rowDotTileInto is rowDotTile writing into C (row stride ldc; adding when acc is set),
+// when the CPU's widest kernel can; it reports whether it did.
+func rowDotTileInto(k8 int, a *float32, lda int, b *float32, ldb int, ng int, c *float32, ldc int, acc bool) bool {
+	if rowTile != 3 {
+		return false
+	}
+	sdot3x4c(k8, a, lda, b, ldb, ng, c, ldc, acc)
+	return true
 }
 
 func rowDotTile(k8 int, a *float32, lda int, b *float32, ldb int, ng int, out *float32) {

@@ -293,3 +293,97 @@ r34store:
 	VZEROUPPER
 r34done:
 	RET
+
+// func sdot3x4c(k8 int, a *float32, lda int, b *float32, ldb int, ng int, c *float32, ldc int, acc bool)
+// sdot3x4r writing its results into C: c[r·ldc + 4g + j] (+)= Σ_{k<8*k8} a[r*lda+k]·b[(4g+j)*ldb+k]
+// for rows r∈0..2, groups g < ng, j∈0..3 (adding to C when acc is set).
+TEXT ·sdot3x4c(SB), NOSPLIT, $0-65
+	MOVQ a+8(FP), AX
+	MOVQ lda+16(FP), DX
+	SHLQ $2, DX
+	MOVQ b+24(FP), BX
+	MOVQ ldb+32(FP), R8
+	SHLQ $2, R8
+	MOVQ ng+40(FP), R12
+	MOVQ c+48(FP), DI
+	LEAQ (AX)(DX*1), R13      // row 1 of A
+	LEAQ (AX)(DX*2), R11      // row 2 of A
+	MOVQ ldc+56(FP), DX
+	SHLQ $2, DX               // from here on DX is C's row stride
+	TESTQ R12, R12
+	JZ c34done
+c34group:
+	MOVQ k8+0(FP), CX
+	LEAQ (BX)(R8*2), R9       // column 2 of B
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+	XORQ SI, SI
+	TESTQ CX, CX
+	JZ c34store
+c34loop:
+	VMOVUPS (AX)(SI*1), Y12
+	VMOVUPS (R13)(SI*1), Y13
+	VMOVUPS (R11)(SI*1), Y14
+	VMOVUPS (BX)(SI*1), Y15
+	VFMADD231PS Y15, Y12, Y0
+	VFMADD231PS Y15, Y13, Y4
+	VFMADD231PS Y15, Y14, Y8
+	LEAQ (BX)(R8*1), R10
+	VMOVUPS (R10)(SI*1), Y15
+	VFMADD231PS Y15, Y12, Y1
+	VFMADD231PS Y15, Y13, Y5
+	VFMADD231PS Y15, Y14, Y9
+	VMOVUPS (R9)(SI*1), Y15
+	VFMADD231PS Y15, Y12, Y2
+	VFMADD231PS Y15, Y13, Y6
+	VFMADD231PS Y15, Y14, Y10
+	LEAQ (R9)(R8*1), R10
+	VMOVUPS (R10)(SI*1), Y15
+	VFMADD231PS Y15, Y12, Y3
+	VFMADD231PS Y15, Y13, Y7
+	VFMADD231PS Y15, Y14, Y11
+	ADDQ $32, SI
+	DECQ CX
+	JNZ c34loop
+c34store:
+	VHADDPS Y1, Y0, Y0
+	VHADDPS Y3, Y2, Y2
+	VHADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VHADDPS Y5, Y4, Y4
+	VHADDPS Y7, Y6, Y6
+	VHADDPS Y6, Y4, Y4
+	VEXTRACTF128 $1, Y4, X5
+	VADDPS X5, X4, X4
+	VHADDPS Y9, Y8, Y8
+	VHADDPS Y11, Y10, Y10
+	VHADDPS Y10, Y8, Y8
+	VEXTRACTF128 $1, Y8, X9
+	VADDPS X9, X8, X8
+	CMPB acc+64(FP), $0
+	JEQ c34put
+	VADDPS (DI), X0, X0
+	VADDPS (DI)(DX*1), X4, X4
+	VADDPS (DI)(DX*2), X8, X8
+c34put:
+	VMOVUPS X0, (DI)
+	VMOVUPS X4, (DI)(DX*1)
+	VMOVUPS X8, (DI)(DX*2)
+	ADDQ $16, DI
+	LEAQ (BX)(R8*4), BX
+	DECQ R12
+	JNZ c34group
+	VZEROUPPER
+c34done:
+	RET

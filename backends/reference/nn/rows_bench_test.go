@@ -89,6 +89,16 @@ func TestMatMulTRowsIsRowStable(t *testing.T) {
 			sgemmNTSmall(activeKernel, small, A[:4*K], B, 4, N, K, false)
 			require.Equal(t, alone[:4*N], small, "N=%d K=%d: the reduced kernels differ from sdot2x4", N, K)
 		}
+		// adding to C: each element is C's plus the product's, one float32 add
+		c0 := make([]float32, M*N)
+		for i := range c0 {
+			c0[i] = float32(r.NormFloat64())
+		}
+		sum := append([]float32(nil), c0...)
+		matMulTRows(sum, A, B, M, N, K, true)
+		for i := range sum {
+			require.Equal(t, math.Float32bits(c0[i]+alone[i]), math.Float32bits(sum[i]), "N=%d K=%d element %d with acc", N, K, i)
+		}
 		for _, threads := range []int{1, 2, 5} {
 			SetThreads(threads)
 			// the two-row kernel alone, and each narrower row kernel, give the widest one's bits
