@@ -232,6 +232,10 @@ def print_table(results):
             ratio = f"{gv / tv:.2f}" if gv and tv else "-"
             fmt = lambda v: f"{v:.1f}" if v else "-"
             print(f"{r['model']:<18} {label:<22} {fmt(gv):>10} {fmt(tv):>10} {ratio:>12}")
+        if g.get("fb_roofline_share"):
+            share = f"{100 * g['fb_roofline_share']:.0f}%"
+            print(f"{r['model']:<18} {'fb roofline (loops)':<22} {share:>10} {'-':>10} {'-':>12}"
+                  f"   ({g['fb_flops_per_token'] / 1e9:.3f} GFLOP/token, kernel {g['kernel_gflops']:.1f} GFLOP/s)")
         if g.get("fb_loss_sum") and t.get("fb_loss_sum"):
             print(f"{r['model']:<18} {'loss sum (check)':<22} {g['fb_loss_sum']:>10.3f} {t['fb_loss_sum']:>10.3f}")
 

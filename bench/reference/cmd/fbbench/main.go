@@ -34,6 +34,16 @@ type result struct {
 	FBSeconds      []float64 `json:"fb_seconds,omitempty"`
 	FBTokensPerSec float64   `json:"fb_tokens_per_s,omitempty"`
 	FBLoss         float64   `json:"fb_loss_sum,omitempty"`
+	// FBFlopsPerToken counts a forward_backward token's floating-point operations: 4 per
+	// weight of every linear layer and the lm_head (2 forward, 2 for the input gradient;
+	// the base weights are frozen, and the rank-r LoRA terms are left out), plus attention:
+	// 4·heads·head_dim per key forward (scores and weighted sum) and twice that backward,
+	// over the (n+1)/2 keys a token of an n-token sequence sees on average.
+	FBFlopsPerToken float64 `json:"fb_flops_per_token,omitempty"`
+	// KernelGFLOPs is the SGEMM's own rate on this model's largest layer product (all the
+	// batch's rows × the MLP width × the hidden size, A·Bᵀ), the roofline the share is of.
+	KernelGFLOPs  float64 `json:"kernel_gflops,omitempty"`
+	RooflineShare float64 `json:"fb_roofline_share,omitempty"`
 
 	Samples            int       `json:"samples"`
 	PromptLen          int       `json:"prompt_len"`
@@ -158,6 +168,9 @@ func main() {
 			}
 		}
 		res.FBTokensPerSec = float64(tokens) / median(res.FBSeconds)
+		res.FBFlopsPerToken = fbFlopsPerToken(m.Cfg, float64(res.FBSeqLen))
+		res.KernelGFLOPs = kernelGFLOPs(tokens, m.Cfg.Inter, m.Cfg.Hidden)
+		res.RooflineShare = res.FBTokensPerSec * res.FBFlopsPerToken / (res.KernelGFLOPs * 1e9)
 	}
 	if want["sample"] {
 		seed := uint64(1)
@@ -186,11 +199,45 @@ func main() {
 	fmt.Printf("model %s (%d params), kernel %s, %d threads, load %.1fs\n", res.Model, res.Params, res.Kernel, res.Threads, res.LoadSeconds)
 	if want["fb"] {
 		fmt.Printf("forward_backward %dx%d: %.1f tokens/s (steps %v s), loss sum %.4f\n", res.FBBatch, res.FBSeqLen, res.FBTokensPerSec, res.FBSeconds, res.FBLoss)
+		fmt.Printf("  %.3f GFLOP/token, kernel %.1f GFLOP/s: %.0f%% of the kernel's roofline\n", res.FBFlopsPerToken/1e9, res.KernelGFLOPs, 100*res.RooflineShare)
 	}
 	if want["sample"] {
 		fmt.Printf("sample %d x %d (prompt %d): %.1f tokens/s (runs %v s)\n", res.Samples, res.NewTokens, res.PromptLen, res.SampleTokensPerSec, res.SampleSeconds)
 	}
 	fmt.Printf("peak RSS %.0f MiB\n", res.PeakRSSMiB)
+}
+
+// fbFlopsPerToken is result.FBFlopsPerToken for sequences of n tokens.
+func fbFlopsPerToken(c nn.Config, n float64) float64 {
+	qd, kvd := float64(c.Heads*c.HeadDim), float64(c.KVHeads*c.HeadDim)
+	d, f := float64(c.Hidden), float64(c.Inter)
+	layer := d*(qd+2*kvd) + qd*d + 3*d*f
+	linear := float64(c.Layers)*layer + float64(c.Vocab)*d
+	attn := float64(c.Layers) * 12 * float64(c.Heads*c.HeadDim) * (n + 1) / 2
+	return 4*linear + attn
+}
+
+// kernelGFLOPs times nn.MatMulT on rows×inter×hidden (the median of five after one
+// warm-up) and returns its GFLOP/s.
+func kernelGFLOPs(rows, inter, hidden int) float64 {
+	r := rand.New(rand.NewPCG(2, 2))
+	fill := func(n int) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(r.NormFloat64())
+		}
+		return x
+	}
+	a, b, c := fill(rows*hidden), fill(inter*hidden), make([]float32, rows*inter)
+	var secs []float64
+	for i := range 6 {
+		t := time.Now()
+		nn.MatMulT(c, a, b, rows, inter, hidden, false)
+		if i > 0 {
+			secs = append(secs, time.Since(t).Seconds())
+		}
+	}
+	return 2 * float64(rows) * float64(inter) * float64(hidden) / median(secs) / 1e9
 }
 
 func median(x []float64) float64 {
