@@ -10,6 +10,11 @@ import "golang.org/x/sys/cpu"
 //go:noescape
 func sgemmKernel6x16(kc int, a, b, c *float32, ldc int, accum bool)
 
+// sgemmKernel6x16u is sgemmKernel6x16 reading six rows of A in place, lda floats apart.
+//
+//go:noescape
+func sgemmKernel6x16u(kc int, a *float32, lda int, b, c *float32, ldc int, accum bool)
+
 //go:noescape
 func sgemmKernel12x32(kc int, a, b, c *float32, ldc int, accum bool)
 
@@ -30,7 +35,7 @@ func sdotAVX2(n16 int, a, b *float32) float32
 func sdotRowsAVX2(n16 int, a, b *float32, ldb, nrows int, out *float32)
 
 var (
-	kernelAVX2   = &sgemmKernel{name: "avx2-6x16", mr: 6, nr: 16, fn: sgemmKernel6x16, dot: sdot2x4}
+	kernelAVX2   = &sgemmKernel{name: "avx2-6x16", mr: 6, nr: 16, fn: sgemmKernel6x16, fnA: sgemmKernel6x16u, dot: sdot2x4}
 	kernelAVX512 = &sgemmKernel{name: "avx512-12x32", mr: 12, nr: 32, fn: sgemmKernel12x32, dot: sdot2x4}
 )
 

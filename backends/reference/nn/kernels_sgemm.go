@@ -22,6 +22,9 @@ type sgemmKernel struct {
 	// fn computes C[mr×nr] = (accum ? C : 0) + Σ_{k<kc} a[k·mr+i]·b[k·nr+j], where c is
 	// C[0,0] of a row-major tile with row stride ldc.
 	fn func(kc int, a, b, c *float32, ldc int, accum bool)
+	// fnA, when set, is fn reading a full mr-row panel of a row-major A in place (rows lda
+	// apart) instead of packed, with fn's bits.
+	fnA func(kc int, a *float32, lda int, b, c *float32, ldc int, accum bool)
 	// dot, when set, is the unpacked small-M kernel for A·Bᵀ (see sgemmNTSmall).
 	dot func(k8 int, a0, a1, b *float32, ldb int, out *[64]float32)
 }
@@ -94,12 +97,18 @@ func sgemm(kn *sgemmKernel, M, N, K int, A []float32, ars, acs int, B []float32,
 	bufA, bufB := *pa, *pb
 	mc := max(mr, gemmMC/mr*mr)
 	colStrips := max(1, gemmCols/nr)
+	// A row-major is read in place by fnA; only a last partial panel is packed.
+	inPlaceA := kn.fnA != nil && acs == 1
 	for pc := 0; pc < K; pc += gemmKC {
 		kc := min(gemmKC, K-pc)
 		accum := acc || pc > 0
-		parallelFor(mp, M*kc*4, func(s int) {
-			packA(bufA[s*mr*kc:(s+1)*mr*kc], A, ars, acs, s*mr, min(mr, M-s*mr), pc, kc, mr)
-		})
+		if !inPlaceA {
+			parallelFor(mp, M*kc*4, func(s int) {
+				packA(bufA[s*mr*kc:(s+1)*mr*kc], A, ars, acs, s*mr, min(mr, M-s*mr), pc, kc, mr)
+			})
+		} else if s := mp - 1; M-s*mr < mr {
+			packA(bufA[s*mr*kc:(s+1)*mr*kc], A, ars, acs, s*mr, M-s*mr, pc, kc, mr)
+		}
 		for jc := 0; jc < N; jc += gemmNC {
 			nc := min(gemmNC, N-jc)
 			ns := (nc + nr - 1) / nr
@@ -117,12 +126,21 @@ func sgemm(kn *sgemmKernel, M, N, K int, A []float32, ars, acs int, B []float32,
 					bp := &bufB[s*nr*kc]
 					for i0 := bi * mc; i0 < min((bi+1)*mc, M); i0 += mr {
 						ni := min(mr, M-i0)
-						ap := &bufA[i0*kc]
-						if ni == mr && nj == nr {
-							kn.fn(kc, ap, bp, &C[i0*ldc+j0], ldc, accum)
-							continue
+						if inPlaceA && ni == mr {
+							a := &A[i0*ars+pc]
+							if nj == nr {
+								kn.fnA(kc, a, ars, bp, &C[i0*ldc+j0], ldc, accum)
+								continue
+							}
+							kn.fnA(kc, a, ars, bp, &tmp[0], nr, false)
+						} else {
+							ap := &bufA[i0*kc]
+							if ni == mr && nj == nr {
+								kn.fn(kc, ap, bp, &C[i0*ldc+j0], ldc, accum)
+								continue
+							}
+							kn.fn(kc, ap, bp, &tmp[0], nr, false)
 						}
-						kn.fn(kc, ap, bp, &tmp[0], nr, false)
 						for ii := 0; ii < ni; ii++ {
 							c := C[(i0+ii)*ldc+j0 : (i0+ii)*ldc+j0+nj]
 							t := tmp[ii*nr : ii*nr+nj]
