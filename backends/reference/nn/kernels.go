@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -32,10 +31,11 @@ func SetThreads(n int) {
 func Threads() int { return int(threads.Load()) }
 
 // parallelFor runs fn(i) for i in [0,n) on up to Threads() goroutines, handing out indices
-// dynamically: the caller's and idle workers' (parallelWorker), new ones only when none is
-// idle, so a call starts no goroutine in the steady state. work is a rough cost estimate of
-// the whole job; small jobs run inline. A panic of fn is raised again on the caller's
-// goroutine (a *workerPanic) once every index has stopped.
+// dynamically: the caller's and other workers' (parallelWorker): one that is still spinning
+// after its last job takes the call at once; idle ones are woken, and new ones start only
+// when none is idle, so a call starts no goroutine in the steady state. work is a rough
+// cost estimate of the whole job; small jobs run inline. A panic of fn is raised again on
+// the caller's goroutine (a *workerPanic) once every index has stopped.
 func parallelFor(n int, work int, fn func(i int)) {
 	t := Threads()
 	if t > n {
@@ -47,11 +47,15 @@ func parallelFor(n int, work int, fn func(i int)) {
 		}
 		return
 	}
-	j := parallelJobs.Get().(*parallelJob)
-	j.fn, j.n = fn, int64(n)
-	j.next.Store(0)
-	j.wg.Add(t - 1)
-	for w := 1; w < t; w++ {
+	// A job is not reused: a worker may still hold it after the call returns (it then finds
+	// no index left and touches nothing else).
+	j := &parallelJob{fn: fn, n: int64(n)}
+	helpers := t - 1
+	if spinningWorkers.Load() > 0 {
+		offered.Store(j)
+		helpers--
+	}
+	for ; helpers > 0; helpers-- {
 		select {
 		case idleWorkers <- j:
 		default:
@@ -59,11 +63,11 @@ func parallelFor(n int, work int, fn func(i int)) {
 		}
 	}
 	j.run()
-	j.wg.Wait()
-	p := j.panicked.Swap(nil)
-	j.fn = nil
-	parallelJobs.Put(j)
-	if p != nil {
+	// Every index is taken; wait for the workers still running one.
+	for j.active.Load() > 0 {
+		runtime.Gosched()
+	}
+	if p := j.panicked.Load(); p != nil {
 		panic(p)
 	}
 }
@@ -73,13 +77,14 @@ type parallelJob struct {
 	fn       func(i int)
 	n        int64
 	next     atomic.Int64
-	wg       sync.WaitGroup // the workers other than the caller
+	active   atomic.Int32 // goroutines inside run
 	panicked atomic.Pointer[workerPanic]
 }
 
 // run runs indices of j until none is left; a panic stops the job (no new index starts)
 // and is kept for the caller.
 func (j *parallelJob) run() {
+	j.active.Add(1)
 	defer func() {
 		if v := recover(); v != nil {
 			// A panic on a worker goroutine cannot be recovered by the caller; carry it
@@ -87,6 +92,7 @@ func (j *parallelJob) run() {
 			j.panicked.CompareAndSwap(nil, &workerPanic{v, debug.Stack()})
 			j.next.Store(j.n)
 		}
+		j.active.Add(-1)
 	}()
 	for {
 		i := j.next.Add(1) - 1
@@ -98,29 +104,56 @@ func (j *parallelJob) run() {
 }
 
 var (
-	// parallelJobs recycles parallelFor's jobs.
-	parallelJobs = sync.Pool{New: func() any { return new(parallelJob) }}
 	// idleWorkers hands a job to a worker waiting for one.
 	idleWorkers = make(chan *parallelJob)
+	// offered is the last job offered to spinning workers (one that no worker took stays
+	// until the next offer or a worker's take, harmless: its indices are done).
+	offered atomic.Pointer[parallelJob]
+	// spinningWorkers counts workers polling offered.
+	spinningWorkers atomic.Int32
 )
 
-// workerIdle is how long a worker waits for another job before it ends.
-const workerIdle = 20 * time.Millisecond
+const (
+	// workerSpin is how long a worker polls for the next job after one, yielding its
+	// thread in between, before it blocks: the products of a decoding step come tens of
+	// microseconds apart, and waking a blocked thread costs about as much in a VM.
+	workerSpin = 50 * time.Microsecond
+	// workerIdle is how long a blocked worker waits for another job before it ends.
+	workerIdle = 20 * time.Millisecond
+)
 
-// parallelWorker runs j, then the jobs handed to it while it is idle, and ends after
-// workerIdle without one.
+// parallelWorker runs j, then the jobs offered to it while it spins or handed to it while
+// it is idle, and ends after workerIdle without one.
 func parallelWorker(j *parallelJob) {
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
 	for {
 		j.run()
-		j.wg.Done()
+		if j = spinForJob(); j != nil {
+			continue
+		}
 		idle.Reset(workerIdle)
 		select {
 		case j = <-idleWorkers:
 		case <-idle.C:
 			return
 		}
+	}
+}
+
+// spinForJob polls offered for up to workerSpin and returns the job it took, or nil.
+func spinForJob() *parallelJob {
+	spinningWorkers.Add(1)
+	defer spinningWorkers.Add(-1)
+	deadline := time.Now().Add(workerSpin)
+	for {
+		if j := offered.Swap(nil); j != nil {
+			return j
+		}
+		if time.Now().After(deadline) {
+			return nil
+		}
+		runtime.Gosched()
 	}
 }
 
