@@ -87,7 +87,25 @@ func linBwd[T Float](dY, X []T, M int, li *Linear[T], segs []seg[T], pick pickFn
 
 // rmsnorm: out = w ⊙ x · inv, inv = 1/√(mean(x²)+eps), per row of width D.
 func rmsnorm[T Float](x, w, out, inv []T, M, D int, eps float64) {
-	for i := 0; i < M; i++ {
+	rowBlocks(M, D, func(i0, i1 int) {
+		rmsnormRows(x, w, out, inv, D, eps, i0, i1)
+	})
+}
+
+// rowBlocks runs fn over contiguous blocks of M rows of width D on the threads (rows of an
+// element-wise op depend on nothing else, so how they are cut changes no result).
+func rowBlocks(M, D int, fn func(i0, i1 int)) {
+	nb := min(M, 4*Threads())
+	per := (M + nb - 1) / max(nb, 1)
+	parallelFor(nb, 4*M*D, func(b int) {
+		if i0 := b * per; i0 < M {
+			fn(i0, min(i0+per, M))
+		}
+	})
+}
+
+func rmsnormRows[T Float](x, w, out, inv []T, D int, eps float64, i0, i1 int) {
+	for i := i0; i < i1; i++ {
 		xr := x[i*D : (i+1)*D]
 		var ss float64
 		for _, v := range xr {
@@ -108,7 +126,13 @@ func rmsnorm[T Float](x, w, out, inv []T, M, D int, eps float64) {
 // rmsnormBwd adds the input gradient of rmsnorm to dx:
 // dx += r·(w⊙dy) − r³·x·Σ(w⊙dy·x)/D.
 func rmsnormBwd[T Float](dy, x, w, inv, dx []T, M, D int) {
-	for i := 0; i < M; i++ {
+	rowBlocks(M, D, func(i0, i1 int) {
+		rmsnormBwdRows(dy, x, w, inv, dx, D, i0, i1)
+	})
+}
+
+func rmsnormBwdRows[T Float](dy, x, w, inv, dx []T, D, i0, i1 int) {
+	for i := i0; i < i1; i++ {
 		xr := x[i*D : (i+1)*D]
 		d := dy[i*D : (i+1)*D][:len(xr)]
 		o := dx[i*D : (i+1)*D][:len(xr)]
