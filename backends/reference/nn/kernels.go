@@ -63,6 +63,8 @@ func parallelFor(n int, work int, fn func(i int)) {
 		}
 	}
 	j.run()
+	// An offer no worker took would keep fn (and what it holds) alive until the next one.
+	offered.CompareAndSwap(j, nil)
 	// Every index is taken; wait for the workers still running one.
 	for j.active.Load() > 0 {
 		runtime.Gosched()
@@ -106,8 +108,8 @@ func (j *parallelJob) run() {
 var (
 	// idleWorkers hands a job to a worker waiting for one.
 	idleWorkers = make(chan *parallelJob)
-	// offered is the last job offered to spinning workers (one that no worker took stays
-	// until the next offer or a worker's take, harmless: its indices are done).
+	// offered is the job offered to spinning workers; its caller takes it back if no worker
+	// did by the time it has run the indices itself.
 	offered atomic.Pointer[parallelJob]
 	// spinningWorkers counts workers polling offered.
 	spinningWorkers atomic.Int32
