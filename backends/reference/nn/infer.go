@@ -217,6 +217,7 @@ type stepBuf[T Float] struct {
 	ads                                     []*Adapter[T]
 	caches                                  []*KVCache[T]
 	segs                                    []seg[T]
+	drawn                                   []drawnToken
 }
 
 func growInts(s *[]int, n int) []int {

@@ -325,9 +325,15 @@ func (s *GenSeq[T]) Gen() *Gen[T] { return s.g }
 // advance samples the sequence's next token from logits and ends it on a stop token, a stop
 // string or max_tokens.
 func (s *GenSeq[T]) advance(logits []T) {
+	tok, lp, top := sampleToken(logits, s.g.p, s.rng)
+	s.record(tok, lp, top)
+}
+
+// record appends a drawn token to the sequence's output, tells OnToken, and ends the
+// sequence at a stop or at max_tokens.
+func (s *GenSeq[T]) record(tok int, lp float64, top []TopEntry) {
 	g, p := s.g, &s.g.p
 	out := &g.Out[s.i]
-	tok, lp, top := sampleToken(logits, *p, s.rng)
 	out.Tokens = append(out.Tokens, tok)
 	out.LogProbs = append(out.LogProbs, lp)
 	if p.TopLogprobs > 0 {
@@ -413,9 +419,28 @@ func (m *Model[T]) Decode(seqs []*GenSeq[T]) {
 	linRows(h, M, &m.Head, segs, -1, 0, lg, &buf.xa)
 	clear(segs)
 	buf.segs = segs[:0]
-	for r, s := range rows {
-		s.advance(lg[r*V : (r+1)*V])
+	// the draws over the threads (each row its own logits and random stream), then the
+	// bookkeeping in order (OnToken and a generation's counters are not shared-safe)
+	if cap(buf.drawn) < M {
+		buf.drawn = make([]drawnToken, M, 2*M)
 	}
+	drawn := buf.drawn[:M]
+	parallelFor(M, M*V*expWork, func(r int) {
+		d := &drawn[r]
+		d.tok, d.lp, d.top = sampleToken(lg[r*V:(r+1)*V], rows[r].g.p, rows[r].rng)
+	})
+	for r, s := range rows {
+		s.record(drawn[r].tok, drawn[r].lp, drawn[r].top)
+	}
+	clear(drawn)
+	buf.drawn = drawn[:0]
+}
+
+// drawnToken is one row's draw in a decoding step.
+type drawnToken struct {
+	tok int
+	lp  float64
+	top []TopEntry
 }
 
 // decodeBufs holds Decode's work arrays (a *stepBuf[T]) between steps, so a decoding
