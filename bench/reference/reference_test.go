@@ -63,6 +63,7 @@ func BenchmarkForwardBackward(b *testing.B) {
 				seqs = append(seqs, nn.Seq[float32]{Tokens: tk, Targets: tg, K: 1, Adapter: ad})
 				tokens += n
 			}
+			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				m.ForwardBackward(seqs, ceLoss, true)
@@ -91,6 +92,7 @@ func BenchmarkSample(b *testing.B) {
 				prompt[i] = i + 1
 			}
 			seed := uint64(1)
+			b.ReportAllocs()
 			b.ResetTimer()
 			gen := 0
 			for i := 0; i < b.N; i++ {
