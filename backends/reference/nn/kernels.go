@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -41,21 +42,29 @@ func parallelFor(n int, work int, fn func(i int)) {
 	if t > n {
 		t = n
 	}
-	if t <= 1 || work < 1<<15 {
+	if t <= 1 || work < parallelMinWork {
 		for i := 0; i < n; i++ {
 			fn(i)
 		}
 		return
 	}
-	// A job is not reused: a worker may still hold it after the call returns (it then finds
-	// no index left and touches nothing else).
-	j := &parallelJob{fn: fn, n: int64(n)}
+	// A job goes back to the pool when its last holder lets it go: the caller, and each
+	// worker handed it (by the offer or the channel) holds a reference; a worker may still
+	// hold it after the call returns (it then finds no index left and touches nothing else).
+	j := parallelJobs.Get().(*parallelJob)
+	j.fn, j.n = fn, int64(n)
+	j.next.Store(0)
+	j.refs.Store(1)
 	helpers := t - 1
 	if spinningWorkers.Load() > 0 {
-		offered.Store(j)
+		j.refs.Add(1)
+		if old := offered.Swap(j); old != nil { // another call's offer nobody took
+			old.release()
+		}
 		helpers--
 	}
 	for ; helpers > 0; helpers-- {
+		j.refs.Add(1)
 		select {
 		case idleWorkers <- j:
 		default:
@@ -64,15 +73,22 @@ func parallelFor(n int, work int, fn func(i int)) {
 	}
 	j.run()
 	// An offer no worker took would keep fn (and what it holds) alive until the next one.
-	offered.CompareAndSwap(j, nil)
+	if offered.CompareAndSwap(j, nil) {
+		j.release()
+	}
 	// Every index is taken; wait for the workers still running one.
 	for j.active.Load() > 0 {
 		runtime.Gosched()
 	}
-	if p := j.panicked.Load(); p != nil {
+	p := j.panicked.Swap(nil)
+	j.release()
+	if p != nil {
 		panic(p)
 	}
 }
+
+// parallelMinWork is the work estimate below which parallelFor runs inline.
+const parallelMinWork = 1 << 15
 
 // parallelJob is one parallelFor call, shared by the goroutines that run its indices.
 type parallelJob struct {
@@ -80,7 +96,16 @@ type parallelJob struct {
 	n        int64
 	next     atomic.Int64
 	active   atomic.Int32 // goroutines inside run
+	refs     atomic.Int32 // holders: the caller and the workers handed it
 	panicked atomic.Pointer[workerPanic]
+}
+
+// release lets go of one reference; the last returns j to the pool.
+func (j *parallelJob) release() {
+	if j.refs.Add(-1) == 0 {
+		j.fn = nil
+		parallelJobs.Put(j)
+	}
 }
 
 // run runs indices of j until none is left; a panic stops the job (no new index starts)
@@ -106,6 +131,8 @@ func (j *parallelJob) run() {
 }
 
 var (
+	// parallelJobs recycles parallelFor's jobs.
+	parallelJobs = sync.Pool{New: func() any { return new(parallelJob) }}
 	// idleWorkers hands a job to a worker waiting for one.
 	idleWorkers = make(chan *parallelJob)
 	// offered is the job offered to spinning workers; its caller takes it back if no worker
@@ -131,6 +158,7 @@ func parallelWorker(j *parallelJob) {
 	defer idle.Stop()
 	for {
 		j.run()
+		j.release()
 		if j = spinForJob(); j != nil {
 			continue
 		}

@@ -87,6 +87,10 @@ func linBwd[T Float](dY, X []T, M int, li *Linear[T], segs []seg[T], pick pickFn
 
 // rmsnorm: out = w ⊙ x · inv, inv = 1/√(mean(x²)+eps), per row of width D.
 func rmsnorm[T Float](x, w, out, inv []T, M, D int, eps float64) {
+	if !parallelRows(M, D) { // without a closure: nothing allocated
+		rmsnormRows(x, w, out, inv, D, eps, 0, M)
+		return
+	}
 	rowBlocks(M, D, func(i0, i1 int) {
 		rmsnormRows(x, w, out, inv, D, eps, i0, i1)
 	})
@@ -97,12 +101,18 @@ func rmsnorm[T Float](x, w, out, inv []T, M, D int, eps float64) {
 func rowBlocks(M, D int, fn func(i0, i1 int)) {
 	nb := min(M, 4*Threads())
 	per := (M + nb - 1) / max(nb, 1)
-	parallelFor(nb, 4*M*D, func(b int) {
+	parallelFor(nb, rowsWork(M, D), func(b int) {
 		if i0 := b * per; i0 < M {
 			fn(i0, min(i0+per, M))
 		}
 	})
 }
+
+// rowsWork is rowBlocks' cost estimate for parallelFor; parallelRows says whether
+// parallelFor would use more than one thread for it.
+func rowsWork(M, D int) int { return 4 * M * D }
+
+func parallelRows(M, D int) bool { return M > 1 && Threads() > 1 && rowsWork(M, D) >= parallelMinWork }
 
 func rmsnormRows[T Float](x, w, out, inv []T, D int, eps float64, i0, i1 int) {
 	for i := i0; i < i1; i++ {
@@ -126,6 +136,10 @@ func rmsnormRows[T Float](x, w, out, inv []T, D int, eps float64, i0, i1 int) {
 // rmsnormBwd adds the input gradient of rmsnorm to dx:
 // dx += r·(w⊙dy) − r³·x·Σ(w⊙dy·x)/D.
 func rmsnormBwd[T Float](dy, x, w, inv, dx []T, M, D int) {
+	if !parallelRows(M, D) {
+		rmsnormBwdRows(dy, x, w, inv, dx, D, 0, M)
+		return
+	}
 	rowBlocks(M, D, func(i0, i1 int) {
 		rmsnormBwdRows(dy, x, w, inv, dx, D, i0, i1)
 	})
