@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -97,4 +98,23 @@ func TestAdapterKey(t *testing.T) {
 	a := adapterKey(&backendv1.SampleRequest{AdapterFiles: []*backendv1.FileURL{{Name: "w", Url: "http://one", Sha256: "ab"}}})
 	c := adapterKey(&backendv1.SampleRequest{AdapterFiles: []*backendv1.FileURL{{Name: "w", Url: "http://two", Sha256: "ab"}}})
 	require.Equal(t, a, c, "the same files under other presigned URLs are the same adapter")
+}
+
+// TestWaitReadySkipsFreedSlots: a pool slot whose replica was lost (scaled down) while
+// WaitReady waited on it stops the wait; before, WaitReady blocked until its context ended
+// (test-ray hung once after scaling a pool 3→1: the registry already had one member while
+// the backend had not yet freed the two lost slots).
+func TestWaitReadySkipsFreedSlots(t *testing.T) {
+	w := &worker{pooled: true, pool: "p", replica: 2, cl: &clients{}, up: make(chan struct{})}
+	go func() {
+		time.Sleep(150 * time.Millisecond)
+		w.mu.Lock()
+		w.pool, w.replica = "", 0
+		w.mu.Unlock()
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	require.NoError(t, (&Backend{workers: []*worker{w, {pooled: true}}}).WaitReady(ctx))
+	require.Less(t, time.Since(start), 5*time.Second, "WaitReady waited for a freed slot")
 }

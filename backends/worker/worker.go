@@ -348,18 +348,15 @@ func (b *Backend) WorkerPID(i int) int {
 }
 
 // WaitReady waits until every worker is alive again (after a restart). In pool mode it
-// waits for the slots that a registered replica holds.
+// waits for the slots bound to a registered replica, and stops waiting for one whose
+// replica is lost or scaled down meanwhile (its slot is freed).
 func (b *Backend) WaitReady(ctx context.Context) error {
 	for _, w := range b.workers {
+		wait := w.waitAlive
 		if w.pooled {
-			w.mu.Lock()
-			held := w.cl != nil
-			w.mu.Unlock()
-			if !held {
-				continue
-			}
+			wait = w.waitBoundAlive
 		}
-		if err := w.waitAlive(ctx); err != nil {
+		if err := wait(ctx); err != nil {
 			return err
 		}
 	}
@@ -574,6 +571,31 @@ func (w *worker) waitAlive(ctx context.Context) error {
 			if _, _, _, err := w.acquire(); err == nil {
 				return nil
 			}
+		case <-ctx.Done():
+			_, _, _, err := w.acquire()
+			return err
+		}
+	}
+}
+
+// waitBoundAlive is waitAlive for a pool slot: it waits while the slot is bound to a
+// registered replica that is not up, and returns as soon as the slot is up or bound to none
+// (never attached, or its replica was lost or scaled down and the slot freed, which can
+// happen during the wait).
+func (w *worker) waitBoundAlive(ctx context.Context) error {
+	for {
+		w.mu.Lock()
+		bound, up := w.pool != "", w.up
+		w.mu.Unlock()
+		if !bound {
+			return nil
+		}
+		select {
+		case <-up:
+			if _, _, _, err := w.acquire(); err == nil {
+				return nil
+			}
+		case <-time.After(100 * time.Millisecond): // the slot may have been freed
 		case <-ctx.Done():
 			_, _, _, err := w.acquire()
 			return err
