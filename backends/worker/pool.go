@@ -419,8 +419,17 @@ func (b *Backend) followRegistry() {
 					why = "it left the pool"
 				}
 				w.fail(-1, fmt.Sprintf("pool %s replica %d was lost: %s", k.pool, k.replica, why))
+				// a replica scaled away (or of a pool no longer wanted) is not coming back:
+				// the slot holds nothing WaitReady should wait for
+				gone := false
+				if n, ok := b.registry.Desired(k.pool); !ok || k.replica >= n {
+					gone = true
+				}
 				w.mu.Lock()
 				w.pool, w.replica = "", 0
+				if gone {
+					w.cl = nil
+				}
 				w.mu.Unlock()
 				delete(slots, k)
 				delete(incarnation, w)

@@ -100,7 +100,7 @@ func TestAdapterKey(t *testing.T) {
 	require.Equal(t, a, c, "the same files under other presigned URLs are the same adapter")
 }
 
-// TestWaitReadySkipsFreedSlots: a pool slot whose replica was lost (scaled down) while
+// TestWaitReadySkipsFreedSlots: a pool slot whose replica was scaled away while
 // WaitReady waited on it stops the wait; before, WaitReady blocked until its context ended
 // (test-ray hung once after scaling a pool 3→1: the registry already had one member while
 // the backend had not yet freed the two lost slots).
@@ -109,7 +109,7 @@ func TestWaitReadySkipsFreedSlots(t *testing.T) {
 	go func() {
 		time.Sleep(150 * time.Millisecond)
 		w.mu.Lock()
-		w.pool, w.replica = "", 0
+		w.pool, w.replica, w.cl = "", 0, nil // as followRegistry frees a slot scaled away
 		w.mu.Unlock()
 	}()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)

@@ -348,8 +348,8 @@ func (b *Backend) WorkerPID(i int) int {
 }
 
 // WaitReady waits until every worker is alive again (after a restart). In pool mode it
-// waits for the slots bound to a registered replica, and stops waiting for one whose
-// replica is lost or scaled down meanwhile (its slot is freed).
+// waits for the slots that hold a replica (attached, or lost and expected back), and stops
+// waiting for one whose replica is scaled away meanwhile.
 func (b *Backend) WaitReady(ctx context.Context) error {
 	for _, w := range b.workers {
 		wait := w.waitAlive
@@ -578,16 +578,16 @@ func (w *worker) waitAlive(ctx context.Context) error {
 	}
 }
 
-// waitBoundAlive is waitAlive for a pool slot: it waits while the slot is bound to a
-// registered replica that is not up, and returns as soon as the slot is up or bound to none
-// (never attached, or its replica was lost or scaled down and the slot freed, which can
-// happen during the wait).
+// waitBoundAlive is waitAlive for a pool slot: it waits while the slot holds a replica's
+// client (attached, or lost and expected back, e.g. restarting) that is not up, and returns
+// as soon as the slot is up or holds none (never attached, or its replica was scaled away,
+// which can happen during the wait).
 func (w *worker) waitBoundAlive(ctx context.Context) error {
 	for {
 		w.mu.Lock()
-		bound, up := w.pool != "", w.up
+		held, up := w.cl != nil, w.up
 		w.mu.Unlock()
-		if !bound {
+		if !held {
 			return nil
 		}
 		select {
