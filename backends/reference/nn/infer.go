@@ -55,9 +55,13 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], st
 	if buf == nil {
 		buf = &stepBuf[T]{}
 	}
+	var packs *decodePacks
+	if stable {
+		packs = m.decodePacked()
+	}
 	lin := func(X []T, li *Linear[T], l int, t Target, Y []T) {
 		if stable {
-			linRows(X, M, li, segs, l, t, Y, &buf.xa)
+			linRows(X, M, li, packs.pack(l, t), segs, l, t, Y, &buf.xa)
 		} else {
 			linFwd(X, M, li, segs, layerPick[T](l, t), Y)
 		}
@@ -170,11 +174,16 @@ func (m *Model[T]) Logits(h []T, M int, ad *Adapter[T]) []T {
 	return out
 }
 
-// linRows is linFwd (without the saved LoRA inputs) through matMulTRows: each output row
-// depends only on its input row and its segment's adapter. The adapter's pair is layer l's
-// target t (the head's when l < 0); xa is scratch for the LoRA rows.
-func linRows[T Float](X []T, M int, li *Linear[T], segs []seg[T], l int, t Target, Y []T, xa *[]T) {
-	matMulTRows(Y, X, li.W, M, li.Out, li.In, false)
+// linRows is linFwd (without the saved LoRA inputs) through matMulTRows, or through
+// sgemmNTPacked when pk packs li's weight: each output row depends only on its input row
+// and its segment's adapter. The adapter's pair is layer l's target t (the head's when
+// l < 0); xa is scratch for the LoRA rows.
+func linRows[T Float](X []T, M int, li *Linear[T], pk *packedNT, segs []seg[T], l int, t Target, Y []T, xa *[]T) {
+	if packs(pk, li.W) {
+		sgemmNTPacked(any(Y).([]float32), any(X).([]float32), pk, M, false)
+	} else {
+		matMulTRows(Y, X, li.W, M, li.Out, li.In, false)
+	}
 	if li.B != nil {
 		for i := 0; i < M; i++ {
 			y := Y[i*li.Out : (i+1)*li.Out]

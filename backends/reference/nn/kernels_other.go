@@ -53,3 +53,10 @@ func dotRows[T Float](out, a, b []T, ldb int) { dotRowsGo(out, a, b, ldb) }
 func rowDotTileInto(k8 int, a *float32, lda int, b *float32, ldb int, ng int, c *float32, ldc int, acc bool) bool {
 	return false
 }
+
+// Without AVX2, decoding multiplies the weights as they are (packed.go).
+var packedKernel *sgemmKernel
+
+func gemvStrips4(kc int, a *float32, b *float32, bs int, c *float32, accum bool) {
+	panic("nn: no packed decode kernels")
+}

@@ -85,3 +85,23 @@ func rowDot2(k8 int, a0, a1, b *float32, ldb int, out *[8]float32) {
 }
 
 func rowDot1(k8 int, a0, b *float32, ldb int, out *[8]float32) { sdot1x4r(k8, a0, b, ldb, out) }
+
+// sgemv16x4 is one row of sgemmKernel6x16u over four packed column strips (bs floats
+// apart), writing 64 results to c (kernels_rows_amd64.s).
+//
+//go:noescape
+func sgemv16x4(kc int, a *float32, b *float32, bs int, c *float32, accum bool)
+
+// packedKernel is the micro-kernel decoding runs on prepacked weights (packed.go): AVX2's
+// six-row kernel, with sgemv16x4 for single rows, on any CPU that has AVX2 and FMA (on
+// AVX-512 too: every kernel sums each element in the same order, so this changes no bit).
+var packedKernel = func() *sgemmKernel {
+	if hasRowDot {
+		return kernelAVX2
+	}
+	return nil
+}()
+
+func gemvStrips4(kc int, a *float32, b *float32, bs int, c *float32, accum bool) {
+	sgemv16x4(kc, a, b, bs, c, accum)
+}

@@ -387,3 +387,65 @@ c34put:
 	VZEROUPPER
 c34done:
 	RET
+
+// func sgemv16x4(kc int, a *float32, b *float32, bs int, c *float32, accum bool)
+// c[16s+j] = (accum ? c[16s+j] : 0) + Σ_{k<kc} a[k]·b[s·bs + 16k + j] for four packed
+// column strips s of the AVX2 SGEMM (sgemmKernel6x16's B layout) and j < 16: one row of
+// sgemmKernel6x16u, each sum a chain of fused multiply-adds in k order, added to C at the
+// end, so that a row gets these bits whether it is computed alone or in a six-row panel.
+TEXT ·sgemv16x4(SB), NOSPLIT, $0-41
+	MOVQ kc+0(FP), CX
+	MOVQ a+8(FP), AX
+	MOVQ b+16(FP), BX
+	MOVQ bs+24(FP), R10
+	SHLQ $2, R10
+	LEAQ (BX)(R10*2), R11
+	MOVQ c+32(FP), DI
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	TESTQ CX, CX
+	JZ gv4store
+gv4loop:
+	VBROADCASTSS (AX), Y8
+	VFMADD231PS 0(BX), Y8, Y0
+	VFMADD231PS 32(BX), Y8, Y1
+	VFMADD231PS 0(BX)(R10*1), Y8, Y2
+	VFMADD231PS 32(BX)(R10*1), Y8, Y3
+	VFMADD231PS 0(R11), Y8, Y4
+	VFMADD231PS 32(R11), Y8, Y5
+	VFMADD231PS 0(R11)(R10*1), Y8, Y6
+	VFMADD231PS 32(R11)(R10*1), Y8, Y7
+	ADDQ $4, AX
+	ADDQ $64, BX
+	ADDQ $64, R11
+	DECQ CX
+	JNZ gv4loop
+gv4store:
+	MOVBLZX accum+40(FP), DX
+	TESTQ DX, DX
+	JZ gv4noacc
+	VADDPS (DI), Y0, Y0
+	VADDPS 32(DI), Y1, Y1
+	VADDPS 64(DI), Y2, Y2
+	VADDPS 96(DI), Y3, Y3
+	VADDPS 128(DI), Y4, Y4
+	VADDPS 160(DI), Y5, Y5
+	VADDPS 192(DI), Y6, Y6
+	VADDPS 224(DI), Y7, Y7
+gv4noacc:
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 128(DI)
+	VMOVUPS Y5, 160(DI)
+	VMOVUPS Y6, 192(DI)
+	VMOVUPS Y7, 224(DI)
+	VZEROUPPER
+	RET

@@ -158,6 +158,9 @@ type Model[T Float] struct {
 	Head   Linear[T] // W aliases Embed when tied
 	cos    []T       // [maxSeq, HeadDim/2]
 	sin    []T
+	// packs holds the weights packed for decoding (packed.go), built at the first
+	// decoding step: the weights must not change after construction.
+	packs *decodePacks
 }
 
 // QDim is the width of the query projection.
@@ -335,6 +338,7 @@ func Load[T Float](dir string) (*Model[T], error) {
 		}
 	}
 	m.InitRope()
+	m.packs = new(decodePacks)
 	return m, nil
 }
 
@@ -436,6 +440,7 @@ func NewRandom[T Float](cfg Config, o RandomOptions) (*Model[T], error) {
 		}
 	}
 	m.InitRope()
+	m.packs = new(decodePacks)
 	return m, nil
 }
 
@@ -466,6 +471,7 @@ func Convert[U, T Float](m *Model[T]) *Model[U] {
 		}
 	}
 	out.InitRope()
+	out.packs = new(decodePacks)
 	return out
 }
 

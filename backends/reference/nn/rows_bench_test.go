@@ -11,7 +11,9 @@ import (
 
 // BenchmarkDecodeProducts times the matrix products of one decoding step of a
 // loops/tiny-shaped layer stack (4 layers and the head) for M rows: the row-stable
-// products of batched decoding (rows) against the packed SGEMM (packed).
+// products of batched decoding on weights as they are (rows) and prepacked (prepacked, the
+// decode path of models up to maxPackedModelBytes) against the SGEMM packing per call
+// (packed).
 func BenchmarkDecodeProducts(b *testing.B) {
 	shapes := [][2]int{{256, 256}, {128, 256}, {128, 256}, {256, 256}, {768, 256}, {768, 256}, {256, 768}}
 	r := rand.New(rand.NewPCG(1, 2))
@@ -27,11 +29,31 @@ func BenchmarkDecodeProducts(b *testing.B) {
 		ws = append(ws, fill(s[0]*s[1]))
 	}
 	head := fill(512 * 256)
+	var pks []*packedNT
+	for i, s := range shapes {
+		pks = append(pks, packNT(ws[i], s[0], s[1]))
+	}
+	headPk := packNT(head, 512, 256)
 	for _, M := range []int{1, 8, 32} {
 		A := fill(M * 768)
 		C := make([]float32, M*768)
-		for _, kind := range []string{"rows", "packed"} {
+		for _, kind := range []string{"rows", "prepacked", "packed"} {
 			b.Run(fmt.Sprintf("%s/M=%d", kind, M), func(b *testing.B) {
+				if kind == "prepacked" {
+					if packedKernel == nil {
+						b.Skip("no packed decode kernel on this CPU")
+					}
+					for range b.N {
+						for range 4 {
+							for i := range shapes {
+								sgemmNTPacked(C, A, pks[i], M, false)
+							}
+						}
+						sgemmNTPacked(C, A, headPk, M, false)
+					}
+					b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*M), "ns/row")
+					return
+				}
 				mm := matMulTRows[float32]
 				if kind == "packed" {
 					mm = MatMulT[float32]

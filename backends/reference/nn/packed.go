@@ -1,0 +1,180 @@
+package nn
+
+import "sync"
+
+// Decoding (and short prefills) multiplies rows by weights that never change, so the
+// weights of a small model are packed once, at its first decoding step, into the column
+// strips the AVX2 SGEMM's micro-kernel reads (packB's layout, in blocks of gemmKC), and
+// the decode path's products run that kernel on them: six rows of A per load of the
+// weights, no horizontal sums, no packing per call. Each element is a chain of fused
+// multiply-adds in k order within a block, the blocks added to C in order, whether its
+// row is computed in a six-row panel (sgemmKernel6x16u), alone (sgemv16x4) or padded into
+// a panel (sgemmKernel6x16): a row's bits depend on that row alone, as batched decoding
+// requires, and are the bits the training SGEMM gives the same row.
+
+// maxPackedModelBytes bounds the weights packed for decoding. The pack is a second copy
+// of them, worth it where a batched step is compute-bound (small models, whose weights
+// stay in cache across a batch's rows); a larger model decodes from its weights as they
+// are (matMulTRows), whose single-row rate is bound by memory either way.
+const maxPackedModelBytes = 256 << 20
+
+// packedNT is a weight W[N,K] (a Linear's, out × in) packed for products A·Wᵀ: for the
+// block of columns of W starting at pc (kc = min(gemmKC, K-pc) of them), ns strips of 16
+// rows of W, strip s holding W[16s+j][pc+k] at data[pc·ns·16 + s·16·kc + 16k + j], zeros
+// past N.
+type packedNT struct {
+	w        *float32 // &W[0] of the weight packed
+	n, k, ns int
+	data     []float32
+}
+
+func packNT(W []float32, n, k int) *packedNT {
+	ns := (n + 15) / 16
+	p := &packedNT{w: &W[0], n: n, k: k, ns: ns, data: make([]float32, ns*16*k)}
+	for pc := 0; pc < k; pc += gemmKC {
+		kc := min(gemmKC, k-pc)
+		blk := p.data[pc*ns*16:]
+		for s := range ns {
+			packB(blk[s*16*kc:(s+1)*16*kc], W, 1, k, 16*s, min(16, n-16*s), pc, kc, 16)
+		}
+	}
+	return p
+}
+
+// packs reports whether p is the packed form of W: a model copy whose weight was replaced
+// (Merged) must not use its original's pack.
+func packs[T Float](p *packedNT, W []T) bool {
+	w, ok := any(W).([]float32)
+	return ok && p != nil && len(w) == p.n*p.k && len(w) > 0 && &w[0] == p.w
+}
+
+// decodePacks holds a model's packed weights (layers[l][t] for layer l's target t, head
+// for the unembedding), built at its first decoding step.
+type decodePacks struct {
+	once   sync.Once
+	layers [][NumLayerTargets]*packedNT
+	head   *packedNT
+}
+
+// decodePacked returns the model's packed weights, packing them on first use; nil when
+// the CPU has no packed kernel, T is not float32, or the model's linear weights exceed
+// maxPackedModelBytes.
+func (m *Model[T]) decodePacked() *decodePacks {
+	p := m.packs
+	if p == nil || packedKernel == nil {
+		return nil
+	}
+	p.once.Do(func() { packModel(p, m) })
+	if p.layers == nil {
+		return nil
+	}
+	return p
+}
+
+// pack returns the packed form of layer l's target t, or of the head when l < 0.
+func (p *decodePacks) pack(l int, t Target) *packedNT {
+	if p == nil {
+		return nil
+	}
+	if l < 0 {
+		return p.head
+	}
+	return p.layers[l][t]
+}
+
+func packModel[T Float](p *decodePacks, m *Model[T]) {
+	if _, ok := any(m.Embed).([]float32); !ok {
+		return
+	}
+	bytes := 4 * int64(len(m.Head.W))
+	for _, L := range m.Layers {
+		for _, li := range L.Lin {
+			bytes += 4 * int64(len(li.W))
+		}
+	}
+	if bytes > maxPackedModelBytes {
+		return
+	}
+	pack := func(li *Linear[T]) *packedNT {
+		w := any(li.W).([]float32)
+		if len(w) == 0 || len(w) != li.Out*li.In {
+			return nil
+		}
+		return packNT(w, li.Out, li.In)
+	}
+	layers := make([][NumLayerTargets]*packedNT, len(m.Layers))
+	for l := range m.Layers {
+		for t := range m.Layers[l].Lin {
+			layers[l][t] = pack(&m.Layers[l].Lin[t])
+		}
+	}
+	p.head = pack(&m.Head)
+	p.layers = layers
+}
+
+// sgemmNTPacked computes C[M,N] (+)= A[M,K]·Wᵀ for the W packed in p, over the threads
+// by groups of four column strips. Rows go six at a time through the panel kernel; the
+// last M mod 6 go one at a time through sgemv16x4 when there are one or two of them (and
+// the group is four whole strips), else padded into one panel.
+func sgemmNTPacked(C, A []float32, p *packedNT, M int, acc bool) {
+	if M == 0 {
+		return
+	}
+	kn := packedKernel
+	N, K, ns := p.n, p.k, p.ns
+	_ = A[M*K-1]
+	_ = C[M*N-1]
+	full := M / 6 * 6
+	parallelFor((ns+3)/4, M*N*K, func(g int) {
+		s0, s1 := 4*g, min(4*g+4, ns)
+		var tmp [6 * 16]float32
+		for pc := 0; pc < K; pc += gemmKC {
+			kc := min(gemmKC, K-pc)
+			accum := acc || pc > 0
+			blk := p.data[pc*ns*16:]
+			for s := s0; s < s1; s++ {
+				bp, j0 := &blk[s*16*kc], 16*s
+				nj := min(16, N-j0)
+				for i0 := 0; i0 < full; i0 += 6 {
+					if nj == 16 {
+						kn.fnA(kc, &A[i0*K+pc], K, bp, &C[i0*N+j0], N, accum)
+						continue
+					}
+					kn.fnA(kc, &A[i0*K+pc], K, bp, &tmp[0], 16, false)
+					addTile(C[i0*N+j0:], N, tmp[:], 6, nj, accum)
+				}
+			}
+			r := M - full
+			switch {
+			case r == 0:
+			case r <= 2 && s1-s0 == 4 && 16*s1 <= N:
+				for i := full; i < M; i++ {
+					gemvStrips4(kc, &A[i*K+pc], &blk[s0*16*kc], 16*kc, &C[i*N+16*s0], accum)
+				}
+			default:
+				var pa [6 * gemmKC]float32
+				packA(pa[:], A, K, 1, full, r, pc, kc, 6)
+				for s := s0; s < s1; s++ {
+					j0 := 16 * s
+					kn.fn(kc, &pa[0], &blk[s*16*kc], &tmp[0], 16, false)
+					addTile(C[full*N+j0:], N, tmp[:], r, min(16, N-j0), accum)
+				}
+			}
+		}
+	})
+}
+
+// addTile writes (or adds, when accum is set) rows × cols of a tile t with rows 16 apart
+// to c (rows ldc apart).
+func addTile(c []float32, ldc int, t []float32, rows, cols int, accum bool) {
+	for i := range rows {
+		ci, ti := c[i*ldc:i*ldc+cols], t[i*16:i*16+cols]
+		if !accum {
+			copy(ci, ti)
+			continue
+		}
+		for j, v := range ti {
+			ci[j] += v
+		}
+	}
+}
