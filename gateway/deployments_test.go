@@ -234,6 +234,38 @@ func TestDeployments(t *testing.T) {
 	_, err = cks.DeleteCheckpoint(ctx, &loopsv1.DeleteCheckpointRequest{Path: c1})
 	require.Equal(t, connect.CodeAlreadyExists, connect.CodeOf(err), "%v", err)
 
+	// Replaced (deleted and created again): the name serves the new checkpoints at once,
+	// also to the samplers remembered under it, which never keep the old ones.
+	sampling := loopsv1connect.NewSamplingServiceClient(http.DefaultClient, url, withKey(keyA))
+	held := must(sampling.CreateSampler(ctx, &loopsv1.CreateSamplerRequest{Deployment: "dep/c1"}))
+	require.Equal(t, c1, held.GetModelPath())
+	training = loopsv1connect.NewTrainingServiceClient(http.DefaultClient, url, withKey(keyA))
+	ops = loopsv1connect.NewOperationServiceClient(http.DefaultClient, url, withKey(keyA))
+	run2 := wait(must(training.CreateTrainingRun(ctx, &loopsv1.CreateTrainingRunRequest{
+		BaseModel: "loops/tiny", Lora: &loopsv1.LoraConfig{Rank: 4, Seed: 2, TrainAttn: true},
+	}))).GetTrainingRun().GetId()
+	other := wait(must(training.SaveWeights(ctx, &loopsv1.SaveWeightsRequest{TrainingRunId: run2, Name: "c1",
+		Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER}))).GetSaveWeights().GetPath()
+	_, err = depA.DeleteDeployment(ctx, &loopsv1.DeleteDeploymentRequest{Name: "dep"})
+	require.NoError(t, err)
+	must(depA.CreateDeployment(ctx, &loopsv1.CreateDeploymentRequest{Name: "dep", Checkpoints: []string{other}}))
+	_, err = sampling.Sample(ctx, &loopsv1.SampleRequest{SamplerId: held.GetId(), Prompt: []int32{1, 2, 3},
+		Params: &loopsv1.SamplingParams{MaxTokens: 2}})
+	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err), "a sampler of the old dep/c1: %v", err)
+	require.Contains(t, err.Error(), "replaced")
+	st, body = oai(t, url, keyA, "dep/c1") // the route's remembered sampler is replaced by one on the new c1
+	require.Equal(t, 200, st, "%v", body)
+	require.Equal(t, other, must(sampling.CreateSampler(ctx, &loopsv1.CreateSamplerRequest{Deployment: "dep/c1"})).GetModelPath())
+	_, err = depA.DeleteDeployment(ctx, &loopsv1.DeleteDeploymentRequest{Name: "dep"})
+	require.NoError(t, err)
+	must(depA.CreateDeployment(ctx, &loopsv1.CreateDeploymentRequest{Name: "dep", Checkpoints: []string{c2}}))
+	st, body = oai(t, url, keyA, "dep/c1")
+	require.Equal(t, 400, st, "the remembered dep/c1 sampler must not serve a checkpoint the deployment no longer has: %v", body)
+	st, got = oai(t, url, keyA, "dep")
+	require.Equal(t, 200, st, "%v", got)
+	_, want = oai(t, url, keyA, c2)
+	require.Equal(t, completionText(t, want), completionText(t, got))
+
 	// Deleted: the checkpoints are free again, and the name answers no more.
 	_, err = depA.DeleteDeployment(ctx, &loopsv1.DeleteDeploymentRequest{Name: "dep"})
 	require.NoError(t, err)

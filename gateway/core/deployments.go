@@ -172,16 +172,33 @@ func (c *Core) deploymentCheckpoint(ctx context.Context, ws, model string) (*loo
 }
 
 // checkDeploymentAccess says whether a sampler created on a deployment (canonical model
-// string ref) may still sample for ws: the deployment exists and, for another owner's,
-// still grants ws. Deleting a deployment or revoking a grant thus stops its samplers at
-// their next request.
-func (c *Core) checkDeploymentAccess(ctx context.Context, ws, ref string) error {
+// string ref, resolved then to the checkpoint modelPath) may still sample for ws: the
+// deployment exists, for another owner's still grants ws, and still serves modelPath under
+// the sampler's checkpoint name. Deleting a deployment or revoking a grant thus stops its
+// samplers at their next request, and so does replacing it (deleting it and creating one of
+// the same name again): a sampler never keeps serving the old checkpoints under a name that
+// now means others. The inference APIs create a new sampler on the NotFound.
+func (c *Core) checkDeploymentAccess(ctx context.Context, ws, ref, modelPath string) error {
 	r, err := ParseDeploymentRef(ws, ref)
 	if err != nil {
 		return err
 	}
-	_, err = c.deploymentFor(ctx, ws, r)
-	return err
+	d, err := c.deploymentFor(ctx, ws, r)
+	if err != nil {
+		return err
+	}
+	for _, dc := range d.GetCheckpoints() {
+		if dc.GetName() == r.Checkpoint && dc.GetTinkerPath() == modelPath {
+			return nil
+		}
+	}
+	return deploymentReplaced(ref, modelPath)
+}
+
+// deploymentReplaced is the answer to a sampler whose deployment (canonical model string
+// ref) no longer serves its checkpoint modelPath.
+func deploymentReplaced(ref, modelPath string) error {
+	return notFound("the deployment of this sampler was replaced since it was created: %q no longer serves %s; create a new sampler (the OpenAI and Anthropic routes do so by themselves)", ref, modelPath)
 }
 
 // deploymentUsage is the usage label of a deployment sampler's canonical model string:

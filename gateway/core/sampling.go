@@ -167,8 +167,8 @@ func (ss *samplers) get(ctx context.Context, ws, id string) (*samplerState, erro
 			return nil, notFound("sampler %q not found (it does not exist, or belongs to another API key's workspace)", id)
 		}
 		if d := s.info.GetDeployment(); d != "" {
-			// Deleting the deployment or revoking its grant stops its samplers.
-			if err := ss.c.checkDeploymentAccess(ctx, ws, d); err != nil {
+			// Deleting or replacing the deployment, or revoking its grant, stops its samplers.
+			if err := ss.c.checkDeploymentAccess(ctx, ws, d, s.info.GetModelPath()); err != nil {
 				return nil, err
 			}
 		}
@@ -183,6 +183,9 @@ func (ss *samplers) get(ctx context.Context, ws, id string) (*samplerState, erro
 		ck, owner, _, err := ss.c.deploymentCheckpoint(ctx, ws, d)
 		if err != nil {
 			return nil, err
+		}
+		if ck.GetTinkerPath() != info.GetModelPath() {
+			return nil, deploymentReplaced(d, info.GetModelPath()) // while the gateway was down
 		}
 		if ref, err = ss.c.checkpointFolder(ctx, owner, ck); err != nil {
 			return nil, err
