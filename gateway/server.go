@@ -29,7 +29,6 @@ import (
 	"github.com/loops-dev/loops/gateway/store/sqlite"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
-	"github.com/loops-dev/loops/gen/openapi"
 	"github.com/loops-dev/loops/internal/bounded"
 	"github.com/loops-dev/loops/internal/errs"
 	"github.com/prometheus/client_golang/prometheus"
@@ -369,7 +368,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 
 	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(openapi.LoopsV1)
+		_, _ = w.Write(openAPIDocument())
 	})
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
