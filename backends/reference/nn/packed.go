@@ -61,7 +61,7 @@ type decodePacks struct {
 // maxPackedModelBytes.
 func (m *Model[T]) decodePacked() *decodePacks {
 	p := m.packs
-	if p == nil || packedKernel == nil {
+	if p == nil || !hasPackedDecode {
 		return nil
 	}
 	p.once.Do(func() { packModel(p, m) })
@@ -120,7 +120,6 @@ func sgemmNTPacked(C, A []float32, p *packedNT, M int, acc bool) {
 	if M == 0 {
 		return
 	}
-	kn := packedKernel
 	N, K, ns := p.n, p.k, p.ns
 	_ = A[M*K-1]
 	_ = C[M*N-1]
@@ -137,10 +136,10 @@ func sgemmNTPacked(C, A []float32, p *packedNT, M int, acc bool) {
 				nj := min(16, N-j0)
 				for i0 := 0; i0 < full; i0 += 6 {
 					if nj == 16 {
-						kn.fnA(kc, &A[i0*K+pc], K, bp, &C[i0*N+j0], N, accum)
+						packedPanel(kc, &A[i0*K+pc], K, bp, &C[i0*N+j0], N, accum)
 						continue
 					}
-					kn.fnA(kc, &A[i0*K+pc], K, bp, &tmp[0], 16, false)
+					packedPanel(kc, &A[i0*K+pc], K, bp, &tmp[0], 16, false)
 					addTile(C[i0*N+j0:], N, tmp[:], 6, nj, accum)
 				}
 			}
@@ -149,14 +148,14 @@ func sgemmNTPacked(C, A []float32, p *packedNT, M int, acc bool) {
 			case r == 0:
 			case r <= 2 && s1-s0 == 4 && 16*s1 <= N:
 				for i := full; i < M; i++ {
-					gemvStrips4(kc, &A[i*K+pc], &blk[s0*16*kc], 16*kc, &C[i*N+16*s0], accum)
+					packedRow(kc, &A[i*K+pc], &blk[s0*16*kc], 16*kc, &C[i*N+16*s0], accum)
 				}
 			default:
 				var pa [6 * gemmKC]float32
 				packA(pa[:], A, K, 1, full, r, pc, kc, 6)
 				for s := s0; s < s1; s++ {
 					j0 := 16 * s
-					kn.fn(kc, &pa[0], &blk[s*16*kc], &tmp[0], 16, false)
+					packedPaddedPanel(kc, &pa[0], &blk[s*16*kc], &tmp[0], 16, false)
 					addTile(C[full*N+j0:], N, tmp[:], r, min(16, N-j0), accum)
 				}
 			}

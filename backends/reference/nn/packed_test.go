@@ -14,7 +14,7 @@ import (
 // partial strips and groups, one or several kc blocks, with and without adding to C, on
 // one and several threads; and against the float64 product.
 func TestPackedProductIsRowStable(t *testing.T) {
-	if packedKernel == nil {
+	if !hasPackedDecode {
 		t.Skip("no packed decode kernel on this CPU")
 	}
 	defer SetThreads(Threads())
@@ -32,7 +32,7 @@ func TestPackedProductIsRowStable(t *testing.T) {
 		p := packNT(W, N, K)
 		A := fill(32 * K)
 		want := make([]float32, 32*N)
-		sgemm(packedKernel, 32, N, K, A, K, 1, W, 1, K, want, N, false)
+		sgemm(activeKernel, 32, N, K, A, K, 1, W, 1, K, want, N, false)
 		for i := range 32 {
 			for j := range N {
 				var f64 float64
@@ -53,7 +53,7 @@ func TestPackedProductIsRowStable(t *testing.T) {
 					sum := append([]float32(nil), c0[:M*N]...)
 					sgemmNTPacked(sum, A[off*K:(off+M)*K], p, M, true)
 					wantSum := append([]float32(nil), c0[:M*N]...)
-					sgemm(packedKernel, M, N, K, A[off*K:], K, 1, W, 1, K, wantSum, N, true)
+					sgemm(activeKernel, M, N, K, A[off*K:], K, 1, W, 1, K, wantSum, N, true)
 					require.Equal(t, wantSum, sum, "N=%d K=%d M=%d off=%d threads=%d with acc", N, K, M, off, threads)
 				}
 			}
@@ -65,7 +65,7 @@ func TestPackedProductIsRowStable(t *testing.T) {
 // weights (when the CPU has the kernel), that a merged copy does not use its original's
 // packs, and that a model above maxPackedModelBytes is not packed.
 func TestDecodeUsesPackedWeights(t *testing.T) {
-	if packedKernel == nil {
+	if !hasPackedDecode {
 		t.Skip("no packed decode kernel on this CPU")
 	}
 	m, err := NewRandom[float32](benchDecodeConfig, RandomOptions{Seed: 7, QKNorm: true})
