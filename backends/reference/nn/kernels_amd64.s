@@ -636,6 +636,12 @@ TEXT ·sdotRowsAVX2(SB), NOSPLIT, $0-48
 	TESTQ R9, R9
 	JZ sdrdone
 sdrrow:
+	// the first four lines of the row four ahead: in batched decoding the key rows come
+	// from caches that have left L2, and a row is too short for the hardware prefetcher
+	PREFETCHT0 (BX)(R8*4)
+	PREFETCHT0 64(BX)(R8*4)
+	PREFETCHT0 128(BX)(R8*4)
+	PREFETCHT0 192(BX)(R8*4)
 	MOVQ a+8(FP), AX
 	MOVQ BX, SI
 	MOVQ DX, CX

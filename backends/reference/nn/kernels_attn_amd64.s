@@ -30,6 +30,7 @@ wsblock:
 wsloop:
 	TESTQ R10, R10
 	JZ wsstore
+	PREFETCHT0 (R12)(R8*8) // this block's line of the value row eight ahead (see sdotRowsAVX2)
 	VBROADCASTSD (R11), Y4
 	VCVTPS2PD 0(R12), Y5
 	VCVTPS2PD 16(R12), Y6
