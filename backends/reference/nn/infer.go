@@ -326,7 +326,7 @@ func sgemmNTRows(kn *sgemmKernel, C, A, B []float32, M, N, K int, acc bool) {
 				case k8 == 0:
 				case !hasRowDot:
 					var lanes [64]float32
-					kn.dot(k8, &a0[0], &a1[0], &B[j*K], ldb, &lanes)
+					kernelDot(kn, k8, &a0[0], &a1[0], &B[j*K], ldb, &lanes)
 					for o := range 8 {
 						l := lanes[8*o : 8*o+8]
 						out[o] = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))

@@ -85,3 +85,31 @@ func dotRows[T Float](out, a, b []T, ldb int) {
 		}
 	}
 }
+
+// kernelTile, kernelTileA and kernelDot call kn's fn, fnA and dot directly, not through
+// their function values, so that the tiles and lane buffers their callers pass stay on the
+// callers' stacks (a buffer passed to a function value escapes to the heap).
+func kernelTile(kn *sgemmKernel, kc int, a, b, c *float32, ldc int, accum bool) {
+	switch kn {
+	case kernelAVX512:
+		sgemmKernel12x32(kc, a, b, c, ldc, accum)
+	case kernelAVX2:
+		sgemmKernel6x16(kc, a, b, c, ldc, accum)
+	default:
+		panic("nn: no micro-kernel " + kn.name)
+	}
+}
+
+func kernelTileA(kn *sgemmKernel, kc int, a *float32, lda int, b, c *float32, ldc int, accum bool) {
+	if kn != kernelAVX2 {
+		panic("nn: no in-place micro-kernel " + kn.name)
+	}
+	sgemmKernel6x16u(kc, a, lda, b, c, ldc, accum)
+}
+
+func kernelDot(kn *sgemmKernel, k8 int, a0, a1, b *float32, ldb int, out *[64]float32) {
+	if kn.dot == nil {
+		panic("nn: no dot kernel " + kn.name)
+	}
+	sdot2x4(k8, a0, a1, b, ldb, out)
+}

@@ -68,3 +68,17 @@ func packedPaddedPanel(kc int, a, b, c *float32, ldc int, accum bool) {
 func packedRow(kc int, a *float32, b *float32, bs int, c *float32, accum bool) {
 	panic("nn: no packed decode kernels")
 }
+
+// Without assembly kernels the float32 products take the generic path, never these.
+
+func kernelTile(kn *sgemmKernel, kc int, a, b, c *float32, ldc int, accum bool) {
+	panic("nn: no micro-kernels")
+}
+
+func kernelTileA(kn *sgemmKernel, kc int, a *float32, lda int, b, c *float32, ldc int, accum bool) {
+	panic("nn: no micro-kernels")
+}
+
+func kernelDot(kn *sgemmKernel, k8 int, a0, a1, b *float32, ldb int, out *[64]float32) {
+	panic("nn: no micro-kernels")
+}

@@ -129,17 +129,17 @@ func sgemm(kn *sgemmKernel, M, N, K int, A []float32, ars, acs int, B []float32,
 						if inPlaceA && ni == mr {
 							a := &A[i0*ars+pc]
 							if nj == nr {
-								kn.fnA(kc, a, ars, bp, &C[i0*ldc+j0], ldc, accum)
+								kernelTileA(kn, kc, a, ars, bp, &C[i0*ldc+j0], ldc, accum)
 								continue
 							}
-							kn.fnA(kc, a, ars, bp, &tmp[0], nr, false)
+							kernelTileA(kn, kc, a, ars, bp, &tmp[0], nr, false)
 						} else {
 							ap := &bufA[i0*kc]
 							if ni == mr && nj == nr {
-								kn.fn(kc, ap, bp, &C[i0*ldc+j0], ldc, accum)
+								kernelTile(kn, kc, ap, bp, &C[i0*ldc+j0], ldc, accum)
 								continue
 							}
-							kn.fn(kc, ap, bp, &tmp[0], nr, false)
+							kernelTile(kn, kc, ap, bp, &tmp[0], nr, false)
 						}
 						for ii := 0; ii < ni; ii++ {
 							c := C[(i0+ii)*ldc+j0 : (i0+ii)*ldc+j0+nj]
@@ -274,7 +274,7 @@ func sgemmNTSmall(kn *sgemmKernel, C, A, B []float32, M, N, K int, acc bool) {
 					w, ldb = 1, 0 // one row of B at a time (repeated in all four slots)
 				}
 				if k8 > 0 {
-					kn.dot(k8, &a0[0], &a1[0], &B[j*K], ldb, &out)
+					kernelDot(kn, k8, &a0[0], &a1[0], &B[j*K], ldb, &out)
 				}
 				for r := 0; r < 2 && i+r < M; r++ {
 					a := a0
