@@ -2,6 +2,7 @@ package nn
 
 import (
 	"math"
+	"sync"
 )
 
 // Seq is one training sequence: the model input, the adapter its rows use (nil for the
@@ -66,6 +67,33 @@ func layerPick[T Float](l int, t Target) pickFn[T] {
 
 func headPick[T Float](a *Adapter[T]) *Pair[T] { return a.Head }
 
+// fbArena hands ForwardBackward its work arrays in the order it asks for them and keeps
+// them for the next call (through fbArenas): a training step of a shape seen before
+// allocates none of them. Every array is cleared when handed out, as make's are.
+type fbArena[T Float] struct {
+	bufs [][]T
+	next int
+}
+
+func (a *fbArena[T]) get(n int) []T {
+	if a.next == len(a.bufs) {
+		a.bufs = append(a.bufs, nil)
+	}
+	b := a.bufs[a.next]
+	if cap(b) < n {
+		b = make([]T, n)
+		a.bufs[a.next] = b
+	} else {
+		b = b[:n]
+		clear(b)
+	}
+	a.next++
+	return b
+}
+
+// fbArenas holds *fbArena[T] between training steps.
+var fbArenas sync.Pool
+
 // ForwardBackward runs the sequences through the model, computes each target's log-prob
 // and loss, and, when backward is set, accumulates the gradient of the summed loss into
 // each sequence's adapter. Sequences of different adapters share every matrix product.
@@ -76,7 +104,21 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 	M, D := b.total, c.Hidden
 	QD, KVD, F := m.QDim(), m.KVDim(), c.Inter
 	eps := c.Eps
-	x := make([]T, M*D)
+	// A training step takes its work arrays from an arena kept for the next step, the
+	// backward pass's per-layer ones reused layer after layer; a forward-only pass lets
+	// each layer's go (acts[l] = nil), so it allocates them.
+	get := func(n int) []T { return make([]T, n) }
+	var ar *fbArena[T]
+	if backward {
+		ar, _ = fbArenas.Get().(*fbArena[T])
+		if ar == nil {
+			ar = &fbArena[T]{}
+		}
+		ar.next = 0
+		defer fbArenas.Put(ar)
+		get = ar.get
+	}
+	x := get(M * D)
 	for i, s := range seqs {
 		for p, t := range s.Tokens {
 			copy(x[(b.off[i]+p)*D:(b.off[i]+p+1)*D], m.Embed[t*D:(t+1)*D])
@@ -88,38 +130,38 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 		L := &m.Layers[l]
 		a := &layerAct[T]{xIn: x}
 		acts[l] = a
-		a.h1, a.inv1 = make([]T, M*D), make([]T, M)
+		a.h1, a.inv1 = get(M*D), get(M)
 		rmsnorm(x, L.AttnNorm, a.h1, a.inv1, M, D, eps)
-		a.q, a.k, a.v = make([]T, M*QD), make([]T, M*KVD), make([]T, M*KVD)
+		a.q, a.k, a.v = get(M*QD), get(M*KVD), get(M*KVD)
 		a.xs[TQ] = linFwd(a.h1, M, &L.Lin[TQ], b.segs, layerPick[T](l, TQ), a.q)
 		a.xs[TK] = linFwd(a.h1, M, &L.Lin[TK], b.segs, layerPick[T](l, TK), a.k)
 		a.xs[TV] = linFwd(a.h1, M, &L.Lin[TV], b.segs, layerPick[T](l, TV), a.v)
 		if L.QNorm != nil {
 			a.qRaw, a.kRaw = a.q, a.k
-			a.q, a.k = make([]T, M*QD), make([]T, M*KVD)
-			a.qInv, a.kInv = make([]T, M*c.Heads), make([]T, M*c.KVHeads)
+			a.q, a.k = get(M*QD), get(M*KVD)
+			a.qInv, a.kInv = get(M*c.Heads), get(M*c.KVHeads)
 			rmsnorm(a.qRaw, L.QNorm, a.q, a.qInv, M*c.Heads, c.HeadDim, eps)
 			rmsnorm(a.kRaw, L.KNorm, a.k, a.kInv, M*c.KVHeads, c.HeadDim, eps)
 		}
 		rope(a.q, M, c.Heads, c.HeadDim, posOf, m.cos, m.sin, false)
 		rope(a.k, M, c.KVHeads, c.HeadDim, posOf, m.cos, m.sin, false)
-		a.att, a.lse = make([]T, M*QD), make([]T, M*c.Heads)
+		a.att, a.lse = get(M*QD), get(M*c.Heads)
 		m.attnFwd(b, a)
-		o := make([]T, M*D)
+		o := get(M * D)
 		a.xs[TO] = linFwd(a.att, M, &L.Lin[TO], b.segs, layerPick[T](l, TO), o)
-		a.xMid = make([]T, M*D)
+		a.xMid = get(M * D)
 		for i := range o {
 			a.xMid[i] = x[i] + o[i]
 		}
-		a.h2, a.inv2 = make([]T, M*D), make([]T, M)
+		a.h2, a.inv2 = get(M*D), get(M)
 		rmsnorm(a.xMid, L.MLPNorm, a.h2, a.inv2, M, D, eps)
-		a.g, a.u, a.act = make([]T, M*F), make([]T, M*F), make([]T, M*F)
+		a.g, a.u, a.act = get(M*F), get(M*F), get(M*F)
 		a.xs[TGate] = linFwd(a.h2, M, &L.Lin[TGate], b.segs, layerPick[T](l, TGate), a.g)
 		a.xs[TUp] = linFwd(a.h2, M, &L.Lin[TUp], b.segs, layerPick[T](l, TUp), a.u)
 		swiglu(a.g, a.u, a.act)
-		dn := make([]T, M*D)
+		dn := get(M * D)
 		a.xs[TDown] = linFwd(a.act, M, &L.Lin[TDown], b.segs, layerPick[T](l, TDown), dn)
-		x = make([]T, M*D)
+		x = get(M * D)
 		for i := range dn {
 			x[i] = a.xMid[i] + dn[i]
 		}
@@ -127,44 +169,46 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 			acts[l] = nil // keep nothing
 		}
 	}
-	hf, invF := make([]T, M*D), make([]T, M)
+	hf, invF := get(M*D), get(M)
 	rmsnorm(x, m.Norm, hf, invF, M, D, eps)
 	var dhf []T
 	if backward {
-		dhf = make([]T, M*D)
+		dhf = get(M * D)
 	}
 	outs := m.head(b, hf, loss, dhf)
 	if !backward {
 		return outs
 	}
-	dx := make([]T, M*D)
+	dx := get(M * D)
 	rmsnormBwd(dhf, x, m.Norm, invF, dx, M, D)
+	bwdBase := ar.next
 	for l := len(m.Layers) - 1; l >= 0; l-- {
+		ar.next = bwdBase // the previous layer's arrays are done with
 		L := &m.Layers[l]
 		a := acts[l]
 		// MLP: x = xMid + down(act)
-		dact := make([]T, M*F)
+		dact := get(M * F)
 		linBwd(dx, a.act, M, &L.Lin[TDown], b.segs, layerPick[T](l, TDown), a.xs[TDown], dact, false)
-		dg, du := make([]T, M*F), make([]T, M*F)
+		dg, du := get(M*F), get(M*F)
 		swigluBwd(a.g, a.u, dact, dg, du)
-		dh2 := make([]T, M*D)
+		dh2 := get(M * D)
 		linBwd(dg, a.h2, M, &L.Lin[TGate], b.segs, layerPick[T](l, TGate), a.xs[TGate], dh2, false)
 		linBwd(du, a.h2, M, &L.Lin[TUp], b.segs, layerPick[T](l, TUp), a.xs[TUp], dh2, true)
 		rmsnormBwd(dh2, a.xMid, L.MLPNorm, a.inv2, dx, M, D) // dx is now d(xMid)
 		// attention: xMid = xIn + o(att)
-		datt := make([]T, M*QD)
+		datt := get(M * QD)
 		linBwd(dx, a.att, M, &L.Lin[TO], b.segs, layerPick[T](l, TO), a.xs[TO], datt, false)
-		dq, dk, dv := make([]T, M*QD), make([]T, M*KVD), make([]T, M*KVD)
+		dq, dk, dv := get(M*QD), get(M*KVD), get(M*KVD)
 		m.attnBwd(b, a, datt, dq, dk, dv)
 		rope(dq, M, c.Heads, c.HeadDim, posOf, m.cos, m.sin, true)
 		rope(dk, M, c.KVHeads, c.HeadDim, posOf, m.cos, m.sin, true)
 		if L.QNorm != nil {
-			dqr, dkr := make([]T, M*QD), make([]T, M*KVD)
+			dqr, dkr := get(M*QD), get(M*KVD)
 			rmsnormBwd(dq, a.qRaw, L.QNorm, a.qInv, dqr, M*c.Heads, c.HeadDim)
 			rmsnormBwd(dk, a.kRaw, L.KNorm, a.kInv, dkr, M*c.KVHeads, c.HeadDim)
 			dq, dk = dqr, dkr
 		}
-		dh1 := make([]T, M*D)
+		dh1 := get(M * D)
 		needDX := l > 0
 		linBwd(dq, a.h1, M, &L.Lin[TQ], b.segs, layerPick[T](l, TQ), a.xs[TQ], dh1, false)
 		linBwd(dk, a.h1, M, &L.Lin[TK], b.segs, layerPick[T](l, TK), a.xs[TK], dh1, true)
