@@ -5,6 +5,7 @@
 // in sgemmNTSmall.
 
 #include "textflag.h"
+#include "kernels_amd64.h"
 
 // func sdot2x4r(k8 int, a0, a1, b *float32, ldb int, out *[8]float32)
 // out[r*4+j] = Σ_{k<8*k8} a_r[k]·b[j*ldb+k] for rows r∈{0,1}, j∈0..3.
@@ -17,14 +18,7 @@ TEXT ·sdot2x4r(SB), NOSPLIT, $0-48
 	SHLQ $2, R8
 	MOVQ out+40(FP), DI
 	LEAQ (BX)(R8*2), R9
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
+	ZERO_Y0_Y7
 	XORQ SI, SI
 	TESTQ CX, CX
 	JZ r24store
@@ -122,14 +116,7 @@ TEXT ·sdot4x4r(SB), NOSPLIT, $0-56
 r44group:
 	MOVQ k8+0(FP), CX
 	LEAQ (BX)(R8*2), R9       // column 2 of B
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
+	ZERO_Y0_Y7
 	VXORPS Y8, Y8, Y8
 	VXORPS Y9, Y9, Y9
 	VXORPS Y10, Y10, Y10
@@ -227,14 +214,7 @@ TEXT ·sdot3x4r(SB), NOSPLIT, $0-56
 r34group:
 	MOVQ k8+0(FP), CX
 	LEAQ (BX)(R8*2), R9       // column 2 of B
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
+	ZERO_Y0_Y7
 	VXORPS Y8, Y8, Y8
 	VXORPS Y9, Y9, Y9
 	VXORPS Y10, Y10, Y10
@@ -315,14 +295,7 @@ TEXT ·sdot3x4c(SB), NOSPLIT, $0-65
 c34group:
 	MOVQ k8+0(FP), CX
 	LEAQ (BX)(R8*2), R9       // column 2 of B
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
+	ZERO_Y0_Y7
 	VXORPS Y8, Y8, Y8
 	VXORPS Y9, Y9, Y9
 	VXORPS Y10, Y10, Y10
@@ -401,14 +374,7 @@ TEXT ·sgemv16x4(SB), NOSPLIT, $0-41
 	SHLQ $2, R10
 	LEAQ (BX)(R10*2), R11
 	MOVQ c+32(FP), DI
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
+	ZERO_Y0_Y7
 	TESTQ CX, CX
 	JZ gv4store
 gv4loop:
@@ -439,13 +405,6 @@ gv4store:
 	VADDPS 192(DI), Y6, Y6
 	VADDPS 224(DI), Y7, Y7
 gv4noacc:
-	VMOVUPS Y0, (DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
-	VMOVUPS Y4, 128(DI)
-	VMOVUPS Y5, 160(DI)
-	VMOVUPS Y6, 192(DI)
-	VMOVUPS Y7, 224(DI)
+	STORE_Y0_Y7
 	VZEROUPPER
 	RET
