@@ -109,13 +109,7 @@ func TestSwigluBwdF32Bits(t *testing.T) {
 // Go loop, for head sizes with and without a lane tail.
 func TestAttnGradBits(t *testing.T) {
 	r := rand.New(rand.NewPCG(11, 12))
-	f32 := func(n int) []float32 {
-		x := make([]float32, n)
-		for i := range x {
-			x[i] = float32(r.NormFloat64())
-		}
-		return x
-	}
+	f32 := func(n int) []float32 { return normalF32(r, n) }
 	f64 := func(n int) []float64 {
 		x := make([]float64, n)
 		for i := range x {

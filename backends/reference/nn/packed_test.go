@@ -19,13 +19,7 @@ func TestPackedProductIsRowStable(t *testing.T) {
 	}
 	defer SetThreads(Threads())
 	r := rand.New(rand.NewPCG(5, 6))
-	fill := func(n int) []float32 {
-		x := make([]float32, n)
-		for i := range x {
-			x[i] = float32(r.NormFloat64())
-		}
-		return x
-	}
+	fill := func(n int) []float32 { return normalF32(r, n) }
 	for _, sh := range [][2]int{{256, 256}, {64, 768}, {37, 19}, {130, 300}, {16, 8}, {80, 1}, {3, 5}} {
 		N, K := sh[0], sh[1]
 		W := fill(N * K)

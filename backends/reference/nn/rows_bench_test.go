@@ -9,6 +9,15 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// normalF32 returns n float32 draws of the standard normal distribution from r.
+func normalF32(r *rand.Rand, n int) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(r.NormFloat64())
+	}
+	return x
+}
+
 // BenchmarkDecodeProducts times the matrix products of one decoding step of a
 // loops/tiny-shaped layer stack (4 layers and the head) for M rows: the row-stable
 // products of batched decoding on weights as they are (rows) and prepacked (prepacked, the
@@ -17,13 +26,7 @@ import (
 func BenchmarkDecodeProducts(b *testing.B) {
 	shapes := [][2]int{{256, 256}, {128, 256}, {128, 256}, {256, 256}, {768, 256}, {768, 256}, {256, 768}}
 	r := rand.New(rand.NewPCG(1, 2))
-	fill := func(n int) []float32 {
-		x := make([]float32, n)
-		for i := range x {
-			x[i] = float32(r.NormFloat64())
-		}
-		return x
-	}
+	fill := func(n int) []float32 { return normalF32(r, n) }
 	var ws [][]float32
 	for _, s := range shapes {
 		ws = append(ws, fill(s[0]*s[1]))
