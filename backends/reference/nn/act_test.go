@@ -117,7 +117,7 @@ func TestAttnGradBits(t *testing.T) {
 		}
 		return x
 	}
-	for _, hd := range []int{64, 8, 6, 3} {
+	for _, hd := range []int{128, 96, 64, 32, 8, 6, 3} { // multiples of 32 take attnGradF32x32
 		const n, ldk = 37, 150
 		q, do, k := f32(hd), f32(hd), f32(n*ldk)
 		ds, p := f64(n), f64(n)

@@ -32,6 +32,12 @@ func weightedSum[T Float](acc []float64, p []float64, v []T, ldv int) {
 // attnGradF32 is attnBwd's inner loop over n rows of keys and lanes d < 4·hd4
 // (kernels_attn_amd64.s), with the bits of the Go loop.
 //
+// attnGradF32x32 is attnGradF32 for head sizes that are a multiple of 32, with the bits of
+// attnGradF32: dqa stays in registers across the rows, dk and dv take eight lanes a store.
+//
+//go:noescape
+func attnGradF32x32(n, hd32 int, ds, p *float64, q, dout, k *float32, ldk int, dqa *float64, dk, dv *float32)
+
 //go:noescape
 func attnGradF32(n, hd4 int, ds, p *float64, q, dout, k *float32, ldk int, dqa *float64, dk, dv *float32)
 
@@ -45,7 +51,11 @@ func attnGrad[T Float](dqa, ds, p []float64, q, dout, k []T, ldk int, dk, dv []T
 		last := (n-1)*ldk + 4*hd4 - 1
 		kf, dkf, dvf, df := any(k).([]float32), any(dk).([]float32), any(dv).([]float32), any(dout).([]float32)
 		_, _, _, _, _, _ = kf[last], dkf[last], dvf[last], qf[4*hd4-1], df[4*hd4-1], ds[n-1]
-		attnGradF32(n, hd4, &ds[0], &p[0], &qf[0], &df[0], &kf[0], ldk, &dqa[0], &dkf[0], &dvf[0])
+		if hd%32 == 0 {
+			attnGradF32x32(n, hd/32, &ds[0], &p[0], &qf[0], &df[0], &kf[0], ldk, &dqa[0], &dkf[0], &dvf[0])
+		} else {
+			attnGradF32(n, hd4, &ds[0], &p[0], &qf[0], &df[0], &kf[0], ldk, &dqa[0], &dkf[0], &dvf[0])
+		}
 		d0 = 4 * hd4
 	}
 	attnGradFrom(dqa, ds, p, q, dout, k, ldk, dk, dv, d0)

@@ -117,3 +117,97 @@ aglane:
 agdone:
 	VZEROUPPER
 	RET
+
+// AGGROUP is one group of eight lanes (byte offset o of float32, o16 = o+16) of
+// attnGradF32x32's row j: dqa (in A, B) += ds·k; dk += float32(ds·q); dv += float32(p·dout),
+// each a multiply then an add, as in attnGradF32.
+#define AGGROUP(o, o16, A, B) \
+	VCVTPS2PD o(AX)(R10*1), Y2; \
+	VCVTPS2PD o16(AX)(R10*1), Y3; \
+	VMULPD Y2, Y0, Y2; \
+	VMULPD Y3, Y0, Y3; \
+	VADDPD Y2, A, A; \
+	VADDPD Y3, B, B; \
+	VCVTPS2PD o(SI), Y4; \
+	VCVTPS2PD o16(SI), Y5; \
+	VMULPD Y4, Y0, Y4; \
+	VMULPD Y5, Y0, Y5; \
+	VCVTPD2PSY Y4, X4; \
+	VCVTPD2PSY Y5, X5; \
+	VINSERTF128 $1, X5, Y4, Y4; \
+	VADDPS o(BX)(R10*1), Y4, Y4; \
+	VMOVUPS Y4, o(BX)(R10*1); \
+	VCVTPS2PD o(DI), Y6; \
+	VCVTPS2PD o16(DI), Y7; \
+	VMULPD Y6, Y1, Y6; \
+	VMULPD Y7, Y1, Y7; \
+	VCVTPD2PSY Y6, X6; \
+	VCVTPD2PSY Y7, X7; \
+	VINSERTF128 $1, X7, Y6, Y6; \
+	VADDPS o(R11)(R10*1), Y6, Y6; \
+	VMOVUPS Y6, o(R11)(R10*1)
+
+// func attnGradF32x32(n, hd32 int, ds, p *float64, q, dout, k *float32, ldk int, dqa *float64, dk, dv *float32)
+// attnGradF32 for lanes d < 32·hd32, 32 lanes at a time: for each block of 32 lanes, rows j
+// < n in order, with that block of dqa held in Y8–Y15 instead of loaded and stored per row,
+// and dk, dv updated eight lanes per store. Each element gets the same operations in the same
+// order as in attnGradF32, so the same bits.
+TEXT ·attnGradF32x32(SB), NOSPLIT, $0-88
+	MOVQ hd32+8(FP), R9
+	MOVQ ds+16(FP), R12
+	MOVQ p+24(FP), R13
+	MOVQ q+32(FP), SI
+	MOVQ dout+40(FP), DI
+	MOVQ k+48(FP), AX
+	MOVQ ldk+56(FP), R8
+	SHLQ $2, R8
+	MOVQ dqa+64(FP), R14
+	MOVQ dk+72(FP), BX
+	MOVQ dv+80(FP), R11
+agxblock:
+	TESTQ R9, R9
+	JZ agxdone
+	VMOVUPD 0(R14), Y8
+	VMOVUPD 32(R14), Y9
+	VMOVUPD 64(R14), Y10
+	VMOVUPD 96(R14), Y11
+	VMOVUPD 128(R14), Y12
+	VMOVUPD 160(R14), Y13
+	VMOVUPD 192(R14), Y14
+	VMOVUPD 224(R14), Y15
+	MOVQ n+0(FP), CX
+	XORQ R10, R10                      // row j's byte offset in k, dk, dv
+	XORQ DX, DX                        // j·8
+	TESTQ CX, CX
+	JZ agxstore
+agxrow:
+	VBROADCASTSD (R12)(DX*1), Y0       // ds[j]
+	VBROADCASTSD (R13)(DX*1), Y1       // p[j]
+	AGGROUP(0, 16, Y8, Y9)
+	AGGROUP(32, 48, Y10, Y11)
+	AGGROUP(64, 80, Y12, Y13)
+	AGGROUP(96, 112, Y14, Y15)
+	ADDQ R8, R10
+	ADDQ $8, DX
+	DECQ CX
+	JNZ agxrow
+agxstore:
+	VMOVUPD Y8, 0(R14)
+	VMOVUPD Y9, 32(R14)
+	VMOVUPD Y10, 64(R14)
+	VMOVUPD Y11, 96(R14)
+	VMOVUPD Y12, 128(R14)
+	VMOVUPD Y13, 160(R14)
+	VMOVUPD Y14, 192(R14)
+	VMOVUPD Y15, 224(R14)
+	ADDQ $256, R14
+	ADDQ $128, SI
+	ADDQ $128, DI
+	ADDQ $128, AX
+	ADDQ $128, BX
+	ADDQ $128, R11
+	DECQ R9
+	JMP agxblock
+agxdone:
+	VZEROUPPER
+	RET
