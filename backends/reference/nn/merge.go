@@ -7,7 +7,7 @@ package nn
 // m's. m is not changed.
 func Merged[T Float](m *Model[T], a *Adapter[T]) *Model[T] {
 	out := *m
-	out.packs = new(decodePacks) // its weights differ from m's
+	out.packs = new(weightPacks) // its weights differ from m's
 	out.Layers = make([]Layer[T], len(m.Layers))
 	copy(out.Layers, m.Layers)
 	for i := range out.Layers {

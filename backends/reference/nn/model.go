@@ -160,7 +160,7 @@ type Model[T Float] struct {
 	sin    []T
 	// packs holds the weights packed for decoding (packed.go), built at the first
 	// decoding step: the weights must not change after construction.
-	packs *decodePacks
+	packs *weightPacks
 }
 
 // QDim is the width of the query projection.
@@ -338,7 +338,7 @@ func Load[T Float](dir string) (*Model[T], error) {
 		}
 	}
 	m.InitRope()
-	m.packs = new(decodePacks)
+	m.packs = new(weightPacks)
 	return m, nil
 }
 
@@ -440,7 +440,7 @@ func NewRandom[T Float](cfg Config, o RandomOptions) (*Model[T], error) {
 		}
 	}
 	m.InitRope()
-	m.packs = new(decodePacks)
+	m.packs = new(weightPacks)
 	return m, nil
 }
 
@@ -471,7 +471,7 @@ func Convert[U, T Float](m *Model[T]) *Model[U] {
 		}
 	}
 	out.InitRope()
-	out.packs = new(decodePacks)
+	out.packs = new(weightPacks)
 	return out
 }
 

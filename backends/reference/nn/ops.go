@@ -15,9 +15,9 @@ type pickFn[T Float] func(a *Adapter[T]) *Pair[T]
 
 // linFwd computes Y[M,Out] = X·Wᵀ + b, plus scale·(X·Aᵀ)·Bᵀ on the rows of each segment
 // whose adapter has a pair for this layer. It returns scale·X·Aᵀ per segment (nil where no
-// pair applies) for the backward pass.
-func linFwd[T Float](X []T, M int, li *Linear[T], segs []seg[T], pick pickFn[T], Y []T) [][]T {
-	MatMulT(Y, X, li.W, M, li.Out, li.In, false)
+// pair applies) for the backward pass. pk, when not nil, is W packed (packNT).
+func linFwd[T Float](X []T, M int, li *Linear[T], pk *packedNT, segs []seg[T], pick pickFn[T], Y []T) [][]T {
+	matMulTWith(pk, Y, X, li.W, M, li.Out, li.In, false)
 	if li.B != nil {
 		for i := 0; i < M; i++ {
 			y := Y[i*li.Out : (i+1)*li.Out]
@@ -52,10 +52,11 @@ func linFwd[T Float](X []T, M int, li *Linear[T], segs []seg[T], pick pickFn[T],
 }
 
 // linBwd computes dX (+)= dY·W (+ LoRA terms) and accumulates LoRA gradients.
-// dX may be nil when the input gradient is not needed.
-func linBwd[T Float](dY, X []T, M int, li *Linear[T], segs []seg[T], pick pickFn[T], xs [][]T, dX []T, acc bool) {
+// dX may be nil when the input gradient is not needed. pk, when not nil, is W packed for
+// input gradients (packNN).
+func linBwd[T Float](dY, X []T, M int, li *Linear[T], pk *packedNT, segs []seg[T], pick pickFn[T], xs [][]T, dX []T, acc bool) {
 	if dX != nil {
-		MatMul(dX, dY, li.W, M, li.In, li.Out, acc)
+		matMulWith(pk, dX, dY, li.W, M, li.In, li.Out, acc)
 	}
 	if xs == nil {
 		return

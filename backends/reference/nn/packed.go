@@ -22,20 +22,29 @@ const maxPackedModelBytes = 256 << 20
 // block of columns of W starting at pc (kc = min(gemmKC, K-pc) of them), ns strips of 16
 // rows of W, strip s holding W[16s+j][pc+k] at data[pc·ns·16 + s·16·kc + 16k + j], zeros
 // past N.
+//
+// The same layout packs W for products A·W (packNN: W[K,N], the input gradients dY·W of a
+// Linear, N its in and K its out features); sgemmNTPacked takes either.
 type packedNT struct {
 	w        *float32 // &W[0] of the weight packed
 	n, k, ns int
+	nn       bool // packed for A·W rather than A·Wᵀ
 	data     []float32
 }
 
-func packNT(W []float32, n, k int) *packedNT {
+func packNT(W []float32, n, k int) *packedNT { return packOp(W, n, k, 1, k, false) }
+
+func packNN(W []float32, n, k int) *packedNT { return packOp(W, n, k, n, 1, true) }
+
+// packOp packs op(W)[k,j] = W[k·brs + j·bcs] for k < K, j < N.
+func packOp(W []float32, n, k, brs, bcs int, nn bool) *packedNT {
 	ns := (n + 15) / 16
-	p := &packedNT{w: &W[0], n: n, k: k, ns: ns, data: make([]float32, ns*16*k)}
+	p := &packedNT{w: &W[0], n: n, k: k, ns: ns, nn: nn, data: make([]float32, ns*16*k)}
 	for pc := 0; pc < k; pc += gemmKC {
 		kc := min(gemmKC, k-pc)
 		blk := p.data[pc*ns*16:]
 		for s := range ns {
-			packB(blk[s*16*kc:(s+1)*16*kc], W, 1, k, 16*s, min(16, n-16*s), pc, kc, 16)
+			packB(blk[s*16*kc:(s+1)*16*kc], W, brs, bcs, 16*s, min(16, n-16*s), pc, kc, 16)
 		}
 	}
 	return p
@@ -48,18 +57,19 @@ func packs[T Float](p *packedNT, W []T) bool {
 	return ok && p != nil && len(w) == p.n*p.k && len(w) > 0 && &w[0] == p.w
 }
 
-// decodePacks holds a model's packed weights (layers[l][t] for layer l's target t, head
-// for the unembedding), built at its first decoding step.
-type decodePacks struct {
-	once   sync.Once
-	layers [][NumLayerTargets]*packedNT
-	head   *packedNT
+// weightPacks holds a model's packed weights (layers[l][t] for layer l's target t, head
+// for the unembedding; the nn ones for the input gradients of training, when the model's
+// weights fit maxPackedModelBytes twice), built at its first decoding or training step.
+type weightPacks struct {
+	once             sync.Once
+	layers, layersNN [][NumLayerTargets]*packedNT
+	head, headNN     *packedNT
 }
 
-// decodePacked returns the model's packed weights, packing them on first use; nil when
+// packedWeights returns the model's packed weights, packing them on first use; nil when
 // the CPU has no packed kernel, T is not float32, or the model's linear weights exceed
 // maxPackedModelBytes.
-func (m *Model[T]) decodePacked() *decodePacks {
+func (m *Model[T]) packedWeights() *weightPacks {
 	p := m.packs
 	if p == nil || !hasPackedDecode {
 		return nil
@@ -72,7 +82,7 @@ func (m *Model[T]) decodePacked() *decodePacks {
 }
 
 // pack returns the packed form of layer l's target t, or of the head when l < 0.
-func (p *decodePacks) pack(l int, t Target) *packedNT {
+func (p *weightPacks) pack(l int, t Target) *packedNT {
 	if p == nil {
 		return nil
 	}
@@ -82,7 +92,19 @@ func (p *decodePacks) pack(l int, t Target) *packedNT {
 	return p.layers[l][t]
 }
 
-func packModel[T Float](p *decodePacks, m *Model[T]) {
+// packNN returns the packed form for input gradients of layer l's target t, or of the
+// head when l < 0; nil when there is none.
+func (p *weightPacks) packNN(l int, t Target) *packedNT {
+	if p == nil || p.layersNN == nil {
+		return nil
+	}
+	if l < 0 {
+		return p.headNN
+	}
+	return p.layersNN[l][t]
+}
+
+func packModel[T Float](p *weightPacks, m *Model[T]) {
 	if _, ok := any(m.Embed).([]float32); !ok {
 		return
 	}
@@ -95,21 +117,48 @@ func packModel[T Float](p *decodePacks, m *Model[T]) {
 	if bytes > maxPackedModelBytes {
 		return
 	}
-	pack := func(li *Linear[T]) *packedNT {
+	pack := func(li *Linear[T], nn bool) *packedNT {
 		w := any(li.W).([]float32)
 		if len(w) == 0 || len(w) != li.Out*li.In {
 			return nil
 		}
+		if nn {
+			return packNN(w, li.In, li.Out)
+		}
 		return packNT(w, li.Out, li.In)
 	}
-	layers := make([][NumLayerTargets]*packedNT, len(m.Layers))
-	for l := range m.Layers {
-		for t := range m.Layers[l].Lin {
-			layers[l][t] = pack(&m.Layers[l].Lin[t])
+	all := func(nn bool) [][NumLayerTargets]*packedNT {
+		layers := make([][NumLayerTargets]*packedNT, len(m.Layers))
+		for l := range m.Layers {
+			for t := range m.Layers[l].Lin {
+				layers[l][t] = pack(&m.Layers[l].Lin[t], nn)
+			}
 		}
+		return layers
 	}
-	p.head = pack(&m.Head)
-	p.layers = layers
+	p.head, p.layers = pack(&m.Head, false), all(false)
+	if 2*bytes <= maxPackedModelBytes {
+		p.headNN, p.layersNN = pack(&m.Head, true), all(true)
+	}
+}
+
+// matMulTWith is MatMulT through pk, the packed form of B, when MatMulT would run the
+// packed SGEMM (so the bits are the same) and pk packs B; MatMulT otherwise.
+func matMulTWith[T Float](pk *packedNT, C, A, B []T, M, N, K int, acc bool) {
+	if M > smallM && activeKernel.fn != nil && pk != nil && !pk.nn && packs(pk, B) {
+		sgemmNTPacked(any(C).([]float32), any(A).([]float32), pk, M, acc)
+		return
+	}
+	MatMulT(C, A, B, M, N, K, acc)
+}
+
+// matMulWith is MatMul through pk (packNN's form of B) when it packs B.
+func matMulWith[T Float](pk *packedNT, C, A, B []T, M, N, K int, acc bool) {
+	if activeKernel.fn != nil && pk != nil && pk.nn && packs(pk, B) {
+		sgemmNTPacked(any(C).([]float32), any(A).([]float32), pk, M, acc)
+		return
+	}
+	MatMul(C, A, B, M, N, K, acc)
 }
 
 // sgemmNTPacked computes C[M,N] (+)= A[M,K]·Wᵀ for the W packed in p, over the threads

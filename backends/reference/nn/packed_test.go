@@ -36,6 +36,11 @@ func TestPackedProductIsRowStable(t *testing.T) {
 				require.InDelta(t, f64, float64(want[i*N+j]), 1e-4*(1+math.Abs(f64)), "N=%d K=%d [%d,%d]", N, K, i, j)
 			}
 		}
+		// the same weight packed for A·W (W read as [N,K] row-major here)
+		pn := packNN(W, K, N)
+		An := fill(32 * N)
+		wantNN := make([]float32, 32*K)
+		sgemm(activeKernel, 32, K, N, An, N, 1, W, K, 1, wantNN, K, false)
 		c0 := fill(32 * N)
 		for _, threads := range []int{1, 2, 5} {
 			SetThreads(threads)
@@ -49,6 +54,9 @@ func TestPackedProductIsRowStable(t *testing.T) {
 					wantSum := append([]float32(nil), c0[:M*N]...)
 					sgemm(activeKernel, M, N, K, A[off*K:], K, 1, W, 1, K, wantSum, N, true)
 					require.Equal(t, wantSum, sum, "N=%d K=%d M=%d off=%d threads=%d with acc", N, K, M, off, threads)
+					gotNN := make([]float32, M*K)
+					sgemmNTPacked(gotNN, An[off*N:(off+M)*N], pn, M, false)
+					require.Equal(t, wantNN[off*K:(off+M)*K], gotNN, "A·W: N=%d K=%d M=%d off=%d threads=%d", N, K, M, off, threads)
 				}
 			}
 		}
@@ -64,7 +72,7 @@ func TestDecodeUsesPackedWeights(t *testing.T) {
 	}
 	m, err := NewRandom[float32](benchDecodeConfig, RandomOptions{Seed: 7, QKNorm: true})
 	require.NoError(t, err)
-	dp := m.decodePacked()
+	dp := m.packedWeights()
 	require.NotNil(t, dp)
 	for l := range m.Layers {
 		for tg := range m.Layers[l].Lin {
@@ -82,8 +90,48 @@ func TestDecodeUsesPackedWeights(t *testing.T) {
 	require.NotSame(t, m.packs, merged.packs)
 
 	big := *m
-	big.packs = new(decodePacks)
+	big.packs = new(weightPacks)
 	big.Layers = append([]Layer[float32](nil), m.Layers...)
 	big.Layers[0].Lin[TUp].W = make([]float32, maxPackedModelBytes/4)
-	require.Nil(t, big.decodePacked(), "a model over the bound decodes from its weights as they are")
+	require.Nil(t, big.packedWeights(), "a model over the bound decodes from its weights as they are")
+}
+
+// TestTrainingWithPackedWeightsIsBitIdentical: a training step through the packed weights
+// (a small float32 model packs them) gives the losses, log-probs and LoRA gradients of the
+// same step without them, bit for bit, for batches below and above the small-M dot path.
+func TestTrainingWithPackedWeightsIsBitIdentical(t *testing.T) {
+	if !hasPackedDecode || activeKernel.fn == nil {
+		t.Skip("no packed kernels on this CPU")
+	}
+	m, err := NewRandom[float32](benchDecodeConfig, RandomOptions{Seed: 7, QKNorm: true})
+	require.NoError(t, err)
+	require.NotNil(t, m.packedWeights().packNN(0, TDown), "loops/tiny's shape packs its weights for input gradients too")
+	plain := *m
+	plain.packs = nil // the same weights, multiplied as they are
+	for _, n := range []int{3, 40} {
+		run := func(model *Model[float32]) ([]Output, [][]float32) {
+			ad, err := NewAdapter(model, LoraConfig{Rank: 4, Seed: 5, Attn: true, MLP: true, Unembed: true})
+			require.NoError(t, err)
+			for _, p := range ad.Params {
+				for i := range p.W {
+					p.W[i] = float32(math.Sin(float64(i+len(p.Name)))) * 0.05
+				}
+			}
+			rr := rand.New(rand.NewPCG(uint64(n), 1))
+			tk, tg := make([]int, n), make([]int, n)
+			for i := range tk {
+				tk[i], tg[i] = rr.IntN(512), rr.IntN(512)
+			}
+			outs := model.ForwardBackward([]Seq[float32]{{Tokens: tk, Targets: tg, K: 1, Adapter: ad}}, testLoss, true)
+			var grads [][]float32
+			for _, p := range ad.Params {
+				grads = append(grads, p.G)
+			}
+			return outs, grads
+		}
+		wantOut, wantG := run(&plain)
+		gotOut, gotG := run(m)
+		require.Equal(t, wantOut, gotOut, "n=%d", n)
+		require.Equal(t, wantG, gotG, "n=%d", n)
+	}
 }

@@ -416,7 +416,7 @@ func (m *Model[T]) Decode(seqs []*GenSeq[T]) {
 	V := m.Cfg.Vocab
 	lg := grow(buf.logits[:0], M*V)
 	buf.logits = lg
-	linRows(h, M, &m.Head, m.decodePacked().pack(-1, 0), segs, -1, 0, lg, &buf.xa)
+	linRows(h, M, &m.Head, m.packedWeights().pack(-1, 0), segs, -1, 0, lg, &buf.xa)
 	clear(segs)
 	buf.segs = segs[:0]
 	// the draws over the threads (each row its own logits and random stream), then the

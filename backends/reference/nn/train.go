@@ -118,6 +118,7 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 		defer fbArenas.Put(ar)
 		get = ar.get
 	}
+	wp := m.packedWeights() // small models' frozen weights, packed once
 	x := get(M * D)
 	for i, s := range seqs {
 		for p, t := range s.Tokens {
@@ -133,9 +134,9 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 		a.h1, a.inv1 = get(M*D), get(M)
 		rmsnorm(x, L.AttnNorm, a.h1, a.inv1, M, D, eps)
 		a.q, a.k, a.v = get(M*QD), get(M*KVD), get(M*KVD)
-		a.xs[TQ] = linFwd(a.h1, M, &L.Lin[TQ], b.segs, layerPick[T](l, TQ), a.q)
-		a.xs[TK] = linFwd(a.h1, M, &L.Lin[TK], b.segs, layerPick[T](l, TK), a.k)
-		a.xs[TV] = linFwd(a.h1, M, &L.Lin[TV], b.segs, layerPick[T](l, TV), a.v)
+		a.xs[TQ] = linFwd(a.h1, M, &L.Lin[TQ], wp.pack(l, TQ), b.segs, layerPick[T](l, TQ), a.q)
+		a.xs[TK] = linFwd(a.h1, M, &L.Lin[TK], wp.pack(l, TK), b.segs, layerPick[T](l, TK), a.k)
+		a.xs[TV] = linFwd(a.h1, M, &L.Lin[TV], wp.pack(l, TV), b.segs, layerPick[T](l, TV), a.v)
 		if L.QNorm != nil {
 			a.qRaw, a.kRaw = a.q, a.k
 			a.q, a.k = get(M*QD), get(M*KVD)
@@ -148,7 +149,7 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 		a.att, a.lse = get(M*QD), get(M*c.Heads)
 		m.attnFwd(b, a)
 		o := get(M * D)
-		a.xs[TO] = linFwd(a.att, M, &L.Lin[TO], b.segs, layerPick[T](l, TO), o)
+		a.xs[TO] = linFwd(a.att, M, &L.Lin[TO], wp.pack(l, TO), b.segs, layerPick[T](l, TO), o)
 		a.xMid = get(M * D)
 		for i := range o {
 			a.xMid[i] = x[i] + o[i]
@@ -156,11 +157,11 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 		a.h2, a.inv2 = get(M*D), get(M)
 		rmsnorm(a.xMid, L.MLPNorm, a.h2, a.inv2, M, D, eps)
 		a.g, a.u, a.act = get(M*F), get(M*F), get(M*F)
-		a.xs[TGate] = linFwd(a.h2, M, &L.Lin[TGate], b.segs, layerPick[T](l, TGate), a.g)
-		a.xs[TUp] = linFwd(a.h2, M, &L.Lin[TUp], b.segs, layerPick[T](l, TUp), a.u)
+		a.xs[TGate] = linFwd(a.h2, M, &L.Lin[TGate], wp.pack(l, TGate), b.segs, layerPick[T](l, TGate), a.g)
+		a.xs[TUp] = linFwd(a.h2, M, &L.Lin[TUp], wp.pack(l, TUp), b.segs, layerPick[T](l, TUp), a.u)
 		swiglu(a.g, a.u, a.act)
 		dn := get(M * D)
-		a.xs[TDown] = linFwd(a.act, M, &L.Lin[TDown], b.segs, layerPick[T](l, TDown), dn)
+		a.xs[TDown] = linFwd(a.act, M, &L.Lin[TDown], wp.pack(l, TDown), b.segs, layerPick[T](l, TDown), dn)
 		x = get(M * D)
 		for i := range dn {
 			x[i] = a.xMid[i] + dn[i]
@@ -188,16 +189,16 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 		a := acts[l]
 		// MLP: x = xMid + down(act)
 		dact := get(M * F)
-		linBwd(dx, a.act, M, &L.Lin[TDown], b.segs, layerPick[T](l, TDown), a.xs[TDown], dact, false)
+		linBwd(dx, a.act, M, &L.Lin[TDown], wp.packNN(l, TDown), b.segs, layerPick[T](l, TDown), a.xs[TDown], dact, false)
 		dg, du := get(M*F), get(M*F)
 		swigluBwd(a.g, a.u, dact, dg, du)
 		dh2 := get(M * D)
-		linBwd(dg, a.h2, M, &L.Lin[TGate], b.segs, layerPick[T](l, TGate), a.xs[TGate], dh2, false)
-		linBwd(du, a.h2, M, &L.Lin[TUp], b.segs, layerPick[T](l, TUp), a.xs[TUp], dh2, true)
+		linBwd(dg, a.h2, M, &L.Lin[TGate], wp.packNN(l, TGate), b.segs, layerPick[T](l, TGate), a.xs[TGate], dh2, false)
+		linBwd(du, a.h2, M, &L.Lin[TUp], wp.packNN(l, TUp), b.segs, layerPick[T](l, TUp), a.xs[TUp], dh2, true)
 		rmsnormBwd(dh2, a.xMid, L.MLPNorm, a.inv2, dx, M, D) // dx is now d(xMid)
 		// attention: xMid = xIn + o(att)
 		datt := get(M * QD)
-		linBwd(dx, a.att, M, &L.Lin[TO], b.segs, layerPick[T](l, TO), a.xs[TO], datt, false)
+		linBwd(dx, a.att, M, &L.Lin[TO], wp.packNN(l, TO), b.segs, layerPick[T](l, TO), a.xs[TO], datt, false)
 		dq, dk, dv := get(M*QD), get(M*KVD), get(M*KVD)
 		m.attnBwd(b, a, datt, dq, dk, dv)
 		rope(dq, M, c.Heads, c.HeadDim, posOf, m.cos, m.sin, true)
@@ -210,9 +211,9 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 		}
 		dh1 := get(M * D)
 		needDX := l > 0
-		linBwd(dq, a.h1, M, &L.Lin[TQ], b.segs, layerPick[T](l, TQ), a.xs[TQ], dh1, false)
-		linBwd(dk, a.h1, M, &L.Lin[TK], b.segs, layerPick[T](l, TK), a.xs[TK], dh1, true)
-		linBwd(dv, a.h1, M, &L.Lin[TV], b.segs, layerPick[T](l, TV), a.xs[TV], dh1, true)
+		linBwd(dq, a.h1, M, &L.Lin[TQ], wp.packNN(l, TQ), b.segs, layerPick[T](l, TQ), a.xs[TQ], dh1, false)
+		linBwd(dk, a.h1, M, &L.Lin[TK], wp.packNN(l, TK), b.segs, layerPick[T](l, TK), a.xs[TK], dh1, true)
+		linBwd(dv, a.h1, M, &L.Lin[TV], wp.packNN(l, TV), b.segs, layerPick[T](l, TV), a.xs[TV], dh1, true)
 		if needDX {
 			rmsnormBwd(dh1, a.xIn, L.AttnNorm, a.inv1, dx, M, D)
 		}
@@ -229,6 +230,7 @@ const headChunk = 256
 // head computes logits chunk by chunk, the log-prob of every target and its loss, and,
 // when dhf is not nil, back-propagates the loss into dhf and the lm_head LoRA gradients.
 func (m *Model[T]) head(b *batchLayout[T], hf []T, loss TokenLoss, dhf []T) []Output {
+	wp := m.packedWeights()
 	D, V := m.Cfg.Hidden, m.Cfg.Vocab
 	outs := make([]Output, len(b.seqs))
 	seqOf := make([]int, b.total) // the sequence of each row
@@ -246,7 +248,7 @@ func (m *Model[T]) head(b *batchLayout[T], hf []T, loss TokenLoss, dhf []T) []Ou
 		segs := clipSegs(b.segs, r0, r1)
 		X := hf[r0*D : r1*D]
 		lgs := logits[:rows*V]
-		xs := linFwd(X, rows, &m.Head, segs, headPick[T], lgs)
+		xs := linFwd(X, rows, &m.Head, wp.pack(-1, 0), segs, headPick[T], lgs)
 		// rows over the threads: each writes its own logits, log-probs and loss
 		parallelFor(rows, rows*V*expWork, func(i int) {
 			si, pos := seqOf[r0+i], b.pos[r0+i]
@@ -279,7 +281,7 @@ func (m *Model[T]) head(b *batchLayout[T], hf []T, loss TokenLoss, dhf []T) []Ou
 			}
 		})
 		if dhf != nil {
-			linBwd(lgs, X, rows, &m.Head, segs, headPick[T], xs, dhf[r0*D:r1*D], false)
+			linBwd(lgs, X, rows, &m.Head, wp.packNN(-1, 0), segs, headPick[T], xs, dhf[r0*D:r1*D], false)
 		}
 	}
 	return outs
