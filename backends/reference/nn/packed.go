@@ -2,20 +2,22 @@ package nn
 
 import "sync"
 
-// Decoding (and short prefills) multiplies rows by weights that never change, so the
-// weights of a small model are packed once, at its first decoding step, into the column
-// strips the AVX2 SGEMM's micro-kernel reads (packB's layout, in blocks of gemmKC), and
-// the decode path's products run that kernel on them: six rows of A per load of the
-// weights, no horizontal sums, no packing per call. Each element is a chain of fused
+// Decoding, prefills and LoRA training multiply rows by base weights that never change, so
+// the weights of a small model are packed once, at its first decoding or training step,
+// into the column strips the AVX2 SGEMM's micro-kernel reads (packB's layout, in blocks of
+// gemmKC), and the products run that kernel on them: six rows of A per load of the
+// weights, no horizontal sums, no packing per call (training's products take them where
+// MatMulT and MatMul would run the packed SGEMM, with its bits: matMulTWith, matMulWith). Each element is a chain of fused
 // multiply-adds in k order within a block, the blocks added to C in order, whether its
 // row is computed in a six-row panel (sgemmKernel6x16u), alone (sgemv16x4) or padded into
 // a panel (sgemmKernel6x16): a row's bits depend on that row alone, as batched decoding
 // requires, and are the bits the training SGEMM gives the same row.
 
-// maxPackedModelBytes bounds the weights packed for decoding. The pack is a second copy
-// of them, worth it where a batched step is compute-bound (small models, whose weights
-// stay in cache across a batch's rows); a larger model decodes from its weights as they
-// are (matMulTRows), whose single-row rate is bound by memory either way.
+// maxPackedModelBytes bounds the weights packed (and, for training's input gradients, a
+// second pack when they fit it twice). A pack is a copy of the weights, worth it where a
+// batched step is compute-bound (small models, whose weights stay in cache across a
+// batch's rows); a larger model decodes from its weights as they are (matMulTRows), whose
+// single-row rate is bound by memory either way, and trains packing them per call.
 const maxPackedModelBytes = 256 << 20
 
 // packedNT is a weight W[N,K] (a Linear's, out × in) packed for products A·Wᵀ: for the
