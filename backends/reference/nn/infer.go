@@ -176,7 +176,7 @@ func (m *Model[T]) Logits(h []T, M int, ad *Adapter[T]) []T {
 // and its segment's adapter. The adapter's pair is layer l's target t (the head's when
 // l < 0); xa is scratch for the LoRA rows.
 func linRows[T Float](X []T, M int, li *Linear[T], pk *packedNT, segs []seg[T], l int, t Target, Y []T, xa *[]T) {
-	if packs(pk, li.W) {
+	if packs(pk, li.W, li.Out, li.In, false) {
 		sgemmNTPacked(any(Y).([]float32), any(X).([]float32), pk, M, false)
 	} else {
 		matMulTRows(Y, X, li.W, M, li.Out, li.In, false)

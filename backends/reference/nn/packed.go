@@ -52,11 +52,12 @@ func packOp(W []float32, n, k, brs, bcs int, nn bool) *packedNT {
 	return p
 }
 
-// packs reports whether p is the packed form of W: a model copy whose weight was replaced
-// (Merged) must not use its original's pack.
-func packs[T Float](p *packedNT, W []T) bool {
+// packs reports whether p is the packed form of W for products with an N×K op(W), A·Wᵀ
+// or (nn) A·W: a model copy whose weight was replaced (Merged) must not use its
+// original's pack.
+func packs[T Float](p *packedNT, W []T, n, k int, nn bool) bool {
 	w, ok := any(W).([]float32)
-	return ok && p != nil && len(w) == p.n*p.k && len(w) > 0 && &w[0] == p.w
+	return ok && p != nil && p.nn == nn && p.n == n && p.k == k && len(w) == n*k && len(w) > 0 && &w[0] == p.w
 }
 
 // weightPacks holds a model's packed weights (layers[l][t] for layer l's target t, head
@@ -147,7 +148,7 @@ func packModel[T Float](p *weightPacks, m *Model[T]) {
 // matMulTWith is MatMulT through pk, the packed form of B, when MatMulT would run the
 // packed SGEMM (so the bits are the same) and pk packs B; MatMulT otherwise.
 func matMulTWith[T Float](pk *packedNT, C, A, B []T, M, N, K int, acc bool) {
-	if M > smallM && activeKernel.fn != nil && pk != nil && !pk.nn && packs(pk, B) {
+	if M > smallM && activeKernel.fn != nil && packs(pk, B, N, K, false) {
 		sgemmNTPacked(any(C).([]float32), any(A).([]float32), pk, M, acc)
 		return
 	}
@@ -156,7 +157,7 @@ func matMulTWith[T Float](pk *packedNT, C, A, B []T, M, N, K int, acc bool) {
 
 // matMulWith is MatMul through pk (packNN's form of B) when it packs B.
 func matMulWith[T Float](pk *packedNT, C, A, B []T, M, N, K int, acc bool) {
-	if activeKernel.fn != nil && pk != nil && pk.nn && packs(pk, B) {
+	if activeKernel.fn != nil && packs(pk, B, N, K, true) {
 		sgemmNTPacked(any(C).([]float32), any(A).([]float32), pk, M, acc)
 		return
 	}

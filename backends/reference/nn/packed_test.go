@@ -76,17 +76,21 @@ func TestDecodeUsesPackedWeights(t *testing.T) {
 	require.NotNil(t, dp)
 	for l := range m.Layers {
 		for tg := range m.Layers[l].Lin {
-			require.True(t, packs(dp.pack(l, Target(tg)), m.Layers[l].Lin[tg].W), "layer %d target %d", l, tg)
+			li := &m.Layers[l].Lin[tg]
+			require.True(t, packs(dp.pack(l, Target(tg)), li.W, li.Out, li.In, false), "layer %d target %d", l, tg)
+			require.True(t, packs(dp.packNN(l, Target(tg)), li.W, li.In, li.Out, true), "layer %d target %d for A·W", l, tg)
+			require.False(t, packs(dp.pack(l, Target(tg)), li.W, li.In, li.Out, true), "an A·Wᵀ pack is not an A·W one")
 		}
 	}
-	require.True(t, packs(dp.pack(-1, 0), m.Head.W))
+	require.True(t, packs(dp.pack(-1, 0), m.Head.W, m.Head.Out, m.Head.In, false))
 	ad, err := NewAdapter(m, LoraConfig{Rank: 4, Seed: 3, Attn: true})
 	require.NoError(t, err)
 	for i := range ad.Layers[0][TQ].B.W {
 		ad.Layers[0][TQ].B.W[i] = 0.1
 	}
 	merged := Merged(m, ad)
-	require.False(t, packs(dp.pack(0, TQ), merged.Layers[0].Lin[TQ].W), "the merged weight is not the packed one")
+	mq := &merged.Layers[0].Lin[TQ]
+	require.False(t, packs(dp.pack(0, TQ), mq.W, mq.Out, mq.In, false), "the merged weight is not the packed one")
 	require.NotSame(t, m.packs, merged.packs)
 
 	big := *m
