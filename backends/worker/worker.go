@@ -352,11 +352,7 @@ func (b *Backend) WorkerPID(i int) int {
 // waiting for one whose replica is scaled away meanwhile.
 func (b *Backend) WaitReady(ctx context.Context) error {
 	for _, w := range b.workers {
-		wait := w.waitAlive
-		if w.pooled {
-			wait = w.waitBoundAlive
-		}
-		if err := wait(ctx); err != nil {
+		if err := w.waitAlive(ctx); err != nil {
 			return err
 		}
 	}
@@ -561,41 +557,28 @@ func (w *worker) acquire() (context.Context, int, *clients, error) {
 	return w.life, w.gen, w.cl, nil
 }
 
+// waitAlive waits until w is up. A pool slot is waited for only while it holds a
+// replica's client (attached, or lost and expected back, e.g. restarting): it returns as
+// soon as the slot holds none (never attached, or its replica was scaled away, which can
+// happen during the wait, hence the poll).
 func (w *worker) waitAlive(ctx context.Context) error {
-	for {
-		w.mu.Lock()
-		up := w.up
-		w.mu.Unlock()
-		select {
-		case <-up:
-			if _, _, _, err := w.acquire(); err == nil {
-				return nil
-			}
-		case <-ctx.Done():
-			_, _, _, err := w.acquire()
-			return err
-		}
-	}
-}
-
-// waitBoundAlive is waitAlive for a pool slot: it waits while the slot holds a replica's
-// client (attached, or lost and expected back, e.g. restarting) that is not up, and returns
-// as soon as the slot is up or holds none (never attached, or its replica was scaled away,
-// which can happen during the wait).
-func (w *worker) waitBoundAlive(ctx context.Context) error {
 	for {
 		w.mu.Lock()
 		held, up := w.cl != nil, w.up
 		w.mu.Unlock()
-		if !held {
-			return nil
+		var poll <-chan time.Time
+		if w.pooled {
+			if !held {
+				return nil
+			}
+			poll = time.After(100 * time.Millisecond)
 		}
 		select {
 		case <-up:
 			if _, _, _, err := w.acquire(); err == nil {
 				return nil
 			}
-		case <-time.After(100 * time.Millisecond): // the slot may have been freed
+		case <-poll: // the slot may have been freed
 		case <-ctx.Done():
 			_, _, _, err := w.acquire()
 			return err
