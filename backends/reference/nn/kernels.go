@@ -38,16 +38,13 @@ func Threads() int { return int(threads.Load()) }
 // cost estimate of the whole job; small jobs run inline. A panic of fn is raised again on
 // the caller's goroutine (a *workerPanic) once every index has stopped.
 func parallelFor(n int, work int, fn func(i int)) {
-	t := Threads()
-	if t > n {
-		t = n
-	}
-	if t <= 1 || work < parallelMinWork {
+	if !runsParallel(n, work) {
 		for i := 0; i < n; i++ {
 			fn(i)
 		}
 		return
 	}
+	t := min(Threads(), n)
 	// A job goes back to the pool when its last holder lets it go: the caller, and each
 	// worker handed it (by the offer or the channel) holds a reference; a worker may still
 	// hold it after the call returns (it then finds no index left and touches nothing else).
@@ -89,6 +86,10 @@ func parallelFor(n int, work int, fn func(i int)) {
 
 // parallelMinWork is the work estimate below which parallelFor runs inline.
 const parallelMinWork = 1 << 15
+
+// runsParallel says whether parallelFor(n, work, …) uses more than one goroutine, so a
+// caller can skip building a closure for it.
+func runsParallel(n, work int) bool { return n > 1 && Threads() > 1 && work >= parallelMinWork }
 
 // parallelJob is one parallelFor call, shared by the goroutines that run its indices.
 type parallelJob struct {

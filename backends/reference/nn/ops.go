@@ -100,7 +100,7 @@ func rmsnorm[T Float](x, w, out, inv []T, M, D int, eps float64) {
 // rowBlocks runs fn over contiguous blocks of M rows of width D on the threads (rows of an
 // element-wise op depend on nothing else, so how they are cut changes no result).
 func rowBlocks(M, D int, fn func(i0, i1 int)) {
-	nb := min(M, 4*Threads())
+	nb := rowBlocksOf(M)
 	per := (M + nb - 1) / max(nb, 1)
 	parallelFor(nb, rowsWork(M, D), func(b int) {
 		if i0 := b * per; i0 < M {
@@ -109,11 +109,14 @@ func rowBlocks(M, D int, fn func(i0, i1 int)) {
 	})
 }
 
+// rowBlocksOf is the number of blocks rowBlocks cuts M rows into.
+func rowBlocksOf(M int) int { return min(M, 4*Threads()) }
+
 // rowsWork is rowBlocks' cost estimate for parallelFor; parallelRows says whether
 // parallelFor would use more than one thread for it.
 func rowsWork(M, D int) int { return 4 * M * D }
 
-func parallelRows(M, D int) bool { return M > 1 && Threads() > 1 && rowsWork(M, D) >= parallelMinWork }
+func parallelRows(M, D int) bool { return runsParallel(rowBlocksOf(M), rowsWork(M, D)) }
 
 func rmsnormRows[T Float](x, w, out, inv []T, D int, eps float64, i0, i1 int) {
 	for i := i0; i < i1; i++ {
