@@ -54,16 +54,8 @@ func rowDotTileInto(k8 int, a *float32, lda int, b *float32, ldb int, ng int, c 
 	return false
 }
 
-// Without AVX2, decoding multiplies the weights as they are (packed.go).
-const hasPackedDecode = false
-
-func packedPanel(kc int, a *float32, lda int, b, c *float32, ldc int, accum bool) {
-	panic("nn: no packed decode kernels")
-}
-
-func packedPaddedPanel(kc int, a, b, c *float32, ldc int, accum bool) {
-	panic("nn: no packed decode kernels")
-}
+// Without AVX2, the products multiply the weights as they are (packed.go).
+var packedKernel *sgemmKernel
 
 func packedRow(kc int, a *float32, b *float32, bs int, c *float32, accum bool) {
 	panic("nn: no packed decode kernels")

@@ -92,22 +92,15 @@ func rowDot1(k8 int, a0, b *float32, ldb int, out *[8]float32) { sdot1x4r(k8, a0
 //go:noescape
 func sgemv16x4(kc int, a *float32, b *float32, bs int, c *float32, accum bool)
 
-// hasPackedDecode says whether decoding can run on prepacked weights (packed.go): with
-// AVX2's six-row kernel, and sgemv16x4 for single rows, on any CPU that has AVX2 and FMA
-// (on AVX-512 too: every kernel sums each element in the same order, so this changes no
-// bit). The kernels are called directly, not through function values, so that the
-// buffers they write stay on the caller's stack.
-var hasPackedDecode = hasRowDot
-
-// packedPanel is sgemmKernel6x16u: six rows of A in place.
-func packedPanel(kc int, a *float32, lda int, b, c *float32, ldc int, accum bool) {
-	sgemmKernel6x16u(kc, a, lda, b, c, ldc, accum)
-}
-
-// packedPaddedPanel is sgemmKernel6x16: six rows of A packed by packA.
-func packedPaddedPanel(kc int, a, b, c *float32, ldc int, accum bool) {
-	sgemmKernel6x16(kc, a, b, c, ldc, accum)
-}
+// packedKernel is the micro-kernel the packed products run (packed.go): AVX2's six-row
+// kernel, with sgemv16x4 for single rows, on any CPU that has AVX2 and FMA (on AVX-512 too:
+// every kernel sums each element in the same order, so this changes no bit); nil without.
+var packedKernel = func() *sgemmKernel {
+	if hasRowDot {
+		return kernelAVX2
+	}
+	return nil
+}()
 
 // packedRow is sgemv16x4: one row of A over four strips bs floats apart.
 func packedRow(kc int, a *float32, b *float32, bs int, c *float32, accum bool) {

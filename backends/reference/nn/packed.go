@@ -74,7 +74,7 @@ type weightPacks struct {
 // maxPackedModelBytes.
 func (m *Model[T]) packedWeights() *weightPacks {
 	p := m.packs
-	if p == nil || !hasPackedDecode {
+	if p == nil || packedKernel == nil {
 		return nil
 	}
 	p.once.Do(func() { packModel(p, m) })
@@ -188,10 +188,10 @@ func sgemmNTPacked(C, A []float32, p *packedNT, M int, acc bool) {
 				nj := min(16, N-j0)
 				for i0 := 0; i0 < full; i0 += 6 {
 					if nj == 16 {
-						packedPanel(kc, &A[i0*K+pc], K, bp, &C[i0*N+j0], N, accum)
+						kernelTileA(packedKernel, kc, &A[i0*K+pc], K, bp, &C[i0*N+j0], N, accum)
 						continue
 					}
-					packedPanel(kc, &A[i0*K+pc], K, bp, &tmp[0], 16, false)
+					kernelTileA(packedKernel, kc, &A[i0*K+pc], K, bp, &tmp[0], 16, false)
 					addTile(C[i0*N+j0:], N, tmp[:], 6, nj, accum)
 				}
 			}
@@ -207,7 +207,7 @@ func sgemmNTPacked(C, A []float32, p *packedNT, M int, acc bool) {
 				packA(pa[:], A, K, 1, full, r, pc, kc, 6)
 				for s := s0; s < s1; s++ {
 					j0 := 16 * s
-					packedPaddedPanel(kc, &pa[0], &blk[s*16*kc], &tmp[0], 16, false)
+					kernelTile(packedKernel, kc, &pa[0], &blk[s*16*kc], &tmp[0], 16, false)
 					addTile(C[full*N+j0:], N, tmp[:], r, min(16, N-j0), accum)
 				}
 			}

@@ -14,7 +14,7 @@ import (
 // partial strips and groups, one or several kc blocks, with and without adding to C, on
 // one and several threads; and against the float64 product.
 func TestPackedProductIsRowStable(t *testing.T) {
-	if !hasPackedDecode {
+	if packedKernel == nil {
 		t.Skip("no packed decode kernel on this CPU")
 	}
 	defer SetThreads(Threads())
@@ -67,7 +67,7 @@ func TestPackedProductIsRowStable(t *testing.T) {
 // weights (when the CPU has the kernel), that a merged copy does not use its original's
 // packs, and that a model above maxPackedModelBytes is not packed.
 func TestDecodeUsesPackedWeights(t *testing.T) {
-	if !hasPackedDecode {
+	if packedKernel == nil {
 		t.Skip("no packed decode kernel on this CPU")
 	}
 	m, err := NewRandom[float32](benchDecodeConfig, RandomOptions{Seed: 7, QKNorm: true})
@@ -104,7 +104,7 @@ func TestDecodeUsesPackedWeights(t *testing.T) {
 // (a small float32 model packs them) gives the losses, log-probs and LoRA gradients of the
 // same step without them, bit for bit, for batches below and above the small-M dot path.
 func TestTrainingWithPackedWeightsIsBitIdentical(t *testing.T) {
-	if !hasPackedDecode || activeKernel.fn == nil {
+	if packedKernel == nil || activeKernel.fn == nil {
 		t.Skip("no packed kernels on this CPU")
 	}
 	m, err := NewRandom[float32](benchDecodeConfig, RandomOptions{Seed: 7, QKNorm: true})

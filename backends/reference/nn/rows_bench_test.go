@@ -43,7 +43,7 @@ func BenchmarkDecodeProducts(b *testing.B) {
 		for _, kind := range []string{"rows", "prepacked", "packed"} {
 			b.Run(fmt.Sprintf("%s/M=%d", kind, M), func(b *testing.B) {
 				if kind == "prepacked" {
-					if !hasPackedDecode {
+					if packedKernel == nil {
 						b.Skip("no packed decode kernel on this CPU")
 					}
 					for range b.N {
