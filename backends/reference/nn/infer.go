@@ -60,7 +60,7 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], st
 		if stable {
 			linRows(X, M, li, wp.pack(l, t), segs, l, t, Y, &buf.xa)
 		} else {
-			linFwd(X, M, li, wp.pack(l, t), segs, layerPick[T](l, t), Y)
+			linFwd(nil, X, M, li, wp.pack(l, t), segs, layerPick[T](l, t), Y)
 		}
 	}
 	x := grow(buf.x[:0], M*D)
@@ -167,7 +167,7 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], st
 // Logits computes the vocabulary logits [M, V] of M final hidden states.
 func (m *Model[T]) Logits(h []T, M int, ad *Adapter[T]) []T {
 	out := make([]T, M*m.Cfg.Vocab)
-	linFwd(h, M, &m.Head, m.packedWeights().pack(-1, 0), []seg[T]{{0, M, ad}}, headPick[T], out)
+	linFwd(nil, h, M, &m.Head, m.packedWeights().pack(-1, 0), []seg[T]{{0, M, ad}}, headPick[T], out)
 	return out
 }
 

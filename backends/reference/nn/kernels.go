@@ -2,6 +2,7 @@ package nn
 
 import (
 	"fmt"
+	"math/bits"
 	"runtime"
 	"runtime/debug"
 	"sync"
@@ -31,12 +32,9 @@ func SetThreads(n int) {
 // Threads reports the number of goroutines the kernels use.
 func Threads() int { return int(threads.Load()) }
 
-// parallelFor runs fn(i) for i in [0,n) on up to Threads() goroutines, handing out indices
-// dynamically: the caller's and other workers' (parallelWorker): one that is still spinning
-// after its last job takes the call at once; idle ones are woken, and new ones start only
-// when none is idle, so a call starts no goroutine in the steady state. work is a rough
-// cost estimate of the whole job; small jobs run inline. A panic of fn is raised again on
-// the caller's goroutine (a *workerPanic) once every index has stopped.
+// parallelFor runs fn(i) for i in [0,n) on up to Threads() goroutines (see parallelRun).
+// fn escapes to the heap: a closure that captures anything costs an allocation per call,
+// so the products and other regions of a training step use parallelRun with pooled tasks.
 func parallelFor(n int, work int, fn func(i int)) {
 	if !runsParallel(n, work) {
 		for i := 0; i < n; i++ {
@@ -44,15 +42,73 @@ func parallelFor(n int, work int, fn func(i int)) {
 		}
 		return
 	}
-	t := min(Threads(), n)
+	parallelRun(n, work, funcTask(fn))
+}
+
+// A task is the body of a parallel region: do(i) runs index i. A pointer to a pooled
+// struct passed as a task allocates nothing, unlike a closure.
+type task interface{ do(i int) }
+
+// pooled takes a *V from p, or a new one when p is empty or hands out another type (a
+// pool serves one instantiation of a generic task but is shared by all).
+func pooled[V any](p *sync.Pool) *V {
+	if v, ok := p.Get().(*V); ok {
+		return v
+	}
+	return new(V)
+}
+
+// bufPool holds work arrays between uses by size class (powers of two), so an array handed
+// back serves the next request of its class rather than being dropped for a larger one.
+// Arrays come back with their old contents.
+type bufPool[E any] struct{ classes [48]sync.Pool }
+
+// get returns an array of n elements (capacity the next power of two).
+func (p *bufPool[E]) get(n int) *[]E {
+	c := bits.Len(uint(max(n, 1) - 1))
+	if b, ok := p.classes[c].Get().(*[]E); ok {
+		*b = (*b)[:n]
+		return b
+	}
+	b := make([]E, n, 1<<c)
+	return &b
+}
+
+// put hands b back for reuse.
+func (p *bufPool[E]) put(b *[]E) {
+	if c := bits.Len(uint(cap(*b) - 1)); cap(*b) == 1<<c && c < len(p.classes) {
+		p.classes[c].Put(b)
+	}
+}
+
+// funcTask runs a closure as a task.
+type funcTask func(i int)
+
+func (f funcTask) do(i int) { f(i) }
+
+// parallelRun runs t.do(i) for i in [0,n) on up to Threads() goroutines, handing out
+// indices dynamically: the caller's and other workers' (parallelWorker): one that is still
+// spinning after its last job takes the call at once; idle ones are woken, and new ones
+// start only when none is idle, so a call starts no goroutine in the steady state. work is
+// a rough cost estimate of the whole job; small jobs run inline. A panic of t.do is raised
+// again on the caller's goroutine (a *workerPanic) once every index has stopped. No
+// goroutine calls t after parallelRun returns.
+func parallelRun(n int, work int, t task) {
+	if !runsParallel(n, work) {
+		for i := 0; i < n; i++ {
+			t.do(i)
+		}
+		return
+	}
+	nt := min(Threads(), n)
 	// A job goes back to the pool when its last holder lets it go: the caller, and each
 	// worker handed it (by the offer or the channel) holds a reference; a worker may still
 	// hold it after the call returns (it then finds no index left and touches nothing else).
 	j := parallelJobs.Get().(*parallelJob)
-	j.fn, j.n = fn, int64(n)
+	j.t, j.n = t, int64(n)
 	j.next.Store(0)
 	j.refs.Store(1)
-	helpers := t - 1
+	helpers := nt - 1
 	if spinningWorkers.Load() > 0 {
 		j.refs.Add(1)
 		if old := offered.Swap(j); old != nil { // another call's offer nobody took
@@ -68,8 +124,8 @@ func parallelFor(n int, work int, fn func(i int)) {
 			go parallelWorker(j)
 		}
 	}
-	j.run()
-	// An offer no worker took would keep fn (and what it holds) alive until the next one.
+	j.run(false)
+	// An offer no worker took would keep t (and what it holds) alive until the next one.
 	if offered.CompareAndSwap(j, nil) {
 		j.release()
 	}
@@ -87,13 +143,13 @@ func parallelFor(n int, work int, fn func(i int)) {
 // parallelMinWork is the work estimate below which parallelFor runs inline.
 const parallelMinWork = 1 << 15
 
-// runsParallel says whether parallelFor(n, work, …) uses more than one goroutine, so a
+// runsParallel says whether parallelRun(n, work, …) uses more than one goroutine, so a
 // caller can skip building a closure for it.
 func runsParallel(n, work int) bool { return n > 1 && Threads() > 1 && work >= parallelMinWork }
 
 // parallelJob is one parallelFor call, shared by the goroutines that run its indices.
 type parallelJob struct {
-	fn       func(i int)
+	t        task
 	n        int64
 	next     atomic.Int64
 	active   atomic.Int32 // goroutines inside run
@@ -104,14 +160,16 @@ type parallelJob struct {
 // release lets go of one reference; the last returns j to the pool.
 func (j *parallelJob) release() {
 	if j.refs.Add(-1) == 0 {
-		j.fn = nil
+		j.t = nil
 		parallelJobs.Put(j)
 	}
 }
 
 // run runs indices of j until none is left; a panic stops the job (no new index starts)
-// and is kept for the caller.
-func (j *parallelJob) run() {
+// and is kept for the caller. A worker (spin set) counts itself among the spinning workers
+// before the caller can see the job end, so the caller's next job is offered to it rather
+// than starting another goroutine; it then must call spinForJob.
+func (j *parallelJob) run(spin bool) {
 	j.active.Add(1)
 	defer func() {
 		if v := recover(); v != nil {
@@ -120,6 +178,9 @@ func (j *parallelJob) run() {
 			j.panicked.CompareAndSwap(nil, &workerPanic{v, debug.Stack()})
 			j.next.Store(j.n)
 		}
+		if spin {
+			spinningWorkers.Add(1)
+		}
 		j.active.Add(-1)
 	}()
 	for {
@@ -127,7 +188,7 @@ func (j *parallelJob) run() {
 		if i >= j.n {
 			return
 		}
-		j.fn(int(i))
+		j.t.do(int(i))
 	}
 }
 
@@ -158,7 +219,7 @@ func parallelWorker(j *parallelJob) {
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
 	for {
-		j.run()
+		j.run(true)
 		j.release()
 		if j = spinForJob(); j != nil {
 			continue
@@ -172,9 +233,9 @@ func parallelWorker(j *parallelJob) {
 	}
 }
 
-// spinForJob polls offered for up to workerSpin and returns the job it took, or nil.
+// spinForJob polls offered for up to workerSpin and returns the job it took, or nil. The
+// caller is already counted in spinningWorkers (by run); spinForJob takes it out.
 func spinForJob() *parallelJob {
-	spinningWorkers.Add(1)
 	defer spinningWorkers.Add(-1)
 	deadline := time.Now().Add(workerSpin)
 	for i := 1; ; i++ {

@@ -64,16 +64,8 @@ const (
 	smallM = 4
 )
 
-var packPool sync.Pool
-
-func getBuf(n int) *[]float32 {
-	if p, _ := packPool.Get().(*[]float32); p != nil && cap(*p) >= n {
-		*p = (*p)[:n]
-		return p
-	}
-	s := make([]float32, n)
-	return &s
-}
+// packPool holds the packing buffers between products.
+var packPool bufPool[float32]
 
 // sgemm computes C (+)= op(A)·op(B) for C[M,N] with row stride ldc, where op(A)[i,k] is
 // A[i·ars+k·acs] and op(B)[k,j] is B[k·brs+j·bcs].
@@ -93,72 +85,112 @@ func sgemm(kn *sgemmKernel, M, N, K int, A []float32, ars, acs int, B []float32,
 	mp := (M + mr - 1) / mr
 	kcMax := min(K, gemmKC)
 	ncMax := min((N+nr-1)/nr*nr, gemmNC)
-	pa, pb := getBuf(mp*mr*kcMax), getBuf(ncMax*kcMax)
-	bufA, bufB := *pa, *pb
-	mc := max(mr, gemmMC/mr*mr)
-	colStrips := max(1, gemmCols/nr)
-	// A row-major is read in place by fnA; only a last partial panel is packed.
-	inPlaceA := kn.fnA != nil && acs == 1
+	pa, pb := packPool.get(mp*mr*kcMax), packPool.get(ncMax*kcMax)
+	g := sgemmCalls.Get().(*sgemmCall)
+	*g = sgemmCall{kn: kn, M: M, N: N, A: A, ars: ars, acs: acs, B: B, brs: brs, bcs: bcs, C: C, ldc: ldc,
+		bufA: *pa, bufB: *pb, mc: max(mr, gemmMC/mr*mr), colStrips: max(1, gemmCols/nr),
+		inPlaceA: kn.fnA != nil && acs == 1} // a row-major A is read in place; only a last partial panel is packed
 	for pc := 0; pc < K; pc += gemmKC {
-		kc := min(gemmKC, K-pc)
-		accum := acc || pc > 0
-		if !inPlaceA {
-			parallelFor(mp, M*kc*4, func(s int) {
-				packA(bufA[s*mr*kc:(s+1)*mr*kc], A, ars, acs, s*mr, min(mr, M-s*mr), pc, kc, mr)
-			})
+		g.pc, g.kc = pc, min(gemmKC, K-pc)
+		g.accum = acc || pc > 0
+		if !g.inPlaceA {
+			parallelRun(mp, M*g.kc*4, (*sgemmPackA)(g))
 		} else if s := mp - 1; M-s*mr < mr {
-			packA(bufA[s*mr*kc:(s+1)*mr*kc], A, ars, acs, s*mr, M-s*mr, pc, kc, mr)
+			(*sgemmPackA)(g).do(s)
 		}
 		for jc := 0; jc < N; jc += gemmNC {
-			nc := min(gemmNC, N-jc)
-			ns := (nc + nr - 1) / nr
-			parallelFor(ns, nc*kc*4, func(s int) {
-				packB(bufB[s*nr*kc:(s+1)*nr*kc], B, brs, bcs, jc+s*nr, min(nr, nc-s*nr), pc, kc, nr)
-			})
-			rb := (M + mc - 1) / mc
-			cg := (ns + colStrips - 1) / colStrips
-			parallelFor(rb*cg, M*nc*kc, func(t int) {
-				bi, bj := t/cg, t%cg
-				var tmp [12 * 32]float32
-				for s := bj * colStrips; s < min((bj+1)*colStrips, ns); s++ {
-					j0 := jc + s*nr
-					nj := min(nr, N-j0)
-					bp := &bufB[s*nr*kc]
-					for i0 := bi * mc; i0 < min((bi+1)*mc, M); i0 += mr {
-						ni := min(mr, M-i0)
-						if inPlaceA && ni == mr {
-							a := &A[i0*ars+pc]
-							if nj == nr {
-								kernelTileA(kn, kc, a, ars, bp, &C[i0*ldc+j0], ldc, accum)
-								continue
-							}
-							kernelTileA(kn, kc, a, ars, bp, &tmp[0], nr, false)
-						} else {
-							ap := &bufA[i0*kc]
-							if ni == mr && nj == nr {
-								kernelTile(kn, kc, ap, bp, &C[i0*ldc+j0], ldc, accum)
-								continue
-							}
-							kernelTile(kn, kc, ap, bp, &tmp[0], nr, false)
-						}
-						for ii := 0; ii < ni; ii++ {
-							c := C[(i0+ii)*ldc+j0 : (i0+ii)*ldc+j0+nj]
-							t := tmp[ii*nr : ii*nr+nj]
-							if accum {
-								for jj, v := range t {
-									c[jj] += v
-								}
-							} else {
-								copy(c, t)
-							}
-						}
-					}
-				}
-			})
+			g.jc, g.nc = jc, min(gemmNC, N-jc)
+			g.ns = (g.nc + nr - 1) / nr
+			parallelRun(g.ns, g.nc*g.kc*4, (*sgemmPackB)(g))
+			rb := (M + g.mc - 1) / g.mc
+			g.cg = (g.ns + g.colStrips - 1) / g.colStrips
+			parallelRun(rb*g.cg, M*g.nc*g.kc, (*sgemmTiles)(g))
 		}
 	}
-	packPool.Put(pa)
-	packPool.Put(pb)
+	*g = sgemmCall{}
+	sgemmCalls.Put(g)
+	packPool.put(pa)
+	packPool.put(pb)
+}
+
+// sgemmCall is one sgemm call's operands and blocking, shared by its parallel regions: the
+// regions' tasks are this struct under other names (sgemmPackA, sgemmPackB, sgemmTiles),
+// and calls take it from a pool, so a product allocates nothing.
+type sgemmCall struct {
+	kn             *sgemmKernel
+	M, N           int
+	A, B, C        []float32
+	ars, acs       int
+	brs, bcs       int
+	ldc            int
+	bufA, bufB     []float32 // packed A strips, packed B strips
+	mc, colStrips  int       // rows and column strips of C per tile task
+	inPlaceA       bool
+	pc, kc         int // the current block of the inner dimension
+	jc, nc, ns, cg int // the current panel of B: first column, columns, strips, column groups
+	accum          bool
+}
+
+var sgemmCalls = sync.Pool{New: func() any { return new(sgemmCall) }}
+
+// sgemmPackA packs A's strip s (mr rows) of the current inner block.
+type sgemmPackA sgemmCall
+
+func (g *sgemmPackA) do(s int) {
+	mr, kc := g.kn.mr, g.kc
+	packA(g.bufA[s*mr*kc:(s+1)*mr*kc], g.A, g.ars, g.acs, s*mr, min(mr, g.M-s*mr), g.pc, kc, mr)
+}
+
+// sgemmPackB packs B's strip s (nr columns) of the current panel and inner block.
+type sgemmPackB sgemmCall
+
+func (g *sgemmPackB) do(s int) {
+	nr, kc := g.kn.nr, g.kc
+	packB(g.bufB[s*nr*kc:(s+1)*nr*kc], g.B, g.brs, g.bcs, g.jc+s*nr, min(nr, g.nc-s*nr), g.pc, kc, nr)
+}
+
+// sgemmTiles computes tile task t: row block t/cg by column group t%cg of the current panel.
+type sgemmTiles sgemmCall
+
+func (g *sgemmTiles) do(t int) {
+	kn, M, N, A, C, ldc := g.kn, g.M, g.N, g.A, g.C, g.ldc
+	mr, nr, kc, mc, ars, pc := kn.mr, kn.nr, g.kc, g.mc, g.ars, g.pc
+	bi, bj := t/g.cg, t%g.cg
+	var tmp [12 * 32]float32
+	for s := bj * g.colStrips; s < min((bj+1)*g.colStrips, g.ns); s++ {
+		j0 := g.jc + s*nr
+		nj := min(nr, N-j0)
+		bp := &g.bufB[s*nr*kc]
+		for i0 := bi * mc; i0 < min((bi+1)*mc, M); i0 += mr {
+			ni := min(mr, M-i0)
+			if g.inPlaceA && ni == mr {
+				a := &A[i0*ars+pc]
+				if nj == nr {
+					kernelTileA(kn, kc, a, ars, bp, &C[i0*ldc+j0], ldc, g.accum)
+					continue
+				}
+				kernelTileA(kn, kc, a, ars, bp, &tmp[0], nr, false)
+			} else {
+				ap := &g.bufA[i0*kc]
+				if ni == mr && nj == nr {
+					kernelTile(kn, kc, ap, bp, &C[i0*ldc+j0], ldc, g.accum)
+					continue
+				}
+				kernelTile(kn, kc, ap, bp, &tmp[0], nr, false)
+			}
+			for ii := 0; ii < ni; ii++ {
+				c := C[(i0+ii)*ldc+j0 : (i0+ii)*ldc+j0+nj]
+				t := tmp[ii*nr : ii*nr+nj]
+				if g.accum {
+					for jj, v := range t {
+						c[jj] += v
+					}
+				} else {
+					copy(c, t)
+				}
+			}
+		}
+	}
 }
 
 // packA writes rows i0..i0+ni of op(A), columns pc..pc+kc, as dst[k·mr+ii], zero-padding

@@ -15,8 +15,9 @@ type pickFn[T Float] func(a *Adapter[T]) *Pair[T]
 
 // linFwd computes Y[M,Out] = X·Wᵀ + b, plus scale·(X·Aᵀ)·Bᵀ on the rows of each segment
 // whose adapter has a pair for this layer. It returns scale·X·Aᵀ per segment (nil where no
-// pair applies) for the backward pass. pk, when not nil, is W packed (packNT).
-func linFwd[T Float](X []T, M int, li *Linear[T], pk *packedNT, segs []seg[T], pick pickFn[T], Y []T) [][]T {
+// pair applies) for the backward pass, in arrays from ar. pk, when not nil, is W packed
+// (packNT).
+func linFwd[T Float](ar *fbArena[T], X []T, M int, li *Linear[T], pk *packedNT, segs []seg[T], pick pickFn[T], Y []T) [][]T {
 	matMulTWith(pk, Y, X, li.W, M, li.Out, li.In, false)
 	if li.B != nil {
 		for i := 0; i < M; i++ {
@@ -36,10 +37,10 @@ func linFwd[T Float](X []T, M int, li *Linear[T], pk *packedNT, segs []seg[T], p
 			continue
 		}
 		if xs == nil {
-			xs = make([][]T, len(segs))
+			xs = ar.list(len(segs))
 		}
 		rows := sg.r1 - sg.r0
-		xa := make([]T, rows*p.Rank)
+		xa := ar.get(rows * p.Rank)
 		MatMulT(xa, X[sg.r0*li.In:sg.r1*li.In], p.A.W, rows, p.Rank, li.In, false)
 		s := sg.ad.Scale
 		for i := range xa {
@@ -53,8 +54,8 @@ func linFwd[T Float](X []T, M int, li *Linear[T], pk *packedNT, segs []seg[T], p
 
 // linBwd computes dX (+)= dY·W (+ LoRA terms) and accumulates LoRA gradients.
 // dX may be nil when the input gradient is not needed. pk, when not nil, is W packed for
-// input gradients (packNN).
-func linBwd[T Float](dY, X []T, M int, li *Linear[T], pk *packedNT, segs []seg[T], pick pickFn[T], xs [][]T, dX []T, acc bool) {
+// input gradients (packNN). Its work arrays come from ar.
+func linBwd[T Float](ar *fbArena[T], dY, X []T, M int, li *Linear[T], pk *packedNT, segs []seg[T], pick pickFn[T], xs [][]T, dX []T, acc bool) {
 	if dX != nil {
 		matMulWith(pk, dX, dY, li.W, M, li.In, li.Out, acc)
 	}
@@ -72,7 +73,7 @@ func linBwd[T Float](dY, X []T, M int, li *Linear[T], pk *packedNT, segs []seg[T
 		// dB += dYᵀ · (scale·X·Aᵀ)
 		MatMulTN(p.B.G, dy, xs[si], li.Out, p.Rank, rows)
 		// g = scale · dY·B  [rows, r]
-		g := make([]T, rows*p.Rank)
+		g := ar.get(rows * p.Rank)
 		MatMul(g, dy, p.B.W, rows, p.Rank, li.Out, false)
 		s := sg.ad.Scale
 		for i := range g {
@@ -88,32 +89,57 @@ func linBwd[T Float](dY, X []T, M int, li *Linear[T], pk *packedNT, segs []seg[T
 
 // rmsnorm: out = w ⊙ x · inv, inv = 1/√(mean(x²)+eps), per row of width D.
 func rmsnorm[T Float](x, w, out, inv []T, M, D int, eps float64) {
-	if !parallelRows(M, D) { // without a closure: nothing allocated
+	if !parallelRows(M, D) {
 		rmsnormRows(x, w, out, inv, D, eps, 0, M)
 		return
 	}
-	rowBlocks(M, D, func(i0, i1 int) {
-		rmsnormRows(x, w, out, inv, D, eps, i0, i1)
-	})
+	t := pooled[rmsnormTask[T]](&rmsnormTasks)
+	*t = rmsnormTask[T]{x: x, w: w, out: out, inv: inv, D: D, eps: eps}
+	rowBlocks(M, D, t, &t.rowSplit)
+	*t = rmsnormTask[T]{}
+	rmsnormTasks.Put(t)
 }
 
-// rowBlocks runs fn over contiguous blocks of M rows of width D on the threads (rows of an
-// element-wise op depend on nothing else, so how they are cut changes no result).
-func rowBlocks(M, D int, fn func(i0, i1 int)) {
+// rmsnormTask is one rmsnorm call over blocks of rows.
+type rmsnormTask[T Float] struct {
+	x, w, out, inv []T
+	D              int
+	eps            float64
+	rowSplit
+}
+
+var rmsnormTasks sync.Pool
+
+func (t *rmsnormTask[T]) do(b int) {
+	if i0, i1 := t.block(b); i0 < i1 {
+		rmsnormRows(t.x, t.w, t.out, t.inv, t.D, t.eps, i0, i1)
+	}
+}
+
+// rowSplit cuts M rows into blocks of per rows: it is the part of a task of rowBlocks that
+// says which rows block b covers.
+type rowSplit struct{ M, per int }
+
+// block returns the rows [i0, i1) of block b (empty past the last row).
+func (r *rowSplit) block(b int) (i0, i1 int) {
+	i0 = min(b*r.per, r.M)
+	return i0, min(i0+r.per, r.M)
+}
+
+// rowBlocks runs t over contiguous blocks of M rows of width D on the threads, cut by
+// split, which it sets (rows of an element-wise op depend on nothing else, so how they
+// are cut changes no result).
+func rowBlocks(M, D int, t task, split *rowSplit) {
 	nb := rowBlocksOf(M)
-	per := (M + nb - 1) / max(nb, 1)
-	parallelFor(nb, rowsWork(M, D), func(b int) {
-		if i0 := b * per; i0 < M {
-			fn(i0, min(i0+per, M))
-		}
-	})
+	*split = rowSplit{M: M, per: (M + nb - 1) / max(nb, 1)}
+	parallelRun(nb, rowsWork(M, D), t)
 }
 
 // rowBlocksOf is the number of blocks rowBlocks cuts M rows into.
 func rowBlocksOf(M int) int { return min(M, 4*Threads()) }
 
-// rowsWork is rowBlocks' cost estimate for parallelFor; parallelRows says whether
-// parallelFor would use more than one thread for it.
+// rowsWork is rowBlocks' cost estimate for parallelRun; parallelRows says whether
+// parallelRun would use more than one thread for it.
 func rowsWork(M, D int) int { return 4 * M * D }
 
 func parallelRows(M, D int) bool { return runsParallel(rowBlocksOf(M), rowsWork(M, D)) }
@@ -144,9 +170,26 @@ func rmsnormBwd[T Float](dy, x, w, inv, dx []T, M, D int) {
 		rmsnormBwdRows(dy, x, w, inv, dx, D, 0, M)
 		return
 	}
-	rowBlocks(M, D, func(i0, i1 int) {
-		rmsnormBwdRows(dy, x, w, inv, dx, D, i0, i1)
-	})
+	t := pooled[rmsnormBwdTask[T]](&rmsnormBwdTasks)
+	*t = rmsnormBwdTask[T]{dy: dy, x: x, w: w, inv: inv, dx: dx, D: D}
+	rowBlocks(M, D, t, &t.rowSplit)
+	*t = rmsnormBwdTask[T]{}
+	rmsnormBwdTasks.Put(t)
+}
+
+// rmsnormBwdTask is one rmsnormBwd call over blocks of rows.
+type rmsnormBwdTask[T Float] struct {
+	dy, x, w, inv, dx []T
+	D                 int
+	rowSplit
+}
+
+var rmsnormBwdTasks sync.Pool
+
+func (t *rmsnormBwdTask[T]) do(b int) {
+	if i0, i1 := t.block(b); i0 < i1 {
+		rmsnormBwdRows(t.dy, t.x, t.w, t.inv, t.dx, t.D, i0, i1)
+	}
 }
 
 func rmsnormBwdRows[T Float](dy, x, w, inv, dx []T, D, i0, i1 int) {
@@ -205,16 +248,25 @@ func silu(x float64) float64 { return x / (1 + math.Exp(-x)) }
 // threads (an exp per element is worth it from a few thousand elements).
 func swiglu[T Float](g, u, out []T) {
 	n := len(g)
-	u, out = u[:n], out[:n]
-	gf, ok := any(g).([]float32)
-	parallelFor((n+elementwiseChunk-1)/elementwiseChunk, n*expWork, func(c int) {
-		i0, i1 := c*elementwiseChunk, min((c+1)*elementwiseChunk, n)
-		if ok {
-			swigluF32(gf[i0:i1], any(u).([]float32)[i0:i1], any(out).([]float32)[i0:i1])
-			return
-		}
-		swigluGo(g[i0:i1], u[i0:i1], out[i0:i1])
-	})
+	t := pooled[swigluTask[T]](&swigluTasks)
+	*t = swigluTask[T]{g: g, u: u[:n], out: out[:n]}
+	parallelRun((n+elementwiseChunk-1)/elementwiseChunk, n*expWork, t)
+	*t = swigluTask[T]{}
+	swigluTasks.Put(t)
+}
+
+// swigluTask is one swiglu call over chunks of elements.
+type swigluTask[T Float] struct{ g, u, out []T }
+
+var swigluTasks sync.Pool
+
+func (t *swigluTask[T]) do(c int) {
+	i0, i1 := c*elementwiseChunk, min((c+1)*elementwiseChunk, len(t.g))
+	if gf, ok := any(t.g).([]float32); ok {
+		swigluF32(gf[i0:i1], any(t.u).([]float32)[i0:i1], any(t.out).([]float32)[i0:i1])
+		return
+	}
+	swigluGo(t.g[i0:i1], t.u[i0:i1], t.out[i0:i1])
 }
 
 // swigluGo is swiglu's loop in Go.
@@ -235,17 +287,26 @@ const (
 // swigluBwd computes dg and du from d(out), in chunks over the threads like swiglu.
 func swigluBwd[T Float](g, u, dout, dg, du []T) {
 	n := len(g)
-	u, dout, dg, du = u[:n], dout[:n], dg[:n], du[:n]
-	gf, ok := any(g).([]float32)
-	parallelFor((n+elementwiseChunk-1)/elementwiseChunk, n*expWork, func(c int) {
-		i0, i1 := c*elementwiseChunk, min((c+1)*elementwiseChunk, n)
-		if ok {
-			swigluBwdF32(gf[i0:i1], any(u).([]float32)[i0:i1], any(dout).([]float32)[i0:i1],
-				any(dg).([]float32)[i0:i1], any(du).([]float32)[i0:i1])
-			return
-		}
-		swigluBwdGo(g[i0:i1], u[i0:i1], dout[i0:i1], dg[i0:i1], du[i0:i1])
-	})
+	t := pooled[swigluBwdTask[T]](&swigluBwdTasks)
+	*t = swigluBwdTask[T]{g: g, u: u[:n], dout: dout[:n], dg: dg[:n], du: du[:n]}
+	parallelRun((n+elementwiseChunk-1)/elementwiseChunk, n*expWork, t)
+	*t = swigluBwdTask[T]{}
+	swigluBwdTasks.Put(t)
+}
+
+// swigluBwdTask is one swigluBwd call over chunks of elements.
+type swigluBwdTask[T Float] struct{ g, u, dout, dg, du []T }
+
+var swigluBwdTasks sync.Pool
+
+func (t *swigluBwdTask[T]) do(c int) {
+	i0, i1 := c*elementwiseChunk, min((c+1)*elementwiseChunk, len(t.g))
+	if gf, ok := any(t.g).([]float32); ok {
+		swigluBwdF32(gf[i0:i1], any(t.u).([]float32)[i0:i1], any(t.dout).([]float32)[i0:i1],
+			any(t.dg).([]float32)[i0:i1], any(t.du).([]float32)[i0:i1])
+		return
+	}
+	swigluBwdGo(t.g[i0:i1], t.u[i0:i1], t.dout[i0:i1], t.dg[i0:i1], t.du[i0:i1])
 }
 
 // swigluBwdGo is swigluBwd's loop in Go.
@@ -289,18 +350,11 @@ func expAffineGo[T Float](x []T, scale, shift float64, out []float64) {
 
 // f64Pool holds vocabulary-sized float64 work arrays (the exponentials of a row of
 // logits) between uses.
-var f64Pool sync.Pool
+var f64Pool bufPool[float64]
 
-func getF64(n int) *[]float64 {
-	if p, _ := f64Pool.Get().(*[]float64); p != nil && cap(*p) >= n {
-		*p = (*p)[:n]
-		return p
-	}
-	s := make([]float64, n)
-	return &s
-}
+func getF64(n int) *[]float64 { return f64Pool.get(n) }
 
-func putF64(p *[]float64) { f64Pool.Put(p) }
+func putF64(p *[]float64) { f64Pool.put(p) }
 
 // weightedSumFrom is weightedSum for the elements d ≥ d0 of acc, in Go.
 func weightedSumFrom[T Float](acc []float64, p []float64, v []T, ldv, d0 int) {

@@ -175,44 +175,63 @@ func sgemmNTPacked(C, A []float32, p *packedNT, M int, acc bool) {
 	N, K, ns := p.n, p.k, p.ns
 	_ = A[M*K-1]
 	_ = C[M*N-1]
+	t := packedCalls.Get().(*packedCall)
+	*t = packedCall{C: C, A: A, p: p, M: M, acc: acc}
+	parallelRun((ns+3)/4, M*N*K, t)
+	*t = packedCall{}
+	packedCalls.Put(t)
+}
+
+// packedCall is one sgemmNTPacked call, its task: do(g) computes the group of four column
+// strips g. Calls take it from a pool, so a product allocates nothing.
+type packedCall struct {
+	C, A []float32
+	p    *packedNT
+	M    int
+	acc  bool
+}
+
+var packedCalls = sync.Pool{New: func() any { return new(packedCall) }}
+
+func (t *packedCall) do(g int) {
+	C, A, p, M, acc := t.C, t.A, t.p, t.M, t.acc
+	N, K, ns := p.n, p.k, p.ns
 	full := M / 6 * 6
-	parallelFor((ns+3)/4, M*N*K, func(g int) {
-		s0, s1 := 4*g, min(4*g+4, ns)
-		var tmp [6 * 16]float32
-		for pc := 0; pc < K; pc += gemmKC {
-			kc := min(gemmKC, K-pc)
-			accum := acc || pc > 0
-			blk := p.data[pc*ns*16:]
-			for s := s0; s < s1; s++ {
-				bp, j0 := &blk[s*16*kc], 16*s
-				nj := min(16, N-j0)
-				for i0 := 0; i0 < full; i0 += 6 {
-					if nj == 16 {
-						kernelTileA(packedKernel, kc, &A[i0*K+pc], K, bp, &C[i0*N+j0], N, accum)
-						continue
-					}
-					kernelTileA(packedKernel, kc, &A[i0*K+pc], K, bp, &tmp[0], 16, false)
-					addTile(C[i0*N+j0:], N, tmp[:], 6, nj, accum)
+	s0, s1 := 4*g, min(4*g+4, ns)
+	var tmp [6 * 16]float32
+	for pc := 0; pc < K; pc += gemmKC {
+		kc := min(gemmKC, K-pc)
+		accum := acc || pc > 0
+		blk := p.data[pc*ns*16:]
+		for s := s0; s < s1; s++ {
+			bp, j0 := &blk[s*16*kc], 16*s
+			nj := min(16, N-j0)
+			for i0 := 0; i0 < full; i0 += 6 {
+				if nj == 16 {
+					kernelTileA(packedKernel, kc, &A[i0*K+pc], K, bp, &C[i0*N+j0], N, accum)
+					continue
 				}
-			}
-			r := M - full
-			switch {
-			case r == 0:
-			case r <= 2 && s1-s0 == 4 && 16*s1 <= N:
-				for i := full; i < M; i++ {
-					packedRow(kc, &A[i*K+pc], &blk[s0*16*kc], 16*kc, &C[i*N+16*s0], accum)
-				}
-			default:
-				var pa [6 * gemmKC]float32
-				packA(pa[:], A, K, 1, full, r, pc, kc, 6)
-				for s := s0; s < s1; s++ {
-					j0 := 16 * s
-					kernelTile(packedKernel, kc, &pa[0], &blk[s*16*kc], &tmp[0], 16, false)
-					addTile(C[full*N+j0:], N, tmp[:], r, min(16, N-j0), accum)
-				}
+				kernelTileA(packedKernel, kc, &A[i0*K+pc], K, bp, &tmp[0], 16, false)
+				addTile(C[i0*N+j0:], N, tmp[:], 6, nj, accum)
 			}
 		}
-	})
+		r := M - full
+		switch {
+		case r == 0:
+		case r <= 2 && s1-s0 == 4 && 16*s1 <= N:
+			for i := full; i < M; i++ {
+				packedRow(kc, &A[i*K+pc], &blk[s0*16*kc], 16*kc, &C[i*N+16*s0], accum)
+			}
+		default:
+			var pa [6 * gemmKC]float32
+			packA(pa[:], A, K, 1, full, r, pc, kc, 6)
+			for s := s0; s < s1; s++ {
+				j0 := 16 * s
+				kernelTile(packedKernel, kc, &pa[0], &blk[s*16*kc], &tmp[0], 16, false)
+				addTile(C[full*N+j0:], N, tmp[:], r, min(16, N-j0), accum)
+			}
+		}
+	}
 }
 
 // addTile writes (or adds, when accum is set) rows × cols of a tile t with rows 16 apart

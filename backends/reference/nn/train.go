@@ -43,14 +43,19 @@ type batchLayout[T Float] struct {
 	total int
 }
 
-func layout[T Float](seqs []Seq[T]) *batchLayout[T] {
-	b := &batchLayout[T]{seqs: seqs, off: make([]int, len(seqs))}
+// layout lays the sequences out as rows, reusing b's arrays.
+func layout[T Float](seqs []Seq[T], b *batchLayout[T]) *batchLayout[T] {
+	total := 0
+	for _, s := range seqs {
+		total += len(s.Tokens)
+	}
+	*b = batchLayout[T]{seqs: seqs, off: resize(b.off, len(seqs)), pos: resize(b.pos, total), segs: b.segs[:0]}
 	for i, s := range seqs {
 		b.off[i] = b.total
-		for p := range s.Tokens {
-			b.pos = append(b.pos, p)
-		}
 		n := len(s.Tokens)
+		for p := range n {
+			b.pos[b.total+p] = p
+		}
 		if len(b.segs) > 0 && b.segs[len(b.segs)-1].ad == s.Adapter {
 			b.segs[len(b.segs)-1].r1 += n
 		} else {
@@ -61,6 +66,15 @@ func layout[T Float](seqs []Seq[T]) *batchLayout[T] {
 	return b
 }
 
+// resize returns x with length n, reallocated only when its capacity is short (the
+// contents are not kept).
+func resize[E any](x []E, n int) []E {
+	if cap(x) < n {
+		return make([]E, n)
+	}
+	return x[:n]
+}
+
 func layerPick[T Float](l int, t Target) pickFn[T] {
 	return func(a *Adapter[T]) *Pair[T] { return a.Layers[l][t] }
 }
@@ -69,13 +83,25 @@ func headPick[T Float](a *Adapter[T]) *Pair[T] { return a.Head }
 
 // fbArena hands ForwardBackward its work arrays in the order it asks for them and keeps
 // them for the next call (through fbArenas): a training step of a shape seen before
-// allocates none of them. Every array is cleared when handed out, as make's are.
+// allocates none of them, nor its layout, per-layer records or per-segment lists. Every
+// array is cleared when handed out, as make's are. A nil *fbArena allocates each (a
+// forward-only pass, which lets each layer's arrays go).
 type fbArena[T Float] struct {
-	bufs [][]T
-	next int
+	bufs      [][]T
+	next      int
+	lists     [][][]T // per-segment lists (linFwd's LoRA inputs)
+	nextList  int
+	acts      []layerAct[T]
+	layout    batchLayout[T]
+	rowSeq    []int    // the sequence of each row (head)
+	headSegs  []seg[T] // the segments of a chunk of the head's rows
+	headTasks headTask[T]
 }
 
 func (a *fbArena[T]) get(n int) []T {
+	if a == nil {
+		return make([]T, n)
+	}
 	if a.next == len(a.bufs) {
 		a.bufs = append(a.bufs, nil)
 	}
@@ -91,6 +117,36 @@ func (a *fbArena[T]) get(n int) []T {
 	return b
 }
 
+// list returns a cleared list of n arrays.
+func (a *fbArena[T]) list(n int) [][]T {
+	if a == nil {
+		return make([][]T, n)
+	}
+	if a.nextList == len(a.lists) {
+		a.lists = append(a.lists, nil)
+	}
+	l := resize(a.lists[a.nextList], n)
+	clear(l)
+	a.lists[a.nextList] = l
+	a.nextList++
+	return l
+}
+
+// reset starts a step; release drops what the arena holds of the caller's (the
+// sequences, adapters and arrays it was handed) before it goes back to the pool.
+func (a *fbArena[T]) reset() { a.next, a.nextList = 0, 0 }
+
+func (a *fbArena[T]) release() {
+	for _, l := range a.lists {
+		clear(l)
+	}
+	clear(a.acts)
+	clear(a.layout.segs[:cap(a.layout.segs)])
+	clear(a.headSegs[:cap(a.headSegs)])
+	a.layout.seqs = nil
+	fbArenas.Put(a)
+}
+
 // fbArenas holds *fbArena[T] between training steps.
 var fbArenas sync.Pool
 
@@ -100,24 +156,26 @@ var fbArenas sync.Pool
 // Callers must make sure no other goroutine touches these adapters meanwhile.
 func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool) []Output {
 	c := &m.Cfg
-	b := layout(seqs)
+	// A training step takes its work arrays from an arena kept for the next step, the
+	// backward pass's per-layer ones reused layer after layer; a forward-only pass (ar is
+	// nil) allocates them and lets each layer's go.
+	var ar *fbArena[T]
+	var b *batchLayout[T]
+	var acts []layerAct[T]
+	if backward {
+		ar = pooled[fbArena[T]](&fbArenas)
+		ar.reset()
+		defer ar.release()
+		b = layout(seqs, &ar.layout)
+		ar.acts = resize(ar.acts, len(m.Layers))
+		acts = ar.acts
+	} else {
+		b = layout(seqs, &batchLayout[T]{})
+	}
+	get := ar.get
 	M, D := b.total, c.Hidden
 	QD, KVD, F := m.QDim(), m.KVDim(), c.Inter
 	eps := c.Eps
-	// A training step takes its work arrays from an arena kept for the next step, the
-	// backward pass's per-layer ones reused layer after layer; a forward-only pass lets
-	// each layer's go (acts[l] = nil), so it allocates them.
-	get := func(n int) []T { return make([]T, n) }
-	var ar *fbArena[T]
-	if backward {
-		ar, _ = fbArenas.Get().(*fbArena[T])
-		if ar == nil {
-			ar = &fbArena[T]{}
-		}
-		ar.next = 0
-		defer fbArenas.Put(ar)
-		get = ar.get
-	}
 	wp := m.packedWeights() // small models' frozen weights, packed once
 	x := get(M * D)
 	for i, s := range seqs {
@@ -126,17 +184,26 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 		}
 	}
 	posOf := func(i int) int { return b.pos[i] }
-	acts := make([]*layerAct[T], len(m.Layers))
+	var fwdAct *layerAct[T] // a forward-only pass's layer
 	for l := range m.Layers {
 		L := &m.Layers[l]
-		a := &layerAct[T]{xIn: x}
-		acts[l] = a
+		var a *layerAct[T]
+		switch {
+		case backward:
+			a = &acts[l]
+		case fwdAct == nil:
+			fwdAct = new(layerAct[T])
+			fallthrough
+		default:
+			a = fwdAct
+		}
+		*a = layerAct[T]{xIn: x}
 		a.h1, a.inv1 = get(M*D), get(M)
 		rmsnorm(x, L.AttnNorm, a.h1, a.inv1, M, D, eps)
 		a.q, a.k, a.v = get(M*QD), get(M*KVD), get(M*KVD)
-		a.xs[TQ] = linFwd(a.h1, M, &L.Lin[TQ], wp.pack(l, TQ), b.segs, layerPick[T](l, TQ), a.q)
-		a.xs[TK] = linFwd(a.h1, M, &L.Lin[TK], wp.pack(l, TK), b.segs, layerPick[T](l, TK), a.k)
-		a.xs[TV] = linFwd(a.h1, M, &L.Lin[TV], wp.pack(l, TV), b.segs, layerPick[T](l, TV), a.v)
+		a.xs[TQ] = linFwd(ar, a.h1, M, &L.Lin[TQ], wp.pack(l, TQ), b.segs, layerPick[T](l, TQ), a.q)
+		a.xs[TK] = linFwd(ar, a.h1, M, &L.Lin[TK], wp.pack(l, TK), b.segs, layerPick[T](l, TK), a.k)
+		a.xs[TV] = linFwd(ar, a.h1, M, &L.Lin[TV], wp.pack(l, TV), b.segs, layerPick[T](l, TV), a.v)
 		if L.QNorm != nil {
 			a.qRaw, a.kRaw = a.q, a.k
 			a.q, a.k = get(M*QD), get(M*KVD)
@@ -149,7 +216,7 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 		a.att, a.lse = get(M*QD), get(M*c.Heads)
 		m.attnFwd(b, a)
 		o := get(M * D)
-		a.xs[TO] = linFwd(a.att, M, &L.Lin[TO], wp.pack(l, TO), b.segs, layerPick[T](l, TO), o)
+		a.xs[TO] = linFwd(ar, a.att, M, &L.Lin[TO], wp.pack(l, TO), b.segs, layerPick[T](l, TO), o)
 		a.xMid = get(M * D)
 		for i := range o {
 			a.xMid[i] = x[i] + o[i]
@@ -157,17 +224,14 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 		a.h2, a.inv2 = get(M*D), get(M)
 		rmsnorm(a.xMid, L.MLPNorm, a.h2, a.inv2, M, D, eps)
 		a.g, a.u, a.act = get(M*F), get(M*F), get(M*F)
-		a.xs[TGate] = linFwd(a.h2, M, &L.Lin[TGate], wp.pack(l, TGate), b.segs, layerPick[T](l, TGate), a.g)
-		a.xs[TUp] = linFwd(a.h2, M, &L.Lin[TUp], wp.pack(l, TUp), b.segs, layerPick[T](l, TUp), a.u)
+		a.xs[TGate] = linFwd(ar, a.h2, M, &L.Lin[TGate], wp.pack(l, TGate), b.segs, layerPick[T](l, TGate), a.g)
+		a.xs[TUp] = linFwd(ar, a.h2, M, &L.Lin[TUp], wp.pack(l, TUp), b.segs, layerPick[T](l, TUp), a.u)
 		swiglu(a.g, a.u, a.act)
 		dn := get(M * D)
-		a.xs[TDown] = linFwd(a.act, M, &L.Lin[TDown], wp.pack(l, TDown), b.segs, layerPick[T](l, TDown), dn)
+		a.xs[TDown] = linFwd(ar, a.act, M, &L.Lin[TDown], wp.pack(l, TDown), b.segs, layerPick[T](l, TDown), dn)
 		x = get(M * D)
 		for i := range dn {
 			x[i] = a.xMid[i] + dn[i]
-		}
-		if !backward {
-			acts[l] = nil // keep nothing
 		}
 	}
 	hf, invF := get(M*D), get(M)
@@ -176,7 +240,7 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 	if backward {
 		dhf = get(M * D)
 	}
-	outs := m.head(b, hf, loss, dhf)
+	outs := m.head(ar, b, hf, loss, dhf)
 	if !backward {
 		return outs
 	}
@@ -186,19 +250,19 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 	for l := len(m.Layers) - 1; l >= 0; l-- {
 		ar.next = bwdBase // the previous layer's arrays are done with
 		L := &m.Layers[l]
-		a := acts[l]
+		a := &acts[l]
 		// MLP: x = xMid + down(act)
 		dact := get(M * F)
-		linBwd(dx, a.act, M, &L.Lin[TDown], wp.packNN(l, TDown), b.segs, layerPick[T](l, TDown), a.xs[TDown], dact, false)
+		linBwd(ar, dx, a.act, M, &L.Lin[TDown], wp.packNN(l, TDown), b.segs, layerPick[T](l, TDown), a.xs[TDown], dact, false)
 		dg, du := get(M*F), get(M*F)
 		swigluBwd(a.g, a.u, dact, dg, du)
 		dh2 := get(M * D)
-		linBwd(dg, a.h2, M, &L.Lin[TGate], wp.packNN(l, TGate), b.segs, layerPick[T](l, TGate), a.xs[TGate], dh2, false)
-		linBwd(du, a.h2, M, &L.Lin[TUp], wp.packNN(l, TUp), b.segs, layerPick[T](l, TUp), a.xs[TUp], dh2, true)
+		linBwd(ar, dg, a.h2, M, &L.Lin[TGate], wp.packNN(l, TGate), b.segs, layerPick[T](l, TGate), a.xs[TGate], dh2, false)
+		linBwd(ar, du, a.h2, M, &L.Lin[TUp], wp.packNN(l, TUp), b.segs, layerPick[T](l, TUp), a.xs[TUp], dh2, true)
 		rmsnormBwd(dh2, a.xMid, L.MLPNorm, a.inv2, dx, M, D) // dx is now d(xMid)
 		// attention: xMid = xIn + o(att)
 		datt := get(M * QD)
-		linBwd(dx, a.att, M, &L.Lin[TO], wp.packNN(l, TO), b.segs, layerPick[T](l, TO), a.xs[TO], datt, false)
+		linBwd(ar, dx, a.att, M, &L.Lin[TO], wp.packNN(l, TO), b.segs, layerPick[T](l, TO), a.xs[TO], datt, false)
 		dq, dk, dv := get(M*QD), get(M*KVD), get(M*KVD)
 		m.attnBwd(b, a, datt, dq, dk, dv)
 		rope(dq, M, c.Heads, c.HeadDim, posOf, m.cos, m.sin, true)
@@ -211,13 +275,13 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 		}
 		dh1 := get(M * D)
 		needDX := l > 0
-		linBwd(dq, a.h1, M, &L.Lin[TQ], wp.packNN(l, TQ), b.segs, layerPick[T](l, TQ), a.xs[TQ], dh1, false)
-		linBwd(dk, a.h1, M, &L.Lin[TK], wp.packNN(l, TK), b.segs, layerPick[T](l, TK), a.xs[TK], dh1, true)
-		linBwd(dv, a.h1, M, &L.Lin[TV], wp.packNN(l, TV), b.segs, layerPick[T](l, TV), a.xs[TV], dh1, true)
+		linBwd(ar, dq, a.h1, M, &L.Lin[TQ], wp.packNN(l, TQ), b.segs, layerPick[T](l, TQ), a.xs[TQ], dh1, false)
+		linBwd(ar, dk, a.h1, M, &L.Lin[TK], wp.packNN(l, TK), b.segs, layerPick[T](l, TK), a.xs[TK], dh1, true)
+		linBwd(ar, dv, a.h1, M, &L.Lin[TV], wp.packNN(l, TV), b.segs, layerPick[T](l, TV), a.xs[TV], dh1, true)
 		if needDX {
 			rmsnormBwd(dh1, a.xIn, L.AttnNorm, a.inv1, dx, M, D)
 		}
-		acts[l] = nil
+		acts[l] = layerAct[T]{}
 	}
 	return outs
 }
@@ -229,67 +293,107 @@ const headChunk = 256
 
 // head computes logits chunk by chunk, the log-prob of every target and its loss, and,
 // when dhf is not nil, back-propagates the loss into dhf and the lm_head LoRA gradients.
-func (m *Model[T]) head(b *batchLayout[T], hf []T, loss TokenLoss, dhf []T) []Output {
+func (m *Model[T]) head(ar *fbArena[T], b *batchLayout[T], hf []T, loss TokenLoss, dhf []T) []Output {
 	wp := m.packedWeights()
 	D, V := m.Cfg.Hidden, m.Cfg.Vocab
 	outs := make([]Output, len(b.seqs))
-	seqOf := make([]int, b.total) // the sequence of each row
+	var t *headTask[T]
+	if ar != nil {
+		t = &ar.headTasks
+	} else {
+		t = new(headTask[T])
+	}
+	*t = headTask[T]{b: b, outs: outs, loss: loss, V: V, backward: dhf != nil}
+	if ar != nil {
+		ar.rowSeq = resize(ar.rowSeq, b.total)
+		t.rowSeq = ar.rowSeq
+	} else {
+		t.rowSeq = make([]int, b.total)
+	}
 	for si, s := range b.seqs {
 		n := len(s.Tokens)
 		outs[si] = Output{LogProbs: make([]float64, n*s.K), Loss: make([]float64, n)}
 		for p := range n {
-			seqOf[b.off[si]+p] = si
+			t.rowSeq[b.off[si]+p] = si
 		}
 	}
-	logits := make([]T, min(headChunk, b.total)*V)
+	logits := ar.get(min(headChunk, b.total) * V)
 	for r0 := 0; r0 < b.total; r0 += headChunk {
 		r1 := min(r0+headChunk, b.total)
 		rows := r1 - r0
-		segs := clipSegs(b.segs, r0, r1)
+		var segs []seg[T]
+		if ar != nil {
+			ar.headSegs = clipSegs(ar.headSegs[:0], b.segs, r0, r1)
+			segs = ar.headSegs
+		} else {
+			segs = clipSegs(nil, b.segs, r0, r1)
+		}
 		X := hf[r0*D : r1*D]
-		lgs := logits[:rows*V]
-		xs := linFwd(X, rows, &m.Head, wp.pack(-1, 0), segs, headPick[T], lgs)
+		t.r0, t.lgs = r0, logits[:rows*V]
+		xs := linFwd(ar, X, rows, &m.Head, wp.pack(-1, 0), segs, headPick[T], t.lgs)
 		// rows over the threads: each writes its own logits, log-probs and loss
-		parallelFor(rows, rows*V*expWork, func(i int) {
-			si, pos := seqOf[r0+i], b.pos[r0+i]
-			s := &b.seqs[si]
-			lg := lgs[i*V : (i+1)*V]
-			lse := logSumExp(lg)
-			var gsum float64
-			gs := make([]float64, s.K)
-			for k := 0; k < s.K; k++ {
-				t := s.Targets[pos*s.K+k]
-				lp := float64(lg[t]) - lse
-				l, g := loss(si, pos, k, lp)
-				outs[si].LogProbs[pos*s.K+k] = lp
-				outs[si].Loss[pos] += l
-				gs[k] = g
-				gsum += g
-			}
-			if dhf == nil {
-				return
-			}
-			// d lp_k / d logit_v = [v = t_k] − softmax_v
-			e := getF64(V)
-			expAffine(lg, 1, lse, *e)
-			for v, x := range *e {
-				lg[v] = T(-gsum * x)
-			}
-			putF64(e)
-			for k := 0; k < s.K; k++ {
-				lg[s.Targets[pos*s.K+k]] += T(gs[k])
-			}
-		})
+		parallelRun(rows, rows*V*expWork, t)
 		if dhf != nil {
-			linBwd(lgs, X, rows, &m.Head, wp.packNN(-1, 0), segs, headPick[T], xs, dhf[r0*D:r1*D], false)
+			linBwd(ar, t.lgs, X, rows, &m.Head, wp.packNN(-1, 0), segs, headPick[T], xs, dhf[r0*D:r1*D], false)
 		}
 	}
+	*t = headTask[T]{}
 	return outs
 }
 
-// clipSegs returns the parts of segs inside rows [r0, r1), numbered from r0.
-func clipSegs[T Float](segs []seg[T], r0, r1 int) []seg[T] {
-	var out []seg[T]
+// headTask is the head's per-row work on one chunk of logits (rows r0…): do(i) takes row
+// r0+i's log-probs and loss and, for a backward pass, turns its logits into their
+// gradient.
+type headTask[T Float] struct {
+	b        *batchLayout[T]
+	outs     []Output
+	loss     TokenLoss
+	rowSeq   []int // the sequence of each row
+	V        int
+	backward bool
+	r0       int
+	lgs      []T
+}
+
+func (t *headTask[T]) do(i int) {
+	V := t.V
+	si, pos := t.rowSeq[t.r0+i], t.b.pos[t.r0+i]
+	s := &t.b.seqs[si]
+	out := &t.outs[si]
+	lg := t.lgs[i*V : (i+1)*V]
+	lse := logSumExp(lg)
+	var gsum float64
+	var few [16]float64 // the targets' gradients, on the stack for up to 16 targets
+	gs := few[:0]
+	if s.K > len(few) {
+		gs = make([]float64, 0, s.K)
+	}
+	for k := 0; k < s.K; k++ {
+		tg := s.Targets[pos*s.K+k]
+		lp := float64(lg[tg]) - lse
+		l, g := t.loss(si, pos, k, lp)
+		out.LogProbs[pos*s.K+k] = lp
+		out.Loss[pos] += l
+		gs = append(gs, g)
+		gsum += g
+	}
+	if !t.backward {
+		return
+	}
+	// d lp_k / d logit_v = [v = t_k] − softmax_v
+	e := getF64(V)
+	expAffine(lg, 1, lse, *e)
+	for v, x := range *e {
+		lg[v] = T(-gsum * x)
+	}
+	putF64(e)
+	for k, g := range gs {
+		lg[s.Targets[pos*s.K+k]] += T(g)
+	}
+}
+
+// clipSegs appends to out the parts of segs inside rows [r0, r1), numbered from r0.
+func clipSegs[T Float](out, segs []seg[T], r0, r1 int) []seg[T] {
 	for _, sg := range segs {
 		if a, z := max(sg.r0, r0), min(sg.r1, r1); a < z {
 			out = append(out, seg[T]{r0: a - r0, r1: z - r0, ad: sg.ad})
@@ -301,94 +405,150 @@ func clipSegs[T Float](segs []seg[T], r0, r1 int) []seg[T] {
 // attnFwd computes causal softmax attention for every (sequence, head), saving the
 // log-sum-exp of each score row.
 func (m *Model[T]) attnFwd(b *batchLayout[T], a *layerAct[T]) {
-	c := &m.Cfg
+	t := pooled[attnTask[T]](&attnFwdTasks)
+	*t = attnTask[T]{m: m, b: b, a: a}
+	parallelRun(len(b.seqs)*m.Cfg.Heads, 1<<30, (*attnFwdTask[T])(t))
+	*t = attnTask[T]{}
+	attnFwdTasks.Put(t)
+}
+
+// attnTask is one attnFwd or attnBwd call (the gradients set for attnBwd).
+type attnTask[T Float] struct {
+	m                *Model[T]
+	b                *batchLayout[T]
+	a                *layerAct[T]
+	datt, dq, dk, dv []T
+}
+
+// attnFwdTask runs attnFwd for task = (sequence, head).
+type attnFwdTask[T Float] attnTask[T]
+
+var attnFwdTasks, attnBwdTasks sync.Pool
+
+// attnScratch holds a task's work rows (f1, f2 and t one per key, f3 one per head
+// dimension); tasks take them from attnScratches.
+type attnScratch[T Float] struct {
+	f1, f2, f3 []float64
+	t          []T
+}
+
+var attnScratches sync.Pool
+
+// scratch returns work rows for n keys and head size hd, from the pool.
+func scratch[T Float](n, hd int) *attnScratch[T] {
+	s := pooled[attnScratch[T]](&attnScratches)
+	grow := func(x []float64, n int) []float64 {
+		if cap(x) < n {
+			return make([]float64, n)
+		}
+		return x[:n]
+	}
+	s.f1, s.f2, s.f3 = grow(s.f1, n), grow(s.f2, n), grow(s.f3, hd)
+	if cap(s.t) < n {
+		s.t = make([]T, n)
+	}
+	s.t = s.t[:n]
+	return s
+}
+
+func (t *attnFwdTask[T]) do(task int) {
+	b, a := t.b, t.a
+	c := &t.m.Cfg
 	H, KH, hd := c.Heads, c.KVHeads, c.HeadDim
 	grp := H / KH
 	QD, KVD := H*hd, KH*hd
 	scale := 1 / math.Sqrt(float64(hd))
-	nTasks := len(b.seqs) * H
-	parallelFor(nTasks, 1<<30, func(task int) {
-		si, h := task/H, task%H
-		kh := h / grp
-		off, n := b.off[si], len(b.seqs[si].Tokens)
-		sc := make([]float64, n)
-		qk := make([]T, n)
-		acc := make([]float64, hd)
-		for i := 0; i < n; i++ {
-			q := a.q[(off+i)*QD+h*hd : (off+i)*QD+(h+1)*hd]
-			dotRows(qk[:i+1], q, a.k[off*KVD+kh*hd:], KVD)
-			mx := math.Inf(-1)
-			for j := 0; j <= i; j++ {
-				s := float64(qk[j]) * scale
-				sc[j] = s
-				if s > mx {
-					mx = s
-				}
+	si, h := task/H, task%H
+	kh := h / grp
+	off, n := b.off[si], len(b.seqs[si].Tokens)
+	ws := scratch[T](n, hd)
+	defer attnScratches.Put(ws)
+	sc, qk, acc := ws.f1, ws.t, ws.f3
+	for i := 0; i < n; i++ {
+		q := a.q[(off+i)*QD+h*hd : (off+i)*QD+(h+1)*hd]
+		dotRows(qk[:i+1], q, a.k[off*KVD+kh*hd:], KVD)
+		mx := math.Inf(-1)
+		for j := 0; j <= i; j++ {
+			s := float64(qk[j]) * scale
+			sc[j] = s
+			if s > mx {
+				mx = s
 			}
-			for j := 0; j <= i; j++ {
-				sc[j] -= mx
-			}
-			expInPlace(sc[:i+1])
-			var sum float64
-			for j := 0; j <= i; j++ {
-				sum += sc[j]
-			}
-			clear(acc)
-			for j := 0; j <= i; j++ {
-				sc[j] /= sum
-			}
-			weightedSum(acc, sc[:i+1], a.v[off*KVD+kh*hd:], KVD)
-			o := a.att[(off+i)*QD+h*hd : (off+i)*QD+(h+1)*hd]
-			for d := range o {
-				o[d] = T(acc[d])
-			}
-			a.lse[(off+i)*H+h] = T(mx + math.Log(sum))
 		}
-	})
+		for j := 0; j <= i; j++ {
+			sc[j] -= mx
+		}
+		expInPlace(sc[:i+1])
+		var sum float64
+		for j := 0; j <= i; j++ {
+			sum += sc[j]
+		}
+		clear(acc)
+		for j := 0; j <= i; j++ {
+			sc[j] /= sum
+		}
+		weightedSum(acc, sc[:i+1], a.v[off*KVD+kh*hd:], KVD)
+		o := a.att[(off+i)*QD+h*hd : (off+i)*QD+(h+1)*hd]
+		for d := range o {
+			o[d] = T(acc[d])
+		}
+		a.lse[(off+i)*H+h] = T(mx + math.Log(sum))
+	}
 }
 
 // attnBwd back-propagates datt into dq, dk and dv, recomputing the probabilities from the
 // saved log-sum-exp. Tasks are (sequence, kv head) so no two goroutines write one row.
 func (m *Model[T]) attnBwd(b *batchLayout[T], a *layerAct[T], datt, dq, dk, dv []T) {
-	c := &m.Cfg
+	t := pooled[attnTask[T]](&attnBwdTasks)
+	*t = attnTask[T]{m: m, b: b, a: a, datt: datt, dq: dq, dk: dk, dv: dv}
+	parallelRun(len(b.seqs)*m.Cfg.KVHeads, 1<<30, (*attnBwdTask[T])(t))
+	*t = attnTask[T]{}
+	attnBwdTasks.Put(t)
+}
+
+// attnBwdTask runs attnBwd for task = (sequence, kv head).
+type attnBwdTask[T Float] attnTask[T]
+
+func (t *attnBwdTask[T]) do(task int) {
+	b, a, datt, dq, dk, dv := t.b, t.a, t.datt, t.dq, t.dk, t.dv
+	c := &t.m.Cfg
 	H, KH, hd := c.Heads, c.KVHeads, c.HeadDim
 	grp := H / KH
 	QD, KVD := H*hd, KH*hd
 	scale := 1 / math.Sqrt(float64(hd))
-	parallelFor(len(b.seqs)*KH, 1<<30, func(task int) {
-		si, kh := task/KH, task%KH
-		off, n := b.off[si], len(b.seqs[si].Tokens)
-		dqa := make([]float64, hd)
-		pAll, dsAll, dAll := make([]float64, n), make([]float64, n), make([]T, n)
-		kv0 := off*KVD + kh*hd // this sequence's first key row of this head
-		for h := kh * grp; h < (kh+1)*grp; h++ {
-			for i := 0; i < n; i++ {
-				row := (off + i) * QD
-				q := a.q[row+h*hd : row+(h+1)*hd]
-				do := datt[row+h*hd : row+(h+1)*hd]
-				o := a.att[row+h*hd : row+(h+1)*hd]
-				lse := float64(a.lse[(off+i)*H+h])
-				var di float64
-				for d := range do {
-					di += float64(do[d]) * float64(o[d])
-				}
-				p, ds, dots := pAll[:i+1], dsAll[:i+1], dAll[:i+1]
-				dotRows(dots, q, a.k[kv0:], KVD)
-				for j := range p {
-					p[j] = float64(dots[j])*scale - lse
-				}
-				expInPlace(p)
-				dotRows(dots, do, a.v[kv0:], KVD)
-				for j, pj := range p {
-					ds[j] = pj * (float64(dots[j]) - di) * scale
-				}
-				clear(dqa)
-				attnGrad(dqa, ds, p, q, do, a.k[kv0:], KVD, dk[kv0:], dv[kv0:])
-				dqr := dq[row+h*hd : row+(h+1)*hd]
-				for d := range dqr {
-					dqr[d] = T(dqa[d])
-				}
+	si, kh := task/KH, task%KH
+	off, n := b.off[si], len(b.seqs[si].Tokens)
+	ws := scratch[T](n, hd)
+	defer attnScratches.Put(ws)
+	dqa, pAll, dsAll, dAll := ws.f3, ws.f1, ws.f2, ws.t
+	kv0 := off*KVD + kh*hd // this sequence's first key row of this head
+	for h := kh * grp; h < (kh+1)*grp; h++ {
+		for i := 0; i < n; i++ {
+			row := (off + i) * QD
+			q := a.q[row+h*hd : row+(h+1)*hd]
+			do := datt[row+h*hd : row+(h+1)*hd]
+			o := a.att[row+h*hd : row+(h+1)*hd]
+			lse := float64(a.lse[(off+i)*H+h])
+			var di float64
+			for d := range do {
+				di += float64(do[d]) * float64(o[d])
+			}
+			p, ds, dots := pAll[:i+1], dsAll[:i+1], dAll[:i+1]
+			dotRows(dots, q, a.k[kv0:], KVD)
+			for j := range p {
+				p[j] = float64(dots[j])*scale - lse
+			}
+			expInPlace(p)
+			dotRows(dots, do, a.v[kv0:], KVD)
+			for j, pj := range p {
+				ds[j] = pj * (float64(dots[j]) - di) * scale
+			}
+			clear(dqa)
+			attnGrad(dqa, ds, p, q, do, a.k[kv0:], KVD, dk[kv0:], dv[kv0:])
+			dqr := dq[row+h*hd : row+(h+1)*hd]
+			for d := range dqr {
+				dqr[d] = T(dqa[d])
 			}
 		}
-	})
+	}
 }

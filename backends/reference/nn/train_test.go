@@ -3,6 +3,7 @@ package nn
 import (
 	"math"
 	"math/rand/v2"
+	"runtime/debug"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -153,4 +154,32 @@ func TestFloat32MatchesFloat64(t *testing.T) {
 	}
 	t.Logf("max |logprob f32 - f64| = %.2e", worst)
 	require.Less(t, worst, 1e-4)
+}
+
+// TestTrainingStepAllocatesOnlyItsOutputs: a training step of a shape seen before takes
+// every work array, list, layout and parallel task from its arena and pools; what it
+// allocates is its result (the list of outputs, each sequence's log-probs and losses).
+// The step covers two adapters, two targets per position, head chunks (more rows than
+// headChunk) and the register-blocked attention backward (head size 32).
+func TestTrainingStepAllocatesOnlyItsOutputs(t *testing.T) {
+	defer SetThreads(Threads())
+	SetThreads(1)                                    // no worker goroutine is started, so the count is exact
+	defer debug.SetGCPercent(debug.SetGCPercent(-1)) // a collection would empty the pools
+	cfg := Config{Vocab: 97, Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 32, Inter: 96,
+		MaxPos: 256, RopeTheta: 10000, Eps: 1e-6, Tied: true}
+	m, err := NewRandom[float32](cfg, RandomOptions{QKNorm: true, Std: 0.1, Seed: 3})
+	require.NoError(t, err)
+	r := rand.New(rand.NewPCG(5, 1))
+	var seqs []Seq[float32]
+	for s := range 3 {
+		ad, err := NewAdapter(m, LoraConfig{Rank: 4, Seed: uint64(s), Attn: true, MLP: true, Unembed: true})
+		require.NoError(t, err)
+		randomizeAdapter(ad, uint64(s), 0.05)
+		tk, tg := randSeq(r, 100, cfg.Vocab, 2)
+		seqs = append(seqs, Seq[float32]{Tokens: tk, Targets: tg, K: 2, Adapter: ad})
+	}
+	seqs[2].Adapter = seqs[1].Adapter // two segments, one of two sequences
+	m.ForwardBackward(seqs, testLoss, true)
+	allocs := testing.AllocsPerRun(3, func() { m.ForwardBackward(seqs, testLoss, true) })
+	require.LessOrEqual(t, allocs, float64(1+2*len(seqs)))
 }
