@@ -123,6 +123,8 @@ func BenchmarkKernels(b *testing.B) {
 		{"MatMulT/512x16x1024", "nt", 512, 16, 1024},
 		{"MatMul/512x1024x3072", "nn", 512, 1024, 3072},
 		{"MatMul/32x1024x151936", "nn", 32, 1024, 151936},
+		{"MatMul/256x1024x151936", "nn", 256, 1024, 151936}, // lm_head dX, one head chunk
+		{"MatMul/512x1024x2048", "nn", 512, 1024, 2048},     // o_proj dX
 		{"MatMulTN/16x1024x512", "tn", 16, 1024, 512},
 	} {
 		b.Run(sh.name, func(b *testing.B) {

@@ -101,7 +101,11 @@ func sgemm(kn *sgemmKernel, M, N, K int, A []float32, ars, acs int, B []float32,
 		for jc := 0; jc < N; jc += gemmNC {
 			g.jc, g.nc = jc, min(gemmNC, N-jc)
 			g.ns = (g.nc + nr - 1) / nr
-			parallelRun(g.ns, g.nc*g.kc*4, (*sgemmPackB)(g))
+			if bcs == 1 { // rows of B in place: pack by rows, reading each row in order
+				parallelRun((g.kc+packRowsPerTask-1)/packRowsPerTask, g.nc*g.kc*4, (*sgemmPackBRows)(g))
+			} else {
+				parallelRun(g.ns, g.nc*g.kc*4, (*sgemmPackB)(g))
+			}
 			rb := (M + g.mc - 1) / g.mc
 			g.cg = (g.ns + g.colStrips - 1) / g.colStrips
 			parallelRun(rb*g.cg, M*g.nc*g.kc, (*sgemmTiles)(g))
@@ -147,6 +151,37 @@ type sgemmPackB sgemmCall
 func (g *sgemmPackB) do(s int) {
 	nr, kc := g.kn.nr, g.kc
 	packB(g.bufB[s*nr*kc:(s+1)*nr*kc], g.B, g.brs, g.bcs, g.jc+s*nr, min(nr, g.nc-s*nr), g.pc, kc, nr)
+}
+
+// sgemmPackBRows packs rows [r·packRowsPerTask, …) of the current inner block of a
+// row-major B (bcs = 1) into every strip of the current panel. Packing strip by strip
+// would read 64 bytes from each of kc rows a row stride apart, a cache miss per row that
+// the prefetchers, which stop at page boundaries, do not hide.
+type sgemmPackBRows sgemmCall
+
+// packRowsPerTask is how many rows of B one sgemmPackBRows task packs.
+const packRowsPerTask = 16
+
+func (g *sgemmPackBRows) do(r int) {
+	nr, kc, nc, ns := g.kn.nr, g.kc, g.nc, g.ns
+	full := nc / nr // strips without padding
+	for k := r * packRowsPerTask; k < min((r+1)*packRowsPerTask, kc); k++ {
+		src := g.B[(g.pc+k)*g.brs+g.jc:][:nc]
+		dst := g.bufB[k*nr:]
+		if nr == 16 {
+			for s := range full {
+				*(*[16]float32)(dst[s*16*kc:]) = [16]float32(src[s*16:])
+			}
+		} else {
+			for s := range full {
+				copy(dst[s*nr*kc:][:nr], src[s*nr:])
+			}
+		}
+		if s := full; s < ns {
+			d := dst[s*nr*kc:][:nr]
+			clear(d[copy(d, src[s*nr:]):])
+		}
+	}
 }
 
 // sgemmTiles computes tile task t: row block t/cg by column group t%cg of the current panel.
