@@ -34,6 +34,12 @@ func sdotAVX2(n16 int, a, b *float32) float32
 //go:noescape
 func sdotRowsAVX2(n16 int, a, b *float32, ldb, nrows int, out *float32)
 
+// transpose8x8Strips transposes eight rows of src (lds floats apart) into eight columns
+// of a packed 16-wide B strip, eight columns of src at a time (k8 times).
+//
+//go:noescape
+func transpose8x8Strips(dst, src *float32, lds, k8 int)
+
 var (
 	kernelAVX2   = &sgemmKernel{name: "avx2-6x16", mr: 6, nr: 16, fn: sgemmKernel6x16, fnA: sgemmKernel6x16u, dot: sdot2x4}
 	kernelAVX512 = &sgemmKernel{name: "avx512-12x32", mr: 12, nr: 32, fn: sgemmKernel12x32, dot: sdot2x4}
@@ -42,6 +48,7 @@ var (
 func init() {
 	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
 		dotF32 = dotAVX2
+		transpose8 = transpose8x8Strips
 		availableKernels = append(availableKernels, kernelAVX2)
 		activeKernel = kernelAVX2
 		if cpu.X86.HasAVX512F {

@@ -760,3 +760,68 @@ u6noacc:
 	STORE_6X16
 	VZEROUPPER
 	RET
+
+// func transpose8x8Strips(dst, src *float32, lds, k8 int)
+// Transposes eight rows of src (lds floats apart) in blocks of eight columns: for
+// b < k8, r < 8, i < 8: dst[(8b+i)·16 + r] = src[r·lds + 8b + i] (dst rows are 16 floats
+// apart: a packed B strip of the AVX2 kernel, eight of its columns).
+TEXT ·transpose8x8Strips(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ lds+16(FP), DX
+	MOVQ k8+24(FP), CX
+	SHLQ $2, DX
+	LEAQ (DX)(DX*2), R8 // 3·lds
+	LEAQ (DX)(DX*4), R9 // 5·lds
+	LEAQ (R8)(R8*1), R10 // 6·lds
+	LEAQ (R9)(DX*2), R11 // 7·lds
+	TESTQ CX, CX
+	JZ t8done
+t8loop:
+	VMOVUPS (SI), Y0
+	VMOVUPS (SI)(DX*1), Y1
+	VMOVUPS (SI)(DX*2), Y2
+	VMOVUPS (SI)(R8*1), Y3
+	VMOVUPS (SI)(DX*4), Y4
+	VMOVUPS (SI)(R9*1), Y5
+	VMOVUPS (SI)(R10*1), Y6
+	VMOVUPS (SI)(R11*1), Y7
+	VUNPCKLPS Y1, Y0, Y8
+	VUNPCKHPS Y1, Y0, Y9
+	VUNPCKLPS Y3, Y2, Y10
+	VUNPCKHPS Y3, Y2, Y11
+	VUNPCKLPS Y5, Y4, Y12
+	VUNPCKHPS Y5, Y4, Y13
+	VUNPCKLPS Y7, Y6, Y14
+	VUNPCKHPS Y7, Y6, Y15
+	VSHUFPS $0x44, Y10, Y8, Y0
+	VSHUFPS $0xEE, Y10, Y8, Y1
+	VSHUFPS $0x44, Y11, Y9, Y2
+	VSHUFPS $0xEE, Y11, Y9, Y3
+	VSHUFPS $0x44, Y14, Y12, Y4
+	VSHUFPS $0xEE, Y14, Y12, Y5
+	VSHUFPS $0x44, Y15, Y13, Y6
+	VSHUFPS $0xEE, Y15, Y13, Y7
+	VPERM2F128 $0x20, Y4, Y0, Y8
+	VPERM2F128 $0x20, Y5, Y1, Y9
+	VPERM2F128 $0x20, Y6, Y2, Y10
+	VPERM2F128 $0x20, Y7, Y3, Y11
+	VPERM2F128 $0x31, Y4, Y0, Y12
+	VPERM2F128 $0x31, Y5, Y1, Y13
+	VPERM2F128 $0x31, Y6, Y2, Y14
+	VPERM2F128 $0x31, Y7, Y3, Y15
+	VMOVUPS Y8, 0(DI)
+	VMOVUPS Y9, 64(DI)
+	VMOVUPS Y10, 128(DI)
+	VMOVUPS Y11, 192(DI)
+	VMOVUPS Y12, 256(DI)
+	VMOVUPS Y13, 320(DI)
+	VMOVUPS Y14, 384(DI)
+	VMOVUPS Y15, 448(DI)
+	ADDQ $32, SI
+	ADDQ $512, DI
+	DECQ CX
+	JNZ t8loop
+t8done:
+	VZEROUPPER
+	RET

@@ -272,6 +272,10 @@ func packA(dst, A []float32, ars, acs, i0, ni, pc, kc, mr int) {
 	}
 }
 
+// transpose8 is the vector kernel of packB for a transposed B (transpose8x8Strips; nil:
+// none).
+var transpose8 func(dst, src *float32, lds, k8 int)
+
 // packB writes columns j0..j0+nj of op(B), rows pc..pc+kc, as dst[k·nr+jj], zero-padding
 // columns nj..nr.
 func packB(dst, B []float32, brs, bcs, j0, nj, pc, kc, nr int) {
@@ -292,6 +296,18 @@ func packB(dst, B []float32, brs, bcs, j0, nj, pc, kc, nr int) {
 	}
 	if brs == 1 {
 		jj := 0
+		if k8 := kc / 8; nr == 16 && transpose8 != nil && k8 > 0 { // eight rows at a time
+			for ; jj+8 <= nj; jj += 8 {
+				src := B[(j0+jj)*bcs+pc:]
+				_, _ = src[7*bcs+kc-1], dst[(8*k8-1)*16+jj+7] // what the kernel reads and writes
+				transpose8(&dst[jj], &src[0], bcs, k8)
+				for r := range 8 {
+					for k := 8 * k8; k < kc; k++ {
+						dst[k*16+jj+r] = src[r*bcs+k]
+					}
+				}
+			}
+		}
 		for ; jj+4 <= nj; jj += 4 {
 			s0 := B[(j0+jj)*bcs+pc:][:kc]
 			s1 := B[(j0+jj+1)*bcs+pc:][:kc]

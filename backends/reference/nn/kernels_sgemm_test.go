@@ -235,3 +235,34 @@ func TestWeightedSumBits(t *testing.T) {
 		}
 	}
 }
+
+// TestPackBTransposedKernel: packing a transposed B (brs = 1) through the vector transpose
+// writes the strip the scalar loop writes, for partial strips (8–15 rows: the rows past
+// eight go through the loop) and column counts that are not a multiple of eight.
+func TestPackBTransposedKernel(t *testing.T) {
+	if transpose8 == nil {
+		t.Skip("no vector transpose on this CPU")
+	}
+	r := rand.New(rand.NewPCG(11, 1))
+	const bcs, nr = 300, 16
+	B := randSlice(r, 40*bcs)
+	for _, nj := range []int{16, 15, 9, 8, 7, 1} {
+		for _, kc := range []int{256, 255, 17, 8, 7, 1} {
+			for _, at := range [][2]int{{0, 0}, {3, 5}, {24, 40}} { // first column j0, first row pc
+				j0, pc := at[0], at[1]
+				want := make([]float32, kc*nr)
+				got := make([]float32, kc*nr)
+				for i := range want {
+					want[i], got[i] = float32(i), float32(-i) // padding must be written too
+				}
+				func() {
+					defer func(k func(dst, src *float32, lds, k8 int)) { transpose8 = k }(transpose8)
+					transpose8 = nil
+					packB(want, B, 1, bcs, j0, nj, pc, kc, nr)
+				}()
+				packB(got, B, 1, bcs, j0, nj, pc, kc, nr)
+				require.Equal(t, want, got, "nj %d kc %d j0 %d pc %d", nj, kc, j0, pc)
+			}
+		}
+	}
+}
