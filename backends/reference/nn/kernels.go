@@ -209,8 +209,10 @@ const (
 	// thread in between, before it blocks: the products of a decoding step come tens of
 	// microseconds apart, and waking a blocked thread costs about as much in a VM.
 	workerSpin = 50 * time.Microsecond
-	// workerIdle is how long a blocked worker waits for another job before it ends.
-	workerIdle = 20 * time.Millisecond
+	// workerIdle is how long a blocked worker waits for another job before it ends: long
+	// enough that the workers of a training step outlive its gaps (at 20 ms a tiny step
+	// started ~28 goroutines again, three allocations each; at 200 ms about one).
+	workerIdle = 200 * time.Millisecond
 )
 
 // parallelWorker runs j, then the jobs offered to it while it spins or handed to it while
