@@ -314,6 +314,15 @@ func sgemmNTRows(kn *sgemmKernel, C, A, B []float32, M, N, K int, acc bool) {
 				a1 = A[(i+1)*K : (i+1)*K+K]
 			}
 			for j := j0; j < j1; {
+				if hasRowDot && k8 > 0 && 8*k8 == K && j1-j >= 8 { // eight columns a call, into C
+					ng := (j1 - j) / 8
+					for r := range nr {
+						_ = C[(i+r)*N+j+8*ng-1]
+						rowDot8(k8, &A[(i+r)*K], &B[j*K], K, ng, &C[(i+r)*N+j], acc)
+					}
+					j += 8 * ng
+					continue
+				}
 				w, ldb := 4, K
 				if j1-j < 4 {
 					w, ldb = 1, 0 // one row of B at a time (repeated in all four slots)

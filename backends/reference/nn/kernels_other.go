@@ -20,6 +20,10 @@ func rowDot2(k8 int, a0, a1, b *float32, ldb int, out *[8]float32) { panic("nn: 
 
 func rowDot1(k8 int, a0, b *float32, ldb int, out *[8]float32) { panic("nn: no row kernels") }
 
+func rowDot8(k8 int, a, b *float32, ldb int, ng int, c *float32, acc bool) {
+	panic("nn: no row kernels")
+}
+
 // weightedSum sets acc[d] += Σ_{j<len(p)} p[j]·float64(v[j·ldv+d]) for d < len(acc), j in
 // order.
 func weightedSum[T Float](acc []float64, p []float64, v []T, ldv int) {

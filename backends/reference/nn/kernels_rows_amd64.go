@@ -86,6 +86,19 @@ func rowDot2(k8 int, a0, a1, b *float32, ldb int, out *[8]float32) {
 
 func rowDot1(k8 int, a0, b *float32, ldb int, out *[8]float32) { sdot1x4r(k8, a0, b, ldb, out) }
 
+// sdot1x8c is sdot1x4r for ng groups of eight rows of B (ldb apart), storing each sum into
+// c[8g+j], or adding it when acc is set (kernels_rows_amd64.s).
+//
+//go:noescape
+func sdot1x8c(k8 int, a, b *float32, ldb int, ng int, c *float32, acc bool)
+
+// rowDot8 sets (or, with acc, adds to) c[j] for j < 8·ng the dot products of one row of
+// A with rows of B (ldb apart) over 8·k8 elements, as rowDot1 forms them, eight rows of B
+// per group (hasRowDot).
+func rowDot8(k8 int, a, b *float32, ldb int, ng int, c *float32, acc bool) {
+	sdot1x8c(k8, a, b, ldb, ng, c, acc)
+}
+
 // sgemv16x4 is one row of sgemmKernel6x16u over four packed column strips (bs floats
 // apart), writing 64 results to c (kernels_rows_amd64.s).
 //

@@ -408,3 +408,78 @@ gv4noacc:
 	STORE_Y0_Y7
 	VZEROUPPER
 	RET
+
+// func sdot1x8c(k8 int, a, b *float32, ldb int, ng int, c *float32, acc bool)
+// For each group g < ng of eight rows of B (b + 8·g·ldb): c[8g + j] (+)= Σ_{k<8·k8}
+// a[k]·b[(8g+j)·ldb + k], each sum as sdot1x4r forms it (eight FMA lanes, reduced
+// ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))), then added to c when acc is set.
+TEXT ·sdot1x8c(SB), NOSPLIT, $0-49
+	MOVQ b+16(FP), BX
+	MOVQ ng+32(FP), R12
+	MOVQ c+40(FP), DI
+	TESTQ R12, R12
+	JZ r18done
+r18group:
+	MOVQ a+8(FP), AX
+	MOVQ k8+0(FP), CX
+	MOVQ ldb+24(FP), R8
+	SHLQ $2, R8
+	LEAQ (BX)(R8*1), R9 // row 1
+	LEAQ (BX)(R8*2), R10 // row 2
+	LEAQ (R9)(R8*2), R11 // row 3
+	LEAQ (BX)(R8*4), R13 // row 4
+	LEAQ (R9)(R8*4), DX // row 5
+	LEAQ (R10)(R8*4), SI // row 6
+	LEAQ (R11)(R8*4), R8 // row 7 (ldb is loaded again for the next group)
+	ZERO_Y0_Y7
+	TESTQ CX, CX
+	JZ r18reduce
+r18loop:
+	VMOVUPS (AX), Y8
+	VFMADD231PS (BX), Y8, Y0
+	VFMADD231PS (R9), Y8, Y1
+	VFMADD231PS (R10), Y8, Y2
+	VFMADD231PS (R11), Y8, Y3
+	VFMADD231PS (R13), Y8, Y4
+	VFMADD231PS (DX), Y8, Y5
+	VFMADD231PS (SI), Y8, Y6
+	VFMADD231PS (R8), Y8, Y7
+	ADDQ $32, AX
+	ADDQ $32, BX
+	ADDQ $32, R9
+	ADDQ $32, R10
+	ADDQ $32, R11
+	ADDQ $32, R13
+	ADDQ $32, DX
+	ADDQ $32, SI
+	ADDQ $32, R8
+	DECQ CX
+	JNZ r18loop
+r18reduce:
+	VHADDPS Y1, Y0, Y8
+	VHADDPS Y3, Y2, Y9
+	VHADDPS Y9, Y8, Y8 // rows 0–3: low-half and high-half sums
+	VHADDPS Y5, Y4, Y10
+	VHADDPS Y7, Y6, Y11
+	VHADDPS Y11, Y10, Y10 // rows 4–7
+	VPERM2F128 $0x20, Y10, Y8, Y11
+	VPERM2F128 $0x31, Y10, Y8, Y12
+	VADDPS Y12, Y11, Y11
+	CMPB acc+48(FP), $0
+	JEQ r18store
+	VADDPS (DI), Y11, Y11
+r18store:
+	VMOVUPS Y11, (DI)
+	ADDQ $32, DI
+	// next group: row 0 moves on by 8 rows, back by the k8 blocks it advanced
+	MOVQ k8+0(FP), CX
+	SHLQ $5, CX
+	SUBQ CX, BX
+	MOVQ ldb+24(FP), R8
+	SHLQ $2, R8
+	LEAQ (BX)(R8*8), BX
+	DECQ R12
+	JNZ r18group
+r18done:
+	VZEROUPPER
+	RET

@@ -83,7 +83,7 @@ func BenchmarkDecodeProducts(b *testing.B) {
 func TestMatMulTRowsIsRowStable(t *testing.T) {
 	defer SetThreads(Threads())
 	r := rand.New(rand.NewPCG(3, 4))
-	for _, sh := range [][2]int{{256, 256}, {37, 19}, {5, 8}, {130, 768}, {64, 4}, {3, 3}} {
+	for _, sh := range [][2]int{{256, 256}, {37, 19}, {5, 8}, {130, 768}, {64, 4}, {3, 3}, {768, 8}, {8, 256}, {21, 16}} { // N, K: LoRA ranks too
 		N, K := sh[0], sh[1]
 		B := make([]float32, N*K)
 		for i := range B {
