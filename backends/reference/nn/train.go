@@ -84,14 +84,15 @@ func headPick[T Float](a *Adapter[T]) *Pair[T] { return a.Head }
 // fbArena hands ForwardBackward its work arrays in the order it asks for them and keeps
 // them for the next call (through fbArenas): a training step of a shape seen before
 // allocates none of them, nor its layout, per-layer records or per-segment lists. Every
-// array is cleared when handed out, as make's are. A nil *fbArena allocates each (a
-// forward-only pass, which lets each layer's arrays go).
+// array is cleared when handed out, as make's are. A nil *fbArena allocates each (the
+// decoding paths' linFwd).
 type fbArena[T Float] struct {
 	bufs      [][]T
 	next      int
 	lists     [][][]T // per-segment lists (linFwd's LoRA inputs)
 	nextList  int
 	acts      []layerAct[T]
+	fwdAct    layerAct[T] // a forward-only pass's current layer
 	layout    batchLayout[T]
 	rowSeq    []int    // the sequence of each row (head)
 	headSegs  []seg[T] // the segments of a chunk of the head's rows
@@ -141,6 +142,7 @@ func (a *fbArena[T]) release() {
 		clear(l)
 	}
 	clear(a.acts)
+	a.fwdAct = layerAct[T]{}
 	clear(a.layout.segs[:cap(a.layout.segs)])
 	clear(a.headSegs[:cap(a.headSegs)])
 	a.layout.seqs = nil
@@ -156,21 +158,17 @@ var fbArenas sync.Pool
 // Callers must make sure no other goroutine touches these adapters meanwhile.
 func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool) []Output {
 	c := &m.Cfg
-	// A training step takes its work arrays from an arena kept for the next step, the
-	// backward pass's per-layer ones reused layer after layer; a forward-only pass (ar is
-	// nil) allocates them and lets each layer's go.
-	var ar *fbArena[T]
-	var b *batchLayout[T]
+	// A pass takes its work arrays from an arena kept for the next call: a training step
+	// keeps every layer's (the backward pass's per-layer ones reused layer after layer), a
+	// forward-only pass reuses one layer's arrays for the next layer.
+	ar := pooled[fbArena[T]](&fbArenas)
+	ar.reset()
+	defer ar.release()
+	b := layout(seqs, &ar.layout)
 	var acts []layerAct[T]
 	if backward {
-		ar = pooled[fbArena[T]](&fbArenas)
-		ar.reset()
-		defer ar.release()
-		b = layout(seqs, &ar.layout)
 		ar.acts = resize(ar.acts, len(m.Layers))
 		acts = ar.acts
-	} else {
-		b = layout(seqs, &batchLayout[T]{})
 	}
 	get := ar.get
 	M, D := b.total, c.Hidden
@@ -184,18 +182,18 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 		}
 	}
 	posOf := func(i int) int { return b.pos[i] }
-	var fwdAct *layerAct[T] // a forward-only pass's layer
+	var resid [2][]T // a forward-only pass's residual stream: layer l reads one, writes the other
+	if !backward {
+		resid = [2][]T{x, get(M * D)}
+	}
+	layerNext, layerLists := ar.next, ar.nextList
 	for l := range m.Layers {
 		L := &m.Layers[l]
-		var a *layerAct[T]
-		switch {
-		case backward:
+		a := &ar.fwdAct
+		if backward {
 			a = &acts[l]
-		case fwdAct == nil:
-			fwdAct = new(layerAct[T])
-			fallthrough
-		default:
-			a = fwdAct
+		} else {
+			ar.next, ar.nextList = layerNext, layerLists // the previous layer's arrays are done with
 		}
 		*a = layerAct[T]{xIn: x}
 		a.h1, a.inv1 = get(M*D), get(M)
@@ -229,7 +227,11 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 		swiglu(a.g, a.u, a.act)
 		dn := get(M * D)
 		a.xs[TDown] = linFwd(ar, a.act, M, &L.Lin[TDown], wp.pack(l, TDown), b.segs, layerPick[T](l, TDown), dn)
-		x = get(M * D)
+		if backward {
+			x = get(M * D)
+		} else {
+			x = resid[(l+1)%2]
+		}
 		for i := range dn {
 			x[i] = a.xMid[i] + dn[i]
 		}
@@ -293,23 +295,14 @@ const headChunk = 256
 
 // head computes logits chunk by chunk, the log-prob of every target and its loss, and,
 // when dhf is not nil, back-propagates the loss into dhf and the lm_head LoRA gradients.
+// Its work arrays and tables come from ar.
 func (m *Model[T]) head(ar *fbArena[T], b *batchLayout[T], hf []T, loss TokenLoss, dhf []T) []Output {
 	wp := m.packedWeights()
 	D, V := m.Cfg.Hidden, m.Cfg.Vocab
 	outs := make([]Output, len(b.seqs))
-	var t *headTask[T]
-	if ar != nil {
-		t = &ar.headTasks
-	} else {
-		t = new(headTask[T])
-	}
-	*t = headTask[T]{b: b, outs: outs, loss: loss, V: V, backward: dhf != nil}
-	if ar != nil {
-		ar.rowSeq = resize(ar.rowSeq, b.total)
-		t.rowSeq = ar.rowSeq
-	} else {
-		t.rowSeq = make([]int, b.total)
-	}
+	t := &ar.headTasks
+	ar.rowSeq = resize(ar.rowSeq, b.total)
+	*t = headTask[T]{b: b, outs: outs, loss: loss, rowSeq: ar.rowSeq, V: V, backward: dhf != nil}
 	for si, s := range b.seqs {
 		n := len(s.Tokens)
 		outs[si] = Output{LogProbs: make([]float64, n*s.K), Loss: make([]float64, n)}
@@ -321,13 +314,8 @@ func (m *Model[T]) head(ar *fbArena[T], b *batchLayout[T], hf []T, loss TokenLos
 	for r0 := 0; r0 < b.total; r0 += headChunk {
 		r1 := min(r0+headChunk, b.total)
 		rows := r1 - r0
-		var segs []seg[T]
-		if ar != nil {
-			ar.headSegs = clipSegs(ar.headSegs[:0], b.segs, r0, r1)
-			segs = ar.headSegs
-		} else {
-			segs = clipSegs(nil, b.segs, r0, r1)
-		}
+		ar.headSegs = clipSegs(ar.headSegs[:0], b.segs, r0, r1)
+		segs := ar.headSegs
 		X := hf[r0*D : r1*D]
 		t.r0, t.lgs = r0, logits[:rows*V]
 		xs := linFwd(ar, X, rows, &m.Head, wp.pack(-1, 0), segs, headPick[T], t.lgs)

@@ -156,11 +156,12 @@ func TestFloat32MatchesFloat64(t *testing.T) {
 	require.Less(t, worst, 1e-4)
 }
 
-// TestTrainingStepAllocatesOnlyItsOutputs: a training step of a shape seen before takes
-// every work array, list, layout and parallel task from its arena and pools; what it
-// allocates is its result (the list of outputs, each sequence's log-probs and losses).
-// The step covers two adapters, two targets per position, head chunks (more rows than
-// headChunk) and the register-blocked attention backward (head size 32).
+// TestTrainingStepAllocatesOnlyItsOutputs: a training step (and a forward-only pass) of a
+// shape seen before takes every work array, list, layout and parallel task from its arena
+// and pools; what it allocates is its result (the list of outputs, each sequence's
+// log-probs and losses). The step covers two adapters, two targets per position, head
+// chunks (more rows than headChunk) and the register-blocked attention backward (head
+// size 32); the forward-only pass gives the step's log-probs with one layer's arrays.
 func TestTrainingStepAllocatesOnlyItsOutputs(t *testing.T) {
 	defer SetThreads(Threads())
 	SetThreads(1)                                    // no worker goroutine is started, so the count is exact
@@ -179,7 +180,11 @@ func TestTrainingStepAllocatesOnlyItsOutputs(t *testing.T) {
 		seqs = append(seqs, Seq[float32]{Tokens: tk, Targets: tg, K: 2, Adapter: ad})
 	}
 	seqs[2].Adapter = seqs[1].Adapter // two segments, one of two sequences
-	m.ForwardBackward(seqs, testLoss, true)
+	step := m.ForwardBackward(seqs, testLoss, true)
 	allocs := testing.AllocsPerRun(3, func() { m.ForwardBackward(seqs, testLoss, true) })
-	require.LessOrEqual(t, allocs, float64(1+2*len(seqs)))
+	require.LessOrEqual(t, allocs, float64(1+2*len(seqs)), "training step")
+	fwd := m.ForwardBackward(seqs, testLoss, false)
+	require.Equal(t, step, fwd, "the forward-only pass gives the training step's log-probs and losses")
+	allocs = testing.AllocsPerRun(3, func() { m.ForwardBackward(seqs, testLoss, false) })
+	require.LessOrEqual(t, allocs, float64(1+2*len(seqs)), "forward-only pass")
 }
