@@ -58,6 +58,21 @@ func pooled[V any](p *sync.Pool) *V {
 	return new(V)
 }
 
+// runPooled runs parallelRun(n, work, t) for a task t taken from pool and set to v, then
+// clears t (the pool keeps none of the caller's arrays) and hands it back: a parallel
+// region that allocates nothing.
+func runPooled[V any, P interface {
+	*V
+	task
+}](pool *sync.Pool, n, work int, v V) {
+	t := pooled[V](pool)
+	*t = v
+	parallelRun(n, work, P(t))
+	var zero V
+	*t = zero
+	pool.Put(t)
+}
+
 // bufPool holds work arrays between uses by size class (powers of two), so an array handed
 // back serves the next request of its class rather than being dropped for a larger one.
 // Arrays come back with their old contents.

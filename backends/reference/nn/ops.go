@@ -93,11 +93,9 @@ func rmsnorm[T Float](x, w, out, inv []T, M, D int, eps float64) {
 		rmsnormRows(x, w, out, inv, D, eps, 0, M)
 		return
 	}
-	t := pooled[rmsnormTask[T]](&rmsnormTasks)
-	*t = rmsnormTask[T]{x: x, w: w, out: out, inv: inv, D: D, eps: eps}
-	rowBlocks(M, D, t, &t.rowSplit)
-	*t = rmsnormTask[T]{}
-	rmsnormTasks.Put(t)
+	nb, split := splitRows(M)
+	runPooled(&rmsnormTasks, nb, rowsWork(M, D),
+		rmsnormTask[T]{x: x, w: w, out: out, inv: inv, D: D, eps: eps, rowSplit: split})
 }
 
 // rmsnormTask is one rmsnorm call over blocks of rows.
@@ -116,8 +114,8 @@ func (t *rmsnormTask[T]) do(b int) {
 	}
 }
 
-// rowSplit cuts M rows into blocks of per rows: it is the part of a task of rowBlocks that
-// says which rows block b covers.
+// rowSplit cuts M rows into blocks of per rows: it is the part of a row-wise task that says
+// which rows block b covers.
 type rowSplit struct{ M, per int }
 
 // block returns the rows [i0, i1) of block b (empty past the last row).
@@ -126,19 +124,18 @@ func (r *rowSplit) block(b int) (i0, i1 int) {
 	return i0, min(i0+r.per, r.M)
 }
 
-// rowBlocks runs t over contiguous blocks of M rows of width D on the threads, cut by
-// split, which it sets (rows of an element-wise op depend on nothing else, so how they
-// are cut changes no result).
-func rowBlocks(M, D int, t task, split *rowSplit) {
-	nb := rowBlocksOf(M)
-	*split = rowSplit{M: M, per: (M + nb - 1) / max(nb, 1)}
-	parallelRun(nb, rowsWork(M, D), t)
+// splitRows cuts M rows into the nb contiguous blocks a row-wise op runs as tasks over the
+// threads (rows of an element-wise op depend on nothing else, so how they are cut changes
+// no result).
+func splitRows(M int) (nb int, split rowSplit) {
+	nb = rowBlocksOf(M)
+	return nb, rowSplit{M: M, per: (M + nb - 1) / max(nb, 1)}
 }
 
-// rowBlocksOf is the number of blocks rowBlocks cuts M rows into.
+// rowBlocksOf is the number of blocks splitRows cuts M rows into.
 func rowBlocksOf(M int) int { return min(M, 4*Threads()) }
 
-// rowsWork is rowBlocks' cost estimate for parallelRun; parallelRows says whether
+// rowsWork is a row-wise op's cost estimate for parallelRun; parallelRows says whether
 // parallelRun would use more than one thread for it.
 func rowsWork(M, D int) int { return 4 * M * D }
 
@@ -170,11 +167,9 @@ func rmsnormBwd[T Float](dy, x, w, inv, dx []T, M, D int) {
 		rmsnormBwdRows(dy, x, w, inv, dx, D, 0, M)
 		return
 	}
-	t := pooled[rmsnormBwdTask[T]](&rmsnormBwdTasks)
-	*t = rmsnormBwdTask[T]{dy: dy, x: x, w: w, inv: inv, dx: dx, D: D}
-	rowBlocks(M, D, t, &t.rowSplit)
-	*t = rmsnormBwdTask[T]{}
-	rmsnormBwdTasks.Put(t)
+	nb, split := splitRows(M)
+	runPooled(&rmsnormBwdTasks, nb, rowsWork(M, D),
+		rmsnormBwdTask[T]{dy: dy, x: x, w: w, inv: inv, dx: dx, D: D, rowSplit: split})
 }
 
 // rmsnormBwdTask is one rmsnormBwd call over blocks of rows.
@@ -248,11 +243,8 @@ func silu(x float64) float64 { return x / (1 + math.Exp(-x)) }
 // threads (an exp per element is worth it from a few thousand elements).
 func swiglu[T Float](g, u, out []T) {
 	n := len(g)
-	t := pooled[swigluTask[T]](&swigluTasks)
-	*t = swigluTask[T]{g: g, u: u[:n], out: out[:n]}
-	parallelRun((n+elementwiseChunk-1)/elementwiseChunk, n*expWork, t)
-	*t = swigluTask[T]{}
-	swigluTasks.Put(t)
+	runPooled(&swigluTasks, (n+elementwiseChunk-1)/elementwiseChunk, n*expWork,
+		swigluTask[T]{g: g, u: u[:n], out: out[:n]})
 }
 
 // swigluTask is one swiglu call over chunks of elements.
@@ -287,11 +279,8 @@ const (
 // swigluBwd computes dg and du from d(out), in chunks over the threads like swiglu.
 func swigluBwd[T Float](g, u, dout, dg, du []T) {
 	n := len(g)
-	t := pooled[swigluBwdTask[T]](&swigluBwdTasks)
-	*t = swigluBwdTask[T]{g: g, u: u[:n], dout: dout[:n], dg: dg[:n], du: du[:n]}
-	parallelRun((n+elementwiseChunk-1)/elementwiseChunk, n*expWork, t)
-	*t = swigluBwdTask[T]{}
-	swigluBwdTasks.Put(t)
+	runPooled(&swigluBwdTasks, (n+elementwiseChunk-1)/elementwiseChunk, n*expWork,
+		swigluBwdTask[T]{g: g, u: u[:n], dout: dout[:n], dg: dg[:n], du: du[:n]})
 }
 
 // swigluBwdTask is one swigluBwd call over chunks of elements.

@@ -175,11 +175,7 @@ func sgemmNTPacked(C, A []float32, p *packedNT, M int, acc bool) {
 	N, K, ns := p.n, p.k, p.ns
 	_ = A[M*K-1]
 	_ = C[M*N-1]
-	t := packedCalls.Get().(*packedCall)
-	*t = packedCall{C: C, A: A, p: p, M: M, acc: acc}
-	parallelRun((ns+3)/4, M*N*K, t)
-	*t = packedCall{}
-	packedCalls.Put(t)
+	runPooled(&packedCalls, (ns+3)/4, M*N*K, packedCall{C: C, A: A, p: p, M: M, acc: acc})
 }
 
 // packedCall is one sgemmNTPacked call, its task: do(g) computes the group of four column
@@ -191,7 +187,7 @@ type packedCall struct {
 	acc  bool
 }
 
-var packedCalls = sync.Pool{New: func() any { return new(packedCall) }}
+var packedCalls sync.Pool
 
 func (t *packedCall) do(g int) {
 	C, A, p, M, acc := t.C, t.A, t.p, t.M, t.acc

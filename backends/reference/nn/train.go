@@ -393,11 +393,7 @@ func clipSegs[T Float](out, segs []seg[T], r0, r1 int) []seg[T] {
 // attnFwd computes causal softmax attention for every (sequence, head), saving the
 // log-sum-exp of each score row.
 func (m *Model[T]) attnFwd(b *batchLayout[T], a *layerAct[T]) {
-	t := pooled[attnTask[T]](&attnFwdTasks)
-	*t = attnTask[T]{m: m, b: b, a: a}
-	parallelRun(len(b.seqs)*m.Cfg.Heads, 1<<30, (*attnFwdTask[T])(t))
-	*t = attnTask[T]{}
-	attnFwdTasks.Put(t)
+	runPooled(&attnFwdTasks, len(b.seqs)*m.Cfg.Heads, 1<<30, attnFwdTask[T]{m: m, b: b, a: a})
 }
 
 // attnTask is one attnFwd or attnBwd call (the gradients set for attnBwd).
@@ -487,11 +483,8 @@ func (t *attnFwdTask[T]) do(task int) {
 // attnBwd back-propagates datt into dq, dk and dv, recomputing the probabilities from the
 // saved log-sum-exp. Tasks are (sequence, kv head) so no two goroutines write one row.
 func (m *Model[T]) attnBwd(b *batchLayout[T], a *layerAct[T], datt, dq, dk, dv []T) {
-	t := pooled[attnTask[T]](&attnBwdTasks)
-	*t = attnTask[T]{m: m, b: b, a: a, datt: datt, dq: dq, dk: dk, dv: dv}
-	parallelRun(len(b.seqs)*m.Cfg.KVHeads, 1<<30, (*attnBwdTask[T])(t))
-	*t = attnTask[T]{}
-	attnBwdTasks.Put(t)
+	runPooled(&attnBwdTasks, len(b.seqs)*m.Cfg.KVHeads, 1<<30,
+		attnBwdTask[T]{m: m, b: b, a: a, datt: datt, dq: dq, dk: dk, dv: dv})
 }
 
 // attnBwdTask runs attnBwd for task = (sequence, kv head).
