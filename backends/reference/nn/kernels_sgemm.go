@@ -163,23 +163,30 @@ type sgemmPackBRows sgemmCall
 const packRowsPerTask = 16
 
 func (g *sgemmPackBRows) do(r int) {
-	nr, kc, nc, ns := g.kn.nr, g.kc, g.nc, g.ns
+	k0 := r * packRowsPerTask
+	packRows(g.bufB, g.B, g.brs, g.jc, g.nc, g.pc, g.kc, k0, min(k0+packRowsPerTask, g.kc), g.kn.nr)
+}
+
+// packRows writes rows [k0, k1) of the inner block pc..pc+kc of a row-major B (bcs = 1),
+// columns jc..jc+nc, into the ⌈nc/nr⌉ strips of dst (strip s at dst[s·nr·kc:], packB's
+// layout), zero-padding the last strip, reading each row of B in order.
+func packRows(dst, B []float32, brs, jc, nc, pc, kc, k0, k1, nr int) {
 	full := nc / nr // strips without padding
-	for k := r * packRowsPerTask; k < min((r+1)*packRowsPerTask, kc); k++ {
-		src := g.B[(g.pc+k)*g.brs+g.jc:][:nc]
-		dst := g.bufB[k*nr:]
-		if nr == 16 {
+	for k := k0; k < k1; k++ {
+		src := B[(pc+k)*brs+jc:][:nc]
+		d := dst[k*nr:]
+		if nr == 16 { // the AVX2 kernel's strips: 64-byte moves, not calls of copy
 			for s := range full {
-				*(*[16]float32)(dst[s*16*kc:]) = [16]float32(src[s*16:])
+				*(*[16]float32)(d[s*16*kc:]) = [16]float32(src[s*16:])
 			}
 		} else {
 			for s := range full {
-				copy(dst[s*nr*kc:][:nr], src[s*nr:])
+				copy(d[s*nr*kc:][:nr], src[s*nr:])
 			}
 		}
-		if s := full; s < ns {
-			d := dst[s*nr*kc:][:nr]
-			clear(d[copy(d, src[s*nr:]):])
+		if rest := nc - full*nr; rest > 0 {
+			p := d[full*nr*kc:][:nr]
+			clear(p[copy(p, src[full*nr:]):])
 		}
 	}
 }
@@ -281,17 +288,7 @@ var transpose8 func(dst, src *float32, lds, k8 int)
 func packB(dst, B []float32, brs, bcs, j0, nj, pc, kc, nr int) {
 	dst = dst[:kc*nr]
 	if bcs == 1 {
-		if nj == 16 && nr == 16 { // the AVX2 kernel's full panels: 64-byte moves, not calls of copy
-			for k := 0; k < kc; k++ {
-				*(*[16]float32)(dst[k*16:]) = [16]float32(B[(pc+k)*brs+j0:])
-			}
-			return
-		}
-		for k := 0; k < kc; k++ {
-			d := dst[k*nr : k*nr+nr]
-			copy(d, B[(pc+k)*brs+j0:][:nj])
-			clear(d[nj:])
-		}
+		packRows(dst, B, brs, j0, nj, pc, kc, 0, kc, nr)
 		return
 	}
 	if brs == 1 {

@@ -45,6 +45,10 @@ func packOp(W []float32, n, k, brs, bcs int, nn bool) *packedNT {
 	for pc := 0; pc < k; pc += gemmKC {
 		kc := min(gemmKC, k-pc)
 		blk := p.data[pc*ns*16:]
+		if bcs == 1 {
+			packRows(blk, W, brs, 0, n, pc, kc, 0, kc, 16)
+			continue
+		}
 		for s := range ns {
 			packB(blk[s*16*kc:(s+1)*16*kc], W, brs, bcs, 16*s, min(16, n-16*s), pc, kc, 16)
 		}
