@@ -236,10 +236,16 @@ func (s *Server) Close(ctx context.Context) error {
 	s.closingLease()
 	c := s.leaderCore()
 	if c != nil {
-		c.Drain()
+		c.Drain(ctx)
 	}
 	s.closeJobs(ctx)
 	err := s.http.Shutdown(ctx)
+	if err != nil {
+		// The grace ended with connections still busy (a body trickling in, a stream):
+		// they are closed now rather than left to outlive Close.
+		s.log.Warn("connections still open at the end of the grace period are closed", slog.Any("err", err))
+		_ = s.http.Close()
+	}
 	if s.conn != nil {
 		_ = s.conn.Close()
 	}

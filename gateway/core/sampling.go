@@ -4,8 +4,9 @@ import (
 	"context"
 	"errors"
 	"math"
-	"sync"
 	"time"
+
+	"github.com/loops-dev/loops/internal/lockorder"
 
 	"connectrpc.com/connect"
 
@@ -33,16 +34,34 @@ const defaultMaxTokens = semantics.DefaultMaxTokens
 type samplerState struct {
 	ws   string
 	info *loopsv1.Sampler
-	ref  *ckRef
 	used time.Time // last request that named it (samplers.mu); see samplers.expire
-	mu   sync.Mutex
-	seen map[int64]string // seq_id -> operation id
+	// seen de-duplicates the samples' seq_ids (seq_id -> operation id).
+	seen *onceTable
+	mu   lockorder.Mutex[rankSampler]
+	ref  *ckRef
+	// dropped: the sampler left memory and released ref; a request that still holds the
+	// pointer reloads it.
+	dropped bool
+}
+
+// holdRef adds a holder to the sampler's checkpoint folder for one request (nil for the
+// base model); ok is false when the sampler left memory meanwhile.
+func (s *samplerState) holdRef() (ref *ckRef, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dropped {
+		return nil, false
+	}
+	if s.ref == nil {
+		return nil, true
+	}
+	return s.ref.hold(), true
 }
 
 // samplers holds the live samplers and the fair queue of sampling requests.
 type samplers struct {
 	c     *Core
-	mu    sync.Mutex
+	mu    lockorder.Mutex[rankSamplers]
 	byID  map[string]*samplerState
 	perWS map[string]int // samplers in byID per workspace
 	queue *sampleQueue
@@ -62,7 +81,7 @@ func (ss *samplers) create(ctx context.Context, ws, sessionID, baseModel, modelP
 			ref.release()
 			return nil, err
 		}
-		if err := sess.roomForSampler(ss.c); err != nil {
+		if err := sess.reserveSampler(ss.c); err != nil {
 			ref.release()
 			return nil, err
 		}
@@ -73,6 +92,9 @@ func (ss *samplers) create(ctx context.Context, ws, sessionID, baseModel, modelP
 	}
 	if err := ss.c.store.PutSampler(ctx, ws, info); err != nil {
 		ref.release()
+		if sess != nil {
+			sess.unreserveSampler()
+		}
 		return nil, internal("recording sampler", err)
 	}
 	ss.add(newSamplerState(ws, info, ref))
@@ -126,13 +148,14 @@ func (ss *samplers) dropLocked(s *samplerState) {
 		delete(ss.perWS, s.ws)
 	}
 	s.mu.Lock()
-	s.ref.release() // the pointer stays: a request that already got s may still send it
+	s.dropped = true
+	s.ref.release() // a request that already got s reloads it (holdRef)
 	s.mu.Unlock()
 }
 
 // newSamplerState is a sampler in memory that holds ref (nil for the base model).
 func newSamplerState(ws string, info *loopsv1.Sampler, ref *ckRef) *samplerState {
-	return &samplerState{ws: ws, info: info, ref: ref, seen: map[int64]string{}}
+	return &samplerState{ws: ws, info: info, ref: ref, seen: newOnceTable()}
 }
 
 // expire drops from memory the samplers no request named for Limits.SamplerIdleTTL. They
@@ -234,7 +257,7 @@ func (s SamplingService) CreateSampler(ctx context.Context, req *loopsv1.CreateS
 	}
 	// Retries of one client_seq_id, concurrent ones included, get the first call's sampler.
 	var created *loopsv1.Sampler
-	id, fresh, err := sess.once(ctx, sess.samplerSeq, req.GetClientSeqId(), func() (string, error) {
+	id, fresh, err := sess.samplerSeq.once(ctx, req.GetClientSeqId(), func() (string, error) {
 		info, err := c.createSampler(ctx, ws, req)
 		created = info
 		return info.GetId(), err
@@ -352,44 +375,57 @@ func (s SamplingService) sample(ctx context.Context, req *loopsv1.SampleRequest,
 	if err := c.policy.CheckSample(ws, model.GetName(), req, params); err != nil {
 		return nil, err
 	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if req.SeqId != nil {
-		if id, ok := st.seen[req.GetSeqId()]; ok {
-			o, err := c.ops.lookup(ctx, ws, id)
-			if err != nil {
-				return nil, err
-			}
-			return o.snapshot(), nil
-		}
+	if req.SeqId == nil {
+		return c.startSample(ctx, ws, st, req, params, sink)
 	}
-	adapterDir, adapterFiles, err := c.ckpt.source(ctx, st.ref)
+	var started *loopsv1.Operation
+	id, fresh, err := st.seen.once(ctx, req.GetSeqId(), func() (string, error) {
+		op, err := c.startSample(ctx, ws, st, req, params, sink)
+		started = op
+		return op.GetId(), err
+	})
+	if err != nil || fresh {
+		return started, err
+	}
+	o, err := c.ops.lookup(ctx, ws, id) // a retry of a sample already started
 	if err != nil {
 		return nil, err
 	}
+	return o.snapshot(), nil
+}
+
+// startSample creates a sampling operation on sampler st and queues it.
+func (c *Core) startSample(ctx context.Context, ws string, st *samplerState, req *loopsv1.SampleRequest, params *loopsv1.SamplingParams, sink tokenstream.Sink) (*loopsv1.Operation, error) {
+	adapter, ok := st.holdRef()
+	if !ok { // it left memory meanwhile: reload it
+		var err error
+		if st, err = c.samplers.get(ctx, ws, st.info.GetId()); err != nil {
+			return nil, err
+		}
+		if adapter, ok = st.holdRef(); !ok {
+			return nil, unavailable("sampler %s was reloaded and dropped again at once (the server holds too many samplers); retry", st.info.GetId())
+		}
+	}
+	adapterDir, adapterFiles, err := c.ckpt.source(ctx, adapter)
+	if err != nil {
+		adapter.release()
+		return nil, err
+	}
 	if err := c.samplers.queue.reserve(ws); err != nil {
+		adapter.release()
 		return nil, err
 	}
 	o, err := c.ops.create(ctx, ws, loopsv1.OperationKind_OPERATION_KIND_SAMPLE, "", st.info.GetId(), req.GetSeqId())
 	if err != nil {
+		adapter.release()
 		c.samplers.queue.unreserve(ws)
 		return nil, err
-	}
-	if req.SeqId != nil {
-		st.seen[req.GetSeqId()] = o.op.GetId()
-		if len(st.seen) > 100000 {
-			clear(st.seen)
-		}
 	}
 	breq := &backendv1.SampleRequest{
 		BaseModel: st.info.GetBaseModel(), AdapterDir: adapterDir, AdapterFiles: adapterFiles, Prompt: req.GetPrompt(),
 		NumSamples: max(req.GetNumSamples(), 1), Params: params,
 		PromptLogprobs: req.GetPromptLogprobs(), TopkPromptLogprobs: req.GetTopkPromptLogprobs(),
 		Pool: c.samplerPool(st.info.GetModelPath()),
-	}
-	var adapter *ckRef
-	if st.ref != nil {
-		adapter = st.ref.hold()
 	}
 	if !c.samplers.queue.push(&sampleJob{o: o, session: st.info.GetSessionId(), deployment: deploymentUsage(st.info.GetDeployment()), req: breq, cost: sampleCost(breq), sink: sink, adapter: adapter}) {
 		adapter.release()
