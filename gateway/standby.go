@@ -86,6 +86,28 @@ type failover struct {
 	// mu guards closing: Close and a takeover do not overlap.
 	mu      sync.Mutex
 	closing bool
+	// routeMu guards lost: once the lease is lost, requests never reach the core again.
+	routeMu sync.Mutex
+	lost    bool
+}
+
+// route sends every request to the core's handler h from now on, unless the lease was lost
+// (false).
+func (fo *failover) route(h *http.Handler) bool {
+	fo.routeMu.Lock()
+	defer fo.routeMu.Unlock()
+	if !fo.lost {
+		fo.leader.Store(h)
+	}
+	return !fo.lost
+}
+
+// unroute stops sending requests to the core, for good: the lease is lost.
+func (fo *failover) unroute() {
+	fo.routeMu.Lock()
+	defer fo.routeMu.Unlock()
+	fo.lost = true
+	fo.leader.Store(nil)
 }
 
 type targetKey struct{}
@@ -128,7 +150,7 @@ func (s *Server) standby(ctx context.Context, reg *prometheus.Registry, st store
 	// store refused: store.ErrFenced) ends the leading at once: requests no longer reach the
 	// core, then OnLost stops the process.
 	onLost := func(err error) {
-		fo.leader.Store(nil)
+		fo.unroute()
 		lc.OnLost(err)
 	}
 	// Outcomes go to the shared database before clients see them: a journal on this
@@ -159,7 +181,9 @@ func (s *Server) standby(ctx context.Context, reg *prometheus.Registry, st store
 				onLost(fmt.Errorf("starting the core after taking the lease: %w", err))
 				return
 			}
-			fo.leader.Store(&h)
+			if !fo.route(&h) {
+				return // the lease was lost while the core started
+			}
 			attrs := []any{slog.Int64("term", rec.Term), slog.Duration("core_start", time.Since(start))}
 			if rec.Previous != "" {
 				attrs = append(attrs, slog.String("previous", rec.Previous),
