@@ -110,7 +110,7 @@ func TestFenceIdleTimeout(t *testing.T) {
 	require.NoError(t, err)
 	_, err = s.exec(ctx, sqlstore.Query{SQL: w.SQL, Args: w.Args})
 	require.NoError(t, err)
-	done := make(chan error, 1)
+	done, woke := make(chan error, 1), make(chan struct{})
 	go func() {
 		done <- s.tx(ctx, func(tx *writeTx) error {
 			var b pgx.Batch
@@ -119,6 +119,7 @@ func TestFenceIdleTimeout(t *testing.T) {
 				return err
 			}
 			time.Sleep(2 * time.Second) // stopped, holding the row
+			close(woke)
 			return nil
 		})
 	}()
@@ -128,7 +129,7 @@ func TestFenceIdleTimeout(t *testing.T) {
 	_, err = conn.Exec(uctx, `UPDATE sessions SET create_time = 2 WHERE id = 's1'`)
 	require.NoError(t, err)
 	select {
-	case <-done:
+	case <-woke:
 		t.Fatal("the row was locked until the transaction's process woke")
 	default: // the server ended the idle transaction first
 	}
