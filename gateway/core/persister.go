@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -458,27 +459,55 @@ func (p *persister) commit(b store.Batch) (ok bool) {
 	if err == nil {
 		return true
 	}
+	if p.leaseLost(err) {
+		return false
+	}
 	p.log.Error("persisting a batch failed; writing its records one by one", slog.Int("records", b.Len()), slog.Any("err", err))
 	ok = true
 	for _, r := range b.TrainingRuns {
 		if err := p.st.PutTrainingRun(ctx, r.Workspace, r.Run); err != nil {
+			if p.leaseLost(err) {
+				return false
+			}
 			p.log.Error("persisting training run", slog.String("run", r.Run.GetId()), slog.Any("err", err))
 			ok = false
 		}
 	}
 	for _, o := range b.Operations {
 		if err := p.st.PutOperation(ctx, o.Workspace, o.Operation); err != nil {
+			if p.leaseLost(err) {
+				return false
+			}
 			p.log.Error("persisting operation", slog.String("op", o.Operation.GetId()), slog.Any("err", err))
 			ok = false
 		}
 	}
 	for _, m := range b.StepMetrics {
 		if err := p.st.ApplyBatch(ctx, store.Batch{StepMetrics: []store.OwnedStepMetrics{m}}); err != nil {
+			if p.leaseLost(err) {
+				return false
+			}
 			p.log.Error("persisting step metrics", slog.String("run", m.RunID), slog.Int64("seq_id", m.Metrics.GetSeqId()), slog.Any("err", err))
 			ok = false
 		}
 	}
 	return ok
+}
+
+// leaseLost reports whether err is the store's refusal of a write because another gateway
+// leads now (store.ErrFenced). Nothing more can be committed then: the persister stops as
+// a crashed process would (crash), publishing nothing it had not committed, and the gateway
+// steps down (the store told the lease).
+func (p *persister) leaseLost(err error) bool {
+	if !errors.Is(err, store.ErrFenced) {
+		return false
+	}
+	p.log.Error("the store refused a batch: another gateway leads now; nothing more is written or published", slog.Any("err", err))
+	p.crash()
+	p.mu.Lock()
+	p.stopped = true // new work is refused
+	p.mu.Unlock()
+	return true
 }
 
 // pendingOp returns the newest record of operation id that the store may not hold yet
