@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/loops-dev/loops/gateway/core/trainrun"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
@@ -44,7 +45,9 @@ func TestPersisterFencedBatch(t *testing.T) {
 	st := &fencedStore{}
 	p := newPersister(st, slog.New(slog.DiscardHandler)) // no journal: groups commit before they publish
 	published := make(chan struct{})
-	p.run("ws", &loopsv1.TrainingRun{Id: "run-1"})
+	r := trainrun.New(trainrun.Config[*operation]{Workspace: "ws", Record: &loopsv1.TrainingRun{Id: "run-1"}, NextSeq: 1, MaxPending: 1})
+	r.Update(func(*loopsv1.TrainingRun) {})
+	p.run(r)
 	p.finish("ws", &loopsv1.Operation{Id: "op-1", State: loopsv1.OperationState_OPERATION_STATE_SUCCEEDED}, func() { close(published) })
 	select {
 	case <-published:
