@@ -10,6 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/policy"
@@ -419,4 +420,42 @@ func TestReplayLogsAreBoundedServerWide(t *testing.T) {
 		}
 	}
 	require.LessOrEqual(t, h.core.replayBytes(), int64(4<<10), "the replay logs together stay within max_replay_bytes_total")
+}
+
+// TestSessionlessSamplesShareOneSampler is issue 23's item 7: sampling that names no sampler
+// (Tinker's sessionless asample) uses the workspace's shared sampler of that model or
+// checkpoint: one in memory, no record per request (before, 300 requests left 300 rows).
+func TestSessionlessSamplesShareOneSampler(t *testing.T) {
+	h := newHarness(t, t.TempDir(), Options{})
+	run := h.newRun()
+	path, err := h.save(run, "s1", false)
+	require.NoError(t, err)
+	samplerOf := func(ctx context.Context, req *loopsv1.SampleRequest) string {
+		t.Helper()
+		op, err := h.svc.Sampling.Sample(ctx, req)
+		require.NoError(t, err)
+		done, err := h.svc.Operations.WaitOperation(ctx, &loopsv1.WaitOperationRequest{Id: op.GetId(), Timeout: durationpb.New(30 * time.Second)})
+		require.NoError(t, err)
+		require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, done.GetState(), done.GetError().GetMessage())
+		return done.GetSamplerId()
+	}
+	base, ckpt := map[string]bool{}, map[string]bool{}
+	for i := range 20 {
+		base[samplerOf(h.ctx, &loopsv1.SampleRequest{BaseModel: "fake/model", Prompt: []int32{1, 2}, NumSamples: 1, SeqId: ptr(int64(i))})] = true
+		ckpt[samplerOf(h.ctx, &loopsv1.SampleRequest{ModelPath: path, Prompt: []int32{1, 2}, NumSamples: 1})] = true
+	}
+	require.Len(t, base, 1, "one shared sampler of the base model")
+	require.Len(t, ckpt, 1, "one shared sampler of the checkpoint")
+	for id := range base {
+		_, err := h.core.store.GetSampler(h.ctx, "ws-a", id)
+		require.ErrorIs(t, err, store.ErrNotFound, "a shared sampler leaves no record")
+	}
+	require.Equal(t, 2, h.core.samplers.inMemory())
+
+	other := auth.WithWorkspace(t.Context(), "ws-b")
+	require.False(t, base[samplerOf(other, &loopsv1.SampleRequest{BaseModel: "fake/model", Prompt: []int32{1}, NumSamples: 1})], "another workspace has its own")
+	_, err = h.svc.Sampling.Sample(other, &loopsv1.SampleRequest{ModelPath: path, Prompt: []int32{1}, NumSamples: 1})
+	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err), "nor may it use another's checkpoint")
+	_, err = h.svc.Sampling.Sample(h.ctx, &loopsv1.SampleRequest{Prompt: []int32{1}, NumSamples: 1})
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
 }

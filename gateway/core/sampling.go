@@ -42,6 +42,9 @@ type samplerState struct {
 	// dropped: the sampler left memory and released ref; a request that still holds the
 	// pointer reloads it.
 	dropped bool
+	// shared is the key of a workspace's shared sampler (sharedKey): held in memory only,
+	// with no record, for requests that name no sampler; "" for a created sampler.
+	shared string
 }
 
 // holdRef adds a holder to the sampler's checkpoint folder for one request (nil for the
@@ -64,11 +67,19 @@ type samplers struct {
 	mu    lockorder.Mutex[rankSamplers]
 	byID  map[string]*samplerState
 	perWS map[string]int // samplers in byID per workspace
-	queue *sampleQueue
+	// shared maps sharedKey(workspace, base model, model path) to the shared sampler in
+	// byID (it leaves with it: the same bounds and expiry apply).
+	shared map[string]*samplerState
+	queue  *sampleQueue
+}
+
+// sharedKey names a workspace's shared sampler of a base model or checkpoint.
+func sharedKey(ws, baseModel, modelPath string) string {
+	return ws + "\x00" + baseModel + "\x00" + modelPath
 }
 
 func newSamplers(c *Core) *samplers {
-	return &samplers{c: c, byID: map[string]*samplerState{}, queue: newSampleQueue(c)}
+	return &samplers{c: c, byID: map[string]*samplerState{}, shared: map[string]*samplerState{}, queue: newSampleQueue(c)}
 }
 
 // create registers a sampler; model is the checkpoint path ("" for the base model) and ref
@@ -117,6 +128,14 @@ func (ss *samplers) add(s *samplerState) *samplerState {
 		s.ref.release()
 		return cur
 	}
+	if s.shared != "" {
+		if cur, ok := ss.shared[s.shared]; ok { // made meanwhile by another request
+			cur.used = now
+			s.ref.release()
+			return cur
+		}
+		ss.shared[s.shared] = s
+	}
 	s.used = now
 	ss.byID[s.info.GetId()] = s
 	if ss.perWS == nil {
@@ -144,6 +163,9 @@ func (ss *samplers) dropLocked(s *samplerState) {
 		return
 	}
 	delete(ss.byID, s.info.GetId())
+	if s.shared != "" && ss.shared[s.shared] == s {
+		delete(ss.shared, s.shared)
+	}
 	if ss.perWS[s.ws]--; ss.perWS[s.ws] <= 0 {
 		delete(ss.perWS, s.ws)
 	}
@@ -223,6 +245,59 @@ func (ss *samplers) get(ctx context.Context, ws, id string) (*samplerState, erro
 		}
 	}
 	return ss.add(newSamplerState(ws, info, ref)), nil
+}
+
+// sharedSampler returns the workspace's shared sampler of baseModel, or of the sampler
+// checkpoint modelPath, making it if it is not in memory: a request that names no sampler
+// (Tinker's sessionless asample) samples with it. It has no record and is dropped from
+// memory as other samplers are; the next such request makes it again.
+func (ss *samplers) sharedSampler(ctx context.Context, ws, baseModel, modelPath string) (*samplerState, error) {
+	key := sharedKey(ws, baseModel, modelPath)
+	if modelPath != "" {
+		key = sharedKey(ws, "", modelPath) // a checkpoint has one base model
+	}
+	ss.mu.Lock()
+	s, ok := ss.shared[key]
+	if ok {
+		s.used = ss.c.now()
+	}
+	ss.mu.Unlock()
+	if ok {
+		return s, nil
+	}
+	c := ss.c
+	var ck *loopsv1.Checkpoint
+	var owner string
+	if modelPath != "" {
+		var err error
+		if ck, owner, err = c.resolveOwned(ctx, ws, modelPath); err != nil {
+			return nil, err
+		}
+		if baseModel != "" && baseModel != ck.GetBaseModel() {
+			return nil, invalidArgument("checkpoint %s was trained on %s, not %s", modelPath, ck.GetBaseModel(), baseModel)
+		}
+		baseModel = ck.GetBaseModel()
+	}
+	if baseModel == "" {
+		return nil, invalidArgument("give a sampler_id, or a base_model or a model_path (tinker://…/sampler_weights/…) to sample with the workspace's shared sampler")
+	}
+	if _, err := c.model(baseModel); err != nil {
+		return nil, err
+	}
+	if err := c.policy.AllowModel(ws, baseModel); err != nil {
+		return nil, err
+	}
+	var ref *ckRef
+	if ck != nil {
+		var err error
+		if ref, err = c.adapterOf(ctx, owner, ck); err != nil {
+			return nil, err
+		}
+	}
+	info := &loopsv1.Sampler{Id: newID("smp"), BaseModel: baseModel, ModelPath: modelPath, CreateTime: timestamppb.New(c.now())}
+	st := newSamplerState(ws, info, ref)
+	st.shared = key
+	return ss.add(st), nil
 }
 
 // dropSession forgets the samplers of an expired session (their records stay).
@@ -360,7 +435,15 @@ func (s SamplingService) sample(ctx context.Context, req *loopsv1.SampleRequest,
 	if c.draining() {
 		return nil, errShuttingDown()
 	}
-	st, err := c.samplers.get(ctx, ws, req.GetSamplerId())
+	var st *samplerState
+	if req.GetSamplerId() == "" {
+		st, err = c.samplers.sharedSampler(ctx, ws, req.GetBaseModel(), req.GetModelPath())
+	} else {
+		if req.GetBaseModel() != "" || req.GetModelPath() != "" {
+			return nil, invalidArgument("give a sampler_id, or a base_model or model_path (the workspace's shared sampler), not both")
+		}
+		st, err = c.samplers.get(ctx, ws, req.GetSamplerId())
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -375,7 +458,7 @@ func (s SamplingService) sample(ctx context.Context, req *loopsv1.SampleRequest,
 	if err := c.policy.CheckSample(ws, model.GetName(), req, params); err != nil {
 		return nil, err
 	}
-	if req.SeqId == nil {
+	if req.SeqId == nil || st.shared != "" { // a shared sampler has no client to de-duplicate for
 		return c.startSample(ctx, ws, st, req, params, sink)
 	}
 	var started *loopsv1.Operation
@@ -399,7 +482,12 @@ func (c *Core) startSample(ctx context.Context, ws string, st *samplerState, req
 	adapter, ok := st.holdRef()
 	if !ok { // it left memory meanwhile: reload it
 		var err error
-		if st, err = c.samplers.get(ctx, ws, st.info.GetId()); err != nil {
+		if st.shared != "" {
+			st, err = c.samplers.sharedSampler(ctx, ws, st.info.GetBaseModel(), st.info.GetModelPath())
+		} else {
+			st, err = c.samplers.get(ctx, ws, st.info.GetId())
+		}
+		if err != nil {
 			return nil, err
 		}
 		if adapter, ok = st.holdRef(); !ok {
