@@ -29,14 +29,20 @@ import (
 // jobsServer runs a gateway on dataDir whose policy lets team-b run jobs; keyC's team-c may not.
 func jobsServer(t *testing.T, dataDir string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
 	keys, err := auth.ParseKeys([]string{keyB + "=team-b", keyC + "=team-c"})
 	require.NoError(t, err)
 	pol, err := policy.Parse([]byte("workspaces:\n  team-b: {allow_jobs: true}\n"))
 	require.NoError(t, err)
 	cfg := gateway.Config{DataDir: dataDir, Keys: keys}
 	cfg.Core.Policy = pol
+	return startJobsServer(t, cfg)
+}
+
+// startJobsServer starts a gateway with cfg and returns its URL.
+func startJobsServer(t *testing.T, cfg gateway.Config) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
 	srv, err := gateway.New(t.Context(), ln, cfg)
 	require.NoError(t, err)
 	go func() { _ = srv.Serve() }()
@@ -118,8 +124,6 @@ func TestJobsAreNotOperators(t *testing.T) {
 	require.NoError(t, err)
 	pol, err := policy.Parse([]byte("default: {allow_jobs: true}\n"))
 	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
 	cfg := gateway.Config{DataDir: t.TempDir(), Jobs: gateway.JobsConfig{
 		Python: func(context.Context, io.Writer) (jobs.Python, error) {
 			return jobs.Python{Exe: "/usr/bin/python3"}, nil
@@ -127,15 +131,7 @@ func TestJobsAreNotOperators(t *testing.T) {
 		Relay: []string{exe}, RelayEnv: []string{"LOOPS_TEST_RELAY=1"}, WeakLimits: true,
 	}}
 	cfg.Core.Policy = pol
-	srv, err := gateway.New(t.Context(), ln, cfg)
-	require.NoError(t, err)
-	go func() { _ = srv.Serve() }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = srv.Close(ctx)
-	})
-	url := "http://" + ln.Addr().String()
+	url := startJobsServer(t, cfg)
 	const key = "tml-open-mode-key"
 	// PoolService answers an operator (this backend has no pools: 400 NO_POOLS) and refuses
 	// anyone else (403).

@@ -199,38 +199,17 @@ func New(ctx context.Context, o Options) (*Service, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	def := func(v *int64, d int64) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	def(&o.MaxArchiveBytes, DefaultMaxArchiveBytes)
-	def(&o.MaxUnpackedBytes, DefaultMaxUnpackedBytes)
-	def(&o.MaxLogBytes, DefaultMaxLogBytes)
-	if o.MaxFiles <= 0 {
-		o.MaxFiles = DefaultMaxFiles
-	}
-	if o.MaxRunningAll <= 0 {
-		o.MaxRunningAll = DefaultMaxRunningAll
-	}
-	if o.Grace <= 0 {
-		o.Grace = DefaultGrace
-	}
-	if o.MaxKeptJobs <= 0 {
-		o.MaxKeptJobs = DefaultMaxKeptJobs
-	}
-	if o.DiskMB <= 0 {
-		o.DiskMB = DefaultDiskMB
-	}
-	if o.MaxProcesses <= 0 {
-		o.MaxProcesses = DefaultMaxProcesses
-	}
-	if o.MaxJobConns <= 0 {
-		o.MaxJobConns = DefaultMaxJobConns
-	}
-	if o.UIDBase <= 0 {
-		o.UIDBase = DefaultUIDBase
-	}
+	orDefault(&o.MaxArchiveBytes, DefaultMaxArchiveBytes)
+	orDefault(&o.MaxUnpackedBytes, DefaultMaxUnpackedBytes)
+	orDefault(&o.MaxLogBytes, DefaultMaxLogBytes)
+	orDefault(&o.MaxFiles, DefaultMaxFiles)
+	orDefault(&o.MaxRunningAll, DefaultMaxRunningAll)
+	orDefault(&o.Grace, DefaultGrace)
+	orDefault(&o.MaxKeptJobs, DefaultMaxKeptJobs)
+	orDefault(&o.DiskMB, DefaultDiskMB)
+	orDefault(&o.MaxProcesses, DefaultMaxProcesses)
+	orDefault(&o.MaxJobConns, DefaultMaxJobConns)
+	orDefault(&o.UIDBase, DefaultUIDBase)
 	if o.Dir == "" || o.Store == nil {
 		return nil, errors.New("jobs: Dir and Store are required")
 	}
@@ -264,6 +243,13 @@ func New(ctx context.Context, o Options) (*Service, error) {
 	}
 	s.filter, s.noFilter = seccompFilter()
 	return s, nil
+}
+
+// orDefault sets *v to d when it is not positive.
+func orDefault[T int | int64 | time.Duration](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
 }
 
 // removeLeftovers removes what jobs that ran when a previous gateway process died left

@@ -516,10 +516,8 @@ func TestUnpackConflicts(t *testing.T) {
 
 // Through the API: 400 with the message, never a 500.
 func TestSubmitUnpackConflictIsClientError(t *testing.T) {
-	dir := t.TempDir()
-	st := openStore(t, dir)
-	defer st.Close()
-	f := newFixture(t, dir, st)
+	f := fixtureWith(t)
+	dir := f.dir
 	_, err := submit(t, f.api, "ws-a", &loopsv1.SubmitJobRequest{Entrypoint: "a.py", Archive: rawTar(t, []tarEntry{{"a.py", tar.TypeReg, "x"}, {"a.py/", tar.TypeDir, ""}})})
 	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "%v", err)
 	require.NotContains(t, err.Error(), dir)

@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -19,10 +20,7 @@ import (
 // Where no cgroup can bound a job (here: cgroups turned off) jobs are refused with a clear
 // FailedPrecondition, unless the operator opted into weak limits.
 func TestJobsRefusedWithoutLimits(t *testing.T) {
-	dir := t.TempDir()
-	st := openStore(t, dir)
-	defer st.Close()
-	f := newFixture(t, dir, st, func(o *Options) { o.CgroupParent, o.WeakLimits = CgroupNone, false })
+	f := fixtureWith(t, func(o *Options) { o.CgroupParent, o.WeakLimits = CgroupNone, false })
 	_, err := submit(t, f.api, "ws-a", &loopsv1.SubmitJobRequest{Archive: tarball(t, false, map[string]string{"a.py": "print(1)"}), Entrypoint: "a.py"})
 	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err), "%v", err)
 	require.Equal(t, ReasonNoLimits, errs.Reason(err))
@@ -30,39 +28,30 @@ func TestJobsRefusedWithoutLimits(t *testing.T) {
 	require.ErrorContains(t, err, "--jobs-weak-limits")
 	require.ErrorContains(t, err, "--jobs-cgroup none")
 	require.Empty(t, f.svc.running, "a refused job holds no slot")
-	entries, err := os.ReadDir(filepath.Join(dir, "jobs"))
+	entries, err := os.ReadDir(filepath.Join(f.dir, "jobs"))
 	require.NoError(t, err)
 	require.Empty(t, entries, "and leaves no folder")
 }
 
-// In weak mode the same gateway runs the job, each process held to the job's memory.
-func TestJobsWeakLimitsRun(t *testing.T) {
+// The limits bind the job's Python (not the relay): in weak mode each process is held to
+// the job's memory by RLIMIT_AS; with a cgroup there is no address-space limit (the
+// cgroup's memory.max holds the job). RLIMIT_NPROC either way.
+func TestJobsLimitsBindPython(t *testing.T) {
 	needSandbox(t)
-	dir := t.TempDir()
-	st := openStore(t, dir)
-	defer st.Close()
-	f := newFixture(t, dir, st, func(o *Options) { o.CgroupParent, o.WeakLimits = CgroupNone, true })
-	script := "import resource\nprint('as', resource.getrlimit(resource.RLIMIT_AS)[0] >> 20, 'nproc', resource.getrlimit(resource.RLIMIT_NPROC)[0])\n"
+	script := "import resource\nprint('as', resource.getrlimit(resource.RLIMIT_AS)[0], 'nproc', resource.getrlimit(resource.RLIMIT_NPROC)[0])\n"
+	f := fixtureWith(t, func(o *Options) { o.CgroupParent, o.WeakLimits = CgroupNone, true })
 	log, end := runScript(t, f, "ws-small", script)
 	require.Equal(t, loopsv1.JobState_JOB_STATE_SUCCEEDED, end.GetState(), log)
-	require.Contains(t, log, "as 300 nproc 512")
-}
+	require.Contains(t, log, fmt.Sprintf("as %d nproc 512", 300<<20))
 
-// With a cgroup, no address-space limit: the job's memory is the cgroup's.
-func TestJobsCgroupLimits(t *testing.T) {
-	needSandbox(t)
-	dir := t.TempDir()
-	st := openStore(t, dir)
-	defer st.Close()
-	f := newFixture(t, dir, st)
+	f = fixtureWith(t)
 	if f.svc.cgroups == nil {
 		if os.Getenv("CI") == "true" && os.Geteuid() == 0 {
 			t.Fatalf("a root gateway in CI must find a cgroup for jobs: %v", f.svc.noCgroups)
 		}
 		t.Skipf("no cgroup for jobs here: %v", f.svc.noCgroups)
 	}
-	script := "import resource\nprint('as', resource.getrlimit(resource.RLIMIT_AS)[0], 'nproc', resource.getrlimit(resource.RLIMIT_NPROC)[0])\n"
-	log, end := runScript(t, f, "ws-small", script)
+	log, end = runScript(t, f, "ws-small", script)
 	require.Equal(t, loopsv1.JobState_JOB_STATE_SUCCEEDED, end.GetState(), log)
 	require.Contains(t, log, "as -1 nproc 512")
 }

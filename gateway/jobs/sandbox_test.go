@@ -31,10 +31,16 @@ import (
 func sandboxed(t *testing.T, opts ...func(*Options)) *fixture {
 	t.Helper()
 	needSandbox(t)
+	return fixtureWith(t, append([]func(*Options){testBounds}, opts...)...)
+}
+
+// fixtureWith is a fixture on a fresh data dir and store.
+func fixtureWith(t *testing.T, opts ...func(*Options)) *fixture {
+	t.Helper()
 	dir := t.TempDir()
 	st := openStore(t, dir)
 	t.Cleanup(func() { _ = st.Close() })
-	return newFixture(t, dir, st, append([]func(*Options){testBounds}, opts...)...)
+	return newFixture(t, dir, st, opts...)
 }
 
 // testBounds are the escape tests' bounds: /job and /tmp of 384 MiB each (over ws-mem's
@@ -314,16 +320,15 @@ for p in pids:
 	require.Less(t, n, 64, "MaxProcesses is 64, the job's threads and the relay's included")
 }
 
-// Memory held in the job's tmpfs counts: with a cgroup, against the job's memory limit
-// (the job is killed); without one (weak mode), /tmp's size bounds it.
-func TestSandboxTmpfsMemoryBounded(t *testing.T) {
-	f := sandboxed(t)
-	script := `
+// fillScript writes FILE 16 MiB at a time up to MIB MiB, saying how far it got.
+const fillScript = `
+import sys
+path, most = sys.argv[1], int(sys.argv[2])
 mb = 0
 chunk = b"x" * (16 << 20)
 try:
-    with open("/tmp/fill", "wb") as f:
-        while mb < 768:
+    with open(path, "wb") as f:
+        while mb < most:
             f.write(chunk)
             f.flush()
             mb += 16
@@ -332,7 +337,12 @@ except OSError as e:
     print("stopped", mb, "errno", e.errno, flush=True)
 print("done", mb, flush=True)
 `
-	log, end := runScript(t, f, "ws-mem", script)
+
+// Memory held in the job's tmpfs counts: with a cgroup, against the job's memory limit
+// (the job is killed); without one (weak mode), /tmp's size bounds it.
+func TestSandboxTmpfsMemoryBounded(t *testing.T) {
+	f := sandboxed(t)
+	log, end := runScript(t, f, "ws-mem", fillScript, "/tmp/fill", "768")
 	t.Log(log)
 	require.Contains(t, log, "wrote 16\n", "the job ran")
 	require.NotContains(t, log, "done 768", "256 MiB of memory cannot hold 768 MiB in /tmp")
@@ -354,20 +364,7 @@ func checkTmpfsBound(t *testing.T, f *fixture, log string, end *loopsv1.Job) {
 // Filling /job stops at its size; the data dir's disk does not fill.
 func TestSandboxDiskBounded(t *testing.T) {
 	f := sandboxed(t)
-	script := `
-mb = 0
-chunk = b"x" * (16 << 20)
-try:
-    with open("/job/fill", "wb") as f:
-        while mb < 512:
-            f.write(chunk)
-            f.flush()
-            mb += 16
-except OSError as e:
-    print("stopped", mb, "errno", e.errno, flush=True)
-print("done", mb, flush=True)
-`
-	log, _ := runScript(t, f, "ws-a", script)
+	log, _ := runScript(t, f, "ws-a", fillScript, "/job/fill", "512")
 	t.Log(log)
 	require.NotContains(t, log, "done 512")
 	require.Contains(t, log, "errno 28", "ENOSPC at /job's size")
@@ -530,7 +527,6 @@ func openPTY(t *testing.T) (master, slave *os.File) {
 	t.Cleanup(func() { _ = m.Close(); _ = s.Close() })
 	return m, s
 }
-
 
 // withHFHome gives jobs the Hugging Face cache hf, as the gateway does.
 func withHFHome(hf string) func(*Options) {
