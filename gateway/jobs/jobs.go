@@ -653,7 +653,7 @@ func (s *Service) runSandboxed(ctx context.Context, r *run, dir, key string, q q
 	}
 	sb := &sandbox{
 		bwrap: s.o.Bwrap, root: s.root, upload: filepath.Join(dir, "upload"), run: runDir, relay: s.o.Relay,
-		binds: slices.Concat(s.o.Binds, py.Binds, modelBinds(s.o.ModelCaches)), port: port,
+		binds: slices.Concat(s.o.Binds, py.Binds, modelBinds(s.o.ModelCaches)), port: port, conns: 4 * s.o.MaxJobConns,
 		diskBytes: int64(s.o.DiskMB) << 20, limits: limits, command: append(command, r.job.GetArgs()...),
 	}
 	argv := sb.args()

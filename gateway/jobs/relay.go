@@ -28,7 +28,7 @@ import (
 // sandbox has its own network namespace with nothing but loopback, so the job cannot reach
 // any host: the relay listens on -listen (127.0.0.1 and the gateway's port) and carries
 // each connection to -socket, a Unix socket the gateway bound into the sandbox for this
-// job, which leads to the gateway and nothing else. It runs COMMAND through `relay limit`
+// job, which leads to the gateway and nothing else (at most -conns at once). It runs COMMAND through `relay limit`
 // (so that the address-space limit binds the job, not the relay), reaps the orphans the
 // job leaves (it is pid 1), passes SIGTERM and SIGINT on to every process of the job, and
 // exits with COMMAND's status (128+signal when a signal ended it).
@@ -65,6 +65,7 @@ func RelayMain(args []string, stderr io.Writer) int {
 	job := fl.String("job", "", "the job's folder")
 	limits := fl.String("limits", "", "`relay limit` flags for the command (space-separated)")
 	self := fl.String("self", "", "this binary and its arguments up to the role (space-separated), to run `limit`")
+	conns := fl.Int("conns", 256, "connections carried at once (more wait in the listen backlog)")
 	if err := fl.Parse(args); err != nil {
 		return 2
 	}
@@ -115,13 +116,20 @@ func RelayMain(args []string, stderr io.Writer) int {
 	if err != nil {
 		return fail(125, "%v", err)
 	}
+	// The relay is the job's, and so is its memory: a cgroup counts it; without one, the
+	// connections it carries at once bound it.
+	slots := make(chan struct{}, max(*conns, 1))
 	go func() {
 		for {
+			slots <- struct{}{}
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			go splice(c, func() (net.Conn, error) { return net.Dial("unix", *socket) })
+			go func() {
+				defer func() { <-slots }()
+				splice(c, func() (net.Conn, error) { return net.Dial("unix", *socket) })
+			}()
 		}
 	}()
 	full := append(append(strings.Fields(*self), "limit"), strings.Fields(*limits)...)

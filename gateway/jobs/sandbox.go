@@ -51,8 +51,10 @@ type sandbox struct {
 	relay []string
 	// binds are host folders shown read-only at the same path.
 	binds []string
-	// port is the gateway's port (the relay listens on 127.0.0.1:port inside).
-	port string
+	// port is the gateway's port (the relay listens on 127.0.0.1:port inside); conns bounds
+	// the connections the relay carries at once.
+	port  string
+	conns int
 	// diskBytes sizes /job and /tmp; limits are `relay limit` flags for the command.
 	diskBytes int64
 	limits    []string
@@ -130,6 +132,7 @@ func (s *sandbox) args() []string {
 	a = append(a,
 		"-listen", "127.0.0.1:"+s.port, "-socket", sandboxSocket, "-gate", strconv.Itoa(fdGate),
 		"-upload", sandboxUpload, "-job", sandboxJob, "-self", self, "-limits", strings.Join(s.limits, " "),
+		"-conns", strconv.Itoa(s.conns),
 		"--")
 	return append(a, s.command...)
 }
