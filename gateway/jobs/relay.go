@@ -291,11 +291,16 @@ func limitMain(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "usage: relay limit [-as BYTES] [-nproc N] [-nofile N] -- COMMAND [ARG...]")
 		return 2
 	}
+	// A limit never rises above the hard limit the job inherited (only root could raise it).
 	set := func(res int, v int64) error {
 		if v <= 0 {
 			return nil
 		}
-		return syscall.Setrlimit(res, &syscall.Rlimit{Cur: uint64(v), Max: uint64(v)})
+		var cur syscall.Rlimit
+		if err := syscall.Getrlimit(res, &cur); err != nil {
+			return err
+		}
+		return syscall.Setrlimit(res, &syscall.Rlimit{Cur: min(uint64(v), cur.Max), Max: min(uint64(v), cur.Max)})
 	}
 	if err := errors.Join(syscall.Setrlimit(syscall.RLIMIT_CORE, &syscall.Rlimit{}), set(syscall.RLIMIT_NOFILE, *nofile), set(unix.RLIMIT_NPROC, *nproc), set(syscall.RLIMIT_AS, *as)); err != nil {
 		fmt.Fprintf(stderr, "loops relay: setting the job's limits: %v\n", err)
