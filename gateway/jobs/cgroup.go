@@ -36,6 +36,8 @@ type cgroupTree struct {
 	v2  string
 	v1  map[string]string // controller -> folder
 	cpu bool
+	// made: the gateway made the folders (loops-jobs), and removes them when done.
+	made bool
 }
 
 // cgroupFiles are where the kernel describes the cgroups (variables, for tests).
@@ -77,7 +79,7 @@ func findCgroups(parent string) (*cgroupTree, error) {
 	if dir, ok := v2Dir(string(mounts), string(self)); ok {
 		jobs, err := setupV2(dir, false)
 		if err == nil {
-			return &cgroupTree{v2: jobs, cpu: hasController(jobs, "cpu")}, nil
+			return &cgroupTree{v2: jobs, cpu: hasController(jobs, "cpu"), made: true}, nil
 		}
 		whyV2 = err
 	} else {
@@ -85,7 +87,7 @@ func findCgroups(parent string) (*cgroupTree, error) {
 	}
 	v1, err := setupV1(string(mounts), string(self))
 	if err == nil {
-		return &cgroupTree{v1: v1, cpu: v1["cpu"] != ""}, nil
+		return &cgroupTree{v1: v1, cpu: v1["cpu"] != "", made: true}, nil
 	}
 	return nil, fmt.Errorf("%w; and cgroup v1: %w", whyV2, err)
 }
@@ -383,6 +385,20 @@ func (c *jobCgroup) destroy() {
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+// release removes the loops-jobs folders the gateway made, once empty (another gateway
+// process using them keeps them), so that they do not hold up the removal of the cgroups
+// they are in.
+func (t *cgroupTree) release() {
+	if !t.made {
+		return
+	}
+	for _, d := range []string{t.v2, t.v1["memory"], t.v1["pids"], t.v1["cpu"]} {
+		if d != "" {
+			_ = os.Remove(d)
 		}
 	}
 }

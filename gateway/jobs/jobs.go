@@ -889,6 +889,9 @@ func (s *Service) Close(ctx context.Context) error {
 	go func() { s.wg.Wait(); close(done) }()
 	select {
 	case <-done:
+		if s.cgroups != nil {
+			s.cgroups.release()
+		}
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("jobs: still stopping at the end of the grace: %w", ctx.Err())
