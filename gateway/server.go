@@ -124,8 +124,10 @@ type Server struct {
 	store store.Store
 	// budget bounds the bytes being decompressed across every surface.
 	budget *bounded.Budget
-	// jobs runs managed jobs (guarded by mu; nil while a standby).
-	jobs *jobs.Service
+	// jobs runs managed jobs (guarded by mu; nil while a standby); jobsLn carries their
+	// connections to http, next to ln (guarded by mu, made once).
+	jobs   *jobs.Service
+	jobsLn *jobs.Listener
 	// infer is the sampling engine the OpenAI- and Anthropic-compatible APIs share
 	// (guarded by mu).
 	infer *inference.Engine
@@ -221,6 +223,7 @@ func (s *Server) Core() *core.Core { return s.leaderCore() }
 
 // Serve answers requests until Close.
 func (s *Server) Serve() error {
+	go func() { _ = s.http.Serve(s.jobsListener()) }()
 	if err := s.http.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
