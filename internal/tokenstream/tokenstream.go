@@ -135,3 +135,31 @@ func CancelOnGone(ctx context.Context, sink Sink) (context.Context, context.Canc
 	}()
 	return ctx, cancel
 }
+
+// Watch is the Sink of a request whose tokens nobody reads while they are decoded (an
+// inference request that is not streamed): it keeps none, and closes Gone when Close says
+// its client has gone, which stops the sample as a streamed one is stopped. A sampler may
+// sample without streaming to it (Discards) as long as it stops once Gone is closed.
+type Watch struct {
+	once sync.Once
+	gone chan struct{}
+}
+
+// NewWatch returns a Watch whose client is there.
+func NewWatch() *Watch { return &Watch{gone: make(chan struct{})} }
+
+// Token drops the token.
+func (w *Watch) Token(int, int32, float32, []Alt) {}
+
+// Gone is closed by Close.
+func (w *Watch) Gone() <-chan struct{} { return w.gone }
+
+// Close says the client has gone: the sample should stop. Closing again does nothing.
+func (w *Watch) Close() { w.once.Do(func() { close(w.gone) }) }
+
+// Discards reports whether sink keeps no tokens (a *Watch): a sampler may then sample
+// without streaming, and watch only Gone.
+func Discards(sink Sink) bool {
+	_, ok := sink.(*Watch)
+	return ok
+}
