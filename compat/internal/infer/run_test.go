@@ -2,6 +2,7 @@ package infer
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -28,6 +29,15 @@ func TestSafeLen(t *testing.T) {
 		{"caf\xc3", nil, "caf"},
 		{"café\xf0\x9f", nil, "café"},
 		{"a\xff\xfeb", nil, "a\xff\xfeb"}, // invalid bytes inside stay: they decode the same later
+		// Only an incomplete character is held back (at most 3 bytes): text that ends in
+		// U+FFFD, or in bytes that can never become a character, is sent.
+		{"ok \ufffd", nil, "ok \ufffd"},
+		{"a" + strings.Repeat("\x80", 50), nil, "a" + strings.Repeat("\x80", 50)},
+		{"a\xff", nil, "a\xff"},
+		{"a\xed\xa0", nil, "a\xed\xa0"}, // a surrogate's start: never valid
+		{"a\xe4\xb8", nil, "a"},
+		{"a\xf0\x9f\x98", nil, "a"},
+		{"\xe4\xb8\xe4\xb8", nil, "\xe4\xb8"},
 	} {
 		require.Equal(t, c.want, c.s[:safeLen(c.s, c.stop)], "%q %q", c.s, c.stop)
 	}
