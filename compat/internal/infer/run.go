@@ -41,9 +41,9 @@ type Chunk struct {
 // Run is a request queued on the core, read with Next until it returns an error (IsDone
 // once every choice has finished), then Close.
 type Run struct {
-	c       *Completion
-	n       int
-	buf     *tokenstream.Buffer // nil: not streamed
+	c   *Completion
+	n   int
+	buf *tokenstream.Buffer // nil: not streamed
 	// watch is the sink of a request that is not streamed (nil: streamed, or a core that
 	// cannot stop a sample): Close closes it, which stops the samples.
 	watch   *tokenstream.Watch
