@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"container/heap"
+	"slices"
 	"unicode/utf8"
 )
 
@@ -80,6 +81,32 @@ func (t *Tokenizer) bpe(sc *bpeScratch, ids []int, w string) []int {
 	return ids
 }
 
+// Words up to cachedWordBytes long have their tokens remembered during one encoding, up
+// to cachedWords of them (text repeats its words; the cache lives as long as the call).
+const (
+	cachedWordBytes = 64
+	cachedWords     = 4096
+)
+
+// word appends the tokens of one pre-tokenized word w (raw text) to ids.
+func (sc *bpeScratch) word(t *Tokenizer, ids []int, w string) []int {
+	if len(w) > cachedWordBytes {
+		return t.bpe(sc, ids, ByteLevel(w))
+	}
+	if toks, ok := sc.cache[w]; ok {
+		return append(ids, toks...)
+	}
+	n := len(ids)
+	ids = t.bpe(sc, ids, ByteLevel(w))
+	if len(sc.cache) < cachedWords {
+		if sc.cache == nil {
+			sc.cache = map[string][]int{}
+		}
+		sc.cache[w] = slices.Clone(ids[n:])
+	}
+	return ids
+}
+
 // pairRank is the merge rank of symbols a and b, neighbours in sc.
 func (t *Tokenizer) pairRank(sc *bpeScratch, a, b int32) (int32, bool) {
 	r, ok := t.rank[[2]string{sc.symbol(a), sc.symbol(b)}]
@@ -116,6 +143,7 @@ type bpeScratch struct {
 	alive      []bool
 	pairs      pairHeap
 	steps      *steps // counts heap operations (tests); nil: none
+	cache      map[string][]int
 }
 
 func (sc *bpeScratch) reset(w string) {

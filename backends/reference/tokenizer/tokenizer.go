@@ -240,7 +240,7 @@ func (t *Tokenizer) encode(text string, limit int, n *steps) (ids []int, complet
 					// The word alone is more bytes than the tokens left can hold.
 					return ids, false
 				}
-				ids = t.bpe(&sc, ids, ByteLevel(w))
+				ids = sc.word(t, ids, w)
 				if over() {
 					return ids, false
 				}
