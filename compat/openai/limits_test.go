@@ -2,6 +2,7 @@ package openai_test
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http"
 	"strings"
 	"testing"
@@ -19,10 +20,8 @@ import (
 func TestPromptLimits(t *testing.T) {
 	url := startServer(t, nil) + "/oai/api/v1"
 	chat := func(content string, extra map[string]any) map[string]any {
-		m := map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": []map[string]any{{"role": "user", "content": content}}}
-		for k, v := range extra {
-			m[k] = v
-		}
+		m := chatBody(content, map[string]any{"max_tokens": 4})
+		maps.Copy(m, extra)
 		return m
 	}
 	for name, tc := range map[string]struct {
