@@ -58,12 +58,17 @@ type opResult struct {
 	err    error
 }
 
-// choiceState is a choice's text so far.
+// choiceState is a choice's streamed text so far. Its text grows by the decoding of each
+// new batch of tokens alone (a token decodes to the same bytes wherever it stands), and
+// only the part not returned yet is searched for stop sequences, so a stream of n tokens
+// costs O(n), not a decoding of all the tokens so far at every batch.
 type choiceState struct {
-	toks    []int32
-	sent    int // bytes of the decoded text already returned
-	done    bool
-	pending []tokenstream.Token // tokens not returned in a chunk yet
+	streamed int    // tokens streamed so far
+	text     []byte // their text
+	sent     int    // bytes of text already returned
+	stopped  bool   // text has reached a stop sequence: nothing more of it is returned
+	done     bool
+	pending  []tokenstream.Token // tokens not returned in a chunk yet
 }
 
 // offsetSink is the request's buffer as one prompt's sink: its sequence i is choice off+i.
@@ -225,18 +230,26 @@ func (r *Run) streamed() []Chunk {
 		if len(cs.pending) == 0 {
 			touched = append(touched, t.Seq)
 		}
-		cs.toks = append(cs.toks, t.ID)
 		cs.pending = append(cs.pending, t)
 	}
 	out := make([]Chunk, 0, len(touched))
 	for _, i := range touched {
 		cs := &r.choices[i]
-		text := r.c.Text.Decode(cs.toks)
-		safe := safeLen(text, r.c.Stop)
 		ch := Chunk{Choice: i, Tokens: cs.pending}
-		if safe > cs.sent {
-			ch.Text = text[cs.sent:safe]
-			cs.sent = safe
+		cs.streamed += len(cs.pending)
+		if !cs.stopped {
+			ids := make([]int32, len(cs.pending))
+			for k, t := range cs.pending {
+				ids[k] = t.ID
+			}
+			cs.text = append(cs.text, r.c.Text.Decode(ids)...)
+			// A stop sequence never starts in the text returned already: safeLen holds
+			// back any end of the text that may start one.
+			unsent := string(cs.text[cs.sent:])
+			safe := safeLen(unsent, r.c.Stop)
+			ch.Text = unsent[:safe]
+			cs.sent += safe
+			cs.stopped = len(cutStop(unsent, r.c.Stop)) < len(unsent)
 		}
 		cs.pending = nil
 		out = append(out, ch)
@@ -263,7 +276,7 @@ func (r *Run) finish(res opResult) []Chunk {
 		r.c.Seqs[i] = seq
 		cs := &r.choices[i]
 		ch := Chunk{Choice: i, Done: true, Stopped: r.c.Stopped(i)}
-		for k := len(cs.toks); k < len(seq.GetTokens()); k++ {
+		for k := cs.streamed; k < len(seq.GetTokens()); k++ {
 			var lp float32
 			if k < len(seq.GetLogprobs()) {
 				lp = seq.GetLogprobs()[k]
@@ -274,7 +287,7 @@ func (r *Run) finish(res opResult) []Chunk {
 		if cs.sent <= len(final) {
 			ch.Text = final[cs.sent:]
 		}
-		cs.done, cs.toks, cs.pending = true, nil, nil
+		cs.done, cs.text, cs.pending = true, nil, nil
 		out = append(out, ch)
 	}
 	return out

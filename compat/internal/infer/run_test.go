@@ -2,6 +2,7 @@ package infer
 
 import (
 	"context"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -172,4 +173,35 @@ func TestFinishTakesBufferedTokens(t *testing.T) {
 	}
 	require.Equal(t, "buffered text", text)
 	require.Equal(t, seq.Tokens, toks)
+}
+
+// TestStreamCostIsLinear: streaming a long choice a token at a time allocates a bounded
+// amount per token: each batch decodes its own tokens and searches only the text not
+// returned yet (about 240 bytes a token here). Today's main decoded every token so far at
+// every batch: O(n²), 150 KB a token here.
+func TestStreamCostIsLinear(t *testing.T) {
+	t.Setenv("HF_HUB_CACHE", t.TempDir())
+	dir := t.TempDir()
+	require.NoError(t, tiny.Write(dir))
+	tx, err := loadText(&loopsv1.ModelInfo{Name: tiny.Name, TokenizerId: dir})
+	require.NoError(t, err)
+	toks := tx.Encode(strings.Repeat("The quick brown fox jumps over the lazy dog. ", 2500))
+	toks = toks[:20000]
+	r := &Run{c: &Completion{Text: tx, Stop: []string{"NEVER"}}, n: 1, buf: tokenstream.NewBuffer(100), choices: make([]choiceState, 1)}
+	var text strings.Builder
+	var m0, m1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&m0)
+	for _, tok := range toks {
+		r.buf.Token(0, tok, 0, nil)
+		for _, ch := range r.streamed() {
+			text.WriteString(ch.Text)
+		}
+	}
+	runtime.ReadMemStats(&m1)
+	require.Equal(t, tx.Decode(toks)[:text.Len()], text.String())
+	require.Greater(t, text.Len(), 30000)
+	perToken := float64(m1.TotalAlloc-m0.TotalAlloc) / float64(len(toks))
+	t.Logf("%.0f bytes allocated per streamed token", perToken)
+	require.Less(t, perToken, 2000.0, "bytes allocated per streamed token")
 }
