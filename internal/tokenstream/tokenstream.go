@@ -14,6 +14,10 @@
 // A backend without the ability (the torch worker's vLLM sampler today) never calls Token; the adapter
 // then sends the whole text when the operation completes. So the tokens streamed are a
 // prefix of the operation's result, never something else.
+//
+// A request that is not streamed passes a Watch instead: it keeps no tokens (the core then
+// samples without streaming) and only closes Gone when its client goes away, so that an
+// abandoned request is stopped as a streamed one is.
 package tokenstream
 
 import (
