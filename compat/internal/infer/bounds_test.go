@@ -80,6 +80,8 @@ func TestOverlongPromptRefusedByBytes(t *testing.T) {
 	requireTooLong(t, err, "messages")
 	_, err = e.Tokens(t.Context(), &Request{Model: tiny.Name, Messages: []Message{{Role: "user", Content: huge}}})
 	requireTooLong(t, err, "messages")
+	_, err = e.Sample(t.Context(), &Request{Model: tiny.Name, Messages: make([]Message, limit+1)})
+	requireTooLong(t, err, "messages", "101 messages cannot fit", "send fewer")
 	_, err = e.Sample(t.Context(), &Request{Model: tiny.Name, Prompts: []Prompt{{Text: "ok"}, {Text: huge}}})
 	requireTooLong(t, err, "prompt[1]", "bytes")
 	_, err = e.Sample(t.Context(), &Request{Model: tiny.Name, Prompts: []Prompt{{Tokens: make([]int32, limit+1)}}})

@@ -223,13 +223,19 @@ func (e *Engine) Tokens(ctx context.Context, req *Request) ([][]int32, error) {
 }
 
 // prompts renders the request's messages and tokenizes them and its text prompts, each
-// bounded by limit tokens (0: none) of base model name: a text of more bytes than limit
-// tokens can hold (limit × the tokenizer's MaxTokenBytes) is refused before it is rendered
-// or tokenized, and tokenizing stops as soon as a prompt is over limit tokens. So an
-// over-long prompt costs at most about limit tokens of work, whatever its size.
+// bounded by limit tokens (0: none) of base model name: more messages than limit, or a text
+// of more bytes than limit tokens can hold (limit × the tokenizer's MaxTokenBytes), is
+// refused before it is rendered or tokenized, and tokenizing stops as soon as a prompt is
+// over limit tokens. So an over-long prompt costs at most about limit tokens of work,
+// whatever its size.
 func prompts(t *Text, limit int, name string, req *Request) ([][]int32, error) {
 	var out [][]int32
 	if len(req.Messages) > 0 {
+		if limit > 0 && len(req.Messages) > limit {
+			// Rendering costs per message; every message of a chat takes a token at least.
+			return nil, tooLong("messages", "messages: %d messages cannot fit in %s's limit of %d tokens (max_sequence_length; every message takes at least one token): send fewer",
+				len(req.Messages), name, limit)
+		}
 		size := len(req.Prefill)
 		for _, m := range req.Messages {
 			size += len(m.Content)

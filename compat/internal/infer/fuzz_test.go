@@ -79,7 +79,7 @@ func FuzzPrompts(f *testing.F) {
 			}
 			switch ae.Param {
 			case "messages":
-				if int64(contents) > tx.MaxBytes(lim) {
+				if len(msgs) > lim || int64(contents) > tx.MaxBytes(lim) {
 					return
 				}
 				rendered, rerr := tx.Render(msgs)
