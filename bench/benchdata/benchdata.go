@@ -1,4 +1,5 @@
-// Package benchdata builds the inputs the benchmarks share, so each measures the same work.
+// Package benchdata builds the inputs the benchmarks share, so each measures the same work,
+// and runs the `loops serve` process that the process-level benchmarks measure.
 package benchdata
 
 import loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"

@@ -1,24 +1,20 @@
 package hardening
 
 import (
-	"bufio"
 	"bytes"
 	"compress/gzip"
-	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/stretchr/testify/require"
+
+	"github.com/loops-dev/loops/bench/benchdata"
 )
 
 const (
@@ -49,13 +45,7 @@ func TestRSS(t *testing.T) {
 		concurrency, err = strconv.Atoi(v)
 		require.NoError(t, err)
 	}
-	bin := os.Getenv("LOOPS_BIN")
-	if bin == "" {
-		bin = filepath.Join(t.TempDir(), "loops")
-		build := exec.Command("go", "build", "-o", bin, "github.com/loops-dev/loops/cmd/loops")
-		build.Stderr = os.Stderr
-		require.NoError(t, build.Run())
-	}
+	bin := benchdata.Binary(t)
 	zstdHeader := map[string]string{"Content-Type": "application/x-protobuf", "Content-Encoding": "zstd"}
 	gzipHeader := map[string]string{"Content-Type": "application/proto", "Content-Encoding": "gzip"}
 	for _, sc := range []scenario{
@@ -67,90 +57,22 @@ func TestRSS(t *testing.T) {
 	} {
 		t.Run(sc.name, func(t *testing.T) {
 			body := sc.body(t)
-			srv := startServer(t, bin)
-			idle := srv.status(t)
+			srv := benchdata.Serve(t, bin)
+			idle := srv.Memory(t)
 			statuses := make([]int, concurrency)
 			start := time.Now()
 			var wg sync.WaitGroup
 			for i := range concurrency {
-				wg.Go(func() { statuses[i] = post(t, srv.url+sc.path, body, sc.header) })
+				wg.Go(func() { statuses[i] = post(t, srv.URL+sc.path, body, sc.header) })
 			}
 			wg.Wait()
 			elapsed := time.Since(start)
-			peak := srv.status(t)
+			peak := srv.Memory(t)
 			t.Logf("%s: %d × %d-byte bodies, limit %d MiB; answers %v in %s; idle RSS %d MiB; peak RSS %d MiB = %.2f× the limit (%.2f× above idle)",
 				sc.name, concurrency, len(body), sc.limit/mib, statuses, elapsed.Round(time.Millisecond),
-				idle.rss/mib, peak.hwm/mib, float64(peak.hwm)/float64(sc.limit), float64(peak.hwm-idle.rss)/float64(sc.limit))
+				idle.RSS/mib, peak.HWM/mib, float64(peak.HWM)/float64(sc.limit), float64(peak.HWM-idle.RSS)/float64(sc.limit))
 		})
 	}
-}
-
-type server struct {
-	url string
-	pid int
-}
-
-type memory struct{ rss, hwm int64 }
-
-// startServer runs `loops serve` on 127.0.0.1:0 with a fresh data folder (open mode) and
-// waits until it answers.
-func startServer(t *testing.T, bin string) server {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, bin, "serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--log-level", "warn")
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		cancel()
-		_ = cmd.Wait()
-	})
-	urls := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			if rest, ok := strings.CutPrefix(sc.Text(), "Loops listening on "); ok {
-				urls <- strings.Fields(rest)[0]
-			}
-		}
-	}()
-	var url string
-	select {
-	case url = <-urls:
-	case <-time.After(time.Minute):
-		t.Fatal("loops serve did not start")
-	}
-	require.Eventually(t, func() bool {
-		resp, err := http.Get(url + "/healthz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, time.Minute, 50*time.Millisecond)
-	return server{url: url, pid: cmd.Process.Pid}
-}
-
-// status reads the server's resident memory now (VmRSS) and at its peak (VmHWM).
-func (s server) status(t *testing.T) memory {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.pid))
-	require.NoError(t, err)
-	var m memory
-	for line := range strings.Lines(string(b)) {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		kb, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "VmRSS:":
-			m.rss = kb << 10
-		case "VmHWM:":
-			m.hwm = kb << 10
-		}
-	}
-	return m
 }
 
 func post(t *testing.T, url string, body []byte, header map[string]string) int {

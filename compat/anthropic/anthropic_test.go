@@ -318,3 +318,37 @@ func TestPrefill(t *testing.T) {
 	}](t, post(t, url+"/count_tokens", map[string]any{"model": tiny.Name, "system": "Be brief.", "messages": msgs}, true))
 	require.Equal(t, m.Usage.InputTokens, count.InputTokens)
 }
+
+// TestPromptLimits: messages over loops/tiny's 2,048 tokens are refused with a 400 that
+// gives the limit, by messages and by count_tokens alike: from their size in bytes when
+// they cannot fit, before any work, and while tokenizing otherwise. Today's main tokenized
+// them whole first, and count_tokens answered their count.
+func TestPromptLimits(t *testing.T) {
+	base := startServer(t)
+	for _, c := range []struct {
+		content, mention string
+	}{
+		{strings.Repeat("x", 1<<20), "1048576 bytes of text cannot fit in loops/tiny's limit of 2048 tokens"},
+		{strings.Repeat("\U0001F642 ", 4000), "more than 2048 tokens"},
+	} {
+		msgs := []map[string]any{{"role": "user", "content": c.content}}
+		for _, path := range []string{"/anthropic/api/v1/messages", "/anthropic/api/v1/messages/count_tokens"} {
+			body := map[string]any{"model": tiny.Name, "messages": msgs}
+			if !strings.HasSuffix(path, "count_tokens") {
+				body["max_tokens"] = 4
+			}
+			a := post(t, base+path, body, false)
+			require.Equal(t, http.StatusBadRequest, a.status, "%s: %s", path, a.body)
+			var e struct {
+				Error struct {
+					Type    string `json:"type"`
+					Message string `json:"message"`
+				} `json:"error"`
+			}
+			require.NoError(t, json.Unmarshal(a.body, &e))
+			require.Equal(t, "invalid_request_error", e.Error.Type)
+			require.Contains(t, e.Error.Message, c.mention)
+			require.True(t, strings.HasPrefix(e.Error.Message, "messages"), e.Error.Message)
+		}
+	}
+}

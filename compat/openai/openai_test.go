@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -388,13 +389,7 @@ func TestCheckpointsAndWorkspaces(t *testing.T) {
 func TestBadRequests(t *testing.T) {
 	url := startServer(t, func(c *gateway.Config) { c.Limits.MaxBodyBytes = 4096 }) + "/oai/api/v1"
 	msgs := []map[string]any{{"role": "user", "content": "Hi"}}
-	chat := func(extra map[string]any) map[string]any {
-		m := map[string]any{"model": tiny.Name, "messages": msgs}
-		for k, v := range extra {
-			m[k] = v
-		}
-		return m
-	}
+	chat := func(extra map[string]any) map[string]any { return chatBody("Hi", extra) }
 	for name, tc := range map[string]struct {
 		path   string
 		body   any
@@ -449,6 +444,13 @@ func TestBadRequests(t *testing.T) {
 	}
 	status, body := call(t, "GET", url+"/nope", keyA, nil)
 	require.Equal(t, http.StatusNotFound, status, string(body))
+}
+
+// chatBody is a chat request for loops/tiny with one user message, and extra's fields.
+func chatBody(content string, extra map[string]any) map[string]any {
+	m := map[string]any{"model": tiny.Name, "messages": []map[string]any{{"role": "user", "content": content}}}
+	maps.Copy(m, extra)
+	return m
 }
 
 func withKey(key string) connect.ClientOption {

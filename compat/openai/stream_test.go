@@ -24,27 +24,47 @@ import (
 )
 
 // gatedSampling is the core's sampling service with the decoder held, right after the
-// first token it streams, until release is closed or the stream's reader is gone.
+// first token it streams, until release is closed or the stream's reader is gone. It
+// records the operations it queues in ops, and started receives when a decoder is held.
 type gatedSampling struct {
 	loopsv1connect.SamplingServiceHandler
 	release chan struct{}
+	ops     chan string
+	started chan struct{}
+	// served receives when a request's handler has returned.
+	served chan struct{}
+}
+
+func (g *gatedSampling) Sample(ctx context.Context, req *loopsv1.SampleRequest) (*loopsv1.Operation, error) {
+	op, err := g.SamplingServiceHandler.Sample(ctx, req)
+	if err == nil {
+		g.ops <- op.GetId()
+	}
+	return op, err
 }
 
 func (g *gatedSampling) SampleStream(ctx context.Context, req *loopsv1.SampleRequest, sink tokenstream.Sink) (*loopsv1.Operation, error) {
-	return g.SamplingServiceHandler.(tokenstream.Streamer).SampleStream(ctx, req, &gatedSink{Sink: sink, release: g.release})
+	op, err := g.SamplingServiceHandler.(tokenstream.Streamer).SampleStream(ctx, req, &gatedSink{Sink: sink, g: g})
+	if err == nil {
+		g.ops <- op.GetId()
+	}
+	return op, err
 }
 
+// gatedSink is a sink that keeps tokens whatever it wraps, so the decoder streams to it
+// (and is held) for requests that are not streamed too.
 type gatedSink struct {
 	tokenstream.Sink
-	release chan struct{}
-	n       int
+	g *gatedSampling
+	n int
 }
 
 func (s *gatedSink) Token(seq int, id int32, lp float32, top []tokenstream.Alt) {
 	s.Sink.Token(seq, id, lp, top)
 	if s.n++; s.n == 1 {
+		s.g.started <- struct{}{}
 		select { // the decoding goroutine waits here, in the middle of the sequence
-		case <-s.release:
+		case <-s.g.release:
 		case <-s.Gone():
 		}
 	}
@@ -64,11 +84,13 @@ func gatedServer(t *testing.T) (url string, g *gatedSampling, ops loopsv1connect
 		_ = srv.Close(ctx)
 	})
 	svc := srv.Core().Services()
-	g = &gatedSampling{SamplingServiceHandler: svc.Sampling, release: make(chan struct{})}
+	g = &gatedSampling{SamplingServiceHandler: svc.Sampling, release: make(chan struct{}),
+		ops: make(chan string, 16), started: make(chan struct{}, 16), served: make(chan struct{}, 16)}
 	h := openai.NewHandler(openai.Services{Sampling: g, Operations: svc.Operations, Models: svc.Models, Checkpoints: svc.Checkpoints},
 		openai.Options{Workspace: auth.Workspace})
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h.ServeHTTP(w, r.WithContext(auth.WithWorkspace(r.Context(), "ws")))
+		g.served <- struct{}{}
 	}))
 	t.Cleanup(ts.Close)
 	return ts.URL + openai.Prefix, g, svc.Operations
@@ -182,4 +204,50 @@ func TestStreamClientGoneStopsTheSample(t *testing.T) {
 		require.NotEqual(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, op.GetState(), "the sample ran on after its client left")
 		require.True(t, time.Now().Before(deadline))
 	}
+}
+
+// TestAbandonedRequestStopsItsSample: the client of a request that is not streamed goes
+// away mid-sequence: its sample is stopped (the operation fails with Canceled instead of
+// decoding to max_tokens), and the request's handler, which holds the gateway's count of
+// the key's requests in flight, returns only once the sample has really ended. Today's
+// main decoded such a sample to its end (8 abandoned requests ran 247 s) and returned at
+// once.
+func TestAbandonedRequestStopsItsSample(t *testing.T) {
+	url, g, ops := gatedServer(t)
+	wctx := auth.WithWorkspace(t.Context(), "ws")
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	raw, err := json.Marshal(map[string]any{"model": tiny.Name, "max_tokens": 64, "temperature": 0,
+		"messages": []map[string]any{{"role": "user", "content": "Hi"}}})
+	require.NoError(t, err)
+	req, err := http.NewRequestWithContext(ctx, "POST", url+"chat/completions", strings.NewReader(string(raw)))
+	require.NoError(t, err)
+	go func() {
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			_ = resp.Body.Close()
+		}
+	}()
+	opID := <-g.ops
+	for started := false; !started; {
+		select {
+		case <-g.started:
+			started = true
+		case <-time.After(100 * time.Millisecond):
+			op, err := ops.GetOperation(wctx, &loopsv1.GetOperationRequest{Id: opID})
+			require.NoError(t, err)
+			if op.GetState() == loopsv1.OperationState_OPERATION_STATE_SUCCEEDED || op.GetState() == loopsv1.OperationState_OPERATION_STATE_FAILED {
+				t.Fatalf("the sample of a request that is not streamed ran (%v) without a sink that can stop it", op.GetState())
+			}
+		}
+	}
+	cancel() // the decoder is still held: only the client's leaving can free it
+	select {
+	case <-g.served:
+	case <-time.After(time.Minute):
+		t.Fatal("the handler did not return once the sample ended")
+	}
+	op, err := ops.GetOperation(wctx, &loopsv1.GetOperationRequest{Id: opID})
+	require.NoError(t, err)
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_FAILED, op.GetState(), "the sample had ended, stopped, when the handler returned")
+	require.Equal(t, int32(connect.CodeCanceled), op.GetError().GetCode(), op.GetError().GetMessage())
 }

@@ -412,11 +412,12 @@ func (s SamplingService) Sample(ctx context.Context, req *loopsv1.SampleRequest)
 }
 
 // SampleStream is Sample with the sampled tokens also written to sink while the backend
-// decodes them (tokenstream.Streamer), for the streaming answers of the inference APIs.
-// The sample is queued, scheduled, metered and answered as Sample's; a backend without the
-// ability (backends.TokenStreamer) writes nothing to sink. Once sink is gone the backend
-// drops the sample (its operation fails with Canceled), and a sample still queued then is
-// failed when its slot comes rather than run.
+// decodes them (tokenstream.Streamer), for the answers of the inference APIs. The sample is
+// queued, scheduled, metered and answered as Sample's; a backend without the ability
+// (backends.TokenStreamer) writes nothing to sink, nor does one given a sink that keeps no
+// tokens (tokenstream.Watch, for an answer that is not streamed). Once sink is gone the
+// backend drops the sample (its operation fails with Canceled), and a sample still queued
+// then is failed when its slot comes rather than run.
 func (s SamplingService) SampleStream(ctx context.Context, req *loopsv1.SampleRequest, sink tokenstream.Sink) (*loopsv1.Operation, error) {
 	return s.sample(ctx, req, sink)
 }
@@ -573,19 +574,23 @@ func checkTopLogprobs(req *backendv1.SampleRequest, resp *backendv1.SampleRespon
 	return nil
 }
 
-// sampleStream runs a streamed sample: nothing when its reader left while it waited, on
-// the backend's TokenStreamer when it has one, and as a plain sample otherwise.
+// sampleStream runs a sample that has a sink: nothing when its client left while it
+// waited, on the backend's TokenStreamer when it has one and the sink keeps tokens, and as
+// a plain sample otherwise; in every case the backend's context ends when the sink is gone
+// (its client left), so the sample stops rather than decoding for nobody.
 func (c *Core) sampleStream(j *sampleJob) (*backendv1.SampleResponse, error) {
 	select {
 	case <-j.sink.Gone():
-		return nil, connect.NewError(connect.CodeCanceled, errors.New("the streaming client went away before the sample started"))
+		return nil, connect.NewError(connect.CodeCanceled, errors.New("the client went away before the sample started"))
 	default:
 	}
 	c.ops.setRunning(j.o)
-	if ts, ok := c.backend.Sampler().(backends.TokenStreamer); ok {
-		return ts.SampleStream(c.ctx, j.req, j.sink)
+	ctx, cancel := tokenstream.CancelOnGone(c.ctx, j.sink)
+	defer cancel()
+	if ts, ok := c.backend.Sampler().(backends.TokenStreamer); ok && !tokenstream.Discards(j.sink) {
+		return ts.SampleStream(ctx, j.req, j.sink)
 	}
-	return c.backend.Sampler().Sample(c.ctx, j.req)
+	return c.backend.Sampler().Sample(ctx, j.req)
 }
 
 // validateSample checks a sampling request and fills in defaults.

@@ -14,6 +14,10 @@
 // A backend without the ability (the torch worker's vLLM sampler today) never calls Token; the adapter
 // then sends the whole text when the operation completes. So the tokens streamed are a
 // prefix of the operation's result, never something else.
+//
+// A request that is not streamed passes a Watch instead: it keeps no tokens (the core then
+// samples without streaming) and only closes Gone when its client goes away, so that an
+// abandoned request is stopped as a streamed one is.
 package tokenstream
 
 import (
@@ -134,4 +138,32 @@ func CancelOnGone(ctx context.Context, sink Sink) (context.Context, context.Canc
 		}
 	}()
 	return ctx, cancel
+}
+
+// Watch is the Sink of a request whose tokens nobody reads while they are decoded (an
+// inference request that is not streamed): it keeps none, and closes Gone when Close says
+// its client has gone, which stops the sample as a streamed one is stopped. A sampler may
+// sample without streaming to it (Discards) as long as it stops once Gone is closed.
+type Watch struct {
+	once sync.Once
+	gone chan struct{}
+}
+
+// NewWatch returns a Watch whose client is there.
+func NewWatch() *Watch { return &Watch{gone: make(chan struct{})} }
+
+// Token drops the token.
+func (w *Watch) Token(int, int32, float32, []Alt) {}
+
+// Gone is closed by Close.
+func (w *Watch) Gone() <-chan struct{} { return w.gone }
+
+// Close says the client has gone: the sample should stop. Closing again does nothing.
+func (w *Watch) Close() { w.once.Do(func() { close(w.gone) }) }
+
+// Discards reports whether sink keeps no tokens (a *Watch): a sampler may then sample
+// without streaming, and watch only Gone.
+func Discards(sink Sink) bool {
+	_, ok := sink.(*Watch)
+	return ok
 }

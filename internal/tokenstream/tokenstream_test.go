@@ -53,3 +53,21 @@ func TestCancelOnGone(t *testing.T) {
 	<-ctx.Done()
 	b.Close() // twice is fine
 }
+
+func TestWatch(t *testing.T) {
+	w := NewWatch()
+	w.Token(0, 1, 0, nil)
+	require.True(t, Discards(w))
+	require.False(t, Discards(NewBuffer(1)))
+	select {
+	case <-w.Gone():
+		t.Fatal("gone before Close")
+	default:
+	}
+	ctx, cancel := CancelOnGone(t.Context(), w)
+	defer cancel()
+	w.Close()
+	w.Close()
+	<-w.Gone()
+	<-ctx.Done()
+}

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // SplitPattern is the pre-tokenizer regex of the tiny model's tokenizer. It avoids
@@ -60,6 +61,9 @@ type Tokenizer struct {
 	idToStr   []string
 	special   map[int]string
 	rank      map[[2]string]int
+	added     addedMatcher
+	// maxTokenBytes is the most bytes of text one token stands for (MaxTokenBytes).
+	maxTokenBytes int
 }
 
 func (t *Tokenizer) index() {
@@ -84,8 +88,25 @@ func (t *Tokenizer) index() {
 			t.rank[m] = i
 		}
 	}
-	sort.Slice(t.Specials, func(i, j int) bool { return len(t.Specials[i].Content) > len(t.Specials[j].Content) })
+	sort.SliceStable(t.Specials, func(i, j int) bool { return len(t.Specials[i].Content) > len(t.Specials[j].Content) })
+	t.added = newAddedMatcher(t.Specials)
+	t.maxTokenBytes = 1
+	for s := range t.Vocab {
+		t.maxTokenBytes = max(t.maxTokenBytes, utf8.RuneCountInString(s))
+	}
+	for _, m := range t.Merges {
+		t.maxTokenBytes = max(t.maxTokenBytes, utf8.RuneCountInString(m[0])+utf8.RuneCountInString(m[1]))
+	}
+	for _, sp := range t.Specials {
+		t.maxTokenBytes = max(t.maxTokenBytes, len(sp.Content))
+	}
 }
+
+// MaxTokenBytes is the most bytes of text that one token Encode returns stands for: the
+// longest vocabulary entry or merge (a byte-level symbol is one byte of text) or added
+// token. So a text of more than n × MaxTokenBytes bytes encodes to more than n tokens, which
+// a caller can refuse without encoding it.
+func (t *Tokenizer) MaxTokenBytes() int { return t.maxTokenBytes }
 
 // Size is the number of token ids (vocabulary plus added tokens).
 func (t *Tokenizer) Size() int { return len(t.idToStr) }
@@ -175,57 +196,66 @@ func applyMerge(w []string, p [2]string, merged string) []string {
 	return out
 }
 
-// Encode tokenizes text: added tokens are matched first, the rest is split with
-// SplitPattern, mapped to byte-level characters, and merged by rank.
+// Encode tokenizes text: added tokens are matched first (the leftmost, and of those that
+// start there the longest, as Hugging Face tokenizers match them), the rest is split with
+// SplitPattern, mapped to byte-level characters, and merged by rank. Its time is linear in
+// the text's length (times the length of the longest added token) and, within one word,
+// O(n log n) in the word's length.
 func (t *Tokenizer) Encode(text string) []int {
-	var ids []int
-	for len(text) > 0 {
-		// find the earliest special token
-		at, which := -1, -1
-		for i, sp := range t.Specials {
-			if k := strings.Index(text, sp.Content); k >= 0 && (at < 0 || k < at) {
-				at, which = k, i
-			}
-		}
-		chunk := text
-		if at >= 0 {
-			chunk = text[:at]
-		}
-		for _, w := range splitRE.FindAllString(chunk, -1) {
-			ids = append(ids, t.bpe(ByteLevel(w))...)
-		}
-		if at < 0 {
-			break
-		}
-		ids = append(ids, t.Specials[which].ID)
-		text = text[at+len(t.Specials[which].Content):]
-	}
+	ids, _ := t.EncodeLimit(text, -1)
 	return ids
 }
 
-func (t *Tokenizer) bpe(w string) []int {
-	var sym []string
-	for _, r := range w {
-		sym = append(sym, string(r))
-	}
-	for len(sym) > 1 {
-		best, bi := -1, -1
-		for j := 0; j+1 < len(sym); j++ {
-			if r, ok := t.rank[[2]string{sym[j], sym[j+1]}]; ok && (best < 0 || r < best) {
-				best, bi = r, j
+// splitBatch is how many pre-tokenizer matches EncodeLimit asks the regexp for at a time.
+const splitBatch = 1024
+
+// EncodeLimit is Encode that stops as soon as it knows that text encodes to more than limit
+// tokens (limit < 0: no limit). It returns the tokens and true when text was encoded whole,
+// and false once it is over limit, with the tokens encoded by then (a word's tokens come
+// together, so possibly more than limit; or fewer, when the next word alone is longer than
+// MaxTokenBytes × the tokens left). So refusing a text costs about the encoding of its first
+// limit tokens, never of all of it.
+func (t *Tokenizer) EncodeLimit(text string, limit int) (ids []int, complete bool) {
+	return t.encode(text, limit, nil)
+}
+
+// encode is EncodeLimit, counting its steps in n when n is not nil (tests).
+func (t *Tokenizer) encode(text string, limit int, n *steps) (ids []int, complete bool) {
+	over := func() bool { return limit >= 0 && len(ids) > limit }
+	sc := bpeScratch{steps: n}
+	for pos := 0; ; {
+		start, end, sp := t.added.find(text, pos, n)
+		chunk := text[pos:]
+		if start >= 0 {
+			chunk = text[pos:start]
+		}
+		for len(chunk) > 0 {
+			locs := splitRE.FindAllStringIndex(chunk, splitBatch)
+			if len(locs) == 0 {
+				break
 			}
+			for _, loc := range locs {
+				w := chunk[loc[0]:loc[1]]
+				if limit >= 0 && len(ids)+(len(w)+t.maxTokenBytes-1)/t.maxTokenBytes > limit {
+					// The word alone is more bytes than the tokens left can hold.
+					return ids, false
+				}
+				ids = sc.word(t, ids, w)
+				if over() {
+					return ids, false
+				}
+			}
+			chunk = chunk[locs[len(locs)-1][1]:]
 		}
-		if bi < 0 {
-			break
+		if start < 0 {
+			return ids, true
 		}
-		m := t.Merges[best]
-		sym = applyMerge(sym, m, m[0]+m[1])
+		ids = append(ids, t.Specials[sp].ID)
+		if over() {
+			return ids, false
+		}
+		pos = end
 	}
-	ids := make([]int, 0, len(sym))
-	for _, s := range sym {
-		ids = append(ids, t.Vocab[s])
-	}
-	return ids
 }
 
 // Decode turns ids into text. Added tokens decode to their content; unknown ids are

@@ -3,6 +3,7 @@ package infer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"connectrpc.com/connect"
@@ -188,40 +189,125 @@ func (e *Engine) Stream(ctx context.Context, req *Request) (*Run, error) {
 
 // Text returns base model name's text (tokenizer and chat template).
 func (e *Engine) Text(ctx context.Context, name string) (*Text, error) {
-	return e.models.get(ctx, name)
+	t, _, err := e.model(ctx, name)
+	return t, err
+}
+
+// model returns base model name's text and the caller's limit on its sequences in tokens
+// (its max_sequence_length as the caller's workspace sees it: the lesser of the model's and
+// the workspace policy's; 0: none).
+func (e *Engine) model(ctx context.Context, name string) (*Text, int, error) {
+	info, err := e.models.info(ctx, name)
+	if err != nil {
+		return nil, 0, err
+	}
+	t, err := e.models.get(info)
+	if err != nil {
+		return nil, 0, err
+	}
+	return t, int(max(info.GetMaxSequenceLength(), 0)), nil
 }
 
 // Tokens renders and tokenizes the request's messages and prompts as Sample would, for the
-// base model of its model string, without sampling (token counting).
+// base model of its model string, without sampling (token counting), under the same bounds.
 func (e *Engine) Tokens(ctx context.Context, req *Request) ([][]int32, error) {
 	sm, _, err := e.samplerFor(ctx, req.Model)
 	if err != nil {
 		return nil, err
 	}
-	t, err := e.models.get(ctx, sm.baseModel)
+	t, limit, err := e.model(ctx, sm.baseModel)
 	if err != nil {
 		return nil, err
 	}
-	return prompts(t, req)
+	return prompts(t, limit, sm.baseModel, req)
 }
 
-func prompts(t *Text, req *Request) ([][]int32, error) {
+// prompts renders the request's messages and tokenizes them and its text prompts, each
+// bounded by limit tokens (0: none) of base model name: more messages than limit, or a text
+// of more bytes than limit tokens can hold (limit × the tokenizer's MaxTokenBytes), is
+// refused before it is rendered or tokenized, and tokenizing stops as soon as a prompt is
+// over limit tokens. So an over-long prompt costs at most about limit tokens of work,
+// whatever its size.
+func prompts(t *Text, limit int, name string, req *Request) ([][]int32, error) {
 	var out [][]int32
 	if len(req.Messages) > 0 {
+		if limit > 0 && len(req.Messages) > limit {
+			// Rendering costs per message; every message of a chat takes a token at least.
+			return nil, tooLong("messages", "messages: %d messages cannot fit in %s's limit of %d tokens (max_sequence_length; every message takes at least one token): send fewer",
+				len(req.Messages), name, limit)
+		}
+		size := len(req.Prefill)
+		for _, m := range req.Messages {
+			size += len(m.Content)
+		}
+		if err := t.checkBytes(size, limit, name, "messages"); err != nil {
+			return nil, err
+		}
 		rendered, err := t.Render(req.Messages)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, t.Encode(rendered+req.Prefill))
-	}
-	for _, p := range req.Prompts {
-		if p.Tokens != nil {
-			out = append(out, p.Tokens)
-		} else {
-			out = append(out, t.Encode(p.Text))
+		toks, err := t.encodeBounded(rendered+req.Prefill, limit, name, "messages")
+		if err != nil {
+			return nil, err
 		}
+		out = append(out, toks)
+	}
+	for i, p := range req.Prompts {
+		param := "prompt"
+		if len(req.Prompts) > 1 {
+			param = fmt.Sprintf("prompt[%d]", i)
+		}
+		if p.Tokens != nil {
+			if limit > 0 && len(p.Tokens) > limit {
+				return nil, tooLong(param, "%s has %d tokens; %s takes at most %d (max_sequence_length): shorten it", param, len(p.Tokens), name, limit)
+			}
+			out = append(out, p.Tokens)
+			continue
+		}
+		if err := t.checkBytes(len(p.Text), limit, name, param); err != nil {
+			return nil, err
+		}
+		toks, err := t.encodeBounded(p.Text, limit, name, param)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, toks)
 	}
 	return out, nil
+}
+
+// MaxLogprobAlternatives bounds choices × max_tokens × top_logprobs of one request: the
+// alternatives its answer may list (about 120 bytes of JSON each, and several times that in
+// memory while the answer is built), so 131,072 of them make an answer of about 15 MB.
+const MaxLogprobAlternatives = 1 << 17
+
+// checkTopLogprobs refuses a request whose answer could list more than
+// MaxLogprobAlternatives alternatives (top_logprobs), before any work: its choices × its
+// max_tokens (when it gives none, the most the core may default to: DefaultMaxTokens, or the
+// model's limit if lower) × top_logprobs.
+func checkTopLogprobs(req *Request, limit int) error {
+	k := int64(req.Params.GetTopLogprobs())
+	if k <= 0 {
+		return nil
+	}
+	prompts := int64(len(req.Prompts))
+	if len(req.Messages) > 0 {
+		prompts++
+	}
+	choices := prompts * int64(max(req.N, 1))
+	maxTokens, what := int64(req.Params.GetMaxTokens()), "max_tokens"
+	if maxTokens <= 0 {
+		maxTokens, what = semantics.DefaultMaxTokens, "max_tokens (not given: its default)"
+		if limit > 0 {
+			maxTokens = min(maxTokens, int64(limit))
+		}
+	}
+	if total := choices * maxTokens * k; total > MaxLogprobAlternatives {
+		return BadField("top_logprobs", "%d choices × %s %d × top_logprobs %d = %d alternatives, over the server's limit of %d per request: lower n, max_tokens or top_logprobs",
+			choices, what, maxTokens, k, total, MaxLogprobAlternatives)
+	}
+	return nil
 }
 
 // samplerFor returns the workspace's sampler for model, creating it on first use, and its

@@ -24,6 +24,12 @@ func BadField(param, format string, args ...any) *Error {
 	return &Error{Status: http.StatusBadRequest, Param: param, Code: "invalid_value", Message: fmt.Sprintf(format, args...)}
 }
 
+// tooLong returns the 400 for a prompt over the model's token limit; its code is OpenAI's
+// for it, context_length_exceeded.
+func tooLong(param, format string, args ...any) *Error {
+	return &Error{Status: http.StatusBadRequest, Param: param, Code: "context_length_exceeded", Message: fmt.Sprintf(format, args...)}
+}
+
 // Truncate shortens s to 40 bytes for an error message.
 func Truncate(s string) string {
 	if len(s) > 40 {

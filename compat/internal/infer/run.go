@@ -41,13 +41,15 @@ type Chunk struct {
 // Run is a request queued on the core, read with Next until it returns an error (IsDone
 // once every choice has finished), then Close.
 type Run struct {
-	c       *Completion
-	n       int
-	buf     *tokenstream.Buffer // nil: not streamed
+	c   *Completion
+	n   int
+	buf *tokenstream.Buffer // nil: not streamed
+	// watch is the sink of a request that is not streamed (nil: streamed, or a core that
+	// cannot stop a sample): Close closes it, which stops the samples.
+	watch   *tokenstream.Watch
 	results chan opResult
 	pending int // operations not answered yet
 	choices []choiceState
-	cancel  context.CancelFunc
 }
 
 type opResult struct {
@@ -56,12 +58,17 @@ type opResult struct {
 	err    error
 }
 
-// choiceState is a choice's text so far.
+// choiceState is a choice's streamed text so far. Its text grows by the decoding of each
+// new batch of tokens alone (a token decodes to the same bytes wherever it stands), and
+// only the part not returned yet is searched for stop sequences, so a stream of n tokens
+// costs O(n), not a decoding of all the tokens so far at every batch.
 type choiceState struct {
-	toks    []int32
-	sent    int // bytes of the decoded text already returned
-	done    bool
-	pending []tokenstream.Token // tokens not returned in a chunk yet
+	streamed int    // tokens streamed so far
+	text     []byte // their text
+	sent     int    // bytes of text already returned
+	stopped  bool   // text has reached a stop sequence: nothing more of it is returned
+	done     bool
+	pending  []tokenstream.Token // tokens not returned in a chunk yet
 }
 
 // offsetSink is the request's buffer as one prompt's sink: its sequence i is choice off+i.
@@ -75,19 +82,27 @@ func (s offsetSink) Token(seq int, id int32, lp float32, top []tokenstream.Alt) 
 }
 func (s offsetSink) Gone() <-chan struct{} { return s.buf.Gone() }
 
-// start resolves the sampler, tokenizes the prompts and queues one sample per prompt on the
-// core (all of them first, so that they run together), then waits for each in the
-// background.
+// start resolves the sampler, checks the request's bounds, tokenizes the prompts and
+// queues one sample per prompt on the core (all of them first, so that they run together),
+// then waits for each in the background.
+//
+// Every sample is given a sink whose Gone stops it (tokenstream.Streamer): the stream's
+// buffer, or a Watch when the answer is not streamed; Close closes it and waits for the
+// samples to end. So a client that leaves stops its samples, streamed or not, and its
+// request lasts, and counts against its key, until they have really stopped.
 func (e *Engine) start(ctx context.Context, req *Request, stream bool) (*Run, error) {
 	sm, key, err := e.samplerFor(ctx, req.Model)
 	if err != nil {
 		return nil, err
 	}
-	t, err := e.models.get(ctx, sm.baseModel)
+	t, limit, err := e.model(ctx, sm.baseModel)
 	if err != nil {
 		return nil, err
 	}
-	ps, err := prompts(t, req)
+	if err := checkTopLogprobs(req, limit); err != nil {
+		return nil, err
+	}
+	ps, err := prompts(t, limit, sm.baseModel, req)
 	if err != nil {
 		return nil, err
 	}
@@ -95,16 +110,23 @@ func (e *Engine) start(ctx context.Context, req *Request, stream bool) (*Run, er
 	r := &Run{c: &Completion{Text: t, Stop: req.Params.GetStopStrings()}, n: n,
 		results: make(chan opResult, len(ps)), choices: make([]choiceState, len(ps)*n)}
 	streamer, canStream := e.svc.Sampling.(tokenstream.Streamer)
-	if stream && canStream {
+	switch {
+	case canStream && stream:
 		r.buf = tokenstream.NewBuffer(StreamBacklog)
+	case canStream:
+		r.watch = tokenstream.NewWatch()
 	}
 	queue := func(in *loopsv1.SampleRequest, i int) (*loopsv1.Operation, error) {
-		if r.buf != nil {
+		switch {
+		case r.buf != nil:
 			return streamer.SampleStream(ctx, in, offsetSink{r.buf, i * n})
+		case r.watch != nil:
+			return streamer.SampleStream(ctx, in, r.watch)
 		}
 		return e.svc.Sampling.Sample(ctx, in)
 	}
-	ops := make([]*loopsv1.Operation, len(ps))
+	// The waits outlive ctx: a sample runs until the core says it ended, stopped by Close.
+	wctx := context.WithoutCancel(ctx)
 	for i, p := range ps {
 		in := &loopsv1.SampleRequest{SamplerId: sm.id, Prompt: p, NumSamples: int32(n), Params: req.Params}
 		op, err := queue(in, i)
@@ -119,17 +141,14 @@ func (e *Engine) start(ctx context.Context, req *Request, stream bool) (*Run, er
 			op, err = queue(in, i)
 		}
 		if err != nil {
-			r.Close()
+			r.Close() // stops and waits for the prompts queued before
 			return nil, err
 		}
-		ops[i] = op
+		if i == 0 {
+			r.c.ID = op.GetId()
+		}
 		r.c.PromptTokens += len(p)
-	}
-	r.c.ID = ops[0].GetId()
-	wctx, cancel := context.WithCancel(ctx)
-	r.cancel = cancel
-	r.pending = len(ops)
-	for i, op := range ops {
+		r.pending++
 		go func() {
 			op, err := e.wait(wctx, op)
 			r.results <- opResult{prompt: i, op: op, err: err}
@@ -141,14 +160,19 @@ func (e *Engine) start(ctx context.Context, req *Request, stream bool) (*Run, er
 // Completion is the whole completion, complete once Next has returned IsDone.
 func (r *Run) Completion() *Completion { return r.c }
 
-// Close stops waiting, and stops the samples if they still run (a streamed client that
-// went away).
+// Close stops the samples that still run (their client went away, or one of them failed)
+// and waits until the core says each has ended, so that the request is counted against its
+// key (the gateway's requests in flight per key) for as long as its samples use the
+// server. It returns at once when every sample has already ended.
 func (r *Run) Close() {
 	if r.buf != nil {
 		r.buf.Close()
 	}
-	if r.cancel != nil {
-		r.cancel()
+	if r.watch != nil {
+		r.watch.Close()
+	}
+	for ; r.pending > 0; r.pending-- {
+		<-r.results
 	}
 }
 
@@ -185,10 +209,10 @@ func (r *Run) Next(ctx context.Context) ([]Chunk, error) {
 
 // answer takes a finished sample: its error, or its last chunks.
 func (r *Run) answer(res opResult) ([]Chunk, error) {
+	r.pending--
 	if res.err != nil {
 		return nil, res.err
 	}
-	r.pending--
 	return r.finish(res), nil
 }
 
@@ -206,18 +230,26 @@ func (r *Run) streamed() []Chunk {
 		if len(cs.pending) == 0 {
 			touched = append(touched, t.Seq)
 		}
-		cs.toks = append(cs.toks, t.ID)
 		cs.pending = append(cs.pending, t)
 	}
 	out := make([]Chunk, 0, len(touched))
 	for _, i := range touched {
 		cs := &r.choices[i]
-		text := r.c.Text.Decode(cs.toks)
-		safe := safeLen(text, r.c.Stop)
 		ch := Chunk{Choice: i, Tokens: cs.pending}
-		if safe > cs.sent {
-			ch.Text = text[cs.sent:safe]
-			cs.sent = safe
+		cs.streamed += len(cs.pending)
+		if !cs.stopped {
+			ids := make([]int32, len(cs.pending))
+			for k, t := range cs.pending {
+				ids[k] = t.ID
+			}
+			cs.text = append(cs.text, r.c.Text.Decode(ids)...)
+			// A stop sequence never starts in the text returned already: safeLen holds
+			// back any end of the text that may start one.
+			unsent := string(cs.text[cs.sent:])
+			safe := safeLen(unsent, r.c.Stop)
+			ch.Text = unsent[:safe]
+			cs.sent += safe
+			cs.stopped = len(cutStop(unsent, r.c.Stop)) < len(unsent)
 		}
 		cs.pending = nil
 		out = append(out, ch)
@@ -244,7 +276,7 @@ func (r *Run) finish(res opResult) []Chunk {
 		r.c.Seqs[i] = seq
 		cs := &r.choices[i]
 		ch := Chunk{Choice: i, Done: true, Stopped: r.c.Stopped(i)}
-		for k := len(cs.toks); k < len(seq.GetTokens()); k++ {
+		for k := cs.streamed; k < len(seq.GetTokens()); k++ {
 			var lp float32
 			if k < len(seq.GetLogprobs()) {
 				lp = seq.GetLogprobs()[k]
@@ -255,7 +287,7 @@ func (r *Run) finish(res opResult) []Chunk {
 		if cs.sent <= len(final) {
 			ch.Text = final[cs.sent:]
 		}
-		cs.done, cs.toks, cs.pending = true, nil, nil
+		cs.done, cs.text, cs.pending = true, nil, nil
 		out = append(out, ch)
 	}
 	return out
@@ -263,7 +295,10 @@ func (r *Run) finish(res opResult) []Chunk {
 
 // safeLen is how much of a choice's decoded text so far can be sent: up to its first stop
 // sequence, short of a suffix that may be the start of one, and short of an incomplete
-// UTF-8 character at its end (decoded as U+FFFD until its last byte comes).
+// UTF-8 character at its end (at most 3 bytes: the start of a character whose last bytes
+// have not come yet). Anything else is sent, invalid UTF-8 included (each invalid byte
+// reads as U+FFFD now and in the final text alike), so a sample that produces bytes that
+// never form a character cannot hold the stream back until it ends.
 func safeLen(s string, stop []string) int {
 	n := len(cutStop(s, stop))
 	if n < len(s) {
@@ -277,14 +312,22 @@ func safeLen(s string, stop []string) int {
 			}
 		}
 	}
-	for n > 0 {
-		r, size := utf8.DecodeLastRuneInString(s[:n])
-		if r != utf8.RuneError {
-			break
+	return n - incompleteSuffix(s[:n])
+}
+
+// incompleteSuffix is the length of the incomplete UTF-8 character that s ends with: the
+// last 1 to 3 bytes when they are the valid start of a character still missing bytes, and
+// 0 otherwise.
+func incompleteSuffix(s string) int {
+	for k := 1; k < utf8.UTFMax && k <= len(s); k++ {
+		if c := s[len(s)-k]; utf8.RuneStart(c) {
+			if c >= utf8.RuneSelf && !utf8.FullRuneInString(s[len(s)-k:]) {
+				return k
+			}
+			return 0
 		}
-		n -= size
 	}
-	return n
+	return 0
 }
 
 func indexOf(s, sub string) int { return strings.Index(s, sub) }

@@ -2,6 +2,8 @@ package infer
 
 import (
 	"context"
+	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -28,6 +30,15 @@ func TestSafeLen(t *testing.T) {
 		{"caf\xc3", nil, "caf"},
 		{"café\xf0\x9f", nil, "café"},
 		{"a\xff\xfeb", nil, "a\xff\xfeb"}, // invalid bytes inside stay: they decode the same later
+		// Only an incomplete character is held back (at most 3 bytes): text that ends in
+		// U+FFFD, or in bytes that can never become a character, is sent.
+		{"ok \ufffd", nil, "ok \ufffd"},
+		{"a" + strings.Repeat("\x80", 50), nil, "a" + strings.Repeat("\x80", 50)},
+		{"a\xff", nil, "a\xff"},
+		{"a\xed\xa0", nil, "a\xed\xa0"}, // a surrogate's start: never valid
+		{"a\xe4\xb8", nil, "a"},
+		{"a\xf0\x9f\x98", nil, "a"},
+		{"\xe4\xb8\xe4\xb8", nil, "\xe4\xb8"},
 	} {
 		require.Equal(t, c.want, c.s[:safeLen(c.s, c.stop)], "%q %q", c.s, c.stop)
 	}
@@ -162,4 +173,35 @@ func TestFinishTakesBufferedTokens(t *testing.T) {
 	}
 	require.Equal(t, "buffered text", text)
 	require.Equal(t, seq.Tokens, toks)
+}
+
+// TestStreamCostIsLinear: streaming a long choice a token at a time allocates a bounded
+// amount per token: each batch decodes its own tokens and searches only the text not
+// returned yet (about 240 bytes a token here). Today's main decoded every token so far at
+// every batch: O(n²), 150 KB a token here.
+func TestStreamCostIsLinear(t *testing.T) {
+	t.Setenv("HF_HUB_CACHE", t.TempDir())
+	dir := t.TempDir()
+	require.NoError(t, tiny.Write(dir))
+	tx, err := loadText(&loopsv1.ModelInfo{Name: tiny.Name, TokenizerId: dir})
+	require.NoError(t, err)
+	toks := tx.Encode(strings.Repeat("The quick brown fox jumps over the lazy dog. ", 2500))
+	toks = toks[:20000]
+	r := &Run{c: &Completion{Text: tx, Stop: []string{"NEVER"}}, n: 1, buf: tokenstream.NewBuffer(100), choices: make([]choiceState, 1)}
+	var text strings.Builder
+	var m0, m1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&m0)
+	for _, tok := range toks {
+		r.buf.Token(0, tok, 0, nil)
+		for _, ch := range r.streamed() {
+			text.WriteString(ch.Text)
+		}
+	}
+	runtime.ReadMemStats(&m1)
+	require.Equal(t, tx.Decode(toks)[:text.Len()], text.String())
+	require.Greater(t, text.Len(), 30000)
+	perToken := float64(m1.TotalAlloc-m0.TotalAlloc) / float64(len(toks))
+	t.Logf("%.0f bytes allocated per streamed token", perToken)
+	require.Less(t, perToken, 2000.0, "bytes allocated per streamed token")
 }

@@ -51,28 +51,31 @@ func newModelCache(m loopsv1connect.ModelServiceHandler) *modelCache {
 	return &modelCache{models: m, byName: map[string]*Text{}}
 }
 
-// get returns the text of base model name, loading it on first use.
-func (mc *modelCache) get(ctx context.Context, name string) (*Text, error) {
+// info returns base model name as the caller's workspace sees it (its limits lowered to the
+// workspace's).
+func (mc *modelCache) info(ctx context.Context, name string) (*loopsv1.ModelInfo, error) {
+	res, err := mc.models.ListModels(ctx, &loopsv1.ListModelsRequest{})
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range res.GetModels() {
+		if m.GetName() == name {
+			return m, nil
+		}
+	}
+	return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("model %q is not served (GET /models lists those that are)", name))
+}
+
+// get returns the text of a base model, loading it on first use.
+func (mc *modelCache) get(info *loopsv1.ModelInfo) (*Text, error) {
+	name := info.GetName()
 	mc.mu.Lock()
 	t, ok := mc.byName[name]
 	mc.mu.Unlock()
 	if ok {
 		return t, nil
 	}
-	res, err := mc.models.ListModels(ctx, &loopsv1.ListModelsRequest{})
-	if err != nil {
-		return nil, err
-	}
-	var info *loopsv1.ModelInfo
-	for _, m := range res.GetModels() {
-		if m.GetName() == name {
-			info = m
-		}
-	}
-	if info == nil {
-		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("model %q is not served (GET /models lists those that are)", name))
-	}
-	t, err = loadText(info)
+	t, err := loadText(info)
 	if err != nil {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("model %q: %w", name, err))
 	}
@@ -246,12 +249,47 @@ func (t *Text) Render(msgs []Message) (string, error) {
 
 // Encode tokenizes text (added tokens such as chat markers are matched first).
 func (t *Text) Encode(s string) []int32 {
-	ids := t.tok.Encode(s)
+	return int32s(t.tok.Encode(s))
+}
+
+func int32s(ids []int) []int32 {
 	out := make([]int32, len(ids))
 	for i, id := range ids {
 		out[i] = int32(id)
 	}
 	return out
+}
+
+// MaxBytes is the most bytes of text that limit tokens can hold (limit × the tokenizer's
+// MaxTokenBytes), or -1 for no limit (limit 0).
+func (t *Text) MaxBytes(limit int) int64 {
+	if limit <= 0 {
+		return -1
+	}
+	return int64(limit) * int64(t.tok.MaxTokenBytes())
+}
+
+// checkBytes refuses a text of size bytes for param that cannot fit in limit tokens of
+// model name (0: no limit), before any work on it.
+func (t *Text) checkBytes(size, limit int, name, param string) error {
+	if c := t.MaxBytes(limit); c >= 0 && int64(size) > c {
+		return tooLong(param, "%s: %d bytes of text cannot fit in %s's limit of %d tokens (max_sequence_length; a token of its tokenizer holds at most %d bytes, so at most %d bytes fit): shorten it",
+			param, size, name, limit, t.tok.MaxTokenBytes(), c)
+	}
+	return nil
+}
+
+// encodeBounded tokenizes s for param, stopping as soon as it is over limit tokens of model
+// name (0: no limit), which it then refuses.
+func (t *Text) encodeBounded(s string, limit int, name, param string) ([]int32, error) {
+	if limit <= 0 {
+		return t.Encode(s), nil
+	}
+	ids, ok := t.tok.EncodeLimit(s, limit)
+	if !ok {
+		return nil, tooLong(param, "%s: the prompt is more than %d tokens, %s's limit (max_sequence_length): shorten it", param, limit, name)
+	}
+	return int32s(ids), nil
 }
 
 // Decode turns sampled tokens into text, leaving out special tokens.
