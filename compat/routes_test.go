@@ -450,7 +450,7 @@ func TestRESTRoutes(t *testing.T) {
 
 func TestPanicIsRecovered(t *testing.T) {
 	e := newEnv(t)
-	h := (&server{log: e.srvLogger()}).recoverMiddleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }))
+	h := ErrorSurface("compat", e.srvLogger()).Recover(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }))
 	rec := newRecorder()
 	h.ServeHTTP(rec, httpRequest("GET", "/api/v1/x"))
 	require.Equal(t, 500, rec.Code)

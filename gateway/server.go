@@ -30,7 +30,6 @@ import (
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/internal/bounded"
-	"github.com/loops-dev/loops/internal/errs"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -492,20 +491,9 @@ func limitBody(next http.Handler, limit int64) http.Handler {
 	})
 }
 
-// recoverPanics turns a panic in a handler into a 500 and a log line instead of a dropped
-// connection. Handlers must not panic on bad input; this is the last line of defence.
+// recoverPanics turns a panic in a handler into a 500 in Tinker's error shape, logged with
+// its stack under an error id, instead of a dropped connection (see httpedge.Recover).
+// Handlers must not panic on bad input; this is the last line of defence.
 func recoverPanics(log *slog.Logger, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer func() {
-			if v := recover(); v != nil {
-				if v == http.ErrAbortHandler {
-					panic(v)
-				}
-				id := errs.NewID()
-				log.Error("handler panicked", slog.String("path", r.URL.Path), slog.String("error_id", id), slog.Any("panic", v))
-				http.Error(w, `{"detail":"internal error, id `+id+`","code":"internal","reason":"INTERNAL"}`, http.StatusInternalServerError)
-			}
-		}()
-		next.ServeHTTP(w, r)
-	})
+	return compat.ErrorSurface("gateway", log).Recover(next)
 }
