@@ -19,38 +19,28 @@ func clearEnv(t *testing.T, home string) {
 	t.Setenv("HOME", home)
 }
 
-// TestHubDirPrecedence: huggingface_hub's order, each variable shadowing the ones after it.
+// TestHubDirPrecedence: huggingface_hub's order, each variable shadowing the ones before
+// it in this list (set in turn).
 func TestHubDirPrecedence(t *testing.T) {
 	home := t.TempDir()
 	clearEnv(t, home)
-	hub, err := HubDir()
-	require.NoError(t, err)
-	require.Equal(t, filepath.Join(home, ".cache", "huggingface", "hub"), hub)
-	h, err := Home()
-	require.NoError(t, err)
-	require.Equal(t, filepath.Join(home, ".cache", "huggingface"), h)
-
-	t.Setenv("XDG_CACHE_HOME", "/xdg")
-	hub, _ = HubDir()
-	require.Equal(t, "/xdg/huggingface/hub", hub)
-	h, _ = Home()
-	require.Equal(t, "/xdg/huggingface", h)
-
-	t.Setenv("HF_HOME", "/hf")
-	hub, _ = HubDir()
-	require.Equal(t, "/hf/hub", hub)
-	h, _ = Home()
-	require.Equal(t, "/hf", h)
-
-	t.Setenv("HUGGINGFACE_HUB_CACHE", "/legacy")
-	hub, _ = HubDir()
-	require.Equal(t, "/legacy", hub)
-
-	t.Setenv("HF_HUB_CACHE", "/hub")
-	hub, _ = HubDir()
-	require.Equal(t, "/hub", hub)
-	h, _ = Home()
-	require.Equal(t, "/hf", h, "HF_HUB_CACHE moves the hub, not the home")
+	for _, step := range []struct{ env, value, hub, home string }{
+		{"", "", filepath.Join(home, ".cache", "huggingface", "hub"), filepath.Join(home, ".cache", "huggingface")},
+		{"XDG_CACHE_HOME", "/xdg", "/xdg/huggingface/hub", "/xdg/huggingface"},
+		{"HF_HOME", "/hf", "/hf/hub", "/hf"},
+		{"HUGGINGFACE_HUB_CACHE", "/legacy", "/legacy", "/hf"},
+		{"HF_HUB_CACHE", "/hub", "/hub", "/hf"}, // the hub moves, not the home
+	} {
+		if step.env != "" {
+			t.Setenv(step.env, step.value)
+		}
+		hub, err := HubDir()
+		require.NoError(t, err)
+		require.Equal(t, step.hub, hub, "with %s set", step.env)
+		h, err := Home()
+		require.NoError(t, err)
+		require.Equal(t, step.home, h, "with %s set", step.env)
+	}
 }
 
 // TestHubDirExpands: "~" and variables expand as huggingface_hub expands them; a relative

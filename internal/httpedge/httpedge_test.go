@@ -1,7 +1,6 @@
 package httpedge
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,8 +9,9 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,36 +21,31 @@ import (
 	"github.com/loops-dev/loops/internal/errs"
 )
 
-// Logs collects a logger's JSON lines (for this package's external tests too).
-type Logs = logs
+// NewTestLog is newTestLog, for this package's external tests.
+var NewTestLog = newTestLog
 
-// logs collects a logger's JSON lines.
-type logs struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logs) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-// Lines returns every record logged so far.
-func (l *logs) Lines(t *testing.T) []map[string]any {
+// newTestLog returns a debug logger writing JSON lines to a file (the kernel orders
+// concurrent writes), and a function that returns the records logged so far.
+func newTestLog(t *testing.T) (*slog.Logger, func() []map[string]any) {
 	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []map[string]any
-	for _, ln := range strings.Split(strings.TrimSpace(l.buf.String()), "\n") {
-		if ln == "" {
-			continue
+	f, err := os.Create(filepath.Join(t.TempDir(), "log.jsonl"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = f.Close() })
+	lines := func() []map[string]any {
+		b, err := os.ReadFile(f.Name())
+		require.NoError(t, err)
+		var out []map[string]any
+		for _, ln := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			if ln == "" {
+				continue
+			}
+			var m map[string]any
+			require.NoError(t, json.Unmarshal([]byte(ln), &m))
+			out = append(out, m)
 		}
-		var m map[string]any
-		require.NoError(t, json.Unmarshal([]byte(ln), &m))
-		out = append(out, m)
+		return out
 	}
-	return out
+	return slog.New(slog.NewJSONHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug})), lines
 }
 
 // testBody is the test protocol's error body.
@@ -60,8 +55,8 @@ type testBody struct {
 
 // testSurface answers every error {"msg": ...} with the one error table's status, masking
 // internal errors, as the real protocols do.
-func testSurface(l *logs) *Surface {
-	return &Surface{Name: "test", Logger: slog.New(slog.NewJSONHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug})),
+func testSurface(log *slog.Logger) *Surface {
+	return &Surface{Name: "test", Logger: log,
 		Classify: func(err error) Answer {
 			var te *timeoutError
 			if errors.As(err, &te) {
@@ -85,8 +80,8 @@ func serve(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
 }
 
 func TestHandleAnswersTheRouteError(t *testing.T) {
-	var l logs
-	s := testSurface(&l)
+	log, lines := newTestLog(t)
+	s := testSurface(log)
 	mux := http.NewServeMux()
 	s.Handle(mux, "GET /ok", func(w http.ResponseWriter, _ *http.Request) error {
 		s.WriteJSON(w, http.StatusOK, map[string]int{"n": 1})
@@ -116,7 +111,7 @@ func TestHandleAnswersTheRouteError(t *testing.T) {
 	require.Regexp(t, `^internal error, id [0-9a-f]{12}$`, body.Msg, "an internal error is masked")
 	id := strings.TrimPrefix(body.Msg, "internal error, id ")
 
-	got := l.Lines(t)
+	got := lines()
 	require.Len(t, got, 2)
 	require.Equal(t, "DEBUG", got[0]["level"], "a refusal is logged at debug")
 	require.Equal(t, "test: request rejected", got[0]["msg"])
@@ -138,17 +133,17 @@ func TestWriteErrorLogsByCategory(t *testing.T) {
 		{connect.NewError(connect.CodeDeadlineExceeded, errors.New("slow")), "ERROR"},
 		{errs.Incident("abc", "internal error, id abc"), "ERROR"},
 	} {
-		var l logs
-		s := testSurface(&l)
+		log, lines := newTestLog(t)
+		s := testSurface(log)
 		s.WriteError(httptest.NewRecorder(), httptest.NewRequest("GET", "/x", nil), tc.err)
-		got := l.Lines(t)
+		got := lines()
 		require.Len(t, got, 1)
 		require.Equal(t, tc.level, got[0]["level"], "%v", tc.err)
 	}
 }
 
 func TestWriteErrorSendsRetryAfterOnA429(t *testing.T) {
-	s := testSurface(&logs{})
+	s := testSurface(slog.New(slog.DiscardHandler))
 	err := errs.Limit(connect.CodeResourceExhausted, errs.ReasonRateLimited, "requests per key", 3*time.Second, errors.New("too many"))
 	rec := httptest.NewRecorder()
 	s.WriteError(rec, httptest.NewRequest("GET", "/x", nil), err)
@@ -165,8 +160,8 @@ func TestWriteErrorSendsRetryAfterOnA429(t *testing.T) {
 // and it is logged as 499, but for a 408 (a body past the read deadline cancels the
 // context, and that client is still there).
 func TestClientGone(t *testing.T) {
-	var l logs
-	s := testSurface(&l)
+	log, lines := newTestLog(t)
+	s := testSurface(log)
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	req := httptest.NewRequestWithContext(ctx, "POST", "/x", nil)
@@ -175,7 +170,7 @@ func TestClientGone(t *testing.T) {
 	s.WriteError(rec, req, errors.New("backend call cancelled"))
 	require.Empty(t, rec.Body.String())
 	require.Empty(t, rec.Header())
-	got := l.Lines(t)
+	got := lines()
 	require.Len(t, got, 1)
 	require.Equal(t, "INFO", got[0]["level"])
 	require.Equal(t, "test: client closed request", got[0]["msg"])
@@ -190,8 +185,8 @@ func TestClientGone(t *testing.T) {
 // TestRecoverAnswersAPanic: a panic is answered as an internal error through Classify, and
 // logged once, with its stack, under the id the client sees.
 func TestRecoverAnswersAPanic(t *testing.T) {
-	var l logs
-	s := testSurface(&l)
+	log, lines := newTestLog(t)
+	s := testSurface(log)
 	h := s.Recover(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panicInHandler() }))
 	rec := serve(h, httptest.NewRequest("POST", "/x", nil))
 	require.Equal(t, http.StatusInternalServerError, rec.Code)
@@ -200,7 +195,7 @@ func TestRecoverAnswersAPanic(t *testing.T) {
 	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &body))
 	require.Regexp(t, `^internal error, id [0-9a-f]{12}$`, body.Msg)
 
-	got := l.Lines(t)
+	got := lines()
 	require.Len(t, got, 1, "one log line per panic")
 	require.Equal(t, "ERROR", got[0]["level"])
 	require.Equal(t, "test: panic serving request", got[0]["msg"])
@@ -216,13 +211,13 @@ func panicInHandler() { panic("boom") }
 // handler cuts its response short on purpose: it is neither answered nor logged.
 func TestRecoverPassesErrAbortHandler(t *testing.T) {
 	for _, v := range []any{http.ErrAbortHandler, fmt.Errorf("download: %w", http.ErrAbortHandler)} {
-		var l logs
-		s := testSurface(&l)
+		log, lines := newTestLog(t)
+		s := testSurface(log)
 		h := s.Recover(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic(v) }))
 		rec := httptest.NewRecorder()
 		require.PanicsWithValue(t, http.ErrAbortHandler, func() { h.ServeHTTP(rec, httptest.NewRequest("GET", "/x", nil)) })
 		require.Empty(t, rec.Body.String())
-		require.Empty(t, l.Lines(t))
+		require.Empty(t, lines())
 	}
 }
 
@@ -236,8 +231,8 @@ func TestRecoverCutsAStartedResponse(t *testing.T) {
 		"readFrom":    func(w http.ResponseWriter) { _, _ = io.Copy(w, strings.NewReader("chunk")) },
 	} {
 		t.Run(name, func(t *testing.T) {
-			var l logs
-			s := testSurface(&l)
+			log, lines := newTestLog(t)
+			s := testSurface(log)
 			h := s.Recover(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 				start(w)
 				panic("late")
@@ -245,7 +240,7 @@ func TestRecoverCutsAStartedResponse(t *testing.T) {
 			rec := httptest.NewRecorder()
 			require.PanicsWithValue(t, http.ErrAbortHandler, func() { h.ServeHTTP(rec, httptest.NewRequest("GET", "/x", nil)) })
 			require.NotContains(t, rec.Body.String(), "internal error")
-			got := l.Lines(t)
+			got := lines()
 			require.Len(t, got, 1)
 			require.Equal(t, true, got[0]["response_started"])
 			require.Equal(t, "late", got[0]["panic"])
@@ -253,7 +248,7 @@ func TestRecoverCutsAStartedResponse(t *testing.T) {
 	}
 
 	// Over a real connection: the client sees a failed response, not a corrupted one.
-	s := testSurface(&logs{})
+	s := testSurface(slog.New(slog.DiscardHandler))
 	srv := httptest.NewServer(s.Recover(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Length", "100")
 		_, _ = io.WriteString(w, "partial")
@@ -271,7 +266,7 @@ func TestRecoverCutsAStartedResponse(t *testing.T) {
 
 // TestRecoverInformationalIsNotStarted: a 1xx status leaves the final answer to come.
 func TestRecoverInformationalIsNotStarted(t *testing.T) {
-	s := testSurface(&logs{})
+	s := testSurface(slog.New(slog.DiscardHandler))
 	h := s.Recover(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusEarlyHints)
 		panic("after hints")
@@ -283,14 +278,14 @@ func TestRecoverInformationalIsNotStarted(t *testing.T) {
 // TestRecoverClientGone: a panic while the client is gone writes nothing; it is still
 // logged with its stack.
 func TestRecoverClientGone(t *testing.T) {
-	var l logs
-	s := testSurface(&l)
+	log, lines := newTestLog(t)
+	s := testSurface(log)
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	h := s.Recover(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }))
 	rec := serve(h, httptest.NewRequestWithContext(ctx, "GET", "/x", nil))
 	require.Empty(t, rec.Body.String())
-	got := l.Lines(t)
+	got := lines()
 	require.Len(t, got, 2)
 	require.Equal(t, "test: panic serving request", got[0]["msg"])
 	require.NotEmpty(t, got[0]["stack"])
@@ -301,7 +296,7 @@ func TestRecoverClientGone(t *testing.T) {
 // requires an http.Flusher for streams), reach deadlines through http.ResponseController,
 // and copy with the connection's ReadFrom.
 func TestRecoverKeepsTheWriterFeatures(t *testing.T) {
-	s := testSurface(&logs{})
+	s := testSurface(slog.New(slog.DiscardHandler))
 	srv := httptest.NewServer(s.Recover(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_, ok := w.(http.Flusher)
 		require.True(t, ok)
@@ -323,13 +318,13 @@ func TestRecoverKeepsTheWriterFeatures(t *testing.T) {
 }
 
 func TestWriteJSONThatCannotBeEncoded(t *testing.T) {
-	var l logs
-	s := testSurface(&l)
+	log, lines := newTestLog(t)
+	s := testSurface(log)
 	rec := httptest.NewRecorder()
 	s.WriteJSON(rec, http.StatusOK, map[string]any{"f": func() {}})
 	require.Equal(t, http.StatusInternalServerError, rec.Code)
 	require.JSONEq(t, `{"msg":"cannot encode"}`, rec.Body.String())
-	require.Len(t, l.Lines(t), 1)
+	require.Len(t, lines(), 1)
 }
 
 func TestPublic(t *testing.T) {

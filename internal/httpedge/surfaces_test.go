@@ -81,8 +81,8 @@ func TestPanicOnEverySurface(t *testing.T) {
 			`{"detail":"internal error, id %s","code":"internal","reason":"INTERNAL"}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var logs httpedge.Logs
-			h := tc.make(slog.New(slog.NewJSONHandler(&logs, nil)))
+			log, lines := httpedge.NewTestLog(t)
+			h := tc.make(log)
 			rec := httptest.NewRecorder()
 			h.ServeHTTP(rec, tc.req)
 			require.Equal(t, http.StatusInternalServerError, rec.Code, rec.Body.String())
@@ -93,12 +93,12 @@ func TestPanicOnEverySurface(t *testing.T) {
 			require.JSONEq(t, strings.ReplaceAll(tc.want, "%s", id), rec.Body.String())
 
 			var panics []map[string]any
-			for _, rec := range logs.Lines(t) {
+			for _, rec := range lines() {
 				if _, ok := rec["stack"]; ok {
 					panics = append(panics, rec)
 				}
 			}
-			require.Len(t, panics, 1, "the stack is logged once: %v", logs.Lines(t))
+			require.Len(t, panics, 1, "the stack is logged once: %v", lines())
 			require.Equal(t, tc.prefix+": panic serving request", panics[0]["msg"])
 			require.Equal(t, id, panics[0]["error_id"], "logged under the id the client sees")
 			require.Equal(t, "nil map in the core", panics[0]["panic"])
