@@ -179,8 +179,15 @@ func TestStoreReadOfOneRunDoesNotHoldUpAnother(t *testing.T) {
 	}()
 	<-g.entered // runA's load is reading the (stalled) store
 	close(h.fake.gate)
+	stopDraining := make(chan struct{})
+	defer close(stopDraining)
 	go func() {
-		for range h.fake.entered {
+		for {
+			select {
+			case <-h.fake.entered:
+			case <-stopDraining:
+				return
+			}
 		}
 	}()
 	// runB's forward_backward finishes while runA's store read is still stalled.
