@@ -21,6 +21,7 @@ import (
 	"github.com/loops-dev/loops/compat/inference"
 	"github.com/loops-dev/loops/compat/openai"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/ckhttp"
 	"github.com/loops-dev/loops/gateway/console"
 	"github.com/loops-dev/loops/gateway/core"
 	"github.com/loops-dev/loops/gateway/jobs"
@@ -105,6 +106,9 @@ type Config struct {
 	Lease *LeaseConfig
 	// Jobs configures managed jobs (jobs.go).
 	Jobs JobsConfig
+	// Transfers bounds checkpoint downloads, exports and imports (gateway/ckhttp): slots
+	// per server and per workspace, the minimum transfer rate. Its DataDir is DataDir.
+	Transfers ckhttp.Options
 }
 
 // Server is a running Loops server.
@@ -279,7 +283,7 @@ func (s *Server) closeAll() error {
 const compressMinBytes = 4096
 
 // publicPaths need no API key.
-var publicPaths = []string{"/healthz", "/metrics", "/openapi.json", "/api/v1/healthz", core.ArchivePathPrefix}
+var publicPaths = []string{"/healthz", "/metrics", "/openapi.json", "/api/v1/healthz", ckhttp.ArchivePrefix}
 
 func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Handler, error) {
 	svc := s.core.Services()
@@ -317,9 +321,10 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		return nil, err
 	}
 	mux.Handle("/v1/", limitBody(rest, s.cfg.Limits.MaxBodyBytes))
-	mux.Handle(core.ArchivePathPrefix, s.core.ArchiveHandler())
-	mux.Handle("GET "+core.ExportPath, s.core.ExportHandler())
-	mux.Handle("POST "+core.ImportPath, s.core.ImportHandler())
+	transfers := s.cfg.Transfers
+	transfers.DataDir = s.cfg.DataDir
+	transfers.Logger = s.log
+	ckhttp.New(s.core, transfers).Register(mux)
 
 	// Tinker's routes.
 	mux.Handle("/api/v1/", edge.countTinker(compat.NewHandler(compat.Services{
