@@ -109,6 +109,13 @@ type Config struct {
 	// Transfers bounds checkpoint downloads, exports and imports (gateway/ckhttp): slots
 	// per server and per workspace, the minimum transfer rate. Its DataDir is DataDir.
 	Transfers ckhttp.Options
+	// AuthThrottle bounds the wrong API keys a client address (and all of them together)
+	// may send, on the API and the console's sign-in alike (auth.Throttle).
+	AuthThrottle auth.ThrottleOptions
+	// TrustedProxies are the reverse proxies in front of the server: only from them are
+	// X-Forwarded-For (the client address the throttle counts) and X-Forwarded-Proto
+	// (https makes the console's cookie Secure) believed.
+	TrustedProxies auth.TrustedProxies
 }
 
 // Server is a running Loops server.
@@ -135,6 +142,8 @@ type Server struct {
 	infer *inference.Engine
 	// backend is the opened backend; PoolService shows and scales its pools.
 	backend backends.Backend
+	// throttle counts wrong API keys per client address, for every surface.
+	throttle *auth.Throttle
 }
 
 // New opens the store and the backend, starts the core and builds the handler for ln. Call
@@ -154,7 +163,8 @@ func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
 	s := &Server{cfg: cfg, log: cfg.Logger, ln: ln,
-		budget: bounded.NewBudget(cfg.Limits.DecompressBudgetBytes, compat.DecompressWait)}
+		budget:   bounded.NewBudget(cfg.Limits.DecompressBudgetBytes, compat.DecompressWait),
+		throttle: auth.NewThrottle(cfg.AuthThrottle)}
 	ok := false
 	defer func() {
 		if !ok {
@@ -393,13 +403,14 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		Usage:       svc.Usage,
 		Workspace:   svc.Workspace,
 		Deployments: svc.Deployments,
-	}, console.Options{Authenticate: keys.Authenticate, Logger: s.log})
+	}, console.Options{Authenticate: keys.Authenticate, Logger: s.log, Throttle: s.throttle, Proxies: s.cfg.TrustedProxies})
 	pages := cons.Handler()
 	mux.Handle("GET "+console.Root+"{$}", pages)
 	mux.Handle(console.Prefix, pages)
 
 	public := append(append([]string(nil), publicPaths...), console.PublicPaths...)
 	guarded := keys.Middleware(auth.Policy{Public: public, MaxRequestsPerKey: s.cfg.Limits.MaxRequestsPerKey,
+		Throttle: s.throttle, Proxies: s.cfg.TrustedProxies,
 		ErrorShapes: []auth.ErrorShape{
 			{Prefix: openai.Prefix, Write: openai.WriteError},
 			{Prefix: anthropic.Prefix, Write: anthropic.WriteError},
