@@ -236,16 +236,7 @@ func completeText(body map[string]any) string {
 func TestImportRefusesConfigsItCannotHonour(t *testing.T) {
 	dataDir := t.TempDir()
 	url := "http://" + startServerWith(t, func(c *gateway.Config) { c.DataDir = dataDir })
-	tinyDir := filepath.Join(dataDir, "models", "loops-tiny")
-	require.NoError(t, tiny.Write(tinyDir))
-	m, err := nn.Load[float32](tinyDir)
-	require.NoError(t, err)
-	a, err := nn.NewAdapter(m, nn.LoraConfig{Rank: 4, Seed: 9, Attn: true})
-	require.NoError(t, err)
-	dir := filepath.Join(t.TempDir(), "adapter")
-	_, err = nn.SaveAdapter(dir, a, tiny.Name, false)
-	require.NoError(t, err)
-	files := adapterFiles(t, dir)
+	files := tinyAdapter(t, dataDir)
 	with := func(field string, v any) []byte {
 		cfg := map[string]any{}
 		require.NoError(t, json.Unmarshal(files["adapter_config.json"], &cfg))

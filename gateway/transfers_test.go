@@ -23,8 +23,9 @@ import (
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 )
 
-// tinyAdapterTar returns a tar of a rank-4 attention adapter for loops/tiny.
-func tinyAdapterTar(t *testing.T, dataDir string) []byte {
+// tinyAdapter writes loops/tiny into dataDir's models folder and returns the files of a
+// rank-4 attention adapter for it.
+func tinyAdapter(t *testing.T, dataDir string) map[string][]byte {
 	t.Helper()
 	tinyDir := filepath.Join(dataDir, "models", "loops-tiny")
 	require.NoError(t, tiny.Write(tinyDir))
@@ -35,7 +36,27 @@ func tinyAdapterTar(t *testing.T, dataDir string) []byte {
 	dir := filepath.Join(t.TempDir(), "adapter")
 	_, err = nn.SaveAdapter(dir, a, tiny.Name, false)
 	require.NoError(t, err)
-	return tarOf(t, adapterFiles(t, dir))
+	return adapterFiles(t, dir)
+}
+
+// tinyAdapterTar returns a tar of tinyAdapter's files.
+func tinyAdapterTar(t *testing.T, dataDir string) []byte {
+	t.Helper()
+	return tarOf(t, tinyAdapter(t, dataDir))
+}
+
+// waiter returns a function that waits for an operation of key's to end and requires that
+// it succeeded.
+func waiter(t *testing.T, url, key string) func(*loopsv1.Operation) *loopsv1.Operation {
+	ops := loopsv1connect.NewOperationServiceClient(http.DefaultClient, url, withKey(key))
+	return func(op *loopsv1.Operation) *loopsv1.Operation {
+		t.Helper()
+		for op.GetState() != loopsv1.OperationState_OPERATION_STATE_SUCCEEDED && op.GetState() != loopsv1.OperationState_OPERATION_STATE_FAILED {
+			op = must(ops.WaitOperation(t.Context(), &loopsv1.WaitOperationRequest{Id: op.GetId(), Timeout: durationpb.New(10 * time.Second)}))
+		}
+		require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, op.GetState(), op.GetError().GetMessage())
+		return op
+	}
 }
 
 // stalledImport sends an import's headers and the first bytes of its body over HTTP/1.1
@@ -89,15 +110,7 @@ func savedCheckpoint(t *testing.T, url, key string) string {
 	t.Helper()
 	ctx := t.Context()
 	training := loopsv1connect.NewTrainingServiceClient(http.DefaultClient, url, withKey(key))
-	ops := loopsv1connect.NewOperationServiceClient(http.DefaultClient, url, withKey(key))
-	wait := func(op *loopsv1.Operation) *loopsv1.Operation {
-		t.Helper()
-		for op.GetState() != loopsv1.OperationState_OPERATION_STATE_SUCCEEDED && op.GetState() != loopsv1.OperationState_OPERATION_STATE_FAILED {
-			op = must(ops.WaitOperation(ctx, &loopsv1.WaitOperationRequest{Id: op.GetId(), Timeout: durationpb.New(10 * time.Second)}))
-		}
-		require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, op.GetState(), op.GetError().GetMessage())
-		return op
-	}
+	wait := waiter(t, url, key)
 	run := wait(must(training.CreateTrainingRun(ctx, &loopsv1.CreateTrainingRunRequest{
 		BaseModel: tiny.Name, Lora: &loopsv1.LoraConfig{Rank: 4, Seed: 3, TrainAttn: true, TrainMlp: true, TrainUnembed: true},
 	}))).GetTrainingRun().GetId()

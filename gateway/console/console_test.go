@@ -4,7 +4,6 @@ import (
 	"context"
 	"html"
 	"io"
-	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
@@ -18,7 +17,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	_ "github.com/loops-dev/loops/backends/reference"
-	"github.com/loops-dev/loops/gateway"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/console"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -30,19 +28,7 @@ const keyA, keyB = "tml-console-a", "tml-console-b"
 // startServer runs a gateway with two keys in two workspaces (ws-a, ws-b).
 func startServer(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	keys, err := auth.ParseKeys([]string{keyA + "=ws-a", keyB + "=ws-b"})
-	require.NoError(t, err)
-	srv, err := gateway.New(context.Background(), ln, gateway.Config{DataDir: t.TempDir(), Keys: keys})
-	require.NoError(t, err)
-	go func() { _ = srv.Serve() }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Close(ctx)
-	})
-	return "http://" + ln.Addr().String()
+	return startServerWith(t, nil)
 }
 
 // browser is an HTTP client with a cookie jar that does not follow redirects.

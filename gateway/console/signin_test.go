@@ -18,7 +18,8 @@ import (
 	"github.com/loops-dev/loops/gateway/console"
 )
 
-// startServerWith runs a gateway like startServer after edit changes its config.
+// startServerWith runs a gateway with two keys in two workspaces (ws-a, ws-b), after edit
+// (when not nil) changes its config.
 func startServerWith(t testing.TB, edit func(*gateway.Config)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -26,7 +27,9 @@ func startServerWith(t testing.TB, edit func(*gateway.Config)) string {
 	keys, err := auth.ParseKeys([]string{keyA + "=ws-a", keyB + "=ws-b"})
 	require.NoError(t, err)
 	cfg := gateway.Config{DataDir: t.TempDir(), Keys: keys}
-	edit(&cfg)
+	if edit != nil {
+		edit(&cfg)
+	}
 	srv, err := gateway.New(context.Background(), ln, cfg)
 	require.NoError(t, err)
 	go func() { _ = srv.Serve() }()
