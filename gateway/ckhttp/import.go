@@ -9,8 +9,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
+	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/loops-dev/loops/backends/peft"
@@ -81,6 +83,49 @@ func (h *Handlers) Import() http.Handler {
 	})
 }
 
+// sparse reports whether a tar entry is a sparse file (old GNU or GNU PAX format).
+func sparse(h *tar.Header) bool {
+	if h.Typeflag == tar.TypeGNUSparse {
+		return true
+	}
+	for k := range h.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// heldWriter writes an entry's bytes, refusing to write more than the body held since
+// the entry began (in.n - start): bytes a tar reader makes up are not taken.
+type heldWriter struct {
+	w     io.Writer
+	in    *countingReader
+	start int64
+	n     int64
+}
+
+func (h *heldWriter) Write(p []byte) (int, error) {
+	if h.n+int64(len(p)) > h.in.n-h.start {
+		return 0, invalidArgument("an entry of the import holds more bytes than the body sent for it (a sparse file?): send regular files")
+	}
+	n, err := h.w.Write(p)
+	h.n += int64(n)
+	return n, err
+}
+
 // transferErr reports whether err is the transfer's own failure (over the size limit, or
 // cut for its rate), which the handler answers itself.
 func transferErr(err error) bool {
@@ -92,8 +137,12 @@ func transferErr(err error) bool {
 // untarAdapter writes the adapter files of a tar stream into dir: adapter_config.json and
 // adapter_model.safetensors, each within its cap; any other entry is refused, and both are
 // required. What follows the end of the archive is read too, up to maxTrailingBytes.
+//
+// An entry never writes more bytes than the body held for it: a sparse file (its holes
+// expand to zeros that the body does not hold, up to the entry's declared size) is refused.
 func untarAdapter(body io.Reader, dir string) error {
-	tr := tar.NewReader(body)
+	in := &countingReader{r: body}
+	tr := tar.NewReader(in)
 	seen := map[string]bool{}
 	for {
 		h, err := tr.Next()
@@ -111,6 +160,9 @@ func untarAdapter(body io.Reader, dir string) error {
 		}
 		base := filepath.Base(h.Name)
 		limit, ok := importFiles[base]
+		if ok && sparse(h) {
+			return invalidArgument("%s is a sparse file: send it as a regular file", base)
+		}
 		if !ok || h.Typeflag != tar.TypeReg {
 			return invalidArgument("the import holds %.80q: send only %s and %s", h.Name, peft.AdapterConfigFile, peft.AdapterWeightsFile)
 		}
@@ -125,12 +177,15 @@ func untarAdapter(body io.Reader, dir string) error {
 		if err != nil {
 			return internalErr("writing the import", err)
 		}
-		_, err = io.Copy(out, io.LimitReader(tr, limit))
+		_, err = io.Copy(&heldWriter{w: out, in: in, start: in.n}, io.LimitReader(tr, limit))
 		if cerr := out.Close(); err == nil && cerr != nil {
 			return internalErr("writing the import", cerr)
 		}
 		if err != nil {
 			if transferErr(err) {
+				return err
+			}
+			if connect.CodeOf(err) == connect.CodeInvalidArgument {
 				return err
 			}
 			return invalidArgument("reading %s from the import: %v", base, err)

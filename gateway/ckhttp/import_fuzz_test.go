@@ -15,7 +15,7 @@ import (
 // FuzzImportTar feeds arbitrary bodies to the import's reader, then the adapter config it
 // took to peft.CheckConfig: every body is either taken (both adapter files, each within its
 // cap, nothing else written) or refused with InvalidArgument (a 400), never a panic or a
-// server error.
+// server error; and no entry writes more than the body holds.
 func FuzzImportTar(f *testing.F) {
 	tarOf := func(files map[string]string, pad int) []byte {
 		var b bytes.Buffer
@@ -36,6 +36,11 @@ func FuzzImportTar(f *testing.F) {
 	f.Add(tarOf(map[string]string{"adapter_config.json": `{"r": 4, "lora_alpha": 1e308, "target_modules": ["q_proj"]}`, "adapter_model.safetensors": "x"}, 0))
 	f.Add(tarOf(map[string]string{"adapter_config.json": `{}`, "adapter_model.safetensors": "x", "evil.sh": "x"}, 0))
 	f.Add(tarOf(map[string]string{"adapter_config.json": `{}`, "adapter_model.safetensors": "x"}, 10240-len(good)%10240))
+	for _, name := range []string{"pax-sparse.tar", "gnu-sparse.tar"} {
+		if b, err := os.ReadFile(filepath.Join("testdata", name)); err == nil {
+			f.Add(b)
+		}
+	}
 	f.Add([]byte("not a tar"))
 	f.Add(good[:600])
 	f.Fuzz(func(t *testing.T, body []byte) {
@@ -60,6 +65,11 @@ func FuzzImportTar(f *testing.F) {
 		es, _ := os.ReadDir(dir)
 		if len(es) != 2 {
 			t.Fatalf("an accepted import wrote %d files", len(es))
+		}
+		for _, e := range es {
+			if fi, err := e.Info(); err != nil || fi.Size() > int64(len(body)) {
+				t.Fatalf("%s holds more than the body: %v", e.Name(), fi)
+			}
 		}
 	})
 }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	_ "github.com/loops-dev/loops/backends/reference"
+	"github.com/loops-dev/loops/gateway"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/console"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -308,9 +309,12 @@ func TestConsoleCheckpointActions(t *testing.T) {
 }
 
 // FuzzConsoleForms posts arbitrary forms to the console's actions and asks for arbitrary
-// pages: the answer is never a 5xx.
+// pages: the answer is never a 5xx. The wrong-key throttle is all but off, so that the
+// fuzzed sign-ins do not turn every later page into a 429.
 func FuzzConsoleForms(f *testing.F) {
-	base := startServer(f)
+	base := startServerWith(f, func(c *gateway.Config) {
+		c.AuthThrottle = auth.ThrottleOptions{FailuresPerClient: 1 << 30, Failures: 1 << 30}
+	})
 	b := newBrowser(f, base)
 	b.signIn(keyA)
 	tok := b.csrf()
