@@ -125,8 +125,13 @@ func (k *Keys) Authenticate(key string) (string, error) {
 			return ws, nil
 		}
 	}
-	return "", errors.New("unknown API key: use a key the server was started with (--api-key, LOOPS_API_KEYS or --api-key-file)")
+	return "", ErrUnknownKey
 }
+
+// ErrUnknownKey is Authenticate's answer for a well-formed key that is not configured: a
+// guess, which the Throttle counts (a missing or malformed key cannot be right, so it is
+// not counted).
+var ErrUnknownKey = errors.New("unknown API key: use a key the server was started with (--api-key, LOOPS_API_KEYS or --api-key-file)")
 
 // Middleware authenticates every request except those to the policy's public paths and
 // puts the workspace in the request context. A failure is a 401 with a JSON body; with the
@@ -173,7 +178,7 @@ func (k *Keys) middleware(p Policy, next http.Handler) (http.Handler, *inflight)
 		} else {
 			ws, err := k.Authenticate(key)
 			if err != nil {
-				if key != "" {
+				if errors.Is(err, ErrUnknownKey) {
 					if terr := p.Throttle.Failed(client); terr != nil {
 						p.refuse(w, r, throttled(terr))
 						return

@@ -66,8 +66,8 @@ func (o ThrottleOptions) withDefaults() ThrottleOptions {
 	return o
 }
 
-// Throttle slows down the guessing of API keys: it counts the wrong keys each client
-// address sends (a token bucket per address, IPv6 addresses by their /64) and all of them
+// Throttle slows down the guessing of API keys: it counts the wrong keys (well-formed keys
+// that are not configured, ErrUnknownKey) each client address sends (a token bucket per address, IPv6 addresses by their /64) and all of them
 // together, and once an address is over its budget every authentication from it is
 // refused for a while, a right key's too, so that a throttled client learns nothing about
 // the keys it tries. Keys are checked first, and a request whose key is right is refused

@@ -123,3 +123,30 @@ func TestTrustedProxies(t *testing.T) {
 }
 
 type testReq struct{ *http.Request }
+
+// TestMiddlewareCountsGuessesOnly: only well-formed keys that are not configured count
+// against an address; missing and malformed keys (which cannot be right) do not.
+func TestMiddlewareCountsGuessesOnly(t *testing.T) {
+	k, err := ParseKeys([]string{"tml-right=ws"})
+	require.NoError(t, err)
+	h := k.Middleware(Policy{Throttle: NewThrottle(ThrottleOptions{FailuresPerClient: 3})},
+		http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	call := func(key string) int {
+		r := httptest.NewRequest("GET", "/v1/models", nil)
+		r.RemoteAddr = "192.0.2.1:5"
+		r.Header.Set(HeaderName, key)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	for range 20 {
+		require.Equal(t, http.StatusUnauthorized, call(""))
+		require.Equal(t, http.StatusUnauthorized, call("sk-not-ours"))
+	}
+	require.Equal(t, http.StatusOK, call("tml-right"))
+	for range 3 {
+		require.Equal(t, http.StatusUnauthorized, call("tml-guess"))
+	}
+	require.Equal(t, http.StatusTooManyRequests, call("tml-guess"))
+	require.Equal(t, http.StatusTooManyRequests, call("tml-right"))
+}

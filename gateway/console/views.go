@@ -125,7 +125,7 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 	key := strings.TrimSpace(r.PostForm.Get("api_key"))
 	client := c.opts.Proxies.ClientAddr(r)
 	ws, err := c.opts.Authenticate(key)
-	if err != nil && key != "" {
+	if errors.Is(err, auth.ErrUnknownKey) {
 		if terr := c.opts.Throttle.Failed(client); terr != nil {
 			err = terr
 		}
