@@ -24,11 +24,15 @@ build: ## Build the loops binary into ./bin/loops
 	$(GO) build -o bin/loops ./cmd/loops
 
 .PHONY: test
-test: check test-go fuzz-ci test-e2e test-console test-failover test-clients test-torch test-ray test-export test-sdk-matrix test-cookbook test-recipes test-large ## Everything CI runs
+test: check test-go test-jobs-sandbox fuzz-ci test-e2e test-console test-failover test-clients test-torch test-ray test-export test-sdk-matrix test-cookbook test-recipes test-large ## Everything CI runs
 
 .PHONY: test-go
 test-go: weed ## The fast path: Go unit, contract and fuzz-seed tests (no Python)
 	$(GO) test -count=1 ./...
+
+.PHONY: test-jobs-sandbox
+test-jobs-sandbox: ## The jobs sandbox's escape tests (remount, writes outside /job, other jobs' and the owner's files, TIOCSTI, fork bomb, tmpfs memory, disk) with the gateway as root and as nobody
+	bash scripts/test-jobs-sandbox.sh
 
 .PHONY: test-large
 test-large: weed ## Slower Go tests kept out of test-go: a Qwen3-0.6B-shaped rank-32 checkpoint (242 MB) through the core into S3 and back

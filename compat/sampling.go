@@ -183,21 +183,19 @@ func (s *server) asample(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	samplerID := req.SamplingSessionID
-	if samplerID == "" {
-		if req.BaseModel == "" && req.ModelPath == "" {
-			return badRequest("asample needs sampling_session_id (or base_model / model_path)")
-		}
-		sm, err := s.svc.Sampling.CreateSampler(r.Context(), &loopsv1.CreateSamplerRequest{BaseModel: req.BaseModel, ModelPath: req.ModelPath})
-		if err != nil {
-			return err
-		}
-		samplerID = sm.GetId()
+	// Without a sampling session, the workspace's shared sampler of the base model or
+	// checkpoint samples (no sampler record per request).
+	if req.SamplingSessionID == "" && req.BaseModel == "" && req.ModelPath == "" {
+		return badRequest("asample needs sampling_session_id (or base_model / model_path)")
 	}
-	op, err := s.svc.Sampling.Sample(r.Context(), &loopsv1.SampleRequest{
-		SamplerId: samplerID, SeqId: req.SeqID, Prompt: prompt, NumSamples: int32(n), Params: params,
+	sreq := &loopsv1.SampleRequest{
+		SamplerId: req.SamplingSessionID, SeqId: req.SeqID, Prompt: prompt, NumSamples: int32(n), Params: params,
 		PromptLogprobs: req.PromptLogprobs != nil && *req.PromptLogprobs, TopkPromptLogprobs: int32(req.TopkPromptLogprobs),
-	})
+	}
+	if req.SamplingSessionID == "" {
+		sreq.BaseModel, sreq.ModelPath = req.BaseModel, req.ModelPath
+	}
+	op, err := s.svc.Sampling.Sample(r.Context(), sreq)
 	if err != nil {
 		return err
 	}

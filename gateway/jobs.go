@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/loops-dev/loops/gateway/jobs"
 )
@@ -18,31 +19,59 @@ type JobsConfig struct {
 	// Relay is the command that runs jobs.RelayMain inside a job's sandbox (`loops jobs
 	// relay`: the loops binary's path, then "jobs", "relay").
 	Relay []string
+	// RelayEnv is added to the relay's environment (tests use it to select RelayMain).
+	RelayEnv []string
+	// CgroupParent, WeakLimits and UIDBase are jobs.Options' (`loops serve --jobs-cgroup,
+	// --jobs-weak-limits, --jobs-uid-base`): where the jobs' cgroups go, whether jobs may
+	// run without one, and the host uids of a root gateway's jobs.
+	CgroupParent string
+	WeakLimits   bool
+	UIDBase      int
+}
+
+// jobsListener is the listener of the jobs' connections, served next to the TCP one.
+func (s *Server) jobsListener() *jobs.Listener {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.jobsLn == nil {
+		s.jobsLn = jobs.NewListener(s.ln.Addr())
+	}
+	return s.jobsLn
 }
 
 // newJobs starts the job service on the server's store, under DATA_DIR/jobs.
 func (s *Server) newJobs(ctx context.Context) (*jobs.Service, error) {
 	// Jobs read the base models' files (get_tokenizer() loads the tokenizer from the path the
-	// server gives): the data dir's built-in models and the Hugging Face cache, read-only.
-	// Nothing else of the data dir is visible to them.
+	// server gives): the data dir's built-in models and the model repositories of the
+	// Hugging Face cache, read-only. Nothing else of the data dir, nor of the cache (its
+	// token), is visible to them.
 	var binds, env []string
 	if fi, err := os.Stat(filepath.Join(s.cfg.DataDir, "models")); err == nil && fi.IsDir() {
 		binds = append(binds, filepath.Join(s.cfg.DataDir, "models"))
 	}
+	caches := hubCaches()
 	if hf := hfHome(); hf != "" {
-		binds = append(binds, hf)
 		env = append(env, "HF_HOME="+hf)
 	}
+	if hub := existingDir(os.Getenv("HF_HUB_CACHE")); os.Getenv("HF_HUB_CACHE") != "" && hub != "" {
+		env = append(env, "HF_HUB_CACHE="+hub)
+	}
 	j, err := jobs.New(ctx, jobs.Options{
-		Binds:   binds,
-		Env:     env,
-		Dir:     filepath.Join(s.cfg.DataDir, "jobs"),
-		Store:   s.store,
-		Policy:  s.cfg.Core.Policy,
-		Gateway: s.ln.Addr().String(),
-		Python:  s.cfg.Jobs.Python,
-		Relay:   s.cfg.Jobs.Relay,
-		Logger:  s.log,
+		Binds:        binds,
+		Env:          env,
+		ModelCaches:  caches,
+		Dir:          filepath.Join(s.cfg.DataDir, "jobs"),
+		Store:        s.store,
+		Policy:       s.cfg.Core.Policy,
+		Gateway:      s.ln.Addr().String(),
+		Listener:     s.jobsListener(),
+		Python:       s.cfg.Jobs.Python,
+		Relay:        s.cfg.Jobs.Relay,
+		RelayEnv:     s.cfg.Jobs.RelayEnv,
+		CgroupParent: s.cfg.Jobs.CgroupParent,
+		WeakLimits:   s.cfg.Jobs.WeakLimits,
+		UIDBase:      s.cfg.Jobs.UIDBase,
+		Logger:       s.log,
 	})
 	if err != nil {
 		return nil, err
@@ -53,7 +82,7 @@ func (s *Server) newJobs(ctx context.Context) (*jobs.Service, error) {
 	return j, nil
 }
 
-// hfHome is the Hugging Face cache folder when it exists (HF_HOME, else
+// hfHome is the Hugging Face home folder when it exists (HF_HOME, else
 // ~/.cache/huggingface), as an absolute path.
 func hfHome() string {
 	hf := os.Getenv("HF_HOME")
@@ -64,14 +93,40 @@ func hfHome() string {
 		}
 		hf = filepath.Join(cache, "huggingface")
 	}
-	hf, err := filepath.Abs(hf)
+	return existingDir(hf)
+}
+
+// hubCaches are the Hugging Face hub caches that exist, as the backends search them
+// (HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub), absolute and without repeats.
+func hubCaches() []string {
+	var out []string
+	add := func(p string) {
+		if p = existingDir(p); p != "" && !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	if v := os.Getenv("HF_HUB_CACHE"); v != "" {
+		add(v)
+	}
+	if hf := hfHome(); hf != "" {
+		add(filepath.Join(hf, "hub"))
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		add(filepath.Join(home, ".cache", "huggingface", "hub"))
+	}
+	return out
+}
+
+// existingDir is p made absolute when it is a folder, else "".
+func existingDir(p string) string {
+	p, err := filepath.Abs(p)
 	if err != nil {
 		return ""
 	}
-	if fi, err := os.Stat(hf); err != nil || !fi.IsDir() {
+	if fi, err := os.Stat(p); err != nil || !fi.IsDir() {
 		return ""
 	}
-	return hf
+	return p
 }
 
 // closeJobs stops the running jobs within ctx (before the listener closes: they talk to it).

@@ -1,11 +1,15 @@
 package gateway_test
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -25,14 +29,20 @@ import (
 // jobsServer runs a gateway on dataDir whose policy lets team-b run jobs; keyC's team-c may not.
 func jobsServer(t *testing.T, dataDir string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
 	keys, err := auth.ParseKeys([]string{keyB + "=team-b", keyC + "=team-c"})
 	require.NoError(t, err)
 	pol, err := policy.Parse([]byte("workspaces:\n  team-b: {allow_jobs: true}\n"))
 	require.NoError(t, err)
 	cfg := gateway.Config{DataDir: dataDir, Keys: keys}
 	cfg.Core.Policy = pol
+	return startJobsServer(t, cfg)
+}
+
+// startJobsServer starts a gateway with cfg and returns its URL.
+func startJobsServer(t *testing.T, cfg gateway.Config) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
 	srv, err := gateway.New(t.Context(), ln, cfg)
 	require.NoError(t, err)
 	go func() { _ = srv.Serve() }()
@@ -98,4 +108,66 @@ func TestJobsLeftRunningFailOnStart(t *testing.T) {
 	require.Equal(t, jobs.ReasonRestarted, body["reason"])
 	code, _ = rest(t, "GET", url+"/v1/jobs/job-00000000000000ab", keyC, "")
 	require.Equal(t, http.StatusNotFound, code, "another workspace does not see it")
+}
+
+// A job's requests reach the gateway through its relay, from this host, yet never as an
+// operator's: in open mode (no keys) a loopback client is an operator (PoolService answers
+// it), the job is not (403), and its own workspace's calls work.
+func TestJobsAreNotOperators(t *testing.T) {
+	if _, err := exec.LookPath("bwrap"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("bubblewrap is not installed (.ci/run installs it)")
+		}
+		t.Skip("bubblewrap is not installed")
+	}
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	pol, err := policy.Parse([]byte("default: {allow_jobs: true}\n"))
+	require.NoError(t, err)
+	cfg := gateway.Config{DataDir: t.TempDir(), Jobs: gateway.JobsConfig{
+		Python: func(context.Context, io.Writer) (jobs.Python, error) {
+			return jobs.Python{Exe: "/usr/bin/python3"}, nil
+		},
+		Relay: []string{exe}, RelayEnv: []string{"LOOPS_TEST_RELAY=1"}, WeakLimits: true,
+	}}
+	cfg.Core.Policy = pol
+	url := startJobsServer(t, cfg)
+	const key = "tml-open-mode-key"
+	// PoolService answers an operator (this backend has no pools: 400 NO_POOLS) and refuses
+	// anyone else (403).
+	code, body := rest(t, "GET", url+"/v1/pools", key, "")
+	require.NotEqual(t, http.StatusForbidden, code, "a loopback client is an operator in open mode: %v", body)
+
+	script := `
+import os, urllib.request, urllib.error
+base, key = os.environ["TINKER_BASE_URL"], os.environ["TINKER_API_KEY"]
+for path in ("/v1/pools", "/v1/jobs"):
+    try:
+        r = urllib.request.urlopen(urllib.request.Request(base + path, headers={"X-Api-Key": key}), timeout=10)
+        print(path, r.status, flush=True)
+    except urllib.error.HTTPError as e:
+        print(path, e.code, flush=True)
+`
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	require.NoError(t, tw.WriteHeader(&tar.Header{Name: "s.py", Mode: 0o644, Size: int64(len(script)), Typeflag: tar.TypeReg}))
+	_, err = tw.Write([]byte(script))
+	require.NoError(t, err)
+	require.NoError(t, tw.Close())
+	cl := loopsv1connect.NewJobServiceClient(http.DefaultClient, url, withKey(key))
+	j, err := cl.SubmitJob(t.Context(), &loopsv1.SubmitJobRequest{Entrypoint: "s.py", Archive: buf.Bytes()})
+	require.NoError(t, err)
+	var log strings.Builder
+	var off int64
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); {
+		res, err := cl.ReadJobLogs(t.Context(), &loopsv1.ReadJobLogsRequest{Id: j.GetId(), Offset: off, WaitSeconds: 5})
+		require.NoError(t, err)
+		log.Write(res.GetData())
+		off = res.GetNextOffset()
+		if res.GetJob().GetState() != loopsv1.JobState_JOB_STATE_RUNNING && off == res.GetJob().GetLogBytes() {
+			break
+		}
+	}
+	require.Contains(t, log.String(), "/v1/pools 403", "a job is not an operator")
+	require.Contains(t, log.String(), "/v1/jobs 200", "a job calls its workspace's API")
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/loops-dev/loops/gateway"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/jobs"
 	"github.com/loops-dev/loops/gateway/store"
 	"github.com/loops-dev/loops/gateway/store/postgres"
 	"github.com/loops-dev/loops/gateway/store/postgres/pgtest"
@@ -29,7 +30,12 @@ import (
 
 // TestMain shares one PostgreSQL cluster (started by the first test that needs one) between
 // the package's tests.
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+func TestMain(m *testing.M) {
+	if os.Getenv("LOOPS_TEST_RELAY") == "1" { // a job's relay (jobs_test.go)
+		os.Exit(jobs.RelayMain(os.Args[1:], os.Stderr))
+	}
+	os.Exit(pgtest.Main(m))
+}
 
 const pageKeyA, pageKeyB = "tml-page-key-a", "tml-page-key-b"
 

@@ -135,8 +135,10 @@ type Server struct {
 	store store.Store
 	// budget bounds the bytes being decompressed across every surface.
 	budget *bounded.Budget
-	// jobs runs managed jobs (guarded by mu; nil while a standby).
-	jobs *jobs.Service
+	// jobs runs managed jobs (guarded by mu; nil while a standby); jobsLn carries their
+	// connections to http, next to ln (guarded by mu, made once).
+	jobs   *jobs.Service
+	jobsLn *jobs.Listener
 	// infer is the sampling engine the OpenAI- and Anthropic-compatible APIs share
 	// (guarded by mu).
 	infer *inference.Engine
@@ -235,6 +237,7 @@ func (s *Server) Core() *core.Core { return s.leaderCore() }
 
 // Serve answers requests until Close.
 func (s *Server) Serve() error {
+	go func() { _ = s.http.Serve(s.jobsListener()) }()
 	if err := s.http.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
@@ -250,10 +253,16 @@ func (s *Server) Close(ctx context.Context) error {
 	s.closingLease()
 	c := s.leaderCore()
 	if c != nil {
-		c.Drain()
+		c.Drain(ctx)
 	}
 	s.closeJobs(ctx)
 	err := s.http.Shutdown(ctx)
+	if err != nil {
+		// The grace ended with connections still busy (a body trickling in, a stream):
+		// they are closed now rather than left to outlive Close.
+		s.log.Warn("connections still open at the end of the grace period are closed", slog.Any("err", err))
+		_ = s.http.Close()
+	}
 	if s.conn != nil {
 		_ = s.conn.Close()
 	}

@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"testing"
@@ -78,4 +79,41 @@ func TestShutdownInOrder(t *testing.T) {
 		require.ErrorIs(t, err, http.ErrServerClosed)
 	}
 	tr.CloseIdleConnections()
+}
+
+// TestCloseForceClosesConnectionsAfterTheGrace is issue 23's item 6: a connection still
+// busy when the grace period ends (here a request whose body never arrives) is closed,
+// not left to run on after Close returned.
+func TestCloseForceClosesConnectionsAfterTheGrace(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	keys, err := auth.ParseKeys([]string{keyA})
+	require.NoError(t, err)
+	srv, err := gateway.New(t.Context(), ln, gateway.Config{DataDir: t.TempDir(), Keys: keys})
+	require.NoError(t, err)
+	go func() { _ = srv.Serve() }()
+
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = conn.Write([]byte("POST /loops.v1.SessionService/CreateSession HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + keyA +
+		"\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"))
+	require.NoError(t, err)
+	time.Sleep(100 * time.Millisecond) // the handler is reading the body
+
+	grace, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_ = srv.Close(grace)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+	buf := make([]byte, 4096)
+	for {
+		_, err = conn.Read(buf)
+		if err != nil {
+			break
+		}
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatal("the connection is still open after Close returned: it was not force-closed after the grace")
+	}
 }

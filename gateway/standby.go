@@ -36,6 +36,12 @@ import (
 // reason NO_LEADER, which the tinker SDK retries. When the standby takes the lease it starts
 // its core as after a restart (operations left unfinished are failed, with a message that
 // says the gateway failed over) and answers from then on.
+//
+// The store is fenced with the lease (store.Fencer): a standby's refuses every write, and a
+// leader's checks, in the transaction of each write, that its term still holds the lease. A
+// write refused because another gateway took over (store.ErrFenced: this leader was paused
+// past its lease, say) makes it step down at once, as a lost renewal does: requests stop
+// reaching its core and OnLost stops the process.
 
 // LeaseConfig makes a gateway one of several on a shared database.
 type LeaseConfig struct {
@@ -49,7 +55,8 @@ type LeaseConfig struct {
 	// standby tries to take it (default lease.DefaultRetryEvery).
 	TTL, RetryEvery time.Duration
 	// OnLost is called when this gateway, having led, may no longer (its lease could not
-	// be renewed in time, or was taken): it must stop all work at once. Default: log and
+	// be renewed in time, or was taken, or the store refused a write because another
+	// gateway holds it): it must stop all work at once. Default: log and
 	// exit the process with status 3, as a crash would (a supervisor restarts it as a
 	// standby).
 	OnLost func(error)
@@ -79,6 +86,28 @@ type failover struct {
 	// mu guards closing: Close and a takeover do not overlap.
 	mu      sync.Mutex
 	closing bool
+	// routeMu guards lost: once the lease is lost, requests never reach the core again.
+	routeMu sync.Mutex
+	lost    bool
+}
+
+// route sends every request to the core's handler h from now on, unless the lease was lost
+// (false).
+func (fo *failover) route(h *http.Handler) bool {
+	fo.routeMu.Lock()
+	defer fo.routeMu.Unlock()
+	if !fo.lost {
+		fo.leader.Store(h)
+	}
+	return !fo.lost
+}
+
+// unroute stops sending requests to the core, for good: the lease is lost.
+func (fo *failover) unroute() {
+	fo.routeMu.Lock()
+	defer fo.routeMu.Unlock()
+	fo.lost = true
+	fo.leader.Store(nil)
 }
 
 type targetKey struct{}
@@ -117,6 +146,13 @@ func (s *Server) standby(ctx context.Context, reg *prometheus.Registry, st store
 		}
 	}
 	fo := &failover{cfg: lc, done: make(chan struct{})}
+	// Losing the lease (the elector's fence, a renewal that finds it taken, or a write the
+	// store refused: store.ErrFenced) ends the leading at once: requests no longer reach the
+	// core, then OnLost stops the process.
+	onLost := func(err error) {
+		fo.unroute()
+		lc.OnLost(err)
+	}
 	// Outcomes go to the shared database before clients see them: a journal on this
 	// host's disk would not be replayed by the gateway that takes over.
 	copts.PublishAfterCommit = true
@@ -134,12 +170,20 @@ func (s *Server) standby(ctx context.Context, reg *prometheus.Registry, st store
 			start := time.Now()
 			o := copts
 			o.TookOver = rec.Previous != ""
-			h, err := s.lead(lctx, reg, st, be, o)
-			if err != nil {
-				lc.OnLost(fmt.Errorf("starting the core after taking the lease: %w", err))
+			// Every write of this term checks, in its own transaction, that the term still
+			// holds the lease (docs/two-gateways.md, "Fenced writes").
+			if err := st.SetFence(fo.elector.Fence(rec)); err != nil {
+				onLost(fmt.Errorf("fencing the store with the lease's term: %w", err))
 				return
 			}
-			fo.leader.Store(&h)
+			h, err := s.lead(lctx, reg, st, be, o)
+			if err != nil {
+				onLost(fmt.Errorf("starting the core after taking the lease: %w", err))
+				return
+			}
+			if !fo.route(&h) {
+				return // the lease was lost while the core started
+			}
 			attrs := []any{slog.Int64("term", rec.Term), slog.Duration("core_start", time.Since(start))}
 			if rec.Previous != "" {
 				attrs = append(attrs, slog.String("previous", rec.Previous),
@@ -148,11 +192,16 @@ func (s *Server) standby(ctx context.Context, reg *prometheus.Registry, st store
 			}
 			s.log.Info("leading: this gateway runs the schedulers now", attrs...)
 		},
-		OnLost: lc.OnLost,
+		OnLost: onLost,
 	})
 	if err != nil {
 		cancel()
 		return nil, err
+	}
+	// Until it leads, the store refuses every write: no term is 0.
+	if err := st.SetFence(store.Fence{Lease: el.Config().Name, Holder: lc.Holder}); err != nil {
+		cancel()
+		return nil, fmt.Errorf("gateway: the leader lease needs a store that fences its writes (PostgreSQL): %w", err)
 	}
 	fo.elector = el
 	fo.proxy = newProxy(s.log, lc.Holder)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -20,6 +21,7 @@ import (
 	"github.com/loops-dev/loops/gateway/ckstore"
 	"github.com/loops-dev/loops/gateway/core"
 	"github.com/loops-dev/loops/gateway/lease/pglease"
+	"github.com/loops-dev/loops/gateway/store"
 	"github.com/loops-dev/loops/gateway/store/postgres"
 	"github.com/loops-dev/loops/gateway/store/postgres/pgtest"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -72,6 +74,12 @@ func (m *member) kill() {
 
 func startMember(t *testing.T, dbURL string, cks ckstore.Store, keys *auth.Keys) *member {
 	t.Helper()
+	return startMemberTTL(t, dbURL, cks, keys, 2*time.Second)
+}
+
+// startMemberTTL is startMember with the lease's TTL.
+func startMemberTTL(t *testing.T, dbURL string, cks ckstore.Store, keys *auth.Keys, ttl time.Duration) *member {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	kl := &killableListener{Listener: ln}
@@ -83,7 +91,7 @@ func startMember(t *testing.T, dbURL string, cks ckstore.Store, keys *auth.Keys)
 	srv, err := gateway.New(t.Context(), kl, gateway.Config{
 		DataDir: t.TempDir(), Store: st, Keys: keys,
 		Core: core.Options{CheckpointStore: cks, PageTokenKey: []byte("a key both gateways share 0123456789")},
-		Lease: &gateway.LeaseConfig{Store: ls, Address: m.url, TTL: 2 * time.Second, RetryEvery: 50 * time.Millisecond,
+		Lease: &gateway.LeaseConfig{Store: ls, Address: m.url, TTL: ttl, RetryEvery: 50 * time.Millisecond,
 			OnLost: func(err error) { m.lost <- err }},
 	})
 	require.NoError(t, err)
@@ -267,4 +275,40 @@ func TestStandbyRefusesForwardedRequests(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+}
+
+// TestFencedWriteEndsLeading: another gateway takes the lease over while the leader has
+// not noticed (its clock says its lease holds: a pause, a frozen VM); the leader's next
+// write is refused by the database (store.ErrFenced), nothing of it is committed, and the
+// gateway stops leading at once (OnLost; /healthz says standby), without waiting for its
+// next renewal.
+func TestFencedWriteEndsLeading(t *testing.T) {
+	dbURL := pgtest.Start(t).NewSchema(t)
+	keys, err := auth.ParseKeys([]string{keyA + "=ws-a"})
+	require.NoError(t, err)
+	a := startMemberTTL(t, dbURL, nil, keys, time.Minute) // renews every 15 s: not during the test
+	require.Eventually(t, func() bool { return healthOf(t, a.url).Role == "leader" }, 20*time.Second, 20*time.Millisecond)
+	ctx := t.Context()
+	sessions := loopsv1connect.NewSessionServiceClient(http.DefaultClient, a.url, withKey(keyA))
+	_, err = sessions.CreateSession(ctx, &loopsv1.CreateSessionRequest{})
+	require.NoError(t, err, "the leader writes")
+
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, `UPDATE `+postgres.LeaseTable+` SET holder = 'another-gateway', term = term + 1`)
+	require.NoError(t, err)
+
+	_, err = sessions.CreateSession(ctx, &loopsv1.CreateSessionRequest{Tags: []string{"after-takeover"}})
+	require.Error(t, err, "a write after the takeover is refused")
+	select {
+	case err := <-a.lost:
+		require.ErrorIs(t, err, store.ErrFenced)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the fenced leader did not step down")
+	}
+	require.Equal(t, "standby", healthOf(t, a.url).Role)
+	var n int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM sessions`).Scan(&n))
+	require.Equal(t, 1, n, "only the session written before the takeover is in the database")
 }

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -151,7 +152,7 @@ func jobsCmd() *cobra.Command {
 	}
 
 	relay := &cobra.Command{
-		Use:    "relay LISTEN SOCKET -- COMMAND...",
+		Use:    "relay [FLAGS] -- COMMAND...",
 		Short:  "Inside a job's sandbox: carry the gateway's port to its socket and run the job",
 		Hidden: true,
 		// The job's own arguments must reach it untouched.
@@ -273,16 +274,41 @@ func tarDir(dir string, limit int64) ([]byte, error) {
 	return buf.Bytes(), err
 }
 
-// jobsConfig is how `loops serve` runs jobs: with the cookbook's cached venv (or
+// jobsServeFlags are `loops serve`'s flags for jobs' sandboxes.
+type jobsServeFlags struct {
+	cgroup  string
+	weak    bool
+	uidBase int
+}
+
+func (f *jobsServeFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.cgroup, "jobs-cgroup", env("LOOPS_JOBS_CGROUP", ""), "where jobs' cgroups go: empty finds one (the gateway's own cgroup v2 cgroup, else cgroup v1 as root), a delegated cgroup v2 folder holding no process, or \"none\" (docs/jobs.md)")
+	fl.BoolVar(&f.weak, "jobs-weak-limits", os.Getenv("LOOPS_JOBS_WEAK_LIMITS") == "1", "run jobs without a cgroup, each process held to the job's memory but not the job as a whole (otherwise jobs are refused where no cgroup can bound them; LOOPS_JOBS_WEAK_LIMITS=1)")
+	fl.IntVar(&f.uidBase, "jobs-uid-base", envInt("LOOPS_JOBS_UID_BASE", jobs.DefaultUIDBase), "under a root gateway, the host uid of the first running job; each of the 8 job slots gets the next (never 0, never a real user's)")
+}
+
+// envInt is an integer environment variable, or def when unset or not a number.
+func envInt(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return n
+	}
+	return def
+}
+
+// config is how `loops serve` runs jobs: with the cookbook's cached venv (or
 // LOOPS_COOKBOOK_PYTHON / LOOPS_COOKBOOK_DIR, as `loops cookbook` does), and this binary as
 // the relay inside the sandbox.
-func jobsConfig() gateway.JobsConfig {
+func (f *jobsServeFlags) config() gateway.JobsConfig {
 	exe, err := os.Executable()
 	if err != nil {
 		exe = os.Args[0]
 	}
 	return gateway.JobsConfig{
-		Relay: []string{exe, "jobs", "relay"},
+		Relay:        []string{exe, "jobs", "relay"},
+		CgroupParent: f.cgroup,
+		WeakLimits:   f.weak,
+		UIDBase:      f.uidBase,
 		Python: func(ctx context.Context, log io.Writer) (jobs.Python, error) {
 			cf := cookbookFlags{python: os.Getenv("LOOPS_COOKBOOK_PYTHON"), dir: os.Getenv("LOOPS_COOKBOOK_DIR")}
 			py, err := cf.prepare(ctx, log)

@@ -57,6 +57,8 @@ type serveFlags struct {
 	// --transfer-rate-window (gateway/ckhttp).
 	minTransferRate    int64
 	transferRateWindow time.Duration
+	// jobs are the --jobs-* flags (jobs.go).
+	jobs jobsServeFlags
 }
 
 func serveCmd() *cobra.Command {
@@ -107,6 +109,7 @@ max LoRA rank, runs at once, queued operations, sampling concurrency): see the
 	}
 	f.db.register(cmd)
 	f.lease.register(cmd)
+	f.jobs.register(cmd)
 	fl := cmd.Flags()
 	fl.StringVar(&f.addr, "addr", env("LOOPS_ADDR", "127.0.0.1:8000"), "host:port to listen on (port 0 picks a free one)")
 	fl.StringVar(&f.dataDir, "data-dir", env("LOOPS_DATA_DIR", defaultDataDir()), "folder for the database, checkpoints and built-in models")
@@ -226,7 +229,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 		},
 		Logger:         log,
 		Lease:          leaseCfg,
-		Jobs:           jobsConfig(),
+		Jobs:           f.jobs.config(),
 		TrustedProxies: proxies,
 		Transfers:      ckhttp.Options{MinRate: f.minTransferRate, RateWindow: f.transferRateWindow},
 	})

@@ -162,10 +162,10 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 		ttl = ephemeralTTL
 	}
 	id := kindSegment(kind) + "/" + name
-	prev, err := c.store.GetCheckpoint(ctx, r.ws, r.id, id)
+	prev, err := c.store.GetCheckpoint(ctx, r.Workspace(), r.ID(), id)
 	switch {
 	case err == nil && !req.GetOverwrite():
-		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("checkpoint %s already exists: pick another name or pass overwrite=True", checkpointPath(r.id, kind, name)))
+		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("checkpoint %s already exists: pick another name or pass overwrite=True", checkpointPath(r.ID(), kind, name)))
 	case errors.Is(err, store.ErrNotFound):
 		prev = nil
 	case err != nil:
@@ -173,14 +173,14 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 	}
 	f := c.ckpt
 	gen := f.nextGeneration(c.now(), prev)
-	key, err := f.key(r.ws, r.id, kind, name, gen)
+	key, err := f.key(r.Workspace(), r.ID(), kind, name, gen)
 	if err != nil {
 		return nil, err
 	}
 	if err := f.inside(key); err != nil {
 		return nil, err
 	}
-	m, err := c.putAdapter(ctx, r, key, kind == loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING, r.adapterLost)
+	m, err := c.putAdapter(ctx, r, key, kind == loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING, func(err error) error { return c.adapterLost(r, err) })
 	if err != nil {
 		return nil, err
 	}
@@ -194,14 +194,14 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 		}
 		return err
 	}
-	info := r.snapshot()
+	info := r.Record()
 	created := time.Unix(0, gen)
 	ck := &loopsv1.Checkpoint{
 		Id:            id,
-		TrainingRunId: r.id,
+		TrainingRunId: r.ID(),
 		Kind:          kind,
 		Name:          name,
-		TinkerPath:    checkpointPath(r.id, kind, name),
+		TinkerPath:    checkpointPath(r.ID(), kind, name),
 		SizeBytes:     m.Size(),
 		CreateTime:    timestamppb.New(created),
 		BaseModel:     info.GetBaseModel(),
@@ -210,7 +210,7 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 	if ttl > 0 {
 		ck.ExpireTime = timestamppb.New(created.Add(ttl))
 	}
-	replaced, err := c.commitCheckpoint(ctx, r.ws, ck)
+	replaced, err := c.commitCheckpoint(ctx, r.Workspace(), ck)
 	if err != nil {
 		return nil, abandon(err)
 	}
@@ -224,7 +224,7 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 			}
 		}
 	}
-	r.update(ctx, func(i *loopsv1.TrainingRun) {
+	c.updateRun(r, func(i *loopsv1.TrainingRun) {
 		switch kind {
 		case loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING:
 			i.LastCheckpoint = ck
@@ -234,17 +234,17 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 	})
 	res := &loopsv1.SaveWeightsResult{Path: ck.TinkerPath, Checkpoint: ck}
 	if ephemeral {
-		ref, err := c.adapterOf(ctx, r.ws, ck)
+		ref, err := c.adapterOf(ctx, r.Workspace(), ck)
 		if err != nil {
 			return nil, err
 		}
-		s, err := c.samplers.create(ctx, r.ws, info.GetSessionId(), info.GetBaseModel(), ck.TinkerPath, "", ref)
+		s, err := c.samplers.create(ctx, r.Workspace(), info.GetSessionId(), info.GetBaseModel(), ck.TinkerPath, "", ref)
 		if err != nil {
 			return nil, err
 		}
 		res.SamplerId = s.GetId()
 	}
-	c.recordUsage(r.ws, info.GetBaseModel(), info.GetSessionId(), store.UsageCheckpoint, 1)
+	c.recordUsage(r.Workspace(), info.GetBaseModel(), info.GetSessionId(), store.UsageCheckpoint, 1)
 	return func(op *loopsv1.Operation) { op.Result = &loopsv1.Operation_SaveWeights{SaveWeights: res} }, nil
 }
 
@@ -278,7 +278,7 @@ func (c *Core) saveThroughStaging(ctx context.Context, r *run, key string, optim
 		return nil, f.internalFS("writing checkpoint", err)
 	}
 	if _, err := c.backend.Trainer().SaveAdapter(ctx, &backendv1.SaveAdapterRequest{
-		AdapterId: r.id, Dir: dir, IncludeOptimizer: optimizer,
+		AdapterId: r.ID(), Dir: dir, IncludeOptimizer: optimizer,
 	}); err != nil {
 		return nil, f.scrub(lost(err))
 	}
@@ -323,7 +323,7 @@ func (c *Core) saveThroughURLs(ctx context.Context, r *run, key string, optimize
 	if err := f.step(stepSaveWrite); err != nil {
 		return nil, abort(f.internalFS("writing checkpoint", err))
 	}
-	req := &backendv1.SaveAdapterRequest{AdapterId: r.id, IncludeOptimizer: optimizer}
+	req := &backendv1.SaveAdapterRequest{AdapterId: r.ID(), IncludeOptimizer: optimizer}
 	for _, n := range names {
 		req.Upload = append(req.Upload, &backendv1.FileURL{Name: n, Url: up.URLs[n]})
 	}
@@ -425,7 +425,7 @@ func (c *Core) loadRef(ctx context.Context, r *run, ref *ckRef, optimizer bool) 
 	if err != nil {
 		return err
 	}
-	_, err = c.backend.Trainer().LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: r.id, Dir: dir, Download: files, LoadOptimizer: optimizer})
+	_, err = c.backend.Trainer().LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: r.ID(), Dir: dir, Download: files, LoadOptimizer: optimizer})
 	return err
 }
 

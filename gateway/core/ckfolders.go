@@ -689,13 +689,10 @@ func (c *Core) openCheckpoints(ctx context.Context) error {
 		return err
 	}
 	f.swept = make(chan struct{})
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
+	return c.life.Go("checkpoint store sweep", func(ctx context.Context) {
 		defer close(f.swept)
-		c.sweepStore(c.ctx)
-	}()
-	return nil
+		c.sweepStore(ctx)
+	})
 }
 
 // CheckpointStore returns the checkpoint store in use.

@@ -12,10 +12,13 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/ckstore"
+	"github.com/loops-dev/loops/gateway/core/trainrun"
 	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/lifecycle"
+	"github.com/loops-dev/loops/internal/lockorder"
 	"github.com/loops-dev/loops/internal/semantics"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -169,19 +172,26 @@ type Core struct {
 	losses map[string]bool
 
 	ops      *operations
-	mu       sync.Mutex
+	mu       lockorder.Mutex[rankCore]
 	runs     *runRegistry
 	lanes    map[string]*lane
 	sessions map[string]*sessionState
-	samplers *samplers
-	archives *archiveTokens
-	ckpt     *checkpointFiles
-	usage    *usageMeter
-	policy   *policy.Enforcer // workspace limits and current use
+	// liveSessions counts each workspace's live sessions, and those being created
+	// (reserveSession), for max_sessions_per_workspace.
+	liveSessions map[string]int
+	samplers     *samplers
+	archives     *archiveTokens
+	ckpt         *checkpointFiles
+	usage        *usageMeter
+	policy       *policy.Enforcer // workspace limits and current use
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// life owns every goroutine the core starts (lanes and their tasks, snapshots,
+	// sampling, the janitor, the placer, store sweeps): none starts once it quiesces (Drain),
+	// and Close stops them with its context. ctx is its context.
+	life *lifecycle.Stopper
+	ctx  context.Context
+	// replay bounds the replay logs of all runs together (recovery.go).
+	replay *trainrun.ReplayBudget
 
 	// drain is closed when a shutdown starts (Drain); running counts backend calls and
 	// sampling goroutines in progress.
@@ -217,23 +227,26 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 		return nil, fmt.Errorf("core: creating data dir: %w", err)
 	}
 	c := &Core{
-		opts:     opts,
-		log:      opts.Logger,
-		store:    st,
-		backend:  backends.WithDeadlines(backends.Guard(be, opts.Logger), opts.BackendDeadlines),
-		metrics:  newMetrics(opts.Registerer),
-		models:   map[string]*loopsv1.ModelInfo{},
-		losses:   map[string]bool{},
-		lanes:    map[string]*lane{},
-		sessions: map[string]*sessionState{},
-		archives: newArchiveTokens(),
-		usage:    newUsageMeter(),
+		opts:         opts,
+		log:          opts.Logger,
+		store:        st,
+		backend:      backends.WithDeadlines(backends.Guard(be, opts.Logger), opts.BackendDeadlines),
+		metrics:      newMetrics(opts.Registerer),
+		models:       map[string]*loopsv1.ModelInfo{},
+		losses:       map[string]bool{},
+		lanes:        map[string]*lane{},
+		sessions:     map[string]*sessionState{},
+		liveSessions: map[string]int{},
+		archives:     newArchiveTokens(),
+		usage:        newUsageMeter(),
 	}
 	c.drain, c.running = make(chan struct{}), newBusy()
+	c.life = lifecycle.New(ctx)
+	c.ctx = c.life.Context()
+	c.replay = trainrun.NewReplayBudget(int64(opts.Limits.MaxReplayBytesTotal))
 	c.runs = newRunRegistry(c.now, &c.opts.Limits, c.loadRun)
 	c.ops = newOperations(c)
 	c.samplers = newSamplers(c)
-	c.ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if err := c.openCheckpoints(ctx); err != nil {
 		return nil, err
 	}
@@ -254,7 +267,7 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 		c.ckpt.urls = u // the backend reads and writes the store itself
 	}
 	c.slots, err = newSlots(opts.DataDir, int(caps.GetMaxAdapters()), caps.GetSavesGradients(), slotDeps{
-		trainer: c.backend.Trainer(), log: c.log, moves: c.metrics.slotMoves, scrub: c.ckpt.scrub,
+		trainer: c.backend.Trainer(), log: c.log, moves: c.metrics.slotMoves, scrub: c.ckpt.scrub, lost: c.adapterLost,
 	})
 	if err != nil {
 		return nil, err
@@ -285,12 +298,12 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	if err := c.placer.load(ctx, st.ListAllDeployments); err != nil {
 		return nil, err
 	}
-	c.wg.Add(2)
-	go c.janitor()
-	go func() {
-		defer c.wg.Done()
-		c.placer.run(c.ctx)
-	}()
+	if err := c.life.Go("janitor", c.janitor); err != nil {
+		return nil, err
+	}
+	if err := c.life.Go("placer", c.placer.run); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -302,38 +315,38 @@ func (c *Core) Close() error {
 	return nil
 }
 
+// closeReportAfter is how long Close waits for the core's goroutines before it logs which
+// are still running (and goes on waiting: their outcomes must be written).
+const closeReportAfter = 30 * time.Second
+
 func (c *Core) close() {
-	c.Drain()
-	c.cancel()
-	c.mu.Lock()
-	lanes := make([]*lane, 0, len(c.lanes))
-	for _, l := range c.lanes {
-		lanes = append(lanes, l)
+	ctx, cancel := context.WithTimeout(context.Background(), closeReportAfter)
+	c.Drain(ctx)
+	cancel()
+	ctx, cancel = context.WithTimeout(context.Background(), closeReportAfter)
+	err := c.life.Stop(ctx) // cancels lanes, tasks, sampling, the janitor and the placer
+	cancel()
+	if err != nil {
+		c.log.Error("the core's goroutines did not stop in time; waiting for them", slog.Any("err", err))
+		_ = c.life.Wait(context.Background())
 	}
-	c.mu.Unlock()
-	for _, l := range lanes {
-		l.stop()
-	}
-	c.wg.Wait()
-	_ = c.running.wait(context.Background()) // sampling goroutines end once cancelled
-	c.ops.close()                            // commit and publish the outcomes still queued
-	c.persistSessions(context.Background())  // their last heartbeats
+	c.ops.close()                           // commit and publish the outcomes still queued
+	c.persistSessions(context.Background()) // their last heartbeats
 	c.flushUsage(context.Background())
 }
 
 func (c *Core) now() time.Time { return c.opts.Now() }
 
 // janitor expires sessions and checkpoints, forgets old operations and writes usage.
-func (c *Core) janitor() {
-	defer c.wg.Done()
+func (c *Core) janitor(ctx context.Context) {
 	t := time.NewTicker(15 * time.Second)
 	defer t.Stop()
 	for {
 		select {
-		case <-c.ctx.Done():
+		case <-ctx.Done():
 			return
 		case <-t.C:
-			c.sweep(c.ctx)
+			c.sweep(ctx)
 		}
 	}
 }

@@ -92,55 +92,40 @@ func (c *Core) dedicatedFor(ws string, meta map[string]string, field *loopsv1.De
 // acquirePool binds a dedicated pool to a run about to create its adapter (its creation
 // task waits for a cold start).
 func (c *Core) acquirePool(ctx context.Context, r *run, shape dedicatedShape) error {
-	info := r.snapshot()
+	info := r.Record()
 	start := time.Now()
-	g, err := c.dedicatedPools.AcquirePool(ctx, backends.PoolRequest{BaseModel: info.GetBaseModel(), Replicas: shape.replicas, SamplerReplicas: shape.samplers, Workspace: r.ws, Owner: r.id})
+	g, err := c.dedicatedPools.AcquirePool(ctx, backends.PoolRequest{BaseModel: info.GetBaseModel(), Replicas: shape.replicas, SamplerReplicas: shape.samplers, Workspace: r.Workspace(), Owner: r.ID()})
 	if err != nil {
 		return err
 	}
-	r.mu.Lock()
-	r.pool, r.poolGPUs = g.Pool, g.GPUsPerReplica
-	r.mu.Unlock()
-	r.update(ctx, func(i *loopsv1.TrainingRun) { i.DedicatedPool = g.Pool })
+	r.SetPool(g.Pool, g.GPUsPerReplica)
+	c.updateRun(r, func(i *loopsv1.TrainingRun) { i.DedicatedPool = g.Pool })
 	kind := "cold"
 	if g.Warm {
 		kind = "warm"
 	}
 	c.metrics.poolBinds.WithLabelValues(kind).Observe(time.Since(start).Seconds())
-	c.log.Info("dedicated pool bound to a run", slog.String("run", r.id), slog.String("pool", g.Pool), slog.String("start", kind), slog.Duration("took", time.Since(start)))
+	c.log.Info("dedicated pool bound to a run", slog.String("run", r.ID()), slog.String("pool", g.Pool), slog.String("start", kind), slog.Duration("took", time.Since(start)))
 	return nil
 }
 
 // releasePool meters a run's dedicated pool a last time and releases it (kept warm).
 func (c *Core) releasePool(ctx context.Context, r *run) {
-	r.mu.Lock()
-	pool := r.pool
-	r.mu.Unlock()
+	pool := r.Pool()
 	if pool == "" {
 		return
 	}
 	c.meterPool(r, true)
 	c.dedicatedPools.ReleasePool(ctx, pool)
-	r.mu.Lock()
-	r.pool = ""
-	r.mu.Unlock()
-	r.update(ctx, func(i *loopsv1.TrainingRun) { i.DedicatedPool = "" })
-}
-
-// runPool is the dedicated pool of a run ("" for the shared pools).
-func (r *run) runPool() string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.pool
+	r.ClearPool()
+	c.updateRun(r, func(i *loopsv1.TrainingRun) { i.DedicatedPool = "" })
 }
 
 // meterPool records the replica-seconds (and GPU-seconds) a run's dedicated pool ran
 // since the last time, as the workspace's usage: whole seconds as they pass, and a started
 // second counted whole when the pool is released (final).
 func (c *Core) meterPool(r *run, final bool) {
-	r.mu.Lock()
-	pool, gpus := r.pool, r.poolGPUs
-	r.mu.Unlock()
+	pool := r.Pool()
 	if pool == "" {
 		return
 	}
@@ -148,19 +133,14 @@ func (c *Core) meterPool(r *run, final bool) {
 	if final {
 		total = math.Ceil(total)
 	}
-	r.mu.Lock()
-	delta := int64(total) - r.poolMetered
-	if delta > 0 {
-		r.poolMetered += delta
-	}
-	info := r.info
-	r.mu.Unlock()
+	delta, gpus := r.MeterPool(int64(total))
 	if delta <= 0 {
 		return
 	}
-	c.recordUsage(r.ws, info.GetBaseModel(), info.GetSessionId(), store.UsageDedicatedReplicaSeconds, delta)
+	info := r.Record()
+	c.recordUsage(r.Workspace(), info.GetBaseModel(), info.GetSessionId(), store.UsageDedicatedReplicaSeconds, delta)
 	if gpus > 0 {
-		c.recordUsage(r.ws, info.GetBaseModel(), info.GetSessionId(), store.UsageDedicatedGPUSeconds, delta*int64(gpus))
+		c.recordUsage(r.Workspace(), info.GetBaseModel(), info.GetSessionId(), store.UsageDedicatedGPUSeconds, delta*int64(gpus))
 	}
 }
 
@@ -175,7 +155,7 @@ func (c *Core) samplerPool(path string) string {
 		return ""
 	}
 	if r := c.runs.peek(runID); r != nil {
-		return r.runPool()
+		return r.Pool()
 	}
 	return ""
 }

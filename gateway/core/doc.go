@@ -13,8 +13,12 @@
 // The parts, each in its own file with its own lock:
 //   - sequencer (package gateway/core/sequencer): one run's seq_id order, de-duplication and
 //     gaps; pure bookkeeping, tested without a Core.
-//   - the run (queue.go): a sequencer, whether its head is running or waiting in its lane,
-//     and its adapter's state; submit, kick and taskDone move it between those.
+//   - the run (package gateway/core/trainrun): a state machine with one owner, holding the
+//     run's record, its sequencer, where its head task is, its adapter, recovery and pool
+//     state behind one lock that is a leaf: nothing is called out and no other lock is
+//     taken while it is held. queue.go is the core's side: submit resolves what a request
+//     needs (the registry, checkpoints, the store, the policy) before and after claiming its
+//     seq_id, never while holding the run's lock, and acts on what the run returns.
 //   - the per-model scheduler (scheduler.go, fair.go, slots.go): a lane per base model picks
 //     each round's tasks, shares batches fairly between workspaces and keeps the backend's
 //     adapter slots; it reaches the rest of the core only through two small interfaces
@@ -24,6 +28,41 @@
 //   - operations (operations.go, persister.go, resultcache.go): outcomes, written behind in
 //     group commits, and large results in a bounded cache.
 //   - sampling (sampling.go, samplequeue.go): samplers and a fair queue per base model.
+//
+// # Goroutines
+//
+// Every goroutine the core starts (lanes and the tasks, adapter moves, rebuilds and
+// snapshots they start, sampling slots, the janitor, the placer, the store sweep) belongs to
+// one lifecycle owner (Core.life, internal/lifecycle): it is started under the lock that
+// refuses new ones once the core drains, runs with the owner's context, and Close stops it
+// and names what is still running if it does not end. The persister's two goroutines are
+// stopped after them (ops.close), once every outcome has been handed to it.
+//
+// # Lock order
+//
+// A goroutine that holds one of these locks takes only locks further down the list
+// (lockorder.go has one rank type per lock; tests built with the lockorder tag check every
+// Lock against it):
+//
+//	Core.mu (lanes, live sessions)
+//	sessionState.mu
+//	runRegistry.mu
+//	samplers.mu
+//	samplerState.mu
+//	sampleQueue.mu
+//	slots.mu
+//	lane.mu
+//	operations.mu
+//	operation.mu
+//	policy.Enforcer.mu (gateway/policy)
+//	persister.jmu
+//	persister.mu
+//	onceTable.mu
+//	trainrun.Run.mu (last: nothing is taken under it)
+//
+// Locks not in the list (the usage meter, the result cache, checkpoint files, archive tokens,
+// the placer, busy counters, the lifecycle owner) are leaves: nothing is taken under them and
+// no I/O runs under them.
 //
 // What must survive a restart (sessions, runs, checkpoints, operation outcomes) is in the
 // store; queues and adapters live in memory. At start-up, operations left unfinished by a

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -29,7 +30,22 @@ func resourceExhausted(format string, args ...any) error {
 // internal wraps an unexpected error. Its text (a driver's, a path) is for the log only:
 // every edge (the gateway's interceptor, compat, operationError) masks an Internal error to
 // "internal error, id <id>" and logs the full error under that id (see internal/errs).
+//
+// A write the store refused because another gateway took the leader lease (store.ErrFenced)
+// is Unavailable with reason NO_LEADER, which clients retry.
+//
+// An error that is the request's own context ending (the client went away, or its deadline
+// passed while a store call ran) is not the server's failure: it is Canceled or
+// DeadlineExceeded, logged as neither an internal error nor with an error id.
 func internal(what string, err error) error {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return connect.NewError(connect.CodeCanceled, fmt.Errorf("%s: the request was cancelled", what))
+	case errors.Is(err, context.DeadlineExceeded):
+		return connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("%s: the request's deadline passed", what))
+	case errors.Is(err, store.ErrFenced):
+		return errs.New(connect.CodeUnavailable, errs.ReasonNoLeader, fmt.Errorf("%s: this gateway has lost the leader lease to another one; retry, and the leader serves you", what))
+	}
 	return connect.NewError(connect.CodeInternal, fmt.Errorf("%s: %w", what, err))
 }
 

@@ -34,7 +34,7 @@ func unfinishedError(tookOver bool) *loopsv1.OperationError {
 // adapter would otherwise train on silently, as from step 0). Later tasks run on the
 // recreated adapter, marked corrupted, as after a restart. Without a takeover it is nil.
 func (c *Core) failedOverRun(runID string, info *loopsv1.TrainingRun, t *task) error {
-	if !c.opts.TookOver || t.op == nil || t.op.snapshot().GetKind() == loopsv1.OperationKind_OPERATION_KIND_LOAD_WEIGHTS {
+	if !c.opts.TookOver || t.Op == nil || t.Op.snapshot().GetKind() == loopsv1.OperationKind_OPERATION_KIND_LOAD_WEIGHTS {
 		return nil
 	}
 	hint := "load the run's last checkpoint (load_state)"

@@ -11,24 +11,6 @@ package core
 // batch instead of waiting behind the flood. Runs' other tasks (barriers) are not
 // batch capacity and are never deferred.
 
-// head describes a ready run's head task without taking it.
-type head struct {
-	fb     bool // it is forward/backward work
-	tokens int
-}
-
-// peekHead returns the run's head task's kind and size. The run is in the lane's ready
-// list, so nothing else takes its head meanwhile.
-func (r *run) peekHead() head {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	t, ok := r.seq.Head()
-	if !ok {
-		return head{}
-	}
-	return head{fb: t.fb != nil, tokens: t.tokens}
-}
-
 // fairShare splits the ready runs into those to run this round (non-batched heads, and
 // the forward/backward heads that deficit round robin admits, interleaved by workspace so
 // that every batch carries several workspaces' work) and those deferred to the next round.
@@ -38,16 +20,16 @@ func (l *lane) fairShare(rs []*run) (now, later []*run) {
 	tokens := map[*run]int{}
 	var order []string
 	for _, r := range rs {
-		h := r.peekHead()
-		if !h.fb {
+		h := r.PeekHead()
+		if !h.FB {
 			now = append(now, r)
 			continue
 		}
-		tokens[r] = h.tokens
-		if _, seen := byWS[r.ws]; !seen {
-			order = append(order, r.ws)
+		tokens[r] = h.Tokens
+		if _, seen := byWS[r.Workspace()]; !seen {
+			order = append(order, r.Workspace())
 		}
-		byWS[r.ws] = append(byWS[r.ws], r)
+		byWS[r.Workspace()] = append(byWS[r.Workspace()], r)
 	}
 	if len(order) == 0 {
 		clear(l.deficit)

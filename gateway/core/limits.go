@@ -47,6 +47,9 @@ type Limits struct {
 	// log is dropped, and a lost replica costs the run's steps since its last checkpoint
 	// until the next snapshot is stored.
 	MaxReplayBytesPerRun int
+	// MaxReplayBytesTotal bounds the replay logs of all runs together (default 2 GiB): a
+	// run whose call would pass it has its log dropped as if it passed its own bound.
+	MaxReplayBytesTotal int
 	// RetryAfter is the hint sent with a refusing cap's 429 (default 1 s).
 	RetryAfter time.Duration
 }
@@ -61,6 +64,7 @@ func (l *Limits) defaults() {
 	setDefault(&l.RunIdleTTL, time.Minute)
 	setDefault(&l.LiveRunIdleTTL, 10*time.Minute)
 	setDefault(&l.MaxReplayBytesPerRun, 256<<20)
+	setDefault(&l.MaxReplayBytesTotal, 2<<30)
 	setDefault(&l.RetryAfter, time.Second)
 }
 

@@ -186,9 +186,7 @@ func TestSeenSeqTableStaysBounded(t *testing.T) {
 		i++
 	}
 	h.wait(last)
-	r.mu.Lock()
-	n := r.seq.SeenLen()
-	r.mu.Unlock()
+	n := r.SeenLen()
 	require.LessOrEqual(t, n, max(2*sequencer.Keep, sequencer.Keep+h.core.opts.Limits.MaxPendingPerRun)+1)
 }
 
@@ -243,11 +241,15 @@ func TestSessionsPerWorkspaceAreCapped(t *testing.T) {
 
 // TestSessionSeqTablesStayBounded: a session's client_seq_id tables forget old entries.
 func TestSessionSeqTablesStayBounded(t *testing.T) {
-	table := map[int64]*seqClaim{}
+	table := newOnceTable()
 	for i := range int64(20000) {
-		table[i*7] = &seqClaim{id: "x"}
-		pruneSeqTable(table, i*7)
+		_, fresh, err := table.once(t.Context(), i*7, func() (string, error) { return "x", nil })
+		require.NoError(t, err)
+		require.True(t, fresh)
 	}
-	require.LessOrEqual(t, len(table), 2*seqTableKeep+1)
-	require.Contains(t, table, int64(19999*7))
+	require.LessOrEqual(t, table.len(), 2*seqTableKeep+1)
+	id, fresh, err := table.once(t.Context(), 19999*7, func() (string, error) { return "y", nil })
+	require.NoError(t, err)
+	require.False(t, fresh, "the newest is kept")
+	require.Equal(t, "x", id)
 }

@@ -4,8 +4,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"time"
+
+	"github.com/loops-dev/loops/internal/lockorder"
 
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/auth"
@@ -23,7 +24,7 @@ const maxWait = 30 * time.Second
 // smallCopy); its large result, if any, lives in the result cache.
 type operation struct {
 	workspace string
-	mu        sync.Mutex
+	mu        lockorder.Mutex[rankOperation]
 	op        *loopsv1.Operation
 	// finishing is set when the outcome is decided; it is published (op, done) only once
 	// the persister has committed it.
@@ -43,7 +44,7 @@ type operations struct {
 	core    *Core
 	persist *persister
 	results *resultCache
-	mu      sync.Mutex
+	mu      lockorder.Mutex[rankOperations]
 	byID    map[string]*operation
 }
 
@@ -214,7 +215,7 @@ func (ops *operations) evictFinishedBefore(t time.Time) {
 }
 
 // flush waits until the outcomes decided so far are committed and published (Drain).
-func (ops *operations) flush() { ops.persist.flush() }
+func (ops *operations) flush(ctx context.Context) error { return ops.persist.flush(ctx) }
 
 // close writes the outcomes still queued and stops the persister (Core.Close).
 func (ops *operations) close() { ops.persist.close() }

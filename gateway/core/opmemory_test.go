@@ -1,6 +1,7 @@
 package core
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -19,7 +20,7 @@ func TestFinishedOperationsLeaveMemoryButStayRetrievable(t *testing.T) {
 	require.NoError(t, err)
 	done := h.wait(op)
 	require.NotEmpty(t, done.GetForwardBackward().GetOutputs())
-	h.core.ops.persist.settle() // its record is committed (write-behind)
+	h.core.ops.persist.settle(context.Background()) // its record is committed (write-behind)
 	stored, err := h.core.ops.persist.st.GetOperation(h.ctx, "ws-a", op.GetId())
 	require.NoError(t, err)
 	require.True(t, isDone(stored))

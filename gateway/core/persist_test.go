@@ -345,7 +345,7 @@ func TestUncommittedOutcomesStayInMemory(t *testing.T) {
 	})
 	h := &harness{t: t, dir: dir, fake: fake, core: c, svc: c.Services(), ctx: auth.WithWorkspace(t.Context(), "ws-a")}
 	run := h.newRun()
-	c.ops.persist.settle()
+	c.ops.persist.settle(context.Background())
 	st.closed.Store(true) // from here every batch waits at the gate
 	op, err := h.fb(run, 0, datum(1, 2, 3))
 	require.NoError(t, err)
@@ -368,7 +368,7 @@ func TestUncommittedOutcomesStayInMemory(t *testing.T) {
 	require.True(t, inMemory, "evicted before the store had it")
 
 	close(st.gate)
-	c.ops.persist.settle()
+	c.ops.persist.settle(context.Background())
 	stored, err := sq.GetOperation(h.ctx, "ws-a", op.GetId())
 	require.NoError(t, err)
 	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, stored.GetState())
@@ -486,7 +486,7 @@ func TestResultCacheBudgets(t *testing.T) {
 	require.Len(t, got.GetForwardBackward().GetOutputs(), 1)
 
 	// The store holds state and metrics, not outputs.
-	h.core.ops.persist.settle()
+	h.core.ops.persist.settle(context.Background())
 	stored, err := h.core.store.GetOperation(h.ctx, "ws-a", op3.GetId())
 	require.NoError(t, err)
 	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, stored.GetState())

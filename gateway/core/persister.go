@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
+	"github.com/loops-dev/loops/internal/lockorder"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -65,10 +67,13 @@ type persister struct {
 	st  store.Store
 	log *slog.Logger
 
-	mu      sync.Mutex
-	cond    *sync.Cond
-	ops     map[string]store.OwnedOperation
-	runs    map[string]store.OwnedTrainingRun
+	mu   lockorder.Mutex[rankPersister]
+	cond *sync.Cond
+	ops  map[string]store.OwnedOperation
+	// runs are the runs whose record changed: the newest record is taken when the group
+	// is written (recordSource.TakeRecord), so a run's versions are written in order
+	// without anything being queued under the run's lock.
+	runs    map[string]recordSource
 	metrics []store.OwnedStepMetrics
 	after   []func() // run once everything queued before them is durable
 	closing bool
@@ -80,7 +85,7 @@ type persister struct {
 	// jmu orders the journal: held while a group is appended and handed to the committer,
 	// and while the committer takes what was handed to it (and rotates the file), so a
 	// file never holds a record that the committer has not taken.
-	jmu sync.Mutex
+	jmu lockorder.Mutex[rankJournal]
 	j   *journal // nil until recover has run, or when the journal cannot be written
 	// Journaled records waiting for the store, coalesced by id (under mu).
 	jops     map[string]store.OwnedOperation
@@ -107,10 +112,19 @@ type persister struct {
 	batches, records int
 }
 
+// recordSource is a training run whose record the persister writes (a trainrun.Run).
+type recordSource interface {
+	ID() string
+	Workspace() string
+	// Record is the newest record; TakeRecord also marks it written.
+	Record() *loopsv1.TrainingRun
+	TakeRecord() (*loopsv1.TrainingRun, bool)
+}
+
 func newPersister(st store.Store, log *slog.Logger) *persister {
 	p := &persister{
 		st: st, log: log, done: make(chan struct{}), jdone: make(chan struct{}),
-		ops: map[string]store.OwnedOperation{}, runs: map[string]store.OwnedTrainingRun{},
+		ops: map[string]store.OwnedOperation{}, runs: map[string]recordSource{},
 		jops: map[string]store.OwnedOperation{}, jruns: map[string]store.OwnedTrainingRun{},
 	}
 	p.cond = sync.NewCond(&p.mu)
@@ -197,14 +211,15 @@ func (p *persister) finish(ws string, op *loopsv1.Operation, publish func()) {
 	p.mu.Unlock()
 }
 
-// run queues a training run's record (its latest version wins).
-func (p *persister) run(ws string, r *loopsv1.TrainingRun) {
+// run queues a training run whose record changed: its newest record is written with the
+// next group. Call it after the change, never under the run's lock.
+func (p *persister) run(r recordSource) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.stopped {
 		return // after Close: bookkeeping only (last request time), not worth a write
 	}
-	p.runs[r.GetId()] = store.OwnedTrainingRun{Workspace: ws, Run: r}
+	p.runs[r.ID()] = r
 	p.wakeLocked()
 }
 
@@ -236,10 +251,22 @@ func (p *persister) take() (b store.Batch, after []func(), stop bool) {
 		p.stopped = true
 		return store.Batch{}, nil, true
 	}
-	b = batchOf(p.runs, p.ops, p.metrics)
+	b = batchOf(takeRecords(p.runs), p.ops, p.metrics)
 	after = p.after
-	p.ops, p.runs, p.metrics, p.after = map[string]store.OwnedOperation{}, map[string]store.OwnedTrainingRun{}, nil, nil
+	p.ops, p.runs, p.metrics, p.after = map[string]store.OwnedOperation{}, map[string]recordSource{}, nil, nil
 	return b, after, false
+}
+
+// takeRecords takes the newest record of each changed run (the run's lock comes after the
+// persister's in the lock order).
+func takeRecords(srcs map[string]recordSource) map[string]store.OwnedTrainingRun {
+	runs := make(map[string]store.OwnedTrainingRun, len(srcs))
+	for id, src := range srcs {
+		if rec, changed := src.TakeRecord(); changed {
+			runs[id] = store.OwnedTrainingRun{Workspace: src.Workspace(), Run: rec}
+		}
+	}
+	return runs
 }
 
 func batchOf(runs map[string]store.OwnedTrainingRun, ops map[string]store.OwnedOperation, metrics []store.OwnedStepMetrics) store.Batch {
@@ -432,27 +459,55 @@ func (p *persister) commit(b store.Batch) (ok bool) {
 	if err == nil {
 		return true
 	}
+	if p.leaseLost(err) {
+		return false
+	}
 	p.log.Error("persisting a batch failed; writing its records one by one", slog.Int("records", b.Len()), slog.Any("err", err))
 	ok = true
 	for _, r := range b.TrainingRuns {
 		if err := p.st.PutTrainingRun(ctx, r.Workspace, r.Run); err != nil {
+			if p.leaseLost(err) {
+				return false
+			}
 			p.log.Error("persisting training run", slog.String("run", r.Run.GetId()), slog.Any("err", err))
 			ok = false
 		}
 	}
 	for _, o := range b.Operations {
 		if err := p.st.PutOperation(ctx, o.Workspace, o.Operation); err != nil {
+			if p.leaseLost(err) {
+				return false
+			}
 			p.log.Error("persisting operation", slog.String("op", o.Operation.GetId()), slog.Any("err", err))
 			ok = false
 		}
 	}
 	for _, m := range b.StepMetrics {
 		if err := p.st.ApplyBatch(ctx, store.Batch{StepMetrics: []store.OwnedStepMetrics{m}}); err != nil {
+			if p.leaseLost(err) {
+				return false
+			}
 			p.log.Error("persisting step metrics", slog.String("run", m.RunID), slog.Int64("seq_id", m.Metrics.GetSeqId()), slog.Any("err", err))
 			ok = false
 		}
 	}
 	return ok
+}
+
+// leaseLost reports whether err is the store's refusal of a write because another gateway
+// leads now (store.ErrFenced). Nothing more can be committed then: the persister stops as
+// a crashed process would (crash), publishing nothing it had not committed, and the gateway
+// steps down (the store told the lease).
+func (p *persister) leaseLost(err error) bool {
+	if !errors.Is(err, store.ErrFenced) {
+		return false
+	}
+	p.log.Error("the store refused a batch: another gateway leads now; nothing more is written or published", slog.Any("err", err))
+	p.crash()
+	p.mu.Lock()
+	p.stopped = true // new work is refused
+	p.mu.Unlock()
+	return true
 }
 
 // pendingOp returns the newest record of operation id that the store may not hold yet
@@ -472,7 +527,10 @@ func (p *persister) pendingOp(id string) (store.OwnedOperation, bool) {
 func (p *persister) pendingRun(id string) (store.OwnedTrainingRun, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, m := range []map[string]store.OwnedTrainingRun{p.runs, p.jruns, p.cruns, p.lruns} {
+	if src, ok := p.runs[id]; ok {
+		return store.OwnedTrainingRun{Workspace: src.Workspace(), Run: src.Record()}, true
+	}
+	for _, m := range []map[string]store.OwnedTrainingRun{p.jruns, p.cruns, p.lruns} {
 		if r, ok := m[id]; ok {
 			return r, true
 		}
@@ -488,22 +546,36 @@ func (p *persister) uncommitted(id string) bool {
 }
 
 // sync waits until the store holds every record queued so far (before a read that the
-// records held here cannot answer: a list).
-func (p *persister) sync() {
-	p.flush()
-	p.settle()
+// records held here cannot answer: a list), or until ctx ends: a store that hangs then
+// answers the read with ctx's error instead of holding it.
+func (p *persister) sync(ctx context.Context) error {
+	if err := p.flush(ctx); err != nil {
+		return err
+	}
+	return p.settle(ctx)
 }
 
-// settle waits until every record journaled so far is committed to the store.
-func (p *persister) settle() {
+// settle waits until every record journaled so far is committed to the store, or until
+// ctx ends.
+func (p *persister) settle(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() { // wake the wait below when ctx ends
+		p.mu.Lock()
+		p.jcond.Broadcast()
+		p.mu.Unlock()
+	})
+	defer stop()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.settlers++
+	defer func() { p.settlers-- }()
 	p.jcond.Broadcast()
 	for (!p.jemptyLocked() || p.cops != nil) && !p.crashed && p.started && !p.stoppedCommitting() {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		p.jcond.Wait()
 	}
-	p.settlers--
+	return nil
 }
 
 // stoppedCommitting reports whether the committing goroutine has ended (after close or a
@@ -549,48 +621,63 @@ func (s readStore) GetTrainingRun(ctx context.Context, ws, id string) (*loopsv1.
 
 // ListTrainingRuns lists the workspace's training runs once the store holds every record.
 func (s readStore) ListTrainingRuns(ctx context.Context, ws string, page store.Page) ([]*loopsv1.TrainingRun, int64, error) {
-	s.p.sync()
+	if err := s.p.sync(ctx); err != nil {
+		return nil, 0, err
+	}
 	return s.Store.ListTrainingRuns(ctx, ws, page)
 }
 
 // ListAllTrainingRuns lists every run once the store holds every record.
 func (s readStore) ListAllTrainingRuns(ctx context.Context) ([]store.OwnedTrainingRun, error) {
-	s.p.sync()
+	if err := s.p.sync(ctx); err != nil {
+		return nil, err
+	}
 	return s.Store.ListAllTrainingRuns(ctx)
 }
 
 // ListSessionTrainingRuns lists a session's runs once the store holds every record.
 func (s readStore) ListSessionTrainingRuns(ctx context.Context, ws, sessionID string) ([]*loopsv1.TrainingRun, error) {
-	s.p.sync()
+	if err := s.p.sync(ctx); err != nil {
+		return nil, err
+	}
 	return s.Store.ListSessionTrainingRuns(ctx, ws, sessionID)
 }
 
 // ListStepMetrics lists a run's step metrics once the store holds every record.
 func (s readStore) ListStepMetrics(ctx context.Context, ws, runID string, fromStep, toStep int64) ([]*loopsv1.StepMetrics, error) {
-	s.p.sync()
+	if err := s.p.sync(ctx); err != nil {
+		return nil, err
+	}
 	return s.Store.ListStepMetrics(ctx, ws, runID, fromStep, toStep)
 }
 
 // DeleteOperationsDoneBefore removes old finished operations once the store holds every
 // record (a record committed later would bring one back).
 func (s readStore) DeleteOperationsDoneBefore(ctx context.Context, t time.Time) (int, error) {
-	s.p.sync()
+	if err := s.p.sync(ctx); err != nil {
+		return 0, err
+	}
 	return s.Store.DeleteOperationsDoneBefore(ctx, t)
 }
 
 // flush waits until everything queued so far is durable and published (Drain: the work it
-// failed is answered before long-polls are released).
-func (p *persister) flush() {
+// failed is answered before long-polls are released), or until ctx ends.
+func (p *persister) flush(ctx context.Context) error {
 	p.mu.Lock()
 	if p.stopped || p.crashed || (!p.started && p.emptyLocked()) {
 		p.mu.Unlock()
-		return
+		return nil
 	}
 	ch := make(chan struct{})
 	p.after = append(p.after, func() { close(ch) })
 	p.wakeLocked()
 	p.mu.Unlock()
-	<-ch
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // close makes what is queued durable, publishes it, commits everything to the store, stops
@@ -634,7 +721,7 @@ func (p *persister) closeJournal() {
 func (p *persister) crash() {
 	p.mu.Lock()
 	p.crashed, p.closing = true, true
-	p.ops, p.runs, p.metrics, p.after = map[string]store.OwnedOperation{}, map[string]store.OwnedTrainingRun{}, nil, nil
+	p.ops, p.runs, p.metrics, p.after = map[string]store.OwnedOperation{}, map[string]recordSource{}, nil, nil
 	p.cond.Broadcast()
 	p.jcond.Broadcast()
 	p.mu.Unlock()

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/loops-dev/loops/gateway/ckstore"
+	"github.com/loops-dev/loops/gateway/core/trainrun"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/semantics"
@@ -52,41 +52,6 @@ const (
 	recoverySegment = "recovery"
 )
 
-// recoveryPoint is the state a rebuild starts from: a snapshot in the checkpoint store
-// (key), a checkpoint the run was created from or loaded (from, with its optimizer state if
-// optimizer), or neither (a new adapter).
-type recoveryPoint struct {
-	key       string
-	from      *checkpointOf
-	optimizer bool
-}
-
-// replayCall is a state-changing backend call of a run since its recovery point.
-type replayCall struct {
-	seq   int64
-	fb    *backendv1.ForwardBackwardItem // a forward_backward item, or
-	adam  *loopsv1.AdamParams            // an optim_step's parameters
-	bytes int
-}
-
-// stepRecovery is a run's recovery state, guarded by the run's lock.
-type stepRecovery struct {
-	point recoveryPoint
-	calls []replayCall
-	bytes int
-	// broken says why the log is incomplete (it passed its bound); droppedSeq is the newest
-	// call left out. A snapshot taken after it makes the run recoverable again.
-	broken     string
-	droppedSeq int64
-	// epoch changes when the point is replaced other than by a snapshot (a load, a rebuild
-	// that gave up): a snapshot started in an older epoch is discarded.
-	epoch int
-	// snap is closed when the snapshot in flight ends; nil when none is.
-	snap chan struct{}
-	// lost: the adapter must be rebuilt before the run's next task (retry).
-	lost bool
-}
-
 // recoversSteps reports whether runs on model keep step recovery.
 func (c *Core) recoversSteps(model string) bool {
 	if c.opts.RecoverSteps {
@@ -99,82 +64,40 @@ func (c *Core) recoversSteps(model string) bool {
 // recovery state, when its base model keeps one.
 func (c *Core) startRecovery(r *run, from *checkpointOf, optimizer bool) {
 	// dedicated runs keep it too: their pool may be scaled to zero while idle
-	if !c.recoversSteps(r.snapshot().GetBaseModel()) && r.runPool() == "" {
+	if !c.recoversSteps(r.BaseModel()) && r.Pool() == "" {
 		return
 	}
-	r.mu.Lock()
-	old := r.rec
-	r.rec = &stepRecovery{point: recoveryPoint{from: from, optimizer: optimizer}}
-	if old != nil {
-		r.rec.epoch = old.epoch + 1
-	}
-	r.mu.Unlock()
-	if old != nil {
-		c.dropSnapshot(old.point.key)
-	}
+	c.dropSnapshot(r.StartRecovery(from, optimizer, c.replay))
 }
 
 // recordCall appends a state-changing call that succeeded to the run's replay log.
-func (c *Core) recordCall(r *run, call replayCall) {
-	if call.fb != nil {
-		call.bytes = proto.Size(call.fb)
-	} else {
-		call.bytes = proto.Size(call.adam) + 64
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	rec := r.rec
-	if rec == nil {
-		return
-	}
-	if rec.broken != "" {
-		rec.droppedSeq = max(rec.droppedSeq, call.seq)
-		return
-	}
-	rec.calls = append(rec.calls, call)
-	rec.bytes += call.bytes
-	if limit := c.opts.Limits.MaxReplayBytesPerRun; rec.bytes > limit {
-		rec.broken = fmt.Sprintf("its replay log passed %d bytes (max_replay_bytes_per_run) before a snapshot was stored", limit)
-		rec.droppedSeq = call.seq
-		rec.calls, rec.bytes = nil, 0
+func (c *Core) recordCall(r *run, call trainrun.Call) {
+	if broken := r.RecordCall(call, c.opts.Limits.MaxReplayBytesPerRun); broken != "" {
 		c.metrics.recovery.WithLabelValues("log_dropped").Inc()
 		c.log.Warn("a run's replay log passed its bound; a lost replica now costs the steps since its last checkpoint, until a snapshot is stored",
-			slog.String("run", r.id), slog.Int("limit_bytes", limit))
+			slog.String("run", r.ID()), slog.String("why", broken))
 	}
 }
+
+// replayBytes is what the replay logs of every run hold together (tests, metrics).
+func (c *Core) replayBytes() int64 { return c.replay.Used() }
 
 // afterOptimStep records a successful optim_step and starts the snapshot of the state it
 // left, without waiting for it.
 func (c *Core) afterOptimStep(r *run, seq int64, adam *loopsv1.AdamParams) {
-	c.recordCall(r, replayCall{seq: seq, adam: adam})
+	c.recordCall(r, trainrun.Call{Seq: seq, Adam: adam})
 	c.snapshot(r, seq)
 }
 
 // afterLoad makes a checkpoint the run just loaded its recovery point.
 func (c *Core) afterLoad(r *run, from *checkpointOf, optimizer bool) {
-	r.mu.Lock()
-	rec := r.rec
-	if rec == nil {
-		r.mu.Unlock()
-		return
-	}
-	old := rec.point.key
-	rec.point = recoveryPoint{from: from, optimizer: optimizer}
-	rec.calls, rec.bytes, rec.broken, rec.droppedSeq = nil, 0, "", 0
-	rec.epoch++
-	r.mu.Unlock()
-	c.dropSnapshot(old)
+	c.dropSnapshot(r.ResetRecoveryPoint(from, optimizer))
 }
 
 // waitSnapshot waits for the run's snapshot in flight, if any (before a call that changes
 // the weights or the Adam state it reads).
-func (r *run) waitSnapshot(ctx context.Context) {
-	r.mu.Lock()
-	var ch chan struct{}
-	if r.rec != nil {
-		ch = r.rec.snap
-	}
-	r.mu.Unlock()
+func waitSnapshot(ctx context.Context, r *run) {
+	ch := r.SnapshotInFlight()
 	if ch == nil {
 		return
 	}
@@ -189,57 +112,34 @@ func (r *run) waitSnapshot(ctx context.Context) {
 // stored. The run's later forward_backward calls may run meanwhile (they only add
 // gradients, which a snapshot leaves out); its next optim_step or load waits (waitSnapshot).
 func (c *Core) snapshot(r *run, seq int64) {
-	r.mu.Lock()
-	rec := r.rec
-	if rec == nil || rec.snap != nil || r.unloaded != "" {
-		r.mu.Unlock()
+	snap, ok := r.BeginSnapshot()
+	if !ok {
 		return
 	}
-	done := make(chan struct{})
-	rec.snap = done
-	epoch := rec.epoch
-	r.mu.Unlock()
 	c.running.add()
-	go func() {
+	err := c.life.Go("step snapshot", func(ctx context.Context) {
 		defer c.running.done()
-		defer close(done)
+		defer r.FinishSnapshot(snap)
 		start := time.Now()
-		key, err := c.writeSnapshot(c.ctx, r, seq)
-		r.mu.Lock()
-		if rec.snap == done {
-			rec.snap = nil
-		}
-		if err != nil || r.rec != rec || rec.epoch != epoch || r.unloaded != "" {
-			r.mu.Unlock()
-			if err != nil {
-				c.metrics.recovery.WithLabelValues("snapshot_failed").Inc()
-				c.log.Warn("storing a run's step snapshot failed; its replay log keeps the calls until the next one", slog.String("run", r.id), slog.Any("err", err))
-				return
-			}
+		key, err := c.writeSnapshot(ctx, r, seq)
+		adopted, old := r.EndSnapshot(snap, key, seq, err)
+		switch {
+		case err != nil:
+			c.metrics.recovery.WithLabelValues("snapshot_failed").Inc()
+			c.log.Warn("storing a run's step snapshot failed; its replay log keeps the calls until the next one", slog.String("run", r.ID()), slog.Any("err", err))
+		case !adopted:
 			c.deleteSnapshotKey(key) // the run moved on (loaded, unloaded) meanwhile
-			return
+		default:
+			c.liveSnapshots.Store(key, struct{}{})
+			c.dropSnapshot(old)
+			c.metrics.recovery.WithLabelValues("snapshot").Inc()
+			c.metrics.snapshotSeconds.Observe(time.Since(start).Seconds())
 		}
-		old := rec.point.key
-		rec.point = recoveryPoint{key: key}
-		kept := rec.calls[:0]
-		rec.bytes = 0
-		for _, call := range rec.calls {
-			if call.seq > seq {
-				kept = append(kept, call)
-				rec.bytes += call.bytes
-			}
-		}
-		clear(rec.calls[len(kept):])
-		rec.calls = kept
-		if rec.broken != "" && seq >= rec.droppedSeq {
-			rec.broken = ""
-		}
-		c.liveSnapshots.Store(key, struct{}{})
-		r.mu.Unlock()
-		c.dropSnapshot(old)
-		c.metrics.recovery.WithLabelValues("snapshot").Inc()
-		c.metrics.snapshotSeconds.Observe(time.Since(start).Seconds())
-	}()
+	})
+	if err != nil { // shutting down: no snapshot; the run keeps its log
+		c.running.done()
+		r.FinishSnapshot(snap)
+	}
 }
 
 // snapshotKey is the store key of a snapshot of run after the call at seq.
@@ -275,7 +175,7 @@ func isSnapshotKey(key string) (gen int64, ok bool) {
 
 // writeSnapshot stores the run's adapter and Adam state as a new snapshot key.
 func (c *Core) writeSnapshot(ctx context.Context, r *run, seq int64) (string, error) {
-	key, err := c.snapshotKey(r.ws, r.id, seq)
+	key, err := c.snapshotKey(r.Workspace(), r.ID(), seq)
 	if err != nil {
 		return "", err
 	}
@@ -306,15 +206,7 @@ func (c *Core) deleteSnapshotKey(key string) {
 }
 
 // endRecovery drops a run's recovery state when its adapter is freed.
-func (c *Core) endRecovery(r *run) {
-	r.mu.Lock()
-	rec := r.rec
-	r.rec = nil
-	r.mu.Unlock()
-	if rec != nil {
-		c.dropSnapshot(rec.point.key)
-	}
-}
+func (c *Core) endRecovery(r *run) { c.dropSnapshot(r.EndRecovery()) }
 
 // retryCreate runs again the creation of a run's adapter that failed as a lost replica
 // does (err), deleting whatever the failed attempt left, up to maxRecoveryAttempts times
@@ -326,14 +218,14 @@ func (c *Core) retryCreate(ctx context.Context, r *run, create func() error, err
 		if !transientLoss(err) || c.draining() || time.Now().Add(backoff).After(deadline) {
 			return err
 		}
-		c.log.Warn("creating a run's adapter failed as a lost replica does; trying again", slog.String("run", r.id), slog.Any("err", err))
+		c.log.Warn("creating a run's adapter failed as a lost replica does; trying again", slog.String("run", r.ID()), slog.Any("err", err))
 		select {
 		case <-ctx.Done():
 			return err
 		case <-time.After(backoff):
 		}
 		backoff *= 2
-		if _, derr := c.backend.Trainer().DeleteAdapter(ctx, &backendv1.DeleteAdapterRequest{AdapterId: r.id}); derr != nil && connect.CodeOf(derr) != connect.CodeNotFound {
+		if _, derr := c.backend.Trainer().DeleteAdapter(ctx, &backendv1.DeleteAdapterRequest{AdapterId: r.ID()}); derr != nil && connect.CodeOf(derr) != connect.CodeNotFound {
 			err = derr
 			continue
 		}
@@ -353,28 +245,12 @@ func (c *Core) lostReplica(r *run, t *task, err error) bool {
 	default:
 		return false
 	}
-	if t == nil || t.creates || t.attempts >= maxRecoveryAttempts || c.draining() {
+	if c.draining() || !r.KeepForRetry(t, maxRecoveryAttempts) {
 		return false
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.rec == nil || r.rec.broken != "" || r.unloaded != "" {
-		return false
-	}
-	t.attempts++
-	r.rec.lost = true
-	r.retry = t
-	r.adapterReady, r.adapterStale = false, true
 	c.log.Warn("a backend call of a run failed as a lost replica does; its adapter is rebuilt from its last snapshot and the call run again",
-		slog.String("run", r.id), slog.String("operation", t.op.op.GetId()), slog.Int("attempt", t.attempts), slog.Any("err", err))
+		slog.String("run", r.ID()), slog.String("operation", t.Op.op.GetId()), slog.Int("attempt", t.Attempts), slog.Any("err", err))
 	return true
-}
-
-// lost reports whether the run's adapter must be rebuilt before its next task.
-func (r *run) lost() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.rec != nil && r.rec.lost
 }
 
 // transientLoss reports whether a rebuild step failed because no replica serves yet.
@@ -391,7 +267,7 @@ func transientLoss(err error) bool {
 // to Options.RecoveryTimeout. On failure the run falls back to a corrupted run (see
 // ensureAdapter) and the error fails the task that was to run again.
 func (c *Core) rebuild(ctx context.Context, r *run) error {
-	r.waitSnapshot(ctx)
+	waitSnapshot(ctx, r)
 	start := time.Now()
 	deadline := start.Add(c.opts.RecoveryTimeout)
 	backoff := 200 * time.Millisecond
@@ -401,31 +277,20 @@ func (c *Core) rebuild(ctx context.Context, r *run) error {
 		}
 		replayed, err := c.rebuildOnce(ctx, r)
 		if err == nil {
-			r.mu.Lock()
-			r.adapterReady, r.adapterStale = true, false
-			if r.rec != nil {
-				r.rec.lost = false
-			}
-			r.mu.Unlock()
+			r.Rebuilt(true)
 			c.metrics.recovery.WithLabelValues("rebuilt").Inc()
 			c.metrics.replayedCalls.Add(float64(replayed))
 			c.metrics.rebuildSeconds.Observe(time.Since(start).Seconds())
-			c.log.Info("rebuilt a lost adapter from its recovery point", slog.String("run", r.id),
+			c.log.Info("rebuilt a lost adapter from its recovery point", slog.String("run", r.ID()),
 				slog.Int("replayed_calls", replayed), slog.Duration("took", time.Since(start)))
 			return nil
 		}
 		if !transientLoss(err) || ctx.Err() != nil || time.Now().Add(backoff).After(deadline) {
 			c.metrics.recovery.WithLabelValues("rebuild_failed").Inc()
-			c.log.Error("rebuilding a lost adapter failed; the run is recreated empty and marked corrupted", slog.String("run", r.id), slog.Any("err", err))
-			r.mu.Lock()
-			if r.rec != nil {
-				r.rec.lost = false
-				r.rec.epoch++
-			}
-			r.adapterReady, r.adapterStale = false, true
-			r.mu.Unlock()
+			c.log.Error("rebuilding a lost adapter failed; the run is recreated empty and marked corrupted", slog.String("run", r.ID()), slog.Any("err", err))
+			r.Rebuilt(false)
 			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("training run %s's adapter was lost with its replica and could not be rebuilt within %v (%s); the next request recreates it empty (the run is marked corrupted), so load the run's last checkpoint (load_state) to continue",
-				r.id, c.opts.RecoveryTimeout, connectMessage(err)))
+				r.ID(), c.opts.RecoveryTimeout, connectMessage(err)))
 		}
 		select {
 		case <-ctx.Done():
@@ -438,36 +303,31 @@ func (c *Core) rebuild(ctx context.Context, r *run) error {
 // rebuildOnce deletes the run's adapter wherever it may linger, creates it, loads the
 // recovery point and replays the log. It returns the calls replayed.
 func (c *Core) rebuildOnce(ctx context.Context, r *run) (int, error) {
-	r.mu.Lock()
-	rec := r.rec
-	if rec == nil {
-		r.mu.Unlock()
-		return 0, errors.New("the run has no recovery state")
-	}
-	point := rec.point
-	calls := append([]replayCall(nil), rec.calls...)
-	info := r.info
-	r.mu.Unlock()
-	t := c.backend.Trainer()
-	if _, err := t.DeleteAdapter(ctx, &backendv1.DeleteAdapterRequest{AdapterId: r.id}); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
+	point, calls, err := r.RebuildPlan()
+	if err != nil {
 		return 0, err
 	}
-	if _, err := t.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: r.id, BaseModel: info.GetBaseModel(), Lora: info.GetLora(), Pool: r.runPool()}); err != nil {
+	info := r.Record()
+	t := c.backend.Trainer()
+	if _, err := t.DeleteAdapter(ctx, &backendv1.DeleteAdapterRequest{AdapterId: r.ID()}); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
+		return 0, err
+	}
+	if _, err := t.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: r.ID(), BaseModel: info.GetBaseModel(), Lora: info.GetLora(), Pool: r.Pool()}); err != nil {
 		return 0, err
 	}
 	switch {
-	case point.key != "":
-		if err := c.loadKey(ctx, r, point.key, true); err != nil {
+	case point.Key != "":
+		if err := c.loadKey(ctx, r, point.Key, true); err != nil {
 			return 0, err
 		}
-	case point.from != nil:
-		if err := c.loadAdapter(ctx, r, point.from.owner, point.from.ck, point.optimizer); err != nil {
+	case point.From != nil:
+		if err := c.loadAdapter(ctx, r, point.From.Owner, point.From.Checkpoint, point.Optimizer); err != nil {
 			return 0, err
 		}
 	}
 	for i, call := range calls {
-		if call.fb != nil {
-			resp, err := t.ForwardBackward(ctx, &backendv1.ForwardBackwardRequest{Items: []*backendv1.ForwardBackwardItem{call.fb}})
+		if call.FB != nil {
+			resp, err := t.ForwardBackward(ctx, &backendv1.ForwardBackwardRequest{Items: []*backendv1.ForwardBackwardItem{call.FB}})
 			if err == nil && len(resp.GetResults()) != 1 {
 				err = connect.NewError(connect.CodeInternal, errors.New("backend returned a result count that does not match the request"))
 			}
@@ -480,7 +340,7 @@ func (c *Core) rebuildOnce(ctx context.Context, r *run) (int, error) {
 			}
 			continue
 		}
-		if _, err := t.OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: r.id, Adam: semantics.AdamWithDefaults(call.adam)}); err != nil {
+		if _, err := t.OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: r.ID(), Adam: semantics.AdamWithDefaults(call.Adam)}); err != nil {
 			return i, err
 		}
 	}

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"github.com/loops-dev/loops/gateway/core/trainrun"
 	"os"
 	"path/filepath"
 	"testing"
@@ -27,15 +28,14 @@ func (h *harness) step(run string) {
 
 // recoveryOf returns a copy of the run's recovery point and log length, after its snapshot
 // in flight ended.
-func (h *harness) recoveryOf(run string) (recoveryPoint, int, string) {
+func (h *harness) recoveryOf(run string) (trainrun.Point, int, string) {
 	h.t.Helper()
 	r, err := h.core.runOf("ws-a", run)
 	require.NoError(h.t, err)
-	r.waitSnapshot(h.ctx)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	require.NotNil(h.t, r.rec)
-	return r.rec.point, len(r.rec.calls), r.rec.broken
+	waitSnapshot(h.ctx, r)
+	p, n, broken, ok := r.RecoveryState()
+	require.True(h.t, ok)
+	return p, n, broken
 }
 
 func (h *harness) corrupted(run string) bool {
@@ -52,14 +52,14 @@ func TestStepSnapshotsReplaceEachOther(t *testing.T) {
 	run := h.newRun()
 	h.step(run)
 	first, n, _ := h.recoveryOf(run)
-	require.NotEmpty(t, first.key)
+	require.NotEmpty(t, first.Key)
 	require.Zero(t, n)
 	h.step(run)
 	second, _, _ := h.recoveryOf(run)
-	require.NotEqual(t, first.key, second.key)
+	require.NotEqual(t, first.Key, second.Key)
 	keys, err := h.core.ckpt.st.List(h.ctx, "")
 	require.NoError(t, err)
-	require.Equal(t, []string{second.key}, keys, "the older snapshot is deleted")
+	require.Equal(t, []string{second.Key}, keys, "the older snapshot is deleted")
 
 	op, err := h.fb(run, 0, datum(4, 5))
 	require.NoError(t, err)
@@ -158,7 +158,7 @@ func TestSweepDeletesStaleSnapshots(t *testing.T) {
 	h.core.sweepStore(context.Background())
 	keys, err := h.core.ckpt.st.List(h.ctx, "")
 	require.NoError(t, err)
-	require.Equal(t, []string{live.key}, keys)
+	require.Equal(t, []string{live.Key}, keys)
 }
 
 // FuzzDedicatedAsk: a run's dedicated-mode metadata never panics, and what it accepts is in

@@ -8,8 +8,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
+
+	"github.com/loops-dev/loops/internal/lockorder"
 
 	"github.com/loops-dev/loops/gateway/core/sequencer"
 	"github.com/loops-dev/loops/gateway/store"
@@ -42,7 +43,7 @@ type runRegistry struct {
 	// the store has none that this server can serve.
 	load func(ctx context.Context, ws, id string) (*run, error)
 
-	mu       sync.Mutex
+	mu       lockorder.Mutex[rankRegistry]
 	runs     map[string]*run
 	aliases  map[string]string    // "<session_id>:train:<n>" -> run id
 	lastUsed map[string]time.Time // run id -> last lookup
@@ -61,7 +62,7 @@ func (g *runRegistry) get(ctx context.Context, ws, id string) (*run, error) {
 		r, ok = g.runs[g.aliases[id]]
 	}
 	if ok {
-		g.lastUsed[r.id] = g.now()
+		g.lastUsed[r.ID()] = g.now()
 	}
 	g.mu.Unlock()
 	if ok {
@@ -73,8 +74,8 @@ func (g *runRegistry) get(ctx context.Context, ws, id string) (*run, error) {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if cur, ok := g.runs[r.id]; ok { // reloaded meanwhile by another request
-		g.lastUsed[cur.id] = g.now()
+	if cur, ok := g.runs[r.ID()]; ok { // reloaded meanwhile by another request
+		g.lastUsed[cur.ID()] = g.now()
 		return cur, nil
 	}
 	g.addLocked(r)
@@ -96,10 +97,10 @@ func (g *runRegistry) add(r *run) {
 }
 
 func (g *runRegistry) addLocked(r *run) {
-	g.runs[r.id] = r
-	g.lastUsed[r.id] = g.now()
-	if info := r.info; info.GetSessionId() != "" && info.ClientSeqId != nil {
-		g.aliases[runAlias(info.GetSessionId(), info.GetClientSeqId())] = r.id
+	g.runs[r.ID()] = r
+	g.lastUsed[r.ID()] = g.now()
+	if info := r.Record(); info.GetSessionId() != "" && info.ClientSeqId != nil {
+		g.aliases[runAlias(info.GetSessionId(), info.GetClientSeqId())] = r.ID()
 	}
 }
 
@@ -112,10 +113,10 @@ func (g *runRegistry) drop(r *run) {
 }
 
 func (g *runRegistry) dropLocked(r *run) {
-	delete(g.runs, r.id)
-	delete(g.lastUsed, r.id)
-	if info := r.info; info.GetSessionId() != "" && info.ClientSeqId != nil {
-		if alias := runAlias(info.GetSessionId(), info.GetClientSeqId()); g.aliases[alias] == r.id {
+	delete(g.runs, r.ID())
+	delete(g.lastUsed, r.ID())
+	if info := r.Record(); info.GetSessionId() != "" && info.ClientSeqId != nil {
+		if alias := runAlias(info.GetSessionId(), info.GetClientSeqId()); g.aliases[alias] == r.ID() {
 			delete(g.aliases, alias)
 		}
 	}
@@ -141,26 +142,12 @@ func (g *runRegistry) evictIdle(now time.Time) []*run {
 	defer g.mu.Unlock()
 	var gone []*run
 	for id, r := range g.runs {
-		if r.evictable(now.Sub(g.lastUsed[id]), g.limits) {
+		if r.Evictable(now.Sub(g.lastUsed[id]), g.limits.RunIdleTTL, g.limits.LiveRunIdleTTL) {
 			g.dropLocked(r)
 			gone = append(gone, r)
 		}
 	}
 	return gone
-}
-
-// evictable reports whether the run may leave memory after idle without a request: it
-// holds no adapter, nothing of it is queued or running, and idle passed its TTL.
-func (r *run) evictable(idle time.Duration, l *Limits) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.busy || r.queued || r.seq.Len() > 0 || r.gapTimer != nil || r.freeWhenIdle || r.adapterStale {
-		return false
-	}
-	if r.unloaded != "" {
-		return idle >= l.RunIdleTTL
-	}
-	return !r.adapterReady && idle >= l.LiveRunIdleTTL
 }
 
 // evictIdleRuns drops the runs that may leave memory (see evictable), and whatever the slot
@@ -193,8 +180,13 @@ func (c *Core) loadRun(ctx context.Context, ws, id string) (*run, error) {
 	if _, ok := c.models[info.GetBaseModel()]; !ok {
 		return nil, nil
 	}
-	r := c.newRun(ws, info, sequencer.Resync, false)
-	r.unloaded = info.GetUnloadReason()
+	r, err := c.newRun(ws, info, sequencer.Resync, false, info.GetUnloadReason())
+	if err != nil {
+		return nil, err
+	}
+	if info.GetUnloadReason() == "" {
+		c.policy.AdoptRun(ws, info.GetId()) // still live: it counts against max_concurrent_runs
+	}
 	return r, nil
 }
 
@@ -223,6 +215,6 @@ func (c *Core) runByAlias(ctx context.Context, ws, alias string) (*loopsv1.Train
 
 // markUnloaded records why the run takes no more work, in memory and in the store, so the
 // run refuses work with the same reason after it was evicted or the server restarted.
-func (c *Core) markUnloaded(ctx context.Context, r *run, reason string) {
-	r.update(ctx, func(i *loopsv1.TrainingRun) { i.UnloadReason = reason })
+func (c *Core) markUnloaded(r *run, reason string) {
+	c.updateRun(r, func(i *loopsv1.TrainingRun) { i.UnloadReason = reason })
 }

@@ -9,14 +9,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/loops-dev/loops/gateway/core/sequencer"
+	"github.com/loops-dev/loops/gateway/core/trainrun"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
 
 // bareRun is a run with no core behind it: enough for the registry.
-func bareRun(id, session string, clientSeq int64) *run {
-	return &run{id: id, ws: "ws", info: &loopsv1.TrainingRun{Id: id, SessionId: session, ClientSeqId: &clientSeq},
-		seq: sequencer.New[*task, loopsv1.OperationKind](1, 4)}
+func bareRun(id, session string, clientSeq int64, unloaded string) *run {
+	return trainrun.New(trainrun.Config[*operation]{Workspace: "ws", Record: &loopsv1.TrainingRun{Id: id, SessionId: session, ClientSeqId: &clientSeq},
+		NextSeq: 1, MaxPending: 4, Unloaded: unloaded})
 }
 
 // TestRunRegistry: the registry finds runs by id and alias, reloads a missing one through
@@ -32,14 +32,12 @@ func TestRunRegistry(t *testing.T) {
 		if id != "run-stored" {
 			return nil, nil
 		}
-		r := bareRun(id, "", 0)
-		r.unloaded = "its session ended"
-		return r, nil
+		return bareRun(id, "", 0, "its session ended"), nil
 	})
 	ctx := context.Background()
 
-	live := bareRun("run-live", "sess", 3)
-	live.adapterReady = true
+	live := bareRun("run-live", "sess", 3, "")
+	live.SetAdapter(true, false)
 	g.add(live)
 	for _, name := range []string{"run-live", "sess:train:3"} {
 		r, err := g.get(ctx, "ws", name)
@@ -77,10 +75,15 @@ func TestRunRegistry(t *testing.T) {
 	require.Equal(t, 1, g.len())
 
 	// A live run without an adapter goes after LiveRunIdleTTL, unless work is queued on it.
-	live.adapterReady = false
-	live.seq.Record(1, loopsv1.OperationKind_OPERATION_KIND_FORWARD_BACKWARD, "op", &task{})
+	live.SetAdapter(false, false)
+	fb := loopsv1.OperationKind_OPERATION_KIND_FORWARD_BACKWARD
+	adm, err := live.Admit(1, fb)
+	require.NoError(t, err)
+	require.NoError(t, live.Commit(fb, "op", &task{Seq: adm.Seq}))
 	require.Empty(t, g.evictIdle(clock.Now()))
-	live.seq.Drain()
+	require.NotNil(t, live.TakeHead())
+	require.Empty(t, g.evictIdle(clock.Now()), "a running task keeps the run")
+	live.Release()
 	require.Equal(t, []*run{live}, g.evictIdle(clock.Now()))
 	r, err = g.get(ctx, "ws", "sess:train:3")
 	require.NoError(t, err)

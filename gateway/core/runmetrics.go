@@ -177,12 +177,12 @@ func optimStepMetrics(adam *loopsv1.AdamParams, res *loopsv1.OptimStepResult, ba
 
 // recordStep completes m with the run, seq_id, step and time and queues it for the store.
 // Called by the lane before the run's touch and the operation's outcome.
-func (r *run) recordStep(seq int64, m *loopsv1.StepMetrics) {
-	m.TrainingRunId, m.SeqId, m.LastSeqId = r.id, seq, seq
-	m.Step = r.snapshot().GetOptimSteps() + 1
+func (c *Core) recordStep(r *run, seq int64, m *loopsv1.StepMetrics) {
+	m.TrainingRunId, m.SeqId, m.LastSeqId = r.ID(), seq, seq
+	m.Step = r.Record().GetOptimSteps() + 1
 	m.LastStep = m.Step
-	m.Time = timestamppb.New(r.c.now())
-	r.c.ops.persist.stepMetrics(r.ws, r.id, m)
+	m.Time = timestamppb.New(c.now())
+	c.ops.persist.stepMetrics(r.Workspace(), r.ID(), m)
 }
 
 // GetTrainingRunMetrics returns a run's recorded step metrics, oldest first.
@@ -202,7 +202,7 @@ func (s TrainingService) GetTrainingRunMetrics(ctx context.Context, req *loopsv1
 	}
 	id := req.GetTrainingRunId()
 	if r, err := c.runOf(ws, id); err == nil {
-		id = r.id
+		id = r.ID()
 	} else if _, err := c.store.GetTrainingRun(ctx, ws, id); err != nil {
 		return nil, storeErr(err, "training run "+quote(id))
 	}

@@ -341,7 +341,7 @@ func TestRunMetricsSurviveACrash(t *testing.T) {
 	require.NoError(t, err)
 	h := &harness{t: t, dir: dir, fake: fake, core: c, svc: c.Services(), ctx: auth.WithWorkspace(t.Context(), "ws-a")}
 	run := h.newRun()
-	c.ops.persist.settle()
+	c.ops.persist.settle(context.Background())
 	st.held.Store(true)
 	op, err := h.svc.Training.ForwardBackward(h.ctx, rlRequest(run, 1))
 	require.NoError(t, err)

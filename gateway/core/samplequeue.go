@@ -1,8 +1,10 @@
 package core
 
 import (
+	"context"
 	"fmt"
-	"sync"
+
+	"github.com/loops-dev/loops/internal/lockorder"
 
 	"connectrpc.com/connect"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
@@ -95,7 +97,7 @@ type sampleQueue struct {
 
 	spare int // spareSlots of the slot count
 
-	mu       sync.Mutex
+	mu       lockorder.Mutex[rankSampleQueue]
 	free     int // slots not running a sample
 	reserved int // all workspaces' reserved
 	ws       map[string]*wsSamples
@@ -153,6 +155,13 @@ func (q *sampleQueue) unreserve(ws string) {
 // push queues a reserved sample and starts it if a slot is free. It returns false, with
 // the place given back, when a shutdown began meanwhile: the caller fails the operation.
 func (q *sampleQueue) push(j *sampleJob) bool {
+	var refused []*sampleJob
+	defer func() { // a shutdown began between the pick and the start
+		for _, j := range refused {
+			j.adapter.release()
+			q.c.ops.finish(j.o, nil, errShuttingDown())
+		}
+	}()
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	w := q.ws[j.o.workspace]
@@ -177,13 +186,20 @@ func (q *sampleQueue) push(j *sampleJob) bool {
 		}
 		q.free--
 		q.c.running.add()
-		go q.work(next)
+		if err := q.c.life.Go("sampling", func(context.Context) { q.work(next) }); err != nil {
+			q.c.running.done()
+			q.free++
+			nw := q.ws[next.o.workspace]
+			nw.running--
+			q.cleanLocked(nw)
+			refused = append(refused, next)
+		}
 	}
 	return true
 }
 
 // work runs samples on one slot: j, then each one the queue picks next, until there is
-// none.
+// none. It runs on a goroutine of the core's lifecycle owner.
 func (q *sampleQueue) work(j *sampleJob) {
 	defer q.c.running.done()
 	for j != nil {

@@ -241,7 +241,7 @@ func TestQueuedSamplesHoldNoGoroutineAndFailOnDrain(t *testing.T) {
 	}
 	require.Less(t, runtime.NumGoroutine()-before, 20, "a goroutine per queued sample")
 
-	h.core.Drain()
+	h.core.Drain(t.Context())
 	ctx := auth.WithWorkspace(t.Context(), "ws-a")
 	for _, op := range queued {
 		got, err := h.svc.Operations.GetOperation(ctx, &loopsv1.GetOperationRequest{Id: op.GetId()})

@@ -4,8 +4,9 @@ import (
 	"context"
 	"errors"
 	"math"
-	"sync"
 	"time"
+
+	"github.com/loops-dev/loops/internal/lockorder"
 
 	"connectrpc.com/connect"
 
@@ -33,23 +34,52 @@ const defaultMaxTokens = semantics.DefaultMaxTokens
 type samplerState struct {
 	ws   string
 	info *loopsv1.Sampler
-	ref  *ckRef
 	used time.Time // last request that named it (samplers.mu); see samplers.expire
-	mu   sync.Mutex
-	seen map[int64]string // seq_id -> operation id
+	// seen de-duplicates the samples' seq_ids (seq_id -> operation id).
+	seen *onceTable
+	mu   lockorder.Mutex[rankSampler]
+	ref  *ckRef
+	// dropped: the sampler left memory and released ref; a request that still holds the
+	// pointer reloads it.
+	dropped bool
+	// shared is the key of a workspace's shared sampler (sharedKey): held in memory only,
+	// with no record, for requests that name no sampler; "" for a created sampler.
+	shared string
+}
+
+// holdRef adds a holder to the sampler's checkpoint folder for one request (nil for the
+// base model); ok is false when the sampler left memory meanwhile.
+func (s *samplerState) holdRef() (ref *ckRef, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dropped {
+		return nil, false
+	}
+	if s.ref == nil {
+		return nil, true
+	}
+	return s.ref.hold(), true
 }
 
 // samplers holds the live samplers and the fair queue of sampling requests.
 type samplers struct {
 	c     *Core
-	mu    sync.Mutex
+	mu    lockorder.Mutex[rankSamplers]
 	byID  map[string]*samplerState
 	perWS map[string]int // samplers in byID per workspace
-	queue *sampleQueue
+	// shared maps sharedKey(workspace, base model, model path) to the shared sampler in
+	// byID (it leaves with it: the same bounds and expiry apply).
+	shared map[string]*samplerState
+	queue  *sampleQueue
+}
+
+// sharedKey names a workspace's shared sampler of a base model or checkpoint.
+func sharedKey(ws, baseModel, modelPath string) string {
+	return ws + "\x00" + baseModel + "\x00" + modelPath
 }
 
 func newSamplers(c *Core) *samplers {
-	return &samplers{c: c, byID: map[string]*samplerState{}, queue: newSampleQueue(c)}
+	return &samplers{c: c, byID: map[string]*samplerState{}, shared: map[string]*samplerState{}, queue: newSampleQueue(c)}
 }
 
 // create registers a sampler; model is the checkpoint path ("" for the base model) and ref
@@ -62,7 +92,7 @@ func (ss *samplers) create(ctx context.Context, ws, sessionID, baseModel, modelP
 			ref.release()
 			return nil, err
 		}
-		if err := sess.roomForSampler(ss.c); err != nil {
+		if err := sess.reserveSampler(ss.c); err != nil {
 			ref.release()
 			return nil, err
 		}
@@ -73,6 +103,9 @@ func (ss *samplers) create(ctx context.Context, ws, sessionID, baseModel, modelP
 	}
 	if err := ss.c.store.PutSampler(ctx, ws, info); err != nil {
 		ref.release()
+		if sess != nil {
+			sess.unreserveSampler()
+		}
 		return nil, internal("recording sampler", err)
 	}
 	ss.add(newSamplerState(ws, info, ref))
@@ -94,6 +127,14 @@ func (ss *samplers) add(s *samplerState) *samplerState {
 		cur.used = now
 		s.ref.release()
 		return cur
+	}
+	if s.shared != "" {
+		if cur, ok := ss.shared[s.shared]; ok { // made meanwhile by another request
+			cur.used = now
+			s.ref.release()
+			return cur
+		}
+		ss.shared[s.shared] = s
 	}
 	s.used = now
 	ss.byID[s.info.GetId()] = s
@@ -122,17 +163,21 @@ func (ss *samplers) dropLocked(s *samplerState) {
 		return
 	}
 	delete(ss.byID, s.info.GetId())
+	if s.shared != "" && ss.shared[s.shared] == s {
+		delete(ss.shared, s.shared)
+	}
 	if ss.perWS[s.ws]--; ss.perWS[s.ws] <= 0 {
 		delete(ss.perWS, s.ws)
 	}
 	s.mu.Lock()
-	s.ref.release() // the pointer stays: a request that already got s may still send it
+	s.dropped = true
+	s.ref.release() // a request that already got s reloads it (holdRef)
 	s.mu.Unlock()
 }
 
 // newSamplerState is a sampler in memory that holds ref (nil for the base model).
 func newSamplerState(ws string, info *loopsv1.Sampler, ref *ckRef) *samplerState {
-	return &samplerState{ws: ws, info: info, ref: ref, seen: map[int64]string{}}
+	return &samplerState{ws: ws, info: info, ref: ref, seen: newOnceTable()}
 }
 
 // expire drops from memory the samplers no request named for Limits.SamplerIdleTTL. They
@@ -202,6 +247,59 @@ func (ss *samplers) get(ctx context.Context, ws, id string) (*samplerState, erro
 	return ss.add(newSamplerState(ws, info, ref)), nil
 }
 
+// sharedSampler returns the workspace's shared sampler of baseModel, or of the sampler
+// checkpoint modelPath, making it if it is not in memory: a request that names no sampler
+// (Tinker's sessionless asample) samples with it. It has no record and is dropped from
+// memory as other samplers are; the next such request makes it again.
+func (ss *samplers) sharedSampler(ctx context.Context, ws, baseModel, modelPath string) (*samplerState, error) {
+	key := sharedKey(ws, baseModel, modelPath)
+	if modelPath != "" {
+		key = sharedKey(ws, "", modelPath) // a checkpoint has one base model
+	}
+	ss.mu.Lock()
+	s, ok := ss.shared[key]
+	if ok {
+		s.used = ss.c.now()
+	}
+	ss.mu.Unlock()
+	if ok {
+		return s, nil
+	}
+	c := ss.c
+	var ck *loopsv1.Checkpoint
+	var owner string
+	if modelPath != "" {
+		var err error
+		if ck, owner, err = c.resolveOwned(ctx, ws, modelPath); err != nil {
+			return nil, err
+		}
+		if baseModel != "" && baseModel != ck.GetBaseModel() {
+			return nil, invalidArgument("checkpoint %s was trained on %s, not %s", modelPath, ck.GetBaseModel(), baseModel)
+		}
+		baseModel = ck.GetBaseModel()
+	}
+	if baseModel == "" {
+		return nil, invalidArgument("give a sampler_id, or a base_model or a model_path (tinker://…/sampler_weights/…) to sample with the workspace's shared sampler")
+	}
+	if _, err := c.model(baseModel); err != nil {
+		return nil, err
+	}
+	if err := c.policy.AllowModel(ws, baseModel); err != nil {
+		return nil, err
+	}
+	var ref *ckRef
+	if ck != nil {
+		var err error
+		if ref, err = c.adapterOf(ctx, owner, ck); err != nil {
+			return nil, err
+		}
+	}
+	info := &loopsv1.Sampler{Id: newID("smp"), BaseModel: baseModel, ModelPath: modelPath, CreateTime: timestamppb.New(c.now())}
+	st := newSamplerState(ws, info, ref)
+	st.shared = key
+	return ss.add(st), nil
+}
+
 // dropSession forgets the samplers of an expired session (their records stay).
 func (ss *samplers) dropSession(sessionID string) {
 	ss.mu.Lock()
@@ -234,7 +332,7 @@ func (s SamplingService) CreateSampler(ctx context.Context, req *loopsv1.CreateS
 	}
 	// Retries of one client_seq_id, concurrent ones included, get the first call's sampler.
 	var created *loopsv1.Sampler
-	id, fresh, err := sess.once(ctx, sess.samplerSeq, req.GetClientSeqId(), func() (string, error) {
+	id, fresh, err := sess.samplerSeq.once(ctx, req.GetClientSeqId(), func() (string, error) {
 		info, err := c.createSampler(ctx, ws, req)
 		created = info
 		return info.GetId(), err
@@ -337,7 +435,15 @@ func (s SamplingService) sample(ctx context.Context, req *loopsv1.SampleRequest,
 	if c.draining() {
 		return nil, errShuttingDown()
 	}
-	st, err := c.samplers.get(ctx, ws, req.GetSamplerId())
+	var st *samplerState
+	if req.GetSamplerId() == "" {
+		st, err = c.samplers.sharedSampler(ctx, ws, req.GetBaseModel(), req.GetModelPath())
+	} else {
+		if req.GetBaseModel() != "" || req.GetModelPath() != "" {
+			return nil, invalidArgument("give a sampler_id, or a base_model or model_path (the workspace's shared sampler), not both")
+		}
+		st, err = c.samplers.get(ctx, ws, req.GetSamplerId())
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -352,44 +458,62 @@ func (s SamplingService) sample(ctx context.Context, req *loopsv1.SampleRequest,
 	if err := c.policy.CheckSample(ws, model.GetName(), req, params); err != nil {
 		return nil, err
 	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if req.SeqId != nil {
-		if id, ok := st.seen[req.GetSeqId()]; ok {
-			o, err := c.ops.lookup(ctx, ws, id)
-			if err != nil {
-				return nil, err
-			}
-			return o.snapshot(), nil
-		}
+	if req.SeqId == nil || st.shared != "" { // a shared sampler has no client to de-duplicate for
+		return c.startSample(ctx, ws, st, req, params, sink)
 	}
-	adapterDir, adapterFiles, err := c.ckpt.source(ctx, st.ref)
+	var started *loopsv1.Operation
+	id, fresh, err := st.seen.once(ctx, req.GetSeqId(), func() (string, error) {
+		op, err := c.startSample(ctx, ws, st, req, params, sink)
+		started = op
+		return op.GetId(), err
+	})
+	if err != nil || fresh {
+		return started, err
+	}
+	o, err := c.ops.lookup(ctx, ws, id) // a retry of a sample already started
 	if err != nil {
 		return nil, err
 	}
+	return o.snapshot(), nil
+}
+
+// startSample creates a sampling operation on sampler st and queues it.
+func (c *Core) startSample(ctx context.Context, ws string, st *samplerState, req *loopsv1.SampleRequest, params *loopsv1.SamplingParams, sink tokenstream.Sink) (*loopsv1.Operation, error) {
+	adapter, ok := st.holdRef()
+	if !ok { // it left memory meanwhile: reload it
+		var err error
+		if st.shared != "" {
+			st, err = c.samplers.sharedSampler(ctx, ws, st.info.GetBaseModel(), st.info.GetModelPath())
+		} else {
+			st, err = c.samplers.get(ctx, ws, st.info.GetId())
+		}
+		if err != nil {
+			return nil, err
+		}
+		if adapter, ok = st.holdRef(); !ok {
+			return nil, unavailable("sampler %s was reloaded and dropped again at once (the server holds too many samplers); retry", st.info.GetId())
+		}
+	}
+	adapterDir, adapterFiles, err := c.ckpt.source(ctx, adapter)
+	if err != nil {
+		adapter.release()
+		return nil, err
+	}
 	if err := c.samplers.queue.reserve(ws); err != nil {
+		adapter.release()
 		return nil, err
 	}
 	o, err := c.ops.create(ctx, ws, loopsv1.OperationKind_OPERATION_KIND_SAMPLE, "", st.info.GetId(), req.GetSeqId())
 	if err != nil {
+		adapter.release()
 		c.samplers.queue.unreserve(ws)
 		return nil, err
-	}
-	if req.SeqId != nil {
-		st.seen[req.GetSeqId()] = o.op.GetId()
-		if len(st.seen) > 100000 {
-			clear(st.seen)
-		}
 	}
 	breq := &backendv1.SampleRequest{
 		BaseModel: st.info.GetBaseModel(), AdapterDir: adapterDir, AdapterFiles: adapterFiles, Prompt: req.GetPrompt(),
 		NumSamples: max(req.GetNumSamples(), 1), Params: params,
 		PromptLogprobs: req.GetPromptLogprobs(), TopkPromptLogprobs: req.GetTopkPromptLogprobs(),
 		Pool: c.samplerPool(st.info.GetModelPath()),
-	}
-	var adapter *ckRef
-	if st.ref != nil {
-		adapter = st.ref.hold()
 	}
 	if !c.samplers.queue.push(&sampleJob{o: o, session: st.info.GetSessionId(), deployment: deploymentUsage(st.info.GetDeployment()), req: breq, cost: sampleCost(breq), sink: sink, adapter: adapter}) {
 		adapter.release()

@@ -3,7 +3,9 @@ package core
 import (
 	"context"
 	"errors"
-	"sync"
+
+	"github.com/loops-dev/loops/internal/lifecycle"
+	"github.com/loops-dev/loops/internal/lockorder"
 )
 
 // The per-model scheduler. A lane executes the ready work of every run on one base model:
@@ -62,47 +64,51 @@ type runTask struct {
 	t *task
 }
 
-// lane is the scheduler of one base model.
+// lane is the scheduler of one base model. Its loop and every goroutine it starts belong to
+// the core's lifecycle owner (life): they run with its context and none starts after it
+// quiesces.
 type lane struct {
 	model          string
-	ctx            context.Context // the core's: cancelled when it closes
+	life           *lifecycle.Stopper
 	runner         taskRunner
 	slots          slotKeeper
 	running        *busy // counts rounds and tasks in progress (shutdown.go)
 	maxBatchTokens int
 
-	mu    sync.Mutex
+	mu    lockorder.Mutex[rankLane]
 	ready []*run
 	wake  chan struct{}
-	quit  chan struct{}
-	done  chan struct{}
-	// tasks counts the non-batched tasks running beside the lane's loop.
-	tasks sync.WaitGroup
 	// deficit is each workspace's unused token credit (fair.go); only workspaces with
 	// deferred work have an entry. Used by the lane's goroutine only.
 	deficit map[string]int
 }
 
-// newLane starts the scheduler of one base model.
-func newLane(ctx context.Context, model string, runner taskRunner, slots slotKeeper, running *busy, maxBatchTokens int) *lane {
+// newLane starts the scheduler of one base model; it fails once life quiesces.
+func newLane(life *lifecycle.Stopper, model string, runner taskRunner, slots slotKeeper, running *busy, maxBatchTokens int) (*lane, error) {
 	l := &lane{
-		model: model, ctx: ctx, runner: runner, slots: slots, running: running, maxBatchTokens: maxBatchTokens,
-		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}), deficit: map[string]int{},
+		model: model, life: life, runner: runner, slots: slots, running: running, maxBatchTokens: maxBatchTokens,
+		wake: make(chan struct{}, 1), deficit: map[string]int{},
 	}
-	go l.loop()
-	return l
+	if err := life.Go("lane "+model, l.loop); err != nil {
+		return nil, err
+	}
+	return l, nil
 }
 
-// laneFor returns the lane of a base model, starting it on first use.
-func (c *Core) laneFor(model string) *lane {
+// laneFor returns the lane of a base model, starting it on first use; it fails with
+// Unavailable once the core is shutting down.
+func (c *Core) laneFor(model string) (*lane, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if l, ok := c.lanes[model]; ok {
-		return l
+		return l, nil
 	}
-	l := newLane(c.ctx, model, coreRunner{c}, c.slots, c.running, c.opts.MaxBatchTokens)
+	l, err := newLane(c.life, model, coreRunner{c}, c.slots, c.running, c.opts.MaxBatchTokens)
+	if err != nil {
+		return nil, errShuttingDown()
+	}
 	c.lanes[model] = l
-	return l
+	return l, nil
 }
 
 // markReady adds a run whose head task can run to the ready list.
@@ -116,18 +122,11 @@ func (l *lane) markReady(r *run) {
 	}
 }
 
-// stop ends the lane's loop and waits for the tasks it started.
-func (l *lane) stop() {
-	close(l.quit)
-	<-l.done
-	l.tasks.Wait()
-}
-
-func (l *lane) loop() {
-	defer close(l.done)
+// loop runs rounds until the lifecycle owner stops.
+func (l *lane) loop(ctx context.Context) {
 	for {
 		select {
-		case <-l.quit:
+		case <-ctx.Done():
 			return
 		case <-l.wake:
 		}
@@ -139,14 +138,28 @@ func (l *lane) loop() {
 			if len(rs) == 0 {
 				break
 			}
-			l.round(rs)
+			l.round(ctx, rs)
 		}
 	}
 }
 
+// spawn runs f for run r on a goroutine of the lifecycle owner, counted as work in
+// progress; once the owner quiesces it runs nothing and returns false.
+func (l *lane) spawn(name string, f func(ctx context.Context)) bool {
+	l.running.add()
+	err := l.life.Go(name, func(ctx context.Context) {
+		defer l.running.done()
+		f(ctx)
+	})
+	if err != nil {
+		l.running.done()
+		return false
+	}
+	return true
+}
+
 // round executes one head task of each ready run.
-func (l *lane) round(rs []*run) {
-	ctx := l.ctx
+func (l *lane) round(ctx context.Context, rs []*run) {
 	l.running.add()
 	defer l.running.done()
 	rs, later := l.fairShare(rs)
@@ -155,48 +168,44 @@ func (l *lane) round(rs []*run) {
 	for _, r := range rs {
 		if err := l.slots.admit(ctx, r); errors.Is(err, errNoSlot) {
 			// Every slot is pinned: the run waits, and is made ready when one frees.
-			r.unqueue()
+			r.Unqueue()
 			l.slots.park(r)
 			continue
 		} else if errors.Is(err, errMoveNeeded) {
 			// Its adapter moves on a goroutine of its own (the run held busy, so an unload
 			// waits for it), then the run is ready again, its slot pinned.
-			r.hold()
-			l.tasks.Add(1)
-			l.running.add()
-			go func() {
-				defer l.tasks.Done()
-				defer l.running.done()
+			r.Hold()
+			if !l.spawn("adapter move", func(ctx context.Context) {
 				if err := l.slots.move(ctx, r); err != nil && !errors.Is(err, errNoSlot) {
-					l.runner.fail(r, r.takeHead(), err)
+					l.runner.fail(r, r.TakeHead(), err)
 					return
 				}
 				l.runner.resume(r) // errNoSlot: the next round parks it
-			}()
+			}) {
+				l.runner.fail(r, r.TakeHead(), errShuttingDown())
+			}
 			continue
 		} else if err != nil {
-			l.runner.fail(r, r.takeHead(), err)
+			l.runner.fail(r, r.TakeHead(), err)
 			continue
 		}
-		if r.lost() {
+		if r.Lost() {
 			// Its replica was lost: the adapter is rebuilt on a goroutine of its own (the
 			// run held busy, its pin kept for the task that runs again), then it is ready.
-			r.hold()
-			l.tasks.Add(1)
-			l.running.add()
-			go func() {
-				defer l.tasks.Done()
-				defer l.running.done()
+			r.Hold()
+			if !l.spawn("adapter rebuild", func(ctx context.Context) {
 				if err := l.runner.rebuild(ctx, r); err != nil {
-					l.runner.fail(r, r.takeHead(), err)
+					l.runner.fail(r, r.TakeHead(), err)
 					return
 				}
 				l.slots.keep(r)
 				l.runner.resume(r)
-			}()
+			}) {
+				l.runner.fail(r, r.TakeHead(), errShuttingDown())
+			}
 			continue
 		}
-		t := r.takeHead()
+		t := r.TakeHead()
 		if t == nil {
 			l.runner.fail(r, nil, nil)
 			continue
@@ -205,25 +214,21 @@ func (l *lane) round(rs []*run) {
 			l.runner.fail(r, t, err)
 			continue
 		}
-		if t.fb != nil {
+		if t.FB != nil {
 			fbs = append(fbs, runTask{r, t})
 		} else {
 			others = append(others, runTask{r, t})
 		}
 	}
 	for _, rt := range others {
-		l.tasks.Add(1)
-		l.running.add()
-		go func() {
-			defer l.tasks.Done()
-			defer l.running.done()
-			l.runner.run(ctx, rt.r, rt.t)
-		}()
+		if !l.spawn("task", func(ctx context.Context) { l.runner.run(ctx, rt.r, rt.t) }) {
+			l.runner.fail(rt.r, rt.t, errShuttingDown())
+		}
 	}
 	for len(fbs) > 0 {
 		n, tokens := 0, 0
-		for n < len(fbs) && (n == 0 || tokens+fbs[n].t.tokens <= l.maxBatchTokens) {
-			tokens += fbs[n].t.tokens
+		for n < len(fbs) && (n == 0 || tokens+fbs[n].t.Tokens <= l.maxBatchTokens) {
+			tokens += fbs[n].t.Tokens
 			n++
 		}
 		l.runner.forwardBackward(ctx, fbs[:n])

@@ -9,9 +9,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/loops-dev/loops/gateway/core/sequencer"
+	"github.com/loops-dev/loops/gateway/core/trainrun"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/lifecycle"
 )
 
 // recordingRunner is a taskRunner with no backend: it records what the lane sends, holds
@@ -28,32 +29,32 @@ type recordingRunner struct {
 func (f *recordingRunner) prepare(context.Context, *run, *task) error { return nil }
 
 func (f *recordingRunner) run(_ context.Context, r *run, t *task) {
-	f.started <- r.id
+	f.started <- r.ID()
 	<-f.held
 	f.mu.Lock()
-	f.ran = append(f.ran, r.id)
+	f.ran = append(f.ran, r.ID())
 	f.mu.Unlock()
-	r.release()
-	f.done <- r.id
+	r.Release()
+	f.done <- r.ID()
 }
 
 func (f *recordingRunner) forwardBackward(_ context.Context, batch []runTask) {
 	var ids []string
 	for _, rt := range batch {
-		ids = append(ids, rt.r.id)
+		ids = append(ids, rt.r.ID())
 	}
 	f.mu.Lock()
 	f.batches = append(f.batches, ids)
 	f.mu.Unlock()
 	for _, rt := range batch {
-		rt.r.release()
-		f.done <- rt.r.id
+		rt.r.Release()
+		f.done <- rt.r.ID()
 	}
 }
 
-func (f *recordingRunner) fail(r *run, _ *task, _ error) { r.release() }
+func (f *recordingRunner) fail(r *run, _ *task, _ error) { r.Release() }
 
-func (f *recordingRunner) resume(r *run) { r.release() }
+func (f *recordingRunner) resume(r *run) { r.Release() }
 
 func (f *recordingRunner) rebuild(context.Context, *run) error { return nil }
 
@@ -67,23 +68,25 @@ func (freeSlots) keep(*run)                         {}
 
 // laneRun is a run on lane l with no core behind it.
 func laneRun(l *lane, id, ws string) *run {
-	return &run{id: id, ws: ws, lane: l, info: &loopsv1.TrainingRun{Id: id},
-		seq: sequencer.New[*task, loopsv1.OperationKind](1, 16)}
+	return trainrun.New(trainrun.Config[*operation]{Workspace: ws, Record: &loopsv1.TrainingRun{Id: id},
+		NextSeq: 1, MaxPending: 16, Ready: l.markReady})
 }
 
 // enqueue queues a task on the run as submit does: a barrier, or forward/backward work of
 // the given tokens.
 func enqueue(r *run, seq int64, fbTokens int) {
-	t := &task{seq: seq, op: &operation{}}
+	t := &task{Seq: seq, Op: &operation{}}
 	kind := loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP
 	if fbTokens > 0 {
-		t.fb, t.tokens = &backendv1.ForwardBackwardItem{}, fbTokens
+		t.FB, t.Tokens = &backendv1.ForwardBackwardItem{}, fbTokens
 		kind = loopsv1.OperationKind_OPERATION_KIND_FORWARD_BACKWARD
 	}
-	r.mu.Lock()
-	r.seq.Record(seq, kind, "op", t)
-	r.kick()
-	r.mu.Unlock()
+	if _, err := r.Admit(seq, kind); err != nil {
+		panic(err)
+	}
+	if err := r.Commit(kind, "op", t); err != nil {
+		panic(err)
+	}
 }
 
 // TestLaneBarrierHoldsOnlyItsRun drives a lane with no core: while run A's optim_step (a
@@ -92,8 +95,10 @@ func enqueue(r *run, seq int64, fbTokens int) {
 func TestLaneBarrierHoldsOnlyItsRun(t *testing.T) {
 	f := &recordingRunner{held: make(chan struct{}), started: make(chan string, 1), done: make(chan string, 64)}
 	running := newBusy()
-	l := newLane(t.Context(), "m", f, freeSlots{}, running, 100)
-	defer l.stop()
+	life := lifecycle.New(t.Context())
+	l, err := newLane(life, "m", f, freeSlots{}, running, 100)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, life.Stop(t.Context())) }()
 	a, b, c := laneRun(l, "A", "ws1"), laneRun(l, "B", "ws2"), laneRun(l, "C", "ws3")
 
 	enqueue(a, 1, 0)  // barrier

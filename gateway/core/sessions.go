@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -15,6 +14,7 @@ import (
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
+	"github.com/loops-dev/loops/internal/lockorder"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -22,88 +22,37 @@ import (
 // sessionState is a live session: its record and the client counters used to de-duplicate
 // retried creations.
 type sessionState struct {
-	ws         string
-	mu         sync.Mutex
-	info       *loopsv1.Session
-	lastBeat   time.Time
-	runSeq     map[int64]*seqClaim // client_seq_id -> create operation id
-	samplerSeq map[int64]*seqClaim // client_seq_id -> sampler id
-	dirty      bool
+	ws   string
+	mu   lockorder.Mutex[rankSession]
+	info *loopsv1.Session
+	// samplersReserved counts samplers being created (reserveSampler), so the cap holds
+	// while their records are written.
+	samplersReserved int
+	lastBeat         time.Time
+	runSeq           *onceTable // client_seq_id -> create operation id
+	samplerSeq       *onceTable // client_seq_id -> sampler id
+	dirty            bool
 }
 
-// seqClaim is a client_seq_id being created (done open) or created (id set).
-type seqClaim struct {
-	id   string
-	done chan struct{}
-}
-
-// once runs create at most once per client_seq_id of a table (runSeq or samplerSeq), so a
-// client's retries, concurrent or not, get what the first call created: fresh is true for
-// the call that ran create. If create fails, the next caller tries again.
-func (s *sessionState) once(ctx context.Context, table map[int64]*seqClaim, seq int64, create func() (string, error)) (id string, fresh bool, err error) {
-	for {
-		s.mu.Lock()
-		c, ok := table[seq]
-		if !ok {
-			c = &seqClaim{done: make(chan struct{})}
-			table[seq] = c
-			s.mu.Unlock()
-			id, err := create()
-			s.mu.Lock()
-			if err != nil {
-				delete(table, seq)
-			} else {
-				c.id = id
-				pruneSeqTable(table, seq)
-			}
-			close(c.done)
-			s.mu.Unlock()
-			return id, true, err
-		}
-		s.mu.Unlock()
-		select {
-		case <-c.done:
-		case <-ctx.Done():
-			return "", false, connect.NewError(connect.CodeCanceled, ctx.Err())
-		}
-		if c.id != "" { // written before done was closed
-			return c.id, false, nil
-		}
-	}
-}
-
-// pruneSeqTable bounds a session's de-duplication table (runSeq, samplerSeq): once it holds
-// 2×seqTableKeep client_seq_ids, those more than seqTableKeep below newest that are done are
-// forgotten. Called with the session's lock held.
-func pruneSeqTable(table map[int64]*seqClaim, newest int64) {
-	if len(table) <= 2*seqTableKeep {
-		return
-	}
-	for seq, c := range table {
-		if seq < newest-seqTableKeep && c.id != "" {
-			delete(table, seq)
-		}
-	}
-	if len(table) > 2*seqTableKeep { // sparse or out-of-order ids: keep the newest only
-		seqs := slices.Sorted(maps.Keys(table))
-		for _, seq := range seqs[:len(seqs)-seqTableKeep] {
-			if table[seq].id != "" {
-				delete(table, seq)
-			}
-		}
-	}
-}
-
-// roomForSampler refuses a sampler past Limits.MaxSamplersPerSession.
-func (s *sessionState) roomForSampler(c *Core) error {
+// reserveSampler takes room for one more sampler in the session, refusing past
+// Limits.MaxSamplersPerSession; the room is counted until addSampler uses it or
+// unreserveSampler gives it back, so concurrent creations cannot pass the cap.
+func (s *sessionState) reserveSampler(c *Core) error {
 	s.mu.Lock()
-	n := len(s.info.GetSamplerIds())
-	s.mu.Unlock()
-	if limit := c.opts.Limits.MaxSamplersPerSession; n >= limit {
+	defer s.mu.Unlock()
+	if limit := c.opts.Limits.MaxSamplersPerSession; len(s.info.GetSamplerIds())+s.samplersReserved >= limit {
 		return c.limitReached(errs.ReasonLimitReached, "max_samplers_per_session",
 			"session %s has created %d samplers, the limit per session (max_samplers_per_session): create a new session (service client) for more", s.info.GetId(), limit)
 	}
+	s.samplersReserved++
 	return nil
+}
+
+// unreserveSampler gives back room taken by reserveSampler for a sampler not created.
+func (s *sessionState) unreserveSampler() {
+	s.mu.Lock()
+	s.samplersReserved--
+	s.mu.Unlock()
 }
 
 // addRun records a run in the session. It fails once the session has ended, so a run
@@ -134,9 +83,11 @@ func (s *sessionState) removeRun(id string) {
 	s.dirty = true
 }
 
+// addSampler records a sampler created with room from reserveSampler.
 func (s *sessionState) addSampler(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.samplersReserved--
 	s.info = proto.CloneOf(s.info)
 	s.info.SamplerIds = append(s.info.SamplerIds, id)
 	s.dirty = true
@@ -183,8 +134,9 @@ func (c *Core) reviveSession(ws string, info *loopsv1.Session) *sessionState {
 	if s, ok := c.sessions[info.GetId()]; ok { // revived meanwhile by another request
 		return s
 	}
-	s := &sessionState{ws: ws, info: info, lastBeat: c.now(), runSeq: map[int64]*seqClaim{}, samplerSeq: map[int64]*seqClaim{}}
+	s := &sessionState{ws: ws, info: info, lastBeat: c.now(), runSeq: newOnceTable(), samplerSeq: newOnceTable()}
 	c.sessions[info.GetId()] = s
+	c.liveSessions[ws]++
 	c.log.Info("session revived after a restart", slog.String("session", info.GetId()))
 	return s
 }
@@ -251,7 +203,10 @@ func (c *Core) endSession(ctx context.Context, s *sessionState, why, detail stri
 	// misses it in memory never revives it (reviveSession) from a stale record.
 	c.persistSession(ctx, s)
 	c.mu.Lock()
-	delete(c.sessions, info.GetId())
+	if c.sessions[info.GetId()] == s {
+		delete(c.sessions, info.GetId())
+		c.forgetSessionLocked(s.ws)
+	}
 	c.mu.Unlock()
 	c.log.Info("session ended", slog.String("session", info.GetId()), slog.String("reason", why))
 	for _, id := range info.GetTrainingRunIds() {
@@ -263,21 +218,28 @@ func (c *Core) endSession(ctx context.Context, s *sessionState, why, detail stri
 	return info
 }
 
-// roomForSession refuses a session past Limits.MaxSessionsPerWorkspace live sessions.
-func (c *Core) roomForSession(ws string) error {
+// reserveSession takes room for one more live session of the workspace, refusing past
+// Limits.MaxSessionsPerWorkspace. The room counts (c.liveSessions) from now on, so
+// concurrent creations cannot pass the cap while their records are written; the session
+// that uses it is added with addSession, or the room is given back with
+// forgetSessionLocked.
+func (c *Core) reserveSession(ws string) error {
 	c.mu.Lock()
-	n := 0
-	for _, s := range c.sessions {
-		if s.ws == ws {
-			n++
-		}
-	}
-	c.mu.Unlock()
-	if limit := c.opts.Limits.MaxSessionsPerWorkspace; n >= limit {
+	defer c.mu.Unlock()
+	if limit := c.opts.Limits.MaxSessionsPerWorkspace; c.liveSessions[ws] >= limit {
 		return c.limitReached(errs.ReasonLimitReached, "max_sessions_per_workspace",
 			"this workspace has %d live sessions, the limit (max_sessions_per_workspace): finish sessions you no longer use (they also end %s after their last heartbeat)", limit, c.opts.SessionTTL)
 	}
+	c.liveSessions[ws]++
 	return nil
+}
+
+// forgetSessionLocked gives back a live session's room (it ended, or its creation failed);
+// c.mu must be held.
+func (c *Core) forgetSessionLocked(ws string) {
+	if c.liveSessions[ws]--; c.liveSessions[ws] <= 0 {
+		delete(c.liveSessions, ws)
+	}
 }
 
 // SessionService implements loops.v1 SessionService.
@@ -292,7 +254,7 @@ func (s SessionService) CreateSession(ctx context.Context, req *loopsv1.CreateSe
 	if len(req.GetTags()) > 100 || len(req.GetUserMetadata()) > 100 {
 		return nil, invalidArgument("at most 100 tags and 100 user_metadata entries")
 	}
-	if err := s.c.roomForSession(ws); err != nil {
+	if err := s.c.reserveSession(ws); err != nil {
 		return nil, err
 	}
 	now := s.c.now()
@@ -306,11 +268,14 @@ func (s SessionService) CreateSession(ctx context.Context, req *loopsv1.CreateSe
 		LastHeartbeatTime: timestamppb.New(now),
 	}
 	if err := s.c.store.PutSession(ctx, ws, info); err != nil {
+		s.c.mu.Lock()
+		s.c.forgetSessionLocked(ws)
+		s.c.mu.Unlock()
 		return nil, internal("recording session", err)
 	}
-	st := &sessionState{ws: ws, info: info, lastBeat: now, runSeq: map[int64]*seqClaim{}, samplerSeq: map[int64]*seqClaim{}}
+	st := &sessionState{ws: ws, info: info, lastBeat: now, runSeq: newOnceTable(), samplerSeq: newOnceTable()}
 	s.c.mu.Lock()
-	s.c.sessions[info.Id] = st
+	s.c.sessions[info.Id] = st // its room was reserved
 	s.c.mu.Unlock()
 	return info, nil
 }

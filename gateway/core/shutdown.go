@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 )
 
@@ -68,28 +69,26 @@ func (b *busy) wait(ctx context.Context) error {
 func (c *Core) draining() bool { return c.stopping.Load() }
 
 // Drain starts a shutdown: new work is refused, queued work fails, long-polls answer now.
-// Work already running goes on (see WaitIdle). It is idempotent.
-func (c *Core) Drain() {
+// Work already running goes on (see WaitIdle). It is idempotent. It waits for the failures
+// to be committed until ctx ends (a store that hangs cannot hold the shutdown).
+func (c *Core) Drain(ctx context.Context) {
 	c.drainOnce.Do(func() {
 		// Refuse new work first (submissions check it under the run's lock, so none slips
 		// past the sweep below), fail the queued work, then wake the long-polls, which
 		// then see the queued operations failed.
 		c.stopping.Store(true)
+		c.life.Quiesce() // no lane, task or sampling goroutine starts from now on
 		defer close(c.drain)
 		for _, r := range c.runs.all() {
-			r.mu.Lock()
-			queued := r.seq.Drain()
-			if r.retry != nil && !r.busy { // a rebuilding run's rebuild stops (draining)
-				queued = append(queued, r.retry)
-				r.retry = nil
-			}
-			r.mu.Unlock()
-			for _, t := range queued {
-				c.ops.finish(t.op, nil, errShuttingDown())
+			for _, t := range r.DrainQueue() { // a rebuilding run's retry ends with its rebuild
+				c.ops.finish(t.Op, nil, errShuttingDown())
 			}
 		}
 		c.samplers.queue.close()
-		c.ops.flush() // the failures above are committed and published before long-polls wake
+		// The failures above are committed and published before long-polls wake.
+		if err := c.ops.flush(ctx); err != nil {
+			c.log.Warn("the store did not take the drained operations' failures in time; long-polls answer now", slog.Any("err", err))
+		}
 	})
 }
 
@@ -98,6 +97,5 @@ func (c *Core) WaitIdle(ctx context.Context) error {
 	if err := c.running.wait(ctx); err != nil {
 		return err
 	}
-	c.ops.flush() // and their outcomes are committed and published (persister.go)
-	return nil
+	return c.ops.flush(ctx) // and their outcomes are committed and published (persister.go)
 }

@@ -25,7 +25,7 @@ func TestDrainThenClose(t *testing.T) {
 	sampler, err := h.svc.Sampling.CreateSampler(h.ctx, &loopsv1.CreateSamplerRequest{BaseModel: "fake/model"})
 	require.NoError(t, err)
 
-	h.core.Drain()
+	h.core.Drain(t.Context())
 	got := h.wait(queued)
 	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_FAILED, got.GetState())
 	require.Contains(t, got.GetError().GetMessage(), "shutting down")

@@ -8,11 +8,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
 
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/backends"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
+	"github.com/loops-dev/loops/internal/lockorder"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -55,7 +55,7 @@ type slots struct {
 	gradients bool
 	dir       string
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex[rankSlots]
 	runs    map[*run]*slotRun
 	lru     *list.List // resident runs, most recently used at the front
 	waiting []*run     // runs that found every slot pinned
@@ -69,6 +69,8 @@ type slotDeps struct {
 	log     *slog.Logger
 	moves   *prometheus.CounterVec // by "offload" and "restore"
 	scrub   func(error) error      // hides the server's paths in an error for the client
+	// lost turns a backend error on a run's adapter into the client's (Core.adapterLost).
+	lost func(*run, error) error
 }
 
 // newSlots returns the slot table of a backend holding capacity adapters (0: unlimited)
@@ -210,8 +212,8 @@ func (s *slots) place(ctx context.Context, r *run) error {
 		s.mu.Unlock()
 		kickAll(waiting)
 		if err != nil { // the victim's error is its own: it may belong to another workspace
-			s.log.Warn("offloading an adapter to free a slot failed", slog.String("victim", victim.id), slog.String("for", r.id), slog.Any("err", err))
-			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("training run %s waited for an adapter slot on the backend, and freeing one failed; retry", r.id))
+			s.log.Warn("offloading an adapter to free a slot failed", slog.String("victim", victim.ID()), slog.String("for", r.ID()), slog.Any("err", err))
+			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("training run %s waited for an adapter slot on the backend, and freeing one failed; retry", r.ID()))
 		}
 	}
 }
@@ -231,32 +233,32 @@ func (s *slots) victimLocked() *run {
 // offload saves a run's complete training state into its spill folder and frees its slot
 // on the backend.
 func (s *slots) offload(ctx context.Context, r *run) error {
-	dir := filepath.Join(s.dir, r.id)
+	dir := filepath.Join(s.dir, r.ID())
 	_ = os.RemoveAll(dir)
 	if err := os.MkdirAll(s.dir, 0o755); err != nil {
 		return internal("creating the adapter spill folder", s.scrub(err))
 	}
 	t := s.trainer
-	if _, err := t.SaveAdapter(ctx, &backendv1.SaveAdapterRequest{AdapterId: r.id, Dir: dir, IncludeOptimizer: true, IncludeGradients: s.gradients}); err != nil {
+	if _, err := t.SaveAdapter(ctx, &backendv1.SaveAdapterRequest{AdapterId: r.ID(), Dir: dir, IncludeOptimizer: true, IncludeGradients: s.gradients}); err != nil {
 		_ = os.RemoveAll(dir)
-		return r.adapterLost(err)
+		return s.lost(r, err)
 	}
-	if _, err := t.DeleteAdapter(ctx, &backendv1.DeleteAdapterRequest{AdapterId: r.id}); err != nil {
+	if _, err := t.DeleteAdapter(ctx, &backendv1.DeleteAdapterRequest{AdapterId: r.ID()}); err != nil {
 		_ = os.RemoveAll(dir)
-		return r.adapterLost(err)
+		return s.lost(r, err)
 	}
 	s.mu.Lock()
 	s.entry(r).spill = dir
 	s.mu.Unlock()
 	s.moves.WithLabelValues("offload").Inc()
-	s.log.Debug("offloaded an adapter", slog.String("run", r.id))
+	s.log.Debug("offloaded an adapter", slog.String("run", r.ID()))
 	return nil
 }
 
 // restore loads an offloaded run's state back onto the backend.
 func (s *slots) restore(ctx context.Context, r *run, dir string) error {
-	if _, err := s.trainer.LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: r.id, Dir: dir, LoadOptimizer: true, LoadGradients: s.gradients}); err != nil {
-		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("restoring training run %s's offloaded adapter failed (%s); retry, or load its last checkpoint", r.id, connectMessage(err)))
+	if _, err := s.trainer.LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: r.ID(), Dir: dir, LoadOptimizer: true, LoadGradients: s.gradients}); err != nil {
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("restoring training run %s's offloaded adapter failed (%s); retry, or load its last checkpoint", r.ID(), connectMessage(err)))
 	}
 	_ = os.RemoveAll(dir)
 	s.moves.WithLabelValues("restore").Inc()
@@ -274,9 +276,7 @@ func (s *slots) park(r *run) {
 		return
 	}
 	s.mu.Unlock()
-	r.mu.Lock()
-	r.kick()
-	r.mu.Unlock()
+	r.Wake()
 }
 
 // unpin releases a run taken by admit, and makes the runs waiting for a slot ready again.
@@ -300,9 +300,7 @@ func (s *slots) takeWaitingLocked() []*run {
 // kickAll makes runs that waited for a slot try again.
 func kickAll(rs []*run) {
 	for _, r := range rs {
-		r.mu.Lock()
-		r.kick()
-		r.mu.Unlock()
+		r.Wake()
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/core/sequencer"
+	"github.com/loops-dev/loops/gateway/core/trainrun"
+	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/semantics"
@@ -36,7 +38,7 @@ func (c *Core) runOf(ws, id string) (*run, error) {
 	if err != nil {
 		return nil, err
 	}
-	if r == nil || r.ws != ws {
+	if r == nil || r.Workspace() != ws {
 		return nil, notFound("training run %q not found (it does not exist, or belongs to another API key's workspace)", id)
 	}
 	return r, nil
@@ -60,7 +62,7 @@ func (s TrainingService) CreateTrainingRun(ctx context.Context, req *loopsv1.Cre
 	}
 	// Retries of one client_seq_id, concurrent ones included, get the first call's operation.
 	var created *loopsv1.Operation
-	opID, fresh, err := sess.once(ctx, sess.runSeq, req.GetClientSeqId(), func() (string, error) {
+	opID, fresh, err := sess.runSeq.once(ctx, req.GetClientSeqId(), func() (string, error) {
 		op, err := c.createRun(ctx, ws, sess, req)
 		created = op
 		return op.GetId(), err
@@ -99,7 +101,7 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 		if !sameAdapterShape(lora, ck.GetLora()) {
 			return nil, invalidArgument("the LoRA config {%v} does not match checkpoint %s's {%v}: rank and train_* flags must be equal", lora, req.GetFromCheckpoint(), ck.GetLora())
 		}
-		from = &checkpointOf{owner: owner, ck: ck}
+		from = &checkpointOf{Owner: owner, Checkpoint: ck}
 	}
 	model, err := c.model(baseModel)
 	if err != nil {
@@ -128,11 +130,15 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 	}
 	// The run is registered before the session records it, and the session refuses it
 	// once ended: a session that ends meanwhile either unloads the run or refuses it.
-	r := c.newRun(ws, info, 0, false)
+	r, err := c.newRun(ws, info, 0, false, "")
+	if err != nil {
+		c.policy.EndRun(info.Id)
+		return nil, err
+	}
 	c.runs.add(r)
 	forget := func() {
 		c.runs.drop(r)
-		c.policy.EndRun(r.id)
+		c.policy.EndRun(r.ID())
 	}
 	if sess != nil {
 		if err := sess.addRun(c, info.Id); err != nil {
@@ -152,40 +158,44 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 		// revived after a crash (reviveSession) knows all its runs.
 		c.persistSession(ctx, sess)
 	}
-	op, err := r.submit(ctx, 0, loopsv1.OperationKind_OPERATION_KIND_CREATE_TRAINING_RUN, func(seq int64) (*task, error) {
+	op, err := c.submit(ctx, r, 0, loopsv1.OperationKind_OPERATION_KIND_CREATE_TRAINING_RUN, func(seq int64) (*task, error) {
 		o, err := c.ops.create(ctx, ws, loopsv1.OperationKind_OPERATION_KIND_CREATE_TRAINING_RUN, info.Id, "", seq)
 		if err != nil {
 			return nil, err
 		}
-		return &task{op: o, creates: true, exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
+		return &task{Op: o, Creates: true, Exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
 			return c.createAdapter(ctx, r, from, req.GetWithOptimizer(), dedicated)
 		}}, nil
 	})
 	if err != nil {
 		// Nothing was queued: the run stays listed but takes no work and holds no slot.
-		reason := "creating it failed: " + connectMessage(err)
-		r.mu.Lock()
-		r.unloaded = reason
-		r.mu.Unlock()
-		c.policy.EndRun(r.id)
-		c.markUnloaded(ctx, r, reason)
+		c.failRun(r, "creating it failed: "+connectMessage(err))
 		return nil, err
 	}
 	return op, nil
 }
 
-// checkpointOf is a checkpoint record and its owner's workspace.
-type checkpointOf struct {
-	owner string
-	ck    *loopsv1.Checkpoint
+// failRun makes a run whose creation failed refuse work with reason (in memory and in the
+// store) and stop counting as live; its queued work fails with the reason.
+func (c *Core) failRun(r *run, reason string) {
+	queued := r.Fail(reason)
+	c.policy.EndRun(r.ID())
+	c.markUnloaded(r, reason)
+	err := failedPrecondition("training run %s takes no more work: %s", r.ID(), reason)
+	for _, t := range queued {
+		c.ops.finish(t.Op, nil, err)
+	}
 }
 
+// checkpointOf is a checkpoint record and its owner's workspace.
+type checkpointOf = trainrun.CheckpointRef
+
 func (c *Core) createAdapter(ctx context.Context, r *run, from *checkpointOf, withOptimizer bool, dedicated dedicatedShape) (func(*loopsv1.Operation), error) {
-	info := r.snapshot()
+	info := r.Record()
 	create := func() error {
-		_, err := c.backend.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: r.id, BaseModel: info.GetBaseModel(), Lora: info.GetLora(), Pool: r.runPool()})
+		_, err := c.backend.Trainer().CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: r.ID(), BaseModel: info.GetBaseModel(), Lora: info.GetLora(), Pool: r.Pool()})
 		if err == nil && from != nil {
-			err = c.loadAdapter(ctx, r, from.owner, from.ck, withOptimizer)
+			err = c.loadAdapter(ctx, r, from.Owner, from.Checkpoint, withOptimizer)
 		}
 		return err
 	}
@@ -196,23 +206,16 @@ func (c *Core) createAdapter(ctx context.Context, r *run, from *checkpointOf, wi
 	if err == nil {
 		err = create()
 	}
-	if err != nil && (c.recoversSteps(info.GetBaseModel()) || r.runPool() != "") {
+	if err != nil && (c.recoversSteps(info.GetBaseModel()) || r.Pool() != "") {
 		err = c.retryCreate(ctx, r, create, err)
 	}
 	if err != nil {
-		reason := "creating its adapter failed: " + connectMessage(err)
-		r.mu.Lock()
-		r.unloaded = reason
-		r.mu.Unlock()
-		c.policy.EndRun(r.id)
-		c.markUnloaded(ctx, r, reason)
+		c.failRun(r, "creating its adapter failed: "+connectMessage(err))
 		return nil, err
 	}
-	r.mu.Lock()
-	r.adapterReady = true
-	r.mu.Unlock()
+	r.SetAdapter(true, false)
 	c.startRecovery(r, from, withOptimizer)
-	info = r.snapshot()
+	info = r.Record()
 	return func(op *loopsv1.Operation) { op.Result = &loopsv1.Operation_TrainingRun{TrainingRun: info} }, nil
 }
 
@@ -228,7 +231,7 @@ func connectMessage(err error) string {
 // other string unchanged.
 func (c *Core) canonicalRunID(ws, id string) string {
 	if r, err := c.runOf(ws, id); err == nil {
-		return r.id
+		return r.ID()
 	}
 	return id
 }
@@ -245,7 +248,7 @@ func (s TrainingService) GetTrainingRun(ctx context.Context, req *loopsv1.GetTra
 		return nil, err
 	}
 	if r, err := s.c.runOf(ws, req.GetId()); err == nil {
-		return r.snapshot(), nil
+		return r.Record(), nil
 	}
 	run, err := s.c.store.GetTrainingRun(ctx, ws, req.GetId())
 	if err != nil {
@@ -277,18 +280,19 @@ func (s TrainingService) UnloadTrainingRun(ctx context.Context, req *loopsv1.Unl
 	c := s.c
 	return c.enqueue(ctx, req.GetId(), 0, loopsv1.OperationKind_OPERATION_KIND_UNLOAD_TRAINING_RUN, nil,
 		func(r *run, seq int64) *task {
-			return &task{exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
+			return &task{Exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
 				c.unloadRun(ctx, r, "it was unloaded", true)
 				return func(op *loopsv1.Operation) {
-					op.Result = &loopsv1.Operation_Unload{Unload: &loopsv1.UnloadTrainingRunResult{TrainingRunId: r.id}}
+					op.Result = &loopsv1.Operation_Unload{Unload: &loopsv1.UnloadTrainingRunResult{TrainingRunId: r.ID()}}
 				}, nil
 			}}
 		})
 }
 
 // enqueue places work on a training run of the caller's workspace at seq. check validates
-// the request against the run's record (under the run's lock, at submission, so bad input
-// is a 4xx and consumes its seq_id); then the operation is created and build makes the task.
+// the request against the run's record (its base model and LoRA config, which never change)
+// before the operation is created, without the run's lock: bad input is a 4xx and consumes
+// its seq_id. Then the operation is created and build makes the task.
 func (c *Core) enqueue(ctx context.Context, runID string, seq int64, kind loopsv1.OperationKind,
 	check func(ws string, info *loopsv1.TrainingRun) error, build func(r *run, seq int64) *task) (*loopsv1.Operation, error) {
 	ws, err := auth.RequireWorkspace(ctx)
@@ -299,18 +303,18 @@ func (c *Core) enqueue(ctx context.Context, runID string, seq int64, kind loopsv
 	if err != nil {
 		return nil, err
 	}
-	return r.submit(ctx, seq, kind, func(seq int64) (*task, error) {
+	return c.submit(ctx, r, seq, kind, func(seq int64) (*task, error) {
 		if check != nil {
-			if err := check(ws, r.info); err != nil { // r.mu is held by submit
+			if err := check(ws, r.Record()); err != nil {
 				return nil, err
 			}
 		}
-		o, err := c.ops.create(ctx, ws, kind, r.id, "", seq)
+		o, err := c.ops.create(ctx, ws, kind, r.ID(), "", seq)
 		if err != nil {
 			return nil, err
 		}
 		t := build(r, seq)
-		t.op = o
+		t.Op = o
 		return t, nil
 	})
 }
@@ -318,29 +322,19 @@ func (c *Core) enqueue(ctx context.Context, runID string, seq int64, kind loopsv
 // unloadRun refuses later work on a run with reason, fails its queued work and frees its
 // adapter. The adapter is freed only when the run's running work is done: at once if the
 // run is idle (or ownTask: the unload is the run's running task), else when that work
-// finishes (taskDone), so an unload never races the run's in-flight backend call.
+// finishes (release), so an unload never races the run's in-flight backend call.
 func (c *Core) unloadRun(ctx context.Context, r *run, reason string, ownTask bool) {
-	r.mu.Lock()
-	if r.unloaded != "" {
-		r.mu.Unlock()
+	u := r.Unload(reason, ownTask)
+	if !u.First {
 		return
 	}
-	r.unloaded = reason
-	queued := r.seq.Drain()
-	if r.retry != nil && !r.busy { // a busy (rebuilding) run ends its retry when released
-		queued = append([]*task{r.retry}, queued...)
-		r.retry = nil
+	c.policy.EndRun(r.ID())
+	c.markUnloaded(r, reason)
+	err := failedPrecondition("training run %s takes no more work: %s", r.ID(), reason)
+	for _, t := range u.Queued {
+		c.ops.finish(t.Op, nil, err)
 	}
-	later := r.busy && !ownTask
-	r.freeWhenIdle = later
-	r.mu.Unlock()
-	c.policy.EndRun(r.id)
-	c.markUnloaded(ctx, r, reason)
-	err := failedPrecondition("training run %s takes no more work: %s", r.id, reason)
-	for _, t := range queued {
-		c.ops.finish(t.op, nil, err)
-	}
-	if !later {
+	if u.FreeNow {
 		c.freeAdapter(ctx, r)
 	}
 }
@@ -349,8 +343,8 @@ func (c *Core) unloadRun(ctx context.Context, r *run, reason string, ownTask boo
 func (c *Core) freeAdapter(ctx context.Context, r *run) {
 	defer c.slots.forget(r)
 	c.endRecovery(r)
-	if _, err := c.backend.Trainer().DeleteAdapter(ctx, &backendv1.DeleteAdapterRequest{AdapterId: r.id}); err != nil {
-		c.log.Error("deleting adapter", slog.String("run", r.id), slog.Any("err", err))
+	if _, err := c.backend.Trainer().DeleteAdapter(ctx, &backendv1.DeleteAdapterRequest{AdapterId: r.ID()}); err != nil {
+		c.log.Error("deleting adapter", slog.String("run", r.ID()), slog.Any("err", err))
 	}
 	c.releasePool(ctx, r)
 }
@@ -376,8 +370,8 @@ func (s TrainingService) ForwardBackward(ctx context.Context, req *loopsv1.Forwa
 			return err
 		},
 		func(r *run, _ int64) *task {
-			return &task{tokens: tokens, fb: &backendv1.ForwardBackwardItem{
-				AdapterId: r.id, Data: req.GetData(), LossFn: req.GetLossFn(),
+			return &task{Tokens: tokens, FB: &backendv1.ForwardBackwardItem{
+				AdapterId: r.ID(), Data: req.GetData(), LossFn: req.GetLossFn(),
 				LossFnConfig: req.GetLossFnConfig(), ForwardOnly: req.GetForwardOnly(),
 			}}
 		})
@@ -389,10 +383,10 @@ func (s TrainingService) OptimStep(ctx context.Context, req *loopsv1.OptimStepRe
 	return c.enqueue(ctx, req.GetTrainingRunId(), req.GetSeqId(), loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP,
 		func(string, *loopsv1.TrainingRun) error { return validateAdam(req.GetAdam()) },
 		func(r *run, _ int64) *task {
-			return &task{adam: req.GetAdam(), exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
-				resp, err := c.backend.Trainer().OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: r.id, Adam: semantics.AdamWithDefaults(req.GetAdam())})
+			return &task{Adam: req.GetAdam(), Exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
+				resp, err := c.backend.Trainer().OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: r.ID(), Adam: semantics.AdamWithDefaults(req.GetAdam())})
 				if err != nil {
-					return nil, r.adapterLost(err)
+					return nil, c.adapterLost(r, err)
 				}
 				return func(op *loopsv1.Operation) {
 					op.Result = &loopsv1.Operation_OptimStep{OptimStep: resp.GetResult()}
@@ -411,7 +405,7 @@ func (s TrainingService) SaveWeights(ctx context.Context, req *loopsv1.SaveWeigh
 	return c.enqueue(ctx, req.GetTrainingRunId(), req.GetSeqId(), kind,
 		func(string, *loopsv1.TrainingRun) error { return validateSave(req) },
 		func(r *run, seq int64) *task {
-			return &task{exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
+			return &task{Exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
 				return c.saveCheckpoint(ctx, r, req, seq)
 			}}
 		})
@@ -449,8 +443,8 @@ func (s TrainingService) LoadWeights(ctx context.Context, req *loopsv1.LoadWeigh
 			return err
 		},
 		func(r *run, _ int64) *task {
-			return &task{exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
-				ck, owner, err := c.loadableCheckpoint(ctx, r.ws, r.id, r.snapshot(), req)
+			return &task{Exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
+				ck, owner, err := c.loadableCheckpoint(ctx, r.Workspace(), r.ID(), r.Record(), req)
 				if err != nil {
 					return nil, err
 				}
@@ -458,12 +452,12 @@ func (s TrainingService) LoadWeights(ctx context.Context, req *loopsv1.LoadWeigh
 					if connect.CodeOf(err) == connect.CodeFailedPrecondition {
 						return nil, err // the checkpoint's files are gone: the adapter is untouched
 					}
-					return nil, r.adapterLost(err)
+					return nil, c.adapterLost(r, err)
 				}
-				r.update(ctx, func(i *loopsv1.TrainingRun) { i.Corrupted = false })
-				c.afterLoad(r, &checkpointOf{owner: owner, ck: ck}, req.GetWithOptimizer())
+				c.updateRun(r, func(i *loopsv1.TrainingRun) { i.Corrupted = false })
+				c.afterLoad(r, &checkpointOf{Owner: owner, Checkpoint: ck}, req.GetWithOptimizer())
 				return func(op *loopsv1.Operation) {
-					op.Result = &loopsv1.Operation_LoadWeights{LoadWeights: &loopsv1.LoadWeightsResult{Path: req.GetPath(), TrainingRunId: r.id}}
+					op.Result = &loopsv1.Operation_LoadWeights{LoadWeights: &loopsv1.LoadWeightsResult{Path: req.GetPath(), TrainingRunId: r.ID()}}
 				}, nil
 			}}
 		})
@@ -490,33 +484,54 @@ func (c *Core) loadableCheckpoint(ctx context.Context, ws, runID string, info *l
 
 // recoverRuns loads into memory, after a restart, the runs of the store that may still take
 // work: not those with an unload_reason, nor those of a session the store records as ended
-// (records written before unload_reason existed). Their adapters are recreated on first use
-// (see ensureAdapter); the others are reloaded on demand (registry.go).
+// (records written before unload_reason existed). They count as live against their
+// workspace's max_concurrent_runs, and their sessions are revived with a fresh heartbeat
+// clock, so a run whose client never comes back ends with its session's heartbeat timeout.
+// Their adapters are recreated on first use (see ensureAdapter); the other runs are
+// reloaded on demand (registry.go).
 func (c *Core) recoverRuns(ctx context.Context) error {
 	runs, err := c.store.ListAllTrainingRuns(ctx)
 	if err != nil {
 		return fmt.Errorf("core: recovering training runs: %w", err)
 	}
-	ended := map[string]bool{} // session id -> the store records it ended
+	type sessionOf struct {
+		info  *loopsv1.Session
+		ended bool
+	}
+	sessions := map[string]sessionOf{} // session id -> its record, and whether it ended
 	for _, or := range runs {
 		if _, ok := c.models[or.Run.GetBaseModel()]; !ok || or.Run.GetUnloadReason() != "" {
 			continue
 		}
 		if sid := or.Run.GetSessionId(); sid != "" {
-			e, seen := ended[sid]
+			s, seen := sessions[sid]
 			if !seen {
-				sess, err := c.store.GetSession(ctx, or.Workspace, sid)
-				e = err == nil && sess.GetExpired()
-				ended[sid] = e
+				info, err := c.store.GetSession(ctx, or.Workspace, sid)
+				switch {
+				case errors.Is(err, store.ErrNotFound): // recovered as before sessions were recorded
+					s = sessionOf{}
+				case err != nil:
+					return fmt.Errorf("core: recovering training runs: reading session %s: %w", sid, err)
+				default:
+					s = sessionOf{info: info, ended: info.GetExpired()}
+				}
+				sessions[sid] = s
+				if s.info != nil && !s.ended {
+					c.reviveSession(or.Workspace, s.info)
+				}
 			}
-			if e {
+			if s.ended {
 				continue
 			}
 		}
 		// The first request after a restart sets the run's position: the client's counter
 		// carries on from wherever it was.
-		r := c.newRun(or.Workspace, or.Run, sequencer.Resync, false)
+		r, err := c.newRun(or.Workspace, or.Run, sequencer.Resync, false, "")
+		if err != nil {
+			return err
+		}
 		c.runs.add(r)
+		c.policy.AdoptRun(or.Workspace, r.ID())
 	}
 	return nil
 }

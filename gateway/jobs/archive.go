@@ -69,8 +69,11 @@ func CleanPath(p string) (string, error) {
 
 // Unpack writes an uploaded tar archive (gzip-compressed or not) into dir, which must exist
 // and be empty: regular files and folders only (links, devices and the like are refused),
-// at most maxFiles entries and maxBytes unpacked. It checks everything it writes; a bad
-// archive is an error that says what was wrong, and may leave part of it written.
+// at most maxFiles entries and maxBytes unpacked, folders 0755 and files 0644 (0755 when
+// executable) whatever the archive says. A path may appear once as a file, or as a folder
+// (also implied by the paths below it), never both. A mistake in the archive is an
+// *errArchive that says what was wrong by the entry's name (never the folder's); another
+// error is the server's. Either may leave part of the archive written.
 func Unpack(archive []byte, dir string, maxFiles int, maxBytes int64) error {
 	var r io.Reader = bytes.NewReader(archive)
 	if len(archive) >= 2 && archive[0] == 0x1f && archive[1] == 0x8b {
@@ -84,6 +87,7 @@ func Unpack(archive []byte, dir string, maxFiles int, maxBytes int64) error {
 	tr := tar.NewReader(bufio.NewReader(r))
 	var files int
 	var total int64
+	folder := map[string]bool{} // every path seen: a folder (true) or a file
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
@@ -100,51 +104,112 @@ func Unpack(archive []byte, dir string, maxFiles int, maxBytes int64) error {
 		if err != nil {
 			return badArchive("archive: %v", err)
 		}
-		dst := filepath.Join(dir, filepath.FromSlash(name))
 		switch h.Typeflag {
-		case tar.TypeDir:
-			if err := os.MkdirAll(dst, 0o755); err != nil {
-				return fmt.Errorf("archive: %w", err)
-			}
-		case tar.TypeReg:
-			if h.Size < 0 || total+h.Size > maxBytes {
-				return badArchive("archive: its files are over %d bytes unpacked: upload less (data sets belong in the job's arguments or a separate store)", maxBytes)
-			}
-			total += h.Size
-			if err := writeFile(dst, tr, h.Size, h.Mode&0o100 != 0); err != nil {
-				return err
-			}
+		case tar.TypeDir, tar.TypeReg:
 		default:
 			return badArchive("archive: %q is not a regular file or folder (type %q): links and special files are refused", name, h.Typeflag)
+		}
+		if err := claim(folder, name, h.Typeflag == tar.TypeDir); err != nil {
+			return err
+		}
+		dst := filepath.Join(dir, filepath.FromSlash(name))
+		if h.Typeflag == tar.TypeDir {
+			if err := mkdirs(dir, name); err != nil {
+				return err
+			}
+			continue
+		}
+		if h.Size < 0 || total+h.Size > maxBytes {
+			return badArchive("archive: its files are over %d bytes unpacked: upload less (data sets belong in the job's arguments or a separate store)", maxBytes)
+		}
+		total += h.Size
+		if parent := path.Dir(name); parent != "." {
+			if err := mkdirs(dir, parent); err != nil {
+				return err
+			}
+		}
+		if err := writeFile(dst, name, tr, h.Size, h.Mode&0o100 != 0); err != nil {
+			return err
 		}
 	}
 }
 
-func writeFile(dst string, r io.Reader, size int64, exec bool) error {
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		// A file where a folder is needed.
-		return badArchive("archive: %s: %v", filepath.Base(filepath.Dir(dst)), err)
+// claim records name as a folder or a file, and its parents as folders, refusing a path
+// that would be both (or a file twice).
+func claim(folder map[string]bool, name string, isDir bool) error {
+	for p := path.Dir(name); p != "."; p = path.Dir(p) {
+		if dir, seen := folder[p]; seen && !dir {
+			return badArchive("archive: %q is a file, and %q needs it to be a folder: a path is one or the other", p, name)
+		}
 	}
+	if dir, seen := folder[name]; seen {
+		switch {
+		case dir && isDir:
+			return nil // a folder again, or one its files implied
+		case !dir && !isDir:
+			return badArchive("archive: %q appears twice", name)
+		default:
+			return badArchive("archive: %q is both a file and a folder: a path is one or the other", name)
+		}
+	}
+	for p := path.Dir(name); p != "."; p = path.Dir(p) {
+		folder[p] = true
+	}
+	folder[name] = isDir
+	return nil
+}
+
+// mkdirs makes the folder rel under dir and its missing parents, 0755.
+func mkdirs(dir, rel string) error {
+	p := dir
+	for _, part := range strings.Split(rel, "/") {
+		p = filepath.Join(p, part)
+		if err := os.Mkdir(p, 0o755); err != nil {
+			if errors.Is(err, os.ErrExist) {
+				continue
+			}
+			return fmt.Errorf("archive: making a folder: %w", err)
+		}
+		if err := os.Chmod(p, 0o755); err != nil {
+			return fmt.Errorf("archive: making a folder: %w", err)
+		}
+	}
+	return nil
+}
+
+// writeFile writes an entry's size bytes from r into dst (name is the entry's, for messages).
+func writeFile(dst, name string, r io.Reader, size int64, exec bool) error {
 	mode := os.FileMode(0o644)
 	if exec {
 		mode = 0o755
 	}
 	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
 	if err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return badArchive("archive: %s appears twice", filepath.Base(dst))
-		}
-		return badArchive("archive: %s: %v", filepath.Base(dst), err)
+		return fmt.Errorf("archive: creating a file: %w", err)
 	}
-	n, err := io.Copy(f, io.LimitReader(r, size))
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	w := &recordingWriter{w: f}
+	n, err := io.Copy(w, io.LimitReader(r, size))
+	err = errors.Join(w.err, f.Chmod(mode), f.Close())
 	if err != nil {
-		return badArchive("archive: %s: %v", filepath.Base(dst), err)
+		return fmt.Errorf("archive: writing a file: %w", err)
 	}
 	if n != size {
-		return badArchive("archive: %s is cut short", filepath.Base(dst))
+		return badArchive("archive: %q is cut short", name)
 	}
 	return nil
+}
+
+// recordingWriter keeps its writer's error, so that a write error (the server's) is told
+// from a read error (a cut archive, the client's).
+type recordingWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (w *recordingWriter) Write(p []byte) (int, error) {
+	n, err := w.w.Write(p)
+	if err != nil && w.err == nil {
+		w.err = err
+	}
+	return n, err
 }

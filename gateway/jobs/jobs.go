@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -39,10 +41,19 @@ const (
 	DefaultJobMemoryMB    = 8192
 	DefaultGrace          = 10 * time.Second
 	DefaultMaxKeptJobs    = 100
-	maxArgs               = 64
-	maxArgBytes           = 4096
-	maxReadBytes          = 1 << 20
-	maxWaitSeconds        = 60
+	// DefaultDiskMB sizes a job's /job and its /tmp (each a tmpfs).
+	DefaultDiskMB = 1024
+	// DefaultMaxProcesses bounds a job's processes and threads.
+	DefaultMaxProcesses = 512
+	// DefaultUIDBase is the first host uid of the jobs of a root gateway: 0x70010000, above
+	// systemd's container range (up to 0x6FFFFFFF) and far from regular, system and
+	// dynamic users. Job slot i runs as DefaultUIDBase+i (uid and gid).
+	DefaultUIDBase = 0x70010000
+	maxNofile      = 4096
+	maxArgs        = 64
+	maxArgBytes    = 4096
+	maxReadBytes   = 1 << 20
+	maxWaitSeconds = 60
 )
 
 // Reasons of the service's errors (google.rpc.ErrorInfo).
@@ -56,6 +67,10 @@ const (
 // ReasonRestarted is the reason of a job that was running when its gateway stopped without
 // stopping it (a crash or a kill), written when the gateway starts again.
 const ReasonRestarted = "the gateway stopped while the job ran (it was not shut down cleanly): submit it again"
+
+// ReasonNoLimits is the reason of a refusal to run a job because the gateway cannot bound
+// its memory (no cgroup) and its operator did not opt into weak limits.
+const ReasonNoLimits = "JOB_LIMITS_UNAVAILABLE"
 
 // Python is the interpreter jobs run with: for a script `Exe SCRIPT ARGS...`, for a recipe
 // `Exe -m loops_cookbook run RECIPE ARGS...`. Env is added to the job's environment; Binds
@@ -75,20 +90,52 @@ type Options struct {
 	Store store.JobStore
 	// Policy gives each workspace's allow_jobs and quotas (nil: no workspace may run jobs).
 	Policy *policy.Policy
-	// Gateway is the gateway's listening address (host:port); jobs reach it through their
-	// relay and see TINKER_BASE_URL=http://127.0.0.1:PORT.
+	// Gateway is the gateway's listening address (host:port): jobs see
+	// TINKER_BASE_URL=http://127.0.0.1:PORT, which their relay carries to Listener.
 	Gateway string
 	// Python prepares the interpreter (called in the job, its output to the job's log).
 	Python func(ctx context.Context, log io.Writer) (Python, error)
+	// Listener carries the jobs' connections to the gateway's HTTP server, which must
+	// serve it (jobs are refused without one).
+	Listener *Listener
 	// Relay is the command that runs RelayMain (its first element a host path, bound into
 	// the sandbox): the gateway uses its own binary and `jobs relay`.
 	Relay []string
 	// RelayEnv is added to the relay's environment (tests use it to select RelayMain).
 	RelayEnv []string
-	// Binds are host folders every job sees read-only at the same path (base models'
-	// files, for their tokenizers), and Env is added to every job's environment.
+	// Binds are host folders every job sees read-only at the same path (the data dir's
+	// built-in models, for their tokenizers), and Env is added to every job's environment.
 	Binds []string
 	Env   []string
+	// ModelCaches are Hugging Face hub caches (HF_HUB_CACHE, HF_HOME/hub): a job sees their
+	// model repositories (models--*: snapshots, blobs, refs) read-only at the same path,
+	// listed when it starts, and nothing else of them: not the token beside the hub, not
+	// the datasets.
+	ModelCaches []string
+	// DiskMB is the size of a job's /job and of its /tmp, each a tmpfs (default 1024): a
+	// job that fills one gets ENOSPC. With a cgroup they count against its memory too.
+	DiskMB int
+	// MaxProcesses bounds a job's processes and threads (default 512): the cgroup's
+	// pids.max and the job's RLIMIT_NPROC (which the kernel counts per job: each job has
+	// its own user namespace).
+	MaxProcesses int
+	// MaxJobConns bounds the connections one job has open to the gateway (default 64).
+	MaxJobConns int
+	// CgroupParent is where the jobs' cgroups go: empty finds one (the gateway's own cgroup
+	// v2 cgroup, else the cgroup v1 memory and pids hierarchies as root); a folder is a
+	// cgroup v2 cgroup delegated to the gateway's user, holding no process; CgroupNone
+	// turns cgroups off.
+	CgroupParent string
+	// WeakLimits lets jobs run without a cgroup: each process of a job is then held to the
+	// job's memory as an address-space limit (RLIMIT_AS), its processes to RLIMIT_NPROC and
+	// its files to the tmpfs sizes, but the job as a whole is not bounded (its processes'
+	// memory adds up, and /job, /tmp and /dev/shm come on top) and gets no CPU share of its
+	// own. Without it, such a gateway refuses jobs (FailedPrecondition, ReasonNoLimits).
+	WeakLimits bool
+	// UIDBase is, under a root gateway, the host uid (and gid) of running job slot 0; slot
+	// i runs as UIDBase+i (default DefaultUIDBase). Under an unprivileged gateway jobs run
+	// as the gateway's own user.
+	UIDBase int
 	// Bwrap is the bubblewrap binary (default: bwrap from PATH). Jobs are refused when it
 	// is missing: they never run outside a sandbox.
 	Bwrap string
@@ -114,9 +161,22 @@ type Service struct {
 	loopsv1connect.UnimplementedJobServiceHandler
 	o Options
 
+	// root: the gateway runs as root (jobs get host uids of their own).
+	root bool
+	// cgroups is where the jobs' cgroups go (nil: none, noCgroups says why).
+	cgroups   *cgroupTree
+	noCgroups error
+	// filter is the seccomp filter (nil: none for this architecture, noFilter says why).
+	filter   []byte
+	noFilter error
+	// bwrapOnce checks bubblewrap's options once (bwrapErr: why it cannot run jobs).
+	bwrapOnce sync.Once
+	bwrapErr  error
+
 	mu      sync.Mutex
 	running map[string]*run // job id -> its run
 	perWS   map[string]int  // workspace -> jobs running
+	slots   []bool          // job slots in use (a root gateway's job runs as UIDBase+slot)
 	closed  bool
 	wg      sync.WaitGroup
 }
@@ -124,6 +184,7 @@ type Service struct {
 // run is a running job.
 type run struct {
 	ws     string
+	slot   int
 	job    *loopsv1.Job // guarded by Service.mu
 	log    *logFile
 	cancel context.CancelCauseFunc
@@ -138,28 +199,26 @@ func New(ctx context.Context, o Options) (*Service, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	def := func(v *int64, d int64) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	def(&o.MaxArchiveBytes, DefaultMaxArchiveBytes)
-	def(&o.MaxUnpackedBytes, DefaultMaxUnpackedBytes)
-	def(&o.MaxLogBytes, DefaultMaxLogBytes)
-	if o.MaxFiles <= 0 {
-		o.MaxFiles = DefaultMaxFiles
-	}
-	if o.MaxRunningAll <= 0 {
-		o.MaxRunningAll = DefaultMaxRunningAll
-	}
-	if o.Grace <= 0 {
-		o.Grace = DefaultGrace
-	}
-	if o.MaxKeptJobs <= 0 {
-		o.MaxKeptJobs = DefaultMaxKeptJobs
-	}
+	orDefault(&o.MaxArchiveBytes, DefaultMaxArchiveBytes)
+	orDefault(&o.MaxUnpackedBytes, DefaultMaxUnpackedBytes)
+	orDefault(&o.MaxLogBytes, DefaultMaxLogBytes)
+	orDefault(&o.MaxFiles, DefaultMaxFiles)
+	orDefault(&o.MaxRunningAll, DefaultMaxRunningAll)
+	orDefault(&o.Grace, DefaultGrace)
+	orDefault(&o.MaxKeptJobs, DefaultMaxKeptJobs)
+	orDefault(&o.DiskMB, DefaultDiskMB)
+	orDefault(&o.MaxProcesses, DefaultMaxProcesses)
+	orDefault(&o.MaxJobConns, DefaultMaxJobConns)
+	orDefault(&o.UIDBase, DefaultUIDBase)
 	if o.Dir == "" || o.Store == nil {
 		return nil, errors.New("jobs: Dir and Store are required")
+	}
+	if int64(o.DiskMB)<<20 < o.MaxUnpackedBytes {
+		return nil, fmt.Errorf("jobs: DiskMB %d cannot hold an upload of %d bytes unpacked", o.DiskMB, o.MaxUnpackedBytes)
+	}
+	s := &Service{o: o, running: map[string]*run{}, perWS: map[string]int{}, slots: make([]bool, o.MaxRunningAll), root: os.Geteuid() == 0}
+	if s.root && (o.UIDBase+o.MaxRunningAll > 1<<31-1) {
+		return nil, fmt.Errorf("jobs: UIDBase %d leaves no room for %d job uids", o.UIDBase, o.MaxRunningAll)
 	}
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("jobs: %w", err)
@@ -171,8 +230,49 @@ func New(ctx context.Context, o Options) (*Service, error) {
 	if n > 0 {
 		o.Logger.Warn("jobs left running by the previous gateway process are marked failed", slog.Int("jobs", n))
 	}
-	return &Service{o: o, running: map[string]*run{}, perWS: map[string]int{}}, nil
+	s.removeLeftovers()
+	s.cgroups, s.noCgroups = findCgroups(o.CgroupParent)
+	switch {
+	case s.cgroups != nil:
+		s.cgroups.sweep()
+		o.Logger.Info("jobs: each job gets a cgroup (memory including its tmpfs, processes, CPU share)", slog.String("cgroups", s.cgroups.String()))
+	case o.WeakLimits:
+		o.Logger.Warn("jobs run with weak limits: a job's processes are each held to its memory, not the job as a whole, and get no CPU share of their own (no cgroup for jobs)", slog.Any("why", s.noCgroups))
+	default:
+		o.Logger.Warn("jobs are refused: no cgroup can bound a job's memory (delegate one, or opt into weak limits)", slog.Any("why", s.noCgroups))
+	}
+	s.filter, s.noFilter = seccompFilter()
+	return s, nil
 }
+
+// orDefault sets *v to d when it is not positive.
+func orDefault[T int | int64 | time.Duration](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
+}
+
+// removeLeftovers removes what jobs that ran when a previous gateway process died left
+// behind in their folders, all but their logs: their uploads and relay sockets (and the
+// writable folders of versions before /job was a tmpfs).
+func (s *Service) removeLeftovers() {
+	ents, err := os.ReadDir(s.o.Dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if !e.IsDir() || !jobIDPattern.MatchString(e.Name()) {
+			continue
+		}
+		for _, sub := range []string{"upload", "run", "files"} {
+			if err := os.RemoveAll(filepath.Join(s.o.Dir, e.Name(), sub)); err != nil {
+				s.o.Logger.Warn("jobs: removing a folder left by a previous gateway process", slog.String("job", e.Name()), slog.Any("err", err))
+			}
+		}
+	}
+}
+
+var jobIDPattern = regexp.MustCompile(`^job-[0-9a-f]{16}$`)
 
 // quotas are a workspace's effective job limits.
 type quotas struct {
@@ -259,15 +359,6 @@ func (s *Service) SubmitJob(ctx context.Context, m *loopsv1.SubmitJobRequest) (*
 	if err := s.validate(m); err != nil {
 		return nil, err
 	}
-	if s.o.Python == nil {
-		return nil, errs.New(connect.CodeFailedPrecondition, "", errors.New("this gateway has no Python environment for jobs"))
-	}
-	bwrap := s.o.Bwrap
-	if bwrap == "" {
-		if bwrap, err = exec.LookPath("bwrap"); err != nil {
-			return nil, errs.New(connect.CodeFailedPrecondition, "", errors.New("jobs need bubblewrap on the gateway's host and it is not installed (apt-get install bubblewrap)"))
-		}
-	}
 	key := ""
 	if ci, ok := connect.CallInfoForHandlerContext(ctx); ok {
 		key = apiKey(ci.RequestHeader())
@@ -291,7 +382,8 @@ func (s *Service) SubmitJob(ctx context.Context, m *loopsv1.SubmitJobRequest) (*
 		return nil, errs.New(connect.CodeResourceExhausted, ReasonJobQuota, fmt.Errorf(
 			"this gateway runs %d jobs, its limit for all workspaces: try again later", s.o.MaxRunningAll))
 	}
-	r := &run{ws: ws, done: make(chan struct{})}
+	r := &run{ws: ws, slot: slices.Index(s.slots, false), done: make(chan struct{})}
+	s.slots[r.slot] = true
 	s.running[id] = r
 	s.perWS[ws]++
 	s.wg.Add(1)
@@ -305,8 +397,16 @@ func (s *Service) SubmitJob(ctx context.Context, m *loopsv1.SubmitJobRequest) (*
 		}
 	}()
 
-	files := filepath.Join(dir, "files")
-	if err := os.MkdirAll(files, 0o755); err != nil {
+	// The upload, read-only in the sandbox (the relay copies it into the job's /job), and
+	// readable by the job's user.
+	files := filepath.Join(dir, "upload")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, s.internal("creating the job's folder", err)
+	}
+	if err := os.Mkdir(files, 0o755); err != nil {
+		return nil, s.internal("creating the job's folder", err)
+	}
+	if err := os.Chmod(files, 0o755); err != nil {
 		return nil, s.internal("creating the job's folder", err)
 	}
 	if len(m.GetArchive()) > 0 {
@@ -322,6 +422,9 @@ func (s *Service) SubmitJob(ctx context.Context, m *loopsv1.SubmitJobRequest) (*
 		if fi, err := os.Lstat(filepath.Join(files, filepath.FromSlash(e))); err != nil || !fi.Mode().IsRegular() {
 			return nil, invalid("entrypoint %q is not a file of the archive", e)
 		}
+	}
+	if err := s.canRun(); err != nil {
+		return nil, err
 	}
 	lf, err := os.OpenFile(filepath.Join(dir, "log"), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
@@ -344,8 +447,51 @@ func (s *Service) SubmitJob(ctx context.Context, m *loopsv1.SubmitJobRequest) (*
 		cancel(errShutdown) // Close ran between the reservation and now
 	}
 	started = true
-	go s.execute(jctx, r, dir, bwrap, key, q)
+	go s.execute(jctx, r, dir, key, q)
 	return s.snapshot(r), nil
+}
+
+// canRun says why this gateway cannot run jobs at all (FailedPrecondition), or nil.
+func (s *Service) canRun() error {
+	refuse := func(reason, format string, a ...any) error {
+		return errs.New(connect.CodeFailedPrecondition, reason, fmt.Errorf(format, a...))
+	}
+	switch {
+	case s.o.Python == nil:
+		return refuse("", "this gateway has no Python environment for jobs")
+	case s.o.Listener == nil || len(s.o.Relay) == 0:
+		return refuse("", "this gateway has no relay for jobs")
+	case s.cgroups == nil && !s.o.WeakLimits:
+		return refuse(ReasonNoLimits, "this gateway cannot bound a job's memory and processes, so it runs no jobs: there is no cgroup for them (%v). The operator can delegate a cgroup v2 cgroup to the gateway (docs/jobs.md, \"Resources\"), or start it with --jobs-weak-limits to run jobs with per-process limits only", s.noCgroups)
+	case s.noFilter != nil:
+		return refuse("", "this gateway cannot filter a job's system calls: %v", s.noFilter)
+	}
+	s.bwrapOnce.Do(func() { s.bwrapErr = s.checkBwrap() })
+	if s.bwrapErr != nil {
+		return refuse("", "%v", s.bwrapErr)
+	}
+	return nil
+}
+
+// checkBwrap finds bubblewrap and checks that it has the options the sandbox needs.
+func (s *Service) checkBwrap() error {
+	if s.o.Bwrap == "" {
+		p, err := exec.LookPath("bwrap")
+		if err != nil {
+			return errors.New("jobs need bubblewrap on the gateway's host and it is not installed (apt-get install bubblewrap)")
+		}
+		s.o.Bwrap = p
+	}
+	out, err := exec.Command(s.o.Bwrap, "--help").CombinedOutput()
+	if len(out) == 0 && err != nil {
+		return fmt.Errorf("cannot run bubblewrap at %s: %w", s.o.Bwrap, err)
+	}
+	for _, opt := range []string{"--userns", "--size", "--perms", "--as-pid-1", "--info-fd", "--new-session", "--seccomp", "--cap-add"} {
+		if !strings.Contains(string(out), opt+" ") {
+			return fmt.Errorf("bubblewrap at %s has no %s option: jobs need bubblewrap 0.8 or later", s.o.Bwrap, opt)
+		}
+	}
+	return nil
 }
 
 func (s *Service) internal(what string, err error) error {
@@ -365,6 +511,7 @@ func (s *Service) release(id string, r *run) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.running, id)
+	s.slots[r.slot] = false
 	if s.perWS[r.ws]--; s.perWS[r.ws] <= 0 {
 		delete(s.perWS, r.ws)
 	}
@@ -382,13 +529,13 @@ func (s *Service) snapshot(r *run) *loopsv1.Job {
 }
 
 // execute runs the job to its end and records how it ended.
-func (s *Service) execute(ctx context.Context, r *run, dir, bwrap, key string, q quotas) {
+func (s *Service) execute(ctx context.Context, r *run, dir, key string, q quotas) {
 	defer s.wg.Done()
 	defer close(r.done)
 	id := r.job.GetId()
 	ctx, stop := context.WithTimeoutCause(ctx, q.wall, fmt.Errorf("its wall time of %s ran out (max_job_seconds)", q.wall))
 	defer stop()
-	code, reason := s.runSandboxed(ctx, r, dir, bwrap, key, q)
+	code, reason := s.runSandboxed(ctx, r, dir, key, q)
 	state := loopsv1.JobState_JOB_STATE_SUCCEEDED
 	switch cause := context.Cause(ctx); {
 	case errors.Is(cause, errCancelled):
@@ -408,8 +555,8 @@ func (s *Service) execute(ctx context.Context, r *run, dir, bwrap, key string, q
 		end += ": " + reason
 	}
 	r.log.finish(end + "]\n")
-	// The job's files go; its log stays.
-	_ = os.RemoveAll(filepath.Join(dir, "files"))
+	// The job's upload and socket go (what it wrote went with its tmpfs); its log stays.
+	_ = os.RemoveAll(filepath.Join(dir, "upload"))
 	_ = os.RemoveAll(filepath.Join(dir, "run"))
 	size, _ := r.log.state()
 	s.mu.Lock()
@@ -449,122 +596,136 @@ func (s *Service) prune(ctx context.Context, ws string) {
 
 var errShutdown = errors.New("the gateway shut down")
 
-// runSandboxed prepares Python, starts the relay socket and the sandbox, and waits for it.
-// It returns the exit status and, when the job could not run, why.
-func (s *Service) runSandboxed(ctx context.Context, r *run, dir, bwrap, key string, q quotas) (int, string) {
+// runSandboxed prepares Python, the relay socket, the user namespace and the cgroup, runs
+// the sandbox and waits for it. It returns the exit status and, when the job could not run
+// or was killed, why.
+func (s *Service) runSandboxed(ctx context.Context, r *run, dir, key string, q quotas) (int, string) {
 	py, err := s.o.Python(ctx, r.log)
 	if err != nil {
 		return -1, "preparing the Python environment: " + err.Error()
 	}
+	id := r.job.GetId()
 	runDir := filepath.Join(dir, "run")
-	if err := os.MkdirAll(runDir, 0o700); err != nil {
+	if err := os.Mkdir(runDir, 0o755); err != nil {
 		return -1, "creating the relay's folder: " + err.Error()
 	}
-	// The job's way to the gateway: a Unix socket bound into its sandbox.
-	sock := filepath.Join(runDir, "gw.sock")
-	ln, err := net.Listen("unix", sock)
+	// The job's way to the gateway: a Unix socket bound into its sandbox, whose
+	// connections the gateway's HTTP server serves.
+	ln, err := listenUnix(runDir, "gw.sock")
 	if err != nil {
 		return -1, "creating the relay socket: " + err.Error()
 	}
 	defer ln.Close()
-	gw := s.o.Gateway
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go splice(c, func() (net.Conn, error) { return net.DialTimeout("tcp", dialable(gw), 10*time.Second) })
+	if err := errors.Join(os.Chmod(runDir, 0o755), os.Chmod(filepath.Join(runDir, "gw.sock"), 0o666)); err != nil {
+		return -1, "opening the relay socket to the job: " + err.Error()
+	}
+	sctx, stopServing := context.WithCancel(ctx)
+	defer stopServing()
+	go s.o.Listener.serveJob(sctx, ln, id, s.o.MaxJobConns)
+
+	hostID := os.Getuid()
+	if s.root {
+		hostID = s.o.UIDBase + r.slot
+	}
+	ns, err := userNamespace(s.o.Relay, append(os.Environ(), s.o.RelayEnv...), s.root, hostID)
+	if err != nil {
+		return -1, err.Error()
+	}
+	defer ns.Close()
+	var cg *jobCgroup
+	if s.cgroups != nil {
+		if cg, err = s.cgroups.create(id, int64(q.memoryMB)<<20, s.o.MaxProcesses); err != nil {
+			return -1, err.Error()
 		}
-	}()
-	_, port, _ := net.SplitHostPort(gw)
-	argv := s.sandboxArgs(bwrap, dir, py, r.job, port, q)
+		defer cg.destroy()
+	}
+
+	_, port, _ := net.SplitHostPort(s.o.Gateway)
+	limits := []string{"-nproc", strconv.Itoa(s.o.MaxProcesses), "-nofile", strconv.Itoa(maxNofile)}
+	if cg == nil {
+		limits = append(limits, "-as", strconv.FormatInt(int64(q.memoryMB)<<20, 10))
+	}
+	command := []string{py.Exe}
+	if r.job.GetRecipe() != "" {
+		command = append(command, "-m", "loops_cookbook", "run", r.job.GetRecipe())
+	} else {
+		command = append(command, r.job.GetEntrypoint())
+	}
+	sb := &sandbox{
+		bwrap: s.o.Bwrap, root: s.root, upload: filepath.Join(dir, "upload"), run: runDir, relay: s.o.Relay,
+		binds: slices.Concat(s.o.Binds, py.Binds, modelBinds(s.o.ModelCaches)), port: port, conns: 4 * s.o.MaxJobConns,
+		diskBytes: int64(s.o.DiskMB) << 20, limits: limits, command: append(command, r.job.GetArgs()...),
+	}
+	argv := sb.args()
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Dir = runDir
+	cmd.Dir = "/"
 	cmd.Env = append([]string{
-		"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/job", "LANG=C.UTF-8", "PYTHONUNBUFFERED=1", "HF_HUB_OFFLINE=1",
-		"TINKER_API_KEY=" + key, "TINKER_BASE_URL=http://127.0.0.1:" + port, "LOOPS_JOB_ID=" + r.job.GetId(),
-	}, append(append(append([]string(nil), s.o.Env...), py.Env...), s.o.RelayEnv...)...)
+		"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + sandboxJob, "LANG=C.UTF-8", "PYTHONUNBUFFERED=1", "HF_HUB_OFFLINE=1",
+		"TINKER_API_KEY=" + key, "TINKER_BASE_URL=http://127.0.0.1:" + port, "LOOPS_JOB_ID=" + id,
+	}, slices.Concat(s.o.Env, py.Env, s.o.RelayEnv)...)
 	cmd.Stdout, cmd.Stderr = r.log, r.log
-	// Its own process group: cancel signals the whole sandbox.
+	// Its own process group (the gateway's terminal's signals do not reach it); bubblewrap
+	// dies with the gateway, and the sandbox with bubblewrap.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	pipes, err := newSandboxPipes(s.filter)
+	if err != nil {
+		return -1, err.Error()
+	}
+	defer pipes.close()
+	cmd.ExtraFiles = []*os.File{ns, pipes.seccompR, pipes.infoW, pipes.gateR}
 	if err := cmd.Start(); err != nil {
 		return -1, "starting the sandbox: " + err.Error()
 	}
+	pipes.closeChildEnds()
+	_ = ns.Close()
 	waited := make(chan error, 1)
 	go func() { waited <- cmd.Wait() }()
+	// The sandbox's first process (the relay) waits for the go, sent once the job is in
+	// its cgroup.
+	relay, err := pipes.childPID()
+	if err == nil && cg != nil {
+		err = cg.add(cmd.Process.Pid, relay)
+	}
+	if err == nil {
+		_, err = pipes.gateW.Write([]byte{1})
+	}
+	pipes.close()
+	if err != nil {
+		_ = cmd.Process.Kill()
+		<-waited
+		return -1, "starting the sandbox: " + err.Error()
+	}
 	var werr error
 	select {
 	case werr = <-waited:
 	case <-ctx.Done():
-		pgid := cmd.Process.Pid
-		terminate(pgid)
+		_ = syscall.Kill(relay, syscall.SIGTERM) // the relay passes it on to the job's processes
 		select {
 		case werr = <-waited:
 		case <-time.After(s.o.Grace):
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			_ = syscall.Kill(relay, syscall.SIGKILL)
+			_ = cmd.Process.Kill()
 			werr = <-waited
 		}
 	}
+	code := 0
 	var ee *exec.ExitError
-	if errors.As(werr, &ee) {
+	switch {
+	case errors.As(werr, &ee):
+		code = ee.ExitCode()
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return -1, fmt.Sprintf("killed by signal %s (over its memory limit of %d MiB, or stopped)", ws.Signal(), q.memoryMB)
+			code = 128 + int(ws.Signal())
 		}
-		return ee.ExitCode(), ""
-	}
-	if werr != nil {
+	case werr != nil:
 		return -1, werr.Error()
 	}
-	return 0, ""
-}
-
-// dialable turns a listening address into one to dial (an unspecified host is loopback).
-func dialable(addr string) string {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return addr
+	switch {
+	case cg != nil && cg.oomKilled():
+		return code, fmt.Sprintf("killed: over its memory limit of %d MiB (its processes with what it keeps in /job, /tmp and /dev/shm)", q.memoryMB)
+	case code > 128 && code < 128+65:
+		return code, fmt.Sprintf("killed by signal %d (%s)", code-128, unix.SignalName(syscall.Signal(code-128)))
 	}
-	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-		host = "127.0.0.1"
-	}
-	return net.JoinHostPort(host, port)
-}
-
-// sandboxArgs is the command line: prlimit (address space, processes, open files) around
-// bwrap around the relay around Python.
-func (s *Service) sandboxArgs(bwrap, dir string, py Python, j *loopsv1.Job, port string, q quotas) []string {
-	argv := []string{"prlimit",
-		"--as=" + strconv.FormatInt(int64(q.memoryMB)<<20, 10),
-		"--nofile=4096", "--core=0", "--",
-		bwrap,
-		"--unshare-all", // its own network (loopback only), pid, ipc, uts and user namespaces
-		"--die-with-parent",
-		"--hostname", "loops-job",
-		"--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-	}
-	for _, p := range []string{"/usr", "/bin", "/lib", "/lib64", "/lib32", "/sbin", "/etc/alternatives", "/etc/ssl", "/etc/ca-certificates", "/etc/localtime"} {
-		argv = append(argv, "--ro-bind-try", p, p)
-	}
-	for _, p := range append(append([]string(nil), s.o.Binds...), py.Binds...) {
-		argv = append(argv, "--ro-bind", p, p)
-	}
-	relayPath := "/.loops/relay"
-	argv = append(argv,
-		"--bind", filepath.Join(dir, "files"), "/job",
-		"--bind", filepath.Join(dir, "run"), "/.loops/run",
-		"--ro-bind", s.o.Relay[0], relayPath,
-		"--chdir", "/job",
-		"--",
-		relayPath)
-	argv = append(argv, s.o.Relay[1:]...)
-	argv = append(argv, "127.0.0.1:"+port, "/.loops/run/gw.sock", "--", py.Exe)
-	if j.GetRecipe() != "" {
-		argv = append(argv, "-m", "loops_cookbook", "run", j.GetRecipe())
-	} else {
-		argv = append(argv, j.GetEntrypoint())
-	}
-	return append(argv, j.GetArgs()...)
+	return code, ""
 }
 
 // lookup returns a job of the workspace: the running copy, else the record.
@@ -728,6 +889,9 @@ func (s *Service) Close(ctx context.Context) error {
 	go func() { s.wg.Wait(); close(done) }()
 	select {
 	case <-done:
+		if s.cgroups != nil {
+			s.cgroups.release()
+		}
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("jobs: still stopping at the end of the grace: %w", ctx.Err())

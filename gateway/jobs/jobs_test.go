@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -80,18 +81,34 @@ workspaces:
   ws-a: {allow_jobs: true, max_running_jobs: 2, max_job_seconds: 30}
   ws-b: {allow_jobs: true}
   ws-short: {allow_jobs: true, max_job_seconds: 1}
+  ws-mem: {allow_jobs: true, max_job_memory_mb: 256, max_job_seconds: 60}
+  ws-small: {allow_jobs: true, max_job_memory_mb: 300, max_job_seconds: 60}
 `
 
-func newFixture(t *testing.T, dir string, st store.Store) *fixture {
+func newFixture(t *testing.T, dir string, st store.Store, opts ...func(*Options)) *fixture {
 	t.Helper()
 	f := &fixture{dir: dir, st: st, seen: make(chan string, 16)}
-	f.gw = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// The gateway in open mode (no keys), as `loops serve` runs on loopback by default: the
+	// auth middleware decides who is an operator.
+	var open auth.Keys
+	f.gw = httptest.NewUnstartedServer(open.Middleware(auth.Policy{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case f.seen <- r.Header.Get("X-Api-Key"):
 		default:
 		}
+		if r.URL.Path == "/whoami" {
+			fmt.Fprintf(w, "operator=%v", auth.IsOperator(r.Context()))
+			return
+		}
 		fmt.Fprint(w, "hello from the gateway")
-	}))
+	})))
+	// As the gateway's server: a connection that sends no request is closed (here sooner).
+	f.gw.Config.ReadHeaderTimeout = time.Second
+	f.gw.Start()
+	// The jobs' connections, served by the same server as the gateway serves them.
+	jobsLn := NewListener(f.gw.Listener.Addr())
+	go func() { _ = f.gw.Config.Serve(jobsLn) }()
+	t.Cleanup(func() { _ = jobsLn.Close() })
 	t.Cleanup(f.gw.Close)
 	var err error
 	f.other, err = net.Listen("tcp", "127.0.0.1:0")
@@ -101,17 +118,24 @@ func newFixture(t *testing.T, dir string, st store.Store) *fixture {
 	require.NoError(t, err)
 	exe, err := os.Executable()
 	require.NoError(t, err)
-	f.svc, err = New(t.Context(), Options{
+	o := Options{
 		Dir: filepath.Join(dir, "jobs"), Store: st, Policy: pol, Gateway: f.gw.Listener.Addr().String(),
 		Python: func(context.Context, io.Writer) (Python, error) {
 			return Python{Exe: "/usr/bin/python3", Env: []string{"EXTRA=1"}}, nil
 		},
-		Relay: []string{exe}, RelayEnv: []string{"LOOPS_TEST_RELAY=1"},
+		Relay: []string{exe}, RelayEnv: []string{"LOOPS_TEST_RELAY=1"}, Listener: jobsLn,
+		// Jobs run where the tests run: with a cgroup when the host gives one (root here),
+		// else with per-process limits (the refusal has its own test).
+		WeakLimits: true,
 		// Set, so that the checks before a job starts run without bubblewrap too; the tests
 		// that run jobs call needSandbox.
 		Bwrap: bwrapPath(),
 		Grace: 2 * time.Second, MaxLogBytes: 4096, MaxKeptJobs: 3,
-	})
+	}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	f.svc, err = New(t.Context(), o)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = f.svc.Close(context.Background()) })
 	f.api = serve(t, f.svc)
@@ -426,7 +450,7 @@ func (c *client) ReadJobLogs(ctx context.Context, m *loopsv1.ReadJobLogsRequest)
 // serve puts the service behind the key middleware on a test server.
 func serve(t *testing.T, svc *Service) *client {
 	var entries []string
-	for _, ws := range []string{"ws-a", "ws-b", "ws-other", "ws-short"} {
+	for _, ws := range []string{"ws-a", "ws-b", "ws-other", "ws-short", "ws-mem", "ws-small"} {
 		entries = append(entries, keyOf(ws)+"="+ws)
 	}
 	keys, err := auth.ParseKeys(entries)
@@ -467,4 +491,93 @@ func TestJobsRetention(t *testing.T) {
 	}
 	_, err = os.Stat(filepath.Join(dir, "jobs", ids[2], "log"))
 	require.NoError(t, err)
+}
+
+// An upload's mistakes are client errors that name the entry, never the data dir: a file
+// then a folder of the same name, a file where a folder is needed.
+func TestUnpackConflicts(t *testing.T) {
+	for name, entries := range map[string][]tarEntry{
+		"file then folder":          {{"a", tar.TypeReg, "x"}, {"a/", tar.TypeDir, ""}},
+		"file then file below it":   {{"a", tar.TypeReg, "x"}, {"a/b", tar.TypeReg, "y"}},
+		"file then folder below it": {{"a", tar.TypeReg, "x"}, {"a/b/", tar.TypeDir, ""}},
+		"folder then file":          {{"a/", tar.TypeDir, ""}, {"a", tar.TypeReg, "x"}},
+		"file twice":                {{"a", tar.TypeReg, "x"}, {"a", tar.TypeReg, "y"}},
+		"deep file then file":       {{"d/e/f", tar.TypeReg, "x"}, {"d/e", tar.TypeReg, "y"}},
+	} {
+		dir := filepath.Join(t.TempDir(), "files")
+		require.NoError(t, os.Mkdir(dir, 0o755))
+		err := Unpack(rawTar(t, entries), dir, 10, 1<<20)
+		var ea *errArchive
+		require.ErrorAs(t, err, &ea, name)
+		require.NotContains(t, err.Error(), dir, "%s: the message must not show the gateway's folders", name)
+		require.NotContains(t, err.Error(), "/files", name)
+	}
+}
+
+// Through the API: 400 with the message, never a 500.
+func TestSubmitUnpackConflictIsClientError(t *testing.T) {
+	f := fixtureWith(t)
+	dir := f.dir
+	_, err := submit(t, f.api, "ws-a", &loopsv1.SubmitJobRequest{Entrypoint: "a.py", Archive: rawTar(t, []tarEntry{{"a.py", tar.TypeReg, "x"}, {"a.py/", tar.TypeDir, ""}})})
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "%v", err)
+	require.NotContains(t, err.Error(), dir)
+	_, err = submit(t, f.api, "ws-a", &loopsv1.SubmitJobRequest{Entrypoint: "a.py", Archive: rawTar(t, []tarEntry{{"a.py", tar.TypeReg, "x"}, {"a.py/b", tar.TypeReg, ""}})})
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "%v", err)
+	require.NotContains(t, err.Error(), dir)
+}
+
+type tarEntry struct {
+	name string
+	typ  byte
+	body string
+}
+
+// rawTar builds a tar archive of the entries, in order.
+func rawTar(t testing.TB, entries []tarEntry) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		h := &tar.Header{Name: e.name, Typeflag: e.typ, Mode: 0o644}
+		if e.typ == tar.TypeReg {
+			h.Size = int64(len(e.body))
+		} else {
+			h.Mode = 0o755
+		}
+		require.NoError(t, tw.WriteHeader(h))
+		if e.typ == tar.TypeReg {
+			_, err := tw.Write([]byte(e.body))
+			require.NoError(t, err)
+		}
+	}
+	require.NoError(t, tw.Close())
+	return buf.Bytes()
+}
+
+// A gateway that died while jobs ran left their folders: the next start removes them (the
+// logs stay) and marks the records failed.
+func TestJobsStartupCleansLeftovers(t *testing.T) {
+	dir := t.TempDir()
+	st := openStore(t, dir)
+	defer st.Close()
+	id := "job-00000000000000bb"
+	require.NoError(t, st.PutJob(t.Context(), "ws-a", &loopsv1.Job{Id: id, State: loopsv1.JobState_JOB_STATE_RUNNING, Entrypoint: "s.py"}))
+	jd := filepath.Join(dir, "jobs", id)
+	for _, sub := range []string{"files/d", "upload/d", "run"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(jd, sub), 0o755))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(jd, "files", "d", "big"), []byte("left behind"), 0o644))
+	require.NoError(t, os.Symlink("/", filepath.Join(jd, "files", "root-link")))
+	require.NoError(t, os.WriteFile(filepath.Join(jd, "log"), []byte("the log\n"), 0o600))
+	f := newFixture(t, dir, st)
+	res, err := f.api.GetJob(wsCtx(t, "ws-a"), &loopsv1.GetJobRequest{Id: id})
+	require.NoError(t, err)
+	require.Equal(t, loopsv1.JobState_JOB_STATE_FAILED, res.GetState())
+	for _, sub := range []string{"files", "upload", "run"} {
+		_, err := os.Lstat(filepath.Join(jd, sub))
+		require.ErrorIs(t, err, fs.ErrNotExist, "%s is removed at start-up", sub)
+	}
+	b, err := os.ReadFile(filepath.Join(jd, "log"))
+	require.NoError(t, err)
+	require.Equal(t, "the log\n", string(b))
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/loops-dev/loops/gateway/store"
 )
 
 // Config configures an Elector. Zero durations take the defaults.
@@ -91,9 +93,17 @@ type Status struct {
 // Elector takes and keeps the lease for one gateway (see the package doc).
 type Elector struct {
 	cfg Config
+	// down carries a step-down (StepDown) to the leading loop.
+	down chan stepDown
 
 	mu sync.Mutex
 	st Status
+}
+
+// stepDown is a request to give up a term.
+type stepDown struct {
+	term int64
+	err  error
 }
 
 // New returns an elector; Run starts it.
@@ -101,7 +111,30 @@ func New(cfg Config) (*Elector, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	return &Elector{cfg: cfg}, nil
+	return &Elector{cfg: cfg, down: make(chan stepDown, 1)}, nil
+}
+
+// StepDown makes this gateway give up term at once, if it leads it: OnLost is called and Run
+// returns, as when a renewal finds the lease taken. The store calls it (through Fence's
+// Lost) when it refuses a write because another gateway holds the lease now. It never
+// blocks; a term this gateway does not lead is ignored.
+func (e *Elector) StepDown(term int64, err error) {
+	select {
+	case e.down <- stepDown{term, err}:
+	default: // one is pending already
+	}
+}
+
+// Fence returns the fence that the leader's store must check on every write while this
+// elector leads rec's term (taken by it): a write after another gateway took the lease over
+// fails, and makes this gateway step down (StepDown). A transaction of the store may wait
+// idle for this process at most TTL/2, so that a leader stopped in the middle of one (a
+// frozen VM) does not hold up a takeover, which comes TTL after its last renewal.
+func (e *Elector) Fence(rec Record) store.Fence {
+	return store.Fence{
+		Lease: e.cfg.Name, Holder: e.cfg.Holder, Term: rec.Term, IdleTimeout: e.cfg.TTL / 2,
+		Lost: func(err error) { e.StepDown(rec.Term, err) },
+	}
 }
 
 // Config returns the elector's configuration with its defaults.
@@ -193,6 +226,12 @@ func (e *Elector) lead(ctx context.Context, term int64, lastSent time.Time) erro
 			t.Stop()
 			e.release(term)
 			return ctx.Err()
+		case d := <-e.down:
+			t.Stop()
+			if d.term == term {
+				return e.lost(d.err)
+			}
+			continue
 		case <-t.C:
 		}
 		if !time.Now().Before(fence) {
@@ -223,7 +262,8 @@ func (e *Elector) lead(ctx context.Context, term int64, lastSent time.Time) erro
 var errFenced = errors.New("lease: the renewal did not answer before the lease had to be given up")
 
 // renew runs one renewal. It gives up after RenewEvery (a hung call is abandoned and the
-// next one tried) and at the fence, even if the store ignores its context.
+// next one tried) and at the fence, even if the store ignores its context, and at once on a
+// StepDown of the term (ErrLost).
 func (e *Elector) renew(ctx context.Context, term int64, fence time.Time) error {
 	deadline := time.Now().Add(e.cfg.RenewEvery)
 	if deadline.After(fence) {
@@ -236,17 +276,24 @@ func (e *Elector) renew(ctx context.Context, term int64, fence time.Time) error 
 		_, err := e.cfg.Store.Renew(rctx, e.cfg.Name, e.cfg.Holder, term, e.cfg.TTL)
 		done <- err
 	}()
-	select {
-	case err := <-done:
-		return err
-	case <-rctx.Done():
-		if ctx.Err() != nil {
-			return ctx.Err()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case d := <-e.down:
+			if d.term != term {
+				continue
+			}
+			return fmt.Errorf("%w: %w", ErrLost, d.err)
+		case <-rctx.Done():
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if time.Now().Before(fence) {
+				return fmt.Errorf("lease: the renewal did not answer within %s", e.cfg.RenewEvery)
+			}
+			return errFenced
 		}
-		if time.Now().Before(fence) {
-			return fmt.Errorf("lease: the renewal did not answer within %s", e.cfg.RenewEvery)
-		}
-		return errFenced
 	}
 }
 
@@ -258,6 +305,9 @@ func (e *Elector) lost(err error) error {
 	e.cfg.Logger.Error("lost the leader lease: stepping down", slog.Any("err", err))
 	if e.cfg.OnLost != nil {
 		e.cfg.OnLost(err)
+	}
+	if errors.Is(err, ErrLost) {
+		return err
 	}
 	return fmt.Errorf("%w: %w", ErrLost, err)
 }

@@ -19,7 +19,7 @@
 //	  allow_jobs: false          # may its keys run managed jobs (`loops jobs`, docs/jobs.md)
 //	  max_running_jobs: 0        # jobs running at once (0: the server's default, 2)
 //	  max_job_seconds: 0         # a job's wall time (0: the server's default, 3600)
-//	  max_job_memory_mb: 0       # a job's address space in MiB (0: the server's default, 8192)
+//	  max_job_memory_mb: 0       # a job's memory in MiB, at least 256 (0: the server's default, 8192)
 //	  max_deployment_replicas: 0 # replicas one deployment may ask for (0: the server's bound, 8)
 //	  dedicated: allowed         # runs with pools of their own: off, allowed (when asked), always
 //	workspaces:

@@ -10,6 +10,7 @@ import (
 	"connectrpc.com/connect"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
+	"github.com/loops-dev/loops/internal/lockorder"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -48,11 +49,17 @@ type Enforcer struct {
 	p      *Policy
 	served []string
 
-	mu   sync.Mutex
+	mu   lockorder.Mutex[rankEnforcer]
 	use  map[string]*wsUse
 	runs map[string]string // live run id -> workspace
 	ops  map[string]string // unfinished operation id -> workspace
 }
+
+// rankEnforcer places Enforcer.mu in the gateway's lock order (gateway/core/lockorder.go):
+// after the core's operation locks, before its persister's; nothing is taken under it.
+type rankEnforcer struct{}
+
+func (rankEnforcer) Rank() (int, string) { return 700, "policy.Enforcer.mu" }
 
 // NewEnforcer checks p (nil: Default) against the served base models and returns its
 // Enforcer.
@@ -191,6 +198,23 @@ func (e *Enforcer) Dedicated(ws string, ask bool) (bool, error) {
 		return true, nil
 	}
 	return ask, nil
+}
+
+// AdoptRun counts a run that is already live (recovered after a restart, or reloaded into
+// memory) against its workspace's max_concurrent_runs, without checking the limit: the run
+// exists, so the workspace's next StartRun sees it. Adopting a run counted already is a
+// no-op.
+func (e *Enforcer) AdoptRun(ws, runID string) {
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := e.runs[runID]; ok {
+		return
+	}
+	e.useLocked(ws).runs++
+	e.runs[runID] = ws
 }
 
 // EndRun stops counting a run as live. Ending a run that is not live is a no-op.

@@ -29,3 +29,14 @@ workspaces:
 	_, err = Parse([]byte("default:\n  allow_job: true\n"))
 	require.ErrorContains(t, err, "allow_jobs")
 }
+
+// max_job_memory_mb below what a job needs to start is refused with the minimum; 0 is the
+// server's default.
+func TestJobsMemoryMinimum(t *testing.T) {
+	_, err := Parse([]byte("workspaces:\n  team-a:\n    max_job_memory_mb: 100\n"))
+	require.ErrorContains(t, err, "workspaces.team-a.max_job_memory_mb is 100")
+	require.ErrorContains(t, err, "256")
+	p, err := Parse([]byte("default:\n  max_job_memory_mb: 0\nworkspaces:\n  team-a:\n    max_job_memory_mb: 256\n"))
+	require.NoError(t, err)
+	require.Equal(t, 256, p.For("team-a").MaxJobMemoryMB)
+}

@@ -34,7 +34,8 @@ type Section struct {
 	MaxRunningJobs *int `json:"max_running_jobs,omitempty"`
 	// MaxJobSeconds caps a job's wall time (0: the server's default).
 	MaxJobSeconds *int `json:"max_job_seconds,omitempty"`
-	// MaxJobMemoryMB caps a job's address space, in MiB (0: the server's default).
+	// MaxJobMemoryMB caps a job's memory, in MiB, at least MinJobMemoryMB (0: the server's
+	// default).
 	MaxJobMemoryMB *int `json:"max_job_memory_mb,omitempty"`
 	// MaxDeploymentReplicas caps the sampler replicas one of the workspace's deployments
 	// may ask for (0: the server's bound, 8). With worker pools, replicas scale the shared
@@ -44,6 +45,10 @@ type Section struct {
 	// mode): "off" (refused), "allowed" (when a run asks; the default) or "always".
 	Dedicated *string `json:"dedicated,omitempty"`
 }
+
+// MinJobMemoryMB is the smallest max_job_memory_mb accepted: a job's Python interpreter and
+// its sandbox's relay need about that much to start.
+const MinJobMemoryMB = 256
 
 // File is a policy file as written.
 type File struct {
@@ -204,6 +209,9 @@ func (s Section) validate(where string) error {
 		if f.v != nil && *f.v > 1<<30 {
 			return fmt.Errorf("%s.%s is %d, over the largest accepted value %d: use 0 for no limit", where, f.name, *f.v, 1<<30)
 		}
+	}
+	if m := s.MaxJobMemoryMB; m != nil && *m > 0 && *m < MinJobMemoryMB {
+		return fmt.Errorf("%s.max_job_memory_mb is %d: a job needs at least %d MiB (its Python and the sandbox's relay), so the gateway could not honour it; use %d or more, or 0 for the server's default", where, *m, MinJobMemoryMB, MinJobMemoryMB)
 	}
 	return nil
 }

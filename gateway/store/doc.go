@@ -10,6 +10,14 @@
 //
 // Store is the interface every backend implements: package store/sqlite is the embedded
 // single-node backend (the default), package store/postgres keeps the same records in
-// PostgreSQL (loops serve --database postgres://…). Package store/storetest is the contract
-// suite every implementation must pass.
+// PostgreSQL (loops serve --database postgres://…); both share their SQL through
+// store/internal/sqlstore. Store is composed of small interfaces (SessionStore, RunReader,
+// BatchWriter, …): a consumer depends on the ones it uses. Package store/storetest is the
+// contract suite every implementation must pass.
+//
+// Fencing: gateways that share a PostgreSQL database elect a leader with a lease (package
+// lease). The leader gives its store a Fence (its term of the lease), and every write then
+// checks, inside its own transaction, that the term still holds the lease: a leader paused
+// past its lease (a long GC, a frozen VM, a write in flight) cannot commit anything once
+// another gateway has taken over; its writes fail with ErrFenced, and it steps down.
 package store

@@ -66,16 +66,45 @@ func CursorOf(m interface {
 // Lists are newest first: by create_time descending, then by id descending. Stores keep their
 // own copies: messages passed in and returned may be modified by the caller afterwards.
 // Implementations are safe for concurrent use.
+//
+// Every write (each method that changes records) of a store given a Fence checks it
+// inside its own transaction and fails with ErrFenced, changing nothing, once the fence's
+// lease is no longer held (see Fencer).
+//
+// Store is the union of the small interfaces below; a consumer should depend on the ones it
+// uses (the write-behind persister on a BatchWriter, the run registry on a RunReader, …), so
+// that what it may do to the records is written in its type.
 type Store interface {
+	SessionStore
+	RunReader
+	RunWriter
+	CheckpointStore
+	SamplerStore
+	OperationStore
+	BatchWriter
+	StepMetricsReader
+	UsageStore
+	DeploymentStore
+	JobStore
+	Fencer
+
+	// Close releases the store's resources.
+	Close() error
+}
+
+// SessionStore keeps sessions.
+type SessionStore interface {
 	// PutSession inserts or replaces a session.
 	PutSession(ctx context.Context, workspace string, s *loopsv1.Session) error
 	// GetSession returns a session of the workspace.
 	GetSession(ctx context.Context, workspace, id string) (*loopsv1.Session, error)
 	// ListSessions lists the workspace's sessions and the total count.
 	ListSessions(ctx context.Context, workspace string, page Page) ([]*loopsv1.Session, int64, error)
+}
 
-	// PutTrainingRun inserts or replaces a training run.
-	PutTrainingRun(ctx context.Context, workspace string, r *loopsv1.TrainingRun) error
+// RunReader reads training runs: what the run registry needs to find a run that is not in
+// memory, and recovery at start-up to find them all.
+type RunReader interface {
 	// GetTrainingRun returns a training run of the workspace.
 	GetTrainingRun(ctx context.Context, workspace, id string) (*loopsv1.TrainingRun, error)
 	// ListTrainingRuns lists the workspace's training runs and the total count.
@@ -85,7 +114,17 @@ type Store interface {
 	// ListSessionTrainingRuns lists the training runs of one session of the workspace,
 	// oldest first (one query; a session holds at most the core's MaxRunsPerSession).
 	ListSessionTrainingRuns(ctx context.Context, workspace, sessionID string) ([]*loopsv1.TrainingRun, error)
+}
 
+// RunWriter writes one training run outside a batch (a run's creation; its later bookkeeping
+// goes through a BatchWriter).
+type RunWriter interface {
+	// PutTrainingRun inserts or replaces a training run.
+	PutTrainingRun(ctx context.Context, workspace string, r *loopsv1.TrainingRun) error
+}
+
+// CheckpointStore keeps checkpoint records (their weights are in a checkpoint store).
+type CheckpointStore interface {
 	// PutCheckpoint inserts or replaces a checkpoint, keyed by (training_run_id, id).
 	PutCheckpoint(ctx context.Context, workspace string, c *loopsv1.Checkpoint) error
 	// GetCheckpoint returns a checkpoint of the workspace by run and checkpoint id.
@@ -101,12 +140,18 @@ type Store interface {
 	// ListExpiredCheckpoints lists checkpoints of all workspaces whose expire_time is set and
 	// before now.
 	ListExpiredCheckpoints(ctx context.Context, now time.Time) ([]OwnedCheckpoint, error)
+}
 
+// SamplerStore keeps samplers.
+type SamplerStore interface {
 	// PutSampler inserts or replaces a sampler.
 	PutSampler(ctx context.Context, workspace string, s *loopsv1.Sampler) error
 	// GetSampler returns a sampler of the workspace.
 	GetSampler(ctx context.Context, workspace, id string) (*loopsv1.Sampler, error)
+}
 
+// OperationStore keeps operations one at a time, and fails or removes them in bulk.
+type OperationStore interface {
 	// PutOperation inserts or replaces an operation.
 	PutOperation(ctx context.Context, workspace string, op *loopsv1.Operation) error
 	// GetOperation returns an operation of the workspace.
@@ -116,6 +161,15 @@ type Store interface {
 	// returns how many it changed. The stored operation itself changes: its state becomes
 	// OPERATION_STATE_FAILED, its error e and its done_time now.
 	FailUnfinishedOperations(ctx context.Context, e *loopsv1.OperationError, now time.Time) (int, error)
+	// DeleteOperationsDoneBefore removes finished (succeeded or failed) operations whose
+	// done_time is before t and returns how many it removed; operations without a done_time
+	// are kept.
+	DeleteOperationsDoneBefore(ctx context.Context, t time.Time) (int, error)
+}
+
+// BatchWriter commits groups of records at once: what the core's write-behind persister
+// needs (a single record is a batch of one).
+type BatchWriter interface {
 	// ApplyBatch writes every record of b in one transaction: all of them or, when it
 	// returns an error, none. Each record is written as by its Put method (PutTrainingRun,
 	// PutOperation), with the same rules; a record that its Put would refuse (a missing id,
@@ -125,19 +179,22 @@ type Store interface {
 	// with the same seq_id, is dropped when a merged record already covers its seq_id, and
 	// a run left with more than MaxStepMetricsPerRun records is downsampled
 	// (CompactStepMetrics). It is how the core's write-behind persister commits a group of
-	// writes.
+	// writes. A batch refused by the fence fails with ErrFenced: it was not committed, and
+	// retrying it cannot succeed.
 	ApplyBatch(ctx context.Context, b Batch) error
-	// DeleteOperationsDoneBefore removes finished (succeeded or failed) operations whose
-	// done_time is before t and returns how many it removed; operations without a done_time
-	// are kept.
-	DeleteOperationsDoneBefore(ctx context.Context, t time.Time) (int, error)
+}
 
+// StepMetricsReader reads the step metrics that batches write.
+type StepMetricsReader interface {
 	// ListStepMetrics lists the run's step metrics records (written by ApplyBatch), oldest
 	// first (by seq_id), those whose steps overlap [fromStep, toStep] (0: no bound). A run
 	// of another workspace has none. At most MaxStepMetricsPerRun records are kept per run
 	// (see CompactStepMetrics).
 	ListStepMetrics(ctx context.Context, workspace, runID string, fromStep, toStep int64) ([]*loopsv1.StepMetrics, error)
+}
 
+// UsageStore keeps the hourly usage counters.
+type UsageStore interface {
 	// AddUsage adds u.Amount to the workspace's usage row keyed by (u.BucketStart,
 	// u.BaseModel, u.SessionID, u.Deployment, u.Kind), creating the row when there is none. BucketStart is
 	// stored as given (callers truncate it to the hour, in UTC).
@@ -145,12 +202,6 @@ type Store interface {
 	// ListUsage lists the workspace's usage rows with from <= BucketStart < to, ordered by
 	// BucketStart, then Kind, then BaseModel, then SessionID, then Deployment. Times come back in UTC.
 	ListUsage(ctx context.Context, workspace string, from, to time.Time) ([]UsageRecord, error)
-
-	DeploymentStore
-	JobStore
-
-	// Close releases the store's resources.
-	Close() error
 }
 
 // Pinger is implemented by stores that can check that their database answers, for the

@@ -24,6 +24,8 @@ type Used[K comparable] struct {
 	Op string
 	// Kind is the kind of request that used the seq_id.
 	Kind K
+	// claimed: the seq_id is claimed (Claim) and neither recorded nor rejected yet.
+	claimed bool
 }
 
 // Admission is what Admit decided for a request that may go on.
@@ -35,6 +37,9 @@ type Admission struct {
 	Repeat bool
 	// Op is the first request's operation, for a repeat.
 	Op string
+	// Claimed is true when the seq_id is claimed by a request still being checked (Claim):
+	// wait for it to be recorded or given up, then admit again.
+	Claimed bool
 }
 
 // OutOfRangeError: a seq_id outside 0..MaxSeqID.
@@ -81,10 +86,12 @@ type FullError struct{ Limit int }
 
 func (e *FullError) Error() string { return fmt.Sprintf("%d requests are queued", e.Limit) }
 
-// entry is a queued request: an item, or a consumed seq_id (a rejected request).
+// entry is a queued request: an item, a consumed seq_id (a rejected request), or a claimed
+// one (a request being checked, which the run waits for as for an item).
 type entry[T any] struct {
 	item     T
 	consumed bool
+	claimed  bool
 }
 
 // Sequencer orders one run's requests, of item type T and request kind K. The zero value is
@@ -133,6 +140,9 @@ func (s *Sequencer[T, K]) Admit(seq int64, kind K) (Admission, error) {
 		}
 	}
 	if used, ok := s.seen[seq]; ok {
+		if used.claimed {
+			return Admission{Seq: seq, Claimed: true}, nil
+		}
 		if used.Kind != kind || used.Op == "" {
 			return Admission{}, &ReusedError[K]{Seq: seq, First: used}
 		}
@@ -145,6 +155,36 @@ func (s *Sequencer[T, K]) Admit(seq int64, kind K) (Admission, error) {
 		return Admission{}, &FullError{Limit: s.maxPending}
 	}
 	return Admission{Seq: seq}, nil
+}
+
+// Claim holds an admitted seq_id for a request that is checked and built without the
+// caller's lock (store reads, the operation's creation): the run waits for it as for a
+// queued request, a repeat of it is answered Claimed, and later requests that send 0 get
+// the seq_ids after it. The caller then calls Record, Reject or Unclaim. A claim counts
+// against maxPending.
+func (s *Sequencer[T, K]) Claim(seq int64, kind K) {
+	s.pending[seq] = entry[T]{claimed: true}
+	s.seen[seq] = Used[K]{Kind: kind, claimed: true}
+	s.maxSeen = max(s.maxSeen, seq)
+}
+
+// Unclaim gives a claimed seq_id back unused, so a retry of it is accepted (the request
+// failed for a reason that is not the client's input, such as a full queue).
+func (s *Sequencer[T, K]) Unclaim(seq int64) {
+	if e, ok := s.pending[seq]; !ok || !e.claimed {
+		return
+	}
+	delete(s.pending, seq)
+	delete(s.seen, seq)
+	if seq == s.maxSeen {
+		s.maxSeen = s.next - 1
+		for q := range s.seen {
+			s.maxSeen = max(s.maxSeen, q)
+		}
+		for q := range s.pending {
+			s.maxSeen = max(s.maxSeen, q)
+		}
+	}
 }
 
 // Record queues an admitted request: item, which created operation op.
@@ -188,14 +228,15 @@ func (s *Sequencer[T, K]) advance() {
 // Head returns the request that runs next, if it has arrived, without taking it.
 func (s *Sequencer[T, K]) Head() (T, bool) {
 	e, ok := s.pending[s.next]
-	return e.item, ok
+	return e.item, ok && !e.claimed
 }
 
 // Take removes the request that runs next and moves the position past it.
 func (s *Sequencer[T, K]) Take() (T, bool) {
 	e, ok := s.pending[s.next]
-	if !ok {
-		return e.item, false
+	if !ok || e.claimed {
+		var zero T
+		return zero, false
 	}
 	delete(s.pending, s.next)
 	s.next++
@@ -203,7 +244,8 @@ func (s *Sequencer[T, K]) Take() (T, bool) {
 	return e.item, true
 }
 
-// Waiting reports a gap: requests are queued but the next one has not arrived.
+// Waiting reports a gap: requests are queued but the next one has not arrived (a claimed
+// next one is arriving: no gap).
 func (s *Sequencer[T, K]) Waiting() bool {
 	_, ok := s.pending[s.next]
 	return !ok && len(s.pending) > 0
@@ -226,12 +268,12 @@ func (s *Sequencer[T, K]) SkipGap(expected int64) (from, to int64, ok bool) {
 	return from, first - 1, true
 }
 
-// Drain removes every queued request and returns the items (consumed seq_ids have none),
-// in seq_id order.
+// Drain removes every queued request and returns the items (consumed and claimed seq_ids
+// have none), in seq_id order. A claim drained this way is rejected by its caller later.
 func (s *Sequencer[T, K]) Drain() []T {
 	seqs := make([]int64, 0, len(s.pending))
 	for q, e := range s.pending {
-		if !e.consumed {
+		if !e.consumed && !e.claimed {
 			seqs = append(seqs, q)
 		}
 	}

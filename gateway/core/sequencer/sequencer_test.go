@@ -259,3 +259,45 @@ func itoa(n int64) string {
 }
 
 func mustAtoi(s string) int64 { return int64(binary.BigEndian.Uint64([]byte(s))) }
+
+// TestClaim: a claimed seq_id holds the run up as a queued request does (no gap, no head),
+// answers a repeat with Claimed, gives later requests that send 0 the next seq_ids, and ends
+// recorded, rejected or given back.
+func TestClaim(t *testing.T) {
+	s := New[string, string](1, 4)
+	a, err := s.Admit(0, "fb")
+	require.NoError(t, err)
+	require.Equal(t, int64(1), a.Seq)
+	s.Claim(a.Seq, "fb")
+	_, ok := s.Head()
+	require.False(t, ok, "a claimed head is not runnable")
+	require.False(t, s.Waiting(), "a claimed head is not a gap")
+	rep, err := s.Admit(1, "fb")
+	require.NoError(t, err)
+	require.True(t, rep.Claimed, "a repeat of a claim waits for it")
+	require.Equal(t, int64(2), submit(t, s, 0, "fb", "b"), "0 gets the seq_id after the claim")
+	_, ok = s.Take()
+	require.False(t, ok, "the claim holds the run up")
+	s.Record(1, "fb", "op-a", "a")
+	require.Equal(t, []string{"a", "b"}, takeAll(s))
+
+	// Given back: a retry of the same seq_id is accepted, and 0 counts from before it.
+	c, err := s.Admit(3, "fb")
+	require.NoError(t, err)
+	s.Claim(c.Seq, "fb")
+	s.Unclaim(c.Seq)
+	require.Zero(t, s.Len())
+	require.Equal(t, int64(3), submit(t, s, 0, "fb", "c"))
+	// Rejected: consumed, the run goes on.
+	d, err := s.Admit(0, "fb")
+	require.NoError(t, err)
+	s.Claim(d.Seq, "fb")
+	require.Equal(t, int64(5), submit(t, s, 0, "fb", "e"))
+	s.Reject(d.Seq, "fb")
+	require.Equal(t, []string{"c", "e"}, takeAll(s))
+	// Drained while claimed: nothing is returned for it.
+	f, err := s.Admit(0, "fb")
+	require.NoError(t, err)
+	s.Claim(f.Seq, "fb")
+	require.Empty(t, s.Drain())
+}

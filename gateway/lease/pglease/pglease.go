@@ -1,8 +1,14 @@
 // Package pglease keeps the gateways' leader lease (package lease) in PostgreSQL: one row
-// per lease in the table loops_leader_lease, created when missing. Expiry is decided on the
-// database's clock (now()), so the gateways' clocks never matter; every change of holder
-// happens in a transaction that locks the row. The lease uses a small pool of its own, so
-// a renewal never waits behind the store's queries.
+// per lease in the table loops_leader_lease (postgres.LeaseTable), created when missing.
+// Expiry is decided on the database's clock (now()), so the gateways' clocks never matter;
+// every change of holder happens in a transaction that locks the row FOR UPDATE first. The
+// lease uses a small pool of its own, so a renewal never waits behind the store's queries.
+//
+// The store (package store/postgres) fences its writes on the same row: each write
+// transaction checks, just before its COMMIT, that its term still holds the lease, under a
+// FOR KEY SHARE lock. A takeover's FOR UPDATE waits for such a commit (the write then
+// happened before the takeover), and a write after the takeover is refused; renewals and
+// releases change no key, so they never wait for a write.
 package pglease
 
 import (
@@ -23,7 +29,7 @@ const MaxConns = 2
 
 // schema creates the lease table. It is the lease's own (not one of the store's numbered
 // migrations): only PostgreSQL has leases, and the statement is idempotent.
-const schema = `CREATE TABLE IF NOT EXISTS loops_leader_lease (
+const schema = `CREATE TABLE IF NOT EXISTS ` + postgres.LeaseTable + ` (
 	name        text PRIMARY KEY,
 	holder      text NOT NULL,
 	address     text NOT NULL,
@@ -80,11 +86,11 @@ func (s *Store) TryAcquire(ctx context.Context, name, holder, address string, tt
 	var ok bool
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		// The row exists from the first take on; ON CONFLICT covers two first takes at once.
-		if _, err := tx.Exec(ctx, `INSERT INTO loops_leader_lease (name, holder, address, term, acquired_at, renewed_at, expires_at)
+		if _, err := tx.Exec(ctx, `INSERT INTO `+postgres.LeaseTable+` (name, holder, address, term, acquired_at, renewed_at, expires_at)
 			VALUES ($1, '', '', 0, now(), now(), now()) ON CONFLICT (name) DO NOTHING`, name); err != nil {
 			return err
 		}
-		old, err := scan(tx.QueryRow(ctx, `SELECT `+columns+` FROM loops_leader_lease WHERE name = $1 FOR UPDATE`, name))
+		old, err := scan(tx.QueryRow(ctx, `SELECT `+columns+` FROM `+postgres.LeaseTable+` WHERE name = $1 FOR UPDATE`, name))
 		if err != nil {
 			return err
 		}
@@ -92,7 +98,7 @@ func (s *Store) TryAcquire(ctx context.Context, name, holder, address string, tt
 			rec = old
 			return nil
 		}
-		rec, err = scan(tx.QueryRow(ctx, `UPDATE loops_leader_lease
+		rec, err = scan(tx.QueryRow(ctx, `UPDATE `+postgres.LeaseTable+`
 			SET holder = $2, address = $3, term = term + 1, acquired_at = now(), renewed_at = now(),
 			    expires_at = now() + make_interval(secs => $4)
 			WHERE name = $1 RETURNING `+columns, name, holder, address, ttl.Seconds()))
@@ -113,7 +119,7 @@ func (s *Store) TryAcquire(ctx context.Context, name, holder, address string, tt
 
 // Renew extends holder's lease of term (see lease.Store).
 func (s *Store) Renew(ctx context.Context, name, holder string, term int64, ttl time.Duration) (lease.Record, error) {
-	rec, err := scan(s.pool.QueryRow(ctx, `UPDATE loops_leader_lease
+	rec, err := scan(s.pool.QueryRow(ctx, `UPDATE `+postgres.LeaseTable+`
 		SET renewed_at = now(), expires_at = now() + make_interval(secs => $4)
 		WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > now()
 		RETURNING `+columns, name, holder, term, ttl.Seconds()))
@@ -128,7 +134,7 @@ func (s *Store) Renew(ctx context.Context, name, holder string, term int64, ttl 
 
 // Release ends holder's lease of term now (see lease.Store).
 func (s *Store) Release(ctx context.Context, name, holder string, term int64) error {
-	if _, err := s.pool.Exec(ctx, `UPDATE loops_leader_lease SET expires_at = now()
+	if _, err := s.pool.Exec(ctx, `UPDATE `+postgres.LeaseTable+` SET expires_at = now()
 		WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > now()`, name, holder, term); err != nil {
 		return fmt.Errorf("lease: release %q term %d: %w", name, term, err)
 	}
@@ -137,7 +143,7 @@ func (s *Store) Release(ctx context.Context, name, holder string, term int64) er
 
 // Get returns the lease's record (see lease.Store).
 func (s *Store) Get(ctx context.Context, name string) (lease.Record, error) {
-	rec, err := scan(s.pool.QueryRow(ctx, `SELECT `+columns+` FROM loops_leader_lease WHERE name = $1`, name))
+	rec, err := scan(s.pool.QueryRow(ctx, `SELECT `+columns+` FROM `+postgres.LeaseTable+` WHERE name = $1`, name))
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && rec.Holder == "") {
 		return lease.Record{}, lease.ErrNone
 	}

@@ -8,11 +8,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/loops-dev/loops/gateway/lease"
 	"github.com/loops-dev/loops/gateway/lease/pglease"
+	"github.com/loops-dev/loops/gateway/store"
+	"github.com/loops-dev/loops/gateway/store/postgres"
 	"github.com/loops-dev/loops/gateway/store/postgres/pgtest"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -373,4 +377,60 @@ func TestLateAnswersCountFromTheSend(t *testing.T) {
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
 	require.True(t, ev.live["A"], "it stepped down while the database still held its lease")
+}
+
+// TestFencedWriteStepsDown: the leader's store is fenced with its term (Elector.Fence);
+// once another holder has the lease, the leader's next write is refused (store.ErrFenced)
+// and the leader steps down at once, long before its own clock would have made it; a
+// step-down of a term it does not lead changes nothing.
+func TestFencedWriteStepsDown(t *testing.T) {
+	s, url := open(t)
+	ctx := t.Context()
+	st, err := postgres.Open(ctx, url, postgres.Options{})
+	require.NoError(t, err)
+	defer st.Close()
+	elected := make(chan lease.Record, 1)
+	lost := make(chan error, 1)
+	var a *lease.Elector
+	a, err = lease.New(lease.Config{
+		Store: s, Holder: "A", Address: "http://A", TTL: time.Minute,
+		OnElected: func(rec lease.Record) {
+			if err := st.SetFence(a.Fence(rec)); err != nil {
+				t.Error(err)
+			}
+			elected <- rec
+		},
+		OnLost: func(err error) { lost <- err },
+	})
+	require.NoError(t, err)
+	errA := make(chan error, 1)
+	go func() { errA <- a.Run(ctx) }()
+	rec := <-elected
+	require.NoError(t, st.PutSession(ctx, "ws", &loopsv1.Session{Id: "s1"}), "the leader writes")
+
+	a.StepDown(rec.Term+1, errors.New("not this term"))
+	time.Sleep(200 * time.Millisecond)
+	require.True(t, a.Status().Leader, "a step-down of another term is ignored")
+
+	// B takes the lease over (as after a lapse the leader did not notice: a paused process).
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, `UPDATE loops_leader_lease SET holder = 'B', term = term + 1 WHERE name = $1`, lease.DefaultName)
+	require.NoError(t, err)
+
+	start := time.Now()
+	err = st.PutSession(ctx, "ws", &loopsv1.Session{Id: "s2"})
+	require.ErrorIs(t, err, store.ErrFenced)
+	select {
+	case err := <-lost:
+		require.ErrorIs(t, err, store.ErrFenced)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the leader did not step down after a fenced write")
+	}
+	require.Less(t, time.Since(start), 5*time.Second)
+	require.ErrorIs(t, <-errA, lease.ErrLost)
+	require.False(t, a.Status().Leader)
+	_, err = st.GetSession(ctx, "ws", "s2")
+	require.ErrorIs(t, err, store.ErrNotFound)
 }

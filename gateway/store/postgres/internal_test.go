@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/loops-dev/loops/gateway/store"
+	"github.com/loops-dev/loops/gateway/store/internal/sqlstore"
 	"github.com/loops-dev/loops/gateway/store/postgres/pgtest"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
@@ -18,13 +19,13 @@ import (
 // OFFSET; the server plans it as a scan of the listing's index, not a sort of the whole
 // workspace (the contract suite checks the pages themselves).
 func TestKeysetPagingUsesNoOffset(t *testing.T) {
-	q := listQuery{from: `SELECT data FROM sessions WHERE workspace = $1`}
+	q := sqlstore.ListQuery{From: `SELECT data FROM sessions WHERE workspace = $1`}
 	after := &store.Cursor{CreateTime: time.Unix(5, 0), ID: "s10"}
-	query, args := listSQL(q, store.Page{After: after}, 7, 0, []any{"ws"})
+	query, args, _, _ := q.Page(store.Page{After: after, Limit: 7}, []any{"ws"})
 	require.NotContains(t, strings.ToUpper(query), "OFFSET")
 	require.Equal(t, []any{"ws", int64(5e9), "s10", int64(7)}, args)
 	// An explicit Offset still works, counted from the cursor.
-	query, _ = listSQL(q, store.Page{After: after}, 7, 3, []any{"ws"})
+	query, _, _, _ = q.Page(store.Page{After: after, Limit: 7, Offset: 3}, []any{"ws"})
 	require.Contains(t, query, "OFFSET $5")
 
 	srv := pgtest.Start(t)
@@ -41,8 +42,7 @@ func TestKeysetPagingUsesNoOffset(t *testing.T) {
 	require.NoError(t, s.ApplyBatch(ctx, b))
 	_, err = s.pool.Exec(ctx, `ANALYZE training_runs`)
 	require.NoError(t, err)
-	q = listQuery{from: `SELECT data FROM training_runs WHERE workspace = $1`}
-	query, args = listSQL(q, store.Page{After: &store.Cursor{CreateTime: time.Unix(2500, 0), ID: "r02500"}}, 10, 0, []any{"ws3"})
+	query, args, _, _ = sqlstore.ListTrainingRuns.Page(store.Page{After: &store.Cursor{CreateTime: time.Unix(2500, 0), ID: "r02500"}, Limit: 10}, []any{"ws3"})
 	rows, err := s.pool.Query(ctx, "EXPLAIN "+query, args...)
 	require.NoError(t, err)
 	var plan strings.Builder

@@ -5,19 +5,18 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/loops-dev/loops/gateway/store"
+	"github.com/loops-dev/loops/gateway/store/internal/sqlstore"
 )
 
 // Defaults of Options.
@@ -60,6 +59,8 @@ type Store struct {
 	pool *pgxpool.Pool
 	// metricsCheck says when to count a run's step metrics (stepmetrics.go).
 	metricsCheck store.StepMetricsCheck
+	// fence is what every write checks (write.go); nil: none.
+	fence atomic.Pointer[store.Fence]
 
 	closeOnce sync.Once
 }
@@ -172,47 +173,11 @@ func Redact(databaseURL string) string {
 	return strings.Join(fields, " ")
 }
 
-// migration is one embedded schema change, applied when the database is older than version.
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
-// loadMigrations reads the embedded migrations, named NNNN_description.sql, in order. They
-// have the SQLite store's names and versions, one for one.
-func loadMigrations() ([]migration, error) {
-	entries, err := fs.ReadDir(migrationFiles, "migrations")
-	if err != nil {
-		return nil, fmt.Errorf("read migrations: %w", err)
-	}
-	var ms []migration
-	for _, e := range entries {
-		prefix, _, ok := strings.Cut(e.Name(), "_")
-		v, err := strconv.Atoi(prefix)
-		if !ok || err != nil || v <= 0 {
-			return nil, fmt.Errorf("migration %s: name must start with a positive version and '_'", e.Name())
-		}
-		b, err := migrationFiles.ReadFile("migrations/" + e.Name())
-		if err != nil {
-			return nil, fmt.Errorf("read migration %s: %w", e.Name(), err)
-		}
-		ms = append(ms, migration{version: v, name: e.Name(), sql: string(b)})
-	}
-	slices.SortFunc(ms, func(a, b migration) int { return a.version - b.version })
-	for i, m := range ms {
-		if m.version != i+1 {
-			return nil, fmt.Errorf("migration %s: expected version %d", m.name, i+1)
-		}
-	}
-	return ms, nil
-}
-
 // migrate applies, in one transaction, the migrations newer than the database's
 // schema_version. An advisory lock makes gateways that start at once migrate one after
 // the other; the later ones find nothing left to do.
 func migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	ms, err := loadMigrations()
+	ms, err := sqlstore.LoadMigrations(migrationFiles, "migrations")
 	if err != nil {
 		return err
 	}
@@ -220,51 +185,24 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrationLock)); err != nil {
 			return fmt.Errorf("migrate: lock: %w", err)
 		}
-		if _, err := tx.Exec(ctx,
-			`CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)`); err != nil {
-			return fmt.Errorf("migrate: create schema_version: %w", err)
-		}
-		var current int
-		err := tx.QueryRow(ctx, `SELECT version FROM schema_version`).Scan(&current)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			if _, err := tx.Exec(ctx, `INSERT INTO schema_version (version) VALUES (0)`); err != nil {
-				return fmt.Errorf("migrate: init schema_version: %w", err)
-			}
-		case err != nil:
-			return fmt.Errorf("migrate: read schema_version: %w", err)
-		}
-		if current > len(ms) {
-			return fmt.Errorf("migrate: database schema version %d is newer than this binary's %d", current, len(ms))
-		}
-		for _, m := range ms[current:] {
-			// Simple protocol: a migration may hold several statements.
-			if _, err := tx.Exec(ctx, m.sql, pgx.QueryExecModeSimpleProtocol); err != nil {
-				return fmt.Errorf("migrate: apply %s: %w", m.name, err)
-			}
-		}
-		if _, err := tx.Exec(ctx, `UPDATE schema_version SET version = $1`, len(ms)); err != nil {
-			return fmt.Errorf("migrate: update schema_version: %w", err)
-		}
-		return nil
+		return sqlstore.Migrate(ctx, sqlstore.Postgres, schemaTx{tx}, ms)
 	})
 }
 
-// retryable reports whether err is a serialization failure or a deadlock, after which the
-// whole transaction may be run again.
-func retryable(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
+// schemaTx is a transaction as sqlstore.Migrate uses it.
+type schemaTx struct{ tx pgx.Tx }
+
+func (t schemaTx) Exec(ctx context.Context, query string) error {
+	// Simple protocol: a migration may hold several statements.
+	_, err := t.tx.Exec(ctx, query, pgx.QueryExecModeSimpleProtocol)
+	return err
 }
 
-// inTx runs fn in a transaction and commits it, running it again (up to three times in
-// all) when PostgreSQL aborts it for a serialization failure or a deadlock.
-func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	var err error
-	for range 3 {
-		if err = pgx.BeginFunc(ctx, s.pool, fn); err == nil || !retryable(err) {
-			return err
-		}
+func (t schemaTx) QueryInt(ctx context.Context, query string) (int, bool, error) {
+	var v int
+	err := t.tx.QueryRow(ctx, query).Scan(&v)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
 	}
-	return err
+	return v, err == nil, err
 }

@@ -6,11 +6,9 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +16,7 @@ import (
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 
 	"github.com/loops-dev/loops/gateway/store"
+	"github.com/loops-dev/loops/gateway/store/internal/sqlstore"
 )
 
 // busyTimeoutMillis is how long a connection waits for a lock held by another connection
@@ -95,7 +94,7 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		_ = w.Close()
 		return nil, fmt.Errorf("store: open sqlite %s: %w", path, err)
 	}
-	ins, err := w.PrepareContext(ctx, insertStepMetrics)
+	ins, err := w.PrepareContext(ctx, sqlstore.SQLite.InsertStepMetrics)
 	if err != nil {
 		_ = r.Close()
 		_ = w.Close()
@@ -131,45 +130,10 @@ func escapePath(p string) string {
 	return strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(p)
 }
 
-// migration is one embedded schema change, applied when the database is older than version.
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
-// loadMigrations reads the embedded migrations, named NNNN_description.sql, in order.
-func loadMigrations() ([]migration, error) {
-	entries, err := fs.ReadDir(migrationFiles, "migrations")
-	if err != nil {
-		return nil, fmt.Errorf("read migrations: %w", err)
-	}
-	var ms []migration
-	for _, e := range entries {
-		prefix, _, ok := strings.Cut(e.Name(), "_")
-		v, err := strconv.Atoi(prefix)
-		if !ok || err != nil || v <= 0 {
-			return nil, fmt.Errorf("migration %s: name must start with a positive version and '_'", e.Name())
-		}
-		b, err := migrationFiles.ReadFile("migrations/" + e.Name())
-		if err != nil {
-			return nil, fmt.Errorf("read migration %s: %w", e.Name(), err)
-		}
-		ms = append(ms, migration{version: v, name: e.Name(), sql: string(b)})
-	}
-	slices.SortFunc(ms, func(a, b migration) int { return a.version - b.version })
-	for i, m := range ms {
-		if m.version != i+1 {
-			return nil, fmt.Errorf("migration %s: expected version %d", m.name, i+1)
-		}
-	}
-	return ms, nil
-}
-
 // migrate applies, in one transaction, the migrations newer than the database's
 // schema_version.
 func migrate(ctx context.Context, db *sql.DB) error {
-	ms, err := loadMigrations()
+	ms, err := sqlstore.LoadMigrations(migrationFiles, "migrations")
 	if err != nil {
 		return err
 	}
@@ -178,34 +142,32 @@ func migrate(ctx context.Context, db *sql.DB) error {
 		return fmt.Errorf("migrate: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
-
-	if _, err := tx.ExecContext(ctx,
-		`CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL) STRICT`); err != nil {
-		return fmt.Errorf("migrate: create schema_version: %w", err)
-	}
-	var current int
-	err = tx.QueryRowContext(ctx, `SELECT version FROM schema_version`).Scan(&current)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_version (version) VALUES (0)`); err != nil {
-			return fmt.Errorf("migrate: init schema_version: %w", err)
-		}
-	case err != nil:
-		return fmt.Errorf("migrate: read schema_version: %w", err)
-	}
-	if current > len(ms) {
-		return fmt.Errorf("migrate: database schema version %d is newer than this binary's %d", current, len(ms))
-	}
-	for _, m := range ms[current:] {
-		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
-			return fmt.Errorf("migrate: apply %s: %w", m.name, err)
-		}
-	}
-	if _, err := tx.ExecContext(ctx, `UPDATE schema_version SET version = ?`, len(ms)); err != nil {
-		return fmt.Errorf("migrate: update schema_version: %w", err)
+	if err := sqlstore.Migrate(ctx, sqlstore.SQLite, schemaTx{tx}, ms); err != nil {
+		return err
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("migrate: commit: %w", err)
 	}
 	return nil
 }
+
+// schemaTx is a transaction as sqlstore.Migrate uses it.
+type schemaTx struct{ tx *sql.Tx }
+
+func (t schemaTx) Exec(ctx context.Context, query string) error {
+	_, err := t.tx.ExecContext(ctx, query)
+	return err
+}
+
+func (t schemaTx) QueryInt(ctx context.Context, query string) (int, bool, error) {
+	var v int
+	err := t.tx.QueryRowContext(ctx, query).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, nil
+	}
+	return v, err == nil, err
+}
+
+// SetFence returns store.ErrNoFence: an SQLite database is one gateway's own, which no other
+// gateway writes.
+func (s *Store) SetFence(store.Fence) error { return store.ErrNoFence }

@@ -11,6 +11,7 @@ import (
 	"github.com/loops-dev/loops/gateway/store"
 	"github.com/loops-dev/loops/gateway/store/sqlite"
 	"github.com/loops-dev/loops/gateway/store/storetest"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
 
 func TestContract(t *testing.T) {
@@ -77,4 +78,14 @@ func TestOpenRejectsNonFilePaths(t *testing.T) {
 		_, err := sqlite.Open(t.Context(), p)
 		require.Error(t, err, p)
 	}
+}
+
+// TestNoFence: an SQLite database is one gateway's own: SetFence says it cannot fence, and
+// writes go on unchecked.
+func TestNoFence(t *testing.T) {
+	s, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "loops.db"))
+	require.NoError(t, err)
+	defer s.Close()
+	require.ErrorIs(t, s.SetFence(store.Fence{Lease: "gateway", Holder: "a", Term: 1}), store.ErrNoFence)
+	require.NoError(t, s.PutSession(t.Context(), "ws", &loopsv1.Session{Id: "s1"}))
 }

@@ -9,6 +9,12 @@
 //   - list: ListTrainingRuns, first page of 100, in a workspace of -rows runs;
 //   - list deep (offset): the page of 100 at offset -rows/2;
 //   - list deep (keyset): the same page through Page.After.
+//
+// Then it measures what the fence costs (store.Fencer: the store of a leader among gateways
+// that share the database checks the leader lease's term inside the transaction of every
+// write): a plain and a fenced PostgreSQL store on the same database take the same writes
+// in alternating blocks of 50 calls, so that the machine's load weighs on both alike, and it
+// prints the p50 and mean latency of each and the fenced one's over the plain one's.
 package main
 
 import (
@@ -29,6 +35,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/loops-dev/loops/gateway/lease/pglease"
 	"github.com/loops-dev/loops/gateway/store"
 	"github.com/loops-dev/loops/gateway/store/postgres"
 	"github.com/loops-dev/loops/gateway/store/postgres/pgtest"
@@ -48,6 +55,16 @@ type result struct {
 
 type config struct {
 	n, workers, batch, rows int
+}
+
+// fenceRow is what the fence costs one kind of write.
+type fenceRow struct {
+	Op           string  `json:"op"`
+	Calls        int     `json:"calls"`
+	PlainP50ms   float64 `json:"plain_p50_ms"`
+	FencedP50ms  float64 `json:"fenced_p50_ms"`
+	PlainMeanms  float64 `json:"plain_mean_ms"`
+	FencedMeanms float64 `json:"fenced_mean_ms"`
 }
 
 func main() {
@@ -112,10 +129,17 @@ func run(ctx context.Context, cfg config, database string, durable, asJSON bool)
 		}
 		results = append(results, rs...)
 	}
+	fence, err := fenceCost(ctx, database, cfg)
+	if err != nil {
+		return fmt.Errorf("fence cost: %w", err)
+	}
 	if asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(results)
+		return enc.Encode(struct {
+			Results []result   `json:"results"`
+			Fence   []fenceRow `json:"fence"`
+		}{results, fence})
 	}
 	fmt.Printf("%d calls per row, %d workers, batches of %d operations (%d B each), lists over %d runs; GOMAXPROCS %d\n",
 		cfg.n, cfg.workers, cfg.batch, proto.Size(operation("op-0000000", 0)), cfg.rows, runtime.GOMAXPROCS(0))
@@ -129,7 +153,132 @@ func run(ctx context.Context, cfg config, database string, durable, asJSON bool)
 		fmt.Fprintf(tw, "| %s\t| %.0f\t| %.2f\t| %.2f\t| %.0f\t| %.2f\t| %.2f\t|\n",
 			a.Op, a.PerSec, a.P50ms, a.P99ms, b.PerSec, b.P50ms, b.P99ms)
 	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Printf("\nThe fence (PostgreSQL, one worker, alternating blocks of %d calls, %d calls each):\n\n", fenceBlock, fence[0].Calls)
+	fmt.Fprintln(tw, "| write\t| plain p50 ms\t| fenced p50 ms\t| fenced ÷ plain\t| plain mean ms\t| fenced mean ms\t| fenced ÷ plain\t|")
+	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
+	for _, r := range fence {
+		fmt.Fprintf(tw, "| %s\t| %.3f\t| %.3f\t| %.2f\t| %.3f\t| %.3f\t| %.2f\t|\n", r.Op, r.PlainP50ms, r.FencedP50ms,
+			r.FencedP50ms/r.PlainP50ms, r.PlainMeanms, r.FencedMeanms, r.FencedMeanms/r.PlainMeanms)
+	}
 	return tw.Flush()
+}
+
+// fenceBlock is how many calls go to one store before the other's turn in fenceCost.
+const fenceBlock = 50
+
+// fenceCost measures the fence on the writes of a gateway: a plain store and a fenced one
+// (holding the database's leader lease) take the same kinds of writes, in blocks of
+// fenceBlock calls that alternate between the two (the one that goes first too), about
+// cfg.n calls each.
+func fenceCost(ctx context.Context, database string, cfg config) ([]fenceRow, error) {
+	plain, err := postgres.Open(ctx, database, postgres.Options{MaxConns: 4})
+	if err != nil {
+		return nil, err
+	}
+	defer plain.Close()
+	fenced, err := postgres.Open(ctx, database, postgres.Options{MaxConns: 4})
+	if err != nil {
+		return nil, err
+	}
+	defer fenced.Close()
+	f, release, err := takeLease(ctx, database)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if err := fenced.SetFence(f); err != nil {
+		return nil, err
+	}
+	writes := []struct {
+		name string
+		fn   func(st store.Store, prefix string, i int) error
+	}{
+		{"create run (one row)", func(st store.Store, prefix string, i int) error {
+			return st.PutTrainingRun(ctx, prefix+"ws", trainingRun(fmt.Sprintf("%sfrun-%07d", prefix, i), i))
+		}},
+		{"batch of one step (a run and an operation)", func(st store.Store, prefix string, i int) error {
+			run := trainingRun(prefix+"step-run", 0)
+			run.LastSeqId = int64(i)
+			return st.ApplyBatch(ctx, store.Batch{
+				TrainingRuns: []store.OwnedTrainingRun{{Workspace: prefix + "ws", Run: run}},
+				Operations:   []store.OwnedOperation{{Workspace: prefix + "ws", Operation: operation(fmt.Sprintf("%sstep-op-%07d", prefix, i), i)}},
+			})
+		}},
+		{fmt.Sprintf("put operation batch (%d)", cfg.batch), func(st store.Store, prefix string, i int) error {
+			b := store.Batch{}
+			for k := range cfg.batch {
+				id := i*cfg.batch + k
+				b.Operations = append(b.Operations, store.OwnedOperation{Workspace: prefix + "ws", Operation: operation(fmt.Sprintf("%sfop-%07d", prefix, id), id)})
+			}
+			return st.ApplyBatch(ctx, b)
+		}},
+	}
+	var rows []fenceRow
+	blocks := max(cfg.n/fenceBlock, 1)
+	for _, w := range writes {
+		var lat [2][]time.Duration
+		sides := [2]struct {
+			st     store.Store
+			prefix string
+		}{{plain, "plain-"}, {fenced, "fenced-"}}
+		for b := range blocks {
+			for k := range 2 {
+				side := (b + k) % 2 // who goes first alternates too
+				for c := range fenceBlock {
+					t := time.Now()
+					if err := w.fn(sides[side].st, sides[side].prefix, b*fenceBlock+c); err != nil {
+						return nil, fmt.Errorf("%s: %w", w.name, err)
+					}
+					lat[side] = append(lat[side], time.Since(t))
+				}
+			}
+		}
+		rows = append(rows, fenceRow{Op: w.name, Calls: len(lat[0]),
+			PlainP50ms: quantileMs(lat[0], 0.5), FencedP50ms: quantileMs(lat[1], 0.5),
+			PlainMeanms: meanMs(lat[0]), FencedMeanms: meanMs(lat[1])})
+	}
+	return rows, nil
+}
+
+// takeLease takes a lease of this process's own in the database (not the gateways' lease,
+// which a -database that gateways use holds) and returns the fence of its term, and what
+// releases it.
+func takeLease(ctx context.Context, database string) (store.Fence, func(), error) {
+	ls, err := pglease.Open(ctx, database, 0)
+	if err != nil {
+		return store.Fence{}, nil, err
+	}
+	name, holder := fmt.Sprintf("storebench-%d", os.Getpid()), "storebench"
+	rec, ok, err := ls.TryAcquire(ctx, name, holder, "http://storebench", time.Hour)
+	if err == nil && !ok {
+		err = fmt.Errorf("the lease %s is held by %s", name, rec.Holder)
+	}
+	if err != nil {
+		ls.Close()
+		return store.Fence{}, nil, err
+	}
+	release := func() {
+		_ = ls.Release(context.WithoutCancel(ctx), name, holder, rec.Term)
+		ls.Close()
+	}
+	return store.Fence{Lease: name, Holder: holder, Term: rec.Term, IdleTimeout: 5 * time.Second}, release, nil
+}
+
+// quantileMs is the q-quantile of lat, in milliseconds (lat is sorted).
+func quantileMs(lat []time.Duration, q float64) float64 {
+	slices.Sort(lat)
+	return float64(lat[min(int(q*float64(len(lat))), len(lat)-1)]) / float64(time.Millisecond)
+}
+
+func meanMs(lat []time.Duration) float64 {
+	var sum time.Duration
+	for _, d := range lat {
+		sum += d
+	}
+	return float64(sum) / float64(len(lat)) / float64(time.Millisecond)
 }
 
 // measure runs every operation against st.

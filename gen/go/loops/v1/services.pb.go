@@ -2452,8 +2452,12 @@ func (x *GetSamplerRequest) GetId() string {
 }
 
 type SampleRequest struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	SamplerId string                 `protobuf:"bytes,1,opt,name=sampler_id,json=samplerId,proto3" json:"sampler_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sampler to sample with. Empty: the workspace's shared sampler of base_model, or of
+	// the sampler checkpoint model_path, samples (Tinker's sessionless asample). A shared
+	// sampler is held in memory only and reused by every such request of the workspace: it
+	// leaves no record, and its seq_ids are not de-duplicated (it has no client of its own).
+	SamplerId string `protobuf:"bytes,1,opt,name=sampler_id,json=samplerId,proto3" json:"sampler_id,omitempty"`
 	// The client's counter; a repeat of (sampler, seq_id) returns the first operation.
 	SeqId              *int64          `protobuf:"varint,2,opt,name=seq_id,json=seqId,proto3,oneof" json:"seq_id,omitempty"`
 	Prompt             []int32         `protobuf:"varint,3,rep,packed,name=prompt,proto3" json:"prompt,omitempty"`
@@ -2461,8 +2465,13 @@ type SampleRequest struct {
 	Params             *SamplingParams `protobuf:"bytes,5,opt,name=params,proto3" json:"params,omitempty"`
 	PromptLogprobs     bool            `protobuf:"varint,6,opt,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
 	TopkPromptLogprobs int32           `protobuf:"varint,7,opt,name=topk_prompt_logprobs,json=topkPromptLogprobs,proto3" json:"topk_prompt_logprobs,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// With sampler_id empty: the base model to sample (or the checkpoint's, when model_path
+	// is set, which it must then match).
+	BaseModel string `protobuf:"bytes,8,opt,name=base_model,json=baseModel,proto3" json:"base_model,omitempty"`
+	// With sampler_id empty: the tinker:// path of a sampler checkpoint to sample.
+	ModelPath     string `protobuf:"bytes,9,opt,name=model_path,json=modelPath,proto3" json:"model_path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SampleRequest) Reset() {
@@ -2542,6 +2551,20 @@ func (x *SampleRequest) GetTopkPromptLogprobs() int32 {
 		return x.TopkPromptLogprobs
 	}
 	return 0
+}
+
+func (x *SampleRequest) GetBaseModel() string {
+	if x != nil {
+		return x.BaseModel
+	}
+	return ""
+}
+
+func (x *SampleRequest) GetModelPath() string {
+	if x != nil {
+		return x.ModelPath
+	}
+	return ""
 }
 
 type ListModelsRequest struct {
@@ -3285,7 +3308,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"deploymentB\x10\n" +
 	"\x0e_client_seq_id\"#\n" +
 	"\x11GetSamplerRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\x9b\x02\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xd9\x02\n" +
 	"\rSampleRequest\x12\x1d\n" +
 	"\n" +
 	"sampler_id\x18\x01 \x01(\tR\tsamplerId\x12\x1a\n" +
@@ -3295,7 +3318,11 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"numSamples\x120\n" +
 	"\x06params\x18\x05 \x01(\v2\x18.loops.v1.SamplingParamsR\x06params\x12'\n" +
 	"\x0fprompt_logprobs\x18\x06 \x01(\bR\x0epromptLogprobs\x120\n" +
-	"\x14topk_prompt_logprobs\x18\a \x01(\x05R\x12topkPromptLogprobsB\t\n" +
+	"\x14topk_prompt_logprobs\x18\a \x01(\x05R\x12topkPromptLogprobs\x12\x1d\n" +
+	"\n" +
+	"base_model\x18\b \x01(\tR\tbaseModel\x12\x1d\n" +
+	"\n" +
+	"model_path\x18\t \x01(\tR\tmodelPathB\t\n" +
 	"\a_seq_id\"\x13\n" +
 	"\x11ListModelsRequest\"A\n" +
 	"\x12ListModelsResponse\x12+\n" +

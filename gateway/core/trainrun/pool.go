@@ -1,0 +1,43 @@
+package trainrun
+
+// pool is a run's dedicated pool ("" for the shared pools), its GPUs per replica, and the
+// replica-seconds already metered.
+type pool struct {
+	name    string
+	gpus    int
+	metered int64
+}
+
+// SetPool binds a dedicated pool to the run.
+func (r *Run[O]) SetPool(name string, gpusPerReplica int) {
+	r.mu.Lock()
+	r.pool = pool{name: name, gpus: gpusPerReplica}
+	r.mu.Unlock()
+}
+
+// Pool is the run's dedicated pool ("" for the shared pools).
+func (r *Run[O]) Pool() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pool.name
+}
+
+// ClearPool unbinds the run's dedicated pool.
+func (r *Run[O]) ClearPool() {
+	r.mu.Lock()
+	r.pool = pool{}
+	r.mu.Unlock()
+}
+
+// MeterPool takes the pool's replica-seconds so far (total, whole seconds) and returns
+// what is new since the last call, with the pool's GPUs per replica.
+func (r *Run[O]) MeterPool(total int64) (delta int64, gpus int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delta = total - r.pool.metered
+	if delta <= 0 {
+		return 0, r.pool.gpus
+	}
+	r.pool.metered += delta
+	return delta, r.pool.gpus
+}

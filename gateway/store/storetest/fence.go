@@ -1,0 +1,219 @@
+package storetest
+
+import (
+	"context"
+	"reflect"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	"github.com/loops-dev/loops/gateway/store"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+)
+
+// TakeLease makes holder the holder of the lease that a fenced store checks, in a new term,
+// whoever held it before (as a takeover after the lease lapsed does), and returns the fence
+// of that term.
+type TakeLease func(t *testing.T, holder string) store.Fence
+
+// reads are the methods of store.Store that change nothing: a fence does not check them.
+var reads = []string{
+	"GetSession", "ListSessions", "GetTrainingRun", "ListTrainingRuns", "ListAllTrainingRuns",
+	"ListSessionTrainingRuns", "GetCheckpoint", "GetCheckpointAnyWorkspace", "ListCheckpoints",
+	"ListExpiredCheckpoints", "GetSampler", "GetOperation", "ListStepMetrics", "ListUsage",
+	"GetDeployment", "ListDeployments", "ListAllDeployments", "ListGrantedDeployments",
+	"CheckpointDeployments", "GetJob", "ListJobs",
+	"SetFence", "Close",
+}
+
+// RunFencing checks a store that several gateways share (store.Fencer): two stores opened
+// at one path, as two gateways on one database, the first fenced with holder A's term; once
+// B has taken the lease over, every write of A's store (every method of store.Store that is
+// not a read: a method added to the interface must be added here) fails with
+// store.ErrFenced and changes nothing, A's Fence.Lost hears of it, reads still work, and B's
+// store, fenced with B's term, writes. A fence of term 0 refuses every write.
+func RunFencing(t *testing.T, open Opener, take TakeLease) {
+	ctx := t.Context()
+	path := newPath(t)
+	old := openAt(t, open, path)
+	cur := openAt(t, open, path)
+
+	var mu sync.Mutex
+	var lost []error
+	fa := take(t, "gateway-a")
+	fa.Lost = func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		lost = append(lost, err)
+	}
+	require.NoError(t, old.SetFence(fa))
+	seedFenced(t, old)
+
+	writes := fencedWrites()
+	var methods []string
+	for m := range reflect.TypeFor[store.Store]().Methods() {
+		methods = append(methods, m.Name)
+	}
+	for _, m := range methods {
+		_, isWrite := writes[m]
+		require.True(t, isWrite != slices.Contains(reads, m),
+			"store.Store.%s must be either a read or a write that storetest.RunFencing checks", m)
+	}
+
+	fb := take(t, "gateway-b")
+	require.NoError(t, cur.SetFence(fb))
+	before := snapshot(t, cur)
+	for _, m := range methods {
+		if w, ok := writes[m]; ok {
+			require.ErrorIs(t, w(ctx, old), store.ErrFenced, "%s by the holder of an older term", m)
+		}
+	}
+	require.Empty(t, cmp.Diff(before, snapshot(t, cur), protocmp.Transform()), "a refused write changed records")
+	require.Empty(t, cmp.Diff(before, snapshot(t, old), protocmp.Transform()), "the old holder still reads")
+	mu.Lock()
+	require.NotEmpty(t, lost, "Fence.Lost heard of the refusals")
+	require.ErrorIs(t, lost[0], store.ErrFenced)
+	mu.Unlock()
+
+	// The new holder writes: the records are its own.
+	for _, m := range methods {
+		if w, ok := writes[m]; ok {
+			require.NoError(t, w(ctx, cur), "%s by the holder of the current term", m)
+		}
+	}
+	got, err := cur.GetSession(ctx, wsA, "sess-fenced")
+	require.NoError(t, err)
+	requireProtoEqual(t, session("sess-fenced", time.Hour), got)
+
+	// Term 0 (a standby's fence) refuses everything.
+	fb.Term, fb.Lost = 0, nil
+	require.NoError(t, cur.SetFence(fb))
+	require.ErrorIs(t, cur.PutSession(ctx, wsA, session("sess-standby", 0)), store.ErrFenced)
+}
+
+// seedFenced writes what fencedWrites change.
+func seedFenced(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	require.NoError(t, st.PutSession(ctx, wsA, session("sess-1", 0)))
+	require.NoError(t, st.PutTrainingRun(ctx, wsA, trainingRun("run-1", 0)))
+	require.NoError(t, st.PutCheckpoint(ctx, wsA, checkpoint("run-1", "ckpt-1", 0)))
+	require.NoError(t, st.PutSampler(ctx, wsA, sampler("smp-1", 0)))
+	require.NoError(t, st.PutOperation(ctx, wsA, operation("op-pending", loopsv1.OperationState_OPERATION_STATE_PENDING, 0)))
+	require.NoError(t, st.PutOperation(ctx, wsA, operation("op-done", loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, 0)))
+	require.NoError(t, st.AddUsage(ctx, wsA, usage(0, "m", "sess-1", store.UsageTraining, 5)))
+	require.NoError(t, st.PutDeployment(ctx, wsA, deployment("d1", 0, wsB), []store.CheckpointRef{pin("run-1", "ckpt-1")}))
+	require.NoError(t, st.PutJob(ctx, wsA, job("job-1", 0, loopsv1.JobState_JOB_STATE_RUNNING)))
+	require.NoError(t, st.PutJob(ctx, wsA, job("job-2", 0, loopsv1.JobState_JOB_STATE_SUCCEEDED)))
+}
+
+// fencedWrites are the writes of store.Store by name, each one that changes records of
+// seedFenced's (so that a write let through shows in a snapshot).
+func fencedWrites() map[string]func(context.Context, store.Store) error {
+	far := base.Add(1000 * time.Hour)
+	return map[string]func(context.Context, store.Store) error{
+		"PutSession": func(ctx context.Context, st store.Store) error {
+			return st.PutSession(ctx, wsA, session("sess-fenced", time.Hour))
+		},
+		"PutTrainingRun": func(ctx context.Context, st store.Store) error {
+			return st.PutTrainingRun(ctx, wsA, trainingRun("run-fenced", time.Hour))
+		},
+		"PutCheckpoint": func(ctx context.Context, st store.Store) error {
+			return st.PutCheckpoint(ctx, wsA, checkpoint("run-1", "ckpt-fenced", time.Hour))
+		},
+		"DeleteCheckpoint": func(ctx context.Context, st store.Store) error {
+			return st.DeleteCheckpoint(ctx, wsA, "run-1", "ckpt-1")
+		},
+		"PutSampler": func(ctx context.Context, st store.Store) error {
+			return st.PutSampler(ctx, wsA, sampler("smp-fenced", time.Hour))
+		},
+		"PutOperation": func(ctx context.Context, st store.Store) error {
+			return st.PutOperation(ctx, wsA, operation("op-fenced", loopsv1.OperationState_OPERATION_STATE_RUNNING, time.Hour))
+		},
+		"FailUnfinishedOperations": func(ctx context.Context, st store.Store) error {
+			_, err := st.FailUnfinishedOperations(ctx, &loopsv1.OperationError{Message: "fenced"}, far)
+			return err
+		},
+		"DeleteOperationsDoneBefore": func(ctx context.Context, st store.Store) error {
+			_, err := st.DeleteOperationsDoneBefore(ctx, far)
+			return err
+		},
+		"ApplyBatch": func(ctx context.Context, st store.Store) error {
+			run := trainingRun("run-1", 0)
+			run.LastSeqId = 99
+			return st.ApplyBatch(ctx, store.Batch{
+				TrainingRuns: []store.OwnedTrainingRun{{Workspace: wsA, Run: run}},
+				Operations:   []store.OwnedOperation{{Workspace: wsA, Operation: operation("op-pending", loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, 0)}},
+				StepMetrics:  stepRecords(wsA, "run-1", 1),
+			})
+		},
+		"AddUsage": func(ctx context.Context, st store.Store) error {
+			return st.AddUsage(ctx, wsA, usage(0, "m", "sess-1", store.UsageTraining, 7))
+		},
+		"PutDeployment": func(ctx context.Context, st store.Store) error {
+			return st.PutDeployment(ctx, wsA, deployment("d-fenced", time.Hour), nil)
+		},
+		"DeleteDeployment": func(ctx context.Context, st store.Store) error {
+			return st.DeleteDeployment(ctx, wsA, "d1")
+		},
+		"PutJob": func(ctx context.Context, st store.Store) error {
+			return st.PutJob(ctx, wsA, job("job-fenced", time.Hour, loopsv1.JobState_JOB_STATE_RUNNING))
+		},
+		"DeleteJob": func(ctx context.Context, st store.Store) error {
+			return st.DeleteJob(ctx, wsA, "job-2")
+		},
+		"FailRunningJobs": func(ctx context.Context, st store.Store) error {
+			_, err := st.FailRunningJobs(ctx, "fenced", far)
+			return err
+		},
+	}
+}
+
+// fencedState is what seedFenced and fencedWrites touch, as the store reads it.
+type fencedState struct {
+	Sessions    []*loopsv1.Session
+	Runs        []*loopsv1.TrainingRun
+	Checkpoints []*loopsv1.Checkpoint
+	Samplers    []*loopsv1.Sampler
+	Operations  []*loopsv1.Operation
+	StepMetrics []*loopsv1.StepMetrics
+	Usage       []store.UsageRecord
+	Deployments []*loopsv1.Deployment
+	Jobs        []*loopsv1.Job
+}
+
+func snapshot(t *testing.T, st store.Store) fencedState {
+	t.Helper()
+	ctx := t.Context()
+	var s fencedState
+	var err error
+	s.Sessions, _, err = st.ListSessions(ctx, wsA, store.Page{})
+	require.NoError(t, err)
+	s.Runs, _, err = st.ListTrainingRuns(ctx, wsA, store.Page{})
+	require.NoError(t, err)
+	s.Checkpoints, _, err = st.ListCheckpoints(ctx, wsA, "", store.Page{})
+	require.NoError(t, err)
+	for _, id := range []string{"smp-1", "smp-fenced"} {
+		if m, err := st.GetSampler(ctx, wsA, id); err == nil {
+			s.Samplers = append(s.Samplers, m)
+		}
+	}
+	for _, id := range []string{"op-pending", "op-done", "op-fenced"} {
+		if m, err := st.GetOperation(ctx, wsA, id); err == nil {
+			s.Operations = append(s.Operations, m)
+		}
+	}
+	s.StepMetrics, err = st.ListStepMetrics(ctx, wsA, "run-1", 0, 0)
+	require.NoError(t, err)
+	s.Usage, err = st.ListUsage(ctx, wsA, base.Add(-time.Hour), base.Add(2000*time.Hour))
+	require.NoError(t, err)
+	s.Deployments, err = st.ListDeployments(ctx, wsA)
+	require.NoError(t, err)
+	s.Jobs, err = st.ListJobs(ctx, wsA, 0)
+	require.NoError(t, err)
+	return s
+}
