@@ -489,7 +489,7 @@ func TestExternalWeightsDownloadFileByFile(t *testing.T) {
 	urls, err := h.svc.Checkpoints.GetCheckpointFileURLs(h.ctx, &loopsv1.GetCheckpointFileURLsRequest{Path: path})
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{"adapter_config.json", "adapter_model.safetensors"}, slices.Collect(maps.Keys(urls.GetUrls())), "no optimizer state, no marker")
-	srv := httptest.NewServer(h.core.ArchiveHandler())
+	srv := httptest.NewServer(archiveHandler(h.core))
 	defer srv.Close()
 	resp, err := http.Get(srv.URL + urls.GetUrls()["adapter_config.json"])
 	require.NoError(t, err)
