@@ -53,6 +53,9 @@ type Options struct {
 	ResultCacheTTL time.Duration
 	// GapTimeout is how long a run waits for a missing seq_id before skipping it (default 10 s).
 	GapTimeout time.Duration
+	// SweepInterval is how often the janitor expires sessions, samplers and checkpoints and
+	// evicts idle runs from memory (default 15 s).
+	SweepInterval time.Duration
 	// MaxBatchTokens caps the tokens of one backend forward/backward call (default 65536).
 	MaxBatchTokens int
 	// MaxDatumsPerRequest caps the datums of one forward_backward request (default 4096).
@@ -120,6 +123,9 @@ func (o *Options) defaults() {
 	}
 	if o.GapTimeout <= 0 {
 		o.GapTimeout = 10 * time.Second
+	}
+	if o.SweepInterval <= 0 {
+		o.SweepInterval = 15 * time.Second
 	}
 	if o.MaxBatchTokens <= 0 {
 		o.MaxBatchTokens = 65536
@@ -339,7 +345,7 @@ func (c *Core) now() time.Time { return c.opts.Now() }
 
 // janitor expires sessions and checkpoints, forgets old operations and writes usage.
 func (c *Core) janitor(ctx context.Context) {
-	t := time.NewTicker(15 * time.Second)
+	t := time.NewTicker(c.opts.SweepInterval)
 	defer t.Stop()
 	for {
 		select {
