@@ -247,6 +247,7 @@ func (b *Backend) startPooled(ctx context.Context) error {
 		b.workers = append(b.workers, w)
 	}
 	b.samplerReplicas = po.SamplerReplicas
+	var ensured []string // the pools to wait for: each must have a replica attached
 	for i := 1; i < len(margs); i += 2 {
 		args := b.poolArgs()
 		if po.implicit { // one pool whose replicas serve every model, as local workers always did
@@ -267,6 +268,9 @@ func (b *Backend) startPooled(ctx context.Context) error {
 			if err := prov.EnsurePool(ctx, spec); err != nil {
 				return err
 			}
+			if spec.Replicas > 0 {
+				ensured = append(ensured, spec.ID)
+			}
 			b.log.Info("pool ensured", slog.String("pool", spec.ID), slog.String("role", string(spec.Role)), slog.String("provider", po.Provider), slog.Int("replicas", spec.Replicas), slog.String("registry", url))
 		}
 		if po.implicit {
@@ -282,18 +286,12 @@ func (b *Backend) startPooled(ctx context.Context) error {
 		defer b.wg.Done()
 		b.idleToZero()
 	}()
-	// wait until one replica of each pool is attached (serves its model)
+	// wait until one replica of each pool is attached: of each pool, not of each model (a
+	// model's sampler replica serves it too, but takes no adapters)
 	wctx, cancel := context.WithTimeout(ctx, b.opts.StartTimeout)
 	defer cancel()
 	for {
-		ready := true
-		for i := 1; i < len(margs); i += 2 {
-			name, _, _ := strings.Cut(margs[i], "=")
-			if !b.served(name) {
-				ready = false
-			}
-		}
-		if ready {
+		if !slices.ContainsFunc(ensured, func(id string) bool { return !b.poolAttached(id) }) {
 			return nil
 		}
 		if why := b.startFailure(); why != "" && po.implicit {
@@ -325,11 +323,11 @@ func (b *Backend) startFailure() string {
 	return b.firstExit
 }
 
-// served reports whether an alive worker serves the model.
-func (b *Backend) served(name string) bool {
+// poolAttached reports whether an alive worker slot is attached to a replica of pool.
+func (b *Backend) poolAttached(pool string) bool {
 	for _, w := range b.workers {
 		w.mu.Lock()
-		ok := w.alive && serves(w.caps, name)
+		ok := w.alive && w.pool == pool
 		w.mu.Unlock()
 		if ok {
 			return true

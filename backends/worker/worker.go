@@ -704,10 +704,25 @@ func (b *Backend) pick(pool string, names ...string) (*worker, error) {
 		}
 	}
 	b.rr++
+	if best == nil && b.configured(names...) {
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("no trainer replica serving base model %q is up yet (starting, restarting or being attached); retry shortly", names[0]))
+	}
 	if best == nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("base model %q is not served by any worker of this backend; served models: %v (start the workers with that model, e.g. --model %s)", names[0], served, names[0]))
 	}
 	return best, nil
+}
+
+// configured reports whether one of names is a model the backend was configured to
+// serve (its workers are started with it, so none serving it is a passing state).
+func (b *Backend) configured(names ...string) bool {
+	for _, m := range b.opts.Models {
+		name, _, _ := strings.Cut(m, "=")
+		if slices.Contains(names, name) {
+			return true
+		}
+	}
+	return false
 }
 
 type trainer Backend

@@ -23,6 +23,10 @@ import (
 // FakeWorkerEnv, set to 1, makes FakeWorkerMain run the fake worker.
 const FakeWorkerEnv = "LOOPS_POOLS_FAKE_WORKER"
 
+// FakeSlowPoolEnv names a pool whose fake worker processes register a second late (as a
+// real worker whose model takes longer to load than another pool's).
+const FakeSlowPoolEnv = "LOOPS_POOLS_FAKE_SLOW_POOL"
+
 // FakeWorker serves TrainerService.GetCapabilities (Implementation "fake cuda=<CUDA_VISIBLE_DEVICES>",
 // the models it was given), and CreateAdapter and OptimStep that accept anything, on a
 // listener.
@@ -136,6 +140,13 @@ func fakeMain(args []string) int {
 	if *reg == "" {
 		<-ctx.Done()
 		return 0
+	}
+	if os.Getenv(FakeSlowPoolEnv) == *pool {
+		select {
+		case <-ctx.Done():
+			return 0
+		case <-time.After(time.Second):
+		}
 	}
 	tok, err := os.ReadFile(*tokenFile)
 	if err != nil {
