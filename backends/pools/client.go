@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"time"
 
@@ -14,19 +13,12 @@ import (
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
 )
 
-// H2CClient is an HTTP client speaking HTTP/2 without TLS (gRPC to workers and to the
-// registry).
-func H2CClient() *http.Client {
-	p := new(http.Protocols)
-	p.SetUnencryptedHTTP2(true)
-	return &http.Client{Transport: &http.Transport{Protocols: p,
-		DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext}}
-}
-
 // ErrDrain is returned by Hold when the gateway tells the replica to stop serving.
 var ErrDrain = errors.New("the gateway asked this replica to drain")
 
-// Hold registers req at the registry url and keeps its lease with heartbeats until ctx ends
+// Hold registers req at the registry url (https://…, dialled by hc, whose TLS
+// configuration accepts only the gateway: mtls.Credentials.RegistryDialConfig) and keeps
+// its lease with heartbeats until ctx ends
 // (then it deregisters), the gateway says drain (ErrDrain) or the lease is lost for good.
 // When the gateway is unreachable or forgot the lease, it registers again with the same
 // incarnation. It is the Go side of what a worker does (the fake worker of poolstest uses

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"os"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/pools"
 	"github.com/loops-dev/loops/backends/pools/local"
+	"github.com/loops-dev/loops/backends/pools/mtls"
 	"github.com/loops-dev/loops/backends/pools/poolstest"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -108,6 +110,15 @@ func backendsConfig(opts map[string]string) backends.Config {
 
 func testBinary() string { return os.Args[0] }
 
+// authority is the worker TLS authority of a backend whose data dir is dataDir (what
+// loops pools credentials opens to issue a hand-started worker's credentials).
+func authority(t *testing.T, dataDir string) *mtls.Authority {
+	t.Helper()
+	a, err := mtls.Open(filepath.Join(dataDir, "pools", "tls"))
+	require.NoError(t, err)
+	return a
+}
+
 // Pool mode with the real Python worker (make test-torch): it registers with --register,
 // trains, and after its process is killed the adapter answers NotFound while the new
 // incarnation registers and trains again.
@@ -146,14 +157,16 @@ func TestPoolModeTorch(t *testing.T) {
 
 // Pool mode with the static provider: configured addresses become the pool's replicas.
 func TestPoolModeStatic(t *testing.T) {
+	dir := t.TempDir()
+	a := authority(t, dir)
 	var addrs []string
 	for range 2 {
-		w, err := poolstest.StartFakeWorker("127.0.0.1:0", []string{"m"})
+		w, err := poolstest.StartFakeWorker("127.0.0.1:0", []string{"m"}, poolstest.Credentials(t, a, PoolID("m")))
 		require.NoError(t, err)
 		t.Cleanup(w.Close)
 		addrs = append(addrs, w.Addr)
 	}
-	o, err := OptionsFromConfig(backends.Config{Models: []string{"m"}, DataDir: t.TempDir(),
+	o, err := OptionsFromConfig(backends.Config{Models: []string{"m"}, DataDir: dir,
 		Options: map[string]string{"provider": "static", "workers": addrs[0] + "," + addrs[1]}})
 	require.NoError(t, err)
 	b, err := New(t.Context(), o)

@@ -10,11 +10,14 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/loops-dev/loops/backends/pools"
+	"github.com/loops-dev/loops/backends/pools/mtls"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -29,7 +32,7 @@ const FakeSlowPoolEnv = "LOOPS_POOLS_FAKE_SLOW_POOL"
 
 // FakeWorker serves TrainerService.GetCapabilities (Implementation "fake cuda=<CUDA_VISIBLE_DEVICES>",
 // the models it was given), and CreateAdapter and OptimStep that accept anything, on a
-// listener.
+// listener, over mutual TLS with its credentials, as a real worker does.
 type FakeWorker struct {
 	Addr string
 	srv  *http.Server
@@ -63,8 +66,12 @@ func Capabilities(models []string) *backendv1.GetCapabilitiesResponse {
 	return caps
 }
 
-// StartFakeWorker serves a fake worker on addr (host:port; port 0 picks one).
-func StartFakeWorker(addr string, models []string) (*FakeWorker, error) {
+// StartFakeWorker serves a fake worker with creds on addr (host:port; port 0 picks one).
+func StartFakeWorker(addr string, models []string, creds *mtls.Credentials) (*FakeWorker, error) {
+	cfg, err := creds.ServerConfig()
+	if err != nil {
+		return nil, err
+	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -72,11 +79,42 @@ func StartFakeWorker(addr string, models []string) (*FakeWorker, error) {
 	mux := http.NewServeMux()
 	mux.Handle(backendv1connect.NewTrainerServiceHandler(&fakeTrainer{caps: Capabilities(models)}))
 	p := new(http.Protocols)
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	w := &FakeWorker{Addr: l.Addr().String(), srv: &http.Server{Handler: mux, Protocols: p, ReadHeaderTimeout: 5 * time.Second}}
-	go func() { _ = w.srv.Serve(l) }()
+	p.SetHTTP2(true)
+	w := &FakeWorker{Addr: l.Addr().String(), srv: &http.Server{Handler: mux, Protocols: p, TLSConfig: cfg, ReadHeaderTimeout: 5 * time.Second}}
+	go func() { _ = w.srv.ServeTLS(l, "", "") }()
 	return w, nil
+}
+
+// Authority is a gateway's certificate authority in a folder of the test's.
+func Authority(t testing.TB) *mtls.Authority {
+	t.Helper()
+	a, err := mtls.Open(filepath.Join(t.TempDir(), "tls"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// Credentials are a for a worker of pool.
+func Credentials(t testing.TB, a *mtls.Authority, pool string) *mtls.Credentials {
+	t.Helper()
+	c, err := a.Issue(pool, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// RegistryClient is the HTTP client of a worker of a's gateway dialling its Registry.
+func RegistryClient(t testing.TB, a *mtls.Authority) *http.Client {
+	t.Helper()
+	cfg, err := Credentials(t, a, "registry-client").RegistryDialConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := mtls.HTTPClient(cfg)
+	t.Cleanup(hc.CloseIdleConnections)
+	return hc
 }
 
 // Close stops the fake worker at once.
@@ -84,7 +122,8 @@ func (w *FakeWorker) Close() { _ = w.srv.Close() }
 
 // FakeWorkerMain runs the fake worker process when FakeWorkerEnv is 1 (call it first in
 // TestMain) and exits; otherwise it returns. It takes the real worker's flags: --listen,
-// --register, --pool, --replica, --join-token-file, --model (others are ignored); it exits
+// --register, --pool, --replica, --join-token-file, --model, --tls-cert, --tls-key,
+// --tls-ca (others are ignored); it exits
 // when its stdin closes (with LOOPS_WORKER_EXIT_ON_STDIN_EOF=1), on SIGTERM, or when told to
 // drain.
 func FakeWorkerMain() {
@@ -106,6 +145,10 @@ func fakeMain(args []string) int {
 	pool := fs.String("pool", "", "")
 	replica := fs.Uint("replica", 0, "")
 	tokenFile := fs.String("join-token-file", "", "")
+	var files mtls.Files
+	fs.StringVar(&files.Cert, "tls-cert", "", "")
+	fs.StringVar(&files.Key, "tls-key", "", "")
+	fs.StringVar(&files.CA, "tls-ca", "", "")
 	var models multi
 	fs.Var(&models, "model", "")
 	// ignore unknown flags the real worker takes
@@ -123,7 +166,12 @@ func fakeMain(args []string) int {
 	if err := fs.Parse(known); err != nil {
 		return 2
 	}
-	w, err := StartFakeWorker(*listen, models)
+	creds, err := mtls.Load(files)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fake worker:", err)
+		return 1
+	}
+	w, err := StartFakeWorker(*listen, models, creds)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fake worker:", err)
 		return 1
@@ -153,7 +201,12 @@ func fakeMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "fake worker: join token:", err)
 		return 1
 	}
-	err = pools.Hold(ctx, pools.H2CClient(), *reg, &backendv1.RegisterRequest{PoolId: *pool, Replica: uint32(*replica), Address: w.Addr,
+	rcfg, err := creds.RegistryDialConfig()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fake worker:", err)
+		return 1
+	}
+	err = pools.Hold(ctx, mtls.HTTPClient(rcfg), *reg, &backendv1.RegisterRequest{PoolId: *pool, Replica: uint32(*replica), Address: w.Addr,
 		IncarnationId: fmt.Sprintf("fake-%d-%d", os.Getpid(), time.Now().UnixNano()), JoinToken: strings.TrimSpace(string(tok)), Capabilities: Capabilities(models)})
 	if errors.Is(err, pools.ErrDrain) || err == nil {
 		return 0
