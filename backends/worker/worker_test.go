@@ -16,6 +16,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 
+	"github.com/loops-dev/loops/backends/pools/poolstest"
 	"github.com/loops-dev/loops/backends/reference"
 	"github.com/loops-dev/loops/backends/reference/safetensors"
 	"github.com/loops-dev/loops/backends/tiny"
@@ -49,6 +50,7 @@ func testOptions(t testing.TB, dataDir string) Options {
 		PythonPath:     filepath.Join(root, "backends", "torch") + string(os.PathListSeparator) + filepath.Join(root, "gen", "python"),
 		Args:           []string{"--device", "cpu", "--threads", "2"},
 		Env:            []string{"HF_HUB_OFFLINE=1", "LOOPS_WORKER_TEST_FAULTS=1", "TOKENIZERS_PARALLELISM=false"},
+		AllowDirs:      []string{os.TempDir()}, // the tests' adapter folders (t.TempDir)
 		HealthInterval: 300 * time.Millisecond,
 		HealthTimeout:  2 * time.Second,
 		HealthFailures: 3,
@@ -75,6 +77,17 @@ func sharedBackend(t *testing.T) *Backend {
 	})
 	require.NoError(t, sharedErr)
 	return shared
+}
+
+// TestTorchStrangersGetNothing: the Python worker serves the gateway that issued its
+// credentials and nobody else (poolstest.CheckStrangers: no client certificate, another
+// gateway's, the worker's own, plaintext; and the gateway refuses it as another pool's).
+func TestTorchStrangersGetNothing(t *testing.T) {
+	b := sharedBackend(t)
+	_, reg := b.Pools()
+	ms := reg.Members(PoolID(tiny.Name))
+	require.NotEmpty(t, ms)
+	poolstest.CheckStrangers(t, b.auth, PoolID(tiny.Name), ms[0].Address, sharedDir)
 }
 
 func TestMain(m *testing.M) {
@@ -454,7 +467,13 @@ func TestRemoteWorker(t *testing.T) {
 	tinyDir := filepath.Join(dir, "tiny")
 	require.NoError(t, tiny.Write(tinyDir))
 	o := testOptions(t, dir)
-	cmd := exec.Command(os.Getenv("LOOPS_WORKER_PYTHON"), "-m", "loops_worker", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", "loops/tiny="+tinyDir)
+	// credentials as loops pools credentials issues them, from the backend's data dir
+	creds, err := authority(t, dir).Issue(PoolID(tiny.Name), 0)
+	require.NoError(t, err)
+	files, err := creds.Write(filepath.Join(t.TempDir(), "creds"))
+	require.NoError(t, err)
+	cmd := exec.Command(os.Getenv("LOOPS_WORKER_PYTHON"), append([]string{"-m", "loops_worker", "--listen", "127.0.0.1:0", "--device", "cpu",
+		"--model", "loops/tiny=" + tinyDir}, files.Args()...)...)
 	cmd.Env = append(os.Environ(), "PYTHONPATH="+o.PythonPath, "HF_HUB_OFFLINE=1")
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
