@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -670,20 +671,53 @@ func call[Req, Resp any](ctx context.Context, w *worker, method string, pick fun
 	// resets to it), as are Unavailable and transport-level Unknown errors.
 	code := connect.CodeOf(err)
 	if code == connect.CodeUnavailable || code == connect.CodeCanceled || code == connect.CodeUnknown && isTransport(err) {
-		// A dropped connection is usually a dying process: give the local provider's exit
-		// watcher, or the health checks (remote workers), a moment to say so.
-		wait := 3 * time.Second
-		if _, local := w.b.pools.(*local.Provider); !local {
-			wait = w.b.opts.HealthInterval * time.Duration(w.b.opts.HealthFailures+1)
-		}
-		select {
-		case <-life.Done():
-			return nil, connect.NewError(connect.CodeUnavailable, context.Cause(life))
-		case <-time.After(wait):
-		}
-		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s is unreachable: %v", w.name(), err))
+		return nil, w.dropped(ctx, life, gen, cl, err)
 	}
 	return nil, err
+}
+
+// dropWait bounds how long a call whose connection dropped waits for the worker's
+// liveness to say whether the worker died: the other workers' results of a batch wait for
+// this one's answer.
+const dropWait = 750 * time.Millisecond
+
+// dropped answers a call whose connection to w dropped (err), as soon as the worker's own
+// liveness says what happened, and within dropWait: its life ends (the local provider saw
+// the process exit, the registry lost its lease), or a probe on a new connection is
+// refused (nothing listens there any more: the worker is marked down at once, its
+// adapters lost) or answered (the worker lives; only the call was lost). Either way the
+// answer is Unavailable: the gateway's recovery path.
+func (w *worker) dropped(ctx context.Context, life context.Context, gen int, cl *clients, err error) error {
+	pctx, cancel := context.WithTimeout(ctx, dropWait)
+	defer cancel()
+	probe := make(chan error, 1)
+	go func() {
+		_, perr := cl.tc.GetCapabilities(pctx, &backendv1.GetCapabilitiesRequest{})
+		probe <- perr
+	}()
+	select {
+	case <-life.Done():
+		return connect.NewError(connect.CodeUnavailable, context.Cause(life))
+	case perr := <-probe:
+		if life.Err() != nil {
+			return connect.NewError(connect.CodeUnavailable, context.Cause(life))
+		}
+		if perr == nil {
+			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s dropped the call's connection (%v); it still answers, so retry", w.name(), err))
+		}
+		if refused(perr) {
+			why := fmt.Sprintf("it dropped a call's connection and refuses new ones (%v)", perr)
+			w.fail(gen, why)
+			w.b.restartReplica(w, why)
+			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s died: %s", w.name(), why))
+		}
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s is unreachable: %v", w.name(), err))
+	}
+}
+
+// refused reports whether err is a connection refused: nothing listens at the address.
+func refused(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED)
 }
 
 func isTransport(err error) bool {
