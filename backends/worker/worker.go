@@ -212,9 +212,12 @@ type Backend struct {
 	mu       sync.Mutex
 	workers  []*worker
 	adapters map[string]*worker
-	lost     map[string]string // adapter id -> why it is gone
-	rr       int
-	wg       sync.WaitGroup
+	lost     map[string]lostEntry // adapter id -> why it is gone (lost.go: bounded)
+	// lostOrder are the records of lost, oldest first; lostSeq numbers them
+	lostOrder []lostRef
+	lostSeq   uint64
+	rr        int
+	wg        sync.WaitGroup
 
 	// pool mode (pool.go): the provider, the registry, the configured replicas per pool
 	// (the floor of ScaleSamplers) and the slots for all pools
@@ -295,7 +298,7 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 	}
 	bctx, cancel := context.WithCancel(context.Background())
 	b := &Backend{opts: o, log: o.Logger.With(slog.String("backend", Name)), auth: auth,
-		ctx: bctx, cancel: cancel, adapters: map[string]*worker{}, lost: map[string]string{}, dedicated: map[string]*dedicatedPool{}, roles: map[string]pools.Role{}, shared: map[string]pools.Spec{}}
+		ctx: bctx, cancel: cancel, adapters: map[string]*worker{}, lost: map[string]lostEntry{}, dedicated: map[string]*dedicatedPool{}, roles: map[string]pools.Role{}, shared: map[string]pools.Spec{}}
 	if o.Pool == nil && len(o.Workers) == 0 {
 		// The default mode: LocalWorkers processes serving every model, supervised by the
 		// local pool provider (restart with back-off, logs, hung workers killed).
@@ -542,10 +545,11 @@ func (w *worker) fail(gen int, reason string) {
 		kill(fmt.Errorf("%s died: %s", name, reason))
 	}
 	w.b.mu.Lock()
+	now := time.Now()
 	for id, aw := range w.b.adapters {
 		if aw == w {
 			delete(w.b.adapters, id)
-			w.b.lost[id] = fmt.Sprintf("%s died (%s) and its adapters are gone", name, reason)
+			w.b.addLostLocked(id, fmt.Sprintf("%s died (%s) and its adapters are gone", name, reason), now)
 		}
 	}
 	w.nAdapt = 0
@@ -734,7 +738,7 @@ func (b *Backend) adapterWorker(id string) (*worker, error) {
 		b.touchLocked(w)
 		return w, nil
 	}
-	if why, ok := b.lost[id]; ok {
+	if why, ok := b.lostLocked(id, time.Now()); ok {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("adapter %q does not exist any more: %s; load the run's last checkpoint to continue", id, why))
 	}
 	return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("adapter %q does not exist; create it with CreateAdapter first", id))
