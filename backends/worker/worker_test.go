@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
@@ -15,6 +16,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/loops-dev/loops/backends/pools/poolstest"
 	"github.com/loops-dev/loops/backends/reference"
@@ -90,11 +92,20 @@ func TestTorchStrangersGetNothing(t *testing.T) {
 	poolstest.CheckStrangers(t, b.auth, PoolID(tiny.Name), ms[0].Address, sharedDir)
 }
 
+// TestMain runs the tests, closes the shared worker, and fails the run if a goroutine the
+// tests started is still running then (goleak): every worker, connection, registry and
+// provider the backend starts must be gone when it is closed.
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if shared != nil {
 		_ = shared.Close()
 		_ = os.RemoveAll(sharedDir)
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: goroutines left running after the tests: %v\n", err)
+			code = 1
+		}
 	}
 	os.Exit(code)
 }
