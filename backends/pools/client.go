@@ -13,6 +13,9 @@ import (
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
 )
 
+// deregisterTimeout bounds the Deregister call of a worker that stops.
+const deregisterTimeout = 5 * time.Second
+
 // ErrDrain is returned by Hold when the gateway tells the replica to stop serving.
 var ErrDrain = errors.New("the gateway asked this replica to drain")
 
@@ -26,10 +29,20 @@ var ErrDrain = errors.New("the gateway asked this replica to drain")
 func Hold(ctx context.Context, hc *http.Client, url string, req *backendv1.RegisterRequest) error {
 	cl := backendv1connect.NewRegistryServiceClient(hc, url, connect.WithGRPC())
 	backoff := 200 * time.Millisecond
+	lease := "" // the last lease the gateway gave: ended when ctx ends, whatever is in flight then
+	deregister := func() {
+		if lease == "" {
+			return
+		}
+		dctx, cancel := context.WithTimeout(context.Background(), deregisterTimeout)
+		_, _ = cl.Deregister(dctx, &backendv1.DeregisterRequest{LeaseId: lease})
+		cancel()
+	}
 	for {
 		resp, err := cl.Register(ctx, req)
 		if err != nil {
 			if ctx.Err() != nil {
+				deregister() // a registration again (a broken heartbeat stream) was in flight
 				return nil
 			}
 			switch connect.CodeOf(err) {
@@ -45,11 +58,10 @@ func Hold(ctx context.Context, hc *http.Client, url string, req *backendv1.Regis
 			continue
 		}
 		backoff = 200 * time.Millisecond
+		lease = resp.GetLeaseId()
 		err = beat(ctx, cl, resp)
 		if ctx.Err() != nil {
-			dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_, _ = cl.Deregister(dctx, &backendv1.DeregisterRequest{LeaseId: resp.GetLeaseId()})
-			cancel()
+			deregister()
 			return nil
 		}
 		if errors.Is(err, ErrDrain) {

@@ -1,11 +1,8 @@
 package worker
 
 import (
-	"bufio"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -13,6 +10,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 
+	"github.com/loops-dev/loops/backends/pools/poolstest"
 	"github.com/loops-dev/loops/backends/serve"
 	"github.com/loops-dev/loops/backends/tiny"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
@@ -27,17 +25,8 @@ func startGoWorker(t *testing.T, dir string) (string, *exec.Cmd) {
 	require.NoError(t, err)
 	files, err := creds.Write(filepath.Join(t.TempDir(), "creds"))
 	require.NoError(t, err)
-	cmd := exec.Command(testBinary(), append([]string{"--listen", "127.0.0.1:0", "--data-dir", dir, "--threads", "1", "--allow-dir", dir}, files.Args()...)...)
-	cmd.Env = append(os.Environ(), goWorkerEnv+"=1", "HF_HUB_CACHE="+filepath.Join(dir, "hub"), serve.LogLevelEnv+"=WARN")
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	require.NoError(t, err)
-	addr, ok := strings.CutPrefix(strings.TrimSpace(line), strings.TrimSpace(ReadyPrefix)+" ")
-	require.True(t, ok, line)
-	return addr, cmd
+	return poolstest.StartWorkerProcess(t, []string{goWorkerEnv + "=1", "HF_HUB_CACHE=" + filepath.Join(dir, "hub"), serve.LogLevelEnv + "=WARN"},
+		testBinary(), append([]string{"--listen", "127.0.0.1:0", "--data-dir", dir, "--threads", "1", "--allow-dir", dir}, files.Args()...)...)
 }
 
 // TestKilledWorkerAnswersAtOnce: when a worker is killed, a batch whose items are on it

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -483,22 +482,8 @@ func TestRemoteWorker(t *testing.T) {
 	require.NoError(t, err)
 	files, err := creds.Write(filepath.Join(t.TempDir(), "creds"))
 	require.NoError(t, err)
-	cmd := exec.Command(os.Getenv("LOOPS_WORKER_PYTHON"), append([]string{"-m", "loops_worker", "--listen", "127.0.0.1:0", "--device", "cpu",
-		"--model", "loops/tiny=" + tinyDir}, files.Args()...)...)
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+o.PythonPath, "HF_HUB_OFFLINE=1")
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	buf := make([]byte, 256)
-	var line string
-	deadline := time.Now().Add(2 * time.Minute)
-	for !strings.Contains(line, "\n") && time.Now().Before(deadline) {
-		n, err := out.Read(buf)
-		require.NoError(t, err)
-		line += string(buf[:n])
-	}
-	addr := strings.TrimSpace(strings.TrimPrefix(strings.SplitN(line, "\n", 2)[0], ReadyPrefix))
+	addr, _ := poolstest.StartWorkerProcess(t, []string{"PYTHONPATH=" + o.PythonPath, "HF_HUB_OFFLINE=1"}, os.Getenv("LOOPS_WORKER_PYTHON"),
+		append([]string{"-m", "loops_worker", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", "loops/tiny=" + tinyDir}, files.Args()...)...)
 	o.Workers = []string{addr}
 	b, err := New(context.Background(), o)
 	require.NoError(t, err)

@@ -1,14 +1,12 @@
 package workerdrop
 
 import (
-	"bufio"
 	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -18,6 +16,7 @@ import (
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/pools/local"
 	"github.com/loops-dev/loops/backends/pools/mtls"
+	"github.com/loops-dev/loops/backends/pools/poolstest"
 	"github.com/loops-dev/loops/backends/serve"
 	"github.com/loops-dev/loops/backends/tiny"
 	"github.com/loops-dev/loops/backends/worker"
@@ -54,17 +53,7 @@ func startWorker(t *testing.T, dir string) (string, *exec.Cmd) {
 	require.NoError(t, err)
 	files, err := creds.Write(filepath.Join(t.TempDir(), "creds"))
 	require.NoError(t, err)
-	cmd := exec.Command(os.Args[0], append([]string{"--listen", "127.0.0.1:0", "--data-dir", dir, "--threads", "1"}, files.Args()...)...)
-	cmd.Env = append(os.Environ(), workerEnv(dir)...)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	require.NoError(t, err)
-	addr, ok := strings.CutPrefix(strings.TrimSpace(line), strings.TrimSpace(worker.ReadyPrefix)+" ")
-	require.True(t, ok, line)
-	return addr, cmd
+	return poolstest.StartWorkerProcess(t, workerEnv(dir), os.Args[0], append([]string{"--listen", "127.0.0.1:0", "--data-dir", dir, "--threads", "1"}, files.Args()...)...)
 }
 
 // pair is a backend with two workers, an adapter on each, and how to kill the second.

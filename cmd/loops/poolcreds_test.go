@@ -1,24 +1,16 @@
 package main
 
 import (
-	"bufio"
-	"context"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
-	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/loops-dev/loops/backends/pools/poolstest"
 	"github.com/loops-dev/loops/backends/serve"
 	"github.com/loops-dev/loops/gateway/ckstore"
 	"github.com/loops-dev/loops/gateway/ckstore/s3test"
-	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
-	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 )
 
 // TestHandStartedWorker: the operator's way to a worker started by hand: loops pools
@@ -37,36 +29,20 @@ func TestHandStartedWorker(t *testing.T) {
 		fi, err := os.Stat(filepath.Join(creds, "key.pem"))
 		require.NoError(t, err)
 		require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
-		ctx, cancel := context.WithCancel(context.Background())
-		cmd := exec.CommandContext(ctx, os.Args[0], "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "worker"), "--threads", "1",
-			"--allow-dir", dir, "--tls-cert", filepath.Join(creds, "cert.pem"), "--tls-key", filepath.Join(creds, "key.pem"), "--tls-ca", filepath.Join(creds, "ca.pem"))
-		cmd.Env = append(os.Environ(), goWorkerEnv+"=1", serve.LogLevelEnv+"=WARN")
-		stdout, err := cmd.StdoutPipe()
-		require.NoError(t, err)
-		require.NoError(t, cmd.Start())
-		t.Cleanup(func() { cancel(); _ = cmd.Wait() })
-		line, err := bufio.NewReader(stdout).ReadString('\n')
-		require.NoError(t, err)
-		addr, ok := strings.CutPrefix(strings.TrimSpace(line), strings.TrimSpace(serve.ReadyPrefix)+" ")
-		require.True(t, ok, line)
+		addr, _ := poolstest.StartWorkerProcess(t, []string{goWorkerEnv + "=1", serve.LogLevelEnv + "=WARN"}, os.Args[0],
+			"--listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "worker"), "--threads", "1", "--allow-dir", dir,
+			"--tls-cert", filepath.Join(creds, "cert.pem"), "--tls-key", filepath.Join(creds, "key.pem"), "--tls-ca", filepath.Join(creds, "ca.pem"))
 		return addr
 	}
 	other, good := startWorker("torch-other"), startWorker(pool)
 	const key, opKey = "tml-hand-started", "tml-hand-operator"
 	url, _ := startServe(t, dir, "--backend", "torch", "--api-key", key, "--operator-key", opKey, "--backend-opt", "provider=static",
 		"--backend-opt", "workers="+other+","+good)
-	cl := withKey(key)
-	created, err := loopsv1connect.NewTrainingServiceClient(http.DefaultClient, url, cl).CreateTrainingRun(t.Context(),
-		&loopsv1.CreateTrainingRunRequest{BaseModel: "loops/tiny", Lora: &loopsv1.LoraConfig{Rank: 4, TrainAttn: true}})
-	require.NoError(t, err)
-	done, err := loopsv1connect.NewOperationServiceClient(http.DefaultClient, url, cl).WaitOperation(t.Context(),
-		&loopsv1.WaitOperationRequest{Id: created.GetId(), Timeout: durationpb.New(60 * time.Second)})
-	require.NoError(t, err)
-	require.NotEmpty(t, done.GetTrainingRunId(), done.GetError().GetMessage())
+	run := createRun(t, url, key)
 	out, err := runCLI(t, "allocations", "--url", url, "--operator-key", opKey)
 	require.NoError(t, err, out)
 	require.Contains(t, out, good)
-	require.Contains(t, out, done.GetTrainingRunId(), "the run's adapter is on the worker of the pool")
+	require.Contains(t, out, run, "the run's adapter is on the worker of the pool")
 
 	_, err = runCLI(t, "pools", "credentials", "../x", "--data-dir", dir, "--out", t.TempDir())
 	require.Error(t, err)

@@ -1,6 +1,7 @@
 package poolstest
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
@@ -176,7 +178,7 @@ func fakeMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "fake worker:", err)
 		return 1
 	}
-	fmt.Printf("LOOPS_WORKER_LISTENING %s\n", w.Addr)
+	fmt.Printf("%s%s\n", readyPrefix, w.Addr)
 	fmt.Fprintf(os.Stderr, "fake worker serving on %s cuda=%q\n", w.Addr, os.Getenv("CUDA_VISIBLE_DEVICES"))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -213,4 +215,35 @@ func fakeMain(args []string) int {
 	}
 	fmt.Fprintln(os.Stderr, "fake worker:", err)
 	return 1
+}
+
+// readyPrefix starts the line a worker prints on stdout once it serves (serve.ReadyPrefix).
+const readyPrefix = "LOOPS_WORKER_LISTENING "
+
+// StartWorkerProcess starts a worker process (name with args, env added to this
+// process's) as an operator starts one by hand, waits for its ready line and returns the
+// address it gives, and the process; it is killed when the test ends.
+func StartWorkerProcess(t testing.TB, env []string, name string, args ...string) (string, *exec.Cmd) {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("the worker %s exited before it served: %v", name, err)
+	}
+	addr, ok := strings.CutPrefix(strings.TrimSpace(line), strings.TrimSpace(readyPrefix)+" ")
+	if !ok {
+		t.Fatalf("the worker's first line is not its ready line: %q", line)
+	}
+	go func() { _, _ = io.Copy(io.Discard, out) }() // a full pipe never blocks it
+	return addr, cmd
 }

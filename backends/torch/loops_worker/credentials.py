@@ -70,11 +70,14 @@ def load(cert_file: str, key_file: str, ca_file: str) -> Credentials:
 
 
 def from_env() -> Credentials | None:
-    """The credentials in the environment (the Ray pool driver's), or None."""
+    """The credentials in the environment (the Ray pool driver's), or None. The key is then
+    removed from this process's environment, so that no process it starts inherits it."""
     vals = [os.environ.get(k, "") for k in (ENV_CERT, ENV_KEY, ENV_CA)]
     if not all(vals):
         return None
-    return _check(Credentials(*(v.encode() for v in vals)))
+    c = _check(Credentials(*(v.encode() for v in vals)))
+    os.environ.pop(ENV_KEY, None)
+    return c
 
 
 def from_args(args) -> Credentials:

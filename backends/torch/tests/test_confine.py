@@ -52,3 +52,44 @@ def test_urls_of_the_store_only():
             Confinement(origins=[bad])
     with pytest.raises(ValueError):
         Confinement(["relative"])
+
+
+def test_credentials_from_the_environment_leave_no_key_behind(certs, monkeypatch):
+    """The Ray driver's way: PEM text in the environment; the key is removed from it once
+    read (no child process inherits it), and a key file others may read is refused."""
+    from loops_worker import credentials
+
+    monkeypatch.setenv(credentials.ENV_CERT, certs["wk"].decode())
+    monkeypatch.setenv(credentials.ENV_KEY, certs["wk.key"].decode())
+    monkeypatch.setenv(credentials.ENV_CA, certs["gwca"].decode())
+    c = credentials.from_env()
+    assert c is not None and c.key == certs["wk.key"]
+    assert credentials.ENV_KEY not in os.environ
+    assert "PRIVATE" not in repr(c)
+    assert credentials.from_env() is None, "read once"
+
+
+def test_key_files_others_may_read_are_refused(certs, tmp_path):
+    from loops_worker import credentials
+
+    paths = {}
+    for name in ("wk", "wk.key", "gwca"):
+        p = tmp_path / name
+        p.write_bytes(certs[name])
+        p.chmod(0o600)
+        paths[name] = str(p)
+    assert credentials.load(paths["wk"], paths["wk.key"], paths["gwca"]).cert == certs["wk"]
+    os.chmod(paths["wk.key"], 0o644)
+    with pytest.raises(ValueError, match="chmod 600"):
+        credentials.load(paths["wk"], paths["wk.key"], paths["gwca"])
+    with pytest.raises(ValueError, match="mutual TLS only"):
+        credentials.load("", "", "")
+
+
+def test_worker_without_credentials_does_not_start(capsys):
+    from loops_worker.__main__ import main
+
+    assert main(["--model", "tiny", "--listen", "127.0.0.1:0"]) == 2
+    assert "mutual TLS only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--model", "tiny", "--register", "http://127.0.0.1:1", "--pool", "p", "--join-token-file", "/x"])
