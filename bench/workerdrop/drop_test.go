@@ -20,6 +20,7 @@ import (
 	"github.com/loops-dev/loops/backends/serve"
 	"github.com/loops-dev/loops/backends/tiny"
 	"github.com/loops-dev/loops/backends/worker"
+	"github.com/loops-dev/loops/bench/benchdata"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
@@ -64,24 +65,13 @@ type pair struct {
 	req, healthyOnly, doomedOnly *backendv1.ForwardBackwardRequest
 }
 
+// items is a batch of n sequences of seqLen tokens for each adapter (benchdata.Datum).
 func items(ids []string, n, seqLen int) *backendv1.ForwardBackwardRequest {
 	req := &backendv1.ForwardBackwardRequest{}
 	for _, id := range ids {
 		var data []*loopsv1.Datum
-		for i := range n {
-			toks := make([]int32, seqLen)
-			tg := make([]int64, seqLen)
-			w := make([]float32, seqLen)
-			for j := range seqLen {
-				toks[j] = int32((i*131 + j*37 + 7) % 509)
-				w[j] = 1
-			}
-			for j := range seqLen {
-				tg[j] = int64(toks[(j+1)%seqLen])
-			}
-			data = append(data, &loopsv1.Datum{Tokens: toks, LossFnInputs: map[string]*loopsv1.Tensor{
-				"target_tokens": {Dtype: loopsv1.Dtype_DTYPE_INT64, Shape: []int64{int64(seqLen)}, Int64Data: tg},
-				"weights":       {Dtype: loopsv1.Dtype_DTYPE_FLOAT32, Shape: []int64{int64(seqLen)}, Float32Data: w}}})
+		for range n {
+			data = append(data, benchdata.Datum(seqLen))
 		}
 		req.Items = append(req.Items, &backendv1.ForwardBackwardItem{AdapterId: id, LossFn: "cross_entropy", Data: data})
 	}
