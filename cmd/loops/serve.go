@@ -196,6 +196,12 @@ func runServe(ctx context.Context, f serveFlags) error {
 			_ = st.Close()
 			return fmt.Errorf("--checkpoint-store: %w", err)
 		}
+		if f.backend == workerBackend { // its workers reach the store too
+			if err := workerStoreOptions(ctx, cks, backendOpts); err != nil {
+				_ = st.Close()
+				return err
+			}
+		}
 	}
 	ln, err := net.Listen("tcp", f.addr)
 	if err != nil {
