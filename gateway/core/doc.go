@@ -25,8 +25,9 @@
 //     (taskRunner, slotKeeper), so it is tested with fakes.
 //   - the run registry (registry.go): the runs in memory, reloaded from the store on demand
 //     and evicted when idle.
-//   - operations (operations.go, persister.go, resultcache.go): outcomes, written behind in
-//     group commits, and large results in a bounded cache.
+//   - operations (operations.go, resultcache.go; the write-behind persister and its journal
+//     are package gateway/core/writebehind): outcomes, written behind in group commits, and
+//     large results in a bounded cache.
 //   - sampling (sampling.go, samplequeue.go): samplers and a fair queue per base model.
 //
 // # Goroutines
@@ -55,8 +56,8 @@
 //	operations.mu
 //	operation.mu
 //	policy.Enforcer.mu (gateway/policy)
-//	persister.jmu
-//	persister.mu
+//	writebehind.Persister.jmu (gateway/core/writebehind)
+//	writebehind.Persister.mu
 //	onceTable.mu
 //	trainrun.Run.mu (last: nothing is taken under it)
 //
