@@ -25,9 +25,9 @@
 //     (taskRunner, slotKeeper), so it is tested with fakes.
 //   - the run registry (registry.go): the runs in memory, reloaded from the store on demand
 //     and evicted when idle.
-//   - operations (operations.go, resultcache.go; the write-behind persister and its journal
-//     are package gateway/core/writebehind): outcomes, written behind in group commits, and
-//     large results in a bounded cache.
+//   - operations (operations.go): outcomes, written behind in group commits by the
+//     write-behind persister and its journal (package gateway/core/writebehind), and large
+//     results in a bounded cache (package gateway/core/resultcache).
 //   - sampling (sampling.go, samplequeue.go): samplers and a fair queue per base model.
 //
 // # Goroutines

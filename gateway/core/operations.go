@@ -10,6 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/core/resultcache"
 	"github.com/loops-dev/loops/gateway/core/writebehind"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -22,7 +23,7 @@ const maxWait = 30 * time.Second
 
 // operation is an operation in memory. op is replaced, never mutated, once published, so a
 // reader holding a snapshot needs no lock. A finished operation holds its small copy (see
-// smallCopy); its large result, if any, lives in the result cache.
+// resultcache.Small); its large result, if any, lives in the result cache.
 type operation struct {
 	workspace string
 	mu        lockorder.Mutex[rankOperation]
@@ -40,12 +41,12 @@ func (o *operation) snapshot() *loopsv1.Operation {
 }
 
 // operations is the registry of live and recently finished operations, with the
-// write-behind persister (package writebehind) and the cache of large results
-// (resultcache.go).
+// write-behind persister (package writebehind) and the cache of large results (package
+// resultcache).
 type operations struct {
 	core    *Core
 	persist *writebehind.Persister
-	results *resultCache
+	results *resultcache.Cache
 	mu      lockorder.Mutex[rankOperations]
 	byID    map[string]*operation
 }
@@ -64,7 +65,7 @@ func newOperations(c *Core) *operations {
 	return &operations{
 		core: c, byID: map[string]*operation{},
 		persist: p,
-		results: newResultCache(c.opts.ResultCacheBytes, c.opts.ResultCacheTTL, c.now),
+		results: resultcache.New(c.opts.ResultCacheBytes, c.opts.ResultCacheTTL, c.now),
 	}
 }
 
@@ -143,11 +144,11 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 		}
 	}
 	ops.core.policy.EndOp(next.Id)
-	small := smallCopy(next)
+	small := resultcache.Small(next)
 	ops.persist.Finish(o.workspace, small, func() {
-		if small != next && !ops.results.put(next) {
+		if small != next && !ops.results.Put(next) {
 			ops.core.log.Warn("a result larger than the whole result cache is not kept", slog.String("op", next.Id),
-				slog.Int64("result_cache_bytes", ops.results.maxBytes))
+				slog.Int64("result_cache_bytes", ops.results.MaxBytes()))
 		}
 		o.mu.Lock()
 		o.op = small
@@ -162,13 +163,13 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 // result, or RESULT_EXPIRED when its large result is no longer kept.
 func (ops *operations) view(o *operation) (*loopsv1.Operation, error) {
 	op := o.snapshot()
-	if !hasLargeResult(op) {
+	if !resultcache.HasLarge(op) {
 		return op, nil
 	}
-	if full, ok := ops.results.get(op.GetId()); ok {
+	if full, ok := ops.results.Get(op.GetId()); ok {
 		return full, nil
 	}
-	return nil, ops.results.errExpired(op)
+	return nil, ops.results.ErrExpired(op, kindName(op.GetKind()))
 }
 
 // lookup finds an operation of the workspace in memory, or a finished one in the store.
@@ -208,7 +209,7 @@ const finishedInMemory = time.Minute
 // large results past their time budget. An operation whose final record the store does not
 // hold yet (a store far behind the journal, package writebehind) stays.
 func (ops *operations) evictFinishedBefore(t time.Time) {
-	ops.results.sweep()
+	ops.results.Sweep()
 	ops.mu.Lock()
 	defer ops.mu.Unlock()
 	for id, o := range ops.byID {
@@ -281,7 +282,7 @@ func (s OperationService) WaitOperation(ctx context.Context, req *loopsv1.WaitOp
 // it (compat encodes a result once per wire format, not on every poll). A result not in the
 // cache is encoded by each call.
 func (s OperationService) EncodedResult(id, format string, encode func() ([]byte, error)) ([]byte, error) {
-	return s.c.ops.results.encoded(id, format, encode)
+	return s.c.ops.results.Encoded(id, format, encode)
 }
 
 func quote(s string) string { return "\"" + s + "\"" }

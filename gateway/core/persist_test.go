@@ -407,21 +407,26 @@ func TestResultCacheBudgets(t *testing.T) {
 	var now atomic.Int64
 	now.Store(time.Now().UnixNano())
 	clock := func() time.Time { return time.Unix(0, now.Load()) }
-	h := newHarness(t, t.TempDir(), Options{Now: clock, ResultCacheTTL: time.Minute})
-	run := h.newRun()
 	long := make([]int32, 32)
 	for i := range long {
 		long[i] = int32(i % 50)
 	}
+	// The size of one result, measured on a first server.
+	h := newHarness(t, t.TempDir(), Options{Now: clock, ResultCacheTTL: time.Minute})
+	op0, err := h.fb(h.newRun(), 1, datum(long...))
+	require.NoError(t, err)
+	h.wait(op0)
+	one, n := h.core.ops.results.Usage()
+	require.Equal(t, 1, n)
+
+	h = newHarness(t, t.TempDir(), Options{Now: clock, ResultCacheTTL: time.Minute, ResultCacheBytes: 2*one + one/2}) // room for two results
+	rc := h.core.ops.results
+	run := h.newRun()
 	op1, err := h.fb(run, 1, datum(long...))
 	require.NoError(t, err)
 	require.Len(t, h.wait(op1).GetForwardBackward().GetOutputs()[0].GetOutputs()["logprobs"].GetFloat32Data(), 32)
-	one, n := h.core.ops.results.usage()
+	_, n = rc.Usage()
 	require.Equal(t, 1, n)
-	rc := h.core.ops.results
-	rc.mu.Lock()
-	rc.maxBytes = 2*one + one/2 // room for two results
-	rc.mu.Unlock()
 
 	op2, err := h.fb(run, 2, datum(long...))
 	require.NoError(t, err)
@@ -429,9 +434,9 @@ func TestResultCacheBudgets(t *testing.T) {
 	op3, err := h.fb(run, 3, datum(long...))
 	require.NoError(t, err)
 	h.wait(op3)
-	bytes, n := rc.usage()
+	bytes, n := rc.Usage()
 	require.Equal(t, 2, n)
-	require.LessOrEqual(t, bytes, rc.maxBytes)
+	require.LessOrEqual(t, bytes, rc.MaxBytes())
 
 	// op1 left first.
 	_, err = h.svc.Operations.WaitOperation(h.ctx, &loopsv1.WaitOperationRequest{Id: op1.GetId()})
@@ -459,7 +464,7 @@ func TestResultCacheBudgets(t *testing.T) {
 		require.Len(t, b, 100)
 	}
 	require.Equal(t, 1, calls)
-	after, _ := rc.usage()
+	after, _ := rc.Usage()
 	require.Equal(t, bytes+100, after)
 
 	// Small results (optim_step, saves) are not cached and never expire.
@@ -472,7 +477,7 @@ func TestResultCacheBudgets(t *testing.T) {
 	_, err = h.svc.Operations.WaitOperation(h.ctx, &loopsv1.WaitOperationRequest{Id: op3.GetId()})
 	requireExpired(t, err)
 	h.core.ops.evictFinishedBefore(clock().Add(-time.Hour))
-	_, n = rc.usage()
+	_, n = rc.Usage()
 	require.Zero(t, n)
 	got, err = h.svc.Operations.GetOperation(h.ctx, &loopsv1.GetOperationRequest{Id: opt.GetId()})
 	require.NoError(t, err)
