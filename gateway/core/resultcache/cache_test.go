@@ -132,18 +132,20 @@ func TestEncodedOnce(t *testing.T) {
 		return func() ([]byte, error) { calls++; return make([]byte, size), nil }
 	}
 	for range 3 {
-		b, err := c.Encoded("op-2", "json", enc(one))
+		b, err := c.Encoded("op-1", "json", enc(one))
 		require.NoError(t, err)
 		require.Len(t, b, int(one))
 	}
 	require.Equal(t, 1, calls)
 	bytes, n := c.Usage()
-	require.Equal(t, 1, n, "op-2 and its encoding need the room of op-1")
+	require.Equal(t, 1, n, "op-1 and its encoding need the room of op-2")
 	require.Equal(t, 2*one, bytes)
+	_, ok := c.Get("op-1")
+	require.True(t, ok, "the oldest entry, but the one being encoded: kept")
 
 	calls = 0
 	for range 2 {
-		_, err := c.Encoded("op-2", "proto", enc(2*one))
+		_, err := c.Encoded("op-1", "proto", enc(2*one))
 		require.NoError(t, err)
 	}
 	require.Equal(t, 2, calls, "it would not fit with its result: not kept")
@@ -155,7 +157,7 @@ func TestEncodedOnce(t *testing.T) {
 	require.Equal(t, 2, calls, "a result not in the cache is encoded every time")
 
 	boom := errors.New("boom")
-	_, err := c.Encoded("op-2", "text", func() ([]byte, error) { return nil, boom })
+	_, err := c.Encoded("op-1", "text", func() ([]byte, error) { return nil, boom })
 	require.ErrorIs(t, err, boom)
 	after, _ := c.Usage()
 	require.Equal(t, bytes, after)
