@@ -12,6 +12,7 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/ckstore"
+	"github.com/loops-dev/loops/gateway/core/placement"
 	"github.com/loops-dev/loops/gateway/core/trainrun"
 	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/store"
@@ -211,8 +212,9 @@ type Core struct {
 	slots *slots
 	// pageTokens signs and checks the page tokens of lists (paging.go).
 	pageTokens *store.PageTokens
-	// placer has the backend place the sampler replicas deployments ask for (placement.go).
-	placer *placer
+	// placer has the backend place the sampler replicas deployments ask for (package
+	// placement).
+	placer *placement.Placer
 	// liveSnapshots holds the store keys of the step snapshots that are runs' recovery
 	// points (recovery.go), which the store sweep keeps.
 	liveSnapshots sync.Map
@@ -298,16 +300,17 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	if err := c.recoverRuns(ctx); err != nil {
 		return nil, err
 	}
-	c.placer = newPlacer(be, c.log)
+	scaler, _ := be.(backends.SamplerScaler)
+	c.placer = placement.New(scaler, c.log)
 	c.preemptible, _ = be.(backends.Preemptible) // the unwrapped backend
 	c.dedicatedPools, _ = be.(backends.DedicatedPools)
-	if err := c.placer.load(ctx, st.ListAllDeployments); err != nil {
+	if err := c.placer.Load(ctx, st.ListAllDeployments); err != nil {
 		return nil, err
 	}
 	if err := c.life.Go("janitor", c.janitor); err != nil {
 		return nil, err
 	}
-	if err := c.life.Go("placer", c.placer.run); err != nil {
+	if err := c.life.Go("placer", c.placer.Run); err != nil {
 		return nil, err
 	}
 	return c, nil
