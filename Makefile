@@ -35,8 +35,9 @@ test-jobs-sandbox: ## The jobs sandbox's escape tests (remount, writes outside /
 	bash scripts/test-jobs-sandbox.sh
 
 .PHONY: test-large
-test-large: weed ## Slower Go tests kept out of test-go: a Qwen3-0.6B-shaped rank-32 checkpoint (242 MB) through the core into S3 and back
+test-large: weed ## Slower Go tests kept out of test-go: a Qwen3-0.6B-shaped rank-32 checkpoint (242 MB) through the core into S3 and back; a minute of load_weights of evicted runs against the eviction sweep
 	LOOPS_TEST_LARGE=1 $(GO) test -count=1 -run 'Large' ./gateway/core/
+	LOOPS_TEST_LARGE=1 $(GO) test -count=1 -run '^TestLoadWeightsOfEvictedRunsUnderEviction$$' ./gateway/
 
 .PHONY: weed
 weed: ## Build SeaweedFS's weed (the S3 server of the checkpoint store tests) into ~/.cache/loops/bin, once per version

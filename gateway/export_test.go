@@ -16,7 +16,6 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/reference/nn"
@@ -112,15 +111,7 @@ func TestExport(t *testing.T) {
 	url := "http://" + ln.Addr().String()
 	ctx := t.Context()
 	training := loopsv1connect.NewTrainingServiceClient(http.DefaultClient, url, withKey(keyA))
-	ops := loopsv1connect.NewOperationServiceClient(http.DefaultClient, url, withKey(keyA))
-	wait := func(op *loopsv1.Operation) *loopsv1.Operation {
-		t.Helper()
-		for op.GetState() != loopsv1.OperationState_OPERATION_STATE_SUCCEEDED && op.GetState() != loopsv1.OperationState_OPERATION_STATE_FAILED {
-			op = must(ops.WaitOperation(ctx, &loopsv1.WaitOperationRequest{Id: op.GetId(), Timeout: durationpb.New(10 * time.Second)}))
-		}
-		require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, op.GetState(), op.GetError().GetMessage())
-		return op
-	}
+	wait := waiter(t, url, keyA)
 	for _, tc := range []struct{ model, base string }{{tiny.Name, tinyDir}, {mini, mini}} {
 		t.Run(filepath.Base(tc.model), func(t *testing.T) {
 			run := wait(must(training.CreateTrainingRun(ctx, &loopsv1.CreateTrainingRunRequest{

@@ -229,3 +229,56 @@ func TestImport(t *testing.T) {
 func completeText(body map[string]any) string {
 	return body["choices"].([]any)[0].(map[string]any)["text"].(string)
 }
+
+// TestImportRefusesConfigsItCannotHonour: every numeric field of adapter_config.json is
+// range-checked, and a PEFT option whose non-default value changes the adapter's math is
+// refused with the reason, each a 400 naming the field, never taken and ignored.
+func TestImportRefusesConfigsItCannotHonour(t *testing.T) {
+	dataDir := t.TempDir()
+	url := "http://" + startServerWith(t, func(c *gateway.Config) { c.DataDir = dataDir })
+	files := tinyAdapter(t, dataDir)
+	with := func(field string, v any) []byte {
+		cfg := map[string]any{}
+		require.NoError(t, json.Unmarshal(files["adapter_config.json"], &cfg))
+		cfg[field] = v
+		b, err := json.Marshal(cfg)
+		require.NoError(t, err)
+		return tarOf(t, map[string][]byte{"adapter_config.json": b, "adapter_model.safetensors": files["adapter_model.safetensors"]})
+	}
+	for _, tc := range []struct {
+		field string
+		value any
+		want  string
+	}{
+		{"lora_alpha", 1e308, "lora_alpha"},
+		{"lora_alpha", -1, "lora_alpha"},
+		{"lora_dropout", 1.5, "lora_dropout"},
+		{"lora_dropout", -0.1, "lora_dropout"},
+		{"r", 4.5, "r"},
+		{"r", 1 << 40, "r"},
+		{"fan_in_fan_out", true, "fan_in_fan_out"},
+		{"bias", "all", "bias"},
+		{"bias", "lora_only", "bias"},
+		{"layers_to_transform", []int{0, 1}, "layers_to_transform"},
+		{"layers_pattern", "layers", "layers_pattern"},
+		{"use_dora", true, "use_dora"},
+		{"use_rslora", true, "use_rslora"},
+		{"lora_bias", true, "lora_bias"},
+		{"layer_replication", [][]int{{0, 2}}, "layer_replication"},
+		{"trainable_token_indices", []int{3}, "trainable_token_indices"},
+		{"alpha_pattern", map[string]any{"q_proj": 64}, "alpha_pattern"},
+		{"megatron_config", map[string]any{"x": 1}, "megatron_config"},
+		{"some_future_option", 3, "some_future_option"},
+	} {
+		st, body := importTar(t, url, keyA, tiny.Name, "bad", with(tc.field, tc.value))
+		require.Equal(t, http.StatusBadRequest, st, "%s=%v: %s", tc.field, tc.value, body)
+		require.Contains(t, string(body), tc.want, "%s=%v", tc.field, tc.value)
+	}
+	// Default values of the same options, and PEFT's own metadata, are taken.
+	for field, v := range map[string]any{"fan_in_fan_out": false, "bias": "none", "layers_to_transform": nil,
+		"lora_dropout": 0.05, "peft_version": "0.21.2", "revision": nil, "use_dora": false, "lora_bias": false,
+		"exclude_modules": nil, "megatron_core": "megatron.core", "loftq_config": map[string]any{}} {
+		st, body := importTar(t, url, keyA, tiny.Name, "ok", with(field, v))
+		require.Equal(t, http.StatusOK, st, "%s=%v: %s", field, v, body)
+	}
+}

@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"sync"
 
-	"github.com/loops-dev/loops/gateway/core"
+	"github.com/loops-dev/loops/gateway/ckhttp"
 	"github.com/loops-dev/loops/gen/openapi"
 )
 
@@ -31,7 +31,7 @@ var openAPIDocument = sync.OnceValue(func() []byte {
 	return b
 })
 
-// streamRoutes describes core.ExportPath and core.ImportPath in OpenAPI 2.0 terms.
+// streamRoutes describes ckhttp.ExportPath and ckhttp.ImportPath in OpenAPI 2.0 terms.
 func streamRoutes() map[string]any {
 	query := func(name, desc string, required bool, enum ...string) map[string]any {
 		p := map[string]any{"name": name, "in": "query", "required": required, "type": "string", "description": desc}
@@ -41,12 +41,12 @@ func streamRoutes() map[string]any {
 		return p
 	}
 	failure := map[string]any{
-		"description": "An error, with what was wrong: a 4xx (a bad or missing parameter, a checkpoint not found, 429 when the server runs its most at once) or a 5xx.",
+		"description": "An error, with what was wrong: a 4xx (a bad or missing parameter, a checkpoint not found, 408 when an import arrives slower than the minimum transfer rate, 413 over the size limit, 429 with Retry-After when the server, or the workspace's share of it, runs its most at once) or a 5xx.",
 		"schema":      map[string]any{"type": "object", "properties": map[string]any{"detail": map[string]any{"type": "string"}}},
 	}
 	tar := map[string]any{"type": "string", "format": "binary"}
 	return map[string]any{
-		core.ExportPath: map[string]any{"get": map[string]any{
+		ckhttp.ExportPath: map[string]any{"get": map[string]any{
 			"summary":     "Downloads a checkpoint as a tar archive: its PEFT adapter folder (peft), or a complete Hugging Face model folder with the adapter folded into the base weights (merged). GetCheckpointExportURL returns this URL; fetch it with the API key (docs/export-import.md).",
 			"operationId": "CheckpointExports_Get",
 			"produces":    []string{"application/x-tar"},
@@ -60,7 +60,7 @@ func streamRoutes() map[string]any {
 			},
 			"tags": []string{"CheckpointService"},
 		}},
-		core.ImportPath: map[string]any{"post": map[string]any{
+		ckhttp.ImportPath: map[string]any{"post": map[string]any{
 			"summary":     "Imports a PEFT adapter trained elsewhere as a checkpoint (weights/<name> of a new training run), checked against the base model: the body is a tar of the adapter folder (adapter_config.json, adapter_model.safetensors). The answer is the new checkpoint, which samplers, deployments and training runs take like any other (docs/export-import.md).",
 			"operationId": "CheckpointImports_Create",
 			"consumes":    []string{"application/x-tar"},

@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/loops-dev/loops/gateway/core"
+	"github.com/loops-dev/loops/gateway/ckhttp"
 )
 
 // TestOpenAPIDocumentListsEveryRoute: GET /openapi.json lists the plain-HTTP routes
@@ -30,7 +30,7 @@ func TestOpenAPIDocumentListsEveryRoute(t *testing.T) {
 		Definitions map[string]json.RawMessage            `json:"definitions"`
 	}
 	require.NoError(t, json.Unmarshal(raw, &doc))
-	for path, method := range map[string]string{core.ExportPath: "get", core.ImportPath: "post"} {
+	for path, method := range map[string]string{ckhttp.ExportPath: "get", ckhttp.ImportPath: "post"} {
 		_, ok := doc.Paths[path][method]
 		require.True(t, ok, "%s %s is not in the document", method, path)
 	}

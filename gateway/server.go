@@ -21,6 +21,7 @@ import (
 	"github.com/loops-dev/loops/compat/inference"
 	"github.com/loops-dev/loops/compat/openai"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/ckhttp"
 	"github.com/loops-dev/loops/gateway/console"
 	"github.com/loops-dev/loops/gateway/core"
 	"github.com/loops-dev/loops/gateway/jobs"
@@ -104,6 +105,16 @@ type Config struct {
 	Lease *LeaseConfig
 	// Jobs configures managed jobs (jobs.go).
 	Jobs JobsConfig
+	// Transfers bounds checkpoint downloads, exports and imports (gateway/ckhttp): slots
+	// per server and per workspace, the minimum transfer rate. Its DataDir is DataDir.
+	Transfers ckhttp.Options
+	// AuthThrottle bounds the wrong API keys a client address (and all of them together)
+	// may send, on the API and the console's sign-in alike (auth.Throttle).
+	AuthThrottle auth.ThrottleOptions
+	// TrustedProxies are the reverse proxies in front of the server: only from them are
+	// X-Forwarded-For (the client address the throttle counts) and X-Forwarded-Proto
+	// (https makes the console's cookie Secure) believed.
+	TrustedProxies auth.TrustedProxies
 }
 
 // Server is a running Loops server.
@@ -132,6 +143,8 @@ type Server struct {
 	infer *inference.Engine
 	// backend is the opened backend; PoolService shows and scales its pools.
 	backend backends.Backend
+	// throttle counts wrong API keys per client address, for every surface.
+	throttle *auth.Throttle
 }
 
 // New opens the store and the backend, starts the core and builds the handler for ln. Call
@@ -151,7 +164,8 @@ func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
 	s := &Server{cfg: cfg, log: cfg.Logger, ln: ln,
-		budget: bounded.NewBudget(cfg.Limits.DecompressBudgetBytes, compat.DecompressWait)}
+		budget:   bounded.NewBudget(cfg.Limits.DecompressBudgetBytes, compat.DecompressWait),
+		throttle: auth.NewThrottle(cfg.AuthThrottle)}
 	ok := false
 	defer func() {
 		if !ok {
@@ -287,7 +301,7 @@ func (s *Server) closeAll() error {
 const compressMinBytes = 4096
 
 // publicPaths need no API key.
-var publicPaths = []string{"/healthz", "/metrics", "/openapi.json", "/api/v1/healthz", core.ArchivePathPrefix}
+var publicPaths = []string{"/healthz", "/metrics", "/openapi.json", "/api/v1/healthz", ckhttp.ArchivePrefix}
 
 func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Handler, error) {
 	svc := s.core.Services()
@@ -325,9 +339,10 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		return nil, err
 	}
 	mux.Handle("/v1/", limitBody(rest, s.cfg.Limits.MaxBodyBytes))
-	mux.Handle(core.ArchivePathPrefix, s.core.ArchiveHandler())
-	mux.Handle("GET "+core.ExportPath, s.core.ExportHandler())
-	mux.Handle("POST "+core.ImportPath, s.core.ImportHandler())
+	transfers := s.cfg.Transfers
+	transfers.DataDir = s.cfg.DataDir
+	transfers.Logger = s.log
+	ckhttp.New(s.core, transfers).Register(mux)
 
 	// Tinker's routes.
 	mux.Handle("/api/v1/", edge.countTinker(compat.NewHandler(compat.Services{
@@ -396,13 +411,14 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		Usage:       svc.Usage,
 		Workspace:   svc.Workspace,
 		Deployments: svc.Deployments,
-	}, console.Options{Authenticate: keys.Authenticate, Logger: s.log})
+	}, console.Options{Authenticate: keys.Authenticate, Logger: s.log, Throttle: s.throttle, Proxies: s.cfg.TrustedProxies})
 	pages := cons.Handler()
 	mux.Handle("GET "+console.Root+"{$}", pages)
 	mux.Handle(console.Prefix, pages)
 
 	public := append(append([]string(nil), publicPaths...), console.PublicPaths...)
 	guarded := keys.Middleware(auth.Policy{Public: public, MaxRequestsPerKey: s.cfg.Limits.MaxRequestsPerKey,
+		Throttle: s.throttle, Proxies: s.cfg.TrustedProxies,
 		ErrorShapes: []auth.ErrorShape{
 			{Prefix: openai.Prefix, Write: openai.WriteError},
 			{Prefix: anthropic.Prefix, Write: anthropic.WriteError},

@@ -221,7 +221,8 @@ func (s *Server) standby(ctx context.Context, reg *prometheus.Registry, st store
 		keys = &auth.Keys{}
 	}
 	standby := withBodyReadDeadline(s.cfg.Limits.BodyReadTimeout, recoverPanics(s.log,
-		keys.Middleware(auth.Policy{Public: publicPaths, MaxRequestsPerKey: s.cfg.Limits.MaxRequestsPerKey}, mux)))
+		keys.Middleware(auth.Policy{Public: publicPaths, MaxRequestsPerKey: s.cfg.Limits.MaxRequestsPerKey,
+			Throttle: s.throttle, Proxies: s.cfg.TrustedProxies}, mux)))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if h := fo.leader.Load(); h != nil {
 			(*h).ServeHTTP(w, r)

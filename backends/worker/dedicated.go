@@ -348,5 +348,9 @@ func (b *Backend) modelArg(base string) (string, error) {
 
 // poolArgs are the worker arguments every pool of the backend gets.
 func (b *Backend) poolArgs() []string {
-	return append([]string{"--max-lora-rank", strconv.Itoa(b.opts.MaxLoraRank)}, b.opts.Args...)
+	args := []string{"--max-lora-rank", strconv.Itoa(b.opts.MaxLoraRank)}
+	for _, o := range b.opts.CheckpointOrigins {
+		args = append(args, "--checkpoint-origin", o)
+	}
+	return append(args, b.opts.Args...)
 }

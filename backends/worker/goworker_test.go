@@ -74,7 +74,7 @@ func TestPoolModeGoWorker(t *testing.T) {
 	require.NotNil(t, fb.GetResults()[0].GetResult(), "%v", fb.GetResults()[0].GetError())
 	_, err = b.Trainer().OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: "a", Adam: &loopsv1.AdamParams{LearningRate: 0.01, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}})
 	require.NoError(t, err)
-	ck := t.TempDir()
+	ck := filepath.Join(dir, "ck") // in the data dir: the folders the local workers may use
 	_, err = b.Trainer().SaveAdapter(ctx, &backendv1.SaveAdapterRequest{AdapterId: "a", Dir: ck})
 	require.NoError(t, err)
 	sr, err := b.Sampler().Sample(ctx, &backendv1.SampleRequest{BaseModel: tiny.Name, AdapterDir: ck, Prompt: []int32{5, 17, 42},
@@ -189,7 +189,7 @@ func TestSamplerPool(t *testing.T) {
 	pool, _, ok := b.AdapterReplica("a")
 	require.True(t, ok)
 	require.Equal(t, trainers, pool, "adapters go to the trainers")
-	ck := t.TempDir()
+	ck := filepath.Join(dir, "ck") // in the data dir: the folders the local workers may use
 	_, err = b.Trainer().SaveAdapter(ctx, &backendv1.SaveAdapterRequest{AdapterId: "a", Dir: ck})
 	require.NoError(t, err)
 	sample := func() string { // the pool that sampled; "" when the sample failed

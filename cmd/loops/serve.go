@@ -14,6 +14,7 @@ import (
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/ckhttp"
 	"github.com/loops-dev/loops/gateway/ckstore"
 	"github.com/loops-dev/loops/gateway/core"
 	"github.com/loops-dev/loops/gateway/policy"
@@ -49,6 +50,13 @@ type serveFlags struct {
 	stepRecovery bool
 	// operatorKeys are --operator-key: the keys of the operator role (PoolService).
 	operatorKeys []string
+	// trustedProxies are --trusted-proxy: the reverse proxies whose X-Forwarded-For and
+	// X-Forwarded-Proto are believed.
+	trustedProxies []string
+	// minTransferRate and transferRateWindow are --min-transfer-rate and
+	// --transfer-rate-window (gateway/ckhttp).
+	minTransferRate    int64
+	transferRateWindow time.Duration
 	// jobs are the --jobs-* flags (jobs.go).
 	jobs jobsServeFlags
 }
@@ -66,7 +74,7 @@ only, and answers only requests addressed to localhost, 127.0.0.1 or [::1] (403 
 another Host: a defence against DNS rebinding). Every flag can also be set by an environment variable: LOOPS_ADDR, LOOPS_DATA_DIR,
 LOOPS_BACKEND, LOOPS_MODELS (comma-separated), LOOPS_API_KEYS (comma-separated KEY or
 KEY=WORKSPACE), LOOPS_API_KEY_FILE, LOOPS_OPERATOR_KEYS (comma-separated),
-LOOPS_WORKSPACE_POLICY, LOOPS_DATABASE,
+LOOPS_WORKSPACE_POLICY, LOOPS_TRUSTED_PROXIES (comma-separated), LOOPS_DATABASE,
 LOOPS_DB_MAX_CONNS, LOOPS_DB_CONNECT_TIMEOUT, LOOPS_DB_STATEMENT_TIMEOUT,
 LOOPS_CHECKPOINT_STORE.
 
@@ -120,6 +128,9 @@ max LoRA rank, runs at once, queued operations, sampling concurrency): see the
 	fl.DurationVar(&f.bodyReadTimeout, "body-read-timeout", gateway.DefaultBodyReadTimeout, "how long a request body has to arrive once its headers have; a stalled body is cut off then (responses and long-polls are not limited)")
 	fl.IntVar(&f.maxRequestsPerKey, "max-requests-per-key", auth.DefaultMaxRequestsPerKey, "requests one API key may have in flight at once (429 beyond); -1 for no cap")
 	fl.StringVar(&f.checkpointStore, "checkpoint-store", env("LOOPS_CHECKPOINT_STORE", ""), "where checkpoint files go: s3://bucket/prefix (AWS_* environment variables) or a folder; default: checkpoint-store in --data-dir")
+	fl.StringSliceVar(&f.trustedProxies, "trusted-proxy", envList("LOOPS_TRUSTED_PROXIES", nil), "address or CIDR of a reverse proxy in front of the server (repeatable): only from these is X-Forwarded-For (the client address that wrong keys are throttled by) and X-Forwarded-Proto (https makes the console's cookie Secure) believed")
+	fl.Int64Var(&f.minTransferRate, "min-transfer-rate", ckhttp.DefaultMinRate, "bytes a second a checkpoint download, export or import must keep up over --transfer-rate-window; a slower one is cut")
+	fl.DurationVar(&f.transferRateWindow, "transfer-rate-window", ckhttp.DefaultRateWindow, "how long a checkpoint transfer may stay under --min-transfer-rate")
 	fl.StringVar(&f.workspacePolicy, "workspace-policy", env("LOOPS_WORKSPACE_POLICY", ""), "YAML or JSON file of per-workspace limits: allowed models, max sequence length and LoRA rank, runs, queued operations, sampling concurrency (see docs/semantics.md)")
 	return cmd
 }
@@ -143,6 +154,10 @@ func runServe(ctx context.Context, f serveFlags) error {
 	}
 	if err := keys.AddOperatorKeys(f.operatorKeys); err != nil {
 		return fmt.Errorf("--operator-key: %w", err)
+	}
+	proxies, err := auth.ParseTrustedProxies(f.trustedProxies)
+	if err != nil {
+		return fmt.Errorf("--trusted-proxy: %w", err)
 	}
 	var pol *policy.Policy
 	if f.workspacePolicy != "" {
@@ -181,6 +196,12 @@ func runServe(ctx context.Context, f serveFlags) error {
 			_ = st.Close()
 			return fmt.Errorf("--checkpoint-store: %w", err)
 		}
+		if f.backend == workerBackend { // its workers reach the store too
+			if err := workerStoreOptions(ctx, cks, backendOpts); err != nil {
+				_ = st.Close()
+				return err
+			}
+		}
 	}
 	ln, err := net.Listen("tcp", f.addr)
 	if err != nil {
@@ -212,9 +233,11 @@ func runServe(ctx context.Context, f serveFlags) error {
 			BodyReadTimeout:   f.bodyReadTimeout,
 			MaxRequestsPerKey: f.maxRequestsPerKey,
 		},
-		Logger: log,
-		Lease:  leaseCfg,
-		Jobs:   f.jobs.config(),
+		Logger:         log,
+		Lease:          leaseCfg,
+		Jobs:           f.jobs.config(),
+		TrustedProxies: proxies,
+		Transfers:      ckhttp.Options{MinRate: f.minTransferRate, RateWindow: f.transferRateWindow},
 	})
 	if err != nil {
 		_ = ln.Close()

@@ -125,11 +125,18 @@ func (k *Keys) Authenticate(key string) (string, error) {
 			return ws, nil
 		}
 	}
-	return "", errors.New("unknown API key: use a key the server was started with (--api-key, LOOPS_API_KEYS or --api-key-file)")
+	return "", ErrUnknownKey
 }
 
+// ErrUnknownKey is Authenticate's answer for a well-formed key that is not configured: a
+// guess, which the Throttle counts (a missing or malformed key cannot be right, so it is
+// not counted).
+var ErrUnknownKey = errors.New("unknown API key: use a key the server was started with (--api-key, LOOPS_API_KEYS or --api-key-file)")
+
 // Middleware authenticates every request except those to the policy's public paths and
-// puts the workspace in the request context. A failure is a 401 with a JSON body. In open
+// puts the workspace in the request context. A failure is a 401 with a JSON body; with the
+// policy's Throttle, a client address sending wrong keys is soon answered 429 with
+// Retry-After instead, whatever key it sends (see Throttle). In open
 // mode (no keys) a request whose Host is not a loopback name is refused with a 403 first,
 // public paths included: a DNS-rebinding web page would send its own name. A key with
 // MaxRequestsPerKey requests in flight gets a 429 for one more. An operator key's request
@@ -144,7 +151,7 @@ func (k *Keys) middleware(p Policy, next http.Handler) (http.Handler, *inflight)
 	inflight := newInflight(p.MaxRequestsPerKey)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if k.Open() && !loopbackHost(r.Host) {
-			p.refuse(w, r, refusal{connect.CodePermissionDenied, "", errForeignHost(r.Host)})
+			p.refuse(w, r, refusal{connect.CodePermissionDenied, "", errForeignHost(r.Host), 0})
 			return
 		}
 		for _, pub := range p.Public {
@@ -161,12 +168,27 @@ func (k *Keys) middleware(p Policy, next http.Handler) (http.Handler, *inflight)
 			}
 		}
 		var ctx context.Context
+		client := p.Proxies.ClientAddr(r)
 		if k.operatorKey(key) {
+			if err := p.Throttle.Check(client); err != nil {
+				p.refuse(w, r, throttled(err))
+				return
+			}
 			ctx = WithOperator(r.Context())
 		} else {
 			ws, err := k.Authenticate(key)
 			if err != nil {
-				p.refuse(w, r, refusal{connect.CodeUnauthenticated, "", err})
+				if errors.Is(err, ErrUnknownKey) {
+					if terr := p.Throttle.Failed(client); terr != nil {
+						p.refuse(w, r, throttled(terr))
+						return
+					}
+				}
+				p.refuse(w, r, refusal{connect.CodeUnauthenticated, "", err, 0})
+				return
+			}
+			if err := p.Throttle.Check(client); err != nil {
+				p.refuse(w, r, throttled(err))
 				return
 			}
 			ctx = WithWorkspace(r.Context(), ws)
@@ -177,7 +199,7 @@ func (k *Keys) middleware(p Policy, next http.Handler) (http.Handler, *inflight)
 		id, ok := inflight.acquire(key)
 		if !ok {
 			p.refuse(w, r, refusal{connect.CodeResourceExhausted, errs.ReasonRateLimited, fmt.Errorf(
-				"this API key already has %d requests in flight, the server's limit per key: wait for some to finish (or raise --max-requests-per-key)", inflight.max)})
+				"this API key already has %d requests in flight, the server's limit per key: wait for some to finish (or raise --max-requests-per-key)", inflight.max), 0})
 			return
 		}
 		defer inflight.release(id)

@@ -3,6 +3,7 @@ package auth
 import (
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -32,6 +34,22 @@ type Policy struct {
 	// error shape: OpenAI's and Anthropic's clients read only theirs. Other paths get the
 	// forms described at refusal.write.
 	ErrorShapes []ErrorShape
+	// Throttle, when set, counts the wrong keys of each client address and refuses a
+	// throttled address with 429 and Retry-After (see Throttle).
+	Throttle *Throttle
+	// Proxies are the trusted reverse proxies, whose X-Forwarded-For names the client
+	// address the throttle counts.
+	Proxies TrustedProxies
+}
+
+// LimitFailedAuthentications names the throttle's limit in a refusal's ErrorInfo.
+const LimitFailedAuthentications = "failed_authentications"
+
+// throttled is the refusal of a throttled client.
+func throttled(err error) refusal {
+	var te *ThrottledError
+	errors.As(err, &te)
+	return refusal{connect.CodeResourceExhausted, errs.ReasonRateLimited, err, te.RetryAfter}
 }
 
 // ErrorShape writes the refusals of the requests whose path starts with Prefix. Write gets
@@ -46,6 +64,10 @@ type ErrorShape struct {
 func (p Policy) refuse(w http.ResponseWriter, r *http.Request, f refusal) {
 	for _, sh := range p.ErrorShapes {
 		if strings.HasPrefix(r.URL.Path, sh.Prefix) {
+			if f.retry > 0 {
+				sh.Write(w, r, errs.Limit(f.code, f.reason, LimitFailedAuthentications, f.retry, f.err))
+				return
+			}
 			sh.Write(w, r, errs.New(f.code, f.reason, f.err))
 			return
 		}
@@ -130,6 +152,7 @@ type refusal struct {
 	code   connect.Code
 	reason string // machine-readable; "" for the code's default
 	err    error
+	retry  time.Duration // Retry-After of a 429; 0 for the default
 }
 
 // write answers r with the refusal in the form its protocol reads, with the status of the
@@ -143,7 +166,11 @@ func (f refusal) write(w http.ResponseWriter, r *http.Request) {
 		reason = e.Reason
 	}
 	if e.Code == connect.CodeResourceExhausted {
-		w.Header().Set(errs.HeaderRetryAfter, errs.RetryAfterValue(errs.DefaultRetryAfter))
+		retry := f.retry
+		if retry <= 0 {
+			retry = errs.DefaultRetryAfter
+		}
+		w.Header().Set(errs.HeaderRetryAfter, errs.RetryAfterValue(retry))
 	}
 	ct := r.Header.Get("Content-Type")
 	if strings.HasPrefix(ct, "application/grpc") {

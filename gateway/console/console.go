@@ -72,6 +72,14 @@ type Options struct {
 	// Authenticate returns the workspace of an API key (auth.Keys.Authenticate); sign-in
 	// calls it so that a wrong key is refused on the sign-in page itself.
 	Authenticate func(key string) (string, error)
+	// Throttle, when set, counts sign-ins with wrong keys per client address (the same
+	// throttle as the API's): a throttled address's sign-in is refused with 429 and
+	// Retry-After, whatever key it sends.
+	Throttle *auth.Throttle
+	// Proxies are the trusted reverse proxies: their X-Forwarded-For names the client
+	// address, and X-Forwarded-Proto: https from them makes the session cookie Secure (as
+	// a request over TLS does).
+	Proxies auth.TrustedProxies
 	// Session bounds (defaults DefaultMaxSessions, DefaultMaxSessionsPerWorkspace,
 	// DefaultSessionIdle, DefaultSessionLifetime).
 	MaxSessions             int

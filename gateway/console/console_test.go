@@ -4,7 +4,6 @@ import (
 	"context"
 	"html"
 	"io"
-	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
@@ -30,19 +29,7 @@ const keyA, keyB = "tml-console-a", "tml-console-b"
 // startServer runs a gateway with two keys in two workspaces (ws-a, ws-b).
 func startServer(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	keys, err := auth.ParseKeys([]string{keyA + "=ws-a", keyB + "=ws-b"})
-	require.NoError(t, err)
-	srv, err := gateway.New(context.Background(), ln, gateway.Config{DataDir: t.TempDir(), Keys: keys})
-	require.NoError(t, err)
-	go func() { _ = srv.Serve() }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Close(ctx)
-	})
-	return "http://" + ln.Addr().String()
+	return startServerWith(t, nil)
 }
 
 // browser is an HTTP client with a cookie jar that does not follow redirects.
@@ -322,9 +309,12 @@ func TestConsoleCheckpointActions(t *testing.T) {
 }
 
 // FuzzConsoleForms posts arbitrary forms to the console's actions and asks for arbitrary
-// pages: the answer is never a 5xx.
+// pages: the answer is never a 5xx. The wrong-key throttle is all but off, so that the
+// fuzzed sign-ins do not turn every later page into a 429.
 func FuzzConsoleForms(f *testing.F) {
-	base := startServer(f)
+	base := startServerWith(f, func(c *gateway.Config) {
+		c.AuthThrottle = auth.ThrottleOptions{FailuresPerClient: 1 << 30, Failures: 1 << 30}
+	})
 	b := newBrowser(f, base)
 	b.signIn(keyA)
 	tok := b.csrf()

@@ -19,6 +19,7 @@ import (
 
 	"github.com/loops-dev/loops/gateway/auth"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/errs"
 	"github.com/loops-dev/loops/internal/runhealth"
 )
 
@@ -122,8 +123,22 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key := strings.TrimSpace(r.PostForm.Get("api_key"))
+	client := c.opts.Proxies.ClientAddr(r)
 	ws, err := c.opts.Authenticate(key)
-	if err != nil {
+	if errors.Is(err, auth.ErrUnknownKey) {
+		if terr := c.opts.Throttle.Failed(client); terr != nil {
+			err = terr
+		}
+	} else if err == nil {
+		err = c.opts.Throttle.Check(client)
+	}
+	var te *auth.ThrottledError
+	switch {
+	case errors.As(err, &te):
+		w.Header().Set(errs.HeaderRetryAfter, errs.RetryAfterValue(te.RetryAfter))
+		c.render(w, http.StatusTooManyRequests, "signin", "Sign in", "", nil, err.Error())
+		return
+	case err != nil:
 		c.render(w, http.StatusUnauthorized, "signin", "Sign in", "", nil, err.Error())
 		return
 	}
@@ -133,13 +148,14 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: s.id, Path: "/", HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+		SameSite: http.SameSiteStrictMode, Secure: c.opts.Proxies.HTTPS(r)})
 	http.Redirect(w, r, Root, http.StatusSeeOther)
 }
 
 func (c *Console) signOut(w http.ResponseWriter, r *http.Request, s *session) error {
 	c.sessions.remove(s.id)
-	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: "", Path: "/", MaxAge: -1, HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: c.opts.Proxies.HTTPS(r)})
 	http.Redirect(w, r, SignInPath, http.StatusSeeOther)
 	return nil
 }

@@ -1,16 +1,10 @@
 package core
 
 import (
-	"archive/tar"
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
-	"log/slog"
-	"net/http"
 	"path"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -23,8 +17,10 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// ArchivePathPrefix is where checkpoint archives are served; the rest of the path is a
-// short-lived token, so the download needs no API key (as the tinker CLI expects).
+// ArchivePathPrefix is where checkpoint archives are served (gateway/ckhttp): the links
+// this core issues are ArchivePathPrefix + token + ".tar" for a tar of the checkpoint and
+// ArchivePathPrefix + token + "/" + file for one file. The token is short-lived, so the
+// download needs no API key (as the tinker CLI expects).
 const ArchivePathPrefix = "/v1/checkpoint_archives/"
 
 // Download links are bounded; past either limit, asking for a link is refused with
@@ -201,116 +197,74 @@ func (c *Core) checkpointManifest(ctx context.Context, owner string, ck *loopsv1
 	return m, nil
 }
 
-// linkKey checks, when a link is used, that it still grants access: the checkpoint exists
-// with the generation the link was issued for, and the issuing workspace may still read it
-// (it owns it, or it is still public). It returns the store key and manifest to serve, or
-// the status and message to answer.
-func (c *Core) linkKey(ctx context.Context, t archiveTarget) (string, *ckstore.Manifest, int, string) {
+// ArchiveLink is a download link in use (OpenArchiveLink): one generation of one
+// checkpoint, with its files.
+type ArchiveLink struct {
+	// Name is the archive's file name, without ".tar".
+	Name string
+	// Path is the checkpoint's tinker path.
+	Path string
+	// Manifest lists the generation's files in the checkpoint store (the
+	// checkpoint_complete marker included), with their sizes.
+	Manifest *ckstore.Manifest
+	key      string // the generation's store key
+}
+
+// OpenArchiveLink returns what the download link token grants, checked now: the
+// checkpoint still exists with the generation the link was issued for, and the workspace it
+// was issued to may still read it (it owns it, or it is still public). A link that no
+// longer grants anything is NotFound, with a message that says why, and is forgotten; an
+// unknown or expired token is NotFound too. A store failure is Internal.
+func (c *Core) OpenArchiveLink(ctx context.Context, token string) (ArchiveLink, error) {
+	t, ok := c.archives.get(token, c.now())
+	if !ok {
+		return ArchiveLink{}, notFound("download link unknown or expired: ask for a new one")
+	}
+	key, m, err := c.linkKey(ctx, t)
+	if err != nil {
+		if connect.CodeOf(err) == connect.CodeNotFound {
+			c.archives.revoke(token)
+		}
+		return ArchiveLink{}, err
+	}
+	return ArchiveLink{Name: t.name, Path: t.path, Manifest: m, key: key}, nil
+}
+
+// OpenArchiveFile opens the file name of a link's manifest (ArchiveLink.Manifest) in the
+// checkpoint store; the reader fails if the stored bytes do not match the manifest.
+func (c *Core) OpenArchiveFile(ctx context.Context, link ArchiveLink, name string) (io.ReadCloser, error) {
+	if link.key == "" || link.Manifest == nil {
+		return nil, notFound("no such file in this checkpoint")
+	}
+	if _, ok := link.Manifest.File(name); !ok {
+		return nil, notFound("no such file in this checkpoint")
+	}
+	rc, _, err := c.ckpt.st.Open(ctx, link.key, name)
+	if err != nil {
+		return nil, internal("opening checkpoint file "+link.key+"/"+name, err)
+	}
+	return rc, nil
+}
+
+// linkKey checks, when a link is used, that it still grants access (see OpenArchiveLink).
+// It returns the store key and manifest to serve.
+func (c *Core) linkKey(ctx context.Context, t archiveTarget) (string, *ckstore.Manifest, error) {
 	ck, owner, err := c.store.GetCheckpointAnyWorkspace(ctx, t.runID, t.id)
 	switch {
 	case errors.Is(err, store.ErrNotFound) || err == nil && (owner != t.owner || generation(ck) != t.gen):
-		return "", nil, http.StatusNotFound, fmt.Sprintf("checkpoint %s was deleted or saved again since this link was issued: ask for a new link", t.path)
+		return "", nil, notFound("checkpoint %s was deleted or saved again since this link was issued: ask for a new link", t.path)
 	case err != nil:
-		c.log.Error("looking up the checkpoint of a download link", slog.String("path", t.path), slog.Any("err", err))
-		return "", nil, http.StatusInternalServerError, "internal error looking up the checkpoint: retry"
+		return "", nil, internal("looking up the checkpoint of a download link "+t.path, err)
 	case t.issuer != owner && !ck.GetPublic():
-		return "", nil, http.StatusNotFound, fmt.Sprintf("checkpoint %s is no longer public, so this link no longer works", t.path)
+		return "", nil, notFound("checkpoint %s is no longer public, so this link no longer works", t.path)
 	}
 	m, err := c.checkpointManifest(ctx, owner, ck)
 	if err != nil {
 		if connect.CodeOf(err) == connect.CodeFailedPrecondition {
-			return "", nil, http.StatusNotFound, fmt.Sprintf("checkpoint %s has no complete files on this server: ask for a new link", t.path)
+			return "", nil, notFound("checkpoint %s has no complete files on this server: ask for a new link", t.path)
 		}
-		c.log.Error("reading the checkpoint of a download link", slog.String("path", t.path), slog.Any("err", err))
-		return "", nil, http.StatusInternalServerError, "internal error reading the checkpoint: retry"
+		return "", nil, internal("reading the checkpoint of a download link "+t.path, err)
 	}
 	key, _ := c.ckpt.recordKey(owner, ck) // checked by checkpointManifest
-	return key, m, 0, ""
-}
-
-// ArchiveHandler serves checkpoint downloads: a tar of the checkpoint's files at
-// ArchivePathPrefix + token + ".tar", and single files at ArchivePathPrefix + token + "/" +
-// relative path, streamed from the checkpoint store (verified against its manifest: a
-// corrupt file cuts the download short). Each use re-checks that the link's checkpoint
-// generation still exists and that the workspace it was issued to may still read it.
-func (c *Core) ArchiveHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rest := strings.TrimPrefix(r.URL.Path, ArchivePathPrefix)
-		tok, file, isFile := strings.Cut(rest, "/")
-		tok = strings.TrimSuffix(tok, ".tar")
-		t, ok := c.archives.get(tok, c.now())
-		if !ok {
-			writeDetail(w, http.StatusNotFound, "download link unknown or expired: ask for a new one")
-			return
-		}
-		key, m, status, msg := c.linkKey(r.Context(), t)
-		if status != 0 {
-			if status == http.StatusNotFound {
-				c.archives.revoke(tok)
-			}
-			writeDetail(w, status, msg)
-			return
-		}
-		if isFile {
-			f, ok := m.File(file)
-			if !ok {
-				writeDetail(w, http.StatusNotFound, "no such file in this checkpoint")
-				return
-			}
-			rc, _, err := c.ckpt.st.Open(r.Context(), key, f.Name)
-			if err != nil {
-				c.log.Error("opening a checkpoint file for download", slog.String("key", key), slog.String("file", f.Name), slog.Any("err", err))
-				writeDetail(w, http.StatusInternalServerError, "internal error reading the checkpoint: retry")
-				return
-			}
-			defer rc.Close()
-			w.Header().Set("Content-Type", "application/octet-stream")
-			w.Header().Set("Content-Length", strconv.FormatInt(f.Size, 10))
-			if r.Method == http.MethodHead {
-				return
-			}
-			if _, err := io.Copy(w, rc); err != nil {
-				c.log.Error("streaming a checkpoint file", slog.String("key", key), slog.String("file", f.Name), slog.Any("err", err))
-				panic(http.ErrAbortHandler) // cut the response short: the client sees a failed download
-			}
-			return
-		}
-		w.Header().Set("Content-Type", "application/x-tar")
-		w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", t.name+".tar"))
-		if err := c.writeTar(r.Context(), w, key, m); err != nil {
-			c.log.Error("writing checkpoint archive", slog.Any("err", err))
-			panic(http.ErrAbortHandler)
-		}
-	})
-}
-
-// writeDetail answers an error with a JSON {"detail": msg} body.
-func writeDetail(w http.ResponseWriter, status int, msg string) {
-	body, _ := json.Marshal(map[string]string{"detail": msg})
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	_, _ = w.Write(body)
-}
-
-// writeTar writes the files of the checkpoint key (manifest m) as a tar stream with their
-// relative paths, each streamed from the store.
-func (c *Core) writeTar(ctx context.Context, w io.Writer, key string, m *ckstore.Manifest) error {
-	tw := tar.NewWriter(w)
-	for _, f := range m.Files {
-		hdr := &tar.Header{Name: f.Name, Mode: 0o644, Size: f.Size, ModTime: m.Created, Typeflag: tar.TypeReg}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		rc, _, err := c.ckpt.st.Open(ctx, key, f.Name)
-		if err != nil {
-			return err
-		}
-		_, err = io.Copy(tw, rc)
-		rc.Close()
-		if err != nil {
-			return err
-		}
-	}
-	return tw.Close()
+	return key, m, nil
 }

@@ -143,7 +143,7 @@ func httpGet(t *testing.T, srv *httptest.Server, path string) (int, string) {
 
 func TestDownloadLinksAreRevokedWithTheCheckpoint(t *testing.T) {
 	h := newHarness(t, t.TempDir(), Options{})
-	srv := httptest.NewServer(h.core.ArchiveHandler())
+	srv := httptest.NewServer(archiveHandler(h.core))
 	defer srv.Close()
 	wsB := auth.WithWorkspace(t.Context(), "ws-b")
 	run := h.newRun()

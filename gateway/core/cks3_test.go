@@ -147,7 +147,7 @@ func TestS3CheckpointsThroughTheCore(t *testing.T) {
 	wantSample := g1.sample(t, ctx, sampler)
 
 	// Archive and file downloads stream from the bucket.
-	web := httptest.NewServer(g1.core.ArchiveHandler())
+	web := httptest.NewServer(archiveHandler(g1.core))
 	defer web.Close()
 	files := map[string][]byte{}
 	urls, err := g1.svc.Checkpoints.GetCheckpointFileURLs(ctx, &loopsv1.GetCheckpointFileURLsRequest{Path: train})
@@ -196,7 +196,7 @@ func TestS3CheckpointsThroughTheCore(t *testing.T) {
 	copied := g2.done(t, g2.ctx)(g2.svc.Training.CreateTrainingRun(g2.ctx, &loopsv1.CreateTrainingRunRequest{FromCheckpoint: train, WithOptimizer: true})).GetTrainingRunId()
 	require.Equal(t, want, g2.loss(t, g2.ctx, copied))
 	require.Equal(t, wantSample.String(), g2.sample(t, g2.ctx, sampler).String())
-	web2 := httptest.NewServer(g2.core.ArchiveHandler())
+	web2 := httptest.NewServer(archiveHandler(g2.core))
 	defer web2.Close()
 	urls2, err := g2.svc.Checkpoints.GetCheckpointFileURLs(g2.ctx, &loopsv1.GetCheckpointFileURLsRequest{Path: train})
 	require.NoError(t, err)

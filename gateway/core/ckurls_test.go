@@ -176,7 +176,7 @@ func TestS3CheckpointsThroughWorkerURLs(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, entries, "nothing on the gateway's disk: %s", sub)
 	}
-	web := httptest.NewServer(h.core.ArchiveHandler())
+	web := httptest.NewServer(archiveHandler(h.core))
 	defer web.Close()
 	urls, err := h.svc.Checkpoints.GetCheckpointFileURLs(h.ctx, &loopsv1.GetCheckpointFileURLsRequest{Path: path})
 	require.NoError(t, err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/ckstore"
+	"github.com/loops-dev/loops/gateway/core/placement"
 	"github.com/loops-dev/loops/gateway/core/trainrun"
 	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/store"
@@ -53,6 +54,9 @@ type Options struct {
 	ResultCacheTTL time.Duration
 	// GapTimeout is how long a run waits for a missing seq_id before skipping it (default 10 s).
 	GapTimeout time.Duration
+	// SweepInterval is how often the janitor expires sessions, samplers and checkpoints and
+	// evicts idle runs from memory (default 15 s).
+	SweepInterval time.Duration
 	// MaxBatchTokens caps the tokens of one backend forward/backward call (default 65536).
 	MaxBatchTokens int
 	// MaxDatumsPerRequest caps the datums of one forward_backward request (default 4096).
@@ -120,6 +124,9 @@ func (o *Options) defaults() {
 	}
 	if o.GapTimeout <= 0 {
 		o.GapTimeout = 10 * time.Second
+	}
+	if o.SweepInterval <= 0 {
+		o.SweepInterval = 15 * time.Second
 	}
 	if o.MaxBatchTokens <= 0 {
 		o.MaxBatchTokens = 65536
@@ -205,8 +212,9 @@ type Core struct {
 	slots *slots
 	// pageTokens signs and checks the page tokens of lists (paging.go).
 	pageTokens *store.PageTokens
-	// placer has the backend place the sampler replicas deployments ask for (placement.go).
-	placer *placer
+	// placer has the backend place the sampler replicas deployments ask for (package
+	// placement).
+	placer *placement.Placer
 	// liveSnapshots holds the store keys of the step snapshots that are runs' recovery
 	// points (recovery.go), which the store sweep keeps.
 	liveSnapshots sync.Map
@@ -292,16 +300,17 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	if err := c.recoverRuns(ctx); err != nil {
 		return nil, err
 	}
-	c.placer = newPlacer(be, c.log)
+	scaler, _ := be.(backends.SamplerScaler)
+	c.placer = placement.New(scaler, c.log)
 	c.preemptible, _ = be.(backends.Preemptible) // the unwrapped backend
 	c.dedicatedPools, _ = be.(backends.DedicatedPools)
-	if err := c.placer.load(ctx, st.ListAllDeployments); err != nil {
+	if err := c.placer.Load(ctx, st.ListAllDeployments); err != nil {
 		return nil, err
 	}
 	if err := c.life.Go("janitor", c.janitor); err != nil {
 		return nil, err
 	}
-	if err := c.life.Go("placer", c.placer.run); err != nil {
+	if err := c.life.Go("placer", c.placer.Run); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -339,7 +348,7 @@ func (c *Core) now() time.Time { return c.opts.Now() }
 
 // janitor expires sessions and checkpoints, forgets old operations and writes usage.
 func (c *Core) janitor(ctx context.Context) {
-	t := time.NewTicker(15 * time.Second)
+	t := time.NewTicker(c.opts.SweepInterval)
 	defer t.Stop()
 	for {
 		select {

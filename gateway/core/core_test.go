@@ -341,7 +341,7 @@ func TestRestartFailsInFlightOperationsAndRecoversRuns(t *testing.T) {
 	// Its record is written behind (persister.go): let it reach the store first.
 	require.Eventually(t, func() bool { _, err := st.GetOperation(t.Context(), "ws-a", op.GetId()); return err == nil }, 5*time.Second, time.Millisecond)
 	// Crash with the operation still in flight: nothing more is journaled or written.
-	c.ops.persist.crash()
+	c.ops.persist.Crash()
 	require.NoError(t, st.Close())
 	close(fake.gate)
 	_ = c.Close()
@@ -489,7 +489,7 @@ func TestExternalWeightsDownloadFileByFile(t *testing.T) {
 	urls, err := h.svc.Checkpoints.GetCheckpointFileURLs(h.ctx, &loopsv1.GetCheckpointFileURLsRequest{Path: path})
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{"adapter_config.json", "adapter_model.safetensors"}, slices.Collect(maps.Keys(urls.GetUrls())), "no optimizer state, no marker")
-	srv := httptest.NewServer(h.core.ArchiveHandler())
+	srv := httptest.NewServer(archiveHandler(h.core))
 	defer srv.Close()
 	resp, err := http.Get(srv.URL + urls.GetUrls()["adapter_config.json"])
 	require.NoError(t, err)

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -44,7 +43,8 @@ type fuzzMethod struct {
 	call reflect.Value
 }
 
-// fuzzEnv is the core the fuzz target drives, built once per fuzzing process.
+// fuzzEnv is the core the fuzz target drives, built once per run of the target (a fuzzing
+// worker process runs it once and calls the fuzz function many times).
 type fuzzEnv struct {
 	core    *core.Core
 	svc     core.Services
@@ -53,12 +53,6 @@ type fuzzEnv struct {
 	ids     []string // values the fix-ups substitute into string fields
 	panics  *panicLog
 }
-
-var (
-	fuzzOnce sync.Once
-	fuzzE    *fuzzEnv
-	fuzzErr  error
-)
 
 // panicLog is a slog handler that remembers records about caught panics.
 type panicLog struct {
@@ -93,11 +87,8 @@ func (p *panicLog) take() []string {
 	return out
 }
 
-func newFuzzEnv() (*fuzzEnv, error) {
-	dir, err := os.MkdirTemp("", "loops-fuzz-core-")
-	if err != nil {
-		return nil, err
-	}
+func newFuzzEnv(tb testing.TB) (*fuzzEnv, error) {
+	dir := tb.TempDir()
 	if err := tiny.Write(filepath.Join(dir, "models", "loops-tiny")); err != nil {
 		return nil, err
 	}
@@ -118,8 +109,13 @@ func newFuzzEnv() (*fuzzEnv, error) {
 		MaxBatchTokens: 2048, MaxDatumsPerRequest: 16, MaxSamplesPerRequest: 2, SamplingConcurrency: 1,
 	})
 	if err != nil {
+		_ = st.Close()
 		return nil, err
 	}
+	tb.Cleanup(func() {
+		_ = c.Close()
+		_ = st.Close()
+	})
 	e := &fuzzEnv{core: c, svc: c.Services(), ctx: auth.WithWorkspace(ctx, "ws-fuzz"), panics: panics}
 	e.methods = loopsMethods(e.svc)
 
@@ -246,11 +242,10 @@ func fuzzSeed(methods []fuzzMethod, name string, mask byte, choice uint64, req p
 }
 
 func FuzzCore(f *testing.F) {
-	fuzzOnce.Do(func() { fuzzE, fuzzErr = newFuzzEnv() })
-	if fuzzErr != nil {
-		f.Fatal(fuzzErr)
+	e, err := newFuzzEnv(f)
+	if err != nil {
+		f.Fatal(err)
 	}
-	e := fuzzE
 	// fix-up choices: index into e.ids (0 run, 1 sampler, 2 checkpoint path, 3 model, …),
 	// consumed one per fixed-up field in field order.
 	const run, sampler, path, model = 0, 1, 2, 3

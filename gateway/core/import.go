@@ -1,93 +1,48 @@
 package core
 
 import (
-	"archive/tar"
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
+	"io/fs"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/peft"
-	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/bounded"
-	"google.golang.org/protobuf/encoding/protojson"
 )
 
-// ImportPath is where adapters trained elsewhere are imported: POST
-// ImportPath?base_model=<model>[&name=<name>], with the API key, and a tar of a PEFT
-// adapter folder (adapter_config.json, adapter_model.safetensors) as the body. The answer
-// is the new checkpoint (loops.v1 Checkpoint as JSON): tinker://<run>/weights/<name> of a
-// run made for it, which samplers, deployments and new training runs (from_checkpoint,
-// load_state) take like any other.
-const ImportPath = "/v1/checkpoint_imports"
-
-// Import bounds: the body is read only up to MaxImportBytes, each file within its own cap,
-// and at most MaxConcurrentImports run at once (429 past it).
-const (
-	// MaxImportBytes caps an import's body (the tar).
-	MaxImportBytes = 4 << 30
-	// MaxConcurrentImports is how many imports run at once on this server.
-	MaxConcurrentImports = 2
-	// ImportTimeout bounds an import from the first byte of its body to its answer.
-	ImportTimeout = 30 * time.Minute
-)
-
-var importSlots = make(chan struct{}, MaxConcurrentImports)
-
-// importFiles are the files an import takes, with their caps.
-var importFiles = map[string]int64{
-	peft.AdapterConfigFile:  peft.MaxConfigBytes,
-	peft.AdapterWeightsFile: MaxImportBytes,
+// ImportRequest says what an imported adapter becomes (ImportAdapter).
+type ImportRequest struct {
+	// Workspace is the importing workspace: the checkpoint is its.
+	Workspace string
+	// BaseModel is the base model the adapter was trained on (one this server serves, and
+	// the workspace's policy allows).
+	BaseModel string
+	// Name is the checkpoint's name ("imported" when empty).
+	Name string
 }
 
-// ImportHandler serves ImportPath.
-func (c *Core) ImportHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ws, err := auth.RequireWorkspace(r.Context())
-		if err != nil {
-			writeErr(w, err)
-			return
-		}
-		select {
-		case importSlots <- struct{}{}:
-			defer func() { <-importSlots }()
-		default:
-			writeErr(w, c.limitReached("LIMIT_REACHED", "max_concurrent_imports", "%d imports are running, the most this server runs at once: retry later", MaxConcurrentImports))
-			return
-		}
-		ctx, cancel := context.WithTimeout(r.Context(), ImportTimeout)
-		defer cancel()
-		ck, err := c.importAdapter(ctx, ws, r.URL.Query().Get("base_model"), r.URL.Query().Get("name"), http.MaxBytesReader(w, r.Body, MaxImportBytes))
-		if err != nil {
-			var mb *http.MaxBytesError
-			if errors.As(err, &mb) {
-				writeDetail(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the import is over %d bytes", int64(MaxImportBytes)))
-				return
-			}
-			writeErr(w, err)
-			return
-		}
-		b, _ := protojson.MarshalOptions{UseProtoNames: true}.Marshal(ck)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(b)
-	})
-}
-
-// importAdapter reads a tar of an adapter folder from body, checks it against the base
-// model, and stores it as the checkpoint weights/<name> of a new run (unloaded: its reason
-// says it was imported) of the workspace.
-func (c *Core) importAdapter(ctx context.Context, ws, baseModel, name string, body io.Reader) (*loopsv1.Checkpoint, error) {
+// ImportAdapter imports a PEFT LoRA adapter folder trained elsewhere: it checks req, has
+// fill write the folder's files (adapter_config.json and adapter_model.safetensors, nothing
+// else) into an empty staging folder, checks them (peft.CheckConfig, then the backend's
+// backends.AdapterChecker against the base model and the workspace's max_lora_rank), and
+// stores them as the checkpoint weights/<name> of a new run of the workspace (unloaded: its
+// reason says it was imported), whose adapter_config.json names the base model. An error
+// from fill is returned as it is; a folder that does not pass is InvalidArgument.
+func (c *Core) ImportAdapter(ctx context.Context, req ImportRequest, fill func(dir string) error) (*loopsv1.Checkpoint, error) {
+	ws, baseModel, name := req.Workspace, req.BaseModel, req.Name
+	if ws == "" {
+		return nil, invalidArgument("an import needs a workspace")
+	}
 	if baseModel == "" {
 		return nil, invalidArgument("give the base model the adapter was trained on: base_model=<model> (GET /v1/models lists them)")
 	}
@@ -109,10 +64,13 @@ func (c *Core) importAdapter(ctx context.Context, ws, baseModel, name string, bo
 		return nil, f.internalFS("creating the import staging folder", err)
 	}
 	defer os.RemoveAll(dir)
-	if err := untarAdapter(body, dir); err != nil {
+	if err := fill(dir); err != nil {
 		return nil, err
 	}
-	if err := setAdapterBase(dir, baseModel); err != nil {
+	if err := checkImportFiles(dir); err != nil {
+		return nil, err
+	}
+	if err := checkImportedConfig(dir, baseModel); err != nil {
 		return nil, err
 	}
 	checker, ok := c.backend.Sampler().(backends.AdapterChecker)
@@ -179,56 +137,24 @@ func (c *Core) importAdapter(ctx context.Context, ws, baseModel, name string, bo
 	return ck, nil
 }
 
-// untarAdapter writes the adapter files of a tar stream into dir: adapter_config.json and
-// adapter_model.safetensors, each within its cap; any other entry is refused, and both are
-// required.
-func untarAdapter(body io.Reader, dir string) error {
-	tr := tar.NewReader(body)
-	seen := map[string]bool{}
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			var mb *http.MaxBytesError
-			if errors.As(err, &mb) {
-				return err
-			}
-			return invalidArgument("the body is not a tar archive of an adapter folder: %v", err)
-		}
-		if h.Typeflag == tar.TypeDir {
-			continue
-		}
-		base := filepath.Base(h.Name)
-		limit, ok := importFiles[base]
-		if !ok || h.Typeflag != tar.TypeReg {
-			return invalidArgument("the import holds %q: send only %s and %s", clip(h.Name), peft.AdapterConfigFile, peft.AdapterWeightsFile)
-		}
-		if seen[base] {
-			return invalidArgument("the import holds %s twice", base)
-		}
-		seen[base] = true
-		if h.Size > limit {
-			return invalidArgument("%s is %d bytes, over the %d-byte limit", base, h.Size, limit)
-		}
-		out, err := os.Create(filepath.Join(dir, base))
-		if err != nil {
-			return internal("writing the import", err)
-		}
-		_, err = io.Copy(out, io.LimitReader(tr, limit))
-		if cerr := out.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			var mb *http.MaxBytesError
-			if errors.As(err, &mb) {
-				return err
-			}
-			return invalidArgument("reading %s from the import: %v", base, err)
-		}
+// importFiles are the files of an imported adapter folder.
+var importFiles = []string{peft.AdapterConfigFile, peft.AdapterWeightsFile}
+
+// checkImportFiles checks that an import's staging folder holds the two files of an
+// adapter folder, as regular files, and nothing else.
+func checkImportFiles(dir string) error {
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		return internal("reading the import staging folder", err)
 	}
-	for f := range importFiles {
+	seen := map[string]bool{}
+	for _, e := range es {
+		if !slices.Contains(importFiles, e.Name()) || !e.Type().IsRegular() {
+			return invalidArgument("the import holds %q: send only %s and %s", clip(e.Name()), peft.AdapterConfigFile, peft.AdapterWeightsFile)
+		}
+		seen[e.Name()] = true
+	}
+	for _, f := range importFiles {
 		if !seen[f] {
 			return invalidArgument("the import has no %s: send a PEFT adapter folder (%s and %s)", f, peft.AdapterConfigFile, peft.AdapterWeightsFile)
 		}
@@ -236,14 +162,21 @@ func untarAdapter(body io.Reader, dir string) error {
 	return nil
 }
 
-// setAdapterBase records the base model in the adapter's adapter_config.json
-// (base_model_name_or_path), which a backend loading the checkpoint reads; the other fields
-// stay as they were.
-func setAdapterBase(dir, baseModel string) error {
+// checkImportedConfig checks an imported adapter's adapter_config.json
+// (peft.CheckConfig) and records the base model in it (base_model_name_or_path), which a
+// backend loading the checkpoint reads; the other fields stay as they were.
+func checkImportedConfig(dir, baseModel string) error {
 	p := filepath.Join(dir, peft.AdapterConfigFile)
 	b, err := bounded.ReadFile(p, peft.MaxConfigBytes)
-	if err != nil {
-		return invalidArgument("%s: %v", peft.AdapterConfigFile, err)
+	var pe *fs.PathError
+	switch {
+	case errors.As(err, &pe):
+		return internal("reading the imported "+peft.AdapterConfigFile, err) // masked: the path is the server's
+	case err != nil:
+		return invalidArgument("%v", err) // over the size limit
+	}
+	if err := peft.CheckConfig(b); err != nil {
+		return invalidArgument("%v", err)
 	}
 	var cfg map[string]json.RawMessage
 	if err := json.Unmarshal(b, &cfg); err != nil {

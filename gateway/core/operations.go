@@ -10,6 +10,8 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/core/resultcache"
+	"github.com/loops-dev/loops/gateway/core/writebehind"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"google.golang.org/protobuf/proto"
@@ -21,7 +23,7 @@ const maxWait = 30 * time.Second
 
 // operation is an operation in memory. op is replaced, never mutated, once published, so a
 // reader holding a snapshot needs no lock. A finished operation holds its small copy (see
-// smallCopy); its large result, if any, lives in the result cache.
+// resultcache.Small); its large result, if any, lives in the result cache.
 type operation struct {
 	workspace string
 	mu        lockorder.Mutex[rankOperation]
@@ -39,30 +41,31 @@ func (o *operation) snapshot() *loopsv1.Operation {
 }
 
 // operations is the registry of live and recently finished operations, with the
-// write-behind persister (persister.go) and the cache of large results (resultcache.go).
+// write-behind persister (package writebehind) and the cache of large results (package
+// resultcache).
 type operations struct {
 	core    *Core
-	persist *persister
-	results *resultCache
+	persist *writebehind.Persister
+	results *resultcache.Cache
 	mu      lockorder.Mutex[rankOperations]
 	byID    map[string]*operation
 }
 
 // newOperations is called by New before it fails unfinished operations and recovers runs:
 // it first commits to the store what the journal of the previous process holds (outcomes
-// acknowledged but not committed when it died, persister.go), then opens a new journal.
-// From then on the core reads operation and run records through the persister (readStore),
-// so a read never misses a record that is written behind.
+// acknowledged but not committed when it died, package writebehind), then opens a new
+// journal. From then on the core reads operation and run records through the persister
+// (writebehind.ReadStore), so a read never misses a record that is written behind.
 func newOperations(c *Core) *operations {
-	p := newPersister(c.store, c.log)
-	if err := p.recover(context.Background(), c.opts.DataDir, !c.opts.PublishAfterCommit); err != nil {
+	p := writebehind.New(c.store, c.log)
+	if err := p.Recover(context.Background(), c.opts.DataDir, !c.opts.PublishAfterCommit); err != nil {
 		c.log.Error("replaying the journal failed; it is kept for the next start", slog.Any("err", err))
 	}
-	c.store = readStore{Store: c.store, p: p}
+	c.store = writebehind.NewReadStore(c.store, p)
 	return &operations{
 		core: c, byID: map[string]*operation{},
 		persist: p,
-		results: newResultCache(c.opts.ResultCacheBytes, c.opts.ResultCacheTTL, c.now),
+		results: resultcache.New(c.opts.ResultCacheBytes, c.opts.ResultCacheTTL, c.now),
 	}
 }
 
@@ -83,8 +86,11 @@ func (ops *operations) create(_ context.Context, ws string, kind loopsv1.Operati
 	if err := ops.core.policy.StartOp(ws, op.Id, kind); err != nil { // the workspace's max_queued_operations
 		return nil, err
 	}
-	if err := ops.persist.create(ws, op); err != nil {
+	if err := ops.persist.Create(ws, op); err != nil {
 		ops.core.policy.EndOp(op.Id)
+		if errors.Is(err, writebehind.ErrStopped) {
+			err = errShuttingDown()
+		}
 		return nil, err
 	}
 	o := &operation{workspace: ws, op: op, done: make(chan struct{})}
@@ -138,11 +144,11 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 		}
 	}
 	ops.core.policy.EndOp(next.Id)
-	small := smallCopy(next)
-	ops.persist.finish(o.workspace, small, func() {
-		if small != next && !ops.results.put(next) {
+	small := resultcache.Small(next)
+	ops.persist.Finish(o.workspace, small, func() {
+		if small != next && !ops.results.Put(next) {
 			ops.core.log.Warn("a result larger than the whole result cache is not kept", slog.String("op", next.Id),
-				slog.Int64("result_cache_bytes", ops.results.maxBytes))
+				slog.Int64("result_cache_bytes", ops.results.MaxBytes()))
 		}
 		o.mu.Lock()
 		o.op = small
@@ -157,13 +163,13 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 // result, or RESULT_EXPIRED when its large result is no longer kept.
 func (ops *operations) view(o *operation) (*loopsv1.Operation, error) {
 	op := o.snapshot()
-	if !hasLargeResult(op) {
+	if !resultcache.HasLarge(op) {
 		return op, nil
 	}
-	if full, ok := ops.results.get(op.GetId()); ok {
+	if full, ok := ops.results.Get(op.GetId()); ok {
 		return full, nil
 	}
-	return nil, ops.results.errExpired(op)
+	return nil, ops.results.ErrExpired(op, kindName(op.GetKind()))
 }
 
 // lookup finds an operation of the workspace in memory, or a finished one in the store.
@@ -201,24 +207,24 @@ const finishedInMemory = time.Minute
 
 // evictFinishedBefore drops finished operations from memory (they stay in the store) and
 // large results past their time budget. An operation whose final record the store does not
-// hold yet (a store far behind the journal, persister.go) stays.
+// hold yet (a store far behind the journal, package writebehind) stays.
 func (ops *operations) evictFinishedBefore(t time.Time) {
-	ops.results.sweep()
+	ops.results.Sweep()
 	ops.mu.Lock()
 	defer ops.mu.Unlock()
 	for id, o := range ops.byID {
 		op := o.snapshot()
-		if isDone(op) && op.DoneTime.AsTime().Before(t) && !ops.persist.uncommitted(id) {
+		if isDone(op) && op.DoneTime.AsTime().Before(t) && !ops.persist.Uncommitted(id) {
 			delete(ops.byID, id)
 		}
 	}
 }
 
 // flush waits until the outcomes decided so far are committed and published (Drain).
-func (ops *operations) flush(ctx context.Context) error { return ops.persist.flush(ctx) }
+func (ops *operations) flush(ctx context.Context) error { return ops.persist.Flush(ctx) }
 
 // close writes the outcomes still queued and stops the persister (Core.Close).
-func (ops *operations) close() { ops.persist.close() }
+func (ops *operations) close() { ops.persist.Close() }
 
 func isDone(op *loopsv1.Operation) bool {
 	return op.State == loopsv1.OperationState_OPERATION_STATE_SUCCEEDED || op.State == loopsv1.OperationState_OPERATION_STATE_FAILED
@@ -276,7 +282,7 @@ func (s OperationService) WaitOperation(ctx context.Context, req *loopsv1.WaitOp
 // it (compat encodes a result once per wire format, not on every poll). A result not in the
 // cache is encoded by each call.
 func (s OperationService) EncodedResult(id, format string, encode func() ([]byte, error)) ([]byte, error) {
-	return s.c.ops.results.encoded(id, format, encode)
+	return s.c.ops.results.Encoded(id, format, encode)
 }
 
 func quote(s string) string { return "\"" + s + "\"" }

@@ -57,11 +57,11 @@ func (c *Core) newRun(ws string, info *loopsv1.TrainingRun, nextSeq int64, adapt
 }
 
 // updateRun changes the run's record and queues it for the store (write-behind,
-// persister.go: it never waits for the store; the persister takes the newest record when it
+// package writebehind: it never waits for the store; the persister takes the newest record when it
 // writes, so versions keep their order).
 func (c *Core) updateRun(r *run, f func(*loopsv1.TrainingRun)) {
 	r.Update(f)
-	c.ops.persist.run(r)
+	c.ops.persist.RunChanged(r)
 }
 
 // submit places work of the given kind on the run at seq (0: after everything submitted so

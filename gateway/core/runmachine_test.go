@@ -112,7 +112,7 @@ func TestLoadWeightsCheckDoesNotDeadlockWithEviction(t *testing.T) {
 	clock.add(time.Hour)
 	h.core.evictIdleRuns(h.core.now())
 	require.Nil(t, h.core.runs.peek(other), "the unloaded run left memory")
-	h.core.ops.persist.sync(context.Background()) // its record is in the store, not only in the persister
+	h.core.ops.persist.Sync(context.Background()) // its record is in the store, not only in the persister
 
 	g.mu.Lock()
 	g.runGate, g.entered = make(chan struct{}), make(chan string, 16)
@@ -179,8 +179,15 @@ func TestStoreReadOfOneRunDoesNotHoldUpAnother(t *testing.T) {
 	}()
 	<-g.entered // runA's load is reading the (stalled) store
 	close(h.fake.gate)
+	stopDraining := make(chan struct{})
+	defer close(stopDraining)
 	go func() {
-		for range h.fake.entered {
+		for {
+			select {
+			case <-h.fake.entered:
+			case <-stopDraining:
+				return
+			}
 		}
 	}()
 	// runB's forward_backward finishes while runA's store read is still stalled.

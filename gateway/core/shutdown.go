@@ -97,5 +97,5 @@ func (c *Core) WaitIdle(ctx context.Context) error {
 	if err := c.running.wait(ctx); err != nil {
 		return err
 	}
-	return c.ops.flush(ctx) // and their outcomes are committed and published (persister.go)
+	return c.ops.flush(ctx) // and their outcomes are committed and published (package writebehind)
 }
