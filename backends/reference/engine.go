@@ -33,8 +33,8 @@ type Options struct {
 	// means a folder under the user cache directory.
 	DataDir string
 	// Models to serve: "loops/tiny", local Hugging Face folders, or Hugging Face ids found
-	// in the local cache ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub). Empty
-	// means just "loops/tiny".
+	// in the local hub cache (ResolveModelDir, internal/hfcache). Empty means just
+	// "loops/tiny".
 	Models []string
 	// MaxLoraRank caps adapter ranks (default 64).
 	MaxLoraRank int

@@ -153,8 +153,9 @@ func (s *Surface) Recover(next http.Handler) http.Handler {
 	})
 }
 
-// WriteJSON writes v as JSON with status and a Content-Length; a v that cannot be encoded
-// is answered 500 with EncodeFailure.
+// WriteJSON writes v as JSON with status, a Content-Length and X-Content-Type-Options:
+// nosniff (a browser never reads an answer as anything but JSON); a v that cannot be
+// encoded is answered 500 with EncodeFailure.
 func (s *Surface) WriteJSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -166,6 +167,7 @@ func (s *Surface) WriteJSON(w http.ResponseWriter, status int, v any) {
 		}
 	}
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(status)
 	_, _ = w.Write(b)

@@ -98,6 +98,7 @@ func TestHandleAnswersTheRouteError(t *testing.T) {
 	require.Equal(t, http.StatusOK, rec.Code)
 	require.JSONEq(t, `{"n":1}`, rec.Body.String())
 	require.Equal(t, "7", rec.Header().Get("Content-Length"))
+	require.Equal(t, "nosniff", rec.Header().Get("X-Content-Type-Options"))
 
 	rec = serve(mux, httptest.NewRequest("GET", "/missing", nil))
 	require.Equal(t, http.StatusNotFound, rec.Code)
