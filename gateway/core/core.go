@@ -59,6 +59,15 @@ type Options struct {
 	SweepInterval time.Duration
 	// MaxBatchTokens caps the tokens of one backend forward/backward call (default 65536).
 	MaxBatchTokens int
+	// ChunkTokens is the piece size of forward/backward work (default DefaultChunkTokens): a
+	// request of more tokens runs as pieces of whole datums of at most this many tokens (a
+	// longer datum is a piece of its own), one per batch, so a big step holds the backend
+	// for one piece at a time. The pieces depend on the request alone.
+	ChunkTokens int
+	// LaneConcurrency is how many forward/backward batches of one base model run at once
+	// (default 2); a workspace has at most one of them, so another workspace's work starts
+	// on a free one instead of waiting behind a flood's batch.
+	LaneConcurrency int
 	// MaxDatumsPerRequest caps the datums of one forward_backward request (default 4096).
 	MaxDatumsPerRequest int
 	// MaxSamplesPerRequest caps num_samples (default 256).
@@ -131,6 +140,12 @@ func (o *Options) defaults() {
 	if o.MaxBatchTokens <= 0 {
 		o.MaxBatchTokens = 65536
 	}
+	if o.ChunkTokens <= 0 {
+		o.ChunkTokens = DefaultChunkTokens
+	}
+	if o.LaneConcurrency <= 0 {
+		o.LaneConcurrency = 2
+	}
 	if o.MaxDatumsPerRequest <= 0 {
 		o.MaxDatumsPerRequest = 4096
 	}
@@ -181,7 +196,7 @@ type Core struct {
 	ops      *operations
 	mu       lockorder.Mutex[rankCore]
 	runs     *runRegistry
-	lanes    map[string]*lane
+	lanes    map[string]*laneOf
 	sessions map[string]*sessionState
 	// liveSessions counts each workspace's live sessions, and those being created
 	// (reserveSession), for max_sessions_per_workspace.
@@ -242,7 +257,7 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 		metrics:      newMetrics(opts.Registerer),
 		models:       map[string]*loopsv1.ModelInfo{},
 		losses:       map[string]bool{},
-		lanes:        map[string]*lane{},
+		lanes:        map[string]*laneOf{},
 		sessions:     map[string]*sessionState{},
 		liveSessions: map[string]int{},
 		archives:     newArchiveTokens(),

@@ -19,10 +19,12 @@
 //     taken while it is held. queue.go is the core's side: submit resolves what a request
 //     needs (the registry, checkpoints, the store, the policy) before and after claiming its
 //     seq_id, never while holding the run's lock, and acts on what the run returns.
-//   - the per-model scheduler (scheduler.go, fair.go, slots.go): a lane per base model picks
-//     each round's tasks, shares batches fairly between workspaces and keeps the backend's
-//     adapter slots; it reaches the rest of the core only through two small interfaces
-//     (taskRunner, slotKeeper), so it is tested with fakes.
+//   - the per-model scheduler (package gateway/core/lane; scheduler.go starts one per base
+//     model): it runs forward/backward work in pieces of a token budget, in batches shared
+//     by deficit round robin between workspaces, several batches at once with at most one
+//     per workspace; it reaches the core only through two small interfaces (lane.Runner:
+//     coreRunner in queue.go, lane.Slots: the slot table in slots.go), so it is tested
+//     with fakes.
 //   - the run registry (registry.go): the runs in memory, reloaded from the store on demand
 //     and evicted when idle.
 //   - operations (operations.go): outcomes, written behind in group commits by the
@@ -54,7 +56,7 @@
 //	samplerState.mu
 //	sampleQueue.mu
 //	slots.mu
-//	lane.mu
+//	lane.Lane.mu (gateway/core/lane)
 //	operations.mu
 //	operation.mu
 //	policy.Enforcer.mu (gateway/policy)

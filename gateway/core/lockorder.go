@@ -46,10 +46,7 @@ type rankSlots struct{}
 
 func (rankSlots) Rank() (int, string) { return 500, "core.slots.mu" }
 
-// rankLane: lane.mu (a lane's ready list).
-type rankLane struct{}
-
-func (rankLane) Rank() (int, string) { return 550, "core.lane.mu" }
+// The lane's lock (lane.RankLane, rank 550) comes next: nothing is taken under it.
 
 // rankOperations: operations.mu (the operations in memory).
 type rankOperations struct{}

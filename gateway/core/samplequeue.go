@@ -185,9 +185,9 @@ func (q *sampleQueue) push(j *sampleJob) bool {
 			break
 		}
 		q.free--
-		q.c.running.add()
+		q.c.running.Add()
 		if err := q.c.life.Go("sampling", func(context.Context) { q.work(next) }); err != nil {
-			q.c.running.done()
+			q.c.running.Done()
 			q.free++
 			nw := q.ws[next.o.workspace]
 			nw.running--
@@ -201,7 +201,7 @@ func (q *sampleQueue) push(j *sampleJob) bool {
 // work runs samples on one slot: j, then each one the queue picks next, until there is
 // none. It runs on a goroutine of the core's lifecycle owner.
 func (q *sampleQueue) work(j *sampleJob) {
-	defer q.c.running.done()
+	defer q.c.running.Done()
 	for j != nil {
 		q.c.runSample(j)
 		q.mu.Lock()
