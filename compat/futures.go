@@ -20,6 +20,22 @@ type tryAgainResponse struct {
 	Type       string `json:"type"`
 	RequestID  string `json:"request_id"`
 	QueueState string `json:"queue_state"`
+	// QueueStateReason says why it waits; the SDK shows it with a paused state.
+	QueueStateReason string `json:"queue_state_reason,omitempty"`
+}
+
+// tryAgain is the pending answer of an operation: Tinker's queue_state (active,
+// paused_capacity, paused_rate_limit) and its reason, as the scheduler reports them
+// (loops.v1 Operation.queue).
+func tryAgain(id string, q *loopsv1.QueueStatus) tryAgainResponse {
+	out := tryAgainResponse{Type: "try_again", RequestID: id, QueueState: "active", QueueStateReason: q.GetReason()}
+	switch q.GetState() {
+	case loopsv1.QueueState_QUEUE_STATE_PAUSED_CAPACITY:
+		out.QueueState = "paused_capacity"
+	case loopsv1.QueueState_QUEUE_STATE_PAUSED_RATE_LIMIT:
+		out.QueueState = "paused_rate_limit"
+	}
+	return out
 }
 
 type failedResponse struct {
@@ -54,7 +70,7 @@ func (s *server) retrieveFuture(w http.ResponseWriter, r *http.Request) error {
 		if connect.CodeOf(err) == connect.CodeDeadlineExceeded || errors.Is(err, context.DeadlineExceeded) ||
 			connect.CodeOf(err) == connect.CodeCanceled || r.Context().Err() != nil {
 			// (A wait the server canceled, at shutdown say, is re-polled.)
-			s.edge.WriteJSON(w, http.StatusOK, tryAgainResponse{Type: "try_again", RequestID: req.RequestID, QueueState: "active"})
+			s.edge.WriteJSON(w, http.StatusOK, tryAgain(req.RequestID, nil))
 			return nil
 		}
 		// An unknown request (never recorded: the server restarted before writing it) and a
@@ -76,7 +92,7 @@ func (s *server) retrieveFuture(w http.ResponseWriter, r *http.Request) error {
 		s.edge.WriteJSON(w, http.StatusOK, failedResponse{Error: failureMessage(op), Category: failureCategory(op.GetError())})
 		return nil
 	default:
-		s.edge.WriteJSON(w, http.StatusOK, tryAgainResponse{Type: "try_again", RequestID: req.RequestID, QueueState: "active"})
+		s.edge.WriteJSON(w, http.StatusOK, tryAgain(req.RequestID, op.GetQueue()))
 		return nil
 	}
 }

@@ -60,6 +60,10 @@ type Limits struct {
 	// MaxRequestsPerKey caps the requests one API key has in flight; one more is a 429
 	// with the reason (default auth.DefaultMaxRequestsPerKey; negative: no cap).
 	MaxRequestsPerKey int
+	// LongPoll is how long Tinker's retrieve_future holds a pending operation before it
+	// answers try_again with the operation's queue state (default 25 s, under the SDK's
+	// 45 s read timeout).
+	LongPoll time.Duration
 }
 
 // withDefaults fills in the documented defaults.
@@ -359,6 +363,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		DecompressBudget:     s.budget,
 		Logger:               s.log,
 		Owner:                auth.Workspace,
+		LongPoll:             s.cfg.Limits.LongPoll,
 	})))
 
 	// OpenAI- and Anthropic-compatible inference, over one sampling engine.

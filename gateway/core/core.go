@@ -13,6 +13,7 @@ import (
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/ckstore"
 	"github.com/loops-dev/loops/gateway/core/placement"
+	"github.com/loops-dev/loops/gateway/core/fairness"
 	"github.com/loops-dev/loops/gateway/core/trainrun"
 	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/store"
@@ -64,6 +65,10 @@ type Options struct {
 	// longer datum is a piece of its own), one per batch, so a big step holds the backend
 	// for one piece at a time. The pieces depend on the request alone.
 	ChunkTokens int
+	// FairnessTarget is the p99 latency inflation a workspace may see (an operation's time
+	// from submission to its end over its own service time), the fairness SLO exported on
+	// /metrics (package gateway/core/fairness); 0: none.
+	FairnessTarget float64
 	// LaneConcurrency is how many forward/backward batches of one base model run at once
 	// (default 2); a workspace has at most one of them, so another workspace's work starts
 	// on a free one instead of waiting behind a flood's batch.
@@ -214,6 +219,8 @@ type Core struct {
 	ctx  context.Context
 	// replay bounds the replay logs of all runs together (recovery.go).
 	replay *trainrun.ReplayBudget
+	// fair watches how fairly the server is shared (queue waits, latency inflation, SLO).
+	fair *fairness.Tracker
 
 	// drain is closed when a shutdown starts (Drain); running counts backend calls and
 	// sampling goroutines in progress.
@@ -255,6 +262,7 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 		store:        st,
 		backend:      backends.WithDeadlines(backends.Guard(be, opts.Logger), opts.BackendDeadlines),
 		metrics:      newMetrics(opts.Registerer),
+		fair:         fairness.New(opts.Registerer, opts.FairnessTarget, opts.Now),
 		models:       map[string]*loopsv1.ModelInfo{},
 		losses:       map[string]bool{},
 		lanes:        map[string]*laneOf{},

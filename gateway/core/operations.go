@@ -25,12 +25,17 @@ const maxWait = 30 * time.Second
 // reader holding a snapshot needs no lock. A finished operation holds its small copy (see
 // resultcache.Small); its large result, if any, lives in the result cache.
 type operation struct {
+	id        string // the record's id, which never changes
 	workspace string
 	mu        lockorder.Mutex[rankOperation]
 	op        *loopsv1.Operation
 	// finishing is set when the outcome is decided; it is published (op, done) only once
 	// the persister has committed it.
 	finishing bool
+	// started is when its work started (setRunning), and service its own work's time (the
+	// backend's time on it: setService; else started to done), for the fairness metrics.
+	started time.Time
+	service time.Duration
 	done      chan struct{}
 }
 
@@ -93,7 +98,7 @@ func (ops *operations) create(_ context.Context, ws string, kind loopsv1.Operati
 		}
 		return nil, err
 	}
-	o := &operation{workspace: ws, op: op, done: make(chan struct{})}
+	o := &operation{id: op.Id, workspace: ws, op: op, done: make(chan struct{})}
 	ops.mu.Lock()
 	ops.byID[op.Id] = o
 	ops.mu.Unlock()
@@ -111,6 +116,14 @@ func (ops *operations) setRunning(o *operation) {
 	next := proto.CloneOf(o.op)
 	next.State = loopsv1.OperationState_OPERATION_STATE_RUNNING
 	o.op = next
+	o.started = ops.core.now()
+}
+
+// setService records the backend's time on an operation's work (its service time).
+func (ops *operations) setService(o *operation, d time.Duration) {
+	o.mu.Lock()
+	o.service = d
+	o.mu.Unlock()
 }
 
 // finish decides an operation's outcome and hands it to the persister; the outcome is
@@ -126,8 +139,17 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 	}
 	o.finishing = true
 	next := proto.CloneOf(o.op)
+	started, service := o.started, o.service
 	o.mu.Unlock()
-	next.DoneTime = timestamppb.New(ops.core.now())
+	now := ops.core.now()
+	next.DoneTime = timestamppb.New(now)
+	if err == nil && !started.IsZero() {
+		if service <= 0 {
+			service = now.Sub(started)
+		}
+		created := next.GetCreateTime().AsTime()
+		ops.core.fair.Observe(o.workspace, kindLabel(next.Kind), started.Sub(created), now.Sub(created), service)
+	}
 	if err != nil {
 		next.State = loopsv1.OperationState_OPERATION_STATE_FAILED
 		// Backend errors may name the server's folders; clients see store-relative paths.
@@ -160,9 +182,17 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 }
 
 // view returns what a client asking for the operation gets: the operation with its full
-// result, or RESULT_EXPIRED when its large result is no longer kept.
+// result, or RESULT_EXPIRED when its large result is no longer kept; a pending one with
+// where it waits and why (queueStatus).
 func (ops *operations) view(o *operation) (*loopsv1.Operation, error) {
 	op := o.snapshot()
+	if !isDone(op) {
+		if q := ops.core.queueStatus(o.workspace, op); q != nil {
+			op = proto.CloneOf(op)
+			op.Queue = q
+		}
+		return op, nil
+	}
 	if !resultcache.HasLarge(op) {
 		return op, nil
 	}
@@ -192,7 +222,7 @@ func (ops *operations) lookup(ctx context.Context, ws, id string) (*operation, e
 	}
 	done := make(chan struct{})
 	close(done) // an operation found only in the store is finished (unfinished ones were failed at start-up)
-	return &operation{workspace: ws, op: op, done: done}, nil
+	return &operation{id: op.GetId(), workspace: ws, op: op, done: done}, nil
 }
 
 // errUnknownOperation answers an operation id that neither memory nor the store knows.

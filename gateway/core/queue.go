@@ -291,6 +291,7 @@ func (cr coreRunner) ForwardBackward(ctx context.Context, batch []lane.Item[*ope
 			}
 			res = t.Partial
 			delete(res.Metrics, weightKey)
+			c.ops.setService(t.Op, t.Spent)
 			if !t.FB.GetForwardOnly() {
 				c.recordStep(r, t.Seq, fbStepMetrics(t.FB, res, t.Tokens, t.Spent))
 			}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/backends"
@@ -308,6 +309,13 @@ func (s *slots) setGrads(r *run, pending bool) {
 	s.mu.Lock()
 	s.entry(r).grads = pending
 	s.mu.Unlock()
+}
+
+// parked reports whether r waits for an adapter slot (every slot pinned), and the slots.
+func (s *slots) parked(r *run) (bool, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Contains(s.waiting, r), s.capacity
 }
 
 // forget drops a run whose adapter was freed (unloaded): its slot and any spill folder.

@@ -3,7 +3,10 @@ package lane
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
+	"slices"
+	"time"
 
 	"github.com/loops-dev/loops/gateway/core/trainrun"
 	"github.com/loops-dev/loops/internal/lifecycle"
@@ -105,6 +108,21 @@ type Lane[O any] struct {
 	busyWS   map[string]bool // workspaces with a batch in flight
 	inflight int             // batches in flight
 	wake     chan struct{}
+	// waits says why the runs the last plan put off wait (Wait); rebuilt every plan.
+	waits map[*trainrun.Run[O]]Waiting
+	// batchEWMA is the recent mean duration of a batch, in seconds (Wait's estimate), over
+	// batches batches.
+	batchEWMA float64
+	batches   int
+}
+
+// Waiting says why a ready run's head waits in the lane.
+type Waiting struct {
+	// Capacity is true when it waits for the model's shared capacity (a free batch, its
+	// share of the next one); false when it is next in line (or waits for its own
+	// workspace's batch in flight).
+	Capacity bool
+	Reason   string
 }
 
 // New starts the scheduler of one base model; it fails once cfg.Life quiesces.
@@ -117,7 +135,7 @@ func New[O any](cfg Config, runner Runner[O], slots Slots[O]) (*Lane[O], error) 
 	}
 	l := &Lane[O]{
 		cfg: cfg, runner: runner, slots: slots, plan: NewPlanner(cfg.MaxBatchTokens),
-		busyWS: map[string]bool{}, wake: make(chan struct{}, 1),
+		busyWS: map[string]bool{}, wake: make(chan struct{}, 1), waits: map[*trainrun.Run[O]]Waiting{},
 	}
 	if err := cfg.Life.Go("lane "+cfg.Model, l.loop); err != nil {
 		return nil, err
@@ -229,16 +247,33 @@ func (l *Lane[O]) step(ctx context.Context) bool {
 	}
 	var laterReady []*trainrun.Run[O]
 	var laterCont []Item[O]
+	waits := make(map[*trainrun.Run[O]]Waiting, len(d.Later))
+	active := map[string]bool{}
+	for _, c := range cands {
+		active[c.Workspace] = true
+	}
 	for _, i := range d.Later {
+		var r *trainrun.Run[O]
 		if i < len(ready) {
-			laterReady = append(laterReady, ready[i])
+			r = ready[i]
+			laterReady = append(laterReady, r)
 		} else {
+			r = cont[i-len(ready)].Run
 			laterCont = append(laterCont, cont[i-len(ready)])
+		}
+		switch ws := cands[i].Workspace; {
+		case busy[ws]:
+			waits[r] = Waiting{Reason: "its workspace's previous batch on " + l.cfg.Model + " is running; it goes in the next one"}
+		case !canBatch:
+			waits[r] = Waiting{Capacity: true, Reason: fmt.Sprintf("all %d batches of %s are running (other workspaces' work)", l.cfg.Concurrency, l.cfg.Model)}
+		default:
+			waits[r] = Waiting{Capacity: true, Reason: fmt.Sprintf("%s is shared with %d other workspaces: it waits for its share of the next batch", l.cfg.Model, len(active)-1)}
 		}
 	}
 	l.mu.Lock()
 	l.ready = append(laterReady, l.ready...)
 	l.cont = append(laterCont, l.cont...)
+	l.waits = waits
 	l.mu.Unlock()
 	if len(batch) > 0 {
 		l.startBatch(batch)
@@ -334,12 +369,39 @@ func (l *Lane[O]) startBatch(batch []Item[O]) {
 		l.mu.Unlock()
 		l.signal()
 	}
-	if !l.spawn("batch", func(ctx context.Context) { done(l.runner.ForwardBackward(ctx, batch)) }) {
+	if !l.spawn("batch", func(ctx context.Context) {
+		start := time.Now()
+		more := l.runner.ForwardBackward(ctx, batch)
+		took := time.Since(start).Seconds()
+		l.mu.Lock()
+		if l.batches++; l.batches == 1 {
+			l.batchEWMA = took
+		} else {
+			l.batchEWMA = 0.8*l.batchEWMA + 0.2*took
+		}
+		l.mu.Unlock()
+		done(more)
+	}) {
 		for _, it := range batch {
 			l.runner.Fail(it.Run, it.Task, l.cfg.ErrStopping)
 		}
 		done(nil)
 	}
+}
+
+// Wait says why run r's head waits in the lane, and how long a batch takes lately (0:
+// no batch ran yet). ok is false when the lane holds r nowhere (it is not ready).
+func (l *Lane[O]) Wait(r *trainrun.Run[O]) (w Waiting, batch time.Duration, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	batch = time.Duration(l.batchEWMA * float64(time.Second))
+	if w, ok := l.waits[r]; ok {
+		return w, batch, true
+	}
+	if slices.Contains(l.ready, r) || slices.ContainsFunc(l.cont, func(it Item[O]) bool { return it.Run == r }) {
+		return Waiting{Reason: "ready: it goes in the next batch of " + l.cfg.Model}, batch, true
+	}
+	return Waiting{}, batch, false
 }
 
 // Pending reports the runs in the ready list and the tasks waiting for their next piece

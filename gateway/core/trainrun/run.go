@@ -566,6 +566,18 @@ func (r *Run[O]) Evictable(idle, unloadedTTL, liveTTL time.Duration) bool {
 	return !r.adapterReady && idle >= liveTTL
 }
 
+// Ahead is how many of the run's tasks are before the one at seq: queued or claimed ones,
+// and the running one.
+func (r *Run[O]) Ahead(seq int64) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := r.seq.Ahead(seq)
+	if r.busy {
+		n++
+	}
+	return n
+}
+
 // Pending is how many tasks are queued or claimed on the run (tests, metrics).
 func (r *Run[O]) Pending() int {
 	r.mu.Lock()
