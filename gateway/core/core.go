@@ -6,14 +6,16 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/ckstore"
-	"github.com/loops-dev/loops/gateway/core/placement"
+	"github.com/loops-dev/loops/gateway/core/adapterslots"
 	"github.com/loops-dev/loops/gateway/core/fairness"
+	"github.com/loops-dev/loops/gateway/core/placement"
 	"github.com/loops-dev/loops/gateway/core/trainrun"
 	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/store"
@@ -24,6 +26,9 @@ import (
 	"github.com/loops-dev/loops/internal/semantics"
 	"github.com/prometheus/client_golang/prometheus"
 )
+
+// spillFolder is where the slot table offloads adapters, under the data dir.
+const spillFolder = "spill"
 
 // Options configure the core. Zero values take the documented defaults.
 type Options struct {
@@ -230,8 +235,9 @@ type Core struct {
 	closeOnce sync.Once
 	running   *busy
 
-	// slots keeps the backend's adapters within its max_adapters (slots.go).
-	slots *slots
+	// slots keeps the backend's adapters within its max_adapters (package adapterslots),
+	// offloading them into DataDir/spill.
+	slots *adapterslots.Table[*run]
 	// pageTokens signs and checks the page tokens of lists (paging.go).
 	pageTokens *store.PageTokens
 	// placer has the backend place the sampler replicas deployments ask for (package
@@ -297,8 +303,10 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	if u, ok := c.ckpt.st.(ckstore.Uploads); ok && caps.GetCheckpointUrls() {
 		c.ckpt.urls = u // the backend reads and writes the store itself
 	}
-	c.slots, err = newSlots(opts.DataDir, int(caps.GetMaxAdapters()), caps.GetSavesGradients(), slotDeps{
-		trainer: c.backend.Trainer(), log: c.log, moves: c.metrics.slotMoves, scrub: c.ckpt.scrub, lost: c.adapterLost,
+	c.slots, err = adapterslots.New(adapterslots.Config[*run]{
+		Dir: filepath.Join(opts.DataDir, spillFolder), Capacity: int(caps.GetMaxAdapters()), Gradients: caps.GetSavesGradients(),
+		Adapters: c.backend.Trainer(), Log: c.log, Scrub: c.ckpt.scrub, Lost: c.adapterLost,
+		Offloaded: c.metrics.slotMoves.WithLabelValues("offload"), Restored: c.metrics.slotMoves.WithLabelValues("restore"),
 	})
 	if err != nil {
 		return nil, err

@@ -23,8 +23,11 @@
 //     model): it runs forward/backward work in pieces of a token budget, in batches shared
 //     by deficit round robin between workspaces, several batches at once with at most one
 //     per workspace; it reaches the core only through two small interfaces (lane.Runner:
-//     coreRunner in queue.go, lane.Slots: the slot table in slots.go), so it is tested
-//     with fakes.
+//     coreRunner in queue.go, lane.Slots: the slot table), so it is tested with fakes.
+//   - the adapter slot table (package gateway/core/adapterslots): which runs' adapters the
+//     backend holds within its max_adapters; it offloads the least recently used idle one
+//     into DataDir/spill and restores it before the run's next task. It calls the backend's
+//     adapter methods only, and reaches the core through a callback (Core.adapterLost).
 //   - the run registry (registry.go): the runs in memory, reloaded from the store on demand
 //     and evicted when idle.
 //   - operations (operations.go): outcomes, written behind in group commits by the
@@ -55,7 +58,7 @@
 //	samplers.mu
 //	samplerState.mu
 //	sampleQueue.mu
-//	slots.mu
+//	adapterslots.Table.mu (gateway/core/adapterslots)
 //	lane.Lane.mu (gateway/core/lane)
 //	operations.mu
 //	operation.mu

@@ -40,11 +40,8 @@ type rankSampleQueue struct{}
 
 func (rankSampleQueue) Rank() (int, string) { return 450, "core.sampleQueue.mu" }
 
-// rankSlots: slots.mu (the backend's adapter slots). Nothing is taken under it: runs
-// waiting for a slot are woken after it is released.
-type rankSlots struct{}
-
-func (rankSlots) Rank() (int, string) { return 500, "core.slots.mu" }
+// The slot table's lock (adapterslots.RankTable, rank 500) comes next: nothing is taken
+// under it; runs waiting for a slot are woken after it is released.
 
 // The lane's lock (lane.RankLane, rank 550) comes next: nothing is taken under it.
 

@@ -164,7 +164,7 @@ func (c *Core) release(r *run) {
 // taskDone releases the run after its head task finished and unpins its adapter slot.
 func (c *Core) taskDone(r *run) {
 	c.release(r)
-	c.slots.unpin(r)
+	c.slots.Unpin(r)
 }
 
 // coreRunner is the core's side of a lane (taskRunner): it runs tasks on the backend and
@@ -208,7 +208,7 @@ func (cr coreRunner) Run(ctx context.Context, r *run, t *task) {
 	if err == nil {
 		switch t.Op.op.GetKind() {
 		case loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, loopsv1.OperationKind_OPERATION_KIND_LOAD_WEIGHTS:
-			c.slots.setGrads(r, false) // applied, or replaced by the loaded state
+			c.slots.SetGradients(r, false) // applied, or replaced by the loaded state
 		}
 		if t.Op.op.GetKind() == loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP {
 			res := &loopsv1.Operation{}
@@ -277,7 +277,7 @@ func (cr coreRunner) ForwardBackward(ctx context.Context, batch []lane.Item[*ope
 		piece := t.Piece()
 		if itemErr == nil {
 			if !t.FB.GetForwardOnly() {
-				c.slots.setGrads(r, true)
+				c.slots.SetGradients(r, true)
 				c.recordCall(r, trainrun.Call{Seq: t.Seq, FB: req.Items[i]})
 			}
 			c.metrics.tokens.WithLabelValues("train").Add(float64(piece.Tokens))

@@ -55,7 +55,7 @@ func (c *Core) runQueueStatus(op *loopsv1.Operation) *loopsv1.QueueStatus {
 			st.Reason = w.Reason
 		}
 	default:
-		if parked, slots := c.slots.parked(r); parked {
+		if parked, slots := c.slots.Parked(r); parked {
 			st = capacity(fmt.Sprintf("every one of the backend's %d adapter slots is in use by a running task; it runs when one frees", slots))
 		}
 	}

@@ -155,7 +155,7 @@ func (g *runRegistry) evictIdle(now time.Time) []*run {
 func (c *Core) evictIdleRuns(now time.Time) {
 	gone := c.runs.evictIdle(now)
 	for _, r := range gone {
-		c.slots.forget(r)
+		c.slots.Forget(r)
 	}
 	if len(gone) > 0 {
 		c.log.Debug("evicted idle runs from memory", slog.Int("count", len(gone)), slog.Int("in_memory", c.runs.len()))

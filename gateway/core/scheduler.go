@@ -8,7 +8,7 @@ import (
 // between workspaces at any request size (forward/backward work in pieces of
 // Options.ChunkTokens tokens, batches by deficit round robin, Options.LaneConcurrency
 // batches at once with at most one per workspace). The core gives it a runner (coreRunner,
-// queue.go) and the slot table (slots.go).
+// queue.go) and the slot table (package adapterslots).
 
 // DefaultChunkTokens is the default of Options.ChunkTokens: the piece size of
 // forward/backward work (bench/fairness: the cost of a piece against the latency a
@@ -29,7 +29,7 @@ func (c *Core) laneFor(model string) (*laneOf, error) {
 	l, err := lane.New(lane.Config{
 		Model: model, MaxBatchTokens: c.opts.MaxBatchTokens, Concurrency: c.opts.LaneConcurrency,
 		Life: c.life, Busy: c.running, Draining: c.draining, ErrStopping: errShuttingDown(),
-	}, coreRunner{c}, lane.Slots[*operation](c.slots))
+	}, coreRunner{c}, c.slots)
 	if err != nil {
 		return nil, errShuttingDown()
 	}

@@ -341,7 +341,7 @@ func (c *Core) unloadRun(ctx context.Context, r *run, reason string, ownTask boo
 
 // freeAdapter deletes a run's adapter from the backend and gives up its slot.
 func (c *Core) freeAdapter(ctx context.Context, r *run) {
-	defer c.slots.forget(r)
+	defer c.slots.Forget(r)
 	c.endRecovery(r)
 	if _, err := c.backend.Trainer().DeleteAdapter(ctx, &backendv1.DeleteAdapterRequest{AdapterId: r.ID()}); err != nil {
 		c.log.Error("deleting adapter", slog.String("run", r.ID()), slog.Any("err", err))
