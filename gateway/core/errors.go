@@ -1,53 +1,33 @@
 package core
 
 import (
-	"context"
 	"errors"
-	"fmt"
 
-	"connectrpc.com/connect"
+	"github.com/loops-dev/loops/gateway/core/apierr"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
 )
 
+// The core's client errors are package apierr's; these are its short names here.
+
 func invalidArgument(format string, args ...any) error {
-	return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(format, args...))
+	return apierr.InvalidArgument(format, args...)
 }
 
 func failedPrecondition(format string, args ...any) error {
-	return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(format, args...))
+	return apierr.FailedPrecondition(format, args...)
 }
 
-func notFound(format string, args ...any) error {
-	return connect.NewError(connect.CodeNotFound, fmt.Errorf(format, args...))
-}
+func notFound(format string, args ...any) error { return apierr.NotFound(format, args...) }
 
 func resourceExhausted(format string, args ...any) error {
-	return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf(format, args...))
+	return apierr.ResourceExhausted(format, args...)
 }
 
-// internal wraps an unexpected error. Its text (a driver's, a path) is for the log only:
-// every edge (the gateway's interceptor, compat, operationError) masks an Internal error to
-// "internal error, id <id>" and logs the full error under that id (see internal/errs).
-//
-// A write the store refused because another gateway took the leader lease (store.ErrFenced)
-// is Unavailable with reason NO_LEADER, which clients retry.
-//
-// An error that is the request's own context ending (the client went away, or its deadline
-// passed while a store call ran) is not the server's failure: it is Canceled or
-// DeadlineExceeded, logged as neither an internal error nor with an error id.
-func internal(what string, err error) error {
-	switch {
-	case errors.Is(err, context.Canceled):
-		return connect.NewError(connect.CodeCanceled, fmt.Errorf("%s: the request was cancelled", what))
-	case errors.Is(err, context.DeadlineExceeded):
-		return connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("%s: the request's deadline passed", what))
-	case errors.Is(err, store.ErrFenced):
-		return errs.New(connect.CodeUnavailable, errs.ReasonNoLeader, fmt.Errorf("%s: this gateway has lost the leader lease to another one; retry, and the leader serves you", what))
-	}
-	return connect.NewError(connect.CodeInternal, fmt.Errorf("%s: %w", what, err))
-}
+// internal wraps an unexpected error (apierr.Internal: masked at every edge; the request's
+// own context ending, or the lease lost, is not internal).
+func internal(what string, err error) error { return apierr.Internal(what, err) }
 
 // storeErr maps a store error: ErrNotFound becomes NotFound with the given description.
 func storeErr(err error, what string) error {
@@ -70,6 +50,4 @@ func operationError(err error) (oe *loopsv1.OperationError, id string) {
 	}, out.ID
 }
 
-func unavailable(format string, args ...any) error {
-	return connect.NewError(connect.CodeUnavailable, fmt.Errorf(format, args...))
-}
+func unavailable(format string, args ...any) error { return apierr.Unavailable(format, args...) }

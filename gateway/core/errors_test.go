@@ -1,15 +1,12 @@
 package core
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"testing"
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 
-	"github.com/loops-dev/loops/gateway/store"
 	"github.com/loops-dev/loops/internal/errs"
 )
 
@@ -38,15 +35,4 @@ func TestOperationErrorUsesTheOneTable(t *testing.T) {
 	oe, id = operationError(errors.New("boom"))
 	require.EqualValues(t, connect.CodeUnknown, oe.GetCode())
 	require.NotEmpty(t, id)
-}
-
-// TestStoreErrorsOfTheRequestOrTheLeaseAreNotInternal: a store call cut by the request's
-// context, or refused because the lease was lost, is not an internal error.
-func TestStoreErrorsOfTheRequestOrTheLeaseAreNotInternal(t *testing.T) {
-	require.Equal(t, connect.CodeCanceled, connect.CodeOf(internal("x", fmt.Errorf("put: %w", context.Canceled))))
-	require.Equal(t, connect.CodeDeadlineExceeded, connect.CodeOf(internal("x", fmt.Errorf("put: %w", context.DeadlineExceeded))))
-	fenced := internal("x", fmt.Errorf("put: %w", store.ErrFenced))
-	require.Equal(t, connect.CodeUnavailable, connect.CodeOf(fenced))
-	require.Equal(t, errs.ReasonNoLeader, errs.Reason(fenced))
-	require.Equal(t, connect.CodeInternal, connect.CodeOf(internal("x", errors.New("disk full"))))
 }
