@@ -17,6 +17,7 @@ import (
 	"github.com/loops-dev/loops/backends/peft"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/ckstore"
+	"github.com/loops-dev/loops/gateway/core/validate"
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -78,7 +79,7 @@ func ParsePath(path string) (runID string, kind loopsv1.CheckpointKind, name str
 	default:
 		return "", 0, "", invalidArgument("checkpoint path %q has kind %q: use weights, sampler_weights or external_weights", path, parts[1])
 	}
-	if err := validateCheckpointName(parts[2]); err != nil {
+	if err := validate.CheckpointName(parts[2]); err != nil {
 		return "", 0, "", err
 	}
 	if strings.ContainsAny(parts[0], `\.`) {

@@ -16,6 +16,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/ckstore"
+	"github.com/loops-dev/loops/gateway/core/validate"
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -205,7 +206,7 @@ func (f *checkpointFiles) key(ws, runID string, kind loopsv1.CheckpointKind, nam
 
 // recordKey is the store key of the generation a record points at.
 func (f *checkpointFiles) recordKey(ws string, ck *loopsv1.Checkpoint) (string, error) {
-	if err := validateCheckpointName(ck.GetName()); err != nil {
+	if err := validate.CheckpointName(ck.GetName()); err != nil {
 		return "", internal("checkpoint record "+ck.GetTinkerPath()+" has a bad name", err)
 	}
 	return f.key(ws, ck.GetTrainingRunId(), ck.GetKind(), ck.GetName(), generation(ck))

@@ -3,6 +3,7 @@ package core
 import (
 	"testing"
 
+	"github.com/loops-dev/loops/gateway/core/validate"
 	"github.com/stretchr/testify/require"
 )
 
@@ -23,7 +24,7 @@ func FuzzParseKey(f *testing.F) {
 		if !ok {
 			return
 		}
-		if validateCheckpointName(name) != nil || gen < 0 {
+		if validate.CheckpointName(name) != nil || gen < 0 {
 			return // never written by this package: the sweep finds no record for it and skips it
 		}
 		again, err := files.key(ws, runID, kind, name, gen)

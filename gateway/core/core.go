@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -317,7 +319,7 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	if len(c.models) == 0 {
 		return nil, errors.New("core: the backend serves no models")
 	}
-	if c.policy, err = policy.NewEnforcer(opts.Policy, sortedKeys(c.models)); err != nil {
+	if c.policy, err = policy.NewEnforcer(opts.Policy, slices.Sorted(maps.Keys(c.models))); err != nil {
 		return nil, err
 	}
 

@@ -34,8 +34,13 @@
 //     write-behind persister and its journal (package gateway/core/writebehind), and large
 //     results in a bounded cache (package gateway/core/resultcache).
 //   - sampling (sampling.go, samplequeue.go): samplers and a fair queue per base model.
+//   - request validation (package gateway/core/validate): pure checks of training and
+//     sampling requests against the model and the server's limits, before work starts.
 //   - deployments (deployments.go): named sets of checkpoints to sample from; the sampler
 //     replicas they ask for are placed by package gateway/core/placement.
+//
+// Client errors are made by package gateway/core/apierr (the core's invalidArgument,
+// internal, … call it), so the extracted parts answer with the same codes.
 //
 // # Goroutines
 //

@@ -15,6 +15,7 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/peft"
+	"github.com/loops-dev/loops/gateway/core/validate"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/bounded"
@@ -55,7 +56,7 @@ func (c *Core) ImportAdapter(ctx context.Context, req ImportRequest, fill func(d
 	if name == "" {
 		name = "imported"
 	}
-	if err := validateCheckpointName(name); err != nil {
+	if err := validate.CheckpointName(name); err != nil {
 		return nil, err
 	}
 	f := c.ckpt
@@ -86,7 +87,7 @@ func (c *Core) ImportAdapter(ctx context.Context, req ImportRequest, fill func(d
 	if err != nil {
 		return nil, err
 	}
-	if err := validateLora(model, lora); err != nil {
+	if err := validate.Lora(model, lora); err != nil {
 		return nil, err
 	}
 	if l := c.policy.Limits(ws); l.MaxLoraRank > 0 && found.Rank > l.MaxLoraRank {

@@ -3,7 +3,8 @@ package core
 import (
 	"context"
 	"errors"
-	"math"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/loops-dev/loops/internal/lockorder"
@@ -12,21 +13,13 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/core/validate"
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
-	"github.com/loops-dev/loops/internal/semantics"
 	"github.com/loops-dev/loops/internal/tokenstream"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
-
-// maxTopKPromptLogprobs caps topk_prompt_logprobs.
-const maxTopKPromptLogprobs = semantics.MaxTopKPromptLogprobs
-
-// defaultMaxTokens is used when a request gives no max_tokens (it is also capped by the
-// model's sequence length).
-const defaultMaxTokens = semantics.DefaultMaxTokens
 
 // samplerState is a sampler in memory: its record, the checkpoint it samples with (ref: a
 // held folder, or presignable files for a backend that takes URLs; nil for the base model;
@@ -452,7 +445,7 @@ func (s SamplingService) sample(ctx context.Context, req *loopsv1.SampleRequest,
 	if err != nil {
 		return nil, err
 	}
-	params, err := c.validateSample(model, req)
+	params, err := validate.Sample(model, req, c.opts.MaxSamplesPerRequest)
 	if err != nil {
 		return nil, err
 	}
@@ -595,63 +588,6 @@ func (c *Core) sampleStream(j *sampleJob) (*backendv1.SampleResponse, error) {
 	return c.backend.Sampler().Sample(ctx, j.req)
 }
 
-// validateSample checks a sampling request and fills in defaults.
-func (c *Core) validateSample(model *loopsv1.ModelInfo, req *loopsv1.SampleRequest) (*loopsv1.SamplingParams, error) {
-	n := len(req.GetPrompt())
-	if n == 0 {
-		return nil, invalidArgument("prompt is empty: give at least one token")
-	}
-	if err := checkTokenIDs(model, req.GetPrompt(), "prompt"); err != nil {
-		return nil, invalidArgument("%v", err)
-	}
-	if ns := req.GetNumSamples(); ns < 0 || ns > int32(c.opts.MaxSamplesPerRequest) {
-		return nil, invalidArgument("num_samples %d is out of range [1, %d]", ns, c.opts.MaxSamplesPerRequest)
-	}
-	if k := req.GetTopkPromptLogprobs(); k < 0 || k > maxTopKPromptLogprobs {
-		return nil, invalidArgument("topk_prompt_logprobs %d is out of range [0, %d]", k, maxTopKPromptLogprobs)
-	}
-	if k := req.GetParams().GetTopLogprobs(); k < 0 || k > semantics.MaxTopLogprobs {
-		return nil, invalidArgument("top_logprobs %d is out of range [0, %d]", k, semantics.MaxTopLogprobs)
-	}
-	p := proto.CloneOf(req.GetParams())
-	if p == nil {
-		p = &loopsv1.SamplingParams{Temperature: 1, TopP: 1}
-	}
-	limit := int(model.GetMaxSequenceLength())
-	if limit > 0 && n > limit {
-		return nil, invalidArgument("prompt of %d tokens is over %s's limit of %d", n, model.GetName(), limit)
-	}
-	switch {
-	case p.GetMaxTokens() < 0:
-		return nil, invalidArgument("max_tokens must not be negative, got %d", p.GetMaxTokens())
-	case p.GetMaxTokens() == 0:
-		p.MaxTokens = defaultMaxTokens
-		if limit > 0 {
-			p.MaxTokens = int32(min(defaultMaxTokens, limit-n))
-		}
-	case limit > 0 && n+int(p.GetMaxTokens()) > limit:
-		return nil, invalidArgument("prompt (%d tokens) + max_tokens (%d) is over %s's limit of %d tokens: lower max_tokens", n, p.GetMaxTokens(), model.GetName(), limit)
-	}
-	t := float64(p.GetTemperature())
-	if math.IsNaN(t) || t < 0 {
-		return nil, invalidArgument("temperature must be >= 0, got %v", p.GetTemperature())
-	}
-	if tp := float64(p.GetTopP()); math.IsNaN(tp) || tp < 0 || tp > 1 {
-		return nil, invalidArgument("top_p must be in (0, 1], got %v", p.GetTopP())
-	} else if tp == 0 {
-		p.TopP = 1
-	}
-	if err := checkTokenIDs(model, p.GetStopTokens(), "stop"); err != nil {
-		return nil, invalidArgument("%v", err)
-	}
-	for _, s := range p.GetStopStrings() {
-		if s == "" {
-			return nil, invalidArgument("stop strings must not be empty")
-		}
-	}
-	return p, nil
-}
-
 // ModelService implements loops.v1 ModelService.
 type ModelService struct{ c *Core }
 
@@ -661,7 +597,7 @@ func (s ModelService) ListModels(ctx context.Context, _ *loopsv1.ListModelsReque
 		return nil, err
 	}
 	out := &loopsv1.ListModelsResponse{}
-	for _, name := range sortedKeys(s.c.models) {
+	for _, name := range slices.Sorted(maps.Keys(s.c.models)) {
 		out.Models = append(out.Models, s.c.models[name])
 	}
 	out.Models = s.c.policy.Models(auth.Workspace(ctx), out.Models) // the workspace's models and limits

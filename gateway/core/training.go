@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
 
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/core/sequencer"
 	"github.com/loops-dev/loops/gateway/core/trainrun"
+	"github.com/loops-dev/loops/gateway/core/validate"
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -25,7 +28,7 @@ type TrainingService struct{ c *Core }
 func (c *Core) model(name string) (*loopsv1.ModelInfo, error) {
 	m, ok := c.models[name]
 	if !ok {
-		return nil, invalidArgument("unknown base model %q: this server serves %v (see GET /v1/models or get_server_capabilities)", name, sortedKeys(c.models))
+		return nil, invalidArgument("unknown base model %q: this server serves %v (see GET /v1/models or get_server_capabilities)", name, slices.Sorted(maps.Keys(c.models)))
 	}
 	return m, nil
 }
@@ -107,7 +110,7 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 	if err != nil {
 		return nil, err
 	}
-	if err := validateLora(model, lora); err != nil {
+	if err := validate.Lora(model, lora); err != nil {
 		return nil, err
 	}
 	dedicated, err := c.dedicatedFor(ws, req.GetUserMetadata(), req.GetDedicated())
@@ -366,7 +369,7 @@ func (s TrainingService) ForwardBackward(ctx context.Context, req *loopsv1.Forwa
 			if err := c.policy.CheckData(ws, model.GetName(), req.GetData()); err != nil {
 				return err
 			}
-			tokens, err = c.validateForwardBackward(model, req)
+			tokens, err = validate.ForwardBackward(model, req, validate.Limits{Losses: c.losses, MaxDatums: c.opts.MaxDatumsPerRequest, MaxBatchTokens: c.opts.MaxBatchTokens})
 			return err
 		},
 		func(r *run, _ int64) *task {
@@ -385,7 +388,7 @@ func (s TrainingService) ForwardBackward(ctx context.Context, req *loopsv1.Forwa
 func (s TrainingService) OptimStep(ctx context.Context, req *loopsv1.OptimStepRequest) (*loopsv1.Operation, error) {
 	c := s.c
 	return c.enqueue(ctx, req.GetTrainingRunId(), req.GetSeqId(), loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP,
-		func(string, *loopsv1.TrainingRun) error { return validateAdam(req.GetAdam()) },
+		func(string, *loopsv1.TrainingRun) error { return validate.Adam(req.GetAdam()) },
 		func(r *run, _ int64) *task {
 			return &task{Adam: req.GetAdam(), Exec: func(ctx context.Context) (func(*loopsv1.Operation), error) {
 				resp, err := c.backend.Trainer().OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: r.ID(), Adam: semantics.AdamWithDefaults(req.GetAdam())})
@@ -418,12 +421,12 @@ func (s TrainingService) SaveWeights(ctx context.Context, req *loopsv1.SaveWeigh
 func validateSave(req *loopsv1.SaveWeightsRequest) error {
 	switch req.GetKind() {
 	case loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING, loopsv1.CheckpointKind_CHECKPOINT_KIND_EXTERNAL:
-		if err := validateCheckpointName(req.GetName()); err != nil {
+		if err := validate.CheckpointName(req.GetName()); err != nil {
 			return err
 		}
 	case loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER:
 		if req.GetName() != "" {
-			if err := validateCheckpointName(req.GetName()); err != nil {
+			if err := validate.CheckpointName(req.GetName()); err != nil {
 				return err
 			}
 		}

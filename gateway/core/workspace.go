@@ -2,6 +2,8 @@ package core
 
 import (
 	"context"
+	"maps"
+	"slices"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -46,7 +48,7 @@ func (s WorkspaceService) GetWorkspace(ctx context.Context, _ *loopsv1.GetWorksp
 // modelList returns the served models, sorted by name.
 func (c *Core) modelList() []*loopsv1.ModelInfo {
 	out := make([]*loopsv1.ModelInfo, 0, len(c.models))
-	for _, name := range sortedKeys(c.models) {
+	for _, name := range slices.Sorted(maps.Keys(c.models)) {
 		out = append(out, c.models[name])
 	}
 	return out

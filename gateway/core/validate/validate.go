@@ -1,12 +1,13 @@
-package core
+package validate
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
-	"sort"
 	"strings"
 
+	"github.com/loops-dev/loops/gateway/core/apierr"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/semantics"
 	"github.com/loops-dev/loops/internal/shape"
@@ -28,47 +29,58 @@ var lossSpecs = map[string]lossSpec{
 	"dro":                 {inputs: []string{"target_tokens", "logprobs", "advantages"}},
 }
 
-// validateForwardBackward checks a request against the model's limits and the loss's inputs
+// Limits are what a forward/backward request is checked against besides its model.
+type Limits struct {
+	// Losses are the loss functions the backend implements (its capabilities).
+	Losses map[string]bool
+	// MaxDatums caps the datums of one request (Options.MaxDatumsPerRequest).
+	MaxDatums int
+	// MaxBatchTokens caps the tokens of one request (Options.MaxBatchTokens).
+	MaxBatchTokens int
+}
+
+// ForwardBackward checks a request against the model's limits, lim and the loss's inputs
 // before it is queued, so that bad input is a 4xx at submission, never a failed operation.
 // It returns the number of tokens in the request.
-func (c *Core) validateForwardBackward(model *loopsv1.ModelInfo, req *loopsv1.ForwardBackwardRequest) (int, error) {
+func ForwardBackward(model *loopsv1.ModelInfo, req *loopsv1.ForwardBackwardRequest, lim Limits) (int, error) {
 	spec, ok := lossSpecs[req.GetLossFn()]
-	if !ok || !c.losses[req.GetLossFn()] {
-		return 0, invalidArgument("unknown loss_fn %q: use one of %s", req.GetLossFn(), strings.Join(c.lossNames(), ", "))
+	if !ok || !lim.Losses[req.GetLossFn()] {
+		return 0, apierr.InvalidArgument("unknown loss_fn %q: use one of %s", req.GetLossFn(), strings.Join(slices.Sorted(maps.Keys(lim.Losses)), ", "))
 	}
 	config, _ := semantics.LossConfig(req.GetLossFn())
 	for k, v := range req.GetLossFnConfig() {
 		if _, ok := config[k]; !ok {
 			if len(config) == 0 {
-				return 0, invalidArgument("loss_fn_config key %q is not accepted by %s, which takes no config", k, req.GetLossFn())
+				return 0, apierr.InvalidArgument("loss_fn_config key %q is not accepted by %s, which takes no config", k, req.GetLossFn())
 			}
-			return 0, invalidArgument("loss_fn_config key %q is not accepted by %s: use %s", k, req.GetLossFn(), strings.Join(sortedKeys(config), ", "))
+			return 0, apierr.InvalidArgument("loss_fn_config key %q is not accepted by %s: use %s", k, req.GetLossFn(), strings.Join(slices.Sorted(maps.Keys(config)), ", "))
 		}
 		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return 0, invalidArgument("loss_fn_config %q is %v; it must be finite", k, v)
+			return 0, apierr.InvalidArgument("loss_fn_config %q is %v; it must be finite", k, v)
 		}
 	}
 	data := req.GetData()
 	if len(data) == 0 {
-		return 0, invalidArgument("data is empty: send at least one datum")
+		return 0, apierr.InvalidArgument("data is empty: send at least one datum")
 	}
-	if len(data) > c.opts.MaxDatumsPerRequest {
-		return 0, invalidArgument("%d datums in one request is over the limit of %d: split the batch", len(data), c.opts.MaxDatumsPerRequest)
+	if len(data) > lim.MaxDatums {
+		return 0, apierr.InvalidArgument("%d datums in one request is over the limit of %d: split the batch", len(data), lim.MaxDatums)
 	}
 	tokens := 0
 	for i, d := range data {
-		if err := validateDatum(model, spec, req.GetLossFn(), d); err != nil {
-			return 0, invalidArgument("datum %d: %v", i, err)
+		if err := datum(model, spec, req.GetLossFn(), d); err != nil {
+			return 0, apierr.InvalidArgument("datum %d: %v", i, err)
 		}
 		tokens += len(d.GetTokens())
 	}
-	if tokens > c.opts.MaxBatchTokens {
-		return 0, invalidArgument("%d tokens in one request is over the batch limit of %d: split the batch", tokens, c.opts.MaxBatchTokens)
+	if tokens > lim.MaxBatchTokens {
+		return 0, apierr.InvalidArgument("%d tokens in one request is over the batch limit of %d: split the batch", tokens, lim.MaxBatchTokens)
 	}
 	return tokens, nil
 }
 
-func validateDatum(model *loopsv1.ModelInfo, spec lossSpec, lossFn string, d *loopsv1.Datum) error {
+// datum checks one datum of a forward/backward request against the model and the loss.
+func datum(model *loopsv1.ModelInfo, spec lossSpec, lossFn string, d *loopsv1.Datum) error {
 	n := len(d.GetTokens())
 	if n == 0 {
 		return fmt.Errorf("model_input is empty")
@@ -76,7 +88,7 @@ func validateDatum(model *loopsv1.ModelInfo, spec lossSpec, lossFn string, d *lo
 	if limit := int(model.GetMaxSequenceLength()); limit > 0 && n > limit {
 		return fmt.Errorf("sequence of %d tokens is over %s's limit of %d: truncate it", n, model.GetName(), limit)
 	}
-	if err := checkTokenIDs(model, d.GetTokens(), "model_input"); err != nil {
+	if err := TokenIDs(model, d.GetTokens(), "model_input"); err != nil {
 		return err
 	}
 	for _, name := range spec.inputs {
@@ -138,7 +150,9 @@ func validateDatum(model *loopsv1.ModelInfo, spec lossSpec, lossFn string, d *lo
 	return nil
 }
 
-func checkTokenIDs(model *loopsv1.ModelInfo, ids []int32, what string) error {
+// TokenIDs checks that every token id is in the model's vocabulary; what names the ids in
+// the error ("prompt", "stop").
+func TokenIDs(model *loopsv1.ModelInfo, ids []int32, what string) error {
 	v := model.GetVocabSize()
 	for i, id := range ids {
 		if id < 0 || (v > 0 && id >= v) {
@@ -175,73 +189,61 @@ func tensorShape(t *loopsv1.Tensor) ([]int64, error) {
 	return dims, nil
 }
 
-func (c *Core) lossNames() []string {
-	return sortedKeys(c.losses)
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
-
-// validateLora checks a LoRA config against the model.
-func validateLora(model *loopsv1.ModelInfo, l *loopsv1.LoraConfig) error {
+// Lora checks a LoRA config against the model.
+func Lora(model *loopsv1.ModelInfo, l *loopsv1.LoraConfig) error {
 	if l == nil {
-		return invalidArgument("lora config is required: give at least rank")
+		return apierr.InvalidArgument("lora config is required: give at least rank")
 	}
 	if l.GetRank() <= 0 {
-		return invalidArgument("lora rank must be positive, got %d", l.GetRank())
+		return apierr.InvalidArgument("lora rank must be positive, got %d", l.GetRank())
 	}
 	if m := model.GetMaxLoraRank(); m > 0 && l.GetRank() > m {
-		return invalidArgument("lora rank %d is over %s's limit of %d", l.GetRank(), model.GetName(), m)
+		return apierr.InvalidArgument("lora rank %d is over %s's limit of %d", l.GetRank(), model.GetName(), m)
 	}
 	if !l.GetTrainAttn() && !l.GetTrainMlp() && !l.GetTrainUnembed() {
-		return invalidArgument("lora config trains nothing: set at least one of train_attn, train_mlp, train_unembed")
+		return apierr.InvalidArgument("lora config trains nothing: set at least one of train_attn, train_mlp, train_unembed")
 	}
 	return nil
 }
 
-// validateAdam checks AdamParams.
-func validateAdam(a *loopsv1.AdamParams) error {
+// Adam checks a step's AdamParams.
+func Adam(a *loopsv1.AdamParams) error {
 	if a == nil {
-		return invalidArgument("adam params are required")
+		return apierr.InvalidArgument("adam params are required")
 	}
 	switch {
 	case !(a.GetLearningRate() >= 0):
-		return invalidArgument("learning_rate must be >= 0, got %v", a.GetLearningRate())
+		return apierr.InvalidArgument("learning_rate must be >= 0, got %v", a.GetLearningRate())
 	case !(a.GetBeta1() >= 0 && a.GetBeta1() < 1):
-		return invalidArgument("beta1 must be in [0, 1), got %v", a.GetBeta1())
+		return apierr.InvalidArgument("beta1 must be in [0, 1), got %v", a.GetBeta1())
 	case !(a.GetBeta2() >= 0 && a.GetBeta2() < 1):
-		return invalidArgument("beta2 must be in [0, 1), got %v", a.GetBeta2())
+		return apierr.InvalidArgument("beta2 must be in [0, 1), got %v", a.GetBeta2())
 	case !(a.GetEps() >= 0):
-		return invalidArgument("eps must be >= 0, got %v", a.GetEps())
+		return apierr.InvalidArgument("eps must be >= 0, got %v", a.GetEps())
 	case !(a.GetWeightDecay() >= 0):
-		return invalidArgument("weight_decay must be >= 0, got %v", a.GetWeightDecay())
+		return apierr.InvalidArgument("weight_decay must be >= 0, got %v", a.GetWeightDecay())
 	case !(a.GetGradClipNorm() >= 0):
-		return invalidArgument("grad_clip_norm must be >= 0 (0 turns clipping off), got %v", a.GetGradClipNorm())
+		return apierr.InvalidArgument("grad_clip_norm must be >= 0 (0 turns clipping off), got %v", a.GetGradClipNorm())
 	}
 	return nil
 }
 
-// validateCheckpointName checks a checkpoint name.
-func validateCheckpointName(name string) error {
+// CheckpointName checks a checkpoint name: 1 to 200 letters, digits, '-', '_' and '.', and
+// not "." or ".." (a name is part of the checkpoint's store key and path).
+func CheckpointName(name string) error {
 	if name == "" {
-		return invalidArgument("checkpoint name is empty")
+		return apierr.InvalidArgument("checkpoint name is empty")
 	}
 	if len(name) > 200 {
-		return invalidArgument("checkpoint name is over 200 characters")
+		return apierr.InvalidArgument("checkpoint name is over 200 characters")
 	}
 	for _, r := range name {
 		if !(r == '-' || r == '_' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
-			return invalidArgument("checkpoint name %q has %q: use letters, digits, '-', '_' and '.'", name, r)
+			return apierr.InvalidArgument("checkpoint name %q has %q: use letters, digits, '-', '_' and '.'", name, r)
 		}
 	}
 	if name == "." || name == ".." {
-		return invalidArgument("checkpoint name %q is reserved", name)
+		return apierr.InvalidArgument("checkpoint name %q is reserved", name)
 	}
 	return nil
 }

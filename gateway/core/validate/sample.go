@@ -1,0 +1,71 @@
+package validate
+
+import (
+	"math"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/loops-dev/loops/gateway/core/apierr"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/semantics"
+)
+
+// Sample checks a sampling request against the model and maxSamples (the server's cap on
+// num_samples, Options.MaxSamplesPerRequest) and returns its sampling parameters with the
+// defaults filled in: temperature 1 and top_p 1 when none are given, and max_tokens
+// semantics.DefaultMaxTokens, capped by the room the model's sequence length leaves.
+func Sample(model *loopsv1.ModelInfo, req *loopsv1.SampleRequest, maxSamples int) (*loopsv1.SamplingParams, error) {
+	n := len(req.GetPrompt())
+	if n == 0 {
+		return nil, apierr.InvalidArgument("prompt is empty: give at least one token")
+	}
+	if err := TokenIDs(model, req.GetPrompt(), "prompt"); err != nil {
+		return nil, apierr.InvalidArgument("%v", err)
+	}
+	if ns := req.GetNumSamples(); ns < 0 || ns > int32(maxSamples) {
+		return nil, apierr.InvalidArgument("num_samples %d is out of range [1, %d]", ns, maxSamples)
+	}
+	if k := req.GetTopkPromptLogprobs(); k < 0 || k > semantics.MaxTopKPromptLogprobs {
+		return nil, apierr.InvalidArgument("topk_prompt_logprobs %d is out of range [0, %d]", k, semantics.MaxTopKPromptLogprobs)
+	}
+	if k := req.GetParams().GetTopLogprobs(); k < 0 || k > semantics.MaxTopLogprobs {
+		return nil, apierr.InvalidArgument("top_logprobs %d is out of range [0, %d]", k, semantics.MaxTopLogprobs)
+	}
+	p := proto.CloneOf(req.GetParams())
+	if p == nil {
+		p = &loopsv1.SamplingParams{Temperature: 1, TopP: 1}
+	}
+	limit := int(model.GetMaxSequenceLength())
+	if limit > 0 && n > limit {
+		return nil, apierr.InvalidArgument("prompt of %d tokens is over %s's limit of %d", n, model.GetName(), limit)
+	}
+	switch {
+	case p.GetMaxTokens() < 0:
+		return nil, apierr.InvalidArgument("max_tokens must not be negative, got %d", p.GetMaxTokens())
+	case p.GetMaxTokens() == 0:
+		p.MaxTokens = semantics.DefaultMaxTokens
+		if limit > 0 {
+			p.MaxTokens = int32(min(semantics.DefaultMaxTokens, limit-n))
+		}
+	case limit > 0 && n+int(p.GetMaxTokens()) > limit:
+		return nil, apierr.InvalidArgument("prompt (%d tokens) + max_tokens (%d) is over %s's limit of %d tokens: lower max_tokens", n, p.GetMaxTokens(), model.GetName(), limit)
+	}
+	t := float64(p.GetTemperature())
+	if math.IsNaN(t) || t < 0 {
+		return nil, apierr.InvalidArgument("temperature must be >= 0, got %v", p.GetTemperature())
+	}
+	if tp := float64(p.GetTopP()); math.IsNaN(tp) || tp < 0 || tp > 1 {
+		return nil, apierr.InvalidArgument("top_p must be in (0, 1], got %v", p.GetTopP())
+	} else if tp == 0 {
+		p.TopP = 1
+	}
+	if err := TokenIDs(model, p.GetStopTokens(), "stop"); err != nil {
+		return nil, apierr.InvalidArgument("%v", err)
+	}
+	for _, s := range p.GetStopStrings() {
+		if s == "" {
+			return nil, apierr.InvalidArgument("stop strings must not be empty")
+		}
+	}
+	return p, nil
+}
