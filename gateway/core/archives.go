@@ -12,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/ckstore"
+	"github.com/loops-dev/loops/gateway/core/ckfiles"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -75,7 +76,7 @@ func (s CheckpointService) GetCheckpointFileURLs(ctx context.Context, req *loops
 		return nil, err
 	}
 	for _, f := range m.Files {
-		if path.Base(f.Name) != completeMarker {
+		if path.Base(f.Name) != ckfiles.CompleteMarker {
 			out.Urls[f.Name] = ArchivePathPrefix + tok + "/" + f.Name
 		}
 	}
@@ -99,7 +100,7 @@ type archiveTarget struct {
 
 func (c *Core) archiveTarget(issuer, owner string, ck *loopsv1.Checkpoint) archiveTarget {
 	return archiveTarget{
-		issuer: issuer, owner: owner, runID: ck.GetTrainingRunId(), id: ck.GetId(), gen: generation(ck),
+		issuer: issuer, owner: owner, runID: ck.GetTrainingRunId(), id: ck.GetId(), gen: ckfiles.Generation(ck),
 		path: ck.GetTinkerPath(), expires: c.now().Add(c.opts.ArchiveURLTTL),
 	}
 }
@@ -180,19 +181,19 @@ func (a *archiveTokens) sweepLocked(now time.Time) {
 // checkpointManifest returns the manifest of a checkpoint record's files in the checkpoint
 // store.
 func (c *Core) checkpointManifest(ctx context.Context, owner string, ck *loopsv1.Checkpoint) (*ckstore.Manifest, error) {
-	key, err := c.ckpt.recordKey(owner, ck)
+	key, err := ckfiles.RecordKey(owner, ck)
 	if err != nil {
 		return nil, err
 	}
-	if err := c.ckpt.inside(key); err != nil {
+	if err := c.ckpt.Inside(key); err != nil {
 		return nil, err
 	}
-	m, err := c.ckpt.st.Stat(ctx, key)
+	m, err := c.ckpt.Store().Stat(ctx, key)
 	switch {
 	case errors.Is(err, ckstore.ErrNotFound):
 		return nil, failedPrecondition("checkpoint %s has no complete files in the checkpoint store (it may have been deleted)", ck.GetTinkerPath())
 	case err != nil:
-		return nil, c.ckpt.internalFS("reading checkpoint "+key, err)
+		return nil, c.ckpt.Internal("reading checkpoint "+key, err)
 	}
 	return m, nil
 }
@@ -239,7 +240,7 @@ func (c *Core) OpenArchiveFile(ctx context.Context, link ArchiveLink, name strin
 	if _, ok := link.Manifest.File(name); !ok {
 		return nil, notFound("no such file in this checkpoint")
 	}
-	rc, _, err := c.ckpt.st.Open(ctx, link.key, name)
+	rc, _, err := c.ckpt.Store().Open(ctx, link.key, name)
 	if err != nil {
 		return nil, internal("opening checkpoint file "+link.key+"/"+name, err)
 	}
@@ -251,7 +252,7 @@ func (c *Core) OpenArchiveFile(ctx context.Context, link ArchiveLink, name strin
 func (c *Core) linkKey(ctx context.Context, t archiveTarget) (string, *ckstore.Manifest, error) {
 	ck, owner, err := c.store.GetCheckpointAnyWorkspace(ctx, t.runID, t.id)
 	switch {
-	case errors.Is(err, store.ErrNotFound) || err == nil && (owner != t.owner || generation(ck) != t.gen):
+	case errors.Is(err, store.ErrNotFound) || err == nil && (owner != t.owner || ckfiles.Generation(ck) != t.gen):
 		return "", nil, notFound("checkpoint %s was deleted or saved again since this link was issued: ask for a new link", t.path)
 	case err != nil:
 		return "", nil, internal("looking up the checkpoint of a download link "+t.path, err)
@@ -265,6 +266,6 @@ func (c *Core) linkKey(ctx context.Context, t archiveTarget) (string, *ckstore.M
 		}
 		return "", nil, internal("reading the checkpoint of a download link "+t.path, err)
 	}
-	key, _ := c.ckpt.recordKey(owner, ck) // checked by checkpointManifest
+	key, _ := ckfiles.RecordKey(owner, ck) // checked by checkpointManifest
 	return key, m, nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/loops-dev/loops/backends/peft"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/ckstore"
+	"github.com/loops-dev/loops/gateway/core/ckfiles"
 	"github.com/loops-dev/loops/gateway/core/validate"
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
@@ -24,6 +25,93 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
+
+// Checkpoint files are kept by package ckfiles (keys, generations, readers' folders, the
+// sweep of unreferenced keys, the migration of the old folder layout). The core's side is
+// here: a save has the backend write a staging folder (or upload through presigned URLs),
+// puts it into the checkpoint store as a new generation, then replaces the record, then
+// deletes the previous generation; a delete deletes the record, then the generation. Each
+// of these steps (ckStep) can be failed by a test hook (Core.ckFault) to check that a
+// crash at any step leaves the old or the new checkpoint, complete and listed.
+
+// ckStep names a step of a checkpoint save or delete.
+type ckStep string
+
+// The steps of saves and deletes, in order.
+const (
+	stepSaveMkdir   ckStep = "save: create the staging folder"
+	stepSaveWrite   ckStep = "save: backend writes the staging folder"
+	stepSaveMarker  ckStep = "save: write the checkpoint_complete marker"
+	stepSavePut     ckStep = "save: put the files into the checkpoint store"
+	stepSaveRecord  ckStep = "save: replace the store record"
+	stepSaveRemove  ckStep = "save: delete the previous generation"
+	stepSaveCleanup ckStep = "save: delete the unrecorded generation"
+	stepDelRecord   ckStep = "delete: delete the store record"
+	stepDelRemove   ckStep = "delete: delete the files"
+)
+
+// ckStep runs the test hook of a step (Core.ckFault): an error makes the step fail without
+// doing anything.
+func (c *Core) ckStep(s ckStep) error {
+	if c.ckFault != nil {
+		return c.ckFault(s)
+	}
+	return nil
+}
+
+// Defaults of the checkpoint options.
+const (
+	// DefaultCheckpointCacheBytes is Options.CheckpointCacheBytes when unset.
+	DefaultCheckpointCacheBytes int64 = 20 << 30
+	// DefaultCheckpointSweepGrace is Options.CheckpointSweepGrace when unset.
+	DefaultCheckpointSweepGrace = time.Hour
+	// checkpointSweepEvery is how often the janitor sweeps the checkpoint store.
+	checkpointSweepEvery = time.Hour
+)
+
+// openCheckpoints prepares the checkpoint store at start-up: it opens it, binds download
+// links to the core's clock, moves checkpoints of the old folder layout into it, and starts
+// sweeping what a crash left in the background (listing a large bucket takes a while, and a
+// gateway taking over from another must start serving at once); ckSwept is closed when
+// that sweep is done.
+func (c *Core) openCheckpoints(ctx context.Context) error {
+	f, err := ckfiles.New(ckfiles.Config{
+		DataDir: c.opts.DataDir, Store: c.opts.CheckpointStore, CacheBytes: c.opts.CheckpointCacheBytes,
+		SweepGrace: c.opts.CheckpointSweepGrace, Log: c.log,
+	})
+	if err != nil {
+		return err
+	}
+	c.ckpt = f
+	c.archives.now = c.now
+	if err := f.Migrate(ctx, c.store); err != nil {
+		return err
+	}
+	c.ckSwept = make(chan struct{})
+	return c.life.Go("checkpoint store sweep", func(ctx context.Context) {
+		defer close(c.ckSwept)
+		c.sweepStore(ctx)
+	})
+}
+
+// sweepStore deletes the checkpoint store's keys that no record references and the step
+// snapshots that are no live run's recovery point (ckfiles.Files.Sweep).
+func (c *Core) sweepStore(ctx context.Context) {
+	c.ckpt.Sweep(ctx, c.now(), c.store, func(key string) bool {
+		_, live := c.liveSnapshots.Load(key)
+		return live
+	})
+}
+
+// maybeSweepStore runs sweepStore when the last one is checkpointSweepEvery old.
+func (c *Core) maybeSweepStore(ctx context.Context, now time.Time) {
+	if now.Sub(c.ckpt.LastSweep()) >= checkpointSweepEvery {
+		c.sweepStore(ctx)
+	}
+}
+
+// CheckpointStore returns the checkpoint store in use.
+func (c *Core) CheckpointStore() ckstore.Store { return c.ckpt.Store() }
 
 // PathScheme is the scheme of checkpoint paths: tinker://<run>/weights/<name> for training
 // checkpoints, tinker://<run>/sampler_weights/<name> for sampler checkpoints and
@@ -33,9 +121,6 @@ const PathScheme = "tinker://"
 // ephemeralTTL is how long an unnamed sampler checkpoint (save_weights_and_get_sampling_client)
 // is kept.
 const ephemeralTTL = 24 * time.Hour
-
-// completeMarker is written last into a checkpoint folder; the tinker CLI checks for it.
-const completeMarker = "checkpoint_complete"
 
 // MaxCheckpointTTL is the longest expiry (ttl_seconds) a checkpoint can be given: 10 years.
 // A checkpoint that should never expire is saved without ttl_seconds (or its TTL set to
@@ -52,16 +137,6 @@ func checkpointTTL(seconds int64) (time.Duration, error) {
 	return time.Duration(seconds) * time.Second, nil
 }
 
-func kindSegment(k loopsv1.CheckpointKind) string {
-	switch k {
-	case loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER:
-		return "sampler_weights"
-	case loopsv1.CheckpointKind_CHECKPOINT_KIND_EXTERNAL:
-		return "external_weights"
-	}
-	return "weights"
-}
-
 // ParsePath splits a checkpoint path into run id, kind and name.
 func ParsePath(path string) (runID string, kind loopsv1.CheckpointKind, name string, err error) {
 	rest, ok := strings.CutPrefix(path, PathScheme)
@@ -69,14 +144,8 @@ func ParsePath(path string) (runID string, kind loopsv1.CheckpointKind, name str
 	if !ok || len(parts) != 3 || parts[0] == "" || parts[2] == "" {
 		return "", 0, "", invalidArgument("checkpoint path %q is malformed: it looks like tinker://<run>/weights/<name> or tinker://<run>/sampler_weights/<name>", path)
 	}
-	switch parts[1] {
-	case "weights":
-		kind = loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING
-	case "sampler_weights":
-		kind = loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER
-	case "external_weights":
-		kind = loopsv1.CheckpointKind_CHECKPOINT_KIND_EXTERNAL
-	default:
+	kind, ok = ckfiles.KindOf(parts[1])
+	if !ok {
 		return "", 0, "", invalidArgument("checkpoint path %q has kind %q: use weights, sampler_weights or external_weights", path, parts[1])
 	}
 	if err := validate.CheckpointName(parts[2]); err != nil {
@@ -89,12 +158,12 @@ func ParsePath(path string) (runID string, kind loopsv1.CheckpointKind, name str
 }
 
 func checkpointPath(runID string, kind loopsv1.CheckpointKind, name string) string {
-	return PathScheme + runID + "/" + kindSegment(kind) + "/" + name
+	return PathScheme + runID + "/" + ckfiles.KindSegment(kind) + "/" + name
 }
 
 // resolveCheckpoint finds a checkpoint the workspace may read (its own, or a public one)
 // and opens a local folder with its current generation's files: release the ref when done.
-func (c *Core) resolveCheckpoint(ctx context.Context, ws, path string) (*loopsv1.Checkpoint, *ckRef, error) {
+func (c *Core) resolveCheckpoint(ctx context.Context, ws, path string) (*loopsv1.Checkpoint, *ckfiles.Ref, error) {
 	ck, owner, err := c.resolveOwned(ctx, ws, path)
 	if err != nil {
 		return nil, nil, err
@@ -114,7 +183,7 @@ func (c *Core) resolveOwned(ctx context.Context, ws, path string) (*loopsv1.Chec
 		return nil, "", err
 	}
 	runID = c.canonicalRunID(ws, runID)
-	ck, owner, err := c.store.GetCheckpointAnyWorkspace(ctx, runID, kindSegment(kind)+"/"+name)
+	ck, owner, err := c.store.GetCheckpointAnyWorkspace(ctx, runID, ckfiles.KindSegment(kind)+"/"+name)
 	if err == nil && owner != ws && !ck.GetPublic() {
 		err = store.ErrNotFound
 	}
@@ -125,12 +194,12 @@ func (c *Core) resolveOwned(ctx context.Context, ws, path string) (*loopsv1.Chec
 }
 
 // checkpointFolder opens a local folder with the files of a checkpoint record.
-func (c *Core) checkpointFolder(ctx context.Context, owner string, ck *loopsv1.Checkpoint) (*ckRef, error) {
-	key, err := c.ckpt.recordKey(owner, ck)
+func (c *Core) checkpointFolder(ctx context.Context, owner string, ck *loopsv1.Checkpoint) (*ckfiles.Ref, error) {
+	key, err := ckfiles.RecordKey(owner, ck)
 	if err != nil {
 		return nil, err
 	}
-	ref, ok, err := c.ckpt.open(ctx, key)
+	ref, ok, err := c.ckpt.Open(ctx, key)
 	if err != nil {
 		c.log.Error("opening a checkpoint's files", slog.String("path", ck.GetTinkerPath()), slog.Any("err", err))
 		return nil, err
@@ -143,7 +212,7 @@ func (c *Core) checkpointFolder(ctx context.Context, owner string, ck *loopsv1.C
 
 // saveCheckpoint has the backend write a checkpoint of the run into a staging folder, puts
 // it into the checkpoint store as a new generation and commits it by writing the store
-// record; an overwrite then deletes the previous generation (see checkpointFiles), so a
+// record; an overwrite then deletes the previous generation (see package ckfiles), so a
 // crash at any step leaves the old or the new checkpoint whole.
 func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeightsRequest, seq int64) (func(*loopsv1.Operation), error) {
 	kind, name := req.GetKind(), req.GetName()
@@ -162,7 +231,7 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 	case ephemeral:
 		ttl = ephemeralTTL
 	}
-	id := kindSegment(kind) + "/" + name
+	id := ckfiles.KindSegment(kind) + "/" + name
 	prev, err := c.store.GetCheckpoint(ctx, r.Workspace(), r.ID(), id)
 	switch {
 	case err == nil && !req.GetOverwrite():
@@ -173,12 +242,12 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 		return nil, internal("looking up checkpoint", err)
 	}
 	f := c.ckpt
-	gen := f.nextGeneration(c.now(), prev)
-	key, err := f.key(r.Workspace(), r.ID(), kind, name, gen)
+	gen := f.NextGeneration(c.now(), prev)
+	key, err := ckfiles.Key(r.Workspace(), r.ID(), kind, name, gen)
 	if err != nil {
 		return nil, err
 	}
-	if err := f.inside(key); err != nil {
+	if err := f.Inside(key); err != nil {
 		return nil, err
 	}
 	m, err := c.putAdapter(ctx, r, key, kind == loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING, func(err error) error { return c.adapterLost(r, err) })
@@ -188,8 +257,8 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 	// Until the record points at it, the new generation is invisible; on failure it is
 	// deleted here, or by the store sweep after a crash.
 	abandon := func(err error) error {
-		if f.step(stepSaveCleanup) == nil {
-			if derr := f.st.Delete(context.WithoutCancel(ctx), key); derr != nil {
+		if c.ckStep(stepSaveCleanup) == nil {
+			if derr := f.Store().Delete(context.WithoutCancel(ctx), key); derr != nil {
 				c.log.Error("deleting an unrecorded checkpoint generation; the store sweep retries", slog.String("key", key), slog.Any("err", derr))
 			}
 		}
@@ -217,8 +286,8 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 	}
 	if replaced != "" {
 		c.samplers.retarget(ctx, replaced, key)
-		if err := f.step(stepSaveRemove); err == nil {
-			if err := f.st.Delete(context.WithoutCancel(ctx), replaced); err != nil {
+		if err := c.ckStep(stepSaveRemove); err == nil {
+			if err := f.Store().Delete(context.WithoutCancel(ctx), replaced); err != nil {
 				// The record already points at the new generation: the old one is garbage
 				// that the store sweep deletes.
 				c.log.Error("deleting a replaced checkpoint generation", slog.String("key", replaced), slog.Any("err", err))
@@ -254,7 +323,7 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 // URLs. A backend error goes through lost (the run's adapterLost, or nothing for a
 // snapshot that must not change the run's state).
 func (c *Core) putAdapter(ctx context.Context, r *run, key string, optimizer bool, lost func(error) error) (*ckstore.Manifest, error) {
-	if c.ckpt.urls != nil {
+	if c.ckpt.URLs() != nil {
 		return c.saveThroughURLs(ctx, r, key, optimizer, lost)
 	}
 	return c.saveThroughStaging(ctx, r, key, optimizer, lost)
@@ -265,41 +334,41 @@ func (c *Core) putAdapter(ctx context.Context, r *run, key string, optimizer boo
 // key.
 func (c *Core) saveThroughStaging(ctx context.Context, r *run, key string, optimizer bool, lost func(error) error) (*ckstore.Manifest, error) {
 	f := c.ckpt
-	if err := f.step(stepSaveMkdir); err != nil {
-		return nil, f.internalFS("creating the checkpoint staging folder", err)
+	if err := c.ckStep(stepSaveMkdir); err != nil {
+		return nil, f.Internal("creating the checkpoint staging folder", err)
 	}
-	dir, err := os.MkdirTemp(f.staging, "save-")
+	dir, err := os.MkdirTemp(f.Staging(), "save-")
 	if err != nil {
-		return nil, f.internalFS("creating the checkpoint staging folder", err)
+		return nil, f.Internal("creating the checkpoint staging folder", err)
 	}
 	// The staging folder goes whatever happens; a crash leaves it to the start-up, which
 	// empties the staging folder.
 	defer os.RemoveAll(dir)
-	if err := f.step(stepSaveWrite); err != nil {
-		return nil, f.internalFS("writing checkpoint", err)
+	if err := c.ckStep(stepSaveWrite); err != nil {
+		return nil, f.Internal("writing checkpoint", err)
 	}
 	if _, err := c.backend.Trainer().SaveAdapter(ctx, &backendv1.SaveAdapterRequest{
 		AdapterId: r.ID(), Dir: dir, IncludeOptimizer: optimizer,
 	}); err != nil {
-		return nil, f.scrub(lost(err))
+		return nil, f.Scrub(lost(err))
 	}
-	if err := f.step(stepSaveMarker); err != nil {
-		return nil, f.internalFS("writing checkpoint marker", err)
+	if err := c.ckStep(stepSaveMarker); err != nil {
+		return nil, f.Internal("writing checkpoint marker", err)
 	}
-	if err := writeMarker(dir); err != nil {
-		return nil, f.internalFS("writing checkpoint marker", err)
+	if err := ckfiles.WriteMarker(dir); err != nil {
+		return nil, f.Internal("writing checkpoint marker", err)
 	}
-	if err := f.step(stepSavePut); err != nil {
-		return nil, f.internalFS("storing checkpoint files", err)
+	if err := c.ckStep(stepSavePut); err != nil {
+		return nil, f.Internal("storing checkpoint files", err)
 	}
-	m, err := f.st.Put(ctx, key, dir)
+	m, err := f.Store().Put(ctx, key, dir)
 	if err != nil {
-		return nil, f.internalFS("storing checkpoint files", err)
+		return nil, f.Internal("storing checkpoint files", err)
 	}
 	return m, nil
 }
 
-// saveThroughURLs has a backend that takes URLs (checkpointFiles.urls) upload the run's
+// saveThroughURLs has a backend that takes URLs (ckfiles.Files.UseURLs) upload the run's
 // adapter straight into the store as a new generation of key (presigned PUT URLs), adds
 // the checkpoint_complete marker and commits the upload with the sizes and SHA-256s the
 // backend reports (every later read checks them). Until the commit nothing is visible; an
@@ -310,19 +379,19 @@ func (c *Core) saveThroughURLs(ctx context.Context, r *run, key string, optimize
 	if optimizer {
 		names = append(names, peft.OptimizerFile)
 	}
-	if err := f.step(stepSaveMkdir); err != nil {
-		return nil, f.internalFS("starting the checkpoint upload", err)
+	if err := c.ckStep(stepSaveMkdir); err != nil {
+		return nil, f.Internal("starting the checkpoint upload", err)
 	}
-	up, err := f.urls.BeginUpload(ctx, key, append(names, completeMarker), checkpointURLTTL)
+	up, err := f.URLs().BeginUpload(ctx, key, append(names, ckfiles.CompleteMarker), ckfiles.URLTTL)
 	if err != nil {
-		return nil, f.internalFS("starting the checkpoint upload", err)
+		return nil, f.Internal("starting the checkpoint upload", err)
 	}
 	abort := func(err error) error {
-		f.urls.AbortUpload(up)
+		f.URLs().AbortUpload(up)
 		return err
 	}
-	if err := f.step(stepSaveWrite); err != nil {
-		return nil, abort(f.internalFS("writing checkpoint", err))
+	if err := c.ckStep(stepSaveWrite); err != nil {
+		return nil, abort(f.Internal("writing checkpoint", err))
 	}
 	req := &backendv1.SaveAdapterRequest{AdapterId: r.ID(), IncludeOptimizer: optimizer}
 	for _, n := range names {
@@ -330,24 +399,24 @@ func (c *Core) saveThroughURLs(ctx context.Context, r *run, key string, optimize
 	}
 	resp, err := c.backend.Trainer().SaveAdapter(ctx, req)
 	if err != nil {
-		return nil, abort(f.scrub(lost(err)))
+		return nil, abort(f.Scrub(lost(err)))
 	}
-	if err := f.step(stepSaveMarker); err != nil {
-		return nil, abort(f.internalFS("writing checkpoint marker", err))
+	if err := c.ckStep(stepSaveMarker); err != nil {
+		return nil, abort(f.Internal("writing checkpoint marker", err))
 	}
-	if err := putEmpty(ctx, up.URLs[completeMarker]); err != nil {
-		return nil, abort(f.internalFS("writing checkpoint marker", err))
+	if err := putEmpty(ctx, up.URLs[ckfiles.CompleteMarker]); err != nil {
+		return nil, abort(f.Internal("writing checkpoint marker", err))
 	}
-	files := []ckstore.File{{Name: completeMarker, SHA256: emptySHA256}}
+	files := []ckstore.File{{Name: ckfiles.CompleteMarker, SHA256: emptySHA256}}
 	for _, file := range resp.GetFiles() {
 		files = append(files, ckstore.File{Name: file.GetName(), Size: file.GetSize(), SHA256: file.GetSha256()})
 	}
-	if err := f.step(stepSavePut); err != nil {
-		return nil, abort(f.internalFS("storing checkpoint files", err))
+	if err := c.ckStep(stepSavePut); err != nil {
+		return nil, abort(f.Internal("storing checkpoint files", err))
 	}
-	m, err := f.urls.CommitUpload(ctx, up, files)
+	m, err := f.URLs().CommitUpload(ctx, up, files)
 	if err != nil {
-		return nil, f.internalFS("committing the checkpoint upload", err)
+		return nil, f.Internal("committing the checkpoint upload", err)
 	}
 	return m, nil
 }
@@ -376,16 +445,16 @@ func putEmpty(ctx context.Context, url string) error {
 }
 
 // adapterOf returns what the backend reads a checkpoint record's files from (see
-// checkpointFiles.adapter): release it when done.
-func (c *Core) adapterOf(ctx context.Context, owner string, ck *loopsv1.Checkpoint) (*ckRef, error) {
-	key, err := c.ckpt.recordKey(owner, ck)
+// ckfiles.Files.Adapter): release it when done.
+func (c *Core) adapterOf(ctx context.Context, owner string, ck *loopsv1.Checkpoint) (*ckfiles.Ref, error) {
+	key, err := ckfiles.RecordKey(owner, ck)
 	if err != nil {
 		return nil, err
 	}
-	if err := c.ckpt.inside(key); err != nil {
+	if err := c.ckpt.Inside(key); err != nil {
 		return nil, err
 	}
-	ref, ok, err := c.ckpt.adapter(ctx, key)
+	ref, ok, err := c.ckpt.Adapter(ctx, key)
 	if err != nil {
 		c.log.Error("opening a checkpoint's files", slog.String("path", ck.GetTinkerPath()), slog.Any("err", err))
 		return nil, err
@@ -403,26 +472,26 @@ func (c *Core) loadAdapter(ctx context.Context, r *run, owner string, ck *loopsv
 	if err != nil {
 		return err
 	}
-	defer ref.release()
+	defer ref.Release()
 	return c.loadRef(ctx, r, ref, optimizer)
 }
 
 // loadKey loads the files stored under key (a step snapshot) into the run's adapter.
 func (c *Core) loadKey(ctx context.Context, r *run, key string, optimizer bool) error {
-	ref, ok, err := c.ckpt.adapter(ctx, key)
+	ref, ok, err := c.ckpt.Adapter(ctx, key)
 	if err != nil {
 		return err
 	}
 	if !ok {
 		return failedPrecondition("the step snapshot %s is gone from the checkpoint store", key)
 	}
-	defer ref.release()
+	defer ref.Release()
 	return c.loadRef(ctx, r, ref, optimizer)
 }
 
 // loadRef loads the files a checkpoint ref holds into the run's adapter.
-func (c *Core) loadRef(ctx context.Context, r *run, ref *ckRef, optimizer bool) error {
-	dir, files, err := c.ckpt.source(ctx, ref)
+func (c *Core) loadRef(ctx context.Context, r *run, ref *ckfiles.Ref, optimizer bool) error {
+	dir, files, err := c.ckpt.Source(ctx, ref)
 	if err != nil {
 		return err
 	}
@@ -440,13 +509,13 @@ func randHex(n int) string {
 // record and returns the store key of the generation it replaced ("" if none).
 func (c *Core) commitCheckpoint(ctx context.Context, ws string, ck *loopsv1.Checkpoint) (string, error) {
 	f := c.ckpt
-	defer f.lock(ws, ck.GetTrainingRunId(), ck.GetId())()
-	if err := f.step(stepSaveRecord); err != nil {
+	defer f.Lock(ws, ck.GetTrainingRunId(), ck.GetId())()
+	if err := c.ckStep(stepSaveRecord); err != nil {
 		return "", internal("recording checkpoint", err)
 	}
 	var replaced string
 	if old, err := c.store.GetCheckpoint(ctx, ws, ck.GetTrainingRunId(), ck.GetId()); err == nil {
-		if key, err := f.recordKey(ws, old); err == nil {
+		if key, err := ckfiles.RecordKey(ws, old); err == nil {
 			replaced = key
 		}
 	} else if !errors.Is(err, store.ErrNotFound) {
@@ -486,7 +555,7 @@ func (c *Core) expireCheckpoints(ctx context.Context, now time.Time) {
 func (c *Core) deleteCheckpoint(ctx context.Context, ws, runID, id string, want *loopsv1.Checkpoint) error {
 	f := c.ckpt
 	key, err := func() (string, error) {
-		defer f.lock(ws, runID, id)()
+		defer f.Lock(ws, runID, id)()
 		ck, err := c.store.GetCheckpoint(ctx, ws, runID, id)
 		if err != nil {
 			return "", err
@@ -497,8 +566,8 @@ func (c *Core) deleteCheckpoint(ctx context.Context, ws, runID, id string, want 
 		if err := c.pinnedBy(ctx, ws, runID, id, ck.GetTinkerPath()); err != nil {
 			return "", err
 		}
-		key, kerr := f.recordKey(ws, ck)
-		err = f.step(stepDelRecord)
+		key, kerr := ckfiles.RecordKey(ws, ck)
+		err = c.ckStep(stepDelRecord)
 		if err == nil {
 			err = c.store.DeleteCheckpoint(ctx, ws, runID, id)
 		}
@@ -513,8 +582,8 @@ func (c *Core) deleteCheckpoint(ctx context.Context, ws, runID, id string, want 
 	if err != nil || key == "" {
 		return err
 	}
-	if err := f.step(stepDelRemove); err == nil {
-		if err := f.st.Delete(context.WithoutCancel(ctx), key); err != nil {
+	if err := c.ckStep(stepDelRemove); err == nil {
+		if err := f.Store().Delete(context.WithoutCancel(ctx), key); err != nil {
 			c.log.Error("deleting a deleted checkpoint's files; the store sweep retries", slog.String("key", key), slog.Any("err", err))
 		}
 	}
@@ -568,7 +637,7 @@ func (s CheckpointService) owned(ctx context.Context, ws, path string) (*loopsv1
 	if err != nil {
 		return nil, err
 	}
-	ck, err := s.c.store.GetCheckpoint(ctx, ws, s.c.canonicalRunID(ws, runID), kindSegment(kind)+"/"+name)
+	ck, err := s.c.store.GetCheckpoint(ctx, ws, s.c.canonicalRunID(ws, runID), ckfiles.KindSegment(kind)+"/"+name)
 	if err != nil {
 		return nil, storeErr(err, "checkpoint "+path)
 	}
@@ -585,7 +654,7 @@ func (s CheckpointService) DeleteCheckpoint(ctx context.Context, req *loopsv1.De
 	if err != nil {
 		return nil, err
 	}
-	err = s.c.deleteCheckpoint(ctx, ws, s.c.canonicalRunID(ws, runID), kindSegment(kind)+"/"+name, nil)
+	err = s.c.deleteCheckpoint(ctx, ws, s.c.canonicalRunID(ws, runID), ckfiles.KindSegment(kind)+"/"+name, nil)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, storeErr(err, "checkpoint "+req.GetPath())
 	}
@@ -593,7 +662,7 @@ func (s CheckpointService) DeleteCheckpoint(ctx context.Context, req *loopsv1.De
 		if connect.CodeOf(err) == connect.CodeUnknown {
 			err = internal("deleting checkpoint", err)
 		}
-		return nil, s.c.ckpt.scrub(err)
+		return nil, s.c.ckpt.Scrub(err)
 	}
 	return &loopsv1.DeleteCheckpointResponse{}, nil
 }
@@ -634,7 +703,7 @@ func (s CheckpointService) modify(ctx context.Context, path string, f func(*loop
 	runID = s.c.canonicalRunID(ws, runID)
 	// Under the checkpoint's lock: a save committing meanwhile must not be undone by
 	// writing back the record it replaced.
-	defer s.c.ckpt.lock(ws, runID, kindSegment(kind)+"/"+name)()
+	defer s.c.ckpt.Lock(ws, runID, ckfiles.KindSegment(kind)+"/"+name)()
 	ck, err := s.owned(ctx, ws, path)
 	if err != nil {
 		return nil, err
@@ -657,7 +726,7 @@ func (ss *samplers) retarget(ctx context.Context, oldKey, newKey string) {
 	var follow []*samplerState
 	for _, st := range ss.byID {
 		st.mu.Lock()
-		if st.ref != nil && st.ref.key == oldKey {
+		if st.ref != nil && st.ref.Key() == oldKey {
 			follow = append(follow, st)
 		}
 		st.mu.Unlock()
@@ -666,12 +735,12 @@ func (ss *samplers) retarget(ctx context.Context, oldKey, newKey string) {
 	if len(follow) == 0 {
 		return
 	}
-	ref, ok, err := ss.c.ckpt.adapter(ctx, newKey)
+	ref, ok, err := ss.c.ckpt.Adapter(ctx, newKey)
 	if err != nil || !ok {
 		ss.c.log.Error("opening an overwritten checkpoint for its samplers", slog.String("key", newKey), slog.Any("err", err))
 		return
 	}
-	defer ref.release()
+	defer ref.Release()
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	for _, st := range follow {
@@ -680,9 +749,9 @@ func (ss *samplers) retarget(ctx context.Context, oldKey, newKey string) {
 		}
 		st.mu.Lock()
 		old := st.ref
-		if old != nil && old.key == oldKey {
-			st.ref = ref.hold()
-			old.release()
+		if old != nil && old.Key() == oldKey {
+			st.ref = ref.Hold()
+			old.Release()
 		}
 		st.mu.Unlock()
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/core/ckfiles"
 	"github.com/loops-dev/loops/gateway/store/sqlite"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/stretchr/testify/require"
@@ -57,7 +58,7 @@ func openHarnessWith(t *testing.T, dir string, be backends.Backend, fake *fakeBa
 	require.NoError(t, err)
 	// The start-up sweep runs in the background; with the tests' tiny grace it could take a
 	// save's generation before its record is written, so the tests start after it.
-	<-c.ckpt.swept
+	<-c.ckSwept
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
@@ -213,7 +214,7 @@ func TestWorkspaceFolderSymlinkedOutsideIsRefused(t *testing.T) {
 	run := h.newRun()
 	// An operator (or an old unvalidated workspace name) made the workspace folder a link
 	// out of the data dir.
-	require.NoError(t, os.Symlink(outside, filepath.Join(dir, localStoreFolder, "ws-a")))
+	require.NoError(t, os.Symlink(outside, filepath.Join(dir, ckfiles.LocalStoreFolder, "ws-a")))
 	_, err := h.save(run, "c", false)
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "internal error, id ", "a server misconfiguration is masked")
@@ -223,11 +224,11 @@ func TestWorkspaceFolderSymlinkedOutsideIsRefused(t *testing.T) {
 	require.Empty(t, entries, "nothing is written outside the data dir")
 
 	// A record whose folder sits behind such a link is not served either.
-	require.NoError(t, os.Remove(filepath.Join(dir, localStoreFolder, "ws-a")))
+	require.NoError(t, os.Remove(filepath.Join(dir, ckfiles.LocalStoreFolder, "ws-a")))
 	path, err := h.save(run, "c", false)
 	require.NoError(t, err)
-	require.NoError(t, os.Rename(filepath.Join(dir, localStoreFolder, "ws-a"), filepath.Join(outside, "ws-a")))
-	require.NoError(t, os.Symlink(filepath.Join(outside, "ws-a"), filepath.Join(dir, localStoreFolder, "ws-a")))
+	require.NoError(t, os.Rename(filepath.Join(dir, ckfiles.LocalStoreFolder, "ws-a"), filepath.Join(outside, "ws-a")))
+	require.NoError(t, os.Symlink(filepath.Join(outside, "ws-a"), filepath.Join(dir, ckfiles.LocalStoreFolder, "ws-a")))
 	_, _, err = h.core.resolveCheckpoint(h.ctx, "ws-a", path)
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "outside the checkpoint store")
@@ -239,8 +240,8 @@ func TestCheckpointErrorsShowNoServerPaths(t *testing.T) {
 	h := newHarness(t, dir, Options{})
 	run := h.newRun()
 	// A file where the run's checkpoint folder should be: the save fails on the file system.
-	require.NoError(t, os.MkdirAll(filepath.Join(dir, localStoreFolder, "ws-a"), 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, localStoreFolder, "ws-a", run), nil, 0o644))
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, ckfiles.LocalStoreFolder, "ws-a"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, ckfiles.LocalStoreFolder, "ws-a", run), nil, 0o644))
 	_, err := h.save(run, "c", false)
 	require.Error(t, err)
 	real, rerr := filepath.EvalSymlinks(dir)
@@ -262,7 +263,7 @@ func TestStartupMovesTheOldFolderLayoutIntoTheStore(t *testing.T) {
 	run := h.newRun()
 	created := time.Now().Add(-time.Hour).Truncate(time.Microsecond)
 	gen := strconv.FormatInt(created.UnixNano(), 10)
-	kd := filepath.Join(dir, legacyFolder, "ws-a", run, "weights")
+	kd := filepath.Join(dir, ckfiles.LegacyFolder, "ws-a", run, "weights")
 	folders := map[string]string{ // folder -> content
 		"old":                     "old",
 		"old.tmp-0123456789ab":    "tmp",
@@ -287,17 +288,17 @@ func TestStartupMovesTheOldFolderLayoutIntoTheStore(t *testing.T) {
 	stop()
 
 	h2, _ := openHarness(t, dir, fake, fake)
-	_, err := os.Stat(filepath.Join(dir, legacyFolder))
+	_, err := os.Stat(filepath.Join(dir, ckfiles.LegacyFolder))
 	require.ErrorIs(t, err, os.ErrNotExist, "the old layout's folders are gone")
 	for _, name := range []string{"old", "g", "t"} {
 		_, ref, err := h2.core.resolveCheckpoint(h2.ctx, "ws-a", "tinker://"+run+"/weights/"+name)
 		require.NoError(t, err, name)
-		got, err := os.ReadFile(filepath.Join(ref.dir, "adapter_model.safetensors"))
+		got, err := os.ReadFile(filepath.Join(ref.Dir(), "adapter_model.safetensors"))
 		require.NoError(t, err)
 		require.Equal(t, name, string(got))
-		ref.release()
+		ref.Release()
 	}
-	keys, err := h2.core.ckpt.st.List(h2.ctx, "ws-a/"+run)
+	keys, err := h2.core.ckpt.Store().List(h2.ctx, "ws-a/"+run)
 	require.NoError(t, err)
 	require.Len(t, keys, 3)
 	// Overwriting works as for any checkpoint.

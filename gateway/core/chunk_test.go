@@ -66,9 +66,9 @@ func chunkedStep(t *testing.T, c *Core, ws string, datums []*loopsv1.Datum) step
 	save := wait(svc.Training.SaveWeights(ctx, &loopsv1.SaveWeightsRequest{TrainingRunId: run, Name: "w", Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER}))
 	ck, ref, err := c.resolveCheckpoint(ctx, ws, save.GetSaveWeights().GetPath())
 	require.NoError(t, err)
-	defer ref.release()
+	defer ref.Release()
 	_ = ck
-	weights, err := os.ReadFile(filepath.Join(ref.dir, "adapter_model.safetensors"))
+	weights, err := os.ReadFile(filepath.Join(ref.Dir(), "adapter_model.safetensors"))
 	require.NoError(t, err)
 	out := stepBits{loss: math.Float64bits(fb.GetMetrics()["loss:sum"]), weights: weights}
 	for _, o := range fb.GetOutputs() {

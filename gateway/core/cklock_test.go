@@ -31,7 +31,7 @@ func TestCheckpointChangesDoNotWaitOnOtherCheckpoints(t *testing.T) {
 	t.Cleanup(unstall) // before the harness closes the core, even if the test fails
 	var armed atomic.Bool
 	armed.Store(true)
-	h.core.ckpt.fault = func(s ckStep) error {
+	h.core.ckFault = func(s ckStep) error {
 		if s == stepSaveRecord && armed.CompareAndSwap(true, false) {
 			close(held)
 			<-release

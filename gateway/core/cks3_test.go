@@ -27,6 +27,7 @@ import (
 	"github.com/loops-dev/loops/backends/tiny"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/ckstore"
+	"github.com/loops-dev/loops/gateway/core/ckfiles"
 	"github.com/loops-dev/loops/gateway/store/sqlite"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -153,7 +154,7 @@ func TestS3CheckpointsThroughTheCore(t *testing.T) {
 	urls, err := g1.svc.Checkpoints.GetCheckpointFileURLs(ctx, &loopsv1.GetCheckpointFileURLsRequest{Path: train})
 	require.NoError(t, err)
 	require.Contains(t, urls.GetUrls(), "adapter_model.safetensors")
-	require.NotContains(t, urls.GetUrls(), completeMarker)
+	require.NotContains(t, urls.GetUrls(), ckfiles.CompleteMarker)
 	for name, u := range urls.GetUrls() {
 		code, body := httpGet(t, web, u)
 		require.Equal(t, http.StatusOK, code, name)
@@ -173,7 +174,7 @@ func TestS3CheckpointsThroughTheCore(t *testing.T) {
 		require.NoError(t, err)
 		got, err := io.ReadAll(tr)
 		require.NoError(t, err)
-		if hdr.Name != completeMarker {
+		if hdr.Name != ckfiles.CompleteMarker {
 			require.Equal(t, files[hdr.Name], got, hdr.Name)
 			inTar++
 		}
@@ -227,7 +228,7 @@ func TestS3CheckpointsThroughTheCore(t *testing.T) {
 
 func mustKey(t *testing.T, c *Core, ck *loopsv1.Checkpoint) string {
 	t.Helper()
-	key, err := c.ckpt.recordKey("ws-a", ck)
+	key, err := ckfiles.RecordKey("ws-a", ck)
 	require.NoError(t, err)
 	return key
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/loops-dev/loops/backends"
+	"github.com/loops-dev/loops/gateway/core/ckfiles"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
@@ -138,7 +139,7 @@ func TestS3CheckpointsThroughWorkerURLs(t *testing.T) {
 	dir := t.TempDir()
 	be := &urlBackend{fakeBackend: newFakeBackend()}
 	h, _ := openHarnessWith(t, dir, be, be.fakeBackend, Options{CheckpointStore: cks})
-	require.NotNil(t, h.core.ckpt.urls, "the core sends URLs")
+	require.NotNil(t, h.core.ckpt.URLs(), "the core sends URLs")
 	run := h.newRun()
 	path, err := h.save(run, "c", false)
 	require.NoError(t, err)
@@ -150,7 +151,7 @@ func TestS3CheckpointsThroughWorkerURLs(t *testing.T) {
 	for _, f := range m.Files {
 		names = append(names, f.Name)
 	}
-	require.Equal(t, []string{"adapter_config.json", "adapter_model.safetensors", completeMarker, "optimizer.safetensors"}, names)
+	require.Equal(t, []string{"adapter_config.json", "adapter_model.safetensors", ckfiles.CompleteMarker, "optimizer.safetensors"}, names)
 	require.Equal(t, m.Size(), ck.GetSizeBytes())
 
 	op, err := h.svc.Training.LoadWeights(h.ctx, &loopsv1.LoadWeightsRequest{TrainingRunId: run, Path: path, WithOptimizer: true})
@@ -171,7 +172,7 @@ func TestS3CheckpointsThroughWorkerURLs(t *testing.T) {
 	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, done.GetState(), done.GetError().GetMessage())
 	require.Len(t, be.sampled, 3, "config, weights and marker of the sampler checkpoint")
 
-	for _, sub := range []string{stagingFolder, cacheFolder} {
+	for _, sub := range []string{ckfiles.StagingFolder, ckfiles.CacheFolder} {
 		entries, err := os.ReadDir(filepath.Join(dir, sub))
 		require.NoError(t, err)
 		require.Empty(t, entries, "nothing on the gateway's disk: %s", sub)

@@ -16,6 +16,7 @@ import (
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/ckstore"
 	"github.com/loops-dev/loops/gateway/core/adapterslots"
+	"github.com/loops-dev/loops/gateway/core/ckfiles"
 	"github.com/loops-dev/loops/gateway/core/fairness"
 	"github.com/loops-dev/loops/gateway/core/placement"
 	"github.com/loops-dev/loops/gateway/core/trainrun"
@@ -39,7 +40,7 @@ type Options struct {
 	// checkpoints read from a remote store.
 	DataDir string
 	// CheckpointStore keeps the checkpoints' files (default: the local folder
-	// DataDir/checkpoint-store); see ckfolders.go.
+	// DataDir/checkpoint-store); see package ckfiles.
 	CheckpointStore ckstore.Store
 	// CheckpointCacheBytes bounds the local copies of a remote checkpoint store's
 	// checkpoints that no reader holds (default DefaultCheckpointCacheBytes, 20 GiB).
@@ -215,9 +216,14 @@ type Core struct {
 	liveSessions map[string]int
 	samplers     *samplers
 	archives     *archiveTokens
-	ckpt         *checkpointFiles
-	usage        *usageMeter
-	policy       *policy.Enforcer // workspace limits and current use
+	ckpt         *ckfiles.Files
+	// ckSwept is closed when the start-up sweep of the checkpoint store is done.
+	ckSwept chan struct{}
+	// ckFault, when set (tests only), runs before each step of a checkpoint save or
+	// delete (ckStep).
+	ckFault func(ckStep) error
+	usage   *usageMeter
+	policy  *policy.Enforcer // workspace limits and current use
 
 	// life owns every goroutine the core starts (lanes and their tasks, snapshots,
 	// sampling, the janitor, the placer, store sweeps): none starts once it quiesces (Drain),
@@ -302,12 +308,12 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	for _, m := range caps.GetModels() {
 		c.models[m.GetName()] = m
 	}
-	if u, ok := c.ckpt.st.(ckstore.Uploads); ok && caps.GetCheckpointUrls() {
-		c.ckpt.urls = u // the backend reads and writes the store itself
+	if caps.GetCheckpointUrls() {
+		c.ckpt.UseURLs() // the backend reads and writes the store itself, if the store lets it
 	}
 	c.slots, err = adapterslots.New(adapterslots.Config[*run]{
 		Dir: filepath.Join(opts.DataDir, spillFolder), Capacity: int(caps.GetMaxAdapters()), Gradients: caps.GetSavesGradients(),
-		Adapters: c.backend.Trainer(), Log: c.log, Scrub: c.ckpt.scrub, Lost: c.adapterLost,
+		Adapters: c.backend.Trainer(), Log: c.log, Scrub: c.ckpt.Scrub, Lost: c.adapterLost,
 		Offloaded: c.metrics.slotMoves.WithLabelValues("offload"), Restored: c.metrics.slotMoves.WithLabelValues("restore"),
 	})
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/core/ckfiles"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
@@ -160,7 +161,7 @@ func (c *Core) deploymentCheckpoint(ctx context.Context, ws, model string) (*loo
 	if err != nil {
 		return nil, "", "", internal("deployment checkpoint path", err)
 	}
-	ck, err := c.store.GetCheckpoint(ctx, r.Owner, runID, kindSegment(kind)+"/"+name)
+	ck, err := c.store.GetCheckpoint(ctx, r.Owner, runID, ckfiles.KindSegment(kind)+"/"+name)
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, "", "", failedPrecondition("deployment %q: its checkpoint %s is gone", r.Name, dc.GetTinkerPath())
@@ -278,7 +279,7 @@ func (s DeploymentService) CreateDeployment(ctx context.Context, req *loopsv1.Cr
 			return nil, err
 		}
 		runID = c.canonicalRunID(ws, runID)
-		id := kindSegment(kind) + "/" + name
+		id := ckfiles.KindSegment(kind) + "/" + name
 		ck, err := c.store.GetCheckpoint(ctx, ws, runID, id)
 		if err != nil {
 			if errors.Is(err, store.ErrNotFound) {
@@ -329,7 +330,7 @@ func (s DeploymentService) CreateDeployment(ctx context.Context, req *loopsv1.Cr
 	}
 	for i, p := range pins {
 		err := func() error {
-			defer c.ckpt.lock(ws, p.RunID, p.CheckpointID)()
+			defer c.ckpt.Lock(ws, p.RunID, p.CheckpointID)()
 			_, err := c.store.GetCheckpoint(ctx, ws, p.RunID, p.CheckpointID)
 			return err
 		}()
@@ -501,7 +502,7 @@ func (s DeploymentService) changeGrants(ctx context.Context, name, grantee strin
 		if err != nil {
 			return nil, internal("deployment checkpoint path", err)
 		}
-		pins = append(pins, store.CheckpointRef{RunID: runID, CheckpointID: kindSegment(kind) + "/" + n})
+		pins = append(pins, store.CheckpointRef{RunID: runID, CheckpointID: ckfiles.KindSegment(kind) + "/" + n})
 	}
 	if err := s.c.store.PutDeployment(ctx, ws, d, pins); err != nil {
 		return nil, internal("recording deployment", err)

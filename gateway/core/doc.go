@@ -38,6 +38,11 @@
 //     sampling requests against the model and the server's limits, before work starts.
 //   - deployments (deployments.go): named sets of checkpoints to sample from; the sampler
 //     replicas they ask for are placed by package gateway/core/placement.
+//   - checkpoints (checkpoints.go): saves, loads, deletes and the checkpoint API; the files
+//     are kept by package gateway/core/ckfiles (store keys and generations, a lock per
+//     checkpoint, local folders or presigned URLs for readers, the sweep of keys no record
+//     references, the migration of the old folder layout), which reads records through a
+//     one-method interface (ckfiles.Records).
 //
 // Client errors are made by package gateway/core/apierr (the core's invalidArgument,
 // internal, … call it), so the extracted parts answer with the same codes.
@@ -73,9 +78,12 @@
 //	onceTable.mu
 //	trainrun.Run.mu (last: nothing is taken under it)
 //
-// Locks not in the list (the usage meter, the result cache, checkpoint files, archive tokens,
-// the placer, busy counters, the lifecycle owner) are leaves: nothing is taken under them and
-// no I/O runs under them.
+// Locks not in the list (the usage meter, the result cache, the checkpoint files' tables
+// (package ckfiles), archive tokens, the placer, busy counters, the lifecycle owner) are
+// leaves: nothing is taken under them and no I/O runs under them. One checkpoint's own lock
+// (ckfiles.Files.Lock) is held across the store calls of its record's read-check-write, by
+// design, and is taken with none of the listed locks held; nothing of the core is taken
+// under it.
 //
 // What must survive a restart (sessions, runs, checkpoints, operation outcomes) is in the
 // store; queues and adapters live in memory. At start-up, operations left unfinished by a

@@ -61,7 +61,7 @@ func (c *Core) OpenCheckpointFolder(ctx context.Context, ws, path string) (Check
 	if err != nil {
 		return CheckpointFolder{}, err
 	}
-	return CheckpointFolder{Checkpoint: ck, Dir: ref.dir, Release: ref.release}, nil
+	return CheckpointFolder{Checkpoint: ck, Dir: ref.Dir(), Release: ref.Release}, nil
 }
 
 // MergeAdapter writes into outDir the base model of ck with the adapter folder adapterDir

@@ -15,6 +15,7 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/peft"
+	"github.com/loops-dev/loops/gateway/core/ckfiles"
 	"github.com/loops-dev/loops/gateway/core/validate"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -60,9 +61,9 @@ func (c *Core) ImportAdapter(ctx context.Context, req ImportRequest, fill func(d
 		return nil, err
 	}
 	f := c.ckpt
-	dir, err := os.MkdirTemp(f.staging, "import-")
+	dir, err := os.MkdirTemp(f.Staging(), "import-")
 	if err != nil {
-		return nil, f.internalFS("creating the import staging folder", err)
+		return nil, f.Internal("creating the import staging folder", err)
 	}
 	defer os.RemoveAll(dir)
 	if err := fill(dir); err != nil {
@@ -93,8 +94,8 @@ func (c *Core) ImportAdapter(ctx context.Context, req ImportRequest, fill func(d
 	if l := c.policy.Limits(ws); l.MaxLoraRank > 0 && found.Rank > l.MaxLoraRank {
 		return nil, invalidArgument("the adapter's rank %d is over workspace %q's limit of %d (max_lora_rank in its policy)", found.Rank, ws, l.MaxLoraRank)
 	}
-	if err := writeMarker(dir); err != nil {
-		return nil, f.internalFS("writing checkpoint marker", err)
+	if err := ckfiles.WriteMarker(dir); err != nil {
+		return nil, f.Internal("writing checkpoint marker", err)
 	}
 	now := c.now()
 	run := &loopsv1.TrainingRun{
@@ -103,28 +104,28 @@ func (c *Core) ImportAdapter(ctx context.Context, req ImportRequest, fill func(d
 		UnloadReason: "imported adapter: it holds a checkpoint only; create a training run from it (from_checkpoint) to train it",
 	}
 	kind := loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING
-	gen := f.nextGeneration(now, nil)
-	key, err := f.key(ws, run.Id, kind, name, gen)
+	gen := f.NextGeneration(now, nil)
+	key, err := ckfiles.Key(ws, run.Id, kind, name, gen)
 	if err != nil {
 		return nil, err
 	}
-	if err := f.inside(key); err != nil {
+	if err := f.Inside(key); err != nil {
 		return nil, err
 	}
 	if err := c.store.PutTrainingRun(ctx, ws, run); err != nil {
 		return nil, internal("recording the import's run", err)
 	}
-	m, err := f.st.Put(ctx, key, dir)
+	m, err := f.Store().Put(ctx, key, dir)
 	if err != nil {
-		return nil, f.internalFS("storing checkpoint files", err)
+		return nil, f.Internal("storing checkpoint files", err)
 	}
 	ck := &loopsv1.Checkpoint{
-		Id: kindSegment(kind) + "/" + name, TrainingRunId: run.Id, Kind: kind, Name: name,
+		Id: ckfiles.KindSegment(kind) + "/" + name, TrainingRunId: run.Id, Kind: kind, Name: name,
 		TinkerPath: checkpointPath(run.Id, kind, name), SizeBytes: m.Size(),
 		CreateTime: timestamppb.New(time.Unix(0, gen)), BaseModel: baseModel, Lora: lora,
 	}
 	if _, err := c.commitCheckpoint(ctx, ws, ck); err != nil {
-		if derr := f.st.Delete(context.WithoutCancel(ctx), key); derr != nil {
+		if derr := f.Store().Delete(context.WithoutCancel(ctx), key); derr != nil {
 			c.log.Error("deleting an unrecorded import; the store sweep retries", slog.String("key", key), slog.Any("err", derr))
 		}
 		return nil, err

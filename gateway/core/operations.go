@@ -36,7 +36,7 @@ type operation struct {
 	// backend's time on it: setService; else started to done), for the fairness metrics.
 	started time.Time
 	service time.Duration
-	done      chan struct{}
+	done    chan struct{}
 }
 
 func (o *operation) snapshot() *loopsv1.Operation {
@@ -154,7 +154,7 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 		next.State = loopsv1.OperationState_OPERATION_STATE_FAILED
 		// Backend errors may name the server's folders; clients see store-relative paths.
 		var errID string
-		next.Error, errID = operationError(ops.core.ckpt.scrub(err))
+		next.Error, errID = operationError(ops.core.ckpt.Scrub(err))
 		if next.Error.Category == loopsv1.ErrorCategory_ERROR_CATEGORY_SERVER {
 			ops.core.log.Error("operation failed", slog.String("op", next.Id), slog.String("kind", kindLabel(next.Kind)),
 				slog.String("error_id", errID), slog.Any("err", err))

@@ -5,13 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
-	"strings"
 	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/loops-dev/loops/gateway/ckstore"
+	"github.com/loops-dev/loops/gateway/core/ckfiles"
 	"github.com/loops-dev/loops/gateway/core/trainrun"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -48,8 +47,6 @@ import (
 const (
 	// maxRecoveryAttempts bounds how often one task is run again after losses.
 	maxRecoveryAttempts = 3
-	// recoverySegment is the key segment of snapshots: <ws>/<run>/recovery/step-<seq>@<gen>.
-	recoverySegment = "recovery"
 )
 
 // recoversSteps reports whether runs on model keep step recovery.
@@ -142,35 +139,9 @@ func (c *Core) snapshot(r *run, seq int64) {
 	}
 }
 
-// snapshotKey is the store key of a snapshot of run after the call at seq.
+// snapshotKey is the store key of a snapshot of run after the call at seq, taken now.
 func (c *Core) snapshotKey(ws, runID string, seq int64) (string, error) {
-	p, err := runPrefix(ws, runID)
-	if err != nil {
-		return "", err
-	}
-	k := p + "/" + recoverySegment + "/" + genEntry("step-"+strconv.FormatInt(seq, 10), c.now().UnixNano())
-	if err := ckstore.ValidKey(k); err != nil {
-		return "", internal("snapshot key", err)
-	}
-	return k, nil
-}
-
-// isSnapshotKey reports whether key names a step snapshot (written by snapshotKey), and its
-// generation.
-func isSnapshotKey(key string) (gen int64, ok bool) {
-	parts := strings.Split(key, "/")
-	if len(parts) != 4 || parts[2] != recoverySegment {
-		return 0, false
-	}
-	name, g, found := strings.Cut(parts[3], "@")
-	if !found || !strings.HasPrefix(name, "step-") {
-		return 0, false
-	}
-	gen, err := strconv.ParseInt(g, 10, 64)
-	if err != nil || strconv.FormatInt(gen, 10) != g {
-		return 0, false
-	}
-	return gen, true
+	return ckfiles.SnapshotKey(ws, runID, seq, c.now().UnixNano())
 }
 
 // writeSnapshot stores the run's adapter and Adam state as a new snapshot key.
@@ -179,7 +150,7 @@ func (c *Core) writeSnapshot(ctx context.Context, r *run, seq int64) (string, er
 	if err != nil {
 		return "", err
 	}
-	if err := c.ckpt.inside(key); err != nil {
+	if err := c.ckpt.Inside(key); err != nil {
 		return "", err
 	}
 	if _, err := c.putAdapter(ctx, r, key, true, func(err error) error { return err }); err != nil {
@@ -200,7 +171,7 @@ func (c *Core) dropSnapshot(key string) {
 
 // deleteSnapshotKey deletes a snapshot from the store; a failure leaves it to the sweep.
 func (c *Core) deleteSnapshotKey(key string) {
-	if err := c.ckpt.st.Delete(context.WithoutCancel(c.ctx), key); err != nil && !errors.Is(err, ckstore.ErrNotFound) {
+	if err := c.ckpt.Store().Delete(context.WithoutCancel(c.ctx), key); err != nil && !errors.Is(err, ckstore.ErrNotFound) {
 		c.log.Warn("deleting a step snapshot; the store sweep retries", slog.String("key", key), slog.Any("err", err))
 	}
 }

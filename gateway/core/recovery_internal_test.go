@@ -3,11 +3,12 @@ package core
 import (
 	"context"
 	"errors"
-	"github.com/loops-dev/loops/gateway/core/trainrun"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/loops-dev/loops/gateway/core/trainrun"
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
@@ -57,7 +58,7 @@ func TestStepSnapshotsReplaceEachOther(t *testing.T) {
 	h.step(run)
 	second, _, _ := h.recoveryOf(run)
 	require.NotEqual(t, first.Key, second.Key)
-	keys, err := h.core.ckpt.st.List(h.ctx, "")
+	keys, err := h.core.ckpt.Store().List(h.ctx, "")
 	require.NoError(t, err)
 	require.Equal(t, []string{second.Key}, keys, "the older snapshot is deleted")
 
@@ -84,7 +85,7 @@ func TestStepSnapshotsReplaceEachOther(t *testing.T) {
 	op, err = h.svc.Training.UnloadTrainingRun(h.ctx, &loopsv1.UnloadTrainingRunRequest{Id: run})
 	require.NoError(t, err)
 	h.wait(op)
-	keys, err = h.core.ckpt.st.List(h.ctx, "")
+	keys, err = h.core.ckpt.Store().List(h.ctx, "")
 	require.NoError(t, err)
 	require.Empty(t, keys)
 }
@@ -152,11 +153,11 @@ func TestSweepDeletesStaleSnapshots(t *testing.T) {
 	require.NoError(t, err)
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "adapter_model.safetensors"), []byte("x"), 0o644))
-	_, err = h.core.ckpt.st.Put(h.ctx, stale, dir)
+	_, err = h.core.ckpt.Store().Put(h.ctx, stale, dir)
 	require.NoError(t, err)
 	time.Sleep(5 * time.Millisecond)
 	h.core.sweepStore(context.Background())
-	keys, err := h.core.ckpt.st.List(h.ctx, "")
+	keys, err := h.core.ckpt.Store().List(h.ctx, "")
 	require.NoError(t, err)
 	require.Equal(t, []string{live.Key}, keys)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/loops-dev/loops/gateway/core/ckfiles"
 	"github.com/loops-dev/loops/internal/lockorder"
 
 	"connectrpc.com/connect"
@@ -70,7 +71,7 @@ type sampleJob struct {
 	sink tokenstream.Sink
 	// adapter holds the sampler's checkpoint folder until the job ends (nil for the base
 	// model), even if the sampler leaves memory meanwhile.
-	adapter *ckRef
+	adapter *ckfiles.Ref
 }
 
 // sampleCost is a sampling request's size in tokens, its weight in the round robin.
@@ -162,7 +163,7 @@ func (q *sampleQueue) push(j *sampleJob) bool {
 	var refused []*sampleJob
 	defer func() { // a shutdown began between the pick and the start
 		for _, j := range refused {
-			j.adapter.release()
+			j.adapter.Release()
 			q.c.ops.finish(j.o, nil, errShuttingDown())
 		}
 	}()
@@ -368,7 +369,7 @@ func (q *sampleQueue) close() {
 	q.order = nil
 	q.mu.Unlock()
 	for _, j := range failed {
-		j.adapter.release()
+		j.adapter.Release()
 		q.c.ops.finish(j.o, nil, errShuttingDown())
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/core/ckfiles"
 	"github.com/loops-dev/loops/gateway/core/validate"
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
@@ -31,7 +32,7 @@ type samplerState struct {
 	// seen de-duplicates the samples' seq_ids (seq_id -> operation id).
 	seen *onceTable
 	mu   lockorder.Mutex[rankSampler]
-	ref  *ckRef
+	ref  *ckfiles.Ref
 	// dropped: the sampler left memory and released ref; a request that still holds the
 	// pointer reloads it.
 	dropped bool
@@ -42,7 +43,7 @@ type samplerState struct {
 
 // holdRef adds a holder to the sampler's checkpoint folder for one request (nil for the
 // base model); ok is false when the sampler left memory meanwhile.
-func (s *samplerState) holdRef() (ref *ckRef, ok bool) {
+func (s *samplerState) holdRef() (ref *ckfiles.Ref, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.dropped {
@@ -51,7 +52,7 @@ func (s *samplerState) holdRef() (ref *ckRef, ok bool) {
 	if s.ref == nil {
 		return nil, true
 	}
-	return s.ref.hold(), true
+	return s.ref.Hold(), true
 }
 
 // samplers holds the live samplers and the fair queue of sampling requests.
@@ -77,16 +78,16 @@ func newSamplers(c *Core) *samplers {
 
 // create registers a sampler; model is the checkpoint path ("" for the base model) and ref
 // its opened folder (nil for the base model), which the sampler holds from then on.
-func (ss *samplers) create(ctx context.Context, ws, sessionID, baseModel, modelPath, deployment string, ref *ckRef) (*loopsv1.Sampler, error) {
+func (ss *samplers) create(ctx context.Context, ws, sessionID, baseModel, modelPath, deployment string, ref *ckfiles.Ref) (*loopsv1.Sampler, error) {
 	var sess *sessionState
 	if sessionID != "" {
 		var err error
 		if sess, err = ss.c.session(ctx, ws, sessionID); err != nil {
-			ref.release()
+			ref.Release()
 			return nil, err
 		}
 		if err := sess.reserveSampler(ss.c); err != nil {
-			ref.release()
+			ref.Release()
 			return nil, err
 		}
 	}
@@ -95,7 +96,7 @@ func (ss *samplers) create(ctx context.Context, ws, sessionID, baseModel, modelP
 		CreateTime: timestamppb.New(ss.c.now()), Deployment: deployment,
 	}
 	if err := ss.c.store.PutSampler(ctx, ws, info); err != nil {
-		ref.release()
+		ref.Release()
 		if sess != nil {
 			sess.unreserveSampler()
 		}
@@ -118,13 +119,13 @@ func (ss *samplers) add(s *samplerState) *samplerState {
 	now := ss.c.now()
 	if cur, ok := ss.byID[s.info.GetId()]; ok {
 		cur.used = now
-		s.ref.release()
+		s.ref.Release()
 		return cur
 	}
 	if s.shared != "" {
 		if cur, ok := ss.shared[s.shared]; ok { // made meanwhile by another request
 			cur.used = now
-			s.ref.release()
+			s.ref.Release()
 			return cur
 		}
 		ss.shared[s.shared] = s
@@ -164,12 +165,12 @@ func (ss *samplers) dropLocked(s *samplerState) {
 	}
 	s.mu.Lock()
 	s.dropped = true
-	s.ref.release() // a request that already got s reloads it (holdRef)
+	s.ref.Release() // a request that already got s reloads it (holdRef)
 	s.mu.Unlock()
 }
 
 // newSamplerState is a sampler in memory that holds ref (nil for the base model).
-func newSamplerState(ws string, info *loopsv1.Sampler, ref *ckRef) *samplerState {
+func newSamplerState(ws string, info *loopsv1.Sampler, ref *ckfiles.Ref) *samplerState {
 	return &samplerState{ws: ws, info: info, ref: ref, seen: newOnceTable()}
 }
 
@@ -216,7 +217,7 @@ func (ss *samplers) get(ctx context.Context, ws, id string) (*samplerState, erro
 	if err != nil {
 		return nil, storeErr(err, "sampler "+quote(id))
 	}
-	var ref *ckRef
+	var ref *ckfiles.Ref
 	if d := info.GetDeployment(); d != "" {
 		ck, owner, _, err := ss.c.deploymentCheckpoint(ctx, ws, d)
 		if err != nil {
@@ -280,7 +281,7 @@ func (ss *samplers) sharedSampler(ctx context.Context, ws, baseModel, modelPath 
 	if err := c.policy.AllowModel(ws, baseModel); err != nil {
 		return nil, err
 	}
-	var ref *ckRef
+	var ref *ckfiles.Ref
 	if ck != nil {
 		var err error
 		if ref, err = c.adapterOf(ctx, owner, ck); err != nil {
@@ -373,7 +374,7 @@ func (c *Core) createSampler(ctx context.Context, ws string, req *loopsv1.Create
 	if err := c.policy.AllowModel(ws, baseModel); err != nil {
 		return nil, err
 	}
-	var ref *ckRef
+	var ref *ckfiles.Ref
 	if ck != nil {
 		var err error
 		if ref, err = c.adapterOf(ctx, owner, ck); err != nil {
@@ -488,18 +489,18 @@ func (c *Core) startSample(ctx context.Context, ws string, st *samplerState, req
 			return nil, unavailable("sampler %s was reloaded and dropped again at once (the server holds too many samplers); retry", st.info.GetId())
 		}
 	}
-	adapterDir, adapterFiles, err := c.ckpt.source(ctx, adapter)
+	adapterDir, adapterFiles, err := c.ckpt.Source(ctx, adapter)
 	if err != nil {
-		adapter.release()
+		adapter.Release()
 		return nil, err
 	}
 	if err := c.samplers.queue.reserve(ws); err != nil {
-		adapter.release()
+		adapter.Release()
 		return nil, err
 	}
 	o, err := c.ops.create(ctx, ws, loopsv1.OperationKind_OPERATION_KIND_SAMPLE, "", st.info.GetId(), req.GetSeqId())
 	if err != nil {
-		adapter.release()
+		adapter.Release()
 		c.samplers.queue.unreserve(ws)
 		return nil, err
 	}
@@ -510,7 +511,7 @@ func (c *Core) startSample(ctx context.Context, ws string, st *samplerState, req
 		Pool: c.samplerPool(st.info.GetModelPath()),
 	}
 	if !c.samplers.queue.push(&sampleJob{o: o, session: st.info.GetSessionId(), deployment: deploymentUsage(st.info.GetDeployment()), req: breq, cost: sampleCost(breq), sink: sink, adapter: adapter}) {
-		adapter.release()
+		adapter.Release()
 		c.ops.finish(o, nil, errShuttingDown()) // a shutdown began meanwhile
 	}
 	return o.snapshot(), nil
@@ -518,7 +519,7 @@ func (c *Core) startSample(ctx context.Context, ws string, st *samplerState, req
 
 // runSample runs a sampling operation on a sampler slot the queue gave it.
 func (c *Core) runSample(j *sampleJob) {
-	defer j.adapter.release()
+	defer j.adapter.Release()
 	o, session, req := j.o, j.session, j.req
 	// One of the workspace's sampling slots: the queue starts no more of a workspace's
 	// samples than its sampling_concurrency, so this never waits; it keeps the count.

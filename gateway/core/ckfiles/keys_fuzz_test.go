@@ -1,4 +1,4 @@
-package core
+package ckfiles
 
 import (
 	"testing"
@@ -8,7 +8,7 @@ import (
 )
 
 // FuzzParseKey: the start-up sweep parses every key it lists in the checkpoint store, which
-// other processes may have written. parseKey never panics, accepts only keys this package
+// other processes may have written. ParseKey never panics, accepts only keys this package
 // writes, and what it accepts is exactly the key it was built from.
 func FuzzParseKey(f *testing.F) {
 	for _, s := range []string{
@@ -18,16 +18,15 @@ func FuzzParseKey(f *testing.F) {
 	} {
 		f.Add(s)
 	}
-	files := &checkpointFiles{}
 	f.Fuzz(func(t *testing.T, key string) {
-		ws, runID, kind, name, gen, ok := parseKey(key)
+		ws, runID, kind, name, gen, ok := ParseKey(key)
 		if !ok {
 			return
 		}
 		if validate.CheckpointName(name) != nil || gen < 0 {
 			return // never written by this package: the sweep finds no record for it and skips it
 		}
-		again, err := files.key(ws, runID, kind, name, gen)
+		again, err := Key(ws, runID, kind, name, gen)
 		if err != nil {
 			return // a workspace or run id the core would refuse
 		}
