@@ -12,8 +12,8 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/ckstore"
-	"github.com/loops-dev/loops/gateway/core/placement"
 	"github.com/loops-dev/loops/gateway/core/fairness"
+	"github.com/loops-dev/loops/gateway/core/placement"
 	"github.com/loops-dev/loops/gateway/core/trainrun"
 	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/store"

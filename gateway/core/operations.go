@@ -36,7 +36,7 @@ type operation struct {
 	// backend's time on it: setService; else started to done), for the fairness metrics.
 	started time.Time
 	service time.Duration
-	done      chan struct{}
+	done    chan struct{}
 }
 
 func (o *operation) snapshot() *loopsv1.Operation {
