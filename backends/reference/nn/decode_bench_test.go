@@ -77,8 +77,9 @@ func BenchmarkPrefill(b *testing.B) {
 }
 
 // TestPrefillTogetherIsBitIdentical: prompts of several adapters (and the base model)
-// prefilled in one step give each the logits, prompt scores and KV cache bits it gets from
-// Prefill alone, and a chunk longer than prefillRowsMax runs alone beside them.
+// prefilled together (PrefillPieces of whole chunks: those of at most prefillRowsMax tokens
+// in one step, the longer one in another) give each the logits, prompt scores and KV cache
+// bits it gets from Prefill alone.
 func TestPrefillTogetherIsBitIdentical(t *testing.T) {
 	cfg := benchDecodeConfig
 	cfg.Layers = 2
@@ -123,7 +124,11 @@ func TestPrefillTogetherIsBitIdentical(t *testing.T) {
 	for _, n := range lengths {
 		total += n
 	}
-	require.Equal(t, total, PrefillTogether(together))
+	var pieces []Piece[float32]
+	for _, g := range together {
+		pieces = append(pieces, Piece[float32]{g, g.NextChunk()})
+	}
+	require.Equal(t, total, PrefillPieces(pieces))
 	for i := range alone {
 		a, b := alone[i], together[i]
 		require.True(t, b.Prefilled())
