@@ -23,16 +23,18 @@ import (
 //
 //  1. drops the requests whose caller has gone (context done);
 //  2. prefills the prompts of the least served workspace that has prompt tokens waiting
-//     (ties: the one with the fewest tokens left in its oldest prompt), unless it is ahead
-//     of another workspace that has work: oldest prompt first, a piece of each up to the
-//     end of its chunk (nn.PrefillChunk: prompts are cut at fixed positions, so a prompt's
-//     bits do not depend on how its chunks are split into pieces; nn.PrefillPieces), within
-//     a token budget. With no other workspace decoding, the budget is nn.PrefillChunk
-//     tokens. With others decoding, it is what the workspace may run before it is
-//     prefillSlice ahead of the least served of them, estimated from the cost per token of
-//     its last pieces, and at least minPiece tokens: a decoding step waits for one piece,
-//     and a workspace that prefills long prompts gets the engine's time in turn with those
-//     decoding, not before them;
+//     (ties: one that has not run since it arrived, then the one with the fewest tokens
+//     left in its oldest prompt), unless it is prefillSlice or more ahead of another
+//     workspace with work: oldest prompt first, a piece of each up to the end of its chunk
+//     (nn.PrefillChunk: prompts are cut at fixed positions, and a chunk run in pieces of
+//     any size gives the bits of the whole chunk: nn.PrefillPieces), within a token
+//     budget. With other workspaces decoding, the budget is what takes the workspace to
+//     about prefillSlice ahead of the least served of them, at least minPiece tokens; with
+//     none, what takes about aloneSlice (or prefillSlice for leftGrace after a workspace
+//     left: a client that samples in a loop is back within a round trip). Budgets in time
+//     become tokens through a cost per token of a + b·position fitted to the pieces run
+//     (prefillCost). So a decoding step waits for at most one piece, and a workspace that
+//     prefills long prompts takes the engine in turn with those decoding, not before them;
 //  3. shares the batch's rows (Options.MaxBatchSequences) between the workspaces with
 //     sequences to decode, max-min fairly (the rows left over go to the least served), and
 //     fills each workspace's share with its started sequences, oldest first, then starts
@@ -42,15 +44,16 @@ import (
 //     row to a newly arrived one at the next step. The caches the started sequences may
 //     grow to (prompt + max_tokens positions each) stay within Options.MaxBatchKVBytes: a
 //     sequence that does not fit holds back every start until it does (the batch drains;
-//     the least served workspace starts first), and one over the whole budget starts when
-//     nothing else is started;
+//     the least served workspace starts first; the rows it leaves go to started sequences
+//     left out), and one over the whole budget starts when nothing else is started;
 //  4. runs one decoding step over the sequences given rows (nn.Model.Decode: one batched
 //     forward, each adapter's LoRA terms on its rows, each sequence its own cache), then
 //     answers the requests whose sequences have all ended.
 //
 // So a light workspace's sample that arrives while others prefill long prompts or fill the
-// batch is prefilled at the next boundary (after at most the piece running when it came)
-// and decodes from that boundary's step. Every row of a step is computed independently of
+// batch is prefilled at the next boundary (after the step and the piece running when it
+// came) and decodes from that boundary's step; while it decodes, the others get about as
+// much of the engine's time as it does (bench/fairness/README.md). Every row of a step is computed independently of
 // the others, and a prompt's pieces give the bits of its whole chunks, so a request's
 // tokens and log-probs are the same bits as when it decodes alone, whatever it is batched
 // with and however its prompt was cut.
@@ -64,9 +67,9 @@ const (
 )
 
 const (
-	// prefillSlice is how far ahead (in engine time) of the least served decoding
-	// workspace a prefill piece may take its workspace: about the longest a decoding step
-	// waits for another workspace's prompt.
+	// prefillSlice is how far ahead (in engine time) of the least served other workspace
+	// a prefill piece may take its workspace while others decode: about the longest a
+	// decoding step waits for another workspace's prompt.
 	prefillSlice = 3 * time.Millisecond
 	// aloneSlice is about how long a prefill piece runs when no other workspace decodes:
 	// long enough that a prompt's pieces cost little more than its whole chunks, short
@@ -77,9 +80,12 @@ const (
 	// within a round trip, and finds no long piece in its way.
 	leftGrace = 50 * time.Millisecond
 	// minPiece is the fewest prompt tokens a prefill piece runs (fewer only at the end of a
-	// chunk): below it a piece reads the weights for too few rows (on loops/tiny a piece of
-	// 32 tokens costs about 1.3× as much per token as a whole chunk, one of 8 about 2×).
-	minPiece = 32
+	// chunk): smaller pieces read the weights for too few rows. On loops/tiny a 512-token
+	// prompt costs about 1.7× as much in pieces of 16 as in one, 1.3× in pieces of 32, 2-4×
+	// in pieces of 4 to 8; pieces this small run only while another workspace decodes, and
+	// smaller ones keep its steps closer together (bench/fairness: 16 against 32, its
+	// latency 15% lower, the prompts' workspace's tokens/s the same).
+	minPiece = 16
 )
 
 // decodeJob is one Sample call in the decoder.

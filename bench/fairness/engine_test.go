@@ -65,14 +65,7 @@ func TestEngineSamplingFairness(t *testing.T) {
 				}
 			}()
 		}
-		time.Sleep(time.Second)
-		n0, start := done.Load(), time.Now()
-		if during != nil {
-			during()
-		} else {
-			time.Sleep(d)
-		}
-		tps := float64(done.Load()-n0) / time.Since(start).Seconds()
+		tps := rateWhile(&done, during, d)
 		cancel()
 		wg.Wait()
 		return tps

@@ -81,6 +81,15 @@ func (tn tenant) floodWhile(t *testing.T, sampler string, clients, prompt, maxTo
 	var wg sync.WaitGroup
 	var done atomic.Int64
 	tn.sampleFlood(ctx, &wg, sampler, clients, prompt, maxTokens, &done)
+	tps := rateWhile(&done, during, d)
+	cancel()
+	wg.Wait()
+	return tps
+}
+
+// rateWhile waits a second for a flood to settle, then returns how fast *done grew (per
+// second) while during ran (or for d when during is nil).
+func rateWhile(done *atomic.Int64, during func(), d time.Duration) float64 {
 	time.Sleep(time.Second)
 	n0, start := done.Load(), time.Now()
 	if during != nil {
@@ -88,10 +97,7 @@ func (tn tenant) floodWhile(t *testing.T, sampler string, clients, prompt, maxTo
 	} else {
 		time.Sleep(d)
 	}
-	tps := float64(done.Load()-n0) / time.Since(start).Seconds()
-	cancel()
-	wg.Wait()
-	return tps
+	return float64(done.Load()-n0) / time.Since(start).Seconds()
 }
 
 // TestSamplingFairness measures, with the default 4 sampler slots and with 1: (1) a light

@@ -37,25 +37,7 @@ func prefillWhole[T Float](g *Gen[T]) {
 			r1 := min(r0+headChunk, c1)
 			lg := m.Logits(h[(r0-c0)*D:(r1-c0)*D], r1-r0, g.ad)
 			for r := r0; r < r1; r++ {
-				row := lg[(r-r0)*V : (r-r0+1)*V]
-				if r == len(g.prompt)-1 {
-					g.last = append([]T(nil), row...)
-				}
-				if r+1 >= len(g.prompt) {
-					continue
-				}
-				lse := logSumExp(row)
-				if g.promptLP {
-					g.Scores.LogProbs[r+1] = float64(row[g.prompt[r+1]]) - lse
-				}
-				if g.topK > 0 {
-					idx := topIndices(row, g.topK)
-					ent := make([]TopEntry, len(idx))
-					for e, t := range idx {
-						ent[e] = TopEntry{Token: t, LogProb: float64(row[t]) - lse}
-					}
-					g.Scores.TopK[r+1] = ent
-				}
+				g.scoreRow(r, lg[(r-r0)*V:(r-r0+1)*V])
 			}
 		}
 	}
@@ -79,33 +61,8 @@ func TestPrefillPiecesAreBitIdentical(t *testing.T) {
 						m.packs = nil
 					}
 					r := rand.New(rand.NewPCG(3, 4))
-					var ads []*Adapter[float32]
-					for s := range 2 {
-						ad, err := NewAdapter(m, LoraConfig{Rank: 4 + 4*s, Seed: uint64(s + 1), Attn: true, MLP: true, Unembed: true})
-						require.NoError(t, err)
-						for _, l := range append(ad.Layers, [NumLayerTargets]*Pair[float32]{ad.Head}) {
-							for _, p := range l {
-								if p != nil {
-									for i := range p.B.W {
-										p.B.W[i] = float32(r.NormFloat64() * 0.05)
-									}
-								}
-							}
-						}
-						ads = append(ads, ad)
-					}
-					mk := func() []*Gen[float32] {
-						var gens []*Gen[float32]
-						for i, n := range lengths {
-							p := make([]int, n)
-							for k := range p {
-								p[k] = (i*31 + k*7) % cfg.Vocab
-							}
-							ad := []*Adapter[float32]{nil, ads[0], ads[1]}[i%3]
-							gens = append(gens, m.NewGen(p, ad, 1, SampleParams{MaxTokens: 1, Temperature: 1}, i%2 == 0, 3*(i%3)))
-						}
-						return gens
-					}
+					ads := testAdapters(t, m, r, 4, 8)
+					mk := func() []*Gen[float32] { return testGens(m, lengths, []*Adapter[float32]{nil, ads[0], ads[1]}) }
 					whole, pieces := mk(), mk()
 					for _, g := range whole {
 						prefillWhole(g)
@@ -135,18 +92,60 @@ func TestPrefillPiecesAreBitIdentical(t *testing.T) {
 						PrefillPieces(ps)
 					}
 					for i := range whole {
-						a, b := whole[i], pieces[i]
-						require.Equal(t, bitsOf(a.last), bitsOf(b.last), "prompt %d: last logits", i)
-						for l := range a.base.K {
-							require.Equal(t, bitsOf(a.base.K[l]), bitsOf(b.base.K[l]), "prompt %d layer %d keys", i, l)
-							require.Equal(t, bitsOf(a.base.V[l]), bitsOf(b.base.V[l]), "prompt %d layer %d values", i, l)
-						}
-						if a.Scores != nil {
-							require.Equal(t, fmt.Sprint(a.Scores), fmt.Sprint(b.Scores), "prompt %d: scores", i)
-						}
+						requireSamePrefill(t, i, whole[i], pieces[i])
 					}
 				})
 			})
 		}
 	}
+}
+
+// requireSamePrefill checks that two generations of prompt i were prefilled to the same
+// bits: logits after the prompt, cache, scores.
+func requireSamePrefill(t *testing.T, i int, a, b *Gen[float32]) {
+	t.Helper()
+	require.True(t, b.Prefilled())
+	require.Equal(t, bitsOf(a.last), bitsOf(b.last), "prompt %d: last logits", i)
+	for l := range a.base.K {
+		require.Equal(t, bitsOf(a.base.K[l]), bitsOf(b.base.K[l]), "prompt %d layer %d keys", i, l)
+		require.Equal(t, bitsOf(a.base.V[l]), bitsOf(b.base.V[l]), "prompt %d layer %d values", i, l)
+	}
+	if a.Scores != nil {
+		require.Equal(t, fmt.Sprint(a.Scores), fmt.Sprint(b.Scores), "prompt %d: scores", i)
+	}
+}
+
+// testAdapters makes adapters of m (attention, MLP and unembedding) of the given ranks,
+// their B factors random so that every LoRA term counts.
+func testAdapters(t *testing.T, m *Model[float32], r *rand.Rand, ranks ...int) []*Adapter[float32] {
+	var ads []*Adapter[float32]
+	for s, rank := range ranks {
+		ad, err := NewAdapter(m, LoraConfig{Rank: rank, Seed: uint64(s + 1), Attn: true, MLP: true, Unembed: true})
+		require.NoError(t, err)
+		for _, l := range append(ad.Layers, [NumLayerTargets]*Pair[float32]{ad.Head}) {
+			for _, p := range l {
+				if p != nil {
+					for i := range p.B.W {
+						p.B.W[i] = float32(r.NormFloat64() * 0.05)
+					}
+				}
+			}
+		}
+		ads = append(ads, ad)
+	}
+	return ads
+}
+
+// testGens makes a one-token generation of a prompt of each length, prompt i with adapter
+// ads[i mod len(ads)] (nil: the base model), scored (log-probs for even i, top 3(i mod 3)).
+func testGens(m *Model[float32], lengths []int, ads []*Adapter[float32]) []*Gen[float32] {
+	var gens []*Gen[float32]
+	for i, n := range lengths {
+		p := make([]int, n)
+		for k := range p {
+			p[k] = (i*31 + k*7) % m.Cfg.Vocab
+		}
+		gens = append(gens, m.NewGen(p, ads[i%len(ads)], 1, SampleParams{MaxTokens: 1, Temperature: 1}, i%2 == 0, 3*(i%3)))
+	}
+	return gens
 }

@@ -290,27 +290,33 @@ func (g *Gen[T]) finishPiece(h []T, n int) {
 			lg = m.Logits(h[(r0-p0)*D:(r1-p0)*D], r1-r0, g.ad)
 		}
 		for r := r0; r < r1; r++ {
-			row := lg[(r-r0)*V : (r-r0+1)*V]
-			if r == len(prompt)-1 {
-				g.last = append([]T(nil), row...)
-			}
-			if r+1 >= len(prompt) {
-				continue
-			}
-			lse := logSumExp(row)
-			if g.promptLP {
-				g.Scores.LogProbs[r+1] = float64(row[prompt[r+1]]) - lse
-			}
-			if g.topK > 0 {
-				idx := topIndices(row, g.topK)
-				ent := make([]TopEntry, len(idx))
-				for e, t := range idx {
-					ent[e] = TopEntry{Token: t, LogProb: float64(row[t]) - lse}
-				}
-				g.Scores.TopK[r+1] = ent
-			}
+			g.scoreRow(r, lg[(r-r0)*V:(r-r0+1)*V])
 		}
 		r0 = r1
+	}
+}
+
+// scoreRow records the logits after prompt token r: the next token's scores, or the
+// logits to sample from after the last one.
+func (g *Gen[T]) scoreRow(r int, row []T) {
+	prompt := g.prompt
+	if r == len(prompt)-1 {
+		g.last = append([]T(nil), row...)
+	}
+	if r+1 >= len(prompt) {
+		return
+	}
+	lse := logSumExp(row)
+	if g.promptLP {
+		g.Scores.LogProbs[r+1] = float64(row[prompt[r+1]]) - lse
+	}
+	if g.topK > 0 {
+		idx := topIndices(row, g.topK)
+		ent := make([]TopEntry, len(idx))
+		for e, t := range idx {
+			ent[e] = TopEntry{Token: t, LogProb: float64(row[t]) - lse}
+		}
+		g.Scores.TopK[r+1] = ent
 	}
 }
 
