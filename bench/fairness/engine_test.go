@@ -48,8 +48,8 @@ func TestEngineSamplingFairness(t *testing.T) {
 		return lat
 	}
 	// heavy runs 3 closed-loop clients of prompt-token samples for a second, then while
-	// during runs (or for d), and returns their generated tokens/s over that time.
-	heavy := func(prompt int, during func(), d time.Duration) float64 {
+	// during runs (or for d), and returns how fast they generated tokens over that time.
+	heavy := func(prompt int, during func(), d time.Duration) rate {
 		ctx, cancel := context.WithCancel(t.Context())
 		var wg sync.WaitGroup
 		var done atomic.Int64
@@ -80,7 +80,7 @@ func TestEngineSamplingFairness(t *testing.T) {
 		var lat []time.Duration
 		tps := heavy(prompt, func() { lat = light() }, 0)
 		without := heavy(prompt, nil, 5*time.Second)
-		t.Logf("  beside 3 clients × (%d+%d) of another workspace: p50 %v  p99 %v  (ratio p50 %.2f×, p99 %.2f×); heavy %.0f tokens/s meanwhile, %.0f without the light one; load %s",
+		t.Logf("  beside 3 clients × (%d+%d) of another workspace: p50 %v  p99 %v  (ratio p50 %.2f×, p99 %.2f×); heavy %v meanwhile, %v without the light one; load %s",
 			prompt, heavyMax, percentile(lat, .5), percentile(lat, .99),
 			float64(percentile(lat, .5))/float64(percentile(alone, .5)), float64(percentile(lat, .99))/float64(percentile(alone, .99)), tps, without, loadavg())
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -74,9 +75,9 @@ func (tn tenant) sampleFlood(stop context.Context, wg *sync.WaitGroup, sampler s
 
 // floodWhile runs clients closed-loop clients of samples (prompt + maxTokens tokens) on
 // sampler for a second, then for as long as during() runs (or for d when during is nil),
-// and returns the tokens/s they generated over that time. It returns once every client's
+// and returns how fast they generated tokens over that time. It returns once every client's
 // last request has ended.
-func (tn tenant) floodWhile(t *testing.T, sampler string, clients, prompt, maxTokens int, during func(), d time.Duration) float64 {
+func (tn tenant) floodWhile(t *testing.T, sampler string, clients, prompt, maxTokens int, during func(), d time.Duration) rate {
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
 	var done atomic.Int64
@@ -87,17 +88,36 @@ func (tn tenant) floodWhile(t *testing.T, sampler string, clients, prompt, maxTo
 	return tps
 }
 
-// rateWhile waits a second for a flood to settle, then returns how fast *done grew (per
-// second) while during ran (or for d when during is nil).
-func rateWhile(done *atomic.Int64, during func(), d time.Duration) float64 {
+// rate is how fast a flood generated tokens: per second, and per second of this process's
+// CPU time (engine, gateway and clients), which moves much less than the first when other
+// work on the machine takes the CPUs.
+type rate struct{ perSecond, perCPUSecond float64 }
+
+func (r rate) String() string {
+	return fmt.Sprintf("%.0f tokens/s (%.0f per CPU-second)", r.perSecond, r.perCPUSecond)
+}
+
+// cpuTime is the CPU time this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// rateWhile waits a second for a flood to settle, then returns how fast *done grew while
+// during ran (or for d when during is nil).
+func rateWhile(done *atomic.Int64, during func(), d time.Duration) rate {
 	time.Sleep(time.Second)
-	n0, start := done.Load(), time.Now()
+	n0, start, cpu0 := done.Load(), time.Now(), cpuTime()
 	if during != nil {
 		during()
 	} else {
 		time.Sleep(d)
 	}
-	return float64(done.Load()-n0) / time.Since(start).Seconds()
+	n := float64(done.Load() - n0)
+	return rate{n / time.Since(start).Seconds(), n / (cpuTime() - cpu0).Seconds()}
 }
 
 // TestSamplingFairness measures, with the default 4 sampler slots and with 1: (1) a light
@@ -162,7 +182,7 @@ func samplingFairness(t *testing.T, slots int, parts map[string]bool) {
 		}
 		return lat
 	}
-	flood := func(clients, prompt int, during func(), d time.Duration) float64 {
+	flood := func(clients, prompt int, during func(), d time.Duration) rate {
 		return heavy.floodWhile(t, heavySampler, clients, prompt, heavyMax, during, d)
 	}
 	ratio := func(a, b []time.Duration, p float64) float64 {
@@ -188,13 +208,13 @@ func samplingFairness(t *testing.T, slots int, parts map[string]bool) {
 		}
 		var flooded []time.Duration
 		tps := flood(heavyClients, prompt, func() { flooded = measure() }, 0)
-		t.Logf("  under a flood of %d clients × (%d+%d): p50 %v  p99 %v  (ratio p50 %.2f×, p99 %.2f×); heavy tenant %.0f tokens/s meanwhile; load %s",
+		t.Logf("  under a flood of %d clients × (%d+%d): p50 %v  p99 %v  (ratio p50 %.2f×, p99 %.2f×); heavy tenant %v meanwhile; load %s",
 			heavyClients, prompt, heavyMax, percentile(flooded, .5), percentile(flooded, .99), ratio(flooded, alone, .5), ratio(flooded, alone, .99), tps, loadavg())
 	}
 	if parts["heavy"] {
 		for _, prompt := range []int{shortPrompt, longPrompt} {
 			tps := flood(heavyClients, prompt, nil, 10*time.Second)
-			t.Logf("  the %d-client flood × (%d+%d) without the light tenant: heavy tenant %.0f tokens/s; load %s", heavyClients, prompt, heavyMax, tps, loadavg())
+			t.Logf("  the %d-client flood × (%d+%d) without the light tenant: heavy tenant %v; load %s", heavyClients, prompt, heavyMax, tps, loadavg())
 		}
 	}
 	if !parts["share"] {

@@ -62,7 +62,7 @@ func TestSamplingFairnessSDK(t *testing.T) {
 		// measured is the time the script runs
 		start := time.Now()
 		tps := heavy.floodWhile(t, heavySampler, heavyClients, prompt, heavyMax, func() { r = light() }, 0)
-		t.Logf("  under a flood of %d clients × (%d+%d): p50 %.1f ms  p99 %.1f ms  (ratio p50 %.2f×, p99 %.2f×); heavy tenant %.0f tokens/s meanwhile (%v); load %s",
+		t.Logf("  under a flood of %d clients × (%d+%d): p50 %.1f ms  p99 %.1f ms  (ratio p50 %.2f×, p99 %.2f×); heavy tenant %v meanwhile (%v); load %s",
 			heavyClients, prompt, heavyMax, r.P50, r.P99, r.P50/alone.P50, r.P99/alone.P99, tps, time.Since(start).Round(time.Second), loadavg())
 	}
 }
