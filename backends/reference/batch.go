@@ -249,7 +249,7 @@ type decodeState struct {
 	orders uint64
 	// cost estimates what a prefill piece takes.
 	cost prefillCost
-	// left is when a flow last left (its requests all answered).
+	// left is when a workspace's flow last left (its requests all answered).
 	left time.Time
 	// scratch
 	pieces []nn.Piece[float32]
@@ -543,7 +543,9 @@ func (st *decodeState) finish() {
 			return false
 		})
 		if len(f.jobs) == 0 {
-			st.left = time.Now()
+			if f.ws != "" { // a request of its own does not come back
+				st.left = time.Now()
+			}
 			return true
 		}
 		return false
