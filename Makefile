@@ -98,9 +98,11 @@ checkgenerate: generate ## Fail if gen/ is out of date with proto/
 	@test -z "$$(git status --porcelain -- gen proto)" || { git status --porcelain -- gen proto; echo "gen/ is stale: run make generate and commit"; exit 1; }
 
 .PHONY: lint
-lint: protodeps ## gofmt, go vet, buf lint, buf format check
+lint: protodeps ## gofmt, go vet, errorlint, buf lint, buf format check
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/')); test -z "$$out" || { echo "gofmt needed: $$out"; exit 1; }
 	$(GO) vet ./...
+# errorlint's default checks (== and type assertions on errors miss wrapped ones); -errorf off: whether to wrap with %w is a deliberate API choice at each boundary.
+	$(TOOLS) go-errorlint -errorf=false ./...
 	$(TOOLS) buf lint
 	$(TOOLS) buf format -d --exit-code proto
 

@@ -109,7 +109,7 @@ func (s *server) billingUsageEvents(w http.ResponseWriter, r *http.Request) erro
 		}
 		out.Data = append(out.Data, ev)
 	}
-	writeJSON(w, http.StatusOK, out)
+	s.edge.WriteJSON(w, http.StatusOK, out)
 	return nil
 }
 

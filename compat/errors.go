@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/loops-dev/loops/internal/errs"
+	"github.com/loops-dev/loops/internal/httpedge"
 )
 
 // apiError is an error compat answers with a given HTTP status. Decoders and handlers
@@ -68,6 +69,12 @@ func classify(err error) (int, string, string) {
 	return a.status, a.body.Code, a.body.Detail
 }
 
+// answerOf is classifyError as the HTTP edge (internal/httpedge) takes it.
+func answerOf(err error) httpedge.Answer {
+	a := classifyError(err)
+	return httpedge.Answer{Status: a.status, Body: a.body, ID: a.id, Reason: a.body.Reason, Message: a.body.Detail}
+}
+
 // classifyError maps err through the one error table (internal/errs): the status is the
 // table's TinkerStatus, internal errors are masked to "internal error, id <id>".
 func classifyError(err error) answer {
@@ -85,16 +92,7 @@ func classifyError(err error) answer {
 			Detail: fmt.Sprintf("request body is larger than the server's limit of %d bytes; send smaller requests (fewer datums per forward_backward chunk)", mbe.Limit),
 			Code:   connect.CodeResourceExhausted.String(), Reason: errs.ReasonBodyTooLarge}}
 	}
-	var ce *connect.Error
-	if !errors.As(err, &ce) {
-		// compat's own failures (an encoder's, say) are internal.
-		err = connect.NewError(connect.CodeInternal, err)
-	}
-	out := errs.Edge(err)
-	msg := out.Err.Message()
-	if msg == "" {
-		msg = out.Err.Code().String()
-	}
+	out, msg := httpedge.Public(err)
 	return answer{status: out.Entry.TinkerStatus, id: out.ID, body: errorBody{
 		Detail: msg, Code: out.Err.Code().String(), Reason: errs.Reason(out.Err)}}
 }

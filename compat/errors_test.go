@@ -92,12 +92,12 @@ func TestInternalErrorIsMaskedWithID(t *testing.T) {
 // and nothing is written (no 5xx).
 func TestClientGoneWritesNothing(t *testing.T) {
 	var logs syncBuffer
-	s := &server{log: slog.New(slog.NewTextHandler(&logs, nil))}
+	edge := ErrorSurface("compat", slog.New(slog.NewTextHandler(&logs, nil)))
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/api/v1/retrieve_future", nil)
 	rec := httptest.NewRecorder()
-	s.writeError(rec, req, connect.NewError(connect.CodeCanceled, context.Canceled))
+	edge.WriteError(rec, req, connect.NewError(connect.CodeCanceled, context.Canceled))
 	require.False(t, rec.Flushed)
 	require.Empty(t, rec.Body.String())
 	require.Empty(t, rec.Header())

@@ -20,6 +20,22 @@ type tryAgainResponse struct {
 	Type       string `json:"type"`
 	RequestID  string `json:"request_id"`
 	QueueState string `json:"queue_state"`
+	// QueueStateReason says why it waits; the SDK shows it with a paused state.
+	QueueStateReason string `json:"queue_state_reason,omitempty"`
+}
+
+// tryAgain is the pending answer of an operation: Tinker's queue_state (active,
+// paused_capacity, paused_rate_limit) and its reason, as the scheduler reports them
+// (loops.v1 Operation.queue).
+func tryAgain(id string, q *loopsv1.QueueStatus) tryAgainResponse {
+	out := tryAgainResponse{Type: "try_again", RequestID: id, QueueState: "active", QueueStateReason: q.GetReason()}
+	switch q.GetState() {
+	case loopsv1.QueueState_QUEUE_STATE_PAUSED_CAPACITY:
+		out.QueueState = "paused_capacity"
+	case loopsv1.QueueState_QUEUE_STATE_PAUSED_RATE_LIMIT:
+		out.QueueState = "paused_rate_limit"
+	}
+	return out
 }
 
 type failedResponse struct {
@@ -45,7 +61,7 @@ func (s *server) retrieveFuture(w http.ResponseWriter, r *http.Request) error {
 		Id: req.RequestID, Timeout: durationpb.New(s.opt.LongPoll),
 	})
 	if err != nil {
-		// A client that went away gets nothing (writeError logs it as 499).
+		// A client that went away gets nothing (the edge logs it as 499).
 		if errs.ClientGone(r.Context()) {
 			return err
 		}
@@ -54,7 +70,7 @@ func (s *server) retrieveFuture(w http.ResponseWriter, r *http.Request) error {
 		if connect.CodeOf(err) == connect.CodeDeadlineExceeded || errors.Is(err, context.DeadlineExceeded) ||
 			connect.CodeOf(err) == connect.CodeCanceled || r.Context().Err() != nil {
 			// (A wait the server canceled, at shutdown say, is re-polled.)
-			writeJSON(w, http.StatusOK, tryAgainResponse{Type: "try_again", RequestID: req.RequestID, QueueState: "active"})
+			s.edge.WriteJSON(w, http.StatusOK, tryAgain(req.RequestID, nil))
 			return nil
 		}
 		// An unknown request (never recorded: the server restarted before writing it) and a
@@ -73,10 +89,10 @@ func (s *server) retrieveFuture(w http.ResponseWriter, r *http.Request) error {
 	case loopsv1.OperationState_OPERATION_STATE_SUCCEEDED:
 		return s.writeResult(w, r, op)
 	case loopsv1.OperationState_OPERATION_STATE_FAILED:
-		writeJSON(w, http.StatusOK, failedResponse{Error: failureMessage(op), Category: failureCategory(op.GetError())})
+		s.edge.WriteJSON(w, http.StatusOK, failedResponse{Error: failureMessage(op), Category: failureCategory(op.GetError())})
 		return nil
 	default:
-		writeJSON(w, http.StatusOK, tryAgainResponse{Type: "try_again", RequestID: req.RequestID, QueueState: "active"})
+		s.edge.WriteJSON(w, http.StatusOK, tryAgain(req.RequestID, op.GetQueue()))
 		return nil
 	}
 }
@@ -121,7 +137,7 @@ type saveResult struct {
 func (s *server) writeResult(w http.ResponseWriter, r *http.Request, op *loopsv1.Operation) error {
 	switch op.GetKind() {
 	case loopsv1.OperationKind_OPERATION_KIND_CREATE_TRAINING_RUN:
-		writeJSON(w, http.StatusOK, map[string]string{"model_id": runIDOf(op)})
+		s.edge.WriteJSON(w, http.StatusOK, map[string]string{"model_id": runIDOf(op)})
 	case loopsv1.OperationKind_OPERATION_KIND_FORWARD, loopsv1.OperationKind_OPERATION_KIND_FORWARD_BACKWARD:
 		return s.writeLarge(w, r, op, func(asProto bool) ([]byte, error) {
 			res := op.GetForwardBackward()
@@ -137,7 +153,7 @@ func (s *server) writeResult(w http.ResponseWriter, r *http.Request, op *loopsv1
 	case loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP:
 		metrics, dropped := cleanMetrics(op.GetOptimStep().GetMetrics())
 		s.warnDropped(op, dropped)
-		writeJSON(w, http.StatusOK, map[string]any{"metrics": metrics})
+		s.edge.WriteJSON(w, http.StatusOK, map[string]any{"metrics": metrics})
 	case loopsv1.OperationKind_OPERATION_KIND_SAVE_WEIGHTS, loopsv1.OperationKind_OPERATION_KIND_SAVE_WEIGHTS_FOR_SAMPLER:
 		sw := op.GetSaveWeights()
 		out := saveResult{Path: sw.GetPath(), SamplingSessionID: sw.GetSamplerId()}
@@ -149,7 +165,7 @@ func (s *server) writeResult(w http.ResponseWriter, r *http.Request, op *loopsv1
 			// that such a result has no path.
 			out.Path = ""
 		}
-		writeJSON(w, http.StatusOK, out)
+		s.edge.WriteJSON(w, http.StatusOK, out)
 	case loopsv1.OperationKind_OPERATION_KIND_LOAD_WEIGHTS:
 		lw := op.GetLoadWeights()
 		out := map[string]string{}
@@ -159,7 +175,7 @@ func (s *server) writeResult(w http.ResponseWriter, r *http.Request, op *loopsv1
 		if id := lw.GetTrainingRunId(); id != "" {
 			out["model_id"] = id
 		}
-		writeJSON(w, http.StatusOK, out)
+		s.edge.WriteJSON(w, http.StatusOK, out)
 	case loopsv1.OperationKind_OPERATION_KIND_SAMPLE:
 		return s.writeLarge(w, r, op, func(asProto bool) ([]byte, error) {
 			if asProto {
@@ -172,7 +188,7 @@ func (s *server) writeResult(w http.ResponseWriter, r *http.Request, op *loopsv1
 		if id == "" {
 			id = op.GetTrainingRunId()
 		}
-		writeJSON(w, http.StatusOK, map[string]string{"model_id": id})
+		s.edge.WriteJSON(w, http.StatusOK, map[string]string{"model_id": id})
 	default:
 		return &apiError{status: http.StatusInternalServerError, code: "internal",
 			detail: "operation " + op.GetId() + " has a kind compat cannot encode: " + op.GetKind().String()}

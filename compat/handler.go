@@ -10,7 +10,6 @@ import (
 	"mime"
 	"net/http"
 	"os"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/internal/bounded"
 	"github.com/loops-dev/loops/internal/errs"
+	"github.com/loops-dev/loops/internal/httpedge"
 )
 
 // Services are the core handlers compat translates onto. All must be non-nil.
@@ -84,6 +84,8 @@ type server struct {
 	svc Services
 	opt Options
 	log *slog.Logger
+	// edge answers the routes' errors and panics in Tinker's shape.
+	edge *httpedge.Surface
 }
 
 // NewHandler returns the handler for every path under /api/v1/. The gateway mounts it at
@@ -91,10 +93,10 @@ type server struct {
 // it is.
 func NewHandler(s Services, o Options) http.Handler {
 	o = o.withDefaults()
-	srv := &server{svc: s, opt: o, log: o.Logger}
+	srv := &server{svc: s, opt: o, log: o.Logger, edge: ErrorSurface("compat", o.Logger)}
 	mux := http.NewServeMux()
 	srv.routes(mux)
-	return srv.recoverMiddleware(mux)
+	return srv.edge.Recover(mux)
 }
 
 // withDefaults fills in the documented defaults.
@@ -120,85 +122,13 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// handlerFunc is a route that returns an error instead of writing one.
-type handlerFunc func(w http.ResponseWriter, r *http.Request) error
-
-func (s *server) handle(mux *http.ServeMux, pattern string, h handlerFunc) {
-	mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		if err := h(w, r); err != nil {
-			s.writeError(w, r, err)
-		}
-	})
-}
-
-func (s *server) recoverMiddleware(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer func() {
-			if v := recover(); v != nil {
-				if v == http.ErrAbortHandler {
-					panic(v)
-				}
-				id := errs.NewID()
-				s.log.Error("compat: panic serving request", "method", r.Method, "path", r.URL.Path,
-					"error_id", id, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-				s.writeError(w, r, errs.Incident(id, "internal error, id "+id))
-			}
-		}()
-		next.ServeHTTP(w, r)
-	})
-}
-
-// writeError answers err as JSON {"detail","code","reason"} with the status of the one
-// error table (internal/errs). An internal error is logged in full under an error id and
-// answered "internal error, id <id>". When the client has gone away nothing is written: the
-// outcome is logged as 499 (the gateway counts it).
-func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
-	if clientGone(r, err) {
-		s.log.Info("compat: client closed request", "method", r.Method, "path", r.URL.Path,
-			"status", errs.StatusClientClosedRequest, "err", err)
-		return
-	}
-	a := classifyError(err)
-	switch {
-	case a.id != "":
-		s.log.Error("compat: request failed", "method", r.Method, "path", r.URL.Path, "status", a.status,
-			"error_id", a.id, "reason", a.body.Reason, "err", err)
-	case a.status >= 500 && a.status != http.StatusServiceUnavailable:
-		s.log.Error("compat: request failed", "method", r.Method, "path", r.URL.Path, "status", a.status,
-			"reason", a.body.Reason, "err", err)
-	default:
-		s.log.Debug("compat: request rejected", "method", r.Method, "path", r.URL.Path, "status", a.status,
-			"reason", a.body.Reason, "detail", a.body.Detail)
-	}
-	if d, ok := errs.RetryAfter(err); ok && a.status == http.StatusTooManyRequests {
-		w.Header().Set(errs.HeaderRetryAfter, errs.RetryAfterValue(d)) // the SDK waits this long
-	}
-	writeJSON(w, a.status, a.body)
-}
-
-// clientGone reports whether r's client went away, so err's answer would go nowhere. A body
-// that ran past the server's read deadline cancels the request's context too (net/http
-// cancels it on any read error of the connection), but that client is still there and gets
-// its 408.
-func clientGone(r *http.Request, err error) bool {
-	var ae *apiError
-	if errors.As(err, &ae) && ae.status == http.StatusRequestTimeout {
-		return false
-	}
-	return errs.ClientGone(r.Context())
-}
-
-// writeJSON marshals v and writes it with a Content-Length.
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		status = http.StatusInternalServerError
-		b = []byte(`{"detail":"internal error: cannot encode the response","code":"internal","reason":"INTERNAL"}`)
-	}
-	w.Header().Set("Content-Type", contentTypeJSON)
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-	w.WriteHeader(status)
-	_, _ = w.Write(b)
+// ErrorSurface returns the HTTP edge (internal/httpedge) that answers errors and panics in
+// Tinker's shape ({"detail","code","reason"} with the status of the one error table),
+// logging to log under name: compat's routes use it as "compat", and the gateway's
+// outermost panic recovery as "gateway".
+func ErrorSurface(name string, log *slog.Logger) *httpedge.Surface {
+	return &httpedge.Surface{Name: name, Logger: log, Classify: answerOf,
+		EncodeFailure: []byte(`{"detail":"internal error: cannot encode the response","code":"internal","reason":"INTERNAL"}`)}
 }
 
 // writeProto marshals m and writes it as application/x-protobuf.

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/httpedge"
 )
 
 // checkpointJSON is the SDK's Checkpoint.
@@ -119,7 +120,7 @@ func (s *server) listTrainingRuns(w http.ResponseWriter, r *http.Request) error 
 	for _, t := range res.GetTrainingRuns() {
 		out.TrainingRuns = append(out.TrainingRuns, s.trainingRunToJSON(r, t))
 	}
-	writeJSON(w, http.StatusOK, out)
+	s.edge.WriteJSON(w, http.StatusOK, out)
 	return nil
 }
 
@@ -132,7 +133,7 @@ func (s *server) getTrainingRun(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, s.trainingRunToJSON(r, t))
+	s.edge.WriteJSON(w, http.StatusOK, s.trainingRunToJSON(r, t))
 	return nil
 }
 
@@ -154,7 +155,7 @@ func (s *server) listRunCheckpoints(w http.ResponseWriter, r *http.Request) erro
 	for _, c := range res.GetCheckpoints() {
 		out.Checkpoints = append(out.Checkpoints, checkpointToJSON(c))
 	}
-	writeJSON(w, http.StatusOK, out)
+	s.edge.WriteJSON(w, http.StatusOK, out)
 	return nil
 }
 
@@ -172,7 +173,7 @@ func (s *server) listUserCheckpoints(w http.ResponseWriter, r *http.Request) err
 	for _, c := range res.GetCheckpoints() {
 		out.Checkpoints = append(out.Checkpoints, checkpointToJSON(c))
 	}
-	writeJSON(w, http.StatusOK, out)
+	s.edge.WriteJSON(w, http.StatusOK, out)
 	return nil
 }
 
@@ -200,11 +201,11 @@ func (s *server) deleteCheckpoint(w http.ResponseWriter, r *http.Request) error 
 	if _, err := s.svc.Checkpoints.DeleteCheckpoint(r.Context(), &loopsv1.DeleteCheckpointRequest{Path: p}); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, struct{}{})
+	s.edge.WriteJSON(w, http.StatusOK, struct{}{})
 	return nil
 }
 
-func (s *server) publishCheckpoint(public bool) handlerFunc {
+func (s *server) publishCheckpoint(public bool) httpedge.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		p, err := s.checkpointPath(r)
 		if err != nil {
@@ -214,7 +215,7 @@ func (s *server) publishCheckpoint(public bool) handlerFunc {
 		if err != nil {
 			return err
 		}
-		writeJSON(w, http.StatusOK, checkpointToJSON(c))
+		s.edge.WriteJSON(w, http.StatusOK, checkpointToJSON(c))
 		return nil
 	}
 }
@@ -237,7 +238,7 @@ func (s *server) setCheckpointTTL(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, checkpointToJSON(c))
+	s.edge.WriteJSON(w, http.StatusOK, checkpointToJSON(c))
 	return nil
 }
 
@@ -256,7 +257,7 @@ func (s *server) externalWeightsURLs(w http.ResponseWriter, r *http.Request) err
 	for name, u := range res.GetUrls() {
 		urls[name] = absoluteURL(r, u)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"urls": urls, "expires": rfc3339(res.GetExpireTime())})
+	s.edge.WriteJSON(w, http.StatusOK, map[string]any{"urls": urls, "expires": rfc3339(res.GetExpireTime())})
 	return nil
 }
 
@@ -295,7 +296,7 @@ func (s *server) checkpointArchive(w http.ResponseWriter, r *http.Request) error
 	}
 	w.Header().Set("Location", u)
 	w.Header().Set("Expires", exp.AsTime().UTC().Format(http.TimeFormat))
-	writeJSON(w, http.StatusFound, map[string]string{"url": u, "expires": rfc3339(exp)})
+	s.edge.WriteJSON(w, http.StatusFound, map[string]string{"url": u, "expires": rfc3339(exp)})
 	return nil
 }
 
@@ -312,7 +313,7 @@ func (s *server) listSessions(w http.ResponseWriter, r *http.Request) error {
 	for _, ss := range res.GetSessions() {
 		ids = append(ids, ss.GetId())
 	}
-	writeJSON(w, http.StatusOK, map[string][]string{"sessions": ids})
+	s.edge.WriteJSON(w, http.StatusOK, map[string][]string{"sessions": ids})
 	return nil
 }
 
@@ -321,7 +322,7 @@ func (s *server) getSession(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, struct {
+	s.edge.WriteJSON(w, http.StatusOK, struct {
 		TrainingRunIDs []string          `json:"training_run_ids"`
 		SamplerIDs     []string          `json:"sampler_ids"`
 		UserMetadata   map[string]string `json:"user_metadata,omitempty"`

@@ -12,52 +12,52 @@ import (
 // detail; unknown paths answer 404.
 func (s *server) routes(mux *http.ServeMux) {
 	// Service, config and sessions.
-	s.handle(mux, "POST /api/v1/client/config", s.clientConfig)
-	s.handle(mux, "POST /api/v1/client/dynamic_config", s.dynamicConfig)
-	s.handle(mux, "POST /api/v1/create_session", s.createSession)
-	s.handle(mux, "POST /api/v1/session_heartbeat", s.sessionHeartbeat)
-	s.handle(mux, "POST /api/v1/sessions/{id}/finish", s.finishSession)
-	s.handle(mux, "POST /api/v1/telemetry", s.telemetry)
-	s.handle(mux, "GET /api/v1/get_server_capabilities", s.serverCapabilities)
-	s.handle(mux, "GET /api/v1/healthz", s.healthz)
+	s.edge.Handle(mux, "POST /api/v1/client/config", s.clientConfig)
+	s.edge.Handle(mux, "POST /api/v1/client/dynamic_config", s.dynamicConfig)
+	s.edge.Handle(mux, "POST /api/v1/create_session", s.createSession)
+	s.edge.Handle(mux, "POST /api/v1/session_heartbeat", s.sessionHeartbeat)
+	s.edge.Handle(mux, "POST /api/v1/sessions/{id}/finish", s.finishSession)
+	s.edge.Handle(mux, "POST /api/v1/telemetry", s.telemetry)
+	s.edge.Handle(mux, "GET /api/v1/get_server_capabilities", s.serverCapabilities)
+	s.edge.Handle(mux, "GET /api/v1/healthz", s.healthz)
 
 	// Training.
-	s.handle(mux, "POST /api/v1/create_model", s.createModel)
-	s.handle(mux, "POST /api/v1/get_info", s.getInfo)
-	s.handle(mux, "POST /api/v1/unload_model", s.unloadModel)
-	s.handle(mux, "POST /api/v1/forward_backward", s.forwardBackward)
-	s.handle(mux, "POST /api/v1/forward", s.forward)
-	s.handle(mux, "POST /api/v1/optim_step", s.optimStep)
-	s.handle(mux, "POST /api/v1/save_weights", s.saveWeights)
-	s.handle(mux, "POST /api/v1/save_weights_external", s.saveWeightsExternal)
-	s.handle(mux, "POST /api/v1/save_weights_for_sampler", s.saveWeightsForSampler)
-	s.handle(mux, "POST /api/v1/load_weights", s.loadWeights)
-	s.handle(mux, "POST /api/v1/weights_info", s.weightsInfo)
+	s.edge.Handle(mux, "POST /api/v1/create_model", s.createModel)
+	s.edge.Handle(mux, "POST /api/v1/get_info", s.getInfo)
+	s.edge.Handle(mux, "POST /api/v1/unload_model", s.unloadModel)
+	s.edge.Handle(mux, "POST /api/v1/forward_backward", s.forwardBackward)
+	s.edge.Handle(mux, "POST /api/v1/forward", s.forward)
+	s.edge.Handle(mux, "POST /api/v1/optim_step", s.optimStep)
+	s.edge.Handle(mux, "POST /api/v1/save_weights", s.saveWeights)
+	s.edge.Handle(mux, "POST /api/v1/save_weights_external", s.saveWeightsExternal)
+	s.edge.Handle(mux, "POST /api/v1/save_weights_for_sampler", s.saveWeightsForSampler)
+	s.edge.Handle(mux, "POST /api/v1/load_weights", s.loadWeights)
+	s.edge.Handle(mux, "POST /api/v1/weights_info", s.weightsInfo)
 
 	// Sampling.
-	s.handle(mux, "POST /api/v1/create_sampling_session", s.createSamplingSession)
-	s.handle(mux, "POST /api/v1/asample", s.asample)
-	s.handle(mux, "GET /api/v1/samplers/{id}", s.getSampler)
+	s.edge.Handle(mux, "POST /api/v1/create_sampling_session", s.createSamplingSession)
+	s.edge.Handle(mux, "POST /api/v1/asample", s.asample)
+	s.edge.Handle(mux, "GET /api/v1/samplers/{id}", s.getSampler)
 
 	// Futures.
-	s.handle(mux, "POST /api/v1/retrieve_future", s.retrieveFuture)
+	s.edge.Handle(mux, "POST /api/v1/retrieve_future", s.retrieveFuture)
 
 	// REST: runs, checkpoints, sessions.
-	s.handle(mux, "GET /api/v1/training_runs", s.listTrainingRuns)
-	s.handle(mux, "GET /api/v1/training_runs/{run}", s.getTrainingRun)
-	s.handle(mux, "GET /api/v1/training_runs/{run}/checkpoints", s.listRunCheckpoints)
-	s.handle(mux, "GET /api/v1/checkpoints", s.listUserCheckpoints)
-	s.handle(mux, "DELETE /api/v1/training_runs/{run}/checkpoints/{kind}/{name}", s.deleteCheckpoint)
-	s.handle(mux, "POST /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/publish", s.publishCheckpoint(true))
-	s.handle(mux, "DELETE /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/publish", s.publishCheckpoint(false))
-	s.handle(mux, "PUT /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/ttl", s.setCheckpointTTL)
-	s.handle(mux, "GET /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/archive", s.checkpointArchive)
-	s.handle(mux, "GET /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/external_weights_urls", s.externalWeightsURLs)
-	s.handle(mux, "GET /api/v1/sessions", s.listSessions)
-	s.handle(mux, "GET /api/v1/sessions/{id}", s.getSession)
+	s.edge.Handle(mux, "GET /api/v1/training_runs", s.listTrainingRuns)
+	s.edge.Handle(mux, "GET /api/v1/training_runs/{run}", s.getTrainingRun)
+	s.edge.Handle(mux, "GET /api/v1/training_runs/{run}/checkpoints", s.listRunCheckpoints)
+	s.edge.Handle(mux, "GET /api/v1/checkpoints", s.listUserCheckpoints)
+	s.edge.Handle(mux, "DELETE /api/v1/training_runs/{run}/checkpoints/{kind}/{name}", s.deleteCheckpoint)
+	s.edge.Handle(mux, "POST /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/publish", s.publishCheckpoint(true))
+	s.edge.Handle(mux, "DELETE /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/publish", s.publishCheckpoint(false))
+	s.edge.Handle(mux, "PUT /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/ttl", s.setCheckpointTTL)
+	s.edge.Handle(mux, "GET /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/archive", s.checkpointArchive)
+	s.edge.Handle(mux, "GET /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/external_weights_urls", s.externalWeightsURLs)
+	s.edge.Handle(mux, "GET /api/v1/sessions", s.listSessions)
+	s.edge.Handle(mux, "GET /api/v1/sessions/{id}", s.getSession)
 
 	// Billing: metered usage.
-	s.handle(mux, "GET /api/v1/billing/usage/events", s.billingUsageEvents)
+	s.edge.Handle(mux, "GET /api/v1/billing/usage/events", s.billingUsageEvents)
 
 	// Tinker routes Loops does not serve (all flag-gated or admin-only in SDK 0.38.0).
 	for _, p := range []string{
@@ -76,11 +76,11 @@ func (s *server) routes(mux *http.ServeMux) {
 		"DELETE /api/v1/auth/apikey/me",
 	} {
 		route := p[strings.Index(p, " ")+1:]
-		s.handle(mux, p, func(http.ResponseWriter, *http.Request) error {
+		s.edge.Handle(mux, p, func(http.ResponseWriter, *http.Request) error {
 			return notImplemented("%s is not supported by Loops", route)
 		})
 	}
-	s.handle(mux, "/api/v1/", func(w http.ResponseWriter, r *http.Request) error {
+	s.edge.Handle(mux, "/api/v1/", func(w http.ResponseWriter, r *http.Request) error {
 		return &apiError{status: http.StatusNotFound, code: "not_found",
 			detail: r.Method + " " + r.URL.Path + " is not a Tinker API route served by Loops"}
 	})
@@ -143,7 +143,7 @@ func (s *server) clientConfig(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.log.Debug("compat: client config", "sdk_version", req.SDKVersion)
-	writeJSON(w, http.StatusOK, clientConfigResponse{
+	s.edge.WriteJSON(w, http.StatusOK, clientConfigResponse{
 		ParallelFwdbwdChunks:       true,
 		ProtoCompressFwdbwd:        !s.opt.DisableZstdForwardBackward,
 		SampleEnableStuckDetection: true,
@@ -157,7 +157,7 @@ func (s *server) dynamicConfig(w http.ResponseWriter, r *http.Request) error {
 	if _, err := s.readBody(w, r); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"refresh_interval_sec": 300, "sample_cancel_enabled": false})
+	s.edge.WriteJSON(w, http.StatusOK, map[string]any{"refresh_interval_sec": 300, "sample_cancel_enabled": false})
 	return nil
 }
 
@@ -181,7 +181,7 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"type": "create_session", "session_id": sess.GetId()})
+	s.edge.WriteJSON(w, http.StatusOK, map[string]string{"type": "create_session", "session_id": sess.GetId()})
 	return nil
 }
 
@@ -216,7 +216,7 @@ func (s *server) sessionHeartbeat(w http.ResponseWriter, r *http.Request) error 
 		}
 		return err
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"type": "session_heartbeat"})
+	s.edge.WriteJSON(w, http.StatusOK, map[string]string{"type": "session_heartbeat"})
 	return nil
 }
 
@@ -239,7 +239,7 @@ func (s *server) finishSession(w http.ResponseWriter, r *http.Request) error {
 	if _, err := s.svc.Sessions.FinishSession(r.Context(), in); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, struct{}{})
+	s.edge.WriteJSON(w, http.StatusOK, struct{}{})
 	return nil
 }
 
@@ -255,12 +255,12 @@ func (s *server) telemetry(w http.ResponseWriter, r *http.Request) error {
 	if json.Unmarshal(b, &req) == nil {
 		s.log.Debug("compat: telemetry", "session_id", req.SessionID, "events", len(req.Events))
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "accepted"})
+	s.edge.WriteJSON(w, http.StatusOK, map[string]string{"status": "accepted"})
 	return nil
 }
 
 func (s *server) healthz(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	s.edge.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	return nil
 }
 
@@ -284,6 +284,6 @@ func (s *server) serverCapabilities(w http.ResponseWriter, r *http.Request) erro
 			ModelName: m.GetName(), MaxContextLength: m.GetMaxSequenceLength(), Trainable: true, Sampleable: true,
 		})
 	}
-	writeJSON(w, http.StatusOK, out)
+	s.edge.WriteJSON(w, http.StatusOK, out)
 	return nil
 }

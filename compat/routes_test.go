@@ -264,6 +264,19 @@ func TestRetrieveFuture(t *testing.T) {
 	require.Equal(t, 200, r.status)
 	require.JSONEq(t, fmt.Sprintf(`{"type":"try_again","request_id":%q,"queue_state":"active"}`, id), string(r.body))
 	require.Equal(t, "25s", (&Options{}).withDefaults().LongPoll.String())
+	// The scheduler's queue state and reason reach the SDK (issue 25 item 3).
+	e.core.mu.Lock()
+	e.core.ops[id].Queue = &loopsv1.QueueStatus{State: loopsv1.QueueState_QUEUE_STATE_PAUSED_CAPACITY, Reason: "all 2 batches of m are running"}
+	e.core.mu.Unlock()
+	r = post(id, contentTypeProto)
+	require.JSONEq(t, fmt.Sprintf(`{"type":"try_again","request_id":%q,"queue_state":"paused_capacity","queue_state_reason":"all 2 batches of m are running"}`, id), string(r.body))
+	e.core.mu.Lock()
+	e.core.ops[id].Queue = &loopsv1.QueueStatus{State: loopsv1.QueueState_QUEUE_STATE_PAUSED_RATE_LIMIT, Reason: "sampling_concurrency"}
+	e.core.mu.Unlock()
+	require.Equal(t, "paused_rate_limit", post(id, contentTypeProto).json(t)["queue_state"])
+	e.core.mu.Lock()
+	e.core.ops[id].Queue = nil
+	e.core.mu.Unlock()
 
 	// Success as proto and as legacy JSON.
 	e.core.finish(id, func(op *loopsv1.Operation) {
@@ -450,7 +463,7 @@ func TestRESTRoutes(t *testing.T) {
 
 func TestPanicIsRecovered(t *testing.T) {
 	e := newEnv(t)
-	h := (&server{log: e.srvLogger()}).recoverMiddleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }))
+	h := ErrorSurface("compat", e.srvLogger()).Recover(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }))
 	rec := newRecorder()
 	h.ServeHTTP(rec, httpRequest("GET", "/api/v1/x"))
 	require.Equal(t, 500, rec.Code)

@@ -29,7 +29,7 @@ func (s *server) createSamplingSession(w http.ResponseWriter, r *http.Request) e
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"type": "create_sampling_session", "sampling_session_id": sm.GetId()})
+	s.edge.WriteJSON(w, http.StatusOK, map[string]string{"type": "create_sampling_session", "sampling_session_id": sm.GetId()})
 	return nil
 }
 
@@ -44,7 +44,7 @@ func (s *server) getSampler(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, getSamplerResponse{SamplerID: sm.GetId(), BaseModel: sm.GetBaseModel(), ModelPath: sm.GetModelPath()})
+	s.edge.WriteJSON(w, http.StatusOK, getSamplerResponse{SamplerID: sm.GetId(), BaseModel: sm.GetBaseModel(), ModelPath: sm.GetModelPath()})
 	return nil
 }
 
@@ -203,6 +203,6 @@ func (s *server) asample(w http.ResponseWriter, r *http.Request) error {
 	for i := range ids {
 		ids[i] = fmt.Sprintf("%s.%d", op.GetId(), i)
 	}
-	writeJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), SampleSequenceIDs: ids})
+	s.edge.WriteJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), SampleSequenceIDs: ids})
 	return nil
 }

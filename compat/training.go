@@ -87,7 +87,7 @@ func (s *server) createModel(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: runIDOf(op)})
+	s.edge.WriteJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: runIDOf(op)})
 	return nil
 }
 
@@ -144,7 +144,7 @@ func (s *server) getInfo(w http.ResponseWriter, r *http.Request) error {
 			md.TokenizerID = mi.GetTokenizerId()
 		}
 	}
-	writeJSON(w, http.StatusOK, getInfoResponse{
+	s.edge.WriteJSON(w, http.StatusOK, getInfoResponse{
 		Type: "get_info", ModelID: req.ModelID, ModelData: md, IsLora: true, LoraRank: run.GetLora().GetRank(),
 		ModelName: run.GetBaseModel(), OptimizerConfig: optimizerConfig{Type: "adamw"},
 	})
@@ -166,7 +166,7 @@ func (s *server) unloadModel(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: req.ModelID})
+	s.edge.WriteJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: req.ModelID})
 	return nil
 }
 
@@ -207,7 +207,7 @@ func (s *server) doForwardBackward(w http.ResponseWriter, r *http.Request, forwa
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: modelID})
+	s.edge.WriteJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: modelID})
 	return nil
 }
 
@@ -270,7 +270,7 @@ func (s *server) optimStep(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: req.ModelID})
+	s.edge.WriteJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: req.ModelID})
 	return nil
 }
 
@@ -346,7 +346,7 @@ func (s *server) saveNamed(w http.ResponseWriter, r *http.Request, kind loopsv1.
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: req.ModelID})
+	s.edge.WriteJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: req.ModelID})
 	return nil
 }
 
@@ -392,7 +392,7 @@ func (s *server) saveWeightsForSampler(w http.ResponseWriter, r *http.Request) e
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: req.ModelID})
+	s.edge.WriteJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: req.ModelID})
 	return nil
 }
 
@@ -435,7 +435,7 @@ func (s *server) loadWeights(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return err
 		}
-		writeJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: runIDOf(op)})
+		s.edge.WriteJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: runIDOf(op)})
 		return nil
 	}
 	id, err := s.resolveModel(r.Context(), req.ModelID)
@@ -448,7 +448,7 @@ func (s *server) loadWeights(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: req.ModelID})
+	s.edge.WriteJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: req.ModelID})
 	return nil
 }
 
@@ -477,7 +477,7 @@ func (s *server) weightsInfo(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	l := ck.GetLora()
-	writeJSON(w, http.StatusOK, weightsInfoResponse{
+	s.edge.WriteJSON(w, http.StatusOK, weightsInfoResponse{
 		BaseModel: ck.GetBaseModel(), IsLora: true, LoraRank: l.GetRank(), TrainUnembed: l.GetTrainUnembed(),
 		TrainMLP: l.GetTrainMlp(), TrainAttn: l.GetTrainAttn(), OptimizerConfig: optimizerConfig{Type: "adamw"},
 	})

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -68,7 +69,7 @@ func fetchExport(t *testing.T, url, key, path string, format loopsv1.ExportForma
 	tr := tar.NewReader(resp.Body)
 	for {
 		h, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		require.NoError(t, err)

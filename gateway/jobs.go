@@ -5,9 +5,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 
 	"github.com/loops-dev/loops/gateway/jobs"
+	"github.com/loops-dev/loops/internal/hfcache"
 )
 
 // JobsConfig configures managed jobs (gateway/jobs, docs/jobs.md). Whether a workspace may
@@ -49,11 +49,14 @@ func (s *Server) newJobs(ctx context.Context) (*jobs.Service, error) {
 	if fi, err := os.Stat(filepath.Join(s.cfg.DataDir, "models")); err == nil && fi.IsDir() {
 		binds = append(binds, filepath.Join(s.cfg.DataDir, "models"))
 	}
-	caches := hubCaches()
-	if hf := hfHome(); hf != "" {
+	// The job's huggingface_hub is told the gateway's folders (hfcache), whatever its own
+	// environment would make of it.
+	var caches []string
+	if hf, err := hfcache.Home(); err == nil && isDir(hf) {
 		env = append(env, "HF_HOME="+hf)
 	}
-	if hub := existingDir(os.Getenv("HF_HUB_CACHE")); os.Getenv("HF_HUB_CACHE") != "" && hub != "" {
+	if hub, err := hfcache.HubDir(); err == nil && isDir(hub) {
+		caches = append(caches, hub)
 		env = append(env, "HF_HUB_CACHE="+hub)
 	}
 	j, err := jobs.New(ctx, jobs.Options{
@@ -82,51 +85,10 @@ func (s *Server) newJobs(ctx context.Context) (*jobs.Service, error) {
 	return j, nil
 }
 
-// hfHome is the Hugging Face home folder when it exists (HF_HOME, else
-// ~/.cache/huggingface), as an absolute path.
-func hfHome() string {
-	hf := os.Getenv("HF_HOME")
-	if hf == "" {
-		cache, err := os.UserCacheDir()
-		if err != nil {
-			return ""
-		}
-		hf = filepath.Join(cache, "huggingface")
-	}
-	return existingDir(hf)
-}
-
-// hubCaches are the Hugging Face hub caches that exist, as the backends search them
-// (HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub), absolute and without repeats.
-func hubCaches() []string {
-	var out []string
-	add := func(p string) {
-		if p = existingDir(p); p != "" && !slices.Contains(out, p) {
-			out = append(out, p)
-		}
-	}
-	if v := os.Getenv("HF_HUB_CACHE"); v != "" {
-		add(v)
-	}
-	if hf := hfHome(); hf != "" {
-		add(filepath.Join(hf, "hub"))
-	}
-	if home, err := os.UserHomeDir(); err == nil {
-		add(filepath.Join(home, ".cache", "huggingface", "hub"))
-	}
-	return out
-}
-
-// existingDir is p made absolute when it is a folder, else "".
-func existingDir(p string) string {
-	p, err := filepath.Abs(p)
-	if err != nil {
-		return ""
-	}
-	if fi, err := os.Stat(p); err != nil || !fi.IsDir() {
-		return ""
-	}
-	return p
+// isDir reports whether p is a folder.
+func isDir(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.IsDir()
 }
 
 // closeJobs stops the running jobs within ctx (before the listener closes: they talk to it).

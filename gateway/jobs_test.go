@@ -114,6 +114,33 @@ func TestJobsLeftRunningFailOnStart(t *testing.T) {
 // operator's: in open mode (no keys) a loopback client is an operator (PoolService answers
 // it), the job is not (403), and its own workspace's calls work.
 func TestJobsAreNotOperators(t *testing.T) {
+	url := startSandboxJobsServer(t)
+	const key = "tml-open-mode-key"
+	// PoolService answers an operator (this backend has no pools: 400 NO_POOLS) and refuses
+	// anyone else (403).
+	code, body := rest(t, "GET", url+"/v1/pools", key, "")
+	require.NotEqual(t, http.StatusForbidden, code, "a loopback client is an operator in open mode: %v", body)
+
+	script := `
+import os, urllib.request, urllib.error
+base, key = os.environ["TINKER_BASE_URL"], os.environ["TINKER_API_KEY"]
+for path in ("/v1/pools", "/v1/jobs"):
+    try:
+        r = urllib.request.urlopen(urllib.request.Request(base + path, headers={"X-Api-Key": key}), timeout=10)
+        print(path, r.status, flush=True)
+    except urllib.error.HTTPError as e:
+        print(path, e.code, flush=True)
+`
+	log := runJobScript(t, url, key, script)
+	require.Contains(t, log, "/v1/pools 403", "a job is not an operator")
+	require.Contains(t, log, "/v1/jobs 200", "a job calls its workspace's API")
+}
+
+// startSandboxJobsServer starts an open-mode gateway whose jobs run in the bubblewrap
+// sandbox with the system's Python (skipped without bubblewrap, but on CI), and returns its
+// URL.
+func startSandboxJobsServer(t *testing.T) string {
+	t.Helper()
 	if _, err := exec.LookPath("bwrap"); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("bubblewrap is not installed (.ci/run installs it)")
@@ -131,27 +158,17 @@ func TestJobsAreNotOperators(t *testing.T) {
 		Relay: []string{exe}, RelayEnv: []string{"LOOPS_TEST_RELAY=1"}, WeakLimits: true,
 	}}
 	cfg.Core.Policy = pol
-	url := startJobsServer(t, cfg)
-	const key = "tml-open-mode-key"
-	// PoolService answers an operator (this backend has no pools: 400 NO_POOLS) and refuses
-	// anyone else (403).
-	code, body := rest(t, "GET", url+"/v1/pools", key, "")
-	require.NotEqual(t, http.StatusForbidden, code, "a loopback client is an operator in open mode: %v", body)
+	return startJobsServer(t, cfg)
+}
 
-	script := `
-import os, urllib.request, urllib.error
-base, key = os.environ["TINKER_BASE_URL"], os.environ["TINKER_API_KEY"]
-for path in ("/v1/pools", "/v1/jobs"):
-    try:
-        r = urllib.request.urlopen(urllib.request.Request(base + path, headers={"X-Api-Key": key}), timeout=10)
-        print(path, r.status, flush=True)
-    except urllib.error.HTTPError as e:
-        print(path, e.code, flush=True)
-`
+// runJobScript submits the Python script as a job with key and returns its log once it has
+// ended (or after a minute).
+func runJobScript(t *testing.T, url, key, script string) string {
+	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	require.NoError(t, tw.WriteHeader(&tar.Header{Name: "s.py", Mode: 0o644, Size: int64(len(script)), Typeflag: tar.TypeReg}))
-	_, err = tw.Write([]byte(script))
+	_, err := tw.Write([]byte(script))
 	require.NoError(t, err)
 	require.NoError(t, tw.Close())
 	cl := loopsv1connect.NewJobServiceClient(http.DefaultClient, url, withKey(key))
@@ -168,6 +185,5 @@ for path in ("/v1/pools", "/v1/jobs"):
 			break
 		}
 	}
-	require.Contains(t, log.String(), "/v1/pools 403", "a job is not an operator")
-	require.Contains(t, log.String(), "/v1/jobs 200", "a job calls its workspace's API")
+	return log.String()
 }

@@ -31,7 +31,6 @@ import (
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/internal/bounded"
-	"github.com/loops-dev/loops/internal/errs"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -61,6 +60,10 @@ type Limits struct {
 	// MaxRequestsPerKey caps the requests one API key has in flight; one more is a 429
 	// with the reason (default auth.DefaultMaxRequestsPerKey; negative: no cap).
 	MaxRequestsPerKey int
+	// LongPoll is how long Tinker's retrieve_future holds a pending operation before it
+	// answers try_again with the operation's queue state (default 25 s, under the SDK's
+	// 45 s read timeout).
+	LongPoll time.Duration
 }
 
 // withDefaults fills in the documented defaults.
@@ -360,6 +363,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		DecompressBudget:     s.budget,
 		Logger:               s.log,
 		Owner:                auth.Workspace,
+		LongPoll:             s.cfg.Limits.LongPoll,
 	})))
 
 	// OpenAI- and Anthropic-compatible inference, over one sampling engine.
@@ -508,20 +512,9 @@ func limitBody(next http.Handler, limit int64) http.Handler {
 	})
 }
 
-// recoverPanics turns a panic in a handler into a 500 and a log line instead of a dropped
-// connection. Handlers must not panic on bad input; this is the last line of defence.
+// recoverPanics turns a panic in a handler into a 500 in Tinker's error shape, logged with
+// its stack under an error id, instead of a dropped connection (see httpedge.Recover).
+// Handlers must not panic on bad input; this is the last line of defence.
 func recoverPanics(log *slog.Logger, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer func() {
-			if v := recover(); v != nil {
-				if v == http.ErrAbortHandler {
-					panic(v)
-				}
-				id := errs.NewID()
-				log.Error("handler panicked", slog.String("path", r.URL.Path), slog.String("error_id", id), slog.Any("panic", v))
-				http.Error(w, `{"detail":"internal error, id `+id+`","code":"internal","reason":"INTERNAL"}`, http.StatusInternalServerError)
-			}
-		}()
-		next.ServeHTTP(w, r)
-	})
+	return compat.ErrorSurface("gateway", log).Recover(next)
 }

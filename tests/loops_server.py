@@ -72,11 +72,11 @@ def _build_binary(out: Path) -> Path:
 
 
 @contextlib.contextmanager
-def running_server(label: str) -> Iterator[Server]:
-    """Starts `loops serve --addr 127.0.0.1:0` on a fresh data folder (or uses LOOPS_E2E_URL),
-    waits for the URL it prints, and stops it on exit. A server that does not start ends the
-    pytest session with its log."""
-    if url := os.environ.get("LOOPS_E2E_URL"):
+def running_server(label: str, extra_args: list[str] | None = None) -> Iterator[Server]:
+    """Starts `loops serve --addr 127.0.0.1:0` (with extra_args) on a fresh data folder (or
+    uses LOOPS_E2E_URL, unless extra_args are given), waits for the URL it prints, and stops
+    it on exit. A server that does not start ends the pytest session with its log."""
+    if (url := os.environ.get("LOOPS_E2E_URL")) and not extra_args:
         url = url.rstrip("/")
         wait_for_port(url)
         yield Server(url, None)
@@ -91,6 +91,7 @@ def running_server(label: str) -> Iterator[Server]:
     log_path = tmp / "server.log"
     cmd = [str(binary), "serve", "--addr", "127.0.0.1:0", "--data-dir", str(tmp / "data")]
     cmd += shlex.split(os.environ.get("LOOPS_E2E_SERVE_ARGS", ""))
+    cmd += extra_args or []
     log = open(log_path, "w", buffering=1)
     log.write(f"$ {shlex.join(cmd)}\n")
     proc = subprocess.Popen(cmd, cwd=tmp, stdout=log, stderr=subprocess.PIPE, text=True, bufsize=1)

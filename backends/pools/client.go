@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"time"
 
@@ -14,19 +13,15 @@ import (
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
 )
 
-// H2CClient is an HTTP client speaking HTTP/2 without TLS (gRPC to workers and to the
-// registry).
-func H2CClient() *http.Client {
-	p := new(http.Protocols)
-	p.SetUnencryptedHTTP2(true)
-	return &http.Client{Transport: &http.Transport{Protocols: p,
-		DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext}}
-}
+// deregisterTimeout bounds the Deregister call of a worker that stops.
+const deregisterTimeout = 5 * time.Second
 
 // ErrDrain is returned by Hold when the gateway tells the replica to stop serving.
 var ErrDrain = errors.New("the gateway asked this replica to drain")
 
-// Hold registers req at the registry url and keeps its lease with heartbeats until ctx ends
+// Hold registers req at the registry url (https://…, dialled by hc, whose TLS
+// configuration accepts only the gateway: mtls.Credentials.RegistryDialConfig) and keeps
+// its lease with heartbeats until ctx ends
 // (then it deregisters), the gateway says drain (ErrDrain) or the lease is lost for good.
 // When the gateway is unreachable or forgot the lease, it registers again with the same
 // incarnation. It is the Go side of what a worker does (the fake worker of poolstest uses
@@ -34,10 +29,20 @@ var ErrDrain = errors.New("the gateway asked this replica to drain")
 func Hold(ctx context.Context, hc *http.Client, url string, req *backendv1.RegisterRequest) error {
 	cl := backendv1connect.NewRegistryServiceClient(hc, url, connect.WithGRPC())
 	backoff := 200 * time.Millisecond
+	lease := "" // the last lease the gateway gave: ended when ctx ends, whatever is in flight then
+	deregister := func() {
+		if lease == "" {
+			return
+		}
+		dctx, cancel := context.WithTimeout(context.Background(), deregisterTimeout)
+		_, _ = cl.Deregister(dctx, &backendv1.DeregisterRequest{LeaseId: lease})
+		cancel()
+	}
 	for {
 		resp, err := cl.Register(ctx, req)
 		if err != nil {
 			if ctx.Err() != nil {
+				deregister() // a registration again (a broken heartbeat stream) was in flight
 				return nil
 			}
 			switch connect.CodeOf(err) {
@@ -53,11 +58,10 @@ func Hold(ctx context.Context, hc *http.Client, url string, req *backendv1.Regis
 			continue
 		}
 		backoff = 200 * time.Millisecond
+		lease = resp.GetLeaseId()
 		err = beat(ctx, cl, resp)
 		if ctx.Err() != nil {
-			dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_, _ = cl.Deregister(dctx, &backendv1.DeregisterRequest{LeaseId: resp.GetLeaseId()})
-			cancel()
+			deregister()
 			return nil
 		}
 		if errors.Is(err, ErrDrain) {

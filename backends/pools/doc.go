@@ -9,8 +9,10 @@
 //
 // Discovery is the same whoever launched a worker: it registers with the Registry (the
 // loops.backend.v1 RegistryService, served by the gateway) with its pool, replica, address,
-// capabilities and an incarnation id, authenticated by a join token, then holds a heartbeat
-// stream. A missed heartbeat marks the replica lost; a new incarnation of a replica means its
+// capabilities and an incarnation id, authenticated by a join token, over TLS only (the
+// Registry's certificate is the gateway's, package mtls), then holds a heartbeat stream.
+// The workers themselves serve mutual TLS with credentials the gateway issues (package
+// mtls): each provider hands its workers theirs. A missed heartbeat marks the replica lost; a new incarnation of a replica means its
 // state (the adapters it held) is gone, and the runs bound to it recover by reloading their
 // last checkpoint (the backend answers NotFound for their adapters).
 //

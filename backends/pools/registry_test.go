@@ -2,6 +2,8 @@ package pools_test
 
 import (
 	"context"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/loops-dev/loops/backends/pools"
+	"github.com/loops-dev/loops/backends/pools/poolstest"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
 )
@@ -18,12 +21,36 @@ func serve(t *testing.T, o pools.RegistryOptions) (*pools.Registry, backendv1con
 	return reg, cl
 }
 
+// registryClient is the HTTP client of a worker of the test's gateway (set by serveURL).
+var registryClient *http.Client
+
 func serveURL(t *testing.T, o pools.RegistryOptions) (*pools.Registry, backendv1connect.RegistryServiceClient, string) {
+	a := poolstest.Authority(t)
 	reg := pools.NewRegistry(o)
-	srv, err := pools.Serve(reg, "127.0.0.1:0")
+	srv, err := pools.Serve(reg, "127.0.0.1:0", a.RegistryConfig())
 	require.NoError(t, err)
 	t.Cleanup(func() { reg.Close(); _ = srv.Close() })
-	return reg, backendv1connect.NewRegistryServiceClient(pools.H2CClient(), srv.URL(), connect.WithGRPC()), srv.URL()
+	registryClient = poolstest.RegistryClient(t, a)
+	return reg, backendv1connect.NewRegistryServiceClient(registryClient, srv.URL(), connect.WithGRPC()), srv.URL()
+}
+
+// TestRegistryIsTLSOnly: the Registry serves TLS only (a plaintext client gets nothing),
+// with the gateway's certificate (a worker of another gateway does not send it its token),
+// and refuses to start without a certificate.
+func TestRegistryIsTLSOnly(t *testing.T) {
+	_, err := pools.Serve(pools.NewRegistry(pools.RegistryOptions{}), "127.0.0.1:0", nil)
+	require.ErrorContains(t, err, "TLS only")
+	_, _, url := serveURL(t, pools.RegistryOptions{JoinToken: "tok"})
+	p := new(http.Protocols)
+	p.SetUnencryptedHTTP2(true)
+	h2c := &http.Client{Transport: &http.Transport{Protocols: p}}
+	plain := backendv1connect.NewRegistryServiceClient(h2c, strings.Replace(url, "https://", "http://", 1), connect.WithGRPC())
+	_, err = plain.Register(t.Context(), req("p", 0, "a"))
+	require.Error(t, err)
+	require.NotEqual(t, connect.CodeUnauthenticated, connect.CodeOf(err), "the registry never saw the call")
+	other := backendv1connect.NewRegistryServiceClient(poolstest.RegistryClient(t, poolstest.Authority(t)), url, connect.WithGRPC())
+	_, err = other.Register(t.Context(), req("p", 0, "a"))
+	require.ErrorContains(t, err, "certificate", "another gateway's worker does not trust this registry")
 }
 
 func req(pool string, replica uint32, inc string) *backendv1.RegisterRequest {
@@ -120,7 +147,7 @@ func TestHeartbeatLossAndIncarnations(t *testing.T) {
 	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err))
 	r0 := req("p", 0, "d")
 	errc := make(chan error, 1)
-	go func() { errc <- pools.Hold(hctx, pools.H2CClient(), url, r0) }()
+	go func() { errc <- pools.Hold(hctx, registryClient, url, r0) }()
 	require.Eventually(t, func() bool { return len(reg.Members("p")) == 2 }, 5*time.Second, 10*time.Millisecond)
 	reg.SetDesired("p", 0)
 	select {
@@ -181,7 +208,7 @@ func TestDropPoolDrains(t *testing.T) {
 	reg, _, url := serveURL(t, pools.RegistryOptions{JoinToken: "tok", HeartbeatInterval: 50 * time.Millisecond})
 	reg.SetDesired("p", 1)
 	errc := make(chan error, 1)
-	go func() { errc <- pools.Hold(t.Context(), pools.H2CClient(), url, req("p", 0, "a")) }()
+	go func() { errc <- pools.Hold(t.Context(), registryClient, url, req("p", 0, "a")) }()
 	require.Eventually(t, func() bool { return len(reg.Members("p")) == 1 }, 5*time.Second, 10*time.Millisecond)
 	reg.DropPool("p", "deleted")
 	select {

@@ -9,8 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"sort"
-	"strings"
 	"sync"
 
 	"connectrpc.com/connect"
@@ -22,6 +20,7 @@ import (
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/hfcache"
 	"github.com/loops-dev/loops/internal/semantics"
 )
 
@@ -34,8 +33,8 @@ type Options struct {
 	// means a folder under the user cache directory.
 	DataDir string
 	// Models to serve: "loops/tiny", local Hugging Face folders, or Hugging Face ids found
-	// in the local cache ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub). Empty
-	// means just "loops/tiny".
+	// in the local hub cache (ResolveModelDir, internal/hfcache). Empty means just
+	// "loops/tiny".
 	Models []string
 	// MaxLoraRank caps adapter ranks (default 64).
 	MaxLoraRank int
@@ -159,38 +158,17 @@ func (e *Engine) Close() error {
 }
 
 // ResolveModelDir finds the folder of a model name: a local folder holding config.json,
-// or a Hugging Face id in the local hub cache (models--Org--Name/snapshots/<rev>/).
+// or a Hugging Face id in the local hub cache (hfcache.Find: models--Org--Name/snapshots/<rev>/).
 func ResolveModelDir(name string) (dir, tokenizerID string, err error) {
 	if st, err := os.Stat(filepath.Join(name, "config.json")); err == nil && !st.IsDir() {
 		abs, err := filepath.Abs(name)
 		return abs, abs, err
 	}
-	var roots []string
-	if v := os.Getenv("HF_HUB_CACHE"); v != "" {
-		roots = append(roots, v)
+	dir, err = hfcache.Find(name, "config.json")
+	if err != nil {
+		return "", "", fmt.Errorf("%q is neither a folder with config.json nor a model in the local Hugging Face cache (%w); download it first, e.g. `huggingface-cli download %s`", name, err, name)
 	}
-	if v := os.Getenv("HF_HOME"); v != "" {
-		roots = append(roots, filepath.Join(v, "hub"))
-	}
-	if home, err := os.UserHomeDir(); err == nil {
-		roots = append(roots, filepath.Join(home, ".cache", "huggingface", "hub"))
-	}
-	repo := "models--" + strings.ReplaceAll(name, "/", "--")
-	for _, r := range roots {
-		base := filepath.Join(r, repo)
-		if ref, err := os.ReadFile(filepath.Join(base, "refs", "main")); err == nil {
-			d := filepath.Join(base, "snapshots", strings.TrimSpace(string(ref)))
-			if _, err := os.Stat(filepath.Join(d, "config.json")); err == nil {
-				return d, name, nil
-			}
-		}
-		snaps, _ := filepath.Glob(filepath.Join(base, "snapshots", "*", "config.json"))
-		sort.Strings(snaps)
-		if len(snaps) > 0 {
-			return filepath.Dir(snaps[len(snaps)-1]), name, nil
-		}
-	}
-	return "", "", fmt.Errorf("%q is neither a folder with config.json nor a model in the local Hugging Face cache (searched %v); download it first, e.g. `huggingface-cli download %s`", name, roots, name)
+	return dir, name, nil
 }
 
 func (e *Engine) loadModel(name string) (*baseModel, error) {

@@ -2,6 +2,7 @@ package reference
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -208,13 +209,10 @@ type fbItem struct {
 }
 
 func itemError(err error) *backendv1.ForwardBackwardItemResult {
-	code := connect.CodeInternal
-	if ce, ok := err.(*connect.Error); ok {
-		code = ce.Code()
-	}
-	msg := err.Error()
-	if ce, ok := err.(*connect.Error); ok {
-		msg = ce.Message()
+	code, msg := connect.CodeInternal, err.Error()
+	var ce *connect.Error
+	if errors.As(err, &ce) { // a wrapped connect error keeps its code
+		code, msg = ce.Code(), ce.Message()
 	}
 	return &backendv1.ForwardBackwardItemResult{Outcome: &backendv1.ForwardBackwardItemResult_Error{
 		Error: &backendv1.ItemError{Code: int32(code), Message: msg}}}

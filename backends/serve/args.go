@@ -18,6 +18,7 @@ import (
 	"syscall"
 
 	"github.com/loops-dev/loops/backends/pools"
+	"github.com/loops-dev/loops/backends/pools/mtls"
 	"github.com/loops-dev/loops/backends/reference"
 	"github.com/loops-dev/loops/backends/tiny"
 )
@@ -47,15 +48,16 @@ var poolIDRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
 type flags struct {
 	listen, device, dataDir                  string
 	register, pool, joinTokenFile, advertise string
-	models                                   modelFlag
+	tls                                      mtls.Files
+	models, allowDirs, origins               listFlag
 	maxLoraRank, maxAdapters, threads        int
 	replica                                  int
 }
 
-type modelFlag []string
+type listFlag []string
 
-func (m *modelFlag) String() string     { return strings.Join(*m, ",") }
-func (m *modelFlag) Set(v string) error { *m = append(*m, v); return nil }
+func (m *listFlag) String() string     { return strings.Join(*m, ",") }
+func (m *listFlag) Set(v string) error { *m = append(*m, v); return nil }
 
 // define declares the flags on fs: the Python worker's names and defaults, where the Go
 // worker has the setting.
@@ -69,7 +71,16 @@ func define(fs *flag.FlagSet, f *flags) {
 	fs.IntVar(&f.maxAdapters, "max-adapters", 256, "adapters held at once (the trainer's slots)")
 	fs.IntVar(&f.threads, "threads", 0, "goroutines for the matrix kernels (0 = every CPU)")
 	fs.StringVar(&f.dataDir, "data-dir", defaultDataDir(), "folder for the built-in model (DATA_DIR/models/loops-tiny)")
-	fs.StringVar(&f.register, "register", "", "gateway registry URL (http://host:port): register and heartbeat there")
+	fs.StringVar(&f.tls.Cert, "tls-cert", "", "the worker's certificate, issued by the gateway (required: the worker serves over\n"+
+		"mutual TLS only; the gateway writes it for the workers it starts, loops pools credentials\n"+
+		"issues it for one started by hand)")
+	fs.StringVar(&f.tls.Key, "tls-key", "", "the worker's private key (a file of mode 0600)")
+	fs.StringVar(&f.tls.CA, "tls-ca", "", "the gateway CA's certificate: the only clients the worker answers, and the registry it trusts")
+	fs.Var(&f.allowDirs, "allow-dir", "folder that requests may name to save adapters into or load and sample them from,\n"+
+		"repeatable (the gateway's data dir, when the worker shares its file system); none: no folder")
+	fs.Var(&f.origins, "checkpoint-origin", "scheme://host[:port] of the checkpoint store that checkpoint URLs may name, repeatable;\n"+
+		"none: no URL")
+	fs.StringVar(&f.register, "register", "", "gateway registry URL (https://host:port): register and heartbeat there")
 	fs.StringVar(&f.pool, "pool", "", "with --register: the pool this worker is a replica of")
 	fs.IntVar(&f.replica, "replica", 0, "with --register: the replica index in the pool")
 	fs.StringVar(&f.joinTokenFile, "join-token-file", "", "with --register: file holding the gateway's join token")
@@ -94,7 +105,8 @@ func Usage(w io.Writer) {
 	_, _ = fmt.Fprint(w, `Usage: loops worker [flags]
 
 Serve the pure-Go CPU engine (the reference backend) as a Loops worker: the
-loops.backend.v1 TrainerService and SamplerService over gRPC/Connect on h2c. It prints
+loops.backend.v1 TrainerService and SamplerService over gRPC/Connect on HTTP/2 with mutual
+TLS: it answers only the gateway that issued its credentials. It prints
 "`+strings.TrimSpace(ReadyPrefix)+` host:port" on stdout once it serves; with --register it
 registers with the gateway's worker registry and heartbeats until it is told to drain.
 The gateway starts it as a pool's worker with the torch backend's worker_command option
@@ -136,7 +148,7 @@ func ParseArgs(args []string) (Options, error) {
 		return Options{}, fmt.Errorf("unexpected argument %q: every setting is a flag (see loops worker --help)", fs.Arg(0))
 	}
 	o := Options{Listen: f.listen, Register: f.register, Pool: f.pool, Replica: f.replica, JoinTokenFile: f.joinTokenFile,
-		Advertise: f.advertise, ExitOnStdinEOF: os.Getenv(ExitOnStdinEOFEnv) == "1"}
+		Advertise: f.advertise, ExitOnStdinEOF: os.Getenv(ExitOnStdinEOFEnv) == "1", AllowDirs: f.allowDirs, CheckpointOrigins: f.origins}
 	o.Engine = reference.Options{DataDir: f.dataDir, MaxLoraRank: f.maxLoraRank, MaxAdapters: f.maxAdapters, Threads: f.threads}
 	if _, port, err := net.SplitHostPort(f.listen); err != nil {
 		return Options{}, fmt.Errorf("--listen %q is not host:port (e.g. 127.0.0.1:0 or 0.0.0.0:7460)", f.listen)
@@ -162,8 +174,8 @@ func ParseArgs(args []string) (Options, error) {
 	}
 	if f.register != "" {
 		u, err := url.Parse(f.register)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return Options{}, fmt.Errorf("--register %q is not a registry URL such as http://127.0.0.1:7450", f.register)
+		if err != nil || u.Scheme != "https" || u.Host == "" {
+			return Options{}, fmt.Errorf("--register %q is not a registry URL such as https://127.0.0.1:7450 (the registry serves TLS only)", f.register)
 		}
 		if f.pool == "" || f.joinTokenFile == "" {
 			return Options{}, errors.New("--register needs --pool and --join-token-file")
@@ -179,6 +191,17 @@ func ParseArgs(args []string) (Options, error) {
 		}
 		o.Engine.Models = append(o.Engine.Models, name)
 	}
+	if _, err := newConfinement(f.allowDirs, f.origins); err != nil {
+		return Options{}, err
+	}
+	if f.tls == (mtls.Files{}) {
+		return Options{}, errors.New("--tls-cert, --tls-key and --tls-ca are required: the worker serves over mutual TLS only, with the credentials the gateway issues (loops pools credentials issues them for a worker started by hand)")
+	}
+	creds, err := mtls.Load(f.tls)
+	if err != nil {
+		return Options{}, err
+	}
+	o.Credentials = creds
 	return o, nil
 }
 

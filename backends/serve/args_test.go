@@ -4,38 +4,59 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/loops-dev/loops/backends/pools/mtls"
 	"github.com/loops-dev/loops/backends/reference"
 	"github.com/loops-dev/loops/backends/tiny"
 )
+
+// tlsArgs writes a worker's credentials and returns the flags that name them, and the
+// credentials.
+func tlsArgs(t testing.TB, dir string) ([]string, *mtls.Credentials) {
+	t.Helper()
+	a, err := mtls.Open(filepath.Join(dir, "ca"))
+	require.NoError(t, err)
+	c, err := a.Issue("p", 0)
+	require.NoError(t, err)
+	files, err := c.Write(filepath.Join(dir, "worker"))
+	require.NoError(t, err)
+	return files.Args(), c
+}
 
 // TestParseArgs: the command line the gateway's local provider gives a worker, and the
 // defaults.
 func TestParseArgs(t *testing.T) {
 	t.Setenv(ExitOnStdinEOFEnv, "1")
-	o, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--register", "http://127.0.0.1:7450", "--pool", "torch-loops-tiny",
+	targs, creds := tlsArgs(t, t.TempDir())
+	allowed := t.TempDir()
+	o, err := ParseArgs(append([]string{"--listen", "127.0.0.1:0", "--register", "https://127.0.0.1:7450", "--pool", "torch-loops-tiny",
 		"--replica", "3", "--join-token-file", "/tmp/token", "--model", "loops/tiny=/data/models/loops-tiny",
-		"--max-lora-rank", "32", "--device", "cpu", "--threads", "2", "--max-adapters", "8", "--data-dir", "/tmp/d", "--advertise", "10.0.0.5"})
+		"--max-lora-rank", "32", "--device", "cpu", "--threads", "2", "--max-adapters", "8", "--data-dir", "/tmp/d", "--advertise", "10.0.0.5",
+		"--allow-dir", allowed, "--checkpoint-origin", "https://s3.example.com"}, targs...))
 	require.NoError(t, err)
-	require.Equal(t, Options{Listen: "127.0.0.1:0", Register: "http://127.0.0.1:7450", Pool: "torch-loops-tiny", Replica: 3,
-		JoinTokenFile: "/tmp/token", Advertise: "10.0.0.5", ExitOnStdinEOF: true,
+	require.Equal(t, Options{Listen: "127.0.0.1:0", Register: "https://127.0.0.1:7450", Pool: "torch-loops-tiny", Replica: 3,
+		JoinTokenFile: "/tmp/token", Advertise: "10.0.0.5", ExitOnStdinEOF: true, Credentials: creds,
+		AllowDirs: []string{allowed}, CheckpointOrigins: []string{"https://s3.example.com"},
 		Engine: reference.Options{DataDir: "/tmp/d", Models: []string{tiny.Name}, MaxLoraRank: 32, MaxAdapters: 8, Threads: 2}}, o)
 
 	t.Setenv(ExitOnStdinEOFEnv, "")
-	o, err = ParseArgs(nil)
+	o, err = ParseArgs(targs)
 	require.NoError(t, err)
-	require.Equal(t, Options{Listen: "127.0.0.1:0",
+	require.Equal(t, Options{Listen: "127.0.0.1:0", Credentials: creds,
 		Engine: reference.Options{DataDir: defaultDataDir(), MaxLoraRank: 64, MaxAdapters: 256}}, o, "the Python worker's defaults; no model: the engine's (loops/tiny)")
+	_, err = ParseArgs(nil)
+	require.ErrorContains(t, err, "--tls-cert, --tls-key and --tls-ca are required", "no credentials, no worker")
 
 	// a folder named by itself, or by the Hugging Face id that resolves to it
 	dir := t.TempDir()
 	model := filepath.Join(dir, "m")
 	require.NoError(t, tiny.Write(model))
-	o, err = ParseArgs([]string{"--model", model, "--model", model + "=" + model + "/", "-model=Org/Name"})
+	o, err = ParseArgs(append([]string{"--model", model, "--model", model + "=" + model + "/", "-model=Org/Name"}, targs...))
 	require.NoError(t, err)
 	require.Equal(t, []string{model, model, "Org/Name"}, o.Engine.Models)
 	hub := filepath.Join(dir, "hub")
@@ -43,7 +64,7 @@ func TestParseArgs(t *testing.T) {
 	snap := filepath.Join(hub, "models--Org--Name", "snapshots", "abc")
 	require.NoError(t, os.MkdirAll(filepath.Dir(snap), 0o755))
 	require.NoError(t, os.Symlink(model, snap))
-	o, err = ParseArgs([]string{"--model", "Org/Name=" + snap, "--model", "Org/Name=" + model})
+	o, err = ParseArgs(append([]string{"--model", "Org/Name=" + snap, "--model", "Org/Name=" + model}, targs...))
 	require.NoError(t, err)
 	require.Equal(t, []string{"Org/Name", "Org/Name"}, o.Engine.Models)
 
@@ -54,6 +75,7 @@ func TestParseArgs(t *testing.T) {
 // TestParseArgsErrors: each bad command line is refused with a reason that says what to
 // pass instead.
 func TestParseArgsErrors(t *testing.T) {
+	targs, _ := tlsArgs(t, t.TempDir())
 	model := filepath.Join(t.TempDir(), "m")
 	require.NoError(t, tiny.Write(model))
 	for _, c := range []struct {
@@ -79,11 +101,17 @@ func TestParseArgsErrors(t *testing.T) {
 		{[]string{"--threads", "many"}, "invalid value"},
 		{[]string{"--replica", "1024"}, "--replica must be between 0 and 1023"},
 		{[]string{"--data-dir", ""}, "--data-dir must not be empty"},
-		{[]string{"--register", "http://127.0.0.1:1"}, "--register needs --pool and --join-token-file"},
+		{[]string{"--register", "https://127.0.0.1:1"}, "--register needs --pool and --join-token-file"},
 		{[]string{"--register", "127.0.0.1:7450", "--pool", "p", "--join-token-file", "f"}, "is not a registry URL"},
-		{[]string{"--register", "http://h:1", "--pool", "p q", "--join-token-file", "f"}, "--pool \"p q\" must be"},
+		{[]string{"--register", "https://h:1", "--pool", "p q", "--join-token-file", "f"}, "--pool \"p q\" must be"},
+		{[]string{"--register", "http://h:1", "--pool", "p", "--join-token-file", "f"}, "the registry serves TLS only"},
+		{[]string{"--allow-dir", "relative"}, "must be an absolute path"},
+		{[]string{"--allow-dir", "/does/not/exist"}, "--allow-dir /does/not/exist"},
+		{[]string{"--checkpoint-origin", "https://s3.example.com/bucket"}, "must be scheme://host[:port]"},
+		{[]string{"--checkpoint-origin", "ftp://h"}, "must be scheme://host[:port]"},
+		{[]string{"--tls-cert", "/nonexistent", "--tls-key", "/nonexistent", "--tls-ca", "/nonexistent"}, "no such file"},
 	} {
-		_, err := ParseArgs(c.args)
+		_, err := ParseArgs(append(slices.Clone(targs), c.args...))
 		require.ErrorContains(t, err, c.want, "%q", c.args)
 	}
 }
@@ -92,12 +120,14 @@ func TestParseArgsErrors(t *testing.T) {
 // what parses holds values Run can take.
 func FuzzParseArgs(f *testing.F) {
 	for _, s := range []string{"", "--listen 127.0.0.1:0 --model loops/tiny=/x --max-lora-rank 8",
-		"--register http://h:1 --pool p --replica 2 --join-token-file t", "--device gpu", "--model a=b --model =",
+		"--register https://h:1 --pool p --replica 2 --join-token-file t", "--device gpu", "--model a=b --model =",
+		"--allow-dir / --checkpoint-origin https://s3:9000", "--allow-dir ../x", "--checkpoint-origin http://u@h",
 		"-threads=-1", "--listen [::1]:0", "--help", "-- --model", "--max-adapters 99999999999999999999"} {
 		f.Add(s)
 	}
+	targs, _ := tlsArgs(f, f.TempDir())
 	f.Fuzz(func(t *testing.T, line string) {
-		args := strings.Fields(line)
+		args := append(strings.Fields(line), targs...)
 		o, err := ParseArgs(args)
 		if err != nil {
 			require.NotEmpty(t, err.Error())

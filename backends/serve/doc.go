@@ -1,7 +1,11 @@
 // Package serve runs a worker: it serves a backends.Backend (the pure-Go reference engine
 // unless told otherwise) as the loops.backend.v1 TrainerService and SamplerService over
-// Connect, gRPC and gRPC-Web on one h2c listener, the protocol the gateway's worker client
-// (backends/worker) speaks to the Python worker (python -m loops_worker).
+// Connect, gRPC and gRPC-Web on one listener, HTTP/2 with mutual TLS only (the credentials
+// the gateway issues, backends/pools/mtls: it answers only that gateway), the protocol the
+// gateway's worker client (backends/worker) speaks to the Python worker (python -m
+// loops_worker). The folders and URLs a request names are checked first (confine.go):
+// folders inside Options.AllowDirs, symbolic links resolved; URLs of the checkpoint store
+// (Options.CheckpointOrigins).
 //
 // Run is `loops worker` (and `python -m loops_worker`'s Go twin): it listens, prints
 // "LOOPS_WORKER_LISTENING host:port" on stdout once it serves, and with a registry URL

@@ -3,6 +3,7 @@ package serve
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/pools"
+	"github.com/loops-dev/loops/backends/pools/mtls"
 	"github.com/loops-dev/loops/backends/reference"
 	"github.com/loops-dev/loops/backends/tiny"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
@@ -48,14 +50,25 @@ const maxStreamBacklog = 1 << 20
 type Options struct {
 	// Listen is the host:port to listen on (default 127.0.0.1:0: a free port on loopback).
 	Listen string
+	// Credentials are the worker's TLS credentials, issued by the gateway (required): the
+	// worker serves over mutual TLS only, and answers only the gateway that issued them.
+	Credentials *mtls.Credentials
+	// AllowDirs are the folders requests may name (to save adapters into, and to load and
+	// sample adapters from), absolute; a folder outside them, once symbolic links are
+	// resolved, is refused. None: the worker takes no folder at all.
+	AllowDirs []string
+	// CheckpointOrigins are the checkpoint store's scheme://host[:port] that checkpoint
+	// URLs in requests may name; any other URL is refused. None: no URL is taken.
+	CheckpointOrigins []string
 	// Backend is what the worker serves. Nil: Run starts the reference engine with Engine,
 	// and closes it when it returns; a given Backend is not closed.
 	Backend backends.Backend
 	// Engine configures the reference engine when Backend is nil.
 	Engine reference.Options
-	// Register is the gateway's worker registry (http://host:port); empty: the worker does
+	// Register is the gateway's worker registry (https://host:port); empty: the worker does
 	// not register. With it, Pool and JoinTokenFile are required: the worker registers as
-	// replica Replica of pool Pool, authenticated by the token in JoinTokenFile.
+	// replica Replica of pool Pool, authenticated by the token in JoinTokenFile, and checks
+	// the registry's certificate against the gateway CA of its Credentials.
 	Register      string
 	Pool          string
 	Replica       int
@@ -77,39 +90,44 @@ type Options struct {
 	ShutdownGrace time.Duration
 }
 
-// Handler serves b as the loops.backend.v1 TrainerService and SamplerService (Connect,
-// gRPC and gRPC-Web), reading and sending messages of up to MaxMessageBytes. StreamSample
-// streams when b's sampler implements backends.TokenStreamer and answers Unimplemented
-// otherwise (the worker client then falls back to Sample). A panic in a call answers
-// Internal instead of ending the process. opts are added after the defaults.
-func Handler(b backends.Backend, opts ...connect.HandlerOption) http.Handler {
-	hopts := append([]connect.HandlerOption{
+// handler serves b as the loops.backend.v1 TrainerService and SamplerService (Connect,
+// gRPC and gRPC-Web), reading and sending messages of up to MaxMessageBytes, every
+// request's folders and URLs checked by c first. StreamSample streams when b's sampler
+// implements backends.TokenStreamer and answers Unimplemented otherwise (the worker client
+// then falls back to Sample). A panic in a call answers Internal instead of ending the
+// process.
+func handler(b backends.Backend, c *confinement) http.Handler {
+	hopts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(MaxMessageBytes),
 		connect.WithSendMaxBytes(MaxMessageBytes),
 		connect.WithRecover(func(_ context.Context, spec connect.Spec, _ http.Header, p any) error {
 			slog.Error("worker call panicked", slog.String("procedure", spec.Procedure), slog.Any("panic", p))
-			return connect.NewError(connect.CodeInternal, fmt.Errorf("the worker failed in %s: %v", spec.Procedure, p))
+			return connect.NewError(connect.CodeInternal, fmt.Errorf("the worker failed in %s", spec.Procedure))
 		}),
-	}, opts...)
+	}
 	mux := http.NewServeMux()
-	mux.Handle(backendv1connect.NewTrainerServiceHandler(b.Trainer(), hopts...))
-	mux.Handle(backendv1connect.NewSamplerServiceHandler(samplerHandler{b.Sampler()}, hopts...))
+	mux.Handle(backendv1connect.NewTrainerServiceHandler(trainerHandler{b.Trainer(), c}, hopts...))
+	mux.Handle(backendv1connect.NewSamplerServiceHandler(samplerHandler{b.Sampler(), c}, hopts...))
 	return mux
 }
 
-// NewServer returns an HTTP server of Handler(b) that speaks HTTP/1.1 and HTTP/2 without
-// TLS (h2c), with a bound on reading request headers. Its calls have no deadline of their
-// own: a training pass takes as long as it takes.
-func NewServer(b backends.Backend, opts ...connect.HandlerOption) *http.Server {
+// newServer returns an HTTP server of handler(b, c) that speaks HTTP/2 over mutual TLS
+// with cfg (mtls.Credentials.ServerConfig) and nothing else, with a bound on reading
+// request headers. Its calls have no deadline of their own: a training pass takes as long
+// as it takes.
+func newServer(b backends.Backend, cfg *tls.Config, c *confinement) *http.Server {
 	p := new(http.Protocols)
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	return &http.Server{Handler: Handler(b, opts...), Protocols: p, ReadHeaderTimeout: 10 * time.Second,
+	p.SetHTTP2(true)
+	return &http.Server{Handler: handler(b, c), Protocols: p, TLSConfig: cfg, ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes: 1 << 20}
 }
 
-// samplerHandler is the SamplerService of a backends.Sampler.
-type samplerHandler struct{ s backends.Sampler }
+// samplerHandler is the SamplerService of a backends.Sampler, every request's adapter
+// folder and URLs checked by c first.
+type samplerHandler struct {
+	s backends.Sampler
+	c *confinement
+}
 
 var _ backendv1connect.SamplerServiceHandler = samplerHandler{}
 
@@ -118,6 +136,9 @@ func (h samplerHandler) GetCapabilities(ctx context.Context, req *backendv1.GetC
 }
 
 func (h samplerHandler) Sample(ctx context.Context, req *backendv1.SampleRequest) (*backendv1.SampleResponse, error) {
+	if err := h.c.sample(req); err != nil {
+		return nil, err
+	}
 	return h.s.Sample(ctx, req)
 }
 
@@ -133,6 +154,9 @@ func (h samplerHandler) StreamSample(ctx context.Context, req *backendv1.StreamS
 	sreq := req.GetRequest()
 	if sreq == nil {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("request is required"))
+	}
+	if err := h.c.sample(sreq); err != nil {
+		return err
 	}
 	buf := tokenstream.NewBuffer(streamBacklog(sreq))
 	ctx, cancel := context.WithCancel(ctx)
@@ -225,6 +249,17 @@ func Run(ctx context.Context, o Options) error {
 	if o.ShutdownGrace <= 0 {
 		o.ShutdownGrace = DefaultShutdownGrace
 	}
+	if o.Credentials == nil {
+		return errors.New("the worker serves over mutual TLS only and needs the credentials the gateway issues (--tls-cert, --tls-key, --tls-ca): the gateway writes them for the workers it starts, and loops pools credentials issues them for a worker started by hand")
+	}
+	tlsCfg, err := o.Credentials.ServerConfig()
+	if err != nil {
+		return err
+	}
+	conf, err := newConfinement(o.AllowDirs, o.CheckpointOrigins)
+	if err != nil {
+		return err
+	}
 	var token string
 	if o.Register != "" {
 		if o.Pool == "" || o.JoinTokenFile == "" {
@@ -254,9 +289,9 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", o.Listen, err)
 	}
-	srv := NewServer(b)
+	srv := newServer(b, tlsCfg, conf)
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(l) }()
+	go func() { served <- srv.ServeTLS(l, "", "") }()
 	_, port, _ := net.SplitHostPort(l.Addr().String())
 	host, _, _ := net.SplitHostPort(o.Listen)
 	if host == "" {
@@ -291,8 +326,15 @@ func Run(ctx context.Context, o Options) error {
 		req := &backendv1.RegisterRequest{PoolId: o.Pool, Replica: uint32(o.Replica),
 			Address:       net.JoinHostPort(advertiseHost(o.Listen, o.Advertise), port),
 			IncarnationId: incarnationID(), JoinToken: token, Capabilities: caps}
+		rcfg, err := o.Credentials.RegistryDialConfig()
+		if err != nil {
+			_ = srv.Close()
+			return err
+		}
+		hc := mtls.HTTPClient(rcfg)
+		defer hc.CloseIdleConnections()
 		held = make(chan error, 1)
-		go func() { held <- pools.Hold(ctx, pools.H2CClient(), o.Register, req) }()
+		go func() { held <- pools.Hold(ctx, hc, o.Register, req) }()
 		o.Logger.Info("registering", slog.String("registry", o.Register), slog.String("pool", o.Pool), slog.Int("replica", o.Replica),
 			slog.String("advertise", req.GetAddress()), slog.String("incarnation", req.GetIncarnationId()))
 	}

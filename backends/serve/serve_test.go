@@ -23,6 +23,8 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/pools"
+	"github.com/loops-dev/loops/backends/pools/mtls"
+	"github.com/loops-dev/loops/backends/pools/poolstest"
 	"github.com/loops-dev/loops/backends/reference"
 	"github.com/loops-dev/loops/backends/tiny"
 	"github.com/loops-dev/loops/backends/worker"
@@ -40,9 +42,40 @@ type running struct {
 	done   chan error
 }
 
-// start runs Run with o and waits for its ready line.
-func start(t *testing.T, o Options) *running {
+// gateway is the test's gateway: a data dir, and the worker TLS authority the worker
+// backend opens there.
+type gateway struct {
+	dir  string
+	auth *mtls.Authority
+}
+
+func newGateway(t *testing.T) *gateway {
 	t.Helper()
+	dir := t.TempDir()
+	a, err := mtls.Open(filepath.Join(dir, "pools", "tls"))
+	require.NoError(t, err)
+	return &gateway{dir: dir, auth: a}
+}
+
+// creds are the credentials of a worker of the pool the gateway's worker backend dials
+// (that of the built-in model, in the workers mode).
+func (g *gateway) creds(t *testing.T) *mtls.Credentials {
+	t.Helper()
+	c, err := g.auth.Issue(worker.PoolID(tiny.Name), 0)
+	require.NoError(t, err)
+	return c
+}
+
+// start runs Run with o (credentials from g unless o has some; the temp folder allowed)
+// and waits for its ready line.
+func start(t *testing.T, g *gateway, o Options) *running {
+	t.Helper()
+	if o.Credentials == nil {
+		o.Credentials = g.creds(t)
+	}
+	if o.AllowDirs == nil {
+		o.AllowDirs = []string{os.TempDir()} // where the tests' adapter folders are
+	}
 	pr, pw := io.Pipe()
 	o.Stdout = pw
 	if o.Logger == nil {
@@ -103,10 +136,10 @@ func engineOptions(t *testing.T) (reference.Options, string) {
 	return reference.Options{DataDir: dataDir, Threads: 2}, modelDir
 }
 
-// workerClient is the gateway's worker backend dialling addr.
-func workerClient(t *testing.T, addr string) *worker.Backend {
+// workerClient is g's worker backend dialling addr.
+func workerClient(t *testing.T, g *gateway, addr string) *worker.Backend {
 	t.Helper()
-	b, err := worker.New(t.Context(), worker.Options{Workers: []string{addr}, DataDir: t.TempDir(), Logger: testLogger(t)})
+	b, err := worker.New(t.Context(), worker.Options{Workers: []string{addr}, DataDir: g.dir, Logger: testLogger(t)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
 	return b
@@ -121,8 +154,9 @@ func (sharedHandle) Close() error { return nil }
 // semantics survive the loops.backend.v1 round trip.
 func TestConformance(t *testing.T) {
 	eo, modelDir := engineOptions(t)
-	r := start(t, Options{Engine: eo})
-	b := workerClient(t, r.addr)
+	g := newGateway(t)
+	r := start(t, g, Options{Engine: eo})
+	b := workerClient(t, g, r.addr)
 	backendtest.Run(t, func(t *testing.T) backends.Backend { return sharedHandle{b} }, backendtest.Options{
 		ModelName:    tiny.Name,
 		ModelDir:     modelDir,
@@ -149,8 +183,9 @@ func (c *collect) Gone() <-chan struct{} { return c.gone }
 // sequence, in order, then the response Sample gives (bit for bit: same seed).
 func TestStreamSample(t *testing.T) {
 	eo, _ := engineOptions(t)
-	r := start(t, Options{Engine: eo})
-	b := workerClient(t, r.addr)
+	g := newGateway(t)
+	r := start(t, g, Options{Engine: eo})
+	b := workerClient(t, g, r.addr)
 	req := &backendv1.SampleRequest{BaseModel: tiny.Name, Prompt: []int32{5, 17, 42, 9}, NumSamples: 2,
 		Params: &loopsv1.SamplingParams{MaxTokens: 12, Temperature: 1, TopP: 1, Seed: proto.Uint64(7), TopLogprobs: 2}}
 	sink := &collect{gone: make(chan struct{})}
@@ -186,15 +221,16 @@ func TestStreamSampleUnimplemented(t *testing.T) {
 	eo, _ := engineOptions(t)
 	e, err := reference.New(eo)
 	require.NoError(t, err)
-	r := start(t, Options{Backend: plainBackend{e}})
-	cl := backendv1connect.NewSamplerServiceClient(pools.H2CClient(), "http://"+r.addr, connect.WithGRPC())
+	g := newGateway(t)
+	r := start(t, g, Options{Backend: plainBackend{e}})
+	cl := backendv1connect.NewSamplerServiceClient(g.client(t), "https://"+r.addr, connect.WithGRPC())
 	req := &backendv1.SampleRequest{BaseModel: tiny.Name, Prompt: []int32{5, 6}, Params: &loopsv1.SamplingParams{MaxTokens: 3, Temperature: 1, TopP: 1}}
 	st, err := cl.StreamSample(t.Context(), &backendv1.StreamSampleRequest{Request: req})
 	require.NoError(t, err)
 	for st.Receive() {
 	}
 	require.Equal(t, connect.CodeUnimplemented, connect.CodeOf(st.Err()))
-	b := workerClient(t, r.addr)
+	b := workerClient(t, g, r.addr)
 	sink := &collect{gone: make(chan struct{})}
 	resp, err := b.Sampler().(backends.TokenStreamer).SampleStream(t.Context(), req, sink)
 	require.NoError(t, err)
@@ -202,30 +238,39 @@ func TestStreamSampleUnimplemented(t *testing.T) {
 	require.Empty(t, sink.toks)
 }
 
-// TestProtocols: the services answer Connect (JSON over HTTP/1.1) and gRPC-Web as well as
-// gRPC.
+// TestProtocols: the services answer gRPC and gRPC-Web, and Connect (JSON), over HTTP/2
+// with mutual TLS.
 func TestProtocols(t *testing.T) {
 	eo, _ := engineOptions(t)
-	r := start(t, Options{Engine: eo})
-	resp, err := http.Post("http://"+r.addr+backendv1connect.TrainerServiceGetCapabilitiesProcedure, "application/json", strings.NewReader("{}"))
+	g := newGateway(t)
+	r := start(t, g, Options{Engine: eo})
+	hc := g.client(t)
+	resp, err := hc.Post("https://"+r.addr+backendv1connect.TrainerServiceGetCapabilitiesProcedure, "application/json", strings.NewReader("{}"))
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
 	require.Contains(t, string(body), `"implementation":"reference"`)
 	for _, opt := range []connect.ClientOption{connect.WithGRPCWeb(), connect.WithGRPC()} {
-		cl := backendv1connect.NewSamplerServiceClient(pools.H2CClient(), "http://"+r.addr, opt)
+		cl := backendv1connect.NewSamplerServiceClient(hc, "https://"+r.addr, opt)
 		caps, err := cl.GetCapabilities(t.Context(), &backendv1.GetCapabilitiesRequest{})
 		require.NoError(t, err)
 		require.Equal(t, tiny.Name, caps.GetModels()[0].GetName())
 	}
 }
 
-// registry serves a worker registry with a fast heartbeat.
-func registry(t *testing.T, token string) (*pools.Registry, string, string) {
+// client is the HTTP client of g dialling a worker of its pool.
+func (g *gateway) client(t *testing.T) *http.Client {
+	hc := mtls.HTTPClient(g.auth.DialConfig(worker.PoolID(tiny.Name)))
+	t.Cleanup(hc.CloseIdleConnections)
+	return hc
+}
+
+// registry serves g's worker registry with a fast heartbeat.
+func registry(t *testing.T, g *gateway, token string) (*pools.Registry, string, string) {
 	t.Helper()
 	reg := pools.NewRegistry(pools.RegistryOptions{JoinToken: token, HeartbeatInterval: 100 * time.Millisecond, HeartbeatTimeout: 2 * time.Second})
-	srv, err := pools.Serve(reg, "127.0.0.1:0")
+	srv, err := pools.Serve(reg, "127.0.0.1:0", g.auth.RegistryConfig())
 	require.NoError(t, err)
 	t.Cleanup(func() { reg.Close(); _ = srv.Close() })
 	file := filepath.Join(t.TempDir(), "token")
@@ -239,10 +284,11 @@ func TestRunRegisters(t *testing.T) {
 	eo, _ := engineOptions(t)
 	e, err := reference.New(eo)
 	require.NoError(t, err)
-	reg, url, tokenFile := registry(t, "s3cret")
+	g := newGateway(t)
+	reg, url, tokenFile := registry(t, g, "s3cret")
 	o := Options{Backend: e, Register: url, Pool: "p", Replica: 1, JoinTokenFile: tokenFile}
 
-	first := start(t, o)
+	first := start(t, g, o)
 	require.Eventually(t, func() bool { return len(reg.Members("p")) == 1 }, 10*time.Second, 20*time.Millisecond)
 	m := reg.Members("p")[0]
 	require.Equal(t, first.addr, m.Address)
@@ -254,7 +300,7 @@ func TestRunRegisters(t *testing.T) {
 	require.NoError(t, first.stop(t))
 	require.Empty(t, reg.Members("p"), "a worker that stops deregisters")
 
-	second := start(t, o)
+	second := start(t, g, o)
 	require.Eventually(t, func() bool { return len(reg.Members("p")) == 1 }, 10*time.Second, 20*time.Millisecond)
 	require.NotEqual(t, m.Incarnation, reg.Members("p")[0].Incarnation, "each run is a new incarnation")
 	reg.SetDesired("p", 1) // replica 1 is beyond the pool's size: drain
@@ -269,13 +315,14 @@ func TestRunRegisters(t *testing.T) {
 
 // TestRunRefused: a registration the gateway refuses for good ends Run with its reason.
 func TestRunRefused(t *testing.T) {
-	_, url, _ := registry(t, "s3cret")
+	g := newGateway(t)
+	_, url, _ := registry(t, g, "s3cret")
 	bad := filepath.Join(t.TempDir(), "token")
 	require.NoError(t, os.WriteFile(bad, []byte("wrong"), 0o600))
 	eo, _ := engineOptions(t)
 	e, err := reference.New(eo)
 	require.NoError(t, err)
-	r := start(t, Options{Backend: e, Register: url, Pool: "p", JoinTokenFile: bad})
+	r := start(t, g, Options{Backend: e, Register: url, Pool: "p", JoinTokenFile: bad})
 	select {
 	case err := <-r.done:
 		require.ErrorContains(t, err, "registration refused")
@@ -285,7 +332,8 @@ func TestRunRefused(t *testing.T) {
 	}
 	empty := filepath.Join(t.TempDir(), "empty")
 	require.NoError(t, os.WriteFile(empty, []byte("\n"), 0o600))
-	require.ErrorContains(t, Run(t.Context(), Options{Backend: e, Register: url, Pool: "p", JoinTokenFile: empty}), "is empty")
+	require.ErrorContains(t, Run(t.Context(), Options{Backend: e, Credentials: g.creds(t), Register: url, Pool: "p", JoinTokenFile: empty}), "is empty")
+	require.ErrorContains(t, Run(t.Context(), Options{Backend: e}), "mutual TLS only", "no credentials: no worker")
 }
 
 // TestRunStdinEOF: with ExitOnStdinEOF the worker stops when its stdin closes (the parent
@@ -295,7 +343,7 @@ func TestRunStdinEOF(t *testing.T) {
 	e, err := reference.New(eo)
 	require.NoError(t, err)
 	in, w := io.Pipe()
-	r := start(t, Options{Backend: e, ExitOnStdinEOF: true, Stdin: in})
+	r := start(t, newGateway(t), Options{Backend: e, ExitOnStdinEOF: true, Stdin: in})
 	require.NoError(t, w.Close())
 	select {
 	case err := <-r.done:
@@ -314,7 +362,7 @@ func TestMainExitCodes(t *testing.T) {
 	var out, errOut bytes.Buffer
 	require.Equal(t, ExitOK, run(t.Context(), []string{"--help"}, &out, &errOut))
 	for _, f := range []string{"-listen", "-model", "-max-lora-rank", "-max-adapters", "-threads", "-device", "-register",
-		"-pool", "-replica", "-join-token-file", "-advertise", "-data-dir"} {
+		"-pool", "-replica", "-join-token-file", "-advertise", "-data-dir", "-tls-cert", "-tls-key", "-tls-ca", "-allow-dir", "-checkpoint-origin"} {
 		require.Contains(t, out.String(), f)
 	}
 	out.Reset()
@@ -326,7 +374,8 @@ func TestMainExitCodes(t *testing.T) {
 	require.Contains(t, errOut.String(), "flag of the Python worker")
 	errOut.Reset()
 	t.Setenv(LogLevelEnv, "ERROR")
-	require.Equal(t, ExitFailure, run(t.Context(), []string{"--model", filepath.Join(t.TempDir(), "missing"), "--data-dir", t.TempDir()}, &out, &errOut))
+	targs, _ := tlsArgs(t, t.TempDir())
+	require.Equal(t, ExitFailure, run(t.Context(), append([]string{"--model", filepath.Join(t.TempDir(), "missing"), "--data-dir", t.TempDir()}, targs...), &out, &errOut))
 	require.Contains(t, errOut.String(), "neither a folder with config.json")
 	require.Empty(t, out.String(), "no ready line for a worker that did not start")
 }
@@ -354,4 +403,17 @@ func TestWriteTinyShared(t *testing.T) {
 		require.NoError(t, <-errs)
 	}
 	require.NoError(t, writeTiny(reference.Options{Models: []string{"elsewhere"}}), "no built-in model: nothing written")
+}
+
+// TestStrangersGetNothing: the Go worker serves the gateway that issued its credentials
+// and nobody else: no client certificate, another gateway's, the worker's own, plaintext
+// HTTP/2 or HTTP/1.1 read, save, sample and delete nothing; and the gateway talks to it
+// only as the worker of its own pool.
+func TestStrangersGetNothing(t *testing.T) {
+	eo, _ := engineOptions(t)
+	g := newGateway(t)
+	dir := filepath.Join(g.dir, "allowed")
+	require.NoError(t, os.MkdirAll(dir, 0o700))
+	r := start(t, g, Options{Engine: eo, AllowDirs: []string{dir}})
+	poolstest.CheckStrangers(t, g.auth, worker.PoolID(tiny.Name), r.addr, dir)
 }

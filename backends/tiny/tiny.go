@@ -12,6 +12,7 @@ import (
 	"github.com/loops-dev/loops/backends/reference/nn"
 	"github.com/loops-dev/loops/backends/reference/safetensors"
 	"github.com/loops-dev/loops/backends/reference/tokenizer"
+	"github.com/loops-dev/loops/internal/hfcache"
 )
 
 // Name is the built-in model's name.
@@ -120,50 +121,24 @@ The weather today is sunny with a light breeze; tomorrow there will be rain in t
 and clouds in the afternoon. Remember to water the plants, feed the cat, and call home.
 `
 
-// HubCacheDir returns the local Hugging Face hub cache folder ($HF_HUB_CACHE, else
-// $HF_HOME/hub, else ~/.cache/huggingface/hub).
-func HubCacheDir() (string, error) {
-	if d := os.Getenv("HF_HUB_CACHE"); d != "" {
-		return d, nil
-	}
-	if d := os.Getenv("HF_HOME"); d != "" {
-		return filepath.Join(d, "hub"), nil
-	}
-	home, err := os.UserHomeDir()
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(home, ".cache", "huggingface", "hub"), nil
-}
-
 // RegisterInHubCache copies the tokenizer and config of the model folder dir into the local
 // Hugging Face hub cache as the repository "loops/tiny", so that
 // AutoTokenizer.from_pretrained("loops/tiny") works offline on this machine (the tinker
 // SDK's SamplingClient.get_tokenizer loads the tokenizer by the base model's name). It
 // returns the snapshot folder.
 func RegisterInHubCache(dir string) (string, error) {
-	hub, err := HubCacheDir()
+	hub, err := hfcache.HubDir()
 	if err != nil {
 		return "", err
 	}
 	sum := sha1.Sum([]byte("loops/tiny@" + Version))
-	commit := hex.EncodeToString(sum[:])
-	repo := filepath.Join(hub, "models--"+strings.ReplaceAll(Name, "/", "--"))
-	snap := filepath.Join(repo, "snapshots", commit)
-	if err := os.MkdirAll(snap, 0o755); err != nil {
-		return "", err
-	}
+	files := map[string][]byte{}
 	for _, f := range []string{"config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"} {
 		b, err := os.ReadFile(filepath.Join(dir, f))
 		if err != nil {
 			return "", err
 		}
-		if err := os.WriteFile(filepath.Join(snap, f), b, 0o644); err != nil {
-			return "", err
-		}
+		files[f] = b
 	}
-	if err := os.MkdirAll(filepath.Join(repo, "refs"), 0o755); err != nil {
-		return "", err
-	}
-	return snap, os.WriteFile(filepath.Join(repo, "refs", "main"), []byte(commit), 0o644)
+	return hfcache.Add(hub, Name, hex.EncodeToString(sum[:]), files)
 }

@@ -24,13 +24,19 @@ import (
 // comes back through download URLs bit for bit (weights and Adam state), samples the same
 // as from a folder, and a download whose hash does not match fails the load.
 func TestCheckpointURLsThroughS3(t *testing.T) {
-	b := sharedBackend(t)
+	needTorch(t)
 	ctx := context.Background()
+	srv := s3test.Start(t)
+	srv.SetEnv(t)
+	// a worker whose checkpoint store is srv: it takes URLs of srv's origin only
+	o := testOptions(t, t.TempDir())
+	o.CheckpointOrigins = []string{srv.Endpoint}
+	b, err := New(ctx, o)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
 	caps, err := b.Trainer().GetCapabilities(ctx, &backendv1.GetCapabilitiesRequest{})
 	require.NoError(t, err)
 	require.True(t, caps.GetCheckpointUrls(), "the torch worker takes checkpoints as URLs")
-	srv := s3test.Start(t)
-	srv.SetEnv(t)
 	st, err := ckstore.Open(ctx, "s3://"+srv.NewBucket(t)+"/w", ckstore.Options{})
 	require.NoError(t, err)
 	ups := st.(ckstore.Uploads)
@@ -115,6 +121,13 @@ func TestCheckpointURLsThroughS3(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, fromDir.GetResult().String(), fromURLs.GetResult().String())
 	}
+
+	// A URL of another origin is refused before anything is fetched.
+	elsewhere := []*backendv1.FileURL{{Name: download[0].GetName(), Url: strings.Replace(download[0].GetUrl(), "127.0.0.1", "localhost", 1),
+		Size: download[0].GetSize(), Sha256: download[0].GetSha256()}}
+	_, err = tr.LoadAdapter(ctx, &backendv1.LoadAdapterRequest{AdapterId: "v", Download: elsewhere})
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "%v", err)
+	require.ErrorContains(t, err, "not this worker's checkpoint store")
 
 	// A file that does not match its hash fails the load, naming the file.
 	bad := download[0]

@@ -43,6 +43,9 @@ type dedicatedPool struct {
 	warmTimer       *time.Timer
 	zero            bool      // scaled to zero for idleness
 	lastUse         time.Time // the last call on it
+	// starting counts the calls waiting for a replica of it to serve (a cold start, or
+	// a scale-up from zero): a pool being started is never idle.
+	starting int
 	// replica-seconds while bound and not at zero: counted up to since
 	seconds float64
 	since   time.Time
@@ -119,7 +122,7 @@ func (b *Backend) AcquirePool(ctx context.Context, req backends.PoolRequest) (ba
 		}
 	}
 	b.log.Info("dedicated pool starting", slog.String("pool", id), slog.String("run", req.Owner), slog.Int("replicas", replicas))
-	if err := b.waitPool(ctx, id, false); err != nil {
+	if err := b.waitStarting(ctx, d, false); err != nil {
 		b.deleteDedicated(context.WithoutCancel(ctx), id, "no replica served in time")
 		return backends.PoolGrant{}, err
 	}
@@ -282,7 +285,22 @@ func (b *Backend) usePool(ctx context.Context, pool string, sampling bool) error
 		}
 		b.log.Info("dedicated pool scaled up again after idling at zero", slog.String("pool", pool), slog.Int("replicas", d.replicas), slog.Int("sampler_replicas", d.samplerReplicas))
 	}
-	return b.waitPool(ctx, pool, sampling) // Unavailable when it does not come up in time
+	return b.waitStarting(ctx, d, sampling) // Unavailable when it does not come up in time
+}
+
+// waitStarting is waitPool for a dedicated pool, which counts as in use (never scaled to
+// zero for idleness) while the wait lasts and from its end.
+func (b *Backend) waitStarting(ctx context.Context, d *dedicatedPool, sampling bool) error {
+	b.mu.Lock()
+	d.starting++
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		d.starting--
+		d.lastUse = time.Now()
+		b.mu.Unlock()
+	}()
+	return b.waitPool(ctx, d.id, sampling)
 }
 
 // touchAdapter records a call on the dedicated pool holding the adapter bound to w. b.mu
@@ -315,7 +333,7 @@ func (b *Backend) idleToZero() {
 		var down []*dedicatedPool
 		b.mu.Lock()
 		for _, d := range b.dedicated {
-			if d.owner != "" && !d.zero && now.Sub(d.lastUse) >= idle {
+			if d.owner != "" && !d.zero && d.starting == 0 && now.Sub(d.lastUse) >= idle {
 				d.count(now)
 				d.zero = true
 				down = append(down, d)
@@ -348,5 +366,9 @@ func (b *Backend) modelArg(base string) (string, error) {
 
 // poolArgs are the worker arguments every pool of the backend gets.
 func (b *Backend) poolArgs() []string {
-	return append([]string{"--max-lora-rank", strconv.Itoa(b.opts.MaxLoraRank)}, b.opts.Args...)
+	args := []string{"--max-lora-rank", strconv.Itoa(b.opts.MaxLoraRank)}
+	for _, o := range b.opts.CheckpointOrigins {
+		args = append(args, "--checkpoint-origin", o)
+	}
+	return append(args, b.opts.Args...)
 }

@@ -74,7 +74,7 @@ func TestPoolModeGoWorker(t *testing.T) {
 	require.NotNil(t, fb.GetResults()[0].GetResult(), "%v", fb.GetResults()[0].GetError())
 	_, err = b.Trainer().OptimStep(ctx, &backendv1.OptimStepRequest{AdapterId: "a", Adam: &loopsv1.AdamParams{LearningRate: 0.01, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}})
 	require.NoError(t, err)
-	ck := t.TempDir()
+	ck := filepath.Join(dir, "ck") // in the data dir: the folders the local workers may use
 	_, err = b.Trainer().SaveAdapter(ctx, &backendv1.SaveAdapterRequest{AdapterId: "a", Dir: ck})
 	require.NoError(t, err)
 	sr, err := b.Sampler().Sample(ctx, &backendv1.SampleRequest{BaseModel: tiny.Name, AdapterDir: ck, Prompt: []int32{5, 17, 42},
@@ -189,7 +189,7 @@ func TestSamplerPool(t *testing.T) {
 	pool, _, ok := b.AdapterReplica("a")
 	require.True(t, ok)
 	require.Equal(t, trainers, pool, "adapters go to the trainers")
-	ck := t.TempDir()
+	ck := filepath.Join(dir, "ck") // in the data dir: the folders the local workers may use
 	_, err = b.Trainer().SaveAdapter(ctx, &backendv1.SaveAdapterRequest{AdapterId: "a", Dir: ck})
 	require.NoError(t, err)
 	sample := func() string { // the pool that sampled; "" when the sample failed
@@ -264,4 +264,26 @@ func TestLocalWorkerThatCannotStart(t *testing.T) {
 	require.ErrorContains(t, err, "exited during start")
 	require.ErrorContains(t, err, "no torch here")
 	require.Less(t, time.Since(start), 5*time.Minute, "it did not wait for the start timeout")
+}
+
+// TestDedicatedPoolSlowerToStartThanItsIdleTime: a dedicated pool whose replica takes longer
+// to start than IdleToZero is not scaled to zero while a call waits for it (it was: the idle
+// clock ran from the call's start, the pool went to zero mid-start and the call failed with
+// "no replica served in time"; TestDedicatedRuns failed so on a loaded machine).
+func TestDedicatedPoolSlowerToStartThanItsIdleTime(t *testing.T) {
+	dir := t.TempDir()
+	// The worker command sleeps before it starts the Go worker: a slow cold start.
+	slow := []string{"sh", "-c", `sleep 2 && exec "$0" "$@"`, testBinary()}
+	b, err := New(t.Context(), Options{Command: slow, DataDir: dir,
+		Args:           []string{"--data-dir", dir, "--threads", "1"},
+		Env:            []string{goWorkerEnv + "=1", "HF_HUB_CACHE=" + filepath.Join(dir, "hub"), serve.LogLevelEnv + "=WARN"},
+		HealthInterval: 200 * time.Millisecond, HealthTimeout: 2 * time.Second, StartTimeout: 30 * time.Second,
+		Pool: &PoolOptions{Provider: "local", Replicas: 1, HeartbeatTimeout: 6 * time.Second, IdleToZero: 300 * time.Millisecond}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	g, err := b.AcquirePool(t.Context(), backends.PoolRequest{BaseModel: tiny.Name, Replicas: 1, Workspace: "ws", Owner: "run-1"})
+	require.NoError(t, err, "the pool started although its start took longer than its idle time")
+	_, err = b.Trainer().CreateAdapter(t.Context(), &backendv1.CreateAdapterRequest{AdapterId: "run-1", BaseModel: tiny.Name,
+		Lora: &loopsv1.LoraConfig{Rank: 2, TrainAttn: true}, Pool: g.Pool})
+	require.NoError(t, err)
 }

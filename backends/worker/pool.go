@@ -42,10 +42,16 @@ type PoolOptions struct {
 	GPUsPerReplica  int
 	Slots           int
 	// RegistryListen is where the Registry listens (default 127.0.0.1:0 for local and
-	// static, 0.0.0.0:7450 for ray); RegistryURL is its address as workers dial it (default
-	// derived from the listener; for ray set it to an address the Ray nodes reach).
+	// static, 0.0.0.0:7450 for ray; TLS only); RegistryURL is its address as workers dial it
+	// (https://; default derived from the listener; for ray set it to an address the Ray
+	// nodes reach).
 	RegistryListen string
 	RegistryURL    string
+	// WorkerListen is the host the ray provider's worker actors listen on (default
+	// 127.0.0.1: reachable from their own node only, enough when the gateway runs on it).
+	// A gateway on another host sets it explicitly (0.0.0.0, or an interface's address):
+	// the workers then serve the network, answering only this gateway (mutual TLS).
+	WorkerListen string
 	// JoinTokenFile holds the join token (default: a random token written under DataDir).
 	JoinTokenFile string
 	// GPUs is the local provider's inventory of GPU ids.
@@ -90,7 +96,8 @@ func SamplerPoolID(model string) string {
 }
 
 // poolOptionsFromConfig reads the pool keys of a backend's options: provider (LOOPS_POOL_PROVIDER),
-// replicas, sampler_replicas, gpus_per_replica, pool_slots, registry_listen, registry_url, join_token_file
+// replicas, sampler_replicas, gpus_per_replica, pool_slots, registry_listen, registry_url,
+// worker_listen (ray: the actors' listen address), join_token_file
 // (LOOPS_JOIN_TOKEN_FILE), gpus (0,1,...), ray_address (LOOPS_RAY_ADDRESS), ray_python,
 // heartbeat_timeout, preemptible (true: runs keep step recovery), keep_warm and idle_to_zero
 // (dedicated pools, dedicated.go; unset: the defaults; 0s: none). No provider: nil (today's workers/local_workers mode).
@@ -106,7 +113,13 @@ func poolOptionsFromConfig(m map[string]string) (*PoolOptions, error) {
 		return nil, nil
 	}
 	p := &PoolOptions{Provider: m["provider"], RegistryListen: m["registry_listen"], RegistryURL: m["registry_url"],
-		JoinTokenFile: m["join_token_file"], RayAddress: m["ray_address"], RayPython: m["ray_python"]}
+		JoinTokenFile: m["join_token_file"], RayAddress: m["ray_address"], RayPython: m["ray_python"], WorkerListen: m["worker_listen"]}
+	if h := p.WorkerListen; h != "" && net.ParseIP(h) == nil {
+		return nil, fmt.Errorf("torch: option worker_listen=%q must be an IP address the worker actors listen on (0.0.0.0 for every interface)", h)
+	}
+	if u := p.RegistryURL; u != "" && !strings.HasPrefix(u, "https://") {
+		return nil, fmt.Errorf("torch: option registry_url=%q must be https://host:port (the registry serves TLS only)", u)
+	}
 	switch p.Provider {
 	case "local", "static", "ray":
 	default:
@@ -186,7 +199,7 @@ func (b *Backend) startPooled(ctx context.Context) error {
 		return err
 	}
 	reg := pools.NewRegistry(pools.RegistryOptions{JoinToken: token, MaxRegistrations: po.Slots, HeartbeatTimeout: po.HeartbeatTimeout, Logger: b.opts.Logger})
-	srv, err := pools.Serve(reg, po.RegistryListen)
+	srv, err := pools.Serve(reg, po.RegistryListen, b.auth.RegistryConfig())
 	if err != nil {
 		return fmt.Errorf("the worker registry cannot listen on %s: %w", po.RegistryListen, err)
 	}
@@ -195,7 +208,7 @@ func (b *Backend) startPooled(ctx context.Context) error {
 	if url == "" {
 		url = srv.URL()
 		if host, port, _ := net.SplitHostPort(srv.Addr()); net.ParseIP(host).IsUnspecified() {
-			url = "http://127.0.0.1:" + port
+			url = "https://127.0.0.1:" + port
 		}
 	}
 	var prov pools.Provider
@@ -209,10 +222,11 @@ func (b *Backend) startPooled(ctx context.Context) error {
 			}
 			env = append(env, "PYTHONPATH="+pp)
 		}
-		prov, err = local.New(local.Options{Registry: reg, RegistryURL: url, JoinTokenFile: tokenFile, Command: cmd,
+		prov, err = local.New(local.Options{Registry: reg, RegistryURL: url, JoinTokenFile: tokenFile, Authority: b.auth,
+			AllowDirs: append([]string{b.opts.DataDir}, b.opts.AllowDirs...), Command: cmd,
 			Env: append(env, b.opts.Env...), GPUs: po.GPUs, Logger: b.opts.Logger, InheritGPUs: po.implicit, OnExit: b.noteExit, Backoff: b.opts.RestartBackoff})
 	case "static":
-		prov, err = static.New(static.Options{Registry: reg, Pools: map[string][]string{PoolID(b.opts.Models[0]): b.opts.Workers}, Logger: b.opts.Logger})
+		prov, err = static.New(static.Options{Registry: reg, Authority: b.auth, Pools: map[string][]string{PoolID(b.opts.Models[0]): b.opts.Workers}, Logger: b.opts.Logger})
 		if len(b.opts.Models) > 1 {
 			err = errors.New("provider=static serves one model (its workers are given by the workers option)")
 		}
@@ -228,7 +242,7 @@ func (b *Backend) startPooled(ctx context.Context) error {
 			}
 		}
 		prov, err = ray.New(ray.Options{Client: ray.NewClient(po.RayAddress, nil, nil), Registry: reg, RegistryURL: url, JoinToken: token,
-			Python: po.RayPython, EnvVars: env, Logger: b.opts.Logger})
+			Authority: b.auth, ListenHost: po.WorkerListen, Python: po.RayPython, EnvVars: env, Logger: b.opts.Logger})
 	}
 	if err != nil {
 		return err
@@ -247,6 +261,7 @@ func (b *Backend) startPooled(ctx context.Context) error {
 		b.workers = append(b.workers, w)
 	}
 	b.samplerReplicas = po.SamplerReplicas
+	var ensured []string // the pools to wait for: each must have a replica attached
 	for i := 1; i < len(margs); i += 2 {
 		args := b.poolArgs()
 		if po.implicit { // one pool whose replicas serve every model, as local workers always did
@@ -267,6 +282,9 @@ func (b *Backend) startPooled(ctx context.Context) error {
 			if err := prov.EnsurePool(ctx, spec); err != nil {
 				return err
 			}
+			if spec.Replicas > 0 {
+				ensured = append(ensured, spec.ID)
+			}
 			b.log.Info("pool ensured", slog.String("pool", spec.ID), slog.String("role", string(spec.Role)), slog.String("provider", po.Provider), slog.Int("replicas", spec.Replicas), slog.String("registry", url))
 		}
 		if po.implicit {
@@ -282,18 +300,12 @@ func (b *Backend) startPooled(ctx context.Context) error {
 		defer b.wg.Done()
 		b.idleToZero()
 	}()
-	// wait until one replica of each pool is attached (serves its model)
+	// wait until one replica of each pool is attached: of each pool, not of each model (a
+	// model's sampler replica serves it too, but takes no adapters)
 	wctx, cancel := context.WithTimeout(ctx, b.opts.StartTimeout)
 	defer cancel()
 	for {
-		ready := true
-		for i := 1; i < len(margs); i += 2 {
-			name, _, _ := strings.Cut(margs[i], "=")
-			if !b.served(name) {
-				ready = false
-			}
-		}
-		if ready {
+		if !slices.ContainsFunc(ensured, func(id string) bool { return !b.poolAttached(id) }) {
 			return nil
 		}
 		if why := b.startFailure(); why != "" && po.implicit {
@@ -325,11 +337,11 @@ func (b *Backend) startFailure() string {
 	return b.firstExit
 }
 
-// served reports whether an alive worker serves the model.
-func (b *Backend) served(name string) bool {
+// poolAttached reports whether an alive worker slot is attached to a replica of pool.
+func (b *Backend) poolAttached(pool string) bool {
 	for _, w := range b.workers {
 		w.mu.Lock()
-		ok := w.alive && serves(w.caps, name)
+		ok := w.alive && w.pool == pool
 		w.mu.Unlock()
 		if ok {
 			return true
@@ -427,10 +439,12 @@ func (b *Backend) followRegistry() {
 				}
 				w.mu.Lock()
 				w.pool, w.replica = "", 0
+				var dropped *clients
 				if gone {
-					w.cl = nil
+					dropped, w.cl = w.cl, nil
 				}
 				w.mu.Unlock()
+				dropped.close()
 				delete(slots, k)
 				delete(incarnation, w)
 				free = append(free, w)
@@ -447,18 +461,21 @@ func (b *Backend) followRegistry() {
 
 // attach points a slot at a registered replica once it answers.
 func (b *Backend) attach(w *worker, m pools.Member) {
-	cl := b.newClients(m.Address)
+	cl := b.newClients(m.Address, m.Pool)
 	ctx, cancel := context.WithTimeout(b.ctx, b.opts.HealthTimeout)
 	caps, err := cl.tc.GetCapabilities(ctx, &backendv1.GetCapabilitiesRequest{})
 	cancel()
 	if err != nil {
+		cl.close()
 		b.log.Warn("a registered replica does not answer yet", slog.String("pool", m.Pool), slog.Int("replica", m.Replica), slog.String("address", m.Address), slog.String("err", err.Error()))
 		return
 	}
 	w.mu.Lock()
+	old := w.cl
 	w.addr, w.cl = m.Address, cl
 	w.pool, w.replica = m.Pool, m.Replica
 	w.mu.Unlock()
+	old.close()
 	w.setAlive(caps)
 	b.log.Info("replica attached", slog.String("pool", m.Pool), slog.Int("replica", m.Replica), slog.String("address", m.Address), slog.String("incarnation", m.Incarnation))
 }

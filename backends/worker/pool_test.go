@@ -2,6 +2,7 @@ package worker
 
 import (
 	"os"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -10,7 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/loops-dev/loops/backends"
+	"github.com/loops-dev/loops/backends/pools"
 	"github.com/loops-dev/loops/backends/pools/local"
+	"github.com/loops-dev/loops/backends/pools/mtls"
 	"github.com/loops-dev/loops/backends/pools/poolstest"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -107,6 +110,15 @@ func backendsConfig(opts map[string]string) backends.Config {
 
 func testBinary() string { return os.Args[0] }
 
+// authority is the worker TLS authority of a backend whose data dir is dataDir (what
+// loops pools credentials opens to issue a hand-started worker's credentials).
+func authority(t *testing.T, dataDir string) *mtls.Authority {
+	t.Helper()
+	a, err := mtls.Open(filepath.Join(dataDir, "pools", "tls"))
+	require.NoError(t, err)
+	return a
+}
+
 // Pool mode with the real Python worker (make test-torch): it registers with --register,
 // trains, and after its process is killed the adapter answers NotFound while the new
 // incarnation registers and trains again.
@@ -145,14 +157,16 @@ func TestPoolModeTorch(t *testing.T) {
 
 // Pool mode with the static provider: configured addresses become the pool's replicas.
 func TestPoolModeStatic(t *testing.T) {
+	dir := t.TempDir()
+	a := authority(t, dir)
 	var addrs []string
 	for range 2 {
-		w, err := poolstest.StartFakeWorker("127.0.0.1:0", []string{"m"})
+		w, err := poolstest.StartFakeWorker("127.0.0.1:0", []string{"m"}, poolstest.Credentials(t, a, PoolID("m")))
 		require.NoError(t, err)
 		t.Cleanup(w.Close)
 		addrs = append(addrs, w.Addr)
 	}
-	o, err := OptionsFromConfig(backends.Config{Models: []string{"m"}, DataDir: t.TempDir(),
+	o, err := OptionsFromConfig(backends.Config{Models: []string{"m"}, DataDir: dir,
 		Options: map[string]string{"provider": "static", "workers": addrs[0] + "," + addrs[1]}})
 	require.NoError(t, err)
 	b, err := New(t.Context(), o)
@@ -162,4 +176,37 @@ func TestPoolModeStatic(t *testing.T) {
 	require.Eventually(t, func() bool { return len(reg.Members(PoolID("m"))) == 2 }, 10*time.Second, 20*time.Millisecond)
 	_, err = b.Trainer().CreateAdapter(t.Context(), &backendv1.CreateAdapterRequest{AdapterId: "a", BaseModel: "m"})
 	require.NoError(t, err)
+}
+
+// TestStartWaitsForEveryPool: New returns once every pool it ensured has a replica
+// attached, not once any replica serves the model: with a sampler pool whose replica
+// answers first, the trainer pool's replica (which answers a second late) is attached
+// before New returns, so an adapter can be created at once. (Before, New returned on the
+// sampler replica and CreateAdapter failed with "not served by any worker": the cause of
+// TestSamplerPool's rare failures under -race, where attaching is slower.)
+func TestStartWaitsForEveryPool(t *testing.T) {
+	b, err := New(t.Context(), Options{Models: []string{"m"}, Python: testBinary(), DataDir: t.TempDir(),
+		Env:            []string{poolstest.FakeWorkerEnv + "=1", poolstest.FakeSlowPoolEnv + "=" + PoolID("m")},
+		HealthInterval: 100 * time.Millisecond, StartTimeout: 30 * time.Second,
+		Pool: &PoolOptions{Provider: "local", Replicas: 1, SamplerReplicas: 1, HeartbeatTimeout: 2 * time.Second}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	_, err = b.Trainer().CreateAdapter(t.Context(), &backendv1.CreateAdapterRequest{AdapterId: "a", BaseModel: "m"})
+	require.NoError(t, err)
+	pool, _, ok := b.AdapterReplica("a")
+	require.True(t, ok)
+	require.Equal(t, PoolID("m"), pool)
+}
+
+// TestNoTrainerYetIsUnavailable: a model the backend serves whose trainer replicas are
+// all down (restarting, or registered but not attached yet) is Unavailable, retried by the
+// gateway, not InvalidArgument, which would fail the client's request as its own mistake.
+func TestNoTrainerYetIsUnavailable(t *testing.T) {
+	b := &Backend{opts: Options{Models: []string{"m=/models/m"}, Pool: &PoolOptions{Provider: "local"}}, roles: map[string]pools.Role{}}
+	w := &worker{b: b, pooled: true, up: make(chan struct{})}
+	b.workers = []*worker{w}
+	_, err := b.pick("", "m")
+	require.Equal(t, connect.CodeUnavailable, connect.CodeOf(err), "%v", err)
+	_, err = b.pick("", "other")
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "a model the backend does not serve is the client's mistake")
 }

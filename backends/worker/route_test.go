@@ -15,7 +15,7 @@ import (
 // replicas returns a backend with n alive replicas serving model "m" (no processes: the
 // routing reads only what the backend knows of them).
 func replicas(n int) (*Backend, []*worker) {
-	b := &Backend{ctx: context.Background(), log: slog.New(slog.DiscardHandler), adapters: map[string]*worker{}, lost: map[string]string{}}
+	b := &Backend{ctx: context.Background(), log: slog.New(slog.DiscardHandler), adapters: map[string]*worker{}, lost: map[string]lostEntry{}}
 	for i := range n {
 		w := b.newWorker(i, "")
 		w.setAlive(&backendv1.GetCapabilitiesResponse{Models: []*loopsv1.ModelInfo{{Name: "m"}}})

@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -34,6 +35,7 @@ import (
 	"github.com/loops-dev/loops/backends/peft"
 	"github.com/loops-dev/loops/backends/pools"
 	"github.com/loops-dev/loops/backends/pools/local"
+	"github.com/loops-dev/loops/backends/pools/mtls"
 	"github.com/loops-dev/loops/backends/tiny"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
@@ -89,6 +91,20 @@ type Options struct {
 	// RestartBackoff is the first delay before restarting a dead local worker (default 1s,
 	// doubling up to 30s while it keeps exiting within a minute).
 	RestartBackoff time.Duration
+	// TLSDir holds the certificate authorities of the worker protocol's mutual TLS
+	// (backends/pools/mtls; default DataDir/pools/tls, mode 0700): the gateway issues its
+	// workers' credentials from them, and talks only to workers whose certificates they
+	// signed. Workers started by hand get theirs from loops pools credentials, which reads
+	// the same folder.
+	TLSDir string
+	// AllowDirs are folders, besides DataDir, that the workers this backend starts may read
+	// and write adapters in (a --checkpoint-store folder outside the data dir); DataDir is
+	// always one. Passed as --allow-dir; a folder a request names outside them is refused.
+	AllowDirs []string
+	// CheckpointOrigins are the checkpoint store's scheme://host[:port] that the workers
+	// this backend starts may fetch and put checkpoint files at (presigned URLs of an S3
+	// store); any other URL is refused. Passed as --checkpoint-origin.
+	CheckpointOrigins []string
 	// Logger receives worker events and the workers' stderr (default slog.Default()).
 	Logger *slog.Logger
 	// Pool, when set, selects pool mode (pool.go): workers come from a pools.Provider and
@@ -115,12 +131,16 @@ func init() {
 // provider=local alike, e.g. "/usr/local/bin/loops worker" for the Go CPU worker), args
 // (LOOPS_WORKER_ARGS; space-separated extra worker arguments, e.g. "--sampler vllm"),
 // device (LOOPS_WORKER_DEVICE; shortcut for --device), health_interval,
-// health_timeout, health_failures, call_timeout, start_timeout (Go durations).
+// health_timeout, health_failures, call_timeout, start_timeout (Go durations), tls_dir
+// (LOOPS_WORKER_TLS_DIR), allow_dirs (LOOPS_WORKER_ALLOW_DIRS; folders separated by
+// commas), checkpoint_origins (LOOPS_WORKER_CHECKPOINT_ORIGINS; scheme://host[:port]
+// separated by commas).
 func OptionsFromConfig(cfg backends.Config) (Options, error) {
 	o := Options{Models: cfg.Models, DataDir: cfg.DataDir, MaxLoraRank: cfg.MaxLoraRank}
 	m := map[string]string{}
 	// Environment fallbacks, for `loops serve` (which has no backend-options flag yet).
-	for key, env := range map[string]string{"workers": "LOOPS_WORKERS", "args": "LOOPS_WORKER_ARGS", "device": "LOOPS_WORKER_DEVICE"} {
+	for key, env := range map[string]string{"workers": "LOOPS_WORKERS", "args": "LOOPS_WORKER_ARGS", "device": "LOOPS_WORKER_DEVICE",
+		"tls_dir": "LOOPS_WORKER_TLS_DIR", "allow_dirs": "LOOPS_WORKER_ALLOW_DIRS", "checkpoint_origins": "LOOPS_WORKER_CHECKPOINT_ORIGINS"} {
 		if v := os.Getenv(env); v != "" {
 			m[key] = v
 		}
@@ -133,12 +153,9 @@ func OptionsFromConfig(cfg backends.Config) (Options, error) {
 		return o, err
 	}
 	o.Pool = po
-	for _, a := range strings.Split(m["workers"], ",") {
-		if a = strings.TrimSpace(a); a != "" {
-			o.Workers = append(o.Workers, a)
-		}
-	}
-	o.Python, o.PythonPath = m["python"], m["pythonpath"]
+	o.Workers = commaList(m["workers"])
+	o.Python, o.PythonPath, o.TLSDir = m["python"], m["pythonpath"], m["tls_dir"]
+	o.AllowDirs, o.CheckpointOrigins = commaList(m["allow_dirs"]), commaList(m["checkpoint_origins"])
 	o.Command = strings.Fields(m["worker_command"])
 	if v := m["args"]; v != "" {
 		o.Args = strings.Fields(v)
@@ -173,20 +190,34 @@ func OptionsFromConfig(cfg backends.Config) (Options, error) {
 	return o, nil
 }
 
+// commaList splits a comma-separated option into its non-empty, trimmed elements.
+func commaList(v string) []string {
+	var out []string
+	for _, e := range strings.Split(v, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
 // Backend is the worker client backend.
 type Backend struct {
 	opts   Options
 	log    *slog.Logger
-	http   *http.Client
+	auth   *mtls.Authority // the worker protocol's mutual TLS
 	ctx    context.Context
 	cancel context.CancelFunc
 
 	mu       sync.Mutex
 	workers  []*worker
 	adapters map[string]*worker
-	lost     map[string]string // adapter id -> why it is gone
-	rr       int
-	wg       sync.WaitGroup
+	lost     map[string]lostEntry // adapter id -> why it is gone (lost.go: bounded)
+	// lostOrder are the records of lost, oldest first; lostSeq numbers them
+	lostOrder []lostRef
+	lostSeq   uint64
+	rr        int
+	wg        sync.WaitGroup
 
 	// pool mode (pool.go): the provider, the registry, the configured replicas per pool
 	// (the floor of ScaleSamplers) and the slots for all pools
@@ -258,12 +289,16 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 		}
 		o.DataDir = filepath.Join(d, "loops")
 	}
-	p := new(http.Protocols)
-	p.SetUnencryptedHTTP2(true)
-	tr := &http.Transport{Protocols: p, DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext}
+	if o.TLSDir == "" {
+		o.TLSDir = filepath.Join(o.DataDir, "pools", "tls")
+	}
+	auth, err := mtls.Open(o.TLSDir)
+	if err != nil {
+		return nil, fmt.Errorf("torch: %w", err)
+	}
 	bctx, cancel := context.WithCancel(context.Background())
-	b := &Backend{opts: o, log: o.Logger.With(slog.String("backend", Name)), http: &http.Client{Transport: tr},
-		ctx: bctx, cancel: cancel, adapters: map[string]*worker{}, lost: map[string]string{}, dedicated: map[string]*dedicatedPool{}, roles: map[string]pools.Role{}, shared: map[string]pools.Spec{}}
+	b := &Backend{opts: o, log: o.Logger.With(slog.String("backend", Name)), auth: auth,
+		ctx: bctx, cancel: cancel, adapters: map[string]*worker{}, lost: map[string]lostEntry{}, dedicated: map[string]*dedicatedPool{}, roles: map[string]pools.Role{}, shared: map[string]pools.Spec{}}
 	if o.Pool == nil && len(o.Workers) == 0 {
 		// The default mode: LocalWorkers processes serving every model, supervised by the
 		// local pool provider (restart with back-off, logs, hung workers killed).
@@ -277,7 +312,9 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 		}
 	} else {
 		for i, addr := range o.Workers {
-			b.workers = append(b.workers, b.newWorker(i, addr))
+			w := b.newWorker(i, addr)
+			w.pool = PoolID(o.Models[0]) // the identity its certificate must name
+			b.workers = append(b.workers, w)
 		}
 	}
 	errs := make([]error, len(b.workers))
@@ -323,6 +360,12 @@ func (b *Backend) Close() error {
 		c()
 	}
 	b.wg.Wait()
+	for _, w := range b.workers {
+		w.mu.Lock()
+		cl := w.cl
+		w.mu.Unlock()
+		cl.close()
+	}
 	return nil
 }
 
@@ -393,17 +436,29 @@ func (w *worker) name() string {
 	return "worker " + w.addr
 }
 
-// clients are the gRPC clients of one worker address.
+// clients are the gRPC clients of one worker address, over mutual TLS with a connection
+// of their own.
 type clients struct {
+	hc *http.Client
 	tc backendv1connect.TrainerServiceClient
 	sc backendv1connect.SamplerServiceClient
 }
 
-func (b *Backend) newClients(addr string) *clients {
-	url := "http://" + addr
+// newClients dials the worker of pool at addr: the gateway presents its certificate, and
+// talks only to a worker whose certificate its authority issued for that pool.
+func (b *Backend) newClients(addr, pool string) *clients {
+	hc := mtls.HTTPClient(b.auth.DialConfig(pool))
+	url := "https://" + addr
 	opts := []connect.ClientOption{connect.WithGRPC(), connect.WithReadMaxBytes(1 << 30), connect.WithSendMaxBytes(1 << 30)}
-	return &clients{tc: backendv1connect.NewTrainerServiceClient(b.http, url, opts...),
-		sc: backendv1connect.NewSamplerServiceClient(b.http, url, opts...)}
+	return &clients{hc: hc, tc: backendv1connect.NewTrainerServiceClient(hc, url, opts...),
+		sc: backendv1connect.NewSamplerServiceClient(hc, url, opts...)}
+}
+
+// close closes the clients' idle connections (those in use close when their calls end).
+func (c *clients) close() {
+	if c != nil {
+		c.hc.CloseIdleConnections()
+	}
 }
 
 // workerCommand is the command that starts a local worker, before its arguments: the
@@ -438,7 +493,7 @@ func (b *Backend) modelArgs() ([]string, error) {
 
 // start probes a worker given by address.
 func (w *worker) start(ctx context.Context) error {
-	cl := w.b.newClients(w.addr)
+	cl := w.b.newClients(w.addr, w.pool)
 	w.mu.Lock()
 	w.cl = cl
 	w.mu.Unlock()
@@ -490,10 +545,11 @@ func (w *worker) fail(gen int, reason string) {
 		kill(fmt.Errorf("%s died: %s", name, reason))
 	}
 	w.b.mu.Lock()
+	now := time.Now()
 	for id, aw := range w.b.adapters {
 		if aw == w {
 			delete(w.b.adapters, id)
-			w.b.lost[id] = fmt.Sprintf("%s died (%s) and its adapters are gone", name, reason)
+			w.b.addLostLocked(id, fmt.Sprintf("%s died (%s) and its adapters are gone", name, reason), now)
 		}
 	}
 	w.nAdapt = 0
@@ -619,20 +675,53 @@ func call[Req, Resp any](ctx context.Context, w *worker, method string, pick fun
 	// resets to it), as are Unavailable and transport-level Unknown errors.
 	code := connect.CodeOf(err)
 	if code == connect.CodeUnavailable || code == connect.CodeCanceled || code == connect.CodeUnknown && isTransport(err) {
-		// A dropped connection is usually a dying process: give the local provider's exit
-		// watcher, or the health checks (remote workers), a moment to say so.
-		wait := 3 * time.Second
-		if _, local := w.b.pools.(*local.Provider); !local {
-			wait = w.b.opts.HealthInterval * time.Duration(w.b.opts.HealthFailures+1)
-		}
-		select {
-		case <-life.Done():
-			return nil, connect.NewError(connect.CodeUnavailable, context.Cause(life))
-		case <-time.After(wait):
-		}
-		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s is unreachable: %v", w.name(), err))
+		return nil, w.dropped(ctx, life, gen, cl, err)
 	}
 	return nil, err
+}
+
+// dropWait bounds how long a call whose connection dropped waits for the worker's
+// liveness to say whether the worker died: the other workers' results of a batch wait for
+// this one's answer.
+const dropWait = 750 * time.Millisecond
+
+// dropped answers a call whose connection to w dropped (err), as soon as the worker's own
+// liveness says what happened, and within dropWait: its life ends (the local provider saw
+// the process exit, the registry lost its lease), or a probe on a new connection is
+// refused (nothing listens there any more: the worker is marked down at once, its
+// adapters lost) or answered (the worker lives; only the call was lost). Either way the
+// answer is Unavailable: the gateway's recovery path.
+func (w *worker) dropped(ctx context.Context, life context.Context, gen int, cl *clients, err error) error {
+	pctx, cancel := context.WithTimeout(ctx, dropWait)
+	defer cancel()
+	probe := make(chan error, 1)
+	go func() {
+		_, perr := cl.tc.GetCapabilities(pctx, &backendv1.GetCapabilitiesRequest{})
+		probe <- perr
+	}()
+	select {
+	case <-life.Done():
+		return connect.NewError(connect.CodeUnavailable, context.Cause(life))
+	case perr := <-probe:
+		if life.Err() != nil {
+			return connect.NewError(connect.CodeUnavailable, context.Cause(life))
+		}
+		if perr == nil {
+			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s dropped the call's connection (%v); it still answers, so retry", w.name(), err))
+		}
+		if refused(perr) {
+			why := fmt.Sprintf("it dropped a call's connection and refuses new ones (%v)", perr)
+			w.fail(gen, why)
+			w.b.restartReplica(w, why)
+			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s died: %s", w.name(), why))
+		}
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s is unreachable: %v", w.name(), err))
+	}
+}
+
+// refused reports whether err is a connection refused: nothing listens at the address.
+func refused(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED)
 }
 
 func isTransport(err error) bool {
@@ -649,7 +738,7 @@ func (b *Backend) adapterWorker(id string) (*worker, error) {
 		b.touchLocked(w)
 		return w, nil
 	}
-	if why, ok := b.lost[id]; ok {
+	if why, ok := b.lostLocked(id, time.Now()); ok {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("adapter %q does not exist any more: %s; load the run's last checkpoint to continue", id, why))
 	}
 	return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("adapter %q does not exist; create it with CreateAdapter first", id))
@@ -704,10 +793,25 @@ func (b *Backend) pick(pool string, names ...string) (*worker, error) {
 		}
 	}
 	b.rr++
+	if best == nil && b.configured(names...) {
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("no trainer replica serving base model %q is up yet (starting, restarting or being attached); retry shortly", names[0]))
+	}
 	if best == nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("base model %q is not served by any worker of this backend; served models: %v (start the workers with that model, e.g. --model %s)", names[0], served, names[0]))
 	}
 	return best, nil
+}
+
+// configured reports whether one of names is a model the backend was configured to
+// serve (its workers are started with it, so none serving it is a passing state).
+func (b *Backend) configured(names ...string) bool {
+	for _, m := range b.opts.Models {
+		name, _, _ := strings.Cut(m, "=")
+		if slices.Contains(names, name) {
+			return true
+		}
+	}
+	return false
 }
 
 type trainer Backend

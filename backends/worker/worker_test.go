@@ -2,20 +2,22 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
+	"github.com/loops-dev/loops/backends/pools/poolstest"
 	"github.com/loops-dev/loops/backends/reference"
 	"github.com/loops-dev/loops/backends/reference/safetensors"
 	"github.com/loops-dev/loops/backends/tiny"
@@ -49,6 +51,7 @@ func testOptions(t testing.TB, dataDir string) Options {
 		PythonPath:     filepath.Join(root, "backends", "torch") + string(os.PathListSeparator) + filepath.Join(root, "gen", "python"),
 		Args:           []string{"--device", "cpu", "--threads", "2"},
 		Env:            []string{"HF_HUB_OFFLINE=1", "LOOPS_WORKER_TEST_FAULTS=1", "TOKENIZERS_PARALLELISM=false"},
+		AllowDirs:      []string{os.TempDir()}, // the tests' adapter folders (t.TempDir)
 		HealthInterval: 300 * time.Millisecond,
 		HealthTimeout:  2 * time.Second,
 		HealthFailures: 3,
@@ -77,11 +80,31 @@ func sharedBackend(t *testing.T) *Backend {
 	return shared
 }
 
+// TestTorchStrangersGetNothing: the Python worker serves the gateway that issued its
+// credentials and nobody else (poolstest.CheckStrangers: no client certificate, another
+// gateway's, the worker's own, plaintext; and the gateway refuses it as another pool's).
+func TestTorchStrangersGetNothing(t *testing.T) {
+	b := sharedBackend(t)
+	_, reg := b.Pools()
+	ms := reg.Members(PoolID(tiny.Name))
+	require.NotEmpty(t, ms)
+	poolstest.CheckStrangers(t, b.auth, PoolID(tiny.Name), ms[0].Address, sharedDir)
+}
+
+// TestMain runs the tests, closes the shared worker, and fails the run if a goroutine the
+// tests started is still running then (goleak): every worker, connection, registry and
+// provider the backend starts must be gone when it is closed.
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if shared != nil {
 		_ = shared.Close()
 		_ = os.RemoveAll(sharedDir)
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: goroutines left running after the tests: %v\n", err)
+			code = 1
+		}
 	}
 	os.Exit(code)
 }
@@ -454,21 +477,13 @@ func TestRemoteWorker(t *testing.T) {
 	tinyDir := filepath.Join(dir, "tiny")
 	require.NoError(t, tiny.Write(tinyDir))
 	o := testOptions(t, dir)
-	cmd := exec.Command(os.Getenv("LOOPS_WORKER_PYTHON"), "-m", "loops_worker", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", "loops/tiny="+tinyDir)
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+o.PythonPath, "HF_HUB_OFFLINE=1")
-	out, err := cmd.StdoutPipe()
+	// credentials as loops pools credentials issues them, from the backend's data dir
+	creds, err := authority(t, dir).Issue(PoolID(tiny.Name), 0)
 	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	buf := make([]byte, 256)
-	var line string
-	deadline := time.Now().Add(2 * time.Minute)
-	for !strings.Contains(line, "\n") && time.Now().Before(deadline) {
-		n, err := out.Read(buf)
-		require.NoError(t, err)
-		line += string(buf[:n])
-	}
-	addr := strings.TrimSpace(strings.TrimPrefix(strings.SplitN(line, "\n", 2)[0], ReadyPrefix))
+	files, err := creds.Write(filepath.Join(t.TempDir(), "creds"))
+	require.NoError(t, err)
+	addr, _ := poolstest.StartWorkerProcess(t, []string{"PYTHONPATH=" + o.PythonPath, "HF_HUB_OFFLINE=1"}, os.Getenv("LOOPS_WORKER_PYTHON"),
+		append([]string{"-m", "loops_worker", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", "loops/tiny=" + tinyDir}, files.Args()...)...)
 	o.Workers = []string{addr}
 	b, err := New(context.Background(), o)
 	require.NoError(t, err)

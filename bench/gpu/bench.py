@@ -154,14 +154,19 @@ def raw_vllm(args) -> None:
     print("RAW_VLLM_RESULT " + json.dumps({"tokens": n, "seconds": dt, "tokens_per_s": n / dt, "startup_s": start}), flush=True)
 
 
-def start_worker(args):
+def start_worker(args, certs_dir):
+    """Starts the worker with test credentials (loops_worker.testcerts: the worker serves
+    mutual TLS only) and the work folder allowed."""
+    from loops_worker import testcerts
+
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "backends", "torch"), os.path.join(ROOT, "gen", "python")]))
+    common = [*testcerts.worker_args(certs_dir), "--allow-dir", os.path.abspath(args.workdir)]
     if args.dry_run:
         cmd = [sys.executable, "-m", "loops_worker", "--listen", "127.0.0.1:0", "--device", "cpu", "--sampler", "transformers",
-               "--model", f"{BASE}={args.model_dir}", "--max-lora-rank", str(RANK)]
+               "--model", f"{BASE}={args.model_dir}", "--max-lora-rank", str(RANK), *common]
     else:
         cmd = [sys.executable, "-m", "loops_worker", "--listen", "127.0.0.1:0", "--device", "cuda", "--sampler", "vllm",
-               "--model", f"{BASE}={args.model_dir}", "--max-lora-rank", str(RANK),
+               "--model", f"{BASE}={args.model_dir}", "--max-lora-rank", str(RANK), *common,
                "--vllm-gpu-memory-utilization", str(args.vllm_mem), "--vllm-max-model-len", str(args.max_model_len)]
         if not args.cuda_graphs:
             cmd.append("--vllm-enforce-eager")
@@ -256,14 +261,15 @@ def main() -> int:
         log(f"raw vLLM: {res.get('raw_vllm') or res['raw_vllm_error']}")
         save()
 
-    import grpc
-
+    from loops_worker import testcerts
     from loops_worker.proto import bgrpc, bpb, tpb
 
-    proc, addr, res["worker_start_s"] = start_worker(args)
+    certs_dir = os.path.join(workdir, "certs")
+    certs = testcerts.make(certs_dir)
+    proc, addr, res["worker_start_s"] = start_worker(args, certs_dir)
     save()
     try:
-        ch = grpc.insecure_channel(addr, options=[("grpc.max_send_message_length", 1 << 30), ("grpc.max_receive_message_length", 1 << 30)])
+        ch = testcerts.channel(certs, addr, options=[("grpc.max_send_message_length", 1 << 30), ("grpc.max_receive_message_length", 1 << 30)])
         tr, sa = bgrpc.TrainerServiceStub(ch), bgrpc.SamplerServiceStub(ch)
         base = BASE
         # --- forward_backward ---

@@ -152,6 +152,7 @@ func TestStepRecoveryOverhead(t *testing.T) {
 	exe, err := os.Executable()
 	require.NoError(t, err)
 	b, err := worker.New(t.Context(), worker.Options{Command: []string{exe}, DataDir: dir,
+		AllowDirs:      []string{os.TempDir()}, // each trainer's core has a data dir of its own
 		Args:           []string{"--data-dir", dir, "--threads", "1"},
 		Env:            []string{goWorkerEnv + "=1", "HF_HUB_CACHE=" + filepath.Join(dir, "hub"), serve.LogLevelEnv + "=WARN"},
 		HealthInterval: 200 * time.Millisecond, HealthTimeout: 2 * time.Second, StartTimeout: time.Minute,

@@ -65,6 +65,7 @@ func TestReplicaThroughput(t *testing.T) {
 	for _, n := range counts {
 		o := worker.Options{
 			DataDir:      t.TempDir(),
+			AllowDirs:    []string{os.TempDir()}, // the adapters are saved in other temp folders
 			Python:       py,
 			PythonPath:   filepath.Join(root, "backends", "torch") + string(os.PathListSeparator) + filepath.Join(root, "gen", "python"),
 			Models:       []string{tiny.Name},

@@ -82,7 +82,7 @@ func extractTar(r io.Reader, dir string) (files int, bytes int64, err error) {
 	tr := tar.NewReader(r)
 	for {
 		h, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return files, bytes, nil
 		}
 		if err != nil {

@@ -139,7 +139,7 @@ func poolsCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(list, show, scale, del)
+	cmd.AddCommand(list, show, scale, del, poolCredentialsCmd())
 	return cmd
 }
 

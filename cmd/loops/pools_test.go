@@ -68,15 +68,7 @@ func TestPoolsCommands(t *testing.T) {
 	require.Contains(t, out, "torch-loops-tiny  trainer  loops/tiny  local     2        2           0             false        0 ")
 
 	// a run's adapter on its replica
-	cl := withKey(wsKey)
-	created, err := loopsv1connect.NewTrainingServiceClient(http.DefaultClient, url, cl).CreateTrainingRun(t.Context(),
-		&loopsv1.CreateTrainingRunRequest{BaseModel: "loops/tiny", Lora: &loopsv1.LoraConfig{Rank: 4, TrainAttn: true}})
-	require.NoError(t, err)
-	done, err := loopsv1connect.NewOperationServiceClient(http.DefaultClient, url, cl).WaitOperation(t.Context(),
-		&loopsv1.WaitOperationRequest{Id: created.GetId(), Timeout: durationpb.New(60 * time.Second)})
-	require.NoError(t, err)
-	run := done.GetTrainingRunId()
-	require.NotEmpty(t, run, done.GetError().GetMessage())
+	run := createRun(t, url, wsKey)
 	got := allocations(2)
 	var holder *loopsv1.Allocation
 	for _, a := range got.GetAllocations() {
@@ -138,6 +130,20 @@ func TestPoolsCommands(t *testing.T) {
 }
 
 // withKey is a client option that sends key.
+// createRun creates a training run of loops/tiny with key and returns its id once created.
+func createRun(t *testing.T, url, key string) string {
+	t.Helper()
+	cl := withKey(key)
+	created, err := loopsv1connect.NewTrainingServiceClient(http.DefaultClient, url, cl).CreateTrainingRun(t.Context(),
+		&loopsv1.CreateTrainingRunRequest{BaseModel: "loops/tiny", Lora: &loopsv1.LoraConfig{Rank: 4, TrainAttn: true}})
+	require.NoError(t, err)
+	done, err := loopsv1connect.NewOperationServiceClient(http.DefaultClient, url, cl).WaitOperation(t.Context(),
+		&loopsv1.WaitOperationRequest{Id: created.GetId(), Timeout: durationpb.New(60 * time.Second)})
+	require.NoError(t, err)
+	require.NotEmpty(t, done.GetTrainingRunId(), done.GetError().GetMessage())
+	return done.GetTrainingRunId()
+}
+
 func withKey(key string) connect.ClientOption {
 	return (&clientFlags{apiKey: key}).options()[0]
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -35,6 +36,8 @@ type serveFlags struct {
 	logFormat   string
 
 	bodyReadTimeout   time.Duration
+	longPoll          time.Duration
+	fairnessTarget    float64
 	maxRequestsPerKey int
 	workspacePolicy   string
 
@@ -125,6 +128,8 @@ max LoRA rank, runs at once, queued operations, sampling concurrency): see the
 	fl.IntVar(&f.maxLoraRank, "max-lora-rank", 64, "largest LoRA rank accepted")
 	fl.StringVar(&f.logLevel, "log-level", env("LOOPS_LOG_LEVEL", "info"), "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", env("LOOPS_LOG_FORMAT", "text"), "text or json")
+	fl.DurationVar(&f.longPoll, "long-poll", 25*time.Second, "how long Tinker's retrieve_future holds a pending operation before answering try_again with its queue state (at most 40s: the tinker SDK's read timeout is 45s)")
+	fl.Float64Var(&f.fairnessTarget, "fairness-target", 0, "the p99 latency inflation (time from submission to end over the operation's own service time) a workspace may see; /metrics exports loops_fairness_slo_breached per workspace against it (0: no target)")
 	fl.DurationVar(&f.bodyReadTimeout, "body-read-timeout", gateway.DefaultBodyReadTimeout, "how long a request body has to arrive once its headers have; a stalled body is cut off then (responses and long-polls are not limited)")
 	fl.IntVar(&f.maxRequestsPerKey, "max-requests-per-key", auth.DefaultMaxRequestsPerKey, "requests one API key may have in flight at once (429 beyond); -1 for no cap")
 	fl.StringVar(&f.checkpointStore, "checkpoint-store", env("LOOPS_CHECKPOINT_STORE", ""), "where checkpoint files go: s3://bucket/prefix (AWS_* environment variables) or a folder; default: checkpoint-store in --data-dir")
@@ -139,6 +144,12 @@ func runServe(ctx context.Context, f serveFlags) error {
 	log, err := newLogger(f.logLevel, f.logFormat)
 	if err != nil {
 		return err
+	}
+	if f.longPoll < 10*time.Millisecond || f.longPoll > 40*time.Second {
+		return fmt.Errorf("--long-poll %v is out of range: use 10ms to 40s (the tinker SDK's read timeout is 45s)", f.longPoll)
+	}
+	if f.fairnessTarget != 0 && (f.fairnessTarget < 1 || math.IsNaN(f.fairnessTarget) || math.IsInf(f.fairnessTarget, 0)) {
+		return fmt.Errorf("--fairness-target %v is not a latency inflation: use 0 (none) or a number of at least 1 (e.g. 3)", f.fairnessTarget)
 	}
 	entries := f.apiKeys
 	if f.apiKeyFile != "" {
@@ -196,6 +207,12 @@ func runServe(ctx context.Context, f serveFlags) error {
 			_ = st.Close()
 			return fmt.Errorf("--checkpoint-store: %w", err)
 		}
+		if f.backend == workerBackend { // its workers reach the store too
+			if err := workerStoreOptions(ctx, cks, backendOpts); err != nil {
+				_ = st.Close()
+				return err
+			}
+		}
 	}
 	ln, err := net.Listen("tcp", f.addr)
 	if err != nil {
@@ -222,10 +239,12 @@ func runServe(ctx context.Context, f serveFlags) error {
 			Options:     backendOpts,
 		},
 		Keys: keys,
-		Core: core.Options{SessionTTL: f.sessionTTL, Policy: pol, CheckpointStore: cks, SamplingConcurrency: f.samplerSlots, RecoverSteps: f.stepRecovery},
+		Core: core.Options{SessionTTL: f.sessionTTL, Policy: pol, CheckpointStore: cks, SamplingConcurrency: f.samplerSlots, RecoverSteps: f.stepRecovery,
+			FairnessTarget: f.fairnessTarget},
 		Limits: gateway.Limits{
 			BodyReadTimeout:   f.bodyReadTimeout,
 			MaxRequestsPerKey: f.maxRequestsPerKey,
+			LongPoll:          f.longPoll,
 		},
 		Logger:         log,
 		Lease:          leaseCfg,

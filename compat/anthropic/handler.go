@@ -2,22 +2,17 @@ package anthropic
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"runtime/debug"
-	"strconv"
 	"strings"
-
-	"connectrpc.com/connect"
 
 	"github.com/loops-dev/loops/compat"
 	"github.com/loops-dev/loops/compat/inference"
 	"github.com/loops-dev/loops/compat/internal/infer"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
-	"github.com/loops-dev/loops/internal/errs"
+	"github.com/loops-dev/loops/internal/httpedge"
 )
 
 // Prefix is the path under which the gateway mounts the handler: an Anthropic client's base
@@ -54,6 +49,8 @@ type server struct {
 	opt    Options
 	log    *slog.Logger
 	engine *infer.Engine
+	// edge answers the routes' errors and panics in Anthropic's shape.
+	edge *httpedge.Surface
 }
 
 // NewHandler returns the handler for every path under Prefix. The gateway mounts it after
@@ -71,42 +68,22 @@ func NewHandler(s Services, o Options) http.Handler {
 		eng = inference.New(inference.Services{Sampling: s.Sampling, Operations: s.Operations, Models: s.Models},
 			inference.Options{MaxSamplers: o.MaxSamplers, Workspace: o.Workspace})
 	}
-	srv := &server{opt: o, log: o.Logger, engine: eng}
+	srv := &server{opt: o, log: o.Logger, engine: eng, edge: errorSurface(o.Logger)}
 	mux := http.NewServeMux()
-	srv.handle(mux, "POST "+Prefix+"v1/messages", srv.messages)
-	srv.handle(mux, "POST "+Prefix+"v1/messages/count_tokens", srv.countTokens)
-	srv.handle(mux, Prefix, func(_ http.ResponseWriter, r *http.Request) error {
+	srv.edge.Handle(mux, "POST "+Prefix+"v1/messages", srv.messages)
+	srv.edge.Handle(mux, "POST "+Prefix+"v1/messages/count_tokens", srv.countTokens)
+	srv.edge.Handle(mux, Prefix, func(_ http.ResponseWriter, r *http.Request) error {
 		return &apiError{status: http.StatusNotFound, typ: typeNotFound,
 			message: r.Method + " " + r.URL.Path + " is not an Anthropic-compatible route served by Loops (POST v1/messages, POST v1/messages/count_tokens)"}
 	})
-	return srv.recoverPanics(mux)
+	return srv.edge.Recover(mux)
 }
 
-type handlerFunc func(w http.ResponseWriter, r *http.Request) error
-
-func (s *server) handle(mux *http.ServeMux, pattern string, h handlerFunc) {
-	mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		if err := h(w, r); err != nil {
-			s.writeError(w, r, err)
-		}
-	})
-}
-
-func (s *server) recoverPanics(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer func() {
-			if v := recover(); v != nil {
-				if v == http.ErrAbortHandler {
-					panic(v)
-				}
-				id := errs.NewID()
-				s.log.Error("anthropic: panic serving request", "method", r.Method, "path", r.URL.Path,
-					"error_id", id, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-				s.writeError(w, r, errs.Incident(id, "internal error, id "+id))
-			}
-		}()
-		next.ServeHTTP(w, r)
-	})
+// errorSurface returns the HTTP edge (internal/httpedge) that answers errors and panics in
+// Anthropic's error shape, logging to log.
+func errorSurface(log *slog.Logger) *httpedge.Surface {
+	return &httpedge.Surface{Name: "anthropic", Logger: log, Classify: answerOf,
+		EncodeFailure: []byte(`{"type":"error","error":{"type":"api_error","message":"internal error: cannot encode the response"}}`)}
 }
 
 // Anthropic's error types.
@@ -189,70 +166,29 @@ func classify(err error) (status int, body errorBody, id string) {
 		return http.StatusRequestEntityTooLarge, errorBody{Type: typeTooLarge,
 			Message: fmt.Sprintf("request body is larger than the server's limit of %d bytes", mbe.Limit)}, ""
 	}
-	var ce *connect.Error
-	if !errors.As(err, &ce) {
-		err = connect.NewError(connect.CodeInternal, err)
-	}
-	out := errs.Edge(err)
-	msg := out.Err.Message()
-	if msg == "" {
-		msg = out.Err.Code().String()
-	}
+	out, msg := httpedge.Public(err)
 	st := out.Entry.TinkerStatus
 	return st, errorBody{Type: typeOf(st), Message: msg}, out.ID
 }
 
-// writeError answers err in Anthropic's error shape; an internal error is logged in full
-// under its error id. Nothing is written when the client has gone away.
-func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
-	if errs.ClientGone(r.Context()) {
-		s.log.Info("anthropic: client closed request", "method", r.Method, "path", r.URL.Path,
-			"status", errs.StatusClientClosedRequest, "err", err)
-		return
-	}
+// answerOf is classify as the HTTP edge (internal/httpedge) takes it.
+func answerOf(err error) httpedge.Answer {
 	status, body, id := classify(err)
-	switch {
-	case id != "":
-		s.log.Error("anthropic: request failed", "method", r.Method, "path", r.URL.Path, "status", status, "error_id", id, "err", err)
-	case status >= 500 && status != http.StatusServiceUnavailable:
-		s.log.Error("anthropic: request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
-	default:
-		s.log.Debug("anthropic: request rejected", "method", r.Method, "path", r.URL.Path, "status", status, "message", body.Message)
-	}
-	writeErrorBody(w, err, status, body)
+	return httpedge.Answer{Status: status, Body: errorEnvelope{Type: "error", Error: body}, ID: id, Message: body.Message}
 }
 
 // WriteError answers err in Anthropic's error shape without logging: the gateway's key
 // check uses it for the refusals (401, 403, 429) of requests under Prefix, so Anthropic
 // clients read them as they read this adapter's own errors.
 func WriteError(w http.ResponseWriter, _ *http.Request, err error) {
-	status, body, _ := classify(err)
-	writeErrorBody(w, err, status, body)
+	errorSurface(nil).Reply(w, err)
 }
 
-func writeErrorBody(w http.ResponseWriter, err error, status int, body errorBody) {
-	if d, ok := errs.RetryAfter(err); ok && status == http.StatusTooManyRequests {
-		w.Header().Set(errs.HeaderRetryAfter, errs.RetryAfterValue(d))
-	}
-	writeJSON(w, status, errorEnvelope{Type: "error", Error: body})
-}
-
+// errorEnvelope is the JSON body of an Anthropic error answer (and of a stream's error
+// event).
 type errorEnvelope struct {
 	Type  string    `json:"type"`
 	Error errorBody `json:"error"`
-}
-
-// writeJSON marshals v and writes it with a Content-Length.
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		status = http.StatusInternalServerError
-		b = []byte(`{"type":"error","error":{"type":"api_error","message":"internal error: cannot encode the response"}}`)
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-	w.WriteHeader(status)
-	_, _ = w.Write(b)
 }
 
 // readBody reads the whole body within MaxBodyBytes (infer.ReadBody).

@@ -39,7 +39,7 @@ func (s *server) messages(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, messageOf(req, c, true))
+	s.edge.WriteJSON(w, http.StatusOK, messageOf(req, c, true))
 	return nil
 }
 
@@ -56,7 +56,7 @@ func (s *server) countTokens(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, struct {
+	s.edge.WriteJSON(w, http.StatusOK, struct {
 		InputTokens int `json:"input_tokens"`
 	}{len(prompts[0])})
 	return nil

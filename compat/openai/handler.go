@@ -2,23 +2,19 @@ package openai
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"runtime/debug"
-	"strconv"
 	"strings"
 	"time"
-
-	"connectrpc.com/connect"
 
 	"github.com/loops-dev/loops/compat"
 	"github.com/loops-dev/loops/compat/inference"
 	"github.com/loops-dev/loops/compat/internal/infer"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/internal/errs"
+	"github.com/loops-dev/loops/internal/httpedge"
 	"github.com/loops-dev/loops/internal/semantics"
 )
 
@@ -66,7 +62,6 @@ type Options struct {
 const (
 	defaultMaxBodyBytes = compat.DefaultMaxBodyBytes
 	defaultMaxSamplers  = semantics.MaxSamplersInMemory
-	contentTypeJSON     = "application/json"
 )
 
 func (o Options) withDefaults() Options {
@@ -97,6 +92,8 @@ type server struct {
 	opt    Options
 	log    *slog.Logger
 	engine *infer.Engine
+	// edge answers the routes' errors and panics in OpenAI's shape.
+	edge *httpedge.Surface
 }
 
 // NewHandler returns the handler for every path under Prefix. The gateway mounts it after
@@ -109,44 +106,24 @@ func NewHandler(s Services, o Options) http.Handler {
 		eng = inference.New(inference.Services{Sampling: s.Sampling, Operations: s.Operations, Models: s.Models},
 			inference.Options{MaxSamplers: o.MaxSamplers, Workspace: o.Workspace})
 	}
-	srv := &server{svc: s, opt: o, log: o.Logger, engine: eng}
+	srv := &server{svc: s, opt: o, log: o.Logger, engine: eng, edge: errorSurface(o.Logger)}
 	mux := http.NewServeMux()
-	srv.handle(mux, "POST "+Prefix+"chat/completions", srv.chatCompletions)
-	srv.handle(mux, "POST "+Prefix+"completions", srv.completions)
-	srv.handle(mux, "GET "+Prefix+"models", srv.listModels)
-	srv.handle(mux, "GET "+Prefix+"models/{model...}", srv.getModel)
-	srv.handle(mux, Prefix, func(_ http.ResponseWriter, r *http.Request) error {
+	srv.edge.Handle(mux, "POST "+Prefix+"chat/completions", srv.chatCompletions)
+	srv.edge.Handle(mux, "POST "+Prefix+"completions", srv.completions)
+	srv.edge.Handle(mux, "GET "+Prefix+"models", srv.listModels)
+	srv.edge.Handle(mux, "GET "+Prefix+"models/{model...}", srv.getModel)
+	srv.edge.Handle(mux, Prefix, func(_ http.ResponseWriter, r *http.Request) error {
 		return &apiError{status: http.StatusNotFound, typ: typeInvalidRequest, code: "unknown_route",
 			message: r.Method + " " + r.URL.Path + " is not an OpenAI-compatible route served by Loops (POST chat/completions, POST completions, GET models)"}
 	})
-	return srv.recoverPanics(mux)
+	return srv.edge.Recover(mux)
 }
 
-type handlerFunc func(w http.ResponseWriter, r *http.Request) error
-
-func (s *server) handle(mux *http.ServeMux, pattern string, h handlerFunc) {
-	mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		if err := h(w, r); err != nil {
-			s.writeError(w, r, err)
-		}
-	})
-}
-
-func (s *server) recoverPanics(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer func() {
-			if v := recover(); v != nil {
-				if v == http.ErrAbortHandler {
-					panic(v)
-				}
-				id := errs.NewID()
-				s.log.Error("openai: panic serving request", "method", r.Method, "path", r.URL.Path,
-					"error_id", id, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-				s.writeError(w, r, errs.Incident(id, "internal error, id "+id))
-			}
-		}()
-		next.ServeHTTP(w, r)
-	})
+// errorSurface returns the HTTP edge (internal/httpedge) that answers errors and panics in
+// OpenAI's error shape, logging to log.
+func errorSurface(log *slog.Logger) *httpedge.Surface {
+	return &httpedge.Surface{Name: "openai", Logger: log, Classify: answerOf,
+		EncodeFailure: []byte(`{"error":{"message":"internal error: cannot encode the response","type":"server_error","param":null,"code":"internal"}}`)}
 }
 
 // OpenAI's error types.
@@ -234,68 +211,28 @@ func classify(err error) (status int, body errorBody, id string) {
 		return http.StatusRequestEntityTooLarge, errorBody{Type: typeInvalidRequest, Code: &code,
 			Message: fmt.Sprintf("request body is larger than the server's limit of %d bytes", mbe.Limit)}, ""
 	}
-	var ce *connect.Error
-	if !errors.As(err, &ce) {
-		err = connect.NewError(connect.CodeInternal, err)
-	}
-	out := errs.Edge(err)
-	msg := out.Err.Message()
-	if msg == "" {
-		msg = out.Err.Code().String()
-	}
+	out, msg := httpedge.Public(err)
 	code := strings.ToLower(errs.Reason(out.Err))
 	st := out.Entry.TinkerStatus
 	return st, errorBody{Message: msg, Type: typeOf(st), Code: &code}, out.ID
 }
 
-// writeError answers err in OpenAI's error shape; an internal error is logged in full under
-// its error id. Nothing is written when the client has gone away.
-func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
-	if errs.ClientGone(r.Context()) {
-		s.log.Info("openai: client closed request", "method", r.Method, "path", r.URL.Path,
-			"status", errs.StatusClientClosedRequest, "err", err)
-		return
-	}
+// errorEnvelope is the JSON body of an OpenAI error answer.
+type errorEnvelope struct {
+	Error errorBody `json:"error"`
+}
+
+// answerOf is classify as the HTTP edge (internal/httpedge) takes it.
+func answerOf(err error) httpedge.Answer {
 	status, body, id := classify(err)
-	switch {
-	case id != "":
-		s.log.Error("openai: request failed", "method", r.Method, "path", r.URL.Path, "status", status, "error_id", id, "err", err)
-	case status >= 500 && status != http.StatusServiceUnavailable:
-		s.log.Error("openai: request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
-	default:
-		s.log.Debug("openai: request rejected", "method", r.Method, "path", r.URL.Path, "status", status, "message", body.Message)
-	}
-	writeErrorBody(w, err, status, body)
+	return httpedge.Answer{Status: status, Body: errorEnvelope{body}, ID: id, Message: body.Message}
 }
 
 // WriteError answers err in OpenAI's error shape without logging: the gateway's key check
 // uses it for the refusals (401, 403, 429) of requests under Prefix, so OpenAI clients read
 // them as they read this adapter's own errors.
 func WriteError(w http.ResponseWriter, _ *http.Request, err error) {
-	status, body, _ := classify(err)
-	writeErrorBody(w, err, status, body)
-}
-
-func writeErrorBody(w http.ResponseWriter, err error, status int, body errorBody) {
-	if d, ok := errs.RetryAfter(err); ok && status == http.StatusTooManyRequests {
-		w.Header().Set(errs.HeaderRetryAfter, errs.RetryAfterValue(d))
-	}
-	writeJSON(w, status, struct {
-		Error errorBody `json:"error"`
-	}{body})
-}
-
-// writeJSON marshals v and writes it with a Content-Length.
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		status = http.StatusInternalServerError
-		b = []byte(`{"error":{"message":"internal error: cannot encode the response","type":"server_error","param":null,"code":"internal"}}`)
-	}
-	w.Header().Set("Content-Type", contentTypeJSON)
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-	w.WriteHeader(status)
-	_, _ = w.Write(b)
+	errorSurface(nil).Reply(w, err)
 }
 
 // readBody reads the whole body within MaxBodyBytes (infer.ReadBody).

@@ -41,9 +41,9 @@ func (s *server) serve(w http.ResponseWriter, r *http.Request, chat bool) error 
 		return err
 	}
 	if chat {
-		writeJSON(w, http.StatusOK, chatResponse(req, c, created))
+		s.edge.WriteJSON(w, http.StatusOK, chatResponse(req, c, created))
 	} else {
-		writeJSON(w, http.StatusOK, completionResponse(req, c, created))
+		s.edge.WriteJSON(w, http.StatusOK, completionResponse(req, c, created))
 	}
 	return nil
 }
@@ -280,7 +280,7 @@ func (s *server) listModels(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}
-	writeJSON(w, http.StatusOK, out)
+	s.edge.WriteJSON(w, http.StatusOK, out)
 	return nil
 }
 
@@ -309,7 +309,7 @@ func (s *server) getModel(w http.ResponseWriter, r *http.Request) error {
 		if !found && path == "" {
 			if d := s.deploymentModel(r.Context(), base); d != nil {
 				out.Created, out.OwnedBy = d.GetCreateTime().GetSeconds(), d.GetOwner()
-				writeJSON(w, http.StatusOK, out)
+				s.edge.WriteJSON(w, http.StatusOK, out)
 				return nil
 			}
 		}
@@ -328,6 +328,6 @@ func (s *server) getModel(w http.ResponseWriter, r *http.Request) error {
 		}
 		out.Created, out.OwnedBy = ck.GetCreateTime().GetSeconds(), "workspace"
 	}
-	writeJSON(w, http.StatusOK, out)
+	s.edge.WriteJSON(w, http.StatusOK, out)
 	return nil
 }

@@ -140,9 +140,7 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, req *request, ru
 			if eid != "" || status >= 500 {
 				s.log.Error("openai: stream failed", "path", r.URL.Path, "status", status, "error_id", eid, "err", err)
 			}
-			send(struct {
-				Error errorBody `json:"error"`
-			}{body})
+			send(errorEnvelope{body})
 			return nil
 		}
 		for _, ch := range chunks {

@@ -15,6 +15,14 @@ type fakeClock struct{ t time.Time }
 
 func (c *fakeClock) now() time.Time { return c.t }
 
+// retryAfter is the wait err (a *ThrottledError) asks for.
+func retryAfter(t *testing.T, err error) time.Duration {
+	t.Helper()
+	var te *ThrottledError
+	require.ErrorAs(t, err, &te)
+	return te.RetryAfter
+}
+
 func TestThrottleBudgetsPerClient(t *testing.T) {
 	c := &fakeClock{t: time.Unix(0, 0)}
 	th := NewThrottle(ThrottleOptions{FailuresPerClient: 3, FailureEvery: time.Second, Now: c.now})
@@ -25,11 +33,11 @@ func TestThrottleBudgetsPerClient(t *testing.T) {
 	require.Error(t, th.Check(a), "the budget spent: a right key from the address is refused too")
 	err := th.Failed(a)
 	require.True(t, IsThrottled(err))
-	first := err.(*ThrottledError).RetryAfter
+	first := retryAfter(t, err)
 	for range 5 {
 		_ = th.Failed(a)
 	}
-	require.Greater(t, th.Check(a).(*ThrottledError).RetryAfter, first, "trying on while throttled waits longer")
+	require.Greater(t, retryAfter(t, th.Check(a)), first, "trying on while throttled waits longer")
 	require.NoError(t, th.Check(b), "another address is not slowed")
 	require.NoError(t, th.Failed(b))
 
@@ -37,7 +45,7 @@ func TestThrottleBudgetsPerClient(t *testing.T) {
 	for range 10000 {
 		_ = th.Failed(a)
 	}
-	require.LessOrEqual(t, th.Check(a).(*ThrottledError).RetryAfter, maxBlock+time.Second)
+	require.LessOrEqual(t, retryAfter(t, th.Check(a)), maxBlock+time.Second)
 	c.t = c.t.Add(maxBlock + 2*time.Second)
 	require.NoError(t, th.Check(a))
 }

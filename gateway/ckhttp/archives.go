@@ -27,18 +27,18 @@ func (h *Handlers) Archives() http.Handler {
 		tok = strings.TrimSuffix(tok, ".tar")
 		link, err := h.c.OpenArchiveLink(r.Context(), tok)
 		if err != nil {
-			h.writeErr(w, r, err)
+			h.edge.WriteError(w, r, err)
 			return
 		}
 		if isFile {
 			f, ok := link.Manifest.File(file)
 			if !ok {
-				writeDetail(w, http.StatusNotFound, "no such file in this checkpoint")
+				h.edge.WriteError(w, r, &detailError{http.StatusNotFound, "no such file in this checkpoint"})
 				return
 			}
 			rc, err := h.c.OpenArchiveFile(r.Context(), link, f.Name)
 			if err != nil {
-				h.writeErr(w, r, err)
+				h.edge.WriteError(w, r, err)
 				return
 			}
 			defer rc.Close()

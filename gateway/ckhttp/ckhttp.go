@@ -2,7 +2,6 @@ package ckhttp
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +14,7 @@ import (
 	"github.com/loops-dev/loops/gateway/core"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
+	"github.com/loops-dev/loops/internal/httpedge"
 )
 
 // Paths of the handlers. The core issues the URLs of downloads and exports, so their
@@ -151,6 +151,7 @@ type Handlers struct {
 	c       Checkpoints
 	opts    Options
 	log     *slog.Logger
+	edge    *httpedge.Surface
 	exports *slots
 	imports *slots
 }
@@ -158,7 +159,7 @@ type Handlers struct {
 // New returns the handlers over c.
 func New(c Checkpoints, opts Options) *Handlers {
 	opts = opts.withDefaults()
-	return &Handlers{c: c, opts: opts, log: opts.Logger,
+	return &Handlers{c: c, opts: opts, log: opts.Logger, edge: errorSurface(opts.Logger),
 		exports: newSlots("merged exports", "max_concurrent_exports", "max_exports_per_workspace", opts.MaxExports, opts.MaxExportsPerWorkspace, opts.RetryAfter),
 		imports: newSlots("imports", "max_concurrent_imports", "max_imports_per_workspace", opts.MaxImports, opts.MaxImportsPerWorkspace, opts.RetryAfter),
 	}
@@ -185,24 +186,33 @@ func internalErr(what string, err error) error {
 	return connect.NewError(connect.CodeInternal, fmt.Errorf("%s: %w", what, err))
 }
 
-// writeDetail answers an error with a JSON {"detail": msg} body.
-func writeDetail(w http.ResponseWriter, status int, msg string) {
-	body, _ := json.Marshal(map[string]string{"detail": msg})
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	_, _ = w.Write(body)
+// detailError is an answer the handlers give themselves: status with {"detail": msg}.
+type detailError struct {
+	status int
+	msg    string
 }
 
-// writeErr answers err as writeDetail does, with the HTTP status of the error table and,
-// for a 429, Retry-After; a masked error is logged under an id and its message replaced.
-func (h *Handlers) writeErr(w http.ResponseWriter, r *http.Request, err error) {
-	out := errs.Edge(err)
-	if out.ID != "" {
-		h.log.Error("checkpoint transfer failed", slog.String("path", r.URL.Path), slog.String("error_id", out.ID), slog.Any("err", err))
+func (e *detailError) Error() string { return e.msg }
+
+// detailBody is the JSON body of every error answer.
+type detailBody struct {
+	Detail string `json:"detail"`
+}
+
+// errorSurface answers the handlers' errors (internal/httpedge) as {"detail": msg} with the
+// HTTP status of the error table (loops.v1's, as the REST surface answers) and, for a 429,
+// Retry-After; a masked error is logged under an id and its message replaced; a client that
+// went away gets nothing.
+func errorSurface(log *slog.Logger) *httpedge.Surface {
+	return &httpedge.Surface{Name: "ckhttp", Logger: log, Classify: answerOf,
+		EncodeFailure: []byte(`{"detail":"internal error: cannot encode the response"}`)}
+}
+
+func answerOf(err error) httpedge.Answer {
+	var de *detailError
+	if errors.As(err, &de) {
+		return httpedge.Answer{Status: de.status, Body: detailBody{de.msg}, Message: de.msg}
 	}
-	if d, ok := errs.RetryAfter(out.Err); ok {
-		w.Header().Set(errs.HeaderRetryAfter, errs.RetryAfterValue(d))
-	}
-	writeDetail(w, out.Entry.HTTPStatus, out.Err.Message())
+	out, msg := httpedge.Public(err)
+	return httpedge.Answer{Status: out.Entry.HTTPStatus, Body: detailBody{msg}, ID: out.ID, Reason: errs.Reason(out.Err), Message: msg}
 }

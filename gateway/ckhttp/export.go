@@ -23,18 +23,18 @@ func (h *Handlers) Export() http.Handler {
 		start := time.Now()
 		ws, err := auth.RequireWorkspace(r.Context())
 		if err != nil {
-			h.writeErr(w, r, err)
+			h.edge.WriteError(w, r, err)
 			return
 		}
 		q := r.URL.Query()
 		format := q.Get("format")
 		if format != "peft" && format != "merged" {
-			writeDetail(w, http.StatusBadRequest, "format must be peft or merged")
+			h.edge.WriteError(w, r, &detailError{http.StatusBadRequest, "format must be peft or merged"})
 			return
 		}
 		folder, err := h.c.OpenCheckpointFolder(r.Context(), ws, q.Get("path"))
 		if err != nil {
-			h.writeErr(w, r, err)
+			h.edge.WriteError(w, r, err)
 			return
 		}
 		defer folder.Release()
@@ -46,7 +46,7 @@ func (h *Handlers) Export() http.Handler {
 		}
 		release, err := h.exports.acquire(ws)
 		if err != nil {
-			h.writeErr(w, r, err)
+			h.edge.WriteError(w, r, err)
 			return
 		}
 		defer release()
@@ -55,22 +55,22 @@ func (h *Handlers) Export() http.Handler {
 		defer cancel()
 		root := filepath.Join(h.opts.DataDir, exportFolder)
 		if h.opts.DataDir == "" {
-			h.writeErr(w, r, internalErr("merged export", errNoDataDir))
+			h.edge.WriteError(w, r, internalErr("merged export", errNoDataDir))
 			return
 		}
 		if err := os.MkdirAll(root, 0o755); err != nil {
-			h.writeErr(w, r, internalErr("creating the export folder", err))
+			h.edge.WriteError(w, r, internalErr("creating the export folder", err))
 			return
 		}
 		out, err := os.MkdirTemp(root, "merge-")
 		if err != nil {
-			h.writeErr(w, r, internalErr("creating the export folder", err))
+			h.edge.WriteError(w, r, internalErr("creating the export folder", err))
 			return
 		}
 		defer os.RemoveAll(out)
 		n, err := h.c.MergeAdapter(ctx, ck, folder.Dir, out, MaxExportBytes)
 		if err != nil {
-			h.writeErr(w, r, err)
+			h.edge.WriteError(w, r, err)
 			return
 		}
 		h.log.Info("merged export", slog.String("workspace", ws), slog.String("path", ck.GetTinkerPath()),

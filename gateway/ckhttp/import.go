@@ -45,12 +45,12 @@ func (h *Handlers) Import() http.Handler {
 		}
 		ws, err := auth.RequireWorkspace(r.Context())
 		if err != nil {
-			h.writeErr(w, r, err)
+			h.edge.WriteError(w, r, err)
 			return
 		}
 		release, err := h.imports.acquire(ws)
 		if err != nil {
-			h.writeErr(w, r, err)
+			h.edge.WriteError(w, r, err)
 			return
 		}
 		defer release()
@@ -68,13 +68,13 @@ func (h *Handlers) Import() http.Handler {
 		var cut *cutError
 		switch {
 		case errors.As(err, &mb):
-			writeDetail(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the import is over %d bytes", int64(MaxImportBytes)))
+			h.edge.WriteError(w, r, &detailError{http.StatusRequestEntityTooLarge, fmt.Sprintf("the import is over %d bytes", int64(MaxImportBytes))})
 			return
 		case errors.As(err, &cut):
-			writeDetail(w, http.StatusRequestTimeout, cut.msg)
+			h.edge.WriteError(w, r, &detailError{http.StatusRequestTimeout, cut.msg})
 			return
 		case err != nil:
-			h.writeErr(w, r, err)
+			h.edge.WriteError(w, r, err)
 			return
 		}
 		b, _ := protojson.MarshalOptions{UseProtoNames: true}.Marshal(ck)

@@ -58,7 +58,7 @@ func (h *Handlers) abort(what string, err error, attrs ...any) {
 func (h *Handlers) streamFolder(ctx context.Context, w http.ResponseWriter, r *http.Request, dir, name string, only []string, end time.Time) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		h.writeErr(w, r, internalErr("reading the export folder", err))
+		h.edge.WriteError(w, r, internalErr("reading the export folder", err))
 		return
 	}
 	var files []os.FileInfo

@@ -195,6 +195,10 @@ func TestConsoleSignInAndWorkspaces(t *testing.T) {
 	require.Contains(t, body, "ws-a")
 	_, _, body = a.get("/console/usage")
 	require.Regexp(t, `training_tokens</td><td class="num">12<`, body) // 3 steps × 4 tokens
+	// The limits page shows how long the workspace's work waited lately (issue 25).
+	_, _, body = a.get("/console/limits")
+	require.Contains(t, body, `id="fairness"`)
+	require.Regexp(t, `Operations ended</th><td>[1-9]`, body)
 
 	// The second key: none of the first's runs, not even by id.
 	b := newBrowser(t, base)

@@ -15,6 +15,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/loops-dev/loops/gateway/auth"
@@ -43,6 +44,9 @@ var funcs = template.FuncMap{
 			return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 		}
 		return fmt.Sprintf("%d B", n)
+	},
+	"duration": func(d *durationpb.Duration) string {
+		return d.AsDuration().Round(time.Millisecond).String()
 	},
 	"q":        url.QueryEscape,
 	"kind":     checkpointKind,

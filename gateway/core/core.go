@@ -12,6 +12,8 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/ckstore"
+	"github.com/loops-dev/loops/gateway/core/fairness"
+	"github.com/loops-dev/loops/gateway/core/placement"
 	"github.com/loops-dev/loops/gateway/core/trainrun"
 	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/store"
@@ -58,6 +60,19 @@ type Options struct {
 	SweepInterval time.Duration
 	// MaxBatchTokens caps the tokens of one backend forward/backward call (default 65536).
 	MaxBatchTokens int
+	// ChunkTokens is the piece size of forward/backward work (default DefaultChunkTokens): a
+	// request of more tokens runs as pieces of whole datums of at most this many tokens (a
+	// longer datum is a piece of its own), one per batch, so a big step holds the backend
+	// for one piece at a time. The pieces depend on the request alone.
+	ChunkTokens int
+	// FairnessTarget is the p99 latency inflation a workspace may see (an operation's time
+	// from submission to its end over its own service time), the fairness SLO exported on
+	// /metrics (package gateway/core/fairness); 0: none.
+	FairnessTarget float64
+	// LaneConcurrency is how many forward/backward batches of one base model run at once
+	// (default 2); a workspace has at most one of them, so another workspace's work starts
+	// on a free one instead of waiting behind a flood's batch.
+	LaneConcurrency int
 	// MaxDatumsPerRequest caps the datums of one forward_backward request (default 4096).
 	MaxDatumsPerRequest int
 	// MaxSamplesPerRequest caps num_samples (default 256).
@@ -130,6 +145,12 @@ func (o *Options) defaults() {
 	if o.MaxBatchTokens <= 0 {
 		o.MaxBatchTokens = 65536
 	}
+	if o.ChunkTokens <= 0 {
+		o.ChunkTokens = DefaultChunkTokens
+	}
+	if o.LaneConcurrency <= 0 {
+		o.LaneConcurrency = 2
+	}
 	if o.MaxDatumsPerRequest <= 0 {
 		o.MaxDatumsPerRequest = 4096
 	}
@@ -180,7 +201,7 @@ type Core struct {
 	ops      *operations
 	mu       lockorder.Mutex[rankCore]
 	runs     *runRegistry
-	lanes    map[string]*lane
+	lanes    map[string]*laneOf
 	sessions map[string]*sessionState
 	// liveSessions counts each workspace's live sessions, and those being created
 	// (reserveSession), for max_sessions_per_workspace.
@@ -198,6 +219,8 @@ type Core struct {
 	ctx  context.Context
 	// replay bounds the replay logs of all runs together (recovery.go).
 	replay *trainrun.ReplayBudget
+	// fair watches how fairly the server is shared (queue waits, latency inflation, SLO).
+	fair *fairness.Tracker
 
 	// drain is closed when a shutdown starts (Drain); running counts backend calls and
 	// sampling goroutines in progress.
@@ -211,8 +234,9 @@ type Core struct {
 	slots *slots
 	// pageTokens signs and checks the page tokens of lists (paging.go).
 	pageTokens *store.PageTokens
-	// placer has the backend place the sampler replicas deployments ask for (placement.go).
-	placer *placer
+	// placer has the backend place the sampler replicas deployments ask for (package
+	// placement).
+	placer *placement.Placer
 	// liveSnapshots holds the store keys of the step snapshots that are runs' recovery
 	// points (recovery.go), which the store sweep keeps.
 	liveSnapshots sync.Map
@@ -238,9 +262,10 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 		store:        st,
 		backend:      backends.WithDeadlines(backends.Guard(be, opts.Logger), opts.BackendDeadlines),
 		metrics:      newMetrics(opts.Registerer),
+		fair:         fairness.New(opts.Registerer, opts.FairnessTarget, opts.Now),
 		models:       map[string]*loopsv1.ModelInfo{},
 		losses:       map[string]bool{},
-		lanes:        map[string]*lane{},
+		lanes:        map[string]*laneOf{},
 		sessions:     map[string]*sessionState{},
 		liveSessions: map[string]int{},
 		archives:     newArchiveTokens(),
@@ -298,16 +323,17 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	if err := c.recoverRuns(ctx); err != nil {
 		return nil, err
 	}
-	c.placer = newPlacer(be, c.log)
+	scaler, _ := be.(backends.SamplerScaler)
+	c.placer = placement.New(scaler, c.log)
 	c.preemptible, _ = be.(backends.Preemptible) // the unwrapped backend
 	c.dedicatedPools, _ = be.(backends.DedicatedPools)
-	if err := c.placer.load(ctx, st.ListAllDeployments); err != nil {
+	if err := c.placer.Load(ctx, st.ListAllDeployments); err != nil {
 		return nil, err
 	}
 	if err := c.life.Go("janitor", c.janitor); err != nil {
 		return nil, err
 	}
-	if err := c.life.Go("placer", c.placer.run); err != nil {
+	if err := c.life.Go("placer", c.placer.Run); err != nil {
 		return nil, err
 	}
 	return c, nil

@@ -341,7 +341,7 @@ func TestRestartFailsInFlightOperationsAndRecoversRuns(t *testing.T) {
 	// Its record is written behind (persister.go): let it reach the store first.
 	require.Eventually(t, func() bool { _, err := st.GetOperation(t.Context(), "ws-a", op.GetId()); return err == nil }, 5*time.Second, time.Millisecond)
 	// Crash with the operation still in flight: nothing more is journaled or written.
-	c.ops.persist.crash()
+	c.ops.persist.Crash()
 	require.NoError(t, st.Close())
 	close(fake.gate)
 	_ = c.Close()

@@ -344,8 +344,8 @@ func (s DeploymentService) CreateDeployment(ctx context.Context, req *loopsv1.Cr
 		}
 	}
 	c.log.Info("deployment created", "workspace", ws, "deployment", d.Name, "checkpoints", len(pins))
-	c.placer.set(d.BaseModel, ws, d.Name, d.Replicas)
-	return c.placer.view(d), nil
+	c.placer.Set(d.BaseModel, ws, d.Name, d.Replicas)
+	return c.placer.View(d), nil
 }
 
 // deploymentModels are the OpenAI model strings of a deployment (for its owner).
@@ -395,7 +395,7 @@ func (s DeploymentService) GetDeployment(ctx context.Context, req *loopsv1.GetDe
 	if err != nil {
 		return nil, err
 	}
-	return s.c.placer.view(forViewer(ws, d)), nil
+	return s.c.placer.View(forViewer(ws, d)), nil
 }
 
 // ListDeployments lists the caller's deployments, then those shared with it.
@@ -414,10 +414,10 @@ func (s DeploymentService) ListDeployments(ctx context.Context, _ *loopsv1.ListD
 	}
 	out := &loopsv1.ListDeploymentsResponse{}
 	for _, d := range own {
-		out.Deployments = append(out.Deployments, s.c.placer.view(d))
+		out.Deployments = append(out.Deployments, s.c.placer.View(d))
 	}
 	for _, d := range shared {
-		out.Deployments = append(out.Deployments, s.c.placer.view(forViewer(ws, d)))
+		out.Deployments = append(out.Deployments, s.c.placer.View(forViewer(ws, d)))
 	}
 	return out, nil
 }
@@ -439,7 +439,7 @@ func (s DeploymentService) DeleteDeployment(ctx context.Context, req *loopsv1.De
 		return nil, internal("deleting deployment", err)
 	}
 	s.c.log.Info("deployment deleted", "workspace", ws, "deployment", req.GetName())
-	s.c.placer.remove(ws, req.GetName())
+	s.c.placer.Remove(ws, req.GetName())
 	return &loopsv1.DeleteDeploymentResponse{}, nil
 }
 
@@ -506,5 +506,5 @@ func (s DeploymentService) changeGrants(ctx context.Context, name, grantee strin
 	if err := s.c.store.PutDeployment(ctx, ws, d, pins); err != nil {
 		return nil, internal("recording deployment", err)
 	}
-	return s.c.placer.view(d), nil
+	return s.c.placer.View(d), nil
 }

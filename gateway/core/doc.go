@@ -10,7 +10,7 @@
 // one base model goes to the backend in one batch; optimizer steps, saves and loads are
 // barriers for their own run only. Waiters are woken by completion, never by polling.
 //
-// The parts, each in its own file with its own lock:
+// The parts, each in its own file or package, with its own lock:
 //   - sequencer (package gateway/core/sequencer): one run's seq_id order, de-duplication and
 //     gaps; pure bookkeeping, tested without a Core.
 //   - the run (package gateway/core/trainrun): a state machine with one owner, holding the
@@ -19,15 +19,20 @@
 //     taken while it is held. queue.go is the core's side: submit resolves what a request
 //     needs (the registry, checkpoints, the store, the policy) before and after claiming its
 //     seq_id, never while holding the run's lock, and acts on what the run returns.
-//   - the per-model scheduler (scheduler.go, fair.go, slots.go): a lane per base model picks
-//     each round's tasks, shares batches fairly between workspaces and keeps the backend's
-//     adapter slots; it reaches the rest of the core only through two small interfaces
-//     (taskRunner, slotKeeper), so it is tested with fakes.
+//   - the per-model scheduler (package gateway/core/lane; scheduler.go starts one per base
+//     model): it runs forward/backward work in pieces of a token budget, in batches shared
+//     by deficit round robin between workspaces, several batches at once with at most one
+//     per workspace; it reaches the core only through two small interfaces (lane.Runner:
+//     coreRunner in queue.go, lane.Slots: the slot table in slots.go), so it is tested
+//     with fakes.
 //   - the run registry (registry.go): the runs in memory, reloaded from the store on demand
 //     and evicted when idle.
-//   - operations (operations.go, persister.go, resultcache.go): outcomes, written behind in
-//     group commits, and large results in a bounded cache.
+//   - operations (operations.go): outcomes, written behind in group commits by the
+//     write-behind persister and its journal (package gateway/core/writebehind), and large
+//     results in a bounded cache (package gateway/core/resultcache).
 //   - sampling (sampling.go, samplequeue.go): samplers and a fair queue per base model.
+//   - deployments (deployments.go): named sets of checkpoints to sample from; the sampler
+//     replicas they ask for are placed by package gateway/core/placement.
 //
 // # Goroutines
 //
@@ -51,12 +56,12 @@
 //	samplerState.mu
 //	sampleQueue.mu
 //	slots.mu
-//	lane.mu
+//	lane.Lane.mu (gateway/core/lane)
 //	operations.mu
 //	operation.mu
 //	policy.Enforcer.mu (gateway/policy)
-//	persister.jmu
-//	persister.mu
+//	writebehind.Persister.jmu (gateway/core/writebehind)
+//	writebehind.Persister.mu
 //	onceTable.mu
 //	trainrun.Run.mu (last: nothing is taken under it)
 //

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/core/writebehind"
 	"github.com/loops-dev/loops/gateway/store/sqlite"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
@@ -49,7 +50,7 @@ func failover(t *testing.T, publishAfterCommit bool) (acked bool, after *loopsv1
 	// kill -9: nothing more reaches the database, and dir1 is on a disk the new leader
 	// never sees.
 	st.dead.Store(true)
-	c.ops.persist.crash()
+	c.ops.persist.Crash()
 	close(st.release)
 	t.Cleanup(func() {
 		_ = c.Close()
@@ -86,7 +87,7 @@ func TestFailoverLosesNoAcknowledgedOutcome(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, got.GetState())
 	require.Equal(t, earlier.GetDoneTime().AsTime(), got.GetDoneTime().AsTime())
-	_, err = os.Stat(filepath.Join(h2.dir, journalDir))
+	_, err = os.Stat(filepath.Join(h2.dir, writebehind.JournalDir))
 	require.ErrorIs(t, err, os.ErrNotExist, "no journal without one")
 }
 

@@ -24,6 +24,8 @@ type fakeBackend struct {
 	entered  chan struct{}
 	// createErr, when set, fails CreateAdapter (no replica serves).
 	createErr error
+	// sampleHook, when set, runs at the start of every Sample.
+	sampleHook func()
 }
 
 func newFakeBackend() *fakeBackend {
@@ -141,6 +143,9 @@ func (f *fakeBackend) LoadAdapter(_ context.Context, req *backendv1.LoadAdapterR
 }
 
 func (f *fakeBackend) Sample(_ context.Context, req *backendv1.SampleRequest) (*backendv1.SampleResponse, error) {
+	if f.sampleHook != nil {
+		f.sampleHook()
+	}
 	res := &loopsv1.SampleResult{}
 	for range req.GetNumSamples() {
 		res.Sequences = append(res.Sequences, &loopsv1.SampledSequence{Tokens: []int32{1, 2}, Logprobs: []float32{-1, -1}, StopReason: loopsv1.StopReason_STOP_REASON_LENGTH})

@@ -46,10 +46,7 @@ type rankSlots struct{}
 
 func (rankSlots) Rank() (int, string) { return 500, "core.slots.mu" }
 
-// rankLane: lane.mu (a lane's ready list).
-type rankLane struct{}
-
-func (rankLane) Rank() (int, string) { return 550, "core.lane.mu" }
+// The lane's lock (lane.RankLane, rank 550) comes next: nothing is taken under it.
 
 // rankOperations: operations.mu (the operations in memory).
 type rankOperations struct{}
@@ -64,15 +61,7 @@ func (rankOperation) Rank() (int, string) { return 610, "core.operation.mu" }
 // The workspace policy's lock (gateway/policy, rank 700) comes next: nothing of the core is
 // taken under it.
 
-// rankJournal: persister.jmu (the journal's order). Under it: the persister's lock.
-type rankJournal struct{}
-
-func (rankJournal) Rank() (int, string) { return 800, "core.persister.jmu" }
-
-// rankPersister: persister.mu (the records waiting to be written). Under it: a run's lock
-// (the newest record of a changed run is taken when a group is written).
-type rankPersister struct{}
-
-func (rankPersister) Rank() (int, string) { return 810, "core.persister.mu" }
+// The write-behind persister's locks (gateway/core/writebehind: Persister.jmu, rank 800,
+// then Persister.mu, rank 810) come next: under them only a run's lock.
 
 // A run's lock (trainrun.Run.mu, rank 1000) is last: nothing is taken under it.

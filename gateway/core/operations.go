@@ -10,6 +10,8 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/core/resultcache"
+	"github.com/loops-dev/loops/gateway/core/writebehind"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"google.golang.org/protobuf/proto"
@@ -21,15 +23,20 @@ const maxWait = 30 * time.Second
 
 // operation is an operation in memory. op is replaced, never mutated, once published, so a
 // reader holding a snapshot needs no lock. A finished operation holds its small copy (see
-// smallCopy); its large result, if any, lives in the result cache.
+// resultcache.Small); its large result, if any, lives in the result cache.
 type operation struct {
+	id        string // the record's id, which never changes
 	workspace string
 	mu        lockorder.Mutex[rankOperation]
 	op        *loopsv1.Operation
 	// finishing is set when the outcome is decided; it is published (op, done) only once
 	// the persister has committed it.
 	finishing bool
-	done      chan struct{}
+	// started is when its work started (setRunning), and service its own work's time (the
+	// backend's time on it: setService; else started to done), for the fairness metrics.
+	started time.Time
+	service time.Duration
+	done    chan struct{}
 }
 
 func (o *operation) snapshot() *loopsv1.Operation {
@@ -39,30 +46,31 @@ func (o *operation) snapshot() *loopsv1.Operation {
 }
 
 // operations is the registry of live and recently finished operations, with the
-// write-behind persister (persister.go) and the cache of large results (resultcache.go).
+// write-behind persister (package writebehind) and the cache of large results (package
+// resultcache).
 type operations struct {
 	core    *Core
-	persist *persister
-	results *resultCache
+	persist *writebehind.Persister
+	results *resultcache.Cache
 	mu      lockorder.Mutex[rankOperations]
 	byID    map[string]*operation
 }
 
 // newOperations is called by New before it fails unfinished operations and recovers runs:
 // it first commits to the store what the journal of the previous process holds (outcomes
-// acknowledged but not committed when it died, persister.go), then opens a new journal.
-// From then on the core reads operation and run records through the persister (readStore),
-// so a read never misses a record that is written behind.
+// acknowledged but not committed when it died, package writebehind), then opens a new
+// journal. From then on the core reads operation and run records through the persister
+// (writebehind.ReadStore), so a read never misses a record that is written behind.
 func newOperations(c *Core) *operations {
-	p := newPersister(c.store, c.log)
-	if err := p.recover(context.Background(), c.opts.DataDir, !c.opts.PublishAfterCommit); err != nil {
+	p := writebehind.New(c.store, c.log)
+	if err := p.Recover(context.Background(), c.opts.DataDir, !c.opts.PublishAfterCommit); err != nil {
 		c.log.Error("replaying the journal failed; it is kept for the next start", slog.Any("err", err))
 	}
-	c.store = readStore{Store: c.store, p: p}
+	c.store = writebehind.NewReadStore(c.store, p)
 	return &operations{
 		core: c, byID: map[string]*operation{},
 		persist: p,
-		results: newResultCache(c.opts.ResultCacheBytes, c.opts.ResultCacheTTL, c.now),
+		results: resultcache.New(c.opts.ResultCacheBytes, c.opts.ResultCacheTTL, c.now),
 	}
 }
 
@@ -83,11 +91,14 @@ func (ops *operations) create(_ context.Context, ws string, kind loopsv1.Operati
 	if err := ops.core.policy.StartOp(ws, op.Id, kind); err != nil { // the workspace's max_queued_operations
 		return nil, err
 	}
-	if err := ops.persist.create(ws, op); err != nil {
+	if err := ops.persist.Create(ws, op); err != nil {
 		ops.core.policy.EndOp(op.Id)
+		if errors.Is(err, writebehind.ErrStopped) {
+			err = errShuttingDown()
+		}
 		return nil, err
 	}
-	o := &operation{workspace: ws, op: op, done: make(chan struct{})}
+	o := &operation{id: op.Id, workspace: ws, op: op, done: make(chan struct{})}
 	ops.mu.Lock()
 	ops.byID[op.Id] = o
 	ops.mu.Unlock()
@@ -105,6 +116,14 @@ func (ops *operations) setRunning(o *operation) {
 	next := proto.CloneOf(o.op)
 	next.State = loopsv1.OperationState_OPERATION_STATE_RUNNING
 	o.op = next
+	o.started = ops.core.now()
+}
+
+// setService records the backend's time on an operation's work (its service time).
+func (ops *operations) setService(o *operation, d time.Duration) {
+	o.mu.Lock()
+	o.service = d
+	o.mu.Unlock()
 }
 
 // finish decides an operation's outcome and hands it to the persister; the outcome is
@@ -120,8 +139,17 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 	}
 	o.finishing = true
 	next := proto.CloneOf(o.op)
+	started, service := o.started, o.service
 	o.mu.Unlock()
-	next.DoneTime = timestamppb.New(ops.core.now())
+	now := ops.core.now()
+	next.DoneTime = timestamppb.New(now)
+	if err == nil && !started.IsZero() {
+		if service <= 0 {
+			service = now.Sub(started)
+		}
+		created := next.GetCreateTime().AsTime()
+		ops.core.fair.Observe(o.workspace, kindLabel(next.Kind), started.Sub(created), now.Sub(created), service)
+	}
 	if err != nil {
 		next.State = loopsv1.OperationState_OPERATION_STATE_FAILED
 		// Backend errors may name the server's folders; clients see store-relative paths.
@@ -138,11 +166,11 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 		}
 	}
 	ops.core.policy.EndOp(next.Id)
-	small := smallCopy(next)
-	ops.persist.finish(o.workspace, small, func() {
-		if small != next && !ops.results.put(next) {
+	small := resultcache.Small(next)
+	ops.persist.Finish(o.workspace, small, func() {
+		if small != next && !ops.results.Put(next) {
 			ops.core.log.Warn("a result larger than the whole result cache is not kept", slog.String("op", next.Id),
-				slog.Int64("result_cache_bytes", ops.results.maxBytes))
+				slog.Int64("result_cache_bytes", ops.results.MaxBytes()))
 		}
 		o.mu.Lock()
 		o.op = small
@@ -154,16 +182,24 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 }
 
 // view returns what a client asking for the operation gets: the operation with its full
-// result, or RESULT_EXPIRED when its large result is no longer kept.
+// result, or RESULT_EXPIRED when its large result is no longer kept; a pending one with
+// where it waits and why (queueStatus).
 func (ops *operations) view(o *operation) (*loopsv1.Operation, error) {
 	op := o.snapshot()
-	if !hasLargeResult(op) {
+	if !isDone(op) {
+		if q := ops.core.queueStatus(o.workspace, op); q != nil {
+			op = proto.CloneOf(op)
+			op.Queue = q
+		}
 		return op, nil
 	}
-	if full, ok := ops.results.get(op.GetId()); ok {
+	if !resultcache.HasLarge(op) {
+		return op, nil
+	}
+	if full, ok := ops.results.Get(op.GetId()); ok {
 		return full, nil
 	}
-	return nil, ops.results.errExpired(op)
+	return nil, ops.results.ErrExpired(op, kindName(op.GetKind()))
 }
 
 // lookup finds an operation of the workspace in memory, or a finished one in the store.
@@ -186,7 +222,7 @@ func (ops *operations) lookup(ctx context.Context, ws, id string) (*operation, e
 	}
 	done := make(chan struct{})
 	close(done) // an operation found only in the store is finished (unfinished ones were failed at start-up)
-	return &operation{workspace: ws, op: op, done: done}, nil
+	return &operation{id: op.GetId(), workspace: ws, op: op, done: done}, nil
 }
 
 // errUnknownOperation answers an operation id that neither memory nor the store knows.
@@ -201,24 +237,24 @@ const finishedInMemory = time.Minute
 
 // evictFinishedBefore drops finished operations from memory (they stay in the store) and
 // large results past their time budget. An operation whose final record the store does not
-// hold yet (a store far behind the journal, persister.go) stays.
+// hold yet (a store far behind the journal, package writebehind) stays.
 func (ops *operations) evictFinishedBefore(t time.Time) {
-	ops.results.sweep()
+	ops.results.Sweep()
 	ops.mu.Lock()
 	defer ops.mu.Unlock()
 	for id, o := range ops.byID {
 		op := o.snapshot()
-		if isDone(op) && op.DoneTime.AsTime().Before(t) && !ops.persist.uncommitted(id) {
+		if isDone(op) && op.DoneTime.AsTime().Before(t) && !ops.persist.Uncommitted(id) {
 			delete(ops.byID, id)
 		}
 	}
 }
 
 // flush waits until the outcomes decided so far are committed and published (Drain).
-func (ops *operations) flush(ctx context.Context) error { return ops.persist.flush(ctx) }
+func (ops *operations) flush(ctx context.Context) error { return ops.persist.Flush(ctx) }
 
 // close writes the outcomes still queued and stops the persister (Core.Close).
-func (ops *operations) close() { ops.persist.close() }
+func (ops *operations) close() { ops.persist.Close() }
 
 func isDone(op *loopsv1.Operation) bool {
 	return op.State == loopsv1.OperationState_OPERATION_STATE_SUCCEEDED || op.State == loopsv1.OperationState_OPERATION_STATE_FAILED
@@ -276,7 +312,7 @@ func (s OperationService) WaitOperation(ctx context.Context, req *loopsv1.WaitOp
 // it (compat encodes a result once per wire format, not on every poll). A result not in the
 // cache is encoded by each call.
 func (s OperationService) EncodedResult(id, format string, encode func() ([]byte, error)) ([]byte, error) {
-	return s.c.ops.results.encoded(id, format, encode)
+	return s.c.ops.results.Encoded(id, format, encode)
 }
 
 func quote(s string) string { return "\"" + s + "\"" }

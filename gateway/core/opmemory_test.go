@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/loops-dev/loops/gateway/core/writebehind"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -20,8 +21,8 @@ func TestFinishedOperationsLeaveMemoryButStayRetrievable(t *testing.T) {
 	require.NoError(t, err)
 	done := h.wait(op)
 	require.NotEmpty(t, done.GetForwardBackward().GetOutputs())
-	h.core.ops.persist.settle(context.Background()) // its record is committed (write-behind)
-	stored, err := h.core.ops.persist.st.GetOperation(h.ctx, "ws-a", op.GetId())
+	h.core.ops.persist.Settle(context.Background()) // its record is committed (write-behind)
+	stored, err := h.core.store.(writebehind.ReadStore).Store.GetOperation(h.ctx, "ws-a", op.GetId())
 	require.NoError(t, err)
 	require.True(t, isDone(stored))
 

@@ -3,7 +3,6 @@ package core
 import (
 	"context"
 	"errors"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -13,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/core/writebehind"
 	"github.com/loops-dev/loops/gateway/store"
 	"github.com/loops-dev/loops/gateway/store/sqlite"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
@@ -173,19 +173,17 @@ func (s *crashStore) PutTrainingRun(ctx context.Context, ws string, r *loopsv1.T
 
 // holdJournal makes the persister block before journaling the group that holds operation
 // id's final record: entered is closed when it gets there, and it goes on when release is.
-func holdJournal(p *persister, id string) (entered, release chan struct{}) {
+func holdJournal(p *writebehind.Persister, id string) (entered, release chan struct{}) {
 	entered, release = make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.beforeJournal = func(b store.Batch) {
+	p.BeforeJournal(func(b store.Batch) {
 		for _, o := range b.Operations {
 			if o.Operation.GetId() == id && isDone(o.Operation) {
 				once.Do(func() { close(entered) })
 				<-release
 			}
 		}
-	}
+	})
 	return entered, release
 }
 
@@ -230,7 +228,7 @@ func TestCrashKeepsWhatWasAcknowledged(t *testing.T) {
 
 	// Crash: nothing more is journaled, written or published.
 	st.dead.Store(true)
-	c.ops.persist.crash()
+	c.ops.persist.Crash()
 	close(release)
 	got, err = h.svc.Operations.WaitOperation(h.ctx, &loopsv1.WaitOperationRequest{Id: fb2.GetId(), Timeout: durationpb.New(100 * time.Millisecond)})
 	require.NoError(t, err)
@@ -303,7 +301,7 @@ func TestCrashKeepsJournaledOutcomes(t *testing.T) {
 	}
 
 	st.dead.Store(true)
-	c.ops.persist.crash()
+	c.ops.persist.Crash()
 	close(st.release)
 	t.Cleanup(func() {
 		_ = c.Close()
@@ -323,7 +321,7 @@ func TestCrashKeepsJournaledOutcomes(t *testing.T) {
 	info, err := h2.svc.Training.GetTrainingRun(h2.ctx, &loopsv1.GetTrainingRunRequest{Id: run})
 	require.NoError(t, err)
 	require.EqualValues(t, 2, info.GetLastSeqId())
-	names, err := journalFiles(filepath.Join(dir, journalDir))
+	names, err := writebehind.JournalFiles(dir)
 	require.NoError(t, err)
 	require.Len(t, names, 1, "the replayed files are removed; the new process has its own")
 }
@@ -345,7 +343,7 @@ func TestUncommittedOutcomesStayInMemory(t *testing.T) {
 	})
 	h := &harness{t: t, dir: dir, fake: fake, core: c, svc: c.Services(), ctx: auth.WithWorkspace(t.Context(), "ws-a")}
 	run := h.newRun()
-	c.ops.persist.settle(context.Background())
+	c.ops.persist.Settle(context.Background())
 	st.closed.Store(true) // from here every batch waits at the gate
 	op, err := h.fb(run, 0, datum(1, 2, 3))
 	require.NoError(t, err)
@@ -368,7 +366,7 @@ func TestUncommittedOutcomesStayInMemory(t *testing.T) {
 	require.True(t, inMemory, "evicted before the store had it")
 
 	close(st.gate)
-	c.ops.persist.settle(context.Background())
+	c.ops.persist.Settle(context.Background())
 	stored, err := sq.GetOperation(h.ctx, "ws-a", op.GetId())
 	require.NoError(t, err)
 	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, stored.GetState())
@@ -393,47 +391,6 @@ func (s *gateStore) ApplyBatch(ctx context.Context, b store.Batch) error {
 	return s.Store.ApplyBatch(ctx, b)
 }
 
-// TestJournalReplayStopsAtTornRecord: a journal file whose last record was torn (an OS crash
-// in the middle of a write) replays the records before it; files replay oldest first, so a
-// later record of the same id wins.
-func TestJournalReplayStopsAtTornRecord(t *testing.T) {
-	dir := t.TempDir()
-	j, err := openJournal(dir)
-	require.NoError(t, err)
-	op := func(id string, state loopsv1.OperationState) store.OwnedOperation {
-		return store.OwnedOperation{Workspace: "ws-a", Operation: &loopsv1.Operation{Id: id, State: state, TrainingRunId: "run-1"}}
-	}
-	pending, done := loopsv1.OperationState_OPERATION_STATE_PENDING, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED
-	require.NoError(t, j.append(store.Batch{
-		TrainingRuns: []store.OwnedTrainingRun{{Workspace: "ws-a", Run: &loopsv1.TrainingRun{Id: "run-1", LastSeqId: 1}}},
-		Operations:   []store.OwnedOperation{op("op-1", pending), op("op-2", pending)},
-	}))
-	first := j.name
-	_, err = j.rotate()
-	require.NoError(t, err)
-	require.NoError(t, j.append(store.Batch{Operations: []store.OwnedOperation{op("op-1", done)}}))
-	require.NoError(t, j.append(store.Batch{Operations: []store.OwnedOperation{op("op-2", done)}}))
-	j.close(false)
-	// Tear the last record.
-	fi, err := os.Stat(j.name)
-	require.NoError(t, err)
-	require.NoError(t, os.Truncate(j.name, fi.Size()-3))
-
-	runs, ops := map[string]store.OwnedTrainingRun{}, map[string]store.OwnedOperation{}
-	names, err := journalFiles(filepath.Join(dir, journalDir))
-	require.NoError(t, err)
-	require.Equal(t, []string{first, j.name}, names)
-	for i, name := range names {
-		clean, err := readJournalFile(name, runs, ops, nil)
-		require.NoError(t, err)
-		require.Equal(t, i == 0, clean)
-	}
-	require.EqualValues(t, 1, runs["run-1"].Run.GetLastSeqId())
-	require.Equal(t, done, ops["op-1"].Operation.GetState())
-	require.Equal(t, pending, ops["op-2"].Operation.GetState(), "the torn record is not replayed")
-	require.Equal(t, "ws-a", ops["op-2"].Workspace)
-}
-
 func requireExpired(t *testing.T, err error) {
 	t.Helper()
 	require.Error(t, err)
@@ -450,21 +407,26 @@ func TestResultCacheBudgets(t *testing.T) {
 	var now atomic.Int64
 	now.Store(time.Now().UnixNano())
 	clock := func() time.Time { return time.Unix(0, now.Load()) }
-	h := newHarness(t, t.TempDir(), Options{Now: clock, ResultCacheTTL: time.Minute})
-	run := h.newRun()
 	long := make([]int32, 32)
 	for i := range long {
 		long[i] = int32(i % 50)
 	}
+	// The size of one result, measured on a first server.
+	h := newHarness(t, t.TempDir(), Options{Now: clock, ResultCacheTTL: time.Minute})
+	op0, err := h.fb(h.newRun(), 1, datum(long...))
+	require.NoError(t, err)
+	h.wait(op0)
+	one, n := h.core.ops.results.Usage()
+	require.Equal(t, 1, n)
+
+	h = newHarness(t, t.TempDir(), Options{Now: clock, ResultCacheTTL: time.Minute, ResultCacheBytes: 2*one + one/2}) // room for two results
+	rc := h.core.ops.results
+	run := h.newRun()
 	op1, err := h.fb(run, 1, datum(long...))
 	require.NoError(t, err)
 	require.Len(t, h.wait(op1).GetForwardBackward().GetOutputs()[0].GetOutputs()["logprobs"].GetFloat32Data(), 32)
-	one, n := h.core.ops.results.usage()
+	_, n = rc.Usage()
 	require.Equal(t, 1, n)
-	rc := h.core.ops.results
-	rc.mu.Lock()
-	rc.maxBytes = 2*one + one/2 // room for two results
-	rc.mu.Unlock()
 
 	op2, err := h.fb(run, 2, datum(long...))
 	require.NoError(t, err)
@@ -472,9 +434,9 @@ func TestResultCacheBudgets(t *testing.T) {
 	op3, err := h.fb(run, 3, datum(long...))
 	require.NoError(t, err)
 	h.wait(op3)
-	bytes, n := rc.usage()
+	bytes, n := rc.Usage()
 	require.Equal(t, 2, n)
-	require.LessOrEqual(t, bytes, rc.maxBytes)
+	require.LessOrEqual(t, bytes, rc.MaxBytes())
 
 	// op1 left first.
 	_, err = h.svc.Operations.WaitOperation(h.ctx, &loopsv1.WaitOperationRequest{Id: op1.GetId()})
@@ -486,7 +448,7 @@ func TestResultCacheBudgets(t *testing.T) {
 	require.Len(t, got.GetForwardBackward().GetOutputs(), 1)
 
 	// The store holds state and metrics, not outputs.
-	h.core.ops.persist.settle(context.Background())
+	h.core.ops.persist.Settle(context.Background())
 	stored, err := h.core.store.GetOperation(h.ctx, "ws-a", op3.GetId())
 	require.NoError(t, err)
 	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, stored.GetState())
@@ -502,7 +464,7 @@ func TestResultCacheBudgets(t *testing.T) {
 		require.Len(t, b, 100)
 	}
 	require.Equal(t, 1, calls)
-	after, _ := rc.usage()
+	after, _ := rc.Usage()
 	require.Equal(t, bytes+100, after)
 
 	// Small results (optim_step, saves) are not cached and never expire.
@@ -515,7 +477,7 @@ func TestResultCacheBudgets(t *testing.T) {
 	_, err = h.svc.Operations.WaitOperation(h.ctx, &loopsv1.WaitOperationRequest{Id: op3.GetId()})
 	requireExpired(t, err)
 	h.core.ops.evictFinishedBefore(clock().Add(-time.Hour))
-	_, n = rc.usage()
+	_, n = rc.Usage()
 	require.Zero(t, n)
 	got, err = h.svc.Operations.GetOperation(h.ctx, &loopsv1.GetOperationRequest{Id: opt.GetId()})
 	require.NoError(t, err)

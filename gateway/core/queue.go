@@ -10,12 +10,14 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/loops-dev/loops/gateway/core/lane"
 	"github.com/loops-dev/loops/gateway/core/sequencer"
 	"github.com/loops-dev/loops/gateway/core/trainrun"
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -52,16 +54,16 @@ func (c *Core) newRun(ws string, info *loopsv1.TrainingRun, nextSeq int64, adapt
 	return trainrun.New(trainrun.Config[*operation]{
 		Workspace: ws, Record: info, NextSeq: nextSeq, MaxPending: c.opts.Limits.MaxPendingPerRun,
 		AdapterReady: adapterReady, Unloaded: unloaded, GapTimeout: c.opts.GapTimeout,
-		Ready: l.markReady, Draining: c.draining, Log: c.log,
+		Ready: l.MarkReady, Draining: c.draining, Log: c.log,
 	}), nil
 }
 
 // updateRun changes the run's record and queues it for the store (write-behind,
-// persister.go: it never waits for the store; the persister takes the newest record when it
+// package writebehind: it never waits for the store; the persister takes the newest record when it
 // writes, so versions keep their order).
 func (c *Core) updateRun(r *run, f func(*loopsv1.TrainingRun)) {
 	r.Update(f)
-	c.ops.persist.run(r)
+	c.ops.persist.RunChanged(r)
 }
 
 // submit places work of the given kind on the run at seq (0: after everything submitted so
@@ -169,23 +171,28 @@ func (c *Core) taskDone(r *run) {
 // finishes their operations.
 type coreRunner struct{ c *Core }
 
-func (cr coreRunner) prepare(ctx context.Context, r *run, t *task) error {
+// Prepare marks t's operation running and recreates a lost adapter.
+func (cr coreRunner) Prepare(ctx context.Context, r *run, t *task) error {
 	cr.c.ops.setRunning(t.Op)
 	return cr.c.ensureAdapter(ctx, r, t)
 }
 
-func (cr coreRunner) fail(r *run, t *task, err error) {
+// Fail ends t (nil: none was taken) with err and releases r.
+func (cr coreRunner) Fail(r *run, t *task, err error) {
 	if t != nil && t.Op != nil {
 		cr.c.ops.finish(t.Op, nil, err)
 	}
 	cr.c.taskDone(r)
 }
 
-func (cr coreRunner) rebuild(ctx context.Context, r *run) error { return cr.c.rebuild(ctx, r) }
+// Rebuild restores r's adapter after its replica was lost (recovery.go).
+func (cr coreRunner) Rebuild(ctx context.Context, r *run) error { return cr.c.rebuild(ctx, r) }
 
-func (cr coreRunner) resume(r *run) { cr.c.release(r) }
+// Resume releases r after its adapter moved or was rebuilt.
+func (cr coreRunner) Resume(r *run) { cr.c.release(r) }
 
-func (cr coreRunner) run(ctx context.Context, r *run, t *task) {
+// Run executes a task that is not batched, finishes its operation and releases r.
+func (cr coreRunner) Run(ctx context.Context, r *run, t *task) {
 	c := cr.c
 	switch t.Op.op.GetKind() {
 	case loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, loopsv1.OperationKind_OPERATION_KIND_LOAD_WEIGHTS:
@@ -235,13 +242,11 @@ func (c *Core) execTask(ctx context.Context, t *task) (set func(*loopsv1.Operati
 
 // forwardBackward sends one batch of forward/backward items to the backend and finishes
 // each item's operation with its own outcome.
-func (cr coreRunner) forwardBackward(ctx context.Context, batch []runTask) {
+func (cr coreRunner) ForwardBackward(ctx context.Context, batch []lane.Item[*operation]) []bool {
 	c := cr.c
 	req := &backendv1.ForwardBackwardRequest{Items: make([]*backendv1.ForwardBackwardItem, len(batch))}
-	tokens := 0
-	for i, rt := range batch {
-		req.Items[i] = rt.t.FB
-		tokens += rt.t.Tokens
+	for i, it := range batch {
+		req.Items[i] = pieceItem(it.Task)
 	}
 	c.metrics.batchItems.Observe(float64(len(batch)))
 	start := time.Now()
@@ -250,7 +255,9 @@ func (cr coreRunner) forwardBackward(ctx context.Context, batch []runTask) {
 	if err == nil && len(resp.GetResults()) != len(batch) {
 		err = connect.NewError(connect.CodeInternal, errors.New("backend returned a result count that does not match the batch"))
 	}
-	for i, rt := range batch {
+	more := make([]bool, len(batch))
+	for i, it := range batch {
+		r, t := it.Run, it.Task
 		var itemErr error
 		var res *loopsv1.ForwardBackwardResult
 		switch {
@@ -262,30 +269,93 @@ func (cr coreRunner) forwardBackward(ctx context.Context, batch []runTask) {
 		default:
 			res = resp.GetResults()[i].GetResult()
 		}
-		if itemErr != nil && c.lostReplica(rt.r, rt.t, itemErr) {
-			c.taskDone(rt.r) // the task runs again once the adapter is rebuilt
+		if itemErr != nil && c.lostReplica(r, t, itemErr) {
+			c.taskDone(r) // the task runs again from this piece once the adapter is rebuilt
 			continue
 		}
-		itemErr = c.adapterLost(rt.r, itemErr)
+		itemErr = c.adapterLost(r, itemErr)
+		piece := t.Piece()
 		if itemErr == nil {
-			if !rt.t.FB.GetForwardOnly() {
-				c.slots.setGrads(rt.r, true)
-				c.recordCall(rt.r, trainrun.Call{Seq: rt.t.Seq, FB: rt.t.FB})
+			if !t.FB.GetForwardOnly() {
+				c.slots.setGrads(r, true)
+				c.recordCall(r, trainrun.Call{Seq: t.Seq, FB: req.Items[i]})
 			}
-			c.metrics.tokens.WithLabelValues("train").Add(float64(rt.t.Tokens))
-			info := rt.r.Record()
-			c.recordUsage(rt.r.Workspace(), info.GetBaseModel(), info.GetSessionId(), store.UsageTraining, int64(rt.t.Tokens))
-			if !rt.t.FB.GetForwardOnly() {
-				c.recordStep(rt.r, rt.t.Seq, fbStepMetrics(rt.t.FB, res, rt.t.Tokens, elapsed))
+			c.metrics.tokens.WithLabelValues("train").Add(float64(piece.Tokens))
+			info := r.Record()
+			c.recordUsage(r.Workspace(), info.GetBaseModel(), info.GetSessionId(), store.UsageTraining, int64(piece.Tokens))
+			t.Partial = mergeResults(t.Partial, res, piece.Tokens)
+			t.Spent += elapsed
+			if t.Next++; !t.Done() {
+				more[i] = true // the run stays busy; the lane runs its next piece later
+				continue
+			}
+			res = t.Partial
+			delete(res.Metrics, weightKey)
+			c.ops.setService(t.Op, t.Spent)
+			if !t.FB.GetForwardOnly() {
+				c.recordStep(r, t.Seq, fbStepMetrics(t.FB, res, t.Tokens, t.Spent))
 			}
 		}
-		c.touch(rt.r, rt.t.Seq, false) // queued before the outcome: both go out in one journal write
-		c.ops.finish(rt.t.Op, func(op *loopsv1.Operation) {
+		c.touch(r, t.Seq, false) // queued before the outcome: both go out in one journal write
+		c.ops.finish(t.Op, func(op *loopsv1.Operation) {
 			op.Result = &loopsv1.Operation_ForwardBackward{ForwardBackward: res}
 		}, itemErr)
-		c.taskDone(rt.r)
+		c.taskDone(r)
 	}
+	return more
 }
+
+// pieceItem is the backend item of task t's next piece: its datums FB.Data[From:To] (the
+// whole item for a task of one piece).
+func pieceItem(t *task) *backendv1.ForwardBackwardItem {
+	if len(t.Chunks) == 0 {
+		return t.FB
+	}
+	p := t.Piece()
+	it := proto.CloneOf(t.FB)
+	it.Data = t.FB.GetData()[p.From:p.To]
+	return it
+}
+
+// mergeResults adds the result of a piece of tokens tokens to what the earlier pieces of its
+// task gave (nil before the first): the datums' outputs follow each other, and each metric
+// combines by its reduction (name:reduction): sum adds, max and min keep the extreme, mean
+// is weighted by tokens; any other keeps the newest.
+func mergeResults(acc, piece *loopsv1.ForwardBackwardResult, tokens int) *loopsv1.ForwardBackwardResult {
+	if acc == nil {
+		out := proto.CloneOf(piece)
+		if out.Metrics == nil {
+			out.Metrics = map[string]float64{}
+		}
+		out.Metrics[weightKey] = float64(tokens)
+		return out
+	}
+	acc.Outputs = append(acc.Outputs, piece.GetOutputs()...)
+	before, w := acc.Metrics[weightKey], float64(tokens)
+	for k, v := range piece.GetMetrics() {
+		old, seen := acc.Metrics[k]
+		switch _, red, _ := strings.Cut(k, ":"); {
+		case !seen:
+			acc.Metrics[k] = v
+		case red == "sum":
+			acc.Metrics[k] = old + v
+		case red == "max":
+			acc.Metrics[k] = max(old, v)
+		case red == "min":
+			acc.Metrics[k] = min(old, v)
+		case red == "mean":
+			acc.Metrics[k] = (old*before + v*w) / (before + w)
+		default:
+			acc.Metrics[k] = v
+		}
+	}
+	acc.Metrics[weightKey] = before + w
+	return acc
+}
+
+// weightKey holds, while a task's pieces run, the tokens its merged means are weighted by;
+// it is deleted before the result is recorded or answered.
+const weightKey = "\x00tokens"
 
 // adapterLost handles a backend error for the run: NotFound means the backend no longer has
 // the run's adapter (a worker restarted), so the next request recreates it and marks the run

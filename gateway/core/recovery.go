@@ -116,9 +116,9 @@ func (c *Core) snapshot(r *run, seq int64) {
 	if !ok {
 		return
 	}
-	c.running.add()
+	c.running.Add()
 	err := c.life.Go("step snapshot", func(ctx context.Context) {
-		defer c.running.done()
+		defer c.running.Done()
 		defer r.FinishSnapshot(snap)
 		start := time.Now()
 		key, err := c.writeSnapshot(ctx, r, seq)
@@ -137,7 +137,7 @@ func (c *Core) snapshot(r *run, seq int64) {
 		}
 	})
 	if err != nil { // shutting down: no snapshot; the run keeps its log
-		c.running.done()
+		c.running.Done()
 		r.FinishSnapshot(snap)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -112,7 +114,7 @@ func TestLoadWeightsCheckDoesNotDeadlockWithEviction(t *testing.T) {
 	clock.add(time.Hour)
 	h.core.evictIdleRuns(h.core.now())
 	require.Nil(t, h.core.runs.peek(other), "the unloaded run left memory")
-	h.core.ops.persist.sync(context.Background()) // its record is in the store, not only in the persister
+	h.core.ops.persist.Sync(context.Background()) // its record is in the store, not only in the persister
 
 	g.mu.Lock()
 	g.runGate, g.entered = make(chan struct{}), make(chan string, 16)
@@ -465,4 +467,98 @@ func TestSessionlessSamplesShareOneSampler(t *testing.T) {
 	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err), "nor may it use another's checkpoint")
 	_, err = h.svc.Sampling.Sample(h.ctx, &loopsv1.SampleRequest{Prompt: []int32{1}, NumSamples: 1})
 	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
+}
+
+// TestPendingOperationsSayWhyTheyWait is issue 25's item 3: a pending operation says where
+// it waits and why: behind its run's earlier work (active, with its position), behind
+// another workspace's batch when every batch is busy (paused_capacity), behind its
+// workspace's sampling_concurrency (paused_rate_limit).
+func TestPendingOperationsSayWhyTheyWait(t *testing.T) {
+	p, err := policy.Parse([]byte("default: {sampling_concurrency: 1}\n"))
+	require.NoError(t, err)
+	h := newHarness(t, t.TempDir(), Options{Policy: p, LaneConcurrency: 1})
+	runA := h.newRun()
+	other := auth.WithWorkspace(t.Context(), "ws-b")
+	op, err := h.svc.Training.CreateTrainingRun(other, &loopsv1.CreateTrainingRunRequest{BaseModel: "fake/model", Lora: &loopsv1.LoraConfig{Rank: 4, TrainAttn: true}})
+	require.NoError(t, err)
+	done, err := h.svc.Operations.WaitOperation(other, &loopsv1.WaitOperationRequest{Id: op.GetId(), Timeout: durationpb.New(30 * time.Second)})
+	require.NoError(t, err)
+	runB := done.GetTrainingRunId()
+
+	// ws-b's batch holds the only batch slot.
+	h.fake.gate, h.fake.entered = make(chan struct{}), make(chan struct{}, 16)
+	held, err := h.svc.Training.ForwardBackward(other, &loopsv1.ForwardBackwardRequest{TrainingRunId: runB, LossFn: "cross_entropy", Data: []*loopsv1.Datum{datum(1, 2)}})
+	require.NoError(t, err)
+	<-h.fake.entered
+	first, err := h.fb(runA, 0, datum(1, 2))
+	require.NoError(t, err)
+	second, err := h.fb(runA, 0, datum(1, 2))
+	require.NoError(t, err)
+	status := func(ctx context.Context, id string) *loopsv1.QueueStatus {
+		got, err := h.svc.Operations.GetOperation(ctx, &loopsv1.GetOperationRequest{Id: id})
+		require.NoError(t, err)
+		return got.GetQueue()
+	}
+	require.Eventually(t, func() bool {
+		return status(h.ctx, first.GetId()).GetState() == loopsv1.QueueState_QUEUE_STATE_PAUSED_CAPACITY
+	}, 10*time.Second, 10*time.Millisecond, "the first waits for the busy batch: %v", status(h.ctx, first.GetId()))
+	require.Contains(t, status(h.ctx, first.GetId()).GetReason(), "batches of fake/model are running")
+	q := status(h.ctx, second.GetId())
+	require.Equal(t, loopsv1.QueueState_QUEUE_STATE_ACTIVE, q.GetState())
+	require.EqualValues(t, 1, q.GetPosition())
+	require.Contains(t, q.GetReason(), "after 1 earlier operations of training run")
+	require.Equal(t, loopsv1.QueueState_QUEUE_STATE_ACTIVE, status(other, held.GetId()).GetState(), "the running one is active")
+	close(h.fake.gate)
+	go func() {
+		for range h.fake.entered {
+		}
+	}()
+	for _, o := range []*loopsv1.Operation{first, second} {
+		got := h.wait(o)
+		require.Nil(t, got.GetQueue(), "a finished operation has no queue status")
+	}
+	close(h.fake.entered)
+
+	// Samples: the workspace's sampling_concurrency (1) is taken by a held sample.
+	gs := &gatedSample{release: make(chan struct{}), entered: make(chan struct{}, 4)}
+	h.fake.sampleHook = gs.hold
+	a, err := h.svc.Sampling.Sample(h.ctx, &loopsv1.SampleRequest{BaseModel: "fake/model", Prompt: []int32{1}, NumSamples: 1})
+	require.NoError(t, err)
+	<-gs.entered
+	b, err := h.svc.Sampling.Sample(h.ctx, &loopsv1.SampleRequest{BaseModel: "fake/model", Prompt: []int32{1}, NumSamples: 1})
+	require.NoError(t, err)
+	q = status(h.ctx, b.GetId())
+	require.Equal(t, loopsv1.QueueState_QUEUE_STATE_PAUSED_RATE_LIMIT, q.GetState(), "%v", q)
+	require.Contains(t, q.GetReason(), "sampling_concurrency")
+	close(gs.release)
+	h.wait(a)
+	h.wait(b)
+}
+
+// gatedSample holds the fake backend's samples until release is closed.
+type gatedSample struct {
+	release, entered chan struct{}
+}
+
+func (g *gatedSample) hold() {
+	g.entered <- struct{}{}
+	<-g.release
+}
+
+// TestFairnessMetricsAreExported is issue 25's item 4: every finished operation feeds the
+// per-workspace queue wait and latency inflation, and /metrics shows the SLO target and
+// whether each workspace is within it.
+func TestFairnessMetricsAreExported(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	h := newHarness(t, t.TempDir(), Options{Registerer: reg, FairnessTarget: 3})
+	run := h.newRun()
+	op, err := h.fb(run, 0, datum(1, 2))
+	require.NoError(t, err)
+	h.wait(op)
+	n, err := testutil.GatherAndCount(reg, "loops_queue_wait_seconds", "loops_latency_inflation", "loops_fairness_slo_target", "loops_fairness_slo_breached", "loops_fairness_jain_index", "loops_fairness_p99_inflation")
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, n, 6)
+	st := h.core.fair.Status("ws-a")
+	require.GreaterOrEqual(t, st.Operations, 2, "the create and the forward_backward")
+	require.Equal(t, 3.0, st.Target)
 }

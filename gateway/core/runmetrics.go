@@ -182,7 +182,7 @@ func (c *Core) recordStep(r *run, seq int64, m *loopsv1.StepMetrics) {
 	m.Step = r.Record().GetOptimSteps() + 1
 	m.LastStep = m.Step
 	m.Time = timestamppb.New(c.now())
-	c.ops.persist.stepMetrics(r.Workspace(), r.ID(), m)
+	c.ops.persist.StepMetrics(r.Workspace(), r.ID(), m)
 }
 
 // GetTrainingRunMetrics returns a run's recorded step metrics, oldest first.

@@ -341,7 +341,7 @@ func TestRunMetricsSurviveACrash(t *testing.T) {
 	require.NoError(t, err)
 	h := &harness{t: t, dir: dir, fake: fake, core: c, svc: c.Services(), ctx: auth.WithWorkspace(t.Context(), "ws-a")}
 	run := h.newRun()
-	c.ops.persist.settle(context.Background())
+	c.ops.persist.Settle(context.Background())
 	st.held.Store(true)
 	op, err := h.svc.Training.ForwardBackward(h.ctx, rlRequest(run, 1))
 	require.NoError(t, err)
@@ -350,7 +350,7 @@ func TestRunMetricsSurviveACrash(t *testing.T) {
 	got, err := sq.ListStepMetrics(t.Context(), "ws-a", run, 0, 0)
 	require.NoError(t, err)
 	require.Empty(t, got, "not in the store")
-	c.ops.persist.crash()
+	c.ops.persist.Crash()
 	close(st.gate)
 	_ = c.Close()
 	require.NoError(t, sq.Close())

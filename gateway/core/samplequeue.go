@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/loops-dev/loops/internal/lockorder"
 
@@ -105,6 +106,9 @@ type sampleQueue struct {
 	vtime    int            // credit given to every waiting workspace so far
 	owed     map[string]int // idle workspaces in debt: the vtime at which it is paid
 	closed   bool
+	// serviceEWMA is the recent mean time a sample ran (seconds), over served samples.
+	serviceEWMA float64
+	served      int
 }
 
 func newSampleQueue(c *Core) *sampleQueue {
@@ -185,9 +189,9 @@ func (q *sampleQueue) push(j *sampleJob) bool {
 			break
 		}
 		q.free--
-		q.c.running.add()
+		q.c.running.Add()
 		if err := q.c.life.Go("sampling", func(context.Context) { q.work(next) }); err != nil {
-			q.c.running.done()
+			q.c.running.Done()
 			q.free++
 			nw := q.ws[next.o.workspace]
 			nw.running--
@@ -201,7 +205,7 @@ func (q *sampleQueue) push(j *sampleJob) bool {
 // work runs samples on one slot: j, then each one the queue picks next, until there is
 // none. It runs on a goroutine of the core's lifecycle owner.
 func (q *sampleQueue) work(j *sampleJob) {
-	defer q.c.running.done()
+	defer q.c.running.Done()
 	for j != nil {
 		q.c.runSample(j)
 		q.mu.Lock()
@@ -297,6 +301,46 @@ func (q *sampleQueue) cleanLocked(w *wsSamples) {
 		delete(q.ws, w.name)
 	}
 }
+
+// position says where the sample of operation opID of workspace ws waits: how many of the
+// workspace's samples are before it, and whether the workspace is held back by its
+// sampling_concurrency (limit) rather than by the server's slots. ok is false when it does
+// not wait in the queue (it runs, or ended).
+func (q *sampleQueue) position(ws, opID string) (ahead int, atLimit bool, limit int, ok bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	w := q.ws[ws]
+	if w == nil {
+		return 0, false, 0, false
+	}
+	for i, j := range w.jobs {
+		if j.o.id == opID {
+			return i, w.limit > 0 && w.running >= w.limit, w.limit, true
+		}
+	}
+	return 0, false, 0, false
+}
+
+// served records the time a sample ran, for the queue's wait estimates.
+func (q *sampleQueue) observe(d time.Duration) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.served++; q.served == 1 {
+		q.serviceEWMA = d.Seconds()
+	} else {
+		q.serviceEWMA = 0.8*q.serviceEWMA + 0.2*d.Seconds()
+	}
+}
+
+// meanService is the recent mean time a sample ran (0: none ran yet).
+func (q *sampleQueue) meanService() time.Duration {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return time.Duration(q.serviceEWMA * float64(time.Second))
+}
+
+// slots is the number of sampler slots.
+func (q *sampleQueue) slots() int { return q.c.opts.SamplingConcurrency }
 
 // waiting returns how many of the workspace's samples wait for a slot.
 func (q *sampleQueue) waiting(ws string) int {

@@ -534,12 +534,14 @@ func (c *Core) runSample(j *sampleJob) {
 		resp *backendv1.SampleResponse
 		err  error
 	)
+	start := time.Now()
 	if j.sink != nil {
 		resp, err = c.sampleStream(j)
 	} else {
 		c.ops.setRunning(o)
 		resp, err = c.backend.Sampler().Sample(c.ctx, req)
 	}
+	c.samplers.queue.observe(time.Since(start))
 	if err == nil {
 		err = checkTopLogprobs(req, resp)
 	}

@@ -34,7 +34,8 @@ func newBusy() *busy {
 	return &busy{idle: ch}
 }
 
-func (b *busy) add() {
+// Add counts one more piece of work in progress.
+func (b *busy) Add() {
 	b.mu.Lock()
 	if b.n == 0 {
 		b.idle = make(chan struct{})
@@ -43,7 +44,8 @@ func (b *busy) add() {
 	b.mu.Unlock()
 }
 
-func (b *busy) done() {
+// Done counts one piece of work less.
+func (b *busy) Done() {
 	b.mu.Lock()
 	b.n--
 	if b.n == 0 {
@@ -97,5 +99,5 @@ func (c *Core) WaitIdle(ctx context.Context) error {
 	if err := c.running.wait(ctx); err != nil {
 		return err
 	}
-	return c.ops.flush(ctx) // and their outcomes are committed and published (persister.go)
+	return c.ops.flush(ctx) // and their outcomes are committed and published (package writebehind)
 }

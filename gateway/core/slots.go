@@ -3,14 +3,15 @@ package core
 import (
 	"container/list"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/backends"
+	"github.com/loops-dev/loops/gateway/core/lane"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/internal/lockorder"
 	"github.com/prometheus/client_golang/prometheus"
@@ -98,18 +99,17 @@ func (s *slots) fullLocked() bool {
 	return s.capacity > 0 && s.lru.Len()+s.offloads >= s.capacity
 }
 
-// errNoSlot means every slot is pinned; the run waits for one.
-var errNoSlot = errors.New("no adapter slot is free")
+// errNoSlot and errMoveNeeded are the lane's (lane.ErrNoSlot, lane.ErrMoveNeeded).
+var (
+	errNoSlot     = lane.ErrNoSlot
+	errMoveNeeded = lane.ErrMoveNeeded
+)
 
-// errMoveNeeded means the run's adapter must be restored, or another run's offloaded to make
-// room, before it can run: backend calls that must not hold up the lane (move).
-var errMoveNeeded = errors.New("the run's adapter must be moved onto the backend first")
-
-// admit pins r's adapter if it is resident, or if a slot is free and there is nothing to
+// Admit pins r's adapter if it is resident, or if a slot is free and there is nothing to
 // restore, or if move reserved a pin for it. Otherwise it answers errMoveNeeded (then call
 // move, off the lane's goroutine), or errNoSlot when every slot is pinned (then park r).
 // It does no I/O. Called from a lane's goroutine, never with a run's lock held.
-func (s *slots) admit(_ context.Context, r *run) error {
+func (s *slots) Admit(_ context.Context, r *run) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.entry(r)
@@ -134,11 +134,11 @@ func (s *slots) admit(_ context.Context, r *run) error {
 	}
 }
 
-// move makes r's adapter resident (restoring it if it was offloaded, offloading the least
+// Move makes r's adapter resident (restoring it if it was offloaded, offloading the least
 // recently used idle run if the backend is full) and reserves a pin for r's next admit.
 // It returns errNoSlot when every slot is pinned meanwhile. It calls the backend and the
 // file system: the lane runs it on a goroutine of its own while r is held busy.
-func (s *slots) move(ctx context.Context, r *run) error {
+func (s *slots) Move(ctx context.Context, r *run) error {
 	if err := s.place(ctx, r); err != nil {
 		return err
 	}
@@ -148,9 +148,9 @@ func (s *slots) move(ctx context.Context, r *run) error {
 	return nil
 }
 
-// keep reserves the pin admit took for r's next admit: r's head did not run (its adapter
+// Keep reserves the pin admit took for r's next admit: r's head did not run (its adapter
 // was rebuilt first), and the pin stays until the task that does run is done.
-func (s *slots) keep(r *run) {
+func (s *slots) Keep(r *run) {
 	s.mu.Lock()
 	s.entry(r).reserved = true
 	s.mu.Unlock()
@@ -265,10 +265,10 @@ func (s *slots) restore(ctx context.Context, r *run, dir string) error {
 	return nil
 }
 
-// park registers a run that admit refused with errNoSlot (and that is no longer in a
+// Park registers a run that admit refused with errNoSlot (and that is no longer in a
 // lane's ready list) to be made ready when a slot is unpinned; if one freed meanwhile, the
 // run is made ready at once, so no wake-up is lost.
-func (s *slots) park(r *run) {
+func (s *slots) Park(r *run) {
 	s.mu.Lock()
 	if s.entry(r).offloading || (s.fullLocked() && s.victimLocked() == nil) {
 		s.waiting = append(s.waiting, r)
@@ -309,6 +309,13 @@ func (s *slots) setGrads(r *run, pending bool) {
 	s.mu.Lock()
 	s.entry(r).grads = pending
 	s.mu.Unlock()
+}
+
+// parked reports whether r waits for an adapter slot (every slot pinned), and the slots.
+func (s *slots) parked(r *run) (bool, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Contains(s.waiting, r), s.capacity
 }
 
 // forget drops a run whose adapter was freed (unloaded): its slot and any spill folder.

@@ -370,10 +370,14 @@ func (s TrainingService) ForwardBackward(ctx context.Context, req *loopsv1.Forwa
 			return err
 		},
 		func(r *run, _ int64) *task {
-			return &task{Tokens: tokens, FB: &backendv1.ForwardBackwardItem{
+			t := &task{Tokens: tokens, FB: &backendv1.ForwardBackwardItem{
 				AdapterId: r.ID(), Data: req.GetData(), LossFn: req.GetLossFn(),
 				LossFnConfig: req.GetLossFnConfig(), ForwardOnly: req.GetForwardOnly(),
 			}}
+			if tokens > c.opts.ChunkTokens {
+				t.Chunks = trainrun.ChunkData(req.GetData(), c.opts.ChunkTokens, func(d *loopsv1.Datum) int { return len(d.GetTokens()) })
+			}
+			return t
 		})
 }
 

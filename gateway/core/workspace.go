@@ -3,6 +3,8 @@ package core
 import (
 	"context"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	"github.com/loops-dev/loops/gateway/auth"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
@@ -17,7 +19,7 @@ func (s WorkspaceService) GetWorkspace(ctx context.Context, _ *loopsv1.GetWorksp
 		return nil, err
 	}
 	c := s.c
-	l, u := c.policy.Limits(ws), c.policy.Use(ws)
+	l, u, f := c.policy.Limits(ws), c.policy.Use(ws), c.fair.Status(ws)
 	return &loopsv1.Workspace{
 		Name: ws,
 		Limits: &loopsv1.WorkspaceLimits{
@@ -33,6 +35,10 @@ func (s WorkspaceService) GetWorkspace(ctx context.Context, _ *loopsv1.GetWorksp
 			QueuedOperations: int32(u.QueuedOperations),
 			RunningSamples:   int32(u.RunningSamples),
 			WaitingSamples:   int32(u.WaitingSamples + c.samplers.queue.waiting(ws)),
+			Fairness: &loopsv1.WorkspaceFairness{
+				Operations: int32(f.Operations), WaitP50: durationpb.New(f.WaitP50),
+				InflationP99: f.InflationP99, Target: f.Target, Breached: f.Breached,
+			},
 		},
 	}, nil
 }

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/loops-dev/loops/internal/hfcache"
 )
 
 // Where things are inside a job's sandbox.
@@ -149,7 +151,7 @@ func modelBinds(caches []string) []string {
 			continue
 		}
 		for _, e := range ents {
-			if !e.IsDir() || !strings.HasPrefix(e.Name(), "models--") || repos >= maxModelRepos {
+			if !e.IsDir() || !strings.HasPrefix(e.Name(), hfcache.ModelRepoPrefix) || repos >= maxModelRepos {
 				continue
 			}
 			repos++

@@ -391,19 +391,18 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def write_tokenizer() -> None:
-    """Put a byte-level tokenizer for loops/tiny into the HF hub cache (HF_HUB_CACHE,
-    else $HF_HOME/hub, else ~/.cache/huggingface/hub), the layout that
+    """Put a byte-level tokenizer for loops/tiny into the HF hub cache (huggingface_hub's:
+    HF_HUB_CACHE, else $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else
+    ~/.cache/huggingface/hub, as internal/hfcache finds it), the layout that
     AutoTokenizer.from_pretrained("loops/tiny") finds with HF_HUB_OFFLINE=1:
     models--loops--tiny/refs/main (a commit id) and snapshots/<commit>/{tokenizer.json,
     tokenizer_config.json, config.json}. Ids 0..255 are bytes, 256 is <|endoftext|>."""
-    import os
     from pathlib import Path
 
+    from huggingface_hub import constants
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
-        os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"), "hub"
-    )
+    hub = constants.HF_HUB_CACHE
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
     bs += list(range(ord("®"), ord("ÿ") + 1))
     cs, n = bs[:], 0

@@ -155,10 +155,13 @@ func TestRayPool(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t0 := time.Now()
-	srv, err := gateway.New(ctx, ln, gateway.Config{DataDir: t.TempDir(), Backend: backendName, BackendConfig: backends.Config{
+	dataDir := t.TempDir()
+	srv, err := gateway.New(ctx, ln, gateway.Config{DataDir: dataDir, Backend: backendName, BackendConfig: backends.Config{
 		Models: []string{"loops/tiny"},
+		// the actors run on this host: they may use the gateway's checkpoint folders (the
+		// local checkpoint store), as actors on other hosts would with a shared file system
 		Options: map[string]string{"provider": "ray", "ray_address": dash, "ray_python": py, "registry_listen": "127.0.0.1:0",
-			"gpus_per_replica": "1", "device": "cpu", "args": "--threads 1", "heartbeat_timeout": "5s",
+			"gpus_per_replica": "1", "device": "cpu", "args": "--threads 1 --allow-dir " + dataDir, "heartbeat_timeout": "5s",
 			"pythonpath": root + "/backends/torch:" + root + "/gen/python", "start_timeout": "10m", "preemptible": "true"}}})
 	require.NoError(t, err)
 	cold := time.Since(t0)

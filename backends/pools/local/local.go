@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,18 +17,28 @@ import (
 	"time"
 
 	"github.com/loops-dev/loops/backends/pools"
+	"github.com/loops-dev/loops/backends/pools/mtls"
 )
 
 // Options configure the provider. Zero values mean the documented defaults.
 type Options struct {
 	// Registry is where the workers register (required); RegistryURL is its address as the
-	// workers dial it, and JoinTokenFile a file holding the join token (both required).
+	// workers dial it (https://), and JoinTokenFile a file holding the join token (both
+	// required).
 	Registry      *pools.Registry
 	RegistryURL   string
 	JoinTokenFile string
+	// Authority issues each worker process its credentials (required): written into a
+	// folder of its own under the Authority's (mode 0700, files 0600), removed when the
+	// process exits.
+	Authority *mtls.Authority
+	// AllowDirs are the folders the workers may read and write adapters in (the gateway's
+	// data dir: its checkpoint staging, spill and local checkpoint store), passed as
+	// --allow-dir; a path outside them in a request is refused by the worker.
+	AllowDirs []string
 	// Command starts a worker (default: python3 -m loops_worker); the provider appends
 	// --listen 127.0.0.1:0 --register URL --pool ID --replica N --join-token-file F
-	// --model BASE and the spec's Args.
+	// --tls-cert F --tls-key F --tls-ca F --allow-dir D... --model BASE and the spec's Args.
 	Command []string
 	// Env are extra KEY=VALUE variables for the workers.
 	Env []string
@@ -80,8 +91,8 @@ var (
 
 // New returns a provider.
 func New(o Options) (*Provider, error) {
-	if o.Registry == nil || o.RegistryURL == "" || o.JoinTokenFile == "" {
-		return nil, errors.New("local pools: Registry, RegistryURL and JoinTokenFile are required")
+	if o.Registry == nil || o.RegistryURL == "" || o.JoinTokenFile == "" || o.Authority == nil {
+		return nil, errors.New("local pools: Registry, RegistryURL, JoinTokenFile and Authority are required")
 	}
 	if len(o.Command) == 0 {
 		o.Command = []string{"python3", "-m", "loops_worker"}
@@ -352,9 +363,33 @@ func (p *Provider) watchHung(ctx context.Context, pool string, i int) <-chan str
 	return out
 }
 
+// credentials issues the credentials of replica i of pool and writes them into a folder
+// of its own; remove removes it.
+func (p *Provider) credentials(pool string, i int) (files mtls.Files, remove func(), err error) {
+	creds, err := p.opts.Authority.Issue(pool, 0)
+	if err != nil {
+		return mtls.Files{}, nil, err
+	}
+	dir := filepath.Join(p.opts.Authority.Dir(), "local", pool+"-"+strconv.Itoa(i))
+	if files, err = creds.Write(dir); err != nil {
+		return mtls.Files{}, nil, err
+	}
+	return files, func() { _ = os.RemoveAll(dir) }, nil
+}
+
 func (p *Provider) runOnce(ctx context.Context, spec pools.Spec, i int, r *replica, log *slog.Logger) error {
+	files, remove, err := p.credentials(spec.ID, i)
+	if err != nil {
+		return fmt.Errorf("issuing the worker's credentials: %w", err)
+	}
+	defer remove()
 	args := append(slices.Clone(p.opts.Command[1:]), "--listen", "127.0.0.1:0", "--register", p.opts.RegistryURL,
-		"--pool", spec.ID, "--replica", strconv.Itoa(i), "--join-token-file", p.opts.JoinTokenFile, "--model", spec.BaseModel)
+		"--pool", spec.ID, "--replica", strconv.Itoa(i), "--join-token-file", p.opts.JoinTokenFile)
+	args = append(args, files.Args()...)
+	for _, d := range p.opts.AllowDirs {
+		args = append(args, "--allow-dir", d)
+	}
+	args = append(args, "--model", spec.BaseModel)
 	args = append(args, spec.Args...)
 	cmd := exec.Command(p.opts.Command[0], args...)
 	cmd.Env = append(os.Environ(), "LOOPS_WORKER_EXIT_ON_STDIN_EOF=1", "PYTHONUNBUFFERED=1")

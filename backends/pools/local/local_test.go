@@ -3,6 +3,7 @@ package local
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -19,12 +20,13 @@ func TestMain(m *testing.M) {
 }
 
 func newHarness(t *testing.T) (*poolstest.Harness, *Provider) {
+	a := poolstest.Authority(t)
 	reg := pools.NewRegistry(pools.RegistryOptions{JoinToken: "s3cret", HeartbeatInterval: 100 * time.Millisecond, HeartbeatTimeout: time.Second})
-	srv, err := pools.Serve(reg, "127.0.0.1:0")
+	srv, err := pools.Serve(reg, "127.0.0.1:0", a.RegistryConfig())
 	require.NoError(t, err)
 	tok := filepath.Join(t.TempDir(), "token")
 	require.NoError(t, os.WriteFile(tok, []byte("s3cret\n"), 0o600))
-	p, err := New(Options{Registry: reg, RegistryURL: srv.URL(), JoinTokenFile: tok, Command: []string{os.Args[0]},
+	p, err := New(Options{Registry: reg, RegistryURL: srv.URL(), JoinTokenFile: tok, Authority: a, Command: []string{os.Args[0]},
 		Env: []string{poolstest.FakeWorkerEnv + "=1"}, GPUs: []string{"0", "1", "2", "3"}, Backoff: 50 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -32,7 +34,7 @@ func newHarness(t *testing.T) (*poolstest.Harness, *Provider) {
 		reg.Close()
 		_ = srv.Close()
 	})
-	h := &poolstest.Harness{Provider: p, Registry: reg, MaxReplicas: 4,
+	h := &poolstest.Harness{Provider: p, Registry: reg, Authority: a, MaxReplicas: 4,
 		Spec: func(id string) pools.Spec {
 			return pools.Spec{ID: id, Role: pools.RoleTrainer, BaseModel: "loops/tiny", GPUsPerReplica: 1}
 		},
@@ -72,4 +74,33 @@ func TestGPUAssignment(t *testing.T) {
 	require.NoError(t, p.ScalePool(ctx, "g", 1))
 	require.NoError(t, p.EnsurePool(ctx, pools.Spec{ID: "h", Role: pools.RoleTrainer, BaseModel: "m", Replicas: 2, GPUsPerReplica: 1}))
 	require.Error(t, p.EnsurePool(ctx, pools.Spec{ID: "h", Role: pools.RoleTrainer, BaseModel: "other", Replicas: 2, GPUsPerReplica: 1}), "another shape under the same id")
+}
+
+// TestWorkerSecretsStayPrivate: a worker process gets its join token and TLS key by files
+// only others cannot read (a folder of mode 0700, files of 0600), never on its command
+// line or in its environment (both readable by other users through /proc); its
+// credentials go when the pool does.
+func TestWorkerSecretsStayPrivate(t *testing.T) {
+	h, p := newHarness(t)
+	ctx := t.Context()
+	require.NoError(t, p.EnsurePool(ctx, pools.Spec{ID: "s", Role: pools.RoleTrainer, BaseModel: "m", Replicas: 1}))
+	require.Eventually(t, func() bool { return len(h.Registry.Members("s")) == 1 }, 20*time.Second, 20*time.Millisecond)
+	pid := p.PID("s", 0)
+	require.NotZero(t, pid)
+	for _, f := range []string{"cmdline", "environ"} {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), f))
+		require.NoError(t, err)
+		require.NotContains(t, string(b), "s3cret", "the join token")
+		require.NotContains(t, string(b), "PRIVATE KEY", "the TLS key")
+	}
+	dir := filepath.Join(h.Authority.Dir(), "local", "s-0")
+	fi, err := os.Stat(dir)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o700), fi.Mode().Perm())
+	fi, err = os.Stat(filepath.Join(dir, "key.pem"))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	require.NoError(t, p.DeletePool(ctx, "s"))
+	_, err = os.Stat(dir)
+	require.ErrorIs(t, err, os.ErrNotExist, "removed with its process")
 }

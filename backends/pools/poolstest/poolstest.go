@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/loops-dev/loops/backends/pools"
+	"github.com/loops-dev/loops/backends/pools/mtls"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
 )
@@ -28,6 +29,9 @@ type Harness struct {
 	Kill func(t *testing.T, pool string, replica int)
 	// Timeout bounds each wait for replicas (default 30s).
 	Timeout time.Duration
+	// Authority is the gateway's, whose workers the replicas are: the suite dials them
+	// with it.
+	Authority *mtls.Authority
 }
 
 // Run checks the provider contract. newHarness builds a fresh provider per case.
@@ -97,10 +101,13 @@ func upAll(t *testing.T, h *Harness, ch <-chan pools.Event, n int) map[int]pools
 	return got
 }
 
-// answers checks a registered address serves the worker protocol.
-func answers(t *testing.T, addr string) {
+// answers checks a registered address serves the worker protocol to the gateway, as a
+// worker of pool.
+func answers(t *testing.T, h *Harness, pool, addr string) {
 	t.Helper()
-	cl := backendv1connect.NewTrainerServiceClient(pools.H2CClient(), "http://"+addr)
+	hc := mtls.HTTPClient(h.Authority.DialConfig(pool))
+	defer hc.CloseIdleConnections()
+	cl := backendv1connect.NewTrainerServiceClient(hc, "https://"+addr)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	_, err := cl.GetCapabilities(ctx, &backendv1.GetCapabilitiesRequest{})
@@ -114,7 +121,7 @@ func testEnsureWatch(t *testing.T, h *Harness) {
 	ups := upAll(t, h, ch, n)
 	for i := range n {
 		require.Contains(t, ups, i)
-		answers(t, ups[i].Address)
+		answers(t, h, spec.ID, ups[i].Address)
 	}
 	ms := h.Registry.Members(spec.ID)
 	require.Len(t, ms, n)
@@ -186,7 +193,7 @@ func testKill(t *testing.T, h *Harness) {
 	again := next(t, h, ch, pools.Up)
 	require.Equal(t, 0, again.Replica)
 	require.NotEqual(t, first.Incarnation, again.Incarnation, "a restarted replica is a new incarnation")
-	answers(t, again.Address)
+	answers(t, h, spec.ID, again.Address)
 }
 
 func testDelete(t *testing.T, h *Harness) {

@@ -12,10 +12,13 @@ import (
 	"time"
 
 	"github.com/loops-dev/loops/backends/pools"
+	"github.com/loops-dev/loops/backends/pools/mtls"
 )
 
 // JoinTokenEnv is the environment variable that carries the join token to the pool driver
-// (in the job's runtime_env; the dashboard redacts runtime_env on reads when asked to).
+// (in the job's runtime_env, with the workers' TLS credentials, mtls.EnvCert, EnvKey and
+// EnvCA: whoever reads the Ray dashboard's job details reads them, as whoever may submit
+// a job there runs code on the cluster; keep the dashboard private).
 const JoinTokenEnv = "LOOPS_JOIN_TOKEN"
 
 // Options configure the provider. Zero values mean the documented defaults.
@@ -23,10 +26,18 @@ type Options struct {
 	// Client reaches the Ray dashboard (required).
 	Client *Client
 	// Registry is where the workers register (required); RegistryURL is its address as the
-	// Ray nodes dial it (required); JoinToken is the Registry's token (required).
+	// Ray nodes dial it (https://, required); JoinToken is the Registry's token (required).
 	Registry    *pools.Registry
 	RegistryURL string
 	JoinToken   string
+	// Authority issues each pool's worker credentials (required), passed to its driver in
+	// the job's runtime_env.
+	Authority *mtls.Authority
+	// ListenHost is the host the worker actors listen on (default 127.0.0.1: reachable
+	// only from their own node). A gateway on another host than the Ray nodes needs it set
+	// explicitly, to 0.0.0.0 or a node interface's address; the workers then advertise
+	// their node's address, and accept only the gateway (mutual TLS).
+	ListenHost string
 	// Python runs the pool driver on the head node (default python3); it needs ray and
 	// loops_worker importable (through EnvVars' PYTHONPATH, or installed).
 	Python string
@@ -39,11 +50,14 @@ type Options struct {
 	Logger          *slog.Logger
 }
 
-// DriverSpec is what the pool driver is told (--spec JSON).
+// DriverSpec is what the pool driver is told (--spec JSON; no secret: those are in its
+// environment).
 type DriverSpec struct {
 	Pool          pools.Spec `json:"pool"`
 	RegistryURL   string     `json:"registry_url"`
 	ActorRestarts int        `json:"actor_restarts"`
+	// ListenHost is where the actors listen (Options.ListenHost).
+	ListenHost string `json:"listen_host"`
 }
 
 // Provider is the ray provider.
@@ -69,8 +83,11 @@ var (
 
 // New returns a provider.
 func New(o Options) (*Provider, error) {
-	if o.Client == nil || o.Registry == nil || o.RegistryURL == "" || o.JoinToken == "" {
-		return nil, errors.New("ray pools: Client, Registry, RegistryURL and JoinToken are required")
+	if o.Client == nil || o.Registry == nil || o.RegistryURL == "" || o.JoinToken == "" || o.Authority == nil {
+		return nil, errors.New("ray pools: Client, Registry, RegistryURL, JoinToken and Authority are required")
+	}
+	if o.ListenHost == "" {
+		o.ListenHost = "127.0.0.1"
 	}
 	if o.Python == "" {
 		o.Python = "python3"
@@ -92,13 +109,23 @@ func JobID(pool string) string { return "loops-pool-" + pool }
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
+// submitRequest is the driver job of spec. It carries secrets (the join token, the
+// workers' key) in its runtime_env: never log it.
 func (p *Provider) submitRequest(spec pools.Spec) (SubmitRequest, error) {
-	b, err := json.Marshal(DriverSpec{Pool: spec, RegistryURL: p.opts.RegistryURL, ActorRestarts: p.opts.ActorRestarts})
+	b, err := json.Marshal(DriverSpec{Pool: spec, RegistryURL: p.opts.RegistryURL, ActorRestarts: p.opts.ActorRestarts, ListenHost: p.opts.ListenHost})
 	if err != nil {
 		return SubmitRequest{}, err
 	}
-	env := map[string]string{JoinTokenEnv: p.opts.JoinToken}
+	creds, err := p.opts.Authority.Issue(spec.ID, 0)
+	if err != nil {
+		return SubmitRequest{}, err
+	}
+	env := map[string]string{}
 	for k, v := range p.opts.EnvVars {
+		env[k] = v
+	}
+	env[JoinTokenEnv] = p.opts.JoinToken
+	for k, v := range creds.Env() {
 		env[k] = v
 	}
 	return SubmitRequest{
@@ -194,7 +221,8 @@ func (p *Provider) submit(ctx context.Context, spec pools.Spec) error {
 		return fmt.Errorf("pool %s: %w", spec.ID, err)
 	}
 	if _, err := p.opts.Client.Submit(ctx, req); err != nil {
-		return fmt.Errorf("pool %s: submitting the pool driver: %w", spec.ID, err)
+		// the dashboard's answer may quote the request: none of its secrets goes further
+		return fmt.Errorf("pool %s: submitting the pool driver: %w", spec.ID, redacted(err, req.RuntimeEnv))
 	}
 	p.log.Info("pool driver submitted", slog.String("pool", spec.ID), slog.String("job", id), slog.Int("replicas", spec.Replicas))
 	return nil
@@ -245,6 +273,27 @@ func (p *Provider) monitor(ctx context.Context, spec pools.Spec) {
 			p.log.Warn("resubmitting the pool driver failed", slog.String("pool", spec.ID), slog.String("err", err.Error()))
 		}
 	}
+}
+
+// redacted is err with every secret of a job's runtime_env env_vars (the join token, the
+// workers' credentials, line by line) replaced.
+func redacted(err error, runtimeEnv map[string]any) error {
+	env, _ := runtimeEnv["env_vars"].(map[string]string)
+	msg := err.Error()
+	if tok := env[JoinTokenEnv]; tok != "" {
+		msg = strings.ReplaceAll(msg, tok, "[redacted]")
+	}
+	for _, k := range []string{mtls.EnvKey, mtls.EnvCert} {
+		for line := range strings.SplitSeq(env[k], "\n") {
+			if line = strings.TrimSpace(line); len(line) >= 16 {
+				msg = strings.ReplaceAll(msg, line, "[redacted]")
+			}
+		}
+	}
+	if msg == err.Error() {
+		return err
+	}
+	return errors.New(msg)
 }
 
 func lastLines(s string, n int) string {

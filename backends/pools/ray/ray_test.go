@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/loops-dev/loops/backends/pools"
+	"github.com/loops-dev/loops/backends/pools/mtls"
 	"github.com/loops-dev/loops/backends/pools/poolstest"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
@@ -107,8 +109,21 @@ func (f *fakeRay) drive(ctx context.Context, j *fakeJob) {
 		f.t.Errorf("driver spec %q: %v", raw, err)
 		return
 	}
-	token := j.req.RuntimeEnv["env_vars"].(map[string]any)[JoinTokenEnv].(string)
-	cl := backendv1connect.NewRegistryServiceClient(pools.H2CClient(), spec.RegistryURL, connect.WithGRPC())
+	env := j.req.RuntimeEnv["env_vars"].(map[string]any)
+	token := env[JoinTokenEnv].(string)
+	creds, err := mtls.FromPEM([]byte(env[mtls.EnvCert].(string)), []byte(env[mtls.EnvKey].(string)), []byte(env[mtls.EnvCA].(string)))
+	if err != nil {
+		f.t.Errorf("the driver's credentials: %v", err)
+		return
+	}
+	rcfg, err := creds.RegistryDialConfig()
+	if err != nil {
+		f.t.Errorf("the driver's credentials: %v", err)
+		return
+	}
+	hc := mtls.HTTPClient(rcfg)
+	defer hc.CloseIdleConnections()
+	cl := backendv1connect.NewRegistryServiceClient(hc, spec.RegistryURL, connect.WithGRPC())
 	var wg sync.WaitGroup
 	defer func() {
 		j.mu.Lock()
@@ -129,7 +144,7 @@ func (f *fakeRay) drive(ctx context.Context, j *fakeJob) {
 		st, err := cl.WatchPool(ctx, &backendv1.WatchPoolRequest{PoolId: spec.Pool.ID, JoinToken: token})
 		if err == nil {
 			for st.Receive() {
-				f.follow(ctx, j, &spec, token, actors, &wg, int(st.Msg().GetDesiredReplicas()))
+				f.follow(ctx, j, &spec, token, creds, hc, actors, &wg, int(st.Msg().GetDesiredReplicas()))
 			}
 			err = st.Err()
 		}
@@ -145,7 +160,7 @@ func (f *fakeRay) drive(ctx context.Context, j *fakeJob) {
 }
 
 // follow starts or stops the fake driver's actors for n desired replicas.
-func (f *fakeRay) follow(ctx context.Context, j *fakeJob, spec *DriverSpec, token string, actors map[int]context.CancelFunc, wg *sync.WaitGroup, n int) {
+func (f *fakeRay) follow(ctx context.Context, j *fakeJob, spec *DriverSpec, token string, creds *mtls.Credentials, hc *http.Client, actors map[int]context.CancelFunc, wg *sync.WaitGroup, n int) {
 	fmt.Fprintf(&j.logs, "desired %d\n", n)
 	for r, stop := range actors {
 		if r >= n {
@@ -163,7 +178,7 @@ func (f *fakeRay) follow(ctx context.Context, j *fakeJob, spec *DriverSpec, toke
 		go func() { // an actor: restarted whenever it dies, until stopped
 			defer wg.Done()
 			for actx.Err() == nil {
-				w, err := poolstest.StartFakeWorker("127.0.0.1:0", []string{spec.Pool.BaseModel})
+				w, err := poolstest.StartFakeWorker(spec.ListenHost+":0", []string{spec.Pool.BaseModel}, creds)
 				if err != nil {
 					return
 				}
@@ -171,7 +186,7 @@ func (f *fakeRay) follow(ctx context.Context, j *fakeJob, spec *DriverSpec, toke
 				j.mu.Lock()
 				j.kill[r] = die
 				j.mu.Unlock()
-				_ = pools.Hold(lctx, pools.H2CClient(), spec.RegistryURL, &backendv1.RegisterRequest{PoolId: spec.Pool.ID, Replica: uint32(r),
+				_ = pools.Hold(lctx, hc, spec.RegistryURL, &backendv1.RegisterRequest{PoolId: spec.Pool.ID, Replica: uint32(r),
 					Address: w.Addr, IncarnationId: fmt.Sprintf("actor-%d-%d", r, time.Now().UnixNano()), JoinToken: token})
 				w.Close()
 				die()
@@ -192,12 +207,13 @@ func (f *fakeRay) killActor(pool string, r int) {
 }
 
 func newProvider(t *testing.T) (*Provider, *pools.Registry, *fakeRay) {
+	a := poolstest.Authority(t)
 	reg := pools.NewRegistry(pools.RegistryOptions{JoinToken: "tok'en", HeartbeatInterval: 50 * time.Millisecond, HeartbeatTimeout: time.Second})
-	srv, err := pools.Serve(reg, "127.0.0.1:0")
+	srv, err := pools.Serve(reg, "127.0.0.1:0", a.RegistryConfig())
 	require.NoError(t, err)
 	fr := &fakeRay{t: t, jobs: map[string]*fakeJob{}}
 	hs := httptest.NewServer(fr)
-	p, err := New(Options{Client: NewClient(hs.URL, nil, nil), Registry: reg, RegistryURL: srv.URL(), JoinToken: "tok'en", MonitorInterval: 100 * time.Millisecond})
+	p, err := New(Options{Client: NewClient(hs.URL, nil, nil), Registry: reg, RegistryURL: srv.URL(), JoinToken: "tok'en", Authority: a, MonitorInterval: 100 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		for _, id := range reg.Pools() {
@@ -214,7 +230,7 @@ func newProvider(t *testing.T) (*Provider, *pools.Registry, *fakeRay) {
 func TestContract(t *testing.T) {
 	poolstest.Run(t, func(t *testing.T) *poolstest.Harness {
 		p, reg, fr := newProvider(t)
-		return &poolstest.Harness{Provider: p, Registry: reg, MaxReplicas: 4,
+		return &poolstest.Harness{Provider: p, Registry: reg, Authority: p.opts.Authority, MaxReplicas: 4,
 			Spec: func(id string) pools.Spec {
 				return pools.Spec{ID: id, Role: pools.RoleTrainer, BaseModel: "loops/tiny", GPUsPerReplica: 1}
 			},
@@ -234,6 +250,10 @@ func TestResubmit(t *testing.T) {
 	fr.mu.Unlock()
 	require.Equal(t, "r", j.req.Metadata["loops_pool"])
 	require.Contains(t, j.req.Entrypoint, "-m loops_worker.ray_pool --spec ")
+	require.Contains(t, j.req.Entrypoint, `"listen_host":"127.0.0.1"`, "actors listen on their node's loopback unless told otherwise")
+	for _, secret := range []string{"tok'en", "PRIVATE KEY"} {
+		require.NotContains(t, j.req.Entrypoint, secret, "secrets go in the job's environment, never on its command line")
+	}
 	j.cancel() // the driver dies
 	require.Eventually(t, func() bool {
 		fr.mu.Lock()
@@ -259,6 +279,37 @@ func TestClientErrors(t *testing.T) {
 	require.ErrorContains(t, err, "ray dashboard")
 }
 
+// TestSubmitErrorsHideSecrets: a dashboard whose refusal quotes the job's runtime_env
+// (the join token, the workers' key and certificate) shows none of them in the error.
+func TestSubmitErrorsHideSecrets(t *testing.T) {
+	var body string
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			http.Error(w, "not found", http.StatusNotFound)
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		body = string(b)
+		http.Error(w, "invalid runtime_env: "+strings.ReplaceAll(body, "\n", " "), http.StatusBadRequest)
+	}))
+	defer hs.Close()
+	reg := pools.NewRegistry(pools.RegistryOptions{JoinToken: "a-join-token-value"})
+	p, err := New(Options{Client: NewClient(hs.URL, nil, nil), Registry: reg, RegistryURL: "https://127.0.0.1:1", JoinToken: "a-join-token-value", Authority: poolstest.Authority(t)})
+	require.NoError(t, err)
+	err = p.EnsurePool(t.Context(), pools.Spec{ID: "x", Role: pools.RoleTrainer, BaseModel: "m", Replicas: 1})
+	require.ErrorContains(t, err, "HTTP 400")
+	require.Contains(t, body, "a-join-token-value", "the dashboard got the token")
+	require.NotContains(t, err.Error(), "a-join-token-value")
+	var sent SubmitRequest
+	require.NoError(t, json.Unmarshal([]byte(body), &sent))
+	key := sent.RuntimeEnv["env_vars"].(map[string]any)[mtls.EnvKey].(string)
+	for line := range strings.SplitSeq(strings.TrimSpace(key), "\n") {
+		if !strings.HasPrefix(line, "-----") {
+			require.NotContains(t, err.Error(), line, "a line of the workers' key")
+		}
+	}
+}
+
 // A gateway that starts again adopts its running driver, and replaces one submitted with
 // another spec (another registry URL).
 func TestAdoptOrReplace(t *testing.T) {
@@ -270,14 +321,14 @@ func TestAdoptOrReplace(t *testing.T) {
 	j := fr.jobs[JobID("a")]
 	fr.mu.Unlock()
 	require.NoError(t, p.Close()) // the first gateway is gone
-	p2, err := New(Options{Client: p.opts.Client, Registry: reg, RegistryURL: p.opts.RegistryURL, JoinToken: p.opts.JoinToken})
+	p2, err := New(Options{Client: p.opts.Client, Registry: reg, RegistryURL: p.opts.RegistryURL, JoinToken: p.opts.JoinToken, Authority: p.opts.Authority})
 	require.NoError(t, err)
 	require.NoError(t, p2.EnsurePool(ctx, spec))
 	fr.mu.Lock()
 	require.Same(t, j, fr.jobs[JobID("a")], "the same spec adopts the running job")
 	fr.mu.Unlock()
 	require.NoError(t, p2.Close())
-	p3, err := New(Options{Client: p.opts.Client, Registry: reg, RegistryURL: p.opts.RegistryURL + "/other", JoinToken: p.opts.JoinToken})
+	p3, err := New(Options{Client: p.opts.Client, Registry: reg, RegistryURL: p.opts.RegistryURL + "/other", JoinToken: p.opts.JoinToken, Authority: p.opts.Authority})
 	require.NoError(t, err)
 	require.NoError(t, p3.EnsurePool(ctx, spec))
 	defer func() { require.NoError(t, p3.DeletePool(ctx, "a")); require.NoError(t, p3.Close()) }()

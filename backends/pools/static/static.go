@@ -7,12 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/loops-dev/loops/backends/pools"
+	"github.com/loops-dev/loops/backends/pools/mtls"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
 )
@@ -28,9 +28,10 @@ type Options struct {
 	ProbeInterval time.Duration
 	ProbeTimeout  time.Duration
 	ProbeFailures int
-	// HTTPClient dials the workers (default: h2c).
-	HTTPClient *http.Client
-	Logger     *slog.Logger
+	// Authority is the gateway's (required): the workers' certificates must be its, of
+	// their pool (mtls).
+	Authority *mtls.Authority
+	Logger    *slog.Logger
 }
 
 // Provider is the static provider.
@@ -55,8 +56,8 @@ var (
 
 // New returns a provider.
 func New(o Options) (*Provider, error) {
-	if o.Registry == nil {
-		return nil, errors.New("static pools: Registry is required")
+	if o.Registry == nil || o.Authority == nil {
+		return nil, errors.New("static pools: Registry and Authority are required")
 	}
 	if o.ProbeInterval <= 0 {
 		o.ProbeInterval = 2 * time.Second
@@ -66,9 +67,6 @@ func New(o Options) (*Provider, error) {
 	}
 	if o.ProbeFailures <= 0 {
 		o.ProbeFailures = 2
-	}
-	if o.HTTPClient == nil {
-		o.HTTPClient = pools.H2CClient()
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -197,7 +195,9 @@ func (p *Provider) Close() error {
 
 func (p *Provider) probe(ctx context.Context, id string, i int, addr string) {
 	defer p.opts.Registry.Remove(id, i, "no longer probed (scaled down or deleted)")
-	cl := backendv1connect.NewTrainerServiceClient(p.opts.HTTPClient, "http://"+addr)
+	hc := mtls.HTTPClient(p.opts.Authority.DialConfig(id))
+	defer hc.CloseIdleConnections()
+	cl := backendv1connect.NewTrainerServiceClient(hc, "https://"+addr)
 	up, fails := false, 0
 	for {
 		pctx, cancel := context.WithTimeout(ctx, p.opts.ProbeTimeout)

@@ -8,24 +8,26 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/loops-dev/loops/backends/pools"
+	"github.com/loops-dev/loops/backends/pools/mtls"
 	"github.com/loops-dev/loops/backends/pools/poolstest"
 )
 
 func TestContract(t *testing.T) {
 	poolstest.Run(t, func(t *testing.T) *poolstest.Harness {
 		reg := pools.NewRegistry(pools.RegistryOptions{JoinToken: "t"})
+		a := poolstest.Authority(t)
 		cfg := map[string][]string{}
 		var mu sync.Mutex
 		workers := map[string][]*poolstest.FakeWorker{}
 		for _, id := range []string{"pool-a", "pool-s", "pool-k", "pool-d", "pool-i"} {
 			for range 3 {
-				w, err := poolstest.StartFakeWorker("127.0.0.1:0", []string{"m"})
+				w, err := poolstest.StartFakeWorker("127.0.0.1:0", []string{"m"}, poolstest.Credentials(t, a, id))
 				require.NoError(t, err)
 				cfg[id] = append(cfg[id], w.Addr)
 				workers[id] = append(workers[id], w)
 			}
 		}
-		p, err := New(Options{Registry: reg, Pools: cfg, ProbeInterval: 50 * time.Millisecond, ProbeTimeout: time.Second})
+		p, err := New(Options{Registry: reg, Authority: a, Pools: cfg, ProbeInterval: 50 * time.Millisecond, ProbeTimeout: time.Second})
 		require.NoError(t, err)
 		t.Cleanup(func() {
 			require.NoError(t, p.Close())
@@ -37,7 +39,7 @@ func TestContract(t *testing.T) {
 				}
 			}
 		})
-		return &poolstest.Harness{Provider: p, Registry: reg, MaxReplicas: 3,
+		return &poolstest.Harness{Provider: p, Registry: reg, Authority: a, MaxReplicas: 3,
 			Spec: func(id string) pools.Spec { return pools.Spec{ID: id, Role: pools.RoleSampler, BaseModel: "m"} },
 			Kill: func(t *testing.T, pool string, i int) {
 				mu.Lock()
@@ -46,7 +48,7 @@ func TestContract(t *testing.T) {
 				w.Close()
 				go func() { // an operator restarts it at the same address
 					time.Sleep(300 * time.Millisecond)
-					w2, err := poolstest.StartFakeWorker(w.Addr, []string{"m"})
+					w2, err := poolstest.StartFakeWorker(w.Addr, []string{"m"}, poolstest.Credentials(t, a, pool))
 					if err == nil {
 						mu.Lock()
 						workers[pool][i] = w2
@@ -58,8 +60,32 @@ func TestContract(t *testing.T) {
 }
 
 func TestUnconfiguredPool(t *testing.T) {
-	p, err := New(Options{Registry: pools.NewRegistry(pools.RegistryOptions{})})
+	p, err := New(Options{Registry: pools.NewRegistry(pools.RegistryOptions{}), Authority: poolstest.Authority(t)})
 	require.NoError(t, err)
 	err = p.EnsurePool(t.Context(), pools.Spec{ID: "x", Role: pools.RoleTrainer, BaseModel: "m", Replicas: 1})
 	require.ErrorContains(t, err, "0 addresses are configured")
+}
+
+// TestOnlyThePoolsWorkersAreAnnounced: an address whose worker holds a certificate of
+// another pool, or of another gateway, is never announced (the gateway sends it nothing);
+// the pool's own worker is.
+func TestOnlyThePoolsWorkersAreAnnounced(t *testing.T) {
+	a := poolstest.Authority(t)
+	reg := pools.NewRegistry(pools.RegistryOptions{JoinToken: "t"})
+	var addrs []string
+	for _, c := range []*mtls.Credentials{poolstest.Credentials(t, a, "other"), poolstest.Credentials(t, poolstest.Authority(t), "p"), poolstest.Credentials(t, a, "p")} {
+		w, err := poolstest.StartFakeWorker("127.0.0.1:0", []string{"m"}, c)
+		require.NoError(t, err)
+		t.Cleanup(w.Close)
+		addrs = append(addrs, w.Addr)
+	}
+	p, err := New(Options{Registry: reg, Authority: a, Pools: map[string][]string{"p": addrs}, ProbeInterval: 20 * time.Millisecond, ProbeTimeout: time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	require.NoError(t, p.EnsurePool(t.Context(), pools.Spec{ID: "p", Role: pools.RoleTrainer, BaseModel: "m", Replicas: 3}))
+	require.Eventually(t, func() bool { return len(reg.Members("p")) == 1 }, 5*time.Second, 10*time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // ten more probes of the other two
+	ms := reg.Members("p")
+	require.Len(t, ms, 1)
+	require.Equal(t, 2, ms[0].Replica, "only the worker of this gateway's pool")
 }

@@ -1,12 +1,14 @@
-"""python -m loops_worker --listen 127.0.0.1:0 --model NAME[=PATH] ...
+"""python -m loops_worker --listen 127.0.0.1:0 --tls-cert F --tls-key F --tls-ca F --model NAME[=PATH] ...
 
-Loads the models, starts the gRPC server and prints one line
+Loads the models, starts the gRPC server (mutual TLS only: it answers only the gateway that
+issued its credentials, credentials.py) and prints one line
 `LOOPS_WORKER_LISTENING <host:port>` on stdout when it is ready (the Go backend waits for
-it). Logs go to stderr.
+it). Logs go to stderr. Folders a request names must be inside the --allow-dir folders, and
+checkpoint URLs of a --checkpoint-origin (confine.py).
 
 With --register URL --pool P --replica N --join-token-file F the worker also registers with
-the gateway's RegistryService at URL and holds its lease with heartbeats (register.py); it
-exits when the gateway tells it to drain or refuses it for good.
+the gateway's RegistryService at URL (https://) and holds its lease with heartbeats
+(register.py); it exits when the gateway tells it to drain or refuses it for good.
 """
 
 from __future__ import annotations
@@ -80,7 +82,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm-max-model-len", type=int, default=0)
     p.add_argument("--vllm-enforce-eager", action="store_true")
     p.add_argument("--grpc-threads", type=int, default=64)
-    p.add_argument("--register", default="", help="gateway registry URL (http://host:port): register and heartbeat there")
+    p.add_argument("--tls-cert", default="", help="the worker's certificate, issued by the gateway (or $LOOPS_WORKER_TLS_CERT, PEM)")
+    p.add_argument("--tls-key", default="", help="the worker's private key, a file of mode 0600 (or $LOOPS_WORKER_TLS_KEY, PEM)")
+    p.add_argument("--tls-ca", default="", help="the gateway CA's certificate: the only clients answered, the registry trusted (or $LOOPS_WORKER_TLS_CA)")
+    p.add_argument("--allow-dir", action="append", default=[], help="folder that requests may name to save adapters into or load and sample them from; repeatable (none: no folder)")
+    p.add_argument("--checkpoint-origin", action="append", default=[], help="scheme://host[:port] of the checkpoint store that checkpoint URLs may name; repeatable (none: no URL)")
+    p.add_argument("--register", default="", help="gateway registry URL (https://host:port): register and heartbeat there")
     p.add_argument("--pool", default="", help="with --register: the pool this worker is a replica of")
     p.add_argument("--replica", type=int, default=0, help="with --register: the replica index in the pool")
     p.add_argument("--join-token-file", default="", help="with --register: file holding the gateway's join token")
@@ -93,10 +100,17 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.register and (not args.pool or not args.join_token_file):
         p.error("--register needs --pool and --join-token-file")
+    if args.register and not args.register.startswith("https://"):
+        p.error(f"--register {args.register!r} must be https://host:port (the registry serves TLS only)")
     logging.basicConfig(level=os.environ.get("LOOPS_WORKER_LOG", "INFO"), stream=sys.stderr,
                         format="%(asctime)s loops_worker %(levelname)s %(message)s")
     if not args.model:
         print("loops_worker: at least one --model is required", file=sys.stderr)
+        return 2
+    try:
+        creds, confine = security(args)
+    except (ValueError, OSError) as e:
+        print(f"loops_worker: {e}", file=sys.stderr)
         return 2
     # The parent (the Go backend) closing our stdin means it is gone: exit then too.
     try:
@@ -106,14 +120,14 @@ def main(argv=None) -> int:
         return 1
     from .server import serve
 
-    server = serve(engine, sampler, args.listen, threads=args.grpc_threads)
+    server = serve(engine, sampler, args.listen, creds, confine, threads=args.grpc_threads)
     host = args.listen.rsplit(":", 1)[0] or "127.0.0.1"
     logging.info("serving %s on %s (%s, %s, sampler %s)", engine.order, f"{host}:{server.bound_port}", device, dtype, sampler.name)
     print(f"LOOPS_WORKER_LISTENING {host}:{server.bound_port}", flush=True)
     done = threading.Event()
     reg = None
     if args.register:
-        reg = start_registration(args, engine, server.bound_port)
+        reg = start_registration(args, engine, server.bound_port, creds)
         threading.Thread(target=lambda: (reg.done.wait(), done.set()), daemon=True).start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
@@ -129,6 +143,14 @@ def main(argv=None) -> int:
         reg.stop()
     server.stop(grace=2).wait()
     return 0
+
+
+def security(args):
+    """The worker's credentials (credentials.from_args) and what its requests may name."""
+    from . import credentials
+    from .confine import Confinement
+
+    return credentials.from_args(args), Confinement(args.allow_dir, args.checkpoint_origin)
 
 
 def advertise_host(listen: str, advertise: str = "") -> str:
@@ -147,7 +169,7 @@ def advertise_host(listen: str, advertise: str = "") -> str:
         return "127.0.0.1"
 
 
-def start_registration(args, engine, port: int, gpus: int | None = None):
+def start_registration(args, engine, port: int, creds, gpus: int | None = None):
     """Registers the serving worker (register.Registration) and returns it."""
     from .register import Registration, read_token
 
@@ -156,7 +178,7 @@ def start_registration(args, engine, port: int, gpus: int | None = None):
     if gpus is None:
         cvd = os.environ.get("CUDA_VISIBLE_DEVICES", "")
         gpus = len([g for g in cvd.split(",") if g.strip()])
-    return Registration(args.register, args.pool, args.replica, addr, read_token(args.join_token_file),
+    return Registration(args.register, args.pool, args.replica, addr, read_token(args.join_token_file), creds,
                         capabilities=engine.capabilities(), gpus=gpus).start()
 
 

@@ -6,6 +6,7 @@ the Go function each piece mirrors.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -33,6 +34,8 @@ LOSS_CONFIG_KEYS = {
     "dro": ["beta"],
 }
 IMPLEMENTATION = "torch"
+# The snapshot folders resolve_model_dir looks through (hfcache's maxSnapshots).
+_MAX_SNAPSHOTS = 1024
 
 
 def _eos_ids(v) -> List[int]:
@@ -46,35 +49,44 @@ def _eos_ids(v) -> List[int]:
 
 
 def resolve_model_dir(name: str) -> Tuple[Optional[str], str]:
-    """(local folder or None, tokenizer id) for a model name (reference.ResolveModelDir)."""
+    """(local folder or None, tokenizer id) for a model name, as the gateway resolves it
+    (reference.ResolveModelDir, internal/hfcache.Find): a folder that holds config.json, else
+    the model's snapshot in the hub cache huggingface_hub itself uses ($HF_HUB_CACHE, else
+    $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub): the
+    one refs/main names when it holds config.json, else the most recently modified one that
+    does."""
     if os.path.isfile(os.path.join(name, "config.json")):
         d = os.path.abspath(name)
         return d, d
-    roots = []
-    if os.environ.get("HF_HUB_CACHE"):
-        roots.append(os.environ["HF_HUB_CACHE"])
-    if os.environ.get("HF_HOME"):
-        roots.append(os.path.join(os.environ["HF_HOME"], "hub"))
-    roots.append(os.path.join(os.path.expanduser("~"), ".cache", "huggingface", "hub"))
-    repo = "models--" + name.replace("/", "--")
-    for r in roots:
-        base = os.path.join(r, repo)
-        try:
-            with open(os.path.join(base, "refs", "main")) as f:
-                d = os.path.join(base, "snapshots", f.read().strip())
-            if os.path.isfile(os.path.join(d, "config.json")):
-                return d, name
-        except OSError:
-            pass
-        snaps = sorted(
-            os.path.join(base, "snapshots", s) for s in (os.listdir(os.path.join(base, "snapshots")) if os.path.isdir(os.path.join(base, "snapshots")) else [])
-        )
-        snaps = [s for s in snaps if os.path.isfile(os.path.join(s, "config.json"))]
-        if snaps:
-            return snaps[-1], name
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.file_download import repo_folder_name
+
+    hub = constants.HF_HUB_CACHE
+    try:
+        found = try_to_load_from_cache(name, "config.json", cache_dir=hub)
+    except ValueError:  # huggingface_hub's HFValidationError: not a repository id
+        found, snaps = None, None
+    else:
+        snaps = os.path.join(hub, repo_folder_name(repo_id=name, repo_type="model"), "snapshots")
+    if isinstance(found, str):
+        return os.path.dirname(found), name
+    best = None
+    if snaps is not None and os.path.isdir(snaps):
+        with os.scandir(snaps) as it:
+            for e in itertools.islice(it, _MAX_SNAPSHOTS):
+                if e.name.startswith(".") or not os.path.isfile(os.path.join(e.path, "config.json")):
+                    continue
+                try:
+                    key = (os.stat(e.path).st_mtime_ns, e.path)
+                except OSError:
+                    continue
+                if best is None or key > best:
+                    best = key
+    if best is not None:
+        return best[1], name
     raise FileNotFoundError(
         f"{name!r} is neither a folder with config.json nor a model in the local Hugging Face cache "
-        f"(searched {roots}); download it first, e.g. `huggingface-cli download {name}`")
+        f"({hub}); download it first, e.g. `huggingface-cli download {name}`")
 
 
 class BaseModel:

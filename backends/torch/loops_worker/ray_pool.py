@@ -1,8 +1,8 @@
 """python -m loops_worker.ray_pool --spec JSON: the pool driver, one Ray job per pool.
 
 The gateway's ray provider (backends/pools/ray) submits it through the Ray Jobs API. It
-follows the pool's desired size from the gateway (RegistryService.WatchPool, authenticated by
-$LOOPS_JOIN_TOKEN) and keeps one worker actor per replica, each in a placement group of its
+follows the pool's desired size from the gateway (RegistryService.WatchPool over TLS,
+authenticated by $LOOPS_JOIN_TOKEN) and keeps one worker actor per replica, each in a placement group of its
 own (one bundle {CPU: 1, GPU: gpus_per_replica}, STRICT_PACK; Ray re-places the group when
 its node dies). An actor serves the worker protocol in process (the same engine as
 `python -m loops_worker`) and registers with the gateway as pool/replica; Ray restarts a dead
@@ -10,8 +10,13 @@ actor (max_restarts), and the restarted one registers as a new incarnation. Scal
 kills the highest replicas' actors and removes their groups. When the gateway deletes the
 pool (WatchPool ends with NOT_FOUND) the driver exits and Ray reclaims its actors.
 
+An actor listens on spec["listen_host"] (127.0.0.1 unless the gateway was told otherwise:
+a gateway on another host needs the actors reachable, which it must ask for), over mutual TLS
+with the pool's credentials from the job's environment (LOOPS_WORKER_TLS_CERT, _KEY, _CA):
+it answers only the gateway.
+
 Spec (JSON, written by pools/ray.DriverSpec): {"pool": {"id", "role", "base_model",
-"replicas", "gpus_per_replica", "args"}, "registry_url", "actor_restarts"}.
+"replicas", "gpus_per_replica", "args"}, "registry_url", "actor_restarts", "listen_host"}.
 """
 
 from __future__ import annotations
@@ -36,23 +41,26 @@ class Worker:
         logging.basicConfig(level=os.environ.get("LOOPS_WORKER_LOG", "INFO"), stream=sys.stderr,
                             format="%(asctime)s loops_worker %(levelname)s %(message)s")
         pool = spec["pool"]
-        fd, self.token_file = tempfile.mkstemp(prefix="loops-join-")
+        fd, self.token_file = tempfile.mkstemp(prefix="loops-join-")  # mode 0600
         with os.fdopen(fd, "w") as f:
             f.write(token)
-        argv = ["--listen", "0.0.0.0:0", "--model", pool["base_model"], *pool.get("args", []),
+        host = spec.get("listen_host") or "127.0.0.1"
+        listen = f"[{host}]:0" if ":" in host else f"{host}:0"
+        argv = ["--listen", listen, "--model", pool["base_model"], *pool.get("args", []),
                 "--register", spec["registry_url"], "--pool", pool["id"], "--replica", str(replica),
                 "--join-token-file", self.token_file]
         self.args = wm.parser().parse_args(argv)
+        creds, confine = wm.security(self.args)  # the credentials from the job's environment
         import ray
 
-        if not self.args.advertise:
+        if not self.args.advertise and host in ("0.0.0.0", "::"):
             self.args.advertise = ray.util.get_node_ip_address()
         engine, sampler, device, _ = wm.build(self.args)
         from .server import serve
 
-        self.server = serve(engine, sampler, self.args.listen, threads=self.args.grpc_threads)
+        self.server = serve(engine, sampler, self.args.listen, creds, confine, threads=self.args.grpc_threads)
         gpus = len(ray.get_runtime_context().get_accelerator_ids().get("GPU", []))
-        self.reg = wm.start_registration(self.args, engine, self.server.bound_port, gpus=gpus)
+        self.reg = wm.start_registration(self.args, engine, self.server.bound_port, creds, gpus=gpus)
         self.pid = os.getpid()
         log.info("replica %d of pool %s serving on port %d (pid %d, device %s)", replica, pool["id"], self.server.bound_port, self.pid, device)
 
@@ -103,7 +111,7 @@ class Driver:
         self.scale(0)
 
 
-def follow(spec: dict, token: str, on_desired) -> int:
+def follow(spec: dict, token: str, creds, on_desired) -> int:
     """Streams the desired size from the gateway; returns the exit status."""
     import grpc
 
@@ -115,7 +123,7 @@ def follow(spec: dict, token: str, on_desired) -> int:
     pool = spec["pool"]["id"]
     backoff = 0.5
     while True:
-        chan = grpc.insecure_channel(target(spec["registry_url"]))
+        chan = creds.registry_channel(target(spec["registry_url"]))
         stub = rgrpc.RegistryServiceStub(chan)
         try:
             for msg in stub.WatchPool(rpb.WatchPoolRequest(pool_id=pool, join_token=token)):
@@ -147,12 +155,18 @@ def main(argv=None) -> int:
     if not token:
         log.error("LOOPS_JOIN_TOKEN is not set")
         return 2
+    from . import credentials
+
+    creds = credentials.from_env()
+    if creds is None:
+        log.error("the workers' TLS credentials (LOOPS_WORKER_TLS_CERT, _KEY, _CA) are not set")
+        return 2
     import ray
 
     ray.init()
     d = Driver(spec, token)
     try:
-        return follow(spec, token, d.scale)
+        return follow(spec, token, creds, d.scale)
     finally:
         d.close()
 

@@ -1,7 +1,8 @@
 """Registration with the gateway's RegistryService (loops.backend.v1): the worker side.
 
 `Registration(...).start()` registers the worker (pool, replica, address, capabilities, a
-random incarnation id, the join token) and keeps its lease with a heartbeat stream in a
+random incarnation id, the join token) over TLS (the registry must show the gateway's
+certificate: credentials.py) and keeps its lease with a heartbeat stream in a
 background thread. When the gateway is unreachable or forgot the lease it registers again
 with the same incarnation (its adapters are intact); when the gateway says drain, or refuses
 the registration for good (bad token, replica beyond the pool's size), `done` is set and the
@@ -29,13 +30,10 @@ _FATAL = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
 
 
 def target(url: str) -> str:
-    """http://host:port -> host:port (gRPC over h2c)."""
-    for p in ("http://", "grpc://"):
-        if url.startswith(p):
-            url = url[len(p):]
-    if url.startswith("https://"):
-        raise ValueError("https registry URLs are not supported yet; use http:// on a private network")
-    return url.rstrip("/")
+    """https://host:port -> host:port (gRPC over TLS: the registry serves TLS only)."""
+    if not url.startswith("https://"):
+        raise ValueError(f"registry URL {url!r} must be https://host:port (the registry serves TLS only)")
+    return url[len("https://"):].rstrip("/")
 
 
 def read_token(path: str) -> str:
@@ -47,7 +45,7 @@ def read_token(path: str) -> str:
 
 
 class Registration:
-    def __init__(self, url: str, pool: str, replica: int, address: str, token: str,
+    def __init__(self, url: str, pool: str, replica: int, address: str, token: str, creds,
                  capabilities=None, gpus: int = 0, incarnation: str | None = None):
         self.url, self.pool, self.replica, self.address = url, pool, replica, address
         self.token, self.capabilities, self.gpus = token, capabilities, gpus
@@ -56,7 +54,7 @@ class Registration:
         self.why = ""
         self._stop = threading.Event()
         self._lease = ""
-        self._chan = grpc.insecure_channel(target(url))
+        self._chan = creds.registry_channel(target(url))
         self._stub = rgrpc.RegistryServiceStub(self._chan)
         self._thread = threading.Thread(target=self._run, name="loops-register", daemon=True)
 

@@ -1,4 +1,5 @@
-"""gRPC servicers for loops.backend.v1 TrainerService and SamplerService."""
+"""gRPC servicers for loops.backend.v1 TrainerService and SamplerService, served over mutual
+TLS only (credentials.py), every request's folders and URLs checked first (confine.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from concurrent import futures
 import grpc
 
 from . import transfer
+from .confine import Confinement
+from .credentials import Credentials, GatewayOnly
 from .errors import CANCELLED, INTERNAL, WorkerError
 from .proto import bgrpc, bpb
 
@@ -46,8 +49,9 @@ def _fault(adapter_id: str) -> None:
 
 
 class Trainer(bgrpc.TrainerServiceServicer):
-    def __init__(self, engine):
+    def __init__(self, engine, confine: Confinement):
         self.e = engine
+        self.confine = confine
 
     def GetCapabilities(self, request, context):
         return _call(context, self.e.capabilities)
@@ -67,9 +71,18 @@ class Trainer(bgrpc.TrainerServiceServicer):
         return _call(context, self.e.optim_step, request)
 
     def SaveAdapter(self, request, context):
+        _call(context, self._check_save, request)
         if not request.upload:
             return _call(context, lambda: bpb.SaveAdapterResponse(size_bytes=self.e.save_adapter(request)))
         return _call(context, self._save_and_upload, request)
+
+    def _check_save(self, request):
+        self.confine.dir("dir", request.dir)
+        self.confine.files("upload", request.upload)
+
+    def _check_load(self, request):
+        self.confine.dir("dir", request.dir)
+        self.confine.files("download", request.download)
 
     def _save_and_upload(self, request):
         """Saves into a folder of the worker's own and PUTs the files to the gateway's URLs."""
@@ -80,12 +93,13 @@ class Trainer(bgrpc.TrainerServiceServicer):
             del local.upload[:]
             local.dir = os.path.join(tmp, "adapter")
             size = self.e.save_adapter(local)
-            files = transfer.upload(local.dir, request.upload)
+            files = transfer.upload(local.dir, request.upload, self.confine)
             return bpb.SaveAdapterResponse(size_bytes=size, files=files)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
     def LoadAdapter(self, request, context):
+        _call(context, self._check_load, request)
         if not request.download:
             return _call(context, lambda: (self.e.load_adapter(request), bpb.LoadAdapterResponse())[1])
         return _call(context, self._download_and_load, request)
@@ -98,7 +112,7 @@ class Trainer(bgrpc.TrainerServiceServicer):
             local.CopyFrom(request)
             del local.download[:]
             local.dir = os.path.join(tmp, "adapter")
-            transfer.download(request.download, local.dir)
+            transfer.download(request.download, local.dir, self.confine)
             self.e.load_adapter(local)
             return bpb.LoadAdapterResponse()
         finally:
@@ -106,17 +120,23 @@ class Trainer(bgrpc.TrainerServiceServicer):
 
 
 class Sampler(bgrpc.SamplerServiceServicer):
-    def __init__(self, engine, sampler, adapters: transfer.AdapterCache | None = None):
+    def __init__(self, engine, sampler, confine: Confinement, adapters: transfer.AdapterCache | None = None):
         self.e = engine
         self.s = sampler
+        self.confine = confine
         self.adapters = adapters or transfer.AdapterCache(
             os.path.join(tempfile.gettempdir(), f"loops-worker-adapters-{os.getpid()}"),
-            int(os.environ.get("LOOPS_WORKER_ADAPTER_CACHE_BYTES", str(8 << 30))))
+            int(os.environ.get("LOOPS_WORKER_ADAPTER_CACHE_BYTES", str(8 << 30))), confine)
+
+    def _check(self, request):
+        self.confine.dir("adapter_dir", request.adapter_dir)
+        self.confine.files("adapter_files", request.adapter_files)
 
     def GetCapabilities(self, request, context):
         return _call(context, self.e.capabilities)
 
     def Sample(self, request, context):
+        _call(context, self._check, request)
         if not request.adapter_files:
             return _call(context, self.s.sample, request)
         return _call(context, self._sample_downloaded, request)
@@ -139,6 +159,7 @@ class Sampler(bgrpc.SamplerServiceServicer):
         vLLM's answers come whole), then the result. The sample runs on its own thread; a
         client that goes away stops it at its next token."""
         req = request.request
+        _call(context, self._check, req)
         items: "queue.SimpleQueue" = queue.SimpleQueue()
         end = object()
 
@@ -178,12 +199,14 @@ def _raise(e: BaseException):
     raise e
 
 
-def serve(engine, sampler, listen: str, threads: int = 64) -> grpc.Server:
+def serve(engine, sampler, listen: str, creds: Credentials, confine: Confinement, threads: int = 64) -> grpc.Server:
+    """Serves the engine over mutual TLS with creds (only the gateway is answered); the
+    folders and URLs of requests are checked against confine."""
     opts = [("grpc.max_receive_message_length", 1 << 30), ("grpc.max_send_message_length", 1 << 30)]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=opts)
-    bgrpc.add_TrainerServiceServicer_to_server(Trainer(engine), server)
-    bgrpc.add_SamplerServiceServicer_to_server(Sampler(engine, sampler), server)
-    port = server.add_insecure_port(listen)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=opts, interceptors=[GatewayOnly()])
+    bgrpc.add_TrainerServiceServicer_to_server(Trainer(engine, confine), server)
+    bgrpc.add_SamplerServiceServicer_to_server(Sampler(engine, sampler, confine), server)
+    port = server.add_secure_port(listen, creds.server())
     if port == 0:
         raise WorkerError(INTERNAL, f"cannot listen on {listen}")
     server.start()

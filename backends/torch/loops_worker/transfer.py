@@ -2,6 +2,10 @@
 file system with the gateway: the gateway's checkpoint store (S3) hands out a presigned GET or
 PUT URL per file, and the worker moves each file over HTTP(S) with the standard library.
 
+Every URL, and every redirect a server answers with, must be of the checkpoint store (the
+worker's Confinement: --checkpoint-origin); the servicers check the URLs of a request before
+anything is fetched, and the opener here refuses a redirect anywhere else.
+
 Downloads are bounded and verified: each file's name must be a plain relative path, its size
 is capped before anything is read, the body is streamed to disk (never held in memory), and a
 body longer or shorter than the size or with another SHA-256 fails the call. Uploads stream
@@ -22,6 +26,7 @@ import shutil
 import tempfile
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import OrderedDict
 
@@ -61,10 +66,29 @@ def _check_files(files) -> int:
     return total
 
 
-def download(files, dest: str) -> None:
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to the checkpoint store."""
+
+    def __init__(self, confine):
+        super().__init__()
+        self.confine = confine
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        self.confine.url("a redirect of the checkpoint store", urllib.parse.urljoin(req.full_url, newurl))
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _opener(confine):
+    return urllib.request.build_opener(_Redirects(confine))
+
+
+def download(files, dest: str, confine) -> None:
     """Downloads files (FileURL with url, size, sha256) into dest, which must not exist;
-    dest appears only when every file arrived whole and verified."""
+    dest appears only when every file arrived whole and verified. Every URL must be of
+    confine's checkpoint store."""
     _check_files(files)
+    confine.files("download", files)
+    opener = _opener(confine)
     parent = os.path.dirname(os.path.abspath(dest))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".download-", dir=parent)
@@ -72,17 +96,17 @@ def download(files, dest: str) -> None:
         for f in files:
             path = os.path.join(tmp, *f.name.split("/"))
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            _get(f, path)
+            _get(opener, f, path)
         os.rename(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def _get(f, path: str) -> None:
+def _get(opener, f, path: str) -> None:
     h, n = hashlib.sha256(), 0
     try:
-        with urllib.request.urlopen(f.url, timeout=TIMEOUT_S) as resp, open(path, "wb") as out:
+        with opener.open(f.url, timeout=TIMEOUT_S) as resp, open(path, "wb") as out:
             while True:
                 chunk = resp.read(min(CHUNK, f.size - n + 1))
                 if not chunk:
@@ -117,11 +141,14 @@ class _HashingReader:
         return b
 
 
-def upload(src: str, urls) -> list:
+def upload(src: str, urls, confine) -> list:
     """PUTs every regular file under src to the URL of its name (urls: FileURL with name and
-    url) and returns FileURL entries (name, size, sha256) of what it uploaded."""
+    url, of confine's checkpoint store) and returns FileURL entries (name, size, sha256) of
+    what it uploaded."""
     from .proto import bpb
 
+    confine.files("upload", urls)
+    opener = _opener(confine)
     by_name = {}
     for u in urls:
         by_name[_check_name(u.name)] = u.url
@@ -142,7 +169,7 @@ def upload(src: str, urls) -> list:
                 req = urllib.request.Request(url, data=body, method="PUT",
                                              headers={"Content-Length": str(size), "Content-Type": "application/octet-stream"})
                 try:
-                    with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
+                    with opener.open(req, timeout=TIMEOUT_S) as resp:
                         resp.read()
                 except urllib.error.HTTPError as e:
                     raise WorkerError(UNAVAILABLE, f"uploading checkpoint file {rel!r}: HTTP {e.code}") from None
@@ -160,8 +187,8 @@ class AdapterCache:
     """Sampler adapters downloaded from URLs: one folder per content under root, the least
     recently used removed once the folders exceed max_bytes (the one just returned stays)."""
 
-    def __init__(self, root: str, max_bytes: int):
-        self.root, self.max_bytes = root, max_bytes
+    def __init__(self, root: str, max_bytes: int, confine):
+        self.root, self.max_bytes, self.confine = root, max_bytes, confine
         shutil.rmtree(root, ignore_errors=True)
         os.makedirs(root, exist_ok=True)
         atexit.register(shutil.rmtree, root, True)
@@ -171,6 +198,7 @@ class AdapterCache:
 
     def get(self, files) -> str:
         total = _check_files(files)
+        self.confine.files("adapter_files", files)
         ident = hashlib.sha256("\n".join(sorted(f"{f.name}\x00{f.sha256}" for f in files)).encode()).hexdigest()[:32]
         path = os.path.join(self.root, ident)
         with self.lock:
@@ -184,7 +212,7 @@ class AdapterCache:
                     self.entries.move_to_end(ident)
                     return path
             try:
-                download(files, path)
+                download(files, path, self.confine)
             finally:
                 with self.lock:
                     self.fetching.pop(ident, None)

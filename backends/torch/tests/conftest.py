@@ -34,3 +34,34 @@ def engine(tiny_dir):
 
     bm = BaseModel("tiny", tiny_dir, torch.device("cpu"), torch.float32, 64)
     return Engine({"tiny": bm}, ["tiny"])
+
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory):
+    """Certificates shaped as the gateway issues them (loops_worker.testcerts, made with the
+    openssl command), {name: PEM bytes}."""
+    import shutil
+
+    from loops_worker import testcerts
+
+    if shutil.which("openssl") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("the openssl command is needed to make test certificates")
+        pytest.skip("no openssl command to make test certificates")
+    return testcerts.make(str(tmp_path_factory.mktemp("certs")))
+
+
+@pytest.fixture(scope="session")
+def worker_creds(certs):
+    """The worker's credentials (its certificate and key, the gateway CA)."""
+    from loops_worker.credentials import Credentials
+
+    return Credentials(cert=certs["wk"], key=certs["wk.key"], ca=certs["gwca"])
+
+
+def channel(certs, port, client="gw"):
+    """A channel to a test worker on port, as client (testcerts.channel)."""
+    from loops_worker import testcerts
+
+    return testcerts.channel(certs, f"127.0.0.1:{port}", client)

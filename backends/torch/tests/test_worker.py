@@ -106,16 +106,18 @@ def test_errors(engine):
     assert e.value.code == INVALID_ARGUMENT and "--model Qwen/Qwen3-8B" in e.value.message
 
 
-def test_grpc_server_and_sampling(engine, tmp_path):
+def test_grpc_server_and_sampling(engine, tmp_path, certs, worker_creds):
     import grpc
 
+    from conftest import channel
+    from loops_worker.confine import Confinement
     from loops_worker.proto import bgrpc
     from loops_worker.sampler import HFSampler
     from loops_worker.server import serve
 
-    server = serve(engine, HFSampler(engine), "127.0.0.1:0", threads=4)
+    server = serve(engine, HFSampler(engine), "127.0.0.1:0", worker_creds, Confinement([str(tmp_path)]), threads=4)
     try:
-        ch = grpc.insecure_channel(f"127.0.0.1:{server.bound_port}")
+        ch = channel(certs, server.bound_port)
         tr, sa = bgrpc.TrainerServiceStub(ch), bgrpc.SamplerServiceStub(ch)
         caps = tr.GetCapabilities(bpb.GetCapabilitiesRequest())
         assert caps.implementation == "torch" and caps.models[0].name == "tiny"
@@ -222,3 +224,45 @@ def test_optim_step_reports_update_norm(engine):
     got = out.result.metrics["update_norm:mean"]
     assert abs(got - want) <= 1e-9 * want, (got, want)
     assert out.result.metrics["grad_norm:mean"] > 0
+
+
+def test_grpc_server_answers_only_the_gateway(engine, tmp_path, certs, worker_creds):
+    """Mutual TLS: the gateway is served; a client without a certificate, with another
+    gateway's, with the worker's own, with one of the gateway CA that is not the gateway's,
+    or in plaintext, reads, saves and deletes nothing."""
+    import grpc
+
+    from conftest import channel
+    from loops_worker.confine import Confinement
+    from loops_worker.proto import bgrpc
+    from loops_worker.sampler import HFSampler
+    from loops_worker.server import serve
+
+    server = serve(engine, HFSampler(engine), "127.0.0.1:0", worker_creds, Confinement([str(tmp_path)]), threads=4)
+    try:
+        gw = bgrpc.TrainerServiceStub(channel(certs, server.bound_port))
+        assert gw.GetCapabilities(bpb.GetCapabilitiesRequest()).models[0].name == "tiny"
+        _train(engine, "victim", steps=1)
+        strangers = {
+            "no certificate": channel(certs, server.bound_port, client=None),
+            "another gateway": channel(certs, server.bound_port, client="other"),
+            "the worker's own": channel(certs, server.bound_port, client="wk"),
+            "not the gateway": channel(certs, server.bound_port, client="notgw"),
+            "plaintext": grpc.insecure_channel(f"127.0.0.1:{server.bound_port}"),
+        }
+        stolen = tmp_path / "stolen"
+        for name, ch in strangers.items():
+            tr = bgrpc.TrainerServiceStub(ch)
+            for call in (lambda: tr.GetCapabilities(bpb.GetCapabilitiesRequest(), timeout=10),
+                         lambda: tr.SaveAdapter(bpb.SaveAdapterRequest(adapter_id="victim", dir=str(stolen), include_optimizer=True), timeout=10),
+                         lambda: tr.DeleteAdapter(bpb.DeleteAdapterRequest(adapter_id="victim"), timeout=10)):
+                with pytest.raises(grpc.RpcError) as e:
+                    call()
+                assert e.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAUTHENTICATED), (name, e.value)
+            assert not stolen.exists(), name
+        with pytest.raises(grpc.RpcError) as e:
+            bgrpc.TrainerServiceStub(strangers["not the gateway"]).GetCapabilities(bpb.GetCapabilitiesRequest(), timeout=10)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, "a certificate of the gateway CA that is not the gateway's"
+        assert "victim" in engine.adapters, "the adapter survived"
+    finally:
+        server.stop(0)

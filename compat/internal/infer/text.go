@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/loops-dev/loops/backends/reference/tokenizer"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
+	"github.com/loops-dev/loops/internal/hfcache"
 )
 
 // Message is one chat message.
@@ -308,36 +308,15 @@ func (t *Text) Decode(toks []int32) string {
 func (t *Text) TokenText(tok int32) string { return t.tok.Decode([]int{int(tok)}) }
 
 // tokenizerDir finds the folder of a tokenizer id: a folder that holds tokenizer.json, or a
-// Hugging Face model in the local hub cache ($HF_HUB_CACHE, $HF_HOME/hub,
-// ~/.cache/huggingface/hub), as the reference backend finds models.
+// Hugging Face model in the local hub cache (hfcache.Find), as the reference backend finds
+// models.
 func tokenizerDir(id string) (string, error) {
 	if _, err := os.Stat(filepath.Join(id, "tokenizer.json")); err == nil {
 		return id, nil
 	}
-	var roots []string
-	if v := os.Getenv("HF_HUB_CACHE"); v != "" {
-		roots = append(roots, v)
+	dir, err := hfcache.Find(id, "tokenizer.json")
+	if err != nil {
+		return "", fmt.Errorf("no tokenizer.json found for %q (a folder, or a model in the local Hugging Face cache): %w", id, err)
 	}
-	if v := os.Getenv("HF_HOME"); v != "" {
-		roots = append(roots, filepath.Join(v, "hub"))
-	}
-	if home, err := os.UserHomeDir(); err == nil {
-		roots = append(roots, filepath.Join(home, ".cache", "huggingface", "hub"))
-	}
-	repo := "models--" + strings.ReplaceAll(id, "/", "--")
-	for _, r := range roots {
-		base := filepath.Join(r, repo)
-		if ref, err := os.ReadFile(filepath.Join(base, "refs", "main")); err == nil {
-			d := filepath.Join(base, "snapshots", strings.TrimSpace(string(ref)))
-			if _, err := os.Stat(filepath.Join(d, "tokenizer.json")); err == nil {
-				return d, nil
-			}
-		}
-		snaps, _ := filepath.Glob(filepath.Join(base, "snapshots", "*", "tokenizer.json"))
-		sort.Strings(snaps)
-		if len(snaps) > 0 {
-			return filepath.Dir(snaps[len(snaps)-1]), nil
-		}
-	}
-	return "", fmt.Errorf("no tokenizer.json found for %q (a folder, or a model in the local Hugging Face cache under %v)", id, roots)
+	return dir, nil
 }

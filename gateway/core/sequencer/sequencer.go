@@ -244,6 +244,17 @@ func (s *Sequencer[T, K]) Take() (T, bool) {
 	return e.item, true
 }
 
+// Ahead is how many requests (queued or claimed) are before seq in the run's order.
+func (s *Sequencer[T, K]) Ahead(seq int64) int {
+	n := 0
+	for q, e := range s.pending {
+		if q < seq && !e.consumed {
+			n++
+		}
+	}
+	return n
+}
+
 // Waiting reports a gap: requests are queued but the next one has not arrived (a claimed
 // next one is arriving: no gap).
 func (s *Sequencer[T, K]) Waiting() bool {

@@ -36,7 +36,53 @@ type Task[O any] struct {
 	Adam *loopsv1.AdamParams
 	// Attempts counts the times the task was run again after a lost replica.
 	Attempts int
+	// Chunks cut forward/backward work (FB's data) into pieces of at most a server-wide
+	// token budget, by the request's own content only (Chunk): the lane runs one piece
+	// per batch and schedules between pieces. Next is the piece that runs next, and
+	// Partial the result of the pieces run so far (the core's to fill in).
+	Chunks  []Chunk
+	Next    int
+	Partial *loopsv1.ForwardBackwardResult
+	// Spent is the backend time of the pieces run so far.
+	Spent time.Duration
 }
+
+// Chunk is a piece of a forward/backward task: its data FB.Data[From:To], Tokens tokens.
+type Chunk struct {
+	From, To, Tokens int
+}
+
+// ChunkData cuts data into pieces of consecutive datums of at most budget tokens each (a
+// datum longer than budget is a piece of its own). The boundaries depend on the data alone,
+// so a task's pieces, and the bits they compute, are the same whatever else the server
+// runs. tokensOf gives a datum's tokens.
+func ChunkData[D any](data []D, budget int, tokensOf func(D) int) []Chunk {
+	var out []Chunk
+	cur := Chunk{}
+	for i, d := range data {
+		n := tokensOf(d)
+		if cur.To > cur.From && cur.Tokens+n > budget {
+			out = append(out, cur)
+			cur = Chunk{From: i, To: i}
+		}
+		cur.To, cur.Tokens = i+1, cur.Tokens+n
+	}
+	if cur.To > cur.From {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// Piece is the chunk of t that runs next (the whole task for a task without chunks).
+func (t *Task[O]) Piece() Chunk {
+	if len(t.Chunks) == 0 {
+		return Chunk{To: len(t.FB.GetData()), Tokens: t.Tokens}
+	}
+	return t.Chunks[t.Next]
+}
+
+// Done reports whether every chunk of t has run.
+func (t *Task[O]) Done() bool { return t.Next >= max(len(t.Chunks), 1) }
 
 // Config makes a Run.
 type Config[O any] struct {
@@ -344,14 +390,17 @@ type Head struct {
 func (r *Run[O]) PeekHead() Head {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if t := r.retry; t != nil {
-		return Head{FB: t.FB != nil, Tokens: t.Tokens}
+	t := r.retry
+	if t == nil {
+		var ok bool
+		if t, ok = r.seq.Head(); !ok {
+			return Head{}
+		}
 	}
-	t, ok := r.seq.Head()
-	if !ok {
+	if t.FB == nil {
 		return Head{}
 	}
-	return Head{FB: t.FB != nil, Tokens: t.Tokens}
+	return Head{FB: true, Tokens: t.Piece().Tokens}
 }
 
 // TakeHead removes the head task for execution (a task kept for a retry first) and marks
@@ -515,6 +564,18 @@ func (r *Run[O]) Evictable(idle, unloadedTTL, liveTTL time.Duration) bool {
 		return idle >= unloadedTTL
 	}
 	return !r.adapterReady && idle >= liveTTL
+}
+
+// Ahead is how many of the run's tasks are before the one at seq: queued or claimed ones,
+// and the running one.
+func (r *Run[O]) Ahead(seq int64) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := r.seq.Ahead(seq)
+	if r.busy {
+		n++
+	}
+	return n
 }
 
 // Pending is how many tasks are queued or claimed on the run (tests, metrics).

@@ -203,6 +203,64 @@ func (ErrorCategory) EnumDescriptor() ([]byte, []int) {
 	return file_loops_v1_operations_proto_rawDescGZIP(), []int{2}
 }
 
+// QueueState is Tinker's queue_state of a pending operation.
+type QueueState int32
+
+const (
+	QueueState_QUEUE_STATE_UNSPECIFIED QueueState = 0
+	// It is running, or next in line with nothing holding it back.
+	QueueState_QUEUE_STATE_ACTIVE QueueState = 1
+	// It waits for capacity the server shares: a batch slot on its base model, an adapter
+	// slot on the backend, a sampler slot, its adapter being rebuilt.
+	QueueState_QUEUE_STATE_PAUSED_CAPACITY QueueState = 2
+	// It waits because its workspace is at one of its policy's limits
+	// (sampling_concurrency).
+	QueueState_QUEUE_STATE_PAUSED_RATE_LIMIT QueueState = 3
+)
+
+// Enum value maps for QueueState.
+var (
+	QueueState_name = map[int32]string{
+		0: "QUEUE_STATE_UNSPECIFIED",
+		1: "QUEUE_STATE_ACTIVE",
+		2: "QUEUE_STATE_PAUSED_CAPACITY",
+		3: "QUEUE_STATE_PAUSED_RATE_LIMIT",
+	}
+	QueueState_value = map[string]int32{
+		"QUEUE_STATE_UNSPECIFIED":       0,
+		"QUEUE_STATE_ACTIVE":            1,
+		"QUEUE_STATE_PAUSED_CAPACITY":   2,
+		"QUEUE_STATE_PAUSED_RATE_LIMIT": 3,
+	}
+)
+
+func (x QueueState) Enum() *QueueState {
+	p := new(QueueState)
+	*p = x
+	return p
+}
+
+func (x QueueState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (QueueState) Descriptor() protoreflect.EnumDescriptor {
+	return file_loops_v1_operations_proto_enumTypes[3].Descriptor()
+}
+
+func (QueueState) Type() protoreflect.EnumType {
+	return &file_loops_v1_operations_proto_enumTypes[3]
+}
+
+func (x QueueState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use QueueState.Descriptor instead.
+func (QueueState) EnumDescriptor() ([]byte, []int) {
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{3}
+}
+
 // OperationError is why an operation failed.
 type OperationError struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -449,7 +507,10 @@ type Operation struct {
 	//	*Operation_LoadWeights
 	//	*Operation_Sample
 	//	*Operation_Unload
-	Result        isOperation_Result `protobuf_oneof:"result"`
+	Result isOperation_Result `protobuf_oneof:"result"`
+	// Where a pending operation waits and why, as the scheduler sees it when the operation is
+	// read (GetOperation, WaitOperation); unset once it runs or ended.
+	Queue         *QueueStatus `protobuf:"bytes,17,opt,name=queue,proto3" json:"queue,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -617,6 +678,13 @@ func (x *Operation) GetUnload() *UnloadTrainingRunResult {
 	return nil
 }
 
+func (x *Operation) GetQueue() *QueueStatus {
+	if x != nil {
+		return x.Queue
+	}
+	return nil
+}
+
 type isOperation_Result interface {
 	isOperation_Result()
 }
@@ -663,6 +731,80 @@ func (*Operation_Sample) isOperation_Result() {}
 
 func (*Operation_Unload) isOperation_Result() {}
 
+// QueueStatus says where a pending operation waits and why.
+type QueueStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	State QueueState             `protobuf:"varint,1,opt,name=state,proto3,enum=loops.v1.QueueState" json:"state,omitempty"`
+	// Why, in words (empty while nothing holds it back).
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// How many operations are ahead of it in its queue: its training run's earlier operations,
+	// or its workspace's samples waiting before it.
+	Position int32 `protobuf:"varint,3,opt,name=position,proto3" json:"position,omitempty"`
+	// How long it may still wait, from the recent service time of its queue (unset when
+	// there is nothing to go by).
+	EstimatedWait *durationpb.Duration `protobuf:"bytes,4,opt,name=estimated_wait,json=estimatedWait,proto3" json:"estimated_wait,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QueueStatus) Reset() {
+	*x = QueueStatus{}
+	mi := &file_loops_v1_operations_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QueueStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QueueStatus) ProtoMessage() {}
+
+func (x *QueueStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_operations_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QueueStatus.ProtoReflect.Descriptor instead.
+func (*QueueStatus) Descriptor() ([]byte, []int) {
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *QueueStatus) GetState() QueueState {
+	if x != nil {
+		return x.State
+	}
+	return QueueState_QUEUE_STATE_UNSPECIFIED
+}
+
+func (x *QueueStatus) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *QueueStatus) GetPosition() int32 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+func (x *QueueStatus) GetEstimatedWait() *durationpb.Duration {
+	if x != nil {
+		return x.EstimatedWait
+	}
+	return nil
+}
+
 type GetOperationRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -672,7 +814,7 @@ type GetOperationRequest struct {
 
 func (x *GetOperationRequest) Reset() {
 	*x = GetOperationRequest{}
-	mi := &file_loops_v1_operations_proto_msgTypes[5]
+	mi := &file_loops_v1_operations_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -684,7 +826,7 @@ func (x *GetOperationRequest) String() string {
 func (*GetOperationRequest) ProtoMessage() {}
 
 func (x *GetOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_operations_proto_msgTypes[5]
+	mi := &file_loops_v1_operations_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -697,7 +839,7 @@ func (x *GetOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOperationRequest.ProtoReflect.Descriptor instead.
 func (*GetOperationRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_operations_proto_rawDescGZIP(), []int{5}
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetOperationRequest) GetId() string {
@@ -718,7 +860,7 @@ type WaitOperationRequest struct {
 
 func (x *WaitOperationRequest) Reset() {
 	*x = WaitOperationRequest{}
-	mi := &file_loops_v1_operations_proto_msgTypes[6]
+	mi := &file_loops_v1_operations_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -730,7 +872,7 @@ func (x *WaitOperationRequest) String() string {
 func (*WaitOperationRequest) ProtoMessage() {}
 
 func (x *WaitOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_operations_proto_msgTypes[6]
+	mi := &file_loops_v1_operations_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -743,7 +885,7 @@ func (x *WaitOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitOperationRequest.ProtoReflect.Descriptor instead.
 func (*WaitOperationRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_operations_proto_rawDescGZIP(), []int{6}
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WaitOperationRequest) GetId() string {
@@ -780,7 +922,7 @@ const file_loops_v1_operations_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12&\n" +
 	"\x0ftraining_run_id\x18\x02 \x01(\tR\rtrainingRunId\"A\n" +
 	"\x17UnloadTrainingRunResult\x12&\n" +
-	"\x0ftraining_run_id\x18\x01 \x01(\tR\rtrainingRunId\"\xbf\x06\n" +
+	"\x0ftraining_run_id\x18\x01 \x01(\tR\rtrainingRunId\"\xec\x06\n" +
 	"\tOperation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12+\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x17.loops.v1.OperationKindR\x04kind\x12.\n" +
@@ -801,8 +943,14 @@ const file_loops_v1_operations_proto_rawDesc = "" +
 	"\fsave_weights\x18\r \x01(\v2\x1b.loops.v1.SaveWeightsResultH\x00R\vsaveWeights\x12@\n" +
 	"\fload_weights\x18\x0e \x01(\v2\x1b.loops.v1.LoadWeightsResultH\x00R\vloadWeights\x120\n" +
 	"\x06sample\x18\x0f \x01(\v2\x16.loops.v1.SampleResultH\x00R\x06sample\x12;\n" +
-	"\x06unload\x18\x10 \x01(\v2!.loops.v1.UnloadTrainingRunResultH\x00R\x06unloadB\b\n" +
-	"\x06result\"%\n" +
+	"\x06unload\x18\x10 \x01(\v2!.loops.v1.UnloadTrainingRunResultH\x00R\x06unload\x12+\n" +
+	"\x05queue\x18\x11 \x01(\v2\x15.loops.v1.QueueStatusR\x05queueB\b\n" +
+	"\x06result\"\xaf\x01\n" +
+	"\vQueueStatus\x12*\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x14.loops.v1.QueueStateR\x05state\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1a\n" +
+	"\bposition\x18\x03 \x01(\x05R\bposition\x12@\n" +
+	"\x0eestimated_wait\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\restimatedWait\"%\n" +
 	"\x13GetOperationRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"[\n" +
 	"\x14WaitOperationRequest\x12\x0e\n" +
@@ -828,7 +976,13 @@ const file_loops_v1_operations_proto_rawDesc = "" +
 	"\rErrorCategory\x12\x1e\n" +
 	"\x1aERROR_CATEGORY_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13ERROR_CATEGORY_USER\x10\x01\x12\x19\n" +
-	"\x15ERROR_CATEGORY_SERVER\x10\x022\xde\x01\n" +
+	"\x15ERROR_CATEGORY_SERVER\x10\x02*\x85\x01\n" +
+	"\n" +
+	"QueueState\x12\x1b\n" +
+	"\x17QUEUE_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12QUEUE_STATE_ACTIVE\x10\x01\x12\x1f\n" +
+	"\x1bQUEUE_STATE_PAUSED_CAPACITY\x10\x02\x12!\n" +
+	"\x1dQUEUE_STATE_PAUSED_RATE_LIMIT\x10\x032\xde\x01\n" +
 	"\x10OperationService\x12_\n" +
 	"\fGetOperation\x12\x1d.loops.v1.GetOperationRequest\x1a\x13.loops.v1.Operation\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/v1/operations/{id}\x12i\n" +
 	"\rWaitOperation\x12\x1e.loops.v1.WaitOperationRequest\x1a\x13.loops.v1.Operation\"#\x82\xd3\xe4\x93\x02\x1d:\x01*\"\x18/v1/operations/{id}/waitB\x94\x01\n" +
@@ -846,52 +1000,57 @@ func file_loops_v1_operations_proto_rawDescGZIP() []byte {
 	return file_loops_v1_operations_proto_rawDescData
 }
 
-var file_loops_v1_operations_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_loops_v1_operations_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_loops_v1_operations_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_loops_v1_operations_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_loops_v1_operations_proto_goTypes = []any{
 	(OperationKind)(0),              // 0: loops.v1.OperationKind
 	(OperationState)(0),             // 1: loops.v1.OperationState
 	(ErrorCategory)(0),              // 2: loops.v1.ErrorCategory
-	(*OperationError)(nil),          // 3: loops.v1.OperationError
-	(*SaveWeightsResult)(nil),       // 4: loops.v1.SaveWeightsResult
-	(*LoadWeightsResult)(nil),       // 5: loops.v1.LoadWeightsResult
-	(*UnloadTrainingRunResult)(nil), // 6: loops.v1.UnloadTrainingRunResult
-	(*Operation)(nil),               // 7: loops.v1.Operation
-	(*GetOperationRequest)(nil),     // 8: loops.v1.GetOperationRequest
-	(*WaitOperationRequest)(nil),    // 9: loops.v1.WaitOperationRequest
-	(*Checkpoint)(nil),              // 10: loops.v1.Checkpoint
-	(*timestamppb.Timestamp)(nil),   // 11: google.protobuf.Timestamp
-	(*TrainingRun)(nil),             // 12: loops.v1.TrainingRun
-	(*ForwardBackwardResult)(nil),   // 13: loops.v1.ForwardBackwardResult
-	(*OptimStepResult)(nil),         // 14: loops.v1.OptimStepResult
-	(*SampleResult)(nil),            // 15: loops.v1.SampleResult
-	(*durationpb.Duration)(nil),     // 16: google.protobuf.Duration
+	(QueueState)(0),                 // 3: loops.v1.QueueState
+	(*OperationError)(nil),          // 4: loops.v1.OperationError
+	(*SaveWeightsResult)(nil),       // 5: loops.v1.SaveWeightsResult
+	(*LoadWeightsResult)(nil),       // 6: loops.v1.LoadWeightsResult
+	(*UnloadTrainingRunResult)(nil), // 7: loops.v1.UnloadTrainingRunResult
+	(*Operation)(nil),               // 8: loops.v1.Operation
+	(*QueueStatus)(nil),             // 9: loops.v1.QueueStatus
+	(*GetOperationRequest)(nil),     // 10: loops.v1.GetOperationRequest
+	(*WaitOperationRequest)(nil),    // 11: loops.v1.WaitOperationRequest
+	(*Checkpoint)(nil),              // 12: loops.v1.Checkpoint
+	(*timestamppb.Timestamp)(nil),   // 13: google.protobuf.Timestamp
+	(*TrainingRun)(nil),             // 14: loops.v1.TrainingRun
+	(*ForwardBackwardResult)(nil),   // 15: loops.v1.ForwardBackwardResult
+	(*OptimStepResult)(nil),         // 16: loops.v1.OptimStepResult
+	(*SampleResult)(nil),            // 17: loops.v1.SampleResult
+	(*durationpb.Duration)(nil),     // 18: google.protobuf.Duration
 }
 var file_loops_v1_operations_proto_depIdxs = []int32{
 	2,  // 0: loops.v1.OperationError.category:type_name -> loops.v1.ErrorCategory
-	10, // 1: loops.v1.SaveWeightsResult.checkpoint:type_name -> loops.v1.Checkpoint
+	12, // 1: loops.v1.SaveWeightsResult.checkpoint:type_name -> loops.v1.Checkpoint
 	0,  // 2: loops.v1.Operation.kind:type_name -> loops.v1.OperationKind
 	1,  // 3: loops.v1.Operation.state:type_name -> loops.v1.OperationState
-	11, // 4: loops.v1.Operation.create_time:type_name -> google.protobuf.Timestamp
-	11, // 5: loops.v1.Operation.done_time:type_name -> google.protobuf.Timestamp
-	3,  // 6: loops.v1.Operation.error:type_name -> loops.v1.OperationError
-	12, // 7: loops.v1.Operation.training_run:type_name -> loops.v1.TrainingRun
-	13, // 8: loops.v1.Operation.forward_backward:type_name -> loops.v1.ForwardBackwardResult
-	14, // 9: loops.v1.Operation.optim_step:type_name -> loops.v1.OptimStepResult
-	4,  // 10: loops.v1.Operation.save_weights:type_name -> loops.v1.SaveWeightsResult
-	5,  // 11: loops.v1.Operation.load_weights:type_name -> loops.v1.LoadWeightsResult
-	15, // 12: loops.v1.Operation.sample:type_name -> loops.v1.SampleResult
-	6,  // 13: loops.v1.Operation.unload:type_name -> loops.v1.UnloadTrainingRunResult
-	16, // 14: loops.v1.WaitOperationRequest.timeout:type_name -> google.protobuf.Duration
-	8,  // 15: loops.v1.OperationService.GetOperation:input_type -> loops.v1.GetOperationRequest
-	9,  // 16: loops.v1.OperationService.WaitOperation:input_type -> loops.v1.WaitOperationRequest
-	7,  // 17: loops.v1.OperationService.GetOperation:output_type -> loops.v1.Operation
-	7,  // 18: loops.v1.OperationService.WaitOperation:output_type -> loops.v1.Operation
-	17, // [17:19] is the sub-list for method output_type
-	15, // [15:17] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	13, // 4: loops.v1.Operation.create_time:type_name -> google.protobuf.Timestamp
+	13, // 5: loops.v1.Operation.done_time:type_name -> google.protobuf.Timestamp
+	4,  // 6: loops.v1.Operation.error:type_name -> loops.v1.OperationError
+	14, // 7: loops.v1.Operation.training_run:type_name -> loops.v1.TrainingRun
+	15, // 8: loops.v1.Operation.forward_backward:type_name -> loops.v1.ForwardBackwardResult
+	16, // 9: loops.v1.Operation.optim_step:type_name -> loops.v1.OptimStepResult
+	5,  // 10: loops.v1.Operation.save_weights:type_name -> loops.v1.SaveWeightsResult
+	6,  // 11: loops.v1.Operation.load_weights:type_name -> loops.v1.LoadWeightsResult
+	17, // 12: loops.v1.Operation.sample:type_name -> loops.v1.SampleResult
+	7,  // 13: loops.v1.Operation.unload:type_name -> loops.v1.UnloadTrainingRunResult
+	9,  // 14: loops.v1.Operation.queue:type_name -> loops.v1.QueueStatus
+	3,  // 15: loops.v1.QueueStatus.state:type_name -> loops.v1.QueueState
+	18, // 16: loops.v1.QueueStatus.estimated_wait:type_name -> google.protobuf.Duration
+	18, // 17: loops.v1.WaitOperationRequest.timeout:type_name -> google.protobuf.Duration
+	10, // 18: loops.v1.OperationService.GetOperation:input_type -> loops.v1.GetOperationRequest
+	11, // 19: loops.v1.OperationService.WaitOperation:input_type -> loops.v1.WaitOperationRequest
+	8,  // 20: loops.v1.OperationService.GetOperation:output_type -> loops.v1.Operation
+	8,  // 21: loops.v1.OperationService.WaitOperation:output_type -> loops.v1.Operation
+	20, // [20:22] is the sub-list for method output_type
+	18, // [18:20] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_operations_proto_init() }
@@ -915,8 +1074,8 @@ func file_loops_v1_operations_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_operations_proto_rawDesc), len(file_loops_v1_operations_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   7,
+			NumEnums:      4,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -10,6 +10,7 @@ import (
 	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -3041,8 +3042,11 @@ type WorkspaceUse struct {
 	RunningSamples int32 `protobuf:"varint,3,opt,name=running_samples,json=runningSamples,proto3" json:"running_samples,omitempty"`
 	// Sampling operations waiting for one of the workspace's sampling slots.
 	WaitingSamples int32 `protobuf:"varint,4,opt,name=waiting_samples,json=waitingSamples,proto3" json:"waiting_samples,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// How its operations fared over the last 5 minutes: how long they waited before their
+	// work started (median), and how much the others slowed them.
+	Fairness      *WorkspaceFairness `protobuf:"bytes,5,opt,name=fairness,proto3" json:"fairness,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkspaceUse) Reset() {
@@ -3103,11 +3107,100 @@ func (x *WorkspaceUse) GetWaitingSamples() int32 {
 	return 0
 }
 
+func (x *WorkspaceUse) GetFairness() *WorkspaceFairness {
+	if x != nil {
+		return x.Fairness
+	}
+	return nil
+}
+
+// WorkspaceFairness is how a workspace's operations fared over the last 5 minutes.
+type WorkspaceFairness struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Operations that ended in the window.
+	Operations int32 `protobuf:"varint,1,opt,name=operations,proto3" json:"operations,omitempty"`
+	// The median time from submission until an operation's work started.
+	WaitP50 *durationpb.Duration `protobuf:"bytes,2,opt,name=wait_p50,json=waitP50,proto3" json:"wait_p50,omitempty"`
+	// The 99th percentile of latency inflation: an operation's time from submission to its
+	// end over its own service time (1: it waited for nothing).
+	InflationP99 float64 `protobuf:"fixed64,3,opt,name=inflation_p99,json=inflationP99,proto3" json:"inflation_p99,omitempty"`
+	// The operator's target for inflation_p99 (0: none), and whether it is broken now.
+	Target        float64 `protobuf:"fixed64,4,opt,name=target,proto3" json:"target,omitempty"`
+	Breached      bool    `protobuf:"varint,5,opt,name=breached,proto3" json:"breached,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkspaceFairness) Reset() {
+	*x = WorkspaceFairness{}
+	mi := &file_loops_v1_services_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkspaceFairness) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkspaceFairness) ProtoMessage() {}
+
+func (x *WorkspaceFairness) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkspaceFairness.ProtoReflect.Descriptor instead.
+func (*WorkspaceFairness) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *WorkspaceFairness) GetOperations() int32 {
+	if x != nil {
+		return x.Operations
+	}
+	return 0
+}
+
+func (x *WorkspaceFairness) GetWaitP50() *durationpb.Duration {
+	if x != nil {
+		return x.WaitP50
+	}
+	return nil
+}
+
+func (x *WorkspaceFairness) GetInflationP99() float64 {
+	if x != nil {
+		return x.InflationP99
+	}
+	return 0
+}
+
+func (x *WorkspaceFairness) GetTarget() float64 {
+	if x != nil {
+		return x.Target
+	}
+	return 0
+}
+
+func (x *WorkspaceFairness) GetBreached() bool {
+	if x != nil {
+		return x.Breached
+	}
+	return false
+}
+
 var File_loops_v1_services_proto protoreflect.FileDescriptor
 
 const file_loops_v1_services_proto_rawDesc = "" +
 	"\n" +
-	"\x17loops/v1/services.proto\x12\bloops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19loops/v1/operations.proto\x1a\x18loops/v1/resources.proto\x1a\x14loops/v1/types.proto\"\x82\x02\n" +
+	"\x17loops/v1/services.proto\x12\bloops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19loops/v1/operations.proto\x1a\x18loops/v1/resources.proto\x1a\x14loops/v1/types.proto\"\x82\x02\n" +
 	"\x14CreateSessionRequest\x12\x12\n" +
 	"\x04tags\x18\x01 \x03(\tR\x04tags\x12U\n" +
 	"\ruser_metadata\x18\x02 \x03(\v20.loops.v1.CreateSessionRequest.UserMetadataEntryR\fuserMetadata\x12\x1f\n" +
@@ -3357,12 +3450,21 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\rmax_lora_rank\x18\x03 \x01(\x05R\vmaxLoraRank\x12.\n" +
 	"\x13max_concurrent_runs\x18\x04 \x01(\x05R\x11maxConcurrentRuns\x122\n" +
 	"\x15max_queued_operations\x18\x05 \x01(\x05R\x13maxQueuedOperations\x121\n" +
-	"\x14sampling_concurrency\x18\x06 \x01(\x05R\x13samplingConcurrency\"\xaa\x01\n" +
+	"\x14sampling_concurrency\x18\x06 \x01(\x05R\x13samplingConcurrency\"\xe3\x01\n" +
 	"\fWorkspaceUse\x12\x1b\n" +
 	"\tlive_runs\x18\x01 \x01(\x05R\bliveRuns\x12+\n" +
 	"\x11queued_operations\x18\x02 \x01(\x05R\x10queuedOperations\x12'\n" +
 	"\x0frunning_samples\x18\x03 \x01(\x05R\x0erunningSamples\x12'\n" +
-	"\x0fwaiting_samples\x18\x04 \x01(\x05R\x0ewaitingSamples*_\n" +
+	"\x0fwaiting_samples\x18\x04 \x01(\x05R\x0ewaitingSamples\x127\n" +
+	"\bfairness\x18\x05 \x01(\v2\x1b.loops.v1.WorkspaceFairnessR\bfairness\"\xc2\x01\n" +
+	"\x11WorkspaceFairness\x12\x1e\n" +
+	"\n" +
+	"operations\x18\x01 \x01(\x05R\n" +
+	"operations\x124\n" +
+	"\bwait_p50\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\awaitP50\x12#\n" +
+	"\rinflation_p99\x18\x03 \x01(\x01R\finflationP99\x12\x16\n" +
+	"\x06target\x18\x04 \x01(\x01R\x06target\x12\x1a\n" +
+	"\bbreached\x18\x05 \x01(\bR\bbreached*_\n" +
 	"\fExportFormat\x12\x1d\n" +
 	"\x19EXPORT_FORMAT_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12EXPORT_FORMAT_PEFT\x10\x01\x12\x18\n" +
@@ -3429,7 +3531,7 @@ func file_loops_v1_services_proto_rawDescGZIP() []byte {
 }
 
 var file_loops_v1_services_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_loops_v1_services_proto_goTypes = []any{
 	(ExportFormat)(0),                       // 0: loops.v1.ExportFormat
 	(UsageKind)(0),                          // 1: loops.v1.UsageKind
@@ -3479,117 +3581,121 @@ var file_loops_v1_services_proto_goTypes = []any{
 	(*Workspace)(nil),                       // 45: loops.v1.Workspace
 	(*WorkspaceLimits)(nil),                 // 46: loops.v1.WorkspaceLimits
 	(*WorkspaceUse)(nil),                    // 47: loops.v1.WorkspaceUse
-	nil,                                     // 48: loops.v1.CreateSessionRequest.UserMetadataEntry
-	nil,                                     // 49: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
-	nil,                                     // 50: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	nil,                                     // 51: loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
-	(*Session)(nil),                         // 52: loops.v1.Session
-	(*LoraConfig)(nil),                      // 53: loops.v1.LoraConfig
-	(OperationKind)(0),                      // 54: loops.v1.OperationKind
-	(*timestamppb.Timestamp)(nil),           // 55: google.protobuf.Timestamp
-	(*TrainingRun)(nil),                     // 56: loops.v1.TrainingRun
-	(*Datum)(nil),                           // 57: loops.v1.Datum
-	(*AdamParams)(nil),                      // 58: loops.v1.AdamParams
-	(CheckpointKind)(0),                     // 59: loops.v1.CheckpointKind
-	(*Checkpoint)(nil),                      // 60: loops.v1.Checkpoint
-	(*SamplingParams)(nil),                  // 61: loops.v1.SamplingParams
-	(*ModelInfo)(nil),                       // 62: loops.v1.ModelInfo
-	(*Operation)(nil),                       // 63: loops.v1.Operation
-	(*Sampler)(nil),                         // 64: loops.v1.Sampler
+	(*WorkspaceFairness)(nil),               // 48: loops.v1.WorkspaceFairness
+	nil,                                     // 49: loops.v1.CreateSessionRequest.UserMetadataEntry
+	nil,                                     // 50: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	nil,                                     // 51: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	nil,                                     // 52: loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	(*Session)(nil),                         // 53: loops.v1.Session
+	(*LoraConfig)(nil),                      // 54: loops.v1.LoraConfig
+	(OperationKind)(0),                      // 55: loops.v1.OperationKind
+	(*timestamppb.Timestamp)(nil),           // 56: google.protobuf.Timestamp
+	(*TrainingRun)(nil),                     // 57: loops.v1.TrainingRun
+	(*Datum)(nil),                           // 58: loops.v1.Datum
+	(*AdamParams)(nil),                      // 59: loops.v1.AdamParams
+	(CheckpointKind)(0),                     // 60: loops.v1.CheckpointKind
+	(*Checkpoint)(nil),                      // 61: loops.v1.Checkpoint
+	(*SamplingParams)(nil),                  // 62: loops.v1.SamplingParams
+	(*ModelInfo)(nil),                       // 63: loops.v1.ModelInfo
+	(*durationpb.Duration)(nil),             // 64: google.protobuf.Duration
+	(*Operation)(nil),                       // 65: loops.v1.Operation
+	(*Sampler)(nil),                         // 66: loops.v1.Sampler
 }
 var file_loops_v1_services_proto_depIdxs = []int32{
-	48, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
-	52, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
-	53, // 2: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
-	49, // 3: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	49, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
+	53, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
+	54, // 2: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
+	50, // 3: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
 	10, // 4: loops.v1.CreateTrainingRunRequest.dedicated:type_name -> loops.v1.DedicatedPool
 	14, // 5: loops.v1.GetTrainingRunMetricsResponse.steps:type_name -> loops.v1.StepMetrics
-	54, // 6: loops.v1.StepMetrics.kind:type_name -> loops.v1.OperationKind
-	55, // 7: loops.v1.StepMetrics.time:type_name -> google.protobuf.Timestamp
+	55, // 6: loops.v1.StepMetrics.kind:type_name -> loops.v1.OperationKind
+	56, // 7: loops.v1.StepMetrics.time:type_name -> google.protobuf.Timestamp
 	15, // 8: loops.v1.StepMetrics.rl:type_name -> loops.v1.RLStepMetrics
-	56, // 9: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
-	57, // 10: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
-	50, // 11: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	58, // 12: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
-	59, // 13: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
-	60, // 14: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
-	55, // 15: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
+	57, // 9: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
+	58, // 10: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
+	51, // 11: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	59, // 12: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
+	60, // 13: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
+	61, // 14: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
+	56, // 15: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
 	0,  // 16: loops.v1.GetCheckpointExportURLRequest.format:type_name -> loops.v1.ExportFormat
-	55, // 17: loops.v1.GetCheckpointExportURLResponse.expire_time:type_name -> google.protobuf.Timestamp
-	51, // 18: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
-	55, // 19: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
-	61, // 20: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
-	62, // 21: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
-	55, // 22: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
-	55, // 23: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
+	56, // 17: loops.v1.GetCheckpointExportURLResponse.expire_time:type_name -> google.protobuf.Timestamp
+	52, // 18: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	56, // 19: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
+	62, // 20: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
+	63, // 21: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
+	56, // 22: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
+	56, // 23: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
 	43, // 24: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
-	55, // 25: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
-	55, // 26: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
+	56, // 25: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
+	56, // 26: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
 	1,  // 27: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
 	46, // 28: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
 	47, // 29: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
-	62, // 30: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
-	2,  // 31: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
-	3,  // 32: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
-	5,  // 33: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
-	6,  // 34: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
-	7,  // 35: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
-	9,  // 36: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
-	11, // 37: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
-	16, // 38: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
-	18, // 39: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
-	19, // 40: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
-	20, // 41: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
-	21, // 42: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
-	22, // 43: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
-	12, // 44: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
-	23, // 45: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
-	25, // 46: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
-	26, // 47: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
-	28, // 48: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
-	29, // 49: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
-	34, // 50: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
-	30, // 51: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
-	32, // 52: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
-	36, // 53: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
-	37, // 54: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
-	38, // 55: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
-	39, // 56: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
-	44, // 57: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
-	41, // 58: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
-	52, // 59: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
-	4,  // 60: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
-	52, // 61: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
-	52, // 62: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
-	8,  // 63: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
-	63, // 64: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
-	56, // 65: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
-	17, // 66: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
-	63, // 67: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
-	63, // 68: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
-	63, // 69: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
-	63, // 70: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
-	63, // 71: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
-	13, // 72: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
-	24, // 73: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
-	60, // 74: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
-	27, // 75: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
-	60, // 76: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
-	60, // 77: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
-	35, // 78: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
-	31, // 79: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
-	33, // 80: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
-	64, // 81: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
-	64, // 82: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
-	63, // 83: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
-	40, // 84: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
-	45, // 85: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
-	42, // 86: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
-	59, // [59:87] is the sub-list for method output_type
-	31, // [31:59] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	63, // 30: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
+	48, // 31: loops.v1.WorkspaceUse.fairness:type_name -> loops.v1.WorkspaceFairness
+	64, // 32: loops.v1.WorkspaceFairness.wait_p50:type_name -> google.protobuf.Duration
+	2,  // 33: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
+	3,  // 34: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
+	5,  // 35: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
+	6,  // 36: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
+	7,  // 37: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
+	9,  // 38: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
+	11, // 39: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
+	16, // 40: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
+	18, // 41: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
+	19, // 42: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
+	20, // 43: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
+	21, // 44: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
+	22, // 45: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
+	12, // 46: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
+	23, // 47: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
+	25, // 48: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
+	26, // 49: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
+	28, // 50: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
+	29, // 51: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
+	34, // 52: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
+	30, // 53: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
+	32, // 54: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
+	36, // 55: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
+	37, // 56: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
+	38, // 57: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
+	39, // 58: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
+	44, // 59: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
+	41, // 60: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
+	53, // 61: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
+	4,  // 62: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
+	53, // 63: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
+	53, // 64: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
+	8,  // 65: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
+	65, // 66: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
+	57, // 67: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
+	17, // 68: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
+	65, // 69: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
+	65, // 70: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
+	65, // 71: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
+	65, // 72: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
+	65, // 73: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
+	13, // 74: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
+	24, // 75: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
+	61, // 76: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
+	27, // 77: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
+	61, // 78: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
+	61, // 79: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
+	35, // 80: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
+	31, // 81: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
+	33, // 82: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
+	66, // 83: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
+	66, // 84: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
+	65, // 85: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
+	40, // 86: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
+	45, // 87: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
+	42, // 88: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
+	61, // [61:89] is the sub-list for method output_type
+	33, // [33:61] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_services_proto_init() }
@@ -3613,7 +3719,7 @@ func file_loops_v1_services_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_services_proto_rawDesc), len(file_loops_v1_services_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   50,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   7,
 		},

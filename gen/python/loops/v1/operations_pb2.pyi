@@ -39,6 +39,13 @@ class ErrorCategory(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CATEGORY_UNSPECIFIED: _ClassVar[ErrorCategory]
     ERROR_CATEGORY_USER: _ClassVar[ErrorCategory]
     ERROR_CATEGORY_SERVER: _ClassVar[ErrorCategory]
+
+class QueueState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    QUEUE_STATE_UNSPECIFIED: _ClassVar[QueueState]
+    QUEUE_STATE_ACTIVE: _ClassVar[QueueState]
+    QUEUE_STATE_PAUSED_CAPACITY: _ClassVar[QueueState]
+    QUEUE_STATE_PAUSED_RATE_LIMIT: _ClassVar[QueueState]
 OPERATION_KIND_UNSPECIFIED: OperationKind
 OPERATION_KIND_CREATE_TRAINING_RUN: OperationKind
 OPERATION_KIND_FORWARD: OperationKind
@@ -57,6 +64,10 @@ OPERATION_STATE_FAILED: OperationState
 ERROR_CATEGORY_UNSPECIFIED: ErrorCategory
 ERROR_CATEGORY_USER: ErrorCategory
 ERROR_CATEGORY_SERVER: ErrorCategory
+QUEUE_STATE_UNSPECIFIED: QueueState
+QUEUE_STATE_ACTIVE: QueueState
+QUEUE_STATE_PAUSED_CAPACITY: QueueState
+QUEUE_STATE_PAUSED_RATE_LIMIT: QueueState
 
 class OperationError(_message.Message):
     __slots__ = ("code", "message", "category")
@@ -93,7 +104,7 @@ class UnloadTrainingRunResult(_message.Message):
     def __init__(self, training_run_id: _Optional[str] = ...) -> None: ...
 
 class Operation(_message.Message):
-    __slots__ = ("id", "kind", "state", "training_run_id", "sampler_id", "seq_id", "create_time", "done_time", "error", "training_run", "forward_backward", "optim_step", "save_weights", "load_weights", "sample", "unload")
+    __slots__ = ("id", "kind", "state", "training_run_id", "sampler_id", "seq_id", "create_time", "done_time", "error", "training_run", "forward_backward", "optim_step", "save_weights", "load_weights", "sample", "unload", "queue")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +121,7 @@ class Operation(_message.Message):
     LOAD_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     UNLOAD_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: OperationKind
     state: OperationState
@@ -126,7 +138,20 @@ class Operation(_message.Message):
     load_weights: LoadWeightsResult
     sample: _types_pb2.SampleResult
     unload: UnloadTrainingRunResult
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[OperationKind, str]] = ..., state: _Optional[_Union[OperationState, str]] = ..., training_run_id: _Optional[str] = ..., sampler_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., done_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[_Union[OperationError, _Mapping]] = ..., training_run: _Optional[_Union[_resources_pb2.TrainingRun, _Mapping]] = ..., forward_backward: _Optional[_Union[_types_pb2.ForwardBackwardResult, _Mapping]] = ..., optim_step: _Optional[_Union[_types_pb2.OptimStepResult, _Mapping]] = ..., save_weights: _Optional[_Union[SaveWeightsResult, _Mapping]] = ..., load_weights: _Optional[_Union[LoadWeightsResult, _Mapping]] = ..., sample: _Optional[_Union[_types_pb2.SampleResult, _Mapping]] = ..., unload: _Optional[_Union[UnloadTrainingRunResult, _Mapping]] = ...) -> None: ...
+    queue: QueueStatus
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[OperationKind, str]] = ..., state: _Optional[_Union[OperationState, str]] = ..., training_run_id: _Optional[str] = ..., sampler_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., done_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[_Union[OperationError, _Mapping]] = ..., training_run: _Optional[_Union[_resources_pb2.TrainingRun, _Mapping]] = ..., forward_backward: _Optional[_Union[_types_pb2.ForwardBackwardResult, _Mapping]] = ..., optim_step: _Optional[_Union[_types_pb2.OptimStepResult, _Mapping]] = ..., save_weights: _Optional[_Union[SaveWeightsResult, _Mapping]] = ..., load_weights: _Optional[_Union[LoadWeightsResult, _Mapping]] = ..., sample: _Optional[_Union[_types_pb2.SampleResult, _Mapping]] = ..., unload: _Optional[_Union[UnloadTrainingRunResult, _Mapping]] = ..., queue: _Optional[_Union[QueueStatus, _Mapping]] = ...) -> None: ...
+
+class QueueStatus(_message.Message):
+    __slots__ = ("state", "reason", "position", "estimated_wait")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_WAIT_FIELD_NUMBER: _ClassVar[int]
+    state: QueueState
+    reason: str
+    position: int
+    estimated_wait: _duration_pb2.Duration
+    def __init__(self, state: _Optional[_Union[QueueState, str]] = ..., reason: _Optional[str] = ..., position: _Optional[int] = ..., estimated_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class GetOperationRequest(_message.Message):
     __slots__ = ("id",)

@@ -1,6 +1,7 @@
 import datetime
 
 from google.api import annotations_pb2 as _annotations_pb2
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from loops.v1 import operations_pb2 as _operations_pb2
 from loops.v1 import resources_pb2 as _resources_pb2
@@ -541,13 +542,29 @@ class WorkspaceLimits(_message.Message):
     def __init__(self, models: _Optional[_Iterable[_Union[_types_pb2.ModelInfo, _Mapping]]] = ..., max_sequence_length: _Optional[int] = ..., max_lora_rank: _Optional[int] = ..., max_concurrent_runs: _Optional[int] = ..., max_queued_operations: _Optional[int] = ..., sampling_concurrency: _Optional[int] = ...) -> None: ...
 
 class WorkspaceUse(_message.Message):
-    __slots__ = ("live_runs", "queued_operations", "running_samples", "waiting_samples")
+    __slots__ = ("live_runs", "queued_operations", "running_samples", "waiting_samples", "fairness")
     LIVE_RUNS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_OPERATIONS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     WAITING_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    FAIRNESS_FIELD_NUMBER: _ClassVar[int]
     live_runs: int
     queued_operations: int
     running_samples: int
     waiting_samples: int
-    def __init__(self, live_runs: _Optional[int] = ..., queued_operations: _Optional[int] = ..., running_samples: _Optional[int] = ..., waiting_samples: _Optional[int] = ...) -> None: ...
+    fairness: WorkspaceFairness
+    def __init__(self, live_runs: _Optional[int] = ..., queued_operations: _Optional[int] = ..., running_samples: _Optional[int] = ..., waiting_samples: _Optional[int] = ..., fairness: _Optional[_Union[WorkspaceFairness, _Mapping]] = ...) -> None: ...
+
+class WorkspaceFairness(_message.Message):
+    __slots__ = ("operations", "wait_p50", "inflation_p99", "target", "breached")
+    OPERATIONS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_P50_FIELD_NUMBER: _ClassVar[int]
+    INFLATION_P99_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    BREACHED_FIELD_NUMBER: _ClassVar[int]
+    operations: int
+    wait_p50: _duration_pb2.Duration
+    inflation_p99: float
+    target: float
+    breached: bool
+    def __init__(self, operations: _Optional[int] = ..., wait_p50: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., inflation_p99: _Optional[float] = ..., target: _Optional[float] = ..., breached: _Optional[bool] = ...) -> None: ...

@@ -17,7 +17,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file loops/v1/operations.proto.
  */
 export const file_loops_v1_operations: GenFile = /*@__PURE__*/
-  fileDesc("Chlsb29wcy92MS9vcGVyYXRpb25zLnByb3RvEghsb29wcy52MSJaCg5PcGVyYXRpb25FcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSKQoIY2F0ZWdvcnkYAyABKA4yFy5sb29wcy52MS5FcnJvckNhdGVnb3J5Il8KEVNhdmVXZWlnaHRzUmVzdWx0EgwKBHBhdGgYASABKAkSEgoKc2FtcGxlcl9pZBgCIAEoCRIoCgpjaGVja3BvaW50GAMgASgLMhQubG9vcHMudjEuQ2hlY2twb2ludCI6ChFMb2FkV2VpZ2h0c1Jlc3VsdBIMCgRwYXRoGAEgASgJEhcKD3RyYWluaW5nX3J1bl9pZBgCIAEoCSIyChdVbmxvYWRUcmFpbmluZ1J1blJlc3VsdBIXCg90cmFpbmluZ19ydW5faWQYASABKAkinQUKCU9wZXJhdGlvbhIKCgJpZBgBIAEoCRIlCgRraW5kGAIgASgOMhcubG9vcHMudjEuT3BlcmF0aW9uS2luZBInCgVzdGF0ZRgDIAEoDjIYLmxvb3BzLnYxLk9wZXJhdGlvblN0YXRlEhcKD3RyYWluaW5nX3J1bl9pZBgEIAEoCRISCgpzYW1wbGVyX2lkGAUgASgJEg4KBnNlcV9pZBgGIAEoAxIvCgtjcmVhdGVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLQoJZG9uZV90aW1lGAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBInCgVlcnJvchgJIAEoCzIYLmxvb3BzLnYxLk9wZXJhdGlvbkVycm9yEi0KDHRyYWluaW5nX3J1bhgKIAEoCzIVLmxvb3BzLnYxLlRyYWluaW5nUnVuSAASOwoQZm9yd2FyZF9iYWNrd2FyZBgLIAEoCzIfLmxvb3BzLnYxLkZvcndhcmRCYWNrd2FyZFJlc3VsdEgAEi8KCm9wdGltX3N0ZXAYDCABKAsyGS5sb29wcy52MS5PcHRpbVN0ZXBSZXN1bHRIABIzCgxzYXZlX3dlaWdodHMYDSABKAsyGy5sb29wcy52MS5TYXZlV2VpZ2h0c1Jlc3VsdEgAEjMKDGxvYWRfd2VpZ2h0cxgOIAEoCzIbLmxvb3BzLnYxLkxvYWRXZWlnaHRzUmVzdWx0SAASKAoGc2FtcGxlGA8gASgLMhYubG9vcHMudjEuU2FtcGxlUmVzdWx0SAASMwoGdW5sb2FkGBAgASgLMiEubG9vcHMudjEuVW5sb2FkVHJhaW5pbmdSdW5SZXN1bHRIAEIICgZyZXN1bHQiIQoTR2V0T3BlcmF0aW9uUmVxdWVzdBIKCgJpZBgBIAEoCSJOChRXYWl0T3BlcmF0aW9uUmVxdWVzdBIKCgJpZBgBIAEoCRIqCgd0aW1lb3V0GAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uKukCCg1PcGVyYXRpb25LaW5kEh4KGk9QRVJBVElPTl9LSU5EX1VOU1BFQ0lGSUVEEAASJgoiT1BFUkFUSU9OX0tJTkRfQ1JFQVRFX1RSQUlOSU5HX1JVThABEhoKFk9QRVJBVElPTl9LSU5EX0ZPUldBUkQQAhIjCh9PUEVSQVRJT05fS0lORF9GT1JXQVJEX0JBQ0tXQVJEEAMSHQoZT1BFUkFUSU9OX0tJTkRfT1BUSU1fU1RFUBAEEh8KG09QRVJBVElPTl9LSU5EX1NBVkVfV0VJR0hUUxAFEisKJ09QRVJBVElPTl9LSU5EX1NBVkVfV0VJR0hUU19GT1JfU0FNUExFUhAGEh8KG09QRVJBVElPTl9LSU5EX0xPQURfV0VJR0hUUxAHEhkKFU9QRVJBVElPTl9LSU5EX1NBTVBMRRAIEiYKIk9QRVJBVElPTl9LSU5EX1VOTE9BRF9UUkFJTklOR19SVU4QCSqmAQoOT3BlcmF0aW9uU3RhdGUSHwobT1BFUkFUSU9OX1NUQVRFX1VOU1BFQ0lGSUVEEAASGwoXT1BFUkFUSU9OX1NUQVRFX1BFTkRJTkcQARIbChdPUEVSQVRJT05fU1RBVEVfUlVOTklORxACEh0KGU9QRVJBVElPTl9TVEFURV9TVUNDRUVERUQQAxIaChZPUEVSQVRJT05fU1RBVEVfRkFJTEVEEAQqYwoNRXJyb3JDYXRlZ29yeRIeChpFUlJPUl9DQVRFR09SWV9VTlNQRUNJRklFRBAAEhcKE0VSUk9SX0NBVEVHT1JZX1VTRVIQARIZChVFUlJPUl9DQVRFR09SWV9TRVJWRVIQAjLeAQoQT3BlcmF0aW9uU2VydmljZRJfCgxHZXRPcGVyYXRpb24SHS5sb29wcy52MS5HZXRPcGVyYXRpb25SZXF1ZXN0GhMubG9vcHMudjEuT3BlcmF0aW9uIhuC0+STAhUSEy92MS9vcGVyYXRpb25zL3tpZH0SaQoNV2FpdE9wZXJhdGlvbhIeLmxvb3BzLnYxLldhaXRPcGVyYXRpb25SZXF1ZXN0GhMubG9vcHMudjEuT3BlcmF0aW9uIiOC0+STAh06ASoiGC92MS9vcGVyYXRpb25zL3tpZH0vd2FpdGIGcHJvdG8z", [file_google_api_annotations, file_google_protobuf_duration, file_google_protobuf_timestamp, file_loops_v1_resources, file_loops_v1_types]);
+  fileDesc("Chlsb29wcy92MS9vcGVyYXRpb25zLnByb3RvEghsb29wcy52MSJaCg5PcGVyYXRpb25FcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSKQoIY2F0ZWdvcnkYAyABKA4yFy5sb29wcy52MS5FcnJvckNhdGVnb3J5Il8KEVNhdmVXZWlnaHRzUmVzdWx0EgwKBHBhdGgYASABKAkSEgoKc2FtcGxlcl9pZBgCIAEoCRIoCgpjaGVja3BvaW50GAMgASgLMhQubG9vcHMudjEuQ2hlY2twb2ludCI6ChFMb2FkV2VpZ2h0c1Jlc3VsdBIMCgRwYXRoGAEgASgJEhcKD3RyYWluaW5nX3J1bl9pZBgCIAEoCSIyChdVbmxvYWRUcmFpbmluZ1J1blJlc3VsdBIXCg90cmFpbmluZ19ydW5faWQYASABKAkiwwUKCU9wZXJhdGlvbhIKCgJpZBgBIAEoCRIlCgRraW5kGAIgASgOMhcubG9vcHMudjEuT3BlcmF0aW9uS2luZBInCgVzdGF0ZRgDIAEoDjIYLmxvb3BzLnYxLk9wZXJhdGlvblN0YXRlEhcKD3RyYWluaW5nX3J1bl9pZBgEIAEoCRISCgpzYW1wbGVyX2lkGAUgASgJEg4KBnNlcV9pZBgGIAEoAxIvCgtjcmVhdGVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLQoJZG9uZV90aW1lGAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBInCgVlcnJvchgJIAEoCzIYLmxvb3BzLnYxLk9wZXJhdGlvbkVycm9yEi0KDHRyYWluaW5nX3J1bhgKIAEoCzIVLmxvb3BzLnYxLlRyYWluaW5nUnVuSAASOwoQZm9yd2FyZF9iYWNrd2FyZBgLIAEoCzIfLmxvb3BzLnYxLkZvcndhcmRCYWNrd2FyZFJlc3VsdEgAEi8KCm9wdGltX3N0ZXAYDCABKAsyGS5sb29wcy52MS5PcHRpbVN0ZXBSZXN1bHRIABIzCgxzYXZlX3dlaWdodHMYDSABKAsyGy5sb29wcy52MS5TYXZlV2VpZ2h0c1Jlc3VsdEgAEjMKDGxvYWRfd2VpZ2h0cxgOIAEoCzIbLmxvb3BzLnYxLkxvYWRXZWlnaHRzUmVzdWx0SAASKAoGc2FtcGxlGA8gASgLMhYubG9vcHMudjEuU2FtcGxlUmVzdWx0SAASMwoGdW5sb2FkGBAgASgLMiEubG9vcHMudjEuVW5sb2FkVHJhaW5pbmdSdW5SZXN1bHRIABIkCgVxdWV1ZRgRIAEoCzIVLmxvb3BzLnYxLlF1ZXVlU3RhdHVzQggKBnJlc3VsdCKHAQoLUXVldWVTdGF0dXMSIwoFc3RhdGUYASABKA4yFC5sb29wcy52MS5RdWV1ZVN0YXRlEg4KBnJlYXNvbhgCIAEoCRIQCghwb3NpdGlvbhgDIAEoBRIxCg5lc3RpbWF0ZWRfd2FpdBgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiIhChNHZXRPcGVyYXRpb25SZXF1ZXN0EgoKAmlkGAEgASgJIk4KFFdhaXRPcGVyYXRpb25SZXF1ZXN0EgoKAmlkGAEgASgJEioKB3RpbWVvdXQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24q6QIKDU9wZXJhdGlvbktpbmQSHgoaT1BFUkFUSU9OX0tJTkRfVU5TUEVDSUZJRUQQABImCiJPUEVSQVRJT05fS0lORF9DUkVBVEVfVFJBSU5JTkdfUlVOEAESGgoWT1BFUkFUSU9OX0tJTkRfRk9SV0FSRBACEiMKH09QRVJBVElPTl9LSU5EX0ZPUldBUkRfQkFDS1dBUkQQAxIdChlPUEVSQVRJT05fS0lORF9PUFRJTV9TVEVQEAQSHwobT1BFUkFUSU9OX0tJTkRfU0FWRV9XRUlHSFRTEAUSKwonT1BFUkFUSU9OX0tJTkRfU0FWRV9XRUlHSFRTX0ZPUl9TQU1QTEVSEAYSHwobT1BFUkFUSU9OX0tJTkRfTE9BRF9XRUlHSFRTEAcSGQoVT1BFUkFUSU9OX0tJTkRfU0FNUExFEAgSJgoiT1BFUkFUSU9OX0tJTkRfVU5MT0FEX1RSQUlOSU5HX1JVThAJKqYBCg5PcGVyYXRpb25TdGF0ZRIfChtPUEVSQVRJT05fU1RBVEVfVU5TUEVDSUZJRUQQABIbChdPUEVSQVRJT05fU1RBVEVfUEVORElORxABEhsKF09QRVJBVElPTl9TVEFURV9SVU5OSU5HEAISHQoZT1BFUkFUSU9OX1NUQVRFX1NVQ0NFRURFRBADEhoKFk9QRVJBVElPTl9TVEFURV9GQUlMRUQQBCpjCg1FcnJvckNhdGVnb3J5Eh4KGkVSUk9SX0NBVEVHT1JZX1VOU1BFQ0lGSUVEEAASFwoTRVJST1JfQ0FURUdPUllfVVNFUhABEhkKFUVSUk9SX0NBVEVHT1JZX1NFUlZFUhACKoUBCgpRdWV1ZVN0YXRlEhsKF1FVRVVFX1NUQVRFX1VOU1BFQ0lGSUVEEAASFgoSUVVFVUVfU1RBVEVfQUNUSVZFEAESHwobUVVFVUVfU1RBVEVfUEFVU0VEX0NBUEFDSVRZEAISIQodUVVFVUVfU1RBVEVfUEFVU0VEX1JBVEVfTElNSVQQAzLeAQoQT3BlcmF0aW9uU2VydmljZRJfCgxHZXRPcGVyYXRpb24SHS5sb29wcy52MS5HZXRPcGVyYXRpb25SZXF1ZXN0GhMubG9vcHMudjEuT3BlcmF0aW9uIhuC0+STAhUSEy92MS9vcGVyYXRpb25zL3tpZH0SaQoNV2FpdE9wZXJhdGlvbhIeLmxvb3BzLnYxLldhaXRPcGVyYXRpb25SZXF1ZXN0GhMubG9vcHMudjEuT3BlcmF0aW9uIiOC0+STAh06ASoiGC92MS9vcGVyYXRpb25zL3tpZH0vd2FpdGIGcHJvdG8z", [file_google_api_annotations, file_google_protobuf_duration, file_google_protobuf_timestamp, file_loops_v1_resources, file_loops_v1_types]);
 
 /**
  * OperationError is why an operation failed.
@@ -227,6 +227,14 @@ export type Operation = Message<"loops.v1.Operation"> & {
     value: UnloadTrainingRunResult;
     case: "unload";
   } | { case: undefined; value?: undefined };
+
+  /**
+   * Where a pending operation waits and why, as the scheduler sees it when the operation is
+   * read (GetOperation, WaitOperation); unset once it runs or ended.
+   *
+   * @generated from field: loops.v1.QueueStatus queue = 17;
+   */
+  queue?: QueueStatus | undefined;
 };
 
 /**
@@ -235,6 +243,48 @@ export type Operation = Message<"loops.v1.Operation"> & {
  */
 export const OperationSchema: GenMessage<Operation> = /*@__PURE__*/
   messageDesc(file_loops_v1_operations, 4);
+
+/**
+ * QueueStatus says where a pending operation waits and why.
+ *
+ * @generated from message loops.v1.QueueStatus
+ */
+export type QueueStatus = Message<"loops.v1.QueueStatus"> & {
+  /**
+   * @generated from field: loops.v1.QueueState state = 1;
+   */
+  state: QueueState;
+
+  /**
+   * Why, in words (empty while nothing holds it back).
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+
+  /**
+   * How many operations are ahead of it in its queue: its training run's earlier operations,
+   * or its workspace's samples waiting before it.
+   *
+   * @generated from field: int32 position = 3;
+   */
+  position: number;
+
+  /**
+   * How long it may still wait, from the recent service time of its queue (unset when
+   * there is nothing to go by).
+   *
+   * @generated from field: google.protobuf.Duration estimated_wait = 4;
+   */
+  estimatedWait?: Duration | undefined;
+};
+
+/**
+ * Describes the message loops.v1.QueueStatus.
+ * Use `create(QueueStatusSchema)` to create a new message.
+ */
+export const QueueStatusSchema: GenMessage<QueueStatus> = /*@__PURE__*/
+  messageDesc(file_loops_v1_operations, 5);
 
 /**
  * @generated from message loops.v1.GetOperationRequest
@@ -251,7 +301,7 @@ export type GetOperationRequest = Message<"loops.v1.GetOperationRequest"> & {
  * Use `create(GetOperationRequestSchema)` to create a new message.
  */
 export const GetOperationRequestSchema: GenMessage<GetOperationRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_operations, 5);
+  messageDesc(file_loops_v1_operations, 6);
 
 /**
  * @generated from message loops.v1.WaitOperationRequest
@@ -275,7 +325,7 @@ export type WaitOperationRequest = Message<"loops.v1.WaitOperationRequest"> & {
  * Use `create(WaitOperationRequestSchema)` to create a new message.
  */
 export const WaitOperationRequestSchema: GenMessage<WaitOperationRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_operations, 6);
+  messageDesc(file_loops_v1_operations, 7);
 
 /**
  * OperationKind is what an operation does.
@@ -409,6 +459,47 @@ export enum ErrorCategory {
  */
 export const ErrorCategorySchema: GenEnum<ErrorCategory> = /*@__PURE__*/
   enumDesc(file_loops_v1_operations, 2);
+
+/**
+ * QueueState is Tinker's queue_state of a pending operation.
+ *
+ * @generated from enum loops.v1.QueueState
+ */
+export enum QueueState {
+  /**
+   * @generated from enum value: QUEUE_STATE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * It is running, or next in line with nothing holding it back.
+   *
+   * @generated from enum value: QUEUE_STATE_ACTIVE = 1;
+   */
+  ACTIVE = 1,
+
+  /**
+   * It waits for capacity the server shares: a batch slot on its base model, an adapter
+   * slot on the backend, a sampler slot, its adapter being rebuilt.
+   *
+   * @generated from enum value: QUEUE_STATE_PAUSED_CAPACITY = 2;
+   */
+  PAUSED_CAPACITY = 2,
+
+  /**
+   * It waits because its workspace is at one of its policy's limits
+   * (sampling_concurrency).
+   *
+   * @generated from enum value: QUEUE_STATE_PAUSED_RATE_LIMIT = 3;
+   */
+  PAUSED_RATE_LIMIT = 3,
+}
+
+/**
+ * Describes the enum loops.v1.QueueState.
+ */
+export const QueueStateSchema: GenEnum<QueueState> = /*@__PURE__*/
+  enumDesc(file_loops_v1_operations, 3);
 
 /**
  * OperationService reads long-running operations: every call that does model work answers at

@@ -1,4 +1,4 @@
-package core
+package writebehind
 
 import (
 	"context"
@@ -18,7 +18,6 @@ import (
 // fencedStore refuses every write, as the store of a gateway whose lease another gateway
 // has taken over does (store.ErrFenced), and counts the attempts.
 type fencedStore struct {
-	store.Store
 	batches, puts atomic.Int32
 }
 
@@ -43,12 +42,12 @@ func (s *fencedStore) PutTrainingRun(context.Context, string, *loopsv1.TrainingR
 // more: as after a crash, the new leader has the store.
 func TestPersisterFencedBatch(t *testing.T) {
 	st := &fencedStore{}
-	p := newPersister(st, slog.New(slog.DiscardHandler)) // no journal: groups commit before they publish
+	p := New(st, slog.New(slog.DiscardHandler)) // no journal: groups commit before they publish
 	published := make(chan struct{})
-	r := trainrun.New(trainrun.Config[*operation]{Workspace: "ws", Record: &loopsv1.TrainingRun{Id: "run-1"}, NextSeq: 1, MaxPending: 1})
+	r := trainrun.New(trainrun.Config[struct{}]{Workspace: "ws", Record: &loopsv1.TrainingRun{Id: "run-1"}, NextSeq: 1, MaxPending: 1})
 	r.Update(func(*loopsv1.TrainingRun) {})
-	p.run(r)
-	p.finish("ws", &loopsv1.Operation{Id: "op-1", State: loopsv1.OperationState_OPERATION_STATE_SUCCEEDED}, func() { close(published) })
+	p.RunChanged(r)
+	p.Finish("ws", &loopsv1.Operation{Id: "op-1", State: loopsv1.OperationState_OPERATION_STATE_SUCCEEDED}, func() { close(published) })
 	select {
 	case <-published:
 		t.Fatal("an outcome the store refused was published")
@@ -63,7 +62,7 @@ func TestPersisterFencedBatch(t *testing.T) {
 	}
 	require.EqualValues(t, 1, st.batches.Load(), "a fenced batch is not retried")
 	require.Zero(t, st.puts.Load(), "nor written record by record")
-	require.Error(t, p.create("ws", &loopsv1.Operation{Id: "op-2"}), "no new work is taken")
-	p.close()
+	require.Error(t, p.Create("ws", &loopsv1.Operation{Id: "op-2"}), "no new work is taken")
+	p.Close()
 	require.EqualValues(t, 1, st.batches.Load())
 }

@@ -1,4 +1,4 @@
-package core
+package placement
 
 import (
 	"context"
@@ -11,17 +11,20 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/errs"
 )
 
 // placeTimeout bounds one call that places a base model's sampler replicas.
 const placeTimeout = 2 * time.Minute
 
-// placer keeps the sampler replicas the deployments of each base model want (the most any
+// Placer keeps the sampler replicas the deployments of each base model want (the most any
 // of them asks for) and has the backend place them (backends.SamplerScaler) on its own
-// goroutine: a deployment's create or delete only records the wish, and the newest wish of
-// a model is the one placed. It knows every deployment (loaded at start-up in keyset pages,
-// then kept by create and delete); a backend that places nothing reports so once.
-type placer struct {
+// goroutine (Run): a deployment's create or delete only records the wish (Set, Remove), and
+// the newest wish of a model is the one placed. It knows every deployment (Load at
+// start-up, then Set and Remove); a backend that places nothing reports so once. Its
+// methods are safe for concurrent use; its lock is a leaf (no call and no other lock under
+// it).
+type Placer struct {
 	scaler backends.SamplerScaler // nil: the backend places no replicas
 	log    *slog.Logger
 
@@ -40,24 +43,29 @@ type placement struct {
 	text     string
 }
 
-func newPlacer(be backends.Backend, log *slog.Logger) *placer {
-	p := &placer{log: log, want: map[string]map[string]int32{}, dirty: map[string]bool{},
+// New returns a placer that has scaler place the replicas; with a nil scaler (a backend
+// that places no replicas) deployments are told so.
+func New(scaler backends.SamplerScaler, log *slog.Logger) *Placer {
+	return &Placer{scaler: scaler, log: log, want: map[string]map[string]int32{}, dirty: map[string]bool{},
 		placing: map[string]bool{}, placed: map[string]placement{}, wake: make(chan struct{}, 1)}
-	p.scaler, _ = be.(backends.SamplerScaler)
-	return p
 }
 
-// load records every stored deployment and marks their models for placing.
-func (p *placer) load(ctx context.Context, list func(ctx context.Context, afterWS, afterName string, limit int) ([]*loopsv1.Deployment, error)) error {
+// ListFunc lists every deployment of every workspace, by (owner, name), a page of at most
+// limit after (afterWS, afterName) ("" for the first): the store's ListAllDeployments.
+type ListFunc func(ctx context.Context, afterWS, afterName string, limit int) ([]*loopsv1.Deployment, error)
+
+// Load records every stored deployment (listed in keyset pages) and marks their models for
+// placing.
+func (p *Placer) Load(ctx context.Context, list ListFunc) error {
 	const page = 500
 	ws, name := "", ""
 	for {
 		ds, err := list(ctx, ws, name, page)
 		if err != nil {
-			return fmt.Errorf("core: listing deployments for their replicas: %w", err)
+			return fmt.Errorf("placement: listing deployments for their replicas: %w", err)
 		}
 		for _, d := range ds {
-			p.set(d.GetBaseModel(), d.GetOwner(), d.GetName(), d.GetReplicas())
+			p.Set(d.GetBaseModel(), d.GetOwner(), d.GetName(), d.GetReplicas())
 		}
 		if len(ds) < page {
 			return nil
@@ -66,8 +74,8 @@ func (p *placer) load(ctx context.Context, list func(ctx context.Context, afterW
 	}
 }
 
-// remove forgets deployment owner/name, whichever its base model.
-func (p *placer) remove(owner, name string) {
+// Remove forgets deployment owner/name, whichever its base model.
+func (p *Placer) Remove(owner, name string) {
 	p.mu.Lock()
 	var base string
 	for b, m := range p.want {
@@ -77,12 +85,13 @@ func (p *placer) remove(owner, name string) {
 	}
 	p.mu.Unlock()
 	if base != "" {
-		p.set(base, owner, name, 0)
+		p.Set(base, owner, name, 0)
 	}
 }
 
-// set records that deployment owner/name of base wants replicas (0: it is gone).
-func (p *placer) set(base, owner, name string, replicas int32) {
+// Set records that deployment owner/name of base wants replicas (0: it is gone) and wakes
+// Run. It never waits for the backend.
+func (p *Placer) Set(base, owner, name string, replicas int32) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	m := p.want[base]
@@ -106,8 +115,9 @@ func (p *placer) set(base, owner, name string, replicas int32) {
 	}
 }
 
-// run places the wished replicas until ctx ends.
-func (p *placer) run(ctx context.Context) {
+// Run places the wished replicas until ctx ends: each model's newest wish, one call at a
+// time (each bounded by placeTimeout).
+func (p *Placer) Run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -136,7 +146,7 @@ func (p *placer) run(ctx context.Context) {
 	}
 }
 
-func (p *placer) place(ctx context.Context, base string, n int32) placement {
+func (p *Placer) place(ctx context.Context, base string, n int32) placement {
 	if p.scaler == nil {
 		return placement{text: "this backend runs one sampler for every deployment and places no replicas"}
 	}
@@ -151,13 +161,16 @@ func (p *placer) place(ctx context.Context, base string, n int32) placement {
 		return placement{text: "the backend's workers are fixed at start-up (no worker pools): no replicas are placed"}
 	case err != nil:
 		p.log.Error("placing a deployment's sampler replicas", slog.String("base_model", base), slog.Int("replicas", int(n)), slog.Any("err", err))
-		return placement{text: fmt.Sprintf("placing %d replicas failed: %s", n, connectMessage(err))}
+		return placement{text: fmt.Sprintf("placing %d replicas failed: %s", n, errs.Message(err))}
 	}
 	return placement{replicas: int32(set)}
 }
 
-// view returns d with its model's placement.
-func (p *placer) view(d *loopsv1.Deployment) *loopsv1.Deployment {
+// View returns a copy of d with its model's placement: "placing…" while a wish is being
+// placed, else the replicas placed for d (never more than it asked for: the pool may be
+// larger for another workspace's deployment of the model, which d must not learn) or why
+// none are.
+func (p *Placer) View(d *loopsv1.Deployment) *loopsv1.Deployment {
 	p.mu.Lock()
 	res, ok := p.placed[d.GetBaseModel()]
 	pending := p.dirty[d.GetBaseModel()] || p.placing[d.GetBaseModel()]

@@ -1,4 +1,4 @@
-package core
+package writebehind
 
 import (
 	"context"
@@ -14,27 +14,7 @@ import (
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
 	"github.com/loops-dev/loops/internal/lockorder"
-	"google.golang.org/protobuf/proto"
 )
-
-// Write-behind persistence (docs/semantics.md, "Restart"). Operation records and training-run
-// bookkeeping (last request time, last seq_id, the corrupted flag, last checkpoints) are not
-// written by the goroutine that changes them: they are queued here and one goroutine takes
-// everything queued so far as one group (a group commit whose batch is whatever arrived
-// while the previous group was being written), appends it to the journal (journal.go: one
-// write(2)) and then publishes the group's outcomes; a second goroutine commits the
-// journaled records to the store (one store.ApplyBatch for whatever has been journaled
-// since its previous one) and removes journal files whose records are all committed.
-// Nothing on the scheduler's path, nothing under a run's or sampler's lock, and no
-// acknowledgement waits for the store.
-//
-// Records are coalesced by id (an operation created and finished within one group is written
-// once, in its final state; a run touched by many steps is written once). An operation's
-// outcome is published to its waiters only after the group holding it is in the journal, so
-// a client never sees an outcome that a crash of the process then loses; everything queued
-// before it (the run's bookkeeping of that step, say) is journaled by then too, in the same
-// or an earlier group. When the journal cannot be written, the group is committed to the
-// store before its outcomes are published (as without a journal).
 
 // maxPendingCreates is how many written-behind operation records may wait for the store
 // (queued, or journaled and not yet committed) before new operations are refused with
@@ -52,7 +32,7 @@ const maxPendingCreates = 4096
 // The committing goroutine coalesces: once a record is journaled it waits up to
 // commitDelay, or until commitMaxRecords records are waiting, and commits them all in one
 // store transaction. Nothing waits for it (outcomes are published once journaled), and reads
-// see the records it holds (readStore), so the delay is not observable; it makes a
+// see the records it holds (ReadStore), so the delay is not observable; it makes a
 // transaction per tens of operations instead of one per operation.
 const (
 	commitDelay      = 50 * time.Millisecond
@@ -63,22 +43,45 @@ const (
 // new file, so that the old one can be removed once its records are committed.
 const journalRotateBytes = 4 << 20
 
-type persister struct {
-	st  store.Store
+// Ranks of the persister's locks in the core's lock order (gateway/core/doc.go): after the
+// workspace policy's (700), before a run's (1000, trainrun.Run.mu).
+
+// rankJournal: Persister.jmu (the journal's order). Under it: the persister's lock.
+type rankJournal struct{}
+
+func (rankJournal) Rank() (int, string) { return 800, "writebehind.Persister.jmu" }
+
+// rankPersister: Persister.mu (the records waiting to be written). Under it: a run's lock
+// (the newest record of a changed run is taken when a group is written,
+// RecordSource.TakeRecord).
+type rankPersister struct{}
+
+func (rankPersister) Rank() (int, string) { return 810, "writebehind.Persister.mu" }
+
+// ErrStopped refuses a new operation once the persister has stopped: after Close, or once
+// the store refused a write because another gateway leads now (store.ErrFenced).
+var ErrStopped = errors.New("writebehind: the persister has stopped")
+
+// Persister writes operation records, training-run records and step metrics behind the
+// goroutines that change them (see the package doc). Its methods are safe for concurrent
+// use; none of them waits for the store except Recover, Sync, Settle, Flush and Close (and
+// Finish once Close has run).
+type Persister struct {
+	st  Writer
 	log *slog.Logger
 
 	mu   lockorder.Mutex[rankPersister]
 	cond *sync.Cond
 	ops  map[string]store.OwnedOperation
 	// runs are the runs whose record changed: the newest record is taken when the group
-	// is written (recordSource.TakeRecord), so a run's versions are written in order
+	// is written (RecordSource.TakeRecord), so a run's versions are written in order
 	// without anything being queued under the run's lock.
-	runs    map[string]recordSource
+	runs    map[string]RecordSource
 	metrics []store.OwnedStepMetrics
 	after   []func() // run once everything queued before them is durable
 	closing bool
 	stopped bool // the loop has taken its last batch
-	crashed bool // tests: the process "died"; nothing more is written or published
+	crashed bool // the process "died" (Crash): nothing more is written or published
 	started bool // the goroutines start with the first write
 	done    chan struct{}
 
@@ -86,7 +89,7 @@ type persister struct {
 	// and while the committer takes what was handed to it (and rotates the file), so a
 	// file never holds a record that the committer has not taken.
 	jmu lockorder.Mutex[rankJournal]
-	j   *journal // nil until recover has run, or when the journal cannot be written
+	j   *journal // nil until Recover has run, or when the journal cannot be written
 	// Journaled records waiting for the store, coalesced by id (under mu).
 	jops     map[string]store.OwnedOperation
 	jruns    map[string]store.OwnedTrainingRun
@@ -94,7 +97,7 @@ type persister struct {
 	jcond    *sync.Cond
 	jclosing bool
 	jdone    chan struct{}
-	// The batch being committed (nil when none), for reads (readStore): by the committer
+	// The batch being committed (nil when none), for reads (ReadStore): by the committer
 	// (cops, cruns) and by the loop itself when there is no journal (lops, lruns).
 	cops  map[string]store.OwnedOperation
 	cruns map[string]store.OwnedTrainingRun
@@ -105,26 +108,44 @@ type persister struct {
 	// keepJournal: a store write failed, so journal files are no longer removed.
 	keepJournal bool
 
-	// beforeJournal (tests; under mu) is called with each group before it is journaled.
+	// beforeJournal (tests, BeforeJournal; under mu) is called with each group before it
+	// is journaled.
 	beforeJournal func(store.Batch)
 
 	// batches and records count store commits (tests, logs).
 	batches, records int
 }
 
-// recordSource is a training run whose record the persister writes (a trainrun.Run).
-type recordSource interface {
+// RecordSource is a training run whose record the persister writes (a trainrun.Run). Its
+// methods may take the source's own lock, which must come after the persister's in the
+// lock order (TakeRecord is called under Persister.mu).
+type RecordSource interface {
+	// ID is the run's id.
 	ID() string
+	// Workspace is the workspace that owns the run.
 	Workspace() string
-	// Record is the newest record; TakeRecord also marks it written.
+	// Record is the newest record; TakeRecord also marks it written, and reports whether it
+	// changed since it was last taken.
 	Record() *loopsv1.TrainingRun
 	TakeRecord() (*loopsv1.TrainingRun, bool)
 }
 
-func newPersister(st store.Store, log *slog.Logger) *persister {
-	p := &persister{
+// Writer is the store as a Persister writes to it: groups of records in one transaction
+// (ApplyBatch) and, when a group fails, one record at a time.
+type Writer interface {
+	store.BatchWriter
+	store.RunWriter
+	// PutOperation inserts or replaces an operation (as store.OperationStore's).
+	PutOperation(ctx context.Context, workspace string, op *loopsv1.Operation) error
+}
+
+// New returns a persister that writes to st. Its goroutines start with the first write;
+// call Recover first to replay a journal a previous process left and open a new one, and
+// Close to stop.
+func New(st Writer, log *slog.Logger) *Persister {
+	p := &Persister{
 		st: st, log: log, done: make(chan struct{}), jdone: make(chan struct{}),
-		ops: map[string]store.OwnedOperation{}, runs: map[string]recordSource{},
+		ops: map[string]store.OwnedOperation{}, runs: map[string]RecordSource{},
 		jops: map[string]store.OwnedOperation{}, jruns: map[string]store.OwnedTrainingRun{},
 	}
 	p.cond = sync.NewCond(&p.mu)
@@ -132,14 +153,15 @@ func newPersister(st store.Store, log *slog.Logger) *persister {
 	return p
 }
 
-// recover replays the journal files that a previous process left in dataDir into the store
-// and opens a new journal there (newOperations calls it, before New fails unfinished
+// Recover replays the journal files that a previous process left in dataDir into the store
+// and opens a new journal there (the core calls it at start-up, before it fails unfinished
 // operations). When the journal cannot be opened, outcomes wait for the store instead. A
 // replay that fails leaves the files for the next start, and the new journal opens beside
-// them. Without journal (Options.PublishAfterCommit: a store shared with a standby gateway,
-// which could not replay a journal on this host's disk) no journal is opened and every
-// group is committed to the store before its outcomes are published.
-func (p *persister) recover(ctx context.Context, dataDir string, journal bool) error {
+// them; its error is returned (the persister works all the same). Without journal (the
+// core's Options.PublishAfterCommit: a store shared with a standby gateway, which could not
+// replay a journal on this host's disk) no journal is opened and every group is committed
+// to the store before its outcomes are published.
+func (p *Persister) Recover(ctx context.Context, dataDir string, journal bool) error {
 	rerr := replayJournal(ctx, dataDir, p.st, p.log)
 	if !journal {
 		p.log.Info("no outcome journal: outcomes are published once committed to the store, which other gateways share")
@@ -157,7 +179,7 @@ func (p *persister) recover(ctx context.Context, dataDir string, journal bool) e
 }
 
 // wakeLocked starts the goroutines on first use and wakes the loop.
-func (p *persister) wakeLocked() {
+func (p *Persister) wakeLocked() {
 	if !p.started {
 		p.started = true
 		go p.loop()
@@ -172,13 +194,14 @@ func errWriteQueueFull() error {
 		fmt.Errorf("the server's store is behind (%d operation records waiting to be written): retry later", maxPendingCreates))
 }
 
-// create queues a new operation's record. It never waits: it is called under a run's or a
-// sampler's lock. When the queue is full it refuses with ResourceExhausted.
-func (p *persister) create(ws string, op *loopsv1.Operation) error {
+// Create queues a new operation's record. It never waits: it is called under a run's or a
+// sampler's lock. When too many records wait for the store it refuses with
+// ResourceExhausted (QUEUE_FULL); once the persister has stopped, with ErrStopped.
+func (p *Persister) Create(ws string, op *loopsv1.Operation) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.stopped {
-		return errShuttingDown()
+		return ErrStopped
 	}
 	if len(p.ops)+len(p.jops) >= maxPendingCreates {
 		return errWriteQueueFull()
@@ -188,9 +211,9 @@ func (p *persister) create(ws string, op *loopsv1.Operation) error {
 	return nil
 }
 
-// finish queues an operation's final record and calls publish once it is durable (on the
+// Finish queues an operation's final record and calls publish once it is durable (on the
 // persister's goroutine; publish must not block). It never refuses and never waits.
-func (p *persister) finish(ws string, op *loopsv1.Operation, publish func()) {
+func (p *Persister) Finish(ws string, op *loopsv1.Operation, publish func()) {
 	p.mu.Lock()
 	if p.crashed {
 		p.mu.Unlock()
@@ -211,9 +234,9 @@ func (p *persister) finish(ws string, op *loopsv1.Operation, publish func()) {
 	p.mu.Unlock()
 }
 
-// run queues a training run whose record changed: its newest record is written with the
+// RunChanged queues a training run whose record changed: its newest record is written with the
 // next group. Call it after the change, never under the run's lock.
-func (p *persister) run(r recordSource) {
+func (p *Persister) RunChanged(r RecordSource) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.stopped {
@@ -223,9 +246,9 @@ func (p *persister) run(r recordSource) {
 	p.wakeLocked()
 }
 
-// stepMetrics queues a step metrics record of a run (runmetrics.go). Like run, it never
-// waits; after Close it is dropped.
-func (p *persister) stepMetrics(ws, runID string, m *loopsv1.StepMetrics) {
+// StepMetrics queues a step metrics record of a run. Like RunChanged, it never waits; after
+// Close it is dropped.
+func (p *Persister) StepMetrics(ws, runID string, m *loopsv1.StepMetrics) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.stopped {
@@ -235,13 +258,13 @@ func (p *persister) stepMetrics(ws, runID string, m *loopsv1.StepMetrics) {
 	p.wakeLocked()
 }
 
-func (p *persister) emptyLocked() bool {
+func (p *Persister) emptyLocked() bool {
 	return len(p.ops) == 0 && len(p.runs) == 0 && len(p.metrics) == 0 && len(p.after) == 0
 }
 
 // take waits for queued writes and takes all of them; stop is true when the persister is
 // closing and nothing is left.
-func (p *persister) take() (b store.Batch, after []func(), stop bool) {
+func (p *Persister) take() (b store.Batch, after []func(), stop bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for p.emptyLocked() && !p.closing {
@@ -253,13 +276,13 @@ func (p *persister) take() (b store.Batch, after []func(), stop bool) {
 	}
 	b = batchOf(takeRecords(p.runs), p.ops, p.metrics)
 	after = p.after
-	p.ops, p.runs, p.metrics, p.after = map[string]store.OwnedOperation{}, map[string]recordSource{}, nil, nil
+	p.ops, p.runs, p.metrics, p.after = map[string]store.OwnedOperation{}, map[string]RecordSource{}, nil, nil
 	return b, after, false
 }
 
 // takeRecords takes the newest record of each changed run (the run's lock comes after the
 // persister's in the lock order).
-func takeRecords(srcs map[string]recordSource) map[string]store.OwnedTrainingRun {
+func takeRecords(srcs map[string]RecordSource) map[string]store.OwnedTrainingRun {
 	runs := make(map[string]store.OwnedTrainingRun, len(srcs))
 	for id, src := range srcs {
 		if rec, changed := src.TakeRecord(); changed {
@@ -282,7 +305,7 @@ func batchOf(runs map[string]store.OwnedTrainingRun, ops map[string]store.OwnedO
 
 // loop makes each group durable, in the journal (or, without one, in the store), and then
 // publishes its outcomes.
-func (p *persister) loop() {
+func (p *Persister) loop() {
 	defer close(p.done)
 	for {
 		b, after, stop := p.take()
@@ -305,8 +328,8 @@ func (p *persister) loop() {
 }
 
 // commitInLoop commits a group that is not journaled before its outcomes are published;
-// reads see its records meanwhile (readStore).
-func (p *persister) commitInLoop(b store.Batch) {
+// reads see its records meanwhile (ReadStore).
+func (p *Persister) commitInLoop(b store.Batch) {
 	if b.Len() == 0 {
 		return
 	}
@@ -328,7 +351,7 @@ func (p *persister) commitInLoop(b store.Batch) {
 
 // journal appends a group to the journal and hands it to the committer; false when there is
 // no journal or it could not be written (the caller commits the group to the store itself).
-func (p *persister) journal(b store.Batch) bool {
+func (p *Persister) journal(b store.Batch) bool {
 	if b.Len() == 0 {
 		return true
 	}
@@ -370,17 +393,17 @@ func (p *persister) journal(b store.Batch) bool {
 }
 
 // jemptyLocked reports whether no journaled record waits for the store.
-func (p *persister) jemptyLocked() bool {
+func (p *Persister) jemptyLocked() bool {
 	return len(p.jops) == 0 && len(p.jruns) == 0 && len(p.jmetrics) == 0
 }
 
 // jlenLocked is how many journaled records wait for the store.
-func (p *persister) jlenLocked() int { return len(p.jops) + len(p.jruns) + len(p.jmetrics) }
+func (p *Persister) jlenLocked() int { return len(p.jops) + len(p.jruns) + len(p.jmetrics) }
 
 // commitLoop commits journaled records to the store, whatever has been journaled since its
 // previous commit (coalesced for up to commitDelay) in one batch, and removes journal files
 // whose records are all committed.
-func (p *persister) commitLoop() {
+func (p *Persister) commitLoop() {
 	defer close(p.jdone)
 	for {
 		p.mu.Lock()
@@ -444,7 +467,7 @@ func (p *persister) commitLoop() {
 
 // commit writes one batch to the store, falling back to one record at a time if the batch
 // fails; ok is false when a record could not be written.
-func (p *persister) commit(b store.Batch) (ok bool) {
+func (p *Persister) commit(b store.Batch) (ok bool) {
 	if b.Len() == 0 {
 		return true
 	}
@@ -496,14 +519,14 @@ func (p *persister) commit(b store.Batch) (ok bool) {
 
 // leaseLost reports whether err is the store's refusal of a write because another gateway
 // leads now (store.ErrFenced). Nothing more can be committed then: the persister stops as
-// a crashed process would (crash), publishing nothing it had not committed, and the gateway
+// a crashed process would (Crash), publishing nothing it had not committed, and the gateway
 // steps down (the store told the lease).
-func (p *persister) leaseLost(err error) bool {
+func (p *Persister) leaseLost(err error) bool {
 	if !errors.Is(err, store.ErrFenced) {
 		return false
 	}
 	p.log.Error("the store refused a batch: another gateway leads now; nothing more is written or published", slog.Any("err", err))
-	p.crash()
+	p.Crash()
 	p.mu.Lock()
 	p.stopped = true // new work is refused
 	p.mu.Unlock()
@@ -512,7 +535,7 @@ func (p *persister) leaseLost(err error) bool {
 
 // pendingOp returns the newest record of operation id that the store may not hold yet
 // (queued, journaled or being committed).
-func (p *persister) pendingOp(id string) (store.OwnedOperation, bool) {
+func (p *Persister) pendingOp(id string) (store.OwnedOperation, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, m := range []map[string]store.OwnedOperation{p.ops, p.jops, p.cops, p.lops} {
@@ -524,7 +547,7 @@ func (p *persister) pendingOp(id string) (store.OwnedOperation, bool) {
 }
 
 // pendingRun is pendingOp for a training run.
-func (p *persister) pendingRun(id string) (store.OwnedTrainingRun, bool) {
+func (p *Persister) pendingRun(id string) (store.OwnedTrainingRun, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if src, ok := p.runs[id]; ok {
@@ -538,26 +561,26 @@ func (p *persister) pendingRun(id string) (store.OwnedTrainingRun, bool) {
 	return store.OwnedTrainingRun{}, false
 }
 
-// uncommitted reports whether operation id has a record that the store may not hold yet:
+// Uncommitted reports whether operation id has a record that the store may not hold yet:
 // memory must keep it until then.
-func (p *persister) uncommitted(id string) bool {
+func (p *Persister) Uncommitted(id string) bool {
 	_, ok := p.pendingOp(id)
 	return ok
 }
 
-// sync waits until the store holds every record queued so far (before a read that the
+// Sync waits until the store holds every record queued so far (before a read that the
 // records held here cannot answer: a list), or until ctx ends: a store that hangs then
 // answers the read with ctx's error instead of holding it.
-func (p *persister) sync(ctx context.Context) error {
-	if err := p.flush(ctx); err != nil {
+func (p *Persister) Sync(ctx context.Context) error {
+	if err := p.Flush(ctx); err != nil {
 		return err
 	}
-	return p.settle(ctx)
+	return p.Settle(ctx)
 }
 
-// settle waits until every record journaled so far is committed to the store, or until
+// Settle waits until every record journaled so far is committed to the store, or until
 // ctx ends.
-func (p *persister) settle(ctx context.Context) error {
+func (p *Persister) Settle(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { // wake the wait below when ctx ends
 		p.mu.Lock()
 		p.jcond.Broadcast()
@@ -580,7 +603,7 @@ func (p *persister) settle(ctx context.Context) error {
 
 // stoppedCommitting reports whether the committing goroutine has ended (after close or a
 // crash). Called with mu held.
-func (p *persister) stoppedCommitting() bool {
+func (p *Persister) stoppedCommitting() bool {
 	select {
 	case <-p.jdone:
 		return true
@@ -589,80 +612,9 @@ func (p *persister) stoppedCommitting() bool {
 	}
 }
 
-// readStore is the store as the core reads it: a record that the persister holds (queued,
-// journaled or being committed) is answered from there, so a read never goes back behind
-// what was published; a list first waits until the store holds everything queued.
-type readStore struct {
-	store.Store
-	p *persister
-}
-
-// GetOperation returns an operation of the workspace, the newest record first.
-func (s readStore) GetOperation(ctx context.Context, ws, id string) (*loopsv1.Operation, error) {
-	if o, ok := s.p.pendingOp(id); ok {
-		if o.Workspace != ws {
-			return nil, fmt.Errorf("store: get operation %s: %w", id, store.ErrNotFound)
-		}
-		return proto.CloneOf(o.Operation), nil
-	}
-	return s.Store.GetOperation(ctx, ws, id)
-}
-
-// GetTrainingRun returns a training run of the workspace, the newest record first.
-func (s readStore) GetTrainingRun(ctx context.Context, ws, id string) (*loopsv1.TrainingRun, error) {
-	if r, ok := s.p.pendingRun(id); ok {
-		if r.Workspace != ws {
-			return nil, fmt.Errorf("store: get training run %s: %w", id, store.ErrNotFound)
-		}
-		return proto.CloneOf(r.Run), nil
-	}
-	return s.Store.GetTrainingRun(ctx, ws, id)
-}
-
-// ListTrainingRuns lists the workspace's training runs once the store holds every record.
-func (s readStore) ListTrainingRuns(ctx context.Context, ws string, page store.Page) ([]*loopsv1.TrainingRun, int64, error) {
-	if err := s.p.sync(ctx); err != nil {
-		return nil, 0, err
-	}
-	return s.Store.ListTrainingRuns(ctx, ws, page)
-}
-
-// ListAllTrainingRuns lists every run once the store holds every record.
-func (s readStore) ListAllTrainingRuns(ctx context.Context) ([]store.OwnedTrainingRun, error) {
-	if err := s.p.sync(ctx); err != nil {
-		return nil, err
-	}
-	return s.Store.ListAllTrainingRuns(ctx)
-}
-
-// ListSessionTrainingRuns lists a session's runs once the store holds every record.
-func (s readStore) ListSessionTrainingRuns(ctx context.Context, ws, sessionID string) ([]*loopsv1.TrainingRun, error) {
-	if err := s.p.sync(ctx); err != nil {
-		return nil, err
-	}
-	return s.Store.ListSessionTrainingRuns(ctx, ws, sessionID)
-}
-
-// ListStepMetrics lists a run's step metrics once the store holds every record.
-func (s readStore) ListStepMetrics(ctx context.Context, ws, runID string, fromStep, toStep int64) ([]*loopsv1.StepMetrics, error) {
-	if err := s.p.sync(ctx); err != nil {
-		return nil, err
-	}
-	return s.Store.ListStepMetrics(ctx, ws, runID, fromStep, toStep)
-}
-
-// DeleteOperationsDoneBefore removes old finished operations once the store holds every
-// record (a record committed later would bring one back).
-func (s readStore) DeleteOperationsDoneBefore(ctx context.Context, t time.Time) (int, error) {
-	if err := s.p.sync(ctx); err != nil {
-		return 0, err
-	}
-	return s.Store.DeleteOperationsDoneBefore(ctx, t)
-}
-
-// flush waits until everything queued so far is durable and published (Drain: the work it
-// failed is answered before long-polls are released), or until ctx ends.
-func (p *persister) flush(ctx context.Context) error {
+// Flush waits until everything queued so far is durable and published (the core's Drain:
+// the work it failed is answered before long-polls are released), or until ctx ends.
+func (p *Persister) Flush(ctx context.Context) error {
 	p.mu.Lock()
 	if p.stopped || p.crashed || (!p.started && p.emptyLocked()) {
 		p.mu.Unlock()
@@ -680,9 +632,9 @@ func (p *persister) flush(ctx context.Context) error {
 	}
 }
 
-// close makes what is queued durable, publishes it, commits everything to the store, stops
+// Close makes what is queued durable, publishes it, commits everything to the store, stops
 // the goroutines and removes the journal.
-func (p *persister) close() {
+func (p *Persister) Close() {
 	p.mu.Lock()
 	p.closing = true
 	if !p.started {
@@ -703,7 +655,7 @@ func (p *persister) close() {
 }
 
 // closeJournal closes the journal and, when everything in it is committed, removes it.
-func (p *persister) closeJournal() {
+func (p *Persister) closeJournal() {
 	p.mu.Lock()
 	keep := p.keepJournal || p.crashed
 	p.mu.Unlock()
@@ -715,14 +667,23 @@ func (p *persister) closeJournal() {
 	}
 }
 
-// crash (tests) stops the persister as a process crash would: what is queued, and the
-// outcomes of a group being journaled, are never published, and nothing more is written
-// (the journal stays as it is, for the next start to replay).
-func (p *persister) crash() {
+// Crash stops the persister as a process crash would (tests; and a lost lease, see
+// leaseLost): what is queued, and the outcomes of a group being journaled, are never
+// published, and nothing more is written (the journal stays as it is, for the next start
+// to replay).
+func (p *Persister) Crash() {
 	p.mu.Lock()
 	p.crashed, p.closing = true, true
-	p.ops, p.runs, p.metrics, p.after = map[string]store.OwnedOperation{}, map[string]recordSource{}, nil, nil
+	p.ops, p.runs, p.metrics, p.after = map[string]store.OwnedOperation{}, map[string]RecordSource{}, nil, nil
 	p.cond.Broadcast()
 	p.jcond.Broadcast()
 	p.mu.Unlock()
+}
+
+// BeforeJournal sets a hook (tests) that is called with each group before it is journaled;
+// it may block, holding the group back as a slow disk would. nil removes it.
+func (p *Persister) BeforeJournal(f func(store.Batch)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.beforeJournal = f
 }

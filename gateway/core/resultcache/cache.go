@@ -1,4 +1,4 @@
-package core
+package resultcache
 
 import (
 	"container/list"
@@ -12,17 +12,9 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// Large results (docs/semantics.md, "Operations"): the per-token outputs of forward and
-// forward_backward and the sequences of sample live only in memory, in a cache bounded in
-// bytes (Options.ResultCacheBytes) and in time (Options.ResultCacheTTL). Entries leave oldest
-// first: when they pass the TTL, or when newer results need the room. The store and the
-// operation registry keep the small part only (state, error, metrics); asking for a large
-// result that has left the cache, or that a restart dropped, is answered FailedPrecondition
-// with reason RESULT_EXPIRED. Compat's encodings of a result (JSON, protobuf) are kept in its
-// entry and count against the same budget.
-
-// hasLargeResult reports whether op's kind carries a result that only the cache holds.
-func hasLargeResult(op *loopsv1.Operation) bool {
+// HasLarge reports whether op carries a result that only the cache holds: it succeeded, and
+// its kind (forward, forward_backward, sample) has per-token outputs or sequences.
+func HasLarge(op *loopsv1.Operation) bool {
 	if op.GetState() != loopsv1.OperationState_OPERATION_STATE_SUCCEEDED {
 		return false
 	}
@@ -34,10 +26,10 @@ func hasLargeResult(op *loopsv1.Operation) bool {
 	return false
 }
 
-// smallCopy returns what the store keeps of a finished operation: op itself, or, for an
+// Small returns what the store keeps of a finished operation: op itself, or, for an
 // operation with a large result, a copy without per-token outputs or sequences (metrics kept).
-func smallCopy(op *loopsv1.Operation) *loopsv1.Operation {
-	if !hasLargeResult(op) {
+func Small(op *loopsv1.Operation) *loopsv1.Operation {
+	if !HasLarge(op) {
 		return op
 	}
 	small := proto.CloneOf(op)
@@ -62,8 +54,10 @@ type resultEntry struct {
 	encoded map[string][]byte
 }
 
-// resultCache holds full results by operation id, oldest first.
-type resultCache struct {
+// Cache holds full results by operation id, oldest first, within a budget of bytes and of
+// time. Its methods are safe for concurrent use; its lock is a leaf (nothing is taken or
+// called under it, encode included).
+type Cache struct {
 	maxBytes int64
 	ttl      time.Duration
 	now      func() time.Time
@@ -74,12 +68,16 @@ type resultCache struct {
 	byID  map[string]*list.Element
 }
 
-func newResultCache(maxBytes int64, ttl time.Duration, now func() time.Time) *resultCache {
-	return &resultCache{maxBytes: maxBytes, ttl: ttl, now: now, order: list.New(), byID: map[string]*list.Element{}}
+// New returns an empty cache that keeps up to maxBytes of results (an operation's encoded
+// size, and the encodings kept with it), each for ttl after it was put, by the clock now.
+func New(maxBytes int64, ttl time.Duration, now func() time.Time) *Cache {
+	return &Cache{maxBytes: maxBytes, ttl: ttl, now: now, order: list.New(), byID: map[string]*list.Element{}}
 }
 
-// put keeps op's full result. A result larger than the whole budget is not kept.
-func (rc *resultCache) put(op *loopsv1.Operation) bool {
+// Put keeps op's full result (op itself, which must not change afterwards), making room by
+// dropping the oldest entries; it reports false, keeping nothing, for a result larger than
+// the whole budget.
+func (rc *Cache) Put(op *loopsv1.Operation) bool {
 	size := int64(proto.Size(op))
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
@@ -95,8 +93,8 @@ func (rc *resultCache) put(op *loopsv1.Operation) bool {
 	return true
 }
 
-// get returns the full operation, if it is still kept.
-func (rc *resultCache) get(id string) (*loopsv1.Operation, bool) {
+// Get returns the full operation, if it is still kept (put less than the TTL ago).
+func (rc *Cache) Get(id string) (*loopsv1.Operation, bool) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	el, ok := rc.byID[id]
@@ -111,9 +109,9 @@ func (rc *resultCache) get(id string) (*loopsv1.Operation, bool) {
 	return e.op, true
 }
 
-// encoded returns the result's encoding in format, made by encode at most once while the
+// Encoded returns the result's encoding in format, made by encode at most once while the
 // entry is kept. A result not in the cache is encoded every time.
-func (rc *resultCache) encoded(id, format string, encode func() ([]byte, error)) ([]byte, error) {
+func (rc *Cache) Encoded(id, format string, encode func() ([]byte, error)) ([]byte, error) {
 	rc.mu.Lock()
 	if el, ok := rc.byID[id]; ok {
 		if b, ok := el.Value.(*resultEntry).encoded[format]; ok {
@@ -143,8 +141,8 @@ func (rc *resultCache) encoded(id, format string, encode func() ([]byte, error))
 	return b, nil
 }
 
-// sweep drops the entries past the TTL.
-func (rc *resultCache) sweep() {
+// Sweep drops the entries past the TTL.
+func (rc *Cache) Sweep() {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	now := rc.now()
@@ -157,7 +155,7 @@ func (rc *resultCache) sweep() {
 }
 
 // shrinkLocked evicts oldest entries (never keep) until the cache fits its budget.
-func (rc *resultCache) shrinkLocked(keep *list.Element) {
+func (rc *Cache) shrinkLocked(keep *list.Element) {
 	for el := rc.order.Front(); rc.bytes > rc.maxBytes && el != nil; {
 		next := el.Next()
 		if el != keep {
@@ -167,23 +165,28 @@ func (rc *resultCache) shrinkLocked(keep *list.Element) {
 	}
 }
 
-func (rc *resultCache) removeLocked(el *list.Element) {
+func (rc *Cache) removeLocked(el *list.Element) {
 	e := el.Value.(*resultEntry)
 	rc.order.Remove(el)
 	delete(rc.byID, e.id)
 	rc.bytes -= e.size
 }
 
-// usage returns the bytes and entries held.
-func (rc *resultCache) usage() (int64, int) {
+// Usage returns the bytes and entries held.
+func (rc *Cache) Usage() (int64, int) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	return rc.bytes, len(rc.byID)
 }
 
-// errResultExpired answers a request for a large result the cache no longer holds.
-func (rc *resultCache) errExpired(op *loopsv1.Operation) error {
+// MaxBytes is the cache's budget of bytes.
+func (rc *Cache) MaxBytes() int64 { return rc.maxBytes }
+
+// ErrExpired answers a request for the large result of op that the cache no longer holds
+// (FailedPrecondition, RESULT_EXPIRED), saying how long and how much it keeps; kind is the
+// operation's kind as clients name the call (forward_backward, …).
+func (rc *Cache) ErrExpired(op *loopsv1.Operation, kind string) error {
 	return errs.New(connect.CodeFailedPrecondition, errs.ReasonResultExpired, fmt.Errorf(
 		"result expired: the result of operation %s (%s, succeeded) is no longer kept; results are kept for %s and up to %d MiB in all (oldest leave first), and a server restart drops them: rerun the step",
-		op.GetId(), kindName(op.GetKind()), rc.ttl, rc.maxBytes>>20))
+		op.GetId(), kind, rc.ttl, rc.maxBytes>>20))
 }

@@ -1,4 +1,4 @@
-package core
+package writebehind
 
 import (
 	"bufio"
@@ -20,21 +20,13 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// The outcome journal (docs/semantics.md, "Restart"). The persister appends each group of
-// operation and training-run records to a file in DataDir/journal with one write(2), and
-// publishes the outcomes in it as soon as that write returns: the records are then in the
-// kernel, so a crash of the process (at any instant after the write) loses none of them.
-// The store gets the same records afterwards (store.ApplyBatch, off every client's path);
-// once a journal file's records are all committed to the store the file is removed. At
-// start-up, the files left by a crash are replayed into the store (later records win)
-// before unfinished operations are failed.
-//
-// A journal file is a sequence of frames: a little-endian uint32 payload length, the
+// The journal's format. A journal file is a sequence of frames: a little-endian uint32 payload length, the
 // payload's CRC-32C, the payload. A payload is a record kind byte, the workspace (a uvarint
 // length and its bytes) and the record's protobuf encoding. A torn last frame (the OS died
 // in the middle of a write) ends the file's replay.
 
-const journalDir = "journal"
+// JournalDir is the journal's directory under the data directory given to Recover.
+const JournalDir = "journal"
 
 const (
 	journalRun     byte = 1
@@ -60,9 +52,9 @@ type journal struct {
 
 // openJournal creates the directory and a fresh file to append to.
 func openJournal(dataDir string) (*journal, error) {
-	j := &journal{dir: filepath.Join(dataDir, journalDir)}
+	j := &journal{dir: filepath.Join(dataDir, JournalDir)}
 	if err := os.MkdirAll(j.dir, 0o750); err != nil {
-		return nil, fmt.Errorf("core: journal: %w", err)
+		return nil, fmt.Errorf("writebehind: journal: %w", err)
 	}
 	if _, err := j.rotate(); err != nil {
 		return nil, err
@@ -77,7 +69,7 @@ func (j *journal) rotate() (string, error) {
 	name := filepath.Join(j.dir, fmt.Sprintf("%020d.log", n))
 	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o640)
 	if err != nil {
-		return "", fmt.Errorf("core: journal: %w", err)
+		return "", fmt.Errorf("writebehind: journal: %w", err)
 	}
 	old, oldName := j.f, j.name
 	j.f, j.name, j.last, j.size = f, name, n, 0
@@ -114,7 +106,7 @@ func (j *journal) append(b store.Batch) error {
 	n, err := j.f.Write(buf)
 	j.size += int64(n)
 	if err != nil {
-		return fmt.Errorf("core: journal: %w", err)
+		return fmt.Errorf("writebehind: journal: %w", err)
 	}
 	return nil
 }
@@ -135,7 +127,7 @@ func appendFrame(buf []byte, kind byte, ws string, m proto.Message) ([]byte, err
 	buf = append(buf, ws...)
 	buf, err := proto.MarshalOptions{}.MarshalAppend(buf, m)
 	if err != nil {
-		return buf[:start], fmt.Errorf("core: journal: encode: %w", err)
+		return buf[:start], fmt.Errorf("writebehind: journal: encode: %w", err)
 	}
 	payload := buf[start+8:]
 	binary.LittleEndian.PutUint32(buf[start:], uint32(len(payload)))
@@ -143,7 +135,13 @@ func appendFrame(buf []byte, kind byte, ws string, m proto.Message) ([]byte, err
 	return buf, nil
 }
 
-// journalFiles lists the journal's files, oldest first.
+// JournalFiles lists the journal files in dataDir (under JournalDir), oldest first: those
+// that a process being started would replay, or that the running one appends to.
+func JournalFiles(dataDir string) ([]string, error) {
+	return journalFiles(filepath.Join(dataDir, JournalDir))
+}
+
+// journalFiles lists the journal's files in dir, oldest first.
 func journalFiles(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -225,11 +223,11 @@ func readJournalFile(name string, runs map[string]store.OwnedTrainingRun, ops ma
 // replayJournal commits the records that journal files left by an earlier process hold
 // to the store (later records win) and removes the files. It runs at start-up, before
 // unfinished operations are failed and runs recovered.
-func replayJournal(ctx context.Context, dataDir string, st store.Store, log *slog.Logger) error {
-	dir := filepath.Join(dataDir, journalDir)
+func replayJournal(ctx context.Context, dataDir string, st Writer, log *slog.Logger) error {
+	dir := filepath.Join(dataDir, JournalDir)
 	names, err := journalFiles(dir)
 	if err != nil {
-		return fmt.Errorf("core: journal: %w", err)
+		return fmt.Errorf("writebehind: journal: %w", err)
 	}
 	if len(names) == 0 {
 		return nil
@@ -239,7 +237,7 @@ func replayJournal(ctx context.Context, dataDir string, st store.Store, log *slo
 	for _, name := range names {
 		clean, err := readJournalFile(name, runs, ops, &metrics)
 		if err != nil {
-			return fmt.Errorf("core: journal: %w", err)
+			return fmt.Errorf("writebehind: journal: %w", err)
 		}
 		if !clean {
 			// Only an OS crash or power loss tears a frame; what follows it was never
@@ -283,7 +281,7 @@ func replayJournal(ctx context.Context, dataDir string, st store.Store, log *slo
 	}
 	for _, name := range names {
 		if err := os.Remove(name); err != nil {
-			return fmt.Errorf("core: journal: %w", err)
+			return fmt.Errorf("writebehind: journal: %w", err)
 		}
 	}
 	log.Info("replayed the journal left by the previous process", slog.Int("files", len(names)),
