@@ -98,7 +98,10 @@ func TestRegisterAuthAndValidation(t *testing.T) {
 
 func TestHeartbeatLossAndIncarnations(t *testing.T) {
 	ctx := t.Context()
-	reg, cl, url := serveURL(t, pools.RegistryOptions{JoinToken: "tok", HeartbeatInterval: 50 * time.Millisecond, HeartbeatTimeout: 300 * time.Millisecond})
+	// The timeout is long enough that a loaded machine (the race detector, parallel packages)
+	// never delays one beat past it.
+	const timeout = time.Second
+	reg, cl, url := serveURL(t, pools.RegistryOptions{JoinToken: "tok", HeartbeatInterval: 50 * time.Millisecond, HeartbeatTimeout: timeout})
 	reg.SetDesired("p", 2)
 	ev := reg.Watch(ctx, "p")
 	// registered but never beating: lost after the timeout
@@ -121,7 +124,7 @@ func TestHeartbeatLossAndIncarnations(t *testing.T) {
 	_, err = st.Receive()
 	require.NoError(t, err)
 	require.Equal(t, pools.Up, (<-ev).Kind)
-	for range 8 { // 8 × 50ms > the timeout: still registered because it beats
+	for start := time.Now(); time.Since(start) < timeout*3/2; { // still registered past the timeout because it beats
 		time.Sleep(50 * time.Millisecond)
 		require.NoError(t, st.Send(&backendv1.HeartbeatRequest{}))
 		_, err = st.Receive()

@@ -118,8 +118,9 @@ func decoderStatsOf(e *Engine) decoderStats {
 
 // TestBatchedSamplingIsBitIdentical checks that requests decoded together (continuous
 // batching: all joining at once, then joining a running batch one by one, under tight
-// batch limits) give exactly the tokens and log-probs of each decoded alone, with any
-// number of threads.
+// batch limits, from one workspace each or shared between workspaces, their prompts
+// prefilled in pieces) give exactly the tokens and log-probs of each decoded alone, with
+// any number of threads.
 func TestBatchedSamplingIsBitIdentical(t *testing.T) {
 	reqs := batchRequests(t)
 	defer nn.SetThreads(runtime.NumCPU())
@@ -136,19 +137,38 @@ func TestBatchedSamplingIsBitIdentical(t *testing.T) {
 		want[i] = sampleAll(t, alone, []*backendv1.SampleRequest{r})[0]
 	}
 
+	// the same requests from three workspaces (the decoder shares prefill and rows between
+	// them: prompts in pieces, sequences left out of steps)
+	tenants := make([]*backendv1.SampleRequest, len(reqs))
+	for i, r := range reqs {
+		tenants[i] = proto.CloneOf(r)
+		tenants[i].Workspace = []string{"ws-a", "ws-b", "ws-c"}[i%3]
+	}
 	for _, tc := range []struct {
-		name string
-		opts Options
-		hold bool
+		name     string
+		opts     Options
+		hold     bool
+		tenants  bool
+		maxPiece int
 	}{
-		{"all at once, 1 thread", Options{Threads: 1}, true},
-		{"all at once, 3 threads", Options{Threads: 3}, true},
-		{"joining a running batch", Options{Threads: 2}, false},
-		{"at most 3 sequences", Options{Threads: 2, MaxBatchSequences: 3}, true},
-		{"small cache budget", Options{Threads: 2, MaxBatchKVBytes: 3 << 20}, true},
+		{"all at once, 1 thread", Options{Threads: 1}, true, false, 0},
+		{"all at once, 3 threads", Options{Threads: 3}, true, false, 0},
+		{"joining a running batch", Options{Threads: 2}, false, false, 0},
+		{"at most 3 sequences", Options{Threads: 2, MaxBatchSequences: 3}, true, false, 0},
+		{"small cache budget", Options{Threads: 2, MaxBatchKVBytes: 3 << 20}, true, false, 0},
+		{"workspaces, all at once", Options{Threads: 2}, true, true, 0},
+		{"workspaces, prompts in pieces of at most 7 tokens", Options{Threads: 2}, true, true, 7},
+		{"workspaces joining a running batch, pieces of at most 5 tokens", Options{Threads: 2}, false, true, 5},
+		{"workspaces, at most 3 sequences, pieces of at most 11 tokens", Options{Threads: 2, MaxBatchSequences: 3}, true, true, 11},
+		{"requests of their own, pieces of at most 3 tokens, at most 2 sequences", Options{Threads: 2, MaxBatchSequences: 2}, false, false, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEngine(tc.opts)
+			e.models[tiny.Name].dec.maxPiece = tc.maxPiece
+			reqs := reqs
+			if tc.tenants {
+				reqs = tenants
+			}
 			var got [][]byte
 			if tc.hold {
 				wait, start := holdDecoder(e)
@@ -179,6 +199,9 @@ func TestBatchedSamplingIsBitIdentical(t *testing.T) {
 			}
 			if tc.opts.MaxBatchSequences > 0 {
 				require.LessOrEqual(t, st.maxRows, tc.opts.MaxBatchSequences)
+			}
+			if tc.maxPiece > 0 {
+				require.Greater(t, st.pieces, nn.PrefillChunk/tc.maxPiece, "the long prompt ran in pieces")
 			}
 		})
 	}

@@ -162,7 +162,7 @@ func (e *Engine) sample(ctx context.Context, req *backendv1.SampleRequest, sink 
 			}
 		}
 	}
-	if err := bm.dec.run(ctx, g); err != nil {
+	if err := bm.dec.run(ctx, req.GetWorkspace(), g); err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
 			return nil, connect.NewError(connect.CodeDeadlineExceeded, err)
 		}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -72,11 +73,61 @@ func (tn tenant) sampleFlood(stop context.Context, wg *sync.WaitGroup, sampler s
 	}
 }
 
+// floodWhile runs clients closed-loop clients of samples (prompt + maxTokens tokens) on
+// sampler for a second, then for as long as during() runs (or for d when during is nil),
+// and returns how fast they generated tokens over that time. It returns once every client's
+// last request has ended.
+func (tn tenant) floodWhile(t *testing.T, sampler string, clients, prompt, maxTokens int, during func(), d time.Duration) rate {
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	var done atomic.Int64
+	tn.sampleFlood(ctx, &wg, sampler, clients, prompt, maxTokens, &done)
+	tps := rateWhile(&done, during, d)
+	cancel()
+	wg.Wait()
+	return tps
+}
+
+// rate is how fast a flood generated tokens: per second, and per second of this process's
+// CPU time (engine, gateway and clients), which moves much less than the first when other
+// work on the machine takes the CPUs.
+type rate struct{ perSecond, perCPUSecond float64 }
+
+func (r rate) String() string {
+	return fmt.Sprintf("%.0f tokens/s (%.0f per CPU-second)", r.perSecond, r.perCPUSecond)
+}
+
+// cpuTime is the CPU time this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// rateWhile waits a second for a flood to settle, then returns how fast *done grew while
+// during ran (or for d when during is nil).
+func rateWhile(done *atomic.Int64, during func(), d time.Duration) rate {
+	time.Sleep(time.Second)
+	n0, start, cpu0 := done.Load(), time.Now(), cpuTime()
+	if during != nil {
+		during()
+	} else {
+		time.Sleep(d)
+	}
+	n := float64(done.Load() - n0)
+	return rate{n / time.Since(start).Seconds(), n / (cpuTime() - cpu0).Seconds()}
+}
+
 // TestSamplingFairness measures, with the default 4 sampler slots and with 1: (1) a light
-// tenant's sampling latency alone and while another tenant floods the sampler from 32
-// clients; (2) Jain's index over 4 equal tenants flooding together; (3) Jain's index over 4
-// tenants with unequal demand (1, 4, 16 and 64 clients), which a FIFO would serve in
-// proportion to their clients.
+// tenant's sampling latency alone, beside slots − 1 heavy clients, and while another tenant
+// floods the sampler from 32 clients with short prompts and with long ones (the heavy
+// tenant's tokens/s during that flood, and during the same flood without the light tenant);
+// (2) Jain's index over 4 equal tenants flooding together; (3) Jain's index over 4 tenants
+// with unequal demand (1, 4, 16 and 64 clients), which a FIFO would serve in proportion to
+// their clients. LOOPS_BENCH_SLOTS picks other slot counts, LOOPS_BENCH_PARTS some of the
+// parts (benchParts; for before/after comparisons: compare.sh).
 func TestSamplingFairness(t *testing.T) {
 	if os.Getenv("LOOPS_BENCH") == "" {
 		t.Skip("set LOOPS_BENCH=1 to run the fairness benchmark")
@@ -91,60 +142,84 @@ func TestSamplingFairness(t *testing.T) {
 		}
 	}
 	for _, n := range slots {
-		t.Run(fmt.Sprintf("slots=%d", n), func(t *testing.T) { samplingFairness(t, n) })
+		t.Run(fmt.Sprintf("slots=%d", n), func(t *testing.T) { samplingFairness(t, n, benchParts()) })
 	}
 }
 
-func samplingFairness(t *testing.T, slots int) {
+// The sampling benchmark's shapes: the light tenant's sample, and the heavy tenant's
+// samples with a short and with a long prompt, from heavyClients closed-loop clients.
+const (
+	lightPrompt, lightMax             = 16, 16
+	shortPrompt, longPrompt, heavyMax = 16, 512, 64
+	heavyClients, lightSamples        = 32, 40
+)
+
+// benchParts is the parts of the sampling benchmark to run (LOOPS_BENCH_PARTS, a comma list
+// of beside, short, long, heavy and share; all by default). The light tenant alone is
+// always measured.
+func benchParts() map[string]bool {
+	parts := map[string]bool{"beside": true, "short": true, "long": true, "heavy": true, "share": true}
+	if v := os.Getenv("LOOPS_BENCH_PARTS"); v != "" {
+		parts = map[string]bool{}
+		for _, p := range strings.Split(v, ",") {
+			parts[strings.TrimSpace(p)] = true
+		}
+	}
+	return parts
+}
+
+func samplingFairness(t *testing.T, slots int, parts map[string]bool) {
 	keys := []string{"tml-light", "tml-heavy", "tml-eq-0", "tml-eq-1", "tml-eq-2", "tml-eq-3", "tml-un-0", "tml-un-1", "tml-un-2", "tml-un-3"}
 	url := startServer(t, keys, core.Options{SamplingConcurrency: slots})
 	light, heavy := newTenant(url, "tml-light"), newTenant(url, "tml-heavy")
 	lightSampler, heavySampler := light.newSampler(t), heavy.newSampler(t)
-	const prompt, lightMax, heavyMax, heavyClients, samples = 16, 16, 64, 32, 40
 	measure := func() []time.Duration {
 		var lat []time.Duration
-		for range samples {
-			d, _, err := light.sample(t.Context(), lightSampler, prompt, lightMax)
+		for range lightSamples {
+			d, _, err := light.sample(t.Context(), lightSampler, lightPrompt, lightMax)
 			require.NoError(t, err)
 			lat = append(lat, d)
 		}
 		return lat
 	}
+	flood := func(clients, prompt int, during func(), d time.Duration) rate {
+		return heavy.floodWhile(t, heavySampler, clients, prompt, heavyMax, during, d)
+	}
+	ratio := func(a, b []time.Duration, p float64) float64 {
+		return float64(percentile(a, p)) / float64(percentile(b, p))
+	}
 	for range 5 { // warm-up
-		_, _, _ = light.sample(t.Context(), lightSampler, prompt, lightMax)
+		_, _, _ = light.sample(t.Context(), lightSampler, lightPrompt, lightMax)
 	}
+	t.Logf("%d sampler slots; light tenant samples (%d+%d tokens); load average %s", slots, lightPrompt, lightMax, loadavg())
 	alone := measure()
-	// Beside slots-1 heavy clients the light tenant always finds a free slot: what is left
-	// is the cost of sharing the CPU, not of waiting.
-	var shared []time.Duration
-	if slots > 1 {
-		ctx, cancel := context.WithCancel(t.Context())
-		var wg sync.WaitGroup
-		var n atomic.Int64
-		heavy.sampleFlood(ctx, &wg, heavySampler, slots-1, prompt, heavyMax, &n)
-		time.Sleep(time.Second)
-		shared = measure()
-		cancel()
-		wg.Wait()
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	var wg sync.WaitGroup
-	var heavyDone atomic.Int64
-	heavy.sampleFlood(ctx, &wg, heavySampler, heavyClients, prompt, heavyMax, &heavyDone)
-	time.Sleep(time.Second)
-	flooded := measure()
-	cancel()
-	wg.Wait()
-	t.Logf("%d sampler slots; light tenant samples (%d+%d tokens), heavy tenant flooding from %d clients × (%d+%d tokens):", slots, prompt, lightMax, heavyClients, prompt, heavyMax)
 	t.Logf("  alone:       p50 %v  p99 %v", percentile(alone, .5), percentile(alone, .99))
-	if shared != nil {
-		t.Logf("  beside %d heavy clients (a slot always free): p50 %v  p99 %v  (ratio p50 %.2f×, p99 %.2f×)", slots-1,
-			percentile(shared, .5), percentile(shared, .99),
-			float64(percentile(shared, .5))/float64(percentile(alone, .5)), float64(percentile(shared, .99))/float64(percentile(alone, .99)))
+	if parts["beside"] && slots > 1 {
+		// Beside slots-1 heavy clients the light tenant always finds a free slot: what is
+		// left is the cost of sharing the engine, not of waiting.
+		var shared []time.Duration
+		flood(slots-1, shortPrompt, func() { shared = measure() }, 0)
+		t.Logf("  beside %d heavy clients × (%d+%d) (a slot always free): p50 %v  p99 %v  (ratio p50 %.2f×, p99 %.2f×)", slots-1, shortPrompt, heavyMax,
+			percentile(shared, .5), percentile(shared, .99), ratio(shared, alone, .5), ratio(shared, alone, .99))
 	}
-	t.Logf("  under flood: p50 %v  p99 %v  (ratio p50 %.2f×, p99 %.2f×; heavy generated %d tokens meanwhile)",
-		percentile(flooded, .5), percentile(flooded, .99),
-		float64(percentile(flooded, .5))/float64(percentile(alone, .5)), float64(percentile(flooded, .99))/float64(percentile(alone, .99)), heavyDone.Load())
+	for _, prompt := range []int{shortPrompt, longPrompt} {
+		if !parts[map[int]string{shortPrompt: "short", longPrompt: "long"}[prompt]] {
+			continue
+		}
+		var flooded []time.Duration
+		tps := flood(heavyClients, prompt, func() { flooded = measure() }, 0)
+		t.Logf("  under a flood of %d clients × (%d+%d): p50 %v  p99 %v  (ratio p50 %.2f×, p99 %.2f×); heavy tenant %v meanwhile; load %s",
+			heavyClients, prompt, heavyMax, percentile(flooded, .5), percentile(flooded, .99), ratio(flooded, alone, .5), ratio(flooded, alone, .99), tps, loadavg())
+	}
+	if parts["heavy"] {
+		for _, prompt := range []int{shortPrompt, longPrompt} {
+			tps := flood(heavyClients, prompt, nil, 10*time.Second)
+			t.Logf("  the %d-client flood × (%d+%d) without the light tenant: heavy tenant %v; load %s", heavyClients, prompt, heavyMax, tps, loadavg())
+		}
+	}
+	if !parts["share"] {
+		return
+	}
 
 	share := func(label string, tenantKeys []string, clients []int) {
 		done := make([]atomic.Int64, len(tenantKeys))
@@ -153,7 +228,7 @@ func samplingFairness(t *testing.T, slots int) {
 		var all sync.WaitGroup
 		for i, key := range tenantKeys {
 			tn := newTenant(url, key)
-			tn.sampleFlood(ctx, &all, tn.newSampler(t), clients[i], prompt, 32, &done[i])
+			tn.sampleFlood(ctx, &all, tn.newSampler(t), clients[i], shortPrompt, 32, &done[i])
 		}
 		all.Wait()
 		x := make([]float64, len(done))
@@ -164,4 +239,14 @@ func samplingFairness(t *testing.T, slots int) {
 	}
 	share("equal tenants", keys[2:6], []int{8, 8, 8, 8})
 	share("unequal demand", keys[6:10], []int{1, 4, 16, 64})
+}
+
+// loadavg is the machine's load average (1, 5 and 15 minutes).
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	return strings.Join(f[:min(3, len(f))], " ")
 }

@@ -508,7 +508,7 @@ func (c *Core) startSample(ctx context.Context, ws string, st *samplerState, req
 		BaseModel: st.info.GetBaseModel(), AdapterDir: adapterDir, AdapterFiles: adapterFiles, Prompt: req.GetPrompt(),
 		NumSamples: max(req.GetNumSamples(), 1), Params: params,
 		PromptLogprobs: req.GetPromptLogprobs(), TopkPromptLogprobs: req.GetTopkPromptLogprobs(),
-		Pool: c.samplerPool(st.info.GetModelPath()),
+		Pool: c.samplerPool(st.info.GetModelPath()), Workspace: ws,
 	}
 	if !c.samplers.queue.push(&sampleJob{o: o, session: st.info.GetSessionId(), deployment: deploymentUsage(st.info.GetDeployment()), req: breq, cost: sampleCost(breq), sink: sink, adapter: adapter}) {
 		adapter.Release()

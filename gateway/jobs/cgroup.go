@@ -297,7 +297,15 @@ type jobCgroup struct {
 func (t *cgroupTree) create(name string, memory int64, pids int) (*jobCgroup, error) {
 	c := &jobCgroup{v2: t.v2 != ""}
 	set := func(dir string, settings [][2]string, optional map[string]bool) error {
-		if err := mkdirCgroup(dir); err != nil {
+		err := mkdirCgroup(dir)
+		if errors.Is(err, os.ErrNotExist) && !c.v2 {
+			// Another gateway process on this host released the shared loops-jobs folder
+			// between its jobs (release): make it again.
+			if err = makeWritable(filepath.Dir(dir)); err == nil {
+				err = mkdirCgroup(dir)
+			}
+		}
+		if err != nil {
 			return fmt.Errorf("making the job's cgroup: %w", err)
 		}
 		c.dirs = append(c.dirs, dir)
@@ -403,8 +411,13 @@ func (t *cgroupTree) release() {
 	}
 }
 
+// cgroupSweepAge is how old an empty job cgroup must be before sweep removes it: one just
+// made by another gateway process sharing the tree holds no process yet (tests set 0).
+var cgroupSweepAge = 2 * time.Minute
+
 // sweep removes the empty job cgroups a previous gateway process left (it died before it
-// could); those of a live gateway sharing the tree hold processes and stay.
+// could); those of a live gateway sharing the tree hold processes, or are younger than
+// cgroupSweepAge, and stay.
 func (t *cgroupTree) sweep() {
 	dirs := []string{t.v2}
 	if t.v2 == "" {
@@ -416,9 +429,13 @@ func (t *cgroupTree) sweep() {
 		}
 		ents, _ := os.ReadDir(d)
 		for _, e := range ents {
-			if e.IsDir() && strings.HasPrefix(e.Name(), "job-") {
-				_ = os.Remove(filepath.Join(d, e.Name()))
+			if !e.IsDir() || !strings.HasPrefix(e.Name(), "job-") {
+				continue
 			}
+			if info, err := e.Info(); err != nil || time.Since(info.ModTime()) < cgroupSweepAge {
+				continue
+			}
+			_ = os.Remove(filepath.Join(d, e.Name()))
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -81,10 +82,16 @@ func TestCgroupV2(t *testing.T) {
 	require.Equal(t, "1234", read(t, filepath.Join(d, "cgroup.procs")))
 	require.True(t, cg.oomKilled(), "memory.events counts an oom_kill")
 
-	// A previous process's leftover is swept when empty.
-	require.NoError(t, os.Mkdir(filepath.Join(jobsDir, "job-00000000000000ff"), 0o755))
+	// A previous process's leftover is swept when empty and old; a young one (another
+	// gateway's job being set up) stays.
+	leftover := filepath.Join(jobsDir, "job-00000000000000ff")
+	require.NoError(t, os.Mkdir(leftover, 0o755))
 	tree.sweep()
-	_, err = os.Stat(filepath.Join(jobsDir, "job-00000000000000ff"))
+	require.DirExists(t, leftover, "too young to be a leftover")
+	old := time.Now().Add(-2 * cgroupSweepAge)
+	require.NoError(t, os.Chtimes(leftover, old, old))
+	tree.sweep()
+	_, err = os.Stat(leftover)
 	require.True(t, os.IsNotExist(err))
 }
 
@@ -134,6 +141,19 @@ func TestCgroupV1(t *testing.T) {
 	require.Equal(t, "32", read(t, filepath.Join(tree.v1["pids"], "job-0000000000000002", "pids.max")))
 	require.Equal(t, "1024", read(t, filepath.Join(tree.v1["cpu"], "job-0000000000000002", "cpu.shares")))
 	require.Len(t, cg.dirs, 3)
+
+	// Another gateway process on the host released the shared folders between its jobs
+	// (they were empty): the next job's cgroup makes them again.
+	for _, d := range cg.dirs { // a real cgroup goes with rmdir; the fake's files need RemoveAll
+		require.NoError(t, os.RemoveAll(d))
+	}
+	other := *tree
+	other.made = true
+	other.release()
+	require.NoDirExists(t, tree.v1["pids"])
+	_, err = tree.create("job-0000000000000003", 256<<20, 32)
+	require.NoError(t, err, "a job still gets its cgroup")
+	require.FileExists(t, filepath.Join(tree.v1["pids"], "job-0000000000000003", "pids.max"))
 
 	// Neither v2 controllers nor v1 memory: no cgroup, and the reason names both.
 	fakeCgroupFS(t, "41 31 0:38 / ROOT/unified rw,relatime - cgroup2 cgroup2 rw\n", "0::/\n")

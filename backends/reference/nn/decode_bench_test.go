@@ -77,42 +77,17 @@ func BenchmarkPrefill(b *testing.B) {
 }
 
 // TestPrefillTogetherIsBitIdentical: prompts of several adapters (and the base model)
-// prefilled in one step give each the logits, prompt scores and KV cache bits it gets from
-// Prefill alone, and a chunk longer than prefillRowsMax runs alone beside them.
+// prefilled together (PrefillPieces of whole chunks: those of at most prefillRowsMax tokens
+// in one step, the longer one in another) give each the logits, prompt scores and KV cache
+// bits it gets from Prefill alone.
 func TestPrefillTogetherIsBitIdentical(t *testing.T) {
 	cfg := benchDecodeConfig
 	cfg.Layers = 2
 	m, err := NewRandom[float32](cfg, RandomOptions{Seed: 7, QKNorm: true})
 	require.NoError(t, err)
-	r := rand.New(rand.NewPCG(1, 2))
-	var ads []*Adapter[float32]
-	for s := range 2 {
-		ad, err := NewAdapter(m, LoraConfig{Rank: 4, Seed: uint64(s + 1), Attn: true, MLP: true, Unembed: true})
-		require.NoError(t, err)
-		for _, l := range ad.Layers {
-			for _, p := range l {
-				if p != nil {
-					for i := range p.B.W {
-						p.B.W[i] = float32(r.NormFloat64() * 0.05)
-					}
-				}
-			}
-		}
-		ads = append(ads, ad)
-	}
+	ads := testAdapters(t, m, rand.New(rand.NewPCG(1, 2)), 4, 4)
 	lengths := []int{5, 16, 64, 3, 100, 40}
-	adOf := []*Adapter[float32]{ads[0], nil, ads[1], ads[0], ads[1], nil}
-	mk := func() []*Gen[float32] {
-		var gens []*Gen[float32]
-		for i, n := range lengths {
-			p := make([]int, n)
-			for k := range p {
-				p[k] = (i*31 + k*7) % cfg.Vocab
-			}
-			gens = append(gens, m.NewGen(p, adOf[i], 1, SampleParams{MaxTokens: 1, Temperature: 1}, i%2 == 0, 2*(i%2)))
-		}
-		return gens
-	}
+	mk := func() []*Gen[float32] { return testGens(m, lengths, []*Adapter[float32]{ads[0], nil, ads[1]}) }
 	alone, together := mk(), mk()
 	for _, g := range alone {
 		for !g.Prefilled() {
@@ -123,18 +98,13 @@ func TestPrefillTogetherIsBitIdentical(t *testing.T) {
 	for _, n := range lengths {
 		total += n
 	}
-	require.Equal(t, total, PrefillTogether(together))
+	var pieces []Piece[float32]
+	for _, g := range together {
+		pieces = append(pieces, Piece[float32]{g, g.NextChunk()})
+	}
+	require.Equal(t, total, PrefillPieces(pieces))
 	for i := range alone {
-		a, b := alone[i], together[i]
-		require.True(t, b.Prefilled())
-		require.Equal(t, bitsOf(a.last), bitsOf(b.last), "prompt %d: last logits", i)
-		for l := range a.base.K {
-			require.Equal(t, bitsOf(a.base.K[l]), bitsOf(b.base.K[l]), "prompt %d layer %d keys", i, l)
-			require.Equal(t, bitsOf(a.base.V[l]), bitsOf(b.base.V[l]), "prompt %d layer %d values", i, l)
-		}
-		if a.Scores != nil {
-			require.Equal(t, fmt.Sprint(a.Scores), fmt.Sprint(b.Scores), "prompt %d: scores", i)
-		}
+		requireSamePrefill(t, i, alone[i], together[i])
 	}
 }
 

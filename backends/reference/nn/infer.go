@@ -39,15 +39,31 @@ func grow[T Float](s []T, n int) []T {
 // at position pos[i] of caches[i], whose keys and values it appends. Rows of one cache
 // must come in increasing positions. It returns the final normalised hidden states [M, D].
 func (m *Model[T]) Step(toks, pos []int, caches []*KVCache[T], ad *Adapter[T]) []T {
-	return m.step(toks, pos, caches, []seg[T]{{0, len(toks), ad}}, false, nil)
+	return m.step(toks, pos, caches, []seg[T]{{0, len(toks), ad}}, prodFwd, nil)
 }
 
-// step is Step with one adapter per segment of rows. When stable is set, every matrix
-// product goes through matMulTRows, so each row's result depends on that row alone (not on
-// how many rows run with it, nor on their position in the batch): batched decoding gives
-// every sequence the bits it would get decoding alone. Its work arrays come from buf when
-// it is not nil (the result then lives in buf until its next use).
-func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], stable bool, buf *stepBuf[T]) []T {
+// prodMode is how step multiplies its rows by the weights.
+type prodMode uint8
+
+const (
+	// prodFwd is linFwd's products (Step): the packed or blocked SGEMM, or for at most
+	// smallM rows the dot kernel, whose bits differ.
+	prodFwd prodMode = iota
+	// prodRows is linRows' products: each row's result depends on that row alone (not on
+	// how many rows run with it, nor on their place in the batch), so batched decoding gives
+	// every sequence the bits it would get decoding alone.
+	prodRows
+	// prodWide is prodFwd's SGEMM for any number of rows (linWide): a row gets the bits it
+	// gets from prodFwd in a product of more than smallM rows, however few rows run with it.
+	// Long prompt chunks run this way, so that a chunk run in pieces of any size (sampling
+	// under load: batch.go) gives the bits of the whole chunk.
+	prodWide
+)
+
+// step is Step with one adapter per segment of rows and the products of mode. Its work
+// arrays come from buf when it is not nil (the result then lives in buf until its next
+// use).
+func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mode prodMode, buf *stepBuf[T]) []T {
 	c := &m.Cfg
 	M, D := len(toks), c.Hidden
 	H, KH, hd := c.Heads, c.KVHeads, c.HeadDim
@@ -57,9 +73,12 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], st
 	}
 	wp := m.packedWeights()
 	lin := func(X []T, li *Linear[T], l int, t Target, Y []T) {
-		if stable {
+		switch mode {
+		case prodRows:
 			linRows(X, M, li, wp.pack(l, t), segs, l, t, Y, &buf.xa)
-		} else {
+		case prodWide:
+			linWide(X, M, li, wp.pack(l, t), segs, l, t, Y, &buf.xa)
+		default:
 			linFwd(nil, X, M, li, wp.pack(l, t), segs, layerPick[T](l, t), Y)
 		}
 	}
@@ -181,6 +200,21 @@ func linRows[T Float](X []T, M int, li *Linear[T], pk *packedNT, segs []seg[T], 
 	} else {
 		matMulTRows(Y, X, li.W, M, li.Out, li.In, false)
 	}
+	linLoRA(X, M, li, segs, l, t, Y, xa, matMulTRows[T])
+}
+
+// linWide is linFwd (without the saved LoRA inputs) with every product through
+// matMulTWide: each output row gets the bits linFwd gives it in a product of more than
+// smallM rows, however many rows run (prodWide).
+func linWide[T Float](X []T, M int, li *Linear[T], pk *packedNT, segs []seg[T], l int, t Target, Y []T, xa *[]T) {
+	matMulTWide(pk, Y, X, li.W, M, li.Out, li.In, false)
+	linLoRA(X, M, li, segs, l, t, Y, xa, matMulTWideUnpacked[T])
+}
+
+// linLoRA adds li's bias and each segment's LoRA terms (layer l's target t, the head's when
+// l < 0) to the M rows of Y = X·Wᵀ, the products through mul; xa is scratch for the LoRA
+// rows.
+func linLoRA[T Float](X []T, M int, li *Linear[T], segs []seg[T], l int, t Target, Y []T, xa *[]T, mul func(C, A, B []T, M, N, K int, acc bool)) {
 	if li.B != nil {
 		for i := 0; i < M; i++ {
 			y := Y[i*li.Out : (i+1)*li.Out]
@@ -203,12 +237,12 @@ func linRows[T Float](X []T, M int, li *Linear[T], pk *packedNT, segs []seg[T], 
 		rows := sg.r1 - sg.r0
 		*xa = grow((*xa)[:0], rows*p.Rank)
 		x := *xa
-		matMulTRows(x, X[sg.r0*li.In:sg.r1*li.In], p.A.W, rows, p.Rank, li.In, false)
+		mul(x, X[sg.r0*li.In:sg.r1*li.In], p.A.W, rows, p.Rank, li.In, false)
 		s := sg.ad.Scale
 		for i := range x {
 			x[i] *= s
 		}
-		matMulTRows(Y[sg.r0*li.Out:sg.r1*li.Out], x, p.B.W, rows, li.Out, p.Rank, true)
+		mul(Y[sg.r0*li.Out:sg.r1*li.Out], x, p.B.W, rows, li.Out, p.Rank, true)
 	}
 }
 

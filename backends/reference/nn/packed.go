@@ -159,6 +159,28 @@ func matMulTWith[T Float](pk *packedNT, C, A, B []T, M, N, K int, acc bool) {
 	MatMulT(C, A, B, M, N, K, acc)
 }
 
+// matMulTWide is matMulTWith for any M: through the packed or the blocked SGEMM even for
+// M <= smallM, where matMulTWith takes the dot kernel. Both SGEMMs give a row the bits it
+// gets in a product of any other number of rows, so a product of a few rows here gives each
+// row the bits matMulTWith gives it in a product of more than smallM rows.
+func matMulTWide[T Float](pk *packedNT, C, A, B []T, M, N, K int, acc bool) {
+	c, ok := any(C).([]float32)
+	switch {
+	case M == 0 || N == 0:
+	case !ok || activeKernel.fn == nil:
+		MatMulT(C, A, B, M, N, K, acc) // the generic kernel: rows independent at any M
+	case packs(pk, B, N, K, false):
+		sgemmNTPacked(c, any(A).([]float32), pk, M, acc)
+	default:
+		sgemm(activeKernel, M, N, K, any(A).([]float32), K, 1, any(B).([]float32), 1, K, c, N, acc)
+	}
+}
+
+// matMulTWideUnpacked is matMulTWide of a weight that is not packed (LoRA factors).
+func matMulTWideUnpacked[T Float](C, A, B []T, M, N, K int, acc bool) {
+	matMulTWide(nil, C, A, B, M, N, K, acc)
+}
+
 // matMulWith is MatMul through pk (packNN's form of B) when it packs B.
 func matMulWith[T Float](pk *packedNT, C, A, B []T, M, N, K int, acc bool) {
 	if activeKernel.fn != nil && packs(pk, B, N, K, true) {

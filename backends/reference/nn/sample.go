@@ -51,8 +51,10 @@ type PromptScores struct {
 	TopK     [][]TopEntry // one row per prompt token; the first is empty
 }
 
-// PrefillChunk is how many prompt tokens one prefill pass runs (Gen.Prefill): a prompt is
-// always cut at the same positions, so its results do not depend on what else runs.
+// PrefillChunk is the longest prompt chunk: a prompt is cut into chunks at multiples of
+// PrefillChunk, and a chunk's products are chosen by its length (prefillRowsMax), so its
+// results depend on the prompt alone. A chunk may run in pieces of any size
+// (PrefillPieces: sampling under load, backends/reference/batch.go) and gets the same bits.
 const PrefillChunk = 512
 
 // prefillRowsMax is the longest prompt chunk whose products go through the unpacked,
@@ -150,76 +152,88 @@ func (m *Model[T]) NewGen(prompt []int, ad *Adapter[T], n int, p SampleParams, p
 // Prefilled reports whether the whole prompt has run.
 func (g *Gen[T]) Prefilled() bool { return g.filled == len(g.prompt) }
 
-// Prefill runs the next chunk of the prompt (at most PrefillChunk tokens, cut at multiples
-// of PrefillChunk) and returns how many tokens it ran.
-func (g *Gen[T]) Prefill() int {
-	c0, c1 := g.chunk()
-	if c0 >= c1 {
-		return 0
-	}
-	pos := make([]int, c1-c0)
-	caches := make([]*KVCache[T], c1-c0)
-	for i := range pos {
-		pos[i] = c0 + i
-		caches[i] = g.base
-	}
-	buf := getStepBuf[T]()
-	defer decodeBufs.Put(buf)
-	h := g.m.step(g.prompt[c0:c1], pos, caches, []seg[T]{{0, c1 - c0, g.ad}}, c1-c0 <= prefillRowsMax, buf)
-	g.finishChunk(h, c0, c1)
-	return c1 - c0
-}
+// Prefill runs the rest of the prompt's current chunk (at most PrefillChunk tokens; chunks
+// are cut at multiples of PrefillChunk) and returns how many tokens it ran.
+func (g *Gen[T]) Prefill() int { return PrefillPieces([]Piece[T]{{g, g.NextChunk()}}) }
 
-// NextChunk is how many prompt tokens the next Prefill runs (0 once prefilled).
+// NextChunk is how many prompt tokens are left in the current chunk, what Prefill runs (0
+// once prefilled).
 func (g *Gen[T]) NextChunk() int {
-	c0, c1 := g.chunk()
-	return c1 - c0
+	_, c1 := g.chunk()
+	return c1 - g.filled
 }
 
-// chunk is the next prompt chunk [c0, c1).
+// Prompt is the prompt's length in tokens.
+func (g *Gen[T]) Prompt() int { return len(g.prompt) }
+
+// Left is how many prompt tokens are still to run (0 once prefilled).
+func (g *Gen[T]) Left() int { return len(g.prompt) - g.filled }
+
+// chunk is the prompt chunk [c0, c1) that holds the next prompt token.
 func (g *Gen[T]) chunk() (c0, c1 int) {
-	return g.filled, min(g.filled+PrefillChunk, len(g.prompt))
+	c0 = g.filled / PrefillChunk * PrefillChunk
+	return c0, min(c0+PrefillChunk, len(g.prompt))
 }
 
-// PrefillTogether runs the next prompt chunk of each of gens (of one model): the chunks of at
-// most prefillRowsMax tokens in one step, whose products are row-stable, so each gets the
-// bits it would get from Prefill alone while the weights are read once for all; longer
-// chunks run alone. It returns the prompt tokens run.
-func PrefillTogether[T Float](gens []*Gen[T]) int {
-	var batch []*Gen[T]
+// mode is the products of the current chunk: the row kernels for a chunk of at most
+// prefillRowsMax tokens, the SGEMM for a longer one (prodWide: the bits of a product of
+// the whole chunk, however few of its tokens a piece runs).
+func (g *Gen[T]) mode() prodMode {
+	if c0, c1 := g.chunk(); c1-c0 <= prefillRowsMax {
+		return prodRows
+	}
+	return prodWide
+}
+
+// Piece is the next N prompt tokens of a generation (at most the rest of its chunk).
+type Piece[T Float] struct {
+	Gen *Gen[T]
+	N   int
+}
+
+// PrefillPieces runs each piece (its N clipped to the rest of its generation's chunk; at
+// most one piece per generation) of generations of one model: the pieces of chunks that
+// take the row kernels in one step, those of chunks that take the SGEMM in another. Both
+// products give each row the bits it gets alone, so every generation gets the bits Prefill
+// gives it, however its prompt is cut into pieces and whatever runs beside it, while the
+// weights are read once for all. It returns the prompt tokens run.
+func PrefillPieces[T Float](pieces []Piece[T]) int {
 	ran := 0
-	for _, g := range gens {
-		switch n := g.NextChunk(); {
-		case n == 0:
-		case n > prefillRowsMax:
-			ran += g.Prefill()
-		default:
-			batch = append(batch, g)
+	var batch []Piece[T]
+	for _, mode := range [...]prodMode{prodRows, prodWide} {
+		batch = batch[:0]
+		for _, p := range pieces {
+			if n := min(p.N, p.Gen.NextChunk()); n > 0 && p.Gen.mode() == mode {
+				batch = append(batch, Piece[T]{p.Gen, n})
+			}
+		}
+		if len(batch) > 0 {
+			ran += prefillStep(batch, mode)
 		}
 	}
-	switch len(batch) {
-	case 0:
-		return ran
-	case 1:
-		return ran + batch[0].Prefill()
-	}
+	return ran
+}
+
+// prefillStep runs pieces (each of at least one token, within its chunk) in one step of
+// mode's products and returns the tokens run.
+func prefillStep[T Float](pieces []Piece[T], mode prodMode) int {
 	// rows grouped by adapter, one segment each, in the order the adapters first appear
 	var ads []*Adapter[T]
-	for _, g := range batch {
-		if !slices.Contains(ads, g.ad) {
-			ads = append(ads, g.ad)
+	for _, p := range pieces {
+		if !slices.Contains(ads, p.Gen.ad) {
+			ads = append(ads, p.Gen.ad)
 		}
 	}
-	slices.SortStableFunc(batch, func(a, b *Gen[T]) int { return slices.Index(ads, a.ad) - slices.Index(ads, b.ad) })
+	slices.SortStableFunc(pieces, func(a, b Piece[T]) int { return slices.Index(ads, a.Gen.ad) - slices.Index(ads, b.Gen.ad) })
 	var toks, pos []int
 	var caches []*KVCache[T]
 	var segs []seg[T]
-	for _, g := range batch {
-		c0, c1 := g.chunk()
+	for _, p := range pieces {
+		g := p.Gen
 		r0 := len(toks)
-		toks = append(toks, g.prompt[c0:c1]...)
-		for p := c0; p < c1; p++ {
-			pos = append(pos, p)
+		toks = append(toks, g.prompt[g.filled:g.filled+p.N]...)
+		for q := g.filled; q < g.filled+p.N; q++ {
+			pos = append(pos, q)
 			caches = append(caches, g.base)
 		}
 		if len(segs) == 0 || segs[len(segs)-1].ad != g.ad {
@@ -227,17 +241,16 @@ func PrefillTogether[T Float](gens []*Gen[T]) int {
 		}
 		segs[len(segs)-1].r1 = len(toks)
 	}
-	m := batch[0].m
+	m := pieces[0].Gen.m
 	buf := getStepBuf[T]()
 	defer decodeBufs.Put(buf)
-	h := m.step(toks, pos, caches, segs, true, buf)
+	h := m.step(toks, pos, caches, segs, mode, buf)
 	D, off := m.Cfg.Hidden, 0
-	for _, g := range batch {
-		c0, c1 := g.chunk()
-		g.finishChunk(h[off*D:(off+c1-c0)*D], c0, c1)
-		off += c1 - c0
+	for _, p := range pieces {
+		p.Gen.finishPiece(h[off*D:(off+p.N)*D], p.N)
+		off += p.N
 	}
-	return ran + len(toks)
+	return len(toks)
 }
 
 func getStepBuf[T Float]() *stepBuf[T] {
@@ -247,42 +260,63 @@ func getStepBuf[T Float]() *stepBuf[T] {
 	return &stepBuf[T]{}
 }
 
-// finishChunk records a prefilled chunk [c0, c1) whose final hidden states are h: the
-// logits after the last prompt token and the prompt's scores when asked for.
-func (g *Gen[T]) finishChunk(h []T, c0, c1 int) {
+// finishPiece records the next n prompt tokens as run, h their final hidden states: the
+// logits after the last prompt token, and the prompt's scores when asked for. The logits
+// of a chunk's tokens are computed headChunk tokens at a time from the chunk's start, each
+// group's with the products Logits takes for a product of that group's size (prodWide when
+// it has more than smallM tokens), so a piece gets the bits of its whole chunk.
+func (g *Gen[T]) finishPiece(h []T, n int) {
 	m, prompt := g.m, g.prompt
-	g.filled = c1
+	c0, c1 := g.chunk()
+	p0, p1 := g.filled, g.filled+n
+	g.filled = p1
 	D, V := m.Cfg.Hidden, m.Cfg.Vocab
 	if g.Scores == nil {
-		if c1 == len(prompt) {
-			g.last = m.Logits(h[(c1-c0-1)*D:], 1, g.ad)
+		if p1 == len(prompt) {
+			g.last = m.Logits(h[(n-1)*D:n*D], 1, g.ad)
 		}
 		return
 	}
-	for r0 := c0; r0 < c1; r0 += headChunk {
-		r1 := min(r0+headChunk, c1)
-		lg := m.Logits(h[(r0-c0)*D:(r1-c0)*D], r1-r0, g.ad)
-		for r := r0; r < r1; r++ {
-			row := lg[(r-r0)*V : (r-r0+1)*V]
-			if r == len(prompt)-1 {
-				g.last = append([]T(nil), row...)
-			}
-			if r+1 >= len(prompt) {
-				continue
-			}
-			lse := logSumExp(row)
-			if g.promptLP {
-				g.Scores.LogProbs[r+1] = float64(row[prompt[r+1]]) - lse
-			}
-			if g.topK > 0 {
-				idx := topIndices(row, g.topK)
-				ent := make([]TopEntry, len(idx))
-				for e, t := range idx {
-					ent[e] = TopEntry{Token: t, LogProb: float64(row[t]) - lse}
-				}
-				g.Scores.TopK[r+1] = ent
-			}
+	for r0 := p0; r0 < p1; {
+		gs := c0 + (r0-c0)/headChunk*headChunk
+		ge := min(gs+headChunk, c1)
+		r1 := min(ge, p1)
+		var lg []T
+		if ge-gs > smallM {
+			lg = make([]T, (r1-r0)*V)
+			var xa []T
+			linWide(h[(r0-p0)*D:(r1-p0)*D], r1-r0, &m.Head, m.packedWeights().pack(-1, 0), []seg[T]{{0, r1 - r0, g.ad}}, -1, 0, lg, &xa)
+		} else {
+			lg = m.Logits(h[(r0-p0)*D:(r1-p0)*D], r1-r0, g.ad)
 		}
+		for r := r0; r < r1; r++ {
+			g.scoreRow(r, lg[(r-r0)*V:(r-r0+1)*V])
+		}
+		r0 = r1
+	}
+}
+
+// scoreRow records the logits after prompt token r: the next token's scores, or the
+// logits to sample from after the last one.
+func (g *Gen[T]) scoreRow(r int, row []T) {
+	prompt := g.prompt
+	if r == len(prompt)-1 {
+		g.last = append([]T(nil), row...)
+	}
+	if r+1 >= len(prompt) {
+		return
+	}
+	lse := logSumExp(row)
+	if g.promptLP {
+		g.Scores.LogProbs[r+1] = float64(row[prompt[r+1]]) - lse
+	}
+	if g.topK > 0 {
+		idx := topIndices(row, g.topK)
+		ent := make([]TopEntry, len(idx))
+		for e, t := range idx {
+			ent[e] = TopEntry{Token: t, LogProb: float64(row[t]) - lse}
+		}
+		g.Scores.TopK[r+1] = ent
 	}
 }
 
@@ -411,7 +445,7 @@ func (m *Model[T]) Decode(seqs []*GenSeq[T]) {
 		}
 		segs[len(segs)-1].r1 = r + 1
 	}
-	h := m.step(toks, pos, caches, segs, true, buf)
+	h := m.step(toks, pos, caches, segs, prodRows, buf)
 	clear(caches)
 	V := m.Cfg.Vocab
 	lg := grow(buf.logits[:0], M*V)

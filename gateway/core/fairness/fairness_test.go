@@ -22,7 +22,7 @@ func TestTracker(t *testing.T) {
 	tr := New(reg, 3, c.now)
 	for range 100 {
 		tr.Observe("light", "forward_backward", 10*time.Millisecond, 100*time.Millisecond, 20*time.Millisecond) // 5×
-		tr.Observe("heavy", "forward_backward", 0, time.Second, time.Second)                                  // 1×
+		tr.Observe("heavy", "forward_backward", 0, time.Second, time.Second)                                    // 1×
 	}
 	st := tr.Status("light")
 	require.Equal(t, 100, st.Operations)

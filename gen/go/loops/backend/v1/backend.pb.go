@@ -1093,7 +1093,11 @@ type SampleRequest struct {
 	AdapterFiles []*FileURL `protobuf:"bytes,8,rep,name=adapter_files,json=adapterFiles,proto3" json:"adapter_files,omitempty"`
 	// The dedicated pool whose replicas sample (the pool of the run whose checkpoint this
 	// is); empty: the shared pools. Set by the gateway for its worker backend.
-	Pool          string `protobuf:"bytes,9,opt,name=pool,proto3" json:"pool,omitempty"`
+	Pool string `protobuf:"bytes,9,opt,name=pool,proto3" json:"pool,omitempty"`
+	// The workspace (tenant) the sample is for, set by the gateway: an engine that batches
+	// sampling shares its prefill and decoding fairly between workspaces (the reference
+	// engine: backends/reference/batch.go). Empty: the request is a tenant of its own.
+	Workspace     string `protobuf:"bytes,10,opt,name=workspace,proto3" json:"workspace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1187,6 +1191,13 @@ func (x *SampleRequest) GetAdapterFiles() []*FileURL {
 func (x *SampleRequest) GetPool() string {
 	if x != nil {
 		return x.Pool
+	}
+	return ""
+}
+
+func (x *SampleRequest) GetWorkspace() string {
+	if x != nil {
+		return x.Workspace
 	}
 	return ""
 }
@@ -1516,7 +1527,7 @@ const file_loops_backend_v1_backend_proto_rawDesc = "" +
 	"\x0eload_optimizer\x18\x03 \x01(\bR\rloadOptimizer\x12%\n" +
 	"\x0eload_gradients\x18\x04 \x01(\bR\rloadGradients\x125\n" +
 	"\bdownload\x18\x05 \x03(\v2\x19.loops.backend.v1.FileURLR\bdownload\"\x15\n" +
-	"\x13LoadAdapterResponse\"\xe9\x02\n" +
+	"\x13LoadAdapterResponse\"\x87\x03\n" +
 	"\rSampleRequest\x12\x1d\n" +
 	"\n" +
 	"base_model\x18\x01 \x01(\tR\tbaseModel\x12\x1f\n" +
@@ -1529,7 +1540,9 @@ const file_loops_backend_v1_backend_proto_rawDesc = "" +
 	"\x0fprompt_logprobs\x18\x06 \x01(\bR\x0epromptLogprobs\x120\n" +
 	"\x14topk_prompt_logprobs\x18\a \x01(\x05R\x12topkPromptLogprobs\x12>\n" +
 	"\radapter_files\x18\b \x03(\v2\x19.loops.backend.v1.FileURLR\fadapterFiles\x12\x12\n" +
-	"\x04pool\x18\t \x01(\tR\x04pool\"@\n" +
+	"\x04pool\x18\t \x01(\tR\x04pool\x12\x1c\n" +
+	"\tworkspace\x18\n" +
+	" \x01(\tR\tworkspace\"@\n" +
 	"\x0eSampleResponse\x12.\n" +
 	"\x06result\x18\x01 \x01(\v2\x16.loops.v1.SampleResultR\x06result\"P\n" +
 	"\x13StreamSampleRequest\x129\n" +

@@ -169,7 +169,7 @@ class LoadAdapterResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class SampleRequest(_message.Message):
-    __slots__ = ("base_model", "adapter_dir", "prompt", "num_samples", "params", "prompt_logprobs", "topk_prompt_logprobs", "adapter_files", "pool")
+    __slots__ = ("base_model", "adapter_dir", "prompt", "num_samples", "params", "prompt_logprobs", "topk_prompt_logprobs", "adapter_files", "pool", "workspace")
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_DIR_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +179,7 @@ class SampleRequest(_message.Message):
     TOPK_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FILES_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_FIELD_NUMBER: _ClassVar[int]
     base_model: str
     adapter_dir: str
     prompt: _containers.RepeatedScalarFieldContainer[int]
@@ -188,7 +189,8 @@ class SampleRequest(_message.Message):
     topk_prompt_logprobs: int
     adapter_files: _containers.RepeatedCompositeFieldContainer[FileURL]
     pool: str
-    def __init__(self, base_model: _Optional[str] = ..., adapter_dir: _Optional[str] = ..., prompt: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ..., topk_prompt_logprobs: _Optional[int] = ..., adapter_files: _Optional[_Iterable[_Union[FileURL, _Mapping]]] = ..., pool: _Optional[str] = ...) -> None: ...
+    workspace: str
+    def __init__(self, base_model: _Optional[str] = ..., adapter_dir: _Optional[str] = ..., prompt: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ..., topk_prompt_logprobs: _Optional[int] = ..., adapter_files: _Optional[_Iterable[_Union[FileURL, _Mapping]]] = ..., pool: _Optional[str] = ..., workspace: _Optional[str] = ...) -> None: ...
 
 class SampleResponse(_message.Message):
     __slots__ = ("result",)
