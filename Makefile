@@ -24,11 +24,25 @@ build: ## Build the loops binary into ./bin/loops
 	$(GO) build -o bin/loops ./cmd/loops
 
 .PHONY: test
-test: check test-go test-jobs-sandbox fuzz-ci test-e2e test-console test-failover test-clients test-torch test-ray test-export test-sdk-matrix test-cookbook test-recipes test-large ## Everything CI runs
+test: check test-race test-go-engine test-jobs-sandbox fuzz-ci test-e2e test-console test-failover test-clients test-torch test-ray test-export test-sdk-matrix test-cookbook test-recipes test-large ## Everything CI runs
 
 .PHONY: test-go
 test-go: weed ## The fast path: Go unit, contract and fuzz-seed tests (no Python)
 	$(GO) test -count=1 ./...
+
+# The packages test-race leaves out: the CPU engine's numerics and the worker server around
+# it (their tests are long single-threaded kernels, ~8× slower under -race and with little
+# to find there) and the benchmarks' smoke tests; test-go-engine runs them without it.
+# Between them, test-race and test-go-engine run every package once (what make test does).
+RACE_EXCLUDED := -e /backends/reference -e /backends/tiny -e /backends/serve -e /bench/
+
+.PHONY: test-race
+test-race: weed ## Go tests with -race and the lock-order check (-tags lockorder) on every package but the engine's numerics
+	$(GO) test -count=1 -race -tags lockorder $$($(GO) list ./... | grep -v $(RACE_EXCLUDED))
+
+.PHONY: test-go-engine
+test-go-engine: weed ## The Go packages test-race leaves out, without -race
+	$(GO) test -count=1 $$($(GO) list ./... | grep $(RACE_EXCLUDED))
 
 .PHONY: test-jobs-sandbox
 test-jobs-sandbox: ## The jobs sandbox's escape tests (remount, writes outside /job, other jobs' and the owner's files, TIOCSTI, fork bomb, tmpfs memory, disk) with the gateway as root and as nobody

@@ -94,7 +94,9 @@ func TestDedicatedRuns(t *testing.T) {
 
 	// its checkpoints sample on its sampler replicas: with the shared pool and its own
 	// trainer at zero, they still do
-	require.Len(t, reg.Members(poolB+"-s"), 1, "the run has a sampler replica of its own")
+	// (its sampler pool, scaled to zero with the trainer's, starts again beside it: under
+	// load it registers after the step above has answered)
+	require.Eventually(t, func() bool { return len(reg.Members(poolB+"-s")) == 1 }, 20*time.Second, 50*time.Millisecond, "the run has a sampler replica of its own")
 	require.NoError(t, prov.ScalePool(t.Context(), worker.PoolID(tiny.Name), 0))
 	require.Eventually(t, func() bool { return len(reg.Members(worker.PoolID(tiny.Name))) == 0 }, 20*time.Second, 50*time.Millisecond)
 	eph := wait(svc.Training.SaveWeights(ctx, &loopsv1.SaveWeightsRequest{TrainingRunId: bRun, Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER}))

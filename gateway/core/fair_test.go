@@ -15,7 +15,9 @@ import (
 // work ready, another one run's; batches hold two items. Deficit round robin puts the
 // light workspace's work in the first batch, not behind the eight.
 func TestLightWorkspaceIsNotQueuedBehindAFlood(t *testing.T) {
-	h := newHarness(t, t.TempDir(), Options{MaxBatchTokens: 8})
+	// One batch at a time: the order the queue hands out work is what is checked (with two,
+	// the flood's first batch starts beside the blocker before the light work arrives).
+	h := newHarness(t, t.TempDir(), Options{MaxBatchTokens: 8, LaneConcurrency: 1})
 	heavyCtx, lightCtx := auth.WithWorkspace(t.Context(), "ws-heavy"), auth.WithWorkspace(t.Context(), "ws-light")
 	create := func(ws string) string {
 		saved := h.ctx
