@@ -264,29 +264,16 @@ func (ss *samplers) sharedSampler(ctx context.Context, ws, baseModel, modelPath 
 	var owner string
 	if modelPath != "" {
 		var err error
-		if ck, owner, err = c.resolveOwned(ctx, ws, modelPath); err != nil {
+		if baseModel, ck, owner, err = c.samplerCheckpoint(ctx, ws, baseModel, modelPath); err != nil {
 			return nil, err
 		}
-		if baseModel != "" && baseModel != ck.GetBaseModel() {
-			return nil, invalidArgument("checkpoint %s was trained on %s, not %s", modelPath, ck.GetBaseModel(), baseModel)
-		}
-		baseModel = ck.GetBaseModel()
 	}
 	if baseModel == "" {
 		return nil, invalidArgument("give a sampler_id, or a base_model or a model_path (tinker://…/sampler_weights/…) to sample with the workspace's shared sampler")
 	}
-	if _, err := c.model(baseModel); err != nil {
+	ref, err := c.samplerAdapter(ctx, ws, baseModel, ck, owner)
+	if err != nil {
 		return nil, err
-	}
-	if err := c.policy.AllowModel(ws, baseModel); err != nil {
-		return nil, err
-	}
-	var ref *ckfiles.Ref
-	if ck != nil {
-		var err error
-		if ref, err = c.adapterOf(ctx, owner, ck); err != nil {
-			return nil, err
-		}
 	}
 	info := &loopsv1.Sampler{Id: newID("smp"), BaseModel: baseModel, ModelPath: modelPath, CreateTime: timestamppb.New(c.now())}
 	st := newSamplerState(ws, info, ref)
@@ -358,30 +345,46 @@ func (c *Core) createSampler(ctx context.Context, ws string, req *loopsv1.Create
 		baseModel, modelPath = ck.GetBaseModel(), ck.GetTinkerPath()
 	case req.GetModelPath() != "":
 		var err error
-		if ck, owner, err = c.resolveOwned(ctx, ws, req.GetModelPath()); err != nil {
+		if baseModel, ck, owner, err = c.samplerCheckpoint(ctx, ws, baseModel, modelPath); err != nil {
 			return nil, err
 		}
-		if baseModel != "" && baseModel != ck.GetBaseModel() {
-			return nil, invalidArgument("checkpoint %s was trained on %s, not %s", req.GetModelPath(), ck.GetBaseModel(), baseModel)
-		}
-		baseModel = ck.GetBaseModel()
 	case baseModel == "":
 		return nil, invalidArgument("give a base_model or a model_path (tinker://…/sampler_weights/…)")
 	}
+	ref, err := c.samplerAdapter(ctx, ws, baseModel, ck, owner)
+	if err != nil {
+		return nil, err
+	}
+	return c.samplers.create(ctx, ws, req.GetSessionId(), baseModel, modelPath, deployment, ref)
+}
+
+// samplerCheckpoint resolves the checkpoint modelPath a sampler is asked for (the
+// workspace's own or one shared with it) and returns its base model, which must be
+// baseModel when that is given too, the checkpoint and its owner.
+func (c *Core) samplerCheckpoint(ctx context.Context, ws, baseModel, modelPath string) (string, *loopsv1.Checkpoint, string, error) {
+	ck, owner, err := c.resolveOwned(ctx, ws, modelPath)
+	if err != nil {
+		return "", nil, "", err
+	}
+	if baseModel != "" && baseModel != ck.GetBaseModel() {
+		return "", nil, "", invalidArgument("checkpoint %s was trained on %s, not %s", modelPath, ck.GetBaseModel(), baseModel)
+	}
+	return ck.GetBaseModel(), ck, owner, nil
+}
+
+// samplerAdapter checks that the workspace may sample baseModel and, for a checkpoint
+// (ck, of owner), returns its adapter's files (nil for the base model alone).
+func (c *Core) samplerAdapter(ctx context.Context, ws, baseModel string, ck *loopsv1.Checkpoint, owner string) (*ckfiles.Ref, error) {
 	if _, err := c.model(baseModel); err != nil {
 		return nil, err
 	}
 	if err := c.policy.AllowModel(ws, baseModel); err != nil {
 		return nil, err
 	}
-	var ref *ckfiles.Ref
-	if ck != nil {
-		var err error
-		if ref, err = c.adapterOf(ctx, owner, ck); err != nil {
-			return nil, err
-		}
+	if ck == nil {
+		return nil, nil
 	}
-	return c.samplers.create(ctx, ws, req.GetSessionId(), baseModel, modelPath, deployment, ref)
+	return c.adapterOf(ctx, owner, ck)
 }
 
 // GetSampler returns one sampler.
