@@ -17,7 +17,10 @@ process, another workspace) runs one of the issue's loads meanwhile:
 It prints one JSON line per scenario: the light tenant's p50/p99 (ms), and the flooding
 tenant's training tokens per second, from the server's loops_tokens_total{kind="train"}
 (less the light tenant's), both while the light tenant was measured and alone over
---flood-seconds before it (the flood's own rate, which the pieces and batching set).
+--flood-seconds before it (the flood's own rate, which the pieces and batching set); and
+the light workspace's mean queue wait and latency inflation as the server measured them
+(its fairness histograms on /metrics), which separate what the scheduler adds from what the
+client and the HTTP path take on a busy machine.
 """
 
 import argparse
@@ -75,13 +78,38 @@ def flood(key, scenario, ready, stop, counter):
                 pass
 
 
-def trained_tokens():
-    """The server's loops_tokens_total{kind="train"} (every workspace's)."""
+def metrics():
+    """The server's /metrics text."""
     url = os.environ["TINKER_BASE_URL"].rstrip("/") + "/metrics"
     with urllib.request.urlopen(url, timeout=30) as r:
-        text = r.read().decode()
-    m = re.search(r'^loops_tokens_total\{kind="train"\} (\S+)$', text, re.M)
+        return r.read().decode()
+
+
+def trained_tokens():
+    """The server's loops_tokens_total{kind="train"} (every workspace's)."""
+    m = re.search(r'^loops_tokens_total\{kind="train"\} (\S+)$', metrics(), re.M)
     return float(m.group(1)) if m else 0.0
+
+
+def light_server_side():
+    """The light workspace's forward_backward queue wait (seconds) and latency inflation
+    (time from submission to end over service time), each as (sum, count), from the
+    server's fairness histograms: how much of the light tenant's latency the scheduler
+    adds, against what its client and the HTTP path take."""
+    text = metrics()
+    out = {}
+    for name in ("loops_queue_wait_seconds", "loops_latency_inflation"):
+        vals = []
+        for part in ("sum", "count"):
+            m = re.search(r'^%s_%s\{kind="forward_backward",workspace="light"\} (\S+)$' % (name, part), text, re.M)
+            vals.append(float(m.group(1)) if m else 0.0)
+        out[name] = vals
+    return out
+
+
+def mean_between(before, after, name):
+    (s0, n0), (s1, n1) = before[name], after[name]
+    return (s1 - s0) / (n1 - n0) if n1 > n0 else None
 
 
 def pct(xs, p):
@@ -134,9 +162,13 @@ def main():
             time.sleep(args.flood_seconds)
             alone_tps = (trained_tokens() - a0) / (time.perf_counter() - ta)
         start_tokens = trained_tokens()
+        server0 = light_server_side()
         t0 = time.perf_counter()
         lat = measure_light(training, args.iterations, args.warmup, args.max_seconds)
         elapsed = time.perf_counter() - t0
+        server1 = light_server_side()
+        wait = mean_between(server0, server1, "loops_queue_wait_seconds")
+        inflation = mean_between(server0, server1, "loops_latency_inflation")
         heavy_tps = None
         if proc is not None:
             light_tokens = 32 * (len(lat) + args.warmup)
@@ -148,6 +180,8 @@ def main():
             "light_p99_ms": round(pct(lat, 0.99), 1), "light_n": len(lat),
             "flood_tokens_per_s": None if heavy_tps is None else round(heavy_tps, 1),
             "flood_alone_tokens_per_s": None if proc is None else round(alone_tps, 1),
+            "light_server_wait_ms": None if wait is None else round(wait * 1e3, 2),
+            "light_server_inflation": None if inflation is None else round(inflation, 2),
             "load_avg": os.getloadavg()[0],
         }), flush=True)
 

@@ -45,6 +45,10 @@ type serveFlags struct {
 	lease leaseFlags
 	// checkpointStore is --checkpoint-store: "" for the local folder in the data dir.
 	checkpointStore string
+	// trainChunkTokens and trainConcurrency are --train-chunk-tokens and
+	// --train-concurrency: the piece size of forward/backward work and the batches of one
+	// base model that run at once (core.Options.ChunkTokens, LaneConcurrency).
+	trainChunkTokens, trainConcurrency int
 	// samplerSlots is --sampler-slots: sampling calls that run at once (0: the core's
 	// default).
 	samplerSlots int
@@ -125,6 +129,8 @@ max LoRA rank, runs at once, queued operations, sampling concurrency): see the
 	fl.DurationVar(&f.sessionTTL, "session-ttl", 5*time.Minute, "how long a session lives without a heartbeat")
 	fl.BoolVar(&f.stepRecovery, "step-recovery", os.Getenv("LOOPS_STEP_RECOVERY") == "1", "keep every run recoverable step by step (a snapshot after each optim_step and a replay log), so a lost worker costs no step; on by itself for pools marked preemptible (LOOPS_STEP_RECOVERY=1)")
 	fl.IntVar(&f.samplerSlots, "sampler-slots", 0, "sampling calls that run at once, decoded together by a batching backend (0: the default, 4); serving many concurrent inference requests wants about one per request in flight (bench/serving)")
+	fl.IntVar(&f.trainChunkTokens, "train-chunk-tokens", core.DefaultChunkTokens, fmt.Sprintf("forward/backward work runs in pieces of whole datums of at most this many tokens, scheduled fairly between workspaces piece by piece: bigger pieces cost less per token, smaller ones make another workspace wait less behind a big step (%d to %d; bench/fairness)", core.MinChunkTokens, core.MaxChunkTokens))
+	fl.IntVar(&f.trainConcurrency, "train-concurrency", core.DefaultLaneConcurrency, fmt.Sprintf("forward/backward batches of one base model that run at once, at most one per workspace (1 to %d)", core.MaxLaneConcurrency))
 	fl.IntVar(&f.maxLoraRank, "max-lora-rank", 64, "largest LoRA rank accepted")
 	fl.StringVar(&f.logLevel, "log-level", env("LOOPS_LOG_LEVEL", "info"), "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", env("LOOPS_LOG_FORMAT", "text"), "text or json")
@@ -150,6 +156,12 @@ func runServe(ctx context.Context, f serveFlags) error {
 	}
 	if f.fairnessTarget != 0 && (f.fairnessTarget < 1 || math.IsNaN(f.fairnessTarget) || math.IsInf(f.fairnessTarget, 0)) {
 		return fmt.Errorf("--fairness-target %v is not a latency inflation: use 0 (none) or a number of at least 1 (e.g. 3)", f.fairnessTarget)
+	}
+	if f.trainChunkTokens < core.MinChunkTokens || f.trainChunkTokens > core.MaxChunkTokens {
+		return fmt.Errorf("--train-chunk-tokens %d is out of range: use %d to %d", f.trainChunkTokens, core.MinChunkTokens, core.MaxChunkTokens)
+	}
+	if f.trainConcurrency < 1 || f.trainConcurrency > core.MaxLaneConcurrency {
+		return fmt.Errorf("--train-concurrency %d is out of range: use 1 to %d", f.trainConcurrency, core.MaxLaneConcurrency)
 	}
 	entries := f.apiKeys
 	if f.apiKeyFile != "" {
@@ -240,7 +252,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 		},
 		Keys: keys,
 		Core: core.Options{SessionTTL: f.sessionTTL, Policy: pol, CheckpointStore: cks, SamplingConcurrency: f.samplerSlots, RecoverSteps: f.stepRecovery,
-			FairnessTarget: f.fairnessTarget},
+			FairnessTarget: f.fairnessTarget, ChunkTokens: f.trainChunkTokens, LaneConcurrency: f.trainConcurrency},
 		Limits: gateway.Limits{
 			BodyReadTimeout:   f.bodyReadTimeout,
 			MaxRequestsPerKey: f.maxRequestsPerKey,

@@ -66,6 +66,24 @@ func TestServeRejectsUnknownDatabase(t *testing.T) {
 	require.ErrorContains(t, cmd.ExecuteContext(t.Context()), "LOOPS_DB_MAX_CONNS")
 }
 
+func TestServeRejectsOutOfRangeScheduling(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--train-chunk-tokens", "0"}, "--train-chunk-tokens 0 is out of range: use 64 to 1048576"},
+		{[]string{"--train-chunk-tokens", "9223372036854775807"}, "out of range"},
+		{[]string{"--train-concurrency", "0"}, "--train-concurrency 0 is out of range: use 1 to 64"},
+		{[]string{"--train-concurrency", "65"}, "--train-concurrency 65 is out of range"},
+		{[]string{"--long-poll", "1h"}, "--long-poll 1h0m0s is out of range"},
+		{[]string{"--fairness-target", "0.5"}, "is not a latency inflation"},
+	} {
+		cmd := rootCmd()
+		cmd.SetArgs(append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir()}, c.args...))
+		require.ErrorContains(t, cmd.ExecuteContext(t.Context()), c.want, c.args)
+	}
+}
+
 // startServe runs loops serve with args on a free loopback port until stop, which waits for
 // it to shut down cleanly. It returns once the server answers /healthz.
 func startServe(t *testing.T, dataDir string, args ...string) (url string, stop func()) {

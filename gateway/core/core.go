@@ -78,7 +78,7 @@ type Options struct {
 	// /metrics (package gateway/core/fairness); 0: none.
 	FairnessTarget float64
 	// LaneConcurrency is how many forward/backward batches of one base model run at once
-	// (default 2); a workspace has at most one of them, so another workspace's work starts
+	// (default DefaultLaneConcurrency); a workspace has at most one of them, so another workspace's work starts
 	// on a free one instead of waiting behind a flood's batch.
 	LaneConcurrency int
 	// MaxDatumsPerRequest caps the datums of one forward_backward request (default 4096).
@@ -157,7 +157,7 @@ func (o *Options) defaults() {
 		o.ChunkTokens = DefaultChunkTokens
 	}
 	if o.LaneConcurrency <= 0 {
-		o.LaneConcurrency = 2
+		o.LaneConcurrency = DefaultLaneConcurrency
 	}
 	if o.MaxDatumsPerRequest <= 0 {
 		o.MaxDatumsPerRequest = 4096

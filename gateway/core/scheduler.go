@@ -15,6 +15,17 @@ import (
 // workspace waiting for a free batch sees).
 const DefaultChunkTokens = 1024
 
+// DefaultLaneConcurrency is the default of Options.LaneConcurrency: forward/backward batches
+// of one base model that run at once.
+const DefaultLaneConcurrency = 2
+
+// Bounds of Options.ChunkTokens and Options.LaneConcurrency that an operator may set.
+const (
+	MinChunkTokens     = 64
+	MaxChunkTokens     = 1 << 20
+	MaxLaneConcurrency = 64
+)
+
 // laneOf is the lane type of the core's runs.
 type laneOf = lane.Lane[*operation]
 
