@@ -66,8 +66,8 @@ weed: ## Build SeaweedFS's weed (the S3 server of the checkpoint store tests) in
 	@ln -sfn weed-$(WEED_VERSION) $(WEED_DIR)/weed
 
 .PHONY: fuzz-ci
-fuzz-ci: ## Every Go fuzz target for a fixed budget (15 s each, the core-through-engine target 60 s)
-	FUZZTIME=15s FUZZTIME_FuzzCore=60s bash scripts/fuzz.sh
+fuzz-ci: ## Every Go fuzz target for a fixed budget (10 s each, the core-through-engine target 60 s)
+	FUZZTIME=10s FUZZTIME_FuzzCore=60s bash scripts/fuzz.sh
 
 .PHONY: fuzz
 fuzz: ## Every Go fuzz target for longer (FUZZTIME, default 5 min each)

@@ -131,12 +131,14 @@ func TestLoadWeightsOfEvictedRunsUnderEviction(t *testing.T) {
 			}
 		})
 	}
-	// Readers that name the evicted runs directly, reloading them from the store.
+	// Readers that name the evicted runs directly, reloading them from the store (one client:
+	// a transport per call left a connection open per call, and a minute of them ran the
+	// process out of file descriptors).
+	checkpoints := loopsv1connect.NewCheckpointServiceClient(h2cClient(), url, withKey(keyA))
 	wg.Go(func() {
 		for n := 0; time.Now().Before(end); n++ {
 			err := call("get_checkpoint", func(ctx context.Context) error {
-				_, err := loopsv1connect.NewCheckpointServiceClient(h2cClient(), url, withKey(keyA)).
-					GetCheckpoint(ctx, &loopsv1.GetCheckpointRequest{Path: paths[n%len(paths)]})
+				_, err := checkpoints.GetCheckpoint(ctx, &loopsv1.GetCheckpointRequest{Path: paths[n%len(paths)]})
 				return err
 			})
 			if err != nil {
