@@ -13,6 +13,8 @@ process, another workspace) runs one of the issue's loads meanwhile:
   a  2 runs, each keeping 2 forward_backward calls of 4 datums x 512 tokens in flight
   b  1 run sending one forward_backward of 64k tokens (128 datums x 512) after another
   c  8 runs, each keeping one forward_backward of 256 tokens in flight
+  d  two flooding workspaces (--heavy2-key), each running a's load: both of the model's
+     batches taken by floods
 
 It prints one JSON line per scenario: the light tenant's p50/p99 (ms), and the flooding
 tenant's training tokens per second, from the server's loops_tokens_total{kind="train"}
@@ -51,6 +53,8 @@ SCENARIOS = {
     "b": (1, 1, 128, 512),
     "c": (8, 1, 1, 256),
 }
+# scenarios run by more than one flooding workspace: the load each runs
+MULTI = {"d": ("a", 2)}
 
 
 def flood(key, scenario, ready, stop, counter):
@@ -137,6 +141,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--light-key", required=True)
     ap.add_argument("--heavy-key", required=True)
+    ap.add_argument("--heavy2-key", default="", help="the second flooding workspace's key (scenario d)")
     ap.add_argument("--scenarios", default="alone,a,b,c")
     ap.add_argument("--iterations", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=5)
@@ -149,14 +154,21 @@ def main():
     service = tinker.ServiceClient()
     training = service.create_lora_training_client(base_model=BASE_MODEL, rank=8).result()
     for sc in args.scenarios.split(","):
-        proc = None
+        procs = []
         if sc != "alone":
             ctx = mp.get_context("spawn")
-            ready, stop, counter = ctx.Event(), ctx.Event(), ctx.Value("q", 0)
-            proc = ctx.Process(target=flood, args=(args.heavy_key, sc, ready, stop, counter))
-            proc.start()
-            if not ready.wait(300):
-                raise SystemExit("the flooding tenant did not start")
+            stop, counter = ctx.Event(), ctx.Value("q", 0)
+            load, n = MULTI.get(sc, (sc, 1))
+            keys = [args.heavy_key, args.heavy2_key][:n]
+            if not all(keys):
+                raise SystemExit(f"scenario {sc} needs {n} flooding keys (--heavy2-key)")
+            for key in keys:
+                ready = ctx.Event()
+                proc = ctx.Process(target=flood, args=(key, load, ready, stop, counter))
+                proc.start()
+                if not ready.wait(300):
+                    raise SystemExit("a flooding tenant did not start")
+                procs.append(proc)
             time.sleep(2)  # its calls are queued and running
             a0, ta = trained_tokens(), time.perf_counter()
             time.sleep(args.flood_seconds)
@@ -170,16 +182,17 @@ def main():
         wait = mean_between(server0, server1, "loops_queue_wait_seconds")
         inflation = mean_between(server0, server1, "loops_latency_inflation")
         heavy_tps = None
-        if proc is not None:
+        if procs:
             light_tokens = 32 * (len(lat) + args.warmup)
             heavy_tps = (trained_tokens() - start_tokens - light_tokens) / elapsed
             stop.set()
-            proc.join(600)
+            for proc in procs:
+                proc.join(600)
         print(json.dumps({
             "label": args.label, "scenario": sc, "light_p50_ms": round(pct(lat, 0.5), 1),
             "light_p99_ms": round(pct(lat, 0.99), 1), "light_n": len(lat),
             "flood_tokens_per_s": None if heavy_tps is None else round(heavy_tps, 1),
-            "flood_alone_tokens_per_s": None if proc is None else round(alone_tps, 1),
+            "flood_alone_tokens_per_s": None if not procs else round(alone_tps, 1),
             "light_server_wait_ms": None if wait is None else round(wait * 1e3, 2),
             "light_server_inflation": None if inflation is None else round(inflation, 2),
             "load_avg": os.getloadavg()[0],

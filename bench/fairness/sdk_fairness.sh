@@ -41,11 +41,11 @@ run() { # label binary [serve arguments...]
   p=$(port)
   dir=$(mktemp -d "$work/data.XXXXXX")
   "$bin" serve --addr "127.0.0.1:$p" --data-dir "$dir" \
-    --api-key tml-light-bench=light --api-key tml-heavy-bench=heavy "$@" >"$dir/serve.log" 2>&1 &
+    --api-key tml-light-bench=light --api-key tml-heavy-bench=heavy --api-key tml-heavy2-bench=heavy2 "$@" >"$dir/serve.log" 2>&1 &
   pid=$!
   for _ in $(seq 300); do curl -fs "http://127.0.0.1:$p/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
   TINKER_BASE_URL="http://127.0.0.1:$p" "$venv/bin/python" "$root/bench/fairness/sdk_fairness.py" \
-    --light-key tml-light-bench --heavy-key tml-heavy-bench --scenarios "$scenarios" \
+    --light-key tml-light-bench --heavy-key tml-heavy-bench --heavy2-key tml-heavy2-bench --scenarios "$scenarios" \
     --iterations "$iterations" --max-seconds "$max_seconds" --label "$label"
   kill "$pid"
   wait "$pid" 2>/dev/null || true

@@ -15,9 +15,11 @@ import (
 // work ready, another one run's; batches hold two items. Deficit round robin puts the
 // light workspace's work in the first batch, not behind the eight.
 func TestLightWorkspaceIsNotQueuedBehindAFlood(t *testing.T) {
-	// One batch at a time: the order the queue hands out work is what is checked (with two,
-	// the flood's first batch starts beside the blocker before the light work arrives).
-	h := newHarness(t, t.TempDir(), Options{MaxBatchTokens: 8, LaneConcurrency: 1})
+	// One batch at a time and no express batch (ChunkTokens/8 = 2 tokens, below every step
+	// here): the order the queue hands out work is what is checked (with two batches, the
+	// flood's first starts beside the blocker before the light work arrives; with an express
+	// batch of 128 tokens, the flood's 32 tokens would be small work too).
+	h := newHarness(t, t.TempDir(), Options{MaxBatchTokens: 8, LaneConcurrency: 1, ChunkTokens: 16})
 	heavyCtx, lightCtx := auth.WithWorkspace(t.Context(), "ws-heavy"), auth.WithWorkspace(t.Context(), "ws-light")
 	create := func(ws string) string {
 		saved := h.ctx

@@ -484,10 +484,19 @@ func TestPendingOperationsSayWhyTheyWait(t *testing.T) {
 	done, err := h.svc.Operations.WaitOperation(other, &loopsv1.WaitOperationRequest{Id: op.GetId(), Timeout: durationpb.New(30 * time.Second)})
 	require.NoError(t, err)
 	runB := done.GetTrainingRunId()
+	third := auth.WithWorkspace(t.Context(), "ws-c")
+	op, err = h.svc.Training.CreateTrainingRun(third, &loopsv1.CreateTrainingRunRequest{BaseModel: "fake/model", Lora: &loopsv1.LoraConfig{Rank: 4, TrainAttn: true}})
+	require.NoError(t, err)
+	done, err = h.svc.Operations.WaitOperation(third, &loopsv1.WaitOperationRequest{Id: op.GetId(), Timeout: durationpb.New(30 * time.Second)})
+	require.NoError(t, err)
+	runC := done.GetTrainingRunId()
 
-	// ws-b's batch holds the only batch slot.
+	// ws-b's batch holds the only batch slot, and ws-c's small step the express batch.
 	h.fake.gate, h.fake.entered = make(chan struct{}), make(chan struct{}, 16)
 	held, err := h.svc.Training.ForwardBackward(other, &loopsv1.ForwardBackwardRequest{TrainingRunId: runB, LossFn: "cross_entropy", Data: []*loopsv1.Datum{datum(1, 2)}})
+	require.NoError(t, err)
+	<-h.fake.entered
+	express, err := h.svc.Training.ForwardBackward(third, &loopsv1.ForwardBackwardRequest{TrainingRunId: runC, LossFn: "cross_entropy", Data: []*loopsv1.Datum{datum(1, 2)}})
 	require.NoError(t, err)
 	<-h.fake.entered
 	first, err := h.fb(runA, 0, datum(1, 2))
@@ -508,6 +517,7 @@ func TestPendingOperationsSayWhyTheyWait(t *testing.T) {
 	require.EqualValues(t, 1, q.GetPosition())
 	require.Contains(t, q.GetReason(), "after 1 earlier operations of training run")
 	require.Equal(t, loopsv1.QueueState_QUEUE_STATE_ACTIVE, status(other, held.GetId()).GetState(), "the running one is active")
+	require.Equal(t, loopsv1.QueueState_QUEUE_STATE_ACTIVE, status(third, express.GetId()).GetState(), "and the express one")
 	close(h.fake.gate)
 	go func() {
 		for range h.fake.entered {
@@ -516,6 +526,14 @@ func TestPendingOperationsSayWhyTheyWait(t *testing.T) {
 	for _, o := range []*loopsv1.Operation{first, second} {
 		got := h.wait(o)
 		require.Nil(t, got.GetQueue(), "a finished operation has no queue status")
+	}
+	for _, o := range []struct {
+		ctx context.Context
+		op  *loopsv1.Operation
+	}{{other, held}, {third, express}} {
+		got, err := h.svc.Operations.WaitOperation(o.ctx, &loopsv1.WaitOperationRequest{Id: o.op.GetId(), Timeout: durationpb.New(30 * time.Second)})
+		require.NoError(t, err)
+		require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, got.GetState())
 	}
 	close(h.fake.entered)
 

@@ -26,6 +26,10 @@ const (
 	MaxLaneConcurrency = 64
 )
 
+// expressShare sizes the lane's express batch: ChunkTokens / expressShare tokens (128 by
+// default), for workspaces whose waiting steps are all that small (lane.Config.ExpressTokens).
+const expressShare = 8
+
 // laneOf is the lane type of the core's runs.
 type laneOf = lane.Lane[*operation]
 
@@ -39,7 +43,8 @@ func (c *Core) laneFor(model string) (*laneOf, error) {
 	}
 	l, err := lane.New(lane.Config{
 		Model: model, MaxBatchTokens: c.opts.MaxBatchTokens, Concurrency: c.opts.LaneConcurrency,
-		Life: c.life, Busy: c.running, Draining: c.draining, ErrStopping: errShuttingDown(),
+		ExpressTokens: max(c.opts.ChunkTokens/expressShare, 1),
+		Life:          c.life, Busy: c.running, Draining: c.draining, ErrStopping: errShuttingDown(),
 	}, coreRunner{c}, c.slots)
 	if err != nil {
 		return nil, errShuttingDown()

@@ -19,6 +19,12 @@
 //     keeps one batch busy, and another workspace's work starts on the next free one at
 //     once, instead of waiting behind the flood's batch; a workspace with work waiting
 //     gains no credit while its batch runs.
+//   - One more batch, the express batch (Config.ExpressTokens, the core's ChunkTokens / 8),
+//     is for small work: a workspace whose waiting pieces come to at most that many tokens
+//     in all goes there when every batch is running, or instead of sharing a batch with
+//     other workspaces' bigger pieces (Planner.Express). So a tenant sending small steps
+//     waits neither for several flooding workspaces' batches nor for a flood's piece in its
+//     own batch; a workspace whose many small steps add up to more is not small work.
 //
 // A run whose adapter must first be restored, moved or rebuilt does that on a goroutine of
 // its own too: the lane's loop never waits for the backend. The lane knows nothing of

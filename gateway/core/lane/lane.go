@@ -84,6 +84,11 @@ type Config struct {
 	MaxBatchTokens int
 	// Concurrency is how many batches run at once (default 2); a workspace has at most one.
 	Concurrency int
+	// ExpressTokens (0: none) sizes the express batch: one more batch, of at most this many
+	// tokens, that runs beside the Concurrency batches for workspaces whose waiting pieces
+	// are all this small, so that a workspace sending small steps is not held up by several
+	// workspaces flooding the model (nor put in the same batch as a flood's big pieces).
+	ExpressTokens int
 	// Life owns the lane's goroutines; the lane stops when its context ends.
 	Life *lifecycle.Stopper
 	// Busy counts the lane's work in progress.
@@ -101,12 +106,14 @@ type Lane[O any] struct {
 	runner Runner[O]
 	slots  Slots[O]
 	plan   *Planner // the loop's goroutine only
+	fast   *Planner // the express batch's (nil without one); the loop's goroutine only
 
 	mu       lockorder.Mutex[RankLane]
 	ready    []*trainrun.Run[O]
 	cont     []Item[O]       // tasks with pieces left, waiting for their next batch
 	busyWS   map[string]bool // workspaces with a batch in flight
-	inflight int             // batches in flight
+	inflight int             // batches in flight (not counting the express batch)
+	express  bool            // the express batch is in flight
 	wake     chan struct{}
 	// waits says why the runs the last plan put off wait (Wait); rebuilt every plan.
 	waits map[*trainrun.Run[O]]Waiting
@@ -136,6 +143,9 @@ func New[O any](cfg Config, runner Runner[O], slots Slots[O]) (*Lane[O], error) 
 	l := &Lane[O]{
 		cfg: cfg, runner: runner, slots: slots, plan: NewPlanner(cfg.MaxBatchTokens),
 		busyWS: map[string]bool{}, wake: make(chan struct{}, 1), waits: map[*trainrun.Run[O]]Waiting{},
+	}
+	if cfg.ExpressTokens > 0 {
+		l.fast = NewPlanner(cfg.ExpressTokens)
 	}
 	if err := cfg.Life.Go("lane "+cfg.Model, l.loop); err != nil {
 		return nil, err
@@ -210,6 +220,7 @@ func (l *Lane[O]) step(ctx context.Context) bool {
 	l.ready, l.cont = nil, nil
 	busy := maps.Clone(l.busyWS)
 	canBatch := l.inflight < l.cfg.Concurrency
+	canExpress := l.fast != nil && !l.express
 	l.mu.Unlock()
 	if l.cfg.Draining() && len(cont) > 0 {
 		for _, it := range cont {
@@ -229,22 +240,30 @@ func (l *Lane[O]) step(ctx context.Context) bool {
 		cands = append(cands, Candidate{Workspace: it.Run.Workspace(), FB: true, Tokens: it.Task.Piece().Tokens})
 	}
 	d := l.plan.Plan(cands, busy, canBatch)
+	var fast []int
+	if canExpress {
+		d, fast = l.fast.Express(cands, busy, d)
+	}
 	started := false
 	for _, i := range d.Barriers {
 		if l.startHead(ctx, ready[i], false) != nil {
 			started = true
 		}
 	}
-	var batch []Item[O]
-	for _, i := range d.Batch {
-		if i >= len(ready) {
-			batch = append(batch, cont[i-len(ready)])
-			continue
+	take := func(idx []int) []Item[O] {
+		var batch []Item[O]
+		for _, i := range idx {
+			if i >= len(ready) {
+				batch = append(batch, cont[i-len(ready)])
+				continue
+			}
+			if it := l.startHead(ctx, ready[i], true); it != nil {
+				batch = append(batch, *it)
+			}
 		}
-		if it := l.startHead(ctx, ready[i], true); it != nil {
-			batch = append(batch, *it)
-		}
+		return batch
 	}
+	batch, expressBatch := take(d.Batch), take(fast)
 	var laterReady []*trainrun.Run[O]
 	var laterCont []Item[O]
 	waits := make(map[*trainrun.Run[O]]Waiting, len(d.Later))
@@ -276,7 +295,11 @@ func (l *Lane[O]) step(ctx context.Context) bool {
 	l.waits = waits
 	l.mu.Unlock()
 	if len(batch) > 0 {
-		l.startBatch(batch)
+		l.startBatch(batch, false)
+		started = true
+	}
+	if len(expressBatch) > 0 {
+		l.startBatch(expressBatch, true)
 		started = true
 	}
 	return started
@@ -346,21 +369,30 @@ func (l *Lane[O]) startHead(ctx context.Context, r *trainrun.Run[O], fb bool) *I
 	return nil
 }
 
-// startBatch runs one batch on a goroutine of its own; its workspaces are busy until it
-// returns, then the tasks with pieces left wait for their next batch.
-func (l *Lane[O]) startBatch(batch []Item[O]) {
+// startBatch runs one batch on a goroutine of its own (the express batch when express);
+// its workspaces are busy until it returns, then the tasks with pieces left wait for their
+// next batch.
+func (l *Lane[O]) startBatch(batch []Item[O], express bool) {
 	l.mu.Lock()
 	for _, it := range batch {
 		l.busyWS[it.Run.Workspace()] = true
 	}
-	l.inflight++
+	if express {
+		l.express = true
+	} else {
+		l.inflight++
+	}
 	l.mu.Unlock()
 	done := func(more []bool) {
 		l.mu.Lock()
 		for _, it := range batch {
 			delete(l.busyWS, it.Run.Workspace())
 		}
-		l.inflight--
+		if express {
+			l.express = false
+		} else {
+			l.inflight--
+		}
 		for i, it := range batch {
 			if i < len(more) && more[i] {
 				l.cont = append(l.cont, it)
@@ -374,10 +406,12 @@ func (l *Lane[O]) startBatch(batch []Item[O]) {
 		more := l.runner.ForwardBackward(ctx, batch)
 		took := time.Since(start).Seconds()
 		l.mu.Lock()
-		if l.batches++; l.batches == 1 {
-			l.batchEWMA = took
-		} else {
-			l.batchEWMA = 0.8*l.batchEWMA + 0.2*took
+		if !express { // the express batch is not one the waiting work waits for (Wait's estimate)
+			if l.batches++; l.batches == 1 {
+				l.batchEWMA = took
+			} else {
+				l.batchEWMA = 0.8*l.batchEWMA + 0.2*took
+			}
 		}
 		l.mu.Unlock()
 		done(more)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -88,16 +89,28 @@ func (freeSlots) Park(*run)                         {}
 func (freeSlots) Move(context.Context, *run) error  { return nil }
 func (freeSlots) Keep(*run)                         {}
 
-type counter struct{ sync.WaitGroup }
+// counter counts the lane's work in progress. (A sync.WaitGroup is not one: the lane adds
+// to it at any time, and an Add racing a Wait is a misuse the race detector reports.)
+type counter struct{ n atomic.Int64 }
 
-func (c *counter) Add()  { c.WaitGroup.Add(1) }
-func (c *counter) Done() { c.WaitGroup.Done() }
+func (c *counter) Add()  { c.n.Add(1) }
+func (c *counter) Done() { c.n.Add(-1) }
+
+// idle reports whether no work is in progress.
+func (c *counter) idle() bool { return c.n.Load() == 0 }
 
 func newLane(t *testing.T, f *recordingRunner, maxBatchTokens, concurrency int) (*lane.Lane[*op], *counter) {
 	t.Helper()
+	return newLaneWith(t, f, lane.Config{MaxBatchTokens: maxBatchTokens, Concurrency: concurrency})
+}
+
+// newLaneWith starts a lane of cfg (its model, lifecycle owner and counter set here).
+func newLaneWith(t *testing.T, f *recordingRunner, cfg lane.Config) (*lane.Lane[*op], *counter) {
+	t.Helper()
 	life := lifecycle.New(t.Context())
 	busy := &counter{}
-	l, err := lane.New(lane.Config{Model: "m", MaxBatchTokens: maxBatchTokens, Concurrency: concurrency, Life: life, Busy: busy}, lane.Runner[*op](f), lane.Slots[*op](freeSlots{}))
+	cfg.Model, cfg.Life, cfg.Busy = "m", life, busy
+	l, err := lane.New(cfg, lane.Runner[*op](f), lane.Slots[*op](freeSlots{}))
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, life.Stop(context.Background())) })
 	return l, busy
@@ -161,16 +174,7 @@ func TestBarrierHoldsOnlyItsRun(t *testing.T) {
 	close(f.held)
 	require.Equal(t, "A", <-f.done, "the barrier")
 	require.Equal(t, "A", <-f.done, "then A's own forward/backward")
-	require.Eventually(t, func() bool {
-		done := make(chan struct{})
-		go func() { busy.Wait(); close(done) }()
-		select {
-		case <-done:
-			return true
-		case <-time.After(time.Millisecond):
-			return false
-		}
-	}, 5*time.Second, time.Millisecond, "the lane is idle")
+	require.Eventually(t, busy.idle, 5*time.Second, time.Millisecond, "the lane is idle")
 }
 
 // TestAnotherWorkspaceDoesNotWaitForABatchInFlight: while a flooding workspace's batch is
@@ -211,6 +215,39 @@ func TestAnotherWorkspaceDoesNotWaitForABatchInFlight(t *testing.T) {
 		}
 	}
 	require.Equal(t, []string{"H#0", "H#1", "H#2"}, hPieces, "one piece per batch, in order")
+}
+
+// TestSmallStepIsNotHeldUpByFloods: with both batches taken by two flooding workspaces, a
+// third workspace's small step starts at once in the express batch, alone; a second small
+// step waits for the express batch, and a big piece never takes it.
+func TestSmallStepIsNotHeldUpByFloods(t *testing.T) {
+	f := &recordingRunner{gate: make(chan struct{}), entered: make(chan []string, 8), done: make(chan string, 64)}
+	var once sync.Once
+	release := func() { once.Do(func() { close(f.gate) }) }
+	t.Cleanup(release)
+	l, _ := newLaneWith(t, f, lane.Config{MaxBatchTokens: 1000, Concurrency: 2, ExpressTokens: 16})
+	a, b := laneRun(l, "A", "flood-a"), laneRun(l, "B", "flood-b")
+	light, light2, big := laneRun(l, "L", "light"), laneRun(l, "L2", "light2"), laneRun(l, "C", "big")
+	enqueue(a, 1, 500, 500)
+	require.Equal(t, []string{"A#0"}, <-f.entered)
+	enqueue(b, 1, 500, 500)
+	require.Equal(t, []string{"B#0"}, <-f.entered)
+	enqueue(big, 1, 100)
+	enqueue(light, 1, 10)
+	require.Equal(t, []string{"L#0"}, <-f.entered, "the small step started beside both floods' batches")
+	enqueue(light2, 1, 10)
+	select {
+	case got := <-f.entered:
+		t.Fatalf("%v started while every batch and the express batch were running", got)
+	case <-time.After(50 * time.Millisecond):
+	}
+	release()
+	var got []string
+	for range 5 {
+		got = append(got, <-f.done)
+	}
+	slices.Sort(got)
+	require.Equal(t, []string{"A", "B", "C", "L", "L2"}, got)
 }
 
 // TestPiecesInterleaveWithOtherWork: with one batch at a time, a big task's pieces

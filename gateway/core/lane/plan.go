@@ -1,5 +1,7 @@
 package lane
 
+import "slices"
+
 // Fair batching (Plan). Each plan, the ready forward/backward pieces are chosen by deficit
 // round robin over workspaces, weighted by tokens: every workspace with pieces waiting that
 // has no batch in flight gets a quantum of MaxBatchTokens / (such workspaces) tokens added
@@ -141,3 +143,71 @@ func interleave(per [][]int) []int {
 
 // Credit is a workspace's deficit (tests).
 func (p *Planner) Credit(ws string) int { return p.deficit[ws] }
+
+// Express plans the express batch with p, a planner of its own whose maxBatchTokens is the
+// express limit, after d (another planner's decision over cands) and returns d without it
+// and the express batch (indices into cands). It takes the work of workspaces whose pieces
+// in d come to at most the limit in all, either left for later (every batch is running) or
+// planned into a batch that holds more than the limit of other workspaces' work, so a small
+// step waits neither for several floods' batches nor for a flood's piece in its own batch.
+// Workspaces in busy are not taken, nor one whose many small steps add up to more than the
+// limit; the express batch is shared between its workspaces by p's deficit round robin. A
+// batch of small work alone stays as it is, one batch.
+func (p *Planner) Express(cands []Candidate, busy map[string]bool, d Decision) (Decision, []int) {
+	limit := p.maxBatchTokens
+	waiting := map[string]int{} // tokens of each workspace's pieces in d
+	for _, i := range append(slices.Clone(d.Batch), d.Later...) {
+		if c := cands[i]; c.FB && !busy[c.Workspace] {
+			waiting[c.Workspace] += c.Tokens
+		}
+	}
+	small := func(ws string) bool { n, ok := waiting[ws]; return ok && n <= limit }
+	total := 0
+	for _, i := range d.Batch {
+		total += cands[i].Tokens
+	}
+	var idx []int
+	var sub []Candidate
+	for _, i := range d.Batch {
+		if ws := cands[i].Workspace; small(ws) && total-waiting[ws] > limit {
+			idx = append(idx, i)
+			sub = append(sub, cands[i])
+		}
+	}
+	if len(d.Batch) == 0 {
+		for _, i := range d.Later {
+			if c := cands[i]; c.FB && small(c.Workspace) {
+				idx = append(idx, i)
+				sub = append(sub, c)
+			}
+		}
+	}
+	if len(sub) == 0 {
+		return d, nil
+	}
+	e := p.Plan(sub, busy, true)
+	fast := make([]int, 0, len(e.Batch))
+	chosen := map[int]bool{}
+	for _, j := range e.Batch {
+		fast = append(fast, idx[j])
+		chosen[idx[j]] = true
+	}
+	// What was taken out of d's batch but does not fit the express batch waits; the rest of
+	// d is unchanged.
+	inBatch := map[int]bool{}
+	for _, i := range d.Batch {
+		inBatch[i] = true
+	}
+	for _, i := range idx {
+		if !chosen[i] && inBatch[i] {
+			d.Later = append(d.Later, i)
+		}
+	}
+	taken := map[int]bool{}
+	for _, i := range idx {
+		taken[i] = true
+	}
+	d.Batch = slices.DeleteFunc(d.Batch, func(i int) bool { return taken[i] })
+	d.Later = slices.DeleteFunc(d.Later, func(i int) bool { return chosen[i] })
+	return d, fast
+}
