@@ -47,15 +47,24 @@ func kindName(k loopsv1.OperationKind) string {
 // recovered after a restart), on its base model's lane. It fails once the core is shutting
 // down (no new lane starts then).
 func (c *Core) newRun(ws string, info *loopsv1.TrainingRun, nextSeq int64, adapterReady bool, unloaded string) (*run, error) {
-	l, err := c.laneFor(info.GetBaseModel())
+	return c.runWith(trainrun.Config[*operation]{Workspace: ws, Record: info, NextSeq: nextSeq, AdapterReady: adapterReady, Unloaded: unloaded})
+}
+
+// newRunCreating is newRun for a run being created: it stays in memory until its creation
+// task is queued (trainrun.Config.Creating).
+func (c *Core) newRunCreating(ws string, info *loopsv1.TrainingRun) (*run, error) {
+	return c.runWith(trainrun.Config[*operation]{Workspace: ws, Record: info, Creating: true})
+}
+
+// runWith makes a run of cfg on its base model's lane, with the core's limits and hooks.
+func (c *Core) runWith(cfg trainrun.Config[*operation]) (*run, error) {
+	l, err := c.laneFor(cfg.Record.GetBaseModel())
 	if err != nil {
 		return nil, err
 	}
-	return trainrun.New(trainrun.Config[*operation]{
-		Workspace: ws, Record: info, NextSeq: nextSeq, MaxPending: c.opts.Limits.MaxPendingPerRun,
-		AdapterReady: adapterReady, Unloaded: unloaded, GapTimeout: c.opts.GapTimeout,
-		Ready: l.MarkReady, Draining: c.draining, Log: c.log,
-	}), nil
+	cfg.MaxPending, cfg.GapTimeout = c.opts.Limits.MaxPendingPerRun, c.opts.GapTimeout
+	cfg.Ready, cfg.Draining, cfg.Log = l.MarkReady, c.draining, c.log
+	return trainrun.New(cfg), nil
 }
 
 // updateRun changes the run's record and queues it for the store (write-behind,

@@ -218,6 +218,11 @@ func (s slowStore) PutSampler(ctx context.Context, ws string, info *loopsv1.Samp
 	return s.Store.PutSampler(ctx, ws, info)
 }
 
+func (s slowStore) PutTrainingRun(ctx context.Context, ws string, info *loopsv1.TrainingRun) error {
+	time.Sleep(20 * time.Millisecond)
+	return s.Store.PutTrainingRun(ctx, ws, info)
+}
+
 // newSlowHarness is newHarness on a slowStore.
 func newSlowHarness(t *testing.T, opts Options) *harness {
 	t.Helper()
@@ -232,6 +237,24 @@ func newSlowHarness(t *testing.T, opts Options) *harness {
 		_ = st.Close()
 	})
 	return &harness{t: t, dir: dir, core: c, svc: c.Services(), ctx: auth.WithWorkspace(t.Context(), "ws-a")}
+}
+
+// TestRunBeingCreatedIsNotEvicted: a run is in memory while its creation records it in the
+// store, before its creation task is queued; an idle sweep then must not drop it (found by
+// the eviction hammer under -race: the creation task made the adapter for a run nobody held,
+// and the run, reloaded from the store by the next request, found its adapter there already
+// or, on a backend that allowed it, came back marked corrupted).
+func TestRunBeingCreatedIsNotEvicted(t *testing.T) {
+	h := newSlowHarness(t, Options{SweepInterval: time.Millisecond, Limits: Limits{RunIdleTTL: time.Millisecond, LiveRunIdleTTL: time.Millisecond}})
+	for range 3 {
+		run := h.newRun()
+		op, err := h.fb(run, 0, datum(1, 2))
+		require.NoError(t, err)
+		require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, h.wait(op).GetState())
+		info, err := h.svc.Training.GetTrainingRun(h.ctx, &loopsv1.GetTrainingRunRequest{Id: run})
+		require.NoError(t, err)
+		require.False(t, info.GetCorrupted(), "the run kept its adapter")
+	}
 }
 
 // TestSessionCapHoldsUnderConcurrency is issue 23's item 3: 40 concurrent creations against

@@ -133,7 +133,7 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 	}
 	// The run is registered before the session records it, and the session refuses it
 	// once ended: a session that ends meanwhile either unloads the run or refuses it.
-	r, err := c.newRun(ws, info, 0, false, "")
+	r, err := c.newRunCreating(ws, info)
 	if err != nil {
 		c.policy.EndRun(info.Id)
 		return nil, err

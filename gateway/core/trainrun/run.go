@@ -99,6 +99,11 @@ type Config[O any] struct {
 	AdapterReady bool
 	// Unloaded is why the run takes no more work ("" while it does).
 	Unloaded string
+	// Creating: the run is being created and its creation task is not queued yet (the
+	// creation records it in the store first). It does not leave memory until that task is
+	// committed or the run fails: left, the task would create the adapter for a run nobody
+	// holds, and the run reloaded from the store would find its adapter already there.
+	Creating bool
 	// GapTimeout is how long the run waits for a missing seq_id before skipping it.
 	GapTimeout time.Duration
 	// Ready puts the run in its lane's ready list. The run calls it after releasing its
@@ -135,6 +140,8 @@ type Run[O any] struct {
 	unloaded     string
 	// freeWhenIdle: the run was unloaded while a task ran; Release then says to free it.
 	freeWhenIdle bool
+	// creating: its creation task is not committed yet (Config.Creating).
+	creating bool
 	// retry is a task whose replica was lost: it runs again, before the run's queue, once
 	// the adapter is rebuilt.
 	retry *Task[O]
@@ -159,6 +166,7 @@ func New[O any](cfg Config[O]) *Run[O] {
 		seq:          sequencer.New[*Task[O], loopsv1.OperationKind](cfg.NextSeq, cfg.MaxPending),
 		claims:       map[int64]chan struct{}{},
 		adapterReady: cfg.AdapterReady,
+		creating:     cfg.Creating,
 		unloaded:     cfg.Unloaded,
 	}
 }
@@ -302,6 +310,9 @@ func (r *Run[O]) Commit(kind loopsv1.OperationKind, op string, t *Task[O]) error
 		r.seq.Reject(t.Seq, kind)
 	} else {
 		r.seq.Record(t.Seq, kind, op, t)
+	}
+	if t.Creates {
+		r.creating = false
 	}
 	wake := r.kickLocked()
 	r.mu.Unlock()
@@ -522,6 +533,7 @@ func (r *Run[O]) Unload(reason string, ownTask bool) Unloading[O] {
 func (r *Run[O]) Fail(reason string) []*Task[O] {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.creating = false
 	if r.unloaded != "" {
 		return nil
 	}
@@ -557,7 +569,7 @@ func (r *Run[O]) stopGapLocked() {
 func (r *Run[O]) Evictable(idle, unloadedTTL, liveTTL time.Duration) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.busy || r.queued || r.seq.Len() > 0 || r.gapTimer != nil || r.freeWhenIdle || r.adapterStale || r.retry != nil {
+	if r.creating || r.busy || r.queued || r.seq.Len() > 0 || r.gapTimer != nil || r.freeWhenIdle || r.adapterStale || r.retry != nil {
 		return false
 	}
 	if r.unloaded != "" {
