@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -78,9 +79,17 @@ func fenceBatch(seq int64) store.Batch {
 // is lost, it exits with status 3.
 func runFenceLeader(url string) int {
 	ctx := context.Background()
-	out := json.NewEncoder(os.Stdout)
+	// The elector's goroutine reports "lost" while the loop reports its batches: one line at
+	// a time (interleaved writes garbled a line, and the test stopped reading there).
+	var outMu sync.Mutex
+	enc := json.NewEncoder(os.Stdout)
+	emit := func(e fenceEvent) {
+		outMu.Lock()
+		defer outMu.Unlock()
+		_ = enc.Encode(e)
+	}
 	fail := func(err error) int {
-		_ = out.Encode(fenceEvent{Event: "error", Error: err.Error()})
+		emit(fenceEvent{Event: "error", Error: err.Error()})
 		return 1
 	}
 	ls, err := pglease.Open(ctx, url, 0)
@@ -100,7 +109,7 @@ func runFenceLeader(url string) int {
 		OnElected: func(rec lease.Record) { elected <- rec },
 		OnLost: func(err error) {
 			lost.Store(true)
-			_ = out.Encode(fenceEvent{Event: "lost", Error: err.Error()})
+			emit(fenceEvent{Event: "lost", Error: err.Error()})
 		},
 	})
 	if err != nil {
@@ -111,15 +120,15 @@ func runFenceLeader(url string) int {
 	if err := st.SetFence(el.Fence(rec)); err != nil {
 		return fail(err)
 	}
-	_ = out.Encode(fenceEvent{Event: "elected", Term: rec.Term})
+	emit(fenceEvent{Event: "elected", Term: rec.Term})
 	for seq := int64(1); ; seq++ {
 		b := fenceBatch(seq)
 		time.Sleep(5 * time.Millisecond)
 		if err := st.ApplyBatch(ctx, b); err != nil {
-			_ = out.Encode(fenceEvent{Event: "refused", Seq: seq, Fenced: errors.Is(err, store.ErrFenced), Error: err.Error()})
+			emit(fenceEvent{Event: "refused", Seq: seq, Fenced: errors.Is(err, store.ErrFenced), Error: err.Error()})
 			return 3
 		}
-		_ = out.Encode(fenceEvent{Event: "committed", Seq: seq})
+		emit(fenceEvent{Event: "committed", Seq: seq})
 		if lost.Load() {
 			return 3
 		}
