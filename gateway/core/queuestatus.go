@@ -42,7 +42,7 @@ func (c *Core) runQueueStatus(op *loopsv1.Operation) *loopsv1.QueueStatus {
 		return nil
 	}
 	w, batch, inLane := l.Wait(r)
-	st := &loopsv1.QueueStatus{State: loopsv1.QueueState_QUEUE_STATE_ACTIVE, Position: int32(min(ahead, 1<<30))}
+	st := &loopsv1.QueueStatus{State: loopsv1.QueueState_QUEUE_STATE_ACTIVE}
 	switch {
 	case ahead > 0:
 		st.Reason = fmt.Sprintf("after %d earlier operations of training run %s, which run in seq_id order", ahead, r.ID())
