@@ -304,14 +304,18 @@ func safeLen(s string, stop []string) int {
 	if n < len(s) {
 		return n
 	}
+	// Hold back the longest start of any stop sequence that the text ends with; each stop
+	// is matched against the whole text, not against what another stop left.
+	held := 0
 	for _, st := range stop {
-		for k := min(len(st)-1, n); k > 0; k-- {
-			if strings.HasSuffix(s[:n], st[:k]) {
-				n -= k
+		for k := min(len(st)-1, n); k > held; k-- {
+			if strings.HasSuffix(s, st[:k]) {
+				held = k
 				break
 			}
 		}
 	}
+	n -= held
 	return n - incompleteSuffix(s[:n])
 }
 
