@@ -203,6 +203,7 @@ func (k *Keys) middleware(p Policy, next http.Handler) (http.Handler, *inflight)
 			return
 		}
 		defer inflight.release(id)
+		ctx = WithCaller(ctx, Caller{KeyID: KeyIDOf(key), Addr: client.String()})
 		next.ServeHTTP(w, r.WithContext(ctx))
 	}), inflight
 }

@@ -72,3 +72,19 @@ func TestMiddleware(t *testing.T) {
 	require.Contains(t, body["detail"], "unknown API key")
 	require.NotEmpty(t, w.Header().Get("Content-Length"))
 }
+
+func TestMiddlewareCarriesCaller(t *testing.T) {
+	keys, err := ParseKeys([]string{"tml-alpha=team"})
+	require.NoError(t, err)
+	var got Caller
+	h := keys.Middleware(Policy{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = CallerOf(r.Context())
+	}))
+	req := httptest.NewRequest(http.MethodGet, "/x", nil)
+	req.Header.Set(HeaderName, "tml-alpha")
+	req.RemoteAddr = "192.0.2.7:5555"
+	h.ServeHTTP(httptest.NewRecorder(), req)
+	require.Equal(t, Caller{KeyID: KeyIDOf("tml-alpha"), Addr: "192.0.2.7"}, got)
+	require.NotContains(t, got.KeyID, "alpha")
+	require.Len(t, got.KeyID, len("key-")+16)
+}
