@@ -21,6 +21,8 @@ type JobsConfig struct {
 	Relay []string
 	// RelayEnv is added to the relay's environment (tests use it to select RelayMain).
 	RelayEnv []string
+	// Recipes are the cookbook recipes Python's cookbook has (jobs.Options.Recipes).
+	Recipes []string
 	// CgroupParent, WeakLimits and UIDBase are jobs.Options' (`loops serve --jobs-cgroup,
 	// --jobs-weak-limits, --jobs-uid-base`): where the jobs' cgroups go, whether jobs may
 	// run without one, and the host uids of a root gateway's jobs.
@@ -71,6 +73,7 @@ func (s *Server) newJobs(ctx context.Context) (*jobs.Service, error) {
 		Python:       s.cfg.Jobs.Python,
 		Relay:        s.cfg.Jobs.Relay,
 		RelayEnv:     s.cfg.Jobs.RelayEnv,
+		Recipes:      s.cfg.Jobs.Recipes,
 		CgroupParent: s.cfg.Jobs.CgroupParent,
 		WeakLimits:   s.cfg.Jobs.WeakLimits,
 		UIDBase:      s.cfg.Jobs.UIDBase,

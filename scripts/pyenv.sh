@@ -14,6 +14,8 @@
 #   LOOPS_VENV_DIR   parent folder of the venvs (default ~/.cache/loops/venvs)
 #   LOOPS_PYTHON     interpreter used to create the venv (default: python3,
 #                    must be >= 3.11 for the tinker SDK)
+#   LOOPS_PYENV_PROGRESS=1  show pip's own progress (each package collected and
+#                    installed) on stderr instead of building quietly
 #   PIP_INDEX_URL etc. are honoured by pip as usual.
 #
 # Example:
@@ -68,12 +70,17 @@ if command -v flock >/dev/null 2>&1; then
 fi
 
 echo "pyenv.sh: building $venv" >&2
+quiet=-q
+if [[ ${LOOPS_PYENV_PROGRESS:-} == 1 ]]; then
+  quiet=
+  echo "pyenv.sh: installing $# requirement(s): $*" >&2
+fi
 # Create at the final path (console-script shebangs embed it); the stamp is
 # written last, so a failed or interrupted build is never reused.
 rm -rf "$venv"
 "$python" -m venv "$venv" >&2
 if ! "$venv/bin/python" -m pip install --disable-pip-version-check -q --upgrade pip >&2 ||
-   ! "$venv/bin/python" -m pip install --disable-pip-version-check -q "$@" >&2; then
+   ! "$venv/bin/python" -m pip install --disable-pip-version-check $quiet "$@" >&2; then
   echo "pyenv.sh: pip install failed; removing $venv" >&2
   rm -rf "$venv"
   exit 1

@@ -87,7 +87,7 @@ func runsCmd() *cobra.Command {
 	cmd.Flags().Int32Var(&limit, "limit", 50, "how many to list")
 	cmd.Flags().StringVar(&pageToken, "page-token", "", "continue a list where the previous page ended (the token it printed)")
 	cf.register(cmd)
-	cmd.AddCommand(runsShowCmd(&cf))
+	cmd.AddCommand(runsShowCmd(&cf), runsUnloadCmd(&cf))
 	return cmd
 }
 

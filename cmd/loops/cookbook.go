@@ -256,6 +256,9 @@ func cookbookVenv(ctx context.Context, src string, stderr io.Writer) (string, er
 		return "", err
 	}
 	cmd := exec.CommandContext(ctx, "bash", "-c", scripts.Pyenv, "pyenv.sh", "cookbook-"+digest, src)
+	// A first build takes a minute or more (pip fetches the tinker SDK and transformers):
+	// pip's own lines show that it is getting on, one per package.
+	cmd.Env = append(os.Environ(), "LOOPS_PYENV_PROGRESS=1")
 	cmd.Stderr = stderr
 	out, err := cmd.Output()
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/loops-dev/loops/cookbook"
 	"github.com/loops-dev/loops/gateway"
 	"github.com/loops-dev/loops/gateway/jobs"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -304,7 +306,19 @@ func (f *jobsServeFlags) config() gateway.JobsConfig {
 	if err != nil {
 		exe = os.Args[0]
 	}
+	// The recipe list of the cookbook jobs run (LOOPS_COOKBOOK_DIR, else the embedded one):
+	// an unknown recipe is refused at submit. One that cannot be read leaves the check to
+	// the recipe's start.
+	var src fs.FS = cookbook.Files
+	if dir := os.Getenv("LOOPS_COOKBOOK_DIR"); dir != "" {
+		src = os.DirFS(dir)
+	}
+	recipes, err := cookbook.Recipes(src)
+	if err != nil {
+		slog.Warn("jobs: the cookbook's recipe list cannot be read; recipe names are checked when a job starts", "err", err)
+	}
 	return gateway.JobsConfig{
+		Recipes:      recipes,
 		Relay:        []string{exe, "jobs", "relay"},
 		CgroupParent: f.cgroup,
 		WeakLimits:   f.weak,

@@ -33,7 +33,7 @@ func rootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(serveCmd(), modelsCmd(), runsCmd(), checkpointsCmd(), usageCmd())
-	root.AddCommand(workspaceCmd(), deployCmd())
+	root.AddCommand(workspaceCmd(), deployCmd(), sessionsCmd())
 	root.AddCommand(conformanceCmd())
 	root.AddCommand(cookbookCmd(), jobsCmd())
 	root.AddCommand(workerCmd())

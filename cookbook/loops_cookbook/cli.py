@@ -17,7 +17,7 @@ import sys
 import traceback
 from typing import Any
 
-from loops_cookbook import registry
+from loops_cookbook import hub, registry
 from loops_cookbook.config import apply_overrides
 from loops_cookbook.data import DataError, read_jsonl
 
@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "show":
             return cmd_show(args.name, args.json)
         cfg = config_for(args.name, args.overrides)
+        hub.offline_when_cached(getattr(cfg, "model", ""))
         if args.cmd == "check":
             return cmd_check(args.name, cfg, args.max_seq_len, args.json)
         return cmd_run(args.name, cfg)
@@ -151,21 +152,45 @@ def cmd_check(name: str, cfg: Any, max_seq_len: int, as_json: bool) -> int:
 def cmd_run(name: str, cfg: Any) -> int:
     import tinker
 
+    from loops_cookbook.runtime import close_open_runs
+
     mod = registry.load(name)
     try:
         result = mod.main(cfg)
     except DataError as e:
+        close_open_runs("errored", f"data error: {e}")
         print(f"data error: {e}", file=sys.stderr)
         return EXIT_DATA
-    except (tinker.APIConnectionError, tinker.AuthenticationError, tinker.PermissionDeniedError,
-            tinker.BadRequestError, tinker.NotFoundError, tinker.UnprocessableEntityError) as e:
-        print(f"server error ({type(e).__name__}): {e}", file=sys.stderr)
+    except tinker.APIConnectionError as e:
+        print(f"server unreachable: {e}", file=sys.stderr)
+        return EXIT_SERVER
+    except tinker.APIStatusError as e:
+        close_open_runs("errored", f"the server refused a request ({e.status_code})")
+        if e.status_code >= 500:
+            print(f"server error ({e.status_code}): {server_message(e)}", file=sys.stderr)
+            return EXIT_FAIL
+        # A refused request (bad key, a limit, a bad value) is the caller's to fix: the
+        # server's own words say how, a Python traceback would bury them.
+        print(f"the server refused a request ({e.status_code} {type(e).__name__}): {server_message(e)}",
+              file=sys.stderr)
         return EXIT_SERVER
     except KeyboardInterrupt:
+        close_open_runs("interrupted")
         print("interrupted", file=sys.stderr)
         return 130
-    except Exception:  # noqa: BLE001 - the traceback is the report
+    except Exception as e:  # noqa: BLE001 - the traceback is the report
+        close_open_runs("errored", f"{type(e).__name__}: {e}"[:500])
         traceback.print_exc()
         return EXIT_FAIL
     print(json.dumps({"recipe": name, **result}, default=str))
     return EXIT_OK
+
+
+def server_message(e: Any) -> str:
+    """The server's explanation of a refused request: its JSON `detail` (Loops and Tinker
+    answer {"detail": ..., "reason": ...}), else the SDK's message."""
+    body = getattr(e, "body", None)
+    if isinstance(body, dict) and body.get("detail"):
+        reason = body.get("reason")
+        return f"{body['detail']}" + (f" [{reason}]" if reason else "")
+    return str(e)

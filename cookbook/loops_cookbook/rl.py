@@ -24,6 +24,7 @@ from tinker import types
 
 from loops_cookbook.config import RLConfig
 from loops_cookbook.env import Env, Episode
+from loops_cookbook.runtime import resolved
 
 
 def rollout(sampler: tinker.SamplingClient, env: Env, params: types.SamplingParams, max_length: int,
@@ -137,7 +138,7 @@ def train_sync(run: Any, cfg: RLConfig, tasks: TaskSampler, stop: list[int], max
     rows = []
     with ThreadPoolExecutor(cfg.concurrency) as pool, ThreadPoolExecutor(cfg.groups_per_batch) as groups_pool:
         for step in range(1, cfg.steps + 1):
-            sampler = run.training.save_weights_and_get_sampling_client()
+            sampler = resolved(run.training.save_weights_and_get_sampling_client())
             makers = [(tasks(rng), rng.randrange(1 << 30)) for _ in range(cfg.groups_per_batch)]
             groups = list(groups_pool.map(lambda m: play_group(sampler, m[0], cfg, params, pool, max_turns, m[1]), makers))
             m = train_on(run.training, groups, cfg.learning_rate)
@@ -167,7 +168,7 @@ def train_async(run: Any, cfg: RLConfig, tasks: TaskSampler, stop: list[int], ma
             return [groups_pool.submit(play_group, sampler, m, cfg, params, pool, max_turns, seed)
                     for m, seed in makers]
 
-        first = run.training.save_weights_and_get_sampling_client()
+        first = resolved(run.training.save_weights_and_get_sampling_client())
         # steps 1 .. max_staleness + 1 sample with the initial weights
         in_flight = {t: launch(first) for t in range(1, min(cfg.steps, max_staleness + 1) + 1)}
         for step in range(1, cfg.steps + 1):
@@ -175,7 +176,7 @@ def train_async(run: Any, cfg: RLConfig, tasks: TaskSampler, stop: list[int], ma
             m = train_on(run.training, groups, cfg.learning_rate)
             lag = float(min(step - 1, max_staleness))  # every group of the step is this old
             m.update({"staleness_mean": lag, "staleness_max": lag})
-            sampler = run.training.save_weights_and_get_sampling_client()
+            sampler = resolved(run.training.save_weights_and_get_sampling_client())
             nxt = step + max_staleness + 1
             if nxt <= cfg.steps:
                 in_flight[nxt] = launch(sampler)

@@ -32,10 +32,9 @@ class Run:
         self._metrics = open(self.log_dir / "metrics.jsonl", "a", buffering=1)
         self._checkpoints = open(self.log_dir / "checkpoints.jsonl", "a", buffering=1)
         self.service = tinker.ServiceClient(base_url=base_url(cfg), user_metadata={"recipe": recipe})
-        training = self.service.create_lora_training_client(
-            base_model=cfg.model, rank=cfg.lora_rank, seed=cfg.seed, user_metadata={"recipe": recipe})
-        # Newer SDKs hand back a future of the client.
-        self.training: tinker.TrainingClient = training if isinstance(training, tinker.TrainingClient) else training.result()
+        _OPEN.append(self)
+        self.training: tinker.TrainingClient = resolved(self.service.create_lora_training_client(
+            base_model=cfg.model, rank=cfg.lora_rank, seed=cfg.seed, user_metadata={"recipe": recipe}))
         self.run_id = str(self.training.model_id)
         self.tokenizer = self.training.get_tokenizer()
         print(f"run {self.run_id} ({recipe}, {cfg.model}); logs in {self.log_dir}", file=sys.stderr, flush=True)
@@ -71,19 +70,53 @@ class Run:
             self.save(f"{step:06d}", step)
 
     def finish(self, step: int) -> dict:
-        """Saves the final checkpoint, closes the files and prints where everything is."""
+        """Saves the final checkpoint, closes the files, ends the session (which frees the
+        run on the server) and prints where everything is."""
         rec = self.save("final", step)
         self._bar.close()
         self._metrics.close()
         self._checkpoints.close()
+        self.close("success")
         print(f"done: run {self.run_id}, final checkpoint {rec['state_path']} (sampler {rec['sampler_path']})",
               file=sys.stderr, flush=True)
         return rec
+
+    def close(self, status: str, detail: str | None = None) -> None:
+        """Ends the recipe's session: the server unloads its run at once instead of keeping it
+        live until the session's TTL (a workspace at max_concurrent_runs can start the next
+        recipe right away). Checkpoints stay. SDKs before ServiceClient.close (tinker < 0.38)
+        leave the session to expire. Idempotent."""
+        if self in _OPEN:
+            _OPEN.remove(self)
+        close = getattr(self.service, "close", None)
+        if close is None:
+            return
+        try:
+            close(status, detail).result(timeout=30)
+        except Exception as e:  # noqa: BLE001 - the session still expires by itself
+            print(f"warning: could not end the session: {e}", file=sys.stderr, flush=True)
 
     def optim_step(self) -> dict:
         """Applies accumulated gradients with the config's learning rate; returns the server's metrics."""
         out = self.training.optim_step(types.AdamParams(learning_rate=self.cfg.learning_rate)).result()
         return dict(getattr(out, "metrics", None) or {})
+
+
+# Runs whose session is still open: cli.cmd_run ends them when a recipe stops early.
+_OPEN: list[Run] = []
+
+
+def close_open_runs(status: str, detail: str | None = None) -> None:
+    """Ends the session of every run not finished (a recipe that failed or was interrupted)."""
+    for run in list(_OPEN):
+        run.close(status, detail)
+
+
+def resolved(client: Any) -> Any:
+    """The client itself from a client-creation call: tinker 0.38 returns a future of it
+    (using the future as the client is deprecated and warns), earlier releases the client."""
+    result = getattr(client, "result", None)
+    return result() if callable(result) else client
 
 
 def sft_datum(tokens: Sequence[int], weights: Sequence[float], max_length: int) -> types.Datum:

@@ -139,6 +139,9 @@ type Options struct {
 	// Bwrap is the bubblewrap binary (default: bwrap from PATH). Jobs are refused when it
 	// is missing: they never run outside a sandbox.
 	Bwrap string
+	// Recipes are the cookbook recipes the jobs' interpreter has (cookbook.Recipes): a job
+	// naming another is refused at submit. Nil checks only that the name is well formed.
+	Recipes []string
 	// MaxArchiveBytes, MaxUnpackedBytes, MaxFiles cap an upload; MaxLogBytes a job's log;
 	// MaxRunningAll the jobs running on this gateway, all workspaces together. Zero values
 	// take the Default* constants.
@@ -308,6 +311,9 @@ func (s *Service) validate(m *loopsv1.SubmitJobRequest) error {
 	}
 	if m.GetRecipe() != "" && !recipeName.MatchString(m.GetRecipe()) {
 		return invalid("recipe %.80q is not a recipe name (lower-case letters, digits and '_'; `loops cookbook list` lists them)", m.GetRecipe())
+	}
+	if m.GetRecipe() != "" && s.o.Recipes != nil && !slices.Contains(s.o.Recipes, m.GetRecipe()) {
+		return invalid("unknown recipe %q: this server's cookbook has %s (`loops cookbook list`)", m.GetRecipe(), strings.Join(s.o.Recipes, ", "))
 	}
 	if m.GetEntrypoint() != "" {
 		if _, err := CleanPath(m.GetEntrypoint()); err != nil {

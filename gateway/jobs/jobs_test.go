@@ -394,7 +394,7 @@ func TestSubmitValidation(t *testing.T) {
 	dir := t.TempDir()
 	st := openStore(t, dir)
 	defer st.Close()
-	f := newFixture(t, dir, st)
+	f := newFixture(t, dir, st, func(o *Options) { o.Recipes = []string{"sft_chat", "dpo"} })
 	ok := tarball(t, false, map[string]string{"a.py": "print(1)"})
 	for name, c := range map[string]struct {
 		m    *loopsv1.SubmitJobRequest
@@ -403,6 +403,7 @@ func TestSubmitValidation(t *testing.T) {
 		"neither":        {&loopsv1.SubmitJobRequest{}, "exactly one of entrypoint"},
 		"both":           {&loopsv1.SubmitJobRequest{Recipe: "sft_chat", Entrypoint: "a.py", Archive: ok}, "exactly one of entrypoint"},
 		"bad recipe":     {&loopsv1.SubmitJobRequest{Recipe: "../x"}, "not a recipe name"},
+		"unknown recipe": {&loopsv1.SubmitJobRequest{Recipe: "sft_chta"}, `unknown recipe "sft_chta": this server's cookbook has sft_chat, dpo`},
 		"no archive":     {&loopsv1.SubmitJobRequest{Entrypoint: "a.py"}, "needs the archive"},
 		"escape":         {&loopsv1.SubmitJobRequest{Entrypoint: "../a.py", Archive: ok}, "'..'"},
 		"missing script": {&loopsv1.SubmitJobRequest{Entrypoint: "b.py", Archive: ok}, "not a file of the archive"},
