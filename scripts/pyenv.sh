@@ -16,6 +16,9 @@
 #                    must be >= 3.11 for the tinker SDK)
 #   LOOPS_PYENV_PROGRESS=1  show pip's own progress (each package collected and
 #                    installed) on stderr instead of building quietly
+#   LOOPS_PYENV_BEFORE_INSTALL  a command run with the new venv's path as its last
+#                    argument after the venv is made and before pip installs (e.g. to
+#                    link torch in, so that pip does not download it)
 #   PIP_INDEX_URL etc. are honoured by pip as usual.
 #
 # Example:
@@ -79,6 +82,11 @@ fi
 # written last, so a failed or interrupted build is never reused.
 rm -rf "$venv"
 "$python" -m venv "$venv" >&2
+if [[ -n ${LOOPS_PYENV_BEFORE_INSTALL:-} ]] && ! bash -c "$LOOPS_PYENV_BEFORE_INSTALL \"\$1\"" pyenv "$venv" >&2; then
+  echo "pyenv.sh: LOOPS_PYENV_BEFORE_INSTALL failed; removing $venv" >&2
+  rm -rf "$venv"
+  exit 1
+fi
 if ! "$venv/bin/python" -m pip install --disable-pip-version-check -q --upgrade pip >&2 ||
    ! "$venv/bin/python" -m pip install --disable-pip-version-check $quiet "$@" >&2; then
   echo "pyenv.sh: pip install failed; removing $venv" >&2

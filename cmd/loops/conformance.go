@@ -82,6 +82,7 @@ anything fails. See docs/conformance.md.`,
 	f.StringVar(&knownFailing, "known-failing", "", `file of "<glob> # <reason>" lines for checks expected to fail`)
 	f.DurationVar(&cfg.Timeout, "timeout", 5*time.Minute, "limit for each check and each case")
 	f.BoolVar(&cfg.SkipProtocol, "sdk-only", false, "run only the SDK-level checks")
+	f.StringVar(&cfg.Wire, "wire", blackbox.WireProto, "forward_backward body of the SDK checks: proto (tinker ≥ 0.25, always) or json (tinker ≤ 0.24)")
 	f.BoolVar(&cfg.OpenMode, "open", false, "the target accepts any tml- key by design (loops serve without keys); skip the unknown-key check")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log each check as it finishes (stderr)")

@@ -44,11 +44,21 @@ type Config struct {
 	Timeout time.Duration
 	// SkipProtocol runs only the SDK checks.
 	SkipProtocol bool
+	// Wire is how the SDK checks send forward_backward: WireProto (default), as tinker ≥
+	// 0.25 always does, or WireJSON, the JSON body of tinker ≤ 0.24 (a server that has not
+	// caught up with the protobuf wire can still be checked on everything else).
+	Wire string
 	// HTTPClient is used for every request (default: 10-minute timeout).
 	HTTPClient *http.Client
 	// Logger receives progress at debug level (default slog.Default()).
 	Logger *slog.Logger
 }
+
+// The forward_backward wires of Config.Wire.
+const (
+	WireProto = "proto"
+	WireJSON  = "json"
+)
 
 // Report is the outcome of a run, SDK checks first, then protocol cases.
 type Report struct {
@@ -74,6 +84,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	if cfg.BaseModel == "" {
 		cfg.BaseModel = "loops/tiny"
+	}
+	switch cfg.Wire {
+	case "":
+		cfg.Wire = WireProto
+	case WireProto, WireJSON:
+	default:
+		return nil, fmt.Errorf("blackbox: Wire %q is not %q or %q", cfg.Wire, WireProto, WireJSON)
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Minute
@@ -373,7 +390,10 @@ func le32(xs []int32) []byte {
 	return b
 }
 
-func checkForwardBackward(ctx context.Context, cl *protocol.TinkerClient, st *sdkState, _ Config) error {
+func checkForwardBackward(ctx context.Context, cl *protocol.TinkerClient, st *sdkState, cfg Config) error {
+	if cfg.Wire == WireJSON {
+		return checkForwardBackwardJSON(ctx, cl, st)
+	}
 	n := len(sftTokens) - 1
 	targets := make([]byte, 0, 8*n)
 	weights := make([]byte, 0, 4*n)
@@ -404,16 +424,65 @@ func checkForwardBackward(ctx context.Context, cl *protocol.TinkerClient, st *sd
 		return errors.New("forward_backward result is JSON; the tinker SDK (≥ 0.25) accepts only a protobuf ForwardBackwardOutput")
 	}
 	out := fr.Proto.(*publicv1.ForwardBackwardOutput)
-	loss, ok := out.GetMetrics()["loss:sum"]
-	if !ok || math.IsNaN(loss) || math.IsInf(loss, 0) {
-		return fmt.Errorf("metrics lack a finite loss:sum (the SDK requires it): %v", out.GetMetrics())
+	m, _ := docObject(fr, "forward_backward")
+	return checkForwardBackwardResult(out.GetMetrics(), m, len(sftTokens)-1)
+}
+
+// checkForwardBackwardJSON sends the JSON forward_backward body of tinker ≤ 0.24
+// (docs/tinker-compat.md §9.2) and checks the result as checkForwardBackward does.
+func checkForwardBackwardJSON(ctx context.Context, cl *protocol.TinkerClient, st *sdkState) error {
+	n := len(sftTokens) - 1
+	targets := make([]int32, n)
+	weights := make([]float32, n)
+	for i := range n {
+		targets[i], weights[i] = sftTokens[i+1], 1
 	}
-	for k := range out.GetMetrics() {
+	st.seq++
+	_, fr, err := submitAndWait(ctx, cl, "/api/v1/forward_backward", map[string]any{
+		"model_id": st.modelID, "seq_id": st.seq,
+		"forward_backward_input": map[string]any{
+			"loss_fn": "cross_entropy",
+			"data": []any{map[string]any{
+				"model_input": map[string]any{"chunks": []any{map[string]any{"type": "encoded_text", "tokens": sftTokens[:n]}}},
+				"loss_fn_inputs": map[string]any{
+					"target_tokens": map[string]any{"data": targets, "dtype": "int64", "shape": []int{n}},
+					"weights":       map[string]any{"data": weights, "dtype": "float32", "shape": []int{n}},
+				},
+			}},
+		},
+	}, "")
+	if err != nil {
+		return err
+	}
+	m, err := docObject(fr, "forward_backward")
+	if err != nil {
+		return err
+	}
+	metrics := map[string]float64{}
+	raw, _ := m["metrics"].(map[string]any)
+	for k, v := range raw {
+		num, ok := v.(json.Number)
+		f, err := num.Float64()
+		if !ok || err != nil {
+			return fmt.Errorf("metric %q is %v, not a number", k, v)
+		}
+		metrics[k] = f
+	}
+	return checkForwardBackwardResult(metrics, m, n)
+}
+
+// checkForwardBackwardResult checks what the SDK needs of a forward_backward result: a
+// finite loss:sum, name:reduction metric keys, and one logprob per input token.
+func checkForwardBackwardResult(metrics map[string]float64, m map[string]any, n int) error {
+	loss, ok := metrics["loss:sum"]
+	if !ok || math.IsNaN(loss) || math.IsInf(loss, 0) {
+		return fmt.Errorf("metrics lack a finite loss:sum (the SDK requires it): %v", metrics)
+	}
+	for k := range metrics {
 		if strings.Count(k, ":") != 1 {
 			return fmt.Errorf("metric key %q is not name:reduction", k)
 		}
 	}
-	m, _ := docObject(fr, "forward_backward")
 	outs, _ := m["loss_fn_outputs"].([]any)
 	if len(outs) != 1 {
 		return fmt.Errorf("%d loss_fn_outputs for 1 datum", len(outs))

@@ -56,6 +56,18 @@ func TestAgainstLoops(t *testing.T) {
 	require.True(t, rep.OK())
 }
 
+// The SDK checks on the JSON wire of tinker ≤ 0.24 pass against Loops, which serves both.
+func TestJSONWireAgainstLoops(t *testing.T) {
+	url := startServer(t)
+	rep, err := blackbox.Run(t.Context(), blackbox.Config{Target: url, APIKey: keyA, SkipProtocol: true, Wire: blackbox.WireJSON})
+	require.NoError(t, err)
+	for _, r := range rep.Results {
+		require.Equalf(t, protocol.StatusPass, r.Status, "%s: %s", r.Name, r.Reason)
+	}
+	_, err = blackbox.Run(t.Context(), blackbox.Config{Target: url, APIKey: keyA, Wire: "xml"})
+	require.ErrorContains(t, err, `Wire "xml"`)
+}
+
 // TestReportsFailures points the suite at a server with the wrong key: every check fails or
 // is skipped, and the report says so.
 func TestReportsFailures(t *testing.T) {
