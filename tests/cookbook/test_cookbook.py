@@ -247,11 +247,11 @@ RL_LOOP = [arg for arg in MODEL if not arg.startswith("renderer_name=")] + [
 ]
 
 
-def _rl_loop(recipe_env, tmp_path, loss_fn: str, kill_when=None) -> tuple[Path, float]:
+def _rl_loop(recipe_env, tmp_path, loss_fn: str) -> tuple[Path, float]:
     log = _log_dir(tmp_path, f"rl_loop-{loss_fn}")
     log.mkdir(parents=True, exist_ok=True)
     env = dict(recipe_env, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parent), recipe_env.get("PYTHONPATH")])))
-    took = run_recipe("rl_loop_offline", RL_LOOP + [f"loss_fn={loss_fn}"], env, log, kill_when=kill_when)
+    took = run_recipe("rl_loop_offline", RL_LOOP + [f"loss_fn={loss_fn}"], env, log)
     return log, took
 
 
