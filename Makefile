@@ -160,7 +160,7 @@ test-sdk-matrix: ## Real tinker SDK releases (0.18.2, 0.24.1, 0.30.4, 0.38.0) ×
 	bash tests/sdk_matrix/run.sh
 
 .PHONY: test-cookbook
-test-cookbook: ## tinker-cookbook 0.6.1 recipes (chat_sl, math_rl sync/async/stream × IS/PPO/CISPO) unmodified against loops serve
+test-cookbook: ## tinker-cookbook 0.6.1 recipes (chat_sl, math_rl sync/async/stream × IS/PPO/CISPO, rl_loop with gspo and its default stable_reinforce) unmodified against loops serve
 	bash tests/cookbook/run.sh
 
 .PHONY: test-recipes

@@ -91,6 +91,8 @@ func TestTrainingRoutes(t *testing.T) {
 
 	r := e.postJSON("/api/v1/create_model", `{"session_id":"s","model_seq_id":1,"base_model":"m","lora_config":{"rank":8},"optimizer_config":{"type":"dimuon","version":1}}`)
 	require.Equal(t, 400, r.status)
+	require.Contains(t, string(r.body), `optimizer_config type \"dimuon\" is not supported; Loops trains with \"adamw\" only`)
+	require.Contains(t, string(r.body), "will not train it with Adam instead")
 	require.Equal(t, 400, e.postJSON("/api/v1/create_model", `{"session_id":"s","model_seq_id":1,"base_model":"m"}`).status)
 
 	r = e.postJSON("/api/v1/get_info", fmt.Sprintf(`{"model_id":%q,"type":"get_info"}`, run))

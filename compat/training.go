@@ -14,9 +14,17 @@ type optimizerConfig struct {
 	Type string `json:"type"`
 }
 
+// optimizerWhy says why a known non-Adam family is refused rather than approximated.
+func optimizerWhy(typ string) string {
+	if typ == "dimuon" {
+		return ": Tinker's Dimuon keeps its matrix-sign iteration count and normalization epsilon internal, so Loops cannot reproduce its updates exactly and will not train it with Adam instead"
+	}
+	return ""
+}
+
 func checkOptimizer(o *optimizerConfig) error {
 	if o != nil && o.Type != "" && o.Type != "adamw" {
-		return badRequest("optimizer_config type %q is not supported; Loops trains with AdamW only (omit optimizer or use AdamOptimizerConfig)", o.Type)
+		return badRequest("optimizer_config type %q is not supported; Loops trains with %q only (omit optimizer or pass AdamOptimizerConfig())%s", o.Type, "adamw", optimizerWhy(o.Type))
 	}
 	return nil
 }
@@ -250,7 +258,7 @@ func (s *server) optimStep(w http.ResponseWriter, r *http.Request) error {
 		p = &adamJSON{}
 	}
 	if p.Type != "" && p.Type != "adam" && p.Type != "adamw" {
-		return badRequest("optimizer_params type %q is not supported; Loops trains with AdamW only (pass AdamParams)", p.Type)
+		return badRequest("optimizer_params type %q is not supported; Loops trains with %q only (pass AdamParams)%s", p.Type, "adamw", optimizerWhy(p.Type))
 	}
 	id, err := s.resolveModel(r.Context(), req.ModelID)
 	if err != nil {

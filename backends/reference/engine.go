@@ -228,7 +228,7 @@ func (e *Engine) loadModel(name string) (*baseModel, error) {
 }
 
 // LossFunctions are the losses the engine implements.
-var LossFunctions = []string{"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"}
+var LossFunctions = []string{"cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo"}
 
 // GetCapabilities lists the served models and losses.
 func (e *Engine) GetCapabilities(context.Context, *backendv1.GetCapabilitiesRequest) (*backendv1.GetCapabilitiesResponse, error) {

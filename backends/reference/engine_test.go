@@ -84,6 +84,22 @@ func ceDatum(seq []int, w ...float64) *loopsv1.Datum {
 		"target_tokens": i64(seq[1:]...), "weights": f32(w...)}}
 }
 
+// gspoDatum is an RL datum on seq whose sequence_ratio_mask is mask at every position;
+// without a mask value it has none, and drop 0 leaves out the mask input.
+func gspoDatum(seq []int, mask float64, drop ...int) *loopsv1.Datum {
+	n := len(seq) - 1
+	q, a, m := make([]float64, n), make([]float64, n), make([]float64, n)
+	for i := range n {
+		q[i], a[i], m[i] = -5, float64(i%3)-1, mask
+	}
+	d := &loopsv1.Datum{Tokens: toks32(seq[:n]), LossFnInputs: map[string]*loopsv1.Tensor{
+		"target_tokens": i64(seq[1:]...), "logprobs": f32(q...), "advantages": f32(a...), "sequence_ratio_mask": f32(m...)}}
+	if len(drop) > 0 {
+		delete(d.LossFnInputs, "sequence_ratio_mask")
+	}
+	return d
+}
+
 func createAdapter(t *testing.T, e *Engine, id string, rank int, seed uint64) {
 	t.Helper()
 	_ = mustOK(e.DeleteAdapter(ctx, &backendv1.DeleteAdapterRequest{AdapterId: id}))
@@ -511,6 +527,9 @@ func TestBadInput(t *testing.T) {
 		"wrong length":  {AdapterId: "bad", LossFn: "cross_entropy", Data: []*loopsv1.Datum{ceDatum([]int{1, 2, 3}, 1)}},
 		"missing input": {AdapterId: "bad", LossFn: "ppo", Data: []*loopsv1.Datum{ceDatum(seqA)}},
 		"too long":      {AdapterId: "bad", LossFn: "cross_entropy", Data: []*loopsv1.Datum{ceDatum(make([]int, 2050))}},
+		"clip range":    {AdapterId: "bad", LossFn: "ppo", LossFnConfig: map[string]float64{"clip_high_threshold": 0.5}, Data: []*loopsv1.Datum{gspoDatum(seqA, 1)}},
+		"gspo no mask":  {AdapterId: "bad", LossFn: "gspo", Data: []*loopsv1.Datum{gspoDatum(seqA, 1, 0)}},
+		"gspo mask 0":   {AdapterId: "bad", LossFn: "gspo", Data: []*loopsv1.Datum{gspoDatum(seqA, 0)}},
 	}
 	for name, it := range cases {
 		ie := itemErr(t, e, it)

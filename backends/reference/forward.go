@@ -24,6 +24,10 @@ type datumLoss struct {
 	targets []int
 	weights []float64 // cross_entropy, n*k
 	q, adv  []float64 // RL losses, n
+	mask    []float64 // gspo's sequence_ratio_mask, n
+	// seqRatio is gspo's sequence ratio s = exp(mean over the marked positions of lp − q),
+	// from a forward pass before the training one (a constant there: stop-gradient).
+	seqRatio float64
 }
 
 // tokenLoss is the per-token loss of a loss function: it returns the loss and d loss/d lp.
@@ -70,6 +74,16 @@ func lossFn(name string, cfg map[string]float64) tokenLoss {
 		return func(d *datumLoss, pos, _ int, lp float64) (float64, float64) {
 			a, q := d.adv[pos], d.q[pos]
 			return -(lp*a - 0.5*beta*(lp-q)*(lp-q)), -(a - beta*(lp-q))
+		}
+	case "gspo":
+		// s_t = sg(s)·exp(lp − sg(lp)): its value is s, its derivative in lp is s
+		return func(d *datumLoss, pos, _ int, _ float64) (float64, float64) {
+			s, a := d.seqRatio, d.adv[pos]
+			un, cl := s*a, clip(s, lo, hi)*a
+			if un <= cl {
+				return -un, -s * a
+			}
+			return -cl, 0
 		}
 	}
 	return nil
@@ -179,7 +193,11 @@ func parseDatum(i int, d *loopsv1.Datum, loss string, bm *baseModel) ([]int, *da
 		dl.weights = wv
 		return toks, dl, nil
 	}
-	for _, key := range []string{"logprobs", "advantages"} {
+	keys := []string{"logprobs", "advantages"}
+	if loss == "gspo" {
+		keys = append(keys, "sequence_ratio_mask")
+	}
+	for _, key := range keys {
 		v, s, err := get(key)
 		if err != nil {
 			return nil, nil, err
@@ -190,10 +208,16 @@ func parseDatum(i int, d *loopsv1.Datum, loss string, bm *baseModel) ([]int, *da
 		if err := finite(key, v); err != nil {
 			return nil, nil, err
 		}
-		if key == "logprobs" {
+		switch key {
+		case "logprobs":
 			dl.q = v
-		} else {
+		case "advantages":
 			dl.adv = v
+		default:
+			if !slices.ContainsFunc(v, func(x float64) bool { return x != 0 }) {
+				return nil, nil, fmt.Errorf("datum %d: sequence_ratio_mask marks no position; gspo's sequence ratio is the mean over the marked positions, so mark at least one", i)
+			}
+			dl.mask = v
 		}
 	}
 	return toks, dl, nil
@@ -238,6 +262,10 @@ func (e *Engine) prepareItem(idx int, it *backendv1.ForwardBackwardItem) *fbItem
 		}
 		if math.IsNaN(v) || math.IsInf(v, 0) {
 			fi.err = invalid("loss_fn_config[%q] must be finite", k)
+			return fi
+		}
+		if lo, hi := semantics.LossConfigRange(k); v < lo || v > hi {
+			fi.err = invalid("loss_fn_config[%q] is %v; it must be in [%v, %v]", k, v, lo, hi)
 			return fi
 		}
 	}
@@ -311,6 +339,7 @@ func (e *Engine) ForwardBackward(ctx context.Context, req *backendv1.ForwardBack
 			return nil, connect.NewError(connect.CodeCanceled, err)
 		}
 		g := groups[k]
+		sequenceRatios(k.base, req, g)
 		var seqs []nn.Seq[float32]
 		var owner []*fbItem
 		for _, fi := range g {
@@ -366,4 +395,41 @@ func shapeOf(t *loopsv1.Tensor) []int64 {
 		return nil
 	}
 	return t.Shape
+}
+
+// sequenceRatios sets the sequence ratio of every gspo datum in g from a forward pass of
+// their sequences: s = exp(Σ_M (lp − q) / |M|) over the positions M its
+// sequence_ratio_mask marks. The training pass then takes s as a constant, as gspo's
+// stop-gradient says.
+func sequenceRatios(bm *baseModel, req *backendv1.ForwardBackwardRequest, g []*fbItem) {
+	var seqs []nn.Seq[float32]
+	var dls []*datumLoss
+	for _, fi := range g {
+		if req.Items[fi.idx].LossFn != "gspo" {
+			continue
+		}
+		for j, d := range req.Items[fi.idx].Data {
+			toks := make([]int, len(d.Tokens))
+			for t, v := range d.Tokens {
+				toks[t] = int(v)
+			}
+			dl := fi.datums[j]
+			seqs = append(seqs, nn.Seq[float32]{Tokens: toks, Adapter: fi.ad.ad, Targets: dl.targets, K: dl.k})
+			dls = append(dls, dl)
+		}
+	}
+	if len(seqs) == 0 {
+		return
+	}
+	outs := bm.m.ForwardBackward(seqs, func(int, int, int, float64) (float64, float64) { return 0, 0 }, false)
+	for i, dl := range dls {
+		var sum, n float64
+		for pos, m := range dl.mask {
+			if m != 0 {
+				sum += outs[i].LogProbs[pos] - dl.q[pos]
+				n++
+			}
+		}
+		dl.seqRatio = math.Exp(sum / n)
+	}
 }

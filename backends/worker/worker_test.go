@@ -143,6 +143,13 @@ func datum(seed, n int, loss string) *loopsv1.Datum {
 		d.LossFnInputs["logprobs"] = f32(q...)
 		d.LossFnInputs["advantages"] = f32(adv...)
 	}
+	if loss == "gspo" { // the first position stands for the prompt
+		mask := make([]float32, n)
+		for i := 1; i < n; i++ {
+			mask[i] = 1
+		}
+		d.LossFnInputs["sequence_ratio_mask"] = f32(mask...)
+	}
 	return d
 }
 
@@ -249,7 +256,7 @@ func TestMatchesReference(t *testing.T) {
 	require.NoError(t, err)
 	var worstLP, worstEL, worstLoss float64
 	cfgs := map[string]map[string]float64{"ppo": {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}, "dro": {"beta": 0.1}}
-	for _, loss := range []string{"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"} {
+	for _, loss := range []string{"cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo"} {
 		req := &backendv1.ForwardBackwardRequest{Items: []*backendv1.ForwardBackwardItem{
 			{AdapterId: "a", LossFn: loss, LossFnConfig: cfgs[loss], ForwardOnly: true, Data: []*loopsv1.Datum{datum(3, 31, loss), datum(4, 9, loss)}},
 			{AdapterId: "b", LossFn: loss, LossFnConfig: cfgs[loss], ForwardOnly: true, Data: []*loopsv1.Datum{datum(7, 20, loss)}},

@@ -57,7 +57,35 @@ func lossCases() []testCase {
 		rl("loss/cispo/clip_config", map[string]float64{"clip_low_threshold": 0.6, "clip_high_threshold": 1.4}, ppoRatios, ppoAdvs),
 		rl("loss/dro/default_beta", nil, []float64{0.3, 0.9, 1, 1.5, 4}, ppoAdvs),
 		rl("loss/dro/beta_config", map[string]float64{"beta": 0.5}, []float64{0.3, 0.9, 1, 1.5, 4}, ppoAdvs),
+		// gspo: every position carries its datum's sequence ratio (the geometric mean of the
+		// marked positions' ratios), clipped as a whole: ppoRatios give s ≈ 1.007 and 1.09,
+		// over the default band, so positive advantages are flat there
+		gspo("loss/gspo/defaults", nil, ppoRatios, ppoAdvs),
+		gspo("loss/gspo/inside_band", map[string]float64{"clip_low_threshold": 0.5, "clip_high_threshold": 2}, ppoRatios, ppoAdvs),
+		// s ≈ 0.6, under the band: negative advantages are flat
+		gspo("loss/gspo/below_band", map[string]float64{"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}, []float64{0.5, 0.7, 0.8, 0.6}, ppoAdvs),
 	}
+}
+
+// gspo is a gspo case: two datums whose first two positions stand for the prompt (not in
+// the sequence ratio, advantage kept), the rest marked by sequence_ratio_mask.
+func gspo(name string, cfg map[string]float64, ratios, advs []float64) testCase {
+	return testCase{name, func(h *harness) {
+		h.lossCase(oracle.Loss{Name: "gspo", Config: cfg}, func(ad *oracle.Adapter) []example {
+			return []example{h.gspoExample(7, ad, ratios, advs), h.gspoExample(5, ad, ratios, advs)}
+		})
+	}}
+}
+
+func (h *harness) gspoExample(n int, ad *oracle.Adapter, ratios, advs []float64) example {
+	e := h.rlExample(n, ad, ratios, advs)
+	mask := make([]float64, n)
+	for i := 2; i < n; i++ {
+		mask[i] = 1
+	}
+	e.proto.LossFnInputs["sequence_ratio_mask"] = f32Tensor(mask, int64(n))
+	e.or.SequenceRatioMask = mask
+	return e
 }
 
 func indexSlash(name string) int {

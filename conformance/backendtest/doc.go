@@ -44,7 +44,7 @@
 //     That gradient is compared with central finite differences of the oracle along itself,
 //     along a random direction and at the largest coordinate of a few tensors. (Finite
 //     differences are taken of Σ c·lp with c the loss derivative at the point, which is
-//     the gradient for smooth losses and honours cispo's stop-gradient.)
+//     the gradient for smooth losses and honours cispo's and gspo's stop-gradients.)
 //   - Optimizer: every weight after one or two steps is compared with oracle AdamW
 //     (torch.optim.AdamW order: global-norm clip, decoupled decay, bias-corrected update)
 //     applied to the backend's probe-read gradients, for each AdamParams field.

@@ -12,12 +12,13 @@
 //     scale·B·A (scale = lora_alpha / r) on any of q,k,v,o,gate,up,down,lm_head;
 //   - per-token log-probabilities, temperature-scaled next-token distributions, greedy
 //     continuations and top-k prompt log-probabilities;
-//   - every Tinker loss (cross_entropy, importance_sampling, ppo, cispo, dro) with its
-//     loss_fn_config keys and defaults, per token and summed, and its derivative with
-//     respect to the learner log-prob (with cispo's stop-gradient);
+//   - every Tinker loss Loops serves (cross_entropy, importance_sampling, ppo, cispo, dro,
+//     gspo) with its loss_fn_config keys and defaults, per token and summed, and its
+//     derivative with respect to the learner log-prob (with cispo's and gspo's
+//     stop-gradients; gspo's sequence ratio from the datum's marked positions);
 //   - adapter gradients by central finite differences of a surrogate Σ c·lp whose
 //     coefficients c are the loss derivatives at the current point (which is the exact
-//     gradient for the smooth losses and implements stop-gradient for cispo);
+//     gradient for the smooth losses and implements stop-gradient for cispo and gspo);
 //   - AdamW as torch.optim.AdamW does it, after torch-style global-norm clipping.
 //
 // It is written from the math in DESIGN.md ("Semantics every backend implements") and

@@ -11,6 +11,9 @@ const (
 	DefaultClipLow  = 0.8
 	DefaultClipHigh = 1.2
 	DefaultDROBeta  = 0.05
+	// gspo's defaults: the GSPO paper's clipping ranges (3e-4, 4e-4) around 1.
+	DefaultGSPOClipLow  = 0.9997
+	DefaultGSPOClipHigh = 1.0004
 )
 
 // LossConfigKeys are the loss_fn_config keys each loss accepts.
@@ -20,6 +23,7 @@ var LossConfigKeys = map[string][]string{
 	"ppo":                 {"clip_low_threshold", "clip_high_threshold"},
 	"cispo":               {"clip_low_threshold", "clip_high_threshold"},
 	"dro":                 {"beta"},
+	"gspo":                {"clip_low_threshold", "clip_high_threshold"},
 }
 
 // LossNames lists the losses, sorted.
@@ -39,14 +43,32 @@ type Loss struct {
 }
 
 // Datum is one example: N input tokens and per-position loss inputs. Targets and Weights
-// are (N, K) row-major; SamplerLogprobs (q) and Advantages (A) are (N,).
+// are (N, K) row-major; SamplerLogprobs (q), Advantages (A) and SequenceRatioMask (gspo's
+// M, nonzero = marked) are (N,).
 type Datum struct {
-	Tokens          []int
-	Targets         []int
-	K               int
-	Weights         []float64
-	SamplerLogprobs []float64
-	Advantages      []float64
+	Tokens            []int
+	Targets           []int
+	K                 int
+	Weights           []float64
+	SamplerLogprobs   []float64
+	Advantages        []float64
+	SequenceRatioMask []float64
+}
+
+// SequenceRatio is gspo's sequence ratio of a datum whose learner log-probs are lps:
+// s = exp(Σ_{t∈M} (lp_t − q_t) / |M|) over the positions M its SequenceRatioMask marks.
+func SequenceRatio(d *Datum, lps []float64) float64 {
+	sum, n := 0.0, 0
+	for t, m := range d.SequenceRatioMask {
+		if m != 0 {
+			sum += lps[t] - d.SamplerLogprobs[t]
+			n++
+		}
+	}
+	if n == 0 {
+		panic("oracle: gspo datum whose sequence_ratio_mask marks nothing")
+	}
+	return math.Exp(sum / float64(n))
 }
 
 func (l Loss) cfg(key string, def float64) float64 {
@@ -85,6 +107,8 @@ func clamp(x, lo, hi float64) float64 { return math.Min(math.Max(x, lo), hi) }
 //	ppo:                 −min(r·A, clip(r, lo, hi)·A)
 //	cispo:               −sg(clip(r, lo, hi))·A·lp
 //	dro:                 −(lp·A − ½·β·(lp − q)²)
+//
+// gspo's loss is not a function of one token's lp alone: see GSPOToken.
 func (l Loss) Token(d *Datum, pos, k int, lp float64) (loss, dlp float64) {
 	switch l.Name {
 	case "cross_entropy":
@@ -113,6 +137,21 @@ func (l Loss) Token(d *Datum, pos, k int, lp float64) (loss, dlp float64) {
 	panic("oracle: unknown loss " + l.Name)
 }
 
+// GSPOToken returns gspo's loss at position pos given the datum's sequence ratio s (see
+// SequenceRatio), and its derivative with respect to the position's lp. The token ratio is
+// s_t = sg(s)·exp(lp − sg(lp)): its value is s and d s_t / d lp = s, so
+//
+//	gspo: −min(s·A, clip(s, lo, hi)·A), derivative −s·A on the unclipped branch, else 0.
+func (l Loss) GSPOToken(d *Datum, pos int, s float64) (loss, dlp float64) {
+	a := d.Advantages[pos]
+	lo, hi := l.cfg("clip_low_threshold", DefaultGSPOClipLow), l.cfg("clip_high_threshold", DefaultGSPOClipHigh)
+	unclipped, clipped := s*a, clamp(s, lo, hi)*a
+	if unclipped <= clipped {
+		return -unclipped, -s * a
+	}
+	return -clipped, 0
+}
+
 // Eval is the oracle's forward result for a batch.
 type Eval struct {
 	// LogProbs per datum, (N, K) row-major.
@@ -133,9 +172,18 @@ func (m *Model) Evaluate(ad *Adapter, l Loss, data []*Datum) *Eval {
 		lps := m.LogProbs(d.Tokens, ad, d.Targets, k)
 		el := make([]float64, len(d.Tokens))
 		coef := make([]float64, len(lps))
+		var s float64
+		if l.Name == "gspo" {
+			s = SequenceRatio(d, lps)
+		}
 		for pos := range d.Tokens {
 			for j := 0; j < k; j++ {
-				v, g := l.Token(d, pos, j, lps[pos*k+j])
+				var v, g float64
+				if l.Name == "gspo" {
+					v, g = l.GSPOToken(d, pos, s)
+				} else {
+					v, g = l.Token(d, pos, j, lps[pos*k+j])
+				}
 				el[pos] += v
 				coef[pos*k+j] = g
 				ev.Total += v
@@ -164,8 +212,8 @@ func (m *Model) surrogate(ad *Adapter, data []*Datum, coef [][]float64) float64 
 // Slope returns the directional derivative of the batch loss along dir (keyed by PEFT key)
 // by a central finite difference of step h on the surrogate Σ c·lp, where c are the loss
 // derivatives of ev (from Evaluate at ad). For smooth losses this is the gradient of the
-// loss; for cispo it treats the clipped ratio as a constant, as the loss's stop-gradient
-// says.
+// loss; for cispo (the clipped ratio) and gspo (the sequence ratio) it treats the
+// stop-gradient factors as constants, as the losses say.
 func (m *Model) Slope(ad *Adapter, data []*Datum, ev *Eval, dir map[string][]float64, h float64) float64 {
 	up := m.surrogate(ad.Shifted(dir, h), data, ev.Coef)
 	down := m.surrogate(ad.Shifted(dir, -h), data, ev.Coef)

@@ -84,6 +84,51 @@ func TestLossDerivatives(t *testing.T) {
 	require.Error(t, Loss{Name: "nope"}.Validate())
 }
 
+// gspo against a hand computation: the sequence ratio is the geometric mean of the marked
+// positions' ratios; every position carries its value, clipped as ppo clips, and its
+// derivative is that of s_t = sg(s)·exp(lp − sg(lp)), s·A on the unclipped branch.
+func TestGSPO(t *testing.T) {
+	q := []float64{-1, -2, -0.5, -3}
+	d := &Datum{SamplerLogprobs: q, Advantages: []float64{0.4, 1, -2, 0.5}, SequenceRatioMask: []float64{0, 1, 1, 1}}
+	ratios := []float64{7, 1.1, 0.9, 1.3} // position 0 is not marked: its ratio is not in s
+	lps := make([]float64, 4)
+	for i, r := range ratios {
+		lps[i] = q[i] + math.Log(r)
+	}
+	s := SequenceRatio(d, lps)
+	require.InDelta(t, math.Cbrt(1.1*0.9*1.3), s, 1e-12)
+	require.Greater(t, s, 1.0004, "s is above gspo's default band")
+
+	wide := Loss{Name: "gspo", Config: map[string]float64{"clip_low_threshold": 0.5, "clip_high_threshold": 2}}
+	require.NoError(t, wide.Validate())
+	for pos, a := range d.Advantages {
+		v, g := wide.GSPOToken(d, pos, s)
+		require.InDelta(t, -s*a, v, 1e-12, "inside the band every position is unclipped, the unmarked one too")
+		require.InDelta(t, -s*a, g, 1e-12)
+	}
+	def := Loss{Name: "gspo"}
+	v, g := def.GSPOToken(d, 1, s) // A > 0, s above the band: the clipped branch, flat
+	require.InDelta(t, -DefaultGSPOClipHigh*1, v, 1e-12)
+	require.Zero(t, g)
+	v, g = def.GSPOToken(d, 2, s) // A < 0: the unclipped branch is the min
+	require.InDelta(t, -s*-2, v, 1e-12)
+	require.InDelta(t, -s*-2, g, 1e-12)
+
+	// the derivative is that of the token ratio s·exp(lp' − lp) at lp' = lp
+	for _, l := range []Loss{wide, def, {Name: "gspo", Config: map[string]float64{"clip_low_threshold": 1.2, "clip_high_threshold": 1.5}}} {
+		for pos, a := range d.Advantages {
+			tok := func(x float64) float64 {
+				r := s * math.Exp(x)
+				lo, hi := l.cfg("clip_low_threshold", DefaultGSPOClipLow), l.cfg("clip_high_threshold", DefaultGSPOClipHigh)
+				return -math.Min(r*a, clamp(r, lo, hi)*a)
+			}
+			_, g := l.GSPOToken(d, pos, s)
+			require.InDelta(t, (tok(1e-7)-tok(-1e-7))/2e-7, g, 1e-6, "%v position %d", l.Config, pos)
+		}
+	}
+	require.Panics(t, func() { SequenceRatio(&Datum{SamplerLogprobs: q, SequenceRatioMask: make([]float64, 4)}, lps) })
+}
+
 // AdamStep against a hand computation: two steps with decay and clipping.
 func TestAdamStep(t *testing.T) {
 	p := AdamParams{LR: 0.1, Beta1: 0.9, Beta2: 0.99, Eps: 1e-8, WeightDecay: 0.01, GradClipNorm: 1}

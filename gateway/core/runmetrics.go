@@ -26,7 +26,7 @@ import (
 const maxMetricsPoints = store.MaxStepMetricsPerRun
 
 // rlLosses are the losses whose requests carry the sampler's logprobs and advantages.
-var rlLosses = map[string]bool{"importance_sampling": true, "ppo": true, "cispo": true, "dro": true}
+var rlLosses = map[string]bool{"importance_sampling": true, "ppo": true, "cispo": true, "dro": true, "gspo": true}
 
 // fbStepMetrics computes a forward_backward's record (without run, seq_id, step or time)
 // from its request item and the backend's result. tokens is the request's model input

@@ -44,7 +44,44 @@ const (
 	DefaultClipHighThreshold = 1.2
 	// DefaultDROBeta is dro's beta (Tinker documents no default; 0.05 is its example value).
 	DefaultDROBeta = 0.05
+	// DefaultGSPOClipLowThreshold and DefaultGSPOClipHighThreshold bound gspo's sequence
+	// ratio: 1 − 3e-4 and 1 + 4e-4, the clipping ranges of the GSPO paper (Zheng et al.,
+	// 2025, §5.1). Tinker documents the keys but its default is not published; a sequence
+	// ratio is a geometric mean, so it needs a band far tighter than ppo's token ratio.
+	DefaultGSPOClipLowThreshold  = 1 - 3e-4
+	DefaultGSPOClipHighThreshold = 1 + 4e-4
 )
+
+// Bounds of the loss_fn_config numbers (loss_fn_config values must also be finite): a
+// low clip threshold in [0, 1], a high one in [1, MaxClipHighThreshold], and dro's beta in
+// [0, MaxDROBeta].
+const (
+	MaxClipHighThreshold = 100
+	MaxDROBeta           = 1000
+)
+
+// LossConfigRange returns the closed range a loss_fn_config key's value must lie in.
+func LossConfigRange(key string) (lo, hi float64) {
+	switch key {
+	case "clip_low_threshold":
+		return 0, 1
+	case "clip_high_threshold":
+		return 1, MaxClipHighThreshold
+	case "beta":
+		return 0, MaxDROBeta
+	}
+	return 0, 0
+}
+
+// UnsupportedLosses are loss names a Tinker client may send that Loops refuses, each with
+// the reason the refusal gives.
+var UnsupportedLosses = map[string]string{
+	"stable_reinforce": "stable_reinforce is not supported by Loops: Tinker publishes its inputs (sampling with " +
+		"record_stability_info and datum provenance) but not its objective, so it cannot be reproduced exactly; " +
+		"train with gspo, ppo, cispo or importance_sampling instead (tinker-cookbook: loss_fn=gspo)",
+	"dppo": "dppo is not supported by Loops: Baseten lists it among its losses but publishes no formula for it, " +
+		"so it cannot be reproduced exactly; train with ppo, gspo or cispo instead",
+}
 
 // lossConfigs are the loss_fn_config keys each Tinker loss accepts, with their defaults.
 var lossConfigs = map[string]map[string]float64{
@@ -53,6 +90,7 @@ var lossConfigs = map[string]map[string]float64{
 	"ppo":                 {"clip_low_threshold": DefaultClipLowThreshold, "clip_high_threshold": DefaultClipHighThreshold},
 	"cispo":               {"clip_low_threshold": DefaultClipLowThreshold, "clip_high_threshold": DefaultClipHighThreshold},
 	"dro":                 {"beta": DefaultDROBeta},
+	"gspo":                {"clip_low_threshold": DefaultGSPOClipLowThreshold, "clip_high_threshold": DefaultGSPOClipHighThreshold},
 }
 
 // LossConfig returns the loss_fn_config keys that lossFn accepts, each with its default (a

@@ -39,6 +39,12 @@ func TestLossConfig(t *testing.T) {
 	c, ok = semantics.LossConfig("dro")
 	require.True(t, ok)
 	require.Equal(t, map[string]float64{"beta": 0.05}, c)
+	c, ok = semantics.LossConfig("gspo")
+	require.True(t, ok)
+	require.Equal(t, map[string]float64{"clip_low_threshold": 0.9997, "clip_high_threshold": 1.0004}, c)
+	_, ok = semantics.LossConfig("stable_reinforce")
+	require.False(t, ok, "refused, with semantics.UnsupportedLosses' reason")
+	require.Contains(t, semantics.UnsupportedLosses["stable_reinforce"], "not supported")
 	c, ok = semantics.LossConfig("cross_entropy")
 	require.True(t, ok)
 	require.Empty(t, c)
@@ -52,6 +58,8 @@ func TestOracleAgrees(t *testing.T) {
 	require.InDelta(t, semantics.DefaultClipLowThreshold, oracle.DefaultClipLow, 0)
 	require.InDelta(t, semantics.DefaultClipHighThreshold, oracle.DefaultClipHigh, 0)
 	require.InDelta(t, semantics.DefaultDROBeta, oracle.DefaultDROBeta, 0)
+	require.InDelta(t, semantics.DefaultGSPOClipLowThreshold, oracle.DefaultGSPOClipLow, 0)
+	require.InDelta(t, semantics.DefaultGSPOClipHighThreshold, oracle.DefaultGSPOClipHigh, 0)
 }
 
 // TestPythonWorkerAgrees checks the Python worker's copies of the defaults and limits, which
@@ -78,6 +86,12 @@ func TestPythonWorkerAgrees(t *testing.T) {
 	require.Equal(t, []float64{semantics.DefaultClipLowThreshold}, number(engine, `(?m)^DEFAULT_CLIP_LOW = (\S+)$`))
 	require.Equal(t, []float64{semantics.DefaultClipHighThreshold}, number(engine, `(?m)^DEFAULT_CLIP_HIGH = (\S+)$`))
 	require.Equal(t, []float64{semantics.DefaultDROBeta}, number(engine, `(?m)^DEFAULT_DRO_BETA = (\S+)$`))
+	require.Equal(t, []float64{semantics.DefaultGSPOClipLowThreshold}, number(engine, `(?m)^DEFAULT_GSPO_CLIP_LOW = (\S+)$`))
+	require.Equal(t, []float64{semantics.DefaultGSPOClipHighThreshold}, number(engine, `(?m)^DEFAULT_GSPO_CLIP_HIGH = (\S+)$`))
+	for _, k := range []string{"clip_low_threshold", "clip_high_threshold", "beta"} {
+		lo, hi := semantics.LossConfigRange(k)
+		require.Equal(t, []float64{lo, hi}, number(engine, `"`+k+`": \((\S+), (\S+)\)`), "LOSS_CONFIG_RANGE[%q]", k)
+	}
 	require.Equal(t, []float64{semantics.DefaultBeta1, semantics.DefaultBeta2, semantics.DefaultEps},
 		number(engine, `b1, b2, eps = (\S+), (\S+), (\S+)\n`))
 	require.Equal(t, []float64{semantics.MaxNumSamples}, number(sampler, `(?m)^MAX_SAMPLES = (\S+)$`))

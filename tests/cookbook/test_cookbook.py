@@ -237,3 +237,47 @@ def test_math_rl_arithmetic(recipe_env, loops_url, tmp_path, mode, loss_fn):
             entropy=[round(x, 3) for x in ent], max_staleness=staleness,
             reward=[round(r.get("env/all/reward/total", float("nan")), 3) for r in train_rows],
             seconds=round(took))
+
+
+# ----------------------------------------------------------------------------- rl_loop
+
+RL_LOOP = [arg for arg in MODEL if not arg.startswith("renderer_name=")] + [
+    "batch_size=4", "group_size=4", "max_tokens=8", "learning_rate=1e-3", "save_every=0",
+    "max_steps=3", "ttl_seconds=3600",
+]
+
+
+def _rl_loop(recipe_env, tmp_path, loss_fn: str) -> tuple[Path, float]:
+    log = _log_dir(tmp_path, f"rl_loop-{loss_fn}")
+    log.mkdir(parents=True, exist_ok=True)
+    env = dict(recipe_env, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parent), recipe_env.get("PYTHONPATH")])))
+    took = run_recipe("rl_loop_offline", RL_LOOP + [f"loss_fn={loss_fn}"], env, log)
+    return log, took
+
+
+def test_rl_loop_gspo(recipe_env, loops_url, tmp_path):
+    """rl_loop (tinker-cookbook 0.6.1's minimal RL loop) with loss_fn=gspo: every step samples,
+    builds its datums with a sequence_ratio_mask over the sampled tokens, trains and steps;
+    the final checkpoint is saved (see rl_loop_offline.py for what is replaced)."""
+    log, took = _rl_loop(recipe_env, tmp_path, "gspo")
+    rows = [r for r in read_jsonl(log / "metrics.jsonl") if "progress/batch" in r]
+    assert [r["progress/batch"] for r in rows] == [0, 1, 2], rows
+    out = (log.parent / f"{log.name}.stdout.txt").read_text()
+    assert "skipping training step" not in out, "a step had all advantages zero and trained nothing"
+    assert all("optim/lr" in r and math.isfinite(r["reward/total"]) for r in rows), rows
+    ck = read_jsonl(log / "checkpoints.jsonl")
+    assert [r["name"] for r in ck] == ["final"], ck
+    assert_paths_exist(loops_url, ck)
+    _report("rl_loop/gspo", reward=[round(r["reward/total"], 3) for r in rows], seconds=round(took))
+
+
+def test_rl_loop_default_stable_reinforce_is_refused_with_the_reason(recipe_env, tmp_path):
+    """rl_loop's default loss is stable_reinforce, whose objective Tinker does not publish:
+    its first forward_backward is refused with a 400 that says why and names gspo."""
+    log = _log_dir(tmp_path, "rl_loop-stable_reinforce")
+    log.mkdir(parents=True, exist_ok=True)
+    env = dict(recipe_env, PYTHONPATH=str(Path(__file__).parent))
+    with pytest.raises(AssertionError) as excinfo:
+        run_recipe("rl_loop_offline", RL_LOOP, env, log)
+    out = (log.parent / f"{log.name}.stdout.txt").read_text()
+    assert "stable_reinforce is not supported by Loops" in out and "loss_fn=gspo" in out, str(excinfo.value)[-3000:]

@@ -187,3 +187,54 @@ def test_rl_losses_accept_inputs(training_client, tokenizer, loss_fn, config):
     else:
         expect = -float(sampler_lp.astype(np.float64).sum())
     assert close(loss_sum(out), expect, rel=1e-3, abs_=1e-3), (loss_fn, out.metrics, expect)
+
+
+@pytest.mark.feature("rl_losses")
+def test_gspo_clips_the_sequence_ratio(training_client, tokenizer):
+    """gspo through the SDK with its sequence_ratio_mask: every position carries the sequence
+    ratio s (geometric mean over the marked positions), clipped to [0.9997, 1.0004] by default."""
+    tokens = encode(tokenizer, "group sequence policy optimization on a tiny model")
+    n = len(tokens) - 1
+    lp = logprobs_of(result(training_client.forward([sft_datum(tokens)], "cross_entropy")))[0].astype(np.float64)
+    mask = [0.0] * 2 + [1.0] * (n - 2)
+    # every marked position's ratio is 1.1, so s = 1.1; the unmarked ones' do not count
+    q = np.where(np.array(mask) > 0, lp - np.log(1.1), lp - np.log(5.0)).astype(np.float32)
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={
+            "target_tokens": tokens[1:],
+            "logprobs": q.tolist(),
+            "advantages": [1.0] * n,
+            "sequence_ratio_mask": mask,
+        },
+    )
+    out = result(training_client.forward([datum], "gspo"))
+    assert close(loss_sum(out), -1.0004 * n, rel=1e-4), out.metrics  # A > 0 above the band: clipped
+    wide = result(training_client.forward([datum], "gspo", {"clip_low_threshold": 0.5, "clip_high_threshold": 2.0}))
+    assert close(loss_sum(wide), -1.1 * n, rel=1e-4), wide.metrics
+    out = result(training_client.forward_backward([datum], "gspo", {"clip_low_threshold": 0.5, "clip_high_threshold": 2.0}))
+    assert close(loss_sum(out), -1.1 * n, rel=1e-4), out.metrics
+
+
+@pytest.mark.feature("rl_losses")
+@pytest.mark.parametrize("loss_fn,why", [
+    ("stable_reinforce", "publishes its inputs (sampling with record_stability_info and datum provenance) but not its objective"),
+    ("dppo", "publishes no formula"),
+])
+def test_unpublished_losses_are_refused_with_the_reason(training_client, tokenizer, loss_fn, why):
+    tokens = encode(tokenizer, "a loss without a published objective")
+    n = len(tokens) - 1
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "logprobs": [-1.0] * n, "advantages": [1.0] * n},
+    )
+    with pytest.raises(Exception) as excinfo:
+        result(training_client.forward_backward([datum], loss_fn))
+    assert why in str(excinfo.value), str(excinfo.value)
+
+
+@pytest.mark.feature("errors")
+def test_dimuon_is_refused_at_create_naming_adamw(service_client):
+    with pytest.raises(Exception) as excinfo:
+        result(service_client.create_lora_training_client(base_model=BASE_MODEL, rank=4, optimizer=types.DimuonOptimizerConfig()), timeout=120)
+    assert 'Loops trains with "adamw" only' in str(excinfo.value), str(excinfo.value)

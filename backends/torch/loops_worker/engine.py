@@ -25,13 +25,18 @@ MAX_SEQ_CAP = 32768
 DEFAULT_CLIP_LOW = 0.8
 DEFAULT_CLIP_HIGH = 1.2
 DEFAULT_DRO_BETA = 0.05
-LOSS_FUNCTIONS = ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
+DEFAULT_GSPO_CLIP_LOW = 0.9997
+DEFAULT_GSPO_CLIP_HIGH = 1.0004
+# loss_fn_config bounds (semantics.LossConfigRange)
+LOSS_CONFIG_RANGE = {"clip_low_threshold": (0.0, 1.0), "clip_high_threshold": (1.0, 100.0), "beta": (0.0, 1000.0)}
+LOSS_FUNCTIONS = ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo"]
 LOSS_CONFIG_KEYS = {
     "cross_entropy": [],
     "importance_sampling": [],
     "ppo": ["clip_low_threshold", "clip_high_threshold"],
     "cispo": ["clip_low_threshold", "clip_high_threshold"],
     "dro": ["beta"],
+    "gspo": ["clip_low_threshold", "clip_high_threshold"],
 }
 IMPLEMENTATION = "torch"
 # The snapshot folders resolve_model_dir looks through (hfcache's maxSnapshots).
@@ -274,6 +279,7 @@ class DatumLoss:
     weights: Optional[torch.Tensor] = None  # [n, k] float64
     q: Optional[torch.Tensor] = None  # [n] float64
     adv: Optional[torch.Tensor] = None  # [n] float64
+    mask: Optional[torch.Tensor] = None  # [n] bool, gspo's sequence_ratio_mask != 0
 
 
 def _fmt(shape) -> str:
@@ -331,7 +337,8 @@ def parse_datum(i: int, d, loss: str, bm: BaseModel) -> Tuple[List[int], DatumLo
         finite("weights", wv)
         dl.weights = torch.tensor(wv, dtype=torch.float64).reshape(n, k)
         return toks, dl
-    for key in ("logprobs", "advantages"):
+    keys = ("logprobs", "advantages", "sequence_ratio_mask") if loss == "gspo" else ("logprobs", "advantages")
+    for key in keys:
         v, s = get(key)
         if len(s) != 1:
             raise invalid(f"datum {i}: loss_fn_inputs[{key!r}] must be 1-D of length {n}, got shape {_fmt(s)}")
@@ -339,8 +346,12 @@ def parse_datum(i: int, d, loss: str, bm: BaseModel) -> Tuple[List[int], DatumLo
         t = torch.tensor(v, dtype=torch.float64)
         if key == "logprobs":
             dl.q = t
-        else:
+        elif key == "advantages":
             dl.adv = t
+        else:
+            if not any(x != 0 for x in v):
+                raise invalid(f"datum {i}: sequence_ratio_mask marks no position; gspo's sequence ratio is the mean over the marked positions, so mark at least one")
+            dl.mask = t != 0
     return toks, dl
 
 
@@ -369,6 +380,17 @@ def token_losses(name: str, cfg: Dict[str, float], dl: DatumLoss, lp: torch.Tens
         out = -c * a * l1
     elif name == "dro":
         out = -(l1 * a - 0.5 * beta * (l1 - q) ** 2)
+    elif name == "gspo":
+        # every position carries the sequence ratio s (the mean log-ratio over the marked
+        # positions, detached) with its own log-prob's gradient: s_t = sg(s)·exp(lp − sg(lp))
+        lo = cfg.get("clip_low_threshold", DEFAULT_GSPO_CLIP_LOW)
+        hi = cfg.get("clip_high_threshold", DEFAULT_GSPO_CLIP_HIGH)
+        m = dl.mask.to(dev)
+        log_s = (l1.detach() - q)[m].mean()
+        r = torch.exp(log_s + l1 - l1.detach())
+        un = r * a
+        cl = torch.clamp(r, lo, hi) * a
+        out = -torch.where(un <= cl, un, cl.detach())
     else:  # validated before
         raise invalid(f"unknown loss_fn {name!r}")
     return out.unsqueeze(1)
@@ -475,6 +497,9 @@ class Engine:
                     raise invalid(f"loss_fn_config key {k!r} is not used by {it.loss_fn} (accepted keys: {keys})")
                 if math.isnan(v) or math.isinf(v):
                     raise invalid(f"loss_fn_config[{k!r}] must be finite")
+                lo, hi = LOSS_CONFIG_RANGE[k]
+                if v < lo or v > hi:
+                    raise invalid(f"loss_fn_config[{k!r}] is {v:g}; it must be in [{lo:g}, {hi:g}]")
             if len(it.data) == 0:
                 raise invalid(f"the batch for adapter {it.adapter_id!r} is empty; send at least one datum")
             for i, d in enumerate(it.data):

@@ -94,6 +94,42 @@ def test_losses_and_gradients(engine):
         assert abs(r.metrics["loss:sum"] - sum(want)) < 1e-3 * max(1, abs(sum(want)))
 
 
+def test_gspo(engine):
+    """gspo equals its formula on the worker's own logprobs: every position carries the
+    sequence ratio s = exp(mean over the marked positions of lp − q), clipped as a whole."""
+    engine.create_adapter(bpb.CreateAdapterRequest(adapter_id="gspo", base_model="tiny", lora=tpb.LoraConfig(rank=2, train_attn=True)))
+    toks = [4, 8, 15, 16, 23, 42]
+    base = engine.forward_backward(bpb.ForwardBackwardRequest(items=[bpb.ForwardBackwardItem(
+        adapter_id="gspo", loss_fn="cross_entropy", data=[_datum(toks)], forward_only=True)]))
+    lp = list(base.results[0].result.outputs[0].outputs["logprobs"].float32_data)
+    mask = [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+    A = [1.0, -1.0, 1.0, -1.0, 1.0, -1.0]
+    d = _datum(toks, "gspo")
+    q = [l - math.log(r) for l, r in zip(lp, [9.0, 0.1, 1.2, 1.5, 1.1, 1.3])]  # s ≈ 1.27
+    d.loss_fn_inputs["logprobs"].CopyFrom(tpb.Tensor(dtype=tpb.DTYPE_FLOAT32, shape=[6], float32_data=q))
+    d.loss_fn_inputs["sequence_ratio_mask"].CopyFrom(tpb.Tensor(dtype=tpb.DTYPE_FLOAT32, shape=[6], float32_data=mask))
+    qf = list(d.loss_fn_inputs["logprobs"].float32_data)
+    s = math.exp(sum(l - qq for l, qq, m in zip(lp, qf, mask) if m) / 4)
+    assert 1.2 < s < 1.35
+    for cfg, (lo, hi) in [({}, (0.9997, 1.0004)), ({"clip_low_threshold": 0.5, "clip_high_threshold": 2.0}, (0.5, 2.0))]:
+        res = engine.forward_backward(bpb.ForwardBackwardRequest(items=[bpb.ForwardBackwardItem(
+            adapter_id="gspo", loss_fn="gspo", loss_fn_config=cfg, data=[d], forward_only=True)]))
+        r = res.results[0].result
+        el = list(r.outputs[0].outputs["elementwise_loss"].float32_data)
+        want = [-min(s * a, min(max(s, lo), hi) * a) for a in A]
+        assert max(abs(x - y) for x, y in zip(el, want)) < 1e-4, (cfg, el, want)
+    # bad masks and configs are refused
+    zero = _datum(toks, "gspo")
+    zero.loss_fn_inputs["sequence_ratio_mask"].CopyFrom(tpb.Tensor(dtype=tpb.DTYPE_FLOAT32, shape=[6], float32_data=[0.0] * 6))
+    for it in [bpb.ForwardBackwardItem(adapter_id="gspo", loss_fn="gspo", data=[zero]),
+               bpb.ForwardBackwardItem(adapter_id="gspo", loss_fn="gspo", data=[_datum(toks, "ppo")]),
+               bpb.ForwardBackwardItem(adapter_id="gspo", loss_fn="gspo", loss_fn_config={"clip_high_threshold": 0.5}, data=[d])]:
+        res = engine.forward_backward(bpb.ForwardBackwardRequest(items=[it]))
+        assert res.results[0].error.code == INVALID_ARGUMENT, it
+    assert "marks no position" in engine.forward_backward(bpb.ForwardBackwardRequest(items=[
+        bpb.ForwardBackwardItem(adapter_id="gspo", loss_fn="gspo", data=[zero])])).results[0].error.message
+
+
 def test_errors(engine):
     res = engine.forward_backward(bpb.ForwardBackwardRequest(items=[
         bpb.ForwardBackwardItem(adapter_id="nope", loss_fn="cross_entropy", data=[_datum([1, 2])]),

@@ -16,6 +16,8 @@ func FuzzForwardBackward(f *testing.F) {
 	for _, req := range []*loopsv1.ForwardBackwardRequest{
 		{LossFn: "cross_entropy", Data: []*loopsv1.Datum{ceDatum(3), ceDatum(5)}},
 		{LossFn: "ppo", LossFnConfig: map[string]float64{"clip_low_threshold": 0.8}, Data: []*loopsv1.Datum{rlDatum(4)}},
+		{LossFn: "gspo", LossFnConfig: map[string]float64{"clip_high_threshold": 1.5}, Data: []*loopsv1.Datum{gspoDatum(4)}},
+		{LossFn: "stable_reinforce", Data: []*loopsv1.Datum{rlDatum(2)}},
 	} {
 		b, err := proto.Marshal(req)
 		if err != nil {

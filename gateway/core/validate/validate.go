@@ -27,6 +27,7 @@ var lossSpecs = map[string]lossSpec{
 	"ppo":                 {inputs: []string{"target_tokens", "logprobs", "advantages"}},
 	"cispo":               {inputs: []string{"target_tokens", "logprobs", "advantages"}},
 	"dro":                 {inputs: []string{"target_tokens", "logprobs", "advantages"}},
+	"gspo":                {inputs: []string{"target_tokens", "logprobs", "advantages", "sequence_ratio_mask"}},
 }
 
 // Limits are what a forward/backward request is checked against besides its model.
@@ -43,6 +44,9 @@ type Limits struct {
 // before it is queued, so that bad input is a 4xx at submission, never a failed operation.
 // It returns the number of tokens in the request.
 func ForwardBackward(model *loopsv1.ModelInfo, req *loopsv1.ForwardBackwardRequest, lim Limits) (int, error) {
+	if why, refused := semantics.UnsupportedLosses[req.GetLossFn()]; refused {
+		return 0, apierr.InvalidArgument("%s", why)
+	}
 	spec, ok := lossSpecs[req.GetLossFn()]
 	if !ok || !lim.Losses[req.GetLossFn()] {
 		return 0, apierr.InvalidArgument("unknown loss_fn %q: use one of %s", req.GetLossFn(), strings.Join(slices.Sorted(maps.Keys(lim.Losses)), ", "))
@@ -57,6 +61,9 @@ func ForwardBackward(model *loopsv1.ModelInfo, req *loopsv1.ForwardBackwardReque
 		}
 		if math.IsNaN(v) || math.IsInf(v, 0) {
 			return 0, apierr.InvalidArgument("loss_fn_config %q is %v; it must be finite", k, v)
+		}
+		if lo, hi := semantics.LossConfigRange(k); v < lo || v > hi {
+			return 0, apierr.InvalidArgument("loss_fn_config %q is %v; it must be in [%v, %v]", k, v, lo, hi)
 		}
 	}
 	data := req.GetData()
@@ -137,6 +144,9 @@ func datum(model *loopsv1.ModelInfo, spec lossSpec, lossFn string, d *loopsv1.Da
 				}
 			}
 		}
+	}
+	if m, ok := d.GetLossFnInputs()["sequence_ratio_mask"]; ok && !slices.ContainsFunc(m.GetFloat32Data(), func(x float32) bool { return x != 0 }) {
+		return fmt.Errorf("sequence_ratio_mask marks no position: %s's sequence ratio is the mean log-ratio over the marked positions, so mark at least one (1 on the sampled tokens, 0 elsewhere)", lossFn)
 	}
 	if t, ok := d.GetLossFnInputs()["target_tokens"]; ok && lossFn == "cross_entropy" {
 		if _, hasW := d.GetLossFnInputs()["weights"]; hasW {

@@ -17,7 +17,7 @@ import (
 var model = &loopsv1.ModelInfo{Name: "tiny", MaxSequenceLength: 16, VocabSize: 100, MaxLoraRank: 8}
 
 var limits = Limits{
-	Losses:         map[string]bool{"cross_entropy": true, "ppo": true, "dro": true, "importance_sampling": true},
+	Losses:         map[string]bool{"cross_entropy": true, "ppo": true, "dro": true, "importance_sampling": true, "gspo": true},
 	MaxDatums:      4,
 	MaxBatchTokens: 24,
 }
@@ -63,6 +63,13 @@ func rlDatum(n int) *loopsv1.Datum {
 	}}
 }
 
+// gspoDatum is a valid gspo datum of n tokens: an RL datum whose mask marks every position.
+func gspoDatum(n int) *loopsv1.Datum {
+	d := rlDatum(n)
+	d.LossFnInputs["sequence_ratio_mask"] = &loopsv1.Tensor{Dtype: loopsv1.Dtype_DTYPE_FLOAT32, Float32Data: f32s(n, 1)}
+	return d
+}
+
 func TestForwardBackwardCountsTheTokensOfAValidRequest(t *testing.T) {
 	n, err := ForwardBackward(model, &loopsv1.ForwardBackwardRequest{LossFn: "cross_entropy", Data: []*loopsv1.Datum{ceDatum(5), ceDatum(7)}}, limits)
 	require.NoError(t, err)
@@ -70,6 +77,9 @@ func TestForwardBackwardCountsTheTokensOfAValidRequest(t *testing.T) {
 	n, err = ForwardBackward(model, &loopsv1.ForwardBackwardRequest{LossFn: "ppo", LossFnConfig: map[string]float64{"clip_low_threshold": 0.8}, Data: []*loopsv1.Datum{rlDatum(3)}}, limits)
 	require.NoError(t, err)
 	require.Equal(t, 3, n)
+	n, err = ForwardBackward(model, &loopsv1.ForwardBackwardRequest{LossFn: "gspo", LossFnConfig: map[string]float64{"clip_low_threshold": 0, "clip_high_threshold": 100}, Data: []*loopsv1.Datum{gspoDatum(4)}}, limits)
+	require.NoError(t, err, "gspo with its mask, the config at its bounds")
+	require.Equal(t, 4, n)
 	// cross_entropy takes (N, K) targets and weights of the same shape.
 	d := ceDatum(2)
 	d.LossFnInputs["target_tokens"] = &loopsv1.Tensor{Dtype: loopsv1.Dtype_DTYPE_INT64, Int64Data: i64s(6), Shape: []int64{2, 3}}
@@ -87,10 +97,25 @@ func TestForwardBackwardRefusesBadRequests(t *testing.T) {
 		req  *loopsv1.ForwardBackwardRequest
 		want string
 	}{
-		{"unknown loss", &loopsv1.ForwardBackwardRequest{LossFn: "mse", Data: []*loopsv1.Datum{ceDatum(2)}}, `unknown loss_fn "mse": use one of cross_entropy, dro, importance_sampling, ppo`},
+		{"unknown loss", &loopsv1.ForwardBackwardRequest{LossFn: "mse", Data: []*loopsv1.Datum{ceDatum(2)}}, `unknown loss_fn "mse": use one of cross_entropy, dro, gspo, importance_sampling, ppo`},
 		{"loss the backend lacks", &loopsv1.ForwardBackwardRequest{LossFn: "cispo", Data: []*loopsv1.Datum{rlDatum(2)}}, `unknown loss_fn "cispo"`},
 		{"config of a loss without one", &loopsv1.ForwardBackwardRequest{LossFn: "cross_entropy", LossFnConfig: map[string]float64{"beta": 1}, Data: []*loopsv1.Datum{ceDatum(2)}}, `loss_fn_config key "beta" is not accepted by cross_entropy, which takes no config`},
 		{"config key of another loss", &loopsv1.ForwardBackwardRequest{LossFn: "ppo", LossFnConfig: map[string]float64{"beta": 1}, Data: []*loopsv1.Datum{rlDatum(2)}}, `loss_fn_config key "beta" is not accepted by ppo: use clip_high_threshold, clip_low_threshold`},
+		{"stable_reinforce", &loopsv1.ForwardBackwardRequest{LossFn: "stable_reinforce", Data: []*loopsv1.Datum{rlDatum(2)}}, `stable_reinforce is not supported by Loops: Tinker publishes its inputs (sampling with record_stability_info and datum provenance) but not its objective`},
+		{"dppo", &loopsv1.ForwardBackwardRequest{LossFn: "dppo", Data: []*loopsv1.Datum{rlDatum(2)}}, `dppo is not supported by Loops: Baseten lists it among its losses but publishes no formula for it`},
+		{"clip low over 1", &loopsv1.ForwardBackwardRequest{LossFn: "ppo", LossFnConfig: map[string]float64{"clip_low_threshold": 1.5}, Data: []*loopsv1.Datum{rlDatum(2)}}, `loss_fn_config "clip_low_threshold" is 1.5; it must be in [0, 1]`},
+		{"clip low negative", &loopsv1.ForwardBackwardRequest{LossFn: "gspo", LossFnConfig: map[string]float64{"clip_low_threshold": -0.1}, Data: []*loopsv1.Datum{gspoDatum(2)}}, `loss_fn_config "clip_low_threshold" is -0.1; it must be in [0, 1]`},
+		{"clip high under 1", &loopsv1.ForwardBackwardRequest{LossFn: "gspo", LossFnConfig: map[string]float64{"clip_high_threshold": 0.9}, Data: []*loopsv1.Datum{gspoDatum(2)}}, `loss_fn_config "clip_high_threshold" is 0.9; it must be in [1, 100]`},
+		{"clip high huge", &loopsv1.ForwardBackwardRequest{LossFn: "ppo", LossFnConfig: map[string]float64{"clip_high_threshold": 1e9}, Data: []*loopsv1.Datum{rlDatum(2)}}, `loss_fn_config "clip_high_threshold" is 1e+09; it must be in [1, 100]`},
+		{"beta negative", &loopsv1.ForwardBackwardRequest{LossFn: "dro", LossFnConfig: map[string]float64{"beta": -1}, Data: []*loopsv1.Datum{rlDatum(2)}}, `loss_fn_config "beta" is -1; it must be in [0, 1000]`},
+		{"gspo without its mask", &loopsv1.ForwardBackwardRequest{LossFn: "gspo", Data: []*loopsv1.Datum{rlDatum(2)}}, `loss_fn_inputs lacks "sequence_ratio_mask", which gspo requires (it takes target_tokens, logprobs, advantages, sequence_ratio_mask)`},
+		{"gspo mask marking nothing", &loopsv1.ForwardBackwardRequest{LossFn: "gspo", Data: []*loopsv1.Datum{with(gspoDatum(3), func(d *loopsv1.Datum) {
+			d.LossFnInputs["sequence_ratio_mask"].Float32Data = f32s(3, 0)
+		})}}, `datum 0: sequence_ratio_mask marks no position`},
+		{"gspo mask of the wrong length", &loopsv1.ForwardBackwardRequest{LossFn: "gspo", Data: []*loopsv1.Datum{with(gspoDatum(3), func(d *loopsv1.Datum) {
+			d.LossFnInputs["sequence_ratio_mask"].Float32Data = f32s(2, 1)
+		})}}, `loss_fn_inputs["sequence_ratio_mask"] has 2 rows but model_input has 3 tokens`},
+		{"mask on another loss", &loopsv1.ForwardBackwardRequest{LossFn: "ppo", Data: []*loopsv1.Datum{gspoDatum(2)}}, `loss_fn_inputs has "sequence_ratio_mask", which ppo does not take`},
 		{"config not finite", &loopsv1.ForwardBackwardRequest{LossFn: "dro", LossFnConfig: map[string]float64{"beta": math.Inf(1)}, Data: []*loopsv1.Datum{rlDatum(2)}}, `loss_fn_config "beta" is +Inf; it must be finite`},
 		{"no data", &loopsv1.ForwardBackwardRequest{LossFn: "cross_entropy"}, "data is empty"},
 		{"too many datums", &loopsv1.ForwardBackwardRequest{LossFn: "cross_entropy", Data: []*loopsv1.Datum{ceDatum(1), ceDatum(1), ceDatum(1), ceDatum(1), ceDatum(1)}}, "5 datums in one request is over the limit of 4"},
