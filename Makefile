@@ -73,6 +73,10 @@ fuzz-ci: ## Every Go fuzz target for a fixed budget (10 s each, the core-through
 fuzz: ## Every Go fuzz target for longer (FUZZTIME, default 5 min each)
 	FUZZTIME=$${FUZZTIME:-5m} bash scripts/fuzz.sh
 
+.PHONY: conformance-skyrl
+conformance-skyrl: ## `loops conformance` against SkyRL's Tinker server (PyPI, JAX on CPU) and loops serve side by side; writes docs/conformance-skyrl.md (not in `make test`: its own venv, 10-15 min)
+	bash tests/skyrl/run.sh
+
 .PHONY: check
 check: checkgenerate lint breaking ## gofmt, go vet, buf lint, buf format, buf breaking and generated-code drift
 

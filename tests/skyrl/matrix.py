@@ -1,6 +1,8 @@
 """Renders `loops conformance --json` reports of several servers as one markdown matrix.
 
 usage: python matrix.py OUT.md NAME=REPORT.json [NAME=REPORT.json ...] [--note TEXT]
+       python matrix.py --counts REPORT.json      # "N passed, M failed, K skipped"
+       python matrix.py --failures REPORT.json    # each failed check and its reason, one line
 
 Rows are the checks (SDK-level checks, then protocol cases on the Tinker surface), columns
 the servers; a cell is pass / FAIL / skip / known, and every failure's reason is listed
@@ -12,7 +14,21 @@ import json
 import sys
 
 
+def counts(rep: dict) -> str:
+    return f"{rep['passed']} passed, {rep['failed']} failed, {rep['skipped']} skipped"
+
+
+def failures(rep: dict) -> str:
+    failed = [r for r in rep["results"] if r["status"] == "fail"]
+    return "; ".join(f"`{r['name']}`: " + " ".join(r.get("reason", "").split())[:200] for r in failed) or "none"
+
+
 def main(argv: list[str]) -> int:
+    if argv[0] in ("--counts", "--failures"):
+        with open(argv[1]) as f:
+            rep = json.load(f)
+        print(counts(rep) if argv[0] == "--counts" else failures(rep))
+        return 0
     out, rest = argv[0], argv[1:]
     notes_text = []
     servers: list[tuple[str, dict]] = []

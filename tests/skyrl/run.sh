@@ -16,6 +16,9 @@ version=${SKYRL_VERSION:-0.3.0}
 tinker=${SKYRL_TINKER:-0.24.1}
 out=${LOOPS_SKYRL_OUT:-docs/conformance-skyrl.md}
 work=$(mktemp -d /tmp/loops-skyrl.XXXXXX)
+# The reports and both servers' logs are kept here (the work folder is removed).
+logs=${LOOPS_SKYRL_LOGS:-$root/tests/skyrl/last-run}
+rm -rf "$logs" && mkdir -p "$logs"
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -65,19 +68,27 @@ run() { # NAME URL MODEL ARGS...
   echo "conformance: $name ($url)" >&2
   "$work/loops" conformance --target "$url" --base-model "$model" --json --timeout 3m "$@" \
     >"$work/$name.json" 2>"$work/$name.err" || true
-  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(f"  {r[\"passed\"]} passed, {r[\"failed\"]} failed, {r[\"skipped\"]} skipped")' "$work/$name.json" >&2
+  echo "  $(python3 tests/skyrl/matrix.py --counts "$work/$name.json")" >&2
 }
-run loops-proto "http://127.0.0.1:$lport" loops/tiny --api-key tml-conformance-a --other-api-key tml-conformance-b
 run loops-json "http://127.0.0.1:$lport" loops/tiny --api-key tml-conformance-a --other-api-key tml-conformance-b --sdk-only --wire json
-run skyrl-proto "http://127.0.0.1:$sport" "$model" --api-key tml-conformance-a --open
+run loops-proto "http://127.0.0.1:$lport" loops/tiny --api-key tml-conformance-a --other-api-key tml-conformance-b
+# The JSON wire first: it is the one SkyRL 0.3.0 was written for.
 run skyrl-json "http://127.0.0.1:$sport" "$model" --api-key tml-conformance-a --open --sdk-only --wire json
+run skyrl-proto "http://127.0.0.1:$sport" "$model" --api-key tml-conformance-a --open
+if ! kill -0 "${pids[-1]}" 2>/dev/null || ! curl -sf "http://127.0.0.1:$sport/api/v1/healthz" >/dev/null; then
+  echo "SkyRL's server is no longer answering after the runs (its log: $logs/skyrl.log)" >&2
+  skyrl_alive="SkyRL's server had stopped answering by the end of the protobuf run (see its log)."
+else
+  skyrl_alive="SkyRL's server still answered its health check after both runs."
+fi
+cp "$work"/*.json "$work"/*.log "$logs/" 2>/dev/null || true
 
 loops_rev=$(git rev-parse --short HEAD)
 python3 tests/skyrl/matrix.py "$out" \
   "Loops $loops_rev=$work/loops-proto.json" "SkyRL $version=$work/skyrl-proto.json" \
   --note "# Cross-server conformance: Loops and SkyRL" \
   --note "" \
-  --note "Written by \`tests/skyrl/run.sh\` ($(date -u +%Y-%m-%d)): \`loops conformance\` (the SDK-level checks, then every protocol case with a Tinker form; docs/conformance.md) against \`loops serve\` (Loops $loops_rev, two keys in two workspaces) and SkyRL's Tinker-compatible server (\`skyrl[tinker,jax]==$version\` from PyPI, JAX backend on CPU, tinker $tinker for its types, \`max_lora_adapters\` 96, started by tests/skyrl/serve_skyrl.py), both serving the same model (loops/tiny's checkpoint, a Qwen3-shaped model, from a local folder). The wire is tinker 0.38's: protobuf forward_backward bodies and results. SkyRL is run in open mode (it checks no keys), so its isolation cases are skipped." \
+  --note "Written by \`tests/skyrl/run.sh\` ($(date -u +%Y-%m-%d)): \`loops conformance\` (the SDK-level checks, then every protocol case with a Tinker form; docs/conformance.md) against \`loops serve\` (Loops $loops_rev, two keys in two workspaces) and SkyRL's Tinker-compatible server (\`skyrl[tinker,jax]==$version\` from PyPI, JAX backend on CPU, tinker $tinker for its types, \`max_lora_adapters\` 96, started by tests/skyrl/serve_skyrl.py), both serving the same model (loops/tiny's checkpoint, a Qwen3-shaped model, from a local folder). The wire is tinker 0.38's: protobuf forward_backward bodies and results. SkyRL is run in open mode (it checks no keys), so its isolation cases are skipped. $skyrl_alive" \
   --note "" \
-  --note "SDK-level checks on tinker ≤ 0.24's JSON forward_backward wire (\`--wire json --sdk-only\`): Loops $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(f"{r[\"passed\"]} passed, {r[\"failed\"]} failed")' "$work/loops-json.json"), SkyRL $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(f"{r[\"passed\"]} passed, {r[\"failed\"]} failed")' "$work/skyrl-json.json"); its failures: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("; ".join(f"`{x[\"name\"]}`: " + " ".join(x.get("reason","").split())[:200] for x in r["results"] if x["status"]=="fail") or "none")' "$work/skyrl-json.json")."
-echo "wrote $out" >&2
+  --note "SDK-level checks on tinker ≤ 0.24's JSON forward_backward wire (\`--wire json --sdk-only\`): Loops $(python3 tests/skyrl/matrix.py --counts "$work/loops-json.json"), SkyRL $(python3 tests/skyrl/matrix.py --counts "$work/skyrl-json.json"); SkyRL's failures: $(python3 tests/skyrl/matrix.py --failures "$work/skyrl-json.json")."
+echo "wrote $out; reports and logs in $logs" >&2
