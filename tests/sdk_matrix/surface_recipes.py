@@ -181,22 +181,36 @@ def same_logprobs(a: list[np.ndarray], b: list[np.ndarray], atol: float = 1e-5) 
 # ----------------------------------------------------------------------------- client-side
 
 
-@recipe(*(f"{c}.get_telemetry" for c in ("ServiceClient", "TrainingClient", "SamplingClient",
-                                        "RestClient", "AdminClient")), client_side=True)
-def _get_telemetry(ctx: Ctx, call: Caller) -> str:
-    # TINKER_TELEMETRY=0 in this suite: the SDK keeps telemetry off (None).
-    for obj in (ctx.service, ctx.tc, ctx.sc, ctx.rest):
-        t = obj.get_telemetry()
+def _client_of(ctx: Ctx, group: str) -> Any:
+    return {"ServiceClient": lambda: ctx.service, "TrainingClient": lambda: ctx.tc,
+            "SamplingClient": lambda: ctx.sc, "RestClient": lambda: ctx.rest,
+            "AdminClient": lambda: ctx.admin}[group]()
+
+
+def _telemetry(group: str) -> Recipe:
+    def run(ctx: Ctx, call: Caller) -> str:
+        # TINKER_TELEMETRY=0 in this suite: the SDK keeps telemetry off (None).
+        t = _client_of(ctx, group).get_telemetry()
         assert t is None or hasattr(t, "log"), t
-    return "client-side; None with TINKER_TELEMETRY=0"
+        return f"client-side; {'None with TINKER_TELEMETRY=0' if t is None else type(t).__name__}"
+
+    return run
 
 
-@recipe("ServiceClient.get_console_url", "TrainingClient.get_console_url", client_side=True)
-def _console_url(ctx: Ctx, call: Caller) -> str:
-    url = ctx.service.get_console_url()
-    url2 = ctx.tc.get_console_url()
-    assert isinstance(url, str) and isinstance(url2, str), (url, url2)
-    return f"client-side: the SDK builds a Thinking Machines console link ({url2[:60]}…); Loops has no hosted console"
+def _console_url(group: str) -> Recipe:
+    def run(ctx: Ctx, call: Caller) -> str:
+        url = _client_of(ctx, group).get_console_url()
+        assert isinstance(url, str) and url.startswith("https://"), url
+        return (f"client-side: the SDK builds a link into Thinking Machines' hosted console "
+                f"({url[:60]}…); Loops' own console is at the server's /")
+
+    return run
+
+
+for _g in ("ServiceClient", "TrainingClient", "SamplingClient", "RestClient", "AdminClient"):
+    recipe(f"{_g}.get_telemetry", client_side=True)(_telemetry(_g))
+for _g in ("ServiceClient", "TrainingClient"):
+    recipe(f"{_g}.get_console_url", client_side=True)(_console_url(_g))
 
 
 @recipe("TrainingClient.get_tokenizer", "SamplingClient.get_tokenizer")
@@ -421,9 +435,10 @@ def _save_for_sampler(ctx: Ctx, call: Caller) -> str:
     return "listed as a sampler checkpoint"
 
 
-@recipe("TrainingClient.save_weights_and_get_sampling_client")
+@recipe("TrainingClient.save_weights_and_get_sampling_client",
+        "TrainingClient.save_weights_and_get_sampling_client_submit")  # 0.18: the future-returning form
 def _save_and_sample(ctx: Ctx, call: Caller) -> str:
-    sc = call(ctx.tc, "save_weights_and_get_sampling_client")
+    sc = call(ctx.tc, call.method)
     check_sample(result(sc.sample(ctx.prompt, 2, types.SamplingParams(max_tokens=4, seed=2))), 2, 4)
     return "returns a working SamplingClient"
 
@@ -575,11 +590,14 @@ def _delete_path(ctx: Ctx, call: Caller) -> str:
 @recipe("RestClient.publish_checkpoint_from_tinker_path", "RestClient.unpublish_checkpoint_from_tinker_path")
 def _publish(ctx: Ctx, call: Caller) -> str:
     tc, path = _fresh_ckpt(ctx)
-    call(ctx.rest, "publish_checkpoint_from_tinker_path", path)
-    assert ctx.checkpoint(tc.model_id, path).public is True
-    call(ctx.rest, "unpublish_checkpoint_from_tinker_path", path)
+    if call.method == "publish_checkpoint_from_tinker_path":
+        call(ctx.rest, call.method, path)
+        assert ctx.checkpoint(tc.model_id, path).public is True
+        return "public flag set"
+    result(ctx.rest.publish_checkpoint_from_tinker_path(path))
+    call(ctx.rest, call.method, path)
     assert ctx.checkpoint(tc.model_id, path).public is False
-    return "public flag set and cleared"
+    return "public flag cleared"
 
 
 @recipe("RestClient.set_checkpoint_ttl_from_tinker_path")
@@ -667,10 +685,15 @@ def _export_trace(ctx: Ctx, call: Caller) -> str:
         data = r.read()
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
-    trace = json.loads(data)
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    assert isinstance(events, list) and events, str(trace)[:200]
-    return f"Chrome/Perfetto JSON trace, {len(events)} events"
+    assert data, "empty trace"
+    if data[:1] in (b"{", b"["):  # Chrome JSON trace format
+        trace = json.loads(data)
+        events = trace["traceEvents"] if isinstance(trace, dict) else trace
+        assert isinstance(events, list) and events, str(trace)[:200]
+        return f"Chrome JSON trace, {len(events)} events"
+    # Perfetto protobuf: a Trace is repeated TracePacket, field 1, length-delimited (tag 0x0a).
+    assert data[:1] == b"\x0a", f"neither a JSON nor a Perfetto trace: {data[:16]!r}"
+    return f"Perfetto protobuf trace, {len(data)} bytes"
 
 
 @recipe("RestClient.whoami")
