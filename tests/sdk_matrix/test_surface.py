@@ -88,8 +88,8 @@ def ctx(loops_url):
             {"version": tinker.__version__, "records": _records}, indent=1))
 
 
-@pytest.mark.parametrize("item", ITEMS, ids=[i.id for i in ITEMS])
-def test_surface(item: Item, ctx: Ctx) -> None:
+def run_item(item: Item, ctx: Ctx) -> dict:
+    """Calls one item through its recipe and classifies the outcome."""
     fn = RECIPES.get(item.key)
     rec = {"id": item.id, "group": item.group, "async": item.is_async, "deprecated": item.deprecated,
            "client_side": item.key in CLIENT_SIDE}
@@ -107,6 +107,27 @@ def test_surface(item: Item, ctx: Ctx) -> None:
             outcome, reason = classify(e)
             rec.update(outcome=outcome, reason=_short(reason))
     rec["seconds"] = round(time.time() - t0, 2)
+    return rec
+
+
+@pytest.mark.parametrize("item", ITEMS, ids=[i.id for i in ITEMS])
+def test_surface(item: Item, ctx: Ctx) -> None:
+    rec = run_item(item, ctx)
     _records.append(rec)
     if rec["outcome"] in ("failing", "unclassified"):
         pytest.fail(f"{item.id}: {rec['outcome']}: {rec['reason']}", pytrace=False)
+
+
+def test_surface_enumeration_and_classification() -> None:
+    """The enumeration finds every kind of item; an item no recipe knows is unclassified,
+    a wrong answer is failing, a missing client dependency is n/a (no server needed)."""
+    groups = {i.group for i in ITEMS}
+    assert {"ServiceClient", "TrainingClient", "SamplingClient", "RestClient", "loss", "optim_params",
+            "sampling_param", "sample_arg", "chunk"} <= groups, groups
+    assert len({i.id for i in ITEMS}) == len(ITEMS), "duplicate item ids"
+    assert any(i.is_async for i in ITEMS) and {"cross_entropy", "ppo"} <= {i.name for i in ITEMS if i.group == "loss"}
+    new = Item("TrainingClient.some_method_of_a_future_release", "TrainingClient", "some_method_of_a_future_release")
+    assert run_item(new, None)["outcome"] == "unclassified"  # type: ignore[arg-type]
+    assert classify(AssertionError("logprobs differ"))[0] == "failing"
+    assert classify(NotApplicable("no torch")) == ("n/a", "no torch")
+    assert classify(ValueError("boom")) == ("failing", "ValueError: boom")
