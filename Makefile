@@ -163,6 +163,10 @@ test-export: ## Checkpoint export and import against transformers + PEFT (torch-
 test-sdk-matrix: ## Real tinker SDK releases (0.18.2, 0.24.1, 0.30.4, 0.38.0) × features; writes tests/sdk_matrix/MATRIX.md
 	bash tests/sdk_matrix/run.sh
 
+.PHONY: test-sdk-surface
+test-sdk-surface: ## Every method/argument of tinker 0.18.2, 0.24.1, 0.30.4, 0.38.0 (found by introspection) called against loops serve; writes tests/sdk_matrix/SURFACE.md
+	LOOPS_SDK_TESTS=tests/sdk_matrix/test_surface.py bash tests/sdk_matrix/run.sh
+
 .PHONY: test-cookbook
 test-cookbook: ## tinker-cookbook 0.6.1 recipes (chat_sl, math_rl sync/async/stream × IS/PPO/CISPO, rl_loop with gspo and its default stable_reinforce) unmodified against loops serve
 	bash tests/cookbook/run.sh

@@ -37,29 +37,6 @@ func (c *clientFlags) options() []connect.ClientOption {
 	}))}
 }
 
-func modelsCmd() *cobra.Command {
-	var cf clientFlags
-	cmd := &cobra.Command{
-		Use:   "models",
-		Short: "List the base models a server can train and sample",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl := loopsv1connect.NewModelServiceClient(http.DefaultClient, cf.url, cf.options()...)
-			resp, err := cl.ListModels(cmd.Context(), &loopsv1.ListModelsRequest{})
-			if err != nil {
-				return err
-			}
-			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "MODEL\tARCH\tMAX SEQ LEN\tVOCAB\tMAX LORA RANK\tBACKEND")
-			for _, m := range resp.GetModels() {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", m.GetName(), m.GetArchitecture(), m.GetMaxSequenceLength(), m.GetVocabSize(), m.GetMaxLoraRank(), m.GetBackend())
-			}
-			return tw.Flush()
-		},
-	}
-	cf.register(cmd)
-	return cmd
-}
-
 func runsCmd() *cobra.Command {
 	var cf clientFlags
 	var limit int32

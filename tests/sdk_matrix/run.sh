@@ -10,8 +10,11 @@
 #                       in $LOOPS_VENV_DIR/tinker-0.38.0-torch (torch_overlay.sh), so
 #                       forward_backward_custom runs; 0: no torch, that column is n/a
 #   LOOPS_SDK_MATRIX    where to write the table (default tests/sdk_matrix/MATRIX.md)
+#   LOOPS_SDK_SURFACE   where to write the surface table (default tests/sdk_matrix/SURFACE.md)
+#   LOOPS_SDK_TESTS     what pytest runs (default tests/sdk_matrix: feature cells and the
+#                       surface test; tests/sdk_matrix/test_surface.py for the surface alone)
 #   LOOPS_E2E_BIN       a prebuilt loops binary (default: go build once into a temp dir)
-# Exit status: 0 when no cell failed.
+# Exit status: 0 when no cell failed and no surface item is failing or unclassified.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -38,9 +41,14 @@ for v in $versions; do
   echo "=== tinker $v ($venv)" >&2
   start=$(date +%s)
   (cd "$root" && LOOPS_SDK_RESULTS=$results "$venv/bin/python" -m pytest -c tests/sdk_matrix/pytest.ini \
-      --rootdir tests/sdk_matrix tests/sdk_matrix "$@") || status=1
+      --rootdir tests/sdk_matrix ${LOOPS_SDK_TESTS:-tests/sdk_matrix} "$@") || status=1
   echo "=== tinker $v: $(( $(date +%s) - start )) s" >&2
 done
 out=${LOOPS_SDK_MATRIX:-$here/MATRIX.md}
-python3 "$here/matrix.py" "$results" >"$out" && cat "$out"
+if python3 "$here/matrix.py" "$results" >"$work/matrix.md"; then cp "$work/matrix.md" "$out" && cat "$out"; fi
+if compgen -G "$results/surface-*.json" >/dev/null; then
+  surface=${LOOPS_SDK_SURFACE:-$here/SURFACE.md}
+  python3 "$here/surface.py" "$results" >"$surface" && sed -n '/^| tinker | items/,/^$/p' "$surface"
+  echo "surface table: $surface" >&2
+fi
 exit $status

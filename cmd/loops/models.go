@@ -1,0 +1,88 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/loops-dev/loops/backends/tiny"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
+)
+
+func modelsCmd() *cobra.Command {
+	var cf clientFlags
+	cmd := &cobra.Command{
+		Use:   "models",
+		Short: "List the base models a server can train and sample, and the tinker-cookbook renderer each takes",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl := loopsv1connect.NewModelServiceClient(http.DefaultClient, cf.url, cf.options()...)
+			resp, err := cl.ListModels(cmd.Context(), &loopsv1.ListModelsRequest{})
+			if err != nil {
+				return err
+			}
+			return printModels(os.Stdout, resp.GetModels())
+		},
+	}
+	cf.register(cmd)
+	return cmd
+}
+
+// cookbookOrgs are the model-name prefixes tinker-cookbook's model table
+// (tinker_cookbook/model_info.py, get_model_attributes) knows: a served model named by its
+// Hugging Face id under one of them gets its renderer looked up by name.
+var cookbookOrgs = []string{"meta-llama/", "Qwen/", "deepseek-ai/", "openai/", "moonshotai/", "zai-org/", "nvidia/", "thinkingmachines/Inkling"}
+
+// cookbookRenderer says which tinker-cookbook renderer a served model takes: the renderer
+// name to pass as renderer_name=..., or "" when the cookbook looks the model up by name
+// itself (auto is then true). For a model the cookbook does not know and that is not
+// loops/tiny, both are empty: the renderer follows the model's chat template.
+func cookbookRenderer(name string) (renderer string, auto bool) {
+	if name == tiny.Name {
+		// loops/tiny's tokenizer has ChatML <|im_start|>/<|im_end|> as single tokens and no
+		// <think>: ChatML without thinking is the cookbook's qwen3_instruct.
+		return "qwen3_instruct", false
+	}
+	for _, org := range cookbookOrgs {
+		if strings.HasPrefix(name, org) {
+			return "", true
+		}
+	}
+	return "", false
+}
+
+// printModels writes the model table of `loops models` and how to pass each model's
+// renderer to tinker-cookbook.
+func printModels(w io.Writer, models []*loopsv1.ModelInfo) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MODEL\tARCH\tMAX SEQ LEN\tVOCAB\tMAX LORA RANK\tBACKEND\tCOOKBOOK RENDERER")
+	explicit := false
+	for _, m := range models {
+		renderer, auto := cookbookRenderer(m.GetName())
+		col := renderer
+		switch {
+		case auto:
+			col = "(by model name)"
+		case renderer == "":
+			col = "(its chat template's)"
+		default:
+			explicit = true
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", m.GetName(), m.GetArchitecture(), m.GetMaxSequenceLength(),
+			m.GetVocabSize(), m.GetMaxLoraRank(), m.GetBackend(), col)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if explicit {
+		fmt.Fprintln(w, "\ntinker-cookbook looks a renderer up by model name and does not know loops/tiny "+
+			"(\"Unknown model\"): pass it,\n  e.g. python -m tinker_cookbook.recipes.chat_sl.train model_name=loops/tiny renderer_name=qwen3_instruct ...\n"+
+			"Recipes without a renderer_name option (recipes/sl_loop.py, rl_loop.py) need renderer_name set in their code.")
+	}
+	return nil
+}
