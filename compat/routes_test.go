@@ -38,7 +38,7 @@ func TestBootstrapRoutes(t *testing.T) {
 	require.Equal(t, 200, r.status)
 	sid := r.json(t)["session_id"].(string)
 	require.Equal(t, "create_session", r.json(t)["type"])
-	require.Empty(t, cmp.Diff(&loopsv1.CreateSessionRequest{Tags: []string{"a"}, UserMetadata: map[string]string{"k": "v", "n": "3"}, SdkVersion: "0.38.0", ProjectId: "p"},
+	require.Empty(t, cmp.Diff(&loopsv1.CreateSessionRequest{Tags: []string{"a"}, UserMetadata: map[string]string{"k": "v", "n": "3"}, SdkVersion: "0.38.0", ProjectId: "p", DisplayName: "d"},
 		e.core.lastReq("CreateSession"), protocmp.Transform()))
 
 	r = e.postJSON("/api/v1/session_heartbeat", fmt.Sprintf(`{"session_id":%q,"type":"session_heartbeat"}`, sid))

@@ -428,6 +428,7 @@ func (c *Core) Services() Services {
 		Usage:       UsageService{c},
 		Workspace:   WorkspaceService{c},
 		Deployments: DeploymentService{c},
+		Projects:    ProjectService{c},
 	}
 }
 
@@ -442,4 +443,5 @@ type Services struct {
 	Usage       UsageService
 	Workspace   WorkspaceService
 	Deployments DeploymentService
+	Projects    ProjectService
 }

@@ -16,8 +16,10 @@ import (
 // The upserts. Each updates a row only when it belongs to the same workspace; otherwise it
 // changes no row (Write.Check fails).
 const (
-	upsertSession = `INSERT INTO sessions (id, workspace, create_time, data) VALUES ($1, $2, $3, $4)
-		ON CONFLICT (id) DO UPDATE SET create_time = excluded.create_time, data = excluded.data
+	upsertSession = `INSERT INTO sessions (id, workspace, create_time, project, status, owner, display_name, data)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+		ON CONFLICT (id) DO UPDATE SET create_time = excluded.create_time, project = excluded.project,
+		  status = excluded.status, owner = excluded.owner, display_name = excluded.display_name, data = excluded.data
 		WHERE sessions.workspace = excluded.workspace`
 	upsertTrainingRun = `INSERT INTO training_runs (id, workspace, session_id, create_time, data) VALUES ($1, $2, $3, $4, $5)
 		ON CONFLICT (id) DO UPDATE SET session_id = excluded.session_id,
@@ -77,7 +79,8 @@ func PutSession(workspace string, m *loopsv1.Session) (Write, error) {
 	if m == nil || m.GetId() == "" {
 		return Write{}, errors.New("put session: missing id")
 	}
-	return write("session", m.GetId(), upsertSession, m, m.GetId(), workspace, Nanos(m.GetCreateTime()))
+	return write("session", m.GetId(), upsertSession, m, m.GetId(), workspace, Nanos(m.GetCreateTime()),
+		m.GetProjectId(), store.SessionStatus(m), m.GetOwner(), m.GetDisplayName())
 }
 
 // PutTrainingRun is the upsert of a training run.
