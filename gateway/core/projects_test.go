@@ -1,0 +1,165 @@
+package core
+
+import (
+	"testing"
+
+	"connectrpc.com/connect"
+	"github.com/stretchr/testify/require"
+
+	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/store"
+	"github.com/loops-dev/loops/internal/errs"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+)
+
+// TestProjectLimitAndDefault: every workspace lists its "default" project; creations past
+// MaxProjectsPerWorkspace (default included) are 429 LIMIT_REACHED naming the limit, also
+// when a session names a new project; deleting one frees room.
+func TestProjectLimitAndDefault(t *testing.T) {
+	h := newHarness(t, t.TempDir(), Options{Limits: Limits{MaxProjectsPerWorkspace: 3}})
+	ps := h.svc.Projects
+	list, err := ps.ListProjects(h.ctx, &loopsv1.ListProjectsRequest{})
+	require.NoError(t, err)
+	require.Len(t, list.GetProjects(), 1)
+	require.Equal(t, store.DefaultProject, list.GetProjects()[0].GetName())
+
+	for _, name := range []string{"a", "b"} {
+		_, err := ps.CreateProject(h.ctx, &loopsv1.CreateProjectRequest{Name: name})
+		require.NoError(t, err)
+	}
+	_, err = ps.CreateProject(h.ctx, &loopsv1.CreateProjectRequest{Name: "c"})
+	require.Equal(t, connect.CodeResourceExhausted, connect.CodeOf(err))
+	require.Contains(t, err.Error(), "max_projects_per_workspace")
+	require.Equal(t, errs.ReasonLimitReached, errs.Reason(err))
+	_, err = h.svc.Sessions.CreateSession(h.ctx, &loopsv1.CreateSessionRequest{ProjectId: "c"})
+	require.Equal(t, connect.CodeResourceExhausted, connect.CodeOf(err), "a session naming a new project past the limit")
+
+	// Another workspace has its own room.
+	other := auth.WithWorkspace(t.Context(), "ws-b")
+	_, err = ps.CreateProject(other, &loopsv1.CreateProjectRequest{Name: "c"})
+	require.NoError(t, err)
+
+	_, err = ps.DeleteProject(h.ctx, &loopsv1.DeleteProjectRequest{Name: "a"})
+	require.NoError(t, err)
+	sess, err := h.svc.Sessions.CreateSession(h.ctx, &loopsv1.CreateSessionRequest{ProjectId: "c"})
+	require.NoError(t, err, "room again: the session's project is created on first use")
+	require.Equal(t, "c", sess.GetProjectId())
+	_, err = ps.GetProject(h.ctx, &loopsv1.GetProjectRequest{Name: "c"})
+	require.NoError(t, err)
+}
+
+// TestMoveLiveSession: moving a live session changes its record in memory and in the
+// store at once (a later persist of the session keeps the new project), and its runs are
+// listed under the new project.
+func TestMoveLiveSession(t *testing.T) {
+	h := newHarness(t, t.TempDir(), Options{})
+	sess, err := h.svc.Sessions.CreateSession(h.ctx, &loopsv1.CreateSessionRequest{DisplayName: "nightly"})
+	require.NoError(t, err)
+	require.Equal(t, store.DefaultProject, sess.GetProjectId())
+	op, err := h.svc.Training.CreateTrainingRun(h.ctx, &loopsv1.CreateTrainingRunRequest{
+		SessionId: sess.GetId(), BaseModel: "fake/model", Lora: &loopsv1.LoraConfig{Rank: 4, TrainAttn: true},
+	})
+	require.NoError(t, err)
+	run := h.wait(op).GetTrainingRunId()
+	h.core.persistSessions(h.ctx)
+
+	moved, err := h.svc.Sessions.SetSessionProject(h.ctx, &loopsv1.SetSessionProjectRequest{Id: sess.GetId(), ProjectId: "vision"})
+	require.NoError(t, err)
+	require.Equal(t, "vision", moved.GetProjectId())
+	got, err := h.svc.Sessions.GetSession(h.ctx, &loopsv1.GetSessionRequest{Id: sess.GetId()})
+	require.NoError(t, err)
+	require.Equal(t, "vision", got.GetProjectId())
+	h.core.persistSessions(h.ctx)
+	stored, err := h.core.store.GetSession(h.ctx, "ws-a", sess.GetId())
+	require.NoError(t, err)
+	require.Equal(t, "vision", stored.GetProjectId())
+
+	runs, err := h.svc.Training.ListTrainingRuns(h.ctx, &loopsv1.ListTrainingRunsRequest{ProjectId: "vision"})
+	require.NoError(t, err)
+	require.Len(t, runs.GetTrainingRuns(), 1)
+	require.Equal(t, run, runs.GetTrainingRuns()[0].GetId())
+	runs, err = h.svc.Training.ListTrainingRuns(h.ctx, &loopsv1.ListTrainingRunsRequest{ProjectId: store.DefaultProject})
+	require.NoError(t, err)
+	require.Empty(t, runs.GetTrainingRuns())
+
+	found, err := h.svc.Sessions.SearchSessions(h.ctx, &loopsv1.SearchSessionsRequest{DisplayName: "NIGHT", ProjectIds: []string{"vision"}})
+	require.NoError(t, err)
+	require.Len(t, found.GetResults(), 1)
+
+	// An ended session moves too (its record only).
+	_, err = h.svc.Sessions.FinishSession(h.ctx, &loopsv1.FinishSessionRequest{Id: sess.GetId(), Reason: "success"})
+	require.NoError(t, err)
+	moved, err = h.svc.Sessions.SetSessionProject(h.ctx, &loopsv1.SetSessionProjectRequest{Id: sess.GetId(), ProjectId: store.DefaultProject})
+	require.NoError(t, err)
+	require.Equal(t, store.DefaultProject, moved.GetProjectId())
+	found, err = h.svc.Sessions.SearchSessions(h.ctx, &loopsv1.SearchSessionsRequest{Statuses: []string{"finished:success"}, ProjectIds: []string{store.DefaultProject}})
+	require.NoError(t, err)
+	require.Len(t, found.GetResults(), 1)
+}
+
+// TestSearchPagingAndOwner: pages of a search follow one another by page token or by
+// cursor without repeats; own matches the caller's key only; a token of another list is
+// refused.
+func TestSearchPagingAndOwner(t *testing.T) {
+	h := newHarness(t, t.TempDir(), Options{})
+	keyA := auth.WithCaller(h.ctx, auth.Caller{KeyID: "key-aaaaaaaaaaaaaaaa"})
+	keyB := auth.WithCaller(h.ctx, auth.Caller{KeyID: "key-bbbbbbbbbbbbbbbb"})
+	var want []string
+	for i := range 5 {
+		ctx := keyA
+		if i%2 == 1 {
+			ctx = keyB
+		}
+		s, err := h.svc.Sessions.CreateSession(ctx, &loopsv1.CreateSessionRequest{Tags: []string{"t"}})
+		require.NoError(t, err)
+		want = append([]string{s.GetId()}, want...) // newest first
+	}
+	var got []string
+	req := &loopsv1.SearchSessionsRequest{Tags: []string{"t"}, Limit: 2}
+	for range 5 {
+		res, err := h.svc.Sessions.SearchSessions(h.ctx, req)
+		require.NoError(t, err)
+		for _, r := range res.GetResults() {
+			got = append(got, r.GetSession().GetId())
+		}
+		if res.GetNextPageToken() == "" {
+			break
+		}
+		req.PageToken = res.GetNextPageToken()
+	}
+	require.Equal(t, want, got)
+
+	// The same by cursor, as Tinker's clients page.
+	first, err := h.svc.Sessions.SearchSessions(h.ctx, &loopsv1.SearchSessionsRequest{Limit: 3})
+	require.NoError(t, err)
+	last := first.GetResults()[2].GetSession()
+	rest, err := h.svc.Sessions.SearchSessions(h.ctx, &loopsv1.SearchSessionsRequest{
+		After: &loopsv1.SessionSearchCursor{CreateTime: last.GetCreateTime(), SessionId: last.GetId()}})
+	require.NoError(t, err)
+	require.Len(t, rest.GetResults(), 2)
+	require.Equal(t, want[3:], []string{rest.GetResults()[0].GetSession().GetId(), rest.GetResults()[1].GetSession().GetId()})
+
+	mine, err := h.svc.Sessions.SearchSessions(keyB, &loopsv1.SearchSessionsRequest{Own: true})
+	require.NoError(t, err)
+	require.Len(t, mine.GetResults(), 2)
+	for _, r := range mine.GetResults() {
+		require.Equal(t, "key-bbbbbbbbbbbbbbbb", r.GetSession().GetOwner())
+	}
+	none, err := h.svc.Sessions.SearchSessions(keyB, &loopsv1.SearchSessionsRequest{Own: true, Owners: []string{"key-aaaaaaaaaaaaaaaa"}})
+	require.NoError(t, err)
+	require.Empty(t, none.GetResults())
+
+	list, err := h.svc.Sessions.ListSessions(h.ctx, &loopsv1.ListSessionsRequest{Limit: 1})
+	require.NoError(t, err)
+	_, err = h.svc.Sessions.SearchSessions(h.ctx, &loopsv1.SearchSessionsRequest{PageToken: list.GetNextPageToken()})
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "a token of another list")
+	for _, bad := range []*loopsv1.SearchSessionsRequest{
+		{Limit: -1}, {Limit: 201}, {Statuses: []string{"sleeping"}}, {Tags: []string{""}},
+		{UserMetadata: map[string]string{"k": string(make([]byte, store.MaxLabelValueBytes+1))}},
+		{After: &loopsv1.SessionSearchCursor{SessionId: "s"}}, {DisplayName: "   "},
+		{PageToken: "x", After: &loopsv1.SessionSearchCursor{SessionId: "s"}},
+	} {
+		_, err := h.svc.Sessions.SearchSessions(h.ctx, bad)
+		require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "%v", bad)
+	}
+}
