@@ -8,8 +8,8 @@ import (
 
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/store"
-	"github.com/loops-dev/loops/internal/errs"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/errs"
 )
 
 // TestProjectLimitAndDefault: every workspace lists its "default" project; creations past
