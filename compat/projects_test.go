@@ -1,6 +1,11 @@
 package compat
 
 import (
+	"bytes"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -75,4 +80,31 @@ func TestSetSessionProjectTranslates(t *testing.T) {
 	require.Contains(t, r.json(t)["detail"], "project_id")
 	r = e.do("PUT", "/api/v1/sessions/nope/project", []byte(`{"project_id":"vision"}`), map[string]string{"Content-Type": "application/json"})
 	require.Equal(t, 404, r.status)
+}
+
+// FuzzSearchSessionsBody: any body of sessions/search or sessions/{id}/project answers a
+// 2xx or a 4xx, never a 5xx or a panic.
+func FuzzSearchSessionsBody(f *testing.F) {
+	core := newFakeCore()
+	h := NewHandler(core.services(), Options{MaxBodyBytes: 1 << 20, MaxDecompressedBytes: 1 << 20,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	core.sessions["sess-1"] = &loopsv1.Session{Id: "sess-1", CreateTime: timestamppb.Now(), Expired: true, EndReason: "finished: odd"}
+	f.Add(false, []byte(`{"user_metadata":{"k":"v"},"owner":{"type":"user","owner_urns":["key-a"]},"statuses":[{"type":"client_finished","reasons":["success"]}],"limit":200,"cursor":{"last_created_at":"2026-12-06T03:04:05.123456+01:00","last_session_id":"s"}}`))
+	f.Add(false, []byte(`{"session_id":"sess-1","display_name":"a b","project_ids":["p"],"tags":["t"],"created_after":"2026-01-01T00:00:00Z","created_before":"2027-01-01T00:00:00Z"}`))
+	f.Add(false, []byte(`{"limit":-1,"statuses":null,"owner":null,"cursor":null}`))
+	f.Add(true, []byte(`{"project_id":"vision"}`))
+	f.Add(true, []byte(`{"project_id":7}`))
+	f.Fuzz(func(t *testing.T, move bool, body []byte) {
+		method, path := http.MethodPost, "/api/v1/sessions/search"
+		if move {
+			method, path = http.MethodPut, "/api/v1/sessions/sess-1/project"
+		}
+		req := httptest.NewRequest(method, path, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code >= 500 {
+			t.Fatalf("%s answered %d: %s", path, rec.Code, rec.Body.String())
+		}
+	})
 }

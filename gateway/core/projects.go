@@ -310,6 +310,9 @@ const searchList = "sessions/search"
 // sessionQuery checks a search request and turns it into the store's query.
 func (c *Core) sessionQuery(ctx context.Context, ws string, req *loopsv1.SearchSessionsRequest) (store.SessionQuery, error) {
 	var q store.SessionQuery
+	if err := noNULs(req); err != nil {
+		return q, err
+	}
 	switch l := req.GetLimit(); {
 	case l < 0 || l > store.MaxSearchLimit:
 		return q, invalidArgument("limit %d is out of range: use 1 to %d (0 means %d)", l, store.MaxSearchLimit, defaultSearchLimit)
@@ -447,4 +450,23 @@ func statusMatch(statuses []string) (*store.StatusMatch, error) {
 		}
 	}
 	return m, nil
+}
+
+// noNULs refuses a search with a NUL character in any of its strings: no stored session
+// label or column holds one.
+func noNULs(req *loopsv1.SearchSessionsRequest) error {
+	all := []string{req.GetSessionId(), req.GetDisplayName(), req.GetPageToken(), req.GetAfter().GetSessionId()}
+	all = append(all, req.GetProjectIds()...)
+	all = append(all, req.GetTags()...)
+	all = append(all, req.GetStatuses()...)
+	all = append(all, req.GetOwners()...)
+	for k, v := range req.GetUserMetadata() {
+		all = append(all, k, v)
+	}
+	for _, s := range all {
+		if strings.ContainsRune(s, 0) {
+			return invalidArgument("a search's strings must not contain NUL characters")
+		}
+	}
+	return nil
 }

@@ -1,13 +1,16 @@
 package core
 
 import (
+	"path/filepath"
 	"testing"
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/store"
+	"github.com/loops-dev/loops/gateway/store/sqlite"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
 )
@@ -162,4 +165,47 @@ func TestSearchPagingAndOwner(t *testing.T) {
 		_, err := h.svc.Sessions.SearchSessions(h.ctx, bad)
 		require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "%v", bad)
 	}
+}
+
+// FuzzSearchSessions: any strings in a search (display name words with LIKE's wildcards,
+// labels, statuses, owners, cursors, page tokens) give results or a client error, never an
+// internal one: the store's query is built from parameters only.
+func FuzzSearchSessions(f *testing.F) {
+	dir := f.TempDir()
+	st, err := sqlite.Open(f.Context(), filepath.Join(dir, "loops.db"))
+	require.NoError(f, err)
+	c, err := New(f.Context(), st, newFakeBackend(), Options{DataDir: dir})
+	require.NoError(f, err)
+	f.Cleanup(func() {
+		_ = c.Close()
+		_ = st.Close()
+	})
+	h := &harness{core: c, svc: c.Services(), ctx: auth.WithWorkspace(f.Context(), "ws-a")}
+	_, err = h.svc.Sessions.CreateSession(h.ctx, &loopsv1.CreateSessionRequest{DisplayName: `50%_off \ sale`, Tags: []string{"t"}, UserMetadata: map[string]string{"k": "v"}})
+	require.NoError(f, err)
+	f.Add(`50%_`, "k", "v", "t", "active", "key-a", "sess-x", int32(2), "")
+	f.Add(`\`, "", "", "", "finished:success", "", "", int32(0), "AQ")
+	f.Add("a b c d e f g h i", "k'", "v\"", "t;--", "timed_out", "key-'", "'", int32(200), "not base64!")
+	f.Fuzz(func(t *testing.T, name, key, value, tag, status, owner, after string, limit int32, token string) {
+		req := &loopsv1.SearchSessionsRequest{DisplayName: name, Limit: limit, PageToken: token}
+		if key != "" {
+			req.UserMetadata = map[string]string{key: value}
+		}
+		if tag != "" {
+			req.Tags = []string{tag}
+		}
+		if status != "" {
+			req.Statuses = []string{status}
+		}
+		if owner != "" {
+			req.Owners = []string{owner}
+		}
+		if after != "" && token == "" {
+			req.After = &loopsv1.SessionSearchCursor{SessionId: after, CreateTime: timestamppb.Now()}
+		}
+		_, err := h.svc.Sessions.SearchSessions(h.ctx, req)
+		if code := connect.CodeOf(err); err != nil && code != connect.CodeInvalidArgument {
+			t.Fatalf("%v: %v", req, err)
+		}
+	})
 }

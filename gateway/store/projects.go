@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"time"
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -131,11 +132,11 @@ const (
 )
 
 // SessionLabels returns the labels of s that a store indexes: its user_metadata pairs and
-// tags within the Max* bounds, in a fixed order (tags, then metadata, each sorted).
+// tags within the Max* bounds and without a NUL (which PostgreSQL's text refuses), in a fixed order (tags, then metadata, each sorted).
 func SessionLabels(s *loopsv1.Session) []SessionLabel {
 	var out []SessionLabel
 	for _, t := range sortedUnique(s.GetTags()) {
-		if t != "" && len(t) <= MaxLabelKeyBytes {
+		if t != "" && len(t) <= MaxLabelKeyBytes && !strings.ContainsRune(t, 0) {
 			out = append(out, SessionLabel{Kind: LabelTag, Name: t})
 		}
 	}
@@ -145,7 +146,7 @@ func SessionLabels(s *loopsv1.Session) []SessionLabel {
 		keys = append(keys, k)
 	}
 	for _, k := range sortedUnique(keys) {
-		if v := md[k]; len(k) <= MaxLabelKeyBytes && len(v) <= MaxLabelValueBytes {
+		if v := md[k]; len(k) <= MaxLabelKeyBytes && len(v) <= MaxLabelValueBytes && !strings.ContainsRune(k+v, 0) {
 			out = append(out, SessionLabel{Kind: LabelMetadata, Name: k, Value: v})
 		}
 	}

@@ -146,6 +146,14 @@ func testSearchSessions(t *testing.T, open func(t *testing.T) store.Store) {
 	require.Equal(t, []string{"s1"}, q(store.SessionQuery{Projects: []string{"vision"}, Tags: []string{"nightly"},
 		Statuses: &store.StatusMatch{EndReasons: []string{"finished: errored"}}}))
 
+	// NUL characters (which PostgreSQL's text refuses) are kept in the record, not indexed.
+	nul := mk("s-nul", 0, "", "key-\x00", "a\x00b", []string{"t\x00"}, map[string]string{"k\x00": "v", "k": "v\x00"})
+	require.NoError(t, st.PutSession(ctx, wsA, nul))
+	got, err := st.GetSession(ctx, wsA, "s-nul")
+	require.NoError(t, err)
+	requireProtoEqual(t, nul, got)
+	require.Equal(t, []string{"s-nul"}, q(store.SessionQuery{SessionID: "s-nul", DisplayWords: []string{"ab"}}))
+
 	// A put of another workspace's id changes nothing, labels included.
 	stolen := mk("s1", 0, "evil", "key-x", "stolen", []string{"evil"}, map[string]string{"team": "evil"})
 	require.Error(t, st.PutSession(ctx, wsB, stolen))

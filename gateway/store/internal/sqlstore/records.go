@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -80,7 +81,7 @@ func PutSession(workspace string, m *loopsv1.Session) (Write, error) {
 		return Write{}, errors.New("put session: missing id")
 	}
 	return write("session", m.GetId(), upsertSession, m, m.GetId(), workspace, Nanos(m.GetCreateTime()),
-		m.GetProjectId(), store.SessionStatus(m), m.GetOwner(), m.GetDisplayName())
+		noNUL(m.GetProjectId()), noNUL(store.SessionStatus(m)), noNUL(m.GetOwner()), noNUL(m.GetDisplayName()))
 }
 
 // PutTrainingRun is the upsert of a training run.
@@ -180,3 +181,7 @@ func IsDone(st loopsv1.OperationState) bool {
 	return st == loopsv1.OperationState_OPERATION_STATE_SUCCEEDED ||
 		st == loopsv1.OperationState_OPERATION_STATE_FAILED
 }
+
+// noNUL drops NUL characters from a copy of a field kept in a text column (PostgreSQL's text
+// refuses them; the record itself keeps the field as it is).
+func noNUL(s string) string { return strings.ReplaceAll(s, "\x00", "") }
