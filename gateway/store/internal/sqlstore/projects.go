@@ -106,8 +106,10 @@ func SearchSessions(workspace string, q store.SessionQuery) Query {
 		return "(" + strings.Join(ps, ", ") + ")"
 	}
 	var b strings.Builder
-	b.WriteString(`SELECT s.data, (SELECT count(*) FROM checkpoints c JOIN training_runs r ON r.id = c.training_run_id
-		WHERE r.workspace = s.workspace AND r.session_id = s.id AND c.workspace = s.workspace)
+	// The checkpoint count goes from the session's runs (training_runs_by_session) to their
+	// checkpoints (checkpoints_by_run), never through the workspace's other checkpoints.
+	b.WriteString(`SELECT s.data, (SELECT count(*) FROM checkpoints c WHERE c.workspace = s.workspace
+		AND c.training_run_id IN (SELECT r.id FROM training_runs r WHERE r.session_id = s.id AND r.workspace = s.workspace))
 		FROM sessions s WHERE s.workspace = $1`)
 	if q.SessionID != "" || len(q.DisplayWords) > 0 {
 		var or []string
