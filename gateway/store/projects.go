@@ -56,7 +56,8 @@ var ErrProjectInUse = errors.New("store: project holds sessions")
 
 // SessionQuery selects sessions of a workspace; every condition set must hold. A session's
 // status, project, owner and display name are those of its last PutSession; its labels
-// (user_metadata pairs and tags within the Max* bounds) those of its first.
+// (user_metadata pairs and tags within the Max* bounds) those of its first PutSession that
+// had any.
 type SessionQuery struct {
 	// SessionID and DisplayWords: a session matches when its id is SessionID, or when its
 	// display name contains every word of DisplayWords (ignoring ASCII case). Both empty:

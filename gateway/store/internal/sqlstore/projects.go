@@ -13,9 +13,8 @@ import (
 )
 
 // PutSessionLabels is the insert of a session's labels (store.SessionLabels), to run in
-// the transaction of its PutSession, after it: labels already there are kept (a session's
-// tags and user_metadata never change), and nothing is inserted unless the session is the
-// workspace's. ok is false when the session has no labels.
+// the transaction of its PutSession, after it: only while the session has none (a session's
+// tags and user_metadata never change), and only when the session is the workspace's. ok is false when the session has no labels.
 func PutSessionLabels(workspace string, m *loopsv1.Session) (q Query, ok bool) {
 	labels := store.SessionLabels(m)
 	if len(labels) == 0 {
@@ -33,7 +32,10 @@ func PutSessionLabels(workspace string, m *loopsv1.Session) (q Query, ok bool) {
 		fmt.Fprintf(&b, "($%d, $%d, $%d)", n+1, n+2, n+3)
 		args = append(args, l.Kind, l.Name, l.Value)
 	}
+	// Both conditions are evaluated once, not per label: a session's later puts (its
+	// heartbeats' bookkeeping) find its labels there and insert nothing.
 	b.WriteString(`) AS l WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $1 AND workspace = $2)
+		AND NOT EXISTS (SELECT 1 FROM session_labels WHERE session_id = $1)
 		ON CONFLICT (session_id, kind, name) DO NOTHING`)
 	return Query{SQL: b.String(), Args: args}, true
 }
