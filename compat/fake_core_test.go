@@ -103,7 +103,7 @@ func (f *fakeCore) CreateSession(_ context.Context, r *loopsv1.CreateSessionRequ
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	s := &loopsv1.Session{Id: f.nextID("sess"), Tags: r.Tags, UserMetadata: r.UserMetadata, CreateTime: timestamppb.Now()}
+	s := &loopsv1.Session{Id: f.nextID("sess"), Tags: r.Tags, UserMetadata: r.UserMetadata, ProjectId: r.ProjectId, DisplayName: r.DisplayName, CreateTime: timestamppb.Now()}
 	f.sessions[s.Id] = s
 	return s, nil
 }

@@ -472,7 +472,7 @@ func TestPanicIsRecovered(t *testing.T) {
 
 func TestBillingUsageEvents(t *testing.T) {
 	e := newEnv(t)
-	sid := e.postJSON("/api/v1/create_session", `{"tags":[],"user_metadata":{"team":"x"},"sdk_version":"0.38.0"}`).json(t)["session_id"].(string)
+	sid := e.postJSON("/api/v1/create_session", `{"tags":[],"user_metadata":{"team":"x"},"sdk_version":"0.38.0","project_id":"vis"}`).json(t)["session_id"].(string)
 	h0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	bucket := func(h int, kind loopsv1.UsageKind, session string, amount int64) *loopsv1.UsageBucket {
 		start := h0.Add(time.Duration(h) * time.Hour)
@@ -490,15 +490,15 @@ func TestBillingUsageEvents(t *testing.T) {
 	r := e.get("/api/v1/billing/usage/events?starting_on=2025-03-01T12%3A00%3A00%2B00%3A00&ending_before=2025-03-01T14:00:00Z")
 	require.Equal(t, 200, r.status, string(r.body))
 	require.JSONEq(t, `{"data":[
-		{"bucket_start":"2025-03-01T12:00:00Z","bucket_end":"2025-03-01T13:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`",
+		{"bucket_start":"2025-03-01T12:00:00Z","bucket_end":"2025-03-01T13:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`","project_id":"vis",
 		 "event_info":{"type":"sampling_sample","token_count":400}},
-		{"bucket_start":"2025-03-01T12:00:00Z","bucket_end":"2025-03-01T13:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`",
+		{"bucket_start":"2025-03-01T12:00:00Z","bucket_end":"2025-03-01T13:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`","project_id":"vis",
 		 "event_info":{"type":"training","token_count":100}},
-		{"bucket_start":"2025-03-01T12:00:00Z","bucket_end":"2025-03-01T13:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`",
+		{"bucket_start":"2025-03-01T12:00:00Z","bucket_end":"2025-03-01T13:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`","project_id":"vis",
 		 "event_info":{"type":"sampling_prefill","cached":false,"token_count":40}},
-		{"bucket_start":"2025-03-01T13:00:00Z","bucket_end":"2025-03-01T14:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"gone",
+		{"bucket_start":"2025-03-01T13:00:00Z","bucket_end":"2025-03-01T14:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"gone","project_id":null,
 		 "event_info":{"type":"training","token_count":5}},
-		{"bucket_start":"2025-03-01T13:00:00Z","bucket_end":"2025-03-01T14:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`",
+		{"bucket_start":"2025-03-01T13:00:00Z","bucket_end":"2025-03-01T14:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`","project_id":"vis",
 		 "event_info":{"type":"checkpoint","count":2}}
 	],"sessions":{"`+sid+`":{"user_metadata":{"team":"x"}}}}`, string(r.body))
 	require.Empty(t, cmp.Diff(&loopsv1.GetUsageRequest{
