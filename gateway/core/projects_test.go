@@ -209,3 +209,21 @@ func FuzzSearchSessions(f *testing.F) {
 		}
 	})
 }
+
+// TestSearchFullPageOfTheMaximum: a page of the largest size (200) with more after it
+// carries a token, and the next page holds the rest.
+func TestSearchFullPageOfTheMaximum(t *testing.T) {
+	h := newHarness(t, t.TempDir(), Options{})
+	for range store.MaxSearchLimit + 1 {
+		_, err := h.svc.Sessions.CreateSession(h.ctx, &loopsv1.CreateSessionRequest{})
+		require.NoError(t, err)
+	}
+	first, err := h.svc.Sessions.SearchSessions(h.ctx, &loopsv1.SearchSessionsRequest{Limit: store.MaxSearchLimit})
+	require.NoError(t, err)
+	require.Len(t, first.GetResults(), store.MaxSearchLimit)
+	require.NotEmpty(t, first.GetNextPageToken())
+	rest, err := h.svc.Sessions.SearchSessions(h.ctx, &loopsv1.SearchSessionsRequest{Limit: store.MaxSearchLimit, PageToken: first.GetNextPageToken()})
+	require.NoError(t, err)
+	require.Len(t, rest.GetResults(), 1)
+	require.Empty(t, rest.GetNextPageToken())
+}

@@ -25,7 +25,9 @@ const (
 	MaxLabelKeyBytes = 128
 	// MaxLabelValueBytes bounds a user_metadata value.
 	MaxLabelValueBytes = 512
-	// MaxSearchLimit is the largest page a SearchSessions returns.
+	// MaxSearchLimit is the largest page a client may ask of a search. SearchSessions
+	// returns up to one more, so that a caller asking for a full page plus one learns
+	// whether another page follows.
 	MaxSearchLimit = 200
 )
 
@@ -97,13 +99,14 @@ type SessionHit struct {
 	CheckpointCount int64
 }
 
-// SearchLimit bounds a SessionQuery's Limit: not positive means 50, at most MaxSearchLimit.
+// SearchLimit bounds a SessionQuery's Limit: not positive means 50, at most
+// MaxSearchLimit+1.
 func SearchLimit(limit int) int {
 	switch {
 	case limit <= 0:
 		return 50
-	case limit > MaxSearchLimit:
-		return MaxSearchLimit
+	case limit > MaxSearchLimit+1:
+		return MaxSearchLimit + 1
 	}
 	return limit
 }
