@@ -23,7 +23,8 @@ one project's runs.
 
   loops projects list
   loops projects create vision --description "image runs"
-  loops projects delete vision      # only a project that holds no session`
+  loops projects delete vision      # only a project that holds no session
+  loops runs --project vision       # the runs of its sessions`
 
 func projectsCmd() *cobra.Command {
 	var cf clientFlags

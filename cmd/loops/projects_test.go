@@ -32,6 +32,11 @@ func TestProjectsCommands(t *testing.T) {
 	require.NoError(t, err, out)
 	require.NotContains(t, out, "vision")
 
+	_, err = runCLI(t, append([]string{"runs", "--project", "nowhere"}, a...)...)
+	require.ErrorContains(t, err, "not found")
+	_, err = runCLI(t, append([]string{"runs", "--project", "vision"}, a...)...)
+	require.NoError(t, err)
+
 	out, err = runCLI(t, append([]string{"projects", "delete", "vision"}, a...)...)
 	require.NoError(t, err, out)
 	_, err = runCLI(t, append([]string{"projects", "delete", "default"}, a...)...)
