@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"hash/maphash"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -242,12 +243,17 @@ func (s SessionService) SetSessionProject(ctx context.Context, req *loopsv1.SetS
 		}
 		return info, nil
 	}
+	// A stored session is rewritten under the project lock (see indexOldSession).
+	unlock := projectLocks.lock(ws)
 	stored, err := s.c.store.GetSession(ctx, ws, req.GetId())
 	if err != nil {
+		unlock()
 		return nil, storeErr(err, "session "+quote(req.GetId()))
 	}
 	stored.ProjectId = p.GetName()
-	if err := s.c.store.PutSession(ctx, ws, stored); err != nil {
+	err = s.c.store.PutSession(ctx, ws, stored)
+	unlock()
+	if err != nil {
 		return nil, internal("recording the session's project", err)
 	}
 	// Revived meanwhile from the record read before: it takes the project too.
@@ -469,4 +475,65 @@ func noNULs(req *loopsv1.SearchSessionsRequest) error {
 		}
 	}
 	return nil
+}
+
+// indexBatch is how many sessions indexOldSessions reads at once.
+const indexBatch = 500
+
+// indexOldSessions writes again, once, the sessions stored before sessions were indexed for
+// search (schema version 6), so that a search finds them by project, status, display name,
+// user_metadata and tags (their owner stays unknown). It runs in the background from start-up
+// until every such session is written or ctx ends; a session changed meanwhile by a request
+// is written by that request instead (its record in memory is the newer one).
+func (c *Core) indexOldSessions(ctx context.Context) {
+	after, n := "", 0
+	for ctx.Err() == nil {
+		batch, err := c.store.ListUnindexedSessions(ctx, after, indexBatch)
+		if err != nil {
+			if ctx.Err() == nil {
+				c.log.Error("indexing sessions stored before search existed", slog.Any("err", err))
+			}
+			return
+		}
+		for _, o := range batch {
+			after = o.Session.GetId()
+			if err := c.indexOldSession(ctx, o.Workspace, after); err != nil {
+				if ctx.Err() == nil {
+					c.log.Error("indexing a session stored before search existed", slog.String("session", after), slog.Any("err", err))
+				}
+				return
+			}
+			n++
+		}
+		if len(batch) < indexBatch {
+			break
+		}
+	}
+	if n > 0 {
+		c.log.Info("indexed sessions stored before search existed", slog.Int("count", n))
+	}
+}
+
+// indexOldSession writes a session's newest record again: a live one's from memory, a
+// stored one's as the store has it now, under the workspace's project lock, which
+// SetSessionProject also holds while it rewrites a stored session, so neither write
+// undoes the other.
+func (c *Core) indexOldSession(ctx context.Context, ws, id string) error {
+	unlock := projectLocks.lock(ws)
+	defer unlock()
+	c.mu.Lock()
+	st, live := c.sessions[id]
+	c.mu.Unlock()
+	if live && st.ws == ws {
+		st.mu.Lock()
+		st.dirty = true
+		st.mu.Unlock()
+		c.persistSession(ctx, st)
+		return nil
+	}
+	stored, err := c.store.GetSession(ctx, ws, id)
+	if err != nil {
+		return err
+	}
+	return c.store.PutSession(ctx, ws, stored)
 }

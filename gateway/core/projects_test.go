@@ -1,8 +1,10 @@
 package core
 
 import (
+	"database/sql"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
@@ -226,4 +228,51 @@ func TestSearchFullPageOfTheMaximum(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, rest.GetResults(), 1)
 	require.Empty(t, rest.GetNextPageToken())
+}
+
+// TestIndexOldSessions: sessions stored before sessions were indexed for search (their
+// project, status, owner and display name columns empty, no labels) are written again at
+// start-up, and a search then finds them by metadata, tag and project.
+func TestIndexOldSessions(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "loops.db")
+	st, err := sqlite.Open(t.Context(), path)
+	require.NoError(t, err)
+	old := []*loopsv1.Session{
+		{Id: "sess-old1", CreateTime: timestamppb.Now(), UserMetadata: map[string]string{"team": "red"}, Tags: []string{"x"}},
+		{Id: "sess-old2", CreateTime: timestamppb.Now(), ProjectId: "legacy", Expired: true, EndReason: "finished: success"},
+	}
+	for _, s := range old {
+		require.NoError(t, st.PutSession(t.Context(), "ws-a", s))
+	}
+	require.NoError(t, st.Close())
+	db, err := sql.Open("sqlite", path)
+	require.NoError(t, err)
+	_, err = db.Exec(`UPDATE sessions SET project = '', status = '', owner = '', display_name = ''`)
+	require.NoError(t, err)
+	_, err = db.Exec(`DELETE FROM session_labels`)
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+
+	h := newHarness(t, dir, Options{})
+	find := func(req *loopsv1.SearchSessionsRequest) []string {
+		res, err := h.svc.Sessions.SearchSessions(h.ctx, req)
+		require.NoError(t, err)
+		var ids []string
+		for _, r := range res.GetResults() {
+			ids = append(ids, r.GetSession().GetId())
+		}
+		return ids
+	}
+	// Up to 30 s: a bound for a hang, not a timing.
+	require.Eventually(t, func() bool {
+		return len(find(&loopsv1.SearchSessionsRequest{UserMetadata: map[string]string{"team": "red"}})) == 1
+	}, 30*time.Second, 10*time.Millisecond)
+	require.Equal(t, []string{"sess-old1"}, find(&loopsv1.SearchSessionsRequest{Tags: []string{"x"}, ProjectIds: []string{"default"}}))
+	require.Eventually(t, func() bool {
+		return len(find(&loopsv1.SearchSessionsRequest{Statuses: []string{"finished:success"}})) == 1
+	}, 30*time.Second, 10*time.Millisecond)
+	left, err := h.core.store.ListUnindexedSessions(h.ctx, "", 10)
+	require.NoError(t, err)
+	require.Empty(t, left)
 }

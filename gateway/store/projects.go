@@ -51,6 +51,17 @@ type ProjectStore interface {
 	// ListProjectTrainingRuns lists the workspace's training runs whose session belongs to
 	// the project (DefaultProject: also the sessions stored without one), and their count.
 	ListProjectTrainingRuns(ctx context.Context, workspace, project string, page Page) ([]*loopsv1.TrainingRun, int64, error)
+	// ListUnindexedSessions lists, by id, at most limit sessions of every workspace after
+	// afterID that were stored before sessions were indexed for search (schema version 6):
+	// a PutSession of each indexes it (its project, status, owner, display name and
+	// labels), after which it is no longer listed.
+	ListUnindexedSessions(ctx context.Context, afterID string, limit int) ([]OwnedSession, error)
+}
+
+// OwnedSession is a session with its workspace.
+type OwnedSession struct {
+	Workspace string
+	Session   *loopsv1.Session
 }
 
 // ErrProjectInUse is returned by DeleteProject when sessions belong to the project.

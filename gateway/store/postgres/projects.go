@@ -73,3 +73,14 @@ func (s *Store) ListProjectTrainingRuns(ctx context.Context, workspace, project 
 	return list(ctx, s, "training runs", sqlstore.NewTrainingRun, sqlstore.ListProjectTrainingRuns, page,
 		sqlstore.ListProjectTrainingRunsArgs(workspace, project)...)
 }
+
+// ListUnindexedSessions lists sessions stored before sessions were indexed for search, by id.
+func (s *Store) ListUnindexedSessions(ctx context.Context, afterID string, limit int) ([]store.OwnedSession, error) {
+	var out []store.OwnedSession
+	err := s.query(ctx, "list unindexed sessions", sqlstore.ListUnindexedSessions, []any{afterID, max(limit, 1)}, func(rows pgx.Rows) error {
+		return sqlstore.ScanOwned(rows, sqlstore.NewSession, func(ws string, m *loopsv1.Session) {
+			out = append(out, store.OwnedSession{Workspace: ws, Session: m})
+		})
+	})
+	return out, err
+}

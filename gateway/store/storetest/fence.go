@@ -28,7 +28,7 @@ var reads = []string{
 	"ListExpiredCheckpoints", "GetSampler", "GetOperation", "ListStepMetrics", "ListUsage",
 	"GetDeployment", "ListDeployments", "ListAllDeployments", "ListGrantedDeployments",
 	"CheckpointDeployments", "GetJob", "ListJobs",
-	"GetProject", "ListProjects", "SearchSessions", "ListProjectTrainingRuns",
+	"GetProject", "ListProjects", "SearchSessions", "ListProjectTrainingRuns", "ListUnindexedSessions",
 	"SetFence", "Close",
 }
 

@@ -154,6 +154,11 @@ func testSearchSessions(t *testing.T, open func(t *testing.T) store.Store) {
 	requireProtoEqual(t, nul, got)
 	require.Equal(t, []string{"s-nul"}, q(store.SessionQuery{SessionID: "s-nul", DisplayWords: []string{"ab"}}))
 
+	// Every session written since schema version 6 is indexed.
+	left, err := st.ListUnindexedSessions(ctx, "", 100)
+	require.NoError(t, err)
+	require.Empty(t, left)
+
 	// A put of another workspace's id changes nothing, labels included.
 	stolen := mk("s1", 0, "evil", "key-x", "stolen", []string{"evil"}, map[string]string{"team": "evil"})
 	require.Error(t, st.PutSession(ctx, wsB, stolen))

@@ -40,6 +40,11 @@ func PutSessionLabels(workspace string, m *loopsv1.Session) (q Query, ok bool) {
 	return Query{SQL: b.String(), Args: args}, true
 }
 
+// ListUnindexedSessions selects (workspace, data) of the sessions stored before migration
+// 0006 (whose project column is still empty: every later write sets it), by id after $1,
+// at most $2.
+const ListUnindexedSessions = `SELECT workspace, data FROM sessions WHERE project = '' AND id > $1 ORDER BY id LIMIT $2`
+
 // Projects.
 const (
 	ListProjects  = `SELECT workspace, data FROM projects WHERE workspace = $1 ORDER BY name`

@@ -81,7 +81,7 @@ func PutSession(workspace string, m *loopsv1.Session) (Write, error) {
 		return Write{}, errors.New("put session: missing id")
 	}
 	return write("session", m.GetId(), upsertSession, m, m.GetId(), workspace, Nanos(m.GetCreateTime()),
-		noNUL(m.GetProjectId()), noNUL(store.SessionStatus(m)), noNUL(m.GetOwner()), noNUL(m.GetDisplayName()))
+		noNUL(cmp.Or(m.GetProjectId(), store.DefaultProject)), noNUL(store.SessionStatus(m)), noNUL(m.GetOwner()), noNUL(m.GetDisplayName()))
 }
 
 // PutTrainingRun is the upsert of a training run.
