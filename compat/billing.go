@@ -1,6 +1,7 @@
 package compat
 
 import (
+	"cmp"
 	"net/http"
 	"slices"
 	"strings"
@@ -21,7 +22,10 @@ type billingUsageEvent struct {
 	BucketEnd   string  `json:"bucket_end"`
 	BaseModel   *string `json:"base_model"`
 	SessionID   *string `json:"session_id"`
-	EventInfo   any     `json:"event_info"`
+	// ProjectID is the session's current project (SDK: "resolved from the current project
+	// associated with the session").
+	ProjectID *string `json:"project_id"`
+	EventInfo any     `json:"event_info"`
 }
 
 // The SDK's BillingEventInfo variants, discriminated by type.
@@ -76,6 +80,7 @@ func (s *server) billingUsageEvents(w http.ResponseWriter, r *http.Request) erro
 		return -cmpInt64(a.GetAmount(), b.GetAmount())
 	})
 	out := billingUsageResponse{Data: []billingUsageEvent{}, Sessions: map[string]billingUsageSession{}}
+	projects := map[string]string{} // session -> its project, of the sessions looked up
 	for _, b := range buckets {
 		var info any
 		switch b.GetKind() {
@@ -104,7 +109,11 @@ func (s *server) billingUsageEvents(w http.ResponseWriter, r *http.Request) erro
 				sess, err := s.svc.Sessions.GetSession(r.Context(), &loopsv1.GetSessionRequest{Id: id})
 				if err == nil {
 					out.Sessions[id] = billingUsageSession{UserMetadata: sess.GetUserMetadata()}
+					projects[id] = cmp.Or(sess.GetProjectId(), "default")
 				}
+			}
+			if p, ok := projects[id]; ok {
+				ev.ProjectID = &p
 			}
 		}
 		out.Data = append(out.Data, ev)

@@ -103,7 +103,7 @@ func (f *fakeCore) CreateSession(_ context.Context, r *loopsv1.CreateSessionRequ
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	s := &loopsv1.Session{Id: f.nextID("sess"), Tags: r.Tags, UserMetadata: r.UserMetadata, CreateTime: timestamppb.Now()}
+	s := &loopsv1.Session{Id: f.nextID("sess"), Tags: r.Tags, UserMetadata: r.UserMetadata, ProjectId: r.ProjectId, DisplayName: r.DisplayName, CreateTime: timestamppb.Now()}
 	f.sessions[s.Id] = s
 	return s, nil
 }
@@ -160,6 +160,38 @@ func (f *fakeCore) ListSessions(_ context.Context, r *loopsv1.ListSessionsReques
 		out.Sessions = append(out.Sessions, s)
 	}
 	return out, nil
+}
+
+func (f *fakeCore) SearchSessions(_ context.Context, r *loopsv1.SearchSessionsRequest) (*loopsv1.SearchSessionsResponse, error) {
+	if err := f.enter("SearchSessions", r); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := &loopsv1.SearchSessionsResponse{}
+	for _, s := range f.sessions {
+		if r.SessionId == "" || r.SessionId == s.Id {
+			out.Results = append(out.Results, &loopsv1.SessionSearchResult{Session: proto.CloneOf(s), CheckpointCount: 2})
+		}
+	}
+	if len(out.Results) > 0 {
+		out.NextPageToken = "more"
+	}
+	return out, nil
+}
+
+func (f *fakeCore) SetSessionProject(_ context.Context, r *loopsv1.SetSessionProjectRequest) (*loopsv1.Session, error) {
+	if err := f.enter("SetSessionProject", r); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.sessions[r.Id]
+	if !ok {
+		return nil, notFound("session", r.Id)
+	}
+	s.ProjectId = r.ProjectId
+	return proto.CloneOf(s), nil
 }
 
 // TrainingService.

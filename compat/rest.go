@@ -109,7 +109,11 @@ func (s *server) listTrainingRuns(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return err
 	}
-	res, err := s.svc.Training.ListTrainingRuns(r.Context(), &loopsv1.ListTrainingRunsRequest{Limit: int32(limit), Offset: int32(offset)})
+	// project_id (RestClient.list_training_runs(project_id=...)): only the runs of that
+	// project's sessions.
+	res, err := s.svc.Training.ListTrainingRuns(r.Context(), &loopsv1.ListTrainingRunsRequest{
+		Limit: int32(limit), Offset: int32(offset), ProjectId: r.URL.Query().Get("project_id"),
+	})
 	if err != nil {
 		return err
 	}
@@ -326,6 +330,7 @@ func (s *server) getSession(w http.ResponseWriter, r *http.Request) error {
 		TrainingRunIDs []string          `json:"training_run_ids"`
 		SamplerIDs     []string          `json:"sampler_ids"`
 		UserMetadata   map[string]string `json:"user_metadata,omitempty"`
-	}{nonNil(ss.GetTrainingRunIds()), nonNil(ss.GetSamplerIds()), ss.GetUserMetadata()})
+		DisplayName    string            `json:"display_name,omitempty"`
+	}{nonNil(ss.GetTrainingRunIds()), nonNil(ss.GetSamplerIds()), ss.GetUserMetadata(), ss.GetDisplayName()})
 	return nil
 }

@@ -55,6 +55,8 @@ func (s *server) routes(mux *http.ServeMux) {
 	s.edge.Handle(mux, "GET /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/external_weights_urls", s.externalWeightsURLs)
 	s.edge.Handle(mux, "GET /api/v1/sessions", s.listSessions)
 	s.edge.Handle(mux, "GET /api/v1/sessions/{id}", s.getSession)
+	s.edge.Handle(mux, "POST /api/v1/sessions/search", s.searchSessions)
+	s.edge.Handle(mux, "PUT /api/v1/sessions/{id}/project", s.setSessionProject)
 
 	// Billing: metered usage.
 	s.edge.Handle(mux, "GET /api/v1/billing/usage/events", s.billingUsageEvents)
@@ -67,8 +69,6 @@ func (s *server) routes(mux *http.ServeMux) {
 		"POST /api/v1/join_sampling_session",
 		"POST /api/v1/create_custom_loss",
 		"POST /api/v1/copy_weights",
-		"POST /api/v1/sessions/search",
-		"PUT /api/v1/sessions/{id}/project",
 		"GET /api/v1/sessions/{id}/trace_export",
 		"GET /api/v1/audit",
 		"GET /api/v1/billing/usage/checkpoints/current",
@@ -172,11 +172,9 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) error {
 	if err := s.decodeJSONBody(w, r, &req); err != nil {
 		return err
 	}
-	if req.DisplayName != "" {
-		s.log.Debug("compat: create_session display_name is not stored", "display_name", req.DisplayName)
-	}
 	sess, err := s.svc.Sessions.CreateSession(r.Context(), &loopsv1.CreateSessionRequest{
 		Tags: req.Tags, UserMetadata: metadataStrings(req.UserMetadata), SdkVersion: req.SDKVersion, ProjectId: req.ProjectID,
+		DisplayName: req.DisplayName,
 	})
 	if err != nil {
 		return err

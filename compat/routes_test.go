@@ -38,7 +38,7 @@ func TestBootstrapRoutes(t *testing.T) {
 	require.Equal(t, 200, r.status)
 	sid := r.json(t)["session_id"].(string)
 	require.Equal(t, "create_session", r.json(t)["type"])
-	require.Empty(t, cmp.Diff(&loopsv1.CreateSessionRequest{Tags: []string{"a"}, UserMetadata: map[string]string{"k": "v", "n": "3"}, SdkVersion: "0.38.0", ProjectId: "p"},
+	require.Empty(t, cmp.Diff(&loopsv1.CreateSessionRequest{Tags: []string{"a"}, UserMetadata: map[string]string{"k": "v", "n": "3"}, SdkVersion: "0.38.0", ProjectId: "p", DisplayName: "d"},
 		e.core.lastReq("CreateSession"), protocmp.Transform()))
 
 	r = e.postJSON("/api/v1/session_heartbeat", fmt.Sprintf(`{"session_id":%q,"type":"session_heartbeat"}`, sid))
@@ -474,7 +474,7 @@ func TestPanicIsRecovered(t *testing.T) {
 
 func TestBillingUsageEvents(t *testing.T) {
 	e := newEnv(t)
-	sid := e.postJSON("/api/v1/create_session", `{"tags":[],"user_metadata":{"team":"x"},"sdk_version":"0.38.0"}`).json(t)["session_id"].(string)
+	sid := e.postJSON("/api/v1/create_session", `{"tags":[],"user_metadata":{"team":"x"},"sdk_version":"0.38.0","project_id":"vis"}`).json(t)["session_id"].(string)
 	h0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	bucket := func(h int, kind loopsv1.UsageKind, session string, amount int64) *loopsv1.UsageBucket {
 		start := h0.Add(time.Duration(h) * time.Hour)
@@ -492,15 +492,15 @@ func TestBillingUsageEvents(t *testing.T) {
 	r := e.get("/api/v1/billing/usage/events?starting_on=2025-03-01T12%3A00%3A00%2B00%3A00&ending_before=2025-03-01T14:00:00Z")
 	require.Equal(t, 200, r.status, string(r.body))
 	require.JSONEq(t, `{"data":[
-		{"bucket_start":"2025-03-01T12:00:00Z","bucket_end":"2025-03-01T13:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`",
+		{"bucket_start":"2025-03-01T12:00:00Z","bucket_end":"2025-03-01T13:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`","project_id":"vis",
 		 "event_info":{"type":"sampling_sample","token_count":400}},
-		{"bucket_start":"2025-03-01T12:00:00Z","bucket_end":"2025-03-01T13:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`",
+		{"bucket_start":"2025-03-01T12:00:00Z","bucket_end":"2025-03-01T13:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`","project_id":"vis",
 		 "event_info":{"type":"training","token_count":100}},
-		{"bucket_start":"2025-03-01T12:00:00Z","bucket_end":"2025-03-01T13:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`",
+		{"bucket_start":"2025-03-01T12:00:00Z","bucket_end":"2025-03-01T13:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`","project_id":"vis",
 		 "event_info":{"type":"sampling_prefill","cached":false,"token_count":40}},
-		{"bucket_start":"2025-03-01T13:00:00Z","bucket_end":"2025-03-01T14:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"gone",
+		{"bucket_start":"2025-03-01T13:00:00Z","bucket_end":"2025-03-01T14:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"gone","project_id":null,
 		 "event_info":{"type":"training","token_count":5}},
-		{"bucket_start":"2025-03-01T13:00:00Z","bucket_end":"2025-03-01T14:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`",
+		{"bucket_start":"2025-03-01T13:00:00Z","bucket_end":"2025-03-01T14:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`","project_id":"vis",
 		 "event_info":{"type":"checkpoint","count":2}}
 	],"sessions":{"`+sid+`":{"user_metadata":{"team":"x"}}}}`, string(r.body))
 	require.Empty(t, cmp.Diff(&loopsv1.GetUsageRequest{

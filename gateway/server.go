@@ -330,6 +330,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	mux.Handle(loopsv1connect.NewUsageServiceHandler(svc.Usage, opts...))
 	mux.Handle(loopsv1connect.NewWorkspaceServiceHandler(svc.Workspace, opts...))
 	mux.Handle(loopsv1connect.NewDeploymentServiceHandler(svc.Deployments, opts...))
+	mux.Handle(loopsv1connect.NewProjectServiceHandler(svc.Projects, opts...))
 	js, err := s.newJobs(ctx)
 	if err != nil {
 		return nil, err
@@ -467,6 +468,7 @@ func (s *Server) restHandler(ctx context.Context, edge *edge) (http.Handler, err
 		loopsv1.RegisterUsageServiceHandler,
 		loopsv1.RegisterWorkspaceServiceHandler,
 		loopsv1.RegisterDeploymentServiceHandler,
+		loopsv1.RegisterProjectServiceHandler,
 		loopsv1.RegisterJobServiceHandler,
 		loopsv1.RegisterPoolServiceHandler,
 	} {

@@ -40,13 +40,13 @@ func (c *clientFlags) options() []connect.ClientOption {
 func runsCmd() *cobra.Command {
 	var cf clientFlags
 	var limit int32
-	var pageToken string
+	var pageToken, project string
 	cmd := &cobra.Command{
 		Use:   "runs",
 		Short: "List training runs",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cl := loopsv1connect.NewTrainingServiceClient(http.DefaultClient, cf.url, cf.options()...)
-			resp, err := cl.ListTrainingRuns(cmd.Context(), &loopsv1.ListTrainingRunsRequest{Limit: limit, PageToken: pageToken})
+			resp, err := cl.ListTrainingRuns(cmd.Context(), &loopsv1.ListTrainingRunsRequest{Limit: limit, PageToken: pageToken, ProjectId: project})
 			if err != nil {
 				return err
 			}
@@ -63,6 +63,7 @@ func runsCmd() *cobra.Command {
 	}
 	cmd.Flags().Int32Var(&limit, "limit", 50, "how many to list")
 	cmd.Flags().StringVar(&pageToken, "page-token", "", "continue a list where the previous page ended (the token it printed)")
+	cmd.Flags().StringVar(&project, "project", "", "only the runs of this project's sessions (loops projects list)")
 	cf.register(cmd)
 	cmd.AddCommand(runsShowCmd(&cf), runsUnloadCmd(&cf))
 	return cmd

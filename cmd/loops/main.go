@@ -35,7 +35,7 @@ func rootCmd() *cobra.Command {
 	root.AddCommand(serveCmd(), modelsCmd(), runsCmd(), checkpointsCmd(), usageCmd())
 	root.AddCommand(workspaceCmd(), deployCmd(), sessionsCmd())
 	root.AddCommand(conformanceCmd())
-	root.AddCommand(cookbookCmd(), jobsCmd())
+	root.AddCommand(cookbookCmd(), jobsCmd(), projectsCmd())
 	root.AddCommand(workerCmd())
 	root.AddCommand(poolsCmd(), allocationsCmd())
 	return root

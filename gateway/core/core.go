@@ -346,6 +346,9 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	if err := c.placer.Load(ctx, st.ListAllDeployments); err != nil {
 		return nil, err
 	}
+	if err := c.life.Go("index-old-sessions", c.indexOldSessions); err != nil {
+		return nil, err
+	}
 	if err := c.life.Go("janitor", c.janitor); err != nil {
 		return nil, err
 	}
@@ -428,6 +431,7 @@ func (c *Core) Services() Services {
 		Usage:       UsageService{c},
 		Workspace:   WorkspaceService{c},
 		Deployments: DeploymentService{c},
+		Projects:    ProjectService{c},
 	}
 }
 
@@ -442,4 +446,5 @@ type Services struct {
 	Usage       UsageService
 	Workspace   WorkspaceService
 	Deployments DeploymentService
+	Projects    ProjectService
 }

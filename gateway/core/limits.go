@@ -25,6 +25,9 @@ type Limits struct {
 	MaxSessionsPerWorkspace int
 	// MaxRunsPerSession caps the training runs one session creates (default 1000).
 	MaxRunsPerSession int
+	// MaxProjectsPerWorkspace caps the projects of one workspace, its default project
+	// included (default 100); deleting projects frees room (429, reason LIMIT_REACHED).
+	MaxProjectsPerWorkspace int
 	// MaxSamplersPerSession caps the samplers one session creates (default 100000).
 	MaxSamplersPerSession int
 	// MaxSamplersInMemory bounds the samplers of one workspace held in memory (default
@@ -58,6 +61,7 @@ func (l *Limits) defaults() {
 	setDefault(&l.MaxPendingPerRun, 1024)
 	setDefault(&l.MaxSessionsPerWorkspace, 1000)
 	setDefault(&l.MaxRunsPerSession, 1000)
+	setDefault(&l.MaxProjectsPerWorkspace, 100)
 	setDefault(&l.MaxSamplersPerSession, 100000)
 	setDefault(&l.MaxSamplersInMemory, semantics.MaxSamplersInMemory)
 	setDefault(&l.SamplerIdleTTL, 10*time.Minute)

@@ -254,16 +254,26 @@ func (s SessionService) CreateSession(ctx context.Context, req *loopsv1.CreateSe
 	if len(req.GetTags()) > 100 || len(req.GetUserMetadata()) > 100 {
 		return nil, invalidArgument("at most 100 tags and 100 user_metadata entries")
 	}
+	if len(req.GetDisplayName()) > maxDisplayNameBytes {
+		return nil, invalidArgument("display_name is %d bytes, over the maximum of %d", len(req.GetDisplayName()), maxDisplayNameBytes)
+	}
+	project, err := s.c.projectForUse(ctx, ws, req.GetProjectId())
+	if err != nil {
+		return nil, err
+	}
 	if err := s.c.reserveSession(ws); err != nil {
 		return nil, err
 	}
-	now := s.c.now()
+	// Microseconds: a search cursor that went through a Python datetime comes back exact.
+	now := s.c.now().Truncate(time.Microsecond)
 	info := &loopsv1.Session{
 		Id:                newID("sess"),
 		Tags:              slices.Compact(slices.Sorted(slices.Values(req.GetTags()))),
 		UserMetadata:      req.GetUserMetadata(),
 		SdkVersion:        req.GetSdkVersion(),
-		ProjectId:         req.GetProjectId(),
+		ProjectId:         project.GetName(),
+		DisplayName:       req.GetDisplayName(),
+		Owner:             auth.CallerOf(ctx).KeyID,
 		CreateTime:        timestamppb.New(now),
 		LastHeartbeatTime: timestamppb.New(now),
 	}

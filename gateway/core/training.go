@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/auth"
@@ -266,11 +267,25 @@ func (s TrainingService) ListTrainingRuns(ctx context.Context, req *loopsv1.List
 	if err != nil {
 		return nil, err
 	}
-	page, err := s.c.pageOf(ws, "training_runs", req.GetLimit(), req.GetOffset(), req.GetPageToken())
+	list := "training_runs"
+	if req.GetProjectId() != "" {
+		p, err := s.c.ResolveProject(ctx, ws, req.GetProjectId())
+		if err != nil {
+			return nil, err
+		}
+		list = "training_runs/project/" + p.GetName()
+	}
+	page, err := s.c.pageOf(ws, list, req.GetLimit(), req.GetOffset(), req.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
-	runs, total, err := s.c.store.ListTrainingRuns(ctx, ws, page.Page)
+	var runs []*loopsv1.TrainingRun
+	var total int64
+	if req.GetProjectId() != "" {
+		runs, total, err = s.c.store.ListProjectTrainingRuns(ctx, ws, strings.TrimPrefix(list, "training_runs/project/"), page.Page)
+	} else {
+		runs, total, err = s.c.store.ListTrainingRuns(ctx, ws, page.Page)
+	}
 	if err != nil {
 		return nil, internal("listing training runs", err)
 	}

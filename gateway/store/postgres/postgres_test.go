@@ -139,7 +139,9 @@ func TestMigrationsIdempotent(t *testing.T) {
 	defer func() { require.NoError(t, conn.Close(context.Background())) }()
 	var version, rows int
 	require.NoError(t, conn.QueryRow(ctx, `SELECT version, (SELECT count(*) FROM schema_version) FROM schema_version`).Scan(&version, &rows))
-	require.Equal(t, 5, version)
+	migrations, err := os.ReadDir("migrations")
+	require.NoError(t, err)
+	require.Equal(t, len(migrations), version, "the newest migration's version")
 	require.Equal(t, 1, rows)
 
 	// A database from a newer binary is refused.
@@ -234,4 +236,43 @@ func TestSchemaMatchesSQLite(t *testing.T) {
 	require.Equal(t, sqliteColumns, pgColumns)
 	require.NotEmpty(t, sqliteIndexes)
 	require.Equal(t, sqliteIndexes, pgIndexes)
+}
+
+// TestListUnindexedSessions: sessions stored before migration 0006 (empty project column,
+// no labels) are listed by id, a page at a time, until a put indexes them.
+func TestListUnindexedSessions(t *testing.T) {
+	srv := pgtest.Start(t)
+	url := srv.NewSchema(t)
+	s := open(t, url, postgres.Options{})
+	ctx := t.Context()
+	for _, id := range []string{"s1", "s2", "s3"} {
+		require.NoError(t, s.PutSession(ctx, "ws", &loopsv1.Session{Id: id, CreateTime: timestamppb.Now(), Tags: []string{"t"}}))
+	}
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, conn.Close(context.Background())) }()
+	_, err = conn.Exec(ctx, `UPDATE sessions SET project = '' WHERE id <> 's2'`)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `DELETE FROM session_labels`)
+	require.NoError(t, err)
+
+	page, err := s.ListUnindexedSessions(ctx, "", 1)
+	require.NoError(t, err)
+	require.Len(t, page, 1)
+	require.Equal(t, "s1", page[0].Session.GetId())
+	require.Equal(t, "ws", page[0].Workspace)
+	page, err = s.ListUnindexedSessions(ctx, "s1", 10)
+	require.NoError(t, err)
+	require.Len(t, page, 1)
+	require.Equal(t, "s3", page[0].Session.GetId())
+
+	require.NoError(t, s.PutSession(ctx, "ws", page[0].Session))
+	page, err = s.ListUnindexedSessions(ctx, "", 10)
+	require.NoError(t, err)
+	require.Len(t, page, 1)
+	require.Equal(t, "s1", page[0].Session.GetId())
+	hits, err := s.SearchSessions(ctx, "ws", store.SessionQuery{Tags: []string{"t"}})
+	require.NoError(t, err)
+	require.Len(t, hits, 1, "only the rewritten session has its labels again")
+	require.Equal(t, "s3", hits[0].Session.GetId())
 }

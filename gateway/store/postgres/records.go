@@ -15,8 +15,26 @@ import (
 )
 
 // PutSession inserts or replaces a session.
+// Its labels (store.SessionLabels) are written in the same transaction.
 func (s *Store) PutSession(ctx context.Context, workspace string, m *loopsv1.Session) error {
-	return put(ctx, s, sqlstore.PutSession, workspace, m)
+	labels, ok := sqlstore.PutSessionLabels(workspace, m)
+	if !ok {
+		return put(ctx, s, sqlstore.PutSession, workspace, m)
+	}
+	w, err := sqlstore.PutSession(workspace, m)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	rows, err := s.exec(ctx, sqlstore.Query{SQL: w.SQL, Args: w.Args}, labels)
+	if err == nil {
+		err = w.Check(rows[0])
+	} else {
+		err = w.Err(err)
+	}
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	return nil
 }
 
 // GetSession returns a session of the workspace.

@@ -15,8 +15,28 @@ import (
 )
 
 // PutSession inserts or replaces a session.
+// Its labels (store.SessionLabels) are written in the same transaction.
 func (s *Store) PutSession(ctx context.Context, workspace string, m *loopsv1.Session) error {
-	return put(ctx, s, sqlstore.PutSession, workspace, m)
+	labels, ok := sqlstore.PutSessionLabels(workspace, m)
+	if !ok {
+		return put(ctx, s, sqlstore.PutSession, workspace, m)
+	}
+	w, err := sqlstore.PutSession(workspace, m)
+	if err == nil {
+		err = s.inTx(ctx, func(tx *sql.Tx) error {
+			if err := execWrite(ctx, tx, w); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, labels.SQL, labels.Args...); err != nil {
+				return w.Err(fmt.Errorf("labels: %w", err))
+			}
+			return nil
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	return nil
 }
 
 // GetSession returns a session of the workspace.

@@ -28,6 +28,7 @@ var reads = []string{
 	"ListExpiredCheckpoints", "GetSampler", "GetOperation", "ListStepMetrics", "ListUsage",
 	"GetDeployment", "ListDeployments", "ListAllDeployments", "ListGrantedDeployments",
 	"CheckpointDeployments", "GetJob", "ListJobs",
+	"GetProject", "ListProjects", "SearchSessions", "ListProjectTrainingRuns", "ListUnindexedSessions",
 	"SetFence", "Close",
 }
 
@@ -109,6 +110,7 @@ func seedFenced(t *testing.T, st store.Store) {
 	require.NoError(t, st.PutDeployment(ctx, wsA, deployment("d1", 0, wsB), []store.CheckpointRef{pin("run-1", "ckpt-1")}))
 	require.NoError(t, st.PutJob(ctx, wsA, job("job-1", 0, loopsv1.JobState_JOB_STATE_RUNNING)))
 	require.NoError(t, st.PutJob(ctx, wsA, job("job-2", 0, loopsv1.JobState_JOB_STATE_SUCCEEDED)))
+	require.NoError(t, st.CreateProject(ctx, wsA, &loopsv1.Project{Name: "p-1", CreateTime: ts(0)}))
 }
 
 // fencedWrites are the writes of store.Store by name, each one that changes records of
@@ -170,6 +172,12 @@ func fencedWrites() map[string]func(context.Context, store.Store) error {
 			_, err := st.FailRunningJobs(ctx, "fenced", far)
 			return err
 		},
+		"CreateProject": func(ctx context.Context, st store.Store) error {
+			return st.CreateProject(ctx, wsA, &loopsv1.Project{Name: "p-fenced", CreateTime: ts(time.Hour)})
+		},
+		"DeleteProject": func(ctx context.Context, st store.Store) error {
+			return st.DeleteProject(ctx, wsA, "p-1")
+		},
 	}
 }
 
@@ -184,6 +192,7 @@ type fencedState struct {
 	Usage       []store.UsageRecord
 	Deployments []*loopsv1.Deployment
 	Jobs        []*loopsv1.Job
+	Projects    []*loopsv1.Project
 }
 
 func snapshot(t *testing.T, st store.Store) fencedState {
@@ -214,6 +223,8 @@ func snapshot(t *testing.T, st store.Store) fencedState {
 	s.Deployments, err = st.ListDeployments(ctx, wsA)
 	require.NoError(t, err)
 	s.Jobs, err = st.ListJobs(ctx, wsA, 0)
+	require.NoError(t, err)
+	s.Projects, err = st.ListProjects(ctx, wsA)
 	require.NoError(t, err)
 	return s
 }

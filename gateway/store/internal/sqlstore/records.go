@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -16,8 +17,10 @@ import (
 // The upserts. Each updates a row only when it belongs to the same workspace; otherwise it
 // changes no row (Write.Check fails).
 const (
-	upsertSession = `INSERT INTO sessions (id, workspace, create_time, data) VALUES ($1, $2, $3, $4)
-		ON CONFLICT (id) DO UPDATE SET create_time = excluded.create_time, data = excluded.data
+	upsertSession = `INSERT INTO sessions (id, workspace, create_time, project, status, owner, display_name, data)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+		ON CONFLICT (id) DO UPDATE SET create_time = excluded.create_time, project = excluded.project,
+		  status = excluded.status, owner = excluded.owner, display_name = excluded.display_name, data = excluded.data
 		WHERE sessions.workspace = excluded.workspace`
 	upsertTrainingRun = `INSERT INTO training_runs (id, workspace, session_id, create_time, data) VALUES ($1, $2, $3, $4, $5)
 		ON CONFLICT (id) DO UPDATE SET session_id = excluded.session_id,
@@ -77,7 +80,8 @@ func PutSession(workspace string, m *loopsv1.Session) (Write, error) {
 	if m == nil || m.GetId() == "" {
 		return Write{}, errors.New("put session: missing id")
 	}
-	return write("session", m.GetId(), upsertSession, m, m.GetId(), workspace, Nanos(m.GetCreateTime()))
+	return write("session", m.GetId(), upsertSession, m, m.GetId(), workspace, Nanos(m.GetCreateTime()),
+		noNUL(cmp.Or(m.GetProjectId(), store.DefaultProject)), noNUL(store.SessionStatus(m)), noNUL(m.GetOwner()), noNUL(m.GetDisplayName()))
 }
 
 // PutTrainingRun is the upsert of a training run.
@@ -177,3 +181,7 @@ func IsDone(st loopsv1.OperationState) bool {
 	return st == loopsv1.OperationState_OPERATION_STATE_SUCCEEDED ||
 		st == loopsv1.OperationState_OPERATION_STATE_FAILED
 }
+
+// noNUL drops NUL characters from a copy of a field kept in a text column (PostgreSQL's text
+// refuses them; the record itself keeps the field as it is).
+func noNUL(s string) string { return strings.ReplaceAll(s, "\x00", "") }

@@ -94,7 +94,12 @@ type Session struct {
 	// True once the session has ended (no heartbeat for the session TTL, or finished).
 	Expired bool `protobuf:"varint,10,opt,name=expired,proto3" json:"expired,omitempty"`
 	// Why it ended: "heartbeat timeout" or "finished: <reason>".
-	EndReason     string `protobuf:"bytes,11,opt,name=end_reason,json=endReason,proto3" json:"end_reason,omitempty"`
+	EndReason string `protobuf:"bytes,11,opt,name=end_reason,json=endReason,proto3" json:"end_reason,omitempty"`
+	// A human-readable name given at creation; not unique, used for display and search.
+	DisplayName string `protobuf:"bytes,12,opt,name=display_name,json=displayName,proto3" json:"display_name,omitempty"`
+	// The id of the API key that created it ("key-<16 hex>"), empty for sessions created
+	// before owners were recorded.
+	Owner         string `protobuf:"bytes,13,opt,name=owner,proto3" json:"owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -202,6 +207,20 @@ func (x *Session) GetExpired() bool {
 func (x *Session) GetEndReason() string {
 	if x != nil {
 		return x.EndReason
+	}
+	return ""
+}
+
+func (x *Session) GetDisplayName() string {
+	if x != nil {
+		return x.DisplayName
+	}
+	return ""
+}
+
+func (x *Session) GetOwner() string {
+	if x != nil {
+		return x.Owner
 	}
 	return ""
 }
@@ -594,7 +613,7 @@ var File_loops_v1_resources_proto protoreflect.FileDescriptor
 
 const file_loops_v1_resources_proto_rawDesc = "" +
 	"\n" +
-	"\x18loops/v1/resources.proto\x12\bloops.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14loops/v1/types.proto\"\x85\x04\n" +
+	"\x18loops/v1/resources.proto\x12\bloops.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14loops/v1/types.proto\"\xbe\x04\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04tags\x18\x02 \x03(\tR\x04tags\x12H\n" +
@@ -612,7 +631,9 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\aexpired\x18\n" +
 	" \x01(\bR\aexpired\x12\x1d\n" +
 	"\n" +
-	"end_reason\x18\v \x01(\tR\tendReason\x1a?\n" +
+	"end_reason\x18\v \x01(\tR\tendReason\x12!\n" +
+	"\fdisplay_name\x18\f \x01(\tR\vdisplayName\x12\x14\n" +
+	"\x05owner\x18\r \x01(\tR\x05owner\x1a?\n" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8c\x06\n" +

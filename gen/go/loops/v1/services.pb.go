@@ -147,11 +147,15 @@ func (UsageKind) EnumDescriptor() ([]byte, []int) {
 }
 
 type CreateSessionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Tags          []string               `protobuf:"bytes,1,rep,name=tags,proto3" json:"tags,omitempty"`
-	UserMetadata  map[string]string      `protobuf:"bytes,2,rep,name=user_metadata,json=userMetadata,proto3" json:"user_metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	SdkVersion    string                 `protobuf:"bytes,3,opt,name=sdk_version,json=sdkVersion,proto3" json:"sdk_version,omitempty"`
-	ProjectId     string                 `protobuf:"bytes,4,opt,name=project_id,json=projectId,proto3" json:"project_id,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Tags         []string               `protobuf:"bytes,1,rep,name=tags,proto3" json:"tags,omitempty"`
+	UserMetadata map[string]string      `protobuf:"bytes,2,rep,name=user_metadata,json=userMetadata,proto3" json:"user_metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	SdkVersion   string                 `protobuf:"bytes,3,opt,name=sdk_version,json=sdkVersion,proto3" json:"sdk_version,omitempty"`
+	// The project (its name) the session belongs to; empty means "default". A valid name of a
+	// project that does not exist yet creates it (within the workspace's project limit).
+	ProjectId string `protobuf:"bytes,4,opt,name=project_id,json=projectId,proto3" json:"project_id,omitempty"`
+	// A human-readable name; not unique, used for display and search. At most 256 bytes.
+	DisplayName   string `protobuf:"bytes,5,opt,name=display_name,json=displayName,proto3" json:"display_name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -210,6 +214,13 @@ func (x *CreateSessionRequest) GetSdkVersion() string {
 func (x *CreateSessionRequest) GetProjectId() string {
 	if x != nil {
 		return x.ProjectId
+	}
+	return ""
+}
+
+func (x *CreateSessionRequest) GetDisplayName() string {
+	if x != nil {
+		return x.DisplayName
 	}
 	return ""
 }
@@ -524,6 +535,382 @@ func (x *ListSessionsResponse) GetNextPageToken() string {
 	return ""
 }
 
+// SearchSessionsRequest selects sessions of the caller's workspace; every filter given must
+// hold (session_id and display_name: either one).
+type SearchSessionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// An exact session id. With display_name, a session matching either one matches.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Case-insensitive substring match on the display name: each space-separated word must
+	// appear. At most 256 bytes and 8 words.
+	DisplayName string `protobuf:"bytes,2,opt,name=display_name,json=displayName,proto3" json:"display_name,omitempty"`
+	// Projects (names) to search; empty searches every project. At most 20; each must exist.
+	ProjectIds []string `protobuf:"bytes,3,rep,name=project_ids,json=projectIds,proto3" json:"project_ids,omitempty"`
+	// Exact user_metadata key/value pairs, all of which must hold. At most 20 pairs; keys up
+	// to 128 bytes, values up to 512 bytes.
+	UserMetadata map[string]string `protobuf:"bytes,4,rep,name=user_metadata,json=userMetadata,proto3" json:"user_metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Tags the session must all carry. At most 20, each up to 128 bytes.
+	Tags []string `protobuf:"bytes,5,rep,name=tags,proto3" json:"tags,omitempty"`
+	// Only sessions created at or after this time.
+	CreatedAfter *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_after,json=createdAfter,proto3" json:"created_after,omitempty"`
+	// Only sessions created before this time.
+	CreatedBefore *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_before,json=createdBefore,proto3" json:"created_before,omitempty"`
+	// Match any listed status: "active", "finished" (the client ended it, any reason),
+	// "finished:<reason>" (e.g. "finished:success"), or "timed_out" (no heartbeat for the
+	// session TTL). Empty matches every status. At most 10.
+	Statuses []string `protobuf:"bytes,8,rep,name=statuses,proto3" json:"statuses,omitempty"`
+	// Only sessions created with these API keys (ids "key-<16 hex>"). At most 10.
+	Owners []string `protobuf:"bytes,9,rep,name=owners,proto3" json:"owners,omitempty"`
+	// Only sessions created with the caller's API key.
+	Own bool `protobuf:"varint,10,opt,name=own,proto3" json:"own,omitempty"`
+	// Page size, 1 to 200; 0 means 50.
+	Limit int32 `protobuf:"varint,11,opt,name=limit,proto3" json:"limit,omitempty"`
+	// The next_page_token of the previous page (bound to the workspace; INVALID_ARGUMENT
+	// when altered or issued for another list).
+	PageToken string `protobuf:"bytes,12,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Where to continue, as Tinker's clients say it: the create_time and id of the last
+	// session of the previous page. Only with no page_token.
+	After         *SessionSearchCursor `protobuf:"bytes,13,opt,name=after,proto3" json:"after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SearchSessionsRequest) Reset() {
+	*x = SearchSessionsRequest{}
+	mi := &file_loops_v1_services_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SearchSessionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SearchSessionsRequest) ProtoMessage() {}
+
+func (x *SearchSessionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SearchSessionsRequest.ProtoReflect.Descriptor instead.
+func (*SearchSessionsRequest) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *SearchSessionsRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *SearchSessionsRequest) GetDisplayName() string {
+	if x != nil {
+		return x.DisplayName
+	}
+	return ""
+}
+
+func (x *SearchSessionsRequest) GetProjectIds() []string {
+	if x != nil {
+		return x.ProjectIds
+	}
+	return nil
+}
+
+func (x *SearchSessionsRequest) GetUserMetadata() map[string]string {
+	if x != nil {
+		return x.UserMetadata
+	}
+	return nil
+}
+
+func (x *SearchSessionsRequest) GetTags() []string {
+	if x != nil {
+		return x.Tags
+	}
+	return nil
+}
+
+func (x *SearchSessionsRequest) GetCreatedAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAfter
+	}
+	return nil
+}
+
+func (x *SearchSessionsRequest) GetCreatedBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedBefore
+	}
+	return nil
+}
+
+func (x *SearchSessionsRequest) GetStatuses() []string {
+	if x != nil {
+		return x.Statuses
+	}
+	return nil
+}
+
+func (x *SearchSessionsRequest) GetOwners() []string {
+	if x != nil {
+		return x.Owners
+	}
+	return nil
+}
+
+func (x *SearchSessionsRequest) GetOwn() bool {
+	if x != nil {
+		return x.Own
+	}
+	return false
+}
+
+func (x *SearchSessionsRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *SearchSessionsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *SearchSessionsRequest) GetAfter() *SessionSearchCursor {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
+// SessionSearchCursor is a position in a session search: the last session of a page.
+type SessionSearchCursor struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	SessionId     string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionSearchCursor) Reset() {
+	*x = SessionSearchCursor{}
+	mi := &file_loops_v1_services_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionSearchCursor) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionSearchCursor) ProtoMessage() {}
+
+func (x *SessionSearchCursor) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionSearchCursor.ProtoReflect.Descriptor instead.
+func (*SessionSearchCursor) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *SessionSearchCursor) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *SessionSearchCursor) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+// SessionSearchResult is one session a search found.
+type SessionSearchResult struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Session *Session               `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	// How many checkpoints the session's training runs hold.
+	CheckpointCount int64 `protobuf:"varint,2,opt,name=checkpoint_count,json=checkpointCount,proto3" json:"checkpoint_count,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *SessionSearchResult) Reset() {
+	*x = SessionSearchResult{}
+	mi := &file_loops_v1_services_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionSearchResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionSearchResult) ProtoMessage() {}
+
+func (x *SessionSearchResult) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionSearchResult.ProtoReflect.Descriptor instead.
+func (*SessionSearchResult) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SessionSearchResult) GetSession() *Session {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+func (x *SessionSearchResult) GetCheckpointCount() int64 {
+	if x != nil {
+		return x.CheckpointCount
+	}
+	return 0
+}
+
+type SearchSessionsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Newest first: by create_time, then id, descending.
+	Results []*SessionSearchResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	// Pass as page_token to get the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SearchSessionsResponse) Reset() {
+	*x = SearchSessionsResponse{}
+	mi := &file_loops_v1_services_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SearchSessionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SearchSessionsResponse) ProtoMessage() {}
+
+func (x *SearchSessionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SearchSessionsResponse.ProtoReflect.Descriptor instead.
+func (*SearchSessionsResponse) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SearchSessionsResponse) GetResults() []*SessionSearchResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *SearchSessionsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type SetSessionProjectRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The project (its name) to move it into; it must exist.
+	ProjectId     string `protobuf:"bytes,2,opt,name=project_id,json=projectId,proto3" json:"project_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetSessionProjectRequest) Reset() {
+	*x = SetSessionProjectRequest{}
+	mi := &file_loops_v1_services_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetSessionProjectRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetSessionProjectRequest) ProtoMessage() {}
+
+func (x *SetSessionProjectRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetSessionProjectRequest.ProtoReflect.Descriptor instead.
+func (*SetSessionProjectRequest) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SetSessionProjectRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SetSessionProjectRequest) GetProjectId() string {
+	if x != nil {
+		return x.ProjectId
+	}
+	return ""
+}
+
 type CreateTrainingRunRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -546,7 +933,7 @@ type CreateTrainingRunRequest struct {
 
 func (x *CreateTrainingRunRequest) Reset() {
 	*x = CreateTrainingRunRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[7]
+	mi := &file_loops_v1_services_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -558,7 +945,7 @@ func (x *CreateTrainingRunRequest) String() string {
 func (*CreateTrainingRunRequest) ProtoMessage() {}
 
 func (x *CreateTrainingRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[7]
+	mi := &file_loops_v1_services_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -571,7 +958,7 @@ func (x *CreateTrainingRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTrainingRunRequest.ProtoReflect.Descriptor instead.
 func (*CreateTrainingRunRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{7}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CreateTrainingRunRequest) GetSessionId() string {
@@ -645,7 +1032,7 @@ type DedicatedPool struct {
 
 func (x *DedicatedPool) Reset() {
 	*x = DedicatedPool{}
-	mi := &file_loops_v1_services_proto_msgTypes[8]
+	mi := &file_loops_v1_services_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -657,7 +1044,7 @@ func (x *DedicatedPool) String() string {
 func (*DedicatedPool) ProtoMessage() {}
 
 func (x *DedicatedPool) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[8]
+	mi := &file_loops_v1_services_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -670,7 +1057,7 @@ func (x *DedicatedPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DedicatedPool.ProtoReflect.Descriptor instead.
 func (*DedicatedPool) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{8}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DedicatedPool) GetReplicas() int32 {
@@ -696,7 +1083,7 @@ type GetTrainingRunRequest struct {
 
 func (x *GetTrainingRunRequest) Reset() {
 	*x = GetTrainingRunRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[9]
+	mi := &file_loops_v1_services_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -708,7 +1095,7 @@ func (x *GetTrainingRunRequest) String() string {
 func (*GetTrainingRunRequest) ProtoMessage() {}
 
 func (x *GetTrainingRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[9]
+	mi := &file_loops_v1_services_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -721,7 +1108,7 @@ func (x *GetTrainingRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTrainingRunRequest.ProtoReflect.Descriptor instead.
 func (*GetTrainingRunRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{9}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetTrainingRunRequest) GetId() string {
@@ -746,7 +1133,7 @@ type GetTrainingRunMetricsRequest struct {
 
 func (x *GetTrainingRunMetricsRequest) Reset() {
 	*x = GetTrainingRunMetricsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[10]
+	mi := &file_loops_v1_services_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -758,7 +1145,7 @@ func (x *GetTrainingRunMetricsRequest) String() string {
 func (*GetTrainingRunMetricsRequest) ProtoMessage() {}
 
 func (x *GetTrainingRunMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[10]
+	mi := &file_loops_v1_services_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -771,7 +1158,7 @@ func (x *GetTrainingRunMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTrainingRunMetricsRequest.ProtoReflect.Descriptor instead.
 func (*GetTrainingRunMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{10}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetTrainingRunMetricsRequest) GetTrainingRunId() string {
@@ -812,7 +1199,7 @@ type GetTrainingRunMetricsResponse struct {
 
 func (x *GetTrainingRunMetricsResponse) Reset() {
 	*x = GetTrainingRunMetricsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[11]
+	mi := &file_loops_v1_services_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +1211,7 @@ func (x *GetTrainingRunMetricsResponse) String() string {
 func (*GetTrainingRunMetricsResponse) ProtoMessage() {}
 
 func (x *GetTrainingRunMetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[11]
+	mi := &file_loops_v1_services_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +1224,7 @@ func (x *GetTrainingRunMetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTrainingRunMetricsResponse.ProtoReflect.Descriptor instead.
 func (*GetTrainingRunMetricsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{11}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetTrainingRunMetricsResponse) GetSteps() []*StepMetrics {
@@ -894,7 +1281,7 @@ type StepMetrics struct {
 
 func (x *StepMetrics) Reset() {
 	*x = StepMetrics{}
-	mi := &file_loops_v1_services_proto_msgTypes[12]
+	mi := &file_loops_v1_services_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -906,7 +1293,7 @@ func (x *StepMetrics) String() string {
 func (*StepMetrics) ProtoMessage() {}
 
 func (x *StepMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[12]
+	mi := &file_loops_v1_services_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -919,7 +1306,7 @@ func (x *StepMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepMetrics.ProtoReflect.Descriptor instead.
 func (*StepMetrics) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{12}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StepMetrics) GetKind() OperationKind {
@@ -1085,7 +1472,7 @@ type RLStepMetrics struct {
 
 func (x *RLStepMetrics) Reset() {
 	*x = RLStepMetrics{}
-	mi := &file_loops_v1_services_proto_msgTypes[13]
+	mi := &file_loops_v1_services_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1097,7 +1484,7 @@ func (x *RLStepMetrics) String() string {
 func (*RLStepMetrics) ProtoMessage() {}
 
 func (x *RLStepMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[13]
+	mi := &file_loops_v1_services_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1110,7 +1497,7 @@ func (x *RLStepMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLStepMetrics.ProtoReflect.Descriptor instead.
 func (*RLStepMetrics) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{13}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RLStepMetrics) GetTokens() int64 {
@@ -1197,14 +1584,16 @@ type ListTrainingRunsRequest struct {
 	// Where to continue: the next_page_token of the previous page. The token is opaque,
 	// bound to the workspace and to this list, and valid while this server runs; a bad one is
 	// INVALID_ARGUMENT. With a token, offset counts from the token's position.
-	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Only runs whose session belongs to this project (its name); it must exist.
+	ProjectId     string `protobuf:"bytes,4,opt,name=project_id,json=projectId,proto3" json:"project_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListTrainingRunsRequest) Reset() {
 	*x = ListTrainingRunsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[14]
+	mi := &file_loops_v1_services_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1216,7 +1605,7 @@ func (x *ListTrainingRunsRequest) String() string {
 func (*ListTrainingRunsRequest) ProtoMessage() {}
 
 func (x *ListTrainingRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[14]
+	mi := &file_loops_v1_services_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1229,7 +1618,7 @@ func (x *ListTrainingRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTrainingRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListTrainingRunsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{14}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListTrainingRunsRequest) GetLimit() int32 {
@@ -1253,6 +1642,13 @@ func (x *ListTrainingRunsRequest) GetPageToken() string {
 	return ""
 }
 
+func (x *ListTrainingRunsRequest) GetProjectId() string {
+	if x != nil {
+		return x.ProjectId
+	}
+	return ""
+}
+
 type ListTrainingRunsResponse struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	TrainingRuns []*TrainingRun         `protobuf:"bytes,1,rep,name=training_runs,json=trainingRuns,proto3" json:"training_runs,omitempty"`
@@ -1266,7 +1662,7 @@ type ListTrainingRunsResponse struct {
 
 func (x *ListTrainingRunsResponse) Reset() {
 	*x = ListTrainingRunsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[15]
+	mi := &file_loops_v1_services_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1278,7 +1674,7 @@ func (x *ListTrainingRunsResponse) String() string {
 func (*ListTrainingRunsResponse) ProtoMessage() {}
 
 func (x *ListTrainingRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[15]
+	mi := &file_loops_v1_services_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1291,7 +1687,7 @@ func (x *ListTrainingRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTrainingRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListTrainingRunsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{15}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListTrainingRunsResponse) GetTrainingRuns() []*TrainingRun {
@@ -1324,7 +1720,7 @@ type UnloadTrainingRunRequest struct {
 
 func (x *UnloadTrainingRunRequest) Reset() {
 	*x = UnloadTrainingRunRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[16]
+	mi := &file_loops_v1_services_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1336,7 +1732,7 @@ func (x *UnloadTrainingRunRequest) String() string {
 func (*UnloadTrainingRunRequest) ProtoMessage() {}
 
 func (x *UnloadTrainingRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[16]
+	mi := &file_loops_v1_services_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1349,7 +1745,7 @@ func (x *UnloadTrainingRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnloadTrainingRunRequest.ProtoReflect.Descriptor instead.
 func (*UnloadTrainingRunRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{16}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *UnloadTrainingRunRequest) GetId() string {
@@ -1374,7 +1770,7 @@ type ForwardBackwardRequest struct {
 
 func (x *ForwardBackwardRequest) Reset() {
 	*x = ForwardBackwardRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[17]
+	mi := &file_loops_v1_services_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1386,7 +1782,7 @@ func (x *ForwardBackwardRequest) String() string {
 func (*ForwardBackwardRequest) ProtoMessage() {}
 
 func (x *ForwardBackwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[17]
+	mi := &file_loops_v1_services_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1399,7 +1795,7 @@ func (x *ForwardBackwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardBackwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardBackwardRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{17}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ForwardBackwardRequest) GetTrainingRunId() string {
@@ -1455,7 +1851,7 @@ type OptimStepRequest struct {
 
 func (x *OptimStepRequest) Reset() {
 	*x = OptimStepRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[18]
+	mi := &file_loops_v1_services_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1467,7 +1863,7 @@ func (x *OptimStepRequest) String() string {
 func (*OptimStepRequest) ProtoMessage() {}
 
 func (x *OptimStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[18]
+	mi := &file_loops_v1_services_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1480,7 +1876,7 @@ func (x *OptimStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OptimStepRequest.ProtoReflect.Descriptor instead.
 func (*OptimStepRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{18}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *OptimStepRequest) GetTrainingRunId() string {
@@ -1522,7 +1918,7 @@ type SaveWeightsRequest struct {
 
 func (x *SaveWeightsRequest) Reset() {
 	*x = SaveWeightsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[19]
+	mi := &file_loops_v1_services_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1534,7 +1930,7 @@ func (x *SaveWeightsRequest) String() string {
 func (*SaveWeightsRequest) ProtoMessage() {}
 
 func (x *SaveWeightsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[19]
+	mi := &file_loops_v1_services_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1547,7 +1943,7 @@ func (x *SaveWeightsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveWeightsRequest.ProtoReflect.Descriptor instead.
 func (*SaveWeightsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{19}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SaveWeightsRequest) GetTrainingRunId() string {
@@ -1612,7 +2008,7 @@ type LoadWeightsRequest struct {
 
 func (x *LoadWeightsRequest) Reset() {
 	*x = LoadWeightsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[20]
+	mi := &file_loops_v1_services_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1624,7 +2020,7 @@ func (x *LoadWeightsRequest) String() string {
 func (*LoadWeightsRequest) ProtoMessage() {}
 
 func (x *LoadWeightsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[20]
+	mi := &file_loops_v1_services_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1637,7 +2033,7 @@ func (x *LoadWeightsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadWeightsRequest.ProtoReflect.Descriptor instead.
 func (*LoadWeightsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{20}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *LoadWeightsRequest) GetTrainingRunId() string {
@@ -1683,7 +2079,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[21]
+	mi := &file_loops_v1_services_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1695,7 +2091,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[21]
+	mi := &file_loops_v1_services_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1708,7 +2104,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{21}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListCheckpointsRequest) GetTrainingRunId() string {
@@ -1752,7 +2148,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[22]
+	mi := &file_loops_v1_services_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1764,7 +2160,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[22]
+	mi := &file_loops_v1_services_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1777,7 +2173,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{22}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*Checkpoint {
@@ -1810,7 +2206,7 @@ type GetCheckpointRequest struct {
 
 func (x *GetCheckpointRequest) Reset() {
 	*x = GetCheckpointRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[23]
+	mi := &file_loops_v1_services_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1822,7 +2218,7 @@ func (x *GetCheckpointRequest) String() string {
 func (*GetCheckpointRequest) ProtoMessage() {}
 
 func (x *GetCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[23]
+	mi := &file_loops_v1_services_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1835,7 +2231,7 @@ func (x *GetCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{23}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetCheckpointRequest) GetPath() string {
@@ -1854,7 +2250,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[24]
+	mi := &file_loops_v1_services_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1866,7 +2262,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[24]
+	mi := &file_loops_v1_services_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1879,7 +2275,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{24}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DeleteCheckpointRequest) GetPath() string {
@@ -1897,7 +2293,7 @@ type DeleteCheckpointResponse struct {
 
 func (x *DeleteCheckpointResponse) Reset() {
 	*x = DeleteCheckpointResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[25]
+	mi := &file_loops_v1_services_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1909,7 +2305,7 @@ func (x *DeleteCheckpointResponse) String() string {
 func (*DeleteCheckpointResponse) ProtoMessage() {}
 
 func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[25]
+	mi := &file_loops_v1_services_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1922,7 +2318,7 @@ func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{25}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{30}
 }
 
 type SetCheckpointPublicRequest struct {
@@ -1935,7 +2331,7 @@ type SetCheckpointPublicRequest struct {
 
 func (x *SetCheckpointPublicRequest) Reset() {
 	*x = SetCheckpointPublicRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[26]
+	mi := &file_loops_v1_services_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1947,7 +2343,7 @@ func (x *SetCheckpointPublicRequest) String() string {
 func (*SetCheckpointPublicRequest) ProtoMessage() {}
 
 func (x *SetCheckpointPublicRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[26]
+	mi := &file_loops_v1_services_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1960,7 +2356,7 @@ func (x *SetCheckpointPublicRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCheckpointPublicRequest.ProtoReflect.Descriptor instead.
 func (*SetCheckpointPublicRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{26}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SetCheckpointPublicRequest) GetPath() string {
@@ -1988,7 +2384,7 @@ type SetCheckpointTTLRequest struct {
 
 func (x *SetCheckpointTTLRequest) Reset() {
 	*x = SetCheckpointTTLRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[27]
+	mi := &file_loops_v1_services_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2000,7 +2396,7 @@ func (x *SetCheckpointTTLRequest) String() string {
 func (*SetCheckpointTTLRequest) ProtoMessage() {}
 
 func (x *SetCheckpointTTLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[27]
+	mi := &file_loops_v1_services_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2013,7 +2409,7 @@ func (x *SetCheckpointTTLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCheckpointTTLRequest.ProtoReflect.Descriptor instead.
 func (*SetCheckpointTTLRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{27}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SetCheckpointTTLRequest) GetPath() string {
@@ -2039,7 +2435,7 @@ type GetCheckpointArchiveURLRequest struct {
 
 func (x *GetCheckpointArchiveURLRequest) Reset() {
 	*x = GetCheckpointArchiveURLRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[28]
+	mi := &file_loops_v1_services_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2051,7 +2447,7 @@ func (x *GetCheckpointArchiveURLRequest) String() string {
 func (*GetCheckpointArchiveURLRequest) ProtoMessage() {}
 
 func (x *GetCheckpointArchiveURLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[28]
+	mi := &file_loops_v1_services_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2064,7 +2460,7 @@ func (x *GetCheckpointArchiveURLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointArchiveURLRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointArchiveURLRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{28}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetCheckpointArchiveURLRequest) GetPath() string {
@@ -2084,7 +2480,7 @@ type GetCheckpointArchiveURLResponse struct {
 
 func (x *GetCheckpointArchiveURLResponse) Reset() {
 	*x = GetCheckpointArchiveURLResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[29]
+	mi := &file_loops_v1_services_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2096,7 +2492,7 @@ func (x *GetCheckpointArchiveURLResponse) String() string {
 func (*GetCheckpointArchiveURLResponse) ProtoMessage() {}
 
 func (x *GetCheckpointArchiveURLResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[29]
+	mi := &file_loops_v1_services_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2109,7 +2505,7 @@ func (x *GetCheckpointArchiveURLResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointArchiveURLResponse.ProtoReflect.Descriptor instead.
 func (*GetCheckpointArchiveURLResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{29}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetCheckpointArchiveURLResponse) GetUrl() string {
@@ -2136,7 +2532,7 @@ type GetCheckpointExportURLRequest struct {
 
 func (x *GetCheckpointExportURLRequest) Reset() {
 	*x = GetCheckpointExportURLRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[30]
+	mi := &file_loops_v1_services_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2148,7 +2544,7 @@ func (x *GetCheckpointExportURLRequest) String() string {
 func (*GetCheckpointExportURLRequest) ProtoMessage() {}
 
 func (x *GetCheckpointExportURLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[30]
+	mi := &file_loops_v1_services_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2161,7 +2557,7 @@ func (x *GetCheckpointExportURLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointExportURLRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointExportURLRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{30}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetCheckpointExportURLRequest) GetPath() string {
@@ -2188,7 +2584,7 @@ type GetCheckpointExportURLResponse struct {
 
 func (x *GetCheckpointExportURLResponse) Reset() {
 	*x = GetCheckpointExportURLResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[31]
+	mi := &file_loops_v1_services_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2200,7 +2596,7 @@ func (x *GetCheckpointExportURLResponse) String() string {
 func (*GetCheckpointExportURLResponse) ProtoMessage() {}
 
 func (x *GetCheckpointExportURLResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[31]
+	mi := &file_loops_v1_services_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2213,7 +2609,7 @@ func (x *GetCheckpointExportURLResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointExportURLResponse.ProtoReflect.Descriptor instead.
 func (*GetCheckpointExportURLResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{31}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetCheckpointExportURLResponse) GetUrl() string {
@@ -2239,7 +2635,7 @@ type GetCheckpointFileURLsRequest struct {
 
 func (x *GetCheckpointFileURLsRequest) Reset() {
 	*x = GetCheckpointFileURLsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[32]
+	mi := &file_loops_v1_services_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2251,7 +2647,7 @@ func (x *GetCheckpointFileURLsRequest) String() string {
 func (*GetCheckpointFileURLsRequest) ProtoMessage() {}
 
 func (x *GetCheckpointFileURLsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[32]
+	mi := &file_loops_v1_services_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2264,7 +2660,7 @@ func (x *GetCheckpointFileURLsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointFileURLsRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointFileURLsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{32}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetCheckpointFileURLsRequest) GetPath() string {
@@ -2286,7 +2682,7 @@ type GetCheckpointFileURLsResponse struct {
 
 func (x *GetCheckpointFileURLsResponse) Reset() {
 	*x = GetCheckpointFileURLsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[33]
+	mi := &file_loops_v1_services_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2298,7 +2694,7 @@ func (x *GetCheckpointFileURLsResponse) String() string {
 func (*GetCheckpointFileURLsResponse) ProtoMessage() {}
 
 func (x *GetCheckpointFileURLsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[33]
+	mi := &file_loops_v1_services_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2311,7 +2707,7 @@ func (x *GetCheckpointFileURLsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointFileURLsResponse.ProtoReflect.Descriptor instead.
 func (*GetCheckpointFileURLsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{33}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetCheckpointFileURLsResponse) GetUrls() map[string]string {
@@ -2345,7 +2741,7 @@ type CreateSamplerRequest struct {
 
 func (x *CreateSamplerRequest) Reset() {
 	*x = CreateSamplerRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[34]
+	mi := &file_loops_v1_services_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2357,7 +2753,7 @@ func (x *CreateSamplerRequest) String() string {
 func (*CreateSamplerRequest) ProtoMessage() {}
 
 func (x *CreateSamplerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[34]
+	mi := &file_loops_v1_services_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2370,7 +2766,7 @@ func (x *CreateSamplerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSamplerRequest.ProtoReflect.Descriptor instead.
 func (*CreateSamplerRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{34}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CreateSamplerRequest) GetSessionId() string {
@@ -2417,7 +2813,7 @@ type GetSamplerRequest struct {
 
 func (x *GetSamplerRequest) Reset() {
 	*x = GetSamplerRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[35]
+	mi := &file_loops_v1_services_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2429,7 +2825,7 @@ func (x *GetSamplerRequest) String() string {
 func (*GetSamplerRequest) ProtoMessage() {}
 
 func (x *GetSamplerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[35]
+	mi := &file_loops_v1_services_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2442,7 +2838,7 @@ func (x *GetSamplerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSamplerRequest.ProtoReflect.Descriptor instead.
 func (*GetSamplerRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{35}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetSamplerRequest) GetId() string {
@@ -2477,7 +2873,7 @@ type SampleRequest struct {
 
 func (x *SampleRequest) Reset() {
 	*x = SampleRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[36]
+	mi := &file_loops_v1_services_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2489,7 +2885,7 @@ func (x *SampleRequest) String() string {
 func (*SampleRequest) ProtoMessage() {}
 
 func (x *SampleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[36]
+	mi := &file_loops_v1_services_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2502,7 +2898,7 @@ func (x *SampleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SampleRequest.ProtoReflect.Descriptor instead.
 func (*SampleRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{36}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *SampleRequest) GetSamplerId() string {
@@ -2576,7 +2972,7 @@ type ListModelsRequest struct {
 
 func (x *ListModelsRequest) Reset() {
 	*x = ListModelsRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[37]
+	mi := &file_loops_v1_services_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2588,7 +2984,7 @@ func (x *ListModelsRequest) String() string {
 func (*ListModelsRequest) ProtoMessage() {}
 
 func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[37]
+	mi := &file_loops_v1_services_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2601,7 +2997,7 @@ func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsRequest.ProtoReflect.Descriptor instead.
 func (*ListModelsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{37}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{42}
 }
 
 type ListModelsResponse struct {
@@ -2613,7 +3009,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[38]
+	mi := &file_loops_v1_services_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2625,7 +3021,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[38]
+	mi := &file_loops_v1_services_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2638,7 +3034,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{38}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListModelsResponse) GetModels() []*ModelInfo {
@@ -2660,7 +3056,7 @@ type GetUsageRequest struct {
 
 func (x *GetUsageRequest) Reset() {
 	*x = GetUsageRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[39]
+	mi := &file_loops_v1_services_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2672,7 +3068,7 @@ func (x *GetUsageRequest) String() string {
 func (*GetUsageRequest) ProtoMessage() {}
 
 func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[39]
+	mi := &file_loops_v1_services_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2685,7 +3081,7 @@ func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetUsageRequest.ProtoReflect.Descriptor instead.
 func (*GetUsageRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{39}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GetUsageRequest) GetStartTime() *timestamppb.Timestamp {
@@ -2711,7 +3107,7 @@ type GetUsageResponse struct {
 
 func (x *GetUsageResponse) Reset() {
 	*x = GetUsageResponse{}
-	mi := &file_loops_v1_services_proto_msgTypes[40]
+	mi := &file_loops_v1_services_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2723,7 +3119,7 @@ func (x *GetUsageResponse) String() string {
 func (*GetUsageResponse) ProtoMessage() {}
 
 func (x *GetUsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[40]
+	mi := &file_loops_v1_services_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2736,7 +3132,7 @@ func (x *GetUsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetUsageResponse.ProtoReflect.Descriptor instead.
 func (*GetUsageResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{40}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetUsageResponse) GetBuckets() []*UsageBucket {
@@ -2763,7 +3159,7 @@ type UsageBucket struct {
 
 func (x *UsageBucket) Reset() {
 	*x = UsageBucket{}
-	mi := &file_loops_v1_services_proto_msgTypes[41]
+	mi := &file_loops_v1_services_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2775,7 +3171,7 @@ func (x *UsageBucket) String() string {
 func (*UsageBucket) ProtoMessage() {}
 
 func (x *UsageBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[41]
+	mi := &file_loops_v1_services_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2788,7 +3184,7 @@ func (x *UsageBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageBucket.ProtoReflect.Descriptor instead.
 func (*UsageBucket) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{41}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *UsageBucket) GetStartTime() *timestamppb.Timestamp {
@@ -2848,7 +3244,7 @@ type GetWorkspaceRequest struct {
 
 func (x *GetWorkspaceRequest) Reset() {
 	*x = GetWorkspaceRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[42]
+	mi := &file_loops_v1_services_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2860,7 +3256,7 @@ func (x *GetWorkspaceRequest) String() string {
 func (*GetWorkspaceRequest) ProtoMessage() {}
 
 func (x *GetWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[42]
+	mi := &file_loops_v1_services_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2873,7 +3269,7 @@ func (x *GetWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*GetWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{42}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{47}
 }
 
 // Workspace is an API key's workspace: its name, its policy's limits and its current use.
@@ -2888,7 +3284,7 @@ type Workspace struct {
 
 func (x *Workspace) Reset() {
 	*x = Workspace{}
-	mi := &file_loops_v1_services_proto_msgTypes[43]
+	mi := &file_loops_v1_services_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2900,7 +3296,7 @@ func (x *Workspace) String() string {
 func (*Workspace) ProtoMessage() {}
 
 func (x *Workspace) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[43]
+	mi := &file_loops_v1_services_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2913,7 +3309,7 @@ func (x *Workspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workspace.ProtoReflect.Descriptor instead.
 func (*Workspace) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{43}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *Workspace) GetName() string {
@@ -2961,7 +3357,7 @@ type WorkspaceLimits struct {
 
 func (x *WorkspaceLimits) Reset() {
 	*x = WorkspaceLimits{}
-	mi := &file_loops_v1_services_proto_msgTypes[44]
+	mi := &file_loops_v1_services_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2973,7 +3369,7 @@ func (x *WorkspaceLimits) String() string {
 func (*WorkspaceLimits) ProtoMessage() {}
 
 func (x *WorkspaceLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[44]
+	mi := &file_loops_v1_services_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2986,7 +3382,7 @@ func (x *WorkspaceLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceLimits.ProtoReflect.Descriptor instead.
 func (*WorkspaceLimits) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{44}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *WorkspaceLimits) GetModels() []*ModelInfo {
@@ -3051,7 +3447,7 @@ type WorkspaceUse struct {
 
 func (x *WorkspaceUse) Reset() {
 	*x = WorkspaceUse{}
-	mi := &file_loops_v1_services_proto_msgTypes[45]
+	mi := &file_loops_v1_services_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3063,7 +3459,7 @@ func (x *WorkspaceUse) String() string {
 func (*WorkspaceUse) ProtoMessage() {}
 
 func (x *WorkspaceUse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[45]
+	mi := &file_loops_v1_services_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3076,7 +3472,7 @@ func (x *WorkspaceUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceUse.ProtoReflect.Descriptor instead.
 func (*WorkspaceUse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{45}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *WorkspaceUse) GetLiveRuns() int32 {
@@ -3133,7 +3529,7 @@ type WorkspaceFairness struct {
 
 func (x *WorkspaceFairness) Reset() {
 	*x = WorkspaceFairness{}
-	mi := &file_loops_v1_services_proto_msgTypes[46]
+	mi := &file_loops_v1_services_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3145,7 +3541,7 @@ func (x *WorkspaceFairness) String() string {
 func (*WorkspaceFairness) ProtoMessage() {}
 
 func (x *WorkspaceFairness) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[46]
+	mi := &file_loops_v1_services_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3158,7 +3554,7 @@ func (x *WorkspaceFairness) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceFairness.ProtoReflect.Descriptor instead.
 func (*WorkspaceFairness) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{46}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *WorkspaceFairness) GetOperations() int32 {
@@ -3200,14 +3596,15 @@ var File_loops_v1_services_proto protoreflect.FileDescriptor
 
 const file_loops_v1_services_proto_rawDesc = "" +
 	"\n" +
-	"\x17loops/v1/services.proto\x12\bloops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19loops/v1/operations.proto\x1a\x18loops/v1/resources.proto\x1a\x14loops/v1/types.proto\"\x82\x02\n" +
+	"\x17loops/v1/services.proto\x12\bloops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19loops/v1/operations.proto\x1a\x18loops/v1/resources.proto\x1a\x14loops/v1/types.proto\"\xa5\x02\n" +
 	"\x14CreateSessionRequest\x12\x12\n" +
 	"\x04tags\x18\x01 \x03(\tR\x04tags\x12U\n" +
 	"\ruser_metadata\x18\x02 \x03(\v20.loops.v1.CreateSessionRequest.UserMetadataEntryR\fuserMetadata\x12\x1f\n" +
 	"\vsdk_version\x18\x03 \x01(\tR\n" +
 	"sdkVersion\x12\x1d\n" +
 	"\n" +
-	"project_id\x18\x04 \x01(\tR\tprojectId\x1a?\n" +
+	"project_id\x18\x04 \x01(\tR\tprojectId\x12!\n" +
+	"\fdisplay_name\x18\x05 \x01(\tR\vdisplayName\x1a?\n" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\")\n" +
@@ -3229,7 +3626,43 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\bsessions\x18\x01 \x03(\v2\x11.loops.v1.SessionR\bsessions\x12\x1f\n" +
 	"\vtotal_count\x18\x02 \x01(\x03R\n" +
 	"totalCount\x12&\n" +
-	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\xe0\x03\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\xdb\x04\n" +
+	"\x15SearchSessionsRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12!\n" +
+	"\fdisplay_name\x18\x02 \x01(\tR\vdisplayName\x12\x1f\n" +
+	"\vproject_ids\x18\x03 \x03(\tR\n" +
+	"projectIds\x12V\n" +
+	"\ruser_metadata\x18\x04 \x03(\v21.loops.v1.SearchSessionsRequest.UserMetadataEntryR\fuserMetadata\x12\x12\n" +
+	"\x04tags\x18\x05 \x03(\tR\x04tags\x12?\n" +
+	"\rcreated_after\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\fcreatedAfter\x12A\n" +
+	"\x0ecreated_before\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rcreatedBefore\x12\x1a\n" +
+	"\bstatuses\x18\b \x03(\tR\bstatuses\x12\x16\n" +
+	"\x06owners\x18\t \x03(\tR\x06owners\x12\x10\n" +
+	"\x03own\x18\n" +
+	" \x01(\bR\x03own\x12\x14\n" +
+	"\x05limit\x18\v \x01(\x05R\x05limit\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\f \x01(\tR\tpageToken\x123\n" +
+	"\x05after\x18\r \x01(\v2\x1d.loops.v1.SessionSearchCursorR\x05after\x1a?\n" +
+	"\x11UserMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"q\n" +
+	"\x13SessionSearchCursor\x12;\n" +
+	"\vcreate_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\"m\n" +
+	"\x13SessionSearchResult\x12+\n" +
+	"\asession\x18\x01 \x01(\v2\x11.loops.v1.SessionR\asession\x12)\n" +
+	"\x10checkpoint_count\x18\x02 \x01(\x03R\x0fcheckpointCount\"y\n" +
+	"\x16SearchSessionsResponse\x127\n" +
+	"\aresults\x18\x01 \x03(\v2\x1d.loops.v1.SessionSearchResultR\aresults\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"I\n" +
+	"\x18SetSessionProjectRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
+	"\n" +
+	"project_id\x18\x02 \x01(\tR\tprojectId\"\xe0\x03\n" +
 	"\x18CreateTrainingRunRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12'\n" +
@@ -3299,12 +3732,14 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x17zero_advantage_fraction\x18\n" +
 	" \x01(\x01R\x15zeroAdvantageFraction\x12(\n" +
 	"\rclip_fraction\x18\v \x01(\x01H\x00R\fclipFraction\x88\x01\x01B\x10\n" +
-	"\x0e_clip_fraction\"f\n" +
+	"\x0e_clip_fraction\"\x85\x01\n" +
 	"\x17ListTrainingRunsRequest\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\x05R\x05limit\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x05R\x06offset\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x03 \x01(\tR\tpageToken\"\x9f\x01\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\x12\x1d\n" +
+	"\n" +
+	"project_id\x18\x04 \x01(\tR\tprojectId\"\x9f\x01\n" +
 	"\x18ListTrainingRunsResponse\x12:\n" +
 	"\rtraining_runs\x18\x01 \x03(\v2\x15.loops.v1.TrainingRunR\ftrainingRuns\x12\x1f\n" +
 	"\vtotal_count\x18\x02 \x01(\x03R\n" +
@@ -3476,14 +3911,16 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"!USAGE_KIND_SAMPLING_SAMPLE_TOKENS\x10\x03\x12\x1a\n" +
 	"\x16USAGE_KIND_CHECKPOINTS\x10\x04\x12(\n" +
 	"$USAGE_KIND_DEDICATED_REPLICA_SECONDS\x10\x05\x12$\n" +
-	" USAGE_KIND_DEDICATED_GPU_SECONDS\x10\x062\x98\x04\n" +
+	" USAGE_KIND_DEDICATED_GPU_SECONDS\x10\x062\xff\x05\n" +
 	"\x0eSessionService\x12[\n" +
 	"\rCreateSession\x12\x1e.loops.v1.CreateSessionRequest\x1a\x11.loops.v1.Session\"\x17\x82\xd3\xe4\x93\x02\x11:\x01*\"\f/v1/sessions\x12\x81\x01\n" +
 	"\x10HeartbeatSession\x12!.loops.v1.HeartbeatSessionRequest\x1a\".loops.v1.HeartbeatSessionResponse\"&\x82\xd3\xe4\x93\x02 :\x01*\"\x1b/v1/sessions/{id}/heartbeat\x12g\n" +
 	"\rFinishSession\x12\x1e.loops.v1.FinishSessionRequest\x1a\x11.loops.v1.Session\"#\x82\xd3\xe4\x93\x02\x1d:\x01*\"\x18/v1/sessions/{id}/finish\x12W\n" +
 	"\n" +
 	"GetSession\x12\x1b.loops.v1.GetSessionRequest\x1a\x11.loops.v1.Session\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/sessions/{id}\x12c\n" +
-	"\fListSessions\x12\x1d.loops.v1.ListSessionsRequest\x1a\x1e.loops.v1.ListSessionsResponse\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/v1/sessions2\xf8\b\n" +
+	"\fListSessions\x12\x1d.loops.v1.ListSessionsRequest\x1a\x1e.loops.v1.ListSessionsResponse\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/v1/sessions\x12s\n" +
+	"\x0eSearchSessions\x12\x1f.loops.v1.SearchSessionsRequest\x1a .loops.v1.SearchSessionsResponse\"\x1e\x82\xd3\xe4\x93\x02\x18:\x01*\"\x13/v1/sessions/search\x12p\n" +
+	"\x11SetSessionProject\x12\".loops.v1.SetSessionProjectRequest\x1a\x11.loops.v1.Session\"$\x82\xd3\xe4\x93\x02\x1e:\x01*\x1a\x19/v1/sessions/{id}/project2\xf8\b\n" +
 	"\x0fTrainingService\x12j\n" +
 	"\x11CreateTrainingRun\x12\".loops.v1.CreateTrainingRunRequest\x1a\x13.loops.v1.Operation\"\x1c\x82\xd3\xe4\x93\x02\x16:\x01*\"\x11/v1/training_runs\x12h\n" +
 	"\x0eGetTrainingRun\x12\x1f.loops.v1.GetTrainingRunRequest\x1a\x15.loops.v1.TrainingRun\"\x1e\x82\xd3\xe4\x93\x02\x18\x12\x16/v1/training_runs/{id}\x12t\n" +
@@ -3531,7 +3968,7 @@ func file_loops_v1_services_proto_rawDescGZIP() []byte {
 }
 
 var file_loops_v1_services_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_loops_v1_services_proto_goTypes = []any{
 	(ExportFormat)(0),                       // 0: loops.v1.ExportFormat
 	(UsageKind)(0),                          // 1: loops.v1.UsageKind
@@ -3542,160 +3979,177 @@ var file_loops_v1_services_proto_goTypes = []any{
 	(*GetSessionRequest)(nil),               // 6: loops.v1.GetSessionRequest
 	(*ListSessionsRequest)(nil),             // 7: loops.v1.ListSessionsRequest
 	(*ListSessionsResponse)(nil),            // 8: loops.v1.ListSessionsResponse
-	(*CreateTrainingRunRequest)(nil),        // 9: loops.v1.CreateTrainingRunRequest
-	(*DedicatedPool)(nil),                   // 10: loops.v1.DedicatedPool
-	(*GetTrainingRunRequest)(nil),           // 11: loops.v1.GetTrainingRunRequest
-	(*GetTrainingRunMetricsRequest)(nil),    // 12: loops.v1.GetTrainingRunMetricsRequest
-	(*GetTrainingRunMetricsResponse)(nil),   // 13: loops.v1.GetTrainingRunMetricsResponse
-	(*StepMetrics)(nil),                     // 14: loops.v1.StepMetrics
-	(*RLStepMetrics)(nil),                   // 15: loops.v1.RLStepMetrics
-	(*ListTrainingRunsRequest)(nil),         // 16: loops.v1.ListTrainingRunsRequest
-	(*ListTrainingRunsResponse)(nil),        // 17: loops.v1.ListTrainingRunsResponse
-	(*UnloadTrainingRunRequest)(nil),        // 18: loops.v1.UnloadTrainingRunRequest
-	(*ForwardBackwardRequest)(nil),          // 19: loops.v1.ForwardBackwardRequest
-	(*OptimStepRequest)(nil),                // 20: loops.v1.OptimStepRequest
-	(*SaveWeightsRequest)(nil),              // 21: loops.v1.SaveWeightsRequest
-	(*LoadWeightsRequest)(nil),              // 22: loops.v1.LoadWeightsRequest
-	(*ListCheckpointsRequest)(nil),          // 23: loops.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),         // 24: loops.v1.ListCheckpointsResponse
-	(*GetCheckpointRequest)(nil),            // 25: loops.v1.GetCheckpointRequest
-	(*DeleteCheckpointRequest)(nil),         // 26: loops.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil),        // 27: loops.v1.DeleteCheckpointResponse
-	(*SetCheckpointPublicRequest)(nil),      // 28: loops.v1.SetCheckpointPublicRequest
-	(*SetCheckpointTTLRequest)(nil),         // 29: loops.v1.SetCheckpointTTLRequest
-	(*GetCheckpointArchiveURLRequest)(nil),  // 30: loops.v1.GetCheckpointArchiveURLRequest
-	(*GetCheckpointArchiveURLResponse)(nil), // 31: loops.v1.GetCheckpointArchiveURLResponse
-	(*GetCheckpointExportURLRequest)(nil),   // 32: loops.v1.GetCheckpointExportURLRequest
-	(*GetCheckpointExportURLResponse)(nil),  // 33: loops.v1.GetCheckpointExportURLResponse
-	(*GetCheckpointFileURLsRequest)(nil),    // 34: loops.v1.GetCheckpointFileURLsRequest
-	(*GetCheckpointFileURLsResponse)(nil),   // 35: loops.v1.GetCheckpointFileURLsResponse
-	(*CreateSamplerRequest)(nil),            // 36: loops.v1.CreateSamplerRequest
-	(*GetSamplerRequest)(nil),               // 37: loops.v1.GetSamplerRequest
-	(*SampleRequest)(nil),                   // 38: loops.v1.SampleRequest
-	(*ListModelsRequest)(nil),               // 39: loops.v1.ListModelsRequest
-	(*ListModelsResponse)(nil),              // 40: loops.v1.ListModelsResponse
-	(*GetUsageRequest)(nil),                 // 41: loops.v1.GetUsageRequest
-	(*GetUsageResponse)(nil),                // 42: loops.v1.GetUsageResponse
-	(*UsageBucket)(nil),                     // 43: loops.v1.UsageBucket
-	(*GetWorkspaceRequest)(nil),             // 44: loops.v1.GetWorkspaceRequest
-	(*Workspace)(nil),                       // 45: loops.v1.Workspace
-	(*WorkspaceLimits)(nil),                 // 46: loops.v1.WorkspaceLimits
-	(*WorkspaceUse)(nil),                    // 47: loops.v1.WorkspaceUse
-	(*WorkspaceFairness)(nil),               // 48: loops.v1.WorkspaceFairness
-	nil,                                     // 49: loops.v1.CreateSessionRequest.UserMetadataEntry
-	nil,                                     // 50: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
-	nil,                                     // 51: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	nil,                                     // 52: loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
-	(*Session)(nil),                         // 53: loops.v1.Session
-	(*LoraConfig)(nil),                      // 54: loops.v1.LoraConfig
-	(OperationKind)(0),                      // 55: loops.v1.OperationKind
-	(*timestamppb.Timestamp)(nil),           // 56: google.protobuf.Timestamp
-	(*TrainingRun)(nil),                     // 57: loops.v1.TrainingRun
-	(*Datum)(nil),                           // 58: loops.v1.Datum
-	(*AdamParams)(nil),                      // 59: loops.v1.AdamParams
-	(CheckpointKind)(0),                     // 60: loops.v1.CheckpointKind
-	(*Checkpoint)(nil),                      // 61: loops.v1.Checkpoint
-	(*SamplingParams)(nil),                  // 62: loops.v1.SamplingParams
-	(*ModelInfo)(nil),                       // 63: loops.v1.ModelInfo
-	(*durationpb.Duration)(nil),             // 64: google.protobuf.Duration
-	(*Operation)(nil),                       // 65: loops.v1.Operation
-	(*Sampler)(nil),                         // 66: loops.v1.Sampler
+	(*SearchSessionsRequest)(nil),           // 9: loops.v1.SearchSessionsRequest
+	(*SessionSearchCursor)(nil),             // 10: loops.v1.SessionSearchCursor
+	(*SessionSearchResult)(nil),             // 11: loops.v1.SessionSearchResult
+	(*SearchSessionsResponse)(nil),          // 12: loops.v1.SearchSessionsResponse
+	(*SetSessionProjectRequest)(nil),        // 13: loops.v1.SetSessionProjectRequest
+	(*CreateTrainingRunRequest)(nil),        // 14: loops.v1.CreateTrainingRunRequest
+	(*DedicatedPool)(nil),                   // 15: loops.v1.DedicatedPool
+	(*GetTrainingRunRequest)(nil),           // 16: loops.v1.GetTrainingRunRequest
+	(*GetTrainingRunMetricsRequest)(nil),    // 17: loops.v1.GetTrainingRunMetricsRequest
+	(*GetTrainingRunMetricsResponse)(nil),   // 18: loops.v1.GetTrainingRunMetricsResponse
+	(*StepMetrics)(nil),                     // 19: loops.v1.StepMetrics
+	(*RLStepMetrics)(nil),                   // 20: loops.v1.RLStepMetrics
+	(*ListTrainingRunsRequest)(nil),         // 21: loops.v1.ListTrainingRunsRequest
+	(*ListTrainingRunsResponse)(nil),        // 22: loops.v1.ListTrainingRunsResponse
+	(*UnloadTrainingRunRequest)(nil),        // 23: loops.v1.UnloadTrainingRunRequest
+	(*ForwardBackwardRequest)(nil),          // 24: loops.v1.ForwardBackwardRequest
+	(*OptimStepRequest)(nil),                // 25: loops.v1.OptimStepRequest
+	(*SaveWeightsRequest)(nil),              // 26: loops.v1.SaveWeightsRequest
+	(*LoadWeightsRequest)(nil),              // 27: loops.v1.LoadWeightsRequest
+	(*ListCheckpointsRequest)(nil),          // 28: loops.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),         // 29: loops.v1.ListCheckpointsResponse
+	(*GetCheckpointRequest)(nil),            // 30: loops.v1.GetCheckpointRequest
+	(*DeleteCheckpointRequest)(nil),         // 31: loops.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil),        // 32: loops.v1.DeleteCheckpointResponse
+	(*SetCheckpointPublicRequest)(nil),      // 33: loops.v1.SetCheckpointPublicRequest
+	(*SetCheckpointTTLRequest)(nil),         // 34: loops.v1.SetCheckpointTTLRequest
+	(*GetCheckpointArchiveURLRequest)(nil),  // 35: loops.v1.GetCheckpointArchiveURLRequest
+	(*GetCheckpointArchiveURLResponse)(nil), // 36: loops.v1.GetCheckpointArchiveURLResponse
+	(*GetCheckpointExportURLRequest)(nil),   // 37: loops.v1.GetCheckpointExportURLRequest
+	(*GetCheckpointExportURLResponse)(nil),  // 38: loops.v1.GetCheckpointExportURLResponse
+	(*GetCheckpointFileURLsRequest)(nil),    // 39: loops.v1.GetCheckpointFileURLsRequest
+	(*GetCheckpointFileURLsResponse)(nil),   // 40: loops.v1.GetCheckpointFileURLsResponse
+	(*CreateSamplerRequest)(nil),            // 41: loops.v1.CreateSamplerRequest
+	(*GetSamplerRequest)(nil),               // 42: loops.v1.GetSamplerRequest
+	(*SampleRequest)(nil),                   // 43: loops.v1.SampleRequest
+	(*ListModelsRequest)(nil),               // 44: loops.v1.ListModelsRequest
+	(*ListModelsResponse)(nil),              // 45: loops.v1.ListModelsResponse
+	(*GetUsageRequest)(nil),                 // 46: loops.v1.GetUsageRequest
+	(*GetUsageResponse)(nil),                // 47: loops.v1.GetUsageResponse
+	(*UsageBucket)(nil),                     // 48: loops.v1.UsageBucket
+	(*GetWorkspaceRequest)(nil),             // 49: loops.v1.GetWorkspaceRequest
+	(*Workspace)(nil),                       // 50: loops.v1.Workspace
+	(*WorkspaceLimits)(nil),                 // 51: loops.v1.WorkspaceLimits
+	(*WorkspaceUse)(nil),                    // 52: loops.v1.WorkspaceUse
+	(*WorkspaceFairness)(nil),               // 53: loops.v1.WorkspaceFairness
+	nil,                                     // 54: loops.v1.CreateSessionRequest.UserMetadataEntry
+	nil,                                     // 55: loops.v1.SearchSessionsRequest.UserMetadataEntry
+	nil,                                     // 56: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	nil,                                     // 57: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	nil,                                     // 58: loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	(*Session)(nil),                         // 59: loops.v1.Session
+	(*timestamppb.Timestamp)(nil),           // 60: google.protobuf.Timestamp
+	(*LoraConfig)(nil),                      // 61: loops.v1.LoraConfig
+	(OperationKind)(0),                      // 62: loops.v1.OperationKind
+	(*TrainingRun)(nil),                     // 63: loops.v1.TrainingRun
+	(*Datum)(nil),                           // 64: loops.v1.Datum
+	(*AdamParams)(nil),                      // 65: loops.v1.AdamParams
+	(CheckpointKind)(0),                     // 66: loops.v1.CheckpointKind
+	(*Checkpoint)(nil),                      // 67: loops.v1.Checkpoint
+	(*SamplingParams)(nil),                  // 68: loops.v1.SamplingParams
+	(*ModelInfo)(nil),                       // 69: loops.v1.ModelInfo
+	(*durationpb.Duration)(nil),             // 70: google.protobuf.Duration
+	(*Operation)(nil),                       // 71: loops.v1.Operation
+	(*Sampler)(nil),                         // 72: loops.v1.Sampler
 }
 var file_loops_v1_services_proto_depIdxs = []int32{
-	49, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
-	53, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
-	54, // 2: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
-	50, // 3: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
-	10, // 4: loops.v1.CreateTrainingRunRequest.dedicated:type_name -> loops.v1.DedicatedPool
-	14, // 5: loops.v1.GetTrainingRunMetricsResponse.steps:type_name -> loops.v1.StepMetrics
-	55, // 6: loops.v1.StepMetrics.kind:type_name -> loops.v1.OperationKind
-	56, // 7: loops.v1.StepMetrics.time:type_name -> google.protobuf.Timestamp
-	15, // 8: loops.v1.StepMetrics.rl:type_name -> loops.v1.RLStepMetrics
-	57, // 9: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
-	58, // 10: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
-	51, // 11: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	59, // 12: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
-	60, // 13: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
-	61, // 14: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
-	56, // 15: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
-	0,  // 16: loops.v1.GetCheckpointExportURLRequest.format:type_name -> loops.v1.ExportFormat
-	56, // 17: loops.v1.GetCheckpointExportURLResponse.expire_time:type_name -> google.protobuf.Timestamp
-	52, // 18: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
-	56, // 19: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
-	62, // 20: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
-	63, // 21: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
-	56, // 22: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
-	56, // 23: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
-	43, // 24: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
-	56, // 25: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
-	56, // 26: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
-	1,  // 27: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
-	46, // 28: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
-	47, // 29: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
-	63, // 30: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
-	48, // 31: loops.v1.WorkspaceUse.fairness:type_name -> loops.v1.WorkspaceFairness
-	64, // 32: loops.v1.WorkspaceFairness.wait_p50:type_name -> google.protobuf.Duration
-	2,  // 33: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
-	3,  // 34: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
-	5,  // 35: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
-	6,  // 36: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
-	7,  // 37: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
-	9,  // 38: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
-	11, // 39: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
-	16, // 40: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
-	18, // 41: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
-	19, // 42: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
-	20, // 43: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
-	21, // 44: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
-	22, // 45: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
-	12, // 46: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
-	23, // 47: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
-	25, // 48: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
-	26, // 49: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
-	28, // 50: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
-	29, // 51: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
-	34, // 52: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
-	30, // 53: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
-	32, // 54: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
-	36, // 55: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
-	37, // 56: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
-	38, // 57: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
-	39, // 58: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
-	44, // 59: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
-	41, // 60: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
-	53, // 61: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
-	4,  // 62: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
-	53, // 63: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
-	53, // 64: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
-	8,  // 65: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
-	65, // 66: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
-	57, // 67: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
-	17, // 68: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
-	65, // 69: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
-	65, // 70: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
-	65, // 71: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
-	65, // 72: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
-	65, // 73: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
-	13, // 74: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
-	24, // 75: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
-	61, // 76: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
-	27, // 77: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
-	61, // 78: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
-	61, // 79: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
-	35, // 80: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
-	31, // 81: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
-	33, // 82: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
-	66, // 83: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
-	66, // 84: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
-	65, // 85: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
-	40, // 86: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
-	45, // 87: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
-	42, // 88: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
-	61, // [61:89] is the sub-list for method output_type
-	33, // [33:61] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	54, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
+	59, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
+	55, // 2: loops.v1.SearchSessionsRequest.user_metadata:type_name -> loops.v1.SearchSessionsRequest.UserMetadataEntry
+	60, // 3: loops.v1.SearchSessionsRequest.created_after:type_name -> google.protobuf.Timestamp
+	60, // 4: loops.v1.SearchSessionsRequest.created_before:type_name -> google.protobuf.Timestamp
+	10, // 5: loops.v1.SearchSessionsRequest.after:type_name -> loops.v1.SessionSearchCursor
+	60, // 6: loops.v1.SessionSearchCursor.create_time:type_name -> google.protobuf.Timestamp
+	59, // 7: loops.v1.SessionSearchResult.session:type_name -> loops.v1.Session
+	11, // 8: loops.v1.SearchSessionsResponse.results:type_name -> loops.v1.SessionSearchResult
+	61, // 9: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
+	56, // 10: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	15, // 11: loops.v1.CreateTrainingRunRequest.dedicated:type_name -> loops.v1.DedicatedPool
+	19, // 12: loops.v1.GetTrainingRunMetricsResponse.steps:type_name -> loops.v1.StepMetrics
+	62, // 13: loops.v1.StepMetrics.kind:type_name -> loops.v1.OperationKind
+	60, // 14: loops.v1.StepMetrics.time:type_name -> google.protobuf.Timestamp
+	20, // 15: loops.v1.StepMetrics.rl:type_name -> loops.v1.RLStepMetrics
+	63, // 16: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
+	64, // 17: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
+	57, // 18: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	65, // 19: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
+	66, // 20: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
+	67, // 21: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
+	60, // 22: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
+	0,  // 23: loops.v1.GetCheckpointExportURLRequest.format:type_name -> loops.v1.ExportFormat
+	60, // 24: loops.v1.GetCheckpointExportURLResponse.expire_time:type_name -> google.protobuf.Timestamp
+	58, // 25: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	60, // 26: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
+	68, // 27: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
+	69, // 28: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
+	60, // 29: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
+	60, // 30: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
+	48, // 31: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
+	60, // 32: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
+	60, // 33: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
+	1,  // 34: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
+	51, // 35: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
+	52, // 36: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
+	69, // 37: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
+	53, // 38: loops.v1.WorkspaceUse.fairness:type_name -> loops.v1.WorkspaceFairness
+	70, // 39: loops.v1.WorkspaceFairness.wait_p50:type_name -> google.protobuf.Duration
+	2,  // 40: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
+	3,  // 41: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
+	5,  // 42: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
+	6,  // 43: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
+	7,  // 44: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
+	9,  // 45: loops.v1.SessionService.SearchSessions:input_type -> loops.v1.SearchSessionsRequest
+	13, // 46: loops.v1.SessionService.SetSessionProject:input_type -> loops.v1.SetSessionProjectRequest
+	14, // 47: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
+	16, // 48: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
+	21, // 49: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
+	23, // 50: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
+	24, // 51: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
+	25, // 52: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
+	26, // 53: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
+	27, // 54: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
+	17, // 55: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
+	28, // 56: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
+	30, // 57: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
+	31, // 58: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
+	33, // 59: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
+	34, // 60: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
+	39, // 61: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
+	35, // 62: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
+	37, // 63: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
+	41, // 64: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
+	42, // 65: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
+	43, // 66: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
+	44, // 67: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
+	49, // 68: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
+	46, // 69: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
+	59, // 70: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
+	4,  // 71: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
+	59, // 72: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
+	59, // 73: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
+	8,  // 74: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
+	12, // 75: loops.v1.SessionService.SearchSessions:output_type -> loops.v1.SearchSessionsResponse
+	59, // 76: loops.v1.SessionService.SetSessionProject:output_type -> loops.v1.Session
+	71, // 77: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
+	63, // 78: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
+	22, // 79: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
+	71, // 80: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
+	71, // 81: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
+	71, // 82: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
+	71, // 83: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
+	71, // 84: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
+	18, // 85: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
+	29, // 86: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
+	67, // 87: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
+	32, // 88: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
+	67, // 89: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
+	67, // 90: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
+	40, // 91: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
+	36, // 92: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
+	38, // 93: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
+	72, // 94: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
+	72, // 95: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
+	71, // 96: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
+	45, // 97: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
+	50, // 98: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
+	47, // 99: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
+	70, // [70:100] is the sub-list for method output_type
+	40, // [40:70] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_services_proto_init() }
@@ -3706,20 +4160,20 @@ func file_loops_v1_services_proto_init() {
 	file_loops_v1_operations_proto_init()
 	file_loops_v1_resources_proto_init()
 	file_loops_v1_types_proto_init()
-	file_loops_v1_services_proto_msgTypes[7].OneofWrappers = []any{}
 	file_loops_v1_services_proto_msgTypes[12].OneofWrappers = []any{}
-	file_loops_v1_services_proto_msgTypes[13].OneofWrappers = []any{}
-	file_loops_v1_services_proto_msgTypes[19].OneofWrappers = []any{}
-	file_loops_v1_services_proto_msgTypes[27].OneofWrappers = []any{}
-	file_loops_v1_services_proto_msgTypes[34].OneofWrappers = []any{}
-	file_loops_v1_services_proto_msgTypes[36].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[17].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[18].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[24].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[32].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[39].OneofWrappers = []any{}
+	file_loops_v1_services_proto_msgTypes[41].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_services_proto_rawDesc), len(file_loops_v1_services_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   51,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   7,
 		},

@@ -19,11 +19,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SessionService_CreateSession_FullMethodName    = "/loops.v1.SessionService/CreateSession"
-	SessionService_HeartbeatSession_FullMethodName = "/loops.v1.SessionService/HeartbeatSession"
-	SessionService_FinishSession_FullMethodName    = "/loops.v1.SessionService/FinishSession"
-	SessionService_GetSession_FullMethodName       = "/loops.v1.SessionService/GetSession"
-	SessionService_ListSessions_FullMethodName     = "/loops.v1.SessionService/ListSessions"
+	SessionService_CreateSession_FullMethodName     = "/loops.v1.SessionService/CreateSession"
+	SessionService_HeartbeatSession_FullMethodName  = "/loops.v1.SessionService/HeartbeatSession"
+	SessionService_FinishSession_FullMethodName     = "/loops.v1.SessionService/FinishSession"
+	SessionService_GetSession_FullMethodName        = "/loops.v1.SessionService/GetSession"
+	SessionService_ListSessions_FullMethodName      = "/loops.v1.SessionService/ListSessions"
+	SessionService_SearchSessions_FullMethodName    = "/loops.v1.SessionService/SearchSessions"
+	SessionService_SetSessionProject_FullMethodName = "/loops.v1.SessionService/SetSessionProject"
 )
 
 // SessionServiceClient is the client API for SessionService service.
@@ -43,6 +45,12 @@ type SessionServiceClient interface {
 	GetSession(ctx context.Context, in *GetSessionRequest, opts ...grpc.CallOption) (*Session, error)
 	// ListSessions lists the workspace's sessions, newest first.
 	ListSessions(ctx context.Context, in *ListSessionsRequest, opts ...grpc.CallOption) (*ListSessionsResponse, error)
+	// SearchSessions finds the workspace's sessions by metadata, tags, display name, project,
+	// owner, status and creation time, newest first, a page at a time.
+	SearchSessions(ctx context.Context, in *SearchSessionsRequest, opts ...grpc.CallOption) (*SearchSessionsResponse, error)
+	// SetSessionProject moves a session, and with it its training runs, into a project of the
+	// workspace.
+	SetSessionProject(ctx context.Context, in *SetSessionProjectRequest, opts ...grpc.CallOption) (*Session, error)
 }
 
 type sessionServiceClient struct {
@@ -103,6 +111,26 @@ func (c *sessionServiceClient) ListSessions(ctx context.Context, in *ListSession
 	return out, nil
 }
 
+func (c *sessionServiceClient) SearchSessions(ctx context.Context, in *SearchSessionsRequest, opts ...grpc.CallOption) (*SearchSessionsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SearchSessionsResponse)
+	err := c.cc.Invoke(ctx, SessionService_SearchSessions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) SetSessionProject(ctx context.Context, in *SetSessionProjectRequest, opts ...grpc.CallOption) (*Session, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Session)
+	err := c.cc.Invoke(ctx, SessionService_SetSessionProject_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SessionServiceServer is the server API for SessionService service.
 // All implementations must embed UnimplementedSessionServiceServer
 // for forward compatibility.
@@ -120,6 +148,12 @@ type SessionServiceServer interface {
 	GetSession(context.Context, *GetSessionRequest) (*Session, error)
 	// ListSessions lists the workspace's sessions, newest first.
 	ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error)
+	// SearchSessions finds the workspace's sessions by metadata, tags, display name, project,
+	// owner, status and creation time, newest first, a page at a time.
+	SearchSessions(context.Context, *SearchSessionsRequest) (*SearchSessionsResponse, error)
+	// SetSessionProject moves a session, and with it its training runs, into a project of the
+	// workspace.
+	SetSessionProject(context.Context, *SetSessionProjectRequest) (*Session, error)
 	mustEmbedUnimplementedSessionServiceServer()
 }
 
@@ -144,6 +178,12 @@ func (UnimplementedSessionServiceServer) GetSession(context.Context, *GetSession
 }
 func (UnimplementedSessionServiceServer) ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListSessions not implemented")
+}
+func (UnimplementedSessionServiceServer) SearchSessions(context.Context, *SearchSessionsRequest) (*SearchSessionsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SearchSessions not implemented")
+}
+func (UnimplementedSessionServiceServer) SetSessionProject(context.Context, *SetSessionProjectRequest) (*Session, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetSessionProject not implemented")
 }
 func (UnimplementedSessionServiceServer) mustEmbedUnimplementedSessionServiceServer() {}
 func (UnimplementedSessionServiceServer) testEmbeddedByValue()                        {}
@@ -256,6 +296,42 @@ func _SessionService_ListSessions_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionService_SearchSessions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SearchSessionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).SearchSessions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_SearchSessions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).SearchSessions(ctx, req.(*SearchSessionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionService_SetSessionProject_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetSessionProjectRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).SetSessionProject(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_SetSessionProject_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).SetSessionProject(ctx, req.(*SetSessionProjectRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SessionService_ServiceDesc is the grpc.ServiceDesc for SessionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -282,6 +358,14 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListSessions",
 			Handler:    _SessionService_ListSessions_Handler,
+		},
+		{
+			MethodName: "SearchSessions",
+			Handler:    _SessionService_SearchSessions_Handler,
+		},
+		{
+			MethodName: "SetSessionProject",
+			Handler:    _SessionService_SetSessionProject_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

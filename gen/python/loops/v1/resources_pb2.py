@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from loops.v1 import types_pb2 as loops_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18loops/v1/resources.proto\x12\x08loops.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14loops/v1/types.proto\"\xfb\x02\n\x07Session\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04tags\x18\x02 \x03(\t\x12:\n\ruser_metadata\x18\x03 \x03(\x0b\x32#.loops.v1.Session.UserMetadataEntry\x12\x13\n\x0bsdk_version\x18\x04 \x01(\t\x12\x12\n\nproject_id\x18\x05 \x01(\t\x12/\n\x0b\x63reate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x37\n\x13last_heartbeat_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10training_run_ids\x18\x08 \x03(\t\x12\x13\n\x0bsampler_ids\x18\t \x03(\t\x12\x0f\n\x07\x65xpired\x18\n \x01(\x08\x12\x12\n\nend_reason\x18\x0b \x01(\t\x1a\x33\n\x11UserMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc2\x04\n\x0bTrainingRun\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x12\n\nbase_model\x18\x03 \x01(\t\x12\"\n\x04lora\x18\x04 \x01(\x0b\x32\x14.loops.v1.LoraConfig\x12>\n\ruser_metadata\x18\x05 \x03(\x0b\x32\'.loops.v1.TrainingRun.UserMetadataEntry\x12/\n\x0b\x63reate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x11last_request_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\x0flast_checkpoint\x18\x08 \x01(\x0b\x32\x14.loops.v1.Checkpoint\x12\x35\n\x17last_sampler_checkpoint\x18\t \x01(\x0b\x32\x14.loops.v1.Checkpoint\x12\x11\n\tcorrupted\x18\n \x01(\x08\x12\x13\n\x0blast_seq_id\x18\x0b \x01(\x03\x12\x1a\n\rclient_seq_id\x18\x0c \x01(\x03H\x00\x88\x01\x01\x12\x15\n\runload_reason\x18\r \x01(\t\x12\x13\n\x0boptim_steps\x18\x0e \x01(\x03\x12\x16\n\x0e\x64\x65\x64icated_pool\x18\x0f \x01(\t\x1a\x33\n\x11UserMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x10\n\x0e_client_seq_id\"\xba\x02\n\nCheckpoint\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0ftraining_run_id\x18\x02 \x01(\t\x12&\n\x04kind\x18\x03 \x01(\x0e\x32\x18.loops.v1.CheckpointKind\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x13\n\x0btinker_path\x18\x05 \x01(\t\x12\x12\n\nsize_bytes\x18\x06 \x01(\x03\x12\x0e\n\x06public\x18\x07 \x01(\x08\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nbase_model\x18\n \x01(\t\x12\"\n\x04lora\x18\x0b \x01(\x0b\x32\x14.loops.v1.LoraConfig\"\x96\x01\n\x07Sampler\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x12\n\nbase_model\x18\x03 \x01(\t\x12\x12\n\nmodel_path\x18\x04 \x01(\t\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ndeployment\x18\x06 \x01(\t*\x8a\x01\n\x0e\x43heckpointKind\x12\x1f\n\x1b\x43HECKPOINT_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43HECKPOINT_KIND_TRAINING\x10\x01\x12\x1b\n\x17\x43HECKPOINT_KIND_SAMPLER\x10\x02\x12\x1c\n\x18\x43HECKPOINT_KIND_EXTERNAL\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18loops/v1/resources.proto\x12\x08loops.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14loops/v1/types.proto\"\xa0\x03\n\x07Session\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04tags\x18\x02 \x03(\t\x12:\n\ruser_metadata\x18\x03 \x03(\x0b\x32#.loops.v1.Session.UserMetadataEntry\x12\x13\n\x0bsdk_version\x18\x04 \x01(\t\x12\x12\n\nproject_id\x18\x05 \x01(\t\x12/\n\x0b\x63reate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x37\n\x13last_heartbeat_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10training_run_ids\x18\x08 \x03(\t\x12\x13\n\x0bsampler_ids\x18\t \x03(\t\x12\x0f\n\x07\x65xpired\x18\n \x01(\x08\x12\x12\n\nend_reason\x18\x0b \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x0c \x01(\t\x12\r\n\x05owner\x18\r \x01(\t\x1a\x33\n\x11UserMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc2\x04\n\x0bTrainingRun\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x12\n\nbase_model\x18\x03 \x01(\t\x12\"\n\x04lora\x18\x04 \x01(\x0b\x32\x14.loops.v1.LoraConfig\x12>\n\ruser_metadata\x18\x05 \x03(\x0b\x32\'.loops.v1.TrainingRun.UserMetadataEntry\x12/\n\x0b\x63reate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x11last_request_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\x0flast_checkpoint\x18\x08 \x01(\x0b\x32\x14.loops.v1.Checkpoint\x12\x35\n\x17last_sampler_checkpoint\x18\t \x01(\x0b\x32\x14.loops.v1.Checkpoint\x12\x11\n\tcorrupted\x18\n \x01(\x08\x12\x13\n\x0blast_seq_id\x18\x0b \x01(\x03\x12\x1a\n\rclient_seq_id\x18\x0c \x01(\x03H\x00\x88\x01\x01\x12\x15\n\runload_reason\x18\r \x01(\t\x12\x13\n\x0boptim_steps\x18\x0e \x01(\x03\x12\x16\n\x0e\x64\x65\x64icated_pool\x18\x0f \x01(\t\x1a\x33\n\x11UserMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x10\n\x0e_client_seq_id\"\xba\x02\n\nCheckpoint\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0ftraining_run_id\x18\x02 \x01(\t\x12&\n\x04kind\x18\x03 \x01(\x0e\x32\x18.loops.v1.CheckpointKind\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x13\n\x0btinker_path\x18\x05 \x01(\t\x12\x12\n\nsize_bytes\x18\x06 \x01(\x03\x12\x0e\n\x06public\x18\x07 \x01(\x08\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nbase_model\x18\n \x01(\t\x12\"\n\x04lora\x18\x0b \x01(\x0b\x32\x14.loops.v1.LoraConfig\"\x96\x01\n\x07Sampler\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x12\n\nbase_model\x18\x03 \x01(\t\x12\x12\n\nmodel_path\x18\x04 \x01(\t\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ndeployment\x18\x06 \x01(\t*\x8a\x01\n\x0e\x43heckpointKind\x12\x1f\n\x1b\x43HECKPOINT_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43HECKPOINT_KIND_TRAINING\x10\x01\x12\x1b\n\x17\x43HECKPOINT_KIND_SAMPLER\x10\x02\x12\x1c\n\x18\x43HECKPOINT_KIND_EXTERNAL\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,18 +37,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SESSION_USERMETADATAENTRY']._serialized_options = b'8\001'
   _globals['_TRAININGRUN_USERMETADATAENTRY']._loaded_options = None
   _globals['_TRAININGRUN_USERMETADATAENTRY']._serialized_options = b'8\001'
-  _globals['_CHECKPOINTKIND']._serialized_start=1527
-  _globals['_CHECKPOINTKIND']._serialized_end=1665
+  _globals['_CHECKPOINTKIND']._serialized_start=1564
+  _globals['_CHECKPOINTKIND']._serialized_end=1702
   _globals['_SESSION']._serialized_start=94
-  _globals['_SESSION']._serialized_end=473
-  _globals['_SESSION_USERMETADATAENTRY']._serialized_start=422
-  _globals['_SESSION_USERMETADATAENTRY']._serialized_end=473
-  _globals['_TRAININGRUN']._serialized_start=476
-  _globals['_TRAININGRUN']._serialized_end=1054
-  _globals['_TRAININGRUN_USERMETADATAENTRY']._serialized_start=422
-  _globals['_TRAININGRUN_USERMETADATAENTRY']._serialized_end=473
-  _globals['_CHECKPOINT']._serialized_start=1057
-  _globals['_CHECKPOINT']._serialized_end=1371
-  _globals['_SAMPLER']._serialized_start=1374
-  _globals['_SAMPLER']._serialized_end=1524
+  _globals['_SESSION']._serialized_end=510
+  _globals['_SESSION_USERMETADATAENTRY']._serialized_start=459
+  _globals['_SESSION_USERMETADATAENTRY']._serialized_end=510
+  _globals['_TRAININGRUN']._serialized_start=513
+  _globals['_TRAININGRUN']._serialized_end=1091
+  _globals['_TRAININGRUN_USERMETADATAENTRY']._serialized_start=459
+  _globals['_TRAININGRUN_USERMETADATAENTRY']._serialized_end=510
+  _globals['_CHECKPOINT']._serialized_start=1094
+  _globals['_CHECKPOINT']._serialized_end=1408
+  _globals['_SAMPLER']._serialized_start=1411
+  _globals['_SAMPLER']._serialized_end=1561
 # @@protoc_insertion_point(module_scope)

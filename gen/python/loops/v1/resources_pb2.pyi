@@ -23,7 +23,7 @@ CHECKPOINT_KIND_SAMPLER: CheckpointKind
 CHECKPOINT_KIND_EXTERNAL: CheckpointKind
 
 class Session(_message.Message):
-    __slots__ = ("id", "tags", "user_metadata", "sdk_version", "project_id", "create_time", "last_heartbeat_time", "training_run_ids", "sampler_ids", "expired", "end_reason")
+    __slots__ = ("id", "tags", "user_metadata", "sdk_version", "project_id", "create_time", "last_heartbeat_time", "training_run_ids", "sampler_ids", "expired", "end_reason", "display_name", "owner")
     class UserMetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,8 @@ class Session(_message.Message):
     SAMPLER_IDS_FIELD_NUMBER: _ClassVar[int]
     EXPIRED_FIELD_NUMBER: _ClassVar[int]
     END_REASON_FIELD_NUMBER: _ClassVar[int]
+    DISPLAY_NAME_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     id: str
     tags: _containers.RepeatedScalarFieldContainer[str]
     user_metadata: _containers.ScalarMap[str, str]
@@ -53,7 +55,9 @@ class Session(_message.Message):
     sampler_ids: _containers.RepeatedScalarFieldContainer[str]
     expired: bool
     end_reason: str
-    def __init__(self, id: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., sdk_version: _Optional[str] = ..., project_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., training_run_ids: _Optional[_Iterable[str]] = ..., sampler_ids: _Optional[_Iterable[str]] = ..., expired: _Optional[bool] = ..., end_reason: _Optional[str] = ...) -> None: ...
+    display_name: str
+    owner: str
+    def __init__(self, id: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., sdk_version: _Optional[str] = ..., project_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., training_run_ids: _Optional[_Iterable[str]] = ..., sampler_ids: _Optional[_Iterable[str]] = ..., expired: _Optional[bool] = ..., end_reason: _Optional[str] = ..., display_name: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class TrainingRun(_message.Message):
     __slots__ = ("id", "session_id", "base_model", "lora", "user_metadata", "create_time", "last_request_time", "last_checkpoint", "last_sampler_checkpoint", "corrupted", "last_seq_id", "client_seq_id", "unload_reason", "optim_steps", "dedicated_pool")

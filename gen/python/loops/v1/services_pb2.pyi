@@ -42,7 +42,7 @@ USAGE_KIND_DEDICATED_REPLICA_SECONDS: UsageKind
 USAGE_KIND_DEDICATED_GPU_SECONDS: UsageKind
 
 class CreateSessionRequest(_message.Message):
-    __slots__ = ("tags", "user_metadata", "sdk_version", "project_id")
+    __slots__ = ("tags", "user_metadata", "sdk_version", "project_id", "display_name")
     class UserMetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -54,11 +54,13 @@ class CreateSessionRequest(_message.Message):
     USER_METADATA_FIELD_NUMBER: _ClassVar[int]
     SDK_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    DISPLAY_NAME_FIELD_NUMBER: _ClassVar[int]
     tags: _containers.RepeatedScalarFieldContainer[str]
     user_metadata: _containers.ScalarMap[str, str]
     sdk_version: str
     project_id: str
-    def __init__(self, tags: _Optional[_Iterable[str]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., sdk_version: _Optional[str] = ..., project_id: _Optional[str] = ...) -> None: ...
+    display_name: str
+    def __init__(self, tags: _Optional[_Iterable[str]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., sdk_version: _Optional[str] = ..., project_id: _Optional[str] = ..., display_name: _Optional[str] = ...) -> None: ...
 
 class HeartbeatSessionRequest(_message.Message):
     __slots__ = ("id",)
@@ -105,6 +107,75 @@ class ListSessionsResponse(_message.Message):
     total_count: int
     next_page_token: str
     def __init__(self, sessions: _Optional[_Iterable[_Union[_resources_pb2.Session, _Mapping]]] = ..., total_count: _Optional[int] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class SearchSessionsRequest(_message.Message):
+    __slots__ = ("session_id", "display_name", "project_ids", "user_metadata", "tags", "created_after", "created_before", "statuses", "owners", "own", "limit", "page_token", "after")
+    class UserMetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    DISPLAY_NAME_FIELD_NUMBER: _ClassVar[int]
+    PROJECT_IDS_FIELD_NUMBER: _ClassVar[int]
+    USER_METADATA_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    OWNERS_FIELD_NUMBER: _ClassVar[int]
+    OWN_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    display_name: str
+    project_ids: _containers.RepeatedScalarFieldContainer[str]
+    user_metadata: _containers.ScalarMap[str, str]
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    created_after: _timestamp_pb2.Timestamp
+    created_before: _timestamp_pb2.Timestamp
+    statuses: _containers.RepeatedScalarFieldContainer[str]
+    owners: _containers.RepeatedScalarFieldContainer[str]
+    own: bool
+    limit: int
+    page_token: str
+    after: SessionSearchCursor
+    def __init__(self, session_id: _Optional[str] = ..., display_name: _Optional[str] = ..., project_ids: _Optional[_Iterable[str]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., tags: _Optional[_Iterable[str]] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., statuses: _Optional[_Iterable[str]] = ..., owners: _Optional[_Iterable[str]] = ..., own: _Optional[bool] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ..., after: _Optional[_Union[SessionSearchCursor, _Mapping]] = ...) -> None: ...
+
+class SessionSearchCursor(_message.Message):
+    __slots__ = ("create_time", "session_id")
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    create_time: _timestamp_pb2.Timestamp
+    session_id: str
+    def __init__(self, create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class SessionSearchResult(_message.Message):
+    __slots__ = ("session", "checkpoint_count")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    session: _resources_pb2.Session
+    checkpoint_count: int
+    def __init__(self, session: _Optional[_Union[_resources_pb2.Session, _Mapping]] = ..., checkpoint_count: _Optional[int] = ...) -> None: ...
+
+class SearchSessionsResponse(_message.Message):
+    __slots__ = ("results", "next_page_token")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[SessionSearchResult]
+    next_page_token: str
+    def __init__(self, results: _Optional[_Iterable[_Union[SessionSearchResult, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class SetSessionProjectRequest(_message.Message):
+    __slots__ = ("id", "project_id")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    project_id: str
+    def __init__(self, id: _Optional[str] = ..., project_id: _Optional[str] = ...) -> None: ...
 
 class CreateTrainingRunRequest(_message.Message):
     __slots__ = ("session_id", "client_seq_id", "base_model", "lora", "user_metadata", "from_checkpoint", "with_optimizer", "dedicated")
@@ -234,14 +305,16 @@ class RLStepMetrics(_message.Message):
     def __init__(self, tokens: _Optional[int] = ..., kl_sample_train_k1: _Optional[float] = ..., kl_sample_train_k3: _Optional[float] = ..., ratio_mean: _Optional[float] = ..., ratio_std: _Optional[float] = ..., ratio_min: _Optional[float] = ..., ratio_max: _Optional[float] = ..., advantage_mean: _Optional[float] = ..., advantage_std: _Optional[float] = ..., zero_advantage_fraction: _Optional[float] = ..., clip_fraction: _Optional[float] = ...) -> None: ...
 
 class ListTrainingRunsRequest(_message.Message):
-    __slots__ = ("limit", "offset", "page_token")
+    __slots__ = ("limit", "offset", "page_token", "project_id")
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
     limit: int
     offset: int
     page_token: str
-    def __init__(self, limit: _Optional[int] = ..., offset: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    project_id: str
+    def __init__(self, limit: _Optional[int] = ..., offset: _Optional[int] = ..., page_token: _Optional[str] = ..., project_id: _Optional[str] = ...) -> None: ...
 
 class ListTrainingRunsResponse(_message.Message):
     __slots__ = ("training_runs", "total_count", "next_page_token")

@@ -62,6 +62,16 @@ class SessionServiceStub:
                 request_serializer=loops_dot_v1_dot_services__pb2.ListSessionsRequest.SerializeToString,
                 response_deserializer=loops_dot_v1_dot_services__pb2.ListSessionsResponse.FromString,
                 _registered_method=True)
+        self.SearchSessions = channel.unary_unary(
+                '/loops.v1.SessionService/SearchSessions',
+                request_serializer=loops_dot_v1_dot_services__pb2.SearchSessionsRequest.SerializeToString,
+                response_deserializer=loops_dot_v1_dot_services__pb2.SearchSessionsResponse.FromString,
+                _registered_method=True)
+        self.SetSessionProject = channel.unary_unary(
+                '/loops.v1.SessionService/SetSessionProject',
+                request_serializer=loops_dot_v1_dot_services__pb2.SetSessionProjectRequest.SerializeToString,
+                response_deserializer=loops_dot_v1_dot_resources__pb2.Session.FromString,
+                _registered_method=True)
 
 
 class SessionServiceServicer:
@@ -104,6 +114,22 @@ class SessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SearchSessions(self, request, context):
+        """SearchSessions finds the workspace's sessions by metadata, tags, display name, project,
+        owner, status and creation time, newest first, a page at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetSessionProject(self, request, context):
+        """SetSessionProject moves a session, and with it its training runs, into a project of the
+        workspace.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -131,6 +157,16 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.ListSessions,
                     request_deserializer=loops_dot_v1_dot_services__pb2.ListSessionsRequest.FromString,
                     response_serializer=loops_dot_v1_dot_services__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'SearchSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.SearchSessions,
+                    request_deserializer=loops_dot_v1_dot_services__pb2.SearchSessionsRequest.FromString,
+                    response_serializer=loops_dot_v1_dot_services__pb2.SearchSessionsResponse.SerializeToString,
+            ),
+            'SetSessionProject': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetSessionProject,
+                    request_deserializer=loops_dot_v1_dot_services__pb2.SetSessionProjectRequest.FromString,
+                    response_serializer=loops_dot_v1_dot_resources__pb2.Session.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -269,6 +305,60 @@ class SessionService:
             '/loops.v1.SessionService/ListSessions',
             loops_dot_v1_dot_services__pb2.ListSessionsRequest.SerializeToString,
             loops_dot_v1_dot_services__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loops.v1.SessionService/SearchSessions',
+            loops_dot_v1_dot_services__pb2.SearchSessionsRequest.SerializeToString,
+            loops_dot_v1_dot_services__pb2.SearchSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetSessionProject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loops.v1.SessionService/SetSessionProject',
+            loops_dot_v1_dot_services__pb2.SetSessionProjectRequest.SerializeToString,
+            loops_dot_v1_dot_resources__pb2.Session.FromString,
             options,
             channel_credentials,
             insecure,

@@ -60,6 +60,12 @@ const (
 	// SessionServiceListSessionsProcedure is the fully-qualified name of the SessionService's
 	// ListSessions RPC.
 	SessionServiceListSessionsProcedure = "/loops.v1.SessionService/ListSessions"
+	// SessionServiceSearchSessionsProcedure is the fully-qualified name of the SessionService's
+	// SearchSessions RPC.
+	SessionServiceSearchSessionsProcedure = "/loops.v1.SessionService/SearchSessions"
+	// SessionServiceSetSessionProjectProcedure is the fully-qualified name of the SessionService's
+	// SetSessionProject RPC.
+	SessionServiceSetSessionProjectProcedure = "/loops.v1.SessionService/SetSessionProject"
 	// TrainingServiceCreateTrainingRunProcedure is the fully-qualified name of the TrainingService's
 	// CreateTrainingRun RPC.
 	TrainingServiceCreateTrainingRunProcedure = "/loops.v1.TrainingService/CreateTrainingRun"
@@ -141,6 +147,12 @@ type SessionServiceClient interface {
 	GetSession(context.Context, *v1.GetSessionRequest) (*v1.Session, error)
 	// ListSessions lists the workspace's sessions, newest first.
 	ListSessions(context.Context, *v1.ListSessionsRequest) (*v1.ListSessionsResponse, error)
+	// SearchSessions finds the workspace's sessions by metadata, tags, display name, project,
+	// owner, status and creation time, newest first, a page at a time.
+	SearchSessions(context.Context, *v1.SearchSessionsRequest) (*v1.SearchSessionsResponse, error)
+	// SetSessionProject moves a session, and with it its training runs, into a project of the
+	// workspace.
+	SetSessionProject(context.Context, *v1.SetSessionProjectRequest) (*v1.Session, error)
 }
 
 // NewSessionServiceClient constructs a client for the loops.v1.SessionService service. By default,
@@ -184,16 +196,30 @@ func NewSessionServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sessionServiceMethods.ByName("ListSessions")),
 			connect.WithClientOptions(opts...),
 		),
+		searchSessions: connect.NewClient[v1.SearchSessionsRequest, v1.SearchSessionsResponse](
+			httpClient,
+			baseURL+SessionServiceSearchSessionsProcedure,
+			connect.WithSchema(sessionServiceMethods.ByName("SearchSessions")),
+			connect.WithClientOptions(opts...),
+		),
+		setSessionProject: connect.NewClient[v1.SetSessionProjectRequest, v1.Session](
+			httpClient,
+			baseURL+SessionServiceSetSessionProjectProcedure,
+			connect.WithSchema(sessionServiceMethods.ByName("SetSessionProject")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // sessionServiceClient implements SessionServiceClient.
 type sessionServiceClient struct {
-	createSession    *connect.Client[v1.CreateSessionRequest, v1.Session]
-	heartbeatSession *connect.Client[v1.HeartbeatSessionRequest, v1.HeartbeatSessionResponse]
-	finishSession    *connect.Client[v1.FinishSessionRequest, v1.Session]
-	getSession       *connect.Client[v1.GetSessionRequest, v1.Session]
-	listSessions     *connect.Client[v1.ListSessionsRequest, v1.ListSessionsResponse]
+	createSession     *connect.Client[v1.CreateSessionRequest, v1.Session]
+	heartbeatSession  *connect.Client[v1.HeartbeatSessionRequest, v1.HeartbeatSessionResponse]
+	finishSession     *connect.Client[v1.FinishSessionRequest, v1.Session]
+	getSession        *connect.Client[v1.GetSessionRequest, v1.Session]
+	listSessions      *connect.Client[v1.ListSessionsRequest, v1.ListSessionsResponse]
+	searchSessions    *connect.Client[v1.SearchSessionsRequest, v1.SearchSessionsResponse]
+	setSessionProject *connect.Client[v1.SetSessionProjectRequest, v1.Session]
 }
 
 // CreateSession calls loops.v1.SessionService.CreateSession.
@@ -241,6 +267,24 @@ func (c *sessionServiceClient) ListSessions(ctx context.Context, req *v1.ListSes
 	return nil, err
 }
 
+// SearchSessions calls loops.v1.SessionService.SearchSessions.
+func (c *sessionServiceClient) SearchSessions(ctx context.Context, req *v1.SearchSessionsRequest) (*v1.SearchSessionsResponse, error) {
+	response, err := c.searchSessions.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// SetSessionProject calls loops.v1.SessionService.SetSessionProject.
+func (c *sessionServiceClient) SetSessionProject(ctx context.Context, req *v1.SetSessionProjectRequest) (*v1.Session, error) {
+	response, err := c.setSessionProject.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
 // SessionServiceHandler is an implementation of the loops.v1.SessionService service.
 type SessionServiceHandler interface {
 	// CreateSession starts a session; keep it alive with HeartbeatSession.
@@ -254,6 +298,12 @@ type SessionServiceHandler interface {
 	GetSession(context.Context, *v1.GetSessionRequest) (*v1.Session, error)
 	// ListSessions lists the workspace's sessions, newest first.
 	ListSessions(context.Context, *v1.ListSessionsRequest) (*v1.ListSessionsResponse, error)
+	// SearchSessions finds the workspace's sessions by metadata, tags, display name, project,
+	// owner, status and creation time, newest first, a page at a time.
+	SearchSessions(context.Context, *v1.SearchSessionsRequest) (*v1.SearchSessionsResponse, error)
+	// SetSessionProject moves a session, and with it its training runs, into a project of the
+	// workspace.
+	SetSessionProject(context.Context, *v1.SetSessionProjectRequest) (*v1.Session, error)
 }
 
 // NewSessionServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -293,6 +343,18 @@ func NewSessionServiceHandler(svc SessionServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sessionServiceMethods.ByName("ListSessions")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sessionServiceSearchSessionsHandler := connect.NewUnaryHandlerSimple(
+		SessionServiceSearchSessionsProcedure,
+		svc.SearchSessions,
+		connect.WithSchema(sessionServiceMethods.ByName("SearchSessions")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sessionServiceSetSessionProjectHandler := connect.NewUnaryHandlerSimple(
+		SessionServiceSetSessionProjectProcedure,
+		svc.SetSessionProject,
+		connect.WithSchema(sessionServiceMethods.ByName("SetSessionProject")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/loops.v1.SessionService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SessionServiceCreateSessionProcedure:
@@ -305,6 +367,10 @@ func NewSessionServiceHandler(svc SessionServiceHandler, opts ...connect.Handler
 			sessionServiceGetSessionHandler.ServeHTTP(w, r)
 		case SessionServiceListSessionsProcedure:
 			sessionServiceListSessionsHandler.ServeHTTP(w, r)
+		case SessionServiceSearchSessionsProcedure:
+			sessionServiceSearchSessionsHandler.ServeHTTP(w, r)
+		case SessionServiceSetSessionProjectProcedure:
+			sessionServiceSetSessionProjectHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -332,6 +398,14 @@ func (UnimplementedSessionServiceHandler) GetSession(context.Context, *v1.GetSes
 
 func (UnimplementedSessionServiceHandler) ListSessions(context.Context, *v1.ListSessionsRequest) (*v1.ListSessionsResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.SessionService.ListSessions is not implemented"))
+}
+
+func (UnimplementedSessionServiceHandler) SearchSessions(context.Context, *v1.SearchSessionsRequest) (*v1.SearchSessionsResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.SessionService.SearchSessions is not implemented"))
+}
+
+func (UnimplementedSessionServiceHandler) SetSessionProject(context.Context, *v1.SetSessionProjectRequest) (*v1.Session, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.SessionService.SetSessionProject is not implemented"))
 }
 
 // TrainingServiceClient is a client for the loops.v1.TrainingService service.
