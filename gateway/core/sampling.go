@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"math"
 	"slices"
 	"time"
 
@@ -511,9 +512,11 @@ func (c *Core) startSample(ctx context.Context, ws string, st *samplerState, req
 		BaseModel: st.info.GetBaseModel(), AdapterDir: adapterDir, AdapterFiles: adapterFiles, Prompt: req.GetPrompt(),
 		NumSamples: max(req.GetNumSamples(), 1), Params: params,
 		PromptLogprobs: req.GetPromptLogprobs(), TopkPromptLogprobs: req.GetTopkPromptLogprobs(),
+		TargetPromptTokens: req.GetTargetPromptTokens(), PromptAltTokensK: req.GetPromptAltTokensK(),
 		Pool: c.samplerPool(st.info.GetModelPath()), Workspace: ws,
 	}
-	if !c.samplers.queue.push(&sampleJob{o: o, session: st.info.GetSessionId(), deployment: deploymentUsage(st.info.GetDeployment()), req: breq, cost: sampleCost(breq), sink: sink, adapter: adapter}) {
+	if !c.samplers.queue.push(&sampleJob{o: o, session: st.info.GetSessionId(), deployment: deploymentUsage(st.info.GetDeployment()), req: breq, cost: sampleCost(breq), sink: sink, adapter: adapter,
+		lastN: int(req.GetPromptLogprobsLastN())}) {
 		adapter.Release()
 		c.ops.finish(o, nil, errShuttingDown()) // a shutdown began meanwhile
 	}
@@ -541,6 +544,12 @@ func (c *Core) runSample(j *sampleJob) {
 	c.samplers.queue.observe(time.Since(start))
 	if err == nil {
 		err = checkTopLogprobs(req, resp)
+	}
+	if err == nil {
+		err = checkPromptExtras(req, resp)
+	}
+	if err == nil {
+		keepLastN(resp.GetResult(), j.lastN)
 	}
 	if err == nil {
 		c.metrics.tokens.WithLabelValues("sample_prompt").Add(float64(len(req.GetPrompt())))
@@ -571,6 +580,53 @@ func checkTopLogprobs(req *backendv1.SampleRequest, resp *backendv1.SampleRespon
 		}
 	}
 	return nil
+}
+
+// checkPromptExtras fails a sample that asked for target_prompt_logprobs or
+// prompt_alt_tokens and came back without them in full (a backend that does not compute
+// them, such as a worker sampling with vLLM) rather than answering it silently without.
+func checkPromptExtras(req *backendv1.SampleRequest, resp *backendv1.SampleResponse) error {
+	r := resp.GetResult()
+	if t := req.GetTargetPromptTokens(); t != nil {
+		got := r.GetTargetPromptLogprobs()
+		if got.GetK() != t.GetK() || len(got.GetLogprobs()) != len(t.GetTokenIds()) {
+			return connect.NewError(connect.CodeFailedPrecondition, errors.New(
+				"the backend serving this model does not return target_prompt_logprobs (the reference engine and the torch worker's transformers sampler do): ask without them"))
+		}
+		got.Sparse = t.GetSparse()
+	}
+	if k := req.GetPromptAltTokensK(); k > 0 {
+		alt := r.GetPromptAltTokens()
+		want := (len(req.GetPrompt()) - 1) * int(k)
+		if alt.GetK() != k || len(alt.GetTokenIds()) != want || len(alt.GetLogprobs()) != want {
+			return connect.NewError(connect.CodeFailedPrecondition, errors.New(
+				"the backend serving this model does not return prompt_alt_tokens (the reference engine and the torch worker's transformers sampler do): ask without them"))
+		}
+	}
+	return nil
+}
+
+// keepLastN applies prompt_logprobs_last_n n > 0 to a result: the prompt log-probs before
+// the last n prompt tokens become NaN and their top-k rows empty (token 0, log-prob
+// -99999), as if never scored. The engine scored them (the cost of a prefix is not saved);
+// what is returned is what Tinker returns.
+func keepLastN(r *loopsv1.SampleResult, n int) {
+	if n <= 0 || r == nil {
+		return
+	}
+	if lp := r.GetPromptLogprobs(); len(lp) > n {
+		for i := range lp[:len(lp)-n] {
+			lp[i] = float32(math.NaN())
+		}
+	}
+	if tk := r.GetTopkPromptLogprobs(); tk != nil && int(tk.GetLength()) > n {
+		k := int(tk.GetK())
+		cut := (int(tk.GetLength()) - n) * k
+		ids, lps := tk.GetTokenIds(), tk.GetLogprobs()
+		for i := 0; i < cut && i < len(ids) && i < len(lps); i++ {
+			ids[i], lps[i] = 0, -99999
+		}
+	}
 }
 
 // sampleStream runs a sample that has a sink: nothing when its client left while it

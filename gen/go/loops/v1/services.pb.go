@@ -2470,9 +2470,19 @@ type SampleRequest struct {
 	// is set, which it must then match).
 	BaseModel string `protobuf:"bytes,8,opt,name=base_model,json=baseModel,proto3" json:"base_model,omitempty"`
 	// With sampler_id empty: the tinker:// path of a sampler checkpoint to sample.
-	ModelPath     string `protobuf:"bytes,9,opt,name=model_path,json=modelPath,proto3" json:"model_path,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ModelPath string `protobuf:"bytes,9,opt,name=model_path,json=modelPath,proto3" json:"model_path,omitempty"`
+	// Score only the last N prompt tokens (1 … len(prompt) - 1; needs prompt_logprobs):
+	// prompt_logprobs before them are NaN and their topk_prompt_logprobs rows have no
+	// candidates. 0 scores the whole prompt.
+	PromptLogprobsLastN int32 `protobuf:"varint,10,opt,name=prompt_logprobs_last_n,json=promptLogprobsLastN,proto3" json:"prompt_logprobs_last_n,omitempty"`
+	// Token ids whose prompt log-probs to return (SampleResult.target_prompt_logprobs); at
+	// least one id, k at most 100.
+	TargetPromptTokens *TargetPromptTokens `protobuf:"bytes,11,opt,name=target_prompt_tokens,json=targetPromptTokens,proto3" json:"target_prompt_tokens,omitempty"`
+	// Draw this many tokens (at most 100) at every prompt position after the first
+	// (SampleResult.prompt_alt_tokens).
+	PromptAltTokensK int32 `protobuf:"varint,12,opt,name=prompt_alt_tokens_k,json=promptAltTokensK,proto3" json:"prompt_alt_tokens_k,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *SampleRequest) Reset() {
@@ -2566,6 +2576,27 @@ func (x *SampleRequest) GetModelPath() string {
 		return x.ModelPath
 	}
 	return ""
+}
+
+func (x *SampleRequest) GetPromptLogprobsLastN() int32 {
+	if x != nil {
+		return x.PromptLogprobsLastN
+	}
+	return 0
+}
+
+func (x *SampleRequest) GetTargetPromptTokens() *TargetPromptTokens {
+	if x != nil {
+		return x.TargetPromptTokens
+	}
+	return nil
+}
+
+func (x *SampleRequest) GetPromptAltTokensK() int32 {
+	if x != nil {
+		return x.PromptAltTokensK
+	}
+	return 0
 }
 
 type ListModelsRequest struct {
@@ -3401,7 +3432,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"deploymentB\x10\n" +
 	"\x0e_client_seq_id\"#\n" +
 	"\x11GetSamplerRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xd9\x02\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x8d\x04\n" +
 	"\rSampleRequest\x12\x1d\n" +
 	"\n" +
 	"sampler_id\x18\x01 \x01(\tR\tsamplerId\x12\x1a\n" +
@@ -3415,7 +3446,11 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\n" +
 	"base_model\x18\b \x01(\tR\tbaseModel\x12\x1d\n" +
 	"\n" +
-	"model_path\x18\t \x01(\tR\tmodelPathB\t\n" +
+	"model_path\x18\t \x01(\tR\tmodelPath\x123\n" +
+	"\x16prompt_logprobs_last_n\x18\n" +
+	" \x01(\x05R\x13promptLogprobsLastN\x12N\n" +
+	"\x14target_prompt_tokens\x18\v \x01(\v2\x1c.loops.v1.TargetPromptTokensR\x12targetPromptTokens\x12-\n" +
+	"\x13prompt_alt_tokens_k\x18\f \x01(\x05R\x10promptAltTokensKB\t\n" +
 	"\a_seq_id\"\x13\n" +
 	"\x11ListModelsRequest\"A\n" +
 	"\x12ListModelsResponse\x12+\n" +
@@ -3596,10 +3631,11 @@ var file_loops_v1_services_proto_goTypes = []any{
 	(CheckpointKind)(0),                     // 60: loops.v1.CheckpointKind
 	(*Checkpoint)(nil),                      // 61: loops.v1.Checkpoint
 	(*SamplingParams)(nil),                  // 62: loops.v1.SamplingParams
-	(*ModelInfo)(nil),                       // 63: loops.v1.ModelInfo
-	(*durationpb.Duration)(nil),             // 64: google.protobuf.Duration
-	(*Operation)(nil),                       // 65: loops.v1.Operation
-	(*Sampler)(nil),                         // 66: loops.v1.Sampler
+	(*TargetPromptTokens)(nil),              // 63: loops.v1.TargetPromptTokens
+	(*ModelInfo)(nil),                       // 64: loops.v1.ModelInfo
+	(*durationpb.Duration)(nil),             // 65: google.protobuf.Duration
+	(*Operation)(nil),                       // 66: loops.v1.Operation
+	(*Sampler)(nil),                         // 67: loops.v1.Sampler
 }
 var file_loops_v1_services_proto_depIdxs = []int32{
 	49, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
@@ -3623,79 +3659,80 @@ var file_loops_v1_services_proto_depIdxs = []int32{
 	52, // 18: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
 	56, // 19: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
 	62, // 20: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
-	63, // 21: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
-	56, // 22: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
-	56, // 23: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
-	43, // 24: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
-	56, // 25: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
-	56, // 26: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
-	1,  // 27: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
-	46, // 28: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
-	47, // 29: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
-	63, // 30: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
-	48, // 31: loops.v1.WorkspaceUse.fairness:type_name -> loops.v1.WorkspaceFairness
-	64, // 32: loops.v1.WorkspaceFairness.wait_p50:type_name -> google.protobuf.Duration
-	2,  // 33: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
-	3,  // 34: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
-	5,  // 35: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
-	6,  // 36: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
-	7,  // 37: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
-	9,  // 38: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
-	11, // 39: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
-	16, // 40: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
-	18, // 41: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
-	19, // 42: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
-	20, // 43: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
-	21, // 44: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
-	22, // 45: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
-	12, // 46: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
-	23, // 47: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
-	25, // 48: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
-	26, // 49: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
-	28, // 50: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
-	29, // 51: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
-	34, // 52: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
-	30, // 53: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
-	32, // 54: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
-	36, // 55: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
-	37, // 56: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
-	38, // 57: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
-	39, // 58: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
-	44, // 59: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
-	41, // 60: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
-	53, // 61: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
-	4,  // 62: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
-	53, // 63: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
-	53, // 64: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
-	8,  // 65: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
-	65, // 66: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
-	57, // 67: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
-	17, // 68: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
-	65, // 69: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
-	65, // 70: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
-	65, // 71: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
-	65, // 72: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
-	65, // 73: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
-	13, // 74: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
-	24, // 75: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
-	61, // 76: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
-	27, // 77: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
-	61, // 78: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
-	61, // 79: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
-	35, // 80: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
-	31, // 81: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
-	33, // 82: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
-	66, // 83: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
-	66, // 84: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
-	65, // 85: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
-	40, // 86: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
-	45, // 87: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
-	42, // 88: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
-	61, // [61:89] is the sub-list for method output_type
-	33, // [33:61] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	63, // 21: loops.v1.SampleRequest.target_prompt_tokens:type_name -> loops.v1.TargetPromptTokens
+	64, // 22: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
+	56, // 23: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
+	56, // 24: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
+	43, // 25: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
+	56, // 26: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
+	56, // 27: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
+	1,  // 28: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
+	46, // 29: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
+	47, // 30: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
+	64, // 31: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
+	48, // 32: loops.v1.WorkspaceUse.fairness:type_name -> loops.v1.WorkspaceFairness
+	65, // 33: loops.v1.WorkspaceFairness.wait_p50:type_name -> google.protobuf.Duration
+	2,  // 34: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
+	3,  // 35: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
+	5,  // 36: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
+	6,  // 37: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
+	7,  // 38: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
+	9,  // 39: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
+	11, // 40: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
+	16, // 41: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
+	18, // 42: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
+	19, // 43: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
+	20, // 44: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
+	21, // 45: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
+	22, // 46: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
+	12, // 47: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
+	23, // 48: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
+	25, // 49: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
+	26, // 50: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
+	28, // 51: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
+	29, // 52: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
+	34, // 53: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
+	30, // 54: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
+	32, // 55: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
+	36, // 56: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
+	37, // 57: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
+	38, // 58: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
+	39, // 59: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
+	44, // 60: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
+	41, // 61: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
+	53, // 62: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
+	4,  // 63: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
+	53, // 64: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
+	53, // 65: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
+	8,  // 66: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
+	66, // 67: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
+	57, // 68: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
+	17, // 69: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
+	66, // 70: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
+	66, // 71: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
+	66, // 72: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
+	66, // 73: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
+	66, // 74: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
+	13, // 75: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
+	24, // 76: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
+	61, // 77: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
+	27, // 78: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
+	61, // 79: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
+	61, // 80: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
+	35, // 81: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
+	31, // 82: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
+	33, // 83: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
+	67, // 84: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
+	67, // 85: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
+	66, // 86: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
+	40, // 87: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
+	45, // 88: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
+	42, // 89: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
+	62, // [62:90] is the sub-list for method output_type
+	34, // [34:62] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_services_proto_init() }
