@@ -389,8 +389,6 @@ func TestSamplingRoutes(t *testing.T) {
 
 	// Unsupported or malformed requests are 400 on the POST.
 	for _, bad := range []string{
-		`"topk_sample_logprobs":2`, `"prompt_alt_tokens_k":1`, `"prompt_logprobs_last_n":1`,
-		`"target_prompt_logprobs":{"data":[1],"dtype":"int64","shape":[1,1]}`,
 		`"sampling_params":{"stop":[]}`, `"sampling_params":{"seed":1.5}`, `"sampling_params":{"top_p":0}`,
 		`"prompt":{"chunks":[{"type":"image","data":"AA==","format":"png"}]}`, `"num_samples":0`,
 	} {
