@@ -124,8 +124,11 @@ func TestTrainingRoutes(t *testing.T) {
 		e.core.lastReq("SaveWeights"), protocmp.Transform()))
 	ss := int64(3)
 	require.Equal(t, 200, e.postJSON("/api/v1/save_weights_for_sampler", fmt.Sprintf(`{"model_id":%q,"sampling_session_seq_id":3,"kind":"inflight","seq_id":8}`, run)).status)
-	require.Empty(t, cmp.Diff(&loopsv1.SaveWeightsRequest{TrainingRunId: run, SeqId: 8, Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER, SamplerSeqId: &ss},
+	require.Empty(t, cmp.Diff(&loopsv1.SaveWeightsRequest{TrainingRunId: run, SeqId: 8, Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER, SamplerSeqId: &ss, Inflight: true},
 		e.core.lastReq("SaveWeights"), protocmp.Transform()))
+	r = e.postJSON("/api/v1/save_weights_for_sampler", fmt.Sprintf(`{"model_id":%q,"path":"s2","kind":"inflight","seq_id":9}`, run))
+	require.Equal(t, 400, r.status)
+	require.Contains(t, r.json(t)["detail"], "applies to unnamed saves")
 
 	require.Equal(t, 200, e.postJSON("/api/v1/load_weights", fmt.Sprintf(`{"model_id":%q,"path":"tinker://%s/weights/ckpt-1","seq_id":9,"optimizer":true}`, run, run)).status)
 	require.Empty(t, cmp.Diff(&loopsv1.LoadWeightsRequest{TrainingRunId: run, SeqId: 9, Path: "tinker://" + run + "/weights/ckpt-1", WithOptimizer: true},

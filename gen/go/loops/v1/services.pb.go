@@ -1515,7 +1515,12 @@ type SaveWeightsRequest struct {
 	TtlSeconds *int64 `protobuf:"varint,5,opt,name=ttl_seconds,json=ttlSeconds,proto3,oneof" json:"ttl_seconds,omitempty"`
 	Overwrite  bool   `protobuf:"varint,6,opt,name=overwrite,proto3" json:"overwrite,omitempty"`
 	// For unnamed sampler saves: the client's sampler counter, for de-duplication.
-	SamplerSeqId  *int64 `protobuf:"varint,7,opt,name=sampler_seq_id,json=samplerSeqId,proto3,oneof" json:"sampler_seq_id,omitempty"`
+	SamplerSeqId *int64 `protobuf:"varint,7,opt,name=sampler_seq_id,json=samplerSeqId,proto3,oneof" json:"sampler_seq_id,omitempty"`
+	// An unnamed sampler save whose sampler follows the weights (Tinker's kind "inflight"):
+	// this save becomes the run's inflight weights (TrainingRun.inflight_sampler_checkpoint),
+	// and every inflight sampler of the run, this one and those made before, samples the
+	// newest inflight save from then on. A sampler made with inflight false keeps its weights.
+	Inflight      bool `protobuf:"varint,8,opt,name=inflight,proto3" json:"inflight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1597,6 +1602,13 @@ func (x *SaveWeightsRequest) GetSamplerSeqId() int64 {
 		return *x.SamplerSeqId
 	}
 	return 0
+}
+
+func (x *SaveWeightsRequest) GetInflight() bool {
+	if x != nil {
+		return x.Inflight
+	}
+	return false
 }
 
 type LoadWeightsRequest struct {
@@ -3356,7 +3368,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x10OptimStepRequest\x12&\n" +
 	"\x0ftraining_run_id\x18\x01 \x01(\tR\rtrainingRunId\x12\x15\n" +
 	"\x06seq_id\x18\x02 \x01(\x03R\x05seqId\x12(\n" +
-	"\x04adam\x18\x03 \x01(\v2\x14.loops.v1.AdamParamsR\x04adam\"\xa7\x02\n" +
+	"\x04adam\x18\x03 \x01(\v2\x14.loops.v1.AdamParamsR\x04adam\"\xc3\x02\n" +
 	"\x12SaveWeightsRequest\x12&\n" +
 	"\x0ftraining_run_id\x18\x01 \x01(\tR\rtrainingRunId\x12\x15\n" +
 	"\x06seq_id\x18\x02 \x01(\x03R\x05seqId\x12,\n" +
@@ -3365,7 +3377,8 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\vttl_seconds\x18\x05 \x01(\x03H\x00R\n" +
 	"ttlSeconds\x88\x01\x01\x12\x1c\n" +
 	"\toverwrite\x18\x06 \x01(\bR\toverwrite\x12)\n" +
-	"\x0esampler_seq_id\x18\a \x01(\x03H\x01R\fsamplerSeqId\x88\x01\x01B\x0e\n" +
+	"\x0esampler_seq_id\x18\a \x01(\x03H\x01R\fsamplerSeqId\x88\x01\x01\x12\x1a\n" +
+	"\binflight\x18\b \x01(\bR\binflightB\x0e\n" +
 	"\f_ttl_secondsB\x11\n" +
 	"\x0f_sampler_seq_id\"\x8e\x01\n" +
 	"\x12LoadWeightsRequest\x12&\n" +

@@ -812,8 +812,11 @@ type SampleResult struct {
 	TargetPromptLogprobs *TargetPromptLogprobs `protobuf:"bytes,4,opt,name=target_prompt_logprobs,json=targetPromptLogprobs,proto3" json:"target_prompt_logprobs,omitempty"`
 	// With prompt_alt_tokens_k: the draws at every prompt position after the first.
 	PromptAltTokens *PromptAltTokens `protobuf:"bytes,5,opt,name=prompt_alt_tokens,json=promptAltTokens,proto3" json:"prompt_alt_tokens,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The tinker:// path of the sampler checkpoint the sample used (empty for the base model):
+	// for an inflight sampler, the run's newest inflight save when the sample started.
+	ModelPath     string `protobuf:"bytes,6,opt,name=model_path,json=modelPath,proto3" json:"model_path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SampleResult) Reset() {
@@ -879,6 +882,13 @@ func (x *SampleResult) GetPromptAltTokens() *PromptAltTokens {
 		return x.PromptAltTokens
 	}
 	return nil
+}
+
+func (x *SampleResult) GetModelPath() string {
+	if x != nil {
+		return x.ModelPath
+	}
+	return ""
 }
 
 // TargetPromptTokens are token ids whose prompt log-probs to return, row major
@@ -1242,13 +1252,15 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\ametrics\x18\x01 \x03(\v2&.loops.v1.OptimStepResult.MetricsEntryR\ametrics\x1a:\n" +
 	"\fMetricsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xd7\x02\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xf6\x02\n" +
 	"\fSampleResult\x127\n" +
 	"\tsequences\x18\x01 \x03(\v2\x19.loops.v1.SampledSequenceR\tsequences\x12'\n" +
 	"\x0fprompt_logprobs\x18\x02 \x03(\x02R\x0epromptLogprobs\x12H\n" +
 	"\x14topk_prompt_logprobs\x18\x03 \x01(\v2\x16.loops.v1.TopKLogprobsR\x12topkPromptLogprobs\x12T\n" +
 	"\x16target_prompt_logprobs\x18\x04 \x01(\v2\x1e.loops.v1.TargetPromptLogprobsR\x14targetPromptLogprobs\x12E\n" +
-	"\x11prompt_alt_tokens\x18\x05 \x01(\v2\x19.loops.v1.PromptAltTokensR\x0fpromptAltTokens\"W\n" +
+	"\x11prompt_alt_tokens\x18\x05 \x01(\v2\x19.loops.v1.PromptAltTokensR\x0fpromptAltTokens\x12\x1d\n" +
+	"\n" +
+	"model_path\x18\x06 \x01(\tR\tmodelPath\"W\n" +
 	"\x12TargetPromptTokens\x12\f\n" +
 	"\x01k\x18\x01 \x01(\x05R\x01k\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\x05R\btokenIds\x12\x16\n" +

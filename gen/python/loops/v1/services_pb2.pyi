@@ -293,7 +293,7 @@ class OptimStepRequest(_message.Message):
     def __init__(self, training_run_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., adam: _Optional[_Union[_types_pb2.AdamParams, _Mapping]] = ...) -> None: ...
 
 class SaveWeightsRequest(_message.Message):
-    __slots__ = ("training_run_id", "seq_id", "kind", "name", "ttl_seconds", "overwrite", "sampler_seq_id")
+    __slots__ = ("training_run_id", "seq_id", "kind", "name", "ttl_seconds", "overwrite", "sampler_seq_id", "inflight")
     TRAINING_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -301,6 +301,7 @@ class SaveWeightsRequest(_message.Message):
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     OVERWRITE_FIELD_NUMBER: _ClassVar[int]
     SAMPLER_SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
     training_run_id: str
     seq_id: int
     kind: _resources_pb2.CheckpointKind
@@ -308,7 +309,8 @@ class SaveWeightsRequest(_message.Message):
     ttl_seconds: int
     overwrite: bool
     sampler_seq_id: int
-    def __init__(self, training_run_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., kind: _Optional[_Union[_resources_pb2.CheckpointKind, str]] = ..., name: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., overwrite: _Optional[bool] = ..., sampler_seq_id: _Optional[int] = ...) -> None: ...
+    inflight: bool
+    def __init__(self, training_run_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., kind: _Optional[_Union[_resources_pb2.CheckpointKind, str]] = ..., name: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., overwrite: _Optional[bool] = ..., sampler_seq_id: _Optional[int] = ..., inflight: _Optional[bool] = ...) -> None: ...
 
 class LoadWeightsRequest(_message.Message):
     __slots__ = ("training_run_id", "seq_id", "path", "with_optimizer")
