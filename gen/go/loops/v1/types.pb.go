@@ -813,7 +813,7 @@ type SampleResult struct {
 	// With prompt_alt_tokens_k: the draws at every prompt position after the first.
 	PromptAltTokens *PromptAltTokens `protobuf:"bytes,5,opt,name=prompt_alt_tokens,json=promptAltTokens,proto3" json:"prompt_alt_tokens,omitempty"`
 	// The tinker:// path of the sampler checkpoint the sample used (empty for the base model):
-	// for an inflight sampler, the run's newest inflight save when the sample started.
+	// for an inflight sampler, the run's newest inflight save when the sample was submitted.
 	ModelPath     string `protobuf:"bytes,6,opt,name=model_path,json=modelPath,proto3" json:"model_path,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

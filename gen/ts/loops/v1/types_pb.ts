@@ -393,7 +393,7 @@ export type SampleResult = Message<"loops.v1.SampleResult"> & {
 
   /**
    * The tinker:// path of the sampler checkpoint the sample used (empty for the base model):
-   * for an inflight sampler, the run's newest inflight save when the sample started.
+   * for an inflight sampler, the run's newest inflight save when the sample was submitted.
    *
    * @generated from field: string model_path = 6;
    */
