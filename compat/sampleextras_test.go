@@ -89,3 +89,47 @@ func TestSamplePromptExtras(t *testing.T) {
 		require.Contains(t, string(r.body), bad.want, bad.extra)
 	}
 }
+
+// FuzzTargetPromptTokens decodes arbitrary target_prompt_logprobs JSON: it never panics,
+// a decoded tensor has the layout it says ([promptLen - 1, K], ids ≥ -1 or anything an
+// int32 holds, K bounded), and its answer, encoded as the SDK reads it, lists in a sparse
+// request exactly the cells the request listed with an id other than -1.
+func FuzzTargetPromptTokens(f *testing.F) {
+	f.Add([]byte(`{"data":[5,-1,7,8],"dtype":"int64","shape":[2,2]}`), uint8(3))
+	f.Add([]byte(`{"data":[9],"dtype":"int64","shape":[2,2],"sparse_crow_indices":[0,1,1],"sparse_col_indices":[1]}`), uint8(3))
+	f.Add([]byte(`{"data":[1,2],"dtype":"int64","shape":[2,2],"sparse_crow_indices":[0,2,2],"sparse_col_indices":[1,1]}`), uint8(3))
+	f.Add([]byte(`{"data":[1],"dtype":"int64","shape":[1,1]}`), uint8(2))
+	f.Add([]byte(`null`), uint8(5))
+	f.Fuzz(func(t *testing.T, raw []byte, n uint8) {
+		promptLen := int(n)
+		tp, err := targetPromptTokens(raw, promptLen)
+		if err != nil || tp == nil {
+			return
+		}
+		k := int(tp.GetK())
+		if k < 1 || k > 100 || len(tp.GetTokenIds()) != (promptLen-1)*k {
+			t.Fatalf("decoded k %d with %d ids for a prompt of %d", k, len(tp.GetTokenIds()), promptLen)
+		}
+		lps := make([]float32, len(tp.GetTokenIds()))
+		named := 0
+		for i, id := range tp.GetTokenIds() {
+			if id == -1 {
+				lps[i] = float32(math.NaN())
+			} else {
+				lps[i] = -1
+				named++
+			}
+		}
+		out := targetPromptLogprobsProto(&loopsv1.TargetPromptLogprobs{K: tp.GetK(), Logprobs: lps, Sparse: tp.GetSparse()})
+		if out == nil {
+			t.Fatal("no answer for a decoded request")
+		}
+		if tp.GetSparse() {
+			if got := len(out.GetSparseCsr().GetValues()) / 4; got != named {
+				t.Fatalf("the sparse answer lists %d cells, the request named %d", got, named)
+			}
+		} else if len(out.GetDense()) != 4*len(lps) {
+			t.Fatalf("dense answer of %d bytes for %d cells", len(out.GetDense()), len(lps))
+		}
+	})
+}

@@ -261,8 +261,10 @@ def prompt_extras(logits: torch.Tensor, lse: torch.Tensor, s: SampleSpec, seed: 
     float64 logits of every prompt position (row r predicts prompt token r + 1)."""
     targets, alts = None, None
     if s.targets is not None:
-        targets = [[float(logits[r, t] - lse[r]) if t >= 0 else float("nan") for t in ids]
-                   for r, ids in enumerate(s.targets)]
+        ids = torch.tensor(s.targets, dtype=torch.long)  # [len(prompt) - 1, k]
+        rows = len(s.targets)
+        lp = logits[:rows].gather(1, ids.clamp(min=0)) - lse[:rows, None]
+        targets = torch.where(ids >= 0, lp, torch.full_like(lp, float("nan"))).tolist()
     if s.alt_k > 0:
         rng = PCG(seed, ALT_STREAM)
         alts = [draw_alts(logits[r].numpy(), float(lse[r]), s, rng) for r in range(len(s.prompt) - 1)]
