@@ -645,7 +645,7 @@ func checkTopLogprobs(req *backendv1.SampleRequest, resp *backendv1.SampleRespon
 	for _, seq := range resp.GetResult().GetSequences() {
 		if len(seq.GetTokens()) > 0 && seq.GetTopLogprobs() == nil {
 			return connect.NewError(connect.CodeFailedPrecondition, errors.New(
-				"the backend serving this model does not return top_logprobs (the reference engine does): ask without them"))
+				"the backend serving this model does not return top_logprobs (Tinker: topk_sample_logprobs; the reference engine and the torch worker's transformers sampler do): ask without them"))
 		}
 	}
 	return nil
