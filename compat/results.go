@@ -222,21 +222,21 @@ func sampleToProto(r *loopsv1.SampleResult) *publicv1.SampleResponse {
 	out := &publicv1.SampleResponse{}
 	for _, s := range r.GetSequences() {
 		out.Sequences = append(out.Sequences, &publicv1.SampledSequence{
-			StopReason: stopReasonProto(s.GetStopReason()),
-			Tokens:     appendInt32s([]byte{}, s.GetTokens()),
-			Logprobs:   appendFloat32s([]byte{}, s.GetLogprobs()),
+			StopReason:          stopReasonProto(s.GetStopReason()),
+			Tokens:              appendInt32s([]byte{}, s.GetTokens()),
+			Logprobs:            appendFloat32s([]byte{}, s.GetLogprobs()),
+			TopkSampledLogprobs: topkProto(s.GetTopLogprobs()),
 		})
 	}
 	if len(r.GetPromptLogprobs()) > 0 {
 		out.PromptLogprobs = appendFloat32s([]byte{}, r.GetPromptLogprobs())
 	}
-	if tk := r.GetTopkPromptLogprobs(); tk != nil && tk.GetK() > 0 && tk.GetLength() > 0 {
-		out.TopkPromptLogprobs = &publicv1.TopkLogprobs{
-			TokenIds: appendInt32s(nil, tk.GetTokenIds()),
-			Logprobs: appendFloat32s(nil, tk.GetLogprobs()),
-			K:        uint32(tk.GetK()),
-			Length:   uint32(tk.GetLength()),
-		}
+	out.TopkPromptLogprobs = topkProto(r.GetTopkPromptLogprobs())
+	if t := r.GetTargetPromptLogprobs(); t != nil {
+		out.TargetPromptLogprobs = targetPromptLogprobsProto(t)
+	}
+	if a := r.GetPromptAltTokens(); a != nil {
+		out.PromptAltTokens = promptAltTokensProto(a)
 	}
 	return out
 }

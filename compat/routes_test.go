@@ -126,8 +126,11 @@ func TestTrainingRoutes(t *testing.T) {
 		e.core.lastReq("SaveWeights"), protocmp.Transform()))
 	ss := int64(3)
 	require.Equal(t, 200, e.postJSON("/api/v1/save_weights_for_sampler", fmt.Sprintf(`{"model_id":%q,"sampling_session_seq_id":3,"kind":"inflight","seq_id":8}`, run)).status)
-	require.Empty(t, cmp.Diff(&loopsv1.SaveWeightsRequest{TrainingRunId: run, SeqId: 8, Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER, SamplerSeqId: &ss},
+	require.Empty(t, cmp.Diff(&loopsv1.SaveWeightsRequest{TrainingRunId: run, SeqId: 8, Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER, SamplerSeqId: &ss, Inflight: true},
 		e.core.lastReq("SaveWeights"), protocmp.Transform()))
+	r = e.postJSON("/api/v1/save_weights_for_sampler", fmt.Sprintf(`{"model_id":%q,"path":"s2","kind":"inflight","seq_id":9}`, run))
+	require.Equal(t, 400, r.status)
+	require.Contains(t, r.json(t)["detail"], "applies to unnamed saves")
 
 	require.Equal(t, 200, e.postJSON("/api/v1/load_weights", fmt.Sprintf(`{"model_id":%q,"path":"tinker://%s/weights/ckpt-1","seq_id":9,"optimizer":true}`, run, run)).status)
 	require.Empty(t, cmp.Diff(&loopsv1.LoadWeightsRequest{TrainingRunId: run, SeqId: 9, Path: "tinker://" + run + "/weights/ckpt-1", WithOptimizer: true},
@@ -391,8 +394,6 @@ func TestSamplingRoutes(t *testing.T) {
 
 	// Unsupported or malformed requests are 400 on the POST.
 	for _, bad := range []string{
-		`"topk_sample_logprobs":2`, `"prompt_alt_tokens_k":1`, `"prompt_logprobs_last_n":1`,
-		`"target_prompt_logprobs":{"data":[1],"dtype":"int64","shape":[1,1]}`,
 		`"sampling_params":{"stop":[]}`, `"sampling_params":{"seed":1.5}`, `"sampling_params":{"top_p":0}`,
 		`"prompt":{"chunks":[{"type":"image","data":"AA==","format":"png"}]}`, `"num_samples":0`,
 	} {

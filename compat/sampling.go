@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/semantics"
 )
 
 func (s *server) createSamplingSession(w http.ResponseWriter, r *http.Request) error {
@@ -157,14 +158,12 @@ func (s *server) asample(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	switch {
-	case req.TopkSampleLogprobs > 0:
-		return badRequest("topk_sample_logprobs is not supported by Loops; request 0")
-	case !isNull(req.TargetPromptLogprobs):
-		return badRequest("target_prompt_logprobs is not supported by Loops; use include_prompt_logprobs or topk_prompt_logprobs")
-	case req.PromptAltTokensK > 0:
-		return badRequest("prompt_alt_tokens_k is not supported by Loops; request 0")
-	case req.PromptLogprobsLastN != nil:
-		return badRequest("prompt_logprobs_last_n is not supported by Loops; omit it to score the whole prompt")
+	case req.TopkSampleLogprobs < 0 || req.TopkSampleLogprobs > semantics.MaxTopLogprobs:
+		return badRequest("topk_sample_logprobs = %d is out of range: Loops returns 0 to %d alternatives per sampled token", req.TopkSampleLogprobs, semantics.MaxTopLogprobs)
+	case req.PromptAltTokensK < 0 || req.PromptAltTokensK > semantics.MaxTopKPromptLogprobs:
+		return badRequest("prompt_alt_tokens_k = %d is out of range: Loops draws 0 to %d tokens per prompt position (the top-k width bound)", req.PromptAltTokensK, semantics.MaxTopKPromptLogprobs)
+	case req.PromptLogprobsLastN != nil && (*req.PromptLogprobsLastN < 1 || *req.PromptLogprobsLastN > math.MaxInt32):
+		return badRequest("prompt_logprobs_last_n = %d is out of range: give 1 to len(prompt) - 1, or leave it out to score the whole prompt", *req.PromptLogprobsLastN)
 	case req.TopkPromptLogprobs < 0 || req.TopkPromptLogprobs > math.MaxInt32:
 		return badRequest("topk_prompt_logprobs = %d is out of range", req.TopkPromptLogprobs)
 	}
@@ -183,6 +182,11 @@ func (s *server) asample(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	params.TopLogprobs = int32(req.TopkSampleLogprobs)
+	targets, err := targetPromptTokens(req.TargetPromptLogprobs, len(prompt))
+	if err != nil {
+		return err
+	}
 	// Without a sampling session, the workspace's shared sampler of the base model or
 	// checkpoint samples (no sampler record per request).
 	if req.SamplingSessionID == "" && req.BaseModel == "" && req.ModelPath == "" {
@@ -191,6 +195,10 @@ func (s *server) asample(w http.ResponseWriter, r *http.Request) error {
 	sreq := &loopsv1.SampleRequest{
 		SamplerId: req.SamplingSessionID, SeqId: req.SeqID, Prompt: prompt, NumSamples: int32(n), Params: params,
 		PromptLogprobs: req.PromptLogprobs != nil && *req.PromptLogprobs, TopkPromptLogprobs: int32(req.TopkPromptLogprobs),
+		TargetPromptTokens: targets, PromptAltTokensK: int32(req.PromptAltTokensK),
+	}
+	if req.PromptLogprobsLastN != nil {
+		sreq.PromptLogprobsLastN = int32(*req.PromptLogprobsLastN)
 	}
 	if req.SamplingSessionID == "" {
 		sreq.BaseModel, sreq.ModelPath = req.BaseModel, req.ModelPath

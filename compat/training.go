@@ -379,9 +379,10 @@ func (s *server) saveWeightsForSampler(w http.ResponseWriter, r *http.Request) e
 	switch req.Kind {
 	case "", "snapshot":
 	case "inflight":
-		// A snapshot meets the inflight contract ("the weights saved when the client was
-		// created, or newer"); later saves just do not update it.
-		s.log.Debug("compat: inflight sampler save served as a snapshot", "model_id", req.ModelID)
+		// The sampler follows the run's newest inflight save (SaveWeightsRequest.inflight).
+		if req.Path != "" {
+			return badRequest("kind \"inflight\" applies to unnamed saves (save_weights_and_get_sampling_client); a named sampler checkpoint is a fixed snapshot")
+		}
 	default:
 		return badRequest("kind %q is not supported; use \"snapshot\" or \"inflight\"", req.Kind)
 	}
@@ -395,6 +396,7 @@ func (s *server) saveWeightsForSampler(w http.ResponseWriter, r *http.Request) e
 	}
 	if req.Path == "" {
 		sreq.SamplerSeqId = req.SamplingSessionSeqID
+		sreq.Inflight = req.Kind == "inflight"
 	}
 	op, err := s.svc.Training.SaveWeights(r.Context(), sreq)
 	if err != nil {

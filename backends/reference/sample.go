@@ -112,6 +112,14 @@ func (e *Engine) sample(ctx context.Context, req *backendv1.SampleRequest, sink 
 		return nil, invalid("top_logprobs must be between 0 and %d, got %d", semantics.MaxTopLogprobs, p.TopLogprobs)
 	case req.TopkPromptLogprobs < 0 || req.TopkPromptLogprobs > MaxTopKPromptLogprobs:
 		return nil, invalid("topk_prompt_logprobs must be between 0 and %d, got %d", MaxTopKPromptLogprobs, req.TopkPromptLogprobs)
+	case req.PromptAltTokensK < 0 || req.PromptAltTokensK > MaxTopKPromptLogprobs:
+		return nil, invalid("prompt_alt_tokens_k must be between 0 and %d, got %d", MaxTopKPromptLogprobs, req.PromptAltTokensK)
+	case req.PromptAltTokensK > 0 && len(prompt) < 2:
+		return nil, invalid("prompt_alt_tokens_k needs a prompt of at least 2 tokens (draws are made at every position after the first)")
+	}
+	targets, err := targetRows(req, len(prompt), V)
+	if err != nil {
+		return nil, err
 	}
 	for _, t := range p.StopTokens {
 		if t < 0 || int(t) >= V {
@@ -144,6 +152,10 @@ func (e *Engine) sample(ctx context.Context, req *backendv1.SampleRequest, sink 
 	}
 	k := int(req.TopkPromptLogprobs)
 	g := bm.m.NewGen(prompt, ad, n, sp, req.PromptLogprobs, k)
+	if targets != nil {
+		g.WantTargets(targets)
+	}
+	g.WantAlts(int(req.PromptAltTokensK))
 	if sink != nil {
 		var cancel context.CancelFunc
 		ctx, cancel = tokenstream.CancelOnGone(ctx, sink)
@@ -192,7 +204,55 @@ func (e *Engine) sample(ctx context.Context, req *backendv1.SampleRequest, sink 
 	if scores != nil && k > 0 {
 		res.TopkPromptLogprobs = topKOf(scores.TopK, k)
 	}
+	if scores != nil && targets != nil {
+		tl := &loopsv1.TargetPromptLogprobs{K: req.TargetPromptTokens.GetK(), Logprobs: make([]float32, 0, len(req.TargetPromptTokens.GetTokenIds()))}
+		for _, row := range scores.Targets {
+			for _, v := range row {
+				tl.Logprobs = append(tl.Logprobs, float32(v))
+			}
+		}
+		res.TargetPromptLogprobs = tl
+	}
+	if scores != nil && len(scores.Alts) > 0 {
+		alt := &loopsv1.PromptAltTokens{K: req.PromptAltTokensK}
+		for _, row := range scores.Alts {
+			for _, e := range row {
+				alt.TokenIds = append(alt.TokenIds, int32(e.Token))
+				alt.Logprobs = append(alt.Logprobs, float32(e.LogProb))
+			}
+		}
+		res.PromptAltTokens = alt
+	}
 	return &backendv1.SampleResponse{Result: res}, nil
+}
+
+// targetRows checks target_prompt_tokens (row major [len(prompt) - 1, k], ids in the
+// vocabulary or -1) and cuts it into rows; nil when none are asked for.
+func targetRows(req *backendv1.SampleRequest, promptLen, vocab int) ([][]int, error) {
+	ids, k := req.GetTargetPromptTokens().GetTokenIds(), int(req.GetTargetPromptTokens().GetK())
+	if len(ids) == 0 && k == 0 {
+		return nil, nil
+	}
+	switch {
+	case k < 1 || k > MaxTopKPromptLogprobs:
+		return nil, invalid("target_prompt_tokens.k must be between 1 and %d, got %d", MaxTopKPromptLogprobs, k)
+	case promptLen < 2:
+		return nil, invalid("target_prompt_tokens needs a prompt of at least 2 tokens (position 0 has no preceding context)")
+	case len(ids) != (promptLen-1)*k:
+		return nil, invalid("target_prompt_tokens has %d ids; a prompt of %d tokens with k %d needs %d ([len(prompt) - 1, k])", len(ids), promptLen, k, (promptLen-1)*k)
+	}
+	rows := make([][]int, promptLen-1)
+	for i := range rows {
+		rows[i] = make([]int, k)
+		for j := range k {
+			t := ids[i*k+j]
+			if t < -1 || int(t) >= vocab {
+				return nil, invalid("target_prompt_tokens[%d][%d] = %d is outside the vocabulary [0, %d) (use -1 for no id)", i, j, t, vocab)
+			}
+			rows[i][j] = int(t)
+		}
+	}
+	return rows, nil
 }
 
 // topKOf lays rows of at most k entries out as TopKLogprobs (cells without a candidate:

@@ -60,6 +60,52 @@ func (h *harness) samplingLogprobs(prompt []int, ad *oracle.Adapter, seqs []*loo
 	h.note("sampled logprobs abs", worst)
 }
 
+// topLogprobsCase checks SamplingParams.top_logprobs (Tinker's topk_sample_logprobs): for
+// every sampled token the k most likely tokens, with their log-probs, of the distribution
+// it was drawn from (top_k and top_p unset: softmax(logits/T); greedy: temperature 1),
+// computed by the oracle in float64 on the sequence's own context.
+func topLogprobsCase(name string, temperature float32) testCase {
+	return testCase{"sample/top_logprobs/" + name, func(h *harness) {
+		dir, ad := h.warm(loraConfig())
+		prompt := h.tokens(5)
+		const k = 5
+		p := params(6, temperature, 13)
+		p.TopLogprobs = k
+		res := h.sample(&backendv1.SampleRequest{AdapterDir: dir, Prompt: toInt32(prompt), NumSamples: 2, Params: p})
+		T := float64(temperature)
+		if T <= 0 {
+			T = 1
+		}
+		worst := 0.0
+		for i, s := range res.GetSequences() {
+			gen := ints(s.GetTokens())
+			tk := s.GetTopLogprobs()
+			require.NotNil(h.t, tk, "sequence %d: top_logprobs missing", i)
+			require.Equal(h.t, int32(k), tk.GetK())
+			require.Equal(h.t, int32(len(gen)), tk.GetLength())
+			require.Len(h.t, tk.GetTokenIds(), k*len(gen))
+			for j := range gen {
+				ctx := append(append([]int(nil), prompt...), gen[:j]...)
+				want := oracle.TopK(h.o.NextLogProbs(ctx, ad, T), k)
+				for c := range k {
+					lp := float64(tk.GetLogprobs()[j*k+c])
+					e := math.Abs(lp - want[c].LogProb)
+					worst = math.Max(worst, e)
+					require.LessOrEqual(h.t, e, h.opts.LogprobTolerance, "sequence %d token %d rank %d: %g, oracle %g", i, j, c, lp, want[c].LogProb)
+					tied := (c > 0 && want[c-1].LogProb-want[c].LogProb < 1e-4) || (c+1 < len(want) && want[c].LogProb-want[c+1].LogProb < 1e-4)
+					if !tied {
+						require.Equal(h.t, int32(want[c].Token), tk.GetTokenIds()[j*k+c], "sequence %d token %d rank %d", i, j, c)
+					}
+					if int(tk.GetTokenIds()[j*k+c]) == gen[j] {
+						require.InDelta(h.t, s.GetLogprobs()[j], tk.GetLogprobs()[j*k+c], 1e-6, "sequence %d token %d: the sampled token's entry is its log-prob", i, j)
+					}
+				}
+			}
+		}
+		h.note("top logprobs abs", worst)
+	}}
+}
+
 func params(maxTokens int, temperature float32, seed uint64) *loopsv1.SamplingParams {
 	return &loopsv1.SamplingParams{MaxTokens: int32(maxTokens), Temperature: temperature, TopP: 1, Seed: &seed}
 }
@@ -241,6 +287,90 @@ func sampleCases() []testCase {
 				}
 			}
 			h.note("topk prompt logprobs abs", worst)
+		}},
+		topLogprobsCase("temperature_0.8", 0.8),
+		topLogprobsCase("greedy", 0),
+		{"sample/target_prompt_logprobs", func(h *harness) {
+			// each id's log-prob at temperature 1 at its position, NaN where the id is -1,
+			// whatever the sampling temperature
+			dir, ad := h.warm(loraConfig())
+			prompt := h.tokens(8)
+			const k = 3
+			V := h.o.Cfg.VocabSize
+			ids := make([]int32, (len(prompt)-1)*k)
+			for i := range ids {
+				ids[i] = int32(h.rng.IntN(V))
+				if i%4 == 1 {
+					ids[i] = -1
+				}
+			}
+			ids[k] = int32(prompt[2]) // row 1 (position 2) asks for the prompt's own token
+			res := h.sample(&backendv1.SampleRequest{AdapterDir: dir, Prompt: toInt32(prompt), NumSamples: 1, Params: params(1, 0.6, 1),
+				PromptLogprobs: true, TargetPromptTokens: &loopsv1.TargetPromptTokens{K: k, TokenIds: ids}})
+			rows := h.o.PromptRows(prompt, ad, 1)
+			require.NotNil(h.t, res.GetTargetPromptLogprobs(), "target_prompt_logprobs missing")
+			require.Equal(h.t, int32(k), res.GetTargetPromptLogprobs().GetK())
+			got := res.GetTargetPromptLogprobs().GetLogprobs()
+			require.Len(h.t, got, len(ids), "target_prompt_logprobs has the layout of target_prompt_tokens")
+			worst := 0.0
+			for c, id := range ids {
+				if id < 0 {
+					require.True(h.t, math.IsNaN(float64(got[c])), "cell %d asked for nothing: %g, want NaN", c, got[c])
+					continue
+				}
+				e := math.Abs(float64(got[c]) - rows[c/k][id])
+				worst = math.Max(worst, e)
+				require.LessOrEqual(h.t, e, h.opts.LogprobTolerance, "cell %d (position %d, id %d): %g, oracle %g", c, c/k+1, id, got[c], rows[c/k][id])
+			}
+			require.InDelta(h.t, res.GetPromptLogprobs()[2], got[k], 1e-6, "a target equal to the prompt token has its prompt log-prob")
+			h.note("target prompt logprobs abs", worst)
+		}},
+		{"sample/prompt_alt_tokens", func(h *harness) {
+			// k draws per prompt position after the first, each with its log-prob at
+			// temperature 1; the same seed gives the same draws
+			dir, ad := h.warm(loraConfig())
+			prompt := h.tokens(7)
+			const k = 16
+			req := func(seed uint64) *backendv1.SampleRequest {
+				return &backendv1.SampleRequest{AdapterDir: dir, Prompt: toInt32(prompt), NumSamples: 1, Params: params(1, 1.3, seed), PromptAltTokensK: k}
+			}
+			a, b, c := h.sample(req(7)), h.sample(req(7)), h.sample(req(8))
+			alt := a.GetPromptAltTokens()
+			require.NotNil(h.t, alt, "prompt_alt_tokens missing")
+			require.Equal(h.t, int32(k), alt.GetK())
+			require.Len(h.t, alt.GetTokenIds(), (len(prompt)-1)*k)
+			require.Len(h.t, alt.GetLogprobs(), (len(prompt)-1)*k)
+			rows := h.o.PromptRows(prompt, ad, 1)
+			worst := 0.0
+			for c, t := range alt.GetTokenIds() {
+				require.True(h.t, t >= 0 && int(t) < h.o.Cfg.VocabSize, "draw %d = %d is outside the vocabulary", c, t)
+				e := math.Abs(float64(alt.GetLogprobs()[c]) - rows[c/k][t])
+				worst = math.Max(worst, e)
+				require.LessOrEqual(h.t, e, h.opts.LogprobTolerance, "draw %d (position %d, token %d): %g, oracle %g", c, c/k+1, t, alt.GetLogprobs()[c], rows[c/k][t])
+			}
+			require.Equal(h.t, alt.GetTokenIds(), b.GetPromptAltTokens().GetTokenIds(), "seed 7 gives other draws the second time")
+			require.NotEqual(h.t, alt.GetTokenIds(), c.GetPromptAltTokens().GetTokenIds(), "seeds 7 and 8 give the same draws")
+			h.note("prompt alt tokens abs", worst)
+		}},
+		{"sample/prompt_alt_tokens/greedy", func(h *harness) {
+			// at temperature 0 every draw is the argmax
+			dir, ad := h.warm(loraConfig())
+			prompt := h.tokens(6)
+			const k = 3
+			res := h.sample(&backendv1.SampleRequest{AdapterDir: dir, Prompt: toInt32(prompt), NumSamples: 1, Params: params(1, 0, 1), PromptAltTokensK: k})
+			alt := res.GetPromptAltTokens()
+			require.NotNil(h.t, alt, "prompt_alt_tokens missing")
+			require.Len(h.t, alt.GetTokenIds(), (len(prompt)-1)*k)
+			for r, row := range h.o.PromptRows(prompt, ad, 1) {
+				top := oracle.TopK(row, 2)
+				if top[0].LogProb-top[1].LogProb < 1e-4 {
+					continue
+				}
+				for j := range k {
+					require.Equal(h.t, int32(top[0].Token), alt.GetTokenIds()[r*k+j], "position %d draw %d is not the argmax", r+1, j)
+					require.InDelta(h.t, top[0].LogProb, float64(alt.GetLogprobs()[r*k+j]), h.opts.LogprobTolerance)
+				}
+			}
 		}},
 		{"sample/snapshot_isolation", func(h *harness) {
 			// a saved folder is a frozen snapshot: later training of the adapter does not

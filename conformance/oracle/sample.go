@@ -114,3 +114,18 @@ func (m *Model) PromptLogProbs(prompt []int, ad *Adapter, k int) ([]float64, [][
 	}
 	return lps, tops
 }
+
+// PromptRows returns, for each prompt position i ≥ 1, log softmax(logits/temperature) of
+// the token at i given prompt[:i] (row i-1; temperature <= 0 means 1): the distributions
+// target_prompt_logprobs (temperature 1) and prompt_alt_tokens read.
+func (m *Model) PromptRows(prompt []int, ad *Adapter, temperature float64) [][]float64 {
+	if temperature <= 0 {
+		temperature = 1
+	}
+	logits := m.Logits(prompt, ad)
+	rows := make([][]float64, 0, len(prompt)-1)
+	for i := 1; i < len(prompt); i++ {
+		rows = append(rows, LogSoftmax(logits[i-1], temperature))
+	}
+	return rows
+}

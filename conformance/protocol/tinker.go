@@ -284,6 +284,13 @@ func sampleDoc(r *publicv1.SampleResponse) (map[string]any, error) {
 			}
 			seq["logprobs"] = lp
 		}
+		if tk := s.GetTopkSampledLogprobs(); tk != nil {
+			rows, err := topkRows(tk)
+			if err != nil {
+				return nil, fmt.Errorf("sequences[%d].topk_sampled_logprobs: %w", i, err)
+			}
+			seq["topk_logprobs"] = rows
+		}
 		seqs = append(seqs, seq)
 	}
 	out := map[string]any{"type": "sample", "sequences": seqs}
@@ -294,7 +301,101 @@ func sampleDoc(r *publicv1.SampleResponse) (map[string]any, error) {
 		}
 		out["prompt_logprobs"] = lp
 	}
+	if tk := r.GetTopkPromptLogprobs(); tk != nil {
+		rows, err := topkRows(tk)
+		if err != nil {
+			return nil, fmt.Errorf("topk_prompt_logprobs: %w", err)
+		}
+		out["topk_prompt_logprobs"] = rows
+	}
+	if t := r.GetTargetPromptLogprobs(); t != nil {
+		d, err := tensorDoc(t)
+		if err != nil {
+			return nil, fmt.Errorf("target_prompt_logprobs: %w", err)
+		}
+		out["target_prompt_logprobs"] = d
+	}
+	if a := r.GetPromptAltTokens(); a != nil {
+		toks, err := tensorDoc(a.GetTokens())
+		if err != nil {
+			return nil, fmt.Errorf("prompt_alt_tokens.tokens: %w", err)
+		}
+		lps, err := tensorDoc(a.GetLogprobs())
+		if err != nil {
+			return nil, fmt.Errorf("prompt_alt_tokens.logprobs: %w", err)
+		}
+		out["prompt_alt_tokens"] = map[string]any{"tokens": toks, "logprobs": lps}
+	}
 	return out, nil
+}
+
+// topkRows is a TopkLogprobs as the SDK's topk_to_lists gives it: per position a list of
+// [token, logprob] pairs, the sentinel cells (token 0, logprob -99999) left off the end,
+// and null for a position that has only sentinels.
+func topkRows(tk *publicv1.TopkLogprobs) ([]any, error) {
+	ids, err := Int32s(tk.GetTokenIds())
+	if err != nil {
+		return nil, err
+	}
+	lps, err := Float32s(tk.GetLogprobs())
+	if err != nil {
+		return nil, err
+	}
+	n, k := int(tk.GetLength()), int(tk.GetK())
+	if len(ids) != n*k || len(lps) != n*k {
+		return nil, fmt.Errorf("%d ids and %d logprobs for %d x %d", len(ids), len(lps), n, k)
+	}
+	sentinel := func(c int) bool { return ids[c] == 0 && lps[c] == float64(-99999) }
+	rows := make([]any, n)
+	for r := range n {
+		end := (r + 1) * k
+		for end > r*k && sentinel(end-1) {
+			end--
+		}
+		if end == r*k {
+			continue // null
+		}
+		row := []any{}
+		for c := r * k; c < end; c++ {
+			row = append(row, []any{ids[c], lps[c]})
+		}
+		rows[r] = row
+	}
+	return rows, nil
+}
+
+// tensorDoc is a public Tensor as TensorData JSON: data, dtype and shape, with
+// sparse_crow_indices and sparse_col_indices for a sparse CSR one.
+func tensorDoc(t *publicv1.Tensor) (map[string]any, error) {
+	values := t.GetDense()
+	out := map[string]any{"shape": t.GetShape()}
+	if csr := t.GetSparseCsr(); csr != nil {
+		values = csr.GetValues()
+		out["sparse_crow_indices"] = int64sLE(csr.GetCrowIndices())
+		out["sparse_col_indices"] = int64sLE(csr.GetColIndices())
+	}
+	switch t.GetDtype() {
+	case publicv1.DType_DTYPE_FLOAT32:
+		d, err := Float32s(values)
+		if err != nil {
+			return nil, err
+		}
+		out["data"], out["dtype"] = d, "float32"
+	case publicv1.DType_DTYPE_INT64:
+		out["data"], out["dtype"] = int64sLE(values), "int64"
+	default:
+		return nil, fmt.Errorf("dtype %v", t.GetDtype())
+	}
+	return out, nil
+}
+
+// int64sLE decodes little-endian int64 bytes (a trailing partial value is dropped).
+func int64sLE(b []byte) []int64 {
+	out := make([]int64, len(b)/8)
+	for i := range out {
+		out[i] = int64(binary.LittleEndian.Uint64(b[8*i:]))
+	}
+	return out
 }
 
 func forwardBackwardDoc(r *publicv1.ForwardBackwardOutput) (map[string]any, error) {

@@ -217,6 +217,9 @@ func (c *Core) checkpointFolder(ctx context.Context, owner string, ck *loopsv1.C
 func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeightsRequest, seq int64) (func(*loopsv1.Operation), error) {
 	kind, name := req.GetKind(), req.GetName()
 	ephemeral := kind == loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER && name == ""
+	if req.GetInflight() && !ephemeral {
+		return nil, invalidArgument("inflight applies to an unnamed sampler save (its sampler follows the run's newest inflight weights); a named or training checkpoint is a fixed snapshot")
+	}
 	if ephemeral {
 		name = fmt.Sprintf("ephemeral-%06d-%s", seq, randHex(4))
 	}
@@ -300,6 +303,9 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 			i.LastCheckpoint = ck
 		case loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER:
 			i.LastSamplerCheckpoint = ck
+			if req.GetInflight() {
+				i.InflightSamplerCheckpoint = ck
+			}
 		}
 	})
 	res := &loopsv1.SaveWeightsResult{Path: ck.TinkerPath, Checkpoint: ck}
@@ -308,7 +314,11 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 		if err != nil {
 			return nil, err
 		}
-		s, err := c.samplers.create(ctx, r.Workspace(), info.GetSessionId(), info.GetBaseModel(), ck.TinkerPath, "", ref)
+		inflight := ""
+		if req.GetInflight() {
+			inflight = r.ID()
+		}
+		s, err := c.samplers.create(ctx, r.Workspace(), info.GetSessionId(), info.GetBaseModel(), ck.TinkerPath, "", inflight, ref)
 		if err != nil {
 			return nil, err
 		}

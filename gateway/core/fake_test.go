@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"sync"
@@ -149,6 +150,25 @@ func (f *fakeBackend) Sample(_ context.Context, req *backendv1.SampleRequest) (*
 	res := &loopsv1.SampleResult{}
 	for range req.GetNumSamples() {
 		res.Sequences = append(res.Sequences, &loopsv1.SampledSequence{Tokens: []int32{1, 2}, Logprobs: []float32{-1, -1}, StopReason: loopsv1.StopReason_STOP_REASON_LENGTH})
+	}
+	// prompt scores: position i has log-prob -i and, with top-k, candidates i (log-prob -i)
+	n := len(req.GetPrompt())
+	if req.GetPromptLogprobs() {
+		res.PromptLogprobs = []float32{float32(math.NaN())}
+		for i := 1; i < n; i++ {
+			res.PromptLogprobs = append(res.PromptLogprobs, -float32(i))
+		}
+	}
+	if k := int(req.GetTopkPromptLogprobs()); k > 0 {
+		tk := &loopsv1.TopKLogprobs{K: int32(k), Length: int32(n)}
+		for i := range n * k {
+			id, lp := int32(i/k), -float32(i/k)
+			if i < k {
+				id, lp = 0, -99999
+			}
+			tk.TokenIds, tk.Logprobs = append(tk.TokenIds, id), append(tk.Logprobs, lp)
+		}
+		res.TopkPromptLogprobs = tk
 	}
 	return &backendv1.SampleResponse{Result: res}, nil
 }

@@ -72,6 +72,10 @@ type sampleJob struct {
 	// adapter holds the sampler's checkpoint folder until the job ends (nil for the base
 	// model), even if the sampler leaves memory meanwhile.
 	adapter *ckfiles.Ref
+	// lastN is the request's prompt_logprobs_last_n (0: the whole prompt's scores are kept).
+	lastN int
+	// modelPath is the checkpoint that samples (SampleResult.model_path; "" for the base model).
+	modelPath string
 }
 
 // sampleCost is a sampling request's size in tokens, its weight in the round robin.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"math"
 	"slices"
 	"time"
 
@@ -39,20 +40,64 @@ type samplerState struct {
 	// shared is the key of a workspace's shared sampler (sharedKey): held in memory only,
 	// with no record, for requests that name no sampler; "" for a created sampler.
 	shared string
+	// path is the tinker:// path of the checkpoint ref holds (mu): info's model_path, or for
+	// an inflight sampler the run's inflight save it last followed (samplers.follow).
+	path string
 }
 
 // holdRef adds a holder to the sampler's checkpoint folder for one request (nil for the
-// base model); ok is false when the sampler left memory meanwhile.
-func (s *samplerState) holdRef() (ref *ckfiles.Ref, ok bool) {
+// base model), with the folder's tinker:// path; ok is false when the sampler left memory
+// meanwhile.
+func (s *samplerState) holdRef() (ref *ckfiles.Ref, path string, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.dropped {
-		return nil, false
+		return nil, "", false
 	}
 	if s.ref == nil {
-		return nil, true
+		return nil, s.path, true
 	}
-	return s.ref.Hold(), true
+	return s.ref.Hold(), s.path, true
+}
+
+// follow points an inflight sampler at its run's newest inflight save when it samples
+// another one (a save made since it last sampled). A run without one (or that is gone)
+// leaves the sampler as it is. The folder is opened outside the sampler's lock.
+func (ss *samplers) follow(ctx context.Context, st *samplerState) error {
+	ck, err := ss.inflightCheckpoint(ctx, st.ws, st.info.GetInflightRunId())
+	if err != nil || ck == nil {
+		return err
+	}
+	st.mu.Lock()
+	same := st.path == ck.GetTinkerPath()
+	st.mu.Unlock()
+	if same {
+		return nil
+	}
+	ref, err := ss.c.adapterOf(ctx, st.ws, ck)
+	if err != nil {
+		return err
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.dropped { // left memory meanwhile: the request reloads it
+		ref.Release()
+		return nil
+	}
+	old := st.ref
+	st.ref, st.path = ref, ck.GetTinkerPath()
+	old.Release()
+	return nil
+}
+
+// inflightCheckpoint is the newest inflight sampler save of a run of the workspace (nil
+// when it has none or is gone).
+func (ss *samplers) inflightCheckpoint(ctx context.Context, ws, runID string) (*loopsv1.Checkpoint, error) {
+	r, err := ss.c.runs.get(ctx, ws, runID)
+	if err != nil || r == nil || r.Workspace() != ws {
+		return nil, err
+	}
+	return r.Record().GetInflightSamplerCheckpoint(), nil
 }
 
 // samplers holds the live samplers and the fair queue of sampling requests.
@@ -78,7 +123,8 @@ func newSamplers(c *Core) *samplers {
 
 // create registers a sampler; model is the checkpoint path ("" for the base model) and ref
 // its opened folder (nil for the base model), which the sampler holds from then on.
-func (ss *samplers) create(ctx context.Context, ws, sessionID, baseModel, modelPath, deployment string, ref *ckfiles.Ref) (*loopsv1.Sampler, error) {
+// inflightRun, when set, makes it an inflight sampler of that run (Sampler.inflight_run_id).
+func (ss *samplers) create(ctx context.Context, ws, sessionID, baseModel, modelPath, deployment, inflightRun string, ref *ckfiles.Ref) (*loopsv1.Sampler, error) {
 	var sess *sessionState
 	if sessionID != "" {
 		var err error
@@ -93,7 +139,7 @@ func (ss *samplers) create(ctx context.Context, ws, sessionID, baseModel, modelP
 	}
 	info := &loopsv1.Sampler{
 		Id: newID("smp"), SessionId: sessionID, BaseModel: baseModel, ModelPath: modelPath,
-		CreateTime: timestamppb.New(ss.c.now()), Deployment: deployment,
+		CreateTime: timestamppb.New(ss.c.now()), Deployment: deployment, InflightRunId: inflightRun,
 	}
 	if err := ss.c.store.PutSampler(ctx, ws, info); err != nil {
 		ref.Release()
@@ -171,7 +217,7 @@ func (ss *samplers) dropLocked(s *samplerState) {
 
 // newSamplerState is a sampler in memory that holds ref (nil for the base model).
 func newSamplerState(ws string, info *loopsv1.Sampler, ref *ckfiles.Ref) *samplerState {
-	return &samplerState{ws: ws, info: info, ref: ref, seen: newOnceTable()}
+	return &samplerState{ws: ws, info: info, ref: ref, seen: newOnceTable(), path: info.GetModelPath()}
 }
 
 // expire drops from memory the samplers no request named for Limits.SamplerIdleTTL. They
@@ -230,15 +276,33 @@ func (ss *samplers) get(ctx context.Context, ws, id string) (*samplerState, erro
 			return nil, err
 		}
 	} else if info.GetModelPath() != "" {
-		ck, owner, err := ss.c.resolveOwned(ctx, ws, info.GetModelPath())
+		ck, owner, err := ss.inflightOrOwn(ctx, ws, info)
 		if err != nil {
 			return nil, err
 		}
 		if ref, err = ss.c.adapterOf(ctx, owner, ck); err != nil {
 			return nil, err
 		}
+		st := newSamplerState(ws, info, ref)
+		st.path = ck.GetTinkerPath()
+		return ss.add(st), nil
 	}
 	return ss.add(newSamplerState(ws, info, ref)), nil
+}
+
+// inflightOrOwn is the checkpoint a sampler record samples: its run's newest inflight save
+// for an inflight sampler that has one, else its model_path.
+func (ss *samplers) inflightOrOwn(ctx context.Context, ws string, info *loopsv1.Sampler) (*loopsv1.Checkpoint, string, error) {
+	if run := info.GetInflightRunId(); run != "" {
+		ck, err := ss.inflightCheckpoint(ctx, ws, run)
+		if err != nil {
+			return nil, "", err
+		}
+		if ck != nil {
+			return ck, ws, nil
+		}
+	}
+	return ss.c.resolveOwned(ctx, ws, info.GetModelPath())
 }
 
 // sharedSampler returns the workspace's shared sampler of baseModel, or of the sampler
@@ -355,7 +419,7 @@ func (c *Core) createSampler(ctx context.Context, ws string, req *loopsv1.Create
 	if err != nil {
 		return nil, err
 	}
-	return c.samplers.create(ctx, ws, req.GetSessionId(), baseModel, modelPath, deployment, ref)
+	return c.samplers.create(ctx, ws, req.GetSessionId(), baseModel, modelPath, deployment, "", ref)
 }
 
 // samplerCheckpoint resolves the checkpoint modelPath a sampler is asked for (the
@@ -477,7 +541,12 @@ func (s SamplingService) sample(ctx context.Context, req *loopsv1.SampleRequest,
 
 // startSample creates a sampling operation on sampler st and queues it.
 func (c *Core) startSample(ctx context.Context, ws string, st *samplerState, req *loopsv1.SampleRequest, params *loopsv1.SamplingParams, sink tokenstream.Sink) (*loopsv1.Operation, error) {
-	adapter, ok := st.holdRef()
+	if st.info.GetInflightRunId() != "" {
+		if err := c.samplers.follow(ctx, st); err != nil {
+			return nil, err
+		}
+	}
+	adapter, path, ok := st.holdRef()
 	if !ok { // it left memory meanwhile: reload it
 		var err error
 		if st.shared != "" {
@@ -488,7 +557,7 @@ func (c *Core) startSample(ctx context.Context, ws string, st *samplerState, req
 		if err != nil {
 			return nil, err
 		}
-		if adapter, ok = st.holdRef(); !ok {
+		if adapter, path, ok = st.holdRef(); !ok {
 			return nil, unavailable("sampler %s was reloaded and dropped again at once (the server holds too many samplers); retry", st.info.GetId())
 		}
 	}
@@ -511,9 +580,11 @@ func (c *Core) startSample(ctx context.Context, ws string, st *samplerState, req
 		BaseModel: st.info.GetBaseModel(), AdapterDir: adapterDir, AdapterFiles: adapterFiles, Prompt: req.GetPrompt(),
 		NumSamples: max(req.GetNumSamples(), 1), Params: params,
 		PromptLogprobs: req.GetPromptLogprobs(), TopkPromptLogprobs: req.GetTopkPromptLogprobs(),
+		TargetPromptTokens: req.GetTargetPromptTokens(), PromptAltTokensK: req.GetPromptAltTokensK(),
 		Pool: c.samplerPool(st.info.GetModelPath()), Workspace: ws,
 	}
-	if !c.samplers.queue.push(&sampleJob{o: o, session: st.info.GetSessionId(), deployment: deploymentUsage(st.info.GetDeployment()), req: breq, cost: sampleCost(breq), sink: sink, adapter: adapter}) {
+	if !c.samplers.queue.push(&sampleJob{o: o, session: st.info.GetSessionId(), deployment: deploymentUsage(st.info.GetDeployment()), req: breq, cost: sampleCost(breq), sink: sink, adapter: adapter,
+		lastN: int(req.GetPromptLogprobsLastN()), modelPath: path}) {
 		adapter.Release()
 		c.ops.finish(o, nil, errShuttingDown()) // a shutdown began meanwhile
 	}
@@ -543,6 +614,13 @@ func (c *Core) runSample(j *sampleJob) {
 		err = checkTopLogprobs(req, resp)
 	}
 	if err == nil {
+		err = checkPromptExtras(req, resp)
+	}
+	if err == nil {
+		keepLastN(resp.GetResult(), j.lastN)
+		resp.GetResult().ModelPath = j.modelPath
+	}
+	if err == nil {
 		c.metrics.tokens.WithLabelValues("sample_prompt").Add(float64(len(req.GetPrompt())))
 		generated := 0
 		for _, seq := range resp.GetResult().GetSequences() {
@@ -567,10 +645,57 @@ func checkTopLogprobs(req *backendv1.SampleRequest, resp *backendv1.SampleRespon
 	for _, seq := range resp.GetResult().GetSequences() {
 		if len(seq.GetTokens()) > 0 && seq.GetTopLogprobs() == nil {
 			return connect.NewError(connect.CodeFailedPrecondition, errors.New(
-				"the backend serving this model does not return top_logprobs (the reference engine does): ask without them"))
+				"the backend serving this model does not return top_logprobs (Tinker: topk_sample_logprobs; the reference engine and the torch worker's transformers sampler do): ask without them"))
 		}
 	}
 	return nil
+}
+
+// checkPromptExtras fails a sample that asked for target_prompt_logprobs or
+// prompt_alt_tokens and came back without them in full (a backend that does not compute
+// them, such as a worker sampling with vLLM) rather than answering it silently without.
+func checkPromptExtras(req *backendv1.SampleRequest, resp *backendv1.SampleResponse) error {
+	r := resp.GetResult()
+	if t := req.GetTargetPromptTokens(); t != nil {
+		got := r.GetTargetPromptLogprobs()
+		if got.GetK() != t.GetK() || len(got.GetLogprobs()) != len(t.GetTokenIds()) {
+			return connect.NewError(connect.CodeFailedPrecondition, errors.New(
+				"the backend serving this model does not return target_prompt_logprobs (the reference engine and the torch worker's transformers sampler do): ask without them"))
+		}
+		got.Sparse = t.GetSparse()
+	}
+	if k := req.GetPromptAltTokensK(); k > 0 {
+		alt := r.GetPromptAltTokens()
+		want := (len(req.GetPrompt()) - 1) * int(k)
+		if alt.GetK() != k || len(alt.GetTokenIds()) != want || len(alt.GetLogprobs()) != want {
+			return connect.NewError(connect.CodeFailedPrecondition, errors.New(
+				"the backend serving this model does not return prompt_alt_tokens (the reference engine and the torch worker's transformers sampler do): ask without them"))
+		}
+	}
+	return nil
+}
+
+// keepLastN applies prompt_logprobs_last_n n > 0 to a result: the prompt log-probs before
+// the last n prompt tokens become NaN and their top-k rows empty (token 0, log-prob
+// -99999), as if never scored. The engine scored them (the cost of a prefix is not saved);
+// what is returned is what Tinker returns.
+func keepLastN(r *loopsv1.SampleResult, n int) {
+	if n <= 0 || r == nil {
+		return
+	}
+	if lp := r.GetPromptLogprobs(); len(lp) > n {
+		for i := range lp[:len(lp)-n] {
+			lp[i] = float32(math.NaN())
+		}
+	}
+	if tk := r.GetTopkPromptLogprobs(); tk != nil && int(tk.GetLength()) > n {
+		k := int(tk.GetK())
+		cut := (int(tk.GetLength()) - n) * k
+		ids, lps := tk.GetTokenIds(), tk.GetLogprobs()
+		for i := 0; i < cut && i < len(ids) && i < len(lps); i++ {
+			ids[i], lps[i] = 0, -99999
+		}
+	}
 }
 
 // sampleStream runs a sample that has a sink: nothing when its client left while it

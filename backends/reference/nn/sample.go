@@ -49,7 +49,17 @@ type TopEntry struct {
 type PromptScores struct {
 	LogProbs []float64    // one per prompt token; the first is NaN
 	TopK     [][]TopEntry // one row per prompt token; the first is empty
+	// Targets holds, with Gen.WantTargets, the log-prob of each target id: row i (prompt
+	// position i + 1) has one per id of its target row, NaN where the id is negative.
+	Targets [][]float64
+	// Alts holds, with Gen.WantAlts k, k draws per prompt position after the first (row i:
+	// position i + 1) with their log-probs at temperature 1.
+	Alts [][]TopEntry
 }
+
+// altStream is the PCG stream of a generation's prompt draws (Gen.WantAlts): sample i
+// draws from stream i + 0x5851f42d4c957f2d, so the draws take the one before sample 0's.
+const altStream = 0x5851f42d4c957f2d - 1
 
 // PrefillChunk is the longest prompt chunk: a prompt is cut into chunks at multiples of
 // PrefillChunk, and a chunk's products are chosen by its length (prefillRowsMax), so its
@@ -94,6 +104,9 @@ type Gen[T Float] struct {
 	n        int
 	promptLP bool
 	topK     int
+	targets  [][]int    // per prompt position after the first, the ids to score (-1: none)
+	altK     int        // prompt draws per position
+	altRng   *rand.Rand // the prompt draws' generator
 	stops    map[int]bool
 	seed     uint64
 	base     *KVCache[T] // the prompt's cache; nil once the last sequence took it
@@ -147,6 +160,33 @@ func (m *Model[T]) NewGen(prompt []int, ad *Adapter[T], n int, p SampleParams, p
 		}
 	}
 	return g
+}
+
+// WantTargets asks for the log-probs of targets[i] at prompt position i + 1 (Scores.
+// Targets; a negative id gets NaN). Call it before the first Prefill; len(targets) must be
+// len(prompt) - 1 and every id below the vocabulary size.
+func (g *Gen[T]) WantTargets(targets [][]int) {
+	if g.Scores == nil {
+		g.Scores = &PromptScores{}
+	}
+	g.targets = targets
+	g.Scores.Targets = make([][]float64, len(targets))
+}
+
+// WantAlts asks for k draws at every prompt position after the first (Scores.Alts): from
+// softmax(logits / temperature) over the whole vocabulary (temperature <= 0: the argmax k
+// times), drawn as sampleToken draws, by a generator seeded with (seed, altStream); each
+// with its log-prob at temperature 1. Call it before the first Prefill.
+func (g *Gen[T]) WantAlts(k int) {
+	if k <= 0 {
+		return
+	}
+	if g.Scores == nil {
+		g.Scores = &PromptScores{}
+	}
+	g.altK = k
+	g.altRng = rand.New(rand.NewPCG(g.seed, altStream))
+	g.Scores.Alts = make([][]TopEntry, len(g.prompt)-1)
 }
 
 // Prefilled reports whether the whole prompt has run.
@@ -318,6 +358,62 @@ func (g *Gen[T]) scoreRow(r int, row []T) {
 		}
 		g.Scores.TopK[r+1] = ent
 	}
+	if g.targets != nil {
+		ids := g.targets[r]
+		out := make([]float64, len(ids))
+		for j, t := range ids {
+			out[j] = math.NaN()
+			if t >= 0 {
+				out[j] = float64(row[t]) - lse
+			}
+		}
+		g.Scores.Targets[r] = out
+	}
+	if g.altK > 0 {
+		g.Scores.Alts[r] = g.drawAlts(row, lse)
+	}
+}
+
+// drawAlts draws WantAlts' k tokens from one row of logits (lse: its log-sum-exp). A draw
+// is sampleToken's over the whole vocabulary: u uniform in [0, sum) and the first token
+// whose running sum of exp(logit/T - max) passes u.
+func (g *Gen[T]) drawAlts(row []T, lse float64) []TopEntry {
+	k := g.altK
+	out := make([]TopEntry, k)
+	if g.p.Temperature <= 0 {
+		best := 0
+		for i, v := range row {
+			if v > row[best] {
+				best = i
+			}
+		}
+		for j := range out {
+			out[j] = TopEntry{Token: best, LogProb: float64(row[best]) - lse}
+		}
+		return out
+	}
+	inv := 1 / g.p.Temperature
+	mx := math.Inf(-1)
+	for _, v := range row {
+		mx = max(mx, float64(v)*inv)
+	}
+	e := getF64(len(row))
+	defer putF64(e)
+	expAffine(row, inv, mx, *e)
+	acc := *e
+	for i := 1; i < len(acc); i++ {
+		acc[i] += acc[i-1]
+	}
+	sum := acc[len(acc)-1]
+	for j := range out {
+		u := g.altRng.Float64() * sum
+		tok := sort.Search(len(acc), func(i int) bool { return acc[i] > u })
+		if tok == len(acc) {
+			tok = len(acc) - 1
+		}
+		out[j] = TopEntry{Token: tok, LogProb: float64(row[tok]) - lse}
+	}
+	return out
 }
 
 // Pending is how many sequences are not started yet.

@@ -47,6 +47,14 @@ class SampleSpec:
     topk: int
     eos: List[int] = field(default_factory=list)
     top_logprobs: int = 0
+    # target_prompt_tokens: per prompt position after the first, the ids to score (-1: none)
+    targets: Optional[List[List[int]]] = None
+    alt_k: int = 0  # prompt_alt_tokens_k
+
+    @property
+    def want_prompt(self) -> bool:
+        """Whether the logits of every prompt position are needed."""
+        return self.prompt_logprobs or self.topk > 0 or self.targets is not None or self.alt_k > 0
 
 
 def validate(req, bm) -> SampleSpec:
@@ -84,6 +92,12 @@ def validate(req, bm) -> SampleSpec:
         raise invalid(f"topk_prompt_logprobs must be between 0 and {MAX_TOPK_PROMPT_LOGPROBS}, got {req.topk_prompt_logprobs}")
     if top_logprobs < 0 or top_logprobs > MAX_TOP_LOGPROBS:
         raise invalid(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {top_logprobs}")
+    alt_k = int(req.prompt_alt_tokens_k)
+    if alt_k < 0 or alt_k > MAX_TOPK_PROMPT_LOGPROBS:
+        raise invalid(f"prompt_alt_tokens_k must be between 0 and {MAX_TOPK_PROMPT_LOGPROBS}, got {alt_k}")
+    if alt_k > 0 and len(prompt) < 2:
+        raise invalid("prompt_alt_tokens_k needs a prompt of at least 2 tokens (draws are made at every position after the first)")
+    targets = target_rows(req, len(prompt), V)
     for t in stop_tokens:
         if t < 0 or t >= V:
             raise invalid(f"stop token {t} is outside the vocabulary [0, {V})")
@@ -94,7 +108,50 @@ def validate(req, bm) -> SampleSpec:
     return SampleSpec(prompt=prompt, n=n, max_tokens=max_tokens, temperature=float(temp), top_k=int(top_k),
                       top_p=float(top_p), seed=seed, stop_tokens=stop_tokens, stop_strings=stop_strings,
                       prompt_logprobs=req.prompt_logprobs, topk=int(req.topk_prompt_logprobs), eos=list(bm.eos),
-                      top_logprobs=int(top_logprobs))
+                      top_logprobs=int(top_logprobs), targets=targets, alt_k=alt_k)
+
+
+def target_rows(req, prompt_len: int, vocab: int) -> Optional[List[List[int]]]:
+    """reference targetRows: target_prompt_tokens ([len(prompt) - 1, k] row major, ids in the
+    vocabulary or -1) cut into rows; None when none are asked for."""
+    if not req.HasField("target_prompt_tokens"):
+        return None
+    ids, k = list(req.target_prompt_tokens.token_ids), int(req.target_prompt_tokens.k)
+    if not ids and k == 0:
+        return None
+    if k < 1 or k > MAX_TOPK_PROMPT_LOGPROBS:
+        raise invalid(f"target_prompt_tokens.k must be between 1 and {MAX_TOPK_PROMPT_LOGPROBS}, got {k}")
+    if prompt_len < 2:
+        raise invalid("target_prompt_tokens needs a prompt of at least 2 tokens (position 0 has no preceding context)")
+    if len(ids) != (prompt_len - 1) * k:
+        raise invalid(f"target_prompt_tokens has {len(ids)} ids; a prompt of {prompt_len} tokens with k {k} needs "
+                      f"{(prompt_len - 1) * k} ([len(prompt) - 1, k])")
+    for c, t in enumerate(ids):
+        if t < -1 or t >= vocab:
+            raise invalid(f"target_prompt_tokens[{c // k}][{c % k}] = {t} is outside the vocabulary [0, {vocab}) (use -1 for no id)")
+    return [ids[i * k:(i + 1) * k] for i in range(prompt_len - 1)]
+
+
+ALT_STREAM = 0x5851F42D4C957F2D - 1  # nn.altStream: the stream before sample 0's
+
+
+def draw_alts(row: np.ndarray, lse: float, s: SampleSpec, rng: PCG):
+    """nn.Gen.drawAlts: s.alt_k draws from softmax(row / T) over the whole vocabulary
+    (temperature 0: the argmax k times), each as sample_token draws one (u = float64() *
+    sum, the first token whose running sum passes u), with its log-prob at temperature 1."""
+    k = s.alt_k
+    if s.temperature <= 0:
+        best = int(np.argmax(row))
+        return [(best, float(row[best] - lse))] * k
+    z = row * (1.0 / s.temperature)
+    acc = np.cumsum(np.exp(z - z.max()))
+    total = float(acc[-1])
+    out = []
+    for _ in range(k):
+        u = rng.float64() * total
+        tok = min(int(np.searchsorted(acc, u, side="right")), len(acc) - 1)
+        out.append((tok, float(row[tok] - lse)))
+    return out
 
 
 def adapter_cache_key(bm, dir_: str) -> str:
@@ -171,8 +228,9 @@ def top_rows(rows, k: int):
     return tpb.TopKLogprobs(k=k, length=len(rows), token_ids=ids, logprobs=lps)
 
 
-def build_result(seqs, prompt_lp, topk_rows, spec: SampleSpec):
-    """seqs: (tokens, logprobs, stopped[, top rows]) per sequence."""
+def build_result(seqs, prompt_lp, topk_rows, spec: SampleSpec, extras=None):
+    """seqs: (tokens, logprobs, stopped[, top rows]) per sequence; extras: (target rows,
+    alt rows) as prompt_extras computes them, or None."""
     res = tpb.SampleResult()
     for seq in seqs:
         toks, lps, stopped = seq[0], seq[1], seq[2]
@@ -187,7 +245,30 @@ def build_result(seqs, prompt_lp, topk_rows, spec: SampleSpec):
         L = len(spec.prompt)
         rows = list(topk_rows)[:L]
         res.topk_prompt_logprobs.CopyFrom(top_rows(rows + [[]] * (L - len(rows)), spec.topk))
+    targets, alts = extras if extras is not None else (None, None)
+    if spec.targets is not None and targets is not None:
+        res.target_prompt_logprobs.k = len(spec.targets[0])
+        res.target_prompt_logprobs.logprobs.extend(v for row in targets for v in row)
+    if spec.alt_k > 0 and alts is not None:
+        res.prompt_alt_tokens.k = spec.alt_k
+        res.prompt_alt_tokens.token_ids.extend(t for row in alts for t, _ in row)
+        res.prompt_alt_tokens.logprobs.extend(lp for row in alts for _, lp in row)
     return bpb.SampleResponse(result=res)
+
+
+def prompt_extras(logits: torch.Tensor, lse: torch.Tensor, s: SampleSpec, seed: int):
+    """target_prompt_tokens' log-probs (NaN for -1) and prompt_alt_tokens_k's draws from the
+    float64 logits of every prompt position (row r predicts prompt token r + 1)."""
+    targets, alts = None, None
+    if s.targets is not None:
+        ids = torch.tensor(s.targets, dtype=torch.long)  # [len(prompt) - 1, k]
+        rows = len(s.targets)
+        lp = logits[:rows].gather(1, ids.clamp(min=0)) - lse[:rows, None]
+        targets = torch.where(ids >= 0, lp, torch.full_like(lp, float("nan"))).tolist()
+    if s.alt_k > 0:
+        rng = PCG(seed, ALT_STREAM)
+        alts = [draw_alts(logits[r].numpy(), float(lse[r]), s, rng) for r in range(len(s.prompt) - 1)]
+    return targets, alts
 
 
 class HFSampler:
@@ -222,8 +303,8 @@ class HFSampler:
         spec = validate(req, bm)
         ad = self._adapter(bm, req.adapter_dir) if req.adapter_dir else None
         with self.engine.compute:
-            seqs, plp, topk = self._generate(bm, ad, spec, on_token)
-        return build_result(seqs, plp, topk, spec)
+            seqs, plp, topk, extras = self._generate(bm, ad, spec, on_token)
+        return build_result(seqs, plp, topk, spec, extras)
 
     @torch.no_grad()
     def _generate(self, bm, ad, s: SampleSpec, on_token=None):
@@ -236,11 +317,12 @@ class HFSampler:
         try:
             ids = torch.tensor([s.prompt], dtype=torch.long, device=dev)
             cache = DynamicCache(config=model.config)
-            want_prompt = s.prompt_logprobs or s.topk > 0
+            want_prompt = s.want_prompt
             out = model(input_ids=ids, past_key_values=cache, use_cache=True,
                         logits_to_keep=0 if want_prompt else 1)
             logits = out.logits[0].to(torch.float64).cpu()
-            plp, topk = None, None
+            plp, topk, extras = None, None, None
+            seed = s.seed if s.seed is not None else random.getrandbits(64)
             if want_prompt:
                 lse = torch.logsumexp(logits, dim=-1)
                 if s.prompt_logprobs:
@@ -254,9 +336,9 @@ class HFSampler:
                         row = logits[r].numpy()
                         idx = np.argsort(-row, kind="stable")[:k]
                         topk.append([(int(t), float(row[t] - float(lse[r]))) for t in idx])
+                extras = prompt_extras(logits, lse, s, seed)
             last = logits[-1].numpy()
             n = s.n
-            seed = s.seed if s.seed is not None else random.getrandbits(64)
             rngs = [PCG(seed, (i + 0x5851F42D4C957F2D) & ((1 << 64) - 1)) for i in range(n)]
             stops = set(s.stop_tokens) | set(s.eos)
             toks: List[List[int]] = [[] for _ in range(n)]
@@ -293,6 +375,6 @@ class HFSampler:
                 out = model(input_ids=feed, past_key_values=cache, use_cache=True)
                 lg = out.logits[:, -1].to(torch.float64).cpu().numpy()
                 rows = [lg[i] for i in range(n)]
-            return [(toks[i], lps[i], stopped[i], tops[i]) for i in range(n)], plp, topk
+            return [(toks[i], lps[i], stopped[i], tops[i]) for i in range(n)], plp, topk, extras
         finally:
             bm.ctx.segments = []

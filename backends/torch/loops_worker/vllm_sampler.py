@@ -27,7 +27,7 @@ import threading
 import uuid
 from typing import Dict
 
-from .errors import INTERNAL, UNAVAILABLE, WorkerError, invalid
+from .errors import FAILED_PRECONDITION, INTERNAL, UNAVAILABLE, WorkerError, invalid
 from .sampler import adapter_cache_key, build_result, validate
 
 # vLLM logs to stdout by default, where the worker announces itself (LOOPS_WORKER_LISTENING)
@@ -97,6 +97,9 @@ class VLLMSampler:
 
         bm = self.engine.model(req.base_model)
         s = validate(req, bm)
+        if s.targets is not None or s.alt_k > 0:
+            raise WorkerError(FAILED_PRECONDITION, "the vLLM sampler does not compute target_prompt_logprobs or "
+                              "prompt_alt_tokens (the transformers sampler does): ask without them")
         if s.temperature > MAX_VLLM_TEMPERATURE:
             raise invalid(f"temperature must be at most {MAX_VLLM_TEMPERATURE:g} with the vLLM sampler, got {s.temperature:g}")
         lora = self._lora(bm, req.adapter_dir) if req.adapter_dir else None

@@ -18,7 +18,7 @@ import types
 
 import pytest
 
-from loops_worker.errors import INVALID_ARGUMENT, WorkerError
+from loops_worker.errors import FAILED_PRECONDITION, INVALID_ARGUMENT, WorkerError
 from loops_worker.proto import bpb, tpb
 
 ENGINE_FIELDS = {"model", "tokenizer", "enable_lora", "max_lora_rank", "max_loras", "max_cpu_loras", "dtype",
@@ -206,6 +206,21 @@ def test_vllm_sampler_against_the_033_api(fake_vllm, engine, tmp_path):
         assert math.isnan(r.prompt_logprobs[0]) and list(r.prompt_logprobs[1:]) == [-50.0, -50.0, -50.0]
         assert r.topk_prompt_logprobs.k == 2 and list(r.topk_prompt_logprobs.token_ids[2:4]) == [10, 11]
         assert AsyncLLM.calls[-1][0].prompt_logprobs == 2
+
+        # Target prompt log-probs and prompt draws are the transformers sampler's: refused,
+        # before vLLM runs anything, rather than answered without them.
+        calls = len(AsyncLLM.calls)
+        for extra in ({"target_prompt_tokens": tpb.TargetPromptTokens(k=1, token_ids=[3, -1, 4])}, {"prompt_alt_tokens_k": 2}):
+            req = _req([5, 6, 7, 8], max_tokens=1)
+            for f, v in extra.items():
+                if isinstance(v, int):
+                    setattr(req, f, v)
+                else:
+                    getattr(req, f).CopyFrom(v)
+            with pytest.raises(WorkerError) as e:
+                vs.sample(req)
+            assert e.value.code == FAILED_PRECONDITION and "transformers sampler" in e.value.message
+        assert len(AsyncLLM.calls) == calls
 
         # Seeds near 2**64 stay valid for every child.
         vs.sample(_req([5], n=3, max_tokens=1, temperature=1.0, seed=(1 << 64) - 1))

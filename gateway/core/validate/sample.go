@@ -31,6 +31,9 @@ func Sample(model *loopsv1.ModelInfo, req *loopsv1.SampleRequest, maxSamples int
 	if k := req.GetParams().GetTopLogprobs(); k < 0 || k > semantics.MaxTopLogprobs {
 		return nil, apierr.InvalidArgument("top_logprobs %d is out of range [0, %d]", k, semantics.MaxTopLogprobs)
 	}
+	if err := promptExtras(model, req); err != nil {
+		return nil, err
+	}
 	p := proto.CloneOf(req.GetParams())
 	if p == nil {
 		p = &loopsv1.SamplingParams{Temperature: 1, TopP: 1}
@@ -68,4 +71,54 @@ func Sample(model *loopsv1.ModelInfo, req *loopsv1.SampleRequest, maxSamples int
 		}
 	}
 	return p, nil
+}
+
+// promptExtras checks prompt_logprobs_last_n, target_prompt_tokens and
+// prompt_alt_tokens_k; each is bounded as a top-k width is (semantics.MaxTopKPromptLogprobs
+// per prompt position).
+func promptExtras(model *loopsv1.ModelInfo, req *loopsv1.SampleRequest) error {
+	n := len(req.GetPrompt())
+	if last := req.GetPromptLogprobsLastN(); last != 0 {
+		switch {
+		case !req.GetPromptLogprobs():
+			return apierr.InvalidArgument("prompt_logprobs_last_n applies to prompt logprobs: set prompt_logprobs too")
+		case last < 1 || int(last) > n-1:
+			return apierr.InvalidArgument("prompt_logprobs_last_n %d is out of range [1, %d] (len(prompt) - 1; the first prompt token has no logprob)", last, n-1)
+		}
+	}
+	if k := req.GetPromptAltTokensK(); k != 0 {
+		switch {
+		case k < 0 || k > semantics.MaxTopKPromptLogprobs:
+			return apierr.InvalidArgument("prompt_alt_tokens_k %d is out of range [0, %d]", k, semantics.MaxTopKPromptLogprobs)
+		case n < 2:
+			return apierr.InvalidArgument("prompt_alt_tokens_k needs a prompt of at least 2 tokens: draws are made at every position after the first")
+		}
+	}
+	ids, k := req.GetTargetPromptTokens().GetTokenIds(), int(req.GetTargetPromptTokens().GetK())
+	if req.GetTargetPromptTokens() == nil {
+		return nil
+	}
+	switch {
+	case k < 1 || k > semantics.MaxTopKPromptLogprobs:
+		return apierr.InvalidArgument("target_prompt_logprobs has %d ids per position; give 1 to %d", k, semantics.MaxTopKPromptLogprobs)
+	case n < 2:
+		return apierr.InvalidArgument("target_prompt_logprobs needs a prompt of at least 2 tokens: position 0 has no preceding context")
+	case len(ids) != (n-1)*k:
+		return apierr.InvalidArgument("target_prompt_logprobs has %d ids; a prompt of %d tokens with %d per position needs %d ([len(prompt) - 1, K])", len(ids), n, k, (n-1)*k)
+	}
+	V := model.GetVocabSize()
+	named := false
+	for c, t := range ids {
+		switch {
+		case t == -1:
+		case t < -1 || (V > 0 && t >= V):
+			return apierr.InvalidArgument("target_prompt_logprobs[%d][%d] = %d is outside %s's vocabulary [0, %d) (use -1 for no id)", c/k, c%k, t, model.GetName(), V)
+		default:
+			named = true
+		}
+	}
+	if !named {
+		return apierr.InvalidArgument("target_prompt_logprobs names no token id (every cell is -1): give at least one, or leave it out")
+	}
+	return nil
 }

@@ -202,6 +202,17 @@ func TestSampleRefusesBadRequests(t *testing.T) {
 		{&loopsv1.SampleRequest{Prompt: ints(2), Params: &loopsv1.SamplingParams{Temperature: 1, TopP: 1.5}}, "top_p must be in (0, 1]"},
 		{&loopsv1.SampleRequest{Prompt: ints(2), Params: &loopsv1.SamplingParams{Temperature: 1, StopTokens: []int32{-3}}}, "stop token 0 is -3"},
 		{&loopsv1.SampleRequest{Prompt: ints(2), Params: &loopsv1.SamplingParams{Temperature: 1, StopStrings: []string{"ok", ""}}}, "stop strings must not be empty"},
+		{&loopsv1.SampleRequest{Prompt: ints(3), PromptLogprobsLastN: 1}, "prompt_logprobs_last_n applies to prompt logprobs: set prompt_logprobs too"},
+		{&loopsv1.SampleRequest{Prompt: ints(3), PromptLogprobs: true, PromptLogprobsLastN: 3}, "prompt_logprobs_last_n 3 is out of range [1, 2]"},
+		{&loopsv1.SampleRequest{Prompt: ints(3), PromptLogprobs: true, PromptLogprobsLastN: -1}, "prompt_logprobs_last_n -1 is out of range [1, 2]"},
+		{&loopsv1.SampleRequest{Prompt: ints(3), PromptAltTokensK: 101}, "prompt_alt_tokens_k 101 is out of range [0, 100]"},
+		{&loopsv1.SampleRequest{Prompt: ints(1), PromptAltTokensK: 1}, "prompt_alt_tokens_k needs a prompt of at least 2 tokens"},
+		{&loopsv1.SampleRequest{Prompt: ints(3), TargetPromptTokens: &loopsv1.TargetPromptTokens{}}, "target_prompt_logprobs has 0 ids per position; give 1 to 100"},
+		{&loopsv1.SampleRequest{Prompt: ints(1), TargetPromptTokens: &loopsv1.TargetPromptTokens{K: 1}}, "needs a prompt of at least 2 tokens"},
+		{&loopsv1.SampleRequest{Prompt: ints(3), TargetPromptTokens: &loopsv1.TargetPromptTokens{K: 1, TokenIds: []int32{1}}}, "target_prompt_logprobs has 1 ids; a prompt of 3 tokens with 1 per position needs 2"},
+		{&loopsv1.SampleRequest{Prompt: ints(3), TargetPromptTokens: &loopsv1.TargetPromptTokens{K: 1, TokenIds: []int32{1, 100}}}, "target_prompt_logprobs[1][0] = 100 is outside tiny's vocabulary [0, 100)"},
+		{&loopsv1.SampleRequest{Prompt: ints(3), TargetPromptTokens: &loopsv1.TargetPromptTokens{K: 1, TokenIds: []int32{-2, 1}}}, "target_prompt_logprobs[0][0] = -2 is outside"},
+		{&loopsv1.SampleRequest{Prompt: ints(3), TargetPromptTokens: &loopsv1.TargetPromptTokens{K: 2, TokenIds: []int32{-1, -1, -1, -1}}}, "names no token id"},
 	} {
 		_, err := Sample(model, c.req, 8)
 		require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "%v", c.req)

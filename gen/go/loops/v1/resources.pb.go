@@ -256,8 +256,11 @@ type TrainingRun struct {
 	// shared pools (serverless). Its replicas' time is metered as dedicated replica- and
 	// GPU-seconds.
 	DedicatedPool string `protobuf:"bytes,15,opt,name=dedicated_pool,json=dedicatedPool,proto3" json:"dedicated_pool,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The newest inflight sampler save (SaveWeightsRequest.inflight): the weights every
+	// inflight sampler of the run samples.
+	InflightSamplerCheckpoint *Checkpoint `protobuf:"bytes,16,opt,name=inflight_sampler_checkpoint,json=inflightSamplerCheckpoint,proto3" json:"inflight_sampler_checkpoint,omitempty"`
+	unknownFields             protoimpl.UnknownFields
+	sizeCache                 protoimpl.SizeCache
 }
 
 func (x *TrainingRun) Reset() {
@@ -393,6 +396,13 @@ func (x *TrainingRun) GetDedicatedPool() string {
 		return x.DedicatedPool
 	}
 	return ""
+}
+
+func (x *TrainingRun) GetInflightSamplerCheckpoint() *Checkpoint {
+	if x != nil {
+		return x.InflightSamplerCheckpoint
+	}
+	return nil
 }
 
 // Checkpoint is a saved adapter: a PEFT-compatible folder.
@@ -532,7 +542,11 @@ type Sampler struct {
 	ModelPath  string                 `protobuf:"bytes,4,opt,name=model_path,json=modelPath,proto3" json:"model_path,omitempty"`
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// The deployment it samples ("[<owner>:]<name>/<checkpoint name>"), if any.
-	Deployment    string `protobuf:"bytes,6,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	Deployment string `protobuf:"bytes,6,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	// An inflight sampler (SaveWeightsRequest.inflight): the training run whose newest
+	// inflight sampler save it samples, whatever model_path (the save it was created with)
+	// says. Each sample reports the checkpoint it used (SampleResult.model_path).
+	InflightRunId string `protobuf:"bytes,7,opt,name=inflight_run_id,json=inflightRunId,proto3" json:"inflight_run_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -609,6 +623,13 @@ func (x *Sampler) GetDeployment() string {
 	return ""
 }
 
+func (x *Sampler) GetInflightRunId() string {
+	if x != nil {
+		return x.InflightRunId
+	}
+	return ""
+}
+
 var File_loops_v1_resources_proto protoreflect.FileDescriptor
 
 const file_loops_v1_resources_proto_rawDesc = "" +
@@ -636,7 +657,7 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\x05owner\x18\r \x01(\tR\x05owner\x1a?\n" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8c\x06\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe2\x06\n" +
 	"\vTrainingRun\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -657,7 +678,8 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\runload_reason\x18\r \x01(\tR\funloadReason\x12\x1f\n" +
 	"\voptim_steps\x18\x0e \x01(\x03R\n" +
 	"optimSteps\x12%\n" +
-	"\x0ededicated_pool\x18\x0f \x01(\tR\rdedicatedPool\x1a?\n" +
+	"\x0ededicated_pool\x18\x0f \x01(\tR\rdedicatedPool\x12T\n" +
+	"\x1binflight_sampler_checkpoint\x18\x10 \x01(\v2\x14.loops.v1.CheckpointR\x19inflightSamplerCheckpoint\x1a?\n" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +
@@ -680,7 +702,7 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\n" +
 	"base_model\x18\n" +
 	" \x01(\tR\tbaseModel\x12(\n" +
-	"\x04lora\x18\v \x01(\v2\x14.loops.v1.LoraConfigR\x04lora\"\xd3\x01\n" +
+	"\x04lora\x18\v \x01(\v2\x14.loops.v1.LoraConfigR\x04lora\"\xfb\x01\n" +
 	"\aSampler\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -693,7 +715,8 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"createTime\x12\x1e\n" +
 	"\n" +
 	"deployment\x18\x06 \x01(\tR\n" +
-	"deployment*\x8a\x01\n" +
+	"deployment\x12&\n" +
+	"\x0finflight_run_id\x18\a \x01(\tR\rinflightRunId*\x8a\x01\n" +
 	"\x0eCheckpointKind\x12\x1f\n" +
 	"\x1bCHECKPOINT_KIND_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18CHECKPOINT_KIND_TRAINING\x10\x01\x12\x1b\n" +
@@ -736,16 +759,17 @@ var file_loops_v1_resources_proto_depIdxs = []int32{
 	7,  // 6: loops.v1.TrainingRun.last_request_time:type_name -> google.protobuf.Timestamp
 	3,  // 7: loops.v1.TrainingRun.last_checkpoint:type_name -> loops.v1.Checkpoint
 	3,  // 8: loops.v1.TrainingRun.last_sampler_checkpoint:type_name -> loops.v1.Checkpoint
-	0,  // 9: loops.v1.Checkpoint.kind:type_name -> loops.v1.CheckpointKind
-	7,  // 10: loops.v1.Checkpoint.create_time:type_name -> google.protobuf.Timestamp
-	7,  // 11: loops.v1.Checkpoint.expire_time:type_name -> google.protobuf.Timestamp
-	8,  // 12: loops.v1.Checkpoint.lora:type_name -> loops.v1.LoraConfig
-	7,  // 13: loops.v1.Sampler.create_time:type_name -> google.protobuf.Timestamp
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	3,  // 9: loops.v1.TrainingRun.inflight_sampler_checkpoint:type_name -> loops.v1.Checkpoint
+	0,  // 10: loops.v1.Checkpoint.kind:type_name -> loops.v1.CheckpointKind
+	7,  // 11: loops.v1.Checkpoint.create_time:type_name -> google.protobuf.Timestamp
+	7,  // 12: loops.v1.Checkpoint.expire_time:type_name -> google.protobuf.Timestamp
+	8,  // 13: loops.v1.Checkpoint.lora:type_name -> loops.v1.LoraConfig
+	7,  // 14: loops.v1.Sampler.create_time:type_name -> google.protobuf.Timestamp
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_resources_proto_init() }

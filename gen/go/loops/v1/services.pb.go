@@ -1911,7 +1911,12 @@ type SaveWeightsRequest struct {
 	TtlSeconds *int64 `protobuf:"varint,5,opt,name=ttl_seconds,json=ttlSeconds,proto3,oneof" json:"ttl_seconds,omitempty"`
 	Overwrite  bool   `protobuf:"varint,6,opt,name=overwrite,proto3" json:"overwrite,omitempty"`
 	// For unnamed sampler saves: the client's sampler counter, for de-duplication.
-	SamplerSeqId  *int64 `protobuf:"varint,7,opt,name=sampler_seq_id,json=samplerSeqId,proto3,oneof" json:"sampler_seq_id,omitempty"`
+	SamplerSeqId *int64 `protobuf:"varint,7,opt,name=sampler_seq_id,json=samplerSeqId,proto3,oneof" json:"sampler_seq_id,omitempty"`
+	// An unnamed sampler save whose sampler follows the weights (Tinker's kind "inflight"):
+	// this save becomes the run's inflight weights (TrainingRun.inflight_sampler_checkpoint),
+	// and every inflight sampler of the run, this one and those made before, samples the
+	// newest inflight save from then on. A sampler made with inflight false keeps its weights.
+	Inflight      bool `protobuf:"varint,8,opt,name=inflight,proto3" json:"inflight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1993,6 +1998,13 @@ func (x *SaveWeightsRequest) GetSamplerSeqId() int64 {
 		return *x.SamplerSeqId
 	}
 	return 0
+}
+
+func (x *SaveWeightsRequest) GetInflight() bool {
+	if x != nil {
+		return x.Inflight
+	}
+	return false
 }
 
 type LoadWeightsRequest struct {
@@ -2866,9 +2878,19 @@ type SampleRequest struct {
 	// is set, which it must then match).
 	BaseModel string `protobuf:"bytes,8,opt,name=base_model,json=baseModel,proto3" json:"base_model,omitempty"`
 	// With sampler_id empty: the tinker:// path of a sampler checkpoint to sample.
-	ModelPath     string `protobuf:"bytes,9,opt,name=model_path,json=modelPath,proto3" json:"model_path,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ModelPath string `protobuf:"bytes,9,opt,name=model_path,json=modelPath,proto3" json:"model_path,omitempty"`
+	// Score only the last N prompt tokens (1 … len(prompt) - 1; needs prompt_logprobs):
+	// prompt_logprobs before them are NaN and their topk_prompt_logprobs rows have no
+	// candidates. 0 scores the whole prompt.
+	PromptLogprobsLastN int32 `protobuf:"varint,10,opt,name=prompt_logprobs_last_n,json=promptLogprobsLastN,proto3" json:"prompt_logprobs_last_n,omitempty"`
+	// Token ids whose prompt log-probs to return (SampleResult.target_prompt_logprobs); at
+	// least one id, k at most 100.
+	TargetPromptTokens *TargetPromptTokens `protobuf:"bytes,11,opt,name=target_prompt_tokens,json=targetPromptTokens,proto3" json:"target_prompt_tokens,omitempty"`
+	// Draw this many tokens (at most 100) at every prompt position after the first
+	// (SampleResult.prompt_alt_tokens).
+	PromptAltTokensK int32 `protobuf:"varint,12,opt,name=prompt_alt_tokens_k,json=promptAltTokensK,proto3" json:"prompt_alt_tokens_k,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *SampleRequest) Reset() {
@@ -2962,6 +2984,27 @@ func (x *SampleRequest) GetModelPath() string {
 		return x.ModelPath
 	}
 	return ""
+}
+
+func (x *SampleRequest) GetPromptLogprobsLastN() int32 {
+	if x != nil {
+		return x.PromptLogprobsLastN
+	}
+	return 0
+}
+
+func (x *SampleRequest) GetTargetPromptTokens() *TargetPromptTokens {
+	if x != nil {
+		return x.TargetPromptTokens
+	}
+	return nil
+}
+
+func (x *SampleRequest) GetPromptAltTokensK() int32 {
+	if x != nil {
+		return x.PromptAltTokensK
+	}
+	return 0
 }
 
 type ListModelsRequest struct {
@@ -3760,7 +3803,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x10OptimStepRequest\x12&\n" +
 	"\x0ftraining_run_id\x18\x01 \x01(\tR\rtrainingRunId\x12\x15\n" +
 	"\x06seq_id\x18\x02 \x01(\x03R\x05seqId\x12(\n" +
-	"\x04adam\x18\x03 \x01(\v2\x14.loops.v1.AdamParamsR\x04adam\"\xa7\x02\n" +
+	"\x04adam\x18\x03 \x01(\v2\x14.loops.v1.AdamParamsR\x04adam\"\xc3\x02\n" +
 	"\x12SaveWeightsRequest\x12&\n" +
 	"\x0ftraining_run_id\x18\x01 \x01(\tR\rtrainingRunId\x12\x15\n" +
 	"\x06seq_id\x18\x02 \x01(\x03R\x05seqId\x12,\n" +
@@ -3769,7 +3812,8 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\vttl_seconds\x18\x05 \x01(\x03H\x00R\n" +
 	"ttlSeconds\x88\x01\x01\x12\x1c\n" +
 	"\toverwrite\x18\x06 \x01(\bR\toverwrite\x12)\n" +
-	"\x0esampler_seq_id\x18\a \x01(\x03H\x01R\fsamplerSeqId\x88\x01\x01B\x0e\n" +
+	"\x0esampler_seq_id\x18\a \x01(\x03H\x01R\fsamplerSeqId\x88\x01\x01\x12\x1a\n" +
+	"\binflight\x18\b \x01(\bR\binflightB\x0e\n" +
 	"\f_ttl_secondsB\x11\n" +
 	"\x0f_sampler_seq_id\"\x8e\x01\n" +
 	"\x12LoadWeightsRequest\x12&\n" +
@@ -3836,7 +3880,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"deploymentB\x10\n" +
 	"\x0e_client_seq_id\"#\n" +
 	"\x11GetSamplerRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xd9\x02\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x8d\x04\n" +
 	"\rSampleRequest\x12\x1d\n" +
 	"\n" +
 	"sampler_id\x18\x01 \x01(\tR\tsamplerId\x12\x1a\n" +
@@ -3850,7 +3894,11 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\n" +
 	"base_model\x18\b \x01(\tR\tbaseModel\x12\x1d\n" +
 	"\n" +
-	"model_path\x18\t \x01(\tR\tmodelPathB\t\n" +
+	"model_path\x18\t \x01(\tR\tmodelPath\x123\n" +
+	"\x16prompt_logprobs_last_n\x18\n" +
+	" \x01(\x05R\x13promptLogprobsLastN\x12N\n" +
+	"\x14target_prompt_tokens\x18\v \x01(\v2\x1c.loops.v1.TargetPromptTokensR\x12targetPromptTokens\x12-\n" +
+	"\x13prompt_alt_tokens_k\x18\f \x01(\x05R\x10promptAltTokensKB\t\n" +
 	"\a_seq_id\"\x13\n" +
 	"\x11ListModelsRequest\"A\n" +
 	"\x12ListModelsResponse\x12+\n" +
@@ -4039,10 +4087,11 @@ var file_loops_v1_services_proto_goTypes = []any{
 	(CheckpointKind)(0),                     // 66: loops.v1.CheckpointKind
 	(*Checkpoint)(nil),                      // 67: loops.v1.Checkpoint
 	(*SamplingParams)(nil),                  // 68: loops.v1.SamplingParams
-	(*ModelInfo)(nil),                       // 69: loops.v1.ModelInfo
-	(*durationpb.Duration)(nil),             // 70: google.protobuf.Duration
-	(*Operation)(nil),                       // 71: loops.v1.Operation
-	(*Sampler)(nil),                         // 72: loops.v1.Sampler
+	(*TargetPromptTokens)(nil),              // 69: loops.v1.TargetPromptTokens
+	(*ModelInfo)(nil),                       // 70: loops.v1.ModelInfo
+	(*durationpb.Duration)(nil),             // 71: google.protobuf.Duration
+	(*Operation)(nil),                       // 72: loops.v1.Operation
+	(*Sampler)(nil),                         // 73: loops.v1.Sampler
 }
 var file_loops_v1_services_proto_depIdxs = []int32{
 	54, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
@@ -4073,83 +4122,84 @@ var file_loops_v1_services_proto_depIdxs = []int32{
 	58, // 25: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
 	60, // 26: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
 	68, // 27: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
-	69, // 28: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
-	60, // 29: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
-	60, // 30: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
-	48, // 31: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
-	60, // 32: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
-	60, // 33: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
-	1,  // 34: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
-	51, // 35: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
-	52, // 36: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
-	69, // 37: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
-	53, // 38: loops.v1.WorkspaceUse.fairness:type_name -> loops.v1.WorkspaceFairness
-	70, // 39: loops.v1.WorkspaceFairness.wait_p50:type_name -> google.protobuf.Duration
-	2,  // 40: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
-	3,  // 41: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
-	5,  // 42: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
-	6,  // 43: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
-	7,  // 44: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
-	9,  // 45: loops.v1.SessionService.SearchSessions:input_type -> loops.v1.SearchSessionsRequest
-	13, // 46: loops.v1.SessionService.SetSessionProject:input_type -> loops.v1.SetSessionProjectRequest
-	14, // 47: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
-	16, // 48: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
-	21, // 49: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
-	23, // 50: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
-	24, // 51: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
-	25, // 52: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
-	26, // 53: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
-	27, // 54: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
-	17, // 55: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
-	28, // 56: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
-	30, // 57: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
-	31, // 58: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
-	33, // 59: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
-	34, // 60: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
-	39, // 61: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
-	35, // 62: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
-	37, // 63: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
-	41, // 64: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
-	42, // 65: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
-	43, // 66: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
-	44, // 67: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
-	49, // 68: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
-	46, // 69: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
-	59, // 70: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
-	4,  // 71: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
-	59, // 72: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
-	59, // 73: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
-	8,  // 74: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
-	12, // 75: loops.v1.SessionService.SearchSessions:output_type -> loops.v1.SearchSessionsResponse
-	59, // 76: loops.v1.SessionService.SetSessionProject:output_type -> loops.v1.Session
-	71, // 77: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
-	63, // 78: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
-	22, // 79: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
-	71, // 80: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
-	71, // 81: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
-	71, // 82: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
-	71, // 83: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
-	71, // 84: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
-	18, // 85: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
-	29, // 86: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
-	67, // 87: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
-	32, // 88: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
-	67, // 89: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
-	67, // 90: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
-	40, // 91: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
-	36, // 92: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
-	38, // 93: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
-	72, // 94: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
-	72, // 95: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
-	71, // 96: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
-	45, // 97: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
-	50, // 98: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
-	47, // 99: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
-	70, // [70:100] is the sub-list for method output_type
-	40, // [40:70] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	69, // 28: loops.v1.SampleRequest.target_prompt_tokens:type_name -> loops.v1.TargetPromptTokens
+	70, // 29: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
+	60, // 30: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
+	60, // 31: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
+	48, // 32: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
+	60, // 33: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
+	60, // 34: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
+	1,  // 35: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
+	51, // 36: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
+	52, // 37: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
+	70, // 38: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
+	53, // 39: loops.v1.WorkspaceUse.fairness:type_name -> loops.v1.WorkspaceFairness
+	71, // 40: loops.v1.WorkspaceFairness.wait_p50:type_name -> google.protobuf.Duration
+	2,  // 41: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
+	3,  // 42: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
+	5,  // 43: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
+	6,  // 44: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
+	7,  // 45: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
+	9,  // 46: loops.v1.SessionService.SearchSessions:input_type -> loops.v1.SearchSessionsRequest
+	13, // 47: loops.v1.SessionService.SetSessionProject:input_type -> loops.v1.SetSessionProjectRequest
+	14, // 48: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
+	16, // 49: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
+	21, // 50: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
+	23, // 51: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
+	24, // 52: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
+	25, // 53: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
+	26, // 54: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
+	27, // 55: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
+	17, // 56: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
+	28, // 57: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
+	30, // 58: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
+	31, // 59: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
+	33, // 60: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
+	34, // 61: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
+	39, // 62: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
+	35, // 63: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
+	37, // 64: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
+	41, // 65: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
+	42, // 66: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
+	43, // 67: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
+	44, // 68: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
+	49, // 69: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
+	46, // 70: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
+	59, // 71: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
+	4,  // 72: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
+	59, // 73: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
+	59, // 74: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
+	8,  // 75: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
+	12, // 76: loops.v1.SessionService.SearchSessions:output_type -> loops.v1.SearchSessionsResponse
+	59, // 77: loops.v1.SessionService.SetSessionProject:output_type -> loops.v1.Session
+	72, // 78: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
+	63, // 79: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
+	22, // 80: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
+	72, // 81: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
+	72, // 82: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
+	72, // 83: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
+	72, // 84: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
+	72, // 85: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
+	18, // 86: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
+	29, // 87: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
+	67, // 88: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
+	32, // 89: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
+	67, // 90: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
+	67, // 91: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
+	40, // 92: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
+	36, // 93: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
+	38, // 94: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
+	73, // 95: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
+	73, // 96: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
+	72, // 97: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
+	45, // 98: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
+	50, // 99: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
+	47, // 100: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
+	71, // [71:101] is the sub-list for method output_type
+	41, // [41:71] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_services_proto_init() }

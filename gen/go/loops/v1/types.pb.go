@@ -808,8 +808,15 @@ type SampleResult struct {
 	// One per prompt token; the first is NaN (it has no context).
 	PromptLogprobs     []float32     `protobuf:"fixed32,2,rep,packed,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
 	TopkPromptLogprobs *TopKLogprobs `protobuf:"bytes,3,opt,name=topk_prompt_logprobs,json=topkPromptLogprobs,proto3" json:"topk_prompt_logprobs,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// With SampleRequest.target_prompt_tokens: the log-prob of each id asked for.
+	TargetPromptLogprobs *TargetPromptLogprobs `protobuf:"bytes,4,opt,name=target_prompt_logprobs,json=targetPromptLogprobs,proto3" json:"target_prompt_logprobs,omitempty"`
+	// With prompt_alt_tokens_k: the draws at every prompt position after the first.
+	PromptAltTokens *PromptAltTokens `protobuf:"bytes,5,opt,name=prompt_alt_tokens,json=promptAltTokens,proto3" json:"prompt_alt_tokens,omitempty"`
+	// The tinker:// path of the sampler checkpoint the sample used (empty for the base model):
+	// for an inflight sampler, the run's newest inflight save when the sample was submitted.
+	ModelPath     string `protobuf:"bytes,6,opt,name=model_path,json=modelPath,proto3" json:"model_path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SampleResult) Reset() {
@@ -863,6 +870,223 @@ func (x *SampleResult) GetTopkPromptLogprobs() *TopKLogprobs {
 	return nil
 }
 
+func (x *SampleResult) GetTargetPromptLogprobs() *TargetPromptLogprobs {
+	if x != nil {
+		return x.TargetPromptLogprobs
+	}
+	return nil
+}
+
+func (x *SampleResult) GetPromptAltTokens() *PromptAltTokens {
+	if x != nil {
+		return x.PromptAltTokens
+	}
+	return nil
+}
+
+func (x *SampleResult) GetModelPath() string {
+	if x != nil {
+		return x.ModelPath
+	}
+	return ""
+}
+
+// TargetPromptTokens are token ids whose prompt log-probs to return, row major
+// [len(prompt) - 1, k]: cell [i, j] is scored at prompt position i + 1 (position 0 has no
+// preceding context); -1 requests nothing.
+type TargetPromptTokens struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	K        int32                  `protobuf:"varint,1,opt,name=k,proto3" json:"k,omitempty"`
+	TokenIds []int32                `protobuf:"varint,2,rep,packed,name=token_ids,json=tokenIds,proto3" json:"token_ids,omitempty"`
+	// The caller named its cells sparsely (Tinker's CSR layout); the answer says so too, for
+	// the Tinker surface to answer in that layout. Engines ignore it.
+	Sparse        bool `protobuf:"varint,3,opt,name=sparse,proto3" json:"sparse,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TargetPromptTokens) Reset() {
+	*x = TargetPromptTokens{}
+	mi := &file_loops_v1_types_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TargetPromptTokens) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TargetPromptTokens) ProtoMessage() {}
+
+func (x *TargetPromptTokens) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_types_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TargetPromptTokens.ProtoReflect.Descriptor instead.
+func (*TargetPromptTokens) Descriptor() ([]byte, []int) {
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *TargetPromptTokens) GetK() int32 {
+	if x != nil {
+		return x.K
+	}
+	return 0
+}
+
+func (x *TargetPromptTokens) GetTokenIds() []int32 {
+	if x != nil {
+		return x.TokenIds
+	}
+	return nil
+}
+
+func (x *TargetPromptTokens) GetSparse() bool {
+	if x != nil {
+		return x.Sparse
+	}
+	return false
+}
+
+// TargetPromptLogprobs are the log-probs (temperature 1, as prompt_logprobs) of
+// TargetPromptTokens' ids, in their layout: row major [len(prompt) - 1, k], NaN where the
+// id was -1.
+type TargetPromptLogprobs struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	K        int32                  `protobuf:"varint,1,opt,name=k,proto3" json:"k,omitempty"`
+	Logprobs []float32              `protobuf:"fixed32,2,rep,packed,name=logprobs,proto3" json:"logprobs,omitempty"`
+	// As TargetPromptTokens.sparse.
+	Sparse        bool `protobuf:"varint,3,opt,name=sparse,proto3" json:"sparse,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TargetPromptLogprobs) Reset() {
+	*x = TargetPromptLogprobs{}
+	mi := &file_loops_v1_types_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TargetPromptLogprobs) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TargetPromptLogprobs) ProtoMessage() {}
+
+func (x *TargetPromptLogprobs) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_types_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TargetPromptLogprobs.ProtoReflect.Descriptor instead.
+func (*TargetPromptLogprobs) Descriptor() ([]byte, []int) {
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *TargetPromptLogprobs) GetK() int32 {
+	if x != nil {
+		return x.K
+	}
+	return 0
+}
+
+func (x *TargetPromptLogprobs) GetLogprobs() []float32 {
+	if x != nil {
+		return x.Logprobs
+	}
+	return nil
+}
+
+func (x *TargetPromptLogprobs) GetSparse() bool {
+	if x != nil {
+		return x.Sparse
+	}
+	return false
+}
+
+// PromptAltTokens are k tokens drawn, independently and with replacement, at every prompt
+// position after the first from the model's next-token distribution at the request's
+// temperature (softmax(logits / temperature) over the whole vocabulary; temperature 0: the
+// argmax, k times), with each token's log-prob under the model (temperature 1, as
+// prompt_logprobs). Row-major [len(prompt) - 1, k]: row i is drawn for prompt position
+// i + 1. The draws take their own generator seeded with SamplingParams.seed, so a seed
+// gives the same draws.
+type PromptAltTokens struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	K             int32                  `protobuf:"varint,1,opt,name=k,proto3" json:"k,omitempty"`
+	TokenIds      []int32                `protobuf:"varint,2,rep,packed,name=token_ids,json=tokenIds,proto3" json:"token_ids,omitempty"`
+	Logprobs      []float32              `protobuf:"fixed32,3,rep,packed,name=logprobs,proto3" json:"logprobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PromptAltTokens) Reset() {
+	*x = PromptAltTokens{}
+	mi := &file_loops_v1_types_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PromptAltTokens) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PromptAltTokens) ProtoMessage() {}
+
+func (x *PromptAltTokens) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_types_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PromptAltTokens.ProtoReflect.Descriptor instead.
+func (*PromptAltTokens) Descriptor() ([]byte, []int) {
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *PromptAltTokens) GetK() int32 {
+	if x != nil {
+		return x.K
+	}
+	return 0
+}
+
+func (x *PromptAltTokens) GetTokenIds() []int32 {
+	if x != nil {
+		return x.TokenIds
+	}
+	return nil
+}
+
+func (x *PromptAltTokens) GetLogprobs() []float32 {
+	if x != nil {
+		return x.Logprobs
+	}
+	return nil
+}
+
 // ModelInfo describes a base model a server can train and sample.
 type ModelInfo struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
@@ -880,7 +1104,7 @@ type ModelInfo struct {
 
 func (x *ModelInfo) Reset() {
 	*x = ModelInfo{}
-	mi := &file_loops_v1_types_proto_msgTypes[11]
+	mi := &file_loops_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -892,7 +1116,7 @@ func (x *ModelInfo) String() string {
 func (*ModelInfo) ProtoMessage() {}
 
 func (x *ModelInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[11]
+	mi := &file_loops_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -905,7 +1129,7 @@ func (x *ModelInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelInfo.ProtoReflect.Descriptor instead.
 func (*ModelInfo) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ModelInfo) GetName() string {
@@ -1028,11 +1252,27 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\ametrics\x18\x01 \x03(\v2&.loops.v1.OptimStepResult.MetricsEntryR\ametrics\x1a:\n" +
 	"\fMetricsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xba\x01\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xf6\x02\n" +
 	"\fSampleResult\x127\n" +
 	"\tsequences\x18\x01 \x03(\v2\x19.loops.v1.SampledSequenceR\tsequences\x12'\n" +
 	"\x0fprompt_logprobs\x18\x02 \x03(\x02R\x0epromptLogprobs\x12H\n" +
-	"\x14topk_prompt_logprobs\x18\x03 \x01(\v2\x16.loops.v1.TopKLogprobsR\x12topkPromptLogprobs\"\xf3\x01\n" +
+	"\x14topk_prompt_logprobs\x18\x03 \x01(\v2\x16.loops.v1.TopKLogprobsR\x12topkPromptLogprobs\x12T\n" +
+	"\x16target_prompt_logprobs\x18\x04 \x01(\v2\x1e.loops.v1.TargetPromptLogprobsR\x14targetPromptLogprobs\x12E\n" +
+	"\x11prompt_alt_tokens\x18\x05 \x01(\v2\x19.loops.v1.PromptAltTokensR\x0fpromptAltTokens\x12\x1d\n" +
+	"\n" +
+	"model_path\x18\x06 \x01(\tR\tmodelPath\"W\n" +
+	"\x12TargetPromptTokens\x12\f\n" +
+	"\x01k\x18\x01 \x01(\x05R\x01k\x12\x1b\n" +
+	"\ttoken_ids\x18\x02 \x03(\x05R\btokenIds\x12\x16\n" +
+	"\x06sparse\x18\x03 \x01(\bR\x06sparse\"X\n" +
+	"\x14TargetPromptLogprobs\x12\f\n" +
+	"\x01k\x18\x01 \x01(\x05R\x01k\x12\x1a\n" +
+	"\blogprobs\x18\x02 \x03(\x02R\blogprobs\x12\x16\n" +
+	"\x06sparse\x18\x03 \x01(\bR\x06sparse\"X\n" +
+	"\x0fPromptAltTokens\x12\f\n" +
+	"\x01k\x18\x01 \x01(\x05R\x01k\x12\x1b\n" +
+	"\ttoken_ids\x18\x02 \x03(\x05R\btokenIds\x12\x1a\n" +
+	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xf3\x01\n" +
 	"\tModelInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x13max_sequence_length\x18\x02 \x01(\x05R\x11maxSequenceLength\x12\x1d\n" +
@@ -1067,7 +1307,7 @@ func file_loops_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_loops_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_loops_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_loops_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_loops_v1_types_proto_goTypes = []any{
 	(Dtype)(0),                    // 0: loops.v1.Dtype
 	(StopReason)(0),               // 1: loops.v1.StopReason
@@ -1082,30 +1322,35 @@ var file_loops_v1_types_proto_goTypes = []any{
 	(*ForwardBackwardResult)(nil), // 10: loops.v1.ForwardBackwardResult
 	(*OptimStepResult)(nil),       // 11: loops.v1.OptimStepResult
 	(*SampleResult)(nil),          // 12: loops.v1.SampleResult
-	(*ModelInfo)(nil),             // 13: loops.v1.ModelInfo
-	nil,                           // 14: loops.v1.Datum.LossFnInputsEntry
-	nil,                           // 15: loops.v1.DatumOutput.OutputsEntry
-	nil,                           // 16: loops.v1.ForwardBackwardResult.MetricsEntry
-	nil,                           // 17: loops.v1.OptimStepResult.MetricsEntry
+	(*TargetPromptTokens)(nil),    // 13: loops.v1.TargetPromptTokens
+	(*TargetPromptLogprobs)(nil),  // 14: loops.v1.TargetPromptLogprobs
+	(*PromptAltTokens)(nil),       // 15: loops.v1.PromptAltTokens
+	(*ModelInfo)(nil),             // 16: loops.v1.ModelInfo
+	nil,                           // 17: loops.v1.Datum.LossFnInputsEntry
+	nil,                           // 18: loops.v1.DatumOutput.OutputsEntry
+	nil,                           // 19: loops.v1.ForwardBackwardResult.MetricsEntry
+	nil,                           // 20: loops.v1.OptimStepResult.MetricsEntry
 }
 var file_loops_v1_types_proto_depIdxs = []int32{
 	0,  // 0: loops.v1.Tensor.dtype:type_name -> loops.v1.Dtype
-	14, // 1: loops.v1.Datum.loss_fn_inputs:type_name -> loops.v1.Datum.LossFnInputsEntry
+	17, // 1: loops.v1.Datum.loss_fn_inputs:type_name -> loops.v1.Datum.LossFnInputsEntry
 	1,  // 2: loops.v1.SampledSequence.stop_reason:type_name -> loops.v1.StopReason
 	8,  // 3: loops.v1.SampledSequence.top_logprobs:type_name -> loops.v1.TopKLogprobs
-	15, // 4: loops.v1.DatumOutput.outputs:type_name -> loops.v1.DatumOutput.OutputsEntry
+	18, // 4: loops.v1.DatumOutput.outputs:type_name -> loops.v1.DatumOutput.OutputsEntry
 	9,  // 5: loops.v1.ForwardBackwardResult.outputs:type_name -> loops.v1.DatumOutput
-	16, // 6: loops.v1.ForwardBackwardResult.metrics:type_name -> loops.v1.ForwardBackwardResult.MetricsEntry
-	17, // 7: loops.v1.OptimStepResult.metrics:type_name -> loops.v1.OptimStepResult.MetricsEntry
+	19, // 6: loops.v1.ForwardBackwardResult.metrics:type_name -> loops.v1.ForwardBackwardResult.MetricsEntry
+	20, // 7: loops.v1.OptimStepResult.metrics:type_name -> loops.v1.OptimStepResult.MetricsEntry
 	7,  // 8: loops.v1.SampleResult.sequences:type_name -> loops.v1.SampledSequence
 	8,  // 9: loops.v1.SampleResult.topk_prompt_logprobs:type_name -> loops.v1.TopKLogprobs
-	2,  // 10: loops.v1.Datum.LossFnInputsEntry.value:type_name -> loops.v1.Tensor
-	2,  // 11: loops.v1.DatumOutput.OutputsEntry.value:type_name -> loops.v1.Tensor
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	14, // 10: loops.v1.SampleResult.target_prompt_logprobs:type_name -> loops.v1.TargetPromptLogprobs
+	15, // 11: loops.v1.SampleResult.prompt_alt_tokens:type_name -> loops.v1.PromptAltTokens
+	2,  // 12: loops.v1.Datum.LossFnInputsEntry.value:type_name -> loops.v1.Tensor
+	2,  // 13: loops.v1.DatumOutput.OutputsEntry.value:type_name -> loops.v1.Tensor
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_types_proto_init() }
@@ -1120,7 +1365,7 @@ func file_loops_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_types_proto_rawDesc), len(file_loops_v1_types_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   16,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -60,7 +60,7 @@ class Session(_message.Message):
     def __init__(self, id: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., sdk_version: _Optional[str] = ..., project_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., training_run_ids: _Optional[_Iterable[str]] = ..., sampler_ids: _Optional[_Iterable[str]] = ..., expired: _Optional[bool] = ..., end_reason: _Optional[str] = ..., display_name: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class TrainingRun(_message.Message):
-    __slots__ = ("id", "session_id", "base_model", "lora", "user_metadata", "create_time", "last_request_time", "last_checkpoint", "last_sampler_checkpoint", "corrupted", "last_seq_id", "client_seq_id", "unload_reason", "optim_steps", "dedicated_pool")
+    __slots__ = ("id", "session_id", "base_model", "lora", "user_metadata", "create_time", "last_request_time", "last_checkpoint", "last_sampler_checkpoint", "corrupted", "last_seq_id", "client_seq_id", "unload_reason", "optim_steps", "dedicated_pool", "inflight_sampler_checkpoint")
     class UserMetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +83,7 @@ class TrainingRun(_message.Message):
     UNLOAD_REASON_FIELD_NUMBER: _ClassVar[int]
     OPTIM_STEPS_FIELD_NUMBER: _ClassVar[int]
     DEDICATED_POOL_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_SAMPLER_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     id: str
     session_id: str
     base_model: str
@@ -98,7 +99,8 @@ class TrainingRun(_message.Message):
     unload_reason: str
     optim_steps: int
     dedicated_pool: str
-    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., base_model: _Optional[str] = ..., lora: _Optional[_Union[_types_pb2.LoraConfig, _Mapping]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_request_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., last_sampler_checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., corrupted: _Optional[bool] = ..., last_seq_id: _Optional[int] = ..., client_seq_id: _Optional[int] = ..., unload_reason: _Optional[str] = ..., optim_steps: _Optional[int] = ..., dedicated_pool: _Optional[str] = ...) -> None: ...
+    inflight_sampler_checkpoint: Checkpoint
+    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., base_model: _Optional[str] = ..., lora: _Optional[_Union[_types_pb2.LoraConfig, _Mapping]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_request_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., last_sampler_checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., corrupted: _Optional[bool] = ..., last_seq_id: _Optional[int] = ..., client_seq_id: _Optional[int] = ..., unload_reason: _Optional[str] = ..., optim_steps: _Optional[int] = ..., dedicated_pool: _Optional[str] = ..., inflight_sampler_checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
     __slots__ = ("id", "training_run_id", "kind", "name", "tinker_path", "size_bytes", "public", "create_time", "expire_time", "base_model", "lora")
@@ -127,17 +129,19 @@ class Checkpoint(_message.Message):
     def __init__(self, id: _Optional[str] = ..., training_run_id: _Optional[str] = ..., kind: _Optional[_Union[CheckpointKind, str]] = ..., name: _Optional[str] = ..., tinker_path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., public: _Optional[bool] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., base_model: _Optional[str] = ..., lora: _Optional[_Union[_types_pb2.LoraConfig, _Mapping]] = ...) -> None: ...
 
 class Sampler(_message.Message):
-    __slots__ = ("id", "session_id", "base_model", "model_path", "create_time", "deployment")
+    __slots__ = ("id", "session_id", "base_model", "model_path", "create_time", "deployment", "inflight_run_id")
     ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     id: str
     session_id: str
     base_model: str
     model_path: str
     create_time: _timestamp_pb2.Timestamp
     deployment: str
-    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., base_model: _Optional[str] = ..., model_path: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deployment: _Optional[str] = ...) -> None: ...
+    inflight_run_id: str
+    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., base_model: _Optional[str] = ..., model_path: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deployment: _Optional[str] = ..., inflight_run_id: _Optional[str] = ...) -> None: ...

@@ -366,7 +366,7 @@ class OptimStepRequest(_message.Message):
     def __init__(self, training_run_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., adam: _Optional[_Union[_types_pb2.AdamParams, _Mapping]] = ...) -> None: ...
 
 class SaveWeightsRequest(_message.Message):
-    __slots__ = ("training_run_id", "seq_id", "kind", "name", "ttl_seconds", "overwrite", "sampler_seq_id")
+    __slots__ = ("training_run_id", "seq_id", "kind", "name", "ttl_seconds", "overwrite", "sampler_seq_id", "inflight")
     TRAINING_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -374,6 +374,7 @@ class SaveWeightsRequest(_message.Message):
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     OVERWRITE_FIELD_NUMBER: _ClassVar[int]
     SAMPLER_SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
     training_run_id: str
     seq_id: int
     kind: _resources_pb2.CheckpointKind
@@ -381,7 +382,8 @@ class SaveWeightsRequest(_message.Message):
     ttl_seconds: int
     overwrite: bool
     sampler_seq_id: int
-    def __init__(self, training_run_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., kind: _Optional[_Union[_resources_pb2.CheckpointKind, str]] = ..., name: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., overwrite: _Optional[bool] = ..., sampler_seq_id: _Optional[int] = ...) -> None: ...
+    inflight: bool
+    def __init__(self, training_run_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., kind: _Optional[_Union[_resources_pb2.CheckpointKind, str]] = ..., name: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., overwrite: _Optional[bool] = ..., sampler_seq_id: _Optional[int] = ..., inflight: _Optional[bool] = ...) -> None: ...
 
 class LoadWeightsRequest(_message.Message):
     __slots__ = ("training_run_id", "seq_id", "path", "with_optimizer")
@@ -521,7 +523,7 @@ class GetSamplerRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class SampleRequest(_message.Message):
-    __slots__ = ("sampler_id", "seq_id", "prompt", "num_samples", "params", "prompt_logprobs", "topk_prompt_logprobs", "base_model", "model_path")
+    __slots__ = ("sampler_id", "seq_id", "prompt", "num_samples", "params", "prompt_logprobs", "topk_prompt_logprobs", "base_model", "model_path", "prompt_logprobs_last_n", "target_prompt_tokens", "prompt_alt_tokens_k")
     SAMPLER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -531,6 +533,9 @@ class SampleRequest(_message.Message):
     TOPK_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_LAST_N_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_ALT_TOKENS_K_FIELD_NUMBER: _ClassVar[int]
     sampler_id: str
     seq_id: int
     prompt: _containers.RepeatedScalarFieldContainer[int]
@@ -540,7 +545,10 @@ class SampleRequest(_message.Message):
     topk_prompt_logprobs: int
     base_model: str
     model_path: str
-    def __init__(self, sampler_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., prompt: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ..., topk_prompt_logprobs: _Optional[int] = ..., base_model: _Optional[str] = ..., model_path: _Optional[str] = ...) -> None: ...
+    prompt_logprobs_last_n: int
+    target_prompt_tokens: _types_pb2.TargetPromptTokens
+    prompt_alt_tokens_k: int
+    def __init__(self, sampler_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., prompt: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ..., topk_prompt_logprobs: _Optional[int] = ..., base_model: _Optional[str] = ..., model_path: _Optional[str] = ..., prompt_logprobs_last_n: _Optional[int] = ..., target_prompt_tokens: _Optional[_Union[_types_pb2.TargetPromptTokens, _Mapping]] = ..., prompt_alt_tokens_k: _Optional[int] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

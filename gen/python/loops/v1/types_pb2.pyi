@@ -168,14 +168,50 @@ class OptimStepResult(_message.Message):
     def __init__(self, metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class SampleResult(_message.Message):
-    __slots__ = ("sequences", "prompt_logprobs", "topk_prompt_logprobs")
+    __slots__ = ("sequences", "prompt_logprobs", "topk_prompt_logprobs", "target_prompt_logprobs", "prompt_alt_tokens", "model_path")
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOPK_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_ALT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     sequences: _containers.RepeatedCompositeFieldContainer[SampledSequence]
     prompt_logprobs: _containers.RepeatedScalarFieldContainer[float]
     topk_prompt_logprobs: TopKLogprobs
-    def __init__(self, sequences: _Optional[_Iterable[_Union[SampledSequence, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[float]] = ..., topk_prompt_logprobs: _Optional[_Union[TopKLogprobs, _Mapping]] = ...) -> None: ...
+    target_prompt_logprobs: TargetPromptLogprobs
+    prompt_alt_tokens: PromptAltTokens
+    model_path: str
+    def __init__(self, sequences: _Optional[_Iterable[_Union[SampledSequence, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[float]] = ..., topk_prompt_logprobs: _Optional[_Union[TopKLogprobs, _Mapping]] = ..., target_prompt_logprobs: _Optional[_Union[TargetPromptLogprobs, _Mapping]] = ..., prompt_alt_tokens: _Optional[_Union[PromptAltTokens, _Mapping]] = ..., model_path: _Optional[str] = ...) -> None: ...
+
+class TargetPromptTokens(_message.Message):
+    __slots__ = ("k", "token_ids", "sparse")
+    K_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_FIELD_NUMBER: _ClassVar[int]
+    k: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sparse: bool
+    def __init__(self, k: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., sparse: _Optional[bool] = ...) -> None: ...
+
+class TargetPromptLogprobs(_message.Message):
+    __slots__ = ("k", "logprobs", "sparse")
+    K_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_FIELD_NUMBER: _ClassVar[int]
+    k: int
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    sparse: bool
+    def __init__(self, k: _Optional[int] = ..., logprobs: _Optional[_Iterable[float]] = ..., sparse: _Optional[bool] = ...) -> None: ...
+
+class PromptAltTokens(_message.Message):
+    __slots__ = ("k", "token_ids", "logprobs")
+    K_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    k: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, k: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
     __slots__ = ("name", "max_sequence_length", "vocab_size", "architecture", "tokenizer_id", "max_lora_rank", "backend")

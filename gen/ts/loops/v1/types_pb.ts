@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file loops/v1/types.proto.
  */
 export const file_loops_v1_types: GenFile = /*@__PURE__*/
-  fileDesc("ChRsb29wcy92MS90eXBlcy5wcm90bxIIbG9vcHMudjEiYQoGVGVuc29yEh4KBWR0eXBlGAEgASgOMg8ubG9vcHMudjEuRHR5cGUSDQoFc2hhcGUYAiADKAMSFAoMZmxvYXQzMl9kYXRhGAMgAygCEhIKCmludDY0X2RhdGEYBCADKAMimQEKBURhdHVtEg4KBnRva2VucxgBIAMoBRI5Cg5sb3NzX2ZuX2lucHV0cxgCIAMoCzIhLmxvb3BzLnYxLkRhdHVtLkxvc3NGbklucHV0c0VudHJ5GkUKEUxvc3NGbklucHV0c0VudHJ5EgsKA2tleRgBIAEoCRIfCgV2YWx1ZRgCIAEoCzIQLmxvb3BzLnYxLlRlbnNvcjoCOAEiZgoKTG9yYUNvbmZpZxIMCgRyYW5rGAEgASgFEgwKBHNlZWQYAiABKAQSEgoKdHJhaW5fYXR0bhgDIAEoCBIRCgl0cmFpbl9tbHAYBCABKAgSFQoNdHJhaW5fdW5lbWJlZBgFIAEoCCJ8CgpBZGFtUGFyYW1zEhUKDWxlYXJuaW5nX3JhdGUYASABKAESDQoFYmV0YTEYAiABKAESDQoFYmV0YTIYAyABKAESCwoDZXBzGAQgASgBEhQKDHdlaWdodF9kZWNheRgFIAEoARIWCg5ncmFkX2NsaXBfbm9ybRgGIAEoASK0AQoOU2FtcGxpbmdQYXJhbXMSEgoKbWF4X3Rva2VucxgBIAEoBRITCgt0ZW1wZXJhdHVyZRgCIAEoAhINCgV0b3BfaxgDIAEoBRINCgV0b3BfcBgEIAEoAhIRCgRzZWVkGAUgASgESACIAQESFAoMc3RvcF9zdHJpbmdzGAYgAygJEhMKC3N0b3BfdG9rZW5zGAcgAygFEhQKDHRvcF9sb2dwcm9icxgIIAEoBUIHCgVfc2VlZCKMAQoPU2FtcGxlZFNlcXVlbmNlEg4KBnRva2VucxgBIAMoBRIQCghsb2dwcm9icxgCIAMoAhIpCgtzdG9wX3JlYXNvbhgDIAEoDjIULmxvb3BzLnYxLlN0b3BSZWFzb24SLAoMdG9wX2xvZ3Byb2JzGAQgASgLMhYubG9vcHMudjEuVG9wS0xvZ3Byb2JzIk4KDFRvcEtMb2dwcm9icxIJCgFrGAEgASgFEg4KBmxlbmd0aBgCIAEoBRIRCgl0b2tlbl9pZHMYAyADKAUSEAoIbG9ncHJvYnMYBCADKAIihAEKC0RhdHVtT3V0cHV0EjMKB291dHB1dHMYASADKAsyIi5sb29wcy52MS5EYXR1bU91dHB1dC5PdXRwdXRzRW50cnkaQAoMT3V0cHV0c0VudHJ5EgsKA2tleRgBIAEoCRIfCgV2YWx1ZRgCIAEoCzIQLmxvb3BzLnYxLlRlbnNvcjoCOAEirgEKFUZvcndhcmRCYWNrd2FyZFJlc3VsdBImCgdvdXRwdXRzGAEgAygLMhUubG9vcHMudjEuRGF0dW1PdXRwdXQSPQoHbWV0cmljcxgCIAMoCzIsLmxvb3BzLnYxLkZvcndhcmRCYWNrd2FyZFJlc3VsdC5NZXRyaWNzRW50cnkaLgoMTWV0cmljc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAToCOAEiegoPT3B0aW1TdGVwUmVzdWx0EjcKB21ldHJpY3MYASADKAsyJi5sb29wcy52MS5PcHRpbVN0ZXBSZXN1bHQuTWV0cmljc0VudHJ5Gi4KDE1ldHJpY3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAE6AjgBIosBCgxTYW1wbGVSZXN1bHQSLAoJc2VxdWVuY2VzGAEgAygLMhkubG9vcHMudjEuU2FtcGxlZFNlcXVlbmNlEhcKD3Byb21wdF9sb2dwcm9icxgCIAMoAhI0ChR0b3BrX3Byb21wdF9sb2dwcm9icxgDIAEoCzIWLmxvb3BzLnYxLlRvcEtMb2dwcm9icyKeAQoJTW9kZWxJbmZvEgwKBG5hbWUYASABKAkSGwoTbWF4X3NlcXVlbmNlX2xlbmd0aBgCIAEoBRISCgp2b2NhYl9zaXplGAMgASgFEhQKDGFyY2hpdGVjdHVyZRgEIAEoCRIUCgx0b2tlbml6ZXJfaWQYBSABKAkSFQoNbWF4X2xvcmFfcmFuaxgGIAEoBRIPCgdiYWNrZW5kGAcgASgJKkIKBUR0eXBlEhUKEURUWVBFX1VOU1BFQ0lGSUVEEAASEQoNRFRZUEVfRkxPQVQzMhABEg8KC0RUWVBFX0lOVDY0EAIqVwoKU3RvcFJlYXNvbhIbChdTVE9QX1JFQVNPTl9VTlNQRUNJRklFRBAAEhQKEFNUT1BfUkVBU09OX1NUT1AQARIWChJTVE9QX1JFQVNPTl9MRU5HVEgQAmIGcHJvdG8z");
+  fileDesc("ChRsb29wcy92MS90eXBlcy5wcm90bxIIbG9vcHMudjEiYQoGVGVuc29yEh4KBWR0eXBlGAEgASgOMg8ubG9vcHMudjEuRHR5cGUSDQoFc2hhcGUYAiADKAMSFAoMZmxvYXQzMl9kYXRhGAMgAygCEhIKCmludDY0X2RhdGEYBCADKAMimQEKBURhdHVtEg4KBnRva2VucxgBIAMoBRI5Cg5sb3NzX2ZuX2lucHV0cxgCIAMoCzIhLmxvb3BzLnYxLkRhdHVtLkxvc3NGbklucHV0c0VudHJ5GkUKEUxvc3NGbklucHV0c0VudHJ5EgsKA2tleRgBIAEoCRIfCgV2YWx1ZRgCIAEoCzIQLmxvb3BzLnYxLlRlbnNvcjoCOAEiZgoKTG9yYUNvbmZpZxIMCgRyYW5rGAEgASgFEgwKBHNlZWQYAiABKAQSEgoKdHJhaW5fYXR0bhgDIAEoCBIRCgl0cmFpbl9tbHAYBCABKAgSFQoNdHJhaW5fdW5lbWJlZBgFIAEoCCJ8CgpBZGFtUGFyYW1zEhUKDWxlYXJuaW5nX3JhdGUYASABKAESDQoFYmV0YTEYAiABKAESDQoFYmV0YTIYAyABKAESCwoDZXBzGAQgASgBEhQKDHdlaWdodF9kZWNheRgFIAEoARIWCg5ncmFkX2NsaXBfbm9ybRgGIAEoASK0AQoOU2FtcGxpbmdQYXJhbXMSEgoKbWF4X3Rva2VucxgBIAEoBRITCgt0ZW1wZXJhdHVyZRgCIAEoAhINCgV0b3BfaxgDIAEoBRINCgV0b3BfcBgEIAEoAhIRCgRzZWVkGAUgASgESACIAQESFAoMc3RvcF9zdHJpbmdzGAYgAygJEhMKC3N0b3BfdG9rZW5zGAcgAygFEhQKDHRvcF9sb2dwcm9icxgIIAEoBUIHCgVfc2VlZCKMAQoPU2FtcGxlZFNlcXVlbmNlEg4KBnRva2VucxgBIAMoBRIQCghsb2dwcm9icxgCIAMoAhIpCgtzdG9wX3JlYXNvbhgDIAEoDjIULmxvb3BzLnYxLlN0b3BSZWFzb24SLAoMdG9wX2xvZ3Byb2JzGAQgASgLMhYubG9vcHMudjEuVG9wS0xvZ3Byb2JzIk4KDFRvcEtMb2dwcm9icxIJCgFrGAEgASgFEg4KBmxlbmd0aBgCIAEoBRIRCgl0b2tlbl9pZHMYAyADKAUSEAoIbG9ncHJvYnMYBCADKAIihAEKC0RhdHVtT3V0cHV0EjMKB291dHB1dHMYASADKAsyIi5sb29wcy52MS5EYXR1bU91dHB1dC5PdXRwdXRzRW50cnkaQAoMT3V0cHV0c0VudHJ5EgsKA2tleRgBIAEoCRIfCgV2YWx1ZRgCIAEoCzIQLmxvb3BzLnYxLlRlbnNvcjoCOAEirgEKFUZvcndhcmRCYWNrd2FyZFJlc3VsdBImCgdvdXRwdXRzGAEgAygLMhUubG9vcHMudjEuRGF0dW1PdXRwdXQSPQoHbWV0cmljcxgCIAMoCzIsLmxvb3BzLnYxLkZvcndhcmRCYWNrd2FyZFJlc3VsdC5NZXRyaWNzRW50cnkaLgoMTWV0cmljc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAToCOAEiegoPT3B0aW1TdGVwUmVzdWx0EjcKB21ldHJpY3MYASADKAsyJi5sb29wcy52MS5PcHRpbVN0ZXBSZXN1bHQuTWV0cmljc0VudHJ5Gi4KDE1ldHJpY3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAE6AjgBIpUCCgxTYW1wbGVSZXN1bHQSLAoJc2VxdWVuY2VzGAEgAygLMhkubG9vcHMudjEuU2FtcGxlZFNlcXVlbmNlEhcKD3Byb21wdF9sb2dwcm9icxgCIAMoAhI0ChR0b3BrX3Byb21wdF9sb2dwcm9icxgDIAEoCzIWLmxvb3BzLnYxLlRvcEtMb2dwcm9icxI+ChZ0YXJnZXRfcHJvbXB0X2xvZ3Byb2JzGAQgASgLMh4ubG9vcHMudjEuVGFyZ2V0UHJvbXB0TG9ncHJvYnMSNAoRcHJvbXB0X2FsdF90b2tlbnMYBSABKAsyGS5sb29wcy52MS5Qcm9tcHRBbHRUb2tlbnMSEgoKbW9kZWxfcGF0aBgGIAEoCSJCChJUYXJnZXRQcm9tcHRUb2tlbnMSCQoBaxgBIAEoBRIRCgl0b2tlbl9pZHMYAiADKAUSDgoGc3BhcnNlGAMgASgIIkMKFFRhcmdldFByb21wdExvZ3Byb2JzEgkKAWsYASABKAUSEAoIbG9ncHJvYnMYAiADKAISDgoGc3BhcnNlGAMgASgIIkEKD1Byb21wdEFsdFRva2VucxIJCgFrGAEgASgFEhEKCXRva2VuX2lkcxgCIAMoBRIQCghsb2dwcm9icxgDIAMoAiKeAQoJTW9kZWxJbmZvEgwKBG5hbWUYASABKAkSGwoTbWF4X3NlcXVlbmNlX2xlbmd0aBgCIAEoBRISCgp2b2NhYl9zaXplGAMgASgFEhQKDGFyY2hpdGVjdHVyZRgEIAEoCRIUCgx0b2tlbml6ZXJfaWQYBSABKAkSFQoNbWF4X2xvcmFfcmFuaxgGIAEoBRIPCgdiYWNrZW5kGAcgASgJKkIKBUR0eXBlEhUKEURUWVBFX1VOU1BFQ0lGSUVEEAASEQoNRFRZUEVfRkxPQVQzMhABEg8KC0RUWVBFX0lOVDY0EAIqVwoKU3RvcFJlYXNvbhIbChdTVE9QX1JFQVNPTl9VTlNQRUNJRklFRBAAEhQKEFNUT1BfUkVBU09OX1NUT1AQARIWChJTVE9QX1JFQVNPTl9MRU5HVEgQAmIGcHJvdG8z");
 
 /**
  * Tensor is a dense, row-major array. Exactly one of float32_data and int64_data is set, as
@@ -376,6 +376,28 @@ export type SampleResult = Message<"loops.v1.SampleResult"> & {
    * @generated from field: loops.v1.TopKLogprobs topk_prompt_logprobs = 3;
    */
   topkPromptLogprobs?: TopKLogprobs | undefined;
+
+  /**
+   * With SampleRequest.target_prompt_tokens: the log-prob of each id asked for.
+   *
+   * @generated from field: loops.v1.TargetPromptLogprobs target_prompt_logprobs = 4;
+   */
+  targetPromptLogprobs?: TargetPromptLogprobs | undefined;
+
+  /**
+   * With prompt_alt_tokens_k: the draws at every prompt position after the first.
+   *
+   * @generated from field: loops.v1.PromptAltTokens prompt_alt_tokens = 5;
+   */
+  promptAltTokens?: PromptAltTokens | undefined;
+
+  /**
+   * The tinker:// path of the sampler checkpoint the sample used (empty for the base model):
+   * for an inflight sampler, the run's newest inflight save when the sample was submitted.
+   *
+   * @generated from field: string model_path = 6;
+   */
+  modelPath: string;
 };
 
 /**
@@ -384,6 +406,108 @@ export type SampleResult = Message<"loops.v1.SampleResult"> & {
  */
 export const SampleResultSchema: GenMessage<SampleResult> = /*@__PURE__*/
   messageDesc(file_loops_v1_types, 10);
+
+/**
+ * TargetPromptTokens are token ids whose prompt log-probs to return, row major
+ * [len(prompt) - 1, k]: cell [i, j] is scored at prompt position i + 1 (position 0 has no
+ * preceding context); -1 requests nothing.
+ *
+ * @generated from message loops.v1.TargetPromptTokens
+ */
+export type TargetPromptTokens = Message<"loops.v1.TargetPromptTokens"> & {
+  /**
+   * @generated from field: int32 k = 1;
+   */
+  k: number;
+
+  /**
+   * @generated from field: repeated int32 token_ids = 2;
+   */
+  tokenIds: number[];
+
+  /**
+   * The caller named its cells sparsely (Tinker's CSR layout); the answer says so too, for
+   * the Tinker surface to answer in that layout. Engines ignore it.
+   *
+   * @generated from field: bool sparse = 3;
+   */
+  sparse: boolean;
+};
+
+/**
+ * Describes the message loops.v1.TargetPromptTokens.
+ * Use `create(TargetPromptTokensSchema)` to create a new message.
+ */
+export const TargetPromptTokensSchema: GenMessage<TargetPromptTokens> = /*@__PURE__*/
+  messageDesc(file_loops_v1_types, 11);
+
+/**
+ * TargetPromptLogprobs are the log-probs (temperature 1, as prompt_logprobs) of
+ * TargetPromptTokens' ids, in their layout: row major [len(prompt) - 1, k], NaN where the
+ * id was -1.
+ *
+ * @generated from message loops.v1.TargetPromptLogprobs
+ */
+export type TargetPromptLogprobs = Message<"loops.v1.TargetPromptLogprobs"> & {
+  /**
+   * @generated from field: int32 k = 1;
+   */
+  k: number;
+
+  /**
+   * @generated from field: repeated float logprobs = 2;
+   */
+  logprobs: number[];
+
+  /**
+   * As TargetPromptTokens.sparse.
+   *
+   * @generated from field: bool sparse = 3;
+   */
+  sparse: boolean;
+};
+
+/**
+ * Describes the message loops.v1.TargetPromptLogprobs.
+ * Use `create(TargetPromptLogprobsSchema)` to create a new message.
+ */
+export const TargetPromptLogprobsSchema: GenMessage<TargetPromptLogprobs> = /*@__PURE__*/
+  messageDesc(file_loops_v1_types, 12);
+
+/**
+ * PromptAltTokens are k tokens drawn, independently and with replacement, at every prompt
+ * position after the first from the model's next-token distribution at the request's
+ * temperature (softmax(logits / temperature) over the whole vocabulary; temperature 0: the
+ * argmax, k times), with each token's log-prob under the model (temperature 1, as
+ * prompt_logprobs). Row-major [len(prompt) - 1, k]: row i is drawn for prompt position
+ * i + 1. The draws take their own generator seeded with SamplingParams.seed, so a seed
+ * gives the same draws.
+ *
+ * @generated from message loops.v1.PromptAltTokens
+ */
+export type PromptAltTokens = Message<"loops.v1.PromptAltTokens"> & {
+  /**
+   * @generated from field: int32 k = 1;
+   */
+  k: number;
+
+  /**
+   * @generated from field: repeated int32 token_ids = 2;
+   */
+  tokenIds: number[];
+
+  /**
+   * @generated from field: repeated float logprobs = 3;
+   */
+  logprobs: number[];
+};
+
+/**
+ * Describes the message loops.v1.PromptAltTokens.
+ * Use `create(PromptAltTokensSchema)` to create a new message.
+ */
+export const PromptAltTokensSchema: GenMessage<PromptAltTokens> = /*@__PURE__*/
+  messageDesc(file_loops_v1_types, 13);
 
 /**
  * ModelInfo describes a base model a server can train and sample.
@@ -434,7 +558,7 @@ export type ModelInfo = Message<"loops.v1.ModelInfo"> & {
  * Use `create(ModelInfoSchema)` to create a new message.
  */
 export const ModelInfoSchema: GenMessage<ModelInfo> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 11);
+  messageDesc(file_loops_v1_types, 14);
 
 /**
  * DType is the element type of a Tensor.

@@ -1097,9 +1097,15 @@ type SampleRequest struct {
 	// The workspace (tenant) the sample is for, set by the gateway: an engine that batches
 	// sampling shares its prefill and decoding fairly between workspaces (the reference
 	// engine: backends/reference/batch.go). Empty: the request is a tenant of its own.
-	Workspace     string `protobuf:"bytes,10,opt,name=workspace,proto3" json:"workspace,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Workspace string `protobuf:"bytes,10,opt,name=workspace,proto3" json:"workspace,omitempty"`
+	// As loops.v1.SampleRequest's (the gateway has checked them): token ids whose prompt
+	// log-probs to return (SampleResult.target_prompt_logprobs), and the prompt draws
+	// (SampleResult.prompt_alt_tokens). An engine that cannot compute them fails with
+	// FAILED_PRECONDITION.
+	TargetPromptTokens *v1.TargetPromptTokens `protobuf:"bytes,11,opt,name=target_prompt_tokens,json=targetPromptTokens,proto3" json:"target_prompt_tokens,omitempty"`
+	PromptAltTokensK   int32                  `protobuf:"varint,12,opt,name=prompt_alt_tokens_k,json=promptAltTokensK,proto3" json:"prompt_alt_tokens_k,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *SampleRequest) Reset() {
@@ -1200,6 +1206,20 @@ func (x *SampleRequest) GetWorkspace() string {
 		return x.Workspace
 	}
 	return ""
+}
+
+func (x *SampleRequest) GetTargetPromptTokens() *v1.TargetPromptTokens {
+	if x != nil {
+		return x.TargetPromptTokens
+	}
+	return nil
+}
+
+func (x *SampleRequest) GetPromptAltTokensK() int32 {
+	if x != nil {
+		return x.PromptAltTokensK
+	}
+	return 0
 }
 
 type SampleResponse struct {
@@ -1527,7 +1547,7 @@ const file_loops_backend_v1_backend_proto_rawDesc = "" +
 	"\x0eload_optimizer\x18\x03 \x01(\bR\rloadOptimizer\x12%\n" +
 	"\x0eload_gradients\x18\x04 \x01(\bR\rloadGradients\x125\n" +
 	"\bdownload\x18\x05 \x03(\v2\x19.loops.backend.v1.FileURLR\bdownload\"\x15\n" +
-	"\x13LoadAdapterResponse\"\x87\x03\n" +
+	"\x13LoadAdapterResponse\"\x86\x04\n" +
 	"\rSampleRequest\x12\x1d\n" +
 	"\n" +
 	"base_model\x18\x01 \x01(\tR\tbaseModel\x12\x1f\n" +
@@ -1542,7 +1562,9 @@ const file_loops_backend_v1_backend_proto_rawDesc = "" +
 	"\radapter_files\x18\b \x03(\v2\x19.loops.backend.v1.FileURLR\fadapterFiles\x12\x12\n" +
 	"\x04pool\x18\t \x01(\tR\x04pool\x12\x1c\n" +
 	"\tworkspace\x18\n" +
-	" \x01(\tR\tworkspace\"@\n" +
+	" \x01(\tR\tworkspace\x12N\n" +
+	"\x14target_prompt_tokens\x18\v \x01(\v2\x1c.loops.v1.TargetPromptTokensR\x12targetPromptTokens\x12-\n" +
+	"\x13prompt_alt_tokens_k\x18\f \x01(\x05R\x10promptAltTokensK\"@\n" +
 	"\x0eSampleResponse\x12.\n" +
 	"\x06result\x18\x01 \x01(\v2\x16.loops.v1.SampleResultR\x06result\"P\n" +
 	"\x13StreamSampleRequest\x129\n" +
@@ -1617,7 +1639,8 @@ var file_loops_backend_v1_backend_proto_goTypes = []any{
 	(*v1.AdamParams)(nil),             // 28: loops.v1.AdamParams
 	(*v1.OptimStepResult)(nil),        // 29: loops.v1.OptimStepResult
 	(*v1.SamplingParams)(nil),         // 30: loops.v1.SamplingParams
-	(*v1.SampleResult)(nil),           // 31: loops.v1.SampleResult
+	(*v1.TargetPromptTokens)(nil),     // 31: loops.v1.TargetPromptTokens
+	(*v1.SampleResult)(nil),           // 32: loops.v1.SampleResult
 }
 var file_loops_backend_v1_backend_proto_depIdxs = []int32{
 	24, // 0: loops.backend.v1.GetCapabilitiesResponse.models:type_name -> loops.v1.ModelInfo
@@ -1635,35 +1658,36 @@ var file_loops_backend_v1_backend_proto_depIdxs = []int32{
 	2,  // 12: loops.backend.v1.LoadAdapterRequest.download:type_name -> loops.backend.v1.FileURL
 	30, // 13: loops.backend.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
 	2,  // 14: loops.backend.v1.SampleRequest.adapter_files:type_name -> loops.backend.v1.FileURL
-	31, // 15: loops.backend.v1.SampleResponse.result:type_name -> loops.v1.SampleResult
-	18, // 16: loops.backend.v1.StreamSampleRequest.request:type_name -> loops.backend.v1.SampleRequest
-	22, // 17: loops.backend.v1.StreamSampleResponse.token:type_name -> loops.backend.v1.SampledToken
-	19, // 18: loops.backend.v1.StreamSampleResponse.response:type_name -> loops.backend.v1.SampleResponse
-	0,  // 19: loops.backend.v1.TrainerService.GetCapabilities:input_type -> loops.backend.v1.GetCapabilitiesRequest
-	3,  // 20: loops.backend.v1.TrainerService.CreateAdapter:input_type -> loops.backend.v1.CreateAdapterRequest
-	5,  // 21: loops.backend.v1.TrainerService.DeleteAdapter:input_type -> loops.backend.v1.DeleteAdapterRequest
-	8,  // 22: loops.backend.v1.TrainerService.ForwardBackward:input_type -> loops.backend.v1.ForwardBackwardRequest
-	12, // 23: loops.backend.v1.TrainerService.OptimStep:input_type -> loops.backend.v1.OptimStepRequest
-	14, // 24: loops.backend.v1.TrainerService.SaveAdapter:input_type -> loops.backend.v1.SaveAdapterRequest
-	16, // 25: loops.backend.v1.TrainerService.LoadAdapter:input_type -> loops.backend.v1.LoadAdapterRequest
-	0,  // 26: loops.backend.v1.SamplerService.GetCapabilities:input_type -> loops.backend.v1.GetCapabilitiesRequest
-	18, // 27: loops.backend.v1.SamplerService.Sample:input_type -> loops.backend.v1.SampleRequest
-	20, // 28: loops.backend.v1.SamplerService.StreamSample:input_type -> loops.backend.v1.StreamSampleRequest
-	1,  // 29: loops.backend.v1.TrainerService.GetCapabilities:output_type -> loops.backend.v1.GetCapabilitiesResponse
-	4,  // 30: loops.backend.v1.TrainerService.CreateAdapter:output_type -> loops.backend.v1.CreateAdapterResponse
-	6,  // 31: loops.backend.v1.TrainerService.DeleteAdapter:output_type -> loops.backend.v1.DeleteAdapterResponse
-	11, // 32: loops.backend.v1.TrainerService.ForwardBackward:output_type -> loops.backend.v1.ForwardBackwardResponse
-	13, // 33: loops.backend.v1.TrainerService.OptimStep:output_type -> loops.backend.v1.OptimStepResponse
-	15, // 34: loops.backend.v1.TrainerService.SaveAdapter:output_type -> loops.backend.v1.SaveAdapterResponse
-	17, // 35: loops.backend.v1.TrainerService.LoadAdapter:output_type -> loops.backend.v1.LoadAdapterResponse
-	1,  // 36: loops.backend.v1.SamplerService.GetCapabilities:output_type -> loops.backend.v1.GetCapabilitiesResponse
-	19, // 37: loops.backend.v1.SamplerService.Sample:output_type -> loops.backend.v1.SampleResponse
-	21, // 38: loops.backend.v1.SamplerService.StreamSample:output_type -> loops.backend.v1.StreamSampleResponse
-	29, // [29:39] is the sub-list for method output_type
-	19, // [19:29] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	31, // 15: loops.backend.v1.SampleRequest.target_prompt_tokens:type_name -> loops.v1.TargetPromptTokens
+	32, // 16: loops.backend.v1.SampleResponse.result:type_name -> loops.v1.SampleResult
+	18, // 17: loops.backend.v1.StreamSampleRequest.request:type_name -> loops.backend.v1.SampleRequest
+	22, // 18: loops.backend.v1.StreamSampleResponse.token:type_name -> loops.backend.v1.SampledToken
+	19, // 19: loops.backend.v1.StreamSampleResponse.response:type_name -> loops.backend.v1.SampleResponse
+	0,  // 20: loops.backend.v1.TrainerService.GetCapabilities:input_type -> loops.backend.v1.GetCapabilitiesRequest
+	3,  // 21: loops.backend.v1.TrainerService.CreateAdapter:input_type -> loops.backend.v1.CreateAdapterRequest
+	5,  // 22: loops.backend.v1.TrainerService.DeleteAdapter:input_type -> loops.backend.v1.DeleteAdapterRequest
+	8,  // 23: loops.backend.v1.TrainerService.ForwardBackward:input_type -> loops.backend.v1.ForwardBackwardRequest
+	12, // 24: loops.backend.v1.TrainerService.OptimStep:input_type -> loops.backend.v1.OptimStepRequest
+	14, // 25: loops.backend.v1.TrainerService.SaveAdapter:input_type -> loops.backend.v1.SaveAdapterRequest
+	16, // 26: loops.backend.v1.TrainerService.LoadAdapter:input_type -> loops.backend.v1.LoadAdapterRequest
+	0,  // 27: loops.backend.v1.SamplerService.GetCapabilities:input_type -> loops.backend.v1.GetCapabilitiesRequest
+	18, // 28: loops.backend.v1.SamplerService.Sample:input_type -> loops.backend.v1.SampleRequest
+	20, // 29: loops.backend.v1.SamplerService.StreamSample:input_type -> loops.backend.v1.StreamSampleRequest
+	1,  // 30: loops.backend.v1.TrainerService.GetCapabilities:output_type -> loops.backend.v1.GetCapabilitiesResponse
+	4,  // 31: loops.backend.v1.TrainerService.CreateAdapter:output_type -> loops.backend.v1.CreateAdapterResponse
+	6,  // 32: loops.backend.v1.TrainerService.DeleteAdapter:output_type -> loops.backend.v1.DeleteAdapterResponse
+	11, // 33: loops.backend.v1.TrainerService.ForwardBackward:output_type -> loops.backend.v1.ForwardBackwardResponse
+	13, // 34: loops.backend.v1.TrainerService.OptimStep:output_type -> loops.backend.v1.OptimStepResponse
+	15, // 35: loops.backend.v1.TrainerService.SaveAdapter:output_type -> loops.backend.v1.SaveAdapterResponse
+	17, // 36: loops.backend.v1.TrainerService.LoadAdapter:output_type -> loops.backend.v1.LoadAdapterResponse
+	1,  // 37: loops.backend.v1.SamplerService.GetCapabilities:output_type -> loops.backend.v1.GetCapabilitiesResponse
+	19, // 38: loops.backend.v1.SamplerService.Sample:output_type -> loops.backend.v1.SampleResponse
+	21, // 39: loops.backend.v1.SamplerService.StreamSample:output_type -> loops.backend.v1.StreamSampleResponse
+	30, // [30:40] is the sub-list for method output_type
+	20, // [20:30] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_loops_backend_v1_backend_proto_init() }
