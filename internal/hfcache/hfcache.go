@@ -1,6 +1,7 @@
 package hfcache
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -249,7 +250,7 @@ func Add(hub, repoID, commit string, files map[string][]byte) (string, error) {
 		if err := os.MkdirAll(filepath.Dir(filepath.Join(snap, name)), 0o755); err != nil {
 			return "", err
 		}
-		if err := os.WriteFile(filepath.Join(snap, name), b, 0o644); err != nil {
+		if err := writeFileAtomic(filepath.Join(snap, name), b); err != nil {
 			return "", err
 		}
 	}
@@ -257,24 +258,33 @@ func Add(hub, repoID, commit string, files map[string][]byte) (string, error) {
 	if err := os.MkdirAll(refs, 0o755); err != nil {
 		return "", err
 	}
-	// Readers never see a half-written ref: it is renamed into place.
-	tmp, err := os.CreateTemp(refs, ".main-*")
-	if err != nil {
-		return "", err
-	}
-	_, werr := tmp.WriteString(commit)
-	cerr := tmp.Close()
-	if err := errors.Join(werr, cerr); err != nil {
-		_ = os.Remove(tmp.Name())
-		return "", err
-	}
-	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
-		_ = os.Remove(tmp.Name())
-		return "", err
-	}
-	if err := os.Rename(tmp.Name(), filepath.Join(refs, DefaultRevision)); err != nil {
-		_ = os.Remove(tmp.Name())
+	if err := writeFileAtomic(filepath.Join(refs, DefaultRevision), []byte(commit)); err != nil {
 		return "", err
 	}
 	return snap, nil
+}
+
+// writeFileAtomic writes b to path so that a reader sees the old file or the new one, never
+// a half-written one: every server start writes its built-in models into the shared hub
+// cache while other processes (another server, a tinker client's get_tokenizer) may be
+// reading them. A file that already holds b is left alone.
+func writeFileAtomic(path string, b []byte) error {
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, b) {
+		return nil
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	_, werr := tmp.Write(b)
+	cerr := tmp.Close()
+	if err := errors.Join(werr, cerr, os.Chmod(tmp.Name(), 0o644)); err != nil {
+		_ = os.Remove(tmp.Name())
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		_ = os.Remove(tmp.Name())
+		return err
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package hfcache
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -212,4 +213,41 @@ func TestAddIsFound(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalid)
 	_, err = Add(hub, "loops/tiny", c1, map[string][]byte{"../../refs/main": nil})
 	require.ErrorIs(t, err, ErrInvalid)
+}
+
+// A reader never sees a half-written snapshot file while another process's start writes
+// the same snapshot again (a tinker client's get_tokenizer read an empty tokenizer.json
+// that way while a second loops serve started).
+func TestAddRewritesAtomically(t *testing.T) {
+	hub := t.TempDir()
+	a, b := bytes.Repeat([]byte("a"), 1<<20), bytes.Repeat([]byte("b"), 1<<20)
+	snap, err := Add(hub, "loops/tiny", c1, map[string][]byte{"tokenizer.json": a})
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 200 {
+			content := a
+			if i%2 == 0 {
+				content = b
+			}
+			if _, err := Add(hub, "loops/tiny", c1, map[string][]byte{"tokenizer.json": content}); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for reads := 0; ; reads++ {
+		select {
+		case <-done:
+			entries, err := os.ReadDir(snap)
+			require.NoError(t, err)
+			require.Len(t, entries, 1, "no temporary file is left behind")
+			return
+		default:
+		}
+		got, err := os.ReadFile(filepath.Join(snap, "tokenizer.json"))
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(got, a) || bytes.Equal(got, b), "read %d: %d bytes, neither whole version", reads, len(got))
+	}
 }
