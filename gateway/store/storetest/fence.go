@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"crypto/sha256"
 	"reflect"
 	"slices"
 	"sync"
@@ -28,6 +29,7 @@ var reads = []string{
 	"ListExpiredCheckpoints", "GetSampler", "GetOperation", "ListStepMetrics", "ListUsage",
 	"GetDeployment", "ListDeployments", "ListAllDeployments", "ListGrantedDeployments",
 	"CheckpointDeployments", "GetJob", "ListJobs",
+	"APIKeyByHash", "GetAPIKey", "ListAPIKeys", "SigningKeys",
 	"SetFence", "Close",
 }
 
@@ -109,6 +111,8 @@ func seedFenced(t *testing.T, st store.Store) {
 	require.NoError(t, st.PutDeployment(ctx, wsA, deployment("d1", 0, wsB), []store.CheckpointRef{pin("run-1", "ckpt-1")}))
 	require.NoError(t, st.PutJob(ctx, wsA, job("job-1", 0, loopsv1.JobState_JOB_STATE_RUNNING)))
 	require.NoError(t, st.PutJob(ctx, wsA, job("job-2", 0, loopsv1.JobState_JOB_STATE_SUCCEEDED)))
+	require.NoError(t, st.CreateAPIKey(ctx, apiKey("key-1", wsA, 0, loopsv1.KeyRole_KEY_ROLE_MEMBER), sha256.Sum256([]byte("tml-1"))))
+	require.NoError(t, st.PutSigningKey(ctx, store.SigningKey{ID: "sk-1", Created: base, Seed: make([]byte, 32)}))
 }
 
 // fencedWrites are the writes of store.Store by name, each one that changes records of
@@ -170,6 +174,23 @@ func fencedWrites() map[string]func(context.Context, store.Store) error {
 			_, err := st.FailRunningJobs(ctx, "fenced", far)
 			return err
 		},
+		"CreateAPIKey": func(ctx context.Context, st store.Store) error {
+			return st.CreateAPIKey(ctx, apiKey("key-fenced", wsA, time.Hour, loopsv1.KeyRole_KEY_ROLE_ADMIN), sha256.Sum256([]byte("tml-fenced")))
+		},
+		"RevokeAPIKey": func(ctx context.Context, st store.Store) error {
+			_, err := st.RevokeAPIKey(ctx, wsA, "key-1", far)
+			return err
+		},
+		"TouchAPIKey": func(ctx context.Context, st store.Store) error {
+			return st.TouchAPIKey(ctx, "key-1", far)
+		},
+		"PutSigningKey": func(ctx context.Context, st store.Store) error {
+			return st.PutSigningKey(ctx, store.SigningKey{ID: "sk-fenced", Created: far, Seed: make([]byte, 32)})
+		},
+		"DeleteSigningKeys": func(ctx context.Context, st store.Store) error {
+			_, err := st.DeleteSigningKeys(ctx, far)
+			return err
+		},
 	}
 }
 
@@ -184,6 +205,8 @@ type fencedState struct {
 	Usage       []store.UsageRecord
 	Deployments []*loopsv1.Deployment
 	Jobs        []*loopsv1.Job
+	APIKeys     []*loopsv1.ApiKey
+	SigningKeys []store.SigningKey
 }
 
 func snapshot(t *testing.T, st store.Store) fencedState {
@@ -214,6 +237,10 @@ func snapshot(t *testing.T, st store.Store) fencedState {
 	s.Deployments, err = st.ListDeployments(ctx, wsA)
 	require.NoError(t, err)
 	s.Jobs, err = st.ListJobs(ctx, wsA, 0)
+	require.NoError(t, err)
+	s.APIKeys, err = st.ListAPIKeys(ctx, "", 0)
+	require.NoError(t, err)
+	s.SigningKeys, err = st.SigningKeys(ctx, time.Time{})
 	require.NoError(t, err)
 	return s
 }
