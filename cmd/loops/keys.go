@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -50,11 +49,11 @@ func keysCmd() *cobra.Command {
 				return err
 			}
 			if of.json {
-				return printJSON(os.Stdout, resp)
+				return printJSON(cmd.OutOrStdout(), resp)
 			}
 			k := resp.GetKey()
-			fmt.Fprintf(os.Stderr, "created %s (workspace %s, role %s); the key is shown once, keep it now:\n", k.GetId(), k.GetWorkspace(), roleName(k.GetRole()))
-			fmt.Println(resp.GetSecret())
+			fmt.Fprintf(cmd.ErrOrStderr(), "created %s (workspace %s, role %s); the key is shown once, keep it now:\n", k.GetId(), k.GetWorkspace(), roleName(k.GetRole()))
+			fmt.Fprintln(cmd.OutOrStdout(), resp.GetSecret())
 			return nil
 		},
 	}
@@ -75,9 +74,9 @@ func keysCmd() *cobra.Command {
 				return err
 			}
 			if of.json {
-				return printJSON(os.Stdout, resp)
+				return printJSON(cmd.OutOrStdout(), resp)
 			}
-			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tWORKSPACE\tROLE\tNAME\tCREATED\tLAST USED\tREVOKED")
 			for _, k := range resp.GetKeys() {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.GetId(), k.GetWorkspace(), roleName(k.GetRole()), k.GetName(),
@@ -100,9 +99,9 @@ func keysCmd() *cobra.Command {
 				return err
 			}
 			if of.json {
-				return printJSON(os.Stdout, k)
+				return printJSON(cmd.OutOrStdout(), k)
 			}
-			fmt.Printf("revoked %s (workspace %s) at %s\n", k.GetId(), k.GetWorkspace(), when(k.GetRevokeTime()))
+			fmt.Fprintf(cmd.OutOrStdout(), "revoked %s (workspace %s) at %s\n", k.GetId(), k.GetWorkspace(), when(k.GetRevokeTime()))
 			return nil
 		},
 	}
@@ -117,9 +116,9 @@ func keysCmd() *cobra.Command {
 				return err
 			}
 			if of.json {
-				return printJSON(os.Stdout, w)
+				return printJSON(cmd.OutOrStdout(), w)
 			}
-			fmt.Printf("workspace: %s\nkey:       %s\nrole:      %s\nsource:    %s\nin flight: %d at most\n",
+			fmt.Fprintf(cmd.OutOrStdout(), "workspace: %s\nkey:       %s\nrole:      %s\nsource:    %s\nin flight: %d at most\n",
 				w.GetWorkspace(), w.GetKeyId(), roleName(w.GetRole()), w.GetSource(), w.GetMaxRequestsInFlight())
 			return nil
 		},
