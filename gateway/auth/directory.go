@@ -165,6 +165,18 @@ func put[K comparable](d *Directory, m map[K]cached, k K, c cached) {
 	m[k] = c
 }
 
+// Flush drops every cached lookup (a gateway that becomes the leader calls it). A nil
+// directory has none.
+func (d *Directory) Flush() {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	clear(d.byHash)
+	clear(d.byID)
+}
+
 // forget drops the cached lookups of a key after this gateway changed it.
 func (d *Directory) forget(id string) {
 	d.mu.Lock()
