@@ -259,7 +259,7 @@ func (e errKeyLookup) Unwrap() error { return e.err }
 // ErrUnknownKey is Authenticate's answer for a well-formed key that is not configured: a
 // guess, which the Throttle counts (a missing or malformed key cannot be right, so it is
 // not counted).
-var ErrUnknownKey = errors.New("unknown API key: use a key the server was started with (--api-key, LOOPS_API_KEYS or --api-key-file)")
+var ErrUnknownKey = errors.New("unknown API key: use a key the server was started with (--api-key, LOOPS_API_KEYS or --api-key-file) or one made with loops keys create")
 
 // Middleware authenticates every request except those to the policy's public paths and
 // puts the workspace in the request context. A failure is a 401 with a JSON body; with the
