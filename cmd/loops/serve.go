@@ -132,7 +132,7 @@ max LoRA rank, runs at once, queued operations, sampling concurrency): see the
 	fl.StringSliceVar(&f.apiKeys, "api-key", envList("LOOPS_API_KEYS", nil), "accepted API key, KEY or KEY=WORKSPACE (repeatable; WORKSPACE is 1-64 letters, digits, '_' or '-', not starting with '-')")
 	fl.StringSliceVar(&f.operatorKeys, "operator-key", envList("LOOPS_OPERATOR_KEYS", nil), "operator key, tml-… (repeatable): may call PoolService (loops pools, loops allocations) and nothing else; no workspace's key")
 	fl.BoolVar(&f.noJWTAuth, "no-jwt-auth", os.Getenv("LOOPS_NO_JWT_AUTH") == "1", "tell tinker SDKs to send the API key on every request instead of exchanging it for short-lived tokens (JWTs); the SDK's whoami needs tokens (LOOPS_NO_JWT_AUTH=1)")
-	fl.DurationVar(&f.tokenLifetime, "token-lifetime", auth.DefaultTokenLifetime, "how long an access token (JWT) a key is exchanged for lives (1m to 24h); the SDK renews it at about half")
+	fl.DurationVar(&f.tokenLifetime, "token-lifetime", auth.DefaultTokenLifetime, "how long an access token (JWT) a key is exchanged for lives (10m to 24h); the SDK renews it at about half its lifetime (before 0.38: 5 minutes before expiry)")
 	fl.DurationVar(&f.signingKeyRotation, "signing-key-rotation", auth.DefaultSigningKeyRotation, "how long one token-signing key signs before the next replaces it (1h to 720h); old keys verify until their tokens expire")
 	fl.DurationVar(&f.keyCacheTTL, "key-cache-ttl", auth.DefaultKeyCacheTTL, "how long a stored API key lookup is cached (1s to 5m): the most a revocation made on another gateway on the same database takes to reach this one")
 	fl.StringVar(&f.apiKeyFile, "api-key-file", env("LOOPS_API_KEY_FILE", ""), "file of API keys, one KEY or KEY=WORKSPACE a line")
@@ -167,8 +167,8 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if f.fairnessTarget != 0 && (f.fairnessTarget < 1 || math.IsNaN(f.fairnessTarget) || math.IsInf(f.fairnessTarget, 0)) {
 		return fmt.Errorf("--fairness-target %v is not a latency inflation: use 0 (none) or a number of at least 1 (e.g. 3)", f.fairnessTarget)
 	}
-	if f.tokenLifetime < time.Minute || f.tokenLifetime > 24*time.Hour {
-		return fmt.Errorf("--token-lifetime %v is out of range: use 1m to 24h", f.tokenLifetime)
+	if f.tokenLifetime < 10*time.Minute || f.tokenLifetime > 24*time.Hour {
+		return fmt.Errorf("--token-lifetime %v is out of range: use 10m to 24h (tinker SDKs before 0.38 renew a token 5 minutes before it expires)", f.tokenLifetime)
 	}
 	if f.signingKeyRotation < time.Hour || f.signingKeyRotation > 720*time.Hour {
 		return fmt.Errorf("--signing-key-rotation %v is out of range: use 1h to 720h", f.signingKeyRotation)
