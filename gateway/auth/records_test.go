@@ -289,3 +289,66 @@ func TestDirectoryCacheIsBounded(t *testing.T) {
 	require.LessOrEqual(t, len(d.byHash), 3)
 	require.LessOrEqual(t, len(d.byID), 3)
 }
+
+// countingSigningStore counts the reads of signing keys.
+type countingSigningStore struct {
+	SigningKeyStore
+	mu    sync.Mutex
+	reads int
+}
+
+func (c *countingSigningStore) SigningKeys(ctx context.Context, since time.Time) ([]store.SigningKey, error) {
+	c.mu.Lock()
+	c.reads++
+	c.mu.Unlock()
+	return c.SigningKeyStore.SigningKeys(ctx, since)
+}
+
+func (c *countingSigningStore) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reads
+}
+
+// A gateway verifies a token signed by a key another gateway made a moment ago, even right
+// after it read the keys; a forged kid costs one read of the keys per reloadEvery, not one
+// per request.
+func TestNewSigningKeyOfAnotherGatewayIsFoundAtOnce(t *testing.T) {
+	ctx := t.Context()
+	c := newClock()
+	st := openStore(t)
+	id := Identity{Workspace: "flag-ws", KeyID: KeyIDOf("tml-flag"), Role: loopsv1.KeyRole_KEY_ROLE_MEMBER, Source: SourceFlag}
+	a := NewTokens(st, TokenOptions{Now: c.Now})
+	counted := &countingSigningStore{SigningKeyStore: st}
+	b := NewTokens(counted, TokenOptions{Now: c.Now})
+	tok1, err := a.Issue(ctx, id)
+	require.NoError(t, err)
+	_, err = b.Verify(ctx, tok1)
+	require.NoError(t, err)
+
+	// Another gateway rotates one second later (a short rotation stands in for a day).
+	c.Advance(time.Second)
+	tok2, err := NewTokens(st, TokenOptions{Now: c.Now, Rotation: time.Millisecond}).Issue(ctx, id)
+	require.NoError(t, err)
+	_, err = b.Verify(ctx, tok2)
+	require.NoError(t, err, "a kid not seen before is looked for at once")
+	_, err = b.Verify(ctx, tok1)
+	require.NoError(t, err, "the first key still verifies")
+
+	reads := counted.count()
+	parsed, _, err := jwt.NewParser().ParseUnverified(tok2, &Claims{})
+	require.NoError(t, err)
+	forged := jwt.NewWithClaims(jwt.SigningMethodEdDSA, parsed.Claims)
+	forged.Header["kid"] = "sk-forged"
+	bad, err := forged.SignedString(ed25519.NewKeyFromSeed(make([]byte, 32)))
+	require.NoError(t, err)
+	for range 5 {
+		_, err = b.Verify(ctx, bad)
+		require.ErrorIs(t, err, ErrBadToken)
+	}
+	require.Equal(t, reads+1, counted.count(), "one read for the forged kid")
+	c.Advance(reloadEvery)
+	_, err = b.Verify(ctx, bad)
+	require.ErrorIs(t, err, ErrBadToken)
+	require.Equal(t, reads+2, counted.count())
+}

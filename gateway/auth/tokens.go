@@ -29,9 +29,10 @@ const (
 	TokenIssuer = "loops"
 	// MaxTokenBytes bounds a token before it is parsed.
 	MaxTokenBytes = 4096
-	// reloadEvery bounds how often a token naming an unknown signing key makes the signing
-	// keys be read again.
-	reloadEvery = 5 * time.Second
+	// reloadEvery bounds how often a token naming one unknown signing key makes the signing
+	// keys be read again; maxMissingKids bounds the unknown kids remembered.
+	reloadEvery    = 5 * time.Second
+	maxMissingKids = 1024
 )
 
 // Token errors. ErrTokenExpired is a token that was good; ErrBadToken one that never was
@@ -68,11 +69,12 @@ type Tokens struct {
 
 	// load serialises reading and making signing keys (held over store I/O; only loaders
 	// wait on it). mu guards the fields after it and is never held over I/O.
-	load     sync.Mutex
-	mu       sync.Mutex
-	verify   map[string]ed25519.PublicKey
-	signer   *signer
-	loadedAt time.Time
+	load   sync.Mutex
+	mu     sync.Mutex
+	verify map[string]ed25519.PublicKey
+	signer *signer
+	// missing are the kids looked for in vain, and when (at most maxMissingKids).
+	missing map[string]time.Time
 }
 
 type signer struct {
@@ -108,7 +110,7 @@ func NewTokens(st SigningKeyStore, opts TokenOptions) *Tokens {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Tokens{st: st, opts: opts, verify: map[string]ed25519.PublicKey{}}
+	return &Tokens{st: st, opts: opts, verify: map[string]ed25519.PublicKey{}, missing: map[string]time.Time{}}
 }
 
 // Lifetime is how long the tokens it issues live.
@@ -184,25 +186,37 @@ func validKeyID(id string) bool {
 	return err == nil
 }
 
-// publicKey returns the key that verifies tokens signed by kid, reading the signing keys
-// again (at most once a reloadEvery) when it does not know kid.
+// publicKey returns the key that verifies tokens signed by kid. A kid it does not know makes
+// it read the signing keys again (another gateway may have made one), unless that kid was
+// already looked for in the last reloadEvery: a forged kid costs one read, then nothing.
 func (t *Tokens) publicKey(ctx context.Context, kid string) (ed25519.PublicKey, error) {
 	if kid == "" || len(kid) > 64 {
 		return nil, errors.New("no signing key id (kid)")
 	}
+	now := t.opts.Now()
 	t.mu.Lock()
 	pub, ok := t.verify[kid]
-	stale := t.opts.Now().Sub(t.loadedAt) >= reloadEvery
+	missed, seen := t.missing[kid]
+	retry := !ok && (!seen || now.Sub(missed) >= reloadEvery)
+	if retry {
+		if len(t.missing) >= maxMissingKids {
+			clear(t.missing)
+		}
+		t.missing[kid] = now
+	}
 	t.mu.Unlock()
 	if ok {
 		return pub, nil
 	}
-	if stale {
+	if retry {
 		if err := t.reload(ctx, false); err != nil {
 			return nil, err
 		}
 		t.mu.Lock()
 		pub, ok = t.verify[kid]
+		if ok {
+			delete(t.missing, kid)
+		}
 		t.mu.Unlock()
 		if ok {
 			return pub, nil
@@ -279,7 +293,7 @@ func (t *Tokens) reload(ctx context.Context, sign bool) error {
 		}
 	}
 	t.mu.Lock()
-	t.verify, t.loadedAt = verify, now
+	t.verify = verify
 	if newest != nil && (t.signer == nil || !newest.created.Before(t.signer.created)) {
 		t.signer = newest
 	}
