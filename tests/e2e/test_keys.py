@@ -4,7 +4,8 @@ A server started with a flag key and an operator key: the operator creates a wor
 admin key with `loops keys create`; the admin key creates a member key; the SDK (JWT auth
 on: client/config says pjwt_auth_enabled) exchanges each key at auth/token and runs
 whoami, a training step and sampling with tokens; `auth/apikey/me` answers the key's
-record; a revoked key, and the token the SDK already holds for it, are refused at once.
+record in the shape `tinker auth login` reads, and `tinker auth logout`'s DELETE revokes it;
+a revoked key, and the token the SDK already holds for it, are refused at once.
 """
 
 from __future__ import annotations
@@ -100,6 +101,15 @@ def test_keys_whoami_training_sampling_and_revocation_with_jwt(keyed_url):
     c = claims(token)
     assert c["org_id"] == "team-b" and c["key_id"] == member_id and c["exp"] - c["iat"] == 900
 
+    # tinker auth login's check of a key (the SDK CLI's own client and response model).
+    from tinker.cli.auth_api import TinkerAuthApi
+
+    auth_api = TinkerAuthApi(httpx.Client(), base_url=keyed_url)
+    self_key = auth_api.get_self_api_key(member)
+    assert self_key.name == "e2e member"
+    assert self_key.details.org_details.name == "team-b"
+    assert self_key.key_id == int(member_id.removeprefix("key-"), 16)
+
     # The token alone authenticates, as the SDK sends it (X-API-Key).
     r = httpx.get(f"{keyed_url}/api/v1/training_runs", headers={"X-API-Key": token})
     assert r.status_code == 200, r.text
@@ -107,10 +117,9 @@ def test_keys_whoami_training_sampling_and_revocation_with_jwt(keyed_url):
     me = httpx.get(f"{keyed_url}/api/v1/auth/apikey/me", headers={"X-API-Key": FLAG_KEY}).json()
     assert me["details"]["org_details"]["name"] == "flag-ws"
 
-    # Revoke the member key (tinker auth logout's DELETE): the key and its live token are
-    # refused at once; a token answer asks the SDK for a new one, which the key cannot get.
-    r = httpx.delete(f"{keyed_url}/api/v1/auth/apikey/me", headers={"X-API-Key": member})
-    assert r.status_code == 200, r.text
+    # Revoke the member key (tinker auth logout): the key and its live token are refused at
+    # once; a token answer asks the SDK for a new one, which the key cannot get.
+    auth_api.delete_self_api_key(member)
     r = httpx.get(f"{keyed_url}/api/v1/auth/apikey/me", headers={"X-API-Key": member})
     assert r.status_code == 401 and "revoked" in r.json()["detail"]
     r = httpx.get(f"{keyed_url}/api/v1/training_runs", headers={"X-API-Key": token})
