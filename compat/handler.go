@@ -17,6 +17,8 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/internal/bounded"
 	"github.com/loops-dev/loops/internal/errs"
@@ -61,6 +63,22 @@ type Options struct {
 	// forward_backward bodies (proto_compress_fwdbwd false). Compressed bodies are accepted
 	// either way.
 	DisableZstdForwardBackward bool
+	// Keys serves the auth routes (auth/token, auth/apikey/me); nil: they answer 501 and
+	// client/config keeps JWT auth off.
+	Keys KeyRoutes
+	// DisableJWTAuth keeps client/config's pjwt_auth_enabled off although Keys is set: SDKs
+	// then send the API key itself on every request (auth/token is still served).
+	DisableJWTAuth bool
+}
+
+// KeyRoutes are what the Tinker auth routes need (gateway/auth/keysvc).
+type KeyRoutes interface {
+	// Token exchanges the request's API key for an access token (a JWT).
+	Token(ctx context.Context) (string, error)
+	// Identity says who the request's key is.
+	Identity(ctx context.Context) (*loopsv1.WhoAmIResponse, error)
+	// RevokeSelf revokes the request's own key.
+	RevokeSelf(ctx context.Context) error
 }
 
 // DecompressWait is how long a compressed body waits for room in the decompression budget

@@ -20,6 +20,11 @@ func (s *server) routes(mux *http.ServeMux) {
 	s.edge.Handle(mux, "POST /api/v1/telemetry", s.telemetry)
 	s.edge.Handle(mux, "GET /api/v1/get_server_capabilities", s.serverCapabilities)
 	s.edge.Handle(mux, "GET /api/v1/healthz", s.healthz)
+	if s.opt.Keys != nil {
+		s.edge.Handle(mux, "POST /api/v1/auth/token", s.authToken)
+		s.edge.Handle(mux, "GET /api/v1/auth/apikey/me", s.selfKey)
+		s.edge.Handle(mux, "DELETE /api/v1/auth/apikey/me", s.revokeSelfKey)
+	}
 
 	// Training.
 	s.edge.Handle(mux, "POST /api/v1/create_model", s.createModel)
@@ -62,8 +67,7 @@ func (s *server) routes(mux *http.ServeMux) {
 	s.edge.Handle(mux, "GET /api/v1/billing/usage/events", s.billingUsageEvents)
 
 	// Tinker routes Loops does not serve (all flag-gated or admin-only in SDK 0.38.0).
-	for _, p := range []string{
-		"POST /api/v1/auth/token",
+	notServed := []string{
 		"POST /api/v1/cancel_future",
 		"POST /api/v1/retrieve_futures",
 		"POST /api/v1/join_sampling_session",
@@ -72,9 +76,11 @@ func (s *server) routes(mux *http.ServeMux) {
 		"GET /api/v1/sessions/{id}/trace_export",
 		"GET /api/v1/audit",
 		"GET /api/v1/billing/usage/checkpoints/current",
-		"GET /api/v1/auth/apikey/me",
-		"DELETE /api/v1/auth/apikey/me",
-	} {
+	}
+	if s.opt.Keys == nil {
+		notServed = append(notServed, "POST /api/v1/auth/token", "GET /api/v1/auth/apikey/me", "DELETE /api/v1/auth/apikey/me")
+	}
+	for _, p := range notServed {
 		route := p[strings.Index(p, " ")+1:]
 		s.edge.Handle(mux, p, func(http.ResponseWriter, *http.Request) error {
 			return notImplemented("%s is not supported by Loops", route)
@@ -147,6 +153,7 @@ func (s *server) clientConfig(w http.ResponseWriter, r *http.Request) error {
 		ParallelFwdbwdChunks:       true,
 		ProtoCompressFwdbwd:        !s.opt.DisableZstdForwardBackward,
 		SampleEnableStuckDetection: true,
+		PjwtAuthEnabled:            s.opt.Keys != nil && !s.opt.DisableJWTAuth,
 		ProtoWriteFwdbwd:           true,
 		FwdViaFwdbwd:               true,
 	})

@@ -21,6 +21,7 @@ import (
 	"github.com/loops-dev/loops/compat/inference"
 	"github.com/loops-dev/loops/compat/openai"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/auth/keysvc"
 	"github.com/loops-dev/loops/gateway/ckhttp"
 	"github.com/loops-dev/loops/gateway/console"
 	"github.com/loops-dev/loops/gateway/core"
@@ -119,6 +120,22 @@ type Config struct {
 	// X-Forwarded-For (the client address the throttle counts) and X-Forwarded-Proto
 	// (https makes the console's cookie Secure) believed.
 	TrustedProxies auth.TrustedProxies
+	// APIKeys configures the API keys kept as records and the access tokens (JWTs) keys are
+	// exchanged for (docs/security.md).
+	APIKeys APIKeysConfig
+}
+
+// APIKeysConfig configures stored API keys and access tokens. The zero value gives the
+// defaults of package auth, with JWT auth on.
+type APIKeysConfig struct {
+	// Cache tunes the cache of stored-key lookups (its TTL bounds how long a revocation
+	// made on another gateway takes to reach this one).
+	Cache auth.DirectoryOptions
+	// Tokens tunes the access tokens: lifetime and signing-key rotation.
+	Tokens auth.TokenOptions
+	// DisableJWTAuth tells tinker SDKs (client/config's pjwt_auth_enabled) to send the API
+	// key on every request instead of exchanging it for tokens; whoami then fails in the SDK.
+	DisableJWTAuth bool
 }
 
 // Server is a running Loops server.
@@ -187,6 +204,11 @@ func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 	}
 	s.closers = append(s.closers, st.Close)
 	s.store = st
+	keyCache := cfg.APIKeys.Cache
+	if keyCache.Logger == nil {
+		keyCache.Logger = cfg.Logger
+	}
+	s.cfg.Keys = cfg.Keys.WithRecords(auth.NewDirectory(st, keyCache), auth.NewTokens(st, cfg.APIKeys.Tokens))
 
 	bcfg := cfg.BackendConfig
 	if bcfg.DataDir == "" {
@@ -337,6 +359,8 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	}
 	mux.Handle(loopsv1connect.NewJobServiceHandler(js, opts...))
 	mux.Handle(loopsv1connect.NewPoolServiceHandler(poolsvc.New(s.backend), opts...))
+	keySvc := keysvc.New(s.cfg.Keys, s.cfg.Limits.MaxRequestsPerKey)
+	mux.Handle(loopsv1connect.NewKeyServiceHandler(keySvc, opts...))
 
 	// loops.v1 as REST: grpc-gateway over a gRPC connection to this same listener.
 	rest, err := s.restHandler(ctx, edge)
@@ -365,6 +389,8 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		Logger:               s.log,
 		Owner:                auth.Workspace,
 		LongPoll:             s.cfg.Limits.LongPoll,
+		Keys:                 keySvc,
+		DisableJWTAuth:       s.cfg.APIKeys.DisableJWTAuth,
 	})))
 
 	// OpenAI- and Anthropic-compatible inference, over one sampling engine.
@@ -471,6 +497,7 @@ func (s *Server) restHandler(ctx context.Context, edge *edge) (http.Handler, err
 		loopsv1.RegisterProjectServiceHandler,
 		loopsv1.RegisterJobServiceHandler,
 		loopsv1.RegisterPoolServiceHandler,
+		loopsv1.RegisterKeyServiceHandler,
 	} {
 		if err := register(ctx, gw, conn); err != nil {
 			return nil, fmt.Errorf("gateway: registering REST routes: %w", err)

@@ -176,6 +176,9 @@ func (s *Server) standby(ctx context.Context, reg *prometheus.Registry, st store
 				onLost(fmt.Errorf("fencing the store with the lease's term: %w", err))
 				return
 			}
+			// A standby's cached key lookups may predate revocations the old leader made
+			// (the standby forwarded those requests): the leader starts from the database.
+			s.cfg.Keys.Directory().Flush()
 			h, err := s.lead(lctx, reg, st, be, o)
 			if err != nil {
 				onLost(fmt.Errorf("starting the core after taking the lease: %w", err))

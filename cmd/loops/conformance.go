@@ -77,6 +77,7 @@ anything fails. See docs/conformance.md.`,
 	f.StringVar(&cfg.Target, "target", "", "server root URL, e.g. http://127.0.0.1:8000 (required)")
 	f.StringVar(&cfg.APIKey, "api-key", env("TINKER_API_KEY", env("LOOPS_API_KEY", "")), "API key sent as X-API-Key (TINKER_API_KEY or LOOPS_API_KEY)")
 	f.StringVar(&cfg.OtherAPIKey, "other-api-key", "", "a key of another workspace; enables the isolation cases")
+	f.StringVar(&cfg.OperatorAPIKey, "operator-key", "", "an operator key (loops serve --operator-key); enables the API-key cases (keys.yaml)")
 	f.StringVar(&cfg.BaseModel, "base-model", "loops/tiny", "base model to train and sample")
 	f.Int64Var(&cfg.MaxBodyBytes, "body-limit", 0, "the server's request body limit in bytes, if known; enables the over-limit case")
 	f.StringVar(&knownFailing, "known-failing", "", `file of "<glob> # <reason>" lines for checks expected to fail`)

@@ -38,5 +38,6 @@ func rootCmd() *cobra.Command {
 	root.AddCommand(cookbookCmd(), jobsCmd(), projectsCmd())
 	root.AddCommand(workerCmd())
 	root.AddCommand(poolsCmd(), allocationsCmd())
+	root.AddCommand(keysCmd())
 	return root
 }

@@ -57,6 +57,12 @@ type serveFlags struct {
 	stepRecovery bool
 	// operatorKeys are --operator-key: the keys of the operator role (PoolService).
 	operatorKeys []string
+	// noJWTAuth, tokenLifetime, signingKeyRotation and keyCacheTTL configure stored API keys
+	// and access tokens (gateway.APIKeysConfig).
+	noJWTAuth          bool
+	tokenLifetime      time.Duration
+	signingKeyRotation time.Duration
+	keyCacheTTL        time.Duration
 	// trustedProxies are --trusted-proxy: the reverse proxies whose X-Forwarded-For and
 	// X-Forwarded-Proto are believed.
 	trustedProxies []string
@@ -125,6 +131,10 @@ max LoRA rank, runs at once, queued operations, sampling concurrency): see the
 	fl.StringArrayVar(&f.backendOpts, "backend-opt", nil, "backend option KEY=VALUE (repeatable), e.g. threads=2 for reference, workers=host:port or device=cuda for torch")
 	fl.StringSliceVar(&f.apiKeys, "api-key", envList("LOOPS_API_KEYS", nil), "accepted API key, KEY or KEY=WORKSPACE (repeatable; WORKSPACE is 1-64 letters, digits, '_' or '-', not starting with '-')")
 	fl.StringSliceVar(&f.operatorKeys, "operator-key", envList("LOOPS_OPERATOR_KEYS", nil), "operator key, tml-… (repeatable): may call PoolService (loops pools, loops allocations) and nothing else; no workspace's key")
+	fl.BoolVar(&f.noJWTAuth, "no-jwt-auth", os.Getenv("LOOPS_NO_JWT_AUTH") == "1", "tell tinker SDKs to send the API key on every request instead of exchanging it for short-lived tokens (JWTs); the SDK's whoami needs tokens (LOOPS_NO_JWT_AUTH=1)")
+	fl.DurationVar(&f.tokenLifetime, "token-lifetime", auth.DefaultTokenLifetime, "how long an access token (JWT) a key is exchanged for lives (10m to 24h); the SDK renews it at about half its lifetime (before 0.38: 5 minutes before expiry)")
+	fl.DurationVar(&f.signingKeyRotation, "signing-key-rotation", auth.DefaultSigningKeyRotation, "how long one token-signing key signs before the next replaces it (1h to 720h); old keys verify until their tokens expire")
+	fl.DurationVar(&f.keyCacheTTL, "key-cache-ttl", auth.DefaultKeyCacheTTL, "how long a stored API key lookup is cached (1s to 5m): the most a revocation made on another gateway on the same database takes to reach this one")
 	fl.StringVar(&f.apiKeyFile, "api-key-file", env("LOOPS_API_KEY_FILE", ""), "file of API keys, one KEY or KEY=WORKSPACE a line")
 	fl.DurationVar(&f.sessionTTL, "session-ttl", 5*time.Minute, "how long a session lives without a heartbeat")
 	fl.BoolVar(&f.stepRecovery, "step-recovery", os.Getenv("LOOPS_STEP_RECOVERY") == "1", "keep every run recoverable step by step (a snapshot after each optim_step and a replay log), so a lost worker costs no step; on by itself for pools marked preemptible (LOOPS_STEP_RECOVERY=1)")
@@ -156,6 +166,15 @@ func runServe(ctx context.Context, f serveFlags) error {
 	}
 	if f.fairnessTarget != 0 && (f.fairnessTarget < 1 || math.IsNaN(f.fairnessTarget) || math.IsInf(f.fairnessTarget, 0)) {
 		return fmt.Errorf("--fairness-target %v is not a latency inflation: use 0 (none) or a number of at least 1 (e.g. 3)", f.fairnessTarget)
+	}
+	if f.tokenLifetime < 10*time.Minute || f.tokenLifetime > 24*time.Hour {
+		return fmt.Errorf("--token-lifetime %v is out of range: use 10m to 24h (tinker SDKs before 0.38 renew a token 5 minutes before it expires)", f.tokenLifetime)
+	}
+	if f.signingKeyRotation < time.Hour || f.signingKeyRotation > 720*time.Hour {
+		return fmt.Errorf("--signing-key-rotation %v is out of range: use 1h to 720h", f.signingKeyRotation)
+	}
+	if f.keyCacheTTL < time.Second || f.keyCacheTTL > 5*time.Minute {
+		return fmt.Errorf("--key-cache-ttl %v is out of range: use 1s to 5m", f.keyCacheTTL)
 	}
 	if f.trainChunkTokens < core.MinChunkTokens || f.trainChunkTokens > core.MaxChunkTokens {
 		return fmt.Errorf("--train-chunk-tokens %d is out of range: use %d to %d", f.trainChunkTokens, core.MinChunkTokens, core.MaxChunkTokens)
@@ -263,6 +282,11 @@ func runServe(ctx context.Context, f serveFlags) error {
 		Jobs:           f.jobs.config(),
 		TrustedProxies: proxies,
 		Transfers:      ckhttp.Options{MinRate: f.minTransferRate, RateWindow: f.transferRateWindow},
+		APIKeys: gateway.APIKeysConfig{
+			Cache:          auth.DirectoryOptions{TTL: f.keyCacheTTL},
+			Tokens:         auth.TokenOptions{Lifetime: f.tokenLifetime, Rotation: f.signingKeyRotation},
+			DisableJWTAuth: f.noJWTAuth,
+		},
 	})
 	if err != nil {
 		_ = ln.Close()

@@ -29,6 +29,8 @@ type Config struct {
 	APIKey string
 	// OtherAPIKey, when set, is a key of another workspace; isolation cases need it.
 	OtherAPIKey string
+	// OperatorAPIKey, when set, is an operator key; the API-key cases (keys.yaml) need it.
+	OperatorAPIKey string
 	// BaseModel is the model to train and sample (default "loops/tiny").
 	BaseModel string
 	// MaxBodyBytes is the server's request body limit, when known (over-limit cases need it).
@@ -106,17 +108,18 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Results = append(rep.Results, runSDKChecks(ctx, cfg)...)
 	if !cfg.SkipProtocol {
 		res, err := protocol.Execute(ctx, cfg.Target, protocol.Options{
-			APIKey:       cfg.APIKey,
-			OtherAPIKey:  cfg.OtherAPIKey,
-			BaseModel:    cfg.BaseModel,
-			Surfaces:     []conformancev1.Surface{conformancev1.Surface_SURFACE_TINKER},
-			MaxBodyBytes: cfg.MaxBodyBytes,
-			OpenMode:     cfg.OpenMode,
-			KnownFailing: cfg.KnownFailing,
-			HTTPClient:   cfg.HTTPClient,
-			CaseTimeout:  cfg.Timeout,
-			Parallel:     4,
-			Logger:       cfg.Logger,
+			APIKey:         cfg.APIKey,
+			OtherAPIKey:    cfg.OtherAPIKey,
+			OperatorAPIKey: cfg.OperatorAPIKey,
+			BaseModel:      cfg.BaseModel,
+			Surfaces:       []conformancev1.Surface{conformancev1.Surface_SURFACE_TINKER},
+			MaxBodyBytes:   cfg.MaxBodyBytes,
+			OpenMode:       cfg.OpenMode,
+			KnownFailing:   cfg.KnownFailing,
+			HTTPClient:     cfg.HTTPClient,
+			CaseTimeout:    cfg.Timeout,
+			Parallel:       4,
+			Logger:         cfg.Logger,
 		})
 		if err != nil {
 			return nil, err

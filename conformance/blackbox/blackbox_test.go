@@ -15,7 +15,7 @@ import (
 	"github.com/loops-dev/loops/gateway/auth"
 )
 
-const keyA, keyB = "tml-blackbox-a", "tml-blackbox-b"
+const keyA, keyB, operatorKey = "tml-blackbox-a", "tml-blackbox-b", "tml-blackbox-operator"
 
 func startServer(t *testing.T) string {
 	t.Helper()
@@ -23,6 +23,7 @@ func startServer(t *testing.T) string {
 	require.NoError(t, err)
 	keys, err := auth.ParseKeys([]string{keyA + "=team-a", keyB + "=team-b"})
 	require.NoError(t, err)
+	require.NoError(t, keys.AddOperatorKeys([]string{operatorKey}))
 	srv, err := gateway.New(t.Context(), ln, gateway.Config{DataDir: t.TempDir(), Keys: keys})
 	require.NoError(t, err)
 	go func() { _ = srv.Serve() }()
@@ -41,7 +42,7 @@ func TestAgainstLoops(t *testing.T) {
 	known, err := protocol.LoadKnownFailing("../protocol/known_failing/loops.txt")
 	require.NoError(t, err)
 	rep, err := blackbox.Run(t.Context(), blackbox.Config{
-		Target: url, APIKey: keyA, OtherAPIKey: keyB, MaxBodyBytes: 64 << 20, KnownFailing: known,
+		Target: url, APIKey: keyA, OtherAPIKey: keyB, OperatorAPIKey: operatorKey, MaxBodyBytes: 64 << 20, KnownFailing: known,
 	})
 	require.NoError(t, err)
 	for _, r := range rep.Results {

@@ -44,11 +44,13 @@ const (
 	// RequiresKeyCheck: the server refuses keys it was not given (not an open-mode server
 	// such as `loops serve` without keys, which accepts any tml- key on loopback).
 	RequiresKeyCheck = "key_check"
+	// RequiresOperatorKey: an operator key (${operator_key}), to make API keys with.
+	RequiresOperatorKey = "operator_key"
 )
 
 var (
 	caseName  = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
-	knownNeed = []string{RequiresOtherKey, RequiresBodyLimit, RequiresKeyCheck}
+	knownNeed = []string{RequiresOtherKey, RequiresBodyLimit, RequiresKeyCheck, RequiresOperatorKey}
 )
 
 // EmbeddedCases returns the cases shipped with Loops (conformance/protocol/cases).
@@ -231,12 +233,16 @@ func stepHasForm(st *conformancev1.Step, s conformancev1.Surface) bool {
 }
 
 // needsOf is what a case needs from the target: its requires list plus an other key when a
-// step uses ${other_key}, and the body limit when a body is over_limit.
+// step uses ${other_key}, an operator key when one uses ${operator_key}, and the body limit
+// when a body is over_limit.
 func needsOf(c *Case) []string {
 	need := slices.Clone(c.GetRequires())
 	b, _ := protojson.Marshal(c.Case)
 	if strings.Contains(string(b), "${other_key}") && !slices.Contains(need, RequiresOtherKey) {
 		need = append(need, RequiresOtherKey)
+	}
+	if strings.Contains(string(b), "${operator_key}") && !slices.Contains(need, RequiresOperatorKey) {
+		need = append(need, RequiresOperatorKey)
 	}
 	for _, st := range c.GetSteps() {
 		if (st.GetCall().GetRaw().GetOverLimit() || st.GetTinker().GetOverLimit()) && !slices.Contains(need, RequiresBodyLimit) {

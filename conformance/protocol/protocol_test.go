@@ -17,6 +17,8 @@ import (
 const (
 	keyA = "tml-conformance-a"
 	keyB = "tml-conformance-b"
+	// operatorKey makes the API keys of the keys cases.
+	operatorKey = "tml-conformance-operator"
 	// bodyLimit is small so that over-limit cases stay cheap.
 	bodyLimit = 1 << 20
 )
@@ -29,6 +31,7 @@ func startServer(t *testing.T) string {
 	require.NoError(t, err)
 	keys, err := auth.ParseKeys([]string{keyA + "=team-a", keyB + "=team-b"})
 	require.NoError(t, err)
+	require.NoError(t, keys.AddOperatorKeys([]string{operatorKey}))
 	srv, err := gateway.New(t.Context(), ln, gateway.Config{
 		DataDir: t.TempDir(),
 		Keys:    keys,
@@ -51,9 +54,10 @@ func TestProtocol(t *testing.T) {
 	known, err := protocol.LoadKnownFailing("known_failing/loops.txt")
 	require.NoError(t, err)
 	protocol.Run(t, url, protocol.Options{
-		APIKey:       keyA,
-		OtherAPIKey:  keyB,
-		MaxBodyBytes: bodyLimit,
-		KnownFailing: known,
+		APIKey:         keyA,
+		OtherAPIKey:    keyB,
+		OperatorAPIKey: operatorKey,
+		MaxBodyBytes:   bodyLimit,
+		KnownFailing:   known,
 	})
 }

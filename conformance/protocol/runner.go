@@ -49,6 +49,9 @@ type Options struct {
 	APIKey string
 	// OtherAPIKey is a key of another workspace; cases that need one are skipped without it.
 	OtherAPIKey string
+	// OperatorAPIKey is an operator key (${operator_key}): cases that manage API keys
+	// (KeyService) need one and are skipped without it.
+	OperatorAPIKey string
 	// BaseModel is ${base_model} (default "loops/tiny").
 	BaseModel string
 	// Surfaces limits the surfaces (default all).
@@ -246,6 +249,9 @@ func (r *runner) result(ctx context.Context, j job) Result {
 		case need == RequiresOtherKey && r.opts.OtherAPIKey == "":
 			res.Status, res.Reason = StatusSkip, "needs a second API key in another workspace"
 			return res
+		case need == RequiresOperatorKey && r.opts.OperatorAPIKey == "":
+			res.Status, res.Reason = StatusSkip, "needs an operator key"
+			return res
 		case need == RequiresBodyLimit && r.opts.MaxBodyBytes <= 0:
 			res.Status, res.Reason = StatusSkip, "needs the server's body limit"
 			return res
@@ -276,11 +282,12 @@ func (r *runner) result(ctx context.Context, j job) Result {
 
 func (r *runner) runCase(ctx context.Context, j job) error {
 	sc := newScope(map[string]string{
-		"key":        r.opts.APIKey,
-		"other_key":  r.opts.OtherAPIKey,
-		"base_model": r.opts.BaseModel,
-		"unique":     randomToken(),
-		"surface":    SurfaceName(j.s),
+		"key":          r.opts.APIKey,
+		"other_key":    r.opts.OtherAPIKey,
+		"operator_key": r.opts.OperatorAPIKey,
+		"base_model":   r.opts.BaseModel,
+		"unique":       randomToken(),
+		"surface":      SurfaceName(j.s),
 	})
 	for i, st := range j.c.GetSteps() {
 		var err error

@@ -7,4 +7,10 @@
 // Operator keys (operator.go) are a second role: an operator key belongs to no workspace and
 // may call the operator services (PoolService) only; RequireOperator checks the role. In
 // open mode with no operator keys, every request from a loopback peer is an operator's too.
+//
+// Keys may also be records in the store (directory.go: a Directory finds them by hash through
+// a bounded, expiring cache; KeyService in package keysvc makes and revokes them), and any
+// workspace key may be exchanged for a short-lived access token (tokens.go: Ed25519 JWTs whose
+// signing keys are in the store and rotate), which the Middleware accepts in place of the key
+// while the key is still good. docs/security.md, "API keys and access tokens".
 package auth

@@ -47,7 +47,7 @@ func RequireOperator(ctx context.Context) error {
 }
 
 // errOperatorKey refuses an operator key where a workspace key is needed.
-var errOperatorKey = errors.New("this is an operator key, not a workspace API key: it may only call operator services (PoolService: loops pools, loops allocations); use a workspace key (--api-key) for runs, checkpoints and sampling")
+var errOperatorKey = errors.New("this is an operator key, not a workspace API key: it may only call operator services (PoolService: loops pools, loops allocations; KeyService: loops keys); use a workspace key (--api-key) for runs, checkpoints and sampling")
 
 // AddOperatorKeys adds operator keys: they may call operator services (PoolService) and
 // nothing else; they have no workspace. A key has an API key's shape (tml-…) and must not

@@ -87,6 +87,7 @@ type Store interface {
 	DeploymentStore
 	JobStore
 	ProjectStore
+	KeyStore
 	Fencer
 
 	// Close releases the store's resources.

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"crypto/sha256"
 	"reflect"
 	"slices"
 	"sync"
@@ -29,6 +30,7 @@ var reads = []string{
 	"GetDeployment", "ListDeployments", "ListAllDeployments", "ListGrantedDeployments",
 	"CheckpointDeployments", "GetJob", "ListJobs",
 	"GetProject", "ListProjects", "SearchSessions", "ListProjectTrainingRuns", "ListUnindexedSessions",
+	"APIKeyByHash", "GetAPIKey", "ListAPIKeys", "SigningKeys",
 	"SetFence", "Close",
 }
 
@@ -111,6 +113,8 @@ func seedFenced(t *testing.T, st store.Store) {
 	require.NoError(t, st.PutJob(ctx, wsA, job("job-1", 0, loopsv1.JobState_JOB_STATE_RUNNING)))
 	require.NoError(t, st.PutJob(ctx, wsA, job("job-2", 0, loopsv1.JobState_JOB_STATE_SUCCEEDED)))
 	require.NoError(t, st.CreateProject(ctx, wsA, &loopsv1.Project{Name: "p-1", CreateTime: ts(0)}))
+	require.NoError(t, st.CreateAPIKey(ctx, apiKey("key-1", wsA, 0, loopsv1.KeyRole_KEY_ROLE_MEMBER), sha256.Sum256([]byte("tml-1"))))
+	require.NoError(t, st.PutSigningKey(ctx, store.SigningKey{ID: "sk-1", Created: base, Seed: make([]byte, 32)}))
 }
 
 // fencedWrites are the writes of store.Store by name, each one that changes records of
@@ -178,6 +182,23 @@ func fencedWrites() map[string]func(context.Context, store.Store) error {
 		"DeleteProject": func(ctx context.Context, st store.Store) error {
 			return st.DeleteProject(ctx, wsA, "p-1")
 		},
+		"CreateAPIKey": func(ctx context.Context, st store.Store) error {
+			return st.CreateAPIKey(ctx, apiKey("key-fenced", wsA, time.Hour, loopsv1.KeyRole_KEY_ROLE_ADMIN), sha256.Sum256([]byte("tml-fenced")))
+		},
+		"RevokeAPIKey": func(ctx context.Context, st store.Store) error {
+			_, err := st.RevokeAPIKey(ctx, wsA, "key-1", far)
+			return err
+		},
+		"TouchAPIKey": func(ctx context.Context, st store.Store) error {
+			return st.TouchAPIKey(ctx, "key-1", far)
+		},
+		"PutSigningKey": func(ctx context.Context, st store.Store) error {
+			return st.PutSigningKey(ctx, store.SigningKey{ID: "sk-fenced", Created: far, Seed: make([]byte, 32)})
+		},
+		"DeleteSigningKeys": func(ctx context.Context, st store.Store) error {
+			_, err := st.DeleteSigningKeys(ctx, far)
+			return err
+		},
 	}
 }
 
@@ -193,6 +214,8 @@ type fencedState struct {
 	Deployments []*loopsv1.Deployment
 	Jobs        []*loopsv1.Job
 	Projects    []*loopsv1.Project
+	APIKeys     []*loopsv1.ApiKey
+	SigningKeys []store.SigningKey
 }
 
 func snapshot(t *testing.T, st store.Store) fencedState {
@@ -225,6 +248,10 @@ func snapshot(t *testing.T, st store.Store) fencedState {
 	s.Jobs, err = st.ListJobs(ctx, wsA, 0)
 	require.NoError(t, err)
 	s.Projects, err = st.ListProjects(ctx, wsA)
+	require.NoError(t, err)
+	s.APIKeys, err = st.ListAPIKeys(ctx, "", 0)
+	require.NoError(t, err)
+	s.SigningKeys, err = st.SigningKeys(ctx, time.Time{})
 	require.NoError(t, err)
 	return s
 }

@@ -71,6 +71,8 @@ func Run(t *testing.T, open Opener) {
 	s("Projects", testProjects)
 	s("SearchSessions", testSearchSessions)
 	s("ProjectTrainingRuns", testProjectTrainingRuns)
+	s("APIKeys", testAPIKeys)
+	s("SigningKeys", testSigningKeys)
 	t.Run("Reopen", func(t *testing.T) { testReopen(t, open) })
 	t.Run("DeploymentsReopen", func(t *testing.T) { testDeploymentsReopen(t, open) })
 	t.Run("FailRunningJobs", func(t *testing.T) { testFailRunningJobs(t, open) })

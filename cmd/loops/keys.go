@@ -1,0 +1,149 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
+)
+
+// keysCmd is `loops keys`: API keys kept as records (loops.v1 KeyService).
+func keysCmd() *cobra.Command {
+	var of operatorFlags
+	cmd := &cobra.Command{
+		Use:   "keys",
+		Short: "Create, list and revoke API keys (operators: any workspace; workspace admin keys: their own)",
+		Long: "API keys kept as records in the server's database, beside the keys given to loops serve by\n" +
+			"flag or key file (docs/security.md). An operator key (--operator-key) manages the keys of every\n" +
+			"workspace; a workspace admin key (--api-key, made with --role admin) those of its own workspace.\n" +
+			"A created key is printed once: the server keeps only its SHA-256.",
+	}
+	of.register(cmd)
+	client := func() loopsv1connect.KeyServiceClient {
+		cf := of.clientFlags
+		if of.operatorKey != "" {
+			cf.apiKey = of.operatorKey
+		}
+		return loopsv1connect.NewKeyServiceClient(http.DefaultClient, cf.url, cf.options()...)
+	}
+
+	var workspace, role, name string
+	create := &cobra.Command{
+		Use:   "create",
+		Short: "Create a key and print it once",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := parseRole(role)
+			if err != nil {
+				return err
+			}
+			resp, err := client().CreateKey(cmd.Context(), &loopsv1.CreateKeyRequest{Workspace: workspace, Role: r, Name: name})
+			if err != nil {
+				return err
+			}
+			if of.json {
+				return printJSON(cmd.OutOrStdout(), resp)
+			}
+			k := resp.GetKey()
+			fmt.Fprintf(cmd.ErrOrStderr(), "created %s (workspace %s, role %s); the key is shown once, keep it now:\n", k.GetId(), k.GetWorkspace(), roleName(k.GetRole()))
+			fmt.Fprintln(cmd.OutOrStdout(), resp.GetSecret())
+			return nil
+		},
+	}
+	create.Flags().StringVar(&workspace, "workspace", "", "the key's workspace (operators must name it; an admin key's own by default)")
+	create.Flags().StringVar(&role, "role", "member", "member or admin (an admin key may also manage its workspace's keys)")
+	create.Flags().StringVar(&name, "name", "", "a label for people (at most 128 characters)")
+
+	var listWorkspace string
+	var limit int32
+	var liveOnly bool
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List stored keys, newest first (never their secrets)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			resp, err := client().ListKeys(cmd.Context(), &loopsv1.ListKeysRequest{Workspace: listWorkspace, Limit: limit, LiveOnly: liveOnly})
+			if err != nil {
+				return err
+			}
+			if of.json {
+				return printJSON(cmd.OutOrStdout(), resp)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tWORKSPACE\tROLE\tNAME\tCREATED\tLAST USED\tREVOKED")
+			for _, k := range resp.GetKeys() {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.GetId(), k.GetWorkspace(), roleName(k.GetRole()), k.GetName(),
+					when(k.GetCreateTime()), when(k.GetLastUsedTime()), when(k.GetRevokeTime()))
+			}
+			return tw.Flush()
+		},
+	}
+	list.Flags().StringVar(&listWorkspace, "workspace", "", "only this workspace's keys (operators: every workspace's by default)")
+	list.Flags().Int32Var(&limit, "limit", 0, "at most this many (default 100, at most 1000)")
+	list.Flags().BoolVar(&liveOnly, "live", false, "leave revoked keys out")
+
+	revoke := &cobra.Command{
+		Use:   "revoke KEY_ID",
+		Short: "Revoke a stored key: it and its tokens are refused from now on",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			k, err := client().RevokeKey(cmd.Context(), &loopsv1.RevokeKeyRequest{Id: args[0]})
+			if err != nil {
+				return err
+			}
+			if of.json {
+				return printJSON(cmd.OutOrStdout(), k)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "revoked %s (workspace %s) at %s\n", k.GetId(), k.GetWorkspace(), when(k.GetRevokeTime()))
+			return nil
+		},
+	}
+
+	whoami := &cobra.Command{
+		Use:   "whoami",
+		Short: "Show the workspace, key id, role and limits of the key in use",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			w, err := client().WhoAmI(cmd.Context(), &loopsv1.WhoAmIRequest{})
+			if err != nil {
+				return err
+			}
+			if of.json {
+				return printJSON(cmd.OutOrStdout(), w)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "workspace: %s\nkey:       %s\nrole:      %s\nsource:    %s\nin flight: %d at most\n",
+				w.GetWorkspace(), w.GetKeyId(), roleName(w.GetRole()), w.GetSource(), w.GetMaxRequestsInFlight())
+			return nil
+		},
+	}
+	cmd.AddCommand(create, list, revoke, whoami)
+	return cmd
+}
+
+func parseRole(s string) (loopsv1.KeyRole, error) {
+	switch strings.ToLower(s) {
+	case "", "member":
+		return loopsv1.KeyRole_KEY_ROLE_MEMBER, nil
+	case "admin":
+		return loopsv1.KeyRole_KEY_ROLE_ADMIN, nil
+	}
+	return 0, fmt.Errorf("--role %q: use member or admin", s)
+}
+
+func roleName(r loopsv1.KeyRole) string {
+	return strings.ToLower(strings.TrimPrefix(r.String(), "KEY_ROLE_"))
+}
+
+func when(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "-"
+	}
+	return ts.AsTime().UTC().Format(time.DateTime)
+}

@@ -1,0 +1,22 @@
+-- API keys as records (loops.v1 ApiKey, in data, without its times of last use and
+-- revocation, which are columns: 0 is never) and the Ed25519 keys that sign access tokens.
+-- hash is the hex SHA-256 of the key's secret; the secret is never stored.
+
+CREATE TABLE api_keys (
+    id          TEXT    NOT NULL PRIMARY KEY,
+    workspace   TEXT    NOT NULL,
+    hash        TEXT    NOT NULL,
+    create_time INTEGER NOT NULL,
+    last_used   INTEGER NOT NULL,
+    revoke_time INTEGER NOT NULL,
+    data        BLOB    NOT NULL
+) STRICT;
+CREATE UNIQUE INDEX api_keys_by_hash ON api_keys (hash);
+CREATE INDEX api_keys_by_workspace ON api_keys (workspace, create_time DESC, id DESC);
+CREATE INDEX api_keys_by_time ON api_keys (create_time DESC, id DESC);
+
+CREATE TABLE signing_keys (
+    id          TEXT    NOT NULL PRIMARY KEY,
+    create_time INTEGER NOT NULL,
+    seed        BLOB    NOT NULL
+) STRICT;
