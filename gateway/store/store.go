@@ -86,6 +86,8 @@ type Store interface {
 	UsageStore
 	DeploymentStore
 	JobStore
+	AuditStore
+	CheckpointStorageReader
 	Fencer
 
 	// Close releases the store's resources.

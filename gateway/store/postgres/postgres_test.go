@@ -139,7 +139,7 @@ func TestMigrationsIdempotent(t *testing.T) {
 	defer func() { require.NoError(t, conn.Close(context.Background())) }()
 	var version, rows int
 	require.NoError(t, conn.QueryRow(ctx, `SELECT version, (SELECT count(*) FROM schema_version) FROM schema_version`).Scan(&version, &rows))
-	require.Equal(t, 5, version)
+	require.Equal(t, 7, version)
 	require.Equal(t, 1, rows)
 
 	// A database from a newer binary is refused.

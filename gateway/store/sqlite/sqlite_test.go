@@ -48,7 +48,7 @@ func TestOpenCreatesDirectoryAndSchema(t *testing.T) {
 	defer func() { require.NoError(t, db.Close()) }()
 	var version int
 	require.NoError(t, db.QueryRow(`SELECT version FROM schema_version`).Scan(&version))
-	require.Equal(t, 5, version)
+	require.Equal(t, 7, version)
 	var rows int
 	require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM schema_version`).Scan(&rows))
 	require.Equal(t, 1, rows)

@@ -27,7 +27,7 @@ var reads = []string{
 	"ListSessionTrainingRuns", "GetCheckpoint", "GetCheckpointAnyWorkspace", "ListCheckpoints",
 	"ListExpiredCheckpoints", "GetSampler", "GetOperation", "ListStepMetrics", "ListUsage",
 	"GetDeployment", "ListDeployments", "ListAllDeployments", "ListGrantedDeployments",
-	"CheckpointDeployments", "GetJob", "ListJobs",
+	"CheckpointDeployments", "GetJob", "ListJobs", "ListAuditEvents", "CheckpointStorage",
 	"SetFence", "Close",
 }
 
@@ -109,6 +109,8 @@ func seedFenced(t *testing.T, st store.Store) {
 	require.NoError(t, st.PutDeployment(ctx, wsA, deployment("d1", 0, wsB), []store.CheckpointRef{pin("run-1", "ckpt-1")}))
 	require.NoError(t, st.PutJob(ctx, wsA, job("job-1", 0, loopsv1.JobState_JOB_STATE_RUNNING)))
 	require.NoError(t, st.PutJob(ctx, wsA, job("job-2", 0, loopsv1.JobState_JOB_STATE_SUCCEEDED)))
+	require.NoError(t, st.AppendAuditEvents(ctx, []store.OwnedAuditEvent{
+		auditEvent(wsA, 0, "key-a", "session_create", "sess-1"), auditEvent(wsA, time.Minute, "key-a", "session_create", "sess-2")}))
 }
 
 // fencedWrites are the writes of store.Store by name, each one that changes records of
@@ -170,6 +172,17 @@ func fencedWrites() map[string]func(context.Context, store.Store) error {
 			_, err := st.FailRunningJobs(ctx, "fenced", far)
 			return err
 		},
+		"AppendAuditEvents": func(ctx context.Context, st store.Store) error {
+			return st.AppendAuditEvents(ctx, []store.OwnedAuditEvent{auditEvent(wsA, time.Hour, "key-a", "session_create", "sess-fenced")})
+		},
+		"DeleteAuditEventsBefore": func(ctx context.Context, st store.Store) error {
+			_, err := st.DeleteAuditEventsBefore(ctx, far)
+			return err
+		},
+		"TrimAuditEvents": func(ctx context.Context, st store.Store) error {
+			_, err := st.TrimAuditEvents(ctx, 1)
+			return err
+		},
 	}
 }
 
@@ -184,6 +197,7 @@ type fencedState struct {
 	Usage       []store.UsageRecord
 	Deployments []*loopsv1.Deployment
 	Jobs        []*loopsv1.Job
+	Audit       []store.AuditEvent
 }
 
 func snapshot(t *testing.T, st store.Store) fencedState {
@@ -214,6 +228,8 @@ func snapshot(t *testing.T, st store.Store) fencedState {
 	s.Deployments, err = st.ListDeployments(ctx, wsA)
 	require.NoError(t, err)
 	s.Jobs, err = st.ListJobs(ctx, wsA, 0)
+	require.NoError(t, err)
+	s.Audit, err = st.ListAuditEvents(ctx, wsA, store.AuditQuery{})
 	require.NoError(t, err)
 	return s
 }
