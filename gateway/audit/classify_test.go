@@ -100,3 +100,26 @@ func TestSurfaceOf(t *testing.T) {
 	require.Equal(t, SurfaceGRPC, surfaceOf("/loops.v1.SessionService/CreateSession", "application/grpc+proto"))
 	require.Equal(t, SurfaceGRPCWeb, surfaceOf("/loops.v1.SessionService/CreateSession", "application/grpc-web+proto"))
 }
+
+// FuzzClassify: any method and path classifies without panicking; a request no rule matches
+// is recorded unless it is a GET, HEAD or OPTIONS, and its recorded action is bounded.
+func FuzzClassify(f *testing.F) {
+	c := NewClassifier(Rules)
+	f.Add("POST", "/api/v1/create_model")
+	f.Add("DELETE", "/api/v1/training_runs/a/checkpoints/weights/b")
+	f.Add("GET", "/loops.v1.SessionService/GetSession")
+	f.Add("PATCH", "/v1/x/../../etc")
+	f.Add("POST", "/"+strings.Repeat("a", 1000))
+	f.Fuzz(func(t *testing.T, method, path string) {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Method, r.URL.Path = method, path
+		rule := c.Classify(r)
+		if rule.Event == unclassified {
+			require.NotContains(t, []string{"GET", "HEAD", "OPTIONS"}, method)
+			require.LessOrEqual(t, len(rule.Pattern), len(method)+1+256)
+		}
+		if rule.Class.Recorded() {
+			require.NotEmpty(t, rule.Event)
+		}
+	})
+}
