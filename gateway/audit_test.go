@@ -1,17 +1,24 @@
 package gateway_test
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/loops-dev/loops/gateway"
+	"github.com/loops-dev/loops/gateway/audit"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/store"
+	"github.com/loops-dev/loops/gateway/store/sqlite"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 )
@@ -129,4 +136,55 @@ func TestAuditPaging(t *testing.T) {
 	_, err := loopsv1connect.NewAuditServiceClient(http.DefaultClient, url, withKey(keyB)).
 		ListAuditEvents(ctx, &loopsv1.ListAuditEventsRequest{PageToken: token})
 	require.Error(t, err, "another workspace's token is refused")
+}
+
+// stuckAudit is a store whose audit appends wait until release closes (a database that
+// has stopped answering).
+type stuckAudit struct {
+	store.Store
+	release chan struct{}
+}
+
+func (s stuckAudit) AppendAuditEvents(ctx context.Context, evs []store.OwnedAuditEvent) error {
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return s.Store.AppendAuditEvents(ctx, evs)
+}
+
+// TestAuditFullRefusesMutations: while the database does not take audit events, a full
+// buffer refuses mutating calls with 429 AUDIT_LOG_FULL (they are not run), reads go on,
+// and once the database answers every admitted event is written.
+func TestAuditFullRefusesMutations(t *testing.T) {
+	dataDir := t.TempDir()
+	sq, err := sqlite.Open(t.Context(), dataDir+"/loops.db")
+	require.NoError(t, err)
+	release := make(chan struct{})
+	url := "http://" + startServerWith(t, func(c *gateway.Config) {
+		c.DataDir = dataDir
+		c.Store = stuckAudit{Store: sq, release: release}
+		c.Audit = audit.Options{Buffer: 1, AdmitWait: 10 * time.Millisecond, FlushEvery: time.Millisecond}
+	})
+	ctx := t.Context()
+	sessions := loopsv1connect.NewSessionServiceClient(http.DefaultClient, url, withKey(keyA))
+	first, err := sessions.CreateSession(ctx, &loopsv1.CreateSessionRequest{})
+	require.NoError(t, err, "the first event takes the buffer's one slot")
+
+	_, err = sessions.CreateSession(ctx, &loopsv1.CreateSessionRequest{})
+	require.Equal(t, connect.CodeResourceExhausted, connect.CodeOf(err), "%v", err)
+	require.Contains(t, err.Error(), "audit log")
+	code, body := post(t, url, "/api/v1/create_session", keyA, `{"tags":[],"user_metadata":{},"sdk_version":"0.38.0","type":"create_session"}`)
+	require.Equal(t, http.StatusTooManyRequests, code, body)
+	require.Contains(t, body, "AUDIT_LOG_FULL")
+
+	list, err := sessions.ListSessions(ctx, &loopsv1.ListSessionsRequest{})
+	require.NoError(t, err, "reads are not held up")
+	require.Len(t, list.GetSessions(), 1, "the refused creates did not run")
+
+	close(release)
+	evs := auditEvents(t, url, keyA, "session_create")
+	require.Len(t, evs, 1)
+	require.Equal(t, first.GetId(), evs[0].GetTarget())
 }
