@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/auditnote"
 )
 
 // routes registers every Tinker route. Routes Loops does not serve answer 501 with a JSON
@@ -65,6 +66,10 @@ func (s *server) routes(mux *http.ServeMux) {
 
 	// Billing: metered usage.
 	s.edge.Handle(mux, "GET /api/v1/billing/usage/events", s.billingUsageEvents)
+	s.edge.Handle(mux, "GET /api/v1/billing/usage/checkpoints/current", s.checkpointStorage)
+
+	// The workspace's audit log.
+	s.edge.Handle(mux, "GET /api/v1/audit", s.audit)
 
 	// Tinker routes Loops does not serve (all flag-gated or admin-only in SDK 0.38.0).
 	notServed := []string{
@@ -74,8 +79,6 @@ func (s *server) routes(mux *http.ServeMux) {
 		"POST /api/v1/create_custom_loss",
 		"POST /api/v1/copy_weights",
 		"GET /api/v1/sessions/{id}/trace_export",
-		"GET /api/v1/audit",
-		"GET /api/v1/billing/usage/checkpoints/current",
 	}
 	if s.opt.Keys == nil {
 		notServed = append(notServed, "POST /api/v1/auth/token", "GET /api/v1/auth/apikey/me", "DELETE /api/v1/auth/apikey/me")
@@ -186,6 +189,7 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	auditnote.SetTarget(r.Context(), sess.GetId())
 	s.edge.WriteJSON(w, http.StatusOK, map[string]string{"type": "create_session", "session_id": sess.GetId()})
 	return nil
 }

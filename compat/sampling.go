@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/auditnote"
 	"github.com/loops-dev/loops/internal/semantics"
 )
 
@@ -30,6 +31,7 @@ func (s *server) createSamplingSession(w http.ResponseWriter, r *http.Request) e
 	if err != nil {
 		return err
 	}
+	auditnote.SetTarget(r.Context(), sm.GetId())
 	s.edge.WriteJSON(w, http.StatusOK, map[string]string{"type": "create_sampling_session", "sampling_session_id": sm.GetId()})
 	return nil
 }

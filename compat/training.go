@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/auditnote"
 	"github.com/loops-dev/loops/internal/semantics"
 )
 
@@ -95,6 +96,7 @@ func (s *server) createModel(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	auditnote.SetTarget(r.Context(), runIDOf(op))
 	s.edge.WriteJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), ModelID: runIDOf(op)})
 	return nil
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/loops-dev/loops/compat/anthropic"
 	"github.com/loops-dev/loops/compat/inference"
 	"github.com/loops-dev/loops/compat/openai"
+	"github.com/loops-dev/loops/gateway/audit"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/auth/keysvc"
 	"github.com/loops-dev/loops/gateway/ckhttp"
@@ -120,6 +121,9 @@ type Config struct {
 	// X-Forwarded-For (the client address the throttle counts) and X-Forwarded-Proto
 	// (https makes the console's cookie Secure) believed.
 	TrustedProxies auth.TrustedProxies
+	// Audit tunes the audit log (gateway/audit): retention, the per-workspace cap, the
+	// write buffer. Its Logger and Registerer are the server's.
+	Audit audit.Options
 	// APIKeys configures the API keys kept as records and the access tokens (JWTs) keys are
 	// exchanged for (docs/security.md).
 	APIKeys APIKeysConfig
@@ -334,6 +338,29 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	mux := http.NewServeMux()
 	edge := newEdge(s.log, reg)
 
+	keys := s.cfg.Keys
+	if keys == nil {
+		keys = &auth.Keys{}
+	}
+	policy := auth.Policy{MaxRequestsPerKey: s.cfg.Limits.MaxRequestsPerKey,
+		Throttle: s.throttle, Proxies: s.cfg.TrustedProxies,
+		ErrorShapes: []auth.ErrorShape{
+			{Prefix: openai.Prefix, Write: openai.WriteError},
+			{Prefix: anthropic.Prefix, Write: anthropic.WriteError},
+		}}
+
+	// The audit log: every recorded call of every surface passes its middleware, after
+	// authentication; its events are written off the request path.
+	aopts := s.cfg.Audit
+	aopts.Logger, aopts.Registerer = s.log, reg
+	recorder := audit.NewRecorder(s.store, aopts)
+	recorder.Start()
+	s.mu.Lock()
+	s.closers = append(s.closers, recorder.Close)
+	s.mu.Unlock()
+	auditor := audit.NewMiddleware(recorder, policy.Refuse)
+	auditSvc := audit.NewService(s.store, s.core.PageTokens(), recorder)
+
 	// loops.v1 over Connect, gRPC and gRPC-Web, every handler behind the one error edge.
 	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(int(s.cfg.Limits.MaxBodyBytes)),
@@ -341,7 +368,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		// it saves bytes on them.
 		connect.WithCompressMinBytes(compressMinBytes),
 		withBoundedGzip(s.cfg.Limits.MaxBodyBytes, s.budget),
-		connect.WithInterceptors(edge),
+		connect.WithInterceptors(edge, audit.NoteInterceptor{}),
 	}
 	mux.Handle(loopsv1connect.NewSessionServiceHandler(svc.Sessions, opts...))
 	mux.Handle(loopsv1connect.NewTrainingServiceHandler(svc.Training, opts...))
@@ -361,9 +388,10 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	mux.Handle(loopsv1connect.NewPoolServiceHandler(poolsvc.New(s.backend), opts...))
 	keySvc := keysvc.New(s.cfg.Keys, s.cfg.Limits.MaxRequestsPerKey)
 	mux.Handle(loopsv1connect.NewKeyServiceHandler(keySvc, opts...))
+	mux.Handle(loopsv1connect.NewAuditServiceHandler(auditSvc, opts...))
 
 	// loops.v1 as REST: grpc-gateway over a gRPC connection to this same listener.
-	rest, err := s.restHandler(ctx, edge)
+	rest, err := s.restHandler(ctx, edge, auditor)
 	if err != nil {
 		return nil, err
 	}
@@ -382,6 +410,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		Sampling:    svc.Sampling,
 		Models:      svc.Models,
 		Usage:       svc.Usage,
+		Audit:       auditSvc,
 	}, compat.Options{
 		MaxBodyBytes:         s.cfg.Limits.MaxBodyBytes,
 		MaxDecompressedBytes: s.cfg.Limits.MaxDecompressedBytes,
@@ -428,11 +457,6 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 
-	keys := s.cfg.Keys
-	if keys == nil {
-		keys = &auth.Keys{}
-	}
-
 	// The web console at / (gateway/console): its session cookie becomes the API key
 	// before the key middleware, so its pages go through the same auth as the API.
 	cons := console.New(console.Services{
@@ -449,21 +473,19 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	mux.Handle(console.Prefix, pages)
 
 	public := append(append([]string(nil), publicPaths...), console.PublicPaths...)
-	guarded := keys.Middleware(auth.Policy{Public: public, MaxRequestsPerKey: s.cfg.Limits.MaxRequestsPerKey,
-		Throttle: s.throttle, Proxies: s.cfg.TrustedProxies,
-		ErrorShapes: []auth.ErrorShape{
-			{Prefix: openai.Prefix, Write: openai.WriteError},
-			{Prefix: anthropic.Prefix, Write: anthropic.WriteError},
-		}}, mux)
+	policy.Public = public
+	guarded := keys.Middleware(policy, auditor.Wrap(mux))
 	return withBodyReadDeadline(s.cfg.Limits.BodyReadTimeout, recoverPanics(s.log, cons.Wrap(guarded))), nil
 }
 
 // restHandler builds the grpc-gateway mux. It dials this server's own listener over h2c, so
 // REST requests pass through the same Connect handlers (and auth) as every other surface.
-func (s *Server) restHandler(ctx context.Context, edge *edge) (http.Handler, error) {
+func (s *Server) restHandler(ctx context.Context, edge *edge, auditor *audit.Middleware) (http.Handler, error) {
 	conn, err := grpc.NewClient(s.ln.Addr().String(),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithUserAgent(restUserAgent),
+		grpc.WithUnaryInterceptor(auditor.RelayInterceptor()),
+		grpc.WithStreamInterceptor(auditor.RelayStreamInterceptor()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(int(s.cfg.Limits.MaxDecompressedBytes))),
 	)
 	if err != nil {
@@ -498,6 +520,7 @@ func (s *Server) restHandler(ctx context.Context, edge *edge) (http.Handler, err
 		loopsv1.RegisterJobServiceHandler,
 		loopsv1.RegisterPoolServiceHandler,
 		loopsv1.RegisterKeyServiceHandler,
+		loopsv1.RegisterAuditServiceHandler,
 	} {
 		if err := register(ctx, gw, conn); err != nil {
 			return nil, fmt.Errorf("gateway: registering REST routes: %w", err)

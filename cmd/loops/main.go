@@ -32,7 +32,7 @@ func rootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), modelsCmd(), runsCmd(), checkpointsCmd(), usageCmd())
+	root.AddCommand(serveCmd(), modelsCmd(), runsCmd(), checkpointsCmd(), usageCmd(), auditCmd())
 	root.AddCommand(workspaceCmd(), deployCmd(), sessionsCmd())
 	root.AddCommand(conformanceCmd())
 	root.AddCommand(cookbookCmd(), jobsCmd(), projectsCmd())

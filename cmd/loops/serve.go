@@ -14,6 +14,7 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway"
+	"github.com/loops-dev/loops/gateway/audit"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/ckhttp"
 	"github.com/loops-dev/loops/gateway/ckstore"
@@ -31,9 +32,12 @@ type serveFlags struct {
 	apiKeys     []string
 	apiKeyFile  string
 	sessionTTL  time.Duration
-	maxLoraRank int
-	logLevel    string
-	logFormat   string
+	// auditRetention and auditMaxPerWorkspace bound the audit log (gateway/audit).
+	auditRetention       time.Duration
+	auditMaxPerWorkspace int
+	maxLoraRank          int
+	logLevel             string
+	logFormat            string
 
 	bodyReadTimeout   time.Duration
 	longPoll          time.Duration
@@ -137,6 +141,8 @@ max LoRA rank, runs at once, queued operations, sampling concurrency): see the
 	fl.DurationVar(&f.keyCacheTTL, "key-cache-ttl", auth.DefaultKeyCacheTTL, "how long a stored API key lookup is cached (1s to 5m): the most a revocation made on another gateway on the same database takes to reach this one")
 	fl.StringVar(&f.apiKeyFile, "api-key-file", env("LOOPS_API_KEY_FILE", ""), "file of API keys, one KEY or KEY=WORKSPACE a line")
 	fl.DurationVar(&f.sessionTTL, "session-ttl", 5*time.Minute, "how long a session lives without a heartbeat")
+	fl.DurationVar(&f.auditRetention, "audit-retention", audit.DefaultRetention, "how long audit events are kept (an hourly sweep removes older ones)")
+	fl.IntVar(&f.auditMaxPerWorkspace, "audit-max-events", audit.DefaultMaxPerWorkspace, "the most audit events one workspace keeps (the sweep removes its oldest beyond it)")
 	fl.BoolVar(&f.stepRecovery, "step-recovery", os.Getenv("LOOPS_STEP_RECOVERY") == "1", "keep every run recoverable step by step (a snapshot after each optim_step and a replay log), so a lost worker costs no step; on by itself for pools marked preemptible (LOOPS_STEP_RECOVERY=1)")
 	fl.IntVar(&f.samplerSlots, "sampler-slots", 0, "sampling calls that run at once, decoded together by a batching backend (0: the default, 4); serving many concurrent inference requests wants about one per request in flight (bench/serving)")
 	fl.IntVar(&f.trainChunkTokens, "train-chunk-tokens", core.DefaultChunkTokens, fmt.Sprintf("forward/backward work runs in pieces of whole datums of at most this many tokens, scheduled fairly between workspaces piece by piece: bigger pieces cost less per token, smaller ones make another workspace wait less behind a big step (%d to %d; bench/fairness)", core.MinChunkTokens, core.MaxChunkTokens))
@@ -160,6 +166,12 @@ func runServe(ctx context.Context, f serveFlags) error {
 	log, err := newLogger(f.logLevel, f.logFormat)
 	if err != nil {
 		return err
+	}
+	if f.auditRetention < time.Hour {
+		return fmt.Errorf("--audit-retention %s: keep audit events at least 1h (default %s)", f.auditRetention, audit.DefaultRetention)
+	}
+	if f.auditMaxPerWorkspace < 1000 {
+		return fmt.Errorf("--audit-max-events %d: keep at least 1000 events per workspace (default %d)", f.auditMaxPerWorkspace, audit.DefaultMaxPerWorkspace)
 	}
 	if f.longPoll < 10*time.Millisecond || f.longPoll > 40*time.Second {
 		return fmt.Errorf("--long-poll %v is out of range: use 10ms to 40s (the tinker SDK's read timeout is 45s)", f.longPoll)
@@ -287,6 +299,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 			Tokens:         auth.TokenOptions{Lifetime: f.tokenLifetime, Rotation: f.signingKeyRotation},
 			DisableJWTAuth: f.noJWTAuth,
 		},
+		Audit: audit.Options{Retention: f.auditRetention, MaxPerWorkspace: f.auditMaxPerWorkspace},
 	})
 	if err != nil {
 		_ = ln.Close()

@@ -44,6 +44,7 @@ func usageCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&since, "since", "24h", "how far back to look: a Go duration, or a number of days such as 7d (at most 366d)")
 	cf.register(cmd)
+	cmd.AddCommand(checkpointStorageCmd())
 	return cmd
 }
 

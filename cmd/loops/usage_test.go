@@ -42,3 +42,20 @@ func TestPrintUsageSumsSessionsAndTotalsKinds(t *testing.T) {
 		"",
 	}, "\n"), out.String())
 }
+
+func TestPrintAuditAndCheckpointStorage(t *testing.T) {
+	var out strings.Builder
+	require.NoError(t, printAudit(&out, []*loopsv1.AuditEvent{{
+		Time: timestamppb.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)), KeyId: "key-0123456789abcdef", ClientAddr: "192.0.2.1",
+		Surface: "tinker", Event: "checkpoint_delete", Target: "tinker://r/weights/c", HttpStatus: 404, Code: "not_found",
+	}, {Time: timestamppb.New(time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC)), KeyId: "key-1", Surface: "rest", Event: "session_create", HttpStatus: 200, Code: "ok"}}))
+	require.Equal(t, strings.Join([]string{
+		"TIME (UTC)           KEY                   FROM       SURFACE  EVENT              TARGET                STATUS",
+		"2026-01-02 03:04:05  key-0123456789abcdef  192.0.2.1  tinker   checkpoint_delete  tinker://r/weights/c  404 not_found",
+		"2026-01-02 03:04:06  key-1                            rest     session_create     -                     200 ok",
+		"",
+	}, "\n"), out.String())
+	out.Reset()
+	require.NoError(t, printCheckpointStorage(&out, &loopsv1.GetCheckpointStorageResponse{CheckpointCount: 2, SizeBytes: 1_500_000_000}))
+	require.Equal(t, "CHECKPOINTS  BYTES       GB\n2            1500000000  1.500\n", out.String())
+}

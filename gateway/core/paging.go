@@ -117,3 +117,7 @@ func nextPage[M interface {
 	items = items[:min(len(items), p.limit)]
 	return items, p.tokens.Encode(p.workspace, p.list, store.CursorOf(items[len(items)-1]))
 }
+
+// PageTokens returns the signer of the server's page tokens (for lists served outside the
+// core, such as the audit log's).
+func (c *Core) PageTokens() *store.PageTokens { return c.pageTokens }

@@ -88,6 +88,8 @@ type Store interface {
 	JobStore
 	ProjectStore
 	KeyStore
+	AuditStore
+	CheckpointStorageReader
 	Fencer
 
 	// Close releases the store's resources.

@@ -12,6 +12,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/loops-dev/loops/internal/auditnote"
 	"github.com/loops-dev/loops/internal/errs"
 )
 
@@ -63,6 +64,9 @@ type Surface struct {
 	// as JSON: the protocol's error shape. Default `{"error":"internal error: cannot
 	// encode the response"}`.
 	EncodeFailure []byte
+	// OnHandle, when set, hears every pattern Handle registers (so that a surface can list
+	// its routes, for the audit log's classification).
+	OnHandle func(pattern string)
 }
 
 var defaultEncodeFailure = []byte(`{"error":"internal error: cannot encode the response"}`)
@@ -76,7 +80,12 @@ func (s *Surface) log() *slog.Logger {
 
 // Handle registers h on mux under pattern: an error h returns is answered by WriteError.
 func (s *Surface) Handle(mux *http.ServeMux, pattern string, h HandlerFunc) {
+	if s.OnHandle != nil {
+		s.OnHandle(pattern)
+	}
 	mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		auditnote.SetRoute(r.Context(), pattern)
+		auditnote.SetTarget(r.Context(), auditnote.PathTarget(pattern, r.PathValue))
 		if err := h(w, r); err != nil {
 			s.WriteError(w, r, err)
 		}

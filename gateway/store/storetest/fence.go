@@ -28,7 +28,7 @@ var reads = []string{
 	"ListSessionTrainingRuns", "GetCheckpoint", "GetCheckpointAnyWorkspace", "ListCheckpoints",
 	"ListExpiredCheckpoints", "GetSampler", "GetOperation", "ListStepMetrics", "ListUsage",
 	"GetDeployment", "ListDeployments", "ListAllDeployments", "ListGrantedDeployments",
-	"CheckpointDeployments", "GetJob", "ListJobs",
+	"CheckpointDeployments", "GetJob", "ListJobs", "ListAuditEvents", "CheckpointStorage",
 	"GetProject", "ListProjects", "SearchSessions", "ListProjectTrainingRuns", "ListUnindexedSessions",
 	"APIKeyByHash", "GetAPIKey", "ListAPIKeys", "SigningKeys",
 	"SetFence", "Close",
@@ -115,6 +115,8 @@ func seedFenced(t *testing.T, st store.Store) {
 	require.NoError(t, st.CreateProject(ctx, wsA, &loopsv1.Project{Name: "p-1", CreateTime: ts(0)}))
 	require.NoError(t, st.CreateAPIKey(ctx, apiKey("key-1", wsA, 0, loopsv1.KeyRole_KEY_ROLE_MEMBER), sha256.Sum256([]byte("tml-1"))))
 	require.NoError(t, st.PutSigningKey(ctx, store.SigningKey{ID: "sk-1", Created: base, Seed: make([]byte, 32)}))
+	require.NoError(t, st.AppendAuditEvents(ctx, []store.OwnedAuditEvent{
+		auditEvent(wsA, 0, "key-a", "session_create", "sess-1"), auditEvent(wsA, time.Minute, "key-a", "session_create", "sess-2")}))
 }
 
 // fencedWrites are the writes of store.Store by name, each one that changes records of
@@ -199,6 +201,17 @@ func fencedWrites() map[string]func(context.Context, store.Store) error {
 			_, err := st.DeleteSigningKeys(ctx, far)
 			return err
 		},
+		"AppendAuditEvents": func(ctx context.Context, st store.Store) error {
+			return st.AppendAuditEvents(ctx, []store.OwnedAuditEvent{auditEvent(wsA, time.Hour, "key-a", "session_create", "sess-fenced")})
+		},
+		"DeleteAuditEventsBefore": func(ctx context.Context, st store.Store) error {
+			_, err := st.DeleteAuditEventsBefore(ctx, far)
+			return err
+		},
+		"TrimAuditEvents": func(ctx context.Context, st store.Store) error {
+			_, err := st.TrimAuditEvents(ctx, 1)
+			return err
+		},
 	}
 }
 
@@ -216,6 +229,7 @@ type fencedState struct {
 	Projects    []*loopsv1.Project
 	APIKeys     []*loopsv1.ApiKey
 	SigningKeys []store.SigningKey
+	Audit       []store.AuditEvent
 }
 
 func snapshot(t *testing.T, st store.Store) fencedState {
@@ -252,6 +266,8 @@ func snapshot(t *testing.T, st store.Store) fencedState {
 	s.APIKeys, err = st.ListAPIKeys(ctx, "", 0)
 	require.NoError(t, err)
 	s.SigningKeys, err = st.SigningKeys(ctx, time.Time{})
+	require.NoError(t, err)
+	s.Audit, err = st.ListAuditEvents(ctx, wsA, store.AuditQuery{})
 	require.NoError(t, err)
 	return s
 }

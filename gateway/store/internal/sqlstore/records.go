@@ -26,10 +26,10 @@ const (
 		ON CONFLICT (id) DO UPDATE SET session_id = excluded.session_id,
 		  create_time = excluded.create_time, data = excluded.data
 		WHERE training_runs.workspace = excluded.workspace`
-	upsertCheckpoint = `INSERT INTO checkpoints (training_run_id, id, workspace, create_time, public, expire_time, data)
-		VALUES ($1, $2, $3, $4, $5, $6, $7)
+	upsertCheckpoint = `INSERT INTO checkpoints (training_run_id, id, workspace, create_time, public, expire_time, size_bytes, data)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 		ON CONFLICT (training_run_id, id) DO UPDATE SET create_time = excluded.create_time,
-		  public = excluded.public, expire_time = excluded.expire_time, data = excluded.data
+		  public = excluded.public, expire_time = excluded.expire_time, size_bytes = excluded.size_bytes, data = excluded.data
 		WHERE checkpoints.workspace = excluded.workspace`
 	upsertSampler = `INSERT INTO samplers (id, workspace, session_id, create_time, data) VALUES ($1, $2, $3, $4, $5)
 		ON CONFLICT (id) DO UPDATE SET session_id = excluded.session_id,
@@ -100,7 +100,7 @@ func PutCheckpoint(workspace string, m *loopsv1.Checkpoint) (Write, error) {
 	}
 	return write("checkpoint", m.GetTrainingRunId()+"/"+m.GetId(), upsertCheckpoint, m,
 		m.GetTrainingRunId(), m.GetId(), workspace, Nanos(m.GetCreateTime()), m.GetPublic(),
-		NullNanos(m.GetExpireTime()))
+		NullNanos(m.GetExpireTime()), max(m.GetSizeBytes(), 0))
 }
 
 // PutSampler is the upsert of a sampler.

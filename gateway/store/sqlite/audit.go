@@ -1,0 +1,103 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/loops-dev/loops/gateway/store"
+	"github.com/loops-dev/loops/gateway/store/internal/sqlstore"
+)
+
+// AppendAuditEvents appends events in one transaction.
+func (s *Store) AppendAuditEvents(ctx context.Context, events []store.OwnedAuditEvent) error {
+	if len(events) == 0 {
+		return nil
+	}
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: append audit events: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	ins, err := tx.PrepareContext(ctx, sqlstore.InsertAuditEvent)
+	if err != nil {
+		return fmt.Errorf("store: append audit events: %w", err)
+	}
+	defer func() { _ = ins.Close() }()
+	for _, e := range events {
+		if _, err := ins.ExecContext(ctx, sqlstore.AuditEventArgs(e)...); err != nil {
+			return fmt.Errorf("store: append audit events: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: append audit events: %w", err)
+	}
+	return nil
+}
+
+// ListAuditEvents lists a workspace's events that q selects.
+func (s *Store) ListAuditEvents(ctx context.Context, workspace string, q store.AuditQuery) ([]store.AuditEvent, error) {
+	lq := sqlstore.ListAuditEvents(workspace, q)
+	var out []store.AuditEvent
+	err := s.query(ctx, "list audit events", lq.SQL, lq.Args, func(rows *sql.Rows) error {
+		var err error
+		out, err = sqlstore.ScanAuditEvents(rows)
+		return err
+	})
+	return out, err
+}
+
+// DeleteAuditEventsBefore removes every workspace's events older than t.
+func (s *Store) DeleteAuditEventsBefore(ctx context.Context, t time.Time) (int, error) {
+	n, err := s.exec(ctx, sqlstore.DeleteAuditEventsBefore, t.UnixNano())
+	if err != nil {
+		return 0, fmt.Errorf("store: delete audit events: %w", err)
+	}
+	return int(n), nil
+}
+
+// TrimAuditEvents removes the oldest events of each workspace holding more than keep.
+func (s *Store) TrimAuditEvents(ctx context.Context, keep int) (int, error) {
+	var over []string
+	err := s.query(ctx, "trim audit events", sqlstore.AuditWorkspacesOver, []any{keep}, func(rows *sql.Rows) error {
+		for rows.Next() {
+			var ws string
+			if err := rows.Scan(&ws); err != nil {
+				return err
+			}
+			over = append(over, ws)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return 0, err
+	}
+	total := 0
+	for _, ws := range over {
+		n, err := s.exec(ctx, sqlstore.TrimAuditWorkspace, ws, keep)
+		if err != nil {
+			return total, fmt.Errorf("store: trim audit events of %s: %w", ws, err)
+		}
+		total += int(n)
+	}
+	return total, nil
+}
+
+// CheckpointStorage returns the count and total size of the workspace's checkpoints.
+func (s *Store) CheckpointStorage(ctx context.Context, workspace string) (store.CheckpointStorage, error) {
+	var cs store.CheckpointStorage
+	var unsized int64
+	if err := s.r.QueryRowContext(ctx, sqlstore.CheckpointStorage, workspace).Scan(&cs.Checkpoints, &cs.Bytes, &unsized); err != nil {
+		return cs, fmt.Errorf("store: checkpoint storage: %w", err)
+	}
+	if unsized == 0 {
+		return cs, nil
+	}
+	err := s.query(ctx, "checkpoint storage", sqlstore.UnsizedCheckpoints, []any{workspace}, func(rows *sql.Rows) error {
+		n, err := sqlstore.SumUnsizedCheckpoints(rows)
+		cs.Bytes += n
+		return err
+	})
+	return cs, err
+}
