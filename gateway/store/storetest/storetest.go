@@ -68,6 +68,8 @@ func Run(t *testing.T, open Opener) {
 	s("DeploymentGrants", testDeploymentGrants)
 	s("UsageDeployments", testUsageDeployments)
 	s("Jobs", testJobs)
+	s("WeightsAccessTokens", testWeightsAccessTokens)
+	s("WeightsAccessTokenLimit", testWeightsAccessTokenLimit)
 	t.Run("Reopen", func(t *testing.T) { testReopen(t, open) })
 	t.Run("DeploymentsReopen", func(t *testing.T) { testDeploymentsReopen(t, open) })
 	t.Run("FailRunningJobs", func(t *testing.T) { testFailRunningJobs(t, open) })
