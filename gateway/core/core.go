@@ -406,6 +406,7 @@ func (c *Core) sweep(ctx context.Context) {
 	c.evictIdleRuns(now)
 	c.samplers.expire(now)
 	c.expireCheckpoints(ctx, now)
+	c.expireWeightsAccessTokens(ctx, now)
 	c.maybeSweepStore(ctx, now)
 	c.ops.evictFinishedBefore(now.Add(-finishedInMemory))
 	if _, err := c.store.DeleteOperationsDoneBefore(ctx, now.Add(-c.opts.ResultRetention)); err != nil {
@@ -428,6 +429,7 @@ func (c *Core) Services() Services {
 		Usage:       UsageService{c},
 		Workspace:   WorkspaceService{c},
 		Deployments: DeploymentService{c},
+		Weights:     WeightsAccessService{c},
 	}
 }
 
@@ -442,4 +444,5 @@ type Services struct {
 	Usage       UsageService
 	Workspace   WorkspaceService
 	Deployments DeploymentService
+	Weights     WeightsAccessService
 }
