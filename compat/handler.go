@@ -32,6 +32,7 @@ type Services struct {
 	Sampling    loopsv1connect.SamplingServiceHandler
 	Models      loopsv1connect.ModelServiceHandler
 	Usage       loopsv1connect.UsageServiceHandler
+	Weights     loopsv1connect.WeightsAccessServiceHandler
 }
 
 // Options tune the Tinker surface. The zero value gives the defaults noted per field.

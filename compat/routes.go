@@ -55,6 +55,7 @@ func (s *server) routes(mux *http.ServeMux) {
 	s.edge.Handle(mux, "GET /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/external_weights_urls", s.externalWeightsURLs)
 	s.edge.Handle(mux, "GET /api/v1/sessions", s.listSessions)
 	s.edge.Handle(mux, "GET /api/v1/sessions/{id}", s.getSession)
+	s.edge.Handle(mux, "POST /api/v1/copy_weights", s.copyWeights)
 
 	// Billing: metered usage.
 	s.edge.Handle(mux, "GET /api/v1/billing/usage/events", s.billingUsageEvents)
@@ -66,7 +67,6 @@ func (s *server) routes(mux *http.ServeMux) {
 		"POST /api/v1/retrieve_futures",
 		"POST /api/v1/join_sampling_session",
 		"POST /api/v1/create_custom_loss",
-		"POST /api/v1/copy_weights",
 		"POST /api/v1/sessions/search",
 		"PUT /api/v1/sessions/{id}/project",
 		"GET /api/v1/sessions/{id}/trace_export",

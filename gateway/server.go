@@ -330,6 +330,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	mux.Handle(loopsv1connect.NewUsageServiceHandler(svc.Usage, opts...))
 	mux.Handle(loopsv1connect.NewWorkspaceServiceHandler(svc.Workspace, opts...))
 	mux.Handle(loopsv1connect.NewDeploymentServiceHandler(svc.Deployments, opts...))
+	mux.Handle(loopsv1connect.NewWeightsAccessServiceHandler(svc.Weights, opts...))
 	js, err := s.newJobs(ctx)
 	if err != nil {
 		return nil, err
@@ -357,6 +358,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		Sampling:    svc.Sampling,
 		Models:      svc.Models,
 		Usage:       svc.Usage,
+		Weights:     svc.Weights,
 	}, compat.Options{
 		MaxBodyBytes:         s.cfg.Limits.MaxBodyBytes,
 		MaxDecompressedBytes: s.cfg.Limits.MaxDecompressedBytes,
@@ -467,6 +469,7 @@ func (s *Server) restHandler(ctx context.Context, edge *edge) (http.Handler, err
 		loopsv1.RegisterUsageServiceHandler,
 		loopsv1.RegisterWorkspaceServiceHandler,
 		loopsv1.RegisterDeploymentServiceHandler,
+		loopsv1.RegisterWeightsAccessServiceHandler,
 		loopsv1.RegisterJobServiceHandler,
 		loopsv1.RegisterPoolServiceHandler,
 	} {
