@@ -32,6 +32,7 @@ func (s *server) routes(mux *http.ServeMux) {
 	s.edge.Handle(mux, "POST /api/v1/save_weights_external", s.saveWeightsExternal)
 	s.edge.Handle(mux, "POST /api/v1/save_weights_for_sampler", s.saveWeightsForSampler)
 	s.edge.Handle(mux, "POST /api/v1/load_weights", s.loadWeights)
+	s.edge.Handle(mux, "POST /api/v1/create_custom_loss", s.createCustomLoss)
 	s.edge.Handle(mux, "POST /api/v1/weights_info", s.weightsInfo)
 
 	// Sampling.
@@ -66,7 +67,6 @@ func (s *server) routes(mux *http.ServeMux) {
 		"POST /api/v1/cancel_future",
 		"POST /api/v1/retrieve_futures",
 		"POST /api/v1/join_sampling_session",
-		"POST /api/v1/create_custom_loss",
 		"POST /api/v1/sessions/search",
 		"PUT /api/v1/sessions/{id}/project",
 		"GET /api/v1/sessions/{id}/trace_export",
