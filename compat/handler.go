@@ -33,6 +33,7 @@ type Services struct {
 	Models      loopsv1connect.ModelServiceHandler
 	Usage       loopsv1connect.UsageServiceHandler
 	Weights     loopsv1connect.WeightsAccessServiceHandler
+	Clients     loopsv1connect.SamplerClientServiceHandler
 }
 
 // Options tune the Tinker surface. The zero value gives the defaults noted per field.

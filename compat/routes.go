@@ -39,6 +39,7 @@ func (s *server) routes(mux *http.ServeMux) {
 	s.edge.Handle(mux, "POST /api/v1/create_sampling_session", s.createSamplingSession)
 	s.edge.Handle(mux, "POST /api/v1/asample", s.asample)
 	s.edge.Handle(mux, "GET /api/v1/samplers/{id}", s.getSampler)
+	s.edge.Handle(mux, "POST /api/v1/join_sampling_session", s.joinSamplingSession)
 
 	// Futures.
 	s.edge.Handle(mux, "POST /api/v1/retrieve_future", s.retrieveFuture)
@@ -66,7 +67,6 @@ func (s *server) routes(mux *http.ServeMux) {
 		"POST /api/v1/auth/token",
 		"POST /api/v1/cancel_future",
 		"POST /api/v1/retrieve_futures",
-		"POST /api/v1/join_sampling_session",
 		"POST /api/v1/sessions/search",
 		"PUT /api/v1/sessions/{id}/project",
 		"GET /api/v1/sessions/{id}/trace_export",
@@ -134,7 +134,9 @@ type clientConfigResponse struct {
 // clientConfig answers the SDK's feature flags. Every flag that would make the SDK call a
 // route Loops does not serve is off; zstd fwd/bwd bodies are on (Loops decodes them with
 // bounded memory and real payloads compress >10×); pyqwest is off because plain httpx is
-// the transport we test against.
+// the transport we test against; sample_join_sampling_session is on, so a second client of
+// a sampler gets a client id no other client of it has (join_sampling_session) instead of a
+// random one; custom_loss_server_side stays off (custom losses run on the client).
 func (s *server) clientConfig(w http.ResponseWriter, r *http.Request) error {
 	var req struct {
 		SDKVersion string `json:"sdk_version"`
@@ -147,6 +149,7 @@ func (s *server) clientConfig(w http.ResponseWriter, r *http.Request) error {
 		ParallelFwdbwdChunks:       true,
 		ProtoCompressFwdbwd:        !s.opt.DisableZstdForwardBackward,
 		SampleEnableStuckDetection: true,
+		SampleJoinSamplingSession:  true,
 		ProtoWriteFwdbwd:           true,
 		FwdViaFwdbwd:               true,
 	})

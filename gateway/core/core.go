@@ -430,6 +430,7 @@ func (c *Core) Services() Services {
 		Workspace:   WorkspaceService{c},
 		Deployments: DeploymentService{c},
 		Weights:     WeightsAccessService{c},
+		Clients:     SamplerClientService{c},
 	}
 }
 
@@ -445,4 +446,5 @@ type Services struct {
 	Workspace   WorkspaceService
 	Deployments DeploymentService
 	Weights     WeightsAccessService
+	Clients     SamplerClientService
 }

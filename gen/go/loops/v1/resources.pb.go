@@ -532,7 +532,10 @@ type Sampler struct {
 	ModelPath  string                 `protobuf:"bytes,4,opt,name=model_path,json=modelPath,proto3" json:"model_path,omitempty"`
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// The deployment it samples ("[<owner>:]<name>/<checkpoint name>"), if any.
-	Deployment    string `protobuf:"bytes,6,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	Deployment string `protobuf:"bytes,6,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	// The client ids handed out by SamplerClientService.JoinSampler so far (the next is one
+	// more); the creating client is 0.
+	Clients       int64 `protobuf:"varint,20,opt,name=clients,proto3" json:"clients,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -609,6 +612,13 @@ func (x *Sampler) GetDeployment() string {
 	return ""
 }
 
+func (x *Sampler) GetClients() int64 {
+	if x != nil {
+		return x.Clients
+	}
+	return 0
+}
+
 var File_loops_v1_resources_proto protoreflect.FileDescriptor
 
 const file_loops_v1_resources_proto_rawDesc = "" +
@@ -682,7 +692,7 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\n" +
 	"project_id\x18\x14 \x01(\tR\tprojectId\x12\x1f\n" +
 	"\vcopied_from\x18\x15 \x01(\tR\n" +
-	"copiedFrom\"\xd3\x01\n" +
+	"copiedFrom\"\xed\x01\n" +
 	"\aSampler\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -695,7 +705,8 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"createTime\x12\x1e\n" +
 	"\n" +
 	"deployment\x18\x06 \x01(\tR\n" +
-	"deployment*\x8a\x01\n" +
+	"deployment\x12\x18\n" +
+	"\aclients\x18\x14 \x01(\x03R\aclients*\x8a\x01\n" +
 	"\x0eCheckpointKind\x12\x1f\n" +
 	"\x1bCHECKPOINT_KIND_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18CHECKPOINT_KIND_TRAINING\x10\x01\x12\x1b\n" +

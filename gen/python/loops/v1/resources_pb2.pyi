@@ -127,17 +127,19 @@ class Checkpoint(_message.Message):
     def __init__(self, id: _Optional[str] = ..., training_run_id: _Optional[str] = ..., kind: _Optional[_Union[CheckpointKind, str]] = ..., name: _Optional[str] = ..., tinker_path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., public: _Optional[bool] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., base_model: _Optional[str] = ..., lora: _Optional[_Union[_types_pb2.LoraConfig, _Mapping]] = ..., project_id: _Optional[str] = ..., copied_from: _Optional[str] = ...) -> None: ...
 
 class Sampler(_message.Message):
-    __slots__ = ("id", "session_id", "base_model", "model_path", "create_time", "deployment")
+    __slots__ = ("id", "session_id", "base_model", "model_path", "create_time", "deployment", "clients")
     ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    CLIENTS_FIELD_NUMBER: _ClassVar[int]
     id: str
     session_id: str
     base_model: str
     model_path: str
     create_time: _timestamp_pb2.Timestamp
     deployment: str
-    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., base_model: _Optional[str] = ..., model_path: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deployment: _Optional[str] = ...) -> None: ...
+    clients: int
+    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., base_model: _Optional[str] = ..., model_path: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deployment: _Optional[str] = ..., clients: _Optional[int] = ...) -> None: ...
