@@ -222,3 +222,42 @@ func TestWeightsAccessBounds(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, list.GetWeightsAccessTokens(), MaxWeightsAccessTokens)
 }
+
+// TestLoadWithAccessToken: a weights-access token also lets the other workspace create a run
+// from the checkpoint, or load it into a run of its own (Tinker's load_weights with
+// weights_access_token), and nothing else of the owner's.
+func TestLoadWithAccessToken(t *testing.T) {
+	h := newHarness(t, t.TempDir(), Options{})
+	ctxB := auth.WithWorkspace(t.Context(), "ws-b")
+	run := h.newRun()
+	shared, err := h.save(run, "shared", false)
+	require.NoError(t, err)
+	private, err := h.save(run, "private", false)
+	require.NoError(t, err)
+	issued, err := h.svc.Weights.CreateWeightsAccessToken(h.ctx, &loopsv1.CreateWeightsAccessTokenRequest{CheckpointPath: shared})
+	require.NoError(t, err)
+	secret := issued.GetToken()
+	waitB := func(op *loopsv1.Operation, err error) *loopsv1.Operation {
+		t.Helper()
+		require.NoError(t, err)
+		got, err := h.svc.Operations.WaitOperation(ctxB, &loopsv1.WaitOperationRequest{Id: op.GetId()})
+		require.NoError(t, err)
+		return got
+	}
+
+	_, err = h.svc.Training.CreateTrainingRun(ctxB, &loopsv1.CreateTrainingRunRequest{FromCheckpoint: shared})
+	require.Equal(t, "not_found", codeOf(t, err))
+	_, err = h.svc.Training.CreateTrainingRun(ctxB, &loopsv1.CreateTrainingRunRequest{FromCheckpoint: private, WeightsAccessToken: secret})
+	require.Equal(t, "not_found", codeOf(t, err))
+	_, err = h.svc.Training.CreateTrainingRun(ctxB, &loopsv1.CreateTrainingRunRequest{FromCheckpoint: shared, WeightsAccessToken: "lwat_bad"})
+	require.Equal(t, "permission_denied", codeOf(t, err))
+	made := waitB(h.svc.Training.CreateTrainingRun(ctxB, &loopsv1.CreateTrainingRunRequest{FromCheckpoint: shared, WithOptimizer: true, WeightsAccessToken: secret}))
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, made.GetState(), made.GetError().GetMessage())
+
+	loaded := waitB(h.svc.Training.LoadWeights(ctxB, &loopsv1.LoadWeightsRequest{TrainingRunId: made.GetTrainingRunId(), SeqId: 1, Path: shared, WeightsAccessToken: secret}))
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, loaded.GetState(), loaded.GetError().GetMessage())
+	_, err = h.svc.Weights.RevokeWeightsAccessToken(h.ctx, &loopsv1.RevokeWeightsAccessTokenRequest{Id: issued.GetWeightsAccessToken().GetId()})
+	require.NoError(t, err)
+	_, err = h.svc.Training.LoadWeights(ctxB, &loopsv1.LoadWeightsRequest{TrainingRunId: made.GetTrainingRunId(), SeqId: 2, Path: shared, WeightsAccessToken: secret})
+	require.Equal(t, "permission_denied", codeOf(t, err))
+}

@@ -85,6 +85,10 @@ def test_copy_with_token_survives_source_delete(loops_url, owner_checkpoints, re
     assert status == 200
     token2, _ = _issue(loops_url, private)
     result(other.copy_weights(private, weights_access_token=token2))
+    # The token also loads the checkpoint straight into a run of the other workspace.
+    assert result(other.create_training_client_from_state(private, weights_access_token=token2)).model_id
+    with pytest.raises(tinker.NotFoundError):
+        result(other.create_training_client_from_state(private))
     with pytest.raises(tinker.PermissionDeniedError, match="revoked"):
         result(other_rest.copy_weights(private, "proj-e2e", weights_access_token=token))
 
