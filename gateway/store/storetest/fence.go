@@ -27,7 +27,7 @@ var reads = []string{
 	"ListSessionTrainingRuns", "GetCheckpoint", "GetCheckpointAnyWorkspace", "ListCheckpoints",
 	"ListExpiredCheckpoints", "GetSampler", "GetOperation", "ListStepMetrics", "ListUsage",
 	"GetDeployment", "ListDeployments", "ListAllDeployments", "ListGrantedDeployments",
-	"CheckpointDeployments", "GetJob", "ListJobs",
+	"CheckpointDeployments", "GetJob", "ListJobs", "GetWeightsAccessToken", "ListWeightsAccessTokens",
 	"SetFence", "Close",
 }
 
@@ -109,7 +109,12 @@ func seedFenced(t *testing.T, st store.Store) {
 	require.NoError(t, st.PutDeployment(ctx, wsA, deployment("d1", 0, wsB), []store.CheckpointRef{pin("run-1", "ckpt-1")}))
 	require.NoError(t, st.PutJob(ctx, wsA, job("job-1", 0, loopsv1.JobState_JOB_STATE_RUNNING)))
 	require.NoError(t, st.PutJob(ctx, wsA, job("job-2", 0, loopsv1.JobState_JOB_STATE_SUCCEEDED)))
+	require.NoError(t, st.CreateWeightsAccessToken(ctx, wsA, accessToken("wat-1", 0, 2000*time.Hour), hashOf("wat-1"), base, 10))
+	require.NoError(t, st.CreateWeightsAccessToken(ctx, wsA, accessToken("wat-old", 0, time.Second), hashOf("wat-old"), base, 10))
 }
+
+// fencedTokens are the weights-access tokens seedFenced and fencedWrites touch.
+var fencedTokens = []string{"wat-1", "wat-old", "wat-fenced"}
 
 // fencedWrites are the writes of store.Store by name, each one that changes records of
 // seedFenced's (so that a write let through shows in a snapshot).
@@ -170,6 +175,16 @@ func fencedWrites() map[string]func(context.Context, store.Store) error {
 			_, err := st.FailRunningJobs(ctx, "fenced", far)
 			return err
 		},
+		"CreateWeightsAccessToken": func(ctx context.Context, st store.Store) error {
+			return st.CreateWeightsAccessToken(ctx, wsA, accessToken("wat-fenced", time.Hour, 2000*time.Hour), hashOf("wat-fenced"), base, 10)
+		},
+		"DeleteWeightsAccessToken": func(ctx context.Context, st store.Store) error {
+			return st.DeleteWeightsAccessToken(ctx, wsA, "wat-1")
+		},
+		"DeleteExpiredWeightsAccessTokens": func(ctx context.Context, st store.Store) error {
+			_, err := st.DeleteExpiredWeightsAccessTokens(ctx, base.Add(time.Hour))
+			return err
+		},
 	}
 }
 
@@ -184,6 +199,7 @@ type fencedState struct {
 	Usage       []store.UsageRecord
 	Deployments []*loopsv1.Deployment
 	Jobs        []*loopsv1.Job
+	Tokens      []*loopsv1.WeightsAccessToken
 }
 
 func snapshot(t *testing.T, st store.Store) fencedState {
@@ -215,5 +231,10 @@ func snapshot(t *testing.T, st store.Store) fencedState {
 	require.NoError(t, err)
 	s.Jobs, err = st.ListJobs(ctx, wsA, 0)
 	require.NoError(t, err)
+	for _, id := range fencedTokens {
+		if m, _, err := st.GetWeightsAccessToken(ctx, hashOf(id)); err == nil {
+			s.Tokens = append(s.Tokens, m)
+		}
+	}
 	return s
 }

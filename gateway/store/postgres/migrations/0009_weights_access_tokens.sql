@@ -6,10 +6,11 @@
 CREATE TABLE weights_access_tokens (
     id          TEXT COLLATE "C" NOT NULL PRIMARY KEY,
     workspace   TEXT COLLATE "C" NOT NULL,
-    token_hash  TEXT COLLATE "C" NOT NULL UNIQUE,
+    token_hash  TEXT COLLATE "C" NOT NULL,
     create_time BIGINT           NOT NULL,
     expire_time BIGINT           NOT NULL,
     data        BYTEA            NOT NULL
 );
 CREATE INDEX weights_access_tokens_by_workspace ON weights_access_tokens (workspace, create_time DESC, id DESC);
+CREATE UNIQUE INDEX weights_access_tokens_by_hash ON weights_access_tokens (token_hash);
 CREATE INDEX weights_access_tokens_by_expiry ON weights_access_tokens (expire_time);

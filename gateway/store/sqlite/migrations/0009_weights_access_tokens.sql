@@ -5,10 +5,11 @@
 CREATE TABLE weights_access_tokens (
     id          TEXT    NOT NULL PRIMARY KEY,
     workspace   TEXT    NOT NULL,
-    token_hash  TEXT    NOT NULL UNIQUE,
+    token_hash  TEXT    NOT NULL,
     create_time INTEGER NOT NULL,
     expire_time INTEGER NOT NULL,
     data        BLOB    NOT NULL
 ) STRICT;
 CREATE INDEX weights_access_tokens_by_workspace ON weights_access_tokens (workspace, create_time DESC, id DESC);
+CREATE UNIQUE INDEX weights_access_tokens_by_hash ON weights_access_tokens (token_hash);
 CREATE INDEX weights_access_tokens_by_expiry ON weights_access_tokens (expire_time);
