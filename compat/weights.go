@@ -1,6 +1,7 @@
 package compat
 
 import (
+	"fmt"
 	"net/http"
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -18,6 +19,9 @@ const (
 // public one, or another workspace's with a weights-access token) into a new run of the
 // caller's workspace, recording the destination project (loops.v1
 // WeightsAccessService.CopyWeights). It answers at once with {"tinker_path"}, not a future.
+// SDK 0.38 names the project (destination_project_id) and sends the token in a header; SDK
+// 0.30 names a session and a training client slot (session_id, model_seq_id: the copy
+// inherits the session's project) and sends the token in the body.
 func (s *server) copyWeights(w http.ResponseWriter, r *http.Request) error {
 	var req struct {
 		SourcePath           string `json:"source_path"`
@@ -33,8 +37,21 @@ func (s *server) copyWeights(w http.ResponseWriter, r *http.Request) error {
 	if req.SourcePath == "" {
 		return badRequest("source_path (the tinker://<run>/<kind>/<name> checkpoint to copy) is required")
 	}
+	project, idempotencyKey := req.DestinationProjectID, r.Header.Get(idempotencyKeyHeader)
 	if req.SessionID != "" || req.ModelSeqID != nil {
-		return badRequest("copy_weights into a session's training run slot (session_id, model_seq_id) is not supported by Loops: send destination_project_id, as RestClient.copy_weights and ServiceClient.copy_weights do")
+		// SDK 0.30's ServiceClient.copy_weights: the copy takes a training client slot of the
+		// session and inherits its project; the slot, new per copy, keys its retries.
+		if req.SessionID == "" || req.ModelSeqID == nil {
+			return badRequest("copy_weights into a session needs both session_id and model_seq_id (or neither, with destination_project_id)")
+		}
+		sess, err := s.svc.Sessions.GetSession(r.Context(), &loopsv1.GetSessionRequest{Id: req.SessionID})
+		if err != nil {
+			return err
+		}
+		if project == "" {
+			project = sess.GetProjectId()
+		}
+		idempotencyKey = fmt.Sprintf("%s:train:%d", req.SessionID, *req.ModelSeqID)
 	}
 	token := r.Header.Get(weightsAccessTokenHeader)
 	if req.WeightsAccessToken != "" {
@@ -44,8 +61,8 @@ func (s *server) copyWeights(w http.ResponseWriter, r *http.Request) error {
 		token = req.WeightsAccessToken
 	}
 	res, err := s.svc.Weights.CopyWeights(r.Context(), &loopsv1.CopyWeightsRequest{
-		SourcePath: req.SourcePath, DestinationProjectId: req.DestinationProjectID, TtlSeconds: req.TTLSeconds,
-		WeightsAccessToken: token, IdempotencyKey: r.Header.Get(idempotencyKeyHeader),
+		SourcePath: req.SourcePath, DestinationProjectId: project, TtlSeconds: req.TTLSeconds,
+		WeightsAccessToken: token, IdempotencyKey: idempotencyKey,
 	})
 	if err != nil {
 		return err

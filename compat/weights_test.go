@@ -80,9 +80,19 @@ func TestCopyWeightsRoute(t *testing.T) {
 	r = post(`{"destination_project_id":"p"}`, nil)
 	require.Equal(t, 400, r.status)
 	require.Contains(t, r.json(t)["detail"], "source_path")
-	r = post(`{"source_path":"tinker://r/weights/c","session_id":"s","model_seq_id":0}`, nil)
+
+	// SDK 0.30: a session's slot; the copy inherits the session's project, the slot keys retries.
+	sid := e.postJSON("/api/v1/create_session", `{"tags":[],"user_metadata":{},"sdk_version":"0.30.4","project_id":"proj-s"}`).json(t)["session_id"].(string)
+	e.core.sessions[sid].ProjectId = "proj-s" // as the core records it
+	r = post(`{"source_path":"tinker://r/weights/c","session_id":"`+sid+`","model_seq_id":3,"weights_access_token":"tok"}`, nil)
+	require.Equal(t, 200, r.status, string(r.body))
+	require.Empty(t, cmp.Diff(&loopsv1.CopyWeightsRequest{SourcePath: "tinker://r/weights/c", DestinationProjectId: "proj-s",
+		WeightsAccessToken: "tok", IdempotencyKey: sid + ":train:3"}, e.core.lastReq("CopyWeights"), protocmp.Transform()))
+	r = post(`{"source_path":"tinker://r/weights/c","session_id":"nope","model_seq_id":0}`, nil)
+	require.Equal(t, 404, r.status)
+	r = post(`{"source_path":"tinker://r/weights/c","session_id":"`+sid+`"}`, nil)
 	require.Equal(t, 400, r.status)
-	require.Contains(t, r.json(t)["detail"], "destination_project_id")
+	require.Contains(t, r.json(t)["detail"], "model_seq_id")
 }
 
 // TestJoinSamplingSessionRoute: the answer carries client_counter and the type literal;
