@@ -42,6 +42,8 @@ const (
 	maxProjectID      = 128
 	// weightsAccessPrefix starts every token's secret; 64 hex digits follow.
 	weightsAccessPrefix = "lwat_"
+	// copyTimeout bounds one copy's reading and writing of the files.
+	copyTimeout = 10 * time.Minute
 )
 
 // errBadAccessToken is the one answer to a token that is malformed, unknown, revoked or
@@ -304,6 +306,8 @@ func (c *Core) copyWeights(ctx context.Context, ws string, req *loopsv1.CopyWeig
 	if err := c.policy.AllowModel(ws, src.GetBaseModel()); err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithTimeout(ctx, copyTimeout)
+	defer cancel()
 	ref, err := c.checkpointFolder(ctx, owner, src)
 	if err != nil {
 		return nil, err
