@@ -44,7 +44,8 @@ func newFakeCore() *fakeCore {
 }
 
 func (f *fakeCore) services() Services {
-	return Services{Sessions: f, Training: f, Operations: f, Checkpoints: f, Sampling: f, Models: f, Usage: f}
+	return Services{Sessions: f, Training: f, Operations: f, Checkpoints: f, Sampling: f, Models: f, Usage: f,
+		Weights: fakeWeights{f}, Clients: fakeClients{f}}
 }
 
 // enter records req under method and returns a forced error, if any. Caller holds no lock.

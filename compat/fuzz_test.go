@@ -92,13 +92,17 @@ func FuzzJSONRoutes(f *testing.F) {
 	smp, _ := core.CreateSampler(f.Context(), &loopsv1.CreateSamplerRequest{})
 	routes := []string{"asample", "create_model", "optim_step", "save_weights", "save_weights_for_sampler",
 		"load_weights", "create_sampling_session", "create_session", "session_heartbeat", "get_info", "weights_info",
-		"retrieve_future", "forward_backward", "telemetry", "client/config"}
+		"retrieve_future", "forward_backward", "telemetry", "client/config", "copy_weights", "join_sampling_session",
+		"create_custom_loss"}
 	f.Add(uint8(0), []byte(`{"num_samples":2,"prompt":{"chunks":[{"tokens":[1,2],"type":"encoded_text"}]},"sampling_params":{"max_tokens":4,"seed":7,"stop":["x"],"temperature":1,"top_k":-1,"top_p":1},"sampling_session_id":"`+smp.GetId()+`","seq_id":0}`))
 	f.Add(uint8(0), []byte(`{"prompt":{"chunks":[{"tokens":[1,2,3]}]},"sampling_params":{},"sampling_session_id":"`+smp.GetId()+`","prompt_logprobs":true,"topk_sample_logprobs":3,"prompt_alt_tokens_k":2,"prompt_logprobs_last_n":1,"target_prompt_logprobs":{"data":[9],"dtype":"int64","shape":[2,2],"sparse_crow_indices":[0,1,1],"sparse_col_indices":[1]}}`))
 	f.Add(uint8(1), []byte(`{"session_id":"`+sess.GetId()+`","model_seq_id":0,"base_model":"b","lora_config":{"rank":4,"seed":1}}`))
 	f.Add(uint8(2), []byte(`{"adam_params":{"learning_rate":0.1},"model_id":"run1","seq_id":1}`))
 	f.Add(uint8(6), []byte(`{"session_id":"s","sampling_session_seq_id":0,"base_model":"b"}`))
 	f.Add(uint8(12), []byte(`{"forward_backward_input":{"data":[],"loss_fn":"cross_entropy"},"model_id":"m"}`))
+	f.Add(uint8(15), []byte(`{"source_path":"tinker://r/weights/c","destination_project_id":"p","ttl_seconds":3600,"weights_access_token":"t"}`))
+	f.Add(uint8(16), []byte(`{"sampling_session_id":"`+smp.GetId()+`","type":"join_sampling_session"}`))
+	f.Add(uint8(17), []byte(`{"session_id":"s","custom_loss_seq_id":0,"name":"l","inputs":[],"graph":{"format":1,"nodes":[]}}`))
 	f.Fuzz(func(t *testing.T, route uint8, body []byte) {
 		path := "/api/v1/" + routes[int(route)%len(routes)]
 		req := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body))

@@ -35,7 +35,9 @@ type Services struct {
 	Models      loopsv1connect.ModelServiceHandler
 	Usage       loopsv1connect.UsageServiceHandler
 	// Audit serves the audit log and checkpoint storage (nil: those routes answer 501).
-	Audit loopsv1connect.AuditServiceHandler
+	Audit   loopsv1connect.AuditServiceHandler
+	Weights loopsv1connect.WeightsAccessServiceHandler
+	Clients loopsv1connect.SamplerClientServiceHandler
 }
 
 // Options tune the Tinker surface. The zero value gives the defaults noted per field.

@@ -38,12 +38,14 @@ func (s *server) routes(mux *http.ServeMux) {
 	s.edge.Handle(mux, "POST /api/v1/save_weights_external", s.saveWeightsExternal)
 	s.edge.Handle(mux, "POST /api/v1/save_weights_for_sampler", s.saveWeightsForSampler)
 	s.edge.Handle(mux, "POST /api/v1/load_weights", s.loadWeights)
+	s.edge.Handle(mux, "POST /api/v1/create_custom_loss", s.createCustomLoss)
 	s.edge.Handle(mux, "POST /api/v1/weights_info", s.weightsInfo)
 
 	// Sampling.
 	s.edge.Handle(mux, "POST /api/v1/create_sampling_session", s.createSamplingSession)
 	s.edge.Handle(mux, "POST /api/v1/asample", s.asample)
 	s.edge.Handle(mux, "GET /api/v1/samplers/{id}", s.getSampler)
+	s.edge.Handle(mux, "POST /api/v1/join_sampling_session", s.joinSamplingSession)
 
 	// Futures.
 	s.edge.Handle(mux, "POST /api/v1/retrieve_future", s.retrieveFuture)
@@ -63,6 +65,7 @@ func (s *server) routes(mux *http.ServeMux) {
 	s.edge.Handle(mux, "GET /api/v1/sessions/{id}", s.getSession)
 	s.edge.Handle(mux, "POST /api/v1/sessions/search", s.searchSessions)
 	s.edge.Handle(mux, "PUT /api/v1/sessions/{id}/project", s.setSessionProject)
+	s.edge.Handle(mux, "POST /api/v1/copy_weights", s.copyWeights)
 
 	// Billing: metered usage.
 	s.edge.Handle(mux, "GET /api/v1/billing/usage/events", s.billingUsageEvents)
@@ -75,9 +78,6 @@ func (s *server) routes(mux *http.ServeMux) {
 	notServed := []string{
 		"POST /api/v1/cancel_future",
 		"POST /api/v1/retrieve_futures",
-		"POST /api/v1/join_sampling_session",
-		"POST /api/v1/create_custom_loss",
-		"POST /api/v1/copy_weights",
 		"GET /api/v1/sessions/{id}/trace_export",
 	}
 	if s.opt.Keys == nil {
@@ -143,7 +143,9 @@ type clientConfigResponse struct {
 // clientConfig answers the SDK's feature flags. Every flag that would make the SDK call a
 // route Loops does not serve is off; zstd fwd/bwd bodies are on (Loops decodes them with
 // bounded memory and real payloads compress >10×); pyqwest is off because plain httpx is
-// the transport we test against.
+// the transport we test against; sample_join_sampling_session is on, so a second client of
+// a sampler gets a client id no other client of it has (join_sampling_session) instead of a
+// random one; custom_loss_server_side stays off (custom losses run on the client).
 func (s *server) clientConfig(w http.ResponseWriter, r *http.Request) error {
 	var req struct {
 		SDKVersion string `json:"sdk_version"`
@@ -157,6 +159,7 @@ func (s *server) clientConfig(w http.ResponseWriter, r *http.Request) error {
 		ProtoCompressFwdbwd:        !s.opt.DisableZstdForwardBackward,
 		SampleEnableStuckDetection: true,
 		PjwtAuthEnabled:            s.opt.Keys != nil && !s.opt.DisableJWTAuth,
+		SampleJoinSamplingSession:  true,
 		ProtoWriteFwdbwd:           true,
 		FwdViaFwdbwd:               true,
 	})

@@ -216,3 +216,28 @@ func (s *server) asample(w http.ResponseWriter, r *http.Request) error {
 	s.edge.WriteJSON(w, http.StatusOK, futureResponse{RequestID: op.GetId(), SampleSequenceIDs: ids})
 	return nil
 }
+
+// joinSamplingSession serves join_sampling_session: an unpickled SamplingClient (or one
+// made from a sampler handle) asks for its client id before its first sample, so that its
+// seq_ids (client_counter × 10⁹ + n) never collide with another client's of the same
+// sampler (loops.v1 SamplerClientService.JoinSampler).
+func (s *server) joinSamplingSession(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		SamplingSessionID string `json:"sampling_session_id"`
+	}
+	if err := s.decodeJSONBody(w, r, &req); err != nil {
+		return err
+	}
+	if req.SamplingSessionID == "" {
+		return badRequest("sampling_session_id (the sampling session to join) is required")
+	}
+	res, err := s.svc.Clients.JoinSampler(r.Context(), &loopsv1.JoinSamplerRequest{SamplerId: req.SamplingSessionID})
+	if err != nil {
+		return err
+	}
+	s.edge.WriteJSON(w, http.StatusOK, struct {
+		Type          string `json:"type"`
+		ClientCounter int64  `json:"client_counter"`
+	}{"join_sampling_session", res.GetClientCounter()})
+	return nil
+}

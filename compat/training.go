@@ -433,9 +433,6 @@ func (s *server) loadWeights(w http.ResponseWriter, r *http.Request) error {
 	if err := checkOptimizer(req.OptimizerConfig); err != nil {
 		return err
 	}
-	if req.WeightsAccessToken != "" {
-		s.log.Debug("compat: weights_access_token is ignored; published checkpoints are readable by every workspace")
-	}
 	if req.ModelID == "" {
 		if req.SessionID == "" {
 			return badRequest("load_weights needs model_id (load into a model) or session_id and model_seq_id (create a model from the checkpoint)")
@@ -443,6 +440,7 @@ func (s *server) loadWeights(w http.ResponseWriter, r *http.Request) error {
 		op, err := s.svc.Training.CreateTrainingRun(r.Context(), &loopsv1.CreateTrainingRunRequest{
 			SessionId: req.SessionID, ClientSeqId: req.ModelSeqID, BaseModel: req.BaseModel,
 			UserMetadata: metadataStrings(req.UserMetadata), FromCheckpoint: req.Path, WithOptimizer: req.Optimizer,
+			WeightsAccessToken: req.WeightsAccessToken,
 		})
 		if err != nil {
 			return err
@@ -456,6 +454,7 @@ func (s *server) loadWeights(w http.ResponseWriter, r *http.Request) error {
 	}
 	op, err := s.svc.Training.LoadWeights(r.Context(), &loopsv1.LoadWeightsRequest{
 		TrainingRunId: id, SeqId: derefInt(req.SeqID), Path: req.Path, WithOptimizer: req.Optimizer,
+		WeightsAccessToken: req.WeightsAccessToken,
 	})
 	if err != nil {
 		return err

@@ -380,6 +380,8 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	mux.Handle(loopsv1connect.NewWorkspaceServiceHandler(svc.Workspace, opts...))
 	mux.Handle(loopsv1connect.NewDeploymentServiceHandler(svc.Deployments, opts...))
 	mux.Handle(loopsv1connect.NewProjectServiceHandler(svc.Projects, opts...))
+	mux.Handle(loopsv1connect.NewWeightsAccessServiceHandler(svc.Weights, opts...))
+	mux.Handle(loopsv1connect.NewSamplerClientServiceHandler(svc.Clients, opts...))
 	js, err := s.newJobs(ctx)
 	if err != nil {
 		return nil, err
@@ -411,6 +413,8 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		Models:      svc.Models,
 		Usage:       svc.Usage,
 		Audit:       auditSvc,
+		Weights:     svc.Weights,
+		Clients:     svc.Clients,
 	}, compat.Options{
 		MaxBodyBytes:         s.cfg.Limits.MaxBodyBytes,
 		MaxDecompressedBytes: s.cfg.Limits.MaxDecompressedBytes,
@@ -517,6 +521,8 @@ func (s *Server) restHandler(ctx context.Context, edge *edge, auditor *audit.Mid
 		loopsv1.RegisterWorkspaceServiceHandler,
 		loopsv1.RegisterDeploymentServiceHandler,
 		loopsv1.RegisterProjectServiceHandler,
+		loopsv1.RegisterWeightsAccessServiceHandler,
+		loopsv1.RegisterSamplerClientServiceHandler,
 		loopsv1.RegisterJobServiceHandler,
 		loopsv1.RegisterPoolServiceHandler,
 		loopsv1.RegisterKeyServiceHandler,

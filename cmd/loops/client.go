@@ -104,7 +104,7 @@ func checkpointsCmd() *cobra.Command {
 	cmd.Flags().Int32Var(&limit, "limit", 50, "how many to list")
 	cmd.Flags().StringVar(&pageToken, "page-token", "", "continue a list where the previous page ended (the token it printed)")
 	cf.register(cmd)
-	cmd.AddCommand(checkpointsExportCmd(&cf), checkpointsImportCmd(&cf))
+	cmd.AddCommand(checkpointsExportCmd(&cf), checkpointsImportCmd(&cf), checkpointsShareCmd(&cf), checkpointsCopyCmd(&cf))
 	return cmd
 }
 

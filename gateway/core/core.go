@@ -409,6 +409,7 @@ func (c *Core) sweep(ctx context.Context) {
 	c.evictIdleRuns(now)
 	c.samplers.expire(now)
 	c.expireCheckpoints(ctx, now)
+	c.expireWeightsAccessTokens(ctx, now)
 	c.maybeSweepStore(ctx, now)
 	c.ops.evictFinishedBefore(now.Add(-finishedInMemory))
 	if _, err := c.store.DeleteOperationsDoneBefore(ctx, now.Add(-c.opts.ResultRetention)); err != nil {
@@ -432,6 +433,8 @@ func (c *Core) Services() Services {
 		Workspace:   WorkspaceService{c},
 		Deployments: DeploymentService{c},
 		Projects:    ProjectService{c},
+		Weights:     WeightsAccessService{c},
+		Clients:     SamplerClientService{c},
 	}
 }
 
@@ -447,4 +450,6 @@ type Services struct {
 	Workspace   WorkspaceService
 	Deployments DeploymentService
 	Projects    ProjectService
+	Weights     WeightsAccessService
+	Clients     SamplerClientService
 }

@@ -86,7 +86,7 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 	baseModel, lora := req.GetBaseModel(), req.GetLora()
 	var from *checkpointOf
 	if req.GetFromCheckpoint() != "" {
-		ck, owner, err := c.resolveOwned(ctx, ws, req.GetFromCheckpoint())
+		ck, owner, err := c.readableWith(ctx, ws, req.GetFromCheckpoint(), req.GetWeightsAccessToken())
 		if err != nil {
 			return nil, err
 		}
@@ -488,7 +488,7 @@ func (s TrainingService) LoadWeights(ctx context.Context, req *loopsv1.LoadWeigh
 // loadableCheckpoint resolves a checkpoint, returning it and its owner, and checks that it
 // fits the run.
 func (c *Core) loadableCheckpoint(ctx context.Context, ws, runID string, info *loopsv1.TrainingRun, req *loopsv1.LoadWeightsRequest) (*loopsv1.Checkpoint, string, error) {
-	ck, owner, err := c.resolveOwned(ctx, ws, req.GetPath())
+	ck, owner, err := c.readableWith(ctx, ws, req.GetPath(), req.GetWeightsAccessToken())
 	if err != nil {
 		return nil, "", err
 	}

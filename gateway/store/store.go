@@ -90,6 +90,7 @@ type Store interface {
 	KeyStore
 	AuditStore
 	CheckpointStorageReader
+	WeightsAccessStore
 	Fencer
 
 	// Close releases the store's resources.

@@ -44,6 +44,9 @@ const (
 	ReasonUnsupportedEncoding = "UNSUPPORTED_ENCODING"
 	// ReasonRouteNotServed: a Tinker route Loops does not serve (answered 404, not 501).
 	ReasonRouteNotServed = "ROUTE_NOT_SERVED"
+	// ReasonCustomLossClientSide: a server-side custom loss (create_custom_loss) was sent;
+	// Loops runs custom losses on the client (forward_backward_custom), answered 400.
+	ReasonCustomLossClientSide = "CUSTOM_LOSS_CLIENT_SIDE"
 	// ReasonSessionEnded: the session has expired or finished (a heartbeat answers 410).
 	ReasonSessionEnded = "SESSION_ENDED"
 	// ReasonResultExpired: the operation finished, but its large result (forward/backward

@@ -91,3 +91,13 @@ func TestNoFence(t *testing.T) {
 	require.ErrorIs(t, s.SetFence(store.Fence{Lease: "gateway", Holder: "a", Term: 1}), store.ErrNoFence)
 	require.NoError(t, s.PutSession(t.Context(), "ws", &loopsv1.Session{Id: "s1"}))
 }
+
+// migrationCount is the number of migrations this store ships (the schema version they end
+// at).
+func migrationCount(t *testing.T) int {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join("migrations", "*.sql"))
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	return len(files)
+}

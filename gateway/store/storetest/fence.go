@@ -31,6 +31,7 @@ var reads = []string{
 	"CheckpointDeployments", "GetJob", "ListJobs", "ListAuditEvents", "CheckpointStorage",
 	"GetProject", "ListProjects", "SearchSessions", "ListProjectTrainingRuns", "ListUnindexedSessions",
 	"APIKeyByHash", "GetAPIKey", "ListAPIKeys", "SigningKeys",
+	"GetWeightsAccessToken", "ListWeightsAccessTokens",
 	"SetFence", "Close",
 }
 
@@ -117,7 +118,12 @@ func seedFenced(t *testing.T, st store.Store) {
 	require.NoError(t, st.PutSigningKey(ctx, store.SigningKey{ID: "sk-1", Created: base, Seed: make([]byte, 32)}))
 	require.NoError(t, st.AppendAuditEvents(ctx, []store.OwnedAuditEvent{
 		auditEvent(wsA, 0, "key-a", "session_create", "sess-1"), auditEvent(wsA, time.Minute, "key-a", "session_create", "sess-2")}))
+	require.NoError(t, st.CreateWeightsAccessToken(ctx, wsA, accessToken("wat-1", 0, 2000*time.Hour), hashOf("wat-1"), base, 10))
+	require.NoError(t, st.CreateWeightsAccessToken(ctx, wsA, accessToken("wat-old", 0, time.Second), hashOf("wat-old"), base, 10))
 }
+
+// fencedTokens are the weights-access tokens seedFenced and fencedWrites touch.
+var fencedTokens = []string{"wat-1", "wat-old", "wat-fenced"}
 
 // fencedWrites are the writes of store.Store by name, each one that changes records of
 // seedFenced's (so that a write let through shows in a snapshot).
@@ -212,6 +218,16 @@ func fencedWrites() map[string]func(context.Context, store.Store) error {
 			_, err := st.TrimAuditEvents(ctx, 1)
 			return err
 		},
+		"CreateWeightsAccessToken": func(ctx context.Context, st store.Store) error {
+			return st.CreateWeightsAccessToken(ctx, wsA, accessToken("wat-fenced", time.Hour, 2000*time.Hour), hashOf("wat-fenced"), base, 10)
+		},
+		"DeleteWeightsAccessToken": func(ctx context.Context, st store.Store) error {
+			return st.DeleteWeightsAccessToken(ctx, wsA, "wat-1")
+		},
+		"DeleteExpiredWeightsAccessTokens": func(ctx context.Context, st store.Store) error {
+			_, err := st.DeleteExpiredWeightsAccessTokens(ctx, base.Add(time.Hour))
+			return err
+		},
 	}
 }
 
@@ -230,6 +246,7 @@ type fencedState struct {
 	APIKeys     []*loopsv1.ApiKey
 	SigningKeys []store.SigningKey
 	Audit       []store.AuditEvent
+	Tokens      []*loopsv1.WeightsAccessToken
 }
 
 func snapshot(t *testing.T, st store.Store) fencedState {
@@ -269,5 +286,10 @@ func snapshot(t *testing.T, st store.Store) fencedState {
 	require.NoError(t, err)
 	s.Audit, err = st.ListAuditEvents(ctx, wsA, store.AuditQuery{})
 	require.NoError(t, err)
+	for _, id := range fencedTokens {
+		if m, _, err := st.GetWeightsAccessToken(ctx, hashOf(id)); err == nil {
+			s.Tokens = append(s.Tokens, m)
+		}
+	}
 	return s
 }

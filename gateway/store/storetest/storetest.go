@@ -76,6 +76,8 @@ func Run(t *testing.T, open Opener) {
 	s("Audit", testAudit)
 	s("AuditRetention", testAuditRetention)
 	s("CheckpointStorage", testCheckpointStorage)
+	s("WeightsAccessTokens", testWeightsAccessTokens)
+	s("WeightsAccessTokenLimit", testWeightsAccessTokenLimit)
 	t.Run("Reopen", func(t *testing.T) { testReopen(t, open) })
 	t.Run("DeploymentsReopen", func(t *testing.T) { testDeploymentsReopen(t, open) })
 	t.Run("FailRunningJobs", func(t *testing.T) { testFailRunningJobs(t, open) })

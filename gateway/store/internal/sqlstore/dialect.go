@@ -10,16 +10,21 @@ type Dialect struct {
 	// InsertStepMetrics is the step metrics insert (see stepmetrics.go): its casts name
 	// each database's types.
 	InsertStepMetrics string
+	// WeightsAccessTokenColumns are the six values a token's insert selects
+	// (CreateWeightsAccessToken), cast to each database's types.
+	WeightsAccessTokenColumns string
 }
 
 // SQLite is the dialect of store/sqlite.
 var SQLite = Dialect{
-	TableOptions:      " STRICT",
-	InsertStepMetrics: insertStepMetrics("$1, $2, $3, $4, $5, $6, $7, $8"),
+	TableOptions:              " STRICT",
+	InsertStepMetrics:         insertStepMetrics("$1, $2, $3, $4, $5, $6, $7, $8"),
+	WeightsAccessTokenColumns: "$1, $2, $3, $4, $5, $6",
 }
 
 // Postgres is the dialect of store/postgres.
 var Postgres = Dialect{
-	LockRows:          " FOR UPDATE",
-	InsertStepMetrics: insertStepMetrics("$1::text, $2::bigint, $3::text, $4::integer, $5::bigint, $6::bigint, $7::bigint, $8::bytea"),
+	LockRows:                  " FOR UPDATE",
+	InsertStepMetrics:         insertStepMetrics("$1::text, $2::bigint, $3::text, $4::integer, $5::bigint, $6::bigint, $7::bigint, $8::bytea"),
+	WeightsAccessTokenColumns: "$1::text, $2::text, $3::text, $4::bigint, $5::bigint, $6::bytea",
 }

@@ -414,13 +414,18 @@ type Checkpoint struct {
 	Kind          CheckpointKind `protobuf:"varint,3,opt,name=kind,proto3,enum=loops.v1.CheckpointKind" json:"kind,omitempty"`
 	Name          string         `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
 	// tinker://<run>/<kind>/<name>.
-	TinkerPath    string                 `protobuf:"bytes,5,opt,name=tinker_path,json=tinkerPath,proto3" json:"tinker_path,omitempty"`
-	SizeBytes     int64                  `protobuf:"varint,6,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
-	Public        bool                   `protobuf:"varint,7,opt,name=public,proto3" json:"public,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
-	ExpireTime    *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
-	BaseModel     string                 `protobuf:"bytes,10,opt,name=base_model,json=baseModel,proto3" json:"base_model,omitempty"`
-	Lora          *LoraConfig            `protobuf:"bytes,11,opt,name=lora,proto3" json:"lora,omitempty"`
+	TinkerPath string                 `protobuf:"bytes,5,opt,name=tinker_path,json=tinkerPath,proto3" json:"tinker_path,omitempty"`
+	SizeBytes  int64                  `protobuf:"varint,6,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	Public     bool                   `protobuf:"varint,7,opt,name=public,proto3" json:"public,omitempty"`
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	ExpireTime *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	BaseModel  string                 `protobuf:"bytes,10,opt,name=base_model,json=baseModel,proto3" json:"base_model,omitempty"`
+	Lora       *LoraConfig            `protobuf:"bytes,11,opt,name=lora,proto3" json:"lora,omitempty"`
+	// The project the checkpoint belongs to, when one was named (copy_weights'
+	// destination_project_id).
+	ProjectId string `protobuf:"bytes,20,opt,name=project_id,json=projectId,proto3" json:"project_id,omitempty"`
+	// The checkpoint this one is a copy of (CopyWeights), empty for a saved one.
+	CopiedFrom    string `protobuf:"bytes,21,opt,name=copied_from,json=copiedFrom,proto3" json:"copied_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -532,6 +537,20 @@ func (x *Checkpoint) GetLora() *LoraConfig {
 	return nil
 }
 
+func (x *Checkpoint) GetProjectId() string {
+	if x != nil {
+		return x.ProjectId
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetCopiedFrom() string {
+	if x != nil {
+		return x.CopiedFrom
+	}
+	return ""
+}
+
 // Sampler serves samples from a base model, optionally with a frozen adapter checkpoint.
 type Sampler struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -547,6 +566,9 @@ type Sampler struct {
 	// inflight sampler save it samples, whatever model_path (the save it was created with)
 	// says. Each sample reports the checkpoint it used (SampleResult.model_path).
 	InflightRunId string `protobuf:"bytes,7,opt,name=inflight_run_id,json=inflightRunId,proto3" json:"inflight_run_id,omitempty"`
+	// The client ids handed out by SamplerClientService.JoinSampler so far (the next is one
+	// more); the creating client is 0.
+	Clients       int64 `protobuf:"varint,20,opt,name=clients,proto3" json:"clients,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -630,6 +652,13 @@ func (x *Sampler) GetInflightRunId() string {
 	return ""
 }
 
+func (x *Sampler) GetClients() int64 {
+	if x != nil {
+		return x.Clients
+	}
+	return 0
+}
+
 var File_loops_v1_resources_proto protoreflect.FileDescriptor
 
 const file_loops_v1_resources_proto_rawDesc = "" +
@@ -683,7 +712,7 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +
-	"\x0e_client_seq_id\"\xa1\x03\n" +
+	"\x0e_client_seq_id\"\xe1\x03\n" +
 	"\n" +
 	"Checkpoint\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12&\n" +
@@ -702,7 +731,11 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\n" +
 	"base_model\x18\n" +
 	" \x01(\tR\tbaseModel\x12(\n" +
-	"\x04lora\x18\v \x01(\v2\x14.loops.v1.LoraConfigR\x04lora\"\xfb\x01\n" +
+	"\x04lora\x18\v \x01(\v2\x14.loops.v1.LoraConfigR\x04lora\x12\x1d\n" +
+	"\n" +
+	"project_id\x18\x14 \x01(\tR\tprojectId\x12\x1f\n" +
+	"\vcopied_from\x18\x15 \x01(\tR\n" +
+	"copiedFrom\"\x95\x02\n" +
 	"\aSampler\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -716,7 +749,8 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\n" +
 	"deployment\x18\x06 \x01(\tR\n" +
 	"deployment\x12&\n" +
-	"\x0finflight_run_id\x18\a \x01(\tR\rinflightRunId*\x8a\x01\n" +
+	"\x0finflight_run_id\x18\a \x01(\tR\rinflightRunId\x12\x18\n" +
+	"\aclients\x18\x14 \x01(\x03R\aclients*\x8a\x01\n" +
 	"\x0eCheckpointKind\x12\x1f\n" +
 	"\x1bCHECKPOINT_KIND_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18CHECKPOINT_KIND_TRAINING\x10\x01\x12\x1b\n" +

@@ -926,9 +926,12 @@ type CreateTrainingRunRequest struct {
 	// Ask for worker replicas of the run's own (dedicated mode) instead of the shared pools.
 	// The same as user_metadata loops.dedicated=true (and loops.dedicated_replicas), which is
 	// how a tinker script asks; the workspace's policy may refuse it or make it the default.
-	Dedicated     *DedicatedPool `protobuf:"bytes,8,opt,name=dedicated,proto3" json:"dedicated,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Dedicated *DedicatedPool `protobuf:"bytes,8,opt,name=dedicated,proto3" json:"dedicated,omitempty"`
+	// A weights-access token for from_checkpoint when another workspace owns it
+	// (WeightsAccessService); it is checked when the run is created and not kept.
+	WeightsAccessToken string `protobuf:"bytes,20,opt,name=weights_access_token,json=weightsAccessToken,proto3" json:"weights_access_token,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *CreateTrainingRunRequest) Reset() {
@@ -1015,6 +1018,13 @@ func (x *CreateTrainingRunRequest) GetDedicated() *DedicatedPool {
 		return x.Dedicated
 	}
 	return nil
+}
+
+func (x *CreateTrainingRunRequest) GetWeightsAccessToken() string {
+	if x != nil {
+		return x.WeightsAccessToken
+	}
+	return ""
 }
 
 // DedicatedPool is what a dedicated run asks for.
@@ -2014,8 +2024,11 @@ type LoadWeightsRequest struct {
 	// tinker://<run>/weights/<name>.
 	Path          string `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
 	WithOptimizer bool   `protobuf:"varint,4,opt,name=with_optimizer,json=withOptimizer,proto3" json:"with_optimizer,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// A weights-access token for path when another workspace owns it (WeightsAccessService);
+	// it is checked when the load runs and not kept.
+	WeightsAccessToken string `protobuf:"bytes,20,opt,name=weights_access_token,json=weightsAccessToken,proto3" json:"weights_access_token,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *LoadWeightsRequest) Reset() {
@@ -2074,6 +2087,13 @@ func (x *LoadWeightsRequest) GetWithOptimizer() bool {
 		return x.WithOptimizer
 	}
 	return false
+}
+
+func (x *LoadWeightsRequest) GetWeightsAccessToken() string {
+	if x != nil {
+		return x.WeightsAccessToken
+	}
+	return ""
 }
 
 type ListCheckpointsRequest struct {
@@ -3705,7 +3725,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x18SetSessionProjectRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
-	"project_id\x18\x02 \x01(\tR\tprojectId\"\xe0\x03\n" +
+	"project_id\x18\x02 \x01(\tR\tprojectId\"\x92\x04\n" +
 	"\x18CreateTrainingRunRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12'\n" +
@@ -3716,7 +3736,8 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\ruser_metadata\x18\x05 \x03(\v24.loops.v1.CreateTrainingRunRequest.UserMetadataEntryR\fuserMetadata\x12'\n" +
 	"\x0ffrom_checkpoint\x18\x06 \x01(\tR\x0efromCheckpoint\x12%\n" +
 	"\x0ewith_optimizer\x18\a \x01(\bR\rwithOptimizer\x125\n" +
-	"\tdedicated\x18\b \x01(\v2\x17.loops.v1.DedicatedPoolR\tdedicated\x1a?\n" +
+	"\tdedicated\x18\b \x01(\v2\x17.loops.v1.DedicatedPoolR\tdedicated\x120\n" +
+	"\x14weights_access_token\x18\x14 \x01(\tR\x12weightsAccessToken\x1a?\n" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +
@@ -3815,12 +3836,13 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x0esampler_seq_id\x18\a \x01(\x03H\x01R\fsamplerSeqId\x88\x01\x01\x12\x1a\n" +
 	"\binflight\x18\b \x01(\bR\binflightB\x0e\n" +
 	"\f_ttl_secondsB\x11\n" +
-	"\x0f_sampler_seq_id\"\x8e\x01\n" +
+	"\x0f_sampler_seq_id\"\xc0\x01\n" +
 	"\x12LoadWeightsRequest\x12&\n" +
 	"\x0ftraining_run_id\x18\x01 \x01(\tR\rtrainingRunId\x12\x15\n" +
 	"\x06seq_id\x18\x02 \x01(\x03R\x05seqId\x12\x12\n" +
 	"\x04path\x18\x03 \x01(\tR\x04path\x12%\n" +
-	"\x0ewith_optimizer\x18\x04 \x01(\bR\rwithOptimizer\"\x8d\x01\n" +
+	"\x0ewith_optimizer\x18\x04 \x01(\bR\rwithOptimizer\x120\n" +
+	"\x14weights_access_token\x18\x14 \x01(\tR\x12weightsAccessToken\"\x8d\x01\n" +
 	"\x16ListCheckpointsRequest\x12&\n" +
 	"\x0ftraining_run_id\x18\x01 \x01(\tR\rtrainingRunId\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x05R\x05limit\x12\x16\n" +

@@ -178,7 +178,7 @@ class SetSessionProjectRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ..., project_id: _Optional[str] = ...) -> None: ...
 
 class CreateTrainingRunRequest(_message.Message):
-    __slots__ = ("session_id", "client_seq_id", "base_model", "lora", "user_metadata", "from_checkpoint", "with_optimizer", "dedicated")
+    __slots__ = ("session_id", "client_seq_id", "base_model", "lora", "user_metadata", "from_checkpoint", "with_optimizer", "dedicated", "weights_access_token")
     class UserMetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +194,7 @@ class CreateTrainingRunRequest(_message.Message):
     FROM_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     WITH_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     DEDICATED_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_ACCESS_TOKEN_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     client_seq_id: int
     base_model: str
@@ -202,7 +203,8 @@ class CreateTrainingRunRequest(_message.Message):
     from_checkpoint: str
     with_optimizer: bool
     dedicated: DedicatedPool
-    def __init__(self, session_id: _Optional[str] = ..., client_seq_id: _Optional[int] = ..., base_model: _Optional[str] = ..., lora: _Optional[_Union[_types_pb2.LoraConfig, _Mapping]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., from_checkpoint: _Optional[str] = ..., with_optimizer: _Optional[bool] = ..., dedicated: _Optional[_Union[DedicatedPool, _Mapping]] = ...) -> None: ...
+    weights_access_token: str
+    def __init__(self, session_id: _Optional[str] = ..., client_seq_id: _Optional[int] = ..., base_model: _Optional[str] = ..., lora: _Optional[_Union[_types_pb2.LoraConfig, _Mapping]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., from_checkpoint: _Optional[str] = ..., with_optimizer: _Optional[bool] = ..., dedicated: _Optional[_Union[DedicatedPool, _Mapping]] = ..., weights_access_token: _Optional[str] = ...) -> None: ...
 
 class DedicatedPool(_message.Message):
     __slots__ = ("replicas", "sampler_replicas")
@@ -386,16 +388,18 @@ class SaveWeightsRequest(_message.Message):
     def __init__(self, training_run_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., kind: _Optional[_Union[_resources_pb2.CheckpointKind, str]] = ..., name: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., overwrite: _Optional[bool] = ..., sampler_seq_id: _Optional[int] = ..., inflight: _Optional[bool] = ...) -> None: ...
 
 class LoadWeightsRequest(_message.Message):
-    __slots__ = ("training_run_id", "seq_id", "path", "with_optimizer")
+    __slots__ = ("training_run_id", "seq_id", "path", "with_optimizer", "weights_access_token")
     TRAINING_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     WITH_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_ACCESS_TOKEN_FIELD_NUMBER: _ClassVar[int]
     training_run_id: str
     seq_id: int
     path: str
     with_optimizer: bool
-    def __init__(self, training_run_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., path: _Optional[str] = ..., with_optimizer: _Optional[bool] = ...) -> None: ...
+    weights_access_token: str
+    def __init__(self, training_run_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., path: _Optional[str] = ..., with_optimizer: _Optional[bool] = ..., weights_access_token: _Optional[str] = ...) -> None: ...
 
 class ListCheckpointsRequest(_message.Message):
     __slots__ = ("training_run_id", "limit", "offset", "page_token")
