@@ -134,6 +134,7 @@ var Rules = []Rule{
 	v1read("ProjectService", "GetProject"),
 	v1read("ProjectService", "ListProjects"),
 	v1("ProjectService", "DeleteProject", "project_delete"),
+	v1("SamplerClientService", "JoinSampler", "sampler_join"),
 	v1("SessionService", "CreateSession", "session_create"),
 	v1read("SessionService", "HeartbeatSession"),
 	v1("SessionService", "FinishSession", "session_finish"),
@@ -164,6 +165,10 @@ var Rules = []Rule{
 	v1read("ModelService", "ListModels"),
 	v1read("WorkspaceService", "GetWorkspace"),
 	v1read("UsageService", "GetUsage"),
+	v1("WeightsAccessService", "CreateWeightsAccessToken", "checkpoint_share"),
+	v1read("WeightsAccessService", "ListWeightsAccessTokens"),
+	v1("WeightsAccessService", "RevokeWeightsAccessToken", "checkpoint_unshare"),
+	v1("WeightsAccessService", "CopyWeights", "checkpoint_copy"),
 
 	// Checkpoint transfers (gateway/ckhttp): exports are downloads, imports create checkpoints.
 	access("GET /v1/checkpoint_exports", "checkpoint_read"),
