@@ -76,7 +76,7 @@ func build() (string, error) {
 	defer os.RemoveAll(tmp)
 	ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", "install", "-trimpath", "-ldflags=-s", Module+"/cmd/grpcurl@"+Version)
+	cmd := exec.CommandContext(ctx, "go", "install", "-trimpath", "-ldflags=-s -X main.version="+Version, Module+"/cmd/grpcurl@"+Version)
 	// Outside this module: its go.mod and GOFLAGS (-mod=…) do not apply to `go install pkg@version`.
 	cmd.Dir = tmp
 	cmd.Env = append(os.Environ(), "GOBIN="+tmp, "GOFLAGS=", "GOWORK=off")
