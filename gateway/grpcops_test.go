@@ -64,7 +64,7 @@ func TestGrpcurl(t *testing.T) {
 	require.NoError(t, err)
 	keys, err := auth.ParseKeys([]string{keyA})
 	require.NoError(t, err)
-	srv, err := gateway.New(t.Context(), ln, gateway.Config{DataDir: t.TempDir(), Keys: keys, DrainDelay: 3 * time.Second})
+	srv, err := gateway.New(t.Context(), ln, gateway.Config{DataDir: t.TempDir(), Keys: keys, DrainDelay: 6 * time.Second})
 	require.NoError(t, err)
 	go func() { _ = srv.Serve() }()
 	t.Cleanup(func() { _ = srv.Close(context.Background()) })
@@ -123,13 +123,34 @@ func TestGrpcurl(t *testing.T) {
 	// A Watch stream, open before the drain.
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	var watchOut, watchErr bytes.Buffer
+	var watchErr bytes.Buffer
 	watch := exec.CommandContext(ctx, bin, "-plaintext", addr, "grpc.health.v1.Health/Watch")
-	watch.Stdout, watch.Stderr = &watchOut, &watchErr
+	watch.Stderr = &watchErr
+	stdout, err := watch.StdoutPipe()
+	require.NoError(t, err)
 	require.NoError(t, watch.Start())
-	watched := make(chan error, 1)
-	go func() { watched <- watch.Wait() }()
-	time.Sleep(500 * time.Millisecond) // the stream has its first answer
+	statuses := make(chan string, 8)
+	go func() {
+		defer close(statuses)
+		dec := json.NewDecoder(stdout)
+		for {
+			var m struct{ Status string }
+			if dec.Decode(&m) != nil {
+				return
+			}
+			statuses <- m.Status
+		}
+	}()
+	next := func() string {
+		select {
+		case s := <-statuses:
+			return s
+		case <-time.After(10 * time.Second):
+			t.Fatal("the Watch stream sent nothing for 10 s")
+			return ""
+		}
+	}
+	require.Equal(t, "SERVING", next())
 
 	// The drain: Close answers NOT_SERVING for DrainDelay before the listener closes.
 	closed := make(chan error, 1)
@@ -141,7 +162,7 @@ func TestGrpcurl(t *testing.T) {
 	require.Eventually(t, func() bool {
 		out, _, ok := grpcurl(t, bin, addr, "grpc.health.v1.Health/Check")
 		return ok && strings.Contains(out, "NOT_SERVING")
-	}, 2*time.Second, 50*time.Millisecond, "Health/Check during the drain")
+	}, 3*time.Second, 50*time.Millisecond, "Health/Check during the drain")
 	out, errOut, ok = grpcurl(t, bin, "-d", `{"service":"loops.v1.SamplingService"}`, addr, "grpc.health.v1.Health/Check")
 	require.True(t, ok, errOut)
 	require.JSONEq(t, `{"status":"NOT_SERVING"}`, out)
@@ -151,20 +172,14 @@ func TestGrpcurl(t *testing.T) {
 	require.Contains(t, body, "readyz check failed")
 	code, body = get(t, url+"/livez")
 	require.Equal(t, http.StatusOK, code, "liveness does not fail on a drain: %s", body)
+	require.Equal(t, "NOT_SERVING", next())
 	select {
-	case err := <-watched:
-		require.NoError(t, err, watchErr.String())
+	case s, more := <-statuses:
+		require.False(t, more, "the Watch stream ends after NOT_SERVING, it sent %s", s)
 	case <-time.After(5 * time.Second):
 		t.Fatal("the Watch stream did not end when the drain began")
 	}
-	var statuses []string
-	dec := json.NewDecoder(&watchOut)
-	for dec.More() {
-		var m struct{ Status string }
-		require.NoError(t, dec.Decode(&m))
-		statuses = append(statuses, m.Status)
-	}
-	require.Equal(t, []string{"SERVING", "NOT_SERVING"}, statuses)
+	require.NoError(t, watch.Wait(), "grpcurl Watch: %s", watchErr.String())
 	require.NoError(t, <-closed)
 }
 
