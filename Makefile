@@ -27,7 +27,7 @@ build: ## Build the loops binary into ./bin/loops
 test: check test-race test-go-engine test-jobs-sandbox fuzz-ci test-e2e test-console test-failover test-clients test-torch test-ray test-export test-sdk-matrix test-cookbook test-recipes test-large ## Everything CI runs
 
 .PHONY: test-go
-test-go: weed ## The fast path: Go unit, contract and fuzz-seed tests (no Python)
+test-go: weed grpcurl ## The fast path: Go unit, contract and fuzz-seed tests (no Python)
 	$(GO) test -count=1 ./...
 
 # The packages test-race leaves out: the CPU engine's numerics and the worker server around
@@ -37,7 +37,7 @@ test-go: weed ## The fast path: Go unit, contract and fuzz-seed tests (no Python
 RACE_EXCLUDED := -e /backends/reference -e /backends/tiny -e /backends/serve -e /bench/
 
 .PHONY: test-race
-test-race: weed ## Go tests with -race and the lock-order check (-tags lockorder) on every package but the engine's numerics
+test-race: weed grpcurl ## Go tests with -race and the lock-order check (-tags lockorder) on every package but the engine's numerics
 	$(GO) test -count=1 -race -tags lockorder $$($(GO) list ./... | grep -v $(RACE_EXCLUDED))
 
 .PHONY: test-go-engine
@@ -52,6 +52,13 @@ test-jobs-sandbox: ## The jobs sandbox's escape tests (remount, writes outside /
 test-large: weed ## Slower Go tests kept out of test-go: a Qwen3-0.6B-shaped rank-32 checkpoint (242 MB) through the core into S3 and back; a minute of load_weights of evicted runs against the eviction sweep
 	LOOPS_TEST_LARGE=1 $(GO) test -count=1 -run 'Large' ./gateway/core/
 	LOOPS_TEST_LARGE=1 $(GO) test -count=1 -run '^TestLoadWeightsOfEvictedRunsUnderEviction$$' ./gateway/
+
+# grpcurl, which the gateway's TestGrpcurl drives, built from its Go module once per machine
+# into ~/.cache/loops/bin/grpcurl-VERSION (the version is internal/grpcurltest's); the test
+# builds it itself if need be, this only does it before the Go tests start.
+.PHONY: grpcurl
+grpcurl: ## Build grpcurl (the gRPC reflection and health test's client) into ~/.cache/loops/bin, once per version
+	$(GO) test -count=1 -run '^TestBinary$$' ./internal/grpcurltest
 
 .PHONY: weed
 weed: ## Build SeaweedFS's weed (the S3 server of the checkpoint store tests) into ~/.cache/loops/bin, once per version

@@ -27,6 +27,7 @@ import (
 	"github.com/loops-dev/loops/gateway/console"
 	"github.com/loops-dev/loops/gateway/core"
 	"github.com/loops-dev/loops/gateway/jobs"
+	"github.com/loops-dev/loops/gateway/opsvc"
 	"github.com/loops-dev/loops/gateway/poolsvc"
 	"github.com/loops-dev/loops/gateway/store"
 	"github.com/loops-dev/loops/gateway/store/sqlite"
@@ -127,6 +128,12 @@ type Config struct {
 	// APIKeys configures the API keys kept as records and the access tokens (JWTs) keys are
 	// exchanged for (docs/security.md).
 	APIKeys APIKeysConfig
+	// DrainDelay is how long Close keeps serving once the health says NOT_SERVING (gRPC
+	// health, /readyz), before the core drains and the listener closes (gateway/ops.go).
+	DrainDelay time.Duration
+	// HealthProbeEvery is how often the health probes the stores (default
+	// opsvc.DefaultProbeEvery).
+	HealthProbeEvery time.Duration
 }
 
 // APIKeysConfig configures stored API keys and access tokens. The zero value gives the
@@ -170,6 +177,8 @@ type Server struct {
 	backend backends.Backend
 	// throttle counts wrong API keys per client address, for every surface.
 	throttle *auth.Throttle
+	// ops is the health that grpc.health.v1, /livez and /readyz report (gateway/ops.go).
+	ops *opsvc.Health
 }
 
 // New opens the store and the backend, starts the core and builds the handler for ln. Call
@@ -213,6 +222,7 @@ func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 		keyCache.Logger = cfg.Logger
 	}
 	s.cfg.Keys = cfg.Keys.WithRecords(auth.NewDirectory(st, keyCache), auth.NewTokens(st, cfg.APIKeys.Tokens))
+	s.startOps(ctx)
 
 	bcfg := cfg.BackendConfig
 	if bcfg.DataDir == "" {
@@ -279,6 +289,7 @@ func (s *Server) Serve() error {
 // flight finish, running backend calls finish, then the core, the backend and the store
 // close, each once. A second Close does nothing more.
 func (s *Server) Close(ctx context.Context) error {
+	s.drainOps(ctx)
 	s.closingLease()
 	c := s.leaderCore()
 	if c != nil {
@@ -331,7 +342,7 @@ func (s *Server) closeAll() error {
 const compressMinBytes = 4096
 
 // publicPaths need no API key.
-var publicPaths = []string{"/healthz", "/metrics", "/openapi.json", "/api/v1/healthz", ckhttp.ArchivePrefix}
+var publicPaths = append([]string{"/healthz", "/metrics", "/openapi.json", "/api/v1/healthz", ckhttp.ArchivePrefix}, opsvc.PublicPaths...)
 
 func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Handler, error) {
 	svc := s.core.Services()
@@ -460,6 +471,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	})
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	opsvc.Register(mux, s.ops)
 
 	// The web console at / (gateway/console): its session cookie becomes the API key
 	// before the key middleware, so its pages go through the same auth as the API.

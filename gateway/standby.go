@@ -21,6 +21,7 @@ import (
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/core"
 	"github.com/loops-dev/loops/gateway/lease"
+	"github.com/loops-dev/loops/gateway/opsvc"
 	"github.com/loops-dev/loops/gateway/store"
 	"github.com/loops-dev/loops/internal/errs"
 )
@@ -218,6 +219,7 @@ func (s *Server) standby(ctx context.Context, reg *prometheus.Registry, st store
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	opsvc.Register(mux, s.ops)
 	mux.HandleFunc("/", fo.forward)
 	keys := s.cfg.Keys
 	if keys == nil {

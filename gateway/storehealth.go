@@ -61,19 +61,37 @@ type healthBody struct {
 // lookup within StoreHealthTimeout, else 503 naming the failure. A store that cannot be
 // pinged (not a store.Pinger) counts as healthy.
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	body, code := s.storeHealth(r.Context(), s.log)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+// storeProblem is the health probe (opsvc.HealthOptions.Probe): "" when the store and the
+// checkpoint store answer as /healthz requires, else what failed. It logs nothing: the
+// health logs its changes.
+func (s *Server) storeProblem(ctx context.Context) string {
+	body, _ := s.storeHealth(ctx, slog.New(slog.DiscardHandler))
+	return body.Error
+}
+
+// storeHealth pings the store and looks up the checkpoint store, each within
+// StoreHealthTimeout, logging a failure to log; it returns /healthz's body and status.
+func (s *Server) storeHealth(ctx context.Context, log *slog.Logger) (healthBody, int) {
 	kind := storeKind(s.store)
 	body, code := healthBody{Status: "ok", Store: "ok", StoreKind: kind, Role: s.role(), Lease: s.leaseStatus()}, http.StatusOK
-	if msg := s.checkpointStoreHealth(r.Context(), &body); msg != "" {
+	if msg := s.checkpointStoreHealth(ctx, &body, log); msg != "" {
 		body.Status, body.Error, code = "unavailable", msg, http.StatusServiceUnavailable
 	}
 	if p, ok := s.store.(store.Pinger); ok {
-		ctx, cancel := context.WithTimeout(r.Context(), StoreHealthTimeout)
-		err := p.Ping(ctx)
+		pctx, cancel := context.WithTimeout(ctx, StoreHealthTimeout)
+		err := p.Ping(pctx)
 		cancel()
 		if err != nil {
 			body.Status, code = "unavailable", http.StatusServiceUnavailable
 			switch {
-			case errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil:
+			case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
 				body.Store = "timeout"
 				body.Error = fmt.Sprintf("the %s store did not answer a ping within %s", kind, StoreHealthTimeout)
 			case isClosed(err):
@@ -83,13 +101,10 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 				body.Store = "error"
 				body.Error = fmt.Sprintf("the %s store's ping failed (the server's log has the details)", kind)
 			}
-			s.log.Warn("health check: store ping failed", slog.String("store", kind), slog.Any("err", err))
+			log.Warn("health check: store ping failed", slog.String("store", kind), slog.Any("err", err))
 		}
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(body)
+	return body, code
 }
 
 // healthCheckKey is the checkpoint key /healthz looks up: never a checkpoint (the core's
@@ -99,7 +114,7 @@ const healthCheckKey = "loops-health-check"
 // checkpointStoreHealth looks up healthCheckKey in the core's checkpoint store within
 // StoreHealthTimeout and fills in body's checkpoint store fields; it returns what failed,
 // or "".
-func (s *Server) checkpointStoreHealth(ctx context.Context, body *healthBody) string {
+func (s *Server) checkpointStoreHealth(ctx context.Context, body *healthBody, log *slog.Logger) string {
 	cs := s.cfg.Core.CheckpointStore // a standby has no core yet
 	if c := s.leaderCore(); c != nil {
 		cs = c.CheckpointStore()
@@ -120,11 +135,11 @@ func (s *Server) checkpointStoreHealth(ctx context.Context, body *healthBody) st
 		return ""
 	case errors.Is(err, context.DeadlineExceeded):
 		body.CheckpointStore = "timeout"
-		s.log.Warn("health check: checkpoint store lookup timed out", slog.String("checkpoint_store", cs.String()))
+		log.Warn("health check: checkpoint store lookup timed out", slog.String("checkpoint_store", cs.String()))
 		return fmt.Sprintf("the checkpoint store did not answer a lookup within %s", StoreHealthTimeout)
 	default:
 		body.CheckpointStore = "error"
-		s.log.Warn("health check: checkpoint store lookup failed", slog.String("checkpoint_store", cs.String()), slog.Any("err", err))
+		log.Warn("health check: checkpoint store lookup failed", slog.String("checkpoint_store", cs.String()), slog.Any("err", err))
 		return "the checkpoint store's lookup failed (the server's log has the details)"
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"connectrpc.com/grpchealth"
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/pools"
@@ -92,11 +93,12 @@ type Options struct {
 
 // handler serves b as the loops.backend.v1 TrainerService and SamplerService (Connect,
 // gRPC and gRPC-Web), reading and sending messages of up to MaxMessageBytes, every
-// request's folders and URLs checked by c first. StreamSample streams when b's sampler
+// request's folders and URLs checked by c first, and health as the standard
+// grpc.health.v1 service (behind the same mutual TLS as the rest). StreamSample streams when b's sampler
 // implements backends.TokenStreamer and answers Unimplemented otherwise (the worker client
 // then falls back to Sample). A panic in a call answers Internal instead of ending the
 // process.
-func handler(b backends.Backend, c *confinement) http.Handler {
+func handler(b backends.Backend, c *confinement, health grpchealth.Checker) http.Handler {
 	hopts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(MaxMessageBytes),
 		connect.WithSendMaxBytes(MaxMessageBytes),
@@ -108,6 +110,7 @@ func handler(b backends.Backend, c *confinement) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(backendv1connect.NewTrainerServiceHandler(trainerHandler{b.Trainer(), c}, hopts...))
 	mux.Handle(backendv1connect.NewSamplerServiceHandler(samplerHandler{b.Sampler(), c}, hopts...))
+	mux.Handle(grpchealth.NewHandler(health, connect.WithReadMaxBytes(healthMaxBytes)))
 	return mux
 }
 
@@ -115,10 +118,10 @@ func handler(b backends.Backend, c *confinement) http.Handler {
 // with cfg (mtls.Credentials.ServerConfig) and nothing else, with a bound on reading
 // request headers. Its calls have no deadline of their own: a training pass takes as long
 // as it takes.
-func newServer(b backends.Backend, cfg *tls.Config, c *confinement) *http.Server {
+func newServer(b backends.Backend, cfg *tls.Config, c *confinement, health grpchealth.Checker) *http.Server {
 	p := new(http.Protocols)
 	p.SetHTTP2(true)
-	return &http.Server{Handler: handler(b, c), Protocols: p, TLSConfig: cfg, ReadHeaderTimeout: 10 * time.Second,
+	return &http.Server{Handler: handler(b, c, health), Protocols: p, TLSConfig: cfg, ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes: 1 << 20}
 }
 
@@ -289,7 +292,8 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", o.Listen, err)
 	}
-	srv := newServer(b, tlsCfg, conf)
+	health := newHealth()
+	srv := newServer(b, tlsCfg, conf, health)
 	served := make(chan error, 1)
 	go func() { served <- srv.ServeTLS(l, "", "") }()
 	_, port, _ := net.SplitHostPort(l.Addr().String())
@@ -354,6 +358,7 @@ func Run(ctx context.Context, o Options) error {
 		runErr = fmt.Errorf("serving: %w", err)
 	}
 	cancel(nil)
+	stopping(health)
 	if held != nil {
 		<-held // deregisters (bounded by Hold)
 	}
@@ -424,4 +429,20 @@ func writeTiny(eo reference.Options) error {
 		return fmt.Errorf("writing the built-in model: %w", err)
 	}
 	return nil
+}
+
+// healthMaxBytes bounds a health request (a service name).
+const healthMaxBytes = 4 << 10
+
+// newHealth is the worker's health: SERVING for the server as a whole and for each of its
+// services, until it stops.
+func newHealth() *grpchealth.StaticChecker {
+	return grpchealth.NewStaticChecker(backendv1connect.TrainerServiceName, backendv1connect.SamplerServiceName)
+}
+
+// stopping makes every service NOT_SERVING: the worker is shutting down.
+func stopping(h *grpchealth.StaticChecker) {
+	for _, name := range []string{"", backendv1connect.TrainerServiceName, backendv1connect.SamplerServiceName} {
+		h.SetStatus(name, grpchealth.StatusNotServing)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"connectrpc.com/grpchealth"
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
@@ -416,4 +418,35 @@ func TestStrangersGetNothing(t *testing.T) {
 	require.NoError(t, os.MkdirAll(dir, 0o700))
 	r := start(t, g, Options{Engine: eo, AllowDirs: []string{dir}})
 	poolstest.CheckStrangers(t, g.auth, worker.PoolID(tiny.Name), r.addr, dir)
+}
+
+// TestHealth: the worker answers the standard grpc.health.v1 service over its mutual TLS
+// (SERVING, per service too), NOT_SERVING once it stops, and nothing to a client without
+// the gateway's certificate.
+func TestHealth(t *testing.T) {
+	eo, _ := engineOptions(t)
+	g := newGateway(t)
+	r := start(t, g, Options{Engine: eo})
+	hc := g.client(t)
+	cl := grpchealth.NewClient(hc, "https://"+r.addr, connect.WithGRPC())
+	for _, service := range []string{"", backendv1connect.TrainerServiceName, backendv1connect.SamplerServiceName} {
+		res, err := cl.Check(t.Context(), &grpchealth.CheckRequest{Service: service})
+		require.NoError(t, err, service)
+		require.Equal(t, grpchealth.StatusServing, res.Status, service)
+	}
+	_, err := cl.Check(t.Context(), &grpchealth.CheckRequest{Service: "loops.v1.TrainingService"})
+	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err))
+
+	stranger := mtls.HTTPClient(&tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: true}) //nolint:gosec // a stranger's client
+	_, err = grpchealth.NewClient(stranger, "https://"+r.addr, connect.WithGRPC()).Check(t.Context(), &grpchealth.CheckRequest{})
+	require.Error(t, err, "a client without the gateway's certificate")
+
+	watch := cl.Watch(t.Context(), &grpchealth.CheckRequest{})
+	ev := <-watch
+	require.NoError(t, ev.Err)
+	require.Equal(t, grpchealth.StatusServing, ev.Response.Status)
+	r.cancel() // the worker stops
+	ev = <-watch
+	require.NoError(t, ev.Err)
+	require.Equal(t, grpchealth.StatusNotServing, ev.Response.Status)
 }

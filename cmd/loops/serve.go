@@ -39,7 +39,9 @@ type serveFlags struct {
 	logLevel             string
 	logFormat            string
 
-	bodyReadTimeout   time.Duration
+	bodyReadTimeout time.Duration
+	// drainDelay is --drain-delay (gateway.Config.DrainDelay).
+	drainDelay        time.Duration
 	longPoll          time.Duration
 	fairnessTarget    float64
 	maxRequestsPerKey int
@@ -153,6 +155,7 @@ max LoRA rank, runs at once, queued operations, sampling concurrency): see the
 	fl.DurationVar(&f.longPoll, "long-poll", 25*time.Second, "how long Tinker's retrieve_future holds a pending operation before answering try_again with its queue state (at most 40s: the tinker SDK's read timeout is 45s)")
 	fl.Float64Var(&f.fairnessTarget, "fairness-target", 0, "the p99 latency inflation (time from submission to end over the operation's own service time) a workspace may see; /metrics exports loops_fairness_slo_breached per workspace against it (0: no target)")
 	fl.DurationVar(&f.bodyReadTimeout, "body-read-timeout", gateway.DefaultBodyReadTimeout, "how long a request body has to arrive once its headers have; a stalled body is cut off then (responses and long-polls are not limited)")
+	fl.DurationVar(&f.drainDelay, "drain-delay", 0, fmt.Sprintf("on shutdown (SIGTERM), how long to keep serving once gRPC health and /readyz say NOT_SERVING, so that load balancers and Kubernetes stop sending first (at most %s, within the %s shutdown grace)", maxDrainDelay, shutdownGrace))
 	fl.IntVar(&f.maxRequestsPerKey, "max-requests-per-key", auth.DefaultMaxRequestsPerKey, "requests one API key may have in flight at once (429 beyond); -1 for no cap")
 	fl.StringVar(&f.checkpointStore, "checkpoint-store", env("LOOPS_CHECKPOINT_STORE", ""), "where checkpoint files go: s3://bucket/prefix (AWS_* environment variables) or a folder; default: checkpoint-store in --data-dir")
 	fl.StringSliceVar(&f.trustedProxies, "trusted-proxy", envList("LOOPS_TRUSTED_PROXIES", nil), "address or CIDR of a reverse proxy in front of the server (repeatable): only from these is X-Forwarded-For (the client address that wrong keys are throttled by) and X-Forwarded-Proto (https makes the console's cookie Secure) believed")
@@ -161,6 +164,13 @@ max LoRA rank, runs at once, queued operations, sampling concurrency): see the
 	fl.StringVar(&f.workspacePolicy, "workspace-policy", env("LOOPS_WORKSPACE_POLICY", ""), "YAML or JSON file of per-workspace limits: allowed models, max sequence length and LoRA rank, runs, queued operations, sampling concurrency (see docs/semantics.md)")
 	return cmd
 }
+
+// shutdownGrace is how long a shutdown (SIGTERM, Ctrl-C) may take: the drain delay, then
+// requests and backend calls in flight finishing.
+const shutdownGrace = 20 * time.Second
+
+// maxDrainDelay bounds --drain-delay, leaving most of the grace to the requests in flight.
+const maxDrainDelay = 10 * time.Second
 
 func runServe(ctx context.Context, f serveFlags) error {
 	log, err := newLogger(f.logLevel, f.logFormat)
@@ -190,6 +200,9 @@ func runServe(ctx context.Context, f serveFlags) error {
 	}
 	if f.trainChunkTokens < core.MinChunkTokens || f.trainChunkTokens > core.MaxChunkTokens {
 		return fmt.Errorf("--train-chunk-tokens %d is out of range: use %d to %d", f.trainChunkTokens, core.MinChunkTokens, core.MaxChunkTokens)
+	}
+	if f.drainDelay < 0 || f.drainDelay > maxDrainDelay {
+		return fmt.Errorf("--drain-delay %v is out of range: use 0 to %s (the shutdown grace is %s)", f.drainDelay, maxDrainDelay, shutdownGrace)
 	}
 	if f.trainConcurrency < 1 || f.trainConcurrency > core.MaxLaneConcurrency {
 		return fmt.Errorf("--train-concurrency %d is out of range: use 1 to %d", f.trainConcurrency, core.MaxLaneConcurrency)
@@ -289,6 +302,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 			MaxRequestsPerKey: f.maxRequestsPerKey,
 			LongPoll:          f.longPoll,
 		},
+		DrainDelay:     f.drainDelay,
 		Logger:         log,
 		Lease:          leaseCfg,
 		Jobs:           f.jobs.config(),
@@ -341,7 +355,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 	case <-ctx.Done():
 	}
 	log.Info("shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
 	return srv.Close(sctx)
 }
