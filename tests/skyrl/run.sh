@@ -32,6 +32,7 @@ trap cleanup EXIT
 export LOOPS_PYENV_BEFORE_INSTALL="bash $root/tests/sdk_matrix/torch_overlay.sh"
 venv=$(scripts/pyenv.sh "skyrl-$version" "skyrl[tinker,jax]==$version" "tinker==$tinker")
 go build -o "$work/loops" ./cmd/loops
+loops_rev=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!docs' || echo "+changes")
 
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_up() { # URL LOG PID
@@ -83,7 +84,6 @@ else
 fi
 cp "$work"/*.json "$work"/*.log "$logs/" 2>/dev/null || true
 
-loops_rev=$(git rev-parse --short HEAD)
 python3 tests/skyrl/matrix.py "$out" \
   "Loops $loops_rev=$work/loops-proto.json" "SkyRL $version=$work/skyrl-proto.json" \
   --note "# Cross-server conformance: Loops and SkyRL" \
