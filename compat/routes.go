@@ -41,6 +41,8 @@ func (s *server) routes(mux *http.ServeMux) {
 
 	// Futures.
 	s.edge.Handle(mux, "POST /api/v1/retrieve_future", s.retrieveFuture)
+	s.edge.Handle(mux, "POST /api/v1/retrieve_futures", s.retrieveFutures)
+	s.edge.Handle(mux, "POST /api/v1/cancel_future", s.cancelFuture)
 
 	// REST: runs, checkpoints, sessions.
 	s.edge.Handle(mux, "GET /api/v1/training_runs", s.listTrainingRuns)
@@ -62,8 +64,6 @@ func (s *server) routes(mux *http.ServeMux) {
 	// Tinker routes Loops does not serve (all flag-gated or admin-only in SDK 0.38.0).
 	for _, p := range []string{
 		"POST /api/v1/auth/token",
-		"POST /api/v1/cancel_future",
-		"POST /api/v1/retrieve_futures",
 		"POST /api/v1/join_sampling_session",
 		"POST /api/v1/create_custom_loss",
 		"POST /api/v1/copy_weights",
@@ -157,7 +157,7 @@ func (s *server) dynamicConfig(w http.ResponseWriter, r *http.Request) error {
 	if _, err := s.readBody(w, r); err != nil {
 		return err
 	}
-	s.edge.WriteJSON(w, http.StatusOK, map[string]any{"refresh_interval_sec": 300, "sample_cancel_enabled": false})
+	s.edge.WriteJSON(w, http.StatusOK, map[string]any{"refresh_interval_sec": 300, "sample_cancel_enabled": true})
 	return nil
 }
 

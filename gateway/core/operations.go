@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/loops-dev/loops/internal/lockorder"
@@ -36,7 +37,11 @@ type operation struct {
 	// backend's time on it: setService; else started to done), for the fairness metrics.
 	started time.Time
 	service time.Duration
-	done    chan struct{}
+	// cancelled: its client cancelled it (CancelOperation); it ends CANCELLED, its result
+	// dropped. fin orders the finished ones of a sampler (Completions): set when published.
+	cancelled bool
+	fin       int64
+	done      chan struct{}
 }
 
 func (o *operation) snapshot() *loopsv1.Operation {
@@ -54,6 +59,13 @@ type operations struct {
 	results *resultcache.Cache
 	mu      lockorder.Mutex[rankOperations]
 	byID    map[string]*operation
+	// samplerDone lists each sampler's finished samples in memory, in the order they were
+	// published (Completions); they leave with the operations (evictFinishedBefore).
+	samplerDone map[string][]*operation
+	// finSeq numbers published outcomes from a base that grows across restarts (the start
+	// time), and published is closed and replaced at each one (waiters of Completions).
+	finSeq    atomic.Int64
+	published atomic.Pointer[chan struct{}]
 }
 
 // newOperations is called by New before it fails unfinished operations and recovers runs:
@@ -67,11 +79,15 @@ func newOperations(c *Core) *operations {
 		c.log.Error("replaying the journal failed; it is kept for the next start", slog.Any("err", err))
 	}
 	c.store = writebehind.NewReadStore(c.store, p)
-	return &operations{
-		core: c, byID: map[string]*operation{},
+	ops := &operations{
+		core: c, byID: map[string]*operation{}, samplerDone: map[string][]*operation{},
 		persist: p,
 		results: resultcache.New(c.opts.ResultCacheBytes, c.opts.ResultCacheTTL, c.now),
 	}
+	ops.finSeq.Store(time.Now().UnixNano())
+	ch := make(chan struct{})
+	ops.published.Store(&ch)
+	return ops
 }
 
 // create registers a pending operation and queues its record for the store. It never
@@ -139,10 +155,13 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 	}
 	o.finishing = true
 	next := proto.CloneOf(o.op)
-	started, service := o.started, o.service
+	started, service, cancelled := o.started, o.service, o.cancelled
 	o.mu.Unlock()
 	now := ops.core.now()
 	next.DoneTime = timestamppb.New(now)
+	if cancelled {
+		set, err = nil, cancelError(err)
+	}
 	if err == nil && !started.IsZero() {
 		if service <= 0 {
 			service = now.Sub(started)
@@ -150,7 +169,11 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 		created := next.GetCreateTime().AsTime()
 		ops.core.fair.Observe(o.workspace, kindLabel(next.Kind), started.Sub(created), now.Sub(created), service)
 	}
-	if err != nil {
+	switch {
+	case cancelled:
+		next.State = loopsv1.OperationState_OPERATION_STATE_CANCELLED
+		next.Error, _ = operationError(err)
+	case err != nil:
 		next.State = loopsv1.OperationState_OPERATION_STATE_FAILED
 		// Backend errors may name the server's folders; clients see store-relative paths.
 		var errID string
@@ -159,7 +182,7 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 			ops.core.log.Error("operation failed", slog.String("op", next.Id), slog.String("kind", kindLabel(next.Kind)),
 				slog.String("error_id", errID), slog.Any("err", err))
 		}
-	} else {
+	default:
 		next.State = loopsv1.OperationState_OPERATION_STATE_SUCCEEDED
 		if set != nil {
 			set(next)
@@ -174,8 +197,16 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 		}
 		o.mu.Lock()
 		o.op = small
+		o.fin = ops.finSeq.Add(1)
 		o.mu.Unlock()
 		close(o.done)
+		if small.GetKind() == loopsv1.OperationKind_OPERATION_KIND_SAMPLE && small.GetSamplerId() != "" {
+			ops.mu.Lock()
+			ops.samplerDone[small.GetSamplerId()] = append(ops.samplerDone[small.GetSamplerId()], o)
+			ops.mu.Unlock()
+		}
+		wake := make(chan struct{})
+		close(*ops.published.Swap(&wake))
 		ops.core.metrics.opsFinished.WithLabelValues(kindLabel(next.Kind), stateLabel(next.State)).Inc()
 		ops.core.metrics.opDuration.WithLabelValues(kindLabel(next.Kind)).Observe(next.DoneTime.AsTime().Sub(next.CreateTime.AsTime()).Seconds())
 	})
@@ -248,6 +279,20 @@ func (ops *operations) evictFinishedBefore(t time.Time) {
 			delete(ops.byID, id)
 		}
 	}
+	for sampler, done := range ops.samplerDone {
+		// A new slice: Completions reads the old one without the lock.
+		var kept []*operation
+		for _, o := range done {
+			if ops.byID[o.id] != nil {
+				kept = append(kept, o)
+			}
+		}
+		if len(kept) == 0 {
+			delete(ops.samplerDone, sampler)
+		} else {
+			ops.samplerDone[sampler] = kept
+		}
+	}
 }
 
 // flush waits until the outcomes decided so far are committed and published (Drain).
@@ -257,7 +302,11 @@ func (ops *operations) flush(ctx context.Context) error { return ops.persist.Flu
 func (ops *operations) close() { ops.persist.Close() }
 
 func isDone(op *loopsv1.Operation) bool {
-	return op.State == loopsv1.OperationState_OPERATION_STATE_SUCCEEDED || op.State == loopsv1.OperationState_OPERATION_STATE_FAILED
+	switch op.State {
+	case loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, loopsv1.OperationState_OPERATION_STATE_FAILED, loopsv1.OperationState_OPERATION_STATE_CANCELLED:
+		return true
+	}
+	return false
 }
 
 // OperationService implements loops.v1 OperationService.

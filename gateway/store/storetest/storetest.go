@@ -175,6 +175,12 @@ func operation(id string, state loopsv1.OperationState, created time.Duration) *
 		op.Error = &loopsv1.OperationError{
 			Code: 3, Message: "bad input", Category: loopsv1.ErrorCategory_ERROR_CATEGORY_USER,
 		}
+	case loopsv1.OperationState_OPERATION_STATE_CANCELLED:
+		op.DoneTime = ts(created + time.Minute)
+		op.CancelTime = ts(created + time.Second)
+		op.Error = &loopsv1.OperationError{
+			Code: 1, Message: "cancelled by its client", Category: loopsv1.ErrorCategory_ERROR_CATEGORY_USER,
+		}
 	}
 	return op
 }
@@ -608,10 +614,13 @@ func testFailUnfinishedOperations(t *testing.T, open func(t *testing.T) store.St
 	running.TrainingRunId = "run-b"
 	succeeded := operation("succeeded", loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, 2*time.Second)
 	failed := operation("failed", loopsv1.OperationState_OPERATION_STATE_FAILED, 3*time.Second)
+	// A cancelled operation is done: a restart leaves it (and its cancel_time) as it is.
+	cancelled := operation("cancelled", loopsv1.OperationState_OPERATION_STATE_CANCELLED, 4*time.Second)
 	require.NoError(t, st.PutOperation(ctx, wsA, pending))
 	require.NoError(t, st.PutOperation(ctx, wsB, running))
 	require.NoError(t, st.PutOperation(ctx, wsA, succeeded))
 	require.NoError(t, st.PutOperation(ctx, wsA, failed))
+	require.NoError(t, st.PutOperation(ctx, wsA, cancelled))
 
 	n, err = st.FailUnfinishedOperations(ctx, cause, now)
 	require.NoError(t, err)
@@ -629,7 +638,7 @@ func testFailUnfinishedOperations(t *testing.T, open func(t *testing.T) store.St
 		require.NoError(t, err)
 		requireProtoEqual(t, want, got)
 	}
-	for _, op := range []*loopsv1.Operation{succeeded, failed} {
+	for _, op := range []*loopsv1.Operation{succeeded, failed, cancelled} {
 		got, err := st.GetOperation(ctx, wsA, op.GetId())
 		require.NoError(t, err)
 		requireProtoEqual(t, op, got)
@@ -642,7 +651,7 @@ func testFailUnfinishedOperations(t *testing.T, open func(t *testing.T) store.St
 	require.Zero(t, n)
 	deleted, err := st.DeleteOperationsDoneBefore(ctx, now.Add(time.Second))
 	require.NoError(t, err)
-	require.Equal(t, 4, deleted)
+	require.Equal(t, 5, deleted)
 }
 
 func testDeleteOperationsDoneBefore(t *testing.T, open func(t *testing.T) store.Store) {

@@ -175,5 +175,6 @@ func NullNanos(ts *timestamppb.Timestamp) *int64 {
 // IsDone reports whether an operation in state st has finished.
 func IsDone(st loopsv1.OperationState) bool {
 	return st == loopsv1.OperationState_OPERATION_STATE_SUCCEEDED ||
-		st == loopsv1.OperationState_OPERATION_STATE_FAILED
+		st == loopsv1.OperationState_OPERATION_STATE_FAILED ||
+		st == loopsv1.OperationState_OPERATION_STATE_CANCELLED
 }

@@ -17,7 +17,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file loops/v1/operations.proto.
  */
 export const file_loops_v1_operations: GenFile = /*@__PURE__*/
-  fileDesc("Chlsb29wcy92MS9vcGVyYXRpb25zLnByb3RvEghsb29wcy52MSJaCg5PcGVyYXRpb25FcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSKQoIY2F0ZWdvcnkYAyABKA4yFy5sb29wcy52MS5FcnJvckNhdGVnb3J5Il8KEVNhdmVXZWlnaHRzUmVzdWx0EgwKBHBhdGgYASABKAkSEgoKc2FtcGxlcl9pZBgCIAEoCRIoCgpjaGVja3BvaW50GAMgASgLMhQubG9vcHMudjEuQ2hlY2twb2ludCI6ChFMb2FkV2VpZ2h0c1Jlc3VsdBIMCgRwYXRoGAEgASgJEhcKD3RyYWluaW5nX3J1bl9pZBgCIAEoCSIyChdVbmxvYWRUcmFpbmluZ1J1blJlc3VsdBIXCg90cmFpbmluZ19ydW5faWQYASABKAkiwwUKCU9wZXJhdGlvbhIKCgJpZBgBIAEoCRIlCgRraW5kGAIgASgOMhcubG9vcHMudjEuT3BlcmF0aW9uS2luZBInCgVzdGF0ZRgDIAEoDjIYLmxvb3BzLnYxLk9wZXJhdGlvblN0YXRlEhcKD3RyYWluaW5nX3J1bl9pZBgEIAEoCRISCgpzYW1wbGVyX2lkGAUgASgJEg4KBnNlcV9pZBgGIAEoAxIvCgtjcmVhdGVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLQoJZG9uZV90aW1lGAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBInCgVlcnJvchgJIAEoCzIYLmxvb3BzLnYxLk9wZXJhdGlvbkVycm9yEi0KDHRyYWluaW5nX3J1bhgKIAEoCzIVLmxvb3BzLnYxLlRyYWluaW5nUnVuSAASOwoQZm9yd2FyZF9iYWNrd2FyZBgLIAEoCzIfLmxvb3BzLnYxLkZvcndhcmRCYWNrd2FyZFJlc3VsdEgAEi8KCm9wdGltX3N0ZXAYDCABKAsyGS5sb29wcy52MS5PcHRpbVN0ZXBSZXN1bHRIABIzCgxzYXZlX3dlaWdodHMYDSABKAsyGy5sb29wcy52MS5TYXZlV2VpZ2h0c1Jlc3VsdEgAEjMKDGxvYWRfd2VpZ2h0cxgOIAEoCzIbLmxvb3BzLnYxLkxvYWRXZWlnaHRzUmVzdWx0SAASKAoGc2FtcGxlGA8gASgLMhYubG9vcHMudjEuU2FtcGxlUmVzdWx0SAASMwoGdW5sb2FkGBAgASgLMiEubG9vcHMudjEuVW5sb2FkVHJhaW5pbmdSdW5SZXN1bHRIABIkCgVxdWV1ZRgRIAEoCzIVLmxvb3BzLnYxLlF1ZXVlU3RhdHVzQggKBnJlc3VsdCKHAQoLUXVldWVTdGF0dXMSIwoFc3RhdGUYASABKA4yFC5sb29wcy52MS5RdWV1ZVN0YXRlEg4KBnJlYXNvbhgCIAEoCRIQCghwb3NpdGlvbhgDIAEoBRIxCg5lc3RpbWF0ZWRfd2FpdBgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiIhChNHZXRPcGVyYXRpb25SZXF1ZXN0EgoKAmlkGAEgASgJIk4KFFdhaXRPcGVyYXRpb25SZXF1ZXN0EgoKAmlkGAEgASgJEioKB3RpbWVvdXQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24q6QIKDU9wZXJhdGlvbktpbmQSHgoaT1BFUkFUSU9OX0tJTkRfVU5TUEVDSUZJRUQQABImCiJPUEVSQVRJT05fS0lORF9DUkVBVEVfVFJBSU5JTkdfUlVOEAESGgoWT1BFUkFUSU9OX0tJTkRfRk9SV0FSRBACEiMKH09QRVJBVElPTl9LSU5EX0ZPUldBUkRfQkFDS1dBUkQQAxIdChlPUEVSQVRJT05fS0lORF9PUFRJTV9TVEVQEAQSHwobT1BFUkFUSU9OX0tJTkRfU0FWRV9XRUlHSFRTEAUSKwonT1BFUkFUSU9OX0tJTkRfU0FWRV9XRUlHSFRTX0ZPUl9TQU1QTEVSEAYSHwobT1BFUkFUSU9OX0tJTkRfTE9BRF9XRUlHSFRTEAcSGQoVT1BFUkFUSU9OX0tJTkRfU0FNUExFEAgSJgoiT1BFUkFUSU9OX0tJTkRfVU5MT0FEX1RSQUlOSU5HX1JVThAJKqYBCg5PcGVyYXRpb25TdGF0ZRIfChtPUEVSQVRJT05fU1RBVEVfVU5TUEVDSUZJRUQQABIbChdPUEVSQVRJT05fU1RBVEVfUEVORElORxABEhsKF09QRVJBVElPTl9TVEFURV9SVU5OSU5HEAISHQoZT1BFUkFUSU9OX1NUQVRFX1NVQ0NFRURFRBADEhoKFk9QRVJBVElPTl9TVEFURV9GQUlMRUQQBCpjCg1FcnJvckNhdGVnb3J5Eh4KGkVSUk9SX0NBVEVHT1JZX1VOU1BFQ0lGSUVEEAASFwoTRVJST1JfQ0FURUdPUllfVVNFUhABEhkKFUVSUk9SX0NBVEVHT1JZX1NFUlZFUhACKoUBCgpRdWV1ZVN0YXRlEhsKF1FVRVVFX1NUQVRFX1VOU1BFQ0lGSUVEEAASFgoSUVVFVUVfU1RBVEVfQUNUSVZFEAESHwobUVVFVUVfU1RBVEVfUEFVU0VEX0NBUEFDSVRZEAISIQodUVVFVUVfU1RBVEVfUEFVU0VEX1JBVEVfTElNSVQQAzLeAQoQT3BlcmF0aW9uU2VydmljZRJfCgxHZXRPcGVyYXRpb24SHS5sb29wcy52MS5HZXRPcGVyYXRpb25SZXF1ZXN0GhMubG9vcHMudjEuT3BlcmF0aW9uIhuC0+STAhUSEy92MS9vcGVyYXRpb25zL3tpZH0SaQoNV2FpdE9wZXJhdGlvbhIeLmxvb3BzLnYxLldhaXRPcGVyYXRpb25SZXF1ZXN0GhMubG9vcHMudjEuT3BlcmF0aW9uIiOC0+STAh06ASoiGC92MS9vcGVyYXRpb25zL3tpZH0vd2FpdGIGcHJvdG8z", [file_google_api_annotations, file_google_protobuf_duration, file_google_protobuf_timestamp, file_loops_v1_resources, file_loops_v1_types]);
+  fileDesc("Chlsb29wcy92MS9vcGVyYXRpb25zLnByb3RvEghsb29wcy52MSJaCg5PcGVyYXRpb25FcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSKQoIY2F0ZWdvcnkYAyABKA4yFy5sb29wcy52MS5FcnJvckNhdGVnb3J5Il8KEVNhdmVXZWlnaHRzUmVzdWx0EgwKBHBhdGgYASABKAkSEgoKc2FtcGxlcl9pZBgCIAEoCRIoCgpjaGVja3BvaW50GAMgASgLMhQubG9vcHMudjEuQ2hlY2twb2ludCI6ChFMb2FkV2VpZ2h0c1Jlc3VsdBIMCgRwYXRoGAEgASgJEhcKD3RyYWluaW5nX3J1bl9pZBgCIAEoCSIyChdVbmxvYWRUcmFpbmluZ1J1blJlc3VsdBIXCg90cmFpbmluZ19ydW5faWQYASABKAki9AUKCU9wZXJhdGlvbhIKCgJpZBgBIAEoCRIlCgRraW5kGAIgASgOMhcubG9vcHMudjEuT3BlcmF0aW9uS2luZBInCgVzdGF0ZRgDIAEoDjIYLmxvb3BzLnYxLk9wZXJhdGlvblN0YXRlEhcKD3RyYWluaW5nX3J1bl9pZBgEIAEoCRISCgpzYW1wbGVyX2lkGAUgASgJEg4KBnNlcV9pZBgGIAEoAxIvCgtjcmVhdGVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLQoJZG9uZV90aW1lGAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBInCgVlcnJvchgJIAEoCzIYLmxvb3BzLnYxLk9wZXJhdGlvbkVycm9yEi0KDHRyYWluaW5nX3J1bhgKIAEoCzIVLmxvb3BzLnYxLlRyYWluaW5nUnVuSAASOwoQZm9yd2FyZF9iYWNrd2FyZBgLIAEoCzIfLmxvb3BzLnYxLkZvcndhcmRCYWNrd2FyZFJlc3VsdEgAEi8KCm9wdGltX3N0ZXAYDCABKAsyGS5sb29wcy52MS5PcHRpbVN0ZXBSZXN1bHRIABIzCgxzYXZlX3dlaWdodHMYDSABKAsyGy5sb29wcy52MS5TYXZlV2VpZ2h0c1Jlc3VsdEgAEjMKDGxvYWRfd2VpZ2h0cxgOIAEoCzIbLmxvb3BzLnYxLkxvYWRXZWlnaHRzUmVzdWx0SAASKAoGc2FtcGxlGA8gASgLMhYubG9vcHMudjEuU2FtcGxlUmVzdWx0SAASMwoGdW5sb2FkGBAgASgLMiEubG9vcHMudjEuVW5sb2FkVHJhaW5pbmdSdW5SZXN1bHRIABIkCgVxdWV1ZRgRIAEoCzIVLmxvb3BzLnYxLlF1ZXVlU3RhdHVzEi8KC2NhbmNlbF90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEIICgZyZXN1bHQihwEKC1F1ZXVlU3RhdHVzEiMKBXN0YXRlGAEgASgOMhQubG9vcHMudjEuUXVldWVTdGF0ZRIOCgZyZWFzb24YAiABKAkSEAoIcG9zaXRpb24YAyABKAUSMQoOZXN0aW1hdGVkX3dhaXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iIQoTR2V0T3BlcmF0aW9uUmVxdWVzdBIKCgJpZBgBIAEoCSJOChRXYWl0T3BlcmF0aW9uUmVxdWVzdBIKCgJpZBgBIAEoCRIqCgd0aW1lb3V0GAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIiQKFkNhbmNlbE9wZXJhdGlvblJlcXVlc3QSCgoCaWQYASABKAkiKAoZQmF0Y2hHZXRPcGVyYXRpb25zUmVxdWVzdBILCgNpZHMYASADKAkiSAoaQmF0Y2hHZXRPcGVyYXRpb25zUmVzcG9uc2USKgoHcmVzdWx0cxgBIAMoCzIZLmxvb3BzLnYxLk9wZXJhdGlvbkxvb2t1cCJuCg9PcGVyYXRpb25Mb29rdXASCgoCaWQYASABKAkSJgoJb3BlcmF0aW9uGAIgASgLMhMubG9vcHMudjEuT3BlcmF0aW9uEicKBWVycm9yGAMgASgLMhgubG9vcHMudjEuT3BlcmF0aW9uRXJyb3Iq6QIKDU9wZXJhdGlvbktpbmQSHgoaT1BFUkFUSU9OX0tJTkRfVU5TUEVDSUZJRUQQABImCiJPUEVSQVRJT05fS0lORF9DUkVBVEVfVFJBSU5JTkdfUlVOEAESGgoWT1BFUkFUSU9OX0tJTkRfRk9SV0FSRBACEiMKH09QRVJBVElPTl9LSU5EX0ZPUldBUkRfQkFDS1dBUkQQAxIdChlPUEVSQVRJT05fS0lORF9PUFRJTV9TVEVQEAQSHwobT1BFUkFUSU9OX0tJTkRfU0FWRV9XRUlHSFRTEAUSKwonT1BFUkFUSU9OX0tJTkRfU0FWRV9XRUlHSFRTX0ZPUl9TQU1QTEVSEAYSHwobT1BFUkFUSU9OX0tJTkRfTE9BRF9XRUlHSFRTEAcSGQoVT1BFUkFUSU9OX0tJTkRfU0FNUExFEAgSJgoiT1BFUkFUSU9OX0tJTkRfVU5MT0FEX1RSQUlOSU5HX1JVThAJKsUBCg5PcGVyYXRpb25TdGF0ZRIfChtPUEVSQVRJT05fU1RBVEVfVU5TUEVDSUZJRUQQABIbChdPUEVSQVRJT05fU1RBVEVfUEVORElORxABEhsKF09QRVJBVElPTl9TVEFURV9SVU5OSU5HEAISHQoZT1BFUkFUSU9OX1NUQVRFX1NVQ0NFRURFRBADEhoKFk9QRVJBVElPTl9TVEFURV9GQUlMRUQQBBIdChlPUEVSQVRJT05fU1RBVEVfQ0FOQ0VMTEVEEAUqYwoNRXJyb3JDYXRlZ29yeRIeChpFUlJPUl9DQVRFR09SWV9VTlNQRUNJRklFRBAAEhcKE0VSUk9SX0NBVEVHT1JZX1VTRVIQARIZChVFUlJPUl9DQVRFR09SWV9TRVJWRVIQAiqFAQoKUXVldWVTdGF0ZRIbChdRVUVVRV9TVEFURV9VTlNQRUNJRklFRBAAEhYKElFVRVVFX1NUQVRFX0FDVElWRRABEh8KG1FVRVVFX1NUQVRFX1BBVVNFRF9DQVBBQ0lUWRACEiEKHVFVRVVFX1NUQVRFX1BBVVNFRF9SQVRFX0xJTUlUEAMy1QMKEE9wZXJhdGlvblNlcnZpY2USXwoMR2V0T3BlcmF0aW9uEh0ubG9vcHMudjEuR2V0T3BlcmF0aW9uUmVxdWVzdBoTLmxvb3BzLnYxLk9wZXJhdGlvbiIbgtPkkwIVEhMvdjEvb3BlcmF0aW9ucy97aWR9EmkKDVdhaXRPcGVyYXRpb24SHi5sb29wcy52MS5XYWl0T3BlcmF0aW9uUmVxdWVzdBoTLmxvb3BzLnYxLk9wZXJhdGlvbiIjgtPkkwIdOgEqIhgvdjEvb3BlcmF0aW9ucy97aWR9L3dhaXQSbwoPQ2FuY2VsT3BlcmF0aW9uEiAubG9vcHMudjEuQ2FuY2VsT3BlcmF0aW9uUmVxdWVzdBoTLmxvb3BzLnYxLk9wZXJhdGlvbiIlgtPkkwIfOgEqIhovdjEvb3BlcmF0aW9ucy97aWR9L2NhbmNlbBKDAQoSQmF0Y2hHZXRPcGVyYXRpb25zEiMubG9vcHMudjEuQmF0Y2hHZXRPcGVyYXRpb25zUmVxdWVzdBokLmxvb3BzLnYxLkJhdGNoR2V0T3BlcmF0aW9uc1Jlc3BvbnNlIiKC0+STAhw6ASoiFy92MS9vcGVyYXRpb25zOmJhdGNoR2V0YgZwcm90bzM", [file_google_api_annotations, file_google_protobuf_duration, file_google_protobuf_timestamp, file_loops_v1_resources, file_loops_v1_types]);
 
 /**
  * OperationError is why an operation failed.
@@ -235,6 +235,13 @@ export type Operation = Message<"loops.v1.Operation"> & {
    * @generated from field: loops.v1.QueueStatus queue = 17;
    */
   queue?: QueueStatus | undefined;
+
+  /**
+   * When its client asked to cancel it (CancelOperation); unset when nobody did.
+   *
+   * @generated from field: google.protobuf.Timestamp cancel_time = 18;
+   */
+  cancelTime?: Timestamp | undefined;
 };
 
 /**
@@ -326,6 +333,95 @@ export type WaitOperationRequest = Message<"loops.v1.WaitOperationRequest"> & {
  */
 export const WaitOperationRequestSchema: GenMessage<WaitOperationRequest> = /*@__PURE__*/
   messageDesc(file_loops_v1_operations, 7);
+
+/**
+ * @generated from message loops.v1.CancelOperationRequest
+ */
+export type CancelOperationRequest = Message<"loops.v1.CancelOperationRequest"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+};
+
+/**
+ * Describes the message loops.v1.CancelOperationRequest.
+ * Use `create(CancelOperationRequestSchema)` to create a new message.
+ */
+export const CancelOperationRequestSchema: GenMessage<CancelOperationRequest> = /*@__PURE__*/
+  messageDesc(file_loops_v1_operations, 8);
+
+/**
+ * @generated from message loops.v1.BatchGetOperationsRequest
+ */
+export type BatchGetOperationsRequest = Message<"loops.v1.BatchGetOperationsRequest"> & {
+  /**
+   * At most 100 ids, each given once.
+   *
+   * @generated from field: repeated string ids = 1;
+   */
+  ids: string[];
+};
+
+/**
+ * Describes the message loops.v1.BatchGetOperationsRequest.
+ * Use `create(BatchGetOperationsRequestSchema)` to create a new message.
+ */
+export const BatchGetOperationsRequestSchema: GenMessage<BatchGetOperationsRequest> = /*@__PURE__*/
+  messageDesc(file_loops_v1_operations, 9);
+
+/**
+ * @generated from message loops.v1.BatchGetOperationsResponse
+ */
+export type BatchGetOperationsResponse = Message<"loops.v1.BatchGetOperationsResponse"> & {
+  /**
+   * One per requested id, in the request's order.
+   *
+   * @generated from field: repeated loops.v1.OperationLookup results = 1;
+   */
+  results: OperationLookup[];
+};
+
+/**
+ * Describes the message loops.v1.BatchGetOperationsResponse.
+ * Use `create(BatchGetOperationsResponseSchema)` to create a new message.
+ */
+export const BatchGetOperationsResponseSchema: GenMessage<BatchGetOperationsResponse> = /*@__PURE__*/
+  messageDesc(file_loops_v1_operations, 10);
+
+/**
+ * OperationLookup is one id's answer in a batch: the operation, or why there is none.
+ *
+ * @generated from message loops.v1.OperationLookup
+ */
+export type OperationLookup = Message<"loops.v1.OperationLookup"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * The operation without its large result; unset when error is set.
+   *
+   * @generated from field: loops.v1.Operation operation = 2;
+   */
+  operation?: Operation | undefined;
+
+  /**
+   * Why the id has no operation (code NOT_FOUND: it does not exist, belongs to another
+   * workspace, or finished too long ago).
+   *
+   * @generated from field: loops.v1.OperationError error = 3;
+   */
+  error?: OperationError | undefined;
+};
+
+/**
+ * Describes the message loops.v1.OperationLookup.
+ * Use `create(OperationLookupSchema)` to create a new message.
+ */
+export const OperationLookupSchema: GenMessage<OperationLookup> = /*@__PURE__*/
+  messageDesc(file_loops_v1_operations, 11);
 
 /**
  * OperationKind is what an operation does.
@@ -420,6 +516,14 @@ export enum OperationState {
    * @generated from enum value: OPERATION_STATE_FAILED = 4;
    */
   FAILED = 4,
+
+  /**
+   * Cancelled by its client (CancelOperation, Tinker's cancel_future): error says whether it
+   * was removed from its queue or finished and had its result dropped.
+   *
+   * @generated from enum value: OPERATION_STATE_CANCELLED = 5;
+   */
+  CANCELLED = 5,
 }
 
 /**
@@ -528,6 +632,33 @@ export const OperationService: GenService<{
     methodKind: "unary";
     input: typeof WaitOperationRequestSchema;
     output: typeof OperationSchema;
+  },
+  /**
+   * CancelOperation cancels an operation. A queued one is removed before it runs: it ends
+   * CANCELLED and its seq_id is consumed without effect, so the run goes on with the next one.
+   * A running one finishes (its effect on the run is kept) and ends CANCELLED, its result
+   * dropped. A finished one is unchanged. The answer is the operation as it stands after the
+   * call; cancel_time says the cancel was recorded.
+   *
+   * @generated from rpc loops.v1.OperationService.CancelOperation
+   */
+  cancelOperation: {
+    methodKind: "unary";
+    input: typeof CancelOperationRequestSchema;
+    output: typeof OperationSchema;
+  },
+  /**
+   * BatchGetOperations returns the current state of up to 100 operations at once, without
+   * their large results (forward/backward outputs, samples: read those with GetOperation).
+   * Each id is answered on its own: an id that does not exist or belongs to another
+   * workspace is reported NOT_FOUND in its place, the others are answered.
+   *
+   * @generated from rpc loops.v1.OperationService.BatchGetOperations
+   */
+  batchGetOperations: {
+    methodKind: "unary";
+    input: typeof BatchGetOperationsRequestSchema;
+    output: typeof BatchGetOperationsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_loops_v1_operations, 0);
