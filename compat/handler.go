@@ -32,6 +32,8 @@ type Services struct {
 	Sampling    loopsv1connect.SamplingServiceHandler
 	Models      loopsv1connect.ModelServiceHandler
 	Usage       loopsv1connect.UsageServiceHandler
+	// Traces serves trace_export; nil answers it 404 (not served).
+	Traces loopsv1connect.TraceServiceHandler
 }
 
 // Options tune the Tinker surface. The zero value gives the defaults noted per field.

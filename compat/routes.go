@@ -57,6 +57,7 @@ func (s *server) routes(mux *http.ServeMux) {
 	s.edge.Handle(mux, "GET /api/v1/training_runs/{run}/checkpoints/{kind}/{name}/external_weights_urls", s.externalWeightsURLs)
 	s.edge.Handle(mux, "GET /api/v1/sessions", s.listSessions)
 	s.edge.Handle(mux, "GET /api/v1/sessions/{id}", s.getSession)
+	s.edge.Handle(mux, "GET /api/v1/sessions/{id}/trace_export", s.traceExport)
 
 	// Billing: metered usage.
 	s.edge.Handle(mux, "GET /api/v1/billing/usage/events", s.billingUsageEvents)
@@ -69,7 +70,6 @@ func (s *server) routes(mux *http.ServeMux) {
 		"POST /api/v1/copy_weights",
 		"POST /api/v1/sessions/search",
 		"PUT /api/v1/sessions/{id}/project",
-		"GET /api/v1/sessions/{id}/trace_export",
 		"GET /api/v1/audit",
 		"GET /api/v1/billing/usage/checkpoints/current",
 		"GET /api/v1/auth/apikey/me",

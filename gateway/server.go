@@ -305,7 +305,7 @@ func (s *Server) closeAll() error {
 const compressMinBytes = 4096
 
 // publicPaths need no API key.
-var publicPaths = []string{"/healthz", "/metrics", "/openapi.json", "/api/v1/healthz", ckhttp.ArchivePrefix}
+var publicPaths = []string{"/healthz", "/metrics", "/openapi.json", "/api/v1/healthz", ckhttp.ArchivePrefix, core.TracePathPrefix}
 
 func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Handler, error) {
 	svc := s.core.Services()
@@ -330,6 +330,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	mux.Handle(loopsv1connect.NewUsageServiceHandler(svc.Usage, opts...))
 	mux.Handle(loopsv1connect.NewWorkspaceServiceHandler(svc.Workspace, opts...))
 	mux.Handle(loopsv1connect.NewDeploymentServiceHandler(svc.Deployments, opts...))
+	mux.Handle(loopsv1connect.NewTraceServiceHandler(svc.Traces, opts...))
 	js, err := s.newJobs(ctx)
 	if err != nil {
 		return nil, err
@@ -347,6 +348,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	transfers.DataDir = s.cfg.DataDir
 	transfers.Logger = s.log
 	ckhttp.New(s.core, transfers).Register(mux)
+	registerTraceLinks(mux, s.core, s.log)
 
 	// Tinker's routes.
 	mux.Handle("/api/v1/", edge.countTinker(compat.NewHandler(compat.Services{
@@ -357,6 +359,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		Sampling:    svc.Sampling,
 		Models:      svc.Models,
 		Usage:       svc.Usage,
+		Traces:      svc.Traces,
 	}, compat.Options{
 		MaxBodyBytes:         s.cfg.Limits.MaxBodyBytes,
 		MaxDecompressedBytes: s.cfg.Limits.MaxDecompressedBytes,
@@ -467,6 +470,7 @@ func (s *Server) restHandler(ctx context.Context, edge *edge) (http.Handler, err
 		loopsv1.RegisterUsageServiceHandler,
 		loopsv1.RegisterWorkspaceServiceHandler,
 		loopsv1.RegisterDeploymentServiceHandler,
+		loopsv1.RegisterTraceServiceHandler,
 		loopsv1.RegisterJobServiceHandler,
 		loopsv1.RegisterPoolServiceHandler,
 	} {

@@ -41,7 +41,11 @@ type operation struct {
 	// dropped. fin orders the finished ones of a sampler (Completions): set when published.
 	cancelled bool
 	fin       int64
-	done      chan struct{}
+	// backendStart, backendEnd, batchItems and pieces are its backend work so far
+	// (noteBackend), for its timeline.
+	backendStart, backendEnd time.Time
+	batchItems, pieces       int
+	done                     chan struct{}
 }
 
 func (o *operation) snapshot() *loopsv1.Operation {
@@ -135,6 +139,19 @@ func (ops *operations) setRunning(o *operation) {
 	o.started = ops.core.now()
 }
 
+// noteBackend records a backend call that did (part of) o's work, from start to end, in a
+// batch of items items (0: not a batch), for its timeline.
+func (ops *operations) noteBackend(o *operation, start, end time.Time, items int) {
+	o.mu.Lock()
+	if o.backendStart.IsZero() {
+		o.backendStart = start
+	}
+	o.backendEnd = end
+	o.batchItems = items
+	o.pieces++
+	o.mu.Unlock()
+}
+
 // setService records the backend's time on an operation's work (its service time).
 func (ops *operations) setService(o *operation, d time.Duration) {
 	o.mu.Lock()
@@ -156,6 +173,7 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 	o.finishing = true
 	next := proto.CloneOf(o.op)
 	started, service, cancelled := o.started, o.service, o.cancelled
+	next.Timeline = o.timelineLocked()
 	o.mu.Unlock()
 	now := ops.core.now()
 	next.DoneTime = timestamppb.New(now)
@@ -195,8 +213,14 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 			ops.core.log.Warn("a result larger than the whole result cache is not kept", slog.String("op", next.Id),
 				slog.Int64("result_cache_bytes", ops.results.MaxBytes()))
 		}
+		// The persister holds small: memory gets a copy with the time it was published.
+		pub := proto.CloneOf(small)
+		if pub.Timeline == nil {
+			pub.Timeline = &loopsv1.OperationTimeline{}
+		}
+		pub.Timeline.PersistTime = timestamppb.New(ops.core.now())
 		o.mu.Lock()
-		o.op = small
+		o.op = pub
 		o.fin = ops.finSeq.Add(1)
 		o.mu.Unlock()
 		close(o.done)
@@ -210,6 +234,42 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 		ops.core.metrics.opsFinished.WithLabelValues(kindLabel(next.Kind), stateLabel(next.State)).Inc()
 		ops.core.metrics.opDuration.WithLabelValues(kindLabel(next.Kind)).Observe(next.DoneTime.AsTime().Sub(next.CreateTime.AsTime()).Seconds())
 	})
+}
+
+// timelineLocked is o's timeline so far (o.mu held).
+func (o *operation) timelineLocked() *loopsv1.OperationTimeline {
+	tl := proto.CloneOf(o.op.GetTimeline())
+	if tl == nil {
+		tl = &loopsv1.OperationTimeline{}
+	}
+	if !o.started.IsZero() {
+		tl.StartTime = timestamppb.New(o.started)
+	}
+	if !o.backendStart.IsZero() {
+		tl.BackendStartTime = timestamppb.New(o.backendStart)
+		tl.BackendEndTime = timestamppb.New(o.backendEnd)
+		tl.BatchItems, tl.Pieces = int32(o.batchItems), int32(o.pieces)
+	}
+	return tl
+}
+
+// noteRetrieved records the first time a client read o's outcome, on its record too (a
+// second write of the finished record, coalesced with the others by the persister).
+func (ops *operations) noteRetrieved(o *operation) {
+	o.mu.Lock()
+	op := o.op
+	if !isDone(op) || op.GetTimeline().GetRetrieveTime() != nil {
+		o.mu.Unlock()
+		return
+	}
+	next := proto.CloneOf(op)
+	if next.Timeline == nil {
+		next.Timeline = &loopsv1.OperationTimeline{}
+	}
+	next.Timeline.RetrieveTime = timestamppb.New(ops.core.now())
+	o.op = next
+	o.mu.Unlock()
+	ops.persist.Finish(o.workspace, next, func() {})
 }
 
 // view returns what a client asking for the operation gets: the operation with its full
@@ -322,7 +382,7 @@ func (s OperationService) GetOperation(ctx context.Context, req *loopsv1.GetOper
 	if err != nil {
 		return nil, err
 	}
-	return s.c.ops.view(o)
+	return s.c.ops.retrieve(o)
 }
 
 // WaitOperation waits until the operation is done or the timeout passes.
@@ -353,7 +413,17 @@ func (s OperationService) WaitOperation(ctx context.Context, req *loopsv1.WaitOp
 	case <-ctx.Done():
 		return nil, connect.NewError(connect.CodeCanceled, ctx.Err())
 	}
-	return s.c.ops.view(o)
+	return s.c.ops.retrieve(o)
+}
+
+// retrieve is view for a client reading the operation's outcome: the first read of a
+// finished one is recorded on its timeline.
+func (ops *operations) retrieve(o *operation) (*loopsv1.Operation, error) {
+	op, err := ops.view(o)
+	if err == nil && isDone(op) {
+		ops.noteRetrieved(o)
+	}
+	return op, err
 }
 
 // EncodedResult returns an encoding (format names it: "json", "proto", …) of the result of

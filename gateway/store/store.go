@@ -86,6 +86,7 @@ type Store interface {
 	UsageStore
 	DeploymentStore
 	JobStore
+	TraceReader
 	Fencer
 
 	// Close releases the store's resources.

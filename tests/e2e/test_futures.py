@@ -81,3 +81,53 @@ def test_retrieve_futures_reports_finished_samples(service_client):
     again = holder.run_coroutine_threadsafe(poll(first.cursor)).result()
     assert again.completions == []
     assert again.cursor == first.cursor
+
+
+def test_cli_exports_a_session_trace(tmp_path, loops_url):
+    """`tinker session export-trace` against loops serve: the trace it saves is Chrome trace
+    event JSON with every stage of the session's operations."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    service = tinker.ServiceClient(base_url=loops_url)
+    session_id = service.holder.get_session_id()
+    tc = service.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=1).result()
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 3, 4]),
+        loss_fn_inputs={"target_tokens": [2, 3, 4, 5], "weights": [1.0, 1.0, 1.0, 1.0]},
+    )
+    tc.forward_backward([datum], "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    sampler = service.create_sampling_client(base_model=BASE_MODEL).result()
+    sampler.sample(types.ModelInput.from_ints([72, 101]), 1, types.SamplingParams(max_tokens=2)).result()
+
+    out = tmp_path / "trace.pftrace"
+    env = {**os.environ, "TINKER_BASE_URL": loops_url}
+    cli = Path(sys.executable).with_name("tinker")
+    res = subprocess.run([str(cli), "session", "export-trace", session_id, "--output", str(out)],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    trace = json.loads(out.read_text())
+    assert trace["otherData"]["session_id"] == session_id
+    events = trace["traceEvents"]
+    processes = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert any(p.startswith("training run ") for p in processes), processes
+    assert any(p.startswith("sampler ") for p in processes), processes
+    threads = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert any("forward_backward" in t for t in threads), threads
+    assert any("optim_step" in t for t in threads), threads
+    assert any(t.startswith("sample ") for t in threads), threads
+    stages = {e["name"] for e in events if e["ph"] == "X"}
+    assert {"queued", "running", "backend", "persist", "await retrieval"} <= stages, stages
+    for e in events:
+        if e["ph"] == "X":
+            assert e["dur"] >= 0
+
+    # Another API key sees no such session.
+    other = subprocess.run([str(cli), "session", "export-trace", session_id, "--output", str(tmp_path / "x")],
+                           env={**env, "TINKER_API_KEY": "tml-another-workspace"}, capture_output=True, text=True, timeout=120)
+    assert other.returncode != 0
+    assert not (tmp_path / "x").exists()

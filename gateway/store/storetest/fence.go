@@ -27,7 +27,7 @@ var reads = []string{
 	"ListSessionTrainingRuns", "GetCheckpoint", "GetCheckpointAnyWorkspace", "ListCheckpoints",
 	"ListExpiredCheckpoints", "GetSampler", "GetOperation", "ListStepMetrics", "ListUsage",
 	"GetDeployment", "ListDeployments", "ListAllDeployments", "ListGrantedDeployments",
-	"CheckpointDeployments", "GetJob", "ListJobs",
+	"CheckpointDeployments", "GetJob", "ListJobs", "ListSessionSamplers", "ListOwnerOperations",
 	"SetFence", "Close",
 }
 

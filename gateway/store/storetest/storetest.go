@@ -53,6 +53,7 @@ func Run(t *testing.T, open Opener) {
 	s("Operations", testOperations)
 	s("FailUnfinishedOperations", testFailUnfinishedOperations)
 	s("DeleteOperationsDoneBefore", testDeleteOperationsDoneBefore)
+	s("TraceReader", testTraceReader)
 	s("ApplyBatch", testApplyBatch)
 	s("Paging", testPaging)
 	s("KeysetPaging", testKeysetPaging)
@@ -1093,4 +1094,51 @@ func testUsageRange(t *testing.T, open func(t *testing.T) store.Store) {
 	got, err = st.ListUsage(ctx, wsA, base.Add(3*time.Hour), base.Add(3*time.Hour))
 	require.NoError(t, err)
 	require.Empty(t, got, "an empty range")
+}
+
+// testTraceReader: a session's samplers (oldest first, limited, its workspace's only) and
+// the operations of a run or of a sampler (newest first, limited, the workspace's only; a
+// sample is found by its sampler), also when written in a batch.
+func testTraceReader(t *testing.T, open func(t *testing.T) store.Store) {
+	ctx := t.Context()
+	st := open(t)
+	s1, s2, other := sampler("smp-1", 0), sampler("smp-2", time.Second), sampler("smp-3", 2*time.Second)
+	other.SessionId = "sess-2"
+	for _, s := range []*loopsv1.Sampler{s2, s1, other} {
+		require.NoError(t, st.PutSampler(ctx, wsA, s))
+	}
+	got, err := st.ListSessionSamplers(ctx, wsA, "sess-1", 10)
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	requireProtoEqual(t, s1, got[0])
+	requireProtoEqual(t, s2, got[1])
+	got, err = st.ListSessionSamplers(ctx, wsA, "sess-1", 1)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	got, err = st.ListSessionSamplers(ctx, wsB, "sess-1", 10)
+	require.NoError(t, err)
+	require.Empty(t, got)
+
+	trainOld := operation("op-train-1", loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, 0)
+	trainNew := operation("op-train-2", loopsv1.OperationState_OPERATION_STATE_CANCELLED, time.Second)
+	sample := operation("op-sample", loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, 2*time.Second)
+	sample.Kind, sample.TrainingRunId, sample.SamplerId = loopsv1.OperationKind_OPERATION_KIND_SAMPLE, "", "smp-1"
+	require.NoError(t, st.PutOperation(ctx, wsA, trainOld))
+	require.NoError(t, st.PutOperation(ctx, wsA, sample))
+	require.NoError(t, st.ApplyBatch(ctx, store.Batch{Operations: []store.OwnedOperation{{Workspace: wsA, Operation: trainNew}}}))
+	ops, err := st.ListOwnerOperations(ctx, wsA, "run-1", 10)
+	require.NoError(t, err)
+	require.Len(t, ops, 2)
+	requireProtoEqual(t, trainNew, ops[0])
+	requireProtoEqual(t, trainOld, ops[1])
+	ops, err = st.ListOwnerOperations(ctx, wsA, "run-1", 1)
+	require.NoError(t, err)
+	require.Len(t, ops, 1)
+	ops, err = st.ListOwnerOperations(ctx, wsA, "smp-1", 10)
+	require.NoError(t, err)
+	require.Len(t, ops, 1)
+	requireProtoEqual(t, sample, ops[0])
+	ops, err = st.ListOwnerOperations(ctx, wsB, "run-1", 10)
+	require.NoError(t, err)
+	require.Empty(t, ops)
 }

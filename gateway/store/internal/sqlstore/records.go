@@ -114,7 +114,7 @@ func PutOperation(workspace string, m *loopsv1.Operation) (Write, error) {
 		return Write{}, errors.New("put operation: missing id")
 	}
 	return write("operation", m.GetId(), upsertOperation, m,
-		m.GetId(), workspace, m.GetTrainingRunId(), Nanos(m.GetCreateTime()),
+		m.GetId(), workspace, store.OperationOwner(m), Nanos(m.GetCreateTime()),
 		int32(m.GetState()), IsDone(m.GetState()), NullNanos(m.GetDoneTime()))
 }
 

@@ -517,7 +517,10 @@ type Operation struct {
 	// read (GetOperation, WaitOperation); unset once it runs or ended.
 	Queue *QueueStatus `protobuf:"bytes,17,opt,name=queue,proto3" json:"queue,omitempty"`
 	// When its client asked to cancel it (CancelOperation); unset when nobody did.
-	CancelTime    *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=cancel_time,json=cancelTime,proto3" json:"cancel_time,omitempty"`
+	CancelTime *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=cancel_time,json=cancelTime,proto3" json:"cancel_time,omitempty"`
+	// When each stage of its life happened (TraceService draws them); stages it has not
+	// reached are unset.
+	Timeline      *OperationTimeline `protobuf:"bytes,19,opt,name=timeline,proto3" json:"timeline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -699,6 +702,13 @@ func (x *Operation) GetCancelTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Operation) GetTimeline() *OperationTimeline {
+	if x != nil {
+		return x.Timeline
+	}
+	return nil
+}
+
 type isOperation_Result interface {
 	isOperation_Result()
 }
@@ -745,6 +755,107 @@ func (*Operation_Sample) isOperation_Result() {}
 
 func (*Operation_Unload) isOperation_Result() {}
 
+// OperationTimeline is when each stage of an operation happened, after create_time (its
+// submission) and before or after done_time (its outcome decided).
+type OperationTimeline struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its work started: it left its queue (create_time to here is its queue wait).
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// The backend's work on it: from the start of its first backend call to the end of its
+	// last (a forward/backward cut in pieces runs one piece per batch).
+	BackendStartTime *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=backend_start_time,json=backendStartTime,proto3" json:"backend_start_time,omitempty"`
+	BackendEndTime   *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=backend_end_time,json=backendEndTime,proto3" json:"backend_end_time,omitempty"`
+	// A forward/backward: the items (runs' pieces) of the batch its last piece went in, and
+	// the pieces it ran in.
+	BatchItems int32 `protobuf:"varint,4,opt,name=batch_items,json=batchItems,proto3" json:"batch_items,omitempty"`
+	Pieces     int32 `protobuf:"varint,5,opt,name=pieces,proto3" json:"pieces,omitempty"`
+	// Its outcome was durable and published to waiters (done_time to here is the persist).
+	PersistTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=persist_time,json=persistTime,proto3" json:"persist_time,omitempty"`
+	// A client first read its outcome (WaitOperation, GetOperation, Tinker's retrieve_future).
+	RetrieveTime  *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=retrieve_time,json=retrieveTime,proto3" json:"retrieve_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OperationTimeline) Reset() {
+	*x = OperationTimeline{}
+	mi := &file_loops_v1_operations_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OperationTimeline) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OperationTimeline) ProtoMessage() {}
+
+func (x *OperationTimeline) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_operations_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OperationTimeline.ProtoReflect.Descriptor instead.
+func (*OperationTimeline) Descriptor() ([]byte, []int) {
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *OperationTimeline) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *OperationTimeline) GetBackendStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.BackendStartTime
+	}
+	return nil
+}
+
+func (x *OperationTimeline) GetBackendEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.BackendEndTime
+	}
+	return nil
+}
+
+func (x *OperationTimeline) GetBatchItems() int32 {
+	if x != nil {
+		return x.BatchItems
+	}
+	return 0
+}
+
+func (x *OperationTimeline) GetPieces() int32 {
+	if x != nil {
+		return x.Pieces
+	}
+	return 0
+}
+
+func (x *OperationTimeline) GetPersistTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PersistTime
+	}
+	return nil
+}
+
+func (x *OperationTimeline) GetRetrieveTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RetrieveTime
+	}
+	return nil
+}
+
 // QueueStatus says where a pending operation waits and why.
 type QueueStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -763,7 +874,7 @@ type QueueStatus struct {
 
 func (x *QueueStatus) Reset() {
 	*x = QueueStatus{}
-	mi := &file_loops_v1_operations_proto_msgTypes[5]
+	mi := &file_loops_v1_operations_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -775,7 +886,7 @@ func (x *QueueStatus) String() string {
 func (*QueueStatus) ProtoMessage() {}
 
 func (x *QueueStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_operations_proto_msgTypes[5]
+	mi := &file_loops_v1_operations_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -788,7 +899,7 @@ func (x *QueueStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueueStatus.ProtoReflect.Descriptor instead.
 func (*QueueStatus) Descriptor() ([]byte, []int) {
-	return file_loops_v1_operations_proto_rawDescGZIP(), []int{5}
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *QueueStatus) GetState() QueueState {
@@ -828,7 +939,7 @@ type GetOperationRequest struct {
 
 func (x *GetOperationRequest) Reset() {
 	*x = GetOperationRequest{}
-	mi := &file_loops_v1_operations_proto_msgTypes[6]
+	mi := &file_loops_v1_operations_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -840,7 +951,7 @@ func (x *GetOperationRequest) String() string {
 func (*GetOperationRequest) ProtoMessage() {}
 
 func (x *GetOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_operations_proto_msgTypes[6]
+	mi := &file_loops_v1_operations_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -853,7 +964,7 @@ func (x *GetOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOperationRequest.ProtoReflect.Descriptor instead.
 func (*GetOperationRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_operations_proto_rawDescGZIP(), []int{6}
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetOperationRequest) GetId() string {
@@ -874,7 +985,7 @@ type WaitOperationRequest struct {
 
 func (x *WaitOperationRequest) Reset() {
 	*x = WaitOperationRequest{}
-	mi := &file_loops_v1_operations_proto_msgTypes[7]
+	mi := &file_loops_v1_operations_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -886,7 +997,7 @@ func (x *WaitOperationRequest) String() string {
 func (*WaitOperationRequest) ProtoMessage() {}
 
 func (x *WaitOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_operations_proto_msgTypes[7]
+	mi := &file_loops_v1_operations_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -899,7 +1010,7 @@ func (x *WaitOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitOperationRequest.ProtoReflect.Descriptor instead.
 func (*WaitOperationRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_operations_proto_rawDescGZIP(), []int{7}
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WaitOperationRequest) GetId() string {
@@ -925,7 +1036,7 @@ type CancelOperationRequest struct {
 
 func (x *CancelOperationRequest) Reset() {
 	*x = CancelOperationRequest{}
-	mi := &file_loops_v1_operations_proto_msgTypes[8]
+	mi := &file_loops_v1_operations_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -937,7 +1048,7 @@ func (x *CancelOperationRequest) String() string {
 func (*CancelOperationRequest) ProtoMessage() {}
 
 func (x *CancelOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_operations_proto_msgTypes[8]
+	mi := &file_loops_v1_operations_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -950,7 +1061,7 @@ func (x *CancelOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelOperationRequest.ProtoReflect.Descriptor instead.
 func (*CancelOperationRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_operations_proto_rawDescGZIP(), []int{8}
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CancelOperationRequest) GetId() string {
@@ -970,7 +1081,7 @@ type BatchGetOperationsRequest struct {
 
 func (x *BatchGetOperationsRequest) Reset() {
 	*x = BatchGetOperationsRequest{}
-	mi := &file_loops_v1_operations_proto_msgTypes[9]
+	mi := &file_loops_v1_operations_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -982,7 +1093,7 @@ func (x *BatchGetOperationsRequest) String() string {
 func (*BatchGetOperationsRequest) ProtoMessage() {}
 
 func (x *BatchGetOperationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_operations_proto_msgTypes[9]
+	mi := &file_loops_v1_operations_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -995,7 +1106,7 @@ func (x *BatchGetOperationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetOperationsRequest.ProtoReflect.Descriptor instead.
 func (*BatchGetOperationsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_operations_proto_rawDescGZIP(), []int{9}
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *BatchGetOperationsRequest) GetIds() []string {
@@ -1015,7 +1126,7 @@ type BatchGetOperationsResponse struct {
 
 func (x *BatchGetOperationsResponse) Reset() {
 	*x = BatchGetOperationsResponse{}
-	mi := &file_loops_v1_operations_proto_msgTypes[10]
+	mi := &file_loops_v1_operations_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1027,7 +1138,7 @@ func (x *BatchGetOperationsResponse) String() string {
 func (*BatchGetOperationsResponse) ProtoMessage() {}
 
 func (x *BatchGetOperationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_operations_proto_msgTypes[10]
+	mi := &file_loops_v1_operations_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1040,7 +1151,7 @@ func (x *BatchGetOperationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetOperationsResponse.ProtoReflect.Descriptor instead.
 func (*BatchGetOperationsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_operations_proto_rawDescGZIP(), []int{10}
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *BatchGetOperationsResponse) GetResults() []*OperationLookup {
@@ -1065,7 +1176,7 @@ type OperationLookup struct {
 
 func (x *OperationLookup) Reset() {
 	*x = OperationLookup{}
-	mi := &file_loops_v1_operations_proto_msgTypes[11]
+	mi := &file_loops_v1_operations_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1077,7 +1188,7 @@ func (x *OperationLookup) String() string {
 func (*OperationLookup) ProtoMessage() {}
 
 func (x *OperationLookup) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_operations_proto_msgTypes[11]
+	mi := &file_loops_v1_operations_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1090,7 +1201,7 @@ func (x *OperationLookup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperationLookup.ProtoReflect.Descriptor instead.
 func (*OperationLookup) Descriptor() ([]byte, []int) {
-	return file_loops_v1_operations_proto_rawDescGZIP(), []int{11}
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *OperationLookup) GetId() string {
@@ -1134,7 +1245,7 @@ const file_loops_v1_operations_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12&\n" +
 	"\x0ftraining_run_id\x18\x02 \x01(\tR\rtrainingRunId\"A\n" +
 	"\x17UnloadTrainingRunResult\x12&\n" +
-	"\x0ftraining_run_id\x18\x01 \x01(\tR\rtrainingRunId\"\xa9\a\n" +
+	"\x0ftraining_run_id\x18\x01 \x01(\tR\rtrainingRunId\"\xe2\a\n" +
 	"\tOperation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12+\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x17.loops.v1.OperationKindR\x04kind\x12.\n" +
@@ -1158,8 +1269,19 @@ const file_loops_v1_operations_proto_rawDesc = "" +
 	"\x06unload\x18\x10 \x01(\v2!.loops.v1.UnloadTrainingRunResultH\x00R\x06unload\x12+\n" +
 	"\x05queue\x18\x11 \x01(\v2\x15.loops.v1.QueueStatusR\x05queue\x12;\n" +
 	"\vcancel_time\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"cancelTimeB\b\n" +
-	"\x06result\"\xaf\x01\n" +
+	"cancelTime\x127\n" +
+	"\btimeline\x18\x13 \x01(\v2\x1b.loops.v1.OperationTimelineR\btimelineB\b\n" +
+	"\x06result\"\x97\x03\n" +
+	"\x11OperationTimeline\x129\n" +
+	"\n" +
+	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x12H\n" +
+	"\x12backend_start_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x10backendStartTime\x12D\n" +
+	"\x10backend_end_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x0ebackendEndTime\x12\x1f\n" +
+	"\vbatch_items\x18\x04 \x01(\x05R\n" +
+	"batchItems\x12\x16\n" +
+	"\x06pieces\x18\x05 \x01(\x05R\x06pieces\x12=\n" +
+	"\fpersist_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vpersistTime\x12?\n" +
+	"\rretrieve_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\fretrieveTime\"\xaf\x01\n" +
 	"\vQueueStatus\x12*\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x14.loops.v1.QueueStateR\x05state\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1a\n" +
@@ -1228,7 +1350,7 @@ func file_loops_v1_operations_proto_rawDescGZIP() []byte {
 }
 
 var file_loops_v1_operations_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_loops_v1_operations_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_loops_v1_operations_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_loops_v1_operations_proto_goTypes = []any{
 	(OperationKind)(0),                 // 0: loops.v1.OperationKind
 	(OperationState)(0),                // 1: loops.v1.OperationState
@@ -1239,57 +1361,64 @@ var file_loops_v1_operations_proto_goTypes = []any{
 	(*LoadWeightsResult)(nil),          // 6: loops.v1.LoadWeightsResult
 	(*UnloadTrainingRunResult)(nil),    // 7: loops.v1.UnloadTrainingRunResult
 	(*Operation)(nil),                  // 8: loops.v1.Operation
-	(*QueueStatus)(nil),                // 9: loops.v1.QueueStatus
-	(*GetOperationRequest)(nil),        // 10: loops.v1.GetOperationRequest
-	(*WaitOperationRequest)(nil),       // 11: loops.v1.WaitOperationRequest
-	(*CancelOperationRequest)(nil),     // 12: loops.v1.CancelOperationRequest
-	(*BatchGetOperationsRequest)(nil),  // 13: loops.v1.BatchGetOperationsRequest
-	(*BatchGetOperationsResponse)(nil), // 14: loops.v1.BatchGetOperationsResponse
-	(*OperationLookup)(nil),            // 15: loops.v1.OperationLookup
-	(*Checkpoint)(nil),                 // 16: loops.v1.Checkpoint
-	(*timestamppb.Timestamp)(nil),      // 17: google.protobuf.Timestamp
-	(*TrainingRun)(nil),                // 18: loops.v1.TrainingRun
-	(*ForwardBackwardResult)(nil),      // 19: loops.v1.ForwardBackwardResult
-	(*OptimStepResult)(nil),            // 20: loops.v1.OptimStepResult
-	(*SampleResult)(nil),               // 21: loops.v1.SampleResult
-	(*durationpb.Duration)(nil),        // 22: google.protobuf.Duration
+	(*OperationTimeline)(nil),          // 9: loops.v1.OperationTimeline
+	(*QueueStatus)(nil),                // 10: loops.v1.QueueStatus
+	(*GetOperationRequest)(nil),        // 11: loops.v1.GetOperationRequest
+	(*WaitOperationRequest)(nil),       // 12: loops.v1.WaitOperationRequest
+	(*CancelOperationRequest)(nil),     // 13: loops.v1.CancelOperationRequest
+	(*BatchGetOperationsRequest)(nil),  // 14: loops.v1.BatchGetOperationsRequest
+	(*BatchGetOperationsResponse)(nil), // 15: loops.v1.BatchGetOperationsResponse
+	(*OperationLookup)(nil),            // 16: loops.v1.OperationLookup
+	(*Checkpoint)(nil),                 // 17: loops.v1.Checkpoint
+	(*timestamppb.Timestamp)(nil),      // 18: google.protobuf.Timestamp
+	(*TrainingRun)(nil),                // 19: loops.v1.TrainingRun
+	(*ForwardBackwardResult)(nil),      // 20: loops.v1.ForwardBackwardResult
+	(*OptimStepResult)(nil),            // 21: loops.v1.OptimStepResult
+	(*SampleResult)(nil),               // 22: loops.v1.SampleResult
+	(*durationpb.Duration)(nil),        // 23: google.protobuf.Duration
 }
 var file_loops_v1_operations_proto_depIdxs = []int32{
 	2,  // 0: loops.v1.OperationError.category:type_name -> loops.v1.ErrorCategory
-	16, // 1: loops.v1.SaveWeightsResult.checkpoint:type_name -> loops.v1.Checkpoint
+	17, // 1: loops.v1.SaveWeightsResult.checkpoint:type_name -> loops.v1.Checkpoint
 	0,  // 2: loops.v1.Operation.kind:type_name -> loops.v1.OperationKind
 	1,  // 3: loops.v1.Operation.state:type_name -> loops.v1.OperationState
-	17, // 4: loops.v1.Operation.create_time:type_name -> google.protobuf.Timestamp
-	17, // 5: loops.v1.Operation.done_time:type_name -> google.protobuf.Timestamp
+	18, // 4: loops.v1.Operation.create_time:type_name -> google.protobuf.Timestamp
+	18, // 5: loops.v1.Operation.done_time:type_name -> google.protobuf.Timestamp
 	4,  // 6: loops.v1.Operation.error:type_name -> loops.v1.OperationError
-	18, // 7: loops.v1.Operation.training_run:type_name -> loops.v1.TrainingRun
-	19, // 8: loops.v1.Operation.forward_backward:type_name -> loops.v1.ForwardBackwardResult
-	20, // 9: loops.v1.Operation.optim_step:type_name -> loops.v1.OptimStepResult
+	19, // 7: loops.v1.Operation.training_run:type_name -> loops.v1.TrainingRun
+	20, // 8: loops.v1.Operation.forward_backward:type_name -> loops.v1.ForwardBackwardResult
+	21, // 9: loops.v1.Operation.optim_step:type_name -> loops.v1.OptimStepResult
 	5,  // 10: loops.v1.Operation.save_weights:type_name -> loops.v1.SaveWeightsResult
 	6,  // 11: loops.v1.Operation.load_weights:type_name -> loops.v1.LoadWeightsResult
-	21, // 12: loops.v1.Operation.sample:type_name -> loops.v1.SampleResult
+	22, // 12: loops.v1.Operation.sample:type_name -> loops.v1.SampleResult
 	7,  // 13: loops.v1.Operation.unload:type_name -> loops.v1.UnloadTrainingRunResult
-	9,  // 14: loops.v1.Operation.queue:type_name -> loops.v1.QueueStatus
-	17, // 15: loops.v1.Operation.cancel_time:type_name -> google.protobuf.Timestamp
-	3,  // 16: loops.v1.QueueStatus.state:type_name -> loops.v1.QueueState
-	22, // 17: loops.v1.QueueStatus.estimated_wait:type_name -> google.protobuf.Duration
-	22, // 18: loops.v1.WaitOperationRequest.timeout:type_name -> google.protobuf.Duration
-	15, // 19: loops.v1.BatchGetOperationsResponse.results:type_name -> loops.v1.OperationLookup
-	8,  // 20: loops.v1.OperationLookup.operation:type_name -> loops.v1.Operation
-	4,  // 21: loops.v1.OperationLookup.error:type_name -> loops.v1.OperationError
-	10, // 22: loops.v1.OperationService.GetOperation:input_type -> loops.v1.GetOperationRequest
-	11, // 23: loops.v1.OperationService.WaitOperation:input_type -> loops.v1.WaitOperationRequest
-	12, // 24: loops.v1.OperationService.CancelOperation:input_type -> loops.v1.CancelOperationRequest
-	13, // 25: loops.v1.OperationService.BatchGetOperations:input_type -> loops.v1.BatchGetOperationsRequest
-	8,  // 26: loops.v1.OperationService.GetOperation:output_type -> loops.v1.Operation
-	8,  // 27: loops.v1.OperationService.WaitOperation:output_type -> loops.v1.Operation
-	8,  // 28: loops.v1.OperationService.CancelOperation:output_type -> loops.v1.Operation
-	14, // 29: loops.v1.OperationService.BatchGetOperations:output_type -> loops.v1.BatchGetOperationsResponse
-	26, // [26:30] is the sub-list for method output_type
-	22, // [22:26] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	10, // 14: loops.v1.Operation.queue:type_name -> loops.v1.QueueStatus
+	18, // 15: loops.v1.Operation.cancel_time:type_name -> google.protobuf.Timestamp
+	9,  // 16: loops.v1.Operation.timeline:type_name -> loops.v1.OperationTimeline
+	18, // 17: loops.v1.OperationTimeline.start_time:type_name -> google.protobuf.Timestamp
+	18, // 18: loops.v1.OperationTimeline.backend_start_time:type_name -> google.protobuf.Timestamp
+	18, // 19: loops.v1.OperationTimeline.backend_end_time:type_name -> google.protobuf.Timestamp
+	18, // 20: loops.v1.OperationTimeline.persist_time:type_name -> google.protobuf.Timestamp
+	18, // 21: loops.v1.OperationTimeline.retrieve_time:type_name -> google.protobuf.Timestamp
+	3,  // 22: loops.v1.QueueStatus.state:type_name -> loops.v1.QueueState
+	23, // 23: loops.v1.QueueStatus.estimated_wait:type_name -> google.protobuf.Duration
+	23, // 24: loops.v1.WaitOperationRequest.timeout:type_name -> google.protobuf.Duration
+	16, // 25: loops.v1.BatchGetOperationsResponse.results:type_name -> loops.v1.OperationLookup
+	8,  // 26: loops.v1.OperationLookup.operation:type_name -> loops.v1.Operation
+	4,  // 27: loops.v1.OperationLookup.error:type_name -> loops.v1.OperationError
+	11, // 28: loops.v1.OperationService.GetOperation:input_type -> loops.v1.GetOperationRequest
+	12, // 29: loops.v1.OperationService.WaitOperation:input_type -> loops.v1.WaitOperationRequest
+	13, // 30: loops.v1.OperationService.CancelOperation:input_type -> loops.v1.CancelOperationRequest
+	14, // 31: loops.v1.OperationService.BatchGetOperations:input_type -> loops.v1.BatchGetOperationsRequest
+	8,  // 32: loops.v1.OperationService.GetOperation:output_type -> loops.v1.Operation
+	8,  // 33: loops.v1.OperationService.WaitOperation:output_type -> loops.v1.Operation
+	8,  // 34: loops.v1.OperationService.CancelOperation:output_type -> loops.v1.Operation
+	15, // 35: loops.v1.OperationService.BatchGetOperations:output_type -> loops.v1.BatchGetOperationsResponse
+	32, // [32:36] is the sub-list for method output_type
+	28, // [28:32] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_operations_proto_init() }
@@ -1314,7 +1443,7 @@ func file_loops_v1_operations_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_operations_proto_rawDesc), len(file_loops_v1_operations_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -107,7 +107,7 @@ class UnloadTrainingRunResult(_message.Message):
     def __init__(self, training_run_id: _Optional[str] = ...) -> None: ...
 
 class Operation(_message.Message):
-    __slots__ = ("id", "kind", "state", "training_run_id", "sampler_id", "seq_id", "create_time", "done_time", "error", "training_run", "forward_backward", "optim_step", "save_weights", "load_weights", "sample", "unload", "queue", "cancel_time")
+    __slots__ = ("id", "kind", "state", "training_run_id", "sampler_id", "seq_id", "create_time", "done_time", "error", "training_run", "forward_backward", "optim_step", "save_weights", "load_weights", "sample", "unload", "queue", "cancel_time", "timeline")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,7 @@ class Operation(_message.Message):
     UNLOAD_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     CANCEL_TIME_FIELD_NUMBER: _ClassVar[int]
+    TIMELINE_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: OperationKind
     state: OperationState
@@ -144,7 +145,26 @@ class Operation(_message.Message):
     unload: UnloadTrainingRunResult
     queue: QueueStatus
     cancel_time: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[OperationKind, str]] = ..., state: _Optional[_Union[OperationState, str]] = ..., training_run_id: _Optional[str] = ..., sampler_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., done_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[_Union[OperationError, _Mapping]] = ..., training_run: _Optional[_Union[_resources_pb2.TrainingRun, _Mapping]] = ..., forward_backward: _Optional[_Union[_types_pb2.ForwardBackwardResult, _Mapping]] = ..., optim_step: _Optional[_Union[_types_pb2.OptimStepResult, _Mapping]] = ..., save_weights: _Optional[_Union[SaveWeightsResult, _Mapping]] = ..., load_weights: _Optional[_Union[LoadWeightsResult, _Mapping]] = ..., sample: _Optional[_Union[_types_pb2.SampleResult, _Mapping]] = ..., unload: _Optional[_Union[UnloadTrainingRunResult, _Mapping]] = ..., queue: _Optional[_Union[QueueStatus, _Mapping]] = ..., cancel_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    timeline: OperationTimeline
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[OperationKind, str]] = ..., state: _Optional[_Union[OperationState, str]] = ..., training_run_id: _Optional[str] = ..., sampler_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., done_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[_Union[OperationError, _Mapping]] = ..., training_run: _Optional[_Union[_resources_pb2.TrainingRun, _Mapping]] = ..., forward_backward: _Optional[_Union[_types_pb2.ForwardBackwardResult, _Mapping]] = ..., optim_step: _Optional[_Union[_types_pb2.OptimStepResult, _Mapping]] = ..., save_weights: _Optional[_Union[SaveWeightsResult, _Mapping]] = ..., load_weights: _Optional[_Union[LoadWeightsResult, _Mapping]] = ..., sample: _Optional[_Union[_types_pb2.SampleResult, _Mapping]] = ..., unload: _Optional[_Union[UnloadTrainingRunResult, _Mapping]] = ..., queue: _Optional[_Union[QueueStatus, _Mapping]] = ..., cancel_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., timeline: _Optional[_Union[OperationTimeline, _Mapping]] = ...) -> None: ...
+
+class OperationTimeline(_message.Message):
+    __slots__ = ("start_time", "backend_start_time", "backend_end_time", "batch_items", "pieces", "persist_time", "retrieve_time")
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_START_TIME_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_END_TIME_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    PIECES_FIELD_NUMBER: _ClassVar[int]
+    PERSIST_TIME_FIELD_NUMBER: _ClassVar[int]
+    RETRIEVE_TIME_FIELD_NUMBER: _ClassVar[int]
+    start_time: _timestamp_pb2.Timestamp
+    backend_start_time: _timestamp_pb2.Timestamp
+    backend_end_time: _timestamp_pb2.Timestamp
+    batch_items: int
+    pieces: int
+    persist_time: _timestamp_pb2.Timestamp
+    retrieve_time: _timestamp_pb2.Timestamp
+    def __init__(self, start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., backend_start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., backend_end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., batch_items: _Optional[int] = ..., pieces: _Optional[int] = ..., persist_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., retrieve_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class QueueStatus(_message.Message):
     __slots__ = ("state", "reason", "position", "estimated_wait")
