@@ -209,6 +209,10 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 	ops.core.policy.EndOp(next.Id)
 	small := resultcache.Small(next)
 	ops.persist.Finish(o.workspace, small, func() {
+		published := timestamppb.New(ops.core.now())
+		if small != next { // the persister holds small, not next
+			next.Timeline.PersistTime = published
+		}
 		if small != next && !ops.results.Put(next) {
 			ops.core.log.Warn("a result larger than the whole result cache is not kept", slog.String("op", next.Id),
 				slog.Int64("result_cache_bytes", ops.results.MaxBytes()))
@@ -218,7 +222,7 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 		if pub.Timeline == nil {
 			pub.Timeline = &loopsv1.OperationTimeline{}
 		}
-		pub.Timeline.PersistTime = timestamppb.New(ops.core.now())
+		pub.Timeline.PersistTime = published
 		o.mu.Lock()
 		o.op = pub
 		o.fin = ops.finSeq.Add(1)
