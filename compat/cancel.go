@@ -97,7 +97,9 @@ func (s *server) retrieveFutures(w http.ResponseWriter, r *http.Request) error {
 		if math.IsNaN(*t) || *t < 0 {
 			return badRequest("timeout must be a number of seconds, 0 or more (null: the server's long poll)")
 		}
-		wait = min(wait, time.Duration(*t*float64(time.Second)))
+		if d := *t * float64(time.Second); d < float64(wait) { // (a huge one would overflow a Duration)
+			wait = time.Duration(d)
+		}
 	}
 	// Results stay in the result cache until it evicts them by its own budget and TTL;
 	// retrieved_request_ids needs no work here.

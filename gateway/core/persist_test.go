@@ -343,7 +343,8 @@ func TestUncommittedOutcomesStayInMemory(t *testing.T) {
 	})
 	h := &harness{t: t, dir: dir, fake: fake, core: c, svc: c.Services(), ctx: auth.WithWorkspace(t.Context(), "ws-a")}
 	run := h.newRun()
-	require.NoError(t, c.ops.persist.Sync(context.Background())) // the creation, and its retrieval time
+	// The creation, and its retrieval time, are in the store.
+	require.NoError(t, c.ops.persist.Sync(context.Background()))
 	st.closed.Store(true) // from here every batch waits at the gate
 	op, err := h.fb(run, 0, datum(1, 2, 3))
 	require.NoError(t, err)
