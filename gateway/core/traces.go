@@ -111,18 +111,22 @@ func (c *Core) sessionTrace(ctx context.Context, ws, session string) (*loopsv1.S
 		return nil, storeErr(err, "session "+quote(session)+"'s samplers")
 	}
 	var tracks []optrace.Track
+	var ids []string           // the tracks' owners, in order
 	owners := map[string]int{} // owner id -> its track
+	add := func(id, name string) {
+		owners[id] = len(tracks)
+		ids = append(ids, id)
+		tracks = append(tracks, optrace.Track{Name: name})
+	}
 	for _, r := range runs {
-		owners[r.GetId()] = len(tracks)
-		tracks = append(tracks, optrace.Track{Name: "training run " + r.GetId() + " (" + r.GetBaseModel() + ")"})
+		add(r.GetId(), "training run "+r.GetId()+" ("+r.GetBaseModel()+")")
 	}
 	for _, s := range smps {
-		owners[s.GetId()] = len(tracks)
-		tracks = append(tracks, optrace.Track{Name: "sampler " + s.GetId() + " (" + s.GetBaseModel() + ")"})
+		add(s.GetId(), "sampler "+s.GetId()+" ("+s.GetBaseModel()+")")
 	}
 	live := c.ops.inMemory(ws, owners)
 	budget, truncated, n := MaxTraceOperations, false, 0
-	for id, i := range owners {
+	for i, id := range ids {
 		if budget == 0 {
 			truncated = true
 			break
