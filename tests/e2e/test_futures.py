@@ -46,7 +46,7 @@ def test_sdk_cancels_a_queued_sample(tmp_path):
         time.sleep(1.0)  # its request is sent and it polls, queued
         assert _finished(srv.url, "sample", "cancelled") == 0
         queued.future().cancel()  # abandoned: the SDK sends cancel_future for it
-        deadline = time.time() + 60
+        deadline = time.time() + 300
         while _finished(srv.url, "sample", "cancelled") < 1:
             assert time.time() < deadline, "the server never cancelled the abandoned sample"
             time.sleep(0.2)
@@ -108,7 +108,7 @@ def test_cli_exports_a_session_trace(tmp_path, loops_url):
     env = {**os.environ, "TINKER_BASE_URL": loops_url}
     cli = Path(sys.executable).with_name("tinker")
     res = subprocess.run([str(cli), "session", "export-trace", session_id, "--output", str(out)],
-                         env=env, capture_output=True, text=True, timeout=120)
+                         env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     trace = json.loads(out.read_text())
     assert trace["otherData"]["session_id"] == session_id
@@ -128,6 +128,6 @@ def test_cli_exports_a_session_trace(tmp_path, loops_url):
 
     # Another API key sees no such session.
     other = subprocess.run([str(cli), "session", "export-trace", session_id, "--output", str(tmp_path / "x")],
-                           env={**env, "TINKER_API_KEY": "tml-another-workspace"}, capture_output=True, text=True, timeout=120)
+                           env={**env, "TINKER_API_KEY": "tml-another-workspace"}, capture_output=True, text=True, timeout=600)
     assert other.returncode != 0
     assert not (tmp_path / "x").exists()
