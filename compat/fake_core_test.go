@@ -3,6 +3,8 @@ package compat
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -324,6 +326,63 @@ func (f *fakeCore) GetOperation(_ context.Context, r *loopsv1.GetOperationReques
 		return nil, notFound("operation", r.Id)
 	}
 	return proto.Clone(op).(*loopsv1.Operation), nil
+}
+
+// CancelOperation ends a pending operation CANCELLED (the core's rules are tested in core).
+func (f *fakeCore) CancelOperation(_ context.Context, r *loopsv1.CancelOperationRequest) (*loopsv1.Operation, error) {
+	if err := f.enter("CancelOperation", r); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	op, ok := f.ops[r.Id]
+	if !ok {
+		return nil, notFound("operation", r.Id)
+	}
+	if op.State == loopsv1.OperationState_OPERATION_STATE_PENDING {
+		op.State = loopsv1.OperationState_OPERATION_STATE_CANCELLED
+		op.CancelTime = timestamppb.Now()
+		op.Error = &loopsv1.OperationError{Code: int32(connect.CodeCanceled), Message: "cancelled by its client", Category: loopsv1.ErrorCategory_ERROR_CATEGORY_USER}
+	}
+	return proto.Clone(op).(*loopsv1.Operation), nil
+}
+
+// BatchGetOperations answers each id, NOT_FOUND for an unknown one.
+func (f *fakeCore) BatchGetOperations(ctx context.Context, r *loopsv1.BatchGetOperationsRequest) (*loopsv1.BatchGetOperationsResponse, error) {
+	if err := f.enter("BatchGetOperations", r); err != nil {
+		return nil, err
+	}
+	out := &loopsv1.BatchGetOperationsResponse{}
+	for _, id := range r.GetIds() {
+		op, err := f.GetOperation(ctx, &loopsv1.GetOperationRequest{Id: id})
+		res := &loopsv1.OperationLookup{Id: id, Operation: op}
+		if err != nil {
+			res.Error = &loopsv1.OperationError{Code: int32(connect.CodeNotFound), Message: err.Error()}
+		}
+		out.Results = append(out.Results, res)
+	}
+	return out, nil
+}
+
+// Completions lists the finished samples of a sampler in id order; the cursor is a count.
+func (f *fakeCore) Completions(_ context.Context, samplerID string, after int64, _ time.Duration, limit int) ([]*loopsv1.Operation, int64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.samplers[samplerID]; !ok {
+		return nil, 0, notFound("sampler", samplerID)
+	}
+	var done []*loopsv1.Operation
+	for _, op := range f.ops {
+		if op.SamplerId == samplerID && op.State >= loopsv1.OperationState_OPERATION_STATE_SUCCEEDED {
+			done = append(done, proto.CloneOf(op))
+		}
+	}
+	slices.SortFunc(done, func(a, b *loopsv1.Operation) int { return strings.Compare(a.Id, b.Id) })
+	if int64(len(done)) <= after {
+		return nil, after, nil
+	}
+	done = done[after:min(int(after)+limit, len(done))]
+	return done, after + int64(len(done)), nil
 }
 
 // WaitOperation does not block: tests finish operations before polling, or check try_again.

@@ -88,7 +88,8 @@ func (s *server) retrieveFuture(w http.ResponseWriter, r *http.Request) error {
 	switch op.GetState() {
 	case loopsv1.OperationState_OPERATION_STATE_SUCCEEDED:
 		return s.writeResult(w, r, op)
-	case loopsv1.OperationState_OPERATION_STATE_FAILED:
+	case loopsv1.OperationState_OPERATION_STATE_FAILED, loopsv1.OperationState_OPERATION_STATE_CANCELLED:
+		// A cancelled request is a failed one to the SDK (it stopped polling it already).
 		s.edge.WriteJSON(w, http.StatusOK, failedResponse{Error: failureMessage(op), Category: failureCategory(op.GetError())})
 		return nil
 	default:

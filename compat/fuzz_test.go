@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 	"google.golang.org/protobuf/proto"
@@ -111,6 +112,32 @@ func FuzzJSONRoutes(f *testing.F) {
 		h.ServeHTTP(rec, req)
 		if rec.Code >= 500 {
 			t.Fatalf("%s answered %d: %s", path, rec.Code, rec.Body.String())
+		}
+	})
+}
+
+// FuzzRetrieveFutures checks that any retrieve_futures body is answered 200 or a 4xx with
+// a detail, never a 5xx or a panic.
+func FuzzRetrieveFutures(f *testing.F) {
+	f.Add([]byte(`{"target":{"type":"sampling_session","sampling_session_id":"smp","cloned_sampler_id":0},"prev_cursor":0,"timeout":0,"retrieved_request_ids":["op-1"]}`))
+	f.Add([]byte(`{"target":{"sampling_session_id":"smp","cloned_sampler_id":9223372036854775807},"prev_cursor":1e30,"timeout":-0.0}`))
+	f.Add([]byte(`{"target":{"sampling_session_id":"smp"},"timeout":1e308}`))
+	f.Add([]byte(`{"target":null,"prev_cursor":"x"}`))
+	f.Add([]byte(`[]`))
+	core := newFakeCore()
+	core.samplers["smp"] = &loopsv1.Sampler{Id: "smp"}
+	op := core.newOp(loopsv1.OperationKind_OPERATION_KIND_SAMPLE, "", "smp", 1)
+	core.finish(op.GetId(), func(*loopsv1.Operation) {})
+	h := NewHandler(core.services(), Options{LongPoll: time.Millisecond, MaxBodyBytes: 1 << 16, MaxDecompressedBytes: 1 << 16,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		req := httptest.NewRequest(http.MethodPost, "/api/v1/retrieve_futures", bytes.NewReader(b))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-API-Key", "tml-fuzz")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		if w.Code >= 500 || (w.Code != http.StatusOK && !bytes.Contains(w.Body.Bytes(), []byte("detail"))) {
+			t.Fatalf("answered %d: %s", w.Code, w.Body.String())
 		}
 	})
 }

@@ -38,6 +38,8 @@ type Services struct {
 	Audit   loopsv1connect.AuditServiceHandler
 	Weights loopsv1connect.WeightsAccessServiceHandler
 	Clients loopsv1connect.SamplerClientServiceHandler
+	// Traces serves trace_export; nil answers it 404 (not served).
+	Traces loopsv1connect.TraceServiceHandler
 }
 
 // Options tune the Tinker surface. The zero value gives the defaults noted per field.

@@ -49,6 +49,8 @@ func (s *server) routes(mux *http.ServeMux) {
 
 	// Futures.
 	s.edge.Handle(mux, "POST /api/v1/retrieve_future", s.retrieveFuture)
+	s.edge.Handle(mux, "POST /api/v1/retrieve_futures", s.retrieveFutures)
+	s.edge.Handle(mux, "POST /api/v1/cancel_future", s.cancelFuture)
 
 	// REST: runs, checkpoints, sessions.
 	s.edge.Handle(mux, "GET /api/v1/training_runs", s.listTrainingRuns)
@@ -66,6 +68,7 @@ func (s *server) routes(mux *http.ServeMux) {
 	s.edge.Handle(mux, "POST /api/v1/sessions/search", s.searchSessions)
 	s.edge.Handle(mux, "PUT /api/v1/sessions/{id}/project", s.setSessionProject)
 	s.edge.Handle(mux, "POST /api/v1/copy_weights", s.copyWeights)
+	s.edge.Handle(mux, "GET /api/v1/sessions/{id}/trace_export", s.traceExport)
 
 	// Billing: metered usage.
 	s.edge.Handle(mux, "GET /api/v1/billing/usage/events", s.billingUsageEvents)
@@ -75,11 +78,7 @@ func (s *server) routes(mux *http.ServeMux) {
 	s.edge.Handle(mux, "GET /api/v1/audit", s.audit)
 
 	// Tinker routes Loops does not serve (all flag-gated or admin-only in SDK 0.38.0).
-	notServed := []string{
-		"POST /api/v1/cancel_future",
-		"POST /api/v1/retrieve_futures",
-		"GET /api/v1/sessions/{id}/trace_export",
-	}
+	notServed := []string{}
 	if s.opt.Keys == nil {
 		notServed = append(notServed, "POST /api/v1/auth/token", "GET /api/v1/auth/apikey/me", "DELETE /api/v1/auth/apikey/me")
 	}
@@ -170,7 +169,7 @@ func (s *server) dynamicConfig(w http.ResponseWriter, r *http.Request) error {
 	if _, err := s.readBody(w, r); err != nil {
 		return err
 	}
-	s.edge.WriteJSON(w, http.StatusOK, map[string]any{"refresh_interval_sec": 300, "sample_cancel_enabled": false})
+	s.edge.WriteJSON(w, http.StatusOK, map[string]any{"refresh_interval_sec": 300, "sample_cancel_enabled": true})
 	return nil
 }
 

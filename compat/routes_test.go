@@ -32,7 +32,9 @@ func TestBootstrapRoutes(t *testing.T) {
 	require.Equal(t, true, cfg["proto_compress_fwdbwd"])
 	require.Equal(t, false, cfg["sample_use_retrieve_futures"])
 
-	require.Equal(t, 200, e.postJSON("/api/v1/client/dynamic_config", `{"sdk_version":"0.38.0"}`).status)
+	r = e.postJSON("/api/v1/client/dynamic_config", `{"sdk_version":"0.38.0"}`)
+	require.Equal(t, 200, r.status)
+	require.Equal(t, true, r.json(t)["sample_cancel_enabled"], "cancel_future is served")
 
 	r = e.postJSON("/api/v1/create_session", `{"tags":["a"],"user_metadata":{"k":"v","n":3},"sdk_version":"0.38.0","project_id":"p","display_name":"d","type":"create_session"}`)
 	require.Equal(t, 200, r.status)
@@ -63,7 +65,7 @@ func TestBootstrapRoutes(t *testing.T) {
 	require.Equal(t, "finished: success", e.core.sessions[sid].GetEndReason())
 
 	// Unserved routes are a 404 the SDK fails on at once (it retries a 5xx for minutes).
-	unserved := e.postJSON("/api/v1/retrieve_futures", `{}`)
+	unserved := e.postJSON("/api/v1/create_custom_loss", `{}`)
 	require.Equal(t, 404, unserved.status)
 	require.Contains(t, unserved.json(t)["detail"], "not supported by Loops")
 	require.Equal(t, 404, e.get("/api/v1/no_such_route").status)

@@ -342,7 +342,7 @@ func (s *Server) closeAll() error {
 const compressMinBytes = 4096
 
 // publicPaths need no API key.
-var publicPaths = append([]string{"/healthz", "/metrics", "/openapi.json", "/api/v1/healthz", ckhttp.ArchivePrefix}, opsvc.PublicPaths...)
+var publicPaths = append([]string{"/healthz", "/metrics", "/openapi.json", "/api/v1/healthz", ckhttp.ArchivePrefix, core.TracePathPrefix}, opsvc.PublicPaths...)
 
 func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Handler, error) {
 	svc := s.core.Services()
@@ -393,6 +393,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	mux.Handle(loopsv1connect.NewProjectServiceHandler(svc.Projects, opts...))
 	mux.Handle(loopsv1connect.NewWeightsAccessServiceHandler(svc.Weights, opts...))
 	mux.Handle(loopsv1connect.NewSamplerClientServiceHandler(svc.Clients, opts...))
+	mux.Handle(loopsv1connect.NewTraceServiceHandler(svc.Traces, opts...))
 	js, err := s.newJobs(ctx)
 	if err != nil {
 		return nil, err
@@ -413,6 +414,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	transfers.DataDir = s.cfg.DataDir
 	transfers.Logger = s.log
 	ckhttp.New(s.core, transfers).Register(mux)
+	registerTraceLinks(mux, s.core, s.log)
 
 	// Tinker's routes.
 	mux.Handle("/api/v1/", edge.countTinker(compat.NewHandler(compat.Services{
@@ -426,6 +428,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		Audit:       auditSvc,
 		Weights:     svc.Weights,
 		Clients:     svc.Clients,
+		Traces:      svc.Traces,
 	}, compat.Options{
 		MaxBodyBytes:         s.cfg.Limits.MaxBodyBytes,
 		MaxDecompressedBytes: s.cfg.Limits.MaxDecompressedBytes,
@@ -535,6 +538,7 @@ func (s *Server) restHandler(ctx context.Context, edge *edge, auditor *audit.Mid
 		loopsv1.RegisterProjectServiceHandler,
 		loopsv1.RegisterWeightsAccessServiceHandler,
 		loopsv1.RegisterSamplerClientServiceHandler,
+		loopsv1.RegisterTraceServiceHandler,
 		loopsv1.RegisterJobServiceHandler,
 		loopsv1.RegisterPoolServiceHandler,
 		loopsv1.RegisterKeyServiceHandler,

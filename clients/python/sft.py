@@ -65,7 +65,7 @@ def main() -> int:
             return method(req, metadata=md, timeout=CALL_TIMEOUT_S)
 
         def wait(op: opb.Operation) -> opb.Operation:
-            done = (opb.OPERATION_STATE_SUCCEEDED, opb.OPERATION_STATE_FAILED)
+            done = (opb.OPERATION_STATE_SUCCEEDED, opb.OPERATION_STATE_FAILED, opb.OPERATION_STATE_CANCELLED)
             while op.state not in done:
                 op = call(ops.WaitOperation, opb.WaitOperationRequest(id=op.id, timeout=duration_pb2.Duration(seconds=10)))
             check(op.state == opb.OPERATION_STATE_SUCCEEDED, f"operation {op.id} failed: {op.error.message}")

@@ -412,7 +412,7 @@ func (r *runner) loopsStep(ctx context.Context, sc *scope, st *conformancev1.Ste
 		if op, err = r.waitLoops(ctx, s, op, key); err != nil {
 			return err
 		}
-		if err := checkOutcome(exp, op.GetState() == loopsv1.OperationState_OPERATION_STATE_FAILED, op.GetError().GetMessage()); err != nil {
+		if err := checkOutcome(exp, op.GetState() == loopsv1.OperationState_OPERATION_STATE_FAILED || op.GetState() == loopsv1.OperationState_OPERATION_STATE_CANCELLED, op.GetError().GetMessage()); err != nil {
 			return err
 		}
 		out = op
@@ -450,7 +450,7 @@ func (r *runner) waitLoops(ctx context.Context, s conformancev1.Surface, op *loo
 	md, _ := findMethod("loops.v1.OperationService/WaitOperation")
 	for {
 		switch op.GetState() {
-		case loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, loopsv1.OperationState_OPERATION_STATE_FAILED:
+		case loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, loopsv1.OperationState_OPERATION_STATE_FAILED, loopsv1.OperationState_OPERATION_STATE_CANCELLED:
 			return op, nil
 		}
 		if err := ctx.Err(); err != nil {

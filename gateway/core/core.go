@@ -216,6 +216,7 @@ type Core struct {
 	liveSessions map[string]int
 	samplers     *samplers
 	archives     *archiveTokens
+	traceLinks   *traceLinks
 	ckpt         *ckfiles.Files
 	// ckSwept is closed when the start-up sweep of the checkpoint store is done.
 	ckSwept chan struct{}
@@ -283,6 +284,7 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 		sessions:     map[string]*sessionState{},
 		liveSessions: map[string]int{},
 		archives:     newArchiveTokens(),
+		traceLinks:   newTraceLinks(),
 		usage:        newUsageMeter(),
 	}
 	c.drain, c.running = make(chan struct{}), newBusy()
@@ -416,6 +418,7 @@ func (c *Core) sweep(ctx context.Context) {
 		c.log.Error("deleting old operations", slog.Any("err", err))
 	}
 	c.archives.sweep(now)
+	c.traceLinks.sweep(now)
 	c.meterPools()
 	c.flushUsage(ctx)
 }
@@ -435,6 +438,7 @@ func (c *Core) Services() Services {
 		Projects:    ProjectService{c},
 		Weights:     WeightsAccessService{c},
 		Clients:     SamplerClientService{c},
+		Traces:      TraceService{c},
 	}
 }
 
@@ -452,4 +456,5 @@ type Services struct {
 	Projects    ProjectService
 	Weights     WeightsAccessService
 	Clients     SamplerClientService
+	Traces      TraceService
 }

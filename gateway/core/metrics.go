@@ -98,8 +98,11 @@ func kindLabel(k loopsv1.OperationKind) string {
 }
 
 func stateLabel(s loopsv1.OperationState) string {
-	if s == loopsv1.OperationState_OPERATION_STATE_SUCCEEDED {
+	switch s {
+	case loopsv1.OperationState_OPERATION_STATE_SUCCEEDED:
 		return "succeeded"
+	case loopsv1.OperationState_OPERATION_STATE_CANCELLED:
+		return "cancelled"
 	}
 	return "failed"
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/loops-dev/loops/internal/lockorder"
@@ -36,7 +37,15 @@ type operation struct {
 	// backend's time on it: setService; else started to done), for the fairness metrics.
 	started time.Time
 	service time.Duration
-	done    chan struct{}
+	// cancelled: its client cancelled it (CancelOperation); it ends CANCELLED, its result
+	// dropped. fin orders the finished ones of a sampler (Completions): set when published.
+	cancelled bool
+	fin       int64
+	// backendStart, backendEnd, batchItems and pieces are its backend work so far
+	// (noteBackend), for its timeline.
+	backendStart, backendEnd time.Time
+	batchItems, pieces       int
+	done                     chan struct{}
 }
 
 func (o *operation) snapshot() *loopsv1.Operation {
@@ -54,6 +63,13 @@ type operations struct {
 	results *resultcache.Cache
 	mu      lockorder.Mutex[rankOperations]
 	byID    map[string]*operation
+	// samplerDone lists each sampler's finished samples in memory, in the order they were
+	// published (Completions); they leave with the operations (evictFinishedBefore).
+	samplerDone map[string][]*operation
+	// finSeq numbers published outcomes from a base that grows across restarts (the start
+	// time), and published is closed and replaced at each one (waiters of Completions).
+	finSeq    atomic.Int64
+	published atomic.Pointer[chan struct{}]
 }
 
 // newOperations is called by New before it fails unfinished operations and recovers runs:
@@ -67,11 +83,15 @@ func newOperations(c *Core) *operations {
 		c.log.Error("replaying the journal failed; it is kept for the next start", slog.Any("err", err))
 	}
 	c.store = writebehind.NewReadStore(c.store, p)
-	return &operations{
-		core: c, byID: map[string]*operation{},
+	ops := &operations{
+		core: c, byID: map[string]*operation{}, samplerDone: map[string][]*operation{},
 		persist: p,
 		results: resultcache.New(c.opts.ResultCacheBytes, c.opts.ResultCacheTTL, c.now),
 	}
+	ops.finSeq.Store(time.Now().UnixNano())
+	ch := make(chan struct{})
+	ops.published.Store(&ch)
+	return ops
 }
 
 // create registers a pending operation and queues its record for the store. It never
@@ -119,6 +139,19 @@ func (ops *operations) setRunning(o *operation) {
 	o.started = ops.core.now()
 }
 
+// noteBackend records a backend call that did (part of) o's work, from start to end, in a
+// batch of items items (0: not a batch), for its timeline.
+func (ops *operations) noteBackend(o *operation, start, end time.Time, items int) {
+	o.mu.Lock()
+	if o.backendStart.IsZero() {
+		o.backendStart = start
+	}
+	o.backendEnd = end
+	o.batchItems = items
+	o.pieces++
+	o.mu.Unlock()
+}
+
 // setService records the backend's time on an operation's work (its service time).
 func (ops *operations) setService(o *operation, d time.Duration) {
 	o.mu.Lock()
@@ -139,10 +172,14 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 	}
 	o.finishing = true
 	next := proto.CloneOf(o.op)
-	started, service := o.started, o.service
+	started, service, cancelled := o.started, o.service, o.cancelled
+	next.Timeline = o.timelineLocked()
 	o.mu.Unlock()
 	now := ops.core.now()
 	next.DoneTime = timestamppb.New(now)
+	if cancelled {
+		set, err = nil, cancelError(err)
+	}
 	if err == nil && !started.IsZero() {
 		if service <= 0 {
 			service = now.Sub(started)
@@ -150,7 +187,11 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 		created := next.GetCreateTime().AsTime()
 		ops.core.fair.Observe(o.workspace, kindLabel(next.Kind), started.Sub(created), now.Sub(created), service)
 	}
-	if err != nil {
+	switch {
+	case cancelled:
+		next.State = loopsv1.OperationState_OPERATION_STATE_CANCELLED
+		next.Error, _ = operationError(err)
+	case err != nil:
 		next.State = loopsv1.OperationState_OPERATION_STATE_FAILED
 		// Backend errors may name the server's folders; clients see store-relative paths.
 		var errID string
@@ -159,7 +200,7 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 			ops.core.log.Error("operation failed", slog.String("op", next.Id), slog.String("kind", kindLabel(next.Kind)),
 				slog.String("error_id", errID), slog.Any("err", err))
 		}
-	} else {
+	default:
 		next.State = loopsv1.OperationState_OPERATION_STATE_SUCCEEDED
 		if set != nil {
 			set(next)
@@ -168,17 +209,71 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 	ops.core.policy.EndOp(next.Id)
 	small := resultcache.Small(next)
 	ops.persist.Finish(o.workspace, small, func() {
+		published := timestamppb.New(ops.core.now())
+		if small != next { // the persister holds small, not next
+			next.Timeline.PersistTime = published
+		}
 		if small != next && !ops.results.Put(next) {
 			ops.core.log.Warn("a result larger than the whole result cache is not kept", slog.String("op", next.Id),
 				slog.Int64("result_cache_bytes", ops.results.MaxBytes()))
 		}
+		// The persister holds small: memory gets a copy with the time it was published.
+		pub := proto.CloneOf(small)
+		if pub.Timeline == nil {
+			pub.Timeline = &loopsv1.OperationTimeline{}
+		}
+		pub.Timeline.PersistTime = published
 		o.mu.Lock()
-		o.op = small
+		o.op = pub
+		o.fin = ops.finSeq.Add(1)
 		o.mu.Unlock()
 		close(o.done)
+		if small.GetKind() == loopsv1.OperationKind_OPERATION_KIND_SAMPLE && small.GetSamplerId() != "" {
+			ops.mu.Lock()
+			ops.samplerDone[small.GetSamplerId()] = append(ops.samplerDone[small.GetSamplerId()], o)
+			ops.mu.Unlock()
+		}
+		wake := make(chan struct{})
+		close(*ops.published.Swap(&wake))
 		ops.core.metrics.opsFinished.WithLabelValues(kindLabel(next.Kind), stateLabel(next.State)).Inc()
 		ops.core.metrics.opDuration.WithLabelValues(kindLabel(next.Kind)).Observe(next.DoneTime.AsTime().Sub(next.CreateTime.AsTime()).Seconds())
 	})
+}
+
+// timelineLocked is o's timeline so far (o.mu held).
+func (o *operation) timelineLocked() *loopsv1.OperationTimeline {
+	tl := proto.CloneOf(o.op.GetTimeline())
+	if tl == nil {
+		tl = &loopsv1.OperationTimeline{}
+	}
+	if !o.started.IsZero() {
+		tl.StartTime = timestamppb.New(o.started)
+	}
+	if !o.backendStart.IsZero() {
+		tl.BackendStartTime = timestamppb.New(o.backendStart)
+		tl.BackendEndTime = timestamppb.New(o.backendEnd)
+		tl.BatchItems, tl.Pieces = int32(o.batchItems), int32(o.pieces)
+	}
+	return tl
+}
+
+// noteRetrieved records the first time a client read o's outcome, on its record too (a
+// second write of the finished record, coalesced with the others by the persister).
+func (ops *operations) noteRetrieved(o *operation) {
+	o.mu.Lock()
+	op := o.op
+	if !isDone(op) || op.GetTimeline().GetRetrieveTime() != nil {
+		o.mu.Unlock()
+		return
+	}
+	next := proto.CloneOf(op)
+	if next.Timeline == nil {
+		next.Timeline = &loopsv1.OperationTimeline{}
+	}
+	next.Timeline.RetrieveTime = timestamppb.New(ops.core.now())
+	o.op = next
+	o.mu.Unlock()
+	ops.persist.Finish(o.workspace, next, func() {})
 }
 
 // view returns what a client asking for the operation gets: the operation with its full
@@ -248,6 +343,20 @@ func (ops *operations) evictFinishedBefore(t time.Time) {
 			delete(ops.byID, id)
 		}
 	}
+	for sampler, done := range ops.samplerDone {
+		// A new slice: Completions reads the old one without the lock.
+		var kept []*operation
+		for _, o := range done {
+			if ops.byID[o.id] != nil {
+				kept = append(kept, o)
+			}
+		}
+		if len(kept) == 0 {
+			delete(ops.samplerDone, sampler)
+		} else {
+			ops.samplerDone[sampler] = kept
+		}
+	}
 }
 
 // flush waits until the outcomes decided so far are committed and published (Drain).
@@ -257,7 +366,11 @@ func (ops *operations) flush(ctx context.Context) error { return ops.persist.Flu
 func (ops *operations) close() { ops.persist.Close() }
 
 func isDone(op *loopsv1.Operation) bool {
-	return op.State == loopsv1.OperationState_OPERATION_STATE_SUCCEEDED || op.State == loopsv1.OperationState_OPERATION_STATE_FAILED
+	switch op.State {
+	case loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, loopsv1.OperationState_OPERATION_STATE_FAILED, loopsv1.OperationState_OPERATION_STATE_CANCELLED:
+		return true
+	}
+	return false
 }
 
 // OperationService implements loops.v1 OperationService.
@@ -273,7 +386,7 @@ func (s OperationService) GetOperation(ctx context.Context, req *loopsv1.GetOper
 	if err != nil {
 		return nil, err
 	}
-	return s.c.ops.view(o)
+	return s.c.ops.retrieve(o)
 }
 
 // WaitOperation waits until the operation is done or the timeout passes.
@@ -304,7 +417,17 @@ func (s OperationService) WaitOperation(ctx context.Context, req *loopsv1.WaitOp
 	case <-ctx.Done():
 		return nil, connect.NewError(connect.CodeCanceled, ctx.Err())
 	}
-	return s.c.ops.view(o)
+	return s.c.ops.retrieve(o)
+}
+
+// retrieve is view for a client reading the operation's outcome: the first read of a
+// finished one is recorded on its timeline.
+func (ops *operations) retrieve(o *operation) (*loopsv1.Operation, error) {
+	op, err := ops.view(o)
+	if err == nil && isDone(op) {
+		ops.noteRetrieved(o)
+	}
+	return op, err
 }
 
 // EncodedResult returns an encoding (format names it: "json", "proto", …) of the result of

@@ -21,7 +21,7 @@ func TestFinishedOperationsLeaveMemoryButStayRetrievable(t *testing.T) {
 	require.NoError(t, err)
 	done := h.wait(op)
 	require.NotEmpty(t, done.GetForwardBackward().GetOutputs())
-	h.core.ops.persist.Settle(context.Background()) // its record is committed (write-behind)
+	require.NoError(t, h.core.ops.persist.Sync(context.Background())) // its records (the retrieval too) are committed (write-behind)
 	stored, err := h.core.store.(writebehind.ReadStore).Store.GetOperation(h.ctx, "ws-a", op.GetId())
 	require.NoError(t, err)
 	require.True(t, isDone(stored))

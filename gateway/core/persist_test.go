@@ -343,7 +343,8 @@ func TestUncommittedOutcomesStayInMemory(t *testing.T) {
 	})
 	h := &harness{t: t, dir: dir, fake: fake, core: c, svc: c.Services(), ctx: auth.WithWorkspace(t.Context(), "ws-a")}
 	run := h.newRun()
-	c.ops.persist.Settle(context.Background())
+	// The creation, and its retrieval time, are in the store.
+	require.NoError(t, c.ops.persist.Sync(context.Background()))
 	st.closed.Store(true) // from here every batch waits at the gate
 	op, err := h.fb(run, 0, datum(1, 2, 3))
 	require.NoError(t, err)
@@ -366,7 +367,7 @@ func TestUncommittedOutcomesStayInMemory(t *testing.T) {
 	require.True(t, inMemory, "evicted before the store had it")
 
 	close(st.gate)
-	c.ops.persist.Settle(context.Background())
+	require.NoError(t, c.ops.persist.Sync(context.Background())) // the outcome, and its retrieval time
 	stored, err := sq.GetOperation(h.ctx, "ws-a", op.GetId())
 	require.NoError(t, err)
 	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, stored.GetState())

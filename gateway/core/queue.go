@@ -207,8 +207,9 @@ func (cr coreRunner) Run(ctx context.Context, r *run, t *task) {
 	case loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, loopsv1.OperationKind_OPERATION_KIND_LOAD_WEIGHTS:
 		waitSnapshot(ctx, r) // it reads the weights and Adam state these change
 	}
-	start := time.Now()
+	start, began := time.Now(), c.now()
 	set, err := c.execTask(ctx, t)
+	c.ops.noteBackend(t.Op, began, c.now(), 0)
 	if err != nil && c.lostReplica(r, t, err) {
 		c.taskDone(r) // the task runs again once the adapter is rebuilt
 		return
@@ -258,9 +259,12 @@ func (cr coreRunner) ForwardBackward(ctx context.Context, batch []lane.Item[*ope
 		req.Items[i] = pieceItem(it.Task)
 	}
 	c.metrics.batchItems.Observe(float64(len(batch)))
-	start := time.Now()
+	start, began := time.Now(), c.now()
 	resp, err := c.backend.Trainer().ForwardBackward(ctx, req)
-	elapsed := time.Since(start)
+	elapsed, ended := time.Since(start), c.now()
+	for _, it := range batch {
+		c.ops.noteBackend(it.Task.Op, began, ended, len(batch))
+	}
 	if err == nil && len(resp.GetResults()) != len(batch) {
 		err = connect.NewError(connect.CodeInternal, errors.New("backend returned a result count that does not match the batch"))
 	}

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/loops-dev/loops/gateway/core/ckfiles"
@@ -324,6 +325,39 @@ func (q *sampleQueue) position(ws, opID string) (ahead int, atLimit bool, limit 
 		}
 	}
 	return 0, false, 0, false
+}
+
+// remove takes operation o's sample out of the queue before it started; nil when it does
+// not wait there (it runs, or ended). The caller releases the job's adapter and ends o.
+func (q *sampleQueue) remove(o *operation) *sampleJob {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	w := q.ws[o.workspace]
+	if w == nil {
+		return nil
+	}
+	at := slices.IndexFunc(w.jobs, func(j *sampleJob) bool { return j.o == o })
+	if at < 0 {
+		return nil
+	}
+	j := w.jobs[at]
+	w.jobs = slices.Delete(w.jobs, at, at+1)
+	w.reserved--
+	q.reserved--
+	if len(w.jobs) == 0 {
+		if i := slices.Index(q.order, w); i >= 0 {
+			q.order = slices.Delete(q.order, i, i+1)
+		}
+		if w.deficit < 0 { // as takeLocked: the debt outlives the queue; credit does not
+			if len(q.owed) >= maxOwed {
+				clear(q.owed)
+			}
+			q.owed[w.name] = q.vtime - w.deficit
+		}
+		w.jobs, w.deficit = nil, 0
+	}
+	q.cleanLocked(w)
+	return j
 }
 
 // served records the time a sample ran, for the queue's wait estimates.

@@ -602,7 +602,7 @@ func (c *Core) runSample(j *sampleJob) {
 		resp *backendv1.SampleResponse
 		err  error
 	)
-	start := time.Now()
+	start, began := time.Now(), c.now()
 	if j.sink != nil {
 		resp, err = c.sampleStream(j)
 	} else {
@@ -610,6 +610,7 @@ func (c *Core) runSample(j *sampleJob) {
 		resp, err = c.backend.Sampler().Sample(c.ctx, req)
 	}
 	c.samplers.queue.observe(time.Since(start))
+	c.ops.noteBackend(o, began, c.now(), 0)
 	if err == nil {
 		err = checkTopLogprobs(req, resp)
 	}

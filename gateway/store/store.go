@@ -91,6 +91,7 @@ type Store interface {
 	AuditStore
 	CheckpointStorageReader
 	WeightsAccessStore
+	TraceReader
 	Fencer
 
 	// Close releases the store's resources.

@@ -349,7 +349,7 @@ func (e *Engine) wait(ctx context.Context, op *loopsv1.Operation) (*loopsv1.Oper
 		case <-t.C:
 		}
 	}
-	if op.GetState() == loopsv1.OperationState_OPERATION_STATE_FAILED {
+	if st := op.GetState(); st == loopsv1.OperationState_OPERATION_STATE_FAILED || st == loopsv1.OperationState_OPERATION_STATE_CANCELLED {
 		e := op.GetError()
 		code := connect.Code(e.GetCode())
 		if code == 0 || code > connect.CodeUnauthenticated {
@@ -362,5 +362,6 @@ func (e *Engine) wait(ctx context.Context, op *loopsv1.Operation) (*loopsv1.Oper
 
 func done(op *loopsv1.Operation) bool {
 	st := op.GetState()
-	return st == loopsv1.OperationState_OPERATION_STATE_SUCCEEDED || st == loopsv1.OperationState_OPERATION_STATE_FAILED
+	return st == loopsv1.OperationState_OPERATION_STATE_SUCCEEDED || st == loopsv1.OperationState_OPERATION_STATE_FAILED ||
+		st == loopsv1.OperationState_OPERATION_STATE_CANCELLED
 }

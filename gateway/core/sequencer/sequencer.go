@@ -213,6 +213,21 @@ func (s *Sequencer[T, K]) use(seq int64, u Used[K]) {
 	}
 }
 
+// Cancel removes the queued request at seq (it has not been taken) and consumes its seq_id,
+// so the run moves past it without its effect; a repeat of it is answered with its
+// operation as before. It returns the request's item, or false when seq holds no queued
+// request (it was taken, is claimed, or was never queued).
+func (s *Sequencer[T, K]) Cancel(seq int64) (T, bool) {
+	e, ok := s.pending[seq]
+	if !ok || e.consumed || e.claimed {
+		var zero T
+		return zero, false
+	}
+	s.pending[seq] = entry[T]{consumed: true}
+	s.advance()
+	return e.item, true
+}
+
 // advance moves the position past consumed seq_ids.
 func (s *Sequencer[T, K]) advance() {
 	for {

@@ -301,3 +301,47 @@ func TestClaim(t *testing.T) {
 	s.Claim(f.Seq, "fb")
 	require.Empty(t, s.Drain())
 }
+
+// TestCancelConsumesTheSeqIDWithoutItsEffect: a cancelled queued request is removed, its
+// seq_id is consumed so the run does not wait for it (at the head or in the middle), a
+// repeat of it still answers its operation, and a taken or unknown one is not cancelled.
+func TestCancelConsumesTheSeqIDWithoutItsEffect(t *testing.T) {
+	s := New[string, string](1, 16)
+	submit(t, s, 1, "fb", "a")
+	submit(t, s, 2, "fb", "b")
+	submit(t, s, 3, "fb", "c")
+	got, ok := s.Cancel(2)
+	require.True(t, ok)
+	require.Equal(t, "b", got)
+	_, ok = s.Cancel(2)
+	require.False(t, ok, "cancelled once")
+	require.Equal(t, []string{"a", "c"}, takeAll(s))
+	require.Equal(t, int64(4), s.Next())
+	require.Zero(t, s.Len())
+
+	a, err := s.Admit(2, "fb")
+	require.NoError(t, err)
+	require.True(t, a.Repeat)
+	require.Equal(t, "b", a.Op)
+
+	submit(t, s, 4, "fb", "d")
+	got, ok = s.Cancel(4)
+	require.True(t, ok, "the head is cancelled")
+	require.Equal(t, "d", got)
+	require.Equal(t, int64(5), s.Next(), "the position moves past a cancelled head")
+	_, ok = s.Head()
+	require.False(t, ok)
+	_, ok = s.Cancel(1)
+	require.False(t, ok, "taken already")
+	_, ok = s.Cancel(99)
+	require.False(t, ok, "never queued")
+
+	// A gap before a cancelled request: the run still waits for the gap, then moves past both.
+	submit(t, s, 7, "fb", "g")
+	_, ok = s.Cancel(7)
+	require.True(t, ok)
+	submit(t, s, 6, "fb", "f")
+	submit(t, s, 5, "fb", "e")
+	require.Equal(t, []string{"e", "f"}, takeAll(s))
+	require.Equal(t, int64(8), s.Next())
+}

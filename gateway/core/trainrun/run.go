@@ -373,6 +373,22 @@ func (r *Run[O]) Wake() {
 	r.wake(wake)
 }
 
+// Cancel takes the queued task at seq out of the run's order before it runs (its seq_id is
+// consumed, so the run goes on with the next one) and returns it; nil when the task is not
+// queued any more (it runs, ran, or was never queued). The caller ends its operation.
+func (r *Run[O]) Cancel(seq int64) *Task[O] {
+	r.mu.Lock()
+	t, ok := r.seq.Cancel(seq)
+	if !ok {
+		r.mu.Unlock()
+		return nil
+	}
+	wake := r.kickLocked() // its successor may be the head now
+	r.mu.Unlock()
+	r.wake(wake)
+	return t
+}
+
 // skipGap gives up on a seq_id that never arrived and moves on to the next one that did.
 func (r *Run[O]) skipGap(expected int64) {
 	r.mu.Lock()

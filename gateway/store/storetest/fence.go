@@ -32,6 +32,7 @@ var reads = []string{
 	"GetProject", "ListProjects", "SearchSessions", "ListProjectTrainingRuns", "ListUnindexedSessions",
 	"APIKeyByHash", "GetAPIKey", "ListAPIKeys", "SigningKeys",
 	"GetWeightsAccessToken", "ListWeightsAccessTokens",
+	"ListSessionSamplers", "ListOwnerOperations",
 	"SetFence", "Close",
 }
 

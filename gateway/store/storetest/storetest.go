@@ -53,6 +53,7 @@ func Run(t *testing.T, open Opener) {
 	s("Operations", testOperations)
 	s("FailUnfinishedOperations", testFailUnfinishedOperations)
 	s("DeleteOperationsDoneBefore", testDeleteOperationsDoneBefore)
+	s("TraceReader", testTraceReader)
 	s("ApplyBatch", testApplyBatch)
 	s("Paging", testPaging)
 	s("KeysetPaging", testKeysetPaging)
@@ -184,6 +185,12 @@ func operation(id string, state loopsv1.OperationState, created time.Duration) *
 		op.DoneTime = ts(created + time.Minute)
 		op.Error = &loopsv1.OperationError{
 			Code: 3, Message: "bad input", Category: loopsv1.ErrorCategory_ERROR_CATEGORY_USER,
+		}
+	case loopsv1.OperationState_OPERATION_STATE_CANCELLED:
+		op.DoneTime = ts(created + time.Minute)
+		op.CancelTime = ts(created + time.Second)
+		op.Error = &loopsv1.OperationError{
+			Code: 1, Message: "cancelled by its client", Category: loopsv1.ErrorCategory_ERROR_CATEGORY_USER,
 		}
 	}
 	return op
@@ -618,10 +625,13 @@ func testFailUnfinishedOperations(t *testing.T, open func(t *testing.T) store.St
 	running.TrainingRunId = "run-b"
 	succeeded := operation("succeeded", loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, 2*time.Second)
 	failed := operation("failed", loopsv1.OperationState_OPERATION_STATE_FAILED, 3*time.Second)
+	// A cancelled operation is done: a restart leaves it (and its cancel_time) as it is.
+	cancelled := operation("cancelled", loopsv1.OperationState_OPERATION_STATE_CANCELLED, 4*time.Second)
 	require.NoError(t, st.PutOperation(ctx, wsA, pending))
 	require.NoError(t, st.PutOperation(ctx, wsB, running))
 	require.NoError(t, st.PutOperation(ctx, wsA, succeeded))
 	require.NoError(t, st.PutOperation(ctx, wsA, failed))
+	require.NoError(t, st.PutOperation(ctx, wsA, cancelled))
 
 	n, err = st.FailUnfinishedOperations(ctx, cause, now)
 	require.NoError(t, err)
@@ -639,7 +649,7 @@ func testFailUnfinishedOperations(t *testing.T, open func(t *testing.T) store.St
 		require.NoError(t, err)
 		requireProtoEqual(t, want, got)
 	}
-	for _, op := range []*loopsv1.Operation{succeeded, failed} {
+	for _, op := range []*loopsv1.Operation{succeeded, failed, cancelled} {
 		got, err := st.GetOperation(ctx, wsA, op.GetId())
 		require.NoError(t, err)
 		requireProtoEqual(t, op, got)
@@ -652,7 +662,7 @@ func testFailUnfinishedOperations(t *testing.T, open func(t *testing.T) store.St
 	require.Zero(t, n)
 	deleted, err := st.DeleteOperationsDoneBefore(ctx, now.Add(time.Second))
 	require.NoError(t, err)
-	require.Equal(t, 4, deleted)
+	require.Equal(t, 5, deleted)
 }
 
 func testDeleteOperationsDoneBefore(t *testing.T, open func(t *testing.T) store.Store) {
@@ -1094,4 +1104,51 @@ func testUsageRange(t *testing.T, open func(t *testing.T) store.Store) {
 	got, err = st.ListUsage(ctx, wsA, base.Add(3*time.Hour), base.Add(3*time.Hour))
 	require.NoError(t, err)
 	require.Empty(t, got, "an empty range")
+}
+
+// testTraceReader: a session's samplers (oldest first, limited, its workspace's only) and
+// the operations of a run or of a sampler (newest first, limited, the workspace's only; a
+// sample is found by its sampler), also when written in a batch.
+func testTraceReader(t *testing.T, open func(t *testing.T) store.Store) {
+	ctx := t.Context()
+	st := open(t)
+	s1, s2, other := sampler("smp-1", 0), sampler("smp-2", time.Second), sampler("smp-3", 2*time.Second)
+	other.SessionId = "sess-2"
+	for _, s := range []*loopsv1.Sampler{s2, s1, other} {
+		require.NoError(t, st.PutSampler(ctx, wsA, s))
+	}
+	got, err := st.ListSessionSamplers(ctx, wsA, "sess-1", 10)
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	requireProtoEqual(t, s1, got[0])
+	requireProtoEqual(t, s2, got[1])
+	got, err = st.ListSessionSamplers(ctx, wsA, "sess-1", 1)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	got, err = st.ListSessionSamplers(ctx, wsB, "sess-1", 10)
+	require.NoError(t, err)
+	require.Empty(t, got)
+
+	trainOld := operation("op-train-1", loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, 0)
+	trainNew := operation("op-train-2", loopsv1.OperationState_OPERATION_STATE_CANCELLED, time.Second)
+	sample := operation("op-sample", loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, 2*time.Second)
+	sample.Kind, sample.TrainingRunId, sample.SamplerId = loopsv1.OperationKind_OPERATION_KIND_SAMPLE, "", "smp-1"
+	require.NoError(t, st.PutOperation(ctx, wsA, trainOld))
+	require.NoError(t, st.PutOperation(ctx, wsA, sample))
+	require.NoError(t, st.ApplyBatch(ctx, store.Batch{Operations: []store.OwnedOperation{{Workspace: wsA, Operation: trainNew}}}))
+	ops, err := st.ListOwnerOperations(ctx, wsA, "run-1", 10)
+	require.NoError(t, err)
+	require.Len(t, ops, 2)
+	requireProtoEqual(t, trainNew, ops[0])
+	requireProtoEqual(t, trainOld, ops[1])
+	ops, err = st.ListOwnerOperations(ctx, wsA, "run-1", 1)
+	require.NoError(t, err)
+	require.Len(t, ops, 1)
+	ops, err = st.ListOwnerOperations(ctx, wsA, "smp-1", 10)
+	require.NoError(t, err)
+	require.Len(t, ops, 1)
+	requireProtoEqual(t, sample, ops[0])
+	ops, err = st.ListOwnerOperations(ctx, wsB, "run-1", 10)
+	require.NoError(t, err)
+	require.Empty(t, ops)
 }

@@ -108,9 +108,13 @@ const (
 	ListExpiredCheckpoints  = `SELECT workspace, data FROM checkpoints
 		WHERE expire_time IS NOT NULL AND expire_time < $1
 		ORDER BY create_time DESC, training_run_id DESC, id DESC`
-	ListJobs           = `SELECT workspace, data FROM jobs WHERE workspace = $1 ORDER BY create_time DESC, id DESC LIMIT $2`
-	ListDeployments    = `SELECT workspace, data FROM deployments WHERE workspace = $1 ORDER BY name`
-	ListAllDeployments = `SELECT workspace, data FROM deployments WHERE (workspace, name) > ($1, $2)
+	// ListSessionSamplers and ListOwnerOperations are store.TraceReader's lists (the
+	// operations table's training_run_id holds store.OperationOwner).
+	ListSessionSamplers = `SELECT workspace, data FROM samplers WHERE workspace = $1 AND session_id = $2 ORDER BY create_time, id LIMIT $3`
+	ListOwnerOperations = `SELECT workspace, data FROM operations WHERE workspace = $1 AND training_run_id = $2 ORDER BY create_time DESC, id DESC LIMIT $3`
+	ListJobs            = `SELECT workspace, data FROM jobs WHERE workspace = $1 ORDER BY create_time DESC, id DESC LIMIT $2`
+	ListDeployments     = `SELECT workspace, data FROM deployments WHERE workspace = $1 ORDER BY name`
+	ListAllDeployments  = `SELECT workspace, data FROM deployments WHERE (workspace, name) > ($1, $2)
 		ORDER BY workspace, name LIMIT $3`
 	ListGrantedDeployments = `SELECT d.workspace, d.data FROM deployment_grants g
 		JOIN deployments d ON d.workspace = g.workspace AND d.name = g.deployment

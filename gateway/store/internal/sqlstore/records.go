@@ -118,7 +118,7 @@ func PutOperation(workspace string, m *loopsv1.Operation) (Write, error) {
 		return Write{}, errors.New("put operation: missing id")
 	}
 	return write("operation", m.GetId(), upsertOperation, m,
-		m.GetId(), workspace, m.GetTrainingRunId(), Nanos(m.GetCreateTime()),
+		m.GetId(), workspace, store.OperationOwner(m), Nanos(m.GetCreateTime()),
 		int32(m.GetState()), IsDone(m.GetState()), NullNanos(m.GetDoneTime()))
 }
 
@@ -179,7 +179,8 @@ func NullNanos(ts *timestamppb.Timestamp) *int64 {
 // IsDone reports whether an operation in state st has finished.
 func IsDone(st loopsv1.OperationState) bool {
 	return st == loopsv1.OperationState_OPERATION_STATE_SUCCEEDED ||
-		st == loopsv1.OperationState_OPERATION_STATE_FAILED
+		st == loopsv1.OperationState_OPERATION_STATE_FAILED ||
+		st == loopsv1.OperationState_OPERATION_STATE_CANCELLED
 }
 
 // noNUL drops NUL characters from a copy of a field kept in a text column (PostgreSQL's text

@@ -104,6 +104,9 @@ const (
 	OperationState_OPERATION_STATE_RUNNING     OperationState = 2
 	OperationState_OPERATION_STATE_SUCCEEDED   OperationState = 3
 	OperationState_OPERATION_STATE_FAILED      OperationState = 4
+	// Cancelled by its client (CancelOperation, Tinker's cancel_future): error says whether it
+	// was removed from its queue or finished and had its result dropped.
+	OperationState_OPERATION_STATE_CANCELLED OperationState = 5
 )
 
 // Enum value maps for OperationState.
@@ -114,6 +117,7 @@ var (
 		2: "OPERATION_STATE_RUNNING",
 		3: "OPERATION_STATE_SUCCEEDED",
 		4: "OPERATION_STATE_FAILED",
+		5: "OPERATION_STATE_CANCELLED",
 	}
 	OperationState_value = map[string]int32{
 		"OPERATION_STATE_UNSPECIFIED": 0,
@@ -121,6 +125,7 @@ var (
 		"OPERATION_STATE_RUNNING":     2,
 		"OPERATION_STATE_SUCCEEDED":   3,
 		"OPERATION_STATE_FAILED":      4,
+		"OPERATION_STATE_CANCELLED":   5,
 	}
 )
 
@@ -510,7 +515,12 @@ type Operation struct {
 	Result isOperation_Result `protobuf_oneof:"result"`
 	// Where a pending operation waits and why, as the scheduler sees it when the operation is
 	// read (GetOperation, WaitOperation); unset once it runs or ended.
-	Queue         *QueueStatus `protobuf:"bytes,17,opt,name=queue,proto3" json:"queue,omitempty"`
+	Queue *QueueStatus `protobuf:"bytes,17,opt,name=queue,proto3" json:"queue,omitempty"`
+	// When its client asked to cancel it (CancelOperation); unset when nobody did.
+	CancelTime *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=cancel_time,json=cancelTime,proto3" json:"cancel_time,omitempty"`
+	// When each stage of its life happened (TraceService draws them); stages it has not
+	// reached are unset.
+	Timeline      *OperationTimeline `protobuf:"bytes,19,opt,name=timeline,proto3" json:"timeline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -685,6 +695,20 @@ func (x *Operation) GetQueue() *QueueStatus {
 	return nil
 }
 
+func (x *Operation) GetCancelTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CancelTime
+	}
+	return nil
+}
+
+func (x *Operation) GetTimeline() *OperationTimeline {
+	if x != nil {
+		return x.Timeline
+	}
+	return nil
+}
+
 type isOperation_Result interface {
 	isOperation_Result()
 }
@@ -731,6 +755,107 @@ func (*Operation_Sample) isOperation_Result() {}
 
 func (*Operation_Unload) isOperation_Result() {}
 
+// OperationTimeline is when each stage of an operation happened, after create_time (its
+// submission) and before or after done_time (its outcome decided).
+type OperationTimeline struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its work started: it left its queue (create_time to here is its queue wait).
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// The backend's work on it: from the start of its first backend call to the end of its
+	// last (a forward/backward cut in pieces runs one piece per batch).
+	BackendStartTime *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=backend_start_time,json=backendStartTime,proto3" json:"backend_start_time,omitempty"`
+	BackendEndTime   *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=backend_end_time,json=backendEndTime,proto3" json:"backend_end_time,omitempty"`
+	// A forward/backward: the items (runs' pieces) of the batch its last piece went in, and
+	// the pieces it ran in.
+	BatchItems int32 `protobuf:"varint,4,opt,name=batch_items,json=batchItems,proto3" json:"batch_items,omitempty"`
+	Pieces     int32 `protobuf:"varint,5,opt,name=pieces,proto3" json:"pieces,omitempty"`
+	// Its outcome was durable and published to waiters (done_time to here is the persist).
+	PersistTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=persist_time,json=persistTime,proto3" json:"persist_time,omitempty"`
+	// A client first read its outcome (WaitOperation, GetOperation, Tinker's retrieve_future).
+	RetrieveTime  *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=retrieve_time,json=retrieveTime,proto3" json:"retrieve_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OperationTimeline) Reset() {
+	*x = OperationTimeline{}
+	mi := &file_loops_v1_operations_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OperationTimeline) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OperationTimeline) ProtoMessage() {}
+
+func (x *OperationTimeline) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_operations_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OperationTimeline.ProtoReflect.Descriptor instead.
+func (*OperationTimeline) Descriptor() ([]byte, []int) {
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *OperationTimeline) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *OperationTimeline) GetBackendStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.BackendStartTime
+	}
+	return nil
+}
+
+func (x *OperationTimeline) GetBackendEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.BackendEndTime
+	}
+	return nil
+}
+
+func (x *OperationTimeline) GetBatchItems() int32 {
+	if x != nil {
+		return x.BatchItems
+	}
+	return 0
+}
+
+func (x *OperationTimeline) GetPieces() int32 {
+	if x != nil {
+		return x.Pieces
+	}
+	return 0
+}
+
+func (x *OperationTimeline) GetPersistTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PersistTime
+	}
+	return nil
+}
+
+func (x *OperationTimeline) GetRetrieveTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RetrieveTime
+	}
+	return nil
+}
+
 // QueueStatus says where a pending operation waits and why.
 type QueueStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -749,7 +874,7 @@ type QueueStatus struct {
 
 func (x *QueueStatus) Reset() {
 	*x = QueueStatus{}
-	mi := &file_loops_v1_operations_proto_msgTypes[5]
+	mi := &file_loops_v1_operations_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -761,7 +886,7 @@ func (x *QueueStatus) String() string {
 func (*QueueStatus) ProtoMessage() {}
 
 func (x *QueueStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_operations_proto_msgTypes[5]
+	mi := &file_loops_v1_operations_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -774,7 +899,7 @@ func (x *QueueStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueueStatus.ProtoReflect.Descriptor instead.
 func (*QueueStatus) Descriptor() ([]byte, []int) {
-	return file_loops_v1_operations_proto_rawDescGZIP(), []int{5}
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *QueueStatus) GetState() QueueState {
@@ -814,7 +939,7 @@ type GetOperationRequest struct {
 
 func (x *GetOperationRequest) Reset() {
 	*x = GetOperationRequest{}
-	mi := &file_loops_v1_operations_proto_msgTypes[6]
+	mi := &file_loops_v1_operations_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -826,7 +951,7 @@ func (x *GetOperationRequest) String() string {
 func (*GetOperationRequest) ProtoMessage() {}
 
 func (x *GetOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_operations_proto_msgTypes[6]
+	mi := &file_loops_v1_operations_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -839,7 +964,7 @@ func (x *GetOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOperationRequest.ProtoReflect.Descriptor instead.
 func (*GetOperationRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_operations_proto_rawDescGZIP(), []int{6}
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetOperationRequest) GetId() string {
@@ -860,7 +985,7 @@ type WaitOperationRequest struct {
 
 func (x *WaitOperationRequest) Reset() {
 	*x = WaitOperationRequest{}
-	mi := &file_loops_v1_operations_proto_msgTypes[7]
+	mi := &file_loops_v1_operations_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -872,7 +997,7 @@ func (x *WaitOperationRequest) String() string {
 func (*WaitOperationRequest) ProtoMessage() {}
 
 func (x *WaitOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_operations_proto_msgTypes[7]
+	mi := &file_loops_v1_operations_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -885,7 +1010,7 @@ func (x *WaitOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitOperationRequest.ProtoReflect.Descriptor instead.
 func (*WaitOperationRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_operations_proto_rawDescGZIP(), []int{7}
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WaitOperationRequest) GetId() string {
@@ -898,6 +1023,204 @@ func (x *WaitOperationRequest) GetId() string {
 func (x *WaitOperationRequest) GetTimeout() *durationpb.Duration {
 	if x != nil {
 		return x.Timeout
+	}
+	return nil
+}
+
+type CancelOperationRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelOperationRequest) Reset() {
+	*x = CancelOperationRequest{}
+	mi := &file_loops_v1_operations_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelOperationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelOperationRequest) ProtoMessage() {}
+
+func (x *CancelOperationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_operations_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelOperationRequest.ProtoReflect.Descriptor instead.
+func (*CancelOperationRequest) Descriptor() ([]byte, []int) {
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *CancelOperationRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type BatchGetOperationsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most 100 ids, each given once.
+	Ids           []string `protobuf:"bytes,1,rep,name=ids,proto3" json:"ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchGetOperationsRequest) Reset() {
+	*x = BatchGetOperationsRequest{}
+	mi := &file_loops_v1_operations_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchGetOperationsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchGetOperationsRequest) ProtoMessage() {}
+
+func (x *BatchGetOperationsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_operations_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchGetOperationsRequest.ProtoReflect.Descriptor instead.
+func (*BatchGetOperationsRequest) Descriptor() ([]byte, []int) {
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *BatchGetOperationsRequest) GetIds() []string {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+type BatchGetOperationsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per requested id, in the request's order.
+	Results       []*OperationLookup `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchGetOperationsResponse) Reset() {
+	*x = BatchGetOperationsResponse{}
+	mi := &file_loops_v1_operations_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchGetOperationsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchGetOperationsResponse) ProtoMessage() {}
+
+func (x *BatchGetOperationsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_operations_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchGetOperationsResponse.ProtoReflect.Descriptor instead.
+func (*BatchGetOperationsResponse) Descriptor() ([]byte, []int) {
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *BatchGetOperationsResponse) GetResults() []*OperationLookup {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// OperationLookup is one id's answer in a batch: the operation, or why there is none.
+type OperationLookup struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The operation without its large result; unset when error is set.
+	Operation *Operation `protobuf:"bytes,2,opt,name=operation,proto3" json:"operation,omitempty"`
+	// Why the id has no operation (code NOT_FOUND: it does not exist, belongs to another
+	// workspace, or finished too long ago).
+	Error         *OperationError `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OperationLookup) Reset() {
+	*x = OperationLookup{}
+	mi := &file_loops_v1_operations_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OperationLookup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OperationLookup) ProtoMessage() {}
+
+func (x *OperationLookup) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_operations_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OperationLookup.ProtoReflect.Descriptor instead.
+func (*OperationLookup) Descriptor() ([]byte, []int) {
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *OperationLookup) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *OperationLookup) GetOperation() *Operation {
+	if x != nil {
+		return x.Operation
+	}
+	return nil
+}
+
+func (x *OperationLookup) GetError() *OperationError {
+	if x != nil {
+		return x.Error
 	}
 	return nil
 }
@@ -922,7 +1245,7 @@ const file_loops_v1_operations_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12&\n" +
 	"\x0ftraining_run_id\x18\x02 \x01(\tR\rtrainingRunId\"A\n" +
 	"\x17UnloadTrainingRunResult\x12&\n" +
-	"\x0ftraining_run_id\x18\x01 \x01(\tR\rtrainingRunId\"\xec\x06\n" +
+	"\x0ftraining_run_id\x18\x01 \x01(\tR\rtrainingRunId\"\xe2\a\n" +
 	"\tOperation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12+\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x17.loops.v1.OperationKindR\x04kind\x12.\n" +
@@ -944,8 +1267,21 @@ const file_loops_v1_operations_proto_rawDesc = "" +
 	"\fload_weights\x18\x0e \x01(\v2\x1b.loops.v1.LoadWeightsResultH\x00R\vloadWeights\x120\n" +
 	"\x06sample\x18\x0f \x01(\v2\x16.loops.v1.SampleResultH\x00R\x06sample\x12;\n" +
 	"\x06unload\x18\x10 \x01(\v2!.loops.v1.UnloadTrainingRunResultH\x00R\x06unload\x12+\n" +
-	"\x05queue\x18\x11 \x01(\v2\x15.loops.v1.QueueStatusR\x05queueB\b\n" +
-	"\x06result\"\xaf\x01\n" +
+	"\x05queue\x18\x11 \x01(\v2\x15.loops.v1.QueueStatusR\x05queue\x12;\n" +
+	"\vcancel_time\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"cancelTime\x127\n" +
+	"\btimeline\x18\x13 \x01(\v2\x1b.loops.v1.OperationTimelineR\btimelineB\b\n" +
+	"\x06result\"\x97\x03\n" +
+	"\x11OperationTimeline\x129\n" +
+	"\n" +
+	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x12H\n" +
+	"\x12backend_start_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x10backendStartTime\x12D\n" +
+	"\x10backend_end_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x0ebackendEndTime\x12\x1f\n" +
+	"\vbatch_items\x18\x04 \x01(\x05R\n" +
+	"batchItems\x12\x16\n" +
+	"\x06pieces\x18\x05 \x01(\x05R\x06pieces\x12=\n" +
+	"\fpersist_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vpersistTime\x12?\n" +
+	"\rretrieve_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\fretrieveTime\"\xaf\x01\n" +
 	"\vQueueStatus\x12*\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x14.loops.v1.QueueStateR\x05state\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1a\n" +
@@ -955,7 +1291,17 @@ const file_loops_v1_operations_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"[\n" +
 	"\x14WaitOperationRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x123\n" +
-	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout*\xe9\x02\n" +
+	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"(\n" +
+	"\x16CancelOperationRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"-\n" +
+	"\x19BatchGetOperationsRequest\x12\x10\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\"Q\n" +
+	"\x1aBatchGetOperationsResponse\x123\n" +
+	"\aresults\x18\x01 \x03(\v2\x19.loops.v1.OperationLookupR\aresults\"\x84\x01\n" +
+	"\x0fOperationLookup\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x121\n" +
+	"\toperation\x18\x02 \x01(\v2\x13.loops.v1.OperationR\toperation\x12.\n" +
+	"\x05error\x18\x03 \x01(\v2\x18.loops.v1.OperationErrorR\x05error*\xe9\x02\n" +
 	"\rOperationKind\x12\x1e\n" +
 	"\x1aOPERATION_KIND_UNSPECIFIED\x10\x00\x12&\n" +
 	"\"OPERATION_KIND_CREATE_TRAINING_RUN\x10\x01\x12\x1a\n" +
@@ -966,13 +1312,14 @@ const file_loops_v1_operations_proto_rawDesc = "" +
 	"'OPERATION_KIND_SAVE_WEIGHTS_FOR_SAMPLER\x10\x06\x12\x1f\n" +
 	"\x1bOPERATION_KIND_LOAD_WEIGHTS\x10\a\x12\x19\n" +
 	"\x15OPERATION_KIND_SAMPLE\x10\b\x12&\n" +
-	"\"OPERATION_KIND_UNLOAD_TRAINING_RUN\x10\t*\xa6\x01\n" +
+	"\"OPERATION_KIND_UNLOAD_TRAINING_RUN\x10\t*\xc5\x01\n" +
 	"\x0eOperationState\x12\x1f\n" +
 	"\x1bOPERATION_STATE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17OPERATION_STATE_PENDING\x10\x01\x12\x1b\n" +
 	"\x17OPERATION_STATE_RUNNING\x10\x02\x12\x1d\n" +
 	"\x19OPERATION_STATE_SUCCEEDED\x10\x03\x12\x1a\n" +
-	"\x16OPERATION_STATE_FAILED\x10\x04*c\n" +
+	"\x16OPERATION_STATE_FAILED\x10\x04\x12\x1d\n" +
+	"\x19OPERATION_STATE_CANCELLED\x10\x05*c\n" +
 	"\rErrorCategory\x12\x1e\n" +
 	"\x1aERROR_CATEGORY_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13ERROR_CATEGORY_USER\x10\x01\x12\x19\n" +
@@ -982,10 +1329,12 @@ const file_loops_v1_operations_proto_rawDesc = "" +
 	"\x17QUEUE_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12QUEUE_STATE_ACTIVE\x10\x01\x12\x1f\n" +
 	"\x1bQUEUE_STATE_PAUSED_CAPACITY\x10\x02\x12!\n" +
-	"\x1dQUEUE_STATE_PAUSED_RATE_LIMIT\x10\x032\xde\x01\n" +
+	"\x1dQUEUE_STATE_PAUSED_RATE_LIMIT\x10\x032\xd5\x03\n" +
 	"\x10OperationService\x12_\n" +
 	"\fGetOperation\x12\x1d.loops.v1.GetOperationRequest\x1a\x13.loops.v1.Operation\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/v1/operations/{id}\x12i\n" +
-	"\rWaitOperation\x12\x1e.loops.v1.WaitOperationRequest\x1a\x13.loops.v1.Operation\"#\x82\xd3\xe4\x93\x02\x1d:\x01*\"\x18/v1/operations/{id}/waitB\x94\x01\n" +
+	"\rWaitOperation\x12\x1e.loops.v1.WaitOperationRequest\x1a\x13.loops.v1.Operation\"#\x82\xd3\xe4\x93\x02\x1d:\x01*\"\x18/v1/operations/{id}/wait\x12o\n" +
+	"\x0fCancelOperation\x12 .loops.v1.CancelOperationRequest\x1a\x13.loops.v1.Operation\"%\x82\xd3\xe4\x93\x02\x1f:\x01*\"\x1a/v1/operations/{id}/cancel\x12\x83\x01\n" +
+	"\x12BatchGetOperations\x12#.loops.v1.BatchGetOperationsRequest\x1a$.loops.v1.BatchGetOperationsResponse\"\"\x82\xd3\xe4\x93\x02\x1c:\x01*\"\x17/v1/operations:batchGetB\x94\x01\n" +
 	"\fcom.loops.v1B\x0fOperationsProtoP\x01Z2github.com/loops-dev/loops/gen/go/loops/v1;loopsv1\xa2\x02\x03LXX\xaa\x02\bLoops.V1\xca\x02\bLoops\\V1\xe2\x02\x14Loops\\V1\\GPBMetadata\xea\x02\tLoops::V1b\x06proto3"
 
 var (
@@ -1001,56 +1350,75 @@ func file_loops_v1_operations_proto_rawDescGZIP() []byte {
 }
 
 var file_loops_v1_operations_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_loops_v1_operations_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_loops_v1_operations_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_loops_v1_operations_proto_goTypes = []any{
-	(OperationKind)(0),              // 0: loops.v1.OperationKind
-	(OperationState)(0),             // 1: loops.v1.OperationState
-	(ErrorCategory)(0),              // 2: loops.v1.ErrorCategory
-	(QueueState)(0),                 // 3: loops.v1.QueueState
-	(*OperationError)(nil),          // 4: loops.v1.OperationError
-	(*SaveWeightsResult)(nil),       // 5: loops.v1.SaveWeightsResult
-	(*LoadWeightsResult)(nil),       // 6: loops.v1.LoadWeightsResult
-	(*UnloadTrainingRunResult)(nil), // 7: loops.v1.UnloadTrainingRunResult
-	(*Operation)(nil),               // 8: loops.v1.Operation
-	(*QueueStatus)(nil),             // 9: loops.v1.QueueStatus
-	(*GetOperationRequest)(nil),     // 10: loops.v1.GetOperationRequest
-	(*WaitOperationRequest)(nil),    // 11: loops.v1.WaitOperationRequest
-	(*Checkpoint)(nil),              // 12: loops.v1.Checkpoint
-	(*timestamppb.Timestamp)(nil),   // 13: google.protobuf.Timestamp
-	(*TrainingRun)(nil),             // 14: loops.v1.TrainingRun
-	(*ForwardBackwardResult)(nil),   // 15: loops.v1.ForwardBackwardResult
-	(*OptimStepResult)(nil),         // 16: loops.v1.OptimStepResult
-	(*SampleResult)(nil),            // 17: loops.v1.SampleResult
-	(*durationpb.Duration)(nil),     // 18: google.protobuf.Duration
+	(OperationKind)(0),                 // 0: loops.v1.OperationKind
+	(OperationState)(0),                // 1: loops.v1.OperationState
+	(ErrorCategory)(0),                 // 2: loops.v1.ErrorCategory
+	(QueueState)(0),                    // 3: loops.v1.QueueState
+	(*OperationError)(nil),             // 4: loops.v1.OperationError
+	(*SaveWeightsResult)(nil),          // 5: loops.v1.SaveWeightsResult
+	(*LoadWeightsResult)(nil),          // 6: loops.v1.LoadWeightsResult
+	(*UnloadTrainingRunResult)(nil),    // 7: loops.v1.UnloadTrainingRunResult
+	(*Operation)(nil),                  // 8: loops.v1.Operation
+	(*OperationTimeline)(nil),          // 9: loops.v1.OperationTimeline
+	(*QueueStatus)(nil),                // 10: loops.v1.QueueStatus
+	(*GetOperationRequest)(nil),        // 11: loops.v1.GetOperationRequest
+	(*WaitOperationRequest)(nil),       // 12: loops.v1.WaitOperationRequest
+	(*CancelOperationRequest)(nil),     // 13: loops.v1.CancelOperationRequest
+	(*BatchGetOperationsRequest)(nil),  // 14: loops.v1.BatchGetOperationsRequest
+	(*BatchGetOperationsResponse)(nil), // 15: loops.v1.BatchGetOperationsResponse
+	(*OperationLookup)(nil),            // 16: loops.v1.OperationLookup
+	(*Checkpoint)(nil),                 // 17: loops.v1.Checkpoint
+	(*timestamppb.Timestamp)(nil),      // 18: google.protobuf.Timestamp
+	(*TrainingRun)(nil),                // 19: loops.v1.TrainingRun
+	(*ForwardBackwardResult)(nil),      // 20: loops.v1.ForwardBackwardResult
+	(*OptimStepResult)(nil),            // 21: loops.v1.OptimStepResult
+	(*SampleResult)(nil),               // 22: loops.v1.SampleResult
+	(*durationpb.Duration)(nil),        // 23: google.protobuf.Duration
 }
 var file_loops_v1_operations_proto_depIdxs = []int32{
 	2,  // 0: loops.v1.OperationError.category:type_name -> loops.v1.ErrorCategory
-	12, // 1: loops.v1.SaveWeightsResult.checkpoint:type_name -> loops.v1.Checkpoint
+	17, // 1: loops.v1.SaveWeightsResult.checkpoint:type_name -> loops.v1.Checkpoint
 	0,  // 2: loops.v1.Operation.kind:type_name -> loops.v1.OperationKind
 	1,  // 3: loops.v1.Operation.state:type_name -> loops.v1.OperationState
-	13, // 4: loops.v1.Operation.create_time:type_name -> google.protobuf.Timestamp
-	13, // 5: loops.v1.Operation.done_time:type_name -> google.protobuf.Timestamp
+	18, // 4: loops.v1.Operation.create_time:type_name -> google.protobuf.Timestamp
+	18, // 5: loops.v1.Operation.done_time:type_name -> google.protobuf.Timestamp
 	4,  // 6: loops.v1.Operation.error:type_name -> loops.v1.OperationError
-	14, // 7: loops.v1.Operation.training_run:type_name -> loops.v1.TrainingRun
-	15, // 8: loops.v1.Operation.forward_backward:type_name -> loops.v1.ForwardBackwardResult
-	16, // 9: loops.v1.Operation.optim_step:type_name -> loops.v1.OptimStepResult
+	19, // 7: loops.v1.Operation.training_run:type_name -> loops.v1.TrainingRun
+	20, // 8: loops.v1.Operation.forward_backward:type_name -> loops.v1.ForwardBackwardResult
+	21, // 9: loops.v1.Operation.optim_step:type_name -> loops.v1.OptimStepResult
 	5,  // 10: loops.v1.Operation.save_weights:type_name -> loops.v1.SaveWeightsResult
 	6,  // 11: loops.v1.Operation.load_weights:type_name -> loops.v1.LoadWeightsResult
-	17, // 12: loops.v1.Operation.sample:type_name -> loops.v1.SampleResult
+	22, // 12: loops.v1.Operation.sample:type_name -> loops.v1.SampleResult
 	7,  // 13: loops.v1.Operation.unload:type_name -> loops.v1.UnloadTrainingRunResult
-	9,  // 14: loops.v1.Operation.queue:type_name -> loops.v1.QueueStatus
-	3,  // 15: loops.v1.QueueStatus.state:type_name -> loops.v1.QueueState
-	18, // 16: loops.v1.QueueStatus.estimated_wait:type_name -> google.protobuf.Duration
-	18, // 17: loops.v1.WaitOperationRequest.timeout:type_name -> google.protobuf.Duration
-	10, // 18: loops.v1.OperationService.GetOperation:input_type -> loops.v1.GetOperationRequest
-	11, // 19: loops.v1.OperationService.WaitOperation:input_type -> loops.v1.WaitOperationRequest
-	8,  // 20: loops.v1.OperationService.GetOperation:output_type -> loops.v1.Operation
-	8,  // 21: loops.v1.OperationService.WaitOperation:output_type -> loops.v1.Operation
-	20, // [20:22] is the sub-list for method output_type
-	18, // [18:20] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	10, // 14: loops.v1.Operation.queue:type_name -> loops.v1.QueueStatus
+	18, // 15: loops.v1.Operation.cancel_time:type_name -> google.protobuf.Timestamp
+	9,  // 16: loops.v1.Operation.timeline:type_name -> loops.v1.OperationTimeline
+	18, // 17: loops.v1.OperationTimeline.start_time:type_name -> google.protobuf.Timestamp
+	18, // 18: loops.v1.OperationTimeline.backend_start_time:type_name -> google.protobuf.Timestamp
+	18, // 19: loops.v1.OperationTimeline.backend_end_time:type_name -> google.protobuf.Timestamp
+	18, // 20: loops.v1.OperationTimeline.persist_time:type_name -> google.protobuf.Timestamp
+	18, // 21: loops.v1.OperationTimeline.retrieve_time:type_name -> google.protobuf.Timestamp
+	3,  // 22: loops.v1.QueueStatus.state:type_name -> loops.v1.QueueState
+	23, // 23: loops.v1.QueueStatus.estimated_wait:type_name -> google.protobuf.Duration
+	23, // 24: loops.v1.WaitOperationRequest.timeout:type_name -> google.protobuf.Duration
+	16, // 25: loops.v1.BatchGetOperationsResponse.results:type_name -> loops.v1.OperationLookup
+	8,  // 26: loops.v1.OperationLookup.operation:type_name -> loops.v1.Operation
+	4,  // 27: loops.v1.OperationLookup.error:type_name -> loops.v1.OperationError
+	11, // 28: loops.v1.OperationService.GetOperation:input_type -> loops.v1.GetOperationRequest
+	12, // 29: loops.v1.OperationService.WaitOperation:input_type -> loops.v1.WaitOperationRequest
+	13, // 30: loops.v1.OperationService.CancelOperation:input_type -> loops.v1.CancelOperationRequest
+	14, // 31: loops.v1.OperationService.BatchGetOperations:input_type -> loops.v1.BatchGetOperationsRequest
+	8,  // 32: loops.v1.OperationService.GetOperation:output_type -> loops.v1.Operation
+	8,  // 33: loops.v1.OperationService.WaitOperation:output_type -> loops.v1.Operation
+	8,  // 34: loops.v1.OperationService.CancelOperation:output_type -> loops.v1.Operation
+	15, // 35: loops.v1.OperationService.BatchGetOperations:output_type -> loops.v1.BatchGetOperationsResponse
+	32, // [32:36] is the sub-list for method output_type
+	28, // [28:32] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_operations_proto_init() }
@@ -1075,7 +1443,7 @@ func file_loops_v1_operations_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_operations_proto_rawDesc), len(file_loops_v1_operations_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   8,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

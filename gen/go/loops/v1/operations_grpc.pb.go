@@ -19,8 +19,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	OperationService_GetOperation_FullMethodName  = "/loops.v1.OperationService/GetOperation"
-	OperationService_WaitOperation_FullMethodName = "/loops.v1.OperationService/WaitOperation"
+	OperationService_GetOperation_FullMethodName       = "/loops.v1.OperationService/GetOperation"
+	OperationService_WaitOperation_FullMethodName      = "/loops.v1.OperationService/WaitOperation"
+	OperationService_CancelOperation_FullMethodName    = "/loops.v1.OperationService/CancelOperation"
+	OperationService_BatchGetOperations_FullMethodName = "/loops.v1.OperationService/BatchGetOperations"
 )
 
 // OperationServiceClient is the client API for OperationService service.
@@ -35,6 +37,17 @@ type OperationServiceClient interface {
 	// WaitOperation returns when the operation is done or the timeout (at most 30 s) passes,
 	// whichever comes first. Completion wakes waiters at once; nothing polls.
 	WaitOperation(ctx context.Context, in *WaitOperationRequest, opts ...grpc.CallOption) (*Operation, error)
+	// CancelOperation cancels an operation. A queued one is removed before it runs: it ends
+	// CANCELLED and its seq_id is consumed without effect, so the run goes on with the next one.
+	// A running one finishes (its effect on the run is kept) and ends CANCELLED, its result
+	// dropped. A finished one is unchanged. The answer is the operation as it stands after the
+	// call; cancel_time says the cancel was recorded.
+	CancelOperation(ctx context.Context, in *CancelOperationRequest, opts ...grpc.CallOption) (*Operation, error)
+	// BatchGetOperations returns the current state of up to 100 operations at once, without
+	// their large results (forward/backward outputs, samples: read those with GetOperation).
+	// Each id is answered on its own: an id that does not exist or belongs to another
+	// workspace is reported NOT_FOUND in its place, the others are answered.
+	BatchGetOperations(ctx context.Context, in *BatchGetOperationsRequest, opts ...grpc.CallOption) (*BatchGetOperationsResponse, error)
 }
 
 type operationServiceClient struct {
@@ -65,6 +78,26 @@ func (c *operationServiceClient) WaitOperation(ctx context.Context, in *WaitOper
 	return out, nil
 }
 
+func (c *operationServiceClient) CancelOperation(ctx context.Context, in *CancelOperationRequest, opts ...grpc.CallOption) (*Operation, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Operation)
+	err := c.cc.Invoke(ctx, OperationService_CancelOperation_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *operationServiceClient) BatchGetOperations(ctx context.Context, in *BatchGetOperationsRequest, opts ...grpc.CallOption) (*BatchGetOperationsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BatchGetOperationsResponse)
+	err := c.cc.Invoke(ctx, OperationService_BatchGetOperations_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // OperationServiceServer is the server API for OperationService service.
 // All implementations must embed UnimplementedOperationServiceServer
 // for forward compatibility.
@@ -77,6 +110,17 @@ type OperationServiceServer interface {
 	// WaitOperation returns when the operation is done or the timeout (at most 30 s) passes,
 	// whichever comes first. Completion wakes waiters at once; nothing polls.
 	WaitOperation(context.Context, *WaitOperationRequest) (*Operation, error)
+	// CancelOperation cancels an operation. A queued one is removed before it runs: it ends
+	// CANCELLED and its seq_id is consumed without effect, so the run goes on with the next one.
+	// A running one finishes (its effect on the run is kept) and ends CANCELLED, its result
+	// dropped. A finished one is unchanged. The answer is the operation as it stands after the
+	// call; cancel_time says the cancel was recorded.
+	CancelOperation(context.Context, *CancelOperationRequest) (*Operation, error)
+	// BatchGetOperations returns the current state of up to 100 operations at once, without
+	// their large results (forward/backward outputs, samples: read those with GetOperation).
+	// Each id is answered on its own: an id that does not exist or belongs to another
+	// workspace is reported NOT_FOUND in its place, the others are answered.
+	BatchGetOperations(context.Context, *BatchGetOperationsRequest) (*BatchGetOperationsResponse, error)
 	mustEmbedUnimplementedOperationServiceServer()
 }
 
@@ -92,6 +136,12 @@ func (UnimplementedOperationServiceServer) GetOperation(context.Context, *GetOpe
 }
 func (UnimplementedOperationServiceServer) WaitOperation(context.Context, *WaitOperationRequest) (*Operation, error) {
 	return nil, status.Error(codes.Unimplemented, "method WaitOperation not implemented")
+}
+func (UnimplementedOperationServiceServer) CancelOperation(context.Context, *CancelOperationRequest) (*Operation, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelOperation not implemented")
+}
+func (UnimplementedOperationServiceServer) BatchGetOperations(context.Context, *BatchGetOperationsRequest) (*BatchGetOperationsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method BatchGetOperations not implemented")
 }
 func (UnimplementedOperationServiceServer) mustEmbedUnimplementedOperationServiceServer() {}
 func (UnimplementedOperationServiceServer) testEmbeddedByValue()                          {}
@@ -150,6 +200,42 @@ func _OperationService_WaitOperation_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _OperationService_CancelOperation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelOperationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperationServiceServer).CancelOperation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: OperationService_CancelOperation_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperationServiceServer).CancelOperation(ctx, req.(*CancelOperationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _OperationService_BatchGetOperations_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BatchGetOperationsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperationServiceServer).BatchGetOperations(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: OperationService_BatchGetOperations_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperationServiceServer).BatchGetOperations(ctx, req.(*BatchGetOperationsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // OperationService_ServiceDesc is the grpc.ServiceDesc for OperationService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -164,6 +250,14 @@ var OperationService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "WaitOperation",
 			Handler:    _OperationService_WaitOperation_Handler,
+		},
+		{
+			MethodName: "CancelOperation",
+			Handler:    _OperationService_CancelOperation_Handler,
+		},
+		{
+			MethodName: "BatchGetOperations",
+			Handler:    _OperationService_BatchGetOperations_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

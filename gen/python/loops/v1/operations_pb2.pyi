@@ -5,10 +5,11 @@ from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from loops.v1 import resources_pb2 as _resources_pb2
 from loops.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -33,6 +34,7 @@ class OperationState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OPERATION_STATE_RUNNING: _ClassVar[OperationState]
     OPERATION_STATE_SUCCEEDED: _ClassVar[OperationState]
     OPERATION_STATE_FAILED: _ClassVar[OperationState]
+    OPERATION_STATE_CANCELLED: _ClassVar[OperationState]
 
 class ErrorCategory(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -61,6 +63,7 @@ OPERATION_STATE_PENDING: OperationState
 OPERATION_STATE_RUNNING: OperationState
 OPERATION_STATE_SUCCEEDED: OperationState
 OPERATION_STATE_FAILED: OperationState
+OPERATION_STATE_CANCELLED: OperationState
 ERROR_CATEGORY_UNSPECIFIED: ErrorCategory
 ERROR_CATEGORY_USER: ErrorCategory
 ERROR_CATEGORY_SERVER: ErrorCategory
@@ -104,7 +107,7 @@ class UnloadTrainingRunResult(_message.Message):
     def __init__(self, training_run_id: _Optional[str] = ...) -> None: ...
 
 class Operation(_message.Message):
-    __slots__ = ("id", "kind", "state", "training_run_id", "sampler_id", "seq_id", "create_time", "done_time", "error", "training_run", "forward_backward", "optim_step", "save_weights", "load_weights", "sample", "unload", "queue")
+    __slots__ = ("id", "kind", "state", "training_run_id", "sampler_id", "seq_id", "create_time", "done_time", "error", "training_run", "forward_backward", "optim_step", "save_weights", "load_weights", "sample", "unload", "queue", "cancel_time", "timeline")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +125,8 @@ class Operation(_message.Message):
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     UNLOAD_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_TIME_FIELD_NUMBER: _ClassVar[int]
+    TIMELINE_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: OperationKind
     state: OperationState
@@ -139,7 +144,27 @@ class Operation(_message.Message):
     sample: _types_pb2.SampleResult
     unload: UnloadTrainingRunResult
     queue: QueueStatus
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[OperationKind, str]] = ..., state: _Optional[_Union[OperationState, str]] = ..., training_run_id: _Optional[str] = ..., sampler_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., done_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[_Union[OperationError, _Mapping]] = ..., training_run: _Optional[_Union[_resources_pb2.TrainingRun, _Mapping]] = ..., forward_backward: _Optional[_Union[_types_pb2.ForwardBackwardResult, _Mapping]] = ..., optim_step: _Optional[_Union[_types_pb2.OptimStepResult, _Mapping]] = ..., save_weights: _Optional[_Union[SaveWeightsResult, _Mapping]] = ..., load_weights: _Optional[_Union[LoadWeightsResult, _Mapping]] = ..., sample: _Optional[_Union[_types_pb2.SampleResult, _Mapping]] = ..., unload: _Optional[_Union[UnloadTrainingRunResult, _Mapping]] = ..., queue: _Optional[_Union[QueueStatus, _Mapping]] = ...) -> None: ...
+    cancel_time: _timestamp_pb2.Timestamp
+    timeline: OperationTimeline
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[OperationKind, str]] = ..., state: _Optional[_Union[OperationState, str]] = ..., training_run_id: _Optional[str] = ..., sampler_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., done_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[_Union[OperationError, _Mapping]] = ..., training_run: _Optional[_Union[_resources_pb2.TrainingRun, _Mapping]] = ..., forward_backward: _Optional[_Union[_types_pb2.ForwardBackwardResult, _Mapping]] = ..., optim_step: _Optional[_Union[_types_pb2.OptimStepResult, _Mapping]] = ..., save_weights: _Optional[_Union[SaveWeightsResult, _Mapping]] = ..., load_weights: _Optional[_Union[LoadWeightsResult, _Mapping]] = ..., sample: _Optional[_Union[_types_pb2.SampleResult, _Mapping]] = ..., unload: _Optional[_Union[UnloadTrainingRunResult, _Mapping]] = ..., queue: _Optional[_Union[QueueStatus, _Mapping]] = ..., cancel_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., timeline: _Optional[_Union[OperationTimeline, _Mapping]] = ...) -> None: ...
+
+class OperationTimeline(_message.Message):
+    __slots__ = ("start_time", "backend_start_time", "backend_end_time", "batch_items", "pieces", "persist_time", "retrieve_time")
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_START_TIME_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_END_TIME_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    PIECES_FIELD_NUMBER: _ClassVar[int]
+    PERSIST_TIME_FIELD_NUMBER: _ClassVar[int]
+    RETRIEVE_TIME_FIELD_NUMBER: _ClassVar[int]
+    start_time: _timestamp_pb2.Timestamp
+    backend_start_time: _timestamp_pb2.Timestamp
+    backend_end_time: _timestamp_pb2.Timestamp
+    batch_items: int
+    pieces: int
+    persist_time: _timestamp_pb2.Timestamp
+    retrieve_time: _timestamp_pb2.Timestamp
+    def __init__(self, start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., backend_start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., backend_end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., batch_items: _Optional[int] = ..., pieces: _Optional[int] = ..., persist_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., retrieve_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class QueueStatus(_message.Message):
     __slots__ = ("state", "reason", "position", "estimated_wait")
@@ -166,3 +191,31 @@ class WaitOperationRequest(_message.Message):
     id: str
     timeout: _duration_pb2.Duration
     def __init__(self, id: _Optional[str] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class CancelOperationRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class BatchGetOperationsRequest(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class BatchGetOperationsResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[OperationLookup]
+    def __init__(self, results: _Optional[_Iterable[_Union[OperationLookup, _Mapping]]] = ...) -> None: ...
+
+class OperationLookup(_message.Message):
+    __slots__ = ("id", "operation", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    operation: Operation
+    error: OperationError
+    def __init__(self, id: _Optional[str] = ..., operation: _Optional[_Union[Operation, _Mapping]] = ..., error: _Optional[_Union[OperationError, _Mapping]] = ...) -> None: ...

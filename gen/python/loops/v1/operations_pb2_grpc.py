@@ -46,6 +46,16 @@ class OperationServiceStub:
                 request_serializer=loops_dot_v1_dot_operations__pb2.WaitOperationRequest.SerializeToString,
                 response_deserializer=loops_dot_v1_dot_operations__pb2.Operation.FromString,
                 _registered_method=True)
+        self.CancelOperation = channel.unary_unary(
+                '/loops.v1.OperationService/CancelOperation',
+                request_serializer=loops_dot_v1_dot_operations__pb2.CancelOperationRequest.SerializeToString,
+                response_deserializer=loops_dot_v1_dot_operations__pb2.Operation.FromString,
+                _registered_method=True)
+        self.BatchGetOperations = channel.unary_unary(
+                '/loops.v1.OperationService/BatchGetOperations',
+                request_serializer=loops_dot_v1_dot_operations__pb2.BatchGetOperationsRequest.SerializeToString,
+                response_deserializer=loops_dot_v1_dot_operations__pb2.BatchGetOperationsResponse.FromString,
+                _registered_method=True)
 
 
 class OperationServiceServicer:
@@ -68,6 +78,27 @@ class OperationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelOperation(self, request, context):
+        """CancelOperation cancels an operation. A queued one is removed before it runs: it ends
+        CANCELLED and its seq_id is consumed without effect, so the run goes on with the next one.
+        A running one finishes (its effect on the run is kept) and ends CANCELLED, its result
+        dropped. A finished one is unchanged. The answer is the operation as it stands after the
+        call; cancel_time says the cancel was recorded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BatchGetOperations(self, request, context):
+        """BatchGetOperations returns the current state of up to 100 operations at once, without
+        their large results (forward/backward outputs, samples: read those with GetOperation).
+        Each id is answered on its own: an id that does not exist or belongs to another
+        workspace is reported NOT_FOUND in its place, the others are answered.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -80,6 +111,16 @@ def add_OperationServiceServicer_to_server(servicer, server):
                     servicer.WaitOperation,
                     request_deserializer=loops_dot_v1_dot_operations__pb2.WaitOperationRequest.FromString,
                     response_serializer=loops_dot_v1_dot_operations__pb2.Operation.SerializeToString,
+            ),
+            'CancelOperation': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelOperation,
+                    request_deserializer=loops_dot_v1_dot_operations__pb2.CancelOperationRequest.FromString,
+                    response_serializer=loops_dot_v1_dot_operations__pb2.Operation.SerializeToString,
+            ),
+            'BatchGetOperations': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchGetOperations,
+                    request_deserializer=loops_dot_v1_dot_operations__pb2.BatchGetOperationsRequest.FromString,
+                    response_serializer=loops_dot_v1_dot_operations__pb2.BatchGetOperationsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -138,6 +179,60 @@ class OperationService:
             '/loops.v1.OperationService/WaitOperation',
             loops_dot_v1_dot_operations__pb2.WaitOperationRequest.SerializeToString,
             loops_dot_v1_dot_operations__pb2.Operation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelOperation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loops.v1.OperationService/CancelOperation',
+            loops_dot_v1_dot_operations__pb2.CancelOperationRequest.SerializeToString,
+            loops_dot_v1_dot_operations__pb2.Operation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchGetOperations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loops.v1.OperationService/BatchGetOperations',
+            loops_dot_v1_dot_operations__pb2.BatchGetOperationsRequest.SerializeToString,
+            loops_dot_v1_dot_operations__pb2.BatchGetOperationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -17,7 +17,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file loops/v1/operations.proto.
  */
 export const file_loops_v1_operations: GenFile = /*@__PURE__*/
-  fileDesc("Chlsb29wcy92MS9vcGVyYXRpb25zLnByb3RvEghsb29wcy52MSJaCg5PcGVyYXRpb25FcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSKQoIY2F0ZWdvcnkYAyABKA4yFy5sb29wcy52MS5FcnJvckNhdGVnb3J5Il8KEVNhdmVXZWlnaHRzUmVzdWx0EgwKBHBhdGgYASABKAkSEgoKc2FtcGxlcl9pZBgCIAEoCRIoCgpjaGVja3BvaW50GAMgASgLMhQubG9vcHMudjEuQ2hlY2twb2ludCI6ChFMb2FkV2VpZ2h0c1Jlc3VsdBIMCgRwYXRoGAEgASgJEhcKD3RyYWluaW5nX3J1bl9pZBgCIAEoCSIyChdVbmxvYWRUcmFpbmluZ1J1blJlc3VsdBIXCg90cmFpbmluZ19ydW5faWQYASABKAkiwwUKCU9wZXJhdGlvbhIKCgJpZBgBIAEoCRIlCgRraW5kGAIgASgOMhcubG9vcHMudjEuT3BlcmF0aW9uS2luZBInCgVzdGF0ZRgDIAEoDjIYLmxvb3BzLnYxLk9wZXJhdGlvblN0YXRlEhcKD3RyYWluaW5nX3J1bl9pZBgEIAEoCRISCgpzYW1wbGVyX2lkGAUgASgJEg4KBnNlcV9pZBgGIAEoAxIvCgtjcmVhdGVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLQoJZG9uZV90aW1lGAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBInCgVlcnJvchgJIAEoCzIYLmxvb3BzLnYxLk9wZXJhdGlvbkVycm9yEi0KDHRyYWluaW5nX3J1bhgKIAEoCzIVLmxvb3BzLnYxLlRyYWluaW5nUnVuSAASOwoQZm9yd2FyZF9iYWNrd2FyZBgLIAEoCzIfLmxvb3BzLnYxLkZvcndhcmRCYWNrd2FyZFJlc3VsdEgAEi8KCm9wdGltX3N0ZXAYDCABKAsyGS5sb29wcy52MS5PcHRpbVN0ZXBSZXN1bHRIABIzCgxzYXZlX3dlaWdodHMYDSABKAsyGy5sb29wcy52MS5TYXZlV2VpZ2h0c1Jlc3VsdEgAEjMKDGxvYWRfd2VpZ2h0cxgOIAEoCzIbLmxvb3BzLnYxLkxvYWRXZWlnaHRzUmVzdWx0SAASKAoGc2FtcGxlGA8gASgLMhYubG9vcHMudjEuU2FtcGxlUmVzdWx0SAASMwoGdW5sb2FkGBAgASgLMiEubG9vcHMudjEuVW5sb2FkVHJhaW5pbmdSdW5SZXN1bHRIABIkCgVxdWV1ZRgRIAEoCzIVLmxvb3BzLnYxLlF1ZXVlU3RhdHVzQggKBnJlc3VsdCKHAQoLUXVldWVTdGF0dXMSIwoFc3RhdGUYASABKA4yFC5sb29wcy52MS5RdWV1ZVN0YXRlEg4KBnJlYXNvbhgCIAEoCRIQCghwb3NpdGlvbhgDIAEoBRIxCg5lc3RpbWF0ZWRfd2FpdBgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiIhChNHZXRPcGVyYXRpb25SZXF1ZXN0EgoKAmlkGAEgASgJIk4KFFdhaXRPcGVyYXRpb25SZXF1ZXN0EgoKAmlkGAEgASgJEioKB3RpbWVvdXQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24q6QIKDU9wZXJhdGlvbktpbmQSHgoaT1BFUkFUSU9OX0tJTkRfVU5TUEVDSUZJRUQQABImCiJPUEVSQVRJT05fS0lORF9DUkVBVEVfVFJBSU5JTkdfUlVOEAESGgoWT1BFUkFUSU9OX0tJTkRfRk9SV0FSRBACEiMKH09QRVJBVElPTl9LSU5EX0ZPUldBUkRfQkFDS1dBUkQQAxIdChlPUEVSQVRJT05fS0lORF9PUFRJTV9TVEVQEAQSHwobT1BFUkFUSU9OX0tJTkRfU0FWRV9XRUlHSFRTEAUSKwonT1BFUkFUSU9OX0tJTkRfU0FWRV9XRUlHSFRTX0ZPUl9TQU1QTEVSEAYSHwobT1BFUkFUSU9OX0tJTkRfTE9BRF9XRUlHSFRTEAcSGQoVT1BFUkFUSU9OX0tJTkRfU0FNUExFEAgSJgoiT1BFUkFUSU9OX0tJTkRfVU5MT0FEX1RSQUlOSU5HX1JVThAJKqYBCg5PcGVyYXRpb25TdGF0ZRIfChtPUEVSQVRJT05fU1RBVEVfVU5TUEVDSUZJRUQQABIbChdPUEVSQVRJT05fU1RBVEVfUEVORElORxABEhsKF09QRVJBVElPTl9TVEFURV9SVU5OSU5HEAISHQoZT1BFUkFUSU9OX1NUQVRFX1NVQ0NFRURFRBADEhoKFk9QRVJBVElPTl9TVEFURV9GQUlMRUQQBCpjCg1FcnJvckNhdGVnb3J5Eh4KGkVSUk9SX0NBVEVHT1JZX1VOU1BFQ0lGSUVEEAASFwoTRVJST1JfQ0FURUdPUllfVVNFUhABEhkKFUVSUk9SX0NBVEVHT1JZX1NFUlZFUhACKoUBCgpRdWV1ZVN0YXRlEhsKF1FVRVVFX1NUQVRFX1VOU1BFQ0lGSUVEEAASFgoSUVVFVUVfU1RBVEVfQUNUSVZFEAESHwobUVVFVUVfU1RBVEVfUEFVU0VEX0NBUEFDSVRZEAISIQodUVVFVUVfU1RBVEVfUEFVU0VEX1JBVEVfTElNSVQQAzLeAQoQT3BlcmF0aW9uU2VydmljZRJfCgxHZXRPcGVyYXRpb24SHS5sb29wcy52MS5HZXRPcGVyYXRpb25SZXF1ZXN0GhMubG9vcHMudjEuT3BlcmF0aW9uIhuC0+STAhUSEy92MS9vcGVyYXRpb25zL3tpZH0SaQoNV2FpdE9wZXJhdGlvbhIeLmxvb3BzLnYxLldhaXRPcGVyYXRpb25SZXF1ZXN0GhMubG9vcHMudjEuT3BlcmF0aW9uIiOC0+STAh06ASoiGC92MS9vcGVyYXRpb25zL3tpZH0vd2FpdGIGcHJvdG8z", [file_google_api_annotations, file_google_protobuf_duration, file_google_protobuf_timestamp, file_loops_v1_resources, file_loops_v1_types]);
+  fileDesc("Chlsb29wcy92MS9vcGVyYXRpb25zLnByb3RvEghsb29wcy52MSJaCg5PcGVyYXRpb25FcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSKQoIY2F0ZWdvcnkYAyABKA4yFy5sb29wcy52MS5FcnJvckNhdGVnb3J5Il8KEVNhdmVXZWlnaHRzUmVzdWx0EgwKBHBhdGgYASABKAkSEgoKc2FtcGxlcl9pZBgCIAEoCRIoCgpjaGVja3BvaW50GAMgASgLMhQubG9vcHMudjEuQ2hlY2twb2ludCI6ChFMb2FkV2VpZ2h0c1Jlc3VsdBIMCgRwYXRoGAEgASgJEhcKD3RyYWluaW5nX3J1bl9pZBgCIAEoCSIyChdVbmxvYWRUcmFpbmluZ1J1blJlc3VsdBIXCg90cmFpbmluZ19ydW5faWQYASABKAkiowYKCU9wZXJhdGlvbhIKCgJpZBgBIAEoCRIlCgRraW5kGAIgASgOMhcubG9vcHMudjEuT3BlcmF0aW9uS2luZBInCgVzdGF0ZRgDIAEoDjIYLmxvb3BzLnYxLk9wZXJhdGlvblN0YXRlEhcKD3RyYWluaW5nX3J1bl9pZBgEIAEoCRISCgpzYW1wbGVyX2lkGAUgASgJEg4KBnNlcV9pZBgGIAEoAxIvCgtjcmVhdGVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLQoJZG9uZV90aW1lGAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBInCgVlcnJvchgJIAEoCzIYLmxvb3BzLnYxLk9wZXJhdGlvbkVycm9yEi0KDHRyYWluaW5nX3J1bhgKIAEoCzIVLmxvb3BzLnYxLlRyYWluaW5nUnVuSAASOwoQZm9yd2FyZF9iYWNrd2FyZBgLIAEoCzIfLmxvb3BzLnYxLkZvcndhcmRCYWNrd2FyZFJlc3VsdEgAEi8KCm9wdGltX3N0ZXAYDCABKAsyGS5sb29wcy52MS5PcHRpbVN0ZXBSZXN1bHRIABIzCgxzYXZlX3dlaWdodHMYDSABKAsyGy5sb29wcy52MS5TYXZlV2VpZ2h0c1Jlc3VsdEgAEjMKDGxvYWRfd2VpZ2h0cxgOIAEoCzIbLmxvb3BzLnYxLkxvYWRXZWlnaHRzUmVzdWx0SAASKAoGc2FtcGxlGA8gASgLMhYubG9vcHMudjEuU2FtcGxlUmVzdWx0SAASMwoGdW5sb2FkGBAgASgLMiEubG9vcHMudjEuVW5sb2FkVHJhaW5pbmdSdW5SZXN1bHRIABIkCgVxdWV1ZRgRIAEoCzIVLmxvb3BzLnYxLlF1ZXVlU3RhdHVzEi8KC2NhbmNlbF90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBItCgh0aW1lbGluZRgTIAEoCzIbLmxvb3BzLnYxLk9wZXJhdGlvblRpbWVsaW5lQggKBnJlc3VsdCK7AgoRT3BlcmF0aW9uVGltZWxpbmUSLgoKc3RhcnRfdGltZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSYmFja2VuZF9zdGFydF90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI0ChBiYWNrZW5kX2VuZF90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgtiYXRjaF9pdGVtcxgEIAEoBRIOCgZwaWVjZXMYBSABKAUSMAoMcGVyc2lzdF90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIxCg1yZXRyaWV2ZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKHAQoLUXVldWVTdGF0dXMSIwoFc3RhdGUYASABKA4yFC5sb29wcy52MS5RdWV1ZVN0YXRlEg4KBnJlYXNvbhgCIAEoCRIQCghwb3NpdGlvbhgDIAEoBRIxCg5lc3RpbWF0ZWRfd2FpdBgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiIhChNHZXRPcGVyYXRpb25SZXF1ZXN0EgoKAmlkGAEgASgJIk4KFFdhaXRPcGVyYXRpb25SZXF1ZXN0EgoKAmlkGAEgASgJEioKB3RpbWVvdXQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iJAoWQ2FuY2VsT3BlcmF0aW9uUmVxdWVzdBIKCgJpZBgBIAEoCSIoChlCYXRjaEdldE9wZXJhdGlvbnNSZXF1ZXN0EgsKA2lkcxgBIAMoCSJIChpCYXRjaEdldE9wZXJhdGlvbnNSZXNwb25zZRIqCgdyZXN1bHRzGAEgAygLMhkubG9vcHMudjEuT3BlcmF0aW9uTG9va3VwIm4KD09wZXJhdGlvbkxvb2t1cBIKCgJpZBgBIAEoCRImCglvcGVyYXRpb24YAiABKAsyEy5sb29wcy52MS5PcGVyYXRpb24SJwoFZXJyb3IYAyABKAsyGC5sb29wcy52MS5PcGVyYXRpb25FcnJvcirpAgoNT3BlcmF0aW9uS2luZBIeChpPUEVSQVRJT05fS0lORF9VTlNQRUNJRklFRBAAEiYKIk9QRVJBVElPTl9LSU5EX0NSRUFURV9UUkFJTklOR19SVU4QARIaChZPUEVSQVRJT05fS0lORF9GT1JXQVJEEAISIwofT1BFUkFUSU9OX0tJTkRfRk9SV0FSRF9CQUNLV0FSRBADEh0KGU9QRVJBVElPTl9LSU5EX09QVElNX1NURVAQBBIfChtPUEVSQVRJT05fS0lORF9TQVZFX1dFSUdIVFMQBRIrCidPUEVSQVRJT05fS0lORF9TQVZFX1dFSUdIVFNfRk9SX1NBTVBMRVIQBhIfChtPUEVSQVRJT05fS0lORF9MT0FEX1dFSUdIVFMQBxIZChVPUEVSQVRJT05fS0lORF9TQU1QTEUQCBImCiJPUEVSQVRJT05fS0lORF9VTkxPQURfVFJBSU5JTkdfUlVOEAkqxQEKDk9wZXJhdGlvblN0YXRlEh8KG09QRVJBVElPTl9TVEFURV9VTlNQRUNJRklFRBAAEhsKF09QRVJBVElPTl9TVEFURV9QRU5ESU5HEAESGwoXT1BFUkFUSU9OX1NUQVRFX1JVTk5JTkcQAhIdChlPUEVSQVRJT05fU1RBVEVfU1VDQ0VFREVEEAMSGgoWT1BFUkFUSU9OX1NUQVRFX0ZBSUxFRBAEEh0KGU9QRVJBVElPTl9TVEFURV9DQU5DRUxMRUQQBSpjCg1FcnJvckNhdGVnb3J5Eh4KGkVSUk9SX0NBVEVHT1JZX1VOU1BFQ0lGSUVEEAASFwoTRVJST1JfQ0FURUdPUllfVVNFUhABEhkKFUVSUk9SX0NBVEVHT1JZX1NFUlZFUhACKoUBCgpRdWV1ZVN0YXRlEhsKF1FVRVVFX1NUQVRFX1VOU1BFQ0lGSUVEEAASFgoSUVVFVUVfU1RBVEVfQUNUSVZFEAESHwobUVVFVUVfU1RBVEVfUEFVU0VEX0NBUEFDSVRZEAISIQodUVVFVUVfU1RBVEVfUEFVU0VEX1JBVEVfTElNSVQQAzLVAwoQT3BlcmF0aW9uU2VydmljZRJfCgxHZXRPcGVyYXRpb24SHS5sb29wcy52MS5HZXRPcGVyYXRpb25SZXF1ZXN0GhMubG9vcHMudjEuT3BlcmF0aW9uIhuC0+STAhUSEy92MS9vcGVyYXRpb25zL3tpZH0SaQoNV2FpdE9wZXJhdGlvbhIeLmxvb3BzLnYxLldhaXRPcGVyYXRpb25SZXF1ZXN0GhMubG9vcHMudjEuT3BlcmF0aW9uIiOC0+STAh06ASoiGC92MS9vcGVyYXRpb25zL3tpZH0vd2FpdBJvCg9DYW5jZWxPcGVyYXRpb24SIC5sb29wcy52MS5DYW5jZWxPcGVyYXRpb25SZXF1ZXN0GhMubG9vcHMudjEuT3BlcmF0aW9uIiWC0+STAh86ASoiGi92MS9vcGVyYXRpb25zL3tpZH0vY2FuY2VsEoMBChJCYXRjaEdldE9wZXJhdGlvbnMSIy5sb29wcy52MS5CYXRjaEdldE9wZXJhdGlvbnNSZXF1ZXN0GiQubG9vcHMudjEuQmF0Y2hHZXRPcGVyYXRpb25zUmVzcG9uc2UiIoLT5JMCHDoBKiIXL3YxL29wZXJhdGlvbnM6YmF0Y2hHZXRiBnByb3RvMw", [file_google_api_annotations, file_google_protobuf_duration, file_google_protobuf_timestamp, file_loops_v1_resources, file_loops_v1_types]);
 
 /**
  * OperationError is why an operation failed.
@@ -235,6 +235,21 @@ export type Operation = Message<"loops.v1.Operation"> & {
    * @generated from field: loops.v1.QueueStatus queue = 17;
    */
   queue?: QueueStatus | undefined;
+
+  /**
+   * When its client asked to cancel it (CancelOperation); unset when nobody did.
+   *
+   * @generated from field: google.protobuf.Timestamp cancel_time = 18;
+   */
+  cancelTime?: Timestamp | undefined;
+
+  /**
+   * When each stage of its life happened (TraceService draws them); stages it has not
+   * reached are unset.
+   *
+   * @generated from field: loops.v1.OperationTimeline timeline = 19;
+   */
+  timeline?: OperationTimeline | undefined;
 };
 
 /**
@@ -243,6 +258,68 @@ export type Operation = Message<"loops.v1.Operation"> & {
  */
 export const OperationSchema: GenMessage<Operation> = /*@__PURE__*/
   messageDesc(file_loops_v1_operations, 4);
+
+/**
+ * OperationTimeline is when each stage of an operation happened, after create_time (its
+ * submission) and before or after done_time (its outcome decided).
+ *
+ * @generated from message loops.v1.OperationTimeline
+ */
+export type OperationTimeline = Message<"loops.v1.OperationTimeline"> & {
+  /**
+   * Its work started: it left its queue (create_time to here is its queue wait).
+   *
+   * @generated from field: google.protobuf.Timestamp start_time = 1;
+   */
+  startTime?: Timestamp | undefined;
+
+  /**
+   * The backend's work on it: from the start of its first backend call to the end of its
+   * last (a forward/backward cut in pieces runs one piece per batch).
+   *
+   * @generated from field: google.protobuf.Timestamp backend_start_time = 2;
+   */
+  backendStartTime?: Timestamp | undefined;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp backend_end_time = 3;
+   */
+  backendEndTime?: Timestamp | undefined;
+
+  /**
+   * A forward/backward: the items (runs' pieces) of the batch its last piece went in, and
+   * the pieces it ran in.
+   *
+   * @generated from field: int32 batch_items = 4;
+   */
+  batchItems: number;
+
+  /**
+   * @generated from field: int32 pieces = 5;
+   */
+  pieces: number;
+
+  /**
+   * Its outcome was durable and published to waiters (done_time to here is the persist).
+   *
+   * @generated from field: google.protobuf.Timestamp persist_time = 6;
+   */
+  persistTime?: Timestamp | undefined;
+
+  /**
+   * A client first read its outcome (WaitOperation, GetOperation, Tinker's retrieve_future).
+   *
+   * @generated from field: google.protobuf.Timestamp retrieve_time = 7;
+   */
+  retrieveTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message loops.v1.OperationTimeline.
+ * Use `create(OperationTimelineSchema)` to create a new message.
+ */
+export const OperationTimelineSchema: GenMessage<OperationTimeline> = /*@__PURE__*/
+  messageDesc(file_loops_v1_operations, 5);
 
 /**
  * QueueStatus says where a pending operation waits and why.
@@ -284,7 +361,7 @@ export type QueueStatus = Message<"loops.v1.QueueStatus"> & {
  * Use `create(QueueStatusSchema)` to create a new message.
  */
 export const QueueStatusSchema: GenMessage<QueueStatus> = /*@__PURE__*/
-  messageDesc(file_loops_v1_operations, 5);
+  messageDesc(file_loops_v1_operations, 6);
 
 /**
  * @generated from message loops.v1.GetOperationRequest
@@ -301,7 +378,7 @@ export type GetOperationRequest = Message<"loops.v1.GetOperationRequest"> & {
  * Use `create(GetOperationRequestSchema)` to create a new message.
  */
 export const GetOperationRequestSchema: GenMessage<GetOperationRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_operations, 6);
+  messageDesc(file_loops_v1_operations, 7);
 
 /**
  * @generated from message loops.v1.WaitOperationRequest
@@ -325,7 +402,96 @@ export type WaitOperationRequest = Message<"loops.v1.WaitOperationRequest"> & {
  * Use `create(WaitOperationRequestSchema)` to create a new message.
  */
 export const WaitOperationRequestSchema: GenMessage<WaitOperationRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_operations, 7);
+  messageDesc(file_loops_v1_operations, 8);
+
+/**
+ * @generated from message loops.v1.CancelOperationRequest
+ */
+export type CancelOperationRequest = Message<"loops.v1.CancelOperationRequest"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+};
+
+/**
+ * Describes the message loops.v1.CancelOperationRequest.
+ * Use `create(CancelOperationRequestSchema)` to create a new message.
+ */
+export const CancelOperationRequestSchema: GenMessage<CancelOperationRequest> = /*@__PURE__*/
+  messageDesc(file_loops_v1_operations, 9);
+
+/**
+ * @generated from message loops.v1.BatchGetOperationsRequest
+ */
+export type BatchGetOperationsRequest = Message<"loops.v1.BatchGetOperationsRequest"> & {
+  /**
+   * At most 100 ids, each given once.
+   *
+   * @generated from field: repeated string ids = 1;
+   */
+  ids: string[];
+};
+
+/**
+ * Describes the message loops.v1.BatchGetOperationsRequest.
+ * Use `create(BatchGetOperationsRequestSchema)` to create a new message.
+ */
+export const BatchGetOperationsRequestSchema: GenMessage<BatchGetOperationsRequest> = /*@__PURE__*/
+  messageDesc(file_loops_v1_operations, 10);
+
+/**
+ * @generated from message loops.v1.BatchGetOperationsResponse
+ */
+export type BatchGetOperationsResponse = Message<"loops.v1.BatchGetOperationsResponse"> & {
+  /**
+   * One per requested id, in the request's order.
+   *
+   * @generated from field: repeated loops.v1.OperationLookup results = 1;
+   */
+  results: OperationLookup[];
+};
+
+/**
+ * Describes the message loops.v1.BatchGetOperationsResponse.
+ * Use `create(BatchGetOperationsResponseSchema)` to create a new message.
+ */
+export const BatchGetOperationsResponseSchema: GenMessage<BatchGetOperationsResponse> = /*@__PURE__*/
+  messageDesc(file_loops_v1_operations, 11);
+
+/**
+ * OperationLookup is one id's answer in a batch: the operation, or why there is none.
+ *
+ * @generated from message loops.v1.OperationLookup
+ */
+export type OperationLookup = Message<"loops.v1.OperationLookup"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * The operation without its large result; unset when error is set.
+   *
+   * @generated from field: loops.v1.Operation operation = 2;
+   */
+  operation?: Operation | undefined;
+
+  /**
+   * Why the id has no operation (code NOT_FOUND: it does not exist, belongs to another
+   * workspace, or finished too long ago).
+   *
+   * @generated from field: loops.v1.OperationError error = 3;
+   */
+  error?: OperationError | undefined;
+};
+
+/**
+ * Describes the message loops.v1.OperationLookup.
+ * Use `create(OperationLookupSchema)` to create a new message.
+ */
+export const OperationLookupSchema: GenMessage<OperationLookup> = /*@__PURE__*/
+  messageDesc(file_loops_v1_operations, 12);
 
 /**
  * OperationKind is what an operation does.
@@ -420,6 +586,14 @@ export enum OperationState {
    * @generated from enum value: OPERATION_STATE_FAILED = 4;
    */
   FAILED = 4,
+
+  /**
+   * Cancelled by its client (CancelOperation, Tinker's cancel_future): error says whether it
+   * was removed from its queue or finished and had its result dropped.
+   *
+   * @generated from enum value: OPERATION_STATE_CANCELLED = 5;
+   */
+  CANCELLED = 5,
 }
 
 /**
@@ -528,6 +702,33 @@ export const OperationService: GenService<{
     methodKind: "unary";
     input: typeof WaitOperationRequestSchema;
     output: typeof OperationSchema;
+  },
+  /**
+   * CancelOperation cancels an operation. A queued one is removed before it runs: it ends
+   * CANCELLED and its seq_id is consumed without effect, so the run goes on with the next one.
+   * A running one finishes (its effect on the run is kept) and ends CANCELLED, its result
+   * dropped. A finished one is unchanged. The answer is the operation as it stands after the
+   * call; cancel_time says the cancel was recorded.
+   *
+   * @generated from rpc loops.v1.OperationService.CancelOperation
+   */
+  cancelOperation: {
+    methodKind: "unary";
+    input: typeof CancelOperationRequestSchema;
+    output: typeof OperationSchema;
+  },
+  /**
+   * BatchGetOperations returns the current state of up to 100 operations at once, without
+   * their large results (forward/backward outputs, samples: read those with GetOperation).
+   * Each id is answered on its own: an id that does not exist or belongs to another
+   * workspace is reported NOT_FOUND in its place, the others are answered.
+   *
+   * @generated from rpc loops.v1.OperationService.BatchGetOperations
+   */
+  batchGetOperations: {
+    methodKind: "unary";
+    input: typeof BatchGetOperationsRequestSchema;
+    output: typeof BatchGetOperationsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_loops_v1_operations, 0);

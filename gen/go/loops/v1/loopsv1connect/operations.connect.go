@@ -39,6 +39,12 @@ const (
 	// OperationServiceWaitOperationProcedure is the fully-qualified name of the OperationService's
 	// WaitOperation RPC.
 	OperationServiceWaitOperationProcedure = "/loops.v1.OperationService/WaitOperation"
+	// OperationServiceCancelOperationProcedure is the fully-qualified name of the OperationService's
+	// CancelOperation RPC.
+	OperationServiceCancelOperationProcedure = "/loops.v1.OperationService/CancelOperation"
+	// OperationServiceBatchGetOperationsProcedure is the fully-qualified name of the OperationService's
+	// BatchGetOperations RPC.
+	OperationServiceBatchGetOperationsProcedure = "/loops.v1.OperationService/BatchGetOperations"
 )
 
 // OperationServiceClient is a client for the loops.v1.OperationService service.
@@ -48,6 +54,17 @@ type OperationServiceClient interface {
 	// WaitOperation returns when the operation is done or the timeout (at most 30 s) passes,
 	// whichever comes first. Completion wakes waiters at once; nothing polls.
 	WaitOperation(context.Context, *v1.WaitOperationRequest) (*v1.Operation, error)
+	// CancelOperation cancels an operation. A queued one is removed before it runs: it ends
+	// CANCELLED and its seq_id is consumed without effect, so the run goes on with the next one.
+	// A running one finishes (its effect on the run is kept) and ends CANCELLED, its result
+	// dropped. A finished one is unchanged. The answer is the operation as it stands after the
+	// call; cancel_time says the cancel was recorded.
+	CancelOperation(context.Context, *v1.CancelOperationRequest) (*v1.Operation, error)
+	// BatchGetOperations returns the current state of up to 100 operations at once, without
+	// their large results (forward/backward outputs, samples: read those with GetOperation).
+	// Each id is answered on its own: an id that does not exist or belongs to another
+	// workspace is reported NOT_FOUND in its place, the others are answered.
+	BatchGetOperations(context.Context, *v1.BatchGetOperationsRequest) (*v1.BatchGetOperationsResponse, error)
 }
 
 // NewOperationServiceClient constructs a client for the loops.v1.OperationService service. By
@@ -73,13 +90,27 @@ func NewOperationServiceClient(httpClient connect.HTTPClient, baseURL string, op
 			connect.WithSchema(operationServiceMethods.ByName("WaitOperation")),
 			connect.WithClientOptions(opts...),
 		),
+		cancelOperation: connect.NewClient[v1.CancelOperationRequest, v1.Operation](
+			httpClient,
+			baseURL+OperationServiceCancelOperationProcedure,
+			connect.WithSchema(operationServiceMethods.ByName("CancelOperation")),
+			connect.WithClientOptions(opts...),
+		),
+		batchGetOperations: connect.NewClient[v1.BatchGetOperationsRequest, v1.BatchGetOperationsResponse](
+			httpClient,
+			baseURL+OperationServiceBatchGetOperationsProcedure,
+			connect.WithSchema(operationServiceMethods.ByName("BatchGetOperations")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // operationServiceClient implements OperationServiceClient.
 type operationServiceClient struct {
-	getOperation  *connect.Client[v1.GetOperationRequest, v1.Operation]
-	waitOperation *connect.Client[v1.WaitOperationRequest, v1.Operation]
+	getOperation       *connect.Client[v1.GetOperationRequest, v1.Operation]
+	waitOperation      *connect.Client[v1.WaitOperationRequest, v1.Operation]
+	cancelOperation    *connect.Client[v1.CancelOperationRequest, v1.Operation]
+	batchGetOperations *connect.Client[v1.BatchGetOperationsRequest, v1.BatchGetOperationsResponse]
 }
 
 // GetOperation calls loops.v1.OperationService.GetOperation.
@@ -100,6 +131,24 @@ func (c *operationServiceClient) WaitOperation(ctx context.Context, req *v1.Wait
 	return nil, err
 }
 
+// CancelOperation calls loops.v1.OperationService.CancelOperation.
+func (c *operationServiceClient) CancelOperation(ctx context.Context, req *v1.CancelOperationRequest) (*v1.Operation, error) {
+	response, err := c.cancelOperation.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// BatchGetOperations calls loops.v1.OperationService.BatchGetOperations.
+func (c *operationServiceClient) BatchGetOperations(ctx context.Context, req *v1.BatchGetOperationsRequest) (*v1.BatchGetOperationsResponse, error) {
+	response, err := c.batchGetOperations.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
 // OperationServiceHandler is an implementation of the loops.v1.OperationService service.
 type OperationServiceHandler interface {
 	// GetOperation returns an operation's current state without waiting.
@@ -107,6 +156,17 @@ type OperationServiceHandler interface {
 	// WaitOperation returns when the operation is done or the timeout (at most 30 s) passes,
 	// whichever comes first. Completion wakes waiters at once; nothing polls.
 	WaitOperation(context.Context, *v1.WaitOperationRequest) (*v1.Operation, error)
+	// CancelOperation cancels an operation. A queued one is removed before it runs: it ends
+	// CANCELLED and its seq_id is consumed without effect, so the run goes on with the next one.
+	// A running one finishes (its effect on the run is kept) and ends CANCELLED, its result
+	// dropped. A finished one is unchanged. The answer is the operation as it stands after the
+	// call; cancel_time says the cancel was recorded.
+	CancelOperation(context.Context, *v1.CancelOperationRequest) (*v1.Operation, error)
+	// BatchGetOperations returns the current state of up to 100 operations at once, without
+	// their large results (forward/backward outputs, samples: read those with GetOperation).
+	// Each id is answered on its own: an id that does not exist or belongs to another
+	// workspace is reported NOT_FOUND in its place, the others are answered.
+	BatchGetOperations(context.Context, *v1.BatchGetOperationsRequest) (*v1.BatchGetOperationsResponse, error)
 }
 
 // NewOperationServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -128,12 +188,28 @@ func NewOperationServiceHandler(svc OperationServiceHandler, opts ...connect.Han
 		connect.WithSchema(operationServiceMethods.ByName("WaitOperation")),
 		connect.WithHandlerOptions(opts...),
 	)
+	operationServiceCancelOperationHandler := connect.NewUnaryHandlerSimple(
+		OperationServiceCancelOperationProcedure,
+		svc.CancelOperation,
+		connect.WithSchema(operationServiceMethods.ByName("CancelOperation")),
+		connect.WithHandlerOptions(opts...),
+	)
+	operationServiceBatchGetOperationsHandler := connect.NewUnaryHandlerSimple(
+		OperationServiceBatchGetOperationsProcedure,
+		svc.BatchGetOperations,
+		connect.WithSchema(operationServiceMethods.ByName("BatchGetOperations")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/loops.v1.OperationService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case OperationServiceGetOperationProcedure:
 			operationServiceGetOperationHandler.ServeHTTP(w, r)
 		case OperationServiceWaitOperationProcedure:
 			operationServiceWaitOperationHandler.ServeHTTP(w, r)
+		case OperationServiceCancelOperationProcedure:
+			operationServiceCancelOperationHandler.ServeHTTP(w, r)
+		case OperationServiceBatchGetOperationsProcedure:
+			operationServiceBatchGetOperationsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -149,4 +225,12 @@ func (UnimplementedOperationServiceHandler) GetOperation(context.Context, *v1.Ge
 
 func (UnimplementedOperationServiceHandler) WaitOperation(context.Context, *v1.WaitOperationRequest) (*v1.Operation, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.OperationService.WaitOperation is not implemented"))
+}
+
+func (UnimplementedOperationServiceHandler) CancelOperation(context.Context, *v1.CancelOperationRequest) (*v1.Operation, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.OperationService.CancelOperation is not implemented"))
+}
+
+func (UnimplementedOperationServiceHandler) BatchGetOperations(context.Context, *v1.BatchGetOperationsRequest) (*v1.BatchGetOperationsResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.OperationService.BatchGetOperations is not implemented"))
 }
