@@ -742,24 +742,28 @@ for _name, _fn in (("get_billing_usage", _billing_usage), ("get_current_checkpoi
 RL_LOSSES = ("importance_sampling", "ppo", "cispo", "dro", "gspo", "stable_reinforce")
 
 
-def rl_batch(ctx: Ctx) -> list[Any]:
-    """Datums with sampling logprobs (the reference run's own) and +/- advantages."""
+def rl_batch(ctx: Ctx, sequence_ratio_mask: bool = False) -> list[Any]:
+    """Datums with sampling logprobs (the reference run's own) and +/- advantages; with
+    sequence_ratio_mask (gspo's required input) marking every position."""
     base = ctx.logprobs(ctx.tc)
     out = []
     for i, (d, lp) in enumerate(zip(ctx.batch, base, strict=True)):
         n = len(lp)
-        out.append(types.Datum(model_input=d.model_input, loss_fn_inputs={
+        inputs = {
             "target_tokens": d.loss_fn_inputs["target_tokens"],
             "logprobs": types.TensorData.from_numpy(lp.astype(np.float32)),
             "advantages": types.TensorData.from_numpy(np.full(n, 1.0 if i % 2 == 0 else -0.5, np.float32)),
-        }))
+        }
+        if sequence_ratio_mask:
+            inputs["sequence_ratio_mask"] = types.TensorData.from_numpy(np.ones(n, np.float32))
+        out.append(types.Datum(model_input=d.model_input, loss_fn_inputs=inputs))
     return out
 
 
 def _loss(name: str) -> Recipe:
     def run(ctx: Ctx, call: Caller) -> str:
         tc = ctx.new_tc(seed=7)
-        batch = ctx.batch if name == "cross_entropy" else rl_batch(ctx)
+        batch = ctx.batch if name == "cross_entropy" else rl_batch(ctx, sequence_ratio_mask=name == "gspo")
         out = result(tc.forward_backward(batch, name))
         shapes = [o["logprobs"].to_numpy().shape for o in out.loss_fn_outputs]
         assert shapes == [(d.model_input.length,) for d in batch], shapes
@@ -933,12 +937,13 @@ def _sa_topk_sample(ctx: Ctx, call: Caller) -> str:
 def _sa_target(ctx: Ctx, call: Caller) -> str:
     n = ctx.prompt.length
     toks = ctx.prompt.to_ints()
-    target = types.TensorData.from_numpy(np.array([[t] for t in toks[1:]] + [[-1]], dtype=np.int64))
+    # Shape [len(prompt) - 1, K]: row i is scored at prompt position i + 1.
+    target = types.TensorData.from_numpy(np.array([[t] for t in toks[1:]], dtype=np.int64))
     r = _sample(ctx, max_tokens=2, seed=1, target_prompt_logprobs=target)
     assert r.target_prompt_logprobs is not None, r
-    got = np.asarray(r.target_prompt_logprobs.to_numpy(), float).reshape(n, -1)
+    got = np.asarray(r.target_prompt_logprobs.to_numpy(), float).reshape(n - 1, -1)
     want = result(ctx.sc.compute_logprobs(ctx.prompt))
-    np.testing.assert_allclose(got[: n - 1, 0], np.array(want[1:], float), atol=1e-4)
+    np.testing.assert_allclose(got[:, 0], np.array(want[1:], float), atol=1e-4)
     return "target logprobs equal compute_logprobs"
 
 

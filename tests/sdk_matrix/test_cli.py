@@ -26,13 +26,8 @@ from sdkm_helpers import BASE_MODEL, SDK_VERSION, new_client, result, sft_batch,
 
 cell = pytest.mark.cell
 
-# command -> why it fails on a Loops without the route (issue 26 item 2 builds them).
-EXPECTED_TO_FAIL: dict[str, str] = {
-    "billing checkpoint-storage": "GET /api/v1/billing/usage/checkpoints/current is not served yet (404 'not supported by Loops')",
-    "session export-trace": "GET /api/v1/sessions/{id}/trace_export is not served yet (404 'not supported by Loops')",
-    "auth whoami": "whoami needs the JWT exchange POST /api/v1/auth/token and client/config pjwt_auth_enabled=true; neither is served yet",
-    "auth login": "login validates the pasted key with GET /api/v1/auth/apikey/me, which is not served yet",
-}
+# command -> why it fails on Loops (empty: every command of the CLI works against loops serve).
+EXPECTED_TO_FAIL: dict[str, str] = {}
 
 
 def _uniq(prefix: str) -> str:
