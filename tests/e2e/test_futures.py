@@ -39,19 +39,23 @@ def test_sdk_cancels_a_queued_sample(tmp_path):
         service = tinker.ServiceClient(base_url=srv.url)
         sampler = service.create_sampling_client(base_model=BASE_MODEL).result()
         prompt = types.ModelInput.from_ints([65, 66, 67])
-        # One long sample holds the workspace's only sampling slot; the next one waits.
-        long = sampler.sample(prompt, 32, types.SamplingParams(max_tokens=512, temperature=1.0, seed=1))
+        # One long sample holds the workspace's only sampling slot; the next one waits. Long
+        # enough on a quiet machine too (tens of thousands of tokens: the SDK only sends
+        # cancel_future for a future still pending, i.e. a sample not yet answered).
+        long = sampler.sample(prompt, 128, types.SamplingParams(max_tokens=1500, temperature=1.0, seed=1))
         time.sleep(0.5)
         queued = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=4, temperature=1.0, seed=2))
         time.sleep(1.0)  # its request is sent and it polls, queued
         assert _finished(srv.url, "sample", "cancelled") == 0
-        queued.future().cancel()  # abandoned: the SDK sends cancel_future for it
+        assert _finished(srv.url, "sample", "succeeded") == 0, "the long sample ended before the test could cancel behind it"
+        # Abandoned: the SDK sends cancel_future for it.
+        assert queued.future().cancel(), "the queued sample had already been answered"
         deadline = time.time() + 300
         while _finished(srv.url, "sample", "cancelled") < 1:
             assert time.time() < deadline, "the server never cancelled the abandoned sample"
             time.sleep(0.2)
         out = long.result()
-        assert len(out.sequences) == 32
+        assert len(out.sequences) == 128
         assert _finished(srv.url, "sample", "succeeded") == 1, "the cancelled sample never ran"
 
 
