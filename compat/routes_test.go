@@ -64,10 +64,15 @@ func TestBootstrapRoutes(t *testing.T) {
 	require.Equal(t, 404, e.postJSON("/api/v1/sessions/zzz/finish", `{"reason":{"type":"success"}}`).status)
 	require.Equal(t, "finished: success", e.core.sessions[sid].GetEndReason())
 
-	// Unserved routes are a 404 the SDK fails on at once (it retries a 5xx for minutes).
-	unserved := e.postJSON("/api/v1/create_custom_loss", `{}`)
+	// Unserved routes are a 404 the SDK fails on at once (it retries a 5xx for minutes):
+	// the key exchange of a server without keys.
+	unserved := e.postJSON("/api/v1/auth/token", `{}`)
 	require.Equal(t, 404, unserved.status)
 	require.Contains(t, unserved.json(t)["detail"], "not supported by Loops")
+	// A server-side custom loss is refused with the reason (the SDK does not retry a 400).
+	custom := e.postJSON("/api/v1/create_custom_loss", `{}`)
+	require.Equal(t, 400, custom.status)
+	require.Equal(t, "CUSTOM_LOSS_CLIENT_SIDE", custom.json(t)["reason"])
 	require.Equal(t, 404, e.get("/api/v1/no_such_route").status)
 	require.Equal(t, 400, e.postJSON("/api/v1/create_session", `{"tags":`).status)
 }
