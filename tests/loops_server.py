@@ -10,6 +10,7 @@ Each suite's conftest.py wraps `running_server(label)` in a session fixture. Env
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
@@ -57,18 +58,34 @@ def wait_for_port(url: str, timeout: float = 30) -> None:
     raise RuntimeError(f"server at {url} did not accept connections in time")
 
 
-def _build_binary(out: Path) -> Path:
+_built: Path | None = None
+
+
+def loops_binary() -> Path:
+    """The `loops` binary the servers run, for tests that also run its CLI: LOOPS_E2E_BIN, or
+    `go build ./cmd/loops` once per test process into a folder removed at exit."""
+    global _built
     if bin_env := os.environ.get("LOOPS_E2E_BIN"):
         return Path(bin_env)
+    if _built is not None and _built.exists():
+        return _built
     go = shutil.which("go")
     if go is None:
         pytest.exit("go is not on PATH; set LOOPS_E2E_URL or LOOPS_E2E_BIN", returncode=2)
+    out = Path(tempfile.mkdtemp(prefix="loops-bin-"))
+    atexit.register(shutil.rmtree, out, True)
     binary = out / "loops"
     proc = subprocess.run([go, "build", "-o", str(binary), "./cmd/loops"], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=1200)
     if proc.returncode != 0:
         pytest.exit(f"go build ./cmd/loops failed:\n{proc.stdout}\n{proc.stderr}", returncode=2)
+    _built = binary
     return binary
+
+
+def _build_binary(out: Path) -> Path:
+    del out  # the binary is built once per process (loops_binary), not per server
+    return loops_binary()
 
 
 @contextlib.contextmanager

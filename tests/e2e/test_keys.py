@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
-from pathlib import Path
 
 import httpx
 import pytest
@@ -22,17 +20,14 @@ import tinker
 from tinker import types
 
 from e2e_helpers import BASE_MODEL, RESULT_TIMEOUT, result
-from loops_server import running_server
+from loops_server import loops_binary, running_server
 
 OPERATOR_KEY = "tml-e2e-operator-key"
 FLAG_KEY = "tml-e2e-flag-key"
 
 
 def _binary() -> str:
-    b = os.environ.get("LOOPS_E2E_BIN")
-    if b:
-        return b
-    return str(Path(__file__).resolve().parents[2] / "bin" / "loops")
+    return str(loops_binary())
 
 
 @pytest.fixture(scope="module")
