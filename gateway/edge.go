@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/loops-dev/loops/internal/errs"
+	"github.com/loops-dev/loops/internal/httpedge"
 )
 
 // restUserAgent marks the gRPC calls grpc-gateway makes to this server's own listener, so
@@ -178,9 +179,9 @@ func statusFromConnect(ce *connect.Error) error {
 // because its client went away is a 499.
 func (e *edge) countTinker(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sw := &statusWriter{ResponseWriter: w}
+		sw := &httpedge.StatusWriter{ResponseWriter: w}
 		next.ServeHTTP(sw, r)
-		st := sw.status
+		st := sw.Status
 		switch {
 		case st == 0 && errs.ClientGone(r.Context()):
 			st = errs.StatusClientClosedRequest
@@ -190,26 +191,3 @@ func (e *edge) countTinker(next http.Handler) http.Handler {
 		e.requests.WithLabelValues(surfaceTinker, strconv.Itoa(st)).Inc()
 	})
 }
-
-// statusWriter records the status a handler writes. Unwrap keeps http.ResponseController
-// (deadlines, flushes) working through it.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (s *statusWriter) WriteHeader(code int) {
-	if s.status == 0 {
-		s.status = code
-	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *statusWriter) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
-	return s.ResponseWriter.Write(b)
-}
-
-func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }

@@ -20,6 +20,7 @@ import (
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/internal/auditnote"
 	"github.com/loops-dev/loops/internal/errs"
+	"github.com/loops-dev/loops/internal/httpedge"
 )
 
 // ReasonAuditFull is the reason of the 429 a mutating call gets while the audit buffer is
@@ -95,12 +96,12 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 		}
 		start := m.now()
 		ctx, note := auditnote.With(r.Context())
-		sw := &statusWriter{ResponseWriter: w}
+		sw := &httpedge.StatusWriter{ResponseWriter: w}
 		defer func() {
 			// A panic is answered 500 further out; its call is recorded as internal.
 			if p := recover(); p != nil {
-				if sw.status == 0 {
-					sw.status = http.StatusInternalServerError
+				if sw.Status == 0 {
+					sw.Status = http.StatusInternalServerError
 				}
 				m.record(slot, ws, rule, surface, caller, start, note.Read(), sw, w, r)
 				panic(p)
@@ -112,12 +113,12 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 }
 
 func (m *Middleware) record(slot *Slot, ws string, rule Rule, surface string, caller auth.Caller, start time.Time,
-	n auditnote.Snapshot, sw *statusWriter, w http.ResponseWriter, r *http.Request) {
+	n auditnote.Snapshot, sw *httpedge.StatusWriter, w http.ResponseWriter, r *http.Request) {
 	if n.Relayed { // the gRPC call it became was recorded
 		slot.Release()
 		return
 	}
-	status, code := outcome(n.Code, sw.status, w.Header(), r)
+	status, code := outcome(n.Code, sw.Status, w.Header(), r)
 	action := rule.Pattern
 	if n.Route != "" && rule.Class == Mutate && rule.Event == unclassified {
 		action = n.Route
@@ -303,32 +304,3 @@ func TargetOf(v any) string {
 	}
 	return ""
 }
-
-// statusWriter records the status a handler writes; Unwrap keeps http.ResponseController
-// (deadlines, flushes) working through it.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (s *statusWriter) WriteHeader(code int) {
-	if s.status == 0 {
-		s.status = code
-	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *statusWriter) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
-	return s.ResponseWriter.Write(b)
-}
-
-func (s *statusWriter) Flush() {
-	if f, ok := s.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
-}
-
-func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
