@@ -121,6 +121,62 @@ func (StopReason) EnumDescriptor() ([]byte, []int) {
 	return file_loops_v1_types_proto_rawDescGZIP(), []int{1}
 }
 
+// Type is the language.
+type ResponseFormat_Type int32
+
+const (
+	ResponseFormat_TYPE_UNSPECIFIED ResponseFormat_Type = 0
+	// Free text (no constraint).
+	ResponseFormat_TYPE_TEXT ResponseFormat_Type = 1
+	// Any JSON object (nesting bounded).
+	ResponseFormat_TYPE_JSON_OBJECT ResponseFormat_Type = 2
+	// JSON that validates against json_schema (the strict subset docs/openai.md lists).
+	ResponseFormat_TYPE_JSON_SCHEMA ResponseFormat_Type = 3
+)
+
+// Enum value maps for ResponseFormat_Type.
+var (
+	ResponseFormat_Type_name = map[int32]string{
+		0: "TYPE_UNSPECIFIED",
+		1: "TYPE_TEXT",
+		2: "TYPE_JSON_OBJECT",
+		3: "TYPE_JSON_SCHEMA",
+	}
+	ResponseFormat_Type_value = map[string]int32{
+		"TYPE_UNSPECIFIED": 0,
+		"TYPE_TEXT":        1,
+		"TYPE_JSON_OBJECT": 2,
+		"TYPE_JSON_SCHEMA": 3,
+	}
+)
+
+func (x ResponseFormat_Type) Enum() *ResponseFormat_Type {
+	p := new(ResponseFormat_Type)
+	*p = x
+	return p
+}
+
+func (x ResponseFormat_Type) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ResponseFormat_Type) Descriptor() protoreflect.EnumDescriptor {
+	return file_loops_v1_types_proto_enumTypes[2].Descriptor()
+}
+
+func (ResponseFormat_Type) Type() protoreflect.EnumType {
+	return &file_loops_v1_types_proto_enumTypes[2]
+}
+
+func (x ResponseFormat_Type) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ResponseFormat_Type.Descriptor instead.
+func (ResponseFormat_Type) EnumDescriptor() ([]byte, []int) {
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{5, 0}
+}
+
 // Tensor is a dense, row-major array. Exactly one of float32_data and int64_data is set, as
 // dtype says. An empty shape means a 1-D tensor of all its elements.
 type Tensor struct {
@@ -423,9 +479,24 @@ type SamplingParams struct {
 	// model's (temperature 1), otherwise softmax(logits / temperature) cut to top_k and top_p
 	// and renormalised, so fewer than top_logprobs when the cut leaves fewer. Ties: the lower
 	// token id first. A backend that cannot fails the sample with FAILED_PRECONDITION.
-	TopLogprobs   int32 `protobuf:"varint,8,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TopLogprobs int32 `protobuf:"varint,8,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	// Added to the logits of these token ids before sampling, each in [-100, 100] (at most
+	// 300 entries): -100 all but bans a token, 100 all but forces it.
+	LogitBias map[int32]float32 `protobuf:"bytes,9,rep,name=logit_bias,json=logitBias,proto3" json:"logit_bias,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"fixed32,2,opt,name=value"`
+	// Subtracted from the logit of every token that the sequence has generated at least once
+	// ([-2, 2]; OpenAI's presence_penalty).
+	PresencePenalty float32 `protobuf:"fixed32,10,opt,name=presence_penalty,json=presencePenalty,proto3" json:"presence_penalty,omitempty"`
+	// Subtracted from a token's logit once per time the sequence has generated it ([-2, 2];
+	// OpenAI's frequency_penalty).
+	FrequencyPenalty float32 `protobuf:"fixed32,11,opt,name=frequency_penalty,json=frequencyPenalty,proto3" json:"frequency_penalty,omitempty"`
+	// Drops every token whose probability is below min_p times the most likely token's
+	// ([0, 1]; 0 is off), after temperature and before top_k and top_p.
+	MinP float32 `protobuf:"fixed32,12,opt,name=min_p,json=minP,proto3" json:"min_p,omitempty"`
+	// Constrains the output to a JSON language (structured outputs); unset or TEXT: free
+	// text.
+	ResponseFormat *ResponseFormat `protobuf:"bytes,13,opt,name=response_format,json=responseFormat,proto3" json:"response_format,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SamplingParams) Reset() {
@@ -514,6 +585,97 @@ func (x *SamplingParams) GetTopLogprobs() int32 {
 	return 0
 }
 
+func (x *SamplingParams) GetLogitBias() map[int32]float32 {
+	if x != nil {
+		return x.LogitBias
+	}
+	return nil
+}
+
+func (x *SamplingParams) GetPresencePenalty() float32 {
+	if x != nil {
+		return x.PresencePenalty
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetFrequencyPenalty() float32 {
+	if x != nil {
+		return x.FrequencyPenalty
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetMinP() float32 {
+	if x != nil {
+		return x.MinP
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetResponseFormat() *ResponseFormat {
+	if x != nil {
+		return x.ResponseFormat
+	}
+	return nil
+}
+
+// ResponseFormat constrains sampled text by constrained decoding: at every step only the
+// tokens that keep the text a prefix of the language are allowed, and an end-of-sequence
+// token only once the text is complete.
+type ResponseFormat struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Type  ResponseFormat_Type    `protobuf:"varint,1,opt,name=type,proto3,enum=loops.v1.ResponseFormat_Type" json:"type,omitempty"`
+	// With TYPE_JSON_SCHEMA: the JSON Schema, as JSON text.
+	JsonSchema    string `protobuf:"bytes,2,opt,name=json_schema,json=jsonSchema,proto3" json:"json_schema,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResponseFormat) Reset() {
+	*x = ResponseFormat{}
+	mi := &file_loops_v1_types_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResponseFormat) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResponseFormat) ProtoMessage() {}
+
+func (x *ResponseFormat) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_types_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResponseFormat.ProtoReflect.Descriptor instead.
+func (*ResponseFormat) Descriptor() ([]byte, []int) {
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ResponseFormat) GetType() ResponseFormat_Type {
+	if x != nil {
+		return x.Type
+	}
+	return ResponseFormat_TYPE_UNSPECIFIED
+}
+
+func (x *ResponseFormat) GetJsonSchema() string {
+	if x != nil {
+		return x.JsonSchema
+	}
+	return ""
+}
+
 // SampledSequence is one generated continuation.
 type SampledSequence struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -529,7 +691,7 @@ type SampledSequence struct {
 
 func (x *SampledSequence) Reset() {
 	*x = SampledSequence{}
-	mi := &file_loops_v1_types_proto_msgTypes[5]
+	mi := &file_loops_v1_types_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -541,7 +703,7 @@ func (x *SampledSequence) String() string {
 func (*SampledSequence) ProtoMessage() {}
 
 func (x *SampledSequence) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[5]
+	mi := &file_loops_v1_types_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -554,7 +716,7 @@ func (x *SampledSequence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SampledSequence.ProtoReflect.Descriptor instead.
 func (*SampledSequence) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SampledSequence) GetTokens() []int32 {
@@ -600,7 +762,7 @@ type TopKLogprobs struct {
 
 func (x *TopKLogprobs) Reset() {
 	*x = TopKLogprobs{}
-	mi := &file_loops_v1_types_proto_msgTypes[6]
+	mi := &file_loops_v1_types_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -612,7 +774,7 @@ func (x *TopKLogprobs) String() string {
 func (*TopKLogprobs) ProtoMessage() {}
 
 func (x *TopKLogprobs) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[6]
+	mi := &file_loops_v1_types_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -625,7 +787,7 @@ func (x *TopKLogprobs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopKLogprobs.ProtoReflect.Descriptor instead.
 func (*TopKLogprobs) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{6}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TopKLogprobs) GetK() int32 {
@@ -667,7 +829,7 @@ type DatumOutput struct {
 
 func (x *DatumOutput) Reset() {
 	*x = DatumOutput{}
-	mi := &file_loops_v1_types_proto_msgTypes[7]
+	mi := &file_loops_v1_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -679,7 +841,7 @@ func (x *DatumOutput) String() string {
 func (*DatumOutput) ProtoMessage() {}
 
 func (x *DatumOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[7]
+	mi := &file_loops_v1_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -692,7 +854,7 @@ func (x *DatumOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatumOutput.ProtoReflect.Descriptor instead.
 func (*DatumOutput) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DatumOutput) GetOutputs() map[string]*Tensor {
@@ -714,7 +876,7 @@ type ForwardBackwardResult struct {
 
 func (x *ForwardBackwardResult) Reset() {
 	*x = ForwardBackwardResult{}
-	mi := &file_loops_v1_types_proto_msgTypes[8]
+	mi := &file_loops_v1_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -726,7 +888,7 @@ func (x *ForwardBackwardResult) String() string {
 func (*ForwardBackwardResult) ProtoMessage() {}
 
 func (x *ForwardBackwardResult) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[8]
+	mi := &file_loops_v1_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -739,7 +901,7 @@ func (x *ForwardBackwardResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardBackwardResult.ProtoReflect.Descriptor instead.
 func (*ForwardBackwardResult) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ForwardBackwardResult) GetOutputs() []*DatumOutput {
@@ -766,7 +928,7 @@ type OptimStepResult struct {
 
 func (x *OptimStepResult) Reset() {
 	*x = OptimStepResult{}
-	mi := &file_loops_v1_types_proto_msgTypes[9]
+	mi := &file_loops_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -778,7 +940,7 @@ func (x *OptimStepResult) String() string {
 func (*OptimStepResult) ProtoMessage() {}
 
 func (x *OptimStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[9]
+	mi := &file_loops_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -791,7 +953,7 @@ func (x *OptimStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OptimStepResult.ProtoReflect.Descriptor instead.
 func (*OptimStepResult) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *OptimStepResult) GetMetrics() map[string]float64 {
@@ -821,7 +983,7 @@ type SampleResult struct {
 
 func (x *SampleResult) Reset() {
 	*x = SampleResult{}
-	mi := &file_loops_v1_types_proto_msgTypes[10]
+	mi := &file_loops_v1_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -833,7 +995,7 @@ func (x *SampleResult) String() string {
 func (*SampleResult) ProtoMessage() {}
 
 func (x *SampleResult) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[10]
+	mi := &file_loops_v1_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -846,7 +1008,7 @@ func (x *SampleResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SampleResult.ProtoReflect.Descriptor instead.
 func (*SampleResult) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SampleResult) GetSequences() []*SampledSequence {
@@ -907,7 +1069,7 @@ type TargetPromptTokens struct {
 
 func (x *TargetPromptTokens) Reset() {
 	*x = TargetPromptTokens{}
-	mi := &file_loops_v1_types_proto_msgTypes[11]
+	mi := &file_loops_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +1081,7 @@ func (x *TargetPromptTokens) String() string {
 func (*TargetPromptTokens) ProtoMessage() {}
 
 func (x *TargetPromptTokens) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[11]
+	mi := &file_loops_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -932,7 +1094,7 @@ func (x *TargetPromptTokens) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetPromptTokens.ProtoReflect.Descriptor instead.
 func (*TargetPromptTokens) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TargetPromptTokens) GetK() int32 {
@@ -971,7 +1133,7 @@ type TargetPromptLogprobs struct {
 
 func (x *TargetPromptLogprobs) Reset() {
 	*x = TargetPromptLogprobs{}
-	mi := &file_loops_v1_types_proto_msgTypes[12]
+	mi := &file_loops_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -983,7 +1145,7 @@ func (x *TargetPromptLogprobs) String() string {
 func (*TargetPromptLogprobs) ProtoMessage() {}
 
 func (x *TargetPromptLogprobs) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[12]
+	mi := &file_loops_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -996,7 +1158,7 @@ func (x *TargetPromptLogprobs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetPromptLogprobs.ProtoReflect.Descriptor instead.
 func (*TargetPromptLogprobs) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TargetPromptLogprobs) GetK() int32 {
@@ -1038,7 +1200,7 @@ type PromptAltTokens struct {
 
 func (x *PromptAltTokens) Reset() {
 	*x = PromptAltTokens{}
-	mi := &file_loops_v1_types_proto_msgTypes[13]
+	mi := &file_loops_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1050,7 +1212,7 @@ func (x *PromptAltTokens) String() string {
 func (*PromptAltTokens) ProtoMessage() {}
 
 func (x *PromptAltTokens) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[13]
+	mi := &file_loops_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1063,7 +1225,7 @@ func (x *PromptAltTokens) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromptAltTokens.ProtoReflect.Descriptor instead.
 func (*PromptAltTokens) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PromptAltTokens) GetK() int32 {
@@ -1104,7 +1266,7 @@ type ModelInfo struct {
 
 func (x *ModelInfo) Reset() {
 	*x = ModelInfo{}
-	mi := &file_loops_v1_types_proto_msgTypes[14]
+	mi := &file_loops_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1116,7 +1278,7 @@ func (x *ModelInfo) String() string {
 func (*ModelInfo) ProtoMessage() {}
 
 func (x *ModelInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[14]
+	mi := &file_loops_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1129,7 +1291,7 @@ func (x *ModelInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelInfo.ProtoReflect.Descriptor instead.
 func (*ModelInfo) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ModelInfo) GetName() string {
@@ -1213,7 +1375,7 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x05beta2\x18\x03 \x01(\x01R\x05beta2\x12\x10\n" +
 	"\x03eps\x18\x04 \x01(\x01R\x03eps\x12!\n" +
 	"\fweight_decay\x18\x05 \x01(\x01R\vweightDecay\x12$\n" +
-	"\x0egrad_clip_norm\x18\x06 \x01(\x01R\fgradClipNorm\"\x84\x02\n" +
+	"\x0egrad_clip_norm\x18\x06 \x01(\x01R\fgradClipNorm\"\xba\x04\n" +
 	"\x0eSamplingParams\x12\x1d\n" +
 	"\n" +
 	"max_tokens\x18\x01 \x01(\x05R\tmaxTokens\x12 \n" +
@@ -1224,8 +1386,27 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\fstop_strings\x18\x06 \x03(\tR\vstopStrings\x12\x1f\n" +
 	"\vstop_tokens\x18\a \x03(\x05R\n" +
 	"stopTokens\x12!\n" +
-	"\ftop_logprobs\x18\b \x01(\x05R\vtopLogprobsB\a\n" +
-	"\x05_seed\"\xb7\x01\n" +
+	"\ftop_logprobs\x18\b \x01(\x05R\vtopLogprobs\x12F\n" +
+	"\n" +
+	"logit_bias\x18\t \x03(\v2'.loops.v1.SamplingParams.LogitBiasEntryR\tlogitBias\x12)\n" +
+	"\x10presence_penalty\x18\n" +
+	" \x01(\x02R\x0fpresencePenalty\x12+\n" +
+	"\x11frequency_penalty\x18\v \x01(\x02R\x10frequencyPenalty\x12\x13\n" +
+	"\x05min_p\x18\f \x01(\x02R\x04minP\x12A\n" +
+	"\x0fresponse_format\x18\r \x01(\v2\x18.loops.v1.ResponseFormatR\x0eresponseFormat\x1a<\n" +
+	"\x0eLogitBiasEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x05R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x02R\x05value:\x028\x01B\a\n" +
+	"\x05_seed\"\xbd\x01\n" +
+	"\x0eResponseFormat\x121\n" +
+	"\x04type\x18\x01 \x01(\x0e2\x1d.loops.v1.ResponseFormat.TypeR\x04type\x12\x1f\n" +
+	"\vjson_schema\x18\x02 \x01(\tR\n" +
+	"jsonSchema\"W\n" +
+	"\x04Type\x12\x14\n" +
+	"\x10TYPE_UNSPECIFIED\x10\x00\x12\r\n" +
+	"\tTYPE_TEXT\x10\x01\x12\x14\n" +
+	"\x10TYPE_JSON_OBJECT\x10\x02\x12\x14\n" +
+	"\x10TYPE_JSON_SCHEMA\x10\x03\"\xb7\x01\n" +
 	"\x0fSampledSequence\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\x12\x1a\n" +
 	"\blogprobs\x18\x02 \x03(\x02R\blogprobs\x125\n" +
@@ -1306,51 +1487,57 @@ func file_loops_v1_types_proto_rawDescGZIP() []byte {
 	return file_loops_v1_types_proto_rawDescData
 }
 
-var file_loops_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_loops_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_loops_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_loops_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_loops_v1_types_proto_goTypes = []any{
 	(Dtype)(0),                    // 0: loops.v1.Dtype
 	(StopReason)(0),               // 1: loops.v1.StopReason
-	(*Tensor)(nil),                // 2: loops.v1.Tensor
-	(*Datum)(nil),                 // 3: loops.v1.Datum
-	(*LoraConfig)(nil),            // 4: loops.v1.LoraConfig
-	(*AdamParams)(nil),            // 5: loops.v1.AdamParams
-	(*SamplingParams)(nil),        // 6: loops.v1.SamplingParams
-	(*SampledSequence)(nil),       // 7: loops.v1.SampledSequence
-	(*TopKLogprobs)(nil),          // 8: loops.v1.TopKLogprobs
-	(*DatumOutput)(nil),           // 9: loops.v1.DatumOutput
-	(*ForwardBackwardResult)(nil), // 10: loops.v1.ForwardBackwardResult
-	(*OptimStepResult)(nil),       // 11: loops.v1.OptimStepResult
-	(*SampleResult)(nil),          // 12: loops.v1.SampleResult
-	(*TargetPromptTokens)(nil),    // 13: loops.v1.TargetPromptTokens
-	(*TargetPromptLogprobs)(nil),  // 14: loops.v1.TargetPromptLogprobs
-	(*PromptAltTokens)(nil),       // 15: loops.v1.PromptAltTokens
-	(*ModelInfo)(nil),             // 16: loops.v1.ModelInfo
-	nil,                           // 17: loops.v1.Datum.LossFnInputsEntry
-	nil,                           // 18: loops.v1.DatumOutput.OutputsEntry
-	nil,                           // 19: loops.v1.ForwardBackwardResult.MetricsEntry
-	nil,                           // 20: loops.v1.OptimStepResult.MetricsEntry
+	(ResponseFormat_Type)(0),      // 2: loops.v1.ResponseFormat.Type
+	(*Tensor)(nil),                // 3: loops.v1.Tensor
+	(*Datum)(nil),                 // 4: loops.v1.Datum
+	(*LoraConfig)(nil),            // 5: loops.v1.LoraConfig
+	(*AdamParams)(nil),            // 6: loops.v1.AdamParams
+	(*SamplingParams)(nil),        // 7: loops.v1.SamplingParams
+	(*ResponseFormat)(nil),        // 8: loops.v1.ResponseFormat
+	(*SampledSequence)(nil),       // 9: loops.v1.SampledSequence
+	(*TopKLogprobs)(nil),          // 10: loops.v1.TopKLogprobs
+	(*DatumOutput)(nil),           // 11: loops.v1.DatumOutput
+	(*ForwardBackwardResult)(nil), // 12: loops.v1.ForwardBackwardResult
+	(*OptimStepResult)(nil),       // 13: loops.v1.OptimStepResult
+	(*SampleResult)(nil),          // 14: loops.v1.SampleResult
+	(*TargetPromptTokens)(nil),    // 15: loops.v1.TargetPromptTokens
+	(*TargetPromptLogprobs)(nil),  // 16: loops.v1.TargetPromptLogprobs
+	(*PromptAltTokens)(nil),       // 17: loops.v1.PromptAltTokens
+	(*ModelInfo)(nil),             // 18: loops.v1.ModelInfo
+	nil,                           // 19: loops.v1.Datum.LossFnInputsEntry
+	nil,                           // 20: loops.v1.SamplingParams.LogitBiasEntry
+	nil,                           // 21: loops.v1.DatumOutput.OutputsEntry
+	nil,                           // 22: loops.v1.ForwardBackwardResult.MetricsEntry
+	nil,                           // 23: loops.v1.OptimStepResult.MetricsEntry
 }
 var file_loops_v1_types_proto_depIdxs = []int32{
 	0,  // 0: loops.v1.Tensor.dtype:type_name -> loops.v1.Dtype
-	17, // 1: loops.v1.Datum.loss_fn_inputs:type_name -> loops.v1.Datum.LossFnInputsEntry
-	1,  // 2: loops.v1.SampledSequence.stop_reason:type_name -> loops.v1.StopReason
-	8,  // 3: loops.v1.SampledSequence.top_logprobs:type_name -> loops.v1.TopKLogprobs
-	18, // 4: loops.v1.DatumOutput.outputs:type_name -> loops.v1.DatumOutput.OutputsEntry
-	9,  // 5: loops.v1.ForwardBackwardResult.outputs:type_name -> loops.v1.DatumOutput
-	19, // 6: loops.v1.ForwardBackwardResult.metrics:type_name -> loops.v1.ForwardBackwardResult.MetricsEntry
-	20, // 7: loops.v1.OptimStepResult.metrics:type_name -> loops.v1.OptimStepResult.MetricsEntry
-	7,  // 8: loops.v1.SampleResult.sequences:type_name -> loops.v1.SampledSequence
-	8,  // 9: loops.v1.SampleResult.topk_prompt_logprobs:type_name -> loops.v1.TopKLogprobs
-	14, // 10: loops.v1.SampleResult.target_prompt_logprobs:type_name -> loops.v1.TargetPromptLogprobs
-	15, // 11: loops.v1.SampleResult.prompt_alt_tokens:type_name -> loops.v1.PromptAltTokens
-	2,  // 12: loops.v1.Datum.LossFnInputsEntry.value:type_name -> loops.v1.Tensor
-	2,  // 13: loops.v1.DatumOutput.OutputsEntry.value:type_name -> loops.v1.Tensor
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	19, // 1: loops.v1.Datum.loss_fn_inputs:type_name -> loops.v1.Datum.LossFnInputsEntry
+	20, // 2: loops.v1.SamplingParams.logit_bias:type_name -> loops.v1.SamplingParams.LogitBiasEntry
+	8,  // 3: loops.v1.SamplingParams.response_format:type_name -> loops.v1.ResponseFormat
+	2,  // 4: loops.v1.ResponseFormat.type:type_name -> loops.v1.ResponseFormat.Type
+	1,  // 5: loops.v1.SampledSequence.stop_reason:type_name -> loops.v1.StopReason
+	10, // 6: loops.v1.SampledSequence.top_logprobs:type_name -> loops.v1.TopKLogprobs
+	21, // 7: loops.v1.DatumOutput.outputs:type_name -> loops.v1.DatumOutput.OutputsEntry
+	11, // 8: loops.v1.ForwardBackwardResult.outputs:type_name -> loops.v1.DatumOutput
+	22, // 9: loops.v1.ForwardBackwardResult.metrics:type_name -> loops.v1.ForwardBackwardResult.MetricsEntry
+	23, // 10: loops.v1.OptimStepResult.metrics:type_name -> loops.v1.OptimStepResult.MetricsEntry
+	9,  // 11: loops.v1.SampleResult.sequences:type_name -> loops.v1.SampledSequence
+	10, // 12: loops.v1.SampleResult.topk_prompt_logprobs:type_name -> loops.v1.TopKLogprobs
+	16, // 13: loops.v1.SampleResult.target_prompt_logprobs:type_name -> loops.v1.TargetPromptLogprobs
+	17, // 14: loops.v1.SampleResult.prompt_alt_tokens:type_name -> loops.v1.PromptAltTokens
+	3,  // 15: loops.v1.Datum.LossFnInputsEntry.value:type_name -> loops.v1.Tensor
+	3,  // 16: loops.v1.DatumOutput.OutputsEntry.value:type_name -> loops.v1.Tensor
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_types_proto_init() }
@@ -1364,8 +1551,8 @@ func file_loops_v1_types_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_types_proto_rawDesc), len(file_loops_v1_types_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   19,
+			NumEnums:      3,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

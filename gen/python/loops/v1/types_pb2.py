@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14loops/v1/types.proto\x12\x08loops.v1\"a\n\x06Tensor\x12\x1e\n\x05\x64type\x18\x01 \x01(\x0e\x32\x0f.loops.v1.Dtype\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x14\n\x0c\x66loat32_data\x18\x03 \x03(\x02\x12\x12\n\nint64_data\x18\x04 \x03(\x03\"\x99\x01\n\x05\x44\x61tum\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\x39\n\x0eloss_fn_inputs\x18\x02 \x03(\x0b\x32!.loops.v1.Datum.LossFnInputsEntry\x1a\x45\n\x11LossFnInputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1f\n\x05value\x18\x02 \x01(\x0b\x32\x10.loops.v1.Tensor:\x02\x38\x01\"f\n\nLoraConfig\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\x12\n\ntrain_attn\x18\x03 \x01(\x08\x12\x11\n\ttrain_mlp\x18\x04 \x01(\x08\x12\x15\n\rtrain_unembed\x18\x05 \x01(\x08\"|\n\nAdamParams\x12\x15\n\rlearning_rate\x18\x01 \x01(\x01\x12\r\n\x05\x62\x65ta1\x18\x02 \x01(\x01\x12\r\n\x05\x62\x65ta2\x18\x03 \x01(\x01\x12\x0b\n\x03\x65ps\x18\x04 \x01(\x01\x12\x14\n\x0cweight_decay\x18\x05 \x01(\x01\x12\x16\n\x0egrad_clip_norm\x18\x06 \x01(\x01\"\xb4\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05top_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x14\n\x0cstop_strings\x18\x06 \x03(\t\x12\x13\n\x0bstop_tokens\x18\x07 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x08 \x01(\x05\x42\x07\n\x05_seed\"\x8c\x01\n\x0fSampledSequence\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12)\n\x0bstop_reason\x18\x03 \x01(\x0e\x32\x14.loops.v1.StopReason\x12,\n\x0ctop_logprobs\x18\x04 \x01(\x0b\x32\x16.loops.v1.TopKLogprobs\"N\n\x0cTopKLogprobs\x12\t\n\x01k\x18\x01 \x01(\x05\x12\x0e\n\x06length\x18\x02 \x01(\x05\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\"\x84\x01\n\x0b\x44\x61tumOutput\x12\x33\n\x07outputs\x18\x01 \x03(\x0b\x32\".loops.v1.DatumOutput.OutputsEntry\x1a@\n\x0cOutputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1f\n\x05value\x18\x02 \x01(\x0b\x32\x10.loops.v1.Tensor:\x02\x38\x01\"\xae\x01\n\x15\x46orwardBackwardResult\x12&\n\x07outputs\x18\x01 \x03(\x0b\x32\x15.loops.v1.DatumOutput\x12=\n\x07metrics\x18\x02 \x03(\x0b\x32,.loops.v1.ForwardBackwardResult.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"z\n\x0fOptimStepResult\x12\x37\n\x07metrics\x18\x01 \x03(\x0b\x32&.loops.v1.OptimStepResult.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x95\x02\n\x0cSampleResult\x12,\n\tsequences\x18\x01 \x03(\x0b\x32\x19.loops.v1.SampledSequence\x12\x17\n\x0fprompt_logprobs\x18\x02 \x03(\x02\x12\x34\n\x14topk_prompt_logprobs\x18\x03 \x01(\x0b\x32\x16.loops.v1.TopKLogprobs\x12>\n\x16target_prompt_logprobs\x18\x04 \x01(\x0b\x32\x1e.loops.v1.TargetPromptLogprobs\x12\x34\n\x11prompt_alt_tokens\x18\x05 \x01(\x0b\x32\x19.loops.v1.PromptAltTokens\x12\x12\n\nmodel_path\x18\x06 \x01(\t\"B\n\x12TargetPromptTokens\x12\t\n\x01k\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0e\n\x06sparse\x18\x03 \x01(\x08\"C\n\x14TargetPromptLogprobs\x12\t\n\x01k\x18\x01 \x01(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0e\n\x06sparse\x18\x03 \x01(\x08\"A\n\x0fPromptAltTokens\x12\t\n\x01k\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\"\x9e\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1b\n\x13max_sequence_length\x18\x02 \x01(\x05\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x14\n\x0c\x61rchitecture\x18\x04 \x01(\t\x12\x14\n\x0ctokenizer_id\x18\x05 \x01(\t\x12\x15\n\rmax_lora_rank\x18\x06 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t*B\n\x05\x44type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x0f\n\x0b\x44TYPE_INT64\x10\x02*W\n\nStopReason\x12\x1b\n\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x14\n\x10STOP_REASON_STOP\x10\x01\x12\x16\n\x12STOP_REASON_LENGTH\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14loops/v1/types.proto\x12\x08loops.v1\"a\n\x06Tensor\x12\x1e\n\x05\x64type\x18\x01 \x01(\x0e\x32\x0f.loops.v1.Dtype\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x14\n\x0c\x66loat32_data\x18\x03 \x03(\x02\x12\x12\n\nint64_data\x18\x04 \x03(\x03\"\x99\x01\n\x05\x44\x61tum\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\x39\n\x0eloss_fn_inputs\x18\x02 \x03(\x0b\x32!.loops.v1.Datum.LossFnInputsEntry\x1a\x45\n\x11LossFnInputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1f\n\x05value\x18\x02 \x01(\x0b\x32\x10.loops.v1.Tensor:\x02\x38\x01\"f\n\nLoraConfig\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\x12\n\ntrain_attn\x18\x03 \x01(\x08\x12\x11\n\ttrain_mlp\x18\x04 \x01(\x08\x12\x15\n\rtrain_unembed\x18\x05 \x01(\x08\"|\n\nAdamParams\x12\x15\n\rlearning_rate\x18\x01 \x01(\x01\x12\r\n\x05\x62\x65ta1\x18\x02 \x01(\x01\x12\r\n\x05\x62\x65ta2\x18\x03 \x01(\x01\x12\x0b\n\x03\x65ps\x18\x04 \x01(\x01\x12\x14\n\x0cweight_decay\x18\x05 \x01(\x01\x12\x16\n\x0egrad_clip_norm\x18\x06 \x01(\x01\"\x9a\x03\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05top_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x14\n\x0cstop_strings\x18\x06 \x03(\t\x12\x13\n\x0bstop_tokens\x18\x07 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x08 \x01(\x05\x12;\n\nlogit_bias\x18\t \x03(\x0b\x32\'.loops.v1.SamplingParams.LogitBiasEntry\x12\x18\n\x10presence_penalty\x18\n \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0b \x01(\x02\x12\r\n\x05min_p\x18\x0c \x01(\x02\x12\x31\n\x0fresponse_format\x18\r \x01(\x0b\x32\x18.loops.v1.ResponseFormat\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seed\"\xab\x01\n\x0eResponseFormat\x12+\n\x04type\x18\x01 \x01(\x0e\x32\x1d.loops.v1.ResponseFormat.Type\x12\x13\n\x0bjson_schema\x18\x02 \x01(\t\"W\n\x04Type\x12\x14\n\x10TYPE_UNSPECIFIED\x10\x00\x12\r\n\tTYPE_TEXT\x10\x01\x12\x14\n\x10TYPE_JSON_OBJECT\x10\x02\x12\x14\n\x10TYPE_JSON_SCHEMA\x10\x03\"\x8c\x01\n\x0fSampledSequence\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12)\n\x0bstop_reason\x18\x03 \x01(\x0e\x32\x14.loops.v1.StopReason\x12,\n\x0ctop_logprobs\x18\x04 \x01(\x0b\x32\x16.loops.v1.TopKLogprobs\"N\n\x0cTopKLogprobs\x12\t\n\x01k\x18\x01 \x01(\x05\x12\x0e\n\x06length\x18\x02 \x01(\x05\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\"\x84\x01\n\x0b\x44\x61tumOutput\x12\x33\n\x07outputs\x18\x01 \x03(\x0b\x32\".loops.v1.DatumOutput.OutputsEntry\x1a@\n\x0cOutputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1f\n\x05value\x18\x02 \x01(\x0b\x32\x10.loops.v1.Tensor:\x02\x38\x01\"\xae\x01\n\x15\x46orwardBackwardResult\x12&\n\x07outputs\x18\x01 \x03(\x0b\x32\x15.loops.v1.DatumOutput\x12=\n\x07metrics\x18\x02 \x03(\x0b\x32,.loops.v1.ForwardBackwardResult.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"z\n\x0fOptimStepResult\x12\x37\n\x07metrics\x18\x01 \x03(\x0b\x32&.loops.v1.OptimStepResult.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x95\x02\n\x0cSampleResult\x12,\n\tsequences\x18\x01 \x03(\x0b\x32\x19.loops.v1.SampledSequence\x12\x17\n\x0fprompt_logprobs\x18\x02 \x03(\x02\x12\x34\n\x14topk_prompt_logprobs\x18\x03 \x01(\x0b\x32\x16.loops.v1.TopKLogprobs\x12>\n\x16target_prompt_logprobs\x18\x04 \x01(\x0b\x32\x1e.loops.v1.TargetPromptLogprobs\x12\x34\n\x11prompt_alt_tokens\x18\x05 \x01(\x0b\x32\x19.loops.v1.PromptAltTokens\x12\x12\n\nmodel_path\x18\x06 \x01(\t\"B\n\x12TargetPromptTokens\x12\t\n\x01k\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0e\n\x06sparse\x18\x03 \x01(\x08\"C\n\x14TargetPromptLogprobs\x12\t\n\x01k\x18\x01 \x01(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0e\n\x06sparse\x18\x03 \x01(\x08\"A\n\x0fPromptAltTokens\x12\t\n\x01k\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\"\x9e\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1b\n\x13max_sequence_length\x18\x02 \x01(\x05\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x14\n\x0c\x61rchitecture\x18\x04 \x01(\t\x12\x14\n\x0ctokenizer_id\x18\x05 \x01(\t\x12\x15\n\rmax_lora_rank\x18\x06 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t*B\n\x05\x44type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x0f\n\x0b\x44TYPE_INT64\x10\x02*W\n\nStopReason\x12\x1b\n\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x14\n\x10STOP_REASON_STOP\x10\x01\x12\x16\n\x12STOP_REASON_LENGTH\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,16 +33,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DATUM_LOSSFNINPUTSENTRY']._loaded_options = None
   _globals['_DATUM_LOSSFNINPUTSENTRY']._serialized_options = b'8\001'
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
   _globals['_DATUMOUTPUT_OUTPUTSENTRY']._loaded_options = None
   _globals['_DATUMOUTPUT_OUTPUTSENTRY']._serialized_options = b'8\001'
   _globals['_FORWARDBACKWARDRESULT_METRICSENTRY']._loaded_options = None
   _globals['_FORWARDBACKWARDRESULT_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_OPTIMSTEPRESULT_METRICSENTRY']._loaded_options = None
   _globals['_OPTIMSTEPRESULT_METRICSENTRY']._serialized_options = b'8\001'
-  _globals['_DTYPE']._serialized_start=2006
-  _globals['_DTYPE']._serialized_end=2072
-  _globals['_STOPREASON']._serialized_start=2074
-  _globals['_STOPREASON']._serialized_end=2161
+  _globals['_DTYPE']._serialized_start=2410
+  _globals['_DTYPE']._serialized_end=2476
+  _globals['_STOPREASON']._serialized_start=2478
+  _globals['_STOPREASON']._serialized_end=2565
   _globals['_TENSOR']._serialized_start=34
   _globals['_TENSOR']._serialized_end=131
   _globals['_DATUM']._serialized_start=134
@@ -54,31 +56,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ADAMPARAMS']._serialized_start=393
   _globals['_ADAMPARAMS']._serialized_end=517
   _globals['_SAMPLINGPARAMS']._serialized_start=520
-  _globals['_SAMPLINGPARAMS']._serialized_end=700
-  _globals['_SAMPLEDSEQUENCE']._serialized_start=703
-  _globals['_SAMPLEDSEQUENCE']._serialized_end=843
-  _globals['_TOPKLOGPROBS']._serialized_start=845
-  _globals['_TOPKLOGPROBS']._serialized_end=923
-  _globals['_DATUMOUTPUT']._serialized_start=926
-  _globals['_DATUMOUTPUT']._serialized_end=1058
-  _globals['_DATUMOUTPUT_OUTPUTSENTRY']._serialized_start=994
-  _globals['_DATUMOUTPUT_OUTPUTSENTRY']._serialized_end=1058
-  _globals['_FORWARDBACKWARDRESULT']._serialized_start=1061
-  _globals['_FORWARDBACKWARDRESULT']._serialized_end=1235
-  _globals['_FORWARDBACKWARDRESULT_METRICSENTRY']._serialized_start=1189
-  _globals['_FORWARDBACKWARDRESULT_METRICSENTRY']._serialized_end=1235
-  _globals['_OPTIMSTEPRESULT']._serialized_start=1237
-  _globals['_OPTIMSTEPRESULT']._serialized_end=1359
-  _globals['_OPTIMSTEPRESULT_METRICSENTRY']._serialized_start=1189
-  _globals['_OPTIMSTEPRESULT_METRICSENTRY']._serialized_end=1235
-  _globals['_SAMPLERESULT']._serialized_start=1362
-  _globals['_SAMPLERESULT']._serialized_end=1639
-  _globals['_TARGETPROMPTTOKENS']._serialized_start=1641
-  _globals['_TARGETPROMPTTOKENS']._serialized_end=1707
-  _globals['_TARGETPROMPTLOGPROBS']._serialized_start=1709
-  _globals['_TARGETPROMPTLOGPROBS']._serialized_end=1776
-  _globals['_PROMPTALTTOKENS']._serialized_start=1778
-  _globals['_PROMPTALTTOKENS']._serialized_end=1843
-  _globals['_MODELINFO']._serialized_start=1846
-  _globals['_MODELINFO']._serialized_end=2004
+  _globals['_SAMPLINGPARAMS']._serialized_end=930
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=873
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=921
+  _globals['_RESPONSEFORMAT']._serialized_start=933
+  _globals['_RESPONSEFORMAT']._serialized_end=1104
+  _globals['_RESPONSEFORMAT_TYPE']._serialized_start=1017
+  _globals['_RESPONSEFORMAT_TYPE']._serialized_end=1104
+  _globals['_SAMPLEDSEQUENCE']._serialized_start=1107
+  _globals['_SAMPLEDSEQUENCE']._serialized_end=1247
+  _globals['_TOPKLOGPROBS']._serialized_start=1249
+  _globals['_TOPKLOGPROBS']._serialized_end=1327
+  _globals['_DATUMOUTPUT']._serialized_start=1330
+  _globals['_DATUMOUTPUT']._serialized_end=1462
+  _globals['_DATUMOUTPUT_OUTPUTSENTRY']._serialized_start=1398
+  _globals['_DATUMOUTPUT_OUTPUTSENTRY']._serialized_end=1462
+  _globals['_FORWARDBACKWARDRESULT']._serialized_start=1465
+  _globals['_FORWARDBACKWARDRESULT']._serialized_end=1639
+  _globals['_FORWARDBACKWARDRESULT_METRICSENTRY']._serialized_start=1593
+  _globals['_FORWARDBACKWARDRESULT_METRICSENTRY']._serialized_end=1639
+  _globals['_OPTIMSTEPRESULT']._serialized_start=1641
+  _globals['_OPTIMSTEPRESULT']._serialized_end=1763
+  _globals['_OPTIMSTEPRESULT_METRICSENTRY']._serialized_start=1593
+  _globals['_OPTIMSTEPRESULT_METRICSENTRY']._serialized_end=1639
+  _globals['_SAMPLERESULT']._serialized_start=1766
+  _globals['_SAMPLERESULT']._serialized_end=2043
+  _globals['_TARGETPROMPTTOKENS']._serialized_start=2045
+  _globals['_TARGETPROMPTTOKENS']._serialized_end=2111
+  _globals['_TARGETPROMPTLOGPROBS']._serialized_start=2113
+  _globals['_TARGETPROMPTLOGPROBS']._serialized_end=2180
+  _globals['_PROMPTALTTOKENS']._serialized_start=2182
+  _globals['_PROMPTALTTOKENS']._serialized_end=2247
+  _globals['_MODELINFO']._serialized_start=2250
+  _globals['_MODELINFO']._serialized_end=2408
 # @@protoc_insertion_point(module_scope)

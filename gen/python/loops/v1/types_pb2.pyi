@@ -83,7 +83,14 @@ class AdamParams(_message.Message):
     def __init__(self, learning_rate: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., weight_decay: _Optional[float] = ..., grad_clip_norm: _Optional[float] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("max_tokens", "temperature", "top_k", "top_p", "seed", "stop_strings", "stop_tokens", "top_logprobs")
+    __slots__ = ("max_tokens", "temperature", "top_k", "top_p", "seed", "stop_strings", "stop_tokens", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty", "min_p", "response_format")
+    class LogitBiasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +99,11 @@ class SamplingParams(_message.Message):
     STOP_STRINGS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FORMAT_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     temperature: float
     top_k: int
@@ -100,7 +112,30 @@ class SamplingParams(_message.Message):
     stop_strings: _containers.RepeatedScalarFieldContainer[str]
     stop_tokens: _containers.RepeatedScalarFieldContainer[int]
     top_logprobs: int
-    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop_strings: _Optional[_Iterable[str]] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+    logit_bias: _containers.ScalarMap[int, float]
+    presence_penalty: float
+    frequency_penalty: float
+    min_p: float
+    response_format: ResponseFormat
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop_strings: _Optional[_Iterable[str]] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., response_format: _Optional[_Union[ResponseFormat, _Mapping]] = ...) -> None: ...
+
+class ResponseFormat(_message.Message):
+    __slots__ = ("type", "json_schema")
+    class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        TYPE_UNSPECIFIED: _ClassVar[ResponseFormat.Type]
+        TYPE_TEXT: _ClassVar[ResponseFormat.Type]
+        TYPE_JSON_OBJECT: _ClassVar[ResponseFormat.Type]
+        TYPE_JSON_SCHEMA: _ClassVar[ResponseFormat.Type]
+    TYPE_UNSPECIFIED: ResponseFormat.Type
+    TYPE_TEXT: ResponseFormat.Type
+    TYPE_JSON_OBJECT: ResponseFormat.Type
+    TYPE_JSON_SCHEMA: ResponseFormat.Type
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    type: ResponseFormat.Type
+    json_schema: str
+    def __init__(self, type: _Optional[_Union[ResponseFormat.Type, str]] = ..., json_schema: _Optional[str] = ...) -> None: ...
 
 class SampledSequence(_message.Message):
     __slots__ = ("tokens", "logprobs", "stop_reason", "top_logprobs")

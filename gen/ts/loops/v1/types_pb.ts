@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file loops/v1/types.proto.
  */
 export const file_loops_v1_types: GenFile = /*@__PURE__*/
-  fileDesc("ChRsb29wcy92MS90eXBlcy5wcm90bxIIbG9vcHMudjEiYQoGVGVuc29yEh4KBWR0eXBlGAEgASgOMg8ubG9vcHMudjEuRHR5cGUSDQoFc2hhcGUYAiADKAMSFAoMZmxvYXQzMl9kYXRhGAMgAygCEhIKCmludDY0X2RhdGEYBCADKAMimQEKBURhdHVtEg4KBnRva2VucxgBIAMoBRI5Cg5sb3NzX2ZuX2lucHV0cxgCIAMoCzIhLmxvb3BzLnYxLkRhdHVtLkxvc3NGbklucHV0c0VudHJ5GkUKEUxvc3NGbklucHV0c0VudHJ5EgsKA2tleRgBIAEoCRIfCgV2YWx1ZRgCIAEoCzIQLmxvb3BzLnYxLlRlbnNvcjoCOAEiZgoKTG9yYUNvbmZpZxIMCgRyYW5rGAEgASgFEgwKBHNlZWQYAiABKAQSEgoKdHJhaW5fYXR0bhgDIAEoCBIRCgl0cmFpbl9tbHAYBCABKAgSFQoNdHJhaW5fdW5lbWJlZBgFIAEoCCJ8CgpBZGFtUGFyYW1zEhUKDWxlYXJuaW5nX3JhdGUYASABKAESDQoFYmV0YTEYAiABKAESDQoFYmV0YTIYAyABKAESCwoDZXBzGAQgASgBEhQKDHdlaWdodF9kZWNheRgFIAEoARIWCg5ncmFkX2NsaXBfbm9ybRgGIAEoASK0AQoOU2FtcGxpbmdQYXJhbXMSEgoKbWF4X3Rva2VucxgBIAEoBRITCgt0ZW1wZXJhdHVyZRgCIAEoAhINCgV0b3BfaxgDIAEoBRINCgV0b3BfcBgEIAEoAhIRCgRzZWVkGAUgASgESACIAQESFAoMc3RvcF9zdHJpbmdzGAYgAygJEhMKC3N0b3BfdG9rZW5zGAcgAygFEhQKDHRvcF9sb2dwcm9icxgIIAEoBUIHCgVfc2VlZCKMAQoPU2FtcGxlZFNlcXVlbmNlEg4KBnRva2VucxgBIAMoBRIQCghsb2dwcm9icxgCIAMoAhIpCgtzdG9wX3JlYXNvbhgDIAEoDjIULmxvb3BzLnYxLlN0b3BSZWFzb24SLAoMdG9wX2xvZ3Byb2JzGAQgASgLMhYubG9vcHMudjEuVG9wS0xvZ3Byb2JzIk4KDFRvcEtMb2dwcm9icxIJCgFrGAEgASgFEg4KBmxlbmd0aBgCIAEoBRIRCgl0b2tlbl9pZHMYAyADKAUSEAoIbG9ncHJvYnMYBCADKAIihAEKC0RhdHVtT3V0cHV0EjMKB291dHB1dHMYASADKAsyIi5sb29wcy52MS5EYXR1bU91dHB1dC5PdXRwdXRzRW50cnkaQAoMT3V0cHV0c0VudHJ5EgsKA2tleRgBIAEoCRIfCgV2YWx1ZRgCIAEoCzIQLmxvb3BzLnYxLlRlbnNvcjoCOAEirgEKFUZvcndhcmRCYWNrd2FyZFJlc3VsdBImCgdvdXRwdXRzGAEgAygLMhUubG9vcHMudjEuRGF0dW1PdXRwdXQSPQoHbWV0cmljcxgCIAMoCzIsLmxvb3BzLnYxLkZvcndhcmRCYWNrd2FyZFJlc3VsdC5NZXRyaWNzRW50cnkaLgoMTWV0cmljc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAToCOAEiegoPT3B0aW1TdGVwUmVzdWx0EjcKB21ldHJpY3MYASADKAsyJi5sb29wcy52MS5PcHRpbVN0ZXBSZXN1bHQuTWV0cmljc0VudHJ5Gi4KDE1ldHJpY3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAE6AjgBIpUCCgxTYW1wbGVSZXN1bHQSLAoJc2VxdWVuY2VzGAEgAygLMhkubG9vcHMudjEuU2FtcGxlZFNlcXVlbmNlEhcKD3Byb21wdF9sb2dwcm9icxgCIAMoAhI0ChR0b3BrX3Byb21wdF9sb2dwcm9icxgDIAEoCzIWLmxvb3BzLnYxLlRvcEtMb2dwcm9icxI+ChZ0YXJnZXRfcHJvbXB0X2xvZ3Byb2JzGAQgASgLMh4ubG9vcHMudjEuVGFyZ2V0UHJvbXB0TG9ncHJvYnMSNAoRcHJvbXB0X2FsdF90b2tlbnMYBSABKAsyGS5sb29wcy52MS5Qcm9tcHRBbHRUb2tlbnMSEgoKbW9kZWxfcGF0aBgGIAEoCSJCChJUYXJnZXRQcm9tcHRUb2tlbnMSCQoBaxgBIAEoBRIRCgl0b2tlbl9pZHMYAiADKAUSDgoGc3BhcnNlGAMgASgIIkMKFFRhcmdldFByb21wdExvZ3Byb2JzEgkKAWsYASABKAUSEAoIbG9ncHJvYnMYAiADKAISDgoGc3BhcnNlGAMgASgIIkEKD1Byb21wdEFsdFRva2VucxIJCgFrGAEgASgFEhEKCXRva2VuX2lkcxgCIAMoBRIQCghsb2dwcm9icxgDIAMoAiKeAQoJTW9kZWxJbmZvEgwKBG5hbWUYASABKAkSGwoTbWF4X3NlcXVlbmNlX2xlbmd0aBgCIAEoBRISCgp2b2NhYl9zaXplGAMgASgFEhQKDGFyY2hpdGVjdHVyZRgEIAEoCRIUCgx0b2tlbml6ZXJfaWQYBSABKAkSFQoNbWF4X2xvcmFfcmFuaxgGIAEoBRIPCgdiYWNrZW5kGAcgASgJKkIKBUR0eXBlEhUKEURUWVBFX1VOU1BFQ0lGSUVEEAASEQoNRFRZUEVfRkxPQVQzMhABEg8KC0RUWVBFX0lOVDY0EAIqVwoKU3RvcFJlYXNvbhIbChdTVE9QX1JFQVNPTl9VTlNQRUNJRklFRBAAEhQKEFNUT1BfUkVBU09OX1NUT1AQARIWChJTVE9QX1JFQVNPTl9MRU5HVEgQAmIGcHJvdG8z");
+  fileDesc("ChRsb29wcy92MS90eXBlcy5wcm90bxIIbG9vcHMudjEiYQoGVGVuc29yEh4KBWR0eXBlGAEgASgOMg8ubG9vcHMudjEuRHR5cGUSDQoFc2hhcGUYAiADKAMSFAoMZmxvYXQzMl9kYXRhGAMgAygCEhIKCmludDY0X2RhdGEYBCADKAMimQEKBURhdHVtEg4KBnRva2VucxgBIAMoBRI5Cg5sb3NzX2ZuX2lucHV0cxgCIAMoCzIhLmxvb3BzLnYxLkRhdHVtLkxvc3NGbklucHV0c0VudHJ5GkUKEUxvc3NGbklucHV0c0VudHJ5EgsKA2tleRgBIAEoCRIfCgV2YWx1ZRgCIAEoCzIQLmxvb3BzLnYxLlRlbnNvcjoCOAEiZgoKTG9yYUNvbmZpZxIMCgRyYW5rGAEgASgFEgwKBHNlZWQYAiABKAQSEgoKdHJhaW5fYXR0bhgDIAEoCBIRCgl0cmFpbl9tbHAYBCABKAgSFQoNdHJhaW5fdW5lbWJlZBgFIAEoCCJ8CgpBZGFtUGFyYW1zEhUKDWxlYXJuaW5nX3JhdGUYASABKAESDQoFYmV0YTEYAiABKAESDQoFYmV0YTIYAyABKAESCwoDZXBzGAQgASgBEhQKDHdlaWdodF9kZWNheRgFIAEoARIWCg5ncmFkX2NsaXBfbm9ybRgGIAEoASKaAwoOU2FtcGxpbmdQYXJhbXMSEgoKbWF4X3Rva2VucxgBIAEoBRITCgt0ZW1wZXJhdHVyZRgCIAEoAhINCgV0b3BfaxgDIAEoBRINCgV0b3BfcBgEIAEoAhIRCgRzZWVkGAUgASgESACIAQESFAoMc3RvcF9zdHJpbmdzGAYgAygJEhMKC3N0b3BfdG9rZW5zGAcgAygFEhQKDHRvcF9sb2dwcm9icxgIIAEoBRI7Cgpsb2dpdF9iaWFzGAkgAygLMicubG9vcHMudjEuU2FtcGxpbmdQYXJhbXMuTG9naXRCaWFzRW50cnkSGAoQcHJlc2VuY2VfcGVuYWx0eRgKIAEoAhIZChFmcmVxdWVuY3lfcGVuYWx0eRgLIAEoAhINCgVtaW5fcBgMIAEoAhIxCg9yZXNwb25zZV9mb3JtYXQYDSABKAsyGC5sb29wcy52MS5SZXNwb25zZUZvcm1hdBowCg5Mb2dpdEJpYXNFbnRyeRILCgNrZXkYASABKAUSDQoFdmFsdWUYAiABKAI6AjgBQgcKBV9zZWVkIqsBCg5SZXNwb25zZUZvcm1hdBIrCgR0eXBlGAEgASgOMh0ubG9vcHMudjEuUmVzcG9uc2VGb3JtYXQuVHlwZRITCgtqc29uX3NjaGVtYRgCIAEoCSJXCgRUeXBlEhQKEFRZUEVfVU5TUEVDSUZJRUQQABINCglUWVBFX1RFWFQQARIUChBUWVBFX0pTT05fT0JKRUNUEAISFAoQVFlQRV9KU09OX1NDSEVNQRADIowBCg9TYW1wbGVkU2VxdWVuY2USDgoGdG9rZW5zGAEgAygFEhAKCGxvZ3Byb2JzGAIgAygCEikKC3N0b3BfcmVhc29uGAMgASgOMhQubG9vcHMudjEuU3RvcFJlYXNvbhIsCgx0b3BfbG9ncHJvYnMYBCABKAsyFi5sb29wcy52MS5Ub3BLTG9ncHJvYnMiTgoMVG9wS0xvZ3Byb2JzEgkKAWsYASABKAUSDgoGbGVuZ3RoGAIgASgFEhEKCXRva2VuX2lkcxgDIAMoBRIQCghsb2dwcm9icxgEIAMoAiKEAQoLRGF0dW1PdXRwdXQSMwoHb3V0cHV0cxgBIAMoCzIiLmxvb3BzLnYxLkRhdHVtT3V0cHV0Lk91dHB1dHNFbnRyeRpACgxPdXRwdXRzRW50cnkSCwoDa2V5GAEgASgJEh8KBXZhbHVlGAIgASgLMhAubG9vcHMudjEuVGVuc29yOgI4ASKuAQoVRm9yd2FyZEJhY2t3YXJkUmVzdWx0EiYKB291dHB1dHMYASADKAsyFS5sb29wcy52MS5EYXR1bU91dHB1dBI9CgdtZXRyaWNzGAIgAygLMiwubG9vcHMudjEuRm9yd2FyZEJhY2t3YXJkUmVzdWx0Lk1ldHJpY3NFbnRyeRouCgxNZXRyaWNzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgBOgI4ASJ6Cg9PcHRpbVN0ZXBSZXN1bHQSNwoHbWV0cmljcxgBIAMoCzImLmxvb3BzLnYxLk9wdGltU3RlcFJlc3VsdC5NZXRyaWNzRW50cnkaLgoMTWV0cmljc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAToCOAEilQIKDFNhbXBsZVJlc3VsdBIsCglzZXF1ZW5jZXMYASADKAsyGS5sb29wcy52MS5TYW1wbGVkU2VxdWVuY2USFwoPcHJvbXB0X2xvZ3Byb2JzGAIgAygCEjQKFHRvcGtfcHJvbXB0X2xvZ3Byb2JzGAMgASgLMhYubG9vcHMudjEuVG9wS0xvZ3Byb2JzEj4KFnRhcmdldF9wcm9tcHRfbG9ncHJvYnMYBCABKAsyHi5sb29wcy52MS5UYXJnZXRQcm9tcHRMb2dwcm9icxI0ChFwcm9tcHRfYWx0X3Rva2VucxgFIAEoCzIZLmxvb3BzLnYxLlByb21wdEFsdFRva2VucxISCgptb2RlbF9wYXRoGAYgASgJIkIKElRhcmdldFByb21wdFRva2VucxIJCgFrGAEgASgFEhEKCXRva2VuX2lkcxgCIAMoBRIOCgZzcGFyc2UYAyABKAgiQwoUVGFyZ2V0UHJvbXB0TG9ncHJvYnMSCQoBaxgBIAEoBRIQCghsb2dwcm9icxgCIAMoAhIOCgZzcGFyc2UYAyABKAgiQQoPUHJvbXB0QWx0VG9rZW5zEgkKAWsYASABKAUSEQoJdG9rZW5faWRzGAIgAygFEhAKCGxvZ3Byb2JzGAMgAygCIp4BCglNb2RlbEluZm8SDAoEbmFtZRgBIAEoCRIbChNtYXhfc2VxdWVuY2VfbGVuZ3RoGAIgASgFEhIKCnZvY2FiX3NpemUYAyABKAUSFAoMYXJjaGl0ZWN0dXJlGAQgASgJEhQKDHRva2VuaXplcl9pZBgFIAEoCRIVCg1tYXhfbG9yYV9yYW5rGAYgASgFEg8KB2JhY2tlbmQYByABKAkqQgoFRHR5cGUSFQoRRFRZUEVfVU5TUEVDSUZJRUQQABIRCg1EVFlQRV9GTE9BVDMyEAESDwoLRFRZUEVfSU5UNjQQAipXCgpTdG9wUmVhc29uEhsKF1NUT1BfUkVBU09OX1VOU1BFQ0lGSUVEEAASFAoQU1RPUF9SRUFTT05fU1RPUBABEhYKElNUT1BfUkVBU09OX0xFTkdUSBACYgZwcm90bzM");
 
 /**
  * Tensor is a dense, row-major array. Exactly one of float32_data and int64_data is set, as
@@ -207,6 +207,46 @@ export type SamplingParams = Message<"loops.v1.SamplingParams"> & {
    * @generated from field: int32 top_logprobs = 8;
    */
   topLogprobs: number;
+
+  /**
+   * Added to the logits of these token ids before sampling, each in [-100, 100] (at most
+   * 300 entries): -100 all but bans a token, 100 all but forces it.
+   *
+   * @generated from field: map<int32, float> logit_bias = 9;
+   */
+  logitBias: { [key: number]: number };
+
+  /**
+   * Subtracted from the logit of every token that the sequence has generated at least once
+   * ([-2, 2]; OpenAI's presence_penalty).
+   *
+   * @generated from field: float presence_penalty = 10;
+   */
+  presencePenalty: number;
+
+  /**
+   * Subtracted from a token's logit once per time the sequence has generated it ([-2, 2];
+   * OpenAI's frequency_penalty).
+   *
+   * @generated from field: float frequency_penalty = 11;
+   */
+  frequencyPenalty: number;
+
+  /**
+   * Drops every token whose probability is below min_p times the most likely token's
+   * ([0, 1]; 0 is off), after temperature and before top_k and top_p.
+   *
+   * @generated from field: float min_p = 12;
+   */
+  minP: number;
+
+  /**
+   * Constrains the output to a JSON language (structured outputs); unset or TEXT: free
+   * text.
+   *
+   * @generated from field: loops.v1.ResponseFormat response_format = 13;
+   */
+  responseFormat?: ResponseFormat | undefined;
 };
 
 /**
@@ -215,6 +255,73 @@ export type SamplingParams = Message<"loops.v1.SamplingParams"> & {
  */
 export const SamplingParamsSchema: GenMessage<SamplingParams> = /*@__PURE__*/
   messageDesc(file_loops_v1_types, 4);
+
+/**
+ * ResponseFormat constrains sampled text by constrained decoding: at every step only the
+ * tokens that keep the text a prefix of the language are allowed, and an end-of-sequence
+ * token only once the text is complete.
+ *
+ * @generated from message loops.v1.ResponseFormat
+ */
+export type ResponseFormat = Message<"loops.v1.ResponseFormat"> & {
+  /**
+   * @generated from field: loops.v1.ResponseFormat.Type type = 1;
+   */
+  type: ResponseFormat_Type;
+
+  /**
+   * With TYPE_JSON_SCHEMA: the JSON Schema, as JSON text.
+   *
+   * @generated from field: string json_schema = 2;
+   */
+  jsonSchema: string;
+};
+
+/**
+ * Describes the message loops.v1.ResponseFormat.
+ * Use `create(ResponseFormatSchema)` to create a new message.
+ */
+export const ResponseFormatSchema: GenMessage<ResponseFormat> = /*@__PURE__*/
+  messageDesc(file_loops_v1_types, 5);
+
+/**
+ * Type is the language.
+ *
+ * @generated from enum loops.v1.ResponseFormat.Type
+ */
+export enum ResponseFormat_Type {
+  /**
+   * @generated from enum value: TYPE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Free text (no constraint).
+   *
+   * @generated from enum value: TYPE_TEXT = 1;
+   */
+  TEXT = 1,
+
+  /**
+   * Any JSON object (nesting bounded).
+   *
+   * @generated from enum value: TYPE_JSON_OBJECT = 2;
+   */
+  JSON_OBJECT = 2,
+
+  /**
+   * JSON that validates against json_schema (the strict subset docs/openai.md lists).
+   *
+   * @generated from enum value: TYPE_JSON_SCHEMA = 3;
+   */
+  JSON_SCHEMA = 3,
+}
+
+/**
+ * Describes the enum loops.v1.ResponseFormat.Type.
+ */
+export const ResponseFormat_TypeSchema: GenEnum<ResponseFormat_Type> = /*@__PURE__*/
+  enumDesc(file_loops_v1_types, 5, 0);
 
 /**
  * SampledSequence is one generated continuation.
@@ -251,7 +358,7 @@ export type SampledSequence = Message<"loops.v1.SampledSequence"> & {
  * Use `create(SampledSequenceSchema)` to create a new message.
  */
 export const SampledSequenceSchema: GenMessage<SampledSequence> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 5);
+  messageDesc(file_loops_v1_types, 6);
 
 /**
  * TopKLogprobs are the k most likely tokens at each position (of a prompt, or of a sampled
@@ -287,7 +394,7 @@ export type TopKLogprobs = Message<"loops.v1.TopKLogprobs"> & {
  * Use `create(TopKLogprobsSchema)` to create a new message.
  */
 export const TopKLogprobsSchema: GenMessage<TopKLogprobs> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 6);
+  messageDesc(file_loops_v1_types, 7);
 
 /**
  * DatumOutput holds the per-datum outputs of a forward pass: "logprobs" (N,) and
@@ -307,7 +414,7 @@ export type DatumOutput = Message<"loops.v1.DatumOutput"> & {
  * Use `create(DatumOutputSchema)` to create a new message.
  */
 export const DatumOutputSchema: GenMessage<DatumOutput> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 7);
+  messageDesc(file_loops_v1_types, 8);
 
 /**
  * ForwardBackwardResult is the result of a forward or forward_backward operation.
@@ -333,7 +440,7 @@ export type ForwardBackwardResult = Message<"loops.v1.ForwardBackwardResult"> & 
  * Use `create(ForwardBackwardResultSchema)` to create a new message.
  */
 export const ForwardBackwardResultSchema: GenMessage<ForwardBackwardResult> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 8);
+  messageDesc(file_loops_v1_types, 9);
 
 /**
  * OptimStepResult is the result of an optimizer step.
@@ -352,7 +459,7 @@ export type OptimStepResult = Message<"loops.v1.OptimStepResult"> & {
  * Use `create(OptimStepResultSchema)` to create a new message.
  */
 export const OptimStepResultSchema: GenMessage<OptimStepResult> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 9);
+  messageDesc(file_loops_v1_types, 10);
 
 /**
  * SampleResult is the result of a sampling operation.
@@ -405,7 +512,7 @@ export type SampleResult = Message<"loops.v1.SampleResult"> & {
  * Use `create(SampleResultSchema)` to create a new message.
  */
 export const SampleResultSchema: GenMessage<SampleResult> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 10);
+  messageDesc(file_loops_v1_types, 11);
 
 /**
  * TargetPromptTokens are token ids whose prompt log-probs to return, row major
@@ -439,7 +546,7 @@ export type TargetPromptTokens = Message<"loops.v1.TargetPromptTokens"> & {
  * Use `create(TargetPromptTokensSchema)` to create a new message.
  */
 export const TargetPromptTokensSchema: GenMessage<TargetPromptTokens> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 11);
+  messageDesc(file_loops_v1_types, 12);
 
 /**
  * TargetPromptLogprobs are the log-probs (temperature 1, as prompt_logprobs) of
@@ -472,7 +579,7 @@ export type TargetPromptLogprobs = Message<"loops.v1.TargetPromptLogprobs"> & {
  * Use `create(TargetPromptLogprobsSchema)` to create a new message.
  */
 export const TargetPromptLogprobsSchema: GenMessage<TargetPromptLogprobs> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 12);
+  messageDesc(file_loops_v1_types, 13);
 
 /**
  * PromptAltTokens are k tokens drawn, independently and with replacement, at every prompt
@@ -507,7 +614,7 @@ export type PromptAltTokens = Message<"loops.v1.PromptAltTokens"> & {
  * Use `create(PromptAltTokensSchema)` to create a new message.
  */
 export const PromptAltTokensSchema: GenMessage<PromptAltTokens> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 13);
+  messageDesc(file_loops_v1_types, 14);
 
 /**
  * ModelInfo describes a base model a server can train and sample.
@@ -558,7 +665,7 @@ export type ModelInfo = Message<"loops.v1.ModelInfo"> & {
  * Use `create(ModelInfoSchema)` to create a new message.
  */
 export const ModelInfoSchema: GenMessage<ModelInfo> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 14);
+  messageDesc(file_loops_v1_types, 15);
 
 /**
  * DType is the element type of a Tensor.
