@@ -20,6 +20,7 @@ import (
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/constrain"
 	"github.com/loops-dev/loops/internal/hfcache"
 	"github.com/loops-dev/loops/internal/semantics"
 )
@@ -81,6 +82,9 @@ type baseModel struct {
 	eos  []int
 	info *loopsv1.ModelInfo
 	dec  *decoder // batches the model's sampling requests (batch.go)
+
+	vocabOnce sync.Once
+	vocab     *constrain.Vocab // vocabOf
 }
 
 type adapterState struct {

@@ -141,6 +141,9 @@ func (e *Engine) sample(ctx context.Context, req *backendv1.SampleRequest, sink 
 		sp.StopStrings = p.StopStrings
 		sp.Decode = bm.tok.Decode
 	}
+	if err := bm.adjustments(p, &sp); err != nil {
+		return nil, err
+	}
 	var ad *nn.Adapter[float32]
 	if req.AdapterDir != "" {
 		if ad, err = e.samplerAdapter(bm, req.AdapterDir); err != nil {

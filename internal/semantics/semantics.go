@@ -8,6 +8,7 @@
 package semantics
 
 import (
+	"fmt"
 	"maps"
 
 	"google.golang.org/protobuf/proto"
@@ -121,3 +122,63 @@ const (
 	// OpenAI surface bounds its sampler cache the same).
 	MaxSamplersInMemory = 1024
 )
+
+// Limits of SamplingParams' logit adjustments (OpenAI's ranges).
+const (
+	// MaxLogitBias is the largest |bias| of one logit_bias entry.
+	MaxLogitBias = 100
+	// MaxLogitBiasEntries caps logit_bias's entries.
+	MaxLogitBiasEntries = 300
+	// MaxPenalty is the largest |presence_penalty| and |frequency_penalty|.
+	MaxPenalty = 2
+)
+
+// CheckAdjustments checks p's logit_bias (ids in [0, vocab) when vocab > 0, biases within
+// ±MaxLogitBias, at most MaxLogitBiasEntries), presence and frequency penalties (within
+// ±MaxPenalty) and min_p ([0, 1]); the error says which and how to fix it. Every backend and
+// the core call it, so they refuse the same requests.
+func CheckAdjustments(p *loopsv1.SamplingParams, vocab int) error {
+	if n := len(p.GetLogitBias()); n > MaxLogitBiasEntries {
+		return fmt.Errorf("logit_bias has %d entries; at most %d are allowed", n, MaxLogitBiasEntries)
+	}
+	for id, b := range p.GetLogitBias() {
+		switch {
+		case id < 0 || (vocab > 0 && int(id) >= vocab):
+			return fmt.Errorf("logit_bias token %d is outside the vocabulary [0, %d)", id, vocab)
+		case !(b >= -MaxLogitBias && b <= MaxLogitBias):
+			return fmt.Errorf("logit_bias of token %d is %v; biases must be in [-%d, %d]", id, b, MaxLogitBias, MaxLogitBias)
+		}
+	}
+	if v := p.GetPresencePenalty(); !(v >= -MaxPenalty && v <= MaxPenalty) {
+		return fmt.Errorf("presence_penalty must be in [-%d, %d], got %v", MaxPenalty, MaxPenalty, v)
+	}
+	if v := p.GetFrequencyPenalty(); !(v >= -MaxPenalty && v <= MaxPenalty) {
+		return fmt.Errorf("frequency_penalty must be in [-%d, %d], got %v", MaxPenalty, MaxPenalty, v)
+	}
+	if v := p.GetMinP(); !(v >= 0 && v <= 1) {
+		return fmt.Errorf("min_p must be in [0, 1], got %v", v)
+	}
+	rf := p.GetResponseFormat()
+	switch rf.GetType() {
+	case loopsv1.ResponseFormat_TYPE_UNSPECIFIED, loopsv1.ResponseFormat_TYPE_TEXT, loopsv1.ResponseFormat_TYPE_JSON_OBJECT:
+		if rf.GetJsonSchema() != "" {
+			return fmt.Errorf("response_format.json_schema is only for type TYPE_JSON_SCHEMA")
+		}
+	case loopsv1.ResponseFormat_TYPE_JSON_SCHEMA:
+		if rf.GetJsonSchema() == "" {
+			return fmt.Errorf("response_format TYPE_JSON_SCHEMA needs json_schema")
+		}
+	default:
+		return fmt.Errorf("response_format.type %d is not a known type", rf.GetType())
+	}
+	if Constrained(p) && (len(p.GetStopStrings()) > 0 || len(p.GetStopTokens()) > 0) {
+		return fmt.Errorf("stop sequences cannot be combined with a JSON response_format (a stop would cut the JSON short): leave stop out")
+	}
+	return nil
+}
+
+// Constrained reports whether p asks for a JSON response_format.
+func Constrained(p *loopsv1.SamplingParams) bool {
+	t := p.GetResponseFormat().GetType()
+	return t == loopsv1.ResponseFormat_TYPE_JSON_OBJECT || t == loopsv1.ResponseFormat_TYPE_JSON_SCHEMA
+}

@@ -24,6 +24,80 @@ type SampleParams struct {
 	// TopLogprobs > 0 also returns, per sampled token, the TopLogprobs most likely tokens
 	// of the distribution it was drawn from (Sampled.Top).
 	TopLogprobs int
+	// LogitBias is added to the logits of its token ids.
+	LogitBias map[int]float64
+	// PresencePenalty is subtracted from the logit of every token the sequence has
+	// sampled; FrequencyPenalty once per time it has sampled it.
+	PresencePenalty, FrequencyPenalty float64
+	// MinP > 0 (with Temperature > 0) drops the tokens whose probability is below MinP
+	// times the most likely token's.
+	MinP float64
+	// Constraint, when set, allows only the tokens it masks in at each step
+	// (structured outputs).
+	Constraint Constraint
+}
+
+// Constraint restricts what a sequence may sample: a state machine over tokens. It must
+// be safe for concurrent use (sequences decode on several threads).
+type Constraint interface {
+	// Start is the state before the first token.
+	Start() int32
+	// Mask is the tokens allowed in a state, a bitset over the vocabulary (bit id%64 of
+	// word id/64); an end-of-sequence token is in it only once the text is complete.
+	Mask(state int32) []uint64
+	// Next is the state after a token.
+	Next(state int32, token int) int32
+}
+
+// adjusts reports whether p changes the logits before the draw (adjustLogits).
+func (p *SampleParams) adjusts() bool {
+	return len(p.LogitBias) > 0 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || p.MinP > 0 || p.Constraint != nil
+}
+
+// adjustLogits turns the model's logits into those the sequence samples from, in place,
+// in this order: l[t] += logit_bias[t] − frequency_penalty·c[t] − presence_penalty·[c[t] >
+// 0] (c[t]: how many times the sequence has sampled t); tokens the constraint does not
+// allow to −∞; with temperature > 0 and min_p > 0, tokens with l[t] < max(l) +
+// temperature·ln(min_p) (probability below min_p times the largest) to −∞. It reports
+// false when no token is left.
+func (s *GenSeq[T]) adjustLogits(row []T) bool {
+	p := &s.g.p
+	for t, b := range p.LogitBias {
+		row[t] = T(float64(row[t]) + b)
+	}
+	if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+		for t, c := range s.counts {
+			row[t] = T(float64(row[t]) - (float64(c)*p.FrequencyPenalty + p.PresencePenalty))
+		}
+	}
+	ninf := T(math.Inf(-1))
+	if p.Constraint != nil {
+		m := p.Constraint.Mask(s.cstate)
+		left := false
+		for i := range row {
+			if m[i>>6]>>(i&63)&1 == 0 {
+				row[i] = ninf
+			} else {
+				left = true
+			}
+		}
+		if !left {
+			return false
+		}
+	}
+	if p.MinP > 0 && p.Temperature > 0 {
+		mx := math.Inf(-1)
+		for _, v := range row {
+			mx = max(mx, float64(v))
+		}
+		thr := mx + p.Temperature*math.Log(p.MinP)
+		for i, v := range row {
+			if float64(v) < thr {
+				row[i] = ninf
+			}
+		}
+	}
+	return true
 }
 
 // Sampled is one generated continuation.
@@ -132,6 +206,10 @@ type GenSeq[T Float] struct {
 	cache *KVCache[T]
 	rng   *rand.Rand
 	done  bool
+	// with SampleParams.Constraint: its state after the tokens so far
+	cstate int32
+	// with a presence or frequency penalty: how many times each token was sampled
+	counts map[int]int
 }
 
 // NewGen prepares a generation (see Sample); it computes nothing yet.
@@ -439,6 +517,12 @@ func (g *Gen[T]) Start() *GenSeq[T] {
 		s.cache = g.base.Clone()
 	}
 	g.running++
+	if g.p.Constraint != nil {
+		s.cstate = g.p.Constraint.Start()
+	}
+	if g.p.PresencePenalty != 0 || g.p.FrequencyPenalty != 0 {
+		s.counts = map[int]int{}
+	}
 	s.advance(g.last)
 	if g.started == g.n {
 		g.last = nil
@@ -455,8 +539,22 @@ func (s *GenSeq[T]) Gen() *Gen[T] { return s.g }
 // advance samples the sequence's next token from logits and ends it on a stop token, a stop
 // string or max_tokens.
 func (s *GenSeq[T]) advance(logits []T) {
+	if s.g.p.adjusts() {
+		logits = append([]T(nil), logits...) // the prompt's logits serve every sequence
+		if !s.adjustLogits(logits) {
+			s.end()
+			return
+		}
+	}
 	tok, lp, top := sampleToken(logits, s.g.p, s.rng)
 	s.record(tok, lp, top)
+}
+
+// end ends the sequence without a token, unfinished: its constraint allows none (a
+// vocabulary that cannot spell what must come next).
+func (s *GenSeq[T]) end() {
+	s.done, s.cache = true, nil
+	s.g.running--
 }
 
 // record appends a drawn token to the sequence's output, tells OnToken, and ends the
@@ -471,6 +569,12 @@ func (s *GenSeq[T]) record(tok int, lp float64, top []TopEntry) {
 	}
 	if g.OnToken != nil {
 		g.OnToken(s.i, tok, lp, top)
+	}
+	if p.Constraint != nil {
+		s.cstate = p.Constraint.Next(s.cstate, tok)
+	}
+	if s.counts != nil {
+		s.counts[tok]++
 	}
 	switch {
 	case g.stops[tok]:
@@ -557,9 +661,18 @@ func (m *Model[T]) Decode(seqs []*GenSeq[T]) {
 	drawn := buf.drawn[:M]
 	parallelFor(M, M*V*expWork, func(r int) {
 		d := &drawn[r]
-		d.tok, d.lp, d.top = sampleToken(lg[r*V:(r+1)*V], rows[r].g.p, rows[r].rng)
+		row := lg[r*V : (r+1)*V]
+		if rows[r].g.p.adjusts() && !rows[r].adjustLogits(row) {
+			d.tok = -1
+			return
+		}
+		d.tok, d.lp, d.top = sampleToken(row, rows[r].g.p, rows[r].rng)
 	})
 	for r, s := range rows {
+		if drawn[r].tok < 0 {
+			s.end()
+			continue
+		}
 		s.record(drawn[r].tok, drawn[r].lp, drawn[r].top)
 	}
 	clear(drawn)
@@ -621,7 +734,7 @@ func sampleToken[T Float](logits []T, p SampleParams, r *rand.Rand) (int, float6
 				top = append(top, TopEntry{Token: t, LogProb: float64(logits[t]) - lse})
 			}
 		}
-		return best, float64(logits[best]) - lse, top
+		return best, float64(logits[best]) - lse, finite(top)
 	}
 	inv := 1 / p.Temperature
 	V := len(logits)
@@ -667,7 +780,7 @@ func sampleToken[T Float](logits []T, p SampleParams, r *rand.Rand) (int, float6
 				top = append(top, TopEntry{Token: t, LogProb: float64(logits[t])*inv - mx - math.Log(sum)})
 			}
 		}
-		return tok, float64(logits[tok])*inv - mx - math.Log(sum), top
+		return tok, float64(logits[tok])*inv - mx - math.Log(sum), finite(top)
 	}
 	// cand is sorted by decreasing logit
 	mx := float64(logits[cand[0]]) * inv
@@ -707,5 +820,10 @@ func sampleToken[T Float](logits []T, p SampleParams, r *rand.Rand) (int, float6
 	for i := range min(p.TopLogprobs, len(cand)) {
 		top = append(top, TopEntry{Token: cand[i], LogProb: math.Log(w[i] / sum)})
 	}
-	return cand[pick], math.Log(w[pick] / sum), top
+	return cand[pick], math.Log(w[pick] / sum), finite(top)
+}
+
+// finite drops the entries of top with log-prob −∞ (tokens adjustLogits removed).
+func finite(top []TopEntry) []TopEntry {
+	return slices.DeleteFunc(top, func(e TopEntry) bool { return math.IsInf(e.LogProb, -1) })
 }

@@ -286,6 +286,15 @@ func (t *Tokenizer) Decode(ids []int) string {
 	return b.String()
 }
 
+// TokenBytes is the text one token stands for, as bytes: nil for an added (special)
+// token or an id outside the vocabulary.
+func (t *Tokenizer) TokenBytes(id int) []byte {
+	if _, ok := t.special[id]; ok || id < 0 || id >= len(t.idToStr) || t.idToStr[id] == "" {
+		return nil
+	}
+	return []byte(t.Decode([]int{id}))
+}
+
 func decodeSentencePiece(s string) string {
 	if len(s) == 6 && strings.HasPrefix(s, "<0x") && strings.HasSuffix(s, ">") {
 		if v, err := strconv.ParseUint(s[3:5], 16, 8); err == nil {

@@ -6,6 +6,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/loops-dev/loops/gateway/core/apierr"
+	"github.com/loops-dev/loops/internal/constrain"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/semantics"
 )
@@ -68,6 +69,14 @@ func Sample(model *loopsv1.ModelInfo, req *loopsv1.SampleRequest, maxSamples int
 	for _, s := range p.GetStopStrings() {
 		if s == "" {
 			return nil, apierr.InvalidArgument("stop strings must not be empty")
+		}
+	}
+	if err := semantics.CheckAdjustments(p, int(model.GetVocabSize())); err != nil {
+		return nil, apierr.InvalidArgument("%v", err)
+	}
+	if p.GetResponseFormat().GetType() == loopsv1.ResponseFormat_TYPE_JSON_SCHEMA {
+		if _, err := constrain.Schema([]byte(p.GetResponseFormat().GetJsonSchema())); err != nil {
+			return nil, apierr.InvalidArgument("response_format.json_schema: %v", err)
 		}
 	}
 	return p, nil
