@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/loops-dev/loops/compat/internal/infer"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/semantics"
 )
 
@@ -49,6 +50,12 @@ type request struct {
 	topLogprobs  int32
 	stream       bool
 	includeUsage bool
+	// logit adjustments and structured outputs (format.go)
+	logitBias        map[int32]float32
+	presencePenalty  float32
+	frequencyPenalty float32
+	minP             float32
+	responseFormat   *loopsv1.ResponseFormat
 }
 
 // decodeRequest decodes the body of POST /chat/completions (chat) or POST /completions.
@@ -178,17 +185,28 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 				return nil, err
 			}
 		case "frequency_penalty", "presence_penalty":
-			v, err := infer.Float(raw, name, -2, 2)
+			v, err := infer.Float(raw, name, -semantics.MaxPenalty, semantics.MaxPenalty)
 			if err != nil {
 				return nil, err
 			}
-			if v != 0 {
-				return nil, unsupported(name, "only 0 (no penalty) is supported")
+			if name == "frequency_penalty" {
+				req.frequencyPenalty = float32(v)
+			} else {
+				req.presencePenalty = float32(v)
 			}
+		case "min_p":
+			v, err := infer.Float(raw, name, 0, 1)
+			if err != nil {
+				return nil, err
+			}
+			req.minP = float32(v)
 		case "logit_bias":
-			var m map[string]json.RawMessage
-			if json.Unmarshal(raw, &m) != nil || len(m) > 0 {
-				return nil, unsupported(name, "only an empty object is supported")
+			if req.logitBias, err = decodeLogitBias(raw); err != nil {
+				return nil, err
+			}
+		case "response_format":
+			if req.responseFormat, err = decodeResponseFormat(raw); err != nil {
+				return nil, err
 			}
 		case "echo":
 			var echo bool
@@ -218,6 +236,8 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 		return nil, badField("stream_options", "stream_options is only allowed with stream: true")
 	case bestOf != nil && *bestOf != 1 && *bestOf != int64(req.n):
 		return nil, unsupported("best_of", "best_of other than 1 or n is not supported; omit it")
+	case req.responseFormat != nil && len(req.stop) > 0:
+		return nil, badField("stop", "stop cannot be combined with a JSON response_format (a stop sequence would cut the JSON short): leave stop out")
 	case maxTokens != nil && maxCompletionTokens != nil && *maxTokens != *maxCompletionTokens:
 		return nil, badField("max_completion_tokens", "give max_completion_tokens or max_tokens, not both")
 	}

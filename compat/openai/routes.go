@@ -52,7 +52,8 @@ func (s *server) serve(w http.ResponseWriter, r *http.Request, chat bool) error 
 func (req *request) infer() *infer.Request {
 	out := &infer.Request{Model: req.model, Messages: req.messages, N: req.n, Params: &loopsv1.SamplingParams{
 		MaxTokens: req.maxTokens, Temperature: req.temperature, TopK: req.topK, TopP: req.topP, Seed: req.seed, StopStrings: req.stop,
-		TopLogprobs: req.topLogprobs,
+		TopLogprobs: req.topLogprobs, LogitBias: req.logitBias, PresencePenalty: req.presencePenalty,
+		FrequencyPenalty: req.frequencyPenalty, MinP: req.minP, ResponseFormat: req.responseFormat,
 	}}
 	for _, p := range req.prompts {
 		ip := infer.Prompt{Text: p.text}

@@ -25,8 +25,8 @@ const (
 	// MaxItemsUnrolled bounds minItems and maxItems (each item up to maxItems is a copy of
 	// the item's automaton).
 	MaxItemsUnrolled = 32
-	// JSONObjectDepth is how deep json_object output nests: the top object holds values
-	// nested at most JSONObjectDepth - 1 deep.
+	// JSONObjectDepth is how many objects and arrays json_object output nests, the top
+	// object included.
 	JSONObjectDepth = 5
 	// anyDepth is how deep a value the schema leaves open ({} or true) may nest.
 	anyDepth = 3
