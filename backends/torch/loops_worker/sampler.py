@@ -21,6 +21,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 
+from . import adjust
 from . import checkpoint as ckpt
 from .errors import invalid
 from .pcg import PCG
@@ -50,6 +51,12 @@ class SampleSpec:
     # target_prompt_tokens: per prompt position after the first, the ids to score (-1: none)
     targets: Optional[List[List[int]]] = None
     alt_k: int = 0  # prompt_alt_tokens_k
+    # logit adjustments and structured outputs (adjust.py)
+    logit_bias: dict = field(default_factory=dict)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_p: float = 0.0
+    response_format: Optional[tuple] = None  # ("json_object" | "json_schema", schema)
 
     @property
     def want_prompt(self) -> bool:
@@ -72,7 +79,9 @@ def validate(req, bm) -> SampleSpec:
         seed = p.seed if p.HasField("seed") else None
         stop_tokens, stop_strings = list(p.stop_tokens), list(p.stop_strings)
         top_logprobs = p.top_logprobs
+        bias, presence, frequency, min_p, rf = adjust.check(p, V)
     else:
+        bias, presence, frequency, min_p, rf = {}, 0.0, 0.0, 0.0, None
         max_tokens, temp, top_k, top_p, seed, stop_tokens, stop_strings = 16, 1.0, 0, 1.0, None, [], []
         top_logprobs = 0
     n = req.num_samples or 1
@@ -108,7 +117,8 @@ def validate(req, bm) -> SampleSpec:
     return SampleSpec(prompt=prompt, n=n, max_tokens=max_tokens, temperature=float(temp), top_k=int(top_k),
                       top_p=float(top_p), seed=seed, stop_tokens=stop_tokens, stop_strings=stop_strings,
                       prompt_logprobs=req.prompt_logprobs, topk=int(req.topk_prompt_logprobs), eos=list(bm.eos),
-                      top_logprobs=int(top_logprobs), targets=targets, alt_k=alt_k)
+                      top_logprobs=int(top_logprobs), targets=targets, alt_k=alt_k, logit_bias=bias,
+                      presence_penalty=presence, frequency_penalty=frequency, min_p=min_p, response_format=rf)
 
 
 def target_rows(req, prompt_len: int, vocab: int) -> Optional[List[List[int]]]:
@@ -176,7 +186,7 @@ def sample_token(logits: np.ndarray, s: SampleSpec, rng: PCG):
         lse = mx + math.log(np.exp(logits - mx).sum())
         top = None
         if k > 0:
-            top = [(int(t), float(logits[t] - lse)) for t in np.argsort(-logits, kind="stable")[:k]]
+            top = [(int(t), float(logits[t] - lse)) for t in np.argsort(-logits, kind="stable")[:k] if np.isfinite(logits[t])]
         return best, float(logits[best] - lse), top
     inv = 1.0 / s.temperature
     V = logits.shape[0]
@@ -196,7 +206,8 @@ def sample_token(logits: np.ndarray, s: SampleSpec, rng: PCG):
         tok = int(hit[0]) if len(hit) else V - 1
         top = None
         if k > 0:
-            top = [(int(t), float(z[t] - mx - math.log(total))) for t in np.argsort(-logits, kind="stable")[:k]]
+            top = [(int(t), float(z[t] - mx - math.log(total))) for t in np.argsort(-logits, kind="stable")[:k]
+                   if np.isfinite(z[t])]
         return tok, float(z[tok] - mx - math.log(total)), top
     z = logits[cand] * inv
     w = np.exp(z - z[0])
@@ -213,7 +224,7 @@ def sample_token(logits: np.ndarray, s: SampleSpec, rng: PCG):
     pick = int(hit[0]) if len(hit) else len(cand) - 1
     top = None
     if k > 0:
-        top = [(int(cand[i]), float(math.log(w[i] / total))) for i in range(min(k, len(cand)))]
+        top = [(int(cand[i]), float(math.log(w[i] / total))) for i in range(min(k, len(cand))) if w[i] > 0]
     return int(cand[pick]), float(math.log(w[pick] / total)), top
 
 
@@ -281,6 +292,7 @@ class HFSampler:
         self.engine = engine
         self.cache: "OrderedDict[str, object]" = OrderedDict()
         self.mu = threading.Lock()
+        self.grammars = adjust.Grammars()
 
     def _adapter(self, bm, dir_: str):
         key = adapter_cache_key(bm, dir_)
@@ -302,6 +314,8 @@ class HFSampler:
         bm = self.engine.model(req.base_model)
         spec = validate(req, bm)
         ad = self._adapter(bm, req.adapter_dir) if req.adapter_dir else None
+        if spec.response_format is not None:
+            self.grammars.matcher(bm, spec.response_format)  # refuse a schema before any compute
         with self.engine.compute:
             seqs, plp, topk, extras = self._generate(bm, ad, spec, on_token)
         return build_result(seqs, plp, topk, spec, extras)
@@ -345,6 +359,9 @@ class HFSampler:
             lps: List[List[float]] = [[] for _ in range(n)]
             tops: List[list] = [[] for _ in range(n)]
             stopped = [False] * n
+            adjusting = adjust.adjusts(s)
+            counts: List[dict] = [{} for _ in range(n)]
+            matchers = [self.grammars.matcher(bm, s.response_format) for _ in range(n)] if s.response_format else None
             active = list(range(n))
             if n > 1:
                 cache.batch_repeat_interleave(n)
@@ -352,7 +369,16 @@ class HFSampler:
             for step in range(s.max_tokens):
                 nxt = []
                 for i in active:
-                    t, lp, top = sample_token(rows[i], s, rngs[i])
+                    row = rows[i]
+                    if adjusting:
+                        allowed = adjust.allowed_tokens(matchers[i], V) if matchers else None
+                        row = adjust.adjust(row, s, counts[i], allowed)
+                        if row is None:
+                            continue  # the constraint allows nothing: ends unfinished
+                    t, lp, top = sample_token(row, s, rngs[i])
+                    counts[i][t] = counts[i].get(t, 0) + 1
+                    if matchers:
+                        matchers[i].consume_token(t)
                     toks[i].append(t)
                     lps[i].append(lp)
                     tops[i].append(top)

@@ -28,6 +28,7 @@ import uuid
 from typing import Dict
 
 from .errors import FAILED_PRECONDITION, INTERNAL, UNAVAILABLE, WorkerError, invalid
+from .adjust import vllm_kwargs
 from .sampler import adapter_cache_key, build_result, validate
 
 # vLLM logs to stdout by default, where the worker announces itself (LOOPS_WORKER_LISTENING)
@@ -114,7 +115,8 @@ class VLLMSampler:
                 stop=s.stop_strings or None, stop_token_ids=s.stop_tokens or None,
                 include_stop_str_in_output=True, skip_special_tokens=False, logprobs=0,
                 prompt_logprobs=(max(s.topk, 0) if want_prompt else None),
-                detokenize=bool(s.stop_strings), output_kind=RequestOutputKind.FINAL_ONLY)
+                detokenize=bool(s.stop_strings), output_kind=RequestOutputKind.FINAL_ONLY,
+                **vllm_kwargs(s, _structured_outputs_cls() if s.response_format else None))
         except VLLMValidationError as e:
             raise invalid(f"vLLM refused the sampling parameters: {e}")
         llm = self.llms[bm.name]
@@ -208,3 +210,11 @@ async def _generate(llm, prompt, sp, lora):
     async for out in llm.generate(prompt, sp, request_id=uuid.uuid4().hex, lora_request=lora):
         final = out
     return final
+
+
+def _structured_outputs_cls():
+    """vLLM's structured-outputs parameters (guided decoding), whose backend enforces the
+    response_format's JSON schema on the GPU."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return StructuredOutputsParams
