@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"regexp"
 	"strconv"
 
@@ -112,7 +113,8 @@ func decodeJSONSchema(raw json.RawMessage) (json.RawMessage, error) {
 	if _, err := constrain.Schema(schema); err != nil {
 		var se *constrain.Error
 		if errors.As(err, &se) && se.Keyword != "schema" {
-			return nil, unsupported(param+".schema", fmt.Sprintf("keyword %s: %v", se.Keyword, err))
+			return nil, &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, param: param + ".schema", code: "unsupported_parameter",
+				message: fmt.Sprintf("response_format.json_schema.schema: %v", err)}
 		}
 		return nil, badField(param+".schema", "%v", err)
 	}

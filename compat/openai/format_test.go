@@ -94,6 +94,13 @@ func TestStructuredOutputs(t *testing.T) {
 	require.Equal(t, "length", res.Choices[0].FinishReason)
 	require.True(t, strings.HasPrefix(res.Choices[0].Text, "{"), res.Choices[0].Text)
 
+	// an unsupported keyword is a 400 naming it and where it is
+	status, raw400 := call(t, "POST", url+"/chat/completions", keyA, chatBody("x", map[string]any{"response_format": jsonSchema(map[string]any{
+		"type": "object", "properties": map[string]any{"zip": map[string]any{"type": "string", "pattern": "^[0-9]+$"}}, "required": []string{"zip"}})}))
+	require.Equal(t, 400, status)
+	require.Contains(t, string(raw400), `keyword \"pattern\"`)
+	require.Contains(t, string(raw400), `#/properties/zip`)
+
 	// the neutral format and values are accepted
 	okFn(t)(call(t, "POST", url+"/chat/completions", keyA, chatBody("x", map[string]any{"response_format": map[string]any{"type": "text"}, "max_tokens": 2,
 		"logit_bias": map[string]any{}, "presence_penalty": 0, "frequency_penalty": 0, "min_p": 0})))

@@ -17,6 +17,8 @@ func FuzzDecodeRequest(f *testing.F) {
 		`{"model":"loops/tiny","prompt":[1,2,3],"max_tokens":2,"logprobs":0,"echo":false,"best_of":1,"suffix":null}`,
 		`{"model":"loops/tiny","prompt":["x"],"stop":"y","user":"u","frequency_penalty":0,"logit_bias":{}}`,
 		`{"model":"m","messages":[],"tools":[]}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"presence_penalty":-2,"frequency_penalty":1.5,"min_p":0.1,"logit_bias":{"3":-100,"7":2.5},"response_format":{"type":"json_object"}}`,
+		`{"model":"m","prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"a","strict":true,"schema":{"type":"object","properties":{"a":{"anyOf":[{"type":"integer"},{"$ref":"#"}]}},"required":["a"]}}}}`,
 		`{"model":1e400,"n":1.0}`,
 		`{"model":"m","prompt":["a",[1,2]],"n":3}`,
 		`[]`, `{`, ``,
@@ -52,6 +54,11 @@ func FuzzDecodeRequest(f *testing.F) {
 			t.Fatal("a request without a prompt was accepted")
 		case len(req.prompts)*int(req.n) > semantics.MaxNumSamples:
 			t.Fatalf("%d prompts × n = %d accepted", len(req.prompts), req.n)
+		case req.responseFormat != nil && len(req.stop) > 0:
+			t.Fatal("stop with a response_format accepted")
+		}
+		if err := semantics.CheckAdjustments(req.infer().Params, 0); err != nil {
+			t.Fatalf("out-of-range adjustments accepted: %v", err)
 		}
 		for _, p := range req.prompts {
 			if p.text == "" && len(p.tokens) == 0 {

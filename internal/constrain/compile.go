@@ -71,7 +71,7 @@ func compileSchema(schema []byte) (*Automaton, error) {
 	deadline := time.Now().Add(CompileTimeout)
 	n := &nfa{limit: maxNFAStates}
 	c := &compiler{n: n, root: schema, refs: map[string]int{}, deadline: deadline}
-	f, err := c.value(schema, "", 0)
+	f, err := c.value(schema, "#", 0)
 	if err == nil {
 		err = c.check()
 	}
