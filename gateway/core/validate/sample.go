@@ -6,8 +6,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/loops-dev/loops/gateway/core/apierr"
-	"github.com/loops-dev/loops/internal/constrain"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/constrain"
 	"github.com/loops-dev/loops/internal/semantics"
 )
 
