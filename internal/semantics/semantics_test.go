@@ -96,4 +96,8 @@ func TestPythonWorkerAgrees(t *testing.T) {
 		number(engine, `b1, b2, eps = (\S+), (\S+), (\S+)\n`))
 	require.Equal(t, []float64{semantics.MaxNumSamples}, number(sampler, `(?m)^MAX_SAMPLES = (\S+)$`))
 	require.GreaterOrEqual(t, number(sampler, `(?m)^MAX_TOPK_PROMPT_LOGPROBS = (\S+)$`)[0], float64(semantics.MaxTopKPromptLogprobs))
+	adj := read("adjust.py")
+	require.Equal(t, []float64{semantics.MaxLogitBias}, number(adj, `(?m)^MAX_LOGIT_BIAS = (\S+)$`))
+	require.Equal(t, []float64{semantics.MaxLogitBiasEntries}, number(adj, `(?m)^MAX_LOGIT_BIAS_ENTRIES = (\S+)$`))
+	require.Equal(t, []float64{semantics.MaxPenalty}, number(adj, `(?m)^MAX_PENALTY = (\S+)$`))
 }
