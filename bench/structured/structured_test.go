@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -69,13 +70,20 @@ func start(t *testing.T) string {
 	return "http://" + ln.Addr().String() + "/oai/api/v1/chat/completions"
 }
 
+// cpu is the CPU time this process (client and server) has used.
+func cpu() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // run sends conc requests at once, each n choices of up to maxTokens, and returns the
-// output tokens and the wall time.
-func run(t *testing.T, url string, format any, conc, n, maxTokens int, seed int) (int, time.Duration) {
+// output tokens, the wall time and the CPU time the process used meanwhile.
+func run(t *testing.T, url string, format any, conc, n, maxTokens int, seed int) (int, time.Duration, time.Duration) {
 	bias := noEOS()
 	var wg sync.WaitGroup
 	tokens := make([]int, conc)
-	t0 := time.Now()
+	t0, c0 := time.Now(), cpu()
 	for c := range conc {
 		wg.Add(1)
 		go func() {
@@ -113,7 +121,7 @@ func run(t *testing.T, url string, format any, conc, n, maxTokens int, seed int)
 	for _, v := range tokens {
 		sum += v
 	}
-	return sum, time.Since(t0)
+	return sum, time.Since(t0), cpu() - c0
 }
 
 func envInt(name string, def int) int {
@@ -129,7 +137,7 @@ func envInt(name string, def int) int {
 // reports the median ratio over the rounds. Without LOOPS_BENCH
 // it runs one short round as a smoke test.
 func TestStructuredThroughput(t *testing.T) {
-	rounds, conc, n, maxTokens := envInt("LOOPS_BENCH_ROUNDS", 12), envInt("LOOPS_BENCH_CONC", 4), envInt("LOOPS_BENCH_N", 4), envInt("LOOPS_BENCH_TOKENS", 96)
+	rounds, conc, n, maxTokens := envInt("LOOPS_BENCH_ROUNDS", 16), envInt("LOOPS_BENCH_CONC", 4), envInt("LOOPS_BENCH_N", 4), envInt("LOOPS_BENCH_TOKENS", 96)
 	if os.Getenv("LOOPS_BENCH") == "" {
 		rounds, conc, n, maxTokens = 1, 1, 2, 8
 	}
@@ -145,27 +153,35 @@ func TestStructuredThroughput(t *testing.T) {
 		run(t, url, k.format, 1, 1, maxTokens, 0)
 	}
 	ratios := make([][]float64, len(kinds))
+	cpuRatios := make([][]float64, len(kinds))
 	for r := range rounds {
 		rates := make([]float64, len(kinds))
+		cpuRates := make([]float64, len(kinds))
 		order := []int{0, 1}
 		if r%2 == 1 {
 			order = []int{1, 0}
 		}
 		for _, i := range order {
 			k := kinds[i]
-			toks, d := run(t, url, k.format, conc, n, maxTokens, r+1)
-			rates[i] = float64(toks) / d.Seconds()
-			t.Logf("round %d %-13s %5d tokens in %7.3fs: %8.1f tokens/s", r, k.name, toks, d.Seconds(), rates[i])
+			toks, d, c := run(t, url, k.format, conc, n, maxTokens, r+1)
+			rates[i], cpuRates[i] = float64(toks)/d.Seconds(), float64(toks)/c.Seconds()
+			t.Logf("round %d %-13s %5d tokens in %7.3fs wall, %7.3fs CPU: %8.1f tokens/s, %8.1f tokens per CPU-second", r, k.name, toks, d.Seconds(), c.Seconds(), rates[i], cpuRates[i])
 		}
 		for i := range kinds {
 			ratios[i] = append(ratios[i], rates[i]/rates[0])
+			cpuRatios[i] = append(cpuRatios[i], cpuRates[i]/cpuRates[0])
 		}
 	}
 	for i, k := range kinds[1:] {
-		rs := slices.Clone(ratios[i+1])
-		slices.Sort(rs)
-		med := rs[len(rs)/2]
-		t.Logf("%s / unconstrained tokens/s: median %.3f (cost %.1f%%) over %d rounds %v", k.name, med, 100*(1-med), rounds, fmtRatios(ratios[i+1]))
+		for _, m := range []struct {
+			what string
+			rs   []float64
+		}{{"tokens/s (wall)", ratios[i+1]}, {"tokens per CPU-second", cpuRatios[i+1]}} {
+			rs := slices.Clone(m.rs)
+			slices.Sort(rs)
+			med := rs[len(rs)/2]
+			t.Logf("%s / unconstrained %s: median %.3f (cost %.1f%%) over %d rounds:%s", k.name, m.what, med, 100*(1-med), rounds, fmtRatios(m.rs))
+		}
 	}
 }
 
