@@ -1091,3 +1091,24 @@ func (s *sampler) Sample(ctx context.Context, req *backendv1.SampleRequest) (*ba
 }
 
 // ---- helpers -----------------------------------------------------------------------------------
+
+var _ backends.WorkerHealth = (*Backend)(nil)
+
+// WorkerHealth counts the workers that serve and those that are down; a pool slot that
+// holds no replica (never attached, or its replica scaled away) is neither.
+func (b *Backend) WorkerHealth() (up, down int) {
+	b.mu.Lock()
+	ws := slices.Clone(b.workers)
+	b.mu.Unlock()
+	for _, w := range ws {
+		w.mu.Lock()
+		switch {
+		case w.alive:
+			up++
+		case !w.pooled || w.cl != nil:
+			down++
+		}
+		w.mu.Unlock()
+	}
+	return up, down
+}
