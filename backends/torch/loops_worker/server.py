@@ -53,11 +53,16 @@ class _Calls:
 
 
 def _fault(adapter_id: str) -> None:
-    """Test hooks (LOOPS_WORKER_TEST_FAULTS=1 only): simulate a crash or a hang."""
+    """Test hooks (LOOPS_WORKER_TEST_FAULTS=1 only): simulate a crash, a hang, or a device
+    error that breaks the engine (health.py)."""
     if not _FAULTS:
         return
     if adapter_id == "__crash__":
         os._exit(17)
+    if adapter_id == "__device_error__":
+        import torch
+
+        raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered (a test fault)")
     if adapter_id == "__hang__":
         while True:
             time.sleep(3600)
@@ -79,9 +84,12 @@ class Trainer(_Calls, bgrpc.TrainerServiceServicer):
         return self._call(context, lambda: (self.e.delete_adapter(request.adapter_id), bpb.DeleteAdapterResponse())[1])
 
     def ForwardBackward(self, request, context):
+        return self._call(context, self._forward_backward, request)
+
+    def _forward_backward(self, request):
         for it in request.items:
             _fault(it.adapter_id)
-        return self._call(context, self.e.forward_backward, request)
+        return self.e.forward_backward(request)
 
     def OptimStep(self, request, context):
         return self._call(context, self.e.optim_step, request)
