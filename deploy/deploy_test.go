@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
@@ -75,7 +76,7 @@ func TestMetricsAreExported(t *testing.T) {
 		}
 	}
 
-	exported := scrape(t, serveTraffic(t))
+	exported, fams := scrape(t, serveTraffic(t))
 	var missing []string
 	for name, ls := range used {
 		have, ok := exported[name]
@@ -91,6 +92,25 @@ func TestMetricsAreExported(t *testing.T) {
 	}
 	sort.Strings(missing)
 	require.Empty(t, missing, "used by deploy/grafana or deploy/prometheus but not exported by the gateway")
+	// What the traffic shows in the sampling metrics: one streamed sample of a deployment
+	// (its time to first token), two samples on the backend each alone (batch size 1),
+	// none running now, and the deployment's prompt and output tokens.
+	ttft := fams["loops_sample_time_to_first_token_seconds"].GetMetric()
+	require.Len(t, ttft, 1)
+	require.Equal(t, "deployment", ttft[0].GetLabel()[0].GetValue())
+	require.EqualValues(t, 1, ttft[0].GetHistogram().GetSampleCount())
+	require.Positive(t, ttft[0].GetHistogram().GetSampleSum())
+	batch := fams["loops_sample_batch_size"].GetMetric()[0].GetHistogram()
+	require.EqualValues(t, 2, batch.GetSampleCount())
+	require.EqualValues(t, 2, batch.GetSampleSum())
+	require.Zero(t, fams["loops_samples_running"].GetMetric()[0].GetGauge().GetValue())
+	dtok := map[string]float64{}
+	for _, m := range fams["loops_deployment_tokens_total"].GetMetric() {
+		dtok[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+	}
+	require.Positive(t, dtok["prompt"])
+	require.InDelta(t, 2.5, dtok["output"], 1.5, "1 to 4 tokens (max_tokens 4)")
+
 	// The new operational metrics are among those used.
 	for _, name := range []string{"loops_backend_workers", "loops_store_up", "loops_checkpoint_store_available_bytes",
 		"loops_sample_time_to_first_token_seconds_bucket", "loops_deployment_tokens_total", "loops_sample_batch_size_bucket",
@@ -355,7 +375,7 @@ func connectKey(k string) connect.ClientOption {
 
 // scrape reads the gateway's /metrics and returns each metric name PromQL can select
 // (a histogram's _bucket, _sum and _count) with the labels of its series.
-func scrape(t *testing.T, url string) map[string]map[string]bool {
+func scrape(t *testing.T, url string) (map[string]map[string]bool, map[string]*dto.MetricFamily) {
 	t.Helper()
 	res, err := http.Get(url + "/metrics")
 	require.NoError(t, err)
@@ -397,5 +417,5 @@ func scrape(t *testing.T, url string) map[string]map[string]bool {
 			add(name, ls)
 		}
 	}
-	return out
+	return out, fams
 }

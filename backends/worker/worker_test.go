@@ -515,6 +515,8 @@ func TestBrokenEngineIsReplaced(t *testing.T) {
 	defer b.Close()
 	tr := b.Trainer()
 	pid := b.WorkerPID(0)
+	_, err = tr.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "__device_error__", BaseModel: tiny.Name, Lora: &loopsv1.LoraConfig{Rank: 2, TrainAttn: true}})
+	require.NoError(t, err)
 	_, err = tr.ForwardBackward(ctx, &backendv1.ForwardBackwardRequest{Items: []*backendv1.ForwardBackwardItem{{AdapterId: "__device_error__", LossFn: "cross_entropy", Data: []*loopsv1.Datum{datum(1, 4, "cross_entropy")}}}})
 	require.Equal(t, connect.CodeInternal, connect.CodeOf(err), "%v", err)
 	require.Contains(t, err.Error(), "illegal memory access")
