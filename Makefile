@@ -66,7 +66,7 @@ grpcurl: ## Build grpcurl (the gRPC reflection and health test's client) into ~/
 # builds it itself if need be, this only does it before the Go tests start.
 .PHONY: promtool
 promtool: ## Build promtool (the alert rules' checker) into ~/.cache/loops/bin, once per version
-	$(GO) test -count=1 -timeout 20m -run '^TestBinary$$' ./internal/promtooltest
+	$(GO) test -count=1 -timeout 40m -run '^TestBinary$$' ./internal/promtooltest
 
 .PHONY: weed
 weed: ## Build SeaweedFS's weed (the S3 server of the checkpoint store tests) into ~/.cache/loops/bin, once per version

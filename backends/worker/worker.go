@@ -458,22 +458,9 @@ func (b *Backend) newClients(addr, pool string) *clients {
 		sc: backendv1connect.NewSamplerServiceClient(hc, url, opts...), health: grpchealth.NewClient(hc, url, connect.WithGRPC())}
 }
 
-// probe is a health check: the worker's grpc.health.v1 Check of the server as a whole
-// (python -m loops_worker and loops worker answer NOT_SERVING while they shut down, and the
-// Python worker once a device error broke its engine), or GetCapabilities for a worker
-// that does not serve the health service. nil when it serves.
-func (c *clients) probe(ctx context.Context) error {
-	res, err := c.health.Check(ctx, &grpchealth.CheckRequest{})
-	switch {
-	case connect.CodeOf(err) == connect.CodeUnimplemented:
-		_, err = c.tc.GetCapabilities(ctx, &backendv1.GetCapabilitiesRequest{})
-		return err
-	case err != nil:
-		return err
-	case res.Status != grpchealth.StatusServing:
-		return fmt.Errorf("it answers %s: it is shutting down, or its engine broke (its log says why)", strings.ToUpper(res.Status.String()))
-	}
-	return nil
+// probe is a health check (pools.Probe), with the worker's capabilities when caps.
+func (c *clients) probe(ctx context.Context, caps bool) (*backendv1.GetCapabilitiesResponse, error) {
+	return pools.Probe(ctx, c.health, c.tc, caps)
 }
 
 // close closes the clients' idle connections (those in use close when their calls end).
@@ -603,11 +590,7 @@ func (w *worker) healthLoop() {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(w.b.ctx, w.b.opts.HealthTimeout)
-		err := cl.probe(ctx)
-		var caps *backendv1.GetCapabilitiesResponse
-		if err == nil && !alive { // back: what it serves now
-			caps, err = cl.tc.GetCapabilities(ctx, &backendv1.GetCapabilitiesRequest{})
-		}
+		caps, err := cl.probe(ctx, !alive) // back: what it serves now
 		cancel()
 		switch {
 		case err == nil && !alive:
