@@ -27,7 +27,7 @@ build: ## Build the loops binary into ./bin/loops
 test: check test-race test-go-engine test-jobs-sandbox fuzz-ci test-e2e test-console test-failover test-clients test-torch test-ray test-export test-sdk-matrix test-cookbook test-recipes test-large ## Everything CI runs
 
 .PHONY: test-go
-test-go: weed grpcurl ## The fast path: Go unit, contract and fuzz-seed tests (no Python)
+test-go: weed grpcurl promtool ## The fast path: Go unit, contract and fuzz-seed tests (no Python)
 	$(GO) test -count=1 ./...
 
 # The packages test-race leaves out: the CPU engine's numerics and the worker server around
@@ -37,7 +37,7 @@ test-go: weed grpcurl ## The fast path: Go unit, contract and fuzz-seed tests (n
 RACE_EXCLUDED := -e /backends/reference -e /backends/tiny -e /backends/serve -e /bench/
 
 .PHONY: test-race
-test-race: weed grpcurl ## Go tests with -race and the lock-order check (-tags lockorder) on every package but the engine's numerics
+test-race: weed grpcurl promtool ## Go tests with -race and the lock-order check (-tags lockorder) on every package but the engine's numerics
 	$(GO) test -count=1 -race -tags lockorder $$($(GO) list ./... | grep -v $(RACE_EXCLUDED))
 
 .PHONY: test-go-engine
@@ -59,6 +59,14 @@ test-large: weed ## Slower Go tests kept out of test-go: a Qwen3-0.6B-shaped ran
 .PHONY: grpcurl
 grpcurl: ## Build grpcurl (the gRPC reflection and health test's client) into ~/.cache/loops/bin, once per version
 	$(GO) test -count=1 -run '^TestBinary$$' ./internal/grpcurltest
+
+# promtool, which deploy's TestAlertRules runs on deploy/prometheus/alerts.yaml, built from
+# the github.com/prometheus/prometheus module once per machine into
+# ~/.cache/loops/bin/promtool-VERSION (the version is internal/promtooltest's); the test
+# builds it itself if need be, this only does it before the Go tests start.
+.PHONY: promtool
+promtool: ## Build promtool (the alert rules' checker) into ~/.cache/loops/bin, once per version
+	$(GO) test -count=1 -timeout 40m -run '^TestBinary$$' ./internal/promtooltest
 
 .PHONY: weed
 weed: ## Build SeaweedFS's weed (the S3 server of the checkpoint store tests) into ~/.cache/loops/bin, once per version

@@ -246,3 +246,11 @@ type DedicatedPools interface {
 	// time excluded), for metering: multiply by GPUsPerReplica for GPU-seconds.
 	ReplicaSeconds(pool string) float64
 }
+
+// WorkerHealth is implemented by backends whose work runs in worker processes: how many of
+// their workers serve and how many are down (exited, not answering, or answering
+// NOT_SERVING, and not yet back). The gateway exports them as loops_backend_workers. A
+// backend without it (the embedded engine) has no workers.
+type WorkerHealth interface {
+	WorkerHealth() (up, down int)
+}

@@ -179,6 +179,8 @@ type Server struct {
 	throttle *auth.Throttle
 	// ops is the health that grpc.health.v1, /livez and /readyz report (gateway/ops.go).
 	ops *opsvc.Health
+	// storeMetrics are the store probes' outcomes (opsmetrics.go).
+	storeMetrics *storeMetrics
 }
 
 // New opens the store and the backend, starts the core and builds the handler for ln. Call
@@ -199,7 +201,7 @@ func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 	cfg.Limits = cfg.Limits.withDefaults()
 	s := &Server{cfg: cfg, log: cfg.Logger, ln: ln,
 		budget:   bounded.NewBudget(cfg.Limits.DecompressBudgetBytes, compat.DecompressWait),
-		throttle: auth.NewThrottle(cfg.AuthThrottle)}
+		throttle: auth.NewThrottle(cfg.AuthThrottle), storeMetrics: newStoreMetrics()}
 	ok := false
 	defer func() {
 		if !ok {
@@ -238,6 +240,7 @@ func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerStoreMetrics(reg, st)
+	s.registerOpsMetrics(reg)
 	copts := cfg.Core
 	copts.DataDir = cfg.DataDir
 	copts.Logger = cfg.Logger

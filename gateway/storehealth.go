@@ -81,13 +81,16 @@ func (s *Server) storeProblem(ctx context.Context) string {
 func (s *Server) storeHealth(ctx context.Context, log *slog.Logger) (healthBody, int) {
 	kind := storeKind(s.store)
 	body, code := healthBody{Status: "ok", Store: "ok", StoreKind: kind, Role: s.role(), Lease: s.leaseStatus()}, http.StatusOK
-	if msg := s.checkpointStoreHealth(ctx, &body, log); msg != "" {
+	msg := s.checkpointStoreHealth(ctx, &body, log)
+	s.storeMetrics.observe(storeCheckpoint, msg == "")
+	if msg != "" {
 		body.Status, body.Error, code = "unavailable", msg, http.StatusServiceUnavailable
 	}
 	if p, ok := s.store.(store.Pinger); ok {
 		pctx, cancel := context.WithTimeout(ctx, StoreHealthTimeout)
 		err := p.Ping(pctx)
 		cancel()
+		s.storeMetrics.observe(storeMetadata, err == nil)
 		if err != nil {
 			body.Status, code = "unavailable", http.StatusServiceUnavailable
 			switch {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -40,6 +42,30 @@ func TestHealthzAndMetricsSQLite(t *testing.T) {
 	m := metrics(t, url)
 	require.Contains(t, m, `loops_store_info{kind="sqlite"} 1`)
 	require.NotContains(t, m, "loops_store_pool_", "pool metrics are PostgreSQL's only")
+	require.Contains(t, m, `loops_store_up{store="metadata"} 1`)
+	require.Contains(t, m, `loops_store_up{store="checkpoint"} 1`)
+	require.Contains(t, m, `loops_store_probe_failures_total{store="metadata"} 0`)
+	// The local checkpoint folder's file system, as statfs tells it.
+	total, avail := scrapeValue(t, m, "loops_checkpoint_store_capacity_bytes"), scrapeValue(t, m, "loops_checkpoint_store_available_bytes")
+	require.Positive(t, total)
+	require.Positive(t, avail)
+	require.LessOrEqual(t, avail, total)
+	require.Contains(t, m, `loops_backend_workers{state="up"} 0`, "the embedded engine has no workers")
+	require.Contains(t, m, `loops_backend_workers{state="down"} 0`)
+}
+
+// scrapeValue is the value of the unlabelled metric name in the text of /metrics.
+func scrapeValue(t *testing.T, text, name string) float64 {
+	t.Helper()
+	for line := range strings.Lines(text) {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			require.NoError(t, err, line)
+			return f
+		}
+	}
+	t.Fatalf("no %s in /metrics", name)
+	return 0
 }
 
 func TestHealthzAndMetricsPostgres(t *testing.T) {
@@ -89,7 +115,11 @@ func TestHealthzNamesStoreFailure(t *testing.T) {
 			require.Equal(t, "other", body["store_kind"])
 			require.Contains(t, body["error"], tc.text)
 			require.NotContains(t, body["error"], "refused", "details stay in the log")
-			require.Contains(t, metrics(t, url), `loops_store_info{kind="other"} 1`)
+			m := metrics(t, url)
+			require.Contains(t, m, `loops_store_info{kind="other"} 1`)
+			require.Contains(t, m, `loops_store_up{store="metadata"} 0`)
+			require.Contains(t, m, `loops_store_up{store="checkpoint"} 1`)
+			require.NotContains(t, m, `loops_store_probe_failures_total{store="metadata"} 0`)
 		})
 	}
 
@@ -138,6 +168,9 @@ func TestHealthzNamesCheckpointStoreFailure(t *testing.T) {
 			require.Equal(t, "local", body["checkpoint_store_kind"])
 			require.Contains(t, body["error"], tc.text)
 			require.NotContains(t, body["error"], "secret", "details stay in the log")
+			m := metrics(t, url)
+			require.Contains(t, m, `loops_store_up{store="checkpoint"} 0`)
+			require.Contains(t, m, `loops_store_up{store="metadata"} 1`)
 		})
 	}
 }

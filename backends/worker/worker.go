@@ -4,8 +4,10 @@
 // connect-go clients. It starts local worker processes itself, or connects to remote ones
 // by address.
 //
-// Failure handling: each worker is health-checked; a local worker whose process exits or
-// stops answering is killed and restarted. Calls in flight on a worker that dies fail at
+// Failure handling: each worker is health-checked (its grpc.health.v1 service, over the
+// worker protocol's mutual TLS; GetCapabilities for a worker that does not serve it); a
+// local worker whose process exits, stops answering or answers NOT_SERVING (the Python
+// worker's engine broke: a device error) is killed and restarted. Calls in flight on a worker that dies fail at
 // once with CodeUnavailable ("worker … died: …"). Adapters live in worker memory, so after a
 // restart they are gone: calls naming them get CodeNotFound, which the gateway turns into its
 // recovery path (reload the run's last checkpoint). A worker that does not serve the model
@@ -30,6 +32,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"connectrpc.com/grpchealth"
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/peft"
@@ -439,9 +442,10 @@ func (w *worker) name() string {
 // clients are the gRPC clients of one worker address, over mutual TLS with a connection
 // of their own.
 type clients struct {
-	hc *http.Client
-	tc backendv1connect.TrainerServiceClient
-	sc backendv1connect.SamplerServiceClient
+	hc     *http.Client
+	tc     backendv1connect.TrainerServiceClient
+	sc     backendv1connect.SamplerServiceClient
+	health *grpchealth.Client
 }
 
 // newClients dials the worker of pool at addr: the gateway presents its certificate, and
@@ -451,7 +455,12 @@ func (b *Backend) newClients(addr, pool string) *clients {
 	url := "https://" + addr
 	opts := []connect.ClientOption{connect.WithGRPC(), connect.WithReadMaxBytes(1 << 30), connect.WithSendMaxBytes(1 << 30)}
 	return &clients{hc: hc, tc: backendv1connect.NewTrainerServiceClient(hc, url, opts...),
-		sc: backendv1connect.NewSamplerServiceClient(hc, url, opts...)}
+		sc: backendv1connect.NewSamplerServiceClient(hc, url, opts...), health: grpchealth.NewClient(hc, url, connect.WithGRPC())}
+}
+
+// probe is a health check (pools.Probe), with the worker's capabilities when caps.
+func (c *clients) probe(ctx context.Context, caps bool) (*backendv1.GetCapabilitiesResponse, error) {
+	return pools.Probe(ctx, c.health, c.tc, caps)
 }
 
 // close closes the clients' idle connections (those in use close when their calls end).
@@ -581,7 +590,7 @@ func (w *worker) healthLoop() {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(w.b.ctx, w.b.opts.HealthTimeout)
-		caps, err := cl.tc.GetCapabilities(ctx, &backendv1.GetCapabilitiesRequest{})
+		caps, err := cl.probe(ctx, !alive) // back: what it serves now
 		cancel()
 		switch {
 		case err == nil && !alive:
@@ -593,7 +602,7 @@ func (w *worker) healthLoop() {
 		case alive:
 			fails++
 			if fails >= w.b.opts.HealthFailures {
-				why := fmt.Sprintf("it did not answer %d health checks in a row (%v; hung or unreachable)", fails, err)
+				why := fmt.Sprintf("it failed %d health checks in a row (%v)", fails, err)
 				w.fail(gen, why)
 				w.b.restartReplica(w, why)
 				fails = 0
@@ -1091,3 +1100,24 @@ func (s *sampler) Sample(ctx context.Context, req *backendv1.SampleRequest) (*ba
 }
 
 // ---- helpers -----------------------------------------------------------------------------------
+
+var _ backends.WorkerHealth = (*Backend)(nil)
+
+// WorkerHealth counts the workers that serve and those that are down; a pool slot that
+// holds no replica (never attached, or its replica scaled away) is neither.
+func (b *Backend) WorkerHealth() (up, down int) {
+	b.mu.Lock()
+	ws := slices.Clone(b.workers)
+	b.mu.Unlock()
+	for _, w := range ws {
+		w.mu.Lock()
+		switch {
+		case w.alive:
+			up++
+		case !w.pooled || w.cl != nil:
+			down++
+		}
+		w.mu.Unlock()
+	}
+	return up, down
+}

@@ -502,3 +502,30 @@ func TestRemoteWorker(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// TestBrokenEngineIsReplaced: a Python worker whose engine a device error broke (the
+// __device_error__ test fault raises torch.AcceleratorError, as an illegal memory access
+// does on a GPU) answers NOT_SERVING; the health checks declare it dead and it is killed
+// and restarted, serving again.
+func TestBrokenEngineIsReplaced(t *testing.T) {
+	needTorch(t)
+	ctx := context.Background()
+	b, err := New(ctx, testOptions(t, t.TempDir()))
+	require.NoError(t, err)
+	defer b.Close()
+	tr := b.Trainer()
+	pid := b.WorkerPID(0)
+	_, err = tr.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "__device_error__", BaseModel: tiny.Name, Lora: &loopsv1.LoraConfig{Rank: 2, TrainAttn: true}})
+	require.NoError(t, err)
+	_, err = tr.ForwardBackward(ctx, &backendv1.ForwardBackwardRequest{Items: []*backendv1.ForwardBackwardItem{{AdapterId: "__device_error__", LossFn: "cross_entropy", Data: []*loopsv1.Datum{datum(1, 4, "cross_entropy")}}}})
+	require.Equal(t, connect.CodeInternal, connect.CodeOf(err), "%v", err)
+	require.Contains(t, err.Error(), "illegal memory access")
+	require.Eventually(t, func() bool { p := b.WorkerPID(0); return p != 0 && p != pid }, 2*time.Minute, 50*time.Millisecond, "replaced")
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	require.NoError(t, b.WaitReady(wctx))
+	up, down := b.WorkerHealth()
+	require.Equal(t, [2]int{1, 0}, [2]int{up, down})
+	_, err = tr.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "r", BaseModel: tiny.Name, Lora: &loopsv1.LoraConfig{Rank: 2, TrainAttn: true}})
+	require.NoError(t, err)
+}

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // NewLocal returns the store in the local folder root (created if missing). Objects are
@@ -232,4 +234,24 @@ func (s localStore) LocalDir(ctx context.Context, key string) (string, *Manifest
 		return "", nil, err
 	}
 	return l.path(partsObject(key, m.Generation)), m, nil
+}
+
+// Space is implemented by the stores that can tell how full their storage is (the local
+// folder: its file system), for the checkpoint store's capacity metrics and alerts.
+type Space interface {
+	// Space returns the size of the storage holding the checkpoints and the bytes of it
+	// still available to the gateway, in bytes.
+	Space() (total, available uint64, err error)
+}
+
+var _ Space = localStore{}
+
+// Space implements Space: the file system of the folder (statfs).
+func (s localStore) Space() (total, available uint64, err error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.o.(*localObjects).root, &st); err != nil {
+		return 0, 0, fmt.Errorf("ckstore: statfs of the checkpoint folder: %w", err)
+	}
+	bs := uint64(st.Bsize) //nolint:gosec // a block size is positive
+	return st.Blocks * bs, st.Bavail * bs, nil
 }

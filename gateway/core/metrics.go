@@ -1,6 +1,8 @@
 package core
 
 import (
+	"sync/atomic"
+
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -20,7 +22,21 @@ type metrics struct {
 	rebuildSeconds  prometheus.Histogram
 	// dedicated runs (dedicated.go)
 	poolBinds *prometheus.HistogramVec
+	// sampling (sampling.go): time to first token by source, tokens sampled through
+	// deployments, and the samples on the backend at once.
+	firstToken       *prometheus.HistogramVec
+	deploymentTokens *prometheus.CounterVec
+	sampleBatch      prometheus.Histogram
+	samplesRunning   atomic.Int64
 }
+
+// Sources of a sample (the source label of loops_sample_time_to_first_token_seconds): a
+// deployment's (the OpenAI and Anthropic routes, loops.v1 with a deployment model path),
+// or a sampler's (a Tinker sampling client, a loops.v1 sampler).
+const (
+	sourceDeployment = "deployment"
+	sourceSampler    = "sampler"
+)
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
@@ -65,10 +81,25 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "loops_dedicated_pool_bind_seconds", Help: "Time to bind a dedicated pool to a run, by start (cold: started; warm: a released pool reused).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 3, 14),
 		}, []string{"start"}),
+		firstToken: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "loops_sample_time_to_first_token_seconds", Help: "Time from a streamed sample's submission (its queue wait included) to its first token, by source (deployment or sampler).",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}, []string{"source"}),
+		deploymentTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loops_deployment_tokens_total", Help: "Tokens of the samples of deployments, by kind (prompt, output).",
+		}, []string{"kind"}),
+		sampleBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "loops_sample_batch_size", Help: "Samples on the backend at once (the decoding batch a sample joins, itself included), observed when each sample starts.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
+		}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.opsCreated, m.opsFinished, m.opDuration, m.waiters, m.batchItems, m.tokens, m.slotMoves,
-			m.recovery, m.replayedCalls, m.snapshotSeconds, m.rebuildSeconds, m.poolBinds)
+			m.recovery, m.replayedCalls, m.snapshotSeconds, m.rebuildSeconds, m.poolBinds,
+			m.firstToken, m.deploymentTokens, m.sampleBatch,
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "loops_samples_running", Help: "Samples on the backend now.",
+			}, func() float64 { return float64(m.samplesRunning.Load()) }))
 	}
 	return m
 }

@@ -77,6 +77,8 @@ type sampleJob struct {
 	lastN int
 	// modelPath is the checkpoint that samples (SampleResult.model_path; "" for the base model).
 	modelPath string
+	// queued is when it was submitted (for the time to first token).
+	queued time.Time
 }
 
 // sampleCost is a sampling request's size in tokens, its weight in the round robin.

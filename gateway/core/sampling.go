@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/loops-dev/loops/internal/lockorder"
@@ -584,7 +585,7 @@ func (c *Core) startSample(ctx context.Context, ws string, st *samplerState, req
 		Pool: c.samplerPool(st.info.GetModelPath()), Workspace: ws,
 	}
 	if !c.samplers.queue.push(&sampleJob{o: o, session: st.info.GetSessionId(), deployment: deploymentUsage(st.info.GetDeployment()), req: breq, cost: sampleCost(breq), sink: sink, adapter: adapter,
-		lastN: int(req.GetPromptLogprobsLastN()), modelPath: path}) {
+		lastN: int(req.GetPromptLogprobsLastN()), modelPath: path, queued: c.now()}) {
 		adapter.Release()
 		c.ops.finish(o, nil, errShuttingDown()) // a shutdown began meanwhile
 	}
@@ -602,6 +603,7 @@ func (c *Core) runSample(j *sampleJob) {
 		resp *backendv1.SampleResponse
 		err  error
 	)
+	c.metrics.sampleBatch.Observe(float64(c.metrics.samplesRunning.Add(1)))
 	start, began := time.Now(), c.now()
 	if j.sink != nil {
 		resp, err = c.sampleStream(j)
@@ -609,6 +611,7 @@ func (c *Core) runSample(j *sampleJob) {
 		c.ops.setRunning(o)
 		resp, err = c.backend.Sampler().Sample(c.ctx, req)
 	}
+	c.metrics.samplesRunning.Add(-1)
 	c.samplers.queue.observe(time.Since(start))
 	c.ops.noteBackend(o, began, c.now(), 0)
 	if err == nil {
@@ -628,6 +631,10 @@ func (c *Core) runSample(j *sampleJob) {
 			generated += len(seq.GetTokens())
 		}
 		c.metrics.tokens.WithLabelValues("sample_output").Add(float64(generated))
+		if j.deployment != "" {
+			c.metrics.deploymentTokens.WithLabelValues("prompt").Add(float64(len(req.GetPrompt())))
+			c.metrics.deploymentTokens.WithLabelValues("output").Add(float64(generated))
+		}
 		c.recordDeploymentUsage(o.workspace, req.GetBaseModel(), session, j.deployment, store.UsageSamplingPrefill, int64(len(req.GetPrompt())))
 		c.recordDeploymentUsage(o.workspace, req.GetBaseModel(), session, j.deployment, store.UsageSamplingSample, int64(generated))
 	}
@@ -713,9 +720,29 @@ func (c *Core) sampleStream(j *sampleJob) (*backendv1.SampleResponse, error) {
 	ctx, cancel := tokenstream.CancelOnGone(c.ctx, j.sink)
 	defer cancel()
 	if ts, ok := c.backend.Sampler().(backends.TokenStreamer); ok && !tokenstream.Discards(j.sink) {
-		return ts.SampleStream(ctx, j.req, j.sink)
+		return ts.SampleStream(ctx, j.req, &firstTokenSink{Sink: j.sink, first: func() {
+			source := sourceSampler
+			if j.deployment != "" {
+				source = sourceDeployment
+			}
+			c.metrics.firstToken.WithLabelValues(source).Observe(c.now().Sub(j.queued).Seconds())
+		}})
 	}
 	return c.backend.Sampler().Sample(ctx, j.req)
+}
+
+// firstTokenSink is a sample's sink that calls first once, at its first token (for the
+// time to first token).
+type firstTokenSink struct {
+	tokenstream.Sink
+	once  sync.Once
+	first func()
+}
+
+// Token implements tokenstream.Sink.
+func (s *firstTokenSink) Token(seq int, id int32, logprob float32, top []tokenstream.Alt) {
+	s.once.Do(s.first)
+	s.Sink.Token(seq, id, logprob, top)
 }
 
 // ModelService implements loops.v1 ModelService.

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/grpchealth"
+
 	"github.com/loops-dev/loops/backends/pools"
 	"github.com/loops-dev/loops/backends/pools/mtls"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
@@ -33,11 +35,14 @@ const FakeWorkerEnv = "LOOPS_POOLS_FAKE_WORKER"
 const FakeSlowPoolEnv = "LOOPS_POOLS_FAKE_SLOW_POOL"
 
 // FakeWorker serves TrainerService.GetCapabilities (Implementation "fake cuda=<CUDA_VISIBLE_DEVICES>",
-// the models it was given), and CreateAdapter and OptimStep that accept anything, on a
-// listener, over mutual TLS with its credentials, as a real worker does.
+// the models it was given), CreateAdapter and OptimStep that accept anything, and the
+// grpc.health.v1 service (SERVING until a test changes Health), on a listener, over mutual
+// TLS with its credentials, as a real worker does.
 type FakeWorker struct {
 	Addr string
-	srv  *http.Server
+	// Health is what its health service answers.
+	Health *grpchealth.StaticChecker
+	srv    *http.Server
 }
 
 type fakeTrainer struct {
@@ -80,9 +85,11 @@ func StartFakeWorker(addr string, models []string, creds *mtls.Credentials) (*Fa
 	}
 	mux := http.NewServeMux()
 	mux.Handle(backendv1connect.NewTrainerServiceHandler(&fakeTrainer{caps: Capabilities(models)}))
+	health := grpchealth.NewStaticChecker(backendv1connect.TrainerServiceName, backendv1connect.SamplerServiceName)
+	mux.Handle(grpchealth.NewHandler(health))
 	p := new(http.Protocols)
 	p.SetHTTP2(true)
-	w := &FakeWorker{Addr: l.Addr().String(), srv: &http.Server{Handler: mux, Protocols: p, TLSConfig: cfg, ReadHeaderTimeout: 5 * time.Second}}
+	w := &FakeWorker{Addr: l.Addr().String(), Health: health, srv: &http.Server{Handler: mux, Protocols: p, TLSConfig: cfg, ReadHeaderTimeout: 5 * time.Second}}
 	go func() { _ = w.srv.ServeTLS(l, "", "") }()
 	return w, nil
 }

@@ -11,9 +11,11 @@ import (
 	"sync"
 	"time"
 
+	"connectrpc.com/connect"
+	"connectrpc.com/grpchealth"
+
 	"github.com/loops-dev/loops/backends/pools"
 	"github.com/loops-dev/loops/backends/pools/mtls"
-	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
 )
 
@@ -198,10 +200,11 @@ func (p *Provider) probe(ctx context.Context, id string, i int, addr string) {
 	hc := mtls.HTTPClient(p.opts.Authority.DialConfig(id))
 	defer hc.CloseIdleConnections()
 	cl := backendv1connect.NewTrainerServiceClient(hc, "https://"+addr)
+	health := grpchealth.NewClient(hc, "https://"+addr, connect.WithGRPC())
 	up, fails := false, 0
 	for {
 		pctx, cancel := context.WithTimeout(ctx, p.opts.ProbeTimeout)
-		caps, err := cl.GetCapabilities(pctx, &backendv1.GetCapabilitiesRequest{})
+		caps, err := pools.Probe(pctx, health, cl, !up)
 		cancel()
 		switch {
 		case ctx.Err() != nil:

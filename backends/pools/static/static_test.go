@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/grpchealth"
 	"github.com/stretchr/testify/require"
 
 	"github.com/loops-dev/loops/backends/pools"
@@ -88,4 +89,25 @@ func TestOnlyThePoolsWorkersAreAnnounced(t *testing.T) {
 	ms := reg.Members("p")
 	require.Len(t, ms, 1)
 	require.Equal(t, 2, ms[0].Replica, "only the worker of this gateway's pool")
+}
+
+// TestNotServingWorkerIsLost: a worker that answers NOT_SERVING on its grpc.health.v1
+// service (shutting down, or its engine broke) is lost after ProbeFailures probes, and
+// announced again, as a new incarnation, once it serves.
+func TestNotServingWorkerIsLost(t *testing.T) {
+	a := poolstest.Authority(t)
+	reg := pools.NewRegistry(pools.RegistryOptions{JoinToken: "t"})
+	w, err := poolstest.StartFakeWorker("127.0.0.1:0", []string{"m"}, poolstest.Credentials(t, a, "p"))
+	require.NoError(t, err)
+	t.Cleanup(w.Close)
+	p, err := New(Options{Registry: reg, Authority: a, Pools: map[string][]string{"p": {w.Addr}}, ProbeInterval: 20 * time.Millisecond, ProbeTimeout: time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	require.NoError(t, p.EnsurePool(t.Context(), pools.Spec{ID: "p", Role: pools.RoleTrainer, BaseModel: "m", Replicas: 1}))
+	require.Eventually(t, func() bool { return len(reg.Members("p")) == 1 }, 5*time.Second, 10*time.Millisecond)
+	first := reg.Members("p")[0].Incarnation
+	w.Health.SetStatus("", grpchealth.StatusNotServing)
+	require.Eventually(t, func() bool { return len(reg.Members("p")) == 0 }, 5*time.Second, 10*time.Millisecond)
+	w.Health.SetStatus("", grpchealth.StatusServing)
+	require.Eventually(t, func() bool { m := reg.Members("p"); return len(m) == 1 && m[0].Incarnation != first }, 5*time.Second, 10*time.Millisecond)
 }

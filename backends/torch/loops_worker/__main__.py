@@ -1,7 +1,8 @@
 """python -m loops_worker --listen 127.0.0.1:0 --tls-cert F --tls-key F --tls-ca F --model NAME[=PATH] ...
 
 Loads the models, starts the gRPC server (mutual TLS only: it answers only the gateway that
-issued its credentials, credentials.py) and prints one line
+issued its credentials, credentials.py; with grpc.health.v1 beside the worker's services,
+NOT_SERVING once it shuts down or its engine breaks, health.py) and prints one line
 `LOOPS_WORKER_LISTENING <host:port>` on stdout when it is ready (the Go backend waits for
 it). Logs go to stderr. Folders a request names must be inside the --allow-dir folders, and
 checkpoint URLs of a --checkpoint-origin (confine.py).
@@ -139,6 +140,7 @@ def main(argv=None) -> int:
                 done.set()
         threading.Thread(target=watch, daemon=True).start()
     done.wait()
+    server.health.drain()  # NOT_SERVING from now on: the gateway stops sending work
     if reg is not None:
         reg.stop()
     server.stop(grace=2).wait()

@@ -1,5 +1,6 @@
-"""gRPC servicers for loops.backend.v1 TrainerService and SamplerService, served over mutual
-TLS only (credentials.py), every request's folders and URLs checked first (confine.py)."""
+"""gRPC servicers for loops.backend.v1 TrainerService and SamplerService, and the standard
+grpc.health.v1 service (health.py), served over mutual TLS only (credentials.py), every
+request's folders and URLs checked first (confine.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from . import transfer
 from .confine import Confinement
 from .credentials import Credentials, GatewayOnly
 from .errors import CANCELLED, INTERNAL, WorkerError
+from .health import Health
 from .proto import bgrpc, bpb
 
 log = logging.getLogger("loops_worker")
@@ -27,54 +29,76 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 _FAULTS = os.environ.get("LOOPS_WORKER_TEST_FAULTS") == "1"
 
 
-def _call(context, fn, *args):
+def _call(context, fn, *args, health: Health | None = None):
+    """fn(*args), its WorkerError answered with its code and anything else as INTERNAL; an
+    error that leaves the engine broken makes health NOT_SERVING (Health.check)."""
     try:
         return fn(*args)
     except WorkerError as e:
         context.abort(_CODES.get(e.code, grpc.StatusCode.INTERNAL), e.message)
     except Exception as e:  # noqa: BLE001
         log.error("internal error: %s", traceback.format_exc())
+        if health is not None:
+            health.check(e)
         context.abort(grpc.StatusCode.INTERNAL, f"worker internal error: {type(e).__name__}: {e}")
 
 
+class _Calls:
+    """_call with the servicer's health."""
+
+    health: Health | None = None
+
+    def _call(self, context, fn, *args):
+        return _call(context, fn, *args, health=self.health)
+
+
 def _fault(adapter_id: str) -> None:
-    """Test hooks (LOOPS_WORKER_TEST_FAULTS=1 only): simulate a crash or a hang."""
+    """Test hooks (LOOPS_WORKER_TEST_FAULTS=1 only): simulate a crash, a hang, or a device
+    error that breaks the engine (health.py)."""
     if not _FAULTS:
         return
     if adapter_id == "__crash__":
         os._exit(17)
+    if adapter_id == "__device_error__":
+        import torch
+
+        raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered (a test fault)")
     if adapter_id == "__hang__":
         while True:
             time.sleep(3600)
 
 
-class Trainer(bgrpc.TrainerServiceServicer):
-    def __init__(self, engine, confine: Confinement):
+class Trainer(_Calls, bgrpc.TrainerServiceServicer):
+    def __init__(self, engine, confine: Confinement, health: Health | None = None):
         self.e = engine
         self.confine = confine
+        self.health = health
 
     def GetCapabilities(self, request, context):
-        return _call(context, self.e.capabilities)
+        return self._call(context, self.e.capabilities)
 
     def CreateAdapter(self, request, context):
-        return _call(context, lambda: (self.e.create_adapter(request), bpb.CreateAdapterResponse())[1])
+        return self._call(context, lambda: (self.e.create_adapter(request), bpb.CreateAdapterResponse())[1])
 
     def DeleteAdapter(self, request, context):
-        return _call(context, lambda: (self.e.delete_adapter(request.adapter_id), bpb.DeleteAdapterResponse())[1])
+        return self._call(context, lambda: (self.e.delete_adapter(request.adapter_id), bpb.DeleteAdapterResponse())[1])
 
     def ForwardBackward(self, request, context):
+        return self._call(context, self._forward_backward, request)
+
+    def _forward_backward(self, request):
         for it in request.items:
             _fault(it.adapter_id)
-        return _call(context, self.e.forward_backward, request)
+        return self.e.forward_backward(request)
 
     def OptimStep(self, request, context):
-        return _call(context, self.e.optim_step, request)
+        return self._call(context, self.e.optim_step, request)
 
     def SaveAdapter(self, request, context):
-        _call(context, self._check_save, request)
+        self._call(context, self._check_save, request)
         if not request.upload:
-            return _call(context, lambda: bpb.SaveAdapterResponse(size_bytes=self.e.save_adapter(request)))
-        return _call(context, self._save_and_upload, request)
+            return self._call(context, lambda: bpb.SaveAdapterResponse(size_bytes=self.e.save_adapter(request)))
+        return self._call(context, self._save_and_upload, request)
 
     def _check_save(self, request):
         self.confine.dir("dir", request.dir)
@@ -99,10 +123,10 @@ class Trainer(bgrpc.TrainerServiceServicer):
             shutil.rmtree(tmp, ignore_errors=True)
 
     def LoadAdapter(self, request, context):
-        _call(context, self._check_load, request)
+        self._call(context, self._check_load, request)
         if not request.download:
-            return _call(context, lambda: (self.e.load_adapter(request), bpb.LoadAdapterResponse())[1])
-        return _call(context, self._download_and_load, request)
+            return self._call(context, lambda: (self.e.load_adapter(request), bpb.LoadAdapterResponse())[1])
+        return self._call(context, self._download_and_load, request)
 
     def _download_and_load(self, request):
         """Downloads the files (size and SHA-256 checked) into a folder of its own and loads."""
@@ -119,11 +143,13 @@ class Trainer(bgrpc.TrainerServiceServicer):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-class Sampler(bgrpc.SamplerServiceServicer):
-    def __init__(self, engine, sampler, confine: Confinement, adapters: transfer.AdapterCache | None = None):
+class Sampler(_Calls, bgrpc.SamplerServiceServicer):
+    def __init__(self, engine, sampler, confine: Confinement, adapters: transfer.AdapterCache | None = None,
+                 health: Health | None = None):
         self.e = engine
         self.s = sampler
         self.confine = confine
+        self.health = health
         self.adapters = adapters or transfer.AdapterCache(
             os.path.join(tempfile.gettempdir(), f"loops-worker-adapters-{os.getpid()}"),
             int(os.environ.get("LOOPS_WORKER_ADAPTER_CACHE_BYTES", str(8 << 30))), confine)
@@ -133,13 +159,13 @@ class Sampler(bgrpc.SamplerServiceServicer):
         self.confine.files("adapter_files", request.adapter_files)
 
     def GetCapabilities(self, request, context):
-        return _call(context, self.e.capabilities)
+        return self._call(context, self.e.capabilities)
 
     def Sample(self, request, context):
-        _call(context, self._check, request)
+        self._call(context, self._check, request)
         if not request.adapter_files:
-            return _call(context, self.s.sample, request)
-        return _call(context, self._sample_downloaded, request)
+            return self._call(context, self.s.sample, request)
+        return self._call(context, self._sample_downloaded, request)
 
     def _sample_downloaded(self, request, on_token=None):
         """Samples with an adapter given as URLs, downloaded once per content (AdapterCache)."""
@@ -159,7 +185,7 @@ class Sampler(bgrpc.SamplerServiceServicer):
         vLLM's answers come whole), then the result. The sample runs on its own thread; a
         client that goes away stops it at its next token."""
         req = request.request
-        _call(context, self._check, req)
+        self._call(context, self._check, req)
         items: "queue.SimpleQueue" = queue.SimpleQueue()
         end = object()
 
@@ -190,7 +216,7 @@ class Sampler(bgrpc.SamplerServiceServicer):
             if item is end:
                 return
             if isinstance(item, BaseException):
-                _call(context, _raise, item)
+                self._call(context, _raise, item)
                 return
             yield item
 
@@ -200,12 +226,16 @@ def _raise(e: BaseException):
 
 
 def serve(engine, sampler, listen: str, creds: Credentials, confine: Confinement, threads: int = 64) -> grpc.Server:
-    """Serves the engine over mutual TLS with creds (only the gateway is answered); the
-    folders and URLs of requests are checked against confine."""
+    """Serves the engine over mutual TLS with creds (only the gateway is answered), with
+    its health (server.health: Health, which the caller drains on shutdown); the folders
+    and URLs of requests are checked against confine."""
     opts = [("grpc.max_receive_message_length", 1 << 30), ("grpc.max_send_message_length", 1 << 30)]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=opts, interceptors=[GatewayOnly()])
-    bgrpc.add_TrainerServiceServicer_to_server(Trainer(engine, confine), server)
-    bgrpc.add_SamplerServiceServicer_to_server(Sampler(engine, sampler, confine), server)
+    health = Health()
+    bgrpc.add_TrainerServiceServicer_to_server(Trainer(engine, confine, health), server)
+    bgrpc.add_SamplerServiceServicer_to_server(Sampler(engine, sampler, confine, health=health), server)
+    health.add_to(server)
+    server.health = health  # type: ignore[attr-defined]
     port = server.add_secure_port(listen, creds.server())
     if port == 0:
         raise WorkerError(INTERNAL, f"cannot listen on {listen}")
