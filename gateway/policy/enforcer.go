@@ -86,12 +86,13 @@ func (e *Enforcer) Limits(ws string) Limits {
 	return e.forWorkspace(ws)
 }
 
-// ModelLimits returns the workspace's limits on one base model, with the grants in force.
-func (e *Enforcer) ModelLimits(ws, model string) Limits {
+// ModelLimits returns the workspace's limits on one base model, with the grants in force
+// and extra (a grant being decided: what the policy would be after it).
+func (e *Enforcer) ModelLimits(ws, model string, extra ...Grant) Limits {
 	if e == nil {
 		return Limits{}
 	}
-	return e.forModel(ws, model)
+	return e.forModel(ws, model, extra...)
 }
 
 // AllowModel returns PermissionDenied if the workspace may not use the base model.

@@ -83,9 +83,9 @@ func (e *Enforcer) forWorkspace(ws string) Limits {
 
 // forModel returns the workspace's limits on a base model: forWorkspace's, with the
 // sequence-length and rank limits raised by the grants on that model.
-func (e *Enforcer) forModel(ws, model string) Limits {
+func (e *Enforcer) forModel(ws, model string, extra ...Grant) Limits {
 	l := e.p.For(ws)
-	for _, g := range e.active(ws) {
+	for _, g := range append(e.active(ws), extra...) {
 		l.MaxConcurrentRuns = raise(l.MaxConcurrentRuns, g.MaxConcurrentRuns)
 		if g.Model != model {
 			continue
@@ -122,3 +122,6 @@ func AskCommand(model string, flags ...string) string {
 
 // flag is one AskCommand flag.
 func flag(name string, v int) string { return "--" + name + " " + strconv.Itoa(v) }
+
+// Allows reports whether limits l allow base model m.
+func (l Limits) Allows(m string) bool { return l.allows(m) }

@@ -372,7 +372,10 @@ type ListAccessRequestsRequest struct {
 	// Only requests in this state (unspecified: every state).
 	State AccessState `protobuf:"varint,1,opt,name=state,proto3,enum=loops.v1.AccessState" json:"state,omitempty"`
 	// At most this many (default 100, at most 1000).
-	Limit         int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	Limit int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// The workspace: an operator must name it; a workspace key may leave it empty or name its
+	// own (another is not found).
+	Workspace     string `protobuf:"bytes,3,opt,name=workspace,proto3" json:"workspace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -421,6 +424,13 @@ func (x *ListAccessRequestsRequest) GetLimit() int32 {
 	return 0
 }
 
+func (x *ListAccessRequestsRequest) GetWorkspace() string {
+	if x != nil {
+		return x.Workspace
+	}
+	return ""
+}
+
 type ListAccessRequestsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Requests      []*AccessRequest       `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"`
@@ -466,8 +476,11 @@ func (x *ListAccessRequestsResponse) GetRequests() []*AccessRequest {
 }
 
 type GetAccessRequestRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The workspace: an operator must name it; a workspace key may leave it empty or name its
+	// own (another is not found).
+	Workspace     string `protobuf:"bytes,2,opt,name=workspace,proto3" json:"workspace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -509,6 +522,13 @@ func (x *GetAccessRequestRequest) GetId() string {
 	return ""
 }
 
+func (x *GetAccessRequestRequest) GetWorkspace() string {
+	if x != nil {
+		return x.Workspace
+	}
+	return ""
+}
+
 type GrantAccessRequestRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -517,8 +537,11 @@ type GrantAccessRequestRequest struct {
 	// How long the grant lasts, in seconds (0: until revoked by a new policy).
 	DurationSeconds int64  `protobuf:"varint,3,opt,name=duration_seconds,json=durationSeconds,proto3" json:"duration_seconds,omitempty"`
 	Reason          string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The workspace: an operator must name it; a workspace key may leave it empty or name its
+	// own (another is not found).
+	Workspace     string `protobuf:"bytes,5,opt,name=workspace,proto3" json:"workspace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GrantAccessRequestRequest) Reset() {
@@ -579,11 +602,21 @@ func (x *GrantAccessRequestRequest) GetReason() string {
 	return ""
 }
 
+func (x *GrantAccessRequestRequest) GetWorkspace() string {
+	if x != nil {
+		return x.Workspace
+	}
+	return ""
+}
+
 type DenyAccessRequestRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// Required: the member sees it.
-	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The workspace: an operator must name it; a workspace key may leave it empty or name its
+	// own (another is not found).
+	Workspace     string `protobuf:"bytes,3,opt,name=workspace,proto3" json:"workspace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -628,6 +661,13 @@ func (x *DenyAccessRequestRequest) GetId() string {
 func (x *DenyAccessRequestRequest) GetReason() string {
 	if x != nil {
 		return x.Reason
+	}
+	return ""
+}
+
+func (x *DenyAccessRequestRequest) GetWorkspace() string {
+	if x != nil {
+		return x.Workspace
 	}
 	return ""
 }
@@ -750,7 +790,10 @@ func (x *WebhookDelivery) GetDeliveredTime() *timestamppb.Timestamp {
 type ListWebhookDeliveriesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// At most this many (default 100, at most 1000).
-	Limit         int32 `protobuf:"varint,1,opt,name=limit,proto3" json:"limit,omitempty"`
+	Limit int32 `protobuf:"varint,1,opt,name=limit,proto3" json:"limit,omitempty"`
+	// The workspace: an operator must name it; a workspace key may leave it empty or name its
+	// own (another is not found).
+	Workspace     string `protobuf:"bytes,2,opt,name=workspace,proto3" json:"workspace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -790,6 +833,13 @@ func (x *ListWebhookDeliveriesRequest) GetLimit() int32 {
 		return x.Limit
 	}
 	return 0
+}
+
+func (x *ListWebhookDeliveriesRequest) GetWorkspace() string {
+	if x != nil {
+		return x.Workspace
+	}
+	return ""
 }
 
 type ListWebhookDeliveriesResponse struct {
@@ -868,22 +918,26 @@ const file_loops_v1_access_proto_rawDesc = "" +
 	"\fpolicy_after\x18\x0e \x01(\tR\vpolicyAfter\"a\n" +
 	"\x14RequestAccessRequest\x121\n" +
 	"\aamounts\x18\x01 \x01(\v2\x17.loops.v1.AccessAmountsR\aamounts\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"^\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"|\n" +
 	"\x19ListAccessRequestsRequest\x12+\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x15.loops.v1.AccessStateR\x05state\x12\x14\n" +
-	"\x05limit\x18\x02 \x01(\x05R\x05limit\"Q\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\x12\x1c\n" +
+	"\tworkspace\x18\x03 \x01(\tR\tworkspace\"Q\n" +
 	"\x1aListAccessRequestsResponse\x123\n" +
-	"\brequests\x18\x01 \x03(\v2\x17.loops.v1.AccessRequestR\brequests\")\n" +
+	"\brequests\x18\x01 \x03(\v2\x17.loops.v1.AccessRequestR\brequests\"G\n" +
 	"\x17GetAccessRequestRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xa1\x01\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
+	"\tworkspace\x18\x02 \x01(\tR\tworkspace\"\xbf\x01\n" +
 	"\x19GrantAccessRequestRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x121\n" +
 	"\aamounts\x18\x02 \x01(\v2\x17.loops.v1.AccessAmountsR\aamounts\x12)\n" +
 	"\x10duration_seconds\x18\x03 \x01(\x03R\x0fdurationSeconds\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"B\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x1c\n" +
+	"\tworkspace\x18\x05 \x01(\tR\tworkspace\"`\n" +
 	"\x18DenyAccessRequestRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xef\x02\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1c\n" +
+	"\tworkspace\x18\x03 \x01(\tR\tworkspace\"\xef\x02\n" +
 	"\x0fWebhookDelivery\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05event\x18\x02 \x01(\tR\x05event\x12\x1d\n" +
@@ -896,9 +950,10 @@ const file_loops_v1_access_proto_rawDesc = "" +
 	"\vcreate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12F\n" +
 	"\x11next_attempt_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x0fnextAttemptTime\x12A\n" +
-	"\x0edelivered_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\rdeliveredTime\"4\n" +
+	"\x0edelivered_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\rdeliveredTime\"R\n" +
 	"\x1cListWebhookDeliveriesRequest\x12\x14\n" +
-	"\x05limit\x18\x01 \x01(\x05R\x05limit\"Z\n" +
+	"\x05limit\x18\x01 \x01(\x05R\x05limit\x12\x1c\n" +
+	"\tworkspace\x18\x02 \x01(\tR\tworkspace\"Z\n" +
 	"\x1dListWebhookDeliveriesResponse\x129\n" +
 	"\n" +
 	"deliveries\x18\x01 \x03(\v2\x19.loops.v1.WebhookDeliveryR\n" +
