@@ -501,6 +501,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		Usage:       svc.Usage,
 		Workspace:   svc.Workspace,
 		Deployments: svc.Deployments,
+		Access:      accessSvc,
 	}, console.Options{Authenticate: keys.Authenticate, Logger: s.log, Throttle: s.throttle, Proxies: s.cfg.TrustedProxies})
 	pages := cons.Handler()
 	mux.Handle("GET "+console.Root+"{$}", pages)
