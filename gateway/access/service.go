@@ -171,7 +171,7 @@ func (s *Service) expire(ctx context.Context) error {
 		}
 		next := proto.CloneOf(r)
 		next.State, next.UpdateTime = loopsv1.AccessState_ACCESS_STATE_EXPIRED, timestamppb.New(now)
-		ev := auditEvent(r.GetWorkspace(), now, auth.Caller{}, "access expiry sweep", "workspace_policy_revert", r.GetId())
+		ev := auditEvent(r.GetWorkspace(), now, auth.Caller{}, "access expiry sweep", "workspace_policy", "workspace_policy_revert", r.GetId())
 		if err := s.o.Store.TransitionAccessRequest(ctx, next, loopsv1.AccessState_ACCESS_STATE_GRANTED, ev, s.event(ctx, "access_request.expired", next)); err != nil && !errors.Is(err, store.ErrConflict) {
 			errs = append(errs, err)
 			continue
@@ -181,13 +181,13 @@ func (s *Service) expire(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// auditEvent is the audit record of a change of a workspace's policy, written in the
-// transaction that makes it.
+// auditEvent is the audit record of a decision (a change of a workspace's policy, or a
+// denial), written in the transaction that makes it.
 // action is the procedure that made it (the sweep: "access expiry sweep").
-func auditEvent(ws string, at time.Time, who auth.Caller, action, event, target string) store.OwnedAuditEvent {
+func auditEvent(ws string, at time.Time, who auth.Caller, action, resource, event, target string) store.OwnedAuditEvent {
 	return store.OwnedAuditEvent{Workspace: ws, Event: store.AuditEvent{
 		Time: at, KeyID: who.KeyID, ClientAddr: who.Addr, Surface: "access",
-		Action: action, Event: event, Resource: "workspace_policy", Target: target,
+		Action: action, Event: event, Resource: resource, Target: target,
 		Status: 200, Code: "ok"}}
 }
 
@@ -349,7 +349,7 @@ func (s *Service) GrantAccessRequest(ctx context.Context, m *loopsv1.GrantAccess
 	model := amounts.GetModel()
 	next.PolicyBefore = limitsJSON(model, s.o.Policy.ModelLimits(ws, model))
 	next.PolicyAfter = limitsJSON(model, s.o.Policy.ModelLimits(ws, model, grantOf(next)))
-	ev := auditEvent(ws, now, auth.CallerOf(ctx), loopsv1connect.AccessServiceGrantAccessRequestProcedure, "workspace_policy_change", r.GetId())
+	ev := auditEvent(ws, now, auth.CallerOf(ctx), loopsv1connect.AccessServiceGrantAccessRequestProcedure, "workspace_policy", "workspace_policy_change", r.GetId())
 	if err := s.o.Store.TransitionAccessRequest(ctx, next, loopsv1.AccessState_ACCESS_STATE_PENDING, ev, s.event(ctx, "access_request.granted", next)); err != nil {
 		return nil, decided(r.GetId(), err)
 	}
@@ -382,7 +382,7 @@ func (s *Service) DenyAccessRequest(ctx context.Context, m *loopsv1.DenyAccessRe
 	next := proto.CloneOf(r)
 	next.State, next.UpdateTime = loopsv1.AccessState_ACCESS_STATE_DENIED, timestamppb.New(now)
 	next.DecidedBy, next.DecisionReason = callerKey(ctx), m.GetReason()
-	ev := auditEvent(ws, now, auth.CallerOf(ctx), loopsv1connect.AccessServiceDenyAccessRequestProcedure, "access_request_deny", r.GetId())
+	ev := auditEvent(ws, now, auth.CallerOf(ctx), loopsv1connect.AccessServiceDenyAccessRequestProcedure, "access_request", "access_request_denied", r.GetId())
 	if err := s.o.Store.TransitionAccessRequest(ctx, next, loopsv1.AccessState_ACCESS_STATE_PENDING, ev, s.event(ctx, "access_request.denied", next)); err != nil {
 		return nil, decided(r.GetId(), err)
 	}
