@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -61,6 +62,9 @@ const (
 type Service struct {
 	o    Options
 	hook *webhook
+	// reloadMu orders Reloads (the sweep's and a grant's), so that an older read of the
+	// grants never replaces a newer one in the policy. Only Reload takes it.
+	reloadMu sync.Mutex
 	stop context.CancelFunc
 	done chan struct{}
 }
@@ -136,6 +140,8 @@ func (s *Service) Sweep(ctx context.Context) {
 // Reload gives the policy the grants in force, from the store (another gateway's
 // decisions and a restart included).
 func (s *Service) Reload(ctx context.Context) error {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
 	rs, err := s.o.Store.GrantedAccessRequests(ctx)
 	if err != nil {
 		return err
