@@ -360,7 +360,8 @@ func (s *Service) GrantAccessRequest(ctx context.Context, m *loopsv1.GrantAccess
 		return nil, decided(r.GetId(), err)
 	}
 	if err := s.Reload(ctx); err != nil {
-		return nil, err
+		// The grant is stored: the next sweep gives it to the policy.
+		s.o.Logger.Warn("access: loading grants after a grant", "request", r.GetId(), "err", err)
 	}
 	return next, nil
 }
