@@ -7,12 +7,14 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/loops-dev/loops/gateway/access"
 	"github.com/loops-dev/loops/gateway/auth"
@@ -347,4 +349,36 @@ func TestWebhookSignedAndLosesNothingAcrossReceiverRestart(t *testing.T) {
 	}
 	_, err = e.svc.ListWebhookDeliveries(admin(t, "team-b", "key-b"), &loopsv1.ListWebhookDeliveriesRequest{})
 	require.NoError(t, err)
+}
+
+// TestWebhookURLIsOperatorOnly: no loops.v1 call takes a webhook URL (it is the operator's
+// flag, never a tenant's setting), and nothing an admin reads back shows it.
+func TestWebhookURLIsOperatorOnly(t *testing.T) {
+	var walk func(md protoreflect.MessageDescriptor, seen map[protoreflect.FullName]bool)
+	walk = func(md protoreflect.MessageDescriptor, seen map[protoreflect.FullName]bool) {
+		if seen[md.FullName()] {
+			return
+		}
+		seen[md.FullName()] = true
+		for i := range md.Fields().Len() {
+			f := md.Fields().Get(i)
+			name := strings.ToLower(string(f.Name()))
+			require.False(t, strings.Contains(name, "webhook") || strings.Contains(name, "url") || strings.Contains(name, "secret"),
+				"%s.%s: a tenant-settable webhook field", md.FullName(), f.Name())
+			if f.Message() != nil {
+				walk(f.Message(), seen)
+			}
+		}
+	}
+	services := loopsv1.File_loops_v1_access_proto.Services()
+	for i := range services.Len() {
+		methods := services.Get(i).Methods()
+		for j := range methods.Len() {
+			walk(methods.Get(j).Input(), map[protoreflect.FullName]bool{})
+		}
+	}
+	d := (&loopsv1.WebhookDelivery{}).ProtoReflect().Descriptor()
+	for i := range d.Fields().Len() {
+		require.NotContains(t, strings.ToLower(string(d.Fields().Get(i).Name())), "url", "a delivery never shows the webhook's URL")
+	}
 }
