@@ -65,8 +65,8 @@ type Service struct {
 	// reloadMu orders Reloads (the sweep's and a grant's), so that an older read of the
 	// grants never replaces a newer one in the policy. Only Reload takes it.
 	reloadMu sync.Mutex
-	stop context.CancelFunc
-	done chan struct{}
+	stop     context.CancelFunc
+	done     chan struct{}
 }
 
 var _ loopsv1connect.AccessServiceHandler = (*Service)(nil)
