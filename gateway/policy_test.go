@@ -71,6 +71,13 @@ workspaces:
 // body.
 func call(t *testing.T, url, path, key string, body any) (int, map[string]any) {
 	t.Helper()
+	code, out, _ := callHeaders(t, url, path, key, body)
+	return code, out
+}
+
+// callHeaders is call that also returns the answer's headers.
+func callHeaders(t *testing.T, url, path, key string, body any) (int, map[string]any, http.Header) {
+	t.Helper()
 	method, rd := http.MethodGet, (*bytes.Reader)(nil)
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -92,7 +99,7 @@ func call(t *testing.T, url, path, key string, body any) (int, map[string]any) {
 	defer resp.Body.Close()
 	var out map[string]any
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
-	return resp.StatusCode, out
+	return resp.StatusCode, out, resp.Header
 }
 
 // tinkerDatum is one cross-entropy datum of n tokens in Tinker's JSON.
@@ -219,8 +226,9 @@ func TestWorkspacePolicyEnforced(t *testing.T) {
 	run := wait(must(trainA.CreateTrainingRun(ctx, &loopsv1.CreateTrainingRunRequest{SessionId: sess.GetId(), BaseModel: "loops/tiny", Lora: lora(8)}))).GetTrainingRun().GetId()
 	_, err = trainA.CreateTrainingRun(ctx, &loopsv1.CreateTrainingRunRequest{BaseModel: "loops/tiny", Lora: lora(4)})
 	requireCode(t, err, connect.CodeResourceExhausted, `workspace "team-a" has 1 training runs live, its limit (max_concurrent_runs`)
-	status, body = call(t, url, "/api/v1/create_model", keyTeamA, map[string]any{"base_model": "loops/tiny", "lora_config": tinkerLora(4)})
-	requireTinker(t, status, body, http.StatusTooManyRequests, "max_concurrent_runs")
+	status, body, h := callHeaders(t, url, "/api/v1/create_model", keyTeamA, map[string]any{"base_model": "loops/tiny", "lora_config": tinkerLora(4)})
+	requireTinker(t, status, body, http.StatusTooManyRequests, `max_concurrent_runs in its policy, now 1): unload a run or end its session, then retry; or ask a workspace admin for more: loops access request --model loops/tiny --runs 2 --reason "..."`)
+	require.Equal(t, "false", h.Get("X-Should-Retry"), "the SDK fails at once rather than backing off for minutes")
 	use := must(wsA.GetWorkspace(ctx, &loopsv1.GetWorkspaceRequest{})).GetUse()
 	require.Equal(t, int32(1), use.GetLiveRuns())
 	require.Zero(t, use.GetQueuedOperations())

@@ -20,6 +20,7 @@ import (
 	"github.com/loops-dev/loops/compat/anthropic"
 	"github.com/loops-dev/loops/compat/inference"
 	"github.com/loops-dev/loops/compat/openai"
+	"github.com/loops-dev/loops/gateway/access"
 	"github.com/loops-dev/loops/gateway/audit"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/auth/keysvc"
@@ -134,6 +135,10 @@ type Config struct {
 	// HealthProbeEvery is how often the health probes the stores (default
 	// opsvc.DefaultProbeEvery).
 	HealthProbeEvery time.Duration
+	// Access configures access requests and grants (gateway/access, docs/access.md): the
+	// operator's webhook, the bound on pending requests, the sweep. Its Store, Policy,
+	// Models and Logger are the server's.
+	Access access.Options
 }
 
 // APIKeysConfig configures stored API keys and access tokens. The zero value gives the
@@ -403,6 +408,16 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	}
 	mux.Handle(loopsv1connect.NewJobServiceHandler(js, opts...))
 	mux.Handle(loopsv1connect.NewPoolServiceHandler(poolsvc.New(s.backend), opts...))
+	aco := s.cfg.Access
+	aco.Store, aco.Policy, aco.Models, aco.Logger = s.store, s.core.Policy(), s.core.ModelList, s.log
+	accessSvc := access.New(aco)
+	if err := accessSvc.Start(ctx); err != nil {
+		return nil, fmt.Errorf("access grants: %w", err)
+	}
+	s.mu.Lock()
+	s.closers = append(s.closers, accessSvc.Close)
+	s.mu.Unlock()
+	mux.Handle(loopsv1connect.NewAccessServiceHandler(accessSvc, opts...))
 	keySvc := keysvc.New(s.cfg.Keys, s.cfg.Limits.MaxRequestsPerKey)
 	mux.Handle(loopsv1connect.NewKeyServiceHandler(keySvc, opts...))
 	mux.Handle(loopsv1connect.NewAuditServiceHandler(auditSvc, opts...))
@@ -489,6 +504,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		Usage:       svc.Usage,
 		Workspace:   svc.Workspace,
 		Deployments: svc.Deployments,
+		Access:      accessSvc,
 	}, console.Options{Authenticate: keys.Authenticate, Logger: s.log, Throttle: s.throttle, Proxies: s.cfg.TrustedProxies})
 	pages := cons.Handler()
 	mux.Handle("GET "+console.Root+"{$}", pages)
@@ -545,6 +561,7 @@ func (s *Server) restHandler(ctx context.Context, edge *edge, auditor *audit.Mid
 		loopsv1.RegisterJobServiceHandler,
 		loopsv1.RegisterPoolServiceHandler,
 		loopsv1.RegisterKeyServiceHandler,
+		loopsv1.RegisterAccessServiceHandler,
 		loopsv1.RegisterAuditServiceHandler,
 	} {
 		if err := register(ctx, gw, conn); err != nil {

@@ -39,5 +39,6 @@ func rootCmd() *cobra.Command {
 	root.AddCommand(workerCmd())
 	root.AddCommand(poolsCmd(), allocationsCmd())
 	root.AddCommand(keysCmd())
+	root.AddCommand(accessCmd())
 	return root
 }

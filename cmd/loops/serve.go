@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway"
+	"github.com/loops-dev/loops/gateway/access"
 	"github.com/loops-dev/loops/gateway/audit"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/ckhttp"
@@ -32,6 +35,12 @@ type serveFlags struct {
 	apiKeys     []string
 	apiKeyFile  string
 	sessionTTL  time.Duration
+	// accessWebhookURL and accessWebhookSecretFile are the operator's webhook for access
+	// requests and decisions (gateway/access); accessSweep how often grants expire and
+	// deliveries are sent.
+	accessWebhookURL        string
+	accessWebhookSecretFile string
+	accessSweep             time.Duration
 	// auditRetention and auditMaxPerWorkspace bound the audit log (gateway/audit).
 	auditRetention       time.Duration
 	auditMaxPerWorkspace int
@@ -143,6 +152,9 @@ max LoRA rank, runs at once, queued operations, sampling concurrency): see the
 	fl.DurationVar(&f.keyCacheTTL, "key-cache-ttl", auth.DefaultKeyCacheTTL, "how long a stored API key lookup is cached (1s to 5m): the most a revocation made on another gateway on the same database takes to reach this one")
 	fl.StringVar(&f.apiKeyFile, "api-key-file", env("LOOPS_API_KEY_FILE", ""), "file of API keys, one KEY or KEY=WORKSPACE a line")
 	fl.DurationVar(&f.sessionTTL, "session-ttl", 5*time.Minute, "how long a session lives without a heartbeat")
+	fl.StringVar(&f.accessWebhookURL, "access-webhook-url", env("LOOPS_ACCESS_WEBHOOK_URL", ""), "http(s) URL that gets every access request and decision as a signed JSON POST, retried until it answers 2xx (docs/access.md); an operator setting, never a workspace's")
+	fl.StringVar(&f.accessWebhookSecretFile, "access-webhook-secret-file", env("LOOPS_ACCESS_WEBHOOK_SECRET_FILE", ""), "file holding the secret that signs the webhook's bodies (HMAC-SHA256, X-Loops-Signature); required with --access-webhook-url")
+	fl.DurationVar(&f.accessSweep, "access-sweep", access.DefaultSweepInterval, "how often expired access grants are recorded and webhook deliveries sent (1s to 1h); a grant stops applying at its expiry regardless")
 	fl.DurationVar(&f.auditRetention, "audit-retention", audit.DefaultRetention, "how long audit events are kept (an hourly sweep removes older ones)")
 	fl.IntVar(&f.auditMaxPerWorkspace, "audit-max-events", audit.DefaultMaxPerWorkspace, "the most audit events one workspace keeps (the sweep removes its oldest beyond it)")
 	fl.BoolVar(&f.stepRecovery, "step-recovery", os.Getenv("LOOPS_STEP_RECOVERY") == "1", "keep every run recoverable step by step (a snapshot after each optim_step and a replay log), so a lost worker costs no step; on by itself for pools marked preemptible (LOOPS_STEP_RECOVERY=1)")
@@ -172,10 +184,43 @@ const shutdownGrace = 20 * time.Second
 // maxDrainDelay bounds --drain-delay, leaving most of the grace to the requests in flight.
 const maxDrainDelay = 10 * time.Second
 
+// accessWebhook checks the webhook flags and reads the secret.
+func accessWebhook(f serveFlags) (access.WebhookOptions, error) {
+	if f.accessWebhookURL == "" {
+		if f.accessWebhookSecretFile != "" {
+			return access.WebhookOptions{}, errors.New("--access-webhook-secret-file without --access-webhook-url: give the URL too, or leave both out")
+		}
+		return access.WebhookOptions{}, nil
+	}
+	u, err := url.Parse(f.accessWebhookURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return access.WebhookOptions{}, fmt.Errorf("--access-webhook-url %q: use an http:// or https:// URL", f.accessWebhookURL)
+	}
+	if f.accessWebhookSecretFile == "" {
+		return access.WebhookOptions{}, errors.New("--access-webhook-url needs --access-webhook-secret-file: the receiver checks each body's HMAC-SHA256 signature with that secret")
+	}
+	b, err := os.ReadFile(f.accessWebhookSecretFile)
+	if err != nil {
+		return access.WebhookOptions{}, fmt.Errorf("--access-webhook-secret-file: %w", err)
+	}
+	secret := bytes.TrimSpace(b)
+	if len(secret) < 16 {
+		return access.WebhookOptions{}, fmt.Errorf("--access-webhook-secret-file %s: the secret has %d bytes; use at least 16 (openssl rand -hex 32)", f.accessWebhookSecretFile, len(secret))
+	}
+	return access.WebhookOptions{URL: f.accessWebhookURL, Secret: secret}, nil
+}
+
 func runServe(ctx context.Context, f serveFlags) error {
 	log, err := newLogger(f.logLevel, f.logFormat)
 	if err != nil {
 		return err
+	}
+	webhook, err := accessWebhook(f)
+	if err != nil {
+		return err
+	}
+	if f.accessSweep < time.Second || f.accessSweep > time.Hour {
+		return fmt.Errorf("--access-sweep %s: use 1s to 1h (default %s)", f.accessSweep, access.DefaultSweepInterval)
 	}
 	if f.auditRetention < time.Hour {
 		return fmt.Errorf("--audit-retention %s: keep audit events at least 1h (default %s)", f.auditRetention, audit.DefaultRetention)
@@ -313,7 +358,8 @@ func runServe(ctx context.Context, f serveFlags) error {
 			Tokens:         auth.TokenOptions{Lifetime: f.tokenLifetime, Rotation: f.signingKeyRotation},
 			DisableJWTAuth: f.noJWTAuth,
 		},
-		Audit: audit.Options{Retention: f.auditRetention, MaxPerWorkspace: f.auditMaxPerWorkspace},
+		Audit:  audit.Options{Retention: f.auditRetention, MaxPerWorkspace: f.auditMaxPerWorkspace},
+		Access: access.Options{Webhook: webhook, SweepInterval: f.accessSweep},
 	})
 	if err != nil {
 		_ = ln.Close()

@@ -19,7 +19,8 @@ func workspaceCmd() *cobra.Command {
 		Use:   "workspace",
 		Short: "Show the API key's workspace: its limits and current use",
 		Long: "Show the workspace of the API key: the base models it may use (with its limits on\n" +
-			"each), its limits on runs, queued operations and sampling, and what it uses now.\n" +
+			"each, access grants included), its limits on runs, queued operations and sampling, and\n" +
+			"what it uses now; `loops access request` asks a workspace admin for more.\n" +
 			"The server's --workspace-policy sets the limits; \"none\" means no limit of the\n" +
 			"workspace's own.",
 		Args: cobra.NoArgs,
@@ -61,5 +62,10 @@ func printWorkspace(w io.Writer, ws *loopsv1.Workspace) error {
 	if len(l.GetModels()) == 0 {
 		fmt.Fprintln(tw, "(no models)")
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(w, "\nNeed more (another model, longer sequences, a larger rank, more runs)? Ask a workspace admin:\n"+
+		`  loops access request --model M [--max-seq-len N] [--max-rank R] [--runs K] --reason "..."`)
+	return err
 }

@@ -32,5 +32,8 @@ func TestPrintWorkspaceShowsLimitsBesideUse(t *testing.T) {
 		"MODEL       MAX SEQ LEN  MAX LORA RANK",
 		"loops/tiny  128          8",
 		"",
+		"Need more (another model, longer sequences, a larger rank, more runs)? Ask a workspace admin:",
+		`  loops access request --model M [--max-seq-len N] [--max-rank R] [--runs K] --reason "..."`,
+		"",
 	}, "\n"), out.String())
 }

@@ -173,6 +173,12 @@ var Rules = []Rule{
 	v1read("WeightsAccessService", "ListWeightsAccessTokens"),
 	v1("WeightsAccessService", "RevokeWeightsAccessToken", "checkpoint_unshare"),
 	v1("WeightsAccessService", "CopyWeights", "checkpoint_copy"),
+	v1("AccessService", "RequestAccess", "access_request_create"),
+	v1read("AccessService", "ListAccessRequests"),
+	v1read("AccessService", "GetAccessRequest"),
+	v1("AccessService", "GrantAccessRequest", "access_request_grant"),
+	v1("AccessService", "DenyAccessRequest", "access_request_deny"),
+	v1read("AccessService", "ListWebhookDeliveries"),
 
 	// Checkpoint transfers (gateway/ckhttp): exports are downloads, imports create checkpoints.
 	access("GET /v1/checkpoint_exports", "checkpoint_read"),

@@ -65,6 +65,8 @@ type Services struct {
 	// none (no placeholder pretends they exist). Worker pools get a page the same way once
 	// loops.v1 has a service for them.
 	Deployments loopsv1connect.DeploymentServiceHandler
+	// Access is the access requests' service (nil: the console shows no Access page).
+	Access loopsv1connect.AccessServiceHandler
 }
 
 // Options configure the console. Zero values take the defaults.
@@ -218,6 +220,9 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("GET "+Prefix+"usage", c.page(c.usagePage))
 	mux.HandleFunc("GET "+Prefix+"limits", c.page(c.limitsPage))
 	mux.HandleFunc("GET "+Prefix+"deployments", c.page(c.deploymentsPage))
+	mux.HandleFunc("GET "+Prefix+"access", c.page(c.accessPage))
+	mux.HandleFunc("POST "+Prefix+"access/request", c.page(c.accessRequest))
+	mux.HandleFunc("POST "+Prefix+"access/decide", c.page(c.accessDecide))
 	mux.HandleFunc(Prefix, func(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusNotFound, "no such console page: "+r.URL.Path)
 	})

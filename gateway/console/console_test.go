@@ -333,6 +333,9 @@ func FuzzConsoleForms(f *testing.F) {
 		{"/console/sessions", "", "page=%ff"},
 		{"/console/signin", "api_key=tml-%00x&api_key=tml-console-a", ""},
 		{"/console/signout", "csrf=x", ""},
+		{"/console/access/request", "model=loops/tiny&max_sequence_length=99999999999&reason=%00", ""},
+		{"/console/access/decide", "id=acr-0011&decision=grant&hours=-1", ""},
+		{"/console/access", "", "done=%ff"},
 	} {
 		f.Add(s[0], s[1], s[2])
 	}
@@ -346,7 +349,7 @@ func FuzzConsoleForms(f *testing.F) {
 		}
 		bt := &browser{t: t, base: b.base, c: b.c} // the signed-in client, reporting to t
 		body := form
-		if strings.HasPrefix(path, "/console/checkpoint/") {
+		if strings.HasPrefix(path, "/console/checkpoint/") || strings.HasPrefix(path, "/console/access/") {
 			body = form + "&csrf=" + tok
 		}
 		for _, m := range []string{http.MethodGet, http.MethodPost} {

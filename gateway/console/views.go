@@ -25,7 +25,7 @@ import (
 )
 
 // pageNames are the templates/<name>.html files rendered inside templates/layout.html.
-var pageNames = []string{"signin", "runs", "run", "checkpoint", "delete", "sessions", "usage", "limits", "deployments", "error"}
+var pageNames = []string{"signin", "runs", "run", "checkpoint", "delete", "sessions", "usage", "limits", "deployments", "access", "error"}
 
 var funcs = template.FuncMap{
 	"time": func(ts *timestamppb.Timestamp) string {

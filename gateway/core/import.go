@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -17,6 +18,7 @@ import (
 	"github.com/loops-dev/loops/backends/peft"
 	"github.com/loops-dev/loops/gateway/core/ckfiles"
 	"github.com/loops-dev/loops/gateway/core/validate"
+	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/bounded"
@@ -91,8 +93,9 @@ func (c *Core) ImportAdapter(ctx context.Context, req ImportRequest, fill func(d
 	if err := validate.Lora(model, lora); err != nil {
 		return nil, err
 	}
-	if l := c.policy.Limits(ws); l.MaxLoraRank > 0 && found.Rank > l.MaxLoraRank {
-		return nil, invalidArgument("the adapter's rank %d is over workspace %q's limit of %d (max_lora_rank in its policy)", found.Rank, ws, l.MaxLoraRank)
+	if l := c.policy.ModelLimits(ws, baseModel); l.MaxLoraRank > 0 && found.Rank > l.MaxLoraRank {
+		return nil, invalidArgument("the adapter's rank %d is over workspace %q's limit of %d (max_lora_rank in its policy, on %s): ask a workspace admin for more: %s",
+			found.Rank, ws, l.MaxLoraRank, baseModel, policy.AskCommand(baseModel, "--max-rank "+strconv.Itoa(found.Rank)))
 	}
 	if err := ckfiles.WriteMarker(dir); err != nil {
 		return nil, f.Internal("writing checkpoint marker", err)

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/policy"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
 
@@ -44,6 +45,13 @@ func (s WorkspaceService) GetWorkspace(ctx context.Context, _ *loopsv1.GetWorksp
 		},
 	}, nil
 }
+
+// ModelList returns the served base models with their limits, sorted by name (the catalog
+// an access grant is checked against).
+func (c *Core) ModelList() []*loopsv1.ModelInfo { return c.modelList() }
+
+// Policy returns the workspace policy's enforcer (access grants change it).
+func (c *Core) Policy() *policy.Enforcer { return c.policy }
 
 // modelList returns the served models, sorted by name.
 func (c *Core) modelList() []*loopsv1.ModelInfo {

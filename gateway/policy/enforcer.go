@@ -49,6 +49,8 @@ type Enforcer struct {
 	p      *Policy
 	served []string
 
+	grants grantState
+
 	mu   lockorder.Mutex[rankEnforcer]
 	use  map[string]*wsUse
 	runs map[string]string // live run id -> workspace
@@ -74,12 +76,23 @@ func NewEnforcer(p *Policy, served []string) (*Enforcer, error) {
 		use: map[string]*wsUse{}, runs: map[string]string{}, ops: map[string]string{}}, nil
 }
 
-// Limits returns the workspace's limits.
+// Limits returns the workspace's limits, with the grants in force: the granted models
+// allowed and max_concurrent_runs raised (sequence length and rank, which grants raise per
+// model, are the policy's; ModelLimits has a model's).
 func (e *Enforcer) Limits(ws string) Limits {
 	if e == nil {
 		return Limits{}
 	}
-	return e.p.For(ws)
+	return e.forWorkspace(ws)
+}
+
+// ModelLimits returns the workspace's limits on one base model, with the grants in force
+// and extra (a grant being decided: what the policy would be after it).
+func (e *Enforcer) ModelLimits(ws, model string, extra ...Grant) Limits {
+	if e == nil {
+		return Limits{}
+	}
+	return e.forModel(ws, model, extra...)
 }
 
 // AllowModel returns PermissionDenied if the workspace may not use the base model.
@@ -87,7 +100,7 @@ func (e *Enforcer) AllowModel(ws, model string) error {
 	if e == nil {
 		return nil
 	}
-	l := e.p.For(ws)
+	l := e.forWorkspace(ws)
 	if l.allows(model) {
 		return nil
 	}
@@ -96,8 +109,8 @@ func (e *Enforcer) AllowModel(ws, model string) error {
 	if len(allowed) > 0 {
 		list = strings.Join(allowed, ", ")
 	}
-	return errs.New(connect.CodePermissionDenied, ReasonModelNotAllowed, fmt.Errorf(
-		"workspace %q may not use base model %q: its policy allows %s (ask the server's operator to change --workspace-policy)", ws, model, list))
+	return errs.Final(errs.New(connect.CodePermissionDenied, ReasonModelNotAllowed, fmt.Errorf(
+		"workspace %q may not use base model %q: its policy allows %s (models in its policy); ask a workspace admin for it: %s", ws, model, list, AskCommand(model))))
 }
 
 // Models returns the models the workspace may use, each a copy with max_sequence_length and
@@ -106,9 +119,9 @@ func (e *Enforcer) Models(ws string, models []*loopsv1.ModelInfo) []*loopsv1.Mod
 	if e == nil {
 		return models
 	}
-	l := e.p.For(ws)
 	out := make([]*loopsv1.ModelInfo, 0, len(models))
 	for _, m := range models {
+		l := e.forModel(ws, m.GetName())
 		if !l.allows(m.GetName()) {
 			continue
 		}
@@ -142,10 +155,11 @@ func (e *Enforcer) StartRun(ws, runID, model string, rank int32) error {
 	if err := e.AllowModel(ws, model); err != nil {
 		return err
 	}
-	l := e.p.For(ws)
+	l := e.forModel(ws, model)
 	if l.MaxLoraRank > 0 && int(rank) > l.MaxLoraRank {
-		return errs.New(connect.CodeInvalidArgument, ReasonWorkspaceLimit, fmt.Errorf(
-			"LoRA rank %d is over workspace %q's limit of %d (max_lora_rank in its policy): use a rank of at most %d", rank, ws, l.MaxLoraRank, l.MaxLoraRank))
+		return errs.Final(errs.New(connect.CodeInvalidArgument, ReasonWorkspaceLimit, fmt.Errorf(
+			"LoRA rank %d is over workspace %q's limit of %d (max_lora_rank in its policy, on %s): use a rank of at most %d, or ask a workspace admin for more: %s",
+			rank, ws, l.MaxLoraRank, model, l.MaxLoraRank, AskCommand(model, flag("max-rank", int(rank))))))
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -155,8 +169,9 @@ func (e *Enforcer) StartRun(ws, runID, model string, rank int32) error {
 	u := e.useLocked(ws)
 	if l.MaxConcurrentRuns > 0 && u.runs >= l.MaxConcurrentRuns {
 		e.cleanLocked(ws, u)
-		return errs.New(connect.CodeResourceExhausted, ReasonWorkspaceLimit, fmt.Errorf(
-			"workspace %q has %d training runs live, its limit (max_concurrent_runs in its policy): unload a run or end its session, then retry", ws, u.runs))
+		return errs.Final(errs.New(connect.CodeResourceExhausted, ReasonWorkspaceLimit, fmt.Errorf(
+			"workspace %q has %d training runs live, its limit (max_concurrent_runs in its policy, now %d): unload a run or end its session, then retry; or ask a workspace admin for more: %s",
+			ws, u.runs, l.MaxConcurrentRuns, AskCommand(model, flag("runs", l.MaxConcurrentRuns+1)))))
 	}
 	if err := queueFull(ws, l, u); err != nil {
 		e.cleanLocked(ws, u)
@@ -296,14 +311,15 @@ func (e *Enforcer) CheckData(ws, model string, data []*loopsv1.Datum) error {
 	if err := e.AllowModel(ws, model); err != nil {
 		return err
 	}
-	limit := e.p.For(ws).MaxSequenceLength
+	limit := e.forModel(ws, model).MaxSequenceLength
 	if limit <= 0 {
 		return nil
 	}
 	for i, d := range data {
 		if n := len(d.GetTokens()); n > limit {
-			return errs.New(connect.CodeInvalidArgument, ReasonWorkspaceLimit, fmt.Errorf(
-				"datum %d: sequence of %d tokens is over workspace %q's limit of %d (max_sequence_length in its policy): truncate it", i, n, ws, limit))
+			return errs.Final(errs.New(connect.CodeInvalidArgument, ReasonWorkspaceLimit, fmt.Errorf(
+				"datum %d: sequence of %d tokens is over workspace %q's limit of %d (max_sequence_length in its policy, on %s): truncate it, or ask a workspace admin for more: %s",
+				i, n, ws, limit, model, AskCommand(model, flag("max-seq-len", n)))))
 		}
 	}
 	return nil
@@ -321,22 +337,24 @@ func (e *Enforcer) CheckSample(ws, model string, req *loopsv1.SampleRequest, par
 	if err := e.AllowModel(ws, model); err != nil {
 		return err
 	}
-	limit := e.p.For(ws).MaxSequenceLength
+	limit := e.forModel(ws, model).MaxSequenceLength
 	if limit <= 0 {
 		return nil
 	}
 	n := len(req.GetPrompt())
 	if n >= limit {
-		return errs.New(connect.CodeInvalidArgument, ReasonWorkspaceLimit, fmt.Errorf(
-			"prompt of %d tokens leaves no room under workspace %q's limit of %d tokens (max_sequence_length in its policy): shorten it", n, ws, limit))
+		return errs.Final(errs.New(connect.CodeInvalidArgument, ReasonWorkspaceLimit, fmt.Errorf(
+			"prompt of %d tokens leaves no room under workspace %q's limit of %d tokens (max_sequence_length in its policy, on %s): shorten it, or ask a workspace admin for more: %s",
+			n, ws, limit, model, AskCommand(model, flag("max-seq-len", n+1)))))
 	}
 	if req.GetParams().GetMaxTokens() == 0 {
 		params.MaxTokens = min(params.GetMaxTokens(), int32(limit-n))
 		return nil
 	}
 	if n+int(params.GetMaxTokens()) > limit {
-		return errs.New(connect.CodeInvalidArgument, ReasonWorkspaceLimit, fmt.Errorf(
-			"prompt (%d tokens) + max_tokens (%d) is over workspace %q's limit of %d tokens (max_sequence_length in its policy): lower max_tokens", n, params.GetMaxTokens(), ws, limit))
+		return errs.Final(errs.New(connect.CodeInvalidArgument, ReasonWorkspaceLimit, fmt.Errorf(
+			"prompt (%d tokens) + max_tokens (%d) is over workspace %q's limit of %d tokens (max_sequence_length in its policy, on %s): lower max_tokens, or ask a workspace admin for more: %s",
+			n, params.GetMaxTokens(), ws, limit, model, AskCommand(model, flag("max-seq-len", n+int(params.GetMaxTokens()))))))
 	}
 	return nil
 }

@@ -91,6 +91,7 @@ type Store interface {
 	AuditStore
 	CheckpointStorageReader
 	WeightsAccessStore
+	AccessStore
 	TraceReader
 	Fencer
 

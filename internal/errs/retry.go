@@ -81,3 +81,21 @@ func WithRetryAfterHeader(ce *connect.Error) *connect.Error {
 	cp.Meta().Set(HeaderRetryAfter, RetryAfterValue(d))
 	return cp
 }
+
+// HeaderShouldRetry tells a Stainless-generated client (the tinker SDK) whether to retry an
+// error answer: "false" makes it fail the call at once instead of backing off.
+const HeaderShouldRetry = "X-Should-Retry"
+
+// Final marks ce as an error that retrying cannot cure (a limit only a person can raise):
+// every edge sends it with X-Should-Retry: false, so SDKs fail at once with its message. It
+// returns ce.
+func Final(ce *connect.Error) *connect.Error {
+	ce.Meta().Set(HeaderShouldRetry, "false")
+	return ce
+}
+
+// IsFinal reports whether err is marked Final.
+func IsFinal(err error) bool {
+	var ce *connect.Error
+	return errors.As(err, &ce) && ce.Meta().Get(HeaderShouldRetry) == "false"
+}

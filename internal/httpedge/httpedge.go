@@ -192,10 +192,13 @@ func (s *Surface) logClientGone(r *http.Request, err error) {
 }
 
 // write sends a, with Retry-After when err carries one and a is a 429 (clients wait that
-// long before retrying).
+// long before retrying), and X-Should-Retry: false when err is errs.Final.
 func (s *Surface) write(w http.ResponseWriter, err error, a Answer) {
 	if d, ok := errs.RetryAfter(err); ok && a.Status == http.StatusTooManyRequests {
 		w.Header().Set(errs.HeaderRetryAfter, errs.RetryAfterValue(d))
+	}
+	if errs.IsFinal(err) {
+		w.Header().Set(errs.HeaderShouldRetry, "false")
 	}
 	s.WriteJSON(w, a.Status, a.Body)
 }

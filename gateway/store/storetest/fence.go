@@ -32,6 +32,8 @@ var reads = []string{
 	"GetProject", "ListProjects", "SearchSessions", "ListProjectTrainingRuns", "ListUnindexedSessions",
 	"APIKeyByHash", "GetAPIKey", "ListAPIKeys", "SigningKeys",
 	"GetWeightsAccessToken", "ListWeightsAccessTokens",
+	"GetAccessRequest", "ListAccessRequests", "GrantedAccessRequests", "DueWebhookDeliveries",
+	"ListWebhookDeliveries", "CountPendingWebhookDeliveries",
 	"ListSessionSamplers", "ListOwnerOperations",
 	"SetFence", "Close",
 }
@@ -121,6 +123,8 @@ func seedFenced(t *testing.T, st store.Store) {
 		auditEvent(wsA, 0, "key-a", "session_create", "sess-1"), auditEvent(wsA, time.Minute, "key-a", "session_create", "sess-2")}))
 	require.NoError(t, st.CreateWeightsAccessToken(ctx, wsA, accessToken("wat-1", 0, 2000*time.Hour), hashOf("wat-1"), base, 10))
 	require.NoError(t, st.CreateWeightsAccessToken(ctx, wsA, accessToken("wat-old", 0, time.Second), hashOf("wat-old"), base, 10))
+	_, _, err := st.PutAccessRequest(ctx, accessRequest("acr-1", wsA, "key-a", "m", 0), 10, hookFor("evt-1", wsA))
+	require.NoError(t, err)
 }
 
 // fencedTokens are the weights-access tokens seedFenced and fencedWrites touch.
@@ -229,6 +233,21 @@ func fencedWrites() map[string]func(context.Context, store.Store) error {
 			_, err := st.DeleteExpiredWeightsAccessTokens(ctx, base.Add(time.Hour))
 			return err
 		},
+		"PutAccessRequest": func(ctx context.Context, st store.Store) error {
+			_, _, err := st.PutAccessRequest(ctx, accessRequest("acr-fenced", wsA, "key-b", "m", time.Hour), 10, hookFor("evt-fenced", wsA))
+			return err
+		},
+		"TransitionAccessRequest": func(ctx context.Context, st store.Store) error {
+			r := accessRequest("acr-1", wsA, "key-a", "m", 0)
+			r.State = loopsv1.AccessState_ACCESS_STATE_DENIED
+			return st.TransitionAccessRequest(ctx, r, loopsv1.AccessState_ACCESS_STATE_PENDING,
+				auditEvent(wsA, time.Hour, "key-admin", "access_request_deny", "acr-1"), nil)
+		},
+		"UpdateWebhookDelivery": func(ctx context.Context, st store.Store) error {
+			d := hookFor("evt-1", wsA).Delivery
+			d.State = store.WebhookDelivered
+			return st.UpdateWebhookDelivery(ctx, d)
+		},
 	}
 }
 
@@ -248,6 +267,8 @@ type fencedState struct {
 	SigningKeys []store.SigningKey
 	Audit       []store.AuditEvent
 	Tokens      []*loopsv1.WeightsAccessToken
+	Access      []*loopsv1.AccessRequest
+	Webhooks    []*loopsv1.WebhookDelivery
 }
 
 func snapshot(t *testing.T, st store.Store) fencedState {
@@ -292,5 +313,9 @@ func snapshot(t *testing.T, st store.Store) fencedState {
 			s.Tokens = append(s.Tokens, m)
 		}
 	}
+	s.Access, err = st.ListAccessRequests(ctx, wsA, store.AccessQuery{})
+	require.NoError(t, err)
+	s.Webhooks, err = st.ListWebhookDeliveries(ctx, wsA, 0)
+	require.NoError(t, err)
 	return s
 }

@@ -79,6 +79,8 @@ func Run(t *testing.T, open Opener) {
 	s("CheckpointStorage", testCheckpointStorage)
 	s("WeightsAccessTokens", testWeightsAccessTokens)
 	s("WeightsAccessTokenLimit", testWeightsAccessTokenLimit)
+	s("AccessRequests", testAccessRequests)
+	s("WebhookDeliveries", testWebhookDeliveries)
 	t.Run("Reopen", func(t *testing.T) { testReopen(t, open) })
 	t.Run("DeploymentsReopen", func(t *testing.T) { testDeploymentsReopen(t, open) })
 	t.Run("FailRunningJobs", func(t *testing.T) { testFailRunningJobs(t, open) })

@@ -13,6 +13,9 @@ type Dialect struct {
 	// WeightsAccessTokenColumns are the six values a token's insert selects
 	// (CreateWeightsAccessToken), cast to each database's types.
 	WeightsAccessTokenColumns string
+	// AccessRequestColumns are the eight values an access request's insert selects
+	// (PutAccessRequest), cast to each database's types.
+	AccessRequestColumns string
 }
 
 // SQLite is the dialect of store/sqlite.
@@ -20,6 +23,7 @@ var SQLite = Dialect{
 	TableOptions:              " STRICT",
 	InsertStepMetrics:         insertStepMetrics("$1, $2, $3, $4, $5, $6, $7, $8"),
 	WeightsAccessTokenColumns: "$1, $2, $3, $4, $5, $6",
+	AccessRequestColumns:      "$1, $2, $3, $4, $5, $6, $7, $8",
 }
 
 // Postgres is the dialect of store/postgres.
@@ -27,4 +31,5 @@ var Postgres = Dialect{
 	LockRows:                  " FOR UPDATE",
 	InsertStepMetrics:         insertStepMetrics("$1::text, $2::bigint, $3::text, $4::integer, $5::bigint, $6::bigint, $7::bigint, $8::bytea"),
 	WeightsAccessTokenColumns: "$1::text, $2::text, $3::text, $4::bigint, $5::bigint, $6::bytea",
+	AccessRequestColumns:      "$1::text, $2::text, $3::text, $4::text, $5::bigint, $6::bigint, $7::bigint, $8::bytea",
 }
