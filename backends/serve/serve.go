@@ -28,6 +28,7 @@ import (
 	"github.com/loops-dev/loops/backends/tiny"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
+	"github.com/loops-dev/loops/internal/telemetry"
 	"github.com/loops-dev/loops/internal/tokenstream"
 )
 
@@ -106,6 +107,9 @@ func handler(b backends.Backend, c *confinement, health grpchealth.Checker) http
 			slog.Error("worker call panicked", slog.String("procedure", spec.Procedure), slog.Any("panic", p))
 			return connect.NewError(connect.CodeInternal, fmt.Errorf("the worker failed in %s", spec.Procedure))
 		}),
+	}
+	if ic := telemetry.ConnectInterceptor(true); ic != nil {
+		hopts = append(hopts, connect.WithInterceptors(ic))
 	}
 	mux := http.NewServeMux()
 	mux.Handle(backendv1connect.NewTrainerServiceHandler(trainerHandler{b.Trainer(), c}, hopts...))

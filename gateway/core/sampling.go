@@ -603,14 +603,26 @@ func (c *Core) runSample(j *sampleJob) {
 		err  error
 	)
 	start, began := time.Now(), c.now()
+	ctx, span := startBackendSpan(c.ctx, o)
+	var firstToken *firstTokenSink
 	if j.sink != nil {
-		resp, err = c.sampleStream(j)
+		if span != nil {
+			firstToken = &firstTokenSink{Sink: j.sink}
+		}
+		resp, err = c.sampleStream(ctx, j, firstToken)
 	} else {
 		c.ops.setRunning(o)
-		resp, err = c.backend.Sampler().Sample(c.ctx, req)
+		resp, err = c.backend.Sampler().Sample(ctx, req)
 	}
 	c.samplers.queue.observe(time.Since(start))
 	c.ops.noteBackend(o, began, c.now(), 0)
+	if span != nil {
+		o.span.SetAttributes(genAIRequest(req)...)
+		if err == nil {
+			o.span.SetAttributes(genAIResponse(resp, firstToken.after(o.snapshot().GetCreateTime().AsTime()))...)
+		}
+	}
+	endSpan(span, err)
 	if err == nil {
 		err = checkTopLogprobs(req, resp)
 	}
@@ -703,17 +715,24 @@ func keepLastN(r *loopsv1.SampleResult, n int) {
 // waited, on the backend's TokenStreamer when it has one and the sink keeps tokens, and as
 // a plain sample otherwise; in every case the backend's context ends when the sink is gone
 // (its client left), so the sample stops rather than decoding for nobody.
-func (c *Core) sampleStream(j *sampleJob) (*backendv1.SampleResponse, error) {
+//
+// ft, when set, wraps the sink to note when the first token came (the GenAI time to first
+// token of its span).
+func (c *Core) sampleStream(ctx context.Context, j *sampleJob, ft *firstTokenSink) (*backendv1.SampleResponse, error) {
 	select {
 	case <-j.sink.Gone():
 		return nil, connect.NewError(connect.CodeCanceled, errors.New("the client went away before the sample started"))
 	default:
 	}
 	c.ops.setRunning(j.o)
-	ctx, cancel := tokenstream.CancelOnGone(c.ctx, j.sink)
+	ctx, cancel := tokenstream.CancelOnGone(ctx, j.sink)
 	defer cancel()
 	if ts, ok := c.backend.Sampler().(backends.TokenStreamer); ok && !tokenstream.Discards(j.sink) {
-		return ts.SampleStream(ctx, j.req, j.sink)
+		var sink tokenstream.Sink = j.sink
+		if ft != nil {
+			sink = ft
+		}
+		return ts.SampleStream(ctx, j.req, sink)
 	}
 	return c.backend.Sampler().Sample(ctx, j.req)
 }
