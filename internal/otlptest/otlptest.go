@@ -190,3 +190,6 @@ func (r *Receiver) Wait(t testing.TB, timeout time.Duration, ok func([]Span) boo
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// Hex is an id (trace or span) in hex.
+func Hex(id []byte) string { return hex.EncodeToString(id) }
