@@ -73,6 +73,7 @@ type Receiver struct {
 
 	mu       sync.Mutex
 	requests []*collectortrace.ExportTraceServiceRequest
+	headers  http.Header
 }
 
 // Start starts a receiver that stops with the test.
@@ -124,6 +125,9 @@ func (r *Receiver) serveHTTP(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	r.mu.Lock()
+	r.headers = req.Header.Clone()
+	r.mu.Unlock()
 	r.add(msg)
 	out, _ := proto.Marshal(&collectortrace.ExportTraceServiceResponse{})
 	w.Header().Set("Content-Type", "application/x-protobuf")
@@ -134,6 +138,13 @@ func (r *Receiver) add(req *collectortrace.ExportTraceServiceRequest) {
 	r.mu.Lock()
 	r.requests = append(r.requests, req)
 	r.mu.Unlock()
+}
+
+// Header is the headers of the last export received over HTTP.
+func (r *Receiver) Header() http.Header {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.headers.Clone()
 }
 
 // Requests are the export requests received so far, as decoded.

@@ -235,6 +235,25 @@ func TestForwardBackwardTrace(t *testing.T) {
 		require.Equal(t, "4", s.Attr("gen_ai.usage.output_tokens"))
 	}
 
+	// The operation's duration, scraped as OpenMetrics, points at its trace.
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, c.url+"/metrics", nil)
+	require.NoError(t, err)
+	req.Header.Set("Accept", "application/openmetrics-text; version=1.0.0")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	page, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	require.NoError(t, err)
+	require.Contains(t, resp.Header.Get("Content-Type"), "application/openmetrics-text")
+	exemplar := false
+	for _, line := range strings.Split(string(page), "\n") {
+		if strings.HasPrefix(line, `loops_operation_duration_seconds_bucket{kind="forward_backward"`) &&
+			strings.Contains(line, `# {trace_id="`+clientTrace+`"}`) {
+			exemplar = true
+		}
+	}
+	require.True(t, exemplar, "the forward_backward's duration has its trace id as an exemplar:\n%s", page)
+
 	// No span carries a credential, the prompt, or token ids.
 	tokenRun := "65,66,67"
 	for _, s := range spans {
