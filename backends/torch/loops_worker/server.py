@@ -15,7 +15,7 @@ from concurrent import futures
 
 import grpc
 
-from . import transfer
+from . import tracing, transfer
 from .confine import Confinement
 from .credentials import Credentials, GatewayOnly
 from .errors import CANCELLED, INTERNAL, WorkerError
@@ -65,10 +65,13 @@ class Trainer(bgrpc.TrainerServiceServicer):
     def ForwardBackward(self, request, context):
         for it in request.items:
             _fault(it.adapter_id)
-        return _call(context, self.e.forward_backward, request)
+        with tracing.span("torch forward_backward", **{"loops.batch.items": len(request.items),
+                                                       "loops.batch.datums": sum(len(it.data) for it in request.items)}):
+            return _call(context, self.e.forward_backward, request)
 
     def OptimStep(self, request, context):
-        return _call(context, self.e.optim_step, request)
+        with tracing.span("torch optim_step"):
+            return _call(context, self.e.optim_step, request)
 
     def SaveAdapter(self, request, context):
         _call(context, self._check_save, request)
@@ -203,7 +206,7 @@ def serve(engine, sampler, listen: str, creds: Credentials, confine: Confinement
     """Serves the engine over mutual TLS with creds (only the gateway is answered); the
     folders and URLs of requests are checked against confine."""
     opts = [("grpc.max_receive_message_length", 1 << 30), ("grpc.max_send_message_length", 1 << 30)]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=opts, interceptors=[GatewayOnly()])
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=opts, interceptors=[GatewayOnly(), tracing.Tracing()])
     bgrpc.add_TrainerServiceServicer_to_server(Trainer(engine, confine), server)
     bgrpc.add_SamplerServiceServicer_to_server(Sampler(engine, sampler, confine), server)
     port = server.add_secure_port(listen, creds.server())
