@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -23,6 +25,8 @@ import (
 	"github.com/loops-dev/loops/backends/worker"
 	"github.com/loops-dev/loops/gateway"
 	"github.com/loops-dev/loops/gateway/auth"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/internal/otlptest"
 	"github.com/loops-dev/loops/internal/telemetry"
 )
@@ -156,18 +160,53 @@ func TestForwardBackwardTrace(t *testing.T) {
 		"forward_backward_input": map[string]any{"loss_fn": "cross_entropy", "data": []any{datum}}}, traced)
 	require.Contains(t, res, "loss_fn_outputs", res)
 
+	// Every other surface continues its client's trace too: each call below has a trace
+	// of its own, in which the surface's span is found.
+	surfaces := map[string]string{} // trace id → the span that must be in it
+	parent := func(span string) string {
+		tid := fmt.Sprintf("%032x", len(surfaces)+1)
+		surfaces[tid] = span
+		return "00-" + tid + "-" + clientSpan + "-01"
+	}
 	code, chat := c.post("/oai/api/v1/chat/completions", map[string]any{"model": tiny.Name, "max_tokens": 4, "seed": 1,
-		"messages": []any{map[string]any{"role": "user", "content": prompt}}}, map[string]string{"Authorization": "Bearer " + key})
+		"messages": []any{map[string]any{"role": "user", "content": prompt}}},
+		map[string]string{"Authorization": "Bearer " + key, "traceparent": parent("operation sample")})
 	require.Equal(t, http.StatusOK, code, chat)
+	code, msg := c.post("/anthropic/api/v1/messages", map[string]any{"model": tiny.Name, "max_tokens": 4,
+		"messages": []any{map[string]any{"role": "user", "content": prompt}}},
+		map[string]string{"traceparent": parent("operation sample")})
+	require.Equal(t, http.StatusOK, code, msg)
+	code, rest := c.post("/v1/sessions", map[string]any{"sdk_version": "rest"},
+		map[string]string{"traceparent": parent("loops.v1.SessionService/CreateSession")})
+	require.Equal(t, http.StatusOK, code, rest)
+	for _, opt := range []connect.ClientOption{connect.WithProtoJSON(), connect.WithGRPC(), connect.WithGRPCWeb()} {
+		tp := parent("loops.v1.SessionService/CreateSession")
+		headers := connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+			return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+				req.Header().Set("X-API-Key", key)
+				req.Header().Set("traceparent", tp)
+				return next(ctx, req)
+			}
+		}))
+		sessions := loopsv1connect.NewSessionServiceClient(http2Client(), c.url, opt, headers)
+		_, err := sessions.CreateSession(t.Context(), &loopsv1.CreateSessionRequest{})
+		require.NoError(t, err)
+	}
 
 	// The worker's span arrives from its own process; the gateway's once flushed.
 	workerSpan := "loops.backend.v1.TrainerService/ForwardBackward"
 	spans := recv.Wait(t, 30*time.Second, func(spans []otlptest.Span) bool {
-		worker, persisted, sampled := false, false, false
+		worker, persisted, sampled := false, false, true
 		for _, s := range spans {
 			worker = worker || (s.TraceID() == clientTrace && s.Service == serve.ServiceName && s.GetName() == workerSpan)
 			persisted = persisted || (s.TraceID() == clientTrace && s.GetName() == "operation forward_backward")
-			sampled = sampled || s.GetName() == "operation sample"
+		}
+		for tid, name := range surfaces {
+			found := false
+			for _, s := range spans {
+				found = found || (s.TraceID() == tid && s.GetName() == name)
+			}
+			sampled = sampled && found
 		}
 		return worker && persisted && sampled
 	})
@@ -225,11 +264,12 @@ func TestForwardBackwardTrace(t *testing.T) {
 	}
 	require.True(t, linked, "a retrieval links to the operation's span")
 
-	// The chat completion's operation carries the GenAI semantic conventions.
+	// The chat completion's and the message's operations carry the GenAI semantic conventions.
 	for _, s := range spans {
 		if s.GetName() != "operation sample" {
 			continue
 		}
+		require.NotEqual(t, clientSpan, s.Parent(), "under the surface's HTTP span")
 		require.Equal(t, tiny.Name, s.Attr("gen_ai.request.model"))
 		require.NotEmpty(t, s.Attr("gen_ai.usage.input_tokens"))
 		require.Equal(t, "4", s.Attr("gen_ai.usage.output_tokens"))
@@ -279,4 +319,11 @@ func names(spans []otlptest.Span) []string {
 		out = append(out, s.Service+":"+s.GetName())
 	}
 	return out
+}
+
+// http2Client speaks HTTP/2 without TLS (h2c), which gRPC needs.
+func http2Client() *http.Client {
+	p := new(http.Protocols)
+	p.SetUnencryptedHTTP2(true)
+	return &http.Client{Transport: &http.Transport{Protocols: p}}
 }
