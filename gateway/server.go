@@ -261,7 +261,10 @@ func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 	protocols.SetUnencryptedHTTP2(true)
 	s.http = &http.Server{
 		// Every surface continues its client's trace (OTEL_*; nothing with tracing off).
-		Handler:           telemetry.Handler(handler, core.TracePathPrefix, ckhttp.ArchivePrefix),
+		Handler: telemetry.Handler(handler, telemetry.HTTPOptions{
+			SecretPrefixes: []string{core.TracePathPrefix, ckhttp.ArchivePrefix},
+			Untraced:       append([]string{"/metrics", "/healthz"}, opsvc.ProbePaths...),
+		}),
 		Protocols:         protocols,
 		ReadHeaderTimeout: 10 * time.Second,
 		// No ReadTimeout or WriteTimeout: bodies get their own deadline (see

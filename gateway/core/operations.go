@@ -123,7 +123,7 @@ func (ops *operations) create(ctx context.Context, ws string, kind loopsv1.Opera
 		return nil, err
 	}
 	o := &operation{id: op.Id, workspace: ws, op: op, done: make(chan struct{})}
-	startOpSpan(ctx, o)
+	ops.core.startOpSpan(ctx, o)
 	ops.mu.Lock()
 	ops.byID[op.Id] = o
 	ops.mu.Unlock()

@@ -31,7 +31,8 @@ import (
 //	  persist             outcome decided → committed to the store and published
 //
 // A request that reads the outcome (retrieve_future, GetOperation, WaitOperation) links
-// its span to the operation's. With tracing off none of this starts (telemetry.Enabled).
+// its span to the operation's. With tracing off when the core was made (telemetry.Enabled)
+// none of this starts.
 
 // Span attribute keys of Loops' own spans.
 const (
@@ -49,9 +50,10 @@ const (
 	attrTTFT = attribute.Key("gen_ai.server.time_to_first_token")
 )
 
-// startOpSpan starts o's span under ctx's (the creating request's); nothing with tracing off.
-func startOpSpan(ctx context.Context, o *operation) {
-	if !telemetry.Enabled() {
+// startOpSpan starts o's span under ctx's (the creating request's); nothing unless tracing
+// was on when c was made.
+func (c *Core) startOpSpan(ctx context.Context, o *operation) {
+	if !c.traced {
 		return
 	}
 	op := o.op
@@ -102,7 +104,7 @@ func startBackendSpan(ctx context.Context, o *operation, attrs ...attribute.KeyV
 // backend call, and a worker's spans, are its children) and a function that ends them
 // all with err's status.
 func startBatchSpans(ctx context.Context, batch []lane.Item[*operation]) (context.Context, func(error)) {
-	if !telemetry.Enabled() {
+	if len(batch) == 0 || batch[0].Task.Op.span == nil { // untraced (a core's operations all are, or none)
 		return ctx, func(error) {}
 	}
 	spans := make([]trace.Span, 0, len(batch))

@@ -9,17 +9,25 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
+// HTTPOptions tunes Handler.
+type HTTPOptions struct {
+	// SecretPrefixes begin paths whose rest is a credential (a trace link's or an
+	// archive's token): their url.path attribute is the prefix and "{token}".
+	SecretPrefixes []string
+	// Untraced begin paths that get no span (probes and scrapes: /metrics, health).
+	Untraced []string
+}
+
 // Handler continues the client's trace (W3C traceparent and baggage, or what
 // OTEL_PROPAGATORS names) on every request to next, under a server span named by method
-// (the route is not known before the mux). Each of secretPrefixes begins paths whose rest
-// is a credential (a trace link's or an archive's token): their url.path attribute is the
-// prefix and "{token}". With tracing off (Enabled is false) next is returned as is.
-func Handler(next http.Handler, secretPrefixes ...string) http.Handler {
+// (the route is not known before the mux). With tracing off (Enabled is false) next is
+// returned as is.
+func Handler(next http.Handler, o HTTPOptions) http.Handler {
 	if !Enabled() {
 		return next
 	}
 	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		for _, p := range secretPrefixes {
+		for _, p := range o.SecretPrefixes {
 			if rest, ok := strings.CutPrefix(r.URL.Path, p); ok && rest != "" {
 				// A later value of a key replaces the earlier one on the span.
 				trace.SpanFromContext(r.Context()).SetAttributes(semconv.URLPath(p + "{token}"))
@@ -29,5 +37,13 @@ func Handler(next http.Handler, secretPrefixes ...string) http.Handler {
 		next.ServeHTTP(w, r)
 	})
 	return otelhttp.NewHandler(inner, "http",
-		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return "HTTP " + r.Method }))
+		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return "HTTP " + r.Method }),
+		otelhttp.WithFilter(func(r *http.Request) bool {
+			for _, p := range o.Untraced {
+				if strings.HasPrefix(r.URL.Path, p) {
+					return false
+				}
+			}
+			return true
+		}))
 }

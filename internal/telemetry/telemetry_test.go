@@ -38,7 +38,7 @@ func TestOffWhenUnset(t *testing.T) {
 	require.False(t, telemetry.Enabled())
 	require.NoError(t, shutdown(t.Context()))
 	h := http.NewServeMux()
-	require.Same(t, h, telemetry.Handler(h))
+	require.Same(t, h, telemetry.Handler(h, telemetry.HTTPOptions{}))
 	require.Nil(t, telemetry.ConnectInterceptor(true))
 	_, span := telemetry.Tracer().Start(t.Context(), "x")
 	require.False(t, span.IsRecording())
@@ -93,7 +93,8 @@ func TestHTTPSamplerHeadersAndSecretPaths(t *testing.T) {
 	var seen trace.SpanContext
 	h := telemetry.Handler(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
 		seen = trace.SpanContextFromContext(r.Context())
-	}), "/v1/session_traces/")
+	}), telemetry.HTTPOptions{SecretPrefixes: []string{"/v1/session_traces/"}, Untraced: []string{"/metrics"}})
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/metrics", nil)) // no span
 	req := httptest.NewRequest(http.MethodGet, "/v1/session_traces/s3cr3t-token.json", nil)
 	req.Header.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	h.ServeHTTP(httptest.NewRecorder(), req)
