@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/contrib/exporters/autoexport"
 	"go.opentelemetry.io/contrib/propagators/autoprop"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
@@ -30,11 +31,37 @@ var enabled atomic.Bool
 // Enabled reports whether Setup installed a tracer provider that exports spans.
 func Enabled() bool { return enabled.Load() }
 
-// Tracer is Loops' tracer, from the global provider (a no-op until Setup installs one).
-func Tracer() trace.Tracer { return tracer }
+// Tracer is Loops' tracer, from the provider Setup (or Install) installed; OpenTelemetry's
+// global one (a no-op unless someone set it) before that.
+func Tracer() trace.Tracer {
+	if t := tracer.Load(); t != nil {
+		return *t
+	}
+	return otel.Tracer(ScopeName)
+}
 
-// tracer follows the global provider: it delegates to the one Setup installs.
-var tracer = otel.Tracer(ScopeName)
+// tracer is the installed provider's tracer (nil: none installed).
+var tracer atomic.Pointer[trace.Tracer]
+
+// Install makes tp the provider of Loops' spans and OpenTelemetry's global one, and p (nil:
+// W3C tracecontext and baggage) the global propagator, and turns tracing on (Enabled) for
+// what is made from now on: for a program that embeds the gateway with a provider of its
+// own, and for tests. Setup calls it. The returned function turns tracing off again (it
+// does not shut tp down).
+func Install(tp trace.TracerProvider, p propagation.TextMapPropagator) (off func()) {
+	if p == nil {
+		p = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
+	otel.SetTracerProvider(tp)
+	otel.SetTextMapPropagator(p)
+	t := tp.Tracer(ScopeName)
+	tracer.Store(&t)
+	enabled.Store(true)
+	return func() {
+		enabled.Store(false)
+		tracer.Store(nil)
+	}
+}
 
 // Configured reports whether the environment asks for traces: OTEL_SDK_DISABLED is not
 // true, and OTEL_TRACES_EXPORTER names an exporter other than none, or it is unset and an
@@ -87,11 +114,9 @@ func Setup(ctx context.Context, service string) (shutdown func(context.Context) 
 		return nothing, fmt.Errorf("telemetry: OTEL_RESOURCE_ATTRIBUTES: %w", err)
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
-	otel.SetTracerProvider(tp)
-	otel.SetTextMapPropagator(autoprop.NewTextMapPropagator())
-	enabled.Store(true)
+	off := Install(tp, autoprop.NewTextMapPropagator())
 	return func(ctx context.Context) error {
-		enabled.Store(false)
+		off()
 		return tp.Shutdown(ctx)
 	}, nil
 }
