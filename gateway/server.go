@@ -386,7 +386,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		connect.WithCompressMinBytes(compressMinBytes),
 		withBoundedGzip(s.cfg.Limits.MaxBodyBytes, s.budget),
 	}
-	if ic := telemetry.ConnectInterceptor(false); ic != nil { // an RPC span under the request's
+	if ic := telemetry.ConnectInterceptor(); ic != nil { // an RPC span under the request's
 		opts = append(opts, connect.WithInterceptors(ic))
 	}
 	opts = append(opts, connect.WithInterceptors(edge, audit.NoteInterceptor{}))

@@ -451,7 +451,7 @@ func (b *Backend) newClients(addr, pool string) *clients {
 	hc := mtls.HTTPClient(b.auth.DialConfig(pool))
 	url := "https://" + addr
 	opts := []connect.ClientOption{connect.WithGRPC(), connect.WithReadMaxBytes(1 << 30), connect.WithSendMaxBytes(1 << 30)}
-	if ic := telemetry.ConnectInterceptor(false); ic != nil { // the call's traceparent, for the worker's spans
+	if ic := telemetry.ConnectInterceptor(); ic != nil { // the call's traceparent, for the worker's spans
 		opts = append(opts, connect.WithInterceptors(ic))
 	}
 	return &clients{hc: hc, tc: backendv1connect.NewTrainerServiceClient(hc, url, opts...),

@@ -134,15 +134,17 @@ func (ops *operations) create(ctx context.Context, ws string, kind loopsv1.Opera
 // setRunning marks an operation as started.
 func (ops *operations) setRunning(o *operation) {
 	o.mu.Lock()
-	defer o.mu.Unlock()
 	if o.op.State != loopsv1.OperationState_OPERATION_STATE_PENDING || o.finishing {
+		o.mu.Unlock()
 		return
 	}
 	next := proto.CloneOf(o.op)
 	next.State = loopsv1.OperationState_OPERATION_STATE_RUNNING
 	o.op = next
 	o.started = ops.core.now()
-	o.traceQueued(o.started)
+	started := o.started
+	o.mu.Unlock()
+	o.traceQueued(next.GetCreateTime().AsTime(), started)
 }
 
 // noteBackend records a backend call that did (part of) o's work, from start to end, in a

@@ -80,14 +80,13 @@ func (o *operation) spanCtx(ctx context.Context) context.Context {
 	return trace.ContextWithSpan(ctx, o.span)
 }
 
-// traceQueued records o's queue span, from its creation to now (its work starting).
-func (o *operation) traceQueued(now time.Time) {
+// traceQueued records o's queue span, from its creation to its work starting.
+func (o *operation) traceQueued(created, started time.Time) {
 	if o.span == nil {
 		return
 	}
-	_, s := telemetry.Tracer().Start(o.spanCtx(context.Background()), "queue",
-		trace.WithTimestamp(o.op.GetCreateTime().AsTime()))
-	s.End(trace.WithTimestamp(now))
+	_, s := telemetry.Tracer().Start(o.spanCtx(context.Background()), "queue", trace.WithTimestamp(created))
+	s.End(trace.WithTimestamp(started))
 }
 
 // startBackendSpan starts the span of o's unbatched backend work (optim_step, save,

@@ -39,7 +39,7 @@ func TestOffWhenUnset(t *testing.T) {
 	require.NoError(t, shutdown(t.Context()))
 	h := http.NewServeMux()
 	require.Same(t, h, telemetry.Handler(h, telemetry.HTTPOptions{}))
-	require.Nil(t, telemetry.ConnectInterceptor(true))
+	require.Nil(t, telemetry.ConnectInterceptor())
 	_, span := telemetry.Tracer().Start(t.Context(), "x")
 	require.False(t, span.IsRecording())
 

@@ -245,6 +245,12 @@ func TestForwardBackwardTrace(t *testing.T) {
 		"loops:HTTP POST",                  // the request, continuing the client's span
 	}, chain)
 
+	for _, s := range spans {
+		if s.Service == serve.ServiceName {
+			require.NotEmpty(t, s.Parent(), "a worker span (%s) is always some operation's child: background calls start no traces", s.GetName())
+		}
+	}
+
 	op := find("operation forward_backward", "loops")
 	require.Equal(t, runID, op.Attr("loops.training_run.id"))
 	require.Equal(t, "succeeded", op.Attr("loops.operation.state"))

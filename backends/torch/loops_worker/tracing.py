@@ -81,7 +81,8 @@ def span(name: str, **attrs):
 
 
 class Tracing(grpc.ServerInterceptor):
-    """A server span per call, the child of the traceparent in the call's metadata."""
+    """A server span per call that carries a traceparent in its metadata, its child; a call
+    without one (the gateway's background checks) starts no trace."""
 
     def intercept_service(self, continuation, details):
         h = continuation(details)
@@ -90,13 +91,15 @@ class Tracing(grpc.ServerInterceptor):
         from opentelemetry import propagate, trace
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
+        carrier = {k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
+        ctx = propagate.extract(carrier)
+        if not trace.get_current_span(ctx).get_span_context().is_valid:
+            return h  # not part of a trace (the gateway's health and capability checks)
         method = details.method.lstrip("/")
         service, _, name = method.partition("/")
-        carrier = {k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
         attrs = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
 
         def start(context):
-            ctx = propagate.extract(carrier)
             return _tracer.start_as_current_span(method, context=ctx, kind=SpanKind.SERVER, attributes=attrs,
                                                  record_exception=False, set_status_on_exception=False)
 

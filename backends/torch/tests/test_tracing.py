@@ -86,6 +86,7 @@ def test_spans_continue_the_gateways_traceparent(engine, tmp_path, certs, worker
 
         with pytest.raises(grpc.RpcError):
             tr.OptimStep(bpb.OptimStepRequest(adapter_id="no-such-adapter", adam=tpb.AdamParams(learning_rate=0.1)), metadata=md)
+        tr.GetCapabilities(bpb.GetCapabilitiesRequest())  # untraced: no span
         assert provider.force_flush(10_000)
     finally:
         server.stop(0)
@@ -93,6 +94,7 @@ def test_spans_continue_the_gateways_traceparent(engine, tmp_path, certs, worker
         tracing._tracer = None  # the other tests' servers run untraced
         httpd.shutdown()
 
+    assert all(s.trace_id.hex() == TRACE for _, s in _Receiver.spans), "a call without a traceparent starts no trace"
     spans = [(svc, s) for svc, s in _Receiver.spans if s.trace_id.hex() == TRACE]
     by_name = {s.name: (svc, s) for svc, s in spans}
     svc, fb = by_name["loops.backend.v1.TrainerService/ForwardBackward"]
