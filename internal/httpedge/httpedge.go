@@ -86,6 +86,7 @@ func (s *Surface) Handle(mux *http.ServeMux, pattern string, h HandlerFunc) {
 	}
 	mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		auditnote.SetRoute(r.Context(), pattern)
+		telemetry.NameRoute(r.Context(), pattern)
 		auditnote.SetTarget(r.Context(), auditnote.PathTarget(pattern, r.PathValue))
 		if err := h(w, r); err != nil {
 			s.WriteError(w, r, err)

@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"context"
 	"net/http"
 	"strings"
 
@@ -46,4 +47,19 @@ func Handler(next http.Handler, o HTTPOptions) http.Handler {
 			}
 			return true
 		}))
+}
+
+// NameRoute names ctx's server span after the route that serves it (pattern, as
+// http.ServeMux writes it: "POST /api/v1/forward_backward"), and sets http.route, so that
+// spans group by route rather than by method only.
+func NameRoute(ctx context.Context, pattern string) {
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return
+	}
+	span.SetName(pattern)
+	if _, path, ok := strings.Cut(pattern, " "); ok {
+		pattern = path
+	}
+	span.SetAttributes(semconv.HTTPRoute(pattern))
 }

@@ -238,11 +238,11 @@ func TestForwardBackwardTrace(t *testing.T) {
 		s = p
 	}
 	require.Equal(t, []string{
-		"loops-worker:" + workerSpan,       // the worker's server span
-		"loops:" + workerSpan,              // the gateway's client call to it
-		"loops:batch",                      // the batch it went in
-		"loops:operation forward_backward", // the operation
-		"loops:HTTP POST",                  // the request, continuing the client's span
+		"loops-worker:" + workerSpan,          // the worker's server span
+		"loops:" + workerSpan,                 // the gateway's client call to it
+		"loops:batch",                         // the batch it went in
+		"loops:operation forward_backward",    // the operation
+		"loops:POST /api/v1/forward_backward", // the request, continuing the client's span
 	}, chain)
 
 	for _, s := range spans {
