@@ -194,7 +194,7 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 			service = now.Sub(started)
 		}
 		created := next.GetCreateTime().AsTime()
-		ops.core.fair.Observe(o.workspace, kindLabel(next.Kind), started.Sub(created), now.Sub(created), service)
+		ops.core.fair.Observe(o.spanCtx(context.Background()), o.workspace, kindLabel(next.Kind), started.Sub(created), now.Sub(created), service)
 	}
 	switch {
 	case cancelled:
