@@ -30,6 +30,6 @@ func (s *server) createCustomLoss(w http.ResponseWriter, r *http.Request) error 
 	if err := s.decodeJSONBody(w, r, &req); err != nil {
 		return err
 	}
-	s.log.Debug("compat: create_custom_loss refused: custom losses run on the client", "session_id", req.SessionID, "name", req.Name)
+	s.log.DebugContext(r.Context(), "compat: create_custom_loss refused: custom losses run on the client", "session_id", req.SessionID, "name", req.Name)
 	return errCustomLossClientSide
 }

@@ -152,7 +152,7 @@ func (s *server) clientConfig(w http.ResponseWriter, r *http.Request) error {
 	if err := s.decodeJSONBody(w, r, &req); err != nil {
 		return err
 	}
-	s.log.Debug("compat: client config", "sdk_version", req.SDKVersion)
+	s.log.DebugContext(r.Context(), "compat: client config", "sdk_version", req.SDKVersion)
 	s.edge.WriteJSON(w, http.StatusOK, clientConfigResponse{
 		ParallelFwdbwdChunks:       true,
 		ProtoCompressFwdbwd:        !s.opt.DisableZstdForwardBackward,
@@ -264,7 +264,7 @@ func (s *server) telemetry(w http.ResponseWriter, r *http.Request) error {
 		Events    []json.RawMessage `json:"events"`
 	}
 	if json.Unmarshal(b, &req) == nil {
-		s.log.Debug("compat: telemetry", "session_id", req.SessionID, "events", len(req.Events))
+		s.log.DebugContext(r.Context(), "compat: telemetry", "session_id", req.SessionID, "events", len(req.Events))
 	}
 	s.edge.WriteJSON(w, http.StatusOK, map[string]string{"status": "accepted"})
 	return nil

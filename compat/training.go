@@ -105,7 +105,7 @@ func (s *server) createModel(w http.ResponseWriter, r *http.Request) error {
 func (s *server) modelInfo(r *http.Request, name string) *loopsv1.ModelInfo {
 	res, err := s.svc.Models.ListModels(r.Context(), &loopsv1.ListModelsRequest{})
 	if err != nil {
-		s.log.Warn("compat: list models failed", "err", err)
+		s.log.WarnContext(r.Context(), "compat: list models failed", "err", err)
 		return nil
 	}
 	for _, m := range res.GetModels() {

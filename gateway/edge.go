@@ -17,6 +17,7 @@ import (
 
 	"github.com/loops-dev/loops/internal/errs"
 	"github.com/loops-dev/loops/internal/httpedge"
+	"github.com/loops-dev/loops/internal/telemetry"
 )
 
 // restUserAgent marks the gRPC calls grpc-gateway makes to this server's own listener, so
@@ -81,31 +82,34 @@ func (e *edge) finish(ctx context.Context, procedure, surface string, err error)
 		return nil
 	}
 	if errs.ClientGone(ctx) {
-		e.clientGone(surface, procedure, err)
+		e.clientGone(ctx, surface, procedure, err)
 		return err // the answer goes nowhere
 	}
 	out := errs.Edge(err)
-	e.logError(out, surface, procedure, err)
+	e.logError(ctx, out, surface, procedure, err)
 	e.requests.WithLabelValues(surface, strconv.Itoa(out.Entry.HTTPStatus)).Inc()
 	return errs.WithRetryAfterHeader(out.Err) // a 429 carries Retry-After
 }
 
-func (e *edge) clientGone(surface, what string, err error) {
-	e.log.Info("client closed request", slog.String("surface", surface), slog.String("call", what),
+func (e *edge) clientGone(ctx context.Context, surface, what string, err error) {
+	e.log.InfoContext(ctx, "client closed request", slog.String("surface", surface), slog.String("call", what),
 		slog.Int("status", errs.StatusClientClosedRequest), slog.Any("err", err))
 	e.requests.WithLabelValues(surface, strconv.Itoa(errs.StatusClientClosedRequest)).Inc()
 }
 
-func (e *edge) logError(out errs.Outcome, surface, what string, err error) {
+// logError logs a failed call under ctx (its trace_id and span_id); an internal error's id
+// goes on its span too.
+func (e *edge) logError(ctx context.Context, out errs.Outcome, surface, what string, err error) {
 	switch {
 	case out.ID != "":
-		e.log.Error("request failed", slog.String("surface", surface), slog.String("call", what),
+		telemetry.NoteError(ctx, out.ID)
+		e.log.ErrorContext(ctx, "request failed", slog.String("surface", surface), slog.String("call", what),
 			slog.String("error_id", out.ID), slog.String("code", out.Entry.Code.String()), slog.Any("err", err))
 	case out.Entry.Category == errs.Server:
-		e.log.Warn("request failed", slog.String("surface", surface), slog.String("call", what),
+		e.log.WarnContext(ctx, "request failed", slog.String("surface", surface), slog.String("call", what),
 			slog.String("code", out.Entry.Code.String()), slog.String("reason", errs.Reason(out.Err)), slog.Any("err", err))
 	default:
-		e.log.Debug("request rejected", slog.String("surface", surface), slog.String("call", what),
+		e.log.DebugContext(ctx, "request rejected", slog.String("surface", surface), slog.String("call", what),
 			slog.String("code", out.Entry.Code.String()), slog.String("reason", errs.Reason(out.Err)), slog.Any("err", err))
 	}
 }
@@ -129,14 +133,14 @@ func surfaceOf(protocol string, h http.Header) string {
 func (e *edge) restErrorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
 	if errs.ClientGone(r.Context()) {
 		// Counted by the interceptor when the call reached a handler.
-		e.log.Info("client closed request", slog.String("surface", surfaceREST), slog.String("call", r.URL.Path),
+		e.log.InfoContext(ctx, "client closed request", slog.String("surface", surfaceREST), slog.String("call", r.URL.Path),
 			slog.Int("status", errs.StatusClientClosedRequest), slog.Any("err", err))
 		return
 	}
 	ce := connectFromStatus(err)
 	if errs.Info(ce) == nil {
 		out := errs.Edge(ce)
-		e.logError(out, surfaceREST, r.URL.Path, err)
+		e.logError(ctx, out, surfaceREST, r.URL.Path, err)
 		e.requests.WithLabelValues(surfaceREST, strconv.Itoa(out.Entry.HTTPStatus)).Inc()
 		err = statusFromConnect(out.Err)
 	}

@@ -35,9 +35,11 @@ import (
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/internal/bounded"
+	"github.com/loops-dev/loops/internal/telemetry"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -266,7 +268,11 @@ func New(ctx context.Context, ln net.Listener, cfg Config) (*Server, error) {
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true)
 	s.http = &http.Server{
-		Handler:           handler,
+		// Every surface continues its client's trace (OTEL_*; nothing with tracing off).
+		Handler: telemetry.Handler(handler, telemetry.HTTPOptions{
+			SecretPrefixes: []string{core.TracePathPrefix, ckhttp.ArchivePrefix},
+			Untraced:       append([]string{"/metrics", "/healthz"}, opsvc.ProbePaths...),
+		}),
 		Protocols:         protocols,
 		ReadHeaderTimeout: 10 * time.Second,
 		// No ReadTimeout or WriteTimeout: bodies get their own deadline (see
@@ -387,8 +393,11 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		// it saves bytes on them.
 		connect.WithCompressMinBytes(compressMinBytes),
 		withBoundedGzip(s.cfg.Limits.MaxBodyBytes, s.budget),
-		connect.WithInterceptors(edge, audit.NoteInterceptor{}),
 	}
+	if ic := telemetry.ConnectInterceptor(); ic != nil { // an RPC span under the request's
+		opts = append(opts, connect.WithInterceptors(ic))
+	}
+	opts = append(opts, connect.WithInterceptors(edge, audit.NoteInterceptor{}))
 	mux.Handle(loopsv1connect.NewSessionServiceHandler(svc.Sessions, opts...))
 	mux.Handle(loopsv1connect.NewTrainingServiceHandler(svc.Training, opts...))
 	mux.Handle(loopsv1connect.NewOperationServiceHandler(svc.Operations, opts...))
@@ -491,7 +500,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		_, _ = w.Write(openAPIDocument())
 	})
 	mux.HandleFunc("GET /healthz", s.healthz)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
 	opsvc.Register(mux, s.ops)
 
 	// The web console at / (gateway/console): its session cookie becomes the API key
@@ -519,13 +528,17 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 // restHandler builds the grpc-gateway mux. It dials this server's own listener over h2c, so
 // REST requests pass through the same Connect handlers (and auth) as every other surface.
 func (s *Server) restHandler(ctx context.Context, edge *edge, auditor *audit.Middleware) (http.Handler, error) {
-	conn, err := grpc.NewClient(s.ln.Addr().String(),
+	dial := []grpc.DialOption{}
+	if telemetry.Enabled() { // the REST request's trace continues on its gRPC call
+		dial = append(dial, grpc.WithStatsHandler(otelgrpc.NewClientHandler()))
+	}
+	conn, err := grpc.NewClient(s.ln.Addr().String(), append(dial,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithUserAgent(restUserAgent),
 		grpc.WithUnaryInterceptor(auditor.RelayInterceptor()),
 		grpc.WithStreamInterceptor(auditor.RelayStreamInterceptor()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(int(s.cfg.Limits.MaxDecompressedBytes))),
-	)
+	)...)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: dialing own listener for REST: %w", err)
 	}

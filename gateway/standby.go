@@ -16,6 +16,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/auth"
@@ -218,7 +220,7 @@ func (s *Server) standby(ctx context.Context, reg *prometheus.Registry, st store
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", s.healthz)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
 	opsvc.Register(mux, s.ops)
 	mux.HandleFunc("/", fo.forward)
 	keys := s.cfg.Keys
@@ -246,10 +248,12 @@ func newProxy(log *slog.Logger, holder string) *httputil.ReverseProxy {
 			pr.Out.Host = pr.In.Host // the leader checks the Host the client used
 			pr.SetXForwarded()
 			pr.Out.Header.Set(forwardedHeader, holder)
+			// The leader's spans continue this gateway's (nothing with tracing off).
+			otel.GetTextMapPropagator().Inject(pr.In.Context(), propagation.HeaderCarrier(pr.Out.Header))
 		},
 		FlushInterval: -1, // streamed answers (server-sent events) pass at once
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			log.Warn("forwarding to the leader failed", slog.String("path", r.URL.Path), slog.Any("err", err))
+			log.WarnContext(r.Context(), "forwarding to the leader failed", slog.String("path", r.URL.Path), slog.Any("err", err))
 			noLeader(w, "the leader gateway did not answer (it may have just died; a standby takes over once its lease lapses)")
 		},
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),

@@ -21,6 +21,7 @@ import (
 	"github.com/loops-dev/loops/backends/pools/mtls"
 	"github.com/loops-dev/loops/backends/reference"
 	"github.com/loops-dev/loops/backends/tiny"
+	"github.com/loops-dev/loops/internal/telemetry"
 )
 
 // Exit codes of Main.
@@ -234,6 +235,10 @@ func sameDir(a, b string) bool {
 	return errA == nil && errB == nil && os.SameFile(sa, sb)
 }
 
+// ServiceName is the worker's OpenTelemetry service.name unless OTEL_SERVICE_NAME says
+// otherwise.
+const ServiceName = "loops-worker"
+
 // Main runs the worker with command-line args (without the program name) until SIGTERM or
 // SIGINT, logging to stderr, and returns its exit status: ExitOK, ExitFailure or
 // ExitUsage. --help prints Usage on stdout.
@@ -257,9 +262,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := level.UnmarshalText([]byte(os.Getenv(LogLevelEnv))); err != nil {
 		level = slog.LevelInfo
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})).With(slog.String("component", "worker"))
+	log := slog.New(telemetry.LogHandler(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))).With(slog.String("component", "worker"))
 	slog.SetDefault(log) // the engine logs through the default logger
 	o.Logger, o.Stdout = log, stdout
+	// Traces, when the OTEL_* variables ask for them: the gateway's calls carry their
+	// traceparent, so the worker's spans are children of the operation's.
+	shutdown, err := telemetry.Setup(ctx, ServiceName)
+	if err != nil {
+		_, _ = fmt.Fprintf(stderr, "loops worker: %v\n", err)
+		return ExitUsage
+	}
+	defer func() { _ = shutdown(context.WithoutCancel(ctx)) }()
 	if err := Run(ctx, o); err != nil {
 		_, _ = fmt.Fprintf(stderr, "loops worker: %v\n", err)
 		return ExitFailure

@@ -28,6 +28,7 @@ import (
 	"github.com/loops-dev/loops/backends/tiny"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
+	"github.com/loops-dev/loops/internal/telemetry"
 	"github.com/loops-dev/loops/internal/tokenstream"
 )
 
@@ -107,11 +108,14 @@ func handler(b backends.Backend, c *confinement, health grpchealth.Checker) http
 			return connect.NewError(connect.CodeInternal, fmt.Errorf("the worker failed in %s", spec.Procedure))
 		}),
 	}
+	if ic := telemetry.ConnectInterceptor(); ic != nil {
+		hopts = append(hopts, connect.WithInterceptors(ic))
+	}
 	mux := http.NewServeMux()
 	mux.Handle(backendv1connect.NewTrainerServiceHandler(trainerHandler{b.Trainer(), c}, hopts...))
 	mux.Handle(backendv1connect.NewSamplerServiceHandler(samplerHandler{b.Sampler(), c}, hopts...))
 	mux.Handle(grpchealth.NewHandler(health, connect.WithReadMaxBytes(healthMaxBytes)))
-	return mux
+	return telemetry.Extract(mux) // the gateway's trace, whose children the calls' spans are
 }
 
 // newServer returns an HTTP server of handler(b, c) that speaks HTTP/2 over mutual TLS

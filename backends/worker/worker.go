@@ -42,6 +42,7 @@ import (
 	"github.com/loops-dev/loops/backends/tiny"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	"github.com/loops-dev/loops/gen/go/loops/backend/v1/backendv1connect"
+	"github.com/loops-dev/loops/internal/telemetry"
 )
 
 // Name is the name the backend registers under.
@@ -454,6 +455,9 @@ func (b *Backend) newClients(addr, pool string) *clients {
 	hc := mtls.HTTPClient(b.auth.DialConfig(pool))
 	url := "https://" + addr
 	opts := []connect.ClientOption{connect.WithGRPC(), connect.WithReadMaxBytes(1 << 30), connect.WithSendMaxBytes(1 << 30)}
+	if ic := telemetry.ConnectInterceptor(); ic != nil { // the call's traceparent, for the worker's spans
+		opts = append(opts, connect.WithInterceptors(ic))
+	}
 	return &clients{hc: hc, tc: backendv1connect.NewTrainerServiceClient(hc, url, opts...),
 		sc: backendv1connect.NewSamplerServiceClient(hc, url, opts...), health: grpchealth.NewClient(hc, url, connect.WithGRPC())}
 }

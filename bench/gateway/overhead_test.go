@@ -1,12 +1,7 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
-	"encoding/json"
-	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -23,9 +18,7 @@ import (
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
-	publicv1 "github.com/loops-dev/loops/gen/go/tinker/public/v1"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -127,77 +120,13 @@ func TestOverhead(t *testing.T) {
 
 	// Through Tinker's routes, as the SDK sends them: protobuf forward_backward, JSON
 	// optim_step, retrieve_future long-polls.
-	post := func(path, ctype string, body []byte, accept string) []byte {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/api/v1/"+path, bytes.NewReader(body))
-		req.Header.Set("Content-Type", ctype)
-		req.Header.Set("X-API-Key", "tml-bench")
-		if accept != "" {
-			req.Header.Set("Accept", accept)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
-		return b
-	}
-	result := func(sub []byte, accept string) {
-		var f struct {
-			RequestID string `json:"request_id"`
-		}
-		require.NoError(t, json.Unmarshal(sub, &f))
-		for {
-			b := post("retrieve_future", "application/json", fmt.Appendf(nil, `{"request_id":%q}`, f.RequestID), accept)
-			if !bytes.Contains(b, []byte(`"try_again"`)) {
-				return
-			}
-		}
-	}
-	var sess struct {
-		SessionID string `json:"session_id"`
-	}
-	require.NoError(t, json.Unmarshal(post("create_session", "application/json", []byte(`{"tags":[],"user_metadata":{},"sdk_version":"0.38.0"}`), ""), &sess))
-	var model struct {
-		ModelID string `json:"model_id"`
-	}
-	sub := post("create_model", "application/json", fmt.Appendf(nil, `{"session_id":%q,"model_seq_id":0,"base_model":"loops/tiny","lora_config":{"rank":8,"train_attn":true,"train_mlp":true,"train_unembed":false}}`, sess.SessionID), "")
-	var f struct {
-		RequestID string `json:"request_id"`
-	}
-	require.NoError(t, json.Unmarshal(sub, &f))
-	for {
-		b := post("retrieve_future", "application/json", fmt.Appendf(nil, `{"request_id":%q}`, f.RequestID), "")
-		if !bytes.Contains(b, []byte(`"try_again"`)) {
-			require.NoError(t, json.Unmarshal(b, &model))
-			break
-		}
-	}
-	tok := make([]byte, 4*len(d.Tokens))
-	for i, x := range d.Tokens {
-		binary.LittleEndian.PutUint32(tok[4*i:], uint32(x))
-	}
-	tgt := make([]byte, 8*len(d.Tokens))
-	w := make([]byte, 4*len(d.Tokens))
-	for i := range d.Tokens {
-		binary.LittleEndian.PutUint64(tgt[8*i:], uint64(d.LossFnInputs["target_tokens"].Int64Data[i]))
-		binary.LittleEndian.PutUint32(w[4*i:], 0x3f800000)
-	}
+	tc := newTinkerClient(t, url, d, nil)
 	var tinkerFB, tinkerOpt stats
-	seq := int32(1)
 	for i := range iterations + 10 {
-		body, err := proto.Marshal(&publicv1.ForwardBackwardRequest{ModelId: model.ModelID, SeqId: seq, LossFn: "cross_entropy", Data: []*publicv1.Datum{{
-			ModelInput: []*publicv1.Chunk{{Chunk: &publicv1.Chunk_EncodedText{EncodedText: &publicv1.EncodedTextChunk{Tokens: tok}}}},
-			LossFnInputs: map[string]*publicv1.Tensor{
-				"target_tokens": {Encoding: &publicv1.Tensor_Dense{Dense: tgt}, Dtype: publicv1.DType_DTYPE_INT64, Shape: []int64{int64(len(d.Tokens))}},
-				"weights":       {Encoding: &publicv1.Tensor_Dense{Dense: w}, Dtype: publicv1.DType_DTYPE_FLOAT32, Shape: []int64{int64(len(d.Tokens))}},
-			},
-		}}})
-		require.NoError(t, err)
 		t0, c0 := time.Now(), cpuTime()
-		result(post("forward_backward", "application/x-protobuf", body, ""), "application/x-protobuf")
+		tc.forwardBackward()
 		t1, c1 := time.Now(), cpuTime()
-		result(post("optim_step", "application/json", fmt.Appendf(nil, `{"model_id":%q,"seq_id":%d,"adam_params":{"learning_rate":0.0001,"beta1":0.9,"beta2":0.95,"eps":1e-12,"weight_decay":0,"grad_clip_norm":0}}`, model.ModelID, seq+1), ""), "")
-		seq += 2
+		tc.optimStep()
 		if i >= 10 {
 			tinkerFB.add(t1.Sub(t0))
 			tinkerOpt.add(time.Since(t1))

@@ -23,6 +23,7 @@ import (
 	"github.com/loops-dev/loops/gateway/ckstore"
 	"github.com/loops-dev/loops/gateway/core"
 	"github.com/loops-dev/loops/gateway/policy"
+	"github.com/loops-dev/loops/internal/telemetry"
 	"github.com/spf13/cobra"
 )
 
@@ -222,6 +223,22 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if f.accessSweep < time.Second || f.accessSweep > time.Hour {
 		return fmt.Errorf("--access-sweep %s: use 1s to 1h (default %s)", f.accessSweep, access.DefaultSweepInterval)
 	}
+	// OpenTelemetry traces, when the OTEL_* variables ask for them (docs/operations.md);
+	// the spans still buffered are flushed on the way out.
+	shutdownTraces, err := telemetry.Setup(ctx, telemetry.DefaultServiceName)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := shutdownTraces(sctx); err != nil {
+			log.Warn("flushing the last spans failed", slog.Any("err", err))
+		}
+	}()
+	if telemetry.Enabled() {
+		log.Info("OpenTelemetry tracing is on (OTEL_* environment variables)")
+	}
 	if f.auditRetention < time.Hour {
 		return fmt.Errorf("--audit-retention %s: keep audit events at least 1h (default %s)", f.auditRetention, audit.DefaultRetention)
 	}
@@ -420,11 +437,12 @@ func newLogger(level, format string) (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-level %q: use debug, info, warn or error", level)
 	}
 	opts := &slog.HandlerOptions{Level: lv}
+	// A line logged under a request's context carries its trace_id and span_id.
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+		return slog.New(telemetry.LogHandler(slog.NewTextHandler(os.Stderr, opts))), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+		return slog.New(telemetry.LogHandler(slog.NewJSONHandler(os.Stderr, opts))), nil
 	}
 	return nil, errors.New("--log-format must be text or json")
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/loops-dev/loops/compat/internal/infer"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
+	"github.com/loops-dev/loops/internal/telemetry"
 )
 
 // streamWriteTimeout bounds one write of a stream: a client that reads nothing for that
@@ -153,8 +154,11 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, req *request, ru
 				return
 			}
 			status, body, id := classify(err)
+			if id != "" {
+				telemetry.NoteError(r.Context(), id)
+			}
 			if id != "" || status >= 500 {
-				s.log.Error("anthropic: stream failed", "path", r.URL.Path, "status", status, "error_id", id, "err", err)
+				s.log.ErrorContext(r.Context(), "anthropic: stream failed", "path", r.URL.Path, "status", status, "error_id", id, "err", err)
 			}
 			send("error", errorEnvelope{Type: "error", Error: body})
 			return
@@ -167,7 +171,7 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, req *request, ru
 		}
 	}
 	if werr != nil {
-		s.log.Info("anthropic: stream client gone; its sample is stopped", "path", r.URL.Path, "err", werr)
+		s.log.InfoContext(r.Context(), "anthropic: stream client gone; its sample is stopped", "path", r.URL.Path, "err", werr)
 		return
 	}
 	send("content_block_stop", map[string]any{"type": "content_block_stop", "index": 0})

@@ -7,6 +7,7 @@ import (
 
 	"github.com/loops-dev/loops/compat/internal/infer"
 	"github.com/loops-dev/loops/internal/errs"
+	"github.com/loops-dev/loops/internal/telemetry"
 )
 
 type chatDelta struct {
@@ -137,8 +138,11 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, req *request, ru
 				return nil
 			}
 			status, body, eid := classify(err)
+			if eid != "" {
+				telemetry.NoteError(r.Context(), eid)
+			}
 			if eid != "" || status >= 500 {
-				s.log.Error("openai: stream failed", "path", r.URL.Path, "status", status, "error_id", eid, "err", err)
+				s.log.ErrorContext(r.Context(), "openai: stream failed", "path", r.URL.Path, "status", status, "error_id", eid, "err", err)
 			}
 			send(errorEnvelope{body})
 			return nil
@@ -174,7 +178,7 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, req *request, ru
 		}
 	}
 	if werr != nil {
-		s.log.Info("openai: stream client gone; its samples are stopped", "path", r.URL.Path, "err", werr)
+		s.log.InfoContext(r.Context(), "openai: stream client gone; its samples are stopped", "path", r.URL.Path, "err", werr)
 		return nil
 	}
 	if req.includeUsage {

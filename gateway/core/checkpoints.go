@@ -332,7 +332,9 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 // checkpoint store as key: through a staging folder, or straight from a backend that takes
 // URLs. A backend error goes through lost (the run's adapterLost, or nothing for a
 // snapshot that must not change the run's state).
-func (c *Core) putAdapter(ctx context.Context, r *run, key string, optimizer bool, lost func(error) error) (*ckstore.Manifest, error) {
+func (c *Core) putAdapter(ctx context.Context, r *run, key string, optimizer bool, lost func(error) error) (m *ckstore.Manifest, err error) {
+	ctx, span := startCheckpointSpan(ctx, key, optimizer)
+	defer func() { endSpan(span, err) }()
 	if c.ckpt.URLs() != nil {
 		return c.saveThroughURLs(ctx, r, key, optimizer, lost)
 	}

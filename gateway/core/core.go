@@ -27,6 +27,7 @@ import (
 	"github.com/loops-dev/loops/internal/lifecycle"
 	"github.com/loops-dev/loops/internal/lockorder"
 	"github.com/loops-dev/loops/internal/semantics"
+	"github.com/loops-dev/loops/internal/telemetry"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -197,8 +198,11 @@ func (o *Options) defaults() {
 
 // Core owns sessions, runs, operations, samplers and checkpoints, and drives the backend.
 type Core struct {
-	opts    Options
-	log     *slog.Logger
+	opts Options
+	log  *slog.Logger
+	// traced: tracing was on when the core was made (telemetry.Enabled), so its
+	// operations have spans (otel.go).
+	traced  bool
 	store   store.Store
 	backend backends.Backend
 	metrics *metrics
@@ -274,6 +278,7 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	c := &Core{
 		opts:         opts,
 		log:          opts.Logger,
+		traced:       telemetry.Enabled(),
 		store:        st,
 		backend:      backends.WithDeadlines(backends.Guard(be, opts.Logger), opts.BackendDeadlines),
 		metrics:      newMetrics(opts.Registerer),

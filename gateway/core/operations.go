@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/loops-dev/loops/internal/lockorder"
+	"github.com/loops-dev/loops/internal/telemetry"
+	"go.opentelemetry.io/otel/trace"
 
 	"connectrpc.com/connect"
 	"github.com/loops-dev/loops/gateway/auth"
@@ -46,6 +48,8 @@ type operation struct {
 	backendStart, backendEnd time.Time
 	batchItems, pieces       int
 	done                     chan struct{}
+	// span is its OpenTelemetry span (otel.go), set before it is shared; nil with tracing off.
+	span trace.Span
 }
 
 func (o *operation) snapshot() *loopsv1.Operation {
@@ -98,7 +102,7 @@ func newOperations(c *Core) *operations {
 // waits for the store (it runs under a run's or a sampler's lock): a crash before the
 // record is committed loses an operation the store never knew of, which a client asking
 // for it after the restart is told (see lookup).
-func (ops *operations) create(_ context.Context, ws string, kind loopsv1.OperationKind, runID, samplerID string, seq int64) (*operation, error) {
+func (ops *operations) create(ctx context.Context, ws string, kind loopsv1.OperationKind, runID, samplerID string, seq int64) (*operation, error) {
 	op := &loopsv1.Operation{
 		Id:            newID("op"),
 		Kind:          kind,
@@ -119,6 +123,7 @@ func (ops *operations) create(_ context.Context, ws string, kind loopsv1.Operati
 		return nil, err
 	}
 	o := &operation{id: op.Id, workspace: ws, op: op, done: make(chan struct{})}
+	ops.core.startOpSpan(ctx, o)
 	ops.mu.Lock()
 	ops.byID[op.Id] = o
 	ops.mu.Unlock()
@@ -129,14 +134,17 @@ func (ops *operations) create(_ context.Context, ws string, kind loopsv1.Operati
 // setRunning marks an operation as started.
 func (ops *operations) setRunning(o *operation) {
 	o.mu.Lock()
-	defer o.mu.Unlock()
 	if o.op.State != loopsv1.OperationState_OPERATION_STATE_PENDING || o.finishing {
+		o.mu.Unlock()
 		return
 	}
 	next := proto.CloneOf(o.op)
 	next.State = loopsv1.OperationState_OPERATION_STATE_RUNNING
 	o.op = next
 	o.started = ops.core.now()
+	started := o.started
+	o.mu.Unlock()
+	o.traceQueued(next.GetCreateTime().AsTime(), started)
 }
 
 // noteBackend records a backend call that did (part of) o's work, from start to end, in a
@@ -180,12 +188,13 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 	if cancelled {
 		set, err = nil, cancelError(err)
 	}
+	var errID string
 	if err == nil && !started.IsZero() {
 		if service <= 0 {
 			service = now.Sub(started)
 		}
 		created := next.GetCreateTime().AsTime()
-		ops.core.fair.Observe(o.workspace, kindLabel(next.Kind), started.Sub(created), now.Sub(created), service)
+		ops.core.fair.Observe(o.spanCtx(context.Background()), o.workspace, kindLabel(next.Kind), started.Sub(created), now.Sub(created), service)
 	}
 	switch {
 	case cancelled:
@@ -194,10 +203,9 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 	case err != nil:
 		next.State = loopsv1.OperationState_OPERATION_STATE_FAILED
 		// Backend errors may name the server's folders; clients see store-relative paths.
-		var errID string
 		next.Error, errID = operationError(ops.core.ckpt.Scrub(err))
 		if next.Error.Category == loopsv1.ErrorCategory_ERROR_CATEGORY_SERVER {
-			ops.core.log.Error("operation failed", slog.String("op", next.Id), slog.String("kind", kindLabel(next.Kind)),
+			ops.core.log.ErrorContext(o.spanCtx(context.Background()), "operation failed", slog.String("op", next.Id), slog.String("kind", kindLabel(next.Kind)),
 				slog.String("error_id", errID), slog.Any("err", err))
 		}
 	default:
@@ -236,7 +244,9 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 		wake := make(chan struct{})
 		close(*ops.published.Swap(&wake))
 		ops.core.metrics.opsFinished.WithLabelValues(kindLabel(next.Kind), stateLabel(next.State)).Inc()
-		ops.core.metrics.opDuration.WithLabelValues(kindLabel(next.Kind)).Observe(next.DoneTime.AsTime().Sub(next.CreateTime.AsTime()).Seconds())
+		o.traceFinished(next, errID, published.AsTime())
+		telemetry.Observe(o.spanCtx(context.Background()), ops.core.metrics.opDuration.WithLabelValues(kindLabel(next.Kind)),
+			next.DoneTime.AsTime().Sub(next.CreateTime.AsTime()).Seconds())
 	})
 }
 
@@ -386,6 +396,7 @@ func (s OperationService) GetOperation(ctx context.Context, req *loopsv1.GetOper
 	if err != nil {
 		return nil, err
 	}
+	linkRetrieval(ctx, o)
 	return s.c.ops.retrieve(o)
 }
 
@@ -399,6 +410,7 @@ func (s OperationService) WaitOperation(ctx context.Context, req *loopsv1.WaitOp
 	if err != nil {
 		return nil, err
 	}
+	linkRetrieval(ctx, o)
 	wait := maxWait
 	if d := req.GetTimeout().AsDuration(); d > 0 && d < maxWait {
 		wait = d

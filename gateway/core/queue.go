@@ -17,6 +17,7 @@ import (
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
+	"github.com/loops-dev/loops/internal/telemetry"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -208,7 +209,9 @@ func (cr coreRunner) Run(ctx context.Context, r *run, t *task) {
 		waitSnapshot(ctx, r) // it reads the weights and Adam state these change
 	}
 	start, began := time.Now(), c.now()
-	set, err := c.execTask(ctx, t)
+	sctx, span := startBackendSpan(ctx, t.Op)
+	set, err := c.execTask(sctx, t)
+	endSpan(span, err)
 	c.ops.noteBackend(t.Op, began, c.now(), 0)
 	if err != nil && c.lostReplica(r, t, err) {
 		c.taskDone(r) // the task runs again once the adapter is rebuilt
@@ -258,10 +261,12 @@ func (cr coreRunner) ForwardBackward(ctx context.Context, batch []lane.Item[*ope
 	for i, it := range batch {
 		req.Items[i] = pieceItem(it.Task)
 	}
-	c.metrics.batchItems.Observe(float64(len(batch)))
+	bctx, endBatch := startBatchSpans(ctx, batch)
+	telemetry.Observe(bctx, c.metrics.batchItems, float64(len(batch)))
 	start, began := time.Now(), c.now()
-	resp, err := c.backend.Trainer().ForwardBackward(ctx, req)
+	resp, err := c.backend.Trainer().ForwardBackward(bctx, req)
 	elapsed, ended := time.Since(start), c.now()
+	endBatch(err)
 	for _, it := range batch {
 		c.ops.noteBackend(it.Task.Op, began, ended, len(batch))
 	}

@@ -605,15 +605,31 @@ func (c *Core) runSample(j *sampleJob) {
 	)
 	c.metrics.sampleBatch.Observe(float64(c.metrics.samplesRunning.Add(1)))
 	start, began := time.Now(), c.now()
+	ctx, span := startBackendSpan(c.ctx, o)
+	var firstToken *firstTokenSink
 	if j.sink != nil {
-		resp, err = c.sampleStream(j)
+		firstToken = &firstTokenSink{Sink: j.sink, first: func() {
+			source := sourceSampler
+			if j.deployment != "" {
+				source = sourceDeployment
+			}
+			c.metrics.firstToken.WithLabelValues(source).Observe(c.now().Sub(j.queued).Seconds())
+		}}
+		resp, err = c.sampleStream(ctx, j, firstToken)
 	} else {
 		c.ops.setRunning(o)
-		resp, err = c.backend.Sampler().Sample(c.ctx, req)
+		resp, err = c.backend.Sampler().Sample(ctx, req)
 	}
 	c.metrics.samplesRunning.Add(-1)
 	c.samplers.queue.observe(time.Since(start))
 	c.ops.noteBackend(o, began, c.now(), 0)
+	if span != nil {
+		o.span.SetAttributes(genAIRequest(req)...)
+		if err == nil {
+			o.span.SetAttributes(genAIResponse(resp, firstToken.after(o.snapshot().GetCreateTime().AsTime()))...)
+		}
+	}
+	endSpan(span, err)
 	if err == nil {
 		err = checkTopLogprobs(req, resp)
 	}
@@ -710,39 +726,26 @@ func keepLastN(r *loopsv1.SampleResult, n int) {
 // waited, on the backend's TokenStreamer when it has one and the sink keeps tokens, and as
 // a plain sample otherwise; in every case the backend's context ends when the sink is gone
 // (its client left), so the sample stops rather than decoding for nobody.
-func (c *Core) sampleStream(j *sampleJob) (*backendv1.SampleResponse, error) {
+//
+// ft, when set, wraps the sink to note when the first token came (the time to first token
+// of the metrics and of its span).
+func (c *Core) sampleStream(ctx context.Context, j *sampleJob, ft *firstTokenSink) (*backendv1.SampleResponse, error) {
 	select {
 	case <-j.sink.Gone():
 		return nil, connect.NewError(connect.CodeCanceled, errors.New("the client went away before the sample started"))
 	default:
 	}
 	c.ops.setRunning(j.o)
-	ctx, cancel := tokenstream.CancelOnGone(c.ctx, j.sink)
+	ctx, cancel := tokenstream.CancelOnGone(ctx, j.sink)
 	defer cancel()
 	if ts, ok := c.backend.Sampler().(backends.TokenStreamer); ok && !tokenstream.Discards(j.sink) {
-		return ts.SampleStream(ctx, j.req, &firstTokenSink{Sink: j.sink, first: func() {
-			source := sourceSampler
-			if j.deployment != "" {
-				source = sourceDeployment
-			}
-			c.metrics.firstToken.WithLabelValues(source).Observe(c.now().Sub(j.queued).Seconds())
-		}})
+		var sink tokenstream.Sink = j.sink
+		if ft != nil {
+			sink = ft
+		}
+		return ts.SampleStream(ctx, j.req, sink)
 	}
 	return c.backend.Sampler().Sample(ctx, j.req)
-}
-
-// firstTokenSink is a sample's sink that calls first once, at its first token (for the
-// time to first token).
-type firstTokenSink struct {
-	tokenstream.Sink
-	once  sync.Once
-	first func()
-}
-
-// Token implements tokenstream.Sink.
-func (s *firstTokenSink) Token(seq int, id int32, logprob float32, top []tokenstream.Alt) {
-	s.once.Do(s.first)
-	s.Sink.Token(seq, id, logprob, top)
 }
 
 // ModelService implements loops.v1 ModelService.

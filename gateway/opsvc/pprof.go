@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/pprof"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -59,7 +60,11 @@ func Register(mux *http.ServeMux, h *Health) {
 	mux.Handle(PprofPrefix, Pprof())
 }
 
+// ProbePaths are the probes and the health service: asked often, by machines, and left
+// out of traces.
+var ProbePaths = []string{"/livez", "/readyz", "/grpc.health.v1.Health/"}
+
 // PublicPaths need no API key: the probes, the health service and reflection (whose
 // schema /openapi.json publishes already). /debug/pprof/ is not among them.
-var PublicPaths = []string{"/livez", "/readyz", "/grpc.health.v1.Health/",
-	"/grpc.reflection.v1.ServerReflection/", "/grpc.reflection.v1alpha.ServerReflection/"}
+var PublicPaths = append(slices.Clone(ProbePaths),
+	"/grpc.reflection.v1.ServerReflection/", "/grpc.reflection.v1alpha.ServerReflection/")

@@ -14,6 +14,7 @@ import (
 
 	"github.com/loops-dev/loops/internal/auditnote"
 	"github.com/loops-dev/loops/internal/errs"
+	"github.com/loops-dev/loops/internal/telemetry"
 )
 
 // Answer is how a surface answers one error.
@@ -85,6 +86,7 @@ func (s *Surface) Handle(mux *http.ServeMux, pattern string, h HandlerFunc) {
 	}
 	mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		auditnote.SetRoute(r.Context(), pattern)
+		telemetry.NameRoute(r.Context(), pattern)
 		auditnote.SetTarget(r.Context(), auditnote.PathTarget(pattern, r.PathValue))
 		if err := h(w, r); err != nil {
 			s.WriteError(w, r, err)
@@ -111,11 +113,15 @@ func (s *Surface) WriteError(w http.ResponseWriter, r *http.Request, err error) 
 	if a.Reason != "" {
 		attrs = append(attrs, "reason", a.Reason)
 	}
+	ctx := r.Context()
+	if a.ID != "" {
+		telemetry.NoteError(ctx, a.ID)
+	}
 	switch {
 	case a.ID != "" || (a.Status >= 500 && a.Status != http.StatusServiceUnavailable):
-		s.log().Error(s.Name+": request failed", append(attrs, "err", err)...)
+		s.log().ErrorContext(ctx, s.Name+": request failed", append(attrs, "err", err)...)
 	default:
-		s.log().Debug(s.Name+": request rejected", append(attrs, "message", a.Message)...)
+		s.log().DebugContext(ctx, s.Name+": request rejected", append(attrs, "message", a.Message)...)
 	}
 	s.write(w, err, a)
 }
@@ -145,7 +151,8 @@ func (s *Surface) Recover(next http.Handler) http.Handler {
 				panic(http.ErrAbortHandler)
 			}
 			id := errs.NewID()
-			s.log().Error(s.Name+": panic serving request", "method", r.Method, "path", r.URL.Path,
+			telemetry.NoteError(r.Context(), id)
+			s.log().ErrorContext(r.Context(), s.Name+": panic serving request", "method", r.Method, "path", r.URL.Path,
 				"error_id", id, "response_started", tw.started, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 			if tw.started {
 				panic(http.ErrAbortHandler)
@@ -187,7 +194,7 @@ func (s *Surface) clientGone(r *http.Request, a Answer) bool {
 }
 
 func (s *Surface) logClientGone(r *http.Request, err error) {
-	s.log().Info(s.Name+": client closed request", "method", r.Method, "path", r.URL.Path,
+	s.log().InfoContext(r.Context(), s.Name+": client closed request", "method", r.Method, "path", r.URL.Path,
 		"status", errs.StatusClientClosedRequest, "err", err)
 }
 

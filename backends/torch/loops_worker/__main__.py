@@ -119,8 +119,10 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001
         print(f"loops_worker: startup failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
+    from . import tracing
     from .server import serve
 
+    provider = tracing.setup()
     server = serve(engine, sampler, args.listen, creds, confine, threads=args.grpc_threads)
     host = args.listen.rsplit(":", 1)[0] or "127.0.0.1"
     logging.info("serving %s on %s (%s, %s, sampler %s)", engine.order, f"{host}:{server.bound_port}", device, dtype, sampler.name)
@@ -144,6 +146,8 @@ def main(argv=None) -> int:
     if reg is not None:
         reg.stop()
     server.stop(grace=2).wait()
+    if provider is not None:
+        provider.shutdown()  # the spans still buffered
     return 0
 
 

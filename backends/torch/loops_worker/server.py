@@ -16,7 +16,7 @@ from concurrent import futures
 
 import grpc
 
-from . import transfer
+from . import tracing, transfer
 from .confine import Confinement
 from .credentials import Credentials, GatewayOnly
 from .errors import CANCELLED, INTERNAL, WorkerError
@@ -89,10 +89,13 @@ class Trainer(_Calls, bgrpc.TrainerServiceServicer):
     def _forward_backward(self, request):
         for it in request.items:
             _fault(it.adapter_id)
-        return self.e.forward_backward(request)
+        with tracing.span("torch forward_backward", **{"loops.batch.items": len(request.items),
+                                                       "loops.batch.datums": sum(len(it.data) for it in request.items)}):
+            return self.e.forward_backward(request)
 
     def OptimStep(self, request, context):
-        return self._call(context, self.e.optim_step, request)
+        with tracing.span("torch optim_step"):
+            return self._call(context, self.e.optim_step, request)
 
     def SaveAdapter(self, request, context):
         self._call(context, self._check_save, request)
@@ -230,7 +233,8 @@ def serve(engine, sampler, listen: str, creds: Credentials, confine: Confinement
     its health (server.health: Health, which the caller drains on shutdown); the folders
     and URLs of requests are checked against confine."""
     opts = [("grpc.max_receive_message_length", 1 << 30), ("grpc.max_send_message_length", 1 << 30)]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=opts, interceptors=[GatewayOnly()])
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=opts,
+                         interceptors=[GatewayOnly(), tracing.Tracing()])
     health = Health()
     bgrpc.add_TrainerServiceServicer_to_server(Trainer(engine, confine, health), server)
     bgrpc.add_SamplerServiceServicer_to_server(Sampler(engine, sampler, confine, health=health), server)

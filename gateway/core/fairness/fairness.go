@@ -1,9 +1,12 @@
 package fairness
 
 import (
+	"context"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/loops-dev/loops/internal/telemetry"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -68,13 +71,14 @@ func New(reg prometheus.Registerer, target float64, now func() time.Time) *Track
 // Observe records an operation of workspace ws and kind that waited wait before its work
 // started and took latency from submission to its end, of which service was its own work
 // (the backend's time on it). A service of zero counts as no inflation.
-func (t *Tracker) Observe(ws, kind string, wait, latency, service time.Duration) {
+func (t *Tracker) Observe(ctx context.Context, ws, kind string, wait, latency, service time.Duration) {
 	inflation := 1.0
 	if service > 0 && latency > service {
 		inflation = latency.Seconds() / service.Seconds()
 	}
-	t.wait.WithLabelValues(ws, kind).Observe(wait.Seconds())
-	t.inflation.WithLabelValues(ws, kind).Observe(inflation)
+	// ctx's trace (the operation's), when sampled, is the observations' exemplar.
+	telemetry.Observe(ctx, t.wait.WithLabelValues(ws, kind), wait.Seconds())
+	telemetry.Observe(ctx, t.inflation.WithLabelValues(ws, kind), inflation)
 	now := t.now()
 	t.mu.Lock()
 	defer t.mu.Unlock()

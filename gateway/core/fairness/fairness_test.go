@@ -1,6 +1,7 @@
 package fairness
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -21,8 +22,8 @@ func TestTracker(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	tr := New(reg, 3, c.now)
 	for range 100 {
-		tr.Observe("light", "forward_backward", 10*time.Millisecond, 100*time.Millisecond, 20*time.Millisecond) // 5×
-		tr.Observe("heavy", "forward_backward", 0, time.Second, time.Second)                                    // 1×
+		tr.Observe(context.Background(), "light", "forward_backward", 10*time.Millisecond, 100*time.Millisecond, 20*time.Millisecond) // 5×
+		tr.Observe(context.Background(), "heavy", "forward_backward", 0, time.Second, time.Second)                                    // 1×
 	}
 	st := tr.Status("light")
 	require.Equal(t, 100, st.Operations)
@@ -47,6 +48,6 @@ loops_fairness_slo_breached{workspace="light"} 1
 	require.Zero(t, tr.Status("light").Operations, "the window moved past them")
 	require.Equal(t, 1.0, tr.Jain())
 
-	tr.Observe("x", "sample", 0, time.Second, 0)
+	tr.Observe(context.Background(), "x", "sample", 0, time.Second, 0)
 	require.InDelta(t, 1, tr.Status("x").InflationP99, 1e-9, "no service time: no inflation")
 }
