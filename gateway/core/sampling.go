@@ -6,7 +6,6 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/loops-dev/loops/internal/lockorder"
