@@ -68,7 +68,7 @@ print(json.dumps(out))
 	}
 	require.NoError(t, json.Unmarshal(outb, &res))
 	for i, c := range convs {
-		got, err := tx.Render(c)
+		got, err := tx.Render(c, nil)
 		require.NoError(t, err)
 		require.Equal(t, res[i].Text, got, "rendering %d", i)
 		require.Equal(t, res[i].IDs, tx.Encode(got), "tokens %d", i)
@@ -144,7 +144,7 @@ print(json.dumps(out))
 		require.NoError(t, err)
 		tx := &Text{tmpl: tmpl, bos: "<s>", eos: "</s>"}
 		for ci, c := range convs {
-			got, err := tx.Render(c)
+			got, err := tx.Render(c, nil)
 			if want[i] == nil {
 				require.Error(t, err, "template %d, conversation %d: jinja2 raised", ti, ci)
 			} else {
