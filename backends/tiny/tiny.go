@@ -20,7 +20,7 @@ const Name = "loops/tiny"
 
 // Version changes whenever the generated folder would change; Write rewrites folders with
 // another version.
-const Version = "2"
+const Version = "3"
 
 // Seed is the fixed seed of the random weights.
 const Seed = 20240917
@@ -50,14 +50,14 @@ func Tokenizer() *tokenizer.Tokenizer {
 	return tokenizer.Train(corpus, VocabLen, []string{EOS, IMStart, IMEnd})
 }
 
-// chatTemplate is ChatML, with Qwen2.5's tool calling when tools are given: the tools in
-// the system turn, each call <tool_call>\n{"name": …, "arguments": …}\n</tool_call>, tool
+// chatTemplate is ChatML, with Qwen2.5's tool calling (its instructions shortened) when
+// tools are given: the tools in the system turn, each call <tool_call>\n{"name": …, "arguments": …}\n</tool_call>, tool
 // results in a user turn as <tool_response> blocks. Without tools it renders what it always
 // did.
 const chatTemplate = "{% if tools %}{{ '<|im_start|>system\\n' }}{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\\n\\n' }}{% endif %}" +
-	"{{ '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}" +
+	"{{ '# Tools\\n<tools>' }}" +
 	"{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}" +
-	"{{ '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}{% endif %}" +
+	"{{ '\\n</tools>\\nCall a tool with <tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}{% endif %}" +
 	"{% for message in messages %}" +
 	"{% if tools and loop.first and message['role'] == 'system' %}" +
 	"{% elif message['role'] == 'assistant' and message['tool_calls'] %}{{ '<|im_start|>assistant' }}{% if message['content'] %}{{ '\\n' + message['content'] }}{% endif %}" +

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net/http"
 	"strings"
 
 	"github.com/loops-dev/loops/compat/internal/infer"
@@ -130,6 +131,17 @@ func decodeRequest(b []byte, count bool) (*request, error) {
 		case "service_tier":
 			if tier, err := infer.Str(raw, name); err != nil || (tier != "auto" && tier != "standard_only") {
 				return nil, unsupported(name, `only "auto" or "standard_only" (Loops serves every request in one tier)`)
+			}
+		case "thread":
+			// Server-side message threads: Loops keeps none. false (the neutral value) is
+			// accepted; any other is refused with the rejection the client's tool runner reads
+			// as "continue without a thread" (error.details.error_code
+			// thread_unsupported_request).
+			var th bool
+			if json.Unmarshal(raw, &th) != nil || th {
+				return nil, &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest,
+					message: "thread: Loops keeps no server-side message threads; send the whole conversation without thread",
+					details: map[string]any{"error_code": "thread_unsupported_request", "unsupported": []string{"thread"}}}
 			}
 		case "cache_control":
 			// A prompt-caching hint: accepted, and has no effect on the answer.

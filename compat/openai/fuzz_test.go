@@ -17,6 +17,8 @@ func FuzzDecodeRequest(f *testing.F) {
 		`{"model":"loops/tiny","prompt":[1,2,3],"max_tokens":2,"logprobs":0,"echo":false,"best_of":1,"suffix":null}`,
 		`{"model":"loops/tiny","prompt":["x"],"stop":"y","user":"u","frequency_penalty":0,"logit_bias":{}}`,
 		`{"model":"m","messages":[],"tools":[]}`,
+		`{"model":"m","messages":[{"role":"developer","content":"d"},{"role":"user","content":"q"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"r"}],"tools":[{"type":"function","function":{"name":"f","description":"d","parameters":{"type":"object"},"strict":true}}],"tool_choice":{"type":"function","function":{"name":"f"}},"parallel_tool_calls":false,"response_format":{"type":"text"},"store":false,"service_tier":"auto","metadata":{"a":"b"}}`,
+		`{"model":"m","messages":[{"role":"user","content":"q"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required"}`,
 		`{"model":1e400,"n":1.0}`,
 		`{"model":"m","prompt":["a",[1,2]],"n":3}`,
 		`[]`, `{`, ``,
@@ -52,6 +54,15 @@ func FuzzDecodeRequest(f *testing.F) {
 			t.Fatal("a request without a prompt was accepted")
 		case len(req.prompts)*int(req.n) > semantics.MaxNumSamples:
 			t.Fatalf("%d prompts × n = %d accepted", len(req.prompts), req.n)
+		case len(req.tools) > infer.MaxTools:
+			t.Fatalf("%d tools accepted", len(req.tools))
+		case infer.CheckChoice(req.toolChoice, req.tools, "tool_choice") != nil:
+			t.Fatalf("tool_choice %+v accepted with tools %+v", req.toolChoice, req.tools)
+		}
+		for _, m := range req.messages {
+			if m.Role == "developer" || (m.Role == "tool" && m.ToolCallID == "") {
+				t.Fatalf("message %+v accepted as is", m)
+			}
 		}
 		for _, p := range req.prompts {
 			if p.text == "" && len(p.tokens) == 0 {
