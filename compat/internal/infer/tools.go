@@ -193,7 +193,9 @@ const (
 
 // ForcedPrefix is the start of the answer that forces a call under choice: the format's
 // call opening (required), with the tool's name (a named function); "" when nothing is
-// forced. The sample continues it; only the call's opening and name are forced, not its
+// forced. It never ends in a space: byte-level BPE tokenizers join a space to the word
+// after it (` {` is one token), so a prefix cut after a space would make the model
+// continue from a split it never saw. The sample continues it; only the call's opening and name are forced, not its
 // arguments (ArgumentsSchema is the schema a constrained decoder would enforce).
 func (f ToolFormat) ForcedPrefix(choice ToolChoice) string {
 	switch choice.Mode {
@@ -208,9 +210,9 @@ func (f ToolFormat) ForcedPrefix(choice ToolChoice) string {
 		name := string(jsonString(choice.Name))
 		switch f {
 		case HermesFormat:
-			return hermesOpen + "\n{\"name\": " + name + ", \"arguments\": "
+			return hermesOpen + "\n{\"name\": " + name + ", \"arguments\":"
 		case Llama3Format:
-			return "{\"name\": " + name + ", \"parameters\": "
+			return "{\"name\": " + name + ", \"parameters\":"
 		}
 	}
 	return ""

@@ -63,10 +63,10 @@ func TestParseLlama3Calls(t *testing.T) {
 func TestForcedPrefix(t *testing.T) {
 	require.Equal(t, "", HermesFormat.ForcedPrefix(ToolChoice{Mode: ToolChoiceAuto}))
 	require.Equal(t, "<tool_call>\n", HermesFormat.ForcedPrefix(ToolChoice{Mode: ToolChoiceRequired}))
-	require.Equal(t, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ", HermesFormat.ForcedPrefix(ToolChoice{Mode: ToolChoiceFunction, Name: "get_weather"}))
-	require.Equal(t, "{\"name\": \"get_time\", \"parameters\": ", Llama3Format.ForcedPrefix(ToolChoice{Mode: ToolChoiceFunction, Name: "get_time"}))
+	require.Equal(t, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\":", HermesFormat.ForcedPrefix(ToolChoice{Mode: ToolChoiceFunction, Name: "get_weather"}))
+	require.Equal(t, "{\"name\": \"get_time\", \"parameters\":", Llama3Format.ForcedPrefix(ToolChoice{Mode: ToolChoiceFunction, Name: "get_time"}))
 	// The forced prefix and the model's continuation parse as the call.
-	_, calls := ParseToolCalls(HermesFormat, HermesFormat.ForcedPrefix(ToolChoice{Mode: ToolChoiceFunction, Name: "get_weather"})+`{"city": "Lima"}}`+"\n</tool_call>", weatherTools, 0)
+	_, calls := ParseToolCalls(HermesFormat, HermesFormat.ForcedPrefix(ToolChoice{Mode: ToolChoiceFunction, Name: "get_weather"})+` {"city": "Lima"}}`+"\n</tool_call>", weatherTools, 0)
 	require.Equal(t, []ToolCall{{Name: "get_weather", Arguments: json.RawMessage(`{"city":"Lima"}`)}}, calls)
 	require.JSONEq(t, string(weatherTools[0].Parameters), string(ArgumentsSchema(weatherTools[0])))
 	require.JSONEq(t, `{"type":"object"}`, string(ArgumentsSchema(weatherTools[1])))
