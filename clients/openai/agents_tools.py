@@ -228,6 +228,7 @@ def main() -> None:
             break
     check(loss < 0.1, f"trained the tool turns in {step + 1} steps, {time.time() - t0:.0f}s (loss {loss:.4f} per token)")
     path = tc.save_weights_for_sampler("agent-tools").result(timeout=120).path
+    print(f"checkpoint {path}", flush=True)
 
     # 3. The official openai client reads the call, streamed and not.
     r = oclient.chat.completions.create(model=path, messages=oai_body["messages"], tools=oai_body["tools"], temperature=0, max_tokens=64)
@@ -251,7 +252,7 @@ def main() -> None:
     named = oclient.chat.completions.create(model=path, messages=oai_body["messages"], tools=oai_body["tools"], temperature=0,
                                             max_tokens=64, tool_choice={"type": "function", "function": {"name": "get_weather"}})
     check(named.choices[0].message.tool_calls and json.loads(named.choices[0].message.tool_calls[0].function.arguments) == {"city": "Paris"},
-          "tool_choice naming the function forces the call")
+          f"tool_choice naming the function forces the call: {named.choices[0].message}")
     none = oclient.chat.completions.create(model=path, messages=oai_body["messages"], tools=oai_body["tools"], temperature=0,
                                            max_tokens=8, tool_choice="none")
     check(not none.choices[0].message.tool_calls and none.choices[0].finish_reason != "tool_calls", "tool_choice none makes no call")
@@ -276,7 +277,7 @@ def main() -> None:
     check(final.stop_reason == "tool_use" and len(su) == 1 and su[0].input == {"city": "Paris"}, f"the streamed tool_use: {final.content}")
     forced = aclient_a.messages.create(model=path, max_tokens=64, extra_body=GREEDY, messages=ant_body["messages"], tools=ant_body["tools"],
                                        tool_choice={"type": "tool", "name": "get_weather"})
-    check([b.input for b in forced.content if b.type == "tool_use"] == [{"city": "Paris"}], "tool_choice tool forces the call")
+    check([b.input for b in forced.content if b.type == "tool_use"] == [{"city": "Paris"}], f"tool_choice tool forces the call: {forced.content}")
     calls.clear()
     out = run_anthropic(aclient_a, path)
     check(calls == ["Paris"] and out == ANSWER, f"the Anthropic tool runner: calls {calls}, answer {out!r}")

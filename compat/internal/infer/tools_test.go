@@ -1,11 +1,16 @@
 package infer
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/loops-dev/loops/backends/tiny"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/tokenstream"
 )
 
 var weatherTools = []Tool{
@@ -199,4 +204,55 @@ func FuzzParseToolCalls(f *testing.F) {
 			}
 		}
 	})
+}
+
+// promptSampling is fakeSampling that records the prompts it is asked to sample.
+type promptSampling struct {
+	fakeSampling
+	prompts [][]int32
+}
+
+func (f *promptSampling) SampleStream(ctx context.Context, req *loopsv1.SampleRequest, sink tokenstream.Sink) (*loopsv1.Operation, error) {
+	f.prompts = append(f.prompts, req.GetPrompt())
+	return f.fakeSampling.SampleStream(ctx, req, sink)
+}
+
+// TestForcedToolChoiceThroughTheEngine: a named tool choice renders the tools, appends the
+// call's opening and name to the prompt, and the completion carries that prefix, so the
+// model's continuation parses as the call; tool choice none renders no tools; a prefill
+// and a forced call together are refused.
+func TestForcedToolChoiceThroughTheEngine(t *testing.T) {
+	t.Setenv("HF_HUB_CACHE", t.TempDir())
+	dir := t.TempDir()
+	require.NoError(t, tiny.Write(dir))
+	tx := tinyText(t)
+	f := &promptSampling{fakeSampling: fakeSampling{seqs: []*loopsv1.SampledSequence{{
+		Tokens: tx.Encode(` {"city": "Paris"}}` + "\n</tool_call>"), StopReason: loopsv1.StopReason_STOP_REASON_STOP}}}}
+	for _, s := range f.seqs {
+		s.Logprobs = make([]float32, len(s.Tokens))
+	}
+	e := New(Services{Sampling: f, Models: fakeModels{dir: dir}}, Options{})
+	msgs := []Message{{Role: "user", Content: "Weather in Paris?"}}
+	choice := ToolChoice{Mode: ToolChoiceFunction, Name: "get_weather"}
+	c, err := e.Sample(t.Context(), &Request{Model: tiny.Name, Messages: msgs, Tools: weatherTools, ToolChoice: choice, N: 1, Params: &loopsv1.SamplingParams{}})
+	require.NoError(t, err)
+	rendered, err := tx.Render(msgs, weatherTools)
+	require.NoError(t, err)
+	require.Equal(t, tx.Encode(rendered+"<tool_call>\n{\"name\": \"get_weather\", \"arguments\":"), f.prompts[0])
+	require.Equal(t, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\":", c.Forced)
+	content, calls := ParseToolCalls(tx.ToolFormat(), c.Forced+c.ChoiceText(0), weatherTools, 0)
+	require.Empty(t, content)
+	require.Equal(t, []ToolCall{{Name: "get_weather", Arguments: json.RawMessage(`{"city":"Paris"}`)}}, calls)
+
+	// Without tools (tool_choice none: the adapters pass none) nothing is rendered or forced.
+	c, err = e.Sample(t.Context(), &Request{Model: tiny.Name, Messages: msgs, N: 1, Params: &loopsv1.SamplingParams{}})
+	require.NoError(t, err)
+	plain, _ := tx.Render(msgs, nil)
+	require.Equal(t, tx.Encode(plain), f.prompts[1])
+	require.Empty(t, c.Forced)
+
+	_, err = e.Sample(t.Context(), &Request{Model: tiny.Name, Messages: msgs, Prefill: "Sure", Tools: weatherTools, ToolChoice: choice, N: 1, Params: &loopsv1.SamplingParams{}})
+	var ae *Error
+	require.ErrorAs(t, err, &ae)
+	require.Equal(t, "tool_choice", ae.Param)
 }
