@@ -149,7 +149,10 @@ def with_call(msgs: list[dict]) -> list[dict]:
             {"role": "tool", "content": RESULT, "tool_call_id": "call_1", "name": "get_weather"}]
 
 
-async def run_agent(client: openai.AsyncOpenAI, model: str) -> str:
+async def run_agent(model: str) -> str:
+    # A client per event loop: each asyncio.run has its own.
+    client = openai.AsyncOpenAI(base_url=URL + "/oai/api/v1", api_key=KEY, max_retries=0,
+                                http_client=httpx2.AsyncClient(event_hooks={"request": [record]}))
     agent = Agent(name="weather", tools=[get_weather],
                   model=OpenAIChatCompletionsModel(model=model, openai_client=client),
                   model_settings=ModelSettings(temperature=0, max_tokens=64))
@@ -168,15 +171,13 @@ def run_anthropic(client: anthropic.Anthropic, model: str) -> str:
 
 def main() -> None:
     set_tracing_disabled(True)
-    aclient = openai.AsyncOpenAI(base_url=URL + "/oai/api/v1", api_key=KEY, max_retries=0,
-                                 http_client=httpx2.AsyncClient(event_hooks={"request": [record]}))
     oclient = openai.OpenAI(base_url=URL + "/oai/api/v1", api_key=KEY, max_retries=0)
     aclient_a = anthropic.Anthropic(base_url=URL + "/anthropic/api", api_key=KEY, max_retries=0,
                                     http_client=httpx2.Client(event_hooks={"request": [record_sync]}))
 
     # 1. Record what the agent stacks send for the first turn (the untrained model answers
     #    whatever it answers; a random answer that parses as no call ends the loop).
-    first = asyncio.run(run_agent(aclient, BASE))
+    first = asyncio.run(run_agent(BASE))
     check(isinstance(first, str), "the Agents SDK runs against the base model")
     oai_body = recorded[0]
     recorded.clear()
@@ -221,7 +222,7 @@ def main() -> None:
     t0 = time.time()
     for step in range(int(os.environ.get("LOOPS_AGENT_STEPS", "100"))):
         fb = tc.forward_backward(data, "cross_entropy")
-        tc.optim_step(types.AdamParams(learning_rate=float(os.environ.get("LOOPS_AGENT_LR", "2e-3")))).result(timeout=300)
+        tc.optim_step(types.AdamParams(learning_rate=float(os.environ.get("LOOPS_AGENT_LR", "3e-3")))).result(timeout=300)
         loss = fb.result(timeout=300).metrics["loss:sum"] / ntarget
         print(f"step {step + 1}: loss {loss:.4f} per token ({time.time() - t0:.1f}s)", flush=True)
         if loss < 0.02:
@@ -259,7 +260,7 @@ def main() -> None:
 
     # 4. The Agents SDK's tool loop: a call of the local function tool, then the answer.
     calls.clear()
-    out = asyncio.run(run_agent(aclient, path))
+    out = asyncio.run(run_agent(path))
     check(calls == ["Paris"], f"the Agents SDK called get_weather('Paris'): {calls}")
     check(out == ANSWER, f"the agent answered after the tool's result: {out!r}")
     o2 = [b for b in recorded if any(m.get("role") == "tool" for m in b["messages"])]
