@@ -70,7 +70,7 @@ status=$(curl -sS -o "$tmp/err.json" -w '%{http_code}' -H "x-api-key: $key" -H '
 [[ $status == 400 && $(json 'd["type"] + " " + d["error"]["type"]' <"$tmp/err.json") == "error invalid_request_error" ]] || fail "anthropic 400: $status $(cat "$tmp/err.json")"
 grep -q thinking "$tmp/err.json" || fail "the anthropic 400 names thinking"
 status=$(curl -sS -o "$tmp/err.json" -w '%{http_code}' -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
-  -d '{"model":"loops/tiny","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}' "$url/oai/api/v1/chat/completions")
-[[ $status == 400 && $(json 'd["error"]["param"]' <"$tmp/err.json") == response_format.type ]] || fail "openai 400: $status $(cat "$tmp/err.json")"
+  -d '{"model":"loops/tiny","messages":[{"role":"user","content":"x"}],"reasoning_effort":"high"}' "$url/oai/api/v1/chat/completions")
+[[ $status == 400 && $(json 'd["error"]["param"]' <"$tmp/err.json") == reasoning_effort ]] || fail "openai 400: $status $(cat "$tmp/err.json")"
 ok "unsupported fields are 400s naming them"
 echo "curl: all checks passed"

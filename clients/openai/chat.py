@@ -83,8 +83,8 @@ def main() -> None:
     cmpl = client.completions.create(model=BASE, prompt="The quick brown fox", max_tokens=6, temperature=0, logprobs=0)
     check(cmpl.choices[0].finish_reason in ("stop", "length") and cmpl.usage.completion_tokens > 0, f"completion {cmpl.choices[0].text!r}")
 
-    expect_error(openai.BadRequestError, "response_format.type", lambda: client.chat.completions.create(
-        model=BASE, messages=MSGS, response_format={"type": "json_object"}))
+    expect_error(openai.BadRequestError, "reasoning_effort", lambda: client.chat.completions.create(
+        model=BASE, messages=MSGS, reasoning_effort="high"))
     expect_error(openai.NotFoundError, "model", lambda: client.chat.completions.create(model="no/such-model", messages=MSGS))
     neutral = client.chat.completions.create(
         model=BASE, messages=[{"role": "developer", "content": "Be brief."}, *MSGS[1:]], max_tokens=2, response_format={"type": "text"},
