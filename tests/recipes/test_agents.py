@@ -19,7 +19,8 @@ def test_tool_calling_sft_then_rl(recipe_env, tmp_path):
         assert {"valid_call", "tool_calls_executed", "correct", "answered"} <= r.keys()
     assert res.checkpoints[-1]["name"] == "final" and res.checkpoints[-1]["step"] == 10
     ev = res.summary["eval"]  # the final checkpoint through the OpenAI route with tools
-    assert ev["tasks"] == 2 and 0 <= ev["correct"] <= 2 and ev["calls_run"] <= 3 * ev["answers_with_tool_calls"], ev
+    assert ev["tasks"] == 2 and 0 <= ev["correct"] <= 2 and 0 <= ev["answers_with_tool_calls"] <= 2 * 3, ev
+    assert ev["calls_run"] == 0 or ev["answers_with_tool_calls"] > 0, ev
     report("tool_calling", eval=ev, sft_loss_first=sft[0]["train_loss"], sft_loss_last=sft[-1]["train_loss"],
            rl_rewards=[r["reward"] for r in rl], valid_call=[r["valid_call"] for r in rl], seconds=round(res.seconds, 1))
 
