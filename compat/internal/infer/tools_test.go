@@ -256,3 +256,16 @@ func TestForcedToolChoiceThroughTheEngine(t *testing.T) {
 	require.ErrorAs(t, err, &ae)
 	require.Equal(t, "tool_choice", ae.Param)
 }
+
+// TestToolsNeedATemplateThatRendersThem: a model whose template renders no tools refuses a
+// request that offers some (rather than drop them silently).
+func TestToolsNeedATemplateThatRendersThem(t *testing.T) {
+	tx := tinyText(t)
+	tx.tools = NoToolFormat
+	_, err := prompts(tx, 0, "m", &Request{Messages: []Message{{Role: "user", Content: "x"}}, Tools: weatherTools})
+	var ae *Error
+	require.ErrorAs(t, err, &ae)
+	require.Equal(t, "tools", ae.Param)
+	_, err = prompts(tx, 0, "m", &Request{Messages: []Message{{Role: "user", Content: "x"}}})
+	require.NoError(t, err)
+}
