@@ -252,7 +252,8 @@ def main() -> None:
           f"the streamed call: {name} {args!r} {finish}")
     named = oclient.chat.completions.create(model=path, messages=oai_body["messages"], tools=oai_body["tools"], temperature=0,
                                             max_tokens=64, tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    check(named.choices[0].message.tool_calls and json.loads(named.choices[0].message.tool_calls[0].function.arguments) == {"city": "Paris"},
+    check(named.choices[0].message.tool_calls and json.loads(named.choices[0].message.tool_calls[0].function.arguments) == {"city": "Paris"}
+          and named.choices[0].finish_reason == "stop",
           f"tool_choice naming the function forces the call: {named.choices[0].message}")
     none = oclient.chat.completions.create(model=path, messages=oai_body["messages"], tools=oai_body["tools"], temperature=0,
                                            max_tokens=8, tool_choice="none")

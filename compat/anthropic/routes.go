@@ -129,13 +129,14 @@ type message struct {
 }
 
 // stopReason is Anthropic's stop_reason of the completion's one choice, and the stop
-// sequence it ended on; called says whether the answer made tool calls.
+// sequence it ended on; called says whether the answer made tool calls (an answer cut at
+// max_tokens is max_tokens all the same).
 func stopReason(c *infer.Completion, called bool) (reason string, seq *string) {
 	switch {
-	case called:
-		return "tool_use", nil
 	case !c.Stopped(0):
 		return "max_tokens", nil
+	case called:
+		return "tool_use", nil
 	case c.StopSequence(0) != "":
 		s := c.StopSequence(0)
 		return "stop_sequence", &s

@@ -86,6 +86,16 @@ func finishReason(stopped bool) string {
 	return "length"
 }
 
+// finishReasonOf is a chat choice's finish_reason, as OpenAI answers it: length when it
+// was cut at max_tokens; tool_calls when it made calls, except under a named tool_choice,
+// which OpenAI answers with stop; otherwise stop.
+func (req *request) finishReasonOf(stopped, called bool) string {
+	if called && stopped && req.toolChoice.Mode != infer.ToolChoiceFunction {
+		return "tool_calls"
+	}
+	return finishReason(stopped)
+}
+
 // chatTop is one alternative of a chat token's top_logprobs.
 type chatTop struct {
 	Token   string  `json:"token"`
@@ -251,10 +261,8 @@ func chatResponse(req *request, c *infer.Completion, created int64) chatCompleti
 		Choices: make([]chatChoice, len(c.Seqs)), Usage: usageOf(c)}
 	for i := range c.Seqs {
 		content, calls := req.answer(c, i)
-		ch := chatChoice{Index: i, Message: chatMessage{Role: "assistant", Content: content, ToolCalls: calls}, FinishReason: finishReason(c.Stopped(i))}
-		if len(calls) > 0 {
-			ch.FinishReason = "tool_calls"
-		}
+		ch := chatChoice{Index: i, Message: chatMessage{Role: "assistant", Content: content, ToolCalls: calls},
+			FinishReason: req.finishReasonOf(c.Stopped(i), len(calls) > 0)}
 		if req.logprobs {
 			ch.Logprobs = chatLogprobsOf(c.Text, seqTokens(c, i))
 		}

@@ -191,10 +191,7 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, req *request, ru
 				send(chatFor(chatChunkChoice{Index: ch.Choice, Delta: chatDelta{ToolCalls: []toolCall{{Index: &k, Function: toolFunction{Arguments: call.Function.Arguments}}}}}))
 			}
 			if ch.Done {
-				fr := finishReason(ch.Stopped)
-				if len(calls) > 0 {
-					fr = "tool_calls"
-				}
+				fr := req.finishReasonOf(ch.Stopped, len(calls) > 0)
 				if req.chat {
 					send(chatFor(chatChunkChoice{Index: ch.Choice, FinishReason: &fr}))
 				} else {
