@@ -184,10 +184,10 @@ func TestDeployments(t *testing.T) {
 	require.Equal(t, http.StatusConflict, resp.StatusCode, string(b))
 	require.Contains(t, string(b), "dep")
 
-	// Not shared: B gets a 400 naming the model; shared: B samples it, read-only.
+	// Not shared: B gets a 404 naming the model (model_not_found); shared: B samples it, read-only.
 	shared := wsA + ":dep/c2"
 	st, body = oai(t, url, keyB, shared)
-	require.Equal(t, 400, st, "%v", body)
+	require.Equal(t, 404, st, "%v", body)
 	_, err = depA.GrantDeployment(ctx, &loopsv1.GrantDeploymentRequest{Name: "dep", Workspace: "team-b"})
 	require.NoError(t, err)
 	st, got := oai(t, url, keyB, shared)
@@ -195,7 +195,7 @@ func TestDeployments(t *testing.T) {
 	_, want := oai(t, url, keyA, c2)
 	require.Equal(t, completionText(t, want), completionText(t, got))
 	st, body = oai(t, url, keyC, shared)
-	require.Equal(t, 400, st, "a grant is for one workspace: %v", body)
+	require.Equal(t, 404, st, "a grant is for one workspace: %v", body)
 	list := must(depB.ListDeployments(ctx, &loopsv1.ListDeploymentsRequest{}))
 	require.Len(t, list.GetDeployments(), 1)
 	require.Equal(t, wsA, list.GetDeployments()[0].GetOwner())
@@ -220,7 +220,7 @@ func TestDeployments(t *testing.T) {
 	_, err = depA.RevokeDeployment(ctx, &loopsv1.RevokeDeploymentRequest{Name: "dep", Workspace: "team-b"})
 	require.NoError(t, err)
 	st, body = oai(t, url, keyB, shared)
-	require.Equal(t, 400, st, "%v", body)
+	require.Equal(t, 404, st, "%v", body)
 
 	// A restart keeps the deployment and its pins.
 	stop()
@@ -260,7 +260,7 @@ func TestDeployments(t *testing.T) {
 	require.NoError(t, err)
 	must(depA.CreateDeployment(ctx, &loopsv1.CreateDeploymentRequest{Name: "dep", Checkpoints: []string{c2}}))
 	st, body = oai(t, url, keyA, "dep/c1")
-	require.Equal(t, 400, st, "the remembered dep/c1 sampler must not serve a checkpoint the deployment no longer has: %v", body)
+	require.Equal(t, 404, st, "the remembered dep/c1 sampler must not serve a checkpoint the deployment no longer has: %v", body)
 	st, got = oai(t, url, keyA, "dep")
 	require.Equal(t, 200, st, "%v", got)
 	_, want = oai(t, url, keyA, c2)
@@ -272,5 +272,5 @@ func TestDeployments(t *testing.T) {
 	_, err = cks.DeleteCheckpoint(ctx, &loopsv1.DeleteCheckpointRequest{Path: c1})
 	require.NoError(t, err)
 	st, body = oai(t, url, keyA, "dep/c2")
-	require.Equal(t, 400, st, "%v", body)
+	require.Equal(t, 404, st, "%v", body)
 }

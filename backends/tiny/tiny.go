@@ -20,7 +20,7 @@ const Name = "loops/tiny"
 
 // Version changes whenever the generated folder would change; Write rewrites folders with
 // another version.
-const Version = "1"
+const Version = "3"
 
 // Seed is the fixed seed of the random weights.
 const Seed = 20240917
@@ -50,7 +50,22 @@ func Tokenizer() *tokenizer.Tokenizer {
 	return tokenizer.Train(corpus, VocabLen, []string{EOS, IMStart, IMEnd})
 }
 
-const chatTemplate = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+// chatTemplate is ChatML, with Qwen2.5's tool calling (its instructions shortened) when
+// tools are given: the tools in the system turn, each call <tool_call>\n{"name": …, "arguments": …}\n</tool_call>, tool
+// results in a user turn as <tool_response> blocks. Without tools it renders what it always
+// did.
+const chatTemplate = "{% if tools %}{{ '<|im_start|>system\\n' }}{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\\n\\n' }}{% endif %}" +
+	"{{ '# Tools\\n<tools>' }}" +
+	"{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}" +
+	"{{ '\\n</tools>\\nCall a tool with <tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}{% endif %}" +
+	"{% for message in messages %}" +
+	"{% if tools and loop.first and message['role'] == 'system' %}" +
+	"{% elif message['role'] == 'assistant' and message['tool_calls'] %}{{ '<|im_start|>assistant' }}{% if message['content'] %}{{ '\\n' + message['content'] }}{% endif %}" +
+	"{% for tool_call in message['tool_calls'] %}{% set call = tool_call['function'] %}{{ '\\n<tool_call>\\n{\"name\": \"' + call['name'] + '\", \"arguments\": ' }}{{ call['arguments'] | tojson }}{{ '}\\n</tool_call>' }}{% endfor %}{{ '<|im_end|>\\n' }}" +
+	"{% elif message['role'] == 'tool' %}{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{ '<|im_start|>user' }}{% endif %}" +
+	"{{ '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{ '<|im_end|>\\n' }}{% endif %}" +
+	"{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endif %}{% endfor %}" +
+	"{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 
 // Write builds the folder in dir unless it already holds this version.
 func Write(dir string) error {

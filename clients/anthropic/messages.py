@@ -93,8 +93,10 @@ def main() -> None:
     r = client.messages.create(model=BASE, messages=multi, max_tokens=4, extra_body={"temperature": 0.7, "top_p": 0.9, "top_k": 20})
     check(r.usage.output_tokens <= 4, "multi-turn with sampling parameters")
 
-    expect_error(anthropic.BadRequestError, "tools", lambda: client.messages.create(
-        model=BASE, messages=MSGS, max_tokens=4, tools=[{"name": "f", "input_schema": {"type": "object"}}]))
+    expect_error(anthropic.BadRequestError, "tools[0].type", lambda: client.messages.create(
+        model=BASE, messages=MSGS, max_tokens=4, tools=[{"type": "web_search_20250305", "name": "web_search"}]))
+    expect_error(anthropic.NotFoundError, "no/such-model", lambda: client.messages.create(
+        model="no/such-model", messages=MSGS, max_tokens=4))
     expect_error(anthropic.BadRequestError, "temperature", lambda: client.messages.create(
         model=BASE, messages=MSGS, max_tokens=4, extra_body={"temperature": 1.5}))
     expect_error(anthropic.BadRequestError, "messages[0].content[0].type", lambda: client.messages.create(

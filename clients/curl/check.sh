@@ -66,11 +66,11 @@ ok "count_tokens $n"
 
 # Unsupported fields are 400s naming them, in each protocol's shape.
 status=$(curl -sS -o "$tmp/err.json" -w '%{http_code}' -H "x-api-key: $key" -H 'Content-Type: application/json' \
-  -d '{"model":"loops/tiny","max_tokens":4,"messages":[{"role":"user","content":"x"}],"tools":[]}' "$url/anthropic/api/v1/messages")
+  -d '{"model":"loops/tiny","max_tokens":4,"messages":[{"role":"user","content":"x"}],"thinking":{"type":"enabled","budget_tokens":1024}}' "$url/anthropic/api/v1/messages")
 [[ $status == 400 && $(json 'd["type"] + " " + d["error"]["type"]' <"$tmp/err.json") == "error invalid_request_error" ]] || fail "anthropic 400: $status $(cat "$tmp/err.json")"
-grep -q tools "$tmp/err.json" || fail "the anthropic 400 names tools"
+grep -q thinking "$tmp/err.json" || fail "the anthropic 400 names thinking"
 status=$(curl -sS -o "$tmp/err.json" -w '%{http_code}' -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
-  -d '{"model":"loops/tiny","messages":[{"role":"user","content":"x"}],"tools":[]}' "$url/oai/api/v1/chat/completions")
-[[ $status == 400 && $(json 'd["error"]["param"]' <"$tmp/err.json") == tools ]] || fail "openai 400: $status $(cat "$tmp/err.json")"
+  -d '{"model":"loops/tiny","messages":[{"role":"user","content":"x"}],"reasoning_effort":"high"}' "$url/oai/api/v1/chat/completions")
+[[ $status == 400 && $(json 'd["error"]["param"]' <"$tmp/err.json") == reasoning_effort ]] || fail "openai 400: $status $(cat "$tmp/err.json")"
 ok "unsupported fields are 400s naming them"
 echo "curl: all checks passed"

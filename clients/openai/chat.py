@@ -83,8 +83,14 @@ def main() -> None:
     cmpl = client.completions.create(model=BASE, prompt="The quick brown fox", max_tokens=6, temperature=0, logprobs=0)
     check(cmpl.choices[0].finish_reason in ("stop", "length") and cmpl.usage.completion_tokens > 0, f"completion {cmpl.choices[0].text!r}")
 
-    expect_error(openai.BadRequestError, "tools", lambda: client.chat.completions.create(
-        model=BASE, messages=MSGS, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]))
+    expect_error(openai.BadRequestError, "reasoning_effort", lambda: client.chat.completions.create(
+        model=BASE, messages=MSGS, reasoning_effort="high"))
+    expect_error(openai.NotFoundError, "model", lambda: client.chat.completions.create(model="no/such-model", messages=MSGS))
+    neutral = client.chat.completions.create(
+        model=BASE, messages=[{"role": "developer", "content": "Be brief."}, *MSGS[1:]], max_tokens=2, response_format={"type": "text"},
+        store=False, service_tier="auto", user="u1", metadata={"k": "v"}, parallel_tool_calls=True,
+        tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}], tool_choice="none")
+    check(neutral.choices[0].message.tool_calls is None, "neutral values and the developer role are accepted")
     expect_error(openai.BadRequestError, "top_logprobs", lambda: client.chat.completions.create(
         model=BASE, messages=MSGS, logprobs=True, top_logprobs=21))
     top = client.chat.completions.create(model=BASE, messages=MSGS, max_tokens=4, temperature=0, logprobs=True, top_logprobs=3)
@@ -96,7 +102,7 @@ def main() -> None:
                 for ch in chunk.choices if ch.logprobs for t in ch.logprobs.content]
     check([t.model_dump() for t in streamed] == [t.model_dump() for t in tl], "streamed top_logprobs equal the plain ones")
     expect_error(openai.BadRequestError, "n", lambda: client.chat.completions.create(model=BASE, messages=MSGS, n=0))
-    expect_error(openai.BadRequestError, "messages[0].role", lambda: client.chat.completions.create(
+    expect_error(openai.BadRequestError, "messages[0].tool_call_id", lambda: client.chat.completions.create(
         model=BASE, messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}]))
 
     # A checkpoint saved by a tinker training script is servable at once.

@@ -244,7 +244,9 @@ func TestBadRequests(t *testing.T) {
 		typ     string
 		mention string
 	}{
-		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": msgs, "tools": []any{}}, 400, "invalid_request_error", "tools"},
+		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": msgs, "tools": []any{map[string]any{"type": "web_search_20250305", "name": "web_search"}}}, 400, "invalid_request_error", "tools[0].type"},
+		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": msgs, "tools": []any{map[string]any{"name": "f"}}}, 400, "invalid_request_error", "tools[0].input_schema"},
+		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": msgs, "tool_choice": map[string]any{"type": "any"}}, 400, "invalid_request_error", "tool_choice"},
 		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": msgs, "temperature": 1.5}, 400, "invalid_request_error", "temperature"},
 		{map[string]any{"model": tiny.Name, "messages": msgs}, 400, "invalid_request_error", "max_tokens"},
 		{map[string]any{"model": tiny.Name, "max_tokens": 0, "messages": msgs}, 400, "invalid_request_error", "max_tokens"},
@@ -274,7 +276,8 @@ func TestBadRequests(t *testing.T) {
 		require.Contains(t, e.Error.Message, c.mention)
 	}
 	a := post(t, url, map[string]any{"model": "no/such-model", "max_tokens": 4, "messages": msgs}, false)
-	require.Contains(t, []int{400, 404}, a.status, "an unknown model (a 400 once deployment names resolve): %s", a.body)
+	require.Equal(t, 404, a.status, "an unknown model is Anthropic's not_found_error: %s", a.body)
+	require.Contains(t, string(a.body), `"not_found_error"`)
 	require.Contains(t, string(a.body), "no/such-model")
 	a = post(t, url+"/count_tokens", map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": msgs}, false)
 	require.Equal(t, http.StatusBadRequest, a.status)

@@ -15,6 +15,7 @@ func FuzzDecodeRequest(f *testing.F) {
 		`{"model":"tinker://run/sampler_weights/s","max_tokens":1,"system":[{"type":"text","text":"a"}],"messages":[{"role":"user","content":[{"type":"text","text":"a","cache_control":{"type":"ephemeral"}}]}]}`,
 		`{"model":"m","messages":[{"role":"assistant","content":"x"}],"max_tokens":1}`,
 		`{"model":"m","messages":[],"tools":[]}`,
+		`{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"q"},{"role":"assistant","content":[{"type":"text","text":"t"},{"type":"tool_use","id":"u1","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"u1","content":"r","is_error":false},{"type":"text","text":"more"}]}],"tools":[{"name":"f","description":"d","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"f","disable_parallel_tool_use":true},"thread":false}`,
 		`{"model":1e400,"max_tokens":1.0}`,
 		`[]`, `{`, ``,
 	} {
@@ -37,8 +38,10 @@ func FuzzDecodeRequest(f *testing.F) {
 		switch {
 		case req.model == "":
 			t.Fatal("a request without a model was accepted")
-		case len(req.messages) == 0 || req.messages[len(req.messages)-1].Role != "user":
-			t.Fatal("messages that do not end with the user's were accepted")
+		case len(req.messages) == 0 || req.messages[0].Role != "user":
+			t.Fatal("messages that do not start with the user's were accepted")
+		case len(req.tools) > infer.MaxTools:
+			t.Fatalf("%d tools accepted", len(req.tools))
 		case !count && req.maxTokens < 1:
 			t.Fatalf("max_tokens = %d accepted", req.maxTokens)
 		case !(req.temperature >= 0 && req.temperature <= 1) || !(req.topP > 0 && req.topP <= 1) || req.topK < -1 || req.topK == 0:
@@ -47,7 +50,7 @@ func FuzzDecodeRequest(f *testing.F) {
 			t.Fatalf("%d stop sequences accepted", len(req.stop))
 		}
 		for _, m := range req.messages {
-			if m.Role != "user" && m.Role != "assistant" {
+			if m.Role != "user" && m.Role != "assistant" && (m.Role != "tool" || m.ToolCallID == "") {
 				t.Fatalf("role %q accepted", m.Role)
 			}
 		}

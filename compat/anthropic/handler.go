@@ -103,6 +103,7 @@ type apiError struct {
 	status  int
 	typ     string
 	message string
+	details map[string]any // error.details, when set
 }
 
 func (e *apiError) Error() string { return e.message }
@@ -118,8 +119,9 @@ func unsupported(param, hint string) error {
 
 // errorBody is Anthropic's error object.
 type errorBody struct {
-	Type    string `json:"type"`
-	Message string `json:"message"`
+	Type    string         `json:"type"`
+	Message string         `json:"message"`
+	Details map[string]any `json:"details,omitempty"`
 }
 
 // typeOf names Anthropic's error type for an HTTP status.
@@ -159,7 +161,7 @@ func classify(err error) (status int, body errorBody, id string) {
 	}
 	var ae *apiError
 	if errors.As(err, &ae) {
-		return ae.status, errorBody{Type: ae.typ, Message: ae.message}, ""
+		return ae.status, errorBody{Type: ae.typ, Message: ae.message, Details: ae.details}, ""
 	}
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {

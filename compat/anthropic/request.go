@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net/http"
 	"strings"
 
 	"github.com/loops-dev/loops/compat/internal/infer"
@@ -25,6 +26,25 @@ type request struct {
 	topK        int32
 	stop        []string
 	stream      bool
+	// tools offered, the tool choice (Mode "" when not given) and whether the answer may
+	// make several calls (not disable_parallel_tool_use).
+	tools      []infer.Tool
+	toolChoice infer.ToolChoice
+	parallel   bool
+}
+
+// toolsActive says whether the answer is parsed for tool calls: tools are given and
+// tool_choice is not none.
+func (req *request) toolsActive() bool {
+	return len(req.tools) > 0 && req.toolChoice.Mode != infer.ToolChoiceNone
+}
+
+// maxCalls is the most calls one answer may make (0: any number).
+func (req *request) maxCalls() int {
+	if req.parallel {
+		return 0
+	}
+	return 1
 }
 
 // decodeRequest decodes the body of POST /v1/messages or, with count set, of POST
@@ -35,7 +55,7 @@ func decodeRequest(b []byte, count bool) (*request, error) {
 	if err != nil {
 		return nil, err
 	}
-	req := &request{temperature: 1, topP: 1, topK: -1}
+	req := &request{temperature: 1, topP: 1, topK: -1, parallel: true}
 	hasMessages, hasMaxTokens := false, false
 	for _, name := range infer.SortedKeys(fields) {
 		raw := fields[name]
@@ -98,6 +118,31 @@ func decodeRequest(b []byte, count bool) (*request, error) {
 			if err := json.Unmarshal(raw, &req.stream); err != nil {
 				return nil, infer.BadField(name, "stream must be a boolean")
 			}
+		case "tools":
+			sampling = false
+			if req.tools, err = decodeTools(raw); err != nil {
+				return nil, err
+			}
+		case "tool_choice":
+			sampling = false
+			if req.toolChoice, req.parallel, err = decodeToolChoice(raw); err != nil {
+				return nil, err
+			}
+		case "service_tier":
+			if tier, err := infer.Str(raw, name); err != nil || (tier != "auto" && tier != "standard_only") {
+				return nil, unsupported(name, `only "auto" or "standard_only" (Loops serves every request in one tier)`)
+			}
+		case "thread":
+			// Server-side message threads: Loops keeps none. false (the neutral value) is
+			// accepted; any other is refused with the rejection the client's tool runner reads
+			// as "continue without a thread" (error.details.error_code
+			// thread_unsupported_request).
+			var th bool
+			if json.Unmarshal(raw, &th) != nil || th {
+				return nil, &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest,
+					message: "thread: Loops keeps no server-side message threads; send the whole conversation without thread",
+					details: map[string]any{"error_code": "thread_unsupported_request", "unsupported": []string{"thread"}}}
+			}
 		case "cache_control":
 			// A prompt-caching hint: accepted, and has no effect on the answer.
 			if _, err := infer.DecodeObject(raw, name); err != nil {
@@ -123,6 +168,9 @@ func decodeRequest(b []byte, count bool) (*request, error) {
 		return nil, infer.BadField("messages", "messages is required")
 	case !count && !hasMaxTokens:
 		return nil, infer.BadField("max_tokens", "max_tokens is required")
+	}
+	if err := infer.CheckChoice(req.toolChoice, req.tools, "tool_choice"); err != nil {
+		return nil, err
 	}
 	return req, nil
 }
@@ -167,7 +215,10 @@ func decodeStop(raw json.RawMessage) ([]string, error) {
 }
 
 // decodeMessages reads the conversation: user and assistant turns, the first one the
-// user's. A last assistant turn is a prefill: the answer continues it (request.conversation).
+// user's, as chat template messages: an assistant turn's tool_use blocks are its tool
+// calls, and a user turn's tool_result blocks are "tool" messages (before the turn's text,
+// if any). A last assistant turn without tool_use is a prefill: the answer continues it
+// (request.conversation).
 func decodeMessages(raw json.RawMessage) ([]infer.Message, error) {
 	var list []json.RawMessage
 	if json.Unmarshal(raw, &list) != nil {
@@ -176,47 +227,255 @@ func decodeMessages(raw json.RawMessage) ([]infer.Message, error) {
 	if len(list) == 0 {
 		return nil, infer.BadField("messages", "messages must not be empty")
 	}
-	out := make([]infer.Message, len(list))
+	var out []infer.Message
+	callNames := map[string]string{} // tool_use id → its tool
 	for i, m := range list {
 		param := fmt.Sprintf("messages[%d]", i)
 		fields, err := infer.DecodeObject(m, param)
 		if err != nil {
 			return nil, err
 		}
+		var role string
 		if raw, ok := fields["role"]; ok && !infer.IsNull(raw) {
-			if out[i].Role, err = infer.Str(raw, param+".role"); err != nil {
+			if role, err = infer.Str(raw, param+".role"); err != nil {
 				return nil, err
 			}
 		}
-		switch out[i].Role {
+		switch role {
 		case "user", "assistant":
 		case "":
 			return nil, infer.BadField(param+".role", "%s.role is required", param)
 		default:
-			return nil, infer.BadField(param+".role", "role %q is not a Messages role: use user or assistant (the system prompt is the top-level system field)", infer.Truncate(out[i].Role))
+			return nil, infer.BadField(param+".role", "role %q is not a Messages role: use user or assistant (the system prompt is the top-level system field)", infer.Truncate(role))
 		}
-		hasContent := false
+		if i == 0 && role != "user" {
+			return nil, infer.BadField("messages[0].role", "the first message must be the user's")
+		}
+		var blocks *turn
 		for _, k := range infer.SortedKeys(fields) {
 			v := fields[k]
 			switch {
 			case k == "role", infer.IsNull(v):
 			case k == "content":
-				if out[i].Content, err = content(v, param+".content", true); err != nil {
+				if blocks, err = decodeTurn(v, param+".content", role); err != nil {
 					return nil, err
 				}
-				hasContent = true
 			default:
 				return nil, unsupported(param+"."+k, "messages carry role and content only")
 			}
 		}
-		if !hasContent {
+		if blocks == nil {
 			return nil, infer.BadField(param+".content", "%s.content is required", param)
 		}
-	}
-	if out[0].Role != "user" {
-		return nil, infer.BadField("messages[0].role", "the first message must be the user's")
+		for _, c := range blocks.calls {
+			callNames[c.ID] = c.Name
+		}
+		for _, r := range blocks.results {
+			r.Name = callNames[r.ToolCallID]
+			out = append(out, r)
+		}
+		if role == "assistant" || blocks.hasText || len(blocks.results) == 0 {
+			out = append(out, infer.Message{Role: role, Content: blocks.text, ToolCalls: blocks.calls})
+		}
 	}
 	return out, nil
+}
+
+// turn is a message's content: its text, and its tool calls (assistant) or results (user).
+type turn struct {
+	text    string
+	hasText bool
+	calls   []infer.ToolCall
+	results []infer.Message
+}
+
+// decodeTurn reads a message's content: a string, or a list of text blocks, tool_use
+// blocks (assistant) and tool_result blocks (user).
+func decodeTurn(raw json.RawMessage, param, role string) (*turn, error) {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		if s == "" {
+			return nil, infer.BadField(param, "%s must not be empty", param)
+		}
+		return &turn{text: s, hasText: true}, nil
+	}
+	var blocks []json.RawMessage
+	if json.Unmarshal(raw, &blocks) != nil {
+		return nil, infer.BadField(param, "%s must be a string or a list of content blocks", param)
+	}
+	if len(blocks) == 0 {
+		return nil, infer.BadField(param, "%s must not be empty", param)
+	}
+	t := &turn{}
+	var texts []string
+	for j, b := range blocks {
+		pp := fmt.Sprintf("%s[%d]", param, j)
+		fields, err := infer.DecodeObject(b, pp)
+		if err != nil {
+			return nil, err
+		}
+		typ := ""
+		if v, ok := fields["type"]; ok && !infer.IsNull(v) {
+			if typ, err = infer.Str(v, pp+".type"); err != nil {
+				return nil, err
+			}
+		}
+		switch {
+		case typ == "text":
+			text, err := content(json.RawMessage("["+string(b)+"]"), pp, false)
+			if err != nil {
+				return nil, err
+			}
+			texts = append(texts, text)
+			t.hasText = true
+		case typ == "tool_use" && role == "assistant":
+			var u struct {
+				ID    string          `json:"id"`
+				Name  string          `json:"name"`
+				Input json.RawMessage `json:"input"`
+			}
+			for _, k := range infer.SortedKeys(fields) {
+				switch k {
+				case "type", "id", "name", "input", "cache_control":
+				default:
+					return nil, unsupported(pp+"."+k, "")
+				}
+			}
+			var obj map[string]json.RawMessage
+			if json.Unmarshal(b, &u) != nil || u.ID == "" || u.Name == "" || json.Unmarshal(u.Input, &obj) != nil || obj == nil {
+				return nil, infer.BadField(pp, "%s must be {type: \"tool_use\", id, name, input: an object}", pp)
+			}
+			t.calls = append(t.calls, infer.ToolCall{ID: u.ID, Name: u.Name, Arguments: u.Input})
+		case typ == "tool_result" && role == "user":
+			r := infer.Message{Role: "tool"}
+			for _, k := range infer.SortedKeys(fields) {
+				v := fields[k]
+				switch {
+				case k == "type", k == "cache_control", infer.IsNull(v):
+				case k == "tool_use_id":
+					if r.ToolCallID, err = infer.Str(v, pp+"."+k); err != nil {
+						return nil, err
+					}
+				case k == "content":
+					if r.Content, err = content(v, pp+".content", false); err != nil {
+						return nil, err
+					}
+				case k == "is_error":
+					// The result is an error message: the model reads it as the result's text.
+					var b bool
+					if json.Unmarshal(v, &b) != nil {
+						return nil, infer.BadField(pp+"."+k, "%s.is_error must be a boolean", pp)
+					}
+				default:
+					return nil, unsupported(pp+"."+k, "")
+				}
+			}
+			if r.ToolCallID == "" {
+				return nil, infer.BadField(pp+".tool_use_id", "%s.tool_use_id is required", pp)
+			}
+			t.results = append(t.results, r)
+		default:
+			return nil, unsupported(pp+".type", fmt.Sprintf("content block type %q is not supported in a %s turn; only \"text\"%s", infer.Truncate(typ), role,
+				map[string]string{"assistant": ", \"tool_use\"", "user": ", \"tool_result\""}[role]))
+		}
+	}
+	t.text = strings.Join(texts, "\n")
+	return t, nil
+}
+
+// decodeTools reads tools: [{name, description, input_schema}] (type "custom" or absent),
+// bounded (infer.CheckTools).
+func decodeTools(raw json.RawMessage) ([]infer.Tool, error) {
+	var list []json.RawMessage
+	if json.Unmarshal(raw, &list) != nil {
+		return nil, infer.BadField("tools", "tools must be a list of {name, description, input_schema} objects")
+	}
+	out := make([]infer.Tool, len(list))
+	for i, item := range list {
+		param := fmt.Sprintf("tools[%d]", i)
+		fields, err := infer.DecodeObject(item, param)
+		if err != nil {
+			return nil, err
+		}
+		t := infer.Tool{}
+		for _, k := range infer.SortedKeys(fields) {
+			v, pp := fields[k], param+"."+k
+			if infer.IsNull(v) {
+				continue
+			}
+			switch k {
+			case "type":
+				if typ, err := infer.Str(v, pp); err != nil || typ != "custom" {
+					return nil, unsupported(pp, "only client tools (type \"custom\" or none): Loops runs no server tools")
+				}
+			case "name":
+				if t.Name, err = infer.Str(v, pp); err != nil {
+					return nil, err
+				}
+			case "description":
+				if t.Description, err = infer.Str(v, pp); err != nil {
+					return nil, err
+				}
+			case "input_schema":
+				t.Parameters = v
+			case "cache_control":
+			default:
+				return nil, unsupported(pp, "")
+			}
+		}
+		if t.Parameters == nil {
+			return nil, infer.BadField(param+".input_schema", "%s.input_schema is required", param)
+		}
+		if err := infer.CheckTool(t, item, param); err != nil {
+			return nil, err
+		}
+		out[i] = t
+	}
+	if err := infer.CheckTools(out, len(raw), "tools"); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// decodeToolChoice reads tool_choice: {type: auto | any | tool (with name) | none,
+// disable_parallel_tool_use}; parallel is false when disable_parallel_tool_use is true.
+func decodeToolChoice(raw json.RawMessage) (c infer.ToolChoice, parallel bool, err error) {
+	var tc struct {
+		Type    string `json:"type"`
+		Name    string `json:"name"`
+		Disable *bool  `json:"disable_parallel_tool_use"`
+	}
+	fields, err := infer.DecodeObject(raw, "tool_choice")
+	if err != nil {
+		return c, false, err
+	}
+	for _, k := range infer.SortedKeys(fields) {
+		switch k {
+		case "type", "name", "disable_parallel_tool_use":
+		default:
+			return c, false, unsupported("tool_choice."+k, "")
+		}
+	}
+	if json.Unmarshal(raw, &tc) != nil {
+		return c, false, infer.BadField("tool_choice", "tool_choice must be {type: auto | any | tool | none, name, disable_parallel_tool_use}")
+	}
+	parallel = tc.Disable == nil || !*tc.Disable
+	switch tc.Type {
+	case "auto":
+		c.Mode = infer.ToolChoiceAuto
+	case "none":
+		c.Mode = infer.ToolChoiceNone
+	case "any":
+		c.Mode = infer.ToolChoiceRequired
+	case "tool":
+		if tc.Name == "" {
+			return c, false, infer.BadField("tool_choice.name", "tool_choice of type tool needs a name")
+		}
+		c = infer.ToolChoice{Mode: infer.ToolChoiceFunction, Name: tc.Name}
+	default:
+		return c, false, infer.BadField("tool_choice.type", "tool_choice.type must be auto, any, tool or none, got %q", infer.Truncate(tc.Type))
+	}
+	return c, parallel, nil
 }
 
 // content reads message or system content: a string, or a list of text blocks (their texts
@@ -275,7 +534,7 @@ func content(raw json.RawMessage, param string, nonEmpty bool) (string, error) {
 // conversation is the messages as the chat template takes them: the system prompt first.
 func (req *request) conversation() []infer.Message {
 	msgs := req.messages
-	if n := len(msgs); n > 0 && msgs[n-1].Role == "assistant" {
+	if n := len(msgs); n > 0 && msgs[n-1].Role == "assistant" && len(msgs[n-1].ToolCalls) == 0 {
 		msgs = msgs[:n-1]
 	}
 	if !req.hasSystem || req.system == "" {
@@ -287,7 +546,7 @@ func (req *request) conversation() []infer.Message {
 // prefill is the start of the answer given as a last assistant turn: the sample continues
 // it, and the answer's content is the continuation only (as Anthropic's API answers).
 func (req *request) prefill() string {
-	if n := len(req.messages); n > 0 && req.messages[n-1].Role == "assistant" {
+	if n := len(req.messages); n > 0 && req.messages[n-1].Role == "assistant" && len(req.messages[n-1].ToolCalls) == 0 {
 		return req.messages[n-1].Content
 	}
 	return ""

@@ -27,6 +27,9 @@ func (s *server) messages(w http.ResponseWriter, r *http.Request) error {
 	in := &infer.Request{Model: req.model, Messages: req.conversation(), Prefill: req.prefill(), N: 1, Params: &loopsv1.SamplingParams{
 		MaxTokens: req.maxTokens, Temperature: req.temperature, TopK: req.topK, TopP: req.topP, StopStrings: req.stop,
 	}}
+	if req.toolsActive() {
+		in.Tools, in.ToolChoice = req.tools, req.toolChoice
+	}
 	if req.stream {
 		run, err := s.engine.Stream(r.Context(), in)
 		if err != nil {
@@ -53,7 +56,11 @@ func (s *server) countTokens(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	prompts, err := s.engine.Tokens(r.Context(), &infer.Request{Model: req.model, Messages: req.conversation(), Prefill: req.prefill()})
+	in := &infer.Request{Model: req.model, Messages: req.conversation(), Prefill: req.prefill()}
+	if req.toolsActive() {
+		in.Tools, in.ToolChoice = req.tools, req.toolChoice
+	}
+	prompts, err := s.engine.Tokens(r.Context(), in)
 	if err != nil {
 		return err
 	}
@@ -74,24 +81,63 @@ type textBlock struct {
 	Text string `json:"text"`
 }
 
+// block is a content block of an answer: text, or a tool_use.
+type block struct {
+	Type  string          `json:"type"`
+	Text  *string         `json:"text,omitempty"`
+	ID    string          `json:"id,omitempty"`
+	Name  string          `json:"name,omitempty"`
+	Input json.RawMessage `json:"input,omitempty"`
+}
+
+// toolUses gives parsed calls their ids, as tool_use blocks.
+func toolUses(parsed []infer.ToolCall) []block {
+	out := make([]block, len(parsed))
+	for k, p := range parsed {
+		out[k] = block{Type: "tool_use", ID: infer.NewCallID("toolu_"), Name: p.Name, Input: p.Arguments}
+	}
+	return out
+}
+
+// answer is the completion's content blocks: its text, then the tool calls parsed from it
+// when tools are active.
+func (req *request) answer(c *infer.Completion) []block {
+	text := c.ChoiceText(0)
+	var calls []infer.ToolCall
+	if req.toolsActive() {
+		text, calls = infer.ParseToolCalls(c.Text.ToolFormat(), c.Forced+text, req.tools, req.maxCalls())
+		if len(calls) == 0 {
+			text = c.Forced + c.ChoiceText(0)
+		}
+	}
+	var out []block
+	if text != "" || len(calls) == 0 {
+		out = append(out, block{Type: "text", Text: &text})
+	}
+	return append(out, toolUses(calls)...)
+}
+
 // message is Anthropic's Message object.
 type message struct {
-	ID           string      `json:"id"`
-	Type         string      `json:"type"`
-	Role         string      `json:"role"`
-	Model        string      `json:"model"`
-	Content      []textBlock `json:"content"`
-	StopReason   *string     `json:"stop_reason"`
-	StopSequence *string     `json:"stop_sequence"`
-	Usage        usage       `json:"usage"`
+	ID           string  `json:"id"`
+	Type         string  `json:"type"`
+	Role         string  `json:"role"`
+	Model        string  `json:"model"`
+	Content      []block `json:"content"`
+	StopReason   *string `json:"stop_reason"`
+	StopSequence *string `json:"stop_sequence"`
+	Usage        usage   `json:"usage"`
 }
 
 // stopReason is Anthropic's stop_reason of the completion's one choice, and the stop
-// sequence it ended on.
-func stopReason(c *infer.Completion) (reason string, seq *string) {
+// sequence it ended on; called says whether the answer made tool calls (an answer cut at
+// max_tokens is max_tokens all the same).
+func stopReason(c *infer.Completion, called bool) (reason string, seq *string) {
 	switch {
 	case !c.Stopped(0):
 		return "max_tokens", nil
+	case called:
+		return "tool_use", nil
 	case c.StopSequence(0) != "":
 		s := c.StopSequence(0)
 		return "stop_sequence", &s
@@ -102,12 +148,12 @@ func stopReason(c *infer.Completion) (reason string, seq *string) {
 // messageOf is the completion as a Message; done says whether it is complete (it is not
 // in message_start).
 func messageOf(req *request, c *infer.Completion, done bool) message {
-	m := message{ID: "msg_" + c.ID, Type: "message", Role: "assistant", Model: req.model, Content: []textBlock{}}
+	m := message{ID: "msg_" + c.ID, Type: "message", Role: "assistant", Model: req.model, Content: []block{}}
 	p, g := c.Usage()
 	m.Usage = usage{InputTokens: p, OutputTokens: g}
 	if done {
-		m.Content = append(m.Content, textBlock{Type: "text", Text: c.ChoiceText(0)})
-		reason, seq := stopReason(c)
+		m.Content = req.answer(c)
+		reason, seq := stopReason(c, m.Content[len(m.Content)-1].Type == "tool_use")
 		m.StopReason, m.StopSequence = &reason, seq
 	}
 	return m
@@ -142,8 +188,28 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, req *request, ru
 	c := run.Completion()
 	start := messageOf(req, c, false)
 	send("message_start", map[string]any{"type": "message_start", "message": start})
-	send("content_block_start", map[string]any{"type": "content_block_start", "index": 0, "content_block": textBlock{Type: "text"}})
+	// With tools, the text goes through a splitter (text that may be part of a call is held
+	// back), its block starts with its first text, and the calls' blocks follow it.
+	var sp *infer.ToolSplitter
+	if req.toolsActive() {
+		sp = infer.NewToolSplitter(c.Text.ToolFormat(), req.tools, req.maxCalls(), c.Forced)
+	}
+	blocks := 0 // content blocks started
+	text := func(t string) {
+		if blocks == 0 {
+			send("content_block_start", map[string]any{"type": "content_block_start", "index": 0, "content_block": textBlock{Type: "text"}})
+			blocks = 1
+		}
+		if t != "" {
+			send("content_block_delta", map[string]any{"type": "content_block_delta", "index": 0,
+				"delta": map[string]string{"type": "text_delta", "text": t}})
+		}
+	}
+	if sp == nil {
+		text("")
+	}
 	send("ping", map[string]string{"type": "ping"})
+	var calls []infer.ToolCall
 	for werr == nil {
 		chunks, err := run.Next(r.Context())
 		if infer.IsDone(err) {
@@ -164,9 +230,17 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, req *request, ru
 			return
 		}
 		for _, ch := range chunks {
-			if ch.Text != "" {
-				send("content_block_delta", map[string]any{"type": "content_block_delta", "index": 0,
-					"delta": map[string]string{"type": "text_delta", "text": ch.Text}})
+			t := ch.Text
+			if sp != nil {
+				t = sp.Feed(t)
+				if ch.Done {
+					var rest string
+					rest, calls = sp.Finish()
+					t += rest
+				}
+			}
+			if t != "" {
+				text(t)
 			}
 		}
 	}
@@ -174,8 +248,23 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, req *request, ru
 		s.log.InfoContext(r.Context(), "anthropic: stream client gone; its sample is stopped", "path", r.URL.Path, "err", werr)
 		return
 	}
-	send("content_block_stop", map[string]any{"type": "content_block_stop", "index": 0})
-	reason, seq := stopReason(c)
+	if blocks == 0 && len(calls) == 0 {
+		text("") // an empty answer is one empty text block
+	}
+	if blocks == 1 {
+		send("content_block_stop", map[string]any{"type": "content_block_stop", "index": 0})
+	}
+	for _, u := range toolUses(calls) {
+		i := blocks
+		blocks++
+		args := u.Input
+		u.Input = json.RawMessage("{}")
+		send("content_block_start", map[string]any{"type": "content_block_start", "index": i, "content_block": u})
+		send("content_block_delta", map[string]any{"type": "content_block_delta", "index": i,
+			"delta": map[string]string{"type": "input_json_delta", "partial_json": string(args)}})
+		send("content_block_stop", map[string]any{"type": "content_block_stop", "index": i})
+	}
+	reason, seq := stopReason(c, len(calls) > 0)
 	_, g := c.Usage()
 	send("message_delta", map[string]any{"type": "message_delta",
 		"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq}, "usage": map[string]int{"output_tokens": g}})

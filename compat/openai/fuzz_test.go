@@ -19,6 +19,8 @@ func FuzzDecodeRequest(f *testing.F) {
 		`{"model":"m","messages":[],"tools":[]}`,
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"presence_penalty":-2,"frequency_penalty":1.5,"min_p":0.1,"logit_bias":{"3":-100,"7":2.5},"response_format":{"type":"json_object"}}`,
 		`{"model":"m","prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"a","strict":true,"schema":{"type":"object","properties":{"a":{"anyOf":[{"type":"integer"},{"$ref":"#"}]}},"required":["a"]}}}}`,
+		`{"model":"m","messages":[{"role":"developer","content":"d"},{"role":"user","content":"q"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"r"}],"tools":[{"type":"function","function":{"name":"f","description":"d","parameters":{"type":"object"},"strict":true}}],"tool_choice":{"type":"function","function":{"name":"f"}},"parallel_tool_calls":false,"response_format":{"type":"text"},"store":false,"service_tier":"auto","metadata":{"a":"b"}}`,
+		`{"model":"m","messages":[{"role":"user","content":"q"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required"}`,
 		`{"model":1e400,"n":1.0}`,
 		`{"model":"m","prompt":["a",[1,2]],"n":3}`,
 		`[]`, `{`, ``,
@@ -56,9 +58,18 @@ func FuzzDecodeRequest(f *testing.F) {
 			t.Fatalf("%d prompts × n = %d accepted", len(req.prompts), req.n)
 		case req.responseFormat != nil && len(req.stop) > 0:
 			t.Fatal("stop with a response_format accepted")
+		case len(req.tools) > infer.MaxTools:
+			t.Fatalf("%d tools accepted", len(req.tools))
+		case infer.CheckChoice(req.toolChoice, req.tools, "tool_choice") != nil:
+			t.Fatalf("tool_choice %+v accepted with tools %+v", req.toolChoice, req.tools)
 		}
 		if err := semantics.CheckAdjustments(req.infer().Params, 0); err != nil {
 			t.Fatalf("out-of-range adjustments accepted: %v", err)
+		}
+		for _, m := range req.messages {
+			if m.Role == "developer" || (m.Role == "tool" && m.ToolCallID == "") {
+				t.Fatalf("message %+v accepted as is", m)
+			}
 		}
 		for _, p := range req.prompts {
 			if p.text == "" && len(p.tokens) == 0 {

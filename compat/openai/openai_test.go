@@ -396,7 +396,13 @@ func TestBadRequests(t *testing.T) {
 		status int
 		param  string
 	}{
-		"tools":               {"/chat/completions", chat(map[string]any{"tools": []any{map[string]any{"type": "function"}}}), 400, "tools"},
+		"tools":               {"/chat/completions", chat(map[string]any{"tools": []any{map[string]any{"type": "function"}}}), 400, "tools[0].function"},
+		"custom tool":         {"/chat/completions", chat(map[string]any{"tools": []any{map[string]any{"type": "custom", "custom": map[string]any{"name": "f"}}}}), 400, "tools[0].type"},
+		"tool name":           {"/chat/completions", chat(map[string]any{"tools": []any{map[string]any{"type": "function", "function": map[string]any{"name": "a b"}}}}), 400, "tools[0].name"},
+		"tool choice unknown": {"/chat/completions", chat(map[string]any{"tools": []any{map[string]any{"type": "function", "function": map[string]any{"name": "f"}}}, "tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "g"}}}), 400, "tool_choice"},
+		"choice, no tools":    {"/chat/completions", chat(map[string]any{"tool_choice": "required"}), 400, "tool_choice"},
+		"store":               {"/chat/completions", chat(map[string]any{"store": true}), 400, "store"},
+		"service_tier":        {"/chat/completions", chat(map[string]any{"service_tier": "flex"}), 400, "service_tier"},
 		"unknown field":       {"/chat/completions", chat(map[string]any{"foo": 1}), 400, "foo"},
 		"top_logprobs":        {"/chat/completions", chat(map[string]any{"logprobs": true, "top_logprobs": 21}), 400, "top_logprobs"},
 		"top without logprob": {"/chat/completions", chat(map[string]any{"top_logprobs": 2}), 400, "top_logprobs"},
@@ -421,7 +427,8 @@ func TestBadRequests(t *testing.T) {
 		"format no name":      {"/chat/completions", chat(map[string]any{"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"schema": map[string]any{}}}}), 400, "response_format.json_schema.name"},
 		"format keyword":      {"/chat/completions", chat(map[string]any{"response_format": jsonSchema(map[string]any{"type": "string", "pattern": "^a$"})}), 400, "response_format.json_schema.schema"},
 		"format with stop":    {"/chat/completions", chat(map[string]any{"response_format": map[string]any{"type": "json_object"}, "stop": "x"}), 400, "stop"},
-		"role":                {"/chat/completions", chat(map[string]any{"messages": []map[string]any{{"role": "tool", "content": "x", "tool_call_id": "1"}}}), 400, "messages[0].role"},
+		"role":                {"/chat/completions", chat(map[string]any{"messages": []map[string]any{{"role": "function", "content": "x"}}}), 400, "messages[0].role"},
+		"orphan tool message": {"/chat/completions", chat(map[string]any{"messages": []map[string]any{{"role": "tool", "content": "x", "tool_call_id": "1"}}}), 400, "messages[0].tool_call_id"},
 		"message name":        {"/chat/completions", chat(map[string]any{"messages": []map[string]any{{"role": "user", "content": "x", "name": "bob"}}}), 400, "messages[0].name"},
 		"image part":          {"/chat/completions", chat(map[string]any{"messages": []map[string]any{{"role": "user", "content": []map[string]any{{"type": "image_url"}}}}}), 400, "messages[0].content[0].type"},
 		"no messages":         {"/chat/completions", map[string]any{"model": tiny.Name}, 400, "messages"},
@@ -433,7 +440,7 @@ func TestBadRequests(t *testing.T) {
 		"token out of range":  {"/completions", map[string]any{"model": tiny.Name, "prompt": []int{1, 1 << 40}}, 400, "prompt[1]"},
 		"malformed":           {"/chat/completions", `{"model":`, 400, ""},
 		"not an object":       {"/chat/completions", `[1]`, 400, ""},
-		"unknown model":       {"/chat/completions", chat(map[string]any{"model": "no/such-model"}), 400, ""},
+		"unknown model":       {"/chat/completions", chat(map[string]any{"model": "no/such-model"}), 404, "model"},
 		"vocab":               {"/completions", map[string]any{"model": tiny.Name, "prompt": []int{100000}}, 400, ""},
 		"too long for model":  {"/completions", map[string]any{"model": tiny.Name, "prompt": "hi", "max_tokens": 1 << 20}, 400, ""},
 		"body too large":      {"/completions", map[string]any{"model": tiny.Name, "prompt": strings.Repeat("x", 8192)}, 413, ""},

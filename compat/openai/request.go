@@ -56,6 +56,18 @@ type request struct {
 	frequencyPenalty float32
 	minP             float32
 	responseFormat   *loopsv1.ResponseFormat
+
+	// tools offered, the tool choice (its Mode "" when not given) and whether several calls
+	// may be made in one answer (parallel_tool_calls, default true).
+	tools      []infer.Tool
+	toolChoice infer.ToolChoice
+	parallel   bool
+}
+
+// toolsActive says whether the answer is parsed for tool calls: tools are given and
+// tool_choice is not none.
+func (req *request) toolsActive() bool {
+	return len(req.tools) > 0 && req.toolChoice.Mode != infer.ToolChoiceNone
 }
 
 // decodeRequest decodes the body of POST /chat/completions (chat) or POST /completions.
@@ -66,7 +78,8 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 	if err != nil {
 		return nil, err
 	}
-	req := &request{chat: chat, temperature: 1, topP: 1, topK: -1, n: 1}
+	req := &request{chat: chat, temperature: 1, topP: 1, topK: -1, n: 1, parallel: true}
+	var hasParallel bool
 	var maxTokens, maxCompletionTokens, bestOf *int64
 	hasMessages, hasPrompt := false, false
 	// Visit the fields in a fixed order so that the error names the same field every time.
@@ -208,6 +221,49 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 			if req.responseFormat, err = decodeResponseFormat(raw); err != nil {
 				return nil, err
 			}
+		case "tools", "tool_choice", "parallel_tool_calls":
+			if !chat {
+				return nil, unsupported(name, "tools belong to POST /chat/completions")
+			}
+			switch name {
+			case "tools":
+				if req.tools, err = decodeTools(raw); err != nil {
+					return nil, err
+				}
+			case "tool_choice":
+				if req.toolChoice, err = decodeToolChoice(raw); err != nil {
+					return nil, err
+				}
+			default:
+				if err := json.Unmarshal(raw, &req.parallel); err != nil {
+					return nil, badField(name, "parallel_tool_calls must be a boolean")
+				}
+				hasParallel = true
+			}
+		case "store":
+			var store bool
+			if json.Unmarshal(raw, &store) != nil || store {
+				return nil, unsupported(name, "Loops does not store completions; omit store or send false")
+			}
+		case "service_tier":
+			if tier, err := infer.Str(raw, name); err != nil || (tier != "auto" && tier != "default") {
+				return nil, unsupported(name, `only "auto" or "default" (Loops serves every request in one tier)`)
+			}
+		case "metadata":
+			if err := decodeMetadata(raw); err != nil {
+				return nil, err
+			}
+		case "prompt_cache_key", "safety_identifier":
+			// A caching hint and an end-user id for the caller's own tracking: accepted, and
+			// have no effect.
+			if _, err := infer.Str(raw, name); err != nil {
+				return nil, err
+			}
+		case "modalities":
+			var m []string
+			if json.Unmarshal(raw, &m) != nil || len(m) != 1 || m[0] != "text" {
+				return nil, unsupported(name, `only ["text"]`)
+			}
 		case "echo":
 			var echo bool
 			if chat || json.Unmarshal(raw, &echo) != nil || echo {
@@ -232,6 +288,8 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 		return nil, badField("prompt", "%d prompts × n = %d is over the server's limit of %d choices per request", len(req.prompts), req.n, maxN)
 	case req.topLogprobs > 0 && !req.logprobs:
 		return nil, badField("top_logprobs", "top_logprobs needs logprobs: true")
+	case hasParallel && len(req.tools) == 0 && !req.parallel:
+		return nil, badField("parallel_tool_calls", "parallel_tool_calls needs tools")
 	case req.includeUsage && !req.stream:
 		return nil, badField("stream_options", "stream_options is only allowed with stream: true")
 	case bestOf != nil && *bestOf != 1 && *bestOf != int64(req.n):
@@ -240,6 +298,9 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 		return nil, badField("stop", "stop cannot be combined with a JSON response_format (a stop sequence would cut the JSON short): leave stop out")
 	case maxTokens != nil && maxCompletionTokens != nil && *maxTokens != *maxCompletionTokens:
 		return nil, badField("max_completion_tokens", "give max_completion_tokens or max_tokens, not both")
+	}
+	if err := infer.CheckChoice(req.toolChoice, req.tools, "tool_choice"); err != nil {
+		return nil, err
 	}
 	if maxTokens != nil {
 		req.maxTokens = int32(*maxTokens)
@@ -371,8 +432,9 @@ func tokenIDs(list []json.RawMessage, param string) ([]int32, error) {
 	return toks, nil
 }
 
-// decodeMessages reads chat messages: role system, user or assistant, and content a string
-// or a list of text parts (joined with newlines).
+// decodeMessages reads chat messages: role system (developer is read as system), user,
+// assistant (with tool_calls) or tool (with tool_call_id), and content a string or a list
+// of text parts (joined with newlines).
 func decodeMessages(raw json.RawMessage) ([]message, error) {
 	var list []json.RawMessage
 	if json.Unmarshal(raw, &list) != nil {
@@ -382,50 +444,236 @@ func decodeMessages(raw json.RawMessage) ([]message, error) {
 		return nil, badField("messages", "messages must not be empty")
 	}
 	out := make([]message, len(list))
+	callNames := map[string]string{} // tool call id → its tool, for the tool messages
 	for i, m := range list {
 		param := fmt.Sprintf("messages[%d]", i)
 		fields, err := infer.DecodeObject(m, param)
 		if err != nil {
 			return nil, err
 		}
-		// The role first: it says best what is wrong with a tool message.
+		// The role first: the fields a message may carry depend on it.
 		if raw, ok := fields["role"]; ok && !infer.IsNull(raw) {
 			if out[i].Role, err = infer.Str(raw, param+".role"); err != nil {
 				return nil, err
 			}
 		}
 		switch out[i].Role {
-		case "system", "user", "assistant":
+		case "developer":
+			out[i].Role = "system" // OpenAI's newer name for system instructions
+		case "system", "user", "assistant", "tool":
 		case "":
 			return nil, badField(param+".role", "%s.role is required", param)
 		default:
-			return nil, unsupported(param+".role", fmt.Sprintf("role %q is not supported; use system, user or assistant", truncate(out[i].Role)))
+			return nil, unsupported(param+".role", fmt.Sprintf("role %q is not supported; use developer, system, user, assistant or tool", truncate(out[i].Role)))
 		}
 		hasContent := false
 		for _, k := range infer.SortedKeys(fields) {
 			v := fields[k]
-			switch k {
-			case "role":
-			case "content":
-				if infer.IsNull(v) {
-					continue
-				}
+			if infer.IsNull(v) {
+				continue
+			}
+			switch {
+			case k == "role":
+			case k == "content":
 				if out[i].Content, err = content(v, param+".content"); err != nil {
 					return nil, err
 				}
 				hasContent = true
-			default:
-				if infer.IsNull(v) {
-					continue
+			case k == "tool_calls" && out[i].Role == "assistant":
+				if out[i].ToolCalls, err = decodeToolCalls(v, param+".tool_calls"); err != nil {
+					return nil, err
 				}
-				return nil, unsupported(param+"."+k, "messages carry role and content only")
+				for _, c := range out[i].ToolCalls {
+					callNames[c.ID] = c.Name
+				}
+			case k == "tool_call_id" && out[i].Role == "tool":
+				if out[i].ToolCallID, err = infer.Str(v, param+"."+k); err != nil {
+					return nil, err
+				}
+			case k == "refusal" && out[i].Role == "assistant":
+				if s, err := infer.Str(v, param+"."+k); err != nil || s != "" {
+					return nil, unsupported(param+"."+k, "only null or an empty refusal")
+				}
+			default:
+				return nil, unsupported(param+"."+k, "messages carry role and content (assistant: tool_calls; tool: tool_call_id)")
 			}
 		}
-		if !hasContent {
+		switch {
+		case !hasContent && !(out[i].Role == "assistant" && len(out[i].ToolCalls) > 0):
 			return nil, badField(param+".content", "%s.content is required", param)
+		case out[i].Role == "tool" && out[i].ToolCallID == "":
+			return nil, badField(param+".tool_call_id", "%s.tool_call_id is required: the id of the call it answers", param)
+		case out[i].Role == "tool":
+			name, ok := callNames[out[i].ToolCallID]
+			if !ok {
+				return nil, badField(param+".tool_call_id", "%s answers tool call %q, which no earlier assistant message made (a tool message follows the assistant message with its tool_calls)", param, truncate(out[i].ToolCallID))
+			}
+			out[i].Name = name
 		}
 	}
 	return out, nil
+}
+
+// decodeToolCalls reads an assistant message's tool_calls: [{id, type: "function",
+// function: {name, arguments: a JSON object as a string}}].
+func decodeToolCalls(raw json.RawMessage, param string) ([]infer.ToolCall, error) {
+	var list []json.RawMessage
+	if json.Unmarshal(raw, &list) != nil {
+		return nil, badField(param, "%s must be a list of {id, type, function} objects", param)
+	}
+	out := make([]infer.ToolCall, len(list))
+	for j, item := range list {
+		pp := fmt.Sprintf("%s[%d]", param, j)
+		var c struct {
+			ID       string `json:"id"`
+			Type     string `json:"type"`
+			Function *struct {
+				Name      string `json:"name"`
+				Arguments string `json:"arguments"`
+			} `json:"function"`
+		}
+		if json.Unmarshal(item, &c) != nil || c.Function == nil {
+			return nil, badField(pp, "%s must be {id, type: \"function\", function: {name, arguments}}", pp)
+		}
+		if c.Type != "function" && c.Type != "" {
+			return nil, unsupported(pp+".type", "only function tool calls")
+		}
+		args := json.RawMessage(c.Function.Arguments)
+		if strings.TrimSpace(c.Function.Arguments) == "" {
+			args = json.RawMessage("{}")
+		}
+		var obj map[string]json.RawMessage
+		if json.Unmarshal(args, &obj) != nil || obj == nil {
+			return nil, badField(pp+".function.arguments", "%s.function.arguments must be a JSON object, as a string", pp)
+		}
+		out[j] = infer.ToolCall{ID: c.ID, Name: c.Function.Name, Arguments: args}
+	}
+	return out, nil
+}
+
+// decodeTools reads tools: [{type: "function", function: {name, description, parameters,
+// strict}}], bounded (infer.CheckTools). strict is accepted but not enforced: the
+// arguments are sampled freely (docs/openai.md).
+func decodeTools(raw json.RawMessage) ([]infer.Tool, error) {
+	var list []json.RawMessage
+	if json.Unmarshal(raw, &list) != nil {
+		return nil, badField("tools", "tools must be a list of {type: \"function\", function: {...}} objects")
+	}
+	out := make([]infer.Tool, len(list))
+	for i, item := range list {
+		param := fmt.Sprintf("tools[%d]", i)
+		fields, err := infer.DecodeObject(item, param)
+		if err != nil {
+			return nil, err
+		}
+		// The type first: it says best what is wrong with another kind of tool.
+		if t, err := infer.Str(fields["type"], param+".type"); err != nil || t != "function" {
+			return nil, unsupported(param+".type", "only function tools ({\"type\": \"function\", \"function\": {...}})")
+		}
+		var fn json.RawMessage
+		for _, k := range infer.SortedKeys(fields) {
+			v := fields[k]
+			switch k {
+			case "type":
+			case "function":
+				fn = v
+			default:
+				if !infer.IsNull(v) {
+					return nil, unsupported(param+"."+k, "")
+				}
+			}
+		}
+		if fn == nil {
+			return nil, badField(param+".function", "%s.function is required", param)
+		}
+		ff, err := infer.DecodeObject(fn, param+".function")
+		if err != nil {
+			return nil, err
+		}
+		t, strict := infer.Tool{}, false
+		for _, k := range infer.SortedKeys(ff) {
+			v, pp := ff[k], param+".function."+k
+			if infer.IsNull(v) {
+				continue
+			}
+			switch k {
+			case "name":
+				if t.Name, err = infer.Str(v, pp); err != nil {
+					return nil, err
+				}
+			case "description":
+				if t.Description, err = infer.Str(v, pp); err != nil {
+					return nil, err
+				}
+			case "parameters":
+				t.Parameters = v
+			case "strict":
+				if json.Unmarshal(v, &strict) != nil {
+					return nil, badField(pp, "%s must be a boolean", pp)
+				}
+			default:
+				return nil, unsupported(pp, "")
+			}
+		}
+		if err := infer.CheckTool(t, item, param); err != nil {
+			return nil, err
+		}
+		if strict {
+			if err := t.CompileStrict(param + ".function.parameters"); err != nil {
+				return nil, err
+			}
+		}
+		out[i] = t
+	}
+	if err := infer.CheckTools(out, len(raw), "tools"); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// decodeToolChoice reads tool_choice: "none", "auto", "required" or {type: "function",
+// function: {name}}.
+func decodeToolChoice(raw json.RawMessage) (infer.ToolChoice, error) {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		switch s {
+		case infer.ToolChoiceNone, infer.ToolChoiceAuto, infer.ToolChoiceRequired:
+			return infer.ToolChoice{Mode: s}, nil
+		}
+		return infer.ToolChoice{}, badField("tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}, got %q", truncate(s))
+	}
+	var c struct {
+		Type     string `json:"type"`
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	if json.Unmarshal(raw, &c) != nil || c.Type != "function" || c.Function.Name == "" {
+		return infer.ToolChoice{}, badField("tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}")
+	}
+	return infer.ToolChoice{Mode: infer.ToolChoiceFunction, Name: c.Function.Name}, nil
+}
+
+// maxMetadata is OpenAI's limit on metadata: 16 pairs, keys of at most 64 characters and
+// values of at most 512.
+const maxMetadata = 16
+
+// decodeMetadata checks metadata (kept by OpenAI with stored completions; Loops stores
+// none, so it has no effect).
+func decodeMetadata(raw json.RawMessage) error {
+	var m map[string]string
+	if json.Unmarshal(raw, &m) != nil {
+		return badField("metadata", "metadata must be an object of strings")
+	}
+	if len(m) > maxMetadata {
+		return badField("metadata", "metadata has %d keys; at most %d are allowed", len(m), maxMetadata)
+	}
+	for k, v := range m {
+		if len(k) > 64 || len(v) > 512 {
+			return badField("metadata", "metadata keys are at most 64 characters and values at most 512")
+		}
+	}
+	return nil
 }
 
 func content(raw json.RawMessage, param string) (string, error) {

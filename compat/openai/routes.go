@@ -55,6 +55,9 @@ func (req *request) infer() *infer.Request {
 		TopLogprobs: req.topLogprobs, LogitBias: req.logitBias, PresencePenalty: req.presencePenalty,
 		FrequencyPenalty: req.frequencyPenalty, MinP: req.minP, ResponseFormat: req.responseFormat,
 	}}
+	if req.toolsActive() {
+		out.Tools, out.ToolChoice = req.tools, req.toolChoice
+	}
 	for _, p := range req.prompts {
 		ip := infer.Prompt{Text: p.text}
 		if p.hasTokens {
@@ -82,6 +85,16 @@ func finishReason(stopped bool) string {
 		return "stop"
 	}
 	return "length"
+}
+
+// finishReasonOf is a chat choice's finish_reason, as OpenAI answers it: length when it
+// was cut at max_tokens; tool_calls when it made calls, except under a named tool_choice,
+// which OpenAI answers with stop; otherwise stop.
+func (req *request) finishReasonOf(stopped, called bool) string {
+	if called && stopped && req.toolChoice.Mode != infer.ToolChoiceFunction {
+		return "tool_calls"
+	}
+	return finishReason(stopped)
 }
 
 // chatTop is one alternative of a chat token's top_logprobs.
@@ -174,8 +187,58 @@ func completionLogprobsOf(t *infer.Text, toks []tokenstream.Token, off int, top 
 }
 
 type chatMessage struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role string `json:"role"`
+	// Content is null when the answer is tool calls only.
+	Content   *string    `json:"content"`
+	ToolCalls []toolCall `json:"tool_calls,omitempty"`
+}
+
+// toolCall is one call of a tool in an answer (OpenAI's message.tool_calls[]).
+type toolCall struct {
+	// Index is the call's place in a streamed delta (absent from a whole message).
+	Index    *int         `json:"index,omitempty"`
+	ID       string       `json:"id,omitempty"`
+	Type     string       `json:"type,omitempty"`
+	Function toolFunction `json:"function"`
+}
+
+type toolFunction struct {
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments"`
+}
+
+// maxCalls is the most calls one answer may make: 1 when parallel_tool_calls is false.
+func (req *request) maxCalls() int {
+	if req.parallel {
+		return 0
+	}
+	return 1
+}
+
+// answer is choice i's message: its text, or its text and the tool calls parsed from it
+// (in the model's format) when tools are active.
+func (req *request) answer(c *infer.Completion, i int) (content *string, calls []toolCall) {
+	text := c.ChoiceText(i)
+	if !req.toolsActive() {
+		return &text, nil
+	}
+	rest, parsed := infer.ParseToolCalls(c.Text.ToolFormat(), c.Forced+text, req.tools, req.maxCalls())
+	if len(parsed) == 0 {
+		rest = c.Forced + text
+	}
+	if rest != "" || len(parsed) == 0 {
+		content = &rest
+	}
+	return content, toolCallsOf(parsed)
+}
+
+// toolCallsOf gives parsed calls their ids.
+func toolCallsOf(parsed []infer.ToolCall) []toolCall {
+	out := make([]toolCall, len(parsed))
+	for k, p := range parsed {
+		out[k] = toolCall{ID: infer.NewCallID("call_"), Type: "function", Function: toolFunction{Name: p.Name, Arguments: string(p.Arguments)}}
+	}
+	return out
 }
 
 type chatChoice struct {
@@ -198,7 +261,9 @@ func chatResponse(req *request, c *infer.Completion, created int64) chatCompleti
 	out := chatCompletion{ID: "chatcmpl-" + c.ID, Object: "chat.completion", Created: created, Model: req.model,
 		Choices: make([]chatChoice, len(c.Seqs)), Usage: usageOf(c)}
 	for i := range c.Seqs {
-		ch := chatChoice{Index: i, Message: chatMessage{Role: "assistant", Content: c.ChoiceText(i)}, FinishReason: finishReason(c.Stopped(i))}
+		content, calls := req.answer(c, i)
+		ch := chatChoice{Index: i, Message: chatMessage{Role: "assistant", Content: content, ToolCalls: calls},
+			FinishReason: req.finishReasonOf(c.Stopped(i), len(calls) > 0)}
 		if req.logprobs {
 			ch.Logprobs = chatLogprobsOf(c.Text, seqTokens(c, i))
 		}

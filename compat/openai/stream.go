@@ -11,8 +11,9 @@ import (
 )
 
 type chatDelta struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role      string     `json:"role,omitempty"`
+	Content   *string    `json:"content,omitempty"`
+	ToolCalls []toolCall `json:"tool_calls,omitempty"`
 }
 
 type chatChunkChoice struct {
@@ -121,6 +122,15 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, req *request, ru
 		}
 	}
 	id = "cmpl-" + c.ID
+	// With tools, each choice's text goes through a splitter: text that may be part of a
+	// tool call is held back, and the calls are sent when the choice ends.
+	var splitters []*infer.ToolSplitter
+	if req.chat && req.toolsActive() {
+		splitters = make([]*infer.ToolSplitter, nChoices)
+		for i := range splitters {
+			splitters[i] = infer.NewToolSplitter(c.Text.ToolFormat(), req.tools, req.maxCalls(), c.Forced)
+		}
+	}
 	if req.chat {
 		id = "chatcmpl-" + c.ID
 		for i := range nChoices {
@@ -148,6 +158,16 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, req *request, ru
 			return nil
 		}
 		for _, ch := range chunks {
+			var calls []toolCall
+			if splitters != nil && ch.Choice < len(splitters) {
+				sp := splitters[ch.Choice]
+				ch.Text = sp.Feed(ch.Text)
+				if ch.Done {
+					rest, parsed := sp.Finish()
+					ch.Text += rest
+					calls = toolCallsOf(parsed)
+				}
+			}
 			if ch.Text != "" || (req.logprobs && len(ch.Tokens) > 0) {
 				if req.chat {
 					text := ch.Text
@@ -167,8 +187,15 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, req *request, ru
 					send(textFor(cc))
 				}
 			}
+			for k, call := range calls {
+				// The call's id and name, then its arguments (OpenAI's delta shapes).
+				head := call
+				head.Index, head.Function.Arguments = &k, ""
+				send(chatFor(chatChunkChoice{Index: ch.Choice, Delta: chatDelta{ToolCalls: []toolCall{head}}}))
+				send(chatFor(chatChunkChoice{Index: ch.Choice, Delta: chatDelta{ToolCalls: []toolCall{{Index: &k, Function: toolFunction{Arguments: call.Function.Arguments}}}}}))
+			}
 			if ch.Done {
-				fr := finishReason(ch.Stopped)
+				fr := req.finishReasonOf(ch.Stopped, len(calls) > 0)
 				if req.chat {
 					send(chatFor(chatChunkChoice{Index: ch.Choice, FinishReason: &fr}))
 				} else {

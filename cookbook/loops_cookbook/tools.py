@@ -89,6 +89,20 @@ TOOLS: dict[str, Callable[..., str]] = {"calculator": calculator, "lookup": look
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 _ANSWER = re.compile(r"Answer:\s*(.+)")
 
+# The tools as OpenAI function tools (the `tools` of a chat completion request), for the
+# recipe's evaluation through a deployed checkpoint's OpenAI-compatible route.
+OPENAI_TOOLS = [
+    {"type": "function", "function": {"name": "calculator", "description": "Evaluates arithmetic.",
+                                      "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                                                     "required": ["expression"]}}},
+    {"type": "function", "function": {"name": "lookup", "description": "Returns a stored fact.",
+                                      "parameters": {"type": "object", "properties": {"key": {"type": "string"}},
+                                                     "required": ["key"]}}},
+    {"type": "function", "function": {"name": "convert", "description": "Converts km<->mi, kg<->lb, c<->f.",
+                                      "parameters": {"type": "object", "properties": {"value": {"type": "number"}, "unit": {"type": "string"}},
+                                                     "required": ["value", "unit"]}}},
+]
+
 
 def parse_call(text: str) -> tuple[str, dict] | str | None:
     """(name, arguments) of the first tool call in text; a string saying why it is invalid; or

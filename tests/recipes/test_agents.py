@@ -10,7 +10,7 @@ from conftest import report, run_recipe
 
 def test_tool_calling_sft_then_rl(recipe_env, tmp_path):
     res = run_recipe(recipe_env, tmp_path, "tool_calling", "sft_steps=8", "steps=2", "max_tokens=32",
-                     "group_size=2")
+                     "group_size=2", "eval_tasks=2")
     sft = [r for r in res.metrics if r.get("phase") == "sft"]
     rl = [r for r in res.metrics if "reward" in r]
     assert [r["step"] for r in sft] == list(range(1, 9)) and [r["step"] for r in rl] == [9, 10]
@@ -18,7 +18,10 @@ def test_tool_calling_sft_then_rl(recipe_env, tmp_path):
     for r in rl:
         assert {"valid_call", "tool_calls_executed", "correct", "answered"} <= r.keys()
     assert res.checkpoints[-1]["name"] == "final" and res.checkpoints[-1]["step"] == 10
-    report("tool_calling", sft_loss_first=sft[0]["train_loss"], sft_loss_last=sft[-1]["train_loss"],
+    ev = res.summary["eval"]  # the final checkpoint through the OpenAI route with tools
+    assert ev["tasks"] == 2 and 0 <= ev["correct"] <= 2 and 0 <= ev["answers_with_tool_calls"] <= 2 * 3, ev
+    assert ev["calls_run"] == 0 or ev["answers_with_tool_calls"] > 0, ev
+    report("tool_calling", eval=ev, sft_loss_first=sft[0]["train_loss"], sft_loss_last=sft[-1]["train_loss"],
            rl_rewards=[r["reward"] for r in rl], valid_call=[r["valid_call"] for r in rl], seconds=round(res.seconds, 1))
 
 

@@ -3,6 +3,8 @@ package infer
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http"
 
 	"connectrpc.com/connect"
 
@@ -22,7 +24,8 @@ func (e *Engine) createSampler(ctx context.Context, base, path string) (*loopsv1
 	if errors.As(err, &ce) {
 		switch ce.Code() {
 		case connect.CodeNotFound:
-			return nil, BadField("model", "model %q is neither a served base model (GET /models) nor a deployment you may use (loops deploy list): %s", Truncate(base), ce.Message())
+			return nil, &Error{Status: http.StatusNotFound, Param: "model", Code: "model_not_found",
+				Message: fmt.Sprintf("model %q is neither a served base model (GET /models) nor a deployment you may use (loops deploy list): %s", Truncate(base), ce.Message())}
 		case connect.CodeInvalidArgument:
 			return nil, BadField("model", "%s", ce.Message())
 		}

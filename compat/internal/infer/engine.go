@@ -77,6 +77,12 @@ type Request struct {
 	// Prefill is text the answer to Messages starts with: appended to the rendered messages
 	// (after the template's generation prompt), so the sample continues it.
 	Prefill string
+	// Tools are offered to the model through its chat template (the adapters leave them out
+	// under tool choice none); ToolChoice required or a named function forces a call by
+	// starting the answer with the format's call opening (ToolFormat.ForcedPrefix), which
+	// cannot be combined with a Prefill.
+	Tools      []Tool
+	ToolChoice ToolChoice
 	// Prompts are sampled after the rendered messages, each N times.
 	Prompts []Prompt
 	// N is the number of samples per prompt (at least 1).
@@ -97,6 +103,9 @@ type Completion struct {
 	Seqs []*loopsv1.SampledSequence
 	// Stop are the request's stop sequences.
 	Stop []string
+	// Forced is the start of the answer that forced a tool call (ToolFormat.ForcedPrefix):
+	// the choices' text continues it.
+	Forced string
 }
 
 // Usage returns the prompt and completion tokens of the completion.
@@ -236,18 +245,31 @@ func prompts(t *Text, limit int, name string, req *Request) ([][]int32, error) {
 			return nil, tooLong("messages", "messages: %d messages cannot fit in %s's limit of %d tokens (max_sequence_length; every message takes at least one token): send fewer",
 				len(req.Messages), name, limit)
 		}
-		size := len(req.Prefill)
+		if len(req.Tools) > 0 && t.tools == NoToolFormat {
+			return nil, BadField("tools", "%s's chat template renders no tools (Loops parses the tool calls of templates written for Qwen's <tool_call> format and Llama 3's JSON format): send the request without tools, or with tool_choice none", name)
+		}
+		forced := forcedPrefix(t, req)
+		if forced != "" && req.Prefill != "" {
+			return nil, BadField("tool_choice", "a forced tool call (tool_choice %s) cannot continue a prefilled answer: drop the last assistant message or the tool choice", req.ToolChoice.Mode)
+		}
+		size := len(req.Prefill) + len(forced)
 		for _, m := range req.Messages {
 			size += len(m.Content)
+			for _, c := range m.ToolCalls {
+				size += len(c.Name) + len(c.Arguments)
+			}
+		}
+		for _, tl := range req.Tools {
+			size += len(tl.Name) + len(tl.Description) + len(tl.Parameters)
 		}
 		if err := t.checkBytes(size, limit, name, "messages"); err != nil {
 			return nil, err
 		}
-		rendered, err := t.Render(req.Messages)
+		rendered, err := t.Render(req.Messages, req.Tools)
 		if err != nil {
 			return nil, err
 		}
-		toks, err := t.encodeBounded(rendered+req.Prefill, limit, name, "messages")
+		toks, err := t.encodeBounded(rendered+req.Prefill+forced, limit, name, "messages")
 		if err != nil {
 			return nil, err
 		}
@@ -275,6 +297,15 @@ func prompts(t *Text, limit int, name string, req *Request) ([][]int32, error) {
 		out = append(out, toks)
 	}
 	return out, nil
+}
+
+// forcedPrefix is the start of the answer that forces the request's tool choice ("" when
+// none is forced).
+func forcedPrefix(t *Text, req *Request) string {
+	if len(req.Tools) == 0 {
+		return ""
+	}
+	return t.tools.ForcedPrefix(req.ToolChoice)
 }
 
 // MaxLogprobAlternatives bounds choices × max_tokens × top_logprobs of one request: the

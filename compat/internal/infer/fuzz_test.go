@@ -82,7 +82,7 @@ func FuzzPrompts(f *testing.F) {
 				if len(msgs) > lim || int64(contents) > tx.MaxBytes(lim) {
 					return
 				}
-				rendered, rerr := tx.Render(msgs)
+				rendered, rerr := tx.Render(msgs, nil)
 				if rerr != nil {
 					t.Fatalf("refused as too long, but does not render: %v", rerr)
 				}
@@ -101,7 +101,7 @@ func FuzzPrompts(f *testing.F) {
 		if len(out) != 2 {
 			t.Fatalf("%d prompts for messages and one prompt", len(out))
 		}
-		rendered, err := tx.Render(msgs)
+		rendered, err := tx.Render(msgs, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -107,7 +107,7 @@ func (e *Engine) start(ctx context.Context, req *Request, stream bool) (*Run, er
 		return nil, err
 	}
 	n := max(int(req.N), 1)
-	r := &Run{c: &Completion{Text: t, Stop: req.Params.GetStopStrings()}, n: n,
+	r := &Run{c: &Completion{Text: t, Stop: req.Params.GetStopStrings(), Forced: forcedPrefix(t, req)}, n: n,
 		results: make(chan opResult, len(ps)), choices: make([]choiceState, len(ps)*n)}
 	streamer, canStream := e.svc.Sampling.(tokenstream.Streamer)
 	switch {

@@ -11,7 +11,6 @@ import (
 	"sync"
 
 	"connectrpc.com/connect"
-	"github.com/nikolalohinski/gonja/v2"
 	"github.com/nikolalohinski/gonja/v2/config"
 	"github.com/nikolalohinski/gonja/v2/exec"
 	"github.com/nikolalohinski/gonja/v2/loaders"
@@ -26,6 +25,11 @@ import (
 type Message struct {
 	Role    string
 	Content string
+	// ToolCalls are an assistant message's calls of tools.
+	ToolCalls []ToolCall
+	// ToolCallID is, on a message of role "tool", the id of the call it answers; Name is
+	// that call's tool when known.
+	ToolCallID, Name string
 }
 
 // Text is what turns a base model's messages into tokens and its tokens into text: its
@@ -34,6 +38,8 @@ type Text struct {
 	tok      *tokenizer.Tokenizer
 	tmpl     *exec.Template // nil: the model has no chat template
 	bos, eos string
+	// tools is how the template's model writes tool calls (NoToolFormat: it renders none).
+	tools ToolFormat
 	// special are the ids of added tokens marked special (EOS, chat markers): they end or
 	// frame a message and are left out of the text returned (skip_special_tokens).
 	special map[int32]bool
@@ -129,6 +135,7 @@ func loadText(info *loopsv1.ModelInfo) (*Text, error) {
 		if t.tmpl, err = compileTemplate(src); err != nil {
 			return nil, fmt.Errorf("its chat template does not compile: %w", err)
 		}
+		t.tools = toolFormatOf(src)
 	}
 	return t, nil
 }
@@ -205,7 +212,7 @@ func compileTemplate(src string) (*exec.Template, error) {
 	if err != nil {
 		return nil, err
 	}
-	return exec.NewTemplate(root, cfg, loader, gonja.DefaultEnvironment)
+	return exec.NewTemplate(root, cfg, loader, templateEnvironment)
 }
 
 // templateError is raise_exception's error: the messages break the template's rules.
@@ -213,17 +220,45 @@ type templateError struct{ msg string }
 
 func (e *templateError) Error() string { return e.msg }
 
+// ToolFormat is how the model writes tool calls (NoToolFormat: its chat template renders
+// no tools).
+func (t *Text) ToolFormat() ToolFormat { return t.tools }
+
 // Render applies the chat template to msgs, with the generation prompt of the assistant's
-// turn appended.
-func (t *Text) Render(msgs []Message) (string, error) {
+// turn appended; tools, when not empty, are passed to the template as transformers'
+// apply_chat_template(tools=…) passes them: [{"type": "function", "function": {"name",
+// "description", "parameters"}}]. A message's tool calls are [{"id", "type": "function",
+// "function": {"name", "arguments": {…}}}] with the arguments an object (as vLLM gives
+// them to templates), and a tool message carries tool_call_id and name.
+func (t *Text) Render(msgs []Message, tools []Tool) (string, error) {
 	if t.tmpl == nil {
 		return "", BadField("model", "this model has no chat template (no chat_template in its tokenizer_config.json); use POST /completions with a prompt")
 	}
+	var tv templateValues
+	defer tv.release()
 	list := make([]map[string]any, len(msgs))
 	for i, m := range msgs {
-		list[i] = map[string]any{"role": m.Role, "content": m.Content}
+		msg := map[string]any{"role": m.Role, "content": m.Content}
+		if len(m.ToolCalls) > 0 {
+			calls := make([]any, len(m.ToolCalls))
+			for j, c := range m.ToolCalls {
+				args, err := tv.value(c.Arguments)
+				if err != nil {
+					return "", BadField(fmt.Sprintf("messages[%d]", i), "the arguments of call %d are not JSON: %v", j, err)
+				}
+				calls[j] = map[string]any{"id": c.ID, "type": "function", "function": map[string]any{"name": c.Name, "arguments": args}}
+			}
+			msg["tool_calls"] = calls
+		}
+		if m.Role == "tool" {
+			msg["tool_call_id"] = m.ToolCallID
+			if m.Name != "" {
+				msg["name"] = m.Name
+			}
+		}
+		list[i] = msg
 	}
-	ctx := exec.NewContext(map[string]any{
+	vars := map[string]any{
 		"messages":              list,
 		"add_generation_prompt": true,
 		"bos_token":             t.bos,
@@ -235,8 +270,21 @@ func (t *Text) Render(msgs []Message) (string, error) {
 			}
 			return nil, &templateError{msg: msg}
 		},
-	})
-	out, err := t.tmpl.ExecuteToString(ctx)
+	}
+	if len(tools) > 0 {
+		defs := make([]any, len(tools))
+		for i, tl := range tools {
+			raw, err := toolJSON(tl)
+			if err != nil {
+				return "", BadField("tools", "tool %q: %v", tl.Name, err)
+			}
+			if defs[i], err = tv.value(raw); err != nil {
+				return "", BadField("tools", "tool %q: %v", tl.Name, err)
+			}
+		}
+		vars["tools"] = defs
+	}
+	out, err := t.tmpl.ExecuteToString(exec.NewContext(vars))
 	if err != nil {
 		var te *templateError
 		if errors.As(err, &te) {
@@ -245,6 +293,28 @@ func (t *Text) Render(msgs []Message) (string, error) {
 		return "", BadField("messages", "the model's chat template failed on these messages: %v", err)
 	}
 	return out, nil
+}
+
+// toolJSON is a tool as chat templates take it, OpenAI's function tool:
+// {"type": "function", "function": {"name", "description", "parameters"}} (the parameters
+// in the client's key order).
+func toolJSON(t Tool) (json.RawMessage, error) {
+	var b strings.Builder
+	b.WriteString(`{"type": "function", "function": {"name": `)
+	b.Write(jsonString(t.Name))
+	if t.Description != "" {
+		b.WriteString(`, "description": `)
+		b.Write(jsonString(t.Description))
+	}
+	if len(t.Parameters) > 0 {
+		b.WriteString(`, "parameters": `)
+		b.Write(t.Parameters)
+	}
+	b.WriteString("}}")
+	if !json.Valid([]byte(b.String())) {
+		return nil, errors.New("its parameters are not valid JSON")
+	}
+	return json.RawMessage(b.String()), nil
 }
 
 // Encode tokenizes text (added tokens such as chat markers are matched first).

@@ -27,7 +27,7 @@ func tinyText(t *testing.T) *Text {
 func TestTinyChatTemplate(t *testing.T) {
 	tx := tinyText(t)
 	require.NotNil(t, tx.tmpl, "loops/tiny ships a chat template")
-	out, err := tx.Render([]Message{{Role: "system", Content: "S"}, {Role: "user", Content: "Hi"}, {Role: "assistant", Content: "Yo"}, {Role: "user", Content: "Again"}})
+	out, err := tx.Render([]Message{{Role: "system", Content: "S"}, {Role: "user", Content: "Hi"}, {Role: "assistant", Content: "Yo"}, {Role: "user", Content: "Again"}}, nil)
 	require.NoError(t, err)
 	require.Equal(t, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nYo<|im_end|>\n<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\n", out)
 	// Chat markers encode to their added tokens, and decode leaves special tokens out.
@@ -76,18 +76,18 @@ func TestHuggingFaceTemplates(t *testing.T) {
 	tmpl, err := compileTemplate(qwenTemplate)
 	require.NoError(t, err)
 	tx.tmpl = tmpl
-	out, err := tx.Render([]Message{{Role: "user", Content: "Hi"}})
+	out, err := tx.Render([]Message{{Role: "user", Content: "Hi"}}, nil)
 	require.NoError(t, err)
 	require.Equal(t, "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", out)
 
 	tmpl, err = compileTemplate(mistralTemplate)
 	require.NoError(t, err)
 	tx.tmpl, tx.bos, tx.eos = tmpl, "<s>", "</s>"
-	out, err = tx.Render([]Message{{Role: "user", Content: " Hi "}, {Role: "assistant", Content: " Yo "}, {Role: "user", Content: "Again"}})
+	out, err = tx.Render([]Message{{Role: "user", Content: " Hi "}, {Role: "assistant", Content: " Yo "}, {Role: "user", Content: "Again"}}, nil)
 	require.NoError(t, err)
 	require.Equal(t, "<s>[INST] Hi [/INST] Yo</s>[INST] Again [/INST]", out)
 
-	_, err = tx.Render([]Message{{Role: "user", Content: "a"}, {Role: "user", Content: "b"}})
+	_, err = tx.Render([]Message{{Role: "user", Content: "a"}, {Role: "user", Content: "b"}}, nil)
 	var ae *Error
 	require.True(t, errors.As(err, &ae), "%v", err)
 	require.Equal(t, http.StatusBadRequest, ae.Status)
@@ -98,7 +98,7 @@ func TestHuggingFaceTemplates(t *testing.T) {
 func TestNoChatTemplate(t *testing.T) {
 	tx := tinyText(t)
 	tx.tmpl = nil
-	_, err := tx.Render([]Message{{Role: "user", Content: "x"}})
+	_, err := tx.Render([]Message{{Role: "user", Content: "x"}}, nil)
 	var ae *Error
 	require.True(t, errors.As(err, &ae))
 	require.Equal(t, http.StatusBadRequest, ae.Status)

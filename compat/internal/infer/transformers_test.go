@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -68,7 +69,7 @@ print(json.dumps(out))
 	}
 	require.NoError(t, json.Unmarshal(outb, &res))
 	for i, c := range convs {
-		got, err := tx.Render(c)
+		got, err := tx.Render(c, nil)
 		require.NoError(t, err)
 		require.Equal(t, res[i].Text, got, "rendering %d", i)
 		require.Equal(t, res[i].IDs, tx.Encode(got), "tokens %d", i)
@@ -144,7 +145,7 @@ print(json.dumps(out))
 		require.NoError(t, err)
 		tx := &Text{tmpl: tmpl, bos: "<s>", eos: "</s>"}
 		for ci, c := range convs {
-			got, err := tx.Render(c)
+			got, err := tx.Render(c, nil)
 			if want[i] == nil {
 				require.Error(t, err, "template %d, conversation %d: jinja2 raised", ti, ci)
 			} else {
@@ -154,4 +155,75 @@ print(json.dumps(out))
 			i++
 		}
 	}
+}
+
+// TestTransformersToolsAgree: with tools and tool calls, the adapter's chat prompt for
+// loops/tiny is token for token transformers' apply_chat_template(messages, tools=…): tool
+// definitions with nested schemas in the client's key order, non-ASCII text, floats and
+// quotes, an assistant turn of two calls and their tool results. Skipped like
+// TestTransformersChatTemplateAgrees without a python with transformers.
+func TestTransformersToolsAgree(t *testing.T) {
+	py := os.Getenv("LOOPS_PYTHON")
+	if py == "" {
+		if p, err := exec.LookPath("python3"); err == nil {
+			py = p
+		}
+	}
+	if py == "" || exec.Command(py, "-c", "import transformers, jinja2").Run() != nil {
+		t.Skip("python with transformers and jinja2 not available (set LOOPS_PYTHON)")
+	}
+	t.Setenv("HF_HUB_CACHE", t.TempDir())
+	dir := t.TempDir()
+	require.NoError(t, tiny.Write(dir))
+	tx, err := loadText(&loopsv1.ModelInfo{Name: tiny.Name, TokenizerId: dir})
+	require.NoError(t, err)
+	tools := []Tool{
+		{Name: "get_weather", Description: "Météo d'une \"ville\" — 東京 ok", Parameters: json.RawMessage(`{"type": "object", "required": ["city"], "properties": {"zeta": {"type": "number", "minimum": 0.5, "maximum": 1e20, "default": 3}, "city": {"type": "string", "enum": ["Paris", "Tōkyō"]}}, "additionalProperties": false}`)},
+		{Name: "get_time"},
+	}
+	msgs := []Message{
+		{Role: "system", Content: "Use tools."},
+		{Role: "user", Content: "Weather in Paris and the time?"},
+		{Role: "assistant", Content: "Checking.", ToolCalls: []ToolCall{
+			{ID: "a", Name: "get_weather", Arguments: json.RawMessage(`{"city": "Paris", "zeta": 2.5}`)},
+			{ID: "b", Name: "get_time", Arguments: json.RawMessage(`{}`)}}},
+		{Role: "tool", Content: `{"sky": "clear"}`, ToolCallID: "a", Name: "get_weather"},
+		{Role: "tool", Content: "12:00", ToolCallID: "b", Name: "get_time"},
+	}
+	// The same conversation as transformers takes it (the JSON text keeps the key order).
+	var toolJSONs []string
+	for _, tl := range tools {
+		raw, err := toolJSON(tl)
+		require.NoError(t, err)
+		toolJSONs = append(toolJSONs, string(raw))
+	}
+	conv := `[{"role": "system", "content": "Use tools."}, {"role": "user", "content": "Weather in Paris and the time?"},
+	  {"role": "assistant", "content": "Checking.", "tool_calls": [
+	    {"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "zeta": 2.5}}},
+	    {"id": "b", "type": "function", "function": {"name": "get_time", "arguments": {}}}]},
+	  {"role": "tool", "content": "{\"sky\": \"clear\"}", "tool_call_id": "a", "name": "get_weather"},
+	  {"role": "tool", "content": "12:00", "tool_call_id": "b", "name": "get_time"}]`
+	script := `
+import json, sys
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+job = json.loads(sys.stdin.read())
+text = tok.apply_chat_template(job["messages"], tools=job["tools"], tokenize=False, add_generation_prompt=True)
+print(json.dumps({"text": text, "ids": tok(text, add_special_tokens=False)["input_ids"]}))
+`
+	in := `{"messages": ` + conv + `, "tools": [` + strings.Join(toolJSONs, ", ") + `]}`
+	cmd := exec.Command(py, "-c", script, dir)
+	cmd.Env = append(os.Environ(), "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1", "TRANSFORMERS_VERBOSITY=error")
+	cmd.Stdin = strings.NewReader(in)
+	outb, err := cmd.Output()
+	require.NoError(t, err, string(outb))
+	var res struct {
+		Text string  `json:"text"`
+		IDs  []int32 `json:"ids"`
+	}
+	require.NoError(t, json.Unmarshal(outb, &res))
+	got, err := tx.Render(msgs, tools)
+	require.NoError(t, err)
+	require.Equal(t, res.Text, got)
+	require.Equal(t, res.IDs, tx.Encode(got))
 }

@@ -9,6 +9,13 @@ and the result comes back as a `tool` message; the episode ends at `Answer: ...`
 1 when the answer matches. metrics.jsonl: sft rows (train_loss) then RL rows (reward,
 valid_call, tool_calls_executed, correct, ...).
 
+Then (`eval_tasks` > 0) the final checkpoint is evaluated as an agent framework would call
+it: through the server's OpenAI-compatible route (/oai/api/v1/chat/completions) with `tools`
+(loops_cookbook.tools.OPENAI_TOOLS), the server parsing the model's calls into `tool_calls`,
+which are executed locally and sent back as `tool` messages, up to `max_turns`; the summary's
+`eval` gives the tasks, how many answers made tool calls the route parsed, the calls run, and
+the correct answers.
+
 On loops/tiny this runs end to end (calls parsed and executed whenever the model emits
 one); learning to use tools is an exercise for a real model on a GPU (cookbook/README.md)."""
 
@@ -44,6 +51,7 @@ class Config(RLConfig):
     group_size: int = field(4, "episodes per question")
     groups_per_batch: int = field(4, "questions per RL step")
     valid_call_reward: float = field(0.2, "reward for making a valid tool call")
+    eval_tasks: int = field(4, "tasks evaluated through the OpenAI-compatible route with tools after training (0: none)")
 
 
 def transcript_error(rec: object) -> str | None:
@@ -116,6 +124,51 @@ class ToolEnv:
                 "answered": answered}
 
 
+def openai_chat(cfg: Config, body: dict) -> dict:
+    """POST /oai/api/v1/chat/completions on the recipe's server (with the SDK's API key)."""
+    import json
+    import os
+    import urllib.request
+
+    from loops_cookbook.config import base_url
+
+    url = (base_url(cfg) or "http://127.0.0.1:8000").rstrip("/") + "/oai/api/v1/chat/completions"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
+        "Content-Type": "application/json", "X-API-Key": os.environ.get("TINKER_API_KEY", "tml-cookbook")})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())
+
+
+def evaluate(cfg: Config, model: str, tasks: list[dict]) -> dict:
+    """The agent loop over the OpenAI route with tools on the first eval_tasks tasks: the
+    route's tool_calls are executed locally and answered with tool messages."""
+    import json
+
+    from loops_cookbook import tools
+
+    out = {"tasks": 0, "answers_with_tool_calls": 0, "calls_run": 0, "correct": 0}
+    for rec in tasks[:cfg.eval_tasks]:
+        out["tasks"] += 1
+        messages = task_messages(rec)
+        for _ in range(cfg.max_turns):
+            res = openai_chat(cfg, {"model": model, "messages": messages, "tools": tools.OPENAI_TOOLS,
+                                    "temperature": 0, "max_tokens": cfg.max_tokens})
+            msg = res["choices"][0]["message"]
+            calls = msg.get("tool_calls") or []
+            if not calls:
+                answer = tools.parse_answer(msg.get("content") or "")
+                out["correct"] += int(answer is not None and tools.answers_match(answer, rec["answer"]))
+                break
+            out["answers_with_tool_calls"] += 1
+            messages.append({"role": "assistant", "content": msg.get("content"), "tool_calls": calls})
+            for c in calls:
+                name, args = c["function"]["name"], json.loads(c["function"]["arguments"])
+                ok, result = tools.execute(name, args) if name in tools.TOOLS else (False, '{"error": "unknown tool"}')
+                out["calls_run"] += int(ok)
+                messages.append({"role": "tool", "tool_call_id": c["id"], "content": result})
+    return out
+
+
 def main(cfg: Config) -> dict:
     from loops_cookbook.chat import ChatML
     from loops_cookbook.rl import train_sync
@@ -144,4 +197,7 @@ def main(cfg: Config) -> dict:
 
     rows = train_sync(run, cfg, sample_task, [chat.end], max_turns=cfg.max_turns, step_offset=cfg.sft_steps)
     final = run.finish(cfg.sft_steps + cfg.steps)
-    return {"run_id": run.run_id, "rewards": [r["reward"] for r in rows], "log_dir": str(run.log_dir), "final": final}
+    out = {"run_id": run.run_id, "rewards": [r["reward"] for r in rows], "log_dir": str(run.log_dir), "final": final}
+    if cfg.eval_tasks > 0:
+        out["eval"] = evaluate(cfg, final["sampler_path"], tasks)
+    return out
