@@ -72,31 +72,36 @@ def _random_model(kind: str, out: Path, tiny_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(loops_url) -> Path:  # noqa: ARG001 - the session server registers loops/tiny
+def tiny_tokenizer(loops_url) -> Path:  # noqa: ARG001 - the session server registers loops/tiny
+    """loops/tiny's tokenizer and config, as `loops serve` registers them in the HF cache."""
     from huggingface_hub import snapshot_download
 
     return Path(snapshot_download("loops/tiny", local_files_only=True))
 
 
 @pytest.fixture(scope="module")
-def models(tiny_dir, tmp_path_factory) -> dict[str, str]:
+def models(tiny_tokenizer, tmp_path_factory) -> dict[str, str]:
+    """Served model name per family; the random ones are folders."""
     root = tmp_path_factory.mktemp("models")
     out = {"tiny": "loops/tiny"}
     for kind in ("qwen3", "qwen2", "llama"):
-        _random_model(kind, root / kind, tiny_dir)
+        _random_model(kind, root / kind, tiny_tokenizer)
         out[kind] = str(root / kind)
     return out
 
 
 @pytest.fixture(scope="module")
 def server(models, recipe_env):
+    """A `loops serve` of every family; yields it, the environment a user sets, and each
+    family's model folder (loops/tiny's is the one the server writes in its data folder)."""
     args = []
     for m in models.values():
         args += ["--model", m]
     with running_server("weights", extra_args=args) as srv:
         env = dict(recipe_env, TINKER_BASE_URL=srv.url)
         os.environ["TINKER_BASE_URL"] = srv.url
-        yield srv, env
+        dirs = dict(models, tiny=str(srv.log_path.parent / "data" / "models" / "loops-tiny"))
+        yield srv, env, dirs
     os.environ["TINKER_BASE_URL"] = recipe_env["TINKER_BASE_URL"]
 
 
@@ -111,12 +116,6 @@ def _server_logprobs(sampling_client, seq=SEQ) -> list[float]:
     got = sampling_client.compute_logprobs(types.ModelInput.from_ints(seq)).result()
     assert got[0] is None and len(got) == len(seq)
     return [float(x) for x in got[1:]]
-
-
-def _base_dir(base: str) -> str:
-    from tinker_cookbook.weights._artifacts import resolve_model_dir
-
-    return str(resolve_model_dir(base))
 
 
 def _train(base: str, flags: dict, name: str):
@@ -154,11 +153,11 @@ def test_cookbook_weights_tools(server, models, family, flags, tmp_path):
     from transformers import AutoModelForCausalLM
     from tinker_cookbook.weights import build_hf_model, build_lora_adapter
 
-    _, env = server
-    base = models[family]
-    state, sampler = _train(base, flags, f"w-{family}-{len(TABLE)}")
+    _, env, dirs = server
+    base = dirs[family]  # what the cookbook is given: the base model's folder
+    state, sampler = _train(models[family], flags, f"w-{family}-{len(TABLE)}")
     want = _server_logprobs(sampler)
-    base_lp = _logprobs(AutoModelForCausalLM.from_pretrained(_base_dir(base), dtype=torch.float32))
+    base_lp = _logprobs(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32))
     moved = _maxdiff(want, base_lp)
     assert moved > 1e-2, f"training moved the log-probs by only {moved}"
 
@@ -182,7 +181,7 @@ def test_cookbook_weights_tools(server, models, family, flags, tmp_path):
         row[f"build_hf_model/{strategy}"] = _maxdiff(want, _logprobs(AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)))
     peft_dir = tmp_path / "peft"
     build_lora_adapter(base_model=base, adapter_path=str(adapter), output_path=str(peft_dir))
-    pm = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(_base_dir(base), dtype=torch.float32), str(peft_dir))
+    pm = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), str(peft_dir))
     row["build_lora_adapter"] = _maxdiff(want, _logprobs(pm.eval()))
     TABLE.append(row)
     print(f"\n[weights] {row} (training moved log-probs by {moved:.3g})")
@@ -200,7 +199,7 @@ def test_cookbook_weights_tools(server, models, family, flags, tmp_path):
         # What is checked here: the archive carries exactly the server's head LoRA, which the
         # cookbook adds to the embedding matrix.
         sd = load_file(str(tmp_path / "merged-shard" / "model.safetensors"))
-        bsd = load_file(str(Path(_base_dir(base)) / "model.safetensors"))
+        bsd = load_file(str(Path(base) / "model.safetensors"))
         w = load_file(str(adapter / "adapter_model.safetensors"))
         a = w["base_model.model.model.unembed_tokens.lora_A.weight"].double()
         b = w["base_model.model.model.unembed_tokens.lora_B.weight"].double()
@@ -217,11 +216,11 @@ def test_publish_to_hf_hub_builds_the_upload(server, models, tmp_path, monkeypat
     from tinker_cookbook.weights import ModelCardConfig, build_lora_adapter, publish_to_hf_hub
     import tinker_cookbook.weights._publish as publish
 
-    _, env = server
-    state, _ = _train(models["tiny"], dict(train_attn=True, train_mlp=True, train_unembed=True), "w-publish")
+    _, env, dirs = server
+    state, _ = _train(models["tiny"], dict(train_attn=True, train_mlp=True, train_unembed=False), "w-publish")
     adapter = _download(env, state, tmp_path / "dl")
     peft_dir = tmp_path / "peft"
-    build_lora_adapter(base_model="loops/tiny", adapter_path=str(adapter), output_path=str(peft_dir))
+    build_lora_adapter(base_model=dirs["tiny"], adapter_path=str(adapter), output_path=str(peft_dir))
     calls: list = []
 
     class RecordingApi:  # the Hub is not reachable here: record what would be sent
@@ -245,15 +244,16 @@ def test_publish_to_hf_hub_builds_the_upload(server, models, tmp_path, monkeypat
     assert "library_name: peft" in card and "base_model: loops/tiny" in card
 
 
-def test_tinker_layout_adapter_imports(server, tiny_dir, tmp_path):
+def test_tinker_layout_adapter_imports(server, tmp_path):
     """An adapter written by hand in Tinker's layout (unembedding LoRA as
     model.unembed_tokens) imports with `loops checkpoints import` and samples as PEFT does
     with the same tensors under PEFT's names."""
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    srv, env = server
-    base = AutoModelForCausalLM.from_pretrained(str(tiny_dir), dtype=torch.float32)
+    srv, env, dirs = server
+    tiny_dir = dirs["tiny"]
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
     gen = torch.Generator().manual_seed(39)
     r, alpha = 4, 8
     weights = {}
@@ -289,7 +289,7 @@ def test_tinker_layout_adapter_imports(server, tiny_dir, tmp_path):
     diff = _maxdiff(want, got)
     print(f"\n[weights] Tinker-layout adapter imported: max |logprob(Loops) - logprob(PEFT)| = {diff:.2g}")
     assert diff < TOL
-    assert _maxdiff(want, _logprobs(AutoModelForCausalLM.from_pretrained(str(tiny_dir), dtype=torch.float32))) > 1e-2
+    assert _maxdiff(want, _logprobs(AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32))) > 1e-2
 
 
 def test_zz_table():
