@@ -4,7 +4,7 @@ Per family Loops serves (loops/tiny with tied embeddings; Qwen3, Qwen2 and Llama
 ones, tiny random models written here from a fixed seed): train a few steps with the tinker
 SDK, download the checkpoint with the tinker 0.38 CLI (`tinker checkpoint download`), run
 `build_hf_model` (float32, merge strategies "shard" and "full") and `build_lora_adapter`
-unchanged, and compare the merged model's and the PEFT adapter's log-probs (transformers +
+unchanged (Gemma 3, tied, on the torch worker when its venv is there), and compare the merged model's and the PEFT adapter's log-probs (transformers +
 PEFT, float32) with the server's. `publish_to_hf_hub` runs up to its upload, against a
 recording HfApi. The other way: an adapter written by hand in Tinker's layout is imported
 with `loops checkpoints import` and samples as PEFT does.
@@ -41,30 +41,37 @@ TRAIN = [[84, 104, 101, 32, 99, 97, 116, 32, 115, 97, 116], [76, 111, 111, 112, 
 # (family, LoRA flags) cells; loops/tiny is tied, the others untied.
 CELLS = [
     ("tiny", dict(train_attn=True, train_mlp=True, train_unembed=False)),
-    ("tiny", dict(train_attn=False, train_mlp=True, train_unembed=False)),
     ("tiny", dict(train_attn=True, train_mlp=False, train_unembed=False)),
     ("tiny", dict(train_attn=True, train_mlp=True, train_unembed=True)),
     ("qwen3", dict(train_attn=True, train_mlp=True, train_unembed=True)),
-    ("qwen3", dict(train_attn=True, train_mlp=False, train_unembed=False)),
     ("qwen2", dict(train_attn=True, train_mlp=True, train_unembed=True)),
     ("llama", dict(train_attn=False, train_mlp=True, train_unembed=True)),
+    ("gemma3", dict(train_attn=True, train_mlp=True, train_unembed=False)),
+    ("gemma3", dict(train_attn=True, train_mlp=True, train_unembed=True)),
 ]
+TIED = {"tiny", "gemma3"}
 TABLE: list[dict] = []
 
 
 def _random_model(kind: str, out: Path, tiny_dir: Path) -> None:
     """A tiny random model of a family, float32, written with transformers from a fixed seed."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
     vocab = json.loads((tiny_dir / "config.json").read_text())["vocab_size"]
     common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                   rms_norm_eps=1e-6, tie_word_embeddings=False, initializer_range=0.1,
                   rope_theta=10000.0, hidden_act="silu")
+    gemma = {k: v for k, v in common.items() if k not in ("tie_word_embeddings", "hidden_act")}
     cfg = {"qwen3": lambda: Qwen3Config(head_dim=16, **common),
            "qwen2": lambda: Qwen2Config(**common),
-           "llama": lambda: LlamaConfig(head_dim=16, **common)}[kind]()
-    torch.manual_seed({"qwen3": 3, "qwen2": 2, "llama": 1}[kind])
+           "llama": lambda: LlamaConfig(head_dim=16, **common),
+           # Gemma 3 (text): tied, embeddings scaled by sqrt(hidden), sliding and full layers.
+           "gemma3": lambda: Gemma3TextConfig(head_dim=16, sliding_window=64, tie_word_embeddings=True,
+                                              layer_types=["sliding_attention", "full_attention"], **gemma)}[kind]()
+    if kind == "gemma3":
+        cfg.architectures = ["Gemma3ForCausalLM"]
+    torch.manual_seed({"qwen3": 3, "qwen2": 2, "llama": 1, "gemma3": 4}[kind])
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     model.save_pretrained(out)
     for f in ("tokenizer.json", "tokenizer_config.json"):
@@ -84,10 +91,16 @@ def models(tiny_tokenizer, tmp_path_factory) -> dict[str, str]:
     """Served model name per family; the random ones are folders."""
     root = tmp_path_factory.mktemp("models")
     out = {"tiny": "loops/tiny"}
-    for kind in ("qwen3", "qwen2", "llama"):
+    for kind in ("qwen3", "qwen2", "llama", "gemma3"):
         _random_model(kind, root / kind, tiny_tokenizer)
         out[kind] = str(root / kind)
     return out
+
+
+def _torch_python() -> str | None:
+    """The torch worker's interpreter: LOOPS_TORCH_PYTHON, or the venv CI builds for it."""
+    py = os.environ.get("LOOPS_TORCH_PYTHON") or str(Path.home() / ".cache/loops/venvs/torch-worker/bin/python")
+    return py if Path(py).exists() else None
 
 
 @pytest.fixture(scope="module")
@@ -95,14 +108,28 @@ def server(models, recipe_env):
     """A `loops serve` of every family; yields it, the environment a user sets, and each
     family's model folder (loops/tiny's is the one the server writes in its data folder)."""
     args = []
-    for m in models.values():
-        args += ["--model", m]
+    for family, m in models.items():
+        if family != "gemma3":
+            args += ["--model", m]
     with running_server("weights", extra_args=args) as srv:
         env = dict(recipe_env, TINKER_BASE_URL=srv.url)
         os.environ["TINKER_BASE_URL"] = srv.url
         dirs = dict(models, tiny=str(srv.log_path.parent / "data" / "models" / "loops-tiny"))
         yield srv, env, dirs
     os.environ["TINKER_BASE_URL"] = recipe_env["TINKER_BASE_URL"]
+
+
+@pytest.fixture(scope="module")
+def torch_server(models, recipe_env):
+    """A `loops serve --backend torch` of Gemma 3 (the torch worker serves it)."""
+    py = _torch_python()
+    if py is None:
+        pytest.skip("no torch worker venv (LOOPS_TORCH_PYTHON): Gemma 3 is served by the torch worker")
+    args = ["--backend", "torch", "--backend-opt", f"python={py}",
+            "--backend-opt", f"pythonpath={REPO_ROOT / 'backends' / 'torch'}", "--model", models["gemma3"]]
+    with running_server("weights-torch", extra_args=args) as srv:
+        env = dict(recipe_env, TINKER_BASE_URL=srv.url)
+        yield srv, env, dict(models)
 
 
 def _logprobs(model, seq=SEQ) -> list[float]:
@@ -148,12 +175,13 @@ def _maxdiff(a: list[float], b: list[float]) -> float:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("family,flags", CELLS,
                          ids=[f"{f}-" + "-".join(k[6:] for k, v in fl.items() if v) for f, fl in CELLS])
-def test_cookbook_weights_tools(server, models, family, flags, tmp_path):
+def test_cookbook_weights_tools(request, models, family, flags, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
     from tinker_cookbook.weights import build_hf_model, build_lora_adapter
 
-    _, env, dirs = server
+    _, env, dirs = request.getfixturevalue("torch_server" if family == "gemma3" else "server")
+    os.environ["TINKER_BASE_URL"] = env["TINKER_BASE_URL"]
     base = dirs[family]  # what the cookbook is given: the base model's folder
     state, sampler = _train(models[family], flags, f"w-{family}-{len(TABLE)}")
     want = _server_logprobs(sampler)
@@ -172,7 +200,7 @@ def test_cookbook_weights_tools(server, models, family, flags, tmp_path):
     assert any(".mlp." in n for n in names) == flags["train_mlp"]
     assert cfg["r"] == RANK and cfg["lora_alpha"] == 32
 
-    tied = family == "tiny"
+    tied = family in TIED
     row = {"family": family + (" (tied)" if tied else ""), "flags": "+".join(k[6:] for k, v in flags.items() if v)}
     for strategy in ("shard", "full"):
         out = tmp_path / f"merged-{strategy}"
@@ -217,6 +245,7 @@ def test_publish_to_hf_hub_builds_the_upload(server, models, tmp_path, monkeypat
     import tinker_cookbook.weights._publish as publish
 
     _, env, dirs = server
+    os.environ["TINKER_BASE_URL"] = env["TINKER_BASE_URL"]
     state, _ = _train(models["tiny"], dict(train_attn=True, train_mlp=True, train_unembed=False), "w-publish")
     adapter = _download(env, state, tmp_path / "dl")
     peft_dir = tmp_path / "peft"
@@ -252,6 +281,7 @@ def test_tinker_layout_adapter_imports(server, tmp_path):
     from transformers import AutoModelForCausalLM
 
     srv, env, dirs = server
+    os.environ["TINKER_BASE_URL"] = env["TINKER_BASE_URL"]
     tiny_dir = dirs["tiny"]
     base = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
     gen = torch.Generator().manual_seed(39)
