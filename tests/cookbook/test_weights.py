@@ -41,10 +41,9 @@ TRAIN = [[84, 104, 101, 32, 99, 97, 116, 32, 115, 97, 116], [76, 111, 111, 112, 
 # (family, LoRA flags) cells; loops/tiny is tied, the others untied.
 CELLS = [
     ("tiny", dict(train_attn=True, train_mlp=True, train_unembed=False)),
-    ("tiny", dict(train_attn=True, train_mlp=False, train_unembed=False)),
     ("tiny", dict(train_attn=True, train_mlp=True, train_unembed=True)),
     ("qwen3", dict(train_attn=True, train_mlp=True, train_unembed=True)),
-    ("qwen2", dict(train_attn=True, train_mlp=True, train_unembed=True)),
+    ("qwen2", dict(train_attn=True, train_mlp=False, train_unembed=True)),
     ("llama", dict(train_attn=False, train_mlp=True, train_unembed=True)),
     ("gemma3", dict(train_attn=True, train_mlp=True, train_unembed=False)),
     ("gemma3", dict(train_attn=True, train_mlp=True, train_unembed=True)),
