@@ -104,8 +104,9 @@ def _torch_python() -> str | None:
 
 @pytest.fixture(scope="module")
 def server(models, recipe_env):
-    """A `loops serve` of every family; yields it, the environment a user sets, and each
-    family's model folder (loops/tiny's is the one the server writes in its data folder)."""
+    """A `loops serve` of every family; yields it, the environment a user sets, and what a
+    user gives the cookbook as base_model: loops/tiny by name (`loops serve` registers it,
+    weights included, in the local HF cache), the others by folder."""
     args = []
     for family, m in models.items():
         if family != "gemma3":
@@ -113,8 +114,7 @@ def server(models, recipe_env):
     with running_server("weights", extra_args=args) as srv:
         env = dict(recipe_env, TINKER_BASE_URL=srv.url)
         os.environ["TINKER_BASE_URL"] = srv.url
-        dirs = dict(models, tiny=str(srv.log_path.parent / "data" / "models" / "loops-tiny"))
-        yield srv, env, dirs
+        yield srv, env, dict(models)
     os.environ["TINKER_BASE_URL"] = recipe_env["TINKER_BASE_URL"]
 
 
@@ -129,6 +129,15 @@ def torch_server(models, recipe_env):
     with running_server("weights-torch", extra_args=args) as srv:
         env = dict(recipe_env, TINKER_BASE_URL=srv.url)
         yield srv, env, dict(models)
+
+
+def _folder(base: str) -> Path:
+    """The local folder of a base model: itself, or its snapshot in the HF cache."""
+    if Path(base).is_dir():
+        return Path(base)
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(base, local_files_only=True))
 
 
 def _logprobs(model, seq=SEQ) -> list[float]:
@@ -181,7 +190,7 @@ def test_cookbook_weights_tools(request, models, family, flags, tmp_path):
 
     _, env, dirs = request.getfixturevalue("torch_server" if family == "gemma3" else "server")
     os.environ["TINKER_BASE_URL"] = env["TINKER_BASE_URL"]
-    base = dirs[family]  # what the cookbook is given: the base model's folder
+    base = dirs[family]  # what the cookbook is given as base_model
     state, sampler = _train(models[family], flags, f"w-{family}-{len(TABLE)}")
     want = _server_logprobs(sampler)
     base_lp = _logprobs(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32))
@@ -226,7 +235,7 @@ def test_cookbook_weights_tools(request, models, family, flags, tmp_path):
         # What is checked here: the archive carries exactly the server's head LoRA, which the
         # cookbook adds to the embedding matrix.
         sd = load_file(str(tmp_path / "merged-shard" / "model.safetensors"))
-        bsd = load_file(str(Path(base) / "model.safetensors"))
+        bsd = load_file(str(_folder(base) / "model.safetensors"))
         w = load_file(str(adapter / "adapter_model.safetensors"))
         a = w["base_model.model.model.unembed_tokens.lora_A.weight"].double()
         b = w["base_model.model.model.unembed_tokens.lora_B.weight"].double()
