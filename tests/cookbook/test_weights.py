@@ -104,9 +104,10 @@ def _torch_python() -> str | None:
 
 @pytest.fixture(scope="module")
 def server(models, recipe_env):
-    """A `loops serve` of every family; yields it, the environment a user sets, and what a
-    user gives the cookbook as base_model: loops/tiny by name (`loops serve` registers it,
-    weights included, in the local HF cache), the others by folder."""
+    """A `loops serve` of every family; yields it, the environment a user sets, and each
+    family's folder, given to the cookbook as base_model (loops/tiny's is the one this server
+    writes in its data folder: `base_model="loops/tiny"` works too, from the HF cache, but
+    that cache is shared by every server on the machine)."""
     args = []
     for family, m in models.items():
         if family != "gemma3":
@@ -114,7 +115,7 @@ def server(models, recipe_env):
     with running_server("weights", extra_args=args) as srv:
         env = dict(recipe_env, TINKER_BASE_URL=srv.url)
         os.environ["TINKER_BASE_URL"] = srv.url
-        yield srv, env, dict(models)
+        yield srv, env, dict(models, tiny=str(srv.log_path.parent / "data" / "models" / "loops-tiny"))
     os.environ["TINKER_BASE_URL"] = recipe_env["TINKER_BASE_URL"]
 
 
@@ -232,8 +233,19 @@ def test_cookbook_weights_tools(request, models, family, flags, tmp_path):
         # only; build_lora_adapter writes that LoRA for embed_tokens under lora_A/lora_B,
         # which PEFT does not load for an embedding. Neither can be exact; docs/export-import.md
         # says so and points to `loops checkpoints export`, checked exact in test-export.
-        # What is checked here: the archive carries exactly the server's head LoRA, which the
-        # cookbook adds to the embedding matrix.
+        # What is checked here: the archive carries exactly the server's LoRA (the tensors of
+        # `loops checkpoints export --format peft`, the stored folder, under Tinker's names),
+        # and the cookbook adds exactly its head update to the embedding matrix.
+        srv_url = env["TINKER_BASE_URL"]
+        proc = subprocess.run([str(loops_binary()), "checkpoints", "export", state, "--format", "peft", "-o",
+                               str(tmp_path / "peft-export"), "--url", srv_url, "--api-key", API_KEY],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        stored = load_file(str(tmp_path / "peft-export" / "adapter_model.safetensors"))
+        downloaded = load_file(str(adapter / "adapter_model.safetensors"))
+        assert {k.replace(".lm_head.", ".model.unembed_tokens.") for k in stored} == set(downloaded)
+        for k, v in stored.items():
+            assert torch.equal(v, downloaded[k.replace(".lm_head.", ".model.unembed_tokens.")]), k
         sd = load_file(str(tmp_path / "merged-shard" / "model.safetensors"))
         bsd = load_file(str(_folder(base) / "model.safetensors"))
         w = load_file(str(adapter / "adapter_model.safetensors"))
