@@ -98,7 +98,8 @@ def models(tiny_tokenizer, tmp_path_factory) -> dict[str, str]:
 
 def _torch_python() -> str | None:
     """The torch worker's interpreter: LOOPS_TORCH_PYTHON, or the venv CI builds for it."""
-    py = os.environ.get("LOOPS_TORCH_PYTHON") or str(Path.home() / ".cache/loops/venvs/torch-worker/bin/python")
+    venvs = Path(os.environ.get("LOOPS_VENV_DIR") or Path.home() / ".cache/loops/venvs")
+    py = os.environ.get("LOOPS_TORCH_PYTHON") or str(venvs / "torch-worker" / "bin" / "python")
     return py if Path(py).exists() else None
 
 
