@@ -183,7 +183,7 @@ test-sdk-surface: ## Every method/argument of tinker 0.18.2, 0.24.1, 0.30.4, 0.3
 	LOOPS_SDK_TESTS=tests/sdk_matrix/test_surface.py bash tests/sdk_matrix/run.sh
 
 .PHONY: test-cookbook
-test-cookbook: ## tinker-cookbook 0.6.1 recipes (chat_sl, math_rl sync/async/stream × IS/PPO/CISPO, rl_loop with gspo and its default stable_reinforce) unmodified against loops serve
+test-cookbook: ## tinker-cookbook 0.6.1 recipes (chat_sl, math_rl sync/async/stream × IS/PPO/CISPO, rl_loop with gspo and its default stable_reinforce) unmodified against loops serve; its weights tools (build_hf_model, build_lora_adapter, publish_to_hf_hub) on checkpoints downloaded with the tinker CLI, per family
 	bash tests/cookbook/run.sh
 
 .PHONY: test-recipes

@@ -136,11 +136,13 @@ The weather today is sunny with a light breeze; tomorrow there will be rain in t
 and clouds in the afternoon. Remember to water the plants, feed the cat, and call home.
 `
 
-// RegisterInHubCache copies the tokenizer and config of the model folder dir into the local
+// RegisterInHubCache copies the model folder dir (tokenizer, config, weights) into the local
 // Hugging Face hub cache as the repository "loops/tiny", so that
 // AutoTokenizer.from_pretrained("loops/tiny") works offline on this machine (the tinker
-// SDK's SamplingClient.get_tokenizer loads the tokenizer by the base model's name). It
-// returns the snapshot folder.
+// SDK's SamplingClient.get_tokenizer loads the tokenizer by the base model's name), and so
+// do AutoModelForCausalLM.from_pretrained and tinker-cookbook's build_hf_model and
+// build_lora_adapter with base_model="loops/tiny". The weights (13 MB) are copied only when
+// the snapshot does not hold them yet. It returns the snapshot folder.
 func RegisterInHubCache(dir string) (string, error) {
 	hub, err := hfcache.HubDir()
 	if err != nil {
@@ -155,5 +157,22 @@ func RegisterInHubCache(dir string) (string, error) {
 		}
 		files[f] = b
 	}
-	return hfcache.Add(hub, Name, hex.EncodeToString(sum[:]), files)
+	commit := hex.EncodeToString(sum[:])
+	snap, err := hfcache.Add(hub, Name, commit, files)
+	if err != nil {
+		return "", err
+	}
+	const weights = "model.safetensors"
+	src, err := os.Stat(filepath.Join(dir, weights))
+	if err != nil {
+		return "", err
+	}
+	if dst, err := os.Stat(filepath.Join(snap, weights)); err == nil && dst.Size() == src.Size() {
+		return snap, nil
+	}
+	b, err := os.ReadFile(filepath.Join(dir, weights))
+	if err != nil {
+		return "", err
+	}
+	return hfcache.Add(hub, Name, commit, map[string][]byte{weights: b})
 }

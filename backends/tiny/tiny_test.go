@@ -99,3 +99,22 @@ print(json.dumps({"out": out, "eos": tok.eos_token_id, "vocab": len(tok)}))
 		require.Equal(t, s, res.Out[i].Text)
 	}
 }
+
+// TestRegisterInHubCache: the snapshot holds everything transformers needs to load
+// loops/tiny by name offline (config, tokenizer, weights), and registering again keeps it.
+func TestRegisterInHubCache(t *testing.T) {
+	t.Setenv("HF_HUB_CACHE", t.TempDir())
+	dir := t.TempDir()
+	require.NoError(t, Write(dir))
+	for range 2 {
+		snap, err := RegisterInHubCache(dir)
+		require.NoError(t, err)
+		for _, f := range []string{"config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json", "model.safetensors"} {
+			want, err := os.ReadFile(filepath.Join(dir, f))
+			require.NoError(t, err)
+			got, err := os.ReadFile(filepath.Join(snap, f))
+			require.NoError(t, err, f)
+			require.Equal(t, want, got, f)
+		}
+	}
+}

@@ -22,9 +22,10 @@ func checkpointsImportCmd(cf *clientFlags) *cobra.Command {
 	var baseModel, name string
 	cmd := &cobra.Command{
 		Use:   "import DIR --base-model MODEL [--name NAME]",
-		Short: "Upload a PEFT LoRA adapter trained elsewhere as a checkpoint",
-		Long: "Upload DIR's adapter_config.json and adapter_model.safetensors (a PEFT LoRA adapter) as\n" +
-			"the checkpoint tinker://<run>/weights/NAME of a new run. The server checks it against the\n" +
+		Short: "Upload a LoRA adapter trained elsewhere (PEFT's or Tinker's layout) as a checkpoint",
+		Long: "Upload DIR's adapter_config.json and adapter_model.safetensors (a LoRA adapter in PEFT's\n" +
+			"layout, or in Tinker's as `tinker checkpoint download` writes it) as the checkpoint\n" +
+			"tinker://<run>/weights/NAME of a new run. The server checks it against the\n" +
 			"base model (rank, target modules, every tensor's name and shape) and answers a 400 that\n" +
 			"names any mismatch. The checkpoint then samples, deploys and starts training runs\n" +
 			"(from_checkpoint) like one saved here.",
@@ -37,7 +38,10 @@ func checkpointsImportCmd(cf *clientFlags) *cobra.Command {
 			for _, f := range []string{peft.AdapterConfigFile, peft.AdapterWeightsFile} {
 				p := filepath.Join(args[0], f)
 				if st, err := os.Stat(p); err != nil || !st.Mode().IsRegular() {
-					return fmt.Errorf("%s holds no %s: give a PEFT adapter folder", args[0], f)
+					if _, err := os.Stat(filepath.Join(args[0], "config.json")); err == nil {
+						return fmt.Errorf("%s is a merged model folder (config.json, no %s): a merged model is not an adapter; import the adapter (loops checkpoints export --format peft, or tinker checkpoint download)", args[0], f)
+					}
+					return fmt.Errorf("%s holds no %s: give a LoRA adapter folder", args[0], f)
 				}
 				files = append(files, p)
 			}

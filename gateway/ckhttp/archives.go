@@ -36,14 +36,14 @@ func (h *Handlers) Archives() http.Handler {
 				h.edge.WriteError(w, r, &detailError{http.StatusNotFound, "no such file in this checkpoint"})
 				return
 			}
-			rc, err := h.c.OpenArchiveFile(r.Context(), link, f.Name)
+			rc, size, err := h.c.OpenArchiveFile(r.Context(), link, f.Name)
 			if err != nil {
 				h.edge.WriteError(w, r, err)
 				return
 			}
 			defer rc.Close()
 			w.Header().Set("Content-Type", "application/octet-stream")
-			w.Header().Set("Content-Length", strconv.FormatInt(f.Size, 10))
+			w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
 			if r.Method == http.MethodHead {
 				return
 			}
@@ -69,12 +69,13 @@ func (h *Handlers) Archives() http.Handler {
 func (h *Handlers) writeTar(ctx context.Context, w io.Writer, link core.ArchiveLink) error {
 	tw := tar.NewWriter(w)
 	for _, f := range link.Manifest.Files {
-		hdr := &tar.Header{Name: f.Name, Mode: 0o644, Size: f.Size, ModTime: link.Manifest.Created, Typeflag: tar.TypeReg}
-		if err := tw.WriteHeader(hdr); err != nil {
+		rc, size, err := h.c.OpenArchiveFile(ctx, link, f.Name)
+		if err != nil {
 			return err
 		}
-		rc, err := h.c.OpenArchiveFile(ctx, link, f.Name)
-		if err != nil {
+		hdr := &tar.Header{Name: f.Name, Mode: 0o644, Size: size, ModTime: link.Manifest.Created, Typeflag: tar.TypeReg}
+		if err := tw.WriteHeader(hdr); err != nil {
+			rc.Close()
 			return err
 		}
 		_, err = io.Copy(tw, rc)

@@ -72,8 +72,9 @@ type Checkpoints interface {
 	// OpenArchiveLink returns what a download link's token grants now (NotFound when it
 	// grants nothing any more, saying why).
 	OpenArchiveLink(ctx context.Context, token string) (core.ArchiveLink, error)
-	// OpenArchiveFile opens one file of a link's manifest.
-	OpenArchiveFile(ctx context.Context, link core.ArchiveLink, name string) (io.ReadCloser, error)
+	// OpenArchiveFile opens one file of a link's manifest, as served (in Tinker's layout),
+	// with the size it yields.
+	OpenArchiveFile(ctx context.Context, link core.ArchiveLink, name string) (io.ReadCloser, int64, error)
 	// OpenCheckpointFolder opens a local folder with the files of the checkpoint at path
 	// that workspace ws may read.
 	OpenCheckpointFolder(ctx context.Context, ws, path string) (core.CheckpointFolder, error)

@@ -159,6 +159,9 @@ func untarAdapter(body io.Reader, dir string) error {
 			continue
 		}
 		base := filepath.Base(h.Name)
+		if err := core.MergedModelFile(base); err != nil {
+			return err
+		}
 		limit, ok := importFiles[base]
 		if ok && sparse(h) {
 			return invalidArgument("%s is a sparse file: send it as a regular file", base)

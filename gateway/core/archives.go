@@ -1,15 +1,19 @@
 package core
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"path"
 	"strings"
 	"sync"
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/loops-dev/loops/backends/peft"
+	"github.com/loops-dev/loops/backends/tinkerlayout"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/ckstore"
 	"github.com/loops-dev/loops/gateway/core/ckfiles"
@@ -232,20 +236,67 @@ func (c *Core) OpenArchiveLink(ctx context.Context, token string) (ArchiveLink, 
 }
 
 // OpenArchiveFile opens the file name of a link's manifest (ArchiveLink.Manifest) in the
-// checkpoint store; the reader fails if the stored bytes do not match the manifest.
-func (c *Core) OpenArchiveFile(ctx context.Context, link ArchiveLink, name string) (io.ReadCloser, error) {
+// checkpoint store, in Tinker's adapter layout (backends/tinkerlayout), which the tinker
+// CLI downloads and tinker-cookbook's weights tools read: safetensors files have their
+// tensors renamed (the unembedding's LoRA is model.unembed_tokens) and adapter_config.json
+// its target_modules; other files, and adapters without an unembedding LoRA, are served as
+// stored. It returns the reader and the size it yields; the reader fails if the stored
+// bytes do not match the manifest.
+func (c *Core) OpenArchiveFile(ctx context.Context, link ArchiveLink, name string) (io.ReadCloser, int64, error) {
 	if link.key == "" || link.Manifest == nil {
-		return nil, notFound("no such file in this checkpoint")
+		return nil, 0, notFound("no such file in this checkpoint")
 	}
-	if _, ok := link.Manifest.File(name); !ok {
-		return nil, notFound("no such file in this checkpoint")
+	f, ok := link.Manifest.File(name)
+	if !ok {
+		return nil, 0, notFound("no such file in this checkpoint")
 	}
 	rc, _, err := c.ckpt.Store().Open(ctx, link.key, name)
 	if err != nil {
-		return nil, internal("opening checkpoint file "+link.key+"/"+name, err)
+		return nil, 0, internal("opening checkpoint file "+link.key+"/"+name, err)
 	}
-	return rc, nil
+	r, size, err := tinkerFile(rc, name, f.Size)
+	if r == nil {
+		rc.Close()
+		return nil, 0, internal("reading checkpoint file "+link.key+"/"+name, err)
+	}
+	if err != nil {
+		// Served as stored: every backend writes files this conversion reads, so this is a
+		// file of some other kind (its reader still verifies it against the manifest).
+		c.log.Warn("serving a checkpoint file as stored: it is not in a layout that converts to Tinker's", slog.String("key", link.key), slog.String("file", name), slog.Any("err", err))
+	}
+	return readCloser{r, rc}, size, nil
 }
+
+// tinkerFile converts the stored checkpoint file name of size bytes that r streams to
+// Tinker's layout (OpenArchiveFile). With an error and a reader, the reader and size are
+// the file as stored (it could not be converted); with an error and no reader, the store
+// failed.
+func tinkerFile(r io.Reader, name string, size int64) (io.Reader, int64, error) {
+	switch {
+	case strings.HasSuffix(name, ".safetensors"):
+		rn, err := tinkerlayout.RenameTensors(r, size, tinkerlayout.TinkerName)
+		return rn, rn.Size, err
+	case path.Base(name) == peft.AdapterConfigFile && size <= peft.MaxConfigBytes:
+		b, err := io.ReadAll(io.LimitReader(r, size+1))
+		if err != nil {
+			return nil, 0, err // the store's reader failed
+		}
+		nb, _, err := tinkerlayout.RenameTargetModules(b, tinkerlayout.TinkerModules)
+		if err != nil {
+			return bytes.NewReader(b), size, err
+		}
+		return bytes.NewReader(nb), int64(len(nb)), nil
+	}
+	return r, size, nil
+}
+
+// readCloser reads from one reader and closes another.
+type readCloser struct {
+	io.Reader
+	c io.Closer
+}
+
+func (r readCloser) Close() error { return r.c.Close() }
 
 // linkKey checks, when a link is used, that it still grants access (see OpenArchiveLink).
 // It returns the store key and manifest to serve.

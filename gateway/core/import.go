@@ -16,6 +16,7 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/peft"
+	"github.com/loops-dev/loops/backends/tinkerlayout"
 	"github.com/loops-dev/loops/gateway/core/ckfiles"
 	"github.com/loops-dev/loops/gateway/core/validate"
 	"github.com/loops-dev/loops/gateway/policy"
@@ -35,9 +36,11 @@ type ImportRequest struct {
 	Name string
 }
 
-// ImportAdapter imports a PEFT LoRA adapter folder trained elsewhere: it checks req, has
-// fill write the folder's files (adapter_config.json and adapter_model.safetensors, nothing
-// else) into an empty staging folder, checks them (peft.CheckConfig, then the backend's
+// ImportAdapter imports a LoRA adapter folder trained elsewhere: it checks req, has fill
+// write the folder's files (adapter_config.json and adapter_model.safetensors, nothing
+// else) into an empty staging folder, converts them to PEFT's layout when they are in
+// Tinker's (tinkerlayout.ToPEFT: a tinker CLI download, or the cookbook's
+// build_lora_adapter output for a tied model), checks them (peft.CheckConfig, then the backend's
 // backends.AdapterChecker against the base model and the workspace's max_lora_rank), and
 // stores them as the checkpoint weights/<name> of a new run of the workspace (unloaded: its
 // reason says it was imported), whose adapter_config.json names the base model. An error
@@ -73,6 +76,12 @@ func (c *Core) ImportAdapter(ctx context.Context, req ImportRequest, fill func(d
 	}
 	if err := checkImportFiles(dir); err != nil {
 		return nil, err
+	}
+	var pe *fs.PathError
+	if _, err := tinkerlayout.ToPEFT(dir); errors.As(err, &pe) {
+		return nil, internal("converting an imported adapter to PEFT's layout", err) // masked: the path is the server's
+	} else if err != nil {
+		return nil, invalidArgument("%v", err)
 	}
 	if err := checkImportedConfig(dir, baseModel); err != nil {
 		return nil, err
@@ -145,6 +154,20 @@ func (c *Core) ImportAdapter(ctx context.Context, req ImportRequest, fill func(d
 // importFiles are the files of an imported adapter folder.
 var importFiles = []string{peft.AdapterConfigFile, peft.AdapterWeightsFile}
 
+// mergedFiles are files of a merged model folder (loops checkpoints export --format merged,
+// the cookbook's build_hf_model), which is not an adapter.
+var mergedFiles = []string{"config.json", "model.safetensors", "model.safetensors.index.json"}
+
+// MergedModelFile answers InvalidArgument, saying what to send instead, when an import
+// holds the file name of a merged model folder (config.json, model.safetensors): a merged
+// model is not an adapter. It answers nil for any other name.
+func MergedModelFile(name string) error {
+	if !slices.Contains(mergedFiles, name) {
+		return nil
+	}
+	return invalidArgument("the import holds %s, a file of a merged model folder: a merged model is not an adapter and cannot be imported; send the adapter folder (%s and %s) in PEFT's layout (loops checkpoints export --format peft, or build_lora_adapter's output) or Tinker's (tinker checkpoint download)", name, peft.AdapterConfigFile, peft.AdapterWeightsFile)
+}
+
 // checkImportFiles checks that an import's staging folder holds the two files of an
 // adapter folder, as regular files, and nothing else.
 func checkImportFiles(dir string) error {
@@ -154,6 +177,9 @@ func checkImportFiles(dir string) error {
 	}
 	seen := map[string]bool{}
 	for _, e := range es {
+		if err := MergedModelFile(e.Name()); err != nil {
+			return err
+		}
 		if !slices.Contains(importFiles, e.Name()) || !e.Type().IsRegular() {
 			return invalidArgument("the import holds %q: send only %s and %s", clip(e.Name()), peft.AdapterConfigFile, peft.AdapterWeightsFile)
 		}

@@ -12,7 +12,8 @@
 # `pip install` of something that requires torch does not download it.
 #
 # The torch venv is ${LOOPS_TORCH_VENV:-$LOOPS_VENV_DIR/tinker-0.38.0-torch} (what
-# `LOOPS_E2E_TORCH=1 tests/e2e/run.sh` builds). Prints the torch version on stdout,
+# `LOOPS_E2E_TORCH=1 tests/e2e/run.sh` builds), or else the torch worker's venv
+# ($LOOPS_VENV_DIR/torch-worker, CPU torch). Prints the torch version on stdout,
 # or exits 3 (and prints nothing) when no torch venv exists.
 set -euo pipefail
 venv=${1:?usage: torch_overlay.sh VENV}
@@ -20,6 +21,10 @@ root=${LOOPS_VENV_DIR:-$HOME/.cache/loops/venvs}
 tv=${LOOPS_TORCH_VENV:-$root/tinker-0.38.0-torch}
 pyver=$("$venv/bin/python" -c 'import sys; print(f"python{sys.version_info[0]}.{sys.version_info[1]}")')
 src=$tv/lib/$pyver/site-packages
+if [[ ! -d $src/torch && -z ${LOOPS_TORCH_VENV:-} ]]; then
+  tv=$root/torch-worker
+  src=$tv/lib/$pyver/site-packages
+fi
 [[ -d $src/torch ]] || exit 3
 overlay=$root/.torch-overlay-$(basename "$tv")-$pyver
 if [[ ! -f $overlay/.complete ]]; then

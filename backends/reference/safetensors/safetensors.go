@@ -323,6 +323,36 @@ func F16ToF32(h uint16) float32 {
 	return math.Float32frombits(sign | uint32(exp-15+127)<<23 | mant<<13)
 }
 
+// DataOffset is where the data section starts: 8 plus the header's length.
+func (f *File) DataOffset() int64 { return f.base }
+
+// EncodeHeader returns the start of a safetensors file that declares tensors and metadata:
+// the little-endian header length, then the JSON header padded with spaces to a multiple of
+// 8 bytes (as Write pads it). The data section that follows must hold the tensors at their
+// offsets.
+func EncodeHeader(tensors map[string]Info, meta map[string]string) ([]byte, error) {
+	hdr := make(map[string]any, len(tensors)+1)
+	if len(meta) > 0 {
+		hdr["__metadata__"] = meta
+	}
+	for k, v := range tensors {
+		if k == "__metadata__" {
+			return nil, errors.New("a tensor cannot be named __metadata__")
+		}
+		hdr[k] = v
+	}
+	hb, err := json.Marshal(hdr)
+	if err != nil {
+		return nil, err
+	}
+	for len(hb)%8 != 0 {
+		hb = append(hb, ' ')
+	}
+	out := make([]byte, 8, 8+len(hb))
+	binary.LittleEndian.PutUint64(out, uint64(len(hb)))
+	return append(out, hb...), nil
+}
+
 // Tensor is a float32 tensor to write.
 type Tensor struct {
 	Name  string

@@ -1,0 +1,242 @@
+package tinkerlayout
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/loops-dev/loops/backends/peft"
+	"github.com/loops-dev/loops/backends/reference/safetensors"
+)
+
+// The unembedding's module in each layout, as tensor-name prefixes and as target_modules
+// entries.
+const (
+	peftHead   = "base_model.model.lm_head."
+	tinkerHead = "base_model.model.model.unembed_tokens."
+	// cookbookTiedHead is where tinker-cookbook's build_lora_adapter puts Tinker's
+	// unembedding LoRA for a model with tied embeddings (as lora_A/lora_B, which PEFT's own
+	// embedding LoRA never uses: it names its factors lora_embedding_A/B).
+	cookbookTiedHead = "base_model.model.model.embed_tokens."
+
+	peftHeadModule       = "lm_head"
+	tinkerHeadModule     = "unembed_tokens"
+	cookbookTiedHeadLeaf = "embed_tokens"
+)
+
+// MaxHeaderBytes bounds the safetensors header a conversion reads (a LoRA adapter of a
+// 100-layer model with every target holds about 1 400 tensors, under 200 KiB of header).
+const MaxHeaderBytes = 16 << 20
+
+// TinkerName returns the name in Tinker's layout of a tensor named in PEFT's layout (an
+// adapter tensor, or an optimizer moment "<tensor>.exp_avg"): the unembedding's LoRA is
+// model.unembed_tokens; every other name is the same in both layouts.
+func TinkerName(name string) string {
+	if rest, ok := strings.CutPrefix(name, peftHead); ok {
+		return tinkerHead + rest
+	}
+	return name
+}
+
+// PEFTName returns the PEFT name of a tensor named in Tinker's layout, or in the PEFT
+// adapter tinker-cookbook's build_lora_adapter writes from one for a model with tied
+// embeddings (model.embed_tokens with lora_A/lora_B factors): both are lm_head. Other
+// names are returned unchanged.
+func PEFTName(name string) string {
+	if rest, ok := strings.CutPrefix(name, tinkerHead); ok {
+		return peftHead + rest
+	}
+	if rest, ok := strings.CutPrefix(name, cookbookTiedHead); ok && (strings.HasPrefix(rest, "lora_A.") || strings.HasPrefix(rest, "lora_B.")) {
+		return peftHead + rest
+	}
+	return name
+}
+
+// Renamed is a safetensors stream with its tensors renamed (RenameTensors).
+type Renamed struct {
+	// Reader yields the renamed file: the new header, then the data section unchanged.
+	io.Reader
+	// Size is the renamed file's size in bytes.
+	Size int64
+	// Modules maps each module leaf name that was renamed to its new one (e.g. lm_head to
+	// unembed_tokens); empty when no tensor changed name, in which case the stream is the
+	// original bytes.
+	Modules map[string]string
+}
+
+// RenameTensors reads the header of the safetensors file of size bytes that r streams
+// (at most MaxHeaderBytes of it, validated against size) and returns the file with every
+// tensor renamed by rename; tensor data, dtypes, shapes and metadata are unchanged. Two
+// tensors renamed to one name are an error. With an error the result still streams the
+// original bytes (those already read, then the rest of r), for a caller that serves a file
+// it cannot convert as it is.
+func RenameTensors(r io.Reader, size int64, rename func(string) string) (Renamed, error) {
+	var read bytes.Buffer
+	orig := func(err error) (Renamed, error) {
+		return Renamed{Reader: io.MultiReader(&read, r), Size: size}, err
+	}
+	failed := func(err error) (Renamed, error) { // r failed: its error ends the stream too
+		return Renamed{Reader: io.MultiReader(&read, failing{err}), Size: size}, err
+	}
+	if _, err := io.CopyN(&read, r, 8); err != nil && !errors.Is(err, io.EOF) {
+		return failed(err)
+	} else if err != nil {
+		return orig(fmt.Errorf("reading the safetensors header length: %w", err))
+	}
+	n := binary.LittleEndian.Uint64(read.Bytes())
+	if size < 8 || n > uint64(size-8) || n > MaxHeaderBytes {
+		return orig(fmt.Errorf("safetensors header of %d bytes does not fit a file of %d bytes and the limit of %d", n, size, MaxHeaderBytes))
+	}
+	if _, err := io.CopyN(&read, r, int64(n)); err != nil && !errors.Is(err, io.EOF) {
+		return failed(err)
+	} else if err != nil {
+		return orig(fmt.Errorf("reading the safetensors header: %w", err))
+	}
+	prefix := read.Bytes()
+	f, err := safetensors.Parse(bytes.NewReader(prefix), size, safetensors.Limits{MaxHeaderBytes: MaxHeaderBytes})
+	if err != nil {
+		return orig(err)
+	}
+	out := make(map[string]safetensors.Info, len(f.Tensors))
+	modules := map[string]string{}
+	for k, info := range f.Tensors {
+		nk := rename(k)
+		if _, dup := out[nk]; dup {
+			return orig(fmt.Errorf("two tensors are named %s once renamed (does the file hold the unembedding's LoRA under two names?)", nk))
+		}
+		out[nk] = info
+		if nk != k {
+			modules[moduleLeaf(k)] = moduleLeaf(nk)
+		}
+	}
+	if len(modules) == 0 {
+		return orig(nil)
+	}
+	hdr, err := safetensors.EncodeHeader(out, f.Metadata)
+	if err != nil {
+		return orig(err)
+	}
+	data := size - f.DataOffset()
+	return Renamed{Reader: io.MultiReader(bytes.NewReader(hdr), r), Size: int64(len(hdr)) + data, Modules: modules}, nil
+}
+
+// failing is a reader that fails with err.
+type failing struct{ err error }
+
+func (f failing) Read([]byte) (int, error) { return 0, f.err }
+
+// moduleLeaf is the module's own name in a LoRA tensor name:
+// "base_model.model.lm_head.lora_A.weight" → "lm_head".
+func moduleLeaf(name string) string {
+	i := strings.Index(name, ".lora_")
+	if i < 0 {
+		return ""
+	}
+	mod := name[:i]
+	return mod[strings.LastIndex(mod, ".")+1:]
+}
+
+// RenameTargetModules returns adapter_config.json b with every target_modules entry that
+// modules maps renamed, and whether anything changed; every other field is kept as it was
+// (the JSON object is re-encoded with sorted keys and two-space indentation).
+func RenameTargetModules(b []byte, modules map[string]string) ([]byte, bool, error) {
+	var cfg map[string]json.RawMessage
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return nil, false, fmt.Errorf("%s is not a JSON object: %w", peft.AdapterConfigFile, err)
+	}
+	raw, ok := cfg["target_modules"]
+	if !ok || len(modules) == 0 {
+		return b, false, nil
+	}
+	var tms []string
+	if err := json.Unmarshal(raw, &tms); err != nil {
+		return b, false, nil // not a list of names: left for the config checks to refuse
+	}
+	changed := false
+	seen := map[string]bool{}
+	out := tms[:0]
+	for _, m := range tms {
+		if nm, ok := modules[m]; ok {
+			m, changed = nm, true
+		}
+		if !seen[m] {
+			seen[m] = true
+			out = append(out, m)
+		}
+	}
+	if !changed {
+		return b, false, nil
+	}
+	cfg["target_modules"], _ = json.Marshal(out)
+	nb, err := json.MarshalIndent(cfg, "", "  ")
+	if err != nil {
+		return nil, false, err
+	}
+	return append(nb, '\n'), true, nil
+}
+
+// TinkerModules maps PEFT's target module names to Tinker's (RenameTargetModules).
+var TinkerModules = map[string]string{peftHeadModule: tinkerHeadModule}
+
+// ToPEFT converts the adapter folder dir (adapter_config.json and
+// adapter_model.safetensors) from Tinker's layout, or from the PEFT adapter
+// tinker-cookbook's build_lora_adapter writes for a tied model, to PEFT's layout in place.
+// A folder already in PEFT's layout is left as it is. It returns whether anything changed.
+func ToPEFT(dir string) (bool, error) {
+	wp := filepath.Join(dir, peft.AdapterWeightsFile)
+	f, err := os.Open(wp)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return false, err
+	}
+	rn, err := RenameTensors(f, st.Size(), PEFTName)
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", peft.AdapterWeightsFile, err)
+	}
+	if len(rn.Modules) == 0 {
+		return false, nil
+	}
+	tmp, err := os.CreateTemp(dir, ".convert-*")
+	if err != nil {
+		return false, err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := io.Copy(tmp, rn); err != nil {
+		tmp.Close()
+		return false, err
+	}
+	if err := tmp.Close(); err != nil {
+		return false, err
+	}
+	cp := filepath.Join(dir, peft.AdapterConfigFile)
+	cb, err := os.ReadFile(cp)
+	if err != nil {
+		return false, err
+	}
+	if len(cb) > peft.MaxConfigBytes {
+		return false, fmt.Errorf("%s is larger than %d bytes", peft.AdapterConfigFile, peft.MaxConfigBytes)
+	}
+	nb, changed, err := RenameTargetModules(cb, rn.Modules)
+	if err != nil {
+		return false, err
+	}
+	if changed {
+		if err := os.WriteFile(cp, nb, 0o644); err != nil {
+			return false, err
+		}
+	}
+	if err := os.Rename(tmp.Name(), wp); err != nil {
+		return false, err
+	}
+	return true, nil
+}

@@ -1,0 +1,206 @@
+package tinkerlayout
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/loops-dev/loops/backends/peft"
+	"github.com/loops-dev/loops/backends/reference/safetensors"
+)
+
+// adapterFile writes a PEFT-layout adapter of a 1-layer model (q_proj and lm_head, r 2)
+// and returns its bytes.
+func adapterFile(t *testing.T, names ...string) []byte {
+	t.Helper()
+	var ts []safetensors.Tensor
+	for i, n := range names {
+		d := make([]float32, 6)
+		for j := range d {
+			d[j] = float32(i*10 + j)
+		}
+		ts = append(ts, safetensors.Tensor{Name: n, Shape: []int64{2, 3}, Data: d})
+	}
+	p := filepath.Join(t.TempDir(), "a.safetensors")
+	_, err := safetensors.Write(p, ts, map[string]string{"format": "pt", "loops.seed": "7"})
+	require.NoError(t, err)
+	b, err := os.ReadFile(p)
+	require.NoError(t, err)
+	return b
+}
+
+// tensors reads every tensor of a safetensors image as float64, with its metadata.
+func tensors(t *testing.T, b []byte) (map[string][]float64, map[string]string) {
+	t.Helper()
+	f, err := safetensors.Parse(bytes.NewReader(b), int64(len(b)), safetensors.Limits{})
+	require.NoError(t, err)
+	out := map[string][]float64{}
+	for k := range f.Tensors {
+		d, _, err := f.ReadFloat64(k)
+		require.NoError(t, err)
+		out[k] = d
+	}
+	return out, f.Metadata
+}
+
+func rename(t *testing.T, b []byte, fn func(string) string) ([]byte, map[string]string) {
+	t.Helper()
+	rn, err := RenameTensors(bytes.NewReader(b), int64(len(b)), fn)
+	require.NoError(t, err)
+	var out bytes.Buffer
+	_, err = out.ReadFrom(rn)
+	require.NoError(t, err)
+	require.EqualValues(t, out.Len(), rn.Size)
+	return out.Bytes(), rn.Modules
+}
+
+func TestNames(t *testing.T) {
+	for peftName, tinkerName := range map[string]string{
+		"base_model.model.lm_head.lora_A.weight":                            "base_model.model.model.unembed_tokens.lora_A.weight",
+		"base_model.model.lm_head.lora_B.weight.exp_avg_sq":                 "base_model.model.model.unembed_tokens.lora_B.weight.exp_avg_sq",
+		"base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight":    "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight",
+		"base_model.model.model.layers.0.mlp.down_proj.lora_B.weight":       "base_model.model.model.layers.0.mlp.down_proj.lora_B.weight",
+		"base_model.model.model.embed_tokens.lora_embedding_A":              "base_model.model.model.embed_tokens.lora_embedding_A",
+		"base_model.model.model.language_model.layers.0.mlp.up_proj.lora_A": "base_model.model.model.language_model.layers.0.mlp.up_proj.lora_A",
+	} {
+		require.Equal(t, tinkerName, TinkerName(peftName))
+		require.Equal(t, peftName, PEFTName(tinkerName))
+	}
+	// The cookbook's build_lora_adapter names a tied model's unembedding LoRA embed_tokens
+	// (lora_A/lora_B); PEFT's own embedding LoRA (lora_embedding_A/B) stays what it is.
+	require.Equal(t, "base_model.model.lm_head.lora_B.weight", PEFTName("base_model.model.model.embed_tokens.lora_B.weight"))
+	require.Equal(t, "base_model.model.model.embed_tokens.lora_embedding_B", PEFTName("base_model.model.model.embed_tokens.lora_embedding_B"))
+}
+
+func TestRenameTensorsRoundTrip(t *testing.T) {
+	orig := adapterFile(t,
+		"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+		"base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight",
+		"base_model.model.lm_head.lora_A.weight", "base_model.model.lm_head.lora_B.weight")
+	want, meta := tensors(t, orig)
+
+	tk, mods := rename(t, orig, TinkerName)
+	require.Equal(t, map[string]string{"lm_head": "unembed_tokens"}, mods)
+	got, gotMeta := tensors(t, tk)
+	require.Equal(t, meta, gotMeta)
+	require.Len(t, got, 4)
+	require.Equal(t, want["base_model.model.lm_head.lora_B.weight"], got["base_model.model.model.unembed_tokens.lora_B.weight"])
+	require.Equal(t, want["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"], got["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"])
+	// The data section is copied byte for byte.
+	f, _ := safetensors.Parse(bytes.NewReader(orig), int64(len(orig)), safetensors.Limits{})
+	g, _ := safetensors.Parse(bytes.NewReader(tk), int64(len(tk)), safetensors.Limits{})
+	require.Equal(t, orig[f.DataOffset():], tk[g.DataOffset():])
+
+	back, mods := rename(t, tk, PEFTName)
+	require.Equal(t, map[string]string{"unembed_tokens": "lm_head"}, mods)
+	gotBack, _ := tensors(t, back)
+	require.Equal(t, want, gotBack)
+
+	// Nothing to rename: the original bytes.
+	same, mods := rename(t, back, PEFTName)
+	require.Empty(t, mods)
+	require.Equal(t, back, same)
+}
+
+func TestRenameTensorsRefuses(t *testing.T) {
+	both := adapterFile(t, "base_model.model.lm_head.lora_A.weight", "base_model.model.model.unembed_tokens.lora_A.weight")
+	rn, err := RenameTensors(bytes.NewReader(both), int64(len(both)), PEFTName)
+	require.ErrorContains(t, err, "two tensors are named base_model.model.lm_head.lora_A.weight")
+	// With the error, the stream is the original file.
+	var out bytes.Buffer
+	_, _ = out.ReadFrom(rn)
+	require.Equal(t, both, out.Bytes())
+
+	for name, b := range map[string][]byte{"short": []byte("1234"), "garbage": []byte("12345678garbage"), "huge header": append([]byte{0, 0, 0, 0, 0, 0, 0, 1}, make([]byte, 64)...)} {
+		rn, err := RenameTensors(bytes.NewReader(b), int64(len(b)), PEFTName)
+		require.Error(t, err, name)
+		out.Reset()
+		_, _ = out.ReadFrom(rn)
+		require.Equal(t, b, out.Bytes(), name)
+	}
+}
+
+func TestRenameTargetModules(t *testing.T) {
+	in := []byte(`{"r": 4, "lora_alpha": 32, "target_modules": ["q_proj", "lm_head"], "base_model_name_or_path": "x"}`)
+	out, changed, err := RenameTargetModules(in, TinkerModules)
+	require.NoError(t, err)
+	require.True(t, changed)
+	var cfg map[string]any
+	require.NoError(t, json.Unmarshal(out, &cfg))
+	require.Equal(t, []any{"q_proj", "unembed_tokens"}, cfg["target_modules"])
+	require.EqualValues(t, 4, cfg["r"])
+	require.Equal(t, "x", cfg["base_model_name_or_path"])
+
+	out, changed, err = RenameTargetModules([]byte(`{"target_modules": ["q_proj"]}`), TinkerModules)
+	require.NoError(t, err)
+	require.False(t, changed)
+	require.Equal(t, `{"target_modules": ["q_proj"]}`, string(out))
+	_, _, err = RenameTargetModules([]byte(`[1]`), TinkerModules)
+	require.Error(t, err)
+}
+
+// TestToPEFT converts the folders Tinker's tools write: a Tinker-layout download, and the
+// cookbook's build_lora_adapter output for a tied model (unembedding as embed_tokens).
+func TestToPEFT(t *testing.T) {
+	for name, tc := range map[string]struct {
+		head, module string
+	}{
+		"tinker":        {"base_model.model.model.unembed_tokens", "unembed_tokens"},
+		"cookbook tied": {"base_model.model.model.embed_tokens", "embed_tokens"},
+		"peft":          {"base_model.model.lm_head", "lm_head"},
+	} {
+		dir := t.TempDir()
+		w := adapterFile(t, "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", tc.head+".lora_A.weight", tc.head+".lora_B.weight")
+		require.NoError(t, os.WriteFile(filepath.Join(dir, peft.AdapterWeightsFile), w, 0o644))
+		cfg, _ := json.Marshal(map[string]any{"r": 2, "lora_alpha": 32, "target_modules": []string{"q_proj", tc.module}})
+		require.NoError(t, os.WriteFile(filepath.Join(dir, peft.AdapterConfigFile), cfg, 0o644))
+		changed, err := ToPEFT(dir)
+		require.NoError(t, err, name)
+		require.Equal(t, tc.module != "lm_head", changed, name)
+		b, err := os.ReadFile(filepath.Join(dir, peft.AdapterWeightsFile))
+		require.NoError(t, err)
+		got, _ := tensors(t, b)
+		require.Contains(t, got, "base_model.model.lm_head.lora_B.weight", name)
+		c, err := peft.ReadConfig(dir)
+		require.NoError(t, err)
+		require.Equal(t, []string{"q_proj", "lm_head"}, c.TargetModules, name)
+		es, _ := os.ReadDir(dir)
+		require.Len(t, es, 2, name) // no temporary file left
+	}
+}
+
+// FuzzRenameTensors: any bytes convert without panicking, and a conversion's output is a
+// valid safetensors file of the size it announced.
+func FuzzRenameTensors(f *testing.F) {
+	f.Add([]byte("12345678garbage"))
+	f.Add(adapterFileFuzz(f))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		rn, err := RenameTensors(bytes.NewReader(b), int64(len(b)), TinkerName)
+		var out bytes.Buffer
+		_, _ = out.ReadFrom(rn)
+		if err != nil {
+			require.Equal(t, b, out.Bytes())
+			return
+		}
+		require.EqualValues(t, out.Len(), rn.Size)
+		_, err = safetensors.Parse(bytes.NewReader(out.Bytes()), int64(out.Len()), safetensors.Limits{})
+		require.NoError(t, err)
+	})
+}
+
+func adapterFileFuzz(f *testing.F) []byte {
+	p := filepath.Join(f.TempDir(), "a.safetensors")
+	_, err := safetensors.Write(p, []safetensors.Tensor{
+		{Name: "base_model.model.lm_head.lora_A.weight", Shape: []int64{1, 2}, Data: []float32{1, 2}},
+		{Name: "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", Shape: []int64{1, 1}, Data: []float32{3}},
+	}, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	b, _ := os.ReadFile(p)
+	return b
+}

@@ -1,0 +1,148 @@
+package core
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/loops-dev/loops/backends"
+	"github.com/loops-dev/loops/backends/reference/safetensors"
+	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+)
+
+// peftBackend is the fake backend writing real PEFT-layout checkpoints (the layout every
+// checkpoint has in the store, before and after downloads learned Tinker's): a q_proj and
+// an lm_head LoRA, their Adam moments, and adapter_config.json.
+type peftBackend struct{ *fakeBackend }
+
+func (b peftBackend) Trainer() backends.Trainer { return b }
+func (b peftBackend) Sampler() backends.Sampler { return b }
+
+var peftTensors = []string{
+	"base_model.model.lm_head.lora_A.weight", "base_model.model.lm_head.lora_B.weight",
+	"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight",
+}
+
+func (b peftBackend) SaveAdapter(ctx context.Context, req *backendv1.SaveAdapterRequest) (*backendv1.SaveAdapterResponse, error) {
+	resp, err := b.fakeBackend.SaveAdapter(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	var ws, os_ []safetensors.Tensor
+	for i, n := range peftTensors {
+		ws = append(ws, safetensors.Tensor{Name: n, Shape: []int64{1, 2}, Data: []float32{float32(i), 0.5}})
+		os_ = append(os_, safetensors.Tensor{Name: n + ".exp_avg", Shape: []int64{1, 2}, Data: []float32{1, 2}})
+	}
+	if _, err := safetensors.Write(filepath.Join(req.GetDir(), "adapter_model.safetensors"), ws, map[string]string{"format": "pt"}); err != nil {
+		return nil, err
+	}
+	if req.GetIncludeOptimizer() {
+		if _, err := safetensors.Write(filepath.Join(req.GetDir(), "optimizer.safetensors"), os_, map[string]string{"step": "1"}); err != nil {
+			return nil, err
+		}
+	}
+	cfg := `{"peft_type": "LORA", "r": 1, "lora_alpha": 32, "target_modules": ["q_proj", "lm_head"]}`
+	return resp, os.WriteFile(filepath.Join(req.GetDir(), "adapter_config.json"), []byte(cfg), 0o644)
+}
+
+// names lists the tensor names of a safetensors image.
+func names(t *testing.T, b []byte) []string {
+	t.Helper()
+	f, err := safetensors.Parse(bytes.NewReader(b), int64(len(b)), safetensors.Limits{})
+	require.NoError(t, err)
+	var out []string
+	for k := range f.Tensors {
+		out = append(out, k)
+	}
+	return out
+}
+
+// TestDownloadsInTinkerLayout: a checkpoint stored in PEFT's layout downloads, file by file
+// (the tinker 0.38 CLI) and as a tar (older SDKs), in Tinker's: the unembedding's LoRA is
+// model.unembed_tokens, with the announced sizes; the stored files are unchanged, so the
+// checkpoint still loads with its optimizer state.
+func TestDownloadsInTinkerLayout(t *testing.T) {
+	be := peftBackend{newFakeBackend()}
+	h, _ := openHarnessWith(t, t.TempDir(), be, be.fakeBackend, Options{})
+	run := h.newRun()
+	path, err := h.save(run, "c", false)
+	require.NoError(t, err)
+	srv := httptest.NewServer(archiveHandler(h.core))
+	defer srv.Close()
+	tinkerNames := []string{
+		"base_model.model.model.unembed_tokens.lora_A.weight", "base_model.model.model.unembed_tokens.lora_B.weight",
+		"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight",
+	}
+	check := func(files map[string][]byte) {
+		t.Helper()
+		require.ElementsMatch(t, tinkerNames, names(t, files["adapter_model.safetensors"]))
+		var cfg map[string]any
+		require.NoError(t, json.Unmarshal(files["adapter_config.json"], &cfg))
+		require.Equal(t, []any{"q_proj", "unembed_tokens"}, cfg["target_modules"])
+		require.EqualValues(t, 32, cfg["lora_alpha"])
+		if o, ok := files["optimizer.safetensors"]; ok {
+			require.Contains(t, names(t, o), "base_model.model.model.unembed_tokens.lora_B.weight.exp_avg")
+		}
+	}
+
+	urls, err := h.svc.Checkpoints.GetCheckpointFileURLs(h.ctx, &loopsv1.GetCheckpointFileURLsRequest{Path: path})
+	require.NoError(t, err)
+	files := map[string][]byte{}
+	for name, u := range urls.GetUrls() {
+		resp, err := http.Get(srv.URL + u)
+		require.NoError(t, err)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+		require.Equal(t, strconv.Itoa(len(b)), resp.Header.Get("Content-Length"), name)
+		files[name] = b
+	}
+	check(files)
+
+	arch, err := h.svc.Checkpoints.GetCheckpointArchiveURL(h.ctx, &loopsv1.GetCheckpointArchiveURLRequest{Path: path})
+	require.NoError(t, err)
+	resp, err := http.Get(srv.URL + arch.GetUrl())
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	tr := tar.NewReader(resp.Body)
+	files = map[string][]byte{}
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err)
+		files[hdr.Name], err = io.ReadAll(tr)
+		require.NoError(t, err)
+	}
+	require.Contains(t, files, "optimizer.safetensors")
+	check(files)
+
+	// Stored as written (PEFT's layout): it loads with its optimizer state as before.
+	ck, _, err := h.core.resolveOwned(h.ctx, "ws-a", path)
+	require.NoError(t, err)
+	ref, ok, err := h.core.ckpt.Open(h.ctx, mustKey(t, h.core, ck))
+	require.NoError(t, err)
+	require.True(t, ok)
+	stored, err := os.ReadFile(filepath.Join(ref.Dir(), "adapter_model.safetensors"))
+	ref.Release()
+	require.NoError(t, err)
+	require.ElementsMatch(t, peftTensors, names(t, stored))
+	op, err := h.svc.Training.LoadWeights(h.ctx, &loopsv1.LoadWeightsRequest{TrainingRunId: run, Path: path, WithOptimizer: true})
+	require.NoError(t, err)
+	done := h.wait(op)
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, done.GetState(), done.GetError().GetMessage())
+}
