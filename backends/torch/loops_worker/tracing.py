@@ -1,7 +1,7 @@
 """OpenTelemetry traces of the worker, configured by the standard OTEL_* environment
 variables as the gateway's are (docs/operations.md, "Traces"): on when an exporter is
 configured (OTEL_TRACES_EXPORTER other than none, or an OTLP endpoint), exported over OTLP
-http/protobuf (the exporter installed in the worker's venv), sampled by OTEL_TRACES_SAMPLER,
+http/protobuf or grpc (OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL, as the gateway), sampled by OTEL_TRACES_SAMPLER,
 service.name loops-torch-worker unless OTEL_SERVICE_NAME says otherwise. Off, nothing is
 installed and the interceptor is not added.
 
@@ -35,6 +35,22 @@ def configured(env=os.environ) -> bool:
     return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 
 
+def otlp_exporter(env):
+    """The OTLP span exporter env asks for (http/protobuf or grpc; endpoint, headers, TLS and
+    timeout from the OTEL_EXPORTER_OTLP_* variables), or None, with a warning, for another."""
+    exp = env.get("OTEL_TRACES_EXPORTER", "otlp").strip() or "otlp"
+    proto = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    if exp != "otlp" or proto not in ("http/protobuf", "grpc"):
+        log.warning("traces are off: the worker exports OTLP over http/protobuf or grpc only (OTEL_TRACES_EXPORTER=%s, "
+                    "protocol %s)", exp, proto)
+        return None
+    if proto == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    return OTLPSpanExporter()
+
+
 def setup(exporter=None):
     """Installs the tracer provider the environment configures and returns it (None when
     tracing is off). exporter replaces the OTLP exporter (tests)."""
@@ -47,15 +63,9 @@ def setup(exporter=None):
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     if exporter is None:
-        exp = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip() or "otlp"
-        proto = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
-        if exp != "otlp" or proto != "http/protobuf":
-            log.warning("traces are off: the worker exports OTLP over http/protobuf only (OTEL_TRACES_EXPORTER=%s, "
-                        "protocol %s); set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf for it", exp, proto)
+        exporter = otlp_exporter(os.environ)
+        if exporter is None:
             return None
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        exporter = OTLPSpanExporter()
     # Resource.create merges OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME over these.
     attrs = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": SERVICE_NAME}
     provider = TracerProvider(resource=Resource.create(attrs))

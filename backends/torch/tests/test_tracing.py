@@ -54,6 +54,20 @@ def test_configured_follows_the_gateway_rule():
     assert configured({"OTEL_TRACES_EXPORTER": "otlp"})
 
 
+def test_exporter_follows_the_protocol(monkeypatch):
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GRPC
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTP
+
+    from loops_worker.tracing import otlp_exporter
+
+    assert isinstance(otlp_exporter({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}), GRPC)
+    assert isinstance(otlp_exporter({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                                     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}), GRPC)
+    assert isinstance(otlp_exporter({}), HTTP)
+    assert otlp_exporter({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}) is None
+    assert otlp_exporter({"OTEL_TRACES_EXPORTER": "zipkin"}) is None
+
+
 def test_spans_continue_the_gateways_traceparent(engine, tmp_path, certs, worker_creds, monkeypatch):
     from conftest import channel
     from loops_worker import tracing
