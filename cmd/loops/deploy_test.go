@@ -103,7 +103,7 @@ func TestDeployAndCheckpointCommands(t *testing.T) {
 	require.Contains(t, out, "imported tinker://")
 	require.Contains(t, out, "/weights/back (base model loops/tiny, rank 4")
 	_, err = runCLI(t, append([]string{"checkpoints", "import", filepath.Join(dir, "merged"), "--base-model", "loops/tiny"}, a...)...)
-	require.ErrorContains(t, err, "holds no adapter_config.json")
+	require.ErrorContains(t, err, "is a merged model folder")
 
 	// The deployed checkpoint cannot be deleted; the deployment can.
 	cks := loopsv1connect.NewCheckpointServiceClient(http.DefaultClient, url, with(keyA))
