@@ -154,7 +154,7 @@ generate-ts: protodeps ## Regenerate gen/ts (TypeScript for loops.v1) with buf a
 	bash clients/ts/generate.sh
 
 .PHONY: test-clients
-test-clients: protodeps ## Generated TypeScript (Connect) and Python (gRPC) clients: stubs current, SFT loop + sample against loops serve; the official openai and anthropic clients and curl on /oai/api/v1 and /anthropic/api
+test-clients: protodeps ## Generated TypeScript (Connect) and Python (gRPC) clients: stubs current, SFT loop + sample against loops serve; the official openai and anthropic clients and curl on /oai/api/v1 and /anthropic/api (tool loops and structured outputs on the reference engine and the torch worker)
 	bash clients/ts/run.sh
 	bash clients/python/run.sh
 	bash clients/openai/run.sh

@@ -9,6 +9,10 @@
 #   LOOPS_URL      use this running server instead of starting one (nothing is built)
 #   LOOPS_BIN      use this loops binary instead of building one
 #   LOOPS_API_KEY  key sent as X-API-Key (default tml-clients-test; any tml-… key in open mode)
+#   LOOPS_SERVE_ARGS  extra `loops serve` arguments, split at spaces (e.g. "--backend torch
+#                  --backend-opt device=cpu", with LOOPS_WORKER_PYTHON and LOOPS_WORKER_PYTHONPATH
+#                  naming the worker's venv, for the torch worker; default: none, the reference
+#                  engine)
 #
 # If the working tree does not compile (someone is mid-edit), the binary is built from a
 # throw-away `git worktree` of HEAD instead; the working tree is never touched.
@@ -49,10 +53,11 @@ if [[ -z $bin ]]; then
 fi
 
 log=$tmp/serve.log
-"$bin" serve --addr 127.0.0.1:0 --data-dir "$tmp/data" >"$log" 2>&1 &
+read -ra serve_args <<<"${LOOPS_SERVE_ARGS:-}"
+"$bin" serve --addr 127.0.0.1:0 --data-dir "$tmp/data" "${serve_args[@]}" >"$log" 2>&1 &
 server_pid=$!
 url=
-for _ in $(seq 1 300); do
+for _ in $(seq 1 3000); do
   url=$(sed -n 's/^Loops listening on \(http:\/\/[^ ]*\).*/\1/p' "$log" | head -1)
   [[ -n $url ]] && break
   kill -0 "$server_pid" 2>/dev/null || break

@@ -11,6 +11,8 @@ l[t] < max(l) + temperature * ln(min_p) (probability below min_p times the large
 Structured outputs go through llguidance: the schema (or {"type": "object"} for
 json_object) becomes a grammar of compact JSON, and an LLMatcher per sequence gives the
 allowed tokens at each step (its end-of-sequence tokens only once the JSON is complete).
+Integers are bounded to the reference engine's 15 digits (bounded_integers), so that an
+answer's integers fit an int64 on both engines.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ MAX_PENALTY = 2
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 
 GRAMMAR_CACHE_SIZE = 256
+
+# the reference engine's integers: at most 15 digits (internal/constrain maxIntDigits)
+MAX_INT = 10**15 - 1
 
 
 def check(p, vocab: int) -> Tuple[Dict[int, float], float, float, float, Optional[Tuple[str, str]]]:
@@ -95,6 +100,31 @@ def adjust(logits: np.ndarray, s, counts: Dict[int, int], allowed: Optional[np.n
     return row
 
 
+def bounded_integers(schema):
+    """schema with minimum -MAX_INT and maximum MAX_INT on every subschema that allows
+    integers (llguidance compiles them to a range), so that the torch worker's integers have
+    at most 15 digits, as the reference engine's; the supported subset has no minimum or
+    maximum of its own (internal/constrain refuses them), so none is overridden."""
+    if isinstance(schema, list):
+        return [bounded_integers(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k in ("properties", "$defs", "definitions") and isinstance(v, dict):
+            out[k] = {name: bounded_integers(s) for name, s in v.items()}
+        elif k in ("items", "additionalProperties", "anyOf"):
+            out[k] = bounded_integers(v)
+        else:
+            out[k] = v
+    t = schema.get("type")
+    t = t if isinstance(t, list) else [t]
+    if "integer" in t and "number" not in t:  # a number's range is its exponent's
+        out.setdefault("minimum", -MAX_INT)
+        out.setdefault("maximum", MAX_INT)
+    return out
+
+
 class Grammars:
     """llguidance tokenizers per base model and grammars per (kind, schema), in bounded
     caches; matcher() starts one sequence's LLMatcher."""
@@ -128,7 +158,7 @@ class Grammars:
             if g is not None:
                 self.grammars.move_to_end(key)
                 return g
-        schema = {"type": "object"} if rf[0] == "json_object" else json.loads(rf[1])
+        schema = {"type": "object"} if rf[0] == "json_object" else bounded_integers(json.loads(rf[1]))
         try:
             g = LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
         except ValueError as e:

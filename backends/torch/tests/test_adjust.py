@@ -152,3 +152,21 @@ def test_structured_outputs_with_llguidance(tok_engine):
         bad = tpb.SamplingParams(max_tokens=2, temperature=1.0, response_format=tpb.ResponseFormat(
             type=tpb.ResponseFormat.TYPE_JSON_SCHEMA, json_schema='{"type": "nonsense"}'))
         sampler.sample(bpb.SampleRequest(base_model="tok", prompt=[1, 2], params=bad))
+
+
+def test_integers_have_at_most_15_digits(tok_engine):
+    """The reference engine's integers have at most 15 digits (fit an int64); llguidance's
+    are unbounded unless the schema bounds them (adjust.bounded_integers)."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "m": {"type": ["integer", "null"]},
+                                               "xs": {"type": "array", "items": {"anyOf": [{"type": "integer"}, {"type": "string"}]}}},
+              "required": ["n", "m", "xs"], "additionalProperties": False}
+    assert adjust.bounded_integers(schema)["properties"]["n"] == {"type": "integer", "minimum": -(10**15 - 1), "maximum": 10**15 - 1}
+    bm = tok_engine.model("tok")
+    g = adjust.Grammars()
+    for text, ok in [('{"n":999999999999999,"m":null,"xs":[-999999999999999,"a"]}', True),
+                     ('{"n":1000000000000000,"m":null,"xs":[]}', False),
+                     ('{"n":1,"m":-1000000000000000,"xs":[]}', False),
+                     ('{"n":1,"m":2,"xs":[12345678901234567]}', False)]:
+        m = g.matcher(bm, ("json_schema", json.dumps(schema)))
+        ids = bm.tokenizer.encode(text, add_special_tokens=False)
+        assert (m.try_consume_tokens(ids) == len(ids) and m.is_accepting()) == ok, text
