@@ -207,5 +207,5 @@ def vllm_kwargs(s, structured_cls=None) -> dict:
         if kind == "json_object":
             kw["structured_outputs"] = structured_cls(json_object=True)
         else:
-            kw["structured_outputs"] = structured_cls(json=json.loads(schema))
+            kw["structured_outputs"] = structured_cls(json=bounded_integers(json.loads(schema)))
     return kw

@@ -93,7 +93,9 @@ def test_vllm_kwargs():
     kw = adjust.vllm_kwargs(s, cls)
     assert kw["logit_bias"] == {4: -2.0} and kw["presence_penalty"] == 0.5 and kw["frequency_penalty"] == -0.25
     assert kw["min_p"] == 0.1
-    assert kw["structured_outputs"].json == {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    bound = 10**15 - 1  # the reference engine's 15 digits, as the transformers sampler's grammar
+    assert kw["structured_outputs"].json == {"type": "object", "required": ["a"],
+                                             "properties": {"a": {"type": "integer", "minimum": -bound, "maximum": bound}}}
     assert adjust.vllm_kwargs(spec(response_format=("json_object", "")), cls)["structured_outputs"].json_object is True
     assert adjust.vllm_kwargs(spec()) == {}
 
