@@ -342,6 +342,9 @@ func (e *Enforcer) CheckSample(ws, model string, req *loopsv1.SampleRequest, par
 		return nil
 	}
 	n := len(req.GetPrompt())
+	if req.GetEmbed() && n <= limit { // an embedding generates nothing: the prompt may fill the limit
+		return nil
+	}
 	if n >= limit {
 		return errs.Final(errs.New(connect.CodeInvalidArgument, ReasonWorkspaceLimit, fmt.Errorf(
 			"prompt of %d tokens leaves no room under workspace %q's limit of %d tokens (max_sequence_length in its policy, on %s): shorten it, or ask a workspace admin for more: %s",

@@ -976,7 +976,10 @@ type SampleResult struct {
 	PromptAltTokens *PromptAltTokens `protobuf:"bytes,5,opt,name=prompt_alt_tokens,json=promptAltTokens,proto3" json:"prompt_alt_tokens,omitempty"`
 	// The tinker:// path of the sampler checkpoint the sample used (empty for the base model):
 	// for an inflight sampler, the run's newest inflight save when the sample was submitted.
-	ModelPath     string `protobuf:"bytes,6,opt,name=model_path,json=modelPath,proto3" json:"model_path,omitempty"`
+	ModelPath string `protobuf:"bytes,6,opt,name=model_path,json=modelPath,proto3" json:"model_path,omitempty"`
+	// With SampleRequest.embed: the mean over the prompt's tokens of the final hidden state
+	// (float32, the model's hidden size).
+	Embedding     []float32 `protobuf:"fixed32,7,rep,packed,name=embedding,proto3" json:"embedding,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1051,6 +1054,13 @@ func (x *SampleResult) GetModelPath() string {
 		return x.ModelPath
 	}
 	return ""
+}
+
+func (x *SampleResult) GetEmbedding() []float32 {
+	if x != nil {
+		return x.Embedding
+	}
+	return nil
 }
 
 // TargetPromptTokens are token ids whose prompt log-probs to return, row major
@@ -1433,7 +1443,7 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\ametrics\x18\x01 \x03(\v2&.loops.v1.OptimStepResult.MetricsEntryR\ametrics\x1a:\n" +
 	"\fMetricsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xf6\x02\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\x94\x03\n" +
 	"\fSampleResult\x127\n" +
 	"\tsequences\x18\x01 \x03(\v2\x19.loops.v1.SampledSequenceR\tsequences\x12'\n" +
 	"\x0fprompt_logprobs\x18\x02 \x03(\x02R\x0epromptLogprobs\x12H\n" +
@@ -1441,7 +1451,8 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x16target_prompt_logprobs\x18\x04 \x01(\v2\x1e.loops.v1.TargetPromptLogprobsR\x14targetPromptLogprobs\x12E\n" +
 	"\x11prompt_alt_tokens\x18\x05 \x01(\v2\x19.loops.v1.PromptAltTokensR\x0fpromptAltTokens\x12\x1d\n" +
 	"\n" +
-	"model_path\x18\x06 \x01(\tR\tmodelPath\"W\n" +
+	"model_path\x18\x06 \x01(\tR\tmodelPath\x12\x1c\n" +
+	"\tembedding\x18\a \x03(\x02R\tembedding\"W\n" +
 	"\x12TargetPromptTokens\x12\f\n" +
 	"\x01k\x18\x01 \x01(\x05R\x01k\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\x05R\btokenIds\x12\x16\n" +

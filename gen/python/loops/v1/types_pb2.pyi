@@ -203,20 +203,22 @@ class OptimStepResult(_message.Message):
     def __init__(self, metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class SampleResult(_message.Message):
-    __slots__ = ("sequences", "prompt_logprobs", "topk_prompt_logprobs", "target_prompt_logprobs", "prompt_alt_tokens", "model_path")
+    __slots__ = ("sequences", "prompt_logprobs", "topk_prompt_logprobs", "target_prompt_logprobs", "prompt_alt_tokens", "model_path", "embedding")
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOPK_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TARGET_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_ALT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     sequences: _containers.RepeatedCompositeFieldContainer[SampledSequence]
     prompt_logprobs: _containers.RepeatedScalarFieldContainer[float]
     topk_prompt_logprobs: TopKLogprobs
     target_prompt_logprobs: TargetPromptLogprobs
     prompt_alt_tokens: PromptAltTokens
     model_path: str
-    def __init__(self, sequences: _Optional[_Iterable[_Union[SampledSequence, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[float]] = ..., topk_prompt_logprobs: _Optional[_Union[TopKLogprobs, _Mapping]] = ..., target_prompt_logprobs: _Optional[_Union[TargetPromptLogprobs, _Mapping]] = ..., prompt_alt_tokens: _Optional[_Union[PromptAltTokens, _Mapping]] = ..., model_path: _Optional[str] = ...) -> None: ...
+    embedding: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, sequences: _Optional[_Iterable[_Union[SampledSequence, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[float]] = ..., topk_prompt_logprobs: _Optional[_Union[TopKLogprobs, _Mapping]] = ..., target_prompt_logprobs: _Optional[_Union[TargetPromptLogprobs, _Mapping]] = ..., prompt_alt_tokens: _Optional[_Union[PromptAltTokens, _Mapping]] = ..., model_path: _Optional[str] = ..., embedding: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class TargetPromptTokens(_message.Message):
     __slots__ = ("k", "token_ids", "sparse")
