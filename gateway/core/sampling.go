@@ -584,8 +584,8 @@ func (c *Core) startSample(ctx context.Context, ws string, st *samplerState, req
 		TargetPromptTokens: req.GetTargetPromptTokens(), PromptAltTokensK: req.GetPromptAltTokensK(),
 		Pool: c.samplerPool(st.info.GetModelPath()), Workspace: ws, Embed: req.GetEmbed(),
 	}
-	if breq.Embed {
-		breq.Params = nil
+	if breq.Embed { // an embedding samples nothing
+		breq.Params, breq.NumSamples = nil, 0
 	}
 	if !c.samplers.queue.push(&sampleJob{o: o, session: st.info.GetSessionId(), deployment: deploymentUsage(st.info.GetDeployment()), req: breq, cost: sampleCost(breq), sink: sink, adapter: adapter,
 		lastN: int(req.GetPromptLogprobsLastN()), modelPath: path, queued: c.now()}) {
