@@ -782,7 +782,7 @@ func (c *Core) checkEmbedding(req *backendv1.SampleRequest, resp *backendv1.Samp
 			backend = "the " + m.GetBackend() + " backend"
 		}
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
-			"%s serving %s does not compute embeddings (the reference engine does): serve the model on the reference backend to embed with it", backend, req.GetBaseModel()))
+			"%s serving %s does not compute embeddings (the reference engine and the torch worker's transformers sampler do; a worker sampling with vLLM does not): serve the model on one of those to embed with it", backend, req.GetBaseModel()))
 	}
 	return nil
 }
