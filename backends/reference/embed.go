@@ -11,14 +11,12 @@ import (
 	"github.com/loops-dev/loops/backends/reference/nn"
 )
 
-// embedChunk is how many prompt tokens one forward step of an embedding runs: it bounds
-// the step's attention scores (embedChunk · heads · the prompt's length) however long the
-// prompt, and the request is checked for cancellation between chunks.
-const embedChunk = 256
-
 // embed answers SampleRequest.embed: the mean over the prompt's tokens of the model's final
 // hidden state (after its final norm, before the LM head), with the adapter applied, summed
-// in float64 and returned as float32. prompt has been checked against the vocabulary.
+// in float64 and returned as float32. prompt has been checked against the vocabulary. The
+// prompt runs in forward steps of at most nn.PrefillChunk tokens, as sampling's prefill
+// does: that bounds a step's attention scores (chunk · heads · the prompt's length) however
+// long the prompt, and the request is checked for cancellation between steps.
 func (e *Engine) embed(ctx context.Context, bm *baseModel, req *backendv1.SampleRequest, prompt []int) (*backendv1.SampleResponse, error) {
 	switch {
 	case len(prompt) > bm.m.Cfg.MaxSeq():
@@ -40,11 +38,11 @@ func (e *Engine) embed(ctx context.Context, bm *baseModel, req *backendv1.Sample
 	D := bm.m.Cfg.Hidden
 	sum := make([]float64, D)
 	cache := bm.m.NewCache()
-	for start := 0; start < len(prompt); start += embedChunk {
+	for start := 0; start < len(prompt); start += nn.PrefillChunk {
 		if err := ctx.Err(); err != nil {
 			return nil, connect.NewError(connect.CodeCanceled, err)
 		}
-		toks := prompt[start:min(start+embedChunk, len(prompt))]
+		toks := prompt[start:min(start+nn.PrefillChunk, len(prompt))]
 		pos := make([]int, len(toks))
 		caches := make([]*nn.KVCache[float32], len(toks))
 		for i := range toks {

@@ -15,7 +15,7 @@ import (
 
 // TestEmbed: SampleRequest.embed is the mean over the prompt of the final normalised hidden
 // state, with a sampler adapter applied, within 1e-5 of a float64 forward pass of loops/tiny
-// (loaded from the folder tiny.Write writes) for a prompt of several forward chunks; it
+// (loaded from the folder tiny.Write writes) for a prompt of two forward chunks; it
 // samples nothing, and sampling options are refused.
 func TestEmbed(t *testing.T) {
 	e := engine(t)
@@ -34,7 +34,7 @@ func TestEmbed(t *testing.T) {
 	ad, err := nn.LoadAdapter(adDir, m, false, 64)
 	require.NoError(t, err)
 
-	prompt := make([]int, 2*embedChunk+45)
+	prompt := make([]int, nn.PrefillChunk+45)
 	for i := range prompt {
 		prompt[i] = (i*53 + 19) % tiny.VocabLen
 	}

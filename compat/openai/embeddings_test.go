@@ -84,16 +84,16 @@ func TestEmbeddings(t *testing.T) {
 	require.NoError(t, err)
 	D := m.Cfg.Hidden
 
-	inputs := [][]int32{{3, 14, 15, 92, 65, 35, 89, 79, 32, 38}, {7}, make([]int32, 300)}
-	for i := range inputs[2] { // longer than one chunk of the engine's forward steps
+	inputs := [][]int32{{3, 14, 15, 92, 65, 35, 89, 79, 32, 38}, {7}, make([]int32, 600)}
+	for i := range inputs[2] { // longer than one chunk of the engine's forward steps (nn.PrefillChunk)
 		inputs[2][i] = int32((i*37 + 11) % tiny.VocabLen)
 	}
 	r := embed(t, url, map[string]any{"model": tiny.Name, "input": inputs})
 	require.Equal(t, "list", r.Object)
 	require.Equal(t, tiny.Name, r.Model)
 	require.Len(t, r.Data, len(inputs))
-	require.Equal(t, 311, r.Usage.PromptTokens)
-	require.Equal(t, 311, r.Usage.TotalTokens)
+	require.Equal(t, 611, r.Usage.PromptTokens)
+	require.Equal(t, 611, r.Usage.TotalTokens)
 	got := make([][]float32, len(inputs))
 	for i := range inputs {
 		require.Equal(t, "embedding", r.Data[i].Object)
