@@ -120,7 +120,7 @@ func (s *server) embeddings(w http.ResponseWriter, r *http.Request) error {
 			in[i].Tokens = p.tokens
 		}
 	}
-	out, err := s.engine.Embed(r.Context(), req.model, "input", in,
+	out, err := s.engine.Embed(r.Context(), req.model, "input", in, int(req.dimensions),
 		infer.EmbedLimits{MaxInputs: MaxEmbeddingInputs, MaxTotalTokens: MaxEmbeddingTokens})
 	if err != nil {
 		return err
@@ -128,10 +128,6 @@ func (s *server) embeddings(w http.ResponseWriter, r *http.Request) error {
 	resp := embeddingResponse{Object: "list", Model: req.model, Data: make([]embeddingItem, len(out.Vectors)),
 		Usage: embeddingUsage{PromptTokens: out.PromptTokens, TotalTokens: out.PromptTokens}}
 	for i, v := range out.Vectors {
-		if req.dimensions != 0 && int(req.dimensions) != len(v) {
-			return badField("dimensions", "dimensions %d is not %s's hidden size %d: Loops returns the whole final hidden state, so leave dimensions out or set it to %d",
-				req.dimensions, req.model, len(v), len(v))
-		}
 		item := embeddingItem{Object: "embedding", Index: i, Embedding: v}
 		if req.base64 {
 			buf := make([]byte, 4*len(v))

@@ -197,6 +197,8 @@ func TestEmbeddingBadRequests(t *testing.T) {
 		"dimensions zero":  {body("a", "dimensions", 0), 400, "dimensions", nil},
 		"dimensions type":  {body("a", "dimensions", "64"), 400, "dimensions", nil},
 		"dimensions other": {body("a", "dimensions", 64), 400, "dimensions", []string{"hidden size 256"}},
+		// refused before any work: an input the engine would refuse is not reached
+		"dimensions first": {body([]int{tiny.VocabLen}, "dimensions", 64), 400, "dimensions", []string{"hidden size 256"}},
 		"no model":         {map[string]any{"input": "a"}, 400, "model", nil},
 		"no input":         {map[string]any{"model": tiny.Name}, 400, "input", []string{"required"}},
 		"unknown field":    {body("a", "truncate", true), 400, "truncate", nil},

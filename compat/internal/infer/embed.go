@@ -26,8 +26,10 @@ type Embeddings struct {
 // with its adapter applied): every input is one sample with SampleRequest.embed, queued,
 // limited and metered by the core as any sample. Texts are tokenized with the model's
 // tokenizer as text prompts are (no chat template). param names the request field of the
-// inputs in errors ("input").
-func (e *Engine) Embed(ctx context.Context, model, param string, inputs []Prompt, lim EmbedLimits) (*Embeddings, error) {
+// inputs in errors ("input"). dimensions, when not 0, must be the model's hidden size: it is
+// refused before any work when the backend reports the size (ModelInfo.hidden_size), and
+// once the vectors are back otherwise.
+func (e *Engine) Embed(ctx context.Context, model, param string, inputs []Prompt, dimensions int, lim EmbedLimits) (*Embeddings, error) {
 	if len(inputs) == 0 {
 		return nil, BadField(param, "%s is empty: give a string, a list of strings, a token array or a list of token arrays", param)
 	}
@@ -36,6 +38,13 @@ func (e *Engine) Embed(ctx context.Context, model, param string, inputs []Prompt
 	}
 	sm, key, err := e.samplerFor(ctx, model)
 	if err != nil {
+		return nil, err
+	}
+	info, err := e.models.info(ctx, sm.baseModel)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkDimensions(dimensions, int(info.GetHiddenSize()), model); err != nil {
 		return nil, err
 	}
 	t, limit, err := e.model(ctx, sm.baseModel)
@@ -102,11 +111,24 @@ func (e *Engine) Embed(ctx context.Context, model, param string, inputs []Prompt
 			continue
 		}
 		out.Vectors[i] = done.GetSample().GetEmbedding()
+		if err := checkDimensions(dimensions, len(out.Vectors[i]), model); err != nil && first == nil {
+			first = err
+		}
 	}
 	if first != nil {
 		return nil, first
 	}
 	return out, nil
+}
+
+// checkDimensions refuses dimensions (0: not given) other than hidden, model's hidden size
+// (0: not known).
+func checkDimensions(dimensions, hidden int, model string) error {
+	if dimensions == 0 || hidden == 0 || dimensions == hidden {
+		return nil
+	}
+	return BadField("dimensions", "dimensions %d is not %s's hidden size %d: Loops returns the whole final hidden state, so leave dimensions out or set it to %d",
+		dimensions, model, hidden, hidden)
 }
 
 // waitAll waits until the core says each of ops has ended.

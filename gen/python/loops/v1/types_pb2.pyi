@@ -251,7 +251,7 @@ class PromptAltTokens(_message.Message):
     def __init__(self, k: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "max_sequence_length", "vocab_size", "architecture", "tokenizer_id", "max_lora_rank", "backend")
+    __slots__ = ("name", "max_sequence_length", "vocab_size", "architecture", "tokenizer_id", "max_lora_rank", "backend", "hidden_size")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MAX_SEQUENCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +259,7 @@ class ModelInfo(_message.Message):
     TOKENIZER_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_LORA_RANK_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     name: str
     max_sequence_length: int
     vocab_size: int
@@ -266,4 +267,5 @@ class ModelInfo(_message.Message):
     tokenizer_id: str
     max_lora_rank: int
     backend: str
-    def __init__(self, name: _Optional[str] = ..., max_sequence_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., architecture: _Optional[str] = ..., tokenizer_id: _Optional[str] = ..., max_lora_rank: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
+    hidden_size: int
+    def __init__(self, name: _Optional[str] = ..., max_sequence_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., architecture: _Optional[str] = ..., tokenizer_id: _Optional[str] = ..., max_lora_rank: _Optional[int] = ..., backend: _Optional[str] = ..., hidden_size: _Optional[int] = ...) -> None: ...
