@@ -226,7 +226,7 @@ func (e *Engine) loadModel(name string) (*baseModel, error) {
 	bm.info = &loopsv1.ModelInfo{
 		Name: name, MaxSequenceLength: int32(m.Cfg.MaxSeq()), VocabSize: int32(m.Cfg.Vocab),
 		Architecture: m.Cfg.Arch(), TokenizerId: tokID, MaxLoraRank: int32(e.opts.MaxLoraRank),
-		Backend: Implementation,
+		Backend: Implementation, HiddenSize: int32(m.Cfg.Hidden),
 	}
 	return bm, nil
 }

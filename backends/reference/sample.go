@@ -89,6 +89,9 @@ func (e *Engine) sample(ctx context.Context, req *backendv1.SampleRequest, sink 
 		}
 		prompt[i] = int(t)
 	}
+	if req.Embed {
+		return e.embed(ctx, bm, req, prompt)
+	}
 	p := req.Params
 	if p == nil {
 		p = &loopsv1.SamplingParams{MaxTokens: int32(min(semantics.DefaultMaxTokens, bm.m.Cfg.MaxSeq()-len(prompt))), Temperature: 1, TopP: 1}

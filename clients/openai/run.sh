@@ -3,7 +3,8 @@
 # `openai` Python client, and a checkpoint that a tinker training script saved served through
 # it at once. Creates/reuses the cached venv of the inference clients (clients/llm-venv.sh), starts
 # a `loops serve` (clients/with-server.sh; set LOOPS_URL to use a running one) and runs
-# chat.py; then, on one server, agents_tools.py (the OpenAI Agents SDK's and the Anthropic
+# chat.py and embeddings.py (POST embeddings, checked against the official client's
+# decoding of float and base64); then, on one server, agents_tools.py (the OpenAI Agents SDK's and the Anthropic
 # client's tool loops on a tiny checkpoint trained to call a tool) and structured.py
 # (response_format json_schema strict and json_object on a deployed tiny checkpoint, streamed
 # and not, every completed answer validated with jsonschema), first on the reference engine,
@@ -17,7 +18,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 venv=$("$root/clients/llm-venv.sh")
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TINKER_TELEMETRY=0
-"$root/clients/with-server.sh" "$venv/bin/python" "$here/chat.py"
+"$root/clients/with-server.sh" bash -c '"$1" "$2/chat.py" && "$1" "$2/embeddings.py"' chat "$venv/bin/python" "$here"
 # The tool loops and structured outputs, on each engine (one server for both scripts).
 both=(bash -c '"$1" "$2/agents_tools.py" && "$1" "$2/structured.py"' both "$venv/bin/python" "$here")
 t0=$SECONDS

@@ -1,5 +1,5 @@
 // Package openai serves an OpenAI-compatible inference API under /oai/api/v1: POST
-// /chat/completions, POST /completions and GET /models, for base models and sampler
+// /chat/completions, POST /completions, POST /embeddings and GET /models, for base models and sampler
 // checkpoints (model = "<base model>", "tinker://<run>/sampler_weights/<name>" or
 // "<base model>;<checkpoint path>").
 //
@@ -18,6 +18,10 @@
 // for 30 s, falls infer.StreamBacklog tokens behind or disconnects has its samples stopped.
 // A backend that cannot stream (a worker sampling with vLLM, or one older than
 // StreamSample) sends each choice's text in one chunk when it completes.
+//
+// POST /embeddings has the core embed each input (SampleRequest.embed: the mean over its
+// tokens of the model's final hidden state, after the final norm), one sample per input,
+// queued and metered as samples are; see embeddings.go for the bounds.
 //
 // Errors have OpenAI's shape, {"error": {"message", "type", "param", "code"}}, with the HTTP
 // status of the one error table (internal/errs, its Tinker column: permanent errors are

@@ -83,3 +83,51 @@ func FuzzDecodeRequest(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeEmbeddingRequest checks the POST /embeddings decoder never panics, fails only
+// with 4xx errors in OpenAI's shape, and returns only range-checked values.
+func FuzzDecodeEmbeddingRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"loops/tiny","input":"hello","encoding_format":"float"}`,
+		`{"model":"loops/tiny","input":["a","b"],"encoding_format":"base64","dimensions":64,"user":"u"}`,
+		`{"model":"tinker://run/sampler_weights/s","input":[1,2,3]}`,
+		`{"model":"m","input":[[1,2],[3]],"encoding_format":null,"dimensions":null}`,
+		`{"model":"m","input":[],"dimensions":0}`, `{"model":"m","input":[""]}`, `{"model":"m","input":[[]]}`,
+		`{"model":"m","input":[1.5]}`, `{"model":"m","input":{"a":1}}`, `{"model":"m","input":"x","encoding_format":"hex"}`,
+		`{"input":"x"}`, `[]`, `{`, ``,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		req, err := decodeEmbeddingRequest(b)
+		if err != nil {
+			var ae *apiError
+			var ie *infer.Error
+			if !errors.As(err, &ae) && !errors.As(err, &ie) {
+				t.Fatalf("decoder error is not the adapter's own: %#v", err)
+			}
+			if status, body, id := classify(err); status < 400 || status >= 500 || body.Message == "" || body.Type == "" || id != "" {
+				t.Fatalf("decoder error is not a client error in OpenAI's shape: %d %+v %#v", status, body, err)
+			}
+			return
+		}
+		switch {
+		case req.model == "":
+			t.Fatal("a request without a model was accepted")
+		case len(req.inputs) == 0:
+			t.Fatal("a request without input was accepted")
+		case req.dimensions < 0:
+			t.Fatalf("dimensions = %d accepted", req.dimensions)
+		}
+		for i, p := range req.inputs {
+			if p.hasTokens && len(p.tokens) == 0 || !p.hasTokens && p.text == "" {
+				t.Fatalf("input %d is empty and was accepted", i)
+			}
+			for _, tok := range p.tokens {
+				if tok < 0 {
+					t.Fatalf("input %d has a negative token id", i)
+				}
+			}
+		}
+	})
+}

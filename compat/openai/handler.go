@@ -112,13 +112,10 @@ func NewHandler(s Services, o Options) http.Handler {
 	srv.edge.Handle(mux, "POST "+Prefix+"completions", srv.completions)
 	srv.edge.Handle(mux, "GET "+Prefix+"models", srv.listModels)
 	srv.edge.Handle(mux, "GET "+Prefix+"models/{model...}", srv.getModel)
-	srv.edge.Handle(mux, "POST "+Prefix+"embeddings", func(http.ResponseWriter, *http.Request) error {
-		return &apiError{status: http.StatusNotFound, typ: typeInvalidRequest, code: "unknown_route",
-			message: "POST embeddings is not served by Loops yet: no engine exposes a model's hidden states (docs/openai.md, Embeddings)"}
-	})
+	srv.edge.Handle(mux, "POST "+Prefix+"embeddings", srv.embeddings)
 	srv.edge.Handle(mux, Prefix, func(_ http.ResponseWriter, r *http.Request) error {
 		return &apiError{status: http.StatusNotFound, typ: typeInvalidRequest, code: "unknown_route",
-			message: r.Method + " " + r.URL.Path + " is not an OpenAI-compatible route served by Loops (POST chat/completions, POST completions, GET models)"}
+			message: r.Method + " " + r.URL.Path + " is not an OpenAI-compatible route served by Loops (POST chat/completions, POST completions, POST embeddings, GET models)"}
 	})
 	return srv.edge.Recover(mux)
 }

@@ -350,7 +350,14 @@ func TestCheckpointsAndWorkspaces(t *testing.T) {
 		r := okFn(t)(call(t, "POST", url+"/chat/completions", keyA, map[string]any{"model": model, "messages": msgs, "max_tokens": 3}))
 		require.Equal(t, model, r.Model)
 	}
-	status, body := call(t, "GET", url+"/models", keyA, nil)
+	// Embeddings from the checkpoint (its adapter applied: backends/reference TestEmbed).
+	emb := embed(t, url, map[string]any{"model": path, "input": []int{1, 2, 3}})
+	require.Equal(t, path, emb.Model)
+	require.Len(t, emb.floats(t, 0), 256)
+	status, body := call(t, "POST", url+"/embeddings", keyB, map[string]any{"model": path, "input": "x"})
+	require.Equal(t, http.StatusNotFound, status, string(body))
+
+	status, body = call(t, "GET", url+"/models", keyA, nil)
 	require.Equal(t, http.StatusOK, status)
 	require.Contains(t, string(body), path)
 

@@ -105,7 +105,7 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 			if chat {
 				return nil, unsupported(name, "POST /chat/completions takes messages; send a prompt to POST /completions")
 			}
-			if req.prompts, err = decodePrompts(raw); err != nil {
+			if req.prompts, err = decodePrompts(raw, name); err != nil {
 				return nil, err
 			}
 			hasPrompt = true
@@ -374,20 +374,19 @@ func (req *request) decodeStreamOptions(raw json.RawMessage) error {
 	return nil
 }
 
-// decodePrompts reads a completion's prompt: a string, a list of token ids, or a list of
-// those (several prompts, each sampled n times).
-func decodePrompts(raw json.RawMessage) ([]prompt, error) {
-	const name = "prompt"
+// decodePrompts reads a completion's prompt (or an embedding request's input, name): a
+// string, a list of token ids, or a list of those (several prompts, each sampled n times).
+func decodePrompts(raw json.RawMessage, name string) ([]prompt, error) {
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
 		if s == "" {
-			return nil, badField(name, "prompt must not be empty")
+			return nil, badField(name, "%s must not be empty", name)
 		}
 		return []prompt{{text: s}}, nil
 	}
 	var list []json.RawMessage
 	if json.Unmarshal(raw, &list) != nil || len(list) == 0 {
-		return nil, badField(name, "prompt must be a string, a list of token ids, or a list of those")
+		return nil, badField(name, "%s must be a non-empty string, a list of token ids, or a list of those", name)
 	}
 	first := bytes.TrimSpace(list[0])
 	if len(first) == 0 || (first[0] != '"' && first[0] != '[') {
@@ -399,7 +398,7 @@ func decodePrompts(raw json.RawMessage) ([]prompt, error) {
 	}
 	out := make([]prompt, len(list))
 	for i, item := range list {
-		param := fmt.Sprintf("prompt[%d]", i)
+		param := fmt.Sprintf("%s[%d]", name, i)
 		var inner []json.RawMessage
 		switch {
 		case json.Unmarshal(item, &out[i].text) == nil:

@@ -25,6 +25,7 @@ func capabilityCases() []testCase {
 			require.NoError(h.t, err)
 			mi := h.modelInfo(resp.GetModels())
 			require.Equal(h.t, int32(h.o.Cfg.VocabSize), mi.GetVocabSize(), "vocab_size")
+			require.Equal(h.t, int32(h.o.Cfg.HiddenSize), mi.GetHiddenSize(), "hidden_size")
 			require.Positive(h.t, mi.GetMaxSequenceLength(), "max_sequence_length")
 			require.GreaterOrEqual(h.t, mi.GetMaxLoraRank(), int32(1), "max_lora_rank")
 			require.Subset(h.t, resp.GetLossFunctions(), LossFunctions, "loss_functions")

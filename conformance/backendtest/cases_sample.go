@@ -120,7 +120,29 @@ func sampleCases() []testCase {
 			h.samplingLogprobs(prompt, ad, res.GetSequences(), float64(temperature), 8)
 		}}
 	}
+	embedCase := func(name string, withAdapter bool) testCase {
+		return testCase{"sample/embed/" + name, func(h *harness) {
+			var (
+				dir string
+				ad  *oracle.Adapter
+			)
+			if withAdapter {
+				dir, ad = h.warm(loraConfig())
+			}
+			prompt := h.tokens(7)
+			res := h.sample(&backendv1.SampleRequest{AdapterDir: dir, Prompt: toInt32(prompt), Embed: true})
+			require.Empty(h.t, res.GetSequences(), "an embedding samples nothing")
+			want := h.o.MeanHidden(prompt, ad)
+			got := res.GetEmbedding()
+			require.Len(h.t, got, len(want))
+			for i := range want {
+				require.InDelta(h.t, want[i], float64(got[i]), h.opts.LogprobTolerance, "dimension %d of the mean final hidden state", i)
+			}
+		}}
+	}
 	return []testCase{
+		embedCase("base_model", false),
+		embedCase("adapter", true),
 		{"sample/greedy/base_model", func(h *harness) {
 			prompt := h.tokens(6)
 			res := h.sample(&backendv1.SampleRequest{Prompt: toInt32(prompt), NumSamples: 1, Params: params(10, 0, 1)})

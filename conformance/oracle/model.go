@@ -248,6 +248,16 @@ func (m *Model) weight(name string) *Tensor {
 // Logits runs the decoder on tokens with an optional adapter and returns the
 // next-token logits at every position ([N][vocab]).
 func (m *Model) Logits(tokens []int, ad *Adapter) [][]float64 {
+	head := m.weight("model.embed_tokens.weight")
+	if !m.Tied {
+		head = m.weight("lm_head.weight")
+	}
+	return linear(m.Hidden(tokens, ad), head, nil, ad.pair("lm_head"), ad.scale())
+}
+
+// Hidden runs the decoder on tokens with an optional adapter and returns the final hidden
+// state at every position, after the model's final norm ([N][hidden]).
+func (m *Model) Hidden(tokens []int, ad *Adapter) [][]float64 {
 	c := m.Cfg
 	n := len(tokens)
 	emb := m.weight("model.embed_tokens.weight")
@@ -346,11 +356,19 @@ func (m *Model) Logits(tokens []int, ad *Adapter) [][]float64 {
 	for t := range x {
 		x[t] = rmsNorm(x[t], m.weight("model.norm.weight").Data, c.RMSNormEps)
 	}
-	head := emb
-	if !m.Tied {
-		head = m.weight("lm_head.weight")
+	return x
+}
+
+// MeanHidden is the mean over tokens of Hidden: the embedding of SampleRequest.embed.
+func (m *Model) MeanHidden(tokens []int, ad *Adapter) []float64 {
+	h := m.Hidden(tokens, ad)
+	out := make([]float64, m.Cfg.HiddenSize)
+	for _, row := range h {
+		for i, v := range row {
+			out[i] += v / float64(len(h))
+		}
 	}
-	return linear(x, head, nil, ad.pair("lm_head"), ad.scale())
+	return out
 }
 
 // LogSoftmax returns log softmax(z / temperature).

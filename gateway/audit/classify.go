@@ -187,6 +187,7 @@ var Rules = []Rule{
 	// OpenAI- and Anthropic-compatible inference: sampling only.
 	read("POST /oai/api/v1/chat/completions"),
 	read("POST /oai/api/v1/completions"),
+	read("POST /oai/api/v1/embeddings"),
 	read("GET /oai/api/v1/models"),
 	read("GET /oai/api/v1/models/{model...}"),
 	read("POST /anthropic/api/v1/messages"),

@@ -73,6 +73,7 @@ func TestClassify(t *testing.T) {
 		{"POST", "/loops.v1.CheckpointService/GetCheckpointArchiveURL", Access, "checkpoint_read"},
 		{"POST", "/console/checkpoint/delete", Mutate, "checkpoint_delete"},
 		{"POST", "/oai/api/v1/chat/completions", Read, ""},
+		{"POST", "/oai/api/v1/embeddings", Read, ""},
 		// Unknown: a write is recorded, a read is not.
 		{"POST", "/api/v1/some_new_route", Mutate, unclassified},
 		{"PATCH", "/v1/sessions/s1", Mutate, unclassified},

@@ -27,6 +27,11 @@ type fakeBackend struct {
 	createErr error
 	// sampleHook, when set, runs at the start of every Sample.
 	sampleHook func()
+	// embeds makes Sample answer SampleRequest.embed with an embedding (prompt length, then
+	// the prompt's first token), as an engine that computes hidden states; embedReqs keeps
+	// the embedding requests it was given.
+	embeds    bool
+	embedReqs []*backendv1.SampleRequest
 }
 
 func newFakeBackend() *fakeBackend {
@@ -148,6 +153,14 @@ func (f *fakeBackend) Sample(_ context.Context, req *backendv1.SampleRequest) (*
 		f.sampleHook()
 	}
 	res := &loopsv1.SampleResult{}
+	if req.GetEmbed() {
+		f.mu.Lock()
+		f.embedReqs = append(f.embedReqs, req)
+		f.mu.Unlock()
+		if f.embeds {
+			res.Embedding = []float32{float32(len(req.GetPrompt())), float32(req.GetPrompt()[0])}
+		}
+	}
 	for range req.GetNumSamples() {
 		res.Sequences = append(res.Sequences, &loopsv1.SampledSequence{Tokens: []int32{1, 2}, Logprobs: []float32{-1, -1}, StopReason: loopsv1.StopReason_STOP_REASON_LENGTH})
 	}

@@ -185,6 +185,10 @@ func linkRetrieval(ctx context.Context, o *operation) {
 // genAIRequest are the GenAI semantic-convention attributes of a sampling request: the
 // model and the sampling parameters (never the prompt or its tokens).
 func genAIRequest(req *backendv1.SampleRequest) []attribute.KeyValue {
+	if req.GetEmbed() {
+		return []attribute.KeyValue{semconv.GenAIOperationNameEmbeddings, semconv.GenAIProviderNameKey.String("loops"),
+			semconv.GenAIRequestModel(req.GetBaseModel()), semconv.GenAIUsageInputTokens(len(req.GetPrompt()))}
+	}
 	p := req.GetParams()
 	attrs := []attribute.KeyValue{
 		semconv.GenAIOperationNameTextCompletion, semconv.GenAIProviderNameKey.String("loops"),

@@ -12,6 +12,7 @@ import (
 
 	"github.com/loops-dev/loops/gateway/core/lane"
 	"github.com/loops-dev/loops/gateway/core/trainrun"
+	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/telemetry"
 )
@@ -60,3 +61,14 @@ func TestBatchSpansLinkTheBatch(t *testing.T) {
 }
 
 func spanIDOf(ctx context.Context) trace.SpanID { return trace.SpanContextFromContext(ctx).SpanID() }
+
+// TestGenAIRequestOfAnEmbedding: an embedding's span is a GenAI "embeddings" operation with
+// its input tokens, and no sampling attributes.
+func TestGenAIRequestOfAnEmbedding(t *testing.T) {
+	got := map[string]any{}
+	for _, kv := range genAIRequest(&backendv1.SampleRequest{BaseModel: "m", Prompt: []int32{1, 2, 3}, Embed: true}) {
+		got[string(kv.Key)] = kv.Value.AsInterface()
+	}
+	require.Equal(t, map[string]any{"gen_ai.operation.name": "embeddings", "gen_ai.provider.name": "loops",
+		"gen_ai.request.model": "m", "gen_ai.usage.input_tokens": int64(3)}, got)
+}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -100,4 +101,59 @@ func TestInflightSamplersFollowTheNewestInflightSave(t *testing.T) {
 	} else {
 		require.ErrorContains(t, err, "inflight applies to an unnamed sampler save")
 	}
+}
+
+// TestEmbedGoesThroughTheSampleQueue: SampleRequest.embed is checked (no sampling or prompt
+// option, the prompt within the model's length), runs as a sample with no params and no
+// sequences asked, is metered as its prompt tokens, and fails with FAILED_PRECONDITION on
+// an engine that returns no embedding.
+func TestEmbedGoesThroughTheSampleQueue(t *testing.T) {
+	h := newHarness(t, t.TempDir(), Options{})
+	for _, req := range []*loopsv1.SampleRequest{
+		{Params: &loopsv1.SamplingParams{MaxTokens: 1}},
+		{NumSamples: 2},
+		{PromptLogprobs: true},
+		{PromptAltTokensK: 1},
+		{Prompt: make([]int32, 100000)},
+	} {
+		req.BaseModel, req.Embed = "fake/model", true
+		if req.Prompt == nil {
+			req.Prompt = []int32{5, 6, 7}
+		}
+		_, err := h.svc.Sampling.Sample(h.ctx, req)
+		require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "%v", err)
+	}
+
+	embed := func() *loopsv1.Operation {
+		t.Helper()
+		op, err := h.svc.Sampling.Sample(h.ctx, &loopsv1.SampleRequest{BaseModel: "fake/model", Prompt: []int32{5, 6, 7}, Embed: true})
+		require.NoError(t, err)
+		return h.wait(op)
+	}
+	done := embed()
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_FAILED, done.GetState())
+	require.Equal(t, int32(connect.CodeFailedPrecondition), done.GetError().GetCode())
+	require.Contains(t, done.GetError().GetMessage(), "does not compute embeddings")
+
+	h.fake.mu.Lock()
+	h.fake.embeds = true
+	h.fake.mu.Unlock()
+	done = embed()
+	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, done.GetState(), done.GetError().GetMessage())
+	require.Equal(t, []float32{3, 5}, done.GetSample().GetEmbedding())
+	require.Empty(t, done.GetSample().GetSequences())
+	h.fake.mu.Lock()
+	for _, r := range h.fake.embedReqs {
+		require.Nil(t, r.GetParams())
+		require.Zero(t, r.GetNumSamples())
+	}
+	h.fake.mu.Unlock()
+
+	res, err := h.svc.Usage.GetUsage(h.ctx, &loopsv1.GetUsageRequest{})
+	require.NoError(t, err)
+	got := map[loopsv1.UsageKind]int64{}
+	for _, b := range res.GetBuckets() {
+		got[b.GetKind()] += b.GetAmount()
+	}
+	require.Equal(t, map[loopsv1.UsageKind]int64{loopsv1.UsageKind_USAGE_KIND_SAMPLING_PREFILL_TOKENS: 3}, got)
 }

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"math"
 	"slices"
@@ -581,7 +582,10 @@ func (c *Core) startSample(ctx context.Context, ws string, st *samplerState, req
 		NumSamples: max(req.GetNumSamples(), 1), Params: params,
 		PromptLogprobs: req.GetPromptLogprobs(), TopkPromptLogprobs: req.GetTopkPromptLogprobs(),
 		TargetPromptTokens: req.GetTargetPromptTokens(), PromptAltTokensK: req.GetPromptAltTokensK(),
-		Pool: c.samplerPool(st.info.GetModelPath()), Workspace: ws,
+		Pool: c.samplerPool(st.info.GetModelPath()), Workspace: ws, Embed: req.GetEmbed(),
+	}
+	if breq.Embed { // an embedding samples nothing
+		breq.Params, breq.NumSamples = nil, 0
 	}
 	if !c.samplers.queue.push(&sampleJob{o: o, session: st.info.GetSessionId(), deployment: deploymentUsage(st.info.GetDeployment()), req: breq, cost: sampleCost(breq), sink: sink, adapter: adapter,
 		lastN: int(req.GetPromptLogprobsLastN()), modelPath: path, queued: c.now()}) {
@@ -634,6 +638,9 @@ func (c *Core) runSample(j *sampleJob) {
 	}
 	if err == nil {
 		err = checkPromptExtras(req, resp)
+	}
+	if err == nil {
+		err = c.checkEmbedding(req, resp)
 	}
 	if err == nil {
 		keepLastN(resp.GetResult(), j.lastN)
@@ -761,4 +768,21 @@ func (s ModelService) ListModels(ctx context.Context, _ *loopsv1.ListModelsReque
 	}
 	out.Models = s.c.policy.Models(auth.Workspace(ctx), out.Models) // the workspace's models and limits
 	return out, nil
+}
+
+// checkEmbedding fails an embedding (SampleRequest.embed) that came back without one (a
+// backend that does not compute hidden states) rather than answering it empty.
+func (c *Core) checkEmbedding(req *backendv1.SampleRequest, resp *backendv1.SampleResponse) error {
+	if !req.GetEmbed() {
+		return nil
+	}
+	if len(resp.GetResult().GetEmbedding()) == 0 || len(resp.GetResult().GetSequences()) != 0 {
+		backend := "this backend"
+		if m, err := c.model(req.GetBaseModel()); err == nil && m.GetBackend() != "" {
+			backend = "the " + m.GetBackend() + " backend"
+		}
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
+			"%s serving %s does not compute embeddings (the reference engine and the torch worker's transformers sampler do; a worker sampling with vLLM does not): serve the model on one of those to embed with it", backend, req.GetBaseModel()))
+	}
+	return nil
 }

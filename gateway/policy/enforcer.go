@@ -328,8 +328,8 @@ func (e *Enforcer) CheckData(ws, model string, data []*loopsv1.Datum) error {
 // CheckSample checks a sampling request of the workspace on a base model after the core has
 // validated it and filled in params: PermissionDenied if the workspace may not use the
 // model, InvalidArgument when the prompt, or the prompt plus max_tokens, is over its
-// max_sequence_length. A max_tokens the request left out (defaulted in params) is lowered to
-// fit instead.
+// max_sequence_length (an embedding's input, SampleRequest.embed, may fill it). A
+// max_tokens the request left out (defaulted in params) is lowered to fit instead.
 func (e *Enforcer) CheckSample(ws, model string, req *loopsv1.SampleRequest, params *loopsv1.SamplingParams) error {
 	if e == nil {
 		return nil
@@ -342,6 +342,14 @@ func (e *Enforcer) CheckSample(ws, model string, req *loopsv1.SampleRequest, par
 		return nil
 	}
 	n := len(req.GetPrompt())
+	if req.GetEmbed() { // an embedding generates nothing: the prompt may fill the limit
+		if n <= limit {
+			return nil
+		}
+		return errs.Final(errs.New(connect.CodeInvalidArgument, ReasonWorkspaceLimit, fmt.Errorf(
+			"input of %d tokens is over workspace %q's limit of %d tokens (max_sequence_length in its policy, on %s): shorten it, or ask a workspace admin for more: %s",
+			n, ws, limit, model, AskCommand(model, flag("max-seq-len", n)))))
+	}
 	if n >= limit {
 		return errs.Final(errs.New(connect.CodeInvalidArgument, ReasonWorkspaceLimit, fmt.Errorf(
 			"prompt of %d tokens leaves no room under workspace %q's limit of %d tokens (max_sequence_length in its policy, on %s): shorten it, or ask a workspace admin for more: %s",

@@ -187,6 +187,12 @@ workspaces:
 	require.ErrorContains(t, err, `prompt (3 tokens) + max_tokens (6) is over workspace "w"'s limit of 8 tokens`)
 	_, err = sample(8, 0, 1)
 	require.ErrorContains(t, err, `prompt of 8 tokens leaves no room under workspace "w"'s limit of 8 tokens`)
+	// An embedding generates nothing: its input may fill the limit, not pass it.
+	embed := func(n int) error {
+		return e.CheckSample("w", "a", &loopsv1.SampleRequest{Prompt: make([]int32, n), Embed: true}, &loopsv1.SamplingParams{})
+	}
+	require.NoError(t, embed(8))
+	require.ErrorContains(t, embed(9), `input of 9 tokens is over workspace "w"'s limit of 8 tokens`)
 }
 
 func TestNilEnforcerEnforcesNothing(t *testing.T) {

@@ -150,7 +150,8 @@ class BaseModel:
         arch = (getattr(self.config, "architectures", None) or [getattr(self.config, "model_type", "")])[0]
         self.info = tpb.ModelInfo(
             name=name, max_sequence_length=self.max_seq, vocab_size=self.vocab, architecture=arch,
-            tokenizer_id=tok_id, max_lora_rank=max_lora_rank, backend=IMPLEMENTATION)
+            tokenizer_id=tok_id, max_lora_rank=max_lora_rank, backend=IMPLEMENTATION,
+            hidden_size=int(getattr(self.config, "hidden_size", 0) or 0))
 
     # -- the pass ------------------------------------------------------------------------
 

@@ -121,6 +121,26 @@ def validate(req, bm) -> SampleSpec:
                       presence_penalty=presence, frequency_penalty=frequency, min_p=min_p, response_format=rf)
 
 
+def validate_embed(req, bm) -> List[int]:
+    """reference.Engine.embed's checks of a request to embed its prompt (SampleRequest.embed)."""
+    V = bm.vocab
+    prompt = list(req.prompt)
+    if not prompt:
+        raise invalid("the prompt is empty; send at least one token")
+    for i, t in enumerate(prompt):
+        if t < 0 or t >= V:
+            raise invalid(f"prompt token {t} at position {i} is outside the vocabulary [0, {V})")
+    if len(prompt) > bm.max_seq:
+        raise invalid(f"the input of {len(prompt)} tokens exceeds the model's limit of {bm.max_seq} tokens; shorten it")
+    if req.num_samples > 1 or req.num_samples < 0 or req.HasField("params"):
+        raise invalid("embed samples nothing: leave num_samples (or set it to 1) and params unset")
+    if (req.prompt_logprobs or req.topk_prompt_logprobs or req.HasField("target_prompt_tokens")
+            or req.prompt_alt_tokens_k):
+        raise invalid("embed returns no prompt log-probs: leave prompt_logprobs, topk_prompt_logprobs, "
+                      "target_prompt_tokens and prompt_alt_tokens_k unset")
+    return prompt
+
+
 def target_rows(req, prompt_len: int, vocab: int) -> Optional[List[List[int]]]:
     """reference targetRows: target_prompt_tokens ([len(prompt) - 1, k] row major, ids in the
     vocabulary or -1) cut into rows; None when none are asked for."""
@@ -312,6 +332,11 @@ class HFSampler:
         every token as it is sampled (top: the (token, log-prob) alternatives or None); an
         exception it raises stops the sample."""
         bm = self.engine.model(req.base_model)
+        if req.embed:
+            prompt = validate_embed(req, bm)
+            ad = self._adapter(bm, req.adapter_dir) if req.adapter_dir else None
+            with self.engine.compute:
+                return self._embed(bm, ad, prompt)
         spec = validate(req, bm)
         ad = self._adapter(bm, req.adapter_dir) if req.adapter_dir else None
         if spec.response_format is not None:
@@ -319,6 +344,22 @@ class HFSampler:
         with self.engine.compute:
             seqs, plp, topk, extras = self._generate(bm, ad, spec, on_token)
         return build_result(seqs, plp, topk, spec, extras)
+
+    @torch.no_grad()
+    def _embed(self, bm, ad, prompt: List[int]):
+        """SampleRequest.embed: the mean over the prompt's tokens of the last hidden state
+        (hidden_states[-1], which transformers returns after the model's final norm), summed
+        in float64, as float32."""
+        bm.ctx.segments = [(0, 1 << 30, ad)]
+        try:
+            ids = torch.tensor([prompt], dtype=torch.long, device=bm.device)
+            out = bm.model(input_ids=ids, output_hidden_states=True, use_cache=False, logits_to_keep=1)
+            mean = out.hidden_states[-1][0].to(torch.float64).mean(dim=0).cpu()
+        finally:
+            bm.ctx.segments = []
+        res = tpb.SampleResult()
+        res.embedding.extend(mean.to(torch.float32).tolist())
+        return bpb.SampleResponse(result=res)
 
     @torch.no_grad()
     def _generate(self, bm, ad, s: SampleSpec, on_token=None):

@@ -96,6 +96,9 @@ class VLLMSampler:
         from vllm.exceptions import VLLMValidationError
         from vllm.sampling_params import RequestOutputKind
 
+        if req.embed:
+            raise WorkerError(FAILED_PRECONDITION, "the vLLM sampler does not compute embeddings (the torch worker's "
+                              "transformers sampler and the reference engine do): serve the model without vLLM to embed")
         bm = self.engine.model(req.base_model)
         s = validate(req, bm)
         if s.targets is not None or s.alt_k > 0:

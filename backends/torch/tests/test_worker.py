@@ -302,3 +302,51 @@ def test_grpc_server_answers_only_the_gateway(engine, tmp_path, certs, worker_cr
         assert "victim" in engine.adapters, "the adapter survived"
     finally:
         server.stop(0)
+
+
+def test_embed_matches_transformers_and_peft(engine, tiny_dir, tmp_path):
+    """SampleRequest.embed: the mean over the prompt of transformers' last hidden state (after
+    the final norm), of the base model and with a sampler checkpoint's adapter (PEFT's)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from loops_worker.sampler import HFSampler
+
+    s = HFSampler(engine)
+    ids = [5, 9, 33, 70, 11, 2, 17, 18]
+
+    def mean_hidden(m):
+        with torch.no_grad():
+            out = m(input_ids=torch.tensor([ids]), output_hidden_states=True)
+        return out.hidden_states[-1][0].double().mean(0)
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    base.eval()
+    got = s.sample(bpb.SampleRequest(base_model="tiny", prompt=ids, embed=True)).result
+    assert len(got.sequences) == 0 and len(got.embedding) == 64
+    assert (torch.tensor(list(got.embedding), dtype=torch.float64) - mean_hidden(base)).abs().max() < 1e-5
+
+    _train(engine, "embed")
+    out = str(tmp_path / "sampler")
+    engine.save_adapter(bpb.SaveAdapterRequest(adapter_id="embed", dir=out))
+    tuned = s.sample(bpb.SampleRequest(base_model="tiny", prompt=ids, embed=True, adapter_dir=out)).result
+    pm = PeftModel.from_pretrained(base, out)
+    pm.eval()
+    want = mean_hidden(pm)
+    assert (torch.tensor(list(tuned.embedding), dtype=torch.float64) - want).abs().max() < 1e-5
+    assert (want - torch.tensor(list(got.embedding), dtype=torch.float64)).abs().max() > 1e-4  # the adapter applies
+
+    for bad in (dict(params=tpb.SamplingParams(max_tokens=1)), dict(prompt_logprobs=True), dict(num_samples=2),
+                dict(prompt=[]), dict(prompt=[320])):
+        req = bpb.SampleRequest(base_model="tiny", prompt=ids, embed=True)
+        for k, v in bad.items():
+            if k == "params":
+                req.params.CopyFrom(v)
+            elif k == "prompt":
+                del req.prompt[:]
+                req.prompt.extend(v)
+            else:
+                setattr(req, k, v)
+        with pytest.raises(WorkerError) as e:
+            s.sample(req)
+        assert e.value.code == INVALID_ARGUMENT, bad

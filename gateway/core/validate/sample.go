@@ -23,6 +23,9 @@ func Sample(model *loopsv1.ModelInfo, req *loopsv1.SampleRequest, maxSamples int
 	if err := TokenIDs(model, req.GetPrompt(), "prompt"); err != nil {
 		return nil, apierr.InvalidArgument("%v", err)
 	}
+	if req.GetEmbed() { // empty params: an embedding samples nothing
+		return &loopsv1.SamplingParams{}, embedding(model, req)
+	}
 	if ns := req.GetNumSamples(); ns < 0 || ns > int32(maxSamples) {
 		return nil, apierr.InvalidArgument("num_samples %d is out of range [1, %d]", ns, maxSamples)
 	}
@@ -128,6 +131,24 @@ func promptExtras(model *loopsv1.ModelInfo, req *loopsv1.SampleRequest) error {
 	}
 	if !named {
 		return apierr.InvalidArgument("target_prompt_logprobs names no token id (every cell is -1): give at least one, or leave it out")
+	}
+	return nil
+}
+
+// embedding checks a request to embed its prompt (SampleRequest.embed): the prompt within
+// the model's limit and no sampling or prompt option (an embedding samples nothing).
+func embedding(model *loopsv1.ModelInfo, req *loopsv1.SampleRequest) error {
+	if limit := int(model.GetMaxSequenceLength()); limit > 0 && len(req.GetPrompt()) > limit {
+		return apierr.InvalidArgument("input of %d tokens is over %s's limit of %d tokens: shorten it", len(req.GetPrompt()), model.GetName(), limit)
+	}
+	switch {
+	case req.GetNumSamples() > 1 || req.GetNumSamples() < 0:
+		return apierr.InvalidArgument("num_samples must be 0 or 1 with embed, got %d", req.GetNumSamples())
+	case req.GetParams() != nil:
+		return apierr.InvalidArgument("embed samples nothing: leave params unset")
+	case req.GetPromptLogprobs() || req.GetTopkPromptLogprobs() != 0 || req.GetPromptLogprobsLastN() != 0 ||
+		req.GetTargetPromptTokens() != nil || req.GetPromptAltTokensK() != 0:
+		return apierr.InvalidArgument("embed returns no prompt log-probs: leave prompt_logprobs, topk_prompt_logprobs, prompt_logprobs_last_n, target_prompt_tokens and prompt_alt_tokens_k unset")
 	}
 	return nil
 }

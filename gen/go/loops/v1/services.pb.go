@@ -2909,8 +2909,15 @@ type SampleRequest struct {
 	// Draw this many tokens (at most 100) at every prompt position after the first
 	// (SampleResult.prompt_alt_tokens).
 	PromptAltTokensK int32 `protobuf:"varint,12,opt,name=prompt_alt_tokens_k,json=promptAltTokensK,proto3" json:"prompt_alt_tokens_k,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Embed the prompt instead of sampling: SampleResult.embedding is the mean over the
+	// prompt's tokens of the model's final hidden state (after its final norm, before the LM
+	// head), with the sampler's adapter applied; no sequence is sampled. num_samples must be 0
+	// or 1 and params, prompt_logprobs and the other prompt options unset. Queued, limited
+	// and metered (as prompt tokens) as any sample. A backend that cannot compute it fails
+	// the operation with FAILED_PRECONDITION.
+	Embed         bool `protobuf:"varint,13,opt,name=embed,proto3" json:"embed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SampleRequest) Reset() {
@@ -3025,6 +3032,13 @@ func (x *SampleRequest) GetPromptAltTokensK() int32 {
 		return x.PromptAltTokensK
 	}
 	return 0
+}
+
+func (x *SampleRequest) GetEmbed() bool {
+	if x != nil {
+		return x.Embed
+	}
+	return false
 }
 
 type ListModelsRequest struct {
@@ -3902,7 +3916,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"deploymentB\x10\n" +
 	"\x0e_client_seq_id\"#\n" +
 	"\x11GetSamplerRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\x8d\x04\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xa3\x04\n" +
 	"\rSampleRequest\x12\x1d\n" +
 	"\n" +
 	"sampler_id\x18\x01 \x01(\tR\tsamplerId\x12\x1a\n" +
@@ -3920,7 +3934,8 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x16prompt_logprobs_last_n\x18\n" +
 	" \x01(\x05R\x13promptLogprobsLastN\x12N\n" +
 	"\x14target_prompt_tokens\x18\v \x01(\v2\x1c.loops.v1.TargetPromptTokensR\x12targetPromptTokens\x12-\n" +
-	"\x13prompt_alt_tokens_k\x18\f \x01(\x05R\x10promptAltTokensKB\t\n" +
+	"\x13prompt_alt_tokens_k\x18\f \x01(\x05R\x10promptAltTokensK\x12\x14\n" +
+	"\x05embed\x18\r \x01(\bR\x05embedB\t\n" +
 	"\a_seq_id\"\x13\n" +
 	"\x11ListModelsRequest\"A\n" +
 	"\x12ListModelsResponse\x12+\n" +

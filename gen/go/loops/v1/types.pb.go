@@ -976,7 +976,10 @@ type SampleResult struct {
 	PromptAltTokens *PromptAltTokens `protobuf:"bytes,5,opt,name=prompt_alt_tokens,json=promptAltTokens,proto3" json:"prompt_alt_tokens,omitempty"`
 	// The tinker:// path of the sampler checkpoint the sample used (empty for the base model):
 	// for an inflight sampler, the run's newest inflight save when the sample was submitted.
-	ModelPath     string `protobuf:"bytes,6,opt,name=model_path,json=modelPath,proto3" json:"model_path,omitempty"`
+	ModelPath string `protobuf:"bytes,6,opt,name=model_path,json=modelPath,proto3" json:"model_path,omitempty"`
+	// With SampleRequest.embed: the mean over the prompt's tokens of the final hidden state
+	// (float32, the model's hidden size).
+	Embedding     []float32 `protobuf:"fixed32,7,rep,packed,name=embedding,proto3" json:"embedding,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1051,6 +1054,13 @@ func (x *SampleResult) GetModelPath() string {
 		return x.ModelPath
 	}
 	return ""
+}
+
+func (x *SampleResult) GetEmbedding() []float32 {
+	if x != nil {
+		return x.Embedding
+	}
+	return nil
 }
 
 // TargetPromptTokens are token ids whose prompt log-probs to return, row major
@@ -1257,9 +1267,12 @@ type ModelInfo struct {
 	VocabSize         int32                  `protobuf:"varint,3,opt,name=vocab_size,json=vocabSize,proto3" json:"vocab_size,omitempty"`
 	Architecture      string                 `protobuf:"bytes,4,opt,name=architecture,proto3" json:"architecture,omitempty"`
 	// Folder with tokenizer.json and tokenizer_config.json (a Hugging Face id or a local path).
-	TokenizerId   string `protobuf:"bytes,5,opt,name=tokenizer_id,json=tokenizerId,proto3" json:"tokenizer_id,omitempty"`
-	MaxLoraRank   int32  `protobuf:"varint,6,opt,name=max_lora_rank,json=maxLoraRank,proto3" json:"max_lora_rank,omitempty"`
-	Backend       string `protobuf:"bytes,7,opt,name=backend,proto3" json:"backend,omitempty"`
+	TokenizerId string `protobuf:"bytes,5,opt,name=tokenizer_id,json=tokenizerId,proto3" json:"tokenizer_id,omitempty"`
+	MaxLoraRank int32  `protobuf:"varint,6,opt,name=max_lora_rank,json=maxLoraRank,proto3" json:"max_lora_rank,omitempty"`
+	Backend     string `protobuf:"bytes,7,opt,name=backend,proto3" json:"backend,omitempty"`
+	// The width of the model's final hidden state: the length of an embedding
+	// (SampleRequest.embed). 0 when the backend does not say.
+	HiddenSize    int32 `protobuf:"varint,8,opt,name=hidden_size,json=hiddenSize,proto3" json:"hidden_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1341,6 +1354,13 @@ func (x *ModelInfo) GetBackend() string {
 		return x.Backend
 	}
 	return ""
+}
+
+func (x *ModelInfo) GetHiddenSize() int32 {
+	if x != nil {
+		return x.HiddenSize
+	}
+	return 0
 }
 
 var File_loops_v1_types_proto protoreflect.FileDescriptor
@@ -1433,7 +1453,7 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\ametrics\x18\x01 \x03(\v2&.loops.v1.OptimStepResult.MetricsEntryR\ametrics\x1a:\n" +
 	"\fMetricsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xf6\x02\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\x94\x03\n" +
 	"\fSampleResult\x127\n" +
 	"\tsequences\x18\x01 \x03(\v2\x19.loops.v1.SampledSequenceR\tsequences\x12'\n" +
 	"\x0fprompt_logprobs\x18\x02 \x03(\x02R\x0epromptLogprobs\x12H\n" +
@@ -1441,7 +1461,8 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x16target_prompt_logprobs\x18\x04 \x01(\v2\x1e.loops.v1.TargetPromptLogprobsR\x14targetPromptLogprobs\x12E\n" +
 	"\x11prompt_alt_tokens\x18\x05 \x01(\v2\x19.loops.v1.PromptAltTokensR\x0fpromptAltTokens\x12\x1d\n" +
 	"\n" +
-	"model_path\x18\x06 \x01(\tR\tmodelPath\"W\n" +
+	"model_path\x18\x06 \x01(\tR\tmodelPath\x12\x1c\n" +
+	"\tembedding\x18\a \x03(\x02R\tembedding\"W\n" +
 	"\x12TargetPromptTokens\x12\f\n" +
 	"\x01k\x18\x01 \x01(\x05R\x01k\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\x05R\btokenIds\x12\x16\n" +
@@ -1453,7 +1474,7 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x0fPromptAltTokens\x12\f\n" +
 	"\x01k\x18\x01 \x01(\x05R\x01k\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\x05R\btokenIds\x12\x1a\n" +
-	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xf3\x01\n" +
+	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\x94\x02\n" +
 	"\tModelInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x13max_sequence_length\x18\x02 \x01(\x05R\x11maxSequenceLength\x12\x1d\n" +
@@ -1462,7 +1483,9 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\farchitecture\x18\x04 \x01(\tR\farchitecture\x12!\n" +
 	"\ftokenizer_id\x18\x05 \x01(\tR\vtokenizerId\x12\"\n" +
 	"\rmax_lora_rank\x18\x06 \x01(\x05R\vmaxLoraRank\x12\x18\n" +
-	"\abackend\x18\a \x01(\tR\abackend*B\n" +
+	"\abackend\x18\a \x01(\tR\abackend\x12\x1f\n" +
+	"\vhidden_size\x18\b \x01(\x05R\n" +
+	"hiddenSize*B\n" +
 	"\x05Dtype\x12\x15\n" +
 	"\x11DTYPE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rDTYPE_FLOAT32\x10\x01\x12\x0f\n" +

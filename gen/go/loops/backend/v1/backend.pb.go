@@ -1104,8 +1104,13 @@ type SampleRequest struct {
 	// FAILED_PRECONDITION.
 	TargetPromptTokens *v1.TargetPromptTokens `protobuf:"bytes,11,opt,name=target_prompt_tokens,json=targetPromptTokens,proto3" json:"target_prompt_tokens,omitempty"`
 	PromptAltTokensK   int32                  `protobuf:"varint,12,opt,name=prompt_alt_tokens_k,json=promptAltTokensK,proto3" json:"prompt_alt_tokens_k,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// As loops.v1.SampleRequest.embed (the gateway has checked the request): return
+	// SampleResult.embedding, the mean over the prompt's tokens of the final hidden state
+	// (after the final norm), and sample nothing; num_samples and params are then unset. An
+	// engine that cannot compute it fails with FAILED_PRECONDITION.
+	Embed         bool `protobuf:"varint,13,opt,name=embed,proto3" json:"embed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SampleRequest) Reset() {
@@ -1220,6 +1225,13 @@ func (x *SampleRequest) GetPromptAltTokensK() int32 {
 		return x.PromptAltTokensK
 	}
 	return 0
+}
+
+func (x *SampleRequest) GetEmbed() bool {
+	if x != nil {
+		return x.Embed
+	}
+	return false
 }
 
 type SampleResponse struct {
@@ -1547,7 +1559,7 @@ const file_loops_backend_v1_backend_proto_rawDesc = "" +
 	"\x0eload_optimizer\x18\x03 \x01(\bR\rloadOptimizer\x12%\n" +
 	"\x0eload_gradients\x18\x04 \x01(\bR\rloadGradients\x125\n" +
 	"\bdownload\x18\x05 \x03(\v2\x19.loops.backend.v1.FileURLR\bdownload\"\x15\n" +
-	"\x13LoadAdapterResponse\"\x86\x04\n" +
+	"\x13LoadAdapterResponse\"\x9c\x04\n" +
 	"\rSampleRequest\x12\x1d\n" +
 	"\n" +
 	"base_model\x18\x01 \x01(\tR\tbaseModel\x12\x1f\n" +
@@ -1564,7 +1576,8 @@ const file_loops_backend_v1_backend_proto_rawDesc = "" +
 	"\tworkspace\x18\n" +
 	" \x01(\tR\tworkspace\x12N\n" +
 	"\x14target_prompt_tokens\x18\v \x01(\v2\x1c.loops.v1.TargetPromptTokensR\x12targetPromptTokens\x12-\n" +
-	"\x13prompt_alt_tokens_k\x18\f \x01(\x05R\x10promptAltTokensK\"@\n" +
+	"\x13prompt_alt_tokens_k\x18\f \x01(\x05R\x10promptAltTokensK\x12\x14\n" +
+	"\x05embed\x18\r \x01(\bR\x05embed\"@\n" +
 	"\x0eSampleResponse\x12.\n" +
 	"\x06result\x18\x01 \x01(\v2\x16.loops.v1.SampleResultR\x06result\"P\n" +
 	"\x13StreamSampleRequest\x129\n" +
