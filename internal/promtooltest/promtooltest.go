@@ -1,7 +1,7 @@
 // Package promtooltest gives tests the real promtool (Prometheus's rule checker, from the
 // github.com/prometheus/prometheus module), built at a pinned version once per machine
 // into ~/.cache/loops/bin/promtool-VERSION (outside the work tree, so fresh clones and CI
-// reuse it, like `make weed` and `make grpcurl`). $LOOPS_PROMTOOL_BIN overrides it. When
+// reuse it, like `make weed` and `make grpcurl`; internal/cachedtool). $LOOPS_PROMTOOL_BIN overrides it. When
 // it cannot be built (no module proxy and no module cache), Binary skips the test with a
 // message saying so, except under CI (CI=true), where it fails it: CI must never pass by
 // skipping.
@@ -19,9 +19,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/loops-dev/loops/internal/cachedtool"
 )
 
 // Module and Version are what is built: Module's ./cmd/promtool at Version (Prometheus
@@ -32,55 +33,23 @@ const (
 	Version = "v0.315.1"
 )
 
-// buildTimeout bounds the download and the build (several minutes with a cold module and
-// build cache; what a build cut short compiled stays in Go's build cache for the next).
-const buildTimeout = 30 * time.Minute
-
-var built struct {
-	once sync.Once
-	path string
-	err  error
+var tool = &cachedtool.Tool{
+	Name: "promtool", Version: Version, EnvVar: "LOOPS_PROMTOOL_BIN",
+	// Several minutes with a cold module and build cache; what a build cut short compiled
+	// stays in Go's build cache for the next.
+	Timeout: 30 * time.Minute,
+	Build:   build,
 }
 
 // Binary returns the path of promtool, building it first if it is not cached; without it
 // it skips tb, or fails it under CI=true.
 func Binary(tb testing.TB) string {
 	tb.Helper()
-	if p := os.Getenv("LOOPS_PROMTOOL_BIN"); p != "" {
-		if _, err := os.Stat(p); err != nil {
-			tb.Fatalf("LOOPS_PROMTOOL_BIN: %v", err)
-		}
-		return p
-	}
-	built.once.Do(func() { built.path, built.err = build() })
-	switch {
-	case built.err == nil:
-		return built.path
-	case os.Getenv("CI") == "true":
-		tb.Fatalf("building promtool: %v", built.err)
-	default:
-		tb.Skipf("skipping the promtool test: promtool %s could not be built from its Go module (offline?): %v; set LOOPS_PROMTOOL_BIN to a promtool binary", Version, built.err)
-	}
-	return ""
+	return tool.Binary(tb)
 }
 
-// build downloads the module and builds promtool into the cache folder, under a temporary
-// name first so that a build cut short leaves nothing that looks finished.
-func build() (string, error) {
-	home, err := os.UserHomeDir()
-	if err != nil {
-		return "", err
-	}
-	dir := filepath.Join(home, ".cache", "loops", "bin")
-	path := filepath.Join(dir, "promtool-"+Version)
-	if _, err := os.Stat(path); err == nil {
-		return path, nil
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
-	defer cancel()
+// build downloads the module and builds promtool into tmp.
+func build(ctx context.Context, tmp string) (string, error) {
 	// Outside this module (from /): its go.mod and GOFLAGS do not apply.
 	dl := exec.CommandContext(ctx, "go", "mod", "download", "-json", Module+"@"+Version)
 	dl.Dir = "/"
@@ -94,21 +63,14 @@ func build() (string, error) {
 	if err := json.Unmarshal(out.Bytes(), &mod); err != nil || mod.Dir == "" {
 		return "", fmt.Errorf("go mod download %s@%s gave no folder: %v\n%s", Module, Version, err, out.Bytes())
 	}
-	tmp, err := os.MkdirTemp(dir, ".promtool-build-") // beside path: the rename stays on one file system
-	if err != nil {
-		return "", err
-	}
-	defer os.RemoveAll(tmp)
+	bin := filepath.Join(tmp, "promtool")
 	// remove_all_sd: without the cloud service discoveries (Prometheus's own build tag),
 	// which the rule commands do not use and which are most of the build.
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-tags", "remove_all_sd", "-ldflags=-s", "-o", filepath.Join(tmp, "promtool"), "./cmd/promtool")
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-tags", "remove_all_sd", "-ldflags=-s", "-o", bin, "./cmd/promtool")
 	cmd.Dir = mod.Dir
 	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=readonly", "GOWORK=off")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("building %s/cmd/promtool@%s: %w\n%s", Module, Version, err, b)
 	}
-	if err := os.Rename(filepath.Join(tmp, "promtool"), path); err != nil {
-		return "", err
-	}
-	return path, nil
+	return bin, nil
 }
