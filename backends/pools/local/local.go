@@ -447,6 +447,9 @@ func (p *Provider) runOnce(ctx context.Context, spec pools.Spec, i int, r *repli
 	r.mu.Lock()
 	r.pid = 0
 	r.mu.Unlock()
+	if err == nil { // a clean exit (a drained worker) is still an exit to restart from
+		err = errors.New("it exited with status 0")
+	}
 	if t := tail.String(); t != "" {
 		return fmt.Errorf("%v; last stderr: %s", err, t)
 	}

@@ -104,3 +104,34 @@ func TestWorkerSecretsStayPrivate(t *testing.T) {
 	_, err = os.Stat(dir)
 	require.ErrorIs(t, err, os.ErrNotExist, "removed with its process")
 }
+
+// TestCleanExitIsRestarted: a worker that exits with status 0 and prints nothing (a drained
+// worker) is an exit like any other: reported and started again, never a crash of the
+// gateway (it was a nil error dereference).
+func TestCleanExitIsRestarted(t *testing.T) {
+	a := poolstest.Authority(t)
+	reg := pools.NewRegistry(pools.RegistryOptions{JoinToken: "s3cret"})
+	t.Cleanup(reg.Close)
+	tok := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(tok, []byte("s3cret\n"), 0o600))
+	exits := make(chan string, 16)
+	p, err := New(Options{Registry: reg, RegistryURL: "https://127.0.0.1:1", JoinTokenFile: tok, Authority: a,
+		Command: []string{"true"}, Backoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
+		OnExit: func(_ string, _ int, why string) {
+			select {
+			case exits <- why:
+			default:
+			}
+		}})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, p.Close()) })
+	require.NoError(t, p.EnsurePool(t.Context(), pools.Spec{ID: "c", Role: pools.RoleTrainer, BaseModel: "m", Replicas: 1}))
+	for range 2 {
+		select {
+		case why := <-exits:
+			require.Contains(t, why, "status 0")
+		case <-time.After(20 * time.Second):
+			t.Fatal("the worker was not started again after a clean exit")
+		}
+	}
+}
