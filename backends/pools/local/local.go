@@ -153,15 +153,16 @@ func (p *Provider) ScalePool(_ context.Context, id string, n int) error {
 		return fmt.Errorf("pool %s: %d more replicas need %d GPUs but %d are free", id, n-len(pl.replicas), need, len(p.free))
 	}
 	pl.spec.Replicas = n
-	p.opts.Registry.SetDesired(id, n)
 	var stopping []*replica
 	for i, r := range pl.replicas {
 		if i >= n {
+			r.cancel() // before the registry drains it: its clean exit is then a stop, not a crash
 			stopping = append(stopping, r)
 			delete(pl.replicas, i)
 			p.free = append(p.free, r.gpus...)
 		}
 	}
+	p.opts.Registry.SetDesired(id, n)
 	for i := range n {
 		if pl.replicas[i] != nil {
 			continue
@@ -179,7 +180,6 @@ func (p *Provider) ScalePool(_ context.Context, id string, n int) error {
 	}
 	p.mu.Unlock()
 	for _, r := range stopping {
-		r.cancel()
 		<-r.done
 	}
 	return nil
