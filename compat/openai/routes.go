@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"math"
 	"net/http"
 	"strings"
 	"unicode/utf8"
@@ -163,7 +164,8 @@ func chatLogprobsOf(t *infer.Text, toks []tokenstream.Token) *chatLogprobs {
 // completionLogprobs is a completion choice's logprobs (legacy format).
 type completionLogprobs struct {
 	Tokens []string `json:"tokens"`
-	// TokenLogprobs is null for an echoed prompt's first token (it has no context).
+	// TokenLogprobs is null for an echoed prompt's first token (it has no context), and
+	// for a log-prob that is not finite (JSON has no NaN or infinity).
 	TokenLogprobs []*float32 `json:"token_logprobs"`
 	// TopLogprobs is, per token, null (logprobs: 0, or an echoed prompt's first token) or
 	// {token text: logprob} of its alternatives (tokens of the same text, as JSON writes
@@ -179,7 +181,10 @@ func completionLogprobsOf(t *infer.Text, toks []tokenstream.Token, off int, top 
 	out := &completionLogprobs{Tokens: make([]string, n), TokenLogprobs: make([]*float32, n), TopLogprobs: make([]map[string]float32, n), TextOffset: make([]int, n)}
 	for i, tok := range toks {
 		s := t.TokenText(tok.ID)
-		out.Tokens[i], out.TextOffset[i], out.TokenLogprobs[i] = s, off, &toks[i].Logprob
+		out.Tokens[i], out.TextOffset[i] = s, off
+		if lp := float64(tok.Logprob); !math.IsNaN(lp) && !math.IsInf(lp, 0) {
+			out.TokenLogprobs[i] = &toks[i].Logprob
+		}
 		off += len(s)
 		if top {
 			out.TopLogprobs[i] = topLogprobsOf(t.TokenText, tok.Top)
