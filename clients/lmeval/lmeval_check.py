@@ -30,6 +30,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -99,8 +100,11 @@ def export(path: str, dest: Path) -> None:
     if url.startswith("/"):
         url = URL + url
     req = urllib.request.Request(url, headers={"X-API-Key": KEY})
-    with urllib.request.urlopen(req, timeout=300) as r:
-        data = r.read()
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            data = r.read()
+    except urllib.error.HTTPError as e:
+        check(False, f"the merged export downloads: {e.code} {e.read()[:500]!r}")
     with tarfile.open(fileobj=io.BytesIO(data)) as tf:
         tf.extractall(dest, filter="data")
 
