@@ -154,12 +154,13 @@ generate-ts: protodeps ## Regenerate gen/ts (TypeScript for loops.v1) with buf a
 	bash clients/ts/generate.sh
 
 .PHONY: test-clients
-test-clients: protodeps ## Generated TypeScript (Connect) and Python (gRPC) clients: stubs current, SFT loop + sample against loops serve; the official openai and anthropic clients and curl on /oai/api/v1 and /anthropic/api (tool loops and structured outputs on the reference engine and the torch worker)
+test-clients: protodeps ## Generated TypeScript (Connect) and Python (gRPC) clients: stubs current, SFT loop + sample against loops serve; the official openai and anthropic clients and curl on /oai/api/v1 and /anthropic/api (tool loops and structured outputs on the reference engine and the torch worker); lm-evaluation-harness (local-completions with loglikelihood tasks, local-chat-completions) on a deployed checkpoint, checked against transformers
 	bash clients/ts/run.sh
 	bash clients/python/run.sh
 	bash clients/openai/run.sh
 	bash clients/anthropic/run.sh
 	bash clients/curl/run.sh
+	bash clients/lmeval/run.sh
 
 .PHONY: test-ray
 test-ray: ## Worker pools on a real local Ray cluster (3 raylets, logical GPUs, CPU workers): tinker trains and samples while the pool scales 1→3→1 and an actor, then a raylet, is killed (cached venv with ray[default]; ~5 min warm)

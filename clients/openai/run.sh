@@ -7,7 +7,9 @@
 # decoding of float and base64); then, on one server, agents_tools.py (the OpenAI Agents SDK's and the Anthropic
 # client's tool loops on a tiny checkpoint trained to call a tool) and structured.py
 # (response_format json_schema strict and json_object on a deployed tiny checkpoint, streamed
-# and not, every completed answer validated with jsonschema), first on the reference engine,
+# and not, every completed answer validated with jsonschema) and echo.py (/completions echo
+# with logprobs: the prompt's log-probs are tinker's compute_logprobs, its alternatives those
+# of the decoding path), first on the reference engine,
 # then again on the torch worker (`loops serve --backend torch`, a local CPU worker from the
 # torch-worker venv, scripts/pyenv.sh); then, with the venv's transformers and jinja2, the Go
 # tests that the chat prompt of loops/tiny (with tools too) is token for token transformers'
@@ -19,14 +21,14 @@ root=$(cd "$here/../.." && pwd)
 venv=$("$root/clients/llm-venv.sh")
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TINKER_TELEMETRY=0
 "$root/clients/with-server.sh" bash -c '"$1" "$2/chat.py" && "$1" "$2/embeddings.py"' chat "$venv/bin/python" "$here"
-# The tool loops and structured outputs, on each engine (one server for both scripts).
-both=(bash -c '"$1" "$2/agents_tools.py" && "$1" "$2/structured.py"' both "$venv/bin/python" "$here")
+# The tool loops, structured outputs and echo, on each engine (one server for the scripts).
+both=(bash -c '"$1" "$2/agents_tools.py" && "$1" "$2/structured.py" && "$1" "$2/echo.py"' both "$venv/bin/python" "$here")
 t0=$SECONDS
 "$root/clients/with-server.sh" "${both[@]}"
-echo "openai/run.sh: tool loops and structured outputs on the reference engine in $((SECONDS - t0))s" >&2
+echo "openai/run.sh: tool loops, structured outputs and echo on the reference engine in $((SECONDS - t0))s" >&2
 torch=$("$root/scripts/pyenv.sh" torch-worker $(cat "$root/backends/torch/requirements-cpu.txt"))
 t0=$SECONDS
 TOKENIZERS_PARALLELISM=false LOOPS_WORKER_PYTHON=$torch/bin/python LOOPS_WORKER_PYTHONPATH=$root/backends/torch:$root/gen/python \
   LOOPS_SERVE_ARGS="--backend torch --backend-opt device=cpu" "$root/clients/with-server.sh" "${both[@]}"
-echo "openai/run.sh: tool loops and structured outputs on the torch worker in $((SECONDS - t0))s" >&2
+echo "openai/run.sh: tool loops, structured outputs and echo on the torch worker in $((SECONDS - t0))s" >&2
 (cd "$root" && LOOPS_PYTHON=$venv/bin/python go test -count=1 -run '^(TestTransformersChatTemplateAgrees|TestTransformersToolsAgree|TestJinja2Agrees)$' -v ./compat/internal/infer | grep -E '^(--- |ok|FAIL)')

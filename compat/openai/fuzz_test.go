@@ -23,6 +23,10 @@ func FuzzDecodeRequest(f *testing.F) {
 		`{"model":"m","messages":[{"role":"user","content":"q"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required"}`,
 		`{"model":1e400,"n":1.0}`,
 		`{"model":"m","prompt":["a",[1,2]],"n":3}`,
+		`{"model":"loops/tiny","prompt":[[1,2,3],[4,5]],"max_tokens":0,"logprobs":1,"echo":true,"temperature":0,"seed":1234}`,
+		`{"model":"m","prompt":"x","max_tokens":1,"logprobs":5,"echo":true,"stream":false}`,
+		`{"model":"m","prompt":"x","max_tokens":0,"echo":false}`,
+		`{"model":"m","prompt":"x","echo":true,"stream":true}`,
 		`[]`, `{`, ``,
 	} {
 		f.Add([]byte(s), true)
@@ -58,6 +62,14 @@ func FuzzDecodeRequest(f *testing.F) {
 			t.Fatalf("%d prompts × n = %d accepted", len(req.prompts), req.n)
 		case req.responseFormat != nil && len(req.stop) > 0:
 			t.Fatal("stop with a response_format accepted")
+		case req.echo && (chat || req.stream):
+			t.Fatalf("echo accepted with chat %v, stream %v", chat, req.stream)
+		case req.scoreOnly && (!req.echo || req.maxTokens != 0):
+			t.Fatalf("max_tokens %d accepted with echo %v (score only %v)", req.maxTokens, req.echo, req.scoreOnly)
+		case req.scoreOnly && req.infer().Params.GetMaxTokens() != 1:
+			t.Fatal("max_tokens 0 does not sample the one token that is dropped")
+		case req.echo && req.logprobs != req.infer().ScorePrompts:
+			t.Fatal("echo with logprobs does not score the prompts")
 		case len(req.tools) > infer.MaxTools:
 			t.Fatalf("%d tools accepted", len(req.tools))
 		case infer.CheckChoice(req.toolChoice, req.tools, "tool_choice") != nil:

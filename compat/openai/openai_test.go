@@ -443,7 +443,7 @@ func TestBadRequests(t *testing.T) {
 		"usage, no stream":    {"/chat/completions", chat(map[string]any{"stream_options": map[string]any{"include_usage": true}}), 400, "stream_options"},
 		"prompts × n":         {"/completions", map[string]any{"model": tiny.Name, "prompt": []string{"a", "b"}, "n": 200}, 400, "prompt"},
 		"empty prompt":        {"/completions", map[string]any{"model": tiny.Name, "prompt": []any{"a", ""}}, 400, "prompt[1]"},
-		"echo":                {"/completions", map[string]any{"model": tiny.Name, "prompt": "a", "echo": true}, 400, "echo"},
+		"echo streamed":       {"/completions", map[string]any{"model": tiny.Name, "prompt": "a", "echo": true, "stream": true}, 400, "echo"},
 		"token out of range":  {"/completions", map[string]any{"model": tiny.Name, "prompt": []int{1, 1 << 40}}, 400, "prompt[1]"},
 		"malformed":           {"/chat/completions", `{"model":`, 400, ""},
 		"not an object":       {"/chat/completions", `[1]`, 400, ""},

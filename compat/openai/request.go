@@ -50,6 +50,12 @@ type request struct {
 	topLogprobs  int32
 	stream       bool
 	includeUsage bool
+	// echo (completions): the answer's text starts with the prompt, and with logprobs its
+	// logprobs cover the prompt's tokens first (scored by the same forward pass).
+	echo bool
+	// scoreOnly: max_tokens 0 (with echo): the prompt is scored and nothing is returned
+	// after it (the core samples one token, which is dropped).
+	scoreOnly bool
 	// logit adjustments and structured outputs (format.go)
 	logitBias        map[int32]float32
 	presencePenalty  float32
@@ -110,7 +116,8 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 			}
 			hasPrompt = true
 		case "max_tokens":
-			v, err := infer.Integer(raw, name, 1, math.MaxInt32)
+			// 0 is allowed only with echo (checked below): the prompt scored, nothing sampled.
+			v, err := infer.Integer(raw, name, 0, math.MaxInt32)
 			if err != nil {
 				return nil, err
 			}
@@ -265,9 +272,11 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 				return nil, unsupported(name, `only ["text"]`)
 			}
 		case "echo":
-			var echo bool
-			if chat || json.Unmarshal(raw, &echo) != nil || echo {
-				return nil, unsupported(name, "only echo: false is supported")
+			if chat {
+				return nil, unsupported(name, "echo belongs to POST /completions")
+			}
+			if err := json.Unmarshal(raw, &req.echo); err != nil {
+				return nil, badField(name, "echo must be a boolean")
 			}
 		case "suffix":
 			if s, err := infer.Str(raw, name); err != nil || s != "" || chat {
@@ -298,12 +307,16 @@ func decodeRequest(b []byte, chat bool, maxN int) (*request, error) {
 		return nil, badField("stop", "stop cannot be combined with a JSON response_format (a stop sequence would cut the JSON short): leave stop out")
 	case maxTokens != nil && maxCompletionTokens != nil && *maxTokens != *maxCompletionTokens:
 		return nil, badField("max_completion_tokens", "give max_completion_tokens or max_tokens, not both")
+	case maxTokens != nil && *maxTokens == 0 && !req.echo:
+		return nil, badField("max_tokens", "max_tokens must be at least 1 (0, which samples nothing, is allowed only with echo: true)")
+	case req.echo && req.stream:
+		return nil, badField("echo", "echo cannot be combined with stream: true: send stream: false")
 	}
 	if err := infer.CheckChoice(req.toolChoice, req.tools, "tool_choice"); err != nil {
 		return nil, err
 	}
 	if maxTokens != nil {
-		req.maxTokens = int32(*maxTokens)
+		req.maxTokens, req.scoreOnly = int32(*maxTokens), *maxTokens == 0
 	}
 	if maxCompletionTokens != nil {
 		req.maxTokens = int32(*maxCompletionTokens)

@@ -1,8 +1,10 @@
 package openai
 
 import (
+	"math"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/loops-dev/loops/compat/internal/infer"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -50,11 +52,16 @@ func (s *server) serve(w http.ResponseWriter, r *http.Request, chat bool) error 
 
 // infer is the request as the shared engine takes it.
 func (req *request) infer() *infer.Request {
-	out := &infer.Request{Model: req.model, Messages: req.messages, N: req.n, Params: &loopsv1.SamplingParams{
-		MaxTokens: req.maxTokens, Temperature: req.temperature, TopK: req.topK, TopP: req.topP, Seed: req.seed, StopStrings: req.stop,
-		TopLogprobs: req.topLogprobs, LogitBias: req.logitBias, PresencePenalty: req.presencePenalty,
-		FrequencyPenalty: req.frequencyPenalty, MinP: req.minP, ResponseFormat: req.responseFormat,
-	}}
+	maxTokens := req.maxTokens
+	if req.scoreOnly {
+		maxTokens = 1 // the core samples at least one token; it is dropped (infer.Request.ScoreOnly)
+	}
+	out := &infer.Request{Model: req.model, Messages: req.messages, N: req.n, ScorePrompts: req.echo && req.logprobs,
+		ScoreOnly: req.scoreOnly, Params: &loopsv1.SamplingParams{
+			MaxTokens: maxTokens, Temperature: req.temperature, TopK: req.topK, TopP: req.topP, Seed: req.seed, StopStrings: req.stop,
+			TopLogprobs: req.topLogprobs, LogitBias: req.logitBias, PresencePenalty: req.presencePenalty,
+			FrequencyPenalty: req.frequencyPenalty, MinP: req.minP, ResponseFormat: req.responseFormat,
+		}}
 	if req.toolsActive() {
 		out.Tools, out.ToolChoice = req.tools, req.toolChoice
 	}
@@ -156,10 +163,13 @@ func chatLogprobsOf(t *infer.Text, toks []tokenstream.Token) *chatLogprobs {
 
 // completionLogprobs is a completion choice's logprobs (legacy format).
 type completionLogprobs struct {
-	Tokens        []string  `json:"tokens"`
-	TokenLogprobs []float32 `json:"token_logprobs"`
-	// TopLogprobs is, per token, null (logprobs: 0) or {token text: logprob} of its
-	// alternatives (tokens of the same text share one key: the most likely is kept).
+	Tokens []string `json:"tokens"`
+	// TokenLogprobs is null for an echoed prompt's first token (it has no context), and
+	// for a log-prob that is not finite (JSON has no NaN or infinity).
+	TokenLogprobs []*float32 `json:"token_logprobs"`
+	// TopLogprobs is, per token, null (logprobs: 0, or an echoed prompt's first token) or
+	// {token text: logprob} of its alternatives (tokens of the same text, as JSON writes
+	// it, share one key: the most likely is kept).
 	TopLogprobs []map[string]float32 `json:"top_logprobs"`
 	TextOffset  []int                `json:"text_offset"`
 }
@@ -168,22 +178,80 @@ type completionLogprobs struct {
 // choice's text; top says whether alternatives were asked for.
 func completionLogprobsOf(t *infer.Text, toks []tokenstream.Token, off int, top bool) *completionLogprobs {
 	n := len(toks)
-	out := &completionLogprobs{Tokens: make([]string, n), TokenLogprobs: make([]float32, n), TopLogprobs: make([]map[string]float32, n), TextOffset: make([]int, n)}
+	out := &completionLogprobs{Tokens: make([]string, n), TokenLogprobs: make([]*float32, n), TopLogprobs: make([]map[string]float32, n), TextOffset: make([]int, n)}
 	for i, tok := range toks {
 		s := t.TokenText(tok.ID)
-		out.Tokens[i], out.TextOffset[i], out.TokenLogprobs[i] = s, off, tok.Logprob
+		out.Tokens[i], out.TextOffset[i] = s, off
+		if lp := float64(tok.Logprob); !math.IsNaN(lp) && !math.IsInf(lp, 0) {
+			out.TokenLogprobs[i] = &toks[i].Logprob
+		}
 		off += len(s)
 		if top {
-			m := make(map[string]float32, len(tok.Top))
-			for _, alt := range tok.Top {
-				if _, dup := m[t.TokenText(alt.ID)]; !dup {
-					m[t.TokenText(alt.ID)] = alt.Logprob
-				}
-			}
-			out.TopLogprobs[i] = m
+			out.TopLogprobs[i] = topLogprobsOf(t.TokenText, tok.Top)
 		}
 	}
 	return out
+}
+
+// topLogprobsOf is a token's alternatives, most likely first, as legacy completions write
+// them: {text: logprob}, one key per text as JSON writes it (encoding/json writes each byte
+// that is not valid UTF-8 as U+FFFD, so the byte tokens of a byte-level tokenizer, which are
+// not valid UTF-8 alone, would otherwise repeat the key "\ufffd" and a parser would keep
+// the last): the first, most likely, alternative of each key is kept. text is a token's
+// text (infer.Text.TokenText).
+func topLogprobsOf(text func(int32) string, alts []tokenstream.Alt) map[string]float32 {
+	m := make(map[string]float32, len(alts))
+	for _, alt := range alts {
+		k := jsonText(text(alt.ID))
+		if _, dup := m[k]; !dup {
+			m[k] = alt.Logprob
+		}
+	}
+	return m
+}
+
+// jsonText is s as encoding/json writes it: each byte that is not part of a valid UTF-8
+// character replaced by U+FFFD.
+func jsonText(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b.WriteRune(utf8.RuneError)
+		} else {
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
+}
+
+// echoLogprobs is the logprobs of choice i's prompt (echo), its text starting at byte 0:
+// the first token's logprob and alternatives are null, as OpenAI's.
+func echoLogprobs(c *infer.Completion, i int, top bool) *completionLogprobs {
+	p := i / max(c.N, 1)
+	toks := c.Prompts[p]
+	lps := c.PromptLogprobs[p]
+	st := make([]tokenstream.Token, len(toks))
+	for k, id := range toks {
+		st[k] = tokenstream.Token{Seq: i, ID: id, Logprob: lps[k], Top: c.PromptAlts(p, k)}
+	}
+	out := completionLogprobsOf(c.Text, st, 0, top)
+	if len(toks) > 0 {
+		out.TokenLogprobs[0], out.TopLogprobs[0] = nil, nil
+	}
+	return out
+}
+
+// append adds the logprobs of tokens that follow.
+func (l *completionLogprobs) append(more *completionLogprobs) {
+	l.Tokens = append(l.Tokens, more.Tokens...)
+	l.TokenLogprobs = append(l.TokenLogprobs, more.TokenLogprobs...)
+	l.TopLogprobs = append(l.TopLogprobs, more.TopLogprobs...)
+	l.TextOffset = append(l.TextOffset, more.TextOffset...)
 }
 
 type chatMessage struct {
@@ -295,12 +363,32 @@ func completionResponse(req *request, c *infer.Completion, created int64) textCo
 	for i := range c.Seqs {
 		fr := finishReason(c.Stopped(i))
 		ch := completionChoice{Text: c.ChoiceText(i), Index: i, FinishReason: &fr}
+		prefix := ""
+		if req.echo {
+			prefix = req.echoText(c, i)
+			ch.Text = prefix + ch.Text
+		}
 		if req.logprobs {
-			ch.Logprobs = completionLogprobsOf(c.Text, seqTokens(c, i), 0, req.topLogprobs > 0)
+			ch.Logprobs = completionLogprobsOf(c.Text, seqTokens(c, i), len(prefix), req.topLogprobs > 0)
+			if req.echo {
+				lp := echoLogprobs(c, i, req.topLogprobs > 0)
+				lp.append(ch.Logprobs)
+				ch.Logprobs = lp
+			}
 		}
 		out.Choices[i] = ch
 	}
 	return out
+}
+
+// echoText is the prompt that choice i continues, as echo returns it: the prompt's text as
+// given, or its token ids decoded.
+func (req *request) echoText(c *infer.Completion, i int) string {
+	p := i / max(c.N, 1)
+	if pr := req.prompts[p]; !pr.hasTokens {
+		return pr.text
+	}
+	return c.Text.Decode(c.Prompts[p])
 }
 
 // model is one entry of GET /models.

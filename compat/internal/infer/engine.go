@@ -89,6 +89,15 @@ type Request struct {
 	N int32
 	// Params are the sampling parameters; a zero MaxTokens leaves the default to the core.
 	Params *loopsv1.SamplingParams
+	// ScorePrompts asks for the prompts' own log-probs (Completion.PromptLogprobs) and,
+	// with Params.TopLogprobs k > 0, each prompt token's k most likely alternatives
+	// (Completion.PromptTop): the forward pass of the sample scores them (the core's
+	// prompt_logprobs, as Tinker's compute_logprobs), queued and metered with it.
+	ScorePrompts bool
+	// ScoreOnly (OpenAI's max_tokens 0 with echo) returns choices without tokens:
+	// the core samples one token after each prompt (Params.MaxTokens must be 1), which is
+	// dropped, so a prompt must leave room for it.
+	ScoreOnly bool
 }
 
 // Completion is the core's answer to a request.
@@ -106,6 +115,25 @@ type Completion struct {
 	// Forced is the start of the answer that forced a tool call (ToolFormat.ForcedPrefix):
 	// the choices' text continues it.
 	Forced string
+	// N is the number of choices per prompt: choice i continues prompt i / N.
+	N int
+	// Prompts are the prompts' tokens (the rendered messages first, when given).
+	Prompts [][]int32
+	// PromptLogprobs (with Request.ScorePrompts) are, per prompt, the log-prob of each of
+	// its tokens given those before it; the first is NaN (it has no context).
+	PromptLogprobs [][]float32
+	// PromptTop (with Request.ScorePrompts and top_logprobs k > 0) are, per prompt, the k
+	// most likely tokens at each of its positions (row 0 has none): PromptAlts reads them.
+	PromptTop []*loopsv1.TopKLogprobs
+}
+
+// PromptAlts is the alternatives at token k of prompt p (Request.ScorePrompts with
+// top_logprobs), most likely first; nil for the first token and when none were asked for.
+func (c *Completion) PromptAlts(p, k int) []tokenstream.Alt {
+	if p < 0 || p >= len(c.PromptTop) {
+		return nil
+	}
+	return topRow(c.PromptTop[p], k)
 }
 
 // Usage returns the prompt and completion tokens of the completion.
@@ -276,10 +304,7 @@ func prompts(t *Text, limit int, name string, req *Request) ([][]int32, error) {
 		out = append(out, toks)
 	}
 	for i, p := range req.Prompts {
-		param := "prompt"
-		if len(req.Prompts) > 1 {
-			param = fmt.Sprintf("prompt[%d]", i)
-		}
+		param := promptParam(req, i)
 		if p.Tokens != nil {
 			if limit > 0 && len(p.Tokens) > limit {
 				return nil, tooLong(param, "%s has %d tokens; %s takes at most %d (max_sequence_length): shorten it", param, len(p.Tokens), name, limit)
@@ -299,6 +324,14 @@ func prompts(t *Text, limit int, name string, req *Request) ([][]int32, error) {
 	return out, nil
 }
 
+// promptParam names prompt i of req's Prompts in errors.
+func promptParam(req *Request, i int) string {
+	if len(req.Prompts) > 1 {
+		return fmt.Sprintf("prompt[%d]", i)
+	}
+	return "prompt"
+}
+
 // forcedPrefix is the start of the answer that forces the request's tool choice ("" when
 // none is forced).
 func forcedPrefix(t *Text, req *Request) string {
@@ -316,8 +349,9 @@ const MaxLogprobAlternatives = 1 << 17
 // checkTopLogprobs refuses a request whose answer could list more than
 // MaxLogprobAlternatives alternatives (top_logprobs), before any work: its choices × its
 // max_tokens (when it gives none, the most the core may default to: DefaultMaxTokens, or the
-// model's limit if lower) × top_logprobs.
-func checkTopLogprobs(req *Request, limit int) error {
+// model's limit if lower) × top_logprobs, plus, when scored (ScorePrompts: the prompts'
+// tokens, once they are known; 0 before), N × scored × top_logprobs.
+func checkTopLogprobs(req *Request, limit, scored int) error {
 	k := int64(req.Params.GetTopLogprobs())
 	if k <= 0 {
 		return nil
@@ -337,6 +371,12 @@ func checkTopLogprobs(req *Request, limit int) error {
 	if total := choices * maxTokens * k; total > MaxLogprobAlternatives {
 		return BadField("top_logprobs", "%d choices × %s %d × top_logprobs %d = %d alternatives, over the server's limit of %d per request: lower n, max_tokens or top_logprobs",
 			choices, what, maxTokens, k, total, MaxLogprobAlternatives)
+	} else if scored > 0 {
+		// Each choice lists its prompt's alternatives too (ScorePrompts).
+		if all := total + int64(max(req.N, 1))*int64(scored)*k; all > MaxLogprobAlternatives {
+			return BadField("logprobs", "%d prompt tokens × n %d × top_logprobs %d scored (echo), with %d alternatives of the sampled tokens, make %d, over the server's limit of %d per request: send shorter or fewer prompts, or lower n or logprobs",
+				scored, max(req.N, 1), k, total, all, MaxLogprobAlternatives)
+		}
 	}
 	return nil
 }

@@ -49,7 +49,13 @@ type Run struct {
 	watch   *tokenstream.Watch
 	results chan opResult
 	pending int // operations not answered yet
-	choices []choiceState
+	// score: the prompts' log-probs were asked for (Request.ScorePrompts), with topk
+	// alternatives per prompt token.
+	score bool
+	topk  int32
+	// scoreOnly: the choices' tokens are dropped (Request.ScoreOnly).
+	scoreOnly bool
+	choices   []choiceState
 }
 
 type opResult struct {
@@ -99,16 +105,36 @@ func (e *Engine) start(ctx context.Context, req *Request, stream bool) (*Run, er
 	if err != nil {
 		return nil, err
 	}
-	if err := checkTopLogprobs(req, limit); err != nil {
+	if err := checkTopLogprobs(req, limit, 0); err != nil {
 		return nil, err
 	}
 	ps, err := prompts(t, limit, sm.baseModel, req)
 	if err != nil {
 		return nil, err
 	}
+	for i, p := range ps {
+		if req.ScoreOnly && limit > 0 && len(p) >= limit {
+			return nil, tooLong(promptParam(req, i), "%s has %d tokens; %s takes at most %d (max_sequence_length), and max_tokens 0 needs room for one token after the prompt (sampled and dropped): shorten it by one token at least",
+				promptParam(req, i), len(p), sm.baseModel, limit)
+		}
+	}
+	topk := int32(0)
+	if req.ScorePrompts {
+		scored := 0
+		for _, p := range ps {
+			scored += len(p)
+		}
+		if err := checkTopLogprobs(req, limit, scored); err != nil {
+			return nil, err
+		}
+		topk = req.Params.GetTopLogprobs()
+	}
 	n := max(int(req.N), 1)
-	r := &Run{c: &Completion{Text: t, Stop: req.Params.GetStopStrings(), Forced: forcedPrefix(t, req)}, n: n,
-		results: make(chan opResult, len(ps)), choices: make([]choiceState, len(ps)*n)}
+	r := &Run{c: &Completion{Text: t, Stop: req.Params.GetStopStrings(), Forced: forcedPrefix(t, req), N: n, Prompts: ps}, n: n,
+		score: req.ScorePrompts, scoreOnly: req.ScoreOnly, topk: topk, results: make(chan opResult, len(ps)), choices: make([]choiceState, len(ps)*n)}
+	if r.score {
+		r.c.PromptLogprobs, r.c.PromptTop = make([][]float32, len(ps)), make([]*loopsv1.TopKLogprobs, len(ps))
+	}
 	streamer, canStream := e.svc.Sampling.(tokenstream.Streamer)
 	switch {
 	case canStream && stream:
@@ -128,7 +154,8 @@ func (e *Engine) start(ctx context.Context, req *Request, stream bool) (*Run, er
 	// The waits outlive ctx: a sample runs until the core says it ended, stopped by Close.
 	wctx := context.WithoutCancel(ctx)
 	for i, p := range ps {
-		in := &loopsv1.SampleRequest{SamplerId: sm.id, Prompt: p, NumSamples: int32(n), Params: req.Params}
+		in := &loopsv1.SampleRequest{SamplerId: sm.id, Prompt: p, NumSamples: int32(n), Params: req.Params,
+			PromptLogprobs: req.ScorePrompts, TopkPromptLogprobs: topk}
 		op, err := queue(in, i)
 		if connect.CodeOf(err) == connect.CodeNotFound && i == 0 {
 			// The remembered sampler is gone (its record was deleted): create a new one once.
@@ -213,7 +240,30 @@ func (r *Run) answer(res opResult) ([]Chunk, error) {
 	if res.err != nil {
 		return nil, res.err
 	}
+	if r.score {
+		if err := r.keepScores(res); err != nil {
+			return nil, err
+		}
+	}
 	return r.finish(res), nil
+}
+
+// keepScores keeps a finished sample's prompt log-probs (Request.ScorePrompts), after
+// checking that the backend returned them for every prompt token: one that did not fails
+// the request rather than answer without them.
+func (r *Run) keepScores(res opResult) error {
+	s, n := res.op.GetSample(), len(r.c.Prompts[res.prompt])
+	lp, tk := s.GetPromptLogprobs(), s.GetTopkPromptLogprobs()
+	if len(lp) != n || (r.topk > 0 && (tk.GetK() != r.topk || int(tk.GetLength()) != n ||
+		len(tk.GetTokenIds()) != n*int(r.topk) || len(tk.GetLogprobs()) != n*int(r.topk))) {
+		return connect.NewError(connect.CodeFailedPrecondition, errors.New(
+			"the backend serving this model did not return the prompt's log-probs (echo with logprobs; the reference engine and the torch worker's transformers sampler do): ask without logprobs"))
+	}
+	r.c.PromptLogprobs[res.prompt] = lp
+	if r.topk > 0 {
+		r.c.PromptTop[res.prompt] = tk
+	}
+	return nil
 }
 
 // streamed turns the tokens the buffer holds into chunks.
@@ -272,6 +322,9 @@ func (r *Run) finish(res opResult) []Chunk {
 		}
 		for len(r.c.Seqs) <= i {
 			r.c.Seqs = append(r.c.Seqs, nil)
+		}
+		if r.scoreOnly {
+			seq = &loopsv1.SampledSequence{StopReason: loopsv1.StopReason_STOP_REASON_LENGTH}
 		}
 		r.c.Seqs[i] = seq
 		cs := &r.choices[i]
