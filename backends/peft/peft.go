@@ -39,6 +39,12 @@ type Config struct {
 	InitLoraWeights   bool     `json:"init_lora_weights"`
 	ModulesToSave     []string `json:"modules_to_save"`
 	LayersToTransform []int    `json:"layers_to_transform"`
+	// EnsureWeightTying (PEFT's field) says the unembedding LoRA of a model with tied
+	// embeddings adapts the shared matrix: the input embedding lookup as well as the head.
+	// Loops writes it on adapters that follow that rule; an adapter on a tied model without
+	// it was trained with the older head-only rule and keeps it. It means nothing for an
+	// untied model.
+	EnsureWeightTying bool `json:"ensure_weight_tying,omitempty"`
 	// RankPattern and AlphaPattern give some modules another rank or alpha; read so that a
 	// backend can refuse them, never written.
 	RankPattern  map[string]any `json:"rank_pattern,omitempty"`

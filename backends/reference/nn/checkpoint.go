@@ -24,7 +24,8 @@ func SaveAdapter[T Float](dir string, a *Adapter[T], baseModel string, withOptim
 	}
 	cfg := peft.Config{PeftType: "LORA", TaskType: "CAUSAL_LM", R: a.Cfg.Rank,
 		LoraAlpha: float64(a.Scale) * float64(a.Cfg.Rank), TargetModules: a.TargetModules(),
-		Bias: "none", BaseModel: baseModel, InferenceMode: true, InitLoraWeights: true}
+		Bias: "none", BaseModel: baseModel, InferenceMode: true, InitLoraWeights: true,
+		EnsureWeightTying: a.embedsTied()}
 	if a.Cfg.Rank > 0 && a.Scale == T(float64(LoraAlpha)/float64(a.Cfg.Rank)) {
 		cfg.LoraAlpha = LoraAlpha
 	}
@@ -338,6 +339,8 @@ func LoadAdapter[T Float](dir string, m *Model[T], withOptimizer bool, maxRank i
 	}
 	if a.Head = pair(headKey, m.Head.In, m.Head.Out); a.Head != nil {
 		a.Cfg.Unembed = true
+		// without PEFT's marker the adapter was trained by the head-only rule: keep it
+		a.TiedEmbed = m.Cfg.Tied && pc.EnsureWeightTying
 	}
 	for _, p := range a.Params {
 		if err := readFinite(f, peft.AdapterWeightsFile, stored[p.Name], p.W, false); err != nil {
