@@ -168,6 +168,8 @@ func TestToPEFT(t *testing.T) {
 		c, err := peft.ReadConfig(dir)
 		require.NoError(t, err)
 		require.Equal(t, []string{"q_proj", "lm_head"}, c.TargetModules, name)
+		// Tinker's unembedding adapts a tied model's shared matrix; PEFT's own keeps its config
+		require.Equal(t, tc.module != "lm_head", c.EnsureWeightTying, name)
 		es, _ := os.ReadDir(dir)
 		require.Len(t, es, 2, name) // no temporary file left
 	}
@@ -203,4 +205,55 @@ func adapterFileFuzz(f *testing.F) []byte {
 	}
 	b, _ := os.ReadFile(p)
 	return b
+}
+
+// TestToTinkerRefusesHeadOnlyTied: an adapter saved with the head-only rule on a tied
+// model (loops.unembed = head-only) is refused with ErrHeadOnlyTied and its original
+// bytes; one with the shared rule, or without the key, or head-only without a head LoRA,
+// converts.
+func TestToTinkerRefusesHeadOnlyTied(t *testing.T) {
+	write := func(meta map[string]string, names ...string) []byte {
+		var ts []safetensors.Tensor
+		for _, n := range names {
+			ts = append(ts, safetensors.Tensor{Name: n, Shape: []int64{2, 3}, Data: make([]float32, 6)})
+		}
+		p := filepath.Join(t.TempDir(), "a.safetensors")
+		_, err := safetensors.Write(p, ts, meta)
+		require.NoError(t, err)
+		b, err := os.ReadFile(p)
+		require.NoError(t, err)
+		return b
+	}
+	head := []string{"base_model.model.lm_head.lora_A.weight", "base_model.model.lm_head.lora_B.weight"}
+	q := []string{"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"}
+	for _, tc := range []struct {
+		meta    string
+		names   []string
+		refused bool
+	}{
+		{peft.UnembedHeadOnly, head, true},
+		{peft.UnembedShared, head, false},
+		{"", head, false},
+		{peft.UnembedHeadOnly, q, false},
+	} {
+		meta := map[string]string{"format": "pt"}
+		if tc.meta != "" {
+			meta[peft.UnembedMetaKey] = tc.meta
+		}
+		b := write(meta, tc.names...)
+		rn, err := ToTinker(bytes.NewReader(b), int64(len(b)))
+		var out bytes.Buffer
+		_, rerr := out.ReadFrom(rn)
+		require.NoError(t, rerr)
+		if tc.refused {
+			require.ErrorIs(t, err, ErrHeadOnlyTied)
+			require.Equal(t, b, out.Bytes(), "the original bytes")
+			continue
+		}
+		require.NoError(t, err)
+		got, _ := tensors(t, out.Bytes())
+		for _, n := range tc.names {
+			require.Contains(t, got, TinkerName(n))
+		}
+	}
 }

@@ -53,7 +53,12 @@ type Adapter[T Float] struct {
 	// adapter_config.json lacks ensure_weight_tying), which keep the semantics they were
 	// trained with.
 	TiedEmbed bool
-	Params    []*Param[T]
+	// HeadOnlyTied marks an adapter of a tied model whose head LoRA follows the head-only
+	// rule (loaded from a checkpoint without ensure_weight_tying); saved as
+	// UnembedMeta = "head-only" so that a download in Tinker's layout does not present it
+	// as Tinker's shared-matrix unembedding.
+	HeadOnlyTied bool
+	Params       []*Param[T]
 	Step      int // optimizer steps taken
 }
 
@@ -230,7 +235,7 @@ func (a *Adapter[T]) ZeroGrad() {
 
 // Clone returns a deep copy of the adapter (weights, gradients, optimizer state).
 func (a *Adapter[T]) Clone() *Adapter[T] {
-	out := &Adapter[T]{Cfg: a.Cfg, Scale: a.Scale, Step: a.Step, TiedEmbed: a.TiedEmbed}
+	out := &Adapter[T]{Cfg: a.Cfg, Scale: a.Scale, Step: a.Step, TiedEmbed: a.TiedEmbed, HeadOnlyTied: a.HeadOnlyTied}
 	mp := map[*Param[T]]*Param[T]{}
 	for _, p := range a.Params {
 		q := &Param[T]{Name: p.Name, Shape: p.Shape, W: append([]T(nil), p.W...), G: append([]T(nil), p.G...),

@@ -87,7 +87,11 @@ def save(dir_: str, adapter, base_model: str, with_optimizer: bool, with_gradien
     total = len(cfg.encode())
     ws = {k: p.detach().to("cpu", torch.float32).contiguous() for k, p in adapter.params.items()}
     path = os.path.join(dir_, ADAPTER_WEIGHTS)
-    save_file(ws, path, metadata={"format": "pt", "loops.seed": str(adapter.spec.seed)})
+    meta = {"format": "pt", "loops.seed": str(adapter.spec.seed)}
+    if adapter.spec.unembed:
+        # peft.UnembedMetaKey: which rule the unembedding LoRA follows
+        meta["loops.unembed"] = "head-only" if getattr(adapter, "head_only_tied", False) else "shared"
+    save_file(ws, path, metadata=meta)
     total += os.path.getsize(path)
     if with_optimizer:
         os_: Dict[str, torch.Tensor] = {}

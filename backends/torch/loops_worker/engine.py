@@ -662,6 +662,7 @@ class Engine:
         ad = Adapter(adapter_id, bm, LoraSpec(rank=r, seed=plan.seed), bm.device, scale=scale, init=False, keys=plan.keys)
         ad.keep_only(plan.keys)
         # without ensure_weight_tying the adapter was trained by the head-only rule: keep it
+        ad.head_only_tied = ad.tied_embed and not plan.tied
         ad.tied_embed = ad.tied_embed and plan.tied
         with torch.no_grad():
             for name, p in ad.params.items():

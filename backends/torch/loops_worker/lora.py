@@ -233,6 +233,9 @@ class Adapter:
         self.scale = float(scale) if scale is not None else LORA_ALPHA / spec.rank
         # the head LoRA adapts the shared matrix of a tied model (the embedding lookup too)
         self.tied_embed = bool(spec.unembed and getattr(base, "tied", False))
+        # a tied model's head LoRA loaded from a checkpoint without ensure_weight_tying
+        # (the head-only rule it was trained with); saved as loops.unembed = head-only
+        self.head_only_tied = False
         self.device = device
         self.step = 0
         self.lock = threading.Lock()
