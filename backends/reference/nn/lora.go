@@ -59,7 +59,7 @@ type Adapter[T Float] struct {
 	// as Tinker's shared-matrix unembedding.
 	HeadOnlyTied bool
 	Params       []*Param[T]
-	Step      int // optimizer steps taken
+	Step         int // optimizer steps taken
 }
 
 // NewAdapter creates an adapter for m: A is drawn from U(-1/√in, 1/√in) (PEFT's
