@@ -2,6 +2,7 @@ package tinkerlayout
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/loops-dev/loops/backends/peft"
@@ -238,11 +240,118 @@ var TinkerModules = map[string]string{peftHeadModule: tinkerHeadModule}
 
 // ToPEFT converts the adapter folder dir (adapter_config.json and
 // adapter_model.safetensors) from Tinker's layout, or from the PEFT adapter
-// tinker-cookbook's build_lora_adapter writes for a tied model, to PEFT's layout in place;
+// tinker-cookbook's build_lora_adapter writes for a tied model, or PEFT's own save of a tied
+// model's unembedding under ensure_weight_tying (the embedding's lora_embedding_A/B copies of
+// the head's factors are dropped: dropTiedEmbedding), to PEFT's layout in place;
 // an unembedding LoRA so converted gets ensure_weight_tying (on a model with tied
 // embeddings it adapts the shared matrix, as Tinker's tools apply it). A folder already in
 // PEFT's layout is left as it is. It returns whether anything changed.
 func ToPEFT(dir string) (bool, error) {
+	dropped, err := dropTiedEmbedding(dir)
+	if err != nil {
+		return false, err
+	}
+	renamed, err := renameToPEFT(dir)
+	return dropped || renamed, err
+}
+
+// peftTiedEmbed prefixes the factors of the embedding LoRA PEFT saves for a model with tied
+// embeddings under ensure_weight_tying: lora_embedding_A is the head's lora_B transposed and
+// lora_embedding_B its lora_A transposed, one storage in PEFT, saved twice.
+const peftTiedEmbed = "base_model.model.model.embed_tokens.lora_embedding_"
+
+// dropTiedEmbedding rewrites dir's adapter_model.safetensors without PEFT's tied embedding
+// factors when it also holds the head's (lm_head) pair, which carries the same numbers, and
+// names the head instead of the embedding in target_modules (PEFT writes
+// "model.embed_tokens"); ensure_weight_tying stays as PEFT wrote it. It returns whether it
+// changed anything. Tensor data is copied as stored.
+func dropTiedEmbedding(dir string) (bool, error) {
+	wp := filepath.Join(dir, peft.AdapterWeightsFile)
+	sf, err := safetensors.OpenLimited(wp, safetensors.Limits{MaxHeaderBytes: MaxHeaderBytes})
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", peft.AdapterWeightsFile, err)
+	}
+	defer sf.Close()
+	hasHead, drop := false, 0
+	for k := range sf.Tensors {
+		hasHead = hasHead || strings.HasPrefix(k, peftHead)
+		if strings.HasPrefix(k, peftTiedEmbed) {
+			drop++
+		}
+	}
+	if drop == 0 || !hasHead {
+		return false, nil
+	}
+	type kept struct {
+		name string
+		info safetensors.Info
+	}
+	var ks []kept
+	for k, info := range sf.Tensors {
+		if !strings.HasPrefix(k, peftTiedEmbed) {
+			ks = append(ks, kept{k, info})
+		}
+	}
+	slices.SortFunc(ks, func(a, b kept) int { return cmp.Compare(a.info.Offsets[0], b.info.Offsets[0]) })
+	out := make(map[string]safetensors.Info, len(ks))
+	var end int64
+	for _, k := range ks {
+		n := k.info.Offsets[1] - k.info.Offsets[0]
+		info := k.info
+		info.Offsets = [2]int64{end, end + n}
+		out[k.name] = info
+		end += n
+	}
+	hdr, err := safetensors.EncodeHeader(out, sf.Metadata)
+	if err != nil {
+		return false, err
+	}
+	src, err := os.Open(wp)
+	if err != nil {
+		return false, err
+	}
+	defer src.Close()
+	tmp, err := os.CreateTemp(dir, ".convert-*")
+	if err != nil {
+		return false, err
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(hdr)
+	for _, k := range ks {
+		if err != nil {
+			break
+		}
+		o := k.info.Offsets
+		_, err = io.Copy(tmp, io.NewSectionReader(src, sf.DataOffset()+o[0], o[1]-o[0]))
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return false, err
+	}
+	cp := filepath.Join(dir, peft.AdapterConfigFile)
+	cb, err := os.ReadFile(cp)
+	if err != nil {
+		return false, err
+	}
+	if len(cb) > peft.MaxConfigBytes {
+		return false, fmt.Errorf("%s is larger than %d bytes", peft.AdapterConfigFile, peft.MaxConfigBytes)
+	}
+	nb, changed, err := RenameTargetModules(cb, map[string]string{"model.embed_tokens": peftHeadModule, "embed_tokens": peftHeadModule})
+	if err != nil {
+		return false, err
+	}
+	if changed {
+		if err := os.WriteFile(cp, nb, 0o644); err != nil {
+			return false, err
+		}
+	}
+	return true, os.Rename(tmp.Name(), wp)
+}
+
+// renameToPEFT is ToPEFT's renaming of Tinker's and the cookbook's names.
+func renameToPEFT(dir string) (bool, error) {
 	wp := filepath.Join(dir, peft.AdapterWeightsFile)
 	f, err := os.Open(wp)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -256,4 +257,44 @@ func TestToTinkerRefusesHeadOnlyTied(t *testing.T) {
 			require.Contains(t, got, TinkerName(n))
 		}
 	}
+}
+
+// TestToPEFTReadsPEFTTiedSave: PEFT's own save of a tied model's unembedding under
+// ensure_weight_tying (the head's pair, the embedding's lora_embedding_A/B copies of it,
+// target_modules naming model.embed_tokens) becomes the head's pair alone, values as stored,
+// with lm_head in target_modules and ensure_weight_tying kept.
+func TestToPEFTReadsPEFTTiedSave(t *testing.T) {
+	dir := t.TempDir()
+	var ts []safetensors.Tensor
+	want := map[string][]float64{}
+	for i, n := range []string{
+		"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight",
+		"base_model.model.model.embed_tokens.lora_embedding_A", "base_model.model.lm_head.lora_A.weight",
+		"base_model.model.model.embed_tokens.lora_embedding_B", "base_model.model.lm_head.lora_B.weight",
+	} {
+		d := []float32{float32(i), float32(i) + 0.5}
+		ts = append(ts, safetensors.Tensor{Name: n, Shape: []int64{1, 2}, Data: d})
+		if !strings.Contains(n, "lora_embedding") {
+			want[n] = []float64{float64(d[0]), float64(d[1])}
+		}
+	}
+	_, err := safetensors.Write(filepath.Join(dir, peft.AdapterWeightsFile), ts, map[string]string{"format": "pt"})
+	require.NoError(t, err)
+	cfg, _ := json.Marshal(map[string]any{"r": 1, "lora_alpha": 8, "ensure_weight_tying": true,
+		"target_modules": []string{"q_proj", "model.embed_tokens"}})
+	require.NoError(t, os.WriteFile(filepath.Join(dir, peft.AdapterConfigFile), cfg, 0o644))
+	changed, err := ToPEFT(dir)
+	require.NoError(t, err)
+	require.True(t, changed)
+	b, err := os.ReadFile(filepath.Join(dir, peft.AdapterWeightsFile))
+	require.NoError(t, err)
+	got, meta := tensors(t, b)
+	require.Equal(t, want, got)
+	require.Equal(t, "pt", meta["format"])
+	c, err := peft.ReadConfig(dir)
+	require.NoError(t, err)
+	require.Equal(t, []string{"q_proj", "lm_head"}, c.TargetModules)
+	require.True(t, c.EnsureWeightTying)
+	es, _ := os.ReadDir(dir)
+	require.Len(t, es, 2) // no temporary file left
 }
