@@ -45,6 +45,7 @@ CELLS = [
     ("tiny", dict(train_attn=False, train_mlp=True, train_unembed=True)),
     ("tiny", dict(train_attn=True, train_mlp=False, train_unembed=True)),
     ("qwen3", dict(train_attn=True, train_mlp=True, train_unembed=True)),
+    ("qwen3", dict(train_attn=True, train_mlp=True, train_unembed=False)),
     ("qwen2", dict(train_attn=True, train_mlp=False, train_unembed=True)),
     ("llama", dict(train_attn=False, train_mlp=True, train_unembed=True)),
     ("gemma3", dict(train_attn=True, train_mlp=True, train_unembed=False)),
@@ -351,6 +352,19 @@ def test_tinker_layout_adapter_imports(server, tmp_path):
     print(f"\n[weights] Tinker-layout adapter imported: max |logprob(Loops) - logprob(PEFT)| = {diff:.2g}")
     assert diff < TOL
     assert _maxdiff(want, _logprobs(AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32))) > 1e-2
+
+    # PEFT's own save of that adapter (ensure_weight_tying: the head's pair and the
+    # embedding's lora_embedding_A/B copies of it) imports as the same adapter.
+    pm.save_pretrained(str(tmp_path / "peft-saved"), save_embedding_layers=False)
+    saved = load_file(str(tmp_path / "peft-saved" / "adapter_model.safetensors"))
+    assert "base_model.model.model.embed_tokens.lora_embedding_A" in saved
+    proc = subprocess.run([str(loops_binary()), "checkpoints", "import", str(tmp_path / "peft-saved"), "--base-model",
+                           "loops/tiny", "--name", "peft-tied", "--url", srv.url, "--api-key", API_KEY],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = _server_logprobs(tinker.ServiceClient().create_sampling_client(model_path=proc.stdout.split()[1]))
+    print(f"[weights] PEFT-saved tied adapter imported: max |logprob(Loops) - logprob(PEFT)| = {_maxdiff(want, got):.2g}")
+    assert _maxdiff(want, got) < TOL
 
 
 def test_zz_table():
