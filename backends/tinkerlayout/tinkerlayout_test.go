@@ -298,3 +298,42 @@ func TestToPEFTReadsPEFTTiedSave(t *testing.T) {
 	es, _ := os.ReadDir(dir)
 	require.Len(t, es, 2) // no temporary file left
 }
+
+// FuzzToPEFT: any weights file converts in place without panicking; a folder it changes
+// holds a valid safetensors file, and one it leaves alone is as it was. (A refusal may come
+// after a first step rewrote the file: imports convert in a staging folder they discard.)
+func FuzzToPEFT(f *testing.F) {
+	f.Add([]byte("12345678garbage"))
+	f.Add(adapterFileFuzz(f))
+	p := filepath.Join(f.TempDir(), "tied.safetensors")
+	_, err := safetensors.Write(p, []safetensors.Tensor{
+		{Name: "base_model.model.lm_head.lora_A.weight", Shape: []int64{1, 2}, Data: []float32{1, 2}},
+		{Name: "base_model.model.lm_head.lora_B.weight", Shape: []int64{1, 1}, Data: []float32{3}},
+		{Name: "base_model.model.model.embed_tokens.lora_embedding_A", Shape: []int64{1, 1}, Data: []float32{3}},
+		{Name: "base_model.model.model.embed_tokens.lora_embedding_B", Shape: []int64{2, 1}, Data: []float32{1, 2}},
+	}, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	tied, _ := os.ReadFile(p)
+	f.Add(tied)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		dir := t.TempDir()
+		wp := filepath.Join(dir, peft.AdapterWeightsFile)
+		require.NoError(t, os.WriteFile(wp, b, 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, peft.AdapterConfigFile),
+			[]byte(`{"r": 1, "lora_alpha": 8, "target_modules": ["model.embed_tokens", "unembed_tokens"]}`), 0o644))
+		changed, err := ToPEFT(dir)
+		if err != nil {
+			return
+		}
+		got, rerr := os.ReadFile(wp)
+		require.NoError(t, rerr)
+		if !changed {
+			require.Equal(t, b, got)
+			return
+		}
+		_, err = safetensors.Parse(bytes.NewReader(got), int64(len(got)), safetensors.Limits{})
+		require.NoError(t, err)
+	})
+}
