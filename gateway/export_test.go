@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/loops-dev/loops/backends"
+	"github.com/loops-dev/loops/backends/peft"
 	"github.com/loops-dev/loops/backends/reference/nn"
 	"github.com/loops-dev/loops/backends/reference/safetensors"
 	"github.com/loops-dev/loops/backends/tiny"
@@ -83,7 +84,7 @@ func fetchExport(t *testing.T, url, key, path string, format loopsv1.ExportForma
 }
 
 // TestExport trains a step on loops/tiny (tied head) and on a Qwen3-shaped model with an
-// untied head, adapting attention, MLP and the head, and exports each checkpoint. The peft
+// untied head, adapting attention, MLP and the unembedding, and exports each checkpoint. The peft
 // export is the adapter folder; the merged export loads as a model folder whose logits equal
 // the base model's with the adapter (here with the engine's own loader; with
 // LOOPS_TORCH_PYTHON set, with transformers + PEFT, within 1e-4 in float32).
@@ -148,7 +149,13 @@ func TestExport(t *testing.T) {
 			b, err := os.ReadFile(filepath.Join(mergedDir, "config.json"))
 			require.NoError(t, err)
 			require.NoError(t, json.Unmarshal(b, &cfg))
-			require.Equal(t, false, cfg["tie_word_embeddings"], "the adapted head is a weight of its own")
+			// a tied model's unembedding LoRA adapts the shared matrix: the merged model stays tied
+			require.Equal(t, tc.model == tiny.Name, cfg["tie_word_embeddings"])
+			if tc.model == tiny.Name {
+				pc, err := peft.ReadConfig(peftDir)
+				require.NoError(t, err)
+				require.True(t, pc.EnsureWeightTying, "the PEFT export says so as PEFT does")
+			}
 			require.Equal(t, "float32", cfg["torch_dtype"])
 
 			// The engine's own loader: merged logits = base + adapter logits.

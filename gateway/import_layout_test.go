@@ -57,7 +57,7 @@ func TestImportTinkerLayout(t *testing.T) {
 	require.NoError(t, err)
 	a, err := nn.NewAdapter(m, nn.LoraConfig{Rank: 2, Seed: 3, Attn: true, Unembed: true})
 	require.NoError(t, err)
-	write := func(head string) map[string][]byte {
+	write := func(head string, tying bool) map[string][]byte {
 		dir := t.TempDir()
 		var ts []safetensors.Tensor
 		for i, p := range a.Params {
@@ -74,8 +74,12 @@ func TestImportTinkerLayout(t *testing.T) {
 		_, err := safetensors.Write(filepath.Join(dir, "adapter_model.safetensors"), ts, nil)
 		require.NoError(t, err)
 		mod := head[strings.LastIndex(head, ".")+1:]
-		cfg, _ := json.Marshal(map[string]any{"peft_type": "LORA", "r": 2, "lora_alpha": 32, "task_type": "CAUSAL_LM",
-			"target_modules": []string{"q_proj", "k_proj", "v_proj", "o_proj", mod}})
+		c := map[string]any{"peft_type": "LORA", "r": 2, "lora_alpha": 32, "task_type": "CAUSAL_LM",
+			"target_modules": []string{"q_proj", "k_proj", "v_proj", "o_proj", mod}}
+		if tying {
+			c["ensure_weight_tying"] = true
+		}
+		cfg, _ := json.Marshal(c)
 		require.NoError(t, os.WriteFile(filepath.Join(dir, "adapter_config.json"), cfg, 0o644))
 		return adapterFiles(t, dir)
 	}
@@ -92,9 +96,11 @@ func TestImportTinkerLayout(t *testing.T) {
 		require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, op.GetState(), op.GetError().GetMessage())
 		return op.GetSample().GetPromptLogprobs()[1:]
 	}
+	// loops/tiny is tied: Tinker's unembedding (and the cookbook's embed_tokens form of it)
+	// adapts the shared matrix, which PEFT's layout says with ensure_weight_tying.
 	var want []float32
 	for _, head := range []string{"base_model.model.lm_head", "base_model.model.model.unembed_tokens", "base_model.model.model.embed_tokens"} {
-		st, body := importTar(t, url, keyA, tiny.Name, "l"+head[len(head)-6:], tarOf(t, write(head)))
+		st, body := importTar(t, url, keyA, tiny.Name, "l"+head[len(head)-6:], tarOf(t, write(head, head == "base_model.model.lm_head")))
 		require.Equal(t, 200, st, "%s: %s", head, body)
 		var ck loopsv1.Checkpoint
 		require.NoError(t, protojson.Unmarshal(body, &ck))
@@ -108,8 +114,16 @@ func TestImportTinkerLayout(t *testing.T) {
 	}
 	base := logprobs(&loopsv1.CreateSamplerRequest{BaseModel: tiny.Name})
 	require.NotEqual(t, base, want, "the adapter moves the log-probs")
+	// a PEFT adapter without ensure_weight_tying adapts the head alone, as PEFT applies it
+	st, body := importTar(t, url, keyA, tiny.Name, "head-only", tarOf(t, write("base_model.model.lm_head", false)))
+	require.Equal(t, 200, st, "%s", body)
+	var ck loopsv1.Checkpoint
+	require.NoError(t, protojson.Unmarshal(body, &ck))
+	headOnly := logprobs(&loopsv1.CreateSamplerRequest{ModelPath: ck.GetTinkerPath()})
+	require.NotEqual(t, want, headOnly)
+	require.NotEqual(t, base, headOnly)
 
-	st, body := importTar(t, url, keyA, tiny.Name, "merged", tarOf(t, map[string][]byte{"config.json": []byte("{}"), "model.safetensors": []byte("x")}))
+	st, body = importTar(t, url, keyA, tiny.Name, "merged", tarOf(t, map[string][]byte{"config.json": []byte("{}"), "model.safetensors": []byte("x")}))
 	require.Equal(t, 400, st)
 	require.Contains(t, string(body), "a merged model is not an adapter")
 }

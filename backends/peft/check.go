@@ -48,8 +48,11 @@ var configFields = map[string]fieldCheck{
 	"peft_version":            stringOrNull,
 	"auto_mapping":            objectOrNull,
 	"inference_mode":          boolean,
-	"megatron_core":           stringOrNull, // used only with megatron_config
-	"runtime_config":          objectOrNull, // not saved by PEFT; runtime only
+	// true: the unembedding LoRA of a tied model adapts the shared embedding matrix (the
+	// embedding lookup too, as PEFT ties them); absent or false on a tied model: the head only.
+	"ensure_weight_tying": boolean,
+	"megatron_core":       stringOrNull, // used only with megatron_config
+	"runtime_config":      objectOrNull, // not saved by PEFT; runtime only
 
 	// The numbers.
 	"r": func(v any) string {
@@ -114,11 +117,10 @@ var configFields = map[string]fieldCheck{
 		}
 		return fmt.Sprintf("is %s: Loops adapts no biases, so only \"none\" can be imported (\"all\" and \"lora_only\" train biases the adapter file does not hold)", show(v))
 	},
-	"use_rslora":          falseBecause("rsLoRA scales the update by lora_alpha / sqrt(r); Loops scales it by lora_alpha / r"),
-	"use_dora":            falseBecause("DoRA adds a magnitude vector Loops does not apply"),
-	"use_qalora":          falseBecause("QALoRA pools the inputs of quantized layers"),
-	"lora_bias":           falseBecause("Loops applies no bias on lora_B"),
-	"ensure_weight_tying": falseBecause("it ties the adapters of tied layers (the embedding to the head), which Loops adapts separately"),
+	"use_rslora": falseBecause("rsLoRA scales the update by lora_alpha / sqrt(r); Loops scales it by lora_alpha / r"),
+	"use_dora":   falseBecause("DoRA adds a magnitude vector Loops does not apply"),
+	"use_qalora": falseBecause("QALoRA pools the inputs of quantized layers"),
+	"lora_bias":  falseBecause("Loops applies no bias on lora_B"),
 
 	// Initialization only: the saved tensors are what is applied, unless the method rewrote
 	// the base model's weights.

@@ -19,6 +19,20 @@ const (
 	OptimizerFile      = "optimizer.safetensors"
 )
 
+// UnembedMetaKey is the adapter_model.safetensors metadata key Loops writes on an adapter
+// with an unembedding (lm_head) LoRA, saying which rule it follows: UnembedShared (the LoRA
+// adapts the unembedding matrix wherever the model uses it: on a model with tied embeddings
+// the input embedding too, as Tinker's unembed_tokens and tinker-cookbook's merge do; on an
+// untied model that is the head alone) or UnembedHeadOnly (a model with tied embeddings
+// whose adapter was trained before that rule, adapting the head alone). Absent: an adapter
+// written before the key existed, or by another tool; its adapter_config.json's
+// ensure_weight_tying then decides.
+const (
+	UnembedMetaKey  = "loops.unembed"
+	UnembedShared   = "shared"
+	UnembedHeadOnly = "head-only"
+)
+
 // MaxConfigBytes caps adapter_config.json; PEFT writes about a kilobyte.
 const MaxConfigBytes = 256 << 10
 
@@ -39,6 +53,12 @@ type Config struct {
 	InitLoraWeights   bool     `json:"init_lora_weights"`
 	ModulesToSave     []string `json:"modules_to_save"`
 	LayersToTransform []int    `json:"layers_to_transform"`
+	// EnsureWeightTying (PEFT's field) says the unembedding LoRA of a model with tied
+	// embeddings adapts the shared matrix: the input embedding lookup as well as the head.
+	// Loops writes it on adapters that follow that rule; an adapter on a tied model without
+	// it was trained with the older head-only rule and keeps it. It means nothing for an
+	// untied model.
+	EnsureWeightTying bool `json:"ensure_weight_tying,omitempty"`
 	// RankPattern and AlphaPattern give some modules another rank or alpha; read so that a
 	// backend can refuse them, never written.
 	RankPattern  map[string]any `json:"rank_pattern,omitempty"`

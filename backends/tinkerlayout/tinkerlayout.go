@@ -2,6 +2,7 @@ package tinkerlayout
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/loops-dev/loops/backends/peft"
@@ -77,6 +79,38 @@ type Renamed struct {
 // original bytes (those already read, then the rest of r), for a caller that serves a file
 // it cannot convert as it is.
 func RenameTensors(r io.Reader, size int64, rename func(string) string) (Renamed, error) {
+	return renameTensors(r, size, rename, nil)
+}
+
+// ErrHeadOnlyTied is ToTinker's error for an adapter whose unembedding LoRA follows the
+// head-only rule on a model with tied embeddings (metadata peft.UnembedMetaKey =
+// peft.UnembedHeadOnly: trained before Loops adapted the shared matrix). Tinker's layout
+// cannot say that: tinker-cookbook merges model.unembed_tokens into the shared embedding
+// matrix, so a converted file would give the tools a different model.
+var ErrHeadOnlyTied = errors.New("this checkpoint's unembedding LoRA adapts the output head alone of a model " +
+	"with tied embeddings (it was trained before Loops applied it to the shared embedding matrix), which Tinker's " +
+	"layout cannot express: tinker-cookbook would merge it into the input embedding too. " +
+	"Export it with `loops checkpoints export --format merged` (the head is untied in the merged model) or " +
+	"`--format peft` (PEFT applies it to the head alone)")
+
+// ToTinker is RenameTensors to Tinker's layout (TinkerName), refusing with ErrHeadOnlyTied
+// (and the original bytes) an adapter Tinker's layout cannot express.
+func ToTinker(r io.Reader, size int64) (Renamed, error) {
+	return renameTensors(r, size, TinkerName, func(f *safetensors.File) error {
+		if f.Metadata[peft.UnembedMetaKey] != peft.UnembedHeadOnly {
+			return nil
+		}
+		for k := range f.Tensors {
+			if TinkerName(k) != k {
+				return ErrHeadOnlyTied
+			}
+		}
+		return nil
+	})
+}
+
+// renameTensors is RenameTensors; check, when set, may refuse the parsed header.
+func renameTensors(r io.Reader, size int64, rename func(string) string, check func(*safetensors.File) error) (Renamed, error) {
 	var read bytes.Buffer
 	orig := func(err error) (Renamed, error) {
 		return Renamed{Reader: io.MultiReader(&read, r), Size: size}, err
@@ -102,6 +136,11 @@ func RenameTensors(r io.Reader, size int64, rename func(string) string) (Renamed
 	f, err := safetensors.Parse(bytes.NewReader(prefix), size, safetensors.Limits{MaxHeaderBytes: MaxHeaderBytes})
 	if err != nil {
 		return orig(err)
+	}
+	if check != nil {
+		if err := check(f); err != nil {
+			return orig(err)
+		}
 	}
 	out := make(map[string]safetensors.Info, len(f.Tensors))
 	modules := map[string]string{}
@@ -181,14 +220,138 @@ func RenameTargetModules(b []byte, modules map[string]string) ([]byte, bool, err
 	return append(nb, '\n'), true, nil
 }
 
+// setWeightTying returns adapter_config.json b with ensure_weight_tying true (re-encoded as
+// RenameTargetModules does).
+func setWeightTying(b []byte) ([]byte, error) {
+	var cfg map[string]json.RawMessage
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return nil, fmt.Errorf("%s is not a JSON object: %w", peft.AdapterConfigFile, err)
+	}
+	cfg["ensure_weight_tying"] = json.RawMessage("true")
+	nb, err := json.MarshalIndent(cfg, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(nb, '\n'), nil
+}
+
 // TinkerModules maps PEFT's target module names to Tinker's (RenameTargetModules).
 var TinkerModules = map[string]string{peftHeadModule: tinkerHeadModule}
 
 // ToPEFT converts the adapter folder dir (adapter_config.json and
 // adapter_model.safetensors) from Tinker's layout, or from the PEFT adapter
-// tinker-cookbook's build_lora_adapter writes for a tied model, to PEFT's layout in place.
-// A folder already in PEFT's layout is left as it is. It returns whether anything changed.
+// tinker-cookbook's build_lora_adapter writes for a tied model, or PEFT's own save of a tied
+// model's unembedding under ensure_weight_tying (the embedding's lora_embedding_A/B copies of
+// the head's factors are dropped: dropTiedEmbedding), to PEFT's layout in place;
+// an unembedding LoRA so converted gets ensure_weight_tying (on a model with tied
+// embeddings it adapts the shared matrix, as Tinker's tools apply it). A folder already in
+// PEFT's layout is left as it is. It returns whether anything changed.
 func ToPEFT(dir string) (bool, error) {
+	dropped, err := dropTiedEmbedding(dir)
+	if err != nil {
+		return false, err
+	}
+	renamed, err := renameToPEFT(dir)
+	return dropped || renamed, err
+}
+
+// peftTiedEmbed prefixes the factors of the embedding LoRA PEFT saves for a model with tied
+// embeddings under ensure_weight_tying: lora_embedding_A is the head's lora_B transposed and
+// lora_embedding_B its lora_A transposed, one storage in PEFT, saved twice.
+const peftTiedEmbed = "base_model.model.model.embed_tokens.lora_embedding_"
+
+// dropTiedEmbedding rewrites dir's adapter_model.safetensors without PEFT's tied embedding
+// factors when it also holds the head's (lm_head) pair, which carries the same numbers, and
+// names the head instead of the embedding in target_modules (PEFT writes
+// "model.embed_tokens"); ensure_weight_tying stays as PEFT wrote it. It returns whether it
+// changed anything. Tensor data is copied as stored.
+func dropTiedEmbedding(dir string) (bool, error) {
+	wp := filepath.Join(dir, peft.AdapterWeightsFile)
+	sf, err := safetensors.OpenLimited(wp, safetensors.Limits{MaxHeaderBytes: MaxHeaderBytes})
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", peft.AdapterWeightsFile, err)
+	}
+	defer sf.Close()
+	hasHead, drop := false, 0
+	for k := range sf.Tensors {
+		hasHead = hasHead || strings.HasPrefix(k, peftHead)
+		if strings.HasPrefix(k, peftTiedEmbed) {
+			drop++
+		}
+	}
+	if drop == 0 || !hasHead {
+		return false, nil
+	}
+	type kept struct {
+		name string
+		info safetensors.Info
+	}
+	var ks []kept
+	for k, info := range sf.Tensors {
+		if !strings.HasPrefix(k, peftTiedEmbed) {
+			ks = append(ks, kept{k, info})
+		}
+	}
+	slices.SortFunc(ks, func(a, b kept) int { return cmp.Compare(a.info.Offsets[0], b.info.Offsets[0]) })
+	out := make(map[string]safetensors.Info, len(ks))
+	var end int64
+	for _, k := range ks {
+		n := k.info.Offsets[1] - k.info.Offsets[0]
+		info := k.info
+		info.Offsets = [2]int64{end, end + n}
+		out[k.name] = info
+		end += n
+	}
+	hdr, err := safetensors.EncodeHeader(out, sf.Metadata)
+	if err != nil {
+		return false, err
+	}
+	src, err := os.Open(wp)
+	if err != nil {
+		return false, err
+	}
+	defer src.Close()
+	tmp, err := os.CreateTemp(dir, ".convert-*")
+	if err != nil {
+		return false, err
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(hdr)
+	for _, k := range ks {
+		if err != nil {
+			break
+		}
+		o := k.info.Offsets
+		_, err = io.Copy(tmp, io.NewSectionReader(src, sf.DataOffset()+o[0], o[1]-o[0]))
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return false, err
+	}
+	cp := filepath.Join(dir, peft.AdapterConfigFile)
+	cb, err := os.ReadFile(cp)
+	if err != nil {
+		return false, err
+	}
+	if len(cb) > peft.MaxConfigBytes {
+		return false, fmt.Errorf("%s is larger than %d bytes", peft.AdapterConfigFile, peft.MaxConfigBytes)
+	}
+	nb, changed, err := RenameTargetModules(cb, map[string]string{"model.embed_tokens": peftHeadModule, "embed_tokens": peftHeadModule})
+	if err != nil {
+		return false, err
+	}
+	if changed {
+		if err := os.WriteFile(cp, nb, 0o644); err != nil {
+			return false, err
+		}
+	}
+	return true, os.Rename(tmp.Name(), wp)
+}
+
+// renameToPEFT is ToPEFT's renaming of Tinker's and the cookbook's names.
+func renameToPEFT(dir string) (bool, error) {
 	wp := filepath.Join(dir, peft.AdapterWeightsFile)
 	f, err := os.Open(wp)
 	if err != nil {
@@ -229,6 +392,17 @@ func ToPEFT(dir string) (bool, error) {
 	nb, changed, err := RenameTargetModules(cb, rn.Modules)
 	if err != nil {
 		return false, err
+	}
+	for _, to := range rn.Modules {
+		if to == peftHeadModule {
+			// Tinker's unembedding adapts the shared matrix of a tied model (the cookbook
+			// merges it so): say so as PEFT does, for the engines and for PEFT
+			if nb, err = setWeightTying(nb); err != nil {
+				return false, err
+			}
+			changed = true
+			break
+		}
 	}
 	if changed {
 		if err := os.WriteFile(cp, nb, 0o644); err != nil {

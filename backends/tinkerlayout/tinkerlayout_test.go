@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -168,6 +169,8 @@ func TestToPEFT(t *testing.T) {
 		c, err := peft.ReadConfig(dir)
 		require.NoError(t, err)
 		require.Equal(t, []string{"q_proj", "lm_head"}, c.TargetModules, name)
+		// Tinker's unembedding adapts a tied model's shared matrix; PEFT's own keeps its config
+		require.Equal(t, tc.module != "lm_head", c.EnsureWeightTying, name)
 		es, _ := os.ReadDir(dir)
 		require.Len(t, es, 2, name) // no temporary file left
 	}
@@ -203,4 +206,134 @@ func adapterFileFuzz(f *testing.F) []byte {
 	}
 	b, _ := os.ReadFile(p)
 	return b
+}
+
+// TestToTinkerRefusesHeadOnlyTied: an adapter saved with the head-only rule on a tied
+// model (loops.unembed = head-only) is refused with ErrHeadOnlyTied and its original
+// bytes; one with the shared rule, or without the key, or head-only without a head LoRA,
+// converts.
+func TestToTinkerRefusesHeadOnlyTied(t *testing.T) {
+	write := func(meta map[string]string, names ...string) []byte {
+		var ts []safetensors.Tensor
+		for _, n := range names {
+			ts = append(ts, safetensors.Tensor{Name: n, Shape: []int64{2, 3}, Data: make([]float32, 6)})
+		}
+		p := filepath.Join(t.TempDir(), "a.safetensors")
+		_, err := safetensors.Write(p, ts, meta)
+		require.NoError(t, err)
+		b, err := os.ReadFile(p)
+		require.NoError(t, err)
+		return b
+	}
+	head := []string{"base_model.model.lm_head.lora_A.weight", "base_model.model.lm_head.lora_B.weight"}
+	q := []string{"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"}
+	for _, tc := range []struct {
+		meta    string
+		names   []string
+		refused bool
+	}{
+		{peft.UnembedHeadOnly, head, true},
+		{peft.UnembedShared, head, false},
+		{"", head, false},
+		{peft.UnembedHeadOnly, q, false},
+	} {
+		meta := map[string]string{"format": "pt"}
+		if tc.meta != "" {
+			meta[peft.UnembedMetaKey] = tc.meta
+		}
+		b := write(meta, tc.names...)
+		rn, err := ToTinker(bytes.NewReader(b), int64(len(b)))
+		var out bytes.Buffer
+		_, rerr := out.ReadFrom(rn)
+		require.NoError(t, rerr)
+		if tc.refused {
+			require.ErrorIs(t, err, ErrHeadOnlyTied)
+			require.Equal(t, b, out.Bytes(), "the original bytes")
+			continue
+		}
+		require.NoError(t, err)
+		got, _ := tensors(t, out.Bytes())
+		for _, n := range tc.names {
+			require.Contains(t, got, TinkerName(n))
+		}
+	}
+}
+
+// TestToPEFTReadsPEFTTiedSave: PEFT's own save of a tied model's unembedding under
+// ensure_weight_tying (the head's pair, the embedding's lora_embedding_A/B copies of it,
+// target_modules naming model.embed_tokens) becomes the head's pair alone, values as stored,
+// with lm_head in target_modules and ensure_weight_tying kept.
+func TestToPEFTReadsPEFTTiedSave(t *testing.T) {
+	dir := t.TempDir()
+	var ts []safetensors.Tensor
+	want := map[string][]float64{}
+	for i, n := range []string{
+		"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight",
+		"base_model.model.model.embed_tokens.lora_embedding_A", "base_model.model.lm_head.lora_A.weight",
+		"base_model.model.model.embed_tokens.lora_embedding_B", "base_model.model.lm_head.lora_B.weight",
+	} {
+		d := []float32{float32(i), float32(i) + 0.5}
+		ts = append(ts, safetensors.Tensor{Name: n, Shape: []int64{1, 2}, Data: d})
+		if !strings.Contains(n, "lora_embedding") {
+			want[n] = []float64{float64(d[0]), float64(d[1])}
+		}
+	}
+	_, err := safetensors.Write(filepath.Join(dir, peft.AdapterWeightsFile), ts, map[string]string{"format": "pt"})
+	require.NoError(t, err)
+	cfg, _ := json.Marshal(map[string]any{"r": 1, "lora_alpha": 8, "ensure_weight_tying": true,
+		"target_modules": []string{"q_proj", "model.embed_tokens"}})
+	require.NoError(t, os.WriteFile(filepath.Join(dir, peft.AdapterConfigFile), cfg, 0o644))
+	changed, err := ToPEFT(dir)
+	require.NoError(t, err)
+	require.True(t, changed)
+	b, err := os.ReadFile(filepath.Join(dir, peft.AdapterWeightsFile))
+	require.NoError(t, err)
+	got, meta := tensors(t, b)
+	require.Equal(t, want, got)
+	require.Equal(t, "pt", meta["format"])
+	c, err := peft.ReadConfig(dir)
+	require.NoError(t, err)
+	require.Equal(t, []string{"q_proj", "lm_head"}, c.TargetModules)
+	require.True(t, c.EnsureWeightTying)
+	es, _ := os.ReadDir(dir)
+	require.Len(t, es, 2) // no temporary file left
+}
+
+// FuzzToPEFT: any weights file converts in place without panicking; a folder it changes
+// holds a valid safetensors file, and one it leaves alone is as it was. (A refusal may come
+// after a first step rewrote the file: imports convert in a staging folder they discard.)
+func FuzzToPEFT(f *testing.F) {
+	f.Add([]byte("12345678garbage"))
+	f.Add(adapterFileFuzz(f))
+	p := filepath.Join(f.TempDir(), "tied.safetensors")
+	_, err := safetensors.Write(p, []safetensors.Tensor{
+		{Name: "base_model.model.lm_head.lora_A.weight", Shape: []int64{1, 2}, Data: []float32{1, 2}},
+		{Name: "base_model.model.lm_head.lora_B.weight", Shape: []int64{1, 1}, Data: []float32{3}},
+		{Name: "base_model.model.model.embed_tokens.lora_embedding_A", Shape: []int64{1, 1}, Data: []float32{3}},
+		{Name: "base_model.model.model.embed_tokens.lora_embedding_B", Shape: []int64{2, 1}, Data: []float32{1, 2}},
+	}, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	tied, _ := os.ReadFile(p)
+	f.Add(tied)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		dir := t.TempDir()
+		wp := filepath.Join(dir, peft.AdapterWeightsFile)
+		require.NoError(t, os.WriteFile(wp, b, 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, peft.AdapterConfigFile),
+			[]byte(`{"r": 1, "lora_alpha": 8, "target_modules": ["model.embed_tokens", "unembed_tokens"]}`), 0o644))
+		changed, err := ToPEFT(dir)
+		if err != nil {
+			return
+		}
+		got, rerr := os.ReadFile(wp)
+		require.NoError(t, rerr)
+		if !changed {
+			require.Equal(t, b, got)
+			return
+		}
+		_, err = safetensors.Parse(bytes.NewReader(got), int64(len(got)), safetensors.Limits{})
+		require.NoError(t, err)
+	})
 }

@@ -22,6 +22,9 @@ type AdapterConfig struct {
 	TargetModules []string `json:"target_modules"`
 	UseRSLora     bool     `json:"use_rslora"`
 	BaseModel     string   `json:"base_model_name_or_path"`
+	// EnsureWeightTying: on a model with tied embeddings, the lm_head LoRA adapts the shared
+	// matrix, so the embedding lookup too (PEFT's ensure_weight_tying); otherwise the head only.
+	EnsureWeightTying bool `json:"ensure_weight_tying"`
 }
 
 // Adapter is a LoRA adapter in float64. Modules are named by their Hugging Face path

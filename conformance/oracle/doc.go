@@ -9,7 +9,9 @@
 //   - the Qwen3/Qwen2/Llama dense decoder forward pass: RMSNorm, rotary embeddings with the
 //     config's rope_theta (and Llama 3 rope_scaling), grouped-query attention, optional
 //     q/k RMSNorm and q/k/v biases, SwiGLU MLP, tied or untied lm_head, with LoRA deltas
-//     scale·B·A (scale = lora_alpha / r) on any of q,k,v,o,gate,up,down,lm_head;
+//     scale·B·A (scale = lora_alpha / r) on any of q,k,v,o,gate,up,down,lm_head (on a
+//     tied model with ensure_weight_tying, the lm_head delta also joins the embedding
+//     lookup: the shared matrix is adapted);
 //   - per-token log-probabilities, temperature-scaled next-token distributions, greedy
 //     continuations and top-k prompt log-probabilities;
 //   - every Tinker loss Loops serves (cross_entropy, importance_sampling, ppo, cispo, dro,

@@ -268,6 +268,17 @@ func (m *Model) Hidden(tokens []int, ad *Adapter) [][]float64 {
 			panic(fmt.Sprintf("oracle: token %d outside the vocabulary", tok))
 		}
 		x[t] = append([]float64(nil), emb.Data[tok*hsz:(tok+1)*hsz]...)
+		// a tied model's shared-matrix LoRA: row tok of scale·B·A joins the embedding
+		if hp := ad.pair("lm_head"); hp != nil && m.Tied && ad.Cfg.EnsureWeightTying {
+			r := hp.A.Rows()
+			for d := range hsz {
+				var s float64
+				for k := range r {
+					s += hp.B.Data[tok*r+k] * hp.A.Data[k*hsz+d]
+				}
+				x[t][d] += ad.scale() * s
+			}
+		}
 	}
 	lin := func(xs [][]float64, name string) [][]float64 {
 		return linear(xs, m.weight(name+".weight"), m.W[name+".bias"], ad.pair(name), ad.scale())

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/loops-dev/loops/backends/peft"
 	"github.com/loops-dev/loops/gateway/core"
 )
 
@@ -53,6 +54,16 @@ func (h *Handlers) Archives() http.Handler {
 				h.abort("streaming a checkpoint file", err, slog.String("path", link.Path), slog.String("file", f.Name))
 			}
 			return
+		}
+		// a weights file Tinker's layout cannot express (core.OpenArchiveFile refuses it) is
+		// refused before the archive starts, as a clear error rather than a cut stream
+		if f, ok := link.Manifest.File(peft.AdapterWeightsFile); ok {
+			rc, _, err := h.c.OpenArchiveFile(r.Context(), link, f.Name)
+			if err != nil {
+				h.edge.WriteError(w, r, err)
+				return
+			}
+			rc.Close()
 		}
 		w.Header().Set("Content-Type", "application/x-tar")
 		w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", link.Name+".tar"))

@@ -255,6 +255,10 @@ func (c *Core) OpenArchiveFile(ctx context.Context, link ArchiveLink, name strin
 		return nil, 0, internal("opening checkpoint file "+link.key+"/"+name, err)
 	}
 	r, size, err := tinkerFile(rc, name, f.Size)
+	if errors.Is(err, tinkerlayout.ErrHeadOnlyTied) {
+		rc.Close()
+		return nil, 0, failedPrecondition("%s: %v", name, err)
+	}
 	if r == nil {
 		rc.Close()
 		return nil, 0, internal("reading checkpoint file "+link.key+"/"+name, err)
@@ -274,7 +278,7 @@ func (c *Core) OpenArchiveFile(ctx context.Context, link ArchiveLink, name strin
 func tinkerFile(r io.Reader, name string, size int64) (io.Reader, int64, error) {
 	switch {
 	case strings.HasSuffix(name, ".safetensors"):
-		rn, err := tinkerlayout.RenameTensors(r, size, tinkerlayout.TinkerName)
+		rn, err := tinkerlayout.ToTinker(r, size)
 		return rn, rn.Size, err
 	case path.Base(name) == peft.AdapterConfigFile && size <= peft.MaxConfigBytes:
 		b, err := io.ReadAll(io.LimitReader(r, size+1))

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/loops-dev/loops/backends"
+	"github.com/loops-dev/loops/backends/peft"
 	"github.com/loops-dev/loops/backends/reference/safetensors"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -25,7 +26,10 @@ import (
 // peftBackend is the fake backend writing real PEFT-layout checkpoints (the layout every
 // checkpoint has in the store, before and after downloads learned Tinker's): a q_proj and
 // an lm_head LoRA, their Adam moments, and adapter_config.json.
-type peftBackend struct{ *fakeBackend }
+type peftBackend struct {
+	*fakeBackend
+	unembed string // the loops.unembed metadata written, if any
+}
 
 func (b peftBackend) Trainer() backends.Trainer { return b }
 func (b peftBackend) Sampler() backends.Sampler { return b }
@@ -45,7 +49,11 @@ func (b peftBackend) SaveAdapter(ctx context.Context, req *backendv1.SaveAdapter
 		ws = append(ws, safetensors.Tensor{Name: n, Shape: []int64{1, 2}, Data: []float32{float32(i), 0.5}})
 		os_ = append(os_, safetensors.Tensor{Name: n + ".exp_avg", Shape: []int64{1, 2}, Data: []float32{1, 2}})
 	}
-	if _, err := safetensors.Write(filepath.Join(req.GetDir(), "adapter_model.safetensors"), ws, map[string]string{"format": "pt"}); err != nil {
+	meta := map[string]string{"format": "pt"}
+	if b.unembed != "" {
+		meta[peft.UnembedMetaKey] = b.unembed
+	}
+	if _, err := safetensors.Write(filepath.Join(req.GetDir(), "adapter_model.safetensors"), ws, meta); err != nil {
 		return nil, err
 	}
 	if req.GetIncludeOptimizer() {
@@ -74,7 +82,7 @@ func names(t *testing.T, b []byte) []string {
 // model.unembed_tokens, with the announced sizes; the stored files are unchanged, so the
 // checkpoint still loads with its optimizer state.
 func TestDownloadsInTinkerLayout(t *testing.T) {
-	be := peftBackend{newFakeBackend()}
+	be := peftBackend{fakeBackend: newFakeBackend(), unembed: peft.UnembedShared}
 	h, _ := openHarnessWith(t, t.TempDir(), be, be.fakeBackend, Options{})
 	run := h.newRun()
 	path, err := h.save(run, "c", false)
@@ -145,4 +153,39 @@ func TestDownloadsInTinkerLayout(t *testing.T) {
 	require.NoError(t, err)
 	done := h.wait(op)
 	require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, done.GetState(), done.GetError().GetMessage())
+}
+
+// TestHeadOnlyTiedDownloadRefused: an adapter an engine saved with the head-only rule on a
+// model with tied embeddings (loops.unembed = head-only: trained before the shared-matrix
+// rule) is refused in Tinker's layout, file by file and as a tar, with a 400-class error
+// saying why and what to use instead (the cookbook would merge it into the embedding too).
+func TestHeadOnlyTiedDownloadRefused(t *testing.T) {
+	be := peftBackend{fakeBackend: newFakeBackend(), unembed: peft.UnembedHeadOnly}
+	h, _ := openHarnessWith(t, t.TempDir(), be, be.fakeBackend, Options{})
+	run := h.newRun()
+	path, err := h.save(run, "c", false)
+	require.NoError(t, err)
+	srv := httptest.NewServer(archiveHandler(h.core))
+	defer srv.Close()
+	urls, err := h.svc.Checkpoints.GetCheckpointFileURLs(h.ctx, &loopsv1.GetCheckpointFileURLsRequest{Path: path})
+	require.NoError(t, err)
+	u, ok := urls.GetUrls()["adapter_model.safetensors"]
+	require.True(t, ok)
+	resp, err := http.Get(srv.URL + u)
+	require.NoError(t, err)
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s", b)
+	require.Contains(t, string(b), "tied embeddings")
+	require.Contains(t, string(b), "loops checkpoints export --format merged")
+
+	arch, err := h.svc.Checkpoints.GetCheckpointArchiveURL(h.ctx, &loopsv1.GetCheckpointArchiveURLRequest{Path: path})
+	require.NoError(t, err)
+	resp, err = http.Get(srv.URL + arch.GetUrl())
+	require.NoError(t, err)
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s", b)
+	require.Contains(t, string(b), "tied embeddings")
 }

@@ -42,7 +42,10 @@ TRAIN = [[84, 104, 101, 32, 99, 97, 116, 32, 115, 97, 116], [76, 111, 111, 112, 
 CELLS = [
     ("tiny", dict(train_attn=True, train_mlp=True, train_unembed=False)),
     ("tiny", dict(train_attn=True, train_mlp=True, train_unembed=True)),
+    ("tiny", dict(train_attn=False, train_mlp=True, train_unembed=True)),
+    ("tiny", dict(train_attn=True, train_mlp=False, train_unembed=True)),
     ("qwen3", dict(train_attn=True, train_mlp=True, train_unembed=True)),
+    ("qwen3", dict(train_attn=True, train_mlp=True, train_unembed=False)),
     ("qwen2", dict(train_attn=True, train_mlp=False, train_unembed=True)),
     ("llama", dict(train_attn=False, train_mlp=True, train_unembed=True)),
     ("gemma3", dict(train_attn=True, train_mlp=True, train_unembed=False)),
@@ -133,15 +136,6 @@ def torch_server(models, recipe_env):
         yield srv, env, dict(models)
 
 
-def _folder(base: str) -> Path:
-    """The local folder of a base model: itself, or its snapshot in the HF cache."""
-    if Path(base).is_dir():
-        return Path(base)
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(base, local_files_only=True))
-
-
 def _logprobs(model, seq=SEQ) -> list[float]:
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([seq])).logits[0].double()
@@ -221,22 +215,29 @@ def test_cookbook_weights_tools(request, models, family, flags, tmp_path):
     build_lora_adapter(base_model=base, adapter_path=str(adapter), output_path=str(peft_dir))
     pm = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), str(peft_dir))
     row["build_lora_adapter"] = _maxdiff(want, _logprobs(pm.eval()))
+    tied_unembed = tied and flags["train_unembed"]
+    if tied_unembed and family != "gemma3":  # the torch worker does not check imports
+        # The cookbook writes a tied model's unembedding LoRA as an embed_tokens LoRA with
+        # lora_A/lora_B factors, which PEFT does not load for an embedding (it names them
+        # lora_embedding_A/B, and the config lacks ensure_weight_tying): PEFT applies the
+        # other modules only. Loops' import reads that file as the shared-matrix LoRA it is:
+        # imported back, it samples as the server did.
+        row["build_lora_adapter → loops import"] = _maxdiff(want, _import_and_score(env, peft_dir, base, family, len(TABLE)))
     TABLE.append(row)
     print(f"\n[weights] {row} (training moved log-probs by {moved:.3g})")
     if os.environ.get("LOOPS_COOKBOOK_REPORT"):
         with open(os.environ["LOOPS_COOKBOOK_REPORT"], "a") as f:
             f.write(json.dumps({"weights": row}) + "\n")
 
-    if tied and flags["train_unembed"]:
-        # The cookbook folds a tied model's unembedding LoRA into the shared embedding
-        # matrix (it maps unembed_tokens to model.embed_tokens), so the merged model's input
-        # embeddings move too, while Loops (like PEFT's lm_head LoRA) adapts the output head
-        # only; build_lora_adapter writes that LoRA for embed_tokens under lora_A/lora_B,
-        # which PEFT does not load for an embedding. Neither can be exact; docs/export-import.md
-        # says so and points to `loops checkpoints export`, checked exact in test-export.
-        # What is checked here: the archive carries exactly the server's LoRA (the tensors of
-        # `loops checkpoints export --format peft`, the stored folder, under Tinker's names),
-        # and the cookbook adds exactly its head update to the embedding matrix.
+    if tied_unembed:
+        # The cookbook folds a tied model's unembedding LoRA into the shared embedding matrix
+        # (it maps unembed_tokens to model.embed_tokens), as Loops applies it (the head and
+        # the embedding lookup: docs/semantics.md), so the merged models are exact. Checked
+        # too: the archive carries exactly the server's LoRA (the tensors of `loops
+        # checkpoints export --format peft`, the stored folder, under Tinker's names) and the
+        # PEFT export loads in PEFT (ensure_weight_tying) with the server's log-probs.
+        for k in ("build_hf_model/shard", "build_hf_model/full", "build_lora_adapter → loops import"):
+            assert row.get(k, 0) < TOL, row
         srv_url = env["TINKER_BASE_URL"]
         proc = subprocess.run([str(loops_binary()), "checkpoints", "export", state, "--format", "peft", "-o",
                                str(tmp_path / "peft-export"), "--url", srv_url, "--api-key", API_KEY],
@@ -247,17 +248,25 @@ def test_cookbook_weights_tools(request, models, family, flags, tmp_path):
         assert {k.replace(".lm_head.", ".model.unembed_tokens.") for k in stored} == set(downloaded)
         for k, v in stored.items():
             assert torch.equal(v, downloaded[k.replace(".lm_head.", ".model.unembed_tokens.")]), k
-        sd = load_file(str(tmp_path / "merged-shard" / "model.safetensors"))
-        bsd = load_file(str(_folder(base) / "model.safetensors"))
-        w = load_file(str(adapter / "adapter_model.safetensors"))
-        a = w["base_model.model.model.unembed_tokens.lora_A.weight"].double()
-        b = w["base_model.model.model.unembed_tokens.lora_B.weight"].double()
-        delta = (b @ a) * (cfg["lora_alpha"] / cfg["r"])
-        got = sd["model.embed_tokens.weight"].double() - bsd["model.embed_tokens.weight"].double()
-        assert float((got - delta).abs().max()) < 1e-5
+        assert json.loads((tmp_path / "peft-export" / "adapter_config.json").read_text())["ensure_weight_tying"] is True
+        pe = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
+                                       str(tmp_path / "peft-export"))
+        assert _maxdiff(want, _logprobs(pe.eval())) < TOL
         return
     for k in ("build_hf_model/shard", "build_hf_model/full", "build_lora_adapter"):
         assert row[k] < TOL, row
+
+
+def _import_and_score(env: dict, folder: Path, base: str, family: str, n: int) -> list[float]:
+    """Imports an adapter folder with `loops checkpoints import` and returns the server's
+    log-probs of SEQ with it."""
+    proc = subprocess.run([str(loops_binary()), "checkpoints", "import", str(folder), "--base-model",
+                           "loops/tiny" if family == "tiny" else base, "--name", f"cookbook-peft-{n}",
+                           "--url", env["TINKER_BASE_URL"], "--api-key", API_KEY],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    path = proc.stdout.split()[1]
+    return _server_logprobs(tinker.ServiceClient().create_sampling_client(model_path=path))
 
 
 def test_publish_to_hf_hub_builds_the_upload(server, models, tmp_path, monkeypatch):
@@ -321,8 +330,10 @@ def test_tinker_layout_adapter_imports(server, tmp_path):
         "peft_type": "LORA", "r": r, "lora_alpha": alpha, "task_type": "CAUSAL_LM",
         "target_modules": ["down_proj", "q_proj", "unembed_tokens", "v_proj"], "base_model_name_or_path": "loops/tiny"}))
 
-    # PEFT's answer: the same tensors under PEFT's names.
-    pm = get_peft_model(base, LoraConfig(r=r, lora_alpha=alpha, target_modules=["q_proj", "v_proj", "down_proj", "lm_head"]))
+    # PEFT's answer: the same tensors under PEFT's names; Tinker's unembedding of a tied model
+    # adapts the shared matrix, which PEFT calls ensure_weight_tying.
+    pm = get_peft_model(base, LoraConfig(r=r, lora_alpha=alpha, target_modules=["q_proj", "v_proj", "down_proj", "lm_head"],
+                                         ensure_weight_tying=True))
     peft_sd = {k.replace("base_model.model.model.unembed_tokens.", "base_model.model.lm_head."): v for k, v in weights.items()}
     from peft import set_peft_model_state_dict
 
@@ -342,13 +353,27 @@ def test_tinker_layout_adapter_imports(server, tmp_path):
     assert diff < TOL
     assert _maxdiff(want, _logprobs(AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32))) > 1e-2
 
+    # PEFT's own save of that adapter (ensure_weight_tying: the head's pair and the
+    # embedding's lora_embedding_A/B copies of it) imports as the same adapter.
+    pm.save_pretrained(str(tmp_path / "peft-saved"), save_embedding_layers=False)
+    saved = load_file(str(tmp_path / "peft-saved" / "adapter_model.safetensors"))
+    assert "base_model.model.model.embed_tokens.lora_embedding_A" in saved
+    proc = subprocess.run([str(loops_binary()), "checkpoints", "import", str(tmp_path / "peft-saved"), "--base-model",
+                           "loops/tiny", "--name", "peft-tied", "--url", srv.url, "--api-key", API_KEY],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = _server_logprobs(tinker.ServiceClient().create_sampling_client(model_path=proc.stdout.split()[1]))
+    print(f"[weights] PEFT-saved tied adapter imported: max |logprob(Loops) - logprob(PEFT)| = {_maxdiff(want, got):.2g}")
+    assert _maxdiff(want, got) < TOL
+
 
 def test_zz_table():
     """Prints the family x path x max |delta log-prob| table of this run."""
     if not TABLE:
         pytest.skip("no cell ran")
-    cols = ["build_hf_model/shard", "build_hf_model/full", "build_lora_adapter"]
+    cols = ["build_hf_model/shard", "build_hf_model/full", "build_lora_adapter", "build_lora_adapter → loops import"]
     lines = ["| family | LoRA | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
     for row in TABLE:
-        lines.append(f"| {row['family']} | {row['flags']} | " + " | ".join(f"{row[c]:.2g}" for c in cols) + " |")
+        lines.append(f"| {row['family']} | {row['flags']} | " + " | ".join(
+            f"{row[c]:.2g}" if c in row else "" for c in cols) + " |")
     print("\n" + "\n".join(lines))

@@ -24,7 +24,8 @@ func SaveAdapter[T Float](dir string, a *Adapter[T], baseModel string, withOptim
 	}
 	cfg := peft.Config{PeftType: "LORA", TaskType: "CAUSAL_LM", R: a.Cfg.Rank,
 		LoraAlpha: float64(a.Scale) * float64(a.Cfg.Rank), TargetModules: a.TargetModules(),
-		Bias: "none", BaseModel: baseModel, InferenceMode: true, InitLoraWeights: true}
+		Bias: "none", BaseModel: baseModel, InferenceMode: true, InitLoraWeights: true,
+		EnsureWeightTying: a.embedsTied()}
 	if a.Cfg.Rank > 0 && a.Scale == T(float64(LoraAlpha)/float64(a.Cfg.Rank)) {
 		cfg.LoraAlpha = LoraAlpha
 	}
@@ -52,6 +53,12 @@ func SaveAdapter[T Float](dir string, a *Adapter[T], baseModel string, withOptim
 			safetensors.Tensor{Name: p.Name + ".exp_avg_sq", Shape: shape, Data: f32(p.V)})
 	}
 	meta := map[string]string{"format": "pt", "loops.seed": strconv.FormatUint(a.Cfg.Seed, 10)}
+	if a.Head != nil {
+		meta[peft.UnembedMetaKey] = peft.UnembedShared
+		if a.HeadOnlyTied {
+			meta[peft.UnembedMetaKey] = peft.UnembedHeadOnly
+		}
+	}
 	n, err := safetensors.Write(filepath.Join(dir, peft.AdapterWeightsFile), ws, meta)
 	if err != nil {
 		return 0, err
@@ -338,6 +345,9 @@ func LoadAdapter[T Float](dir string, m *Model[T], withOptimizer bool, maxRank i
 	}
 	if a.Head = pair(headKey, m.Head.In, m.Head.Out); a.Head != nil {
 		a.Cfg.Unembed = true
+		// without PEFT's marker the adapter was trained by the head-only rule: keep it
+		a.TiedEmbed = m.Cfg.Tied && pc.EnsureWeightTying
+		a.HeadOnlyTied = m.Cfg.Tied && !pc.EnsureWeightTying
 	}
 	for _, p := range a.Params {
 		if err := readFinite(f, peft.AdapterWeightsFile, stored[p.Name], p.W, false); err != nil {

@@ -83,9 +83,7 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 		}
 	}
 	x := grow(buf.x[:0], M*D)
-	for i, t := range toks {
-		copy(x[i*D:(i+1)*D], m.Embed[t*D:(t+1)*D])
-	}
+	m.embedRows(x, func(i int) int { return toks[i] }, M, segs)
 	posOf := func(i int) int { return pos[i] }
 	h := grow(buf.h[:0], M*D)
 	q, k, v := grow(buf.q[:0], M*QD), grow(buf.k[:0], M*KVD), grow(buf.v[:0], M*KVD)

@@ -44,8 +44,22 @@ type Adapter[T Float] struct {
 	Scale  T
 	Layers [][NumLayerTargets]*Pair[T]
 	Head   *Pair[T]
-	Params []*Param[T]
-	Step   int // optimizer steps taken
+	// TiedEmbed says that Head adapts the matrix the model's embedding and head share (a
+	// model with tied embeddings): ΔW = Scale·B·A is added to W wherever W is used, the
+	// logits (h·(W+ΔW)ᵀ) and the input embedding lookup (W[t]+ΔW[t]), and A and B get
+	// gradients from both uses. This is what PEFT's ensure_weight_tying and
+	// tinker-cookbook's merge compute. False (head only: the embedding lookup is not
+	// adapted) for untied models, and for adapters trained before this rule existed (their
+	// adapter_config.json lacks ensure_weight_tying), which keep the semantics they were
+	// trained with.
+	TiedEmbed bool
+	// HeadOnlyTied marks an adapter of a tied model whose head LoRA follows the head-only
+	// rule (loaded from a checkpoint without ensure_weight_tying); saved as
+	// UnembedMeta = "head-only" so that a download in Tinker's layout does not present it
+	// as Tinker's shared-matrix unembedding.
+	HeadOnlyTied bool
+	Params       []*Param[T]
+	Step         int // optimizer steps taken
 }
 
 // NewAdapter creates an adapter for m: A is drawn from U(-1/√in, 1/√in) (PEFT's
@@ -81,8 +95,99 @@ func NewAdapter[T Float](m *Model[T], cfg LoraConfig) (*Adapter[T], error) {
 	}
 	if cfg.Unembed {
 		a.Head = newPair(headKey, m.Head.In, m.Head.Out)
+		a.TiedEmbed = m.Cfg.Tied
 	}
 	return a, nil
+}
+
+// embedsTied reports whether a adds its unembedding LoRA to the input embeddings too
+// (TiedEmbed); a may be nil (the base model).
+func (a *Adapter[T]) embedsTied() bool { return a != nil && a.TiedEmbed && a.Head != nil }
+
+// addEmbedDelta adds row tok of a's unembedding update, Scale·(B·A)[tok], to the embedding
+// row x (D values, holding W[tok]): the sum is computed in float64 and rounded once to T,
+// as Merged computes W+ΔW, so an adapted lookup equals the merged model's.
+func (a *Adapter[T]) addEmbedDelta(x []T, tok int, acc []float64) {
+	p := a.Head
+	r, in := p.Rank, p.In
+	clear(acc)
+	for k := range r {
+		b := float64(p.B.W[tok*r+k])
+		if b == 0 {
+			continue
+		}
+		for i, v := range p.A.W[k*in : (k+1)*in] {
+			acc[i] += b * float64(v)
+		}
+	}
+	s := float64(a.Scale)
+	for i, v := range acc {
+		x[i] = T(float64(x[i]) + s*v)
+	}
+}
+
+// embedRows sets x (len(toks) rows of D) to the embeddings of toks, adapted for the rows
+// of segments whose adapter embedsTied.
+func (m *Model[T]) embedRows(x []T, toks func(i int) int, n int, segs []seg[T]) {
+	D := m.Cfg.Hidden
+	for i := range n {
+		t := toks(i)
+		copy(x[i*D:(i+1)*D], m.Embed[t*D:(t+1)*D])
+	}
+	for _, sg := range segs {
+		if !sg.ad.embedsTied() {
+			continue
+		}
+		acc := getF64(D)
+		for i := sg.r0; i < sg.r1; i++ {
+			sg.ad.addEmbedDelta(x[i*D:(i+1)*D], toks(i), *acc)
+		}
+		putF64(acc)
+	}
+}
+
+// embedBwd accumulates into the unembedding LoRA gradients of the adapters that embedsTied
+// the gradient dx (rows of D) of the adapted embedding lookup of toks:
+// dA[k] += s·B[t,k]·dx[i] and dB[t,k] += s·A[k]·dx[i] for each row i of token t, summed in
+// float64 over a segment's rows and added once to the gradients.
+func embedBwd[T Float](dx []T, toks func(i int) int, segs []seg[T], D int) {
+	for _, sg := range segs {
+		ad := sg.ad
+		if !ad.embedsTied() {
+			continue
+		}
+		p := ad.Head
+		r := p.Rank
+		ga, gb := getF64(len(p.A.G)), getF64(len(p.B.G)) // pooled: not cleared
+		clear(*ga)
+		clear(*gb)
+		s := float64(ad.Scale)
+		for i := sg.r0; i < sg.r1; i++ {
+			t := toks(i)
+			d := dx[i*D : (i+1)*D]
+			for k := range r {
+				ak := p.A.W[k*D : (k+1)*D]
+				bk := s * float64(p.B.W[t*r+k])
+				gak := (*ga)[k*D : (k+1)*D]
+				var dot float64
+				for j, v := range d {
+					gak[j] += bk * float64(v)
+					dot += float64(ak[j]) * float64(v)
+				}
+				(*gb)[t*r+k] += s * dot
+			}
+		}
+		for i, v := range *ga {
+			p.A.G[i] += T(v)
+		}
+		for i, v := range *gb {
+			if v != 0 {
+				p.B.G[i] += T(v)
+			}
+		}
+		putF64(ga)
+		putF64(gb)
+	}
 }
 
 // headKey is the PEFT module key of the unembedding (lm_head).
@@ -130,7 +235,7 @@ func (a *Adapter[T]) ZeroGrad() {
 
 // Clone returns a deep copy of the adapter (weights, gradients, optimizer state).
 func (a *Adapter[T]) Clone() *Adapter[T] {
-	out := &Adapter[T]{Cfg: a.Cfg, Scale: a.Scale, Step: a.Step}
+	out := &Adapter[T]{Cfg: a.Cfg, Scale: a.Scale, Step: a.Step, TiedEmbed: a.TiedEmbed, HeadOnlyTied: a.HeadOnlyTied}
 	mp := map[*Param[T]]*Param[T]{}
 	for _, p := range a.Params {
 		q := &Param[T]{Name: p.Name, Shape: p.Shape, W: append([]T(nil), p.W...), G: append([]T(nil), p.G...),

@@ -3,8 +3,9 @@ package nn
 // Merged returns a model whose adapted linear weights are W + a.Scale·B·A, the sum for
 // each weight computed in float64 and rounded once to T; the weights a does not adapt are
 // shared with m, not copied. When a adapts the unembedding of a model with tied embeddings,
-// the merged model's head is a weight of its own (Cfg.Tied false) and the embedding stays
-// m's. m is not changed.
+// the shared matrix is merged (embedding and head stay tied) when a.TiedEmbed; otherwise (an
+// adapter trained with the head-only rule) the merged model's head is a weight of its own
+// (Cfg.Tied false) and the embedding stays m's. m is not changed.
 func Merged[T Float](m *Model[T], a *Adapter[T]) *Model[T] {
 	out := *m
 	out.packs = new(weightPacks) // its weights differ from m's
@@ -22,13 +23,17 @@ func Merged[T Float](m *Model[T], a *Adapter[T]) *Model[T] {
 	}
 	if a.Head != nil {
 		out.Head.W = mergedWeight(m.Head.W, a.Head, a.Scale)
-		out.Cfg.Tied = false
+		if a.embedsTied() && m.Cfg.Tied {
+			out.Embed = out.Head.W
+		} else {
+			out.Cfg.Tied = false
+		}
 	}
 	return &out
 }
 
 // MergedBytes is the size in bytes of the float32 tensors a merged model has (Tensors):
-// m's, plus the unembedding when merging a untied it.
+// m's, plus the unembedding when merging a (head-only) unties it.
 func MergedBytes[T Float](m *Model[T], a *Adapter[T]) int64 {
 	n := len(m.Embed) + len(m.Norm)
 	if !m.Cfg.Tied {
@@ -41,7 +46,7 @@ func MergedBytes[T Float](m *Model[T], a *Adapter[T]) int64 {
 		}
 	}
 	bytes := 4 * int64(n)
-	if a.Head != nil && m.Cfg.Tied {
+	if a.Head != nil && m.Cfg.Tied && !a.embedsTied() {
 		bytes += 4 * int64(len(m.Head.W))
 	}
 	return bytes

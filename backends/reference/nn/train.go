@@ -176,11 +176,16 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 	eps := c.Eps
 	wp := m.packedWeights() // small models' frozen weights, packed once
 	x := get(M * D)
+	tokOf := func(i int) int { s := &seqs[ar.rowSeq[i]]; return s.Tokens[b.pos[i]] }
+	ar.rowSeq = resize(ar.rowSeq, M)
+	embedGrad := false // an adapter's unembedding LoRA also adapts the embedding lookup
 	for i, s := range seqs {
-		for p, t := range s.Tokens {
-			copy(x[(b.off[i]+p)*D:(b.off[i]+p+1)*D], m.Embed[t*D:(t+1)*D])
+		for p := range s.Tokens {
+			ar.rowSeq[b.off[i]+p] = i
 		}
+		embedGrad = embedGrad || (backward && s.Adapter.embedsTied())
 	}
+	m.embedRows(x, tokOf, M, b.segs)
 	posOf := func(i int) int { return b.pos[i] }
 	var resid [2][]T // a forward-only pass's residual stream: layer l reads one, writes the other
 	if !backward {
@@ -276,7 +281,7 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 			dq, dk = dqr, dkr
 		}
 		dh1 := get(M * D)
-		needDX := l > 0
+		needDX := l > 0 || embedGrad
 		linBwd(ar, dq, a.h1, M, &L.Lin[TQ], wp.packNN(l, TQ), b.segs, layerPick[T](l, TQ), a.xs[TQ], dh1, false)
 		linBwd(ar, dk, a.h1, M, &L.Lin[TK], wp.packNN(l, TK), b.segs, layerPick[T](l, TK), a.xs[TK], dh1, true)
 		linBwd(ar, dv, a.h1, M, &L.Lin[TV], wp.packNN(l, TV), b.segs, layerPick[T](l, TV), a.xs[TV], dh1, true)
@@ -284,6 +289,9 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 			rmsnormBwd(dh1, a.xIn, L.AttnNorm, a.inv1, dx, M, D)
 		}
 		acts[l] = layerAct[T]{}
+	}
+	if embedGrad {
+		embedBwd(dx, tokOf, b.segs, D)
 	}
 	return outs
 }

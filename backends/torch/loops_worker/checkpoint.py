@@ -50,9 +50,10 @@ ELEM_SIZES = {
 }
 
 
-def peft_config(rank: int, alpha: float, target_modules, base_model: str) -> dict:
-    # Field order and values as the reference engine writes them.
-    return {
+def peft_config(rank: int, alpha: float, target_modules, base_model: str, tied_embed: bool = False) -> dict:
+    # Field order and values as the reference engine writes them; ensure_weight_tying (PEFT's
+    # field) marks a tied model's head LoRA that adapts the shared matrix.
+    c = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "r": rank,
@@ -69,6 +70,9 @@ def peft_config(rank: int, alpha: float, target_modules, base_model: str) -> dic
         "modules_to_save": None,
         "layers_to_transform": None,
     }
+    if tied_embed:
+        c["ensure_weight_tying"] = True
+    return c
 
 
 def save(dir_: str, adapter, base_model: str, with_optimizer: bool, with_gradients: bool = False) -> int:
@@ -76,13 +80,18 @@ def save(dir_: str, adapter, base_model: str, with_optimizer: bool, with_gradien
     alpha = adapter.scale * adapter.spec.rank
     if abs(alpha - 32.0) < 1e-9:
         alpha = 32
-    cfg = json.dumps(peft_config(adapter.spec.rank, alpha, adapter.spec.target_modules(), base_model), indent=2) + "\n"
+    cfg = json.dumps(peft_config(adapter.spec.rank, alpha, adapter.spec.target_modules(), base_model,
+                                 getattr(adapter, "tied_embed", False)), indent=2) + "\n"
     with open(os.path.join(dir_, ADAPTER_CONFIG), "w") as f:
         f.write(cfg)
     total = len(cfg.encode())
     ws = {k: p.detach().to("cpu", torch.float32).contiguous() for k, p in adapter.params.items()}
     path = os.path.join(dir_, ADAPTER_WEIGHTS)
-    save_file(ws, path, metadata={"format": "pt", "loops.seed": str(adapter.spec.seed)})
+    meta = {"format": "pt", "loops.seed": str(adapter.spec.seed)}
+    if adapter.spec.unembed:
+        # peft.UnembedMetaKey: which rule the unembedding LoRA follows
+        meta["loops.unembed"] = "head-only" if getattr(adapter, "head_only_tied", False) else "shared"
+    save_file(ws, path, metadata=meta)
     total += os.path.getsize(path)
     if with_optimizer:
         os_: Dict[str, torch.Tensor] = {}
@@ -186,6 +195,9 @@ def read_config(dir_: str) -> dict:
     for m in tm:
         if m not in TARGET_MODULES:
             raise ValueError(f"{ADAPTER_CONFIG}: unknown target module {m!r} (known: {', '.join(TARGET_MODULES)})")
+    ewt = c.get("ensure_weight_tying")
+    if ewt is not None and not isinstance(ewt, bool):
+        raise ValueError(f"{ADAPTER_CONFIG}: ensure_weight_tying must be true or false, got {ewt!r}")
     ltt = c.get("layers_to_transform")
     if ltt is not None and not (_is_int(ltt) or (isinstance(ltt, list) and all(_is_int(x) for x in ltt))):
         raise ValueError(f"{ADAPTER_CONFIG}: layers_to_transform must be an integer or a list of integers, got {ltt!r}")
@@ -275,6 +287,7 @@ class Plan:
     keys: List[str]  # PEFT module keys present, each with lora_A and lora_B
     stored: Dict[str, str]  # canonical tensor name -> name in the file
     step: int = 0
+    tied: bool = False  # ensure_weight_tying: a tied model's head LoRA adapts the shared matrix
 
 
 def check_folder(dir_: str, modules: Dict[str, Tuple[int, int]], num_layers: int, max_rank: int,
@@ -338,7 +351,8 @@ def check_folder(dir_: str, modules: Dict[str, Tuple[int, int]], num_layers: int
     except ValueError:
         seed = 0
     alpha = pc.get("lora_alpha") or 0
-    plan = Plan(rank=r, alpha=float(alpha), seed=seed, keys=keys, stored=stored)
+    plan = Plan(rank=r, alpha=float(alpha), seed=seed, keys=keys, stored=stored,
+                tied=pc.get("ensure_weight_tying") is True)
     if with_optimizer:
         path = os.path.join(dir_, OPTIMIZER)
         if not os.path.exists(path):

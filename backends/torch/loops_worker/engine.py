@@ -18,7 +18,7 @@ import torch
 
 from . import checkpoint as ckpt
 from .errors import ALREADY_EXISTS, INTERNAL, RESOURCE_EXHAUSTED, WorkerError, invalid, not_found
-from .lora import Adapter, BatchContext, LoraSpec, MultiLoraLinear, layer_keys, wrap_model
+from .lora import Adapter, BatchContext, LoraSpec, MultiLoraLinear, embeddings_tied, layer_keys, wrap_embedding, wrap_model
 from .proto import tpb
 
 MAX_SEQ_CAP = 32768
@@ -123,7 +123,11 @@ class BaseModel:
         if grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ctx = BatchContext(torch.float64 if device.type == "cpu" else None)
+        # tied embeddings: an adapter's head LoRA adapts the embedding lookup too (lora.py)
+        self.tied = embeddings_tied(self.model)
         self.layers: Dict[str, MultiLoraLinear] = wrap_model(self.model, self.ctx)
+        if self.tied:
+            wrap_embedding(self.model, self.ctx)
         self.num_layers = int(self.config.num_hidden_layers)
         self.vocab = int(self.config.vocab_size)
         mp = int(getattr(self.config, "max_position_embeddings", 0) or 0)
@@ -657,6 +661,9 @@ class Engine:
         scale = plan.alpha / r if plan.alpha > 0 else None
         ad = Adapter(adapter_id, bm, LoraSpec(rank=r, seed=plan.seed), bm.device, scale=scale, init=False, keys=plan.keys)
         ad.keep_only(plan.keys)
+        # without ensure_weight_tying the adapter was trained by the head-only rule: keep it
+        ad.head_only_tied = ad.tied_embed and not plan.tied
+        ad.tied_embed = ad.tied_embed and plan.tied
         with torch.no_grad():
             for name, p in ad.params.items():
                 p.copy_(ws[name].to(p.device))

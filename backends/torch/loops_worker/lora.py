@@ -10,7 +10,11 @@ AdamW moments.
 Semantics follow the reference engine (backends/reference/README.md): alpha 32 (scale
 32/rank), A ~ U(-1/sqrt(in), 1/sqrt(in)) drawn from Go's PCG seeded with
 seed ^ fnv64a(<PEFT key of lora_A>), B = 0, targets attn = q,k,v,o; mlp = gate,up,down;
-unembed = lm_head.
+unembed = lm_head. On a model with tied embeddings the unembedding LoRA adapts the shared
+matrix W: ΔW = scale * B @ A is added to the head's logits and to the input embedding lookup
+(MultiLoraEmbedding), as PEFT's ensure_weight_tying and tinker-cookbook's merge do, and A and
+B get gradients from both uses; adapters saved before this rule (no ensure_weight_tying in
+their adapter_config.json) keep the head-only rule they were trained with (Adapter.tied_embed).
 """
 
 from __future__ import annotations
@@ -110,6 +114,76 @@ class MultiLoraLinear(nn.Module):
         return y + torch.cat(parts, dim=0)
 
 
+class MultiLoraEmbedding(nn.Module):
+    """The input embedding of a model with tied embeddings: rows of a segment whose adapter
+    has tied_embed get W[t] + scale * (B @ A)[t] from the adapter's head LoRA (B [vocab, r],
+    A [r, hidden]), the sum formed in the LoRA dtype and rounded once to the weight's dtype
+    (as a merged W + ΔW), then scaled as the base embedding scales (Gemma's embed_scale)."""
+
+    def __init__(self, base: nn.Embedding, head_key: str, ctx: BatchContext):
+        super().__init__()
+        self.base = base
+        self.head_key = head_key
+        self._ctx = ctx
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base.weight
+
+    def _adapted(self, ids: torch.Tensor, ad: "Adapter") -> Optional[torch.Tensor]:
+        if not ad.tied_embed:
+            return None
+        pair = ad.pairs.get(self.head_key)
+        if pair is None:
+            return None
+        a, b = pair
+        w = self.base.weight
+        cd = self._ctx.lora_dtype or w.dtype
+        d = nn.functional.embedding(ids, b.to(cd)) @ a.to(cd) * ad.scale
+        e = (nn.functional.embedding(ids, w).to(cd) + d).to(w.dtype)
+        es = getattr(self.base, "embed_scale", None)
+        if es is not None:
+            e = e * es.to(w.dtype)
+        return e
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        segs = self._ctx.segments
+        if not segs:
+            return self.base(ids)
+        rows = ids.shape[0]
+        if len(segs) == 1 and segs[0][0] == 0 and segs[0][1] >= rows:
+            e = self._adapted(ids, segs[0][2]) if segs[0][2] is not None else None
+            return self.base(ids) if e is None else e
+        parts = []
+        touched = False
+        for r0, r1, ad in segs:
+            e = self._adapted(ids[r0:r1], ad) if ad is not None else None
+            if e is None:
+                e = self.base(ids[r0:r1])
+            else:
+                touched = True
+            parts.append(e)
+        if not touched:
+            return self.base(ids)
+        return torch.cat(parts, dim=0)
+
+
+def embeddings_tied(model: nn.Module) -> bool:
+    """Whether the model's head and input embedding are one matrix."""
+    head, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    return head is not None and emb is not None and head.weight.data_ptr() == emb.weight.data_ptr()
+
+
+def wrap_embedding(model: nn.Module, ctx: BatchContext) -> Optional[MultiLoraEmbedding]:
+    """Wraps the input embedding of a model with tied embeddings (call after wrap_model)."""
+    emb = model.get_input_embeddings()
+    if not isinstance(emb, nn.Embedding):
+        return None
+    w = MultiLoraEmbedding(emb, PEFT_PREFIX + "lm_head", ctx)
+    model.set_input_embeddings(w)
+    return w
+
+
 def wrap_model(model: nn.Module, ctx: BatchContext) -> Dict[str, MultiLoraLinear]:
     """Wraps every LoRA target of a transformers causal LM; returns {PEFT key: layer}."""
     found: Dict[str, MultiLoraLinear] = {}
@@ -157,6 +231,11 @@ class Adapter:
         self.base = base
         self.spec = spec
         self.scale = float(scale) if scale is not None else LORA_ALPHA / spec.rank
+        # the head LoRA adapts the shared matrix of a tied model (the embedding lookup too)
+        self.tied_embed = bool(spec.unembed and getattr(base, "tied", False))
+        # a tied model's head LoRA loaded from a checkpoint without ensure_weight_tying
+        # (the head-only rule it was trained with); saved as loops.unembed = head-only
+        self.head_only_tied = False
         self.device = device
         self.step = 0
         self.lock = threading.Lock()
@@ -201,6 +280,7 @@ class Adapter:
         self.spec.attn = bool(mods & set(ATTN_TARGETS))
         self.spec.mlp = bool(mods & set(MLP_TARGETS))
         self.spec.unembed = "lm_head" in mods
+        self.tied_embed = self.tied_embed and self.spec.unembed
 
     @torch.no_grad()
     def adam_step(self, lr: float, beta1: float, beta2: float, eps: float, wd: float, clip: float):

@@ -10,7 +10,9 @@ vLLM's (the same seed still gives the same output), and log-probs are vLLM's
 "processed_logprobs" (after temperature, top-k and top-p), which is the distribution that
 was actually sampled. Prompt log-probs are at temperature 1. vLLM accepts temperatures up to
 2 only (higher is refused) and raises 0 < T < 0.01 to 0.01; greedy requests (T = 0) with
-num_samples > 1 are run once and repeated (vLLM refuses n > 1 when greedy).
+num_samples > 1 are run once and repeated (vLLM refuses n > 1 when greedy). An adapter whose
+unembedding LoRA adapts the shared matrix of a model with tied embeddings (ensure_weight_tying:
+the input embedding too) is refused: vLLM's LoRA adapts the head's logits only.
 
 API as of vLLM 0.33.0 (the pinned version): AsyncLLM.generate is an async generator;
 n > 1 must use RequestOutputKind.FINAL_ONLY, otherwise each streamed RequestOutput carries
@@ -126,7 +128,16 @@ class VLLMSampler:
         if lora is not None and lora.lora_int_id not in self.lora_added.setdefault(bm.name, set()):
             # Check a new folder as the trainer would load it (config, headers, names, shapes,
             # rank limit) before vLLM allocates anything for it.
-            self.engine.check_adapter_dir(req.adapter_dir, bm, False)
+            plan = self.engine.check_adapter_dir(req.adapter_dir, bm, False)
+            if plan.tied and bm.tied and any(k.endswith(".lm_head") for k in plan.keys):
+                # vLLM applies a LoRA to the head's logits only; this adapter's head LoRA also
+                # adapts the tied input embedding, which vLLM would leave out: refuse rather
+                # than sample from a different model.
+                raise WorkerError(FAILED_PRECONDITION, "the vLLM sampler cannot apply this adapter: it trains the "
+                                  "unembedding of a model with tied embeddings, which adapts the shared embedding "
+                                  "matrix (the input embedding too, ensure_weight_tying), and vLLM's LoRA adapts the "
+                                  "head only; sample it with the transformers sampler (serve without vLLM), or train "
+                                  "with train_unembed off")
             # Load a new adapter folder with add_lora first: a folder vLLM cannot load then fails
             # this request only (a load failing inside a batch step would kill the engine core).
             try:

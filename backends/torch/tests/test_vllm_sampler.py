@@ -287,3 +287,39 @@ def test_dead_engine_fails_unavailable_and_exits(fake_vllm, engine, monkeypatch)
         assert exits == [3]
     finally:
         vs.loop.call_soon_threadsafe(vs.loop.stop)
+
+
+def test_tied_unembed_adapter_is_refused(fake_vllm, engine, tmp_path, monkeypatch):
+    """vLLM's LoRA adapts the head's logits only: an adapter whose unembedding LoRA adapts the
+    shared matrix of a model with tied embeddings (ensure_weight_tying) is refused before vLLM
+    loads it, rather than sampled without its embedding update. The same adapter without
+    the marker (the head-only rule of older checkpoints) is served."""
+    from loops_worker.vllm_sampler import VLLMSampler
+
+    # the fixture model is untied; what the refusal reads is the model's tiedness and the folder's marker
+    monkeypatch.setattr(engine.model("tiny"), "tied", True)
+    vs = VLLMSampler(engine, max_loras=4)
+    try:
+        engine.create_adapter(bpb.CreateAdapterRequest(adapter_id="vllm-tied", base_model="tiny",
+                                                       lora=tpb.LoraConfig(rank=4, seed=1, train_attn=True, train_unembed=True)))
+        assert engine.adapter("vllm-tied").tied_embed
+        d = str(tmp_path / "tied")
+        engine.save_adapter(bpb.SaveAdapterRequest(adapter_id="vllm-tied", dir=d))
+        added = len(AsyncLLM.added)
+        with pytest.raises(WorkerError) as e:
+            vs.sample(_req([5], max_tokens=1, adapter_dir=d))
+        assert e.value.code == FAILED_PRECONDITION and "tied embeddings" in e.value.message
+        assert len(AsyncLLM.added) == added
+        with open(os.path.join(d, "adapter_config.json")) as f:
+            cfg = json.load(f)
+        del cfg["ensure_weight_tying"]
+        old = str(tmp_path / "old")
+        os.makedirs(old)
+        with open(os.path.join(old, "adapter_config.json"), "w") as f:
+            json.dump(cfg, f)
+        os.link(os.path.join(d, "adapter_model.safetensors"), os.path.join(old, "adapter_model.safetensors"))
+        vs.sample(_req([5], max_tokens=1, adapter_dir=old))
+        assert len(AsyncLLM.added) == added + 1
+        engine.delete_adapter("vllm-tied")
+    finally:
+        vs.loop.call_soon_threadsafe(vs.loop.stop)
