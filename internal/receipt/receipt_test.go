@@ -143,6 +143,8 @@ func TestDirRevision(t *testing.T) {
 	rev, err := DirRevision(dir)
 	require.NoError(t, err)
 	require.Equal(t, "sha256:"+hex.EncodeToString(want[:]), rev)
+	// The torch worker's loops_worker/revision.py gives the same (its test_revision.py).
+	require.Equal(t, "sha256:4d29798c6e59eb7dfc2b375b8998040ed29cf33c98038b41e9717a6c37f5dad7", rev)
 
 	write(".cache/x", "ignored")
 	again, err := DirRevision(dir)
