@@ -38,20 +38,36 @@ func BatchHash(data []*loopsv1.Datum) string {
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))
 }
 
-func writeBatch(h hash.Hash, data []*loopsv1.Datum) {
-	var buf [8]byte
-	u64 := func(v uint64) {
-		binary.LittleEndian.PutUint64(buf[:], v)
-		h.Write(buf[:])
+// hashWriter appends the encoding into a buffer that it hands to the hash in blocks (one
+// Write per element would cost more than the hashing).
+type hashWriter struct {
+	h   hash.Hash
+	buf []byte
+}
+
+func (w *hashWriter) flushIfFull() {
+	if len(w.buf) >= 1<<16 {
+		w.h.Write(w.buf)
+		w.buf = w.buf[:0]
 	}
-	h.Write([]byte(BatchEncoding + "\n"))
-	u64(uint64(len(data)))
+}
+
+func (w *hashWriter) u64(v uint64) {
+	w.buf = binary.LittleEndian.AppendUint64(w.buf, v)
+	w.flushIfFull()
+}
+func (w *hashWriter) bytes(b []byte) { w.buf = append(w.buf, b...); w.flushIfFull() }
+
+func writeBatch(h hash.Hash, data []*loopsv1.Datum) {
+	w := &hashWriter{h: h, buf: make([]byte, 0, 1<<16+4096)}
+	w.bytes([]byte(BatchEncoding + "\n"))
+	w.u64(uint64(len(data)))
 	for _, d := range data {
 		toks := d.GetTokens()
-		u64(uint64(len(toks)))
+		w.u64(uint64(len(toks)))
 		for _, t := range toks {
-			binary.LittleEndian.PutUint32(buf[:4], uint32(t))
-			h.Write(buf[:4])
+			w.buf = binary.LittleEndian.AppendUint32(w.buf, uint32(t))
+			w.flushIfFull()
 		}
 		in := d.GetLossFnInputs()
 		names := make([]string, 0, len(in))
@@ -59,35 +75,36 @@ func writeBatch(h hash.Hash, data []*loopsv1.Datum) {
 			names = append(names, k)
 		}
 		slices.Sort(names)
-		u64(uint64(len(names)))
+		w.u64(uint64(len(names)))
 		for _, k := range names {
 			t := in[k]
-			u64(uint64(len(k)))
-			h.Write([]byte(k))
-			h.Write([]byte{byte(t.GetDtype())})
+			w.u64(uint64(len(k)))
+			w.bytes([]byte(k))
+			w.bytes([]byte{byte(t.GetDtype())})
 			f, i := t.GetFloat32Data(), t.GetInt64Data()
-			n := len(f) + len(i)
 			shape := t.GetShape()
 			if len(shape) == 0 {
-				shape = []int64{int64(n)}
+				shape = []int64{int64(len(f) + len(i))}
 			}
-			u64(uint64(len(shape)))
+			w.u64(uint64(len(shape)))
 			for _, s := range shape {
-				u64(uint64(s))
+				w.u64(uint64(s))
 			}
 			// A tensor holds one of the two (validation refuses both); both are hashed, in
 			// this order, so that no two different tensors share an encoding.
-			u64(uint64(len(f)))
+			w.u64(uint64(len(f)))
 			for _, v := range f {
-				binary.LittleEndian.PutUint32(buf[:4], math.Float32bits(v))
-				h.Write(buf[:4])
+				w.buf = binary.LittleEndian.AppendUint32(w.buf, math.Float32bits(v))
+				w.flushIfFull()
 			}
-			u64(uint64(len(i)))
+			w.u64(uint64(len(i)))
 			for _, v := range i {
-				u64(uint64(v))
+				w.buf = binary.LittleEndian.AppendUint64(w.buf, uint64(v))
+				w.flushIfFull()
 			}
 		}
 	}
+	h.Write(w.buf)
 }
 
 // MaxBatchBytes bounds a stored batch that DecodeBatch reads.
