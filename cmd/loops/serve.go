@@ -266,8 +266,8 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if f.keyCacheTTL < time.Second || f.keyCacheTTL > 5*time.Minute {
 		return fmt.Errorf("--key-cache-ttl %v is out of range: use 1s to 5m", f.keyCacheTTL)
 	}
-	if f.maxReceiptSteps < 1 || f.maxRecordDataBytes < 1 || f.maxRecordDataBytes > 1<<40 {
-		return fmt.Errorf("--max-receipt-steps (%d) must be positive and --max-record-data-bytes (%d) 1 to 2^40", f.maxReceiptSteps, f.maxRecordDataBytes)
+	if f.maxReceiptSteps < 1 || f.maxReceiptSteps > 1<<30 || f.maxRecordDataBytes < 1 || f.maxRecordDataBytes > 1<<40 {
+		return fmt.Errorf("--max-receipt-steps (%d) must be 1 to 2^30 and --max-record-data-bytes (%d) 1 to 2^40", f.maxReceiptSteps, f.maxRecordDataBytes)
 	}
 	if f.trainChunkTokens < core.MinChunkTokens || f.trainChunkTokens > core.MaxChunkTokens {
 		return fmt.Errorf("--train-chunk-tokens %d is out of range: use %d to %d", f.trainChunkTokens, core.MinChunkTokens, core.MaxChunkTokens)

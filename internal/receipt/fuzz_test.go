@@ -1,7 +1,9 @@
 package receipt
 
 import (
+	"net/http"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
@@ -30,5 +32,26 @@ func FuzzDecodeBatch(f *testing.F) {
 		require.NoError(t, err)
 		require.Equal(t, b.GetBatchSha256(), b2.GetBatchSha256())
 		require.Equal(t, BatchHash(b.GetData()), b.GetBatchSha256())
+	})
+}
+
+// FuzzClientFromHeaders: any header values give a bounded, valid UTF-8 ClientInfo (or
+// none), never a panic.
+func FuzzClientFromHeaders(f *testing.F) {
+	f.Add("AsyncTinker/Python 0.38.0", "0.38.0", "CPython", "3.12.3")
+	f.Add("curl/8.5.0", "", "", "")
+	f.Add("", "", "", "")
+	f.Add("/ /", "\xff", "a", "\x00")
+	f.Fuzz(func(t *testing.T, ua, version, runtime, runtimeVersion string) {
+		h := http.Header{}
+		h.Set("User-Agent", ua)
+		h.Set("X-Stainless-Package-Version", version)
+		h.Set("X-Stainless-Runtime", runtime)
+		h.Set("X-Stainless-Runtime-Version", runtimeVersion)
+		c := ClientFromHeaders(h)
+		for _, s := range []string{c.GetName(), c.GetVersion(), c.GetRuntime(), c.GetUserAgent()} {
+			require.LessOrEqual(t, len(s), maxHeader)
+			require.True(t, utf8.ValidString(s), "%q", s)
+		}
 	})
 }
