@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -168,6 +169,21 @@ func TestReceiptRecordsAndReplays(t *testing.T) {
 		require.Equal(t, "cross_entropy", s.GetLossFn())
 		require.True(t, s.GetDataRecorded())
 		require.Equal(t, int64(i+1), s.GetStep())
+	}
+
+	// The same over REST, and a recorded batch.
+	for _, path := range []string{"/v1/training_runs/" + run + "/receipt?page_size=2",
+		"/v1/training_runs/" + run + "/receipt/batches/" + strconv.FormatInt(fbs[0].GetSeqId(), 10)} {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+path, nil)
+		require.NoError(t, err)
+		req.Header.Set("X-API-Key", keyA)
+		res, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		body, err := io.ReadAll(res.Body)
+		require.NoError(t, err)
+		require.NoError(t, res.Body.Close())
+		require.Equal(t, http.StatusOK, res.StatusCode, string(body))
+		require.Contains(t, string(body), fbs[0].GetBatchSha256())
 	}
 
 	// Another workspace finds neither the receipt nor its batches.
