@@ -81,9 +81,12 @@ func TestBootstrapRoutes(t *testing.T) {
 func (e *testEnv) newRun() (string, string) {
 	t := e.t
 	sid := e.postJSON("/api/v1/create_session", `{"tags":[],"user_metadata":{},"sdk_version":"0.38.0"}`).json(t)["session_id"].(string)
-	r := e.postJSON("/api/v1/create_model", fmt.Sprintf(`{"session_id":%q,"model_seq_id":0,"base_model":"Qwen/Qwen3-8B",
+	// The headers tinker 0.38 sends name the client (the run's receipt).
+	r := e.do(http.MethodPost, "/api/v1/create_model", fmt.Appendf(nil, `{"session_id":%q,"model_seq_id":0,"base_model":"Qwen/Qwen3-8B",
 		"lora_config":{"rank":16,"seed":18446744073709551615,"train_unembed":false,"train_mlp":true,"train_attn":true},
-		"user_metadata":{"a":"b"},"optimizer_config":{"type":"adamw"},"type":"create_model"}`, sid))
+		"user_metadata":{"a":"b"},"optimizer_config":{"type":"adamw"},"type":"create_model"}`, sid),
+		map[string]string{"Content-Type": "application/json", "User-Agent": "AsyncTinker/Python 0.38.0",
+			"X-Stainless-Package-Version": "0.38.0", "X-Stainless-Runtime": "CPython", "X-Stainless-Runtime-Version": "3.12.3"})
 	require.Equal(t, 200, r.status, string(r.body))
 	return sid, r.json(t)["model_id"].(string)
 }
@@ -94,7 +97,9 @@ func TestTrainingRoutes(t *testing.T) {
 	seq := int64(0)
 	require.Empty(t, cmp.Diff(&loopsv1.CreateTrainingRunRequest{SessionId: sid, ClientSeqId: &seq, BaseModel: "Qwen/Qwen3-8B",
 		Lora:         &loopsv1.LoraConfig{Rank: 16, Seed: 18446744073709551615, TrainMlp: true, TrainAttn: true},
-		UserMetadata: map[string]string{"a": "b"}}, e.core.lastReq("CreateTrainingRun"), protocmp.Transform()))
+		UserMetadata: map[string]string{"a": "b"},
+		Client:       &loopsv1.ClientInfo{Name: "tinker", Version: "0.38.0", Runtime: "CPython 3.12.3", UserAgent: "AsyncTinker/Python 0.38.0"},
+	}, e.core.lastReq("CreateTrainingRun"), protocmp.Transform()))
 
 	r := e.postJSON("/api/v1/create_model", `{"session_id":"s","model_seq_id":1,"base_model":"m","lora_config":{"rank":8},"optimizer_config":{"type":"dimuon","version":1}}`)
 	require.Equal(t, 400, r.status)
@@ -158,7 +163,8 @@ func TestCreateViaLoadAlias(t *testing.T) {
 			r := e.postJSON("/api/v1/load_weights", fmt.Sprintf(`{"session_id":%q,"model_seq_id":2,"path":"tinker://r0/weights/c","optimizer":true,"type":"load_weights"}`, sid))
 			require.Equal(t, 200, r.status, string(r.body))
 			seq := int64(2)
-			require.Empty(t, cmp.Diff(&loopsv1.CreateTrainingRunRequest{SessionId: sid, ClientSeqId: &seq, FromCheckpoint: "tinker://r0/weights/c", WithOptimizer: true},
+			require.Empty(t, cmp.Diff(&loopsv1.CreateTrainingRunRequest{SessionId: sid, ClientSeqId: &seq, FromCheckpoint: "tinker://r0/weights/c", WithOptimizer: true,
+				Client: &loopsv1.ClientInfo{Name: "Go-http-client", Version: "1.1", UserAgent: "Go-http-client/1.1"}},
 				e.core.lastReq("CreateTrainingRun"), protocmp.Transform()))
 			// compat passes the alias to the core, which knows runs by it.
 			alias := sid + ":train:2"

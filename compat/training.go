@@ -7,6 +7,7 @@ import (
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/auditnote"
+	"github.com/loops-dev/loops/internal/receipt"
 	"github.com/loops-dev/loops/internal/semantics"
 )
 
@@ -91,7 +92,7 @@ func (s *server) createModel(w http.ResponseWriter, r *http.Request) error {
 	}
 	op, err := s.svc.Training.CreateTrainingRun(r.Context(), &loopsv1.CreateTrainingRunRequest{
 		SessionId: req.SessionID, ClientSeqId: req.ModelSeqID, BaseModel: req.BaseModel, Lora: lora,
-		UserMetadata: metadataStrings(req.UserMetadata),
+		UserMetadata: metadataStrings(req.UserMetadata), Client: receipt.ClientFromHeaders(r.Header),
 	})
 	if err != nil {
 		return err
@@ -440,7 +441,7 @@ func (s *server) loadWeights(w http.ResponseWriter, r *http.Request) error {
 		op, err := s.svc.Training.CreateTrainingRun(r.Context(), &loopsv1.CreateTrainingRunRequest{
 			SessionId: req.SessionID, ClientSeqId: req.ModelSeqID, BaseModel: req.BaseModel,
 			UserMetadata: metadataStrings(req.UserMetadata), FromCheckpoint: req.Path, WithOptimizer: req.Optimizer,
-			WeightsAccessToken: req.WeightsAccessToken,
+			WeightsAccessToken: req.WeightsAccessToken, Client: receipt.ClientFromHeaders(r.Header),
 		})
 		if err != nil {
 			return err

@@ -22,6 +22,7 @@ import (
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/constrain"
 	"github.com/loops-dev/loops/internal/hfcache"
+	"github.com/loops-dev/loops/internal/receipt"
 	"github.com/loops-dev/loops/internal/semantics"
 )
 
@@ -227,6 +228,10 @@ func (e *Engine) loadModel(name string) (*baseModel, error) {
 		Name: name, MaxSequenceLength: int32(m.Cfg.MaxSeq()), VocabSize: int32(m.Cfg.Vocab),
 		Architecture: m.Cfg.Arch(), TokenizerId: tokID, MaxLoraRank: int32(e.opts.MaxLoraRank),
 		Backend: Implementation, HiddenSize: int32(m.Cfg.Hidden),
+	}
+	// The files' revision, for the receipts of runs on the model (docs/receipts.md).
+	if bm.info.Revision, err = receipt.DirRevision(dir); err != nil {
+		return nil, err
 	}
 	return bm, nil
 }

@@ -65,7 +65,7 @@ func runsCmd() *cobra.Command {
 	cmd.Flags().StringVar(&pageToken, "page-token", "", "continue a list where the previous page ended (the token it printed)")
 	cmd.Flags().StringVar(&project, "project", "", "only the runs of this project's sessions (loops projects list)")
 	cf.register(cmd)
-	cmd.AddCommand(runsShowCmd(&cf), runsUnloadCmd(&cf))
+	cmd.AddCommand(runsShowCmd(&cf), runsUnloadCmd(&cf), runsReceiptCmd(&cf), runsReplayCmd(&cf))
 	return cmd
 }
 

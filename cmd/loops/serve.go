@@ -65,6 +65,10 @@ type serveFlags struct {
 	// --train-concurrency: the piece size of forward/backward work and the batches of one
 	// base model that run at once (core.Options.ChunkTokens, LaneConcurrency).
 	trainChunkTokens, trainConcurrency int
+	// maxReceiptSteps and maxRecordDataBytes bound each run's receipt and recorded batches
+	// (docs/receipts.md).
+	maxReceiptSteps    int
+	maxRecordDataBytes int64
 	// samplerSlots is --sampler-slots: sampling calls that run at once (0: the core's
 	// default).
 	samplerSlots int
@@ -160,6 +164,8 @@ max LoRA rank, runs at once, queued operations, sampling concurrency): see the
 	fl.IntVar(&f.auditMaxPerWorkspace, "audit-max-events", audit.DefaultMaxPerWorkspace, "the most audit events one workspace keeps (the sweep removes its oldest beyond it)")
 	fl.BoolVar(&f.stepRecovery, "step-recovery", os.Getenv("LOOPS_STEP_RECOVERY") == "1", "keep every run recoverable step by step (a snapshot after each optim_step and a replay log), so a lost worker costs no step; on by itself for pools marked preemptible (LOOPS_STEP_RECOVERY=1)")
 	fl.IntVar(&f.samplerSlots, "sampler-slots", 0, "sampling calls that run at once, decoded together by a batching backend (0: the default, 4); serving many concurrent inference requests wants about one per request in flight (bench/serving)")
+	fl.IntVar(&f.maxReceiptSteps, "max-receipt-steps", 100000, "steps a run's receipt lists at most (forward_backward, optim_step, saves, loads); past it the receipt says truncated (docs/receipts.md)")
+	fl.Int64Var(&f.maxRecordDataBytes, "max-record-data-bytes", 1<<30, "bytes of batches a run created with record_data keeps in the checkpoint store at most; past it recording stops and the receipt says why (docs/receipts.md)")
 	fl.IntVar(&f.trainChunkTokens, "train-chunk-tokens", core.DefaultChunkTokens, fmt.Sprintf("forward/backward work runs in pieces of whole datums of at most this many tokens, scheduled fairly between workspaces piece by piece: bigger pieces cost less per token, smaller ones make another workspace wait less behind a big step (%d to %d; bench/fairness)", core.MinChunkTokens, core.MaxChunkTokens))
 	fl.IntVar(&f.trainConcurrency, "train-concurrency", core.DefaultLaneConcurrency, fmt.Sprintf("forward/backward batches of one base model that run at once, at most one per workspace (1 to %d)", core.MaxLaneConcurrency))
 	fl.IntVar(&f.maxLoraRank, "max-lora-rank", 64, "largest LoRA rank accepted")
@@ -260,6 +266,9 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if f.keyCacheTTL < time.Second || f.keyCacheTTL > 5*time.Minute {
 		return fmt.Errorf("--key-cache-ttl %v is out of range: use 1s to 5m", f.keyCacheTTL)
 	}
+	if f.maxReceiptSteps < 1 || f.maxReceiptSteps > 1<<30 || f.maxRecordDataBytes < 1 || f.maxRecordDataBytes > 1<<40 {
+		return fmt.Errorf("--max-receipt-steps (%d) must be 1 to 2^30 and --max-record-data-bytes (%d) 1 to 2^40", f.maxReceiptSteps, f.maxRecordDataBytes)
+	}
 	if f.trainChunkTokens < core.MinChunkTokens || f.trainChunkTokens > core.MaxChunkTokens {
 		return fmt.Errorf("--train-chunk-tokens %d is out of range: use %d to %d", f.trainChunkTokens, core.MinChunkTokens, core.MaxChunkTokens)
 	}
@@ -358,7 +367,8 @@ func runServe(ctx context.Context, f serveFlags) error {
 		},
 		Keys: keys,
 		Core: core.Options{SessionTTL: f.sessionTTL, Policy: pol, CheckpointStore: cks, SamplingConcurrency: f.samplerSlots, RecoverSteps: f.stepRecovery,
-			FairnessTarget: f.fairnessTarget, ChunkTokens: f.trainChunkTokens, LaneConcurrency: f.trainConcurrency},
+			FairnessTarget: f.fairnessTarget, ChunkTokens: f.trainChunkTokens, LaneConcurrency: f.trainConcurrency,
+			Limits: core.Limits{MaxReceiptStepsPerRun: f.maxReceiptSteps, MaxRecordDataBytesPerRun: int(f.maxRecordDataBytes)}},
 		Limits: gateway.Limits{
 			BodyReadTimeout:   f.bodyReadTimeout,
 			MaxRequestsPerKey: f.maxRequestsPerKey,

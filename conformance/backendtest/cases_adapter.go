@@ -13,6 +13,7 @@ import (
 	"github.com/loops-dev/loops/conformance/oracle"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/receipt"
 )
 
 // LossFunctions are the losses every backend implements.
@@ -26,6 +27,10 @@ func capabilityCases() []testCase {
 			mi := h.modelInfo(resp.GetModels())
 			require.Equal(h.t, int32(h.o.Cfg.VocabSize), mi.GetVocabSize(), "vocab_size")
 			require.Equal(h.t, int32(h.o.Cfg.HiddenSize), mi.GetHiddenSize(), "hidden_size")
+			// The revision of the model's files (docs/receipts.md), as the gateway computes it.
+			rev, err := receipt.DirRevision(h.opts.ModelDir)
+			require.NoError(h.t, err)
+			require.Equal(h.t, rev, mi.GetRevision(), "revision")
 			require.Positive(h.t, mi.GetMaxSequenceLength(), "max_sequence_length")
 			require.GreaterOrEqual(h.t, mi.GetMaxLoraRank(), int32(1), "max_lora_rank")
 			require.Subset(h.t, resp.GetLossFunctions(), LossFunctions, "loss_functions")

@@ -169,6 +169,8 @@ var Rules = []Rule{
 	v1read("UsageService", "GetUsage"),
 	v1read("TraceService", "ExportSessionTrace"),
 	v1read("TraceService", "GetSessionTraceURL"),
+	v1read("ReceiptService", "GetRunReceipt"),
+	access(proc("ReceiptService", "GetReceiptBatch"), "receipt_batch_read"),
 	v1("WeightsAccessService", "CreateWeightsAccessToken", "checkpoint_share"),
 	v1read("WeightsAccessService", "ListWeightsAccessTokens"),
 	v1("WeightsAccessService", "RevokeWeightsAccessToken", "checkpoint_unshare"),

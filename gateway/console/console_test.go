@@ -175,6 +175,9 @@ func TestConsoleSignInAndWorkspaces(t *testing.T) {
 	require.Contains(t, body, "<svg")
 	require.Contains(t, body, `data-rule="kl_sample_train"`)
 	require.Contains(t, body, "ck1")
+	// The receipt's facts (docs/receipts.md): 3 × (forward_backward, optim_step) and the save.
+	require.Contains(t, body, `<td id="receipt">7 steps (<code>loops runs receipt `+run+`</code>)</td>`)
+	require.Regexp(t, `<td id="revision" title="sha256:[0-9a-f]{64}">sha256:[0-9a-f]{12}…</td>`, body)
 	code, _, body = a.get("/console/runs/" + run + "/live?ema=1&log=1")
 	require.Equal(t, http.StatusOK, code)
 	require.NotContains(t, body, "<html")

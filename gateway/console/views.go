@@ -45,6 +45,16 @@ var funcs = template.FuncMap{
 		}
 		return fmt.Sprintf("%d B", n)
 	},
+	// short is a hash's first 12 hex digits ("sha256:0123456789ab…"), "-" for none.
+	"short": func(h string) string {
+		if h == "" {
+			return "-"
+		}
+		if len(h) > len("sha256:")+12 {
+			return h[:len("sha256:")+12] + "…"
+		}
+		return h
+	},
 	"duration": func(d *durationpb.Duration) string {
 		return d.AsDuration().Round(time.Millisecond).String()
 	},

@@ -444,6 +444,7 @@ func (c *Core) Services() Services {
 		Weights:     WeightsAccessService{c},
 		Clients:     SamplerClientService{c},
 		Traces:      TraceService{c},
+		Receipts:    ReceiptService{c},
 	}
 }
 
@@ -462,4 +463,5 @@ type Services struct {
 	Weights     WeightsAccessService
 	Clients     SamplerClientService
 	Traces      TraceService
+	Receipts    ReceiptService
 }

@@ -53,6 +53,13 @@ type Limits struct {
 	// MaxReplayBytesTotal bounds the replay logs of all runs together (default 2 GiB): a
 	// run whose call would pass it has its log dropped as if it passed its own bound.
 	MaxReplayBytesTotal int
+	// MaxReceiptStepsPerRun caps the steps a run's receipt lists (docs/receipts.md;
+	// default 100000): later steps are not recorded and the receipt says truncated.
+	MaxReceiptStepsPerRun int
+	// MaxRecordDataBytesPerRun caps the bytes of batches a run recording data
+	// (record_data) keeps in the checkpoint store (default 1 GiB): past it recording stops,
+	// and the receipt says where and why.
+	MaxRecordDataBytesPerRun int
 	// RetryAfter is the hint sent with a refusing cap's 429 (default 1 s).
 	RetryAfter time.Duration
 }
@@ -69,6 +76,8 @@ func (l *Limits) defaults() {
 	setDefault(&l.LiveRunIdleTTL, 10*time.Minute)
 	setDefault(&l.MaxReplayBytesPerRun, 256<<20)
 	setDefault(&l.MaxReplayBytesTotal, 2<<30)
+	setDefault(&l.MaxReceiptStepsPerRun, 100000)
+	setDefault(&l.MaxRecordDataBytesPerRun, 1<<30)
 	setDefault(&l.RetryAfter, time.Second)
 }
 

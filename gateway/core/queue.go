@@ -232,6 +232,9 @@ func (cr coreRunner) Run(ctx context.Context, r *run, t *task) {
 			stepped = true
 			c.afterOptimStep(r, t.Seq, t.Adam)
 		}
+		if s := taskReceipt(t, set); s != nil {
+			c.recordReceipt(r, s)
+		}
 	}
 	c.touch(r, t.Seq, stepped) // queued before the outcome: both go out in one journal write
 	c.ops.finish(t.Op, set, err)
@@ -312,6 +315,7 @@ func (cr coreRunner) ForwardBackward(ctx context.Context, batch []lane.Item[*ope
 			c.ops.setService(t.Op, t.Spent)
 			if !t.FB.GetForwardOnly() {
 				c.recordStep(r, t.Seq, fbStepMetrics(t.FB, res, t.Tokens, t.Spent))
+				c.recordReceipt(r, fbReceipt(t, res))
 			}
 		}
 		c.touch(r, t.Seq, false) // queued before the outcome: both go out in one journal write

@@ -118,6 +118,10 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 	if err != nil {
 		return nil, err
 	}
+	record, err := recordDataAsked(req)
+	if err != nil {
+		return nil, err
+	}
 	now := timestamppb.New(c.now())
 	info := &loopsv1.TrainingRun{
 		Id:              newID("run"),
@@ -128,6 +132,11 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 		UserMetadata:    req.GetUserMetadata(),
 		CreateTime:      now,
 		LastRequestTime: now,
+		// The receipt's (receipts.go).
+		Client:            clientInfo(req.GetClient()),
+		BaseModelRevision: model.GetRevision(),
+		RecordData:        record,
+		FromCheckpoint:    req.GetFromCheckpoint(),
 	}
 	if err := c.policy.StartRun(ws, info.Id, baseModel, lora.GetRank()); err != nil { // counted live until EndRun
 		return nil, err
@@ -387,13 +396,16 @@ func (s TrainingService) ForwardBackward(ctx context.Context, req *loopsv1.Forwa
 			tokens, err = validate.ForwardBackward(model, req, validate.Limits{Losses: c.losses, MaxDatums: c.opts.MaxDatumsPerRequest, MaxBatchTokens: c.opts.MaxBatchTokens})
 			return err
 		},
-		func(r *run, _ int64) *task {
+		func(r *run, seq int64) *task {
 			t := &task{Tokens: tokens, FB: &backendv1.ForwardBackwardItem{
 				AdapterId: r.ID(), Data: req.GetData(), LossFn: req.GetLossFn(),
 				LossFnConfig: req.GetLossFnConfig(), ForwardOnly: req.GetForwardOnly(),
 			}}
 			if tokens > c.opts.ChunkTokens {
 				t.Chunks = trainrun.ChunkData(req.GetData(), c.opts.ChunkTokens, func(d *loopsv1.Datum) int { return len(d.GetTokens()) })
+			}
+			if !req.GetForwardOnly() {
+				c.recordBatch(ctx, r, seq, req, t)
 			}
 			return t
 		})

@@ -83,6 +83,7 @@ type Store interface {
 	OperationStore
 	BatchWriter
 	StepMetricsReader
+	ReceiptReader
 	UsageStore
 	DeploymentStore
 	JobStore
@@ -185,8 +186,8 @@ type BatchWriter interface {
 	// operations, and step metrics last: a step metrics record replaces the run's record
 	// with the same seq_id, is dropped when a merged record already covers its seq_id, and
 	// a run left with more than MaxStepMetricsPerRun records is downsampled
-	// (CompactStepMetrics). It is how the core's write-behind persister commits a group of
-	// writes. A batch refused by the fence fails with ErrFenced: it was not committed, and
+	// (CompactStepMetrics); receipt steps are written after the operations. It is how the
+	// core's write-behind persister commits a group of writes. A batch refused by the fence fails with ErrFenced: it was not committed, and
 	// retrying it cannot succeed.
 	ApplyBatch(ctx context.Context, b Batch) error
 }
@@ -198,6 +199,14 @@ type StepMetricsReader interface {
 	// of another workspace has none. At most MaxStepMetricsPerRun records are kept per run
 	// (see CompactStepMetrics).
 	ListStepMetrics(ctx context.Context, workspace, runID string, fromStep, toStep int64) ([]*loopsv1.StepMetrics, error)
+}
+
+// ReceiptReader reads the receipt steps that batches write (docs/receipts.md).
+type ReceiptReader interface {
+	// ListReceiptSteps lists at most limit (1 to MaxPageLimit; other values mean
+	// MaxPageLimit) of the run's receipt steps with seq_id >= fromSeq, in seq_id order, and
+	// the count of all the run's steps. A run of another workspace has none.
+	ListReceiptSteps(ctx context.Context, workspace, runID string, fromSeq int64, limit int) ([]*loopsv1.ReceiptStep, int64, error)
 }
 
 // UsageStore keeps the hourly usage counters.
@@ -251,10 +260,20 @@ type Batch struct {
 	TrainingRuns []OwnedTrainingRun
 	Operations   []OwnedOperation
 	StepMetrics  []OwnedStepMetrics
+	ReceiptSteps []OwnedReceiptStep
 }
 
 // Len is the number of records in the batch.
-func (b Batch) Len() int { return len(b.TrainingRuns) + len(b.Operations) + len(b.StepMetrics) }
+func (b Batch) Len() int {
+	return len(b.TrainingRuns) + len(b.Operations) + len(b.StepMetrics) + len(b.ReceiptSteps)
+}
+
+// OwnedReceiptStep is one receipt step of a training run (its training_run_id and seq_id
+// key it; a step stored with the same ones is replaced), with its workspace.
+type OwnedReceiptStep struct {
+	Workspace string
+	Step      *loopsv1.ReceiptStep
+}
 
 // OwnedStepMetrics is one step metrics record of a training run, with its workspace.
 type OwnedStepMetrics struct {

@@ -20,6 +20,7 @@ from . import checkpoint as ckpt
 from .errors import ALREADY_EXISTS, INTERNAL, RESOURCE_EXHAUSTED, WorkerError, invalid, not_found
 from .lora import Adapter, BatchContext, LoraSpec, MultiLoraLinear, embeddings_tied, layer_keys, wrap_embedding, wrap_model
 from .proto import tpb
+from .revision import dir_revision
 
 MAX_SEQ_CAP = 32768
 DEFAULT_CLIP_LOW = 0.8
@@ -155,7 +156,7 @@ class BaseModel:
         self.info = tpb.ModelInfo(
             name=name, max_sequence_length=self.max_seq, vocab_size=self.vocab, architecture=arch,
             tokenizer_id=tok_id, max_lora_rank=max_lora_rank, backend=IMPLEMENTATION,
-            hidden_size=int(getattr(self.config, "hidden_size", 0) or 0))
+            hidden_size=int(getattr(self.config, "hidden_size", 0) or 0), revision=dir_revision(path))
 
     # -- the pass ------------------------------------------------------------------------
 

@@ -137,3 +137,25 @@ func IsSnapshotKey(key string) (gen int64, ok bool) {
 	}
 	return gen, true
 }
+
+// segmentReceipt holds a run's recorded batches (docs/receipts.md):
+// <ws>/<run>/receipt/batch-<seq>. The sweep leaves them (no record references them; they
+// go with the run).
+const segmentReceipt = "receipt"
+
+// ReceiptBatchFile is the one file of a recorded batch's key.
+const ReceiptBatchFile = "batch.pb"
+
+// ReceiptBatchKey is the store key of the batch a run recording data kept for its
+// forward_backward at seq.
+func ReceiptBatchKey(ws, runID string, seq int64) (string, error) {
+	p, err := runPrefix(ws, runID)
+	if err != nil {
+		return "", err
+	}
+	k := p + "/" + segmentReceipt + "/batch-" + strconv.FormatInt(seq, 10)
+	if err := ckstore.ValidKey(k); err != nil {
+		return "", apierr.Internal("receipt batch key", err)
+	}
+	return k, nil
+}

@@ -45,6 +45,10 @@ type Task[O any] struct {
 	Partial *loopsv1.ForwardBackwardResult
 	// Spent is the backend time of the pieces run so far.
 	Spent time.Duration
+	// BatchHash is a forward_backward's batch hash (receipt.BatchHash), and DataRecorded
+	// says that its batch was kept (record_data), for the run's receipt.
+	BatchHash    string
+	DataRecorded bool
 }
 
 // Chunk is a piece of a forward/backward task: its data FB.Data[From:To], Tokens tokens.

@@ -32,6 +32,7 @@ const (
 	journalRun     byte = 1
 	journalOp      byte = 2
 	journalMetrics byte = 3 // a loops.v1.StepMetrics (its training_run_id names the run)
+	journalReceipt byte = 4 // a loops.v1.ReceiptStep (its training_run_id names the run)
 )
 
 var crc32c = crc32.MakeTable(crc32.Castagnoli)
@@ -100,6 +101,12 @@ func (j *journal) append(b store.Batch) error {
 			return err
 		}
 	}
+	for _, m := range b.ReceiptSteps {
+		var err error
+		if buf, err = appendFrame(buf, journalReceipt, m.Workspace, m.Step); err != nil {
+			return err
+		}
+	}
 	if cap(buf) <= 1<<20 {
 		j.buf = buf
 	}
@@ -161,9 +168,9 @@ func journalFiles(dir string) ([]string, error) {
 }
 
 // readJournalFile adds the records of one file to b's maps (later records win) and its
-// step metrics to *metrics (when metrics is not nil), and reports whether the file ended
-// cleanly.
-func readJournalFile(name string, runs map[string]store.OwnedTrainingRun, ops map[string]store.OwnedOperation, metrics *[]store.OwnedStepMetrics) (clean bool, err error) {
+// step metrics and receipt steps to *appended (when appended is not nil), and reports
+// whether the file ended cleanly.
+func readJournalFile(name string, runs map[string]store.OwnedTrainingRun, ops map[string]store.OwnedOperation, appended *store.Batch) (clean bool, err error) {
 	f, err := os.Open(name)
 	if err != nil {
 		return false, err
@@ -211,8 +218,16 @@ func readJournalFile(name string, runs map[string]store.OwnedTrainingRun, ops ma
 			if err := proto.Unmarshal(data, m); err != nil {
 				return false, nil
 			}
-			if metrics != nil {
-				*metrics = append(*metrics, store.OwnedStepMetrics{Workspace: ws, RunID: m.GetTrainingRunId(), Metrics: m})
+			if appended != nil {
+				appended.StepMetrics = append(appended.StepMetrics, store.OwnedStepMetrics{Workspace: ws, RunID: m.GetTrainingRunId(), Metrics: m})
+			}
+		case journalReceipt:
+			m := &loopsv1.ReceiptStep{}
+			if err := proto.Unmarshal(data, m); err != nil {
+				return false, nil
+			}
+			if appended != nil {
+				appended.ReceiptSteps = append(appended.ReceiptSteps, store.OwnedReceiptStep{Workspace: ws, Step: m})
 			}
 		default:
 			return false, nil
@@ -233,9 +248,9 @@ func replayJournal(ctx context.Context, dataDir string, st Writer, log *slog.Log
 		return nil
 	}
 	runs, ops := map[string]store.OwnedTrainingRun{}, map[string]store.OwnedOperation{}
-	var metrics []store.OwnedStepMetrics
+	var b store.Batch
 	for _, name := range names {
-		clean, err := readJournalFile(name, runs, ops, &metrics)
+		clean, err := readJournalFile(name, runs, ops, &b)
 		if err != nil {
 			return fmt.Errorf("writebehind: journal: %w", err)
 		}
@@ -245,7 +260,6 @@ func replayJournal(ctx context.Context, dataDir string, st Writer, log *slog.Log
 			log.Warn("a journal file ends with a torn record; replaying what precedes it", slog.String("file", name))
 		}
 	}
-	b := store.Batch{StepMetrics: metrics}
 	for _, r := range runs {
 		b.TrainingRuns = append(b.TrainingRuns, r)
 	}
@@ -274,6 +288,12 @@ func replayJournal(ctx context.Context, dataDir string, st Writer, log *slog.Log
 				failed = true
 			}
 		}
+		for _, m := range b.ReceiptSteps {
+			if err := st.ApplyBatch(ctx, store.Batch{ReceiptSteps: []store.OwnedReceiptStep{m}}); err != nil {
+				log.Error("replaying receipt step", slog.String("run", m.Step.GetTrainingRunId()), slog.Int64("seq_id", m.Step.GetSeqId()), slog.Any("err", err))
+				failed = true
+			}
+		}
 	}
 	if failed {
 		log.Error("the journal is kept, to be replayed again at the next start", slog.String("dir", dir))
@@ -285,6 +305,6 @@ func replayJournal(ctx context.Context, dataDir string, st Writer, log *slog.Log
 		}
 	}
 	log.Info("replayed the journal left by the previous process", slog.Int("files", len(names)),
-		slog.Int("training_runs", len(b.TrainingRuns)), slog.Int("operations", len(b.Operations)), slog.Int("step_metrics", len(b.StepMetrics)))
+		slog.Int("training_runs", len(b.TrainingRuns)), slog.Int("operations", len(b.Operations)), slog.Int("step_metrics", len(b.StepMetrics)), slog.Int("receipt_steps", len(b.ReceiptSteps)))
 	return nil
 }

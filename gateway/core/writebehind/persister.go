@@ -78,12 +78,14 @@ type Persister struct {
 	// without anything being queued under the run's lock.
 	runs    map[string]RecordSource
 	metrics []store.OwnedStepMetrics
-	after   []func() // run once everything queued before them is durable
-	closing bool
-	stopped bool // the loop has taken its last batch
-	crashed bool // the process "died" (Crash): nothing more is written or published
-	started bool // the goroutines start with the first write
-	done    chan struct{}
+	// receipts are receipt steps, appended like metrics.
+	receipts []store.OwnedReceiptStep
+	after    []func() // run once everything queued before them is durable
+	closing  bool
+	stopped  bool // the loop has taken its last batch
+	crashed  bool // the process "died" (Crash): nothing more is written or published
+	started  bool // the goroutines start with the first write
+	done     chan struct{}
 
 	// jmu orders the journal: held while a group is appended and handed to the committer,
 	// and while the committer takes what was handed to it (and rotates the file), so a
@@ -91,12 +93,13 @@ type Persister struct {
 	jmu lockorder.Mutex[rankJournal]
 	j   *journal // nil until Recover has run, or when the journal cannot be written
 	// Journaled records waiting for the store, coalesced by id (under mu).
-	jops     map[string]store.OwnedOperation
-	jruns    map[string]store.OwnedTrainingRun
-	jmetrics []store.OwnedStepMetrics
-	jcond    *sync.Cond
-	jclosing bool
-	jdone    chan struct{}
+	jops      map[string]store.OwnedOperation
+	jruns     map[string]store.OwnedTrainingRun
+	jmetrics  []store.OwnedStepMetrics
+	jreceipts []store.OwnedReceiptStep
+	jcond     *sync.Cond
+	jclosing  bool
+	jdone     chan struct{}
 	// The batch being committed (nil when none), for reads (ReadStore): by the committer
 	// (cops, cruns) and by the loop itself when there is no journal (lops, lruns).
 	cops  map[string]store.OwnedOperation
@@ -258,8 +261,20 @@ func (p *Persister) StepMetrics(ws, runID string, m *loopsv1.StepMetrics) {
 	p.wakeLocked()
 }
 
+// ReceiptStep queues a receipt step of a run (its training_run_id names the run). Like
+// StepMetrics, it never waits; after Close it is dropped.
+func (p *Persister) ReceiptStep(ws string, m *loopsv1.ReceiptStep) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped {
+		return
+	}
+	p.receipts = append(p.receipts, store.OwnedReceiptStep{Workspace: ws, Step: m})
+	p.wakeLocked()
+}
+
 func (p *Persister) emptyLocked() bool {
-	return len(p.ops) == 0 && len(p.runs) == 0 && len(p.metrics) == 0 && len(p.after) == 0
+	return len(p.ops) == 0 && len(p.runs) == 0 && len(p.metrics) == 0 && len(p.receipts) == 0 && len(p.after) == 0
 }
 
 // take waits for queued writes and takes all of them; stop is true when the persister is
@@ -275,8 +290,9 @@ func (p *Persister) take() (b store.Batch, after []func(), stop bool) {
 		return store.Batch{}, nil, true
 	}
 	b = batchOf(takeRecords(p.runs), p.ops, p.metrics)
+	b.ReceiptSteps = p.receipts
 	after = p.after
-	p.ops, p.runs, p.metrics, p.after = map[string]store.OwnedOperation{}, map[string]RecordSource{}, nil, nil
+	p.ops, p.runs, p.metrics, p.receipts, p.after = map[string]store.OwnedOperation{}, map[string]RecordSource{}, nil, nil, nil
 	return b, after, false
 }
 
@@ -385,6 +401,7 @@ func (p *Persister) journal(b store.Batch) bool {
 		p.jops[o.Operation.GetId()] = o
 	}
 	p.jmetrics = append(p.jmetrics, b.StepMetrics...)
+	p.jreceipts = append(p.jreceipts, b.ReceiptSteps...)
 	if wasEmpty || p.jlenLocked() >= commitMaxRecords {
 		p.jcond.Broadcast()
 	}
@@ -394,11 +411,13 @@ func (p *Persister) journal(b store.Batch) bool {
 
 // jemptyLocked reports whether no journaled record waits for the store.
 func (p *Persister) jemptyLocked() bool {
-	return len(p.jops) == 0 && len(p.jruns) == 0 && len(p.jmetrics) == 0
+	return len(p.jops) == 0 && len(p.jruns) == 0 && len(p.jmetrics) == 0 && len(p.jreceipts) == 0
 }
 
 // jlenLocked is how many journaled records wait for the store.
-func (p *Persister) jlenLocked() int { return len(p.jops) + len(p.jruns) + len(p.jmetrics) }
+func (p *Persister) jlenLocked() int {
+	return len(p.jops) + len(p.jruns) + len(p.jmetrics) + len(p.jreceipts)
+}
 
 // commitLoop commits journaled records to the store, whatever has been journaled since its
 // previous commit (coalesced for up to commitDelay) in one batch, and removes journal files
@@ -432,7 +451,8 @@ func (p *Persister) commitLoop() {
 		p.mu.Lock()
 		p.cops, p.cruns = p.jops, p.jruns
 		b := batchOf(p.cruns, p.cops, p.jmetrics)
-		p.jops, p.jruns, p.jmetrics = map[string]store.OwnedOperation{}, map[string]store.OwnedTrainingRun{}, nil
+		b.ReceiptSteps = p.jreceipts
+		p.jops, p.jruns, p.jmetrics, p.jreceipts = map[string]store.OwnedOperation{}, map[string]store.OwnedTrainingRun{}, nil, nil
 		p.mu.Unlock()
 		// Every record in the file being appended to is in b or committed before: when the
 		// file is large, the next records go to a new one and this one goes once b commits.
@@ -511,6 +531,15 @@ func (p *Persister) commit(b store.Batch) (ok bool) {
 				return false
 			}
 			p.log.Error("persisting step metrics", slog.String("run", m.RunID), slog.Int64("seq_id", m.Metrics.GetSeqId()), slog.Any("err", err))
+			ok = false
+		}
+	}
+	for _, m := range b.ReceiptSteps {
+		if err := p.st.ApplyBatch(ctx, store.Batch{ReceiptSteps: []store.OwnedReceiptStep{m}}); err != nil {
+			if p.leaseLost(err) {
+				return false
+			}
+			p.log.Error("persisting receipt step", slog.String("run", m.Step.GetTrainingRunId()), slog.Int64("seq_id", m.Step.GetSeqId()), slog.Any("err", err))
 			ok = false
 		}
 	}
@@ -674,7 +703,7 @@ func (p *Persister) closeJournal() {
 func (p *Persister) Crash() {
 	p.mu.Lock()
 	p.crashed, p.closing = true, true
-	p.ops, p.runs, p.metrics, p.after = map[string]store.OwnedOperation{}, map[string]RecordSource{}, nil, nil
+	p.ops, p.runs, p.metrics, p.receipts, p.after = map[string]store.OwnedOperation{}, map[string]RecordSource{}, nil, nil, nil
 	p.cond.Broadcast()
 	p.jcond.Broadcast()
 	p.mu.Unlock()

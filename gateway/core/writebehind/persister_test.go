@@ -12,6 +12,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/loops-dev/loops/gateway/core/trainrun"
@@ -299,6 +300,9 @@ func TestRecoverReplaysTheJournalOfACrash(t *testing.T) {
 	p1 := New(st, quiet())
 	require.NoError(t, p1.Recover(t.Context(), dir, true))
 	release := st.hold()
+	step := &loopsv1.ReceiptStep{TrainingRunId: "run-1", SeqId: 1, Kind: loopsv1.OperationKind_OPERATION_KIND_FORWARD_BACKWARD,
+		BatchSha256: "sha256:ab", Loss: proto.Float64(1.5)}
+	p1.ReceiptStep("ws", step) // queued before the outcome, as the lane does
 	requirePublished(t, finish(p1, "ws", operation("op-1", succeeded)))
 	st.mu.Lock()
 	st.dead = true // the process dies: nothing it still holds reaches the store
@@ -320,6 +324,10 @@ func TestRecoverReplaysTheJournalOfACrash(t *testing.T) {
 	got, err := st.Store.GetOperation(t.Context(), "ws", "op-1")
 	require.NoError(t, err)
 	require.Equal(t, succeeded, got.GetState())
+	steps, _, err := st.Store.ListReceiptSteps(t.Context(), "ws", "run-1", 0, 0)
+	require.NoError(t, err)
+	require.Len(t, steps, 1, "the receipt step the journal held reached the store")
+	require.True(t, proto.Equal(step, steps[0]))
 	names, err := JournalFiles(dir)
 	require.NoError(t, err)
 	require.Len(t, names, 1)

@@ -85,3 +85,11 @@ func (s ReadStore) DeleteOperationsDoneBefore(ctx context.Context, t time.Time) 
 	}
 	return s.Store.DeleteOperationsDoneBefore(ctx, t)
 }
+
+// ListReceiptSteps lists a run's receipt steps once the store holds every record.
+func (s ReadStore) ListReceiptSteps(ctx context.Context, ws, runID string, fromSeq int64, limit int) ([]*loopsv1.ReceiptStep, int64, error) {
+	if err := s.p.Sync(ctx); err != nil {
+		return nil, 0, err
+	}
+	return s.Store.ListReceiptSteps(ctx, ws, runID, fromSeq, limit)
+}

@@ -160,6 +160,11 @@ func (s *Store) ApplyBatch(ctx context.Context, b store.Batch) error {
 	if err != nil {
 		return fmt.Errorf("store: apply batch: %w", err)
 	}
+	receipts, err := sqlstore.ReceiptStepWrites(sqlstore.Postgres, b.ReceiptSteps)
+	if err != nil {
+		return fmt.Errorf("store: apply batch: %w", err)
+	}
+	writes = append(writes, receipts...)
 	metrics, metricRuns, err := sqlstore.PlanStepMetrics(&s.metricsCheck, b.StepMetrics)
 	if err != nil {
 		return fmt.Errorf("store: apply batch: %w", err)

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
@@ -49,4 +50,23 @@ func (s *Store) ListStepMetrics(ctx context.Context, workspace, runID string, fr
 		return err
 	})
 	return out, err
+}
+
+// ListReceiptSteps lists at most limit of the run's receipt steps from seq_id fromSeq, in
+// seq_id order, and the count of all its steps.
+func (s *Store) ListReceiptSteps(ctx context.Context, workspace, runID string, fromSeq int64, limit int) ([]*loopsv1.ReceiptStep, int64, error) {
+	var out []*loopsv1.ReceiptStep
+	err := s.query(ctx, "list receipt steps", sqlstore.ListReceiptSteps, []any{runID, workspace, fromSeq, sqlstore.ReceiptPageLimit(limit)}, func(rows pgx.Rows) error {
+		var err error
+		out, err = sqlstore.ScanData(rows, sqlstore.NewReceiptStep, nil)
+		return err
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	var n int64
+	if err := s.pool.QueryRow(ctx, sqlstore.CountReceiptSteps, runID, workspace).Scan(&n); err != nil {
+		return nil, 0, fmt.Errorf("store: count receipt steps: %w", err)
+	}
+	return out, n, nil
 }

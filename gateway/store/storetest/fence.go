@@ -26,7 +26,7 @@ type TakeLease func(t *testing.T, holder string) store.Fence
 var reads = []string{
 	"GetSession", "ListSessions", "GetTrainingRun", "ListTrainingRuns", "ListAllTrainingRuns",
 	"ListSessionTrainingRuns", "GetCheckpoint", "GetCheckpointAnyWorkspace", "ListCheckpoints",
-	"ListExpiredCheckpoints", "GetSampler", "GetOperation", "ListStepMetrics", "ListUsage",
+	"ListExpiredCheckpoints", "GetSampler", "GetOperation", "ListStepMetrics", "ListReceiptSteps", "ListUsage",
 	"GetDeployment", "ListDeployments", "ListAllDeployments", "ListGrantedDeployments",
 	"CheckpointDeployments", "GetJob", "ListJobs", "ListAuditEvents", "CheckpointStorage",
 	"GetProject", "ListProjects", "SearchSessions", "ListProjectTrainingRuns", "ListUnindexedSessions",
@@ -168,6 +168,7 @@ func fencedWrites() map[string]func(context.Context, store.Store) error {
 				TrainingRuns: []store.OwnedTrainingRun{{Workspace: wsA, Run: run}},
 				Operations:   []store.OwnedOperation{{Workspace: wsA, Operation: operation("op-pending", loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, 0)}},
 				StepMetrics:  stepRecords(wsA, "run-1", 1),
+				ReceiptSteps: receiptSteps(wsA, "run-1", 1),
 			})
 		},
 		"AddUsage": func(ctx context.Context, st store.Store) error {

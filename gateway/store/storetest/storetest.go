@@ -82,6 +82,7 @@ func Run(t *testing.T, open Opener) {
 	s("AccessRequests", testAccessRequests)
 	s("WebhookDeliveries", testWebhookDeliveries)
 	t.Run("Reopen", func(t *testing.T) { testReopen(t, open) })
+	t.Run("ReceiptSteps", func(t *testing.T) { testReceiptSteps(t, open) })
 	t.Run("DeploymentsReopen", func(t *testing.T) { testDeploymentsReopen(t, open) })
 	t.Run("FailRunningJobs", func(t *testing.T) { testFailRunningJobs(t, open) })
 }

@@ -16,6 +16,8 @@ type Dialect struct {
 	// AccessRequestColumns are the eight values an access request's insert selects
 	// (PutAccessRequest), cast to each database's types.
 	AccessRequestColumns string
+	// InsertReceiptStep is the receipt step insert (see receipts.go).
+	InsertReceiptStep string
 }
 
 // SQLite is the dialect of store/sqlite.
@@ -24,6 +26,7 @@ var SQLite = Dialect{
 	InsertStepMetrics:         insertStepMetrics("$1, $2, $3, $4, $5, $6, $7, $8"),
 	WeightsAccessTokenColumns: "$1, $2, $3, $4, $5, $6",
 	AccessRequestColumns:      "$1, $2, $3, $4, $5, $6, $7, $8",
+	InsertReceiptStep:         insertReceiptStep("$1, $2, $3, $4"),
 }
 
 // Postgres is the dialect of store/postgres.
@@ -32,4 +35,5 @@ var Postgres = Dialect{
 	InsertStepMetrics:         insertStepMetrics("$1::text, $2::bigint, $3::text, $4::integer, $5::bigint, $6::bigint, $7::bigint, $8::bytea"),
 	WeightsAccessTokenColumns: "$1::text, $2::text, $3::text, $4::bigint, $5::bigint, $6::bytea",
 	AccessRequestColumns:      "$1::text, $2::text, $3::text, $4::text, $5::bigint, $6::bigint, $7::bigint, $8::bytea",
+	InsertReceiptStep:         insertReceiptStep("$1::text, $2::bigint, $3::text, $4::bytea"),
 }

@@ -259,8 +259,25 @@ type TrainingRun struct {
 	// The newest inflight sampler save (SaveWeightsRequest.inflight): the weights every
 	// inflight sampler of the run samples.
 	InflightSamplerCheckpoint *Checkpoint `protobuf:"bytes,16,opt,name=inflight_sampler_checkpoint,json=inflightSamplerCheckpoint,proto3" json:"inflight_sampler_checkpoint,omitempty"`
-	unknownFields             protoimpl.UnknownFields
-	sizeCache                 protoimpl.SizeCache
+	// The client that created the run (its receipt; docs/receipts.md).
+	Client *ClientInfo `protobuf:"bytes,17,opt,name=client,proto3" json:"client,omitempty"`
+	// The base model's revision when the run was created (ModelInfo.revision).
+	BaseModelRevision string `protobuf:"bytes,18,opt,name=base_model_revision,json=baseModelRevision,proto3" json:"base_model_revision,omitempty"`
+	// The run keeps its forward_backward batches in the checkpoint store (record_data), so
+	// that `loops runs replay` can run it again.
+	RecordData bool `protobuf:"varint,19,opt,name=record_data,json=recordData,proto3" json:"record_data,omitempty"`
+	// Bytes of batches recorded so far, at most the server's max_record_data_bytes per run.
+	RecordedDataBytes int64 `protobuf:"varint,20,opt,name=recorded_data_bytes,json=recordedDataBytes,proto3" json:"recorded_data_bytes,omitempty"`
+	// Why recording stopped (the byte limit was reached); empty while it records.
+	RecordDataStopped string `protobuf:"bytes,21,opt,name=record_data_stopped,json=recordDataStopped,proto3" json:"record_data_stopped,omitempty"`
+	// Steps recorded in the run's receipt, at most the server's max_receipt_steps per run;
+	// receipt_truncated: the run took more steps, which its receipt does not list.
+	ReceiptSteps     int64 `protobuf:"varint,22,opt,name=receipt_steps,json=receiptSteps,proto3" json:"receipt_steps,omitempty"`
+	ReceiptTruncated bool  `protobuf:"varint,23,opt,name=receipt_truncated,json=receiptTruncated,proto3" json:"receipt_truncated,omitempty"`
+	// The checkpoint the run was created from (tinker:// path), if any.
+	FromCheckpoint string `protobuf:"bytes,24,opt,name=from_checkpoint,json=fromCheckpoint,proto3" json:"from_checkpoint,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *TrainingRun) Reset() {
@@ -403,6 +420,62 @@ func (x *TrainingRun) GetInflightSamplerCheckpoint() *Checkpoint {
 		return x.InflightSamplerCheckpoint
 	}
 	return nil
+}
+
+func (x *TrainingRun) GetClient() *ClientInfo {
+	if x != nil {
+		return x.Client
+	}
+	return nil
+}
+
+func (x *TrainingRun) GetBaseModelRevision() string {
+	if x != nil {
+		return x.BaseModelRevision
+	}
+	return ""
+}
+
+func (x *TrainingRun) GetRecordData() bool {
+	if x != nil {
+		return x.RecordData
+	}
+	return false
+}
+
+func (x *TrainingRun) GetRecordedDataBytes() int64 {
+	if x != nil {
+		return x.RecordedDataBytes
+	}
+	return 0
+}
+
+func (x *TrainingRun) GetRecordDataStopped() string {
+	if x != nil {
+		return x.RecordDataStopped
+	}
+	return ""
+}
+
+func (x *TrainingRun) GetReceiptSteps() int64 {
+	if x != nil {
+		return x.ReceiptSteps
+	}
+	return 0
+}
+
+func (x *TrainingRun) GetReceiptTruncated() bool {
+	if x != nil {
+		return x.ReceiptTruncated
+	}
+	return false
+}
+
+func (x *TrainingRun) GetFromCheckpoint() string {
+	if x != nil {
+		return x.FromCheckpoint
+	}
+	return ""
 }
 
 // Checkpoint is a saved adapter: a PEFT-compatible folder.
@@ -686,7 +759,7 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\x05owner\x18\r \x01(\tR\x05owner\x1a?\n" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe2\x06\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbc\t\n" +
 	"\vTrainingRun\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -708,7 +781,16 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\voptim_steps\x18\x0e \x01(\x03R\n" +
 	"optimSteps\x12%\n" +
 	"\x0ededicated_pool\x18\x0f \x01(\tR\rdedicatedPool\x12T\n" +
-	"\x1binflight_sampler_checkpoint\x18\x10 \x01(\v2\x14.loops.v1.CheckpointR\x19inflightSamplerCheckpoint\x1a?\n" +
+	"\x1binflight_sampler_checkpoint\x18\x10 \x01(\v2\x14.loops.v1.CheckpointR\x19inflightSamplerCheckpoint\x12,\n" +
+	"\x06client\x18\x11 \x01(\v2\x14.loops.v1.ClientInfoR\x06client\x12.\n" +
+	"\x13base_model_revision\x18\x12 \x01(\tR\x11baseModelRevision\x12\x1f\n" +
+	"\vrecord_data\x18\x13 \x01(\bR\n" +
+	"recordData\x12.\n" +
+	"\x13recorded_data_bytes\x18\x14 \x01(\x03R\x11recordedDataBytes\x12.\n" +
+	"\x13record_data_stopped\x18\x15 \x01(\tR\x11recordDataStopped\x12#\n" +
+	"\rreceipt_steps\x18\x16 \x01(\x03R\freceiptSteps\x12+\n" +
+	"\x11receipt_truncated\x18\x17 \x01(\bR\x10receiptTruncated\x12'\n" +
+	"\x0ffrom_checkpoint\x18\x18 \x01(\tR\x0efromCheckpoint\x1a?\n" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +
@@ -782,6 +864,7 @@ var file_loops_v1_resources_proto_goTypes = []any{
 	nil,                           // 6: loops.v1.TrainingRun.UserMetadataEntry
 	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
 	(*LoraConfig)(nil),            // 8: loops.v1.LoraConfig
+	(*ClientInfo)(nil),            // 9: loops.v1.ClientInfo
 }
 var file_loops_v1_resources_proto_depIdxs = []int32{
 	5,  // 0: loops.v1.Session.user_metadata:type_name -> loops.v1.Session.UserMetadataEntry
@@ -794,16 +877,17 @@ var file_loops_v1_resources_proto_depIdxs = []int32{
 	3,  // 7: loops.v1.TrainingRun.last_checkpoint:type_name -> loops.v1.Checkpoint
 	3,  // 8: loops.v1.TrainingRun.last_sampler_checkpoint:type_name -> loops.v1.Checkpoint
 	3,  // 9: loops.v1.TrainingRun.inflight_sampler_checkpoint:type_name -> loops.v1.Checkpoint
-	0,  // 10: loops.v1.Checkpoint.kind:type_name -> loops.v1.CheckpointKind
-	7,  // 11: loops.v1.Checkpoint.create_time:type_name -> google.protobuf.Timestamp
-	7,  // 12: loops.v1.Checkpoint.expire_time:type_name -> google.protobuf.Timestamp
-	8,  // 13: loops.v1.Checkpoint.lora:type_name -> loops.v1.LoraConfig
-	7,  // 14: loops.v1.Sampler.create_time:type_name -> google.protobuf.Timestamp
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	9,  // 10: loops.v1.TrainingRun.client:type_name -> loops.v1.ClientInfo
+	0,  // 11: loops.v1.Checkpoint.kind:type_name -> loops.v1.CheckpointKind
+	7,  // 12: loops.v1.Checkpoint.create_time:type_name -> google.protobuf.Timestamp
+	7,  // 13: loops.v1.Checkpoint.expire_time:type_name -> google.protobuf.Timestamp
+	8,  // 14: loops.v1.Checkpoint.lora:type_name -> loops.v1.LoraConfig
+	7,  // 15: loops.v1.Sampler.create_time:type_name -> google.protobuf.Timestamp
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_resources_proto_init() }

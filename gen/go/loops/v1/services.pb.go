@@ -930,8 +930,15 @@ type CreateTrainingRunRequest struct {
 	// A weights-access token for from_checkpoint when another workspace owns it
 	// (WeightsAccessService); it is checked when the run is created and not kept.
 	WeightsAccessToken string `protobuf:"bytes,20,opt,name=weights_access_token,json=weightsAccessToken,proto3" json:"weights_access_token,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The client creating the run, kept in its receipt. The Tinker routes fill it in from
+	// the request's headers.
+	Client *ClientInfo `protobuf:"bytes,21,opt,name=client,proto3" json:"client,omitempty"`
+	// Keep the run's forward_backward batches (bounded per run by the server's
+	// max_record_data_bytes) so that the run can be replayed (docs/receipts.md). The same
+	// as user_metadata loops.record_data=true, which is how a tinker script asks.
+	RecordData    bool `protobuf:"varint,22,opt,name=record_data,json=recordData,proto3" json:"record_data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateTrainingRunRequest) Reset() {
@@ -1025,6 +1032,20 @@ func (x *CreateTrainingRunRequest) GetWeightsAccessToken() string {
 		return x.WeightsAccessToken
 	}
 	return ""
+}
+
+func (x *CreateTrainingRunRequest) GetClient() *ClientInfo {
+	if x != nil {
+		return x.Client
+	}
+	return nil
+}
+
+func (x *CreateTrainingRunRequest) GetRecordData() bool {
+	if x != nil {
+		return x.RecordData
+	}
+	return false
 }
 
 // DedicatedPool is what a dedicated run asks for.
@@ -3739,7 +3760,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x18SetSessionProjectRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
-	"project_id\x18\x02 \x01(\tR\tprojectId\"\x92\x04\n" +
+	"project_id\x18\x02 \x01(\tR\tprojectId\"\xe1\x04\n" +
 	"\x18CreateTrainingRunRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12'\n" +
@@ -3751,7 +3772,10 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x0ffrom_checkpoint\x18\x06 \x01(\tR\x0efromCheckpoint\x12%\n" +
 	"\x0ewith_optimizer\x18\a \x01(\bR\rwithOptimizer\x125\n" +
 	"\tdedicated\x18\b \x01(\v2\x17.loops.v1.DedicatedPoolR\tdedicated\x120\n" +
-	"\x14weights_access_token\x18\x14 \x01(\tR\x12weightsAccessToken\x1a?\n" +
+	"\x14weights_access_token\x18\x14 \x01(\tR\x12weightsAccessToken\x12,\n" +
+	"\x06client\x18\x15 \x01(\v2\x14.loops.v1.ClientInfoR\x06client\x12\x1f\n" +
+	"\vrecord_data\x18\x16 \x01(\bR\n" +
+	"recordData\x1a?\n" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +
@@ -4117,18 +4141,19 @@ var file_loops_v1_services_proto_goTypes = []any{
 	(*Session)(nil),                         // 59: loops.v1.Session
 	(*timestamppb.Timestamp)(nil),           // 60: google.protobuf.Timestamp
 	(*LoraConfig)(nil),                      // 61: loops.v1.LoraConfig
-	(OperationKind)(0),                      // 62: loops.v1.OperationKind
-	(*TrainingRun)(nil),                     // 63: loops.v1.TrainingRun
-	(*Datum)(nil),                           // 64: loops.v1.Datum
-	(*AdamParams)(nil),                      // 65: loops.v1.AdamParams
-	(CheckpointKind)(0),                     // 66: loops.v1.CheckpointKind
-	(*Checkpoint)(nil),                      // 67: loops.v1.Checkpoint
-	(*SamplingParams)(nil),                  // 68: loops.v1.SamplingParams
-	(*TargetPromptTokens)(nil),              // 69: loops.v1.TargetPromptTokens
-	(*ModelInfo)(nil),                       // 70: loops.v1.ModelInfo
-	(*durationpb.Duration)(nil),             // 71: google.protobuf.Duration
-	(*Operation)(nil),                       // 72: loops.v1.Operation
-	(*Sampler)(nil),                         // 73: loops.v1.Sampler
+	(*ClientInfo)(nil),                      // 62: loops.v1.ClientInfo
+	(OperationKind)(0),                      // 63: loops.v1.OperationKind
+	(*TrainingRun)(nil),                     // 64: loops.v1.TrainingRun
+	(*Datum)(nil),                           // 65: loops.v1.Datum
+	(*AdamParams)(nil),                      // 66: loops.v1.AdamParams
+	(CheckpointKind)(0),                     // 67: loops.v1.CheckpointKind
+	(*Checkpoint)(nil),                      // 68: loops.v1.Checkpoint
+	(*SamplingParams)(nil),                  // 69: loops.v1.SamplingParams
+	(*TargetPromptTokens)(nil),              // 70: loops.v1.TargetPromptTokens
+	(*ModelInfo)(nil),                       // 71: loops.v1.ModelInfo
+	(*durationpb.Duration)(nil),             // 72: google.protobuf.Duration
+	(*Operation)(nil),                       // 73: loops.v1.Operation
+	(*Sampler)(nil),                         // 74: loops.v1.Sampler
 }
 var file_loops_v1_services_proto_depIdxs = []int32{
 	54, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
@@ -4143,100 +4168,101 @@ var file_loops_v1_services_proto_depIdxs = []int32{
 	61, // 9: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
 	56, // 10: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
 	15, // 11: loops.v1.CreateTrainingRunRequest.dedicated:type_name -> loops.v1.DedicatedPool
-	19, // 12: loops.v1.GetTrainingRunMetricsResponse.steps:type_name -> loops.v1.StepMetrics
-	62, // 13: loops.v1.StepMetrics.kind:type_name -> loops.v1.OperationKind
-	60, // 14: loops.v1.StepMetrics.time:type_name -> google.protobuf.Timestamp
-	20, // 15: loops.v1.StepMetrics.rl:type_name -> loops.v1.RLStepMetrics
-	63, // 16: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
-	64, // 17: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
-	57, // 18: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	65, // 19: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
-	66, // 20: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
-	67, // 21: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
-	60, // 22: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
-	0,  // 23: loops.v1.GetCheckpointExportURLRequest.format:type_name -> loops.v1.ExportFormat
-	60, // 24: loops.v1.GetCheckpointExportURLResponse.expire_time:type_name -> google.protobuf.Timestamp
-	58, // 25: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
-	60, // 26: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
-	68, // 27: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
-	69, // 28: loops.v1.SampleRequest.target_prompt_tokens:type_name -> loops.v1.TargetPromptTokens
-	70, // 29: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
-	60, // 30: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
-	60, // 31: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
-	48, // 32: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
-	60, // 33: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
-	60, // 34: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
-	1,  // 35: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
-	51, // 36: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
-	52, // 37: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
-	70, // 38: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
-	53, // 39: loops.v1.WorkspaceUse.fairness:type_name -> loops.v1.WorkspaceFairness
-	71, // 40: loops.v1.WorkspaceFairness.wait_p50:type_name -> google.protobuf.Duration
-	2,  // 41: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
-	3,  // 42: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
-	5,  // 43: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
-	6,  // 44: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
-	7,  // 45: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
-	9,  // 46: loops.v1.SessionService.SearchSessions:input_type -> loops.v1.SearchSessionsRequest
-	13, // 47: loops.v1.SessionService.SetSessionProject:input_type -> loops.v1.SetSessionProjectRequest
-	14, // 48: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
-	16, // 49: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
-	21, // 50: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
-	23, // 51: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
-	24, // 52: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
-	25, // 53: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
-	26, // 54: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
-	27, // 55: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
-	17, // 56: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
-	28, // 57: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
-	30, // 58: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
-	31, // 59: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
-	33, // 60: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
-	34, // 61: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
-	39, // 62: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
-	35, // 63: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
-	37, // 64: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
-	41, // 65: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
-	42, // 66: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
-	43, // 67: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
-	44, // 68: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
-	49, // 69: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
-	46, // 70: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
-	59, // 71: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
-	4,  // 72: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
-	59, // 73: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
-	59, // 74: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
-	8,  // 75: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
-	12, // 76: loops.v1.SessionService.SearchSessions:output_type -> loops.v1.SearchSessionsResponse
-	59, // 77: loops.v1.SessionService.SetSessionProject:output_type -> loops.v1.Session
-	72, // 78: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
-	63, // 79: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
-	22, // 80: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
-	72, // 81: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
-	72, // 82: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
-	72, // 83: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
-	72, // 84: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
-	72, // 85: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
-	18, // 86: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
-	29, // 87: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
-	67, // 88: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
-	32, // 89: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
-	67, // 90: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
-	67, // 91: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
-	40, // 92: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
-	36, // 93: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
-	38, // 94: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
-	73, // 95: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
-	73, // 96: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
-	72, // 97: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
-	45, // 98: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
-	50, // 99: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
-	47, // 100: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
-	71, // [71:101] is the sub-list for method output_type
-	41, // [41:71] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	62, // 12: loops.v1.CreateTrainingRunRequest.client:type_name -> loops.v1.ClientInfo
+	19, // 13: loops.v1.GetTrainingRunMetricsResponse.steps:type_name -> loops.v1.StepMetrics
+	63, // 14: loops.v1.StepMetrics.kind:type_name -> loops.v1.OperationKind
+	60, // 15: loops.v1.StepMetrics.time:type_name -> google.protobuf.Timestamp
+	20, // 16: loops.v1.StepMetrics.rl:type_name -> loops.v1.RLStepMetrics
+	64, // 17: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
+	65, // 18: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
+	57, // 19: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	66, // 20: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
+	67, // 21: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
+	68, // 22: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
+	60, // 23: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
+	0,  // 24: loops.v1.GetCheckpointExportURLRequest.format:type_name -> loops.v1.ExportFormat
+	60, // 25: loops.v1.GetCheckpointExportURLResponse.expire_time:type_name -> google.protobuf.Timestamp
+	58, // 26: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	60, // 27: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
+	69, // 28: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
+	70, // 29: loops.v1.SampleRequest.target_prompt_tokens:type_name -> loops.v1.TargetPromptTokens
+	71, // 30: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
+	60, // 31: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
+	60, // 32: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
+	48, // 33: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
+	60, // 34: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
+	60, // 35: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
+	1,  // 36: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
+	51, // 37: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
+	52, // 38: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
+	71, // 39: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
+	53, // 40: loops.v1.WorkspaceUse.fairness:type_name -> loops.v1.WorkspaceFairness
+	72, // 41: loops.v1.WorkspaceFairness.wait_p50:type_name -> google.protobuf.Duration
+	2,  // 42: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
+	3,  // 43: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
+	5,  // 44: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
+	6,  // 45: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
+	7,  // 46: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
+	9,  // 47: loops.v1.SessionService.SearchSessions:input_type -> loops.v1.SearchSessionsRequest
+	13, // 48: loops.v1.SessionService.SetSessionProject:input_type -> loops.v1.SetSessionProjectRequest
+	14, // 49: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
+	16, // 50: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
+	21, // 51: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
+	23, // 52: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
+	24, // 53: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
+	25, // 54: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
+	26, // 55: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
+	27, // 56: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
+	17, // 57: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
+	28, // 58: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
+	30, // 59: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
+	31, // 60: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
+	33, // 61: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
+	34, // 62: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
+	39, // 63: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
+	35, // 64: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
+	37, // 65: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
+	41, // 66: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
+	42, // 67: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
+	43, // 68: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
+	44, // 69: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
+	49, // 70: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
+	46, // 71: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
+	59, // 72: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
+	4,  // 73: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
+	59, // 74: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
+	59, // 75: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
+	8,  // 76: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
+	12, // 77: loops.v1.SessionService.SearchSessions:output_type -> loops.v1.SearchSessionsResponse
+	59, // 78: loops.v1.SessionService.SetSessionProject:output_type -> loops.v1.Session
+	73, // 79: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
+	64, // 80: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
+	22, // 81: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
+	73, // 82: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
+	73, // 83: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
+	73, // 84: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
+	73, // 85: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
+	73, // 86: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
+	18, // 87: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
+	29, // 88: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
+	68, // 89: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
+	32, // 90: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
+	68, // 91: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
+	68, // 92: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
+	40, // 93: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
+	36, // 94: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
+	38, // 95: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
+	74, // 96: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
+	74, // 97: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
+	73, // 98: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
+	45, // 99: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
+	50, // 100: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
+	47, // 101: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
+	72, // [72:102] is the sub-list for method output_type
+	42, // [42:72] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_services_proto_init() }

@@ -1272,7 +1272,11 @@ type ModelInfo struct {
 	Backend     string `protobuf:"bytes,7,opt,name=backend,proto3" json:"backend,omitempty"`
 	// The width of the model's final hidden state: the length of an embedding
 	// (SampleRequest.embed). 0 when the backend does not say.
-	HiddenSize    int32 `protobuf:"varint,8,opt,name=hidden_size,json=hiddenSize,proto3" json:"hidden_size,omitempty"`
+	HiddenSize int32 `protobuf:"varint,8,opt,name=hidden_size,json=hiddenSize,proto3" json:"hidden_size,omitempty"`
+	// The revision of the base model's files: "sha256:<hex>" of the canonical list of its
+	// files' SHA-256 (docs/receipts.md), computed once when the backend loads the model;
+	// empty when the backend does not say.
+	Revision      string `protobuf:"bytes,9,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1361,6 +1365,87 @@ func (x *ModelInfo) GetHiddenSize() int32 {
 		return x.HiddenSize
 	}
 	return 0
+}
+
+func (x *ModelInfo) GetRevision() string {
+	if x != nil {
+		return x.Revision
+	}
+	return ""
+}
+
+// ClientInfo is the client that created a training run, as its request headers name it
+// (the tinker SDK's X-Stainless-* headers and User-Agent; docs/receipts.md).
+type ClientInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The SDK ("tinker", or the User-Agent's product when the SDK does not say).
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The SDK's version ("0.38.0").
+	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	// The language runtime and its version ("CPython 3.12.3"), when given.
+	Runtime string `protobuf:"bytes,3,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	// The User-Agent header as sent (at most 256 bytes).
+	UserAgent     string `protobuf:"bytes,4,opt,name=user_agent,json=userAgent,proto3" json:"user_agent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClientInfo) Reset() {
+	*x = ClientInfo{}
+	mi := &file_loops_v1_types_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClientInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClientInfo) ProtoMessage() {}
+
+func (x *ClientInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_types_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
+func (*ClientInfo) Descriptor() ([]byte, []int) {
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ClientInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ClientInfo) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *ClientInfo) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
+	}
+	return ""
+}
+
+func (x *ClientInfo) GetUserAgent() string {
+	if x != nil {
+		return x.UserAgent
+	}
+	return ""
 }
 
 var File_loops_v1_types_proto protoreflect.FileDescriptor
@@ -1474,7 +1559,7 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x0fPromptAltTokens\x12\f\n" +
 	"\x01k\x18\x01 \x01(\x05R\x01k\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\x05R\btokenIds\x12\x1a\n" +
-	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\x94\x02\n" +
+	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xb0\x02\n" +
 	"\tModelInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x13max_sequence_length\x18\x02 \x01(\x05R\x11maxSequenceLength\x12\x1d\n" +
@@ -1485,7 +1570,15 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\rmax_lora_rank\x18\x06 \x01(\x05R\vmaxLoraRank\x12\x18\n" +
 	"\abackend\x18\a \x01(\tR\abackend\x12\x1f\n" +
 	"\vhidden_size\x18\b \x01(\x05R\n" +
-	"hiddenSize*B\n" +
+	"hiddenSize\x12\x1a\n" +
+	"\brevision\x18\t \x01(\tR\brevision\"s\n" +
+	"\n" +
+	"ClientInfo\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\x12\x18\n" +
+	"\aruntime\x18\x03 \x01(\tR\aruntime\x12\x1d\n" +
+	"\n" +
+	"user_agent\x18\x04 \x01(\tR\tuserAgent*B\n" +
 	"\x05Dtype\x12\x15\n" +
 	"\x11DTYPE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rDTYPE_FLOAT32\x10\x01\x12\x0f\n" +
@@ -1511,7 +1604,7 @@ func file_loops_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_loops_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_loops_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_loops_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_loops_v1_types_proto_goTypes = []any{
 	(Dtype)(0),                    // 0: loops.v1.Dtype
 	(StopReason)(0),               // 1: loops.v1.StopReason
@@ -1532,24 +1625,25 @@ var file_loops_v1_types_proto_goTypes = []any{
 	(*TargetPromptLogprobs)(nil),  // 16: loops.v1.TargetPromptLogprobs
 	(*PromptAltTokens)(nil),       // 17: loops.v1.PromptAltTokens
 	(*ModelInfo)(nil),             // 18: loops.v1.ModelInfo
-	nil,                           // 19: loops.v1.Datum.LossFnInputsEntry
-	nil,                           // 20: loops.v1.SamplingParams.LogitBiasEntry
-	nil,                           // 21: loops.v1.DatumOutput.OutputsEntry
-	nil,                           // 22: loops.v1.ForwardBackwardResult.MetricsEntry
-	nil,                           // 23: loops.v1.OptimStepResult.MetricsEntry
+	(*ClientInfo)(nil),            // 19: loops.v1.ClientInfo
+	nil,                           // 20: loops.v1.Datum.LossFnInputsEntry
+	nil,                           // 21: loops.v1.SamplingParams.LogitBiasEntry
+	nil,                           // 22: loops.v1.DatumOutput.OutputsEntry
+	nil,                           // 23: loops.v1.ForwardBackwardResult.MetricsEntry
+	nil,                           // 24: loops.v1.OptimStepResult.MetricsEntry
 }
 var file_loops_v1_types_proto_depIdxs = []int32{
 	0,  // 0: loops.v1.Tensor.dtype:type_name -> loops.v1.Dtype
-	19, // 1: loops.v1.Datum.loss_fn_inputs:type_name -> loops.v1.Datum.LossFnInputsEntry
-	20, // 2: loops.v1.SamplingParams.logit_bias:type_name -> loops.v1.SamplingParams.LogitBiasEntry
+	20, // 1: loops.v1.Datum.loss_fn_inputs:type_name -> loops.v1.Datum.LossFnInputsEntry
+	21, // 2: loops.v1.SamplingParams.logit_bias:type_name -> loops.v1.SamplingParams.LogitBiasEntry
 	8,  // 3: loops.v1.SamplingParams.response_format:type_name -> loops.v1.ResponseFormat
 	2,  // 4: loops.v1.ResponseFormat.type:type_name -> loops.v1.ResponseFormat.Type
 	1,  // 5: loops.v1.SampledSequence.stop_reason:type_name -> loops.v1.StopReason
 	10, // 6: loops.v1.SampledSequence.top_logprobs:type_name -> loops.v1.TopKLogprobs
-	21, // 7: loops.v1.DatumOutput.outputs:type_name -> loops.v1.DatumOutput.OutputsEntry
+	22, // 7: loops.v1.DatumOutput.outputs:type_name -> loops.v1.DatumOutput.OutputsEntry
 	11, // 8: loops.v1.ForwardBackwardResult.outputs:type_name -> loops.v1.DatumOutput
-	22, // 9: loops.v1.ForwardBackwardResult.metrics:type_name -> loops.v1.ForwardBackwardResult.MetricsEntry
-	23, // 10: loops.v1.OptimStepResult.metrics:type_name -> loops.v1.OptimStepResult.MetricsEntry
+	23, // 9: loops.v1.ForwardBackwardResult.metrics:type_name -> loops.v1.ForwardBackwardResult.MetricsEntry
+	24, // 10: loops.v1.OptimStepResult.metrics:type_name -> loops.v1.OptimStepResult.MetricsEntry
 	9,  // 11: loops.v1.SampleResult.sequences:type_name -> loops.v1.SampledSequence
 	10, // 12: loops.v1.SampleResult.topk_prompt_logprobs:type_name -> loops.v1.TopKLogprobs
 	16, // 13: loops.v1.SampleResult.target_prompt_logprobs:type_name -> loops.v1.TargetPromptLogprobs
@@ -1575,7 +1669,7 @@ func file_loops_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_types_proto_rawDesc), len(file_loops_v1_types_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -178,7 +178,7 @@ class SetSessionProjectRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ..., project_id: _Optional[str] = ...) -> None: ...
 
 class CreateTrainingRunRequest(_message.Message):
-    __slots__ = ("session_id", "client_seq_id", "base_model", "lora", "user_metadata", "from_checkpoint", "with_optimizer", "dedicated", "weights_access_token")
+    __slots__ = ("session_id", "client_seq_id", "base_model", "lora", "user_metadata", "from_checkpoint", "with_optimizer", "dedicated", "weights_access_token", "client", "record_data")
     class UserMetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +195,8 @@ class CreateTrainingRunRequest(_message.Message):
     WITH_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     DEDICATED_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_ACCESS_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    RECORD_DATA_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     client_seq_id: int
     base_model: str
@@ -204,7 +206,9 @@ class CreateTrainingRunRequest(_message.Message):
     with_optimizer: bool
     dedicated: DedicatedPool
     weights_access_token: str
-    def __init__(self, session_id: _Optional[str] = ..., client_seq_id: _Optional[int] = ..., base_model: _Optional[str] = ..., lora: _Optional[_Union[_types_pb2.LoraConfig, _Mapping]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., from_checkpoint: _Optional[str] = ..., with_optimizer: _Optional[bool] = ..., dedicated: _Optional[_Union[DedicatedPool, _Mapping]] = ..., weights_access_token: _Optional[str] = ...) -> None: ...
+    client: _types_pb2.ClientInfo
+    record_data: bool
+    def __init__(self, session_id: _Optional[str] = ..., client_seq_id: _Optional[int] = ..., base_model: _Optional[str] = ..., lora: _Optional[_Union[_types_pb2.LoraConfig, _Mapping]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., from_checkpoint: _Optional[str] = ..., with_optimizer: _Optional[bool] = ..., dedicated: _Optional[_Union[DedicatedPool, _Mapping]] = ..., weights_access_token: _Optional[str] = ..., client: _Optional[_Union[_types_pb2.ClientInfo, _Mapping]] = ..., record_data: _Optional[bool] = ...) -> None: ...
 
 class DedicatedPool(_message.Message):
     __slots__ = ("replicas", "sampler_replicas")

@@ -6,7 +6,7 @@ import type { GenEnum, GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2"
 import { enumDesc, fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
-import type { LoraConfig } from "./types_pb.js";
+import type { ClientInfo, LoraConfig } from "./types_pb.js";
 import { file_loops_v1_types } from "./types_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file loops/v1/resources.proto.
  */
 export const file_loops_v1_resources: GenFile = /*@__PURE__*/
-  fileDesc("Chhsb29wcy92MS9yZXNvdXJjZXMucHJvdG8SCGxvb3BzLnYxIqADCgdTZXNzaW9uEgoKAmlkGAEgASgJEgwKBHRhZ3MYAiADKAkSOgoNdXNlcl9tZXRhZGF0YRgDIAMoCzIjLmxvb3BzLnYxLlNlc3Npb24uVXNlck1ldGFkYXRhRW50cnkSEwoLc2RrX3ZlcnNpb24YBCABKAkSEgoKcHJvamVjdF9pZBgFIAEoCRIvCgtjcmVhdGVfdGltZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNwoTbGFzdF9oZWFydGJlYXRfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGAoQdHJhaW5pbmdfcnVuX2lkcxgIIAMoCRITCgtzYW1wbGVyX2lkcxgJIAMoCRIPCgdleHBpcmVkGAogASgIEhIKCmVuZF9yZWFzb24YCyABKAkSFAoMZGlzcGxheV9uYW1lGAwgASgJEg0KBW93bmVyGA0gASgJGjMKEVVzZXJNZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEi/QQKC1RyYWluaW5nUnVuEgoKAmlkGAEgASgJEhIKCnNlc3Npb25faWQYAiABKAkSEgoKYmFzZV9tb2RlbBgDIAEoCRIiCgRsb3JhGAQgASgLMhQubG9vcHMudjEuTG9yYUNvbmZpZxI+Cg11c2VyX21ldGFkYXRhGAUgAygLMicubG9vcHMudjEuVHJhaW5pbmdSdW4uVXNlck1ldGFkYXRhRW50cnkSLwoLY3JlYXRlX3RpbWUYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjUKEWxhc3RfcmVxdWVzdF90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBItCg9sYXN0X2NoZWNrcG9pbnQYCCABKAsyFC5sb29wcy52MS5DaGVja3BvaW50EjUKF2xhc3Rfc2FtcGxlcl9jaGVja3BvaW50GAkgASgLMhQubG9vcHMudjEuQ2hlY2twb2ludBIRCgljb3JydXB0ZWQYCiABKAgSEwoLbGFzdF9zZXFfaWQYCyABKAMSGgoNY2xpZW50X3NlcV9pZBgMIAEoA0gAiAEBEhUKDXVubG9hZF9yZWFzb24YDSABKAkSEwoLb3B0aW1fc3RlcHMYDiABKAMSFgoOZGVkaWNhdGVkX3Bvb2wYDyABKAkSOQobaW5mbGlnaHRfc2FtcGxlcl9jaGVja3BvaW50GBAgASgLMhQubG9vcHMudjEuQ2hlY2twb2ludBozChFVc2VyTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQhAKDl9jbGllbnRfc2VxX2lkIuMCCgpDaGVja3BvaW50EgoKAmlkGAEgASgJEhcKD3RyYWluaW5nX3J1bl9pZBgCIAEoCRImCgRraW5kGAMgASgOMhgubG9vcHMudjEuQ2hlY2twb2ludEtpbmQSDAoEbmFtZRgEIAEoCRITCgt0aW5rZXJfcGF0aBgFIAEoCRISCgpzaXplX2J5dGVzGAYgASgDEg4KBnB1YmxpYxgHIAEoCBIvCgtjcmVhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZXhwaXJlX3RpbWUYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhIKCmJhc2VfbW9kZWwYCiABKAkSIgoEbG9yYRgLIAEoCzIULmxvb3BzLnYxLkxvcmFDb25maWcSEgoKcHJvamVjdF9pZBgUIAEoCRITCgtjb3BpZWRfZnJvbRgVIAEoCSLAAQoHU2FtcGxlchIKCgJpZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEhIKCmJhc2VfbW9kZWwYAyABKAkSEgoKbW9kZWxfcGF0aBgEIAEoCRIvCgtjcmVhdGVfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKZGVwbG95bWVudBgGIAEoCRIXCg9pbmZsaWdodF9ydW5faWQYByABKAkSDwoHY2xpZW50cxgUIAEoAyqKAQoOQ2hlY2twb2ludEtpbmQSHwobQ0hFQ0tQT0lOVF9LSU5EX1VOU1BFQ0lGSUVEEAASHAoYQ0hFQ0tQT0lOVF9LSU5EX1RSQUlOSU5HEAESGwoXQ0hFQ0tQT0lOVF9LSU5EX1NBTVBMRVIQAhIcChhDSEVDS1BPSU5UX0tJTkRfRVhURVJOQUwQA2IGcHJvdG8z", [file_google_protobuf_timestamp, file_loops_v1_types]);
+  fileDesc("Chhsb29wcy92MS9yZXNvdXJjZXMucHJvdG8SCGxvb3BzLnYxIqADCgdTZXNzaW9uEgoKAmlkGAEgASgJEgwKBHRhZ3MYAiADKAkSOgoNdXNlcl9tZXRhZGF0YRgDIAMoCzIjLmxvb3BzLnYxLlNlc3Npb24uVXNlck1ldGFkYXRhRW50cnkSEwoLc2RrX3ZlcnNpb24YBCABKAkSEgoKcHJvamVjdF9pZBgFIAEoCRIvCgtjcmVhdGVfdGltZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNwoTbGFzdF9oZWFydGJlYXRfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGAoQdHJhaW5pbmdfcnVuX2lkcxgIIAMoCRITCgtzYW1wbGVyX2lkcxgJIAMoCRIPCgdleHBpcmVkGAogASgIEhIKCmVuZF9yZWFzb24YCyABKAkSFAoMZGlzcGxheV9uYW1lGAwgASgJEg0KBW93bmVyGA0gASgJGjMKEVVzZXJNZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEi2gYKC1RyYWluaW5nUnVuEgoKAmlkGAEgASgJEhIKCnNlc3Npb25faWQYAiABKAkSEgoKYmFzZV9tb2RlbBgDIAEoCRIiCgRsb3JhGAQgASgLMhQubG9vcHMudjEuTG9yYUNvbmZpZxI+Cg11c2VyX21ldGFkYXRhGAUgAygLMicubG9vcHMudjEuVHJhaW5pbmdSdW4uVXNlck1ldGFkYXRhRW50cnkSLwoLY3JlYXRlX3RpbWUYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjUKEWxhc3RfcmVxdWVzdF90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBItCg9sYXN0X2NoZWNrcG9pbnQYCCABKAsyFC5sb29wcy52MS5DaGVja3BvaW50EjUKF2xhc3Rfc2FtcGxlcl9jaGVja3BvaW50GAkgASgLMhQubG9vcHMudjEuQ2hlY2twb2ludBIRCgljb3JydXB0ZWQYCiABKAgSEwoLbGFzdF9zZXFfaWQYCyABKAMSGgoNY2xpZW50X3NlcV9pZBgMIAEoA0gAiAEBEhUKDXVubG9hZF9yZWFzb24YDSABKAkSEwoLb3B0aW1fc3RlcHMYDiABKAMSFgoOZGVkaWNhdGVkX3Bvb2wYDyABKAkSOQobaW5mbGlnaHRfc2FtcGxlcl9jaGVja3BvaW50GBAgASgLMhQubG9vcHMudjEuQ2hlY2twb2ludBIkCgZjbGllbnQYESABKAsyFC5sb29wcy52MS5DbGllbnRJbmZvEhsKE2Jhc2VfbW9kZWxfcmV2aXNpb24YEiABKAkSEwoLcmVjb3JkX2RhdGEYEyABKAgSGwoTcmVjb3JkZWRfZGF0YV9ieXRlcxgUIAEoAxIbChNyZWNvcmRfZGF0YV9zdG9wcGVkGBUgASgJEhUKDXJlY2VpcHRfc3RlcHMYFiABKAMSGQoRcmVjZWlwdF90cnVuY2F0ZWQYFyABKAgSFwoPZnJvbV9jaGVja3BvaW50GBggASgJGjMKEVVzZXJNZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCEAoOX2NsaWVudF9zZXFfaWQi4wIKCkNoZWNrcG9pbnQSCgoCaWQYASABKAkSFwoPdHJhaW5pbmdfcnVuX2lkGAIgASgJEiYKBGtpbmQYAyABKA4yGC5sb29wcy52MS5DaGVja3BvaW50S2luZBIMCgRuYW1lGAQgASgJEhMKC3Rpbmtlcl9wYXRoGAUgASgJEhIKCnNpemVfYnl0ZXMYBiABKAMSDgoGcHVibGljGAcgASgIEi8KC2NyZWF0ZV90aW1lGAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtleHBpcmVfdGltZRgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKYmFzZV9tb2RlbBgKIAEoCRIiCgRsb3JhGAsgASgLMhQubG9vcHMudjEuTG9yYUNvbmZpZxISCgpwcm9qZWN0X2lkGBQgASgJEhMKC2NvcGllZF9mcm9tGBUgASgJIsABCgdTYW1wbGVyEgoKAmlkGAEgASgJEhIKCnNlc3Npb25faWQYAiABKAkSEgoKYmFzZV9tb2RlbBgDIAEoCRISCgptb2RlbF9wYXRoGAQgASgJEi8KC2NyZWF0ZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpkZXBsb3ltZW50GAYgASgJEhcKD2luZmxpZ2h0X3J1bl9pZBgHIAEoCRIPCgdjbGllbnRzGBQgASgDKooBCg5DaGVja3BvaW50S2luZBIfChtDSEVDS1BPSU5UX0tJTkRfVU5TUEVDSUZJRUQQABIcChhDSEVDS1BPSU5UX0tJTkRfVFJBSU5JTkcQARIbChdDSEVDS1BPSU5UX0tJTkRfU0FNUExFUhACEhwKGENIRUNLUE9JTlRfS0lORF9FWFRFUk5BTBADYgZwcm90bzM", [file_google_protobuf_timestamp, file_loops_v1_types]);
 
 /**
  * Session groups the training runs and samplers of one client process. A session expires
@@ -212,6 +212,62 @@ export type TrainingRun = Message<"loops.v1.TrainingRun"> & {
    * @generated from field: loops.v1.Checkpoint inflight_sampler_checkpoint = 16;
    */
   inflightSamplerCheckpoint?: Checkpoint | undefined;
+
+  /**
+   * The client that created the run (its receipt; docs/receipts.md).
+   *
+   * @generated from field: loops.v1.ClientInfo client = 17;
+   */
+  client?: ClientInfo | undefined;
+
+  /**
+   * The base model's revision when the run was created (ModelInfo.revision).
+   *
+   * @generated from field: string base_model_revision = 18;
+   */
+  baseModelRevision: string;
+
+  /**
+   * The run keeps its forward_backward batches in the checkpoint store (record_data), so
+   * that `loops runs replay` can run it again.
+   *
+   * @generated from field: bool record_data = 19;
+   */
+  recordData: boolean;
+
+  /**
+   * Bytes of batches recorded so far, at most the server's max_record_data_bytes per run.
+   *
+   * @generated from field: int64 recorded_data_bytes = 20;
+   */
+  recordedDataBytes: bigint;
+
+  /**
+   * Why recording stopped (the byte limit was reached); empty while it records.
+   *
+   * @generated from field: string record_data_stopped = 21;
+   */
+  recordDataStopped: string;
+
+  /**
+   * Steps recorded in the run's receipt, at most the server's max_receipt_steps per run;
+   * receipt_truncated: the run took more steps, which its receipt does not list.
+   *
+   * @generated from field: int64 receipt_steps = 22;
+   */
+  receiptSteps: bigint;
+
+  /**
+   * @generated from field: bool receipt_truncated = 23;
+   */
+  receiptTruncated: boolean;
+
+  /**
+   * The checkpoint the run was created from (tinker:// path), if any.
+   *
+   * @generated from field: string from_checkpoint = 24;
+   */
+  fromCheckpoint: string;
 };
 
 /**
