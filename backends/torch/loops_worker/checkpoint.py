@@ -30,7 +30,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .lora import LAYER_TARGETS
+from .families import all_target_names
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -38,7 +38,8 @@ OPTIMIZER = "optimizer.safetensors"
 GRADIENTS = "gradients.safetensors"
 # adapter_config.json cap (nn.MaxConfigBytes); PEFT writes about a kilobyte.
 MAX_CONFIG_BYTES = 256 << 10
-TARGET_MODULES = LAYER_TARGETS + ["lm_head"]
+# The module and parameter names an adapter_config.json may list (every family's targets).
+TARGET_MODULES = all_target_names()
 # The dtypes an adapter's tensors may have (safetensors.FloatDTypes).
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 # Byte sizes of the dtypes of the safetensors specification.
@@ -50,9 +51,10 @@ ELEM_SIZES = {
 }
 
 
-def peft_config(rank: int, alpha: float, target_modules, base_model: str) -> dict:
-    # Field order and values as the reference engine writes them.
-    return {
+def peft_config(rank: int, alpha: float, target_modules, base_model: str, target_parameters=()) -> dict:
+    """adapter_config.json. Field order and values as the reference engine writes them;
+    target_parameters (fused MoE expert parameters, PEFT's ParamWrapper) only when set."""
+    cfg = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "r": rank,
@@ -69,6 +71,9 @@ def peft_config(rank: int, alpha: float, target_modules, base_model: str) -> dic
         "modules_to_save": None,
         "layers_to_transform": None,
     }
+    if target_parameters:
+        cfg["target_parameters"] = list(target_parameters)
+    return cfg
 
 
 def save(dir_: str, adapter, base_model: str, with_optimizer: bool, with_gradients: bool = False) -> int:
@@ -76,7 +81,8 @@ def save(dir_: str, adapter, base_model: str, with_optimizer: bool, with_gradien
     alpha = adapter.scale * adapter.spec.rank
     if abs(alpha - 32.0) < 1e-9:
         alpha = 32
-    cfg = json.dumps(peft_config(adapter.spec.rank, alpha, adapter.spec.target_modules(), base_model), indent=2) + "\n"
+    mods, params = adapter.targets()
+    cfg = json.dumps(peft_config(adapter.spec.rank, alpha, mods, base_model, params), indent=2) + "\n"
     with open(os.path.join(dir_, ADAPTER_CONFIG), "w") as f:
         f.write(cfg)
     total = len(cfg.encode())
@@ -179,13 +185,21 @@ def read_config(dir_: str) -> dict:
     if c.get("rank_pattern") or c.get("alpha_pattern"):
         raise ValueError(f"{ADAPTER_CONFIG}: rank_pattern and alpha_pattern are not supported (every module must have rank r)")
     tm = c.get("target_modules")
+    if tm is None:
+        tm = []
     if not isinstance(tm, list) or not all(isinstance(m, str) for m in tm):
         raise ValueError(f"{ADAPTER_CONFIG}: target_modules must be a list of module names, got {tm!r}")
-    if not tm:
+    tp = c.get("target_parameters")
+    if tp is None:
+        tp = []
+    if not isinstance(tp, list) or not all(isinstance(m, str) for m in tp):
+        raise ValueError(f"{ADAPTER_CONFIG}: target_parameters must be a list of parameter names, got {tp!r}")
+    if not tm and not tp:
         raise ValueError(f"{ADAPTER_CONFIG}: target_modules is empty")
-    for m in tm:
+    for m in tm + tp:
         if m not in TARGET_MODULES:
-            raise ValueError(f"{ADAPTER_CONFIG}: unknown target module {m!r} (known: {', '.join(TARGET_MODULES)})")
+            raise ValueError(f"{ADAPTER_CONFIG}: unknown target {m!r} (known: {', '.join(TARGET_MODULES)})")
+    c["target_modules"], c["target_parameters"] = tm, tp
     ltt = c.get("layers_to_transform")
     if ltt is not None and not (_is_int(ltt) or (isinstance(ltt, list) and all(_is_int(x) for x in ltt))):
         raise ValueError(f"{ADAPTER_CONFIG}: layers_to_transform must be an integer or a list of integers, got {ltt!r}")
@@ -277,10 +291,12 @@ class Plan:
     step: int = 0
 
 
-def check_folder(dir_: str, modules: Dict[str, Tuple[int, int]], num_layers: int, max_rank: int,
+def check_folder(dir_: str, modules: Dict[str, Tuple[str, int, int, int]], num_layers: int, max_rank: int,
                  with_optimizer: bool, with_gradients: bool = False) -> Plan:
-    """Checks an adapter folder against the base model's LoRA modules ({PEFT key: (in,
-    out)}) and the rank limit without reading a tensor (nn.LoadAdapter's checks):
+    """Checks an adapter folder against the base model's LoRA modules ({PEFT key: (target
+    name, in, out, experts)}; a fused-experts parameter has rank r per expert, so A is
+    [experts·r, in] and B [out, experts·r]) and the rank limit without reading a tensor
+    (nn.LoadAdapter's checks):
     adapter_config.json, both safetensors headers, every tensor name against the modules
     target_modules lists, every shape against r and the module's dimensions, and the
     optimizer state against the weights. Raises ValueError (or OSError) naming the problem."""
@@ -288,7 +304,7 @@ def check_folder(dir_: str, modules: Dict[str, Tuple[int, int]], num_layers: int
     r = pc["r"]
     if r > max_rank:
         raise ValueError(f"{ADAPTER_CONFIG}: r = {r} is above this worker's rank limit {max_rank}")
-    targets = set(pc["target_modules"])
+    targets = set(pc["target_modules"]) | set(pc["target_parameters"])
     ltt = pc.get("layers_to_transform")
     for layer in ([ltt] if _is_int(ltt) else ltt or []):
         if not 0 <= layer < num_layers:
@@ -309,10 +325,10 @@ def check_folder(dir_: str, modules: Dict[str, Tuple[int, int]], num_layers: int
                 f"{ADAPTER_WEIGHTS}: tensor {k} is not a LoRA tensor of this model "
                 f"(expected keys like base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight)")
         key, is_b = slots[name]
-        if key.rsplit(".", 1)[-1] not in targets:
-            raise ValueError(f"{ADAPTER_WEIGHTS}: tensor {k} belongs to a module that target_modules {sorted(targets)} does not list")
-        fan_in, fan_out = modules[key]
-        want = (fan_out, r) if is_b else (r, fan_in)
+        target, fan_in, fan_out, experts = modules[key]
+        if target not in targets:
+            raise ValueError(f"{ADAPTER_WEIGHTS}: tensor {k} belongs to {target}, which target_modules/target_parameters {sorted(targets)} do not list")
+        want = (fan_out, r * experts) if is_b else (r * experts, fan_in)
         if shape != want:
             raise ValueError(
                 f"{ADAPTER_WEIGHTS}: {k} has shape {list(shape)}, want {list(want)} for r = {r} "
@@ -329,8 +345,8 @@ def check_folder(dir_: str, modules: Dict[str, Tuple[int, int]], num_layers: int
             raise ValueError(f"{ADAPTER_WEIGHTS} holds only one of lora_A and lora_B for {key}")
         if has_a:
             keys.append(key)
-    covered = {k.rsplit(".", 1)[-1] for k in keys}
-    for m in pc["target_modules"]:
+    covered = {modules[k][0] for k in keys}
+    for m in pc["target_modules"] + pc["target_parameters"]:
         if m not in covered:
             raise ValueError(f"{ADAPTER_CONFIG} lists target module {m} but {ADAPTER_WEIGHTS} holds no tensors for it")
     try:
