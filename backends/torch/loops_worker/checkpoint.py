@@ -198,7 +198,7 @@ def read_config(dir_: str) -> dict:
         raise ValueError(f"{ADAPTER_CONFIG}: target_modules is empty")
     for m in tm + tp:
         if m not in TARGET_MODULES:
-            raise ValueError(f"{ADAPTER_CONFIG}: unknown target {m!r} (known: {', '.join(TARGET_MODULES)})")
+            raise ValueError(f"{ADAPTER_CONFIG}: unknown target module {m!r} (known: {', '.join(TARGET_MODULES)})")
     c["target_modules"], c["target_parameters"] = tm, tp
     ltt = c.get("layers_to_transform")
     if ltt is not None and not (_is_int(ltt) or (isinstance(ltt, list) and all(_is_int(x) for x in ltt))):
@@ -327,7 +327,7 @@ def check_folder(dir_: str, modules: Dict[str, Tuple[str, int, int, int]], num_l
         key, is_b = slots[name]
         target, fan_in, fan_out, experts = modules[key]
         if target not in targets:
-            raise ValueError(f"{ADAPTER_WEIGHTS}: tensor {k} belongs to {target}, which target_modules/target_parameters {sorted(targets)} do not list")
+            raise ValueError(f"{ADAPTER_WEIGHTS}: tensor {k} belongs to a module ({target}) that target_modules/target_parameters {sorted(targets)} does not list")
         want = (fan_out, r * experts) if is_b else (r * experts, fan_in)
         if shape != want:
             raise ValueError(
