@@ -14,9 +14,10 @@ var ServedModelTypes = []string{"qwen3", "qwen2", "llama"}
 // not to the worker's family name (backends/torch/loops_worker/families/; a test keeps the
 // two in step).
 var TorchModelTypes = map[string]string{
-	"gemma3_text": "gemma3",
-	"qwen3_moe":   "qwen3_moe",
-	"gpt_oss":     "gpt_oss",
+	"gemma3_text":  "gemma3",
+	"qwen3_moe":    "qwen3_moe",
+	"gpt_oss":      "gpt_oss",
+	"qwen3_5_text": "qwen3_5",
 }
 
 // CheckFamily refuses a model_type this engine does not serve, naming the family and the

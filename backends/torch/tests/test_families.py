@@ -41,6 +41,10 @@ CONFIGS = {
                                 rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=2.0, beta_fast=32.0,
                                                      beta_slow=1.0, original_max_position_embeddings=128),
                                 layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=False)),
+    # Gated DeltaNet linear attention in layer 0, full (gated) attention in layer 1
+    "qwen3_5": ("qwen3_5_text", dict(intermediate_size=128, linear_num_value_heads=4, linear_num_key_heads=2,
+                                     linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                                     layer_types=["linear_attention", "full_attention"], tie_word_embeddings=False)),
 }
 
 
@@ -54,7 +58,7 @@ def build(family, d):
     with torch.no_grad():  # MoE experts are created empty; give every parameter a seeded value
         g = torch.Generator().manual_seed(99)
         for n, p in m.named_parameters():
-            if p.dim() == 3 or "bias" in n or "sinks" in n:
+            if p.dim() == 3 or "bias" in n or "sinks" in n or "A_log" in n:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.05)
     m.save_pretrained(str(d))
     return str(d)

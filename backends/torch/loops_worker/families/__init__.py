@@ -63,7 +63,7 @@ class Family:
 
 
 # The family files, in catalog order.
-MODULES = ["qwen3", "qwen2", "llama", "gemma3", "qwen3_moe", "gpt_oss"]
+MODULES = ["qwen3", "qwen2", "llama", "gemma3", "qwen3_moe", "gpt_oss", "qwen3_5"]
 
 
 def _load() -> Dict[str, Family]:
