@@ -10,6 +10,25 @@ import (
 // Qwen3, Qwen2 and Llama decoders.
 var ServedModelTypes = []string{"qwen3", "qwen2", "llama"}
 
+// Family is what the catalog says of a served family (ModelInfo's family, publisher and
+// renderer); the torch worker's family files say the same of theirs (a test keeps the
+// two in step).
+type Family struct {
+	Name, Publisher, Renderer string
+}
+
+// Families are the families of ServedModelTypes, by model_type.
+var Families = map[string]Family{
+	"qwen3": {Name: "qwen3", Publisher: "Qwen", Renderer: "qwen3"},
+	"qwen2": {Name: "qwen2", Publisher: "Qwen", Renderer: "role_colon"},
+	"llama": {Name: "llama", Publisher: "Meta", Renderer: "llama3"},
+}
+
+// LoraTargets are the engine's LoRA targets (ModelInfo.lora_targets), in PEFT naming order.
+func LoraTargets() []string {
+	return append(slices.Clone(TargetNames[:]), "lm_head")
+}
+
 // TorchModelTypes maps the model_type values the torch worker serves and this engine does
 // not to the worker's family name (backends/torch/loops_worker/families/; a test keeps the
 // two in step).

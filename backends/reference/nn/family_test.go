@@ -33,6 +33,8 @@ func TestTorchModelTypesMatchWorker(t *testing.T) {
 	files, err := filepath.Glob("../../torch/loops_worker/families/*.py")
 	require.NoError(t, err)
 	name := regexp.MustCompile(`name="([a-z0-9_]+)"`)
+	publisher := regexp.MustCompile(`publisher="([^"]+)"`)
+	renderer := regexp.MustCompile(`renderer="([^"]+)"`)
 	types := regexp.MustCompile(`model_types=\(([^)]*)\)`)
 	str := regexp.MustCompile(`"([a-z0-9_]+)"`)
 	want := map[string]string{}
@@ -44,11 +46,17 @@ func TestTorchModelTypesMatchWorker(t *testing.T) {
 			continue // __init__.py
 		}
 		for _, s := range str.FindAllSubmatch(m[1], -1) {
-			if mt := string(s[1]); !slices.Contains(ServedModelTypes, mt) {
+			mt := string(s[1])
+			if !slices.Contains(ServedModelTypes, mt) {
 				want[mt] = string(n[1])
+				continue
 			}
+			// a family both engines serve: the catalog says the same of it
+			fam := Family{Name: string(n[1]), Publisher: string(publisher.FindSubmatch(b)[1]), Renderer: string(renderer.FindSubmatch(b)[1])}
+			require.Equal(t, fam, Families[mt], f)
 		}
 	}
 	require.NotEmpty(t, want)
 	require.Equal(t, want, TorchModelTypes)
+	require.Len(t, Families, len(ServedModelTypes))
 }

@@ -160,7 +160,9 @@ class BaseModel:
         self.info = tpb.ModelInfo(
             name=name, max_sequence_length=self.max_seq, vocab_size=self.vocab, architecture=arch,
             tokenizer_id=tok_id, max_lora_rank=max_lora_rank, backend=IMPLEMENTATION,
-            hidden_size=int(getattr(self.config, "hidden_size", 0) or 0))
+            hidden_size=int(getattr(self.config, "hidden_size", 0) or 0), family=self.family.name,
+            publisher=self.family.publisher, renderer=self.family.renderer,
+            lora_targets=list(dict.fromkeys(t.target for t in self.layers.values())))
 
     # -- the pass ------------------------------------------------------------------------
 

@@ -102,6 +102,11 @@ def test_family_parity(family, tmp_path):
     d = build(family, tmp_path / "model")
     bm = BaseModel("m", d, torch.device("cpu"), torch.float64, 64, attn_impl="eager")
     assert bm.family.name == family
+    # the catalog entry (ModelInfo) names the family, its publisher, renderer and targets
+    info = bm.info
+    assert (info.family, info.publisher, info.renderer) == (family, bm.family.publisher, bm.family.renderer)
+    assert set(info.lora_targets) <= set(bm.family.targets()) and "lm_head" in info.lora_targets
+    assert set(bm.family.experts) <= set(info.lora_targets) and "q_proj" in info.lora_targets
     eng = Engine({"m": bm}, ["m"])
     ref = hf(d)
     stats = {}

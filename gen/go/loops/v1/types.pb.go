@@ -1272,7 +1272,18 @@ type ModelInfo struct {
 	Backend     string `protobuf:"bytes,7,opt,name=backend,proto3" json:"backend,omitempty"`
 	// The width of the model's final hidden state: the length of an embedding
 	// (SampleRequest.embed). 0 when the backend does not say.
-	HiddenSize    int32 `protobuf:"varint,8,opt,name=hidden_size,json=hiddenSize,proto3" json:"hidden_size,omitempty"`
+	HiddenSize int32 `protobuf:"varint,8,opt,name=hidden_size,json=hiddenSize,proto3" json:"hidden_size,omitempty"`
+	// The model family that serves it (docs/models.md): e.g. "qwen3", "llama", "qwen3_moe".
+	// Empty when the backend does not say.
+	Family string `protobuf:"bytes,9,opt,name=family,proto3" json:"family,omitempty"`
+	// Who publishes the family's weights: e.g. "Qwen", "Meta", "Google", "OpenAI".
+	Publisher string `protobuf:"bytes,10,opt,name=publisher,proto3" json:"publisher,omitempty"`
+	// The tinker-cookbook renderer that fits the family's chat models (renderer_name=...);
+	// base models take "role_colon".
+	Renderer string `protobuf:"bytes,11,opt,name=renderer,proto3" json:"renderer,omitempty"`
+	// The LoRA targets of the model (module and fused-expert parameter names, e.g. "q_proj",
+	// "gate_up_proj", "lm_head"), as adapter_config.json lists them.
+	LoraTargets   []string `protobuf:"bytes,12,rep,name=lora_targets,json=loraTargets,proto3" json:"lora_targets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1361,6 +1372,34 @@ func (x *ModelInfo) GetHiddenSize() int32 {
 		return x.HiddenSize
 	}
 	return 0
+}
+
+func (x *ModelInfo) GetFamily() string {
+	if x != nil {
+		return x.Family
+	}
+	return ""
+}
+
+func (x *ModelInfo) GetPublisher() string {
+	if x != nil {
+		return x.Publisher
+	}
+	return ""
+}
+
+func (x *ModelInfo) GetRenderer() string {
+	if x != nil {
+		return x.Renderer
+	}
+	return ""
+}
+
+func (x *ModelInfo) GetLoraTargets() []string {
+	if x != nil {
+		return x.LoraTargets
+	}
+	return nil
 }
 
 var File_loops_v1_types_proto protoreflect.FileDescriptor
@@ -1474,7 +1513,7 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x0fPromptAltTokens\x12\f\n" +
 	"\x01k\x18\x01 \x01(\x05R\x01k\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\x05R\btokenIds\x12\x1a\n" +
-	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\x94\x02\n" +
+	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\x89\x03\n" +
 	"\tModelInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x13max_sequence_length\x18\x02 \x01(\x05R\x11maxSequenceLength\x12\x1d\n" +
@@ -1485,7 +1524,12 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\rmax_lora_rank\x18\x06 \x01(\x05R\vmaxLoraRank\x12\x18\n" +
 	"\abackend\x18\a \x01(\tR\abackend\x12\x1f\n" +
 	"\vhidden_size\x18\b \x01(\x05R\n" +
-	"hiddenSize*B\n" +
+	"hiddenSize\x12\x16\n" +
+	"\x06family\x18\t \x01(\tR\x06family\x12\x1c\n" +
+	"\tpublisher\x18\n" +
+	" \x01(\tR\tpublisher\x12\x1a\n" +
+	"\brenderer\x18\v \x01(\tR\brenderer\x12!\n" +
+	"\flora_targets\x18\f \x03(\tR\vloraTargets*B\n" +
 	"\x05Dtype\x12\x15\n" +
 	"\x11DTYPE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rDTYPE_FLOAT32\x10\x01\x12\x0f\n" +
