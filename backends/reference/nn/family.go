@@ -37,6 +37,7 @@ var TorchModelTypes = map[string]string{
 	"qwen3_moe":    "qwen3_moe",
 	"gpt_oss":      "gpt_oss",
 	"qwen3_5_text": "qwen3_5",
+	"mistral":      "mistral",
 }
 
 // CheckFamily refuses a model_type this engine does not serve, naming the family and the

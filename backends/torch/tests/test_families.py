@@ -30,6 +30,8 @@ CONFIGS = {
     "llama": ("llama", dict(intermediate_size=128, tie_word_embeddings=False, rope_parameters=dict(
         rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
         original_max_position_embeddings=8))),
+    # a sliding window shorter than the sequences
+    "mistral": ("mistral", dict(intermediate_size=128, sliding_window=4, tie_word_embeddings=False)),
     # a sliding window shorter than the sequences, global every 2nd layer, tied embeddings,
     # scaled embeddings (the model's own), final logit soft-capping
     "gemma3": ("gemma3_text", dict(intermediate_size=128, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
