@@ -12,6 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -20,6 +21,7 @@ from tinker import types  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "tests"))
+from conftest import API_KEY  # noqa: E402
 from loops_server import running_server  # noqa: E402
 from test_weights import _torch_python, tiny_tokenizer  # noqa: E402,F401 - the fixture is reused
 
@@ -76,8 +78,10 @@ def test_sdk_trains_and_samples(torch_families, family, monkeypatch):
     monkeypatch.setenv("TINKER_BASE_URL", srv.url)
     base = dirs[family]
     sc = tinker.ServiceClient()
-    caps = {m.model_name: m for m in sc.get_server_capabilities().supported_models}
-    entry = caps[base].model_dump()
+    assert base in [m.model_name for m in sc.get_server_capabilities().supported_models]
+    # the SDK's SupportedModel keeps only model_name; the catalog fields are in the JSON
+    caps = httpx.get(f"{srv.url}/api/v1/get_server_capabilities", headers={"X-API-Key": API_KEY}).json()
+    entry = {m["model_name"]: m for m in caps["supported_models"]}[base]
     assert entry["family"] == family and entry["renderer_name"] == FAMILIES[family][2], entry
     if family == "qwen3_moe":
         assert {"gate_up_proj", "down_proj"} <= set(entry["lora_targets"]), entry
