@@ -38,6 +38,7 @@ var TorchModelTypes = map[string]string{
 	"gpt_oss":      "gpt_oss",
 	"qwen3_5_text": "qwen3_5",
 	"mistral":      "mistral",
+	"deepseek_v3":  "deepseek_v3",
 }
 
 // CheckFamily refuses a model_type this engine does not serve, naming the family and the

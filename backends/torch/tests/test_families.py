@@ -47,6 +47,13 @@ CONFIGS = {
     "qwen3_5": ("qwen3_5_text", dict(intermediate_size=128, linear_num_value_heads=4, linear_num_key_heads=2,
                                      linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
                                      layer_types=["linear_attention", "full_attention"], tie_word_embeddings=False)),
+    # MLA with a query LoRA, a dense layer 0 (first_k_dense_replace), routed + shared experts in
+    # layer 1; Kimi K2's shape in miniature (one expert group, top-k of many small experts)
+    "deepseek_v3": ("deepseek_v3", dict(intermediate_size=128, moe_intermediate_size=32, n_routed_experts=4,
+                                        n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
+                                        first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+                                        qk_nope_head_dim=8, v_head_dim=16, num_key_value_heads=4, head_dim=8,
+                                        tie_word_embeddings=False)),
 }
 
 
@@ -54,13 +61,13 @@ def build(family, d):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     mt, kw = CONFIGS[family]
-    cfg = AutoConfig.for_model(mt, **COMMON, **kw)
+    cfg = AutoConfig.for_model(mt, **{**COMMON, **kw})
     torch.manual_seed(1234)
     m = AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():  # MoE experts are created empty; give every parameter a seeded value
         g = torch.Generator().manual_seed(99)
         for n, p in m.named_parameters():
-            if p.dim() == 3 or "bias" in n or "sinks" in n or "A_log" in n:
+            if p.dim() == 3 or "bias" in n or "sinks" in n or "A_log" in n or "mlp.gate.weight" in n:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.05)
     m.save_pretrained(str(d))
     return str(d)
@@ -69,7 +76,10 @@ def build(family, d):
 def hf(d):
     from transformers import AutoModelForCausalLM
 
-    kw = {"experts_implementation": "eager"} if json.load(open(os.path.join(d, "config.json")))["model_type"] in ("qwen3_moe", "gpt_oss") else {}
+    from loops_worker.families import BY_MODEL_TYPE
+
+    mt = json.load(open(os.path.join(d, "config.json")))["model_type"]
+    kw = {"experts_implementation": "eager"} if BY_MODEL_TYPE[mt].experts else {}  # no float64 grouped_mm
     m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64, attn_implementation="eager", **kw)
     m.eval()
     return m
@@ -108,7 +118,7 @@ def test_family_parity(family, tmp_path):
     info = bm.info
     assert (info.family, info.publisher, info.renderer) == (family, bm.family.publisher, bm.family.renderer)
     assert set(info.lora_targets) <= set(bm.family.targets()) and "lm_head" in info.lora_targets
-    assert set(bm.family.experts) <= set(info.lora_targets) and "q_proj" in info.lora_targets
+    assert set(bm.family.experts) <= set(info.lora_targets) and "o_proj" in info.lora_targets
     eng = Engine({"m": bm}, ["m"])
     ref = hf(d)
     stats = {}
@@ -132,9 +142,11 @@ def test_family_parity(family, tmp_path):
                     p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * 0.1)
     a, b = eng.adapter("a"), eng.adapter("b")
     if bm.family.experts:  # every fused expert parameter is adapted, per expert at rank r
+        from loops_worker.lora import MultiLoraExperts
+
         ek = [k for k, t in bm.layers.items() if t.experts > 1]
-        moe_layers = 1 if family == "qwen3_moe" else 2
-        assert len(ek) == 2 * moe_layers and all(a.pairs[k][0].shape[0] == 4 * bm.layers[k].experts for k in ek)
+        moe_layers = sum(isinstance(m, MultiLoraExperts) for m in bm.model.modules())
+        assert moe_layers >= 1 and len(ek) == 2 * moe_layers and all(a.pairs[k][0].shape[0] == 4 * bm.layers[k].experts for k in ek)
     sa = str(tmp_path / "a")
     eng.save_adapter(bpb.SaveAdapterRequest(adapter_id="a", dir=sa))
     cfg = json.load(open(os.path.join(sa, "adapter_config.json")))

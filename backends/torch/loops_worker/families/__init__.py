@@ -63,7 +63,7 @@ class Family:
 
 
 # The family files, in catalog order.
-MODULES = ["qwen3", "qwen2", "llama", "mistral", "gemma3", "qwen3_5", "qwen3_moe", "gpt_oss"]
+MODULES = ["qwen3", "qwen2", "llama", "mistral", "gemma3", "qwen3_5", "qwen3_moe", "gpt_oss", "deepseek_v3"]
 
 
 def _load() -> Dict[str, Family]:
