@@ -33,12 +33,15 @@ func LoraTargets() []string {
 // not to the worker's family name (backends/torch/loops_worker/families/; a test keeps the
 // two in step).
 var TorchModelTypes = map[string]string{
-	"gemma3_text":  "gemma3",
-	"qwen3_moe":    "qwen3_moe",
-	"gpt_oss":      "gpt_oss",
-	"qwen3_5_text": "qwen3_5",
-	"mistral":      "mistral",
-	"deepseek_v3":  "deepseek_v3",
+	"gemma3_text":      "gemma3",
+	"qwen3_moe":        "qwen3_moe",
+	"gpt_oss":          "gpt_oss",
+	"qwen3_5_text":     "qwen3_5",
+	"mistral":          "mistral",
+	"deepseek_v3":      "deepseek_v3",
+	"qwen3_5_moe_text": "qwen3_5_moe",
+	"glm_moe_dsa":      "glm_moe_dsa",
+	"minimax_m2":       "minimax_m2",
 }
 
 // CheckFamily refuses a model_type this engine does not serve, naming the family and the
