@@ -42,6 +42,7 @@ var TorchModelTypes = map[string]string{
 	"qwen3_5_moe_text": "qwen3_5_moe",
 	"glm_moe_dsa":      "glm_moe_dsa",
 	"minimax_m2":       "minimax_m2",
+	"nemotron_h":       "nemotron_h",
 }
 
 // CheckFamily refuses a model_type this engine does not serve, naming the family and the
