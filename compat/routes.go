@@ -275,11 +275,18 @@ func (s *server) healthz(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// supportedModel is one entry of get_server_capabilities. The SDK reads model_name (and
+// keeps the rest); family, publisher, renderer_name (the tinker-cookbook renderer) and
+// lora_targets are Loops' catalog (ModelInfo), present when the backend says them.
 type supportedModel struct {
-	ModelName        string `json:"model_name"`
-	MaxContextLength int32  `json:"max_context_length,omitempty"`
-	Trainable        bool   `json:"trainable"`
-	Sampleable       bool   `json:"sampleable"`
+	ModelName        string   `json:"model_name"`
+	MaxContextLength int32    `json:"max_context_length,omitempty"`
+	Trainable        bool     `json:"trainable"`
+	Sampleable       bool     `json:"sampleable"`
+	Family           string   `json:"family,omitempty"`
+	Publisher        string   `json:"publisher,omitempty"`
+	RendererName     string   `json:"renderer_name,omitempty"`
+	LoraTargets      []string `json:"lora_targets,omitempty"`
 }
 
 func (s *server) serverCapabilities(w http.ResponseWriter, r *http.Request) error {
@@ -293,6 +300,7 @@ func (s *server) serverCapabilities(w http.ResponseWriter, r *http.Request) erro
 	for _, m := range res.GetModels() {
 		out.SupportedModels = append(out.SupportedModels, supportedModel{
 			ModelName: m.GetName(), MaxContextLength: m.GetMaxSequenceLength(), Trainable: true, Sampleable: true,
+			Family: m.GetFamily(), Publisher: m.GetPublisher(), RendererName: m.GetRenderer(), LoraTargets: m.GetLoraTargets(),
 		})
 	}
 	s.edge.WriteJSON(w, http.StatusOK, out)

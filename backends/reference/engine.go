@@ -227,7 +227,13 @@ func (e *Engine) loadModel(name string) (*baseModel, error) {
 	bm.info = &loopsv1.ModelInfo{
 		Name: name, MaxSequenceLength: int32(m.Cfg.MaxSeq()), VocabSize: int32(m.Cfg.Vocab),
 		Architecture: m.Cfg.Arch(), TokenizerId: tokID, MaxLoraRank: int32(e.opts.MaxLoraRank),
-		Backend: Implementation, HiddenSize: int32(m.Cfg.Hidden),
+		Backend: Implementation, HiddenSize: int32(m.Cfg.Hidden), LoraTargets: nn.LoraTargets(),
+	}
+	if f, ok := nn.Families[m.Cfg.ModelType]; ok {
+		bm.info.Family, bm.info.Publisher, bm.info.Renderer = f.Name, f.Publisher, f.Renderer
+	}
+	if name == tiny.Name {
+		bm.info.Renderer = tiny.Renderer
 	}
 	// The files' revision, for the receipts of runs on the model (docs/receipts.md).
 	if bm.info.Revision, err = receipt.DirRevision(dir); err != nil {

@@ -257,7 +257,11 @@ func TestProtocols(t *testing.T) {
 		cl := backendv1connect.NewSamplerServiceClient(hc, "https://"+r.addr, opt)
 		caps, err := cl.GetCapabilities(t.Context(), &backendv1.GetCapabilitiesRequest{})
 		require.NoError(t, err)
-		require.Equal(t, tiny.Name, caps.GetModels()[0].GetName())
+		m := caps.GetModels()[0]
+		require.Equal(t, tiny.Name, m.GetName())
+		// the catalog: loops/tiny is a Qwen3 that takes the cookbook's qwen3_instruct
+		require.Equal(t, []string{"qwen3", "Qwen", tiny.Renderer}, []string{m.GetFamily(), m.GetPublisher(), m.GetRenderer()})
+		require.Equal(t, []string{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}, m.GetLoraTargets())
 	}
 }
 

@@ -18,6 +18,11 @@ import (
 // Name is the built-in model's name.
 const Name = "loops/tiny"
 
+// Renderer is the tinker-cookbook renderer of loops/tiny: its tokenizer has ChatML
+// <|im_start|>/<|im_end|> as single tokens and no <think>, which is the cookbook's
+// qwen3_instruct (ChatML without thinking).
+const Renderer = "qwen3_instruct"
+
 // Version changes whenever the generated folder would change; Write rewrites folders with
 // another version.
 const Version = "3"

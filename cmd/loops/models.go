@@ -44,9 +44,7 @@ var cookbookOrgs = []string{"meta-llama/", "Qwen/", "deepseek-ai/", "openai/", "
 // loops/tiny, both are empty: the renderer follows the model's chat template.
 func cookbookRenderer(name string) (renderer string, auto bool) {
 	if name == tiny.Name {
-		// loops/tiny's tokenizer has ChatML <|im_start|>/<|im_end|> as single tokens and no
-		// <think>: ChatML without thinking is the cookbook's qwen3_instruct.
-		return "qwen3_instruct", false
+		return tiny.Renderer, false
 	}
 	for _, org := range cookbookOrgs {
 		if strings.HasPrefix(name, org) {
@@ -57,32 +55,38 @@ func cookbookRenderer(name string) (renderer string, auto bool) {
 }
 
 // printModels writes the model table of `loops models` and how to pass each model's
-// renderer to tinker-cookbook.
+// renderer to tinker-cookbook. A model the cookbook does not know by name takes its
+// family's renderer (ModelInfo.renderer) when the backend names one.
 func printModels(w io.Writer, models []*loopsv1.ModelInfo) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MODEL\tARCH\tMAX SEQ LEN\tVOCAB\tMAX LORA RANK\tBACKEND\tCOOKBOOK RENDERER")
-	explicit := false
+	fmt.Fprintln(tw, "MODEL\tFAMILY\tPUBLISHER\tARCH\tMAX SEQ LEN\tVOCAB\tMAX LORA RANK\tBACKEND\tCOOKBOOK RENDERER")
+	var hint *loopsv1.ModelInfo
+	hintRenderer := ""
 	for _, m := range models {
 		renderer, auto := cookbookRenderer(m.GetName())
+		if renderer == "" && !auto {
+			renderer = m.GetRenderer()
+		}
 		col := renderer
 		switch {
 		case auto:
 			col = "(by model name)"
 		case renderer == "":
 			col = "(its chat template's)"
-		default:
-			explicit = true
+		case hint == nil:
+			hint, hintRenderer = m, renderer
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", m.GetName(), m.GetArchitecture(), m.GetMaxSequenceLength(),
-			m.GetVocabSize(), m.GetMaxLoraRank(), m.GetBackend(), col)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", m.GetName(), dash(m.GetFamily()), dash(m.GetPublisher()),
+			m.GetArchitecture(), m.GetMaxSequenceLength(), m.GetVocabSize(), m.GetMaxLoraRank(), m.GetBackend(), col)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if explicit {
-		fmt.Fprintln(w, "\ntinker-cookbook looks a renderer up by model name and does not know loops/tiny "+
-			"(\"Unknown model\"): pass it,\n  e.g. python -m tinker_cookbook.recipes.chat_sl.train model_name=loops/tiny renderer_name=qwen3_instruct ...\n"+
-			"Recipes without a renderer_name option (recipes/sl_loop.py, rl_loop.py) need renderer_name set in their code.")
+	if hint != nil {
+		fmt.Fprintf(w, "\ntinker-cookbook looks a renderer up by model name and does not know these models "+
+			"(\"Unknown model\"): pass it,\n  e.g. python -m tinker_cookbook.recipes.chat_sl.train model_name=%s renderer_name=%s ...\n"+
+			"Recipes without a renderer_name option (recipes/sl_loop.py, rl_loop.py) need renderer_name set in their code.\n",
+			hint.GetName(), hintRenderer)
 	}
 	return nil
 }

@@ -229,6 +229,9 @@ func ReadConfig(dir string) (Config, error) {
 	if err := json.Unmarshal(b, &c); err != nil {
 		return c, fmt.Errorf("config.json: %w", err)
 	}
+	if err := CheckFamily(c.ModelType); err != nil {
+		return c, err
+	}
 	return c, c.normalize()
 }
 

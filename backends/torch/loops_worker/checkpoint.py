@@ -30,7 +30,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .lora import LAYER_TARGETS
+from .families import all_target_names
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -38,7 +38,12 @@ OPTIMIZER = "optimizer.safetensors"
 GRADIENTS = "gradients.safetensors"
 # adapter_config.json cap (nn.MaxConfigBytes); PEFT writes about a kilobyte.
 MAX_CONFIG_BYTES = 256 << 10
-TARGET_MODULES = LAYER_TARGETS + ["lm_head"]
+# The module and parameter names an adapter_config.json may list (every family's targets).
+TARGET_MODULES = all_target_names()
+# target_modules names PEFT writes for the tied input embedding under ensure_weight_tying
+TIED_EMBED_MODULES = ("model.embed_tokens", "embed_tokens")
+PEFT_HEAD = "base_model.model.lm_head"
+PEFT_TIED_EMBED = "base_model.model.model.embed_tokens.lora_embedding_"
 # The dtypes an adapter's tensors may have (safetensors.FloatDTypes).
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 # Byte sizes of the dtypes of the safetensors specification.
@@ -50,10 +55,12 @@ ELEM_SIZES = {
 }
 
 
-def peft_config(rank: int, alpha: float, target_modules, base_model: str, tied_embed: bool = False) -> dict:
-    # Field order and values as the reference engine writes them; ensure_weight_tying (PEFT's
-    # field) marks a tied model's head LoRA that adapts the shared matrix.
-    c = {
+def peft_config(rank: int, alpha: float, target_modules, base_model: str, tied_embed: bool = False,
+                target_parameters=()) -> dict:
+    """adapter_config.json. Field order and values as the reference engine writes them;
+    ensure_weight_tying (PEFT's field) marks a tied model's head LoRA that adapts the shared
+    matrix; target_parameters (fused MoE expert parameters, PEFT's ParamWrapper) only when set."""
+    cfg = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "r": rank,
@@ -71,8 +78,10 @@ def peft_config(rank: int, alpha: float, target_modules, base_model: str, tied_e
         "layers_to_transform": None,
     }
     if tied_embed:
-        c["ensure_weight_tying"] = True
-    return c
+        cfg["ensure_weight_tying"] = True
+    if target_parameters:
+        cfg["target_parameters"] = list(target_parameters)
+    return cfg
 
 
 def save(dir_: str, adapter, base_model: str, with_optimizer: bool, with_gradients: bool = False) -> int:
@@ -80,8 +89,9 @@ def save(dir_: str, adapter, base_model: str, with_optimizer: bool, with_gradien
     alpha = adapter.scale * adapter.spec.rank
     if abs(alpha - 32.0) < 1e-9:
         alpha = 32
-    cfg = json.dumps(peft_config(adapter.spec.rank, alpha, adapter.spec.target_modules(), base_model,
-                                 getattr(adapter, "tied_embed", False)), indent=2) + "\n"
+    mods, params = adapter.targets()
+    cfg = json.dumps(peft_config(adapter.spec.rank, alpha, mods, base_model,
+                                 getattr(adapter, "tied_embed", False), params), indent=2) + "\n"
     with open(os.path.join(dir_, ADAPTER_CONFIG), "w") as f:
         f.write(cfg)
     total = len(cfg.encode())
@@ -188,16 +198,33 @@ def read_config(dir_: str) -> dict:
     if c.get("rank_pattern") or c.get("alpha_pattern"):
         raise ValueError(f"{ADAPTER_CONFIG}: rank_pattern and alpha_pattern are not supported (every module must have rank r)")
     tm = c.get("target_modules")
+    if tm is None:
+        tm = []
     if not isinstance(tm, list) or not all(isinstance(m, str) for m in tm):
         raise ValueError(f"{ADAPTER_CONFIG}: target_modules must be a list of module names, got {tm!r}")
-    if not tm:
+    tp = c.get("target_parameters")
+    if tp is None:
+        tp = []
+    if not isinstance(tp, list) or not all(isinstance(m, str) for m in tp):
+        raise ValueError(f"{ADAPTER_CONFIG}: target_parameters must be a list of parameter names, got {tp!r}")
+    if not tm and not tp:
         raise ValueError(f"{ADAPTER_CONFIG}: target_modules is empty")
-    for m in tm:
+    for m in tm + tp:
+        if m in TIED_EMBED_MODULES and c.get("ensure_weight_tying") is True:
+            continue
         if m not in TARGET_MODULES:
             raise ValueError(f"{ADAPTER_CONFIG}: unknown target module {m!r} (known: {', '.join(TARGET_MODULES)})")
     ewt = c.get("ensure_weight_tying")
     if ewt is not None and not isinstance(ewt, bool):
         raise ValueError(f"{ADAPTER_CONFIG}: ensure_weight_tying must be true or false, got {ewt!r}")
+    if ewt is True:
+        # PEFT's own save of a tied model lists the tied embedding in place of the head (its
+        # factors are the head's, transposed): the adapter is the head's LoRA on W
+        emb = [m for m in tm if m in TIED_EMBED_MODULES]
+        tm = [m for m in tm if m not in TIED_EMBED_MODULES]
+        if emb and "lm_head" not in tm:
+            tm.append("lm_head")
+    c["target_modules"], c["target_parameters"] = tm, tp
     ltt = c.get("layers_to_transform")
     if ltt is not None and not (_is_int(ltt) or (isinstance(ltt, list) and all(_is_int(x) for x in ltt))):
         raise ValueError(f"{ADAPTER_CONFIG}: layers_to_transform must be an integer or a list of integers, got {ltt!r}")
@@ -290,10 +317,12 @@ class Plan:
     tied: bool = False  # ensure_weight_tying: a tied model's head LoRA adapts the shared matrix
 
 
-def check_folder(dir_: str, modules: Dict[str, Tuple[int, int]], num_layers: int, max_rank: int,
+def check_folder(dir_: str, modules: Dict[str, Tuple[str, int, int, int]], num_layers: int, max_rank: int,
                  with_optimizer: bool, with_gradients: bool = False) -> Plan:
-    """Checks an adapter folder against the base model's LoRA modules ({PEFT key: (in,
-    out)}) and the rank limit without reading a tensor (nn.LoadAdapter's checks):
+    """Checks an adapter folder against the base model's LoRA modules ({PEFT key: (target
+    name, in, out, experts)}; a fused-experts parameter has rank r per expert, so A is
+    [experts·r, in] and B [out, experts·r]) and the rank limit without reading a tensor
+    (nn.LoadAdapter's checks):
     adapter_config.json, both safetensors headers, every tensor name against the modules
     target_modules lists, every shape against r and the module's dimensions, and the
     optimizer state against the weights. Raises ValueError (or OSError) naming the problem."""
@@ -301,7 +330,7 @@ def check_folder(dir_: str, modules: Dict[str, Tuple[int, int]], num_layers: int
     r = pc["r"]
     if r > max_rank:
         raise ValueError(f"{ADAPTER_CONFIG}: r = {r} is above this worker's rank limit {max_rank}")
-    targets = set(pc["target_modules"])
+    targets = set(pc["target_modules"]) | set(pc["target_parameters"])
     ltt = pc.get("layers_to_transform")
     for layer in ([ltt] if _is_int(ltt) else ltt or []):
         if not 0 <= layer < num_layers:
@@ -310,10 +339,19 @@ def check_folder(dir_: str, modules: Dict[str, Tuple[int, int]], num_layers: int
     for key in modules:
         slots[key + ".lora_A.weight"] = (key, False)
         slots[key + ".lora_B.weight"] = (key, True)
-    hb, nt = tensor_limits(len(slots))
+    hb, nt = tensor_limits(len(slots) + 2)  # + the tied embedding's copies of the head's
     tensors, meta = read_header(os.path.join(dir_, ADAPTER_WEIGHTS), hb, nt)
     stored: Dict[str, str] = {}
+    tied_head = PEFT_HEAD if pc.get("ensure_weight_tying") is True and PEFT_HEAD in modules else None
     for k, (_, shape) in tensors.items():
+        if tied_head and k.startswith(PEFT_TIED_EMBED):
+            # PEFT's saved copy of the head's factors for the tied embedding (lora_embedding_A
+            # = Bᵀ [r, vocab], lora_embedding_B = Aᵀ [hidden, r]): not read, shape checked
+            _, fan_in, fan_out, _ = modules[tied_head]
+            want = {"A": (r, fan_out), "B": (fan_in, r)}.get(k[len(PEFT_TIED_EMBED):].split(".")[0])
+            if want is None or shape != want:
+                raise ValueError(f"{ADAPTER_WEIGHTS}: {k} is not the tied embedding's copy of the head's LoRA (shape {list(shape)})")
+            continue
         name = k.replace(".default.weight", ".weight", 1)
         if name in stored:
             raise ValueError(f"{ADAPTER_WEIGHTS} holds both {stored[name]} and {k}")
@@ -322,10 +360,10 @@ def check_folder(dir_: str, modules: Dict[str, Tuple[int, int]], num_layers: int
                 f"{ADAPTER_WEIGHTS}: tensor {k} is not a LoRA tensor of this model "
                 f"(expected keys like base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight)")
         key, is_b = slots[name]
-        if key.rsplit(".", 1)[-1] not in targets:
-            raise ValueError(f"{ADAPTER_WEIGHTS}: tensor {k} belongs to a module that target_modules {sorted(targets)} does not list")
-        fan_in, fan_out = modules[key]
-        want = (fan_out, r) if is_b else (r, fan_in)
+        target, fan_in, fan_out, experts = modules[key]
+        if target not in targets:
+            raise ValueError(f"{ADAPTER_WEIGHTS}: tensor {k} belongs to a module ({target}) that target_modules/target_parameters {sorted(targets)} does not list")
+        want = (fan_out, r * experts) if is_b else (r * experts, fan_in)
         if shape != want:
             raise ValueError(
                 f"{ADAPTER_WEIGHTS}: {k} has shape {list(shape)}, want {list(want)} for r = {r} "
@@ -342,8 +380,8 @@ def check_folder(dir_: str, modules: Dict[str, Tuple[int, int]], num_layers: int
             raise ValueError(f"{ADAPTER_WEIGHTS} holds only one of lora_A and lora_B for {key}")
         if has_a:
             keys.append(key)
-    covered = {k.rsplit(".", 1)[-1] for k in keys}
-    for m in pc["target_modules"]:
+    covered = {modules[k][0] for k in keys}
+    for m in pc["target_modules"] + pc["target_parameters"]:
         if m not in covered:
             raise ValueError(f"{ADAPTER_CONFIG} lists target module {m} but {ADAPTER_WEIGHTS} holds no tensors for it")
     try:

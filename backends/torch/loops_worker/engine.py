@@ -18,7 +18,8 @@ import torch
 
 from . import checkpoint as ckpt
 from .errors import ALREADY_EXISTS, INTERNAL, RESOURCE_EXHAUSTED, WorkerError, invalid, not_found
-from .lora import Adapter, BatchContext, LoraSpec, MultiLoraLinear, embeddings_tied, layer_keys, wrap_embedding, wrap_model
+from . import families
+from .lora import Adapter, BatchContext, LoraSpec, embeddings_tied, wrap_embedding, wrap_model
 from .proto import tpb
 from .revision import dir_revision
 
@@ -113,8 +114,13 @@ class BaseModel:
         self.tokenizer_id = tok_id
         self.device = device
         self.dtype = dtype
+        # the family first: an unserved model_type is refused before its weights are read
+        self.family = families.for_config(model.config if model is not None else AutoConfig.from_pretrained(path))
         if model is None:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_impl)
+            kw = {}
+            if self.family.experts and dtype == torch.float64:
+                kw["experts_implementation"] = "eager"  # grouped_mm has no float64 kernel
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_impl, **kw)
         self.model = model.to(device)
         self.model.eval()
         self.model.requires_grad_(False)
@@ -124,11 +130,14 @@ class BaseModel:
         if grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ctx = BatchContext(torch.float64 if device.type == "cpu" else None)
+        # {PEFT key: MultiLoraLinear or ExpertTarget}, the family's LoRA targets in model order
+        self.layers: Dict[str, object] = wrap_model(self.model, self.ctx, self.family)
         # tied embeddings: an adapter's head LoRA adapts the embedding lookup too (lora.py)
         self.tied = embeddings_tied(self.model)
-        self.layers: Dict[str, MultiLoraLinear] = wrap_model(self.model, self.ctx)
         if self.tied:
             wrap_embedding(self.model, self.ctx)
+        # Gemma-style final logit soft-capping (cap·tanh(logits/cap)), as the model's own head
+        self.softcap = float(getattr(self.config, "final_logit_softcapping", None) or 0.0)
         self.num_layers = int(self.config.num_hidden_layers)
         self.vocab = int(self.config.vocab_size)
         mp = int(getattr(self.config, "max_position_embeddings", 0) or 0)
@@ -156,7 +165,9 @@ class BaseModel:
         self.info = tpb.ModelInfo(
             name=name, max_sequence_length=self.max_seq, vocab_size=self.vocab, architecture=arch,
             tokenizer_id=tok_id, max_lora_rank=max_lora_rank, backend=IMPLEMENTATION,
-            hidden_size=int(getattr(self.config, "hidden_size", 0) or 0), revision=dir_revision(path))
+            hidden_size=int(getattr(self.config, "hidden_size", 0) or 0), revision=dir_revision(path),
+            family=self.family.name, publisher=self.family.publisher, renderer=self.family.renderer,
+            lora_targets=list(dict.fromkeys(t.target for t in self.layers.values())))
 
     # -- the pass ------------------------------------------------------------------------
 
@@ -235,8 +246,14 @@ class BaseModel:
         budget = 1 << 28 if self.device.type == "cuda" else 1 << 26  # elements of fp32 logits
         chunk = max(1, min(T, budget // max(1, B * self.vocab)))
 
+        cap = self.softcap
+
         def piece(hc: torch.Tensor, tc: torch.Tensor) -> torch.Tensor:
-            logits = head(hc).float()
+            logits = head(hc)
+            if logits.dtype not in (torch.float32, torch.float64):
+                logits = logits.float()
+            if cap > 0:
+                logits = torch.tanh(logits / cap) * cap
             lse = torch.logsumexp(logits, dim=-1, keepdim=True)
             return torch.gather(logits, -1, tc) - lse
 
@@ -633,11 +650,10 @@ class Engine:
                 raise WorkerError(INTERNAL, f"saving adapter {req.adapter_id!r}: {e}")
 
     @staticmethod
-    def lora_modules(bm: BaseModel) -> Dict[str, Tuple[int, int]]:
-        """{PEFT module key: (in, out)} of every LoRA target of the base model, in the
-        reference engine's order."""
-        keys = layer_keys(bm.num_layers, LoraSpec(rank=1))
-        return {k: (bm.layers[k].in_features, bm.layers[k].out_features) for k in keys if k in bm.layers}
+    def lora_modules(bm: BaseModel) -> Dict[str, Tuple[str, int, int, int]]:
+        """{PEFT module key: (target name, in, out, experts)} of every LoRA target of the
+        base model, in model order."""
+        return {k: (t.target, t.in_features, t.out_features, t.experts) for k, t in bm.layers.items()}
 
     def check_adapter_dir(self, dir_: str, bm: BaseModel, with_optimizer: bool, with_gradients: bool = False) -> ckpt.Plan:
         """ckpt.check_folder against bm and this worker's rank limit, as InvalidArgument."""

@@ -9,8 +9,11 @@ AdamW moments.
 
 Semantics follow the reference engine (backends/reference/README.md): alpha 32 (scale
 32/rank), A ~ U(-1/sqrt(in), 1/sqrt(in)) drawn from Go's PCG seeded with
-seed ^ fnv64a(<PEFT key of lora_A>), B = 0, targets attn = q,k,v,o; mlp = gate,up,down;
-unembed = lm_head. On a model with tied embeddings the unembedding LoRA adapts the shared
+seed ^ fnv64a(<PEFT key of lora_A>), B = 0. Which modules are targets is the model
+family's (families/): attn = q,k,v,o; mlp = gate,up,down and, for MoE families, the fused
+expert parameters (MultiLoraExperts: rank r per expert, stored as PEFT's target_parameters
+stores them: A [E·r, in], B [out, E·r]); unembed = lm_head.
+On a model with tied embeddings the unembedding LoRA adapts the shared
 matrix W: ΔW = scale * B @ A is added to the head's logits and to the input embedding lookup
 (MultiLoraEmbedding), as PEFT's ensure_weight_tying and tinker-cookbook's merge do, and A and
 B get gradients from both uses; adapters saved before this rule (no ensure_weight_tying in
@@ -29,11 +32,9 @@ import torch
 from torch import nn
 
 from . import pcg
+from .families import Family
 
 LORA_ALPHA = 32.0
-ATTN_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
-MLP_TARGETS = ["gate_proj", "up_proj", "down_proj"]
-LAYER_TARGETS = ATTN_TARGETS + MLP_TARGETS
 PEFT_PREFIX = "base_model.model."
 
 
@@ -45,15 +46,9 @@ class LoraSpec:
     mlp: bool = True
     unembed: bool = True
 
-    def target_modules(self) -> List[str]:
-        out: List[str] = []
-        if self.attn:
-            out += ATTN_TARGETS
-        if self.mlp:
-            out += MLP_TARGETS
-        if self.unembed:
-            out.append("lm_head")
-        return out
+    def wants(self, kind: str) -> bool:
+        """Whether the adapter trains targets of kind "attn", "mlp" or "unembed"."""
+        return {"attn": self.attn, "mlp": self.mlp, "unembed": self.unembed}[kind]
 
 
 class BatchContext:
@@ -63,12 +58,31 @@ class BatchContext:
         self.segments: List[Tuple[int, int, Optional["Adapter"]]] = []
         self.lora_dtype = lora_dtype
 
+    def spans(self, n: int) -> List[Tuple[int, int, Optional["Adapter"]]]:
+        """The segments in units of the first dimension n of a layer's input: batch rows
+        ([B, T, ...] inputs) or tokens (the [B·T, ...] inputs of MoE blocks, which flatten
+        the batch). One span when a single segment covers the batch."""
+        segs = self.segments
+        if len(segs) == 1 and segs[0][0] == 0:
+            return [(0, n, segs[0][2])]
+        rows = segs[-1][1]
+        if n % rows != 0:
+            raise RuntimeError(f"a LoRA layer's input has {n} rows, not a multiple of the batch's {rows}")
+        f = n // rows
+        return [(r0 * f, r1 * f, ad) for r0, r1, ad in segs]
+
 
 class MultiLoraLinear(nn.Module):
-    def __init__(self, base: nn.Linear, key: str, ctx: BatchContext):
+    """An nn.Linear target: y = base(x) + scale·(x Aᵀ) Bᵀ for each row segment's adapter."""
+
+    experts = 1
+
+    def __init__(self, base: nn.Linear, key: str, ctx: BatchContext, kind: str):
         super().__init__()
         self.base = base
         self.key = key  # PEFT module key, e.g. base_model.model.model.layers.0.self_attn.q_proj
+        self.target = key.rsplit(".", 1)[-1]  # the target_modules name
+        self.kind = kind  # "attn", "mlp" or "unembed"
         self.in_features = base.in_features
         self.out_features = base.out_features
         self._ctx = ctx
@@ -90,19 +104,18 @@ class MultiLoraLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        segs = self._ctx.segments
-        if not segs:
+        if not self._ctx.segments:
             return y
-        rows = x.shape[0]
-        if len(segs) == 1 and segs[0][0] == 0 and segs[0][1] >= rows:
-            ad = segs[0][2]
+        spans = self._ctx.spans(x.shape[0])
+        if len(spans) == 1:
+            ad = spans[0][2]
             if ad is None:
                 return y
             d = self._delta(x, ad)
             return y if d is None else y + d.to(y.dtype)
         parts = []
         touched = False
-        for r0, r1, ad in segs:
+        for r0, r1, ad in spans:
             d = self._delta(x[r0:r1], ad) if ad is not None else None
             if d is None:
                 parts.append(torch.zeros((r1 - r0,) + tuple(y.shape[1:]), dtype=y.dtype, device=y.device))
@@ -184,32 +197,114 @@ def wrap_embedding(model: nn.Module, ctx: BatchContext) -> Optional[MultiLoraEmb
     return w
 
 
-def wrap_model(model: nn.Module, ctx: BatchContext) -> Dict[str, MultiLoraLinear]:
-    """Wraps every LoRA target of a transformers causal LM; returns {PEFT key: layer}."""
-    found: Dict[str, MultiLoraLinear] = {}
-    targets = set(LAYER_TARGETS) | {"lm_head"}
+class ExpertTarget:
+    """One fused expert parameter of a MultiLoraExperts module: its PEFT key and shapes.
+    The LoRA of expert e is A_e = A[e·r:(e+1)·r] ([r, in]) and B_e = B.reshape(out, r,
+    E)[:, :, e] ([out, r]), PEFT's ParamWrapper layout, with ΔW_e = scale·B_e A_e."""
+
+    def __init__(self, key: str, name: str, kind: str, experts: int, in_features: int, out_features: int,
+                 transposed: bool):
+        self.key = key
+        self.target = name  # the target_parameters name
+        self.kind = kind
+        self.experts = experts
+        self.in_features = in_features
+        self.out_features = out_features
+        self.transposed = transposed  # stored [E, in, out] rather than [E, out, in]
+
+
+class MultiLoraExperts(nn.Module):
+    """A fused-experts module (3-D parameters, transformers 5's Qwen3MoeExperts,
+    GptOssExperts, ...) with per-expert LoRA on some of its parameters. Each token span of
+    one adapter runs the family's own experts forward with W + ΔW in place of W
+    (torch.func.functional_call), so routing, activation and biases are the model's own;
+    ΔW is formed per pass from the adapter's A and B (as PEFT's ParamWrapper does)."""
+
+    def __init__(self, base: nn.Module, targets: List[ExpertTarget], ctx: BatchContext):
+        super().__init__()
+        self.base = base
+        self.targets = targets
+        self._ctx = ctx
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["base"], name)
+
+    def _run(self, ad: Optional["Adapter"], args, kwargs):
+        repl = {}
+        if ad is not None:
+            for t in self.targets:
+                pair = ad.pairs.get(t.key)
+                if pair is None:
+                    continue
+                a, b = pair
+                w = getattr(self.base, t.target)
+                cd = self._ctx.lora_dtype or w.dtype
+                r = a.shape[0] // t.experts
+                A = a.to(cd).reshape(t.experts, r, t.in_features)
+                B = b.to(cd).reshape(t.out_features, r, t.experts).permute(2, 0, 1)
+                d = torch.bmm(B, A) * ad.scale  # [E, out, in]
+                if t.transposed:
+                    d = d.transpose(1, 2)
+                repl[t.target] = w + d.to(w.dtype)
+        if not repl:
+            return self.base(*args, **kwargs)
+        return torch.func.functional_call(self.base, repl, tuple(args), kwargs, strict=False)
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        if not self._ctx.segments:
+            return self.base(hidden_states, *args, **kwargs)
+        n = hidden_states.shape[0]
+        spans = self._ctx.spans(n)
+        if len(spans) == 1:
+            return self._run(spans[0][2], (hidden_states,) + args, kwargs)
+
+        def cut(v, t0, t1):  # the routing tensors are per token too
+            return v[t0:t1] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n else v
+
+        outs = [self._run(ad, tuple(cut(v, t0, t1) for v in (hidden_states,) + args),
+                          {k: cut(v, t0, t1) for k, v in kwargs.items()}) for t0, t1, ad in spans]
+        return torch.cat(outs, dim=0)
+
+
+def wrap_model(model: nn.Module, ctx: BatchContext, family: Family) -> Dict[str, object]:
+    """Wraps every LoRA target of the family in a causal LM; returns {PEFT key: target}
+    (MultiLoraLinear or ExpertTarget) in model order. Expert parameters get PEFT's keys: of
+    n targeted parameters of one module, in its parameter order, the i-th is
+    <module>{.base_layer × (n-1-i)} (PEFT nests one ParamWrapper per parameter)."""
+    found: Dict[str, object] = {}
+    linear = set(family.attn) | set(family.mlp) | {family.unembed}
     for name, mod in list(model.named_modules()):
         leaf = name.rsplit(".", 1)[-1]
-        if leaf not in targets or not isinstance(mod, nn.Linear):
-            continue
         parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-        w = MultiLoraLinear(mod, PEFT_PREFIX + name, ctx)
-        setattr(parent, leaf, w)
-        found[w.key] = w
+        if leaf in linear and isinstance(mod, nn.Linear):
+            w = MultiLoraLinear(mod, PEFT_PREFIX + name, ctx, family.kind(leaf))
+            setattr(parent, leaf, w)
+            found[w.key] = w
+            continue
+        if not family.experts:
+            continue
+        params = [(pn, p) for pn, p in mod.named_parameters(recurse=False) if pn in family.experts and p.dim() == 3]
+        if not params:
+            continue
+        transposed = bool(getattr(mod, "is_transposed", False))
+        targets = []
+        for i, (pn, p) in enumerate(params):
+            E, d1, d2 = p.shape
+            fan_in, fan_out = (d1, d2) if transposed else (d2, d1)
+            key = PEFT_PREFIX + name + ".base_layer" * (len(params) - 1 - i)
+            targets.append(ExpertTarget(key, pn, family.kind(pn), int(E), int(fan_in), int(fan_out), transposed))
+        setattr(parent, leaf, MultiLoraExperts(mod, targets, ctx))
+        for t in targets:
+            found[t.key] = t
     return found
 
 
-def layer_keys(num_layers: int, spec: LoraSpec) -> List[str]:
-    """PEFT module keys an adapter with spec trains, in the reference engine's order."""
-    keys = []
-    for i in range(num_layers):
-        for t in LAYER_TARGETS:
-            if (t in ATTN_TARGETS and spec.attn) or (t in MLP_TARGETS and spec.mlp):
-                prefix = "self_attn." if t in ATTN_TARGETS else "mlp."
-                keys.append(f"{PEFT_PREFIX}model.layers.{i}.{prefix}{t}")
-    if spec.unembed:
-        keys.append(f"{PEFT_PREFIX}lm_head")
-    return keys
+def layer_keys(layers: Dict[str, object], spec: LoraSpec) -> List[str]:
+    """PEFT module keys an adapter with spec trains (of the model's targets, in order)."""
+    return [k for k, t in layers.items() if spec.wants(t.kind)]
 
 
 def init_lora_a(name_a: str, seed: int, rank: int, fan_in: int) -> np.ndarray:
@@ -243,9 +338,9 @@ class Adapter:
         self.params: Dict[str, torch.Tensor] = {}  # PEFT tensor name -> fp32 leaf tensor
         self.exp_avg: Dict[str, torch.Tensor] = {}
         self.exp_avg_sq: Dict[str, torch.Tensor] = {}
-        for key in (layer_keys(base.num_layers, spec) if keys is None else keys):
+        for key in (layer_keys(base.layers, spec) if keys is None else keys):
             lin = base.layers[key]
-            r = spec.rank
+            r = spec.rank * lin.experts  # per expert rank r: E·r rows (PEFT's layout)
             na, nb = key + ".lora_A.weight", key + ".lora_B.weight"
             if init:
                 a = torch.from_numpy(init_lora_a(na, spec.seed, r, lin.in_features))
@@ -276,11 +371,22 @@ class Adapter:
                     self.params.pop(key + s, None)
                     self.exp_avg.pop(key + s, None)
                     self.exp_avg_sq.pop(key + s, None)
-        mods = {k.rsplit(".", 1)[-1] for k in self.pairs}
-        self.spec.attn = bool(mods & set(ATTN_TARGETS))
-        self.spec.mlp = bool(mods & set(MLP_TARGETS))
-        self.spec.unembed = "lm_head" in mods
+        kinds = {self.base.layers[k].kind for k in self.pairs}
+        self.spec.attn = "attn" in kinds
+        self.spec.mlp = "mlp" in kinds
+        self.spec.unembed = "unembed" in kinds
         self.tied_embed = self.tied_embed and self.spec.unembed
+
+    def targets(self) -> Tuple[List[str], List[str]]:
+        """(target_modules, target_parameters) of the adapter's keys, for adapter_config.json."""
+        mods: List[str] = []
+        params: List[str] = []
+        for k in self.pairs:
+            t = self.base.layers[k]
+            out = params if isinstance(t, ExpertTarget) else mods
+            if t.target not in out:
+                out.append(t.target)
+        return mods, params
 
     @torch.no_grad()
     def adam_step(self, lr: float, beta1: float, beta2: float, eps: float, wd: float, clip: float):

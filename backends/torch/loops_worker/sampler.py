@@ -372,6 +372,11 @@ class HFSampler:
         try:
             ids = torch.tensor([s.prompt], dtype=torch.long, device=dev)
             cache = DynamicCache(config=model.config)
+            # the prompt's cache is repeated per sample; a cache that cannot be repeated
+            # (linear attention's recurrent state: Qwen3.5) gets the prompt once per sample
+            repeat = s.n > 1 and all(hasattr(layer, "batch_repeat_interleave") for layer in cache.layers)
+            if s.n > 1 and not repeat:
+                ids = ids.repeat(s.n, 1)
             want_prompt = s.want_prompt
             out = model(input_ids=ids, past_key_values=cache, use_cache=True,
                         logits_to_keep=0 if want_prompt else 1)
@@ -404,7 +409,7 @@ class HFSampler:
             counts: List[dict] = [{} for _ in range(n)]
             matchers = [self.grammars.matcher(bm, s.response_format) for _ in range(n)] if s.response_format else None
             active = list(range(n))
-            if n > 1:
+            if repeat:
                 cache.batch_repeat_interleave(n)
             rows = [last] * n
             for step in range(s.max_tokens):

@@ -1276,7 +1276,18 @@ type ModelInfo struct {
 	// The revision of the base model's files: "sha256:<hex>" of the canonical list of its
 	// files' SHA-256 (docs/receipts.md), computed once when the backend loads the model;
 	// empty when the backend does not say.
-	Revision      string `protobuf:"bytes,9,opt,name=revision,proto3" json:"revision,omitempty"`
+	Revision string `protobuf:"bytes,9,opt,name=revision,proto3" json:"revision,omitempty"`
+	// The model family that serves it (docs/models.md): e.g. "qwen3", "llama", "qwen3_moe".
+	// Empty when the backend does not say.
+	Family string `protobuf:"bytes,10,opt,name=family,proto3" json:"family,omitempty"`
+	// Who publishes the family's weights: e.g. "Qwen", "Meta", "Google", "OpenAI".
+	Publisher string `protobuf:"bytes,11,opt,name=publisher,proto3" json:"publisher,omitempty"`
+	// The tinker-cookbook renderer that fits the family's chat models (renderer_name=...);
+	// base models take "role_colon".
+	Renderer string `protobuf:"bytes,12,opt,name=renderer,proto3" json:"renderer,omitempty"`
+	// The LoRA targets of the model (module and fused-expert parameter names, e.g. "q_proj",
+	// "gate_up_proj", "lm_head"), as adapter_config.json lists them.
+	LoraTargets   []string `protobuf:"bytes,13,rep,name=lora_targets,json=loraTargets,proto3" json:"lora_targets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1372,6 +1383,34 @@ func (x *ModelInfo) GetRevision() string {
 		return x.Revision
 	}
 	return ""
+}
+
+func (x *ModelInfo) GetFamily() string {
+	if x != nil {
+		return x.Family
+	}
+	return ""
+}
+
+func (x *ModelInfo) GetPublisher() string {
+	if x != nil {
+		return x.Publisher
+	}
+	return ""
+}
+
+func (x *ModelInfo) GetRenderer() string {
+	if x != nil {
+		return x.Renderer
+	}
+	return ""
+}
+
+func (x *ModelInfo) GetLoraTargets() []string {
+	if x != nil {
+		return x.LoraTargets
+	}
+	return nil
 }
 
 // ClientInfo is the client that created a training run, as its request headers name it
@@ -1559,7 +1598,7 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x0fPromptAltTokens\x12\f\n" +
 	"\x01k\x18\x01 \x01(\x05R\x01k\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\x05R\btokenIds\x12\x1a\n" +
-	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xb0\x02\n" +
+	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xa5\x03\n" +
 	"\tModelInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x13max_sequence_length\x18\x02 \x01(\x05R\x11maxSequenceLength\x12\x1d\n" +
@@ -1571,7 +1610,12 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\abackend\x18\a \x01(\tR\abackend\x12\x1f\n" +
 	"\vhidden_size\x18\b \x01(\x05R\n" +
 	"hiddenSize\x12\x1a\n" +
-	"\brevision\x18\t \x01(\tR\brevision\"s\n" +
+	"\brevision\x18\t \x01(\tR\brevision\x12\x16\n" +
+	"\x06family\x18\n" +
+	" \x01(\tR\x06family\x12\x1c\n" +
+	"\tpublisher\x18\v \x01(\tR\tpublisher\x12\x1a\n" +
+	"\brenderer\x18\f \x01(\tR\brenderer\x12!\n" +
+	"\flora_targets\x18\r \x03(\tR\vloraTargets\"s\n" +
 	"\n" +
 	"ClientInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +

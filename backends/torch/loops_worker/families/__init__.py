@@ -1,0 +1,107 @@
+"""The model families the torch worker trains: one file per family.
+
+A family maps a Hugging Face config.json (its model_type) to what the worker needs to
+train LoRA adapters on it: the module names of its LoRA targets (attention, MLP, fused
+MoE experts, the unembedding), the limits it is refused over, its publisher, and the
+tinker-cookbook renderer that fits its chat models. Adding a family is one file here
+(a module-level FAMILY) plus its parity test in tests/test_families.py; docs/models.md
+says how.
+
+An unknown model_type is refused when the model is loaded (for_config), naming the
+family and the ones served.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
+
+ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+UNEMBED = "lm_head"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family.
+
+    attn, mlp: leaf names of the nn.Linear modules adapted when an adapter trains attention
+    (train_attn) or the MLP (train_mlp); a dense MLP inside a MoE model (shared experts,
+    dense layers) is found by the same names. experts: names of fused expert parameters
+    (3-D, [experts, out, in], or [experts, in, out] when the module says is_transposed)
+    adapted per expert with train_mlp, as PEFT's target_parameters does. unembed: the
+    output head, adapted with train_unembed.
+    """
+
+    name: str  # the family's name in the catalog (e.g. "qwen3_moe")
+    model_types: Tuple[str, ...]  # config.json model_type values it serves
+    publisher: str
+    renderer: str  # tinker-cookbook renderer for its chat models ("role_colon" for base models)
+    attn: Tuple[str, ...] = ATTN
+    mlp: Tuple[str, ...] = MLP
+    experts: Tuple[str, ...] = ()
+    unembed: str = UNEMBED
+    notes: str = ""  # limits and quirks, for docs/models.md and errors
+    # check(config) -> None or the reason this config is refused (a variant the worker
+    # cannot compute exactly)
+    check: Optional[Callable[[object], Optional[str]]] = None
+
+    def targets(self) -> List[str]:
+        """Every module/parameter leaf name the family adapts."""
+        return list(self.attn) + list(self.mlp) + list(self.experts) + [self.unembed]
+
+    def kind(self, leaf: str) -> Optional[str]:
+        """"attn", "mlp" or "unembed" for a target leaf name; None when not a target."""
+        if leaf in self.attn:
+            return "attn"
+        if leaf in self.mlp or leaf in self.experts:
+            return "mlp"
+        if leaf == self.unembed:
+            return "unembed"
+        return None
+
+
+# The family files, in catalog order.
+MODULES = ["qwen3", "qwen2", "llama", "mistral", "gemma3", "qwen3_5", "qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_5_moe", "glm_moe_dsa", "minimax_m2", "nemotron_h"]
+
+
+def _load() -> Dict[str, Family]:
+    out: Dict[str, Family] = {}
+    for m in MODULES:
+        fam: Family = importlib.import_module(f"{__name__}.{m}").FAMILY
+        for t in fam.model_types:
+            if t in out:
+                raise RuntimeError(f"model_type {t!r} is claimed by both {out[t].name} and {fam.name}")
+            out[t] = fam
+    return out
+
+
+BY_MODEL_TYPE: Dict[str, Family] = _load()
+FAMILIES: List[Family] = list(dict.fromkeys(BY_MODEL_TYPE.values()))
+
+
+def supported() -> str:
+    return ", ".join(sorted(BY_MODEL_TYPE))
+
+
+def all_target_names() -> List[str]:
+    """Every target leaf name of every family (what an adapter_config.json may list)."""
+    return list(dict.fromkeys(n for f in FAMILIES for n in f.targets()))
+
+
+def for_config(config) -> Family:
+    """The family of a transformers config; ValueError naming the model_type and what is
+    served when the worker does not serve it, or naming the limit a config is over."""
+    mt = getattr(config, "model_type", "") or ""
+    fam = BY_MODEL_TYPE.get(mt)
+    if fam is None:
+        arch = (getattr(config, "architectures", None) or [mt])[0]
+        raise ValueError(
+            f"model family {mt!r} ({arch}) is not served by the torch worker; it serves the model_types "
+            f"{supported()} (docs/models.md says how to add a family)")
+    if fam.check is not None:
+        why = fam.check(config)
+        if why:
+            raise ValueError(f"{fam.name} model refused: {why}")
+    return fam

@@ -1,0 +1,282 @@
+"""Parity of every model family (loops_worker/families/) against transformers + PEFT.
+
+For each family a tiny random model is written from a fixed seed and loaded in float64 by
+the worker and by transformers. Checked: log-probs of the base model; log-probs with a
+non-zero adapter against PEFT loaded from the worker's saved folder (rows of two adapters
+and the base model in one pass); every LoRA gradient against PEFT's; after optimizer steps
+through the engine's API the saved adapter loaded in PEFT reproduces the worker's
+log-probs; seeded sampling repeats and its log-probs are PEFT's. The max |Δ| figures are
+printed (pytest -s) as PARITY lines.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+
+from loops_worker.proto import bpb, tpb
+
+SEQ = [5, 9, 33, 70, 11, 2, 17, 18, 200, 7, 41, 12]
+SEQ2 = [8, 1, 300, 4, 19, 64, 3, 250, 6, 77, 90, 15]
+COMMON = dict(vocab_size=320, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=16, max_position_embeddings=256, eos_token_id=2, bos_token_id=1, pad_token_id=0)
+
+# family -> (model_type, config overrides): each exercises what is particular to the family
+CONFIGS = {
+    "qwen3": ("qwen3", dict(intermediate_size=128, tie_word_embeddings=False)),
+    "qwen2": ("qwen2", dict(intermediate_size=128, tie_word_embeddings=False)),
+    # Llama 3.1's frequency scaling, with an original context short enough to matter
+    "llama": ("llama", dict(intermediate_size=128, tie_word_embeddings=False, rope_parameters=dict(
+        rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=8))),
+    # a sliding window shorter than the sequences
+    "mistral": ("mistral", dict(intermediate_size=128, sliding_window=4, tie_word_embeddings=False)),
+    # a sliding window shorter than the sequences, global every 2nd layer, tied embeddings,
+    # scaled embeddings (the model's own), final logit soft-capping
+    "gemma3": ("gemma3_text", dict(intermediate_size=128, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+                                   tie_word_embeddings=True, final_logit_softcapping=30.0, query_pre_attn_scalar=16)),
+    # 4 experts, top 2; layer 1 is a dense MLP layer (mlp_only_layers)
+    "qwen3_moe": ("qwen3_moe", dict(intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                                    norm_topk_prob=True, mlp_only_layers=[1], tie_word_embeddings=False)),
+    "gpt_oss": ("gpt_oss", dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+                                rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=2.0, beta_fast=32.0,
+                                                     beta_slow=1.0, original_max_position_embeddings=128),
+                                layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=False)),
+    # Gated DeltaNet linear attention in layer 0, full (gated) attention in layer 1
+    "qwen3_5": ("qwen3_5_text", dict(intermediate_size=128, linear_num_value_heads=4, linear_num_key_heads=2,
+                                     linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                                     layer_types=["linear_attention", "full_attention"], tie_word_embeddings=False)),
+    # MLA with a query LoRA, a dense layer 0 (first_k_dense_replace), routed + shared experts in
+    # layer 1; Kimi K2's shape in miniature (one expert group, top-k of many small experts)
+    "deepseek_v3": ("deepseek_v3", dict(intermediate_size=128, moe_intermediate_size=32, n_routed_experts=4,
+                                        n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
+                                        first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+                                        qk_nope_head_dim=8, v_head_dim=16, num_key_value_heads=4, head_dim=8,
+                                        tie_word_embeddings=False)),
+    "qwen3_5_moe": ("qwen3_5_moe_text", dict(moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
+                                             num_experts_per_tok=2, linear_num_value_heads=4, linear_num_key_heads=2,
+                                             linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                                             layer_types=["linear_attention", "full_attention"], tie_word_embeddings=False)),
+    # MLA + the DSA indexer (top-k keys: fewer than the sequence, so it selects), dense layer 0
+    "glm_moe_dsa": ("glm_moe_dsa", dict(intermediate_size=128, moe_intermediate_size=32, n_routed_experts=4,
+                                        n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
+                                        first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+                                        qk_nope_head_dim=8, v_head_dim=16, num_key_value_heads=4, head_dim=8,
+                                        index_topk=6, tie_word_embeddings=False)),
+    "minimax_m2": ("minimax_m2", dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                                      tie_word_embeddings=False)),
+    # Mamba-2, attention, MoE: one block of each
+    "nemotron_h": ("nemotron_h", dict(hybrid_override_pattern="M*E", num_hidden_layers=3, intermediate_size=128,
+                                      n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                      moe_shared_expert_intermediate_size=32, mamba_num_heads=4, mamba_head_dim=16,
+                                      ssm_state_size=16, n_groups=1, chunk_size=4, n_group=1, topk_group=1,
+                                      tie_word_embeddings=False)),
+}
+
+
+# MiniMax-M2's router computes in float32 (sigmoid(logits.float())), so transformers' own
+# log-probs of a row depend on what it is batched with by ~6e-8 (PEFT on [SEQ, SEQ2] against
+# PEFT on [SEQ]); a batched row is held to that, a row alone to 1e-10 like every family.
+BATCH_TOL = {"minimax_m2": 1e-6, "nemotron_h": 1e-6}
+# Nemotron-H's transformers code runs its Mamba-2 scan and router in float32 and returns
+# float32 logits, so its own log-probs carry float32 rounding (~1e-8) even in a float64 model.
+LP_TOL = {"nemotron_h": 1e-6}
+
+
+def build(family, d):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    mt, kw = CONFIGS[family]
+    cfg = AutoConfig.for_model(mt, **{**COMMON, **kw})
+    torch.manual_seed(1234)
+    m = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():  # MoE experts are created empty; give every parameter a seeded value
+        g = torch.Generator().manual_seed(99)
+        for n, p in m.named_parameters():
+            if p.dim() == 3 or "bias" in n or "sinks" in n or "A_log" in n or "gate.weight" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    m.save_pretrained(str(d))
+    return str(d)
+
+
+def hf(d):
+    from transformers import AutoModelForCausalLM
+
+    from loops_worker.families import BY_MODEL_TYPE
+
+    mt = json.load(open(os.path.join(d, "config.json")))["model_type"]
+    kw = {"experts_implementation": "eager"} if BY_MODEL_TYPE[mt].experts else {}  # no float64 grouped_mm
+    m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64, attn_implementation="eager", **kw)
+    m.eval()
+    return m
+
+
+def hf_logprobs(model, seq):
+    out = model(input_ids=torch.tensor([seq]))
+    lp = torch.log_softmax(out.logits[0].double(), -1)
+    return lp[torch.arange(len(seq) - 1), torch.tensor(seq[1:])]
+
+
+def targets(seq):
+    """The next-token targets of seq as the engine takes them ([n, 1], the last one unused)."""
+    return torch.tensor(seq[1:] + [0], dtype=torch.long).reshape(-1, 1)
+
+
+def _datum(toks):
+    d = tpb.Datum(tokens=toks)
+    n = len(toks)
+    d.loss_fn_inputs["target_tokens"].CopyFrom(tpb.Tensor(dtype=tpb.DTYPE_INT64, shape=[n], int64_data=toks[1:] + [0]))
+    d.loss_fn_inputs["weights"].CopyFrom(tpb.Tensor(dtype=tpb.DTYPE_FLOAT32, shape=[n], float32_data=[1.0] * (n - 1) + [0.0]))
+    return d
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_family_parity(family, tmp_path):
+    from peft import PeftModel
+
+    from loops_worker.engine import BaseModel, Engine
+    from loops_worker.sampler import HFSampler
+
+    d = build(family, tmp_path / "model")
+    bm = BaseModel("m", d, torch.device("cpu"), torch.float64, 64, attn_impl="eager")
+    assert bm.family.name == family
+    # the catalog entry (ModelInfo) names the family, its publisher, renderer and targets
+    info = bm.info
+    assert (info.family, info.publisher, info.renderer) == (family, bm.family.publisher, bm.family.renderer)
+    assert set(info.lora_targets) <= set(bm.family.targets()) and "lm_head" in info.lora_targets
+    assert set(bm.family.experts) <= set(info.lora_targets) and "o_proj" in info.lora_targets
+    eng = Engine({"m": bm}, ["m"])
+    ref = hf(d)
+    stats = {}
+
+    # 1. the base model
+    with torch.no_grad():
+        got = bm.token_logprobs([SEQ], [None], [targets(SEQ)], False)[0][:, 0]
+        want = hf_logprobs(ref, SEQ)
+    stats["base"] = float((got[:-1] - want).abs().max())
+    assert stats["base"] < LP_TOL.get(family, 1e-10), stats
+
+    # 2. a non-zero adapter (B random), saved and loaded in PEFT; two adapters and the base in one pass
+    lora = tpb.LoraConfig(rank=4, seed=7, train_attn=True, train_mlp=True, train_unembed=True)
+    for aid in ("a", "b"):
+        eng.create_adapter(bpb.CreateAdapterRequest(adapter_id=aid, base_model="m", lora=lora))
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for aid in ("a", "b"):
+            for name, p in eng.adapter(aid).params.items():
+                if ".lora_B." in name:
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * 0.1)
+    a, b = eng.adapter("a"), eng.adapter("b")
+    if bm.family.experts:  # every fused expert parameter is adapted, per expert at rank r
+        from loops_worker.lora import MultiLoraExperts
+
+        ek = [k for k, t in bm.layers.items() if t.experts > 1]
+        moe_layers = sum(isinstance(m, MultiLoraExperts) for m in bm.model.modules())
+        assert moe_layers >= 1 and len(ek) == 2 * moe_layers and all(a.pairs[k][0].shape[0] == 4 * bm.layers[k].experts for k in ek)
+    sa = str(tmp_path / "a")
+    eng.save_adapter(bpb.SaveAdapterRequest(adapter_id="a", dir=sa))
+    cfg = json.load(open(os.path.join(sa, "adapter_config.json")))
+    assert cfg.get("target_parameters", []) == list(bm.family.experts)
+    pm = PeftModel.from_pretrained(ref, sa)
+    pm.eval()
+    with torch.no_grad():
+        seqs = [SEQ, SEQ2, SEQ, SEQ2]
+        rows = bm.token_logprobs(seqs, [a, a, b, None], [targets(s) for s in seqs], False)
+        want_a = hf_logprobs(pm, SEQ)
+        want_a2 = hf_logprobs(pm, SEQ2)
+        with pm.disable_adapter():
+            want_base2 = hf_logprobs(pm, SEQ2)
+        single = bm.token_logprobs([SEQ], [a], [targets(SEQ)], False)[0]
+    stats["lora"] = float((single[:-1, 0] - want_a).abs().max())
+    assert stats["lora"] < LP_TOL.get(family, 1e-10), stats
+    # the rows of the mixed pass (adapter a, a, b and the base model)
+    stats["mixed"] = max(float((rows[0][:-1, 0] - want_a).abs().max()), float((rows[1][:-1, 0] - want_a2).abs().max()),
+                         float((rows[3][:-1, 0] - want_base2).abs().max()))
+    assert stats["mixed"] < BATCH_TOL.get(family, 1e-10), stats
+    assert float((rows[2][:-1, 0] - rows[0][:-1, 0]).abs().max()) > 1e-6, "adapter b differs from a"
+
+    # 3. LoRA gradients of a summed cross-entropy against PEFT's
+    lp = bm.token_logprobs([SEQ], [a], [targets(SEQ)], True)[0]
+    (-lp[:-1, 0].sum()).backward()
+    bm.end_pass()
+    pm.zero_grad()
+    for n, p in pm.named_parameters():
+        p.requires_grad_("lora_" in n)
+    (-hf_logprobs(pm, SEQ).sum()).backward()
+    peft_grads = {n.replace(".default.", "."): p.grad for n, p in pm.named_parameters() if "lora_" in n}
+    # a tied model (ensure_weight_tying): PEFT's embedding factors are the head's, transposed
+    # (lora_embedding_A = Bᵀ, lora_embedding_B = Aᵀ), and the worker's gradient is the sum
+    ea = peft_grads.pop("base_model.model.model.embed_tokens.lora_embedding_A.default", None)
+    eb = peft_grads.pop("base_model.model.model.embed_tokens.lora_embedding_B.default", None)
+    if ea is not None and eb is not None:
+        peft_grads["base_model.model.lm_head.lora_A.weight"] = peft_grads["base_model.model.lm_head.lora_A.weight"] + eb.T
+        peft_grads["base_model.model.lm_head.lora_B.weight"] = peft_grads["base_model.model.lm_head.lora_B.weight"] + ea.T
+    assert set(peft_grads) == set(a.params), sorted(set(peft_grads) ^ set(a.params))
+    gd, gmax = 0.0, 0.0
+    for n, p in a.params.items():
+        assert p.grad is not None, n
+        gd = max(gd, float((p.grad.double() - peft_grads[n].double()).abs().max()))
+        gmax = max(gmax, float(peft_grads[n].abs().max()))
+    stats["grad"], stats["grad_rel"] = gd, gd / gmax
+    assert gd / gmax < 1e-6, stats  # the adapter's tensors (and so their .grad) are float32
+    a.zero_grad()
+
+    # 4. train through the engine's API, save, load in PEFT: the same log-probs
+    for s in range(3):
+        res = eng.forward_backward(bpb.ForwardBackwardRequest(items=[bpb.ForwardBackwardItem(
+            adapter_id="a", loss_fn="cross_entropy", data=[_datum(SEQ), _datum(SEQ2[: 8 + s])])]))
+        assert res.results[0].WhichOneof("outcome") == "result", res.results[0]
+        eng.optim_step(bpb.OptimStepRequest(adapter_id="a", adam=tpb.AdamParams(learning_rate=0.02)))
+    st = str(tmp_path / "trained")
+    eng.save_adapter(bpb.SaveAdapterRequest(adapter_id="a", dir=st))
+    res = eng.forward_backward(bpb.ForwardBackwardRequest(items=[bpb.ForwardBackwardItem(
+        adapter_id="a", loss_fn="cross_entropy", data=[_datum(SEQ)], forward_only=True)]))
+    served = torch.tensor(list(res.results[0].result.outputs[0].outputs["logprobs"].float32_data), dtype=torch.float64)
+    pt = PeftModel.from_pretrained(hf(d), st)
+    pt.eval()
+    with torch.no_grad():
+        want_t = hf_logprobs(pt, SEQ)
+    stats["trained"] = float((served[:-1] - want_t).abs().max())
+    assert stats["trained"] < 1e-5, stats  # the wire carries float32
+    assert float((want_t - want_a).abs().max()) > 1e-4, "training changed the adapter"
+    # and PEFT's own save of it loads back into the worker with the same log-probs
+    pt.save_pretrained(str(tmp_path / "peft-saved"), save_embedding_layers=False)
+    eng.load_adapter(bpb.LoadAdapterRequest(adapter_id="back", dir=str(tmp_path / "peft-saved")))
+    res2 = eng.forward_backward(bpb.ForwardBackwardRequest(items=[bpb.ForwardBackwardItem(
+        adapter_id="back", loss_fn="cross_entropy", data=[_datum(SEQ)], forward_only=True)]))
+    assert list(res2.results[0].result.outputs[0].outputs["logprobs"].float32_data) == served.float().tolist()
+
+    # 5. seeded sampling from the saved adapter repeats, and its log-probs are PEFT's
+    samp = HFSampler(eng)
+    req = bpb.SampleRequest(base_model="m", adapter_dir=st, prompt=SEQ[:5], num_samples=2,
+                            params=tpb.SamplingParams(max_tokens=6, temperature=1.0, seed=11))
+    r1, r2 = samp.sample(req).result, samp.sample(req).result
+    assert [list(s.tokens) for s in r1.sequences] == [list(s.tokens) for s in r2.sequences]
+    sd = 0.0
+    for s in r1.sequences:
+        full = SEQ[:5] + list(s.tokens)
+        with torch.no_grad():
+            w = hf_logprobs(pt, full)[4:]
+        sd = max(sd, max(abs(x - float(y)) for x, y in zip(s.logprobs, w)))
+    stats["sample"] = sd
+    assert sd < 1e-5, stats
+    print(f"PARITY {family}: " + " ".join(f"{k}={v:.2e}" for k, v in stats.items()))
+
+
+def test_unknown_family_is_refused(tmp_path):
+    from transformers import AutoConfig
+
+    from loops_worker import families
+    from loops_worker.engine import BaseModel
+
+    d = tmp_path / "mamba"
+    d.mkdir()
+    AutoConfig.for_model("mamba", vocab_size=64, hidden_size=16, num_hidden_layers=1).save_pretrained(str(d))
+    with pytest.raises(ValueError) as e:
+        BaseModel("m", str(d), torch.device("cpu"), torch.float32, 8)
+    msg = str(e.value)
+    assert "'mamba'" in msg and "qwen3_moe" in msg and "docs/models.md" in msg
+    # every family file names its publisher and renderer, and no model_type twice
+    for f in families.FAMILIES:
+        assert f.publisher and f.renderer and f.model_types
