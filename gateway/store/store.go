@@ -92,6 +92,7 @@ type Store interface {
 	CheckpointStorageReader
 	WeightsAccessStore
 	AccessStore
+	EvalStore
 	TraceReader
 	Fencer
 
