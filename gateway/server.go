@@ -411,6 +411,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	mux.Handle(loopsv1connect.NewWeightsAccessServiceHandler(svc.Weights, opts...))
 	mux.Handle(loopsv1connect.NewSamplerClientServiceHandler(svc.Clients, opts...))
 	mux.Handle(loopsv1connect.NewTraceServiceHandler(svc.Traces, opts...))
+	mux.Handle(loopsv1connect.NewEvalServiceHandler(svc.Evals, opts...))
 	js, err := s.newJobs(ctx)
 	if err != nil {
 		return nil, err
@@ -571,6 +572,7 @@ func (s *Server) restHandler(ctx context.Context, edge *edge, auditor *audit.Mid
 		loopsv1.RegisterWeightsAccessServiceHandler,
 		loopsv1.RegisterSamplerClientServiceHandler,
 		loopsv1.RegisterTraceServiceHandler,
+		loopsv1.RegisterEvalServiceHandler,
 		loopsv1.RegisterJobServiceHandler,
 		loopsv1.RegisterPoolServiceHandler,
 		loopsv1.RegisterKeyServiceHandler,

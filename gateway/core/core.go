@@ -219,6 +219,7 @@ type Core struct {
 	// (reserveSession), for max_sessions_per_workspace.
 	liveSessions map[string]int
 	samplers     *samplers
+	evals        *evalRunner
 	archives     *archiveTokens
 	traceLinks   *traceLinks
 	ckpt         *ckfiles.Files
@@ -299,6 +300,7 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	c.runs = newRunRegistry(c.now, &c.opts.Limits, c.loadRun)
 	c.ops = newOperations(c)
 	c.samplers = newSamplers(c)
+	c.evals = newEvalRunner(c)
 	if err := c.openCheckpoints(ctx); err != nil {
 		return nil, err
 	}
@@ -360,6 +362,9 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 		return nil, err
 	}
 	if err := c.life.Go("placer", c.placer.Run); err != nil {
+		return nil, err
+	}
+	if err := c.life.Go("evals", c.evals.dispatch); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -444,6 +449,7 @@ func (c *Core) Services() Services {
 		Weights:     WeightsAccessService{c},
 		Clients:     SamplerClientService{c},
 		Traces:      TraceService{c},
+		Evals:       EvalService{c},
 	}
 }
 
@@ -462,4 +468,5 @@ type Services struct {
 	Weights     WeightsAccessService
 	Clients     SamplerClientService
 	Traces      TraceService
+	Evals       EvalService
 }

@@ -35,11 +35,12 @@ type EvalStore interface {
 	// PutEvalResult inserts or replaces a result, keyed by (training_run_id,
 	// checkpoint_id, eval_id).
 	PutEvalResult(ctx context.Context, workspace string, r *loopsv1.EvalResult) error
-	// ListEvalResults lists the workspace's results of a run, of an eval, or of both (an
-	// empty runID or evalID does not filter; both empty lists nothing), newest first (by
+	// ListEvalResults lists the workspace's results of a run (of one of its checkpoints
+	// when checkpointID is not empty), of an eval, or of both (an empty runID, checkpointID
+	// or evalID does not filter; runID and evalID both empty lists nothing), newest first (by
 	// create_time, then checkpoint id, then eval id, descending), at most limit (1 to
 	// MaxEvalResultsListed).
-	ListEvalResults(ctx context.Context, workspace, runID, evalID string, limit int) ([]*loopsv1.EvalResult, error)
+	ListEvalResults(ctx context.Context, workspace, runID, checkpointID, evalID string, limit int) ([]*loopsv1.EvalResult, error)
 	// DeleteEvalResults removes the results of one checkpoint of a run (when the
 	// checkpoint is deleted); none is not an error.
 	DeleteEvalResults(ctx context.Context, workspace, runID, checkpointID string) error

@@ -104,9 +104,9 @@ func (s *Store) PutEvalResult(ctx context.Context, workspace string, r *loopsv1.
 }
 
 // ListEvalResults lists results of a run and/or an eval, newest first.
-func (s *Store) ListEvalResults(ctx context.Context, workspace, runID, evalID string, limit int) ([]*loopsv1.EvalResult, error) {
+func (s *Store) ListEvalResults(ctx context.Context, workspace, runID, checkpointID, evalID string, limit int) ([]*loopsv1.EvalResult, error) {
 	limit = min(max(limit, 1), store.MaxEvalResultsListed)
-	return messages(ctx, s, "list eval results", sqlstore.NewEvalResult, sqlstore.ListEvalResults, workspace, runID, evalID, limit)
+	return messages(ctx, s, "list eval results", sqlstore.NewEvalResult, sqlstore.ListEvalResults, workspace, runID, evalID, limit, checkpointID)
 }
 
 // DeleteEvalResults removes the results of one checkpoint.

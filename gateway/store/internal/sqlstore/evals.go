@@ -17,9 +17,11 @@ const (
 	DeleteEval            = `DELETE FROM evals WHERE workspace = $1 AND id = $2`
 	DeleteEvalAttachments = `DELETE FROM eval_attachments WHERE workspace = $1 AND eval_id = $2`
 	ListEvalAttachments   = `SELECT workspace, data FROM eval_attachments WHERE workspace = $1 AND run_id = $2 ORDER BY create_time, eval_id`
-	// ListEvalResults takes (workspace, run id or '', eval id or '', limit).
+	// ListEvalResults takes (workspace, run id or '', eval id or '', limit, checkpoint id
+	// or '').
 	ListEvalResults = `SELECT workspace, data FROM eval_results WHERE workspace = $1
 		AND ($2 = '' OR run_id = $2) AND ($3 = '' OR eval_id = $3) AND ($2 <> '' OR $3 <> '')
+		AND ($5 = '' OR checkpoint_id = $5)
 		ORDER BY create_time DESC, checkpoint_id DESC, eval_id DESC LIMIT $4`
 	DeleteEvalResults = `DELETE FROM eval_results WHERE workspace = $1 AND run_id = $2 AND checkpoint_id = $3`
 )

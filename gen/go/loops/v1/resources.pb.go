@@ -425,7 +425,9 @@ type Checkpoint struct {
 	// destination_project_id).
 	ProjectId string `protobuf:"bytes,20,opt,name=project_id,json=projectId,proto3" json:"project_id,omitempty"`
 	// The checkpoint this one is a copy of (CopyWeights), empty for a saved one.
-	CopiedFrom    string `protobuf:"bytes,21,opt,name=copied_from,json=copiedFrom,proto3" json:"copied_from,omitempty"`
+	CopiedFrom string `protobuf:"bytes,21,opt,name=copied_from,json=copiedFrom,proto3" json:"copied_from,omitempty"`
+	// The run's optimizer steps when it was saved.
+	Step          int64 `protobuf:"varint,22,opt,name=step,proto3" json:"step,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -549,6 +551,13 @@ func (x *Checkpoint) GetCopiedFrom() string {
 		return x.CopiedFrom
 	}
 	return ""
+}
+
+func (x *Checkpoint) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
 }
 
 // Sampler serves samples from a base model, optionally with a frozen adapter checkpoint.
@@ -712,7 +721,7 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +
-	"\x0e_client_seq_id\"\xe1\x03\n" +
+	"\x0e_client_seq_id\"\xf5\x03\n" +
 	"\n" +
 	"Checkpoint\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12&\n" +
@@ -735,7 +744,8 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\n" +
 	"project_id\x18\x14 \x01(\tR\tprojectId\x12\x1f\n" +
 	"\vcopied_from\x18\x15 \x01(\tR\n" +
-	"copiedFrom\"\x95\x02\n" +
+	"copiedFrom\x12\x12\n" +
+	"\x04step\x18\x16 \x01(\x03R\x04step\"\x95\x02\n" +
 	"\aSampler\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
