@@ -41,7 +41,19 @@ func runsShowCmd(cf *clientFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printRunShow(cmd.OutOrStdout(), run, all.GetSteps(), recent.GetSteps())
+			if err := printRunShow(cmd.OutOrStdout(), run, all.GetSteps(), recent.GetSteps()); err != nil {
+				return err
+			}
+			ev := loopsv1connect.NewEvalServiceClient(http.DefaultClient, cf.url, cf.options()...)
+			res, err := ev.ListEvalResults(cmd.Context(), &loopsv1.ListEvalResultsRequest{TrainingRunId: run.GetId()})
+			if err != nil {
+				return err
+			}
+			if len(res.GetResults()) == 0 {
+				return nil
+			}
+			fmt.Fprintln(cmd.OutOrStdout())
+			return printEvalResults(cmd.OutOrStdout(), res.GetResults(), false)
 		},
 	}
 	cmd.Flags().IntVar(&last, "last", 20, "how many of the last steps to list")
