@@ -515,6 +515,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		Workspace:   svc.Workspace,
 		Deployments: svc.Deployments,
 		Access:      accessSvc,
+		Evals:       svc.Evals,
 	}, console.Options{Authenticate: keys.Authenticate, Logger: s.log, Throttle: s.throttle, Proxies: s.cfg.TrustedProxies})
 	pages := cons.Handler()
 	mux.Handle("GET "+console.Root+"{$}", pages)
