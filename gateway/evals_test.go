@@ -216,3 +216,62 @@ func TestEvalsOnSamplerSaves(t *testing.T) {
 	got := must(dep.GetDeployment(ctx, &loopsv1.GetDeploymentRequest{Name: "gated"}))
 	require.Len(t, got.GetCheckpoints()[0].GetEvals(), 3)
 }
+
+// TestRewardEvalRunsInTheJobsSandbox: a reward eval's Python function runs as a job of the
+// workspace in the jobs sandbox on each row's greedy completion; the score is the mean
+// reward, and a function that raises fails the result with its traceback.
+func TestRewardEvalRunsInTheJobsSandbox(t *testing.T) {
+	t.Setenv("HF_HUB_CACHE", t.TempDir())
+	url := startSandboxJobsServer(t)
+	ctx := t.Context()
+	training := loopsv1connect.NewTrainingServiceClient(http.DefaultClient, url, withKey(keyA))
+	ops := loopsv1connect.NewOperationServiceClient(http.DefaultClient, url, withKey(keyA))
+	ev := loopsv1connect.NewEvalServiceClient(http.DefaultClient, url, withKey(keyA))
+	wait := func(op *loopsv1.Operation) *loopsv1.Operation {
+		t.Helper()
+		for op.GetState() != loopsv1.OperationState_OPERATION_STATE_SUCCEEDED && op.GetState() != loopsv1.OperationState_OPERATION_STATE_FAILED {
+			op = must(ops.WaitOperation(ctx, &loopsv1.WaitOperationRequest{Id: op.GetId(), Timeout: durationpb.New(10 * time.Second)}))
+		}
+		require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, op.GetState(), op.GetError().GetMessage())
+		return op
+	}
+	data := jsonl(t, map[string]any{"prompt": "hello", "info": map[string]int{"k": 1}}, map[string]any{"prompt": []int32{65, 66}, "info": map[string]int{"k": 2}})
+	script := "def reward(prompt, completion, info):\n    assert isinstance(prompt, str) and isinstance(completion, str)\n    return 1.0 if info['k'] == 1 else 0.25\n"
+	_, err := ev.CreateEval(ctx, &loopsv1.CreateEvalRequest{Name: "r0", Kind: loopsv1.EvalKind_EVAL_KIND_REWARD, Dataset: data})
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
+	require.ErrorContains(t, err, "needs reward_script")
+	must(ev.CreateEval(ctx, &loopsv1.CreateEvalRequest{Name: "reward", Kind: loopsv1.EvalKind_EVAL_KIND_REWARD, MaxTokens: 4, Dataset: data, RewardScript: script}))
+	must(ev.CreateEval(ctx, &loopsv1.CreateEvalRequest{Name: "raises", Kind: loopsv1.EvalKind_EVAL_KIND_REWARD, MaxTokens: 4, Dataset: data,
+		RewardScript: "def reward(prompt, completion, info):\n    raise ValueError('no reward today')\n"}))
+	list := must(ev.ListEvals(ctx, &loopsv1.ListEvalsRequest{})).GetEvals()
+	require.Empty(t, list[0].GetRewardScript(), "lists leave the script out")
+	require.Equal(t, script, must(ev.GetEval(ctx, &loopsv1.GetEvalRequest{Id: "reward"})).GetRewardScript())
+
+	run := wait(must(training.CreateTrainingRun(ctx, &loopsv1.CreateTrainingRunRequest{BaseModel: "loops/tiny",
+		Lora: &loopsv1.LoraConfig{Rank: 4, TrainAttn: true}, UserMetadata: map[string]string{"loops.evals": "reward,raises"}}))).GetTrainingRun().GetId()
+	wait(must(training.SaveWeights(ctx, &loopsv1.SaveWeightsRequest{TrainingRunId: run, Name: "s1", Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER})))
+	var results []*loopsv1.EvalResult
+	for deadline := time.Now().Add(2 * time.Minute); ; { // a bound for a hang
+		results = must(ev.ListEvalResults(ctx, &loopsv1.ListEvalResultsRequest{TrainingRunId: run})).GetResults()
+		if len(results) == 2 && results[0].GetState() != loopsv1.EvalResultState_EVAL_RESULT_STATE_RUNNING && results[1].GetState() != loopsv1.EvalResultState_EVAL_RESULT_STATE_RUNNING {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "%v", results)
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, r := range results {
+		switch r.GetEvalName() {
+		case "reward":
+			require.Equal(t, loopsv1.EvalResultState_EVAL_RESULT_STATE_SUCCEEDED, r.GetState(), r.GetError())
+			require.InDelta(t, 0.625, r.GetScore(), 1e-12)
+			require.InDelta(t, 0.25, r.GetMetrics()["min_reward"], 0)
+			require.LessOrEqual(t, r.GetMetrics()["mean_generated_tokens"], 4.0)
+		case "raises":
+			require.Equal(t, loopsv1.EvalResultState_EVAL_RESULT_STATE_FAILED, r.GetState())
+			require.Contains(t, r.GetError(), "no reward today")
+		}
+	}
+	// The reward functions ran as the workspace's jobs.
+	jobs := must(loopsv1connect.NewJobServiceClient(http.DefaultClient, url, withKey(keyA)).ListJobs(ctx, &loopsv1.ListJobsRequest{})).GetJobs()
+	require.Len(t, jobs, 2)
+}

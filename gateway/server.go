@@ -416,6 +416,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	if err != nil {
 		return nil, err
 	}
+	s.core.SetRewardRunner(jobRewards{jobs: js})
 	mux.Handle(loopsv1connect.NewJobServiceHandler(js, opts...))
 	mux.Handle(loopsv1connect.NewPoolServiceHandler(poolsvc.New(s.backend), opts...))
 	aco := s.cfg.Access

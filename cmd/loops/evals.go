@@ -21,6 +21,7 @@ const evalsHelp = `Evals score a run's sampler checkpoints on the server each ti
   loops evals create heldout --kind nll --file heldout.jsonl    # {"prompt", "completion"}
   loops evals create arc --kind multiple_choice --file arc.jsonl  # {"prompt", "choices", "answer"}
   loops evals create math --kind generation --match regex --max-tokens 32 --stop "\n" --file m.jsonl
+  loops evals create helpful --kind reward --reward-script reward.py --max-tokens 64 --file prompts.jsonl
   loops evals attach RUN heldout --every-n-steps 50
   loops evals list
   loops evals show heldout            # the eval and its results on every run
@@ -32,7 +33,7 @@ user_metadata={"loops.evals": "heldout,arc"}).`
 var (
 	evalKinds = map[string]loopsv1.EvalKind{
 		"nll": loopsv1.EvalKind_EVAL_KIND_NLL, "multiple_choice": loopsv1.EvalKind_EVAL_KIND_MULTIPLE_CHOICE,
-		"generation": loopsv1.EvalKind_EVAL_KIND_GENERATION,
+		"generation": loopsv1.EvalKind_EVAL_KIND_GENERATION, "reward": loopsv1.EvalKind_EVAL_KIND_REWARD,
 	}
 	evalMatches = map[string]loopsv1.EvalMatch{
 		"": loopsv1.EvalMatch_EVAL_MATCH_UNSPECIFIED, "exact": loopsv1.EvalMatch_EVAL_MATCH_EXACT,
@@ -49,12 +50,13 @@ func evalsCmd() *cobra.Command {
 	}
 	var (
 		kind, match, file, description string
+		rewardFile                     string
 		maxTokens                      int32
 		stops                          []string
 		every                          int64
 	)
 	create := &cobra.Command{
-		Use:   "create NAME --kind nll|multiple_choice|generation --file DATA.jsonl",
+		Use:   "create NAME --kind nll|multiple_choice|generation|reward --file DATA.jsonl",
 		Short: "Upload a JSONL dataset as an eval",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -70,11 +72,18 @@ func evalsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			var script []byte
+			if rewardFile != "" {
+				if script, err = readBounded(rewardFile, 64<<10); err != nil {
+					return err
+				}
+			}
 			for i, s := range stops {
 				stops[i] = strings.ReplaceAll(s, `\n`, "\n")
 			}
 			e, err := client().CreateEval(cmd.Context(), &loopsv1.CreateEvalRequest{
 				Name: args[0], Kind: k, Match: m, MaxTokens: maxTokens, Stop: stops, Description: description, Dataset: data,
+				RewardScript: string(script),
 			})
 			if err != nil {
 				return err
@@ -82,7 +91,8 @@ func evalsCmd() *cobra.Command {
 			return printEvals(cmd.OutOrStdout(), []*loopsv1.Eval{e})
 		},
 	}
-	create.Flags().StringVar(&kind, "kind", "", "nll, multiple_choice or generation")
+	create.Flags().StringVar(&kind, "kind", "", "nll, multiple_choice, generation or reward")
+	create.Flags().StringVar(&rewardFile, "reward-script", "", "reward: a Python file defining reward(prompt, completion, info) -> float (run in the jobs sandbox)")
 	create.Flags().StringVar(&file, "file", "", "the JSONL dataset (at most 4 MiB, 2000 rows)")
 	create.Flags().StringVar(&match, "match", "", "generation: exact (default), contains or regex")
 	create.Flags().Int32Var(&maxTokens, "max-tokens", 0, "generation: the most tokens generated per row (1-256; default 64)")

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
@@ -103,6 +104,7 @@ type evalRunner struct {
 	queued  map[string][]*evalJob   // per workspace
 	live    map[string]bool         // result keys being computed
 	toks    map[string]*evalTokText // per base model
+	rewards RewardRunner            // nil: reward evals fail
 }
 
 func newEvalRunner(c *Core) *evalRunner {
@@ -290,7 +292,33 @@ func (er *evalRunner) run(ctx context.Context, j *evalJob) (evals.Result, error)
 		t = tok
 	}
 	m := &evalModel{s: SamplingService{c}, ops: OperationService{c}, ws: j.ws, path: j.path, stop: j.eval.GetStop()}
-	return evals.Score(ctx, j.eval, rows, t, m, evals.Options{Parallel: EvalRowParallel, MaxSeqLen: int(model.GetMaxSequenceLength())})
+	opts := evals.Options{Parallel: EvalRowParallel, MaxSeqLen: int(model.GetMaxSequenceLength())}
+	if j.eval.GetKind() == loopsv1.EvalKind_EVAL_KIND_REWARD {
+		er.mu.Lock()
+		rr := er.rewards
+		er.mu.Unlock()
+		if rr == nil {
+			return evals.Result{}, errors.New("this gateway runs no reward functions (it has no jobs sandbox)")
+		}
+		opts.Reward = func(ctx context.Context, in []evals.RewardInput) ([]float64, error) {
+			return rr.Reward(ctx, j.ws, j.eval.GetRewardScript(), in)
+		}
+	}
+	return evals.Score(ctx, j.eval, rows, t, m, opts)
+}
+
+// RewardRunner runs a reward eval's Python function on its rows, as work of the workspace
+// (the gateway runs it as a job in the jobs sandbox, under the workspace's job quotas).
+type RewardRunner interface {
+	// Reward returns one reward per input, or why none could be computed.
+	Reward(ctx context.Context, workspace, script string, inputs []evals.RewardInput) ([]float64, error)
+}
+
+// SetRewardRunner sets what runs reward evals' functions (none: they fail, saying so).
+func (c *Core) SetRewardRunner(r RewardRunner) {
+	c.evals.mu.Lock()
+	c.evals.rewards = r
+	c.evals.mu.Unlock()
 }
 
 // evalTokText is a base model's tokenizer as evals.Tokenizer.
@@ -446,22 +474,35 @@ func checkEvalSpec(req *loopsv1.CreateEvalRequest) (*loopsv1.Eval, error) {
 		return nil, invalidArgument("description is %d bytes, more than %d", len(req.GetDescription()), maxEvalDescriptionBytes)
 	}
 	e := &loopsv1.Eval{Name: req.GetName(), Kind: req.GetKind(), Description: req.GetDescription(), HigherIsBetter: evals.HigherIsBetter(req.GetKind())}
-	gen := req.GetKind() == loopsv1.EvalKind_EVAL_KIND_GENERATION
+	reward := req.GetKind() == loopsv1.EvalKind_EVAL_KIND_REWARD
+	gen := req.GetKind() == loopsv1.EvalKind_EVAL_KIND_GENERATION || reward
 	switch req.GetKind() {
-	case loopsv1.EvalKind_EVAL_KIND_NLL, loopsv1.EvalKind_EVAL_KIND_MULTIPLE_CHOICE, loopsv1.EvalKind_EVAL_KIND_GENERATION:
+	case loopsv1.EvalKind_EVAL_KIND_NLL, loopsv1.EvalKind_EVAL_KIND_MULTIPLE_CHOICE, loopsv1.EvalKind_EVAL_KIND_GENERATION, loopsv1.EvalKind_EVAL_KIND_REWARD:
 	default:
-		return nil, invalidArgument("kind must be nll, multiple_choice or generation (EVAL_KIND_NLL, EVAL_KIND_MULTIPLE_CHOICE, EVAL_KIND_GENERATION), got %v", req.GetKind())
+		return nil, invalidArgument("kind must be nll, multiple_choice, generation or reward (EVAL_KIND_NLL, EVAL_KIND_MULTIPLE_CHOICE, EVAL_KIND_GENERATION, EVAL_KIND_REWARD), got %v", req.GetKind())
 	}
+	switch {
+	case reward && (len(req.GetRewardScript()) == 0 || len(req.GetRewardScript()) > evals.MaxRewardScriptBytes):
+		return nil, invalidArgument("a reward eval needs reward_script: Python source of 1 to %d bytes defining reward(prompt, completion, info) -> float", evals.MaxRewardScriptBytes)
+	case !reward && req.GetRewardScript() != "":
+		return nil, invalidArgument("reward_script applies to reward evals only")
+	case reward && !utf8.ValidString(req.GetRewardScript()):
+		return nil, invalidArgument("reward_script is not valid UTF-8")
+	}
+	e.RewardScript = req.GetRewardScript()
 	if !gen {
 		if req.GetMatch() != loopsv1.EvalMatch_EVAL_MATCH_UNSPECIFIED || req.GetMaxTokens() != 0 || len(req.GetStop()) > 0 {
-			return nil, invalidArgument("match, max_tokens and stop apply to generation evals only")
+			return nil, invalidArgument("match, max_tokens and stop apply to generation and reward evals only")
 		}
 		return e, nil
 	}
-	switch req.GetMatch() {
-	case loopsv1.EvalMatch_EVAL_MATCH_UNSPECIFIED:
+	switch {
+	case reward && req.GetMatch() != loopsv1.EvalMatch_EVAL_MATCH_UNSPECIFIED:
+		return nil, invalidArgument("match applies to generation evals only: a reward eval's function scores the text")
+	case reward:
+	case req.GetMatch() == loopsv1.EvalMatch_EVAL_MATCH_UNSPECIFIED:
 		e.Match = loopsv1.EvalMatch_EVAL_MATCH_EXACT
-	case loopsv1.EvalMatch_EVAL_MATCH_EXACT, loopsv1.EvalMatch_EVAL_MATCH_CONTAINS, loopsv1.EvalMatch_EVAL_MATCH_REGEX:
+	case req.GetMatch() == loopsv1.EvalMatch_EVAL_MATCH_EXACT, req.GetMatch() == loopsv1.EvalMatch_EVAL_MATCH_CONTAINS, req.GetMatch() == loopsv1.EvalMatch_EVAL_MATCH_REGEX:
 		e.Match = req.GetMatch()
 	default:
 		return nil, invalidArgument("match must be exact, contains or regex, got %v", req.GetMatch())
@@ -553,6 +594,9 @@ func (s EvalService) ListEvals(ctx context.Context, _ *loopsv1.ListEvalsRequest)
 	list, err := s.c.store.ListEvals(ctx, ws)
 	if err != nil {
 		return nil, internal("listing evals", err)
+	}
+	for _, e := range list {
+		e.RewardScript = "" // GetEval returns it
 	}
 	return &loopsv1.ListEvalsResponse{Evals: list}, nil
 }

@@ -29,6 +29,9 @@ const (
 	// MaxGenerateTokens bounds Eval.max_tokens; DefaultGenerateTokens is what 0 means.
 	MaxGenerateTokens     = 256
 	DefaultGenerateTokens = 64
+	// MaxInfoBytes bounds a reward row's info; MaxRewardScriptBytes a reward function.
+	MaxInfoBytes         = 32 << 10
+	MaxRewardScriptBytes = 64 << 10
 	// MaxStops and MaxStopBytes bound a generation eval's stop strings.
 	MaxStops     = 4
 	MaxStopBytes = 64
@@ -82,6 +85,8 @@ type Row struct {
 	Choices    []Text `json:"choices,omitempty"`
 	Answer     *int   `json:"answer,omitempty"`
 	Target     *Text  `json:"target,omitempty"`
+	// Info is a reward row's extra data, handed to the reward function as parsed JSON.
+	Info json.RawMessage `json:"info,omitempty"`
 
 	// re is a regex target, compiled.
 	re *regexp.Regexp
@@ -106,7 +111,8 @@ type Spec struct {
 // rows, each checked for its kind: NLL rows {"prompt", "completion"}; multiple-choice rows
 // {"prompt", "choices" (2 to 16), "answer" (an index into choices)}; generation rows
 // {"prompt", "target"} (a regex target must compile as RE2, at most MaxPatternBytes). A
-// field other than these is refused. An error other than a *LineError is about the whole
+// field other than these is refused. Reward rows are {"prompt", "info"?} (info any JSON,
+// at most MaxInfoBytes). An error other than a *LineError is about the whole
 // dataset.
 func Decode(spec Spec, data []byte) ([]Row, error) {
 	if len(data) > MaxDatasetBytes {
@@ -157,7 +163,17 @@ func decodeRow(spec Spec, l []byte) (Row, error) {
 	if r.Prompt.Empty() {
 		return Row{}, errors.New(`"prompt" is missing or empty`)
 	}
+	if r.Info != nil && spec.Kind != loopsv1.EvalKind_EVAL_KIND_REWARD {
+		return Row{}, errors.New(`"info" belongs to reward rows only`)
+	}
 	switch spec.Kind {
+	case loopsv1.EvalKind_EVAL_KIND_REWARD:
+		if r.Completion != nil || r.Choices != nil || r.Answer != nil || r.Target != nil {
+			return Row{}, errors.New(`a reward row has only "prompt" and "info"`)
+		}
+		if len(r.Info) > MaxInfoBytes {
+			return Row{}, fmt.Errorf(`"info" is %d bytes, more than %d`, len(r.Info), MaxInfoBytes)
+		}
 	case loopsv1.EvalKind_EVAL_KIND_NLL:
 		if r.Completion == nil || r.Completion.Empty() {
 			return Row{}, errors.New(`"completion" is missing or empty: an NLL row is {"prompt", "completion"}`)

@@ -82,6 +82,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add(int8(2), int8(0), []byte("{\"prompt\": [1], \"choices\": [\"x\", [2]], \"answer\": 1}\n"))
 	f.Add(int8(3), int8(3), []byte(`{"prompt": "q", "target": "a+"}`))
 	f.Add(int8(3), int8(1), []byte("{\"prompt\": \"q\", \"target\": \"a\"}\n\n{\"prompt\": 1}"))
+	f.Add(int8(4), int8(0), []byte(`{"prompt": "q", "info": {"answer": [1, "x"]}}`))
 	f.Fuzz(func(t *testing.T, kind, match int8, data []byte) {
 		spec := Spec{Kind: loopsv1.EvalKind(kind), Match: loopsv1.EvalMatch(match)}
 		rows, err := Decode(spec, data)
@@ -101,6 +102,8 @@ func FuzzDecode(f *testing.F) {
 			case loopsv1.EvalKind_EVAL_KIND_GENERATION:
 				require.NotEmpty(t, r.Target.S)
 				_ = Matches(spec.Match, &r, "text")
+			case loopsv1.EvalKind_EVAL_KIND_REWARD:
+				require.LessOrEqual(t, len(r.Info), MaxInfoBytes)
 			default:
 				t.Fatalf("kind %v decoded", spec.Kind)
 			}

@@ -2,6 +2,7 @@ package evals
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -35,8 +36,20 @@ type Result struct {
 	Metrics map[string]float64
 }
 
+// RewardInput is one reward row as the reward function gets it.
+type RewardInput struct {
+	Prompt     string          `json:"prompt"`
+	Completion string          `json:"completion"`
+	Info       json.RawMessage `json:"info,omitempty"`
+}
+
+// Rewarder runs a reward eval's function on its rows' completions, one reward each.
+type Rewarder func(ctx context.Context, inputs []RewardInput) ([]float64, error)
+
 // Options bound a Score.
 type Options struct {
+	// Reward scores reward evals' completions (nil: reward evals fail).
+	Reward Rewarder
 	// Parallel is how many rows are scored at once (at least 1).
 	Parallel int
 	// MaxSeqLen is the longest sequence the model takes (0: no bound checked here); a row
@@ -61,6 +74,7 @@ type rowOutcome struct {
 	tokens    int     // NLL: completion tokens; generation: tokens generated
 	correct   bool    // multiple choice, generation
 	generated string
+	prompt    string // reward: the prompt's text
 }
 
 // Score scores model m on rows (decoded for e) and returns the eval's result: for NLL the
@@ -114,7 +128,43 @@ feed:
 	if err := ctx.Err(); err != nil {
 		return Result{}, err
 	}
+	if e.GetKind() == loopsv1.EvalKind_EVAL_KIND_REWARD {
+		return reward(ctx, rows, outs, opts.Reward)
+	}
 	return aggregate(e, outs), nil
+}
+
+// reward runs the reward function on the rows' completions: the score is the mean reward.
+func reward(ctx context.Context, rows []Row, outs []rowOutcome, fn Rewarder) (Result, error) {
+	if fn == nil {
+		return Result{}, errors.New("this gateway runs no reward functions")
+	}
+	in := make([]RewardInput, len(outs))
+	generated := 0
+	for i, o := range outs {
+		in[i] = RewardInput{Prompt: o.prompt, Completion: o.generated, Info: rows[i].Info}
+		generated += o.tokens
+	}
+	rs, err := fn(ctx, in)
+	if err != nil {
+		return Result{}, err
+	}
+	if len(rs) != len(in) {
+		return Result{}, fmt.Errorf("the reward function returned %d rewards for %d rows", len(rs), len(in))
+	}
+	var sum float64
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for i, r := range rs {
+		if math.IsNaN(r) || math.IsInf(r, 0) {
+			return Result{}, fmt.Errorf("row %d: the reward is not a finite number", i+1)
+		}
+		sum += r
+		lo, hi = min(lo, r), max(hi, r)
+	}
+	n := float64(len(rs))
+	return Result{Score: sum / n, N: int64(len(rs)), Metrics: map[string]float64{
+		"mean_reward": sum / n, "min_reward": lo, "max_reward": hi, "mean_generated_tokens": float64(generated) / n,
+	}}, nil
 }
 
 // aggregate sums the rows' outcomes into the eval's result.
@@ -219,7 +269,7 @@ func scoreRow(ctx context.Context, e *loopsv1.Eval, r *Row, tok Tokenizer, m Mod
 			}
 		}
 		return rowOutcome{correct: bestAt == *r.Answer}, nil
-	case loopsv1.EvalKind_EVAL_KIND_GENERATION:
+	case loopsv1.EvalKind_EVAL_KIND_GENERATION, loopsv1.EvalKind_EVAL_KIND_REWARD:
 		if tok == nil {
 			return rowOutcome{}, errors.New("the base model has no tokenizer this server can read, and a generation eval decodes its output")
 		}
@@ -232,6 +282,13 @@ func scoreRow(ctx context.Context, e *loopsv1.Eval, r *Row, tok Tokenizer, m Mod
 			return rowOutcome{}, err
 		}
 		text := CutAtStop(tok.Decode(out), e.GetStop())
+		if e.GetKind() == loopsv1.EvalKind_EVAL_KIND_REWARD {
+			p := r.Prompt.S
+			if r.Prompt.IsTokens {
+				p = tok.Decode(prompt)
+			}
+			return rowOutcome{tokens: len(out), generated: text, prompt: p}, nil
+		}
 		return rowOutcome{correct: Matches(e.GetMatch(), r, text), tokens: len(out), generated: text}, nil
 	}
 	return rowOutcome{}, fmt.Errorf("eval kind %v is not one this server scores", e.GetKind())

@@ -111,3 +111,26 @@ func jsonEscape(s string) string {
 	}
 	return out
 }
+
+func TestScoreReward(t *testing.T) {
+	m := tableModel{gen: byteTok{}.Encode("yes!\nno")}
+	spec := Spec{Kind: loopsv1.EvalKind_EVAL_KIND_REWARD}
+	rows, err := Decode(spec, []byte("{\"prompt\": \"q1\", \"info\": {\"want\": \"yes!\"}}\n{\"prompt\": [65]}"))
+	require.NoError(t, err)
+	e := &loopsv1.Eval{Kind: spec.Kind, Stop: []string{"\n"}, MaxTokens: 16}
+	var got []RewardInput
+	r, err := Score(t.Context(), e, rows, byteTok{}, m, Options{Reward: func(_ context.Context, in []RewardInput) ([]float64, error) {
+		got = in
+		return []float64{1, -0.5}, nil
+	}})
+	require.NoError(t, err)
+	require.Equal(t, []RewardInput{{Prompt: "q1", Completion: "yes!", Info: []byte(`{"want": "yes!"}`)}, {Prompt: "A", Completion: "yes!"}}, got)
+	require.InDelta(t, 0.25, r.Score, 0)
+	require.InDelta(t, -0.5, r.Metrics["min_reward"], 0)
+	_, err = Score(t.Context(), e, rows, byteTok{}, m, Options{Reward: func(context.Context, []RewardInput) ([]float64, error) {
+		return []float64{1, math.NaN()}, nil
+	}})
+	require.ErrorContains(t, err, "row 2: the reward is not a finite number")
+	_, err = Decode(nllSpec, []byte(`{"prompt": "a", "completion": "b", "info": 1}`))
+	require.ErrorContains(t, err, `"info" belongs to reward rows only`)
+}

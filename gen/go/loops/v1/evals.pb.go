@@ -37,6 +37,10 @@ const (
 	// Greedy generation (temperature 0) scored by match: rows {"prompt", "target"}; the
 	// score is the fraction of rows matched.
 	EvalKind_EVAL_KIND_GENERATION EvalKind = 3
+	// Greedy generation scored by a reward function in Python (reward_script), run as a job
+	// of the workspace in the jobs sandbox (docs/jobs.md: its allow_jobs, time and memory
+	// quotas apply): rows {"prompt", "info"?}; the score is the mean reward.
+	EvalKind_EVAL_KIND_REWARD EvalKind = 4
 )
 
 // Enum value maps for EvalKind.
@@ -46,12 +50,14 @@ var (
 		1: "EVAL_KIND_NLL",
 		2: "EVAL_KIND_MULTIPLE_CHOICE",
 		3: "EVAL_KIND_GENERATION",
+		4: "EVAL_KIND_REWARD",
 	}
 	EvalKind_value = map[string]int32{
 		"EVAL_KIND_UNSPECIFIED":     0,
 		"EVAL_KIND_NLL":             1,
 		"EVAL_KIND_MULTIPLE_CHOICE": 2,
 		"EVAL_KIND_GENERATION":      3,
+		"EVAL_KIND_REWARD":          4,
 	}
 )
 
@@ -221,7 +227,11 @@ type Eval struct {
 	HigherIsBetter bool `protobuf:"varint,11,opt,name=higher_is_better,json=higherIsBetter,proto3" json:"higher_is_better,omitempty"`
 	// Generation evals only: stop strings (at most 4, each 1 to 64 bytes); the generated
 	// text is cut before the first one found.
-	Stop          []string `protobuf:"bytes,12,rep,name=stop,proto3" json:"stop,omitempty"`
+	Stop []string `protobuf:"bytes,12,rep,name=stop,proto3" json:"stop,omitempty"`
+	// Reward evals only: Python source (at most 64 KiB) that defines
+	// reward(prompt: str, completion: str, info) -> float. Returned by GetEval, left out of
+	// ListEvals.
+	RewardScript  string `protobuf:"bytes,13,opt,name=reward_script,json=rewardScript,proto3" json:"reward_script,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -340,6 +350,13 @@ func (x *Eval) GetStop() []string {
 	return nil
 }
 
+func (x *Eval) GetRewardScript() string {
+	if x != nil {
+		return x.RewardScript
+	}
+	return ""
+}
+
 type CreateEvalRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -352,7 +369,9 @@ type CreateEvalRequest struct {
 	MaxTokens   int32  `protobuf:"varint,5,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
 	Description string `protobuf:"bytes,6,opt,name=description,proto3" json:"description,omitempty"`
 	// Generation evals: stop strings (see Eval.stop).
-	Stop          []string `protobuf:"bytes,7,rep,name=stop,proto3" json:"stop,omitempty"`
+	Stop []string `protobuf:"bytes,7,rep,name=stop,proto3" json:"stop,omitempty"`
+	// Reward evals: see Eval.reward_script.
+	RewardScript  string `protobuf:"bytes,8,opt,name=reward_script,json=rewardScript,proto3" json:"reward_script,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -434,6 +453,13 @@ func (x *CreateEvalRequest) GetStop() []string {
 		return x.Stop
 	}
 	return nil
+}
+
+func (x *CreateEvalRequest) GetRewardScript() string {
+	if x != nil {
+		return x.RewardScript
+	}
+	return ""
 }
 
 type GetEvalRequest struct {
@@ -802,7 +828,8 @@ type EvalResult struct {
 	// Rows scored.
 	N int64 `protobuf:"varint,9,opt,name=n,proto3" json:"n,omitempty"`
 	// Per-kind metrics: "nll" and "perplexity" and "tokens" (NLL), "accuracy" (multiple
-	// choice), "match_rate" and "mean_generated_tokens" (generation).
+	// choice), "match_rate" and "mean_generated_tokens" (generation), "mean_reward",
+	// "min_reward", "max_reward" and "mean_generated_tokens" (reward).
 	Metrics    map[string]float64     `protobuf:"bytes,10,rep,name=metrics,proto3" json:"metrics,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
 	Error      string                 `protobuf:"bytes,11,opt,name=error,proto3" json:"error,omitempty"`
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
@@ -1060,7 +1087,7 @@ var File_loops_v1_evals_proto protoreflect.FileDescriptor
 
 const file_loops_v1_evals_proto_rawDesc = "" +
 	"\n" +
-	"\x14loops/v1/evals.proto\x12\bloops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x84\x03\n" +
+	"\x14loops/v1/evals.proto\x12\bloops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa9\x03\n" +
 	"\x04Eval\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12&\n" +
@@ -1077,7 +1104,8 @@ const file_loops_v1_evals_proto_rawDesc = "" +
 	"\vdescription\x18\n" +
 	" \x01(\tR\vdescription\x12(\n" +
 	"\x10higher_is_better\x18\v \x01(\bR\x0ehigherIsBetter\x12\x12\n" +
-	"\x04stop\x18\f \x03(\tR\x04stop\"\xe9\x01\n" +
+	"\x04stop\x18\f \x03(\tR\x04stop\x12#\n" +
+	"\rreward_script\x18\r \x01(\tR\frewardScript\"\x8e\x02\n" +
 	"\x11CreateEvalRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12&\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x12.loops.v1.EvalKindR\x04kind\x12\x18\n" +
@@ -1086,7 +1114,8 @@ const file_loops_v1_evals_proto_rawDesc = "" +
 	"\n" +
 	"max_tokens\x18\x05 \x01(\x05R\tmaxTokens\x12 \n" +
 	"\vdescription\x18\x06 \x01(\tR\vdescription\x12\x12\n" +
-	"\x04stop\x18\a \x03(\tR\x04stop\" \n" +
+	"\x04stop\x18\a \x03(\tR\x04stop\x12#\n" +
+	"\rreward_script\x18\b \x01(\tR\frewardScript\" \n" +
 	"\x0eGetEvalRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x12\n" +
 	"\x10ListEvalsRequest\"9\n" +
@@ -1134,12 +1163,13 @@ const file_loops_v1_evals_proto_rawDesc = "" +
 	"\x0ftraining_run_id\x18\x01 \x01(\tR\rtrainingRunId\x12\x17\n" +
 	"\aeval_id\x18\x02 \x01(\tR\x06evalId\"I\n" +
 	"\x17ListEvalResultsResponse\x12.\n" +
-	"\aresults\x18\x01 \x03(\v2\x14.loops.v1.EvalResultR\aresults*q\n" +
+	"\aresults\x18\x01 \x03(\v2\x14.loops.v1.EvalResultR\aresults*\x87\x01\n" +
 	"\bEvalKind\x12\x19\n" +
 	"\x15EVAL_KIND_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rEVAL_KIND_NLL\x10\x01\x12\x1d\n" +
 	"\x19EVAL_KIND_MULTIPLE_CHOICE\x10\x02\x12\x18\n" +
-	"\x14EVAL_KIND_GENERATION\x10\x03*l\n" +
+	"\x14EVAL_KIND_GENERATION\x10\x03\x12\x14\n" +
+	"\x10EVAL_KIND_REWARD\x10\x04*l\n" +
 	"\tEvalMatch\x12\x1a\n" +
 	"\x16EVAL_MATCH_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10EVAL_MATCH_EXACT\x10\x01\x12\x17\n" +
