@@ -78,6 +78,7 @@ func TestEvalsCommands(t *testing.T) {
 	out, err = runCLI(t, append([]string{"runs", "show", run}, a...)...)
 	require.NoError(t, err, out)
 	require.Contains(t, out, "heldout  sampler_weights/c1  0     succeeded")
+	require.Contains(t, out, "storage:     1 checkpoints, ")
 
 	out, err = runCLI(t, append([]string{"deploy", "create", "--name", "web", "--checkpoint", path, "--require-eval", "heldout<=0.001"}, a...)...)
 	require.Error(t, err, out)

@@ -220,6 +220,7 @@ type Core struct {
 	liveSessions map[string]int
 	samplers     *samplers
 	evals        *evalRunner
+	retention    retentionState
 	archives     *archiveTokens
 	traceLinks   *traceLinks
 	ckpt         *ckfiles.Files
@@ -423,6 +424,7 @@ func (c *Core) sweep(ctx context.Context) {
 	c.expireCheckpoints(ctx, now)
 	c.expireWeightsAccessTokens(ctx, now)
 	c.maybeSweepStore(ctx, now)
+	c.maybeSweepRetention(ctx, now)
 	c.ops.evictFinishedBefore(now.Add(-finishedInMemory))
 	if _, err := c.store.DeleteOperationsDoneBefore(ctx, now.Add(-c.opts.ResultRetention)); err != nil {
 		c.log.Error("deleting old operations", slog.Any("err", err))

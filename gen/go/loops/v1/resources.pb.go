@@ -427,9 +427,13 @@ type Checkpoint struct {
 	// The checkpoint this one is a copy of (CopyWeights), empty for a saved one.
 	CopiedFrom string `protobuf:"bytes,21,opt,name=copied_from,json=copiedFrom,proto3" json:"copied_from,omitempty"`
 	// The run's optimizer steps when it was saved.
-	Step          int64 `protobuf:"varint,22,opt,name=step,proto3" json:"step,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Step int64 `protobuf:"varint,22,opt,name=step,proto3" json:"step,omitempty"`
+	// Set while the workspace's checkpoint retention has it outside the checkpoints it
+	// keeps: it is deleted at this time unless it is kept again meanwhile (published,
+	// deployed, or back among the newest or best).
+	RetentionDeleteTime *timestamppb.Timestamp `protobuf:"bytes,23,opt,name=retention_delete_time,json=retentionDeleteTime,proto3" json:"retention_delete_time,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Checkpoint) Reset() {
@@ -558,6 +562,13 @@ func (x *Checkpoint) GetStep() int64 {
 		return x.Step
 	}
 	return 0
+}
+
+func (x *Checkpoint) GetRetentionDeleteTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RetentionDeleteTime
+	}
+	return nil
 }
 
 // Sampler serves samples from a base model, optionally with a frozen adapter checkpoint.
@@ -721,7 +732,7 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +
-	"\x0e_client_seq_id\"\xf5\x03\n" +
+	"\x0e_client_seq_id\"\xc5\x04\n" +
 	"\n" +
 	"Checkpoint\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12&\n" +
@@ -745,7 +756,8 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"project_id\x18\x14 \x01(\tR\tprojectId\x12\x1f\n" +
 	"\vcopied_from\x18\x15 \x01(\tR\n" +
 	"copiedFrom\x12\x12\n" +
-	"\x04step\x18\x16 \x01(\x03R\x04step\"\x95\x02\n" +
+	"\x04step\x18\x16 \x01(\x03R\x04step\x12N\n" +
+	"\x15retention_delete_time\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\x13retentionDeleteTime\"\x95\x02\n" +
 	"\aSampler\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -808,12 +820,13 @@ var file_loops_v1_resources_proto_depIdxs = []int32{
 	7,  // 11: loops.v1.Checkpoint.create_time:type_name -> google.protobuf.Timestamp
 	7,  // 12: loops.v1.Checkpoint.expire_time:type_name -> google.protobuf.Timestamp
 	8,  // 13: loops.v1.Checkpoint.lora:type_name -> loops.v1.LoraConfig
-	7,  // 14: loops.v1.Sampler.create_time:type_name -> google.protobuf.Timestamp
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	7,  // 14: loops.v1.Checkpoint.retention_delete_time:type_name -> google.protobuf.Timestamp
+	7,  // 15: loops.v1.Sampler.create_time:type_name -> google.protobuf.Timestamp
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_resources_proto_init() }
