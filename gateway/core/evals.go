@@ -229,6 +229,7 @@ func (er *evalRunner) launch(j *evalJob) {
 	})
 	if err != nil { // shutting down: the result stays RUNNING and reads as interrupted
 		er.mu.Lock()
+		delete(er.live, resultKey(j.result))
 		if er.running[j.ws]--; er.running[j.ws] == 0 {
 			delete(er.running, j.ws)
 		}
