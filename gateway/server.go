@@ -412,10 +412,12 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	mux.Handle(loopsv1connect.NewSamplerClientServiceHandler(svc.Clients, opts...))
 	mux.Handle(loopsv1connect.NewTraceServiceHandler(svc.Traces, opts...))
 	mux.Handle(loopsv1connect.NewReceiptServiceHandler(svc.Receipts, opts...))
+	mux.Handle(loopsv1connect.NewEvalServiceHandler(svc.Evals, opts...))
 	js, err := s.newJobs(ctx)
 	if err != nil {
 		return nil, err
 	}
+	s.core.SetRewardRunner(jobRewards{jobs: js})
 	mux.Handle(loopsv1connect.NewJobServiceHandler(js, opts...))
 	mux.Handle(loopsv1connect.NewPoolServiceHandler(poolsvc.New(s.backend), opts...))
 	aco := s.cfg.Access
@@ -515,6 +517,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		Workspace:   svc.Workspace,
 		Deployments: svc.Deployments,
 		Access:      accessSvc,
+		Evals:       svc.Evals,
 	}, console.Options{Authenticate: keys.Authenticate, Logger: s.log, Throttle: s.throttle, Proxies: s.cfg.TrustedProxies})
 	pages := cons.Handler()
 	mux.Handle("GET "+console.Root+"{$}", pages)
@@ -573,6 +576,7 @@ func (s *Server) restHandler(ctx context.Context, edge *edge, auditor *audit.Mid
 		loopsv1.RegisterSamplerClientServiceHandler,
 		loopsv1.RegisterTraceServiceHandler,
 		loopsv1.RegisterReceiptServiceHandler,
+		loopsv1.RegisterEvalServiceHandler,
 		loopsv1.RegisterJobServiceHandler,
 		loopsv1.RegisterPoolServiceHandler,
 		loopsv1.RegisterKeyServiceHandler,

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -31,13 +32,18 @@ func deployCmd() *cobra.Command {
 	var name string
 	var checkpoints []string
 	var replicas int32
+	var requireEvals []string
 	create := &cobra.Command{
 		Use:   "create --name NAME --checkpoint tinker://… [--checkpoint …] [--replicas N]",
 		Short: "Deploy one or more sampler checkpoints of one base model",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			reqs, err := parseEvalRequirements(requireEvals)
+			if err != nil {
+				return err
+			}
 			d, err := client().CreateDeployment(cmd.Context(), &loopsv1.CreateDeploymentRequest{
-				Name: name, Checkpoints: checkpoints, Replicas: replicas,
+				Name: name, Checkpoints: checkpoints, Replicas: replicas, RequireEvals: reqs,
 			})
 			if err != nil {
 				return err
@@ -48,6 +54,7 @@ func deployCmd() *cobra.Command {
 	create.Flags().StringVar(&name, "name", "", "deployment name (letters, digits, '_', '-', '.')")
 	create.Flags().StringArrayVar(&checkpoints, "checkpoint", nil, "tinker:// path of a checkpoint to serve (repeat for several)")
 	create.Flags().Int32Var(&replicas, "replicas", 1, "sampler replicas; without worker pools they are local (see docs/deployments.md)")
+	create.Flags().StringArrayVar(&requireEvals, "require-eval", nil, `deploy only if every checkpoint's result of an eval passes a threshold: "NAME>=0.6" or "NAME<=2.5" (repeat for several; docs/deployments.md)`)
 	_ = create.MarkFlagRequired("name")
 	_ = create.MarkFlagRequired("checkpoint")
 
@@ -150,9 +157,39 @@ func printDeployment(w io.Writer, d *loopsv1.Deployment) error {
 	}
 	for _, c := range d.GetCheckpoints() {
 		fmt.Fprintf(tw, "checkpoint\t%s\t%s\n", c.GetName(), c.GetTinkerPath())
+		if c.GetTrainingRunId() != "" {
+			fmt.Fprintf(tw, "  lineage\trun %s, base model %s, step %d\n", c.GetTrainingRunId(), c.GetBaseModel(), c.GetStep())
+		}
+		for _, r := range c.GetEvals() {
+			if r.GetState() == loopsv1.EvalResultState_EVAL_RESULT_STATE_SUCCEEDED {
+				fmt.Fprintf(tw, "  eval\t%s = %.4f (n %d, dataset sha256 %s)\n", r.GetEvalName(), r.GetScore(), r.GetN(), r.GetDatasetSha256())
+			}
+		}
 	}
 	for _, m := range d.GetModels() {
 		fmt.Fprintf(tw, "model\t%s\n", m)
 	}
 	return tw.Flush()
+}
+
+// parseEvalRequirements reads --require-eval values: "NAME>=THRESHOLD" or "NAME<=THRESHOLD".
+func parseEvalRequirements(specs []string) ([]*loopsv1.EvalRequirement, error) {
+	var out []*loopsv1.EvalRequirement
+	for _, s := range specs {
+		op := ">="
+		i := strings.Index(s, op)
+		if i < 0 {
+			op = "<="
+			i = strings.Index(s, op)
+		}
+		if i <= 0 {
+			return nil, fmt.Errorf("--require-eval %q: write NAME>=THRESHOLD or NAME<=THRESHOLD", s)
+		}
+		th, err := strconv.ParseFloat(strings.TrimSpace(s[i+2:]), 64)
+		if err != nil {
+			return nil, fmt.Errorf("--require-eval %q: the threshold is not a number", s)
+		}
+		out = append(out, &loopsv1.EvalRequirement{Eval: strings.TrimSpace(s[:i]), Op: op, Threshold: th})
+	}
+	return out, nil
 }

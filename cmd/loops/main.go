@@ -35,7 +35,7 @@ func rootCmd() *cobra.Command {
 	root.AddCommand(serveCmd(), modelsCmd(), runsCmd(), checkpointsCmd(), usageCmd(), auditCmd())
 	root.AddCommand(workspaceCmd(), deployCmd(), sessionsCmd())
 	root.AddCommand(conformanceCmd())
-	root.AddCommand(cookbookCmd(), jobsCmd(), projectsCmd())
+	root.AddCommand(cookbookCmd(), jobsCmd(), projectsCmd(), evalsCmd())
 	root.AddCommand(workerCmd())
 	root.AddCommand(poolsCmd(), allocationsCmd())
 	root.AddCommand(keysCmd())

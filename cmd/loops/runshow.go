@@ -41,7 +41,22 @@ func runsShowCmd(cf *clientFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printRunShow(cmd.OutOrStdout(), run, all.GetSteps(), recent.GetSteps())
+			if err := printRunShow(cmd.OutOrStdout(), run, all.GetSteps(), recent.GetSteps()); err != nil {
+				return err
+			}
+			if err := printRunStorage(cmd, cf, run.GetId()); err != nil {
+				return err
+			}
+			ev := loopsv1connect.NewEvalServiceClient(http.DefaultClient, cf.url, cf.options()...)
+			res, err := ev.ListEvalResults(cmd.Context(), &loopsv1.ListEvalResultsRequest{TrainingRunId: run.GetId()})
+			if err != nil {
+				return err
+			}
+			if len(res.GetResults()) == 0 {
+				return nil
+			}
+			fmt.Fprintln(cmd.OutOrStdout())
+			return printEvalResults(cmd.OutOrStdout(), res.GetResults(), false)
 		},
 	}
 	cmd.Flags().IntVar(&last, "last", 20, "how many of the last steps to list")
@@ -189,3 +204,39 @@ func sparkline(v []float64) string {
 	}
 	return b.String()
 }
+
+// printRunStorage writes what the run's checkpoints take in the checkpoint store, and what
+// the workspace's retention will delete (retention_delete_time set).
+func printRunStorage(cmd *cobra.Command, cf *clientFlags, runID string) error {
+	cl := loopsv1connect.NewCheckpointServiceClient(http.DefaultClient, cf.url, cf.options()...)
+	var n, pending int
+	var total, pendingBytes int64
+	token := ""
+	for range 100 { // at most 100 pages of 1000
+		res, err := cl.ListCheckpoints(cmd.Context(), &loopsv1.ListCheckpointsRequest{TrainingRunId: runID, Limit: 1000, PageToken: token})
+		if err != nil {
+			return err
+		}
+		for _, ck := range res.GetCheckpoints() {
+			n++
+			total += ck.GetSizeBytes()
+			if ck.GetRetentionDeleteTime() != nil {
+				pending++
+				pendingBytes += ck.GetSizeBytes()
+			}
+		}
+		if token = res.GetNextPageToken(); token == "" {
+			break
+		}
+	}
+	w := cmd.OutOrStdout()
+	fmt.Fprintf(w, "\nstorage:     %d checkpoints, %s", n, mib(total))
+	if pending > 0 {
+		fmt.Fprintf(w, " (%d, %s, to be deleted by the workspace's retention)", pending, mib(pendingBytes))
+	}
+	fmt.Fprintln(w)
+	return nil
+}
+
+// mib writes a byte count in MiB.
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }

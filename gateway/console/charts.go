@@ -2,10 +2,12 @@ package console
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"html/template"
 	"image/color"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -316,3 +318,30 @@ func (stepTicks) Ticks(lo, hi float64) []plot.Tick {
 // flat reports whether a range is a single value up to rounding (the EMA of a constant
 // series differs from it in the last bits), which an axis cannot span.
 func flat(lo, hi float64) bool { return hi-lo <= 1e-9*max(math.Abs(lo), math.Abs(hi)) }
+
+// evalChart draws each eval's score by the step of the checkpoint it scored (succeeded
+// results only), one line per eval in order of first appearance by step.
+func evalChart(results []*loopsv1.EvalResult, o chartOptions) chartView {
+	sorted := append([]*loopsv1.EvalResult(nil), results...)
+	slices.SortStableFunc(sorted, func(a, b *loopsv1.EvalResult) int { return cmp.Compare(a.GetStep(), b.GetStep()) })
+	var names []string
+	pts := map[string]plotter.XYs{}
+	for _, r := range sorted {
+		if r.GetState() != loopsv1.EvalResultState_EVAL_RESULT_STATE_SUCCEEDED {
+			continue
+		}
+		n := r.GetEvalName()
+		if _, ok := pts[n]; !ok {
+			names = append(names, n)
+		}
+		pts[n] = append(pts[n], plotter.XY{X: float64(r.GetStep()), Y: r.GetScore()})
+	}
+	ss := make([]series, 0, len(names))
+	for i, n := range names {
+		ss = append(ss, series{n, pts[n], palette[i%len(palette)]})
+	}
+	if len(ss) == 0 {
+		ss = append(ss, series{"score", nil, blue})
+	}
+	return drawChart("evals", "Eval scores by checkpoint step", o, nil, ss...)
+}

@@ -67,6 +67,8 @@ type Services struct {
 	Deployments loopsv1connect.DeploymentServiceHandler
 	// Access is the access requests' service (nil: the console shows no Access page).
 	Access loopsv1connect.AccessServiceHandler
+	// Evals is the evals' service (nil: run pages chart no eval scores).
+	Evals loopsv1connect.EvalServiceHandler
 }
 
 // Options configure the console. Zero values take the defaults.

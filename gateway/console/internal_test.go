@@ -268,3 +268,20 @@ func TestDrawerCachesAndBounds(t *testing.T) {
 	require.Equal(t, connect.CodeResourceExhausted, connect.CodeOf(err))
 	<-d.slots
 }
+
+// TestEvalChart: one line per eval, by step, succeeded results only.
+func TestEvalChart(t *testing.T) {
+	ok := loopsv1.EvalResultState_EVAL_RESULT_STATE_SUCCEEDED
+	c := evalChart([]*loopsv1.EvalResult{
+		{EvalName: "mc", Step: 20, Score: 0.5, State: ok},
+		{EvalName: "heldout", Step: 10, Score: 2.5, State: ok},
+		{EvalName: "heldout", Step: 20, Score: 2.1, State: ok},
+		{EvalName: "heldout", Step: 30, State: loopsv1.EvalResultState_EVAL_RESULT_STATE_RUNNING},
+		{EvalName: "mc", Step: 30, State: loopsv1.EvalResultState_EVAL_RESULT_STATE_FAILED, Error: "x"},
+	}, chartOptions{})
+	require.Equal(t, "evals", c.ID)
+	require.Equal(t, 3, c.Points)
+	require.Equal(t, []legendItem{{Name: "heldout", Color: "#1f77b4"}, {Name: "mc", Color: "#e67e22"}}, c.Legend)
+	require.Contains(t, string(c.SVG), "<svg")
+	require.Zero(t, evalChart(nil, chartOptions{}).Points)
+}

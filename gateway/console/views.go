@@ -273,6 +273,16 @@ func (c *Console) liveView(r *http.Request) (*runView, error) {
 	if v.Charts, err = c.drawer.draw(ctx, keyOf(auth.Workspace(ctx), run.GetId(), all.GetSteps(), o), all.GetSteps()); err != nil {
 		return nil, err
 	}
+	if c.svc.Evals != nil {
+		res, err := c.svc.Evals.ListEvalResults(ctx, &loopsv1.ListEvalResultsRequest{TrainingRunId: run.GetId()})
+		if err != nil {
+			return nil, err
+		}
+		if len(res.GetResults()) > 0 { // beside the loss, the first chart
+			ev := evalChart(res.GetResults(), o)
+			v.Charts = append(v.Charts[:1:1], append([]chartView{ev}, v.Charts[1:]...)...)
+		}
+	}
 	lq := url.Values{}
 	if v.EMA {
 		lq.Set("ema", "1")

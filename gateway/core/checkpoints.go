@@ -279,6 +279,7 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 		CreateTime:    timestamppb.New(created),
 		BaseModel:     info.GetBaseModel(),
 		Lora:          info.GetLora(),
+		Step:          info.GetOptimSteps(),
 	}
 	if ttl > 0 {
 		ck.ExpireTime = timestamppb.New(created.Add(ttl))
@@ -296,6 +297,9 @@ func (c *Core) saveCheckpoint(ctx context.Context, r *run, req *loopsv1.SaveWeig
 				c.log.Error("deleting a replaced checkpoint generation", slog.String("key", replaced), slog.Any("err", err))
 			}
 		}
+	}
+	if kind == loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER {
+		c.evals.noteSamplerSave(r.Workspace(), r.ID(), ck, info.GetOptimSteps())
 	}
 	c.updateRun(r, func(i *loopsv1.TrainingRun) {
 		switch kind {
@@ -585,6 +589,9 @@ func (c *Core) deleteCheckpoint(ctx context.Context, ws, runID, id string, want 
 		}
 		if err != nil {
 			return "", internal("deleting the checkpoint record (nothing was deleted; retry)", err)
+		}
+		if err := c.store.DeleteEvalResults(ctx, ws, runID, id); err != nil {
+			c.log.Error("deleting a deleted checkpoint's eval results", slog.String("checkpoint", ck.GetTinkerPath()), slog.Any("err", err))
 		}
 		if kerr != nil {
 			return "", nil // a record no key can belong to: nothing to delete

@@ -219,6 +219,8 @@ type Core struct {
 	// (reserveSession), for max_sessions_per_workspace.
 	liveSessions map[string]int
 	samplers     *samplers
+	evals        *evalRunner
+	retention    retentionState
 	archives     *archiveTokens
 	traceLinks   *traceLinks
 	ckpt         *ckfiles.Files
@@ -299,6 +301,7 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	c.runs = newRunRegistry(c.now, &c.opts.Limits, c.loadRun)
 	c.ops = newOperations(c)
 	c.samplers = newSamplers(c)
+	c.evals = newEvalRunner(c)
 	if err := c.openCheckpoints(ctx); err != nil {
 		return nil, err
 	}
@@ -362,6 +365,9 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	if err := c.life.Go("placer", c.placer.Run); err != nil {
 		return nil, err
 	}
+	if err := c.life.Go("evals", c.evals.dispatch); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -418,6 +424,7 @@ func (c *Core) sweep(ctx context.Context) {
 	c.expireCheckpoints(ctx, now)
 	c.expireWeightsAccessTokens(ctx, now)
 	c.maybeSweepStore(ctx, now)
+	c.maybeSweepRetention(ctx, now)
 	c.ops.evictFinishedBefore(now.Add(-finishedInMemory))
 	if _, err := c.store.DeleteOperationsDoneBefore(ctx, now.Add(-c.opts.ResultRetention)); err != nil {
 		c.log.Error("deleting old operations", slog.Any("err", err))
@@ -445,6 +452,7 @@ func (c *Core) Services() Services {
 		Clients:     SamplerClientService{c},
 		Traces:      TraceService{c},
 		Receipts:    ReceiptService{c},
+		Evals:       EvalService{c},
 	}
 }
 
@@ -464,4 +472,5 @@ type Services struct {
 	Clients     SamplerClientService
 	Traces      TraceService
 	Receipts    ReceiptService
+	Evals       EvalService
 }

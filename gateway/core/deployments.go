@@ -297,8 +297,13 @@ func (s DeploymentService) CreateDeployment(ctx context.Context, req *loopsv1.Cr
 				return nil, invalidArgument("two checkpoints named %q (%s and %s): names address a deployment's checkpoints (<deployment>/<checkpoint>), so they must differ", ck.GetName(), x.GetTinkerPath(), ck.GetTinkerPath())
 			}
 		}
-		d.Checkpoints = append(d.Checkpoints, &loopsv1.DeploymentCheckpoint{Name: ck.GetName(), TinkerPath: ck.GetTinkerPath()})
+		d.Checkpoints = append(d.Checkpoints, &loopsv1.DeploymentCheckpoint{
+			Name: ck.GetName(), TinkerPath: ck.GetTinkerPath(), TrainingRunId: runID, BaseModel: ck.GetBaseModel(), Step: ck.GetStep(),
+		})
 		pins = append(pins, store.CheckpointRef{RunID: runID, CheckpointID: id})
+	}
+	if err := c.evalLineage(ctx, ws, d, pins, req.GetRequireEvals()); err != nil {
+		return nil, err
 	}
 	if _, err := c.model(d.BaseModel); err != nil {
 		return nil, err

@@ -122,6 +122,10 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 	if err != nil {
 		return nil, err
 	}
+	attach, every, err := c.evalsFromMetadata(ctx, ws, req.GetUserMetadata())
+	if err != nil {
+		return nil, err
+	}
 	now := timestamppb.New(c.now())
 	info := &loopsv1.TrainingRun{
 		Id:              newID("run"),
@@ -165,6 +169,11 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 			sess.removeRun(info.Id)
 		}
 		return nil, internal("recording training run", err)
+	}
+	if len(attach) > 0 {
+		if _, err := c.attachEvals(ctx, ws, info.Id, attach, every); err != nil {
+			c.log.Error("attaching the evals a run's user_metadata names", slog.String("run", info.Id), slog.Any("err", err))
+		}
 	}
 	if sess != nil {
 		// The session's list of runs is durable before the run is acknowledged: a session

@@ -44,6 +44,15 @@ type Section struct {
 	// Dedicated says whether the workspace's runs get worker pools of their own (dedicated
 	// mode): "off" (refused), "allowed" (when a run asks; the default) or "always".
 	Dedicated *string `json:"dedicated,omitempty"`
+	// CheckpointKeepNewest and CheckpointKeepBest turn on checkpoint retention: per run the
+	// newest N checkpoints of each kind and the N best sampler checkpoints by the eval
+	// CheckpointKeepBestEval are kept, the others deleted CheckpointRetentionGraceSeconds
+	// after the sweep first finds them outside that set (never a deployed or public one);
+	// 0 and 0 keep everything (docs/evals.md, "Retention").
+	CheckpointKeepNewest            *int    `json:"checkpoint_keep_newest,omitempty"`
+	CheckpointKeepBest              *int    `json:"checkpoint_keep_best,omitempty"`
+	CheckpointKeepBestEval          *string `json:"checkpoint_keep_best_eval,omitempty"`
+	CheckpointRetentionGraceSeconds *int    `json:"checkpoint_retention_grace_seconds,omitempty"`
 }
 
 // MinJobMemoryMB is the smallest max_job_memory_mb accepted: a job's Python interpreter and
@@ -78,7 +87,14 @@ type Limits struct {
 	MaxDeploymentReplicas int
 	// Dedicated is DedicatedOff, DedicatedAllowed (the default) or DedicatedAlways.
 	Dedicated string
+	// Checkpoint retention (Section.CheckpointKeepNewest): off while both counts are 0.
+	CheckpointKeepNewest, CheckpointKeepBest int
+	CheckpointKeepBestEval                   string
+	CheckpointRetentionGraceSeconds          int
 }
+
+// Retains reports whether the workspace's checkpoints are subject to retention.
+func (l Limits) Retains() bool { return l.CheckpointKeepNewest > 0 || l.CheckpointKeepBest > 0 }
 
 // The values of a section's dedicated key.
 const (
@@ -115,7 +131,7 @@ func Load(file string) (*Policy, error) {
 func Parse(data []byte) (*Policy, error) {
 	var f File
 	if err := yaml.UnmarshalStrict(data, &f); err != nil {
-		return nil, fmt.Errorf("%s (the keys are default and workspaces; each section takes models, max_sequence_length, max_lora_rank, max_concurrent_runs, max_queued_operations, sampling_concurrency, allow_jobs, max_running_jobs, max_job_seconds, max_job_memory_mb, max_deployment_replicas, dedicated)", strings.TrimPrefix(strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: "), "json: "))
+		return nil, fmt.Errorf("%s (the keys are default and workspaces; each section takes models, max_sequence_length, max_lora_rank, max_concurrent_runs, max_queued_operations, sampling_concurrency, allow_jobs, max_running_jobs, max_job_seconds, max_job_memory_mb, max_deployment_replicas, dedicated, checkpoint_keep_newest, checkpoint_keep_best, checkpoint_keep_best_eval, checkpoint_retention_grace_seconds)", strings.TrimPrefix(strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: "), "json: "))
 	}
 	return f.Compile()
 }
@@ -165,6 +181,12 @@ func resolve(base Limits, s Section) Limits {
 	if s.Dedicated != nil {
 		out.Dedicated = *s.Dedicated
 	}
+	set(&out.CheckpointKeepNewest, s.CheckpointKeepNewest)
+	set(&out.CheckpointKeepBest, s.CheckpointKeepBest)
+	set(&out.CheckpointRetentionGraceSeconds, s.CheckpointRetentionGraceSeconds)
+	if s.CheckpointKeepBestEval != nil {
+		out.CheckpointKeepBestEval = *s.CheckpointKeepBestEval
+	}
 	return out
 }
 
@@ -202,6 +224,9 @@ func (s Section) validate(where string) error {
 		{"max_job_seconds", s.MaxJobSeconds},
 		{"max_job_memory_mb", s.MaxJobMemoryMB},
 		{"max_deployment_replicas", s.MaxDeploymentReplicas},
+		{"checkpoint_keep_newest", s.CheckpointKeepNewest},
+		{"checkpoint_keep_best", s.CheckpointKeepBest},
+		{"checkpoint_retention_grace_seconds", s.CheckpointRetentionGraceSeconds},
 	} {
 		if f.v != nil && *f.v < 0 {
 			return fmt.Errorf("%s.%s is %d: use a positive limit, or 0 for no limit of the workspace's own", where, f.name, *f.v)
@@ -209,6 +234,9 @@ func (s Section) validate(where string) error {
 		if f.v != nil && *f.v > 1<<30 {
 			return fmt.Errorf("%s.%s is %d, over the largest accepted value %d: use 0 for no limit", where, f.name, *f.v, 1<<30)
 		}
+	}
+	if b := s.CheckpointKeepBest; b != nil && *b > 0 && (s.CheckpointKeepBestEval == nil || *s.CheckpointKeepBestEval == "") {
+		return fmt.Errorf("%s.checkpoint_keep_best is %d but checkpoint_keep_best_eval names no eval: name the eval (its name in each workspace) whose score ranks the checkpoints", where, *b)
 	}
 	if m := s.MaxJobMemoryMB; m != nil && *m > 0 && *m < MinJobMemoryMB {
 		return fmt.Errorf("%s.max_job_memory_mb is %d: a job needs at least %d MiB (its Python and the sandbox's relay), so the gateway could not honour it; use %d or more, or 0 for the server's default", where, *m, MinJobMemoryMB, MinJobMemoryMB)

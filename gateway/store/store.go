@@ -93,6 +93,7 @@ type Store interface {
 	CheckpointStorageReader
 	WeightsAccessStore
 	AccessStore
+	EvalStore
 	TraceReader
 	Fencer
 

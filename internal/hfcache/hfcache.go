@@ -288,3 +288,16 @@ func writeFileAtomic(path string, b []byte) error {
 	}
 	return nil
 }
+
+// TokenizerDir finds the folder of a tokenizer id: a folder that holds tokenizer.json, or a
+// Hugging Face model in the local hub cache (Find), as the reference backend finds models.
+func TokenizerDir(id string) (string, error) {
+	if isFile(filepath.Join(id, "tokenizer.json")) {
+		return id, nil
+	}
+	dir, err := Find(id, "tokenizer.json")
+	if err != nil {
+		return "", fmt.Errorf("no tokenizer.json found for %q (a folder, or a model in the local Hugging Face cache): %w", id, err)
+	}
+	return dir, nil
+}

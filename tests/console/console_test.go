@@ -215,6 +215,16 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.GreaterOrEqual(t, points(ctx, t, "loss"), 16) // 8 steps × (cross_entropy, importance_sampling)
 	require.Equal(t, 8, points(ctx, t, "tokens"))
 	require.Equal(t, 16, points(ctx, t, "norms")) // 8 optim_steps × (gradient, update) norm
+	// The eval attached by train.py scored both sampler saves: charted beside the loss.
+	deadline = time.Now().Add(2 * time.Minute)
+	for {
+		run("eval chart", chromedp.Reload(), chromedp.WaitVisible("#chart-evals", chromedp.ByID))
+		if points(ctx, t, "evals") >= 2 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the eval chart did not get both saves' scores")
+		time.Sleep(500 * time.Millisecond)
+	}
 	run("finished run shot", sh.shot("run-finished"))
 
 	// The toggles: EMA and log scale redraw the charts and stay in the page's URL.

@@ -4,14 +4,20 @@ Trains loops/tiny through the public tinker SDK: each step one supervised
 forward_backward (cross_entropy), one RL forward_backward (importance_sampling, with
 sampler logprobs deliberately far from the trainer's, so the run page shows the KL alert)
 and one optim_step; it saves a training checkpoint after step 2 and at the end, and a
-sampler checkpoint at the end, which it samples from once. Usage: train.py STEPS SECONDS_BETWEEN_STEPS.
+sampler checkpoint after step 4 and at the end, which it samples from once. Before the run it
+creates an NLL eval (loops.v1 REST, /v1/evals) and attaches it through user_metadata
+"loops.evals", so each sampler save is scored and the run page charts the scores. Usage: train.py STEPS SECONDS_BETWEEN_STEPS.
 TINKER_BASE_URL and TINKER_API_KEY say where and as whom.
 """
 
 from __future__ import annotations
 
+import base64
+import json
+import os
 import sys
 import time
+import urllib.request
 
 import tinker
 from tinker import types
@@ -40,10 +46,24 @@ def rl_datum(text: str, advantage: float) -> types.Datum:
     )
 
 
+def create_eval(name: str) -> None:
+    # Rows as token ids, the raw bytes this script trains on (held out: the same sentences).
+    rows = [{"prompt": list(b"The quick brown"), "completion": list(b" fox")},
+            {"prompt": list(b"A stitch in"), "completion": list(b" time")}]
+    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    body = json.dumps({"name": name, "kind": "EVAL_KIND_NLL", "dataset": base64.b64encode(data).decode()}).encode()
+    req = urllib.request.Request(os.environ["TINKER_BASE_URL"] + "/v1/evals", data=body, method="POST",
+                                 headers={"X-Api-Key": os.environ["TINKER_API_KEY"], "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
+        assert resp.status == 200
+
+
 def main() -> None:
     steps, pause = int(sys.argv[1]), float(sys.argv[2])
     service = tinker.ServiceClient()
-    tc = service.create_lora_training_client(base_model="loops/tiny", rank=4).result(timeout=TIMEOUT)
+    create_eval("heldout")
+    tc = service.create_lora_training_client(
+        base_model="loops/tiny", rank=4, user_metadata={"loops.evals": "heldout"}).result(timeout=TIMEOUT)
     print("run", tc.model_id, flush=True)
     batch = [datum("The quick brown fox jumps over the lazy dog."), datum("A stitch in time saves nine.")]
     rl = [rl_datum("two plus two is four", 1.0), rl_datum("two plus two is five", -1.0)]
@@ -57,6 +77,8 @@ def main() -> None:
         print(f"step {step} loss {loss:.4f}", flush=True)
         if step == 2:
             print("saved", tc.save_state("ck-early").result(timeout=TIMEOUT).path, flush=True)
+        if step == 4:
+            print("saved", tc.save_weights_for_sampler("sampler-mid").result(timeout=TIMEOUT).path, flush=True)
         time.sleep(pause)
     print("saved", tc.save_state("ck-final").result(timeout=TIMEOUT).path, flush=True)
     sampler_path = tc.save_weights_for_sampler("sampler-final").result(timeout=TIMEOUT).path

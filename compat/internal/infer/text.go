@@ -377,16 +377,5 @@ func (t *Text) Decode(toks []int32) string {
 // included (the token strings of logprobs).
 func (t *Text) TokenText(tok int32) string { return t.tok.Decode([]int{int(tok)}) }
 
-// tokenizerDir finds the folder of a tokenizer id: a folder that holds tokenizer.json, or a
-// Hugging Face model in the local hub cache (hfcache.Find), as the reference backend finds
-// models.
-func tokenizerDir(id string) (string, error) {
-	if _, err := os.Stat(filepath.Join(id, "tokenizer.json")); err == nil {
-		return id, nil
-	}
-	dir, err := hfcache.Find(id, "tokenizer.json")
-	if err != nil {
-		return "", fmt.Errorf("no tokenizer.json found for %q (a folder, or a model in the local Hugging Face cache): %w", id, err)
-	}
-	return dir, nil
-}
+// tokenizerDir finds the folder of a tokenizer id (hfcache.TokenizerDir).
+func tokenizerDir(id string) (string, error) { return hfcache.TokenizerDir(id) }

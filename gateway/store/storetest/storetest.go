@@ -81,6 +81,7 @@ func Run(t *testing.T, open Opener) {
 	s("WeightsAccessTokenLimit", testWeightsAccessTokenLimit)
 	s("AccessRequests", testAccessRequests)
 	s("WebhookDeliveries", testWebhookDeliveries)
+	s("Evals", testEvals)
 	t.Run("Reopen", func(t *testing.T) { testReopen(t, open) })
 	t.Run("ReceiptSteps", func(t *testing.T) { testReceiptSteps(t, open) })
 	t.Run("DeploymentsReopen", func(t *testing.T) { testDeploymentsReopen(t, open) })

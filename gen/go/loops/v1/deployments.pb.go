@@ -161,7 +161,15 @@ type DeploymentCheckpoint struct {
 	// The checkpoint's name (the last part of its path); unique in the deployment.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// tinker://<run>/sampler_weights/<name> (or weights/<name>).
-	TinkerPath    string `protobuf:"bytes,2,opt,name=tinker_path,json=tinkerPath,proto3" json:"tinker_path,omitempty"`
+	TinkerPath string `protobuf:"bytes,2,opt,name=tinker_path,json=tinkerPath,proto3" json:"tinker_path,omitempty"`
+	// Lineage (output only): the checkpoint's training run, the run's base model and its
+	// optimizer steps when the checkpoint was saved.
+	TrainingRunId string `protobuf:"bytes,3,opt,name=training_run_id,json=trainingRunId,proto3" json:"training_run_id,omitempty"`
+	BaseModel     string `protobuf:"bytes,4,opt,name=base_model,json=baseModel,proto3" json:"base_model,omitempty"`
+	Step          int64  `protobuf:"varint,5,opt,name=step,proto3" json:"step,omitempty"`
+	// Lineage (output only): the eval results of the checkpoint when the deployment was
+	// created (each with its eval's dataset sha256).
+	Evals         []*EvalResult `protobuf:"bytes,6,rep,name=evals,proto3" json:"evals,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -210,20 +218,116 @@ func (x *DeploymentCheckpoint) GetTinkerPath() string {
 	return ""
 }
 
+func (x *DeploymentCheckpoint) GetTrainingRunId() string {
+	if x != nil {
+		return x.TrainingRunId
+	}
+	return ""
+}
+
+func (x *DeploymentCheckpoint) GetBaseModel() string {
+	if x != nil {
+		return x.BaseModel
+	}
+	return ""
+}
+
+func (x *DeploymentCheckpoint) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *DeploymentCheckpoint) GetEvals() []*EvalResult {
+	if x != nil {
+		return x.Evals
+	}
+	return nil
+}
+
+// EvalRequirement is a deploy gate: a checkpoint is deployed only when its result of the
+// eval passes the threshold.
+type EvalRequirement struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The eval's name or id.
+	Eval string `protobuf:"bytes,1,opt,name=eval,proto3" json:"eval,omitempty"`
+	// ">=" (the default when empty) or "<=" (for an eval where lower is better, such as NLL).
+	Op            string  `protobuf:"bytes,2,opt,name=op,proto3" json:"op,omitempty"`
+	Threshold     float64 `protobuf:"fixed64,3,opt,name=threshold,proto3" json:"threshold,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EvalRequirement) Reset() {
+	*x = EvalRequirement{}
+	mi := &file_loops_v1_deployments_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EvalRequirement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EvalRequirement) ProtoMessage() {}
+
+func (x *EvalRequirement) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_deployments_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EvalRequirement.ProtoReflect.Descriptor instead.
+func (*EvalRequirement) Descriptor() ([]byte, []int) {
+	return file_loops_v1_deployments_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *EvalRequirement) GetEval() string {
+	if x != nil {
+		return x.Eval
+	}
+	return ""
+}
+
+func (x *EvalRequirement) GetOp() string {
+	if x != nil {
+		return x.Op
+	}
+	return ""
+}
+
+func (x *EvalRequirement) GetThreshold() float64 {
+	if x != nil {
+		return x.Threshold
+	}
+	return 0
+}
+
 type CreateDeploymentRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// tinker:// paths of checkpoints of the workspace, all of one base model.
 	Checkpoints []string `protobuf:"bytes,2,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
 	// 0 means 1.
-	Replicas      int32 `protobuf:"varint,3,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	Replicas int32 `protobuf:"varint,3,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	// Deploy only when every checkpoint has a succeeded result of each eval that passes its
+	// threshold (at most 8); otherwise FailedPrecondition naming the checkpoint, the score
+	// and the threshold.
+	RequireEvals  []*EvalRequirement `protobuf:"bytes,4,rep,name=require_evals,json=requireEvals,proto3" json:"require_evals,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateDeploymentRequest) Reset() {
 	*x = CreateDeploymentRequest{}
-	mi := &file_loops_v1_deployments_proto_msgTypes[2]
+	mi := &file_loops_v1_deployments_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -235,7 +339,7 @@ func (x *CreateDeploymentRequest) String() string {
 func (*CreateDeploymentRequest) ProtoMessage() {}
 
 func (x *CreateDeploymentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_deployments_proto_msgTypes[2]
+	mi := &file_loops_v1_deployments_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -248,7 +352,7 @@ func (x *CreateDeploymentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateDeploymentRequest.ProtoReflect.Descriptor instead.
 func (*CreateDeploymentRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_deployments_proto_rawDescGZIP(), []int{2}
+	return file_loops_v1_deployments_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CreateDeploymentRequest) GetName() string {
@@ -272,6 +376,13 @@ func (x *CreateDeploymentRequest) GetReplicas() int32 {
 	return 0
 }
 
+func (x *CreateDeploymentRequest) GetRequireEvals() []*EvalRequirement {
+	if x != nil {
+		return x.RequireEvals
+	}
+	return nil
+}
+
 type GetDeploymentRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -283,7 +394,7 @@ type GetDeploymentRequest struct {
 
 func (x *GetDeploymentRequest) Reset() {
 	*x = GetDeploymentRequest{}
-	mi := &file_loops_v1_deployments_proto_msgTypes[3]
+	mi := &file_loops_v1_deployments_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -295,7 +406,7 @@ func (x *GetDeploymentRequest) String() string {
 func (*GetDeploymentRequest) ProtoMessage() {}
 
 func (x *GetDeploymentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_deployments_proto_msgTypes[3]
+	mi := &file_loops_v1_deployments_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -308,7 +419,7 @@ func (x *GetDeploymentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeploymentRequest.ProtoReflect.Descriptor instead.
 func (*GetDeploymentRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_deployments_proto_rawDescGZIP(), []int{3}
+	return file_loops_v1_deployments_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GetDeploymentRequest) GetName() string {
@@ -333,7 +444,7 @@ type ListDeploymentsRequest struct {
 
 func (x *ListDeploymentsRequest) Reset() {
 	*x = ListDeploymentsRequest{}
-	mi := &file_loops_v1_deployments_proto_msgTypes[4]
+	mi := &file_loops_v1_deployments_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -345,7 +456,7 @@ func (x *ListDeploymentsRequest) String() string {
 func (*ListDeploymentsRequest) ProtoMessage() {}
 
 func (x *ListDeploymentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_deployments_proto_msgTypes[4]
+	mi := &file_loops_v1_deployments_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -358,7 +469,7 @@ func (x *ListDeploymentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeploymentsRequest.ProtoReflect.Descriptor instead.
 func (*ListDeploymentsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_deployments_proto_rawDescGZIP(), []int{4}
+	return file_loops_v1_deployments_proto_rawDescGZIP(), []int{5}
 }
 
 type ListDeploymentsResponse struct {
@@ -371,7 +482,7 @@ type ListDeploymentsResponse struct {
 
 func (x *ListDeploymentsResponse) Reset() {
 	*x = ListDeploymentsResponse{}
-	mi := &file_loops_v1_deployments_proto_msgTypes[5]
+	mi := &file_loops_v1_deployments_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -383,7 +494,7 @@ func (x *ListDeploymentsResponse) String() string {
 func (*ListDeploymentsResponse) ProtoMessage() {}
 
 func (x *ListDeploymentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_deployments_proto_msgTypes[5]
+	mi := &file_loops_v1_deployments_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -396,7 +507,7 @@ func (x *ListDeploymentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeploymentsResponse.ProtoReflect.Descriptor instead.
 func (*ListDeploymentsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_deployments_proto_rawDescGZIP(), []int{5}
+	return file_loops_v1_deployments_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListDeploymentsResponse) GetDeployments() []*Deployment {
@@ -415,7 +526,7 @@ type DeleteDeploymentRequest struct {
 
 func (x *DeleteDeploymentRequest) Reset() {
 	*x = DeleteDeploymentRequest{}
-	mi := &file_loops_v1_deployments_proto_msgTypes[6]
+	mi := &file_loops_v1_deployments_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -427,7 +538,7 @@ func (x *DeleteDeploymentRequest) String() string {
 func (*DeleteDeploymentRequest) ProtoMessage() {}
 
 func (x *DeleteDeploymentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_deployments_proto_msgTypes[6]
+	mi := &file_loops_v1_deployments_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -440,7 +551,7 @@ func (x *DeleteDeploymentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDeploymentRequest.ProtoReflect.Descriptor instead.
 func (*DeleteDeploymentRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_deployments_proto_rawDescGZIP(), []int{6}
+	return file_loops_v1_deployments_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeleteDeploymentRequest) GetName() string {
@@ -458,7 +569,7 @@ type DeleteDeploymentResponse struct {
 
 func (x *DeleteDeploymentResponse) Reset() {
 	*x = DeleteDeploymentResponse{}
-	mi := &file_loops_v1_deployments_proto_msgTypes[7]
+	mi := &file_loops_v1_deployments_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -470,7 +581,7 @@ func (x *DeleteDeploymentResponse) String() string {
 func (*DeleteDeploymentResponse) ProtoMessage() {}
 
 func (x *DeleteDeploymentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_deployments_proto_msgTypes[7]
+	mi := &file_loops_v1_deployments_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -483,7 +594,7 @@ func (x *DeleteDeploymentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDeploymentResponse.ProtoReflect.Descriptor instead.
 func (*DeleteDeploymentResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_deployments_proto_rawDescGZIP(), []int{7}
+	return file_loops_v1_deployments_proto_rawDescGZIP(), []int{8}
 }
 
 type GrantDeploymentRequest struct {
@@ -497,7 +608,7 @@ type GrantDeploymentRequest struct {
 
 func (x *GrantDeploymentRequest) Reset() {
 	*x = GrantDeploymentRequest{}
-	mi := &file_loops_v1_deployments_proto_msgTypes[8]
+	mi := &file_loops_v1_deployments_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -509,7 +620,7 @@ func (x *GrantDeploymentRequest) String() string {
 func (*GrantDeploymentRequest) ProtoMessage() {}
 
 func (x *GrantDeploymentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_deployments_proto_msgTypes[8]
+	mi := &file_loops_v1_deployments_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -522,7 +633,7 @@ func (x *GrantDeploymentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantDeploymentRequest.ProtoReflect.Descriptor instead.
 func (*GrantDeploymentRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_deployments_proto_rawDescGZIP(), []int{8}
+	return file_loops_v1_deployments_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GrantDeploymentRequest) GetName() string {
@@ -549,7 +660,7 @@ type RevokeDeploymentRequest struct {
 
 func (x *RevokeDeploymentRequest) Reset() {
 	*x = RevokeDeploymentRequest{}
-	mi := &file_loops_v1_deployments_proto_msgTypes[9]
+	mi := &file_loops_v1_deployments_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -561,7 +672,7 @@ func (x *RevokeDeploymentRequest) String() string {
 func (*RevokeDeploymentRequest) ProtoMessage() {}
 
 func (x *RevokeDeploymentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_deployments_proto_msgTypes[9]
+	mi := &file_loops_v1_deployments_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -574,7 +685,7 @@ func (x *RevokeDeploymentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeDeploymentRequest.ProtoReflect.Descriptor instead.
 func (*RevokeDeploymentRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_deployments_proto_rawDescGZIP(), []int{9}
+	return file_loops_v1_deployments_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RevokeDeploymentRequest) GetName() string {
@@ -595,7 +706,7 @@ var File_loops_v1_deployments_proto protoreflect.FileDescriptor
 
 const file_loops_v1_deployments_proto_rawDesc = "" +
 	"\n" +
-	"\x1aloops/v1/deployments.proto\x12\bloops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe7\x02\n" +
+	"\x1aloops/v1/deployments.proto\x12\bloops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14loops/v1/evals.proto\"\xe7\x02\n" +
 	"\n" +
 	"Deployment\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
@@ -610,15 +721,25 @@ const file_loops_v1_deployments_proto_rawDesc = "" +
 	"\x06models\x18\b \x03(\tR\x06models\x12'\n" +
 	"\x0fplaced_replicas\x18\t \x01(\x05R\x0eplacedReplicas\x12\x1c\n" +
 	"\tplacement\x18\n" +
-	" \x01(\tR\tplacement\"K\n" +
+	" \x01(\tR\tplacement\"\xd2\x01\n" +
 	"\x14DeploymentCheckpoint\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vtinker_path\x18\x02 \x01(\tR\n" +
-	"tinkerPath\"k\n" +
+	"tinkerPath\x12&\n" +
+	"\x0ftraining_run_id\x18\x03 \x01(\tR\rtrainingRunId\x12\x1d\n" +
+	"\n" +
+	"base_model\x18\x04 \x01(\tR\tbaseModel\x12\x12\n" +
+	"\x04step\x18\x05 \x01(\x03R\x04step\x12*\n" +
+	"\x05evals\x18\x06 \x03(\v2\x14.loops.v1.EvalResultR\x05evals\"S\n" +
+	"\x0fEvalRequirement\x12\x12\n" +
+	"\x04eval\x18\x01 \x01(\tR\x04eval\x12\x0e\n" +
+	"\x02op\x18\x02 \x01(\tR\x02op\x12\x1c\n" +
+	"\tthreshold\x18\x03 \x01(\x01R\tthreshold\"\xab\x01\n" +
 	"\x17CreateDeploymentRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\vcheckpoints\x18\x02 \x03(\tR\vcheckpoints\x12\x1a\n" +
-	"\breplicas\x18\x03 \x01(\x05R\breplicas\"@\n" +
+	"\breplicas\x18\x03 \x01(\x05R\breplicas\x12>\n" +
+	"\rrequire_evals\x18\x04 \x03(\v2\x19.loops.v1.EvalRequirementR\frequireEvals\"@\n" +
 	"\x14GetDeploymentRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\"\x18\n" +
@@ -655,41 +776,45 @@ func file_loops_v1_deployments_proto_rawDescGZIP() []byte {
 	return file_loops_v1_deployments_proto_rawDescData
 }
 
-var file_loops_v1_deployments_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_loops_v1_deployments_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_loops_v1_deployments_proto_goTypes = []any{
 	(*Deployment)(nil),               // 0: loops.v1.Deployment
 	(*DeploymentCheckpoint)(nil),     // 1: loops.v1.DeploymentCheckpoint
-	(*CreateDeploymentRequest)(nil),  // 2: loops.v1.CreateDeploymentRequest
-	(*GetDeploymentRequest)(nil),     // 3: loops.v1.GetDeploymentRequest
-	(*ListDeploymentsRequest)(nil),   // 4: loops.v1.ListDeploymentsRequest
-	(*ListDeploymentsResponse)(nil),  // 5: loops.v1.ListDeploymentsResponse
-	(*DeleteDeploymentRequest)(nil),  // 6: loops.v1.DeleteDeploymentRequest
-	(*DeleteDeploymentResponse)(nil), // 7: loops.v1.DeleteDeploymentResponse
-	(*GrantDeploymentRequest)(nil),   // 8: loops.v1.GrantDeploymentRequest
-	(*RevokeDeploymentRequest)(nil),  // 9: loops.v1.RevokeDeploymentRequest
-	(*timestamppb.Timestamp)(nil),    // 10: google.protobuf.Timestamp
+	(*EvalRequirement)(nil),          // 2: loops.v1.EvalRequirement
+	(*CreateDeploymentRequest)(nil),  // 3: loops.v1.CreateDeploymentRequest
+	(*GetDeploymentRequest)(nil),     // 4: loops.v1.GetDeploymentRequest
+	(*ListDeploymentsRequest)(nil),   // 5: loops.v1.ListDeploymentsRequest
+	(*ListDeploymentsResponse)(nil),  // 6: loops.v1.ListDeploymentsResponse
+	(*DeleteDeploymentRequest)(nil),  // 7: loops.v1.DeleteDeploymentRequest
+	(*DeleteDeploymentResponse)(nil), // 8: loops.v1.DeleteDeploymentResponse
+	(*GrantDeploymentRequest)(nil),   // 9: loops.v1.GrantDeploymentRequest
+	(*RevokeDeploymentRequest)(nil),  // 10: loops.v1.RevokeDeploymentRequest
+	(*timestamppb.Timestamp)(nil),    // 11: google.protobuf.Timestamp
+	(*EvalResult)(nil),               // 12: loops.v1.EvalResult
 }
 var file_loops_v1_deployments_proto_depIdxs = []int32{
 	1,  // 0: loops.v1.Deployment.checkpoints:type_name -> loops.v1.DeploymentCheckpoint
-	10, // 1: loops.v1.Deployment.create_time:type_name -> google.protobuf.Timestamp
-	0,  // 2: loops.v1.ListDeploymentsResponse.deployments:type_name -> loops.v1.Deployment
-	2,  // 3: loops.v1.DeploymentService.CreateDeployment:input_type -> loops.v1.CreateDeploymentRequest
-	3,  // 4: loops.v1.DeploymentService.GetDeployment:input_type -> loops.v1.GetDeploymentRequest
-	4,  // 5: loops.v1.DeploymentService.ListDeployments:input_type -> loops.v1.ListDeploymentsRequest
-	6,  // 6: loops.v1.DeploymentService.DeleteDeployment:input_type -> loops.v1.DeleteDeploymentRequest
-	8,  // 7: loops.v1.DeploymentService.GrantDeployment:input_type -> loops.v1.GrantDeploymentRequest
-	9,  // 8: loops.v1.DeploymentService.RevokeDeployment:input_type -> loops.v1.RevokeDeploymentRequest
-	0,  // 9: loops.v1.DeploymentService.CreateDeployment:output_type -> loops.v1.Deployment
-	0,  // 10: loops.v1.DeploymentService.GetDeployment:output_type -> loops.v1.Deployment
-	5,  // 11: loops.v1.DeploymentService.ListDeployments:output_type -> loops.v1.ListDeploymentsResponse
-	7,  // 12: loops.v1.DeploymentService.DeleteDeployment:output_type -> loops.v1.DeleteDeploymentResponse
-	0,  // 13: loops.v1.DeploymentService.GrantDeployment:output_type -> loops.v1.Deployment
-	0,  // 14: loops.v1.DeploymentService.RevokeDeployment:output_type -> loops.v1.Deployment
-	9,  // [9:15] is the sub-list for method output_type
-	3,  // [3:9] is the sub-list for method input_type
-	3,  // [3:3] is the sub-list for extension type_name
-	3,  // [3:3] is the sub-list for extension extendee
-	0,  // [0:3] is the sub-list for field type_name
+	11, // 1: loops.v1.Deployment.create_time:type_name -> google.protobuf.Timestamp
+	12, // 2: loops.v1.DeploymentCheckpoint.evals:type_name -> loops.v1.EvalResult
+	2,  // 3: loops.v1.CreateDeploymentRequest.require_evals:type_name -> loops.v1.EvalRequirement
+	0,  // 4: loops.v1.ListDeploymentsResponse.deployments:type_name -> loops.v1.Deployment
+	3,  // 5: loops.v1.DeploymentService.CreateDeployment:input_type -> loops.v1.CreateDeploymentRequest
+	4,  // 6: loops.v1.DeploymentService.GetDeployment:input_type -> loops.v1.GetDeploymentRequest
+	5,  // 7: loops.v1.DeploymentService.ListDeployments:input_type -> loops.v1.ListDeploymentsRequest
+	7,  // 8: loops.v1.DeploymentService.DeleteDeployment:input_type -> loops.v1.DeleteDeploymentRequest
+	9,  // 9: loops.v1.DeploymentService.GrantDeployment:input_type -> loops.v1.GrantDeploymentRequest
+	10, // 10: loops.v1.DeploymentService.RevokeDeployment:input_type -> loops.v1.RevokeDeploymentRequest
+	0,  // 11: loops.v1.DeploymentService.CreateDeployment:output_type -> loops.v1.Deployment
+	0,  // 12: loops.v1.DeploymentService.GetDeployment:output_type -> loops.v1.Deployment
+	6,  // 13: loops.v1.DeploymentService.ListDeployments:output_type -> loops.v1.ListDeploymentsResponse
+	8,  // 14: loops.v1.DeploymentService.DeleteDeployment:output_type -> loops.v1.DeleteDeploymentResponse
+	0,  // 15: loops.v1.DeploymentService.GrantDeployment:output_type -> loops.v1.Deployment
+	0,  // 16: loops.v1.DeploymentService.RevokeDeployment:output_type -> loops.v1.Deployment
+	11, // [11:17] is the sub-list for method output_type
+	5,  // [5:11] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_deployments_proto_init() }
@@ -697,13 +822,14 @@ func file_loops_v1_deployments_proto_init() {
 	if File_loops_v1_deployments_proto != nil {
 		return
 	}
+	file_loops_v1_evals_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_deployments_proto_rawDesc), len(file_loops_v1_deployments_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -498,9 +498,15 @@ type Checkpoint struct {
 	// destination_project_id).
 	ProjectId string `protobuf:"bytes,20,opt,name=project_id,json=projectId,proto3" json:"project_id,omitempty"`
 	// The checkpoint this one is a copy of (CopyWeights), empty for a saved one.
-	CopiedFrom    string `protobuf:"bytes,21,opt,name=copied_from,json=copiedFrom,proto3" json:"copied_from,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CopiedFrom string `protobuf:"bytes,21,opt,name=copied_from,json=copiedFrom,proto3" json:"copied_from,omitempty"`
+	// The run's optimizer steps when it was saved.
+	Step int64 `protobuf:"varint,22,opt,name=step,proto3" json:"step,omitempty"`
+	// Set while the workspace's checkpoint retention has it outside the checkpoints it
+	// keeps: it is deleted at this time unless it is kept again meanwhile (published,
+	// deployed, or back among the newest or best).
+	RetentionDeleteTime *timestamppb.Timestamp `protobuf:"bytes,23,opt,name=retention_delete_time,json=retentionDeleteTime,proto3" json:"retention_delete_time,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Checkpoint) Reset() {
@@ -622,6 +628,20 @@ func (x *Checkpoint) GetCopiedFrom() string {
 		return x.CopiedFrom
 	}
 	return ""
+}
+
+func (x *Checkpoint) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *Checkpoint) GetRetentionDeleteTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RetentionDeleteTime
+	}
+	return nil
 }
 
 // Sampler serves samples from a base model, optionally with a frozen adapter checkpoint.
@@ -794,7 +814,7 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +
-	"\x0e_client_seq_id\"\xe1\x03\n" +
+	"\x0e_client_seq_id\"\xc5\x04\n" +
 	"\n" +
 	"Checkpoint\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12&\n" +
@@ -817,7 +837,9 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\n" +
 	"project_id\x18\x14 \x01(\tR\tprojectId\x12\x1f\n" +
 	"\vcopied_from\x18\x15 \x01(\tR\n" +
-	"copiedFrom\"\x95\x02\n" +
+	"copiedFrom\x12\x12\n" +
+	"\x04step\x18\x16 \x01(\x03R\x04step\x12N\n" +
+	"\x15retention_delete_time\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\x13retentionDeleteTime\"\x95\x02\n" +
 	"\aSampler\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -882,12 +904,13 @@ var file_loops_v1_resources_proto_depIdxs = []int32{
 	7,  // 12: loops.v1.Checkpoint.create_time:type_name -> google.protobuf.Timestamp
 	7,  // 13: loops.v1.Checkpoint.expire_time:type_name -> google.protobuf.Timestamp
 	8,  // 14: loops.v1.Checkpoint.lora:type_name -> loops.v1.LoraConfig
-	7,  // 15: loops.v1.Sampler.create_time:type_name -> google.protobuf.Timestamp
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	7,  // 15: loops.v1.Checkpoint.retention_delete_time:type_name -> google.protobuf.Timestamp
+	7,  // 16: loops.v1.Sampler.create_time:type_name -> google.protobuf.Timestamp
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_resources_proto_init() }

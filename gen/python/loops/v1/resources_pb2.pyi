@@ -119,7 +119,7 @@ class TrainingRun(_message.Message):
     def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., base_model: _Optional[str] = ..., lora: _Optional[_Union[_types_pb2.LoraConfig, _Mapping]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_request_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., last_sampler_checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., corrupted: _Optional[bool] = ..., last_seq_id: _Optional[int] = ..., client_seq_id: _Optional[int] = ..., unload_reason: _Optional[str] = ..., optim_steps: _Optional[int] = ..., dedicated_pool: _Optional[str] = ..., inflight_sampler_checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., client: _Optional[_Union[_types_pb2.ClientInfo, _Mapping]] = ..., base_model_revision: _Optional[str] = ..., record_data: _Optional[bool] = ..., recorded_data_bytes: _Optional[int] = ..., record_data_stopped: _Optional[str] = ..., receipt_steps: _Optional[int] = ..., receipt_truncated: _Optional[bool] = ..., from_checkpoint: _Optional[str] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
-    __slots__ = ("id", "training_run_id", "kind", "name", "tinker_path", "size_bytes", "public", "create_time", "expire_time", "base_model", "lora", "project_id", "copied_from")
+    __slots__ = ("id", "training_run_id", "kind", "name", "tinker_path", "size_bytes", "public", "create_time", "expire_time", "base_model", "lora", "project_id", "copied_from", "step", "retention_delete_time")
     ID_FIELD_NUMBER: _ClassVar[int]
     TRAINING_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +133,8 @@ class Checkpoint(_message.Message):
     LORA_FIELD_NUMBER: _ClassVar[int]
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
     COPIED_FROM_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_DELETE_TIME_FIELD_NUMBER: _ClassVar[int]
     id: str
     training_run_id: str
     kind: CheckpointKind
@@ -146,7 +148,9 @@ class Checkpoint(_message.Message):
     lora: _types_pb2.LoraConfig
     project_id: str
     copied_from: str
-    def __init__(self, id: _Optional[str] = ..., training_run_id: _Optional[str] = ..., kind: _Optional[_Union[CheckpointKind, str]] = ..., name: _Optional[str] = ..., tinker_path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., public: _Optional[bool] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., base_model: _Optional[str] = ..., lora: _Optional[_Union[_types_pb2.LoraConfig, _Mapping]] = ..., project_id: _Optional[str] = ..., copied_from: _Optional[str] = ...) -> None: ...
+    step: int
+    retention_delete_time: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., training_run_id: _Optional[str] = ..., kind: _Optional[_Union[CheckpointKind, str]] = ..., name: _Optional[str] = ..., tinker_path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., public: _Optional[bool] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., base_model: _Optional[str] = ..., lora: _Optional[_Union[_types_pb2.LoraConfig, _Mapping]] = ..., project_id: _Optional[str] = ..., copied_from: _Optional[str] = ..., step: _Optional[int] = ..., retention_delete_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Sampler(_message.Message):
     __slots__ = ("id", "session_id", "base_model", "model_path", "create_time", "deployment", "inflight_run_id", "clients")

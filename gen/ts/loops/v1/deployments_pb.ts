@@ -7,13 +7,15 @@ import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2
 import { file_google_api_annotations } from "../../google/api/annotations_pb.js";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
+import type { EvalResult } from "./evals_pb.js";
+import { file_loops_v1_evals } from "./evals_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file loops/v1/deployments.proto.
  */
 export const file_loops_v1_deployments: GenFile = /*@__PURE__*/
-  fileDesc("Chpsb29wcy92MS9kZXBsb3ltZW50cy5wcm90bxIIbG9vcHMudjEigQIKCkRlcGxveW1lbnQSDAoEbmFtZRgBIAEoCRINCgVvd25lchgCIAEoCRISCgpiYXNlX21vZGVsGAMgASgJEjMKC2NoZWNrcG9pbnRzGAQgAygLMh4ubG9vcHMudjEuRGVwbG95bWVudENoZWNrcG9pbnQSEAoIcmVwbGljYXMYBSABKAUSDgoGZ3JhbnRzGAYgAygJEi8KC2NyZWF0ZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZtb2RlbHMYCCADKAkSFwoPcGxhY2VkX3JlcGxpY2FzGAkgASgFEhEKCXBsYWNlbWVudBgKIAEoCSI5ChREZXBsb3ltZW50Q2hlY2twb2ludBIMCgRuYW1lGAEgASgJEhMKC3Rpbmtlcl9wYXRoGAIgASgJIk4KF0NyZWF0ZURlcGxveW1lbnRSZXF1ZXN0EgwKBG5hbWUYASABKAkSEwoLY2hlY2twb2ludHMYAiADKAkSEAoIcmVwbGljYXMYAyABKAUiMwoUR2V0RGVwbG95bWVudFJlcXVlc3QSDAoEbmFtZRgBIAEoCRINCgVvd25lchgCIAEoCSIYChZMaXN0RGVwbG95bWVudHNSZXF1ZXN0IkQKF0xpc3REZXBsb3ltZW50c1Jlc3BvbnNlEikKC2RlcGxveW1lbnRzGAEgAygLMhQubG9vcHMudjEuRGVwbG95bWVudCInChdEZWxldGVEZXBsb3ltZW50UmVxdWVzdBIMCgRuYW1lGAEgASgJIhoKGERlbGV0ZURlcGxveW1lbnRSZXNwb25zZSI5ChZHcmFudERlcGxveW1lbnRSZXF1ZXN0EgwKBG5hbWUYASABKAkSEQoJd29ya3NwYWNlGAIgASgJIjoKF1Jldm9rZURlcGxveW1lbnRSZXF1ZXN0EgwKBG5hbWUYASABKAkSEQoJd29ya3NwYWNlGAIgASgJMsQFChFEZXBsb3ltZW50U2VydmljZRJnChBDcmVhdGVEZXBsb3ltZW50EiEubG9vcHMudjEuQ3JlYXRlRGVwbG95bWVudFJlcXVlc3QaFC5sb29wcy52MS5EZXBsb3ltZW50IhqC0+STAhQ6ASoiDy92MS9kZXBsb3ltZW50cxJlCg1HZXREZXBsb3ltZW50Eh4ubG9vcHMudjEuR2V0RGVwbG95bWVudFJlcXVlc3QaFC5sb29wcy52MS5EZXBsb3ltZW50Ih6C0+STAhgSFi92MS9kZXBsb3ltZW50cy97bmFtZX0SbwoPTGlzdERlcGxveW1lbnRzEiAubG9vcHMudjEuTGlzdERlcGxveW1lbnRzUmVxdWVzdBohLmxvb3BzLnYxLkxpc3REZXBsb3ltZW50c1Jlc3BvbnNlIheC0+STAhESDy92MS9kZXBsb3ltZW50cxJ5ChBEZWxldGVEZXBsb3ltZW50EiEubG9vcHMudjEuRGVsZXRlRGVwbG95bWVudFJlcXVlc3QaIi5sb29wcy52MS5EZWxldGVEZXBsb3ltZW50UmVzcG9uc2UiHoLT5JMCGCoWL3YxL2RlcGxveW1lbnRzL3tuYW1lfRJzCg9HcmFudERlcGxveW1lbnQSIC5sb29wcy52MS5HcmFudERlcGxveW1lbnRSZXF1ZXN0GhQubG9vcHMudjEuRGVwbG95bWVudCIogtPkkwIiOgEqIh0vdjEvZGVwbG95bWVudHMve25hbWV9L2dyYW50cxJ+ChBSZXZva2VEZXBsb3ltZW50EiEubG9vcHMudjEuUmV2b2tlRGVwbG95bWVudFJlcXVlc3QaFC5sb29wcy52MS5EZXBsb3ltZW50IjGC0+STAisqKS92MS9kZXBsb3ltZW50cy97bmFtZX0vZ3JhbnRzL3t3b3Jrc3BhY2V9YgZwcm90bzM", [file_google_api_annotations, file_google_protobuf_timestamp]);
+  fileDesc("Chpsb29wcy92MS9kZXBsb3ltZW50cy5wcm90bxIIbG9vcHMudjEigQIKCkRlcGxveW1lbnQSDAoEbmFtZRgBIAEoCRINCgVvd25lchgCIAEoCRISCgpiYXNlX21vZGVsGAMgASgJEjMKC2NoZWNrcG9pbnRzGAQgAygLMh4ubG9vcHMudjEuRGVwbG95bWVudENoZWNrcG9pbnQSEAoIcmVwbGljYXMYBSABKAUSDgoGZ3JhbnRzGAYgAygJEi8KC2NyZWF0ZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZtb2RlbHMYCCADKAkSFwoPcGxhY2VkX3JlcGxpY2FzGAkgASgFEhEKCXBsYWNlbWVudBgKIAEoCSKZAQoURGVwbG95bWVudENoZWNrcG9pbnQSDAoEbmFtZRgBIAEoCRITCgt0aW5rZXJfcGF0aBgCIAEoCRIXCg90cmFpbmluZ19ydW5faWQYAyABKAkSEgoKYmFzZV9tb2RlbBgEIAEoCRIMCgRzdGVwGAUgASgDEiMKBWV2YWxzGAYgAygLMhQubG9vcHMudjEuRXZhbFJlc3VsdCI+Cg9FdmFsUmVxdWlyZW1lbnQSDAoEZXZhbBgBIAEoCRIKCgJvcBgCIAEoCRIRCgl0aHJlc2hvbGQYAyABKAEigAEKF0NyZWF0ZURlcGxveW1lbnRSZXF1ZXN0EgwKBG5hbWUYASABKAkSEwoLY2hlY2twb2ludHMYAiADKAkSEAoIcmVwbGljYXMYAyABKAUSMAoNcmVxdWlyZV9ldmFscxgEIAMoCzIZLmxvb3BzLnYxLkV2YWxSZXF1aXJlbWVudCIzChRHZXREZXBsb3ltZW50UmVxdWVzdBIMCgRuYW1lGAEgASgJEg0KBW93bmVyGAIgASgJIhgKFkxpc3REZXBsb3ltZW50c1JlcXVlc3QiRAoXTGlzdERlcGxveW1lbnRzUmVzcG9uc2USKQoLZGVwbG95bWVudHMYASADKAsyFC5sb29wcy52MS5EZXBsb3ltZW50IicKF0RlbGV0ZURlcGxveW1lbnRSZXF1ZXN0EgwKBG5hbWUYASABKAkiGgoYRGVsZXRlRGVwbG95bWVudFJlc3BvbnNlIjkKFkdyYW50RGVwbG95bWVudFJlcXVlc3QSDAoEbmFtZRgBIAEoCRIRCgl3b3Jrc3BhY2UYAiABKAkiOgoXUmV2b2tlRGVwbG95bWVudFJlcXVlc3QSDAoEbmFtZRgBIAEoCRIRCgl3b3Jrc3BhY2UYAiABKAkyxAUKEURlcGxveW1lbnRTZXJ2aWNlEmcKEENyZWF0ZURlcGxveW1lbnQSIS5sb29wcy52MS5DcmVhdGVEZXBsb3ltZW50UmVxdWVzdBoULmxvb3BzLnYxLkRlcGxveW1lbnQiGoLT5JMCFDoBKiIPL3YxL2RlcGxveW1lbnRzEmUKDUdldERlcGxveW1lbnQSHi5sb29wcy52MS5HZXREZXBsb3ltZW50UmVxdWVzdBoULmxvb3BzLnYxLkRlcGxveW1lbnQiHoLT5JMCGBIWL3YxL2RlcGxveW1lbnRzL3tuYW1lfRJvCg9MaXN0RGVwbG95bWVudHMSIC5sb29wcy52MS5MaXN0RGVwbG95bWVudHNSZXF1ZXN0GiEubG9vcHMudjEuTGlzdERlcGxveW1lbnRzUmVzcG9uc2UiF4LT5JMCERIPL3YxL2RlcGxveW1lbnRzEnkKEERlbGV0ZURlcGxveW1lbnQSIS5sb29wcy52MS5EZWxldGVEZXBsb3ltZW50UmVxdWVzdBoiLmxvb3BzLnYxLkRlbGV0ZURlcGxveW1lbnRSZXNwb25zZSIegtPkkwIYKhYvdjEvZGVwbG95bWVudHMve25hbWV9EnMKD0dyYW50RGVwbG95bWVudBIgLmxvb3BzLnYxLkdyYW50RGVwbG95bWVudFJlcXVlc3QaFC5sb29wcy52MS5EZXBsb3ltZW50IiiC0+STAiI6ASoiHS92MS9kZXBsb3ltZW50cy97bmFtZX0vZ3JhbnRzEn4KEFJldm9rZURlcGxveW1lbnQSIS5sb29wcy52MS5SZXZva2VEZXBsb3ltZW50UmVxdWVzdBoULmxvb3BzLnYxLkRlcGxveW1lbnQiMYLT5JMCKyopL3YxL2RlcGxveW1lbnRzL3tuYW1lfS9ncmFudHMve3dvcmtzcGFjZX1iBnByb3RvMw", [file_google_api_annotations, file_google_protobuf_timestamp, file_loops_v1_evals]);
 
 /**
  * Deployment is a named set of sampler checkpoints of one base model.
@@ -120,6 +122,32 @@ export type DeploymentCheckpoint = Message<"loops.v1.DeploymentCheckpoint"> & {
    * @generated from field: string tinker_path = 2;
    */
   tinkerPath: string;
+
+  /**
+   * Lineage (output only): the checkpoint's training run, the run's base model and its
+   * optimizer steps when the checkpoint was saved.
+   *
+   * @generated from field: string training_run_id = 3;
+   */
+  trainingRunId: string;
+
+  /**
+   * @generated from field: string base_model = 4;
+   */
+  baseModel: string;
+
+  /**
+   * @generated from field: int64 step = 5;
+   */
+  step: bigint;
+
+  /**
+   * Lineage (output only): the eval results of the checkpoint when the deployment was
+   * created (each with its eval's dataset sha256).
+   *
+   * @generated from field: repeated loops.v1.EvalResult evals = 6;
+   */
+  evals: EvalResult[];
 };
 
 /**
@@ -128,6 +156,40 @@ export type DeploymentCheckpoint = Message<"loops.v1.DeploymentCheckpoint"> & {
  */
 export const DeploymentCheckpointSchema: GenMessage<DeploymentCheckpoint> = /*@__PURE__*/
   messageDesc(file_loops_v1_deployments, 1);
+
+/**
+ * EvalRequirement is a deploy gate: a checkpoint is deployed only when its result of the
+ * eval passes the threshold.
+ *
+ * @generated from message loops.v1.EvalRequirement
+ */
+export type EvalRequirement = Message<"loops.v1.EvalRequirement"> & {
+  /**
+   * The eval's name or id.
+   *
+   * @generated from field: string eval = 1;
+   */
+  eval: string;
+
+  /**
+   * ">=" (the default when empty) or "<=" (for an eval where lower is better, such as NLL).
+   *
+   * @generated from field: string op = 2;
+   */
+  op: string;
+
+  /**
+   * @generated from field: double threshold = 3;
+   */
+  threshold: number;
+};
+
+/**
+ * Describes the message loops.v1.EvalRequirement.
+ * Use `create(EvalRequirementSchema)` to create a new message.
+ */
+export const EvalRequirementSchema: GenMessage<EvalRequirement> = /*@__PURE__*/
+  messageDesc(file_loops_v1_deployments, 2);
 
 /**
  * @generated from message loops.v1.CreateDeploymentRequest
@@ -151,6 +213,15 @@ export type CreateDeploymentRequest = Message<"loops.v1.CreateDeploymentRequest"
    * @generated from field: int32 replicas = 3;
    */
   replicas: number;
+
+  /**
+   * Deploy only when every checkpoint has a succeeded result of each eval that passes its
+   * threshold (at most 8); otherwise FailedPrecondition naming the checkpoint, the score
+   * and the threshold.
+   *
+   * @generated from field: repeated loops.v1.EvalRequirement require_evals = 4;
+   */
+  requireEvals: EvalRequirement[];
 };
 
 /**
@@ -158,7 +229,7 @@ export type CreateDeploymentRequest = Message<"loops.v1.CreateDeploymentRequest"
  * Use `create(CreateDeploymentRequestSchema)` to create a new message.
  */
 export const CreateDeploymentRequestSchema: GenMessage<CreateDeploymentRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_deployments, 2);
+  messageDesc(file_loops_v1_deployments, 3);
 
 /**
  * @generated from message loops.v1.GetDeploymentRequest
@@ -182,7 +253,7 @@ export type GetDeploymentRequest = Message<"loops.v1.GetDeploymentRequest"> & {
  * Use `create(GetDeploymentRequestSchema)` to create a new message.
  */
 export const GetDeploymentRequestSchema: GenMessage<GetDeploymentRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_deployments, 3);
+  messageDesc(file_loops_v1_deployments, 4);
 
 /**
  * @generated from message loops.v1.ListDeploymentsRequest
@@ -195,7 +266,7 @@ export type ListDeploymentsRequest = Message<"loops.v1.ListDeploymentsRequest"> 
  * Use `create(ListDeploymentsRequestSchema)` to create a new message.
  */
 export const ListDeploymentsRequestSchema: GenMessage<ListDeploymentsRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_deployments, 4);
+  messageDesc(file_loops_v1_deployments, 5);
 
 /**
  * @generated from message loops.v1.ListDeploymentsResponse
@@ -214,7 +285,7 @@ export type ListDeploymentsResponse = Message<"loops.v1.ListDeploymentsResponse"
  * Use `create(ListDeploymentsResponseSchema)` to create a new message.
  */
 export const ListDeploymentsResponseSchema: GenMessage<ListDeploymentsResponse> = /*@__PURE__*/
-  messageDesc(file_loops_v1_deployments, 5);
+  messageDesc(file_loops_v1_deployments, 6);
 
 /**
  * @generated from message loops.v1.DeleteDeploymentRequest
@@ -231,7 +302,7 @@ export type DeleteDeploymentRequest = Message<"loops.v1.DeleteDeploymentRequest"
  * Use `create(DeleteDeploymentRequestSchema)` to create a new message.
  */
 export const DeleteDeploymentRequestSchema: GenMessage<DeleteDeploymentRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_deployments, 6);
+  messageDesc(file_loops_v1_deployments, 7);
 
 /**
  * @generated from message loops.v1.DeleteDeploymentResponse
@@ -244,7 +315,7 @@ export type DeleteDeploymentResponse = Message<"loops.v1.DeleteDeploymentRespons
  * Use `create(DeleteDeploymentResponseSchema)` to create a new message.
  */
 export const DeleteDeploymentResponseSchema: GenMessage<DeleteDeploymentResponse> = /*@__PURE__*/
-  messageDesc(file_loops_v1_deployments, 7);
+  messageDesc(file_loops_v1_deployments, 8);
 
 /**
  * @generated from message loops.v1.GrantDeploymentRequest
@@ -268,7 +339,7 @@ export type GrantDeploymentRequest = Message<"loops.v1.GrantDeploymentRequest"> 
  * Use `create(GrantDeploymentRequestSchema)` to create a new message.
  */
 export const GrantDeploymentRequestSchema: GenMessage<GrantDeploymentRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_deployments, 8);
+  messageDesc(file_loops_v1_deployments, 9);
 
 /**
  * @generated from message loops.v1.RevokeDeploymentRequest
@@ -290,7 +361,7 @@ export type RevokeDeploymentRequest = Message<"loops.v1.RevokeDeploymentRequest"
  * Use `create(RevokeDeploymentRequestSchema)` to create a new message.
  */
 export const RevokeDeploymentRequestSchema: GenMessage<RevokeDeploymentRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_deployments, 9);
+  messageDesc(file_loops_v1_deployments, 10);
 
 /**
  * DeploymentService serves sampler checkpoints under a stable name on the OpenAI-compatible
