@@ -212,6 +212,24 @@ func TestEvalsOnSamplerSaves(t *testing.T) {
 		require.Equal(t, c2, r.GetTinkerPath())
 		require.NotEmpty(t, r.GetDatasetSha256())
 	}
+	// The training data's lineage: the hash of the receipt's batch hashes before c2's save.
+	rec := must(loopsv1connect.NewReceiptServiceClient(http.DefaultClient, url, withKey(keyA)).GetRunReceipt(ctx,
+		&loopsv1.GetRunReceiptRequest{TrainingRunId: run}))
+	h, batches := sha256.New(), int64(0)
+	for _, s := range rec.GetSteps() {
+		if s.GetCheckpointPath() == c2 {
+			break
+		}
+		if s.GetBatchSha256() != "" {
+			h.Write([]byte(s.GetBatchSha256() + "\n"))
+			batches++
+		}
+	}
+	require.Positive(t, batches)
+	require.Equal(t, "sha256:"+hex.EncodeToString(h.Sum(nil)), dc.GetTrainingDataSha256())
+	require.Equal(t, batches, dc.GetTrainingBatches())
+	require.Equal(t, rec.GetBaseModelRevision(), dc.GetBaseModelRevision())
+	require.NotEmpty(t, dc.GetBaseModelRevision())
 	// The lineage is kept with the deployment.
 	got := must(dep.GetDeployment(ctx, &loopsv1.GetDeploymentRequest{Name: "gated"}))
 	require.Len(t, got.GetCheckpoints()[0].GetEvals(), 3)

@@ -767,8 +767,8 @@ const maxEvalRequirements = 8
 // evals that scored it, each with its dataset's sha256) and checks reqs, the deploy gate:
 // every checkpoint needs a succeeded result of each required eval that passes its
 // threshold, or the deployment is refused with FailedPrecondition naming the checkpoint,
-// the score and the threshold. (Training data hashes join the lineage from the run's
-// receipt once runs record receipts; issue 30 item 4.)
+// the score and the threshold. The training data's hashes join from the run's receipt
+// (dataLineage).
 func (c *Core) evalLineage(ctx context.Context, ws string, d *loopsv1.Deployment, pins []store.CheckpointRef, reqs []*loopsv1.EvalRequirement) error {
 	if len(reqs) > maxEvalRequirements {
 		return invalidArgument("at most %d eval requirements, got %d", maxEvalRequirements, len(reqs))
@@ -805,6 +805,9 @@ func (c *Core) evalLineage(ctx context.Context, ws string, d *loopsv1.Deployment
 			return err
 		}
 		dc.Evals = results
+		if err := c.dataLineage(ctx, ws, dc); err != nil {
+			return err
+		}
 		for _, g := range gates {
 			op := ">="
 			if !g.ge {
@@ -833,4 +836,37 @@ func (c *Core) evalLineage(ctx context.Context, ws string, d *loopsv1.Deployment
 		}
 	}
 	return nil
+}
+
+// dataLineage fills dc's base model revision and training data hash from its run's
+// receipt: the ordered batch hashes of the run's forward_backward steps before the save
+// that made the checkpoint (docs/receipts.md). Left empty when the receipt does not hold
+// that save (truncated, or a run older than receipts).
+func (c *Core) dataLineage(ctx context.Context, ws string, dc *loopsv1.DeploymentCheckpoint) error {
+	if r, err := c.runOf(ws, dc.GetTrainingRunId()); err == nil {
+		dc.BaseModelRevision = r.Record().GetBaseModelRevision()
+	}
+	h := sha256.New()
+	var n int64
+	for from := int64(0); ; {
+		steps, _, err := c.store.ListReceiptSteps(ctx, ws, dc.GetTrainingRunId(), from, receiptPageMax)
+		if err != nil {
+			return internal("reading a receipt", err)
+		}
+		for _, s := range steps {
+			switch {
+			case s.GetCheckpointPath() == dc.GetTinkerPath() && s.GetKind() != loopsv1.OperationKind_OPERATION_KIND_LOAD_WEIGHTS:
+				dc.TrainingDataSha256 = "sha256:" + hex.EncodeToString(h.Sum(nil))
+				dc.TrainingBatches = n
+				return nil
+			case s.GetBatchSha256() != "":
+				h.Write([]byte(s.GetBatchSha256() + "\n"))
+				n++
+			}
+		}
+		if len(steps) < receiptPageMax {
+			return nil
+		}
+		from = steps[len(steps)-1].GetSeqId() + 1
+	}
 }

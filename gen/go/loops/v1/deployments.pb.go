@@ -169,9 +169,17 @@ type DeploymentCheckpoint struct {
 	Step          int64  `protobuf:"varint,5,opt,name=step,proto3" json:"step,omitempty"`
 	// Lineage (output only): the eval results of the checkpoint when the deployment was
 	// created (each with its eval's dataset sha256).
-	Evals         []*EvalResult `protobuf:"bytes,6,rep,name=evals,proto3" json:"evals,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Evals []*EvalResult `protobuf:"bytes,6,rep,name=evals,proto3" json:"evals,omitempty"`
+	// Lineage (output only), from the run's receipt (docs/receipts.md): the base model's
+	// revision, and "sha256:<hex>" of the ordered batch hashes of every forward_backward the
+	// run did before it saved the checkpoint (one "sha256:<hex>\n" line each), with their
+	// count. Empty when the receipt does not reach the save (truncated, or a run older than
+	// receipts).
+	BaseModelRevision  string `protobuf:"bytes,7,opt,name=base_model_revision,json=baseModelRevision,proto3" json:"base_model_revision,omitempty"`
+	TrainingDataSha256 string `protobuf:"bytes,8,opt,name=training_data_sha256,json=trainingDataSha256,proto3" json:"training_data_sha256,omitempty"`
+	TrainingBatches    int64  `protobuf:"varint,9,opt,name=training_batches,json=trainingBatches,proto3" json:"training_batches,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *DeploymentCheckpoint) Reset() {
@@ -244,6 +252,27 @@ func (x *DeploymentCheckpoint) GetEvals() []*EvalResult {
 		return x.Evals
 	}
 	return nil
+}
+
+func (x *DeploymentCheckpoint) GetBaseModelRevision() string {
+	if x != nil {
+		return x.BaseModelRevision
+	}
+	return ""
+}
+
+func (x *DeploymentCheckpoint) GetTrainingDataSha256() string {
+	if x != nil {
+		return x.TrainingDataSha256
+	}
+	return ""
+}
+
+func (x *DeploymentCheckpoint) GetTrainingBatches() int64 {
+	if x != nil {
+		return x.TrainingBatches
+	}
+	return 0
 }
 
 // EvalRequirement is a deploy gate: a checkpoint is deployed only when its result of the
@@ -721,7 +750,7 @@ const file_loops_v1_deployments_proto_rawDesc = "" +
 	"\x06models\x18\b \x03(\tR\x06models\x12'\n" +
 	"\x0fplaced_replicas\x18\t \x01(\x05R\x0eplacedReplicas\x12\x1c\n" +
 	"\tplacement\x18\n" +
-	" \x01(\tR\tplacement\"\xd2\x01\n" +
+	" \x01(\tR\tplacement\"\xdf\x02\n" +
 	"\x14DeploymentCheckpoint\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vtinker_path\x18\x02 \x01(\tR\n" +
@@ -730,7 +759,10 @@ const file_loops_v1_deployments_proto_rawDesc = "" +
 	"\n" +
 	"base_model\x18\x04 \x01(\tR\tbaseModel\x12\x12\n" +
 	"\x04step\x18\x05 \x01(\x03R\x04step\x12*\n" +
-	"\x05evals\x18\x06 \x03(\v2\x14.loops.v1.EvalResultR\x05evals\"S\n" +
+	"\x05evals\x18\x06 \x03(\v2\x14.loops.v1.EvalResultR\x05evals\x12.\n" +
+	"\x13base_model_revision\x18\a \x01(\tR\x11baseModelRevision\x120\n" +
+	"\x14training_data_sha256\x18\b \x01(\tR\x12trainingDataSha256\x12)\n" +
+	"\x10training_batches\x18\t \x01(\x03R\x0ftrainingBatches\"S\n" +
 	"\x0fEvalRequirement\x12\x12\n" +
 	"\x04eval\x18\x01 \x01(\tR\x04eval\x12\x0e\n" +
 	"\x02op\x18\x02 \x01(\tR\x02op\x12\x1c\n" +
