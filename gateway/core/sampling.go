@@ -646,19 +646,28 @@ func (c *Core) runSample(j *sampleJob) {
 		keepLastN(resp.GetResult(), j.lastN)
 		resp.GetResult().ModelPath = j.modelPath
 	}
+	// What to meter: a sample that succeeded, its prompt and every generated token; a
+	// stream that ended early (the client went away, the backend failed) once the backend
+	// had it, its prompt and every token it sent, since every token that left the server
+	// is metered.
+	metered, generated := err == nil, int64(0)
 	if err == nil {
-		c.metrics.tokens.WithLabelValues("sample_prompt").Add(float64(len(req.GetPrompt())))
-		generated := 0
 		for _, seq := range resp.GetResult().GetSequences() {
-			generated += len(seq.GetTokens())
+			generated += int64(len(seq.GetTokens()))
 		}
+	} else if firstToken != nil && firstToken.started.Load() {
+		metered, generated = true, firstToken.sent.Load()
+	}
+	if metered {
+		prompt := int64(len(req.GetPrompt()))
+		c.metrics.tokens.WithLabelValues("sample_prompt").Add(float64(prompt))
 		c.metrics.tokens.WithLabelValues("sample_output").Add(float64(generated))
 		if j.deployment != "" {
-			c.metrics.deploymentTokens.WithLabelValues("prompt").Add(float64(len(req.GetPrompt())))
+			c.metrics.deploymentTokens.WithLabelValues("prompt").Add(float64(prompt))
 			c.metrics.deploymentTokens.WithLabelValues("output").Add(float64(generated))
 		}
-		c.recordDeploymentUsage(o.workspace, req.GetBaseModel(), session, j.deployment, store.UsageSamplingPrefill, int64(len(req.GetPrompt())))
-		c.recordDeploymentUsage(o.workspace, req.GetBaseModel(), session, j.deployment, store.UsageSamplingSample, int64(generated))
+		c.recordDeploymentUsage(o.workspace, req.GetBaseModel(), session, j.deployment, store.UsageSamplingPrefill, prompt)
+		c.recordDeploymentUsage(o.workspace, req.GetBaseModel(), session, j.deployment, store.UsageSamplingSample, generated)
 	}
 	c.ops.finish(o, func(op *loopsv1.Operation) {
 		op.Result = &loopsv1.Operation_Sample{Sample: resp.GetResult()}
@@ -742,6 +751,9 @@ func (c *Core) sampleStream(ctx context.Context, j *sampleJob, ft *firstTokenSin
 	default:
 	}
 	c.ops.setRunning(j.o)
+	if ft != nil {
+		ft.started.Store(true)
+	}
 	ctx, cancel := tokenstream.CancelOnGone(ctx, j.sink)
 	defer cancel()
 	if ts, ok := c.backend.Sampler().(backends.TokenStreamer); ok && !tokenstream.Discards(j.sink) {
