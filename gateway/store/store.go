@@ -244,6 +244,11 @@ type UsageRecord struct {
 	Deployment string
 	Kind       string
 	Amount     int64
+	// PricedAmount is the part of Amount metered under a price sheet that priced it, and
+	// Cost what it cost in pico-dollars (1e-12 USD; gateway/prices.USD): AddUsage adds
+	// both. PricedAmount 0 means no cost is known (no price), never a free one.
+	PricedAmount int64
+	Cost         int64
 }
 
 // Batch is a group of writes that ApplyBatch commits together.

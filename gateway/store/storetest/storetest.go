@@ -1067,6 +1067,19 @@ func testUsage(t *testing.T, open func(t *testing.T) store.Store) {
 	}
 
 	require.Error(t, st.AddUsage(ctx, wsA, usage(0, "m", "s1", "", 1)), "a record needs a kind")
+
+	// Costs add up with the amounts; an unpriced part adds to the amount only.
+	priced := func(amount, pricedAmount, cost int64) store.UsageRecord {
+		u := usage(3, "m", "s1", store.UsageSamplingSample, amount)
+		u.PricedAmount, u.Cost = pricedAmount, cost
+		return u
+	}
+	require.NoError(t, st.AddUsage(ctx, wsA, priced(10, 10, 6_000_000)))
+	require.NoError(t, st.AddUsage(ctx, wsA, priced(4, 0, 0)))
+	require.NoError(t, st.AddUsage(ctx, wsA, priced(5, 5, 1<<50)))
+	got, err = st.ListUsage(ctx, wsA, base.Add(3*time.Hour), base.Add(4*time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, []store.UsageRecord{priced(19, 15, 6_000_000+1<<50)}, got)
 }
 
 func testUsageWorkspaces(t *testing.T, open func(t *testing.T) store.Store) {
