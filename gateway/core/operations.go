@@ -50,6 +50,8 @@ type operation struct {
 	done                     chan struct{}
 	// span is its OpenTelemetry span (otel.go), set before it is shared; nil with tracing off.
 	span trace.Span
+	// cost is what its metered usage cost so far (cost.go).
+	cost opCost
 }
 
 func (o *operation) snapshot() *loopsv1.Operation {
@@ -182,6 +184,7 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 	next := proto.CloneOf(o.op)
 	started, service, cancelled := o.started, o.service, o.cancelled
 	next.Timeline = o.timelineLocked()
+	next.Cost = o.costProtoLocked()
 	o.mu.Unlock()
 	now := ops.core.now()
 	next.DoneTime = timestamppb.New(now)

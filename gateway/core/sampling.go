@@ -666,8 +666,8 @@ func (c *Core) runSample(j *sampleJob) {
 			c.metrics.deploymentTokens.WithLabelValues("prompt").Add(float64(prompt))
 			c.metrics.deploymentTokens.WithLabelValues("output").Add(float64(generated))
 		}
-		c.recordDeploymentUsage(o.workspace, req.GetBaseModel(), session, j.deployment, store.UsageSamplingPrefill, prompt)
-		c.recordDeploymentUsage(o.workspace, req.GetBaseModel(), session, j.deployment, store.UsageSamplingSample, generated)
+		c.recordOpUsage(o, o.workspace, req.GetBaseModel(), session, j.deployment, store.UsageSamplingPrefill, prompt)
+		c.recordOpUsage(o, o.workspace, req.GetBaseModel(), session, j.deployment, store.UsageSamplingSample, generated)
 	}
 	c.ops.finish(o, func(op *loopsv1.Operation) {
 		op.Result = &loopsv1.Operation_Sample{Sample: resp.GetResult()}

@@ -6,12 +6,11 @@
 //
 // # Money
 //
-// USD is an amount of US dollars in pico-dollars (1e-12 USD), an int64: every sum and
-// product is checked for overflow (about 9.2 million dollars in one amount), and nothing is
-// ever a float. A sheet's token prices have at most 6 decimal places in USD per million
-// tokens, so a token's price is a whole number of pico-dollars and a token cost is exact;
-// a GPU-hour price is prorated per second and rounded half up to the pico-dollar once per
-// metering record.
+// Costs are internal/money.USD amounts (pico-dollars in an int64, every sum and product
+// checked for overflow, never a float). A sheet's token prices have at most 6 decimal
+// places in USD per million tokens, so a token's price is a whole number of pico-dollars
+// and a token cost is exact; a GPU-hour price is prorated per second and rounded half up to
+// the pico-dollar once per metering record.
 //
 // # File format
 //

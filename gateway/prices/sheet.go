@@ -16,6 +16,7 @@ import (
 
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/store"
+	"github.com/loops-dev/loops/internal/money"
 )
 
 // Bounds on a sheet, checked before it is used: its size in bytes and the entries it may
@@ -33,7 +34,7 @@ const (
 // Price is one price in a sheet: a decimal USD amount, unset when the sheet leaves it out.
 type Price struct {
 	set bool
-	usd USD
+	usd money.USD
 }
 
 // UnmarshalYAML reads a price from a string or number scalar, keeping its line for errors.
@@ -41,7 +42,7 @@ func (p *Price) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" || n.Tag == "!!bool" {
 		return fmt.Errorf("line %d: want a price in USD such as \"2.50\"", n.Line)
 	}
-	v, err := ParseUSD(strings.TrimSpace(n.Value), priceDigits)
+	v, err := money.ParseUSD(strings.TrimSpace(n.Value), priceDigits)
 	if err != nil {
 		return fmt.Errorf("line %d: %w", n.Line, err)
 	}
@@ -197,21 +198,21 @@ const UsageCachedPrefill = "sampling_cached_prefill"
 // a nil sheet and for usage the sheet has no price for. Tokens cost the price per million
 // exactly; GPU-seconds cost the GPU-hour price prorated and rounded half up to the
 // pico-dollar.
-func (s *Sheet) Cost(ws, model, kind, gpuKind string, amount int64) (USD, bool, error) {
+func (s *Sheet) Cost(ws, model, kind, gpuKind string, amount int64) (money.USD, bool, error) {
 	p := s.rate(ws, model, kind, gpuKind)
 	if !p.set {
 		return 0, false, nil
 	}
 	var (
-		c   USD
+		c   money.USD
 		err error
 	)
 	if kind == store.UsageDedicatedGPUSeconds {
-		c, err = mulDiv(p.usd, amount, secondsPerHr)
+		c, err = money.MulDiv(p.usd, amount, secondsPerHr)
 	} else {
 		// A price with at most 6 decimals per million tokens is a whole number of
 		// pico-dollars per token.
-		c, err = mul(p.usd/tokensPerUnit, amount)
+		c, err = money.Mul(p.usd/tokensPerUnit, amount)
 	}
 	if err != nil {
 		return 0, false, fmt.Errorf("pricing %d of %s on %s: %w", amount, kind, model, err)
@@ -221,7 +222,7 @@ func (s *Sheet) Cost(ws, model, kind, gpuKind string, amount int64) (USD, bool, 
 
 // Rate is the price in force for kind on model in a workspace as a decimal USD amount per
 // unit (per million tokens, per GPU-hour), and whether there is one.
-func (s *Sheet) Rate(ws, model, kind, gpuKind string) (USD, bool) {
+func (s *Sheet) Rate(ws, model, kind, gpuKind string) (money.USD, bool) {
 	p := s.rate(ws, model, kind, gpuKind)
 	return p.usd, p.set
 }

@@ -1,4 +1,4 @@
-package prices
+package money
 
 import (
 	"errors"
@@ -12,11 +12,11 @@ import (
 // USD is an amount of US dollars in pico-dollars (1e-12 USD).
 type USD int64
 
-// picoDigits is the number of decimal places a USD amount holds.
-const picoDigits = 12
+// Digits is the number of decimal places a USD amount holds.
+const Digits = 12
 
 // ErrOverflow is returned when an amount does not fit a USD (about 9.2 million dollars).
-var ErrOverflow = errors.New("prices: amount overflows (more than 9,223,372 USD)")
+var ErrOverflow = errors.New("money: amount overflows (more than 9,223,372 USD)")
 
 // String writes the amount as a decimal number of dollars with no trailing zeros
 // ("0.0000025", "12", "-3.5").
@@ -28,10 +28,10 @@ func (u USD) String() string {
 		mag = -mag
 	}
 	s := strconv.FormatUint(mag, 10)
-	if len(s) <= picoDigits {
-		s = strings.Repeat("0", picoDigits-len(s)+1) + s
+	if len(s) <= Digits {
+		s = strings.Repeat("0", Digits-len(s)+1) + s
 	}
-	whole, frac := s[:len(s)-picoDigits], strings.TrimRight(s[len(s)-picoDigits:], "0")
+	whole, frac := s[:len(s)-Digits], strings.TrimRight(s[len(s)-Digits:], "0")
 	out := whole
 	if frac != "" {
 		out += "." + frac
@@ -60,7 +60,7 @@ func ParseUSD(s string, maxFrac int) (USD, error) {
 		return 0, fmt.Errorf("%q has more than %d decimal places", s, maxFrac)
 	}
 	var v uint64
-	for _, c := range whole + frac + strings.Repeat("0", picoDigits-len(frac)) {
+	for _, c := range whole + frac + strings.Repeat("0", Digits-len(frac)) {
 		d := uint64(c - '0')
 		if v > (math.MaxInt64-d)/10 {
 			return 0, fmt.Errorf("%q: %w", s, ErrOverflow)
@@ -91,10 +91,10 @@ func Add(a, b USD) (USD, error) {
 	return s, nil
 }
 
-// mul returns u*n for n >= 0, or ErrOverflow.
-func mul(u USD, n int64) (USD, error) {
+// Mul returns u*n for n >= 0, or ErrOverflow.
+func Mul(u USD, n int64) (USD, error) {
 	if n < 0 {
-		return 0, fmt.Errorf("prices: negative quantity %d", n)
+		return 0, fmt.Errorf("money: negative quantity %d", n)
 	}
 	if u == 0 || n == 0 {
 		return 0, nil
@@ -105,11 +105,11 @@ func mul(u USD, n int64) (USD, error) {
 	return u * USD(n), nil
 }
 
-// mulDiv returns u*n/d rounded half up for u, n >= 0 and d > 0, or ErrOverflow. The
+// MulDiv returns u*n/d rounded half up for u, n >= 0 and d > 0, or ErrOverflow. The
 // product is exact (128 bits).
-func mulDiv(u USD, n, d int64) (USD, error) {
+func MulDiv(u USD, n, d int64) (USD, error) {
 	if u < 0 || n < 0 || d <= 0 {
-		return 0, fmt.Errorf("prices: mulDiv(%d, %d, %d) out of range", u, n, d)
+		return 0, fmt.Errorf("money: MulDiv(%d, %d, %d) out of range", u, n, d)
 	}
 	hi, lo := bits.Mul64(uint64(u), uint64(n))
 	if hi >= uint64(d) {
