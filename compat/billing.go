@@ -19,8 +19,8 @@ const maxBillingSessions = 1000
 
 // billingUsageEvent is one hour bucket of one kind of usage (SDK BillingUsageEvent). The
 // SDK's user fields are left out (null). Its cost and rate are exact decimals written as
-// JSON numbers, set when the price sheet priced all of the bucket's tokens (null
-// otherwise, and always without a price sheet).
+// JSON numbers, present when the price sheet priced all of the bucket's tokens (absent,
+// so None in the SDK, otherwise, and always without a price sheet).
 type billingUsageEvent struct {
 	BucketStart string  `json:"bucket_start"`
 	BucketEnd   string  `json:"bucket_end"`
@@ -29,10 +29,10 @@ type billingUsageEvent struct {
 	// ProjectID is the session's current project (SDK: "resolved from the current project
 	// associated with the session").
 	ProjectID        *string      `json:"project_id"`
-	EstimatedCostUSD *json.Number `json:"estimated_cost_usd"`
+	EstimatedCostUSD *json.Number `json:"estimated_cost_usd,omitempty"`
 	// RatePerMillion is estimated_cost_usd * 1e6 / token_count (SDK
 	// effective_rate_usd_per_million_tokens), to the pico-dollar.
-	RatePerMillion *json.Number `json:"effective_rate_usd_per_million_tokens"`
+	RatePerMillion *json.Number `json:"effective_rate_usd_per_million_tokens,omitempty"`
 	EventInfo      any          `json:"event_info"`
 }
 

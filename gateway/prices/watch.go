@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -20,8 +21,9 @@ type Watcher struct {
 	log     *slog.Logger
 	now     func() time.Time
 	current atomic.Pointer[Sheet]
-	// stamp is the file's modification time and size when it was last read (owned by
-	// the polling goroutine after Load).
+	// mu serializes polls; stamp is the file's modification time and size when it was
+	// last read.
+	mu    sync.Mutex
 	stamp fileStamp
 }
 
@@ -70,6 +72,8 @@ func (w *Watcher) Run(ctx context.Context) {
 
 // Poll reloads the sheet once when its file changed; Run calls it.
 func (w *Watcher) Poll() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	fi, err := os.Stat(w.file)
 	if err != nil {
 		w.log.Error("price sheet: cannot read the file; the sheet in force is kept", slog.String("file", w.file), slog.Any("err", err), slog.String("version", w.Current().Version()))
