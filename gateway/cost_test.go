@@ -17,6 +17,7 @@ import (
 
 	"github.com/loops-dev/loops/backends/tiny"
 	"github.com/loops-dev/loops/gateway"
+	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/prices"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
@@ -200,6 +201,9 @@ workspaces:
 		loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS:  {itoa(genA), itoa(genA), usd(t, "0.60", genA)},
 	}, a.costs())
 	require.Equal(t, "0.0000012", b.costs()[loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS][2])
+	for _, bk := range must(a.usage.GetUsage(t.Context(), &loopsv1.GetUsageRequest{})).GetBuckets() {
+		require.Equal(t, auth.KeyIDOf(keyA), bk.GetKeyId(), "usage is kept under the key that did the work: %v", bk)
+	}
 
 	billed := map[string][2]string{}
 	for _, ev := range a.billing() {

@@ -28,7 +28,7 @@ func usageCmd() *cobra.Command {
 		Short: "Show the API key's metered usage by hour or day, with totals per kind and costs",
 		Long: "Show the workspace's metered usage (training tokens, sampling prompt and generated tokens,\n" +
 			"checkpoint saves, dedicated replica and GPU seconds) in hour (or --by-day day) buckets, summed\n" +
-			"over sessions, and the totals per kind. --cost adds what it cost in exact US dollars, each\n" +
+			"over sessions (--by-key: one row per API key), and the totals per kind. --cost adds what it cost in exact US dollars, each\n" +
 			"part priced with the server's price sheet in force when it was metered (loops serve --prices;\n" +
 			"docs/operations.md, \"Prices\"); usage metered with no price for it shows \"-\".",
 		Args: cobra.NoArgs,
@@ -51,6 +51,7 @@ func usageCmd() *cobra.Command {
 	cmd.Flags().StringVar(&since, "since", "24h", "how far back to look: a Go duration, or a number of days such as 7d (at most 366d)")
 	cmd.Flags().BoolVar(&view.cost, "cost", false, "add what each row and kind cost (exact USD) and the total cost")
 	cmd.Flags().BoolVar(&view.byDay, "by-day", false, "one row per UTC day instead of per hour")
+	cmd.Flags().BoolVar(&view.byKey, "by-key", false, "one row per API key (its id, as loops keys names it; - for usage no request did)")
 	cf.register(cmd)
 	cmd.AddCommand(checkpointStorageCmd())
 	return cmd
@@ -94,9 +95,10 @@ func usageKindName(k loopsv1.UsageKind) string {
 	return k.String()
 }
 
-// usageView is how printUsage lays usage out: with costs, and by day instead of by hour.
+// usageView is how printUsage lays usage out: with costs, by day instead of by hour, and
+// with a row per API key.
 type usageView struct {
-	cost, byDay bool
+	cost, byDay, byKey bool
 }
 
 // usageCell sums one row's amounts, and its costs exactly.
@@ -143,6 +145,7 @@ func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket, v usageView) error 
 		start      time.Time
 		model      string
 		deployment string
+		key        string
 		kind       loopsv1.UsageKind
 	}
 	sums := map[row]*usageCell{}
@@ -154,7 +157,10 @@ func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket, v usageView) error 
 		if v.byDay {
 			start = start.Truncate(24 * time.Hour)
 		}
-		r := row{start, b.GetBaseModel(), b.GetDeployment(), b.GetKind()}
+		r := row{start: start, model: b.GetBaseModel(), deployment: b.GetDeployment(), kind: b.GetKind()}
+		if v.byKey {
+			r.key = b.GetKeyId()
+		}
 		if sums[r] == nil {
 			sums[r] = &usageCell{}
 		}
@@ -183,6 +189,9 @@ func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket, v usageView) error 
 		if c := strings.Compare(a.deployment, b.deployment); c != 0 {
 			return c
 		}
+		if c := strings.Compare(a.key, b.key); c != 0 {
+			return c
+		}
 		return int(a.kind) - int(b.kind)
 	})
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -206,23 +215,33 @@ func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket, v usageView) error 
 	if v.byDay {
 		bucket, layout = "DAY (UTC)", "2006-01-02"
 	}
-	fmt.Fprintf(tw, "%s\tMODEL\t%sKIND\tAMOUNT%s\n", bucket, map[bool]string{true: "DEPLOYMENT\t"}[deployments], map[bool]string{true: "\tCOST (USD)"}[v.cost])
+	key := func(k string) string {
+		if !v.byKey {
+			return ""
+		}
+		if k == "" {
+			k = "-"
+		}
+		return k + "\t"
+	}
+	fmt.Fprintf(tw, "%s\tMODEL\t%s%sKIND\tAMOUNT%s\n", bucket, map[bool]string{true: "DEPLOYMENT\t"}[deployments], map[bool]string{true: "KEY\t"}[v.byKey], map[bool]string{true: "\tCOST (USD)"}[v.cost])
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s%s\t%d%s\n", r.start.Format(layout), r.model, dep(r.deployment), usageKindName(r.kind), sums[r].amount, cost(sums[r]))
+		fmt.Fprintf(tw, "%s\t%s\t%s%s%s\t%d%s\n", r.start.Format(layout), r.model, dep(r.deployment), key(r.key), usageKindName(r.kind), sums[r].amount, cost(sums[r]))
 	}
 	if len(rows) == 0 {
 		fmt.Fprintln(tw, "(no usage in this range)")
 	}
+	pad := map[bool]string{true: "\t"}[deployments] + map[bool]string{true: "\t"}[v.byKey]
 	kinds := make([]loopsv1.UsageKind, 0, len(totals))
 	for k := range totals {
 		kinds = append(kinds, k)
 	}
 	slices.Sort(kinds)
 	for _, k := range kinds {
-		fmt.Fprintf(tw, "TOTAL\t\t%s%s\t%d%s\n", map[bool]string{true: "\t"}[deployments], usageKindName(k), totals[k].amount, cost(totals[k]))
+		fmt.Fprintf(tw, "TOTAL\t\t%s%s\t%d%s\n", pad, usageKindName(k), totals[k].amount, cost(totals[k]))
 	}
 	if v.cost {
-		fmt.Fprintf(tw, "TOTAL COST\t\t%s\t\t%s\n", map[bool]string{true: "\t"}[deployments], strings.TrimPrefix(cost(&all), "\t"))
+		fmt.Fprintf(tw, "TOTAL COST\t\t%s\t\t%s\n", pad, strings.TrimPrefix(cost(&all), "\t"))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -94,3 +94,22 @@ func TestPrintUsageCost(t *testing.T) {
 	require.NoError(t, printUsage(&out, buckets[3:4], usageView{cost: true}))
 	require.Contains(t, out.String(), "(no cost: the server has no price sheet")
 }
+
+// TestPrintUsageByKey: --by-key gives each API key its rows.
+func TestPrintUsageByKey(t *testing.T) {
+	start := timestamppb.New(time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC))
+	var out strings.Builder
+	require.NoError(t, printUsage(&out, []*loopsv1.UsageBucket{
+		{StartTime: start, BaseModel: "m", KeyId: "key-b", Kind: loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, Amount: 2, PricedAmount: 2, CostUsd: "0.2"},
+		{StartTime: start, BaseModel: "m", KeyId: "key-a", Kind: loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, Amount: 1, PricedAmount: 1, CostUsd: "0.1"},
+		{StartTime: start, BaseModel: "m", SessionId: "s2", KeyId: "key-b", Kind: loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, Amount: 3, PricedAmount: 3, CostUsd: "0.3"},
+	}, usageView{cost: true, byKey: true}))
+	require.Equal(t, strings.Join([]string{
+		"BUCKET (UTC)      MODEL  KEY    KIND             AMOUNT  COST (USD)",
+		"2025-03-01 12:00  m      key-a  training_tokens  1       0.1",
+		"2025-03-01 12:00  m      key-b  training_tokens  5       0.5",
+		"TOTAL                           training_tokens  6       0.6",
+		"TOTAL COST                                               0.6",
+		"",
+	}, "\n"), out.String())
+}

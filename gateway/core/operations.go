@@ -50,8 +50,10 @@ type operation struct {
 	done                     chan struct{}
 	// span is its OpenTelemetry span (otel.go), set before it is shared; nil with tracing off.
 	span trace.Span
-	// cost is what its metered usage cost so far (cost.go).
-	cost opCost
+	// cost is what its metered usage cost so far (cost.go); keyID the API key that
+	// created it (auth.KeyIDOf; "" when unknown), which its usage is kept under.
+	cost  opCost
+	keyID string
 }
 
 func (o *operation) snapshot() *loopsv1.Operation {
@@ -124,7 +126,7 @@ func (ops *operations) create(ctx context.Context, ws string, kind loopsv1.Opera
 		}
 		return nil, err
 	}
-	o := &operation{id: op.Id, workspace: ws, op: op, done: make(chan struct{})}
+	o := &operation{id: op.Id, workspace: ws, op: op, done: make(chan struct{}), keyID: auth.CallerOf(ctx).KeyID}
 	ops.core.startOpSpan(ctx, o)
 	ops.mu.Lock()
 	ops.byID[op.Id] = o

@@ -21,11 +21,11 @@ const (
 	usageMaxRange     = 366 * 24 * time.Hour
 )
 
-// usageKey is one usage counter: a workspace's amount of one kind for a base model and
-// session in one hour bucket.
+// usageKey is one usage counter: a workspace's amount of one kind for a base model,
+// session, deployment and API key in one hour bucket.
 type usageKey struct {
-	ws, model, session, deployment, kind string
-	bucket                               time.Time
+	ws, model, session, deployment, key, kind string
+	bucket                                    time.Time
 }
 
 // usageMeter accumulates usage in memory; flush adds it to the store. Work that succeeds
@@ -64,8 +64,8 @@ func (c *Core) recordUsage(ws, model, session, kind string, amount int64) {
 	c.recordOpUsage(nil, ws, model, session, "", kind, amount)
 }
 
-// recordOpUsage is recordUsage for the work of operation o (nil: none), whose cost it adds
-// to, done through a deployment ("<owner>:<name>", "" for none), which the counter is kept
+// recordOpUsage is recordUsage for the work of operation o (nil: none), kept under the API
+// key that created o and added to o's cost, done through a deployment ("<owner>:<name>", "" for none), which the counter is kept
 // under.
 func (c *Core) recordOpUsage(o *operation, ws, model, session, deployment, kind string, amount int64) {
 	if amount <= 0 {
@@ -78,7 +78,11 @@ func (c *Core) recordOpUsage(o *operation, ws, model, session, deployment, kind 
 			c.ops.addCost(o, cost, version)
 		}
 	}
-	k := usageKey{ws: ws, model: model, session: session, deployment: deployment, kind: kind, bucket: c.now().UTC().Truncate(usageBucket)}
+	var key string
+	if o != nil {
+		key = o.keyID
+	}
+	k := usageKey{ws: ws, model: model, session: session, deployment: deployment, key: key, kind: kind, bucket: c.now().UTC().Truncate(usageBucket)}
 	c.usage.mu.Lock()
 	c.usage.pending[k] = c.usage.pending[k].add(u)
 	c.usage.mu.Unlock()
@@ -102,7 +106,7 @@ func (c *Core) flushUsage(ctx context.Context) {
 	var failed int
 	for k, a := range batch {
 		err := c.store.AddUsage(ctx, k.ws, store.UsageRecord{
-			BucketStart: k.bucket, BaseModel: k.model, SessionID: k.session, Deployment: k.deployment, Kind: k.kind, Amount: a.amount,
+			BucketStart: k.bucket, BaseModel: k.model, SessionID: k.session, Deployment: k.deployment, KeyID: k.key, Kind: k.kind, Amount: a.amount,
 			PricedAmount: a.priced, Cost: int64(a.cost),
 		})
 		if err != nil {
@@ -175,6 +179,7 @@ func (s UsageService) GetUsage(ctx context.Context, req *loopsv1.GetUsageRequest
 			Kind:       usageKinds[r.Kind],
 			Amount:     r.Amount,
 			Deployment: r.Deployment,
+			KeyId:      r.KeyID,
 		})
 		if r.PricedAmount > 0 {
 			b := out.Buckets[len(out.Buckets)-1]

@@ -242,7 +242,10 @@ type UsageRecord struct {
 	SessionID   string
 	// Deployment is the deployment sampled ("[<owner>:]<name>"), empty for other usage.
 	Deployment string
-	Kind       string
+	// KeyID is the API key whose request did the work (auth.KeyIDOf), empty for usage no
+	// request did (dedicated pool time, usage from before keys were recorded).
+	KeyID string
+	Kind  string
 	Amount     int64
 	// PricedAmount is the part of Amount metered under a price sheet that priced it, and
 	// Cost what it cost in pico-dollars (1e-12 USD; gateway/prices.USD): AddUsage adds

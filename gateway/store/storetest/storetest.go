@@ -1080,6 +1080,20 @@ func testUsage(t *testing.T, open func(t *testing.T) store.Store) {
 	got, err = st.ListUsage(ctx, wsA, base.Add(3*time.Hour), base.Add(4*time.Hour))
 	require.NoError(t, err)
 	require.Equal(t, []store.UsageRecord{priced(19, 15, 6_000_000+1<<50)}, got)
+
+	// Each API key has its rows.
+	keyed := func(key string, amount int64) store.UsageRecord {
+		u := usage(5, "m", "s1", store.UsageTraining, amount)
+		u.KeyID = key
+		return u
+	}
+	require.NoError(t, st.AddUsage(ctx, wsA, keyed("key-b", 2)))
+	require.NoError(t, st.AddUsage(ctx, wsA, keyed("key-a", 1)))
+	require.NoError(t, st.AddUsage(ctx, wsA, keyed("key-b", 3)))
+	require.NoError(t, st.AddUsage(ctx, wsA, keyed("", 4)))
+	got, err = st.ListUsage(ctx, wsA, base.Add(5*time.Hour), base.Add(6*time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, []store.UsageRecord{keyed("", 4), keyed("key-a", 1), keyed("key-b", 5)}, got)
 }
 
 func testUsageWorkspaces(t *testing.T, open func(t *testing.T) store.Store) {

@@ -3229,7 +3229,8 @@ func (x *GetUsageResponse) GetBuckets() []*UsageBucket {
 	return nil
 }
 
-// UsageBucket is the amount of one kind of usage of one base model and session in one hour.
+// UsageBucket is the amount of one kind of usage of one base model, session, deployment and
+// API key in one hour.
 type UsageBucket struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	StartTime *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
@@ -3243,8 +3244,12 @@ type UsageBucket struct {
 	// What priced_amount of amount cost, in exact decimal US dollars, each part priced with
 	// the price sheet in force when it was metered; empty (and priced_amount 0) when none of
 	// it was priced: no sheet, or none that priced this kind (docs/operations.md, "Prices").
-	CostUsd       string `protobuf:"bytes,8,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
-	PricedAmount  int64  `protobuf:"varint,9,opt,name=priced_amount,json=pricedAmount,proto3" json:"priced_amount,omitempty"`
+	CostUsd      string `protobuf:"bytes,8,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
+	PricedAmount int64  `protobuf:"varint,9,opt,name=priced_amount,json=pricedAmount,proto3" json:"priced_amount,omitempty"`
+	// The API key whose requests did the work ("key-" and 16 hex digits, as loops keys and
+	// the audit log name keys); empty for usage no request did (dedicated pool time) and for
+	// usage metered before keys were recorded.
+	KeyId         string `protobuf:"bytes,10,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3340,6 +3345,13 @@ func (x *UsageBucket) GetPricedAmount() int64 {
 		return x.PricedAmount
 	}
 	return 0
+}
+
+func (x *UsageBucket) GetKeyId() string {
+	if x != nil {
+		return x.KeyId
+	}
+	return ""
 }
 
 type GetWorkspaceRequest struct {
@@ -3975,7 +3987,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
 	"\bend_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\"C\n" +
 	"\x10GetUsageResponse\x12/\n" +
-	"\abuckets\x18\x01 \x03(\v2\x15.loops.v1.UsageBucketR\abuckets\"\xde\x02\n" +
+	"\abuckets\x18\x01 \x03(\v2\x15.loops.v1.UsageBucketR\abuckets\"\xf5\x02\n" +
 	"\vUsageBucket\x129\n" +
 	"\n" +
 	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
@@ -3990,7 +4002,9 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"deployment\x18\a \x01(\tR\n" +
 	"deployment\x12\x19\n" +
 	"\bcost_usd\x18\b \x01(\tR\acostUsd\x12#\n" +
-	"\rpriced_amount\x18\t \x01(\x03R\fpricedAmount\"\x15\n" +
+	"\rpriced_amount\x18\t \x01(\x03R\fpricedAmount\x12\x15\n" +
+	"\x06key_id\x18\n" +
+	" \x01(\tR\x05keyId\"\x15\n" +
 	"\x13GetWorkspaceRequest\"|\n" +
 	"\tWorkspace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x121\n" +
