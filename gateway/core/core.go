@@ -233,6 +233,7 @@ type Core struct {
 	ckFault func(ckStep) error
 	usage   *usageMeter
 	costs   *costMetric
+	budgets *budgetBook
 	policy  *policy.Enforcer // workspace limits and current use
 
 	// life owns every goroutine the core starts (lanes and their tasks, snapshots,
@@ -297,6 +298,7 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 		traceLinks:   newTraceLinks(),
 		usage:        newUsageMeter(),
 		costs:        newCostMetric(opts.Registerer),
+		budgets:      newBudgetBook(),
 	}
 	c.drain, c.running = make(chan struct{}), newBusy()
 	c.life = lifecycle.New(ctx)

@@ -521,6 +521,16 @@ func (s SamplingService) sample(ctx context.Context, req *loopsv1.SampleRequest,
 	if err := c.policy.CheckSample(ws, model.GetName(), req, params); err != nil {
 		return nil, err
 	}
+	if _, ok := c.budgeted(ws); ok {
+		// At most every prompt token and num_samples × max_tokens generated ones (budget.go).
+		if err := c.budgetReady(ctx, ws); err != nil {
+			return nil, err
+		}
+		ctx = withEstimate(ctx, c.estimate(ws, model.GetName(), map[string]int64{
+			store.UsageSamplingPrefill: int64(len(req.GetPrompt())),
+			store.UsageSamplingSample:  int64(max(req.GetNumSamples(), 1)) * int64(params.GetMaxTokens()),
+		}))
+	}
 	if req.SeqId == nil || st.shared != "" { // a shared sampler has no client to de-duplicate for
 		return c.startSample(ctx, ws, st, req, params, sink)
 	}

@@ -78,13 +78,22 @@ func (c *Core) recordOpUsage(o *operation, ws, model, session, deployment, kind 
 			c.ops.addCost(o, cost, version)
 		}
 	}
-	var key string
+	var (
+		key     string
+		settled money.USD
+	)
 	if o != nil {
 		key = o.keyID
+		if u.priced > 0 {
+			settled = o.settle(u.cost) // its reservation becomes spend (budget.go)
+		}
 	}
 	k := usageKey{ws: ws, model: model, session: session, deployment: deployment, key: key, kind: kind, bucket: c.now().UTC().Truncate(usageBucket)}
 	c.usage.mu.Lock()
 	c.usage.pending[k] = c.usage.pending[k].add(u)
+	if u.priced > 0 {
+		c.budgets.spend(ws, u.cost, settled, c.now()) // under mu: see budgetReady
+	}
 	c.usage.mu.Unlock()
 }
 

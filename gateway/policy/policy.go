@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/internal/money"
 	"sigs.k8s.io/yaml"
 )
 
@@ -44,6 +46,11 @@ type Section struct {
 	// Dedicated says whether the workspace's runs get worker pools of their own (dedicated
 	// mode): "off" (refused), "allowed" (when a run asks; the default) or "always".
 	Dedicated *string `json:"dedicated,omitempty"`
+	// BudgetUSDMonth and BudgetUSDTotal cap what the workspace may spend, in US dollars
+	// (decimals, at most 6 places) priced by the price sheet (loops serve --prices): in a
+	// calendar month (UTC) and in all. New work that would pass one is refused.
+	BudgetUSDMonth *json.Number `json:"budget_usd_month,omitempty"`
+	BudgetUSDTotal *json.Number `json:"budget_usd_total,omitempty"`
 }
 
 // MinJobMemoryMB is the smallest max_job_memory_mb accepted: a job's Python interpreter and
@@ -78,6 +85,9 @@ type Limits struct {
 	MaxDeploymentReplicas int
 	// Dedicated is DedicatedOff, DedicatedAllowed (the default) or DedicatedAlways.
 	Dedicated string
+	// BudgetMonth and BudgetTotal cap the workspace's spend in a UTC calendar month and in
+	// all (0: no budget).
+	BudgetMonth, BudgetTotal money.USD
 }
 
 // The values of a section's dedicated key.
@@ -115,7 +125,7 @@ func Load(file string) (*Policy, error) {
 func Parse(data []byte) (*Policy, error) {
 	var f File
 	if err := yaml.UnmarshalStrict(data, &f); err != nil {
-		return nil, fmt.Errorf("%s (the keys are default and workspaces; each section takes models, max_sequence_length, max_lora_rank, max_concurrent_runs, max_queued_operations, sampling_concurrency, allow_jobs, max_running_jobs, max_job_seconds, max_job_memory_mb, max_deployment_replicas, dedicated)", strings.TrimPrefix(strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: "), "json: "))
+		return nil, fmt.Errorf("%s (the keys are default and workspaces; each section takes models, max_sequence_length, max_lora_rank, max_concurrent_runs, max_queued_operations, sampling_concurrency, allow_jobs, max_running_jobs, max_job_seconds, max_job_memory_mb, max_deployment_replicas, dedicated, budget_usd_month, budget_usd_total)", strings.TrimPrefix(strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: "), "json: "))
 	}
 	return f.Compile()
 }
@@ -165,7 +175,22 @@ func resolve(base Limits, s Section) Limits {
 	if s.Dedicated != nil {
 		out.Dedicated = *s.Dedicated
 	}
+	if s.BudgetUSDMonth != nil {
+		out.BudgetMonth, _ = budget(*s.BudgetUSDMonth) // validated
+	}
+	if s.BudgetUSDTotal != nil {
+		out.BudgetTotal, _ = budget(*s.BudgetUSDTotal)
+	}
 	return out
+}
+
+// budget parses a budget in US dollars: at least 0, at most 6 decimal places.
+func budget(n json.Number) (money.USD, error) {
+	v, err := money.ParseUSD(n.String(), 6)
+	if err == nil && v < 0 {
+		err = errors.New("a budget may not be negative")
+	}
+	return v, err
 }
 
 func (s Section) validate(where string) error {
@@ -179,6 +204,13 @@ func (s Section) validate(where string) error {
 			}
 			if _, err := path.Match(m, ""); err != nil {
 				return fmt.Errorf("%s.models entry %q is not a valid pattern: %v", where, m, err)
+			}
+		}
+	}
+	for name, v := range map[string]*json.Number{"budget_usd_month": s.BudgetUSDMonth, "budget_usd_total": s.BudgetUSDTotal} {
+		if v != nil {
+			if _, err := budget(*v); err != nil {
+				return fmt.Errorf("%s.%s: %v (US dollars such as \"250.00\")", where, name, err)
 			}
 		}
 	}
