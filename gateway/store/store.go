@@ -244,9 +244,9 @@ type UsageRecord struct {
 	Deployment string
 	// KeyID is the API key whose request did the work (auth.KeyIDOf), empty for usage no
 	// request did (dedicated pool time, usage from before keys were recorded).
-	KeyID string
-	Kind  string
-	Amount     int64
+	KeyID  string
+	Kind   string
+	Amount int64
 	// PricedAmount is the part of Amount metered under a price sheet that priced it, and
 	// Cost what it cost in pico-dollars (1e-12 USD; gateway/prices.USD): AddUsage adds
 	// both. PricedAmount 0 means no cost is known (no price), never a free one.
