@@ -1,7 +1,9 @@
 package gateway_test
 
 import (
+	"context"
 	"errors"
+	"net"
 	"log/slog"
 	"path/filepath"
 	"sync"
@@ -12,6 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/loops-dev/loops/gateway"
+	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/core"
 	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/prices"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -90,4 +94,49 @@ func TestBudgetHoldsUnderConcurrentClients(t *testing.T) {
 
 	// Another workspace has no budget.
 	require.NotNil(t, newCostClient(t, url, keyA).train(12).GetCost())
+}
+
+// TestBudgetCountsSpendBeforeARestart: a workspace's spend is read back from the store
+// after a restart, so a budget set then counts what was spent before it.
+func TestBudgetCountsSpendBeforeARestart(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(t.TempDir(), "prices.yaml")
+	writeSheet(t, file, "models:\n  loops/tiny: {train: \"1.00\"}\n", time.Hour)
+	start := func(budget string) (string, func()) {
+		sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
+		require.NoError(t, err)
+		pol, err := policy.Parse([]byte("workspaces:\n  team-b: {budget_usd_month: \"" + budget + "\"}\n"))
+		require.NoError(t, err)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		keys, err := auth.ParseKeys([]string{keyA, keyB + "=team-b"})
+		require.NoError(t, err)
+		srv, err := gateway.New(t.Context(), ln, gateway.Config{DataDir: dir, Keys: keys, Core: core.Options{Prices: sheet, Policy: pol}})
+		require.NoError(t, err)
+		go func() { _ = srv.Serve() }()
+		return "http://" + ln.Addr().String(), func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			require.NoError(t, srv.Close(ctx))
+		}
+	}
+	url, stop := start("0") // no budget yet
+	cl := newCostClient(t, url, keyB)
+	for range 3 {
+		cl.train(12) // 3 × 12 µ$
+	}
+	stop()
+
+	url, stop = start("0.00005") // 50 µ$ a month: 36 spent, one more 12 µ$ operation fits
+	defer stop()
+	cl = newCostClient(t, url, keyB)
+	cl.train(12)
+	in, tgt, w := tokens(12)
+	_, err := cl.training.ForwardBackward(t.Context(), &loopsv1.ForwardBackwardRequest{TrainingRunId: cl.run, LossFn: "cross_entropy",
+		Data: []*loopsv1.Datum{{Tokens: in, LossFnInputs: map[string]*loopsv1.Tensor{
+			"target_tokens": {Dtype: loopsv1.Dtype_DTYPE_INT64, Int64Data: tgt},
+			"weights":       {Dtype: loopsv1.Dtype_DTYPE_FLOAT32, Float32Data: w},
+		}}}})
+	require.True(t, errs.IsFinal(err), "%v", err)
+	require.ErrorContains(t, err, "has spent 0.000048 USD this month (UTC)")
 }

@@ -9,7 +9,6 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/loops-dev/loops/gateway/policy"
-	"github.com/loops-dev/loops/gateway/store"
 	"github.com/loops-dev/loops/internal/errs"
 	"github.com/loops-dev/loops/internal/money"
 )
@@ -124,24 +123,18 @@ func (c *Core) budgetReady(ctx context.Context, ws string) error {
 	b.ws[ws] = e
 	b.mu.Unlock()
 	u.mu.Unlock()
-	var recs []store.UsageRecord
+	var month0, total0 int64
 	if err == nil {
-		recs, err = c.store.ListUsage(ctx, ws, time.Unix(0, 0), now.Add(usageBucket))
+		total0, err = c.store.UsageCost(ctx, ws, time.Unix(0, 0), now.Add(usageBucket))
 	}
-	var month0, total0 money.USD
-	for _, r := range recs {
-		if err != nil {
-			break
-		}
-		if total0, err = money.Add(total0, money.USD(r.Cost)); err == nil && !r.BucketStart.Before(month) {
-			month0, err = money.Add(month0, money.USD(r.Cost))
-		}
+	if err == nil {
+		month0, err = c.store.UsageCost(ctx, ws, month, now.Add(usageBucket))
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err == nil {
-		if e.totalSpent, err = money.Add(e.totalSpent, total0); err == nil && e.month.Equal(month) {
-			e.monthSpent, err = money.Add(e.monthSpent, month0)
+		if e.totalSpent, err = money.Add(e.totalSpent, money.USD(total0)); err == nil && e.month.Equal(month) {
+			e.monthSpent, err = money.Add(e.monthSpent, money.USD(month0))
 		}
 	}
 	if err != nil {

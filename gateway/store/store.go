@@ -209,6 +209,9 @@ type UsageStore interface {
 	// ListUsage lists the workspace's usage rows with from <= BucketStart < to, ordered by
 	// BucketStart, then Kind, then BaseModel, then SessionID, then Deployment. Times come back in UTC.
 	ListUsage(ctx context.Context, workspace string, from, to time.Time) ([]UsageRecord, error)
+	// UsageCost sums the Cost of the workspace's usage rows with from <= BucketStart < to,
+	// in pico-dollars (an error when the sum overflows an int64).
+	UsageCost(ctx context.Context, workspace string, from, to time.Time) (int64, error)
 }
 
 // Pinger is implemented by stores that can check that their database answers, for the

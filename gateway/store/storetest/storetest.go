@@ -1080,6 +1080,16 @@ func testUsage(t *testing.T, open func(t *testing.T) store.Store) {
 	got, err = st.ListUsage(ctx, wsA, base.Add(3*time.Hour), base.Add(4*time.Hour))
 	require.NoError(t, err)
 	require.Equal(t, []store.UsageRecord{priced(19, 15, 6_000_000+1<<50)}, got)
+	sum, err := st.UsageCost(ctx, wsA, base, base.Add(4*time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, int64(6_000_000+1<<50), sum)
+	sum, err = st.UsageCost(ctx, wsA, base.Add(4*time.Hour), base.Add(5*time.Hour))
+	require.NoError(t, err)
+	require.Zero(t, sum, "no rows: 0")
+	require.NoError(t, st.AddUsage(ctx, wsA, func() store.UsageRecord { u := priced(1, 1, 1<<62); u.BucketStart = base.Add(2 * time.Hour); return u }()))
+	require.NoError(t, st.AddUsage(ctx, wsA, func() store.UsageRecord { u := priced(1, 1, 1<<62); u.BucketStart = base.Add(1 * time.Hour); return u }()))
+	_, err = st.UsageCost(ctx, wsA, base, base.Add(4*time.Hour))
+	require.Error(t, err, "a sum past an int64 is an error, never a wrong number")
 
 	// Each API key has its rows.
 	keyed := func(key string, amount int64) store.UsageRecord {

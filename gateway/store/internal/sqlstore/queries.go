@@ -125,6 +125,10 @@ const (
 	// ListStepMetrics selects the data of a run's step metrics overlapping a step range.
 	ListStepMetrics = `SELECT data FROM step_metrics WHERE run_id = $1 AND workspace = $2 AND last_step >= $3 AND step <= $4
 		ORDER BY seq_id`
+	// UsageCost sums the costs of the usage rows of a workspace in a time range (ScanInt);
+	// an overflow is an error in both databases.
+	UsageCost = `SELECT CAST(COALESCE(SUM(cost), 0) AS BIGINT) FROM usage
+		WHERE workspace = $1 AND bucket_start >= $2 AND bucket_start < $3`
 	// ListUsage selects the usage rows of a workspace in a time range (ScanUsage).
 	ListUsage = `SELECT bucket_start, base_model, session_id, kind, amount, deployment, priced_amount, cost, key_id FROM usage
 		WHERE workspace = $1 AND bucket_start >= $2 AND bucket_start < $3

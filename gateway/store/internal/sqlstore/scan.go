@@ -84,3 +84,14 @@ func ScanUsage(rows Rows) ([]store.UsageRecord, error) {
 	}
 	return out, rows.Err()
 }
+
+// ScanInt reads the one integer of a one-row, one-column answer.
+func ScanInt(rows Rows) (int64, error) {
+	var v int64
+	if rows.Next() {
+		if err := rows.Scan(&v); err != nil {
+			return 0, err
+		}
+	}
+	return v, rows.Err()
+}
