@@ -3,8 +3,8 @@ package gateway_test
 import (
 	"context"
 	"errors"
-	"net"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"sync"
 	"testing"
