@@ -241,7 +241,12 @@ func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket, v usageView) error 
 		fmt.Fprintf(tw, "TOTAL\t\t%s%s\t%d%s\n", pad, usageKindName(k), totals[k].amount, cost(totals[k]))
 	}
 	if v.cost {
-		fmt.Fprintf(tw, "TOTAL COST\t\t%s\t\t%s\n", pad, strings.TrimPrefix(cost(&all), "\t"))
+		// Summed over kinds: "-" when nothing was priced, "*" when some kind was partly.
+		total := "-"
+		if all.priced > 0 {
+			total = all.cost.String() + map[bool]string{true: "*"}[partly]
+		}
+		fmt.Fprintf(tw, "TOTAL COST\t\t%s\t\t%s\n", pad, total)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

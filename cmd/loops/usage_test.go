@@ -91,6 +91,10 @@ func TestPrintUsageCost(t *testing.T) {
 	}, "\n"), out.String())
 
 	out.Reset()
+	require.NoError(t, printUsage(&out, []*loopsv1.UsageBucket{buckets[0], buckets[3]}, usageView{cost: true}))
+	require.Regexp(t, `(?m)^TOTAL COST\s+0\.000004$`, out.String(), "an unpriced kind (checkpoints) does not make the total partial")
+
+	out.Reset()
 	require.NoError(t, printUsage(&out, buckets[3:4], usageView{cost: true}))
 	require.Contains(t, out.String(), "(no cost: the server has no price sheet")
 }
