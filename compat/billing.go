@@ -2,6 +2,7 @@ package compat
 
 import (
 	"cmp"
+	"encoding/json"
 	"net/http"
 	"slices"
 	"strings"
@@ -10,13 +11,16 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/money"
 )
 
 // maxBillingSessions caps the sessions whose user_metadata a usage answer looks up.
 const maxBillingSessions = 1000
 
 // billingUsageEvent is one hour bucket of one kind of usage (SDK BillingUsageEvent). The
-// SDK's cost and user fields are left out (null): Loops does not price usage.
+// SDK's user fields are left out (null). Its cost and rate are exact decimals written as
+// JSON numbers, present when the price sheet priced all of the bucket's tokens (absent,
+// so None in the SDK, otherwise, and always without a price sheet).
 type billingUsageEvent struct {
 	BucketStart string  `json:"bucket_start"`
 	BucketEnd   string  `json:"bucket_end"`
@@ -24,8 +28,32 @@ type billingUsageEvent struct {
 	SessionID   *string `json:"session_id"`
 	// ProjectID is the session's current project (SDK: "resolved from the current project
 	// associated with the session").
-	ProjectID *string `json:"project_id"`
-	EventInfo any     `json:"event_info"`
+	ProjectID        *string      `json:"project_id"`
+	EstimatedCostUSD *json.Number `json:"estimated_cost_usd,omitempty"`
+	// RatePerMillion is estimated_cost_usd * 1e6 / token_count (SDK
+	// effective_rate_usd_per_million_tokens), to the pico-dollar.
+	RatePerMillion *json.Number `json:"effective_rate_usd_per_million_tokens,omitempty"`
+	EventInfo      any          `json:"event_info"`
+}
+
+// billingCost is a bucket's cost and rate per million tokens for Tinker, when the price
+// sheet priced all of its amount (nil, nil otherwise). The rate is exact to the
+// pico-dollar (rounded half up past it: a bucket priced by two sheets has a mean rate).
+func billingCost(b *loopsv1.UsageBucket) (cost, rate *json.Number) {
+	if b.GetCostUsd() == "" || b.GetPricedAmount() != b.GetAmount() || b.GetAmount() <= 0 {
+		return nil, nil
+	}
+	c, err := money.ParseUSD(b.GetCostUsd(), money.Digits)
+	if err != nil {
+		return nil, nil
+	}
+	cn := json.Number(c.String())
+	r, err := money.MulDiv(c, 1_000_000, b.GetAmount())
+	if err != nil {
+		return &cn, nil
+	}
+	rn := json.Number(r.String())
+	return &cn, &rn
 }
 
 // The SDK's BillingEventInfo variants, discriminated by type.
@@ -99,6 +127,9 @@ func (s *server) billingUsageEvents(w http.ResponseWriter, r *http.Request) erro
 			BucketStart: b.GetStartTime().AsTime().UTC().Format(time.RFC3339),
 			BucketEnd:   b.GetEndTime().AsTime().UTC().Format(time.RFC3339),
 			EventInfo:   info,
+		}
+		if _, checkpoint := info.(checkpointBillingEvent); !checkpoint {
+			ev.EstimatedCostUSD, ev.RatePerMillion = billingCost(b)
 		}
 		if m := b.GetBaseModel(); m != "" {
 			ev.BaseModel = &m

@@ -528,6 +528,26 @@ func TestBillingUsageEvents(t *testing.T) {
 		StartTime: timestamppb.New(h0), EndTime: timestamppb.New(h0.Add(2 * time.Hour)),
 	}, e.core.lastReq("GetUsage"), protocmp.Transform()))
 
+	// Priced buckets carry their exact cost and rate; a partly priced one (a sheet loaded
+	// within the hour) and a checkpoint count carry none.
+	priced := bucket(0, loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS, "", 3)
+	priced.CostUsd, priced.PricedAmount = "0.0000018", 3
+	partly := bucket(0, loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, "", 10)
+	partly.CostUsd, partly.PricedAmount = "0.000002", 5
+	ck := bucket(0, loopsv1.UsageKind_USAGE_KIND_CHECKPOINTS, "", 1)
+	ck.CostUsd, ck.PricedAmount = "0.01", 1
+	e.core.usage = []*loopsv1.UsageBucket{priced, partly, ck}
+	r = e.get("/api/v1/billing/usage/events")
+	require.Equal(t, 200, r.status, string(r.body))
+	require.JSONEq(t, `{"data":[
+		{"bucket_start":"2025-03-01T12:00:00Z","bucket_end":"2025-03-01T13:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":null,"project_id":null,
+		 "event_info":{"type":"training","token_count":10}},
+		{"bucket_start":"2025-03-01T12:00:00Z","bucket_end":"2025-03-01T13:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":null,"project_id":null,
+		 "estimated_cost_usd":0.0000018,"effective_rate_usd_per_million_tokens":0.6,"event_info":{"type":"sampling_sample","token_count":3}},
+		{"bucket_start":"2025-03-01T12:00:00Z","bucket_end":"2025-03-01T13:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":null,"project_id":null,
+		 "event_info":{"type":"checkpoint","count":1}}
+	],"sessions":{}}`, string(r.body))
+
 	// Naive times are UTC; a '+' sent unescaped (decoded to a space) still parses; bounds may
 	// be left to the core's defaults.
 	require.Equal(t, 200, e.get("/api/v1/billing/usage/events?starting_on=2025-03-01T12:00:00&ending_before=2025-03-01T14:00:00+00:00").status)

@@ -124,7 +124,7 @@ func TestPrintUsageWithDeployments(t *testing.T) {
 		{StartTime: h, BaseModel: "loops/tiny", Kind: loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS, Amount: 5},
 		{StartTime: h, BaseModel: "loops/tiny", Deployment: "ws-a:web", Kind: loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS, Amount: 7},
 		{StartTime: h, BaseModel: "loops/tiny", Deployment: "ws-a:web", SessionId: "s", Kind: loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS, Amount: 1},
-	}))
+	}, usageView{}))
 	require.Equal(t, strings.Join([]string{
 		"BUCKET (UTC)      MODEL       DEPLOYMENT  KIND                    AMOUNT",
 		"2026-01-02 03:00  loops/tiny  -           sampling_sample_tokens  5",

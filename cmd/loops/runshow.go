@@ -10,6 +10,7 @@ import (
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
+	"github.com/loops-dev/loops/internal/money"
 	"github.com/loops-dev/loops/internal/runhealth"
 	"github.com/spf13/cobra"
 )
@@ -77,11 +78,24 @@ func printRunShow(w io.Writer, run *loopsv1.TrainingRun, history, recent []*loop
 	for _, a := range runhealth.Check(recent) {
 		fmt.Fprintf(w, "ALERT %s: %s\n      usually: %s\n", a.Rule, a.Message, a.Cause)
 	}
-	var loss, kl []float64
+	var loss, kl, costs []float64
+	var total money.USD
+	priced := false
 	for _, s := range history {
 		if s.GetKind() != loopsv1.OperationKind_OPERATION_KIND_FORWARD_BACKWARD {
 			continue
 		}
+		c, ok, err := stepCost(s)
+		if err != nil {
+			return err
+		}
+		if ok {
+			if total, err = money.Add(total, c); err != nil {
+				return fmt.Errorf("summing the run's cost: %w", err)
+			}
+			priced = true
+		}
+		costs = append(costs, float64(c)) // the sparkline's shape only
 		loss = append(loss, s.GetLossMean())
 		if s.GetRl() != nil {
 			kl = append(kl, s.GetRl().GetKlSampleTrainK3())
@@ -91,7 +105,13 @@ func printRunShow(w io.Writer, run *loopsv1.TrainingRun, history, recent []*loop
 		fmt.Fprintln(w, "no step metrics recorded yet")
 		return nil
 	}
+	if priced {
+		fmt.Fprintf(w, "cost:        %s USD of training tokens (priced with the server's price sheet)\n", total)
+	}
 	fmt.Fprintf(w, "loss  %s  %s\n", sparkline(loss), spanOf(loss))
+	if priced {
+		fmt.Fprintf(w, "cost  %s  per step\n", sparkline(costs))
+	}
 	if len(kl) > 0 {
 		fmt.Fprintf(w, "kl    %s  %s\n", sparkline(kl), spanOf(kl))
 	}
@@ -105,7 +125,10 @@ func printRunShow(w io.Writer, run *loopsv1.TrainingRun, history, recent []*loop
 		lossTokens, tokens, examples int64
 		rl                           *loopsv1.RLStepMetrics
 		lr, gradNorm, updateNorm     *float64
+		cost                         money.USD
+		priced                       bool
 	}
+	anyCost := false
 	var rows []*row
 	byStep := map[int64]*row{}
 	for _, s := range recent {
@@ -126,6 +149,14 @@ func printRunShow(w io.Writer, run *loopsv1.TrainingRun, history, recent []*loop
 			r.lossTokens += s.GetLossTokens()
 			r.tokens += s.GetTokens()
 			r.examples += s.GetExamples()
+			if c, ok, err := stepCost(s); err != nil {
+				return err
+			} else if ok {
+				if r.cost, err = money.Add(r.cost, c); err != nil {
+					return fmt.Errorf("summing step %d's cost: %w", r.step, err)
+				}
+				r.priced, anyCost = true, true
+			}
 			if s.GetRl() != nil {
 				r.rl = s.GetRl() // the step's last RL record
 			}
@@ -134,7 +165,7 @@ func printRunShow(w io.Writer, run *loopsv1.TrainingRun, history, recent []*loop
 		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "STEP\tFB\tLOSS FN\tLOSS/TOKEN\tTOKENS\tEXAMPLES\tKL(k3)\tRATIO\tADV ZERO\tCLIP\tLR\tGRAD NORM\tUPD NORM\tBACKEND")
+	fmt.Fprintf(tw, "STEP\tFB\tLOSS FN\tLOSS/TOKEN\tTOKENS\tEXAMPLES\tKL(k3)\tRATIO\tADV ZERO\tCLIP\tLR\tGRAD NORM\tUPD NORM\tBACKEND%s\n", map[bool]string{true: "\tCOST (USD)"}[anyCost])
 	for _, r := range rows {
 		mean := "-"
 		if r.lossTokens > 0 {
@@ -149,8 +180,15 @@ func printRunShow(w io.Writer, run *loopsv1.TrainingRun, history, recent []*loop
 				clip = fmt.Sprintf("%.1f%%", 100*r.rl.GetClipFraction())
 			}
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.3fs\n", r.step, r.fbs, dash(r.lossFn), mean, r.tokens, r.examples,
-			kl, ratio, zero, clip, optionalG(r.lr), optionalG(r.gradNorm), optionalG(r.updateNorm), r.backend)
+		cost := ""
+		if anyCost {
+			cost = "\t-"
+			if r.priced {
+				cost = "\t" + r.cost.String()
+			}
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.3fs%s\n", r.step, r.fbs, dash(r.lossFn), mean, r.tokens, r.examples,
+			kl, ratio, zero, clip, optionalG(r.lr), optionalG(r.gradNorm), optionalG(r.updateNorm), r.backend, cost)
 	}
 	return tw.Flush()
 }
@@ -240,3 +278,15 @@ func printRunStorage(cmd *cobra.Command, cf *clientFlags, runID string) error {
 
 // mib writes a byte count in MiB.
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+// stepCost is a step record's cost, and whether it has one.
+func stepCost(s *loopsv1.StepMetrics) (money.USD, bool, error) {
+	if s.GetCostUsd() == "" {
+		return 0, false, nil
+	}
+	c, err := money.ParseUSD(s.GetCostUsd(), money.Digits)
+	if err != nil {
+		return 0, false, fmt.Errorf("step %d's cost: %w", s.GetStep(), err)
+	}
+	return c, true, nil
+}

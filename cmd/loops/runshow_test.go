@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -49,7 +51,9 @@ func TestRunsShowAlerts(t *testing.T) {
 // TestRunsShow trains two RL steps through loops serve (the reference engine) and checks
 // what `loops runs show` prints: the run, loss and KL sparklines and a row per step.
 func TestRunsShow(t *testing.T) {
-	url, _ := startServe(t, t.TempDir())
+	sheet := filepath.Join(t.TempDir(), "prices.yaml")
+	require.NoError(t, os.WriteFile(sheet, []byte("models:\n  loops/tiny: {train: \"0.40\"}\n"), 0o600))
+	url, _ := startServe(t, t.TempDir(), "--prices", sheet)
 	key := connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 			req.Header().Set("X-API-Key", "tml-serve-test")
@@ -103,6 +107,18 @@ func TestRunsShow(t *testing.T) {
 	require.Regexp(t, `(?m)^STEP\s+FB\s+LOSS FN\s+LOSS/TOKEN`, text)
 	require.Regexp(t, `(?m)^1\s+1\s+ppo\s+-?\d+\.\d{4}\s+4\s+1\s+\S+\s+\S+±\S+\s+0%\s+\d+\.\d%\s+0\.001\s`, text)
 	require.Regexp(t, `(?m)^2\s+1\s+ppo\s`, text)
+	// Under the price sheet: 4 tokens × $0.40 / 1e6 a step, two steps.
+	require.Contains(t, text, "cost:        0.0000032 USD of training tokens")
+	require.Regexp(t, `(?m)^STEP\s.*BACKEND\s+COST \(USD\)$`, text)
+	require.Regexp(t, `(?m)^1\s+1\s+ppo\s.*s\s+0\.0000016$`, text)
+
+	out.Reset()
+	cmd = rootCmd()
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"usage", "--cost", "--url", url, "--api-key", "tml-serve-test"})
+	require.NoError(t, cmd.ExecuteContext(t.Context()))
+	require.Regexp(t, `(?m)^TOTAL\s+training_tokens\s+8\s+0\.0000032$`, out.String())
+	require.Regexp(t, `(?m)^TOTAL COST\s+0\.0000032$`, out.String())
 	// The sampler logprobs sent are far from the tiny model's: the KL alert is raised.
 	require.Regexp(t, `(?m)^ALERT kl_sample_train: kl_sample_train \S+ at step 2 is above 0.01 .*\n      usually: off-policy data`, text)
 

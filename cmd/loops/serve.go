@@ -23,6 +23,7 @@ import (
 	"github.com/loops-dev/loops/gateway/ckstore"
 	"github.com/loops-dev/loops/gateway/core"
 	"github.com/loops-dev/loops/gateway/policy"
+	"github.com/loops-dev/loops/gateway/prices"
 	"github.com/loops-dev/loops/internal/telemetry"
 	"github.com/spf13/cobra"
 )
@@ -56,6 +57,7 @@ type serveFlags struct {
 	fairnessTarget    float64
 	maxRequestsPerKey int
 	workspacePolicy   string
+	prices            string
 
 	db    databaseFlags
 	lease leaseFlags
@@ -132,7 +134,15 @@ once operator keys are set, only they are (docs/pools.md).
 
 --workspace-policy FILE gives workspaces limits (allowed base models, max sequence length,
 max LoRA rank, runs at once, queued operations, sampling concurrency): see the
-"Workspace policy" section of docs/semantics.md for the format.`,
+"Workspace policy" section of docs/semantics.md for the format.
+
+--prices FILE is the price sheet (YAML or JSON): USD per million tokens by base model
+(prefill, cached_prefill, sample, train), per GPU-hour of a dedicated replica, per GB-month
+of checkpoint storage, and workspaces' own prices. Costs then show wherever usage does
+(loops usage --cost, loops runs show, an operation's cost, Tinker's billing route,
+loops_cost_usd_total on /metrics); with no sheet no costs are shown. The file is reloaded
+when it changes (new work only; a bad change is logged and the sheet in force kept); a bad
+file at start refuses to start. See "Prices" in docs/operations.md.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := f.db.applyEnv(cmd); err != nil {
 				return err
@@ -180,6 +190,7 @@ max LoRA rank, runs at once, queued operations, sampling concurrency): see the
 	fl.StringSliceVar(&f.trustedProxies, "trusted-proxy", envList("LOOPS_TRUSTED_PROXIES", nil), "address or CIDR of a reverse proxy in front of the server (repeatable): only from these is X-Forwarded-For (the client address that wrong keys are throttled by) and X-Forwarded-Proto (https makes the console's cookie Secure) believed")
 	fl.Int64Var(&f.minTransferRate, "min-transfer-rate", ckhttp.DefaultMinRate, "bytes a second a checkpoint download, export or import must keep up over --transfer-rate-window; a slower one is cut")
 	fl.DurationVar(&f.transferRateWindow, "transfer-rate-window", ckhttp.DefaultRateWindow, "how long a checkpoint transfer may stay under --min-transfer-rate")
+	fl.StringVar(&f.prices, "prices", env("LOOPS_PRICES", ""), "YAML or JSON price sheet: USD per million tokens by model, per GPU-hour, per GB-month, per workspace; reloaded when it changes (see docs/operations.md, Prices); none: no costs shown")
 	fl.StringVar(&f.workspacePolicy, "workspace-policy", env("LOOPS_WORKSPACE_POLICY", ""), "YAML or JSON file of per-workspace limits: allowed models, max sequence length and LoRA rank, runs, queued operations, sampling concurrency (see docs/semantics.md)")
 	return cmd
 }
@@ -303,6 +314,12 @@ func runServe(ctx context.Context, f serveFlags) error {
 			return err
 		}
 	}
+	var sheet *prices.Watcher
+	if f.prices != "" {
+		if sheet, err = prices.Load(f.prices, log); err != nil {
+			return err
+		}
+	}
 	host, _, err := net.SplitHostPort(f.addr)
 	if err != nil {
 		return fmt.Errorf("--addr %q: %w", f.addr, err)
@@ -366,7 +383,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 			Options:     backendOpts,
 		},
 		Keys: keys,
-		Core: core.Options{SessionTTL: f.sessionTTL, Policy: pol, CheckpointStore: cks, SamplingConcurrency: f.samplerSlots, RecoverSteps: f.stepRecovery,
+		Core: core.Options{SessionTTL: f.sessionTTL, Policy: pol, Prices: sheet, CheckpointStore: cks, SamplingConcurrency: f.samplerSlots, RecoverSteps: f.stepRecovery,
 			FairnessTarget: f.fairnessTarget, ChunkTokens: f.trainChunkTokens, LaneConcurrency: f.trainConcurrency,
 			Limits: core.Limits{MaxReceiptStepsPerRun: f.maxReceiptSteps, MaxRecordDataBytesPerRun: int(f.maxRecordDataBytes)}},
 		Limits: gateway.Limits{

@@ -4,6 +4,8 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -82,6 +84,19 @@ func TestServeRejectsOutOfRangeScheduling(t *testing.T) {
 		cmd.SetArgs(append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir()}, c.args...))
 		require.ErrorContains(t, cmd.ExecuteContext(t.Context()), c.want, c.args)
 	}
+}
+
+// TestServeRefusesABadPriceSheet: a price sheet that does not parse stops the server from
+// starting, with the line that is wrong.
+func TestServeRefusesABadPriceSheet(t *testing.T) {
+	sheet := filepath.Join(t.TempDir(), "prices.yaml")
+	require.NoError(t, os.WriteFile(sheet, []byte("models:\n  m:\n    sample: 1.2.3\n"), 0o600))
+	cmd := rootCmd()
+	cmd.SetArgs([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--prices", sheet})
+	require.ErrorContains(t, cmd.ExecuteContext(t.Context()), `line 3: "1.2.3" is not a decimal number of dollars`)
+	cmd = rootCmd()
+	cmd.SetArgs([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--prices", sheet + ".missing"})
+	require.ErrorContains(t, cmd.ExecuteContext(t.Context()), "--prices")
 }
 
 // startServe runs loops serve with args on a free loopback port until stop, which waits for

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,18 +12,25 @@ import (
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
+	"github.com/loops-dev/loops/internal/money"
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 func usageCmd() *cobra.Command {
 	var cf clientFlags
-	var since string
+	var (
+		since string
+		view  usageView
+	)
 	cmd := &cobra.Command{
 		Use:   "usage",
-		Short: "Show the API key's metered usage by hour, with totals per kind",
+		Short: "Show the API key's metered usage by hour or day, with totals per kind and costs",
 		Long: "Show the workspace's metered usage (training tokens, sampling prompt and generated tokens,\n" +
-			"checkpoint saves) in hour buckets, summed over sessions, and the totals per kind.",
+			"checkpoint saves, dedicated replica and GPU seconds) in hour (or --by-day day) buckets, summed\n" +
+			"over sessions (--by-key: one row per API key), and the totals per kind. --cost adds what it cost in exact US dollars, each\n" +
+			"part priced with the server's price sheet in force when it was metered (loops serve --prices;\n" +
+			"docs/operations.md, \"Prices\"); usage metered with no price for it shows \"-\".",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			d, err := parseSince(since)
@@ -39,10 +45,13 @@ func usageCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printUsage(os.Stdout, resp.GetBuckets())
+			return printUsage(cmd.OutOrStdout(), resp.GetBuckets(), view)
 		},
 	}
 	cmd.Flags().StringVar(&since, "since", "24h", "how far back to look: a Go duration, or a number of days such as 7d (at most 366d)")
+	cmd.Flags().BoolVar(&view.cost, "cost", false, "add what each row and kind cost (exact USD) and the total cost")
+	cmd.Flags().BoolVar(&view.byDay, "by-day", false, "one row per UTC day instead of per hour")
+	cmd.Flags().BoolVar(&view.byKey, "by-key", false, "one row per API key (its id, as loops keys names it; - for usage no request did)")
 	cf.register(cmd)
 	cmd.AddCommand(checkpointStorageCmd())
 	return cmd
@@ -86,23 +95,85 @@ func usageKindName(k loopsv1.UsageKind) string {
 	return k.String()
 }
 
+// usageView is how printUsage lays usage out: with costs, by day instead of by hour, and
+// with a row per API key.
+type usageView struct {
+	cost, byDay, byKey bool
+}
+
+// usageCell sums one row's amounts, and its costs exactly.
+type usageCell struct {
+	amount, priced int64
+	cost           money.USD
+	err            error
+}
+
+func (c *usageCell) add(b *loopsv1.UsageBucket) {
+	c.amount += b.GetAmount()
+	if b.GetCostUsd() == "" || c.err != nil {
+		return
+	}
+	v, err := money.ParseUSD(b.GetCostUsd(), money.Digits)
+	if err == nil {
+		v, err = money.Add(c.cost, v)
+	}
+	if err != nil {
+		c.err = fmt.Errorf("summing the cost %q: %w", b.GetCostUsd(), err)
+		return
+	}
+	c.cost, c.priced = v, c.priced+b.GetPricedAmount()
+}
+
+// costText is a cell's cost: "-" when none of it was priced, "*" after it when only part.
+func (c *usageCell) costText() string {
+	switch {
+	case c.priced == 0:
+		return "-"
+	case c.priced < c.amount:
+		return c.cost.String() + "*"
+	}
+	return c.cost.String()
+}
+
 // printUsage writes one row per (bucket, model, deployment, kind), summed over sessions, in
-// bucket order, then the total of each kind. The DEPLOYMENT column (usage sampled through a
-// deployment, "<owner>:<name>") is shown only when some usage has one.
-func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket) error {
+// bucket order (hours, or days with v.byDay), then the total of each kind; with v.cost a
+// COST column (exact USD; "-" unpriced, "*" partly priced) and the total cost. The
+// DEPLOYMENT column (usage sampled through a deployment, "<owner>:<name>") is shown only
+// when some usage has one.
+func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket, v usageView) error {
 	type row struct {
 		start      time.Time
 		model      string
 		deployment string
+		key        string
 		kind       loopsv1.UsageKind
 	}
-	sums := map[row]int64{}
-	totals := map[loopsv1.UsageKind]int64{}
-	deployments := false
+	sums := map[row]*usageCell{}
+	totals := map[loopsv1.UsageKind]*usageCell{}
+	var all usageCell
+	deployments, partly := false, false
 	for _, b := range buckets {
-		sums[row{b.GetStartTime().AsTime().UTC(), b.GetBaseModel(), b.GetDeployment(), b.GetKind()}] += b.GetAmount()
-		totals[b.GetKind()] += b.GetAmount()
+		start := b.GetStartTime().AsTime().UTC()
+		if v.byDay {
+			start = start.Truncate(24 * time.Hour)
+		}
+		r := row{start: start, model: b.GetBaseModel(), deployment: b.GetDeployment(), kind: b.GetKind()}
+		if v.byKey {
+			r.key = b.GetKeyId()
+		}
+		if sums[r] == nil {
+			sums[r] = &usageCell{}
+		}
+		if totals[b.GetKind()] == nil {
+			totals[b.GetKind()] = &usageCell{}
+		}
+		sums[r].add(b)
+		totals[b.GetKind()].add(b)
+		all.add(b)
 		deployments = deployments || b.GetDeployment() != ""
+	}
+	if v.cost && all.err != nil {
+		return all.err
 	}
 	rows := make([]row, 0, len(sums))
 	for r := range sums {
@@ -118,6 +189,9 @@ func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket) error {
 		if c := strings.Compare(a.deployment, b.deployment); c != 0 {
 			return c
 		}
+		if c := strings.Compare(a.key, b.key); c != 0 {
+			return c
+		}
 		return int(a.kind) - int(b.kind)
 	})
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -130,20 +204,60 @@ func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket) error {
 		}
 		return d + "\t"
 	}
-	fmt.Fprintf(tw, "BUCKET (UTC)\tMODEL\t%sKIND\tAMOUNT\n", map[bool]string{true: "DEPLOYMENT\t"}[deployments])
+	cost := func(c *usageCell) string {
+		if !v.cost {
+			return ""
+		}
+		partly = partly || (c.priced > 0 && c.priced < c.amount)
+		return "\t" + c.costText()
+	}
+	bucket, layout := "BUCKET (UTC)", "2006-01-02 15:04"
+	if v.byDay {
+		bucket, layout = "DAY (UTC)", "2006-01-02"
+	}
+	key := func(k string) string {
+		if !v.byKey {
+			return ""
+		}
+		if k == "" {
+			k = "-"
+		}
+		return k + "\t"
+	}
+	fmt.Fprintf(tw, "%s\tMODEL\t%s%sKIND\tAMOUNT%s\n", bucket, map[bool]string{true: "DEPLOYMENT\t"}[deployments], map[bool]string{true: "KEY\t"}[v.byKey], map[bool]string{true: "\tCOST (USD)"}[v.cost])
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s%s\t%d\n", r.start.Format("2006-01-02 15:04"), r.model, dep(r.deployment), usageKindName(r.kind), sums[r])
+		fmt.Fprintf(tw, "%s\t%s\t%s%s%s\t%d%s\n", r.start.Format(layout), r.model, dep(r.deployment), key(r.key), usageKindName(r.kind), sums[r].amount, cost(sums[r]))
 	}
 	if len(rows) == 0 {
 		fmt.Fprintln(tw, "(no usage in this range)")
 	}
+	pad := map[bool]string{true: "\t"}[deployments] + map[bool]string{true: "\t"}[v.byKey]
 	kinds := make([]loopsv1.UsageKind, 0, len(totals))
 	for k := range totals {
 		kinds = append(kinds, k)
 	}
 	slices.Sort(kinds)
 	for _, k := range kinds {
-		fmt.Fprintf(tw, "TOTAL\t\t%s%s\t%d\n", map[bool]string{true: "\t"}[deployments], usageKindName(k), totals[k])
+		fmt.Fprintf(tw, "TOTAL\t\t%s%s\t%d%s\n", pad, usageKindName(k), totals[k].amount, cost(totals[k]))
 	}
-	return tw.Flush()
+	if v.cost {
+		// Summed over kinds: "-" when nothing was priced, "*" when some kind was partly.
+		total := "-"
+		if all.priced > 0 {
+			total = all.cost.String() + map[bool]string{true: "*"}[partly]
+		}
+		fmt.Fprintf(tw, "TOTAL COST\t\t%s\t\t%s\n", pad, total)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	switch {
+	case v.cost && all.priced == 0:
+		_, err := fmt.Fprintln(w, "(no cost: the server has no price sheet, or it prices none of this usage)")
+		return err
+	case partly:
+		_, err := fmt.Fprintln(w, "* only part of the amount was priced (usage metered while no price sheet priced it); the cost is that part's")
+		return err
+	}
+	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"gonum.org/v1/plot/vg/vgsvg"
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/money"
 	"github.com/loops-dev/loops/internal/runhealth"
 )
 
@@ -75,7 +76,8 @@ var (
 
 // charts draws the run page's charts from a run's (downsampled) step metrics.
 func charts(steps []*loopsv1.StepMetrics, o chartOptions) []chartView {
-	var klK1, klK3, zero, gradNorm, updNorm plotter.XYs
+	var klK1, klK3, zero, gradNorm, updNorm, cost plotter.XYs
+	var spent money.USD // the run's cost so far, exactly; drawn as a float
 	tokens, backend := perStep{}, perStep{}
 	// One loss series per loss function (an RL loop's cross_entropy and ppo differ in
 	// scale), in order of first appearance.
@@ -97,6 +99,12 @@ func charts(steps []*loopsv1.StepMetrics, o chartOptions) []chartView {
 			continue
 		}
 		tokens.add(m.GetStep(), float64(m.GetTokens())/span)
+		if c, err := money.ParseUSD(m.GetCostUsd(), money.Digits); err == nil && m.GetCostUsd() != "" {
+			if sum, err := money.Add(spent, c); err == nil {
+				spent = sum
+				cost = append(cost, plotter.XY{X: float64(m.GetLastStep()), Y: float64(spent) / 1e12})
+			}
+		}
 		if m.GetLossTokens() > 0 {
 			fn := m.GetLossFn()
 			if fn == "" {
@@ -122,14 +130,17 @@ func charts(steps []*loopsv1.StepMetrics, o chartOptions) []chartView {
 	if len(lossSeries) == 0 {
 		lossSeries = append(lossSeries, series{"loss", nil, blue})
 	}
-	return []chartView{
-		drawChart("loss", "Loss per token (forward_backward)", o, nil, lossSeries...),
+	out := []chartView{drawChart("loss", "Loss per token (forward_backward)", o, nil, lossSeries...)}
+	if len(cost) > 0 { // priced by the server's price sheet: the run's cost beside its loss
+		out = append(out, drawChart("cost", "Cost so far, USD ("+spent.String()+" in all)", o, nil, series{"USD", cost, green}))
+	}
+	return append(out,
 		drawChart("tokens", "Tokens per step", o, nil, series{"tokens", tokens.xys(), blue}),
 		drawChart("step_time", "Backend seconds per step", o, nil, series{"seconds", backend.xys(), blue}),
 		drawChart("kl", "kl_sample_train (RL)", o, &kl, series{"k3", klK3, blue}, series{"k1", klK1, orange}),
 		drawChart("zero_adv", "Zero-advantage share (RL)", o, &zeroLine, series{"share", zero, blue}),
 		drawChart("norms", "Gradient and update norms (optim_step)", o, nil, series{"gradient", gradNorm, blue}, series{"update", updNorm, orange}),
-	}
+	)
 }
 
 // threshold is an alert's bound, drawn as a dashed red line.

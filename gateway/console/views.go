@@ -21,6 +21,7 @@ import (
 	"github.com/loops-dev/loops/gateway/auth"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
+	"github.com/loops-dev/loops/internal/money"
 	"github.com/loops-dev/loops/internal/runhealth"
 )
 
@@ -534,6 +535,9 @@ type usageRow struct {
 	Model  string
 	Kind   loopsv1.UsageKind
 	Amount int64
+	// Cost is what the priced part of Amount cost in USD ("" when none was priced; "*"
+	// after it when only part was).
+	Cost string
 }
 
 type usageView struct {
@@ -542,6 +546,45 @@ type usageView struct {
 	By     string
 	Rows   []usageRow
 	Totals []usageRow
+	// Priced: some usage has a cost (the server has a price sheet); MonthCost is the
+	// workspace's cost this UTC month.
+	Priced    bool
+	MonthCost string
+}
+
+// costSum sums the costs of usage buckets exactly: the text usageRow.Cost shows.
+type costSum struct {
+	amount, priced int64
+	usd            money.USD
+	bad            bool
+}
+
+func (c *costSum) add(b *loopsv1.UsageBucket) {
+	c.amount += b.GetAmount()
+	if b.GetCostUsd() == "" {
+		return
+	}
+	v, err := money.ParseUSD(b.GetCostUsd(), money.Digits)
+	if err == nil {
+		v, err = money.Add(c.usd, v)
+	}
+	if err != nil {
+		c.bad = true
+		return
+	}
+	c.usd, c.priced = v, c.priced+b.GetPricedAmount()
+}
+
+func (c *costSum) text() string {
+	switch {
+	case c.bad:
+		return "?"
+	case c.priced == 0:
+		return ""
+	case c.priced < c.amount:
+		return c.usd.String() + "*"
+	}
+	return c.usd.String()
 }
 
 func (c *Console) usagePage(w http.ResponseWriter, r *http.Request, s *session) error {
@@ -568,14 +611,38 @@ func (c *Console) usagePage(w http.ResponseWriter, r *http.Request, s *session) 
 		model string
 		kind  loopsv1.UsageKind
 	}
-	sums := map[key]int64{}
-	totals := map[loopsv1.UsageKind]int64{}
+	sums := map[key]*costSum{}
+	totals := map[loopsv1.UsageKind]*costSum{}
 	for _, b := range resp.GetBuckets() {
-		sums[key{b.GetStartTime().AsTime().UTC().Truncate(rg.Bucket), b.GetBaseModel(), b.GetKind()}] += b.GetAmount()
-		totals[b.GetKind()] += b.GetAmount()
+		k := key{b.GetStartTime().AsTime().UTC().Truncate(rg.Bucket), b.GetBaseModel(), b.GetKind()}
+		if sums[k] == nil {
+			sums[k] = &costSum{}
+		}
+		if totals[k.kind] == nil {
+			totals[k.kind] = &costSum{}
+		}
+		sums[k].add(b)
+		totals[k.kind].add(b)
+		v.Priced = v.Priced || b.GetCostUsd() != ""
 	}
 	for k, n := range sums {
-		v.Rows = append(v.Rows, usageRow{k.start, k.model, k.kind, n})
+		v.Rows = append(v.Rows, usageRow{k.start, k.model, k.kind, n.amount, n.text()})
+	}
+	if v.Priced { // the workspace's month so far
+		t := end.UTC()
+		month, err := c.svc.Usage.GetUsage(r.Context(), &loopsv1.GetUsageRequest{
+			StartTime: timestamppb.New(time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)), EndTime: timestamppb.New(end)})
+		if err != nil {
+			return err
+		}
+		var m costSum
+		for _, b := range month.GetBuckets() {
+			m.add(b)
+		}
+		v.MonthCost = m.usd.String() // summed over kinds, unpriced ones adding nothing
+		if m.bad {
+			v.MonthCost = "?"
+		}
 	}
 	slices.SortFunc(v.Rows, func(a, b usageRow) int {
 		if c := b.Start.Compare(a.Start); c != 0 {
@@ -587,7 +654,7 @@ func (c *Console) usagePage(w http.ResponseWriter, r *http.Request, s *session) 
 		return int(a.Kind) - int(b.Kind)
 	})
 	for k, n := range totals {
-		v.Totals = append(v.Totals, usageRow{Kind: k, Amount: n})
+		v.Totals = append(v.Totals, usageRow{Kind: k, Amount: n.amount, Cost: n.text()})
 	}
 	slices.SortFunc(v.Totals, func(a, b usageRow) int { return int(a.Kind) - int(b.Kind) })
 	c.render(w, http.StatusOK, "usage", "Usage", "usage", s, v)

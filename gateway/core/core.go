@@ -21,6 +21,7 @@ import (
 	"github.com/loops-dev/loops/gateway/core/placement"
 	"github.com/loops-dev/loops/gateway/core/trainrun"
 	"github.com/loops-dev/loops/gateway/policy"
+	"github.com/loops-dev/loops/gateway/prices"
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -106,6 +107,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Policy is the workspace policy (nil: no workspace has limits of its own).
 	Policy *policy.Policy
+	// Prices is the price sheet (nil: no prices, and no costs anywhere); the core polls
+	// its file for changes while it runs (docs/operations.md, "Prices").
+	Prices *prices.Watcher
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
 	// Limits bound what the core holds in memory (limits.go; docs/semantics.md, "Limits").
@@ -230,6 +234,8 @@ type Core struct {
 	// delete (ckStep).
 	ckFault func(ckStep) error
 	usage   *usageMeter
+	costs   *costMetric
+	budgets *budgetBook
 	policy  *policy.Enforcer // workspace limits and current use
 
 	// life owns every goroutine the core starts (lanes and their tasks, snapshots,
@@ -293,6 +299,8 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 		archives:     newArchiveTokens(),
 		traceLinks:   newTraceLinks(),
 		usage:        newUsageMeter(),
+		costs:        newCostMetric(opts.Registerer),
+		budgets:      newBudgetBook(),
 	}
 	c.drain, c.running = make(chan struct{}), newBusy()
 	c.life = lifecycle.New(ctx)
@@ -361,6 +369,11 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	}
 	if err := c.life.Go("janitor", c.janitor); err != nil {
 		return nil, err
+	}
+	if opts.Prices != nil {
+		if err := c.life.Go("prices", opts.Prices.Run); err != nil {
+			return nil, err
+		}
 	}
 	if err := c.life.Go("placer", c.placer.Run); err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/loops-dev/loops/internal/lockorder"
+	"github.com/loops-dev/loops/internal/money"
 	"github.com/loops-dev/loops/internal/telemetry"
 	"go.opentelemetry.io/otel/trace"
 
@@ -50,6 +51,13 @@ type operation struct {
 	done                     chan struct{}
 	// span is its OpenTelemetry span (otel.go), set before it is shared; nil with tracing off.
 	span trace.Span
+	// cost is what its metered usage cost so far (cost.go); keyID the API key that
+	// created it (auth.KeyIDOf; "" when unknown), which its usage is kept under.
+	cost  opCost
+	keyID string
+	// reserved is the estimated cost held against the workspace's budgets until it
+	// finishes (budget.go).
+	reserved money.USD
 }
 
 func (o *operation) snapshot() *loopsv1.Operation {
@@ -115,14 +123,22 @@ func (ops *operations) create(ctx context.Context, ws string, kind loopsv1.Opera
 	if err := ops.core.policy.StartOp(ws, op.Id, kind); err != nil { // the workspace's max_queued_operations
 		return nil, err
 	}
+	estimate, priced := estimateOf(ctx) // the workspace's budgets (budget.go)
+	if priced {
+		if err := ops.core.reserveBudget(ws, estimate); err != nil {
+			ops.core.policy.EndOp(op.Id)
+			return nil, err
+		}
+	}
 	if err := ops.persist.Create(ws, op); err != nil {
+		ops.core.releaseBudget(ws, estimate)
 		ops.core.policy.EndOp(op.Id)
 		if errors.Is(err, writebehind.ErrStopped) {
 			err = errShuttingDown()
 		}
 		return nil, err
 	}
-	o := &operation{id: op.Id, workspace: ws, op: op, done: make(chan struct{})}
+	o := &operation{id: op.Id, workspace: ws, op: op, done: make(chan struct{}), keyID: auth.CallerOf(ctx).KeyID, reserved: estimate}
 	ops.core.startOpSpan(ctx, o)
 	ops.mu.Lock()
 	ops.byID[op.Id] = o
@@ -179,10 +195,14 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 		return
 	}
 	o.finishing = true
+	reserved := o.reserved
+	o.reserved = 0
 	next := proto.CloneOf(o.op)
 	started, service, cancelled := o.started, o.service, o.cancelled
 	next.Timeline = o.timelineLocked()
+	next.Cost = o.costProtoLocked()
 	o.mu.Unlock()
+	ops.core.releaseBudget(o.workspace, reserved) // its exact cost is metered by now
 	now := ops.core.now()
 	next.DoneTime = timestamppb.New(now)
 	if cancelled {

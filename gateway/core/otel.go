@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -241,6 +242,11 @@ type firstTokenSink struct {
 	once  sync.Once
 	at    time.Time
 	first func()
+	// sent counts the tokens passed on: what a stream that ends early has sent, and is
+	// metered for.
+	sent atomic.Int64
+	// started is set once the backend has the request (its prompt is being computed).
+	started atomic.Bool
 }
 
 // Token implements tokenstream.Sink.
@@ -252,6 +258,7 @@ func (f *firstTokenSink) Token(seq int, id int32, logprob float32, top []tokenst
 		}
 	})
 	f.Sink.Token(seq, id, logprob, top)
+	f.sent.Add(1)
 }
 
 // after is the time from start (the request's arrival) to the first token (0: none came, or f is nil). Call it

@@ -303,7 +303,7 @@ func (cr coreRunner) ForwardBackward(ctx context.Context, batch []lane.Item[*ope
 			}
 			c.metrics.tokens.WithLabelValues("train").Add(float64(piece.Tokens))
 			info := r.Record()
-			c.recordUsage(r.Workspace(), info.GetBaseModel(), info.GetSessionId(), store.UsageTraining, int64(piece.Tokens))
+			c.recordOpUsage(t.Op, r.Workspace(), info.GetBaseModel(), info.GetSessionId(), "", store.UsageTraining, int64(piece.Tokens))
 			t.Partial = mergeResults(t.Partial, res, piece.Tokens)
 			t.Spent += elapsed
 			if t.Next++; !t.Done() {
@@ -314,7 +314,9 @@ func (cr coreRunner) ForwardBackward(ctx context.Context, batch []lane.Item[*ope
 			delete(res.Metrics, weightKey)
 			c.ops.setService(t.Op, t.Spent)
 			if !t.FB.GetForwardOnly() {
-				c.recordStep(r, t.Seq, fbStepMetrics(t.FB, res, t.Tokens, t.Spent))
+				m := fbStepMetrics(t.FB, res, t.Tokens, t.Spent)
+				m.CostUsd = t.Op.costUSD()
+				c.recordStep(r, t.Seq, m)
 				c.recordReceipt(r, fbReceipt(t, res))
 			}
 		}

@@ -201,6 +201,19 @@ func TestMergeStepMetrics(t *testing.T) {
 	require.InDelta(t, 1.3, m.GetRl().GetRatioMax(), eps)
 	require.InDelta(t, 0.75, m.GetRl().GetZeroAdvantageFraction(), eps)
 	require.InDelta(t, 2.0/5, m.GetRl().GetClipFraction(), eps)
+	require.Empty(t, m.GetCostUsd(), "no cost on either: none merged")
+
+	// Costs add exactly; an unpriced record adds nothing.
+	for _, c := range []struct{ a, b, want string }{
+		{"0.0000016", "0.0000032", "0.0000048"},
+		{"0.1", "", "0.1"},
+		{"", "0.000000000001", "0.000000000001"},
+		{"0.3", "0.6", "0.9"}, // 0.30000000000000004 in float64
+	} {
+		x.CostUsd, y.CostUsd = c.a, c.b
+		require.Equal(t, c.want, store.MergeStepMetrics(x, y).GetCostUsd(), c)
+	}
+	x.CostUsd, y.CostUsd = "", ""
 
 	// Downsampling to one point per kind merges everything of that kind.
 	o := &loopsv1.StepMetrics{Kind: loopsv1.OperationKind_OPERATION_KIND_OPTIM_STEP, SeqId: 2, Step: 1, Count: 1, LearningRate: proto.Float64(1), UpdateNorm: proto.Float64(0.5)}

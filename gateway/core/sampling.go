@@ -521,6 +521,16 @@ func (s SamplingService) sample(ctx context.Context, req *loopsv1.SampleRequest,
 	if err := c.policy.CheckSample(ws, model.GetName(), req, params); err != nil {
 		return nil, err
 	}
+	if _, ok := c.budgeted(ws); ok {
+		// At most every prompt token and num_samples × max_tokens generated ones (budget.go).
+		if err := c.budgetReady(ctx, ws); err != nil {
+			return nil, err
+		}
+		ctx = withEstimate(ctx, c.estimate(ws, model.GetName(), map[string]int64{
+			store.UsageSamplingPrefill: int64(len(req.GetPrompt())),
+			store.UsageSamplingSample:  int64(max(req.GetNumSamples(), 1)) * int64(params.GetMaxTokens()),
+		}))
+	}
 	if req.SeqId == nil || st.shared != "" { // a shared sampler has no client to de-duplicate for
 		return c.startSample(ctx, ws, st, req, params, sink)
 	}
@@ -646,19 +656,28 @@ func (c *Core) runSample(j *sampleJob) {
 		keepLastN(resp.GetResult(), j.lastN)
 		resp.GetResult().ModelPath = j.modelPath
 	}
+	// What to meter: a sample that succeeded, its prompt and every generated token; a
+	// stream that ended early (the client went away, the backend failed) once the backend
+	// had it, its prompt and every token it sent, since every token that left the server
+	// is metered.
+	metered, generated := err == nil, int64(0)
 	if err == nil {
-		c.metrics.tokens.WithLabelValues("sample_prompt").Add(float64(len(req.GetPrompt())))
-		generated := 0
 		for _, seq := range resp.GetResult().GetSequences() {
-			generated += len(seq.GetTokens())
+			generated += int64(len(seq.GetTokens()))
 		}
+	} else if firstToken != nil && firstToken.started.Load() {
+		metered, generated = true, firstToken.sent.Load()
+	}
+	if metered {
+		prompt := int64(len(req.GetPrompt()))
+		c.metrics.tokens.WithLabelValues("sample_prompt").Add(float64(prompt))
 		c.metrics.tokens.WithLabelValues("sample_output").Add(float64(generated))
 		if j.deployment != "" {
-			c.metrics.deploymentTokens.WithLabelValues("prompt").Add(float64(len(req.GetPrompt())))
+			c.metrics.deploymentTokens.WithLabelValues("prompt").Add(float64(prompt))
 			c.metrics.deploymentTokens.WithLabelValues("output").Add(float64(generated))
 		}
-		c.recordDeploymentUsage(o.workspace, req.GetBaseModel(), session, j.deployment, store.UsageSamplingPrefill, int64(len(req.GetPrompt())))
-		c.recordDeploymentUsage(o.workspace, req.GetBaseModel(), session, j.deployment, store.UsageSamplingSample, int64(generated))
+		c.recordOpUsage(o, o.workspace, req.GetBaseModel(), session, j.deployment, store.UsageSamplingPrefill, prompt)
+		c.recordOpUsage(o, o.workspace, req.GetBaseModel(), session, j.deployment, store.UsageSamplingSample, generated)
 	}
 	c.ops.finish(o, func(op *loopsv1.Operation) {
 		op.Result = &loopsv1.Operation_Sample{Sample: resp.GetResult()}
@@ -742,6 +761,9 @@ func (c *Core) sampleStream(ctx context.Context, j *sampleJob, ft *firstTokenSin
 	default:
 	}
 	c.ops.setRunning(j.o)
+	if ft != nil {
+		ft.started.Store(true)
+	}
 	ctx, cancel := tokenstream.CancelOnGone(ctx, j.sink)
 	defer cancel()
 	if ts, ok := c.backend.Sampler().(backends.TokenStreamer); ok && !tokenstream.Discards(j.sink) {

@@ -393,6 +393,10 @@ func (s TrainingService) ForwardBackward(ctx context.Context, req *loopsv1.Forwa
 		kind = loopsv1.OperationKind_OPERATION_KIND_FORWARD
 	}
 	tokens := 0
+	ctx, err := c.fbEstimate(ctx, req)
+	if err != nil {
+		return nil, err
+	}
 	return c.enqueue(ctx, req.GetTrainingRunId(), req.GetSeqId(), kind,
 		func(ws string, info *loopsv1.TrainingRun) error {
 			model, err := c.model(info.GetBaseModel())
@@ -584,4 +588,29 @@ func (c *Core) recoverRuns(ctx context.Context) error {
 func sameAdapterShape(a, b *loopsv1.LoraConfig) bool {
 	return a.GetRank() == b.GetRank() && a.GetTrainAttn() == b.GetTrainAttn() &&
 		a.GetTrainMlp() == b.GetTrainMlp() && a.GetTrainUnembed() == b.GetTrainUnembed()
+}
+
+// fbEstimate puts in ctx the estimated cost of a forward_backward (its tokens at the
+// training price: exact) when its workspace has a budget, after loading the workspace's
+// spend (budget.go).
+func (c *Core) fbEstimate(ctx context.Context, req *loopsv1.ForwardBackwardRequest) (context.Context, error) {
+	ws, err := auth.RequireWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := c.budgeted(ws); !ok {
+		return ctx, nil
+	}
+	r, err := c.runOf(ws, req.GetTrainingRunId())
+	if err != nil {
+		return nil, err
+	}
+	if err := c.budgetReady(ctx, ws); err != nil {
+		return nil, err
+	}
+	var tokens int64
+	for _, d := range req.GetData() {
+		tokens += int64(len(d.GetTokens()))
+	}
+	return withEstimate(ctx, c.estimate(ws, r.Record().GetBaseModel(), map[string]int64{store.UsageTraining: tokens})), nil
 }

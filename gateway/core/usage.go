@@ -9,6 +9,7 @@ import (
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/money"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -20,11 +21,11 @@ const (
 	usageMaxRange     = 366 * 24 * time.Hour
 )
 
-// usageKey is one usage counter: a workspace's amount of one kind for a base model and
-// session in one hour bucket.
+// usageKey is one usage counter: a workspace's amount of one kind for a base model,
+// session, deployment and API key in one hour bucket.
 type usageKey struct {
-	ws, model, session, deployment, kind string
-	bucket                               time.Time
+	ws, model, session, deployment, key, kind string
+	bucket                                    time.Time
 }
 
 // usageMeter accumulates usage in memory; flush adds it to the store. Work that succeeds
@@ -33,29 +34,66 @@ type usageKey struct {
 // and Close flushes last: a crash loses at most the usage since the last sweep.
 type usageMeter struct {
 	mu      sync.Mutex
-	pending map[usageKey]int64
+	pending map[usageKey]usageAmount
 	// flushMu serializes flushes, so a flush that returns has written everything recorded
 	// before it started (GetUsage reads its own writes).
 	flushMu sync.Mutex
 }
 
-func newUsageMeter() *usageMeter { return &usageMeter{pending: map[usageKey]int64{}} }
-
-// recordUsage adds amount of kind to the workspace's counter for model and session in the
-// current hour bucket. Amounts <= 0 are ignored.
-func (c *Core) recordUsage(ws, model, session, kind string, amount int64) {
-	c.recordDeploymentUsage(ws, model, session, "", kind, amount)
+// usageAmount is a pending counter: the amount, the part of it priced, and that part's
+// cost under the price sheets in force when each part was recorded.
+type usageAmount struct {
+	amount, priced int64
+	cost           money.USD
 }
 
-// recordDeploymentUsage is recordUsage for work done through a deployment ("<owner>:<name>",
-// "" for none), which the counter is kept under.
-func (c *Core) recordDeploymentUsage(ws, model, session, deployment, kind string, amount int64) {
+// add adds b to a; a cost that overflows leaves b's part unpriced.
+func (a usageAmount) add(b usageAmount) usageAmount {
+	out := usageAmount{amount: a.amount + b.amount, priced: a.priced, cost: a.cost}
+	if sum, err := money.Add(a.cost, b.cost); err == nil {
+		out.priced, out.cost = a.priced+b.priced, sum
+	}
+	return out
+}
+
+func newUsageMeter() *usageMeter { return &usageMeter{pending: map[usageKey]usageAmount{}} }
+
+// recordUsage adds amount of kind to the workspace's counter for model and session in the
+// current hour bucket, priced with the price sheet in force now. Amounts <= 0 are ignored.
+func (c *Core) recordUsage(ws, model, session, kind string, amount int64) {
+	c.recordOpUsage(nil, ws, model, session, "", kind, amount)
+}
+
+// recordOpUsage is recordUsage for the work of operation o (nil: none), kept under the API
+// key that created o and added to o's cost, done through a deployment ("<owner>:<name>", "" for none), which the counter is kept
+// under.
+func (c *Core) recordOpUsage(o *operation, ws, model, session, deployment, kind string, amount int64) {
 	if amount <= 0 {
 		return
 	}
-	k := usageKey{ws: ws, model: model, session: session, deployment: deployment, kind: kind, bucket: c.now().UTC().Truncate(usageBucket)}
+	u := usageAmount{amount: amount}
+	if cost, ok, version := c.priceUsage(ws, model, kind, amount); ok {
+		u.priced, u.cost = amount, cost
+		if o != nil {
+			c.ops.addCost(o, cost, version)
+		}
+	}
+	var (
+		key     string
+		settled money.USD
+	)
+	if o != nil {
+		key = o.keyID
+		if u.priced > 0 {
+			settled = o.settle(u.cost) // its reservation becomes spend (budget.go)
+		}
+	}
+	k := usageKey{ws: ws, model: model, session: session, deployment: deployment, key: key, kind: kind, bucket: c.now().UTC().Truncate(usageBucket)}
 	c.usage.mu.Lock()
-	c.usage.pending[k] += amount
+	c.usage.pending[k] = c.usage.pending[k].add(u)
+	if u.priced > 0 {
+		c.budgets.spend(ws, u.cost, settled, c.now()) // under mu: see budgetReady
+	}
 	c.usage.mu.Unlock()
 }
 
@@ -71,18 +109,19 @@ func (c *Core) flushUsage(ctx context.Context) {
 		u.mu.Unlock()
 		return
 	}
-	u.pending = map[usageKey]int64{}
+	u.pending = map[usageKey]usageAmount{}
 	u.mu.Unlock()
 
 	var failed int
-	for k, amount := range batch {
+	for k, a := range batch {
 		err := c.store.AddUsage(ctx, k.ws, store.UsageRecord{
-			BucketStart: k.bucket, BaseModel: k.model, SessionID: k.session, Deployment: k.deployment, Kind: k.kind, Amount: amount,
+			BucketStart: k.bucket, BaseModel: k.model, SessionID: k.session, Deployment: k.deployment, KeyID: k.key, Kind: k.kind, Amount: a.amount,
+			PricedAmount: a.priced, Cost: int64(a.cost),
 		})
 		if err != nil {
 			failed++
 			u.mu.Lock()
-			u.pending[k] += amount
+			u.pending[k] = u.pending[k].add(a)
 			u.mu.Unlock()
 		}
 	}
@@ -149,7 +188,12 @@ func (s UsageService) GetUsage(ctx context.Context, req *loopsv1.GetUsageRequest
 			Kind:       usageKinds[r.Kind],
 			Amount:     r.Amount,
 			Deployment: r.Deployment,
+			KeyId:      r.KeyID,
 		})
+		if r.PricedAmount > 0 {
+			b := out.Buckets[len(out.Buckets)-1]
+			b.PricedAmount, b.CostUsd = r.PricedAmount, money.USD(r.Cost).String()
+		}
 	}
 	return out, nil
 }

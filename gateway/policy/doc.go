@@ -22,6 +22,8 @@
 //	  max_job_memory_mb: 0       # a job's memory in MiB, at least 256 (0: the server's default, 8192)
 //	  max_deployment_replicas: 0 # replicas one deployment may ask for (0: the server's bound, 8)
 //	  dedicated: allowed         # runs with pools of their own: off, allowed (when asked), always
+//	  budget_usd_month: "0"      # US dollars it may spend in a UTC month, priced by --prices (0: no budget)
+//	  budget_usd_total: "0"      # US dollars it may spend in all (0: no budget)
 //	workspaces:
 //	  team-a:                    # a workspace name, as --api-key KEY=WORKSPACE gives it
 //	    models: [loops/tiny]

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/internal/money"
 	"sigs.k8s.io/yaml"
 )
 
@@ -53,6 +55,11 @@ type Section struct {
 	CheckpointKeepBest              *int    `json:"checkpoint_keep_best,omitempty"`
 	CheckpointKeepBestEval          *string `json:"checkpoint_keep_best_eval,omitempty"`
 	CheckpointRetentionGraceSeconds *int    `json:"checkpoint_retention_grace_seconds,omitempty"`
+	// BudgetUSDMonth and BudgetUSDTotal cap what the workspace may spend, in US dollars
+	// (decimals, at most 6 places) priced by the price sheet (loops serve --prices): in a
+	// calendar month (UTC) and in all. New work that would pass one is refused.
+	BudgetUSDMonth *json.Number `json:"budget_usd_month,omitempty"`
+	BudgetUSDTotal *json.Number `json:"budget_usd_total,omitempty"`
 }
 
 // MinJobMemoryMB is the smallest max_job_memory_mb accepted: a job's Python interpreter and
@@ -91,6 +98,9 @@ type Limits struct {
 	CheckpointKeepNewest, CheckpointKeepBest int
 	CheckpointKeepBestEval                   string
 	CheckpointRetentionGraceSeconds          int
+	// BudgetMonth and BudgetTotal cap the workspace's spend in a UTC calendar month and in
+	// all (0: no budget).
+	BudgetMonth, BudgetTotal money.USD
 }
 
 // Retains reports whether the workspace's checkpoints are subject to retention.
@@ -131,7 +141,7 @@ func Load(file string) (*Policy, error) {
 func Parse(data []byte) (*Policy, error) {
 	var f File
 	if err := yaml.UnmarshalStrict(data, &f); err != nil {
-		return nil, fmt.Errorf("%s (the keys are default and workspaces; each section takes models, max_sequence_length, max_lora_rank, max_concurrent_runs, max_queued_operations, sampling_concurrency, allow_jobs, max_running_jobs, max_job_seconds, max_job_memory_mb, max_deployment_replicas, dedicated, checkpoint_keep_newest, checkpoint_keep_best, checkpoint_keep_best_eval, checkpoint_retention_grace_seconds)", strings.TrimPrefix(strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: "), "json: "))
+		return nil, fmt.Errorf("%s (the keys are default and workspaces; each section takes models, max_sequence_length, max_lora_rank, max_concurrent_runs, max_queued_operations, sampling_concurrency, allow_jobs, max_running_jobs, max_job_seconds, max_job_memory_mb, max_deployment_replicas, dedicated, checkpoint_keep_newest, checkpoint_keep_best, checkpoint_keep_best_eval, checkpoint_retention_grace_seconds, budget_usd_month, budget_usd_total)", strings.TrimPrefix(strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: "), "json: "))
 	}
 	return f.Compile()
 }
@@ -187,7 +197,22 @@ func resolve(base Limits, s Section) Limits {
 	if s.CheckpointKeepBestEval != nil {
 		out.CheckpointKeepBestEval = *s.CheckpointKeepBestEval
 	}
+	if s.BudgetUSDMonth != nil {
+		out.BudgetMonth, _ = budget(*s.BudgetUSDMonth) // validated
+	}
+	if s.BudgetUSDTotal != nil {
+		out.BudgetTotal, _ = budget(*s.BudgetUSDTotal)
+	}
 	return out
+}
+
+// budget parses a budget in US dollars: at least 0, at most 6 decimal places.
+func budget(n json.Number) (money.USD, error) {
+	v, err := money.ParseUSD(n.String(), 6)
+	if err == nil && v < 0 {
+		err = errors.New("a budget may not be negative")
+	}
+	return v, err
 }
 
 func (s Section) validate(where string) error {
@@ -201,6 +226,13 @@ func (s Section) validate(where string) error {
 			}
 			if _, err := path.Match(m, ""); err != nil {
 				return fmt.Errorf("%s.models entry %q is not a valid pattern: %v", where, m, err)
+			}
+		}
+	}
+	for name, v := range map[string]*json.Number{"budget_usd_month": s.BudgetUSDMonth, "budget_usd_total": s.BudgetUSDTotal} {
+		if v != nil {
+			if _, err := budget(*v); err != nil {
+				return fmt.Errorf("%s.%s: %v (US dollars such as \"250.00\")", where, name, err)
 			}
 		}
 	}

@@ -44,6 +44,12 @@ func TestParseInheritsFromDefault(t *testing.T) {
 	require.Equal(t, Limits{MaxQueuedOperations: 3}, j.For("w"))
 	require.Equal(t, Limits{}, j.For("x"))
 
+	// Budgets, as strings or numbers, inherited like the rest.
+	b, err := Parse([]byte("default: {budget_usd_month: 250}\nworkspaces:\n  w: {budget_usd_total: \"1000.5\"}\n"))
+	require.NoError(t, err)
+	require.Equal(t, Limits{BudgetMonth: 250_000_000_000_000, BudgetTotal: 1000_500_000_000_000}, b.For("w"))
+	require.Equal(t, Limits{BudgetMonth: 250_000_000_000_000}, b.For("x"))
+
 	// No file: no limits.
 	var none *Policy
 	require.Equal(t, Limits{}, none.For("w"))
@@ -63,6 +69,9 @@ func TestParseErrors(t *testing.T) {
 		"bad pattern":          {"default:\n  models: ['loops/[']\n", "not a valid pattern"},
 		"bad workspace name":   {"workspaces:\n  'a b':\n    max_lora_rank: 4\n", `"a b" is not a workspace name`},
 		"workspace name slash": {"workspaces:\n  ../x: {}\n", `"../x" is not a workspace name`},
+		"negative budget":      {"workspaces:\n  w: {budget_usd_month: -5}\n", "workspaces.w.budget_usd_month: a budget may not be negative"},
+		"budget not money":     {"default: {budget_usd_total: \"lots\"}\n", "invalid number literal"},
+		"budget too precise":   {"default: {budget_usd_total: \"0.0000001\"}\n", "more than 6 decimal places"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.in))

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/money"
 )
 
 // The bound on a run's step metrics (docs/semantics.md, "Run metrics"). ApplyBatch keeps
@@ -122,7 +123,30 @@ func MergeStepMetrics(a, b *loopsv1.StepMetrics) *loopsv1.StepMetrics {
 	m.GradNorm = mergeOptional(a.GradNorm, b.GradNorm, ca, cb)
 	m.UpdateNorm = mergeOptional(a.UpdateNorm, b.UpdateNorm, ca, cb)
 	m.Rl = mergeRL(a.GetRl(), b.GetRl(), float64(a.GetExamples()), float64(b.GetExamples()))
+	m.CostUsd = addCosts(a.GetCostUsd(), b.GetCostUsd())
 	return m
+}
+
+// addCosts adds two decimal USD costs exactly; an empty one (unpriced) adds nothing, and
+// both empty stay empty. A sum that cannot be made exactly (a malformed record, an
+// overflow) is empty rather than wrong.
+func addCosts(a, b string) string {
+	if a == "" || b == "" {
+		return a + b
+	}
+	x, err := money.ParseUSD(a, money.Digits)
+	if err != nil {
+		return ""
+	}
+	y, err := money.ParseUSD(b, money.Digits)
+	if err != nil {
+		return ""
+	}
+	s, err := money.Add(x, y)
+	if err != nil {
+		return ""
+	}
+	return s.String()
 }
 
 // mergeOptional is the weighted mean of two optional values (either one when the other is

@@ -219,6 +219,9 @@ type UsageStore interface {
 	// ListUsage lists the workspace's usage rows with from <= BucketStart < to, ordered by
 	// BucketStart, then Kind, then BaseModel, then SessionID, then Deployment. Times come back in UTC.
 	ListUsage(ctx context.Context, workspace string, from, to time.Time) ([]UsageRecord, error)
+	// UsageCost sums the Cost of the workspace's usage rows with from <= BucketStart < to,
+	// in pico-dollars (an error when the sum overflows an int64).
+	UsageCost(ctx context.Context, workspace string, from, to time.Time) (int64, error)
 }
 
 // Pinger is implemented by stores that can check that their database answers, for the
@@ -252,8 +255,16 @@ type UsageRecord struct {
 	SessionID   string
 	// Deployment is the deployment sampled ("[<owner>:]<name>"), empty for other usage.
 	Deployment string
-	Kind       string
-	Amount     int64
+	// KeyID is the API key whose request did the work (auth.KeyIDOf), empty for usage no
+	// request did (dedicated pool time, usage from before keys were recorded).
+	KeyID  string
+	Kind   string
+	Amount int64
+	// PricedAmount is the part of Amount metered under a price sheet that priced it, and
+	// Cost what it cost in pico-dollars (1e-12 USD; gateway/prices.USD): AddUsage adds
+	// both. PricedAmount 0 means no cost is known (no price), never a free one.
+	PricedAmount int64
+	Cost         int64
 }
 
 // Batch is a group of writes that ApplyBatch commits together.

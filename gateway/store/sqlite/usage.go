@@ -34,3 +34,14 @@ func (s *Store) ListUsage(ctx context.Context, workspace string, from, to time.T
 	})
 	return out, err
 }
+
+// UsageCost sums the costs of the workspace's usage rows with from <= bucket start < to.
+func (s *Store) UsageCost(ctx context.Context, workspace string, from, to time.Time) (int64, error) {
+	var out int64
+	err := s.query(ctx, "sum usage cost", sqlstore.UsageCost, []any{workspace, from.UnixNano(), to.UnixNano()}, func(rows *sql.Rows) error {
+		var err error
+		out, err = sqlstore.ScanInt(rows)
+		return err
+	})
+	return out, err
+}

@@ -26,7 +26,7 @@ type TakeLease func(t *testing.T, holder string) store.Fence
 var reads = []string{
 	"GetSession", "ListSessions", "GetTrainingRun", "ListTrainingRuns", "ListAllTrainingRuns",
 	"ListSessionTrainingRuns", "GetCheckpoint", "GetCheckpointAnyWorkspace", "ListCheckpoints",
-	"ListExpiredCheckpoints", "GetSampler", "GetOperation", "ListStepMetrics", "ListReceiptSteps", "ListUsage",
+	"ListExpiredCheckpoints", "GetSampler", "GetOperation", "ListStepMetrics", "ListReceiptSteps", "ListUsage", "UsageCost",
 	"GetDeployment", "ListDeployments", "ListAllDeployments", "ListGrantedDeployments",
 	"CheckpointDeployments", "GetJob", "ListJobs", "ListAuditEvents", "CheckpointStorage",
 	"GetProject", "ListProjects", "SearchSessions", "ListProjectTrainingRuns", "ListUnindexedSessions",

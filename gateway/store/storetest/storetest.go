@@ -1069,6 +1069,43 @@ func testUsage(t *testing.T, open func(t *testing.T) store.Store) {
 	}
 
 	require.Error(t, st.AddUsage(ctx, wsA, usage(0, "m", "s1", "", 1)), "a record needs a kind")
+
+	// Costs add up with the amounts; an unpriced part adds to the amount only.
+	priced := func(amount, pricedAmount, cost int64) store.UsageRecord {
+		u := usage(3, "m", "s1", store.UsageSamplingSample, amount)
+		u.PricedAmount, u.Cost = pricedAmount, cost
+		return u
+	}
+	require.NoError(t, st.AddUsage(ctx, wsA, priced(10, 10, 6_000_000)))
+	require.NoError(t, st.AddUsage(ctx, wsA, priced(4, 0, 0)))
+	require.NoError(t, st.AddUsage(ctx, wsA, priced(5, 5, 1<<50)))
+	got, err = st.ListUsage(ctx, wsA, base.Add(3*time.Hour), base.Add(4*time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, []store.UsageRecord{priced(19, 15, 6_000_000+1<<50)}, got)
+	sum, err := st.UsageCost(ctx, wsA, base, base.Add(4*time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, int64(6_000_000+1<<50), sum)
+	sum, err = st.UsageCost(ctx, wsA, base.Add(4*time.Hour), base.Add(5*time.Hour))
+	require.NoError(t, err)
+	require.Zero(t, sum, "no rows: 0")
+	require.NoError(t, st.AddUsage(ctx, wsA, func() store.UsageRecord { u := priced(1, 1, 1<<62); u.BucketStart = base.Add(2 * time.Hour); return u }()))
+	require.NoError(t, st.AddUsage(ctx, wsA, func() store.UsageRecord { u := priced(1, 1, 1<<62); u.BucketStart = base.Add(1 * time.Hour); return u }()))
+	_, err = st.UsageCost(ctx, wsA, base, base.Add(4*time.Hour))
+	require.Error(t, err, "a sum past an int64 is an error, never a wrong number")
+
+	// Each API key has its rows.
+	keyed := func(key string, amount int64) store.UsageRecord {
+		u := usage(5, "m", "s1", store.UsageTraining, amount)
+		u.KeyID = key
+		return u
+	}
+	require.NoError(t, st.AddUsage(ctx, wsA, keyed("key-b", 2)))
+	require.NoError(t, st.AddUsage(ctx, wsA, keyed("key-a", 1)))
+	require.NoError(t, st.AddUsage(ctx, wsA, keyed("key-b", 3)))
+	require.NoError(t, st.AddUsage(ctx, wsA, keyed("", 4)))
+	got, err = st.ListUsage(ctx, wsA, base.Add(5*time.Hour), base.Add(6*time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, []store.UsageRecord{keyed("", 4), keyed("key-a", 1), keyed("key-b", 5)}, got)
 }
 
 func testUsageWorkspaces(t *testing.T, open func(t *testing.T) store.Store) {

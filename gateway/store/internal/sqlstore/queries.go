@@ -125,10 +125,14 @@ const (
 	// ListStepMetrics selects the data of a run's step metrics overlapping a step range.
 	ListStepMetrics = `SELECT data FROM step_metrics WHERE run_id = $1 AND workspace = $2 AND last_step >= $3 AND step <= $4
 		ORDER BY seq_id`
+	// UsageCost sums the costs of the usage rows of a workspace in a time range (ScanInt);
+	// an overflow is an error in both databases.
+	UsageCost = `SELECT CAST(COALESCE(SUM(cost), 0) AS BIGINT) FROM usage
+		WHERE workspace = $1 AND bucket_start >= $2 AND bucket_start < $3`
 	// ListUsage selects the usage rows of a workspace in a time range (ScanUsage).
-	ListUsage = `SELECT bucket_start, base_model, session_id, kind, amount, deployment FROM usage
+	ListUsage = `SELECT bucket_start, base_model, session_id, kind, amount, deployment, priced_amount, cost, key_id FROM usage
 		WHERE workspace = $1 AND bucket_start >= $2 AND bucket_start < $3
-		ORDER BY bucket_start, kind, base_model, session_id, deployment`
+		ORDER BY bucket_start, kind, base_model, session_id, deployment, key_id`
 )
 
 // Deletes, each of one record of a workspace (none deleted: store.ErrNotFound), or of old
@@ -145,11 +149,12 @@ func AddUsage(workspace string, u store.UsageRecord) (Query, error) {
 	if u.Kind == "" {
 		return Query{}, fmt.Errorf("add usage: missing kind")
 	}
-	return Query{SQL: `INSERT INTO usage (workspace, bucket_start, base_model, session_id, kind, amount, deployment)
-		VALUES ($1, $2, $3, $4, $5, $6, $7)
-		ON CONFLICT (workspace, bucket_start, base_model, session_id, deployment, kind)
-		DO UPDATE SET amount = usage.amount + excluded.amount`,
-		Args: []any{workspace, u.BucketStart.UnixNano(), u.BaseModel, u.SessionID, u.Kind, u.Amount, u.Deployment}}, nil
+	return Query{SQL: `INSERT INTO usage (workspace, bucket_start, base_model, session_id, kind, amount, deployment, priced_amount, cost, key_id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+		ON CONFLICT (workspace, bucket_start, base_model, session_id, deployment, key_id, kind)
+		DO UPDATE SET amount = usage.amount + excluded.amount, priced_amount = usage.priced_amount + excluded.priced_amount,
+			cost = usage.cost + excluded.cost`,
+		Args: []any{workspace, u.BucketStart.UnixNano(), u.BaseModel, u.SessionID, u.Kind, u.Amount, u.Deployment, u.PricedAmount, u.Cost, u.KeyID}}, nil
 }
 
 // PutDeployment is the statements that replace a deployment with its pins and grants, to run

@@ -76,11 +76,22 @@ func ScanUsage(rows Rows) ([]store.UsageRecord, error) {
 	for rows.Next() {
 		var u store.UsageRecord
 		var start int64
-		if err := rows.Scan(&start, &u.BaseModel, &u.SessionID, &u.Kind, &u.Amount, &u.Deployment); err != nil {
+		if err := rows.Scan(&start, &u.BaseModel, &u.SessionID, &u.Kind, &u.Amount, &u.Deployment, &u.PricedAmount, &u.Cost, &u.KeyID); err != nil {
 			return nil, err
 		}
 		u.BucketStart = time.Unix(0, start).UTC()
 		out = append(out, u)
 	}
 	return out, rows.Err()
+}
+
+// ScanInt reads the one integer of a one-row, one-column answer.
+func ScanInt(rows Rows) (int64, error) {
+	var v int64
+	if rows.Next() {
+		if err := rows.Scan(&v); err != nil {
+			return 0, err
+		}
+	}
+	return v, rows.Err()
 }

@@ -520,7 +520,12 @@ type Operation struct {
 	CancelTime *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=cancel_time,json=cancelTime,proto3" json:"cancel_time,omitempty"`
 	// When each stage of its life happened (TraceService draws them); stages it has not
 	// reached are unset.
-	Timeline      *OperationTimeline `protobuf:"bytes,19,opt,name=timeline,proto3" json:"timeline,omitempty"`
+	Timeline *OperationTimeline `protobuf:"bytes,19,opt,name=timeline,proto3" json:"timeline,omitempty"`
+	// What its metered usage cost under the price sheet in force when it ran; unset when the
+	// server has no price sheet or the sheet prices none of its usage (docs/operations.md,
+	// "Prices"). A failed or cancelled operation has one too when part of its work was
+	// metered (a stream cut short: its prompt and the tokens sent).
+	Cost          *OperationCost `protobuf:"bytes,20,opt,name=cost,proto3" json:"cost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -709,6 +714,13 @@ func (x *Operation) GetTimeline() *OperationTimeline {
 	return nil
 }
 
+func (x *Operation) GetCost() *OperationCost {
+	if x != nil {
+		return x.Cost
+	}
+	return nil
+}
+
 type isOperation_Result interface {
 	isOperation_Result()
 }
@@ -755,6 +767,62 @@ func (*Operation_Sample) isOperation_Result() {}
 
 func (*Operation_Unload) isOperation_Result() {}
 
+// OperationCost is what an operation's metered usage cost.
+type OperationCost struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exact decimal US dollars ("0.0000042"), never rounded beyond the pico-dollar.
+	Usd string `protobuf:"bytes,1,opt,name=usd,proto3" json:"usd,omitempty"`
+	// The versions of the price sheets it was priced with ("sha256:<12 hex>@<load time>"),
+	// in the order first used: one unless the sheet was reloaded while it ran.
+	PriceVersions []string `protobuf:"bytes,2,rep,name=price_versions,json=priceVersions,proto3" json:"price_versions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OperationCost) Reset() {
+	*x = OperationCost{}
+	mi := &file_loops_v1_operations_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OperationCost) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OperationCost) ProtoMessage() {}
+
+func (x *OperationCost) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_operations_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OperationCost.ProtoReflect.Descriptor instead.
+func (*OperationCost) Descriptor() ([]byte, []int) {
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *OperationCost) GetUsd() string {
+	if x != nil {
+		return x.Usd
+	}
+	return ""
+}
+
+func (x *OperationCost) GetPriceVersions() []string {
+	if x != nil {
+		return x.PriceVersions
+	}
+	return nil
+}
+
 // OperationTimeline is when each stage of an operation happened, after create_time (its
 // submission) and before or after done_time (its outcome decided).
 type OperationTimeline struct {
@@ -779,7 +847,7 @@ type OperationTimeline struct {
 
 func (x *OperationTimeline) Reset() {
 	*x = OperationTimeline{}
-	mi := &file_loops_v1_operations_proto_msgTypes[5]
+	mi := &file_loops_v1_operations_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -791,7 +859,7 @@ func (x *OperationTimeline) String() string {
 func (*OperationTimeline) ProtoMessage() {}
 
 func (x *OperationTimeline) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_operations_proto_msgTypes[5]
+	mi := &file_loops_v1_operations_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -804,7 +872,7 @@ func (x *OperationTimeline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperationTimeline.ProtoReflect.Descriptor instead.
 func (*OperationTimeline) Descriptor() ([]byte, []int) {
-	return file_loops_v1_operations_proto_rawDescGZIP(), []int{5}
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *OperationTimeline) GetStartTime() *timestamppb.Timestamp {
@@ -874,7 +942,7 @@ type QueueStatus struct {
 
 func (x *QueueStatus) Reset() {
 	*x = QueueStatus{}
-	mi := &file_loops_v1_operations_proto_msgTypes[6]
+	mi := &file_loops_v1_operations_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -886,7 +954,7 @@ func (x *QueueStatus) String() string {
 func (*QueueStatus) ProtoMessage() {}
 
 func (x *QueueStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_operations_proto_msgTypes[6]
+	mi := &file_loops_v1_operations_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -899,7 +967,7 @@ func (x *QueueStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueueStatus.ProtoReflect.Descriptor instead.
 func (*QueueStatus) Descriptor() ([]byte, []int) {
-	return file_loops_v1_operations_proto_rawDescGZIP(), []int{6}
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *QueueStatus) GetState() QueueState {
@@ -939,7 +1007,7 @@ type GetOperationRequest struct {
 
 func (x *GetOperationRequest) Reset() {
 	*x = GetOperationRequest{}
-	mi := &file_loops_v1_operations_proto_msgTypes[7]
+	mi := &file_loops_v1_operations_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -951,7 +1019,7 @@ func (x *GetOperationRequest) String() string {
 func (*GetOperationRequest) ProtoMessage() {}
 
 func (x *GetOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_operations_proto_msgTypes[7]
+	mi := &file_loops_v1_operations_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -964,7 +1032,7 @@ func (x *GetOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOperationRequest.ProtoReflect.Descriptor instead.
 func (*GetOperationRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_operations_proto_rawDescGZIP(), []int{7}
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetOperationRequest) GetId() string {
@@ -985,7 +1053,7 @@ type WaitOperationRequest struct {
 
 func (x *WaitOperationRequest) Reset() {
 	*x = WaitOperationRequest{}
-	mi := &file_loops_v1_operations_proto_msgTypes[8]
+	mi := &file_loops_v1_operations_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -997,7 +1065,7 @@ func (x *WaitOperationRequest) String() string {
 func (*WaitOperationRequest) ProtoMessage() {}
 
 func (x *WaitOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_operations_proto_msgTypes[8]
+	mi := &file_loops_v1_operations_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1010,7 +1078,7 @@ func (x *WaitOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitOperationRequest.ProtoReflect.Descriptor instead.
 func (*WaitOperationRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_operations_proto_rawDescGZIP(), []int{8}
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *WaitOperationRequest) GetId() string {
@@ -1036,7 +1104,7 @@ type CancelOperationRequest struct {
 
 func (x *CancelOperationRequest) Reset() {
 	*x = CancelOperationRequest{}
-	mi := &file_loops_v1_operations_proto_msgTypes[9]
+	mi := &file_loops_v1_operations_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1048,7 +1116,7 @@ func (x *CancelOperationRequest) String() string {
 func (*CancelOperationRequest) ProtoMessage() {}
 
 func (x *CancelOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_operations_proto_msgTypes[9]
+	mi := &file_loops_v1_operations_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1061,7 +1129,7 @@ func (x *CancelOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelOperationRequest.ProtoReflect.Descriptor instead.
 func (*CancelOperationRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_operations_proto_rawDescGZIP(), []int{9}
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CancelOperationRequest) GetId() string {
@@ -1081,7 +1149,7 @@ type BatchGetOperationsRequest struct {
 
 func (x *BatchGetOperationsRequest) Reset() {
 	*x = BatchGetOperationsRequest{}
-	mi := &file_loops_v1_operations_proto_msgTypes[10]
+	mi := &file_loops_v1_operations_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1093,7 +1161,7 @@ func (x *BatchGetOperationsRequest) String() string {
 func (*BatchGetOperationsRequest) ProtoMessage() {}
 
 func (x *BatchGetOperationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_operations_proto_msgTypes[10]
+	mi := &file_loops_v1_operations_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1106,7 +1174,7 @@ func (x *BatchGetOperationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetOperationsRequest.ProtoReflect.Descriptor instead.
 func (*BatchGetOperationsRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_operations_proto_rawDescGZIP(), []int{10}
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *BatchGetOperationsRequest) GetIds() []string {
@@ -1126,7 +1194,7 @@ type BatchGetOperationsResponse struct {
 
 func (x *BatchGetOperationsResponse) Reset() {
 	*x = BatchGetOperationsResponse{}
-	mi := &file_loops_v1_operations_proto_msgTypes[11]
+	mi := &file_loops_v1_operations_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1206,7 @@ func (x *BatchGetOperationsResponse) String() string {
 func (*BatchGetOperationsResponse) ProtoMessage() {}
 
 func (x *BatchGetOperationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_operations_proto_msgTypes[11]
+	mi := &file_loops_v1_operations_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1219,7 @@ func (x *BatchGetOperationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetOperationsResponse.ProtoReflect.Descriptor instead.
 func (*BatchGetOperationsResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_operations_proto_rawDescGZIP(), []int{11}
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *BatchGetOperationsResponse) GetResults() []*OperationLookup {
@@ -1176,7 +1244,7 @@ type OperationLookup struct {
 
 func (x *OperationLookup) Reset() {
 	*x = OperationLookup{}
-	mi := &file_loops_v1_operations_proto_msgTypes[12]
+	mi := &file_loops_v1_operations_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1256,7 @@ func (x *OperationLookup) String() string {
 func (*OperationLookup) ProtoMessage() {}
 
 func (x *OperationLookup) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_operations_proto_msgTypes[12]
+	mi := &file_loops_v1_operations_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1269,7 @@ func (x *OperationLookup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperationLookup.ProtoReflect.Descriptor instead.
 func (*OperationLookup) Descriptor() ([]byte, []int) {
-	return file_loops_v1_operations_proto_rawDescGZIP(), []int{12}
+	return file_loops_v1_operations_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *OperationLookup) GetId() string {
@@ -1245,7 +1313,7 @@ const file_loops_v1_operations_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12&\n" +
 	"\x0ftraining_run_id\x18\x02 \x01(\tR\rtrainingRunId\"A\n" +
 	"\x17UnloadTrainingRunResult\x12&\n" +
-	"\x0ftraining_run_id\x18\x01 \x01(\tR\rtrainingRunId\"\xe2\a\n" +
+	"\x0ftraining_run_id\x18\x01 \x01(\tR\rtrainingRunId\"\x8f\b\n" +
 	"\tOperation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12+\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x17.loops.v1.OperationKindR\x04kind\x12.\n" +
@@ -1270,8 +1338,12 @@ const file_loops_v1_operations_proto_rawDesc = "" +
 	"\x05queue\x18\x11 \x01(\v2\x15.loops.v1.QueueStatusR\x05queue\x12;\n" +
 	"\vcancel_time\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"cancelTime\x127\n" +
-	"\btimeline\x18\x13 \x01(\v2\x1b.loops.v1.OperationTimelineR\btimelineB\b\n" +
-	"\x06result\"\x97\x03\n" +
+	"\btimeline\x18\x13 \x01(\v2\x1b.loops.v1.OperationTimelineR\btimeline\x12+\n" +
+	"\x04cost\x18\x14 \x01(\v2\x17.loops.v1.OperationCostR\x04costB\b\n" +
+	"\x06result\"H\n" +
+	"\rOperationCost\x12\x10\n" +
+	"\x03usd\x18\x01 \x01(\tR\x03usd\x12%\n" +
+	"\x0eprice_versions\x18\x02 \x03(\tR\rpriceVersions\"\x97\x03\n" +
 	"\x11OperationTimeline\x129\n" +
 	"\n" +
 	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x12H\n" +
@@ -1350,7 +1422,7 @@ func file_loops_v1_operations_proto_rawDescGZIP() []byte {
 }
 
 var file_loops_v1_operations_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_loops_v1_operations_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_loops_v1_operations_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_loops_v1_operations_proto_goTypes = []any{
 	(OperationKind)(0),                 // 0: loops.v1.OperationKind
 	(OperationState)(0),                // 1: loops.v1.OperationState
@@ -1361,64 +1433,66 @@ var file_loops_v1_operations_proto_goTypes = []any{
 	(*LoadWeightsResult)(nil),          // 6: loops.v1.LoadWeightsResult
 	(*UnloadTrainingRunResult)(nil),    // 7: loops.v1.UnloadTrainingRunResult
 	(*Operation)(nil),                  // 8: loops.v1.Operation
-	(*OperationTimeline)(nil),          // 9: loops.v1.OperationTimeline
-	(*QueueStatus)(nil),                // 10: loops.v1.QueueStatus
-	(*GetOperationRequest)(nil),        // 11: loops.v1.GetOperationRequest
-	(*WaitOperationRequest)(nil),       // 12: loops.v1.WaitOperationRequest
-	(*CancelOperationRequest)(nil),     // 13: loops.v1.CancelOperationRequest
-	(*BatchGetOperationsRequest)(nil),  // 14: loops.v1.BatchGetOperationsRequest
-	(*BatchGetOperationsResponse)(nil), // 15: loops.v1.BatchGetOperationsResponse
-	(*OperationLookup)(nil),            // 16: loops.v1.OperationLookup
-	(*Checkpoint)(nil),                 // 17: loops.v1.Checkpoint
-	(*timestamppb.Timestamp)(nil),      // 18: google.protobuf.Timestamp
-	(*TrainingRun)(nil),                // 19: loops.v1.TrainingRun
-	(*ForwardBackwardResult)(nil),      // 20: loops.v1.ForwardBackwardResult
-	(*OptimStepResult)(nil),            // 21: loops.v1.OptimStepResult
-	(*SampleResult)(nil),               // 22: loops.v1.SampleResult
-	(*durationpb.Duration)(nil),        // 23: google.protobuf.Duration
+	(*OperationCost)(nil),              // 9: loops.v1.OperationCost
+	(*OperationTimeline)(nil),          // 10: loops.v1.OperationTimeline
+	(*QueueStatus)(nil),                // 11: loops.v1.QueueStatus
+	(*GetOperationRequest)(nil),        // 12: loops.v1.GetOperationRequest
+	(*WaitOperationRequest)(nil),       // 13: loops.v1.WaitOperationRequest
+	(*CancelOperationRequest)(nil),     // 14: loops.v1.CancelOperationRequest
+	(*BatchGetOperationsRequest)(nil),  // 15: loops.v1.BatchGetOperationsRequest
+	(*BatchGetOperationsResponse)(nil), // 16: loops.v1.BatchGetOperationsResponse
+	(*OperationLookup)(nil),            // 17: loops.v1.OperationLookup
+	(*Checkpoint)(nil),                 // 18: loops.v1.Checkpoint
+	(*timestamppb.Timestamp)(nil),      // 19: google.protobuf.Timestamp
+	(*TrainingRun)(nil),                // 20: loops.v1.TrainingRun
+	(*ForwardBackwardResult)(nil),      // 21: loops.v1.ForwardBackwardResult
+	(*OptimStepResult)(nil),            // 22: loops.v1.OptimStepResult
+	(*SampleResult)(nil),               // 23: loops.v1.SampleResult
+	(*durationpb.Duration)(nil),        // 24: google.protobuf.Duration
 }
 var file_loops_v1_operations_proto_depIdxs = []int32{
 	2,  // 0: loops.v1.OperationError.category:type_name -> loops.v1.ErrorCategory
-	17, // 1: loops.v1.SaveWeightsResult.checkpoint:type_name -> loops.v1.Checkpoint
+	18, // 1: loops.v1.SaveWeightsResult.checkpoint:type_name -> loops.v1.Checkpoint
 	0,  // 2: loops.v1.Operation.kind:type_name -> loops.v1.OperationKind
 	1,  // 3: loops.v1.Operation.state:type_name -> loops.v1.OperationState
-	18, // 4: loops.v1.Operation.create_time:type_name -> google.protobuf.Timestamp
-	18, // 5: loops.v1.Operation.done_time:type_name -> google.protobuf.Timestamp
+	19, // 4: loops.v1.Operation.create_time:type_name -> google.protobuf.Timestamp
+	19, // 5: loops.v1.Operation.done_time:type_name -> google.protobuf.Timestamp
 	4,  // 6: loops.v1.Operation.error:type_name -> loops.v1.OperationError
-	19, // 7: loops.v1.Operation.training_run:type_name -> loops.v1.TrainingRun
-	20, // 8: loops.v1.Operation.forward_backward:type_name -> loops.v1.ForwardBackwardResult
-	21, // 9: loops.v1.Operation.optim_step:type_name -> loops.v1.OptimStepResult
+	20, // 7: loops.v1.Operation.training_run:type_name -> loops.v1.TrainingRun
+	21, // 8: loops.v1.Operation.forward_backward:type_name -> loops.v1.ForwardBackwardResult
+	22, // 9: loops.v1.Operation.optim_step:type_name -> loops.v1.OptimStepResult
 	5,  // 10: loops.v1.Operation.save_weights:type_name -> loops.v1.SaveWeightsResult
 	6,  // 11: loops.v1.Operation.load_weights:type_name -> loops.v1.LoadWeightsResult
-	22, // 12: loops.v1.Operation.sample:type_name -> loops.v1.SampleResult
+	23, // 12: loops.v1.Operation.sample:type_name -> loops.v1.SampleResult
 	7,  // 13: loops.v1.Operation.unload:type_name -> loops.v1.UnloadTrainingRunResult
-	10, // 14: loops.v1.Operation.queue:type_name -> loops.v1.QueueStatus
-	18, // 15: loops.v1.Operation.cancel_time:type_name -> google.protobuf.Timestamp
-	9,  // 16: loops.v1.Operation.timeline:type_name -> loops.v1.OperationTimeline
-	18, // 17: loops.v1.OperationTimeline.start_time:type_name -> google.protobuf.Timestamp
-	18, // 18: loops.v1.OperationTimeline.backend_start_time:type_name -> google.protobuf.Timestamp
-	18, // 19: loops.v1.OperationTimeline.backend_end_time:type_name -> google.protobuf.Timestamp
-	18, // 20: loops.v1.OperationTimeline.persist_time:type_name -> google.protobuf.Timestamp
-	18, // 21: loops.v1.OperationTimeline.retrieve_time:type_name -> google.protobuf.Timestamp
-	3,  // 22: loops.v1.QueueStatus.state:type_name -> loops.v1.QueueState
-	23, // 23: loops.v1.QueueStatus.estimated_wait:type_name -> google.protobuf.Duration
-	23, // 24: loops.v1.WaitOperationRequest.timeout:type_name -> google.protobuf.Duration
-	16, // 25: loops.v1.BatchGetOperationsResponse.results:type_name -> loops.v1.OperationLookup
-	8,  // 26: loops.v1.OperationLookup.operation:type_name -> loops.v1.Operation
-	4,  // 27: loops.v1.OperationLookup.error:type_name -> loops.v1.OperationError
-	11, // 28: loops.v1.OperationService.GetOperation:input_type -> loops.v1.GetOperationRequest
-	12, // 29: loops.v1.OperationService.WaitOperation:input_type -> loops.v1.WaitOperationRequest
-	13, // 30: loops.v1.OperationService.CancelOperation:input_type -> loops.v1.CancelOperationRequest
-	14, // 31: loops.v1.OperationService.BatchGetOperations:input_type -> loops.v1.BatchGetOperationsRequest
-	8,  // 32: loops.v1.OperationService.GetOperation:output_type -> loops.v1.Operation
-	8,  // 33: loops.v1.OperationService.WaitOperation:output_type -> loops.v1.Operation
-	8,  // 34: loops.v1.OperationService.CancelOperation:output_type -> loops.v1.Operation
-	15, // 35: loops.v1.OperationService.BatchGetOperations:output_type -> loops.v1.BatchGetOperationsResponse
-	32, // [32:36] is the sub-list for method output_type
-	28, // [28:32] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	11, // 14: loops.v1.Operation.queue:type_name -> loops.v1.QueueStatus
+	19, // 15: loops.v1.Operation.cancel_time:type_name -> google.protobuf.Timestamp
+	10, // 16: loops.v1.Operation.timeline:type_name -> loops.v1.OperationTimeline
+	9,  // 17: loops.v1.Operation.cost:type_name -> loops.v1.OperationCost
+	19, // 18: loops.v1.OperationTimeline.start_time:type_name -> google.protobuf.Timestamp
+	19, // 19: loops.v1.OperationTimeline.backend_start_time:type_name -> google.protobuf.Timestamp
+	19, // 20: loops.v1.OperationTimeline.backend_end_time:type_name -> google.protobuf.Timestamp
+	19, // 21: loops.v1.OperationTimeline.persist_time:type_name -> google.protobuf.Timestamp
+	19, // 22: loops.v1.OperationTimeline.retrieve_time:type_name -> google.protobuf.Timestamp
+	3,  // 23: loops.v1.QueueStatus.state:type_name -> loops.v1.QueueState
+	24, // 24: loops.v1.QueueStatus.estimated_wait:type_name -> google.protobuf.Duration
+	24, // 25: loops.v1.WaitOperationRequest.timeout:type_name -> google.protobuf.Duration
+	17, // 26: loops.v1.BatchGetOperationsResponse.results:type_name -> loops.v1.OperationLookup
+	8,  // 27: loops.v1.OperationLookup.operation:type_name -> loops.v1.Operation
+	4,  // 28: loops.v1.OperationLookup.error:type_name -> loops.v1.OperationError
+	12, // 29: loops.v1.OperationService.GetOperation:input_type -> loops.v1.GetOperationRequest
+	13, // 30: loops.v1.OperationService.WaitOperation:input_type -> loops.v1.WaitOperationRequest
+	14, // 31: loops.v1.OperationService.CancelOperation:input_type -> loops.v1.CancelOperationRequest
+	15, // 32: loops.v1.OperationService.BatchGetOperations:input_type -> loops.v1.BatchGetOperationsRequest
+	8,  // 33: loops.v1.OperationService.GetOperation:output_type -> loops.v1.Operation
+	8,  // 34: loops.v1.OperationService.WaitOperation:output_type -> loops.v1.Operation
+	8,  // 35: loops.v1.OperationService.CancelOperation:output_type -> loops.v1.Operation
+	16, // 36: loops.v1.OperationService.BatchGetOperations:output_type -> loops.v1.BatchGetOperationsResponse
+	33, // [33:37] is the sub-list for method output_type
+	29, // [29:33] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_operations_proto_init() }
@@ -1443,7 +1517,7 @@ func file_loops_v1_operations_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_operations_proto_rawDesc), len(file_loops_v1_operations_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1305,7 +1305,10 @@ type StepMetrics struct {
 	TrainingRunId string `protobuf:"bytes,18,opt,name=training_run_id,json=trainingRunId,proto3" json:"training_run_id,omitempty"`
 	// optim_step: the norm of the update the step applied to the adapter's weights,
 	// ‖W_after − W_before‖ over all its parameters, when the backend reports it.
-	UpdateNorm    *float64 `protobuf:"fixed64,19,opt,name=update_norm,json=updateNorm,proto3,oneof" json:"update_norm,omitempty"`
+	UpdateNorm *float64 `protobuf:"fixed64,19,opt,name=update_norm,json=updateNorm,proto3,oneof" json:"update_norm,omitempty"`
+	// What its metered usage cost (exact decimal US dollars, summed when merged); empty when
+	// none of it was priced (docs/operations.md, "Prices").
+	CostUsd       string `protobuf:"bytes,20,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1471,6 +1474,13 @@ func (x *StepMetrics) GetUpdateNorm() float64 {
 		return *x.UpdateNorm
 	}
 	return 0
+}
+
+func (x *StepMetrics) GetCostUsd() string {
+	if x != nil {
+		return x.CostUsd
+	}
+	return ""
 }
 
 // RLStepMetrics are computed over the sampled tokens of an RL forward_backward: the
@@ -3240,7 +3250,8 @@ func (x *GetUsageResponse) GetBuckets() []*UsageBucket {
 	return nil
 }
 
-// UsageBucket is the amount of one kind of usage of one base model and session in one hour.
+// UsageBucket is the amount of one kind of usage of one base model, session, deployment and
+// API key in one hour.
 type UsageBucket struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	StartTime *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
@@ -3250,7 +3261,16 @@ type UsageBucket struct {
 	Kind      UsageKind              `protobuf:"varint,5,opt,name=kind,proto3,enum=loops.v1.UsageKind" json:"kind,omitempty"`
 	Amount    int64                  `protobuf:"varint,6,opt,name=amount,proto3" json:"amount,omitempty"`
 	// The deployment sampled ("[<owner>:]<name>"), empty for other usage.
-	Deployment    string `protobuf:"bytes,7,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	Deployment string `protobuf:"bytes,7,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	// What priced_amount of amount cost, in exact decimal US dollars, each part priced with
+	// the price sheet in force when it was metered; empty (and priced_amount 0) when none of
+	// it was priced: no sheet, or none that priced this kind (docs/operations.md, "Prices").
+	CostUsd      string `protobuf:"bytes,8,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
+	PricedAmount int64  `protobuf:"varint,9,opt,name=priced_amount,json=pricedAmount,proto3" json:"priced_amount,omitempty"`
+	// The API key whose requests did the work ("key-" and 16 hex digits, as loops keys and
+	// the audit log name keys); empty for usage no request did (dedicated pool time) and for
+	// usage metered before keys were recorded.
+	KeyId         string `protobuf:"bytes,10,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3330,6 +3350,27 @@ func (x *UsageBucket) GetAmount() int64 {
 func (x *UsageBucket) GetDeployment() string {
 	if x != nil {
 		return x.Deployment
+	}
+	return ""
+}
+
+func (x *UsageBucket) GetCostUsd() string {
+	if x != nil {
+		return x.CostUsd
+	}
+	return ""
+}
+
+func (x *UsageBucket) GetPricedAmount() int64 {
+	if x != nil {
+		return x.PricedAmount
+	}
+	return 0
+}
+
+func (x *UsageBucket) GetKeyId() string {
+	if x != nil {
+		return x.KeyId
 	}
 	return ""
 }
@@ -3792,7 +3833,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\n" +
 	"max_points\x18\x04 \x01(\x05R\tmaxPoints\"L\n" +
 	"\x1dGetTrainingRunMetricsResponse\x12+\n" +
-	"\x05steps\x18\x01 \x03(\v2\x15.loops.v1.StepMetricsR\x05steps\"\xaa\x05\n" +
+	"\x05steps\x18\x01 \x03(\v2\x15.loops.v1.StepMetricsR\x05steps\"\xc5\x05\n" +
 	"\vStepMetrics\x12+\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x17.loops.v1.OperationKindR\x04kind\x12\x15\n" +
 	"\x06seq_id\x18\x02 \x01(\x03R\x05seqId\x12\x1e\n" +
@@ -3815,7 +3856,8 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\tgrad_norm\x18\x11 \x01(\x01H\x01R\bgradNorm\x88\x01\x01\x12&\n" +
 	"\x0ftraining_run_id\x18\x12 \x01(\tR\rtrainingRunId\x12$\n" +
 	"\vupdate_norm\x18\x13 \x01(\x01H\x02R\n" +
-	"updateNorm\x88\x01\x01B\x10\n" +
+	"updateNorm\x88\x01\x01\x12\x19\n" +
+	"\bcost_usd\x18\x14 \x01(\tR\acostUsdB\x10\n" +
 	"\x0e_learning_rateB\f\n" +
 	"\n" +
 	"_grad_normB\x0e\n" +
@@ -3969,7 +4011,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
 	"\bend_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\"C\n" +
 	"\x10GetUsageResponse\x12/\n" +
-	"\abuckets\x18\x01 \x03(\v2\x15.loops.v1.UsageBucketR\abuckets\"\x9e\x02\n" +
+	"\abuckets\x18\x01 \x03(\v2\x15.loops.v1.UsageBucketR\abuckets\"\xf5\x02\n" +
 	"\vUsageBucket\x129\n" +
 	"\n" +
 	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
@@ -3982,7 +4024,11 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x06amount\x18\x06 \x01(\x03R\x06amount\x12\x1e\n" +
 	"\n" +
 	"deployment\x18\a \x01(\tR\n" +
-	"deployment\"\x15\n" +
+	"deployment\x12\x19\n" +
+	"\bcost_usd\x18\b \x01(\tR\acostUsd\x12#\n" +
+	"\rpriced_amount\x18\t \x01(\x03R\fpricedAmount\x12\x15\n" +
+	"\x06key_id\x18\n" +
+	" \x01(\tR\x05keyId\"\x15\n" +
 	"\x13GetWorkspaceRequest\"|\n" +
 	"\tWorkspace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x121\n" +

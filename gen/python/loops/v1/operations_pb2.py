@@ -29,7 +29,7 @@ from loops.v1 import resources_pb2 as loops_dot_v1_dot_resources__pb2
 from loops.v1 import types_pb2 as loops_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19loops/v1/operations.proto\x12\x08loops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18loops/v1/resources.proto\x1a\x14loops/v1/types.proto\"Z\n\x0eOperationError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12)\n\x08\x63\x61tegory\x18\x03 \x01(\x0e\x32\x17.loops.v1.ErrorCategory\"_\n\x11SaveWeightsResult\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nsampler_id\x18\x02 \x01(\t\x12(\n\ncheckpoint\x18\x03 \x01(\x0b\x32\x14.loops.v1.Checkpoint\":\n\x11LoadWeightsResult\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x17\n\x0ftraining_run_id\x18\x02 \x01(\t\"2\n\x17UnloadTrainingRunResult\x12\x17\n\x0ftraining_run_id\x18\x01 \x01(\t\"\xa3\x06\n\tOperation\x12\n\n\x02id\x18\x01 \x01(\t\x12%\n\x04kind\x18\x02 \x01(\x0e\x32\x17.loops.v1.OperationKind\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.loops.v1.OperationState\x12\x17\n\x0ftraining_run_id\x18\x04 \x01(\t\x12\x12\n\nsampler_id\x18\x05 \x01(\t\x12\x0e\n\x06seq_id\x18\x06 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\tdone_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x05\x65rror\x18\t \x01(\x0b\x32\x18.loops.v1.OperationError\x12-\n\x0ctraining_run\x18\n \x01(\x0b\x32\x15.loops.v1.TrainingRunH\x00\x12;\n\x10\x66orward_backward\x18\x0b \x01(\x0b\x32\x1f.loops.v1.ForwardBackwardResultH\x00\x12/\n\noptim_step\x18\x0c \x01(\x0b\x32\x19.loops.v1.OptimStepResultH\x00\x12\x33\n\x0csave_weights\x18\r \x01(\x0b\x32\x1b.loops.v1.SaveWeightsResultH\x00\x12\x33\n\x0cload_weights\x18\x0e \x01(\x0b\x32\x1b.loops.v1.LoadWeightsResultH\x00\x12(\n\x06sample\x18\x0f \x01(\x0b\x32\x16.loops.v1.SampleResultH\x00\x12\x33\n\x06unload\x18\x10 \x01(\x0b\x32!.loops.v1.UnloadTrainingRunResultH\x00\x12$\n\x05queue\x18\x11 \x01(\x0b\x32\x15.loops.v1.QueueStatus\x12/\n\x0b\x63\x61ncel_time\x18\x12 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\x08timeline\x18\x13 \x01(\x0b\x32\x1b.loops.v1.OperationTimelineB\x08\n\x06result\"\xbb\x02\n\x11OperationTimeline\x12.\n\nstart_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x36\n\x12\x62\x61\x63kend_start_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10\x62\x61\x63kend_end_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x62\x61tch_items\x18\x04 \x01(\x05\x12\x0e\n\x06pieces\x18\x05 \x01(\x05\x12\x30\n\x0cpersist_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rretrieve_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x87\x01\n\x0bQueueStatus\x12#\n\x05state\x18\x01 \x01(\x0e\x32\x14.loops.v1.QueueState\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x10\n\x08position\x18\x03 \x01(\x05\x12\x31\n\x0e\x65stimated_wait\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"!\n\x13GetOperationRequest\x12\n\n\x02id\x18\x01 \x01(\t\"N\n\x14WaitOperationRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12*\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"$\n\x16\x43\x61ncelOperationRequest\x12\n\n\x02id\x18\x01 \x01(\t\"(\n\x19\x42\x61tchGetOperationsRequest\x12\x0b\n\x03ids\x18\x01 \x03(\t\"H\n\x1a\x42\x61tchGetOperationsResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.loops.v1.OperationLookup\"n\n\x0fOperationLookup\x12\n\n\x02id\x18\x01 \x01(\t\x12&\n\toperation\x18\x02 \x01(\x0b\x32\x13.loops.v1.Operation\x12\'\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x18.loops.v1.OperationError*\xe9\x02\n\rOperationKind\x12\x1e\n\x1aOPERATION_KIND_UNSPECIFIED\x10\x00\x12&\n\"OPERATION_KIND_CREATE_TRAINING_RUN\x10\x01\x12\x1a\n\x16OPERATION_KIND_FORWARD\x10\x02\x12#\n\x1fOPERATION_KIND_FORWARD_BACKWARD\x10\x03\x12\x1d\n\x19OPERATION_KIND_OPTIM_STEP\x10\x04\x12\x1f\n\x1bOPERATION_KIND_SAVE_WEIGHTS\x10\x05\x12+\n\'OPERATION_KIND_SAVE_WEIGHTS_FOR_SAMPLER\x10\x06\x12\x1f\n\x1bOPERATION_KIND_LOAD_WEIGHTS\x10\x07\x12\x19\n\x15OPERATION_KIND_SAMPLE\x10\x08\x12&\n\"OPERATION_KIND_UNLOAD_TRAINING_RUN\x10\t*\xc5\x01\n\x0eOperationState\x12\x1f\n\x1bOPERATION_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17OPERATION_STATE_PENDING\x10\x01\x12\x1b\n\x17OPERATION_STATE_RUNNING\x10\x02\x12\x1d\n\x19OPERATION_STATE_SUCCEEDED\x10\x03\x12\x1a\n\x16OPERATION_STATE_FAILED\x10\x04\x12\x1d\n\x19OPERATION_STATE_CANCELLED\x10\x05*c\n\rErrorCategory\x12\x1e\n\x1a\x45RROR_CATEGORY_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45RROR_CATEGORY_USER\x10\x01\x12\x19\n\x15\x45RROR_CATEGORY_SERVER\x10\x02*\x85\x01\n\nQueueState\x12\x1b\n\x17QUEUE_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12QUEUE_STATE_ACTIVE\x10\x01\x12\x1f\n\x1bQUEUE_STATE_PAUSED_CAPACITY\x10\x02\x12!\n\x1dQUEUE_STATE_PAUSED_RATE_LIMIT\x10\x03\x32\xd5\x03\n\x10OperationService\x12_\n\x0cGetOperation\x12\x1d.loops.v1.GetOperationRequest\x1a\x13.loops.v1.Operation\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/v1/operations/{id}\x12i\n\rWaitOperation\x12\x1e.loops.v1.WaitOperationRequest\x1a\x13.loops.v1.Operation\"#\x82\xd3\xe4\x93\x02\x1d\"\x18/v1/operations/{id}/wait:\x01*\x12o\n\x0f\x43\x61ncelOperation\x12 .loops.v1.CancelOperationRequest\x1a\x13.loops.v1.Operation\"%\x82\xd3\xe4\x93\x02\x1f\"\x1a/v1/operations/{id}/cancel:\x01*\x12\x83\x01\n\x12\x42\x61tchGetOperations\x12#.loops.v1.BatchGetOperationsRequest\x1a$.loops.v1.BatchGetOperationsResponse\"\"\x82\xd3\xe4\x93\x02\x1c\"\x17/v1/operations:batchGet:\x01*b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19loops/v1/operations.proto\x12\x08loops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18loops/v1/resources.proto\x1a\x14loops/v1/types.proto\"Z\n\x0eOperationError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12)\n\x08\x63\x61tegory\x18\x03 \x01(\x0e\x32\x17.loops.v1.ErrorCategory\"_\n\x11SaveWeightsResult\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nsampler_id\x18\x02 \x01(\t\x12(\n\ncheckpoint\x18\x03 \x01(\x0b\x32\x14.loops.v1.Checkpoint\":\n\x11LoadWeightsResult\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x17\n\x0ftraining_run_id\x18\x02 \x01(\t\"2\n\x17UnloadTrainingRunResult\x12\x17\n\x0ftraining_run_id\x18\x01 \x01(\t\"\xca\x06\n\tOperation\x12\n\n\x02id\x18\x01 \x01(\t\x12%\n\x04kind\x18\x02 \x01(\x0e\x32\x17.loops.v1.OperationKind\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.loops.v1.OperationState\x12\x17\n\x0ftraining_run_id\x18\x04 \x01(\t\x12\x12\n\nsampler_id\x18\x05 \x01(\t\x12\x0e\n\x06seq_id\x18\x06 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\tdone_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x05\x65rror\x18\t \x01(\x0b\x32\x18.loops.v1.OperationError\x12-\n\x0ctraining_run\x18\n \x01(\x0b\x32\x15.loops.v1.TrainingRunH\x00\x12;\n\x10\x66orward_backward\x18\x0b \x01(\x0b\x32\x1f.loops.v1.ForwardBackwardResultH\x00\x12/\n\noptim_step\x18\x0c \x01(\x0b\x32\x19.loops.v1.OptimStepResultH\x00\x12\x33\n\x0csave_weights\x18\r \x01(\x0b\x32\x1b.loops.v1.SaveWeightsResultH\x00\x12\x33\n\x0cload_weights\x18\x0e \x01(\x0b\x32\x1b.loops.v1.LoadWeightsResultH\x00\x12(\n\x06sample\x18\x0f \x01(\x0b\x32\x16.loops.v1.SampleResultH\x00\x12\x33\n\x06unload\x18\x10 \x01(\x0b\x32!.loops.v1.UnloadTrainingRunResultH\x00\x12$\n\x05queue\x18\x11 \x01(\x0b\x32\x15.loops.v1.QueueStatus\x12/\n\x0b\x63\x61ncel_time\x18\x12 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\x08timeline\x18\x13 \x01(\x0b\x32\x1b.loops.v1.OperationTimeline\x12%\n\x04\x63ost\x18\x14 \x01(\x0b\x32\x17.loops.v1.OperationCostB\x08\n\x06result\"4\n\rOperationCost\x12\x0b\n\x03usd\x18\x01 \x01(\t\x12\x16\n\x0eprice_versions\x18\x02 \x03(\t\"\xbb\x02\n\x11OperationTimeline\x12.\n\nstart_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x36\n\x12\x62\x61\x63kend_start_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10\x62\x61\x63kend_end_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x62\x61tch_items\x18\x04 \x01(\x05\x12\x0e\n\x06pieces\x18\x05 \x01(\x05\x12\x30\n\x0cpersist_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rretrieve_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x87\x01\n\x0bQueueStatus\x12#\n\x05state\x18\x01 \x01(\x0e\x32\x14.loops.v1.QueueState\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x10\n\x08position\x18\x03 \x01(\x05\x12\x31\n\x0e\x65stimated_wait\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"!\n\x13GetOperationRequest\x12\n\n\x02id\x18\x01 \x01(\t\"N\n\x14WaitOperationRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12*\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"$\n\x16\x43\x61ncelOperationRequest\x12\n\n\x02id\x18\x01 \x01(\t\"(\n\x19\x42\x61tchGetOperationsRequest\x12\x0b\n\x03ids\x18\x01 \x03(\t\"H\n\x1a\x42\x61tchGetOperationsResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.loops.v1.OperationLookup\"n\n\x0fOperationLookup\x12\n\n\x02id\x18\x01 \x01(\t\x12&\n\toperation\x18\x02 \x01(\x0b\x32\x13.loops.v1.Operation\x12\'\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x18.loops.v1.OperationError*\xe9\x02\n\rOperationKind\x12\x1e\n\x1aOPERATION_KIND_UNSPECIFIED\x10\x00\x12&\n\"OPERATION_KIND_CREATE_TRAINING_RUN\x10\x01\x12\x1a\n\x16OPERATION_KIND_FORWARD\x10\x02\x12#\n\x1fOPERATION_KIND_FORWARD_BACKWARD\x10\x03\x12\x1d\n\x19OPERATION_KIND_OPTIM_STEP\x10\x04\x12\x1f\n\x1bOPERATION_KIND_SAVE_WEIGHTS\x10\x05\x12+\n\'OPERATION_KIND_SAVE_WEIGHTS_FOR_SAMPLER\x10\x06\x12\x1f\n\x1bOPERATION_KIND_LOAD_WEIGHTS\x10\x07\x12\x19\n\x15OPERATION_KIND_SAMPLE\x10\x08\x12&\n\"OPERATION_KIND_UNLOAD_TRAINING_RUN\x10\t*\xc5\x01\n\x0eOperationState\x12\x1f\n\x1bOPERATION_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17OPERATION_STATE_PENDING\x10\x01\x12\x1b\n\x17OPERATION_STATE_RUNNING\x10\x02\x12\x1d\n\x19OPERATION_STATE_SUCCEEDED\x10\x03\x12\x1a\n\x16OPERATION_STATE_FAILED\x10\x04\x12\x1d\n\x19OPERATION_STATE_CANCELLED\x10\x05*c\n\rErrorCategory\x12\x1e\n\x1a\x45RROR_CATEGORY_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45RROR_CATEGORY_USER\x10\x01\x12\x19\n\x15\x45RROR_CATEGORY_SERVER\x10\x02*\x85\x01\n\nQueueState\x12\x1b\n\x17QUEUE_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12QUEUE_STATE_ACTIVE\x10\x01\x12\x1f\n\x1bQUEUE_STATE_PAUSED_CAPACITY\x10\x02\x12!\n\x1dQUEUE_STATE_PAUSED_RATE_LIMIT\x10\x03\x32\xd5\x03\n\x10OperationService\x12_\n\x0cGetOperation\x12\x1d.loops.v1.GetOperationRequest\x1a\x13.loops.v1.Operation\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/v1/operations/{id}\x12i\n\rWaitOperation\x12\x1e.loops.v1.WaitOperationRequest\x1a\x13.loops.v1.Operation\"#\x82\xd3\xe4\x93\x02\x1d\"\x18/v1/operations/{id}/wait:\x01*\x12o\n\x0f\x43\x61ncelOperation\x12 .loops.v1.CancelOperationRequest\x1a\x13.loops.v1.Operation\"%\x82\xd3\xe4\x93\x02\x1f\"\x1a/v1/operations/{id}/cancel:\x01*\x12\x83\x01\n\x12\x42\x61tchGetOperations\x12#.loops.v1.BatchGetOperationsRequest\x1a$.loops.v1.BatchGetOperationsResponse\"\"\x82\xd3\xe4\x93\x02\x1c\"\x17/v1/operations:batchGet:\x01*b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,14 +44,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPERATIONSERVICE'].methods_by_name['CancelOperation']._serialized_options = b'\202\323\344\223\002\037\"\032/v1/operations/{id}/cancel:\001*'
   _globals['_OPERATIONSERVICE'].methods_by_name['BatchGetOperations']._loaded_options = None
   _globals['_OPERATIONSERVICE'].methods_by_name['BatchGetOperations']._serialized_options = b'\202\323\344\223\002\034\"\027/v1/operations:batchGet:\001*'
-  _globals['_OPERATIONKIND']._serialized_start=2127
-  _globals['_OPERATIONKIND']._serialized_end=2488
-  _globals['_OPERATIONSTATE']._serialized_start=2491
-  _globals['_OPERATIONSTATE']._serialized_end=2688
-  _globals['_ERRORCATEGORY']._serialized_start=2690
-  _globals['_ERRORCATEGORY']._serialized_end=2789
-  _globals['_QUEUESTATE']._serialized_start=2792
-  _globals['_QUEUESTATE']._serialized_end=2925
+  _globals['_OPERATIONKIND']._serialized_start=2220
+  _globals['_OPERATIONKIND']._serialized_end=2581
+  _globals['_OPERATIONSTATE']._serialized_start=2584
+  _globals['_OPERATIONSTATE']._serialized_end=2781
+  _globals['_ERRORCATEGORY']._serialized_start=2783
+  _globals['_ERRORCATEGORY']._serialized_end=2882
+  _globals['_QUEUESTATE']._serialized_start=2885
+  _globals['_QUEUESTATE']._serialized_end=3018
   _globals['_OPERATIONERROR']._serialized_start=182
   _globals['_OPERATIONERROR']._serialized_end=272
   _globals['_SAVEWEIGHTSRESULT']._serialized_start=274
@@ -61,23 +61,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_UNLOADTRAININGRUNRESULT']._serialized_start=431
   _globals['_UNLOADTRAININGRUNRESULT']._serialized_end=481
   _globals['_OPERATION']._serialized_start=484
-  _globals['_OPERATION']._serialized_end=1287
-  _globals['_OPERATIONTIMELINE']._serialized_start=1290
-  _globals['_OPERATIONTIMELINE']._serialized_end=1605
-  _globals['_QUEUESTATUS']._serialized_start=1608
-  _globals['_QUEUESTATUS']._serialized_end=1743
-  _globals['_GETOPERATIONREQUEST']._serialized_start=1745
-  _globals['_GETOPERATIONREQUEST']._serialized_end=1778
-  _globals['_WAITOPERATIONREQUEST']._serialized_start=1780
-  _globals['_WAITOPERATIONREQUEST']._serialized_end=1858
-  _globals['_CANCELOPERATIONREQUEST']._serialized_start=1860
-  _globals['_CANCELOPERATIONREQUEST']._serialized_end=1896
-  _globals['_BATCHGETOPERATIONSREQUEST']._serialized_start=1898
-  _globals['_BATCHGETOPERATIONSREQUEST']._serialized_end=1938
-  _globals['_BATCHGETOPERATIONSRESPONSE']._serialized_start=1940
-  _globals['_BATCHGETOPERATIONSRESPONSE']._serialized_end=2012
-  _globals['_OPERATIONLOOKUP']._serialized_start=2014
-  _globals['_OPERATIONLOOKUP']._serialized_end=2124
-  _globals['_OPERATIONSERVICE']._serialized_start=2928
-  _globals['_OPERATIONSERVICE']._serialized_end=3397
+  _globals['_OPERATION']._serialized_end=1326
+  _globals['_OPERATIONCOST']._serialized_start=1328
+  _globals['_OPERATIONCOST']._serialized_end=1380
+  _globals['_OPERATIONTIMELINE']._serialized_start=1383
+  _globals['_OPERATIONTIMELINE']._serialized_end=1698
+  _globals['_QUEUESTATUS']._serialized_start=1701
+  _globals['_QUEUESTATUS']._serialized_end=1836
+  _globals['_GETOPERATIONREQUEST']._serialized_start=1838
+  _globals['_GETOPERATIONREQUEST']._serialized_end=1871
+  _globals['_WAITOPERATIONREQUEST']._serialized_start=1873
+  _globals['_WAITOPERATIONREQUEST']._serialized_end=1951
+  _globals['_CANCELOPERATIONREQUEST']._serialized_start=1953
+  _globals['_CANCELOPERATIONREQUEST']._serialized_end=1989
+  _globals['_BATCHGETOPERATIONSREQUEST']._serialized_start=1991
+  _globals['_BATCHGETOPERATIONSREQUEST']._serialized_end=2031
+  _globals['_BATCHGETOPERATIONSRESPONSE']._serialized_start=2033
+  _globals['_BATCHGETOPERATIONSRESPONSE']._serialized_end=2105
+  _globals['_OPERATIONLOOKUP']._serialized_start=2107
+  _globals['_OPERATIONLOOKUP']._serialized_end=2217
+  _globals['_OPERATIONSERVICE']._serialized_start=3021
+  _globals['_OPERATIONSERVICE']._serialized_end=3490
 # @@protoc_insertion_point(module_scope)

@@ -107,7 +107,7 @@ class UnloadTrainingRunResult(_message.Message):
     def __init__(self, training_run_id: _Optional[str] = ...) -> None: ...
 
 class Operation(_message.Message):
-    __slots__ = ("id", "kind", "state", "training_run_id", "sampler_id", "seq_id", "create_time", "done_time", "error", "training_run", "forward_backward", "optim_step", "save_weights", "load_weights", "sample", "unload", "queue", "cancel_time", "timeline")
+    __slots__ = ("id", "kind", "state", "training_run_id", "sampler_id", "seq_id", "create_time", "done_time", "error", "training_run", "forward_backward", "optim_step", "save_weights", "load_weights", "sample", "unload", "queue", "cancel_time", "timeline", "cost")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +127,7 @@ class Operation(_message.Message):
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     CANCEL_TIME_FIELD_NUMBER: _ClassVar[int]
     TIMELINE_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: OperationKind
     state: OperationState
@@ -146,7 +147,16 @@ class Operation(_message.Message):
     queue: QueueStatus
     cancel_time: _timestamp_pb2.Timestamp
     timeline: OperationTimeline
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[OperationKind, str]] = ..., state: _Optional[_Union[OperationState, str]] = ..., training_run_id: _Optional[str] = ..., sampler_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., done_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[_Union[OperationError, _Mapping]] = ..., training_run: _Optional[_Union[_resources_pb2.TrainingRun, _Mapping]] = ..., forward_backward: _Optional[_Union[_types_pb2.ForwardBackwardResult, _Mapping]] = ..., optim_step: _Optional[_Union[_types_pb2.OptimStepResult, _Mapping]] = ..., save_weights: _Optional[_Union[SaveWeightsResult, _Mapping]] = ..., load_weights: _Optional[_Union[LoadWeightsResult, _Mapping]] = ..., sample: _Optional[_Union[_types_pb2.SampleResult, _Mapping]] = ..., unload: _Optional[_Union[UnloadTrainingRunResult, _Mapping]] = ..., queue: _Optional[_Union[QueueStatus, _Mapping]] = ..., cancel_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., timeline: _Optional[_Union[OperationTimeline, _Mapping]] = ...) -> None: ...
+    cost: OperationCost
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[OperationKind, str]] = ..., state: _Optional[_Union[OperationState, str]] = ..., training_run_id: _Optional[str] = ..., sampler_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., done_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[_Union[OperationError, _Mapping]] = ..., training_run: _Optional[_Union[_resources_pb2.TrainingRun, _Mapping]] = ..., forward_backward: _Optional[_Union[_types_pb2.ForwardBackwardResult, _Mapping]] = ..., optim_step: _Optional[_Union[_types_pb2.OptimStepResult, _Mapping]] = ..., save_weights: _Optional[_Union[SaveWeightsResult, _Mapping]] = ..., load_weights: _Optional[_Union[LoadWeightsResult, _Mapping]] = ..., sample: _Optional[_Union[_types_pb2.SampleResult, _Mapping]] = ..., unload: _Optional[_Union[UnloadTrainingRunResult, _Mapping]] = ..., queue: _Optional[_Union[QueueStatus, _Mapping]] = ..., cancel_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., timeline: _Optional[_Union[OperationTimeline, _Mapping]] = ..., cost: _Optional[_Union[OperationCost, _Mapping]] = ...) -> None: ...
+
+class OperationCost(_message.Message):
+    __slots__ = ("usd", "price_versions")
+    USD_FIELD_NUMBER: _ClassVar[int]
+    PRICE_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    usd: str
+    price_versions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, usd: _Optional[str] = ..., price_versions: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OperationTimeline(_message.Message):
     __slots__ = ("start_time", "backend_start_time", "backend_end_time", "batch_items", "pieces", "persist_time", "retrieve_time")

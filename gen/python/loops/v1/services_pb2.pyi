@@ -243,7 +243,7 @@ class GetTrainingRunMetricsResponse(_message.Message):
     def __init__(self, steps: _Optional[_Iterable[_Union[StepMetrics, _Mapping]]] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("kind", "seq_id", "last_seq_id", "step", "last_step", "count", "time", "backend_seconds", "loss_fn", "loss_sum", "loss_mean", "tokens", "loss_tokens", "examples", "rl", "learning_rate", "grad_norm", "training_run_id", "update_norm")
+    __slots__ = ("kind", "seq_id", "last_seq_id", "step", "last_step", "count", "time", "backend_seconds", "loss_fn", "loss_sum", "loss_mean", "tokens", "loss_tokens", "examples", "rl", "learning_rate", "grad_norm", "training_run_id", "update_norm", "cost_usd")
     KIND_FIELD_NUMBER: _ClassVar[int]
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_ID_FIELD_NUMBER: _ClassVar[int]
@@ -263,6 +263,7 @@ class StepMetrics(_message.Message):
     GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
     TRAINING_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     UPDATE_NORM_FIELD_NUMBER: _ClassVar[int]
+    COST_USD_FIELD_NUMBER: _ClassVar[int]
     kind: _operations_pb2.OperationKind
     seq_id: int
     last_seq_id: int
@@ -282,7 +283,8 @@ class StepMetrics(_message.Message):
     grad_norm: float
     training_run_id: str
     update_norm: float
-    def __init__(self, kind: _Optional[_Union[_operations_pb2.OperationKind, str]] = ..., seq_id: _Optional[int] = ..., last_seq_id: _Optional[int] = ..., step: _Optional[int] = ..., last_step: _Optional[int] = ..., count: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., backend_seconds: _Optional[float] = ..., loss_fn: _Optional[str] = ..., loss_sum: _Optional[float] = ..., loss_mean: _Optional[float] = ..., tokens: _Optional[int] = ..., loss_tokens: _Optional[int] = ..., examples: _Optional[int] = ..., rl: _Optional[_Union[RLStepMetrics, _Mapping]] = ..., learning_rate: _Optional[float] = ..., grad_norm: _Optional[float] = ..., training_run_id: _Optional[str] = ..., update_norm: _Optional[float] = ...) -> None: ...
+    cost_usd: str
+    def __init__(self, kind: _Optional[_Union[_operations_pb2.OperationKind, str]] = ..., seq_id: _Optional[int] = ..., last_seq_id: _Optional[int] = ..., step: _Optional[int] = ..., last_step: _Optional[int] = ..., count: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., backend_seconds: _Optional[float] = ..., loss_fn: _Optional[str] = ..., loss_sum: _Optional[float] = ..., loss_mean: _Optional[float] = ..., tokens: _Optional[int] = ..., loss_tokens: _Optional[int] = ..., examples: _Optional[int] = ..., rl: _Optional[_Union[RLStepMetrics, _Mapping]] = ..., learning_rate: _Optional[float] = ..., grad_norm: _Optional[float] = ..., training_run_id: _Optional[str] = ..., update_norm: _Optional[float] = ..., cost_usd: _Optional[str] = ...) -> None: ...
 
 class RLStepMetrics(_message.Message):
     __slots__ = ("tokens", "kl_sample_train_k1", "kl_sample_train_k3", "ratio_mean", "ratio_std", "ratio_min", "ratio_max", "advantage_mean", "advantage_std", "zero_advantage_fraction", "clip_fraction")
@@ -585,7 +587,7 @@ class GetUsageResponse(_message.Message):
     def __init__(self, buckets: _Optional[_Iterable[_Union[UsageBucket, _Mapping]]] = ...) -> None: ...
 
 class UsageBucket(_message.Message):
-    __slots__ = ("start_time", "end_time", "base_model", "session_id", "kind", "amount", "deployment")
+    __slots__ = ("start_time", "end_time", "base_model", "session_id", "kind", "amount", "deployment", "cost_usd", "priced_amount", "key_id")
     START_TIME_FIELD_NUMBER: _ClassVar[int]
     END_TIME_FIELD_NUMBER: _ClassVar[int]
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -593,6 +595,9 @@ class UsageBucket(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     AMOUNT_FIELD_NUMBER: _ClassVar[int]
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    COST_USD_FIELD_NUMBER: _ClassVar[int]
+    PRICED_AMOUNT_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
     start_time: _timestamp_pb2.Timestamp
     end_time: _timestamp_pb2.Timestamp
     base_model: str
@@ -600,7 +605,10 @@ class UsageBucket(_message.Message):
     kind: UsageKind
     amount: int
     deployment: str
-    def __init__(self, start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., base_model: _Optional[str] = ..., session_id: _Optional[str] = ..., kind: _Optional[_Union[UsageKind, str]] = ..., amount: _Optional[int] = ..., deployment: _Optional[str] = ...) -> None: ...
+    cost_usd: str
+    priced_amount: int
+    key_id: str
+    def __init__(self, start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., base_model: _Optional[str] = ..., session_id: _Optional[str] = ..., kind: _Optional[_Union[UsageKind, str]] = ..., amount: _Optional[int] = ..., deployment: _Optional[str] = ..., cost_usd: _Optional[str] = ..., priced_amount: _Optional[int] = ..., key_id: _Optional[str] = ...) -> None: ...
 
 class GetWorkspaceRequest(_message.Message):
     __slots__ = ()

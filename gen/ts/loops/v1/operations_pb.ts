@@ -17,7 +17,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file loops/v1/operations.proto.
  */
 export const file_loops_v1_operations: GenFile = /*@__PURE__*/
-  fileDesc("Chlsb29wcy92MS9vcGVyYXRpb25zLnByb3RvEghsb29wcy52MSJaCg5PcGVyYXRpb25FcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSKQoIY2F0ZWdvcnkYAyABKA4yFy5sb29wcy52MS5FcnJvckNhdGVnb3J5Il8KEVNhdmVXZWlnaHRzUmVzdWx0EgwKBHBhdGgYASABKAkSEgoKc2FtcGxlcl9pZBgCIAEoCRIoCgpjaGVja3BvaW50GAMgASgLMhQubG9vcHMudjEuQ2hlY2twb2ludCI6ChFMb2FkV2VpZ2h0c1Jlc3VsdBIMCgRwYXRoGAEgASgJEhcKD3RyYWluaW5nX3J1bl9pZBgCIAEoCSIyChdVbmxvYWRUcmFpbmluZ1J1blJlc3VsdBIXCg90cmFpbmluZ19ydW5faWQYASABKAkiowYKCU9wZXJhdGlvbhIKCgJpZBgBIAEoCRIlCgRraW5kGAIgASgOMhcubG9vcHMudjEuT3BlcmF0aW9uS2luZBInCgVzdGF0ZRgDIAEoDjIYLmxvb3BzLnYxLk9wZXJhdGlvblN0YXRlEhcKD3RyYWluaW5nX3J1bl9pZBgEIAEoCRISCgpzYW1wbGVyX2lkGAUgASgJEg4KBnNlcV9pZBgGIAEoAxIvCgtjcmVhdGVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLQoJZG9uZV90aW1lGAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBInCgVlcnJvchgJIAEoCzIYLmxvb3BzLnYxLk9wZXJhdGlvbkVycm9yEi0KDHRyYWluaW5nX3J1bhgKIAEoCzIVLmxvb3BzLnYxLlRyYWluaW5nUnVuSAASOwoQZm9yd2FyZF9iYWNrd2FyZBgLIAEoCzIfLmxvb3BzLnYxLkZvcndhcmRCYWNrd2FyZFJlc3VsdEgAEi8KCm9wdGltX3N0ZXAYDCABKAsyGS5sb29wcy52MS5PcHRpbVN0ZXBSZXN1bHRIABIzCgxzYXZlX3dlaWdodHMYDSABKAsyGy5sb29wcy52MS5TYXZlV2VpZ2h0c1Jlc3VsdEgAEjMKDGxvYWRfd2VpZ2h0cxgOIAEoCzIbLmxvb3BzLnYxLkxvYWRXZWlnaHRzUmVzdWx0SAASKAoGc2FtcGxlGA8gASgLMhYubG9vcHMudjEuU2FtcGxlUmVzdWx0SAASMwoGdW5sb2FkGBAgASgLMiEubG9vcHMudjEuVW5sb2FkVHJhaW5pbmdSdW5SZXN1bHRIABIkCgVxdWV1ZRgRIAEoCzIVLmxvb3BzLnYxLlF1ZXVlU3RhdHVzEi8KC2NhbmNlbF90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBItCgh0aW1lbGluZRgTIAEoCzIbLmxvb3BzLnYxLk9wZXJhdGlvblRpbWVsaW5lQggKBnJlc3VsdCK7AgoRT3BlcmF0aW9uVGltZWxpbmUSLgoKc3RhcnRfdGltZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSYmFja2VuZF9zdGFydF90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI0ChBiYWNrZW5kX2VuZF90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgtiYXRjaF9pdGVtcxgEIAEoBRIOCgZwaWVjZXMYBSABKAUSMAoMcGVyc2lzdF90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIxCg1yZXRyaWV2ZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKHAQoLUXVldWVTdGF0dXMSIwoFc3RhdGUYASABKA4yFC5sb29wcy52MS5RdWV1ZVN0YXRlEg4KBnJlYXNvbhgCIAEoCRIQCghwb3NpdGlvbhgDIAEoBRIxCg5lc3RpbWF0ZWRfd2FpdBgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiIhChNHZXRPcGVyYXRpb25SZXF1ZXN0EgoKAmlkGAEgASgJIk4KFFdhaXRPcGVyYXRpb25SZXF1ZXN0EgoKAmlkGAEgASgJEioKB3RpbWVvdXQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iJAoWQ2FuY2VsT3BlcmF0aW9uUmVxdWVzdBIKCgJpZBgBIAEoCSIoChlCYXRjaEdldE9wZXJhdGlvbnNSZXF1ZXN0EgsKA2lkcxgBIAMoCSJIChpCYXRjaEdldE9wZXJhdGlvbnNSZXNwb25zZRIqCgdyZXN1bHRzGAEgAygLMhkubG9vcHMudjEuT3BlcmF0aW9uTG9va3VwIm4KD09wZXJhdGlvbkxvb2t1cBIKCgJpZBgBIAEoCRImCglvcGVyYXRpb24YAiABKAsyEy5sb29wcy52MS5PcGVyYXRpb24SJwoFZXJyb3IYAyABKAsyGC5sb29wcy52MS5PcGVyYXRpb25FcnJvcirpAgoNT3BlcmF0aW9uS2luZBIeChpPUEVSQVRJT05fS0lORF9VTlNQRUNJRklFRBAAEiYKIk9QRVJBVElPTl9LSU5EX0NSRUFURV9UUkFJTklOR19SVU4QARIaChZPUEVSQVRJT05fS0lORF9GT1JXQVJEEAISIwofT1BFUkFUSU9OX0tJTkRfRk9SV0FSRF9CQUNLV0FSRBADEh0KGU9QRVJBVElPTl9LSU5EX09QVElNX1NURVAQBBIfChtPUEVSQVRJT05fS0lORF9TQVZFX1dFSUdIVFMQBRIrCidPUEVSQVRJT05fS0lORF9TQVZFX1dFSUdIVFNfRk9SX1NBTVBMRVIQBhIfChtPUEVSQVRJT05fS0lORF9MT0FEX1dFSUdIVFMQBxIZChVPUEVSQVRJT05fS0lORF9TQU1QTEUQCBImCiJPUEVSQVRJT05fS0lORF9VTkxPQURfVFJBSU5JTkdfUlVOEAkqxQEKDk9wZXJhdGlvblN0YXRlEh8KG09QRVJBVElPTl9TVEFURV9VTlNQRUNJRklFRBAAEhsKF09QRVJBVElPTl9TVEFURV9QRU5ESU5HEAESGwoXT1BFUkFUSU9OX1NUQVRFX1JVTk5JTkcQAhIdChlPUEVSQVRJT05fU1RBVEVfU1VDQ0VFREVEEAMSGgoWT1BFUkFUSU9OX1NUQVRFX0ZBSUxFRBAEEh0KGU9QRVJBVElPTl9TVEFURV9DQU5DRUxMRUQQBSpjCg1FcnJvckNhdGVnb3J5Eh4KGkVSUk9SX0NBVEVHT1JZX1VOU1BFQ0lGSUVEEAASFwoTRVJST1JfQ0FURUdPUllfVVNFUhABEhkKFUVSUk9SX0NBVEVHT1JZX1NFUlZFUhACKoUBCgpRdWV1ZVN0YXRlEhsKF1FVRVVFX1NUQVRFX1VOU1BFQ0lGSUVEEAASFgoSUVVFVUVfU1RBVEVfQUNUSVZFEAESHwobUVVFVUVfU1RBVEVfUEFVU0VEX0NBUEFDSVRZEAISIQodUVVFVUVfU1RBVEVfUEFVU0VEX1JBVEVfTElNSVQQAzLVAwoQT3BlcmF0aW9uU2VydmljZRJfCgxHZXRPcGVyYXRpb24SHS5sb29wcy52MS5HZXRPcGVyYXRpb25SZXF1ZXN0GhMubG9vcHMudjEuT3BlcmF0aW9uIhuC0+STAhUSEy92MS9vcGVyYXRpb25zL3tpZH0SaQoNV2FpdE9wZXJhdGlvbhIeLmxvb3BzLnYxLldhaXRPcGVyYXRpb25SZXF1ZXN0GhMubG9vcHMudjEuT3BlcmF0aW9uIiOC0+STAh06ASoiGC92MS9vcGVyYXRpb25zL3tpZH0vd2FpdBJvCg9DYW5jZWxPcGVyYXRpb24SIC5sb29wcy52MS5DYW5jZWxPcGVyYXRpb25SZXF1ZXN0GhMubG9vcHMudjEuT3BlcmF0aW9uIiWC0+STAh86ASoiGi92MS9vcGVyYXRpb25zL3tpZH0vY2FuY2VsEoMBChJCYXRjaEdldE9wZXJhdGlvbnMSIy5sb29wcy52MS5CYXRjaEdldE9wZXJhdGlvbnNSZXF1ZXN0GiQubG9vcHMudjEuQmF0Y2hHZXRPcGVyYXRpb25zUmVzcG9uc2UiIoLT5JMCHDoBKiIXL3YxL29wZXJhdGlvbnM6YmF0Y2hHZXRiBnByb3RvMw", [file_google_api_annotations, file_google_protobuf_duration, file_google_protobuf_timestamp, file_loops_v1_resources, file_loops_v1_types]);
+  fileDesc("Chlsb29wcy92MS9vcGVyYXRpb25zLnByb3RvEghsb29wcy52MSJaCg5PcGVyYXRpb25FcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSKQoIY2F0ZWdvcnkYAyABKA4yFy5sb29wcy52MS5FcnJvckNhdGVnb3J5Il8KEVNhdmVXZWlnaHRzUmVzdWx0EgwKBHBhdGgYASABKAkSEgoKc2FtcGxlcl9pZBgCIAEoCRIoCgpjaGVja3BvaW50GAMgASgLMhQubG9vcHMudjEuQ2hlY2twb2ludCI6ChFMb2FkV2VpZ2h0c1Jlc3VsdBIMCgRwYXRoGAEgASgJEhcKD3RyYWluaW5nX3J1bl9pZBgCIAEoCSIyChdVbmxvYWRUcmFpbmluZ1J1blJlc3VsdBIXCg90cmFpbmluZ19ydW5faWQYASABKAkiygYKCU9wZXJhdGlvbhIKCgJpZBgBIAEoCRIlCgRraW5kGAIgASgOMhcubG9vcHMudjEuT3BlcmF0aW9uS2luZBInCgVzdGF0ZRgDIAEoDjIYLmxvb3BzLnYxLk9wZXJhdGlvblN0YXRlEhcKD3RyYWluaW5nX3J1bl9pZBgEIAEoCRISCgpzYW1wbGVyX2lkGAUgASgJEg4KBnNlcV9pZBgGIAEoAxIvCgtjcmVhdGVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLQoJZG9uZV90aW1lGAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBInCgVlcnJvchgJIAEoCzIYLmxvb3BzLnYxLk9wZXJhdGlvbkVycm9yEi0KDHRyYWluaW5nX3J1bhgKIAEoCzIVLmxvb3BzLnYxLlRyYWluaW5nUnVuSAASOwoQZm9yd2FyZF9iYWNrd2FyZBgLIAEoCzIfLmxvb3BzLnYxLkZvcndhcmRCYWNrd2FyZFJlc3VsdEgAEi8KCm9wdGltX3N0ZXAYDCABKAsyGS5sb29wcy52MS5PcHRpbVN0ZXBSZXN1bHRIABIzCgxzYXZlX3dlaWdodHMYDSABKAsyGy5sb29wcy52MS5TYXZlV2VpZ2h0c1Jlc3VsdEgAEjMKDGxvYWRfd2VpZ2h0cxgOIAEoCzIbLmxvb3BzLnYxLkxvYWRXZWlnaHRzUmVzdWx0SAASKAoGc2FtcGxlGA8gASgLMhYubG9vcHMudjEuU2FtcGxlUmVzdWx0SAASMwoGdW5sb2FkGBAgASgLMiEubG9vcHMudjEuVW5sb2FkVHJhaW5pbmdSdW5SZXN1bHRIABIkCgVxdWV1ZRgRIAEoCzIVLmxvb3BzLnYxLlF1ZXVlU3RhdHVzEi8KC2NhbmNlbF90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBItCgh0aW1lbGluZRgTIAEoCzIbLmxvb3BzLnYxLk9wZXJhdGlvblRpbWVsaW5lEiUKBGNvc3QYFCABKAsyFy5sb29wcy52MS5PcGVyYXRpb25Db3N0QggKBnJlc3VsdCI0Cg1PcGVyYXRpb25Db3N0EgsKA3VzZBgBIAEoCRIWCg5wcmljZV92ZXJzaW9ucxgCIAMoCSK7AgoRT3BlcmF0aW9uVGltZWxpbmUSLgoKc3RhcnRfdGltZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSYmFja2VuZF9zdGFydF90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI0ChBiYWNrZW5kX2VuZF90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgtiYXRjaF9pdGVtcxgEIAEoBRIOCgZwaWVjZXMYBSABKAUSMAoMcGVyc2lzdF90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIxCg1yZXRyaWV2ZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKHAQoLUXVldWVTdGF0dXMSIwoFc3RhdGUYASABKA4yFC5sb29wcy52MS5RdWV1ZVN0YXRlEg4KBnJlYXNvbhgCIAEoCRIQCghwb3NpdGlvbhgDIAEoBRIxCg5lc3RpbWF0ZWRfd2FpdBgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiIhChNHZXRPcGVyYXRpb25SZXF1ZXN0EgoKAmlkGAEgASgJIk4KFFdhaXRPcGVyYXRpb25SZXF1ZXN0EgoKAmlkGAEgASgJEioKB3RpbWVvdXQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iJAoWQ2FuY2VsT3BlcmF0aW9uUmVxdWVzdBIKCgJpZBgBIAEoCSIoChlCYXRjaEdldE9wZXJhdGlvbnNSZXF1ZXN0EgsKA2lkcxgBIAMoCSJIChpCYXRjaEdldE9wZXJhdGlvbnNSZXNwb25zZRIqCgdyZXN1bHRzGAEgAygLMhkubG9vcHMudjEuT3BlcmF0aW9uTG9va3VwIm4KD09wZXJhdGlvbkxvb2t1cBIKCgJpZBgBIAEoCRImCglvcGVyYXRpb24YAiABKAsyEy5sb29wcy52MS5PcGVyYXRpb24SJwoFZXJyb3IYAyABKAsyGC5sb29wcy52MS5PcGVyYXRpb25FcnJvcirpAgoNT3BlcmF0aW9uS2luZBIeChpPUEVSQVRJT05fS0lORF9VTlNQRUNJRklFRBAAEiYKIk9QRVJBVElPTl9LSU5EX0NSRUFURV9UUkFJTklOR19SVU4QARIaChZPUEVSQVRJT05fS0lORF9GT1JXQVJEEAISIwofT1BFUkFUSU9OX0tJTkRfRk9SV0FSRF9CQUNLV0FSRBADEh0KGU9QRVJBVElPTl9LSU5EX09QVElNX1NURVAQBBIfChtPUEVSQVRJT05fS0lORF9TQVZFX1dFSUdIVFMQBRIrCidPUEVSQVRJT05fS0lORF9TQVZFX1dFSUdIVFNfRk9SX1NBTVBMRVIQBhIfChtPUEVSQVRJT05fS0lORF9MT0FEX1dFSUdIVFMQBxIZChVPUEVSQVRJT05fS0lORF9TQU1QTEUQCBImCiJPUEVSQVRJT05fS0lORF9VTkxPQURfVFJBSU5JTkdfUlVOEAkqxQEKDk9wZXJhdGlvblN0YXRlEh8KG09QRVJBVElPTl9TVEFURV9VTlNQRUNJRklFRBAAEhsKF09QRVJBVElPTl9TVEFURV9QRU5ESU5HEAESGwoXT1BFUkFUSU9OX1NUQVRFX1JVTk5JTkcQAhIdChlPUEVSQVRJT05fU1RBVEVfU1VDQ0VFREVEEAMSGgoWT1BFUkFUSU9OX1NUQVRFX0ZBSUxFRBAEEh0KGU9QRVJBVElPTl9TVEFURV9DQU5DRUxMRUQQBSpjCg1FcnJvckNhdGVnb3J5Eh4KGkVSUk9SX0NBVEVHT1JZX1VOU1BFQ0lGSUVEEAASFwoTRVJST1JfQ0FURUdPUllfVVNFUhABEhkKFUVSUk9SX0NBVEVHT1JZX1NFUlZFUhACKoUBCgpRdWV1ZVN0YXRlEhsKF1FVRVVFX1NUQVRFX1VOU1BFQ0lGSUVEEAASFgoSUVVFVUVfU1RBVEVfQUNUSVZFEAESHwobUVVFVUVfU1RBVEVfUEFVU0VEX0NBUEFDSVRZEAISIQodUVVFVUVfU1RBVEVfUEFVU0VEX1JBVEVfTElNSVQQAzLVAwoQT3BlcmF0aW9uU2VydmljZRJfCgxHZXRPcGVyYXRpb24SHS5sb29wcy52MS5HZXRPcGVyYXRpb25SZXF1ZXN0GhMubG9vcHMudjEuT3BlcmF0aW9uIhuC0+STAhUSEy92MS9vcGVyYXRpb25zL3tpZH0SaQoNV2FpdE9wZXJhdGlvbhIeLmxvb3BzLnYxLldhaXRPcGVyYXRpb25SZXF1ZXN0GhMubG9vcHMudjEuT3BlcmF0aW9uIiOC0+STAh06ASoiGC92MS9vcGVyYXRpb25zL3tpZH0vd2FpdBJvCg9DYW5jZWxPcGVyYXRpb24SIC5sb29wcy52MS5DYW5jZWxPcGVyYXRpb25SZXF1ZXN0GhMubG9vcHMudjEuT3BlcmF0aW9uIiWC0+STAh86ASoiGi92MS9vcGVyYXRpb25zL3tpZH0vY2FuY2VsEoMBChJCYXRjaEdldE9wZXJhdGlvbnMSIy5sb29wcy52MS5CYXRjaEdldE9wZXJhdGlvbnNSZXF1ZXN0GiQubG9vcHMudjEuQmF0Y2hHZXRPcGVyYXRpb25zUmVzcG9uc2UiIoLT5JMCHDoBKiIXL3YxL29wZXJhdGlvbnM6YmF0Y2hHZXRiBnByb3RvMw", [file_google_api_annotations, file_google_protobuf_duration, file_google_protobuf_timestamp, file_loops_v1_resources, file_loops_v1_types]);
 
 /**
  * OperationError is why an operation failed.
@@ -250,6 +250,16 @@ export type Operation = Message<"loops.v1.Operation"> & {
    * @generated from field: loops.v1.OperationTimeline timeline = 19;
    */
   timeline?: OperationTimeline | undefined;
+
+  /**
+   * What its metered usage cost under the price sheet in force when it ran; unset when the
+   * server has no price sheet or the sheet prices none of its usage (docs/operations.md,
+   * "Prices"). A failed or cancelled operation has one too when part of its work was
+   * metered (a stream cut short: its prompt and the tokens sent).
+   *
+   * @generated from field: loops.v1.OperationCost cost = 20;
+   */
+  cost?: OperationCost | undefined;
 };
 
 /**
@@ -258,6 +268,35 @@ export type Operation = Message<"loops.v1.Operation"> & {
  */
 export const OperationSchema: GenMessage<Operation> = /*@__PURE__*/
   messageDesc(file_loops_v1_operations, 4);
+
+/**
+ * OperationCost is what an operation's metered usage cost.
+ *
+ * @generated from message loops.v1.OperationCost
+ */
+export type OperationCost = Message<"loops.v1.OperationCost"> & {
+  /**
+   * Exact decimal US dollars ("0.0000042"), never rounded beyond the pico-dollar.
+   *
+   * @generated from field: string usd = 1;
+   */
+  usd: string;
+
+  /**
+   * The versions of the price sheets it was priced with ("sha256:<12 hex>@<load time>"),
+   * in the order first used: one unless the sheet was reloaded while it ran.
+   *
+   * @generated from field: repeated string price_versions = 2;
+   */
+  priceVersions: string[];
+};
+
+/**
+ * Describes the message loops.v1.OperationCost.
+ * Use `create(OperationCostSchema)` to create a new message.
+ */
+export const OperationCostSchema: GenMessage<OperationCost> = /*@__PURE__*/
+  messageDesc(file_loops_v1_operations, 5);
 
 /**
  * OperationTimeline is when each stage of an operation happened, after create_time (its
@@ -319,7 +358,7 @@ export type OperationTimeline = Message<"loops.v1.OperationTimeline"> & {
  * Use `create(OperationTimelineSchema)` to create a new message.
  */
 export const OperationTimelineSchema: GenMessage<OperationTimeline> = /*@__PURE__*/
-  messageDesc(file_loops_v1_operations, 5);
+  messageDesc(file_loops_v1_operations, 6);
 
 /**
  * QueueStatus says where a pending operation waits and why.
@@ -361,7 +400,7 @@ export type QueueStatus = Message<"loops.v1.QueueStatus"> & {
  * Use `create(QueueStatusSchema)` to create a new message.
  */
 export const QueueStatusSchema: GenMessage<QueueStatus> = /*@__PURE__*/
-  messageDesc(file_loops_v1_operations, 6);
+  messageDesc(file_loops_v1_operations, 7);
 
 /**
  * @generated from message loops.v1.GetOperationRequest
@@ -378,7 +417,7 @@ export type GetOperationRequest = Message<"loops.v1.GetOperationRequest"> & {
  * Use `create(GetOperationRequestSchema)` to create a new message.
  */
 export const GetOperationRequestSchema: GenMessage<GetOperationRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_operations, 7);
+  messageDesc(file_loops_v1_operations, 8);
 
 /**
  * @generated from message loops.v1.WaitOperationRequest
@@ -402,7 +441,7 @@ export type WaitOperationRequest = Message<"loops.v1.WaitOperationRequest"> & {
  * Use `create(WaitOperationRequestSchema)` to create a new message.
  */
 export const WaitOperationRequestSchema: GenMessage<WaitOperationRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_operations, 8);
+  messageDesc(file_loops_v1_operations, 9);
 
 /**
  * @generated from message loops.v1.CancelOperationRequest
@@ -419,7 +458,7 @@ export type CancelOperationRequest = Message<"loops.v1.CancelOperationRequest"> 
  * Use `create(CancelOperationRequestSchema)` to create a new message.
  */
 export const CancelOperationRequestSchema: GenMessage<CancelOperationRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_operations, 9);
+  messageDesc(file_loops_v1_operations, 10);
 
 /**
  * @generated from message loops.v1.BatchGetOperationsRequest
@@ -438,7 +477,7 @@ export type BatchGetOperationsRequest = Message<"loops.v1.BatchGetOperationsRequ
  * Use `create(BatchGetOperationsRequestSchema)` to create a new message.
  */
 export const BatchGetOperationsRequestSchema: GenMessage<BatchGetOperationsRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_operations, 10);
+  messageDesc(file_loops_v1_operations, 11);
 
 /**
  * @generated from message loops.v1.BatchGetOperationsResponse
@@ -457,7 +496,7 @@ export type BatchGetOperationsResponse = Message<"loops.v1.BatchGetOperationsRes
  * Use `create(BatchGetOperationsResponseSchema)` to create a new message.
  */
 export const BatchGetOperationsResponseSchema: GenMessage<BatchGetOperationsResponse> = /*@__PURE__*/
-  messageDesc(file_loops_v1_operations, 11);
+  messageDesc(file_loops_v1_operations, 12);
 
 /**
  * OperationLookup is one id's answer in a batch: the operation, or why there is none.
@@ -491,7 +530,7 @@ export type OperationLookup = Message<"loops.v1.OperationLookup"> & {
  * Use `create(OperationLookupSchema)` to create a new message.
  */
 export const OperationLookupSchema: GenMessage<OperationLookup> = /*@__PURE__*/
-  messageDesc(file_loops_v1_operations, 12);
+  messageDesc(file_loops_v1_operations, 13);
 
 /**
  * OperationKind is what an operation does.

@@ -1,0 +1,150 @@
+package gateway_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/stretchr/testify/require"
+
+	"github.com/loops-dev/loops/gateway"
+	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/core"
+	"github.com/loops-dev/loops/gateway/policy"
+	"github.com/loops-dev/loops/gateway/prices"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/errs"
+	"github.com/loops-dev/loops/internal/money"
+)
+
+// TestBudgetHoldsUnderConcurrentClients: 8 clients of one workspace train as fast as they
+// can against a total budget of 100 µ$ at 12 µ$ a forward_backward. Admission reserves each
+// operation's estimate, so the workspace stops at 8 operations (96 µ$): never past its
+// budget, and every client is refused with a final (not retried) error that names the
+// budget, the spend and how to raise it. Another workspace is not affected.
+func TestBudgetHoldsUnderConcurrentClients(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "prices.yaml")
+	writeSheet(t, file, "models:\n  loops/tiny: {train: \"1.00\", sample: \"1.00\", prefill: \"1.00\"}\n", time.Hour)
+	sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	pol, err := policy.Parse([]byte("workspaces:\n  team-b: {budget_usd_total: \"0.0001\", budget_usd_month: 1}\n"))
+	require.NoError(t, err)
+	url := "http://" + startServerWith(t, func(c *gateway.Config) { c.Core.Prices, c.Core.Policy = sheet, pol })
+
+	const clients = 8
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		done    int
+		refusal []error
+	)
+	cls := make([]*costClient, clients)
+	for i := range cls {
+		cls[i] = newCostClient(t, url, keyB)
+	}
+	for _, cl := range cls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				in, tgt, w := tokens(12)
+				op, err := cl.training.ForwardBackward(t.Context(), &loopsv1.ForwardBackwardRequest{TrainingRunId: cl.run, LossFn: "cross_entropy",
+					Data: []*loopsv1.Datum{{Tokens: in, LossFnInputs: map[string]*loopsv1.Tensor{
+						"target_tokens": {Dtype: loopsv1.Dtype_DTYPE_INT64, Int64Data: tgt},
+						"weights":       {Dtype: loopsv1.Dtype_DTYPE_FLOAT32, Float32Data: w},
+					}}}})
+				if err != nil {
+					mu.Lock()
+					refusal = append(refusal, err)
+					mu.Unlock()
+					return
+				}
+				cl.wait(op)
+				mu.Lock()
+				done++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, 8, done, "96 µ$ of 100: a ninth operation would pass the budget")
+	require.Len(t, refusal, clients)
+	for _, err := range refusal {
+		var ce *connect.Error
+		require.True(t, errors.As(err, &ce), err)
+		require.Equal(t, connect.CodeResourceExhausted, ce.Code())
+		require.True(t, errs.IsFinal(err), "X-Should-Retry: false, so the SDK fails at once: %v", err)
+		require.Regexp(t, `workspace "team-b" has spent 0\.0000\d+ USD in all \(and has 0(\.0000\d+)? USD of work running\)`, err.Error())
+		require.Contains(t, err.Error(), "budget of 0.0001 USD (budget_usd_total in its policy)")
+		require.Contains(t, err.Error(), "raise budget_usd_total in the workspace policy")
+	}
+	spent := must(money.ParseUSD(cls[0].costs()[loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS][2], money.Digits))
+	require.Equal(t, "0.000096", spent.String(), "spent, exactly, never past the budget")
+
+	// Over Tinker's HTTP route: 429 with X-Should-Retry: false, so the tinker SDK fails at
+	// once instead of backing off for minutes.
+	status, body, h := callHeaders(t, url, "/api/v1/forward_backward", keyB, map[string]any{"model_id": cls[0].run, "type": "forward_backward",
+		"forward_backward_input": map[string]any{"loss_fn": "cross_entropy", "data": []any{tinkerDatum(12)}}})
+	requireTinker(t, status, body, http.StatusTooManyRequests, "(budget_usd_total in its policy)")
+	require.Equal(t, "false", h.Get("X-Should-Retry"))
+
+	// Sampling is refused too: its estimate (prompt + num_samples × max_tokens) would pass.
+	_, err = cls[0].sampling.Sample(t.Context(), &loopsv1.SampleRequest{BaseModel: "loops/tiny", Prompt: []int32{1, 2}, NumSamples: 1,
+		Params: &loopsv1.SamplingParams{MaxTokens: 4}})
+	require.True(t, errs.IsFinal(err), "%v", err)
+
+	// Another workspace has no budget.
+	require.NotNil(t, newCostClient(t, url, keyA).train(12).GetCost())
+}
+
+// TestBudgetCountsSpendBeforeARestart: a workspace's spend is read back from the store
+// after a restart, so a budget set then counts what was spent before it.
+func TestBudgetCountsSpendBeforeARestart(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(t.TempDir(), "prices.yaml")
+	writeSheet(t, file, "models:\n  loops/tiny: {train: \"1.00\"}\n", time.Hour)
+	start := func(budget string) (string, func()) {
+		sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
+		require.NoError(t, err)
+		pol, err := policy.Parse([]byte("workspaces:\n  team-b: {budget_usd_month: \"" + budget + "\"}\n"))
+		require.NoError(t, err)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		keys, err := auth.ParseKeys([]string{keyA, keyB + "=team-b"})
+		require.NoError(t, err)
+		srv, err := gateway.New(t.Context(), ln, gateway.Config{DataDir: dir, Keys: keys, Core: core.Options{Prices: sheet, Policy: pol}})
+		require.NoError(t, err)
+		go func() { _ = srv.Serve() }()
+		return "http://" + ln.Addr().String(), func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			require.NoError(t, srv.Close(ctx))
+		}
+	}
+	url, stop := start("0") // no budget yet
+	cl := newCostClient(t, url, keyB)
+	for range 3 {
+		cl.train(12) // 3 × 12 µ$
+	}
+	stop()
+
+	url, stop = start("0.00005") // 50 µ$ a month: 36 spent, one more 12 µ$ operation fits
+	defer stop()
+	cl = newCostClient(t, url, keyB)
+	cl.train(12)
+	in, tgt, w := tokens(12)
+	_, err := cl.training.ForwardBackward(t.Context(), &loopsv1.ForwardBackwardRequest{TrainingRunId: cl.run, LossFn: "cross_entropy",
+		Data: []*loopsv1.Datum{{Tokens: in, LossFnInputs: map[string]*loopsv1.Tensor{
+			"target_tokens": {Dtype: loopsv1.Dtype_DTYPE_INT64, Int64Data: tgt},
+			"weights":       {Dtype: loopsv1.Dtype_DTYPE_FLOAT32, Float32Data: w},
+		}}}})
+	require.True(t, errs.IsFinal(err), "%v", err)
+	require.ErrorContains(t, err, "has spent 0.000048 USD this month (UTC)")
+}

@@ -1,0 +1,49 @@
+package console_test
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"net/url"
+
+	"github.com/loops-dev/loops/gateway"
+	"github.com/loops-dev/loops/gateway/console"
+	"github.com/loops-dev/loops/gateway/prices"
+)
+
+// TestConsoleShowsCost: under a price sheet the run page draws the run's cost beside its
+// loss and the usage page shows costs and the workspace's month; without one neither does.
+func TestConsoleShowsCost(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "prices.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("models:\n  loops/tiny: {train: \"0.40\"}\n"), 0o600))
+	sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	base := startServerWith(t, func(c *gateway.Config) { c.Core.Prices = sheet })
+	run, _ := train(t, base, keyA, 3) // 3 × 4 tokens × $0.40 / 1e6
+
+	b := newBrowser(t, base)
+	code, _, _ := b.post(console.SignInPath, url.Values{"api_key": {keyA}})
+	require.Equal(t, 303, code)
+	_, _, body := b.get("/console/runs/" + run)
+	require.Contains(t, body, `id="chart-cost" data-points="3"`)
+	require.Contains(t, body, "Cost so far, USD (0.0000048 in all)")
+	_, _, body = b.get("/console/usage")
+	require.Contains(t, body, `id="usage-month"`)
+	require.Contains(t, body, "This month (UTC) so far: <strong>0.0000048 USD</strong>")
+	require.Regexp(t, `training_tokens</td><td class="num">12</td><td class="num">0.0000048<`, body)
+
+	// No price sheet: no cost anywhere on the pages.
+	base = startServer(t)
+	run, _ = train(t, base, keyA, 1)
+	b = newBrowser(t, base)
+	b.post(console.SignInPath, url.Values{"api_key": {keyA}})
+	_, _, body = b.get("/console/runs/" + run)
+	require.NotContains(t, body, "chart-cost")
+	_, _, body = b.get("/console/usage")
+	require.NotContains(t, body, "usage-month")
+	require.NotContains(t, body, "Cost (USD)")
+}
