@@ -35,6 +35,7 @@ var reads = []string{
 	"GetAccessRequest", "ListAccessRequests", "GrantedAccessRequests", "DueWebhookDeliveries",
 	"ListWebhookDeliveries", "CountPendingWebhookDeliveries",
 	"ListSessionSamplers", "ListOwnerOperations",
+	"GetEval", "GetEvalByName", "GetEvalDataset", "ListEvals", "ListEvalAttachments", "ListEvalResults",
 	"SetFence", "Close",
 }
 
@@ -125,6 +126,20 @@ func seedFenced(t *testing.T, st store.Store) {
 	require.NoError(t, st.CreateWeightsAccessToken(ctx, wsA, accessToken("wat-old", 0, time.Second), hashOf("wat-old"), base, 10))
 	_, _, err := st.PutAccessRequest(ctx, accessRequest("acr-1", wsA, "key-a", "m", 0), 10, hookFor("evt-1", wsA))
 	require.NoError(t, err)
+	require.NoError(t, st.CreateEval(ctx, wsA, fencedEval("eval-1"), []byte("{}\n")))
+	require.NoError(t, st.PutEvalAttachment(ctx, wsA, &loopsv1.EvalAttachment{TrainingRunId: "run-1", EvalId: "eval-1", CreateTime: ts(0)}))
+	require.NoError(t, st.PutEvalResult(ctx, wsA, fencedEvalResult("eval-1", 1)))
+}
+
+// fencedEval is an eval seedFenced and fencedWrites write.
+func fencedEval(id string) *loopsv1.Eval {
+	return &loopsv1.Eval{Id: id, Name: id, Kind: loopsv1.EvalKind_EVAL_KIND_NLL, CreateTime: ts(0)}
+}
+
+// fencedEvalResult is a result of eval id on run-1's ckpt-1.
+func fencedEvalResult(id string, score float64) *loopsv1.EvalResult {
+	return &loopsv1.EvalResult{TrainingRunId: "run-1", CheckpointId: "ckpt-1", EvalId: id, Score: score, CreateTime: ts(0),
+		State: loopsv1.EvalResultState_EVAL_RESULT_STATE_SUCCEEDED}
 }
 
 // fencedTokens are the weights-access tokens seedFenced and fencedWrites touch.
@@ -244,6 +259,21 @@ func fencedWrites() map[string]func(context.Context, store.Store) error {
 			return st.TransitionAccessRequest(ctx, r, loopsv1.AccessState_ACCESS_STATE_PENDING,
 				auditEvent(wsA, time.Hour, "key-admin", "access_request_deny", "acr-1"), nil)
 		},
+		"CreateEval": func(ctx context.Context, st store.Store) error {
+			return st.CreateEval(ctx, wsA, fencedEval("eval-fenced"), nil)
+		},
+		"DeleteEval": func(ctx context.Context, st store.Store) error {
+			return st.DeleteEval(ctx, wsA, "eval-1")
+		},
+		"PutEvalAttachment": func(ctx context.Context, st store.Store) error {
+			return st.PutEvalAttachment(ctx, wsA, &loopsv1.EvalAttachment{TrainingRunId: "run-1", EvalId: "eval-1", EveryNSteps: 3, CreateTime: ts(0)})
+		},
+		"PutEvalResult": func(ctx context.Context, st store.Store) error {
+			return st.PutEvalResult(ctx, wsA, fencedEvalResult("eval-1", 2))
+		},
+		"DeleteEvalResults": func(ctx context.Context, st store.Store) error {
+			return st.DeleteEvalResults(ctx, wsA, "run-1", "ckpt-1")
+		},
 		"UpdateWebhookDelivery": func(ctx context.Context, st store.Store) error {
 			d := hookFor("evt-1", wsA).Delivery
 			d.State = store.WebhookDelivered
@@ -270,6 +300,9 @@ type fencedState struct {
 	Tokens      []*loopsv1.WeightsAccessToken
 	Access      []*loopsv1.AccessRequest
 	Webhooks    []*loopsv1.WebhookDelivery
+	Evals       []*loopsv1.Eval
+	Attachments []*loopsv1.EvalAttachment
+	EvalResults []*loopsv1.EvalResult
 }
 
 func snapshot(t *testing.T, st store.Store) fencedState {
@@ -317,6 +350,12 @@ func snapshot(t *testing.T, st store.Store) fencedState {
 	s.Access, err = st.ListAccessRequests(ctx, wsA, store.AccessQuery{})
 	require.NoError(t, err)
 	s.Webhooks, err = st.ListWebhookDeliveries(ctx, wsA, 0)
+	require.NoError(t, err)
+	s.Evals, err = st.ListEvals(ctx, wsA)
+	require.NoError(t, err)
+	s.Attachments, err = st.ListEvalAttachments(ctx, wsA, "run-1")
+	require.NoError(t, err)
+	s.EvalResults, err = st.ListEvalResults(ctx, wsA, "run-1", "", "", 100)
 	require.NoError(t, err)
 	return s
 }

@@ -9,9 +9,9 @@ CREATE TABLE evals (
     name        TEXT COLLATE "C" NOT NULL,
     create_time BIGINT NOT NULL,
     data        BYTEA NOT NULL,
-    dataset     BYTEA NOT NULL,
-    UNIQUE (workspace, name)
+    dataset     BYTEA NOT NULL
 );
+CREATE UNIQUE INDEX evals_by_workspace_name ON evals (workspace, name);
 
 CREATE TABLE eval_attachments (
     run_id      TEXT COLLATE "C" NOT NULL,

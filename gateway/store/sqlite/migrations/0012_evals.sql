@@ -8,9 +8,9 @@ CREATE TABLE evals (
     name        TEXT NOT NULL,
     create_time INTEGER NOT NULL,
     data        BLOB NOT NULL,
-    dataset     BLOB NOT NULL,
-    UNIQUE (workspace, name)
+    dataset     BLOB NOT NULL
 ) STRICT;
+CREATE UNIQUE INDEX evals_by_workspace_name ON evals (workspace, name);
 
 CREATE TABLE eval_attachments (
     run_id      TEXT NOT NULL,
