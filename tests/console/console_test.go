@@ -43,8 +43,11 @@ func serve(t *testing.T, dir string) string {
 	build.Dir = "../.."
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "go build: %s", out)
+	// A price sheet: the run page charts the run's cost beside its loss, the usage page the month's.
+	prices := filepath.Join(dir, "prices.yaml")
+	require.NoError(t, os.WriteFile(prices, []byte("models:\n  \"*\": {prefill: \"0.20\", sample: \"0.60\", train: \"0.40\"}\n"), 0o600))
 	cmd := exec.Command(bin, "serve", "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"),
-		"--api-key", keyAlice+"=alice", "--api-key", keyBob+"=bob")
+		"--api-key", keyAlice+"=alice", "--api-key", keyBob+"=bob", "--prices", prices)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	log, err := os.Create(filepath.Join(dir, "server.log"))
@@ -225,6 +228,8 @@ func TestConsoleInBrowser(t *testing.T) {
 		require.True(t, time.Now().Before(deadline), "the eval chart did not get both saves' scores")
 		time.Sleep(500 * time.Millisecond)
 	}
+	// Priced by the sheet: the run's cost so far, a point per forward_backward (8 steps × 2 losses).
+	require.Equal(t, 16, points(ctx, t, "cost"))
 	run("finished run shot", sh.shot("run-finished"))
 
 	// The toggles: EMA and log scale redraw the charts and stay in the page's URL.
@@ -259,6 +264,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	run("usage", chromedp.Navigate(base+"/console/usage"), chromedp.WaitVisible("#usage-totals", chromedp.ByID), chromedp.Text("#usage-totals", &msg, chromedp.ByID), sh.shot("usage"))
 	require.Contains(t, msg, "training_tokens")
 	require.Contains(t, msg, "sampling_sample_tokens")
+	require.Contains(t, msg, "Cost (USD)")
+	run("usage month", chromedp.Text("#usage-month", &msg, chromedp.ByID))
+	require.Contains(t, msg, "This month (UTC) so far")
 	// The sampler train.py sampled from: a session's list of samplers is written behind, so
 	// reload until it is there.
 	deadline = time.Now().Add(60 * time.Second)
