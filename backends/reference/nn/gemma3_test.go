@@ -130,8 +130,10 @@ func TestGemma3ConfigRefusals(t *testing.T) {
 // TestGemma3Transformers checks the engine against transformers 5 + PEFT
 // (testdata/gemma3_transformers.py) on a tiny random Gemma3ForCausalLM whose sequence is
 // longer than its sliding window: base and adapted log-probs in float64 (1e-5) and float32
-// (1e-4), the LoRA gradients in float64 (1e-5 relative to the largest), and an adapter the
-// engine trained and saved, loaded by PEFT, gives the engine's log-probs (1e-5). The float64
+// (1e-4), the LoRA gradients in float64 (1e-5 relative to the largest), and adapters the
+// engine trained or wrote (one with an unembedding LoRA on the tied matrix, which PEFT's
+// ensure_weight_tying applies to the embedding lookup too, scaled by √hidden), saved and
+// loaded by PEFT, give the engine's log-probs (1e-5). The float64
 // bounds are float32's: transformers computes Gemma's RMSNorm in float32 whatever the
 // model's dtype (x.float()), so its float64 model rounds there. It runs when
 // LOOPS_TORCH_PYTHON names a python with torch, transformers and peft (make test-export).
@@ -192,18 +194,26 @@ func TestGemma3Transformers(t *testing.T) {
 	out32 := m32.ForwardBackward([]Seq[float32]{{Tokens: fx.Tokens, Targets: fx.Targets, K: 1, Adapter: a32}}, nll, false)
 	require.InDeltaSlice(t, fx.Lora32, out32[0].LogProbs, 1e-4)
 
-	// a step of AdamW on the engine, saved, loaded by PEFT
+	// a step of AdamW on the engine, saved, loaded by PEFT; and an adapter with an
+	// unembedding LoRA on the tied matrix (saved with ensure_weight_tying: PEFT adapts the
+	// embedding lookup too, scaled by √hidden as the base lookup is)
 	a64.AdamStep(AdamParams{LR: 0.05, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8})
-	trained := filepath.Join(dir, "trained")
-	_, err = SaveAdapter(trained, a64, model, false)
+	tied, err := NewAdapter(m64, LoraConfig{Rank: 4, Seed: 5, Attn: true, MLP: true, Unembed: true})
 	require.NoError(t, err)
-	saved, err := LoadAdapter(trained, m64, false, 64) // the float32 weights PEFT reads
-	require.NoError(t, err)
-	mine := m64.ForwardBackward(seq(saved), nll, false)[0].LogProbs
-	require.NotEqual(t, got, mine)
+	require.True(t, tied.TiedEmbed)
+	randomizeAdapter(tied, 6, 0.15)
 	toks, _ := json.Marshal(fx.Tokens)
 	tgts, _ := json.Marshal(fx.Targets)
-	var peftLP []float64
-	require.NoError(t, json.Unmarshal(run("score", model, trained, string(toks), string(tgts)), &peftLP))
-	require.InDeltaSlice(t, peftLP, mine, 1e-5)
+	for name, a := range map[string]*Adapter[float64]{"trained": a64, "tied": tied} {
+		path := filepath.Join(dir, name)
+		_, err = SaveAdapter(path, a, model, false)
+		require.NoError(t, err)
+		saved, err := LoadAdapter(path, m64, false, 64) // the float32 weights PEFT reads
+		require.NoError(t, err)
+		mine := m64.ForwardBackward(seq(saved), nll, false)[0].LogProbs
+		require.NotEqual(t, got, mine)
+		var peftLP []float64
+		require.NoError(t, json.Unmarshal(run("score", model, path, string(toks), string(tgts)), &peftLP))
+		require.InDeltaSlice(t, peftLP, mine, 1e-5, name)
+	}
 }
