@@ -41,6 +41,15 @@ QWEN3_SHAPE = dict(
     rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu", attention_bias=False,
     attention_dropout=0.0, bos_token_id=151643, eos_token_id=151645, initializer_range=0.02,
 )
+# A tiny Gemma 3 (text) of loops/tiny's size: vocab 512, hidden 256, 4 layers (three
+# sliding-window layers of window 64, shorter than --seq, then a global one), 4 query / 2 KV
+# heads of 64, MLP 768, tied embeddings; random weights (float32).
+GEMMA3_TINY = dict(
+    vocab_size=512, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=64, intermediate_size=768, max_position_embeddings=2048, sliding_window=64,
+    layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+    query_pre_attn_scalar=64, rms_norm_eps=1e-6, tie_word_embeddings=True, initializer_range=0.02,
+)
 SEED = 20240917
 DROP_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
@@ -59,6 +68,25 @@ def write_random_qwen3(path, layers):
     model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
     os.makedirs(path, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True, max_shard_size="20GB")
+    with open(marker, "w") as f:
+        f.write(tag + "\n")
+
+
+def write_random_gemma3(path):
+    """Writes config.json + model.safetensors of GEMMA3_TINY (float32, HF's init, seed SEED)."""
+    marker = os.path.join(path, "loops-bench-version")
+    tag = f"gemma3-tiny seed={SEED} v1"
+    if os.path.exists(marker) and open(marker).read().strip() == tag:
+        return
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(SEED)
+    cfg = Gemma3TextConfig(**GEMMA3_TINY)
+    cfg.architectures = ["Gemma3ForCausalLM"]
+    model = Gemma3ForCausalLM(cfg)
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
     with open(marker, "w") as f:
         f.write(tag + "\n")
 
@@ -143,7 +171,7 @@ def run_json(cmd, env=None):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default=os.path.expanduser("~/.cache/loops/bench"), help="model folders go here")
-    ap.add_argument("--models", default="tiny,qwen3-0.6b-shape")
+    ap.add_argument("--models", default="tiny,qwen3-0.6b-shape", help="tiny, qwen3-0.6b-shape, gemma3-tiny")
     ap.add_argument("--layers", type=int, default=28, help="layers of the Qwen3-shaped model")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=4)
@@ -177,6 +205,9 @@ def main():
         if name == "tiny":
             path = os.path.join(a.workdir, "loops-tiny")
             subprocess.run([gobin, "-write-tiny", path], check=True)
+        elif name == "gemma3-tiny":
+            path = os.path.join(a.workdir, "gemma3-tiny-random")
+            write_random_gemma3(path)
         else:
             path = os.path.join(a.workdir, f"qwen3-0.6b-shape-random-{a.layers}l")
             write_random_qwen3(path, a.layers)

@@ -100,7 +100,7 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 	scAll := growF64(&buf.sc, scOff[M])
 	dAll := grow(buf.dots[:0], scOff[M]) // the scores' dot products, laid out like scAll
 	buf.dots = dAll
-	scale := 1 / math.Sqrt(float64(hd))
+	scale := c.attnScale()
 	for l := range m.Layers {
 		L := &m.Layers[l]
 		rmsnorm(x, L.AttnNorm, h, nil, M, D, c.Eps)
@@ -111,8 +111,9 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 			rmsnorm(q, L.QNorm, q, nil, M*H, hd, c.Eps)
 			rmsnorm(k, L.KNorm, k, nil, M*KH, hd, c.Eps)
 		}
-		rope(q, M, H, hd, posOf, m.cos, m.sin, false)
-		rope(k, M, KH, hd, posOf, m.cos, m.sin, false)
+		cos, sin := m.ropeOf(l)
+		rope(q, M, H, hd, posOf, cos, sin, false)
+		rope(k, M, KH, hd, posOf, cos, sin, false)
 		for i := 0; i < M; i++ {
 			cc := caches[i]
 			need := (pos[i] + 1) * KVD
@@ -130,12 +131,14 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 			kh := hh / grp
 			cc := caches[i]
 			n := pos[i] + 1
+			j0 := c.firstKey(l, pos[i]) // keys j0…pos[i] (a sliding window's)
 			qr := q[i*QD+hh*hd : i*QD+(hh+1)*hd]
-			sc := scAll[scOff[i]+hh*n : scOff[i]+(hh+1)*n]
-			qk := dAll[scOff[i]+hh*n : scOff[i]+(hh+1)*n]
-			dotRows(qk, qr, cc.K[l][kh*hd:], KVD)
+			sc := scAll[scOff[i]+hh*n+j0 : scOff[i]+(hh+1)*n]
+			qk := dAll[scOff[i]+hh*n+j0 : scOff[i]+(hh+1)*n]
+			kv := j0*KVD + kh*hd
+			dotRows(qk, qr, cc.K[l][kv:], KVD)
 			mx := math.Inf(-1)
-			for j := 0; j < n; j++ {
+			for j := range sc {
 				s := float64(qk[j]) * scale
 				sc[j] = s
 				mx = max(mx, s)
@@ -158,21 +161,27 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 			for j := range sc {
 				sc[j] /= sum
 			}
-			weightedSum(acc, sc, cc.V[l][kh*hd:], KVD)
+			weightedSum(acc, sc, cc.V[l][kv:], KVD)
 			out := att[i*QD+hh*hd : i*QD+(hh+1)*hd]
 			for d := range out {
 				out[d] = T(acc[d])
 			}
 		})
 		lin(att, &L.Lin[TO], l, TO, o)
+		if L.PostAttnNorm != nil {
+			rmsnorm(o, L.PostAttnNorm, o, nil, M, D, c.Eps)
+		}
 		for i := range x {
 			x[i] += o[i]
 		}
 		rmsnorm(x, L.MLPNorm, h, nil, M, D, c.Eps)
 		lin(h, &L.Lin[TGate], l, TGate, g)
 		lin(h, &L.Lin[TUp], l, TUp, u)
-		swiglu(g, u, g)
+		m.mlpAct(g, u, g)
 		lin(g, &L.Lin[TDown], l, TDown, o)
+		if L.PostMLPNorm != nil {
+			rmsnorm(o, L.PostMLPNorm, o, nil, M, D, c.Eps)
+		}
 		for i := range x {
 			x[i] += o[i]
 		}

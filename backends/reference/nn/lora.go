@@ -127,7 +127,8 @@ func (a *Adapter[T]) addEmbedDelta(x []T, tok int, acc []float64) {
 }
 
 // embedRows sets x (len(toks) rows of D) to the embeddings of toks, adapted for the rows
-// of segments whose adapter embedsTied.
+// of segments whose adapter embedsTied, then scaled as the family scales them (Gemma 3's
+// √hidden, applied to the adapted row as to a merged W+ΔW).
 func (m *Model[T]) embedRows(x []T, toks func(i int) int, n int, segs []seg[T]) {
 	D := m.Cfg.Hidden
 	for i := range n {
@@ -144,6 +145,7 @@ func (m *Model[T]) embedRows(x []T, toks func(i int) int, n int, segs []seg[T]) 
 		}
 		putF64(acc)
 	}
+	m.scaleEmbeddings(x, n)
 }
 
 // embedBwd accumulates into the unembedding LoRA gradients of the adapters that embedsTied

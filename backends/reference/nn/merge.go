@@ -40,7 +40,7 @@ func MergedBytes[T Float](m *Model[T], a *Adapter[T]) int64 {
 		n += len(m.Head.W)
 	}
 	for _, L := range m.Layers {
-		n += len(L.AttnNorm) + len(L.MLPNorm) + len(L.QNorm) + len(L.KNorm)
+		n += len(L.AttnNorm) + len(L.MLPNorm) + len(L.QNorm) + len(L.KNorm) + len(L.PostAttnNorm) + len(L.PostMLPNorm)
 		for _, li := range L.Lin {
 			n += len(li.W) + len(li.B)
 		}

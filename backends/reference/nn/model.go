@@ -45,6 +45,20 @@ type Config struct {
 	EOS           any          `json:"eos_token_id,omitempty"`
 	BOS           any          `json:"bos_token_id,omitempty"`
 	TorchDType    string       `json:"torch_dtype,omitempty"`
+
+	// Gemma 3 (model_type gemma3_text; gemma3.go): the fields below are read for it only.
+	HiddenActivation     string                     `json:"hidden_activation,omitempty"`
+	QueryPreAttnScalar   float64                    `json:"query_pre_attn_scalar,omitempty"`
+	SlidingWindow        int                        `json:"sliding_window,omitempty"`
+	SlidingWindowPattern int                        `json:"sliding_window_pattern,omitempty"`
+	LayerTypes           []string                   `json:"layer_types,omitempty"`
+	RopeLocalBaseFreq    float64                    `json:"rope_local_base_freq,omitempty"`
+	RopeParameters       map[string]json.RawMessage `json:"rope_parameters,omitempty"`
+	FinalSoftcap         *float64                   `json:"final_logit_softcapping,omitempty"`
+	AttnSoftcap          *float64                   `json:"attn_logit_softcapping,omitempty"`
+	Bidirectional        bool                       `json:"use_bidirectional_attention,omitempty"`
+
+	gemma gemmaShape // derived by normalize for gemma3_text
 }
 
 // EOSIds returns the end-of-sequence token ids of the config (eos_token_id may be a number
@@ -81,6 +95,9 @@ func (c *Config) normalize() error {
 	if c.KVHeads == 0 {
 		c.KVHeads = c.Heads
 	}
+	if c.HeadDim == 0 && c.ModelType == gemma3Type {
+		c.HeadDim = 256 // Gemma3TextConfig's default
+	}
 	if c.HeadDim == 0 && c.Heads > 0 {
 		c.HeadDim = c.Hidden / c.Heads
 	}
@@ -95,6 +112,9 @@ func (c *Config) normalize() error {
 	}
 	if c.Heads%c.KVHeads != 0 {
 		return fmt.Errorf("num_attention_heads %d is not a multiple of num_key_value_heads %d", c.Heads, c.KVHeads)
+	}
+	if c.ModelType == gemma3Type {
+		return c.normalizeGemma3()
 	}
 	if c.HiddenAct != "" && c.HiddenAct != "silu" {
 		return fmt.Errorf("hidden_act %q is not supported (only silu)", c.HiddenAct)
@@ -121,7 +141,10 @@ type Linear[T Float] struct {
 type Layer[T Float] struct {
 	AttnNorm, MLPNorm []T
 	QNorm, KNorm      []T // Qwen3 per-head RMSNorm; nil for Llama/Qwen2
-	Lin               [NumLayerTargets]Linear[T]
+	// PostAttnNorm and PostMLPNorm normalise the attention and MLP outputs before their
+	// residual sums (Gemma 3; nil otherwise). MLPNorm is then pre_feedforward_layernorm.
+	PostAttnNorm, PostMLPNorm []T
+	Lin                       [NumLayerTargets]Linear[T]
 }
 
 // Target indexes the LoRA-able linear layers of a block.
@@ -158,6 +181,9 @@ type Model[T Float] struct {
 	Head   Linear[T] // W aliases Embed when tied
 	cos    []T       // [maxSeq, HeadDim/2]
 	sin    []T
+	// cosL, sinL are the sliding-window layers' rotary tables (Gemma 3's local base
+	// frequency); nil when every layer uses cos and sin.
+	cosL, sinL []T
 	// packs holds the weights packed for decoding (packed.go), built at the first
 	// decoding step: the weights must not change after construction.
 	packs *weightPacks
@@ -169,7 +195,8 @@ func (m *Model[T]) QDim() int { return m.Cfg.Heads * m.Cfg.HeadDim }
 // KVDim is the width of the key and value projections.
 func (m *Model[T]) KVDim() int { return m.Cfg.KVHeads * m.Cfg.HeadDim }
 
-// InitRope builds the rotary tables (with Llama 3 frequency scaling when configured).
+// InitRope builds the rotary tables (with Llama 3 frequency scaling when configured; with
+// Gemma 3's per-layer-type bases and linear scaling).
 func (m *Model[T]) InitRope() {
 	c := &m.Cfg
 	half := c.HeadDim / 2
@@ -192,23 +219,38 @@ func (m *Model[T]) InitRope() {
 			}
 		}
 	}
-	n := c.MaxSeq()
-	m.cos = make([]T, n*half)
-	m.sin = make([]T, n*half)
+	if g := &c.gemma; g.on {
+		for j := range inv {
+			inv[j] /= g.factor
+		}
+		local := make([]float64, half)
+		for j := range local {
+			local[j] = 1 / math.Pow(g.localTheta, float64(2*j)/float64(c.HeadDim)) / g.localFactor
+		}
+		m.cosL, m.sinL = ropeTables[T](local, c.MaxSeq())
+	}
+	m.cos, m.sin = ropeTables[T](inv, c.MaxSeq())
+}
+
+// ropeTables returns the cos and sin tables of n positions for inverse frequencies inv.
+func ropeTables[T Float](inv []float64, n int) (cos, sin []T) {
+	half := len(inv)
+	cos, sin = make([]T, n*half), make([]T, n*half)
 	for p := 0; p < n; p++ {
 		for j := 0; j < half; j++ {
 			a := float64(p) * inv[j]
-			m.cos[p*half+j] = T(math.Cos(a))
-			m.sin[p*half+j] = T(math.Sin(a))
+			cos[p*half+j] = T(math.Cos(a))
+			sin[p*half+j] = T(math.Sin(a))
 		}
 	}
+	return cos, sin
 }
 
 // ParamCount returns the number of base parameters.
 func (m *Model[T]) ParamCount() int {
 	n := len(m.Embed) + len(m.Norm)
 	for _, l := range m.Layers {
-		n += len(l.AttnNorm) + len(l.MLPNorm) + len(l.QNorm) + len(l.KNorm)
+		n += len(l.AttnNorm) + len(l.MLPNorm) + len(l.QNorm) + len(l.KNorm) + len(l.PostAttnNorm) + len(l.PostMLPNorm)
 		for _, li := range l.Lin {
 			n += len(li.W) + len(li.B)
 		}
@@ -313,15 +355,30 @@ func Load[T Float](dir string) (*Model[T], error) {
 		if L.AttnNorm, err = get(p+"input_layernorm.weight", c.Hidden); err != nil {
 			return nil, err
 		}
-		if L.MLPNorm, err = get(p+"post_attention_layernorm.weight", c.Hidden); err != nil {
+		if c.gemma.on {
+			if L.PostAttnNorm, err = get(p+"post_attention_layernorm.weight", c.Hidden); err != nil {
+				return nil, err
+			}
+			if L.MLPNorm, err = get(p+"pre_feedforward_layernorm.weight", c.Hidden); err != nil {
+				return nil, err
+			}
+			if L.PostMLPNorm, err = get(p+"post_feedforward_layernorm.weight", c.Hidden); err != nil {
+				return nil, err
+			}
+		} else if L.MLPNorm, err = get(p+"post_attention_layernorm.weight", c.Hidden); err != nil {
 			return nil, err
 		}
-		if has(p + "self_attn.q_norm.weight") {
+		if has(p+"self_attn.q_norm.weight") || c.gemma.on {
 			if L.QNorm, err = get(p+"self_attn.q_norm.weight", c.HeadDim); err != nil {
 				return nil, err
 			}
 			if L.KNorm, err = get(p+"self_attn.k_norm.weight", c.HeadDim); err != nil {
 				return nil, err
+			}
+		}
+		if c.gemma.on {
+			for _, w := range [][]T{L.AttnNorm, L.PostAttnNorm, L.MLPNorm, L.PostMLPNorm, L.QNorm, L.KNorm} {
+				foldNorm(w)
 			}
 		}
 		for t := Target(0); t < NumLayerTargets; t++ {
@@ -339,6 +396,9 @@ func Load[T Float](dir string) (*Model[T], error) {
 			}
 			L.Lin[t] = li
 		}
+	}
+	if c.gemma.on {
+		foldNorm(m.Norm)
 	}
 	m.InitRope()
 	m.packs = new(weightPacks)
@@ -361,17 +421,27 @@ func (m *Model[T]) Tensors() []safetensors.Tensor {
 		ts = append(ts, safetensors.Tensor{Name: name, Shape: shape, Data: conv(d)})
 	}
 	add("model.embed_tokens.weight", m.Embed, int64(c.Vocab), int64(c.Hidden))
-	add("model.norm.weight", m.Norm, int64(c.Hidden))
+	norm := func(w []T) []T { return w }
+	if c.gemma.on {
+		norm = unfoldNorm[T]
+	}
+	add("model.norm.weight", norm(m.Norm), int64(c.Hidden))
 	if !c.Tied {
 		add("lm_head.weight", m.Head.W, int64(c.Vocab), int64(c.Hidden))
 	}
 	for i, L := range m.Layers {
 		p := fmt.Sprintf("model.layers.%d.", i)
-		add(p+"input_layernorm.weight", L.AttnNorm, int64(c.Hidden))
-		add(p+"post_attention_layernorm.weight", L.MLPNorm, int64(c.Hidden))
+		add(p+"input_layernorm.weight", norm(L.AttnNorm), int64(c.Hidden))
+		if c.gemma.on {
+			add(p+"post_attention_layernorm.weight", norm(L.PostAttnNorm), int64(c.Hidden))
+			add(p+"pre_feedforward_layernorm.weight", norm(L.MLPNorm), int64(c.Hidden))
+			add(p+"post_feedforward_layernorm.weight", norm(L.PostMLPNorm), int64(c.Hidden))
+		} else {
+			add(p+"post_attention_layernorm.weight", L.MLPNorm, int64(c.Hidden))
+		}
 		if L.QNorm != nil {
-			add(p+"self_attn.q_norm.weight", L.QNorm, int64(c.HeadDim))
-			add(p+"self_attn.k_norm.weight", L.KNorm, int64(c.HeadDim))
+			add(p+"self_attn.q_norm.weight", norm(L.QNorm), int64(c.HeadDim))
+			add(p+"self_attn.k_norm.weight", norm(L.KNorm), int64(c.HeadDim))
 		}
 		for t, li := range L.Lin {
 			name := p + targetPrefix(Target(t)) + TargetNames[t]
@@ -432,7 +502,10 @@ func NewRandom[T Float](cfg Config, o RandomOptions) (*Model[T], error) {
 	for i := range m.Layers {
 		L := &m.Layers[i]
 		L.AttnNorm, L.MLPNorm = ones(c.Hidden), ones(c.Hidden)
-		if o.QKNorm {
+		if c.gemma.on {
+			L.PostAttnNorm, L.PostMLPNorm = ones(c.Hidden), ones(c.Hidden)
+		}
+		if o.QKNorm || c.gemma.on {
 			L.QNorm, L.KNorm = ones(c.HeadDim), ones(c.HeadDim)
 		}
 		for t := Target(0); t < NumLayerTargets; t++ {
@@ -469,6 +542,7 @@ func Convert[U, T Float](m *Model[T]) *Model[U] {
 	for i, L := range m.Layers {
 		o := &out.Layers[i]
 		o.AttnNorm, o.MLPNorm, o.QNorm, o.KNorm = cv(L.AttnNorm), cv(L.MLPNorm), cv(L.QNorm), cv(L.KNorm)
+		o.PostAttnNorm, o.PostMLPNorm = cv(L.PostAttnNorm), cv(L.PostMLPNorm)
 		for t, li := range L.Lin {
 			o.Lin[t] = Linear[U]{W: cv(li.W), B: cv(li.B), Out: li.Out, In: li.In}
 		}

@@ -32,6 +32,8 @@ type layerAct[T Float] struct {
 	q, k, v, lse, att []T
 	xMid, h2, inv2    []T
 	g, u, act         []T
+	oRaw, oInv        []T // the attention output before its post-norm (Gemma 3)
+	dnRaw, dnInv      []T // the MLP output before its post-norm (Gemma 3)
 	xs                [NumLayerTargets][][]T
 }
 
@@ -214,12 +216,17 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 			rmsnorm(a.qRaw, L.QNorm, a.q, a.qInv, M*c.Heads, c.HeadDim, eps)
 			rmsnorm(a.kRaw, L.KNorm, a.k, a.kInv, M*c.KVHeads, c.HeadDim, eps)
 		}
-		rope(a.q, M, c.Heads, c.HeadDim, posOf, m.cos, m.sin, false)
-		rope(a.k, M, c.KVHeads, c.HeadDim, posOf, m.cos, m.sin, false)
+		cos, sin := m.ropeOf(l)
+		rope(a.q, M, c.Heads, c.HeadDim, posOf, cos, sin, false)
+		rope(a.k, M, c.KVHeads, c.HeadDim, posOf, cos, sin, false)
 		a.att, a.lse = get(M*QD), get(M*c.Heads)
-		m.attnFwd(b, a)
+		m.attnFwd(b, a, l)
 		o := get(M * D)
 		a.xs[TO] = linFwd(ar, a.att, M, &L.Lin[TO], wp.pack(l, TO), b.segs, layerPick[T](l, TO), o)
+		if L.PostAttnNorm != nil {
+			a.oRaw, a.oInv, o = o, get(M), get(M*D)
+			rmsnorm(a.oRaw, L.PostAttnNorm, o, a.oInv, M, D, eps)
+		}
 		a.xMid = get(M * D)
 		for i := range o {
 			a.xMid[i] = x[i] + o[i]
@@ -229,9 +236,13 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 		a.g, a.u, a.act = get(M*F), get(M*F), get(M*F)
 		a.xs[TGate] = linFwd(ar, a.h2, M, &L.Lin[TGate], wp.pack(l, TGate), b.segs, layerPick[T](l, TGate), a.g)
 		a.xs[TUp] = linFwd(ar, a.h2, M, &L.Lin[TUp], wp.pack(l, TUp), b.segs, layerPick[T](l, TUp), a.u)
-		swiglu(a.g, a.u, a.act)
+		m.mlpAct(a.g, a.u, a.act)
 		dn := get(M * D)
 		a.xs[TDown] = linFwd(ar, a.act, M, &L.Lin[TDown], wp.pack(l, TDown), b.segs, layerPick[T](l, TDown), dn)
+		if L.PostMLPNorm != nil {
+			a.dnRaw, a.dnInv, dn = dn, get(M), get(M*D)
+			rmsnorm(a.dnRaw, L.PostMLPNorm, dn, a.dnInv, M, D, eps)
+		}
 		if backward {
 			x = get(M * D)
 		} else {
@@ -259,21 +270,32 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 		L := &m.Layers[l]
 		a := &acts[l]
 		// MLP: x = xMid + down(act)
+		ddn := dx
+		if L.PostMLPNorm != nil {
+			ddn = get(M * D)
+			rmsnormBwd(dx, a.dnRaw, L.PostMLPNorm, a.dnInv, ddn, M, D)
+		}
 		dact := get(M * F)
-		linBwd(ar, dx, a.act, M, &L.Lin[TDown], wp.packNN(l, TDown), b.segs, layerPick[T](l, TDown), a.xs[TDown], dact, false)
+		linBwd(ar, ddn, a.act, M, &L.Lin[TDown], wp.packNN(l, TDown), b.segs, layerPick[T](l, TDown), a.xs[TDown], dact, false)
 		dg, du := get(M*F), get(M*F)
-		swigluBwd(a.g, a.u, dact, dg, du)
+		m.mlpActBwd(a.g, a.u, dact, dg, du)
 		dh2 := get(M * D)
 		linBwd(ar, dg, a.h2, M, &L.Lin[TGate], wp.packNN(l, TGate), b.segs, layerPick[T](l, TGate), a.xs[TGate], dh2, false)
 		linBwd(ar, du, a.h2, M, &L.Lin[TUp], wp.packNN(l, TUp), b.segs, layerPick[T](l, TUp), a.xs[TUp], dh2, true)
 		rmsnormBwd(dh2, a.xMid, L.MLPNorm, a.inv2, dx, M, D) // dx is now d(xMid)
 		// attention: xMid = xIn + o(att)
+		do := dx
+		if L.PostAttnNorm != nil {
+			do = get(M * D)
+			rmsnormBwd(dx, a.oRaw, L.PostAttnNorm, a.oInv, do, M, D)
+		}
 		datt := get(M * QD)
-		linBwd(ar, dx, a.att, M, &L.Lin[TO], wp.packNN(l, TO), b.segs, layerPick[T](l, TO), a.xs[TO], datt, false)
+		linBwd(ar, do, a.att, M, &L.Lin[TO], wp.packNN(l, TO), b.segs, layerPick[T](l, TO), a.xs[TO], datt, false)
 		dq, dk, dv := get(M*QD), get(M*KVD), get(M*KVD)
-		m.attnBwd(b, a, datt, dq, dk, dv)
-		rope(dq, M, c.Heads, c.HeadDim, posOf, m.cos, m.sin, true)
-		rope(dk, M, c.KVHeads, c.HeadDim, posOf, m.cos, m.sin, true)
+		m.attnBwd(b, a, l, datt, dq, dk, dv)
+		cos, sin := m.ropeOf(l)
+		rope(dq, M, c.Heads, c.HeadDim, posOf, cos, sin, true)
+		rope(dk, M, c.KVHeads, c.HeadDim, posOf, cos, sin, true)
 		if L.QNorm != nil {
 			dqr, dkr := get(M*QD), get(M*KVD)
 			rmsnormBwd(dq, a.qRaw, L.QNorm, a.qInv, dqr, M*c.Heads, c.HeadDim)
@@ -291,6 +313,7 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 		acts[l] = layerAct[T]{}
 	}
 	if embedGrad {
+		m.scaleEmbeddings(dx, M) // the lookup's rows were scaled after the LoRA delta
 		embedBwd(dx, tokOf, b.segs, D)
 	}
 	return outs
@@ -400,8 +423,8 @@ func clipSegs[T Float](out, segs []seg[T], r0, r1 int) []seg[T] {
 
 // attnFwd computes causal softmax attention for every (sequence, head), saving the
 // log-sum-exp of each score row.
-func (m *Model[T]) attnFwd(b *batchLayout[T], a *layerAct[T]) {
-	runPooled(&attnFwdTasks, len(b.seqs)*m.Cfg.Heads, 1<<30, attnFwdTask[T]{m: m, b: b, a: a})
+func (m *Model[T]) attnFwd(b *batchLayout[T], a *layerAct[T], l int) {
+	runPooled(&attnFwdTasks, len(b.seqs)*m.Cfg.Heads, 1<<30, attnFwdTask[T]{m: m, b: b, a: a, l: l})
 }
 
 // attnTask is one attnFwd or attnBwd call (the gradients set for attnBwd).
@@ -409,6 +432,7 @@ type attnTask[T Float] struct {
 	m                *Model[T]
 	b                *batchLayout[T]
 	a                *layerAct[T]
+	l                int // the layer (its sliding window)
 	datt, dq, dk, dv []T
 }
 
@@ -449,37 +473,39 @@ func (t *attnFwdTask[T]) do(task int) {
 	H, KH, hd := c.Heads, c.KVHeads, c.HeadDim
 	grp := H / KH
 	QD, KVD := H*hd, KH*hd
-	scale := 1 / math.Sqrt(float64(hd))
+	scale := c.attnScale()
 	si, h := task/H, task%H
 	kh := h / grp
 	off, n := b.off[si], len(b.seqs[si].Tokens)
 	ws := scratch[T](n, hd)
 	defer attnScratches.Put(ws)
-	sc, qk, acc := ws.f1, ws.t, ws.f3
 	for i := 0; i < n; i++ {
+		j0 := c.firstKey(t.l, i) // keys j0…i (a sliding window's)
+		sc, qk, acc := ws.f1[:i+1-j0], ws.t[:i+1-j0], ws.f3
 		q := a.q[(off+i)*QD+h*hd : (off+i)*QD+(h+1)*hd]
-		dotRows(qk[:i+1], q, a.k[off*KVD+kh*hd:], KVD)
+		kv := (off+j0)*KVD + kh*hd
+		dotRows(qk, q, a.k[kv:], KVD)
 		mx := math.Inf(-1)
-		for j := 0; j <= i; j++ {
+		for j := range sc {
 			s := float64(qk[j]) * scale
 			sc[j] = s
 			if s > mx {
 				mx = s
 			}
 		}
-		for j := 0; j <= i; j++ {
+		for j := range sc {
 			sc[j] -= mx
 		}
-		expInPlace(sc[:i+1])
+		expInPlace(sc)
 		var sum float64
-		for j := 0; j <= i; j++ {
+		for j := range sc {
 			sum += sc[j]
 		}
 		clear(acc)
-		for j := 0; j <= i; j++ {
+		for j := range sc {
 			sc[j] /= sum
 		}
-		weightedSum(acc, sc[:i+1], a.v[off*KVD+kh*hd:], KVD)
+		weightedSum(acc, sc, a.v[kv:], KVD)
 		o := a.att[(off+i)*QD+h*hd : (off+i)*QD+(h+1)*hd]
 		for d := range o {
 			o[d] = T(acc[d])
@@ -490,9 +516,9 @@ func (t *attnFwdTask[T]) do(task int) {
 
 // attnBwd back-propagates datt into dq, dk and dv, recomputing the probabilities from the
 // saved log-sum-exp. Tasks are (sequence, kv head) so no two goroutines write one row.
-func (m *Model[T]) attnBwd(b *batchLayout[T], a *layerAct[T], datt, dq, dk, dv []T) {
+func (m *Model[T]) attnBwd(b *batchLayout[T], a *layerAct[T], l int, datt, dq, dk, dv []T) {
 	runPooled(&attnBwdTasks, len(b.seqs)*m.Cfg.KVHeads, 1<<30,
-		attnBwdTask[T]{m: m, b: b, a: a, datt: datt, dq: dq, dk: dk, dv: dv})
+		attnBwdTask[T]{m: m, b: b, a: a, l: l, datt: datt, dq: dq, dk: dk, dv: dv})
 }
 
 // attnBwdTask runs attnBwd for task = (sequence, kv head).
@@ -504,7 +530,7 @@ func (t *attnBwdTask[T]) do(task int) {
 	H, KH, hd := c.Heads, c.KVHeads, c.HeadDim
 	grp := H / KH
 	QD, KVD := H*hd, KH*hd
-	scale := 1 / math.Sqrt(float64(hd))
+	scale := c.attnScale()
 	si, kh := task/KH, task%KH
 	off, n := b.off[si], len(b.seqs[si].Tokens)
 	ws := scratch[T](n, hd)
@@ -522,18 +548,20 @@ func (t *attnBwdTask[T]) do(task int) {
 			for d := range do {
 				di += float64(do[d]) * float64(o[d])
 			}
-			p, ds, dots := pAll[:i+1], dsAll[:i+1], dAll[:i+1]
-			dotRows(dots, q, a.k[kv0:], KVD)
+			j0 := c.firstKey(t.l, i) // keys j0…i (a sliding window's)
+			kv := kv0 + j0*KVD
+			p, ds, dots := pAll[:i+1-j0], dsAll[:i+1-j0], dAll[:i+1-j0]
+			dotRows(dots, q, a.k[kv:], KVD)
 			for j := range p {
 				p[j] = float64(dots[j])*scale - lse
 			}
 			expInPlace(p)
-			dotRows(dots, do, a.v[kv0:], KVD)
+			dotRows(dots, do, a.v[kv:], KVD)
 			for j, pj := range p {
 				ds[j] = pj * (float64(dots[j]) - di) * scale
 			}
 			clear(dqa)
-			attnGrad(dqa, ds, p, q, do, a.k[kv0:], KVD, dk[kv0:], dv[kv0:])
+			attnGrad(dqa, ds, p, q, do, a.k[kv:], KVD, dk[kv:], dv[kv:])
 			dqr := dq[row+h*hd : row+(h+1)*hd]
 			for d := range dqr {
 				dqr[d] = T(dqa[d])
