@@ -101,6 +101,11 @@ func (c *Config) normalize() error {
 	if c.HeadDim == 0 && c.Heads > 0 {
 		c.HeadDim = c.Hidden / c.Heads
 	}
+	if c.ModelType != gemma3Type {
+		if err := c.normalizeRope(); err != nil {
+			return err
+		}
+	}
 	if c.RopeTheta == 0 {
 		c.RopeTheta = 10000
 	}
@@ -120,6 +125,64 @@ func (c *Config) normalize() error {
 		return fmt.Errorf("hidden_act %q is not supported (only silu)", c.HiddenAct)
 	}
 	return nil
+}
+
+// normalizeRope reads the rotary embedding of a dense family's config: transformers 5
+// writes it as rope_parameters ({"rope_theta": …, "rope_type": "default" or "llama3", and
+// Llama 3's factors}), older configs as rope_theta and rope_scaling. Both forms are read
+// (they must agree when both are given); a rope type the engine does not compute (yarn,
+// linear, dynamic, longrope, …) is refused rather than served with other positions.
+func (c *Config) normalizeRope() error {
+	if len(c.RopeParameters) > 0 {
+		raw, err := json.Marshal(c.RopeParameters)
+		if err != nil {
+			return fmt.Errorf("rope_parameters: %w", err)
+		}
+		var p struct {
+			RopeScaling
+			Theta float64 `json:"rope_theta"`
+		}
+		if err := json.Unmarshal(raw, &p); err != nil {
+			return fmt.Errorf("rope_parameters: %w", err)
+		}
+		if p.Theta < 0 || math.IsNaN(p.Theta) || math.IsInf(p.Theta, 0) {
+			return fmt.Errorf("rope_parameters.rope_theta %v is not a positive number", p.Theta)
+		}
+		if p.Theta > 0 {
+			if c.RopeTheta != 0 && c.RopeTheta != p.Theta {
+				return fmt.Errorf("rope_theta %v and rope_parameters.rope_theta %v disagree", c.RopeTheta, p.Theta)
+			}
+			c.RopeTheta = p.Theta
+		}
+		if t := p.ropeType(); t != "" && t != "default" {
+			if c.RopeScaling != nil && c.RopeScaling.ropeType() != t {
+				return fmt.Errorf("rope_scaling type %q and rope_parameters.rope_type %q disagree", c.RopeScaling.ropeType(), t)
+			}
+			rs := p.RopeScaling
+			c.RopeScaling = &rs
+		}
+	}
+	if rs := c.RopeScaling; rs != nil {
+		switch rs.ropeType() {
+		case "", "default":
+			c.RopeScaling = nil
+		case "llama3":
+			if !(rs.Factor >= 1) || !(rs.LowFreqFactor > 0) || !(rs.HighFreqFactor > rs.LowFreqFactor) || !(rs.OriginalMaxPos > 0) {
+				return fmt.Errorf("rope scaling llama3 needs factor >= 1, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0")
+			}
+		default:
+			return fmt.Errorf("rope scaling type %q is not computed by the reference engine (it computes default and llama3 RoPE); start loops serve with --backend torch", rs.ropeType())
+		}
+	}
+	return nil
+}
+
+// ropeType is the scaling's type, from rope_type or the legacy type field.
+func (rs *RopeScaling) ropeType() string {
+	if rs.Type != "" {
+		return rs.Type
+	}
+	return rs.LegacyTypeField
 }
 
 // Arch names the architecture for ModelInfo.
@@ -204,7 +267,7 @@ func (m *Model[T]) InitRope() {
 	for j := range inv {
 		inv[j] = 1 / math.Pow(c.RopeTheta, float64(2*j)/float64(c.HeadDim))
 	}
-	if rs := c.RopeScaling; rs != nil && (rs.Type == "llama3" || rs.LegacyTypeField == "llama3") {
+	if rs := c.RopeScaling; rs != nil && rs.ropeType() == "llama3" {
 		lowW := rs.OriginalMaxPos / rs.LowFreqFactor
 		highW := rs.OriginalMaxPos / rs.HighFreqFactor
 		for j, f := range inv {
