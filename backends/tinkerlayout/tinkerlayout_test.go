@@ -242,7 +242,7 @@ func TestToTinkerRefusesHeadOnlyTied(t *testing.T) {
 			meta[peft.UnembedMetaKey] = tc.meta
 		}
 		b := write(meta, tc.names...)
-		rn, err := ToTinker(bytes.NewReader(b), int64(len(b)))
+		rn, err := ToTinker(bytes.NewReader(b), int64(len(b)), Experts{})
 		var out bytes.Buffer
 		_, rerr := out.ReadFrom(rn)
 		require.NoError(t, rerr)
