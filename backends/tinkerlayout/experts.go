@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -29,10 +30,12 @@ const (
 )
 
 // ExpertFamilies are the model families (loops.v1 ModelInfo.family) whose expert LoRA
-// converts exactly to Tinker's layout: fused experts gate_up_proj [E, 2·I, H] (gate rows
-// first, then up) and down_proj [E, H, I], which tinker-cookbook's default merge profile
-// (fused_concatenated) writes into as trained.
-var ExpertFamilies = []string{"qwen3_moe"}
+// converts exactly to Tinker's layout, each with how gate_up_proj's output holds the gate
+// and up projections: qwen3_moe's gate_up_proj [E, 2·I, H] has the gate rows first, then up
+// (tinker-cookbook's default profile, fused_concatenated); gpt_oss's [E, H, 2·I] interleaves
+// them, gate at even columns (its gpt_oss profile, fused_interleaved). The cookbook writes
+// w1 into the gate part, w3 into the up part and w2 into down_proj, as trained.
+var ExpertFamilies = map[string]bool{"qwen3_moe": false, "gpt_oss": true} // family -> interleaved
 
 // MaxExpertTensorBytes bounds one expert LoRA tensor a conversion holds in memory (its
 // elements are reordered, not streamed).
@@ -85,12 +88,12 @@ type outTensor struct {
 	take func(src []byte) []byte // nil: the source bytes as they are
 }
 
-// permuteB returns B [out, r·E] (column j·E+e, elements of es bytes) rows [lo, hi) as
-// (E, hi-lo, r).
-func permuteB(b []byte, es, out, r, e, lo, hi int64) []byte {
-	dst := make([]byte, 0, (hi-lo)*r*e*es)
+// permuteB returns the rows of B [out, r·E] (column j·E+e, elements of es bytes) that
+// rows lists, as (E, len(rows), r).
+func permuteB(b []byte, es, r, e int64, rows []int64) []byte {
+	dst := make([]byte, 0, int64(len(rows))*r*e*es)
 	for x := range e {
-		for o := lo; o < hi; o++ {
+		for _, o := range rows {
 			for j := range r {
 				s := (o*r*e + j*e + x) * es
 				dst = append(dst, b[s:s+es]...)
@@ -103,7 +106,8 @@ func permuteB(b []byte, es, out, r, e, lo, hi int64) []byte {
 // tinkerExperts plans the conversion of a file's tensors (in PEFT's layout) to Tinker's
 // expert layout; other tensors keep their bytes and get TinkerName.
 func tinkerExperts(f *safetensors.File, ex Experts) ([]outTensor, error) {
-	if !slices.Contains(ExpertFamilies, ex.Family) {
+	interleaved, ok := ExpertFamilies[ex.Family]
+	if !ok {
 		return nil, fmt.Errorf("model family %q: %w", ex.Family, ErrNoTinkerLayout)
 	}
 	if ex.Rank <= 0 {
@@ -166,20 +170,31 @@ func tinkerExperts(f *safetensors.File, ex Experts) ([]outTensor, error) {
 				return nil, fmt.Errorf("expert lora_B %s of gate_up_proj has %d rows, not gate and up halves", k, d0)
 			}
 			i := d0 / 2
-			for _, h := range []struct {
-				w  string
-				lo int64
-			}{{"w1", 0}, {"w3", i}} {
-				w, lo := h.w, h.lo
+			for h, w := range []string{"w1", "w3"} {
+				rows := gateUpRows(int64(h), i, interleaved)
 				out = append(out, outTensor{name: pre + w + suffix, info: safetensors.Info{DType: info.DType, Shape: []int64{e, i, r}}, src: k,
-					take: func(b []byte) []byte { return permuteB(b, es, d0, r, e, lo, lo+i) }})
+					take: func(b []byte) []byte { return permuteB(b, es, r, e, rows) }})
 			}
 		default:
 			out = append(out, outTensor{name: pre + "w2" + suffix, info: safetensors.Info{DType: info.DType, Shape: []int64{e, d0, r}}, src: k,
-				take: func(b []byte) []byte { return permuteB(b, es, d0, r, e, 0, d0) }})
+				take: func(b []byte) []byte { return permuteB(b, es, r, e, gateUpRows(0, d0, false)) }})
 		}
 	}
 	return out, nil
+}
+
+// gateUpRows are the rows of gate_up_proj's LoRA B that hold half h (0 gate, 1 up) of
+// width i: the h-th block, or every other row from h when interleaved.
+func gateUpRows(h, i int64, interleaved bool) []int64 {
+	rows := make([]int64, i)
+	for o := range i {
+		if interleaved {
+			rows[o] = 2*o + h
+		} else {
+			rows[o] = h*i + o
+		}
+	}
+	return rows
 }
 
 // planReader streams a converted file: header, then each planned tensor, reading the
@@ -285,9 +300,10 @@ func ExpertConfigToTinker(b []byte) ([]byte, error) {
 
 // expertsToPEFT converts dir's adapter (adapter_model.safetensors, adapter_config.json)
 // from Tinker's expert layout (experts.w1/w2/w3, 3-D) to PEFT's target_parameters layout,
-// in place. w1 and w3 (gate and up) must share lora_A, as Loops writes them: Loops adapts
-// gate_up_proj with one LoRA of rank r per expert. It returns whether it changed anything.
-func expertsToPEFT(dir string) (bool, error) {
+// in place, for a base model of family. w1 and w3 (gate and up) must share lora_A, as Loops
+// writes them: Loops adapts gate_up_proj with one LoRA of rank r per expert. It returns
+// whether it changed anything.
+func expertsToPEFT(dir, family string) (bool, error) {
 	wp := filepath.Join(dir, peft.AdapterWeightsFile)
 	f, err := safetensors.OpenLimited(wp, safetensors.Limits{MaxHeaderBytes: MaxHeaderBytes})
 	if err != nil {
@@ -334,6 +350,11 @@ func expertsToPEFT(dir string) (bool, error) {
 			continue
 		}
 		found = true
+		interleaved, known := ExpertFamilies[family]
+		if !known {
+			return false, fmt.Errorf("expert LoRA tensor %s: Tinker's expert layout is read for model families %v, not %q; import the adapter in PEFT's layout (target_parameters)",
+				k, slices.Sorted(maps.Keys(ExpertFamilies)), family)
+		}
 		w, factor := rest[:1], rest[1+len(".lora_"):]
 		if w == "3" {
 			continue // read with w1
@@ -385,11 +406,12 @@ func expertsToPEFT(dir string) (bool, error) {
 		outRows := d1 * int64(len(parts))
 		dst := make([]byte, outRows*r*e*es)
 		for p, pb := range parts {
+			rows := gateUpRows(int64(p), d1, interleaved && len(parts) == 2)
 			for x := range e {
 				for o := range d1 {
 					for j := range r {
 						s := ((x*d1+o)*r + j) * es
-						row := int64(p)*d1 + o
+						row := rows[o]
 						t := (row*r*e + j*e + x) * es
 						copy(dst[t:t+es], pb[s:s+es])
 					}

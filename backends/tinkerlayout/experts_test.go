@@ -54,10 +54,10 @@ func expertAdapter(t *testing.T) (string, []byte) {
 }
 
 // deltaPEFT is expert e's ΔW/scale = B_e·A_e of a PEFT expert LoRA (PEFT's ParamWrapper:
-// A reshaped (E, r, in), B reshaped (out, r, E)), rows [lo, hi).
-func deltaPEFT(a, b []float64, in, out, lo, hi, e int) []float64 {
+// A reshaped (E, r, in), B reshaped (out, r, E)), the rows from lo to hi by step.
+func deltaPEFT(a, b []float64, in, lo, hi, step, e int) []float64 {
 	d := make([]float64, 0, (hi-lo)*in)
-	for o := lo; o < hi; o++ {
+	for o := lo; o < hi; o += step {
 		for i := range in {
 			s := 0.0
 			for j := range exR {
@@ -85,8 +85,14 @@ func deltaTinker(a, b []float64, in, out, e int) []float64 {
 }
 
 func TestExpertsToTinkerAndBack(t *testing.T) {
+	for _, family := range []string{"qwen3_moe", "gpt_oss"} {
+		t.Run(family, func(t *testing.T) { testExpertsRoundTrip(t, family) })
+	}
+}
+
+func testExpertsRoundTrip(t *testing.T, family string) {
 	dir, b := expertAdapter(t)
-	rn, err := ToTinker(bytes.NewReader(b), int64(len(b)), Experts{Rank: exR, Family: "qwen3_moe"})
+	rn, err := ToTinker(bytes.NewReader(b), int64(len(b)), Experts{Rank: exR, Family: family})
 	require.NoError(t, err)
 	require.True(t, rn.Experts)
 	out, err := io.ReadAll(rn)
@@ -111,13 +117,18 @@ func TestExpertsToTinkerAndBack(t *testing.T) {
 	require.Equal(t, []int64{exE, exR, exH}, f.Tensors[exPre+".experts.w1.lora_A.weight"].Shape)
 	require.Equal(t, []int64{exE, exI, exR}, f.Tensors[exPre+".experts.w3.lora_B.weight"].Shape)
 	require.Equal(t, []int64{exE, exH, exR}, f.Tensors[exPre+".experts.w2.lora_B.weight"].Shape)
-	// every expert's update is the same: gate rows [0, I) are w1, up rows [I, 2I) w3
+	// every expert's update is the same: gate rows (the first half, or the even rows for
+	// gpt-oss) are w1, up rows w3
 	gA, gB := want[exPre+".experts.base_layer.lora_A.weight"], want[exPre+".experts.base_layer.lora_B.weight"]
 	dA, dB := want[exPre+".experts.lora_A.weight"], want[exPre+".experts.lora_B.weight"]
+	gate, up := [3]int{0, exI, 1}, [3]int{exI, 2 * exI, 1}
+	if family == "gpt_oss" {
+		gate, up = [3]int{0, 2 * exI, 2}, [3]int{1, 2 * exI, 2}
+	}
 	for e := range exE {
-		require.Equal(t, deltaPEFT(gA, gB, exH, 2*exI, 0, exI, e), deltaTinker(got[exPre+".experts.w1.lora_A.weight"], got[exPre+".experts.w1.lora_B.weight"], exH, exI, e))
-		require.Equal(t, deltaPEFT(gA, gB, exH, 2*exI, exI, 2*exI, e), deltaTinker(got[exPre+".experts.w3.lora_A.weight"], got[exPre+".experts.w3.lora_B.weight"], exH, exI, e))
-		require.Equal(t, deltaPEFT(dA, dB, exI, exH, 0, exH, e), deltaTinker(got[exPre+".experts.w2.lora_A.weight"], got[exPre+".experts.w2.lora_B.weight"], exI, exH, e))
+		require.Equal(t, deltaPEFT(gA, gB, exH, gate[0], gate[1], gate[2], e), deltaTinker(got[exPre+".experts.w1.lora_A.weight"], got[exPre+".experts.w1.lora_B.weight"], exH, exI, e))
+		require.Equal(t, deltaPEFT(gA, gB, exH, up[0], up[1], up[2], e), deltaTinker(got[exPre+".experts.w3.lora_A.weight"], got[exPre+".experts.w3.lora_B.weight"], exH, exI, e))
+		require.Equal(t, deltaPEFT(dA, dB, exI, 0, exH, 1, e), deltaTinker(got[exPre+".experts.w2.lora_A.weight"], got[exPre+".experts.w2.lora_B.weight"], exI, exH, e))
 	}
 	cb, err := os.ReadFile(filepath.Join(dir, peft.AdapterConfigFile))
 	require.NoError(t, err)
@@ -134,7 +145,7 @@ func TestExpertsToTinkerAndBack(t *testing.T) {
 	back := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(back, peft.AdapterWeightsFile), out, 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(back, peft.AdapterConfigFile), cb, 0o644))
-	changed, err := ToPEFT(back)
+	changed, err := ToPEFT(back, family)
 	require.NoError(t, err)
 	require.True(t, changed)
 	rb, err := os.ReadFile(filepath.Join(back, peft.AdapterWeightsFile))
@@ -158,7 +169,7 @@ func TestExpertsToTinkerAndBack(t *testing.T) {
 
 func TestExpertsRefused(t *testing.T) {
 	_, b := expertAdapter(t)
-	for _, ex := range []Experts{{Rank: exR, Family: "gpt_oss"}, {Rank: exR}} {
+	for _, ex := range []Experts{{Rank: exR, Family: "deepseek_v3"}, {Rank: exR}} {
 		rn, err := ToTinker(bytes.NewReader(b), int64(len(b)), ex)
 		require.ErrorIs(t, err, ErrNoTinkerLayout)
 		got, rerr := io.ReadAll(rn)
@@ -190,6 +201,8 @@ func TestExpertsRefused(t *testing.T) {
 	}
 	_, err = safetensors.Write(filepath.Join(dir, peft.AdapterWeightsFile), w, nil)
 	require.NoError(t, err)
-	_, err = ToPEFT(dir)
+	_, err = ToPEFT(dir, "qwen3_moe")
 	require.ErrorContains(t, err, "different lora_A")
+	_, err = ToPEFT(dir, "deepseek_v3")
+	require.ErrorContains(t, err, "not \"deepseek_v3\"")
 }

@@ -268,9 +268,11 @@ var TinkerModules = map[string]string{peftHeadModule: tinkerHeadModule}
 // the head's factors are dropped: dropTiedEmbedding), to PEFT's layout in place;
 // an unembedding LoRA so converted gets ensure_weight_tying (on a model with tied
 // embeddings it adapts the shared matrix, as Tinker's tools apply it). A folder already in
-// PEFT's layout is left as it is. It returns whether anything changed.
-func ToPEFT(dir string) (bool, error) {
-	experts, err := expertsToPEFT(dir)
+// PEFT's layout is left as it is. Tinker's 3-D expert LoRA (experts.w1/w2/w3) is read for
+// a base model of family in ExpertFamilies (expertsToPEFT). It returns whether anything
+// changed.
+func ToPEFT(dir, family string) (bool, error) {
+	experts, err := expertsToPEFT(dir, family)
 	if err != nil {
 		return false, err
 	}

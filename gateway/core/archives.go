@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"path"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -293,7 +292,7 @@ func tinkerFile(r io.Reader, name string, size int64, ex tinkerlayout.Experts) (
 			return nil, 0, err // the store's reader failed
 		}
 		nb, _, err := tinkerlayout.RenameTargetModules(b, tinkerlayout.TinkerModules)
-		if err == nil && slices.Contains(tinkerlayout.ExpertFamilies, ex.Family) {
+		if _, moe := tinkerlayout.ExpertFamilies[ex.Family]; err == nil && moe {
 			nb, err = tinkerlayout.ExpertConfigToTinker(nb)
 		}
 		if err != nil {

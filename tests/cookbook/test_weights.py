@@ -51,10 +51,11 @@ CELLS = [
     ("gemma3", dict(train_attn=True, train_mlp=True, train_unembed=False)),
     ("gemma3", dict(train_attn=True, train_mlp=True, train_unembed=True)),
     ("qwen3_moe", dict(train_attn=True, train_mlp=True, train_unembed=True)),
+    ("qwen3_5", dict(train_attn=True, train_mlp=True, train_unembed=True)),
 ]
 TIED = {"tiny", "gemma3"}
 # Families the torch worker serves (one `loops serve --backend torch` of them all).
-TORCH = ("gemma3", "qwen3_moe")
+TORCH = ("gemma3", "qwen3_moe", "qwen3_5")
 # MoE families: the download holds Tinker's 3-D expert LoRA (experts.w1/w2/w3).
 MOE = {"qwen3_moe"}
 TABLE: list[dict] = []
@@ -62,8 +63,8 @@ TABLE: list[dict] = []
 
 def _random_model(kind: str, out: Path, tiny_dir: Path) -> None:
     """A tiny random model of a family, float32, written with transformers from a fixed seed."""
-    from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config,
-                              Qwen3MoeConfig)
+    from transformers import (AutoConfig, AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config,
+                              Qwen3Config, Qwen3MoeConfig)
 
     vocab = json.loads((tiny_dir / "config.json").read_text())["vocab_size"]
     common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -82,11 +83,16 @@ def _random_model(kind: str, out: Path, tiny_dir: Path) -> None:
            # the update (docs/export-import.md); no released Qwen3-MoE has that shape.
            "qwen3_moe": lambda: Qwen3MoeConfig(head_dim=16, moe_intermediate_size=48, num_experts=4,
                                                num_experts_per_tok=2, **common),
+           # Qwen3.5 (text): a Gated DeltaNet layer (in_proj_qkv fused) and a full attention one
+           "qwen3_5": lambda: AutoConfig.for_model(
+               "qwen3_5_text", head_dim=16, linear_num_value_heads=4, linear_num_key_heads=2,
+               linear_key_head_dim=16, linear_value_head_dim=16,
+               layer_types=["linear_attention", "full_attention"], **common),
            "gemma3": lambda: Gemma3TextConfig(head_dim=16, sliding_window=64, tie_word_embeddings=True,
                                               layer_types=["sliding_attention", "full_attention"], **gemma)}[kind]()
     if kind == "gemma3":
         cfg.architectures = ["Gemma3ForCausalLM"]
-    torch.manual_seed({"qwen3": 3, "qwen2": 2, "llama": 1, "gemma3": 4, "qwen3_moe": 6}[kind])
+    torch.manual_seed({"qwen3": 3, "qwen2": 2, "llama": 1, "gemma3": 4, "qwen3_moe": 6, "qwen3_5": 8}[kind])
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # fused experts are created uninitialised
         for p in model.parameters():
