@@ -52,12 +52,13 @@ CELLS = [
     ("gemma3", dict(train_attn=True, train_mlp=True, train_unembed=True)),
     ("qwen3_moe", dict(train_attn=True, train_mlp=True, train_unembed=True)),
     ("qwen3_5", dict(train_attn=True, train_mlp=True, train_unembed=True)),
+    ("gpt_oss", dict(train_attn=True, train_mlp=True, train_unembed=True)),
 ]
 TIED = {"tiny", "gemma3"}
 # Families the torch worker serves (one `loops serve --backend torch` of them all).
-TORCH = ("gemma3", "qwen3_moe", "qwen3_5")
+TORCH = ("gemma3", "qwen3_moe", "qwen3_5", "gpt_oss")
 # MoE families: the download holds Tinker's 3-D expert LoRA (experts.w1/w2/w3).
-MOE = {"qwen3_moe"}
+MOE = {"qwen3_moe", "gpt_oss"}
 TABLE: list[dict] = []
 
 
@@ -88,11 +89,16 @@ def _random_model(kind: str, out: Path, tiny_dir: Path) -> None:
                "qwen3_5_text", head_dim=16, linear_num_value_heads=4, linear_num_key_heads=2,
                linear_key_head_dim=16, linear_value_head_dim=16,
                layer_types=["linear_attention", "full_attention"], **common),
+           # gpt-oss: experts stored transposed, gate/up interleaved; sliding and full layers
+           "gpt_oss": lambda: AutoConfig.for_model(
+               "gpt_oss", head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=64,
+               layer_types=["sliding_attention", "full_attention"],
+               **{k: v for k, v in common.items() if k != "intermediate_size"}, intermediate_size=48),
            "gemma3": lambda: Gemma3TextConfig(head_dim=16, sliding_window=64, tie_word_embeddings=True,
                                               layer_types=["sliding_attention", "full_attention"], **gemma)}[kind]()
     if kind == "gemma3":
         cfg.architectures = ["Gemma3ForCausalLM"]
-    torch.manual_seed({"qwen3": 3, "qwen2": 2, "llama": 1, "gemma3": 4, "qwen3_moe": 6, "qwen3_5": 8}[kind])
+    torch.manual_seed({"qwen3": 3, "qwen2": 2, "llama": 1, "gemma3": 4, "qwen3_moe": 6, "qwen3_5": 8, "gpt_oss": 9}[kind])
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # fused experts are created uninitialised
         for p in model.parameters():
