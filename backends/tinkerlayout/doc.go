@@ -11,6 +11,12 @@
 // lm_head.weight and fail on tied models. The tensors themselves (shapes, A [r, in],
 // B [out, r], lora_alpha / r) are the same in both layouts.
 //
+// MoE experts (experts.go): Loops stores a fused-experts LoRA in PEFT's target_parameters
+// layout (A [E·r, in], B [out, r·E]); Tinker's is 3-D per projection, experts.w1 (gate),
+// w3 (up), w2 (down), A (E, r, in), B (E, out, r). ToTinker converts to it for the families
+// in ExpertFamilies (qwen3_moe, gpt_oss) and refuses others with ErrNoTinkerLayout; ToPEFT
+// reads it back bit for bit.
+//
 // Files are converted as streams: a safetensors file's header is rewritten and its data
 // section copied unchanged, so a download never holds a checkpoint in memory.
 package tinkerlayout

@@ -70,6 +70,9 @@ type Renamed struct {
 	// unembed_tokens); empty when no tensor changed name, in which case the stream is the
 	// original bytes.
 	Modules map[string]string
+	// Experts is set when expert LoRA was converted to Tinker's layout (its config needs
+	// ExpertConfigToTinker).
+	Experts bool
 }
 
 // RenameTensors reads the header of the safetensors file of size bytes that r streams
@@ -79,7 +82,7 @@ type Renamed struct {
 // original bytes (those already read, then the rest of r), for a caller that serves a file
 // it cannot convert as it is.
 func RenameTensors(r io.Reader, size int64, rename func(string) string) (Renamed, error) {
-	return renameTensors(r, size, rename, nil)
+	return renameTensors(r, size, rename, nil, nil)
 }
 
 // ErrHeadOnlyTied is ToTinker's error for an adapter whose unembedding LoRA follows the
@@ -94,9 +97,12 @@ var ErrHeadOnlyTied = errors.New("this checkpoint's unembedding LoRA adapts the 
 	"`--format peft` (PEFT applies it to the head alone)")
 
 // ToTinker is RenameTensors to Tinker's layout (TinkerName), refusing with ErrHeadOnlyTied
-// (and the original bytes) an adapter Tinker's layout cannot express.
-func ToTinker(r io.Reader, size int64) (Renamed, error) {
-	return renameTensors(r, size, TinkerName, func(f *safetensors.File) error {
+// (and the original bytes) an adapter Tinker's layout cannot express. A file with expert
+// LoRA (PEFT's target_parameters layout) is converted to Tinker's 3-D w1/w2/w3 tensors as ex
+// says (its data reordered, one tensor at a time), or refused with ErrNoTinkerLayout for a
+// family not in ExpertFamilies.
+func ToTinker(r io.Reader, size int64, ex Experts) (Renamed, error) {
+	return renameTensors(r, size, TinkerName, &ex, func(f *safetensors.File) error {
 		if f.Metadata[peft.UnembedMetaKey] != peft.UnembedHeadOnly {
 			return nil
 		}
@@ -110,7 +116,7 @@ func ToTinker(r io.Reader, size int64) (Renamed, error) {
 }
 
 // renameTensors is RenameTensors; check, when set, may refuse the parsed header.
-func renameTensors(r io.Reader, size int64, rename func(string) string, check func(*safetensors.File) error) (Renamed, error) {
+func renameTensors(r io.Reader, size int64, rename func(string) string, ex *Experts, check func(*safetensors.File) error) (Renamed, error) {
 	var read bytes.Buffer
 	orig := func(err error) (Renamed, error) {
 		return Renamed{Reader: io.MultiReader(&read, r), Size: size}, err
@@ -141,6 +147,23 @@ func renameTensors(r io.Reader, size int64, rename func(string) string, check fu
 		if err := check(f); err != nil {
 			return orig(err)
 		}
+	}
+	if ex != nil && hasExperts(f.Tensors) {
+		plan, err := tinkerExperts(f, *ex)
+		if err != nil {
+			return orig(err)
+		}
+		hdr, total, err := encodePlan(plan, func(t outTensor) int64 { return elemSize(f, t.src) }, f.Metadata)
+		if err != nil {
+			return orig(err)
+		}
+		modules := map[string]string{}
+		for _, t := range plan {
+			if t.name != t.src && !strings.Contains(t.name, ".experts.w") {
+				modules[moduleLeaf(t.src)] = moduleLeaf(t.name)
+			}
+		}
+		return Renamed{Reader: io.MultiReader(bytes.NewReader(hdr), &planReader{r: r, f: f, plan: plan}), Size: total, Modules: modules, Experts: true}, nil
 	}
 	out := make(map[string]safetensors.Info, len(f.Tensors))
 	modules := map[string]string{}
@@ -245,14 +268,20 @@ var TinkerModules = map[string]string{peftHeadModule: tinkerHeadModule}
 // the head's factors are dropped: dropTiedEmbedding), to PEFT's layout in place;
 // an unembedding LoRA so converted gets ensure_weight_tying (on a model with tied
 // embeddings it adapts the shared matrix, as Tinker's tools apply it). A folder already in
-// PEFT's layout is left as it is. It returns whether anything changed.
-func ToPEFT(dir string) (bool, error) {
+// PEFT's layout is left as it is. Tinker's 3-D expert LoRA (experts.w1/w2/w3) is read for
+// a base model of family in ExpertFamilies (expertsToPEFT). It returns whether anything
+// changed.
+func ToPEFT(dir, family string) (bool, error) {
+	experts, err := expertsToPEFT(dir, family)
+	if err != nil {
+		return false, err
+	}
 	dropped, err := dropTiedEmbedding(dir)
 	if err != nil {
 		return false, err
 	}
 	renamed, err := renameToPEFT(dir)
-	return dropped || renamed, err
+	return experts || dropped || renamed, err
 }
 
 // peftTiedEmbed prefixes the factors of the embedding LoRA PEFT saves for a model with tied

@@ -159,7 +159,7 @@ func TestToPEFT(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, peft.AdapterWeightsFile), w, 0o644))
 		cfg, _ := json.Marshal(map[string]any{"r": 2, "lora_alpha": 32, "target_modules": []string{"q_proj", tc.module}})
 		require.NoError(t, os.WriteFile(filepath.Join(dir, peft.AdapterConfigFile), cfg, 0o644))
-		changed, err := ToPEFT(dir)
+		changed, err := ToPEFT(dir, "")
 		require.NoError(t, err, name)
 		require.Equal(t, tc.module != "lm_head", changed, name)
 		b, err := os.ReadFile(filepath.Join(dir, peft.AdapterWeightsFile))
@@ -242,7 +242,7 @@ func TestToTinkerRefusesHeadOnlyTied(t *testing.T) {
 			meta[peft.UnembedMetaKey] = tc.meta
 		}
 		b := write(meta, tc.names...)
-		rn, err := ToTinker(bytes.NewReader(b), int64(len(b)))
+		rn, err := ToTinker(bytes.NewReader(b), int64(len(b)), Experts{})
 		var out bytes.Buffer
 		_, rerr := out.ReadFrom(rn)
 		require.NoError(t, rerr)
@@ -283,7 +283,7 @@ func TestToPEFTReadsPEFTTiedSave(t *testing.T) {
 	cfg, _ := json.Marshal(map[string]any{"r": 1, "lora_alpha": 8, "ensure_weight_tying": true,
 		"target_modules": []string{"q_proj", "model.embed_tokens"}})
 	require.NoError(t, os.WriteFile(filepath.Join(dir, peft.AdapterConfigFile), cfg, 0o644))
-	changed, err := ToPEFT(dir)
+	changed, err := ToPEFT(dir, "")
 	require.NoError(t, err)
 	require.True(t, changed)
 	b, err := os.ReadFile(filepath.Join(dir, peft.AdapterWeightsFile))
@@ -323,7 +323,7 @@ func FuzzToPEFT(f *testing.F) {
 		require.NoError(t, os.WriteFile(wp, b, 0o644))
 		require.NoError(t, os.WriteFile(filepath.Join(dir, peft.AdapterConfigFile),
 			[]byte(`{"r": 1, "lora_alpha": 8, "target_modules": ["model.embed_tokens", "unembed_tokens"]}`), 0o644))
-		changed, err := ToPEFT(dir)
+		changed, err := ToPEFT(dir, "")
 		if err != nil {
 			return
 		}

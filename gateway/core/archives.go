@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -254,8 +255,13 @@ func (c *Core) OpenArchiveFile(ctx context.Context, link ArchiveLink, name strin
 	if err != nil {
 		return nil, 0, internal("opening checkpoint file "+link.key+"/"+name, err)
 	}
-	r, size, err := tinkerFile(rc, name, f.Size)
-	if errors.Is(err, tinkerlayout.ErrHeadOnlyTied) {
+	ex, err := c.archiveExperts(ctx, link, name)
+	if err != nil {
+		rc.Close()
+		return nil, 0, err
+	}
+	r, size, err := tinkerFile(rc, name, f.Size, ex)
+	if errors.Is(err, tinkerlayout.ErrHeadOnlyTied) || errors.Is(err, tinkerlayout.ErrNoTinkerLayout) {
 		rc.Close()
 		return nil, 0, failedPrecondition("%s: %v", name, err)
 	}
@@ -275,10 +281,10 @@ func (c *Core) OpenArchiveFile(ctx context.Context, link ArchiveLink, name strin
 // Tinker's layout (OpenArchiveFile). With an error and a reader, the reader and size are
 // the file as stored (it could not be converted); with an error and no reader, the store
 // failed.
-func tinkerFile(r io.Reader, name string, size int64) (io.Reader, int64, error) {
+func tinkerFile(r io.Reader, name string, size int64, ex tinkerlayout.Experts) (io.Reader, int64, error) {
 	switch {
 	case strings.HasSuffix(name, ".safetensors"):
-		rn, err := tinkerlayout.ToTinker(r, size)
+		rn, err := tinkerlayout.ToTinker(r, size, ex)
 		return rn, rn.Size, err
 	case path.Base(name) == peft.AdapterConfigFile && size <= peft.MaxConfigBytes:
 		b, err := io.ReadAll(io.LimitReader(r, size+1))
@@ -286,12 +292,46 @@ func tinkerFile(r io.Reader, name string, size int64) (io.Reader, int64, error) 
 			return nil, 0, err // the store's reader failed
 		}
 		nb, _, err := tinkerlayout.RenameTargetModules(b, tinkerlayout.TinkerModules)
+		if _, moe := tinkerlayout.ExpertFamilies[ex.Family]; err == nil && moe {
+			nb, err = tinkerlayout.ExpertConfigToTinker(nb)
+		}
 		if err != nil {
 			return bytes.NewReader(b), size, err
 		}
 		return bytes.NewReader(nb), int64(len(nb)), nil
 	}
 	return r, size, nil
+}
+
+// archiveExperts reads what converting the file name of a link's checkpoint needs to know
+// about its expert LoRA (tinkerlayout.Experts): r and the base model's family, from the
+// adapter_config.json beside it (zero when there is none, or it does not parse: the
+// conversion then refuses an expert LoRA).
+func (c *Core) archiveExperts(ctx context.Context, link ArchiveLink, name string) (tinkerlayout.Experts, error) {
+	cfgName := path.Join(path.Dir(name), peft.AdapterConfigFile)
+	f, ok := link.Manifest.File(cfgName)
+	if !ok || f.Size > peft.MaxConfigBytes {
+		return tinkerlayout.Experts{}, nil
+	}
+	rc, _, err := c.ckpt.Store().Open(ctx, link.key, cfgName)
+	if err != nil {
+		return tinkerlayout.Experts{}, internal("opening checkpoint file "+link.key+"/"+cfgName, err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, peft.MaxConfigBytes+1))
+	if err != nil {
+		return tinkerlayout.Experts{}, internal("reading checkpoint file "+link.key+"/"+cfgName, err)
+	}
+	var cfg struct {
+		Base string `json:"base_model_name_or_path"`
+	}
+	_ = json.Unmarshal(b, &cfg)
+	family := ""
+	if m, ok := c.models[cfg.Base]; ok {
+		family = m.GetFamily()
+	}
+	ex, _ := tinkerlayout.ExpertsFromConfig(b, family)
+	return ex, nil
 }
 
 // readCloser reads from one reader and closes another.

@@ -53,7 +53,8 @@ func (c *Core) ImportAdapter(ctx context.Context, req ImportRequest, fill func(d
 	if baseModel == "" {
 		return nil, invalidArgument("give the base model the adapter was trained on: base_model=<model> (GET /v1/models lists them)")
 	}
-	if _, err := c.model(baseModel); err != nil {
+	bm, err := c.model(baseModel)
+	if err != nil {
 		return nil, err
 	}
 	if err := c.policy.AllowModel(ws, baseModel); err != nil {
@@ -78,7 +79,7 @@ func (c *Core) ImportAdapter(ctx context.Context, req ImportRequest, fill func(d
 		return nil, err
 	}
 	var pe *fs.PathError
-	if _, err := tinkerlayout.ToPEFT(dir); errors.As(err, &pe) {
+	if _, err := tinkerlayout.ToPEFT(dir, bm.GetFamily()); errors.As(err, &pe) {
 		return nil, internal("converting an imported adapter to PEFT's layout", err) // masked: the path is the server's
 	} else if err != nil {
 		return nil, invalidArgument("%v", err)

@@ -50,14 +50,22 @@ CELLS = [
     ("llama", dict(train_attn=False, train_mlp=True, train_unembed=True)),
     ("gemma3", dict(train_attn=True, train_mlp=True, train_unembed=False)),
     ("gemma3", dict(train_attn=True, train_mlp=True, train_unembed=True)),
+    ("qwen3_moe", dict(train_attn=True, train_mlp=True, train_unembed=True)),
+    ("qwen3_5", dict(train_attn=True, train_mlp=True, train_unembed=True)),
+    ("gpt_oss", dict(train_attn=True, train_mlp=True, train_unembed=True)),
 ]
 TIED = {"tiny", "gemma3"}
+# Families the torch worker serves (one `loops serve --backend torch` of them all).
+TORCH = ("gemma3", "qwen3_moe", "qwen3_5", "gpt_oss")
+# MoE families: the download holds Tinker's 3-D expert LoRA (experts.w1/w2/w3).
+MOE = {"qwen3_moe", "gpt_oss"}
 TABLE: list[dict] = []
 
 
 def _random_model(kind: str, out: Path, tiny_dir: Path) -> None:
     """A tiny random model of a family, float32, written with transformers from a fixed seed."""
-    from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import (AutoConfig, AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config,
+                              Qwen3Config, Qwen3MoeConfig)
 
     vocab = json.loads((tiny_dir / "config.json").read_text())["vocab_size"]
     common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -69,12 +77,35 @@ def _random_model(kind: str, out: Path, tiny_dir: Path) -> None:
            "qwen2": lambda: Qwen2Config(**common),
            "llama": lambda: LlamaConfig(head_dim=16, **common),
            # Gemma 3 (text): tied, embeddings scaled by sqrt(hidden), sliding and full layers.
+           # Qwen3-MoE: 4 experts of intermediate 48, top 2 (the experts are fused 3-D
+           # parameters in transformers 5, saved per expert). Not 32: with hidden = 2 ×
+           # moe_intermediate_size the cookbook's "full" merge cannot tell which axis of
+           # gate_up_proj is fused (_detect_fused_axis tries the last first) and misplaces
+           # the update (docs/export-import.md); no released Qwen3-MoE has that shape.
+           "qwen3_moe": lambda: Qwen3MoeConfig(head_dim=16, moe_intermediate_size=48, num_experts=4,
+                                               num_experts_per_tok=2, **common),
+           # Qwen3.5 (text): a Gated DeltaNet layer (in_proj_qkv fused) and a full attention one
+           "qwen3_5": lambda: AutoConfig.for_model(
+               "qwen3_5_text", head_dim=16, linear_num_value_heads=4, linear_num_key_heads=2,
+               linear_key_head_dim=16, linear_value_head_dim=16,
+               layer_types=["linear_attention", "full_attention"], **common),
+           # gpt-oss: experts stored transposed, gate/up interleaved; sliding and full layers
+           "gpt_oss": lambda: AutoConfig.for_model(
+               "gpt_oss", head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=64,
+               rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+               layer_types=["sliding_attention", "full_attention"],
+               **{k: v for k, v in common.items() if k not in ("intermediate_size", "rope_theta")},
+               intermediate_size=48),
            "gemma3": lambda: Gemma3TextConfig(head_dim=16, sliding_window=64, tie_word_embeddings=True,
                                               layer_types=["sliding_attention", "full_attention"], **gemma)}[kind]()
     if kind == "gemma3":
         cfg.architectures = ["Gemma3ForCausalLM"]
-    torch.manual_seed({"qwen3": 3, "qwen2": 2, "llama": 1, "gemma3": 4}[kind])
+    torch.manual_seed({"qwen3": 3, "qwen2": 2, "llama": 1, "gemma3": 4, "qwen3_moe": 6, "qwen3_5": 8, "gpt_oss": 9}[kind])
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():  # fused experts are created uninitialised
+        for p in model.parameters():
+            if p.dim() == 3:
+                p.normal_(0, 0.1)
     model.save_pretrained(out)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(tiny_dir / f, out / f)
@@ -93,7 +124,7 @@ def models(tiny_tokenizer, tmp_path_factory) -> dict[str, str]:
     """Served model name per family; the random ones are folders."""
     root = tmp_path_factory.mktemp("models")
     out = {"tiny": "loops/tiny"}
-    for kind in ("qwen3", "qwen2", "llama", "gemma3"):
+    for kind in ("qwen3", "qwen2", "llama") + TORCH:
         _random_model(kind, root / kind, tiny_tokenizer)
         out[kind] = str(root / kind)
     return out
@@ -114,7 +145,7 @@ def server(models, recipe_env):
     that cache is shared by every server on the machine)."""
     args = []
     for family, m in models.items():
-        if family != "gemma3":
+        if family not in TORCH:
             args += ["--model", m]
     with running_server("weights", extra_args=args) as srv:
         env = dict(recipe_env, TINKER_BASE_URL=srv.url)
@@ -125,12 +156,17 @@ def server(models, recipe_env):
 
 @pytest.fixture(scope="module")
 def torch_server(models, recipe_env):
-    """A `loops serve --backend torch` of Gemma 3 (the torch worker serves it)."""
+    """A `loops serve --backend torch` of the families only the torch worker serves (TORCH)."""
     py = _torch_python()
     if py is None:
-        pytest.skip("no torch worker venv (LOOPS_TORCH_PYTHON): Gemma 3 is served by the torch worker")
+        pytest.skip("no torch worker venv (LOOPS_TORCH_PYTHON): these families are served by the torch worker")
+    # eager attention: the worker asks transformers for sdpa by default, which transformers
+    # 5.24 refuses for gpt-oss (GptOssForCausalLM has no sdpa path; attention sinks)
     args = ["--backend", "torch", "--backend-opt", f"python={py}",
-            "--backend-opt", f"pythonpath={REPO_ROOT / 'backends' / 'torch'}", "--model", models["gemma3"]]
+            "--backend-opt", f"pythonpath={REPO_ROOT / 'backends' / 'torch'}",
+            "--backend-opt", "args=--attn-implementation eager"]
+    for family in TORCH:
+        args += ["--model", models[family]]
     with running_server("weights-torch", extra_args=args) as srv:
         env = dict(recipe_env, TINKER_BASE_URL=srv.url)
         yield srv, env, dict(models)
@@ -184,7 +220,7 @@ def test_cookbook_weights_tools(request, models, family, flags, tmp_path):
     from transformers import AutoModelForCausalLM
     from tinker_cookbook.weights import build_hf_model, build_lora_adapter
 
-    _, env, dirs = request.getfixturevalue("torch_server" if family == "gemma3" else "server")
+    _, env, dirs = request.getfixturevalue("torch_server" if family in TORCH else "server")
     os.environ["TINKER_BASE_URL"] = env["TINKER_BASE_URL"]
     base = dirs[family]  # what the cookbook is given as base_model
     state, sampler = _train(models[family], flags, f"w-{family}-{len(TABLE)}")
@@ -203,6 +239,13 @@ def test_cookbook_weights_tools(request, models, family, flags, tmp_path):
     assert any(".self_attn." in n for n in names) == flags["train_attn"]
     assert any(".mlp." in n for n in names) == flags["train_mlp"]
     assert cfg["r"] == RANK and cfg["lora_alpha"] == 32
+    if family in MOE:
+        # Tinker's expert layout: 3-D (experts, r, in) / (experts, out, r) per projection,
+        # w1 gate, w3 up, w2 down; never PEFT's target_parameters keys
+        experts = {n for n in names if ".experts." in n}
+        assert experts and all(".experts.w" in n for n in experts), experts
+        assert {n.split(".experts.")[1].split(".")[0] for n in experts} == {"w1", "w2", "w3"}
+        assert "target_parameters" not in cfg and {"w1", "w2", "w3"} <= set(cfg["target_modules"])
 
     tied = family in TIED
     row = {"family": family + (" (tied)" if tied else ""), "flags": "+".join(k[6:] for k, v in flags.items() if v)}
@@ -215,6 +258,15 @@ def test_cookbook_weights_tools(request, models, family, flags, tmp_path):
     build_lora_adapter(base_model=base, adapter_path=str(adapter), output_path=str(peft_dir))
     pm = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), str(peft_dir))
     row["build_lora_adapter"] = _maxdiff(want, _logprobs(pm.eval()))
+    if family == "gpt_oss":
+        # build_lora_adapter writes per-expert keys (experts.<e>.gate_proj/up_proj/down_proj,
+        # for vLLM), which PEFT 0.21 does not load into transformers 5's fused GptOssExperts
+        # (it adapts attention and the head only): the PEFT column measures that. Checked
+        # instead: every expert's B·A in that adapter is the update the exact merged model got
+        # (gate_up_proj [E, H, 2I] with gate/up interleaved, down_proj [E, I, H]).
+        assert not any("experts" in n and "lora" in n for n, _ in pm.named_parameters())
+        row["build_lora_adapter experts vs merged"] = _gpt_oss_expert_diff(peft_dir, base, tmp_path / "merged-full")
+        row["build_lora_adapter (PEFT loads no experts)"] = row.pop("build_lora_adapter")
     tied_unembed = tied and flags["train_unembed"]
     if tied_unembed and family != "gemma3":  # the torch worker does not check imports
         # The cookbook writes a tied model's unembedding LoRA as an embed_tokens LoRA with
@@ -253,8 +305,38 @@ def test_cookbook_weights_tools(request, models, family, flags, tmp_path):
                                        str(tmp_path / "peft-export"))
         assert _maxdiff(want, _logprobs(pe.eval())) < TOL
         return
-    for k in ("build_hf_model/shard", "build_hf_model/full", "build_lora_adapter"):
-        assert row[k] < TOL, row
+    for k in ("build_hf_model/shard", "build_hf_model/full", "build_lora_adapter", "build_lora_adapter experts vs merged"):
+        assert row.get(k, 0) < TOL, row
+
+
+def _gpt_oss_expert_diff(peft_dir: Path, base: str, merged: Path) -> float:
+    """Max |Δ| between the per-expert updates of a gpt-oss adapter from build_lora_adapter
+    (scale·B·A per expert and projection) and merged − base of the fused expert weights."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = json.loads((peft_dir / "adapter_config.json").read_text())
+    scale = cfg["lora_alpha"] / cfg["r"]
+    w = load_file(str(peft_dir / "adapter_model.safetensors"))
+    b = dict(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).named_parameters())
+    m = dict(AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).named_parameters())
+    worst, n = 0.0, 0
+    for name in b:
+        if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            continue
+        diff = (m[name] - b[name]).double()
+        pre = "base_model.model." + name.rsplit(".", 1)[0]
+        for e in range(diff.shape[0]):
+            def delta(proj):
+                a, bb = w[f"{pre}.{e}.{proj}.lora_A.weight"].double(), w[f"{pre}.{e}.{proj}.lora_B.weight"].double()
+                return (scale * bb @ a).T  # stored as (in, out)
+            if name.endswith("gate_up_proj"):
+                got = [(diff[e][:, 0::2], delta("gate_proj")), (diff[e][:, 1::2], delta("up_proj"))]
+            else:
+                got = [(diff[e], delta("down_proj"))]
+            for d, want in got:
+                worst, n = max(worst, float((d - want).abs().max())), n + 1
+    assert n > 0
+    return worst
 
 
 def _import_and_score(env: dict, folder: Path, base: str, family: str, n: int) -> list[float]:
@@ -371,7 +453,8 @@ def test_zz_table():
     """Prints the family x path x max |delta log-prob| table of this run."""
     if not TABLE:
         pytest.skip("no cell ran")
-    cols = ["build_hf_model/shard", "build_hf_model/full", "build_lora_adapter", "build_lora_adapter → loops import"]
+    cols = ["build_hf_model/shard", "build_hf_model/full", "build_lora_adapter", "build_lora_adapter → loops import",
+            "build_lora_adapter (PEFT loads no experts)", "build_lora_adapter experts vs merged"]
     lines = ["| family | LoRA | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
     for row in TABLE:
         lines.append(f"| {row['family']} | {row['flags']} | " + " | ".join(
