@@ -75,7 +75,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-lora-rank", type=int, default=64)
     p.add_argument("--max-adapters", type=int, default=256)
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = torch's default)")
-    p.add_argument("--attn-implementation", default="sdpa")
+    p.add_argument("--attn-implementation", default="auto",
+                   help="transformers' attn_implementation; auto = the family's (sdpa, or eager where the family has no sdpa: gpt-oss)")
     p.add_argument("--grad-checkpointing", dest="grad_checkpointing", action="store_true", default=None)
     p.add_argument("--no-grad-checkpointing", dest="grad_checkpointing", action="store_false")
     p.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.4)

@@ -100,7 +100,7 @@ class BaseModel:
     """One loaded base model (shared by every adapter on it)."""
 
     def __init__(self, name: str, path: Optional[str], device: torch.device, dtype: torch.dtype,
-                 max_lora_rank: int, attn_impl: str = "sdpa", grad_checkpointing: bool = False,
+                 max_lora_rank: int, attn_impl: str = "auto", grad_checkpointing: bool = False,
                  model=None, pad: Optional[bool] = None):
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -120,6 +120,8 @@ class BaseModel:
             kw = {}
             if self.family.experts and dtype == torch.float64:
                 kw["experts_implementation"] = "eager"  # grouped_mm has no float64 kernel
+            if attn_impl == "auto":
+                attn_impl = self.family.attn_implementation
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_impl, **kw)
         self.model = model.to(device)
         self.model.eval()

@@ -280,3 +280,14 @@ def test_unknown_family_is_refused(tmp_path):
     # every family file names its publisher and renderer, and no model_type twice
     for f in families.FAMILIES:
         assert f.publisher and f.renderer and f.model_types
+
+
+def test_default_attention_is_the_familys(tmp_path):
+    """--attn-implementation auto (the default) asks transformers for sdpa, or for eager where
+    the family offers no sdpa (gpt-oss, whose attention sinks sdpa cannot compute): before, the
+    worker asked every family for sdpa and a gpt-oss worker exited at start."""
+    from loops_worker.engine import BaseModel
+
+    for family, want in (("gpt_oss", "eager"), ("qwen3", "sdpa")):
+        bm = BaseModel("m", build(family, tmp_path / family), torch.device("cpu"), torch.float32, 8)
+        assert bm.model.config._attn_implementation == want, family

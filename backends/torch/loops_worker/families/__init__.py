@@ -43,6 +43,9 @@ class Family:
     experts: Tuple[str, ...] = ()
     unembed: str = UNEMBED
     notes: str = ""  # limits and quirks, for docs/models.md and errors
+    # the attention implementation the worker asks transformers for when --attn-implementation
+    # is auto (the default): sdpa, unless the family's modeling code does not offer it
+    attn_implementation: str = "sdpa"
     # check(config) -> None or the reason this config is refused (a variant the worker
     # cannot compute exactly)
     check: Optional[Callable[[object], Optional[str]]] = None

@@ -16,5 +16,6 @@ def _check(config):
 FAMILY = Family(
     name="gpt_oss", model_types=("gpt_oss",), publisher="OpenAI", renderer="gpt_oss_no_sysprompt",
     experts=("gate_up_proj", "down_proj"), check=_check,
+    attn_implementation="eager",  # transformers offers no sdpa for its attention sinks
     notes="harmony chat format: renderer gpt_oss_no_sysprompt (or gpt_oss_{low,medium,high}_reasoning); "
           "router not adapted")
