@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -32,6 +33,13 @@ func TestPoolOptions(t *testing.T) {
 	for _, bad := range []map[string]string{{"provider": "k8s"}, {"provider": "ray"}, {"provider": "local", "replicas": "-1"}, {"provider": "local", "heartbeat_timeout": "x"}} {
 		_, err := OptionsFromConfig(backendsConfig(bad))
 		require.Error(t, err, "%v", bad)
+	}
+	// An option no one reads is refused, not ignored (attn-implementation is a worker argument).
+	_, err = OptionsFromConfig(backendsConfig(map[string]string{"attn-implementation": "eager"}))
+	require.ErrorContains(t, err, `unknown backend option "attn-implementation"`)
+	for _, k := range optionKeys { // each known key is accepted (as a key: some values are refused)
+		_, err := OptionsFromConfig(backendsConfig(map[string]string{k: ""}))
+		require.NotContains(t, fmt.Sprint(err), "unknown backend option", k)
 	}
 	require.Equal(t, "torch-Qwen-Qwen3-8B", PoolID("Qwen/Qwen3-8B"))
 	require.Equal(t, "torch-loops-tiny", PoolID("loops/tiny=/data/models/loops-tiny"))

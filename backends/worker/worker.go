@@ -150,6 +150,9 @@ func OptionsFromConfig(cfg backends.Config) (Options, error) {
 		}
 	}
 	for k, v := range cfg.Options {
+		if !slices.Contains(optionKeys, k) {
+			return o, fmt.Errorf("torch: unknown backend option %q (known: %s); worker arguments go in args, e.g. --backend-opt \"args=--attn-implementation eager\"", k, strings.Join(optionKeys, ", "))
+		}
 		m[k] = v
 	}
 	po, err := poolOptionsFromConfig(m)
@@ -193,6 +196,14 @@ func OptionsFromConfig(cfg backends.Config) (Options, error) {
 	}
 	return o, nil
 }
+
+// optionKeys are the backend options OptionsFromConfig and poolOptionsFromConfig read; any
+// other key is refused rather than ignored.
+var optionKeys = []string{"workers", "local_workers", "python", "pythonpath", "worker_command", "args", "device",
+	"health_interval", "health_timeout", "health_failures", "call_timeout", "start_timeout", "tls_dir", "allow_dirs",
+	"checkpoint_origins", "provider", "registry_listen", "registry_url", "join_token_file", "ray_address", "ray_python",
+	"worker_listen", "replicas", "sampler_replicas", "gpus_per_replica", "pool_slots", "gpus", "preemptible",
+	"heartbeat_timeout", "keep_warm", "idle_to_zero"}
 
 // commaList splits a comma-separated option into its non-empty, trimmed elements.
 func commaList(v string) []string {
