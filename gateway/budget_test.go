@@ -88,11 +88,11 @@ func TestBudgetHoldsUnderConcurrentClients(t *testing.T) {
 	spent := must(money.ParseUSD(cls[0].costs()[loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS][2], money.Digits))
 	require.Equal(t, "0.000096", spent.String(), "spent, exactly, never past the budget")
 
-	// Over Tinker's HTTP route: 429 with X-Should-Retry: false, so the tinker SDK fails at
-	// once instead of backing off for minutes.
+	// Over Tinker's HTTP route: 403 with X-Should-Retry: false, so the tinker SDK fails at
+	// once instead of retrying a 429 for 5 minutes (errs.ReasonBudgetExceeded).
 	status, body, h := callHeaders(t, url, "/api/v1/forward_backward", keyB, map[string]any{"model_id": cls[0].run, "type": "forward_backward",
 		"forward_backward_input": map[string]any{"loss_fn": "cross_entropy", "data": []any{tinkerDatum(12)}}})
-	requireTinker(t, status, body, http.StatusTooManyRequests, "(budget_usd_total in its policy)")
+	requireTinker(t, status, body, http.StatusForbidden, "(budget_usd_total in its policy)")
 	require.Equal(t, "false", h.Get("X-Should-Retry"))
 
 	// Sampling is refused too: its estimate (prompt + num_samples × max_tokens) would pass.

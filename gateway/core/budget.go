@@ -175,7 +175,7 @@ func (c *Core) reserveBudget(ws string, estimate money.USD) error {
 			after, err = money.Add(after, estimate)
 		}
 		if err != nil || after > bud.limit {
-			return errs.Final(errs.New(connect.CodeResourceExhausted, policy.ReasonWorkspaceLimit, fmt.Errorf(
+			return errs.Final(errs.New(connect.CodeResourceExhausted, errs.ReasonBudgetExceeded, fmt.Errorf(
 				"workspace %q has spent %s USD %s (and has %s USD of work running) of its budget of %s USD (%s in its policy); this work's estimated cost, %s USD, would pass it: ask an operator to raise %s in the workspace policy (loops serve --workspace-policy)",
 				ws, bud.spent, bud.when, e.reserved, bud.limit, bud.name, estimate, bud.name)))
 		}
