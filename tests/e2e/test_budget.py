@@ -5,9 +5,10 @@ whose budget_usd_total fits exactly two forward_backward steps of 7 tokens. An u
 tinker training script that loops over steps trains twice, then its third forward_backward
 is refused: the SDK raises the server's message unchanged (it names budget_usd_total, what
 was spent and how to raise it) and the script fails at once, not after minutes of the
-SDK's retries (the refusal is a 429 marked X-Should-Retry: false). The workspace's spend
-then shows the alerts it crossed (50% and 100% of the budget) in `loops workspace` and in
-the audit log.
+SDK's retries: Tinker's routes answer a budget refusal 403 (reason BUDGET_EXCEEDED), since
+the SDK retries a 429 on forward_backward for 5 minutes whatever X-Should-Retry says and
+pauses on a 402 (billing) for an hour. The workspace's spend then shows the alerts it
+crossed (50% and 100% of the budget) in `loops workspace` and in the audit log.
 """
 
 from __future__ import annotations
@@ -79,3 +80,20 @@ def test_sdk_fails_fast_at_the_budget(server):
     # A 429 would be retried for 5 minutes, a 402 paused on for an hour; the 403 fails at once (the two steps before
     # it and the client's start included).
     assert took < 60, f"the SDK retried the budget refusal for {took:.0f}s"
+
+    # The alerts crossed: 50% (the second step brought the spend to 70%; 80% was never
+    # reached) and 100% (the budget refused work), each written once to the audit log.
+    ws = loops(server, KEY, "workspace")
+    assert ws.returncode == 0, ws.stderr
+    assert "budget_usd_total" in ws.stdout, ws.stdout
+    assert "0.000014 of 0.00002 USD spent, 0 running; alerts: 50%, 100%" in ws.stdout, ws.stdout
+    deadline = time.monotonic() + 30  # written to the audit log in the background
+    while True:
+        audit = loops(server, KEY, "audit", "--resource", "budget")
+        assert audit.returncode == 0, audit.stderr
+        alerts = sorted(line for line in audit.stdout.splitlines() if "budget_alert" in line)
+        if len(alerts) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(alerts) == 2, audit.stdout[-3000:]
+    assert "budget_usd_total 50%" in alerts[0] + alerts[1] and "budget_usd_total 100%" in alerts[0] + alerts[1], alerts
