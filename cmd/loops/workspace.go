@@ -23,7 +23,9 @@ func workspaceCmd() *cobra.Command {
 			"each, access grants included), its limits on runs, queued operations and sampling, and\n" +
 			"what it uses now; `loops access request` asks a workspace admin for more.\n" +
 			"The server's --workspace-policy sets the limits; \"none\" means no limit of the\n" +
-			"workspace's own.",
+			"workspace's own. Under a price sheet (loops serve --prices), its budgets\n" +
+			"(budget_usd_month, budget_usd_total) show with what was spent, the work running and\n" +
+			"the alerts crossed (50%, 80%, 100%; each also in `loops audit --resource budget`).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cl := loopsv1connect.NewWorkspaceServiceClient(http.DefaultClient, cf.url, cf.options()...)
