@@ -93,6 +93,10 @@ func classifyError(err error) answer {
 			Code:   connect.CodeResourceExhausted.String(), Reason: errs.ReasonBodyTooLarge}}
 	}
 	out, msg := httpedge.Public(err)
-	return answer{status: out.Entry.TinkerStatus, id: out.ID, body: errorBody{
-		Detail: msg, Code: out.Err.Code().String(), Reason: errs.Reason(out.Err)}}
+	status, reason := out.Entry.TinkerStatus, errs.Reason(out.Err)
+	if reason == errs.ReasonBudgetExceeded {
+		status = http.StatusForbidden // the SDK fails it at once (errs.ReasonBudgetExceeded)
+	}
+	return answer{status: status, id: out.ID, body: errorBody{
+		Detail: msg, Code: out.Err.Code().String(), Reason: reason}}
 }

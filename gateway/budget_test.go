@@ -20,6 +20,7 @@ import (
 	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/prices"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/internal/errs"
 	"github.com/loops-dev/loops/internal/money"
 )
@@ -88,11 +89,11 @@ func TestBudgetHoldsUnderConcurrentClients(t *testing.T) {
 	spent := must(money.ParseUSD(cls[0].costs()[loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS][2], money.Digits))
 	require.Equal(t, "0.000096", spent.String(), "spent, exactly, never past the budget")
 
-	// Over Tinker's HTTP route: 429 with X-Should-Retry: false, so the tinker SDK fails at
-	// once instead of backing off for minutes.
+	// Over Tinker's HTTP route: 403 with X-Should-Retry: false, so the tinker SDK fails at
+	// once instead of retrying a 429 for 5 minutes (errs.ReasonBudgetExceeded).
 	status, body, h := callHeaders(t, url, "/api/v1/forward_backward", keyB, map[string]any{"model_id": cls[0].run, "type": "forward_backward",
 		"forward_backward_input": map[string]any{"loss_fn": "cross_entropy", "data": []any{tinkerDatum(12)}}})
-	requireTinker(t, status, body, http.StatusTooManyRequests, "(budget_usd_total in its policy)")
+	requireTinker(t, status, body, http.StatusForbidden, "(budget_usd_total in its policy)")
 	require.Equal(t, "false", h.Get("X-Should-Retry"))
 
 	// Sampling is refused too: its estimate (prompt + num_samples × max_tokens) would pass.
@@ -147,4 +148,72 @@ func TestBudgetCountsSpendBeforeARestart(t *testing.T) {
 		}}}})
 	require.True(t, errs.IsFinal(err), "%v", err)
 	require.ErrorContains(t, err, "has spent 0.000048 USD this month (UTC)")
+}
+
+// TestBudgetAlerts: a monthly budget of 50 µ$ at 12 µ$ a forward_backward. The third
+// operation brings the spend to 72% (the 50% alert), the fourth to 96% (80%), the fifth is
+// refused at the cap (100%); each threshold is written to the audit log once and shown by
+// GetWorkspace, and more refusals write nothing more.
+func TestBudgetAlerts(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "prices.yaml")
+	writeSheet(t, file, "models:\n  loops/tiny: {train: \"1.00\"}\n", time.Hour)
+	sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	pol, err := policy.Parse([]byte("workspaces:\n  team-b: {budget_usd_month: \"0.00005\"}\n"))
+	require.NoError(t, err)
+	url := "http://" + startServerWith(t, func(c *gateway.Config) { c.Core.Prices, c.Core.Policy = sheet, pol })
+	cl := newCostClient(t, url, keyB)
+	wsClient := loopsv1connect.NewWorkspaceServiceClient(http.DefaultClient, url, withKey(keyB))
+	budget := func() *loopsv1.WorkspaceBudget {
+		ws := must(wsClient.GetWorkspace(t.Context(), &loopsv1.GetWorkspaceRequest{}))
+		require.Len(t, ws.GetBudgets(), 1)
+		return ws.GetBudgets()[0]
+	}
+	alertTargets := func(n int) []string {
+		var out []string
+		require.Eventually(t, func() bool {
+			out = out[:0]
+			for _, e := range auditEvents(t, url, keyB, "budget_alert") {
+				out = append(out, e.GetTarget())
+			}
+			return len(out) >= n
+		}, 10*time.Second, 20*time.Millisecond)
+		return out
+	}
+	month := time.Now().UTC().Format("2006-01")
+
+	cl.train(12)
+	cl.train(12)
+	b := budget()
+	require.Equal(t, "0.000024", b.GetSpentUsd())
+	require.Empty(t, b.GetAlerts(), "48%: no alert yet")
+	cl.train(12)
+	require.Equal(t, []int32{50}, budget().GetAlerts())
+	cl.train(12)
+	b = budget()
+	require.Equal(t, []int32{50, 80}, b.GetAlerts())
+	require.Equal(t, "budget_usd_month", b.GetName())
+	require.Equal(t, "0.00005", b.GetLimitUsd())
+	require.Equal(t, "0.000048", b.GetSpentUsd())
+	require.Equal(t, month, b.GetPeriod())
+	for range 3 { // refused at the cap: the 100% alert, once
+		in, tgt, w := tokens(12)
+		_, err := cl.training.ForwardBackward(t.Context(), &loopsv1.ForwardBackwardRequest{TrainingRunId: cl.run, LossFn: "cross_entropy",
+			Data: []*loopsv1.Datum{{Tokens: in, LossFnInputs: map[string]*loopsv1.Tensor{
+				"target_tokens": {Dtype: loopsv1.Dtype_DTYPE_INT64, Int64Data: tgt},
+				"weights":       {Dtype: loopsv1.Dtype_DTYPE_FLOAT32, Float32Data: w},
+			}}}})
+		require.Equal(t, errs.ReasonBudgetExceeded, errs.Reason(err), "%v", err)
+	}
+	require.Equal(t, []int32{50, 80, 100}, budget().GetAlerts())
+	got := alertTargets(3)
+	time.Sleep(200 * time.Millisecond) // nothing more comes
+	require.ElementsMatch(t, []string{"budget_usd_month " + month + " 50%", "budget_usd_month " + month + " 80%",
+		"budget_usd_month " + month + " 100%"}, alertTargets(3))
+	require.Len(t, got, 3)
+
+	// Another workspace, without a budget, shows none.
+	ws := must(loopsv1connect.NewWorkspaceServiceClient(http.DefaultClient, url, withKey(keyA)).GetWorkspace(t.Context(), &loopsv1.GetWorkspaceRequest{}))
+	require.Empty(t, ws.GetBudgets())
+	require.Empty(t, auditEvents(t, url, keyA, "budget_alert"))
 }

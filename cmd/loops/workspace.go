@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -22,7 +23,9 @@ func workspaceCmd() *cobra.Command {
 			"each, access grants included), its limits on runs, queued operations and sampling, and\n" +
 			"what it uses now; `loops access request` asks a workspace admin for more.\n" +
 			"The server's --workspace-policy sets the limits; \"none\" means no limit of the\n" +
-			"workspace's own.",
+			"workspace's own. Under a price sheet (loops serve --prices), its budgets\n" +
+			"(budget_usd_month, budget_usd_total) show with what was spent, the work running and\n" +
+			"the alerts crossed (50%, 80%, 100%; each also in `loops audit --resource budget`).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cl := loopsv1connect.NewWorkspaceServiceClient(http.DefaultClient, cf.url, cf.options()...)
@@ -35,6 +38,24 @@ func workspaceCmd() *cobra.Command {
 	}
 	cf.register(cmd)
 	return cmd
+}
+
+// budgetUse is a budget's spend, its period, the work running and the alerts crossed:
+// "0.000014 of 0.00002 USD spent in 2026-12 (70%), 0 running; alerts: 50%".
+func budgetUse(b *loopsv1.WorkspaceBudget) string {
+	s := fmt.Sprintf("%s of %s USD spent", b.GetSpentUsd(), b.GetLimitUsd())
+	if b.GetPeriod() != "" {
+		s += " in " + b.GetPeriod()
+	}
+	s += ", " + b.GetReservedUsd() + " running"
+	if a := b.GetAlerts(); len(a) > 0 {
+		parts := make([]string, len(a))
+		for i, p := range a {
+			parts[i] = fmt.Sprintf("%d%%", p)
+		}
+		s += "; alerts: " + strings.Join(parts, ", ")
+	}
+	return s
 }
 
 // printWorkspace writes the workspace's limits beside its use, then its models.
@@ -54,6 +75,9 @@ func printWorkspace(w io.Writer, ws *loopsv1.Workspace) error {
 	fmt.Fprintf(tw, "sampling_concurrency\t%s\t%d running, %d waiting\n", limit(l.GetSamplingConcurrency()), u.GetRunningSamples(), u.GetWaitingSamples())
 	fmt.Fprintf(tw, "max_sequence_length\t%s\n", limit(l.GetMaxSequenceLength()))
 	fmt.Fprintf(tw, "max_lora_rank\t%s\n", limit(l.GetMaxLoraRank()))
+	for _, b := range ws.GetBudgets() {
+		fmt.Fprintf(tw, "%s\t%s USD\t%s\n", b.GetName(), b.GetLimitUsd(), budgetUse(b))
+	}
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "MODEL\tMAX SEQ LEN\tMAX LORA RANK")
 	for _, m := range l.GetModels() {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/loops-dev/loops/gateway"
 	"github.com/loops-dev/loops/gateway/console"
+	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/prices"
 )
 
@@ -22,7 +23,9 @@ func TestConsoleShowsCost(t *testing.T) {
 	require.NoError(t, os.WriteFile(file, []byte("models:\n  loops/tiny: {train: \"0.40\"}\n"), 0o600))
 	sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
-	base := startServerWith(t, func(c *gateway.Config) { c.Core.Prices = sheet })
+	pol, err := policy.Parse([]byte("workspaces:\n  ws-a: {budget_usd_month: \"0.000008\"}\n"))
+	require.NoError(t, err)
+	base := startServerWith(t, func(c *gateway.Config) { c.Core.Prices, c.Core.Policy = sheet, pol })
 	run, _ := train(t, base, keyA, 3) // 3 × 4 tokens × $0.40 / 1e6
 
 	b := newBrowser(t, base)
@@ -35,6 +38,10 @@ func TestConsoleShowsCost(t *testing.T) {
 	require.Contains(t, body, `id="usage-month"`)
 	require.Contains(t, body, "This month (UTC) so far: <strong>0.0000048 USD</strong>")
 	require.Regexp(t, `training_tokens</td><td class="num">12</td><td class="num">0.0000048<`, body)
+	// The workspace page: the budget, its spend (60%) and the alert crossed.
+	_, _, body = b.get("/console/limits")
+	require.Contains(t, body, `id="budgets"`)
+	require.Regexp(t, `budget_usd_month \(\d{4}-\d{2}\)</th><td>0.0000048 of 0.000008 USD spent, 0 running; <strong class="alert">alerts: 50%</strong>`, body)
 
 	// No price sheet: no cost anywhere on the pages.
 	base = startServer(t)
@@ -46,4 +53,6 @@ func TestConsoleShowsCost(t *testing.T) {
 	_, _, body = b.get("/console/usage")
 	require.NotContains(t, body, "usage-month")
 	require.NotContains(t, body, "Cost (USD)")
+	_, _, body = b.get("/console/limits")
+	require.NotContains(t, body, `id="budgets"`)
 }

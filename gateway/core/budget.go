@@ -28,6 +28,11 @@ import (
 type budgetBook struct {
 	mu sync.Mutex
 	ws map[string]*wsSpend
+	// alerts wait for writeAlerts (budgetalert.go), which kick wakes; dropped counts those
+	// dropped past maxPendingAlerts.
+	alerts  []budgetAlert
+	dropped int
+	kick    chan struct{}
 }
 
 type wsSpend struct {
@@ -35,9 +40,14 @@ type wsSpend struct {
 	// month is the UTC month monthSpent is for.
 	month                            time.Time
 	monthSpent, totalSpent, reserved money.USD
+	// alerted is the set of alert thresholds (budgetalert.go: bit i for alertThresholds[i])
+	// alerted for the month's budget this month [0] and for the total budget [1].
+	alerted [2]uint8
 }
 
-func newBudgetBook() *budgetBook { return &budgetBook{ws: map[string]*wsSpend{}} }
+func newBudgetBook() *budgetBook {
+	return &budgetBook{ws: map[string]*wsSpend{}, kick: make(chan struct{}, 1)}
+}
 
 func monthOf(t time.Time) time.Time {
 	t = t.UTC()
@@ -47,7 +57,7 @@ func monthOf(t time.Time) time.Time {
 // rollLocked starts a new month's spend when now is past e's month.
 func (e *wsSpend) rollLocked(now time.Time) {
 	if m := monthOf(now); !m.Equal(e.month) {
-		e.month, e.monthSpent = m, 0
+		e.month, e.monthSpent, e.alerted[0] = m, 0, 0
 	}
 }
 
@@ -55,7 +65,9 @@ func (e *wsSpend) rollLocked(now time.Time) {
 // the cost its operation had reserved) off its reservations, at once, so the cost is never
 // counted twice. The caller holds the usage meter's mu, so loading (budgetReady) sees every
 // cost either in the pending counters or here, never both.
-func (b *budgetBook) spend(ws string, cost, settled money.USD, now time.Time) {
+//
+// It records the alerts the spend crosses, under l's budgets.
+func (b *budgetBook) spend(ws string, l policy.Limits, cost, settled money.USD, now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	e := b.ws[ws]
@@ -70,6 +82,7 @@ func (b *budgetBook) spend(ws string, cost, settled money.USD, now time.Time) {
 	if s, err := money.Add(e.totalSpent, cost); err == nil {
 		e.totalSpent = s
 	}
+	b.alertLocked(ws, e, l.BudgetMonth, l.BudgetTotal, "", now)
 }
 
 // budgeted reports whether new work of ws is checked against budgets: a price sheet is in
@@ -137,6 +150,10 @@ func (c *Core) budgetReady(ctx context.Context, ws string) error {
 			e.monthSpent, err = money.Add(e.monthSpent, money.USD(month0))
 		}
 	}
+	if err == nil { // thresholds passed before: alerted then, not again (budgetalert.go)
+		l := c.policy.Limits(ws)
+		e.alerted = [2]uint8{reached(e.monthSpent, l.BudgetMonth), reached(e.totalSpent, l.BudgetTotal)}
+	}
 	if err != nil {
 		delete(b.ws, ws) // loaded again next time
 		return internal("reading the workspace's spend for its budget", err)
@@ -164,8 +181,8 @@ func (c *Core) reserveBudget(ws string, estimate money.USD) error {
 		name, when   string
 		limit, spent money.USD
 	}{
-		{"budget_usd_month", "this month (UTC)", l.BudgetMonth, e.monthSpent},
-		{"budget_usd_total", "in all", l.BudgetTotal, e.totalSpent},
+		{budgetMonth, "this month (UTC)", l.BudgetMonth, e.monthSpent},
+		{budgetTotal, "in all", l.BudgetTotal, e.totalSpent},
 	} {
 		if bud.limit <= 0 {
 			continue
@@ -175,7 +192,8 @@ func (c *Core) reserveBudget(ws string, estimate money.USD) error {
 			after, err = money.Add(after, estimate)
 		}
 		if err != nil || after > bud.limit {
-			return errs.Final(errs.New(connect.CodeResourceExhausted, policy.ReasonWorkspaceLimit, fmt.Errorf(
+			b.alertLocked(ws, e, l.BudgetMonth, l.BudgetTotal, bud.name, c.now()) // the cap is reached
+			return errs.Final(errs.New(connect.CodeResourceExhausted, errs.ReasonBudgetExceeded, fmt.Errorf(
 				"workspace %q has spent %s USD %s (and has %s USD of work running) of its budget of %s USD (%s in its policy); this work's estimated cost, %s USD, would pass it: ask an operator to raise %s in the workspace policy (loops serve --workspace-policy)",
 				ws, bud.spent, bud.when, e.reserved, bud.limit, bud.name, estimate, bud.name)))
 		}

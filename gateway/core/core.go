@@ -375,6 +375,9 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 			return nil, err
 		}
 	}
+	if err := c.life.Go("budget-alerts", c.writeAlerts); err != nil {
+		return nil, err
+	}
 	if err := c.life.Go("placer", c.placer.Run); err != nil {
 		return nil, err
 	}

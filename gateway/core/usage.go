@@ -89,10 +89,11 @@ func (c *Core) recordOpUsage(o *operation, ws, model, session, deployment, kind 
 		}
 	}
 	k := usageKey{ws: ws, model: model, session: session, deployment: deployment, key: key, kind: kind, bucket: c.now().UTC().Truncate(usageBucket)}
+	lim := c.policy.Limits(ws)
 	c.usage.mu.Lock()
 	c.usage.pending[k] = c.usage.pending[k].add(u)
 	if u.priced > 0 {
-		c.budgets.spend(ws, u.cost, settled, c.now()) // under mu: see budgetReady
+		c.budgets.spend(ws, lim, u.cost, settled, c.now()) // under mu: see budgetReady
 	}
 	c.usage.mu.Unlock()
 }

@@ -22,9 +22,14 @@ func (s WorkspaceService) GetWorkspace(ctx context.Context, _ *loopsv1.GetWorksp
 		return nil, err
 	}
 	c := s.c
+	budgets, err := c.budgetStatus(ctx, ws)
+	if err != nil {
+		return nil, err
+	}
 	l, u, f := c.policy.Limits(ws), c.policy.Use(ws), c.fair.Status(ws)
 	return &loopsv1.Workspace{
-		Name: ws,
+		Budgets: budgets,
+		Name:    ws,
 		Limits: &loopsv1.WorkspaceLimits{
 			Models:              c.policy.Models(ws, c.modelList()),
 			MaxSequenceLength:   int32(l.MaxSequenceLength),

@@ -65,6 +65,13 @@ const (
 	// ReasonNoPools: the gateway's backend runs no worker pools, so PoolService has nothing
 	// to show or change (HTTP 400, FAILED_PRECONDITION).
 	ReasonNoPools = "NO_POOLS"
+	// ReasonBudgetExceeded: the work's estimated cost would take a workspace or an API key
+	// past a budget (RESOURCE_EXHAUSTED, final: retrying cannot cure it until an operator or
+	// admin raises the budget or a new month starts). Tinker's routes answer it 403 (the
+	// SDK's PermissionDeniedError): the tinker SDK (0.38) retries a 429 on forward_backward
+	// and sample for 5 minutes whatever X-Should-Retry says, and pauses on a 402 for an hour
+	// (waiting for billing to be set up), but fails a 403 at once.
+	ReasonBudgetExceeded = "BUDGET_EXCEEDED"
 )
 
 // Category says whose fault an error is.

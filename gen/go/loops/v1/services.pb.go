@@ -3413,10 +3413,14 @@ func (*GetWorkspaceRequest) Descriptor() ([]byte, []int) {
 
 // Workspace is an API key's workspace: its name, its policy's limits and its current use.
 type Workspace struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Limits        *WorkspaceLimits       `protobuf:"bytes,2,opt,name=limits,proto3" json:"limits,omitempty"`
-	Use           *WorkspaceUse          `protobuf:"bytes,3,opt,name=use,proto3" json:"use,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Name   string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Limits *WorkspaceLimits       `protobuf:"bytes,2,opt,name=limits,proto3" json:"limits,omitempty"`
+	Use    *WorkspaceUse          `protobuf:"bytes,3,opt,name=use,proto3" json:"use,omitempty"`
+	// The workspace's budgets (workspace policy budget_usd_month, budget_usd_total) with what
+	// was spent against each; empty without budgets or without a price sheet (budgets are
+	// not enforced then).
+	Budgets       []*WorkspaceBudget `protobuf:"bytes,4,rep,name=budgets,proto3" json:"budgets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3472,6 +3476,106 @@ func (x *Workspace) GetUse() *WorkspaceUse {
 	return nil
 }
 
+func (x *Workspace) GetBudgets() []*WorkspaceBudget {
+	if x != nil {
+		return x.Budgets
+	}
+	return nil
+}
+
+// WorkspaceBudget is one of a workspace's budgets and its spend (docs/operations.md,
+// "Budgets").
+type WorkspaceBudget struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The policy key: "budget_usd_month" (a UTC calendar month) or "budget_usd_total".
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The budget, spent and the estimated cost of work running now, in USD as exact decimal
+	// strings ("0.00002").
+	LimitUsd    string `protobuf:"bytes,2,opt,name=limit_usd,json=limitUsd,proto3" json:"limit_usd,omitempty"`
+	SpentUsd    string `protobuf:"bytes,3,opt,name=spent_usd,json=spentUsd,proto3" json:"spent_usd,omitempty"`
+	ReservedUsd string `protobuf:"bytes,4,opt,name=reserved_usd,json=reservedUsd,proto3" json:"reserved_usd,omitempty"`
+	// The month a monthly budget is for ("2026-12"); empty for the total.
+	Period string `protobuf:"bytes,5,opt,name=period,proto3" json:"period,omitempty"`
+	// The alert thresholds (percent of the budget: 50, 80, 100) its spend has crossed in the
+	// period, ascending; 100 also once the budget refused work. Each wrote one audit event
+	// budget_alert.
+	Alerts        []int32 `protobuf:"varint,6,rep,packed,name=alerts,proto3" json:"alerts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkspaceBudget) Reset() {
+	*x = WorkspaceBudget{}
+	mi := &file_loops_v1_services_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkspaceBudget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkspaceBudget) ProtoMessage() {}
+
+func (x *WorkspaceBudget) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkspaceBudget.ProtoReflect.Descriptor instead.
+func (*WorkspaceBudget) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *WorkspaceBudget) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *WorkspaceBudget) GetLimitUsd() string {
+	if x != nil {
+		return x.LimitUsd
+	}
+	return ""
+}
+
+func (x *WorkspaceBudget) GetSpentUsd() string {
+	if x != nil {
+		return x.SpentUsd
+	}
+	return ""
+}
+
+func (x *WorkspaceBudget) GetReservedUsd() string {
+	if x != nil {
+		return x.ReservedUsd
+	}
+	return ""
+}
+
+func (x *WorkspaceBudget) GetPeriod() string {
+	if x != nil {
+		return x.Period
+	}
+	return ""
+}
+
+func (x *WorkspaceBudget) GetAlerts() []int32 {
+	if x != nil {
+		return x.Alerts
+	}
+	return nil
+}
+
 // WorkspaceLimits are a workspace's limits. A zero limit means the workspace has no limit of
 // its own: only the model's and the server's apply.
 type WorkspaceLimits struct {
@@ -3496,7 +3600,7 @@ type WorkspaceLimits struct {
 
 func (x *WorkspaceLimits) Reset() {
 	*x = WorkspaceLimits{}
-	mi := &file_loops_v1_services_proto_msgTypes[49]
+	mi := &file_loops_v1_services_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3508,7 +3612,7 @@ func (x *WorkspaceLimits) String() string {
 func (*WorkspaceLimits) ProtoMessage() {}
 
 func (x *WorkspaceLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[49]
+	mi := &file_loops_v1_services_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3521,7 +3625,7 @@ func (x *WorkspaceLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceLimits.ProtoReflect.Descriptor instead.
 func (*WorkspaceLimits) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{49}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *WorkspaceLimits) GetModels() []*ModelInfo {
@@ -3586,7 +3690,7 @@ type WorkspaceUse struct {
 
 func (x *WorkspaceUse) Reset() {
 	*x = WorkspaceUse{}
-	mi := &file_loops_v1_services_proto_msgTypes[50]
+	mi := &file_loops_v1_services_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3598,7 +3702,7 @@ func (x *WorkspaceUse) String() string {
 func (*WorkspaceUse) ProtoMessage() {}
 
 func (x *WorkspaceUse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[50]
+	mi := &file_loops_v1_services_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3611,7 +3715,7 @@ func (x *WorkspaceUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceUse.ProtoReflect.Descriptor instead.
 func (*WorkspaceUse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{50}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *WorkspaceUse) GetLiveRuns() int32 {
@@ -3668,7 +3772,7 @@ type WorkspaceFairness struct {
 
 func (x *WorkspaceFairness) Reset() {
 	*x = WorkspaceFairness{}
-	mi := &file_loops_v1_services_proto_msgTypes[51]
+	mi := &file_loops_v1_services_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3680,7 +3784,7 @@ func (x *WorkspaceFairness) String() string {
 func (*WorkspaceFairness) ProtoMessage() {}
 
 func (x *WorkspaceFairness) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[51]
+	mi := &file_loops_v1_services_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3693,7 +3797,7 @@ func (x *WorkspaceFairness) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceFairness.ProtoReflect.Descriptor instead.
 func (*WorkspaceFairness) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{51}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *WorkspaceFairness) GetOperations() int32 {
@@ -4029,11 +4133,19 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\rpriced_amount\x18\t \x01(\x03R\fpricedAmount\x12\x15\n" +
 	"\x06key_id\x18\n" +
 	" \x01(\tR\x05keyId\"\x15\n" +
-	"\x13GetWorkspaceRequest\"|\n" +
+	"\x13GetWorkspaceRequest\"\xb1\x01\n" +
 	"\tWorkspace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x121\n" +
 	"\x06limits\x18\x02 \x01(\v2\x19.loops.v1.WorkspaceLimitsR\x06limits\x12(\n" +
-	"\x03use\x18\x03 \x01(\v2\x16.loops.v1.WorkspaceUseR\x03use\"\xa9\x02\n" +
+	"\x03use\x18\x03 \x01(\v2\x16.loops.v1.WorkspaceUseR\x03use\x123\n" +
+	"\abudgets\x18\x04 \x03(\v2\x19.loops.v1.WorkspaceBudgetR\abudgets\"\xb2\x01\n" +
+	"\x0fWorkspaceBudget\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
+	"\tlimit_usd\x18\x02 \x01(\tR\blimitUsd\x12\x1b\n" +
+	"\tspent_usd\x18\x03 \x01(\tR\bspentUsd\x12!\n" +
+	"\freserved_usd\x18\x04 \x01(\tR\vreservedUsd\x12\x16\n" +
+	"\x06period\x18\x05 \x01(\tR\x06period\x12\x16\n" +
+	"\x06alerts\x18\x06 \x03(\x05R\x06alerts\"\xa9\x02\n" +
 	"\x0fWorkspaceLimits\x12+\n" +
 	"\x06models\x18\x01 \x03(\v2\x13.loops.v1.ModelInfoR\x06models\x12.\n" +
 	"\x13max_sequence_length\x18\x02 \x01(\x05R\x11maxSequenceLength\x12\"\n" +
@@ -4123,7 +4235,7 @@ func file_loops_v1_services_proto_rawDescGZIP() []byte {
 }
 
 var file_loops_v1_services_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_loops_v1_services_proto_goTypes = []any{
 	(ExportFormat)(0),                       // 0: loops.v1.ExportFormat
 	(UsageKind)(0),                          // 1: loops.v1.UsageKind
@@ -4176,139 +4288,141 @@ var file_loops_v1_services_proto_goTypes = []any{
 	(*UsageBucket)(nil),                     // 48: loops.v1.UsageBucket
 	(*GetWorkspaceRequest)(nil),             // 49: loops.v1.GetWorkspaceRequest
 	(*Workspace)(nil),                       // 50: loops.v1.Workspace
-	(*WorkspaceLimits)(nil),                 // 51: loops.v1.WorkspaceLimits
-	(*WorkspaceUse)(nil),                    // 52: loops.v1.WorkspaceUse
-	(*WorkspaceFairness)(nil),               // 53: loops.v1.WorkspaceFairness
-	nil,                                     // 54: loops.v1.CreateSessionRequest.UserMetadataEntry
-	nil,                                     // 55: loops.v1.SearchSessionsRequest.UserMetadataEntry
-	nil,                                     // 56: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
-	nil,                                     // 57: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	nil,                                     // 58: loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
-	(*Session)(nil),                         // 59: loops.v1.Session
-	(*timestamppb.Timestamp)(nil),           // 60: google.protobuf.Timestamp
-	(*LoraConfig)(nil),                      // 61: loops.v1.LoraConfig
-	(*ClientInfo)(nil),                      // 62: loops.v1.ClientInfo
-	(OperationKind)(0),                      // 63: loops.v1.OperationKind
-	(*TrainingRun)(nil),                     // 64: loops.v1.TrainingRun
-	(*Datum)(nil),                           // 65: loops.v1.Datum
-	(*AdamParams)(nil),                      // 66: loops.v1.AdamParams
-	(CheckpointKind)(0),                     // 67: loops.v1.CheckpointKind
-	(*Checkpoint)(nil),                      // 68: loops.v1.Checkpoint
-	(*SamplingParams)(nil),                  // 69: loops.v1.SamplingParams
-	(*TargetPromptTokens)(nil),              // 70: loops.v1.TargetPromptTokens
-	(*ModelInfo)(nil),                       // 71: loops.v1.ModelInfo
-	(*durationpb.Duration)(nil),             // 72: google.protobuf.Duration
-	(*Operation)(nil),                       // 73: loops.v1.Operation
-	(*Sampler)(nil),                         // 74: loops.v1.Sampler
+	(*WorkspaceBudget)(nil),                 // 51: loops.v1.WorkspaceBudget
+	(*WorkspaceLimits)(nil),                 // 52: loops.v1.WorkspaceLimits
+	(*WorkspaceUse)(nil),                    // 53: loops.v1.WorkspaceUse
+	(*WorkspaceFairness)(nil),               // 54: loops.v1.WorkspaceFairness
+	nil,                                     // 55: loops.v1.CreateSessionRequest.UserMetadataEntry
+	nil,                                     // 56: loops.v1.SearchSessionsRequest.UserMetadataEntry
+	nil,                                     // 57: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	nil,                                     // 58: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	nil,                                     // 59: loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	(*Session)(nil),                         // 60: loops.v1.Session
+	(*timestamppb.Timestamp)(nil),           // 61: google.protobuf.Timestamp
+	(*LoraConfig)(nil),                      // 62: loops.v1.LoraConfig
+	(*ClientInfo)(nil),                      // 63: loops.v1.ClientInfo
+	(OperationKind)(0),                      // 64: loops.v1.OperationKind
+	(*TrainingRun)(nil),                     // 65: loops.v1.TrainingRun
+	(*Datum)(nil),                           // 66: loops.v1.Datum
+	(*AdamParams)(nil),                      // 67: loops.v1.AdamParams
+	(CheckpointKind)(0),                     // 68: loops.v1.CheckpointKind
+	(*Checkpoint)(nil),                      // 69: loops.v1.Checkpoint
+	(*SamplingParams)(nil),                  // 70: loops.v1.SamplingParams
+	(*TargetPromptTokens)(nil),              // 71: loops.v1.TargetPromptTokens
+	(*ModelInfo)(nil),                       // 72: loops.v1.ModelInfo
+	(*durationpb.Duration)(nil),             // 73: google.protobuf.Duration
+	(*Operation)(nil),                       // 74: loops.v1.Operation
+	(*Sampler)(nil),                         // 75: loops.v1.Sampler
 }
 var file_loops_v1_services_proto_depIdxs = []int32{
-	54, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
-	59, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
-	55, // 2: loops.v1.SearchSessionsRequest.user_metadata:type_name -> loops.v1.SearchSessionsRequest.UserMetadataEntry
-	60, // 3: loops.v1.SearchSessionsRequest.created_after:type_name -> google.protobuf.Timestamp
-	60, // 4: loops.v1.SearchSessionsRequest.created_before:type_name -> google.protobuf.Timestamp
+	55, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
+	60, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
+	56, // 2: loops.v1.SearchSessionsRequest.user_metadata:type_name -> loops.v1.SearchSessionsRequest.UserMetadataEntry
+	61, // 3: loops.v1.SearchSessionsRequest.created_after:type_name -> google.protobuf.Timestamp
+	61, // 4: loops.v1.SearchSessionsRequest.created_before:type_name -> google.protobuf.Timestamp
 	10, // 5: loops.v1.SearchSessionsRequest.after:type_name -> loops.v1.SessionSearchCursor
-	60, // 6: loops.v1.SessionSearchCursor.create_time:type_name -> google.protobuf.Timestamp
-	59, // 7: loops.v1.SessionSearchResult.session:type_name -> loops.v1.Session
+	61, // 6: loops.v1.SessionSearchCursor.create_time:type_name -> google.protobuf.Timestamp
+	60, // 7: loops.v1.SessionSearchResult.session:type_name -> loops.v1.Session
 	11, // 8: loops.v1.SearchSessionsResponse.results:type_name -> loops.v1.SessionSearchResult
-	61, // 9: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
-	56, // 10: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	62, // 9: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
+	57, // 10: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
 	15, // 11: loops.v1.CreateTrainingRunRequest.dedicated:type_name -> loops.v1.DedicatedPool
-	62, // 12: loops.v1.CreateTrainingRunRequest.client:type_name -> loops.v1.ClientInfo
+	63, // 12: loops.v1.CreateTrainingRunRequest.client:type_name -> loops.v1.ClientInfo
 	19, // 13: loops.v1.GetTrainingRunMetricsResponse.steps:type_name -> loops.v1.StepMetrics
-	63, // 14: loops.v1.StepMetrics.kind:type_name -> loops.v1.OperationKind
-	60, // 15: loops.v1.StepMetrics.time:type_name -> google.protobuf.Timestamp
+	64, // 14: loops.v1.StepMetrics.kind:type_name -> loops.v1.OperationKind
+	61, // 15: loops.v1.StepMetrics.time:type_name -> google.protobuf.Timestamp
 	20, // 16: loops.v1.StepMetrics.rl:type_name -> loops.v1.RLStepMetrics
-	64, // 17: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
-	65, // 18: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
-	57, // 19: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	66, // 20: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
-	67, // 21: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
-	68, // 22: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
-	60, // 23: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
+	65, // 17: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
+	66, // 18: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
+	58, // 19: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	67, // 20: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
+	68, // 21: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
+	69, // 22: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
+	61, // 23: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
 	0,  // 24: loops.v1.GetCheckpointExportURLRequest.format:type_name -> loops.v1.ExportFormat
-	60, // 25: loops.v1.GetCheckpointExportURLResponse.expire_time:type_name -> google.protobuf.Timestamp
-	58, // 26: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
-	60, // 27: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
-	69, // 28: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
-	70, // 29: loops.v1.SampleRequest.target_prompt_tokens:type_name -> loops.v1.TargetPromptTokens
-	71, // 30: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
-	60, // 31: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
-	60, // 32: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
+	61, // 25: loops.v1.GetCheckpointExportURLResponse.expire_time:type_name -> google.protobuf.Timestamp
+	59, // 26: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	61, // 27: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
+	70, // 28: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
+	71, // 29: loops.v1.SampleRequest.target_prompt_tokens:type_name -> loops.v1.TargetPromptTokens
+	72, // 30: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
+	61, // 31: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
+	61, // 32: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
 	48, // 33: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
-	60, // 34: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
-	60, // 35: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
+	61, // 34: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
+	61, // 35: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
 	1,  // 36: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
-	51, // 37: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
-	52, // 38: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
-	71, // 39: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
-	53, // 40: loops.v1.WorkspaceUse.fairness:type_name -> loops.v1.WorkspaceFairness
-	72, // 41: loops.v1.WorkspaceFairness.wait_p50:type_name -> google.protobuf.Duration
-	2,  // 42: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
-	3,  // 43: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
-	5,  // 44: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
-	6,  // 45: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
-	7,  // 46: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
-	9,  // 47: loops.v1.SessionService.SearchSessions:input_type -> loops.v1.SearchSessionsRequest
-	13, // 48: loops.v1.SessionService.SetSessionProject:input_type -> loops.v1.SetSessionProjectRequest
-	14, // 49: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
-	16, // 50: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
-	21, // 51: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
-	23, // 52: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
-	24, // 53: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
-	25, // 54: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
-	26, // 55: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
-	27, // 56: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
-	17, // 57: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
-	28, // 58: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
-	30, // 59: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
-	31, // 60: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
-	33, // 61: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
-	34, // 62: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
-	39, // 63: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
-	35, // 64: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
-	37, // 65: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
-	41, // 66: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
-	42, // 67: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
-	43, // 68: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
-	44, // 69: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
-	49, // 70: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
-	46, // 71: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
-	59, // 72: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
-	4,  // 73: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
-	59, // 74: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
-	59, // 75: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
-	8,  // 76: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
-	12, // 77: loops.v1.SessionService.SearchSessions:output_type -> loops.v1.SearchSessionsResponse
-	59, // 78: loops.v1.SessionService.SetSessionProject:output_type -> loops.v1.Session
-	73, // 79: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
-	64, // 80: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
-	22, // 81: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
-	73, // 82: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
-	73, // 83: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
-	73, // 84: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
-	73, // 85: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
-	73, // 86: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
-	18, // 87: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
-	29, // 88: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
-	68, // 89: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
-	32, // 90: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
-	68, // 91: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
-	68, // 92: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
-	40, // 93: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
-	36, // 94: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
-	38, // 95: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
-	74, // 96: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
-	74, // 97: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
-	73, // 98: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
-	45, // 99: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
-	50, // 100: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
-	47, // 101: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
-	72, // [72:102] is the sub-list for method output_type
-	42, // [42:72] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	52, // 37: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
+	53, // 38: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
+	51, // 39: loops.v1.Workspace.budgets:type_name -> loops.v1.WorkspaceBudget
+	72, // 40: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
+	54, // 41: loops.v1.WorkspaceUse.fairness:type_name -> loops.v1.WorkspaceFairness
+	73, // 42: loops.v1.WorkspaceFairness.wait_p50:type_name -> google.protobuf.Duration
+	2,  // 43: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
+	3,  // 44: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
+	5,  // 45: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
+	6,  // 46: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
+	7,  // 47: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
+	9,  // 48: loops.v1.SessionService.SearchSessions:input_type -> loops.v1.SearchSessionsRequest
+	13, // 49: loops.v1.SessionService.SetSessionProject:input_type -> loops.v1.SetSessionProjectRequest
+	14, // 50: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
+	16, // 51: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
+	21, // 52: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
+	23, // 53: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
+	24, // 54: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
+	25, // 55: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
+	26, // 56: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
+	27, // 57: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
+	17, // 58: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
+	28, // 59: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
+	30, // 60: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
+	31, // 61: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
+	33, // 62: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
+	34, // 63: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
+	39, // 64: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
+	35, // 65: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
+	37, // 66: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
+	41, // 67: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
+	42, // 68: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
+	43, // 69: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
+	44, // 70: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
+	49, // 71: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
+	46, // 72: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
+	60, // 73: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
+	4,  // 74: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
+	60, // 75: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
+	60, // 76: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
+	8,  // 77: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
+	12, // 78: loops.v1.SessionService.SearchSessions:output_type -> loops.v1.SearchSessionsResponse
+	60, // 79: loops.v1.SessionService.SetSessionProject:output_type -> loops.v1.Session
+	74, // 80: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
+	65, // 81: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
+	22, // 82: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
+	74, // 83: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
+	74, // 84: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
+	74, // 85: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
+	74, // 86: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
+	74, // 87: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
+	18, // 88: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
+	29, // 89: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
+	69, // 90: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
+	32, // 91: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
+	69, // 92: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
+	69, // 93: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
+	40, // 94: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
+	36, // 95: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
+	38, // 96: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
+	75, // 97: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
+	75, // 98: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
+	74, // 99: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
+	45, // 100: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
+	50, // 101: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
+	47, // 102: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
+	73, // [73:103] is the sub-list for method output_type
+	43, // [43:73] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_services_proto_init() }
@@ -4332,7 +4446,7 @@ func file_loops_v1_services_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_services_proto_rawDesc), len(file_loops_v1_services_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   57,
+			NumMessages:   58,
 			NumExtensions: 0,
 			NumServices:   7,
 		},
