@@ -187,7 +187,9 @@ type Gen[T Float] struct {
 	filled   int         // prompt tokens prefilled
 	last     []T         // logits after the last prompt token
 	started  int
-	running  int // started and not finished
+	running  int         // started and not finished
+	keep     int         // KeepPrompt's positions
+	kept     *KVCache[T] // their copy, once prefilled
 
 	// Scores are the prompt's scores (nil unless asked for), complete once Prefilled.
 	Scores *PromptScores
@@ -266,6 +268,37 @@ func (g *Gen[T]) WantAlts(k int) {
 	g.altRng = rand.New(rand.NewPCG(g.seed, altStream))
 	g.Scores.Alts = make([][]TopEntry, len(g.prompt)-1)
 }
+
+// ChunkRows reports whether prompt position pos of a prompt of promptLen tokens runs
+// through the row kernels (its chunk has at most prefillRowsMax tokens) rather than the
+// SGEMM: the two give a position's keys and values different bits, so a prefix cache must
+// tell them apart.
+func ChunkRows(pos, promptLen int) bool {
+	c0 := pos / PrefillChunk * PrefillChunk
+	return min(c0+PrefillChunk, promptLen)-c0 <= prefillRowsMax
+}
+
+// Reuse starts the generation from kv, the keys and values of its first kv.N prompt
+// tokens as Prefill would compute them (same weights, adapter, tokens and ChunkRows modes:
+// the caller's to ensure), so prefilling runs only the rest. It reports false, changing
+// nothing, unless it is called before the first Prefill, with no prompt scores asked for
+// (they need every position's logits) and 0 < kv.N < the prompt's length (the last token
+// always runs: its logits are sampled from).
+func (g *Gen[T]) Reuse(kv *KVCache[T]) bool {
+	if g.filled != 0 || g.Scores != nil || kv.N <= 0 || kv.N >= len(g.prompt) || len(kv.K) != len(g.m.Layers) {
+		return false
+	}
+	g.base, g.filled = kv, kv.N
+	return true
+}
+
+// KeepPrompt asks for a copy of the keys and values of the first n prompt positions once
+// the prompt has run (Kept).
+func (g *Gen[T]) KeepPrompt(n int) { g.keep = min(n, len(g.prompt)) }
+
+// Kept is KeepPrompt's copy (nil before the prompt has run or without KeepPrompt). The
+// generation never changes it.
+func (g *Gen[T]) Kept() *KVCache[T] { return g.kept }
 
 // Prefilled reports whether the whole prompt has run.
 func (g *Gen[T]) Prefilled() bool { return g.filled == len(g.prompt) }
@@ -388,6 +421,9 @@ func (g *Gen[T]) finishPiece(h []T, n int) {
 	c0, c1 := g.chunk()
 	p0, p1 := g.filled, g.filled+n
 	g.filled = p1
+	if p1 == len(prompt) && g.keep > 0 {
+		g.kept = g.base.prefix(g.keep, g.m.KVDim())
+	}
 	D, V := m.Cfg.Hidden, m.Cfg.Vocab
 	if g.Scores == nil {
 		if p1 == len(prompt) {
