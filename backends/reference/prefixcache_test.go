@@ -127,3 +127,16 @@ func TestPrefixCacheOffWithPromptScores(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, r.Result.PromptCachedTokens)
 }
+
+// TestPrefixCacheBytesOption: the backend option and worker flag's values.
+func TestPrefixCacheBytesOption(t *testing.T) {
+	for v, want := range map[string]int64{"0": -1, "1": 1, "268435456": 256 << 20, "1099511627776": MaxPrefixCacheBytes} {
+		got, err := ParsePrefixCacheBytes(v)
+		require.NoError(t, err, v)
+		require.Equal(t, want, got, v)
+	}
+	for _, v := range []string{"-1", "", "1e9", "256MiB", "1099511627777"} {
+		_, err := ParsePrefixCacheBytes(v)
+		require.ErrorContains(t, err, "is not a number of bytes from 0 (off)", v)
+	}
+}
