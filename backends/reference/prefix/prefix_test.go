@@ -42,3 +42,43 @@ func TestLRUWithinBudget(t *testing.T) {
 	require.False(t, c.Has(h[4:])[0])
 	require.LessOrEqual(t, c.Stats().Bytes, int64(3*64))
 }
+
+// FuzzCache: any sequence of inserts and lookups keeps the cache within its budget, its
+// counters consistent, and a lookup's blocks the stored run from the chain's start.
+func FuzzCache(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
+	f.Add([]byte{9, 9, 9, 0, 0, 0, 200, 17, 3})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		if len(ops) > 256 {
+			return
+		}
+		c := New(5 * 64)
+		toks := make([]int, 8*BlockTokens)
+		for i := range toks {
+			toks[i] = i % 7
+		}
+		for i, op := range ops {
+			toks[int(op)%len(toks)] = int(op) // vary the prompt
+			h := Hashes("s", toks, 8, func(b int) byte { return byte(b) & op })
+			n := int(op>>4) % 9
+			if i%2 == 0 {
+				var bs []*Block
+				for _, x := range h[:n] {
+					bs = append(bs, block(x))
+				}
+				c.Insert(bs)
+			} else {
+				got := c.Lookup(h, len(toks))
+				has := c.Has(h)
+				for j := range got {
+					require.Equal(t, h[j], got[j].hash)
+					require.True(t, has[j])
+				}
+			}
+			st := c.Stats()
+			require.LessOrEqual(t, st.Bytes, int64(5*64))
+			require.Equal(t, int64(st.Blocks)*64, st.Bytes)
+			require.LessOrEqual(t, st.HitTokens, st.LookupTokens)
+		}
+	})
+}
