@@ -168,4 +168,3 @@ func check(err error) {
 		os.Exit(1)
 	}
 }
-
