@@ -29,8 +29,8 @@ func prefixScope(bm *baseModel, workspace, adapterKey string) string {
 
 // prefixUse is one request's use of the prefix cache.
 type prefixUse struct {
-	hashes [][32]byte // the prompt's whole blocks
-	cached int        // prompt tokens reused
+	cached int             // prompt tokens reused
+	add    []*prefix.Block // the prompt's blocks the cache lacked, copied once it has run
 }
 
 // blockModes is the product mode of each block of a prompt of n tokens (nn.ChunkRows).
@@ -44,60 +44,63 @@ func blockModes(n int) func(int) byte {
 }
 
 // reusePrefix starts g from the longest cached run of prompt's blocks under scope (at
-// most up to the prompt's last token, which always runs) and asks g to keep its prompt's
-// keys and values for storePrefix. It does nothing when the cache is off or g wants
-// prompt scores (they need every position's logits).
-func (e *Engine) reusePrefix(bm *baseModel, g *nn.Gen[float32], scope string, prompt []int) prefixUse {
+// most up to the prompt's last token, which always runs), and has g copy the prompt's
+// blocks the cache lacks once the prompt has run (at most as many as the budget holds:
+// the memory a request adds is bounded by it), for storePrefix. It does nothing when the
+// cache is off or g wants prompt scores (they need every position's logits).
+func (e *Engine) reusePrefix(bm *baseModel, g *nn.Gen[float32], scope string, prompt []int) *prefixUse {
+	pu := &prefixUse{}
 	if e.prefix == nil || g.Scores != nil || len(prompt) < prefix.BlockTokens {
-		return prefixUse{}
-	}
-	n := len(prompt) / prefix.BlockTokens
-	pu := prefixUse{hashes: prefix.Hashes(scope, prompt, n, blockModes(len(prompt)))}
-	usable := (len(prompt) - 1) / prefix.BlockTokens
-	blocks := e.prefix.Lookup(pu.hashes[:usable], len(prompt))
-	g.KeepPrompt(n * prefix.BlockTokens)
-	if len(blocks) == 0 {
 		return pu
 	}
-	kv := bm.m.NewCache()
-	w := bm.m.KVDim()
-	pos := len(blocks) * prefix.BlockTokens
-	for l := range kv.K {
-		kv.K[l] = make([]float32, 0, len(prompt)*w)
-		kv.V[l] = make([]float32, 0, len(prompt)*w)
-		for _, b := range blocks {
-			kv.K[l] = append(kv.K[l], b.K[l]...)
-			kv.V[l] = append(kv.V[l], b.V[l]...)
+	n := len(prompt) / prefix.BlockTokens
+	hashes := prefix.Hashes(scope, prompt, n, blockModes(len(prompt)))
+	usable := (len(prompt) - 1) / prefix.BlockTokens
+	blocks := e.prefix.Lookup(hashes[:usable], len(prompt))
+	w, layers := bm.m.KVDim(), len(bm.m.Layers)
+	if len(blocks) > 0 {
+		kv := bm.m.NewCache()
+		for l := range kv.K {
+			kv.K[l] = make([]float32, 0, len(prompt)*w)
+			kv.V[l] = make([]float32, 0, len(prompt)*w)
+			for _, b := range blocks {
+				kv.K[l] = append(kv.K[l], b.K[l]...)
+				kv.V[l] = append(kv.V[l], b.V[l]...)
+			}
+		}
+		kv.N = len(blocks) * prefix.BlockTokens
+		if g.Reuse(kv) {
+			pu.cached = kv.N
 		}
 	}
-	kv.N = pos
-	if g.Reuse(kv) {
-		pu.cached = pos
+	blockBytes := int64(2 * layers * prefix.BlockTokens * w * 4)
+	var missing []int
+	for b, have := range e.prefix.Has(hashes) {
+		if !have && int64(len(missing)+1)*blockBytes <= e.opts.PrefixCacheBytes {
+			missing = append(missing, b)
+		}
+	}
+	if len(missing) == 0 {
+		return pu
+	}
+	g.OnPrefilled = func(kv *nn.KVCache[float32]) {
+		for _, b := range missing {
+			k, v := make([][]float32, layers), make([][]float32, layers)
+			lo, hi := b*prefix.BlockTokens*w, (b+1)*prefix.BlockTokens*w
+			for l := range layers {
+				k[l] = append([]float32(nil), kv.K[l][lo:hi]...)
+				v[l] = append([]float32(nil), kv.V[l][lo:hi]...)
+			}
+			pu.add = append(pu.add, prefix.NewBlock(hashes[b], k, v))
+		}
 	}
 	return pu
 }
 
-// storePrefix stores the blocks of g's prompt the cache lacks (copied from g's kept keys
-// and values, outside the cache's lock).
-func (e *Engine) storePrefix(bm *baseModel, g *nn.Gen[float32], pu prefixUse) {
-	kept := g.Kept()
-	if e.prefix == nil || kept == nil || len(pu.hashes) == 0 {
-		return
+// storePrefix stores the blocks reusePrefix had copied (none when the prompt did not run
+// to its end).
+func (e *Engine) storePrefix(pu *prefixUse) {
+	if len(pu.add) > 0 {
+		e.prefix.Insert(pu.add)
 	}
-	w := bm.m.KVDim()
-	have := e.prefix.Has(pu.hashes)
-	var add []*prefix.Block
-	for b, h := range pu.hashes {
-		if have[b] {
-			continue
-		}
-		k, v := make([][]float32, len(kept.K)), make([][]float32, len(kept.V))
-		lo, hi := b*prefix.BlockTokens*w, (b+1)*prefix.BlockTokens*w
-		for l := range kept.K {
-			k[l] = append([]float32(nil), kept.K[l][lo:hi]...)
-			v[l] = append([]float32(nil), kept.V[l][lo:hi]...)
-		}
-		add = append(add, prefix.NewBlock(h, k, v))
-	}
-	e.prefix.Insert(add)
 }

@@ -140,3 +140,21 @@ func TestPrefixCacheBytesOption(t *testing.T) {
 		require.ErrorContains(t, err, "is not a number of bytes from 0 (off)", v)
 	}
 }
+
+// TestPrefixCacheBudget: the cache never holds more than its budget, and a request copies
+// at most as many blocks as it holds: here two blocks of loops/tiny (64 KiB each), the
+// prompt's first two.
+func TestPrefixCacheBudget(t *testing.T) {
+	engine(t)
+	e, err := New(Options{DataDir: engDir, PrefixCacheBytes: 2 << 16})
+	require.NoError(t, err)
+	t.Cleanup(func() { e.Close() })
+	p := make([]int, 100)
+	for i := range p {
+		p[i] = (i*11 + 1) % 509
+	}
+	require.Zero(t, prefixSample(t, e, "ws", "", p, 1).PromptCachedTokens)
+	require.Equal(t, prefix.Stats{LookupTokens: 100, Bytes: 2 << 16, Blocks: 2}, e.PrefixStats())
+	require.EqualValues(t, 32, prefixSample(t, e, "ws", "", p, 1).PromptCachedTokens)
+	require.LessOrEqual(t, e.PrefixStats().Bytes, int64(2<<16))
+}

@@ -189,7 +189,7 @@ func (e *Engine) sample(ctx context.Context, req *backendv1.SampleRequest, sink 
 		}
 		return nil, connect.NewError(connect.CodeCanceled, err)
 	}
-	e.storePrefix(bm, g, pu)
+	e.storePrefix(pu)
 	seqs, scores := g.Out, g.Scores
 	res := &loopsv1.SampleResult{PromptCachedTokens: int32(pu.cached)}
 	for _, s := range seqs {

@@ -23,16 +23,6 @@ func (c *KVCache[T]) Clone() *KVCache[T] {
 	return o
 }
 
-// prefix copies the cache's first n positions (w: the key/value width).
-func (c *KVCache[T]) prefix(n, w int) *KVCache[T] {
-	o := &KVCache[T]{K: make([][]T, len(c.K)), V: make([][]T, len(c.V)), N: n}
-	for l := range c.K {
-		o.K[l] = append([]T(nil), c.K[l][:n*w]...)
-		o.V[l] = append([]T(nil), c.V[l][:n*w]...)
-	}
-	return o
-}
-
 func grow[T Float](s []T, n int) []T {
 	if len(s) >= n {
 		return s

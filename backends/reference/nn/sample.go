@@ -188,13 +188,15 @@ type Gen[T Float] struct {
 	last     []T         // logits after the last prompt token
 	started  int
 	running  int         // started and not finished
-	keep     int         // KeepPrompt's positions
-	kept     *KVCache[T] // their copy, once prefilled
 
 	// Scores are the prompt's scores (nil unless asked for), complete once Prefilled.
 	Scores *PromptScores
 	// Out holds the sequences, complete once Done.
 	Out []Sampled
+	// OnPrefilled, when set, is called once the whole prompt has run, with the prompt's
+	// cache (its first Prompt() positions are the prompt's keys and values). It runs on the
+	// decoding goroutine, must not block, and must not change or keep kv.
+	OnPrefilled func(kv *KVCache[T])
 	// OnToken, when set, is called with every token as it is sampled: its sequence's
 	// index, the token and its log-prob (those appended to Out). It runs on the decoding
 	// goroutine and must not block.
@@ -291,14 +293,6 @@ func (g *Gen[T]) Reuse(kv *KVCache[T]) bool {
 	g.base, g.filled = kv, kv.N
 	return true
 }
-
-// KeepPrompt asks for a copy of the keys and values of the first n prompt positions once
-// the prompt has run (Kept).
-func (g *Gen[T]) KeepPrompt(n int) { g.keep = min(n, len(g.prompt)) }
-
-// Kept is KeepPrompt's copy (nil before the prompt has run or without KeepPrompt). The
-// generation never changes it.
-func (g *Gen[T]) Kept() *KVCache[T] { return g.kept }
 
 // Prefilled reports whether the whole prompt has run.
 func (g *Gen[T]) Prefilled() bool { return g.filled == len(g.prompt) }
@@ -421,8 +415,8 @@ func (g *Gen[T]) finishPiece(h []T, n int) {
 	c0, c1 := g.chunk()
 	p0, p1 := g.filled, g.filled+n
 	g.filled = p1
-	if p1 == len(prompt) && g.keep > 0 {
-		g.kept = g.base.prefix(g.keep, g.m.KVDim())
+	if p1 == len(prompt) && g.OnPrefilled != nil {
+		g.OnPrefilled(g.base)
 	}
 	D, V := m.Cfg.Hidden, m.Cfg.Vocab
 	if g.Scores == nil {
