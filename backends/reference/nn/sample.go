@@ -187,7 +187,7 @@ type Gen[T Float] struct {
 	filled   int         // prompt tokens prefilled
 	last     []T         // logits after the last prompt token
 	started  int
-	running  int         // started and not finished
+	running  int // started and not finished
 
 	// Scores are the prompt's scores (nil unless asked for), complete once Prefilled.
 	Scores *PromptScores
