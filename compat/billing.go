@@ -116,6 +116,8 @@ func (s *server) billingUsageEvents(w http.ResponseWriter, r *http.Request) erro
 			info = tokenBillingEvent{Type: "training", TokenCount: b.GetAmount()}
 		case loopsv1.UsageKind_USAGE_KIND_SAMPLING_PREFILL_TOKENS:
 			info = prefillBillingEvent{Type: "sampling_prefill", TokenCount: b.GetAmount()}
+		case loopsv1.UsageKind_USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS:
+			info = prefillBillingEvent{Type: "sampling_prefill", Cached: true, TokenCount: b.GetAmount()}
 		case loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS:
 			info = tokenBillingEvent{Type: "sampling_sample", TokenCount: b.GetAmount()}
 		case loopsv1.UsageKind_USAGE_KIND_CHECKPOINTS:

@@ -505,6 +505,7 @@ func TestBillingUsageEvents(t *testing.T) {
 	e.core.usage = []*loopsv1.UsageBucket{
 		bucket(0, loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, sid, 100),
 		bucket(0, loopsv1.UsageKind_USAGE_KIND_SAMPLING_PREFILL_TOKENS, sid, 40),
+		bucket(0, loopsv1.UsageKind_USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS, sid, 32),
 		bucket(0, loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS, sid, 400),
 		bucket(1, loopsv1.UsageKind_USAGE_KIND_CHECKPOINTS, sid, 2),
 		bucket(1, loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, "gone", 5),
@@ -519,6 +520,8 @@ func TestBillingUsageEvents(t *testing.T) {
 		 "event_info":{"type":"training","token_count":100}},
 		{"bucket_start":"2025-03-01T12:00:00Z","bucket_end":"2025-03-01T13:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`","project_id":"vis",
 		 "event_info":{"type":"sampling_prefill","cached":false,"token_count":40}},
+		{"bucket_start":"2025-03-01T12:00:00Z","bucket_end":"2025-03-01T13:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`","project_id":"vis",
+		 "event_info":{"type":"sampling_prefill","cached":true,"token_count":32}},
 		{"bucket_start":"2025-03-01T13:00:00Z","bucket_end":"2025-03-01T14:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"gone","project_id":null,
 		 "event_info":{"type":"training","token_count":5}},
 		{"bucket_start":"2025-03-01T13:00:00Z","bucket_end":"2025-03-01T14:00:00Z","base_model":"Qwen/Qwen3-8B","session_id":"`+sid+`","project_id":"vis",

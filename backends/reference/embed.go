@@ -31,7 +31,7 @@ func (e *Engine) embed(ctx context.Context, bm *baseModel, req *backendv1.Sample
 		err error
 	)
 	if req.AdapterDir != "" {
-		if ad, err = e.samplerAdapter(bm, req.AdapterDir); err != nil {
+		if ad, _, err = e.samplerAdapter(bm, req.AdapterDir); err != nil {
 			return nil, err
 		}
 	}

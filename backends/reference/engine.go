@@ -15,6 +15,7 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/reference/nn"
+	"github.com/loops-dev/loops/backends/reference/prefix"
 	"github.com/loops-dev/loops/backends/reference/tokenizer"
 	"github.com/loops-dev/loops/backends/tiny"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
@@ -51,6 +52,10 @@ type Options struct {
 	// model may grow to, counting prompt + max_tokens positions for each (default
 	// DefaultMaxBatchKVBytes, 1 GiB); see batch.go.
 	MaxBatchKVBytes int64
+	// PrefixCacheBytes is the prefix cache's budget: the keys and values of recent prompts
+	// kept for later prompts that start the same way (prefixcache.go). 0 means
+	// DefaultPrefixCacheBytes (256 MiB); negative turns the cache off.
+	PrefixCacheBytes int64
 }
 
 // Engine is the pure-Go CPU trainer and sampler. It implements
@@ -67,6 +72,8 @@ type Engine struct {
 	samplerMu    sync.Mutex
 	samplerCache map[string]*cachedAdapter
 	samplerOrder []string
+
+	prefix *prefix.Cache // nil when off
 }
 
 var (
@@ -121,6 +128,9 @@ func New(opts Options) (*Engine, error) {
 	if opts.MaxBatchKVBytes <= 0 {
 		opts.MaxBatchKVBytes = DefaultMaxBatchKVBytes
 	}
+	if opts.PrefixCacheBytes == 0 {
+		opts.PrefixCacheBytes = DefaultPrefixCacheBytes
+	}
 	nn.SetThreads(opts.Threads)
 	if opts.DataDir == "" {
 		d, err := os.UserCacheDir()
@@ -133,6 +143,9 @@ func New(opts Options) (*Engine, error) {
 		opts.Models = []string{tiny.Name}
 	}
 	e := &Engine{opts: opts, models: map[string]*baseModel{}, adapters: map[string]*adapterState{}, samplerCache: map[string]*cachedAdapter{}}
+	if opts.PrefixCacheBytes > 0 {
+		e.prefix = prefix.New(opts.PrefixCacheBytes)
+	}
 	for _, name := range opts.Models {
 		if _, dup := e.models[name]; dup {
 			continue

@@ -28,24 +28,25 @@ const samplerCacheSize = 16
 // samplerAdapter loads (or reuses) the adapter folder of a sampling request. Folders are
 // immutable snapshots; the cache key also holds the weights file's identity (size,
 // modification and change times, inode), so a folder rewritten in place is reloaded.
-func (e *Engine) samplerAdapter(bm *baseModel, dir string) (*nn.Adapter[float32], error) {
+// The key names the adapter's weights (the prefix cache's scope).
+func (e *Engine) samplerAdapter(bm *baseModel, dir string) (*nn.Adapter[float32], string, error) {
 	if err := checkDir(dir); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	st, err := os.Stat(filepath.Join(dir, peft.AdapterWeightsFile))
 	if err != nil {
-		return nil, invalid("adapter_dir %s has no %s: %v", dir, peft.AdapterWeightsFile, err)
+		return nil, "", invalid("adapter_dir %s has no %s: %v", dir, peft.AdapterWeightsFile, err)
 	}
 	key := fmt.Sprintf("%s|%s|%s", bm.name, dir, fileIdentity(st))
 	e.samplerMu.Lock()
 	if c, ok := e.samplerCache[key]; ok {
 		e.samplerMu.Unlock()
-		return c.ad, nil
+		return c.ad, key, nil
 	}
 	e.samplerMu.Unlock()
 	ad, err := nn.LoadAdapter(dir, bm.m, false, e.opts.MaxLoraRank)
 	if err != nil {
-		return nil, invalid("cannot load adapter from %s: %v", dir, err)
+		return nil, "", invalid("cannot load adapter from %s: %v", dir, err)
 	}
 	e.samplerMu.Lock()
 	defer e.samplerMu.Unlock()
@@ -57,7 +58,7 @@ func (e *Engine) samplerAdapter(bm *baseModel, dir string) (*nn.Adapter[float32]
 			e.samplerOrder = e.samplerOrder[1:]
 		}
 	}
-	return ad, nil
+	return ad, key, nil
 }
 
 // Sample generates num_samples continuations of the prompt. Concurrent calls on one base
@@ -148,8 +149,9 @@ func (e *Engine) sample(ctx context.Context, req *backendv1.SampleRequest, sink 
 		return nil, err
 	}
 	var ad *nn.Adapter[float32]
+	var adKey string
 	if req.AdapterDir != "" {
-		if ad, err = e.samplerAdapter(bm, req.AdapterDir); err != nil {
+		if ad, adKey, err = e.samplerAdapter(bm, req.AdapterDir); err != nil {
 			return nil, err
 		}
 	}
@@ -162,6 +164,7 @@ func (e *Engine) sample(ctx context.Context, req *backendv1.SampleRequest, sink 
 		g.WantTargets(targets)
 	}
 	g.WantAlts(int(req.PromptAltTokensK))
+	pu := e.reusePrefix(bm, g, prefixScope(bm, req.GetWorkspace(), adKey), prompt)
 	if sink != nil {
 		var cancel context.CancelFunc
 		ctx, cancel = tokenstream.CancelOnGone(ctx, sink)
@@ -186,8 +189,9 @@ func (e *Engine) sample(ctx context.Context, req *backendv1.SampleRequest, sink 
 		}
 		return nil, connect.NewError(connect.CodeCanceled, err)
 	}
+	e.storePrefix(pu)
 	seqs, scores := g.Out, g.Scores
-	res := &loopsv1.SampleResult{}
+	res := &loopsv1.SampleResult{PromptCachedTokens: int32(pu.cached)}
 	for _, s := range seqs {
 		out := &loopsv1.SampledSequence{StopReason: loopsv1.StopReason_STOP_REASON_LENGTH}
 		if s.Stopped {

@@ -53,6 +53,7 @@ type flags struct {
 	models, allowDirs, origins               listFlag
 	maxLoraRank, maxAdapters, threads        int
 	replica                                  int
+	prefixCacheBytes                         string
 }
 
 type listFlag []string
@@ -71,6 +72,7 @@ func define(fs *flag.FlagSet, f *flags) {
 	fs.IntVar(&f.maxLoraRank, "max-lora-rank", 64, "largest LoRA rank an adapter may have")
 	fs.IntVar(&f.maxAdapters, "max-adapters", 256, "adapters held at once (the trainer's slots)")
 	fs.IntVar(&f.threads, "threads", 0, "goroutines for the matrix kernels (0 = every CPU)")
+	fs.StringVar(&f.prefixCacheBytes, "prefix-cache-bytes", "", "the sampler's prefix cache budget in bytes (empty: 256 MiB; 0: off)")
 	fs.StringVar(&f.dataDir, "data-dir", defaultDataDir(), "folder for the built-in model (DATA_DIR/models/loops-tiny)")
 	fs.StringVar(&f.tls.Cert, "tls-cert", "", "the worker's certificate, issued by the gateway (required: the worker serves over\n"+
 		"mutual TLS only; the gateway writes it for the workers it starts, loops pools credentials\n"+
@@ -151,6 +153,13 @@ func ParseArgs(args []string) (Options, error) {
 	o := Options{Listen: f.listen, Register: f.register, Pool: f.pool, Replica: f.replica, JoinTokenFile: f.joinTokenFile,
 		Advertise: f.advertise, ExitOnStdinEOF: os.Getenv(ExitOnStdinEOFEnv) == "1", AllowDirs: f.allowDirs, CheckpointOrigins: f.origins}
 	o.Engine = reference.Options{DataDir: f.dataDir, MaxLoraRank: f.maxLoraRank, MaxAdapters: f.maxAdapters, Threads: f.threads}
+	if f.prefixCacheBytes != "" {
+		n, err := reference.ParsePrefixCacheBytes(f.prefixCacheBytes)
+		if err != nil {
+			return Options{}, fmt.Errorf("--prefix-cache-bytes: %w", err)
+		}
+		o.Engine.PrefixCacheBytes = n
+	}
 	if _, port, err := net.SplitHostPort(f.listen); err != nil {
 		return Options{}, fmt.Errorf("--listen %q is not host:port (e.g. 127.0.0.1:0 or 0.0.0.0:7460)", f.listen)
 	} else if n, err := strconv.ParseUint(port, 10, 16); err != nil || strconv.FormatUint(n, 10) != port {

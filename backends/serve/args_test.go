@@ -36,13 +36,13 @@ func TestParseArgs(t *testing.T) {
 	allowed := t.TempDir()
 	o, err := ParseArgs(append([]string{"--listen", "127.0.0.1:0", "--register", "https://127.0.0.1:7450", "--pool", "torch-loops-tiny",
 		"--replica", "3", "--join-token-file", "/tmp/token", "--model", "loops/tiny=/data/models/loops-tiny",
-		"--max-lora-rank", "32", "--device", "cpu", "--threads", "2", "--max-adapters", "8", "--data-dir", "/tmp/d", "--advertise", "10.0.0.5",
+		"--max-lora-rank", "32", "--device", "cpu", "--threads", "2", "--max-adapters", "8", "--prefix-cache-bytes", "1048576", "--data-dir", "/tmp/d", "--advertise", "10.0.0.5",
 		"--allow-dir", allowed, "--checkpoint-origin", "https://s3.example.com"}, targs...))
 	require.NoError(t, err)
 	require.Equal(t, Options{Listen: "127.0.0.1:0", Register: "https://127.0.0.1:7450", Pool: "torch-loops-tiny", Replica: 3,
 		JoinTokenFile: "/tmp/token", Advertise: "10.0.0.5", ExitOnStdinEOF: true, Credentials: creds,
 		AllowDirs: []string{allowed}, CheckpointOrigins: []string{"https://s3.example.com"},
-		Engine: reference.Options{DataDir: "/tmp/d", Models: []string{tiny.Name}, MaxLoraRank: 32, MaxAdapters: 8, Threads: 2}}, o)
+		Engine: reference.Options{DataDir: "/tmp/d", Models: []string{tiny.Name}, MaxLoraRank: 32, MaxAdapters: 8, Threads: 2, PrefixCacheBytes: 1 << 20}}, o)
 
 	t.Setenv(ExitOnStdinEOFEnv, "")
 	o, err = ParseArgs(targs)
@@ -99,6 +99,8 @@ func TestParseArgsErrors(t *testing.T) {
 		{[]string{"--max-adapters", "-1"}, "--max-adapters must be at least 1"},
 		{[]string{"--threads", "-2"}, "--threads must be 0"},
 		{[]string{"--threads", "many"}, "invalid value"},
+		{[]string{"--prefix-cache-bytes", "-1"}, "--prefix-cache-bytes: \"-1\" is not a number of bytes from 0 (off)"},
+		{[]string{"--prefix-cache-bytes", "1GiB"}, "is not a number of bytes"},
 		{[]string{"--replica", "1024"}, "--replica must be between 0 and 1023"},
 		{[]string{"--data-dir", ""}, "--data-dir must not be empty"},
 		{[]string{"--register", "https://127.0.0.1:1"}, "--register needs --pool and --join-token-file"},

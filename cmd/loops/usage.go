@@ -80,12 +80,13 @@ func parseSince(s string) (time.Duration, error) {
 
 // usageKindNames are the short names the table shows.
 var usageKindNames = map[loopsv1.UsageKind]string{
-	loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS:           "training_tokens",
-	loopsv1.UsageKind_USAGE_KIND_SAMPLING_PREFILL_TOKENS:   "sampling_prefill_tokens",
-	loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS:    "sampling_sample_tokens",
-	loopsv1.UsageKind_USAGE_KIND_CHECKPOINTS:               "checkpoints",
-	loopsv1.UsageKind_USAGE_KIND_DEDICATED_REPLICA_SECONDS: "dedicated_replica_seconds",
-	loopsv1.UsageKind_USAGE_KIND_DEDICATED_GPU_SECONDS:     "dedicated_gpu_seconds",
+	loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS:                "training_tokens",
+	loopsv1.UsageKind_USAGE_KIND_SAMPLING_PREFILL_TOKENS:        "sampling_prefill_tokens",
+	loopsv1.UsageKind_USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS: "sampling_cached_prefill_tokens",
+	loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS:         "sampling_sample_tokens",
+	loopsv1.UsageKind_USAGE_KIND_CHECKPOINTS:                    "checkpoints",
+	loopsv1.UsageKind_USAGE_KIND_DEDICATED_REPLICA_SECONDS:      "dedicated_replica_seconds",
+	loopsv1.UsageKind_USAGE_KIND_DEDICATED_GPU_SECONDS:          "dedicated_gpu_seconds",
 }
 
 func usageKindName(k loopsv1.UsageKind) string {

@@ -107,6 +107,10 @@ type chatResp struct {
 		PromptTokens     int `json:"prompt_tokens"`
 		CompletionTokens int `json:"completion_tokens"`
 		TotalTokens      int `json:"total_tokens"`
+		// PromptTokensDetails.CachedTokens: the prompt tokens served from the prefix cache
+		PromptTokensDetails struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
 	} `json:"usage"`
 }
 
@@ -553,4 +557,19 @@ func TestOneSamplerPerWorkspaceAndModel(t *testing.T) {
 	send("ws-two")
 	send("ws-two")
 	require.Equal(t, int32(2), sampling.created.Load(), "one sampler per workspace")
+}
+
+// TestCachedTokensInUsage: a conversation's second turn starts with its first turn's
+// prompt, which the reference engine's prefix cache serves; usage says how many tokens.
+func TestCachedTokensInUsage(t *testing.T) {
+	url := startServer(t, nil) + "/oai/api/v1"
+	msgs := []map[string]any{{"role": "system", "content": strings.Repeat("You are a careful assistant who answers briefly. ", 4)}, {"role": "user", "content": "Hello world!"}}
+	first := okFn(t)(call(t, "POST", url+"/chat/completions", keyA, map[string]any{"model": tiny.Name, "max_tokens": 4, "temperature": 0, "messages": msgs}))
+	require.Zero(t, first.Usage.PromptTokensDetails.CachedTokens)
+	msgs = append(msgs, map[string]any{"role": "assistant", "content": first.Choices[0].Message.Content}, map[string]any{"role": "user", "content": "And then?"})
+	second := okFn(t)(call(t, "POST", url+"/chat/completions", keyA, map[string]any{"model": tiny.Name, "max_tokens": 4, "temperature": 0, "messages": msgs}))
+	c := second.Usage.PromptTokensDetails.CachedTokens
+	require.GreaterOrEqual(t, c, first.Usage.PromptTokens/16*16-16, "the first turn's whole blocks, but maybe the one its end cut")
+	require.Less(t, c, second.Usage.PromptTokens)
+	require.Zero(t, c%16)
 }

@@ -77,14 +77,21 @@ func (req *request) infer() *infer.Request {
 
 // usage is OpenAI's token count of a response.
 type usage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-	TotalTokens      int `json:"total_tokens"`
+	PromptTokens        int                 `json:"prompt_tokens"`
+	CompletionTokens    int                 `json:"completion_tokens"`
+	TotalTokens         int                 `json:"total_tokens"`
+	PromptTokensDetails promptTokensDetails `json:"prompt_tokens_details"`
+}
+
+// promptTokensDetails is OpenAI's breakdown of the prompt tokens: CachedTokens were
+// served from the engine's prefix cache (billed as cached prefill).
+type promptTokensDetails struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 func usageOf(c *infer.Completion) usage {
 	p, g := c.Usage()
-	return usage{PromptTokens: p, CompletionTokens: g, TotalTokens: p + g}
+	return usage{PromptTokens: p, CompletionTokens: g, TotalTokens: p + g, PromptTokensDetails: promptTokensDetails{CachedTokens: c.CachedTokens}}
 }
 
 func finishReason(stopped bool) string {

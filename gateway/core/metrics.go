@@ -58,7 +58,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
 		}),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "loops_tokens_total", Help: "Tokens processed, by kind (train, sample_prompt, sample_output).",
+			Name: "loops_tokens_total", Help: "Tokens processed, by kind (train, sample_prompt, sample_prompt_cached: the prompt tokens served from a prefix cache, sample_output).",
 		}, []string{"kind"}),
 		slotMoves: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loops_adapter_slot_moves_total", Help: "Adapters moved out of (offload) and back into (restore) the backend's slots.",

@@ -670,13 +670,20 @@ func (c *Core) runSample(j *sampleJob) {
 	}
 	if metered {
 		prompt := int64(len(req.GetPrompt()))
+		// cached: the prompt tokens the backend served from its prefix cache (never more
+		// than the prompt, whatever a backend says)
+		cached := min(max(int64(resp.GetResult().GetPromptCachedTokens()), 0), prompt)
 		c.metrics.tokens.WithLabelValues("sample_prompt").Add(float64(prompt))
+		c.metrics.tokens.WithLabelValues("sample_prompt_cached").Add(float64(cached))
 		c.metrics.tokens.WithLabelValues("sample_output").Add(float64(generated))
 		if j.deployment != "" {
 			c.metrics.deploymentTokens.WithLabelValues("prompt").Add(float64(prompt))
 			c.metrics.deploymentTokens.WithLabelValues("output").Add(float64(generated))
 		}
-		c.recordOpUsage(o, o.workspace, req.GetBaseModel(), session, j.deployment, store.UsageSamplingPrefill, prompt)
+		c.recordOpUsage(o, o.workspace, req.GetBaseModel(), session, j.deployment, store.UsageSamplingPrefill, prompt-cached)
+		if cached > 0 {
+			c.recordOpUsage(o, o.workspace, req.GetBaseModel(), session, j.deployment, store.UsageSamplingCachedPrefill, cached)
+		}
 		c.recordOpUsage(o, o.workspace, req.GetBaseModel(), session, j.deployment, store.UsageSamplingSample, generated)
 	}
 	c.ops.finish(o, func(op *loopsv1.Operation) {

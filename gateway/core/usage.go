@@ -136,6 +136,7 @@ var usageKinds = map[string]loopsv1.UsageKind{
 	store.UsageTraining:                loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS,
 	store.UsageSamplingPrefill:         loopsv1.UsageKind_USAGE_KIND_SAMPLING_PREFILL_TOKENS,
 	store.UsageSamplingSample:          loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS,
+	store.UsageSamplingCachedPrefill:   loopsv1.UsageKind_USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS,
 	store.UsageCheckpoint:              loopsv1.UsageKind_USAGE_KIND_CHECKPOINTS,
 	store.UsageDedicatedReplicaSeconds: loopsv1.UsageKind_USAGE_KIND_DEDICATED_REPLICA_SECONDS,
 	store.UsageDedicatedGPUSeconds:     loopsv1.UsageKind_USAGE_KIND_DEDICATED_GPU_SECONDS,

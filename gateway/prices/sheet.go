@@ -191,7 +191,7 @@ func (s *Sheet) rate(ws, model, kind, gpuKind string) Price {
 
 // UsageCachedPrefill is the usage kind of prompt tokens served from a prefix cache, priced
 // at cached_prefill.
-const UsageCachedPrefill = "sampling_cached_prefill"
+const UsageCachedPrefill = store.UsageSamplingCachedPrefill
 
 // Cost is what amount of kind (a store.Usage* kind) costs a workspace on model (gpuKind
 // for dedicated GPU-seconds) under the sheet, and whether the sheet prices it: false for

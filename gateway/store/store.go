@@ -234,8 +234,12 @@ type Pinger interface {
 const (
 	// UsageTraining counts tokens of forward and forward_backward (and forward-only) items.
 	UsageTraining = "training"
-	// UsageSamplingPrefill counts prompt tokens of sample requests (once per request).
+	// UsageSamplingPrefill counts prompt tokens of sample requests (once per request),
+	// less those served from a prefix cache.
 	UsageSamplingPrefill = "sampling_prefill"
+	// UsageSamplingCachedPrefill counts prompt tokens of sample requests served from the
+	// engine's prefix cache (SampleResult.prompt_cached_tokens).
+	UsageSamplingCachedPrefill = "sampling_cached_prefill"
 	// UsageSamplingSample counts generated tokens (summed over a request's sequences).
 	UsageSamplingSample = "sampling_sample"
 	// UsageCheckpoint counts checkpoint saves.

@@ -193,6 +193,10 @@ type Gen[T Float] struct {
 	Scores *PromptScores
 	// Out holds the sequences, complete once Done.
 	Out []Sampled
+	// OnPrefilled, when set, is called once the whole prompt has run, with the prompt's
+	// cache (its first Prompt() positions are the prompt's keys and values). It runs on the
+	// decoding goroutine, must not block, and must not change or keep kv.
+	OnPrefilled func(kv *KVCache[T])
 	// OnToken, when set, is called with every token as it is sampled: its sequence's
 	// index, the token and its log-prob (those appended to Out). It runs on the decoding
 	// goroutine and must not block.
@@ -265,6 +269,29 @@ func (g *Gen[T]) WantAlts(k int) {
 	g.altK = k
 	g.altRng = rand.New(rand.NewPCG(g.seed, altStream))
 	g.Scores.Alts = make([][]TopEntry, len(g.prompt)-1)
+}
+
+// ChunkRows reports whether prompt position pos of a prompt of promptLen tokens runs
+// through the row kernels (its chunk has at most prefillRowsMax tokens) rather than the
+// SGEMM: the two give a position's keys and values different bits, so a prefix cache must
+// tell them apart.
+func ChunkRows(pos, promptLen int) bool {
+	c0 := pos / PrefillChunk * PrefillChunk
+	return min(c0+PrefillChunk, promptLen)-c0 <= prefillRowsMax
+}
+
+// Reuse starts the generation from kv, the keys and values of its first kv.N prompt
+// tokens as Prefill would compute them (same weights, adapter, tokens and ChunkRows modes:
+// the caller's to ensure), so prefilling runs only the rest. It reports false, changing
+// nothing, unless it is called before the first Prefill, with no prompt scores asked for
+// (they need every position's logits) and 0 < kv.N < the prompt's length (the last token
+// always runs: its logits are sampled from).
+func (g *Gen[T]) Reuse(kv *KVCache[T]) bool {
+	if g.filled != 0 || g.Scores != nil || kv.N <= 0 || kv.N >= len(g.prompt) || len(kv.K) != len(g.m.Layers) {
+		return false
+	}
+	g.base, g.filled = kv, kv.N
+	return true
 }
 
 // Prefilled reports whether the whole prompt has run.
@@ -388,6 +415,9 @@ func (g *Gen[T]) finishPiece(h []T, n int) {
 	c0, c1 := g.chunk()
 	p0, p1 := g.filled, g.filled+n
 	g.filled = p1
+	if p1 == len(prompt) && g.OnPrefilled != nil {
+		g.OnPrefilled(g.base)
+	}
 	D, V := m.Cfg.Hidden, m.Cfg.Vocab
 	if g.Scores == nil {
 		if p1 == len(prompt) {

@@ -147,7 +147,7 @@ class VLLMSampler:
                 raise invalid(f"vLLM cannot load the adapter in {req.adapter_dir}: {e}")
             self.lora_added[bm.name].add(lora.lora_int_id)
         fut = asyncio.run_coroutine_threadsafe(
-            _generate(llm, {"prompt_token_ids": s.prompt}, sp, lora), self.loop)
+            _generate(llm, {"prompt_token_ids": s.prompt, "cache_salt": cache_salt(req.workspace)}, sp, lora), self.loop)
         try:
             out = fut.result()
         except VLLMValidationError as e:
@@ -187,7 +187,27 @@ class VLLMSampler:
                     ranked = sorted(((v.rank or math.inf, tid, v.logprob) for tid, v in d.items()), key=lambda x: (x[0], x[1]))
                     row = [(tid, lp) for rank, tid, lp in ranked if rank <= s.topk][: s.topk]
                 topk.append(row)
-        return build_result(seqs, plp, topk, s)
+        resp = build_result(seqs, plp, topk, s)
+        resp.result.prompt_cached_tokens = cached_tokens(out, len(s.prompt))
+        return resp
+
+
+def cache_salt(workspace: str) -> str:
+    """vLLM's prefix-cache salt of a workspace's prompts: vLLM mixes it into the first block's
+    hash, so a prompt reuses only keys and values its own workspace computed (the reference
+    engine's rule, docs/semantics.md: a hit shows in the reported cached tokens and in the
+    latency, so a shared cache would tell one workspace what another sent). vLLM's block
+    hashes already include the LoRA adapter."""
+    return "loops-ws:" + workspace
+
+
+def cached_tokens(out, prompt_len: int) -> int:
+    """The prompt tokens vLLM served from its prefix cache (RequestOutput.num_cached_tokens),
+    within [0, prompt_len]; 0 when vLLM does not say."""
+    n = getattr(out, "num_cached_tokens", None)
+    if not isinstance(n, int):
+        return 0
+    return max(0, min(n, prompt_len))
 
 
 def _vllm_rank(r: int) -> int:

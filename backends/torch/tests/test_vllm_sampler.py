@@ -84,6 +84,7 @@ class AsyncLLM:
 
     def __init__(self, args):
         self.args = args
+        self.blocks = set()  # the prefix cache: (salt, adapter, prompt blocks so far)
 
     @classmethod
     def from_engine_args(cls, args):
@@ -118,17 +119,26 @@ class AsyncLLM:
         return True
 
     async def generate(self, prompt, sampling_params, request_id, *, lora_request=None):
-        assert isinstance(prompt, dict) and set(prompt) == {"prompt_token_ids"}
-        assert isinstance(request_id, str)
+        assert isinstance(prompt, dict) and set(prompt) == {"prompt_token_ids", "cache_salt"}
+        assert isinstance(request_id, str) and isinstance(prompt["cache_salt"], str)
         sp = sampling_params
         AsyncLLM.calls.append((sp, lora_request))
         ids = prompt["prompt_token_ids"]
+        # vLLM's prefix cache: whole blocks of 16 whose hash chain (salt, LoRA, tokens) it
+        # holds, at most up to the prompt's last token
+        key, cached = (prompt["cache_salt"], lora_request.lora_name if lora_request else None), 0
+        for b in range((len(ids) - 1) // 16):
+            if key + (tuple(ids[:(b + 1) * 16]),) not in self.blocks:
+                break
+            cached = (b + 1) * 16
+        for b in range(len(ids) // 16):
+            self.blocks.add(key + (tuple(ids[:(b + 1) * 16]),))
         if 299 in ids:  # the test's way to kill the engine core
             raise EngineDeadError("EngineCore encountered an issue.")
         plp = self._prompt_logprobs(ids, sp.prompt_logprobs) if sp.prompt_logprobs is not None else None
         children = [self._child(ids, sp, i) for i in range(sp.n)]
         if sp.output_kind == RequestOutputKind.FINAL_ONLY:
-            yield types.SimpleNamespace(outputs=children, prompt_logprobs=plp, finished=True)
+            yield types.SimpleNamespace(outputs=children, prompt_logprobs=plp, finished=True, num_cached_tokens=cached)
             return
         for i, c in enumerate(children):  # vLLM: one child per streamed output when n > 1
             await asyncio.sleep(0)
@@ -321,5 +331,27 @@ def test_tied_unembed_adapter_is_refused(fake_vllm, engine, tmp_path, monkeypatc
         vs.sample(_req([5], max_tokens=1, adapter_dir=old))
         assert len(AsyncLLM.added) == added + 1
         engine.delete_adapter("vllm-tied")
+    finally:
+        vs.loop.call_soon_threadsafe(vs.loop.stop)
+
+
+def test_vllm_prefix_cache_hits_reported_per_workspace(fake_vllm, engine):
+    """vLLM's prefix-cache hits (RequestOutput.num_cached_tokens) come back as
+    prompt_cached_tokens; prompts are salted with their workspace, so another workspace's
+    same prompt is not a hit."""
+    from loops_worker.vllm_sampler import VLLMSampler
+
+    vs = VLLMSampler(engine, max_loras=4)
+    try:
+        prompt = [(i * 7 + 3) % 300 for i in range(40)]
+
+        def sample(ws):
+            req = _req(prompt, max_tokens=2, temperature=1.0, seed=1)
+            req.workspace = ws
+            return vs.sample(req).result.prompt_cached_tokens
+
+        assert sample("ws-a") == 0
+        assert sample("ws-a") == 32  # two whole blocks of 16 before the last token
+        assert sample("ws-b") == 0
     finally:
         vs.loop.call_soon_threadsafe(vs.loop.stop)

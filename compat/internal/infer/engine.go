@@ -108,6 +108,9 @@ type Completion struct {
 	Text *Text
 	// PromptTokens is the number of prompt tokens, summed over the prompts.
 	PromptTokens int
+	// CachedTokens is how many of them the backend served from its prefix cache
+	// (SampleResult.prompt_cached_tokens), summed over the prompts.
+	CachedTokens int
 	// Seqs are the choices: N per prompt, in the prompts' order.
 	Seqs []*loopsv1.SampledSequence
 	// Stop are the request's stop sequences.

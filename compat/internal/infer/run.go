@@ -245,6 +245,7 @@ func (r *Run) answer(res opResult) ([]Chunk, error) {
 			return nil, err
 		}
 	}
+	r.c.CachedTokens += min(max(int(res.op.GetSample().GetPromptCachedTokens()), 0), len(r.c.Prompts[res.prompt]))
 	return r.finish(res), nil
 }
 

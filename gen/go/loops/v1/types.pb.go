@@ -979,9 +979,13 @@ type SampleResult struct {
 	ModelPath string `protobuf:"bytes,6,opt,name=model_path,json=modelPath,proto3" json:"model_path,omitempty"`
 	// With SampleRequest.embed: the mean over the prompt's tokens of the final hidden state
 	// (float32, the model's hidden size).
-	Embedding     []float32 `protobuf:"fixed32,7,rep,packed,name=embedding,proto3" json:"embedding,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Embedding []float32 `protobuf:"fixed32,7,rep,packed,name=embedding,proto3" json:"embedding,omitempty"`
+	// How many of the prompt's tokens were served from the engine's prefix cache (their keys
+	// and values computed by an earlier request of the same workspace, base model and adapter
+	// weights) rather than computed again; metered as cached prefill (docs/semantics.md).
+	PromptCachedTokens int32 `protobuf:"varint,8,opt,name=prompt_cached_tokens,json=promptCachedTokens,proto3" json:"prompt_cached_tokens,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *SampleResult) Reset() {
@@ -1061,6 +1065,13 @@ func (x *SampleResult) GetEmbedding() []float32 {
 		return x.Embedding
 	}
 	return nil
+}
+
+func (x *SampleResult) GetPromptCachedTokens() int32 {
+	if x != nil {
+		return x.PromptCachedTokens
+	}
+	return 0
 }
 
 // TargetPromptTokens are token ids whose prompt log-probs to return, row major
@@ -1577,7 +1588,7 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\ametrics\x18\x01 \x03(\v2&.loops.v1.OptimStepResult.MetricsEntryR\ametrics\x1a:\n" +
 	"\fMetricsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\x94\x03\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xc6\x03\n" +
 	"\fSampleResult\x127\n" +
 	"\tsequences\x18\x01 \x03(\v2\x19.loops.v1.SampledSequenceR\tsequences\x12'\n" +
 	"\x0fprompt_logprobs\x18\x02 \x03(\x02R\x0epromptLogprobs\x12H\n" +
@@ -1586,7 +1597,8 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x11prompt_alt_tokens\x18\x05 \x01(\v2\x19.loops.v1.PromptAltTokensR\x0fpromptAltTokens\x12\x1d\n" +
 	"\n" +
 	"model_path\x18\x06 \x01(\tR\tmodelPath\x12\x1c\n" +
-	"\tembedding\x18\a \x03(\x02R\tembedding\"W\n" +
+	"\tembedding\x18\a \x03(\x02R\tembedding\x120\n" +
+	"\x14prompt_cached_tokens\x18\b \x01(\x05R\x12promptCachedTokens\"W\n" +
 	"\x12TargetPromptTokens\x12\f\n" +
 	"\x01k\x18\x01 \x01(\x05R\x01k\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\x05R\btokenIds\x12\x16\n" +

@@ -203,7 +203,7 @@ class OptimStepResult(_message.Message):
     def __init__(self, metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class SampleResult(_message.Message):
-    __slots__ = ("sequences", "prompt_logprobs", "topk_prompt_logprobs", "target_prompt_logprobs", "prompt_alt_tokens", "model_path", "embedding")
+    __slots__ = ("sequences", "prompt_logprobs", "topk_prompt_logprobs", "target_prompt_logprobs", "prompt_alt_tokens", "model_path", "embedding", "prompt_cached_tokens")
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOPK_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -211,6 +211,7 @@ class SampleResult(_message.Message):
     PROMPT_ALT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     sequences: _containers.RepeatedCompositeFieldContainer[SampledSequence]
     prompt_logprobs: _containers.RepeatedScalarFieldContainer[float]
     topk_prompt_logprobs: TopKLogprobs
@@ -218,7 +219,8 @@ class SampleResult(_message.Message):
     prompt_alt_tokens: PromptAltTokens
     model_path: str
     embedding: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, sequences: _Optional[_Iterable[_Union[SampledSequence, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[float]] = ..., topk_prompt_logprobs: _Optional[_Union[TopKLogprobs, _Mapping]] = ..., target_prompt_logprobs: _Optional[_Union[TargetPromptLogprobs, _Mapping]] = ..., prompt_alt_tokens: _Optional[_Union[PromptAltTokens, _Mapping]] = ..., model_path: _Optional[str] = ..., embedding: _Optional[_Iterable[float]] = ...) -> None: ...
+    prompt_cached_tokens: int
+    def __init__(self, sequences: _Optional[_Iterable[_Union[SampledSequence, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[float]] = ..., topk_prompt_logprobs: _Optional[_Union[TopKLogprobs, _Mapping]] = ..., target_prompt_logprobs: _Optional[_Union[TargetPromptLogprobs, _Mapping]] = ..., prompt_alt_tokens: _Optional[_Union[PromptAltTokens, _Mapping]] = ..., model_path: _Optional[str] = ..., embedding: _Optional[_Iterable[float]] = ..., prompt_cached_tokens: _Optional[int] = ...) -> None: ...
 
 class TargetPromptTokens(_message.Message):
     __slots__ = ("k", "token_ids", "sparse")
