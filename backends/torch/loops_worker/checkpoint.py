@@ -41,9 +41,11 @@ MAX_CONFIG_BYTES = 256 << 10
 # The module and parameter names an adapter_config.json may list (every family's targets).
 TARGET_MODULES = all_target_names()
 # target_modules names PEFT writes for the tied input embedding under ensure_weight_tying
-TIED_EMBED_MODULES = ("model.embed_tokens", "embed_tokens")
+TIED_EMBED_MODULES = ("model.embed_tokens", "embed_tokens", "model.language_model.embed_tokens")
 PEFT_HEAD = "base_model.model.lm_head"
-PEFT_TIED_EMBED = "base_model.model.model.embed_tokens.lora_embedding_"
+# (a vision-language checkpoint's language model: model.language_model.embed_tokens)
+PEFT_TIED_EMBED = ("base_model.model.model.embed_tokens.lora_embedding_",
+                   "base_model.model.model.language_model.embed_tokens.lora_embedding_")
 # The dtypes an adapter's tensors may have (safetensors.FloatDTypes).
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 # Byte sizes of the dtypes of the safetensors specification.
@@ -348,7 +350,8 @@ def check_folder(dir_: str, modules: Dict[str, Tuple[str, int, int, int]], num_l
             # PEFT's saved copy of the head's factors for the tied embedding (lora_embedding_A
             # = Bᵀ [r, vocab], lora_embedding_B = Aᵀ [hidden, r]): not read, shape checked
             _, fan_in, fan_out, _ = modules[tied_head]
-            want = {"A": (r, fan_out), "B": (fan_in, r)}.get(k[len(PEFT_TIED_EMBED):].split(".")[0])
+            pre = next(p for p in PEFT_TIED_EMBED if k.startswith(p))
+            want = {"A": (r, fan_out), "B": (fan_in, r)}.get(k[len(pre):].split(".")[0])
             if want is None or shape != want:
                 raise ValueError(f"{ADAPTER_WEIGHTS}: {k} is not the tied embedding's copy of the head's LoRA (shape {list(shape)})")
             continue

@@ -115,12 +115,20 @@ class BaseModel:
         self.device = device
         self.dtype = dtype
         # the family first: an unserved model_type is refused before its weights are read
-        self.family = families.for_config(model.config if model is not None else AutoConfig.from_pretrained(path))
+        cfg = model.config if model is not None else AutoConfig.from_pretrained(path)
+        self.family = families.for_config(cfg)
+        # a vision-language checkpoint: its language model is loaded as the text model (the
+        # vision tower is not read) and adapter keys get the VL model's names, as PEFT names
+        # them on the full …ForConditionalGeneration; image inputs are refused (not served)
+        self.vision_checkpoint = families.is_vision(cfg)
         if model is None:
             kw = {}
             if self.family.experts and dtype == torch.float64:
                 kw["experts_implementation"] = "eager"  # grouped_mm has no float64 kernel
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_impl, **kw)
+        if self.vision_checkpoint and families.is_vision(model.config):
+            raise ValueError(f"{cfg.model_type} checkpoint: transformers loaded {type(model).__name__}, not the text model "
+                             f"of its language model; this transformers version cannot serve it on the torch worker")
         self.model = model.to(device)
         self.model.eval()
         self.model.requires_grad_(False)
@@ -131,7 +139,8 @@ class BaseModel:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ctx = BatchContext(torch.float64 if device.type == "cpu" else None)
         # {PEFT key: MultiLoraLinear or ExpertTarget}, the family's LoRA targets in model order
-        self.layers: Dict[str, object] = wrap_model(self.model, self.ctx, self.family)
+        self.layers: Dict[str, object] = wrap_model(
+            self.model, self.ctx, self.family, families.vl_name if self.vision_checkpoint else (lambda n: n))
         # tied embeddings: an adapter's head LoRA adapts the embedding lookup too (lora.py)
         self.tied = embeddings_tied(self.model)
         if self.tied:

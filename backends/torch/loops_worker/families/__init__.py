@@ -20,6 +20,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 UNEMBED = "lm_head"
+# Where a vision-language model (…ForConditionalGeneration) keeps its language model's
+# decoder: the text model's "model." is this in the VL model's module (and PEFT key) names.
+VL_PREFIX = "model.language_model."
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,11 @@ class Family:
     # check(config) -> None or the reason this config is refused (a variant the worker
     # cannot compute exactly)
     check: Optional[Callable[[object], Optional[str]]] = None
+    # model_types of vision-language checkpoints (config.json with a text_config and a
+    # vision_config) whose language model is this family: the worker loads the text model
+    # only (the vision tower is not read) and names adapter keys as PEFT does on the full
+    # VL model, where the language model lives under model.language_model (VL_PREFIX)
+    vision: Tuple[str, ...] = ()
 
     def targets(self) -> List[str]:
         """Every module/parameter leaf name the family adapts."""
@@ -70,7 +78,7 @@ def _load() -> Dict[str, Family]:
     out: Dict[str, Family] = {}
     for m in MODULES:
         fam: Family = importlib.import_module(f"{__name__}.{m}").FAMILY
-        for t in fam.model_types:
+        for t in fam.model_types + fam.vision:
             if t in out:
                 raise RuntimeError(f"model_type {t!r} is claimed by both {out[t].name} and {fam.name}")
             out[t] = fam
@@ -79,6 +87,7 @@ def _load() -> Dict[str, Family]:
 
 BY_MODEL_TYPE: Dict[str, Family] = _load()
 FAMILIES: List[Family] = list(dict.fromkeys(BY_MODEL_TYPE.values()))
+VISION_TYPES = frozenset(t for f in FAMILIES for t in f.vision)
 
 
 def supported() -> str:
@@ -88,6 +97,21 @@ def supported() -> str:
 def all_target_names() -> List[str]:
     """Every target leaf name of every family (what an adapter_config.json may list)."""
     return list(dict.fromkeys(n for f in FAMILIES for n in f.targets()))
+
+
+def is_vision(config) -> bool:
+    """Whether a config is a vision-language checkpoint's (a text_config inside it)."""
+    return (getattr(config, "model_type", "") or "") in VISION_TYPES
+
+
+def text_config(config):
+    """The language model's config of a vision-language config; the config itself otherwise."""
+    return config.get_text_config() if is_vision(config) else config
+
+
+def vl_name(name: str) -> str:
+    """The module name in the full VL model of a text model's module name (lm_head stays)."""
+    return VL_PREFIX + name[len("model."):] if name.startswith("model.") else name
 
 
 def for_config(config) -> Family:
@@ -101,7 +125,7 @@ def for_config(config) -> Family:
             f"model family {mt!r} ({arch}) is not served by the torch worker; it serves the model_types "
             f"{supported()} (docs/models.md says how to add a family)")
     if fam.check is not None:
-        why = fam.check(config)
+        why = fam.check(text_config(config))
         if why:
             raise ValueError(f"{fam.name} model refused: {why}")
     return fam
