@@ -46,6 +46,7 @@ var TorchModelTypes = map[string]string{
 	// vision-language checkpoints: the worker serves their language model on text
 	"qwen3_5":     "qwen3_5",
 	"qwen3_5_moe": "qwen3_5_moe",
+	"gemma3":      "gemma3",
 }
 
 // CheckFamily refuses a model_type this engine does not serve, naming the family and the

@@ -57,8 +57,14 @@ ELEM_SIZES = {
 }
 
 
+# exclude_modules of an adapter on a vision-language checkpoint's language model: PEFT on the
+# full VL model then adapts only what the worker trained (the vision tower of Gemma 3 has
+# q/k/v_proj too); a regex PEFT full-matches against module names
+VL_EXCLUDE = r"(?!model\.language_model\.)(?!lm_head$).*"
+
+
 def peft_config(rank: int, alpha: float, target_modules, base_model: str, tied_embed: bool = False,
-                target_parameters=()) -> dict:
+                target_parameters=(), vision: bool = False) -> dict:
     """adapter_config.json. Field order and values as the reference engine writes them;
     ensure_weight_tying (PEFT's field) marks a tied model's head LoRA that adapts the shared
     matrix; target_parameters (fused MoE expert parameters, PEFT's ParamWrapper) only when set."""
@@ -83,6 +89,8 @@ def peft_config(rank: int, alpha: float, target_modules, base_model: str, tied_e
         cfg["ensure_weight_tying"] = True
     if target_parameters:
         cfg["target_parameters"] = list(target_parameters)
+    if vision:
+        cfg["exclude_modules"] = VL_EXCLUDE
     return cfg
 
 
@@ -93,7 +101,8 @@ def save(dir_: str, adapter, base_model: str, with_optimizer: bool, with_gradien
         alpha = 32
     mods, params = adapter.targets()
     cfg = json.dumps(peft_config(adapter.spec.rank, alpha, mods, base_model,
-                                 getattr(adapter, "tied_embed", False), params), indent=2) + "\n"
+                                 getattr(adapter, "tied_embed", False), params,
+                                 getattr(adapter.base, "vision_checkpoint", False)), indent=2) + "\n"
     with open(os.path.join(dir_, ADAPTER_CONFIG), "w") as f:
         f.write(cfg)
     total = len(cfg.encode())

@@ -125,6 +125,8 @@ class BaseModel:
             kw = {}
             if self.family.experts and dtype == torch.float64:
                 kw["experts_implementation"] = "eager"  # grouped_mm has no float64 kernel
+            if self.vision_checkpoint:
+                kw.update(config=families.text_config(cfg), key_mapping=families.VL_KEY_MAPPING)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_impl, **kw)
         if self.vision_checkpoint and families.is_vision(model.config):
             raise ValueError(f"{cfg.model_type} checkpoint: transformers loaded {type(model).__name__}, not the text model "
@@ -152,7 +154,8 @@ class BaseModel:
         mp = int(getattr(self.config, "max_position_embeddings", 0) or 0)
         self.max_seq = MAX_SEQ_CAP if mp <= 0 or mp > MAX_SEQ_CAP else mp
         eos: List[int] = []
-        for v in _eos_ids(getattr(self.config, "eos_token_id", None)):
+        # (a VL checkpoint may name its eos ids in the outer config only)
+        for v in _eos_ids(getattr(self.config, "eos_token_id", None)) + _eos_ids(getattr(cfg, "eos_token_id", None)):
             if 0 <= v < self.vocab and v not in eos:
                 eos.append(v)
         try:

@@ -82,7 +82,12 @@ VL_CONFIGS = {
     # Qwen/Qwen3.5-4B's packaging (the tinker-cookbook's default model): tied embeddings
     "qwen3_5_vl": ("qwen3_5", "qwen3_5", CONFIGS["qwen3_5"][1], True),
     "qwen3_5_moe_vl": ("qwen3_5_moe", "qwen3_5_moe", CONFIGS["qwen3_5_moe"][1], False),
+    # google/gemma-3-4b-it's packaging (keys language_model.model.*, a SigLIP tower whose
+    # q/k/v_proj PEFT's target names also match); no soft-capping (the VL model applies none)
+    "gemma3_vl": ("gemma3", "gemma3", {k: v for k, v in CONFIGS["gemma3"][1].items() if k != "final_logit_softcapping"}, True),
 }
+VISION_OF = {"gemma3": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                            image_size=16, patch_size=4)}
 FAMILY_OF = {**{k: k for k in CONFIGS}, **{k: v[1] for k, v in VL_CONFIGS.items()}}
 
 
@@ -101,7 +106,8 @@ def build(family, d):
     if family in VL_CONFIGS:
         mt, _, kw, tied = VL_CONFIGS[family]
         text = {**COMMON, **kw, "tie_word_embeddings": tied}
-        cfg = AutoConfig.for_model(mt, text_config=text, vision_config=VISION, tie_word_embeddings=tied)
+        extra = {"mm_tokens_per_image": 4} if mt == "gemma3" else {}
+        cfg = AutoConfig.for_model(mt, text_config=text, vision_config=VISION_OF.get(mt, VISION), tie_word_embeddings=tied, **extra)
         torch.manual_seed(1234)
         m = AutoModelForImageTextToText.from_config(cfg)
     else:
@@ -305,3 +311,20 @@ def test_unknown_family_is_refused(tmp_path):
     # every family file names its publisher and renderer, and no model_type twice
     for f in families.FAMILIES:
         assert f.publisher and f.renderer and f.model_types
+
+
+def test_vision_checkpoint_refusals(tmp_path):
+    """A multimodal Gemma 3 config with final_logit_softcapping (applied by Gemma3ForCausalLM,
+    not by Gemma3ForConditionalGeneration) is refused at load, naming the field."""
+    from transformers import AutoConfig
+
+    from loops_worker.engine import BaseModel
+
+    d = tmp_path / "g3"
+    d.mkdir()
+    text = {**COMMON, **CONFIGS["gemma3"][1]}
+    AutoConfig.for_model("gemma3", text_config=text, vision_config=VISION_OF["gemma3"]).save_pretrained(str(d))
+    with pytest.raises(ValueError) as e:
+        BaseModel("m", str(d), torch.device("cpu"), torch.float32, 8)
+    assert "gemma3 model refused" in str(e.value) and "final_logit_softcapping" in str(e.value)
+

@@ -23,6 +23,12 @@ UNEMBED = "lm_head"
 # Where a vision-language model (…ForConditionalGeneration) keeps its language model's
 # decoder: the text model's "model." is this in the VL model's module (and PEFT key) names.
 VL_PREFIX = "model.language_model."
+# Checkpoint key → text model key, for loading a VL checkpoint's language model as the text
+# model: transformers 5 writes model.language_model.*, Gemma 3's published checkpoints hold
+# the older language_model.model.* / language_model.lm_head.*. Other keys (the vision tower,
+# the projector) are not read.
+VL_KEY_MAPPING = {r"^model\.language_model\.": "model.", r"^language_model\.model\.": "model.",
+                  r"^language_model\.lm_head\.": "lm_head."}
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,7 @@ class Family:
     unembed: str = UNEMBED
     notes: str = ""  # limits and quirks, for docs/models.md and errors
     # check(config) -> None or the reason this config is refused (a variant the worker
-    # cannot compute exactly)
+    # cannot compute exactly); a VL checkpoint's check gets its outer config
     check: Optional[Callable[[object], Optional[str]]] = None
     # model_types of vision-language checkpoints (config.json with a text_config and a
     # vision_config) whose language model is this family: the worker loads the text model
@@ -125,7 +131,7 @@ def for_config(config) -> Family:
             f"model family {mt!r} ({arch}) is not served by the torch worker; it serves the model_types "
             f"{supported()} (docs/models.md says how to add a family)")
     if fam.check is not None:
-        why = fam.check(text_config(config))
+        why = fam.check(config)
         if why:
             raise ValueError(f"{fam.name} model refused: {why}")
     return fam
