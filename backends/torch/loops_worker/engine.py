@@ -96,6 +96,12 @@ def resolve_model_dir(name: str) -> Tuple[Optional[str], str]:
         f"({hub}); download it first, e.g. `huggingface-cli download {name}`")
 
 
+# The input modalities served (ModelInfo.modalities): text only; a vision-language
+# checkpoint's language model is served on text and image chunks are refused (the vision
+# tower is not run: issue 27's vision inputs).
+MODALITIES = ("text",)
+
+
 class BaseModel:
     """One loaded base model (shared by every adapter on it)."""
 
@@ -179,7 +185,8 @@ class BaseModel:
             tokenizer_id=tok_id, max_lora_rank=max_lora_rank, backend=IMPLEMENTATION,
             hidden_size=int(getattr(self.config, "hidden_size", 0) or 0), revision=dir_revision(path),
             family=self.family.name, publisher=self.family.publisher, renderer=self.family.renderer,
-            lora_targets=list(dict.fromkeys(t.target for t in self.layers.values())))
+            lora_targets=list(dict.fromkeys(t.target for t in self.layers.values())),
+            modalities=list(MODALITIES))
 
     # -- the pass ------------------------------------------------------------------------
 

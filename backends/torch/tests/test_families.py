@@ -176,6 +176,7 @@ def test_family_parity(family, tmp_path):
         assert all(k.startswith(("base_model.model.model.language_model.", "base_model.model.lm_head")) for k in bm.layers)
     assert set(info.lora_targets) <= set(bm.family.targets()) and "lm_head" in info.lora_targets
     assert set(bm.family.experts) <= set(info.lora_targets) and "o_proj" in info.lora_targets
+    assert list(info.modalities) == ["text"]  # image chunks are refused: the vision tower is not served
     eng = Engine({"m": bm}, ["m"])
     ref = hf(d)
     stats = {}
