@@ -18,7 +18,8 @@ import (
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 // textOnly is the message for any non-text model input chunk.
-const textOnly = "the models Loops serves are text-only: send encoded_text chunks (token ids); image, image_asset_pointer and dmel chunks are not supported"
+// A vision-language checkpoint (Qwen3.5) is served for text: its language model only.
+const textOnly = "image inputs are not served yet: the models Loops serves are text-only (a vision-language checkpoint such as Qwen/Qwen3.5-4B trains and samples its language model on text); send encoded_text chunks (token ids); image, image_asset_pointer and dmel chunks are not supported"
 
 // limits bounds what a decoder may allocate.
 type limits struct {

@@ -167,7 +167,7 @@ func TestLossConfigV2Preferred(t *testing.T) {
 	b, _ = proto.Marshal(in)
 	_, err = decodeForwardBackwardProto(b, testLimits)
 	requireClientError(t, err)
-	require.ErrorContains(t, err, "text-only")
+	require.ErrorContains(t, err, "image inputs are not served yet")
 }
 
 type errString string

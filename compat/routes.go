@@ -277,7 +277,7 @@ func (s *server) healthz(w http.ResponseWriter, r *http.Request) error {
 
 // supportedModel is one entry of get_server_capabilities. The SDK reads model_name (and
 // keeps the rest); family, publisher, renderer_name (the tinker-cookbook renderer) and
-// lora_targets are Loops' catalog (ModelInfo), present when the backend says them.
+// lora_targets and modalities are Loops' catalog (ModelInfo), present when the backend says them.
 type supportedModel struct {
 	ModelName        string   `json:"model_name"`
 	MaxContextLength int32    `json:"max_context_length,omitempty"`
@@ -287,6 +287,7 @@ type supportedModel struct {
 	Publisher        string   `json:"publisher,omitempty"`
 	RendererName     string   `json:"renderer_name,omitempty"`
 	LoraTargets      []string `json:"lora_targets,omitempty"`
+	Modalities       []string `json:"modalities,omitempty"`
 }
 
 func (s *server) serverCapabilities(w http.ResponseWriter, r *http.Request) error {
@@ -301,6 +302,7 @@ func (s *server) serverCapabilities(w http.ResponseWriter, r *http.Request) erro
 		out.SupportedModels = append(out.SupportedModels, supportedModel{
 			ModelName: m.GetName(), MaxContextLength: m.GetMaxSequenceLength(), Trainable: true, Sampleable: true,
 			Family: m.GetFamily(), Publisher: m.GetPublisher(), RendererName: m.GetRenderer(), LoraTargets: m.GetLoraTargets(),
+			Modalities: m.GetModalities(),
 		})
 	}
 	s.edge.WriteJSON(w, http.StatusOK, out)

@@ -262,6 +262,7 @@ func TestProtocols(t *testing.T) {
 		// the catalog: loops/tiny is a Qwen3 that takes the cookbook's qwen3_instruct
 		require.Equal(t, []string{"qwen3", "Qwen", tiny.Renderer}, []string{m.GetFamily(), m.GetPublisher(), m.GetRenderer()})
 		require.Equal(t, []string{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}, m.GetLoraTargets())
+		require.Equal(t, []string{"text"}, m.GetModalities())
 	}
 }
 

@@ -43,6 +43,10 @@ var TorchModelTypes = map[string]string{
 	"glm_moe_dsa":      "glm_moe_dsa",
 	"minimax_m2":       "minimax_m2",
 	"nemotron_h":       "nemotron_h",
+	// vision-language checkpoints: the worker serves their language model on text
+	"qwen3_5":     "qwen3_5",
+	"qwen3_5_moe": "qwen3_5_moe",
+	"gemma3":      "gemma3",
 }
 
 // CheckFamily refuses a model_type this engine does not serve, naming the family and the

@@ -36,6 +36,7 @@ func TestTorchModelTypesMatchWorker(t *testing.T) {
 	publisher := regexp.MustCompile(`publisher="([^"]+)"`)
 	renderer := regexp.MustCompile(`renderer="([^"]+)"`)
 	types := regexp.MustCompile(`model_types=\(([^)]*)\)`)
+	vision := regexp.MustCompile(`vision=\(([^)]*)\)`) // VL checkpoints whose language model the family serves
 	str := regexp.MustCompile(`"([a-z0-9_]+)"`)
 	want := map[string]string{}
 	for _, f := range files {
@@ -45,7 +46,11 @@ func TestTorchModelTypesMatchWorker(t *testing.T) {
 		if n == nil || m == nil {
 			continue // __init__.py
 		}
-		for _, s := range str.FindAllSubmatch(m[1], -1) {
+		declared := str.FindAllSubmatch(m[1], -1)
+		if v := vision.FindSubmatch(b); v != nil {
+			declared = append(declared, str.FindAllSubmatch(v[1], -1)...)
+		}
+		for _, s := range declared {
 			mt := string(s[1])
 			if !slices.Contains(ServedModelTypes, mt) {
 				want[mt] = string(n[1])

@@ -41,9 +41,11 @@ MAX_CONFIG_BYTES = 256 << 10
 # The module and parameter names an adapter_config.json may list (every family's targets).
 TARGET_MODULES = all_target_names()
 # target_modules names PEFT writes for the tied input embedding under ensure_weight_tying
-TIED_EMBED_MODULES = ("model.embed_tokens", "embed_tokens")
+TIED_EMBED_MODULES = ("model.embed_tokens", "embed_tokens", "model.language_model.embed_tokens")
 PEFT_HEAD = "base_model.model.lm_head"
-PEFT_TIED_EMBED = "base_model.model.model.embed_tokens.lora_embedding_"
+# (a vision-language checkpoint's language model: model.language_model.embed_tokens)
+PEFT_TIED_EMBED = ("base_model.model.model.embed_tokens.lora_embedding_",
+                   "base_model.model.model.language_model.embed_tokens.lora_embedding_")
 # The dtypes an adapter's tensors may have (safetensors.FloatDTypes).
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 # Byte sizes of the dtypes of the safetensors specification.
@@ -55,8 +57,14 @@ ELEM_SIZES = {
 }
 
 
+# exclude_modules of an adapter on a vision-language checkpoint's language model: PEFT on the
+# full VL model then adapts only what the worker trained (the vision tower of Gemma 3 has
+# q/k/v_proj too); a regex PEFT full-matches against module names
+VL_EXCLUDE = r"(?!model\.language_model\.)(?!lm_head$).*"
+
+
 def peft_config(rank: int, alpha: float, target_modules, base_model: str, tied_embed: bool = False,
-                target_parameters=()) -> dict:
+                target_parameters=(), vision: bool = False) -> dict:
     """adapter_config.json. Field order and values as the reference engine writes them;
     ensure_weight_tying (PEFT's field) marks a tied model's head LoRA that adapts the shared
     matrix; target_parameters (fused MoE expert parameters, PEFT's ParamWrapper) only when set."""
@@ -81,6 +89,8 @@ def peft_config(rank: int, alpha: float, target_modules, base_model: str, tied_e
         cfg["ensure_weight_tying"] = True
     if target_parameters:
         cfg["target_parameters"] = list(target_parameters)
+    if vision:
+        cfg["exclude_modules"] = VL_EXCLUDE
     return cfg
 
 
@@ -91,7 +101,8 @@ def save(dir_: str, adapter, base_model: str, with_optimizer: bool, with_gradien
         alpha = 32
     mods, params = adapter.targets()
     cfg = json.dumps(peft_config(adapter.spec.rank, alpha, mods, base_model,
-                                 getattr(adapter, "tied_embed", False), params), indent=2) + "\n"
+                                 getattr(adapter, "tied_embed", False), params,
+                                 getattr(adapter.base, "vision_checkpoint", False)), indent=2) + "\n"
     with open(os.path.join(dir_, ADAPTER_CONFIG), "w") as f:
         f.write(cfg)
     total = len(cfg.encode())
@@ -348,7 +359,8 @@ def check_folder(dir_: str, modules: Dict[str, Tuple[str, int, int, int]], num_l
             # PEFT's saved copy of the head's factors for the tied embedding (lora_embedding_A
             # = Bᵀ [r, vocab], lora_embedding_B = Aᵀ [hidden, r]): not read, shape checked
             _, fan_in, fan_out, _ = modules[tied_head]
-            want = {"A": (r, fan_out), "B": (fan_in, r)}.get(k[len(PEFT_TIED_EMBED):].split(".")[0])
+            pre = next(p for p in PEFT_TIED_EMBED if k.startswith(p))
+            want = {"A": (r, fan_out), "B": (fan_in, r)}.get(k[len(pre):].split(".")[0])
             if want is None or shape != want:
                 raise ValueError(f"{ADAPTER_WEIGHTS}: {k} is not the tied embedding's copy of the head's LoRA (shape {list(shape)})")
             continue

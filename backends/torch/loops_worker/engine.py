@@ -96,6 +96,12 @@ def resolve_model_dir(name: str) -> Tuple[Optional[str], str]:
         f"({hub}); download it first, e.g. `huggingface-cli download {name}`")
 
 
+# The input modalities served (ModelInfo.modalities): text only; a vision-language
+# checkpoint's language model is served on text and image chunks are refused (the vision
+# tower is not run: issue 27's vision inputs).
+MODALITIES = ("text",)
+
+
 class BaseModel:
     """One loaded base model (shared by every adapter on it)."""
 
@@ -115,14 +121,24 @@ class BaseModel:
         self.device = device
         self.dtype = dtype
         # the family first: an unserved model_type is refused before its weights are read
-        self.family = families.for_config(model.config if model is not None else AutoConfig.from_pretrained(path))
+        cfg = model.config if model is not None else AutoConfig.from_pretrained(path)
+        self.family = families.for_config(cfg)
+        # a vision-language checkpoint: its language model is loaded as the text model (the
+        # vision tower is not read) and adapter keys get the VL model's names, as PEFT names
+        # them on the full …ForConditionalGeneration; image inputs are refused (not served)
+        self.vision_checkpoint = families.is_vision(cfg)
         if model is None:
             kw = {}
             if self.family.experts and dtype == torch.float64:
                 kw["experts_implementation"] = "eager"  # grouped_mm has no float64 kernel
             if attn_impl == "auto":
                 attn_impl = self.family.attn_implementation
+            if self.vision_checkpoint:
+                kw.update(config=families.text_config(cfg), key_mapping=families.VL_KEY_MAPPING)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_impl, **kw)
+        if self.vision_checkpoint and families.is_vision(model.config):
+            raise ValueError(f"{cfg.model_type} checkpoint: transformers loaded {type(model).__name__}, not the text model "
+                             f"of its language model; this transformers version cannot serve it on the torch worker")
         self.model = model.to(device)
         self.model.eval()
         self.model.requires_grad_(False)
@@ -133,7 +149,8 @@ class BaseModel:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ctx = BatchContext(torch.float64 if device.type == "cpu" else None)
         # {PEFT key: MultiLoraLinear or ExpertTarget}, the family's LoRA targets in model order
-        self.layers: Dict[str, object] = wrap_model(self.model, self.ctx, self.family)
+        self.layers: Dict[str, object] = wrap_model(
+            self.model, self.ctx, self.family, families.vl_name if self.vision_checkpoint else (lambda n: n))
         # tied embeddings: an adapter's head LoRA adapts the embedding lookup too (lora.py)
         self.tied = embeddings_tied(self.model)
         if self.tied:
@@ -145,7 +162,8 @@ class BaseModel:
         mp = int(getattr(self.config, "max_position_embeddings", 0) or 0)
         self.max_seq = MAX_SEQ_CAP if mp <= 0 or mp > MAX_SEQ_CAP else mp
         eos: List[int] = []
-        for v in _eos_ids(getattr(self.config, "eos_token_id", None)):
+        # (a VL checkpoint may name its eos ids in the outer config only)
+        for v in _eos_ids(getattr(self.config, "eos_token_id", None)) + _eos_ids(getattr(cfg, "eos_token_id", None)):
             if 0 <= v < self.vocab and v not in eos:
                 eos.append(v)
         try:
@@ -169,7 +187,8 @@ class BaseModel:
             tokenizer_id=tok_id, max_lora_rank=max_lora_rank, backend=IMPLEMENTATION,
             hidden_size=int(getattr(self.config, "hidden_size", 0) or 0), revision=dir_revision(path),
             family=self.family.name, publisher=self.family.publisher, renderer=self.family.renderer,
-            lora_targets=list(dict.fromkeys(t.target for t in self.layers.values())))
+            lora_targets=list(dict.fromkeys(t.target for t in self.layers.values())),
+            modalities=list(MODALITIES))
 
     # -- the pass ------------------------------------------------------------------------
 

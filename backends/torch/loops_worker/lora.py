@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -269,9 +269,11 @@ class MultiLoraExperts(nn.Module):
         return torch.cat(outs, dim=0)
 
 
-def wrap_model(model: nn.Module, ctx: BatchContext, family: Family) -> Dict[str, object]:
+def wrap_model(model: nn.Module, ctx: BatchContext, family: Family,
+               rename: Callable[[str], str] = lambda n: n) -> Dict[str, object]:
     """Wraps every LoRA target of the family in a causal LM; returns {PEFT key: target}
-    (MultiLoraLinear or ExpertTarget) in model order. Expert parameters get PEFT's keys: of
+    (MultiLoraLinear or ExpertTarget) in model order. rename maps a module name to the one
+    PEFT sees (a vision-language checkpoint's language model: families.vl_name). Expert parameters get PEFT's keys: of
     n targeted parameters of one module, in its parameter order, the i-th is
     <module>{.base_layer × (n-1-i)} (PEFT nests one ParamWrapper per parameter)."""
     found: Dict[str, object] = {}
@@ -280,7 +282,7 @@ def wrap_model(model: nn.Module, ctx: BatchContext, family: Family) -> Dict[str,
         leaf = name.rsplit(".", 1)[-1]
         parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
         if leaf in linear and isinstance(mod, nn.Linear):
-            w = MultiLoraLinear(mod, PEFT_PREFIX + name, ctx, family.kind(leaf))
+            w = MultiLoraLinear(mod, PEFT_PREFIX + rename(name), ctx, family.kind(leaf))
             setattr(parent, leaf, w)
             found[w.key] = w
             continue
@@ -294,7 +296,7 @@ def wrap_model(model: nn.Module, ctx: BatchContext, family: Family) -> Dict[str,
         for i, (pn, p) in enumerate(params):
             E, d1, d2 = p.shape
             fan_in, fan_out = (d1, d2) if transposed else (d2, d1)
-            key = PEFT_PREFIX + name + ".base_layer" * (len(params) - 1 - i)
+            key = PEFT_PREFIX + rename(name) + ".base_layer" * (len(params) - 1 - i)
             targets.append(ExpertTarget(key, pn, family.kind(pn), int(E), int(fan_in), int(fan_out), transposed))
         setattr(parent, leaf, MultiLoraExperts(mod, targets, ctx))
         for t in targets:

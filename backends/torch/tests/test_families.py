@@ -73,6 +73,22 @@ CONFIGS = {
                                       ssm_state_size=16, n_groups=1, chunk_size=4, n_group=1, topk_group=1,
                                       tie_word_embeddings=False)),
 }
+# vision-language checkpoints (config.json with text_config and vision_config, saved from the
+# full …ForConditionalGeneration): case -> (model_type, family, text config overrides, tied).
+# The worker serves their language model on text; PEFT runs on the full VL model.
+VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+              temporal_patch_size=1, spatial_merge_size=1)
+VL_CONFIGS = {
+    # Qwen/Qwen3.5-4B's packaging (the tinker-cookbook's default model): tied embeddings
+    "qwen3_5_vl": ("qwen3_5", "qwen3_5", CONFIGS["qwen3_5"][1], True),
+    "qwen3_5_moe_vl": ("qwen3_5_moe", "qwen3_5_moe", CONFIGS["qwen3_5_moe"][1], False),
+    # google/gemma-3-4b-it's packaging (keys language_model.model.*, a SigLIP tower whose
+    # q/k/v_proj PEFT's target names also match); no soft-capping (the VL model applies none)
+    "gemma3_vl": ("gemma3", "gemma3", {k: v for k, v in CONFIGS["gemma3"][1].items() if k != "final_logit_softcapping"}, True),
+}
+VISION_OF = {"gemma3": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                            image_size=16, patch_size=4)}
+FAMILY_OF = {**{k: k for k in CONFIGS}, **{k: v[1] for k, v in VL_CONFIGS.items()}}
 
 
 # MiniMax-M2's router computes in float32 (sigmoid(logits.float())), so transformers' own
@@ -85,12 +101,20 @@ LP_TOL = {"nemotron_h": 1e-6}
 
 
 def build(family, d):
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    mt, kw = CONFIGS[family]
-    cfg = AutoConfig.for_model(mt, **{**COMMON, **kw})
-    torch.manual_seed(1234)
-    m = AutoModelForCausalLM.from_config(cfg)
+    if family in VL_CONFIGS:
+        mt, _, kw, tied = VL_CONFIGS[family]
+        text = {**COMMON, **kw, "tie_word_embeddings": tied}
+        extra = {"mm_tokens_per_image": 4} if mt == "gemma3" else {}
+        cfg = AutoConfig.for_model(mt, text_config=text, vision_config=VISION_OF.get(mt, VISION), tie_word_embeddings=tied, **extra)
+        torch.manual_seed(1234)
+        m = AutoModelForImageTextToText.from_config(cfg)
+    else:
+        mt, kw = CONFIGS[family]
+        cfg = AutoConfig.for_model(mt, **{**COMMON, **kw})
+        torch.manual_seed(1234)
+        m = AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():  # MoE experts are created empty; give every parameter a seeded value
         g = torch.Generator().manual_seed(99)
         for n, p in m.named_parameters():
@@ -101,13 +125,15 @@ def build(family, d):
 
 
 def hf(d):
-    from transformers import AutoModelForCausalLM
+    """transformers' model of folder d in float64; a VL checkpoint's full VL model."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from loops_worker.families import BY_MODEL_TYPE
+    from loops_worker.families import BY_MODEL_TYPE, VISION_TYPES
 
     mt = json.load(open(os.path.join(d, "config.json")))["model_type"]
     kw = {"experts_implementation": "eager"} if BY_MODEL_TYPE[mt].experts else {}  # no float64 grouped_mm
-    m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64, attn_implementation="eager", **kw)
+    auto = AutoModelForImageTextToText if mt in VISION_TYPES else AutoModelForCausalLM
+    m = auto.from_pretrained(d, dtype=torch.float64, attn_implementation="eager", **kw)
     m.eval()
     return m
 
@@ -131,7 +157,7 @@ def _datum(toks):
     return d
 
 
-@pytest.mark.parametrize("family", list(CONFIGS))
+@pytest.mark.parametrize("family", list(CONFIGS) + list(VL_CONFIGS))
 def test_family_parity(family, tmp_path):
     from peft import PeftModel
 
@@ -140,12 +166,17 @@ def test_family_parity(family, tmp_path):
 
     d = build(family, tmp_path / "model")
     bm = BaseModel("m", d, torch.device("cpu"), torch.float64, 64, attn_impl="eager")
+    case, family = family, FAMILY_OF[family]
     assert bm.family.name == family
     # the catalog entry (ModelInfo) names the family, its publisher, renderer and targets
     info = bm.info
     assert (info.family, info.publisher, info.renderer) == (family, bm.family.publisher, bm.family.renderer)
+    if case in VL_CONFIGS:  # the vision tower is not loaded; keys are the VL model's (PEFT on it)
+        assert not any("visual" in n for n, _ in bm.model.named_modules())
+        assert all(k.startswith(("base_model.model.model.language_model.", "base_model.model.lm_head")) for k in bm.layers)
     assert set(info.lora_targets) <= set(bm.family.targets()) and "lm_head" in info.lora_targets
     assert set(bm.family.experts) <= set(info.lora_targets) and "o_proj" in info.lora_targets
+    assert list(info.modalities) == ["text"]  # image chunks are refused: the vision tower is not served
     eng = Engine({"m": bm}, ["m"])
     ref = hf(d)
     stats = {}
@@ -207,8 +238,9 @@ def test_family_parity(family, tmp_path):
     peft_grads = {n.replace(".default.", "."): p.grad for n, p in pm.named_parameters() if "lora_" in n}
     # a tied model (ensure_weight_tying): PEFT's embedding factors are the head's, transposed
     # (lora_embedding_A = Bᵀ, lora_embedding_B = Aᵀ), and the worker's gradient is the sum
-    ea = peft_grads.pop("base_model.model.model.embed_tokens.lora_embedding_A.default", None)
-    eb = peft_grads.pop("base_model.model.model.embed_tokens.lora_embedding_B.default", None)
+    emb = "base_model.model.model.language_model.embed_tokens" if case in VL_CONFIGS else "base_model.model.model.embed_tokens"
+    ea = peft_grads.pop(emb + ".lora_embedding_A.default", None)
+    eb = peft_grads.pop(emb + ".lora_embedding_B.default", None)
     if ea is not None and eb is not None:
         peft_grads["base_model.model.lm_head.lora_A.weight"] = peft_grads["base_model.model.lm_head.lora_A.weight"] + eb.T
         peft_grads["base_model.model.lm_head.lora_B.weight"] = peft_grads["base_model.model.lm_head.lora_B.weight"] + ea.T
@@ -261,7 +293,7 @@ def test_family_parity(family, tmp_path):
         sd = max(sd, max(abs(x - float(y)) for x, y in zip(s.logprobs, w)))
     stats["sample"] = sd
     assert sd < 1e-5, stats
-    print(f"PARITY {family}: " + " ".join(f"{k}={v:.2e}" for k, v in stats.items()))
+    print(f"PARITY {case}: " + " ".join(f"{k}={v:.2e}" for k, v in stats.items()))
 
 
 def test_unknown_family_is_refused(tmp_path):
@@ -291,3 +323,20 @@ def test_default_attention_is_the_familys(tmp_path):
     for family, want in (("gpt_oss", "eager"), ("qwen3", "sdpa")):
         bm = BaseModel("m", build(family, tmp_path / family), torch.device("cpu"), torch.float32, 8)
         assert bm.model.config._attn_implementation == want, family
+
+
+def test_vision_checkpoint_refusals(tmp_path):
+    """A multimodal Gemma 3 config with final_logit_softcapping (applied by Gemma3ForCausalLM,
+    not by Gemma3ForConditionalGeneration) is refused at load, naming the field."""
+    from transformers import AutoConfig
+
+    from loops_worker.engine import BaseModel
+
+    d = tmp_path / "g3"
+    d.mkdir()
+    text = {**COMMON, **CONFIGS["gemma3"][1]}
+    AutoConfig.for_model("gemma3", text_config=text, vision_config=VISION_OF["gemma3"]).save_pretrained(str(d))
+    with pytest.raises(ValueError) as e:
+        BaseModel("m", str(d), torch.device("cpu"), torch.float32, 8)
+    assert "gemma3 model refused" in str(e.value) and "final_logit_softcapping" in str(e.value)
+

@@ -20,6 +20,15 @@ from typing import Callable, Dict, List, Optional, Tuple
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 UNEMBED = "lm_head"
+# Where a vision-language model (…ForConditionalGeneration) keeps its language model's
+# decoder: the text model's "model." is this in the VL model's module (and PEFT key) names.
+VL_PREFIX = "model.language_model."
+# Checkpoint key → text model key, for loading a VL checkpoint's language model as the text
+# model: transformers 5 writes model.language_model.*, Gemma 3's published checkpoints hold
+# the older language_model.model.* / language_model.lm_head.*. Other keys (the vision tower,
+# the projector) are not read.
+VL_KEY_MAPPING = {r"^model\.language_model\.": "model.", r"^language_model\.model\.": "model.",
+                  r"^language_model\.lm_head\.": "lm_head."}
 
 
 @dataclass(frozen=True)
@@ -47,8 +56,13 @@ class Family:
     # is auto (the default): sdpa, unless the family's modeling code does not offer it
     attn_implementation: str = "sdpa"
     # check(config) -> None or the reason this config is refused (a variant the worker
-    # cannot compute exactly)
+    # cannot compute exactly); a VL checkpoint's check gets its outer config
     check: Optional[Callable[[object], Optional[str]]] = None
+    # model_types of vision-language checkpoints (config.json with a text_config and a
+    # vision_config) whose language model is this family: the worker loads the text model
+    # only (the vision tower is not read) and names adapter keys as PEFT does on the full
+    # VL model, where the language model lives under model.language_model (VL_PREFIX)
+    vision: Tuple[str, ...] = ()
 
     def targets(self) -> List[str]:
         """Every module/parameter leaf name the family adapts."""
@@ -73,7 +87,7 @@ def _load() -> Dict[str, Family]:
     out: Dict[str, Family] = {}
     for m in MODULES:
         fam: Family = importlib.import_module(f"{__name__}.{m}").FAMILY
-        for t in fam.model_types:
+        for t in fam.model_types + fam.vision:
             if t in out:
                 raise RuntimeError(f"model_type {t!r} is claimed by both {out[t].name} and {fam.name}")
             out[t] = fam
@@ -82,6 +96,7 @@ def _load() -> Dict[str, Family]:
 
 BY_MODEL_TYPE: Dict[str, Family] = _load()
 FAMILIES: List[Family] = list(dict.fromkeys(BY_MODEL_TYPE.values()))
+VISION_TYPES = frozenset(t for f in FAMILIES for t in f.vision)
 
 
 def supported() -> str:
@@ -91,6 +106,21 @@ def supported() -> str:
 def all_target_names() -> List[str]:
     """Every target leaf name of every family (what an adapter_config.json may list)."""
     return list(dict.fromkeys(n for f in FAMILIES for n in f.targets()))
+
+
+def is_vision(config) -> bool:
+    """Whether a config is a vision-language checkpoint's (a text_config inside it)."""
+    return (getattr(config, "model_type", "") or "") in VISION_TYPES
+
+
+def text_config(config):
+    """The language model's config of a vision-language config; the config itself otherwise."""
+    return config.get_text_config() if is_vision(config) else config
+
+
+def vl_name(name: str) -> str:
+    """The module name in the full VL model of a text model's module name (lm_head stays)."""
+    return VL_PREFIX + name[len("model."):] if name.startswith("model.") else name
 
 
 def for_config(config) -> Family:

@@ -3,13 +3,17 @@ DeltaNet linear attention (linear_attn: in_proj_qkv, in_proj_z, in_proj_a, in_pr
 causal conv1d, out_proj) and full attention (self_attn: q/k/v/o, with an output gate in
 q_proj). LoRA with train_attn: q/k/v/o of the full-attention layers and in_proj_qkv,
 in_proj_z and out_proj of the linear-attention layers; in_proj_a/in_proj_b (one output
-per value head: the decay and write gates) and conv1d stay frozen."""
+per value head: the decay and write gates) and conv1d stay frozen.
+
+The published checkpoints (Qwen/Qwen3.5-4B, the cookbook's default) are vision-language
+(model_type qwen3_5, Qwen3_5ForConditionalGeneration): the worker trains and samples their
+language model (model.language_model.*, lm_head) on text; image inputs are not served."""
 
 from . import ATTN, Family
 
 FAMILY = Family(
-    name="qwen3_5", model_types=("qwen3_5_text",), publisher="Qwen", renderer="qwen3_5",
+    name="qwen3_5", model_types=("qwen3_5_text",), publisher="Qwen", renderer="qwen3_5", vision=("qwen3_5",),
     attn=ATTN + ("in_proj_qkv", "in_proj_z", "out_proj"),
     notes="renderer qwen3_5 (qwen3_5_disable_thinking); the text model's config (model_type qwen3_5_text); "
-          "a vision-language checkpoint (model_type qwen3_5) is not served; linear attention's in_proj_a/"
+          "a vision-language checkpoint (qwen3_5) serves its language model on text, image inputs are refused; linear attention's in_proj_a/"
           "in_proj_b and conv1d are not adapted")

@@ -11,7 +11,7 @@ from . import MLP, Family
 from .qwen3_5 import FAMILY as DENSE
 
 FAMILY = Family(
-    name="qwen3_5_moe", model_types=("qwen3_5_moe_text",), publisher="Qwen", renderer="qwen3_5",
+    name="qwen3_5_moe", model_types=("qwen3_5_moe_text",), publisher="Qwen", renderer="qwen3_5", vision=("qwen3_5_moe",),
     attn=DENSE.attn, mlp=MLP, experts=("gate_up_proj", "down_proj"),
     notes="renderer qwen3_5; the text model's config (qwen3_5_moe_text); the vision-language checkpoint "
-          "(qwen3_5_moe) is not served; router and shared_expert_gate not adapted")
+          "(qwen3_5_moe) serves its language model on text, image inputs are refused; router and shared_expert_gate not adapted")

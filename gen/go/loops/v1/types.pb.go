@@ -1298,7 +1298,11 @@ type ModelInfo struct {
 	Renderer string `protobuf:"bytes,12,opt,name=renderer,proto3" json:"renderer,omitempty"`
 	// The LoRA targets of the model (module and fused-expert parameter names, e.g. "q_proj",
 	// "gate_up_proj", "lm_head"), as adapter_config.json lists them.
-	LoraTargets   []string `protobuf:"bytes,13,rep,name=lora_targets,json=loraTargets,proto3" json:"lora_targets,omitempty"`
+	LoraTargets []string `protobuf:"bytes,13,rep,name=lora_targets,json=loraTargets,proto3" json:"lora_targets,omitempty"`
+	// The input modalities the model is served for: "text", and "image" only when the backend
+	// runs the model's vision tower on image chunks. A vision-language checkpoint whose
+	// language model alone is served (e.g. Qwen3.5) says "text".
+	Modalities    []string `protobuf:"bytes,14,rep,name=modalities,proto3" json:"modalities,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1420,6 +1424,13 @@ func (x *ModelInfo) GetRenderer() string {
 func (x *ModelInfo) GetLoraTargets() []string {
 	if x != nil {
 		return x.LoraTargets
+	}
+	return nil
+}
+
+func (x *ModelInfo) GetModalities() []string {
+	if x != nil {
+		return x.Modalities
 	}
 	return nil
 }
@@ -1610,7 +1621,7 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x0fPromptAltTokens\x12\f\n" +
 	"\x01k\x18\x01 \x01(\x05R\x01k\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\x05R\btokenIds\x12\x1a\n" +
-	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xa5\x03\n" +
+	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xc5\x03\n" +
 	"\tModelInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x13max_sequence_length\x18\x02 \x01(\x05R\x11maxSequenceLength\x12\x1d\n" +
@@ -1627,7 +1638,10 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	" \x01(\tR\x06family\x12\x1c\n" +
 	"\tpublisher\x18\v \x01(\tR\tpublisher\x12\x1a\n" +
 	"\brenderer\x18\f \x01(\tR\brenderer\x12!\n" +
-	"\flora_targets\x18\r \x03(\tR\vloraTargets\"s\n" +
+	"\flora_targets\x18\r \x03(\tR\vloraTargets\x12\x1e\n" +
+	"\n" +
+	"modalities\x18\x0e \x03(\tR\n" +
+	"modalities\"s\n" +
 	"\n" +
 	"ClientInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
