@@ -218,6 +218,10 @@ func fencedWrites() map[string]func(context.Context, store.Store) error {
 			_, err := st.RevokeAPIKey(ctx, wsA, "key-1", far)
 			return err
 		},
+		"SetAPIKeyBudgets": func(ctx context.Context, st store.Store) error {
+			_, err := st.SetAPIKeyBudgets(ctx, wsA, "key-1", "9", "")
+			return err
+		},
 		"TouchAPIKey": func(ctx context.Context, st store.Store) error {
 			return st.TouchAPIKey(ctx, "key-1", far)
 		},
