@@ -13,6 +13,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/loops-dev/loops/gateway"
 	"github.com/loops-dev/loops/gateway/auth"
@@ -216,4 +217,108 @@ func TestBudgetAlerts(t *testing.T) {
 	ws := must(loopsv1connect.NewWorkspaceServiceClient(http.DefaultClient, url, withKey(keyA)).GetWorkspace(t.Context(), &loopsv1.GetWorkspaceRequest{}))
 	require.Empty(t, ws.GetBudgets())
 	require.Empty(t, auditEvents(t, url, keyA, "budget_alert"))
+}
+
+// TestKeyBudgetHoldsUnderConcurrentClients: 8 clients share one API key with a total budget
+// of 100 µ$ at 12 µ$ a forward_backward (the workspace has no budget). Admission reserves
+// each operation's estimate against the key's budget, so the key stops at 8 operations (96
+// µ$) and every client is refused with a final error that names the key's budget, its spend
+// and the command that raises it. Another key of the workspace is not affected; raising
+// the budget (UpdateKey, admin only) admits work again at once.
+func TestKeyBudgetHoldsUnderConcurrentClients(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "prices.yaml")
+	writeSheet(t, file, "models:\n  loops/tiny: {train: \"1.00\"}\n", time.Hour)
+	sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	url := "http://" + startServerWith(t, func(c *gateway.Config) {
+		c.Core.Prices = sheet
+		require.NoError(t, c.Keys.AddOperatorKeys([]string{operatorKey}))
+	})
+	keys := loopsv1connect.NewKeyServiceClient(http.DefaultClient, url, withKey(operatorKey))
+	create := func(req *loopsv1.CreateKeyRequest) *loopsv1.CreateKeyResponse {
+		req.Workspace = "team-k"
+		return must(keys.CreateKey(t.Context(), req))
+	}
+	_, err = keys.CreateKey(t.Context(), &loopsv1.CreateKeyRequest{Workspace: "team-k", BudgetUsdTotal: "-1"})
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "%v", err)
+	budgeted := create(&loopsv1.CreateKeyRequest{Name: "capped", BudgetUsdTotal: "0.0001"})
+	require.Equal(t, "0.0001", budgeted.GetKey().GetBudgetUsdTotal())
+	other := create(&loopsv1.CreateKeyRequest{Name: "free"})
+	kid := budgeted.GetKey().GetId()
+
+	const clients = 8
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		done    int
+		refusal []error
+	)
+	cls := make([]*costClient, clients)
+	for i := range cls {
+		cls[i] = newCostClient(t, url, budgeted.GetSecret())
+	}
+	for _, cl := range cls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				in, tgt, w := tokens(12)
+				op, err := cl.training.ForwardBackward(t.Context(), &loopsv1.ForwardBackwardRequest{TrainingRunId: cl.run, LossFn: "cross_entropy",
+					Data: []*loopsv1.Datum{{Tokens: in, LossFnInputs: map[string]*loopsv1.Tensor{
+						"target_tokens": {Dtype: loopsv1.Dtype_DTYPE_INT64, Int64Data: tgt},
+						"weights":       {Dtype: loopsv1.Dtype_DTYPE_FLOAT32, Float32Data: w},
+					}}}})
+				if err != nil {
+					mu.Lock()
+					refusal = append(refusal, err)
+					mu.Unlock()
+					return
+				}
+				cl.wait(op)
+				mu.Lock()
+				done++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, 8, done, "96 µ$ of 100: a ninth operation would pass the key's budget")
+	require.Len(t, refusal, clients)
+	for _, err := range refusal {
+		require.Equal(t, connect.CodeResourceExhausted, connect.CodeOf(err), "%v", err)
+		require.Equal(t, errs.ReasonBudgetExceeded, errs.Reason(err), "%v", err)
+		require.True(t, errs.IsFinal(err), "%v", err)
+		require.Regexp(t, `API key `+kid+` has spent 0\.0000\d+ USD in all \(and has 0(\.0000\d+)? USD of work running\)`, err.Error())
+		require.Contains(t, err.Error(), "budget of 0.0001 USD (budget_usd_total of the key)")
+		require.Contains(t, err.Error(), "loops keys update "+kid+" --budget-usd-total USD")
+	}
+	spent := must(money.ParseUSD(cls[0].costs()[loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS][2], money.Digits))
+	require.Equal(t, "0.000096", spent.String(), "the workspace's spend, all of it the key's: never past its budget")
+
+	// Another key of the workspace is not affected.
+	require.NotNil(t, newCostClient(t, url, other.GetSecret()).train(12).GetCost())
+
+	// Only an admin raises it; the new budget holds at once.
+	_, err = loopsv1connect.NewKeyServiceClient(http.DefaultClient, url, withKey(other.GetSecret())).
+		UpdateKey(t.Context(), &loopsv1.UpdateKeyRequest{Id: kid, BudgetUsdTotal: proto.String("1")})
+	require.Equal(t, connect.CodePermissionDenied, connect.CodeOf(err), "%v", err)
+	_, err = keys.UpdateKey(t.Context(), &loopsv1.UpdateKeyRequest{Id: kid})
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "%v", err)
+	_, err = keys.UpdateKey(t.Context(), &loopsv1.UpdateKeyRequest{Id: kid, BudgetUsdMonth: proto.String("1.0000001")})
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "%v", err)
+	rec := must(keys.UpdateKey(t.Context(), &loopsv1.UpdateKeyRequest{Id: kid, BudgetUsdTotal: proto.String("0.000110"), BudgetUsdMonth: proto.String("5")}))
+	require.Equal(t, "0.00011", rec.GetBudgetUsdTotal())
+	require.Equal(t, "5", rec.GetBudgetUsdMonth())
+	cls[0].train(12) // 108 µ$ of 110
+	in, tgt, w := tokens(12)
+	_, err = cls[0].training.ForwardBackward(t.Context(), &loopsv1.ForwardBackwardRequest{TrainingRunId: cls[0].run, LossFn: "cross_entropy",
+		Data: []*loopsv1.Datum{{Tokens: in, LossFnInputs: map[string]*loopsv1.Tensor{
+			"target_tokens": {Dtype: loopsv1.Dtype_DTYPE_INT64, Int64Data: tgt},
+			"weights":       {Dtype: loopsv1.Dtype_DTYPE_FLOAT32, Float32Data: w},
+		}}}})
+	require.ErrorContains(t, err, "has spent 0.000108 USD in all")
+	rec = must(keys.UpdateKey(t.Context(), &loopsv1.UpdateKeyRequest{Id: kid, BudgetUsdTotal: proto.String("0")}))
+	require.Empty(t, rec.GetBudgetUsdTotal(), "0 removes the budget")
+	require.Equal(t, "5", rec.GetBudgetUsdMonth(), "an unset budget stays")
+	cls[0].train(12)
 }

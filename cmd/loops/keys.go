@@ -19,7 +19,7 @@ func keysCmd() *cobra.Command {
 	var of operatorFlags
 	cmd := &cobra.Command{
 		Use:   "keys",
-		Short: "Create, list and revoke API keys (operators: any workspace; workspace admin keys: their own)",
+		Short: "Create, list, update and revoke API keys (operators: any workspace; workspace admin keys: their own)",
 		Long: "API keys kept as records in the server's database, beside the keys given to loops serve by\n" +
 			"flag or key file (docs/security.md). An operator key (--operator-key) manages the keys of every\n" +
 			"workspace; a workspace admin key (--api-key, made with --role admin) those of its own workspace.\n" +
@@ -34,7 +34,7 @@ func keysCmd() *cobra.Command {
 		return loopsv1connect.NewKeyServiceClient(http.DefaultClient, cf.url, cf.options()...)
 	}
 
-	var workspace, role, name string
+	var workspace, role, name, month, total string
 	create := &cobra.Command{
 		Use:   "create",
 		Short: "Create a key and print it once",
@@ -44,7 +44,8 @@ func keysCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := client().CreateKey(cmd.Context(), &loopsv1.CreateKeyRequest{Workspace: workspace, Role: r, Name: name})
+			resp, err := client().CreateKey(cmd.Context(), &loopsv1.CreateKeyRequest{Workspace: workspace, Role: r, Name: name,
+				BudgetUsdMonth: month, BudgetUsdTotal: total})
 			if err != nil {
 				return err
 			}
@@ -60,6 +61,8 @@ func keysCmd() *cobra.Command {
 	create.Flags().StringVar(&workspace, "workspace", "", "the key's workspace (operators must name it; an admin key's own by default)")
 	create.Flags().StringVar(&role, "role", "member", "member or admin (an admin key may also manage its workspace's keys)")
 	create.Flags().StringVar(&name, "name", "", "a label for people (at most 128 characters)")
+	create.Flags().StringVar(&month, "budget-usd-month", "", "what the key's work may cost in a UTC month, in USD (\"25.50\"); none by default")
+	create.Flags().StringVar(&total, "budget-usd-total", "", "what the key's work may cost in all, in USD; none by default")
 
 	var listWorkspace string
 	var limit int32
@@ -77,10 +80,10 @@ func keysCmd() *cobra.Command {
 				return printJSON(cmd.OutOrStdout(), resp)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tWORKSPACE\tROLE\tNAME\tCREATED\tLAST USED\tREVOKED")
+			fmt.Fprintln(tw, "ID\tWORKSPACE\tROLE\tNAME\tCREATED\tLAST USED\tREVOKED\tBUDGET/MONTH\tBUDGET TOTAL")
 			for _, k := range resp.GetKeys() {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.GetId(), k.GetWorkspace(), roleName(k.GetRole()), k.GetName(),
-					when(k.GetCreateTime()), when(k.GetLastUsedTime()), when(k.GetRevokeTime()))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.GetId(), k.GetWorkspace(), roleName(k.GetRole()), k.GetName(),
+					when(k.GetCreateTime()), when(k.GetLastUsedTime()), when(k.GetRevokeTime()), usd(k.GetBudgetUsdMonth()), usd(k.GetBudgetUsdTotal()))
 			}
 			return tw.Flush()
 		},
@@ -88,6 +91,53 @@ func keysCmd() *cobra.Command {
 	list.Flags().StringVar(&listWorkspace, "workspace", "", "only this workspace's keys (operators: every workspace's by default)")
 	list.Flags().Int32Var(&limit, "limit", 0, "at most this many (default 100, at most 1000)")
 	list.Flags().BoolVar(&liveOnly, "live", false, "leave revoked keys out")
+
+	var upMonth, upTotal string
+	update := &cobra.Command{
+		Use:   "update KEY_ID",
+		Short: "Change a stored key's budgets (0 removes one; a flag left out keeps it)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req := &loopsv1.UpdateKeyRequest{Id: args[0]}
+			if cmd.Flags().Changed("budget-usd-month") {
+				req.BudgetUsdMonth = &upMonth
+			}
+			if cmd.Flags().Changed("budget-usd-total") {
+				req.BudgetUsdTotal = &upTotal
+			}
+			k, err := client().UpdateKey(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if of.json {
+				return printJSON(cmd.OutOrStdout(), k)
+			}
+			return showKey(cmd, k)
+		},
+	}
+	update.Flags().StringVar(&upMonth, "budget-usd-month", "", "what the key's work may cost in a UTC month, in USD (0: no budget)")
+	update.Flags().StringVar(&upTotal, "budget-usd-total", "", "what the key's work may cost in all, in USD (0: no budget)")
+
+	show := &cobra.Command{
+		Use:   "show KEY_ID",
+		Short: "Show a stored key of the workspace: its role, times and budgets",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			resp, err := client().ListKeys(cmd.Context(), &loopsv1.ListKeysRequest{Limit: 1000})
+			if err != nil {
+				return err
+			}
+			for _, k := range resp.GetKeys() {
+				if k.GetId() == args[0] {
+					if of.json {
+						return printJSON(cmd.OutOrStdout(), k)
+					}
+					return showKey(cmd, k)
+				}
+			}
+			return fmt.Errorf("API key %s not found (loops keys list shows the keys you may manage)", args[0])
+		},
+	}
 
 	revoke := &cobra.Command{
 		Use:   "revoke KEY_ID",
@@ -123,8 +173,24 @@ func keysCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(create, list, revoke, whoami)
+	cmd.AddCommand(create, list, show, update, revoke, whoami)
 	return cmd
+}
+
+// showKey prints a key record, one field a line.
+func showKey(cmd *cobra.Command, k *loopsv1.ApiKey) error {
+	_, err := fmt.Fprintf(cmd.OutOrStdout(), "id:           %s\nworkspace:    %s\nrole:         %s\nname:         %s\ncreated:      %s\nlast used:    %s\nrevoked:      %s\nbudget/month: %s\nbudget total: %s\n",
+		k.GetId(), k.GetWorkspace(), roleName(k.GetRole()), k.GetName(), when(k.GetCreateTime()), when(k.GetLastUsedTime()),
+		when(k.GetRevokeTime()), usd(k.GetBudgetUsdMonth()), usd(k.GetBudgetUsdTotal()))
+	return err
+}
+
+// usd shows a budget: "-" for none.
+func usd(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s + " USD"
 }
 
 func parseRole(s string) (loopsv1.KeyRole, error) {

@@ -68,4 +68,28 @@ func TestKeysCommands(t *testing.T) {
 	require.NoError(t, protojson.Unmarshal([]byte(out), &live))
 	require.Len(t, live.GetKeys(), 1)
 	require.Equal(t, "lead", live.GetKeys()[0].GetName())
+
+	// Budgets: set at creation, shown, changed by an admin (0 removes one, a flag left out
+	// keeps it), refused from a member.
+	_, err = keys(admin, "create", "--name", "capped", "--budget-usd-month", "1.1234567")
+	require.ErrorContains(t, err, "budget_usd_month")
+	out, err = keys(admin, "create", "--name", "capped", "--budget-usd-month", "25.50", "--budget-usd-total", "100")
+	require.NoError(t, err, out)
+	capped := secretOf(out)
+	out, err = keys(capped, "whoami", "--json")
+	require.NoError(t, err, out)
+	require.NoError(t, protojson.Unmarshal([]byte(out), &who))
+	out, err = keys(admin, "list")
+	require.NoError(t, err, out)
+	require.Contains(t, out, "BUDGET/MONTH")
+	require.Contains(t, out, "25.5 USD")
+	out, err = keys(admin, "update", who.GetKeyId(), "--budget-usd-total", "0")
+	require.NoError(t, err, out)
+	require.Contains(t, out, "budget/month: 25.5 USD")
+	require.Contains(t, out, "budget total: -")
+	out, err = keys(admin, "show", who.GetKeyId())
+	require.NoError(t, err, out)
+	require.Contains(t, out, "budget/month: 25.5 USD")
+	_, err = keys(capped, "update", who.GetKeyId(), "--budget-usd-month", "1000")
+	require.ErrorContains(t, err, "admin key")
 }

@@ -128,6 +128,7 @@ var Rules = []Rule{
 	v1("KeyService", "CreateKey", "key_create"),
 	v1read("KeyService", "ListKeys"),
 	v1("KeyService", "RevokeKey", "key_revoke"),
+	v1("KeyService", "UpdateKey", "key_update"),
 	v1read("KeyService", "WhoAmI"),
 	v1read("OperationService", "GetOperation"),
 	v1read("OperationService", "WaitOperation"),

@@ -261,6 +261,24 @@ func (d *Directory) Revoke(ctx context.Context, workspace, id string) (*loopsv1.
 	return rec, nil
 }
 
+// Get returns a key record (of the workspace, or of any for ""), revoked or not, from the
+// store.
+func (d *Directory) Get(ctx context.Context, workspace, id string) (*loopsv1.ApiKey, error) {
+	return d.st.GetAPIKey(ctx, workspace, id)
+}
+
+// SetBudgets sets a key's budgets (of the workspace, or of any for "") and returns its
+// record; this gateway checks new work against them at once, another within the
+// directory's TTL.
+func (d *Directory) SetBudgets(ctx context.Context, workspace, id, month, total string) (*loopsv1.ApiKey, error) {
+	rec, err := d.st.SetAPIKeyBudgets(ctx, workspace, id, month, total)
+	if err != nil {
+		return nil, err
+	}
+	d.forget(id)
+	return rec, nil
+}
+
 // List lists the workspace's key records (every workspace's for ""), newest first.
 func (d *Directory) List(ctx context.Context, workspace string, limit int) ([]*loopsv1.ApiKey, error) {
 	return d.st.ListAPIKeys(ctx, workspace, limit)

@@ -3,11 +3,13 @@ package core
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/internal/errs"
 	"github.com/loops-dev/loops/internal/money"
@@ -22,12 +24,18 @@ import (
 // tokens are known; a sample's generated tokens are at most num_samples × max_tokens), so
 // a workspace never spends past its budget by more than the usage no operation admits
 // (dedicated pool time).
+//
+// An API key's budgets (its record's budget_usd_month and budget_usd_total, set by
+// KeyService) are checked the same way against the key's own usage: the book keeps a
+// spend per (workspace, key) for keys with a budget, and admission reserves the estimate
+// against the workspace's budgets and the key's, refusing when either would be passed.
 
 // budgetBook keeps each budgeted workspace's spend: loaded from the store the first time
 // the workspace asks for work (budgetReady), then kept in memory.
 type budgetBook struct {
 	mu sync.Mutex
-	ws map[string]*wsSpend
+	// ws is the spend of each budgeted workspace (key "") and of each budgeted API key.
+	ws map[spendID]*wsSpend
 	// alerts wait for writeAlerts (budgetalert.go), which kick wakes; dropped counts those
 	// dropped past maxPendingAlerts.
 	alerts  []budgetAlert
@@ -35,6 +43,10 @@ type budgetBook struct {
 	kick    chan struct{}
 }
 
+// spendID names a spend in the book: a workspace's (key "") or one of its API keys'.
+type spendID struct{ ws, key string }
+
+// wsSpend is a workspace's or an API key's spend.
 type wsSpend struct {
 	loaded bool
 	// month is the UTC month monthSpent is for.
@@ -46,7 +58,7 @@ type wsSpend struct {
 }
 
 func newBudgetBook() *budgetBook {
-	return &budgetBook{ws: map[string]*wsSpend{}, kick: make(chan struct{}, 1)}
+	return &budgetBook{ws: map[spendID]*wsSpend{}, kick: make(chan struct{}, 1)}
 }
 
 func monthOf(t time.Time) time.Time {
@@ -61,19 +73,34 @@ func (e *wsSpend) rollLocked(now time.Time) {
 	}
 }
 
-// spend adds a metered cost to a loaded workspace's spend and takes settled (the part of
-// the cost its operation had reserved) off its reservations, at once, so the cost is never
-// counted twice. The caller holds the usage meter's mu, so loading (budgetReady) sees every
-// cost either in the pending counters or here, never both.
+// spend adds a metered cost to a loaded workspace's spend, and to its API key's (key, ""
+// for none) when the key's is loaded, and takes settled (the part of the cost its
+// operation had reserved) off their reservations (the key's only when keySettled: the
+// operation reserved against the key's budgets), at once, so the cost is never counted
+// twice. The caller holds the usage meter's mu, so loading (budgetReady) sees every cost
+// either in the pending counters or here, never both.
 //
-// It records the alerts the spend crosses, under l's budgets.
-func (b *budgetBook) spend(ws string, l policy.Limits, cost, settled money.USD, now time.Time) {
+// It records the alerts the workspace's spend crosses, under l's budgets.
+func (b *budgetBook) spend(ws, key string, keySettled bool, l policy.Limits, cost, settled money.USD, now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	e := b.ws[ws]
-	if e == nil || !e.loaded {
+	if e := b.ws[spendID{ws: ws}]; e != nil && e.loaded {
+		e.add(cost, settled, now)
+		b.alertLocked(ws, e, l.BudgetMonth, l.BudgetTotal, "", now)
+	}
+	if key == "" {
 		return
 	}
+	if e := b.ws[spendID{ws, key}]; e != nil && e.loaded {
+		if !keySettled {
+			settled = 0
+		}
+		e.add(cost, settled, now)
+	}
+}
+
+// add adds cost to e's spend and takes settled off its reservations.
+func (e *wsSpend) add(cost, settled money.USD, now time.Time) {
 	e.reserved = max(e.reserved-settled, 0)
 	e.rollLocked(now)
 	if s, err := money.Add(e.monthSpent, cost); err == nil {
@@ -82,7 +109,6 @@ func (b *budgetBook) spend(ws string, l policy.Limits, cost, settled money.USD, 
 	if s, err := money.Add(e.totalSpent, cost); err == nil {
 		e.totalSpent = s
 	}
-	b.alertLocked(ws, e, l.BudgetMonth, l.BudgetTotal, "", now)
 }
 
 // budgeted reports whether new work of ws is checked against budgets: a price sheet is in
@@ -95,16 +121,64 @@ func (c *Core) budgeted(ws string) (policy.Limits, bool) {
 	return l, l.BudgetMonth > 0 || l.BudgetTotal > 0
 }
 
-// budgetReady loads a budgeted workspace's spend from the store the first time it is
-// needed: the costs of its usage this month and in all, the counters not yet written
-// included. It does I/O: call it before any lock is taken.
-func (c *Core) budgetReady(ctx context.Context, ws string) error {
-	if _, ok := c.budgeted(ws); !ok {
-		return nil
+// keyBudget is an API key's own budgets.
+type keyBudget struct {
+	id           string
+	month, total money.USD
+}
+
+// keyBudgetOf is the budgets of the stored API key that ctx's request came with, and
+// whether it has one and a price sheet is in force. KeyService checked them when it set
+// them.
+func (c *Core) keyBudgetOf(ctx context.Context) (keyBudget, bool) {
+	who, ok := auth.IdentityOf(ctx)
+	if !ok || who.Record == nil || c.opts.Prices.Current() == nil {
+		return keyBudget{}, false
 	}
+	kb := keyBudget{id: who.KeyID}
+	if s := who.Record.GetBudgetUsdMonth(); s != "" {
+		kb.month, _ = policy.ParseBudget(s)
+	}
+	if s := who.Record.GetBudgetUsdTotal(); s != "" {
+		kb.total, _ = policy.ParseBudget(s)
+	}
+	return kb, kb.month > 0 || kb.total > 0
+}
+
+// anyBudget reports whether the work of ctx in ws is checked against a budget: the
+// workspace's or its API key's.
+func (c *Core) anyBudget(ctx context.Context, ws string) bool {
+	if _, ok := c.budgeted(ws); ok {
+		return true
+	}
+	_, ok := c.keyBudgetOf(ctx)
+	return ok
+}
+
+// budgetReady loads the spends that the work of ctx in ws is checked against from the
+// store the first time each is needed: the budgeted workspace's and the budgeted API
+// key's. It does I/O: call it before any lock is taken.
+func (c *Core) budgetReady(ctx context.Context, ws string) error {
+	if _, ok := c.budgeted(ws); ok {
+		if err := c.loadSpend(ctx, spendID{ws: ws}); err != nil {
+			return internal("reading the workspace's spend for its budget", err)
+		}
+	}
+	if kb, ok := c.keyBudgetOf(ctx); ok {
+		if err := c.loadSpend(ctx, spendID{ws, kb.id}); err != nil {
+			return internal("reading the API key's spend for its budget", err)
+		}
+	}
+	return nil
+}
+
+// loadSpend loads a spend (a workspace's, or an API key's) unless it is loaded: the costs
+// of its usage this month and in all, the counters not yet written included.
+func (c *Core) loadSpend(ctx context.Context, id spendID) error {
+	ws := id.ws
 	b := c.budgets
 	b.mu.Lock()
-	loaded := b.ws[ws] != nil && b.ws[ws].loaded
+	loaded := b.ws[id] != nil && b.ws[id].loaded
 	b.mu.Unlock()
 	if loaded {
 		return nil
@@ -118,7 +192,7 @@ func (c *Core) budgetReady(ctx context.Context, ws string) error {
 	month := monthOf(now)
 	u.mu.Lock()
 	b.mu.Lock()
-	if e := b.ws[ws]; e != nil && e.loaded {
+	if e := b.ws[id]; e != nil && e.loaded {
 		b.mu.Unlock()
 		u.mu.Unlock()
 		return nil
@@ -126,22 +200,28 @@ func (c *Core) budgetReady(ctx context.Context, ws string) error {
 	e := &wsSpend{loaded: true, month: month}
 	var err error
 	for k, a := range u.pending {
-		if k.ws != ws || err != nil {
+		if k.ws != ws || (id.key != "" && k.key != id.key) || err != nil {
 			continue
 		}
 		if e.totalSpent, err = money.Add(e.totalSpent, a.cost); err == nil && !k.bucket.Before(month) {
 			e.monthSpent, err = money.Add(e.monthSpent, a.cost)
 		}
 	}
-	b.ws[ws] = e
+	b.ws[id] = e
 	b.mu.Unlock()
 	u.mu.Unlock()
+	cost := func(from time.Time) (int64, error) {
+		if id.key != "" {
+			return c.store.KeyUsageCost(ctx, ws, id.key, from, now.Add(usageBucket))
+		}
+		return c.store.UsageCost(ctx, ws, from, now.Add(usageBucket))
+	}
 	var month0, total0 int64
 	if err == nil {
-		total0, err = c.store.UsageCost(ctx, ws, time.Unix(0, 0), now.Add(usageBucket))
+		total0, err = cost(time.Unix(0, 0))
 	}
 	if err == nil {
-		month0, err = c.store.UsageCost(ctx, ws, month, now.Add(usageBucket))
+		month0, err = cost(month)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -150,39 +230,81 @@ func (c *Core) budgetReady(ctx context.Context, ws string) error {
 			e.monthSpent, err = money.Add(e.monthSpent, money.USD(month0))
 		}
 	}
-	if err == nil { // thresholds passed before: alerted then, not again (budgetalert.go)
+	if err == nil && id.key == "" { // thresholds passed before: alerted then, not again (budgetalert.go)
 		l := c.policy.Limits(ws)
 		e.alerted = [2]uint8{reached(e.monthSpent, l.BudgetMonth), reached(e.totalSpent, l.BudgetTotal)}
 	}
 	if err != nil {
-		delete(b.ws, ws) // loaded again next time
-		return internal("reading the workspace's spend for its budget", err)
+		delete(b.ws, id) // loaded again next time
+		return err
 	}
 	return nil
 }
 
-// reserveBudget admits work of ws with an estimated cost against its budgets, holding the
-// estimate until release: ResourceExhausted, marked final (the SDK does not retry it), when
-// spent + reserved + estimate would pass a budget.
-func (c *Core) reserveBudget(ws string, estimate money.USD) error {
-	l, ok := c.budgeted(ws)
-	if !ok {
-		return nil
+// reserveBudget admits the work of ctx in ws with an estimated cost against the
+// workspace's budgets and its API key's, holding the estimate against each until release:
+// ResourceExhausted, marked final (the SDK does not retry it), when spent + reserved +
+// estimate would pass a budget. It returns the key the estimate is held against ("" for
+// none), for release.
+func (c *Core) reserveBudget(ctx context.Context, ws string, estimate money.USD) (string, error) {
+	l, wsOK := c.budgeted(ws)
+	kb, keyOK := c.keyBudgetOf(ctx)
+	if !wsOK && !keyOK {
+		return "", nil
 	}
 	b := c.budgets
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	e := b.ws[ws]
-	if e == nil || !e.loaded {
-		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("workspace %q's spend is not loaded yet: retry", ws))
+	now := c.now()
+	var we, ke *wsSpend
+	if wsOK {
+		if we = b.ws[spendID{ws: ws}]; we == nil || !we.loaded {
+			return "", connect.NewError(connect.CodeUnavailable, fmt.Errorf("workspace %q's spend is not loaded yet: retry", ws))
+		}
+		we.rollLocked(now)
+		if name, bud, ok := we.passes(l.BudgetMonth, l.BudgetTotal, estimate); !ok {
+			b.alertLocked(ws, we, l.BudgetMonth, l.BudgetTotal, name, now) // the cap is reached
+			return "", errs.Final(errs.New(connect.CodeResourceExhausted, errs.ReasonBudgetExceeded, fmt.Errorf(
+				"workspace %q has spent %s USD %s (and has %s USD of work running) of its budget of %s USD (%s in its policy); this work's estimated cost, %s USD, would pass it: ask an operator to raise %s in the workspace policy (loops serve --workspace-policy)",
+				ws, bud.spent, bud.when, we.reserved, bud.limit, name, estimate, name)))
+		}
 	}
-	e.rollLocked(c.now())
+	if keyOK {
+		if ke = b.ws[spendID{ws, kb.id}]; ke == nil || !ke.loaded {
+			return "", connect.NewError(connect.CodeUnavailable, fmt.Errorf("API key %s's spend is not loaded yet: retry", kb.id))
+		}
+		ke.rollLocked(now)
+		if name, bud, ok := ke.passes(kb.month, kb.total, estimate); !ok {
+			return "", errs.Final(errs.New(connect.CodeResourceExhausted, errs.ReasonBudgetExceeded, fmt.Errorf(
+				"API key %s has spent %s USD %s (and has %s USD of work running) of its budget of %s USD (%s of the key); this work's estimated cost, %s USD, would pass it: ask a workspace admin to raise it (loops keys update %s --%s USD)",
+				kb.id, bud.spent, bud.when, ke.reserved, bud.limit, name, estimate, kb.id, strings.ReplaceAll(name, "_", "-"))))
+		}
+	}
+	if we != nil {
+		we.reserved += estimate // within the budget, so no overflow
+	}
+	if ke == nil {
+		return "", nil
+	}
+	ke.reserved += estimate
+	return kb.id, nil
+}
+
+// spentOf is one budget of a spend: its limit, what was spent and when.
+type spentOf struct {
+	when         string
+	limit, spent money.USD
+}
+
+// passes checks e's spend, its reservations and estimate against a monthly and a total
+// budget (0: none): ok, or the name of the budget it would pass.
+func (e *wsSpend) passes(month, total, estimate money.USD) (string, spentOf, bool) {
 	for _, bud := range []struct {
-		name, when   string
-		limit, spent money.USD
+		name string
+		spentOf
 	}{
-		{budgetMonth, "this month (UTC)", l.BudgetMonth, e.monthSpent},
-		{budgetTotal, "in all", l.BudgetTotal, e.totalSpent},
+		{budgetMonth, spentOf{"this month (UTC)", month, e.monthSpent}},
+		{budgetTotal, spentOf{"in all", total, e.totalSpent}},
 	} {
 		if bud.limit <= 0 {
 			continue
@@ -192,25 +314,27 @@ func (c *Core) reserveBudget(ws string, estimate money.USD) error {
 			after, err = money.Add(after, estimate)
 		}
 		if err != nil || after > bud.limit {
-			b.alertLocked(ws, e, l.BudgetMonth, l.BudgetTotal, bud.name, c.now()) // the cap is reached
-			return errs.Final(errs.New(connect.CodeResourceExhausted, errs.ReasonBudgetExceeded, fmt.Errorf(
-				"workspace %q has spent %s USD %s (and has %s USD of work running) of its budget of %s USD (%s in its policy); this work's estimated cost, %s USD, would pass it: ask an operator to raise %s in the workspace policy (loops serve --workspace-policy)",
-				ws, bud.spent, bud.when, e.reserved, bud.limit, bud.name, estimate, bud.name)))
+			return bud.name, bud.spentOf, false
 		}
 	}
-	e.reserved += estimate // within the budget, so no overflow
-	return nil
+	return "", spentOf{}, true
 }
 
-// releaseBudget gives back a reservation.
-func (c *Core) releaseBudget(ws string, estimate money.USD) {
+// releaseBudget gives back a reservation held against ws's budgets and its API key's
+// (key, "" for none).
+func (c *Core) releaseBudget(ws, key string, estimate money.USD) {
 	if estimate == 0 {
 		return
 	}
 	b := c.budgets
 	b.mu.Lock()
-	if e := b.ws[ws]; e != nil {
+	if e := b.ws[spendID{ws: ws}]; e != nil {
 		e.reserved = max(e.reserved-estimate, 0)
+	}
+	if key != "" {
+		if e := b.ws[spendID{ws, key}]; e != nil {
+			e.reserved = max(e.reserved-estimate, 0)
+		}
 	}
 	b.mu.Unlock()
 }

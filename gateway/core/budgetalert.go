@@ -128,7 +128,7 @@ func (c *Core) budgetStatus(ctx context.Context, ws string) ([]*loopsv1.Workspac
 	b := c.budgets
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	e := b.ws[ws]
+	e := b.ws[spendID{ws: ws}]
 	if e == nil {
 		return nil, nil
 	}

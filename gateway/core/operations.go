@@ -56,8 +56,10 @@ type operation struct {
 	cost  opCost
 	keyID string
 	// reserved is the estimated cost held against the workspace's budgets until it
-	// finishes (budget.go).
-	reserved money.USD
+	// finishes (budget.go); budgetKey is the API key it is also held against ("" for
+	// none), set before it is shared.
+	reserved  money.USD
+	budgetKey string
 }
 
 func (o *operation) snapshot() *loopsv1.Operation {
@@ -123,22 +125,24 @@ func (ops *operations) create(ctx context.Context, ws string, kind loopsv1.Opera
 	if err := ops.core.policy.StartOp(ws, op.Id, kind); err != nil { // the workspace's max_queued_operations
 		return nil, err
 	}
-	estimate, priced := estimateOf(ctx) // the workspace's budgets (budget.go)
+	estimate, priced := estimateOf(ctx) // the workspace's and the API key's budgets (budget.go)
+	var budgetKey string
 	if priced {
-		if err := ops.core.reserveBudget(ws, estimate); err != nil {
+		var err error
+		if budgetKey, err = ops.core.reserveBudget(ctx, ws, estimate); err != nil {
 			ops.core.policy.EndOp(op.Id)
 			return nil, err
 		}
 	}
 	if err := ops.persist.Create(ws, op); err != nil {
-		ops.core.releaseBudget(ws, estimate)
+		ops.core.releaseBudget(ws, budgetKey, estimate)
 		ops.core.policy.EndOp(op.Id)
 		if errors.Is(err, writebehind.ErrStopped) {
 			err = errShuttingDown()
 		}
 		return nil, err
 	}
-	o := &operation{id: op.Id, workspace: ws, op: op, done: make(chan struct{}), keyID: auth.CallerOf(ctx).KeyID, reserved: estimate}
+	o := &operation{id: op.Id, workspace: ws, op: op, done: make(chan struct{}), keyID: auth.CallerOf(ctx).KeyID, reserved: estimate, budgetKey: budgetKey}
 	ops.core.startOpSpan(ctx, o)
 	ops.mu.Lock()
 	ops.byID[op.Id] = o
@@ -202,7 +206,7 @@ func (ops *operations) finish(o *operation, set func(*loopsv1.Operation), err er
 	next.Timeline = o.timelineLocked()
 	next.Cost = o.costProtoLocked()
 	o.mu.Unlock()
-	ops.core.releaseBudget(o.workspace, reserved) // its exact cost is metered by now
+	ops.core.releaseBudget(o.workspace, o.budgetKey, reserved) // its exact cost is metered by now
 	now := ops.core.now()
 	next.DoneTime = timestamppb.New(now)
 	if cancelled {

@@ -521,7 +521,7 @@ func (s SamplingService) sample(ctx context.Context, req *loopsv1.SampleRequest,
 	if err := c.policy.CheckSample(ws, model.GetName(), req, params); err != nil {
 		return nil, err
 	}
-	if _, ok := c.budgeted(ws); ok {
+	if c.anyBudget(ctx, ws) {
 		// At most every prompt token and num_samples × max_tokens generated ones (budget.go).
 		if err := c.budgetReady(ctx, ws); err != nil {
 			return nil, err

@@ -598,7 +598,7 @@ func (c *Core) fbEstimate(ctx context.Context, req *loopsv1.ForwardBackwardReque
 	if err != nil {
 		return nil, err
 	}
-	if _, ok := c.budgeted(ws); !ok {
+	if !c.anyBudget(ctx, ws) {
 		return ctx, nil
 	}
 	r, err := c.runOf(ws, req.GetTrainingRunId())

@@ -93,7 +93,7 @@ func (c *Core) recordOpUsage(o *operation, ws, model, session, deployment, kind 
 	c.usage.mu.Lock()
 	c.usage.pending[k] = c.usage.pending[k].add(u)
 	if u.priced > 0 {
-		c.budgets.spend(ws, lim, u.cost, settled, c.now()) // under mu: see budgetReady
+		c.budgets.spend(ws, key, o != nil && o.budgetKey != "", lim, u.cost, settled, c.now()) // under mu: see budgetReady
 	}
 	c.usage.mu.Unlock()
 }

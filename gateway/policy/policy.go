@@ -207,8 +207,12 @@ func resolve(base Limits, s Section) Limits {
 }
 
 // budget parses a budget in US dollars: at least 0, at most 6 decimal places.
-func budget(n json.Number) (money.USD, error) {
-	v, err := money.ParseUSD(n.String(), 6)
+func budget(n json.Number) (money.USD, error) { return ParseBudget(n.String()) }
+
+// ParseBudget parses a budget in US dollars ("250.00"): at least 0, at most 6 decimal
+// places; a workspace policy's and an API key's budgets are both read with it.
+func ParseBudget(s string) (money.USD, error) {
+	v, err := money.ParseUSD(s, 6)
 	if err == nil && v < 0 {
 		err = errors.New("a budget may not be negative")
 	}

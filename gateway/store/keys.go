@@ -27,6 +27,10 @@ type KeyStore interface {
 	// RevokeAPIKey sets a key's revoke time to at unless it is revoked already, and returns
 	// its record; workspace scopes the id as GetAPIKey's does.
 	RevokeAPIKey(ctx context.Context, workspace, id string, at time.Time) (*loopsv1.ApiKey, error)
+	// SetAPIKeyBudgets sets a key's budgets (ApiKey.budget_usd_month and budget_usd_total,
+	// "" for none), revoked or not, and returns its record; workspace scopes the id as
+	// GetAPIKey's does.
+	SetAPIKeyBudgets(ctx context.Context, workspace, id, month, total string) (*loopsv1.ApiKey, error)
 	// TouchAPIKey moves a key's last-used time forward to at (never back).
 	TouchAPIKey(ctx context.Context, id string, at time.Time) error
 

@@ -222,6 +222,8 @@ type UsageStore interface {
 	// UsageCost sums the Cost of the workspace's usage rows with from <= BucketStart < to,
 	// in pico-dollars (an error when the sum overflows an int64).
 	UsageCost(ctx context.Context, workspace string, from, to time.Time) (int64, error)
+	// KeyUsageCost is UsageCost of the rows of one API key (UsageRecord.KeyID) only.
+	KeyUsageCost(ctx context.Context, workspace, keyID string, from, to time.Time) (int64, error)
 }
 
 // Pinger is implemented by stores that can check that their database answers, for the

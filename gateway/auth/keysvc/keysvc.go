@@ -13,6 +13,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
@@ -96,7 +97,18 @@ func (s *Service) CreateKey(ctx context.Context, m *loopsv1.CreateKeyRequest) (*
 	if err != nil {
 		return nil, err
 	}
+	month, err := keyBudget("budget_usd_month", m.GetBudgetUsdMonth())
+	if err != nil {
+		return nil, err
+	}
+	total, err := keyBudget("budget_usd_total", m.GetBudgetUsdTotal())
+	if err != nil {
+		return nil, err
+	}
 	rec, secret, err := d.Create(ctx, ws, role, m.GetName())
+	if err == nil && (month != "" || total != "") {
+		rec, err = d.SetBudgets(ctx, ws, rec.GetId(), month, total)
+	}
 	if errors.Is(err, auth.ErrTooManyKeys) {
 		return nil, connect.NewError(connect.CodeResourceExhausted, err)
 	}
@@ -174,6 +186,72 @@ func (s *Service) RevokeKey(ctx context.Context, m *loopsv1.RevokeKeyRequest) (*
 		return nil, internal(err)
 	}
 	return rec, nil
+}
+
+// UpdateKey changes a stored key's budgets: an operator any key's, an admin key its
+// workspace's keys'.
+func (s *Service) UpdateKey(ctx context.Context, m *loopsv1.UpdateKeyRequest) (*loopsv1.ApiKey, error) {
+	id := m.GetId()
+	if !validKeyID(id) {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("id %q: a key id is \"key-\" and 16 hex digits (loops keys list shows them)", clip(id)))
+	}
+	ws, err := scope(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	if m.BudgetUsdMonth == nil && m.BudgetUsdTotal == nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("nothing to update: set budget_usd_month or budget_usd_total (loops keys update KEY --budget-usd-month 25)"))
+	}
+	d, err := s.directory()
+	if err != nil {
+		return nil, err
+	}
+	rec, err := d.Get(ctx, ws, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, errKeyNotFound(id)
+	}
+	if err != nil {
+		return nil, internal(err)
+	}
+	month, total := rec.GetBudgetUsdMonth(), rec.GetBudgetUsdTotal()
+	if m.BudgetUsdMonth != nil {
+		if month, err = keyBudget("budget_usd_month", m.GetBudgetUsdMonth()); err != nil {
+			return nil, err
+		}
+	}
+	if m.BudgetUsdTotal != nil {
+		if total, err = keyBudget("budget_usd_total", m.GetBudgetUsdTotal()); err != nil {
+			return nil, err
+		}
+	}
+	rec, err = d.SetBudgets(ctx, ws, id, month, total)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, errKeyNotFound(id)
+	}
+	if err != nil {
+		return nil, internal(err)
+	}
+	return rec, nil
+}
+
+func errKeyNotFound(id string) error {
+	return connect.NewError(connect.CodeNotFound, fmt.Errorf("API key %s not found (loops keys list shows the workspace's keys)", id))
+}
+
+// keyBudget checks a key budget given as USD and returns it as its record keeps it: ""
+// for none (empty or 0).
+func keyBudget(name, s string) (string, error) {
+	if s == "" {
+		return "", nil
+	}
+	v, err := policy.ParseBudget(s)
+	if err != nil {
+		return "", connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s %q: %v (US dollars such as \"25.50\", at most 6 decimal places; 0 for no budget)", name, clip(s), err))
+	}
+	if v == 0 {
+		return "", nil
+	}
+	return v.String(), nil
 }
 
 // WhoAmI says who the caller is.

@@ -46,6 +46,22 @@ func (s *Store) RevokeAPIKey(ctx context.Context, workspace, id string, at time.
 	return s.GetAPIKey(ctx, workspace, id)
 }
 
+// SetAPIKeyBudgets sets a key's budgets and returns its record.
+func (s *Store) SetAPIKeyBudgets(ctx context.Context, workspace, id, month, total string) (*loopsv1.ApiKey, error) {
+	rec, err := s.GetAPIKey(ctx, workspace, id)
+	if err != nil {
+		return nil, err
+	}
+	data, err := sqlstore.BudgetsData(rec, month, total)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.exec(ctx, sqlstore.SetAPIKeyData, id, workspace, data); err != nil {
+		return nil, fmt.Errorf("store: set API key %s's budgets: %w", id, err)
+	}
+	return s.GetAPIKey(ctx, workspace, id)
+}
+
 // TouchAPIKey moves a key's last-used time forward.
 func (s *Store) TouchAPIKey(ctx context.Context, id string, at time.Time) error {
 	if _, err := s.exec(ctx, sqlstore.TouchAPIKey, id, at.UnixNano()); err != nil {

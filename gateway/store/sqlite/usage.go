@@ -45,3 +45,15 @@ func (s *Store) UsageCost(ctx context.Context, workspace string, from, to time.T
 	})
 	return out, err
 }
+
+// KeyUsageCost sums the costs of one API key's usage rows of the workspace with from <=
+// bucket start < to.
+func (s *Store) KeyUsageCost(ctx context.Context, workspace, keyID string, from, to time.Time) (int64, error) {
+	var out int64
+	err := s.query(ctx, "sum key usage cost", sqlstore.KeyUsageCost, []any{workspace, keyID, from.UnixNano(), to.UnixNano()}, func(rows *sql.Rows) error {
+		var err error
+		out, err = sqlstore.ScanInt(rows)
+		return err
+	})
+	return out, err
+}

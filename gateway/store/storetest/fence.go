@@ -26,7 +26,7 @@ type TakeLease func(t *testing.T, holder string) store.Fence
 var reads = []string{
 	"GetSession", "ListSessions", "GetTrainingRun", "ListTrainingRuns", "ListAllTrainingRuns",
 	"ListSessionTrainingRuns", "GetCheckpoint", "GetCheckpointAnyWorkspace", "ListCheckpoints",
-	"ListExpiredCheckpoints", "GetSampler", "GetOperation", "ListStepMetrics", "ListReceiptSteps", "ListUsage", "UsageCost",
+	"ListExpiredCheckpoints", "GetSampler", "GetOperation", "ListStepMetrics", "ListReceiptSteps", "ListUsage", "UsageCost", "KeyUsageCost",
 	"GetDeployment", "ListDeployments", "ListAllDeployments", "ListGrantedDeployments",
 	"CheckpointDeployments", "GetJob", "ListJobs", "ListAuditEvents", "CheckpointStorage",
 	"GetProject", "ListProjects", "SearchSessions", "ListProjectTrainingRuns", "ListUnindexedSessions",
@@ -216,6 +216,10 @@ func fencedWrites() map[string]func(context.Context, store.Store) error {
 		},
 		"RevokeAPIKey": func(ctx context.Context, st store.Store) error {
 			_, err := st.RevokeAPIKey(ctx, wsA, "key-1", far)
+			return err
+		},
+		"SetAPIKeyBudgets": func(ctx context.Context, st store.Store) error {
+			_, err := st.SetAPIKeyBudgets(ctx, wsA, "key-1", "9", "")
 			return err
 		},
 		"TouchAPIKey": func(ctx context.Context, st store.Store) error {

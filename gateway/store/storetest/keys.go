@@ -89,6 +89,28 @@ func testAPIKeys(t *testing.T, open func(t *testing.T) store.Store) {
 	require.NoError(t, err)
 	require.Equal(t, timestamppb.New(at).AsTime(), got.GetLastUsedTime().AsTime())
 	require.NoError(t, st.TouchAPIKey(ctx, "key-none", at))
+
+	// Budgets: set in the workspace's key only, kept with its times, cleared with "".
+	_, err = st.SetAPIKeyBudgets(ctx, wsB, "key-2", "5", "")
+	requireNotFound(t, err)
+	got, err = st.SetAPIKeyBudgets(ctx, wsA, "key-2", "12.5", "100")
+	require.NoError(t, err)
+	require.Equal(t, "12.5", got.GetBudgetUsdMonth())
+	require.Equal(t, "100", got.GetBudgetUsdTotal())
+	require.Equal(t, timestamppb.New(at).AsTime(), got.GetLastUsedTime().AsTime(), "the last use stays")
+	got, err = st.APIKeyByHash(ctx, h2)
+	require.NoError(t, err)
+	require.Equal(t, "12.5", got.GetBudgetUsdMonth())
+	got, err = st.SetAPIKeyBudgets(ctx, "", "key-2", "", "100")
+	require.NoError(t, err)
+	require.Empty(t, got.GetBudgetUsdMonth())
+	require.Equal(t, "100", got.GetBudgetUsdTotal())
+	got, err = st.SetAPIKeyBudgets(ctx, wsA, "key-1", "1", "")
+	require.NoError(t, err)
+	require.Equal(t, "1", got.GetBudgetUsdMonth())
+	require.NotNil(t, got.GetRevokeTime(), "a revoked key stays revoked")
+	_, err = st.SetAPIKeyBudgets(ctx, "", "key-none", "1", "")
+	requireNotFound(t, err)
 }
 
 func keyIDs(keys []*loopsv1.ApiKey) []string {

@@ -1106,6 +1106,29 @@ func testUsage(t *testing.T, open func(t *testing.T) store.Store) {
 	got, err = st.ListUsage(ctx, wsA, base.Add(5*time.Hour), base.Add(6*time.Hour))
 	require.NoError(t, err)
 	require.Equal(t, []store.UsageRecord{keyed("", 4), keyed("key-a", 1), keyed("key-b", 5)}, got)
+
+	// A key's spend is the cost of its rows only, in the range, of its workspace only.
+	keyCost := func(key string, hour int, cost int64) store.UsageRecord {
+		u := usage(hour, "m", "s1", store.UsageSamplingSample, 1)
+		u.KeyID, u.PricedAmount, u.Cost = key, 1, cost
+		return u
+	}
+	require.NoError(t, st.AddUsage(ctx, wsA, keyCost("key-c", 7, 100)))
+	require.NoError(t, st.AddUsage(ctx, wsA, keyCost("key-c", 8, 20)))
+	require.NoError(t, st.AddUsage(ctx, wsA, keyCost("key-d", 7, 3)))
+	require.NoError(t, st.AddUsage(ctx, wsB, keyCost("key-c", 7, 4000)))
+	sum, err = st.KeyUsageCost(ctx, wsA, "key-c", base.Add(7*time.Hour), base.Add(9*time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, int64(120), sum)
+	sum, err = st.KeyUsageCost(ctx, wsA, "key-c", base.Add(8*time.Hour), base.Add(9*time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, int64(20), sum)
+	sum, err = st.KeyUsageCost(ctx, wsB, "key-c", base, base.Add(9*time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, int64(4000), sum)
+	sum, err = st.KeyUsageCost(ctx, wsA, "key-none", base, base.Add(9*time.Hour))
+	require.NoError(t, err)
+	require.Zero(t, sum)
 }
 
 func testUsageWorkspaces(t *testing.T, open func(t *testing.T) store.Store) {

@@ -28,6 +28,8 @@ const (
 	ListAPIKeys = `SELECT ` + apiKeyColumns + ` FROM api_keys WHERE ($1 = '' OR workspace = $1) ORDER BY create_time DESC, id DESC LIMIT $2`
 	// RevokeAPIKey: $1 id, $2 workspace or '', $3 revoke time.
 	RevokeAPIKey = `UPDATE api_keys SET revoke_time = $3 WHERE id = $1 AND ($2 = '' OR workspace = $2) AND revoke_time = 0`
+	// SetAPIKeyData: $1 id, $2 workspace or '', $3 data.
+	SetAPIKeyData = `UPDATE api_keys SET data = $3 WHERE id = $1 AND ($2 = '' OR workspace = $2)`
 	// TouchAPIKey: $1 id, $2 time.
 	TouchAPIKey = `UPDATE api_keys SET last_used = $2 WHERE id = $1 AND last_used < $2`
 
@@ -51,6 +53,18 @@ func NewAPIKeyArgs(k *loopsv1.ApiKey, hash [32]byte) ([]any, error) {
 		return nil, fmt.Errorf("store: encode API key %s: %w", k.GetId(), err)
 	}
 	return []any{k.GetId(), k.GetWorkspace(), HashHex(hash), Nanos(k.GetCreateTime()), data}, nil
+}
+
+// BudgetsData is the data of key record k with its budgets set to month and total.
+func BudgetsData(k *loopsv1.ApiKey, month, total string) ([]byte, error) {
+	rec := proto.CloneOf(k)
+	rec.LastUsedTime, rec.RevokeTime = nil, nil
+	rec.BudgetUsdMonth, rec.BudgetUsdTotal = month, total
+	data, err := proto.Marshal(rec)
+	if err != nil {
+		return nil, fmt.Errorf("store: encode API key %s: %w", k.GetId(), err)
+	}
+	return data, nil
 }
 
 // HashHex is a key hash as its column holds it.

@@ -129,6 +129,10 @@ const (
 	// an overflow is an error in both databases.
 	UsageCost = `SELECT CAST(COALESCE(SUM(cost), 0) AS BIGINT) FROM usage
 		WHERE workspace = $1 AND bucket_start >= $2 AND bucket_start < $3`
+	// KeyUsageCost sums the costs of the usage rows of one API key of a workspace in a time
+	// range (ScanInt), as UsageCost does.
+	KeyUsageCost = `SELECT CAST(COALESCE(SUM(cost), 0) AS BIGINT) FROM usage
+		WHERE workspace = $1 AND key_id = $2 AND bucket_start >= $3 AND bucket_start < $4`
 	// ListUsage selects the usage rows of a workspace in a time range (ScanUsage).
 	ListUsage = `SELECT bucket_start, base_model, session_id, kind, amount, deployment, priced_amount, cost, key_id FROM usage
 		WHERE workspace = $1 AND bucket_start >= $2 AND bucket_start < $3

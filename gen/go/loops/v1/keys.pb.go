@@ -92,9 +92,15 @@ type ApiKey struct {
 	// When it last authenticated a request, to the minute.
 	LastUsedTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=last_used_time,json=lastUsedTime,proto3" json:"last_used_time,omitempty"`
 	// When it was revoked; unset while it is live.
-	RevokeTime    *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=revoke_time,json=revokeTime,proto3" json:"revoke_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RevokeTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=revoke_time,json=revokeTime,proto3" json:"revoke_time,omitempty"`
+	// What the key's work may cost, in USD as exact decimal strings ("25.50", at most 6
+	// decimal places), in a UTC calendar month and in all; empty: no budget of its own (the
+	// workspace's budgets still apply). Checked as the workspace policy's budget_usd_month
+	// and budget_usd_total are, against the key's own usage.
+	BudgetUsdMonth string `protobuf:"bytes,8,opt,name=budget_usd_month,json=budgetUsdMonth,proto3" json:"budget_usd_month,omitempty"`
+	BudgetUsdTotal string `protobuf:"bytes,9,opt,name=budget_usd_total,json=budgetUsdTotal,proto3" json:"budget_usd_total,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ApiKey) Reset() {
@@ -176,16 +182,33 @@ func (x *ApiKey) GetRevokeTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *ApiKey) GetBudgetUsdMonth() string {
+	if x != nil {
+		return x.BudgetUsdMonth
+	}
+	return ""
+}
+
+func (x *ApiKey) GetBudgetUsdTotal() string {
+	if x != nil {
+		return x.BudgetUsdTotal
+	}
+	return ""
+}
+
 type CreateKeyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The workspace of the key: an operator must name it; an admin key may name only its own
 	// workspace or leave it empty.
 	Workspace string `protobuf:"bytes,1,opt,name=workspace,proto3" json:"workspace,omitempty"`
 	// KEY_ROLE_MEMBER (the default) or KEY_ROLE_ADMIN.
-	Role          KeyRole `protobuf:"varint,2,opt,name=role,proto3,enum=loops.v1.KeyRole" json:"role,omitempty"`
-	Name          string  `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Role KeyRole `protobuf:"varint,2,opt,name=role,proto3,enum=loops.v1.KeyRole" json:"role,omitempty"`
+	Name string  `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// The key's budgets (ApiKey.budget_usd_month, budget_usd_total); empty for none.
+	BudgetUsdMonth string `protobuf:"bytes,4,opt,name=budget_usd_month,json=budgetUsdMonth,proto3" json:"budget_usd_month,omitempty"`
+	BudgetUsdTotal string `protobuf:"bytes,5,opt,name=budget_usd_total,json=budgetUsdTotal,proto3" json:"budget_usd_total,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *CreateKeyRequest) Reset() {
@@ -235,6 +258,20 @@ func (x *CreateKeyRequest) GetRole() KeyRole {
 func (x *CreateKeyRequest) GetName() string {
 	if x != nil {
 		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateKeyRequest) GetBudgetUsdMonth() string {
+	if x != nil {
+		return x.BudgetUsdMonth
+	}
+	return ""
+}
+
+func (x *CreateKeyRequest) GetBudgetUsdTotal() string {
+	if x != nil {
+		return x.BudgetUsdTotal
 	}
 	return ""
 }
@@ -445,6 +482,68 @@ func (x *RevokeKeyRequest) GetId() string {
 	return ""
 }
 
+type UpdateKeyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The key's id ("key-…").
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The new budgets in USD ("25.50"): unset leaves a budget as it is, "" or "0" removes it.
+	BudgetUsdMonth *string `protobuf:"bytes,2,opt,name=budget_usd_month,json=budgetUsdMonth,proto3,oneof" json:"budget_usd_month,omitempty"`
+	BudgetUsdTotal *string `protobuf:"bytes,3,opt,name=budget_usd_total,json=budgetUsdTotal,proto3,oneof" json:"budget_usd_total,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *UpdateKeyRequest) Reset() {
+	*x = UpdateKeyRequest{}
+	mi := &file_loops_v1_keys_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateKeyRequest) ProtoMessage() {}
+
+func (x *UpdateKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_keys_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateKeyRequest.ProtoReflect.Descriptor instead.
+func (*UpdateKeyRequest) Descriptor() ([]byte, []int) {
+	return file_loops_v1_keys_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *UpdateKeyRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *UpdateKeyRequest) GetBudgetUsdMonth() string {
+	if x != nil && x.BudgetUsdMonth != nil {
+		return *x.BudgetUsdMonth
+	}
+	return ""
+}
+
+func (x *UpdateKeyRequest) GetBudgetUsdTotal() string {
+	if x != nil && x.BudgetUsdTotal != nil {
+		return *x.BudgetUsdTotal
+	}
+	return ""
+}
+
 type WhoAmIRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -453,7 +552,7 @@ type WhoAmIRequest struct {
 
 func (x *WhoAmIRequest) Reset() {
 	*x = WhoAmIRequest{}
-	mi := &file_loops_v1_keys_proto_msgTypes[6]
+	mi := &file_loops_v1_keys_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -465,7 +564,7 @@ func (x *WhoAmIRequest) String() string {
 func (*WhoAmIRequest) ProtoMessage() {}
 
 func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_keys_proto_msgTypes[6]
+	mi := &file_loops_v1_keys_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -478,7 +577,7 @@ func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIRequest.ProtoReflect.Descriptor instead.
 func (*WhoAmIRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_keys_proto_rawDescGZIP(), []int{6}
+	return file_loops_v1_keys_proto_rawDescGZIP(), []int{7}
 }
 
 type WhoAmIResponse struct {
@@ -500,7 +599,7 @@ type WhoAmIResponse struct {
 
 func (x *WhoAmIResponse) Reset() {
 	*x = WhoAmIResponse{}
-	mi := &file_loops_v1_keys_proto_msgTypes[7]
+	mi := &file_loops_v1_keys_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -512,7 +611,7 @@ func (x *WhoAmIResponse) String() string {
 func (*WhoAmIResponse) ProtoMessage() {}
 
 func (x *WhoAmIResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_keys_proto_msgTypes[7]
+	mi := &file_loops_v1_keys_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -525,7 +624,7 @@ func (x *WhoAmIResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIResponse.ProtoReflect.Descriptor instead.
 func (*WhoAmIResponse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_keys_proto_rawDescGZIP(), []int{7}
+	return file_loops_v1_keys_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WhoAmIResponse) GetWorkspace() string {
@@ -574,7 +673,7 @@ var File_loops_v1_keys_proto protoreflect.FileDescriptor
 
 const file_loops_v1_keys_proto_rawDesc = "" +
 	"\n" +
-	"\x13loops/v1/keys.proto\x12\bloops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xad\x02\n" +
+	"\x13loops/v1/keys.proto\x12\bloops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x81\x03\n" +
 	"\x06ApiKey\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
 	"\tworkspace\x18\x02 \x01(\tR\tworkspace\x12%\n" +
@@ -584,11 +683,15 @@ const file_loops_v1_keys_proto_rawDesc = "" +
 	"createTime\x12@\n" +
 	"\x0elast_used_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\flastUsedTime\x12;\n" +
 	"\vrevoke_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"revokeTime\"k\n" +
+	"revokeTime\x12(\n" +
+	"\x10budget_usd_month\x18\b \x01(\tR\x0ebudgetUsdMonth\x12(\n" +
+	"\x10budget_usd_total\x18\t \x01(\tR\x0ebudgetUsdTotal\"\xbf\x01\n" +
 	"\x10CreateKeyRequest\x12\x1c\n" +
 	"\tworkspace\x18\x01 \x01(\tR\tworkspace\x12%\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x11.loops.v1.KeyRoleR\x04role\x12\x12\n" +
-	"\x04name\x18\x03 \x01(\tR\x04name\"O\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12(\n" +
+	"\x10budget_usd_month\x18\x04 \x01(\tR\x0ebudgetUsdMonth\x12(\n" +
+	"\x10budget_usd_total\x18\x05 \x01(\tR\x0ebudgetUsdTotal\"O\n" +
 	"\x11CreateKeyResponse\x12\"\n" +
 	"\x03key\x18\x01 \x01(\v2\x10.loops.v1.ApiKeyR\x03key\x12\x16\n" +
 	"\x06secret\x18\x02 \x01(\tR\x06secret\"b\n" +
@@ -599,7 +702,13 @@ const file_loops_v1_keys_proto_rawDesc = "" +
 	"\x10ListKeysResponse\x12$\n" +
 	"\x04keys\x18\x01 \x03(\v2\x10.loops.v1.ApiKeyR\x04keys\"\"\n" +
 	"\x10RevokeKeyRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\x0f\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xaa\x01\n" +
+	"\x10UpdateKeyRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12-\n" +
+	"\x10budget_usd_month\x18\x02 \x01(\tH\x00R\x0ebudgetUsdMonth\x88\x01\x01\x12-\n" +
+	"\x10budget_usd_total\x18\x03 \x01(\tH\x01R\x0ebudgetUsdTotal\x88\x01\x01B\x13\n" +
+	"\x11_budget_usd_monthB\x13\n" +
+	"\x11_budget_usd_total\"\x0f\n" +
 	"\rWhoAmIRequest\"\xdd\x01\n" +
 	"\x0eWhoAmIResponse\x12\x1c\n" +
 	"\tworkspace\x18\x01 \x01(\tR\tworkspace\x12\x15\n" +
@@ -612,13 +721,14 @@ const file_loops_v1_keys_proto_rawDesc = "" +
 	"\x14KEY_ROLE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fKEY_ROLE_MEMBER\x10\x01\x12\x12\n" +
 	"\x0eKEY_ROLE_ADMIN\x10\x02\x12\x15\n" +
-	"\x11KEY_ROLE_OPERATOR\x10\x032\xe9\x02\n" +
+	"\x11KEY_ROLE_OPERATOR\x10\x032\xc5\x03\n" +
 	"\n" +
 	"KeyService\x12Y\n" +
 	"\tCreateKey\x12\x1a.loops.v1.CreateKeyRequest\x1a\x1b.loops.v1.CreateKeyResponse\"\x13\x82\xd3\xe4\x93\x02\r:\x01*\"\b/v1/keys\x12S\n" +
 	"\bListKeys\x12\x19.loops.v1.ListKeysRequest\x1a\x1a.loops.v1.ListKeysResponse\"\x10\x82\xd3\xe4\x93\x02\n" +
 	"\x12\b/v1/keys\x12Z\n" +
-	"\tRevokeKey\x12\x1a.loops.v1.RevokeKeyRequest\x1a\x10.loops.v1.ApiKey\"\x1f\x82\xd3\xe4\x93\x02\x19:\x01*\"\x14/v1/keys/{id}/revoke\x12O\n" +
+	"\tRevokeKey\x12\x1a.loops.v1.RevokeKeyRequest\x1a\x10.loops.v1.ApiKey\"\x1f\x82\xd3\xe4\x93\x02\x19:\x01*\"\x14/v1/keys/{id}/revoke\x12Z\n" +
+	"\tUpdateKey\x12\x1a.loops.v1.UpdateKeyRequest\x1a\x10.loops.v1.ApiKey\"\x1f\x82\xd3\xe4\x93\x02\x19:\x01*\"\x14/v1/keys/{id}/update\x12O\n" +
 	"\x06WhoAmI\x12\x17.loops.v1.WhoAmIRequest\x1a\x18.loops.v1.WhoAmIResponse\"\x12\x82\xd3\xe4\x93\x02\f\x12\n" +
 	"/v1/whoamiB\x8e\x01\n" +
 	"\fcom.loops.v1B\tKeysProtoP\x01Z2github.com/loops-dev/loops/gen/go/loops/v1;loopsv1\xa2\x02\x03LXX\xaa\x02\bLoops.V1\xca\x02\bLoops\\V1\xe2\x02\x14Loops\\V1\\GPBMetadata\xea\x02\tLoops::V1b\x06proto3"
@@ -636,7 +746,7 @@ func file_loops_v1_keys_proto_rawDescGZIP() []byte {
 }
 
 var file_loops_v1_keys_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_loops_v1_keys_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_loops_v1_keys_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_loops_v1_keys_proto_goTypes = []any{
 	(KeyRole)(0),                  // 0: loops.v1.KeyRole
 	(*ApiKey)(nil),                // 1: loops.v1.ApiKey
@@ -645,15 +755,16 @@ var file_loops_v1_keys_proto_goTypes = []any{
 	(*ListKeysRequest)(nil),       // 4: loops.v1.ListKeysRequest
 	(*ListKeysResponse)(nil),      // 5: loops.v1.ListKeysResponse
 	(*RevokeKeyRequest)(nil),      // 6: loops.v1.RevokeKeyRequest
-	(*WhoAmIRequest)(nil),         // 7: loops.v1.WhoAmIRequest
-	(*WhoAmIResponse)(nil),        // 8: loops.v1.WhoAmIResponse
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(*UpdateKeyRequest)(nil),      // 7: loops.v1.UpdateKeyRequest
+	(*WhoAmIRequest)(nil),         // 8: loops.v1.WhoAmIRequest
+	(*WhoAmIResponse)(nil),        // 9: loops.v1.WhoAmIResponse
+	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
 }
 var file_loops_v1_keys_proto_depIdxs = []int32{
 	0,  // 0: loops.v1.ApiKey.role:type_name -> loops.v1.KeyRole
-	9,  // 1: loops.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
-	9,  // 2: loops.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
-	9,  // 3: loops.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
+	10, // 1: loops.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
+	10, // 2: loops.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
+	10, // 3: loops.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
 	0,  // 4: loops.v1.CreateKeyRequest.role:type_name -> loops.v1.KeyRole
 	1,  // 5: loops.v1.CreateKeyResponse.key:type_name -> loops.v1.ApiKey
 	1,  // 6: loops.v1.ListKeysResponse.keys:type_name -> loops.v1.ApiKey
@@ -662,13 +773,15 @@ var file_loops_v1_keys_proto_depIdxs = []int32{
 	2,  // 9: loops.v1.KeyService.CreateKey:input_type -> loops.v1.CreateKeyRequest
 	4,  // 10: loops.v1.KeyService.ListKeys:input_type -> loops.v1.ListKeysRequest
 	6,  // 11: loops.v1.KeyService.RevokeKey:input_type -> loops.v1.RevokeKeyRequest
-	7,  // 12: loops.v1.KeyService.WhoAmI:input_type -> loops.v1.WhoAmIRequest
-	3,  // 13: loops.v1.KeyService.CreateKey:output_type -> loops.v1.CreateKeyResponse
-	5,  // 14: loops.v1.KeyService.ListKeys:output_type -> loops.v1.ListKeysResponse
-	1,  // 15: loops.v1.KeyService.RevokeKey:output_type -> loops.v1.ApiKey
-	8,  // 16: loops.v1.KeyService.WhoAmI:output_type -> loops.v1.WhoAmIResponse
-	13, // [13:17] is the sub-list for method output_type
-	9,  // [9:13] is the sub-list for method input_type
+	7,  // 12: loops.v1.KeyService.UpdateKey:input_type -> loops.v1.UpdateKeyRequest
+	8,  // 13: loops.v1.KeyService.WhoAmI:input_type -> loops.v1.WhoAmIRequest
+	3,  // 14: loops.v1.KeyService.CreateKey:output_type -> loops.v1.CreateKeyResponse
+	5,  // 15: loops.v1.KeyService.ListKeys:output_type -> loops.v1.ListKeysResponse
+	1,  // 16: loops.v1.KeyService.RevokeKey:output_type -> loops.v1.ApiKey
+	1,  // 17: loops.v1.KeyService.UpdateKey:output_type -> loops.v1.ApiKey
+	9,  // 18: loops.v1.KeyService.WhoAmI:output_type -> loops.v1.WhoAmIResponse
+	14, // [14:19] is the sub-list for method output_type
+	9,  // [9:14] is the sub-list for method input_type
 	9,  // [9:9] is the sub-list for extension type_name
 	9,  // [9:9] is the sub-list for extension extendee
 	0,  // [0:9] is the sub-list for field type_name
@@ -679,13 +792,14 @@ func file_loops_v1_keys_proto_init() {
 	if File_loops_v1_keys_proto != nil {
 		return
 	}
+	file_loops_v1_keys_proto_msgTypes[6].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_keys_proto_rawDesc), len(file_loops_v1_keys_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,6 +22,7 @@ const (
 	KeyService_CreateKey_FullMethodName = "/loops.v1.KeyService/CreateKey"
 	KeyService_ListKeys_FullMethodName  = "/loops.v1.KeyService/ListKeys"
 	KeyService_RevokeKey_FullMethodName = "/loops.v1.KeyService/RevokeKey"
+	KeyService_UpdateKey_FullMethodName = "/loops.v1.KeyService/UpdateKey"
 	KeyService_WhoAmI_FullMethodName    = "/loops.v1.KeyService/WhoAmI"
 )
 
@@ -42,6 +43,8 @@ type KeyServiceClient interface {
 	// RevokeKey revokes a stored key: it is refused from then on, its tokens included.
 	// Revoking a revoked key changes nothing.
 	RevokeKey(ctx context.Context, in *RevokeKeyRequest, opts ...grpc.CallOption) (*ApiKey, error)
+	// UpdateKey changes a stored key's budgets (an admin key: of its workspace's keys only).
+	UpdateKey(ctx context.Context, in *UpdateKeyRequest, opts ...grpc.CallOption) (*ApiKey, error)
 	// WhoAmI says who the caller is: workspace, key id, role and the key's limits.
 	WhoAmI(ctx context.Context, in *WhoAmIRequest, opts ...grpc.CallOption) (*WhoAmIResponse, error)
 }
@@ -84,6 +87,16 @@ func (c *keyServiceClient) RevokeKey(ctx context.Context, in *RevokeKeyRequest, 
 	return out, nil
 }
 
+func (c *keyServiceClient) UpdateKey(ctx context.Context, in *UpdateKeyRequest, opts ...grpc.CallOption) (*ApiKey, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ApiKey)
+	err := c.cc.Invoke(ctx, KeyService_UpdateKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *keyServiceClient) WhoAmI(ctx context.Context, in *WhoAmIRequest, opts ...grpc.CallOption) (*WhoAmIResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(WhoAmIResponse)
@@ -111,6 +124,8 @@ type KeyServiceServer interface {
 	// RevokeKey revokes a stored key: it is refused from then on, its tokens included.
 	// Revoking a revoked key changes nothing.
 	RevokeKey(context.Context, *RevokeKeyRequest) (*ApiKey, error)
+	// UpdateKey changes a stored key's budgets (an admin key: of its workspace's keys only).
+	UpdateKey(context.Context, *UpdateKeyRequest) (*ApiKey, error)
 	// WhoAmI says who the caller is: workspace, key id, role and the key's limits.
 	WhoAmI(context.Context, *WhoAmIRequest) (*WhoAmIResponse, error)
 	mustEmbedUnimplementedKeyServiceServer()
@@ -131,6 +146,9 @@ func (UnimplementedKeyServiceServer) ListKeys(context.Context, *ListKeysRequest)
 }
 func (UnimplementedKeyServiceServer) RevokeKey(context.Context, *RevokeKeyRequest) (*ApiKey, error) {
 	return nil, status.Error(codes.Unimplemented, "method RevokeKey not implemented")
+}
+func (UnimplementedKeyServiceServer) UpdateKey(context.Context, *UpdateKeyRequest) (*ApiKey, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateKey not implemented")
 }
 func (UnimplementedKeyServiceServer) WhoAmI(context.Context, *WhoAmIRequest) (*WhoAmIResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method WhoAmI not implemented")
@@ -210,6 +228,24 @@ func _KeyService_RevokeKey_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _KeyService_UpdateKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KeyServiceServer).UpdateKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KeyService_UpdateKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KeyServiceServer).UpdateKey(ctx, req.(*UpdateKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _KeyService_WhoAmI_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(WhoAmIRequest)
 	if err := dec(in); err != nil {
@@ -246,6 +282,10 @@ var KeyService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RevokeKey",
 			Handler:    _KeyService_RevokeKey_Handler,
+		},
+		{
+			MethodName: "UpdateKey",
+			Handler:    _KeyService_UpdateKey_Handler,
 		},
 		{
 			MethodName: "WhoAmI",

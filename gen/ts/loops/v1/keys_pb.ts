@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file loops/v1/keys.proto.
  */
 export const file_loops_v1_keys: GenFile = /*@__PURE__*/
-  fileDesc("ChNsb29wcy92MS9rZXlzLnByb3RvEghsb29wcy52MSLsAQoGQXBpS2V5EgoKAmlkGAEgASgJEhEKCXdvcmtzcGFjZRgCIAEoCRIfCgRyb2xlGAMgASgOMhEubG9vcHMudjEuS2V5Um9sZRIMCgRuYW1lGAQgASgJEi8KC2NyZWF0ZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5sYXN0X3VzZWRfdGltZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLcmV2b2tlX3RpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIlQKEENyZWF0ZUtleVJlcXVlc3QSEQoJd29ya3NwYWNlGAEgASgJEh8KBHJvbGUYAiABKA4yES5sb29wcy52MS5LZXlSb2xlEgwKBG5hbWUYAyABKAkiQgoRQ3JlYXRlS2V5UmVzcG9uc2USHQoDa2V5GAEgASgLMhAubG9vcHMudjEuQXBpS2V5Eg4KBnNlY3JldBgCIAEoCSJGCg9MaXN0S2V5c1JlcXVlc3QSEQoJd29ya3NwYWNlGAEgASgJEg0KBWxpbWl0GAIgASgFEhEKCWxpdmVfb25seRgDIAEoCCIyChBMaXN0S2V5c1Jlc3BvbnNlEh4KBGtleXMYASADKAsyEC5sb29wcy52MS5BcGlLZXkiHgoQUmV2b2tlS2V5UmVxdWVzdBIKCgJpZBgBIAEoCSIPCg1XaG9BbUlSZXF1ZXN0IqMBCg5XaG9BbUlSZXNwb25zZRIRCgl3b3Jrc3BhY2UYASABKAkSDgoGa2V5X2lkGAIgASgJEh8KBHJvbGUYAyABKA4yES5sb29wcy52MS5LZXlSb2xlEg4KBnNvdXJjZRgEIAEoCRIeChZtYXhfcmVxdWVzdHNfaW5fZmxpZ2h0GAUgASgFEh0KA2tleRgGIAEoCzIQLmxvb3BzLnYxLkFwaUtleSpjCgdLZXlSb2xlEhgKFEtFWV9ST0xFX1VOU1BFQ0lGSUVEEAASEwoPS0VZX1JPTEVfTUVNQkVSEAESEgoOS0VZX1JPTEVfQURNSU4QAhIVChFLRVlfUk9MRV9PUEVSQVRPUhADMukCCgpLZXlTZXJ2aWNlElkKCUNyZWF0ZUtleRIaLmxvb3BzLnYxLkNyZWF0ZUtleVJlcXVlc3QaGy5sb29wcy52MS5DcmVhdGVLZXlSZXNwb25zZSITgtPkkwINOgEqIggvdjEva2V5cxJTCghMaXN0S2V5cxIZLmxvb3BzLnYxLkxpc3RLZXlzUmVxdWVzdBoaLmxvb3BzLnYxLkxpc3RLZXlzUmVzcG9uc2UiEILT5JMCChIIL3YxL2tleXMSWgoJUmV2b2tlS2V5EhoubG9vcHMudjEuUmV2b2tlS2V5UmVxdWVzdBoQLmxvb3BzLnYxLkFwaUtleSIfgtPkkwIZOgEqIhQvdjEva2V5cy97aWR9L3Jldm9rZRJPCgZXaG9BbUkSFy5sb29wcy52MS5XaG9BbUlSZXF1ZXN0GhgubG9vcHMudjEuV2hvQW1JUmVzcG9uc2UiEoLT5JMCDBIKL3YxL3dob2FtaWIGcHJvdG8z", [file_google_api_annotations, file_google_protobuf_timestamp]);
+  fileDesc("ChNsb29wcy92MS9rZXlzLnByb3RvEghsb29wcy52MSKgAgoGQXBpS2V5EgoKAmlkGAEgASgJEhEKCXdvcmtzcGFjZRgCIAEoCRIfCgRyb2xlGAMgASgOMhEubG9vcHMudjEuS2V5Um9sZRIMCgRuYW1lGAQgASgJEi8KC2NyZWF0ZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5sYXN0X3VzZWRfdGltZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLcmV2b2tlX3RpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhgKEGJ1ZGdldF91c2RfbW9udGgYCCABKAkSGAoQYnVkZ2V0X3VzZF90b3RhbBgJIAEoCSKIAQoQQ3JlYXRlS2V5UmVxdWVzdBIRCgl3b3Jrc3BhY2UYASABKAkSHwoEcm9sZRgCIAEoDjIRLmxvb3BzLnYxLktleVJvbGUSDAoEbmFtZRgDIAEoCRIYChBidWRnZXRfdXNkX21vbnRoGAQgASgJEhgKEGJ1ZGdldF91c2RfdG90YWwYBSABKAkiQgoRQ3JlYXRlS2V5UmVzcG9uc2USHQoDa2V5GAEgASgLMhAubG9vcHMudjEuQXBpS2V5Eg4KBnNlY3JldBgCIAEoCSJGCg9MaXN0S2V5c1JlcXVlc3QSEQoJd29ya3NwYWNlGAEgASgJEg0KBWxpbWl0GAIgASgFEhEKCWxpdmVfb25seRgDIAEoCCIyChBMaXN0S2V5c1Jlc3BvbnNlEh4KBGtleXMYASADKAsyEC5sb29wcy52MS5BcGlLZXkiHgoQUmV2b2tlS2V5UmVxdWVzdBIKCgJpZBgBIAEoCSKGAQoQVXBkYXRlS2V5UmVxdWVzdBIKCgJpZBgBIAEoCRIdChBidWRnZXRfdXNkX21vbnRoGAIgASgJSACIAQESHQoQYnVkZ2V0X3VzZF90b3RhbBgDIAEoCUgBiAEBQhMKEV9idWRnZXRfdXNkX21vbnRoQhMKEV9idWRnZXRfdXNkX3RvdGFsIg8KDVdob0FtSVJlcXVlc3QiowEKDldob0FtSVJlc3BvbnNlEhEKCXdvcmtzcGFjZRgBIAEoCRIOCgZrZXlfaWQYAiABKAkSHwoEcm9sZRgDIAEoDjIRLmxvb3BzLnYxLktleVJvbGUSDgoGc291cmNlGAQgASgJEh4KFm1heF9yZXF1ZXN0c19pbl9mbGlnaHQYBSABKAUSHQoDa2V5GAYgASgLMhAubG9vcHMudjEuQXBpS2V5KmMKB0tleVJvbGUSGAoUS0VZX1JPTEVfVU5TUEVDSUZJRUQQABITCg9LRVlfUk9MRV9NRU1CRVIQARISCg5LRVlfUk9MRV9BRE1JThACEhUKEUtFWV9ST0xFX09QRVJBVE9SEAMyxQMKCktleVNlcnZpY2USWQoJQ3JlYXRlS2V5EhoubG9vcHMudjEuQ3JlYXRlS2V5UmVxdWVzdBobLmxvb3BzLnYxLkNyZWF0ZUtleVJlc3BvbnNlIhOC0+STAg06ASoiCC92MS9rZXlzElMKCExpc3RLZXlzEhkubG9vcHMudjEuTGlzdEtleXNSZXF1ZXN0GhoubG9vcHMudjEuTGlzdEtleXNSZXNwb25zZSIQgtPkkwIKEggvdjEva2V5cxJaCglSZXZva2VLZXkSGi5sb29wcy52MS5SZXZva2VLZXlSZXF1ZXN0GhAubG9vcHMudjEuQXBpS2V5Ih+C0+STAhk6ASoiFC92MS9rZXlzL3tpZH0vcmV2b2tlEloKCVVwZGF0ZUtleRIaLmxvb3BzLnYxLlVwZGF0ZUtleVJlcXVlc3QaEC5sb29wcy52MS5BcGlLZXkiH4LT5JMCGToBKiIUL3YxL2tleXMve2lkfS91cGRhdGUSTwoGV2hvQW1JEhcubG9vcHMudjEuV2hvQW1JUmVxdWVzdBoYLmxvb3BzLnYxLldob0FtSVJlc3BvbnNlIhKC0+STAgwSCi92MS93aG9hbWliBnByb3RvMw", [file_google_api_annotations, file_google_protobuf_timestamp]);
 
 /**
  * ApiKey is a stored API key's public record; the secret is not part of it.
@@ -63,6 +63,21 @@ export type ApiKey = Message<"loops.v1.ApiKey"> & {
    * @generated from field: google.protobuf.Timestamp revoke_time = 7;
    */
   revokeTime?: Timestamp | undefined;
+
+  /**
+   * What the key's work may cost, in USD as exact decimal strings ("25.50", at most 6
+   * decimal places), in a UTC calendar month and in all; empty: no budget of its own (the
+   * workspace's budgets still apply). Checked as the workspace policy's budget_usd_month
+   * and budget_usd_total are, against the key's own usage.
+   *
+   * @generated from field: string budget_usd_month = 8;
+   */
+  budgetUsdMonth: string;
+
+  /**
+   * @generated from field: string budget_usd_total = 9;
+   */
+  budgetUsdTotal: string;
 };
 
 /**
@@ -95,6 +110,18 @@ export type CreateKeyRequest = Message<"loops.v1.CreateKeyRequest"> & {
    * @generated from field: string name = 3;
    */
   name: string;
+
+  /**
+   * The key's budgets (ApiKey.budget_usd_month, budget_usd_total); empty for none.
+   *
+   * @generated from field: string budget_usd_month = 4;
+   */
+  budgetUsdMonth: string;
+
+  /**
+   * @generated from field: string budget_usd_total = 5;
+   */
+  budgetUsdTotal: string;
 };
 
 /**
@@ -199,6 +226,37 @@ export const RevokeKeyRequestSchema: GenMessage<RevokeKeyRequest> = /*@__PURE__*
   messageDesc(file_loops_v1_keys, 5);
 
 /**
+ * @generated from message loops.v1.UpdateKeyRequest
+ */
+export type UpdateKeyRequest = Message<"loops.v1.UpdateKeyRequest"> & {
+  /**
+   * The key's id ("key-…").
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * The new budgets in USD ("25.50"): unset leaves a budget as it is, "" or "0" removes it.
+   *
+   * @generated from field: optional string budget_usd_month = 2;
+   */
+  budgetUsdMonth?: string | undefined;
+
+  /**
+   * @generated from field: optional string budget_usd_total = 3;
+   */
+  budgetUsdTotal?: string | undefined;
+};
+
+/**
+ * Describes the message loops.v1.UpdateKeyRequest.
+ * Use `create(UpdateKeyRequestSchema)` to create a new message.
+ */
+export const UpdateKeyRequestSchema: GenMessage<UpdateKeyRequest> = /*@__PURE__*/
+  messageDesc(file_loops_v1_keys, 6);
+
+/**
  * @generated from message loops.v1.WhoAmIRequest
  */
 export type WhoAmIRequest = Message<"loops.v1.WhoAmIRequest"> & {
@@ -209,7 +267,7 @@ export type WhoAmIRequest = Message<"loops.v1.WhoAmIRequest"> & {
  * Use `create(WhoAmIRequestSchema)` to create a new message.
  */
 export const WhoAmIRequestSchema: GenMessage<WhoAmIRequest> = /*@__PURE__*/
-  messageDesc(file_loops_v1_keys, 6);
+  messageDesc(file_loops_v1_keys, 7);
 
 /**
  * @generated from message loops.v1.WhoAmIResponse
@@ -261,7 +319,7 @@ export type WhoAmIResponse = Message<"loops.v1.WhoAmIResponse"> & {
  * Use `create(WhoAmIResponseSchema)` to create a new message.
  */
 export const WhoAmIResponseSchema: GenMessage<WhoAmIResponse> = /*@__PURE__*/
-  messageDesc(file_loops_v1_keys, 7);
+  messageDesc(file_loops_v1_keys, 8);
 
 /**
  * KeyRole is what a key may do.
@@ -341,6 +399,16 @@ export const KeyService: GenService<{
   revokeKey: {
     methodKind: "unary";
     input: typeof RevokeKeyRequestSchema;
+    output: typeof ApiKeySchema;
+  },
+  /**
+   * UpdateKey changes a stored key's budgets (an admin key: of its workspace's keys only).
+   *
+   * @generated from rpc loops.v1.KeyService.UpdateKey
+   */
+  updateKey: {
+    methodKind: "unary";
+    input: typeof UpdateKeyRequestSchema;
     output: typeof ApiKeySchema;
   },
   /**

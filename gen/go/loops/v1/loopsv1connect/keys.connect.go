@@ -39,6 +39,8 @@ const (
 	KeyServiceListKeysProcedure = "/loops.v1.KeyService/ListKeys"
 	// KeyServiceRevokeKeyProcedure is the fully-qualified name of the KeyService's RevokeKey RPC.
 	KeyServiceRevokeKeyProcedure = "/loops.v1.KeyService/RevokeKey"
+	// KeyServiceUpdateKeyProcedure is the fully-qualified name of the KeyService's UpdateKey RPC.
+	KeyServiceUpdateKeyProcedure = "/loops.v1.KeyService/UpdateKey"
 	// KeyServiceWhoAmIProcedure is the fully-qualified name of the KeyService's WhoAmI RPC.
 	KeyServiceWhoAmIProcedure = "/loops.v1.KeyService/WhoAmI"
 )
@@ -53,6 +55,8 @@ type KeyServiceClient interface {
 	// RevokeKey revokes a stored key: it is refused from then on, its tokens included.
 	// Revoking a revoked key changes nothing.
 	RevokeKey(context.Context, *v1.RevokeKeyRequest) (*v1.ApiKey, error)
+	// UpdateKey changes a stored key's budgets (an admin key: of its workspace's keys only).
+	UpdateKey(context.Context, *v1.UpdateKeyRequest) (*v1.ApiKey, error)
 	// WhoAmI says who the caller is: workspace, key id, role and the key's limits.
 	WhoAmI(context.Context, *v1.WhoAmIRequest) (*v1.WhoAmIResponse, error)
 }
@@ -86,6 +90,12 @@ func NewKeyServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...
 			connect.WithSchema(keyServiceMethods.ByName("RevokeKey")),
 			connect.WithClientOptions(opts...),
 		),
+		updateKey: connect.NewClient[v1.UpdateKeyRequest, v1.ApiKey](
+			httpClient,
+			baseURL+KeyServiceUpdateKeyProcedure,
+			connect.WithSchema(keyServiceMethods.ByName("UpdateKey")),
+			connect.WithClientOptions(opts...),
+		),
 		whoAmI: connect.NewClient[v1.WhoAmIRequest, v1.WhoAmIResponse](
 			httpClient,
 			baseURL+KeyServiceWhoAmIProcedure,
@@ -100,6 +110,7 @@ type keyServiceClient struct {
 	createKey *connect.Client[v1.CreateKeyRequest, v1.CreateKeyResponse]
 	listKeys  *connect.Client[v1.ListKeysRequest, v1.ListKeysResponse]
 	revokeKey *connect.Client[v1.RevokeKeyRequest, v1.ApiKey]
+	updateKey *connect.Client[v1.UpdateKeyRequest, v1.ApiKey]
 	whoAmI    *connect.Client[v1.WhoAmIRequest, v1.WhoAmIResponse]
 }
 
@@ -130,6 +141,15 @@ func (c *keyServiceClient) RevokeKey(ctx context.Context, req *v1.RevokeKeyReque
 	return nil, err
 }
 
+// UpdateKey calls loops.v1.KeyService.UpdateKey.
+func (c *keyServiceClient) UpdateKey(ctx context.Context, req *v1.UpdateKeyRequest) (*v1.ApiKey, error) {
+	response, err := c.updateKey.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
 // WhoAmI calls loops.v1.KeyService.WhoAmI.
 func (c *keyServiceClient) WhoAmI(ctx context.Context, req *v1.WhoAmIRequest) (*v1.WhoAmIResponse, error) {
 	response, err := c.whoAmI.CallUnary(ctx, connect.NewRequest(req))
@@ -149,6 +169,8 @@ type KeyServiceHandler interface {
 	// RevokeKey revokes a stored key: it is refused from then on, its tokens included.
 	// Revoking a revoked key changes nothing.
 	RevokeKey(context.Context, *v1.RevokeKeyRequest) (*v1.ApiKey, error)
+	// UpdateKey changes a stored key's budgets (an admin key: of its workspace's keys only).
+	UpdateKey(context.Context, *v1.UpdateKeyRequest) (*v1.ApiKey, error)
 	// WhoAmI says who the caller is: workspace, key id, role and the key's limits.
 	WhoAmI(context.Context, *v1.WhoAmIRequest) (*v1.WhoAmIResponse, error)
 }
@@ -178,6 +200,12 @@ func NewKeyServiceHandler(svc KeyServiceHandler, opts ...connect.HandlerOption) 
 		connect.WithSchema(keyServiceMethods.ByName("RevokeKey")),
 		connect.WithHandlerOptions(opts...),
 	)
+	keyServiceUpdateKeyHandler := connect.NewUnaryHandlerSimple(
+		KeyServiceUpdateKeyProcedure,
+		svc.UpdateKey,
+		connect.WithSchema(keyServiceMethods.ByName("UpdateKey")),
+		connect.WithHandlerOptions(opts...),
+	)
 	keyServiceWhoAmIHandler := connect.NewUnaryHandlerSimple(
 		KeyServiceWhoAmIProcedure,
 		svc.WhoAmI,
@@ -192,6 +220,8 @@ func NewKeyServiceHandler(svc KeyServiceHandler, opts ...connect.HandlerOption) 
 			keyServiceListKeysHandler.ServeHTTP(w, r)
 		case KeyServiceRevokeKeyProcedure:
 			keyServiceRevokeKeyHandler.ServeHTTP(w, r)
+		case KeyServiceUpdateKeyProcedure:
+			keyServiceUpdateKeyHandler.ServeHTTP(w, r)
 		case KeyServiceWhoAmIProcedure:
 			keyServiceWhoAmIHandler.ServeHTTP(w, r)
 		default:
@@ -213,6 +243,10 @@ func (UnimplementedKeyServiceHandler) ListKeys(context.Context, *v1.ListKeysRequ
 
 func (UnimplementedKeyServiceHandler) RevokeKey(context.Context, *v1.RevokeKeyRequest) (*v1.ApiKey, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.KeyService.RevokeKey is not implemented"))
+}
+
+func (UnimplementedKeyServiceHandler) UpdateKey(context.Context, *v1.UpdateKeyRequest) (*v1.ApiKey, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.KeyService.UpdateKey is not implemented"))
 }
 
 func (UnimplementedKeyServiceHandler) WhoAmI(context.Context, *v1.WhoAmIRequest) (*v1.WhoAmIResponse, error) {
