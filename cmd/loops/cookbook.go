@@ -79,7 +79,6 @@ func cookbookCmd() *cobra.Command {
 	}
 	cf.register(cmd)
 	cmd.PersistentFlags().StringVar(&cf.python, "python", os.Getenv("LOOPS_COOKBOOK_PYTHON"), "Python interpreter to use as is, no venv (LOOPS_COOKBOOK_PYTHON)")
-	cmd.PersistentFlags().BoolVar(&cf.estimate, "estimate", false, "check: also estimate the run's cost from its data and settings with the server's price sheet (UsageService.EstimateCost)")
 	cmd.PersistentFlags().StringVar(&cf.dir, "cookbook-dir", os.Getenv("LOOPS_COOKBOOK_DIR"), "cookbook source folder instead of the embedded copy (LOOPS_COOKBOOK_DIR)")
 	cmd.AddCommand(&cobra.Command{
 		Use:   "list",
@@ -114,7 +113,7 @@ func cookbookCmd() *cobra.Command {
 			return py.run(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), nil, "show", args[0])
 		},
 	})
-	cmd.AddCommand(&cobra.Command{
+	check := &cobra.Command{
 		Use:   "check NAME [key=value ...]",
 		Short: "Check a recipe without training: server, key, model limits, data, sequence lengths, chat template, sandbox",
 		Args:  cobra.MinimumNArgs(1),
@@ -138,7 +137,9 @@ func cookbookCmd() *cobra.Command {
 			}
 			return nil
 		},
-	})
+	}
+	check.Flags().BoolVar(&cf.estimate, "estimate", false, "also estimate the run's cost from its data and settings with the server's price sheet (UsageService.EstimateCost)")
+	cmd.AddCommand(check)
 	cmd.AddCommand(&cobra.Command{
 		Use:   "run NAME [key=value ...]",
 		Short: "Run a recipe against the server with live progress",
