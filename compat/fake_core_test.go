@@ -554,6 +554,10 @@ func (f *fakeCore) ListModels(_ context.Context, r *loopsv1.ListModelsRequest) (
 
 // UsageService.
 
+func (f *fakeCore) EstimateCost(context.Context, *loopsv1.EstimateCostRequest) (*loopsv1.EstimateCostResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, fmt.Errorf("not used by the Tinker routes"))
+}
+
 func (f *fakeCore) GetUsage(_ context.Context, r *loopsv1.GetUsageRequest) (*loopsv1.GetUsageResponse, error) {
 	if err := f.enter("GetUsage", r); err != nil {
 		return nil, err

@@ -27,6 +27,7 @@ import (
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/scripts"
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
 )
 
 // Exit codes of `loops cookbook` (also in its help and cookbook/README.md). 1-4 are the
@@ -53,8 +54,9 @@ func (e *exitError) ExitCode() int { return e.code }
 // cookbookFlags are the flags every cookbook subcommand has.
 type cookbookFlags struct {
 	clientFlags
-	python string
-	dir    string
+	python   string
+	dir      string
+	estimate bool
 }
 
 const cookbookHelp = `Check and run the Loops cookbook's recipes (Python, tinker SDK only; see cookbook/README.md).
@@ -111,7 +113,7 @@ func cookbookCmd() *cobra.Command {
 			return py.run(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), nil, "show", args[0])
 		},
 	})
-	cmd.AddCommand(&cobra.Command{
+	check := &cobra.Command{
 		Use:   "check NAME [key=value ...]",
 		Short: "Check a recipe without training: server, key, model limits, data, sequence lengths, chat template, sandbox",
 		Args:  cobra.MinimumNArgs(1),
@@ -120,11 +122,14 @@ func cookbookCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			rows, err := cf.check(cmd.Context(), py, args[0], args[1:])
+			rows, est, err := cf.check(cmd.Context(), py, args[0], args[1:])
 			if err != nil {
 				return err
 			}
 			printChecks(cmd.OutOrStdout(), rows)
+			if est != nil {
+				printEstimate(cmd.OutOrStdout(), est)
+			}
 			for _, r := range rows {
 				if !r.OK {
 					return &exitError{exitCookbookFailed, "some checks failed"}
@@ -132,7 +137,9 @@ func cookbookCmd() *cobra.Command {
 			}
 			return nil
 		},
-	})
+	}
+	check.Flags().BoolVar(&cf.estimate, "estimate", false, "also estimate the run's cost from its data and settings with the server's price sheet (UsageService.EstimateCost)")
+	cmd.AddCommand(check)
 	cmd.AddCommand(&cobra.Command{
 		Use:   "run NAME [key=value ...]",
 		Short: "Run a recipe against the server with live progress",
@@ -429,45 +436,85 @@ func parseSettings(showJSON []byte, overrides []string) (recipeSettings, error) 
 }
 
 // check runs the server checks here and the local ones (data, tokenizer, chat template,
-// sequence lengths, sandbox) in Python, and returns every row.
-func (cf *cookbookFlags) check(ctx context.Context, py *cookbookPython, name string, overrides []string) ([]checkRow, error) {
+// sequence lengths, sandbox) in Python, and returns every row. With --estimate and every
+// check passed, it also prices the run (UsageService.EstimateCost, from the token counts and
+// settings the recipe's Python computes) and adds a "cost estimate" row.
+func (cf *cookbookFlags) check(ctx context.Context, py *cookbookPython, name string, overrides []string) ([]checkRow, *loopsv1.EstimateCostResponse, error) {
 	showJSON, err := py.output(ctx, os.Stderr, "show", name, "--json")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	settings, err := parseSettings(showJSON, overrides)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	rows, maxSeqLen := serverChecks(ctx, cf.url, cf.apiKey, settings)
 	// Overrides right after the name: argparse takes positionals before the options.
 	args := append(append([]string{"check", name}, overrides...), "--json", "--max-seq-len", strconv.Itoa(maxSeqLen))
+	if cf.estimate {
+		args = append(args, "--estimate")
+	}
 	out, err := py.output(ctx, os.Stderr, args...)
 	var ee *exitError
 	if err != nil && !(errors.As(err, &ee) && ee.code == exitCookbookFailed) {
-		return nil, err // a usage or environment error: no table to show
+		return nil, nil, err // a usage or environment error: no table to show
 	}
-	local, perr := parseCheckOutput(out)
+	local, estReq, perr := parseCheckOutput(out)
 	if perr != nil {
-		return nil, perr
+		return nil, nil, perr
 	}
-	return append(rows, local...), nil
+	rows = append(rows, local...)
+	if !cf.estimate || slices.ContainsFunc(rows, func(r checkRow) bool { return !r.OK }) {
+		return rows, nil, nil
+	}
+	if estReq == nil {
+		return append(rows, checkRow{"cost estimate", false, name + " cannot estimate its run (the recipe has no estimate function)"}), nil, nil
+	}
+	est, err := loopsv1connect.NewUsageServiceClient(&http.Client{Timeout: time.Minute}, strings.TrimRight(cf.url, "/"), cf.options()...).EstimateCost(ctx, estReq)
+	if err != nil {
+		return append(rows, checkRow{"cost estimate", false, err.Error()}), nil, nil
+	}
+	return append(rows, checkRow{"cost estimate", true, "$" + est.GetTotalUsd() + " (prices " + est.GetPriceVersion() + ")"}), est, nil
 }
 
-// parseCheckOutput parses `check --json` output: {"checks": [{check, ok, detail}, ...]}.
-func parseCheckOutput(out []byte) ([]checkRow, error) {
+// parseCheckOutput parses `check --json` output: {"checks": [{check, ok, detail}, ...],
+// "estimate": EstimateCostRequest (with --estimate)}.
+func parseCheckOutput(out []byte) ([]checkRow, *loopsv1.EstimateCostRequest, error) {
 	var res struct {
-		Checks []checkRow `json:"checks"`
+		Checks   []checkRow      `json:"checks"`
+		Estimate json.RawMessage `json:"estimate"`
 	}
 	if err := json.Unmarshal(bytes.TrimSpace(out), &res); err != nil {
-		return nil, fmt.Errorf("cookbook: check --json printed no result: %w", err)
+		return nil, nil, fmt.Errorf("cookbook: check --json printed no result: %w", err)
 	}
 	for i, r := range res.Checks {
 		if r.Check == "" {
-			return nil, fmt.Errorf("cookbook: check --json: row %d has no name", i)
+			return nil, nil, fmt.Errorf("cookbook: check --json: row %d has no name", i)
 		}
 	}
-	return res.Checks, nil
+	if len(res.Estimate) == 0 || string(res.Estimate) == "null" {
+		return res.Checks, nil, nil
+	}
+	var req loopsv1.EstimateCostRequest
+	if err := protojson.Unmarshal(res.Estimate, &req); err != nil {
+		return nil, nil, fmt.Errorf("cookbook: check --json: estimate: %w", err)
+	}
+	return res.Checks, &req, nil
+}
+
+// printEstimate writes an estimate's tokens and cost by usage kind, and its total.
+func printEstimate(w io.Writer, est *loopsv1.EstimateCostResponse) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KIND\tTOKENS\tUSD")
+	for _, u := range est.GetUsage() {
+		cost := u.GetCostUsd()
+		if cost == "" {
+			cost = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\n", strings.ToLower(strings.TrimPrefix(u.GetKind().String(), "USAGE_KIND_")), u.GetAmount(), cost)
+	}
+	fmt.Fprintf(tw, "total\t\t%s\n", est.GetTotalUsd())
+	_ = tw.Flush()
 }
 
 // serverChecks: reachable (/healthz), key valid and base model allowed (loops.v1

@@ -15,9 +15,11 @@ import (
 	"testing"
 
 	"connectrpc.com/connect"
+	"github.com/google/go-cmp/cmp"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/testing/protocmp"
 )
 
 // fakeWorkspace answers GetWorkspace for one key with one allowed model.
@@ -129,11 +131,24 @@ func TestCookbookParseOutputs(t *testing.T) {
 	_, err = parseRecipeList([]byte(`Traceback ...`))
 	require.Error(t, err)
 
-	rows, err := parseCheckOutput([]byte(`{"recipe":"a","checks":[{"check":"data","ok":true,"detail":"3 records"}]}`))
+	rows, est, err := parseCheckOutput([]byte(`{"recipe":"a","checks":[{"check":"data","ok":true,"detail":"3 records"}]}`))
 	require.NoError(t, err)
 	require.Equal(t, []checkRow{{"data", true, "3 records"}}, rows)
-	_, err = parseCheckOutput([]byte(`{"checks":[{"ok":true}]}`))
+	require.Nil(t, est)
+	_, _, err = parseCheckOutput([]byte(`{"checks":[{"ok":true}]}`))
 	require.ErrorContains(t, err, "no name")
+	_, est, err = parseCheckOutput([]byte(`{"checks":[],"estimate":{"base_model":"loops/tiny","steps":1,"batch_size":2,"example_tokens":[5,7]}}`))
+	require.NoError(t, err)
+	require.Empty(t, cmp.Diff(&loopsv1.EstimateCostRequest{BaseModel: "loops/tiny", Steps: 1, BatchSize: 2, ExampleTokens: []int64{5, 7}}, est, protocmp.Transform()))
+	_, _, err = parseCheckOutput([]byte(`{"checks":[],"estimate":{"steps":"x"}}`))
+	require.ErrorContains(t, err, "estimate")
+
+	buf0 := &bytes.Buffer{}
+	printEstimate(buf0, &loopsv1.EstimateCostResponse{TotalUsd: "0.0000088", Usage: []*loopsv1.UsageEstimate{
+		{Kind: loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, Amount: 12, CostUsd: "0.0000048"},
+		{Kind: loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS, Amount: 3},
+	}})
+	require.Equal(t, "KIND                    TOKENS  USD\ntraining_tokens         12      0.0000048\nsampling_sample_tokens  3       -\ntotal                           0.0000088\n", buf0.String())
 
 	var buf bytes.Buffer
 	printChecks(&buf, []checkRow{{"server reachable", true, "http://x"}, {"sandbox", false, "plain: network is reachable"}})
@@ -258,7 +273,7 @@ func FuzzCookbookOutputs(f *testing.F) {
 				require.NotEmpty(t, r.Name)
 			}
 		}
-		if rows, err := parseCheckOutput(out); err == nil {
+		if rows, _, err := parseCheckOutput(out); err == nil {
 			for _, r := range rows {
 				require.NotEmpty(t, r.Check)
 			}

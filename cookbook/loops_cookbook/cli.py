@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     ck.add_argument("overrides", nargs="*", help="config key=value")
     ck.add_argument("--max-seq-len", type=int, default=0, help="the server's limit for the model (0: the recipe's max_length)")
     ck.add_argument("--json", action="store_true")
+    ck.add_argument("--estimate", action="store_true",
+                    help="with --json: add the run's token counts and settings (an EstimateCost request) as \"estimate\"")
     rn = sub.add_parser("run", help="run a recipe")
     rn.add_argument("name")
     rn.add_argument("overrides", nargs="*", help="config key=value")
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_for(args.name, args.overrides)
         hub.offline_when_cached(getattr(cfg, "model", ""))
         if args.cmd == "check":
-            return cmd_check(args.name, cfg, args.max_seq_len, args.json)
+            return cmd_check(args.name, cfg, args.max_seq_len, args.json, args.estimate)
         return cmd_run(args.name, cfg)
     except (KeyError, ValueError) as e:
         if isinstance(e, DataError):
@@ -138,10 +140,26 @@ def check_rows(name: str, cfg: Any, max_seq_len: int) -> list[dict]:
     return rows
 
 
-def cmd_check(name: str, cfg: Any, max_seq_len: int, as_json: bool) -> int:
+def estimate_request(name: str, cfg: Any) -> dict | None:
+    """The recipe's EstimateCost request (token counts through the model's tokenizer, steps,
+    batch and group sizes), or None for a recipe that cannot say (no `estimate` function)."""
+    mod = registry.load(name)
+    if not hasattr(mod, "estimate"):
+        return None
+    from transformers import AutoTokenizer
+
+    from loops_cookbook.chat import ChatML
+
+    return mod.estimate(cfg, ChatML(AutoTokenizer.from_pretrained(cfg.model)))
+
+
+def cmd_check(name: str, cfg: Any, max_seq_len: int, as_json: bool, estimate: bool = False) -> int:
     rows = check_rows(name, cfg, max_seq_len)
     if as_json:
-        print(json.dumps({"recipe": name, "checks": rows}))
+        out: dict = {"recipe": name, "checks": rows}
+        if estimate and all(r["ok"] for r in rows):
+            out["estimate"] = estimate_request(name, cfg)
+        print(json.dumps(out))
     else:
         width = max(len(r["check"]) for r in rows)
         for r in rows:

@@ -174,6 +174,7 @@ var Rules = []Rule{
 	v1read("ModelService", "ListModels"),
 	v1read("WorkspaceService", "GetWorkspace"),
 	v1read("UsageService", "GetUsage"),
+	v1read("UsageService", "EstimateCost"),
 	v1read("TraceService", "ExportSessionTrace"),
 	v1read("TraceService", "GetSessionTraceURL"),
 	v1read("ReceiptService", "GetRunReceipt"),

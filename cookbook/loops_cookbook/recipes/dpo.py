@@ -85,6 +85,33 @@ def dpo_terms(lp: list[float], ref: list[float], beta: float) -> tuple[list[floa
                     "chosen_reward": cr / n, "rejected_reward": rr / n}
 
 
+def estimate(cfg: Config, chat) -> dict:
+    """The run's EstimateCost request: the model input length of every item main() passes to
+    forward (the reference pass over all pairs, each step's batch, the eval pairs every 5
+    steps and on the last) and forward_backward (each step's batch), in run order, as one
+    step over that list."""
+    files = data_files(cfg)
+
+    def lengths(recs) -> list[int]:
+        return [max(min(len(t), cfg.max_length) - 1, 0) for rec in recs for t, _ in pair_tokens(chat, rec)]
+
+    train, evals = lengths(load_jsonl(*files["train_data"])), lengths(load_jsonl(*files["eval_data"]))
+    items = train + evals
+    rng = random.Random(cfg.seed)
+    order: list[int] = []
+    for step in range(1, cfg.steps + 1):
+        if len(order) < cfg.batch_size:
+            more = list(range(len(train) // 2))
+            rng.shuffle(more)
+            order += more
+        batch = [train[2 * i + k] for i in order[:cfg.batch_size] for k in (0, 1)]
+        del order[:cfg.batch_size]
+        items += batch + batch  # forward for the policy's logprobs, then forward_backward
+        if step == cfg.steps or step % 5 == 0:
+            items += evals
+    return {"base_model": cfg.model, "steps": 1, "batch_size": len(items), "example_tokens": items}
+
+
 def main(cfg: Config) -> dict:
     from tinker import types
 

@@ -97,6 +97,24 @@ class AnswerEnv:
         return Step(done=True, reward=r, metrics=m)
 
 
+def estimate(cfg: Config, chat) -> dict:
+    """The run's EstimateCost request: the prompts main() draws (the same rng draws, in
+    order), groups_per_batch per step, each one sample request of group_size samples of
+    max_tokens tokens (the digit task's answers are max_tokens long). It assumes every group
+    is trained on; the run leaves out groups whose rewards are all equal, so the training
+    part is an upper bound."""
+    import random
+
+    tasks = load_jsonl(*data_files(cfg)["data"])
+    rng = random.Random(cfg.seed)
+    prompts = []
+    for _ in range(cfg.steps * cfg.groups_per_batch):
+        prompts.append(len(prompt_tokens(cfg, chat, rng.choice(tasks))))
+        rng.randrange(1 << 30)
+    return {"base_model": cfg.model, "steps": cfg.steps, "batch_size": cfg.groups_per_batch,
+            "prompt_tokens": prompts, "group_size": cfg.group_size, "completion_tokens": cfg.max_tokens}
+
+
 def main(cfg: Config) -> dict:
     from loops_cookbook.chat import ChatML
     from loops_cookbook.rl import train_async

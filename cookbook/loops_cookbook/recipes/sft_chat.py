@@ -52,6 +52,33 @@ def token_lengths(cfg: Config, chat) -> list[int]:
             for path, check in data_files(cfg).values() for rec in load_jsonl(path, check)]
 
 
+def estimate(cfg: Config, chat) -> dict:
+    """The run's EstimateCost request: the model input length of every item main() passes to
+    forward_backward (the batches in run order, from the same shuffle) and to forward (the
+    eval file, at the start, on the first step, every eval_every steps and on the last), as
+    one step over that list."""
+    files = data_files(cfg)
+
+    def length(rec: dict) -> int:
+        return max(min(len(chat.conversation(rec["messages"])[0]), cfg.max_length) - 1, 0)
+
+    train = [length(r) for r in load_jsonl(*files["train_data"])]
+    evals = [length(r) for r in load_jsonl(*files["eval_data"])]
+    rng = random.Random(cfg.seed)
+    order: list[int] = []
+    items: list[int] = list(evals)
+    for step in range(1, cfg.steps + 1):
+        if len(order) < cfg.batch_size:
+            more = list(range(len(train)))
+            rng.shuffle(more)
+            order += more
+        items += [train[i] for i in order[:cfg.batch_size]]
+        del order[:cfg.batch_size]
+        if step == 1 or step == cfg.steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0):
+            items += evals
+    return {"base_model": cfg.model, "steps": 1, "batch_size": len(items), "example_tokens": items}
+
+
 def main(cfg: Config) -> dict:
     from loops_cookbook.chat import ChatML
     from loops_cookbook.runtime import Run, mean_nll, sft_datum

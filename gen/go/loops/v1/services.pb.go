@@ -3381,6 +3381,271 @@ func (x *UsageBucket) GetKeyId() string {
 	return ""
 }
 
+// EstimateCostRequest describes a planned run by its token counts (tokenized through the base
+// model's tokenizer by the caller; `loops cookbook check --estimate` does it from a recipe's
+// data). The run takes steps steps of batch_size items each, cycling through
+// example_tokens (supervised items) or prompt_tokens (RL prompts). Lists hold at most
+// 100,000 entries, every count is at least 0, and each per-item count is at most 1,048,576.
+type EstimateCostRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The base model the run trains ("loops/tiny", ...), as the price sheet names models.
+	BaseModel string `protobuf:"bytes,1,opt,name=base_model,json=baseModel,proto3" json:"base_model,omitempty"`
+	// Optimizer steps of the run (1 to 1,000,000).
+	Steps int64 `protobuf:"varint,2,opt,name=steps,proto3" json:"steps,omitempty"`
+	// Items per step: examples for supervised training, prompts (groups) for RL (1 to
+	// 100,000).
+	BatchSize int64 `protobuf:"varint,3,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
+	// Token count of each training example as forward_backward sees it (the whole model
+	// input; a DPO pair counts both sequences). Set this or prompt_tokens, not both.
+	ExampleTokens []int64 `protobuf:"varint,4,rep,packed,name=example_tokens,json=exampleTokens,proto3" json:"example_tokens,omitempty"`
+	// Times each training item is processed per step (1 when 0): 2 for DPO, which runs a
+	// reference forward pass over each pair besides forward_backward.
+	Passes int64 `protobuf:"varint,5,opt,name=passes,proto3" json:"passes,omitempty"`
+	// RL: token count of each prompt. Each prompt of a step is one sample request of
+	// group_size samples of completion_tokens tokens, and each sample is trained on as
+	// prompt plus completion.
+	PromptTokens []int64 `protobuf:"varint,6,rep,packed,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	// Samples per prompt (1 when 0; at most 1,024).
+	GroupSize int64 `protobuf:"varint,7,opt,name=group_size,json=groupSize,proto3" json:"group_size,omitempty"`
+	// Tokens generated per sample (its max_tokens: an upper bound when sampling may stop
+	// early).
+	CompletionTokens int64 `protobuf:"varint,8,opt,name=completion_tokens,json=completionTokens,proto3" json:"completion_tokens,omitempty"`
+	// Extra sample requests outside training (evaluation), each of eval_prompt_tokens
+	// prompt tokens and group_size samples of completion_tokens tokens (at most 10,000,000).
+	EvalRequests     int64 `protobuf:"varint,9,opt,name=eval_requests,json=evalRequests,proto3" json:"eval_requests,omitempty"`
+	EvalPromptTokens int64 `protobuf:"varint,10,opt,name=eval_prompt_tokens,json=evalPromptTokens,proto3" json:"eval_prompt_tokens,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *EstimateCostRequest) Reset() {
+	*x = EstimateCostRequest{}
+	mi := &file_loops_v1_services_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EstimateCostRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EstimateCostRequest) ProtoMessage() {}
+
+func (x *EstimateCostRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EstimateCostRequest.ProtoReflect.Descriptor instead.
+func (*EstimateCostRequest) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *EstimateCostRequest) GetBaseModel() string {
+	if x != nil {
+		return x.BaseModel
+	}
+	return ""
+}
+
+func (x *EstimateCostRequest) GetSteps() int64 {
+	if x != nil {
+		return x.Steps
+	}
+	return 0
+}
+
+func (x *EstimateCostRequest) GetBatchSize() int64 {
+	if x != nil {
+		return x.BatchSize
+	}
+	return 0
+}
+
+func (x *EstimateCostRequest) GetExampleTokens() []int64 {
+	if x != nil {
+		return x.ExampleTokens
+	}
+	return nil
+}
+
+func (x *EstimateCostRequest) GetPasses() int64 {
+	if x != nil {
+		return x.Passes
+	}
+	return 0
+}
+
+func (x *EstimateCostRequest) GetPromptTokens() []int64 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return nil
+}
+
+func (x *EstimateCostRequest) GetGroupSize() int64 {
+	if x != nil {
+		return x.GroupSize
+	}
+	return 0
+}
+
+func (x *EstimateCostRequest) GetCompletionTokens() int64 {
+	if x != nil {
+		return x.CompletionTokens
+	}
+	return 0
+}
+
+func (x *EstimateCostRequest) GetEvalRequests() int64 {
+	if x != nil {
+		return x.EvalRequests
+	}
+	return 0
+}
+
+func (x *EstimateCostRequest) GetEvalPromptTokens() int64 {
+	if x != nil {
+		return x.EvalPromptTokens
+	}
+	return 0
+}
+
+// EstimateCostResponse is the estimated usage by kind and its cost under the workspace's
+// price sheet.
+type EstimateCostResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One line per usage kind the run meters, in UsageKind order.
+	Usage []*UsageEstimate `protobuf:"bytes,1,rep,name=usage,proto3" json:"usage,omitempty"`
+	// The sum of the lines' costs, in exact decimal US dollars (unpriced kinds count 0).
+	TotalUsd string `protobuf:"bytes,2,opt,name=total_usd,json=totalUsd,proto3" json:"total_usd,omitempty"`
+	// The price sheet's version (docs/operations.md, "Prices").
+	PriceVersion  string `protobuf:"bytes,3,opt,name=price_version,json=priceVersion,proto3" json:"price_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EstimateCostResponse) Reset() {
+	*x = EstimateCostResponse{}
+	mi := &file_loops_v1_services_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EstimateCostResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EstimateCostResponse) ProtoMessage() {}
+
+func (x *EstimateCostResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EstimateCostResponse.ProtoReflect.Descriptor instead.
+func (*EstimateCostResponse) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *EstimateCostResponse) GetUsage() []*UsageEstimate {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+func (x *EstimateCostResponse) GetTotalUsd() string {
+	if x != nil {
+		return x.TotalUsd
+	}
+	return ""
+}
+
+func (x *EstimateCostResponse) GetPriceVersion() string {
+	if x != nil {
+		return x.PriceVersion
+	}
+	return ""
+}
+
+// UsageEstimate is one usage kind of an estimate.
+type UsageEstimate struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Kind   UsageKind              `protobuf:"varint,1,opt,name=kind,proto3,enum=loops.v1.UsageKind" json:"kind,omitempty"`
+	Amount int64                  `protobuf:"varint,2,opt,name=amount,proto3" json:"amount,omitempty"`
+	// What amount costs in exact decimal US dollars; empty when the sheet has no price for
+	// this kind on the model.
+	CostUsd       string `protobuf:"bytes,3,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageEstimate) Reset() {
+	*x = UsageEstimate{}
+	mi := &file_loops_v1_services_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageEstimate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageEstimate) ProtoMessage() {}
+
+func (x *UsageEstimate) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_services_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageEstimate.ProtoReflect.Descriptor instead.
+func (*UsageEstimate) Descriptor() ([]byte, []int) {
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *UsageEstimate) GetKind() UsageKind {
+	if x != nil {
+		return x.Kind
+	}
+	return UsageKind_USAGE_KIND_UNSPECIFIED
+}
+
+func (x *UsageEstimate) GetAmount() int64 {
+	if x != nil {
+		return x.Amount
+	}
+	return 0
+}
+
+func (x *UsageEstimate) GetCostUsd() string {
+	if x != nil {
+		return x.CostUsd
+	}
+	return ""
+}
+
 type GetWorkspaceRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3389,7 +3654,7 @@ type GetWorkspaceRequest struct {
 
 func (x *GetWorkspaceRequest) Reset() {
 	*x = GetWorkspaceRequest{}
-	mi := &file_loops_v1_services_proto_msgTypes[47]
+	mi := &file_loops_v1_services_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3401,7 +3666,7 @@ func (x *GetWorkspaceRequest) String() string {
 func (*GetWorkspaceRequest) ProtoMessage() {}
 
 func (x *GetWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[47]
+	mi := &file_loops_v1_services_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3414,7 +3679,7 @@ func (x *GetWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*GetWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{47}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{50}
 }
 
 // Workspace is an API key's workspace: its name, its policy's limits and its current use.
@@ -3433,7 +3698,7 @@ type Workspace struct {
 
 func (x *Workspace) Reset() {
 	*x = Workspace{}
-	mi := &file_loops_v1_services_proto_msgTypes[48]
+	mi := &file_loops_v1_services_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3445,7 +3710,7 @@ func (x *Workspace) String() string {
 func (*Workspace) ProtoMessage() {}
 
 func (x *Workspace) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[48]
+	mi := &file_loops_v1_services_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3458,7 +3723,7 @@ func (x *Workspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workspace.ProtoReflect.Descriptor instead.
 func (*Workspace) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{48}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Workspace) GetName() string {
@@ -3512,7 +3777,7 @@ type WorkspaceBudget struct {
 
 func (x *WorkspaceBudget) Reset() {
 	*x = WorkspaceBudget{}
-	mi := &file_loops_v1_services_proto_msgTypes[49]
+	mi := &file_loops_v1_services_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3524,7 +3789,7 @@ func (x *WorkspaceBudget) String() string {
 func (*WorkspaceBudget) ProtoMessage() {}
 
 func (x *WorkspaceBudget) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[49]
+	mi := &file_loops_v1_services_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3537,7 +3802,7 @@ func (x *WorkspaceBudget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceBudget.ProtoReflect.Descriptor instead.
 func (*WorkspaceBudget) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{49}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *WorkspaceBudget) GetName() string {
@@ -3606,7 +3871,7 @@ type WorkspaceLimits struct {
 
 func (x *WorkspaceLimits) Reset() {
 	*x = WorkspaceLimits{}
-	mi := &file_loops_v1_services_proto_msgTypes[50]
+	mi := &file_loops_v1_services_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3618,7 +3883,7 @@ func (x *WorkspaceLimits) String() string {
 func (*WorkspaceLimits) ProtoMessage() {}
 
 func (x *WorkspaceLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[50]
+	mi := &file_loops_v1_services_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3631,7 +3896,7 @@ func (x *WorkspaceLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceLimits.ProtoReflect.Descriptor instead.
 func (*WorkspaceLimits) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{50}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *WorkspaceLimits) GetModels() []*ModelInfo {
@@ -3696,7 +3961,7 @@ type WorkspaceUse struct {
 
 func (x *WorkspaceUse) Reset() {
 	*x = WorkspaceUse{}
-	mi := &file_loops_v1_services_proto_msgTypes[51]
+	mi := &file_loops_v1_services_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3708,7 +3973,7 @@ func (x *WorkspaceUse) String() string {
 func (*WorkspaceUse) ProtoMessage() {}
 
 func (x *WorkspaceUse) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[51]
+	mi := &file_loops_v1_services_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3721,7 +3986,7 @@ func (x *WorkspaceUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceUse.ProtoReflect.Descriptor instead.
 func (*WorkspaceUse) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{51}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *WorkspaceUse) GetLiveRuns() int32 {
@@ -3778,7 +4043,7 @@ type WorkspaceFairness struct {
 
 func (x *WorkspaceFairness) Reset() {
 	*x = WorkspaceFairness{}
-	mi := &file_loops_v1_services_proto_msgTypes[52]
+	mi := &file_loops_v1_services_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3790,7 +4055,7 @@ func (x *WorkspaceFairness) String() string {
 func (*WorkspaceFairness) ProtoMessage() {}
 
 func (x *WorkspaceFairness) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_services_proto_msgTypes[52]
+	mi := &file_loops_v1_services_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3803,7 +4068,7 @@ func (x *WorkspaceFairness) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceFairness.ProtoReflect.Descriptor instead.
 func (*WorkspaceFairness) Descriptor() ([]byte, []int) {
-	return file_loops_v1_services_proto_rawDescGZIP(), []int{52}
+	return file_loops_v1_services_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *WorkspaceFairness) GetOperations() int32 {
@@ -4138,7 +4403,30 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\bcost_usd\x18\b \x01(\tR\acostUsd\x12#\n" +
 	"\rpriced_amount\x18\t \x01(\x03R\fpricedAmount\x12\x15\n" +
 	"\x06key_id\x18\n" +
-	" \x01(\tR\x05keyId\"\x15\n" +
+	" \x01(\tR\x05keyId\"\xec\x02\n" +
+	"\x13EstimateCostRequest\x12\x1d\n" +
+	"\n" +
+	"base_model\x18\x01 \x01(\tR\tbaseModel\x12\x14\n" +
+	"\x05steps\x18\x02 \x01(\x03R\x05steps\x12\x1d\n" +
+	"\n" +
+	"batch_size\x18\x03 \x01(\x03R\tbatchSize\x12%\n" +
+	"\x0eexample_tokens\x18\x04 \x03(\x03R\rexampleTokens\x12\x16\n" +
+	"\x06passes\x18\x05 \x01(\x03R\x06passes\x12#\n" +
+	"\rprompt_tokens\x18\x06 \x03(\x03R\fpromptTokens\x12\x1d\n" +
+	"\n" +
+	"group_size\x18\a \x01(\x03R\tgroupSize\x12+\n" +
+	"\x11completion_tokens\x18\b \x01(\x03R\x10completionTokens\x12#\n" +
+	"\reval_requests\x18\t \x01(\x03R\fevalRequests\x12,\n" +
+	"\x12eval_prompt_tokens\x18\n" +
+	" \x01(\x03R\x10evalPromptTokens\"\x87\x01\n" +
+	"\x14EstimateCostResponse\x12-\n" +
+	"\x05usage\x18\x01 \x03(\v2\x17.loops.v1.UsageEstimateR\x05usage\x12\x1b\n" +
+	"\ttotal_usd\x18\x02 \x01(\tR\btotalUsd\x12#\n" +
+	"\rprice_version\x18\x03 \x01(\tR\fpriceVersion\"k\n" +
+	"\rUsageEstimate\x12'\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x13.loops.v1.UsageKindR\x04kind\x12\x16\n" +
+	"\x06amount\x18\x02 \x01(\x03R\x06amount\x12\x19\n" +
+	"\bcost_usd\x18\x03 \x01(\tR\acostUsd\"\x15\n" +
 	"\x13GetWorkspaceRequest\"\xb1\x01\n" +
 	"\tWorkspace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x121\n" +
@@ -4224,9 +4512,10 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"ListModels\x12\x1b.loops.v1.ListModelsRequest\x1a\x1c.loops.v1.ListModelsResponse\"\x12\x82\xd3\xe4\x93\x02\f\x12\n" +
 	"/v1/models2m\n" +
 	"\x10WorkspaceService\x12Y\n" +
-	"\fGetWorkspace\x12\x1d.loops.v1.GetWorkspaceRequest\x1a\x13.loops.v1.Workspace\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/v1/workspace2d\n" +
+	"\fGetWorkspace\x12\x1d.loops.v1.GetWorkspaceRequest\x1a\x13.loops.v1.Workspace\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/v1/workspace2\xd2\x01\n" +
 	"\fUsageService\x12T\n" +
-	"\bGetUsage\x12\x19.loops.v1.GetUsageRequest\x1a\x1a.loops.v1.GetUsageResponse\"\x11\x82\xd3\xe4\x93\x02\v\x12\t/v1/usageB\x92\x01\n" +
+	"\bGetUsage\x12\x19.loops.v1.GetUsageRequest\x1a\x1a.loops.v1.GetUsageResponse\"\x11\x82\xd3\xe4\x93\x02\v\x12\t/v1/usage\x12l\n" +
+	"\fEstimateCost\x12\x1d.loops.v1.EstimateCostRequest\x1a\x1e.loops.v1.EstimateCostResponse\"\x1d\x82\xd3\xe4\x93\x02\x17:\x01*\"\x12/v1/usage:estimateB\x92\x01\n" +
 	"\fcom.loops.v1B\rServicesProtoP\x01Z2github.com/loops-dev/loops/gen/go/loops/v1;loopsv1\xa2\x02\x03LXX\xaa\x02\bLoops.V1\xca\x02\bLoops\\V1\xe2\x02\x14Loops\\V1\\GPBMetadata\xea\x02\tLoops::V1b\x06proto3"
 
 var (
@@ -4242,7 +4531,7 @@ func file_loops_v1_services_proto_rawDescGZIP() []byte {
 }
 
 var file_loops_v1_services_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
+var file_loops_v1_services_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_loops_v1_services_proto_goTypes = []any{
 	(ExportFormat)(0),                       // 0: loops.v1.ExportFormat
 	(UsageKind)(0),                          // 1: loops.v1.UsageKind
@@ -4293,143 +4582,150 @@ var file_loops_v1_services_proto_goTypes = []any{
 	(*GetUsageRequest)(nil),                 // 46: loops.v1.GetUsageRequest
 	(*GetUsageResponse)(nil),                // 47: loops.v1.GetUsageResponse
 	(*UsageBucket)(nil),                     // 48: loops.v1.UsageBucket
-	(*GetWorkspaceRequest)(nil),             // 49: loops.v1.GetWorkspaceRequest
-	(*Workspace)(nil),                       // 50: loops.v1.Workspace
-	(*WorkspaceBudget)(nil),                 // 51: loops.v1.WorkspaceBudget
-	(*WorkspaceLimits)(nil),                 // 52: loops.v1.WorkspaceLimits
-	(*WorkspaceUse)(nil),                    // 53: loops.v1.WorkspaceUse
-	(*WorkspaceFairness)(nil),               // 54: loops.v1.WorkspaceFairness
-	nil,                                     // 55: loops.v1.CreateSessionRequest.UserMetadataEntry
-	nil,                                     // 56: loops.v1.SearchSessionsRequest.UserMetadataEntry
-	nil,                                     // 57: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
-	nil,                                     // 58: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	nil,                                     // 59: loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
-	(*Session)(nil),                         // 60: loops.v1.Session
-	(*timestamppb.Timestamp)(nil),           // 61: google.protobuf.Timestamp
-	(*LoraConfig)(nil),                      // 62: loops.v1.LoraConfig
-	(*ClientInfo)(nil),                      // 63: loops.v1.ClientInfo
-	(OperationKind)(0),                      // 64: loops.v1.OperationKind
-	(*TrainingRun)(nil),                     // 65: loops.v1.TrainingRun
-	(*Datum)(nil),                           // 66: loops.v1.Datum
-	(*AdamParams)(nil),                      // 67: loops.v1.AdamParams
-	(CheckpointKind)(0),                     // 68: loops.v1.CheckpointKind
-	(*Checkpoint)(nil),                      // 69: loops.v1.Checkpoint
-	(*SamplingParams)(nil),                  // 70: loops.v1.SamplingParams
-	(*TargetPromptTokens)(nil),              // 71: loops.v1.TargetPromptTokens
-	(*ModelInfo)(nil),                       // 72: loops.v1.ModelInfo
-	(*durationpb.Duration)(nil),             // 73: google.protobuf.Duration
-	(*Operation)(nil),                       // 74: loops.v1.Operation
-	(*Sampler)(nil),                         // 75: loops.v1.Sampler
+	(*EstimateCostRequest)(nil),             // 49: loops.v1.EstimateCostRequest
+	(*EstimateCostResponse)(nil),            // 50: loops.v1.EstimateCostResponse
+	(*UsageEstimate)(nil),                   // 51: loops.v1.UsageEstimate
+	(*GetWorkspaceRequest)(nil),             // 52: loops.v1.GetWorkspaceRequest
+	(*Workspace)(nil),                       // 53: loops.v1.Workspace
+	(*WorkspaceBudget)(nil),                 // 54: loops.v1.WorkspaceBudget
+	(*WorkspaceLimits)(nil),                 // 55: loops.v1.WorkspaceLimits
+	(*WorkspaceUse)(nil),                    // 56: loops.v1.WorkspaceUse
+	(*WorkspaceFairness)(nil),               // 57: loops.v1.WorkspaceFairness
+	nil,                                     // 58: loops.v1.CreateSessionRequest.UserMetadataEntry
+	nil,                                     // 59: loops.v1.SearchSessionsRequest.UserMetadataEntry
+	nil,                                     // 60: loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	nil,                                     // 61: loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	nil,                                     // 62: loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	(*Session)(nil),                         // 63: loops.v1.Session
+	(*timestamppb.Timestamp)(nil),           // 64: google.protobuf.Timestamp
+	(*LoraConfig)(nil),                      // 65: loops.v1.LoraConfig
+	(*ClientInfo)(nil),                      // 66: loops.v1.ClientInfo
+	(OperationKind)(0),                      // 67: loops.v1.OperationKind
+	(*TrainingRun)(nil),                     // 68: loops.v1.TrainingRun
+	(*Datum)(nil),                           // 69: loops.v1.Datum
+	(*AdamParams)(nil),                      // 70: loops.v1.AdamParams
+	(CheckpointKind)(0),                     // 71: loops.v1.CheckpointKind
+	(*Checkpoint)(nil),                      // 72: loops.v1.Checkpoint
+	(*SamplingParams)(nil),                  // 73: loops.v1.SamplingParams
+	(*TargetPromptTokens)(nil),              // 74: loops.v1.TargetPromptTokens
+	(*ModelInfo)(nil),                       // 75: loops.v1.ModelInfo
+	(*durationpb.Duration)(nil),             // 76: google.protobuf.Duration
+	(*Operation)(nil),                       // 77: loops.v1.Operation
+	(*Sampler)(nil),                         // 78: loops.v1.Sampler
 }
 var file_loops_v1_services_proto_depIdxs = []int32{
-	55, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
-	60, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
-	56, // 2: loops.v1.SearchSessionsRequest.user_metadata:type_name -> loops.v1.SearchSessionsRequest.UserMetadataEntry
-	61, // 3: loops.v1.SearchSessionsRequest.created_after:type_name -> google.protobuf.Timestamp
-	61, // 4: loops.v1.SearchSessionsRequest.created_before:type_name -> google.protobuf.Timestamp
+	58, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
+	63, // 1: loops.v1.ListSessionsResponse.sessions:type_name -> loops.v1.Session
+	59, // 2: loops.v1.SearchSessionsRequest.user_metadata:type_name -> loops.v1.SearchSessionsRequest.UserMetadataEntry
+	64, // 3: loops.v1.SearchSessionsRequest.created_after:type_name -> google.protobuf.Timestamp
+	64, // 4: loops.v1.SearchSessionsRequest.created_before:type_name -> google.protobuf.Timestamp
 	10, // 5: loops.v1.SearchSessionsRequest.after:type_name -> loops.v1.SessionSearchCursor
-	61, // 6: loops.v1.SessionSearchCursor.create_time:type_name -> google.protobuf.Timestamp
-	60, // 7: loops.v1.SessionSearchResult.session:type_name -> loops.v1.Session
+	64, // 6: loops.v1.SessionSearchCursor.create_time:type_name -> google.protobuf.Timestamp
+	63, // 7: loops.v1.SessionSearchResult.session:type_name -> loops.v1.Session
 	11, // 8: loops.v1.SearchSessionsResponse.results:type_name -> loops.v1.SessionSearchResult
-	62, // 9: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
-	57, // 10: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
+	65, // 9: loops.v1.CreateTrainingRunRequest.lora:type_name -> loops.v1.LoraConfig
+	60, // 10: loops.v1.CreateTrainingRunRequest.user_metadata:type_name -> loops.v1.CreateTrainingRunRequest.UserMetadataEntry
 	15, // 11: loops.v1.CreateTrainingRunRequest.dedicated:type_name -> loops.v1.DedicatedPool
-	63, // 12: loops.v1.CreateTrainingRunRequest.client:type_name -> loops.v1.ClientInfo
+	66, // 12: loops.v1.CreateTrainingRunRequest.client:type_name -> loops.v1.ClientInfo
 	19, // 13: loops.v1.GetTrainingRunMetricsResponse.steps:type_name -> loops.v1.StepMetrics
-	64, // 14: loops.v1.StepMetrics.kind:type_name -> loops.v1.OperationKind
-	61, // 15: loops.v1.StepMetrics.time:type_name -> google.protobuf.Timestamp
+	67, // 14: loops.v1.StepMetrics.kind:type_name -> loops.v1.OperationKind
+	64, // 15: loops.v1.StepMetrics.time:type_name -> google.protobuf.Timestamp
 	20, // 16: loops.v1.StepMetrics.rl:type_name -> loops.v1.RLStepMetrics
-	65, // 17: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
-	66, // 18: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
-	58, // 19: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
-	67, // 20: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
-	68, // 21: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
-	69, // 22: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
-	61, // 23: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
+	68, // 17: loops.v1.ListTrainingRunsResponse.training_runs:type_name -> loops.v1.TrainingRun
+	69, // 18: loops.v1.ForwardBackwardRequest.data:type_name -> loops.v1.Datum
+	61, // 19: loops.v1.ForwardBackwardRequest.loss_fn_config:type_name -> loops.v1.ForwardBackwardRequest.LossFnConfigEntry
+	70, // 20: loops.v1.OptimStepRequest.adam:type_name -> loops.v1.AdamParams
+	71, // 21: loops.v1.SaveWeightsRequest.kind:type_name -> loops.v1.CheckpointKind
+	72, // 22: loops.v1.ListCheckpointsResponse.checkpoints:type_name -> loops.v1.Checkpoint
+	64, // 23: loops.v1.GetCheckpointArchiveURLResponse.expire_time:type_name -> google.protobuf.Timestamp
 	0,  // 24: loops.v1.GetCheckpointExportURLRequest.format:type_name -> loops.v1.ExportFormat
-	61, // 25: loops.v1.GetCheckpointExportURLResponse.expire_time:type_name -> google.protobuf.Timestamp
-	59, // 26: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
-	61, // 27: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
-	70, // 28: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
-	71, // 29: loops.v1.SampleRequest.target_prompt_tokens:type_name -> loops.v1.TargetPromptTokens
-	72, // 30: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
-	61, // 31: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
-	61, // 32: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
+	64, // 25: loops.v1.GetCheckpointExportURLResponse.expire_time:type_name -> google.protobuf.Timestamp
+	62, // 26: loops.v1.GetCheckpointFileURLsResponse.urls:type_name -> loops.v1.GetCheckpointFileURLsResponse.UrlsEntry
+	64, // 27: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
+	73, // 28: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
+	74, // 29: loops.v1.SampleRequest.target_prompt_tokens:type_name -> loops.v1.TargetPromptTokens
+	75, // 30: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
+	64, // 31: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
+	64, // 32: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
 	48, // 33: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
-	61, // 34: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
-	61, // 35: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
+	64, // 34: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
+	64, // 35: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
 	1,  // 36: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
-	52, // 37: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
-	53, // 38: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
-	51, // 39: loops.v1.Workspace.budgets:type_name -> loops.v1.WorkspaceBudget
-	72, // 40: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
-	54, // 41: loops.v1.WorkspaceUse.fairness:type_name -> loops.v1.WorkspaceFairness
-	73, // 42: loops.v1.WorkspaceFairness.wait_p50:type_name -> google.protobuf.Duration
-	2,  // 43: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
-	3,  // 44: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
-	5,  // 45: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
-	6,  // 46: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
-	7,  // 47: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
-	9,  // 48: loops.v1.SessionService.SearchSessions:input_type -> loops.v1.SearchSessionsRequest
-	13, // 49: loops.v1.SessionService.SetSessionProject:input_type -> loops.v1.SetSessionProjectRequest
-	14, // 50: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
-	16, // 51: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
-	21, // 52: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
-	23, // 53: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
-	24, // 54: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
-	25, // 55: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
-	26, // 56: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
-	27, // 57: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
-	17, // 58: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
-	28, // 59: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
-	30, // 60: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
-	31, // 61: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
-	33, // 62: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
-	34, // 63: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
-	39, // 64: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
-	35, // 65: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
-	37, // 66: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
-	41, // 67: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
-	42, // 68: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
-	43, // 69: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
-	44, // 70: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
-	49, // 71: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
-	46, // 72: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
-	60, // 73: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
-	4,  // 74: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
-	60, // 75: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
-	60, // 76: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
-	8,  // 77: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
-	12, // 78: loops.v1.SessionService.SearchSessions:output_type -> loops.v1.SearchSessionsResponse
-	60, // 79: loops.v1.SessionService.SetSessionProject:output_type -> loops.v1.Session
-	74, // 80: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
-	65, // 81: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
-	22, // 82: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
-	74, // 83: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
-	74, // 84: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
-	74, // 85: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
-	74, // 86: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
-	74, // 87: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
-	18, // 88: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
-	29, // 89: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
-	69, // 90: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
-	32, // 91: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
-	69, // 92: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
-	69, // 93: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
-	40, // 94: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
-	36, // 95: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
-	38, // 96: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
-	75, // 97: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
-	75, // 98: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
-	74, // 99: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
-	45, // 100: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
-	50, // 101: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
-	47, // 102: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
-	73, // [73:103] is the sub-list for method output_type
-	43, // [43:73] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	51, // 37: loops.v1.EstimateCostResponse.usage:type_name -> loops.v1.UsageEstimate
+	1,  // 38: loops.v1.UsageEstimate.kind:type_name -> loops.v1.UsageKind
+	55, // 39: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
+	56, // 40: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
+	54, // 41: loops.v1.Workspace.budgets:type_name -> loops.v1.WorkspaceBudget
+	75, // 42: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
+	57, // 43: loops.v1.WorkspaceUse.fairness:type_name -> loops.v1.WorkspaceFairness
+	76, // 44: loops.v1.WorkspaceFairness.wait_p50:type_name -> google.protobuf.Duration
+	2,  // 45: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
+	3,  // 46: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
+	5,  // 47: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
+	6,  // 48: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
+	7,  // 49: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
+	9,  // 50: loops.v1.SessionService.SearchSessions:input_type -> loops.v1.SearchSessionsRequest
+	13, // 51: loops.v1.SessionService.SetSessionProject:input_type -> loops.v1.SetSessionProjectRequest
+	14, // 52: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
+	16, // 53: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
+	21, // 54: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
+	23, // 55: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
+	24, // 56: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
+	25, // 57: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
+	26, // 58: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
+	27, // 59: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
+	17, // 60: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
+	28, // 61: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
+	30, // 62: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
+	31, // 63: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
+	33, // 64: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
+	34, // 65: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
+	39, // 66: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
+	35, // 67: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
+	37, // 68: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
+	41, // 69: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
+	42, // 70: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
+	43, // 71: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
+	44, // 72: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
+	52, // 73: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
+	46, // 74: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
+	49, // 75: loops.v1.UsageService.EstimateCost:input_type -> loops.v1.EstimateCostRequest
+	63, // 76: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
+	4,  // 77: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
+	63, // 78: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
+	63, // 79: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
+	8,  // 80: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
+	12, // 81: loops.v1.SessionService.SearchSessions:output_type -> loops.v1.SearchSessionsResponse
+	63, // 82: loops.v1.SessionService.SetSessionProject:output_type -> loops.v1.Session
+	77, // 83: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
+	68, // 84: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
+	22, // 85: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
+	77, // 86: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
+	77, // 87: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
+	77, // 88: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
+	77, // 89: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
+	77, // 90: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
+	18, // 91: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
+	29, // 92: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
+	72, // 93: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
+	32, // 94: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
+	72, // 95: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
+	72, // 96: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
+	40, // 97: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
+	36, // 98: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
+	38, // 99: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
+	78, // 100: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
+	78, // 101: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
+	77, // 102: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
+	45, // 103: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
+	53, // 104: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
+	47, // 105: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
+	50, // 106: loops.v1.UsageService.EstimateCost:output_type -> loops.v1.EstimateCostResponse
+	76, // [76:107] is the sub-list for method output_type
+	45, // [45:76] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_services_proto_init() }
@@ -4453,7 +4749,7 @@ func file_loops_v1_services_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_services_proto_rawDesc), len(file_loops_v1_services_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   58,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   7,
 		},

@@ -1607,7 +1607,8 @@ var WorkspaceService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	UsageService_GetUsage_FullMethodName = "/loops.v1.UsageService/GetUsage"
+	UsageService_GetUsage_FullMethodName     = "/loops.v1.UsageService/GetUsage"
+	UsageService_EstimateCost_FullMethodName = "/loops.v1.UsageService/EstimateCost"
 )
 
 // UsageServiceClient is the client API for UsageService service.
@@ -1620,6 +1621,11 @@ type UsageServiceClient interface {
 	// [start_time, end_time), ordered by bucket start, then kind. Usage is counted when work
 	// succeeds; a crash can lose the last ~15 seconds of it.
 	GetUsage(ctx context.Context, in *GetUsageRequest, opts ...grpc.CallOption) (*GetUsageResponse, error)
+	// EstimateCost prices a planned run with the workspace's price sheet before it starts: the
+	// tokens each usage kind would meter (training, sampling prefill, sampled tokens) from the
+	// run's token counts, steps, batch and group sizes and sampling lengths, and what they
+	// cost. FailedPrecondition when no price sheet is configured.
+	EstimateCost(ctx context.Context, in *EstimateCostRequest, opts ...grpc.CallOption) (*EstimateCostResponse, error)
 }
 
 type usageServiceClient struct {
@@ -1640,6 +1646,16 @@ func (c *usageServiceClient) GetUsage(ctx context.Context, in *GetUsageRequest, 
 	return out, nil
 }
 
+func (c *usageServiceClient) EstimateCost(ctx context.Context, in *EstimateCostRequest, opts ...grpc.CallOption) (*EstimateCostResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EstimateCostResponse)
+	err := c.cc.Invoke(ctx, UsageService_EstimateCost_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // UsageServiceServer is the server API for UsageService service.
 // All implementations must embed UnimplementedUsageServiceServer
 // for forward compatibility.
@@ -1650,6 +1666,11 @@ type UsageServiceServer interface {
 	// [start_time, end_time), ordered by bucket start, then kind. Usage is counted when work
 	// succeeds; a crash can lose the last ~15 seconds of it.
 	GetUsage(context.Context, *GetUsageRequest) (*GetUsageResponse, error)
+	// EstimateCost prices a planned run with the workspace's price sheet before it starts: the
+	// tokens each usage kind would meter (training, sampling prefill, sampled tokens) from the
+	// run's token counts, steps, batch and group sizes and sampling lengths, and what they
+	// cost. FailedPrecondition when no price sheet is configured.
+	EstimateCost(context.Context, *EstimateCostRequest) (*EstimateCostResponse, error)
 	mustEmbedUnimplementedUsageServiceServer()
 }
 
@@ -1662,6 +1683,9 @@ type UnimplementedUsageServiceServer struct{}
 
 func (UnimplementedUsageServiceServer) GetUsage(context.Context, *GetUsageRequest) (*GetUsageResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetUsage not implemented")
+}
+func (UnimplementedUsageServiceServer) EstimateCost(context.Context, *EstimateCostRequest) (*EstimateCostResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method EstimateCost not implemented")
 }
 func (UnimplementedUsageServiceServer) mustEmbedUnimplementedUsageServiceServer() {}
 func (UnimplementedUsageServiceServer) testEmbeddedByValue()                      {}
@@ -1702,6 +1726,24 @@ func _UsageService_GetUsage_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _UsageService_EstimateCost_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EstimateCostRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(UsageServiceServer).EstimateCost(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: UsageService_EstimateCost_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(UsageServiceServer).EstimateCost(ctx, req.(*EstimateCostRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // UsageService_ServiceDesc is the grpc.ServiceDesc for UsageService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1712,6 +1754,10 @@ var UsageService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetUsage",
 			Handler:    _UsageService_GetUsage_Handler,
+		},
+		{
+			MethodName: "EstimateCost",
+			Handler:    _UsageService_EstimateCost_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1524,6 +1524,11 @@ class UsageServiceStub:
                 request_serializer=loops_dot_v1_dot_services__pb2.GetUsageRequest.SerializeToString,
                 response_deserializer=loops_dot_v1_dot_services__pb2.GetUsageResponse.FromString,
                 _registered_method=True)
+        self.EstimateCost = channel.unary_unary(
+                '/loops.v1.UsageService/EstimateCost',
+                request_serializer=loops_dot_v1_dot_services__pb2.EstimateCostRequest.SerializeToString,
+                response_deserializer=loops_dot_v1_dot_services__pb2.EstimateCostResponse.FromString,
+                _registered_method=True)
 
 
 class UsageServiceServicer:
@@ -1539,6 +1544,16 @@ class UsageServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EstimateCost(self, request, context):
+        """EstimateCost prices a planned run with the workspace's price sheet before it starts: the
+        tokens each usage kind would meter (training, sampling prefill, sampled tokens) from the
+        run's token counts, steps, batch and group sizes and sampling lengths, and what they
+        cost. FailedPrecondition when no price sheet is configured.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_UsageServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1546,6 +1561,11 @@ def add_UsageServiceServicer_to_server(servicer, server):
                     servicer.GetUsage,
                     request_deserializer=loops_dot_v1_dot_services__pb2.GetUsageRequest.FromString,
                     response_serializer=loops_dot_v1_dot_services__pb2.GetUsageResponse.SerializeToString,
+            ),
+            'EstimateCost': grpc.unary_unary_rpc_method_handler(
+                    servicer.EstimateCost,
+                    request_deserializer=loops_dot_v1_dot_services__pb2.EstimateCostRequest.FromString,
+                    response_serializer=loops_dot_v1_dot_services__pb2.EstimateCostResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1576,6 +1596,33 @@ class UsageService:
             '/loops.v1.UsageService/GetUsage',
             loops_dot_v1_dot_services__pb2.GetUsageRequest.SerializeToString,
             loops_dot_v1_dot_services__pb2.GetUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EstimateCost(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loops.v1.UsageService/EstimateCost',
+            loops_dot_v1_dot_services__pb2.EstimateCostRequest.SerializeToString,
+            loops_dot_v1_dot_services__pb2.EstimateCostResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -132,6 +132,9 @@ const (
 	WorkspaceServiceGetWorkspaceProcedure = "/loops.v1.WorkspaceService/GetWorkspace"
 	// UsageServiceGetUsageProcedure is the fully-qualified name of the UsageService's GetUsage RPC.
 	UsageServiceGetUsageProcedure = "/loops.v1.UsageService/GetUsage"
+	// UsageServiceEstimateCostProcedure is the fully-qualified name of the UsageService's EstimateCost
+	// RPC.
+	UsageServiceEstimateCostProcedure = "/loops.v1.UsageService/EstimateCost"
 )
 
 // SessionServiceClient is a client for the loops.v1.SessionService service.
@@ -1348,6 +1351,11 @@ type UsageServiceClient interface {
 	// [start_time, end_time), ordered by bucket start, then kind. Usage is counted when work
 	// succeeds; a crash can lose the last ~15 seconds of it.
 	GetUsage(context.Context, *v1.GetUsageRequest) (*v1.GetUsageResponse, error)
+	// EstimateCost prices a planned run with the workspace's price sheet before it starts: the
+	// tokens each usage kind would meter (training, sampling prefill, sampled tokens) from the
+	// run's token counts, steps, batch and group sizes and sampling lengths, and what they
+	// cost. FailedPrecondition when no price sheet is configured.
+	EstimateCost(context.Context, *v1.EstimateCostRequest) (*v1.EstimateCostResponse, error)
 }
 
 // NewUsageServiceClient constructs a client for the loops.v1.UsageService service. By default, it
@@ -1367,17 +1375,33 @@ func NewUsageServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(usageServiceMethods.ByName("GetUsage")),
 			connect.WithClientOptions(opts...),
 		),
+		estimateCost: connect.NewClient[v1.EstimateCostRequest, v1.EstimateCostResponse](
+			httpClient,
+			baseURL+UsageServiceEstimateCostProcedure,
+			connect.WithSchema(usageServiceMethods.ByName("EstimateCost")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // usageServiceClient implements UsageServiceClient.
 type usageServiceClient struct {
-	getUsage *connect.Client[v1.GetUsageRequest, v1.GetUsageResponse]
+	getUsage     *connect.Client[v1.GetUsageRequest, v1.GetUsageResponse]
+	estimateCost *connect.Client[v1.EstimateCostRequest, v1.EstimateCostResponse]
 }
 
 // GetUsage calls loops.v1.UsageService.GetUsage.
 func (c *usageServiceClient) GetUsage(ctx context.Context, req *v1.GetUsageRequest) (*v1.GetUsageResponse, error) {
 	response, err := c.getUsage.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// EstimateCost calls loops.v1.UsageService.EstimateCost.
+func (c *usageServiceClient) EstimateCost(ctx context.Context, req *v1.EstimateCostRequest) (*v1.EstimateCostResponse, error) {
+	response, err := c.estimateCost.CallUnary(ctx, connect.NewRequest(req))
 	if response != nil {
 		return response.Msg, err
 	}
@@ -1390,6 +1414,11 @@ type UsageServiceHandler interface {
 	// [start_time, end_time), ordered by bucket start, then kind. Usage is counted when work
 	// succeeds; a crash can lose the last ~15 seconds of it.
 	GetUsage(context.Context, *v1.GetUsageRequest) (*v1.GetUsageResponse, error)
+	// EstimateCost prices a planned run with the workspace's price sheet before it starts: the
+	// tokens each usage kind would meter (training, sampling prefill, sampled tokens) from the
+	// run's token counts, steps, batch and group sizes and sampling lengths, and what they
+	// cost. FailedPrecondition when no price sheet is configured.
+	EstimateCost(context.Context, *v1.EstimateCostRequest) (*v1.EstimateCostResponse, error)
 }
 
 // NewUsageServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -1405,10 +1434,18 @@ func NewUsageServiceHandler(svc UsageServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(usageServiceMethods.ByName("GetUsage")),
 		connect.WithHandlerOptions(opts...),
 	)
+	usageServiceEstimateCostHandler := connect.NewUnaryHandlerSimple(
+		UsageServiceEstimateCostProcedure,
+		svc.EstimateCost,
+		connect.WithSchema(usageServiceMethods.ByName("EstimateCost")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/loops.v1.UsageService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case UsageServiceGetUsageProcedure:
 			usageServiceGetUsageHandler.ServeHTTP(w, r)
+		case UsageServiceEstimateCostProcedure:
+			usageServiceEstimateCostHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -1420,4 +1457,8 @@ type UnimplementedUsageServiceHandler struct{}
 
 func (UnimplementedUsageServiceHandler) GetUsage(context.Context, *v1.GetUsageRequest) (*v1.GetUsageResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.UsageService.GetUsage is not implemented"))
+}
+
+func (UnimplementedUsageServiceHandler) EstimateCost(context.Context, *v1.EstimateCostRequest) (*v1.EstimateCostResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("loops.v1.UsageService.EstimateCost is not implemented"))
 }
