@@ -2,6 +2,7 @@ package nn
 
 import (
 	"encoding/json"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -147,7 +148,7 @@ func TestGemma3Transformers(t *testing.T) {
 		cmd := exec.Command(py, append([]string{"testdata/gemma3_transformers.py"}, args...)...)
 		cmd.Env = append(os.Environ(), "HF_HUB_OFFLINE=1")
 		out, err := cmd.Output()
-		if ee, ok := err.(*exec.ExitError); ok {
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
 			t.Log(string(ee.Stderr))
 		}
 		require.NoError(t, err)
