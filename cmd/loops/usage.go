@@ -102,40 +102,6 @@ type usageView struct {
 	cost, byDay, byKey bool
 }
 
-// usageCell sums one row's amounts, and its costs exactly.
-type usageCell struct {
-	amount, priced int64
-	cost           money.USD
-	err            error
-}
-
-func (c *usageCell) add(b *loopsv1.UsageBucket) {
-	c.amount += b.GetAmount()
-	if b.GetCostUsd() == "" || c.err != nil {
-		return
-	}
-	v, err := money.ParseUSD(b.GetCostUsd(), money.Digits)
-	if err == nil {
-		v, err = money.Add(c.cost, v)
-	}
-	if err != nil {
-		c.err = fmt.Errorf("summing the cost %q: %w", b.GetCostUsd(), err)
-		return
-	}
-	c.cost, c.priced = v, c.priced+b.GetPricedAmount()
-}
-
-// costText is a cell's cost: "-" when none of it was priced, "*" after it when only part.
-func (c *usageCell) costText() string {
-	switch {
-	case c.priced == 0:
-		return "-"
-	case c.priced < c.amount:
-		return c.cost.String() + "*"
-	}
-	return c.cost.String()
-}
-
 // printUsage writes one row per (bucket, model, deployment, kind), summed over sessions, in
 // bucket order (hours, or days with v.byDay), then the total of each kind; with v.cost a
 // COST column (exact USD; "-" unpriced, "*" partly priced) and the total cost. The
@@ -149,9 +115,9 @@ func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket, v usageView) error 
 		key        string
 		kind       loopsv1.UsageKind
 	}
-	sums := map[row]*usageCell{}
-	totals := map[loopsv1.UsageKind]*usageCell{}
-	var all usageCell
+	sums := map[row]*money.Tally{}
+	totals := map[loopsv1.UsageKind]*money.Tally{}
+	var all money.Tally
 	deployments, partly := false, false
 	for _, b := range buckets {
 		start := b.GetStartTime().AsTime().UTC()
@@ -163,18 +129,18 @@ func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket, v usageView) error 
 			r.key = b.GetKeyId()
 		}
 		if sums[r] == nil {
-			sums[r] = &usageCell{}
+			sums[r] = &money.Tally{}
 		}
 		if totals[b.GetKind()] == nil {
-			totals[b.GetKind()] = &usageCell{}
+			totals[b.GetKind()] = &money.Tally{}
 		}
-		sums[r].add(b)
-		totals[b.GetKind()].add(b)
-		all.add(b)
+		sums[r].Add(b.GetAmount(), b.GetCostUsd(), b.GetPricedAmount())
+		totals[b.GetKind()].Add(b.GetAmount(), b.GetCostUsd(), b.GetPricedAmount())
+		all.Add(b.GetAmount(), b.GetCostUsd(), b.GetPricedAmount())
 		deployments = deployments || b.GetDeployment() != ""
 	}
-	if v.cost && all.err != nil {
-		return all.err
+	if v.cost && all.Err != nil {
+		return all.Err
 	}
 	rows := make([]row, 0, len(sums))
 	for r := range sums {
@@ -205,12 +171,12 @@ func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket, v usageView) error 
 		}
 		return d + "\t"
 	}
-	cost := func(c *usageCell) string {
+	cost := func(c *money.Tally) string {
 		if !v.cost {
 			return ""
 		}
-		partly = partly || (c.priced > 0 && c.priced < c.amount)
-		return "\t" + c.costText()
+		partly = partly || (c.Priced > 0 && c.Priced < c.Amount)
+		return "\t" + c.Text("-")
 	}
 	bucket, layout := "BUCKET (UTC)", "2006-01-02 15:04"
 	if v.byDay {
@@ -227,7 +193,7 @@ func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket, v usageView) error 
 	}
 	fmt.Fprintf(tw, "%s\tMODEL\t%s%sKIND\tAMOUNT%s\n", bucket, map[bool]string{true: "DEPLOYMENT\t"}[deployments], map[bool]string{true: "KEY\t"}[v.byKey], map[bool]string{true: "\tCOST (USD)"}[v.cost])
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s%s%s\t%d%s\n", r.start.Format(layout), r.model, dep(r.deployment), key(r.key), usageKindName(r.kind), sums[r].amount, cost(sums[r]))
+		fmt.Fprintf(tw, "%s\t%s\t%s%s%s\t%d%s\n", r.start.Format(layout), r.model, dep(r.deployment), key(r.key), usageKindName(r.kind), sums[r].Amount, cost(sums[r]))
 	}
 	if len(rows) == 0 {
 		fmt.Fprintln(tw, "(no usage in this range)")
@@ -239,13 +205,13 @@ func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket, v usageView) error 
 	}
 	slices.Sort(kinds)
 	for _, k := range kinds {
-		fmt.Fprintf(tw, "TOTAL\t\t%s%s\t%d%s\n", pad, usageKindName(k), totals[k].amount, cost(totals[k]))
+		fmt.Fprintf(tw, "TOTAL\t\t%s%s\t%d%s\n", pad, usageKindName(k), totals[k].Amount, cost(totals[k]))
 	}
 	if v.cost {
 		// Summed over kinds: "-" when nothing was priced, "*" when some kind was partly.
 		total := "-"
-		if all.priced > 0 {
-			total = all.cost.String() + map[bool]string{true: "*"}[partly]
+		if all.Priced > 0 {
+			total = all.Cost.String() + map[bool]string{true: "*"}[partly]
 		}
 		fmt.Fprintf(tw, "TOTAL COST\t\t%s\t\t%s\n", pad, total)
 	}
@@ -253,7 +219,7 @@ func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket, v usageView) error 
 		return err
 	}
 	switch {
-	case v.cost && all.priced == 0:
+	case v.cost && all.Priced == 0:
 		_, err := fmt.Fprintln(w, "(no cost: the server has no price sheet, or it prices none of this usage)")
 		return err
 	case partly:

@@ -552,39 +552,12 @@ type usageView struct {
 	MonthCost string
 }
 
-// costSum sums the costs of usage buckets exactly: the text usageRow.Cost shows.
-type costSum struct {
-	amount, priced int64
-	usd            money.USD
-	bad            bool
-}
-
-func (c *costSum) add(b *loopsv1.UsageBucket) {
-	c.amount += b.GetAmount()
-	if b.GetCostUsd() == "" {
-		return
-	}
-	v, err := money.ParseUSD(b.GetCostUsd(), money.Digits)
-	if err == nil {
-		v, err = money.Add(c.usd, v)
-	}
-	if err != nil {
-		c.bad = true
-		return
-	}
-	c.usd, c.priced = v, c.priced+b.GetPricedAmount()
-}
-
-func (c *costSum) text() string {
-	switch {
-	case c.bad:
+// costText is a tally's cost as the usage page shows it: "?" when a cost did not sum.
+func costText(t *money.Tally) string {
+	if t.Err != nil {
 		return "?"
-	case c.priced == 0:
-		return ""
-	case c.priced < c.amount:
-		return c.usd.String() + "*"
 	}
-	return c.usd.String()
+	return t.Text("")
 }
 
 func (c *Console) usagePage(w http.ResponseWriter, r *http.Request, s *session) error {
@@ -611,22 +584,22 @@ func (c *Console) usagePage(w http.ResponseWriter, r *http.Request, s *session) 
 		model string
 		kind  loopsv1.UsageKind
 	}
-	sums := map[key]*costSum{}
-	totals := map[loopsv1.UsageKind]*costSum{}
+	sums := map[key]*money.Tally{}
+	totals := map[loopsv1.UsageKind]*money.Tally{}
 	for _, b := range resp.GetBuckets() {
 		k := key{b.GetStartTime().AsTime().UTC().Truncate(rg.Bucket), b.GetBaseModel(), b.GetKind()}
 		if sums[k] == nil {
-			sums[k] = &costSum{}
+			sums[k] = &money.Tally{}
 		}
 		if totals[k.kind] == nil {
-			totals[k.kind] = &costSum{}
+			totals[k.kind] = &money.Tally{}
 		}
-		sums[k].add(b)
-		totals[k.kind].add(b)
+		sums[k].Add(b.GetAmount(), b.GetCostUsd(), b.GetPricedAmount())
+		totals[k.kind].Add(b.GetAmount(), b.GetCostUsd(), b.GetPricedAmount())
 		v.Priced = v.Priced || b.GetCostUsd() != ""
 	}
 	for k, n := range sums {
-		v.Rows = append(v.Rows, usageRow{k.start, k.model, k.kind, n.amount, n.text()})
+		v.Rows = append(v.Rows, usageRow{k.start, k.model, k.kind, n.Amount, costText(n)})
 	}
 	if v.Priced { // the workspace's month so far
 		t := end.UTC()
@@ -635,12 +608,12 @@ func (c *Console) usagePage(w http.ResponseWriter, r *http.Request, s *session) 
 		if err != nil {
 			return err
 		}
-		var m costSum
+		var m money.Tally
 		for _, b := range month.GetBuckets() {
-			m.add(b)
+			m.Add(b.GetAmount(), b.GetCostUsd(), b.GetPricedAmount())
 		}
-		v.MonthCost = m.usd.String() // summed over kinds, unpriced ones adding nothing
-		if m.bad {
+		v.MonthCost = m.Cost.String() // summed over kinds, unpriced ones adding nothing
+		if m.Err != nil {
 			v.MonthCost = "?"
 		}
 	}
@@ -654,7 +627,7 @@ func (c *Console) usagePage(w http.ResponseWriter, r *http.Request, s *session) 
 		return int(a.Kind) - int(b.Kind)
 	})
 	for k, n := range totals {
-		v.Totals = append(v.Totals, usageRow{Kind: k, Amount: n.amount, Cost: n.text()})
+		v.Totals = append(v.Totals, usageRow{Kind: k, Amount: n.Amount, Cost: costText(n)})
 	}
 	slices.SortFunc(v.Totals, func(a, b usageRow) int { return int(a.Kind) - int(b.Kind) })
 	c.render(w, http.StatusOK, "usage", "Usage", "usage", s, v)

@@ -124,3 +124,42 @@ func MulDiv(u USD, n, d int64) (USD, error) {
 	}
 	return USD(q), nil
 }
+
+// Tally sums amounts of usage and, exactly, the costs of the priced part: the total a
+// usage table shows per row. Err is the first cost that did not parse or overflowed the
+// sum (the cost is then not summed further; amounts still are).
+type Tally struct {
+	Amount, Priced int64
+	Cost           USD
+	Err            error
+}
+
+// Add adds amount units whose cost is cost (a decimal of USD, "" when unpriced), priced
+// of them priced.
+func (t *Tally) Add(amount int64, cost string, priced int64) {
+	t.Amount += amount
+	if cost == "" || t.Err != nil {
+		return
+	}
+	v, err := ParseUSD(cost, Digits)
+	if err == nil {
+		v, err = Add(t.Cost, v)
+	}
+	if err != nil {
+		t.Err = fmt.Errorf("summing the cost %q: %w", cost, err)
+		return
+	}
+	t.Cost, t.Priced = v, t.Priced+priced
+}
+
+// Text is the tally's cost: unpriced when none of it was priced, the exact USD with "*"
+// after it when only part was.
+func (t *Tally) Text(unpriced string) string {
+	switch {
+	case t.Priced == 0:
+		return unpriced
+	case t.Priced < t.Amount:
+		return t.Cost.String() + "*"
+	}
+	return t.Cost.String()
+}

@@ -27,3 +27,22 @@ func TestMoney(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "0.000833333333", v.String())
 }
+
+// TestTally: amounts all add up, the priced part's costs exactly; the text marks a partly
+// priced tally with "*" and an unpriced one with the caller's placeholder; a cost that does
+// not parse stops the cost sum with an error naming it.
+func TestTally(t *testing.T) {
+	var tl Tally
+	require.Equal(t, "-", tl.Text("-"))
+	tl.Add(10, "0.0000025", 10)
+	tl.Add(5, "0.0000005", 5)
+	require.Equal(t, "0.000003", tl.Text("-"))
+	tl.Add(7, "", 0)
+	require.Equal(t, int64(22), tl.Amount)
+	require.Equal(t, "0.000003*", tl.Text("-"))
+	tl.Add(1, "x", 1)
+	require.ErrorContains(t, tl.Err, `summing the cost "x"`)
+	tl.Add(1, "1", 1)
+	require.Equal(t, int64(24), tl.Amount)
+	require.Equal(t, "0.000003", tl.Cost.String())
+}
