@@ -452,13 +452,9 @@ func expertsToPEFT(dir, family string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	cp := filepath.Join(dir, peft.AdapterConfigFile)
-	cb, err := os.ReadFile(cp)
+	cp, cb, err := readAdapterConfig(dir)
 	if err != nil {
 		return false, err
-	}
-	if len(cb) > peft.MaxConfigBytes {
-		return false, fmt.Errorf("%s is larger than %d bytes", peft.AdapterConfigFile, peft.MaxConfigBytes)
 	}
 	var cfg map[string]json.RawMessage
 	if err := json.Unmarshal(cb, &cfg); err != nil {

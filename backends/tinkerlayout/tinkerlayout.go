@@ -15,6 +15,7 @@ import (
 
 	"github.com/loops-dev/loops/backends/peft"
 	"github.com/loops-dev/loops/backends/reference/safetensors"
+	"github.com/loops-dev/loops/internal/bounded"
 )
 
 // The unembedding's module in each layout, as tensor-name prefixes and as target_modules
@@ -359,13 +360,9 @@ func dropTiedEmbedding(dir string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	cp := filepath.Join(dir, peft.AdapterConfigFile)
-	cb, err := os.ReadFile(cp)
+	cp, cb, err := readAdapterConfig(dir)
 	if err != nil {
 		return false, err
-	}
-	if len(cb) > peft.MaxConfigBytes {
-		return false, fmt.Errorf("%s is larger than %d bytes", peft.AdapterConfigFile, peft.MaxConfigBytes)
 	}
 	nb, changed, err := RenameTargetModules(cb, map[string]string{"model.embed_tokens": peftHeadModule, "embed_tokens": peftHeadModule})
 	if err != nil {
@@ -377,6 +374,14 @@ func dropTiedEmbedding(dir string) (bool, error) {
 		}
 	}
 	return true, os.Rename(tmp.Name(), wp)
+}
+
+// readAdapterConfig reads dir's adapter_config.json, at most peft.MaxConfigBytes of it
+// (refused from its size before it is read), and returns its path.
+func readAdapterConfig(dir string) (string, []byte, error) {
+	cp := filepath.Join(dir, peft.AdapterConfigFile)
+	b, err := bounded.ReadFile(cp, peft.MaxConfigBytes)
+	return cp, b, err
 }
 
 // renameToPEFT is ToPEFT's renaming of Tinker's and the cookbook's names.
@@ -410,13 +415,9 @@ func renameToPEFT(dir string) (bool, error) {
 	if err := tmp.Close(); err != nil {
 		return false, err
 	}
-	cp := filepath.Join(dir, peft.AdapterConfigFile)
-	cb, err := os.ReadFile(cp)
+	cp, cb, err := readAdapterConfig(dir)
 	if err != nil {
 		return false, err
-	}
-	if len(cb) > peft.MaxConfigBytes {
-		return false, fmt.Errorf("%s is larger than %d bytes", peft.AdapterConfigFile, peft.MaxConfigBytes)
 	}
 	nb, changed, err := RenameTargetModules(cb, rn.Modules)
 	if err != nil {
