@@ -80,7 +80,7 @@ const testPolicy = `
 workspaces:
   ws-a: {allow_jobs: true, max_running_jobs: 2, max_job_seconds: 30}
   ws-b: {allow_jobs: true}
-  ws-short: {allow_jobs: true, max_job_seconds: 1}
+  ws-short: {allow_jobs: true, max_job_seconds: 8}
   ws-mem: {allow_jobs: true, max_job_memory_mb: 256, max_job_seconds: 60}
   ws-small: {allow_jobs: true, max_job_memory_mb: 300, max_job_seconds: 60}
 `
@@ -340,7 +340,9 @@ func waitFor(t *testing.T, s *client, ws, id, want string) {
 	t.Fatalf("job %s never printed %q", id, want)
 }
 
-// A job over its wall time is stopped and failed with the reason; its log is capped.
+// A job over its wall time is stopped and failed with the reason; its log is capped. The wall
+// time (8 s) leaves room for Python to start in the sandbox and print on a loaded CI machine
+// under -race: at 1 s it sometimes ran out before the first line was written.
 func TestJobsWallTimeAndLogCap(t *testing.T) {
 	needSandbox(t)
 	dir := t.TempDir()
@@ -353,7 +355,7 @@ func TestJobsWallTimeAndLogCap(t *testing.T) {
 	require.NoError(t, err)
 	log, end := wait(t, f.api, "ws-short", j.GetId())
 	require.Equal(t, loopsv1.JobState_JOB_STATE_FAILED, end.GetState())
-	require.Contains(t, end.GetReason(), "wall time of 1s ran out (max_job_seconds)")
+	require.Contains(t, end.GetReason(), "wall time of 8s ran out (max_job_seconds)")
 	require.Contains(t, log, "the log reached its 4096-byte cap")
 	require.Less(t, len(log), 4096+400)
 }
