@@ -38,7 +38,7 @@ RACE_EXCLUDED := -e /backends/reference -e /backends/tiny -e /backends/serve -e 
 
 .PHONY: test-race
 test-race: weed grpcurl promtool ## Go tests with -race and the lock-order check (-tags lockorder) on every package but the engine's numerics
-	$(GO) test -count=1 -timeout 20m -race -tags lockorder $$($(GO) list ./... | grep -v $(RACE_EXCLUDED))
+	$(GO) test -count=1 -timeout 30m -race -tags lockorder $$($(GO) list ./... | grep -v $(RACE_EXCLUDED))
 
 .PHONY: test-go-engine
 test-go-engine: weed ## The Go packages test-race leaves out, without -race
