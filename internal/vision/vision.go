@@ -110,7 +110,11 @@ func Check(model *loopsv1.ModelInfo, images []*loopsv1.Image, tokens []int32, co
 		return count, nil
 	}
 	if !slices.Contains(model.GetModalities(), Modality) || model.GetVision() == nil {
-		return 0, fmt.Errorf("model %s takes %v input only, not images: send encoded_text chunks, or use a vision-language model whose modalities include image (loops models lists them)", model.GetName(), model.GetModalities())
+		mods := model.GetModalities()
+		if len(mods) == 0 { // a backend that does not say serves text
+			mods = []string{"text"}
+		}
+		return 0, fmt.Errorf("model %s takes %v input only, not images: send encoded_text chunks, or use a vision-language model whose modalities include image (loops models lists them)", model.GetName(), mods)
 	}
 	next := 0
 	for i, im := range images {
