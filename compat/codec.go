@@ -13,13 +13,47 @@ import (
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	publicv1 "github.com/loops-dev/loops/gen/go/tinker/public/v1"
 	"github.com/loops-dev/loops/internal/shape"
+	"github.com/loops-dev/loops/internal/vision"
 )
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
-// textOnly is the message for any non-text model input chunk.
-// A vision-language checkpoint (Qwen3.5) is served for text: its language model only.
-const textOnly = "image inputs are not served yet: the models Loops serves are text-only (a vision-language checkpoint such as Qwen/Qwen3.5-4B trains and samples its language model on text); send encoded_text chunks (token ids); image, image_asset_pointer and dmel chunks are not supported"
+// noAssetPointer and noDmel are the messages for the model input chunks Loops does not take.
+const (
+	noAssetPointer = "image_asset_pointer chunks (an image by location) are not served: Loops fetches no images; send the image's bytes in an image chunk (tinker.types.ImageChunk)"
+	noDmel         = "dmel chunks are not served: send encoded_text and image chunks"
+)
+
+// inputBuilder turns a model input's chunks into a token list and its images (Datum.images):
+// an image chunk's expected_tokens positions hold the placeholder 0. Every image's bytes,
+// format and pixel size are checked (vision.Header) as it is added; images counts a whole
+// request's, against vision.MaxImages.
+type inputBuilder struct {
+	tokens []int32
+	images []*loopsv1.Image
+	count  *int
+}
+
+// image adds an image chunk. expected is its expected_tokens (nil: not given).
+func (b *inputBuilder) image(data []byte, format string, expected *int64) error {
+	if *b.count++; *b.count > vision.MaxImages {
+		return fmt.Errorf("the request has more than %d images, the limit: split it", vision.MaxImages)
+	}
+	w, h, err := vision.Header(data, format)
+	if err != nil {
+		return err
+	}
+	switch {
+	case expected == nil:
+		return fmt.Errorf("image chunk without expected_tokens: set it to the number of tokens the model makes of the image (the server checks it; ModelInput.length needs it too)")
+	case *expected < 1 || *expected > vision.MaxTokens:
+		return fmt.Errorf("expected_tokens %d is out of range [1, %d]", *expected, vision.MaxTokens)
+	}
+	n := int(*expected)
+	b.images = append(b.images, &loopsv1.Image{Data: data, Format: format, Offset: int32(len(b.tokens)), Tokens: int32(n), Width: int32(w), Height: int32(h)})
+	b.tokens = append(b.tokens, make([]int32, n)...)
+	return nil
+}
 
 // limits bounds what a decoder may allocate.
 type limits struct {
@@ -69,8 +103,10 @@ func decodeForwardBackwardProto(b []byte, lim limits) (*loopsv1.ForwardBackwardR
 		}
 	}
 	var total int64
+	images := 0
 	for i, d := range in.GetData() {
 		od := &loopsv1.Datum{}
+		b := inputBuilder{count: &images}
 		for j, c := range d.GetModelInput() {
 			switch x := c.GetChunk().(type) {
 			case *publicv1.Chunk_EncodedText:
@@ -78,13 +114,26 @@ func decodeForwardBackwardProto(b []byte, lim limits) (*loopsv1.ForwardBackwardR
 				if err != nil {
 					return nil, badRequest("data[%d].model_input[%d].tokens: %v", i, j, err)
 				}
-				od.Tokens = append(od.Tokens, toks...)
-			case nil:
-				return nil, badRequest("data[%d].model_input[%d] is an empty chunk; send an encoded_text chunk", i, j)
+				b.tokens = append(b.tokens, toks...)
+			case *publicv1.Chunk_Image:
+				var exp *int64
+				if x.Image.ExpectedTokens != nil {
+					e := int64(x.Image.GetExpectedTokens())
+					exp = &e
+				}
+				if x.Image.GetOverrideDimensions() != nil {
+					return nil, badRequest("data[%d].model_input[%d]: override_dimensions is not served: resize the image before sending it", i, j)
+				}
+				if err := b.image(x.Image.GetData(), x.Image.GetFormat(), exp); err != nil {
+					return nil, badRequest("data[%d].model_input[%d]: %v", i, j, err)
+				}
+			case *publicv1.Chunk_Dmel:
+				return nil, badRequest("data[%d].model_input[%d]: %s", i, j, noDmel)
 			default:
-				return nil, badRequest("data[%d].model_input[%d]: %s", i, j, textOnly)
+				return nil, badRequest("data[%d].model_input[%d] is an empty chunk; send an encoded_text chunk", i, j)
 			}
 		}
+		od.Tokens, od.Images = b.tokens, b.images
 		if len(d.GetLossFnInputs()) > 0 {
 			od.LossFnInputs = make(map[string]*loopsv1.Tensor, len(d.GetLossFnInputs()))
 			for _, k := range sortedKeys(d.GetLossFnInputs()) {
@@ -325,6 +374,10 @@ type jsonModelInput struct {
 type jsonChunk struct {
 	Type   string  `json:"type"`
 	Tokens []int64 `json:"tokens"`
+	// image chunks: the encoded image (base64 in JSON), "png" or "jpeg", and its token count
+	Data           []byte `json:"data"`
+	Format         string `json:"format"`
+	ExpectedTokens *int64 `json:"expected_tokens"`
 }
 
 // jsonTensorData is the SDK's TensorData JSON.
@@ -364,13 +417,14 @@ func decodeForwardBackwardJSON(b []byte, forwardOnly bool, lim limits) (*loopsv1
 	}
 	out.LossFnConfig = cfg
 	var total int64
+	images := 0
 	for i, d := range fb.Data {
 		od := &loopsv1.Datum{}
-		toks, err := chunksToTokens(d.ModelInput.Chunks)
+		toks, ims, err := chunksToInput(d.ModelInput.Chunks, &images)
 		if err != nil {
 			return nil, badRequest("data[%d].model_input: %v", i, err)
 		}
-		od.Tokens = toks
+		od.Tokens, od.Images = toks, ims
 		if len(d.LossFnInputs) > 0 {
 			od.LossFnInputs = make(map[string]*loopsv1.Tensor, len(d.LossFnInputs))
 			for _, k := range sortedKeys(d.LossFnInputs) {
@@ -406,21 +460,32 @@ func numericConfig(m map[string]json.RawMessage) (map[string]float64, error) {
 	return out, nil
 }
 
-// chunksToTokens concatenates encoded_text chunks; anything else is refused.
-func chunksToTokens(chunks []jsonChunk) ([]int32, error) {
-	var out []int32
+// chunksToInput concatenates encoded_text chunks and places image chunks (inputBuilder);
+// images counts the request's images. Other chunk types are refused.
+func chunksToInput(chunks []jsonChunk, images *int) ([]int32, []*loopsv1.Image, error) {
+	b := inputBuilder{count: images}
 	for j, c := range chunks {
-		if c.Type != "" && c.Type != "encoded_text" {
-			return nil, fmt.Errorf("chunk %d has type %q: %s", j, c.Type, textOnly)
-		}
-		for _, t := range c.Tokens {
-			if t < math.MinInt32 || t > math.MaxInt32 {
-				return nil, fmt.Errorf("chunk %d: token id %d does not fit in int32", j, t)
+		switch c.Type {
+		case "", "encoded_text":
+			for _, t := range c.Tokens {
+				if t < math.MinInt32 || t > math.MaxInt32 {
+					return nil, nil, fmt.Errorf("chunk %d: token id %d does not fit in int32", j, t)
+				}
+				b.tokens = append(b.tokens, int32(t))
 			}
-			out = append(out, int32(t))
+		case "image":
+			if err := b.image(c.Data, c.Format, c.ExpectedTokens); err != nil {
+				return nil, nil, fmt.Errorf("chunk %d: %v", j, err)
+			}
+		case "image_asset_pointer":
+			return nil, nil, fmt.Errorf("chunk %d: %s", j, noAssetPointer)
+		case "dmel":
+			return nil, nil, fmt.Errorf("chunk %d: %s", j, noDmel)
+		default:
+			return nil, nil, fmt.Errorf("chunk %d has type %q: send encoded_text or image chunks", j, c.Type)
 		}
 	}
-	return out, nil
+	return b.tokens, b.images, nil
 }
 
 // tensorFromJSON converts TensorData JSON into a dense loops Tensor.

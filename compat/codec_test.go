@@ -1,8 +1,14 @@
 package compat
 
 import (
+	"bytes"
+	"encoding/base64"
 	"encoding/binary"
+	"fmt"
+	"image"
+	"image/png"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -12,6 +18,7 @@ import (
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	publicv1 "github.com/loops-dev/loops/gen/go/tinker/public/v1"
+	"github.com/loops-dev/loops/internal/vision"
 )
 
 var testLimits = limits{maxElements: 1 << 20}
@@ -162,12 +169,82 @@ func TestLossConfigV2Preferred(t *testing.T) {
 	_, err = decodeForwardBackwardProto(b, testLimits)
 	requireClientError(t, err)
 
-	in = &publicv1.ForwardBackwardRequest{ModelId: "m", LossFn: "cross_entropy", Data: []*publicv1.Datum{{ModelInput: []*publicv1.Chunk{
-		{Chunk: &publicv1.Chunk_Image{Image: &publicv1.ImageChunk{Data: []byte{1}, Format: "png"}}}}}}}
+}
+
+// testPNG is a w×h PNG.
+func testPNG(t testing.TB, w, h int) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	require.NoError(t, png.Encode(&b, image.NewGray(image.Rect(0, 0, w, h))))
+	return b.Bytes()
+}
+
+// TestImageChunks: image chunks (protobuf and JSON) become Datum.images with placeholder
+// tokens; a bad image, a missing expected_tokens, an asset pointer or a dmel chunk is a 400
+// that says why. Whether the model takes images is the core's check (vision.Check).
+func TestImageChunks(t *testing.T) {
+	pic := testPNG(t, 48, 40)
+	three := int32(3)
+	in := &publicv1.ForwardBackwardRequest{ModelId: "m", LossFn: "cross_entropy", Data: []*publicv1.Datum{{ModelInput: []*publicv1.Chunk{
+		{Chunk: &publicv1.Chunk_EncodedText{EncodedText: &publicv1.EncodedTextChunk{Tokens: []byte{7, 0, 0, 0}}}},
+		{Chunk: &publicv1.Chunk_Image{Image: &publicv1.ImageChunk{Data: pic, Format: "png", ExpectedTokens: &three}}},
+		{Chunk: &publicv1.Chunk_EncodedText{EncodedText: &publicv1.EncodedTextChunk{Tokens: []byte{8, 0, 0, 0}}}}}}}}
+	b, _ := proto.Marshal(in)
+	got, err := decodeForwardBackwardProto(b, testLimits)
+	require.NoError(t, err)
+	want := &loopsv1.Datum{Tokens: []int32{7, 0, 0, 0, 8}, Images: []*loopsv1.Image{{Data: pic, Format: "png", Offset: 1, Tokens: 3, Width: 48, Height: 40}}}
+	require.Empty(t, cmp.Diff(want, got.GetData()[0], protocmp.Transform()))
+
+	js := fmt.Sprintf(`{"forward_backward_input":{"data":[{"model_input":{"chunks":[{"type":"encoded_text","tokens":[7]},{"type":"image","data":%q,"format":"png","expected_tokens":3},{"type":"encoded_text","tokens":[8]}]},"loss_fn_inputs":{}}],"loss_fn":"cross_entropy"}}`,
+		base64.StdEncoding.EncodeToString(pic))
+	gotJ, err := decodeForwardBackwardJSON([]byte(js), false, testLimits)
+	require.NoError(t, err)
+	require.Empty(t, cmp.Diff(want, gotJ.GetData()[0], protocmp.Transform()))
+
+	in.Data[0].ModelInput[1] = &publicv1.Chunk{Chunk: &publicv1.Chunk_Image{Image: &publicv1.ImageChunk{Data: []byte{1}, Format: "png", ExpectedTokens: &three}}}
 	b, _ = proto.Marshal(in)
 	_, err = decodeForwardBackwardProto(b, testLimits)
 	requireClientError(t, err)
-	require.ErrorContains(t, err, "image inputs are not served yet")
+	require.ErrorContains(t, err, "data[0].model_input[1]: the image is not a readable png")
+
+	img := base64.StdEncoding.EncodeToString(pic)
+	for chunk, why := range map[string]string{
+		fmt.Sprintf(`{"type":"image","data":%q,"format":"png"}`, img):                          "without expected_tokens",
+		fmt.Sprintf(`{"type":"image","data":%q,"format":"jpeg","expected_tokens":3}`, img):     `set format to "png"`,
+		fmt.Sprintf(`{"type":"image","data":%q,"format":"png","expected_tokens":-1}`, img):     "expected_tokens -1 is out of range",
+		fmt.Sprintf(`{"type":"image","data":%q,"format":"png","expected_tokens":1e9}`, img):    "",
+		`{"type":"image_asset_pointer","location":"https://example.com/a.png","format":"png"}`: "Loops fetches no images",
+		`{"type":"dmel","dmel":"AA=="}`: "dmel chunks are not served",
+	} {
+		_, err := decodeForwardBackwardJSON([]byte(`{"forward_backward_input":{"data":[{"model_input":{"chunks":[`+chunk+`]},"loss_fn_inputs":{}}],"loss_fn":"cross_entropy"}}`), false, testLimits)
+		requireClientError(t, err)
+		require.ErrorContains(t, err, why, chunk)
+	}
+	many := strings.Repeat(fmt.Sprintf(`{"type":"image","data":%q,"format":"png","expected_tokens":1},`, img), vision.MaxImages)
+	_, err = decodeForwardBackwardJSON([]byte(`{"forward_backward_input":{"data":[{"model_input":{"chunks":[`+many+`{"type":"encoded_text","tokens":[1]}]},"loss_fn_inputs":{}},{"model_input":{"chunks":[`+many[:len(many)-1]+`]},"loss_fn_inputs":{}}],"loss_fn":"cross_entropy"}}`), false, testLimits)
+	require.ErrorContains(t, err, "more than 16 images")
+}
+
+// FuzzImageChunk: any image chunk in a sample prompt decodes to a 4xx or to a prompt whose
+// images passed vision.Header and whose placeholders are where Datum.images says.
+func FuzzImageChunk(f *testing.F) {
+	f.Add(testPNG(f, 48, 40), "png", int64(6))
+	f.Add([]byte("\x89PNG\r\n\x1a\n"), "png", int64(1))
+	f.Add([]byte{0xff, 0xd8, 0xff}, "jpeg", int64(0))
+	f.Fuzz(func(t *testing.T, data []byte, format string, expected int64) {
+		images := 0
+		toks, ims, err := chunksToInput([]jsonChunk{{Type: "encoded_text", Tokens: []int64{3}}, {Type: "image", Data: data, Format: format, ExpectedTokens: &expected}}, &images)
+		if err != nil {
+			requireClientError(t, badRequest("%v", err))
+			return
+		}
+		require.Len(t, ims, 1)
+		w, h, err := vision.Header(ims[0].GetData(), ims[0].GetFormat())
+		require.NoError(t, err)
+		require.Equal(t, [2]int32{int32(w), int32(h)}, [2]int32{ims[0].GetWidth(), ims[0].GetHeight()})
+		require.Len(t, toks, 1+int(expected))
+		require.LessOrEqual(t, expected, int64(vision.MaxTokens))
+	})
 }
 
 type errString string

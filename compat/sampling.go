@@ -176,7 +176,8 @@ func (s *server) asample(w http.ResponseWriter, r *http.Request) error {
 	if n < 1 || n > math.MaxInt32 { // the core applies the server's cap
 		return badRequest("num_samples must be at least 1, got %d", n)
 	}
-	prompt, err := chunksToTokens(req.Prompt.Chunks)
+	images := 0
+	prompt, promptImages, err := chunksToInput(req.Prompt.Chunks, &images)
 	if err != nil {
 		return badRequest("prompt: %v", err)
 	}
@@ -197,7 +198,7 @@ func (s *server) asample(w http.ResponseWriter, r *http.Request) error {
 	sreq := &loopsv1.SampleRequest{
 		SamplerId: req.SamplingSessionID, SeqId: req.SeqID, Prompt: prompt, NumSamples: int32(n), Params: params,
 		PromptLogprobs: req.PromptLogprobs != nil && *req.PromptLogprobs, TopkPromptLogprobs: int32(req.TopkPromptLogprobs),
-		TargetPromptTokens: targets, PromptAltTokensK: int32(req.PromptAltTokensK),
+		TargetPromptTokens: targets, PromptAltTokensK: int32(req.PromptAltTokensK), PromptImages: promptImages,
 	}
 	if req.PromptLogprobsLastN != nil {
 		sreq.PromptLogprobsLastN = int32(*req.PromptLogprobsLastN)

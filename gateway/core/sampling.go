@@ -593,6 +593,7 @@ func (c *Core) startSample(ctx context.Context, ws string, st *samplerState, req
 		PromptLogprobs: req.GetPromptLogprobs(), TopkPromptLogprobs: req.GetTopkPromptLogprobs(),
 		TargetPromptTokens: req.GetTargetPromptTokens(), PromptAltTokensK: req.GetPromptAltTokensK(),
 		Pool: c.samplerPool(st.info.GetModelPath()), Workspace: ws, Embed: req.GetEmbed(),
+		PromptImages: req.GetPromptImages(),
 	}
 	if breq.Embed { // an embedding samples nothing
 		breq.Params, breq.NumSamples = nil, 0

@@ -1,8 +1,8 @@
 """The tinker 0.38 SDK trains and samples the torch worker's new families through
 `loops serve --backend torch --model DIR`: Qwen3-MoE (LoRA on attention and per expert) and
 Qwen3.5 (Gated DeltaNet + full attention; the cookbook's default family) as a text model and
-packaged as Qwen/Qwen3.5-4B is (a vision-language checkpoint whose language model is served on
-text; an image chunk is a 400), each a tiny random model written from a fixed seed with
+packaged as Qwen/Qwen3.5-4B is (a vision-language checkpoint; without the image processor's
+preprocessor_config.json it is served for text and an image chunk is a 400), each a tiny random model written from a fixed seed with
 loops/tiny's tokenizer. The catalog
 (get_server_capabilities) names each model's family and cookbook renderer; a few optimizer
 steps lower the loss; seeded sampling from the saved weights repeats."""
@@ -46,6 +46,9 @@ LR = {"qwen3_5_vl": 1e-2}
 FAMILY_OF = {"qwen3_5_vl": "qwen3_5"}
 VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
               temporal_patch_size=1, spatial_merge_size=1)
+# a 1×1 PNG (the smallest valid image: it passes the header checks)
+PNG_1X1 = bytes.fromhex("89504e470d0a1a0a0000000d49484452000000010000000108000000003a7e9b55"
+                        "0000000e49444154789c626200040000ffff00060003fad059ae0000000049454e44ae426082")
 TRAIN = [[5, 9, 33, 70, 11, 2, 17, 18], [8, 1, 300, 4, 19, 64, 3, 250, 6]]
 
 
@@ -127,11 +130,11 @@ def test_sdk_trains_and_samples(torch_families, family, monkeypatch):
     assert [s.tokens for s in a.sequences] == [s.tokens for s in b.sequences]
     assert all(len(s.tokens) == len(s.logprobs) > 0 for s in a.sequences)
     if family in FAMILY_OF:
-        # an image chunk is refused (a 400 that says so), never dropped: the vision tower is not served
+        # an image chunk is refused (a 400 that says so), never dropped: the catalog says text only
         img = types.ModelInput(chunks=[types.EncodedTextChunk(tokens=TRAIN[0][:3]),
-                                       types.ImageChunk(data=b"\x89PNG\r\n\x1a\n", format="png", expected_tokens=4)])
+                                       types.ImageChunk(data=PNG_1X1, format="png", expected_tokens=4)])
         with pytest.raises(tinker.BadRequestError) as e:
             tc.forward([types.Datum(model_input=img, loss_fn_inputs={"target_tokens": [1, 2, 3, 4, 5, 6, 7],
                                                                       "weights": [1.0] * 7})], "cross_entropy").result()
-        assert "image inputs are not served yet" in str(e.value)
+        assert f"model {base} takes [text] input only, not images" in str(e.value)
 

@@ -43,7 +43,9 @@ var TorchModelTypes = map[string]string{
 	"glm_moe_dsa":      "glm_moe_dsa",
 	"minimax_m2":       "minimax_m2",
 	"nemotron_h":       "nemotron_h",
-	// vision-language checkpoints: the worker serves their language model on text
+	// vision-language checkpoints: the worker serves their language model on text, and
+	// image chunks on qwen3_vl and qwen3_5
+	"qwen3_vl":    "qwen3_vl",
 	"qwen3_5":     "qwen3_5",
 	"qwen3_5_moe": "qwen3_5_moe",
 	"gemma3":      "gemma3",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import os
 import threading
@@ -41,6 +42,7 @@ LOSS_CONFIG_KEYS = {
     "gspo": ["clip_low_threshold", "clip_high_threshold"],
 }
 IMPLEMENTATION = "torch"
+log = logging.getLogger("loops_worker.engine")
 # The snapshot folders resolve_model_dir looks through (hfcache's maxSnapshots).
 _MAX_SNAPSHOTS = 1024
 
@@ -96,10 +98,11 @@ def resolve_model_dir(name: str) -> Tuple[Optional[str], str]:
         f"({hub}); download it first, e.g. `huggingface-cli download {name}`")
 
 
-# The input modalities served (ModelInfo.modalities): text only; a vision-language
-# checkpoint's language model is served on text and image chunks are refused (the vision
-# tower is not run: issue 27's vision inputs).
+# The input modalities served (ModelInfo.modalities): text, and "image" for a
+# vision-language checkpoint of a family that serves image chunks (families.Family.images)
+# whose image processor loads (vision.ImageInputs).
 MODALITIES = ("text",)
+IMAGE = "image"
 
 
 class BaseModel:
@@ -108,7 +111,7 @@ class BaseModel:
     def __init__(self, name: str, path: Optional[str], device: torch.device, dtype: torch.dtype,
                  max_lora_rank: int, attn_impl: str = "auto", grad_checkpointing: bool = False,
                  model=None, pad: Optional[bool] = None):
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
         self.name = name
         if path is None:
@@ -127,30 +130,40 @@ class BaseModel:
         # vision tower is not read) and adapter keys get the VL model's names, as PEFT names
         # them on the full …ForConditionalGeneration; image inputs are refused (not served)
         self.vision_checkpoint = families.is_vision(cfg)
+        # a family that serves image chunks loads the full VL model (the vision tower frozen)
+        self.full_vl = self.vision_checkpoint and self.family.images
         if model is None:
             kw = {}
             if self.family.experts and dtype == torch.float64:
                 kw["experts_implementation"] = "eager"  # grouped_mm has no float64 kernel
             if attn_impl == "auto":
                 attn_impl = self.family.attn_implementation
-            if self.vision_checkpoint:
-                kw.update(config=families.text_config(cfg), key_mapping=families.VL_KEY_MAPPING)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_impl, **kw)
-        if self.vision_checkpoint and families.is_vision(model.config):
+            if self.full_vl:
+                model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, attn_implementation=attn_impl, **kw)
+            else:
+                if self.vision_checkpoint:
+                    kw.update(config=families.text_config(cfg), key_mapping=families.VL_KEY_MAPPING)
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_impl, **kw)
+        if self.vision_checkpoint and not self.full_vl and families.is_vision(model.config):
             raise ValueError(f"{cfg.model_type} checkpoint: transformers loaded {type(model).__name__}, not the text model "
                              f"of its language model; this transformers version cannot serve it on the torch worker")
         self.model = model.to(device)
         self.model.eval()
         self.model.requires_grad_(False)
-        self.config = self.model.config
+        # the language model's config (a full VL model's text_config)
+        self.config = families.text_config(self.model.config) if self.full_vl else self.model.config
         self.grad_checkpointing = grad_checkpointing
         self.pad = device.type == "cuda" if pad is None else pad
         if grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ctx = BatchContext(torch.float64 if device.type == "cpu" else None)
         # {PEFT key: MultiLoraLinear or ExpertTarget}, the family's LoRA targets in model order
+        # (a full VL model's module names are already the VL names; only its language model
+        # and head are adapted, never the vision tower)
         self.layers: Dict[str, object] = wrap_model(
-            self.model, self.ctx, self.family, families.vl_name if self.vision_checkpoint else (lambda n: n))
+            self.model, self.ctx, self.family,
+            families.vl_name if self.vision_checkpoint and not self.full_vl else (lambda n: n),
+            (families.VL_PREFIX, families.UNEMBED) if self.full_vl else None)
         # tied embeddings: an adapter's head LoRA adapts the embedding lookup too (lora.py)
         self.tied = embeddings_tied(self.model)
         if self.tied:
@@ -181,40 +194,56 @@ class BaseModel:
             self.tokenizer = AutoTokenizer.from_pretrained(path)
         except Exception:  # noqa: BLE001 - stop strings then need a tokenizer
             self.tokenizer = None
-        arch = (getattr(self.config, "architectures", None) or [getattr(self.config, "model_type", "")])[0]
+        # image chunks: the model's image processor (None: images are refused by the gateway,
+        # the catalog saying text only)
+        self.images = None
+        if self.full_vl:
+            from .vision import ImageInputs
+
+            self.images, why = ImageInputs.load(path, self.model.config)
+            if self.images is None:
+                log.warning("model %s: image chunks are not served: %s", name, why)
+        arch = (getattr(self.model.config, "architectures", None) or [getattr(self.config, "model_type", "")])[0]
         self.info = tpb.ModelInfo(
             name=name, max_sequence_length=self.max_seq, vocab_size=self.vocab, architecture=arch,
             tokenizer_id=tok_id, max_lora_rank=max_lora_rank, backend=IMPLEMENTATION,
             hidden_size=int(getattr(self.config, "hidden_size", 0) or 0), revision=dir_revision(path),
             family=self.family.name, publisher=self.family.publisher, renderer=self.family.renderer,
             lora_targets=list(dict.fromkeys(t.target for t in self.layers.values())),
-            modalities=list(MODALITIES))
+            modalities=list(MODALITIES) + ([IMAGE] if self.images is not None else []))
+        if self.images is not None:
+            self.info.vision.CopyFrom(self.images.info())
 
     # -- the pass ------------------------------------------------------------------------
 
     def token_logprobs(self, seqs: List[List[int]], adapters: List[Optional[Adapter]],
-                       targets: List[torch.Tensor], train: bool) -> List[torch.Tensor]:
+                       targets: List[torch.Tensor], train: bool,
+                       images: Optional[List[Optional["RowImages"]]] = None) -> List[torch.Tensor]:
         """Log-probs of targets[i] ([n_i, K_i] int64) after each position of seqs[i].
         Rows of the same adapter must be adjacent to share a segment (callers sort).
 
         With padding (the GPU default) all rows go in one padded pass. Without it (CPU), rows
         are batched by length, so no row is padded: a row's result then does not depend on
         what it was batched with beyond float rounding of the matrix products, which keeps
-        accumulated and batched gradients equal to ~1e-7."""
+        accumulated and batched gradients equal to ~1e-7. images[i]: row i's images
+        (RowImages), None for a text row."""
+        images = images or [None] * len(seqs)
         if self.pad or len(seqs) == 1:
-            return self._pass(seqs, adapters, targets, train)
+            return self._pass(seqs, adapters, targets, train, images)
         groups: Dict[int, List[int]] = {}
         for i, s in enumerate(seqs):
             groups.setdefault(len(s), []).append(i)
         out: List[Optional[torch.Tensor]] = [None] * len(seqs)
         for idx in groups.values():
-            res = self._pass([seqs[i] for i in idx], [adapters[i] for i in idx], [targets[i] for i in idx], train)
+            res = self._pass([seqs[i] for i in idx], [adapters[i] for i in idx], [targets[i] for i in idx], train,
+                             [images[i] for i in idx])
             for i, r in zip(idx, res):
                 out[i] = r
         return out  # type: ignore[return-value]
 
     def _pass(self, seqs: List[List[int]], adapters: List[Optional[Adapter]],
-              targets: List[torch.Tensor], train: bool) -> List[torch.Tensor]:
+              targets: List[torch.Tensor], train: bool,
+              images: List[Optional["RowImages"]]) -> List[torch.Tensor]:
         B = len(seqs)
         T = max(len(s) for s in seqs)
         K = max(int(t.shape[1]) for t in targets)
@@ -244,7 +273,8 @@ class BaseModel:
                     self.model.train()
                 inner = self.model.model
                 full_mask = bool(mask.all())
-                out = inner(input_ids=ids, attention_mask=None if full_mask else mask, use_cache=False)
+                out = inner(input_ids=ids, attention_mask=None if full_mask else mask, use_cache=False,
+                            **self.vision_inputs(images, T))
                 h = out.last_hidden_state
                 lp = self._chunked_logprobs(h, tg, train)
         except BaseException:
@@ -255,6 +285,36 @@ class BaseModel:
         if not train:
             self.end_pass()
         return [lp[i, : len(s), : targets[i].shape[1]] for i, s in enumerate(seqs)]
+
+    def vision_inputs(self, images: List[Optional["RowImages"]], T: int) -> dict:
+        """The model's image arguments for rows padded to T (pixel_values, image_grid_thw,
+        mm_token_type_ids; the input ids already hold the image token), or none for text
+        rows. A full VL model's cached multimodal position offsets (rope_deltas, kept by
+        transformers between calls for generation) are cleared, so a pass never reuses
+        another's."""
+        if self.full_vl and hasattr(self.model.model, "rope_deltas"):
+            self.model.model.rope_deltas = None
+        rows = [r for r in images if r is not None]
+        if not rows:
+            return {}
+        kinds = torch.zeros((len(images), T), dtype=torch.long)
+        for i, r in enumerate(images):
+            if r is not None:
+                kinds[i, : len(r.kinds)] = torch.tensor(r.kinds, dtype=torch.long)
+        dev = self.device
+        return dict(pixel_values=torch.cat([r.pixel_values for r in rows]).to(dev),
+                    image_grid_thw=torch.cat([r.grid for r in rows]).to(dev), mm_token_type_ids=kinds.to(dev))
+
+    def row_images(self, where: str, tokens: List[int], images) -> Tuple[List[int], Optional["RowImages"]]:
+        """A row's input ids (image placeholders → the image token) and its RowImages, run
+        through the model's image processor; (tokens, None) for a text row."""
+        if len(images) == 0:
+            return tokens, None
+        if self.images is None:
+            raise invalid(f"{where}: model {self.name} takes text only (modalities {list(self.info.modalities)}), not images")
+        ids, kinds = self.images.place(where, tokens, images)
+        pv, grid = self.images.pixels(where, images)
+        return ids, RowImages(kinds=kinds, pixel_values=pv, grid=grid)
 
     def end_pass(self) -> None:
         """Clears the row segments of the last pass (after its backward, for training)."""
@@ -288,6 +348,21 @@ class BaseModel:
             else:
                 outs.append(piece(hc, tc))
         return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
+
+
+@dataclass
+class RowImages:
+    """One row's images, as the model takes them."""
+
+    kinds: List[int]  # per position: 0 text, 1 image (mm_token_type_ids)
+    pixel_values: torch.Tensor  # the image processor's patches of the row's images, in order
+    grid: torch.Tensor  # [images, 3] image_grid_thw
+
+    def text_targets(self) -> torch.Tensor:
+        """[n] float64: 1 where position i's target (token i + 1) is text, 0 where it is an
+        image position (a vision token is an input, never predicted: its loss and weight are 0)."""
+        k = torch.tensor(self.kinds[1:] + [0], dtype=torch.float64)
+        return 1.0 - k
 
 
 # -- loss inputs ----------------------------------------------------------------------------
@@ -324,6 +399,7 @@ class DatumLoss:
     q: Optional[torch.Tensor] = None  # [n] float64
     adv: Optional[torch.Tensor] = None  # [n] float64
     mask: Optional[torch.Tensor] = None  # [n] bool, gspo's sequence_ratio_mask != 0
+    images: Optional[RowImages] = None  # the row's images (a VL model's image chunks)
 
 
 def _fmt(shape) -> str:
@@ -342,6 +418,7 @@ def parse_datum(i: int, d, loss: str, bm: BaseModel) -> Tuple[List[int], DatumLo
     for j, t in enumerate(toks):
         if t < 0 or t >= V:
             raise invalid(f"datum {i}: token {t} at position {j} is outside the vocabulary [0, {V})")
+    toks, row_images = bm.row_images(f"datum {i}", toks, d.images)
 
     def get(key):
         if key not in d.loss_fn_inputs:
@@ -380,6 +457,7 @@ def parse_datum(i: int, d, loss: str, bm: BaseModel) -> Tuple[List[int], DatumLo
             raise invalid(f"datum {i}: weights has shape {_fmt(ws)} but target_tokens has shape {_fmt(ts)}; they must match")
         finite("weights", wv)
         dl.weights = torch.tensor(wv, dtype=torch.float64).reshape(n, k)
+        dl.images = row_images
         return toks, dl
     keys = ("logprobs", "advantages", "sequence_ratio_mask") if loss == "gspo" else ("logprobs", "advantages")
     for key in keys:
@@ -396,6 +474,11 @@ def parse_datum(i: int, d, loss: str, bm: BaseModel) -> Tuple[List[int], DatumLo
             if not any(x != 0 for x in v):
                 raise invalid(f"datum {i}: sequence_ratio_mask marks no position; gspo's sequence ratio is the mean over the marked positions, so mark at least one")
             dl.mask = t != 0
+    dl.images = row_images
+    if row_images is not None and dl.mask is not None:
+        dl.mask = dl.mask & (row_images.text_targets() > 0)
+        if not bool(dl.mask.any()):
+            raise invalid(f"datum {i}: sequence_ratio_mask marks only positions whose targets are image tokens; mark a text position")
     return toks, dl
 
 
@@ -593,13 +676,16 @@ class Engine:
         seqs = [r[2].tokens[r[3]] for r in rows]
         ads = [r[2].adapter for r in rows]
         tgs = [r[2].datums[r[3]].targets for r in rows]
-        lps = bm.token_logprobs(seqs, ads, tgs, train)
+        ims = [r[2].datums[r[3]].images for r in rows]
+        lps = bm.token_logprobs(seqs, ads, tgs, train, ims)
         try:
             per_row_loss = []
             total = None
             for (aid, idx, fi, j), lp in zip(rows, lps):
                 it = req.items[fi.idx]
                 tl = token_losses(it.loss_fn, dict(it.loss_fn_config), fi.datums[j], lp)
+                if fi.datums[j].images is not None:  # only text targets carry a loss
+                    tl = tl * fi.datums[j].images.text_targets().to(tl.device, tl.dtype)[:, None]
                 per_row_loss.append(tl)
                 s = tl.sum()
                 total = s if total is None else total + s

@@ -270,15 +270,20 @@ class MultiLoraExperts(nn.Module):
 
 
 def wrap_model(model: nn.Module, ctx: BatchContext, family: Family,
-               rename: Callable[[str], str] = lambda n: n) -> Dict[str, object]:
+               rename: Callable[[str], str] = lambda n: n,
+               only: Optional[Tuple[str, ...]] = None) -> Dict[str, object]:
     """Wraps every LoRA target of the family in a causal LM; returns {PEFT key: target}
     (MultiLoraLinear or ExpertTarget) in model order. rename maps a module name to the one
     PEFT sees (a vision-language checkpoint's language model: families.vl_name). Expert parameters get PEFT's keys: of
     n targeted parameters of one module, in its parameter order, the i-th is
-    <module>{.base_layer × (n-1-i)} (PEFT nests one ParamWrapper per parameter)."""
+    <module>{.base_layer × (n-1-i)} (PEFT nests one ParamWrapper per parameter). only: the
+    module-name prefixes adapted (a full VL model's language model and head, never its
+    vision tower); None adapts the whole model."""
     found: Dict[str, object] = {}
     linear = set(family.attn) | set(family.mlp) | {family.unembed}
     for name, mod in list(model.named_modules()):
+        if only is not None and not name.startswith(only):
+            continue
         leaf = name.rsplit(".", 1)[-1]
         parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
         if leaf in linear and isinstance(mod, nn.Linear):

@@ -57,6 +57,10 @@ class SampleSpec:
     frequency_penalty: float = 0.0
     min_p: float = 0.0
     response_format: Optional[tuple] = None  # ("json_object" | "json_schema", schema)
+    # image chunks (a VL model): the model's input ids (the image token at the images'
+    # positions, which prompt holds as 0) and the images (engine.RowImages)
+    input_ids: Optional[List[int]] = None
+    images: Optional[object] = None
 
     @property
     def want_prompt(self) -> bool:
@@ -333,11 +337,15 @@ class HFSampler:
         exception it raises stops the sample."""
         bm = self.engine.model(req.base_model)
         if req.embed:
+            if len(req.prompt_images) > 0:
+                raise invalid("an embedding takes a text prompt; send it without images")
             prompt = validate_embed(req, bm)
             ad = self._adapter(bm, req.adapter_dir) if req.adapter_dir else None
             with self.engine.compute:
                 return self._embed(bm, ad, prompt)
         spec = validate(req, bm)
+        if len(req.prompt_images) > 0:
+            spec.input_ids, spec.images = bm.row_images("prompt", spec.prompt, req.prompt_images)
         ad = self._adapter(bm, req.adapter_dir) if req.adapter_dir else None
         if spec.response_format is not None:
             self.grammars.matcher(bm, spec.response_format)  # refuse a schema before any compute
@@ -370,16 +378,21 @@ class HFSampler:
         V = bm.vocab
         bm.ctx.segments = [(0, 1 << 30, ad)]
         try:
-            ids = torch.tensor([s.prompt], dtype=torch.long, device=dev)
+            ids = torch.tensor([s.input_ids if s.input_ids is not None else s.prompt], dtype=torch.long, device=dev)
             cache = DynamicCache(config=model.config)
             # the prompt's cache is repeated per sample; a cache that cannot be repeated
             # (linear attention's recurrent state: Qwen3.5) gets the prompt once per sample
             repeat = s.n > 1 and all(hasattr(layer, "batch_repeat_interleave") for layer in cache.layers)
+            rows = 1
             if s.n > 1 and not repeat:
                 ids = ids.repeat(s.n, 1)
+                rows = s.n
+            # a VL model's image arguments (none for a text prompt; clears its cached
+            # multimodal positions either way, so decoding uses this prompt's)
+            vis = bm.vision_inputs([s.images] * rows, len(s.prompt))
             want_prompt = s.want_prompt
             out = model(input_ids=ids, past_key_values=cache, use_cache=True,
-                        logits_to_keep=0 if want_prompt else 1)
+                        logits_to_keep=0 if want_prompt else 1, **vis)
             logits = out.logits[0].to(torch.float64).cpu()
             plp, topk, extras = None, None, None
             seed = s.seed if s.seed is not None else random.getrandbits(64)
@@ -387,8 +400,11 @@ class HFSampler:
                 lse = torch.logsumexp(logits, dim=-1)
                 if s.prompt_logprobs:
                     plp = [float("nan")]
+                    kinds = s.images.kinds if s.images is not None else None
                     for r in range(len(s.prompt) - 1):
-                        plp.append(float(logits[r, s.prompt[r + 1]] - lse[r]))
+                        # an image position is an input, not a token: no log-prob (NaN)
+                        image = kinds is not None and kinds[r + 1] == 1
+                        plp.append(float("nan") if image else float(logits[r, s.prompt[r + 1]] - lse[r]))
                 if s.topk > 0:
                     topk = [[]]
                     k = min(s.topk, V)

@@ -102,6 +102,9 @@ class VLLMSampler:
             raise WorkerError(FAILED_PRECONDITION, "the vLLM sampler does not compute embeddings (the torch worker's "
                               "transformers sampler and the reference engine do): serve the model without vLLM to embed")
         bm = self.engine.model(req.base_model)
+        if len(req.prompt_images) > 0:
+            raise WorkerError(FAILED_PRECONDITION, "image chunks are not served by the vLLM sampler yet; start the worker without vLLM "
+                          "(the transformers sampler serves them)")
         s = validate(req, bm)
         if s.targets is not None or s.alt_k > 0:
             raise WorkerError(FAILED_PRECONDITION, "the vLLM sampler does not compute target_prompt_logprobs or "

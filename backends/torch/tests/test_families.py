@@ -171,12 +171,16 @@ def test_family_parity(family, tmp_path):
     # the catalog entry (ModelInfo) names the family, its publisher, renderer and targets
     info = bm.info
     assert (info.family, info.publisher, info.renderer) == (family, bm.family.publisher, bm.family.renderer)
-    if case in VL_CONFIGS:  # the vision tower is not loaded; keys are the VL model's (PEFT on it)
-        assert not any("visual" in n for n, _ in bm.model.named_modules())
+    if case in VL_CONFIGS:  # keys are the VL model's (PEFT on it)
+        if bm.family.images:  # the full model: the vision tower loaded, frozen, not adapted (tests/test_vision.py)
+            assert bm.full_vl and any("visual" in n for n, _ in bm.model.named_modules())
+        else:  # the vision tower is not loaded
+            assert not any("visual" in n for n, _ in bm.model.named_modules())
         assert all(k.startswith(("base_model.model.model.language_model.", "base_model.model.lm_head")) for k in bm.layers)
     assert set(info.lora_targets) <= set(bm.family.targets()) and "lm_head" in info.lora_targets
     assert set(bm.family.experts) <= set(info.lora_targets) and "o_proj" in info.lora_targets
-    assert list(info.modalities) == ["text"]  # image chunks are refused: the vision tower is not served
+    # image chunks are refused: no vision tower served, or (qwen3_5) no preprocessor_config.json
+    assert list(info.modalities) == ["text"]
     eng = Engine({"m": bm}, ["m"])
     ref = hf(d)
     stats = {}
@@ -311,7 +315,7 @@ def test_unknown_family_is_refused(tmp_path):
     assert "'mamba'" in msg and "qwen3_moe" in msg and "docs/models.md" in msg
     # every family file names its publisher and renderer, and no model_type twice
     for f in families.FAMILIES:
-        assert f.publisher and f.renderer and f.model_types
+        assert f.publisher and f.renderer and (f.model_types or f.vision)
 
 
 def test_default_attention_is_the_familys(tmp_path):

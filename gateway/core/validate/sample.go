@@ -9,6 +9,7 @@ import (
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/constrain"
 	"github.com/loops-dev/loops/internal/semantics"
+	"github.com/loops-dev/loops/internal/vision"
 )
 
 // Sample checks a sampling request against the model and maxSamples (the server's cap on
@@ -22,6 +23,12 @@ func Sample(model *loopsv1.ModelInfo, req *loopsv1.SampleRequest, maxSamples int
 	}
 	if err := TokenIDs(model, req.GetPrompt(), "prompt"); err != nil {
 		return nil, apierr.InvalidArgument("%v", err)
+	}
+	if _, err := vision.Check(model, req.GetPromptImages(), req.GetPrompt(), 0); err != nil {
+		return nil, apierr.InvalidArgument("prompt: %v", err)
+	}
+	if req.GetEmbed() && len(req.GetPromptImages()) > 0 {
+		return nil, apierr.InvalidArgument("an embedding takes a text prompt: send encoded_text chunks only")
 	}
 	if req.GetEmbed() { // empty params: an embedding samples nothing
 		return &loopsv1.SamplingParams{}, embedding(model, req)

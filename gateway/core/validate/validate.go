@@ -11,6 +11,7 @@ import (
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/semantics"
 	"github.com/loops-dev/loops/internal/shape"
+	"github.com/loops-dev/loops/internal/vision"
 )
 
 // lossSpec says what a loss function takes.
@@ -73,9 +74,13 @@ func ForwardBackward(model *loopsv1.ModelInfo, req *loopsv1.ForwardBackwardReque
 	if len(data) > lim.MaxDatums {
 		return 0, apierr.InvalidArgument("%d datums in one request is over the limit of %d: split the batch", len(data), lim.MaxDatums)
 	}
-	tokens := 0
+	tokens, images := 0, 0
 	for i, d := range data {
 		if err := datum(model, spec, req.GetLossFn(), d); err != nil {
+			return 0, apierr.InvalidArgument("datum %d: %v", i, err)
+		}
+		var err error
+		if images, err = vision.Check(model, d.GetImages(), d.GetTokens(), images); err != nil {
 			return 0, apierr.InvalidArgument("datum %d: %v", i, err)
 		}
 		tokens += len(d.GetTokens())

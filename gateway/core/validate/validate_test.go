@@ -1,6 +1,9 @@
 package validate
 
 import (
+	"bytes"
+	"image"
+	"image/png"
 	"math"
 	"strings"
 	"testing"
@@ -274,4 +277,36 @@ func TestCheckpointName(t *testing.T) {
 		require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), name)
 		require.Contains(t, errs.Message(err), want)
 	}
+}
+
+// TestImages: image chunks are checked against the model (vision.Check) in forward/backward
+// and sampling requests; their placeholder tokens count as tokens.
+func TestImages(t *testing.T) {
+	var b bytes.Buffer
+	require.NoError(t, png.Encode(&b, image.NewGray(image.Rect(0, 0, 48, 40)))) // 6 tokens below
+	vl := &loopsv1.ModelInfo{Name: "tiny-vl", MaxSequenceLength: 64, VocabSize: 100, Modalities: []string{"text", "image"},
+		Vision: &loopsv1.VisionInfo{PatchSize: 8, MergeSize: 2, MinPixels: 1024, MaxPixels: 4096}}
+	im := &loopsv1.Image{Data: b.Bytes(), Format: "png", Offset: 1, Tokens: 6, Width: 48, Height: 40}
+	d := ceDatum(8)
+	for i := 1; i < 7; i++ {
+		d.Tokens[i] = 0
+	}
+	d.Images = []*loopsv1.Image{im}
+	req := &loopsv1.ForwardBackwardRequest{LossFn: "cross_entropy", Data: []*loopsv1.Datum{d}}
+	n, err := ForwardBackward(vl, req, limits)
+	require.NoError(t, err)
+	require.Equal(t, 8, n)
+	_, err = ForwardBackward(model, req, limits)
+	require.ErrorContains(t, err, "datum 0: model tiny takes [text] input only, not images")
+
+	sreq := &loopsv1.SampleRequest{Prompt: d.GetTokens(), NumSamples: 1, PromptImages: []*loopsv1.Image{im}}
+	_, err = Sample(vl, sreq, 4)
+	require.NoError(t, err)
+	sreq.PromptImages[0].Tokens = 5
+	_, err = Sample(vl, sreq, 4)
+	require.ErrorContains(t, err, "has expected_tokens 5, but tiny-vl's image processor makes 6 tokens of it")
+	sreq.PromptImages[0].Tokens = 6
+	sreq.Embed, sreq.NumSamples = true, 0
+	_, err = Sample(vl, sreq, 4)
+	require.ErrorContains(t, err, "an embedding takes a text prompt")
 }

@@ -63,6 +63,11 @@ class Family:
     # only (the vision tower is not read) and names adapter keys as PEFT does on the full
     # VL model, where the language model lives under model.language_model (VL_PREFIX)
     vision: Tuple[str, ...] = ()
+    # whether the worker serves image chunks on the vision-language checkpoints (vision):
+    # it then loads the full …ForConditionalGeneration (vision tower frozen, LoRA on the
+    # language model only) and runs the model's image processor; otherwise their language
+    # model alone is loaded and served on text
+    images: bool = False
 
     def targets(self) -> List[str]:
         """Every module/parameter leaf name the family adapts."""
@@ -80,7 +85,7 @@ class Family:
 
 
 # The family files, in catalog order.
-MODULES = ["qwen3", "qwen2", "llama", "mistral", "gemma3", "qwen3_5", "qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_5_moe", "glm_moe_dsa", "minimax_m2", "nemotron_h"]
+MODULES = ["qwen3", "qwen2", "llama", "mistral", "gemma3", "qwen3_5", "qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_5_moe", "glm_moe_dsa", "minimax_m2", "nemotron_h", "qwen3_vl"]
 
 
 def _load() -> Dict[str, Family]:

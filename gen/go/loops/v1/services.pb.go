@@ -2952,7 +2952,10 @@ type SampleRequest struct {
 	// or 1 and params, prompt_logprobs and the other prompt options unset. Queued, limited
 	// and metered (as prompt tokens) as any sample. A backend that cannot compute it fails
 	// the operation with FAILED_PRECONDITION.
-	Embed         bool `protobuf:"varint,13,opt,name=embed,proto3" json:"embed,omitempty"`
+	Embed bool `protobuf:"varint,13,opt,name=embed,proto3" json:"embed,omitempty"`
+	// The prompt's images (Tinker's image chunks), as Datum.images: prompt holds 0 where
+	// they are.
+	PromptImages  []*Image `protobuf:"bytes,100,rep,name=prompt_images,json=promptImages,proto3" json:"prompt_images,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3076,6 +3079,13 @@ func (x *SampleRequest) GetEmbed() bool {
 		return x.Embed
 	}
 	return false
+}
+
+func (x *SampleRequest) GetPromptImages() []*Image {
+	if x != nil {
+		return x.PromptImages
+	}
+	return nil
 }
 
 type ListModelsRequest struct {
@@ -4357,7 +4367,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"deploymentB\x10\n" +
 	"\x0e_client_seq_id\"#\n" +
 	"\x11GetSamplerRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xa3\x04\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xd9\x04\n" +
 	"\rSampleRequest\x12\x1d\n" +
 	"\n" +
 	"sampler_id\x18\x01 \x01(\tR\tsamplerId\x12\x1a\n" +
@@ -4376,7 +4386,8 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	" \x01(\x05R\x13promptLogprobsLastN\x12N\n" +
 	"\x14target_prompt_tokens\x18\v \x01(\v2\x1c.loops.v1.TargetPromptTokensR\x12targetPromptTokens\x12-\n" +
 	"\x13prompt_alt_tokens_k\x18\f \x01(\x05R\x10promptAltTokensK\x12\x14\n" +
-	"\x05embed\x18\r \x01(\bR\x05embedB\t\n" +
+	"\x05embed\x18\r \x01(\bR\x05embed\x124\n" +
+	"\rprompt_images\x18d \x03(\v2\x0f.loops.v1.ImageR\fpromptImagesB\t\n" +
 	"\a_seq_id\"\x13\n" +
 	"\x11ListModelsRequest\"A\n" +
 	"\x12ListModelsResponse\x12+\n" +
@@ -4608,10 +4619,11 @@ var file_loops_v1_services_proto_goTypes = []any{
 	(*Checkpoint)(nil),                      // 72: loops.v1.Checkpoint
 	(*SamplingParams)(nil),                  // 73: loops.v1.SamplingParams
 	(*TargetPromptTokens)(nil),              // 74: loops.v1.TargetPromptTokens
-	(*ModelInfo)(nil),                       // 75: loops.v1.ModelInfo
-	(*durationpb.Duration)(nil),             // 76: google.protobuf.Duration
-	(*Operation)(nil),                       // 77: loops.v1.Operation
-	(*Sampler)(nil),                         // 78: loops.v1.Sampler
+	(*Image)(nil),                           // 75: loops.v1.Image
+	(*ModelInfo)(nil),                       // 76: loops.v1.ModelInfo
+	(*durationpb.Duration)(nil),             // 77: google.protobuf.Duration
+	(*Operation)(nil),                       // 78: loops.v1.Operation
+	(*Sampler)(nil),                         // 79: loops.v1.Sampler
 }
 var file_loops_v1_services_proto_depIdxs = []int32{
 	58, // 0: loops.v1.CreateSessionRequest.user_metadata:type_name -> loops.v1.CreateSessionRequest.UserMetadataEntry
@@ -4644,88 +4656,89 @@ var file_loops_v1_services_proto_depIdxs = []int32{
 	64, // 27: loops.v1.GetCheckpointFileURLsResponse.expire_time:type_name -> google.protobuf.Timestamp
 	73, // 28: loops.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
 	74, // 29: loops.v1.SampleRequest.target_prompt_tokens:type_name -> loops.v1.TargetPromptTokens
-	75, // 30: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
-	64, // 31: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
-	64, // 32: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
-	48, // 33: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
-	64, // 34: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
-	64, // 35: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
-	1,  // 36: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
-	51, // 37: loops.v1.EstimateCostResponse.usage:type_name -> loops.v1.UsageEstimate
-	1,  // 38: loops.v1.UsageEstimate.kind:type_name -> loops.v1.UsageKind
-	55, // 39: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
-	56, // 40: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
-	54, // 41: loops.v1.Workspace.budgets:type_name -> loops.v1.WorkspaceBudget
-	75, // 42: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
-	57, // 43: loops.v1.WorkspaceUse.fairness:type_name -> loops.v1.WorkspaceFairness
-	76, // 44: loops.v1.WorkspaceFairness.wait_p50:type_name -> google.protobuf.Duration
-	2,  // 45: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
-	3,  // 46: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
-	5,  // 47: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
-	6,  // 48: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
-	7,  // 49: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
-	9,  // 50: loops.v1.SessionService.SearchSessions:input_type -> loops.v1.SearchSessionsRequest
-	13, // 51: loops.v1.SessionService.SetSessionProject:input_type -> loops.v1.SetSessionProjectRequest
-	14, // 52: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
-	16, // 53: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
-	21, // 54: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
-	23, // 55: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
-	24, // 56: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
-	25, // 57: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
-	26, // 58: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
-	27, // 59: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
-	17, // 60: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
-	28, // 61: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
-	30, // 62: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
-	31, // 63: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
-	33, // 64: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
-	34, // 65: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
-	39, // 66: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
-	35, // 67: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
-	37, // 68: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
-	41, // 69: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
-	42, // 70: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
-	43, // 71: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
-	44, // 72: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
-	52, // 73: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
-	46, // 74: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
-	49, // 75: loops.v1.UsageService.EstimateCost:input_type -> loops.v1.EstimateCostRequest
-	63, // 76: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
-	4,  // 77: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
-	63, // 78: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
-	63, // 79: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
-	8,  // 80: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
-	12, // 81: loops.v1.SessionService.SearchSessions:output_type -> loops.v1.SearchSessionsResponse
-	63, // 82: loops.v1.SessionService.SetSessionProject:output_type -> loops.v1.Session
-	77, // 83: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
-	68, // 84: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
-	22, // 85: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
-	77, // 86: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
-	77, // 87: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
-	77, // 88: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
-	77, // 89: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
-	77, // 90: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
-	18, // 91: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
-	29, // 92: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
-	72, // 93: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
-	32, // 94: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
-	72, // 95: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
-	72, // 96: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
-	40, // 97: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
-	36, // 98: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
-	38, // 99: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
-	78, // 100: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
-	78, // 101: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
-	77, // 102: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
-	45, // 103: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
-	53, // 104: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
-	47, // 105: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
-	50, // 106: loops.v1.UsageService.EstimateCost:output_type -> loops.v1.EstimateCostResponse
-	76, // [76:107] is the sub-list for method output_type
-	45, // [45:76] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	75, // 30: loops.v1.SampleRequest.prompt_images:type_name -> loops.v1.Image
+	76, // 31: loops.v1.ListModelsResponse.models:type_name -> loops.v1.ModelInfo
+	64, // 32: loops.v1.GetUsageRequest.start_time:type_name -> google.protobuf.Timestamp
+	64, // 33: loops.v1.GetUsageRequest.end_time:type_name -> google.protobuf.Timestamp
+	48, // 34: loops.v1.GetUsageResponse.buckets:type_name -> loops.v1.UsageBucket
+	64, // 35: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
+	64, // 36: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
+	1,  // 37: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
+	51, // 38: loops.v1.EstimateCostResponse.usage:type_name -> loops.v1.UsageEstimate
+	1,  // 39: loops.v1.UsageEstimate.kind:type_name -> loops.v1.UsageKind
+	55, // 40: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
+	56, // 41: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
+	54, // 42: loops.v1.Workspace.budgets:type_name -> loops.v1.WorkspaceBudget
+	76, // 43: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
+	57, // 44: loops.v1.WorkspaceUse.fairness:type_name -> loops.v1.WorkspaceFairness
+	77, // 45: loops.v1.WorkspaceFairness.wait_p50:type_name -> google.protobuf.Duration
+	2,  // 46: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
+	3,  // 47: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
+	5,  // 48: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
+	6,  // 49: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
+	7,  // 50: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
+	9,  // 51: loops.v1.SessionService.SearchSessions:input_type -> loops.v1.SearchSessionsRequest
+	13, // 52: loops.v1.SessionService.SetSessionProject:input_type -> loops.v1.SetSessionProjectRequest
+	14, // 53: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
+	16, // 54: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
+	21, // 55: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
+	23, // 56: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
+	24, // 57: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
+	25, // 58: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
+	26, // 59: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
+	27, // 60: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
+	17, // 61: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
+	28, // 62: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
+	30, // 63: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
+	31, // 64: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
+	33, // 65: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
+	34, // 66: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
+	39, // 67: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
+	35, // 68: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
+	37, // 69: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
+	41, // 70: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
+	42, // 71: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
+	43, // 72: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
+	44, // 73: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
+	52, // 74: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
+	46, // 75: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
+	49, // 76: loops.v1.UsageService.EstimateCost:input_type -> loops.v1.EstimateCostRequest
+	63, // 77: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
+	4,  // 78: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
+	63, // 79: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
+	63, // 80: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
+	8,  // 81: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
+	12, // 82: loops.v1.SessionService.SearchSessions:output_type -> loops.v1.SearchSessionsResponse
+	63, // 83: loops.v1.SessionService.SetSessionProject:output_type -> loops.v1.Session
+	78, // 84: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
+	68, // 85: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
+	22, // 86: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
+	78, // 87: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
+	78, // 88: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
+	78, // 89: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
+	78, // 90: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
+	78, // 91: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
+	18, // 92: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
+	29, // 93: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
+	72, // 94: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
+	32, // 95: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
+	72, // 96: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
+	72, // 97: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
+	40, // 98: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
+	36, // 99: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
+	38, // 100: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
+	79, // 101: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
+	79, // 102: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
+	78, // 103: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
+	45, // 104: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
+	53, // 105: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
+	47, // 106: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
+	50, // 107: loops.v1.UsageService.EstimateCost:output_type -> loops.v1.EstimateCostResponse
+	77, // [77:108] is the sub-list for method output_type
+	46, // [46:77] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_services_proto_init() }

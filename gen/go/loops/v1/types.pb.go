@@ -174,7 +174,7 @@ func (x ResponseFormat_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ResponseFormat_Type.Descriptor instead.
 func (ResponseFormat_Type) EnumDescriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{5, 0}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{7, 0}
 }
 
 // Tensor is a dense, row-major array. Exactly one of float32_data and int64_data is set, as
@@ -251,9 +251,14 @@ func (x *Tensor) GetInt64Data() []int64 {
 // the same length N as the input (position i predicts token i+1). Two-dimensional (N, K)
 // target_tokens and weights give K weighted targets per position.
 type Datum struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Tokens        []int32                `protobuf:"varint,1,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
-	LossFnInputs  map[string]*Tensor     `protobuf:"bytes,2,rep,name=loss_fn_inputs,json=lossFnInputs,proto3" json:"loss_fn_inputs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Tokens       []int32                `protobuf:"varint,1,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	LossFnInputs map[string]*Tensor     `protobuf:"bytes,2,rep,name=loss_fn_inputs,json=lossFnInputs,proto3" json:"loss_fn_inputs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The images of the model input (Tinker's image chunks), in input order: image i fills
+	// tokens [offset, offset + tokens), where tokens holds 0 (a placeholder the engine
+	// replaces with the model's image token). Only a model whose ModelInfo.modalities include
+	// "image" takes them.
+	Images        []*Image `protobuf:"bytes,100,rep,name=images,proto3" json:"images,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -302,6 +307,178 @@ func (x *Datum) GetLossFnInputs() map[string]*Tensor {
 	return nil
 }
 
+func (x *Datum) GetImages() []*Image {
+	if x != nil {
+		return x.Images
+	}
+	return nil
+}
+
+// Image is one image of a model input, checked by the gateway (format, pixel size, token
+// count) before any work: the encoded bytes as sent, and where its tokens are.
+type Image struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The encoded image: PNG or JPEG, as format says (the gateway checked the bytes).
+	Data []byte `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	// "png" or "jpeg".
+	Format string `protobuf:"bytes,2,opt,name=format,proto3" json:"format,omitempty"`
+	// The position of the image's first token in the input.
+	Offset int32 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	// How many tokens the image takes: what the model's image processor makes of its size
+	// (ModelInfo.vision).
+	Tokens int32 `protobuf:"varint,4,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// The image's size in pixels, read from its header.
+	Width         int32 `protobuf:"varint,5,opt,name=width,proto3" json:"width,omitempty"`
+	Height        int32 `protobuf:"varint,6,opt,name=height,proto3" json:"height,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Image) Reset() {
+	*x = Image{}
+	mi := &file_loops_v1_types_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Image) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Image) ProtoMessage() {}
+
+func (x *Image) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_types_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Image.ProtoReflect.Descriptor instead.
+func (*Image) Descriptor() ([]byte, []int) {
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Image) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *Image) GetFormat() string {
+	if x != nil {
+		return x.Format
+	}
+	return ""
+}
+
+func (x *Image) GetOffset() int32 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *Image) GetTokens() int32 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+func (x *Image) GetWidth() int32 {
+	if x != nil {
+		return x.Width
+	}
+	return 0
+}
+
+func (x *Image) GetHeight() int32 {
+	if x != nil {
+		return x.Height
+	}
+	return 0
+}
+
+// VisionInfo is how a vision-language model's image processor turns an image into tokens
+// (Qwen-VL's smart_resize): the image is resized so that both sides are multiples of
+// patch_size·merge_size and its pixel count is within [min_pixels, max_pixels] (keeping
+// its aspect ratio, which must be at most 200), then every merge_size × merge_size block of
+// patch_size patches is one token.
+type VisionInfo struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PatchSize     int32                  `protobuf:"varint,1,opt,name=patch_size,json=patchSize,proto3" json:"patch_size,omitempty"`
+	MergeSize     int32                  `protobuf:"varint,2,opt,name=merge_size,json=mergeSize,proto3" json:"merge_size,omitempty"`
+	MinPixels     int64                  `protobuf:"varint,3,opt,name=min_pixels,json=minPixels,proto3" json:"min_pixels,omitempty"`
+	MaxPixels     int64                  `protobuf:"varint,4,opt,name=max_pixels,json=maxPixels,proto3" json:"max_pixels,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VisionInfo) Reset() {
+	*x = VisionInfo{}
+	mi := &file_loops_v1_types_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VisionInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VisionInfo) ProtoMessage() {}
+
+func (x *VisionInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_loops_v1_types_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VisionInfo.ProtoReflect.Descriptor instead.
+func (*VisionInfo) Descriptor() ([]byte, []int) {
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *VisionInfo) GetPatchSize() int32 {
+	if x != nil {
+		return x.PatchSize
+	}
+	return 0
+}
+
+func (x *VisionInfo) GetMergeSize() int32 {
+	if x != nil {
+		return x.MergeSize
+	}
+	return 0
+}
+
+func (x *VisionInfo) GetMinPixels() int64 {
+	if x != nil {
+		return x.MinPixels
+	}
+	return 0
+}
+
+func (x *VisionInfo) GetMaxPixels() int64 {
+	if x != nil {
+		return x.MaxPixels
+	}
+	return 0
+}
+
 // LoraConfig describes a LoRA adapter. alpha is fixed at 32 (scale alpha/rank).
 type LoraConfig struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -316,7 +493,7 @@ type LoraConfig struct {
 
 func (x *LoraConfig) Reset() {
 	*x = LoraConfig{}
-	mi := &file_loops_v1_types_proto_msgTypes[2]
+	mi := &file_loops_v1_types_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -328,7 +505,7 @@ func (x *LoraConfig) String() string {
 func (*LoraConfig) ProtoMessage() {}
 
 func (x *LoraConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[2]
+	mi := &file_loops_v1_types_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -341,7 +518,7 @@ func (x *LoraConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoraConfig.ProtoReflect.Descriptor instead.
 func (*LoraConfig) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{2}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *LoraConfig) GetRank() int32 {
@@ -394,7 +571,7 @@ type AdamParams struct {
 
 func (x *AdamParams) Reset() {
 	*x = AdamParams{}
-	mi := &file_loops_v1_types_proto_msgTypes[3]
+	mi := &file_loops_v1_types_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -406,7 +583,7 @@ func (x *AdamParams) String() string {
 func (*AdamParams) ProtoMessage() {}
 
 func (x *AdamParams) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[3]
+	mi := &file_loops_v1_types_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -419,7 +596,7 @@ func (x *AdamParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdamParams.ProtoReflect.Descriptor instead.
 func (*AdamParams) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{3}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *AdamParams) GetLearningRate() float64 {
@@ -501,7 +678,7 @@ type SamplingParams struct {
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_loops_v1_types_proto_msgTypes[4]
+	mi := &file_loops_v1_types_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -513,7 +690,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[4]
+	mi := &file_loops_v1_types_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -526,7 +703,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{4}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SamplingParams) GetMaxTokens() int32 {
@@ -634,7 +811,7 @@ type ResponseFormat struct {
 
 func (x *ResponseFormat) Reset() {
 	*x = ResponseFormat{}
-	mi := &file_loops_v1_types_proto_msgTypes[5]
+	mi := &file_loops_v1_types_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -646,7 +823,7 @@ func (x *ResponseFormat) String() string {
 func (*ResponseFormat) ProtoMessage() {}
 
 func (x *ResponseFormat) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[5]
+	mi := &file_loops_v1_types_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -659,7 +836,7 @@ func (x *ResponseFormat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResponseFormat.ProtoReflect.Descriptor instead.
 func (*ResponseFormat) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ResponseFormat) GetType() ResponseFormat_Type {
@@ -691,7 +868,7 @@ type SampledSequence struct {
 
 func (x *SampledSequence) Reset() {
 	*x = SampledSequence{}
-	mi := &file_loops_v1_types_proto_msgTypes[6]
+	mi := &file_loops_v1_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -703,7 +880,7 @@ func (x *SampledSequence) String() string {
 func (*SampledSequence) ProtoMessage() {}
 
 func (x *SampledSequence) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[6]
+	mi := &file_loops_v1_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -716,7 +893,7 @@ func (x *SampledSequence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SampledSequence.ProtoReflect.Descriptor instead.
 func (*SampledSequence) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{6}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SampledSequence) GetTokens() []int32 {
@@ -762,7 +939,7 @@ type TopKLogprobs struct {
 
 func (x *TopKLogprobs) Reset() {
 	*x = TopKLogprobs{}
-	mi := &file_loops_v1_types_proto_msgTypes[7]
+	mi := &file_loops_v1_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -774,7 +951,7 @@ func (x *TopKLogprobs) String() string {
 func (*TopKLogprobs) ProtoMessage() {}
 
 func (x *TopKLogprobs) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[7]
+	mi := &file_loops_v1_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -787,7 +964,7 @@ func (x *TopKLogprobs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopKLogprobs.ProtoReflect.Descriptor instead.
 func (*TopKLogprobs) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TopKLogprobs) GetK() int32 {
@@ -829,7 +1006,7 @@ type DatumOutput struct {
 
 func (x *DatumOutput) Reset() {
 	*x = DatumOutput{}
-	mi := &file_loops_v1_types_proto_msgTypes[8]
+	mi := &file_loops_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -841,7 +1018,7 @@ func (x *DatumOutput) String() string {
 func (*DatumOutput) ProtoMessage() {}
 
 func (x *DatumOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[8]
+	mi := &file_loops_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -854,7 +1031,7 @@ func (x *DatumOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatumOutput.ProtoReflect.Descriptor instead.
 func (*DatumOutput) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DatumOutput) GetOutputs() map[string]*Tensor {
@@ -876,7 +1053,7 @@ type ForwardBackwardResult struct {
 
 func (x *ForwardBackwardResult) Reset() {
 	*x = ForwardBackwardResult{}
-	mi := &file_loops_v1_types_proto_msgTypes[9]
+	mi := &file_loops_v1_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -888,7 +1065,7 @@ func (x *ForwardBackwardResult) String() string {
 func (*ForwardBackwardResult) ProtoMessage() {}
 
 func (x *ForwardBackwardResult) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[9]
+	mi := &file_loops_v1_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -901,7 +1078,7 @@ func (x *ForwardBackwardResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardBackwardResult.ProtoReflect.Descriptor instead.
 func (*ForwardBackwardResult) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ForwardBackwardResult) GetOutputs() []*DatumOutput {
@@ -928,7 +1105,7 @@ type OptimStepResult struct {
 
 func (x *OptimStepResult) Reset() {
 	*x = OptimStepResult{}
-	mi := &file_loops_v1_types_proto_msgTypes[10]
+	mi := &file_loops_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -940,7 +1117,7 @@ func (x *OptimStepResult) String() string {
 func (*OptimStepResult) ProtoMessage() {}
 
 func (x *OptimStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[10]
+	mi := &file_loops_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -953,7 +1130,7 @@ func (x *OptimStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OptimStepResult.ProtoReflect.Descriptor instead.
 func (*OptimStepResult) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *OptimStepResult) GetMetrics() map[string]float64 {
@@ -990,7 +1167,7 @@ type SampleResult struct {
 
 func (x *SampleResult) Reset() {
 	*x = SampleResult{}
-	mi := &file_loops_v1_types_proto_msgTypes[11]
+	mi := &file_loops_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1002,7 +1179,7 @@ func (x *SampleResult) String() string {
 func (*SampleResult) ProtoMessage() {}
 
 func (x *SampleResult) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[11]
+	mi := &file_loops_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1015,7 +1192,7 @@ func (x *SampleResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SampleResult.ProtoReflect.Descriptor instead.
 func (*SampleResult) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SampleResult) GetSequences() []*SampledSequence {
@@ -1090,7 +1267,7 @@ type TargetPromptTokens struct {
 
 func (x *TargetPromptTokens) Reset() {
 	*x = TargetPromptTokens{}
-	mi := &file_loops_v1_types_proto_msgTypes[12]
+	mi := &file_loops_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1102,7 +1279,7 @@ func (x *TargetPromptTokens) String() string {
 func (*TargetPromptTokens) ProtoMessage() {}
 
 func (x *TargetPromptTokens) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[12]
+	mi := &file_loops_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1115,7 +1292,7 @@ func (x *TargetPromptTokens) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetPromptTokens.ProtoReflect.Descriptor instead.
 func (*TargetPromptTokens) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TargetPromptTokens) GetK() int32 {
@@ -1154,7 +1331,7 @@ type TargetPromptLogprobs struct {
 
 func (x *TargetPromptLogprobs) Reset() {
 	*x = TargetPromptLogprobs{}
-	mi := &file_loops_v1_types_proto_msgTypes[13]
+	mi := &file_loops_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1166,7 +1343,7 @@ func (x *TargetPromptLogprobs) String() string {
 func (*TargetPromptLogprobs) ProtoMessage() {}
 
 func (x *TargetPromptLogprobs) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[13]
+	mi := &file_loops_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1179,7 +1356,7 @@ func (x *TargetPromptLogprobs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetPromptLogprobs.ProtoReflect.Descriptor instead.
 func (*TargetPromptLogprobs) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TargetPromptLogprobs) GetK() int32 {
@@ -1221,7 +1398,7 @@ type PromptAltTokens struct {
 
 func (x *PromptAltTokens) Reset() {
 	*x = PromptAltTokens{}
-	mi := &file_loops_v1_types_proto_msgTypes[14]
+	mi := &file_loops_v1_types_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1233,7 +1410,7 @@ func (x *PromptAltTokens) String() string {
 func (*PromptAltTokens) ProtoMessage() {}
 
 func (x *PromptAltTokens) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[14]
+	mi := &file_loops_v1_types_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1246,7 +1423,7 @@ func (x *PromptAltTokens) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromptAltTokens.ProtoReflect.Descriptor instead.
 func (*PromptAltTokens) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PromptAltTokens) GetK() int32 {
@@ -1302,14 +1479,17 @@ type ModelInfo struct {
 	// The input modalities the model is served for: "text", and "image" only when the backend
 	// runs the model's vision tower on image chunks. A vision-language checkpoint whose
 	// language model alone is served (e.g. Qwen3.5) says "text".
-	Modalities    []string `protobuf:"bytes,14,rep,name=modalities,proto3" json:"modalities,omitempty"`
+	Modalities []string `protobuf:"bytes,14,rep,name=modalities,proto3" json:"modalities,omitempty"`
+	// With "image" in modalities: how the model's processor sizes an image, so that the
+	// gateway checks an image chunk's expected_tokens before any work.
+	Vision        *VisionInfo `protobuf:"bytes,100,opt,name=vision,proto3" json:"vision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ModelInfo) Reset() {
 	*x = ModelInfo{}
-	mi := &file_loops_v1_types_proto_msgTypes[15]
+	mi := &file_loops_v1_types_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1321,7 +1501,7 @@ func (x *ModelInfo) String() string {
 func (*ModelInfo) ProtoMessage() {}
 
 func (x *ModelInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[15]
+	mi := &file_loops_v1_types_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1334,7 +1514,7 @@ func (x *ModelInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelInfo.ProtoReflect.Descriptor instead.
 func (*ModelInfo) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{15}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ModelInfo) GetName() string {
@@ -1435,6 +1615,13 @@ func (x *ModelInfo) GetModalities() []string {
 	return nil
 }
 
+func (x *ModelInfo) GetVision() *VisionInfo {
+	if x != nil {
+		return x.Vision
+	}
+	return nil
+}
+
 // ClientInfo is the client that created a training run, as its request headers name it
 // (the tinker SDK's X-Stainless-* headers and User-Agent; docs/receipts.md).
 type ClientInfo struct {
@@ -1453,7 +1640,7 @@ type ClientInfo struct {
 
 func (x *ClientInfo) Reset() {
 	*x = ClientInfo{}
-	mi := &file_loops_v1_types_proto_msgTypes[16]
+	mi := &file_loops_v1_types_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1465,7 +1652,7 @@ func (x *ClientInfo) String() string {
 func (*ClientInfo) ProtoMessage() {}
 
 func (x *ClientInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_loops_v1_types_proto_msgTypes[16]
+	mi := &file_loops_v1_types_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1478,7 +1665,7 @@ func (x *ClientInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
 func (*ClientInfo) Descriptor() ([]byte, []int) {
-	return file_loops_v1_types_proto_rawDescGZIP(), []int{16}
+	return file_loops_v1_types_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ClientInfo) GetName() string {
@@ -1519,13 +1706,31 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x05shape\x18\x02 \x03(\x03R\x05shape\x12!\n" +
 	"\ffloat32_data\x18\x03 \x03(\x02R\vfloat32Data\x12\x1d\n" +
 	"\n" +
-	"int64_data\x18\x04 \x03(\x03R\tint64Data\"\xbb\x01\n" +
+	"int64_data\x18\x04 \x03(\x03R\tint64Data\"\xe4\x01\n" +
 	"\x05Datum\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\x12G\n" +
-	"\x0eloss_fn_inputs\x18\x02 \x03(\v2!.loops.v1.Datum.LossFnInputsEntryR\flossFnInputs\x1aQ\n" +
+	"\x0eloss_fn_inputs\x18\x02 \x03(\v2!.loops.v1.Datum.LossFnInputsEntryR\flossFnInputs\x12'\n" +
+	"\x06images\x18d \x03(\v2\x0f.loops.v1.ImageR\x06images\x1aQ\n" +
 	"\x11LossFnInputsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12&\n" +
-	"\x05value\x18\x02 \x01(\v2\x10.loops.v1.TensorR\x05value:\x028\x01\"\x95\x01\n" +
+	"\x05value\x18\x02 \x01(\v2\x10.loops.v1.TensorR\x05value:\x028\x01\"\x91\x01\n" +
+	"\x05Image\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x16\n" +
+	"\x06format\x18\x02 \x01(\tR\x06format\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x05R\x06offset\x12\x16\n" +
+	"\x06tokens\x18\x04 \x01(\x05R\x06tokens\x12\x14\n" +
+	"\x05width\x18\x05 \x01(\x05R\x05width\x12\x16\n" +
+	"\x06height\x18\x06 \x01(\x05R\x06height\"\x88\x01\n" +
+	"\n" +
+	"VisionInfo\x12\x1d\n" +
+	"\n" +
+	"patch_size\x18\x01 \x01(\x05R\tpatchSize\x12\x1d\n" +
+	"\n" +
+	"merge_size\x18\x02 \x01(\x05R\tmergeSize\x12\x1d\n" +
+	"\n" +
+	"min_pixels\x18\x03 \x01(\x03R\tminPixels\x12\x1d\n" +
+	"\n" +
+	"max_pixels\x18\x04 \x01(\x03R\tmaxPixels\"\x95\x01\n" +
 	"\n" +
 	"LoraConfig\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x12\n" +
@@ -1621,7 +1826,7 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x0fPromptAltTokens\x12\f\n" +
 	"\x01k\x18\x01 \x01(\x05R\x01k\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\x05R\btokenIds\x12\x1a\n" +
-	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xc5\x03\n" +
+	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xf3\x03\n" +
 	"\tModelInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x13max_sequence_length\x18\x02 \x01(\x05R\x11maxSequenceLength\x12\x1d\n" +
@@ -1641,7 +1846,8 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\flora_targets\x18\r \x03(\tR\vloraTargets\x12\x1e\n" +
 	"\n" +
 	"modalities\x18\x0e \x03(\tR\n" +
-	"modalities\"s\n" +
+	"modalities\x12,\n" +
+	"\x06vision\x18d \x01(\v2\x14.loops.v1.VisionInfoR\x06vision\"s\n" +
 	"\n" +
 	"ClientInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -1674,57 +1880,61 @@ func file_loops_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_loops_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_loops_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_loops_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_loops_v1_types_proto_goTypes = []any{
 	(Dtype)(0),                    // 0: loops.v1.Dtype
 	(StopReason)(0),               // 1: loops.v1.StopReason
 	(ResponseFormat_Type)(0),      // 2: loops.v1.ResponseFormat.Type
 	(*Tensor)(nil),                // 3: loops.v1.Tensor
 	(*Datum)(nil),                 // 4: loops.v1.Datum
-	(*LoraConfig)(nil),            // 5: loops.v1.LoraConfig
-	(*AdamParams)(nil),            // 6: loops.v1.AdamParams
-	(*SamplingParams)(nil),        // 7: loops.v1.SamplingParams
-	(*ResponseFormat)(nil),        // 8: loops.v1.ResponseFormat
-	(*SampledSequence)(nil),       // 9: loops.v1.SampledSequence
-	(*TopKLogprobs)(nil),          // 10: loops.v1.TopKLogprobs
-	(*DatumOutput)(nil),           // 11: loops.v1.DatumOutput
-	(*ForwardBackwardResult)(nil), // 12: loops.v1.ForwardBackwardResult
-	(*OptimStepResult)(nil),       // 13: loops.v1.OptimStepResult
-	(*SampleResult)(nil),          // 14: loops.v1.SampleResult
-	(*TargetPromptTokens)(nil),    // 15: loops.v1.TargetPromptTokens
-	(*TargetPromptLogprobs)(nil),  // 16: loops.v1.TargetPromptLogprobs
-	(*PromptAltTokens)(nil),       // 17: loops.v1.PromptAltTokens
-	(*ModelInfo)(nil),             // 18: loops.v1.ModelInfo
-	(*ClientInfo)(nil),            // 19: loops.v1.ClientInfo
-	nil,                           // 20: loops.v1.Datum.LossFnInputsEntry
-	nil,                           // 21: loops.v1.SamplingParams.LogitBiasEntry
-	nil,                           // 22: loops.v1.DatumOutput.OutputsEntry
-	nil,                           // 23: loops.v1.ForwardBackwardResult.MetricsEntry
-	nil,                           // 24: loops.v1.OptimStepResult.MetricsEntry
+	(*Image)(nil),                 // 5: loops.v1.Image
+	(*VisionInfo)(nil),            // 6: loops.v1.VisionInfo
+	(*LoraConfig)(nil),            // 7: loops.v1.LoraConfig
+	(*AdamParams)(nil),            // 8: loops.v1.AdamParams
+	(*SamplingParams)(nil),        // 9: loops.v1.SamplingParams
+	(*ResponseFormat)(nil),        // 10: loops.v1.ResponseFormat
+	(*SampledSequence)(nil),       // 11: loops.v1.SampledSequence
+	(*TopKLogprobs)(nil),          // 12: loops.v1.TopKLogprobs
+	(*DatumOutput)(nil),           // 13: loops.v1.DatumOutput
+	(*ForwardBackwardResult)(nil), // 14: loops.v1.ForwardBackwardResult
+	(*OptimStepResult)(nil),       // 15: loops.v1.OptimStepResult
+	(*SampleResult)(nil),          // 16: loops.v1.SampleResult
+	(*TargetPromptTokens)(nil),    // 17: loops.v1.TargetPromptTokens
+	(*TargetPromptLogprobs)(nil),  // 18: loops.v1.TargetPromptLogprobs
+	(*PromptAltTokens)(nil),       // 19: loops.v1.PromptAltTokens
+	(*ModelInfo)(nil),             // 20: loops.v1.ModelInfo
+	(*ClientInfo)(nil),            // 21: loops.v1.ClientInfo
+	nil,                           // 22: loops.v1.Datum.LossFnInputsEntry
+	nil,                           // 23: loops.v1.SamplingParams.LogitBiasEntry
+	nil,                           // 24: loops.v1.DatumOutput.OutputsEntry
+	nil,                           // 25: loops.v1.ForwardBackwardResult.MetricsEntry
+	nil,                           // 26: loops.v1.OptimStepResult.MetricsEntry
 }
 var file_loops_v1_types_proto_depIdxs = []int32{
 	0,  // 0: loops.v1.Tensor.dtype:type_name -> loops.v1.Dtype
-	20, // 1: loops.v1.Datum.loss_fn_inputs:type_name -> loops.v1.Datum.LossFnInputsEntry
-	21, // 2: loops.v1.SamplingParams.logit_bias:type_name -> loops.v1.SamplingParams.LogitBiasEntry
-	8,  // 3: loops.v1.SamplingParams.response_format:type_name -> loops.v1.ResponseFormat
-	2,  // 4: loops.v1.ResponseFormat.type:type_name -> loops.v1.ResponseFormat.Type
-	1,  // 5: loops.v1.SampledSequence.stop_reason:type_name -> loops.v1.StopReason
-	10, // 6: loops.v1.SampledSequence.top_logprobs:type_name -> loops.v1.TopKLogprobs
-	22, // 7: loops.v1.DatumOutput.outputs:type_name -> loops.v1.DatumOutput.OutputsEntry
-	11, // 8: loops.v1.ForwardBackwardResult.outputs:type_name -> loops.v1.DatumOutput
-	23, // 9: loops.v1.ForwardBackwardResult.metrics:type_name -> loops.v1.ForwardBackwardResult.MetricsEntry
-	24, // 10: loops.v1.OptimStepResult.metrics:type_name -> loops.v1.OptimStepResult.MetricsEntry
-	9,  // 11: loops.v1.SampleResult.sequences:type_name -> loops.v1.SampledSequence
-	10, // 12: loops.v1.SampleResult.topk_prompt_logprobs:type_name -> loops.v1.TopKLogprobs
-	16, // 13: loops.v1.SampleResult.target_prompt_logprobs:type_name -> loops.v1.TargetPromptLogprobs
-	17, // 14: loops.v1.SampleResult.prompt_alt_tokens:type_name -> loops.v1.PromptAltTokens
-	3,  // 15: loops.v1.Datum.LossFnInputsEntry.value:type_name -> loops.v1.Tensor
-	3,  // 16: loops.v1.DatumOutput.OutputsEntry.value:type_name -> loops.v1.Tensor
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	22, // 1: loops.v1.Datum.loss_fn_inputs:type_name -> loops.v1.Datum.LossFnInputsEntry
+	5,  // 2: loops.v1.Datum.images:type_name -> loops.v1.Image
+	23, // 3: loops.v1.SamplingParams.logit_bias:type_name -> loops.v1.SamplingParams.LogitBiasEntry
+	10, // 4: loops.v1.SamplingParams.response_format:type_name -> loops.v1.ResponseFormat
+	2,  // 5: loops.v1.ResponseFormat.type:type_name -> loops.v1.ResponseFormat.Type
+	1,  // 6: loops.v1.SampledSequence.stop_reason:type_name -> loops.v1.StopReason
+	12, // 7: loops.v1.SampledSequence.top_logprobs:type_name -> loops.v1.TopKLogprobs
+	24, // 8: loops.v1.DatumOutput.outputs:type_name -> loops.v1.DatumOutput.OutputsEntry
+	13, // 9: loops.v1.ForwardBackwardResult.outputs:type_name -> loops.v1.DatumOutput
+	25, // 10: loops.v1.ForwardBackwardResult.metrics:type_name -> loops.v1.ForwardBackwardResult.MetricsEntry
+	26, // 11: loops.v1.OptimStepResult.metrics:type_name -> loops.v1.OptimStepResult.MetricsEntry
+	11, // 12: loops.v1.SampleResult.sequences:type_name -> loops.v1.SampledSequence
+	12, // 13: loops.v1.SampleResult.topk_prompt_logprobs:type_name -> loops.v1.TopKLogprobs
+	18, // 14: loops.v1.SampleResult.target_prompt_logprobs:type_name -> loops.v1.TargetPromptLogprobs
+	19, // 15: loops.v1.SampleResult.prompt_alt_tokens:type_name -> loops.v1.PromptAltTokens
+	6,  // 16: loops.v1.ModelInfo.vision:type_name -> loops.v1.VisionInfo
+	3,  // 17: loops.v1.Datum.LossFnInputsEntry.value:type_name -> loops.v1.Tensor
+	3,  // 18: loops.v1.DatumOutput.OutputsEntry.value:type_name -> loops.v1.Tensor
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_types_proto_init() }
@@ -1732,14 +1942,14 @@ func file_loops_v1_types_proto_init() {
 	if File_loops_v1_types_proto != nil {
 		return
 	}
-	file_loops_v1_types_proto_msgTypes[4].OneofWrappers = []any{}
+	file_loops_v1_types_proto_msgTypes[6].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_loops_v1_types_proto_rawDesc), len(file_loops_v1_types_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   22,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

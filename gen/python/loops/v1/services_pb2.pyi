@@ -535,7 +535,7 @@ class GetSamplerRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class SampleRequest(_message.Message):
-    __slots__ = ("sampler_id", "seq_id", "prompt", "num_samples", "params", "prompt_logprobs", "topk_prompt_logprobs", "base_model", "model_path", "prompt_logprobs_last_n", "target_prompt_tokens", "prompt_alt_tokens_k", "embed")
+    __slots__ = ("sampler_id", "seq_id", "prompt", "num_samples", "params", "prompt_logprobs", "topk_prompt_logprobs", "base_model", "model_path", "prompt_logprobs_last_n", "target_prompt_tokens", "prompt_alt_tokens_k", "embed", "prompt_images")
     SAMPLER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -549,6 +549,7 @@ class SampleRequest(_message.Message):
     TARGET_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_ALT_TOKENS_K_FIELD_NUMBER: _ClassVar[int]
     EMBED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_IMAGES_FIELD_NUMBER: _ClassVar[int]
     sampler_id: str
     seq_id: int
     prompt: _containers.RepeatedScalarFieldContainer[int]
@@ -562,7 +563,8 @@ class SampleRequest(_message.Message):
     target_prompt_tokens: _types_pb2.TargetPromptTokens
     prompt_alt_tokens_k: int
     embed: bool
-    def __init__(self, sampler_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., prompt: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ..., topk_prompt_logprobs: _Optional[int] = ..., base_model: _Optional[str] = ..., model_path: _Optional[str] = ..., prompt_logprobs_last_n: _Optional[int] = ..., target_prompt_tokens: _Optional[_Union[_types_pb2.TargetPromptTokens, _Mapping]] = ..., prompt_alt_tokens_k: _Optional[int] = ..., embed: _Optional[bool] = ...) -> None: ...
+    prompt_images: _containers.RepeatedCompositeFieldContainer[_types_pb2.Image]
+    def __init__(self, sampler_id: _Optional[str] = ..., seq_id: _Optional[int] = ..., prompt: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ..., topk_prompt_logprobs: _Optional[int] = ..., base_model: _Optional[str] = ..., model_path: _Optional[str] = ..., prompt_logprobs_last_n: _Optional[int] = ..., target_prompt_tokens: _Optional[_Union[_types_pb2.TargetPromptTokens, _Mapping]] = ..., prompt_alt_tokens_k: _Optional[int] = ..., embed: _Optional[bool] = ..., prompt_images: _Optional[_Iterable[_Union[_types_pb2.Image, _Mapping]]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

@@ -38,7 +38,7 @@ class Tensor(_message.Message):
     def __init__(self, dtype: _Optional[_Union[Dtype, str]] = ..., shape: _Optional[_Iterable[int]] = ..., float32_data: _Optional[_Iterable[float]] = ..., int64_data: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Datum(_message.Message):
-    __slots__ = ("tokens", "loss_fn_inputs")
+    __slots__ = ("tokens", "loss_fn_inputs", "images")
     class LossFnInputsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -48,9 +48,39 @@ class Datum(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOSS_FN_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     tokens: _containers.RepeatedScalarFieldContainer[int]
     loss_fn_inputs: _containers.MessageMap[str, Tensor]
-    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., loss_fn_inputs: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
+    images: _containers.RepeatedCompositeFieldContainer[Image]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., loss_fn_inputs: _Optional[_Mapping[str, Tensor]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ...) -> None: ...
+
+class Image(_message.Message):
+    __slots__ = ("data", "format", "offset", "tokens", "width", "height")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    format: str
+    offset: int
+    tokens: int
+    width: int
+    height: int
+    def __init__(self, data: _Optional[bytes] = ..., format: _Optional[str] = ..., offset: _Optional[int] = ..., tokens: _Optional[int] = ..., width: _Optional[int] = ..., height: _Optional[int] = ...) -> None: ...
+
+class VisionInfo(_message.Message):
+    __slots__ = ("patch_size", "merge_size", "min_pixels", "max_pixels")
+    PATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MERGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MIN_PIXELS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PIXELS_FIELD_NUMBER: _ClassVar[int]
+    patch_size: int
+    merge_size: int
+    min_pixels: int
+    max_pixels: int
+    def __init__(self, patch_size: _Optional[int] = ..., merge_size: _Optional[int] = ..., min_pixels: _Optional[int] = ..., max_pixels: _Optional[int] = ...) -> None: ...
 
 class LoraConfig(_message.Message):
     __slots__ = ("rank", "seed", "train_attn", "train_mlp", "train_unembed")
@@ -253,7 +283,7 @@ class PromptAltTokens(_message.Message):
     def __init__(self, k: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "max_sequence_length", "vocab_size", "architecture", "tokenizer_id", "max_lora_rank", "backend", "hidden_size", "revision", "family", "publisher", "renderer", "lora_targets", "modalities")
+    __slots__ = ("name", "max_sequence_length", "vocab_size", "architecture", "tokenizer_id", "max_lora_rank", "backend", "hidden_size", "revision", "family", "publisher", "renderer", "lora_targets", "modalities", "vision")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MAX_SEQUENCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -268,6 +298,7 @@ class ModelInfo(_message.Message):
     RENDERER_FIELD_NUMBER: _ClassVar[int]
     LORA_TARGETS_FIELD_NUMBER: _ClassVar[int]
     MODALITIES_FIELD_NUMBER: _ClassVar[int]
+    VISION_FIELD_NUMBER: _ClassVar[int]
     name: str
     max_sequence_length: int
     vocab_size: int
@@ -282,7 +313,8 @@ class ModelInfo(_message.Message):
     renderer: str
     lora_targets: _containers.RepeatedScalarFieldContainer[str]
     modalities: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., max_sequence_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., architecture: _Optional[str] = ..., tokenizer_id: _Optional[str] = ..., max_lora_rank: _Optional[int] = ..., backend: _Optional[str] = ..., hidden_size: _Optional[int] = ..., revision: _Optional[str] = ..., family: _Optional[str] = ..., publisher: _Optional[str] = ..., renderer: _Optional[str] = ..., lora_targets: _Optional[_Iterable[str]] = ..., modalities: _Optional[_Iterable[str]] = ...) -> None: ...
+    vision: VisionInfo
+    def __init__(self, name: _Optional[str] = ..., max_sequence_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., architecture: _Optional[str] = ..., tokenizer_id: _Optional[str] = ..., max_lora_rank: _Optional[int] = ..., backend: _Optional[str] = ..., hidden_size: _Optional[int] = ..., revision: _Optional[str] = ..., family: _Optional[str] = ..., publisher: _Optional[str] = ..., renderer: _Optional[str] = ..., lora_targets: _Optional[_Iterable[str]] = ..., modalities: _Optional[_Iterable[str]] = ..., vision: _Optional[_Union[VisionInfo, _Mapping]] = ...) -> None: ...
 
 class ClientInfo(_message.Message):
     __slots__ = ("name", "version", "runtime", "user_agent")

@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file loops/v1/types.proto.
  */
 export const file_loops_v1_types: GenFile = /*@__PURE__*/
-  fileDesc("ChRsb29wcy92MS90eXBlcy5wcm90bxIIbG9vcHMudjEiYQoGVGVuc29yEh4KBWR0eXBlGAEgASgOMg8ubG9vcHMudjEuRHR5cGUSDQoFc2hhcGUYAiADKAMSFAoMZmxvYXQzMl9kYXRhGAMgAygCEhIKCmludDY0X2RhdGEYBCADKAMimQEKBURhdHVtEg4KBnRva2VucxgBIAMoBRI5Cg5sb3NzX2ZuX2lucHV0cxgCIAMoCzIhLmxvb3BzLnYxLkRhdHVtLkxvc3NGbklucHV0c0VudHJ5GkUKEUxvc3NGbklucHV0c0VudHJ5EgsKA2tleRgBIAEoCRIfCgV2YWx1ZRgCIAEoCzIQLmxvb3BzLnYxLlRlbnNvcjoCOAEiZgoKTG9yYUNvbmZpZxIMCgRyYW5rGAEgASgFEgwKBHNlZWQYAiABKAQSEgoKdHJhaW5fYXR0bhgDIAEoCBIRCgl0cmFpbl9tbHAYBCABKAgSFQoNdHJhaW5fdW5lbWJlZBgFIAEoCCJ8CgpBZGFtUGFyYW1zEhUKDWxlYXJuaW5nX3JhdGUYASABKAESDQoFYmV0YTEYAiABKAESDQoFYmV0YTIYAyABKAESCwoDZXBzGAQgASgBEhQKDHdlaWdodF9kZWNheRgFIAEoARIWCg5ncmFkX2NsaXBfbm9ybRgGIAEoASKaAwoOU2FtcGxpbmdQYXJhbXMSEgoKbWF4X3Rva2VucxgBIAEoBRITCgt0ZW1wZXJhdHVyZRgCIAEoAhINCgV0b3BfaxgDIAEoBRINCgV0b3BfcBgEIAEoAhIRCgRzZWVkGAUgASgESACIAQESFAoMc3RvcF9zdHJpbmdzGAYgAygJEhMKC3N0b3BfdG9rZW5zGAcgAygFEhQKDHRvcF9sb2dwcm9icxgIIAEoBRI7Cgpsb2dpdF9iaWFzGAkgAygLMicubG9vcHMudjEuU2FtcGxpbmdQYXJhbXMuTG9naXRCaWFzRW50cnkSGAoQcHJlc2VuY2VfcGVuYWx0eRgKIAEoAhIZChFmcmVxdWVuY3lfcGVuYWx0eRgLIAEoAhINCgVtaW5fcBgMIAEoAhIxCg9yZXNwb25zZV9mb3JtYXQYDSABKAsyGC5sb29wcy52MS5SZXNwb25zZUZvcm1hdBowCg5Mb2dpdEJpYXNFbnRyeRILCgNrZXkYASABKAUSDQoFdmFsdWUYAiABKAI6AjgBQgcKBV9zZWVkIqsBCg5SZXNwb25zZUZvcm1hdBIrCgR0eXBlGAEgASgOMh0ubG9vcHMudjEuUmVzcG9uc2VGb3JtYXQuVHlwZRITCgtqc29uX3NjaGVtYRgCIAEoCSJXCgRUeXBlEhQKEFRZUEVfVU5TUEVDSUZJRUQQABINCglUWVBFX1RFWFQQARIUChBUWVBFX0pTT05fT0JKRUNUEAISFAoQVFlQRV9KU09OX1NDSEVNQRADIowBCg9TYW1wbGVkU2VxdWVuY2USDgoGdG9rZW5zGAEgAygFEhAKCGxvZ3Byb2JzGAIgAygCEikKC3N0b3BfcmVhc29uGAMgASgOMhQubG9vcHMudjEuU3RvcFJlYXNvbhIsCgx0b3BfbG9ncHJvYnMYBCABKAsyFi5sb29wcy52MS5Ub3BLTG9ncHJvYnMiTgoMVG9wS0xvZ3Byb2JzEgkKAWsYASABKAUSDgoGbGVuZ3RoGAIgASgFEhEKCXRva2VuX2lkcxgDIAMoBRIQCghsb2dwcm9icxgEIAMoAiKEAQoLRGF0dW1PdXRwdXQSMwoHb3V0cHV0cxgBIAMoCzIiLmxvb3BzLnYxLkRhdHVtT3V0cHV0Lk91dHB1dHNFbnRyeRpACgxPdXRwdXRzRW50cnkSCwoDa2V5GAEgASgJEh8KBXZhbHVlGAIgASgLMhAubG9vcHMudjEuVGVuc29yOgI4ASKuAQoVRm9yd2FyZEJhY2t3YXJkUmVzdWx0EiYKB291dHB1dHMYASADKAsyFS5sb29wcy52MS5EYXR1bU91dHB1dBI9CgdtZXRyaWNzGAIgAygLMiwubG9vcHMudjEuRm9yd2FyZEJhY2t3YXJkUmVzdWx0Lk1ldHJpY3NFbnRyeRouCgxNZXRyaWNzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgBOgI4ASJ6Cg9PcHRpbVN0ZXBSZXN1bHQSNwoHbWV0cmljcxgBIAMoCzImLmxvb3BzLnYxLk9wdGltU3RlcFJlc3VsdC5NZXRyaWNzRW50cnkaLgoMTWV0cmljc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAToCOAEixgIKDFNhbXBsZVJlc3VsdBIsCglzZXF1ZW5jZXMYASADKAsyGS5sb29wcy52MS5TYW1wbGVkU2VxdWVuY2USFwoPcHJvbXB0X2xvZ3Byb2JzGAIgAygCEjQKFHRvcGtfcHJvbXB0X2xvZ3Byb2JzGAMgASgLMhYubG9vcHMudjEuVG9wS0xvZ3Byb2JzEj4KFnRhcmdldF9wcm9tcHRfbG9ncHJvYnMYBCABKAsyHi5sb29wcy52MS5UYXJnZXRQcm9tcHRMb2dwcm9icxI0ChFwcm9tcHRfYWx0X3Rva2VucxgFIAEoCzIZLmxvb3BzLnYxLlByb21wdEFsdFRva2VucxISCgptb2RlbF9wYXRoGAYgASgJEhEKCWVtYmVkZGluZxgHIAMoAhIcChRwcm9tcHRfY2FjaGVkX3Rva2VucxgIIAEoBSJCChJUYXJnZXRQcm9tcHRUb2tlbnMSCQoBaxgBIAEoBRIRCgl0b2tlbl9pZHMYAiADKAUSDgoGc3BhcnNlGAMgASgIIkMKFFRhcmdldFByb21wdExvZ3Byb2JzEgkKAWsYASABKAUSEAoIbG9ncHJvYnMYAiADKAISDgoGc3BhcnNlGAMgASgIIkEKD1Byb21wdEFsdFRva2VucxIJCgFrGAEgASgFEhEKCXRva2VuX2lkcxgCIAMoBRIQCghsb2dwcm9icxgDIAMoAiKkAgoJTW9kZWxJbmZvEgwKBG5hbWUYASABKAkSGwoTbWF4X3NlcXVlbmNlX2xlbmd0aBgCIAEoBRISCgp2b2NhYl9zaXplGAMgASgFEhQKDGFyY2hpdGVjdHVyZRgEIAEoCRIUCgx0b2tlbml6ZXJfaWQYBSABKAkSFQoNbWF4X2xvcmFfcmFuaxgGIAEoBRIPCgdiYWNrZW5kGAcgASgJEhMKC2hpZGRlbl9zaXplGAggASgFEhAKCHJldmlzaW9uGAkgASgJEg4KBmZhbWlseRgKIAEoCRIRCglwdWJsaXNoZXIYCyABKAkSEAoIcmVuZGVyZXIYDCABKAkSFAoMbG9yYV90YXJnZXRzGA0gAygJEhIKCm1vZGFsaXRpZXMYDiADKAkiUAoKQ2xpZW50SW5mbxIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAkSDwoHcnVudGltZRgDIAEoCRISCgp1c2VyX2FnZW50GAQgASgJKkIKBUR0eXBlEhUKEURUWVBFX1VOU1BFQ0lGSUVEEAASEQoNRFRZUEVfRkxPQVQzMhABEg8KC0RUWVBFX0lOVDY0EAIqVwoKU3RvcFJlYXNvbhIbChdTVE9QX1JFQVNPTl9VTlNQRUNJRklFRBAAEhQKEFNUT1BfUkVBU09OX1NUT1AQARIWChJTVE9QX1JFQVNPTl9MRU5HVEgQAmIGcHJvdG8z");
+  fileDesc("ChRsb29wcy92MS90eXBlcy5wcm90bxIIbG9vcHMudjEiYQoGVGVuc29yEh4KBWR0eXBlGAEgASgOMg8ubG9vcHMudjEuRHR5cGUSDQoFc2hhcGUYAiADKAMSFAoMZmxvYXQzMl9kYXRhGAMgAygCEhIKCmludDY0X2RhdGEYBCADKAMiugEKBURhdHVtEg4KBnRva2VucxgBIAMoBRI5Cg5sb3NzX2ZuX2lucHV0cxgCIAMoCzIhLmxvb3BzLnYxLkRhdHVtLkxvc3NGbklucHV0c0VudHJ5Eh8KBmltYWdlcxhkIAMoCzIPLmxvb3BzLnYxLkltYWdlGkUKEUxvc3NGbklucHV0c0VudHJ5EgsKA2tleRgBIAEoCRIfCgV2YWx1ZRgCIAEoCzIQLmxvb3BzLnYxLlRlbnNvcjoCOAEiZAoFSW1hZ2USDAoEZGF0YRgBIAEoDBIOCgZmb3JtYXQYAiABKAkSDgoGb2Zmc2V0GAMgASgFEg4KBnRva2VucxgEIAEoBRINCgV3aWR0aBgFIAEoBRIOCgZoZWlnaHQYBiABKAUiXAoKVmlzaW9uSW5mbxISCgpwYXRjaF9zaXplGAEgASgFEhIKCm1lcmdlX3NpemUYAiABKAUSEgoKbWluX3BpeGVscxgDIAEoAxISCgptYXhfcGl4ZWxzGAQgASgDImYKCkxvcmFDb25maWcSDAoEcmFuaxgBIAEoBRIMCgRzZWVkGAIgASgEEhIKCnRyYWluX2F0dG4YAyABKAgSEQoJdHJhaW5fbWxwGAQgASgIEhUKDXRyYWluX3VuZW1iZWQYBSABKAgifAoKQWRhbVBhcmFtcxIVCg1sZWFybmluZ19yYXRlGAEgASgBEg0KBWJldGExGAIgASgBEg0KBWJldGEyGAMgASgBEgsKA2VwcxgEIAEoARIUCgx3ZWlnaHRfZGVjYXkYBSABKAESFgoOZ3JhZF9jbGlwX25vcm0YBiABKAEimgMKDlNhbXBsaW5nUGFyYW1zEhIKCm1heF90b2tlbnMYASABKAUSEwoLdGVtcGVyYXR1cmUYAiABKAISDQoFdG9wX2sYAyABKAUSDQoFdG9wX3AYBCABKAISEQoEc2VlZBgFIAEoBEgAiAEBEhQKDHN0b3Bfc3RyaW5ncxgGIAMoCRITCgtzdG9wX3Rva2VucxgHIAMoBRIUCgx0b3BfbG9ncHJvYnMYCCABKAUSOwoKbG9naXRfYmlhcxgJIAMoCzInLmxvb3BzLnYxLlNhbXBsaW5nUGFyYW1zLkxvZ2l0Qmlhc0VudHJ5EhgKEHByZXNlbmNlX3BlbmFsdHkYCiABKAISGQoRZnJlcXVlbmN5X3BlbmFsdHkYCyABKAISDQoFbWluX3AYDCABKAISMQoPcmVzcG9uc2VfZm9ybWF0GA0gASgLMhgubG9vcHMudjEuUmVzcG9uc2VGb3JtYXQaMAoOTG9naXRCaWFzRW50cnkSCwoDa2V5GAEgASgFEg0KBXZhbHVlGAIgASgCOgI4AUIHCgVfc2VlZCKrAQoOUmVzcG9uc2VGb3JtYXQSKwoEdHlwZRgBIAEoDjIdLmxvb3BzLnYxLlJlc3BvbnNlRm9ybWF0LlR5cGUSEwoLanNvbl9zY2hlbWEYAiABKAkiVwoEVHlwZRIUChBUWVBFX1VOU1BFQ0lGSUVEEAASDQoJVFlQRV9URVhUEAESFAoQVFlQRV9KU09OX09CSkVDVBACEhQKEFRZUEVfSlNPTl9TQ0hFTUEQAyKMAQoPU2FtcGxlZFNlcXVlbmNlEg4KBnRva2VucxgBIAMoBRIQCghsb2dwcm9icxgCIAMoAhIpCgtzdG9wX3JlYXNvbhgDIAEoDjIULmxvb3BzLnYxLlN0b3BSZWFzb24SLAoMdG9wX2xvZ3Byb2JzGAQgASgLMhYubG9vcHMudjEuVG9wS0xvZ3Byb2JzIk4KDFRvcEtMb2dwcm9icxIJCgFrGAEgASgFEg4KBmxlbmd0aBgCIAEoBRIRCgl0b2tlbl9pZHMYAyADKAUSEAoIbG9ncHJvYnMYBCADKAIihAEKC0RhdHVtT3V0cHV0EjMKB291dHB1dHMYASADKAsyIi5sb29wcy52MS5EYXR1bU91dHB1dC5PdXRwdXRzRW50cnkaQAoMT3V0cHV0c0VudHJ5EgsKA2tleRgBIAEoCRIfCgV2YWx1ZRgCIAEoCzIQLmxvb3BzLnYxLlRlbnNvcjoCOAEirgEKFUZvcndhcmRCYWNrd2FyZFJlc3VsdBImCgdvdXRwdXRzGAEgAygLMhUubG9vcHMudjEuRGF0dW1PdXRwdXQSPQoHbWV0cmljcxgCIAMoCzIsLmxvb3BzLnYxLkZvcndhcmRCYWNrd2FyZFJlc3VsdC5NZXRyaWNzRW50cnkaLgoMTWV0cmljc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAToCOAEiegoPT3B0aW1TdGVwUmVzdWx0EjcKB21ldHJpY3MYASADKAsyJi5sb29wcy52MS5PcHRpbVN0ZXBSZXN1bHQuTWV0cmljc0VudHJ5Gi4KDE1ldHJpY3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAE6AjgBIsYCCgxTYW1wbGVSZXN1bHQSLAoJc2VxdWVuY2VzGAEgAygLMhkubG9vcHMudjEuU2FtcGxlZFNlcXVlbmNlEhcKD3Byb21wdF9sb2dwcm9icxgCIAMoAhI0ChR0b3BrX3Byb21wdF9sb2dwcm9icxgDIAEoCzIWLmxvb3BzLnYxLlRvcEtMb2dwcm9icxI+ChZ0YXJnZXRfcHJvbXB0X2xvZ3Byb2JzGAQgASgLMh4ubG9vcHMudjEuVGFyZ2V0UHJvbXB0TG9ncHJvYnMSNAoRcHJvbXB0X2FsdF90b2tlbnMYBSABKAsyGS5sb29wcy52MS5Qcm9tcHRBbHRUb2tlbnMSEgoKbW9kZWxfcGF0aBgGIAEoCRIRCgllbWJlZGRpbmcYByADKAISHAoUcHJvbXB0X2NhY2hlZF90b2tlbnMYCCABKAUiQgoSVGFyZ2V0UHJvbXB0VG9rZW5zEgkKAWsYASABKAUSEQoJdG9rZW5faWRzGAIgAygFEg4KBnNwYXJzZRgDIAEoCCJDChRUYXJnZXRQcm9tcHRMb2dwcm9icxIJCgFrGAEgASgFEhAKCGxvZ3Byb2JzGAIgAygCEg4KBnNwYXJzZRgDIAEoCCJBCg9Qcm9tcHRBbHRUb2tlbnMSCQoBaxgBIAEoBRIRCgl0b2tlbl9pZHMYAiADKAUSEAoIbG9ncHJvYnMYAyADKAIiygIKCU1vZGVsSW5mbxIMCgRuYW1lGAEgASgJEhsKE21heF9zZXF1ZW5jZV9sZW5ndGgYAiABKAUSEgoKdm9jYWJfc2l6ZRgDIAEoBRIUCgxhcmNoaXRlY3R1cmUYBCABKAkSFAoMdG9rZW5pemVyX2lkGAUgASgJEhUKDW1heF9sb3JhX3JhbmsYBiABKAUSDwoHYmFja2VuZBgHIAEoCRITCgtoaWRkZW5fc2l6ZRgIIAEoBRIQCghyZXZpc2lvbhgJIAEoCRIOCgZmYW1pbHkYCiABKAkSEQoJcHVibGlzaGVyGAsgASgJEhAKCHJlbmRlcmVyGAwgASgJEhQKDGxvcmFfdGFyZ2V0cxgNIAMoCRISCgptb2RhbGl0aWVzGA4gAygJEiQKBnZpc2lvbhhkIAEoCzIULmxvb3BzLnYxLlZpc2lvbkluZm8iUAoKQ2xpZW50SW5mbxIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAkSDwoHcnVudGltZRgDIAEoCRISCgp1c2VyX2FnZW50GAQgASgJKkIKBUR0eXBlEhUKEURUWVBFX1VOU1BFQ0lGSUVEEAASEQoNRFRZUEVfRkxPQVQzMhABEg8KC0RUWVBFX0lOVDY0EAIqVwoKU3RvcFJlYXNvbhIbChdTVE9QX1JFQVNPTl9VTlNQRUNJRklFRBAAEhQKEFNUT1BfUkVBU09OX1NUT1AQARIWChJTVE9QX1JFQVNPTl9MRU5HVEgQAmIGcHJvdG8z");
 
 /**
  * Tensor is a dense, row-major array. Exactly one of float32_data and int64_data is set, as
@@ -64,6 +64,16 @@ export type Datum = Message<"loops.v1.Datum"> & {
    * @generated from field: map<string, loops.v1.Tensor> loss_fn_inputs = 2;
    */
   lossFnInputs: { [key: string]: Tensor };
+
+  /**
+   * The images of the model input (Tinker's image chunks), in input order: image i fills
+   * tokens [offset, offset + tokens), where tokens holds 0 (a placeholder the engine
+   * replaces with the model's image token). Only a model whose ModelInfo.modalities include
+   * "image" takes them.
+   *
+   * @generated from field: repeated loops.v1.Image images = 100;
+   */
+  images: Image[];
 };
 
 /**
@@ -72,6 +82,100 @@ export type Datum = Message<"loops.v1.Datum"> & {
  */
 export const DatumSchema: GenMessage<Datum> = /*@__PURE__*/
   messageDesc(file_loops_v1_types, 1);
+
+/**
+ * Image is one image of a model input, checked by the gateway (format, pixel size, token
+ * count) before any work: the encoded bytes as sent, and where its tokens are.
+ *
+ * @generated from message loops.v1.Image
+ */
+export type Image = Message<"loops.v1.Image"> & {
+  /**
+   * The encoded image: PNG or JPEG, as format says (the gateway checked the bytes).
+   *
+   * @generated from field: bytes data = 1;
+   */
+  data: Uint8Array;
+
+  /**
+   * "png" or "jpeg".
+   *
+   * @generated from field: string format = 2;
+   */
+  format: string;
+
+  /**
+   * The position of the image's first token in the input.
+   *
+   * @generated from field: int32 offset = 3;
+   */
+  offset: number;
+
+  /**
+   * How many tokens the image takes: what the model's image processor makes of its size
+   * (ModelInfo.vision).
+   *
+   * @generated from field: int32 tokens = 4;
+   */
+  tokens: number;
+
+  /**
+   * The image's size in pixels, read from its header.
+   *
+   * @generated from field: int32 width = 5;
+   */
+  width: number;
+
+  /**
+   * @generated from field: int32 height = 6;
+   */
+  height: number;
+};
+
+/**
+ * Describes the message loops.v1.Image.
+ * Use `create(ImageSchema)` to create a new message.
+ */
+export const ImageSchema: GenMessage<Image> = /*@__PURE__*/
+  messageDesc(file_loops_v1_types, 2);
+
+/**
+ * VisionInfo is how a vision-language model's image processor turns an image into tokens
+ * (Qwen-VL's smart_resize): the image is resized so that both sides are multiples of
+ * patch_size·merge_size and its pixel count is within [min_pixels, max_pixels] (keeping
+ * its aspect ratio, which must be at most 200), then every merge_size × merge_size block of
+ * patch_size patches is one token.
+ *
+ * @generated from message loops.v1.VisionInfo
+ */
+export type VisionInfo = Message<"loops.v1.VisionInfo"> & {
+  /**
+   * @generated from field: int32 patch_size = 1;
+   */
+  patchSize: number;
+
+  /**
+   * @generated from field: int32 merge_size = 2;
+   */
+  mergeSize: number;
+
+  /**
+   * @generated from field: int64 min_pixels = 3;
+   */
+  minPixels: bigint;
+
+  /**
+   * @generated from field: int64 max_pixels = 4;
+   */
+  maxPixels: bigint;
+};
+
+/**
+ * Describes the message loops.v1.VisionInfo.
+ * Use `create(VisionInfoSchema)` to create a new message.
+ */
+export const VisionInfoSchema: GenMessage<VisionInfo> = /*@__PURE__*/
+  messageDesc(file_loops_v1_types, 3);
 
 /**
  * LoraConfig describes a LoRA adapter. alpha is fixed at 32 (scale alpha/rank).
@@ -110,7 +214,7 @@ export type LoraConfig = Message<"loops.v1.LoraConfig"> & {
  * Use `create(LoraConfigSchema)` to create a new message.
  */
 export const LoraConfigSchema: GenMessage<LoraConfig> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 2);
+  messageDesc(file_loops_v1_types, 4);
 
 /**
  * AdamParams are Tinker's AdamW parameters. A zero grad_clip_norm turns clipping off.
@@ -154,7 +258,7 @@ export type AdamParams = Message<"loops.v1.AdamParams"> & {
  * Use `create(AdamParamsSchema)` to create a new message.
  */
 export const AdamParamsSchema: GenMessage<AdamParams> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 3);
+  messageDesc(file_loops_v1_types, 5);
 
 /**
  * SamplingParams control generation. top_k <= 0 means no limit; top_p 1 means no limit.
@@ -254,7 +358,7 @@ export type SamplingParams = Message<"loops.v1.SamplingParams"> & {
  * Use `create(SamplingParamsSchema)` to create a new message.
  */
 export const SamplingParamsSchema: GenMessage<SamplingParams> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 4);
+  messageDesc(file_loops_v1_types, 6);
 
 /**
  * ResponseFormat constrains sampled text by constrained decoding: at every step only the
@@ -282,7 +386,7 @@ export type ResponseFormat = Message<"loops.v1.ResponseFormat"> & {
  * Use `create(ResponseFormatSchema)` to create a new message.
  */
 export const ResponseFormatSchema: GenMessage<ResponseFormat> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 5);
+  messageDesc(file_loops_v1_types, 7);
 
 /**
  * Type is the language.
@@ -321,7 +425,7 @@ export enum ResponseFormat_Type {
  * Describes the enum loops.v1.ResponseFormat.Type.
  */
 export const ResponseFormat_TypeSchema: GenEnum<ResponseFormat_Type> = /*@__PURE__*/
-  enumDesc(file_loops_v1_types, 5, 0);
+  enumDesc(file_loops_v1_types, 7, 0);
 
 /**
  * SampledSequence is one generated continuation.
@@ -358,7 +462,7 @@ export type SampledSequence = Message<"loops.v1.SampledSequence"> & {
  * Use `create(SampledSequenceSchema)` to create a new message.
  */
 export const SampledSequenceSchema: GenMessage<SampledSequence> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 6);
+  messageDesc(file_loops_v1_types, 8);
 
 /**
  * TopKLogprobs are the k most likely tokens at each position (of a prompt, or of a sampled
@@ -394,7 +498,7 @@ export type TopKLogprobs = Message<"loops.v1.TopKLogprobs"> & {
  * Use `create(TopKLogprobsSchema)` to create a new message.
  */
 export const TopKLogprobsSchema: GenMessage<TopKLogprobs> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 7);
+  messageDesc(file_loops_v1_types, 9);
 
 /**
  * DatumOutput holds the per-datum outputs of a forward pass: "logprobs" (N,) and
@@ -414,7 +518,7 @@ export type DatumOutput = Message<"loops.v1.DatumOutput"> & {
  * Use `create(DatumOutputSchema)` to create a new message.
  */
 export const DatumOutputSchema: GenMessage<DatumOutput> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 8);
+  messageDesc(file_loops_v1_types, 10);
 
 /**
  * ForwardBackwardResult is the result of a forward or forward_backward operation.
@@ -440,7 +544,7 @@ export type ForwardBackwardResult = Message<"loops.v1.ForwardBackwardResult"> & 
  * Use `create(ForwardBackwardResultSchema)` to create a new message.
  */
 export const ForwardBackwardResultSchema: GenMessage<ForwardBackwardResult> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 9);
+  messageDesc(file_loops_v1_types, 11);
 
 /**
  * OptimStepResult is the result of an optimizer step.
@@ -459,7 +563,7 @@ export type OptimStepResult = Message<"loops.v1.OptimStepResult"> & {
  * Use `create(OptimStepResultSchema)` to create a new message.
  */
 export const OptimStepResultSchema: GenMessage<OptimStepResult> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 10);
+  messageDesc(file_loops_v1_types, 12);
 
 /**
  * SampleResult is the result of a sampling operation.
@@ -529,7 +633,7 @@ export type SampleResult = Message<"loops.v1.SampleResult"> & {
  * Use `create(SampleResultSchema)` to create a new message.
  */
 export const SampleResultSchema: GenMessage<SampleResult> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 11);
+  messageDesc(file_loops_v1_types, 13);
 
 /**
  * TargetPromptTokens are token ids whose prompt log-probs to return, row major
@@ -563,7 +667,7 @@ export type TargetPromptTokens = Message<"loops.v1.TargetPromptTokens"> & {
  * Use `create(TargetPromptTokensSchema)` to create a new message.
  */
 export const TargetPromptTokensSchema: GenMessage<TargetPromptTokens> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 12);
+  messageDesc(file_loops_v1_types, 14);
 
 /**
  * TargetPromptLogprobs are the log-probs (temperature 1, as prompt_logprobs) of
@@ -596,7 +700,7 @@ export type TargetPromptLogprobs = Message<"loops.v1.TargetPromptLogprobs"> & {
  * Use `create(TargetPromptLogprobsSchema)` to create a new message.
  */
 export const TargetPromptLogprobsSchema: GenMessage<TargetPromptLogprobs> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 13);
+  messageDesc(file_loops_v1_types, 15);
 
 /**
  * PromptAltTokens are k tokens drawn, independently and with replacement, at every prompt
@@ -631,7 +735,7 @@ export type PromptAltTokens = Message<"loops.v1.PromptAltTokens"> & {
  * Use `create(PromptAltTokensSchema)` to create a new message.
  */
 export const PromptAltTokensSchema: GenMessage<PromptAltTokens> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 14);
+  messageDesc(file_loops_v1_types, 16);
 
 /**
  * ModelInfo describes a base model a server can train and sample.
@@ -732,6 +836,14 @@ export type ModelInfo = Message<"loops.v1.ModelInfo"> & {
    * @generated from field: repeated string modalities = 14;
    */
   modalities: string[];
+
+  /**
+   * With "image" in modalities: how the model's processor sizes an image, so that the
+   * gateway checks an image chunk's expected_tokens before any work.
+   *
+   * @generated from field: loops.v1.VisionInfo vision = 100;
+   */
+  vision?: VisionInfo | undefined;
 };
 
 /**
@@ -739,7 +851,7 @@ export type ModelInfo = Message<"loops.v1.ModelInfo"> & {
  * Use `create(ModelInfoSchema)` to create a new message.
  */
 export const ModelInfoSchema: GenMessage<ModelInfo> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 15);
+  messageDesc(file_loops_v1_types, 17);
 
 /**
  * ClientInfo is the client that created a training run, as its request headers name it
@@ -782,7 +894,7 @@ export type ClientInfo = Message<"loops.v1.ClientInfo"> & {
  * Use `create(ClientInfoSchema)` to create a new message.
  */
 export const ClientInfoSchema: GenMessage<ClientInfo> = /*@__PURE__*/
-  messageDesc(file_loops_v1_types, 16);
+  messageDesc(file_loops_v1_types, 18);
 
 /**
  * DType is the element type of a Tensor.

@@ -1108,7 +1108,9 @@ type SampleRequest struct {
 	// SampleResult.embedding, the mean over the prompt's tokens of the final hidden state
 	// (after the final norm), and sample nothing; num_samples and params are then unset. An
 	// engine that cannot compute it fails with FAILED_PRECONDITION.
-	Embed         bool `protobuf:"varint,13,opt,name=embed,proto3" json:"embed,omitempty"`
+	Embed bool `protobuf:"varint,13,opt,name=embed,proto3" json:"embed,omitempty"`
+	// As loops.v1.SampleRequest.prompt_images (the gateway has checked them).
+	PromptImages  []*v1.Image `protobuf:"bytes,100,rep,name=prompt_images,json=promptImages,proto3" json:"prompt_images,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1232,6 +1234,13 @@ func (x *SampleRequest) GetEmbed() bool {
 		return x.Embed
 	}
 	return false
+}
+
+func (x *SampleRequest) GetPromptImages() []*v1.Image {
+	if x != nil {
+		return x.PromptImages
+	}
+	return nil
 }
 
 type SampleResponse struct {
@@ -1559,7 +1568,7 @@ const file_loops_backend_v1_backend_proto_rawDesc = "" +
 	"\x0eload_optimizer\x18\x03 \x01(\bR\rloadOptimizer\x12%\n" +
 	"\x0eload_gradients\x18\x04 \x01(\bR\rloadGradients\x125\n" +
 	"\bdownload\x18\x05 \x03(\v2\x19.loops.backend.v1.FileURLR\bdownload\"\x15\n" +
-	"\x13LoadAdapterResponse\"\x9c\x04\n" +
+	"\x13LoadAdapterResponse\"\xd2\x04\n" +
 	"\rSampleRequest\x12\x1d\n" +
 	"\n" +
 	"base_model\x18\x01 \x01(\tR\tbaseModel\x12\x1f\n" +
@@ -1577,7 +1586,8 @@ const file_loops_backend_v1_backend_proto_rawDesc = "" +
 	" \x01(\tR\tworkspace\x12N\n" +
 	"\x14target_prompt_tokens\x18\v \x01(\v2\x1c.loops.v1.TargetPromptTokensR\x12targetPromptTokens\x12-\n" +
 	"\x13prompt_alt_tokens_k\x18\f \x01(\x05R\x10promptAltTokensK\x12\x14\n" +
-	"\x05embed\x18\r \x01(\bR\x05embed\"@\n" +
+	"\x05embed\x18\r \x01(\bR\x05embed\x124\n" +
+	"\rprompt_images\x18d \x03(\v2\x0f.loops.v1.ImageR\fpromptImages\"@\n" +
 	"\x0eSampleResponse\x12.\n" +
 	"\x06result\x18\x01 \x01(\v2\x16.loops.v1.SampleResultR\x06result\"P\n" +
 	"\x13StreamSampleRequest\x129\n" +
@@ -1653,7 +1663,8 @@ var file_loops_backend_v1_backend_proto_goTypes = []any{
 	(*v1.OptimStepResult)(nil),        // 29: loops.v1.OptimStepResult
 	(*v1.SamplingParams)(nil),         // 30: loops.v1.SamplingParams
 	(*v1.TargetPromptTokens)(nil),     // 31: loops.v1.TargetPromptTokens
-	(*v1.SampleResult)(nil),           // 32: loops.v1.SampleResult
+	(*v1.Image)(nil),                  // 32: loops.v1.Image
+	(*v1.SampleResult)(nil),           // 33: loops.v1.SampleResult
 }
 var file_loops_backend_v1_backend_proto_depIdxs = []int32{
 	24, // 0: loops.backend.v1.GetCapabilitiesResponse.models:type_name -> loops.v1.ModelInfo
@@ -1672,35 +1683,36 @@ var file_loops_backend_v1_backend_proto_depIdxs = []int32{
 	30, // 13: loops.backend.v1.SampleRequest.params:type_name -> loops.v1.SamplingParams
 	2,  // 14: loops.backend.v1.SampleRequest.adapter_files:type_name -> loops.backend.v1.FileURL
 	31, // 15: loops.backend.v1.SampleRequest.target_prompt_tokens:type_name -> loops.v1.TargetPromptTokens
-	32, // 16: loops.backend.v1.SampleResponse.result:type_name -> loops.v1.SampleResult
-	18, // 17: loops.backend.v1.StreamSampleRequest.request:type_name -> loops.backend.v1.SampleRequest
-	22, // 18: loops.backend.v1.StreamSampleResponse.token:type_name -> loops.backend.v1.SampledToken
-	19, // 19: loops.backend.v1.StreamSampleResponse.response:type_name -> loops.backend.v1.SampleResponse
-	0,  // 20: loops.backend.v1.TrainerService.GetCapabilities:input_type -> loops.backend.v1.GetCapabilitiesRequest
-	3,  // 21: loops.backend.v1.TrainerService.CreateAdapter:input_type -> loops.backend.v1.CreateAdapterRequest
-	5,  // 22: loops.backend.v1.TrainerService.DeleteAdapter:input_type -> loops.backend.v1.DeleteAdapterRequest
-	8,  // 23: loops.backend.v1.TrainerService.ForwardBackward:input_type -> loops.backend.v1.ForwardBackwardRequest
-	12, // 24: loops.backend.v1.TrainerService.OptimStep:input_type -> loops.backend.v1.OptimStepRequest
-	14, // 25: loops.backend.v1.TrainerService.SaveAdapter:input_type -> loops.backend.v1.SaveAdapterRequest
-	16, // 26: loops.backend.v1.TrainerService.LoadAdapter:input_type -> loops.backend.v1.LoadAdapterRequest
-	0,  // 27: loops.backend.v1.SamplerService.GetCapabilities:input_type -> loops.backend.v1.GetCapabilitiesRequest
-	18, // 28: loops.backend.v1.SamplerService.Sample:input_type -> loops.backend.v1.SampleRequest
-	20, // 29: loops.backend.v1.SamplerService.StreamSample:input_type -> loops.backend.v1.StreamSampleRequest
-	1,  // 30: loops.backend.v1.TrainerService.GetCapabilities:output_type -> loops.backend.v1.GetCapabilitiesResponse
-	4,  // 31: loops.backend.v1.TrainerService.CreateAdapter:output_type -> loops.backend.v1.CreateAdapterResponse
-	6,  // 32: loops.backend.v1.TrainerService.DeleteAdapter:output_type -> loops.backend.v1.DeleteAdapterResponse
-	11, // 33: loops.backend.v1.TrainerService.ForwardBackward:output_type -> loops.backend.v1.ForwardBackwardResponse
-	13, // 34: loops.backend.v1.TrainerService.OptimStep:output_type -> loops.backend.v1.OptimStepResponse
-	15, // 35: loops.backend.v1.TrainerService.SaveAdapter:output_type -> loops.backend.v1.SaveAdapterResponse
-	17, // 36: loops.backend.v1.TrainerService.LoadAdapter:output_type -> loops.backend.v1.LoadAdapterResponse
-	1,  // 37: loops.backend.v1.SamplerService.GetCapabilities:output_type -> loops.backend.v1.GetCapabilitiesResponse
-	19, // 38: loops.backend.v1.SamplerService.Sample:output_type -> loops.backend.v1.SampleResponse
-	21, // 39: loops.backend.v1.SamplerService.StreamSample:output_type -> loops.backend.v1.StreamSampleResponse
-	30, // [30:40] is the sub-list for method output_type
-	20, // [20:30] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	32, // 16: loops.backend.v1.SampleRequest.prompt_images:type_name -> loops.v1.Image
+	33, // 17: loops.backend.v1.SampleResponse.result:type_name -> loops.v1.SampleResult
+	18, // 18: loops.backend.v1.StreamSampleRequest.request:type_name -> loops.backend.v1.SampleRequest
+	22, // 19: loops.backend.v1.StreamSampleResponse.token:type_name -> loops.backend.v1.SampledToken
+	19, // 20: loops.backend.v1.StreamSampleResponse.response:type_name -> loops.backend.v1.SampleResponse
+	0,  // 21: loops.backend.v1.TrainerService.GetCapabilities:input_type -> loops.backend.v1.GetCapabilitiesRequest
+	3,  // 22: loops.backend.v1.TrainerService.CreateAdapter:input_type -> loops.backend.v1.CreateAdapterRequest
+	5,  // 23: loops.backend.v1.TrainerService.DeleteAdapter:input_type -> loops.backend.v1.DeleteAdapterRequest
+	8,  // 24: loops.backend.v1.TrainerService.ForwardBackward:input_type -> loops.backend.v1.ForwardBackwardRequest
+	12, // 25: loops.backend.v1.TrainerService.OptimStep:input_type -> loops.backend.v1.OptimStepRequest
+	14, // 26: loops.backend.v1.TrainerService.SaveAdapter:input_type -> loops.backend.v1.SaveAdapterRequest
+	16, // 27: loops.backend.v1.TrainerService.LoadAdapter:input_type -> loops.backend.v1.LoadAdapterRequest
+	0,  // 28: loops.backend.v1.SamplerService.GetCapabilities:input_type -> loops.backend.v1.GetCapabilitiesRequest
+	18, // 29: loops.backend.v1.SamplerService.Sample:input_type -> loops.backend.v1.SampleRequest
+	20, // 30: loops.backend.v1.SamplerService.StreamSample:input_type -> loops.backend.v1.StreamSampleRequest
+	1,  // 31: loops.backend.v1.TrainerService.GetCapabilities:output_type -> loops.backend.v1.GetCapabilitiesResponse
+	4,  // 32: loops.backend.v1.TrainerService.CreateAdapter:output_type -> loops.backend.v1.CreateAdapterResponse
+	6,  // 33: loops.backend.v1.TrainerService.DeleteAdapter:output_type -> loops.backend.v1.DeleteAdapterResponse
+	11, // 34: loops.backend.v1.TrainerService.ForwardBackward:output_type -> loops.backend.v1.ForwardBackwardResponse
+	13, // 35: loops.backend.v1.TrainerService.OptimStep:output_type -> loops.backend.v1.OptimStepResponse
+	15, // 36: loops.backend.v1.TrainerService.SaveAdapter:output_type -> loops.backend.v1.SaveAdapterResponse
+	17, // 37: loops.backend.v1.TrainerService.LoadAdapter:output_type -> loops.backend.v1.LoadAdapterResponse
+	1,  // 38: loops.backend.v1.SamplerService.GetCapabilities:output_type -> loops.backend.v1.GetCapabilitiesResponse
+	19, // 39: loops.backend.v1.SamplerService.Sample:output_type -> loops.backend.v1.SampleResponse
+	21, // 40: loops.backend.v1.SamplerService.StreamSample:output_type -> loops.backend.v1.StreamSampleResponse
+	31, // [31:41] is the sub-list for method output_type
+	21, // [21:31] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_loops_backend_v1_backend_proto_init() }

@@ -169,7 +169,7 @@ class LoadAdapterResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class SampleRequest(_message.Message):
-    __slots__ = ("base_model", "adapter_dir", "prompt", "num_samples", "params", "prompt_logprobs", "topk_prompt_logprobs", "adapter_files", "pool", "workspace", "target_prompt_tokens", "prompt_alt_tokens_k", "embed")
+    __slots__ = ("base_model", "adapter_dir", "prompt", "num_samples", "params", "prompt_logprobs", "topk_prompt_logprobs", "adapter_files", "pool", "workspace", "target_prompt_tokens", "prompt_alt_tokens_k", "embed", "prompt_images")
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_DIR_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +183,7 @@ class SampleRequest(_message.Message):
     TARGET_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_ALT_TOKENS_K_FIELD_NUMBER: _ClassVar[int]
     EMBED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_IMAGES_FIELD_NUMBER: _ClassVar[int]
     base_model: str
     adapter_dir: str
     prompt: _containers.RepeatedScalarFieldContainer[int]
@@ -196,7 +197,8 @@ class SampleRequest(_message.Message):
     target_prompt_tokens: _types_pb2.TargetPromptTokens
     prompt_alt_tokens_k: int
     embed: bool
-    def __init__(self, base_model: _Optional[str] = ..., adapter_dir: _Optional[str] = ..., prompt: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ..., topk_prompt_logprobs: _Optional[int] = ..., adapter_files: _Optional[_Iterable[_Union[FileURL, _Mapping]]] = ..., pool: _Optional[str] = ..., workspace: _Optional[str] = ..., target_prompt_tokens: _Optional[_Union[_types_pb2.TargetPromptTokens, _Mapping]] = ..., prompt_alt_tokens_k: _Optional[int] = ..., embed: _Optional[bool] = ...) -> None: ...
+    prompt_images: _containers.RepeatedCompositeFieldContainer[_types_pb2.Image]
+    def __init__(self, base_model: _Optional[str] = ..., adapter_dir: _Optional[str] = ..., prompt: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ..., topk_prompt_logprobs: _Optional[int] = ..., adapter_files: _Optional[_Iterable[_Union[FileURL, _Mapping]]] = ..., pool: _Optional[str] = ..., workspace: _Optional[str] = ..., target_prompt_tokens: _Optional[_Union[_types_pb2.TargetPromptTokens, _Mapping]] = ..., prompt_alt_tokens_k: _Optional[int] = ..., embed: _Optional[bool] = ..., prompt_images: _Optional[_Iterable[_Union[_types_pb2.Image, _Mapping]]] = ...) -> None: ...
 
 class SampleResponse(_message.Message):
     __slots__ = ("result",)

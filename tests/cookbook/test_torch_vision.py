@@ -1,0 +1,165 @@
+"""The tinker 0.38 SDK trains and samples with image chunks through `loops serve --backend
+torch --model DIR` on a tiny random Qwen3-VL (written from a fixed seed with transformers,
+with its image processor's preprocessor_config.json and loops/tiny's tokenizer): the
+catalog says modalities text and image; forward_backward with an image chunk (weights on
+the text targets, as a renderer gives) lowers the loss over a few steps; seeded sampling and
+compute_logprobs with the image repeat; an expected_tokens that is not the processor's, a
+30000×30000 image header and the wrong format are 400s that say so.
+
+The worker runs transformers' image processor, which needs Pillow in the worker's
+environment; without it the test is skipped (the worker then serves the model for text)."""
+
+from __future__ import annotations
+
+import binascii
+import io
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+torch = pytest.importorskip("torch")
+import tinker  # noqa: E402
+from tinker import types  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "tests"))
+from conftest import API_KEY  # noqa: E402
+from loops_server import running_server  # noqa: E402
+from test_weights import _torch_python, tiny_tokenizer  # noqa: E402,F401 - the fixture is reused
+
+PIC = (24, 16)  # 6×4 patches of 4 pixels, merged 2×2: 6 tokens
+PROC = dict(patch_size=4, temporal_patch_size=2, merge_size=2, size={"shortest_edge": 64, "longest_edge": 4096})
+
+
+def _png(w: int, h: int, seed: int) -> bytes:
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(seed)
+    px = (torch.rand((h, w, 3), generator=g) * 255).to(torch.uint8).numpy()
+    b = io.BytesIO()
+    Image.fromarray(px).save(b, format="PNG")
+    return b.getvalue()
+
+
+def _png_header(w: int, h: int) -> bytes:
+    """A PNG signature and IHDR claiming w×h pixels, and nothing else."""
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 6, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr + struct.pack(">I", binascii.crc32(b"IHDR" + ihdr))
+
+
+def _build(out: Path, tiny_dir: Path) -> dict:
+    from transformers import AutoConfig, AutoModelForImageTextToText
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    vocab = json.loads((tiny_dir / "config.json").read_text())["vocab_size"]
+    ids = dict(image_token_id=vocab - 3, video_token_id=vocab - 4, vision_start_token_id=vocab - 5, vision_end_token_id=vocab - 6)
+    text = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=2,
+                rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[4, 2, 2], mrope_interleaved=True))
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                  temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16, deepstack_visual_indexes=[0])
+    cfg = AutoConfig.for_model("qwen3_vl", text_config=text, vision_config=vision, tie_word_embeddings=False, **ids)
+    torch.manual_seed(7)
+    AutoModelForImageTextToText.from_config(cfg, dtype=torch.float32).save_pretrained(out)
+    Qwen2VLImageProcessorPil(**PROC).save_pretrained(out)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(tiny_dir / f, out / f)
+    return ids
+
+
+@pytest.fixture(scope="module")
+def vl_server(tiny_tokenizer, tmp_path_factory, recipe_env):  # noqa: F811
+    pytest.importorskip("PIL", reason="the test builds its images with Pillow")
+    py = _torch_python()
+    if py is None:
+        pytest.skip("no torch worker venv (LOOPS_TORCH_PYTHON): image chunks are served by the torch worker")
+    # the worker's environment: the torch package, and LOOPS_TEST_WORKER_PYTHONPATH (e.g. a
+    # folder holding Pillow while the worker venv lacks it)
+    pp = os.pathsep.join(p for p in (str(REPO_ROOT / "backends" / "torch"), os.environ.get("LOOPS_TEST_WORKER_PYTHONPATH")) if p)
+    if subprocess.run([py, "-c", "import PIL"], env={**os.environ, "PYTHONPATH": pp}, capture_output=True).returncode != 0:
+        pytest.skip("the torch worker's environment has no Pillow, which transformers' image processors need: "
+                    "image chunks are not served there (the model is served for text)")
+    d = tmp_path_factory.mktemp("vision") / "qwen3_vl"
+    ids = _build(d, tiny_tokenizer)
+    args = ["--backend", "torch", "--backend-opt", f"python={py}", "--backend-opt", f"pythonpath={pp}", "--model", str(d)]
+    with running_server("vision-torch", extra_args=args) as srv:
+        yield srv, str(d), ids
+
+
+@pytest.mark.timeout(600)
+def test_sdk_trains_and_samples_with_images(vl_server, monkeypatch):
+    srv, base, ids = vl_server
+    monkeypatch.setenv("TINKER_BASE_URL", srv.url)
+    sc = tinker.ServiceClient()
+    caps = httpx.get(f"{srv.url}/api/v1/get_server_capabilities", headers={"X-API-Key": API_KEY}).json()
+    entry = {m["model_name"]: m for m in caps["supported_models"]}[base]
+    assert entry["family"] == "qwen3_vl" and entry["modalities"] == ["text", "image"], entry
+
+    img, end = ids["image_token_id"], ids["vision_end_token_id"]
+    pics = [_png(*PIC, seed=s) for s in (1, 2)]
+    texts = [[5, 9, 33], [8, 1, 30]]
+    after = [[70, 11, 2, 17, 18, 40], [4, 19, 64, 3, 25, 6]]
+    start = ids["vision_start_token_id"]
+
+    def datum(pic, pre, post, expected=6, fmt="png"):
+        mi = types.ModelInput(chunks=[types.EncodedTextChunk(tokens=pre + [start]),
+                                      types.ImageChunk(data=pic, format=fmt, expected_tokens=expected),
+                                      types.EncodedTextChunk(tokens=[end] + post[:-1])])
+        # the full sequence's next tokens; a renderer weights the text targets only
+        seq = pre + [start] + [img] * expected + [end] + post
+        kinds = [0] * (len(pre) + 1) + [1] * expected + [0] * (len(post) + 1)
+        return types.Datum(model_input=mi, loss_fn_inputs={
+            "target_tokens": seq[1:], "weights": [0.0 if k else 1.0 for k in kinds[1:]]})
+
+    data = [datum(p, t, a) for p, t, a in zip(pics, texts, after)]
+    assert data[0].model_input.length == 4 + 6 + 6
+    tc = sc.create_lora_training_client(base_model=base, rank=4, seed=3)
+
+    def loss():
+        out = tc.forward(data, "cross_entropy").result()
+        return sum(float(-(o["logprobs"].to_torch() * torch.tensor(d.loss_fn_inputs["weights"].tolist())).sum())
+                   for o, d in zip(out.loss_fn_outputs, data))
+
+    losses = [loss()]
+    for _ in range(4):
+        tc.forward_backward(data, "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        losses.append(loss())
+    print("VISION losses:", " ".join(f"{x:.3f}" for x in losses))
+    assert losses[-1] < 0.9 * losses[0], losses
+
+    sampler = tc.save_weights_and_get_sampling_client("vision")
+    prompt = types.ModelInput(chunks=[types.EncodedTextChunk(tokens=texts[0] + [start]),
+                                      types.ImageChunk(data=pics[0], format="png", expected_tokens=6),
+                                      types.EncodedTextChunk(tokens=[end])])
+    params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=11)
+    a = sampler.sample(prompt, num_samples=2, sampling_params=params).result()
+    b = sampler.sample(prompt, num_samples=2, sampling_params=params).result()
+    assert [s.tokens for s in a.sequences] == [s.tokens for s in b.sequences]
+    assert all(len(s.tokens) == len(s.logprobs) > 0 for s in a.sequences)
+    lps = sampler.compute_logprobs(prompt).result()
+    assert len(lps) == prompt.length
+    # no log-prob for the image's positions, a number for the text after it
+    assert all(x is None for x in lps[5:10]) and lps[10] is not None, lps
+
+    # what is refused, each a 400 that says why
+    for bad, why in (
+        (datum(pics[0], texts[0], after[0], expected=5), "has expected_tokens 5, but"),
+        (datum(_png_header(30000, 30000), texts[0], after[0]), "30000×30000 pixels, over the limit"),
+        (datum(pics[0], texts[0], after[0], fmt="jpeg"), 'set format to \\"png\\"'),
+    ):
+        with pytest.raises(tinker.BadRequestError) as e:
+            tc.forward([bad], "cross_entropy").result()
+        assert why in str(e.value) or why.replace('\\"', '"') in str(e.value), str(e.value)
+    with pytest.raises(tinker.BadRequestError) as e:
+        sampler.sample(types.ModelInput(chunks=[types.EncodedTextChunk(tokens=[5]),
+                                                types.ImageChunk(data=pics[0], format="png", expected_tokens=7)]),
+                       num_samples=1, sampling_params=params).result()
+    assert "makes 6 tokens of it" in str(e.value)
