@@ -26,8 +26,14 @@ var Families = map[string]Family{
 	qwen3MoeType: {Name: "qwen3_moe", Publisher: "Qwen", Renderer: "qwen3"},
 }
 
-// LoraTargets are the engine's LoRA targets (ModelInfo.lora_targets), in PEFT naming order.
-func LoraTargets() []string {
+// LoraTargets are the engine's LoRA targets of a model with config c (ModelInfo.lora_targets),
+// in PEFT naming order: for a MoE model the attention, the experts' fused parameters
+// (PEFT's target_parameters) and the unembedding, as the torch worker's qwen3_moe family.
+func LoraTargets(c *Config) []string {
+	if c.moe.on {
+		out := append(slices.Clone(TargetNames[:TGate]), ExpertTargetNames[:]...)
+		return append(out, "lm_head")
+	}
 	return append(slices.Clone(TargetNames[:]), "lm_head")
 }
 
