@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"testing"
 
 	"github.com/loops-dev/loops/backends/peft"
@@ -145,6 +146,11 @@ func TestMoEAdapterRoundTrip(t *testing.T) {
 	B := ad.Experts[0][expDown].Pairs[3].B.W // expert 3's [16, 2]
 	require.InDelta(t, B[5*2+1], d[5*8+1*4+3], 1e-7, "B_e[o,k] is stored at [o, k·E+e]")
 	require.Contains(t, f.Tensors, "base_model.model.model.layers.2.mlp.experts.base_layer.lora_A.weight")
+
+	// PEFT's keys: one ".base_layer" per later targeted parameter of the experts module
+	require.Equal(t, "base_model.model.model.layers.2.mlp.experts", expertKey(2, expGateUp, []string{"gate_up_proj"}))
+	require.Equal(t, "base_model.model.model.layers.2.mlp.experts", expertKey(2, expDown, []string{"down_proj", "gate_up_proj"}))
+	require.Equal(t, "base_model.model.model.layers.2.mlp.experts.base_layer", expertKey(2, expGateUp, []string{"down_proj", "gate_up_proj"}))
 
 	back, err := LoadAdapter(dir, m, true, 8)
 	require.NoError(t, err)
@@ -328,3 +334,57 @@ func maxAbsDiff(a, b []float64) float64 {
 	}
 	return d
 }
+
+// FuzzLoadMoEAdapter drives LoadAdapter on the micro MoE model with arbitrary adapter
+// files (the seeds: a saved expert LoRA, one target parameter only, unknown or swapped
+// target_parameters, a model's dense MLP names); it fails on any panic, and an adapter
+// it accepts must fit the model: every expert view inside its tensors.
+func FuzzLoadMoEAdapter(f *testing.F) {
+	m64, err := NewRandom[float64](moeMicro(true), RandomOptions{QKNorm: true, Std: 0.3, Seed: 7})
+	require.NoError(f, err)
+	m := Convert[float32](m64)
+	a, err := NewAdapter(m, LoraConfig{Rank: 2, Seed: 3, Attn: true, MLP: true})
+	require.NoError(f, err)
+	randomizeAdapter(a, 5, 0.1)
+	src := f.TempDir()
+	_, err = SaveAdapter(src, a, "micro", true)
+	require.NoError(f, err)
+	var files [3][]byte
+	for i, name := range []string{peft.AdapterConfigFile, peft.AdapterWeightsFile, peft.OptimizerFile} {
+		files[i], err = os.ReadFile(filepath.Join(src, name))
+		require.NoError(f, err)
+	}
+	cfg := string(files[0])
+	f.Add(files[0], files[1], files[2])
+	for _, tp := range []string{`["down_proj"]`, `["gate_up_proj"]`, `["down_proj", "gate_up_proj"]`, `["w1"]`, `[]`} {
+		f.Add([]byte(regexpReplace(cfg, `"target_parameters": \[[^\]]*\]`, `"target_parameters": `+tp)), files[1], files[2])
+	}
+	f.Add([]byte(`{"r": 2, "target_modules": ["gate_proj"], "target_parameters": ["down_proj"]}`), files[1], files[2])
+	f.Add([]byte(`{"r": 1, "target_parameters": ["down_proj"]}`), files[1], files[2])
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, cfg, weights, optim []byte) {
+		writeFolder(t, dir, [3][]byte{cfg, weights, optim})
+		a, err := LoadAdapter(dir, m, true, 8)
+		if err != nil {
+			return
+		}
+		for _, p := range a.Params {
+			require.Len(t, p.W, p.Shape[0]*p.Shape[1], p.Name)
+		}
+		for _, x := range a.Experts {
+			for _, e := range x {
+				if e == nil {
+					continue
+				}
+				require.Len(t, e.Pairs, 4)
+				for _, p := range e.Pairs {
+					require.Len(t, p.A.W, p.Rank*p.In)
+					require.Len(t, p.B.W, p.Out*p.Rank)
+				}
+			}
+		}
+		m.ForwardBackward([]Seq[float32]{{Tokens: []int{1, 2, 3}, Targets: []int{2, 3, 4}, K: 1, Adapter: a}}, testLoss, true)
+	})
+}
+
+func regexpReplace(s, pat, with string) string { return regexp.MustCompile(pat).ReplaceAllString(s, with) }
