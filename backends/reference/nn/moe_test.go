@@ -325,6 +325,20 @@ func TestQwen3MoeTransformers(t *testing.T) {
 	require.NoError(t, json.Unmarshal(run("score", model, path, string(toks), string(tgts)), &peftLP))
 	require.InDeltaSlice(t, peftLP, mine, 1e-5)
 	t.Logf("trained adapter in PEFT: max |Δ| %.2e", maxAbsDiff(peftLP, mine))
+
+	// a new adapter's expert lora_A (E·r rows) is the torch worker's, bit for bit in float32
+	fresh, err := NewAdapter(m32, LoraConfig{Rank: 3, Seed: 11, Attn: true, MLP: true})
+	require.NoError(t, err)
+	var specs [][]any
+	for _, x := range []*ExpertLoRA[float32]{fresh.Experts[0][expGateUp], fresh.Experts[2][expDown]} {
+		specs = append(specs, []any{x.A.Name, x.A.Shape[0], x.A.Shape[1]})
+	}
+	sj, _ := json.Marshal(specs)
+	var worker map[string][]float32
+	require.NoError(t, json.Unmarshal(run("init", "11", "3", string(sj)), &worker))
+	for _, x := range []*ExpertLoRA[float32]{fresh.Experts[0][expGateUp], fresh.Experts[2][expDown]} {
+		require.Equal(t, worker[x.A.Name], x.A.W, x.A.Name)
+	}
 }
 
 func maxAbsDiff(a, b []float64) float64 {
@@ -387,4 +401,6 @@ func FuzzLoadMoEAdapter(f *testing.F) {
 	})
 }
 
-func regexpReplace(s, pat, with string) string { return regexp.MustCompile(pat).ReplaceAllString(s, with) }
+func regexpReplace(s, pat, with string) string {
+	return regexp.MustCompile(pat).ReplaceAllString(s, with)
+}

@@ -7,7 +7,10 @@ expert's gate_up_proj and down_proj through target_parameters, rank 4 per expert
 and B), and prints JSON: tokens, targets, base and adapted log-probs (float64 and float32)
 and the float64 gradients of −Σ log-probs w.r.t. the LoRA weights.
 score MODEL ADAPTER TOKENS TARGETS: prints the adapter's float64 log-probs (PEFT).
+init SEED RANK JSON: prints the torch worker's initial lora_A (loops_worker.lora.init_lora_a)
+for each [name, rows, fan_in] of JSON, so that both engines start an adapter alike.
 """
+import os
 import json
 import sys
 
@@ -78,5 +81,12 @@ def score(model_dir, adapter_dir, toks, tgts):
         print(json.dumps(logprobs(peft, json.loads(toks), json.loads(tgts)).tolist()))
 
 
+def init(seed, rank, specs):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../torch"))
+    from loops_worker.lora import init_lora_a
+    print(json.dumps({n: init_lora_a(n, int(seed), rows, fan_in).flatten().tolist()
+                      for n, rows, fan_in in json.loads(specs)}))
+
+
 if __name__ == "__main__":
-    {"make": make, "score": score}[sys.argv[1]](*sys.argv[2:])
+    {"make": make, "score": score, "init": init}[sys.argv[1]](*sys.argv[2:])
