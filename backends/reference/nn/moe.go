@@ -79,6 +79,9 @@ func (c *Config) normalizeMoE() error {
 // sparseLayer reports whether layer l is a MoE block.
 func (c *Config) sparseLayer(l int) bool { return c.moe.on && c.moe.sparse[l] }
 
+// SparseLayer reports whether layer l of a loaded model is a MoE block (Qwen3-MoE).
+func (c *Config) SparseLayer(l int) bool { return c.sparseLayer(l) }
+
 // MoE is a sparse mixture-of-experts MLP block (Qwen3MoeSparseMoeBlock).
 type MoE[T Float] struct {
 	Router []T         // [E, D]: the router's logits are h·Routerᵀ
