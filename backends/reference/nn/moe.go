@@ -196,10 +196,10 @@ type routing[T Float] struct {
 // model's dtype, which a float64 model here does not copy, so that its loss stays smooth
 // in the weights), the K largest (the lower index first among equals), divided by their
 // sum when normTopK.
-func route[T Float](mo *MoE[T], h []T, M, D, K int, normTopK bool, r *routing[T], logits []T) {
+func route[T Float](mo *MoE[T], h []T, M, D, K int, normTopK bool, r *routing[T], logits []T, mul func(C, A, B []T, M, N, K int, acc bool)) {
 	E := len(mo.GateUp)
 	r.E, r.K = E, K
-	MatMulT(logits, h, mo.Router, M, E, D, false)
+	mul(logits, h, mo.Router, M, E, D, false)
 	r.sel, r.w = resize(r.sel, M*K), resize(r.w, M*K)
 	r.probs = resize(r.probs, M*E)
 	var order [MaxExperts]int
@@ -302,7 +302,7 @@ func (m *Model[T]) moeFwd(ar *fbArena[T], mo *MoE[T], l int, h []T, M int, segs 
 	c := &m.Cfg
 	D, I, K := c.Hidden, c.MoEInter, c.TopK
 	E := len(mo.GateUp)
-	route(mo, h, M, D, K, c.NormTopK, &a.r, ar.get(M*E))
+	route(mo, h, M, D, K, c.NormTopK, &a.r, ar.get(M*E), MatMulT[T])
 	r := &a.r
 	N := M * K
 	a.xg = ar.get(N * D)
@@ -445,14 +445,21 @@ func (m *Model[T]) moeBwd(ar *fbArena[T], mo *MoE[T], l int, a *moeAct[T], M int
 	MatMul(dh, dlog, mo.Router, M, D, E, true)
 }
 
-// moeStep is moeFwd for the decoding paths (no saved activations): the products through
-// mul (each row's result depending only on that row for prodRows), LoRA included.
+// moeStep is moeFwd for the decoding paths (no saved activations). Every product (the
+// router's, the experts', their LoRA) gives a row the bits it would get alone, whatever the
+// other rows routed to the same expert: matMulTRows for prodRows, the SGEMM at any number
+// of rows (matMulTWide) for prodFwd and prodWide. So batched decoding and a prompt prefilled
+// in pieces give each row the bits of the row alone, as on the dense layers.
 func (m *Model[T]) moeStep(mo *MoE[T], l int, h []T, M int, segs []seg[T], mode prodMode, out []T) {
 	c := &m.Cfg
 	D, I, K := c.Hidden, c.MoEInter, c.TopK
 	E := len(mo.GateUp)
+	mul := matMulTWideUnpacked[T]
+	if mode == prodRows {
+		mul = matMulTRows[T]
+	}
 	var r routing[T]
-	route(mo, h, M, D, K, c.NormTopK, &r, make([]T, M*E))
+	route(mo, h, M, D, K, c.NormTopK, &r, make([]T, M*E), mul)
 	N := M * K
 	xg := make([]T, N*D)
 	for row, t := range r.rowTok {
@@ -461,16 +468,8 @@ func (m *Model[T]) moeStep(mo *MoE[T], l int, h []T, M int, segs []seg[T], mode 
 	gu, g, u, y := make([]T, N*2*I), make([]T, N*I), make([]T, N*I), make([]T, N*D)
 	var xa []T
 	lin := func(X []T, n int, li *Linear[T], sg []seg[T], pick pickFn[T], Y []T) {
-		switch mode {
-		case prodRows:
-			matMulTRows(Y, X, li.W, n, li.Out, li.In, false)
-			expertLoRA(X, n, li, sg, pick, Y, &xa, matMulTRows[T])
-		case prodWide:
-			matMulTWideUnpacked(Y, X, li.W, n, li.Out, li.In, false)
-			expertLoRA(X, n, li, sg, pick, Y, &xa, matMulTWideUnpacked[T])
-		default:
-			linFwd(nil, X, n, li, nil, sg, pick, Y)
-		}
+		mul(Y, X, li.W, n, li.Out, li.In, false)
+		expertLoRA(X, n, li, sg, pick, Y, &xa, mul)
 	}
 	esegs := make([][]seg[T], E)
 	for e := range E {

@@ -113,6 +113,54 @@ func TestMoECacheDecodingEqualsForward(t *testing.T) {
 	}
 }
 
+// TestMoEDecodingRowsAreIndependent: in float32, a row decoded in a batch with other
+// sequences' rows (routed to the same experts or not, with other adapters) gets the bits
+// it gets decoded alone, in the decoding product modes that promise it (prodRows, prodWide).
+func TestMoEDecodingRowsAreIndependent(t *testing.T) {
+	m64 := randomMoEModel(t, moeMicro(true))
+	m := Convert[float32](m64)
+	ad, err := NewAdapter(m, LoraConfig{Rank: 2, Seed: 1, Attn: true, MLP: true})
+	require.NoError(t, err)
+	randomizeAdapter(ad, 4, 0.3)
+	r := rand.New(rand.NewPCG(5, 5))
+	const n = 9
+	prompts := make([][]int, n)
+	for i := range prompts {
+		prompts[i], _ = randSeq(r, 3+i%4, m.Cfg.Vocab, 1)
+	}
+	adOf := func(i int) *Adapter[float32] {
+		if i%3 == 1 {
+			return nil
+		}
+		return ad
+	}
+	for _, mode := range []prodMode{prodRows, prodWide} { // prodFwd's dense products depend on the row count
+		prefill := func(i int) *KVCache[float32] {
+			c := m.NewCache()
+			for p, tok := range prompts[i] {
+				m.step([]int{tok}, []int{p}, []*KVCache[float32]{c}, []seg[float32]{{0, 1, adOf(i)}}, mode, nil)
+			}
+			return c
+		}
+		D := m.Cfg.Hidden
+		alone := make([][]float32, n)
+		for i := range n {
+			h := m.step([]int{i + 1}, []int{len(prompts[i])}, []*KVCache[float32]{prefill(i)}, []seg[float32]{{0, 1, adOf(i)}}, mode, nil)
+			alone[i] = append([]float32(nil), h...)
+		}
+		toks, pos, caches := make([]int, n), make([]int, n), make([]*KVCache[float32], n)
+		var segs []seg[float32]
+		for i := range n {
+			toks[i], pos[i], caches[i] = i+1, len(prompts[i]), prefill(i)
+			segs = append(segs, seg[float32]{i, i + 1, adOf(i)})
+		}
+		h := m.step(toks, pos, caches, segs, mode, nil)
+		for i := range n {
+			require.Equal(t, alone[i], h[i*D:(i+1)*D], "mode %d row %d", mode, i)
+		}
+	}
+}
+
 // TestMoEAdapterRoundTrip: an expert LoRA saved (PEFT's target_parameters layout: lora_B
 // [out, r·E], expert e's column k at k·E+e) and loaded back holds the same weights,
 // moments and gradients, and gives the same log-probs; a clone is independent.
