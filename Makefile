@@ -171,11 +171,11 @@ test-torch: ## The torch worker: Python tests, then the Go worker client tests i
 	bash backends/torch/run-tests.sh
 
 .PHONY: test-export
-test-export: ## Checkpoint export and import against transformers + PEFT (torch-worker venv): merged exports load offline with logits within 1e-4 (float32); a PEFT adapter imported samples as PEFT does; POST /embeddings of loops/tiny is transformers' mean last hidden state within 1e-5; the reference engine's Gemma 3 against transformers + PEFT (log-probs, LoRA gradients, a saved adapter in PEFT)
+test-export: ## Checkpoint export and import against transformers + PEFT (torch-worker venv): merged exports load offline with logits within 1e-4 (float32); a PEFT adapter imported samples as PEFT does; POST /embeddings of loops/tiny is transformers' mean last hidden state within 1e-5; the reference engine's Gemma 3 and Qwen3-MoE against transformers + PEFT (log-probs, LoRA gradients, a saved adapter in PEFT)
 	set -o pipefail; venv=$$(scripts/pyenv.sh torch-worker $$(cat backends/torch/requirements-cpu.txt)) && \
 	  HF_HUB_OFFLINE=1 LOOPS_TORCH_PYTHON=$$venv/bin/python $(GO) test -count=1 -v -run '^(TestExport|TestImport)$$' ./gateway/ | grep -E '^(=== RUN|\s*--- |ok|FAIL|PASS)|max_abs_diff|imported PEFT adapter' && \
 	  HF_HUB_OFFLINE=1 LOOPS_TORCH_PYTHON=$$venv/bin/python $(GO) test -count=1 -v -run '^TestEmbeddings$$' ./compat/openai/ | grep -E '^(=== RUN|\s*--- |ok|FAIL|PASS)|max_abs_diff' && \
-	  HF_HUB_OFFLINE=1 LOOPS_TORCH_PYTHON=$$venv/bin/python $(GO) test -count=1 -v -run '^TestGemma3Transformers$$' ./backends/reference/nn/ | grep -E '^(=== RUN|\s*--- |ok|FAIL|PASS)'
+	  HF_HUB_OFFLINE=1 LOOPS_TORCH_PYTHON=$$venv/bin/python $(GO) test -count=1 -v -run '^(TestGemma3Transformers|TestQwen3MoeTransformers)$$' ./backends/reference/nn/ | grep -E '^(=== RUN|\s*--- |ok|FAIL|PASS)|max \|Δ\|'
 
 .PHONY: test-sdk-matrix
 test-sdk-matrix: ## Real tinker SDK releases (0.18.2, 0.24.1, 0.30.4, 0.38.0) × features; writes tests/sdk_matrix/MATRIX.md

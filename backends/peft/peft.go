@@ -38,12 +38,15 @@ const MaxConfigBytes = 256 << 10
 
 // Config is the adapter_config.json of a PEFT LoRA adapter.
 type Config struct {
-	PeftType          string   `json:"peft_type"`
-	TaskType          string   `json:"task_type"`
-	R                 int      `json:"r"`
-	LoraAlpha         float64  `json:"lora_alpha"`
-	LoraDropout       float64  `json:"lora_dropout"`
-	TargetModules     []string `json:"target_modules"`
+	PeftType      string   `json:"peft_type"`
+	TaskType      string   `json:"task_type"`
+	R             int      `json:"r"`
+	LoraAlpha     float64  `json:"lora_alpha"`
+	LoraDropout   float64  `json:"lora_dropout"`
+	TargetModules []string `json:"target_modules"`
+	// TargetParameters are the parameters (not modules) adapted: a MoE model's fused
+	// expert parameters (e.g. gate_up_proj, down_proj), rank r per expert.
+	TargetParameters  []string `json:"target_parameters,omitempty"`
 	Bias              string   `json:"bias"`
 	BaseModel         string   `json:"base_model_name_or_path"`
 	FanInFanOut       bool     `json:"fan_in_fan_out"`

@@ -240,7 +240,7 @@ func (e *Engine) loadModel(name string) (*baseModel, error) {
 	bm.info = &loopsv1.ModelInfo{
 		Name: name, MaxSequenceLength: int32(m.Cfg.MaxSeq()), VocabSize: int32(m.Cfg.Vocab),
 		Architecture: m.Cfg.Arch(), TokenizerId: tokID, MaxLoraRank: int32(e.opts.MaxLoraRank),
-		Backend: Implementation, HiddenSize: int32(m.Cfg.Hidden), LoraTargets: nn.LoraTargets(),
+		Backend: Implementation, HiddenSize: int32(m.Cfg.Hidden), LoraTargets: nn.LoraTargets(&m.Cfg),
 		Modalities: []string{"text"}, // the engine serves text decoders only
 	}
 	if f, ok := nn.Families[m.Cfg.ModelType]; ok {

@@ -50,6 +50,15 @@ GEMMA3_TINY = dict(
     layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
     query_pre_attn_scalar=64, rms_norm_eps=1e-6, tie_word_embeddings=True, initializer_range=0.02,
 )
+# A tiny Qwen3-MoE of loops/tiny's attention shape: vocab 512, hidden 256, 4 layers, 4 query /
+# 2 KV heads of 64, q/k norms, every layer a MoE block of 8 experts (moe_intermediate_size 192),
+# top-2 with norm_topk_prob (Qwen3-30B-A3B's routing); random weights (float32).
+QWEN3MOE_TINY = dict(
+    vocab_size=512, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=64, intermediate_size=768, moe_intermediate_size=192, num_experts=8, num_experts_per_tok=2,
+    norm_topk_prob=True, max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    initializer_range=0.02,
+)
 SEED = 20240917
 DROP_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
@@ -91,6 +100,25 @@ def write_random_gemma3(path):
         f.write(tag + "\n")
 
 
+def write_random_qwen3moe(path):
+    """Writes config.json + model.safetensors of QWEN3MOE_TINY (float32, HF's init, seed SEED)."""
+    marker = os.path.join(path, "loops-bench-version")
+    tag = f"qwen3moe-tiny seed={SEED} v1"
+    if os.path.exists(marker) and open(marker).read().strip() == tag:
+        return
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(SEED)
+    cfg = Qwen3MoeConfig(**QWEN3MOE_TINY)
+    cfg.architectures = ["Qwen3MoeForCausalLM"]
+    model = Qwen3MoeForCausalLM(cfg)
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    with open(marker, "w") as f:
+        f.write(tag + "\n")
+
+
 def peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
@@ -105,9 +133,12 @@ def torch_worker(a):
     toks = json.load(open(a.tokens))
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
-    model = get_peft_model(model, LoraConfig(
-        r=a.rank, lora_alpha=32, lora_dropout=0.0, bias="none",
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    if model.config.model_type == "qwen3_moe":  # the experts through PEFT's target_parameters, as Loops
+        targets = dict(target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                       target_parameters=["gate_up_proj", "down_proj"])
+    else:
+        targets = dict(target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    model = get_peft_model(model, LoraConfig(r=a.rank, lora_alpha=32, lora_dropout=0.0, bias="none", **targets))
     load_s = time.perf_counter() - t0
     res = dict(engine="torch", torch=torch.__version__, threads=torch.get_num_threads(),
                cpu_capability=torch.backends.cpu.get_cpu_capability(),
@@ -171,7 +202,7 @@ def run_json(cmd, env=None):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default=os.path.expanduser("~/.cache/loops/bench"), help="model folders go here")
-    ap.add_argument("--models", default="tiny,qwen3-0.6b-shape", help="tiny, qwen3-0.6b-shape, gemma3-tiny")
+    ap.add_argument("--models", default="tiny,qwen3-0.6b-shape", help="tiny, qwen3-0.6b-shape, gemma3-tiny, qwen3moe-tiny")
     ap.add_argument("--layers", type=int, default=28, help="layers of the Qwen3-shaped model")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=4)
@@ -208,6 +239,9 @@ def main():
         elif name == "gemma3-tiny":
             path = os.path.join(a.workdir, "gemma3-tiny-random")
             write_random_gemma3(path)
+        elif name == "qwen3moe-tiny":
+            path = os.path.join(a.workdir, "qwen3moe-tiny-random")
+            write_random_qwen3moe(path)
         else:
             path = os.path.join(a.workdir, f"qwen3-0.6b-shape-random-{a.layers}l")
             write_random_qwen3(path, a.layers)

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -24,8 +25,8 @@ func SaveAdapter[T Float](dir string, a *Adapter[T], baseModel string, withOptim
 	}
 	cfg := peft.Config{PeftType: "LORA", TaskType: "CAUSAL_LM", R: a.Cfg.Rank,
 		LoraAlpha: float64(a.Scale) * float64(a.Cfg.Rank), TargetModules: a.TargetModules(),
-		Bias: "none", BaseModel: baseModel, InferenceMode: true, InitLoraWeights: true,
-		EnsureWeightTying: a.embedsTied()}
+		TargetParameters: a.TargetParameters(), Bias: "none", BaseModel: baseModel, InferenceMode: true,
+		InitLoraWeights: true, EnsureWeightTying: a.embedsTied()}
 	if a.Cfg.Rank > 0 && a.Scale == T(float64(LoraAlpha)/float64(a.Cfg.Rank)) {
 		cfg.LoraAlpha = LoraAlpha
 	}
@@ -47,10 +48,12 @@ func SaveAdapter[T Float](dir string, a *Adapter[T], baseModel string, withOptim
 	var ws, os_ []safetensors.Tensor
 	for _, p := range a.Params {
 		shape := []int64{int64(p.Shape[0]), int64(p.Shape[1])}
-		ws = append(ws, safetensors.Tensor{Name: p.Name, Shape: shape, Data: f32(p.W)})
-		os_ = append(os_,
-			safetensors.Tensor{Name: p.Name + ".exp_avg", Shape: shape, Data: f32(p.M)},
-			safetensors.Tensor{Name: p.Name + ".exp_avg_sq", Shape: shape, Data: f32(p.V)})
+		ws = append(ws, safetensors.Tensor{Name: p.Name, Shape: shape, Data: f32(p.stored(p.W))})
+		if withOptimizer {
+			os_ = append(os_,
+				safetensors.Tensor{Name: p.Name + ".exp_avg", Shape: shape, Data: f32(p.stored(p.M))},
+				safetensors.Tensor{Name: p.Name + ".exp_avg_sq", Shape: shape, Data: f32(p.stored(p.V))})
+		}
 	}
 	meta := map[string]string{"format": "pt", "loops.seed": strconv.FormatUint(a.Cfg.Seed, 10)}
 	if a.Head != nil {
@@ -110,8 +113,13 @@ func ReadPEFTConfig(dir string) (peft.Config, error) {
 		return c, fmt.Errorf("%s: modules_to_save is not supported, got %q", peft.AdapterConfigFile, c.ModulesToSave)
 	case len(c.RankPattern) > 0 || len(c.AlphaPattern) > 0:
 		return c, fmt.Errorf("%s: rank_pattern and alpha_pattern are not supported (every module must have rank r)", peft.AdapterConfigFile)
-	case len(c.TargetModules) == 0:
+	case len(c.TargetModules) == 0 && len(c.TargetParameters) == 0:
 		return c, fmt.Errorf("%s: target_modules is empty", peft.AdapterConfigFile)
+	}
+	for _, tp := range c.TargetParameters {
+		if !slices.Contains(ExpertTargetNames[:], tp) {
+			return c, fmt.Errorf("%s: unknown target parameter %q (known: the MoE experts' %s)", peft.AdapterConfigFile, tp, strings.Join(ExpertTargetNames[:], ", "))
+		}
 	}
 	for _, tm := range c.TargetModules {
 		if _, ok := moduleTarget(tm); !ok {
@@ -128,35 +136,52 @@ type loraSlot struct {
 	t       Target
 	b       bool
 	in, out int
+	// experts > 0: expert target j of a MoE layer of that many experts (t is then
+	// NumLayerTargets+1+j), its tensors E·r wide
+	experts, j int
+	key        string // the PEFT module key
 }
 
 // module is the PEFT module key of the slot.
-func (s loraSlot) module() string {
-	if s.t == NumLayerTargets {
-		return headKey
-	}
-	return layerKey(s.layer, s.t)
-}
+func (s loraSlot) module() string { return s.key }
 
 // shape is the tensor shape the slot takes at rank r.
 func (s loraSlot) shape(r int) [2]int {
+	r *= max(s.experts, 1)
 	if s.b {
 		return [2]int{s.out, r}
 	}
 	return [2]int{r, s.in}
 }
 
-// loraSlots maps every LoRA tensor name model m accepts to its slot.
-func loraSlots[T Float](m *Model[T]) map[string]loraSlot {
+// expertTarget is the slot target of expert target j (after the head's).
+func expertTarget(j int) Target { return NumLayerTargets + 1 + Target(j) }
+
+// loraSlots maps every LoRA tensor name model m accepts to its slot; params are the
+// adapter's target_parameters (which name its expert tensors). A MoE model's dense MLP
+// layers take no LoRA (as the torch worker's qwen3_moe family).
+func loraSlots[T Float](m *Model[T], params []string) map[string]loraSlot {
 	out := make(map[string]loraSlot, 2*(len(m.Layers)*int(NumLayerTargets)+1))
 	add := func(key string, s loraSlot) {
+		s.key = key
 		out[key+".lora_A.weight"] = s
 		s.b = true
 		out[key+".lora_B.weight"] = s
 	}
 	for i, L := range m.Layers {
 		for t := Target(0); t < NumLayerTargets; t++ {
+			if t > TO && m.Cfg.moe.on {
+				continue
+			}
 			add(layerKey(i, t), loraSlot{layer: i, t: t, in: L.Lin[t].In, out: L.Lin[t].Out})
+		}
+		if L.MoE == nil {
+			continue
+		}
+		for j, li := range [numExpTargets]*Linear[T]{&L.MoE.GateUp[0], &L.MoE.Down[0]} {
+			if slices.Contains(params, ExpertTargetNames[j]) {
+				add(expertKey(i, j, params), loraSlot{layer: i, t: expertTarget(j), in: li.In, out: li.Out, experts: len(L.MoE.GateUp), j: j})
+			}
 		}
 	}
 	add(headKey, loraSlot{t: NumLayerTargets, in: m.Head.In, out: m.Head.Out})
@@ -237,8 +262,21 @@ func LoadAdapter[T Float](dir string, m *Model[T], withOptimizer bool, maxRank i
 			return nil, fmt.Errorf("%s: layers_to_transform holds %d, but the model has %d layers", peft.AdapterConfigFile, l, len(m.Layers))
 		}
 	}
+	if m.Cfg.moe.on {
+		for _, tm := range pc.TargetModules {
+			if t, _ := moduleTarget(tm); t > TO && t < NumLayerTargets {
+				return nil, fmt.Errorf("%s: target module %s: on a MoE model the MLP LoRA is the experts' (target_parameters %s); "+
+					"its dense MLP layers are not adapted", peft.AdapterConfigFile, tm, strings.Join(ExpertTargetNames[:], ", "))
+			}
+		}
+		for _, tp := range pc.TargetParameters {
+			targets[expertTarget(slices.Index(ExpertTargetNames[:], tp))] = true
+		}
+	} else if len(pc.TargetParameters) > 0 {
+		return nil, fmt.Errorf("%s: target_parameters %q name MoE expert parameters, but the model has no MoE layers", peft.AdapterConfigFile, pc.TargetParameters)
+	}
 	r := pc.R
-	slots := loraSlots(m)
+	slots := loraSlots(m, pc.TargetParameters)
 	f, err := openTensors(dir, peft.AdapterWeightsFile, tensorLimits(len(slots)))
 	if err != nil {
 		return nil, err
@@ -286,6 +324,11 @@ func LoadAdapter[T Float](dir string, m *Model[T], withOptimizer bool, maxRank i
 			return nil, fmt.Errorf("%s lists target module %s but %s holds no tensors for it", peft.AdapterConfigFile, tm, peft.AdapterWeightsFile)
 		}
 	}
+	for _, tp := range pc.TargetParameters {
+		if !covered[expertTarget(slices.Index(ExpertTargetNames[:], tp))] {
+			return nil, fmt.Errorf("%s lists target parameter %s but %s holds no tensors for it", peft.AdapterConfigFile, tp, peft.AdapterWeightsFile)
+		}
+	}
 	var of *safetensors.File
 	step := 0
 	if withOptimizer {
@@ -326,7 +369,7 @@ func LoadAdapter[T Float](dir string, m *Model[T], withOptimizer bool, maxRank i
 		a.Scale = T(pc.LoraAlpha / float64(r))
 	}
 	a.Layers = make([][NumLayerTargets]*Pair[T], len(m.Layers))
-	pair := func(key string, in, out int) *Pair[T] {
+	pair := func(key string, in, out, r int) *Pair[T] {
 		if _, ok := stored[key+".lora_A.weight"]; !ok {
 			return nil
 		}
@@ -336,14 +379,31 @@ func LoadAdapter[T Float](dir string, m *Model[T], withOptimizer bool, maxRank i
 	}
 	for i, L := range m.Layers {
 		for t := Target(0); t < NumLayerTargets; t++ {
-			if p := pair(layerKey(i, t), L.Lin[t].In, L.Lin[t].Out); p != nil {
+			if p := pair(layerKey(i, t), L.Lin[t].In, L.Lin[t].Out, r); p != nil {
 				a.Layers[i][t] = p
 				a.Cfg.Attn = a.Cfg.Attn || t <= TO
 				a.Cfg.MLP = a.Cfg.MLP || t > TO
 			}
 		}
+		if L.MoE == nil {
+			continue
+		}
+		E := len(L.MoE.GateUp)
+		for j, li := range [numExpTargets]*Linear[T]{&L.MoE.GateUp[0], &L.MoE.Down[0]} {
+			if !slices.Contains(pc.TargetParameters, ExpertTargetNames[j]) {
+				continue
+			}
+			if p := pair(expertKey(i, j, pc.TargetParameters), li.In, li.Out, E*r); p != nil {
+				p.B.experts = E
+				if a.Experts == nil {
+					a.Experts = make([][numExpTargets]*ExpertLoRA[T], len(m.Layers))
+				}
+				a.Experts[i][j] = newExpertLoRA(p.A, p.B, E, r, li.In, li.Out)
+				a.Cfg.MLP = true
+			}
+		}
 	}
-	if a.Head = pair(headKey, m.Head.In, m.Head.Out); a.Head != nil {
+	if a.Head = pair(headKey, m.Head.In, m.Head.Out, r); a.Head != nil {
 		a.Cfg.Unembed = true
 		// without PEFT's marker the adapter was trained by the head-only rule: keep it
 		a.TiedEmbed = m.Cfg.Tied && pc.EnsureWeightTying
@@ -353,6 +413,7 @@ func LoadAdapter[T Float](dir string, m *Model[T], withOptimizer bool, maxRank i
 		if err := readFinite(f, peft.AdapterWeightsFile, stored[p.Name], p.W, false); err != nil {
 			return nil, err
 		}
+		p.held(p.W)
 		if of != nil {
 			if err := readFinite(of, peft.OptimizerFile, p.Name+".exp_avg", p.M, false); err != nil {
 				return nil, err
@@ -360,6 +421,8 @@ func LoadAdapter[T Float](dir string, m *Model[T], withOptimizer bool, maxRank i
 			if err := readFinite(of, peft.OptimizerFile, p.Name+".exp_avg_sq", p.V, true); err != nil {
 				return nil, err
 			}
+			p.held(p.M)
+			p.held(p.V)
 		}
 	}
 	return a, nil
@@ -380,7 +443,7 @@ func SaveGradients[T Float](dir string, a *Adapter[T]) (int64, error) {
 	ts := make([]safetensors.Tensor, 0, len(a.Params))
 	for _, p := range a.Params {
 		g := make([]float32, len(p.G))
-		for i, v := range p.G {
+		for i, v := range p.stored(p.G) {
 			g[i] = float32(v)
 		}
 		ts = append(ts, safetensors.Tensor{Name: p.Name + gradSuffix, Shape: []int64{int64(p.Shape[0]), int64(p.Shape[1])}, Data: g})
@@ -420,6 +483,7 @@ func LoadGradients[T Float](dir string, a *Adapter[T]) error {
 		if err := readFinite(f, GradientsFile, p.Name+gradSuffix, gs[i], false); err != nil {
 			return err
 		}
+		p.held(gs[i])
 	}
 	for i, p := range a.Params {
 		copy(p.G, gs[i])

@@ -7,8 +7,8 @@ import (
 )
 
 // ServedModelTypes are the config.json model_type values this engine computes: the dense
-// Qwen3, Qwen2, Llama and Gemma 3 (text) decoders.
-var ServedModelTypes = []string{"qwen3", "qwen2", "llama", gemma3Type}
+// Qwen3, Qwen2, Llama and Gemma 3 (text) decoders, and Qwen3-MoE.
+var ServedModelTypes = []string{"qwen3", "qwen2", "llama", gemma3Type, qwen3MoeType}
 
 // Family is what the catalog says of a served family (ModelInfo's family, publisher and
 // renderer); the torch worker's family files say the same of theirs (a test keeps the
@@ -19,14 +19,21 @@ type Family struct {
 
 // Families are the families of ServedModelTypes, by model_type.
 var Families = map[string]Family{
-	"qwen3":    {Name: "qwen3", Publisher: "Qwen", Renderer: "qwen3"},
-	"qwen2":    {Name: "qwen2", Publisher: "Qwen", Renderer: "role_colon"},
-	"llama":    {Name: "llama", Publisher: "Meta", Renderer: "llama3"},
-	gemma3Type: {Name: "gemma3", Publisher: "Google", Renderer: "role_colon"},
+	"qwen3":      {Name: "qwen3", Publisher: "Qwen", Renderer: "qwen3"},
+	"qwen2":      {Name: "qwen2", Publisher: "Qwen", Renderer: "role_colon"},
+	"llama":      {Name: "llama", Publisher: "Meta", Renderer: "llama3"},
+	gemma3Type:   {Name: "gemma3", Publisher: "Google", Renderer: "role_colon"},
+	qwen3MoeType: {Name: "qwen3_moe", Publisher: "Qwen", Renderer: "qwen3"},
 }
 
-// LoraTargets are the engine's LoRA targets (ModelInfo.lora_targets), in PEFT naming order.
-func LoraTargets() []string {
+// LoraTargets are the engine's LoRA targets of a model with config c (ModelInfo.lora_targets),
+// in PEFT naming order: for a MoE model the attention, the experts' fused parameters
+// (PEFT's target_parameters) and the unembedding, as the torch worker's qwen3_moe family.
+func LoraTargets(c *Config) []string {
+	if c.moe.on {
+		out := append(slices.Clone(TargetNames[:TGate]), ExpertTargetNames[:]...)
+		return append(out, "lm_head")
+	}
 	return append(slices.Clone(TargetNames[:]), "lm_head")
 }
 
@@ -34,7 +41,6 @@ func LoraTargets() []string {
 // not to the worker's family name (backends/torch/loops_worker/families/; a test keeps the
 // two in step).
 var TorchModelTypes = map[string]string{
-	"qwen3_moe":        "qwen3_moe",
 	"gpt_oss":          "gpt_oss",
 	"qwen3_5_text":     "qwen3_5",
 	"mistral":          "mistral",

@@ -15,9 +15,9 @@ func TestReadConfigRefusesOtherFamilies(t *testing.T) {
 	write := func(cfg string) {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfg), 0o644))
 	}
-	write(`{"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"]}`)
+	write(`{"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"]}`)
 	_, err := ReadConfig(dir)
-	require.ErrorContains(t, err, "model family qwen3_moe")
+	require.ErrorContains(t, err, "model family gpt_oss")
 	require.ErrorContains(t, err, "--backend torch, which serves it")
 	write(`{"model_type": "mamba"}`)
 	_, err = ReadConfig(dir)

@@ -175,10 +175,14 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 			x[i] += o[i]
 		}
 		rmsnorm(x, L.MLPNorm, h, nil, M, D, c.Eps)
-		lin(h, &L.Lin[TGate], l, TGate, g)
-		lin(h, &L.Lin[TUp], l, TUp, u)
-		m.mlpAct(g, u, g)
-		lin(g, &L.Lin[TDown], l, TDown, o)
+		if L.MoE != nil {
+			m.moeStep(L.MoE, l, h, M, segs, mode, o)
+		} else {
+			lin(h, &L.Lin[TGate], l, TGate, g)
+			lin(h, &L.Lin[TUp], l, TUp, u)
+			m.mlpAct(g, u, g)
+			lin(g, &L.Lin[TDown], l, TDown, o)
+		}
 		if L.PostMLPNorm != nil {
 			rmsnorm(o, L.PostMLPNorm, o, nil, M, D, c.Eps)
 		}

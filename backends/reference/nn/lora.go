@@ -29,6 +29,9 @@ type Param[T Float] struct {
 	Shape [2]int
 	W, G  []T
 	M, V  []T
+	// experts > 0 marks a MoE expert lora_B of that many experts, held expert-major
+	// ([E][out][r]) and stored as PEFT's [out, r·E] (moe.go: held, stored).
+	experts int
 }
 
 // Pair is the LoRA factor pair of one linear layer: ΔW = scale · B·A with A [R, In] and
@@ -44,6 +47,10 @@ type Adapter[T Float] struct {
 	Scale  T
 	Layers [][NumLayerTargets]*Pair[T]
 	Head   *Pair[T]
+	// Experts holds, per layer, the LoRA of a MoE layer's experts (gate_up_proj, down_proj:
+	// ExpertTargetNames); nil for a model without MoE layers, nil entries where a layer or
+	// target is not adapted.
+	Experts [][numExpTargets]*ExpertLoRA[T]
 	// TiedEmbed says that Head adapts the matrix the model's embedding and head share (a
 	// model with tied embeddings): ΔW = Scale·B·A is added to W wherever W is used, the
 	// logits (h·(W+ΔW)ᵀ) and the input embedding lookup (W[t]+ΔW[t]), and A and B get
@@ -73,8 +80,8 @@ func NewAdapter[T Float](m *Model[T], cfg LoraConfig) (*Adapter[T], error) {
 	}
 	a := &Adapter[T]{Cfg: cfg, Scale: T(float64(LoraAlpha) / float64(cfg.Rank))}
 	a.Layers = make([][NumLayerTargets]*Pair[T], len(m.Layers))
-	newPair := func(prefix string, in, out int) *Pair[T] {
-		p := zeroPair[T](prefix, in, out, cfg.Rank)
+	newPair := func(prefix string, in, out, r int) *Pair[T] {
+		p := zeroPair[T](prefix, in, out, r)
 		h := fnv.New64a()
 		h.Write([]byte(p.A.Name))
 		rng := newRNG(cfg.Seed ^ h.Sum64())
@@ -85,16 +92,31 @@ func NewAdapter[T Float](m *Model[T], cfg LoraConfig) (*Adapter[T], error) {
 		a.Params = append(a.Params, p.A, p.B)
 		return p
 	}
+	moe := m.Cfg.moe.on
+	if moe {
+		a.Experts = make([][numExpTargets]*ExpertLoRA[T], len(m.Layers))
+	}
 	for i, L := range m.Layers {
 		for t := Target(0); t < NumLayerTargets; t++ {
-			if (t <= TO && cfg.Attn) || (t > TO && cfg.MLP) {
+			// a MoE model's MLP LoRA is its experts': its dense MLP layers are not adapted
+			// (as the torch worker's qwen3_moe family)
+			if (t <= TO && cfg.Attn) || (t > TO && cfg.MLP && !moe) {
 				li := L.Lin[t]
-				a.Layers[i][t] = newPair(layerKey(i, t), li.In, li.Out)
+				a.Layers[i][t] = newPair(layerKey(i, t), li.In, li.Out, cfg.Rank)
+			}
+		}
+		if L.MoE != nil && cfg.MLP {
+			E := len(L.MoE.GateUp)
+			for j, li := range [numExpTargets]*Linear[T]{&L.MoE.GateUp[0], &L.MoE.Down[0]} {
+				// rank r per expert: A [E·r, in] drawn as one tensor (the torch worker's init)
+				p := newPair(expertKey(i, j, ExpertTargetNames[:]), li.In, li.Out, E*cfg.Rank)
+				p.B.experts = E
+				a.Experts[i][j] = newExpertLoRA(p.A, p.B, E, cfg.Rank, li.In, li.Out)
 			}
 		}
 	}
 	if cfg.Unembed {
-		a.Head = newPair(headKey, m.Head.In, m.Head.Out)
+		a.Head = newPair(headKey, m.Head.In, m.Head.Out, cfg.Rank)
 		a.TiedEmbed = m.Cfg.Tied
 	}
 	return a, nil
@@ -219,11 +241,26 @@ func (a *Adapter[T]) TargetModules() []string {
 	if a.Cfg.Attn {
 		out = append(out, TargetNames[:4]...)
 	}
-	if a.Cfg.MLP {
+	if a.Cfg.MLP && a.Experts == nil {
 		out = append(out, TargetNames[4:]...)
 	}
 	if a.Cfg.Unembed {
 		out = append(out, "lm_head")
+	}
+	return out
+}
+
+// TargetParameters lists the PEFT target_parameters of the adapter (a MoE model's expert
+// parameters; none otherwise).
+func (a *Adapter[T]) TargetParameters() []string {
+	var out []string
+	for j, name := range ExpertTargetNames {
+		for _, x := range a.Experts {
+			if x[j] != nil {
+				out = append(out, name)
+				break
+			}
+		}
 	}
 	return out
 }
@@ -241,7 +278,7 @@ func (a *Adapter[T]) Clone() *Adapter[T] {
 	mp := map[*Param[T]]*Param[T]{}
 	for _, p := range a.Params {
 		q := &Param[T]{Name: p.Name, Shape: p.Shape, W: append([]T(nil), p.W...), G: append([]T(nil), p.G...),
-			M: append([]T(nil), p.M...), V: append([]T(nil), p.V...)}
+			M: append([]T(nil), p.M...), V: append([]T(nil), p.V...), experts: p.experts}
 		mp[p] = q
 		out.Params = append(out.Params, q)
 	}
@@ -258,6 +295,17 @@ func (a *Adapter[T]) Clone() *Adapter[T] {
 		}
 	}
 	out.Head = cp(a.Head)
+	if a.Experts != nil {
+		out.Experts = make([][numExpTargets]*ExpertLoRA[T], len(a.Experts))
+		for i := range a.Experts {
+			for j, x := range a.Experts[i] {
+				if x != nil {
+					p := x.Pairs[0]
+					out.Experts[i][j] = newExpertLoRA(mp[x.A], mp[x.B], len(x.Pairs), p.Rank, p.In, p.Out)
+				}
+			}
+		}
+	}
 	return out
 }
 

@@ -1,5 +1,7 @@
 package nn
 
+import "slices"
+
 // Merged returns a model whose adapted linear weights are W + a.Scale·B·A, the sum for
 // each weight computed in float64 and rounded once to T; the weights a does not adapt are
 // shared with m, not copied. When a adapts the unembedding of a model with tied embeddings,
@@ -19,6 +21,9 @@ func Merged[T Float](m *Model[T], a *Adapter[T]) *Model[T] {
 			if p != nil {
 				out.Layers[i].Lin[t].W = mergedWeight(m.Layers[i].Lin[t].W, p, a.Scale)
 			}
+		}
+		if mo := m.Layers[i].MoE; mo != nil && a.Experts != nil {
+			out.Layers[i].MoE = mergedMoE(mo, a.Experts[i], a.Scale)
 		}
 	}
 	if a.Head != nil {
@@ -43,6 +48,9 @@ func MergedBytes[T Float](m *Model[T], a *Adapter[T]) int64 {
 		n += len(L.AttnNorm) + len(L.MLPNorm) + len(L.QNorm) + len(L.KNorm) + len(L.PostAttnNorm) + len(L.PostMLPNorm)
 		for _, li := range L.Lin {
 			n += len(li.W) + len(li.B)
+		}
+		if L.MoE != nil {
+			n += L.MoE.paramCount()
 		}
 	}
 	bytes := 4 * int64(n)
@@ -74,6 +82,21 @@ func mergedWeight[T Float](w []T, p *Pair[T], scale T) []T {
 		wo := w[o*in : (o+1)*in]
 		for i, v := range row {
 			out[o*in+i] = T(float64(wo[i]) + s*v)
+		}
+	}
+	return out
+}
+
+// mergedMoE returns mo with each adapted expert's weight W + scale·B_e·A_e (x holds the
+// adapter's expert LoRA of the layer); the router and the weights not adapted are shared.
+func mergedMoE[T Float](mo *MoE[T], x [numExpTargets]*ExpertLoRA[T], scale T) *MoE[T] {
+	out := &MoE[T]{Router: mo.Router, GateUp: slices.Clone(mo.GateUp), Down: slices.Clone(mo.Down)}
+	for j, lins := range [numExpTargets][]Linear[T]{out.GateUp, out.Down} {
+		if x[j] == nil {
+			continue
+		}
+		for e, p := range x[j].Pairs {
+			lins[e].W = mergedWeight(lins[e].W, p, scale)
 		}
 	}
 	return out

@@ -58,7 +58,20 @@ type Config struct {
 	AttnSoftcap          *float64                   `json:"attn_logit_softcapping,omitempty"`
 	Bidirectional        bool                       `json:"use_bidirectional_attention,omitempty"`
 
+	// Qwen3-MoE (model_type qwen3_moe; moe.go): the fields below are read for it only.
+	NumExperts         int     `json:"num_experts,omitempty"`
+	NumLocalExperts    int     `json:"num_local_experts,omitempty"` // transformers 5 writes num_experts under this name
+	TopK               int     `json:"num_experts_per_tok,omitempty"`
+	MoEInter           int     `json:"moe_intermediate_size,omitempty"`
+	NormTopK           bool    `json:"norm_topk_prob,omitempty"`
+	SparseStep         int     `json:"decoder_sparse_step,omitempty"`
+	MLPOnlyLayers      []int   `json:"mlp_only_layers,omitempty"`
+	RouterAuxCoef      float64 `json:"router_aux_loss_coef,omitempty"`
+	OutputRouterLogits bool    `json:"output_router_logits,omitempty"`
+	UseSlidingWindow   bool    `json:"use_sliding_window,omitempty"`
+
 	gemma gemmaShape // derived by normalize for gemma3_text
+	moe   moeShape   // derived by normalize for qwen3_moe
 }
 
 // EOSIds returns the end-of-sequence token ids of the config (eos_token_id may be a number
@@ -123,6 +136,9 @@ func (c *Config) normalize() error {
 	}
 	if c.HiddenAct != "" && c.HiddenAct != "silu" {
 		return fmt.Errorf("hidden_act %q is not supported (only silu)", c.HiddenAct)
+	}
+	if c.ModelType == qwen3MoeType {
+		return c.normalizeMoE()
 	}
 	return nil
 }
@@ -208,6 +224,9 @@ type Layer[T Float] struct {
 	// residual sums (Gemma 3; nil otherwise). MLPNorm is then pre_feedforward_layernorm.
 	PostAttnNorm, PostMLPNorm []T
 	Lin                       [NumLayerTargets]Linear[T]
+	// MoE is the layer's sparse MoE block (Qwen3-MoE), which replaces the MLP: Lin's
+	// gate, up and down are then empty. nil for a dense layer.
+	MoE *MoE[T]
 }
 
 // Target indexes the LoRA-able linear layers of a block.
@@ -316,6 +335,9 @@ func (m *Model[T]) ParamCount() int {
 		n += len(l.AttnNorm) + len(l.MLPNorm) + len(l.QNorm) + len(l.KNorm) + len(l.PostAttnNorm) + len(l.PostMLPNorm)
 		for _, li := range l.Lin {
 			n += len(li.W) + len(li.B)
+		}
+		if l.MoE != nil {
+			n += l.MoE.paramCount()
 		}
 	}
 	if !m.Cfg.Tied {
@@ -444,7 +466,14 @@ func Load[T Float](dir string) (*Model[T], error) {
 				foldNorm(w)
 			}
 		}
-		for t := Target(0); t < NumLayerTargets; t++ {
+		nt := NumLayerTargets
+		if c.sparseLayer(i) {
+			if L.MoE, err = loadMoE(c, p, get, has); err != nil {
+				return nil, err
+			}
+			nt = TGate // the MoE block replaces the MLP
+		}
+		for t := Target(0); t < nt; t++ {
 			name := p + targetPrefix(t) + TargetNames[t]
 			out, in := dims[t][0], dims[t][1]
 			w, err := get(name+".weight", out, in)
@@ -506,7 +535,13 @@ func (m *Model[T]) Tensors() []safetensors.Tensor {
 			add(p+"self_attn.q_norm.weight", norm(L.QNorm), int64(c.HeadDim))
 			add(p+"self_attn.k_norm.weight", norm(L.KNorm), int64(c.HeadDim))
 		}
+		if L.MoE != nil {
+			L.MoE.tensors(p, add)
+		}
 		for t, li := range L.Lin {
+			if li.W == nil {
+				continue // a MoE layer's MLP
+			}
 			name := p + targetPrefix(Target(t)) + TargetNames[t]
 			add(name+".weight", li.W, int64(li.Out), int64(li.In))
 			if li.B != nil {
@@ -571,7 +606,11 @@ func NewRandom[T Float](cfg Config, o RandomOptions) (*Model[T], error) {
 		if o.QKNorm || c.gemma.on {
 			L.QNorm, L.KNorm = ones(c.HeadDim), ones(c.HeadDim)
 		}
-		for t := Target(0); t < NumLayerTargets; t++ {
+		nt := NumLayerTargets
+		if c.sparseLayer(i) {
+			L.MoE, nt = randomMoE(c, randn, o.Std), TGate
+		}
+		for t := Target(0); t < nt; t++ {
 			L.Lin[t] = Linear[T]{W: randn(dims[t][0]*dims[t][1], o.Std), Out: dims[t][0], In: dims[t][1]}
 			if o.AttnBias && t <= TV {
 				L.Lin[t].B = randn(dims[t][0], o.Std)
@@ -606,6 +645,7 @@ func Convert[U, T Float](m *Model[T]) *Model[U] {
 		o := &out.Layers[i]
 		o.AttnNorm, o.MLPNorm, o.QNorm, o.KNorm = cv(L.AttnNorm), cv(L.MLPNorm), cv(L.QNorm), cv(L.KNorm)
 		o.PostAttnNorm, o.PostMLPNorm = cv(L.PostAttnNorm), cv(L.PostMLPNorm)
+		o.MoE = convertMoE(L.MoE, cv)
 		for t, li := range L.Lin {
 			o.Lin[t] = Linear[U]{W: cv(li.W), B: cv(li.B), Out: li.Out, In: li.In}
 		}

@@ -35,6 +35,7 @@ type layerAct[T Float] struct {
 	oRaw, oInv        []T // the attention output before its post-norm (Gemma 3)
 	dnRaw, dnInv      []T // the MLP output before its post-norm (Gemma 3)
 	xs                [NumLayerTargets][][]T
+	moe               *moeAct[T] // a MoE layer's (instead of g, u, act and the MLP's xs)
 }
 
 type batchLayout[T Float] struct {
@@ -233,12 +234,17 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 		}
 		a.h2, a.inv2 = get(M*D), get(M)
 		rmsnorm(a.xMid, L.MLPNorm, a.h2, a.inv2, M, D, eps)
-		a.g, a.u, a.act = get(M*F), get(M*F), get(M*F)
-		a.xs[TGate] = linFwd(ar, a.h2, M, &L.Lin[TGate], wp.pack(l, TGate), b.segs, layerPick[T](l, TGate), a.g)
-		a.xs[TUp] = linFwd(ar, a.h2, M, &L.Lin[TUp], wp.pack(l, TUp), b.segs, layerPick[T](l, TUp), a.u)
-		m.mlpAct(a.g, a.u, a.act)
 		dn := get(M * D)
-		a.xs[TDown] = linFwd(ar, a.act, M, &L.Lin[TDown], wp.pack(l, TDown), b.segs, layerPick[T](l, TDown), dn)
+		if L.MoE != nil {
+			a.moe = new(moeAct[T])
+			m.moeFwd(ar, L.MoE, l, a.h2, M, b.segs, a.moe, dn)
+		} else {
+			a.g, a.u, a.act = get(M*F), get(M*F), get(M*F)
+			a.xs[TGate] = linFwd(ar, a.h2, M, &L.Lin[TGate], wp.pack(l, TGate), b.segs, layerPick[T](l, TGate), a.g)
+			a.xs[TUp] = linFwd(ar, a.h2, M, &L.Lin[TUp], wp.pack(l, TUp), b.segs, layerPick[T](l, TUp), a.u)
+			m.mlpAct(a.g, a.u, a.act)
+			a.xs[TDown] = linFwd(ar, a.act, M, &L.Lin[TDown], wp.pack(l, TDown), b.segs, layerPick[T](l, TDown), dn)
+		}
 		if L.PostMLPNorm != nil {
 			a.dnRaw, a.dnInv, dn = dn, get(M), get(M*D)
 			rmsnorm(a.dnRaw, L.PostMLPNorm, dn, a.dnInv, M, D, eps)
@@ -275,13 +281,17 @@ func (m *Model[T]) ForwardBackward(seqs []Seq[T], loss TokenLoss, backward bool)
 			ddn = get(M * D)
 			rmsnormBwd(dx, a.dnRaw, L.PostMLPNorm, a.dnInv, ddn, M, D)
 		}
-		dact := get(M * F)
-		linBwd(ar, ddn, a.act, M, &L.Lin[TDown], wp.packNN(l, TDown), b.segs, layerPick[T](l, TDown), a.xs[TDown], dact, false)
-		dg, du := get(M*F), get(M*F)
-		m.mlpActBwd(a.g, a.u, dact, dg, du)
 		dh2 := get(M * D)
-		linBwd(ar, dg, a.h2, M, &L.Lin[TGate], wp.packNN(l, TGate), b.segs, layerPick[T](l, TGate), a.xs[TGate], dh2, false)
-		linBwd(ar, du, a.h2, M, &L.Lin[TUp], wp.packNN(l, TUp), b.segs, layerPick[T](l, TUp), a.xs[TUp], dh2, true)
+		if L.MoE != nil {
+			m.moeBwd(ar, L.MoE, l, a.moe, M, ddn, dh2)
+		} else {
+			dact := get(M * F)
+			linBwd(ar, ddn, a.act, M, &L.Lin[TDown], wp.packNN(l, TDown), b.segs, layerPick[T](l, TDown), a.xs[TDown], dact, false)
+			dg, du := get(M*F), get(M*F)
+			m.mlpActBwd(a.g, a.u, dact, dg, du)
+			linBwd(ar, dg, a.h2, M, &L.Lin[TGate], wp.packNN(l, TGate), b.segs, layerPick[T](l, TGate), a.xs[TGate], dh2, false)
+			linBwd(ar, du, a.h2, M, &L.Lin[TUp], wp.packNN(l, TUp), b.segs, layerPick[T](l, TUp), a.xs[TUp], dh2, true)
+		}
 		rmsnormBwd(dh2, a.xMid, L.MLPNorm, a.inv2, dx, M, D) // dx is now d(xMid)
 		// attention: xMid = xIn + o(att)
 		do := dx

@@ -211,8 +211,15 @@ func main() {
 func fbFlopsPerToken(c nn.Config, n float64) float64 {
 	qd, kvd := float64(c.Heads*c.HeadDim), float64(c.KVHeads*c.HeadDim)
 	d, f := float64(c.Hidden), float64(c.Inter)
-	layer := d*(qd+2*kvd) + qd*d + 3*d*f
-	linear := float64(c.Layers)*layer + float64(c.Vocab)*d
+	var linear float64
+	for l := range c.Layers {
+		mlp := 3 * d * f
+		if c.SparseLayer(l) { // the router and the top-k experts a token goes through
+			mlp = float64(c.NumExperts)*d + float64(c.TopK)*3*d*float64(c.MoEInter)
+		}
+		linear += d*(qd+2*kvd) + qd*d + mlp
+	}
+	linear += float64(c.Vocab) * d
 	attn := float64(c.Layers) * 12 * float64(c.Heads*c.HeadDim) * (n + 1) / 2
 	return 4*linear + attn
 }
