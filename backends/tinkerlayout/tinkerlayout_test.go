@@ -84,8 +84,8 @@ func TestVisionLanguageNames(t *testing.T) {
 	const vl = "model.language_model."
 	for peftName, tinkerName := range map[string]string{
 		"base_model.model.model.language_model.layers.0.linear_attn.in_proj_qkv.lora_A.weight": "base_model.model.model.layers.0.linear_attn.in_proj_qkv.lora_A.weight",
-		"base_model.model.model.language_model.layers.1.mlp.experts.lora_B.weight.exp_avg":      "base_model.model.model.layers.1.mlp.experts.lora_B.weight.exp_avg",
-		"base_model.model.lm_head.lora_A.weight":                                                "base_model.model.model.unembed_tokens.lora_A.weight",
+		"base_model.model.model.language_model.layers.1.mlp.experts.lora_B.weight.exp_avg":     "base_model.model.model.layers.1.mlp.experts.lora_B.weight.exp_avg",
+		"base_model.model.lm_head.lora_A.weight":                                               "base_model.model.model.unembed_tokens.lora_A.weight",
 	} {
 		require.Equal(t, tinkerName, TinkerName(peftName, vl))
 		require.Equal(t, peftName, PEFTName(tinkerName, vl))
