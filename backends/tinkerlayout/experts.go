@@ -94,7 +94,7 @@ type Checkpoint struct {
 // CheckpointFromConfig reads r and ensure_weight_tying from adapter_config.json b, for a
 // base model as base says.
 func CheckpointFromConfig(b []byte, base Base) (Checkpoint, error) {
-	ck := Checkpoint{Family: base.Family, LanguageModelPrefix: base.LanguageModelPrefix, HeadOnlyTied: base.TiedEmbeddings}
+	ck := Checkpoint{Family: base.Family, LanguageModelPrefix: base.LanguageModelPrefix}
 	var cfg struct {
 		R    int  `json:"r"`
 		Ties bool `json:"ensure_weight_tying"`

@@ -188,7 +188,8 @@ class BaseModel:
             hidden_size=int(getattr(self.config, "hidden_size", 0) or 0), revision=dir_revision(path),
             family=self.family.name, publisher=self.family.publisher, renderer=self.family.renderer,
             lora_targets=list(dict.fromkeys(t.target for t in self.layers.values())),
-            modalities=list(MODALITIES))
+            modalities=list(MODALITIES), tied_embeddings=bool(self.tied),
+            language_model_prefix=families.VL_PREFIX if self.vision_checkpoint else "")
 
     # -- the pass ------------------------------------------------------------------------
 

@@ -1302,9 +1302,17 @@ type ModelInfo struct {
 	// The input modalities the model is served for: "text", and "image" only when the backend
 	// runs the model's vision tower on image chunks. A vision-language checkpoint whose
 	// language model alone is served (e.g. Qwen3.5) says "text".
-	Modalities    []string `protobuf:"bytes,14,rep,name=modalities,proto3" json:"modalities,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Modalities []string `protobuf:"bytes,14,rep,name=modalities,proto3" json:"modalities,omitempty"`
+	// Whether the model's input embedding and output head are one matrix
+	// (tie_word_embeddings): an adapter's unembedding LoRA then adapts both
+	// (docs/semantics.md), unless it was trained under the older head-only rule.
+	TiedEmbeddings bool `protobuf:"varint,200,opt,name=tied_embeddings,json=tiedEmbeddings,proto3" json:"tied_embeddings,omitempty"`
+	// Where a vision-language checkpoint's language model is in adapter tensor names
+	// ("model.language_model."; PEFT's names on the full vision-language model), which
+	// Tinker's layout names as the text model's ("model."); empty for a text model.
+	LanguageModelPrefix string `protobuf:"bytes,201,opt,name=language_model_prefix,json=languageModelPrefix,proto3" json:"language_model_prefix,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *ModelInfo) Reset() {
@@ -1433,6 +1441,20 @@ func (x *ModelInfo) GetModalities() []string {
 		return x.Modalities
 	}
 	return nil
+}
+
+func (x *ModelInfo) GetTiedEmbeddings() bool {
+	if x != nil {
+		return x.TiedEmbeddings
+	}
+	return false
+}
+
+func (x *ModelInfo) GetLanguageModelPrefix() string {
+	if x != nil {
+		return x.LanguageModelPrefix
+	}
+	return ""
 }
 
 // ClientInfo is the client that created a training run, as its request headers name it
@@ -1621,7 +1643,7 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x0fPromptAltTokens\x12\f\n" +
 	"\x01k\x18\x01 \x01(\x05R\x01k\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\x05R\btokenIds\x12\x1a\n" +
-	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xc5\x03\n" +
+	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xa4\x04\n" +
 	"\tModelInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x13max_sequence_length\x18\x02 \x01(\x05R\x11maxSequenceLength\x12\x1d\n" +
@@ -1641,7 +1663,9 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\flora_targets\x18\r \x03(\tR\vloraTargets\x12\x1e\n" +
 	"\n" +
 	"modalities\x18\x0e \x03(\tR\n" +
-	"modalities\"s\n" +
+	"modalities\x12(\n" +
+	"\x0ftied_embeddings\x18\xc8\x01 \x01(\bR\x0etiedEmbeddings\x123\n" +
+	"\x15language_model_prefix\x18\xc9\x01 \x01(\tR\x13languageModelPrefix\"s\n" +
 	"\n" +
 	"ClientInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
