@@ -230,3 +230,44 @@ func TestExpertsRefused(t *testing.T) {
 	_, err = ToPEFT(dir, Base{Family: "llama"})
 	require.ErrorContains(t, err, "not \"llama\"")
 }
+
+// TestNemotronEmptyW3: Tinker writes an empty w3 placeholder for Nemotron-H (its experts
+// have no gate projection); the import skips it, and refuses a w3 that holds numbers.
+func TestNemotronEmptyW3(t *testing.T) {
+	dir, b := expertAdapter(t)
+	rn, err := ToTinker(bytes.NewReader(b), int64(len(b)), Checkpoint{Rank: exR, Family: "nemotron_h"})
+	require.NoError(t, err)
+	out, err := io.ReadAll(rn)
+	require.NoError(t, err)
+	ts, _ := tensors(t, out)
+	f, err := safetensors.Parse(bytes.NewReader(out), int64(len(out)), safetensors.Limits{})
+	require.NoError(t, err)
+	write := func(w3 []int64) {
+		var w []safetensors.Tensor
+		for k, v := range ts {
+			d := make([]float32, len(v))
+			for i := range v {
+				d[i] = float32(v[i])
+			}
+			w = append(w, safetensors.Tensor{Name: k, Shape: f.Tensors[k].Shape, Data: d})
+		}
+		for _, fac := range []string{"A", "B"} {
+			w = append(w, safetensors.Tensor{Name: exPre + ".experts.w3.lora_" + fac + ".weight", Shape: w3, Data: make([]float32, safetensors.Numel(w3))})
+		}
+		_, err := safetensors.Write(filepath.Join(dir, peft.AdapterWeightsFile), w, nil)
+		require.NoError(t, err)
+	}
+	write([]int64{exE, 0, exH})
+	changed, err := ToPEFT(dir, Base{Family: "nemotron_h"})
+	require.NoError(t, err)
+	require.True(t, changed)
+	rb, err := os.ReadFile(filepath.Join(dir, peft.AdapterWeightsFile))
+	require.NoError(t, err)
+	got, _ := tensors(t, rb)
+	want, _ := tensors(t, b)
+	require.Equal(t, want, got)
+
+	write([]int64{exE, exR, exH})
+	_, err = ToPEFT(dir, Base{Family: "nemotron_h"})
+	require.ErrorContains(t, err, "w3 must be empty")
+}
