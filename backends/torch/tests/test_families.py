@@ -177,6 +177,9 @@ def test_family_parity(family, tmp_path):
     assert set(info.lora_targets) <= set(bm.family.targets()) and "lm_head" in info.lora_targets
     assert set(bm.family.experts) <= set(info.lora_targets) and "o_proj" in info.lora_targets
     assert list(info.modalities) == ["text"]  # image chunks are refused: the vision tower is not served
+    # what converting its adapters to Tinker's layout needs (docs/export-import.md)
+    assert info.language_model_prefix == ("model.language_model." if case in VL_CONFIGS else "")
+    assert info.tied_embeddings == bool(json.load(open(os.path.join(d, "config.json"))).get("tie_word_embeddings"))
     eng = Engine({"m": bm}, ["m"])
     ref = hf(d)
     stats = {}
