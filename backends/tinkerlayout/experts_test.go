@@ -22,7 +22,7 @@ const (
 // expertAdapter writes a PEFT-layout adapter with one MoE layer's expert LoRA (gate_up_proj
 // [E, 2I, H], down_proj [E, H, I], r 2 per expert), a q_proj and an lm_head LoRA, and its
 // adapter_config.json, in a folder it returns with the weights file's bytes.
-func expertAdapter(t *testing.T) (string, []byte) {
+func expertAdapter(t testing.TB) (string, []byte) {
 	t.Helper()
 	val := 0
 	mk := func(name string, shape ...int64) safetensors.Tensor {

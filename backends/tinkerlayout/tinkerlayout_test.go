@@ -3,6 +3,7 @@ package tinkerlayout
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -384,13 +385,30 @@ func FuzzToPEFT(f *testing.F) {
 	}
 	tied, _ := os.ReadFile(p)
 	f.Add(tied)
+	_, experts := expertAdapter(f)
+	rn, err := ToTinker(bytes.NewReader(experts), int64(len(experts)), Checkpoint{Rank: exR, Family: "nemotron_h"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	nemotron, _ := io.ReadAll(rn)
+	f.Add(nemotron)
+	// the base models it converts for: a text model, a VL checkpoint, MoE families
+	bases := []Base{{}, {Family: "qwen3_5", LanguageModelPrefix: "model.language_model."}, {Family: "qwen3_moe"}, {Family: "nemotron_h"}, {Family: "gpt_oss"}}
 	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, base := range bases {
+			fuzzToPEFT(t, b, base)
+		}
+	})
+}
+
+func fuzzToPEFT(t *testing.T, b []byte, base Base) {
+	{
 		dir := t.TempDir()
 		wp := filepath.Join(dir, peft.AdapterWeightsFile)
 		require.NoError(t, os.WriteFile(wp, b, 0o644))
 		require.NoError(t, os.WriteFile(filepath.Join(dir, peft.AdapterConfigFile),
 			[]byte(`{"r": 1, "lora_alpha": 8, "target_modules": ["model.embed_tokens", "unembed_tokens"]}`), 0o644))
-		changed, err := ToPEFT(dir, Base{})
+		changed, err := ToPEFT(dir, base)
 		if err != nil {
 			return
 		}
@@ -402,5 +420,5 @@ func FuzzToPEFT(f *testing.F) {
 		}
 		_, err = safetensors.Parse(bytes.NewReader(got), int64(len(got)), safetensors.Limits{})
 		require.NoError(t, err)
-	})
+	}
 }
