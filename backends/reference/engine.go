@@ -241,7 +241,8 @@ func (e *Engine) loadModel(name string) (*baseModel, error) {
 		Name: name, MaxSequenceLength: int32(m.Cfg.MaxSeq()), VocabSize: int32(m.Cfg.Vocab),
 		Architecture: m.Cfg.Arch(), TokenizerId: tokID, MaxLoraRank: int32(e.opts.MaxLoraRank),
 		Backend: Implementation, HiddenSize: int32(m.Cfg.Hidden), LoraTargets: nn.LoraTargets(&m.Cfg),
-		Modalities: []string{"text"}, // the engine serves text decoders only
+		Modalities:     []string{"text"}, // the engine serves text decoders only
+		TiedEmbeddings: m.Cfg.Tied,
 	}
 	if f, ok := nn.Families[m.Cfg.ModelType]; ok {
 		bm.info.Family, bm.info.Publisher, bm.info.Renderer = f.Name, f.Publisher, f.Renderer

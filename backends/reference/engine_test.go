@@ -149,6 +149,8 @@ func TestCapabilities(t *testing.T) {
 	require.FileExists(t, filepath.Join(m.TokenizerId, "tokenizer.json"))
 	require.FileExists(t, filepath.Join(m.TokenizerId, "tokenizer_config.json"))
 	require.Equal(t, int32(512), m.VocabSize)
+	require.True(t, m.TiedEmbeddings) // loops/tiny's head is its embedding matrix
+	require.Empty(t, m.LanguageModelPrefix)
 	require.ElementsMatch(t, LossFunctions, c.LossFunctions)
 }
 

@@ -13,9 +13,13 @@
 //
 // MoE experts (experts.go): Loops stores a fused-experts LoRA in PEFT's target_parameters
 // layout (A [E·r, in], B [out, r·E]); Tinker's is 3-D per projection, experts.w1 (gate),
-// w3 (up), w2 (down), A (E, r, in), B (E, out, r). ToTinker converts to it for the families
-// in ExpertFamilies (qwen3_moe, gpt_oss) and refuses others with ErrNoTinkerLayout; ToPEFT
-// reads it back bit for bit.
+// w3 (up), w2 (down), A (E, r, in), B (E, out, r); Nemotron-H's gateless experts have w1 (up)
+// and w2 only. ToTinker converts to it for the families in ExpertFamilies and refuses others
+// with ErrNoTinkerLayout; ToPEFT reads it back bit for bit.
+//
+// Vision-language checkpoints: PEFT names their language model model.language_model.*
+// (Base.LanguageModelPrefix); Tinker names it as the text model (model.*), to which the
+// cookbook adds the prefix itself. TinkerName and PEFTName convert between the two.
 //
 // Files are converted as streams: a safetensors file's header is rewritten and its data
 // section copied unchanged, so a download never holds a checkpoint in memory.

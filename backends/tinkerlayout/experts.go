@@ -29,13 +29,39 @@ const (
 	peftDown   = ".experts.lora_"
 )
 
+// ExpertLayout is how a model family's fused expert parameters map to Tinker's w1/w2/w3.
+type ExpertLayout struct {
+	// Params are the fused parameters Loops adapts, in the experts module's parameter order
+	// (PEFT's target_parameters; the first holds the base_layer keys): the gate and up
+	// projections (or the up projection alone), then down_proj.
+	Params [2]string
+	// Interleaved: gate_up_proj's output interleaves the gate and up projections, gate at
+	// even rows (gpt-oss, tinker-cookbook's fused_interleaved); otherwise the gate rows come
+	// first, then up (fused_concatenated, and the per-expert gate_proj/up_proj of a
+	// checkpoint saved per expert).
+	Interleaved bool
+	// UpOnly: the experts have no gate projection (Nemotron-H's non-gated ReLU² experts:
+	// up_proj, down_proj). Tinker's w1 is then up_proj, whole, and there is no w3
+	// (tinker-cookbook's nemotron profile maps w1 to up_proj and skips an empty w3).
+	UpOnly bool
+}
+
+var gateUpDown = [2]string{"gate_up_proj", "down_proj"}
+
 // ExpertFamilies are the model families (loops.v1 ModelInfo.family) whose expert LoRA
-// converts exactly to Tinker's layout, each with how gate_up_proj's output holds the gate
-// and up projections: qwen3_moe's gate_up_proj [E, 2·I, H] has the gate rows first, then up
-// (tinker-cookbook's default profile, fused_concatenated); gpt_oss's [E, H, 2·I] interleaves
-// them, gate at even columns (its gpt_oss profile, fused_interleaved). The cookbook writes
-// w1 into the gate part, w3 into the up part and w2 into down_proj, as trained.
-var ExpertFamilies = map[string]bool{"qwen3_moe": false, "gpt_oss": true} // family -> interleaved
+// converts exactly to Tinker's layout, with how. tinker-cookbook 0.6.1 merges w1 into the
+// gate part of gate_up_proj (gpt-oss: its even rows), w3 into the up part and w2 into
+// down_proj (Nemotron-H: w1 into up_proj), as trained; docs/export-import.md says which of
+// its merge strategies work for each family.
+var ExpertFamilies = map[string]ExpertLayout{
+	"qwen3_moe":   {Params: gateUpDown},
+	"qwen3_5_moe": {Params: gateUpDown},
+	"deepseek_v3": {Params: gateUpDown},
+	"glm_moe_dsa": {Params: gateUpDown},
+	"minimax_m2":  {Params: gateUpDown},
+	"gpt_oss":     {Params: gateUpDown, Interleaved: true},
+	"nemotron_h":  {Params: [2]string{"up_proj", "down_proj"}, UpOnly: true},
+}
 
 // MaxExpertTensorBytes bounds one expert LoRA tensor a conversion holds in memory (its
 // elements are reordered, not streamed).
@@ -47,23 +73,50 @@ var ErrNoTinkerLayout = errors.New("this checkpoint's expert LoRA has no Tinker 
 	"Export it with `loops checkpoints export --format peft` (PEFT's target_parameters layout, which PEFT loads) or " +
 	"`--format merged` (a merged Hugging Face model)")
 
-// Experts says how a checkpoint's expert LoRA converts: its rank r and model family.
-type Experts struct {
+// Checkpoint is what converting a checkpoint's files to Tinker's layout needs to know
+// beyond the files themselves.
+type Checkpoint struct {
 	// Rank is the adapter's r (adapter_config.json), the rank of each expert.
 	Rank int
-	// Family is the base model's family; only ExpertFamilies convert.
+	// Family is the base model's family; only ExpertFamilies convert expert LoRA.
 	Family string
+	// LanguageModelPrefix is where the base model's language model is in PEFT's names
+	// (TinkerName).
+	LanguageModelPrefix string
+	// HeadOnlyTied says the adapter's unembedding LoRA follows the head-only rule on a model
+	// with tied embeddings when its weights file does not say (no peft.UnembedMetaKey
+	// metadata: a checkpoint written before engines recorded it): its adapter_config.json
+	// has no ensure_weight_tying and the base model's embeddings are tied. ToTinker then
+	// refuses it (ErrHeadOnlyTied) as it does a file that says so.
+	HeadOnlyTied bool
 }
 
-// ExpertsFromConfig reads r from adapter_config.json b; family is the base model's.
-func ExpertsFromConfig(b []byte, family string) (Experts, error) {
+// CheckpointFromConfig reads r and ensure_weight_tying from adapter_config.json b, for a
+// base model as base says.
+func CheckpointFromConfig(b []byte, base Base) (Checkpoint, error) {
+	ck := Checkpoint{Family: base.Family, LanguageModelPrefix: base.LanguageModelPrefix}
 	var cfg struct {
-		R int `json:"r"`
+		R    int  `json:"r"`
+		Ties bool `json:"ensure_weight_tying"`
 	}
 	if err := json.Unmarshal(b, &cfg); err != nil {
-		return Experts{}, fmt.Errorf("%s: %w", peft.AdapterConfigFile, err)
+		return ck, fmt.Errorf("%s: %w", peft.AdapterConfigFile, err)
 	}
-	return Experts{Rank: cfg.R, Family: family}, nil
+	ck.Rank, ck.HeadOnlyTied = cfg.R, base.TiedEmbeddings && !cfg.Ties
+	return ck, nil
+}
+
+// Base is what converting an adapter needs to know of its base model (loops.v1 ModelInfo).
+type Base struct {
+	// Family is the model family (ModelInfo.family).
+	Family string
+	// LanguageModelPrefix is where a vision-language checkpoint's language model is in
+	// PEFT's names, "model.language_model." (ModelInfo.language_model_prefix); empty for a
+	// text model.
+	LanguageModelPrefix string
+	// TiedEmbeddings says the model's input embedding and output head are one matrix
+	// (ModelInfo.tied_embeddings).
+	TiedEmbeddings bool
 }
 
 // hasExperts reports whether names hold an expert LoRA in PEFT's layout.
@@ -105,8 +158,8 @@ func permuteB(b []byte, es, r, e int64, rows []int64) []byte {
 
 // tinkerExperts plans the conversion of a file's tensors (in PEFT's layout) to Tinker's
 // expert layout; other tensors keep their bytes and get TinkerName.
-func tinkerExperts(f *safetensors.File, ex Experts) ([]outTensor, error) {
-	interleaved, ok := ExpertFamilies[ex.Family]
+func tinkerExperts(f *safetensors.File, ex Checkpoint) ([]outTensor, error) {
+	lay, ok := ExpertFamilies[ex.Family]
 	if !ok {
 		return nil, fmt.Errorf("model family %q: %w", ex.Family, ErrNoTinkerLayout)
 	}
@@ -125,7 +178,7 @@ func tinkerExperts(f *safetensors.File, ex Experts) ([]outTensor, error) {
 	for _, k := range names {
 		info := f.Tensors[k]
 		if !isPEFTExpert(k) {
-			out = append(out, outTensor{name: TinkerName(k), info: info, src: k})
+			out = append(out, outTensor{name: TinkerName(k, ex.LanguageModelPrefix), info: info, src: k})
 			continue
 		}
 		n := info.Offsets[1] - info.Offsets[0]
@@ -161,17 +214,23 @@ func tinkerExperts(f *safetensors.File, ex Experts) ([]outTensor, error) {
 			ws := []string{"w2"}
 			if gateUp {
 				ws = []string{"w1", "w3"}
+				if lay.UpOnly {
+					ws = ws[:1]
+				}
 			}
 			for _, w := range ws {
 				out = append(out, outTensor{name: pre + w + suffix, info: safetensors.Info{DType: info.DType, Shape: shape}, src: k})
 			}
+		case gateUp && lay.UpOnly:
+			out = append(out, outTensor{name: pre + "w1" + suffix, info: safetensors.Info{DType: info.DType, Shape: []int64{e, d0, r}}, src: k,
+				take: func(b []byte) []byte { return permuteB(b, es, r, e, gateUpRows(0, d0, false)) }})
 		case gateUp:
 			if d0%2 != 0 {
 				return nil, fmt.Errorf("expert lora_B %s of gate_up_proj has %d rows, not gate and up halves", k, d0)
 			}
 			i := d0 / 2
 			for h, w := range []string{"w1", "w3"} {
-				rows := gateUpRows(int64(h), i, interleaved)
+				rows := gateUpRows(int64(h), i, lay.Interleaved)
 				out = append(out, outTensor{name: pre + w + suffix, info: safetensors.Info{DType: info.DType, Shape: []int64{e, i, r}}, src: k,
 					take: func(b []byte) []byte { return permuteB(b, es, r, e, rows) }})
 			}
@@ -269,10 +328,19 @@ func elemSize(f *safetensors.File, name string) int64 {
 // lists for the experts (adapter_config.json's target_parameters are dropped).
 var TinkerExpertModules = []string{"w1", "w2", "w3"}
 
+// Modules are the target_modules a Tinker-layout adapter lists for experts of this
+// layout: w1, w2 and w3, or w1 and w2 when UpOnly.
+func (l ExpertLayout) Modules() []string {
+	if l.UpOnly {
+		return TinkerExpertModules[:2]
+	}
+	return TinkerExpertModules
+}
+
 // ExpertConfigToTinker returns adapter_config.json b with target_parameters (PEFT's fused
-// expert parameters) replaced by Tinker's w1/w2/w3 in target_modules; b unchanged when it
-// has none.
-func ExpertConfigToTinker(b []byte) ([]byte, error) {
+// expert parameters) replaced by Tinker's expert modules of lay in target_modules; b
+// unchanged when it has none.
+func ExpertConfigToTinker(b []byte, lay ExpertLayout) ([]byte, error) {
 	var cfg map[string]json.RawMessage
 	if err := json.Unmarshal(b, &cfg); err != nil {
 		return nil, fmt.Errorf("%s is not a JSON object: %w", peft.AdapterConfigFile, err)
@@ -283,7 +351,7 @@ func ExpertConfigToTinker(b []byte) ([]byte, error) {
 	}
 	var tm []string
 	_ = json.Unmarshal(cfg["target_modules"], &tm)
-	for _, m := range TinkerExpertModules {
+	for _, m := range lay.Modules() {
 		if !slices.Contains(tm, m) {
 			tm = append(tm, m)
 		}
@@ -332,6 +400,7 @@ func expertsToPEFT(dir, family string) (bool, error) {
 	}
 	var out []tensor
 	found := false
+	lay, known := ExpertFamilies[family]
 	for _, k := range slices.Sorted(func(yield func(string) bool) {
 		for k := range f.Tensors {
 			if !yield(k) {
@@ -350,12 +419,17 @@ func expertsToPEFT(dir, family string) (bool, error) {
 			continue
 		}
 		found = true
-		interleaved, known := ExpertFamilies[family]
 		if !known {
 			return false, fmt.Errorf("expert LoRA tensor %s: Tinker's expert layout is read for model families %v, not %q; import the adapter in PEFT's layout (target_parameters)",
 				k, slices.Sorted(maps.Keys(ExpertFamilies)), family)
 		}
 		w, factor := rest[:1], rest[1+len(".lora_"):]
+		if w == "3" && lay.UpOnly {
+			if safetensors.Numel(info.Shape) != 0 {
+				return false, fmt.Errorf("expert LoRA tensor %s: %s's experts have no gate projection, so Tinker's w3 must be empty (w1 is up_proj, w2 down_proj)", k, family)
+			}
+			continue // Tinker's empty placeholder
+		}
 		if w == "3" {
 			continue // read with w1
 		}
@@ -376,7 +450,7 @@ func expertsToPEFT(dir, family string) (bool, error) {
 			return false, err
 		}
 		parts = append(parts, b)
-		if w == "1" {
+		if w == "1" && !lay.UpOnly {
 			k3 := pre + ".experts.w3" + rest[1:]
 			i3, ok := f.Tensors[k3]
 			if !ok || !slices.Equal(i3.Shape, info.Shape) || i3.DType != info.DType {
@@ -406,7 +480,7 @@ func expertsToPEFT(dir, family string) (bool, error) {
 		outRows := d1 * int64(len(parts))
 		dst := make([]byte, outRows*r*e*es)
 		for p, pb := range parts {
-			rows := gateUpRows(int64(p), d1, interleaved && len(parts) == 2)
+			rows := gateUpRows(int64(p), d1, lay.Interleaved && len(parts) == 2)
 			for x := range e {
 				for o := range d1 {
 					for j := range r {
@@ -464,7 +538,7 @@ func expertsToPEFT(dir, family string) (bool, error) {
 	_ = json.Unmarshal(cfg["target_modules"], &tm)
 	tm = slices.DeleteFunc(tm, func(m string) bool { return slices.Contains(TinkerExpertModules, m) })
 	cfg["target_modules"], _ = json.Marshal(tm)
-	cfg["target_parameters"], _ = json.Marshal([]string{"gate_up_proj", "down_proj"})
+	cfg["target_parameters"], _ = json.Marshal(lay.Params[:])
 	nb, err := json.MarshalIndent(cfg, "", "  ")
 	if err != nil {
 		return false, err

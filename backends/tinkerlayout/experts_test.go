@@ -22,7 +22,7 @@ const (
 // expertAdapter writes a PEFT-layout adapter with one MoE layer's expert LoRA (gate_up_proj
 // [E, 2I, H], down_proj [E, H, I], r 2 per expert), a q_proj and an lm_head LoRA, and its
 // adapter_config.json, in a folder it returns with the weights file's bytes.
-func expertAdapter(t *testing.T) (string, []byte) {
+func expertAdapter(t testing.TB) (string, []byte) {
 	t.Helper()
 	val := 0
 	mk := func(name string, shape ...int64) safetensors.Tensor {
@@ -85,14 +85,14 @@ func deltaTinker(a, b []float64, in, out, e int) []float64 {
 }
 
 func TestExpertsToTinkerAndBack(t *testing.T) {
-	for _, family := range []string{"qwen3_moe", "gpt_oss"} {
+	for family := range ExpertFamilies {
 		t.Run(family, func(t *testing.T) { testExpertsRoundTrip(t, family) })
 	}
 }
 
 func testExpertsRoundTrip(t *testing.T, family string) {
 	dir, b := expertAdapter(t)
-	rn, err := ToTinker(bytes.NewReader(b), int64(len(b)), Experts{Rank: exR, Family: family})
+	rn, err := ToTinker(bytes.NewReader(b), int64(len(b)), Checkpoint{Rank: exR, Family: family})
 	require.NoError(t, err)
 	require.True(t, rn.Experts)
 	out, err := io.ReadAll(rn)
@@ -106,23 +106,37 @@ func testExpertsRoundTrip(t *testing.T, family string) {
 	for k := range f.Tensors {
 		names = append(names, k)
 	}
-	require.ElementsMatch(t, []string{
+	wantNames := []string{
 		exPre + ".experts.w1.lora_A.weight", exPre + ".experts.w1.lora_B.weight",
-		exPre + ".experts.w3.lora_A.weight", exPre + ".experts.w3.lora_B.weight",
 		exPre + ".experts.w2.lora_A.weight", exPre + ".experts.w2.lora_B.weight",
 		"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
 		"base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight",
 		"base_model.model.model.unembed_tokens.lora_A.weight", "base_model.model.model.unembed_tokens.lora_B.weight",
-	}, names)
+	}
+	lay := ExpertFamilies[family]
+	if !lay.UpOnly {
+		wantNames = append(wantNames, exPre+".experts.w3.lora_A.weight", exPre+".experts.w3.lora_B.weight")
+	}
+	require.ElementsMatch(t, wantNames, names)
 	require.Equal(t, []int64{exE, exR, exH}, f.Tensors[exPre+".experts.w1.lora_A.weight"].Shape)
+	gA, gB := want[exPre+".experts.base_layer.lora_A.weight"], want[exPre+".experts.base_layer.lora_B.weight"]
+	dA, dB := want[exPre+".experts.lora_A.weight"], want[exPre+".experts.lora_B.weight"]
+	if lay.UpOnly {
+		// Nemotron-H: the first fused parameter is up_proj, all of it w1; no w3
+		require.Equal(t, []int64{exE, 2 * exI, exR}, f.Tensors[exPre+".experts.w1.lora_B.weight"].Shape)
+		for e := range exE {
+			require.Equal(t, deltaPEFT(gA, gB, exH, 0, 2*exI, 1, e), deltaTinker(got[exPre+".experts.w1.lora_A.weight"], got[exPre+".experts.w1.lora_B.weight"], exH, 2*exI, e))
+			require.Equal(t, deltaPEFT(dA, dB, exI, 0, exH, 1, e), deltaTinker(got[exPre+".experts.w2.lora_A.weight"], got[exPre+".experts.w2.lora_B.weight"], exI, exH, e))
+		}
+		expertsBack(t, family, dir, b, out, []any{"q_proj", "unembed_tokens", "w1", "w2"})
+		return
+	}
 	require.Equal(t, []int64{exE, exI, exR}, f.Tensors[exPre+".experts.w3.lora_B.weight"].Shape)
 	require.Equal(t, []int64{exE, exH, exR}, f.Tensors[exPre+".experts.w2.lora_B.weight"].Shape)
 	// every expert's update is the same: gate rows (the first half, or the even rows for
 	// gpt-oss) are w1, up rows w3
-	gA, gB := want[exPre+".experts.base_layer.lora_A.weight"], want[exPre+".experts.base_layer.lora_B.weight"]
-	dA, dB := want[exPre+".experts.lora_A.weight"], want[exPre+".experts.lora_B.weight"]
 	gate, up := [3]int{0, exI, 1}, [3]int{exI, 2 * exI, 1}
-	if family == "gpt_oss" {
+	if lay.Interleaved {
 		gate, up = [3]int{0, 2 * exI, 2}, [3]int{1, 2 * exI, 2}
 	}
 	for e := range exE {
@@ -130,22 +144,32 @@ func testExpertsRoundTrip(t *testing.T, family string) {
 		require.Equal(t, deltaPEFT(gA, gB, exH, up[0], up[1], up[2], e), deltaTinker(got[exPre+".experts.w3.lora_A.weight"], got[exPre+".experts.w3.lora_B.weight"], exH, exI, e))
 		require.Equal(t, deltaPEFT(dA, dB, exI, 0, exH, 1, e), deltaTinker(got[exPre+".experts.w2.lora_A.weight"], got[exPre+".experts.w2.lora_B.weight"], exI, exH, e))
 	}
+	expertsBack(t, family, dir, b, out, []any{"q_proj", "unembed_tokens", "w1", "w2", "w3"})
+}
+
+// expertsBack converts the config of the PEFT-layout adapter in dir (weights b) as a
+// download does, checks its target_modules, and that the import reads the downloaded
+// weights out back into b's tensors, bit for bit, with PEFT's config.
+func expertsBack(t *testing.T, family, dir string, b, out []byte, modules []any) {
+	t.Helper()
+	want, _ := tensors(t, b)
+	lay := ExpertFamilies[family]
 	cb, err := os.ReadFile(filepath.Join(dir, peft.AdapterConfigFile))
 	require.NoError(t, err)
 	cb, _, err = RenameTargetModules(cb, TinkerModules)
 	require.NoError(t, err)
-	cb, err = ExpertConfigToTinker(cb)
+	cb, err = ExpertConfigToTinker(cb, lay)
 	require.NoError(t, err)
 	var cfg map[string]any
 	require.NoError(t, json.Unmarshal(cb, &cfg))
-	require.Equal(t, []any{"q_proj", "unembed_tokens", "w1", "w2", "w3"}, cfg["target_modules"])
+	require.Equal(t, modules, cfg["target_modules"])
 	require.NotContains(t, cfg, "target_parameters")
 
 	// and back: the import reads Tinker's layout into the same tensors, bit for bit
 	back := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(back, peft.AdapterWeightsFile), out, 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(back, peft.AdapterConfigFile), cb, 0o644))
-	changed, err := ToPEFT(back, family)
+	changed, err := ToPEFT(back, Base{Family: family})
 	require.NoError(t, err)
 	require.True(t, changed)
 	rb, err := os.ReadFile(filepath.Join(back, peft.AdapterWeightsFile))
@@ -164,24 +188,24 @@ func testExpertsRoundTrip(t *testing.T, family string) {
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(rcb, &rc))
 	require.Equal(t, []any{"q_proj", "lm_head"}, rc["target_modules"])
-	require.Equal(t, []any{"gate_up_proj", "down_proj"}, rc["target_parameters"])
+	require.Equal(t, []any{lay.Params[0], lay.Params[1]}, rc["target_parameters"])
 }
 
 func TestExpertsRefused(t *testing.T) {
 	_, b := expertAdapter(t)
-	for _, ex := range []Experts{{Rank: exR, Family: "deepseek_v3"}, {Rank: exR}} {
+	for _, ex := range []Checkpoint{{Rank: exR, Family: "llama"}, {Rank: exR}} {
 		rn, err := ToTinker(bytes.NewReader(b), int64(len(b)), ex)
 		require.ErrorIs(t, err, ErrNoTinkerLayout)
 		got, rerr := io.ReadAll(rn)
 		require.NoError(t, rerr)
 		require.Equal(t, b, got) // the original bytes
 	}
-	_, err := ToTinker(bytes.NewReader(b), int64(len(b)), Experts{Rank: 5, Family: "qwen3_moe"})
+	_, err := ToTinker(bytes.NewReader(b), int64(len(b)), Checkpoint{Rank: 5, Family: "qwen3_moe"})
 	require.ErrorContains(t, err, "not a multiple of r=5")
 
 	// Tinker-layout w1 and w3 with different lora_A: not Loops' gate_up_proj LoRA
 	dir, b := expertAdapter(t)
-	rn, err := ToTinker(bytes.NewReader(b), int64(len(b)), Experts{Rank: exR, Family: "qwen3_moe"})
+	rn, err := ToTinker(bytes.NewReader(b), int64(len(b)), Checkpoint{Rank: exR, Family: "qwen3_moe"})
 	require.NoError(t, err)
 	out, err := io.ReadAll(rn)
 	require.NoError(t, err)
@@ -201,8 +225,49 @@ func TestExpertsRefused(t *testing.T) {
 	}
 	_, err = safetensors.Write(filepath.Join(dir, peft.AdapterWeightsFile), w, nil)
 	require.NoError(t, err)
-	_, err = ToPEFT(dir, "qwen3_moe")
+	_, err = ToPEFT(dir, Base{Family: "qwen3_moe"})
 	require.ErrorContains(t, err, "different lora_A")
-	_, err = ToPEFT(dir, "deepseek_v3")
-	require.ErrorContains(t, err, "not \"deepseek_v3\"")
+	_, err = ToPEFT(dir, Base{Family: "llama"})
+	require.ErrorContains(t, err, "not \"llama\"")
+}
+
+// TestNemotronEmptyW3: Tinker writes an empty w3 placeholder for Nemotron-H (its experts
+// have no gate projection); the import skips it, and refuses a w3 that holds numbers.
+func TestNemotronEmptyW3(t *testing.T) {
+	dir, b := expertAdapter(t)
+	rn, err := ToTinker(bytes.NewReader(b), int64(len(b)), Checkpoint{Rank: exR, Family: "nemotron_h"})
+	require.NoError(t, err)
+	out, err := io.ReadAll(rn)
+	require.NoError(t, err)
+	ts, _ := tensors(t, out)
+	f, err := safetensors.Parse(bytes.NewReader(out), int64(len(out)), safetensors.Limits{})
+	require.NoError(t, err)
+	write := func(w3 []int64) {
+		var w []safetensors.Tensor
+		for k, v := range ts {
+			d := make([]float32, len(v))
+			for i := range v {
+				d[i] = float32(v[i])
+			}
+			w = append(w, safetensors.Tensor{Name: k, Shape: f.Tensors[k].Shape, Data: d})
+		}
+		for _, fac := range []string{"A", "B"} {
+			w = append(w, safetensors.Tensor{Name: exPre + ".experts.w3.lora_" + fac + ".weight", Shape: w3, Data: make([]float32, safetensors.Numel(w3))})
+		}
+		_, err := safetensors.Write(filepath.Join(dir, peft.AdapterWeightsFile), w, nil)
+		require.NoError(t, err)
+	}
+	write([]int64{exE, 0, exH})
+	changed, err := ToPEFT(dir, Base{Family: "nemotron_h"})
+	require.NoError(t, err)
+	require.True(t, changed)
+	rb, err := os.ReadFile(filepath.Join(dir, peft.AdapterWeightsFile))
+	require.NoError(t, err)
+	got, _ := tensors(t, rb)
+	want, _ := tensors(t, b)
+	require.Equal(t, want, got)
+
+	write([]int64{exE, exR, exH})
+	_, err = ToPEFT(dir, Base{Family: "nemotron_h"})
+	require.ErrorContains(t, err, "w3 must be empty")
 }

@@ -37,26 +37,50 @@ const (
 // 100-layer model with every target holds about 1 400 tensors, under 200 KiB of header).
 const MaxHeaderBytes = 16 << 20
 
+// peftModel prefixes the PEFT names of a text model's decoder modules (model.*), which are
+// Tinker's names of them for every model.
+const peftModel = "base_model.model.model."
+
 // TinkerName returns the name in Tinker's layout of a tensor named in PEFT's layout (an
-// adapter tensor, or an optimizer moment "<tensor>.exp_avg"): the unembedding's LoRA is
-// model.unembed_tokens; every other name is the same in both layouts.
-func TinkerName(name string) string {
+// adapter tensor, or an optimizer moment "<tensor>.exp_avg") for a base model whose
+// language model's modules are named under lm (ModelInfo.language_model_prefix: "" for a
+// text model, whose decoder is "model."; "model.language_model." for a vision-language
+// checkpoint's). Tinker names the modules as the text model does (the cookbook adds a
+// vision-language model's prefix itself) and the unembedding's LoRA model.unembed_tokens.
+func TinkerName(name, lm string) string {
 	if rest, ok := strings.CutPrefix(name, peftHead); ok {
 		return tinkerHead + rest
+	}
+	if lm != "" {
+		if rest, ok := strings.CutPrefix(name, "base_model.model."+lm); ok {
+			return peftModel + rest
+		}
 	}
 	return name
 }
 
-// PEFTName returns the PEFT name of a tensor named in Tinker's layout, or in the PEFT
-// adapter tinker-cookbook's build_lora_adapter writes from one for a model with tied
-// embeddings (model.embed_tokens with lora_A/lora_B factors): both are lm_head. Other
-// names are returned unchanged.
-func PEFTName(name string) string {
+// PEFTName returns the PEFT name, on a base model whose language model's modules are named
+// under lm (as TinkerName), of a tensor named in Tinker's layout, in PEFT's, or in the PEFT
+// adapter tinker-cookbook's build_lora_adapter writes from Tinker's for a model with tied
+// embeddings (model.embed_tokens, or the vision-language model's, with lora_A/lora_B
+// factors: lm_head). Other names are returned unchanged.
+func PEFTName(name, lm string) string {
 	if rest, ok := strings.CutPrefix(name, tinkerHead); ok {
 		return peftHead + rest
 	}
-	if rest, ok := strings.CutPrefix(name, cookbookTiedHead); ok && (strings.HasPrefix(rest, "lora_A.") || strings.HasPrefix(rest, "lora_B.")) {
-		return peftHead + rest
+	vl := peftModel
+	if lm != "" {
+		vl = "base_model.model." + lm
+	}
+	for _, emb := range []string{cookbookTiedHead, vl + cookbookTiedHeadLeaf + "."} {
+		if rest, ok := strings.CutPrefix(name, emb); ok && (strings.HasPrefix(rest, "lora_A.") || strings.HasPrefix(rest, "lora_B.")) {
+			return peftHead + rest
+		}
+	}
+	if lm != "" && !strings.HasPrefix(name, vl) {
+		if rest, ok := strings.CutPrefix(name, peftModel); ok {
+			return vl + rest
+		}
 	}
 	return name
 }
@@ -99,17 +123,19 @@ var ErrHeadOnlyTied = errors.New("this checkpoint's unembedding LoRA adapts the 
 
 // ToTinker is RenameTensors to Tinker's layout (TinkerName), refusing with ErrHeadOnlyTied
 // (and the original bytes) an adapter Tinker's layout cannot express. A file with expert
-// LoRA (PEFT's target_parameters layout) is converted to Tinker's 3-D w1/w2/w3 tensors as ex
+// LoRA (PEFT's target_parameters layout) is converted to Tinker's 3-D w1/w2/w3 tensors as ck
 // says (its data reordered, one tensor at a time), or refused with ErrNoTinkerLayout for a
-// family not in ExpertFamilies.
-func ToTinker(r io.Reader, size int64, ex Experts) (Renamed, error) {
-	return renameTensors(r, size, TinkerName, &ex, func(f *safetensors.File) error {
-		if f.Metadata[peft.UnembedMetaKey] != peft.UnembedHeadOnly {
-			return nil
-		}
-		for k := range f.Tensors {
-			if TinkerName(k) != k {
-				return ErrHeadOnlyTied
+// family not in ExpertFamilies. A head-only unembedding is known from the file's metadata,
+// or, when it has none, from ck.HeadOnlyTied.
+func ToTinker(r io.Reader, size int64, ck Checkpoint) (Renamed, error) {
+	rename := func(k string) string { return TinkerName(k, ck.LanguageModelPrefix) }
+	return renameTensors(r, size, rename, &ck, func(f *safetensors.File) error {
+		switch rule := f.Metadata[peft.UnembedMetaKey]; {
+		case rule == peft.UnembedHeadOnly, rule == "" && ck.HeadOnlyTied:
+			for k := range f.Tensors {
+				if strings.HasPrefix(k, peftHead) {
+					return ErrHeadOnlyTied
+				}
 			}
 		}
 		return nil
@@ -117,7 +143,7 @@ func ToTinker(r io.Reader, size int64, ex Experts) (Renamed, error) {
 }
 
 // renameTensors is RenameTensors; check, when set, may refuse the parsed header.
-func renameTensors(r io.Reader, size int64, rename func(string) string, ex *Experts, check func(*safetensors.File) error) (Renamed, error) {
+func renameTensors(r io.Reader, size int64, rename func(string) string, ex *Checkpoint, check func(*safetensors.File) error) (Renamed, error) {
 	var read bytes.Buffer
 	orig := func(err error) (Renamed, error) {
 		return Renamed{Reader: io.MultiReader(&read, r), Size: size}, err
@@ -270,32 +296,39 @@ var TinkerModules = map[string]string{peftHeadModule: tinkerHeadModule}
 // an unembedding LoRA so converted gets ensure_weight_tying (on a model with tied
 // embeddings it adapts the shared matrix, as Tinker's tools apply it). A folder already in
 // PEFT's layout is left as it is. Tinker's 3-D expert LoRA (experts.w1/w2/w3) is read for
-// a base model of family in ExpertFamilies (expertsToPEFT). It returns whether anything
-// changed.
-func ToPEFT(dir, family string) (bool, error) {
-	experts, err := expertsToPEFT(dir, family)
+// a base model of a family in ExpertFamilies (expertsToPEFT). On a vision-language
+// checkpoint's language model (base.LanguageModelPrefix) Tinker's text-model names get the
+// prefix PEFT's names of it have (PEFTName); names that have it already are kept. It returns
+// whether anything changed.
+func ToPEFT(dir string, base Base) (bool, error) {
+	experts, err := expertsToPEFT(dir, base.Family)
 	if err != nil {
 		return false, err
 	}
-	dropped, err := dropTiedEmbedding(dir)
+	dropped, err := dropTiedEmbedding(dir, base.LanguageModelPrefix)
 	if err != nil {
 		return false, err
 	}
-	renamed, err := renameToPEFT(dir)
+	renamed, err := renameToPEFT(dir, base.LanguageModelPrefix)
 	return experts || dropped || renamed, err
 }
 
-// peftTiedEmbed prefixes the factors of the embedding LoRA PEFT saves for a model with tied
-// embeddings under ensure_weight_tying: lora_embedding_A is the head's lora_B transposed and
-// lora_embedding_B its lora_A transposed, one storage in PEFT, saved twice.
-const peftTiedEmbed = "base_model.model.model.embed_tokens.lora_embedding_"
+// peftTiedEmbed is the leaf, after the language model's prefix, of the factors of the
+// embedding LoRA PEFT saves for a model with tied embeddings under ensure_weight_tying:
+// lora_embedding_A is the head's lora_B transposed and lora_embedding_B its lora_A
+// transposed, one storage in PEFT, saved twice.
+const peftTiedEmbed = "embed_tokens.lora_embedding_"
 
 // dropTiedEmbedding rewrites dir's adapter_model.safetensors without PEFT's tied embedding
 // factors when it also holds the head's (lm_head) pair, which carries the same numbers, and
 // names the head instead of the embedding in target_modules (PEFT writes
 // "model.embed_tokens"); ensure_weight_tying stays as PEFT wrote it. It returns whether it
 // changed anything. Tensor data is copied as stored.
-func dropTiedEmbedding(dir string) (bool, error) {
+func dropTiedEmbedding(dir, lm string) (bool, error) {
+	emb := peftModel + peftTiedEmbed
+	if lm != "" {
+		emb = "base_model.model." + lm + peftTiedEmbed
+	}
 	wp := filepath.Join(dir, peft.AdapterWeightsFile)
 	sf, err := safetensors.OpenLimited(wp, safetensors.Limits{MaxHeaderBytes: MaxHeaderBytes})
 	if err != nil {
@@ -305,7 +338,7 @@ func dropTiedEmbedding(dir string) (bool, error) {
 	hasHead, drop := false, 0
 	for k := range sf.Tensors {
 		hasHead = hasHead || strings.HasPrefix(k, peftHead)
-		if strings.HasPrefix(k, peftTiedEmbed) {
+		if strings.HasPrefix(k, emb) {
 			drop++
 		}
 	}
@@ -318,7 +351,7 @@ func dropTiedEmbedding(dir string) (bool, error) {
 	}
 	var ks []kept
 	for k, info := range sf.Tensors {
-		if !strings.HasPrefix(k, peftTiedEmbed) {
+		if !strings.HasPrefix(k, emb) {
 			ks = append(ks, kept{k, info})
 		}
 	}
@@ -364,7 +397,8 @@ func dropTiedEmbedding(dir string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	nb, changed, err := RenameTargetModules(cb, map[string]string{"model.embed_tokens": peftHeadModule, "embed_tokens": peftHeadModule})
+	nb, changed, err := RenameTargetModules(cb, map[string]string{"model.embed_tokens": peftHeadModule, "embed_tokens": peftHeadModule,
+		lm + cookbookTiedHeadLeaf: peftHeadModule})
 	if err != nil {
 		return false, err
 	}
@@ -385,7 +419,7 @@ func readAdapterConfig(dir string) (string, []byte, error) {
 }
 
 // renameToPEFT is ToPEFT's renaming of Tinker's and the cookbook's names.
-func renameToPEFT(dir string) (bool, error) {
+func renameToPEFT(dir, lm string) (bool, error) {
 	wp := filepath.Join(dir, peft.AdapterWeightsFile)
 	f, err := os.Open(wp)
 	if err != nil {
@@ -396,7 +430,7 @@ func renameToPEFT(dir string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	rn, err := RenameTensors(f, st.Size(), PEFTName)
+	rn, err := RenameTensors(f, st.Size(), func(k string) string { return PEFTName(k, lm) })
 	if err != nil {
 		return false, fmt.Errorf("%s: %w", peft.AdapterWeightsFile, err)
 	}

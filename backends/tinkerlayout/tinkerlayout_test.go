@@ -3,6 +3,7 @@ package tinkerlayout
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -68,13 +69,52 @@ func TestNames(t *testing.T) {
 		"base_model.model.model.embed_tokens.lora_embedding_A":              "base_model.model.model.embed_tokens.lora_embedding_A",
 		"base_model.model.model.language_model.layers.0.mlp.up_proj.lora_A": "base_model.model.model.language_model.layers.0.mlp.up_proj.lora_A",
 	} {
-		require.Equal(t, tinkerName, TinkerName(peftName))
-		require.Equal(t, peftName, PEFTName(tinkerName))
+		require.Equal(t, tinkerName, TinkerName(peftName, ""))
+		require.Equal(t, peftName, PEFTName(tinkerName, ""))
 	}
 	// The cookbook's build_lora_adapter names a tied model's unembedding LoRA embed_tokens
 	// (lora_A/lora_B); PEFT's own embedding LoRA (lora_embedding_A/B) stays what it is.
-	require.Equal(t, "base_model.model.lm_head.lora_B.weight", PEFTName("base_model.model.model.embed_tokens.lora_B.weight"))
-	require.Equal(t, "base_model.model.model.embed_tokens.lora_embedding_B", PEFTName("base_model.model.model.embed_tokens.lora_embedding_B"))
+	require.Equal(t, "base_model.model.lm_head.lora_B.weight", PEFTName("base_model.model.model.embed_tokens.lora_B.weight", ""))
+	require.Equal(t, "base_model.model.model.embed_tokens.lora_embedding_B", PEFTName("base_model.model.model.embed_tokens.lora_embedding_B", ""))
+}
+
+// TestVisionLanguageNames: a vision-language checkpoint's language model is named under
+// model.language_model. in PEFT's names (the torch worker's, PEFT's on the full VL model);
+// Tinker names it as the text model (the cookbook's Qwen3.5 merge adds the prefix itself).
+func TestVisionLanguageNames(t *testing.T) {
+	const vl = "model.language_model."
+	for peftName, tinkerName := range map[string]string{
+		"base_model.model.model.language_model.layers.0.linear_attn.in_proj_qkv.lora_A.weight": "base_model.model.model.layers.0.linear_attn.in_proj_qkv.lora_A.weight",
+		"base_model.model.model.language_model.layers.1.mlp.experts.lora_B.weight.exp_avg":     "base_model.model.model.layers.1.mlp.experts.lora_B.weight.exp_avg",
+		"base_model.model.lm_head.lora_A.weight":                                               "base_model.model.model.unembed_tokens.lora_A.weight",
+	} {
+		require.Equal(t, tinkerName, TinkerName(peftName, vl))
+		require.Equal(t, peftName, PEFTName(tinkerName, vl))
+		require.Equal(t, peftName, PEFTName(peftName, vl), "PEFT's names are kept")
+	}
+	// the cookbook's build_lora_adapter on the VL model: VL names, a tied head as the
+	// language model's embed_tokens lora_A/lora_B
+	require.Equal(t, "base_model.model.lm_head.lora_B.weight", PEFTName("base_model.model.model.language_model.embed_tokens.lora_B.weight", vl))
+	// a text model's names are never given the prefix
+	require.Equal(t, "base_model.model.model.layers.0.mlp.up_proj.lora_A.weight", PEFTName("base_model.model.model.layers.0.mlp.up_proj.lora_A.weight", ""))
+
+	// ToPEFT on a VL base model reads either naming into PEFT's
+	for name, prefix := range map[string]string{"tinker": "base_model.model.model.", "peft": "base_model.model.model.language_model."} {
+		dir := t.TempDir()
+		w := adapterFile(t, prefix+"layers.0.self_attn.q_proj.lora_A.weight", prefix+"layers.0.self_attn.q_proj.lora_B.weight")
+		require.NoError(t, os.WriteFile(filepath.Join(dir, peft.AdapterWeightsFile), w, 0o644))
+		cfg, _ := json.Marshal(map[string]any{"r": 2, "lora_alpha": 32, "target_modules": []string{"q_proj"}})
+		require.NoError(t, os.WriteFile(filepath.Join(dir, peft.AdapterConfigFile), cfg, 0o644))
+		changed, err := ToPEFT(dir, Base{Family: "qwen3_5", LanguageModelPrefix: vl})
+		require.NoError(t, err, name)
+		require.Equal(t, name == "tinker", changed, name)
+		b, err := os.ReadFile(filepath.Join(dir, peft.AdapterWeightsFile))
+		require.NoError(t, err)
+		got, _ := tensors(t, b)
+		want, _ := tensors(t, w)
+		require.Equal(t, want[prefix+"layers.0.self_attn.q_proj.lora_B.weight"], got["base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_B.weight"], name)
+		require.Len(t, got, 2, name)
+	}
 }
 
 func TestRenameTensorsRoundTrip(t *testing.T) {
@@ -84,7 +124,10 @@ func TestRenameTensorsRoundTrip(t *testing.T) {
 		"base_model.model.lm_head.lora_A.weight", "base_model.model.lm_head.lora_B.weight")
 	want, meta := tensors(t, orig)
 
-	tk, mods := rename(t, orig, TinkerName)
+	text := func(f func(string, string) string) func(string) string {
+		return func(k string) string { return f(k, "") }
+	}
+	tk, mods := rename(t, orig, text(TinkerName))
 	require.Equal(t, map[string]string{"lm_head": "unembed_tokens"}, mods)
 	got, gotMeta := tensors(t, tk)
 	require.Equal(t, meta, gotMeta)
@@ -96,20 +139,20 @@ func TestRenameTensorsRoundTrip(t *testing.T) {
 	g, _ := safetensors.Parse(bytes.NewReader(tk), int64(len(tk)), safetensors.Limits{})
 	require.Equal(t, orig[f.DataOffset():], tk[g.DataOffset():])
 
-	back, mods := rename(t, tk, PEFTName)
+	back, mods := rename(t, tk, text(PEFTName))
 	require.Equal(t, map[string]string{"unembed_tokens": "lm_head"}, mods)
 	gotBack, _ := tensors(t, back)
 	require.Equal(t, want, gotBack)
 
 	// Nothing to rename: the original bytes.
-	same, mods := rename(t, back, PEFTName)
+	same, mods := rename(t, back, text(PEFTName))
 	require.Empty(t, mods)
 	require.Equal(t, back, same)
 }
 
 func TestRenameTensorsRefuses(t *testing.T) {
 	both := adapterFile(t, "base_model.model.lm_head.lora_A.weight", "base_model.model.model.unembed_tokens.lora_A.weight")
-	rn, err := RenameTensors(bytes.NewReader(both), int64(len(both)), PEFTName)
+	rn, err := RenameTensors(bytes.NewReader(both), int64(len(both)), func(k string) string { return PEFTName(k, "") })
 	require.ErrorContains(t, err, "two tensors are named base_model.model.lm_head.lora_A.weight")
 	// With the error, the stream is the original file.
 	var out bytes.Buffer
@@ -117,7 +160,7 @@ func TestRenameTensorsRefuses(t *testing.T) {
 	require.Equal(t, both, out.Bytes())
 
 	for name, b := range map[string][]byte{"short": []byte("1234"), "garbage": []byte("12345678garbage"), "huge header": append([]byte{0, 0, 0, 0, 0, 0, 0, 1}, make([]byte, 64)...)} {
-		rn, err := RenameTensors(bytes.NewReader(b), int64(len(b)), PEFTName)
+		rn, err := RenameTensors(bytes.NewReader(b), int64(len(b)), func(k string) string { return PEFTName(k, "") })
 		require.Error(t, err, name)
 		out.Reset()
 		_, _ = out.ReadFrom(rn)
@@ -159,7 +202,7 @@ func TestToPEFT(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, peft.AdapterWeightsFile), w, 0o644))
 		cfg, _ := json.Marshal(map[string]any{"r": 2, "lora_alpha": 32, "target_modules": []string{"q_proj", tc.module}})
 		require.NoError(t, os.WriteFile(filepath.Join(dir, peft.AdapterConfigFile), cfg, 0o644))
-		changed, err := ToPEFT(dir, "")
+		changed, err := ToPEFT(dir, Base{})
 		require.NoError(t, err, name)
 		require.Equal(t, tc.module != "lm_head", changed, name)
 		b, err := os.ReadFile(filepath.Join(dir, peft.AdapterWeightsFile))
@@ -182,7 +225,7 @@ func FuzzRenameTensors(f *testing.F) {
 	f.Add([]byte("12345678garbage"))
 	f.Add(adapterFileFuzz(f))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		rn, err := RenameTensors(bytes.NewReader(b), int64(len(b)), TinkerName)
+		rn, err := RenameTensors(bytes.NewReader(b), int64(len(b)), func(k string) string { return TinkerName(k, "") })
 		var out bytes.Buffer
 		_, _ = out.ReadFrom(rn)
 		if err != nil {
@@ -231,18 +274,24 @@ func TestToTinkerRefusesHeadOnlyTied(t *testing.T) {
 		meta    string
 		names   []string
 		refused bool
+		// a file without metadata, whose config and base model say head-only
+		// (CheckpointFromConfig)
+		headOnlyTied bool
 	}{
-		{peft.UnembedHeadOnly, head, true},
-		{peft.UnembedShared, head, false},
-		{"", head, false},
-		{peft.UnembedHeadOnly, q, false},
+		{peft.UnembedHeadOnly, head, true, false},
+		{peft.UnembedShared, head, false, false},
+		{"", head, false, false},
+		{peft.UnembedHeadOnly, q, false, false},
+		{"", head, true, true},
+		{"", q, false, true},
+		{peft.UnembedShared, head, false, true}, // the file's own word wins
 	} {
 		meta := map[string]string{"format": "pt"}
 		if tc.meta != "" {
 			meta[peft.UnembedMetaKey] = tc.meta
 		}
 		b := write(meta, tc.names...)
-		rn, err := ToTinker(bytes.NewReader(b), int64(len(b)), Experts{})
+		rn, err := ToTinker(bytes.NewReader(b), int64(len(b)), Checkpoint{HeadOnlyTied: tc.headOnlyTied})
 		var out bytes.Buffer
 		_, rerr := out.ReadFrom(rn)
 		require.NoError(t, rerr)
@@ -254,8 +303,27 @@ func TestToTinkerRefusesHeadOnlyTied(t *testing.T) {
 		require.NoError(t, err)
 		got, _ := tensors(t, out.Bytes())
 		for _, n := range tc.names {
-			require.Contains(t, got, TinkerName(n))
+			require.Contains(t, got, TinkerName(n, ""))
 		}
+	}
+}
+
+// TestCheckpointFromConfig: an adapter on a model with tied embeddings follows the head-only
+// rule unless its config says ensure_weight_tying.
+func TestCheckpointFromConfig(t *testing.T) {
+	for _, tc := range []struct {
+		cfg      string
+		tied     bool
+		headOnly bool
+	}{
+		{`{"r": 4}`, true, true},
+		{`{"r": 4, "ensure_weight_tying": false}`, true, true},
+		{`{"r": 4, "ensure_weight_tying": true}`, true, false},
+		{`{"r": 4}`, false, false},
+	} {
+		ck, err := CheckpointFromConfig([]byte(tc.cfg), Base{Family: "qwen3", TiedEmbeddings: tc.tied, LanguageModelPrefix: "p."})
+		require.NoError(t, err)
+		require.Equal(t, Checkpoint{Rank: 4, Family: "qwen3", LanguageModelPrefix: "p.", HeadOnlyTied: tc.headOnly}, ck, tc.cfg)
 	}
 }
 
@@ -283,7 +351,7 @@ func TestToPEFTReadsPEFTTiedSave(t *testing.T) {
 	cfg, _ := json.Marshal(map[string]any{"r": 1, "lora_alpha": 8, "ensure_weight_tying": true,
 		"target_modules": []string{"q_proj", "model.embed_tokens"}})
 	require.NoError(t, os.WriteFile(filepath.Join(dir, peft.AdapterConfigFile), cfg, 0o644))
-	changed, err := ToPEFT(dir, "")
+	changed, err := ToPEFT(dir, Base{})
 	require.NoError(t, err)
 	require.True(t, changed)
 	b, err := os.ReadFile(filepath.Join(dir, peft.AdapterWeightsFile))
@@ -317,13 +385,30 @@ func FuzzToPEFT(f *testing.F) {
 	}
 	tied, _ := os.ReadFile(p)
 	f.Add(tied)
+	_, experts := expertAdapter(f)
+	rn, err := ToTinker(bytes.NewReader(experts), int64(len(experts)), Checkpoint{Rank: exR, Family: "nemotron_h"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	nemotron, _ := io.ReadAll(rn)
+	f.Add(nemotron)
+	// the base models it converts for: a text model, a VL checkpoint, MoE families
+	bases := []Base{{}, {Family: "qwen3_5", LanguageModelPrefix: "model.language_model."}, {Family: "qwen3_moe"}, {Family: "nemotron_h"}, {Family: "gpt_oss"}}
 	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, base := range bases {
+			fuzzToPEFT(t, b, base)
+		}
+	})
+}
+
+func fuzzToPEFT(t *testing.T, b []byte, base Base) {
+	{
 		dir := t.TempDir()
 		wp := filepath.Join(dir, peft.AdapterWeightsFile)
 		require.NoError(t, os.WriteFile(wp, b, 0o644))
 		require.NoError(t, os.WriteFile(filepath.Join(dir, peft.AdapterConfigFile),
 			[]byte(`{"r": 1, "lora_alpha": 8, "target_modules": ["model.embed_tokens", "unembed_tokens"]}`), 0o644))
-		changed, err := ToPEFT(dir, "")
+		changed, err := ToPEFT(dir, base)
 		if err != nil {
 			return
 		}
@@ -335,5 +420,5 @@ func FuzzToPEFT(f *testing.F) {
 		}
 		_, err = safetensors.Parse(bytes.NewReader(got), int64(len(got)), safetensors.Limits{})
 		require.NoError(t, err)
-	})
+	}
 }

@@ -255,7 +255,7 @@ func (c *Core) OpenArchiveFile(ctx context.Context, link ArchiveLink, name strin
 	if err != nil {
 		return nil, 0, internal("opening checkpoint file "+link.key+"/"+name, err)
 	}
-	ex, err := c.archiveExperts(ctx, link, name)
+	ex, err := c.archiveCheckpoint(ctx, link, name)
 	if err != nil {
 		rc.Close()
 		return nil, 0, err
@@ -281,7 +281,7 @@ func (c *Core) OpenArchiveFile(ctx context.Context, link ArchiveLink, name strin
 // Tinker's layout (OpenArchiveFile). With an error and a reader, the reader and size are
 // the file as stored (it could not be converted); with an error and no reader, the store
 // failed.
-func tinkerFile(r io.Reader, name string, size int64, ex tinkerlayout.Experts) (io.Reader, int64, error) {
+func tinkerFile(r io.Reader, name string, size int64, ex tinkerlayout.Checkpoint) (io.Reader, int64, error) {
 	switch {
 	case strings.HasSuffix(name, ".safetensors"):
 		rn, err := tinkerlayout.ToTinker(r, size, ex)
@@ -292,8 +292,8 @@ func tinkerFile(r io.Reader, name string, size int64, ex tinkerlayout.Experts) (
 			return nil, 0, err // the store's reader failed
 		}
 		nb, _, err := tinkerlayout.RenameTargetModules(b, tinkerlayout.TinkerModules)
-		if _, moe := tinkerlayout.ExpertFamilies[ex.Family]; err == nil && moe {
-			nb, err = tinkerlayout.ExpertConfigToTinker(nb)
+		if lay, moe := tinkerlayout.ExpertFamilies[ex.Family]; err == nil && moe {
+			nb, err = tinkerlayout.ExpertConfigToTinker(nb, lay)
 		}
 		if err != nil {
 			return bytes.NewReader(b), size, err
@@ -303,35 +303,38 @@ func tinkerFile(r io.Reader, name string, size int64, ex tinkerlayout.Experts) (
 	return r, size, nil
 }
 
-// archiveExperts reads what converting the file name of a link's checkpoint needs to know
-// about its expert LoRA (tinkerlayout.Experts): r and the base model's family, from the
-// adapter_config.json beside it (zero when there is none, or it does not parse: the
-// conversion then refuses an expert LoRA).
-func (c *Core) archiveExperts(ctx context.Context, link ArchiveLink, name string) (tinkerlayout.Experts, error) {
+// archiveCheckpoint reads what converting the file name of a link's checkpoint needs to
+// know beyond the file (tinkerlayout.Checkpoint): r and ensure_weight_tying from the
+// adapter_config.json beside it, and the base model's family, language model prefix and
+// tied embeddings (zero when there is no config, or it does not parse: the conversion then
+// refuses an expert LoRA).
+func (c *Core) archiveCheckpoint(ctx context.Context, link ArchiveLink, name string) (tinkerlayout.Checkpoint, error) {
 	cfgName := path.Join(path.Dir(name), peft.AdapterConfigFile)
 	f, ok := link.Manifest.File(cfgName)
 	if !ok || f.Size > peft.MaxConfigBytes {
-		return tinkerlayout.Experts{}, nil
+		return tinkerlayout.Checkpoint{}, nil
 	}
 	rc, _, err := c.ckpt.Store().Open(ctx, link.key, cfgName)
 	if err != nil {
-		return tinkerlayout.Experts{}, internal("opening checkpoint file "+link.key+"/"+cfgName, err)
+		return tinkerlayout.Checkpoint{}, internal("opening checkpoint file "+link.key+"/"+cfgName, err)
 	}
 	defer rc.Close()
 	b, err := io.ReadAll(io.LimitReader(rc, peft.MaxConfigBytes+1))
 	if err != nil {
-		return tinkerlayout.Experts{}, internal("reading checkpoint file "+link.key+"/"+cfgName, err)
+		return tinkerlayout.Checkpoint{}, internal("reading checkpoint file "+link.key+"/"+cfgName, err)
 	}
 	var cfg struct {
 		Base string `json:"base_model_name_or_path"`
 	}
 	_ = json.Unmarshal(b, &cfg)
-	family := ""
-	if m, ok := c.models[cfg.Base]; ok {
-		family = m.GetFamily()
-	}
-	ex, _ := tinkerlayout.ExpertsFromConfig(b, family)
-	return ex, nil
+	ck, _ := tinkerlayout.CheckpointFromConfig(b, tinkerBase(c.models[cfg.Base]))
+	return ck, nil
+}
+
+// tinkerBase is what converting adapters to and from Tinker's layout needs to know of base
+// model m (nil: nothing).
+func tinkerBase(m *loopsv1.ModelInfo) tinkerlayout.Base {
+	return tinkerlayout.Base{Family: m.GetFamily(), LanguageModelPrefix: m.GetLanguageModelPrefix(), TiedEmbeddings: m.GetTiedEmbeddings()}
 }
 
 // readCloser reads from one reader and closes another.

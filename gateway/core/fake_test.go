@@ -32,6 +32,8 @@ type fakeBackend struct {
 	// the embedding requests it was given.
 	embeds    bool
 	embedReqs []*backendv1.SampleRequest
+	// tiedEmbeddings is fake/model's ModelInfo.tied_embeddings.
+	tiedEmbeddings bool
 }
 
 func newFakeBackend() *fakeBackend {
@@ -44,7 +46,7 @@ func (f *fakeBackend) Close() error              { return nil }
 
 func (f *fakeBackend) GetCapabilities(context.Context, *backendv1.GetCapabilitiesRequest) (*backendv1.GetCapabilitiesResponse, error) {
 	return &backendv1.GetCapabilitiesResponse{
-		Models:        []*loopsv1.ModelInfo{{Name: "fake/model", MaxSequenceLength: 64, VocabSize: 100, MaxLoraRank: 16, TokenizerId: "/tmp/tok"}},
+		Models:        []*loopsv1.ModelInfo{{Name: "fake/model", MaxSequenceLength: 64, VocabSize: 100, MaxLoraRank: 16, TokenizerId: "/tmp/tok", TiedEmbeddings: f.tiedEmbeddings}},
 		LossFunctions: []string{"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"},
 	}, nil
 }

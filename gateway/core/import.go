@@ -79,7 +79,7 @@ func (c *Core) ImportAdapter(ctx context.Context, req ImportRequest, fill func(d
 		return nil, err
 	}
 	var pe *fs.PathError
-	if _, err := tinkerlayout.ToPEFT(dir, bm.GetFamily()); errors.As(err, &pe) {
+	if _, err := tinkerlayout.ToPEFT(dir, tinkerBase(bm)); errors.As(err, &pe) {
 		return nil, internal("converting an imported adapter to PEFT's layout", err) // masked: the path is the server's
 	} else if err != nil {
 		return nil, invalidArgument("%v", err)

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -29,6 +30,7 @@ import (
 type peftBackend struct {
 	*fakeBackend
 	unembed string // the loops.unembed metadata written, if any
+	config  string // adapter_config.json, when not the default
 }
 
 func (b peftBackend) Trainer() backends.Trainer { return b }
@@ -62,6 +64,9 @@ func (b peftBackend) SaveAdapter(ctx context.Context, req *backendv1.SaveAdapter
 		}
 	}
 	cfg := `{"peft_type": "LORA", "r": 1, "lora_alpha": 32, "target_modules": ["q_proj", "lm_head"]}`
+	if b.config != "" {
+		cfg = b.config
+	}
 	return resp, os.WriteFile(filepath.Join(req.GetDir(), "adapter_config.json"), []byte(cfg), 0o644)
 }
 
@@ -161,6 +166,58 @@ func TestDownloadsInTinkerLayout(t *testing.T) {
 // saying why and what to use instead (the cookbook would merge it into the embedding too).
 func TestHeadOnlyTiedDownloadRefused(t *testing.T) {
 	be := peftBackend{fakeBackend: newFakeBackend(), unembed: peft.UnembedHeadOnly}
+	testHeadOnlyTiedRefused(t, be)
+}
+
+// TestOldHeadOnlyTiedDownloadRefused: a checkpoint written before engines recorded the
+// unembedding's rule (no loops.unembed metadata) and without ensure_weight_tying, on a base
+// model with tied embeddings (ModelInfo.tied_embeddings), follows the head-only rule; served
+// straight from the store (the SDK's archive URL, never saved again) it is refused as the
+// CLI's path refuses it once the engine has saved it again, file by file and as a tar. The
+// same files with ensure_weight_tying, or on an untied base model, download converted.
+func TestOldHeadOnlyTiedDownloadRefused(t *testing.T) {
+	const old = `{"peft_type": "LORA", "r": 1, "lora_alpha": 32, "target_modules": ["q_proj", "lm_head"], "base_model_name_or_path": "fake/model"}`
+	tie := func(be peftBackend, tied bool) peftBackend {
+		be.fakeBackend.tiedEmbeddings = tied
+		return be
+	}
+	testHeadOnlyTiedRefused(t, tie(peftBackend{fakeBackend: newFakeBackend(), config: old}, true))
+
+	for name, be := range map[string]peftBackend{
+		"ensure_weight_tying": tie(peftBackend{fakeBackend: newFakeBackend(), config: strings.Replace(old, "{", `{"ensure_weight_tying": true, `, 1)}, true),
+		"untied":              tie(peftBackend{fakeBackend: newFakeBackend(), config: old}, false),
+	} {
+		h, _ := openHarnessWith(t, t.TempDir(), be, be.fakeBackend, Options{})
+		path, err := h.save(h.newRun(), "c", false)
+		require.NoError(t, err)
+		srv := httptest.NewServer(archiveHandler(h.core))
+		arch, err := h.svc.Checkpoints.GetCheckpointArchiveURL(h.ctx, &loopsv1.GetCheckpointArchiveURLRequest{Path: path})
+		require.NoError(t, err)
+		resp, err := http.Get(srv.URL + arch.GetUrl())
+		require.NoError(t, err)
+		tr := tar.NewReader(resp.Body)
+		found := false
+		for {
+			hd, err := tr.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			require.NoError(t, err, name)
+			if filepath.Base(hd.Name) == peft.AdapterWeightsFile {
+				b, err := io.ReadAll(tr)
+				require.NoError(t, err)
+				require.Contains(t, names(t, b), "base_model.model.model.unembed_tokens.lora_A.weight", name)
+				found = true
+			}
+		}
+		resp.Body.Close()
+		srv.Close()
+		require.True(t, found, name)
+	}
+}
+
+func testHeadOnlyTiedRefused(t *testing.T, be peftBackend) {
+	t.Helper()
 	h, _ := openHarnessWith(t, t.TempDir(), be, be.fakeBackend, Options{})
 	run := h.newRun()
 	path, err := h.save(run, "c", false)

@@ -210,7 +210,9 @@ class BaseModel:
             hidden_size=int(getattr(self.config, "hidden_size", 0) or 0), revision=dir_revision(path),
             family=self.family.name, publisher=self.family.publisher, renderer=self.family.renderer,
             lora_targets=list(dict.fromkeys(t.target for t in self.layers.values())),
-            modalities=list(MODALITIES) + ([IMAGE] if self.images is not None else []))
+            modalities=list(MODALITIES) + ([IMAGE] if self.images is not None else []),
+            tied_embeddings=bool(self.tied),
+            language_model_prefix=families.VL_PREFIX if self.vision_checkpoint else "")
         if self.images is not None:
             self.info.vision.CopyFrom(self.images.info())
 

@@ -181,6 +181,9 @@ def test_family_parity(family, tmp_path):
     assert set(bm.family.experts) <= set(info.lora_targets) and "o_proj" in info.lora_targets
     # image chunks are refused: no vision tower served, or (qwen3_5) no preprocessor_config.json
     assert list(info.modalities) == ["text"]
+    # what converting its adapters to Tinker's layout needs (docs/export-import.md)
+    assert info.language_model_prefix == ("model.language_model." if case in VL_CONFIGS else "")
+    assert info.tied_embeddings == bool(json.load(open(os.path.join(d, "config.json"))).get("tie_word_embeddings"))
     eng = Engine({"m": bm}, ["m"])
     ref = hf(d)
     stats = {}

@@ -1482,9 +1482,17 @@ type ModelInfo struct {
 	Modalities []string `protobuf:"bytes,14,rep,name=modalities,proto3" json:"modalities,omitempty"`
 	// With "image" in modalities: how the model's processor sizes an image, so that the
 	// gateway checks an image chunk's expected_tokens before any work.
-	Vision        *VisionInfo `protobuf:"bytes,100,opt,name=vision,proto3" json:"vision,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Vision *VisionInfo `protobuf:"bytes,100,opt,name=vision,proto3" json:"vision,omitempty"`
+	// Whether the model's input embedding and output head are one matrix
+	// (tie_word_embeddings): an adapter's unembedding LoRA then adapts both
+	// (docs/semantics.md), unless it was trained under the older head-only rule.
+	TiedEmbeddings bool `protobuf:"varint,200,opt,name=tied_embeddings,json=tiedEmbeddings,proto3" json:"tied_embeddings,omitempty"`
+	// Where a vision-language checkpoint's language model is in adapter tensor names
+	// ("model.language_model."; PEFT's names on the full vision-language model), which
+	// Tinker's layout names as the text model's ("model."); empty for a text model.
+	LanguageModelPrefix string `protobuf:"bytes,201,opt,name=language_model_prefix,json=languageModelPrefix,proto3" json:"language_model_prefix,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *ModelInfo) Reset() {
@@ -1620,6 +1628,20 @@ func (x *ModelInfo) GetVision() *VisionInfo {
 		return x.Vision
 	}
 	return nil
+}
+
+func (x *ModelInfo) GetTiedEmbeddings() bool {
+	if x != nil {
+		return x.TiedEmbeddings
+	}
+	return false
+}
+
+func (x *ModelInfo) GetLanguageModelPrefix() string {
+	if x != nil {
+		return x.LanguageModelPrefix
+	}
+	return ""
 }
 
 // ClientInfo is the client that created a training run, as its request headers name it
@@ -1826,7 +1848,7 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x0fPromptAltTokens\x12\f\n" +
 	"\x01k\x18\x01 \x01(\x05R\x01k\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\x05R\btokenIds\x12\x1a\n" +
-	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xf3\x03\n" +
+	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xd2\x04\n" +
 	"\tModelInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x13max_sequence_length\x18\x02 \x01(\x05R\x11maxSequenceLength\x12\x1d\n" +
@@ -1847,7 +1869,9 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"modalities\x18\x0e \x03(\tR\n" +
 	"modalities\x12,\n" +
-	"\x06vision\x18d \x01(\v2\x14.loops.v1.VisionInfoR\x06vision\"s\n" +
+	"\x06vision\x18d \x01(\v2\x14.loops.v1.VisionInfoR\x06vision\x12(\n" +
+	"\x0ftied_embeddings\x18\xc8\x01 \x01(\bR\x0etiedEmbeddings\x123\n" +
+	"\x15language_model_prefix\x18\xc9\x01 \x01(\tR\x13languageModelPrefix\"s\n" +
 	"\n" +
 	"ClientInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
