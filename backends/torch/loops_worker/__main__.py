@@ -7,6 +7,9 @@ NOT_SERVING once it shuts down or its engine breaks, health.py) and prints one l
 it). Logs go to stderr. Folders a request names must be inside the --allow-dir folders, and
 checkpoint URLs of a --checkpoint-origin (confine.py).
 
+With --world-size N the worker is rank 0 of a replica of N processes (shard.py): it starts
+ranks 1..N-1, the frozen base is sharded over them with FSDP2, and it alone serves.
+
 With --register URL --pool P --replica N --join-token-file F the worker also registers with
 the gateway's RegistryService at URL (https://) and holds its lease with heartbeats
 (register.py); it exits when the gateway tells it to drain or refuses it for good.

@@ -93,6 +93,8 @@ def init(rank: int, world: int, init_method: str, device: torch.device, timeout_
     from torch.distributed.device_mesh import init_device_mesh
 
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL and the mesh use the current device
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
     d = Dist(rank, world, device)
