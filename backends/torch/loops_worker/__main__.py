@@ -181,6 +181,7 @@ def main(argv=None) -> int:
         reg.stop()
     server.stop(grace=2).wait()
     if ranks is not None:
+        engine.close()
         ranks.stop()
     if provider is not None:
         provider.shutdown()  # the spans still buffered

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from typing import Dict, List, Optional
 
 import torch
@@ -49,6 +50,9 @@ MAX_WORLD_SIZE = 64  # pools.MaxGPUsPerReplica
 # A folder a load ships to the other ranks: the files of one checked adapter folder.
 _MAX_LOAD_FILES = 16
 _FAULTS = os.environ.get("LOOPS_WORKER_TEST_FAULTS") == "1"
+# The longest rank 0 lets the others wait for a command (Leader._ping), well under the
+# process group's collective timeout (init's timeout_s).
+KEEPALIVE_S = 60.0
 
 
 class Dist:
@@ -199,16 +203,32 @@ class Leader:
     (the others: a refused request changes nothing anywhere). Other attributes are the
     Engine's."""
 
-    def __init__(self, engine, d: Dist):
+    def __init__(self, engine, d: Dist, keepalive_s: float = KEEPALIVE_S):
         self._e = engine
         self._d = d
         self._mu = threading.Lock()  # one command at a time: the order every rank applies
+        self._last = time.monotonic()  # of the last command sent (under _mu)
+        self._keepalive = keepalive_s
+        self._closed = False
+        threading.Thread(target=self._ping, name="rank0-keepalive", daemon=True).start()
+
+    def _ping(self) -> None:
+        """Sends a no-op command whenever none went for keepalive_s: the other ranks wait for
+        the next command inside a collective, which times out (init's timeout_s) otherwise."""
+        while True:
+            time.sleep(self._keepalive / 2)
+            with self._mu:
+                if self._closed:
+                    return
+                if time.monotonic() - self._last >= self._keepalive:
+                    self._send("ping", None)
 
     def __getattr__(self, name):
         return getattr(self._e, name)
 
     def _send(self, name: str, payload, files=None) -> None:
         self._d.broadcast((name, payload, files))
+        self._last = time.monotonic()
 
     def forward_backward(self, req):
         with self._mu:
@@ -247,6 +267,12 @@ class Leader:
         """Tells the other ranks to exit (after the command in flight)."""
         with self._mu:
             self._send("exit", None)
+            self._closed = True
+
+    def close(self) -> None:
+        """Sends nothing more (the caller ends the other ranks: Ranks.stop)."""
+        with self._mu:
+            self._closed = True
 
 
 def setup(engine, d: Dist) -> None:
@@ -264,6 +290,8 @@ def follow(engine, d: Dist) -> int:
         name, payload, files = d.broadcast()
         if name == "exit":
             return 0
+        if name == "ping":
+            continue
         if _FAULTS and name == "forward_backward" and any(it.adapter_id == "__rank_crash__" for it in _parse(name, payload).items):
             os._exit(17)  # a test fault: this rank dies in the middle of rank 0's step
         try:

@@ -6,6 +6,7 @@ replica rebuilt, is backends/worker's TestShardedReplica (through the Go backend
 
 import multiprocessing
 import os
+import time
 
 import pytest
 import torch
@@ -222,3 +223,37 @@ def test_sharded_replica_refuses_sampling():
     with pytest.raises(WorkerError) as e:
         shard.RefusingSampler(2).sample(bpb.SampleRequest())
     assert e.value.code == FAILED_PRECONDITION and "2-rank" in e.value.message
+
+
+def _idle_rank(rank, init, model_dir, out_dir):
+    from loops_worker import shard
+
+    torch.set_num_threads(1)
+    engine = _engine(model_dir)
+    d = shard.init(rank, 2, init, torch.device("cpu"), timeout_s=3)
+    shard.setup(engine, d)
+    if rank > 0:
+        os._exit(shard.follow(engine, d))
+    leader = shard.Leader(engine, d, keepalive_s=0.5)
+    time.sleep(6)  # idle for twice the collective timeout
+    leader.create_adapter(bpb.CreateAdapterRequest(adapter_id="a", base_model="m", lora=tpb.LoraConfig(rank=2, train_attn=True)))
+    res = leader.forward_backward(bpb.ForwardBackwardRequest(items=[bpb.ForwardBackwardItem(
+        adapter_id="a", loss_fn="cross_entropy", data=[_datum([1, 2, 3]), _datum([4, 5])])]))
+    assert res.results[0].WhichOneof("outcome") == "result"
+    leader.stop()
+    os._exit(0)
+
+
+def test_idle_replica_stays_up(tiny_dir):
+    """The other ranks wait for rank 0's next command inside a collective that has a
+    timeout; rank 0's keep-alive commands keep an idle replica up past it."""
+    from loops_worker import shard
+
+    init = f"tcp://127.0.0.1:{shard.free_port()}"
+    ctx = multiprocessing.get_context("fork")
+    ps = [ctx.Process(target=_idle_rank, args=(r, init, tiny_dir, "")) for r in range(2)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join(120)
+    assert [p.exitcode for p in ps] == [0, 0]
