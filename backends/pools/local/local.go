@@ -38,7 +38,8 @@ type Options struct {
 	AllowDirs []string
 	// Command starts a worker (default: python3 -m loops_worker); the provider appends
 	// --listen 127.0.0.1:0 --register URL --pool ID --replica N --join-token-file F
-	// --tls-cert F --tls-key F --tls-ca F --allow-dir D... --model BASE and the spec's Args.
+	// --tls-cert F --tls-key F --tls-ca F --allow-dir D... --model BASE, --world-size N for a
+	// trainer replica of N > 1 GPUs, and the spec's Args.
 	Command []string
 	// Env are extra KEY=VALUE variables for the workers.
 	Env []string
@@ -377,6 +378,17 @@ func (p *Provider) credentials(pool string, i int) (files mtls.Files, remove fun
 	return files, func() { _ = os.RemoveAll(dir) }, nil
 }
 
+// rankArgs are the worker arguments that make a trainer replica of N > 1 GPUs one process
+// group of N ranks (--world-size N: the torch worker's sharded training, its rank 0
+// starting the others on the replica's GPUs); none for one GPU, CPU or a sampler (a sampler
+// replica's tensor parallelism is vLLM's own).
+func rankArgs(spec pools.Spec) []string {
+	if spec.Role != pools.RoleTrainer || spec.GPUsPerReplica < 2 {
+		return nil
+	}
+	return []string{"--world-size", strconv.Itoa(spec.GPUsPerReplica)}
+}
+
 func (p *Provider) runOnce(ctx context.Context, spec pools.Spec, i int, r *replica, log *slog.Logger) error {
 	files, remove, err := p.credentials(spec.ID, i)
 	if err != nil {
@@ -390,6 +402,7 @@ func (p *Provider) runOnce(ctx context.Context, spec pools.Spec, i int, r *repli
 		args = append(args, "--allow-dir", d)
 	}
 	args = append(args, "--model", spec.BaseModel)
+	args = append(args, rankArgs(spec)...)
 	args = append(args, spec.Args...)
 	cmd := exec.Command(p.opts.Command[0], args...)
 	cmd.Env = append(os.Environ(), "LOOPS_WORKER_EXIT_ON_STDIN_EOF=1", "PYTHONUNBUFFERED=1")

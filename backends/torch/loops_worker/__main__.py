@@ -7,6 +7,9 @@ NOT_SERVING once it shuts down or its engine breaks, health.py) and prints one l
 it). Logs go to stderr. Folders a request names must be inside the --allow-dir folders, and
 checkpoint URLs of a --checkpoint-origin (confine.py).
 
+With --world-size N the worker is rank 0 of a replica of N processes (shard.py): it starts
+ranks 1..N-1, the frozen base is sharded over them with FSDP2, and it alone serves.
+
 With --register URL --pool P --replica N --join-token-file F the worker also registers with
 the gateway's RegistryService at URL (https://) and holds its lease with heartbeats
 (register.py); it exits when the gateway tells it to drain or refuses it for good.
@@ -31,6 +34,8 @@ def build(args):
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
         device = torch.device(args.device)
+    if device.type == "cuda" and args.world_size > 1 and device.index is None:
+        device = torch.device("cuda", args.rank)  # rank r on the replica's r-th visible GPU
     if args.dtype == "auto":
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     else:
@@ -47,6 +52,10 @@ def build(args):
                                  attn_impl=args.attn_implementation, grad_checkpointing=gc)
         order.append(name)
     engine = Engine(models, order, max_lora_rank=args.max_lora_rank, max_adapters=args.max_adapters)
+    if args.world_size > 1:
+        from . import shard
+
+        return engine, shard.RefusingSampler(args.world_size), device, dtype
     sampler_kind = args.sampler
     if sampler_kind == "auto":
         from . import vllm_sampler
@@ -83,6 +92,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm-max-loras", type=int, default=8)
     p.add_argument("--vllm-max-model-len", type=int, default=0)
     p.add_argument("--vllm-enforce-eager", action="store_true")
+    p.add_argument("--world-size", type=int, default=1,
+                   help="ranks of this replica (torch.distributed, FSDP2-sharded base; shard.py): this process is rank 0 and starts the others")
+    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)  # set by rank 0 for the ranks it starts
+    p.add_argument("--dist-init", default="", help=argparse.SUPPRESS)
     p.add_argument("--grpc-threads", type=int, default=64)
     p.add_argument("--tls-cert", default="", help="the worker's certificate, issued by the gateway (or $LOOPS_WORKER_TLS_CERT, PEM)")
     p.add_argument("--tls-key", default="", help="the worker's private key, a file of mode 0600 (or $LOOPS_WORKER_TLS_KEY, PEM)")
@@ -109,16 +122,36 @@ def main(argv=None) -> int:
     if not args.model:
         print("loops_worker: at least one --model is required", file=sys.stderr)
         return 2
+    from .shard import MAX_WORLD_SIZE
+
+    if not 1 <= args.world_size <= MAX_WORLD_SIZE or not 0 <= args.rank < args.world_size:
+        print(f"loops_worker: --world-size {args.world_size} must be from 1 to {MAX_WORLD_SIZE} "
+              f"(and --rank {args.rank} below it)", file=sys.stderr)
+        return 2
+    if args.rank > 0:
+        return follower(args)
     try:
         creds, confine = security(args)
     except (ValueError, OSError) as e:
         print(f"loops_worker: {e}", file=sys.stderr)
         return 2
+    ranks = None
+    if args.world_size > 1:
+        from . import shard
+
+        args.dist_init = f"tcp://127.0.0.1:{shard.free_port()}"
+        ranks = shard.Ranks(sys.argv[1:] if argv is None else list(argv), args.world_size, args.dist_init)
     # The parent (the Go backend) closing our stdin means it is gone: exit then too.
     try:
         engine, sampler, device, dtype = build(args)
+        if ranks is not None:
+            d = shard.init(0, args.world_size, args.dist_init, device)
+            shard.setup(engine, d)
+            engine = shard.Leader(engine, d)
     except Exception as e:  # noqa: BLE001
         print(f"loops_worker: startup failed: {type(e).__name__}: {e}", file=sys.stderr)
+        if ranks is not None:
+            ranks.stop(timeout=2)
         return 1
     from . import tracing
     from .server import serve
@@ -147,9 +180,29 @@ def main(argv=None) -> int:
     if reg is not None:
         reg.stop()
     server.stop(grace=2).wait()
+    if ranks is not None:
+        engine.close()
+        ranks.stop()
     if provider is not None:
         provider.shutdown()  # the spans still buffered
     return 0
+
+
+def follower(args) -> int:
+    """Rank r > 0 of a multi-rank replica (shard.py): loads the models, joins rank 0's
+    process group and applies its commands; exits when rank 0 is gone."""
+    from . import shard
+
+    shard.exit_with_parent()
+    try:
+        engine, _, device, _ = build(args)
+        d = shard.init(args.rank, args.world_size, args.dist_init, device)
+        shard.setup(engine, d)
+    except Exception as e:  # noqa: BLE001
+        print(f"loops_worker: rank {args.rank} startup failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    logging.info("rank %d of %d following (%s)", args.rank, args.world_size, device)
+    return shard.follow(engine, d)
 
 
 def security(args):

@@ -157,6 +157,9 @@ class BaseModel:
         if grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ctx = BatchContext(torch.float64 if device.type == "cpu" else None)
+        # a multi-rank replica's process group and gradient anchor (shard.shard_model)
+        self.dist = None
+        self.anchor: Optional[torch.Tensor] = None
         # {PEFT key: MultiLoraLinear or ExpertTarget}, the family's LoRA targets in model order
         # (a full VL model's module names are already the VL names; only its language model
         # and head are adapted, never the vision tower)
@@ -528,6 +531,45 @@ def token_losses(name: str, cfg: Dict[str, float], dl: DatumLoss, lp: torch.Tens
 # -- the engine ------------------------------------------------------------------------------
 
 
+def _group_adapters(rows) -> List[Adapter]:
+    """The distinct adapters of a group's rows, by id (the same list on every rank)."""
+    seen: Dict[str, Adapter] = {}
+    for r in rows:
+        seen.setdefault(r[0], r[2].adapter)
+    return [seen[k] for k in sorted(seen)]
+
+
+def _stash_grads(rows) -> List[Tuple[Adapter, Dict[str, Optional[torch.Tensor]]]]:
+    """Takes the group's adapters' accumulated gradients aside (their .grad then None), so
+    the pass's new gradients can be summed over the ranks alone (shard.py)."""
+    out = []
+    for ad in _group_adapters(rows):
+        old = {k: p.grad for k, p in ad.params.items()}
+        ad.zero_grad()
+        out.append((ad, old))
+    return out
+
+
+def _sum_grads(d, rows, stash) -> None:
+    """Sums the pass's new LoRA gradients over the ranks (one all-reduce) and adds them to
+    the gradients taken aside before it, as a 1-rank backward accumulates them."""
+    flat = []
+    for ad, _ in stash:
+        for p in ad.params.values():
+            flat.append((p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1))
+    if not flat:
+        return
+    buf = d.all_reduce_sum(torch.cat(flat))
+    off = 0
+    for ad, old in stash:
+        for k, p in ad.params.items():
+            n = p.numel()
+            g = buf[off:off + n].view_as(p).clone()
+            off += n
+            p.grad = g if old[k] is None else old[k] + g
+
+
+
 @dataclass
 class _Item:
     idx: int
@@ -554,6 +596,8 @@ class Engine:
         self.mu = threading.Lock()  # guards self.adapters
         # One pass at a time per worker (one device); sampling takes it too on the HF path.
         self.compute = threading.RLock()
+        # a multi-rank replica's process group (shard.py); None: one rank
+        self.dist = None
 
     # -- lookups -----------------------------------------------------------------------------
 
@@ -661,9 +705,13 @@ class Engine:
                     for fi in g:
                         results[fi.idx] = _item_error(e)
                 except torch.cuda.OutOfMemoryError as e:  # type: ignore[attr-defined]
+                    if self.dist is not None:
+                        raise  # one rank's failure mid-pass ends the replica (shard.py)
                     torch.cuda.empty_cache()
                     for fi in g:
                         results[fi.idx] = _item_error(WorkerError(RESOURCE_EXHAUSTED, f"out of GPU memory in forward_backward: {e}; send smaller batches"))
+        if self.dist is not None and not self.dist.leader:
+            return None  # a follower's results went to rank 0
         return bpb.ForwardBackwardResponse(results=results)
 
     def _run_group(self, bm: BaseModel, g: List[_Item], req, train: bool, results) -> None:
@@ -675,10 +723,17 @@ class Engine:
             for j in range(len(fi.datums)):
                 rows.append((fi.adapter.id, fi.idx, fi, j))
         rows.sort(key=lambda r: (r[0], r[1]))
+        d = bm.dist
+        every = rows
+        if d is not None:  # this rank's share of the rows (shard.py)
+            rows = [rows[i] for i in d.span(len(rows))]
+            stash = _stash_grads(every) if train else None
         seqs = [r[2].tokens[r[3]] for r in rows]
         ads = [r[2].adapter for r in rows]
         tgs = [r[2].datums[r[3]].targets for r in rows]
         ims = [r[2].datums[r[3]].images for r in rows]
+        if not rows:  # a rank with no rows still takes part in the pass's collectives
+            seqs, ads, tgs, ims = [[0]], [None], [torch.zeros((1, 1), dtype=torch.long)], [None]
         lps = bm.token_logprobs(seqs, ads, tgs, train, ims)
         try:
             per_row_loss = []
@@ -691,13 +746,28 @@ class Engine:
                 per_row_loss.append(tl)
                 s = tl.sum()
                 total = s if total is None else total + s
+            if d is not None and train:
+                # every rank runs a backward (its FSDP gathers match the others'), through
+                # the pass's gradient anchor when its rows train nothing
+                z = lps[0].sum() * 0.0 + bm.anchor * 0.0
+                total = z if total is None else total + z
             if train and total is not None and total.requires_grad:
                 total.backward()
         finally:
             bm.end_pass()
+        if d is not None:
+            bm.anchor.grad = None
+            if train:
+                _sum_grads(d, every, stash)
+        mine = [(lp.detach().float().cpu(), tl.detach().sum(dim=1).cpu()) for lp, tl in zip(lps, per_row_loss)]
+        if d is not None:
+            shares = d.gather(mine)
+            if not d.leader:
+                return
+            rows, mine = every, [x for share in shares for x in share]
         outs: Dict[int, Dict[int, Tuple[torch.Tensor, torch.Tensor]]] = {}
-        for (aid, idx, fi, j), lp, tl in zip(rows, lps, per_row_loss):
-            outs.setdefault(fi.idx, {})[j] = (lp.detach().float().cpu(), tl.detach().sum(dim=1).cpu())
+        for (aid, idx, fi, j), out in zip(rows, mine):
+            outs.setdefault(fi.idx, {})[j] = out
         for fi in g:
             res = tpb.ForwardBackwardResult()
             tot = 0.0
