@@ -90,6 +90,7 @@ type Store interface {
 	ProjectStore
 	KeyStore
 	AuditStore
+	BudgetAlertStore
 	CheckpointStorageReader
 	WeightsAccessStore
 	AccessStore
