@@ -430,7 +430,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	s.closers = append(s.closers, accessSvc.Close)
 	s.mu.Unlock()
 	mux.Handle(loopsv1connect.NewAccessServiceHandler(accessSvc, opts...))
-	keySvc := keysvc.New(s.cfg.Keys, s.cfg.Limits.MaxRequestsPerKey)
+	keySvc := keysvc.New(s.cfg.Keys, s.cfg.Limits.MaxRequestsPerKey).WithSpend(s.core)
 	mux.Handle(loopsv1connect.NewKeyServiceHandler(keySvc, opts...))
 	mux.Handle(loopsv1connect.NewAuditServiceHandler(auditSvc, opts...))
 
