@@ -28,7 +28,7 @@ var reads = []string{
 	"ListSessionTrainingRuns", "GetCheckpoint", "GetCheckpointAnyWorkspace", "ListCheckpoints",
 	"ListExpiredCheckpoints", "GetSampler", "GetOperation", "ListStepMetrics", "ListReceiptSteps", "ListUsage", "UsageCost", "KeyUsageCost", "ListBudgetAlerts",
 	"GetDeployment", "ListDeployments", "ListAllDeployments", "ListGrantedDeployments",
-	"CheckpointDeployments", "GetJob", "ListJobs", "ListAuditEvents", "CheckpointStorage",
+	"CheckpointDeployments", "GetJob", "ListJobs", "ListAuditEvents", "CheckpointStorage", "CheckpointBytes",
 	"GetProject", "ListProjects", "SearchSessions", "ListProjectTrainingRuns", "ListUnindexedSessions",
 	"APIKeyByHash", "GetAPIKey", "ListAPIKeys", "SigningKeys",
 	"GetWeightsAccessToken", "ListWeightsAccessTokens",

@@ -99,19 +99,24 @@ const (
 	// Prompt tokens of sample requests served from the engine's prefix cache
 	// (SampleResult.prompt_cached_tokens), priced at the price sheet's cached_prefill.
 	UsageKind_USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS UsageKind = 7
+	// Bytes of a session's checkpoints held over time, in byte-seconds (bytes × seconds,
+	// sampled every janitor sweep and integrated over each hour), priced at the price
+	// sheet's storage_gb_month (a GB-month is 1e9 bytes for 730 hours).
+	UsageKind_USAGE_KIND_CHECKPOINT_BYTE_SECONDS UsageKind = 120
 )
 
 // Enum value maps for UsageKind.
 var (
 	UsageKind_name = map[int32]string{
-		0: "USAGE_KIND_UNSPECIFIED",
-		1: "USAGE_KIND_TRAINING_TOKENS",
-		2: "USAGE_KIND_SAMPLING_PREFILL_TOKENS",
-		3: "USAGE_KIND_SAMPLING_SAMPLE_TOKENS",
-		4: "USAGE_KIND_CHECKPOINTS",
-		5: "USAGE_KIND_DEDICATED_REPLICA_SECONDS",
-		6: "USAGE_KIND_DEDICATED_GPU_SECONDS",
-		7: "USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS",
+		0:   "USAGE_KIND_UNSPECIFIED",
+		1:   "USAGE_KIND_TRAINING_TOKENS",
+		2:   "USAGE_KIND_SAMPLING_PREFILL_TOKENS",
+		3:   "USAGE_KIND_SAMPLING_SAMPLE_TOKENS",
+		4:   "USAGE_KIND_CHECKPOINTS",
+		5:   "USAGE_KIND_DEDICATED_REPLICA_SECONDS",
+		6:   "USAGE_KIND_DEDICATED_GPU_SECONDS",
+		7:   "USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS",
+		120: "USAGE_KIND_CHECKPOINT_BYTE_SECONDS",
 	}
 	UsageKind_value = map[string]int32{
 		"USAGE_KIND_UNSPECIFIED":                    0,
@@ -122,6 +127,7 @@ var (
 		"USAGE_KIND_DEDICATED_REPLICA_SECONDS":      5,
 		"USAGE_KIND_DEDICATED_GPU_SECONDS":          6,
 		"USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS": 7,
+		"USAGE_KIND_CHECKPOINT_BYTE_SECONDS":        120,
 	}
 )
 
@@ -4487,7 +4493,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\fExportFormat\x12\x1d\n" +
 	"\x19EXPORT_FORMAT_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12EXPORT_FORMAT_PEFT\x10\x01\x12\x18\n" +
-	"\x14EXPORT_FORMAT_MERGED\x10\x02*\xb1\x02\n" +
+	"\x14EXPORT_FORMAT_MERGED\x10\x02*\xd9\x02\n" +
 	"\tUsageKind\x12\x1a\n" +
 	"\x16USAGE_KIND_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aUSAGE_KIND_TRAINING_TOKENS\x10\x01\x12&\n" +
@@ -4496,7 +4502,8 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x16USAGE_KIND_CHECKPOINTS\x10\x04\x12(\n" +
 	"$USAGE_KIND_DEDICATED_REPLICA_SECONDS\x10\x05\x12$\n" +
 	" USAGE_KIND_DEDICATED_GPU_SECONDS\x10\x06\x12-\n" +
-	")USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS\x10\a2\xff\x05\n" +
+	")USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS\x10\a\x12&\n" +
+	"\"USAGE_KIND_CHECKPOINT_BYTE_SECONDS\x10x2\xff\x05\n" +
 	"\x0eSessionService\x12[\n" +
 	"\rCreateSession\x12\x1e.loops.v1.CreateSessionRequest\x1a\x11.loops.v1.Session\"\x17\x82\xd3\xe4\x93\x02\x11:\x01*\"\f/v1/sessions\x12\x81\x01\n" +
 	"\x10HeartbeatSession\x12!.loops.v1.HeartbeatSessionRequest\x1a\".loops.v1.HeartbeatSessionResponse\"&\x82\xd3\xe4\x93\x02 :\x01*\"\x1b/v1/sessions/{id}/heartbeat\x12g\n" +

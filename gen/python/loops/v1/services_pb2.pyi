@@ -31,6 +31,7 @@ class UsageKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     USAGE_KIND_DEDICATED_REPLICA_SECONDS: _ClassVar[UsageKind]
     USAGE_KIND_DEDICATED_GPU_SECONDS: _ClassVar[UsageKind]
     USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS: _ClassVar[UsageKind]
+    USAGE_KIND_CHECKPOINT_BYTE_SECONDS: _ClassVar[UsageKind]
 EXPORT_FORMAT_UNSPECIFIED: ExportFormat
 EXPORT_FORMAT_PEFT: ExportFormat
 EXPORT_FORMAT_MERGED: ExportFormat
@@ -42,6 +43,7 @@ USAGE_KIND_CHECKPOINTS: UsageKind
 USAGE_KIND_DEDICATED_REPLICA_SECONDS: UsageKind
 USAGE_KIND_DEDICATED_GPU_SECONDS: UsageKind
 USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS: UsageKind
+USAGE_KIND_CHECKPOINT_BYTE_SECONDS: UsageKind
 
 class CreateSessionRequest(_message.Message):
     __slots__ = ("tags", "user_metadata", "sdk_version", "project_id", "display_name")

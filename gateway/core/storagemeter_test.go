@@ -1,0 +1,93 @@
+package core
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/loops-dev/loops/gateway/prices"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+)
+
+// TestCheckpointStorageMetered: sess-1 holds 2 GB of checkpoints from 10:59:00 and sess-2
+// 1 GB from 11:00:30; the janitor samples at 10:59:00, 11:00:30 and 12:00:00 and the core
+// closes at 12:00:10. Each hour is metered once, split at the hour, in byte-seconds, and
+// priced at storage_gb_month 0.031 (a GB-month: 1e9 bytes × 730 h), each figure checked by
+// hand (exact rationals, rounded half up to the pico-dollar):
+//
+//	10:00 sess-1  2e9 × 60 s   = 1.2e11   → 0.031 × 1.2e11 / 2.628e15 = 1415525.11 p$
+//	11:00 sess-1  2e9 × 3600 s = 7.2e12   → 84931506.85 p$
+//	11:00 sess-2  1e9 × 3570 s = 3.57e12  → 42111872.15 p$
+//	12:00 sess-1  2e9 × 10 s   = 2e10     → 235920.85 p$ (metered at close)
+//	12:00 sess-2  1e9 × 10 s   = 1e10     → 117960.43 p$
+func TestCheckpointStorageMetered(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "prices.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("storage_gb_month: \"0.031\"\n"), 0o600))
+	sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	var (
+		mu  sync.Mutex
+		now = time.Date(2026, 12, 6, 10, 59, 0, 0, time.UTC)
+	)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	set := func(t time.Time) { mu.Lock(); now = t; mu.Unlock() }
+	dir := t.TempDir()
+	h, stop := openHarnessWith(t, dir, newFakeBackend(), nil, Options{Prices: sheet, Now: clock, SweepInterval: time.Hour})
+	st := h.core.store
+	hold := func(run, session string, bytes int64) {
+		require.NoError(t, st.PutTrainingRun(h.ctx, "ws-a", &loopsv1.TrainingRun{Id: run, SessionId: session, BaseModel: "fake/model",
+			CreateTime: timestamppb.New(clock())}))
+		require.NoError(t, st.PutCheckpoint(h.ctx, "ws-a", &loopsv1.Checkpoint{Id: "c-" + run, TrainingRunId: run, SizeBytes: bytes,
+			Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING, TinkerPath: "tinker://" + run + "/weights/c", CreateTime: timestamppb.New(clock())}))
+	}
+	hold("run-1", "sess-1", 2e9)
+	h.core.meterStorage(h.ctx, false) // 10:59:00
+	set(time.Date(2026, 12, 6, 11, 0, 30, 0, time.UTC))
+	h.core.meterStorage(h.ctx, false)
+	hold("run-2", "sess-2", 1e9) // saved at 11:00:30 after that sweep: the next sample (also 11:00:30) counts it
+	h.core.meterStorage(h.ctx, false)
+	set(time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC))
+	h.core.meterStorage(h.ctx, false)
+	set(time.Date(2026, 12, 6, 12, 0, 10, 0, time.UTC))
+	stop() // the current hour's part is metered at close
+
+	h, _ = openHarnessWith(t, dir, newFakeBackend(), nil, Options{Prices: sheet, Now: clock, SweepInterval: time.Hour})
+	res, err := h.svc.Usage.GetUsage(h.ctx, &loopsv1.GetUsageRequest{})
+	require.NoError(t, err)
+	type row struct {
+		hour, session string
+		amount        int64
+		cost          string
+	}
+	var got []row
+	for _, b := range res.GetBuckets() {
+		if b.GetKind() == loopsv1.UsageKind_USAGE_KIND_CHECKPOINT_BYTE_SECONDS {
+			require.Equal(t, b.GetAmount(), b.GetPricedAmount())
+			got = append(got, row{b.GetStartTime().AsTime().Format("15:04"), b.GetSessionId(), b.GetAmount(), b.GetCostUsd()})
+		}
+	}
+	require.ElementsMatch(t, []row{
+		{"10:00", "sess-1", 120_000_000_000, "0.000001415525"},
+		{"11:00", "sess-1", 7_200_000_000_000, "0.000084931507"},
+		{"11:00", "sess-2", 3_570_000_000_000, "0.000042111872"},
+		{"12:00", "sess-1", 20_000_000_000, "0.000000235921"},
+		{"12:00", "sess-2", 10_000_000_000, "0.00000011796"},
+	}, got)
+}
+
+// TestStorageMeterSaturates: an integral past int64 stays at the maximum, never wraps.
+func TestStorageMeterSaturates(t *testing.T) {
+	m := newStorageMeter()
+	t0 := time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
+	require.Empty(t, m.advance(t0, false))
+	m.set(map[storageKey]int64{{"ws", "s"}: 1 << 62})
+	out := m.advance(t0.Add(time.Hour), false)
+	require.Equal(t, []storageRecord{{key: storageKey{"ws", "s"}, bucket: t0, byteSeconds: 1<<63 - 1}}, out)
+	require.Empty(t, m.advance(t0.Add(time.Hour), true), "nothing held for no time")
+}
