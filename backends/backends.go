@@ -150,6 +150,8 @@ type PoolInfo struct {
 	RegisteredReplicas int
 	// GPUsPerReplica is how many GPUs each replica holds (0: CPU only).
 	GPUsPerReplica int
+	// GPUKind names their kind ("H100"; "" unnamed).
+	GPUKind string
 	// Preemptible says its replicas may be taken away at any time (spot capacity).
 	Preemptible bool
 	// ReplicaSeconds is the time its replicas have been registered, every replica slot and
@@ -228,8 +230,10 @@ type PoolGrant struct {
 	// Warm: a pool another run had released within its keep-warm period was bound, instead
 	// of starting one cold.
 	Warm bool
-	// GPUsPerReplica is what each replica holds (0: CPU).
+	// GPUsPerReplica is what each replica holds (0: CPU); GPUKind their kind ("" unnamed),
+	// which the price sheet's gpu_hour prices the pool's GPU time by.
 	GPUsPerReplica int
+	GPUKind        string
 }
 
 // DedicatedPools is the optional ability of a backend to give runs pools of their own

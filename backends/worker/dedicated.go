@@ -86,7 +86,7 @@ func (b *Backend) AcquirePool(ctx context.Context, req backends.PoolRequest) (ba
 			d.ws, d.owner, d.lastUse, d.since = req.Workspace, req.Owner, now, now
 			b.mu.Unlock()
 			b.log.Info("dedicated pool bound warm", slog.String("pool", d.id), slog.String("run", req.Owner))
-			return backends.PoolGrant{Pool: d.id, Warm: true, GPUsPerReplica: b.opts.Pool.GPUsPerReplica}, nil
+			return backends.PoolGrant{Pool: d.id, Warm: true, GPUsPerReplica: b.opts.Pool.GPUsPerReplica, GPUKind: b.opts.Pool.GPUKind}, nil
 		}
 	}
 	used := (b.poolReplicas + b.samplerReplicas) * len(b.opts.Models)
@@ -104,7 +104,7 @@ func (b *Backend) AcquirePool(ctx context.Context, req backends.PoolRequest) (ba
 	id := "ded-" + strings.TrimPrefix(PoolID(req.BaseModel), "torch-")
 	id = id[:min(len(id), 110)] + "-" + hex.EncodeToString(r[:])
 	d := &dedicatedPool{id: id, model: req.BaseModel, replicas: replicas, samplerReplicas: samplers, ws: req.Workspace, owner: req.Owner, lastUse: now, since: now}
-	specs := []pools.Spec{{ID: id, Role: pools.RoleTrainer, BaseModel: marg, Replicas: replicas, GPUsPerReplica: b.opts.Pool.GPUsPerReplica,
+	specs := []pools.Spec{{ID: id, Role: pools.RoleTrainer, BaseModel: marg, Replicas: replicas, GPUsPerReplica: b.opts.Pool.GPUsPerReplica, GPUKind: b.opts.Pool.GPUKind,
 		Preemptible: b.opts.Pool.Preemptible, Args: b.poolArgs()}}
 	if samplers > 0 {
 		d.samplerID = id + "-s"
@@ -126,7 +126,7 @@ func (b *Backend) AcquirePool(ctx context.Context, req backends.PoolRequest) (ba
 		b.deleteDedicated(context.WithoutCancel(ctx), id, "no replica served in time")
 		return backends.PoolGrant{}, err
 	}
-	return backends.PoolGrant{Pool: id, GPUsPerReplica: b.opts.Pool.GPUsPerReplica}, nil
+	return backends.PoolGrant{Pool: id, GPUsPerReplica: b.opts.Pool.GPUsPerReplica, GPUKind: b.opts.Pool.GPUKind}, nil
 }
 
 // waitPool waits until a trainer replica of pool serves (with sampling, one of its sampler

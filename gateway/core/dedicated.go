@@ -98,7 +98,7 @@ func (c *Core) acquirePool(ctx context.Context, r *run, shape dedicatedShape) er
 	if err != nil {
 		return err
 	}
-	r.SetPool(g.Pool, g.GPUsPerReplica)
+	r.SetPool(g.Pool, g.GPUsPerReplica, g.GPUKind)
 	c.updateRun(r, func(i *loopsv1.TrainingRun) { i.DedicatedPool = g.Pool })
 	kind := "cold"
 	if g.Warm {
@@ -139,8 +139,9 @@ func (c *Core) meterPool(r *run, final bool) {
 	}
 	info := r.Record()
 	c.recordUsage(r.Workspace(), info.GetBaseModel(), info.GetSessionId(), store.UsageDedicatedReplicaSeconds, delta)
-	if gpus > 0 {
-		c.recordUsage(r.Workspace(), info.GetBaseModel(), info.GetSessionId(), store.UsageDedicatedGPUSeconds, delta*int64(gpus))
+	if gpus > 0 { // priced by the pool's GPU kind
+		c.recordUsageIn(nil, c.now().UTC().Truncate(usageBucket), r.Workspace(), info.GetBaseModel(), info.GetSessionId(), "",
+			store.UsageDedicatedGPUSeconds, delta*int64(gpus), r.PoolGPUKind())
 	}
 }
 

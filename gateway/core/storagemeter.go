@@ -122,7 +122,7 @@ func addSat(a, b int64) int64 {
 // now. A failed sample keeps the last one.
 func (c *Core) meterStorage(ctx context.Context, final bool) {
 	for _, r := range c.storage.advance(c.now(), final) {
-		c.recordUsageIn(nil, r.bucket, r.key.ws, "", r.key.session, "", store.UsageCheckpointByteSeconds, r.byteSeconds)
+		c.recordUsageIn(nil, r.bucket, r.key.ws, "", r.key.session, "", store.UsageCheckpointByteSeconds, r.byteSeconds, "")
 	}
 	if final {
 		return

@@ -1,6 +1,8 @@
 package core
 
 import (
+	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/prices"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
@@ -90,4 +93,50 @@ func TestStorageMeterSaturates(t *testing.T) {
 	out := m.advance(t0.Add(time.Hour), false)
 	require.Equal(t, []storageRecord{{key: storageKey{"ws", "s"}, bucket: t0, byteSeconds: 1<<63 - 1}}, out)
 	require.Empty(t, m.advance(t0.Add(time.Hour), true), "nothing held for no time")
+}
+
+// fakePools reports fixed replica-seconds per pool.
+type fakePools struct{ seconds map[string]float64 }
+
+func (f fakePools) AcquirePool(context.Context, backends.PoolRequest) (backends.PoolGrant, error) {
+	return backends.PoolGrant{}, errors.New("not in this test")
+}
+func (f fakePools) ReleasePool(context.Context, string) {}
+func (f fakePools) ReplicaSeconds(pool string) float64  { return f.seconds[pool] }
+
+// TestDedicatedGPUTimePricedByKind: a dedicated pool's GPU-seconds are priced by the pool's
+// GPU kind. Two runs hold pools of 2 GPUs a replica for 1800 replica-seconds (3600
+// GPU-seconds = 1 GPU-hour each): the H100 pool at gpu_hour H100 3 → 3 USD, the A10 pool
+// (not listed) at "*" 2.50 → 2.5 USD. Both are of one session and model, so they share a
+// usage row: 7200 GPU-seconds for 5.5 USD (all at "*" would be 5, all at H100 6);
+// replica-seconds have no price.
+func TestDedicatedGPUTimePricedByKind(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "prices.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("gpu_hour: {\"*\": \"2.50\", H100: 3}\n"), 0o600))
+	sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	h := newHarness(t, t.TempDir(), Options{Prices: sheet, SweepInterval: time.Hour})
+	h.core.dedicatedPools = fakePools{seconds: map[string]float64{"p-h100": 1800, "p-a10": 1800}}
+	for pool, kind := range map[string]string{"p-h100": "H100", "p-a10": "A10"} {
+		r := h.core.runs.peek(h.newRun())
+		require.NotNil(t, r)
+		r.SetPool(pool, 2, kind)
+		h.core.meterPool(r, false)
+	}
+	res, err := h.svc.Usage.GetUsage(h.ctx, &loopsv1.GetUsageRequest{})
+	require.NoError(t, err)
+	var gpu, replica int
+	for _, b := range res.GetBuckets() {
+		switch b.GetKind() {
+		case loopsv1.UsageKind_USAGE_KIND_DEDICATED_GPU_SECONDS:
+			gpu++
+			require.Equal(t, int64(7200), b.GetAmount())
+			require.Equal(t, "5.5", b.GetCostUsd())
+		case loopsv1.UsageKind_USAGE_KIND_DEDICATED_REPLICA_SECONDS:
+			replica++
+			require.Equal(t, int64(3600), b.GetAmount())
+			require.Empty(t, b.GetCostUsd())
+		}
+	}
+	require.Equal(t, [2]int{1, 1}, [2]int{gpu, replica})
 }

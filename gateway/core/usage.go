@@ -68,16 +68,17 @@ func (c *Core) recordUsage(ws, model, session, kind string, amount int64) {
 // key that created o and added to o's cost, done through a deployment ("<owner>:<name>", "" for none), which the counter is kept
 // under.
 func (c *Core) recordOpUsage(o *operation, ws, model, session, deployment, kind string, amount int64) {
-	c.recordUsageIn(o, c.now().UTC().Truncate(usageBucket), ws, model, session, deployment, kind, amount)
+	c.recordUsageIn(o, c.now().UTC().Truncate(usageBucket), ws, model, session, deployment, kind, amount, "")
 }
 
-// recordUsageIn is recordOpUsage into the hour bucket that starts at bucket.
-func (c *Core) recordUsageIn(o *operation, bucket time.Time, ws, model, session, deployment, kind string, amount int64) {
+// recordUsageIn is recordOpUsage into the hour bucket that starts at bucket, priced for
+// gpuKind (dedicated GPU-seconds: the pool's GPU kind, "" unnamed).
+func (c *Core) recordUsageIn(o *operation, bucket time.Time, ws, model, session, deployment, kind string, amount int64, gpuKind string) {
 	if amount <= 0 {
 		return
 	}
 	u := usageAmount{amount: amount}
-	if cost, ok, version := c.priceUsage(ws, model, kind, amount); ok {
+	if cost, ok, version := c.priceUsage(ws, model, kind, gpuKind, amount); ok {
 		u.priced, u.cost = amount, cost
 		if o != nil {
 			c.ops.addCost(o, cost, version)
