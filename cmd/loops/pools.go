@@ -223,6 +223,9 @@ func printPool(w io.Writer, p *loopsv1.Pool) error {
 		if p.GetIdle() {
 			idle = " (scaled to zero while idle)"
 		}
+		if r := p.GetZeroReason(); r != "" {
+			idle = " (at zero: " + r + ")"
+		}
 		fmt.Fprintf(tw, "dedicated to\t%s, workspace %s%s\n", p.GetTrainingRunId(), p.GetWorkspace(), idle)
 	case p.GetWarm():
 		fmt.Fprintf(tw, "dedicated to\tnone: kept warm for the next dedicated run of its shape\n")

@@ -452,6 +452,7 @@ func (c *Core) sweep(ctx context.Context) {
 	c.archives.sweep(now)
 	c.traceLinks.sweep(now)
 	c.meterPools()
+	c.zeroPoolsAtCap(ctx)
 	c.meterStorage(ctx, false)
 	c.flushUsage(ctx)
 }

@@ -14,8 +14,11 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/loops-dev/loops/backends"
+	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/prices"
+	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/money"
 )
 
 // TestCheckpointStorageMetered: sess-1 holds 2 GB of checkpoints from 10:59:00 and sess-2
@@ -139,4 +142,68 @@ func TestDedicatedGPUTimePricedByKind(t *testing.T) {
 		}
 	}
 	require.Equal(t, [2]int{1, 1}, [2]int{gpu, replica})
+}
+
+// zeroingPools is fakePools that can scale a pool to zero: it records each call, and scales
+// each pool once.
+type zeroingPools struct {
+	fakePools
+	mu    sync.Mutex
+	calls []string
+	zero  map[string]bool
+}
+
+func (z *zeroingPools) ScaleIdleToZero(_ context.Context, pool string, idle time.Duration, reason string) (bool, error) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	z.calls = append(z.calls, pool+" after "+idle.String()+": "+reason)
+	if z.zero[pool] {
+		return false, nil
+	}
+	z.zero[pool] = true
+	return true, nil
+}
+
+// TestPoolsScaledToZeroAtTheCap: a workspace under its total budget keeps its dedicated
+// pool; at the cap (spent = budget) the janitor asks the backend to scale the pool to zero
+// once it has idled a minute, with a reason naming the budget, and audits it once
+// (pool_scale_to_zero); a pool already at zero is not audited again.
+func TestPoolsScaledToZeroAtTheCap(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "prices.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("models:\n  \"*\": {train: \"1\"}\n"), 0o600))
+	sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	pol, err := policy.Parse([]byte("workspaces:\n  ws-a: {budget_usd_total: \"0.00001\"}\n"))
+	require.NoError(t, err)
+	h := newHarness(t, t.TempDir(), Options{Prices: sheet, Policy: pol, SweepInterval: time.Hour})
+	z := &zeroingPools{zero: map[string]bool{}}
+	h.core.dedicatedPools = z
+	r := h.core.runs.peek(h.newRun())
+	r.SetPool("p-1", 1, "H100")
+	require.NoError(t, h.core.budgetReady(h.ctx, "ws-a"))
+	spend := func(usd string) {
+		v, err := money.ParseUSD(usd, money.Digits)
+		require.NoError(t, err)
+		b := h.core.budgets
+		b.mu.Lock()
+		b.ws[spendID{ws: "ws-a"}].totalSpent = v
+		b.mu.Unlock()
+	}
+	spend("0.000009")
+	h.core.zeroPoolsAtCap(h.ctx)
+	require.Empty(t, z.calls, "under the budget")
+	spend("0.00001")
+	h.core.zeroPoolsAtCap(h.ctx)
+	h.core.zeroPoolsAtCap(h.ctx)
+	why := "workspace ws-a reached its budget_usd_total (0.00001 of 0.00001 USD spent): its idle dedicated pools are scaled to zero until an operator raises it"
+	require.Equal(t, []string{"p-1 after 1m0s: " + why, "p-1 after 1m0s: " + why}, z.calls)
+	events, err := h.core.store.ListAuditEvents(h.ctx, "ws-a", store.AuditQuery{})
+	require.NoError(t, err)
+	var got []string
+	for _, e := range events {
+		if e.Event == "pool_scale_to_zero" {
+			got = append(got, e.Target+": "+e.Action)
+		}
+	}
+	require.Equal(t, []string{"p-1: " + why}, got, "audited once")
 }

@@ -217,7 +217,7 @@ func poolProto(p backends.PoolInfo) *loopsv1.Pool {
 	return &loopsv1.Pool{Id: p.ID, Role: roleProto(p.Role), BaseModel: p.BaseModel, Provider: p.Provider,
 		DesiredReplicas: i32(p.DesiredReplicas), RegisteredReplicas: i32(p.RegisteredReplicas), GpusPerReplica: i32(p.GPUsPerReplica),
 		GpuKind: p.GPUKind, Preemptible: p.Preemptible, GpuSeconds: p.GPUSeconds, ReplicaSeconds: p.ReplicaSeconds,
-		Workspace: p.Workspace, TrainingRunId: p.Run, Warm: p.Warm, Idle: p.Idle}
+		Workspace: p.Workspace, TrainingRunId: p.Run, Warm: p.Warm, Idle: p.Idle, ZeroReason: p.ZeroReason}
 }
 
 func allocationProto(a backends.Allocation) *loopsv1.Allocation {
