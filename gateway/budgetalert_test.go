@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net"
@@ -282,4 +283,30 @@ func TestBudgetAlertsSurviveACrash(t *testing.T) {
 		cl.train(12)
 		require.ElementsMatch(t, []string{target("50"), target("80")}, alertTargets(t, url, keyB, 2))
 	})
+}
+
+// TestCheckpointStorageRate: Tinker's checkpoint storage route answers the storage price the
+// workspace is metered at (its own sheet's first), null without one.
+func TestCheckpointStorageRate(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "prices.yaml")
+	writeSheet(t, file, "storage_gb_month: \"0.031\"\nworkspaces:\n  team-b: {storage_gb_month: \"0.02\"}\n", time.Hour)
+	sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	rate := func(url, key string) string {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url+"/api/v1/billing/usage/checkpoints/current", nil)
+		require.NoError(t, err)
+		req.Header.Set("X-API-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var body struct {
+			Rate json.RawMessage `json:"effective_rate_usd_per_gigabyte_month"`
+		}
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+		return string(body.Rate)
+	}
+	url := "http://" + startServerWith(t, func(c *gateway.Config) { c.Core.Prices = sheet })
+	require.Equal(t, "0.031", rate(url, keyA))
+	require.Equal(t, "0.02", rate(url, keyB))
+	require.Equal(t, "null", rate(startServer(t), keyA))
 }

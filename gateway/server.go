@@ -384,7 +384,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	s.closers = append(s.closers, recorder.Close)
 	s.mu.Unlock()
 	auditor := audit.NewMiddleware(recorder, policy.Refuse)
-	auditSvc := audit.NewService(s.store, s.core.PageTokens(), recorder)
+	auditSvc := audit.NewService(s.store, s.core.PageTokens(), recorder).WithPrices(s.cfg.Core.Prices)
 
 	// loops.v1 over Connect, gRPC and gRPC-Web, every handler behind the one error edge.
 	opts := []connect.HandlerOption{
