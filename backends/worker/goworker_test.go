@@ -336,7 +336,15 @@ func TestScaleIdleToZero(t *testing.T) {
 	down, err = b.ScaleIdleToZero(t.Context(), g.Pool, 0, why)
 	require.NoError(t, err)
 	require.False(t, down, "at zero already")
-	create("run-1-again") // the run comes back: the pool scales up
+	// The run comes back: the pool scales up. A call right after the scale-down can reach
+	// the old replica before the backend has heard of its exit and fail Unavailable, as
+	// after idle_to_zero; callers retry it (the core's step recovery), and so does this.
+	require.Eventually(t, func() bool {
+		_, err := b.Trainer().CreateAdapter(t.Context(), &backendv1.CreateAdapterRequest{AdapterId: "run-1-again", BaseModel: tiny.Name,
+			Lora: &loopsv1.LoraConfig{Rank: 2, TrainAttn: true}, Pool: g.Pool})
+		require.True(t, err == nil || connect.CodeOf(err) == connect.CodeUnavailable, "%v", err)
+		return err == nil
+	}, 60*time.Second, 50*time.Millisecond)
 	p = info()
 	require.False(t, p.Idle)
 	require.Empty(t, p.ZeroReason)
