@@ -150,6 +150,8 @@ type PoolInfo struct {
 	RegisteredReplicas int
 	// GPUsPerReplica is how many GPUs each replica holds (0: CPU only).
 	GPUsPerReplica int
+	// GPUKind names their kind ("H100"; "" unnamed).
+	GPUKind string
 	// Preemptible says its replicas may be taken away at any time (spot capacity).
 	Preemptible bool
 	// ReplicaSeconds is the time its replicas have been registered, every replica slot and
@@ -160,6 +162,9 @@ type PoolInfo struct {
 	// waits warm for the next run), and whether it is warm, or scaled to zero for idleness.
 	Workspace, Run string
 	Warm, Idle     bool
+	// ZeroReason says why a dedicated pool is at zero when it was scaled down for a
+	// reason of the gateway's (PoolZeroer: its workspace reached a budget); "" otherwise.
+	ZeroReason string
 }
 
 // AllocationState says where a replica slot of a pool stands.
@@ -228,8 +233,10 @@ type PoolGrant struct {
 	// Warm: a pool another run had released within its keep-warm period was bound, instead
 	// of starting one cold.
 	Warm bool
-	// GPUsPerReplica is what each replica holds (0: CPU).
+	// GPUsPerReplica is what each replica holds (0: CPU); GPUKind their kind ("" unnamed),
+	// which the price sheet's gpu_hour prices the pool's GPU time by.
 	GPUsPerReplica int
+	GPUKind        string
 }
 
 // DedicatedPools is the optional ability of a backend to give runs pools of their own
@@ -245,6 +252,17 @@ type DedicatedPools interface {
 	// ReplicaSeconds is how many replica-seconds the pool has run while bound (scaled-to-zero
 	// time excluded), for metering: multiply by GPUsPerReplica for GPU-seconds.
 	ReplicaSeconds(pool string) float64
+}
+
+// PoolZeroer is the optional ability of a DedicatedPools backend to scale a bound pool to
+// zero replicas now, as it does after idle_to_zero: the gateway does it to the idle pools of
+// a workspace at its budget's cap, so they stop billing. The run keeps its pool; its next
+// call scales it up again (and step recovery rebuilds its adapter).
+type PoolZeroer interface {
+	// ScaleIdleToZero scales pool to zero when it is bound, not at zero already, starting
+	// nothing, and has had no call for idle; reason is shown with it (PoolInfo.ZeroReason)
+	// until it scales up again. It reports whether it scaled the pool down.
+	ScaleIdleToZero(ctx context.Context, pool string, idle time.Duration, reason string) (bool, error)
 }
 
 // WorkerHealth is implemented by backends whose work runs in worker processes: how many of

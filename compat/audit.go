@@ -1,6 +1,7 @@
 package compat
 
 import (
+	"encoding/json"
 	"net/http"
 	"slices"
 	"strings"
@@ -136,8 +137,13 @@ func (s *server) checkpointStorage(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
+	var rate *json.Number // the SDK's None without a storage price
+	if r := res.GetRateUsdPerGbMonth(); r != "" {
+		n := json.Number(r)
+		rate = &n
+	}
 	s.edge.WriteJSON(w, http.StatusOK, map[string]any{
-		"effective_rate_usd_per_gigabyte_month": nil,
+		"effective_rate_usd_per_gigabyte_month": rate,
 		"data": []checkpointStorageItem{{CheckpointCount: res.GetCheckpointCount(), SizeBytes: res.GetSizeBytes(),
 			SizeGigabytes: float64(res.GetSizeBytes()) / 1e9}},
 	})

@@ -19,6 +19,7 @@ import (
 type fakeAudit struct {
 	n    int
 	reqs []*loopsv1.ListAuditEventsRequest
+	rate string // GetCheckpointStorage's storage price
 }
 
 func (f *fakeAudit) ListAuditEvents(_ context.Context, req *loopsv1.ListAuditEventsRequest) (*loopsv1.ListAuditEventsResponse, error) {
@@ -42,7 +43,7 @@ func (f *fakeAudit) ListAuditEvents(_ context.Context, req *loopsv1.ListAuditEve
 }
 
 func (f *fakeAudit) GetCheckpointStorage(context.Context, *loopsv1.GetCheckpointStorageRequest) (*loopsv1.GetCheckpointStorageResponse, error) {
-	return &loopsv1.GetCheckpointStorageResponse{CheckpointCount: 3, SizeBytes: 2_500_000_000}, nil
+	return &loopsv1.GetCheckpointStorageResponse{CheckpointCount: 3, SizeBytes: 2_500_000_000, RateUsdPerGbMonth: f.rate}, nil
 }
 
 func auditHandler(f *fakeAudit) http.Handler {
@@ -105,6 +106,11 @@ func TestCheckpointStorageRoute(t *testing.T) {
 	require.InDelta(t, 2.5, row["size_gigabytes"], 1e-12)
 	code, _ = get(t, h, "/api/v1/billing/usage/checkpoints/current?project_id=p")
 	require.Equal(t, http.StatusBadRequest, code)
+	// Under a storage price, the rate as an exact JSON number.
+	rec := httptest.NewRecorder()
+	auditHandler(&fakeAudit{rate: "0.031"}).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/api/v1/billing/usage/checkpoints/current", nil))
+	require.Equal(t, http.StatusOK, rec.Code)
+	require.Contains(t, rec.Body.String(), `"effective_rate_usd_per_gigabyte_month":0.031`)
 
 	// Without an audit service the routes say so.
 	code, _ = get(t, NewHandler(newFakeCore().services(), Options{}), "/api/v1/audit")

@@ -384,7 +384,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	s.closers = append(s.closers, recorder.Close)
 	s.mu.Unlock()
 	auditor := audit.NewMiddleware(recorder, policy.Refuse)
-	auditSvc := audit.NewService(s.store, s.core.PageTokens(), recorder)
+	auditSvc := audit.NewService(s.store, s.core.PageTokens(), recorder).WithPrices(s.cfg.Core.Prices)
 
 	// loops.v1 over Connect, gRPC and gRPC-Web, every handler behind the one error edge.
 	opts := []connect.HandlerOption{
@@ -430,7 +430,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 	s.closers = append(s.closers, accessSvc.Close)
 	s.mu.Unlock()
 	mux.Handle(loopsv1connect.NewAccessServiceHandler(accessSvc, opts...))
-	keySvc := keysvc.New(s.cfg.Keys, s.cfg.Limits.MaxRequestsPerKey)
+	keySvc := keysvc.New(s.cfg.Keys, s.cfg.Limits.MaxRequestsPerKey).WithSpend(s.core)
 	mux.Handle(loopsv1connect.NewKeyServiceHandler(keySvc, opts...))
 	mux.Handle(loopsv1connect.NewAuditServiceHandler(auditSvc, opts...))
 

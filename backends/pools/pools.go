@@ -46,6 +46,9 @@ type Spec struct {
 	Replicas int `json:"replicas"`
 	// GPUsPerReplica is how many GPUs each replica holds (0: CPU).
 	GPUsPerReplica int `json:"gpus_per_replica"`
+	// GPUKind names the kind of GPU its replicas hold ("H100"; "" unnamed): the price
+	// sheet's gpu_hour prices a dedicated pool's GPU time by it.
+	GPUKind string `json:"gpu_kind,omitempty"`
 	// Args are extra worker command-line arguments.
 	Args []string `json:"args,omitempty"`
 	// Preemptible marks replicas that may be taken away at any time (spot capacity): the
@@ -67,9 +70,18 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("pool %s: replicas %d must be between 0 and %d", s.ID, s.Replicas, MaxReplicas)
 	case s.GPUsPerReplica < 0 || s.GPUsPerReplica > MaxGPUsPerReplica:
 		return fmt.Errorf("pool %s: gpus_per_replica %d must be between 0 and %d", s.ID, s.GPUsPerReplica, MaxGPUsPerReplica)
+	case !ValidGPUKind(s.GPUKind):
+		return fmt.Errorf("pool %s: gpu_kind %q must be 1-64 characters of letters, digits, '.', '_' or '-' (or empty)", s.ID, s.GPUKind)
 	}
 	return nil
 }
+
+// gpuKindRE is what a GPU kind may be.
+var gpuKindRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+// ValidGPUKind reports whether kind may name a pool's GPU kind: empty, or 1-64 characters of
+// [A-Za-z0-9._-] starting with a letter or digit.
+func ValidGPUKind(kind string) bool { return kind == "" || gpuKindRE.MatchString(kind) }
 
 // ErrNoPool is returned (wrapped) for a pool the provider does not know.
 var ErrNoPool = errors.New("no such pool")

@@ -42,6 +42,7 @@ type dedicatedPool struct {
 	ws, owner       string // who holds it; empty while warm
 	warmTimer       *time.Timer
 	zero            bool      // scaled to zero for idleness
+	zeroReason      string    // why, when the gateway scaled it (ScaleIdleToZero)
 	lastUse         time.Time // the last call on it
 	// starting counts the calls waiting for a replica of it to serve (a cold start, or
 	// a scale-up from zero): a pool being started is never idle.
@@ -86,7 +87,7 @@ func (b *Backend) AcquirePool(ctx context.Context, req backends.PoolRequest) (ba
 			d.ws, d.owner, d.lastUse, d.since = req.Workspace, req.Owner, now, now
 			b.mu.Unlock()
 			b.log.Info("dedicated pool bound warm", slog.String("pool", d.id), slog.String("run", req.Owner))
-			return backends.PoolGrant{Pool: d.id, Warm: true, GPUsPerReplica: b.opts.Pool.GPUsPerReplica}, nil
+			return backends.PoolGrant{Pool: d.id, Warm: true, GPUsPerReplica: b.opts.Pool.GPUsPerReplica, GPUKind: b.opts.Pool.GPUKind}, nil
 		}
 	}
 	used := (b.poolReplicas + b.samplerReplicas) * len(b.opts.Models)
@@ -104,7 +105,7 @@ func (b *Backend) AcquirePool(ctx context.Context, req backends.PoolRequest) (ba
 	id := "ded-" + strings.TrimPrefix(PoolID(req.BaseModel), "torch-")
 	id = id[:min(len(id), 110)] + "-" + hex.EncodeToString(r[:])
 	d := &dedicatedPool{id: id, model: req.BaseModel, replicas: replicas, samplerReplicas: samplers, ws: req.Workspace, owner: req.Owner, lastUse: now, since: now}
-	specs := []pools.Spec{{ID: id, Role: pools.RoleTrainer, BaseModel: marg, Replicas: replicas, GPUsPerReplica: b.opts.Pool.GPUsPerReplica,
+	specs := []pools.Spec{{ID: id, Role: pools.RoleTrainer, BaseModel: marg, Replicas: replicas, GPUsPerReplica: b.opts.Pool.GPUsPerReplica, GPUKind: b.opts.Pool.GPUKind,
 		Preemptible: b.opts.Pool.Preemptible, Args: b.poolArgs()}}
 	if samplers > 0 {
 		d.samplerID = id + "-s"
@@ -126,7 +127,7 @@ func (b *Backend) AcquirePool(ctx context.Context, req backends.PoolRequest) (ba
 		b.deleteDedicated(context.WithoutCancel(ctx), id, "no replica served in time")
 		return backends.PoolGrant{}, err
 	}
-	return backends.PoolGrant{Pool: id, GPUsPerReplica: b.opts.Pool.GPUsPerReplica}, nil
+	return backends.PoolGrant{Pool: id, GPUsPerReplica: b.opts.Pool.GPUsPerReplica, GPUKind: b.opts.Pool.GPUKind}, nil
 }
 
 // waitPool waits until a trainer replica of pool serves (with sampling, one of its sampler
@@ -242,7 +243,7 @@ func (b *Backend) dedicatedInfo(info *backends.PoolInfo) {
 	defer b.mu.Unlock()
 	for _, d := range b.dedicated {
 		if d.id == info.ID || d.samplerID == info.ID {
-			info.Workspace, info.Run, info.Warm, info.Idle = d.ws, d.owner, d.owner == "", d.zero
+			info.Workspace, info.Run, info.Warm, info.Idle, info.ZeroReason = d.ws, d.owner, d.owner == "", d.zero, d.zeroReason
 		}
 	}
 }
@@ -276,7 +277,7 @@ func (b *Backend) usePool(ctx context.Context, pool string, sampling bool) error
 	d.lastUse = now
 	wake := d.zero
 	if wake {
-		d.zero, d.since = false, now
+		d.zero, d.zeroReason, d.since = false, "", now
 	}
 	b.mu.Unlock()
 	if wake {
@@ -314,6 +315,26 @@ func (b *Backend) touchLocked(w *worker) {
 	}
 }
 
+// ScaleIdleToZero scales a bound dedicated pool with no call for idle to zero now, for a
+// reason of the gateway's (backends.PoolZeroer).
+func (b *Backend) ScaleIdleToZero(ctx context.Context, pool string, idle time.Duration, reason string) (bool, error) {
+	now := time.Now()
+	b.mu.Lock()
+	d := b.dedicated[pool]
+	if d == nil || d.owner == "" || d.zero || d.starting > 0 || now.Sub(d.lastUse) < idle {
+		b.mu.Unlock()
+		return false, nil
+	}
+	d.count(now)
+	d.zero, d.zeroReason = true, reason
+	b.mu.Unlock()
+	if err := b.scaleDedicated(ctx, d, false); err != nil {
+		return false, err
+	}
+	b.log.Info("dedicated pool scaled to zero", slog.String("pool", pool), slog.String("why", reason))
+	return true, nil
+}
+
 // idleToZero scales bound dedicated pools with no call for IdleToZero down to zero
 // replicas; their runs' adapters are lost and rebuilt (step recovery) when they return.
 func (b *Backend) idleToZero() {
@@ -335,7 +356,7 @@ func (b *Backend) idleToZero() {
 		for _, d := range b.dedicated {
 			if d.owner != "" && !d.zero && d.starting == 0 && now.Sub(d.lastUse) >= idle {
 				d.count(now)
-				d.zero = true
+				d.zero, d.zeroReason = true, "idle_to_zero: no call for "+idle.String()
 				down = append(down, d)
 			}
 		}

@@ -287,3 +287,66 @@ func TestDedicatedPoolSlowerToStartThanItsIdleTime(t *testing.T) {
 		Lora: &loopsv1.LoraConfig{Rank: 2, TrainAttn: true}, Pool: g.Pool})
 	require.NoError(t, err)
 }
+
+// TestScaleIdleToZero: the gateway scales a bound dedicated pool to zero for a reason of its
+// own (a workspace at its budget's cap): refused while the pool had a call within idle, done
+// once it idled, shown with the reason (and the pool's GPU kind) in ListPools, not done twice;
+// the run's next call scales the pool up again and the reason is gone.
+func TestScaleIdleToZero(t *testing.T) {
+	dir := t.TempDir()
+	b, err := New(t.Context(), Options{Command: []string{testBinary()}, DataDir: dir,
+		Args:           []string{"--data-dir", dir, "--threads", "1"},
+		Env:            []string{goWorkerEnv + "=1", "HF_HUB_CACHE=" + filepath.Join(dir, "hub"), serve.LogLevelEnv + "=WARN"},
+		HealthInterval: 200 * time.Millisecond, HealthTimeout: 2 * time.Second, StartTimeout: 30 * time.Second,
+		Pool: &PoolOptions{Provider: "local", Replicas: 1, HeartbeatTimeout: 6 * time.Second, GPUKind: "H100"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	g, err := b.AcquirePool(t.Context(), backends.PoolRequest{BaseModel: tiny.Name, Replicas: 1, Workspace: "ws", Owner: "run-1"})
+	require.NoError(t, err)
+	require.Equal(t, "H100", g.GPUKind)
+	create := func(id string) {
+		_, err := b.Trainer().CreateAdapter(t.Context(), &backendv1.CreateAdapterRequest{AdapterId: id, BaseModel: tiny.Name,
+			Lora: &loopsv1.LoraConfig{Rank: 2, TrainAttn: true}, Pool: g.Pool})
+		require.NoError(t, err)
+	}
+	create("run-1")
+	info := func() backends.PoolInfo {
+		ps, err := b.ListPools(t.Context())
+		require.NoError(t, err)
+		for _, p := range ps {
+			if p.ID == g.Pool {
+				return p
+			}
+		}
+		t.Fatalf("pool %s not listed", g.Pool)
+		return backends.PoolInfo{}
+	}
+	const why = "workspace ws reached its budget_usd_total"
+	down, err := b.ScaleIdleToZero(t.Context(), g.Pool, time.Hour, why)
+	require.NoError(t, err)
+	require.False(t, down, "it had a call within the hour")
+	down, err = b.ScaleIdleToZero(t.Context(), g.Pool, 0, why)
+	require.NoError(t, err)
+	require.True(t, down)
+	p := info()
+	require.True(t, p.Idle)
+	require.Equal(t, why, p.ZeroReason)
+	require.Equal(t, "H100", p.GPUKind)
+	require.Equal(t, 0, p.DesiredReplicas)
+	down, err = b.ScaleIdleToZero(t.Context(), g.Pool, 0, why)
+	require.NoError(t, err)
+	require.False(t, down, "at zero already")
+	// The run comes back: the pool scales up. A call right after the scale-down can reach
+	// the old replica before the backend has heard of its exit and fail Unavailable, as
+	// after idle_to_zero; callers retry it (the core's step recovery), and so does this.
+	require.Eventually(t, func() bool {
+		_, err := b.Trainer().CreateAdapter(t.Context(), &backendv1.CreateAdapterRequest{AdapterId: "run-1-again", BaseModel: tiny.Name,
+			Lora: &loopsv1.LoraConfig{Rank: 2, TrainAttn: true}, Pool: g.Pool})
+		require.True(t, err == nil || connect.CodeOf(err) == connect.CodeUnavailable, "%v", err)
+		return err == nil
+	}, 60*time.Second, 50*time.Millisecond)
+	p = info()
+	require.False(t, p.Idle)
+	require.Empty(t, p.ZeroReason)
+	require.Equal(t, 1, p.DesiredReplicas)
+}

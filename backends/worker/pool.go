@@ -40,7 +40,10 @@ type PoolOptions struct {
 	// serve sampling too.
 	SamplerReplicas int
 	GPUsPerReplica  int
-	Slots           int
+	// GPUKind names the kind of GPU the replicas hold (option gpu_kind, "H100"): pools
+	// report it and the price sheet prices dedicated GPU time by it.
+	GPUKind string
+	Slots   int
 	// RegistryListen is where the Registry listens (default 127.0.0.1:0 for local and
 	// static, 0.0.0.0:7450 for ray; TLS only); RegistryURL is its address as workers dial it
 	// (https://; default derived from the listener; for ray set it to an address the Ray
@@ -133,6 +136,9 @@ func poolOptionsFromConfig(m map[string]string) (*PoolOptions, error) {
 			}
 			*dst = n
 		}
+	}
+	if p.GPUKind = m["gpu_kind"]; !pools.ValidGPUKind(p.GPUKind) {
+		return nil, fmt.Errorf("torch: option gpu_kind=%q must be 1-64 characters of letters, digits, '.', '_' or '-'", p.GPUKind)
 	}
 	for _, g := range strings.Split(m["gpus"], ",") {
 		if g = strings.TrimSpace(g); g != "" {
@@ -272,7 +278,7 @@ func (b *Backend) startPooled(ctx context.Context) error {
 			args = append(slices.Clone(margs[i+1:]), args...)
 		}
 		specs := []pools.Spec{{ID: PoolID(margs[i]), Role: pools.RoleTrainer, BaseModel: margs[i], Replicas: po.Replicas,
-			GPUsPerReplica: po.GPUsPerReplica, Preemptible: po.Preemptible, Args: args}}
+			GPUsPerReplica: po.GPUsPerReplica, GPUKind: po.GPUKind, Preemptible: po.Preemptible, Args: args}}
 		if po.SamplerReplicas > 0 && po.Provider != "static" {
 			s := specs[0]
 			s.ID, s.Role, s.Replicas = SamplerPoolID(margs[i]), pools.RoleSampler, po.SamplerReplicas

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -27,10 +28,10 @@ func TestPoolOptions(t *testing.T) {
 	o, err := OptionsFromConfig(backendsConfig(map[string]string{}))
 	require.NoError(t, err)
 	require.Nil(t, o.Pool, "no provider: today's mode")
-	o, err = OptionsFromConfig(backendsConfig(map[string]string{"provider": "local", "replicas": "3", "gpus": "0, 1", "gpus_per_replica": "1"}))
+	o, err = OptionsFromConfig(backendsConfig(map[string]string{"provider": "local", "replicas": "3", "gpus": "0, 1", "gpus_per_replica": "1", "gpu_kind": "H100"}))
 	require.NoError(t, err)
-	require.Equal(t, &PoolOptions{Provider: "local", Replicas: 3, GPUsPerReplica: 1, GPUs: []string{"0", "1"}}, o.Pool)
-	for _, bad := range []map[string]string{{"provider": "k8s"}, {"provider": "ray"}, {"provider": "local", "replicas": "-1"}, {"provider": "local", "heartbeat_timeout": "x"}} {
+	require.Equal(t, &PoolOptions{Provider: "local", Replicas: 3, GPUsPerReplica: 1, GPUKind: "H100", GPUs: []string{"0", "1"}}, o.Pool)
+	for _, bad := range []map[string]string{{"provider": "k8s"}, {"provider": "local", "gpu_kind": "H100 SXM"}, {"provider": "local", "gpu_kind": strings.Repeat("a", 65)}, {"provider": "ray"}, {"provider": "local", "replicas": "-1"}, {"provider": "local", "heartbeat_timeout": "x"}} {
 		_, err := OptionsFromConfig(backendsConfig(bad))
 		require.Error(t, err, "%v", bad)
 	}

@@ -28,6 +28,7 @@ type gpuAssigner interface {
 type poolDef struct {
 	id, role, baseModel string
 	gpusPerReplica      int
+	gpuKind             string
 	preemptible         bool
 }
 
@@ -45,7 +46,7 @@ func (b *Backend) poolDefs() []poolDef {
 		if sr != nil {
 			if spec, ok := sr.Spec(id); ok {
 				name, _, _ := strings.Cut(spec.BaseModel, "=")
-				out = append(out, poolDef{id: id, role: string(spec.Role), baseModel: name, gpusPerReplica: spec.GPUsPerReplica, preemptible: spec.Preemptible})
+				out = append(out, poolDef{id: id, role: string(spec.Role), baseModel: name, gpusPerReplica: spec.GPUsPerReplica, gpuKind: spec.GPUKind, preemptible: spec.Preemptible})
 			}
 			continue
 		}
@@ -53,7 +54,7 @@ func (b *Backend) poolDefs() []poolDef {
 			if PoolID(m) == id {
 				name, _, _ := strings.Cut(m, "=")
 				out = append(out, poolDef{id: id, role: string(pools.RoleTrainer), baseModel: name,
-					gpusPerReplica: b.opts.Pool.GPUsPerReplica, preemptible: b.opts.Pool.Preemptible})
+					gpusPerReplica: b.opts.Pool.GPUsPerReplica, gpuKind: b.opts.Pool.GPUKind, preemptible: b.opts.Pool.Preemptible})
 			}
 		}
 	}
@@ -106,7 +107,7 @@ func (b *Backend) ListPools(context.Context) ([]backends.PoolInfo, error) {
 func (b *Backend) poolInfo(d poolDef, desired int) backends.PoolInfo {
 	info := backends.PoolInfo{ID: d.id, Role: d.role, BaseModel: d.baseModel, Provider: b.opts.Pool.Provider,
 		DesiredReplicas: max(desired, 0), RegisteredReplicas: len(b.registry.Members(d.id)), GPUsPerReplica: d.gpusPerReplica,
-		Preemptible: d.preemptible}
+		GPUKind: d.gpuKind, Preemptible: d.preemptible}
 	for _, u := range b.registry.Usage(d.id) {
 		info.ReplicaSeconds += u.Registered.Seconds()
 	}

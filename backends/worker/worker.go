@@ -202,7 +202,7 @@ func OptionsFromConfig(cfg backends.Config) (Options, error) {
 var optionKeys = []string{"workers", "local_workers", "python", "pythonpath", "worker_command", "args", "device",
 	"health_interval", "health_timeout", "health_failures", "call_timeout", "start_timeout", "tls_dir", "allow_dirs",
 	"checkpoint_origins", "provider", "registry_listen", "registry_url", "join_token_file", "ray_address", "ray_python",
-	"worker_listen", "replicas", "sampler_replicas", "gpus_per_replica", "pool_slots", "gpus", "preemptible",
+	"worker_listen", "replicas", "sampler_replicas", "gpus_per_replica", "gpu_kind", "pool_slots", "gpus", "preemptible",
 	"heartbeat_timeout", "keep_warm", "idle_to_zero"}
 
 // commaList splits a comma-separated option into its non-empty, trimmed elements.

@@ -80,10 +80,10 @@ func keysCmd() *cobra.Command {
 				return printJSON(cmd.OutOrStdout(), resp)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tWORKSPACE\tROLE\tNAME\tCREATED\tLAST USED\tREVOKED\tBUDGET/MONTH\tBUDGET TOTAL")
+			fmt.Fprintln(tw, "ID\tWORKSPACE\tROLE\tNAME\tCREATED\tLAST USED\tREVOKED\tSPENT/BUDGET MONTH\tSPENT/BUDGET TOTAL")
 			for _, k := range resp.GetKeys() {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.GetId(), k.GetWorkspace(), roleName(k.GetRole()), k.GetName(),
-					when(k.GetCreateTime()), when(k.GetLastUsedTime()), when(k.GetRevokeTime()), usd(k.GetBudgetUsdMonth()), usd(k.GetBudgetUsdTotal()))
+					when(k.GetCreateTime()), when(k.GetLastUsedTime()), when(k.GetRevokeTime()), keyBudget(k, "budget_usd_month"), keyBudget(k, "budget_usd_total"))
 			}
 			return tw.Flush()
 		},
@@ -120,7 +120,7 @@ func keysCmd() *cobra.Command {
 
 	show := &cobra.Command{
 		Use:   "show KEY_ID",
-		Short: "Show a stored key of the workspace: its role, times and budgets",
+		Short: "Show a stored key of the workspace: its role, times, budgets and what it spent against them",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			resp, err := client().ListKeys(cmd.Context(), &loopsv1.ListKeysRequest{Limit: 1000})
@@ -177,12 +177,47 @@ func keysCmd() *cobra.Command {
 	return cmd
 }
 
-// showKey prints a key record, one field a line.
+// showKey prints a key record, one field a line; a budget with what the key spent
+// against it and the alerts crossed (under a price sheet).
 func showKey(cmd *cobra.Command, k *loopsv1.ApiKey) error {
 	_, err := fmt.Fprintf(cmd.OutOrStdout(), "id:           %s\nworkspace:    %s\nrole:         %s\nname:         %s\ncreated:      %s\nlast used:    %s\nrevoked:      %s\nbudget/month: %s\nbudget total: %s\n",
 		k.GetId(), k.GetWorkspace(), roleName(k.GetRole()), k.GetName(), when(k.GetCreateTime()), when(k.GetLastUsedTime()),
-		when(k.GetRevokeTime()), usd(k.GetBudgetUsdMonth()), usd(k.GetBudgetUsdTotal()))
+		when(k.GetRevokeTime()), keyBudgetUse(k, "budget_usd_month"), keyBudgetUse(k, "budget_usd_total"))
 	return err
+}
+
+// keyBudgetUse is one of a key's budgets (name: budget_usd_month or budget_usd_total) with
+// its spend, the work running and the alerts crossed, as loops workspace shows budgets; the
+// budget alone where the server reports no spend (no price sheet); "-" for none.
+func keyBudgetUse(k *loopsv1.ApiKey, name string) string {
+	for _, b := range k.GetBudgetStatus() {
+		if b.GetName() == name {
+			return b.GetLimitUsd() + " USD: " + budgetUse(b)
+		}
+	}
+	return usd(keyLimit(k, name))
+}
+
+// keyBudget is a key's budget for loops keys list: "spent/limit USD", with the alerts
+// crossed ("0.000036/0.00005 USD !50%"); the budget alone without a reported spend; "-".
+func keyBudget(k *loopsv1.ApiKey, name string) string {
+	for _, b := range k.GetBudgetStatus() {
+		if b.GetName() == name {
+			s := b.GetSpentUsd() + "/" + b.GetLimitUsd() + " USD"
+			if a := b.GetAlerts(); len(a) > 0 {
+				s += fmt.Sprintf(" !%d%%", a[len(a)-1])
+			}
+			return s
+		}
+	}
+	return usd(keyLimit(k, name))
+}
+
+func keyLimit(k *loopsv1.ApiKey, name string) string {
+	if name == "budget_usd_month" {
+		return k.GetBudgetUsdMonth()
+	}
+	return k.GetBudgetUsdTotal()
 }
 
 // usd shows a budget: "-" for none.

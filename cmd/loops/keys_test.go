@@ -1,8 +1,11 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -18,7 +21,9 @@ func TestKeysCommands(t *testing.T) {
 	t.Setenv("LOOPS_OPERATOR_KEY", "")
 	t.Setenv("LOOPS_API_KEY", "")
 	const flagKey, opKey = "tml-cli-flag", "tml-cli-operator"
-	url, _ := startServe(t, t.TempDir(), "--api-key", flagKey+"=flag-ws", "--operator-key", opKey)
+	sheet := filepath.Join(t.TempDir(), "prices.yaml")
+	require.NoError(t, os.WriteFile(sheet, []byte("models:\n  loops/tiny: {train: \"0.40\"}\n"), 0o600))
+	url, _ := startServe(t, t.TempDir(), "--api-key", flagKey+"=flag-ws", "--operator-key", opKey, "--prices", sheet)
 	keys := func(key string, args ...string) (string, error) {
 		return runCLI(t, append([]string{"keys", "--url", url, "--api-key", key}, args...)...)
 	}
@@ -81,15 +86,17 @@ func TestKeysCommands(t *testing.T) {
 	require.NoError(t, protojson.Unmarshal([]byte(out), &who))
 	out, err = keys(admin, "list")
 	require.NoError(t, err, out)
-	require.Contains(t, out, "BUDGET/MONTH")
-	require.Contains(t, out, "25.5 USD")
+	require.Contains(t, out, "SPENT/BUDGET MONTH")
+	require.Contains(t, out, "0/25.5 USD")
+	require.Contains(t, out, "0/100 USD")
 	out, err = keys(admin, "update", who.GetKeyId(), "--budget-usd-total", "0")
 	require.NoError(t, err, out)
-	require.Contains(t, out, "budget/month: 25.5 USD")
+	month := time.Now().UTC().Format("2006-01")
+	require.Contains(t, out, "budget/month: 25.5 USD: 0 of 25.5 USD spent in "+month+", 0 running")
 	require.Contains(t, out, "budget total: -")
 	out, err = keys(admin, "show", who.GetKeyId())
 	require.NoError(t, err, out)
-	require.Contains(t, out, "budget/month: 25.5 USD")
+	require.Contains(t, out, "budget/month: 25.5 USD: 0 of 25.5 USD spent in "+month+", 0 running")
 	_, err = keys(capped, "update", who.GetKeyId(), "--budget-usd-month", "1000")
 	require.ErrorContains(t, err, "admin key")
 }

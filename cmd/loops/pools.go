@@ -187,13 +187,22 @@ func printPools(w io.Writer, ps []*loopsv1.Pool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "POOL\tROLE\tBASE MODEL\tPROVIDER\tDESIRED\tREGISTERED\tGPUS/REPLICA\tPREEMPTIBLE\tGPU-SECONDS\tREPLICA-SECONDS")
 	for _, p := range ps {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%v\t%s\t%s\n", p.GetId(), poolRoleName(p.GetRole()), p.GetBaseModel(), p.GetProvider(),
-			p.GetDesiredReplicas(), p.GetRegisteredReplicas(), p.GetGpusPerReplica(), p.GetPreemptible(), seconds(p.GetGpuSeconds()), seconds(p.GetReplicaSeconds()))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%v\t%s\t%s\n", p.GetId(), poolRoleName(p.GetRole()), p.GetBaseModel(), p.GetProvider(),
+			p.GetDesiredReplicas(), p.GetRegisteredReplicas(), gpusOf(p), p.GetPreemptible(), seconds(p.GetGpuSeconds()), seconds(p.GetReplicaSeconds()))
 	}
 	if len(ps) == 0 {
 		fmt.Fprintln(tw, "(no pools)")
 	}
 	return tw.Flush()
+}
+
+// gpusOf is a pool's GPUs per replica and their kind: "2 H100", "2", "0".
+func gpusOf(p *loopsv1.Pool) string {
+	s := strconv.Itoa(int(p.GetGpusPerReplica()))
+	if k := p.GetGpuKind(); k != "" && p.GetGpusPerReplica() > 0 {
+		s += " " + k
+	}
+	return s
 }
 
 // printPool writes one pool in detail.
@@ -204,7 +213,7 @@ func printPool(w io.Writer, p *loopsv1.Pool) error {
 	fmt.Fprintf(tw, "base model\t%s\n", p.GetBaseModel())
 	fmt.Fprintf(tw, "provider\t%s\n", p.GetProvider())
 	fmt.Fprintf(tw, "replicas\t%d desired, %d registered\n", p.GetDesiredReplicas(), p.GetRegisteredReplicas())
-	fmt.Fprintf(tw, "gpus per replica\t%d\n", p.GetGpusPerReplica())
+	fmt.Fprintf(tw, "gpus per replica\t%s\n", gpusOf(p))
 	fmt.Fprintf(tw, "preemptible\t%v\n", p.GetPreemptible())
 	fmt.Fprintf(tw, "gpu-seconds\t%s\n", seconds(p.GetGpuSeconds()))
 	fmt.Fprintf(tw, "replica-seconds\t%s\n", seconds(p.GetReplicaSeconds()))
@@ -213,6 +222,9 @@ func printPool(w io.Writer, p *loopsv1.Pool) error {
 		idle := ""
 		if p.GetIdle() {
 			idle = " (scaled to zero while idle)"
+		}
+		if r := p.GetZeroReason(); r != "" {
+			idle = " (at zero: " + r + ")"
 		}
 		fmt.Fprintf(tw, "dedicated to\t%s, workspace %s%s\n", p.GetTrainingRunId(), p.GetWorkspace(), idle)
 	case p.GetWarm():

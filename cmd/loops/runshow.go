@@ -45,7 +45,7 @@ func runsShowCmd(cf *clientFlags) *cobra.Command {
 			if err := printRunShow(cmd.OutOrStdout(), run, all.GetSteps(), recent.GetSteps()); err != nil {
 				return err
 			}
-			if err := printRunStorage(cmd, cf, run.GetId()); err != nil {
+			if err := printRunStorage(cmd, cf, run.GetId(), run.GetSessionId()); err != nil {
 				return err
 			}
 			ev := loopsv1connect.NewEvalServiceClient(http.DefaultClient, cf.url, cf.options()...)
@@ -245,7 +245,7 @@ func sparkline(v []float64) string {
 
 // printRunStorage writes what the run's checkpoints take in the checkpoint store, and what
 // the workspace's retention will delete (retention_delete_time set).
-func printRunStorage(cmd *cobra.Command, cf *clientFlags, runID string) error {
+func printRunStorage(cmd *cobra.Command, cf *clientFlags, runID, sessionID string) error {
 	cl := loopsv1connect.NewCheckpointServiceClient(http.DefaultClient, cf.url, cf.options()...)
 	var n, pending int
 	var total, pendingBytes int64
@@ -273,7 +273,37 @@ func printRunStorage(cmd *cobra.Command, cf *clientFlags, runID string) error {
 		fmt.Fprintf(w, " (%d, %s, to be deleted by the workspace's retention)", pending, mib(pendingBytes))
 	}
 	fmt.Fprintln(w)
+	usage, err := loopsv1connect.NewUsageServiceClient(http.DefaultClient, cf.url, cf.options()...).GetUsage(cmd.Context(), &loopsv1.GetUsageRequest{})
+	if err != nil {
+		return err
+	}
+	cost, priced, err := storageCost(usage.GetBuckets(), sessionID)
+	if err != nil || !priced {
+		return err
+	}
+	fmt.Fprintf(w, "storage cost: %s USD for its session's checkpoints held in the last 30 days (metered by the hour)\n", cost)
 	return nil
+}
+
+// storageCost sums the cost of a session's checkpoint storage in buckets, and says whether
+// any of it was priced.
+func storageCost(buckets []*loopsv1.UsageBucket, sessionID string) (money.USD, bool, error) {
+	var sum money.USD
+	priced := false
+	for _, b := range buckets {
+		if b.GetKind() != loopsv1.UsageKind_USAGE_KIND_CHECKPOINT_BYTE_SECONDS || b.GetSessionId() != sessionID || b.GetCostUsd() == "" {
+			continue
+		}
+		c, err := money.ParseUSD(b.GetCostUsd(), money.Digits)
+		if err == nil {
+			sum, err = money.Add(sum, c)
+		}
+		if err != nil {
+			return 0, false, fmt.Errorf("summing the run's storage cost: %w", err)
+		}
+		priced = true
+	}
+	return sum, priced, nil
 }
 
 // mib writes a byte count in MiB.

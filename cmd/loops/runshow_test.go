@@ -129,3 +129,22 @@ func TestRunsShow(t *testing.T) {
 	cmd.SetArgs([]string{"runs", "show", run, "--url", url, "--api-key", "tml-someone-else"})
 	require.Error(t, cmd.ExecuteContext(t.Context()))
 }
+
+// TestStorageCost sums the priced checkpoint storage of one session exactly, leaving out
+// other sessions, other kinds and unpriced rows.
+func TestStorageCost(t *testing.T) {
+	b := func(kind loopsv1.UsageKind, session, cost string) *loopsv1.UsageBucket {
+		return &loopsv1.UsageBucket{Kind: kind, SessionId: session, CostUsd: cost}
+	}
+	const storage = loopsv1.UsageKind_USAGE_KIND_CHECKPOINT_BYTE_SECONDS
+	sum, priced, err := storageCost([]*loopsv1.UsageBucket{
+		b(storage, "s1", "0.000084931507"), b(storage, "s1", "0.000000235921"), b(storage, "s2", "1"),
+		b(loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, "s1", "1"), b(storage, "s1", ""),
+	}, "s1")
+	require.NoError(t, err)
+	require.True(t, priced)
+	require.Equal(t, "0.000085167428", sum.String())
+	_, priced, err = storageCost([]*loopsv1.UsageBucket{b(storage, "s1", "")}, "s1")
+	require.NoError(t, err)
+	require.False(t, priced)
+}

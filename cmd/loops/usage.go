@@ -87,6 +87,7 @@ var usageKindNames = map[loopsv1.UsageKind]string{
 	loopsv1.UsageKind_USAGE_KIND_CHECKPOINTS:                    "checkpoints",
 	loopsv1.UsageKind_USAGE_KIND_DEDICATED_REPLICA_SECONDS:      "dedicated_replica_seconds",
 	loopsv1.UsageKind_USAGE_KIND_DEDICATED_GPU_SECONDS:          "dedicated_gpu_seconds",
+	loopsv1.UsageKind_USAGE_KIND_CHECKPOINT_BYTE_SECONDS:        "checkpoint_byte_seconds",
 }
 
 func usageKindName(k loopsv1.UsageKind) string {

@@ -25,7 +25,8 @@ func workspaceCmd() *cobra.Command {
 			"The server's --workspace-policy sets the limits; \"none\" means no limit of the\n" +
 			"workspace's own. Under a price sheet (loops serve --prices), its budgets\n" +
 			"(budget_usd_month, budget_usd_total) show with what was spent, the work running and\n" +
-			"the alerts crossed (50%, 80%, 100%; each also in `loops audit --resource budget`).",
+			"the alerts crossed (50%, 80%, 100%; each also in `loops audit --resource budget`),\n" +
+			"and so do the budgets of its API keys (loops keys update --budget-usd-month/total).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cl := loopsv1connect.NewWorkspaceServiceClient(http.DefaultClient, cf.url, cf.options()...)
@@ -77,6 +78,9 @@ func printWorkspace(w io.Writer, ws *loopsv1.Workspace) error {
 	fmt.Fprintf(tw, "max_lora_rank\t%s\n", limit(l.GetMaxLoraRank()))
 	for _, b := range ws.GetBudgets() {
 		fmt.Fprintf(tw, "%s\t%s USD\t%s\n", b.GetName(), b.GetLimitUsd(), budgetUse(b))
+	}
+	for _, b := range ws.GetKeyBudgets() {
+		fmt.Fprintf(tw, "%s of %s\t%s USD\t%s\n", b.GetName(), b.GetKeyId(), b.GetLimitUsd(), budgetUse(b))
 	}
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "MODEL\tMAX SEQ LEN\tMAX LORA RANK")

@@ -37,3 +37,24 @@ func TestPrintWorkspaceShowsLimitsBesideUse(t *testing.T) {
 		"",
 	}, "\n"), out.String())
 }
+
+// TestBudgetsShown: a workspace's budget and its API key's, each with its spend and the
+// alerts crossed, in loops workspace, loops keys list (spent/budget and the last alert) and
+// loops keys show.
+func TestBudgetsShown(t *testing.T) {
+	kb := &loopsv1.WorkspaceBudget{Name: "budget_usd_total", LimitUsd: "0.00005", SpentUsd: "0.000048", ReservedUsd: "0", KeyId: "key-0123456789abcdef", Alerts: []int32{50, 80}}
+	var out strings.Builder
+	require.NoError(t, printWorkspace(&out, &loopsv1.Workspace{
+		Name:       "team-k",
+		Budgets:    []*loopsv1.WorkspaceBudget{{Name: "budget_usd_month", LimitUsd: "10", SpentUsd: "1.5", ReservedUsd: "0.25", Period: "2026-12"}},
+		KeyBudgets: []*loopsv1.WorkspaceBudget{kb},
+	}))
+	require.Contains(t, out.String(), "budget_usd_month                          10 USD       1.5 of 10 USD spent in 2026-12, 0.25 running\n")
+	require.Contains(t, out.String(), "budget_usd_total of key-0123456789abcdef  0.00005 USD  0.000048 of 0.00005 USD spent, 0 running; alerts: 50%, 80%\n")
+
+	k := &loopsv1.ApiKey{Id: kb.GetKeyId(), BudgetUsdMonth: "25.5", BudgetUsdTotal: "0.00005", BudgetStatus: []*loopsv1.WorkspaceBudget{kb}}
+	require.Equal(t, "0.000048/0.00005 USD !80%", keyBudget(k, "budget_usd_total"))
+	require.Equal(t, "25.5 USD", keyBudget(k, "budget_usd_month"), "no spend reported for it: the budget alone")
+	require.Equal(t, "-", keyBudget(&loopsv1.ApiKey{}, "budget_usd_total"))
+	require.Equal(t, "0.00005 USD: 0.000048 of 0.00005 USD spent, 0 running; alerts: 50%, 80%", keyBudgetUse(k, "budget_usd_total"))
+}

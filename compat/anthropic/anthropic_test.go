@@ -86,8 +86,10 @@ type message struct {
 	StopReason   string  `json:"stop_reason"`
 	StopSequence *string `json:"stop_sequence"`
 	Usage        struct {
-		InputTokens  int `json:"input_tokens"`
-		OutputTokens int `json:"output_tokens"`
+		InputTokens              int  `json:"input_tokens"`
+		CacheCreationInputTokens *int `json:"cache_creation_input_tokens"`
+		CacheReadInputTokens     *int `json:"cache_read_input_tokens"`
+		OutputTokens             int  `json:"output_tokens"`
 	} `json:"usage"`
 }
 
@@ -354,4 +356,45 @@ func TestPromptLimits(t *testing.T) {
 			require.True(t, strings.HasPrefix(e.Error.Message, "messages"), e.Error.Message)
 		}
 	}
+}
+
+// TestCachedTokensInUsage: a conversation's second turn starts with its first turn's
+// prompt, which the reference engine's prefix cache serves. Usage says so as Anthropic
+// does: cache_read_input_tokens are the cached prompt tokens, input_tokens the rest (the
+// two add up to count_tokens), non-streamed and in the stream's message_delta.
+func TestCachedTokensInUsage(t *testing.T) {
+	url := startServer(t) + "/anthropic/api/v1/messages"
+	system := strings.Repeat("You are a careful assistant who answers briefly. ", 4)
+	msgs := []map[string]any{{"role": "user", "content": "Hello world!"}}
+	body := func() map[string]any {
+		return map[string]any{"model": tiny.Name, "max_tokens": 4, "temperature": 0, "system": system, "messages": msgs}
+	}
+	count := func() int {
+		return decode[struct {
+			InputTokens int `json:"input_tokens"`
+		}](t, post(t, url+"/count_tokens", map[string]any{"model": tiny.Name, "system": system, "messages": msgs}, true)).InputTokens
+	}
+	first := decode[message](t, post(t, url, body(), false))
+	require.NotNil(t, first.Usage.CacheReadInputTokens)
+	require.Zero(t, *first.Usage.CacheReadInputTokens, "nothing was cached yet")
+	require.Equal(t, 0, *first.Usage.CacheCreationInputTokens)
+	require.Equal(t, count(), first.Usage.InputTokens)
+
+	msgs = append(msgs, map[string]any{"role": "assistant", "content": first.Content[0].Text}, map[string]any{"role": "user", "content": "And then?"})
+	second := decode[message](t, post(t, url, body(), false))
+	cached, prompt := *second.Usage.CacheReadInputTokens, count()
+	require.GreaterOrEqual(t, cached, first.Usage.InputTokens/16*16-16, "the first turn's whole blocks, but maybe the one its end cut")
+	require.Zero(t, cached%16)
+	require.Positive(t, second.Usage.InputTokens)
+	require.Equal(t, prompt, second.Usage.InputTokens+cached, "input_tokens leaves the cached tokens out")
+
+	// The same turn again, streamed: message_start counts the prompt, message_delta splits it.
+	evs := streamEvents(t, url, body())
+	start := evs[0].data["message"].(map[string]any)["usage"].(map[string]any)
+	require.Equal(t, float64(prompt), start["input_tokens"])
+	delta := evs[len(evs)-2].data["usage"].(map[string]any)
+	again := int(delta["cache_read_input_tokens"].(float64))
+	require.GreaterOrEqual(t, again, cached, "the second turn's own blocks are cached now")
+	require.Equal(t, float64(prompt-again), delta["input_tokens"])
+	require.Equal(t, float64(second.Usage.OutputTokens), delta["output_tokens"])
 }

@@ -70,10 +70,25 @@ func (s *server) countTokens(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// usage is Anthropic's token count of a message.
+// usage is Anthropic's token count of a message. As Anthropic counts them, InputTokens
+// leaves out the prompt tokens served from the engine's prefix cache, which are
+// CacheReadInputTokens (billed as cached prefill; the OpenAI route's
+// prompt_tokens_details.cached_tokens): the prompt is their sum. Nothing is written to a
+// cache at a price of its own, so CacheCreationInputTokens is always 0.
 type usage struct {
-	InputTokens  int `json:"input_tokens"`
-	OutputTokens int `json:"output_tokens"`
+	InputTokens              int `json:"input_tokens"`
+	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
+	OutputTokens             int `json:"output_tokens"`
+}
+
+// usageOf is the completion's usage so far: the cached prompt tokens are known once its
+// samples finish, so message_start counts the whole prompt as input and message_delta
+// gives the split.
+func usageOf(c *infer.Completion) usage {
+	p, g := c.Usage()
+	cached := min(max(c.CachedTokens, 0), p)
+	return usage{InputTokens: p - cached, CacheReadInputTokens: cached, OutputTokens: g}
 }
 
 type textBlock struct {
@@ -149,8 +164,7 @@ func stopReason(c *infer.Completion, called bool) (reason string, seq *string) {
 // in message_start).
 func messageOf(req *request, c *infer.Completion, done bool) message {
 	m := message{ID: "msg_" + c.ID, Type: "message", Role: "assistant", Model: req.model, Content: []block{}}
-	p, g := c.Usage()
-	m.Usage = usage{InputTokens: p, OutputTokens: g}
+	m.Usage = usageOf(c)
 	if done {
 		m.Content = req.answer(c)
 		reason, seq := stopReason(c, m.Content[len(m.Content)-1].Type == "tool_use")
@@ -265,8 +279,7 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, req *request, ru
 		send("content_block_stop", map[string]any{"type": "content_block_stop", "index": i})
 	}
 	reason, seq := stopReason(c, len(calls) > 0)
-	_, g := c.Usage()
 	send("message_delta", map[string]any{"type": "message_delta",
-		"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq}, "usage": map[string]int{"output_tokens": g}})
+		"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq}, "usage": usageOf(c)})
 	send("message_stop", map[string]string{"type": "message_stop"})
 }

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/prices"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 )
@@ -31,6 +32,7 @@ type Service struct {
 	st     Reader
 	tokens *store.PageTokens
 	rec    *Recorder
+	prices *prices.Watcher
 }
 
 // flushWait bounds how long a list waits for the events recorded before it to be written.
@@ -41,6 +43,13 @@ const flushWait = 2 * time.Second
 // sees its own calls. rec may be nil.
 func NewService(st Reader, tokens *store.PageTokens, rec *Recorder) *Service {
 	return &Service{st: st, tokens: tokens, rec: rec}
+}
+
+// WithPrices makes GetCheckpointStorage report the storage price of the sheet w has in
+// force (nil: none), and returns s.
+func (s *Service) WithPrices(w *prices.Watcher) *Service {
+	s.prices = w
+	return s
 }
 
 func invalid(format string, args ...any) error {
@@ -132,7 +141,13 @@ func (s *Service) GetCheckpointStorage(ctx context.Context, _ *loopsv1.GetCheckp
 	if err != nil {
 		return nil, err
 	}
-	return &loopsv1.GetCheckpointStorageResponse{CheckpointCount: cs.Checkpoints, SizeBytes: cs.Bytes}, nil
+	out := &loopsv1.GetCheckpointStorageResponse{CheckpointCount: cs.Checkpoints, SizeBytes: cs.Bytes}
+	if s.prices != nil {
+		if rate, ok := s.prices.Current().Rate(ws, "", store.UsageCheckpointByteSeconds, ""); ok {
+			out.RateUsdPerGbMonth = rate.String()
+		}
+	}
+	return out, nil
 }
 
 // ToProto is the loops.v1 form of an event.

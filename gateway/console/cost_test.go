@@ -2,18 +2,20 @@ package console_test
 
 import (
 	"log/slog"
+	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
-	"net/url"
-
 	"github.com/loops-dev/loops/gateway"
 	"github.com/loops-dev/loops/gateway/console"
 	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/prices"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 )
 
 // TestConsoleShowsCost: under a price sheet the run page draws the run's cost beside its
@@ -25,8 +27,15 @@ func TestConsoleShowsCost(t *testing.T) {
 	require.NoError(t, err)
 	pol, err := policy.Parse([]byte("workspaces:\n  ws-a: {budget_usd_month: \"0.000008\"}\n"))
 	require.NoError(t, err)
-	base := startServerWith(t, func(c *gateway.Config) { c.Core.Prices, c.Core.Policy = sheet, pol })
-	run, _ := train(t, base, keyA, 3) // 3 × 4 tokens × $0.40 / 1e6
+	base := startServerWith(t, func(c *gateway.Config) {
+		c.Core.Prices, c.Core.Policy = sheet, pol
+		require.NoError(t, c.Keys.AddOperatorKeys([]string{"tml-console-operator"}))
+	})
+	// A key of ws-a with a total budget of 9 µ$ does the work: 4.8 µ$ is 53% of it.
+	keys := loopsv1connect.NewKeyServiceClient(http.DefaultClient, base, withKey("tml-console-operator"))
+	capped, err := keys.CreateKey(t.Context(), &loopsv1.CreateKeyRequest{Workspace: "ws-a", BudgetUsdTotal: "0.000009"})
+	require.NoError(t, err)
+	run, _ := train(t, base, capped.GetSecret(), 3) // 3 × 4 tokens × $0.40 / 1e6
 
 	b := newBrowser(t, base)
 	code, _, _ := b.post(console.SignInPath, url.Values{"api_key": {keyA}})
@@ -42,6 +51,9 @@ func TestConsoleShowsCost(t *testing.T) {
 	_, _, body = b.get("/console/limits")
 	require.Contains(t, body, `id="budgets"`)
 	require.Regexp(t, `budget_usd_month \(\d{4}-\d{2}\)</th><td>0.0000048 of 0.000008 USD spent, 0 running; <strong class="alert">alerts: 50%</strong>`, body)
+	// And the key's budget, its spend and its alert.
+	require.Contains(t, body, `id="key-budgets"`)
+	require.Contains(t, body, capped.GetKey().GetId()+` budget_usd_total</th><td>0.0000048 of 0.000009 USD spent, 0 running; <strong class="alert">alerts: 50%</strong>`)
 
 	// No price sheet: no cost anywhere on the pages.
 	base = startServer(t)

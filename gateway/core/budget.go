@@ -11,6 +11,7 @@ import (
 
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/policy"
+	"github.com/loops-dev/loops/gateway/store"
 	"github.com/loops-dev/loops/internal/errs"
 	"github.com/loops-dev/loops/internal/money"
 )
@@ -55,6 +56,9 @@ type wsSpend struct {
 	// alerted is the set of alert thresholds (budgetalert.go: bit i for alertThresholds[i])
 	// alerted for the month's budget this month [0] and for the total budget [1].
 	alerted [2]uint8
+	// keyLimits are an API key's budgets (month, total) as its record had them when its work
+	// was last admitted, which its alerts are of (a workspace's are in its policy).
+	keyLimits [2]money.USD
 }
 
 func newBudgetBook() *budgetBook {
@@ -86,7 +90,7 @@ func (b *budgetBook) spend(ws, key string, keySettled bool, l policy.Limits, cos
 	defer b.mu.Unlock()
 	if e := b.ws[spendID{ws: ws}]; e != nil && e.loaded {
 		e.add(cost, settled, now)
-		b.alertLocked(ws, e, l.BudgetMonth, l.BudgetTotal, "", now)
+		b.alertLocked(spendID{ws: ws}, e, l.BudgetMonth, l.BudgetTotal, "", now)
 	}
 	if key == "" {
 		return
@@ -96,6 +100,7 @@ func (b *budgetBook) spend(ws, key string, keySettled bool, l policy.Limits, cos
 			settled = 0
 		}
 		e.add(cost, settled, now)
+		b.alertLocked(spendID{ws, key}, e, e.keyLimits[0], e.keyLimits[1], "", now)
 	}
 }
 
@@ -159,13 +164,13 @@ func (c *Core) anyBudget(ctx context.Context, ws string) bool {
 // store the first time each is needed: the budgeted workspace's and the budgeted API
 // key's. It does I/O: call it before any lock is taken.
 func (c *Core) budgetReady(ctx context.Context, ws string) error {
-	if _, ok := c.budgeted(ws); ok {
-		if err := c.loadSpend(ctx, spendID{ws: ws}); err != nil {
+	if l, ok := c.budgeted(ws); ok {
+		if err := c.loadSpend(ctx, spendID{ws: ws}, [2]money.USD{l.BudgetMonth, l.BudgetTotal}); err != nil {
 			return internal("reading the workspace's spend for its budget", err)
 		}
 	}
 	if kb, ok := c.keyBudgetOf(ctx); ok {
-		if err := c.loadSpend(ctx, spendID{ws, kb.id}); err != nil {
+		if err := c.loadSpend(ctx, spendID{ws, kb.id}, [2]money.USD{kb.month, kb.total}); err != nil {
 			return internal("reading the API key's spend for its budget", err)
 		}
 	}
@@ -173,8 +178,11 @@ func (c *Core) budgetReady(ctx context.Context, ws string) error {
 }
 
 // loadSpend loads a spend (a workspace's, or an API key's) unless it is loaded: the costs
-// of its usage this month and in all, the counters not yet written included.
-func (c *Core) loadSpend(ctx context.Context, id spendID) error {
+// of its usage this month and in all, the counters not yet written included. limits are
+// its budgets (month, total): the alert thresholds its spend passes that were never
+// recorded (the gateway stopped between crossing and recording them) are alerted now
+// (budgetalert.go).
+func (c *Core) loadSpend(ctx context.Context, id spendID, limits [2]money.USD) error {
 	ws := id.ws
 	b := c.budgets
 	b.mu.Lock()
@@ -197,7 +205,7 @@ func (c *Core) loadSpend(ctx context.Context, id spendID) error {
 		u.mu.Unlock()
 		return nil
 	}
-	e := &wsSpend{loaded: true, month: month}
+	e := &wsSpend{loaded: true, month: month, keyLimits: limits}
 	var err error
 	for k, a := range u.pending {
 		if k.ws != ws || (id.key != "" && k.key != id.key) || err != nil {
@@ -210,6 +218,7 @@ func (c *Core) loadSpend(ctx context.Context, id spendID) error {
 	b.ws[id] = e
 	b.mu.Unlock()
 	u.mu.Unlock()
+	var recorded []store.BudgetAlert
 	cost := func(from time.Time) (int64, error) {
 		if id.key != "" {
 			return c.store.KeyUsageCost(ctx, ws, id.key, from, now.Add(usageBucket))
@@ -223,6 +232,9 @@ func (c *Core) loadSpend(ctx context.Context, id spendID) error {
 	if err == nil {
 		month0, err = cost(month)
 	}
+	if err == nil {
+		recorded, err = c.store.ListBudgetAlerts(ctx, ws, id.key, month.Format(periodLayout))
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err == nil {
@@ -230,9 +242,8 @@ func (c *Core) loadSpend(ctx context.Context, id spendID) error {
 			e.monthSpent, err = money.Add(e.monthSpent, money.USD(month0))
 		}
 	}
-	if err == nil && id.key == "" { // thresholds passed before: alerted then, not again (budgetalert.go)
-		l := c.policy.Limits(ws)
-		e.alerted = [2]uint8{reached(e.monthSpent, l.BudgetMonth), reached(e.totalSpent, l.BudgetTotal)}
+	if err == nil {
+		b.loadAlertsLocked(id, e, limits, recorded, now)
 	}
 	if err != nil {
 		delete(b.ws, id) // loaded again next time
@@ -263,7 +274,7 @@ func (c *Core) reserveBudget(ctx context.Context, ws string, estimate money.USD)
 		}
 		we.rollLocked(now)
 		if name, bud, ok := we.passes(l.BudgetMonth, l.BudgetTotal, estimate); !ok {
-			b.alertLocked(ws, we, l.BudgetMonth, l.BudgetTotal, name, now) // the cap is reached
+			b.alertLocked(spendID{ws: ws}, we, l.BudgetMonth, l.BudgetTotal, name, now) // the cap is reached
 			return "", errs.Final(errs.New(connect.CodeResourceExhausted, errs.ReasonBudgetExceeded, fmt.Errorf(
 				"workspace %q has spent %s USD %s (and has %s USD of work running) of its budget of %s USD (%s in its policy); this work's estimated cost, %s USD, would pass it: ask an operator to raise %s in the workspace policy (loops serve --workspace-policy)",
 				ws, bud.spent, bud.when, we.reserved, bud.limit, name, estimate, name)))
@@ -274,7 +285,9 @@ func (c *Core) reserveBudget(ctx context.Context, ws string, estimate money.USD)
 			return "", connect.NewError(connect.CodeUnavailable, fmt.Errorf("API key %s's spend is not loaded yet: retry", kb.id))
 		}
 		ke.rollLocked(now)
+		ke.keyLimits = [2]money.USD{kb.month, kb.total}
 		if name, bud, ok := ke.passes(kb.month, kb.total, estimate); !ok {
+			b.alertLocked(spendID{ws, kb.id}, ke, kb.month, kb.total, name, now) // the cap is reached
 			return "", errs.Final(errs.New(connect.CodeResourceExhausted, errs.ReasonBudgetExceeded, fmt.Errorf(
 				"API key %s has spent %s USD %s (and has %s USD of work running) of its budget of %s USD (%s of the key); this work's estimated cost, %s USD, would pass it: ask a workspace admin to raise it (loops keys update %s --%s USD)",
 				kb.id, bud.spent, bud.when, ke.reserved, bud.limit, name, estimate, kb.id, strings.ReplaceAll(name, "_", "-"))))

@@ -234,6 +234,8 @@ type Core struct {
 	// delete (ckStep).
 	ckFault func(ckStep) error
 	usage   *usageMeter
+	// storage integrates checkpoint bytes held over time (storagemeter.go).
+	storage *storageMeter
 	costs   *costMetric
 	budgets *budgetBook
 	policy  *policy.Enforcer // workspace limits and current use
@@ -299,6 +301,7 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 		archives:     newArchiveTokens(),
 		traceLinks:   newTraceLinks(),
 		usage:        newUsageMeter(),
+		storage:      newStorageMeter(),
 		costs:        newCostMetric(opts.Registerer),
 		budgets:      newBudgetBook(),
 	}
@@ -412,6 +415,7 @@ func (c *Core) close() {
 	}
 	c.ops.close()                           // commit and publish the outcomes still queued
 	c.persistSessions(context.Background()) // their last heartbeats
+	c.meterStorage(context.Background(), true)
 	c.flushUsage(context.Background())
 }
 
@@ -448,6 +452,8 @@ func (c *Core) sweep(ctx context.Context) {
 	c.archives.sweep(now)
 	c.traceLinks.sweep(now)
 	c.meterPools()
+	c.zeroPoolsAtCap(ctx)
+	c.meterStorage(ctx, false)
 	c.flushUsage(ctx)
 }
 

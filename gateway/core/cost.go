@@ -60,15 +60,16 @@ type opCost struct {
 	versions []string
 }
 
-// priceUsage prices amount of kind for a workspace on model with the sheet in force now:
+// priceUsage prices amount of kind for a workspace on model (gpuKind: a dedicated pool's GPU
+// kind, for GPU-seconds) with the sheet in force now:
 // the cost, whether the sheet prices it, and the sheet's version. A cost that overflows
 // is logged and left unpriced.
-func (c *Core) priceUsage(ws, model, kind string, amount int64) (money.USD, bool, string) {
+func (c *Core) priceUsage(ws, model, kind, gpuKind string, amount int64) (money.USD, bool, string) {
 	sheet := c.opts.Prices.Current()
 	if sheet == nil {
 		return 0, false, ""
 	}
-	cost, ok, err := sheet.Cost(ws, model, kind, "", amount)
+	cost, ok, err := sheet.Cost(ws, model, kind, gpuKind, amount)
 	if err != nil {
 		c.log.Error("usage left unpriced", slog.String("workspace", ws), slog.Any("err", err))
 		return 0, false, ""

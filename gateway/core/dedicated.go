@@ -2,8 +2,10 @@ package core
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"math"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/money"
 )
 
 // Dedicated runs. A run may ask for worker replicas of its own instead of the shared pools
@@ -98,7 +101,7 @@ func (c *Core) acquirePool(ctx context.Context, r *run, shape dedicatedShape) er
 	if err != nil {
 		return err
 	}
-	r.SetPool(g.Pool, g.GPUsPerReplica)
+	r.SetPool(g.Pool, g.GPUsPerReplica, g.GPUKind)
 	c.updateRun(r, func(i *loopsv1.TrainingRun) { i.DedicatedPool = g.Pool })
 	kind := "cold"
 	if g.Warm {
@@ -139,8 +142,9 @@ func (c *Core) meterPool(r *run, final bool) {
 	}
 	info := r.Record()
 	c.recordUsage(r.Workspace(), info.GetBaseModel(), info.GetSessionId(), store.UsageDedicatedReplicaSeconds, delta)
-	if gpus > 0 {
-		c.recordUsage(r.Workspace(), info.GetBaseModel(), info.GetSessionId(), store.UsageDedicatedGPUSeconds, delta*int64(gpus))
+	if gpus > 0 { // priced by the pool's GPU kind
+		c.recordUsageIn(nil, c.now().UTC().Truncate(usageBucket), r.Workspace(), info.GetBaseModel(), info.GetSessionId(), "",
+			store.UsageDedicatedGPUSeconds, delta*int64(gpus), r.PoolGPUKind())
 	}
 }
 
@@ -158,6 +162,69 @@ func (c *Core) samplerPool(path string) string {
 		return r.Pool()
 	}
 	return ""
+}
+
+// capIdle is how long a dedicated pool of a workspace at a budget's cap must have had no call
+// before the janitor scales it to zero (zeroPoolsAtCap): work admitted before the cap ends.
+const capIdle = time.Minute
+
+// zeroPoolsAtCap scales the idle dedicated pools of workspaces at a budget's cap to zero
+// (backends.PoolZeroer), so they stop billing while no work can be admitted; each is
+// audited (pool_scale_to_zero) and shows its reason in loops pools. The run keeps its pool:
+// its next call, once the budget is raised, scales it up again.
+func (c *Core) zeroPoolsAtCap(ctx context.Context) {
+	z, ok := c.dedicatedPools.(backends.PoolZeroer)
+	if !ok {
+		return
+	}
+	for _, r := range c.runs.all() {
+		pool := r.Pool()
+		if pool == "" {
+			continue
+		}
+		why, at := c.atCap(r.Workspace())
+		if !at {
+			continue
+		}
+		c.meterPool(r, false) // its time up to now
+		down, err := z.ScaleIdleToZero(ctx, pool, capIdle, why)
+		if err != nil {
+			c.log.Error("scaling a dedicated pool at its workspace's budget cap to zero", slog.String("pool", pool), slog.Any("err", err))
+			continue
+		}
+		if !down {
+			continue
+		}
+		c.log.Info("dedicated pool scaled to zero: its workspace is at a budget's cap", slog.String("pool", pool), slog.String("run", r.ID()), slog.String("why", why))
+		err = c.store.AppendAuditEvents(ctx, []store.OwnedAuditEvent{{Workspace: r.Workspace(), Event: store.AuditEvent{
+			Time: c.now().UTC(), Surface: "budget", Action: why, Event: "pool_scale_to_zero", Resource: "pool", Target: pool,
+			Status: http.StatusOK, Code: "ok"}}})
+		if err != nil {
+			c.log.Error("auditing a dedicated pool scaled to zero", slog.String("pool", pool), slog.Any("err", err))
+		}
+	}
+}
+
+// atCap reports whether ws's loaded spend has reached one of its budgets, and says which.
+func (c *Core) atCap(ws string) (string, bool) {
+	l, ok := c.budgeted(ws)
+	if !ok {
+		return "", false
+	}
+	b := c.budgets
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.ws[spendID{ws: ws}]
+	if e == nil || !e.loaded {
+		return "", false
+	}
+	e.rollLocked(c.now())
+	for _, bud := range budgetsOf(e, [2]money.USD{l.BudgetMonth, l.BudgetTotal}) {
+		if bud.limit > 0 && reaches(bud.spent, bud.limit, 100) {
+			return fmt.Sprintf("workspace %s reached its %s (%s of %s USD spent): its idle dedicated pools are scaled to zero until an operator raises it", ws, bud.name, bud.spent, bud.limit), true
+		}
+	}
+	return "", false
 }
 
 // meterPools meters every live run's dedicated pool (the janitor's round).

@@ -68,11 +68,17 @@ func (c *Core) recordUsage(ws, model, session, kind string, amount int64) {
 // key that created o and added to o's cost, done through a deployment ("<owner>:<name>", "" for none), which the counter is kept
 // under.
 func (c *Core) recordOpUsage(o *operation, ws, model, session, deployment, kind string, amount int64) {
+	c.recordUsageIn(o, c.now().UTC().Truncate(usageBucket), ws, model, session, deployment, kind, amount, "")
+}
+
+// recordUsageIn is recordOpUsage into the hour bucket that starts at bucket, priced for
+// gpuKind (dedicated GPU-seconds: the pool's GPU kind, "" unnamed).
+func (c *Core) recordUsageIn(o *operation, bucket time.Time, ws, model, session, deployment, kind string, amount int64, gpuKind string) {
 	if amount <= 0 {
 		return
 	}
 	u := usageAmount{amount: amount}
-	if cost, ok, version := c.priceUsage(ws, model, kind, amount); ok {
+	if cost, ok, version := c.priceUsage(ws, model, kind, gpuKind, amount); ok {
 		u.priced, u.cost = amount, cost
 		if o != nil {
 			c.ops.addCost(o, cost, version)
@@ -88,7 +94,7 @@ func (c *Core) recordOpUsage(o *operation, ws, model, session, deployment, kind 
 			settled = o.settle(u.cost) // its reservation becomes spend (budget.go)
 		}
 	}
-	k := usageKey{ws: ws, model: model, session: session, deployment: deployment, key: key, kind: kind, bucket: c.now().UTC().Truncate(usageBucket)}
+	k := usageKey{ws: ws, model: model, session: session, deployment: deployment, key: key, kind: kind, bucket: bucket}
 	lim := c.policy.Limits(ws)
 	c.usage.mu.Lock()
 	c.usage.pending[k] = c.usage.pending[k].add(u)
@@ -140,6 +146,7 @@ var usageKinds = map[string]loopsv1.UsageKind{
 	store.UsageCheckpoint:              loopsv1.UsageKind_USAGE_KIND_CHECKPOINTS,
 	store.UsageDedicatedReplicaSeconds: loopsv1.UsageKind_USAGE_KIND_DEDICATED_REPLICA_SECONDS,
 	store.UsageDedicatedGPUSeconds:     loopsv1.UsageKind_USAGE_KIND_DEDICATED_GPU_SECONDS,
+	store.UsageCheckpointByteSeconds:   loopsv1.UsageKind_USAGE_KIND_CHECKPOINT_BYTE_SECONDS,
 }
 
 // UsageService implements loops.v1.UsageService.

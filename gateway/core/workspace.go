@@ -26,10 +26,15 @@ func (s WorkspaceService) GetWorkspace(ctx context.Context, _ *loopsv1.GetWorksp
 	if err != nil {
 		return nil, err
 	}
+	keyBudgets, err := c.keyBudgetsOf(ctx, ws)
+	if err != nil {
+		return nil, err
+	}
 	l, u, f := c.policy.Limits(ws), c.policy.Use(ws), c.fair.Status(ws)
 	return &loopsv1.Workspace{
-		Budgets: budgets,
-		Name:    ws,
+		Budgets:    budgets,
+		KeyBudgets: keyBudgets,
+		Name:       ws,
 		Limits: &loopsv1.WorkspaceLimits{
 			Models:              c.policy.Models(ws, c.modelList()),
 			MaxSequenceLength:   int32(l.MaxSequenceLength),

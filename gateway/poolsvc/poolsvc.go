@@ -216,8 +216,8 @@ func i32(n int) int32 { return int32(min(max(n, 0), 1<<31-1)) }
 func poolProto(p backends.PoolInfo) *loopsv1.Pool {
 	return &loopsv1.Pool{Id: p.ID, Role: roleProto(p.Role), BaseModel: p.BaseModel, Provider: p.Provider,
 		DesiredReplicas: i32(p.DesiredReplicas), RegisteredReplicas: i32(p.RegisteredReplicas), GpusPerReplica: i32(p.GPUsPerReplica),
-		Preemptible: p.Preemptible, GpuSeconds: p.GPUSeconds, ReplicaSeconds: p.ReplicaSeconds,
-		Workspace: p.Workspace, TrainingRunId: p.Run, Warm: p.Warm, Idle: p.Idle}
+		GpuKind: p.GPUKind, Preemptible: p.Preemptible, GpuSeconds: p.GPUSeconds, ReplicaSeconds: p.ReplicaSeconds,
+		Workspace: p.Workspace, TrainingRunId: p.Run, Warm: p.Warm, Idle: p.Idle, ZeroReason: p.ZeroReason}
 }
 
 func allocationProto(a backends.Allocation) *loopsv1.Allocation {

@@ -71,6 +71,10 @@ func TestCost(t *testing.T) {
 		{"x", "m", store.UsageDedicatedGPUSeconds, "", 2, "0.001388888889"},     // 5/3600 = 0.001388888888|89, up
 		{"team-a", "m", store.UsageDedicatedGPUSeconds, "H100", 3600, "1.25"},   // the workspace's list first, its "*" included
 		{"x", "m", store.UsageCheckpoint, "", 5, "none"},
+		{"x", "", store.UsageCheckpointByteSeconds, "", 1e9 * 730 * 3600, "0.031"},      // a GB for 730 h: the GB-month price
+		{"x", "", store.UsageCheckpointByteSeconds, "", 1e9 * 3600, "0.000042465753"},   // a GB-hour: 0.031/730 = 0.000042465753|42
+		{"x", "", store.UsageCheckpointByteSeconds, "", 12345 * 15, "0.000000000002"},   // 2.18 pico, rounded
+		{"team-a", "", store.UsageCheckpointByteSeconds, "", 1e9 * 730 * 3600, "0.031"}, // not overridden
 		{"x", "m", store.UsageDedicatedReplicaSeconds, "", 5, "none"},
 		{"x", "m", store.UsageSamplingSample, "", 0, "0"},
 	} {

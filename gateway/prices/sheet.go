@@ -27,6 +27,9 @@ const (
 	maxNameLen    = 512
 	tokensPerUnit = 1_000_000 // token prices are per million tokens
 	secondsPerHr  = 3600
+	// byteSecondsPerGBMonth is a GB-month of checkpoint storage in byte-seconds: a GB is
+	// 1e9 bytes and a month 730 hours (365 days / 12, as cloud storage bills it).
+	byteSecondsPerGBMonth = 1_000_000_000 * 730 * secondsPerHr
 	// priceDigits is the most decimal places a price may have.
 	priceDigits = 6
 )
@@ -185,6 +188,8 @@ func (s *Sheet) rate(ws, model, kind, gpuKind string) Price {
 		return own.model(model).Sample.or(s.base.model(model).Sample)
 	case store.UsageDedicatedGPUSeconds:
 		return own.gpu(gpuKind).or(s.base.gpu(gpuKind))
+	case store.UsageCheckpointByteSeconds:
+		return own.StorageGBMonth.or(s.base.StorageGBMonth)
 	}
 	return Price{}
 }
@@ -197,7 +202,8 @@ const UsageCachedPrefill = store.UsageSamplingCachedPrefill
 // for dedicated GPU-seconds) under the sheet, and whether the sheet prices it: false for
 // a nil sheet and for usage the sheet has no price for. Tokens cost the price per million
 // exactly; GPU-seconds cost the GPU-hour price prorated and rounded half up to the
-// pico-dollar.
+// pico-dollar, and checkpoint byte-seconds the GB-month price prorated (a GB-month is 1e9
+// bytes for 730 hours) and rounded the same way.
 func (s *Sheet) Cost(ws, model, kind, gpuKind string, amount int64) (money.USD, bool, error) {
 	p := s.rate(ws, model, kind, gpuKind)
 	if !p.set {
@@ -207,9 +213,12 @@ func (s *Sheet) Cost(ws, model, kind, gpuKind string, amount int64) (money.USD, 
 		c   money.USD
 		err error
 	)
-	if kind == store.UsageDedicatedGPUSeconds {
+	switch kind {
+	case store.UsageDedicatedGPUSeconds:
 		c, err = money.MulDiv(p.usd, amount, secondsPerHr)
-	} else {
+	case store.UsageCheckpointByteSeconds:
+		c, err = money.MulDiv(p.usd, amount, byteSecondsPerGBMonth)
+	default:
 		// A price with at most 6 decimals per million tokens is a whole number of
 		// pico-dollars per token.
 		c, err = money.Mul(p.usd/tokensPerUnit, amount)

@@ -90,6 +90,7 @@ type Store interface {
 	ProjectStore
 	KeyStore
 	AuditStore
+	BudgetAlertStore
 	CheckpointStorageReader
 	WeightsAccessStore
 	AccessStore
@@ -251,6 +252,10 @@ const (
 	UsageDedicatedReplicaSeconds = "dedicated_replica_seconds"
 	// UsageDedicatedGPUSeconds is the same times the GPUs per replica.
 	UsageDedicatedGPUSeconds = "dedicated_gpu_seconds"
+	// UsageCheckpointByteSeconds counts the bytes of a session's checkpoints held over time
+	// (byte-seconds: bytes held × seconds held, integrated over each hour), priced per
+	// GB-month.
+	UsageCheckpointByteSeconds = "checkpoint_byte_seconds"
 )
 
 // UsageRecord is one usage counter: Amount of Kind (one of the Usage* constants) for a base

@@ -235,6 +235,7 @@ func testInvalid(t *testing.T, h *Harness) {
 		"negative":      func(s *pools.Spec) { s.Replicas = -1 },
 		"too many":      func(s *pools.Spec) { s.Replicas = pools.MaxReplicas + 1 },
 		"negative gpus": func(s *pools.Spec) { s.GPUsPerReplica = -1 },
+		"bad gpu kind":  func(s *pools.Spec) { s.GPUKind = "H100/SXM" },
 	} {
 		s := good
 		mut(&s)

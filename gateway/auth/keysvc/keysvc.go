@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/policy"
@@ -26,6 +27,36 @@ const MaxNameLen = 128
 type Service struct {
 	keys        *auth.Keys
 	maxInFlight int
+	spend       KeySpend
+}
+
+// KeySpend reports an API key's budgets with what it spent against each (core.Core).
+type KeySpend interface {
+	// KeyBudgets is k's budgets and spend; none when it has no budget or no price sheet is
+	// loaded.
+	KeyBudgets(ctx context.Context, k *loopsv1.ApiKey) ([]*loopsv1.WorkspaceBudget, error)
+}
+
+// WithSpend makes ListKeys and UpdateKey report each budgeted key's spend
+// (ApiKey.budget_status) from sp, and returns s.
+func (s *Service) WithSpend(sp KeySpend) *Service {
+	s.spend = sp
+	return s
+}
+
+// withStatus is k, cloned with its budget_status when it has a budget and s reports spend
+// (k may be the directory's cached record: it is never changed).
+func (s *Service) withStatus(ctx context.Context, k *loopsv1.ApiKey) (*loopsv1.ApiKey, error) {
+	if s.spend == nil || (k.GetBudgetUsdMonth() == "" && k.GetBudgetUsdTotal() == "") {
+		return k, nil
+	}
+	st, err := s.spend.KeyBudgets(ctx, k)
+	if err != nil || len(st) == 0 {
+		return k, err
+	}
+	out := proto.CloneOf(k)
+	out.BudgetStatus = st
+	return out, nil
 }
 
 var _ loopsv1connect.KeyServiceHandler = (*Service)(nil)
@@ -156,7 +187,13 @@ func (s *Service) ListKeys(ctx context.Context, m *loopsv1.ListKeysRequest) (*lo
 		}
 		keys = live
 	}
-	return &loopsv1.ListKeysResponse{Keys: keys}, nil
+	out := make([]*loopsv1.ApiKey, len(keys))
+	for i, k := range keys {
+		if out[i], err = s.withStatus(ctx, k); err != nil {
+			return nil, err
+		}
+	}
+	return &loopsv1.ListKeysResponse{Keys: out}, nil
 }
 
 // RevokeKey revokes a stored key. A member key may revoke only itself.
@@ -231,7 +268,7 @@ func (s *Service) UpdateKey(ctx context.Context, m *loopsv1.UpdateKeyRequest) (*
 	if err != nil {
 		return nil, internal(err)
 	}
-	return rec, nil
+	return s.withStatus(ctx, rec)
 }
 
 func errKeyNotFound(id string) error {

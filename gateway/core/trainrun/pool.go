@@ -1,18 +1,25 @@
 package trainrun
 
-// pool is a run's dedicated pool ("" for the shared pools), its GPUs per replica, and the
-// replica-seconds already metered.
+// pool is a run's dedicated pool ("" for the shared pools), its GPUs per replica and their
+// kind, and the replica-seconds already metered.
 type pool struct {
-	name    string
-	gpus    int
-	metered int64
+	name, gpuKind string
+	gpus          int
+	metered       int64
 }
 
 // SetPool binds a dedicated pool to the run.
-func (r *Run[O]) SetPool(name string, gpusPerReplica int) {
+func (r *Run[O]) SetPool(name string, gpusPerReplica int, gpuKind string) {
 	r.mu.Lock()
-	r.pool = pool{name: name, gpus: gpusPerReplica}
+	r.pool = pool{name: name, gpus: gpusPerReplica, gpuKind: gpuKind}
 	r.mu.Unlock()
+}
+
+// PoolGPUKind is the kind of GPU of the run's dedicated pool ("" unnamed or none).
+func (r *Run[O]) PoolGPUKind() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pool.gpuKind
 }
 
 // Pool is the run's dedicated pool ("" for the shared pools).

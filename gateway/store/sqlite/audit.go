@@ -101,3 +101,14 @@ func (s *Store) CheckpointStorage(ctx context.Context, workspace string) (store.
 	})
 	return cs, err
 }
+
+// CheckpointBytes sums every workspace's checkpoint sizes by session.
+func (s *Store) CheckpointBytes(ctx context.Context, limit int) ([]store.SessionCheckpointBytes, error) {
+	var out []store.SessionCheckpointBytes
+	err := s.query(ctx, "checkpoint bytes", sqlstore.CheckpointBytes, []any{limit}, func(rows *sql.Rows) error {
+		var err error
+		out, err = sqlstore.ScanCheckpointBytes(rows)
+		return err
+	})
+	return out, err
+}

@@ -156,6 +156,18 @@ func testCheckpointStorage(t *testing.T, open func(t *testing.T) store.Store) {
 	cs, err = st.CheckpointStorage(ctx, wsB)
 	require.NoError(t, err)
 	require.Equal(t, store.CheckpointStorage{Checkpoints: 1, Bytes: 77}, cs)
+
+	// By session, every workspace: run-1 is sess-1's (its run record), run-b has none.
+	require.NoError(t, st.PutTrainingRun(ctx, wsA, trainingRun("run-1", 0)))
+	c4 := checkpoint("run-1", "c4", 2*time.Second)
+	c4.SizeBytes = 30
+	require.NoError(t, st.PutCheckpoint(ctx, wsA, c4))
+	byRun, err := st.CheckpointBytes(ctx, 100)
+	require.NoError(t, err)
+	require.Equal(t, []store.SessionCheckpointBytes{{Workspace: wsA, SessionID: "sess-1", Bytes: 2030}, {Workspace: wsB, Bytes: 77}}, byRun)
+	byRun, err = st.CheckpointBytes(ctx, 1)
+	require.NoError(t, err)
+	require.Len(t, byRun, 1, "at most limit rows")
 }
 
 func seqs(es []store.AuditEvent) []int64 {

@@ -26,9 +26,9 @@ type TakeLease func(t *testing.T, holder string) store.Fence
 var reads = []string{
 	"GetSession", "ListSessions", "GetTrainingRun", "ListTrainingRuns", "ListAllTrainingRuns",
 	"ListSessionTrainingRuns", "GetCheckpoint", "GetCheckpointAnyWorkspace", "ListCheckpoints",
-	"ListExpiredCheckpoints", "GetSampler", "GetOperation", "ListStepMetrics", "ListReceiptSteps", "ListUsage", "UsageCost", "KeyUsageCost",
+	"ListExpiredCheckpoints", "GetSampler", "GetOperation", "ListStepMetrics", "ListReceiptSteps", "ListUsage", "UsageCost", "KeyUsageCost", "ListBudgetAlerts",
 	"GetDeployment", "ListDeployments", "ListAllDeployments", "ListGrantedDeployments",
-	"CheckpointDeployments", "GetJob", "ListJobs", "ListAuditEvents", "CheckpointStorage",
+	"CheckpointDeployments", "GetJob", "ListJobs", "ListAuditEvents", "CheckpointStorage", "CheckpointBytes",
 	"GetProject", "ListProjects", "SearchSessions", "ListProjectTrainingRuns", "ListUnindexedSessions",
 	"APIKeyByHash", "GetAPIKey", "ListAPIKeys", "SigningKeys",
 	"GetWeightsAccessToken", "ListWeightsAccessTokens",
@@ -234,6 +234,11 @@ func fencedWrites() map[string]func(context.Context, store.Store) error {
 		},
 		"AppendAuditEvents": func(ctx context.Context, st store.Store) error {
 			return st.AppendAuditEvents(ctx, []store.OwnedAuditEvent{auditEvent(wsA, time.Hour, "key-a", "session_create", "sess-fenced")})
+		},
+		"RecordBudgetAlert": func(ctx context.Context, st store.Store) error {
+			a := store.BudgetAlert{Workspace: wsA, Budget: "budget_usd_total", Percent: 50, Time: far}
+			_, err := st.RecordBudgetAlert(ctx, a, auditEvent(wsA, time.Hour, "", "budget_alert", "budget_usd_total 50%"))
+			return err
 		},
 		"DeleteAuditEventsBefore": func(ctx context.Context, st store.Store) error {
 			_, err := st.DeleteAuditEventsBefore(ctx, far)

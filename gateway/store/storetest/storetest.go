@@ -77,6 +77,7 @@ func Run(t *testing.T, open Opener) {
 	s("Audit", testAudit)
 	s("AuditRetention", testAuditRetention)
 	s("CheckpointStorage", testCheckpointStorage)
+	s("BudgetAlerts", testBudgetAlerts)
 	s("WeightsAccessTokens", testWeightsAccessTokens)
 	s("WeightsAccessTokenLimit", testWeightsAccessTokenLimit)
 	s("AccessRequests", testAccessRequests)

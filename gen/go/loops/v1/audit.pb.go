@@ -354,9 +354,12 @@ type GetCheckpointStorageResponse struct {
 	// How many checkpoints the workspace holds.
 	CheckpointCount int64 `protobuf:"varint,1,opt,name=checkpoint_count,json=checkpointCount,proto3" json:"checkpoint_count,omitempty"`
 	// Their total size in bytes.
-	SizeBytes     int64 `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SizeBytes int64 `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// The price sheet's storage_gb_month for the workspace (USD per GB-month, an exact
+	// decimal string), which checkpoint storage is metered at; empty without one.
+	RateUsdPerGbMonth string `protobuf:"bytes,120,opt,name=rate_usd_per_gb_month,json=rateUsdPerGbMonth,proto3" json:"rate_usd_per_gb_month,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *GetCheckpointStorageResponse) Reset() {
@@ -403,6 +406,13 @@ func (x *GetCheckpointStorageResponse) GetSizeBytes() int64 {
 	return 0
 }
 
+func (x *GetCheckpointStorageResponse) GetRateUsdPerGbMonth() string {
+	if x != nil {
+		return x.RateUsdPerGbMonth
+	}
+	return ""
+}
+
 var File_loops_v1_audit_proto protoreflect.FileDescriptor
 
 const file_loops_v1_audit_proto_rawDesc = "" +
@@ -437,11 +447,12 @@ const file_loops_v1_audit_proto_rawDesc = "" +
 	"\x17ListAuditEventsResponse\x12,\n" +
 	"\x06events\x18\x01 \x03(\v2\x14.loops.v1.AuditEventR\x06events\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x1d\n" +
-	"\x1bGetCheckpointStorageRequest\"h\n" +
+	"\x1bGetCheckpointStorageRequest\"\x9a\x01\n" +
 	"\x1cGetCheckpointStorageResponse\x12)\n" +
 	"\x10checkpoint_count\x18\x01 \x01(\x03R\x0fcheckpointCount\x12\x1d\n" +
 	"\n" +
-	"size_bytes\x18\x02 \x01(\x03R\tsizeBytes2\x8e\x02\n" +
+	"size_bytes\x18\x02 \x01(\x03R\tsizeBytes\x120\n" +
+	"\x15rate_usd_per_gb_month\x18x \x01(\tR\x11rateUsdPerGbMonth2\x8e\x02\n" +
 	"\fAuditService\x12p\n" +
 	"\x0fListAuditEvents\x12 .loops.v1.ListAuditEventsRequest\x1a!.loops.v1.ListAuditEventsResponse\"\x18\x82\xd3\xe4\x93\x02\x12\x12\x10/v1/audit/events\x12\x8b\x01\n" +
 	"\x14GetCheckpointStorage\x12%.loops.v1.GetCheckpointStorageRequest\x1a&.loops.v1.GetCheckpointStorageResponse\"$\x82\xd3\xe4\x93\x02\x1e\x12\x1c/v1/usage/checkpoint_storageB\x8f\x01\n" +

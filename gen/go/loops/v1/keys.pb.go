@@ -99,8 +99,12 @@ type ApiKey struct {
 	// and budget_usd_total are, against the key's own usage.
 	BudgetUsdMonth string `protobuf:"bytes,8,opt,name=budget_usd_month,json=budgetUsdMonth,proto3" json:"budget_usd_month,omitempty"`
 	BudgetUsdTotal string `protobuf:"bytes,9,opt,name=budget_usd_total,json=budgetUsdTotal,proto3" json:"budget_usd_total,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The key's budgets with what the key spent against each and the alert thresholds
+	// crossed (as GetWorkspace's key_budgets); set by ListKeys and UpdateKey when the key has
+	// a budget and a price sheet is loaded, never stored.
+	BudgetStatus  []*WorkspaceBudget `protobuf:"bytes,120,rep,name=budget_status,json=budgetStatus,proto3" json:"budget_status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ApiKey) Reset() {
@@ -194,6 +198,13 @@ func (x *ApiKey) GetBudgetUsdTotal() string {
 		return x.BudgetUsdTotal
 	}
 	return ""
+}
+
+func (x *ApiKey) GetBudgetStatus() []*WorkspaceBudget {
+	if x != nil {
+		return x.BudgetStatus
+	}
+	return nil
 }
 
 type CreateKeyRequest struct {
@@ -673,7 +684,7 @@ var File_loops_v1_keys_proto protoreflect.FileDescriptor
 
 const file_loops_v1_keys_proto_rawDesc = "" +
 	"\n" +
-	"\x13loops/v1/keys.proto\x12\bloops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x81\x03\n" +
+	"\x13loops/v1/keys.proto\x12\bloops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17loops/v1/services.proto\"\xc1\x03\n" +
 	"\x06ApiKey\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
 	"\tworkspace\x18\x02 \x01(\tR\tworkspace\x12%\n" +
@@ -685,7 +696,8 @@ const file_loops_v1_keys_proto_rawDesc = "" +
 	"\vrevoke_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"revokeTime\x12(\n" +
 	"\x10budget_usd_month\x18\b \x01(\tR\x0ebudgetUsdMonth\x12(\n" +
-	"\x10budget_usd_total\x18\t \x01(\tR\x0ebudgetUsdTotal\"\xbf\x01\n" +
+	"\x10budget_usd_total\x18\t \x01(\tR\x0ebudgetUsdTotal\x12>\n" +
+	"\rbudget_status\x18x \x03(\v2\x19.loops.v1.WorkspaceBudgetR\fbudgetStatus\"\xbf\x01\n" +
 	"\x10CreateKeyRequest\x12\x1c\n" +
 	"\tworkspace\x18\x01 \x01(\tR\tworkspace\x12%\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x11.loops.v1.KeyRoleR\x04role\x12\x12\n" +
@@ -759,32 +771,34 @@ var file_loops_v1_keys_proto_goTypes = []any{
 	(*WhoAmIRequest)(nil),         // 8: loops.v1.WhoAmIRequest
 	(*WhoAmIResponse)(nil),        // 9: loops.v1.WhoAmIResponse
 	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(*WorkspaceBudget)(nil),       // 11: loops.v1.WorkspaceBudget
 }
 var file_loops_v1_keys_proto_depIdxs = []int32{
 	0,  // 0: loops.v1.ApiKey.role:type_name -> loops.v1.KeyRole
 	10, // 1: loops.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
 	10, // 2: loops.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
 	10, // 3: loops.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
-	0,  // 4: loops.v1.CreateKeyRequest.role:type_name -> loops.v1.KeyRole
-	1,  // 5: loops.v1.CreateKeyResponse.key:type_name -> loops.v1.ApiKey
-	1,  // 6: loops.v1.ListKeysResponse.keys:type_name -> loops.v1.ApiKey
-	0,  // 7: loops.v1.WhoAmIResponse.role:type_name -> loops.v1.KeyRole
-	1,  // 8: loops.v1.WhoAmIResponse.key:type_name -> loops.v1.ApiKey
-	2,  // 9: loops.v1.KeyService.CreateKey:input_type -> loops.v1.CreateKeyRequest
-	4,  // 10: loops.v1.KeyService.ListKeys:input_type -> loops.v1.ListKeysRequest
-	6,  // 11: loops.v1.KeyService.RevokeKey:input_type -> loops.v1.RevokeKeyRequest
-	7,  // 12: loops.v1.KeyService.UpdateKey:input_type -> loops.v1.UpdateKeyRequest
-	8,  // 13: loops.v1.KeyService.WhoAmI:input_type -> loops.v1.WhoAmIRequest
-	3,  // 14: loops.v1.KeyService.CreateKey:output_type -> loops.v1.CreateKeyResponse
-	5,  // 15: loops.v1.KeyService.ListKeys:output_type -> loops.v1.ListKeysResponse
-	1,  // 16: loops.v1.KeyService.RevokeKey:output_type -> loops.v1.ApiKey
-	1,  // 17: loops.v1.KeyService.UpdateKey:output_type -> loops.v1.ApiKey
-	9,  // 18: loops.v1.KeyService.WhoAmI:output_type -> loops.v1.WhoAmIResponse
-	14, // [14:19] is the sub-list for method output_type
-	9,  // [9:14] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	11, // 4: loops.v1.ApiKey.budget_status:type_name -> loops.v1.WorkspaceBudget
+	0,  // 5: loops.v1.CreateKeyRequest.role:type_name -> loops.v1.KeyRole
+	1,  // 6: loops.v1.CreateKeyResponse.key:type_name -> loops.v1.ApiKey
+	1,  // 7: loops.v1.ListKeysResponse.keys:type_name -> loops.v1.ApiKey
+	0,  // 8: loops.v1.WhoAmIResponse.role:type_name -> loops.v1.KeyRole
+	1,  // 9: loops.v1.WhoAmIResponse.key:type_name -> loops.v1.ApiKey
+	2,  // 10: loops.v1.KeyService.CreateKey:input_type -> loops.v1.CreateKeyRequest
+	4,  // 11: loops.v1.KeyService.ListKeys:input_type -> loops.v1.ListKeysRequest
+	6,  // 12: loops.v1.KeyService.RevokeKey:input_type -> loops.v1.RevokeKeyRequest
+	7,  // 13: loops.v1.KeyService.UpdateKey:input_type -> loops.v1.UpdateKeyRequest
+	8,  // 14: loops.v1.KeyService.WhoAmI:input_type -> loops.v1.WhoAmIRequest
+	3,  // 15: loops.v1.KeyService.CreateKey:output_type -> loops.v1.CreateKeyResponse
+	5,  // 16: loops.v1.KeyService.ListKeys:output_type -> loops.v1.ListKeysResponse
+	1,  // 17: loops.v1.KeyService.RevokeKey:output_type -> loops.v1.ApiKey
+	1,  // 18: loops.v1.KeyService.UpdateKey:output_type -> loops.v1.ApiKey
+	9,  // 19: loops.v1.KeyService.WhoAmI:output_type -> loops.v1.WhoAmIResponse
+	15, // [15:20] is the sub-list for method output_type
+	10, // [10:15] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_keys_proto_init() }
@@ -792,6 +806,7 @@ func file_loops_v1_keys_proto_init() {
 	if File_loops_v1_keys_proto != nil {
 		return
 	}
+	file_loops_v1_services_proto_init()
 	file_loops_v1_keys_proto_msgTypes[6].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

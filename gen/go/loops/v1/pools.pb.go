@@ -156,6 +156,10 @@ type Pool struct {
 	RegisteredReplicas int32 `protobuf:"varint,6,opt,name=registered_replicas,json=registeredReplicas,proto3" json:"registered_replicas,omitempty"`
 	// GPUs each replica holds; 0 for replicas on the CPU.
 	GpusPerReplica int32 `protobuf:"varint,7,opt,name=gpus_per_replica,json=gpusPerReplica,proto3" json:"gpus_per_replica,omitempty"`
+	// The kind of GPU its replicas hold ("H100"; the backend option gpu_kind), empty when
+	// unnamed: the price sheet's gpu_hour prices a dedicated pool's GPU time by it ("*" when
+	// empty or not listed).
+	GpuKind string `protobuf:"bytes,120,opt,name=gpu_kind,json=gpuKind,proto3" json:"gpu_kind,omitempty"`
 	// Its replicas may be taken away at any time (spot capacity); the gateway keeps its runs
 	// recoverable step by step.
 	Preemptible bool `protobuf:"varint,8,opt,name=preemptible,proto3" json:"preemptible,omitempty"`
@@ -171,7 +175,11 @@ type Pool struct {
 	// Released by its run and kept warm for the next one.
 	Warm bool `protobuf:"varint,13,opt,name=warm,proto3" json:"warm,omitempty"`
 	// Scaled to zero because its run made no call for idle_to_zero.
-	Idle          bool `protobuf:"varint,14,opt,name=idle,proto3" json:"idle,omitempty"`
+	Idle bool `protobuf:"varint,14,opt,name=idle,proto3" json:"idle,omitempty"`
+	// Why it is at zero replicas when the gateway scaled it down: "idle_to_zero: no call for
+	// 30m0s", or its workspace reached a budget's cap ("workspace team-a reached its
+	// budget_usd_month …"); empty while it has replicas. Its run's next call scales it up.
+	ZeroReason    string `protobuf:"bytes,121,opt,name=zero_reason,json=zeroReason,proto3" json:"zero_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -255,6 +263,13 @@ func (x *Pool) GetGpusPerReplica() int32 {
 	return 0
 }
 
+func (x *Pool) GetGpuKind() string {
+	if x != nil {
+		return x.GpuKind
+	}
+	return ""
+}
+
 func (x *Pool) GetPreemptible() bool {
 	if x != nil {
 		return x.Preemptible
@@ -302,6 +317,13 @@ func (x *Pool) GetIdle() bool {
 		return x.Idle
 	}
 	return false
+}
+
+func (x *Pool) GetZeroReason() string {
+	if x != nil {
+		return x.ZeroReason
+	}
+	return ""
 }
 
 // Allocation is one replica slot of a pool and what it holds.
@@ -844,7 +866,7 @@ var File_loops_v1_pools_proto protoreflect.FileDescriptor
 
 const file_loops_v1_pools_proto_rawDesc = "" +
 	"\n" +
-	"\x14loops/v1/pools.proto\x12\bloops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd9\x03\n" +
+	"\x14loops/v1/pools.proto\x12\bloops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x95\x04\n" +
 	"\x04Pool\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12&\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x12.loops.v1.PoolRoleR\x04role\x12\x1d\n" +
@@ -853,7 +875,8 @@ const file_loops_v1_pools_proto_rawDesc = "" +
 	"\bprovider\x18\x04 \x01(\tR\bprovider\x12)\n" +
 	"\x10desired_replicas\x18\x05 \x01(\x05R\x0fdesiredReplicas\x12/\n" +
 	"\x13registered_replicas\x18\x06 \x01(\x05R\x12registeredReplicas\x12(\n" +
-	"\x10gpus_per_replica\x18\a \x01(\x05R\x0egpusPerReplica\x12 \n" +
+	"\x10gpus_per_replica\x18\a \x01(\x05R\x0egpusPerReplica\x12\x19\n" +
+	"\bgpu_kind\x18x \x01(\tR\agpuKind\x12 \n" +
 	"\vpreemptible\x18\b \x01(\bR\vpreemptible\x12\x1f\n" +
 	"\vgpu_seconds\x18\t \x01(\x01R\n" +
 	"gpuSeconds\x12'\n" +
@@ -862,7 +885,9 @@ const file_loops_v1_pools_proto_rawDesc = "" +
 	"\tworkspace\x18\v \x01(\tR\tworkspace\x12&\n" +
 	"\x0ftraining_run_id\x18\f \x01(\tR\rtrainingRunId\x12\x12\n" +
 	"\x04warm\x18\r \x01(\bR\x04warm\x12\x12\n" +
-	"\x04idle\x18\x0e \x01(\bR\x04idle\"\x8e\x04\n" +
+	"\x04idle\x18\x0e \x01(\bR\x04idle\x12\x1f\n" +
+	"\vzero_reason\x18y \x01(\tR\n" +
+	"zeroReason\"\x8e\x04\n" +
 	"\n" +
 	"Allocation\x12\x17\n" +
 	"\apool_id\x18\x01 \x01(\tR\x06poolId\x12&\n" +

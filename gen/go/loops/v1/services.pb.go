@@ -99,19 +99,24 @@ const (
 	// Prompt tokens of sample requests served from the engine's prefix cache
 	// (SampleResult.prompt_cached_tokens), priced at the price sheet's cached_prefill.
 	UsageKind_USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS UsageKind = 7
+	// Bytes of a session's checkpoints held over time, in byte-seconds (bytes × seconds,
+	// sampled every janitor sweep and integrated over each hour), priced at the price
+	// sheet's storage_gb_month (a GB-month is 1e9 bytes for 730 hours).
+	UsageKind_USAGE_KIND_CHECKPOINT_BYTE_SECONDS UsageKind = 120
 )
 
 // Enum value maps for UsageKind.
 var (
 	UsageKind_name = map[int32]string{
-		0: "USAGE_KIND_UNSPECIFIED",
-		1: "USAGE_KIND_TRAINING_TOKENS",
-		2: "USAGE_KIND_SAMPLING_PREFILL_TOKENS",
-		3: "USAGE_KIND_SAMPLING_SAMPLE_TOKENS",
-		4: "USAGE_KIND_CHECKPOINTS",
-		5: "USAGE_KIND_DEDICATED_REPLICA_SECONDS",
-		6: "USAGE_KIND_DEDICATED_GPU_SECONDS",
-		7: "USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS",
+		0:   "USAGE_KIND_UNSPECIFIED",
+		1:   "USAGE_KIND_TRAINING_TOKENS",
+		2:   "USAGE_KIND_SAMPLING_PREFILL_TOKENS",
+		3:   "USAGE_KIND_SAMPLING_SAMPLE_TOKENS",
+		4:   "USAGE_KIND_CHECKPOINTS",
+		5:   "USAGE_KIND_DEDICATED_REPLICA_SECONDS",
+		6:   "USAGE_KIND_DEDICATED_GPU_SECONDS",
+		7:   "USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS",
+		120: "USAGE_KIND_CHECKPOINT_BYTE_SECONDS",
 	}
 	UsageKind_value = map[string]int32{
 		"USAGE_KIND_UNSPECIFIED":                    0,
@@ -122,6 +127,7 @@ var (
 		"USAGE_KIND_DEDICATED_REPLICA_SECONDS":      5,
 		"USAGE_KIND_DEDICATED_GPU_SECONDS":          6,
 		"USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS": 7,
+		"USAGE_KIND_CHECKPOINT_BYTE_SECONDS":        120,
 	}
 )
 
@@ -3701,7 +3707,11 @@ type Workspace struct {
 	// The workspace's budgets (workspace policy budget_usd_month, budget_usd_total) with what
 	// was spent against each; empty without budgets or without a price sheet (budgets are
 	// not enforced then).
-	Budgets       []*WorkspaceBudget `protobuf:"bytes,4,rep,name=budgets,proto3" json:"budgets,omitempty"`
+	Budgets []*WorkspaceBudget `protobuf:"bytes,4,rep,name=budgets,proto3" json:"budgets,omitempty"`
+	// The budgets of the workspace's live API keys that have one (ApiKey.budget_usd_month,
+	// budget_usd_total), each with its key_id, with what each key spent against it; empty
+	// without a price sheet.
+	KeyBudgets    []*WorkspaceBudget `protobuf:"bytes,120,rep,name=key_budgets,json=keyBudgets,proto3" json:"key_budgets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3764,6 +3774,13 @@ func (x *Workspace) GetBudgets() []*WorkspaceBudget {
 	return nil
 }
 
+func (x *Workspace) GetKeyBudgets() []*WorkspaceBudget {
+	if x != nil {
+		return x.KeyBudgets
+	}
+	return nil
+}
+
 // WorkspaceBudget is one of a workspace's budgets and its spend (docs/operations.md,
 // "Budgets").
 type WorkspaceBudget struct {
@@ -3780,7 +3797,9 @@ type WorkspaceBudget struct {
 	// The alert thresholds (percent of the budget: 50, 80, 100) its spend has crossed in the
 	// period, ascending; 100 also once the budget refused work. Each wrote one audit event
 	// budget_alert.
-	Alerts        []int32 `protobuf:"varint,6,rep,packed,name=alerts,proto3" json:"alerts,omitempty"`
+	Alerts []int32 `protobuf:"varint,6,rep,packed,name=alerts,proto3" json:"alerts,omitempty"`
+	// The API key whose budget this is ("key-…"); empty for the workspace's own (its policy's).
+	KeyId         string `protobuf:"bytes,120,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3855,6 +3874,13 @@ func (x *WorkspaceBudget) GetAlerts() []int32 {
 		return x.Alerts
 	}
 	return nil
+}
+
+func (x *WorkspaceBudget) GetKeyId() string {
+	if x != nil {
+		return x.KeyId
+	}
+	return ""
 }
 
 // WorkspaceLimits are a workspace's limits. A zero limit means the workspace has no limit of
@@ -4438,19 +4464,22 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x04kind\x18\x01 \x01(\x0e2\x13.loops.v1.UsageKindR\x04kind\x12\x16\n" +
 	"\x06amount\x18\x02 \x01(\x03R\x06amount\x12\x19\n" +
 	"\bcost_usd\x18\x03 \x01(\tR\acostUsd\"\x15\n" +
-	"\x13GetWorkspaceRequest\"\xb1\x01\n" +
+	"\x13GetWorkspaceRequest\"\xed\x01\n" +
 	"\tWorkspace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x121\n" +
 	"\x06limits\x18\x02 \x01(\v2\x19.loops.v1.WorkspaceLimitsR\x06limits\x12(\n" +
 	"\x03use\x18\x03 \x01(\v2\x16.loops.v1.WorkspaceUseR\x03use\x123\n" +
-	"\abudgets\x18\x04 \x03(\v2\x19.loops.v1.WorkspaceBudgetR\abudgets\"\xb2\x01\n" +
+	"\abudgets\x18\x04 \x03(\v2\x19.loops.v1.WorkspaceBudgetR\abudgets\x12:\n" +
+	"\vkey_budgets\x18x \x03(\v2\x19.loops.v1.WorkspaceBudgetR\n" +
+	"keyBudgets\"\xc9\x01\n" +
 	"\x0fWorkspaceBudget\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tlimit_usd\x18\x02 \x01(\tR\blimitUsd\x12\x1b\n" +
 	"\tspent_usd\x18\x03 \x01(\tR\bspentUsd\x12!\n" +
 	"\freserved_usd\x18\x04 \x01(\tR\vreservedUsd\x12\x16\n" +
 	"\x06period\x18\x05 \x01(\tR\x06period\x12\x16\n" +
-	"\x06alerts\x18\x06 \x03(\x05R\x06alerts\"\xa9\x02\n" +
+	"\x06alerts\x18\x06 \x03(\x05R\x06alerts\x12\x15\n" +
+	"\x06key_id\x18x \x01(\tR\x05keyId\"\xa9\x02\n" +
 	"\x0fWorkspaceLimits\x12+\n" +
 	"\x06models\x18\x01 \x03(\v2\x13.loops.v1.ModelInfoR\x06models\x12.\n" +
 	"\x13max_sequence_length\x18\x02 \x01(\x05R\x11maxSequenceLength\x12\"\n" +
@@ -4475,7 +4504,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\fExportFormat\x12\x1d\n" +
 	"\x19EXPORT_FORMAT_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12EXPORT_FORMAT_PEFT\x10\x01\x12\x18\n" +
-	"\x14EXPORT_FORMAT_MERGED\x10\x02*\xb1\x02\n" +
+	"\x14EXPORT_FORMAT_MERGED\x10\x02*\xd9\x02\n" +
 	"\tUsageKind\x12\x1a\n" +
 	"\x16USAGE_KIND_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aUSAGE_KIND_TRAINING_TOKENS\x10\x01\x12&\n" +
@@ -4484,7 +4513,8 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x16USAGE_KIND_CHECKPOINTS\x10\x04\x12(\n" +
 	"$USAGE_KIND_DEDICATED_REPLICA_SECONDS\x10\x05\x12$\n" +
 	" USAGE_KIND_DEDICATED_GPU_SECONDS\x10\x06\x12-\n" +
-	")USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS\x10\a2\xff\x05\n" +
+	")USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS\x10\a\x12&\n" +
+	"\"USAGE_KIND_CHECKPOINT_BYTE_SECONDS\x10x2\xff\x05\n" +
 	"\x0eSessionService\x12[\n" +
 	"\rCreateSession\x12\x1e.loops.v1.CreateSessionRequest\x1a\x11.loops.v1.Session\"\x17\x82\xd3\xe4\x93\x02\x11:\x01*\"\f/v1/sessions\x12\x81\x01\n" +
 	"\x10HeartbeatSession\x12!.loops.v1.HeartbeatSessionRequest\x1a\".loops.v1.HeartbeatSessionResponse\"&\x82\xd3\xe4\x93\x02 :\x01*\"\x1b/v1/sessions/{id}/heartbeat\x12g\n" +
@@ -4669,76 +4699,77 @@ var file_loops_v1_services_proto_depIdxs = []int32{
 	55, // 40: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
 	56, // 41: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
 	54, // 42: loops.v1.Workspace.budgets:type_name -> loops.v1.WorkspaceBudget
-	76, // 43: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
-	57, // 44: loops.v1.WorkspaceUse.fairness:type_name -> loops.v1.WorkspaceFairness
-	77, // 45: loops.v1.WorkspaceFairness.wait_p50:type_name -> google.protobuf.Duration
-	2,  // 46: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
-	3,  // 47: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
-	5,  // 48: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
-	6,  // 49: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
-	7,  // 50: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
-	9,  // 51: loops.v1.SessionService.SearchSessions:input_type -> loops.v1.SearchSessionsRequest
-	13, // 52: loops.v1.SessionService.SetSessionProject:input_type -> loops.v1.SetSessionProjectRequest
-	14, // 53: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
-	16, // 54: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
-	21, // 55: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
-	23, // 56: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
-	24, // 57: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
-	25, // 58: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
-	26, // 59: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
-	27, // 60: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
-	17, // 61: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
-	28, // 62: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
-	30, // 63: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
-	31, // 64: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
-	33, // 65: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
-	34, // 66: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
-	39, // 67: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
-	35, // 68: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
-	37, // 69: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
-	41, // 70: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
-	42, // 71: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
-	43, // 72: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
-	44, // 73: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
-	52, // 74: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
-	46, // 75: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
-	49, // 76: loops.v1.UsageService.EstimateCost:input_type -> loops.v1.EstimateCostRequest
-	63, // 77: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
-	4,  // 78: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
-	63, // 79: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
-	63, // 80: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
-	8,  // 81: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
-	12, // 82: loops.v1.SessionService.SearchSessions:output_type -> loops.v1.SearchSessionsResponse
-	63, // 83: loops.v1.SessionService.SetSessionProject:output_type -> loops.v1.Session
-	78, // 84: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
-	68, // 85: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
-	22, // 86: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
-	78, // 87: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
-	78, // 88: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
-	78, // 89: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
-	78, // 90: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
-	78, // 91: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
-	18, // 92: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
-	29, // 93: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
-	72, // 94: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
-	32, // 95: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
-	72, // 96: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
-	72, // 97: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
-	40, // 98: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
-	36, // 99: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
-	38, // 100: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
-	79, // 101: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
-	79, // 102: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
-	78, // 103: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
-	45, // 104: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
-	53, // 105: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
-	47, // 106: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
-	50, // 107: loops.v1.UsageService.EstimateCost:output_type -> loops.v1.EstimateCostResponse
-	77, // [77:108] is the sub-list for method output_type
-	46, // [46:77] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	54, // 43: loops.v1.Workspace.key_budgets:type_name -> loops.v1.WorkspaceBudget
+	76, // 44: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
+	57, // 45: loops.v1.WorkspaceUse.fairness:type_name -> loops.v1.WorkspaceFairness
+	77, // 46: loops.v1.WorkspaceFairness.wait_p50:type_name -> google.protobuf.Duration
+	2,  // 47: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
+	3,  // 48: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
+	5,  // 49: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
+	6,  // 50: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
+	7,  // 51: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
+	9,  // 52: loops.v1.SessionService.SearchSessions:input_type -> loops.v1.SearchSessionsRequest
+	13, // 53: loops.v1.SessionService.SetSessionProject:input_type -> loops.v1.SetSessionProjectRequest
+	14, // 54: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
+	16, // 55: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
+	21, // 56: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
+	23, // 57: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
+	24, // 58: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
+	25, // 59: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
+	26, // 60: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
+	27, // 61: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
+	17, // 62: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
+	28, // 63: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
+	30, // 64: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
+	31, // 65: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
+	33, // 66: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
+	34, // 67: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
+	39, // 68: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
+	35, // 69: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
+	37, // 70: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
+	41, // 71: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
+	42, // 72: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
+	43, // 73: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
+	44, // 74: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
+	52, // 75: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
+	46, // 76: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
+	49, // 77: loops.v1.UsageService.EstimateCost:input_type -> loops.v1.EstimateCostRequest
+	63, // 78: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
+	4,  // 79: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
+	63, // 80: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
+	63, // 81: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
+	8,  // 82: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
+	12, // 83: loops.v1.SessionService.SearchSessions:output_type -> loops.v1.SearchSessionsResponse
+	63, // 84: loops.v1.SessionService.SetSessionProject:output_type -> loops.v1.Session
+	78, // 85: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
+	68, // 86: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
+	22, // 87: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
+	78, // 88: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
+	78, // 89: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
+	78, // 90: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
+	78, // 91: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
+	78, // 92: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
+	18, // 93: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
+	29, // 94: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
+	72, // 95: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
+	32, // 96: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
+	72, // 97: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
+	72, // 98: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
+	40, // 99: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
+	36, // 100: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
+	38, // 101: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
+	79, // 102: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
+	79, // 103: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
+	78, // 104: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
+	45, // 105: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
+	53, // 106: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
+	47, // 107: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
+	50, // 108: loops.v1.UsageService.EstimateCost:output_type -> loops.v1.EstimateCostResponse
+	78, // [78:109] is the sub-list for method output_type
+	47, // [47:78] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_services_proto_init() }

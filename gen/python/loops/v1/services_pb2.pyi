@@ -31,6 +31,7 @@ class UsageKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     USAGE_KIND_DEDICATED_REPLICA_SECONDS: _ClassVar[UsageKind]
     USAGE_KIND_DEDICATED_GPU_SECONDS: _ClassVar[UsageKind]
     USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS: _ClassVar[UsageKind]
+    USAGE_KIND_CHECKPOINT_BYTE_SECONDS: _ClassVar[UsageKind]
 EXPORT_FORMAT_UNSPECIFIED: ExportFormat
 EXPORT_FORMAT_PEFT: ExportFormat
 EXPORT_FORMAT_MERGED: ExportFormat
@@ -42,6 +43,7 @@ USAGE_KIND_CHECKPOINTS: UsageKind
 USAGE_KIND_DEDICATED_REPLICA_SECONDS: UsageKind
 USAGE_KIND_DEDICATED_GPU_SECONDS: UsageKind
 USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS: UsageKind
+USAGE_KIND_CHECKPOINT_BYTE_SECONDS: UsageKind
 
 class CreateSessionRequest(_message.Message):
     __slots__ = ("tags", "user_metadata", "sdk_version", "project_id", "display_name")
@@ -663,32 +665,36 @@ class GetWorkspaceRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Workspace(_message.Message):
-    __slots__ = ("name", "limits", "use", "budgets")
+    __slots__ = ("name", "limits", "use", "budgets", "key_budgets")
     NAME_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     USE_FIELD_NUMBER: _ClassVar[int]
     BUDGETS_FIELD_NUMBER: _ClassVar[int]
+    KEY_BUDGETS_FIELD_NUMBER: _ClassVar[int]
     name: str
     limits: WorkspaceLimits
     use: WorkspaceUse
     budgets: _containers.RepeatedCompositeFieldContainer[WorkspaceBudget]
-    def __init__(self, name: _Optional[str] = ..., limits: _Optional[_Union[WorkspaceLimits, _Mapping]] = ..., use: _Optional[_Union[WorkspaceUse, _Mapping]] = ..., budgets: _Optional[_Iterable[_Union[WorkspaceBudget, _Mapping]]] = ...) -> None: ...
+    key_budgets: _containers.RepeatedCompositeFieldContainer[WorkspaceBudget]
+    def __init__(self, name: _Optional[str] = ..., limits: _Optional[_Union[WorkspaceLimits, _Mapping]] = ..., use: _Optional[_Union[WorkspaceUse, _Mapping]] = ..., budgets: _Optional[_Iterable[_Union[WorkspaceBudget, _Mapping]]] = ..., key_budgets: _Optional[_Iterable[_Union[WorkspaceBudget, _Mapping]]] = ...) -> None: ...
 
 class WorkspaceBudget(_message.Message):
-    __slots__ = ("name", "limit_usd", "spent_usd", "reserved_usd", "period", "alerts")
+    __slots__ = ("name", "limit_usd", "spent_usd", "reserved_usd", "period", "alerts", "key_id")
     NAME_FIELD_NUMBER: _ClassVar[int]
     LIMIT_USD_FIELD_NUMBER: _ClassVar[int]
     SPENT_USD_FIELD_NUMBER: _ClassVar[int]
     RESERVED_USD_FIELD_NUMBER: _ClassVar[int]
     PERIOD_FIELD_NUMBER: _ClassVar[int]
     ALERTS_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     limit_usd: str
     spent_usd: str
     reserved_usd: str
     period: str
     alerts: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., limit_usd: _Optional[str] = ..., spent_usd: _Optional[str] = ..., reserved_usd: _Optional[str] = ..., period: _Optional[str] = ..., alerts: _Optional[_Iterable[int]] = ...) -> None: ...
+    key_id: str
+    def __init__(self, name: _Optional[str] = ..., limit_usd: _Optional[str] = ..., spent_usd: _Optional[str] = ..., reserved_usd: _Optional[str] = ..., period: _Optional[str] = ..., alerts: _Optional[_Iterable[int]] = ..., key_id: _Optional[str] = ...) -> None: ...
 
 class WorkspaceLimits(_message.Message):
     __slots__ = ("models", "max_sequence_length", "max_lora_rank", "max_concurrent_runs", "max_queued_operations", "sampling_concurrency")
