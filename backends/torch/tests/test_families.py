@@ -72,6 +72,15 @@ CONFIGS = {
                                       moe_shared_expert_intermediate_size=32, mamba_num_heads=4, mamba_head_dim=16,
                                       ssm_state_size=16, n_groups=1, chunk_size=4, n_group=1, topk_group=1,
                                       tie_word_embeddings=False)),
+    # Gemma 4 in miniature: sliding/global layers (global: their own head dim and kv heads, keys
+    # reused as values), per-layer embeddings, the last two layers reusing earlier keys/values
+    # (double-wide MLP there), a routed-expert block beside the dense MLP, soft-capping, tied
+    "gemma4": ("gemma4_text", dict(num_hidden_layers=4, intermediate_size=64, sliding_window=4,
+                                   layer_types=["sliding_attention", "full_attention"] * 2, global_head_dim=32,
+                                   num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=2,
+                                   use_double_wide_mlp=True, hidden_size_per_layer_input=8, vocab_size_per_layer_input=320,
+                                   enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+                                   final_logit_softcapping=30.0, tie_word_embeddings=True)),
 }
 # vision-language checkpoints (config.json with text_config and vision_config, saved from the
 # full …ForConditionalGeneration): case -> (model_type, family, text config overrides, tied).
@@ -85,16 +94,35 @@ VL_CONFIGS = {
     # google/gemma-3-4b-it's packaging (keys language_model.model.*, a SigLIP tower whose
     # q/k/v_proj PEFT's target names also match); no soft-capping (the VL model applies none)
     "gemma3_vl": ("gemma3", "gemma3", {k: v for k, v in CONFIGS["gemma3"][1].items() if k != "final_logit_softcapping"}, True),
+    # google/gemma-4-26B-A4B-it's packaging (Gemma4ForConditionalGeneration, no audio tower)
+    "gemma4_vl": ("gemma4", "gemma4", CONFIGS["gemma4"][1], True),
+    # moonshotai/Kimi-K2.5's packaging: a MoonViT tower before a DeepSeek-V3 language model
+    "kimi_k25": ("kimi_k25", "kimi_k25", {**CONFIGS["deepseek_v3"][1], "model_type": "deepseek_v3"}, False),
 }
 VISION_OF = {"gemma3": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                            image_size=16, patch_size=4)}
+                            image_size=16, patch_size=4),
+             "gemma4": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                            num_key_value_heads=2, head_dim=16, patch_size=4, position_embedding_size=64),
+             "kimi_k25": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                              patch_size=4, pos_emb_height=8, pos_emb_width=8, pos_emb_time=2)}
+# a Kimi K2 checkpoint (model_type kimi_k2, remote code): the deepseek_v3 miniature with
+# Kimi K2's config.json (REMOTE_CODE), read by the worker as deepseek_v3's config
+CONFIGS["kimi_k2"] = ("deepseek_v3", CONFIGS["deepseek_v3"][1])
+# what a Kimi K2 config.json says beyond DeepSeek-V3's fields (moonshotai/Kimi-K2-Instruct's)
+REMOTE_CODE = {"kimi_k2": dict(model_type="kimi_k2", architectures=["DeepseekV3ForCausalLM"], scoring_func="sigmoid",
+                               topk_method="noaux_tc", moe_layer_freq=1, ep_size=1, aux_loss_alpha=0.001, seq_aux=True,
+                               auto_map={"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+                                         "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"})}
 FAMILY_OF = {**{k: k for k in CONFIGS}, **{k: v[1] for k, v in VL_CONFIGS.items()}}
 
 
 # MiniMax-M2's router computes in float32 (sigmoid(logits.float())), so transformers' own
 # log-probs of a row depend on what it is batched with by ~6e-8 (PEFT on [SEQ, SEQ2] against
 # PEFT on [SEQ]); a batched row is held to that, a row alone to 1e-10 like every family.
-BATCH_TOL = {"minimax_m2": 1e-6, "nemotron_h": 1e-6}
+# DeepSeek-V3's router also computes in float32 (F.linear on float32 copies): on the Kimi K2.5
+# miniature a batched row differs from PEFT's row alone by ~1.2e-8 (its other miniatures' routing
+# margins happen to absorb that rounding).
+BATCH_TOL = {"minimax_m2": 1e-6, "nemotron_h": 1e-6, "kimi_k25": 1e-6}
 # Nemotron-H's transformers code runs its Mamba-2 scan and router in float32 and returns
 # float32 logits, so its own log-probs carry float32 rounding (~1e-8) even in a float64 model.
 LP_TOL = {"nemotron_h": 1e-6}
@@ -121,6 +149,12 @@ def build(family, d):
             if p.dim() == 3 or "bias" in n or "sinks" in n or "A_log" in n or "gate.weight" in n:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.05)
     m.save_pretrained(str(d))
+    if family in REMOTE_CODE:
+        with open(os.path.join(d, "config.json")) as f:
+            raw = json.load(f)
+        raw.update(REMOTE_CODE[family])
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(raw, f)
     return str(d)
 
 
@@ -128,10 +162,12 @@ def hf(d):
     """transformers' model of folder d in float64; a VL checkpoint's full VL model."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from loops_worker.families import BY_MODEL_TYPE, VISION_TYPES
+    from loops_worker.families import BY_MODEL_TYPE, VISION_TYPES, load_config
 
     mt = json.load(open(os.path.join(d, "config.json")))["model_type"]
     kw = {"experts_implementation": "eager"} if BY_MODEL_TYPE[mt].experts else {}  # no float64 grouped_mm
+    if BY_MODEL_TYPE[mt].loads_as:  # remote code in the checkpoint: transformers' own model of it
+        kw["config"] = load_config(d)[0]
     auto = AutoModelForImageTextToText if mt in VISION_TYPES else AutoModelForCausalLM
     m = auto.from_pretrained(d, dtype=torch.float64, attn_implementation="eager", **kw)
     m.eval()
