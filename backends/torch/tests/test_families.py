@@ -81,6 +81,22 @@ CONFIGS = {
                                    use_double_wide_mlp=True, hidden_size_per_layer_input=8, vocab_size_per_layer_input=320,
                                    enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
                                    final_logit_softcapping=30.0, tie_word_embeddings=True)),
+    # DeepSeek-V4 in miniature: layer 0 heavily compressed (HCA), layer 1 compressed-sparse
+    # (CSA, its indexer selecting fewer keys than it has), a sliding window shorter than the
+    # sequences, hyper-connections (2 streams), layer 0 hash-routed, shared experts
+    "deepseek_v4": ("deepseek_v4", dict(moe_intermediate_size=32, n_routed_experts=4, n_shared_experts=1,
+                                        num_experts_per_tok=2, num_key_value_heads=1, q_lora_rank=32, o_groups=2,
+                                        o_lora_rank=16, index_n_heads=2, index_head_dim=16, index_topk=2,
+                                        sliding_window=4, hc_mult=2, hc_sinkhorn_iters=4, num_nextn_predict_layers=0,
+                                        layer_types=["heavily_compressed_attention", "compressed_sparse_attention"],
+                                        compress_rates={"heavily_compressed_attention": 4, "compressed_sparse_attention": 2},
+                                        mlp_layer_types=["hash_moe", "moe"], tie_word_embeddings=False)),
+    # Gated DeltaNet in layer 0, gated full attention in layer 1, routed + shared experts
+    "qwen3_next": ("qwen3_next", dict(intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                                      num_experts=4, num_experts_per_tok=2, linear_num_value_heads=4,
+                                      linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+                                      linear_conv_kernel_dim=4, layer_types=["linear_attention", "full_attention"],
+                                      tie_word_embeddings=False)),
 }
 # vision-language checkpoints (config.json with text_config and vision_config, saved from the
 # full …ForConditionalGeneration): case -> (model_type, family, text config overrides, tied).
@@ -122,7 +138,9 @@ FAMILY_OF = {**{k: k for k in CONFIGS}, **{k: v[1] for k, v in VL_CONFIGS.items(
 # DeepSeek-V3's router also computes in float32 (F.linear on float32 copies): on the Kimi K2.5
 # miniature a batched row differs from PEFT's row alone by ~1.2e-8 (its other miniatures' routing
 # margins happen to absorb that rounding).
-BATCH_TOL = {"minimax_m2": 1e-6, "nemotron_h": 1e-6, "kimi_k25": 1e-6}
+# DeepSeek-V4's transformers code keeps its q/kv norms, sinks, compressor position biases and
+# router in float32 (and rotates in float32): a batched row differs by ~2e-7, a row alone by 1e-15.
+BATCH_TOL = {"minimax_m2": 1e-6, "nemotron_h": 1e-6, "kimi_k25": 1e-6, "deepseek_v4": 1e-6}
 # Nemotron-H's transformers code runs its Mamba-2 scan and router in float32 and returns
 # float32 logits, so its own log-probs carry float32 rounding (~1e-8) even in a float64 model.
 LP_TOL = {"nemotron_h": 1e-6}
@@ -211,7 +229,7 @@ def test_family_parity(family, tmp_path):
         assert not any("visual" in n for n, _ in bm.model.named_modules())
         assert all(k.startswith(("base_model.model.model.language_model.", "base_model.model.lm_head")) for k in bm.layers)
     assert set(info.lora_targets) <= set(bm.family.targets()) and "lm_head" in info.lora_targets
-    assert set(bm.family.experts) <= set(info.lora_targets) and "o_proj" in info.lora_targets
+    assert set(bm.family.experts) <= set(info.lora_targets) and set(bm.family.attn) & set(info.lora_targets)
     assert list(info.modalities) == ["text"]  # image chunks are refused: the vision tower is not served
     eng = Engine({"m": bm}, ["m"])
     ref = hf(d)
@@ -345,9 +363,22 @@ def test_unknown_family_is_refused(tmp_path):
         BaseModel("m", str(d), torch.device("cpu"), torch.float32, 8)
     msg = str(e.value)
     assert "'mamba'" in msg and "qwen3_moe" in msg and "docs/models.md" in msg
+    # a model_type transformers implements but the worker cannot serve says why
+    AutoConfig.for_model("glm5_next", text_config=dict(vocab_size=64, hidden_size=16, num_hidden_layers=1)).save_pretrained(str(d))
+    with pytest.raises(ValueError) as e:
+        BaseModel("m", str(d), torch.device("cpu"), torch.float32, 8)
+    assert "'glm5_next'" in str(e.value) and "no causal LM" in str(e.value), str(e.value)
+    # a Kimi K2 checkpoint transformers' DeepSeek-V3 does not compute, or a quantized one, is refused by name
+    for extra, want in ((dict(scoring_func="softmax"), "scoring_func"), (dict(quantization_config={"quant_method": "fp8"}), "bf16")):
+        raw = {**COMMON, **CONFIGS["kimi_k2"][1], **REMOTE_CODE["kimi_k2"], **extra}
+        with open(d / "config.json", "w") as f:
+            json.dump(raw, f)
+        with pytest.raises(ValueError) as e:
+            BaseModel("m", str(d), torch.device("cpu"), torch.float32, 8)
+        assert "kimi_k2 model refused" in str(e.value) and want in str(e.value), str(e.value)
     # every family file names its publisher and renderer, and no model_type twice
     for f in families.FAMILIES:
-        assert f.publisher and f.renderer and f.model_types
+        assert f.publisher and f.renderer and (f.model_types or f.vision)
 
 
 def test_default_attention_is_the_familys(tmp_path):

@@ -72,6 +72,10 @@ class Family:
     # checkpoint key → text model key patterns of the family's VL checkpoints, tried before
     # VL_KEY_MAPPING's (a layout transformers writes for this family only)
     key_mapping: Tuple[Tuple[str, str], ...] = ()
+    # a regex (full match, as PEFT's exclude_modules) of module names that carry a target leaf
+    # name but are not adapted (e.g. DeepSeek-V4's compressor kv_proj); written to
+    # adapter_config.json's exclude_modules so PEFT adapts the same modules
+    exclude: str = ""
 
     def targets(self) -> List[str]:
         """Every module/parameter leaf name the family adapts."""
@@ -90,7 +94,14 @@ class Family:
 
 # The family files, in catalog order.
 MODULES = ["qwen3", "qwen2", "llama", "mistral", "gemma3", "qwen3_5", "qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_5_moe", "glm_moe_dsa", "minimax_m2", "nemotron_h",
-           "gemma4", "kimi_k2", "kimi_k25"]
+           "gemma4", "kimi_k2", "kimi_k25", "deepseek_v4", "qwen3_next"]
+
+
+# model_types transformers implements that the worker still refuses, and why (added to the
+# refusal): a family file is what serves a model_type (docs/models.md, "Adding a family")
+_GLM5_NEXT = ("GLM-5.3: transformers implements it only as Glm5NextForConditionalGeneration (no causal LM of its "
+              "text model glm5_next_text that the worker could train and sample); train GLM-5 (glm_moe_dsa) instead")
+UNSERVED = {"glm5_next": _GLM5_NEXT, "glm5_next_text": _GLM5_NEXT}
 
 
 def _load() -> Dict[str, Family]:
@@ -166,8 +177,9 @@ def for_config(config, model_type: Optional[str] = None) -> Family:
     fam = BY_MODEL_TYPE.get(mt)
     if fam is None:
         arch = (getattr(config, "architectures", None) or [mt])[0]
+        why = f" ({UNSERVED[mt]})" if mt in UNSERVED else ""
         raise ValueError(
-            f"model family {mt!r} ({arch}) is not served by the torch worker; it serves the model_types "
+            f"model family {mt!r} ({arch}) is not served by the torch worker{why}; it serves the model_types "
             f"{supported()} (docs/models.md says how to add a family)")
     if fam.check is not None:
         why = fam.check(config)
