@@ -126,16 +126,20 @@ def build(family, d, **common):
     COMMON (e.g. the vocabulary of a tokenizer copied in beside it). Returns str(d)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
+    def sized(kw):  # Gemma 4's per-layer embeddings have the vocabulary of the token embedding
+        vocab = {**COMMON, **common}["vocab_size"]
+        return {**kw, "vocab_size_per_layer_input": vocab} if "vocab_size_per_layer_input" in kw else kw
+
     if family in VL_CONFIGS:
         mt, _, kw, tied = VL_CONFIGS[family]
-        text = {**COMMON, **common, **kw, "tie_word_embeddings": tied}
+        text = {**COMMON, **common, **sized(kw), "tie_word_embeddings": tied}
         extra = {"mm_tokens_per_image": 4} if mt == "gemma3" else {}
         cfg = AutoConfig.for_model(mt, text_config=text, vision_config=VISION_OF.get(mt, VISION), tie_word_embeddings=tied, **extra)
         torch.manual_seed(1234)
         m = AutoModelForImageTextToText.from_config(cfg)
     else:
         mt, kw = CONFIGS[family]
-        cfg = AutoConfig.for_model(mt, **{**COMMON, **common, **kw})
+        cfg = AutoConfig.for_model(mt, **{**COMMON, **common, **sized(kw)})
         torch.manual_seed(1234)
         m = AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():  # MoE experts are created empty; give every parameter a seeded value
