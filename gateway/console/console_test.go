@@ -202,6 +202,10 @@ func TestConsoleSignInAndWorkspaces(t *testing.T) {
 	_, _, body = a.get("/console/limits")
 	require.Contains(t, body, `id="fairness"`)
 	require.Regexp(t, `Operations ended</th><td>[1-9]`, body)
+	// and, per base model, the catalog's family, publisher, modalities, LoRA targets and
+	// tinker-cookbook renderer (loops/tiny: a Qwen3 on the reference engine)
+	require.Contains(t, body, `<td>loops/tiny</td><td>qwen3</td><td>Qwen</td><td>Qwen3ForCausalLM</td><td>text</td>`)
+	require.Regexp(t, `<td>q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head</td><td><code>qwen3_instruct</code></td>`, body)
 
 	// The second key: none of the first's runs, not even by id.
 	b := newBrowser(t, base)

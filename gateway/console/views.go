@@ -59,6 +59,13 @@ var funcs = template.FuncMap{
 	"duration": func(d *durationpb.Duration) string {
 		return d.AsDuration().Round(time.Millisecond).String()
 	},
+	// list is a repeated string field as "a, b, c" ("-" for none).
+	"list": func(v []string) string {
+		if len(v) == 0 {
+			return "-"
+		}
+		return strings.Join(v, ", ")
+	},
 	"q":        url.QueryEscape,
 	"kind":     checkpointKind,
 	"usage":    usageKind,

@@ -49,12 +49,18 @@ var TorchModelTypes = map[string]string{
 	"glm_moe_dsa":      "glm_moe_dsa",
 	"minimax_m2":       "minimax_m2",
 	"nemotron_h":       "nemotron_h",
+	"gemma4_text":      "gemma4",
+	"kimi_k2":          "kimi_k2",
+	"deepseek_v4":      "deepseek_v4",
+	"qwen3_next":       "qwen3_next",
 	// vision-language checkpoints: the worker serves their language model on text, and
 	// image chunks on qwen3_vl and qwen3_5
 	"qwen3_vl":    "qwen3_vl",
 	"qwen3_5":     "qwen3_5",
 	"qwen3_5_moe": "qwen3_5_moe",
 	"gemma3":      "gemma3",
+	"gemma4":      "gemma4",
+	"kimi_k25":    "kimi_k25",
 }
 
 // CheckFamily refuses a model_type this engine does not serve, naming the family and the

@@ -64,10 +64,12 @@ VL_EXCLUDE = r"(?!model\.language_model\.)(?!lm_head$).*"
 
 
 def peft_config(rank: int, alpha: float, target_modules, base_model: str, tied_embed: bool = False,
-                target_parameters=(), vision: bool = False) -> dict:
+                target_parameters=(), vision: bool = False, exclude: str = "") -> dict:
     """adapter_config.json. Field order and values as the reference engine writes them;
     ensure_weight_tying (PEFT's field) marks a tied model's head LoRA that adapts the shared
-    matrix; target_parameters (fused MoE expert parameters, PEFT's ParamWrapper) only when set."""
+    matrix; target_parameters (fused MoE expert parameters, PEFT's ParamWrapper) only when set;
+    exclude: the family's regex of module names not adapted despite a target leaf name
+    (families.Family.exclude), joined with VL_EXCLUDE on a vision-language checkpoint."""
     cfg = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -89,8 +91,9 @@ def peft_config(rank: int, alpha: float, target_modules, base_model: str, tied_e
         cfg["ensure_weight_tying"] = True
     if target_parameters:
         cfg["target_parameters"] = list(target_parameters)
-    if vision:
-        cfg["exclude_modules"] = VL_EXCLUDE
+    ex = [e for e in (VL_EXCLUDE if vision else "", exclude) if e]
+    if ex:
+        cfg["exclude_modules"] = ex[0] if len(ex) == 1 else "|".join(f"(?:{e})" for e in ex)
     return cfg
 
 
@@ -102,7 +105,8 @@ def save(dir_: str, adapter, base_model: str, with_optimizer: bool, with_gradien
     mods, params = adapter.targets()
     cfg = json.dumps(peft_config(adapter.spec.rank, alpha, mods, base_model,
                                  getattr(adapter, "tied_embed", False), params,
-                                 getattr(adapter.base, "vision_checkpoint", False)), indent=2) + "\n"
+                                 getattr(adapter.base, "vision_checkpoint", False),
+                                 getattr(getattr(adapter.base, "family", None), "exclude", "")), indent=2) + "\n"
     with open(os.path.join(dir_, ADAPTER_CONFIG), "w") as f:
         f.write(cfg)
     total = len(cfg.encode())

@@ -111,7 +111,7 @@ class BaseModel:
     def __init__(self, name: str, path: Optional[str], device: torch.device, dtype: torch.dtype,
                  max_lora_rank: int, attn_impl: str = "auto", grad_checkpointing: bool = False,
                  model=None, pad: Optional[bool] = None):
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
         self.name = name
         if path is None:
@@ -124,8 +124,8 @@ class BaseModel:
         self.device = device
         self.dtype = dtype
         # the family first: an unserved model_type is refused before its weights are read
-        cfg = model.config if model is not None else AutoConfig.from_pretrained(path)
-        self.family = families.for_config(cfg)
+        cfg, mt = (model.config, None) if model is not None else families.load_config(path)
+        self.family = families.for_config(cfg, mt)
         # a vision-language checkpoint: its language model is loaded as the text model (the
         # vision tower is not read) and adapter keys get the VL model's names, as PEFT names
         # them on the full …ForConditionalGeneration; image inputs are refused (not served)
@@ -142,7 +142,9 @@ class BaseModel:
                 model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, attn_implementation=attn_impl, **kw)
             else:
                 if self.vision_checkpoint:
-                    kw.update(config=families.text_config(cfg), key_mapping=families.VL_KEY_MAPPING)
+                    kw.update(config=families.text_config(cfg), key_mapping=families.key_mapping(self.family))
+                elif self.family.loads_as:  # config.json names a model_type transformers lacks (load_config)
+                    kw.update(config=cfg)
                 model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_impl, **kw)
         if self.vision_checkpoint and not self.full_vl and families.is_vision(model.config):
             raise ValueError(f"{cfg.model_type} checkpoint: transformers loaded {type(model).__name__}, not the text model "

@@ -23,6 +23,7 @@ their adapter_config.json) keep the head-only rule they were trained with (Adapt
 from __future__ import annotations
 
 import math
+import re
 import threading
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
@@ -282,7 +283,7 @@ def wrap_model(model: nn.Module, ctx: BatchContext, family: Family,
     found: Dict[str, object] = {}
     linear = set(family.attn) | set(family.mlp) | {family.unembed}
     for name, mod in list(model.named_modules()):
-        if only is not None and not name.startswith(only):
+        if (only is not None and not name.startswith(only)) or (family.exclude and re.fullmatch(family.exclude, rename(name))):
             continue
         leaf = name.rsplit(".", 1)[-1]
         parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model

@@ -306,6 +306,17 @@ def prompt_extras(logits: torch.Tensor, lse: torch.Tensor, s: SampleSpec, seed: 
     return targets, alts
 
 
+def _repeatable(layer) -> bool:
+    """Whether a cache layer's batch_repeat_interleave repeats all of its state: its own class
+    defines it, or it is transformers' DynamicSlidingWindowLayer (keys and values only, as its
+    parent DynamicLayer). A subclass that inherits the method but adds state (DeepSeek-V4's
+    compressed-attention layers keep compressor buffers) is not repeatable."""
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    t = type(layer)
+    return "batch_repeat_interleave" in t.__dict__ or t is DynamicSlidingWindowLayer
+
+
 class HFSampler:
     """Sampling with the trainer's own transformers model (CPU, or GPU without vLLM)."""
 
@@ -381,8 +392,9 @@ class HFSampler:
             ids = torch.tensor([s.input_ids if s.input_ids is not None else s.prompt], dtype=torch.long, device=dev)
             cache = DynamicCache(config=model.config)
             # the prompt's cache is repeated per sample; a cache that cannot be repeated
-            # (linear attention's recurrent state: Qwen3.5) gets the prompt once per sample
-            repeat = s.n > 1 and all(hasattr(layer, "batch_repeat_interleave") for layer in cache.layers)
+            # (linear attention's recurrent state: Qwen3.5; DeepSeek-V4's compressor buffers)
+            # gets the prompt once per sample
+            repeat = s.n > 1 and all(_repeatable(layer) for layer in cache.layers)
             rows = 1
             if s.n > 1 and not repeat:
                 ids = ids.repeat(s.n, 1)

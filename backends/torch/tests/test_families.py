@@ -15,123 +15,37 @@ import os
 import pytest
 import torch
 
+from family_models import COMMON, CONFIGS, FAMILY_OF, REMOTE_CODE, VISION_OF, VL_CONFIGS, build
 from loops_worker.proto import bpb, tpb
 
 SEQ = [5, 9, 33, 70, 11, 2, 17, 18, 200, 7, 41, 12]
 SEQ2 = [8, 1, 300, 4, 19, 64, 3, 250, 6, 77, 90, 15]
-COMMON = dict(vocab_size=320, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-              head_dim=16, max_position_embeddings=256, eos_token_id=2, bos_token_id=1, pad_token_id=0)
-
-# family -> (model_type, config overrides): each exercises what is particular to the family
-CONFIGS = {
-    "qwen3": ("qwen3", dict(intermediate_size=128, tie_word_embeddings=False)),
-    "qwen2": ("qwen2", dict(intermediate_size=128, tie_word_embeddings=False)),
-    # Llama 3.1's frequency scaling, with an original context short enough to matter
-    "llama": ("llama", dict(intermediate_size=128, tie_word_embeddings=False, rope_parameters=dict(
-        rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-        original_max_position_embeddings=8))),
-    # a sliding window shorter than the sequences
-    "mistral": ("mistral", dict(intermediate_size=128, sliding_window=4, tie_word_embeddings=False)),
-    # a sliding window shorter than the sequences, global every 2nd layer, tied embeddings,
-    # scaled embeddings (the model's own), final logit soft-capping
-    "gemma3": ("gemma3_text", dict(intermediate_size=128, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
-                                   tie_word_embeddings=True, final_logit_softcapping=30.0, query_pre_attn_scalar=16)),
-    # 4 experts, top 2; layer 1 is a dense MLP layer (mlp_only_layers)
-    "qwen3_moe": ("qwen3_moe", dict(intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-                                    norm_topk_prob=True, mlp_only_layers=[1], tie_word_embeddings=False)),
-    "gpt_oss": ("gpt_oss", dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
-                                rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=2.0, beta_fast=32.0,
-                                                     beta_slow=1.0, original_max_position_embeddings=128),
-                                layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=False)),
-    # Gated DeltaNet linear attention in layer 0, full (gated) attention in layer 1
-    "qwen3_5": ("qwen3_5_text", dict(intermediate_size=128, linear_num_value_heads=4, linear_num_key_heads=2,
-                                     linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
-                                     layer_types=["linear_attention", "full_attention"], tie_word_embeddings=False)),
-    # MLA with a query LoRA, a dense layer 0 (first_k_dense_replace), routed + shared experts in
-    # layer 1; Kimi K2's shape in miniature (one expert group, top-k of many small experts)
-    "deepseek_v3": ("deepseek_v3", dict(intermediate_size=128, moe_intermediate_size=32, n_routed_experts=4,
-                                        n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
-                                        first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
-                                        qk_nope_head_dim=8, v_head_dim=16, num_key_value_heads=4, head_dim=8,
-                                        tie_word_embeddings=False)),
-    "qwen3_5_moe": ("qwen3_5_moe_text", dict(moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
-                                             num_experts_per_tok=2, linear_num_value_heads=4, linear_num_key_heads=2,
-                                             linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
-                                             layer_types=["linear_attention", "full_attention"], tie_word_embeddings=False)),
-    # MLA + the DSA indexer (top-k keys: fewer than the sequence, so it selects), dense layer 0
-    "glm_moe_dsa": ("glm_moe_dsa", dict(intermediate_size=128, moe_intermediate_size=32, n_routed_experts=4,
-                                        n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
-                                        first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
-                                        qk_nope_head_dim=8, v_head_dim=16, num_key_value_heads=4, head_dim=8,
-                                        index_topk=6, tie_word_embeddings=False)),
-    "minimax_m2": ("minimax_m2", dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
-                                      tie_word_embeddings=False)),
-    # Mamba-2, attention, MoE: one block of each
-    "nemotron_h": ("nemotron_h", dict(hybrid_override_pattern="M*E", num_hidden_layers=3, intermediate_size=128,
-                                      n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                      moe_shared_expert_intermediate_size=32, mamba_num_heads=4, mamba_head_dim=16,
-                                      ssm_state_size=16, n_groups=1, chunk_size=4, n_group=1, topk_group=1,
-                                      tie_word_embeddings=False)),
-}
-# vision-language checkpoints (config.json with text_config and vision_config, saved from the
-# full …ForConditionalGeneration): case -> (model_type, family, text config overrides, tied).
-# The worker serves their language model on text; PEFT runs on the full VL model.
-VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
-              temporal_patch_size=1, spatial_merge_size=1)
-VL_CONFIGS = {
-    # Qwen/Qwen3.5-4B's packaging (the tinker-cookbook's default model): tied embeddings
-    "qwen3_5_vl": ("qwen3_5", "qwen3_5", CONFIGS["qwen3_5"][1], True),
-    "qwen3_5_moe_vl": ("qwen3_5_moe", "qwen3_5_moe", CONFIGS["qwen3_5_moe"][1], False),
-    # google/gemma-3-4b-it's packaging (keys language_model.model.*, a SigLIP tower whose
-    # q/k/v_proj PEFT's target names also match); no soft-capping (the VL model applies none)
-    "gemma3_vl": ("gemma3", "gemma3", {k: v for k, v in CONFIGS["gemma3"][1].items() if k != "final_logit_softcapping"}, True),
-}
-VISION_OF = {"gemma3": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                            image_size=16, patch_size=4)}
-FAMILY_OF = {**{k: k for k in CONFIGS}, **{k: v[1] for k, v in VL_CONFIGS.items()}}
 
 
 # MiniMax-M2's router computes in float32 (sigmoid(logits.float())), so transformers' own
 # log-probs of a row depend on what it is batched with by ~6e-8 (PEFT on [SEQ, SEQ2] against
 # PEFT on [SEQ]); a batched row is held to that, a row alone to 1e-10 like every family.
-BATCH_TOL = {"minimax_m2": 1e-6, "nemotron_h": 1e-6}
+# DeepSeek-V3's router also computes in float32 (F.linear on float32 copies): on the Kimi K2.5
+# miniature a batched row differs from PEFT's row alone by ~1.2e-8 (its other miniatures' routing
+# margins happen to absorb that rounding).
+# DeepSeek-V4's transformers code keeps its q/kv norms, sinks, compressor position biases and
+# router in float32 (and rotates in float32): a batched row differs by ~2e-7, a row alone by 1e-15.
+BATCH_TOL = {"minimax_m2": 1e-6, "nemotron_h": 1e-6, "kimi_k25": 1e-6, "deepseek_v4": 1e-6}
 # Nemotron-H's transformers code runs its Mamba-2 scan and router in float32 and returns
 # float32 logits, so its own log-probs carry float32 rounding (~1e-8) even in a float64 model.
 LP_TOL = {"nemotron_h": 1e-6}
-
-
-def build(family, d):
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
-    if family in VL_CONFIGS:
-        mt, _, kw, tied = VL_CONFIGS[family]
-        text = {**COMMON, **kw, "tie_word_embeddings": tied}
-        extra = {"mm_tokens_per_image": 4} if mt == "gemma3" else {}
-        cfg = AutoConfig.for_model(mt, text_config=text, vision_config=VISION_OF.get(mt, VISION), tie_word_embeddings=tied, **extra)
-        torch.manual_seed(1234)
-        m = AutoModelForImageTextToText.from_config(cfg)
-    else:
-        mt, kw = CONFIGS[family]
-        cfg = AutoConfig.for_model(mt, **{**COMMON, **kw})
-        torch.manual_seed(1234)
-        m = AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():  # MoE experts are created empty; give every parameter a seeded value
-        g = torch.Generator().manual_seed(99)
-        for n, p in m.named_parameters():
-            if p.dim() == 3 or "bias" in n or "sinks" in n or "A_log" in n or "gate.weight" in n:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-    m.save_pretrained(str(d))
-    return str(d)
 
 
 def hf(d):
     """transformers' model of folder d in float64; a VL checkpoint's full VL model."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from loops_worker.families import BY_MODEL_TYPE, VISION_TYPES
+    from loops_worker.families import BY_MODEL_TYPE, VISION_TYPES, load_config
 
     mt = json.load(open(os.path.join(d, "config.json")))["model_type"]
     kw = {"experts_implementation": "eager"} if BY_MODEL_TYPE[mt].experts else {}  # no float64 grouped_mm
+    if BY_MODEL_TYPE[mt].loads_as:  # remote code in the checkpoint: transformers' own model of it
+        kw["config"] = load_config(d)[0]
     auto = AutoModelForImageTextToText if mt in VISION_TYPES else AutoModelForCausalLM
     m = auto.from_pretrained(d, dtype=torch.float64, attn_implementation="eager", **kw)
     m.eval()
@@ -178,7 +92,7 @@ def test_family_parity(family, tmp_path):
             assert not any("visual" in n for n, _ in bm.model.named_modules())
         assert all(k.startswith(("base_model.model.model.language_model.", "base_model.model.lm_head")) for k in bm.layers)
     assert set(info.lora_targets) <= set(bm.family.targets()) and "lm_head" in info.lora_targets
-    assert set(bm.family.experts) <= set(info.lora_targets) and "o_proj" in info.lora_targets
+    assert set(bm.family.experts) <= set(info.lora_targets) and set(bm.family.attn) & set(info.lora_targets)
     # image chunks are refused: no vision tower served, or (qwen3_5) no preprocessor_config.json
     assert list(info.modalities) == ["text"]
     # what converting its adapters to Tinker's layout needs (docs/export-import.md)
@@ -316,6 +230,19 @@ def test_unknown_family_is_refused(tmp_path):
         BaseModel("m", str(d), torch.device("cpu"), torch.float32, 8)
     msg = str(e.value)
     assert "'mamba'" in msg and "qwen3_moe" in msg and "docs/models.md" in msg
+    # a model_type transformers implements but the worker cannot serve says why
+    AutoConfig.for_model("glm5_next", text_config=dict(vocab_size=64, hidden_size=16, num_hidden_layers=1)).save_pretrained(str(d))
+    with pytest.raises(ValueError) as e:
+        BaseModel("m", str(d), torch.device("cpu"), torch.float32, 8)
+    assert "'glm5_next'" in str(e.value) and "no causal LM" in str(e.value), str(e.value)
+    # a Kimi K2 checkpoint transformers' DeepSeek-V3 does not compute, or a quantized one, is refused by name
+    for extra, want in ((dict(scoring_func="softmax"), "scoring_func"), (dict(quantization_config={"quant_method": "fp8"}), "bf16")):
+        raw = {**COMMON, **CONFIGS["kimi_k2"][1], **REMOTE_CODE["kimi_k2"], **extra}
+        with open(d / "config.json", "w") as f:
+            json.dump(raw, f)
+        with pytest.raises(ValueError) as e:
+            BaseModel("m", str(d), torch.device("cpu"), torch.float32, 8)
+        assert "kimi_k2 model refused" in str(e.value) and want in str(e.value), str(e.value)
     # every family file names its publisher and renderer, and no model_type twice
     for f in families.FAMILIES:
         assert f.publisher and f.renderer and (f.model_types or f.vision)

@@ -14,6 +14,8 @@ family and the ones served.
 from __future__ import annotations
 
 import importlib
+import json
+import os
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -68,6 +70,17 @@ class Family:
     # language model only) and runs the model's image processor; otherwise their language
     # model alone is loaded and served on text
     images: bool = False
+    # the transformers model_type whose config and modeling code compute this family's
+    # checkpoints, when their config.json names a model_type transformers lacks (remote code):
+    # load_config reads such a config.json as that model_type's config
+    loads_as: str = ""
+    # checkpoint key → text model key patterns of the family's VL checkpoints, tried before
+    # VL_KEY_MAPPING's (a layout transformers writes for this family only)
+    key_mapping: Tuple[Tuple[str, str], ...] = ()
+    # a regex (full match, as PEFT's exclude_modules) of module names that carry a target leaf
+    # name but are not adapted (e.g. DeepSeek-V4's compressor kv_proj); written to
+    # adapter_config.json's exclude_modules so PEFT adapts the same modules
+    exclude: str = ""
 
     def targets(self) -> List[str]:
         """Every module/parameter leaf name the family adapts."""
@@ -85,7 +98,15 @@ class Family:
 
 
 # The family files, in catalog order.
-MODULES = ["qwen3", "qwen2", "llama", "mistral", "gemma3", "qwen3_5", "qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_5_moe", "glm_moe_dsa", "minimax_m2", "nemotron_h", "qwen3_vl"]
+MODULES = ["qwen3", "qwen2", "llama", "mistral", "gemma3", "qwen3_5", "qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_5_moe", "glm_moe_dsa", "minimax_m2", "nemotron_h", "qwen3_vl",
+           "gemma4", "kimi_k2", "kimi_k25", "deepseek_v4", "qwen3_next"]
+
+
+# model_types transformers implements that the worker still refuses, and why (added to the
+# refusal): a family file is what serves a model_type (docs/models.md, "Adding a family")
+_GLM5_NEXT = ("GLM-5.3: transformers implements it only as Glm5NextForConditionalGeneration (no causal LM of its "
+              "text model glm5_next_text that the worker could train and sample); train GLM-5 (glm_moe_dsa) instead")
+UNSERVED = {"glm5_next": _GLM5_NEXT, "glm5_next_text": _GLM5_NEXT}
 
 
 def _load() -> Dict[str, Family]:
@@ -113,6 +134,11 @@ def all_target_names() -> List[str]:
     return list(dict.fromkeys(n for f in FAMILIES for n in f.targets()))
 
 
+def key_mapping(family: Family) -> Dict[str, str]:
+    """Checkpoint key → text model key, for loading a VL checkpoint of family as its text model."""
+    return {**dict(family.key_mapping), **VL_KEY_MAPPING}
+
+
 def is_vision(config) -> bool:
     """Whether a config is a vision-language checkpoint's (a text_config inside it)."""
     return (getattr(config, "model_type", "") or "") in VISION_TYPES
@@ -128,15 +154,37 @@ def vl_name(name: str) -> str:
     return VL_PREFIX + name[len("model."):] if name.startswith("model.") else name
 
 
-def for_config(config) -> Family:
-    """The family of a transformers config; ValueError naming the model_type and what is
+def load_config(path: str):
+    """(transformers config, model_type) of a model folder. A family with loads_as (its
+    checkpoints name a model_type transformers lacks, e.g. kimi_k2) gets its config.json
+    read as that model_type's config, without remote code; model_type is config.json's own."""
+    from transformers import AutoConfig
+
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            raw = json.load(f)
+    except (OSError, ValueError):
+        raw = None
+    mt = raw.get("model_type", "") if isinstance(raw, dict) else ""
+    fam = BY_MODEL_TYPE.get(mt)
+    if fam is None or not fam.loads_as:
+        cfg = AutoConfig.from_pretrained(path)
+        return cfg, getattr(cfg, "model_type", "") or ""
+    kw = {k: v for k, v in raw.items() if k not in ("model_type", "auto_map", "transformers_version")}
+    return AutoConfig.for_model(fam.loads_as, **kw), mt
+
+
+def for_config(config, model_type: Optional[str] = None) -> Family:
+    """The family of a transformers config (model_type: config.json's, when load_config read
+    it as another model_type's config); ValueError naming the model_type and what is
     served when the worker does not serve it, or naming the limit a config is over."""
-    mt = getattr(config, "model_type", "") or ""
+    mt = model_type or getattr(config, "model_type", "") or ""
     fam = BY_MODEL_TYPE.get(mt)
     if fam is None:
         arch = (getattr(config, "architectures", None) or [mt])[0]
+        why = f" ({UNSERVED[mt]})" if mt in UNSERVED else ""
         raise ValueError(
-            f"model family {mt!r} ({arch}) is not served by the torch worker; it serves the model_types "
+            f"model family {mt!r} ({arch}) is not served by the torch worker{why}; it serves the model_types "
             f"{supported()} (docs/models.md says how to add a family)")
     if fam.check is not None:
         why = fam.check(config)
