@@ -730,14 +730,16 @@ func contentPart(raw json.RawMessage, pp string, images bool) (infer.Part, error
 	if err != nil {
 		return infer.Part{}, err
 	}
-	typ, text := "", ""
+	// The type first: it says best what is wrong with another kind of part.
+	typ, err := infer.Str(fields["type"], pp+".type")
+	if err != nil || (typ != "text" && typ != "image_url") {
+		return infer.Part{}, unsupported(pp+".type", fmt.Sprintf("content part type %q is not supported; only \"text\" and \"image_url\"", truncate(typ)))
+	}
+	text := ""
 	var imageURL json.RawMessage
 	for _, k := range infer.SortedKeys(fields) {
 		switch v := fields[k]; k {
 		case "type":
-			if typ, err = infer.Str(v, pp+".type"); err != nil {
-				return infer.Part{}, err
-			}
 		case "text":
 			if text, err = infer.Str(v, pp+".text"); err != nil {
 				return infer.Part{}, err
@@ -753,15 +755,15 @@ func contentPart(raw json.RawMessage, pp string, images bool) (infer.Part, error
 	switch {
 	case typ == "text" && imageURL == nil:
 		return infer.Part{Text: text}, nil
-	case typ == "image_url" && !images:
+	case typ == "text":
+		return infer.Part{}, badField(pp, "%s must be {type: \"text\", text}", pp)
+	case !images:
 		return infer.Part{}, unsupported(pp+".type", "image_url parts belong to user messages")
-	case typ == "image_url" && imageURL != nil && text == "":
-		im, err := decodeImageURL(imageURL, pp+".image_url")
-		return infer.Part{Image: im}, err
-	case typ == "image_url":
+	case imageURL == nil || text != "":
 		return infer.Part{}, badField(pp, "%s must be {type: \"image_url\", image_url: {url}}", pp)
 	}
-	return infer.Part{}, unsupported(pp+".type", fmt.Sprintf("content part type %q is not supported; only \"text\" and \"image_url\"", truncate(typ)))
+	im, err := decodeImageURL(imageURL, pp+".image_url")
+	return infer.Part{Image: im}, err
 }
 
 // decodeImageURL reads an image_url: {url, detail}. Only a data URL is taken (Loops
