@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"image"
 	"image/png"
+	"os"
 	"strings"
 	"testing"
 
@@ -194,4 +195,19 @@ func FuzzImageURL(f *testing.F) {
 		require.True(t, im.Width > 0 && im.Height > 0 && len(im.Data) > 0)
 		require.Contains(t, []string{"png", "jpeg"}, im.Format)
 	})
+}
+
+// TestQwenVLTemplate: Qwen2-VL's chat template (its Hugging Face chat_template, with
+// namespace counters and `'image' in content` tests) renders image parts as the image
+// placeholder, between the text parts, as jinja2 does.
+func TestQwenVLTemplate(t *testing.T) {
+	src, err := os.ReadFile("testdata/qwen2_vl.jinja")
+	require.NoError(t, err)
+	tx := tinyText(t)
+	tx.tmpl, err = compileTemplate(string(src))
+	require.NoError(t, err)
+	pic := &Image{Data: pngOf(t, 24, 16), Format: "png", Width: 24, Height: 16}
+	out, err := tx.Render([]Message{{Role: "user", Parts: []Part{{Text: "What is"}, {Image: pic}, {Text: "this?"}}}, {Role: "assistant", Content: "A cat."}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is<|vision_start|><|image_pad|><|vision_end|>this?<|im_end|>\n<|im_start|>assistant\nA cat.<|im_end|>\n<|im_start|>assistant\n", out)
 }
