@@ -11,7 +11,9 @@
 # with logprobs: the prompt's log-probs are tinker's compute_logprobs, its alternatives those
 # of the decoding path), first on the reference engine,
 # then again on the torch worker (`loops serve --backend torch`, a local CPU worker from the
-# torch-worker venv, scripts/pyenv.sh); then, with the venv's transformers and jinja2, the Go
+# torch-worker venv, scripts/pyenv.sh); then vision.py on a tiny Qwen3-VL (vl_model.py) served by
+# the torch worker: an image sent as an OpenAI image_url part and as an Anthropic image block is
+# answered as the same prompt sent as Tinker image chunks; then, with the venv's transformers and jinja2, the Go
 # tests that the chat prompt of loops/tiny (with tools too) is token for token transformers'
 # apply_chat_template and that gonja renders Hugging Face style templates as jinja2 does.
 # Exits non-zero on failure.
@@ -31,4 +33,18 @@ t0=$SECONDS
 TOKENIZERS_PARALLELISM=false LOOPS_WORKER_PYTHON=$torch/bin/python LOOPS_WORKER_PYTHONPATH=$root/backends/torch:$root/gen/python \
   LOOPS_SERVE_ARGS="--backend torch --backend-opt device=cpu" "$root/clients/with-server.sh" "${both[@]}"
 echo "openai/run.sh: tool loops, structured outputs and echo on the torch worker in $((SECONDS - t0))s" >&2
+# Images: a tiny Qwen3-VL (written from a seed) on the torch worker, through both clients. It
+# needs its own server (--model), so it is skipped against a running one (LOOPS_URL).
+if [[ -z ${LOOPS_URL:-} ]]; then
+  vl=$(mktemp -d "${TMPDIR:-/tmp}/loops-vl.XXXXXX")
+  trap 'rm -rf "$vl"' EXIT
+  t0=$SECONDS
+  "$torch/bin/python" "$here/vl_model.py" "$vl/qwen3_vl"
+  TOKENIZERS_PARALLELISM=false LOOPS_WORKER_PYTHON=$torch/bin/python LOOPS_WORKER_PYTHONPATH=$root/backends/torch:$root/gen/python \
+    LOOPS_SERVE_ARGS="--backend torch --backend-opt device=cpu --model $vl/qwen3_vl" \
+    "$root/clients/with-server.sh" "$venv/bin/python" "$here/vision.py" "$vl/qwen3_vl"
+  echo "openai/run.sh: images through the openai and anthropic clients on the torch worker in $((SECONDS - t0))s" >&2
+else
+  echo "openai/run.sh: images skipped (vision.py needs its own server with a Qwen3-VL folder; LOOPS_URL is set)" >&2
+fi
 (cd "$root" && LOOPS_PYTHON=$venv/bin/python go test -count=1 -run '^(TestTransformersChatTemplateAgrees|TestTransformersToolsAgree|TestJinja2Agrees)$' -v ./compat/internal/infer | grep -E '^(--- |ok|FAIL)')

@@ -254,7 +254,7 @@ func TestBadRequests(t *testing.T) {
 		{map[string]any{"model": tiny.Name, "max_tokens": 0, "messages": msgs}, 400, "invalid_request_error", "max_tokens"},
 		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": []map[string]any{{"role": "assistant", "content": "y"}, {"role": "user", "content": "x"}}}, 400, "invalid_request_error", "messages[0].role"},
 		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": []map[string]any{{"role": "system", "content": "x"}}}, 400, "invalid_request_error", "messages[0].role"},
-		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": []map[string]any{{"role": "user", "content": []map[string]any{{"type": "image", "source": map[string]any{}}}}}}, 400, "invalid_request_error", "messages[0].content[0].type"},
+		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": []map[string]any{{"role": "user", "content": []map[string]any{{"type": "image", "source": map[string]any{"type": "base64", "media_type": "image/png", "data": pic}}}}}}, 400, "invalid_request_error", "model loops/tiny takes [text] input only, not images"},
 		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": msgs, "thinking": map[string]any{"type": "enabled"}}, 400, "invalid_request_error", "thinking"},
 		{map[string]any{"model": tiny.Name, "max_tokens": 4, "messages": msgs, "metadata": map[string]any{"other": 1}}, 400, "invalid_request_error", "metadata.other"},
 		{map[string]any{"model": tiny.Name, "max_tokens": 4000000, "messages": msgs}, 400, "invalid_request_error", "max_tokens"},
@@ -398,3 +398,6 @@ func TestCachedTokensInUsage(t *testing.T) {
 	require.Equal(t, float64(prompt-again), delta["input_tokens"])
 	require.Equal(t, float64(second.Usage.OutputTokens), delta["output_tokens"])
 }
+
+// pic is a 24×16 grey PNG, base64.
+const pic = "iVBORw0KGgoAAAANSUhEUgAAABgAAAAQCAAAAAApT+BJAAAADklEQVR4nGNgGAWDCQAAAZAAAdO7EP4AAAAASUVORK5CYII="

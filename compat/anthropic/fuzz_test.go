@@ -17,6 +17,8 @@ func FuzzDecodeRequest(f *testing.F) {
 		`{"model":"m","messages":[],"tools":[]}`,
 		`{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"q"},{"role":"assistant","content":[{"type":"text","text":"t"},{"type":"tool_use","id":"u1","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"u1","content":"r","is_error":false},{"type":"text","text":"more"}]}],"tools":[{"name":"f","description":"d","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"f","disable_parallel_tool_use":true},"thread":false}`,
 		`{"model":1e400,"max_tokens":1.0}`,
+		`{"model":"m","max_tokens":4,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgoAAAANSUhEUgAAABgAAAAQCAAAAAApT+BJAAAADklEQVR4nGNgGAWDCQAAAZAAAdO7EP4AAAAASUVORK5CYII="}},{"type":"text","text":"what?"}]}]}`,
+		`{"model":"m","max_tokens":4,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"https://example.com/a.png"}}]}]}`,
 		`[]`, `{`, ``,
 	} {
 		f.Add([]byte(s), true)

@@ -274,8 +274,8 @@ func decodeMessages(raw json.RawMessage) ([]infer.Message, error) {
 			r.Name = callNames[r.ToolCallID]
 			out = append(out, r)
 		}
-		if role == "assistant" || blocks.hasText || len(blocks.results) == 0 {
-			out = append(out, infer.Message{Role: role, Content: blocks.text, ToolCalls: blocks.calls})
+		if role == "assistant" || blocks.hasText || len(blocks.parts) > 0 || len(blocks.results) == 0 {
+			out = append(out, infer.Message{Role: role, Content: blocks.text, Parts: blocks.parts, ToolCalls: blocks.calls})
 		}
 	}
 	return out, nil
@@ -285,6 +285,8 @@ func decodeMessages(raw json.RawMessage) ([]infer.Message, error) {
 type turn struct {
 	text    string
 	hasText bool
+	// parts are the text and image blocks in order, set only when there are images.
+	parts   []infer.Part
 	calls   []infer.ToolCall
 	results []infer.Message
 }
@@ -308,6 +310,7 @@ func decodeTurn(raw json.RawMessage, param, role string) (*turn, error) {
 	}
 	t := &turn{}
 	var texts []string
+	hasImage := false
 	for j, b := range blocks {
 		pp := fmt.Sprintf("%s[%d]", param, j)
 		fields, err := infer.DecodeObject(b, pp)
@@ -327,7 +330,15 @@ func decodeTurn(raw json.RawMessage, param, role string) (*turn, error) {
 				return nil, err
 			}
 			texts = append(texts, text)
+			t.parts = append(t.parts, infer.Part{Text: text})
 			t.hasText = true
+		case typ == "image" && role == "user":
+			im, err := decodeImage(fields, pp)
+			if err != nil {
+				return nil, err
+			}
+			t.parts = append(t.parts, infer.Part{Image: im})
+			hasImage = true
 		case typ == "tool_use" && role == "assistant":
 			var u struct {
 				ID    string          `json:"id"`
@@ -376,11 +387,67 @@ func decodeTurn(raw json.RawMessage, param, role string) (*turn, error) {
 			t.results = append(t.results, r)
 		default:
 			return nil, unsupported(pp+".type", fmt.Sprintf("content block type %q is not supported in a %s turn; only \"text\"%s", infer.Truncate(typ), role,
-				map[string]string{"assistant": ", \"tool_use\"", "user": ", \"tool_result\""}[role]))
+				map[string]string{"assistant": ", \"tool_use\"", "user": ", \"image\", \"tool_result\""}[role]))
 		}
 	}
 	t.text = strings.Join(texts, "\n")
+	if !hasImage {
+		t.parts = nil
+	}
 	return t, nil
+}
+
+// decodeImage reads an image block: {type: "image", source: {type: "base64", media_type,
+// data}} (infer.DecodeImage checks it). A url source is refused: Loops fetches no URLs.
+func decodeImage(fields map[string]json.RawMessage, pp string) (*infer.Image, error) {
+	var src json.RawMessage
+	for _, k := range infer.SortedKeys(fields) {
+		v := fields[k]
+		switch {
+		case k == "type", k == "cache_control", infer.IsNull(v):
+		case k == "source":
+			src = v
+		default:
+			return nil, unsupported(pp+"."+k, "an image block carries source")
+		}
+	}
+	if src == nil {
+		return nil, infer.BadField(pp+".source", "%s.source is required: {type: \"base64\", media_type, data}", pp)
+	}
+	sf, err := infer.DecodeObject(src, pp+".source")
+	if err != nil {
+		return nil, err
+	}
+	var typ, mediaType, data string
+	for _, k := range infer.SortedKeys(sf) {
+		v, kp := sf[k], pp+".source."+k
+		switch {
+		case infer.IsNull(v):
+		case k == "type":
+			if typ, err = infer.Str(v, kp); err != nil {
+				return nil, err
+			}
+		case k == "media_type":
+			if mediaType, err = infer.Str(v, kp); err != nil {
+				return nil, err
+			}
+		case k == "data":
+			if data, err = infer.Str(v, kp); err != nil {
+				return nil, err
+			}
+		case k == "url" && typ == "url": // refused below, with the reason
+		default:
+			return nil, unsupported(kp, "an image source is {type: \"base64\", media_type, data}")
+		}
+	}
+	switch typ {
+	case "base64":
+	case "url":
+		return nil, unsupported(pp+".source.type", "Loops fetches no URLs: send the image's bytes, {type: \"base64\", media_type, data}")
+	default:
+		return nil, unsupported(pp+".source.type", fmt.Sprintf("image source type %q is not supported; only \"base64\"", infer.Truncate(typ)))
+	}
+	return infer.DecodeImage(mediaType, data, pp+".source")
 }
 
 // decodeTools reads tools: [{name, description, input_schema}] (type "custom" or absent),

@@ -27,6 +27,9 @@ func FuzzDecodeRequest(f *testing.F) {
 		`{"model":"m","prompt":"x","max_tokens":1,"logprobs":5,"echo":true,"stream":false}`,
 		`{"model":"m","prompt":"x","max_tokens":0,"echo":false}`,
 		`{"model":"m","prompt":"x","echo":true,"stream":true}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"what?"},{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAABgAAAAQCAAAAAApT+BJAAAADklEQVR4nGNgGAWDCQAAAZAAAdO7EP4AAAAASUVORK5CYII=","detail":"auto"}}]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo="}}]}]}`,
 		`[]`, `{`, ``,
 	} {
 		f.Add([]byte(s), true)

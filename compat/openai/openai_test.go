@@ -441,7 +441,8 @@ func TestBadRequests(t *testing.T) {
 		"role":                {"/chat/completions", chat(map[string]any{"messages": []map[string]any{{"role": "function", "content": "x"}}}), 400, "messages[0].role"},
 		"orphan tool message": {"/chat/completions", chat(map[string]any{"messages": []map[string]any{{"role": "tool", "content": "x", "tool_call_id": "1"}}}), 400, "messages[0].tool_call_id"},
 		"message name":        {"/chat/completions", chat(map[string]any{"messages": []map[string]any{{"role": "user", "content": "x", "name": "bob"}}}), 400, "messages[0].name"},
-		"image part":          {"/chat/completions", chat(map[string]any{"messages": []map[string]any{{"role": "user", "content": []map[string]any{{"type": "image_url"}}}}}), 400, "messages[0].content[0].type"},
+		"image, text model":   {"/chat/completions", chat(map[string]any{"messages": []map[string]any{{"role": "user", "content": []map[string]any{{"type": "image_url", "image_url": map[string]any{"url": "data:image/png;base64," + pic}}}}}}), 400, "messages"},
+		"image url":           {"/chat/completions", chat(map[string]any{"messages": []map[string]any{{"role": "user", "content": []map[string]any{{"type": "image_url", "image_url": map[string]any{"url": "https://example.com/a.png"}}}}}}), 400, "messages[0].content[0].image_url.url"},
 		"no messages":         {"/chat/completions", map[string]any{"model": tiny.Name}, 400, "messages"},
 		"no model":            {"/chat/completions", map[string]any{"messages": msgs}, 400, "model"},
 		"usage, no stream":    {"/chat/completions", chat(map[string]any{"stream_options": map[string]any{"include_usage": true}}), 400, "stream_options"},
@@ -573,3 +574,6 @@ func TestCachedTokensInUsage(t *testing.T) {
 	require.Less(t, c, second.Usage.PromptTokens)
 	require.Zero(t, c%16)
 }
+
+// pic is a 24×16 grey PNG, base64.
+const pic = "iVBORw0KGgoAAAANSUhEUgAAABgAAAAQCAAAAAApT+BJAAAADklEQVR4nGNgGAWDCQAAAZAAAdO7EP4AAAAASUVORK5CYII="

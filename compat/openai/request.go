@@ -487,7 +487,7 @@ func decodeMessages(raw json.RawMessage) ([]message, error) {
 			switch {
 			case k == "role":
 			case k == "content":
-				if out[i].Content, err = content(v, param+".content"); err != nil {
+				if out[i].Content, out[i].Parts, err = content(v, param+".content", out[i].Role == "user"); err != nil {
 					return nil, err
 				}
 				hasContent = true
@@ -688,43 +688,113 @@ func decodeMetadata(raw json.RawMessage) error {
 	return nil
 }
 
-func content(raw json.RawMessage, param string) (string, error) {
+// content reads a message's content: a string, or a list of parts, text ({type: "text",
+// text}) or, in a user message, an image ({type: "image_url", image_url: {url, detail}}
+// with a data URL: infer.DecodeImageURL). The text parts are joined with newlines; parts
+// is set only when there are images, and keeps every part in order for the chat template.
+func content(raw json.RawMessage, param string, images bool) (string, []infer.Part, error) {
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		return s, nil
+		return s, nil, nil
 	}
-	var parts []json.RawMessage
-	if json.Unmarshal(raw, &parts) != nil {
-		return "", badField(param, "%s must be a string or a list of text parts", param)
+	var list []json.RawMessage
+	if json.Unmarshal(raw, &list) != nil {
+		return "", nil, badField(param, "%s must be a string or a list of content parts", param)
 	}
-	texts := make([]string, 0, len(parts))
-	for j, p := range parts {
+	texts := make([]string, 0, len(list))
+	parts := make([]infer.Part, 0, len(list))
+	hasImage := false
+	for j, p := range list {
 		pp := fmt.Sprintf("%s[%d]", param, j)
-		fields, err := infer.DecodeObject(p, pp)
+		part, err := contentPart(p, pp, images)
 		if err != nil {
-			return "", err
+			return "", nil, err
 		}
-		typ, text := "", ""
-		for _, k := range infer.SortedKeys(fields) {
-			switch v := fields[k]; k {
-			case "type":
-				if typ, err = infer.Str(v, pp+".type"); err != nil {
-					return "", err
-				}
-			case "text":
-				if text, err = infer.Str(v, pp+".text"); err != nil {
-					return "", err
-				}
-			default:
-				if !infer.IsNull(v) {
-					return "", unsupported(pp+"."+k, "only text parts are supported")
-				}
+		if part.Image == nil {
+			texts = append(texts, part.Text)
+		} else {
+			hasImage = true
+		}
+		parts = append(parts, part)
+	}
+	if !hasImage {
+		parts = nil
+	}
+	return strings.Join(texts, "\n"), parts, nil
+}
+
+// contentPart reads one content part (content); images says whether the message may hold
+// images.
+func contentPart(raw json.RawMessage, pp string, images bool) (infer.Part, error) {
+	fields, err := infer.DecodeObject(raw, pp)
+	if err != nil {
+		return infer.Part{}, err
+	}
+	// The type first: it says best what is wrong with another kind of part.
+	typ, err := infer.Str(fields["type"], pp+".type")
+	if err != nil || (typ != "text" && typ != "image_url") {
+		return infer.Part{}, unsupported(pp+".type", fmt.Sprintf("content part type %q is not supported; only \"text\" and \"image_url\"", truncate(typ)))
+	}
+	text := ""
+	var imageURL json.RawMessage
+	for _, k := range infer.SortedKeys(fields) {
+		switch v := fields[k]; k {
+		case "type":
+		case "text":
+			if text, err = infer.Str(v, pp+".text"); err != nil {
+				return infer.Part{}, err
+			}
+		case "image_url":
+			imageURL = v
+		default:
+			if !infer.IsNull(v) {
+				return infer.Part{}, unsupported(pp+"."+k, "content parts are text ({type: \"text\", text}) or image_url ({type: \"image_url\", image_url: {url}})")
 			}
 		}
-		if typ != "text" {
-			return "", unsupported(pp+".type", fmt.Sprintf("content part type %q is not supported; only \"text\"", truncate(typ)))
-		}
-		texts = append(texts, text)
 	}
-	return strings.Join(texts, "\n"), nil
+	switch {
+	case typ == "text" && imageURL == nil:
+		return infer.Part{Text: text}, nil
+	case typ == "text":
+		return infer.Part{}, badField(pp, "%s must be {type: \"text\", text}", pp)
+	case !images:
+		return infer.Part{}, unsupported(pp+".type", "image_url parts belong to user messages")
+	case imageURL == nil || text != "":
+		return infer.Part{}, badField(pp, "%s must be {type: \"image_url\", image_url: {url}}", pp)
+	}
+	im, err := decodeImageURL(imageURL, pp+".image_url")
+	return infer.Part{Image: im}, err
+}
+
+// decodeImageURL reads an image_url: {url, detail}. Only a data URL is taken (Loops
+// fetches no URLs), and detail only "auto": the image takes the tokens the model's
+// processor makes of it.
+func decodeImageURL(raw json.RawMessage, param string) (*infer.Image, error) {
+	fields, err := infer.DecodeObject(raw, param)
+	if err != nil {
+		return nil, err
+	}
+	url := ""
+	for _, k := range infer.SortedKeys(fields) {
+		v := fields[k]
+		if infer.IsNull(v) {
+			continue
+		}
+		switch k {
+		case "url":
+			if url, err = infer.Str(v, param+".url"); err != nil {
+				return nil, err
+			}
+		case "detail":
+			if d, err := infer.Str(v, param+".detail"); err != nil || d != "auto" {
+				return nil, unsupported(param+".detail", `only "auto": the image takes the tokens the model's image processor makes of it`)
+			}
+		default:
+			return nil, unsupported(param+"."+k, "image_url carries url (and detail)")
+		}
+	}
+	if url == "" {
+		return nil, badField(param+".url", "%s.url is required: a data URL, data:image/png;base64,…", param)
+	}
+	return infer.DecodeImageURL(url, param+".url")
 }

@@ -100,6 +100,19 @@ func smartResize(h, w, factor, minPixels, maxPixels int64) (int64, int64) {
 	return hb, wb
 }
 
+// Accepts refuses images for a model whose catalog entry does not say it takes them: the
+// error names the model and its modalities, and says what to send instead (instead).
+func Accepts(model *loopsv1.ModelInfo, instead string) error {
+	if slices.Contains(model.GetModalities(), Modality) && model.GetVision() != nil {
+		return nil
+	}
+	mods := model.GetModalities()
+	if len(mods) == 0 { // a backend that does not say serves text
+		mods = []string{"text"}
+	}
+	return fmt.Errorf("model %s takes %v input only, not images: %s, or use a vision-language model whose modalities include image (loops models lists them)", model.GetName(), mods, instead)
+}
+
 // Check checks the images of a model input of n tokens against the model: the model must
 // take images, every image must pass Header, its tokens must be what the model's processor
 // makes of it, they must lie in the input in order without overlapping, and the input must
@@ -109,12 +122,8 @@ func Check(model *loopsv1.ModelInfo, images []*loopsv1.Image, tokens []int32, co
 	if len(images) == 0 {
 		return count, nil
 	}
-	if !slices.Contains(model.GetModalities(), Modality) || model.GetVision() == nil {
-		mods := model.GetModalities()
-		if len(mods) == 0 { // a backend that does not say serves text
-			mods = []string{"text"}
-		}
-		return 0, fmt.Errorf("model %s takes %v input only, not images: send encoded_text chunks, or use a vision-language model whose modalities include image (loops models lists them)", model.GetName(), mods)
+	if err := Accepts(model, "send encoded_text chunks"); err != nil {
+		return 0, err
 	}
 	next := 0
 	for i, im := range images {

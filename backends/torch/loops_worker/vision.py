@@ -54,7 +54,8 @@ class ImageInputs:
 
         size = self.proc.size
         return tpb.VisionInfo(patch_size=int(self.proc.patch_size), merge_size=self.merge,
-                              min_pixels=int(size["shortest_edge"]), max_pixels=int(size["longest_edge"]))
+                              min_pixels=int(size["shortest_edge"]), max_pixels=int(size["longest_edge"]),
+                              image_token_id=self.image_token_id)
 
     def place(self, where: str, tokens: List[int], images: Sequence) -> Tuple[List[int], List[int]]:
         """The input ids with each image's placeholders replaced by the image token, and the

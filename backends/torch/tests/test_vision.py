@@ -119,6 +119,7 @@ def test_image_parity(case, tmp_path):
     info = bm.info
     assert list(info.modalities) == ["text", "image"]
     assert (info.vision.patch_size, info.vision.merge_size, info.vision.min_pixels, info.vision.max_pixels) == (4, 2, 64, 4096)
+    assert info.vision.image_token_id == IMAGE  # the chat routes expand the template's image placeholder, this token
     # the vision tower is loaded, frozen and never adapted
     assert any(".visual." in n or n.startswith("model.visual") for n, _ in bm.model.named_parameters())
     assert not any(p.requires_grad for p in bm.model.parameters())

@@ -237,15 +237,22 @@ func (e *Engine) Text(ctx context.Context, name string) (*Text, error) {
 // (its max_sequence_length as the caller's workspace sees it: the lesser of the model's and
 // the workspace policy's; 0: none).
 func (e *Engine) model(ctx context.Context, name string) (*Text, int, error) {
+	t, info, err := e.modelInfo(ctx, name)
+	return t, int(max(info.GetMaxSequenceLength(), 0)), err
+}
+
+// modelInfo returns base model name's text and its catalog entry as the caller's
+// workspace sees it.
+func (e *Engine) modelInfo(ctx context.Context, name string) (*Text, *loopsv1.ModelInfo, error) {
 	info, err := e.models.info(ctx, name)
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	t, err := e.models.get(info)
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
-	return t, int(max(info.GetMaxSequenceLength(), 0)), nil
+	return t, info, nil
 }
 
 // Tokens renders and tokenizes the request's messages and prompts as Sample would, for the
@@ -255,33 +262,55 @@ func (e *Engine) Tokens(ctx context.Context, req *Request) ([][]int32, error) {
 	if err != nil {
 		return nil, err
 	}
-	t, limit, err := e.model(ctx, sm.baseModel)
+	t, info, err := e.modelInfo(ctx, sm.baseModel)
 	if err != nil {
 		return nil, err
 	}
-	return prompts(t, limit, sm.baseModel, req)
+	ps, _, err := prompts(t, info, req)
+	return ps, err
 }
 
 // prompts renders the request's messages and tokenizes them and its text prompts, each
-// bounded by limit tokens (0: none) of base model name: more messages than limit, or a text
-// of more bytes than limit tokens can hold (limit × the tokenizer's MaxTokenBytes), is
-// refused before it is rendered or tokenized, and tokenizing stops as soon as a prompt is
-// over limit tokens. So an over-long prompt costs at most about limit tokens of work,
-// whatever its size.
-func prompts(t *Text, limit int, name string, req *Request) ([][]int32, error) {
+// bounded by the limit in tokens of base model info (its max_sequence_length; 0: none):
+// more messages than limit, or a text of more bytes than limit tokens can hold (limit × the
+// tokenizer's MaxTokenBytes), is refused before it is rendered or tokenized, and tokenizing
+// stops as soon as a prompt is over limit tokens. So an over-long prompt costs at most about
+// limit tokens of work, whatever its size. The messages' images (checked when decoded)
+// take the tokens the model's processor makes of them (vision.Tokens), counted against the
+// limit before rendering; each image's placeholder in the rendered template is expanded to
+// them, and the images are returned with their place in the first prompt.
+func prompts(t *Text, info *loopsv1.ModelInfo, req *Request) ([][]int32, []*loopsv1.Image, error) {
+	limit, name := int(max(info.GetMaxSequenceLength(), 0)), info.GetName()
 	var out [][]int32
+	var images []*loopsv1.Image
 	if len(req.Messages) > 0 {
 		if limit > 0 && len(req.Messages) > limit {
 			// Rendering costs per message; every message of a chat takes a token at least.
-			return nil, tooLong("messages", "messages: %d messages cannot fit in %s's limit of %d tokens (max_sequence_length; every message takes at least one token): send fewer",
+			return nil, nil, tooLong("messages", "messages: %d messages cannot fit in %s's limit of %d tokens (max_sequence_length; every message takes at least one token): send fewer",
 				len(req.Messages), name, limit)
 		}
 		if len(req.Tools) > 0 && t.tools == NoToolFormat {
-			return nil, BadField("tools", "%s's chat template renders no tools (Loops parses the tool calls of templates written for Qwen's <tool_call> format and Llama 3's JSON format): send the request without tools, or with tool_choice none", name)
+			return nil, nil, BadField("tools", "%s's chat template renders no tools (Loops parses the tool calls of templates written for Qwen's <tool_call> format and Llama 3's JSON format): send the request without tools, or with tool_choice none", name)
+		}
+		imgs := Images(req.Messages)
+		var sizes []int
+		textLimit := limit
+		if len(imgs) > 0 {
+			var sum int
+			var err error
+			if sizes, sum, err = imageSizes(info, imgs); err != nil {
+				return nil, nil, err
+			}
+			if limit > 0 {
+				// Each image's placeholder is one token of the rendered text.
+				if textLimit = limit - (sum - len(imgs)); textLimit < len(imgs) {
+					return nil, nil, tooLong("messages", "messages: their %d images take %d tokens, over %s's limit of %d tokens (max_sequence_length): send fewer or smaller images", len(imgs), sum, name, limit)
+				}
+			}
 		}
 		forced := forcedPrefix(t, req)
 		if forced != "" && req.Prefill != "" {
-			return nil, BadField("tool_choice", "a forced tool call (tool_choice %s) cannot continue a prefilled answer: drop the last assistant message or the tool choice", req.ToolChoice.Mode)
+			return nil, nil, BadField("tool_choice", "a forced tool call (tool_choice %s) cannot continue a prefilled answer: drop the last assistant message or the tool choice", req.ToolChoice.Mode)
 		}
 		size := len(req.Prefill) + len(forced)
 		for _, m := range req.Messages {
@@ -293,16 +322,21 @@ func prompts(t *Text, limit int, name string, req *Request) ([][]int32, error) {
 		for _, tl := range req.Tools {
 			size += len(tl.Name) + len(tl.Description) + len(tl.Parameters)
 		}
-		if err := t.checkBytes(size, limit, name, "messages"); err != nil {
-			return nil, err
+		if err := t.checkBytes(size, textLimit, name, "messages"); err != nil {
+			return nil, nil, err
 		}
 		rendered, err := t.Render(req.Messages, req.Tools)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		toks, err := t.encodeBounded(rendered+req.Prefill+forced, limit, name, "messages")
+		toks, err := t.encodeBounded(rendered+req.Prefill+forced, textLimit, name, "messages")
 		if err != nil {
-			return nil, err
+			return nil, nil, err
+		}
+		if len(imgs) > 0 {
+			if toks, images, err = expandImages(toks, imgs, sizes, info.GetVision().GetImageTokenId()); err != nil {
+				return nil, nil, err
+			}
 		}
 		out = append(out, toks)
 	}
@@ -310,21 +344,21 @@ func prompts(t *Text, limit int, name string, req *Request) ([][]int32, error) {
 		param := promptParam(req, i)
 		if p.Tokens != nil {
 			if limit > 0 && len(p.Tokens) > limit {
-				return nil, tooLong(param, "%s has %d tokens; %s takes at most %d (max_sequence_length): shorten it", param, len(p.Tokens), name, limit)
+				return nil, nil, tooLong(param, "%s has %d tokens; %s takes at most %d (max_sequence_length): shorten it", param, len(p.Tokens), name, limit)
 			}
 			out = append(out, p.Tokens)
 			continue
 		}
 		if err := t.checkBytes(len(p.Text), limit, name, param); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		toks, err := t.encodeBounded(p.Text, limit, name, param)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		out = append(out, toks)
 	}
-	return out, nil
+	return out, images, nil
 }
 
 // promptParam names prompt i of req's Prompts in errors.

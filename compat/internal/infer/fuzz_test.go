@@ -61,7 +61,7 @@ func FuzzPrompts(f *testing.F) {
 		}
 		req := &Request{Messages: msgs, Prefill: prefill, Prompts: []Prompt{{Text: prompt}}}
 		lim := int(limit)
-		out, err := prompts(tx, lim, tiny.Name, req)
+		out, _, err := prompts(tx, &loopsv1.ModelInfo{Name: tiny.Name, MaxSequenceLength: int32(lim)}, req)
 		if err != nil {
 			var ae *Error
 			if !errors.As(err, &ae) || ae.Status < 400 || ae.Status >= 500 || ae.Message == "" {

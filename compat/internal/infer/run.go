@@ -101,14 +101,15 @@ func (e *Engine) start(ctx context.Context, req *Request, stream bool) (*Run, er
 	if err != nil {
 		return nil, err
 	}
-	t, limit, err := e.model(ctx, sm.baseModel)
+	t, info, err := e.modelInfo(ctx, sm.baseModel)
 	if err != nil {
 		return nil, err
 	}
+	limit := int(max(info.GetMaxSequenceLength(), 0))
 	if err := checkTopLogprobs(req, limit, 0); err != nil {
 		return nil, err
 	}
-	ps, err := prompts(t, limit, sm.baseModel, req)
+	ps, images, err := prompts(t, info, req)
 	if err != nil {
 		return nil, err
 	}
@@ -156,6 +157,9 @@ func (e *Engine) start(ctx context.Context, req *Request, stream bool) (*Run, er
 	for i, p := range ps {
 		in := &loopsv1.SampleRequest{SamplerId: sm.id, Prompt: p, NumSamples: int32(n), Params: req.Params,
 			PromptLogprobs: req.ScorePrompts, TopkPromptLogprobs: topk}
+		if i == 0 {
+			in.PromptImages = images // the messages' prompt: the only one that holds images
+		}
 		op, err := queue(in, i)
 		if connect.CodeOf(err) == connect.CodeNotFound && i == 0 {
 			// The remembered sampler is gone (its record was deleted): create a new one once.

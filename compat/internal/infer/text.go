@@ -25,6 +25,11 @@ import (
 type Message struct {
 	Role    string
 	Content string
+	// Parts, when not empty, are the message's content as parts, some of them images
+	// (Content is then their text joined): the chat template is given them as a list of
+	// {"type": "text", "text"} and {"type": "image"}, which a vision-language model's
+	// template renders as its image placeholder.
+	Parts []Part
 	// ToolCalls are an assistant message's calls of tools.
 	ToolCalls []ToolCall
 	// ToolCallID is, on a message of role "tool", the id of the call it answers; Name is
@@ -239,6 +244,17 @@ func (t *Text) Render(msgs []Message, tools []Tool) (string, error) {
 	list := make([]map[string]any, len(msgs))
 	for i, m := range msgs {
 		msg := map[string]any{"role": m.Role, "content": m.Content}
+		if len(m.Parts) > 0 {
+			parts := make([]any, len(m.Parts))
+			for j, p := range m.Parts {
+				if p.Image != nil {
+					parts[j] = map[string]any{"type": "image"}
+				} else {
+					parts[j] = map[string]any{"type": "text", "text": p.Text}
+				}
+			}
+			msg["content"] = parts
+		}
 		if len(m.ToolCalls) > 0 {
 			calls := make([]any, len(m.ToolCalls))
 			for j, c := range m.ToolCalls {

@@ -262,11 +262,11 @@ func TestForcedToolChoiceThroughTheEngine(t *testing.T) {
 func TestToolsNeedATemplateThatRendersThem(t *testing.T) {
 	tx := tinyText(t)
 	tx.tools = NoToolFormat
-	_, err := prompts(tx, 0, "m", &Request{Messages: []Message{{Role: "user", Content: "x"}}, Tools: weatherTools})
+	_, _, err := prompts(tx, &loopsv1.ModelInfo{Name: "m"}, &Request{Messages: []Message{{Role: "user", Content: "x"}}, Tools: weatherTools})
 	var ae *Error
 	require.ErrorAs(t, err, &ae)
 	require.Equal(t, "tools", ae.Param)
-	_, err = prompts(tx, 0, "m", &Request{Messages: []Message{{Role: "user", Content: "x"}}})
+	_, _, err = prompts(tx, &loopsv1.ModelInfo{Name: "m"}, &Request{Messages: []Message{{Role: "user", Content: "x"}}})
 	require.NoError(t, err)
 }
 

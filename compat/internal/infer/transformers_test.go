@@ -80,7 +80,8 @@ print(json.dumps(out))
 // jinja2 as transformers sets it up (a sandboxed environment, trim_blocks, lstrip_blocks) and
 // requires the same text: Qwen2.5's (without tools), a Mistral-style one and
 // testdata/qwen3_style.jinja, Qwen3's structure (reversed loops, namespaces, string methods,
-// `is string`, `is defined`, <think> splitting). It runs when LOOPS_PYTHON (or python3) can
+// `is string`, `is defined`, <think> splitting), and Qwen2-VL's (testdata/qwen2_vl.jinja) on
+// messages with image parts. It runs when LOOPS_PYTHON (or python3) can
 // import jinja2.
 func TestJinja2Agrees(t *testing.T) {
 	py := os.Getenv("LOOPS_PYTHON")
@@ -94,6 +95,8 @@ func TestJinja2Agrees(t *testing.T) {
 	}
 	qwen3, err := os.ReadFile("testdata/qwen3_style.jinja")
 	require.NoError(t, err)
+	qwenVL, err := os.ReadFile("testdata/qwen2_vl.jinja")
+	require.NoError(t, err)
 	templates := []string{qwenTemplate, mistralTemplate, string(qwen3)}
 	convs := [][]Message{
 		{{Role: "user", Content: "Hi"}},
@@ -101,19 +104,47 @@ func TestJinja2Agrees(t *testing.T) {
 		{{Role: "user", Content: "Hi"}, {Role: "assistant", Content: "<think>\nhmm\n</think>\n\nYo"}, {Role: "user", Content: "Again ünïcode 🙂"}},
 		{{Role: "system", Content: "S"}, {Role: "user", Content: "Q"}, {Role: "assistant", Content: "<think>\nlast\n</think>\nA"}},
 	}
-	type job struct {
-		Template string              `json:"template"`
-		Messages []map[string]string `json:"messages"`
+	type pair struct {
+		src  string
+		conv []Message
 	}
-	var jobs []job
+	var pairs []pair
 	for _, src := range templates {
 		for _, c := range convs {
-			j := job{Template: src}
-			for _, m := range c {
-				j.Messages = append(j.Messages, map[string]string{"role": m.Role, "content": m.Content})
-			}
-			jobs = append(jobs, j)
+			pairs = append(pairs, pair{src, c})
 		}
+	}
+	// Qwen2-VL's template on text, and on messages with image parts (the list of parts the
+	// chat routes give a template).
+	pic := &Image{}
+	for _, c := range append(convs,
+		[]Message{{Role: "user", Parts: []Part{{Text: "What is"}, {Image: pic}, {Text: "this?"}}}},
+		[]Message{{Role: "system", Content: "S"}, {Role: "user", Parts: []Part{{Image: pic}, {Image: pic}, {Text: "Compare."}}}, {Role: "assistant", Content: "A"}}) {
+		pairs = append(pairs, pair{string(qwenVL), c})
+	}
+	type job struct {
+		Template string           `json:"template"`
+		Messages []map[string]any `json:"messages"`
+	}
+	var jobs []job
+	for _, p := range pairs {
+		j := job{Template: p.src}
+		for _, m := range p.conv {
+			msg := map[string]any{"role": m.Role, "content": m.Content}
+			if len(m.Parts) > 0 {
+				parts := []map[string]string{}
+				for _, part := range m.Parts {
+					if part.Image != nil {
+						parts = append(parts, map[string]string{"type": "image"})
+					} else {
+						parts = append(parts, map[string]string{"type": "text", "text": part.Text})
+					}
+				}
+				msg["content"] = parts
+			}
+			j.Messages = append(j.Messages, msg)
+		}
+		jobs = append(jobs, j)
 	}
 	script := `
 import json, sys
@@ -139,20 +170,16 @@ print(json.dumps(out))
 	var want []*string
 	require.NoError(t, json.Unmarshal(outb, &want))
 	require.Len(t, want, len(jobs))
-	i := 0
-	for ti, src := range templates {
-		tmpl, err := compileTemplate(src)
+	for i, p := range pairs {
+		tmpl, err := compileTemplate(p.src)
 		require.NoError(t, err)
 		tx := &Text{tmpl: tmpl, bos: "<s>", eos: "</s>"}
-		for ci, c := range convs {
-			got, err := tx.Render(c, nil)
-			if want[i] == nil {
-				require.Error(t, err, "template %d, conversation %d: jinja2 raised", ti, ci)
-			} else {
-				require.NoError(t, err, "template %d, conversation %d", ti, ci)
-				require.Equal(t, *want[i], got, "template %d, conversation %d", ti, ci)
-			}
-			i++
+		got, err := tx.Render(p.conv, nil)
+		if want[i] == nil {
+			require.Error(t, err, "job %d: jinja2 raised", i)
+		} else {
+			require.NoError(t, err, "job %d", i)
+			require.Equal(t, *want[i], got, "job %d", i)
 		}
 	}
 }

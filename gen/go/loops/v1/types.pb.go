@@ -412,11 +412,15 @@ func (x *Image) GetHeight() int32 {
 // its aspect ratio, which must be at most 200), then every merge_size × merge_size block of
 // patch_size patches is one token.
 type VisionInfo struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	PatchSize     int32                  `protobuf:"varint,1,opt,name=patch_size,json=patchSize,proto3" json:"patch_size,omitempty"`
-	MergeSize     int32                  `protobuf:"varint,2,opt,name=merge_size,json=mergeSize,proto3" json:"merge_size,omitempty"`
-	MinPixels     int64                  `protobuf:"varint,3,opt,name=min_pixels,json=minPixels,proto3" json:"min_pixels,omitempty"`
-	MaxPixels     int64                  `protobuf:"varint,4,opt,name=max_pixels,json=maxPixels,proto3" json:"max_pixels,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	PatchSize int32                  `protobuf:"varint,1,opt,name=patch_size,json=patchSize,proto3" json:"patch_size,omitempty"`
+	MergeSize int32                  `protobuf:"varint,2,opt,name=merge_size,json=mergeSize,proto3" json:"merge_size,omitempty"`
+	MinPixels int64                  `protobuf:"varint,3,opt,name=min_pixels,json=minPixels,proto3" json:"min_pixels,omitempty"`
+	MaxPixels int64                  `protobuf:"varint,4,opt,name=max_pixels,json=maxPixels,proto3" json:"max_pixels,omitempty"`
+	// The token id that stands for one image token in the model's input (its config's
+	// image_token_id): the chat template's image placeholder (Qwen-VL: <|image_pad|>) is this
+	// token, which the OpenAI and Anthropic routes expand to the image's tokens.
+	ImageTokenId  int32 `protobuf:"varint,101,opt,name=image_token_id,json=imageTokenId,proto3" json:"image_token_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -475,6 +479,13 @@ func (x *VisionInfo) GetMinPixels() int64 {
 func (x *VisionInfo) GetMaxPixels() int64 {
 	if x != nil {
 		return x.MaxPixels
+	}
+	return 0
+}
+
+func (x *VisionInfo) GetImageTokenId() int32 {
+	if x != nil {
+		return x.ImageTokenId
 	}
 	return 0
 }
@@ -1742,7 +1753,7 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x06offset\x18\x03 \x01(\x05R\x06offset\x12\x16\n" +
 	"\x06tokens\x18\x04 \x01(\x05R\x06tokens\x12\x14\n" +
 	"\x05width\x18\x05 \x01(\x05R\x05width\x12\x16\n" +
-	"\x06height\x18\x06 \x01(\x05R\x06height\"\x88\x01\n" +
+	"\x06height\x18\x06 \x01(\x05R\x06height\"\xae\x01\n" +
 	"\n" +
 	"VisionInfo\x12\x1d\n" +
 	"\n" +
@@ -1752,7 +1763,8 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"min_pixels\x18\x03 \x01(\x03R\tminPixels\x12\x1d\n" +
 	"\n" +
-	"max_pixels\x18\x04 \x01(\x03R\tmaxPixels\"\x95\x01\n" +
+	"max_pixels\x18\x04 \x01(\x03R\tmaxPixels\x12$\n" +
+	"\x0eimage_token_id\x18e \x01(\x05R\fimageTokenId\"\x95\x01\n" +
 	"\n" +
 	"LoraConfig\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x12\n" +

@@ -71,16 +71,18 @@ class Image(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., format: _Optional[str] = ..., offset: _Optional[int] = ..., tokens: _Optional[int] = ..., width: _Optional[int] = ..., height: _Optional[int] = ...) -> None: ...
 
 class VisionInfo(_message.Message):
-    __slots__ = ("patch_size", "merge_size", "min_pixels", "max_pixels")
+    __slots__ = ("patch_size", "merge_size", "min_pixels", "max_pixels", "image_token_id")
     PATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MERGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     MIN_PIXELS_FIELD_NUMBER: _ClassVar[int]
     MAX_PIXELS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     patch_size: int
     merge_size: int
     min_pixels: int
     max_pixels: int
-    def __init__(self, patch_size: _Optional[int] = ..., merge_size: _Optional[int] = ..., min_pixels: _Optional[int] = ..., max_pixels: _Optional[int] = ...) -> None: ...
+    image_token_id: int
+    def __init__(self, patch_size: _Optional[int] = ..., merge_size: _Optional[int] = ..., min_pixels: _Optional[int] = ..., max_pixels: _Optional[int] = ..., image_token_id: _Optional[int] = ...) -> None: ...
 
 class LoraConfig(_message.Message):
     __slots__ = ("rank", "seed", "train_attn", "train_mlp", "train_unembed")
