@@ -125,46 +125,71 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 				cc.N = pos[i] + 1
 			}
 		}
+		// tasks (row, pair of heads): the two query heads of a pair share their kv head
+		// (hp = 2 when the group size is even), so its keys and values are read once for
+		// both; each head's scores and sums are those it gets alone.
 		grp := H / KH
-		parallelFor(M*H, M*H*(pos[M-1]+1)*hd*2, func(task int) {
-			i, hh := task/H, task%H
+		hp := 1
+		if grp%2 == 0 {
+			hp = 2
+		}
+		parallelFor(M*H/hp, M*H*(pos[M-1]+1)*hd*2, func(task int) {
+			i, hh := task/(H/hp), task%(H/hp)*hp
 			kh := hh / grp
 			cc := caches[i]
 			n := pos[i] + 1
 			j0 := c.firstKey(l, pos[i]) // keys j0…pos[i] (a sliding window's)
-			qr := q[i*QD+hh*hd : i*QD+(hh+1)*hd]
-			sc := scAll[scOff[i]+hh*n+j0 : scOff[i]+(hh+1)*n]
-			qk := dAll[scOff[i]+hh*n+j0 : scOff[i]+(hh+1)*n]
 			kv := j0*KVD + kh*hd
-			dotRows(qk, qr, cc.K[l][kv:], KVD)
-			mx := math.Inf(-1)
-			for j := range sc {
-				s := float64(qk[j]) * scale
-				sc[j] = s
-				mx = max(mx, s)
+			var sc [2][]float64
+			var qk, qr [2][]T
+			for e := range hp {
+				h := hh + e
+				qr[e] = q[i*QD+h*hd : i*QD+(h+1)*hd]
+				sc[e] = scAll[scOff[i]+h*n+j0 : scOff[i]+(h+1)*n]
+				qk[e] = dAll[scOff[i]+h*n+j0 : scOff[i]+(h+1)*n]
 			}
-			for j := range sc {
-				sc[j] -= mx
-			}
-			expInPlace(sc)
-			var sum float64
-			for j := range sc {
-				sum += sc[j]
-			}
-			var accBuf [256]float64
-			acc := accBuf[:0]
-			if hd <= len(accBuf) {
-				acc = accBuf[:hd]
+			if hp == 2 {
+				dotRows2(qk[0], qk[1], qr[0], qr[1], cc.K[l][kv:], KVD)
 			} else {
-				acc = make([]float64, hd)
+				dotRows(qk[0], qr[0], cc.K[l][kv:], KVD)
 			}
-			for j := range sc {
-				sc[j] /= sum
+			var accBuf [2][256]float64
+			var acc [2][]float64
+			for e := range hp {
+				sc, qk := sc[e], qk[e]
+				mx := math.Inf(-1)
+				for j := range sc {
+					s := float64(qk[j]) * scale
+					sc[j] = s
+					mx = max(mx, s)
+				}
+				for j := range sc {
+					sc[j] -= mx
+				}
+				expInPlace(sc)
+				var sum float64
+				for j := range sc {
+					sum += sc[j]
+				}
+				if hd <= len(accBuf[e]) {
+					acc[e] = accBuf[e][:hd]
+				} else {
+					acc[e] = make([]float64, hd)
+				}
+				for j := range sc {
+					sc[j] /= sum
+				}
 			}
-			weightedSum(acc, sc, cc.V[l][kv:], KVD)
-			out := att[i*QD+hh*hd : i*QD+(hh+1)*hd]
-			for d := range out {
-				out[d] = T(acc[d])
+			if hp == 2 {
+				weightedSum2(acc[0], acc[1], sc[0], sc[1], cc.V[l][kv:], KVD)
+			} else {
+				weightedSum(acc[0], sc[0], cc.V[l][kv:], KVD)
+			}
+			for e := range hp {
+				out := att[i*QD+(hh+e)*hd : i*QD+(hh+e+1)*hd]
+				for d := range out {
+					out[d] = T(acc[e][d])
+				}
 			}
 		})
 		lin(att, &L.Lin[TO], l, TO, o)

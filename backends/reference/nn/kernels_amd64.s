@@ -825,3 +825,125 @@ t8loop:
 t8done:
 	VZEROUPPER
 	RET
+
+// SDRRED reduces the accumulator pair (lo, hi) of one dot product to a float32 stored at
+// dst, with sdotRowsAVX2's instructions (xt is scratch).
+#define SDRRED(lo, hi, xlo, xt, dst) \
+	VADDPS hi, lo, lo; \
+	VEXTRACTF128 $1, lo, xt; \
+	VADDPS xt, xlo, xlo; \
+	VMOVHLPS xlo, xlo, xt; \
+	VADDPS xt, xlo, xlo; \
+	VMOVSHDUP xlo, xt; \
+	VADDSS xt, xlo, xlo; \
+	VMOVSS xlo, dst
+
+// func sdotRows2AVX2(n16 int, a0, a1, b *float32, ldb, nrows int, out0, out1 *float32)
+// out0[r] = sdotAVX2(n16, a0, b + r·ldb) and out1[r] = sdotAVX2(n16, a1, b + r·ldb) for
+// r < nrows: two rows of b at a time against both vectors (eight independent FMA chains
+// rather than sdotRowsAVX2's two), each dot product with sdotAVX2's instructions in its
+// order (two accumulators of eight lanes, then SDRRED), so the same bits.
+TEXT ·sdotRows2AVX2(SB), NOSPLIT, $0-64
+	MOVQ n16+0(FP), DX
+	MOVQ b+24(FP), BX
+	MOVQ ldb+32(FP), R8
+	SHLQ $2, R8
+	MOVQ nrows+40(FP), R9
+	MOVQ out0+48(FP), DI
+	MOVQ out1+56(FP), R11
+
+sd2pair:
+	CMPQ R9, $2
+	JLT sd2one
+	PREFETCHT0 (BX)(R8*4)
+	PREFETCHT0 64(BX)(R8*4)
+	PREFETCHT0 128(BX)(R8*4)
+	PREFETCHT0 192(BX)(R8*4)
+	LEAQ (BX)(R8*1), R13
+	PREFETCHT0 (R13)(R8*4)
+	PREFETCHT0 64(R13)(R8*4)
+	PREFETCHT0 128(R13)(R8*4)
+	PREFETCHT0 192(R13)(R8*4)
+	MOVQ a0+8(FP), AX
+	MOVQ a1+16(FP), R10
+	MOVQ BX, SI
+	MOVQ DX, CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	TESTQ CX, CX
+	JZ sd2pred
+
+sd2ploop:
+	VMOVUPS (AX), Y8
+	VMOVUPS 32(AX), Y9
+	VMOVUPS (R10), Y10
+	VMOVUPS 32(R10), Y11
+	VMOVUPS (SI), Y12
+	VMOVUPS 32(SI), Y13
+	VMOVUPS (SI)(R8*1), Y14
+	VMOVUPS 32(SI)(R8*1), Y15
+	VFMADD231PS Y12, Y8, Y0  // a0 · row r
+	VFMADD231PS Y13, Y9, Y1
+	VFMADD231PS Y12, Y10, Y2 // a1 · row r
+	VFMADD231PS Y13, Y11, Y3
+	VFMADD231PS Y14, Y8, Y4  // a0 · row r+1
+	VFMADD231PS Y15, Y9, Y5
+	VFMADD231PS Y14, Y10, Y6 // a1 · row r+1
+	VFMADD231PS Y15, Y11, Y7
+	ADDQ $64, AX
+	ADDQ $64, R10
+	ADDQ $64, SI
+	DECQ CX
+	JNZ sd2ploop
+
+sd2pred:
+	SDRRED(Y0, Y1, X0, X8, (DI))
+	SDRRED(Y2, Y3, X2, X9, (R11))
+	SDRRED(Y4, Y5, X4, X10, 4(DI))
+	SDRRED(Y6, Y7, X6, X11, 4(R11))
+	ADDQ $8, DI
+	ADDQ $8, R11
+	LEAQ (BX)(R8*2), BX
+	SUBQ $2, R9
+	JMP sd2pair
+
+sd2one:
+	TESTQ R9, R9
+	JZ sd2done
+	MOVQ a0+8(FP), AX
+	MOVQ a1+16(FP), R10
+	MOVQ BX, SI
+	MOVQ DX, CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	TESTQ CX, CX
+	JZ sd2ored
+
+sd2oloop:
+	VMOVUPS (SI), Y12
+	VMOVUPS 32(SI), Y13
+	VFMADD231PS (AX), Y12, Y0
+	VFMADD231PS 32(AX), Y13, Y1
+	VFMADD231PS (R10), Y12, Y2
+	VFMADD231PS 32(R10), Y13, Y3
+	ADDQ $64, AX
+	ADDQ $64, R10
+	ADDQ $64, SI
+	DECQ CX
+	JNZ sd2oloop
+
+sd2ored:
+	SDRRED(Y0, Y1, X0, X8, (DI))
+	SDRRED(Y2, Y3, X2, X9, (R11))
+
+sd2done:
+	VZEROUPPER
+	RET

@@ -11,7 +11,30 @@ import "golang.org/x/sys/cpu"
 //go:noescape
 func wsumF64(n int, p *float64, v *float32, ldv int, nb int, acc *float64)
 
+// wsum2F64 is wsumF64(n, p0, v, ldv, nb, acc0) and wsumF64(n, p1, v, ldv, nb, acc1) in
+// one pass over the rows of v, with their bits.
+//
+//go:noescape
+func wsum2F64(n int, p0, p1 *float64, v *float32, ldv int, nb int, acc0, acc1 *float64)
+
 var hasWsum = cpu.X86.HasAVX
+
+// weightedSum2 is weightedSum(acc0, p0, v, ldv) and weightedSum(acc1, p1, v, ldv) with
+// their bits (len(p1) = len(p0), len(acc1) = len(acc0)): two heads that share their value
+// rows, read once for both.
+func weightedSum2[T Float](acc0, acc1, p0, p1 []float64, v []T, ldv int) {
+	hd := len(acc0)
+	nb := 0
+	if vf, ok := any(v).([]float32); ok && hasWsum && len(p0) > 0 {
+		nb = hd / 16
+		if nb > 0 {
+			_, _, _ = vf[(len(p0)-1)*ldv+nb*16-1], p1[len(p0)-1], acc1[nb*16-1]
+			wsum2F64(len(p0), &p0[0], &p1[0], &vf[0], ldv, nb, &acc0[0], &acc1[0])
+		}
+	}
+	weightedSumFrom(acc0, p0, v, ldv, nb*16)
+	weightedSumFrom(acc1, p1, v, ldv, nb*16)
+}
 
 // weightedSum sets acc[d] += Σ_{j<len(p)} p[j]·float64(v[j·ldv+d]) for d < len(acc), j in
 // order (a multiply then an add per term, as written here), so every element has the same

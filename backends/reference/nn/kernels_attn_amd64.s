@@ -211,3 +211,84 @@ agxstore:
 agxdone:
 	VZEROUPPER
 	RET
+
+// func wsum2F64(n int, p0, p1 *float64, v *float32, ldv int, nb int, acc0, acc1 *float64)
+// wsumF64(n, p0, v, ldv, nb, acc0) and wsumF64(n, p1, v, ldv, nb, acc1) in one pass over
+// the value rows (two heads that share them): each value row is loaded and widened once
+// for both, and the two heads' eight accumulator chains run side by side. Every lane gets
+// wsumF64's operations in wsumF64's order (a multiply then an add, j in order), so its bits.
+TEXT ·wsum2F64(SB), NOSPLIT, $0-64
+	MOVQ n+0(FP), CX
+	MOVQ p0+8(FP), SI
+	MOVQ p1+16(FP), BX
+	MOVQ v+24(FP), DI
+	MOVQ ldv+32(FP), R8
+	SHLQ $2, R8
+	MOVQ nb+40(FP), R9
+	MOVQ acc0+48(FP), DX
+	MOVQ acc1+56(FP), AX
+
+w2block:
+	TESTQ R9, R9
+	JZ w2done
+	VMOVUPD 0(DX), Y0
+	VMOVUPD 32(DX), Y1
+	VMOVUPD 64(DX), Y2
+	VMOVUPD 96(DX), Y3
+	VMOVUPD 0(AX), Y4
+	VMOVUPD 32(AX), Y5
+	VMOVUPD 64(AX), Y6
+	VMOVUPD 96(AX), Y7
+	MOVQ CX, R10
+	XORQ R11, R11
+	MOVQ DI, R12
+
+w2loop:
+	TESTQ R10, R10
+	JZ w2store
+	PREFETCHT0 (R12)(R8*8)
+	VBROADCASTSD (SI)(R11*8), Y8
+	VBROADCASTSD (BX)(R11*8), Y9
+	VCVTPS2PD 0(R12), Y10
+	VCVTPS2PD 16(R12), Y11
+	VCVTPS2PD 32(R12), Y12
+	VCVTPS2PD 48(R12), Y13
+	VMULPD Y8, Y10, Y14
+	VMULPD Y9, Y10, Y15
+	VADDPD Y14, Y0, Y0
+	VADDPD Y15, Y4, Y4
+	VMULPD Y8, Y11, Y14
+	VMULPD Y9, Y11, Y15
+	VADDPD Y14, Y1, Y1
+	VADDPD Y15, Y5, Y5
+	VMULPD Y8, Y12, Y14
+	VMULPD Y9, Y12, Y15
+	VADDPD Y14, Y2, Y2
+	VADDPD Y15, Y6, Y6
+	VMULPD Y8, Y13, Y14
+	VMULPD Y9, Y13, Y15
+	VADDPD Y14, Y3, Y3
+	VADDPD Y15, Y7, Y7
+	INCQ R11
+	ADDQ R8, R12
+	DECQ R10
+	JMP w2loop
+
+w2store:
+	VMOVUPD Y0, 0(DX)
+	VMOVUPD Y1, 32(DX)
+	VMOVUPD Y2, 64(DX)
+	VMOVUPD Y3, 96(DX)
+	VMOVUPD Y4, 0(AX)
+	VMOVUPD Y5, 32(AX)
+	VMOVUPD Y6, 64(AX)
+	VMOVUPD Y7, 96(AX)
+	ADDQ $128, DX
+	ADDQ $128, AX
+	ADDQ $64, DI
+	DECQ R9
+	JMP w2block
+
+w2done:
+	VZEROUPPER
+	RET
