@@ -190,7 +190,7 @@ func TestDotRowsBits(t *testing.T) {
 func TestDotRows2Bits(t *testing.T) {
 	r := rand.New(rand.NewPCG(17, 18))
 	for _, K := range []int{128, 64, 37, 16, 17, 8, 1} {
-		for _, n := range []int{1, 2, 29, 30} {
+		for _, n := range []int{1, 2, 3, 4, 5, 8, 29, 30, 31} {
 			const ldb = 200
 			a0, a1, b := make([]float32, K), make([]float32, K), make([]float32, n*ldb)
 			for _, x := range [][]float32{a0, a1, b} {
@@ -208,10 +208,19 @@ func TestDotRows2Bits(t *testing.T) {
 	}
 }
 
-// TestWeightedSum2Bits: weightedSum2 gives each head weightedSum's bits.
+// TestWeightedSum2Bits: weightedSum2 gives each head weightedSum's bits, with and without
+// its AVX-512 blocks (an AVX2 machine's path).
 func TestWeightedSum2Bits(t *testing.T) {
+	defer func(v bool) { hasWsum512 = v }(hasWsum512)
+	for _, on := range []bool{hasWsum512, false} {
+		hasWsum512 = on
+		testWeightedSum2Bits(t)
+	}
+}
+
+func testWeightedSum2Bits(t *testing.T) {
 	r := rand.New(rand.NewPCG(19, 20))
-	for _, hd := range []int{128, 64, 40, 16, 8} {
+	for _, hd := range []int{128, 64, 80, 200, 40, 16, 8} {
 		for _, n := range []int{1, 7, 33} {
 			const ldv = 300
 			v := make([]float32, n*ldv)

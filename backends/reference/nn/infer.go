@@ -125,16 +125,18 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 				cc.N = pos[i] + 1
 			}
 		}
-		// tasks (row, pair of heads): the two query heads of a pair share their kv head
+		// tasks (pair of heads, row): the two query heads of a pair share their kv head
 		// (hp = 2 when the group size is even), so its keys and values are read once for
-		// both; each head's scores and sums are those it gets alone.
+		// both; each head's scores and sums are those it gets alone. Consecutive tasks
+		// take the rows of one pair in turn, so the keys and values they read (a prompt's
+		// rows share them) stay in cache from one task to the next.
 		grp := H / KH
 		hp := 1
 		if grp%2 == 0 {
 			hp = 2
 		}
 		parallelFor(M*H/hp, M*H*(pos[M-1]+1)*hd*2, func(task int) {
-			i, hh := task/(H/hp), task%(H/hp)*hp
+			i, hh := task%M, task/M*hp
 			kh := hh / grp
 			cc := caches[i]
 			n := pos[i] + 1
@@ -157,12 +159,7 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 			var acc [2][]float64
 			for e := range hp {
 				sc, qk := sc[e], qk[e]
-				mx := math.Inf(-1)
-				for j := range sc {
-					s := float64(qk[j]) * scale
-					sc[j] = s
-					mx = max(mx, s)
-				}
+				mx := maxScaled(sc, qk, scale)
 				for j := range sc {
 					sc[j] -= mx
 				}
@@ -213,6 +210,28 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 	}
 	rmsnorm(x, m.Norm, h, nil, M, D, c.Eps)
 	return h
+}
+
+// maxScaled sets sc[j] = float64(qk[j])·scale and returns what max over them (from -Inf)
+// returns for the softmax: NaN if one is NaN; a zero maximum may come back as -0 where max
+// gives +0, which changes no sc[j] - mx that follows but the sign of a zero, and no
+// exponential of it. Unlike the builtin, the comparison is one branch a score.
+func maxScaled[T Float](sc []float64, qk []T, scale float64) float64 {
+	mx, nan := math.Inf(-1), false
+	qk = qk[:len(sc)]
+	for j, v := range qk {
+		s := float64(v) * scale
+		sc[j] = s
+		if s > mx {
+			mx = s
+		} else if s != s {
+			nan = true
+		}
+	}
+	if nan {
+		return math.NaN()
+	}
+	return mx
 }
 
 // Logits computes the vocabulary logits [M, V] of M final hidden states.

@@ -40,6 +40,11 @@ func sdotRowsAVX2(n16 int, a, b *float32, ldb, nrows int, out *float32)
 //go:noescape
 func sdotRows2AVX2(n16 int, a0, a1, b *float32, ldb, nrows int, out0, out1 *float32)
 
+// sdotRows2x4AVX2 is sdotRows2AVX2 for 4·ng rows, four rows a group, with its bits.
+//
+//go:noescape
+func sdotRows2x4AVX2(n16 int, a0, a1, b *float32, ldb, ng int, out0, out1 *float32)
+
 // transpose8x8Strips transposes eight rows of src (lds floats apart) into eight columns
 // of a packed 16-wide B strip, eight columns of src at a time (k8 times).
 //
@@ -140,7 +145,13 @@ func dotRows2[T Float](o0, o1, a0, a1, b []T, ldb int) {
 	a132, b32 := any(a1).([]float32)[:K], any(b).([]float32)
 	p0, p1 := any(o0).([]float32), any(o1).([]float32)[:n]
 	_ = b32[(n-1)*ldb+K-1]
-	sdotRows2AVX2(K/16, &a32[0], &a132[0], &b32[0], ldb, n, &p0[0], &p1[0])
+	ng := n / 4
+	if ng > 0 {
+		sdotRows2x4AVX2(K/16, &a32[0], &a132[0], &b32[0], ldb, ng, &p0[0], &p1[0])
+	}
+	if r := 4 * ng; r < n {
+		sdotRows2AVX2(K/16, &a32[0], &a132[0], &b32[r*ldb], ldb, n-r, &p0[r], &p1[r])
+	}
 	if K%16 == 0 {
 		return
 	}

@@ -6,8 +6,9 @@ func init() { selectKernelFromEnv() }
 
 // Without the amd64 row kernels, sgemmNTRows uses the dot kernel (kernels_rows_amd64.go).
 var (
-	hasRowDot = false
-	rowTile   = 0
+	hasRowDot  = false
+	rowTile    = 0
+	hasWsum512 = false // no AVX-512 attention kernel
 )
 
 func rowTiles() []int { return nil }
