@@ -135,6 +135,21 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 		if grp%2 == 0 {
 			hp = 2
 		}
+		// A prompt chunk's rows (one cache, many rows) read their keys and values from a
+		// head-major copy (kh, position, lane): a kv head's rows then lie hd apart, not KVD,
+		// and stay in L2 from one task to the next (rows KVD·4 bytes apart, a multiple of
+		// 4 KiB, fall into a few of its sets). Same values, same kernels: same bits.
+		ldkv := KVD
+		nkv := 0 // positions in the head-major copy (0: none)
+		if M >= headMajorRows && oneCache(caches) {
+			cc := caches[0]
+			nkv = pos[M-1] + 1 // rows of one cache come in increasing positions
+			buf.kT = grow(buf.kT[:0], nkv*KVD)
+			buf.vT = grow(buf.vT[:0], nkv*KVD)
+			headMajor(buf.kT, cc.K[l][:nkv*KVD], nkv, KH, hd)
+			headMajor(buf.vT, cc.V[l][:nkv*KVD], nkv, KH, hd)
+			ldkv = hd
+		}
 		parallelFor(M*H/hp, M*H*(pos[M-1]+1)*hd*2, func(task int) {
 			i, hh := task%M, task/M*hp
 			kh := hh / grp
@@ -142,6 +157,11 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 			n := pos[i] + 1
 			j0 := c.firstKey(l, pos[i]) // keys j0…pos[i] (a sliding window's)
 			kv := j0*KVD + kh*hd
+			kc, vc := cc.K[l], cc.V[l]
+			if nkv > 0 {
+				kv = kh*nkv*hd + j0*hd
+				kc, vc = buf.kT, buf.vT
+			}
 			var sc [2][]float64
 			var qk, qr [2][]T
 			for e := range hp {
@@ -151,9 +171,9 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 				qk[e] = dAll[scOff[i]+h*n+j0 : scOff[i]+(h+1)*n]
 			}
 			if hp == 2 {
-				dotRows2(qk[0], qk[1], qr[0], qr[1], cc.K[l][kv:], KVD)
+				dotRows2(qk[0], qk[1], qr[0], qr[1], kc[kv:], ldkv)
 			} else {
-				dotRows(qk[0], qr[0], cc.K[l][kv:], KVD)
+				dotRows(qk[0], qr[0], kc[kv:], ldkv)
 			}
 			var accBuf [2][256]float64
 			var acc [2][]float64
@@ -178,9 +198,9 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 				}
 			}
 			if hp == 2 {
-				weightedSum2(acc[0], acc[1], sc[0], sc[1], cc.V[l][kv:], KVD)
+				weightedSum2(acc[0], acc[1], sc[0], sc[1], vc[kv:], ldkv)
 			} else {
-				weightedSum(acc[0], sc[0], cc.V[l][kv:], KVD)
+				weightedSum(acc[0], sc[0], vc[kv:], ldkv)
 			}
 			for e := range hp {
 				out := att[i*QD+(hh+e)*hd : i*QD+(hh+e+1)*hd]
@@ -210,6 +230,32 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 	}
 	rmsnorm(x, m.Norm, h, nil, M, D, c.Eps)
 	return h
+}
+
+// headMajorRows is the least number of rows of one cache for which step's attention reads
+// a head-major copy of the keys and values (copying them costs about what one row's
+// attention reads).
+const headMajorRows = 16
+
+// oneCache says whether every row's cache is the first row's.
+func oneCache[T Float](caches []*KVCache[T]) bool {
+	for _, c := range caches {
+		if c != caches[0] {
+			return false
+		}
+	}
+	return true
+}
+
+// headMajor writes the n rows of src (kh heads of hd lanes a row) to dst head by head:
+// dst[(h·n + j)·hd + d] = src[j·kh·hd + h·hd + d].
+func headMajor[T Float](dst, src []T, n, kh, hd int) {
+	for j := range n {
+		row := src[j*kh*hd : (j+1)*kh*hd]
+		for h := range kh {
+			copy(dst[(h*n+j)*hd:(h*n+j+1)*hd], row[h*hd:(h+1)*hd])
+		}
+	}
 }
 
 // maxScaled sets sc[j] = float64(qk[j])·scale and returns what max over them (from -Inf)
@@ -301,6 +347,7 @@ func linLoRA[T Float](X []T, M int, li *Linear[T], segs []seg[T], l int, t Targe
 type stepBuf[T Float] struct {
 	x, h, q, k, v, att, o, g, u, xa, logits []T
 	dots                                    []T
+	kT, vT                                  []T // head-major keys and values (step)
 	sc                                      []float64
 	scOff                                   []int
 	toks, pos                               []int
