@@ -184,3 +184,64 @@ func TestDotRowsBits(t *testing.T) {
 		}
 	}
 }
+
+// TestDotRows2Bits: dotRows2 gives each of its two vectors dotRows' bits, for row counts
+// odd and even and head sizes with and without a tail.
+func TestDotRows2Bits(t *testing.T) {
+	r := rand.New(rand.NewPCG(17, 18))
+	for _, K := range []int{128, 64, 37, 16, 17, 8, 1} {
+		for _, n := range []int{1, 2, 3, 4, 5, 8, 29, 30, 31} {
+			const ldb = 200
+			a0, a1, b := make([]float32, K), make([]float32, K), make([]float32, n*ldb)
+			for _, x := range [][]float32{a0, a1, b} {
+				for i := range x {
+					x[i] = float32(r.NormFloat64())
+				}
+			}
+			w0, w1, g0, g1 := make([]float32, n), make([]float32, n), make([]float32, n), make([]float32, n)
+			dotRows(w0, a0, b, ldb)
+			dotRows(w1, a1, b, ldb)
+			dotRows2(g0, g1, a0, a1, b, ldb)
+			require.Equal(t, bitsOf(w0), bitsOf(g0), "K=%d n=%d", K, n)
+			require.Equal(t, bitsOf(w1), bitsOf(g1), "K=%d n=%d", K, n)
+		}
+	}
+}
+
+// TestWeightedSum2Bits: weightedSum2 gives each head weightedSum's bits, with and without
+// its AVX-512 blocks (an AVX2 machine's path).
+func TestWeightedSum2Bits(t *testing.T) {
+	defer func(v bool) { hasWsum512 = v }(hasWsum512)
+	for _, on := range []bool{hasWsum512, false} {
+		hasWsum512 = on
+		testWeightedSum2Bits(t)
+	}
+}
+
+func testWeightedSum2Bits(t *testing.T) {
+	r := rand.New(rand.NewPCG(19, 20))
+	for _, hd := range []int{128, 64, 80, 200, 40, 16, 8} {
+		for _, n := range []int{1, 7, 33} {
+			const ldv = 300
+			v := make([]float32, n*ldv)
+			for i := range v {
+				v[i] = float32(r.NormFloat64())
+			}
+			p0, p1 := make([]float64, n), make([]float64, n)
+			w0, w1, g0, g1 := make([]float64, hd), make([]float64, hd), make([]float64, hd), make([]float64, hd)
+			for i := range p0 {
+				p0[i], p1[i] = r.Float64(), r.Float64()
+			}
+			for d := range w0 {
+				w0[d], w1[d] = r.NormFloat64(), r.NormFloat64()
+			}
+			copy(g0, w0)
+			copy(g1, w1)
+			weightedSum(w0, p0, v, ldv)
+			weightedSum(w1, p1, v, ldv)
+			weightedSum2(g0, g1, p0, p1, v, ldv)
+			require.Equal(t, w0, g0, "hd=%d n=%d", hd, n)
+			require.Equal(t, w1, g1, "hd=%d n=%d", hd, n)
+		}
+	}
+}

@@ -125,46 +125,88 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 				cc.N = pos[i] + 1
 			}
 		}
+		// tasks (pair of heads, row): the two query heads of a pair share their kv head
+		// (hp = 2 when the group size is even), so its keys and values are read once for
+		// both; each head's scores and sums are those it gets alone. Consecutive tasks
+		// take the rows of one pair in turn, so the keys and values they read (a prompt's
+		// rows share them) stay in cache from one task to the next.
 		grp := H / KH
-		parallelFor(M*H, M*H*(pos[M-1]+1)*hd*2, func(task int) {
-			i, hh := task/H, task%H
+		hp := 1
+		if grp%2 == 0 {
+			hp = 2
+		}
+		// A prompt chunk's rows (one cache, many rows) read their keys and values from a
+		// head-major copy (kh, position, lane): a kv head's rows then lie hd apart, not KVD,
+		// and stay in L2 from one task to the next (rows KVD·4 bytes apart, a multiple of
+		// 4 KiB, fall into a few of its sets). Same values, same kernels: same bits.
+		ldkv := KVD
+		nkv := 0 // positions in the head-major copy (0: none)
+		if M >= headMajorRows && oneCache(caches) {
+			cc := caches[0]
+			nkv = pos[M-1] + 1 // rows of one cache come in increasing positions
+			buf.kT = grow(buf.kT[:0], nkv*KVD)
+			buf.vT = grow(buf.vT[:0], nkv*KVD)
+			headMajor(buf.kT, cc.K[l][:nkv*KVD], nkv, KH, hd)
+			headMajor(buf.vT, cc.V[l][:nkv*KVD], nkv, KH, hd)
+			ldkv = hd
+		}
+		parallelFor(M*H/hp, M*H*(pos[M-1]+1)*hd*2, func(task int) {
+			i, hh := task%M, task/M*hp
 			kh := hh / grp
 			cc := caches[i]
 			n := pos[i] + 1
 			j0 := c.firstKey(l, pos[i]) // keys j0…pos[i] (a sliding window's)
-			qr := q[i*QD+hh*hd : i*QD+(hh+1)*hd]
-			sc := scAll[scOff[i]+hh*n+j0 : scOff[i]+(hh+1)*n]
-			qk := dAll[scOff[i]+hh*n+j0 : scOff[i]+(hh+1)*n]
 			kv := j0*KVD + kh*hd
-			dotRows(qk, qr, cc.K[l][kv:], KVD)
-			mx := math.Inf(-1)
-			for j := range sc {
-				s := float64(qk[j]) * scale
-				sc[j] = s
-				mx = max(mx, s)
+			kc, vc := cc.K[l], cc.V[l]
+			if nkv > 0 {
+				kv = kh*nkv*hd + j0*hd
+				kc, vc = buf.kT, buf.vT
 			}
-			for j := range sc {
-				sc[j] -= mx
+			var sc [2][]float64
+			var qk, qr [2][]T
+			for e := range hp {
+				h := hh + e
+				qr[e] = q[i*QD+h*hd : i*QD+(h+1)*hd]
+				sc[e] = scAll[scOff[i]+h*n+j0 : scOff[i]+(h+1)*n]
+				qk[e] = dAll[scOff[i]+h*n+j0 : scOff[i]+(h+1)*n]
 			}
-			expInPlace(sc)
-			var sum float64
-			for j := range sc {
-				sum += sc[j]
-			}
-			var accBuf [256]float64
-			acc := accBuf[:0]
-			if hd <= len(accBuf) {
-				acc = accBuf[:hd]
+			if hp == 2 {
+				dotRows2(qk[0], qk[1], qr[0], qr[1], kc[kv:], ldkv)
 			} else {
-				acc = make([]float64, hd)
+				dotRows(qk[0], qr[0], kc[kv:], ldkv)
 			}
-			for j := range sc {
-				sc[j] /= sum
+			var accBuf [2][256]float64
+			var acc [2][]float64
+			for e := range hp {
+				sc, qk := sc[e], qk[e]
+				mx := maxScaled(sc, qk, scale)
+				for j := range sc {
+					sc[j] -= mx
+				}
+				expInPlace(sc)
+				var sum float64
+				for j := range sc {
+					sum += sc[j]
+				}
+				if hd <= len(accBuf[e]) {
+					acc[e] = accBuf[e][:hd]
+				} else {
+					acc[e] = make([]float64, hd)
+				}
+				for j := range sc {
+					sc[j] /= sum
+				}
 			}
-			weightedSum(acc, sc, cc.V[l][kv:], KVD)
-			out := att[i*QD+hh*hd : i*QD+(hh+1)*hd]
-			for d := range out {
-				out[d] = T(acc[d])
+			if hp == 2 {
+				weightedSum2(acc[0], acc[1], sc[0], sc[1], vc[kv:], ldkv)
+			} else {
+				weightedSum(acc[0], sc[0], vc[kv:], ldkv)
+			}
+			for e := range hp {
+				out := att[i*QD+(hh+e)*hd : i*QD+(hh+e+1)*hd]
+				for d := range out {
+					out[d] = T(acc[e][d])
+				}
 			}
 		})
 		lin(att, &L.Lin[TO], l, TO, o)
@@ -192,6 +234,54 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 	}
 	rmsnorm(x, m.Norm, h, nil, M, D, c.Eps)
 	return h
+}
+
+// headMajorRows is the least number of rows of one cache for which step's attention reads
+// a head-major copy of the keys and values (copying them costs about what one row's
+// attention reads).
+const headMajorRows = 16
+
+// oneCache says whether every row's cache is the first row's.
+func oneCache[T Float](caches []*KVCache[T]) bool {
+	for _, c := range caches {
+		if c != caches[0] {
+			return false
+		}
+	}
+	return true
+}
+
+// headMajor writes the n rows of src (kh heads of hd lanes a row) to dst head by head:
+// dst[(h·n + j)·hd + d] = src[j·kh·hd + h·hd + d].
+func headMajor[T Float](dst, src []T, n, kh, hd int) {
+	for j := range n {
+		row := src[j*kh*hd : (j+1)*kh*hd]
+		for h := range kh {
+			copy(dst[(h*n+j)*hd:(h*n+j+1)*hd], row[h*hd:(h+1)*hd])
+		}
+	}
+}
+
+// maxScaled sets sc[j] = float64(qk[j])·scale and returns what max over them (from -Inf)
+// returns for the softmax: NaN if one is NaN; a zero maximum may come back as -0 where max
+// gives +0, which changes no sc[j] - mx that follows but the sign of a zero, and no
+// exponential of it. Unlike the builtin, the comparison is one branch a score.
+func maxScaled[T Float](sc []float64, qk []T, scale float64) float64 {
+	mx, nan := math.Inf(-1), false
+	qk = qk[:len(sc)]
+	for j, v := range qk {
+		s := float64(v) * scale
+		sc[j] = s
+		if s > mx {
+			mx = s
+		} else if s != s {
+			nan = true
+		}
+	}
+	if nan {
+		return math.NaN()
+	}
+	return mx
 }
 
 // Logits computes the vocabulary logits [M, V] of M final hidden states.
@@ -261,6 +351,7 @@ func linLoRA[T Float](X []T, M int, li *Linear[T], segs []seg[T], l int, t Targe
 type stepBuf[T Float] struct {
 	x, h, q, k, v, att, o, g, u, xa, logits []T
 	dots                                    []T
+	kT, vT                                  []T // head-major keys and values (step)
 	sc                                      []float64
 	scOff                                   []int
 	toks, pos                               []int

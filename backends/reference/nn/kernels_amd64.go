@@ -34,6 +34,17 @@ func sdotAVX2(n16 int, a, b *float32) float32
 //go:noescape
 func sdotRowsAVX2(n16 int, a, b *float32, ldb, nrows int, out *float32)
 
+// sdotRows2AVX2 sets out0[r] = sdotAVX2(n16, a0, b + r·ldb) and out1[r] = sdotAVX2(n16,
+// a1, b + r·ldb) for r < nrows, two rows of b at a time.
+//
+//go:noescape
+func sdotRows2AVX2(n16 int, a0, a1, b *float32, ldb, nrows int, out0, out1 *float32)
+
+// sdotRows2x4AVX2 is sdotRows2AVX2 for 4·ng rows, four rows a group, with its bits.
+//
+//go:noescape
+func sdotRows2x4AVX2(n16 int, a0, a1, b *float32, ldb, ng int, out0, out1 *float32)
+
 // transpose8x8Strips transposes eight rows of src (lds floats apart) into eight columns
 // of a packed 16-wide B strip, eight columns of src at a time (k8 times).
 //
@@ -119,4 +130,38 @@ func kernelDot(kn *sgemmKernel, k8 int, a0, a1, b *float32, ldb int, out *[64]fl
 		panic("nn: no dot kernel " + kn.name)
 	}
 	sdot2x4(k8, a0, a1, b, ldb, out)
+}
+
+// dotRows2 is dotRows(o0, a0, b, ldb) and dotRows(o1, a1, b, ldb) with their bits, the two
+// vectors (two heads that share their keys) in one pass over the rows of b.
+func dotRows2[T Float](o0, o1, a0, a1, b []T, ldb int) {
+	n, K := len(o0), len(a0)
+	a32, ok := any(a0).([]float32)
+	if !ok || dotF32 == nil || K < 16 || n == 0 {
+		dotRowsGo(o0, a0, b, ldb)
+		dotRowsGo(o1, a1, b, ldb)
+		return
+	}
+	a132, b32 := any(a1).([]float32)[:K], any(b).([]float32)
+	p0, p1 := any(o0).([]float32), any(o1).([]float32)[:n]
+	_ = b32[(n-1)*ldb+K-1]
+	ng := n / 4
+	if ng > 0 {
+		sdotRows2x4AVX2(K/16, &a32[0], &a132[0], &b32[0], ldb, ng, &p0[0], &p1[0])
+	}
+	if r := 4 * ng; r < n {
+		sdotRows2AVX2(K/16, &a32[0], &a132[0], &b32[r*ldb], ldb, n-r, &p0[r], &p1[r])
+	}
+	if K%16 == 0 {
+		return
+	}
+	for j := range n {
+		row := b32[j*ldb : j*ldb+K]
+		for k := K &^ 15; k < K; k++ {
+			p0[j] += a32[k] * row[k]
+		}
+		for k := K &^ 15; k < K; k++ {
+			p1[j] += a132[k] * row[k]
+		}
+	}
 }

@@ -825,3 +825,278 @@ t8loop:
 t8done:
 	VZEROUPPER
 	RET
+
+// SDRRED reduces the accumulator pair (lo, hi) of one dot product to a float32 stored at
+// dst, with sdotRowsAVX2's instructions (xt is scratch).
+#define SDRRED(lo, hi, xlo, xt, dst) \
+	VADDPS hi, lo, lo; \
+	VEXTRACTF128 $1, lo, xt; \
+	VADDPS xt, xlo, xlo; \
+	VMOVHLPS xlo, xlo, xt; \
+	VADDPS xt, xlo, xlo; \
+	VMOVSHDUP xlo, xt; \
+	VADDSS xt, xlo, xlo; \
+	VMOVSS xlo, dst
+
+// func sdotRows2AVX2(n16 int, a0, a1, b *float32, ldb, nrows int, out0, out1 *float32)
+// out0[r] = sdotAVX2(n16, a0, b + r·ldb) and out1[r] = sdotAVX2(n16, a1, b + r·ldb) for
+// r < nrows: two rows of b at a time against both vectors (eight independent FMA chains
+// rather than sdotRowsAVX2's two), each dot product with sdotAVX2's instructions in its
+// order (two accumulators of eight lanes, then SDRRED), so the same bits.
+TEXT ·sdotRows2AVX2(SB), NOSPLIT, $0-64
+	MOVQ n16+0(FP), DX
+	MOVQ b+24(FP), BX
+	MOVQ ldb+32(FP), R8
+	SHLQ $2, R8
+	MOVQ nrows+40(FP), R9
+	MOVQ out0+48(FP), DI
+	MOVQ out1+56(FP), R11
+
+sd2pair:
+	CMPQ R9, $2
+	JLT sd2one
+	PREFETCHT0 (BX)(R8*4)
+	PREFETCHT0 64(BX)(R8*4)
+	PREFETCHT0 128(BX)(R8*4)
+	PREFETCHT0 192(BX)(R8*4)
+	LEAQ (BX)(R8*1), R13
+	PREFETCHT0 (R13)(R8*4)
+	PREFETCHT0 64(R13)(R8*4)
+	PREFETCHT0 128(R13)(R8*4)
+	PREFETCHT0 192(R13)(R8*4)
+	MOVQ a0+8(FP), AX
+	MOVQ a1+16(FP), R10
+	MOVQ BX, SI
+	MOVQ DX, CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	TESTQ CX, CX
+	JZ sd2pred
+
+sd2ploop:
+	VMOVUPS (AX), Y8
+	VMOVUPS 32(AX), Y9
+	VMOVUPS (R10), Y10
+	VMOVUPS 32(R10), Y11
+	VMOVUPS (SI), Y12
+	VMOVUPS 32(SI), Y13
+	VMOVUPS (SI)(R8*1), Y14
+	VMOVUPS 32(SI)(R8*1), Y15
+	VFMADD231PS Y12, Y8, Y0  // a0 · row r
+	VFMADD231PS Y13, Y9, Y1
+	VFMADD231PS Y12, Y10, Y2 // a1 · row r
+	VFMADD231PS Y13, Y11, Y3
+	VFMADD231PS Y14, Y8, Y4  // a0 · row r+1
+	VFMADD231PS Y15, Y9, Y5
+	VFMADD231PS Y14, Y10, Y6 // a1 · row r+1
+	VFMADD231PS Y15, Y11, Y7
+	ADDQ $64, AX
+	ADDQ $64, R10
+	ADDQ $64, SI
+	DECQ CX
+	JNZ sd2ploop
+
+sd2pred:
+	SDRRED(Y0, Y1, X0, X8, (DI))
+	SDRRED(Y2, Y3, X2, X9, (R11))
+	SDRRED(Y4, Y5, X4, X10, 4(DI))
+	SDRRED(Y6, Y7, X6, X11, 4(R11))
+	ADDQ $8, DI
+	ADDQ $8, R11
+	LEAQ (BX)(R8*2), BX
+	SUBQ $2, R9
+	JMP sd2pair
+
+sd2one:
+	TESTQ R9, R9
+	JZ sd2done
+	MOVQ a0+8(FP), AX
+	MOVQ a1+16(FP), R10
+	MOVQ BX, SI
+	MOVQ DX, CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	TESTQ CX, CX
+	JZ sd2ored
+
+sd2oloop:
+	VMOVUPS (SI), Y12
+	VMOVUPS 32(SI), Y13
+	VFMADD231PS (AX), Y12, Y0
+	VFMADD231PS 32(AX), Y13, Y1
+	VFMADD231PS (R10), Y12, Y2
+	VFMADD231PS 32(R10), Y13, Y3
+	ADDQ $64, AX
+	ADDQ $64, R10
+	ADDQ $64, SI
+	DECQ CX
+	JNZ sd2oloop
+
+sd2ored:
+	SDRRED(Y0, Y1, X0, X8, (DI))
+	SDRRED(Y2, Y3, X2, X9, (R11))
+
+sd2done:
+	VZEROUPPER
+	RET
+
+// func sdotRows2x4AVX2(n16 int, a0, a1, b *float32, ldb, ng int, out0, out1 *float32)
+// sdotRows2AVX2 for 4·ng rows of b, four rows a group: the eight dot products of a group
+// are summed as there (two accumulators each, FMAs in order) and reduced together, the
+// reduction's adds transposed across them (VPERM2F128 and VSHUFPS gather the lanes each
+// add of SDRRED pairs, so every dot product gets SDRRED's adds on the same operands, in
+// the same tree) and the four results of each vector stored at once: the same bits.
+TEXT ·sdotRows2x4AVX2(SB), NOSPLIT, $128-64
+	MOVQ n16+0(FP), DX
+	MOVQ b+24(FP), BX
+	MOVQ ldb+32(FP), R8
+	SHLQ $2, R8
+	MOVQ ng+40(FP), R9
+	MOVQ out0+48(FP), DI
+	MOVQ out1+56(FP), R11
+
+s4group:
+	TESTQ R9, R9
+	JZ s4done
+	MOVQ BX, SI
+	PREFETCHT0 (SI)(R8*4)
+	PREFETCHT0 64(SI)(R8*4)
+	PREFETCHT0 128(SI)(R8*4)
+	PREFETCHT0 192(SI)(R8*4)
+	LEAQ (SI)(R8*1), R13
+	PREFETCHT0 (R13)(R8*4)
+	PREFETCHT0 64(R13)(R8*4)
+	PREFETCHT0 128(R13)(R8*4)
+	PREFETCHT0 192(R13)(R8*4)
+	MOVQ a0+8(FP), AX
+	MOVQ a1+16(FP), R10
+	MOVQ DX, CX
+	ZERO_Y0_Y7
+	TESTQ CX, CX
+	JZ s4pend
+
+s4ploop:
+	VMOVUPS (AX), Y8
+	VMOVUPS 32(AX), Y9
+	VMOVUPS (R10), Y10
+	VMOVUPS 32(R10), Y11
+	VMOVUPS (SI), Y12
+	VMOVUPS 32(SI), Y13
+	VMOVUPS (SI)(R8*1), Y14
+	VMOVUPS 32(SI)(R8*1), Y15
+	VFMADD231PS Y12, Y8, Y0
+	VFMADD231PS Y13, Y9, Y1
+	VFMADD231PS Y12, Y10, Y2
+	VFMADD231PS Y13, Y11, Y3
+	VFMADD231PS Y14, Y8, Y4
+	VFMADD231PS Y15, Y9, Y5
+	VFMADD231PS Y14, Y10, Y6
+	VFMADD231PS Y15, Y11, Y7
+	ADDQ $64, AX
+	ADDQ $64, R10
+	ADDQ $64, SI
+	DECQ CX
+	JNZ s4ploop
+
+s4pend:
+	VADDPS Y1, Y0, Y0
+	VADDPS Y3, Y2, Y2
+	VADDPS Y5, Y4, Y4
+	VADDPS Y7, Y6, Y6
+	VMOVUPS Y0, 0(SP)  // a = (a0, row 0)
+	VMOVUPS Y2, 32(SP) // b = (a1, row 0)
+	VMOVUPS Y4, 64(SP) // c = (a0, row 1)
+	VMOVUPS Y6, 96(SP) // d = (a1, row 1)
+	LEAQ (BX)(R8*2), SI
+	PREFETCHT0 (SI)(R8*4)
+	PREFETCHT0 64(SI)(R8*4)
+	PREFETCHT0 128(SI)(R8*4)
+	PREFETCHT0 192(SI)(R8*4)
+	LEAQ (SI)(R8*1), R13
+	PREFETCHT0 (R13)(R8*4)
+	PREFETCHT0 64(R13)(R8*4)
+	PREFETCHT0 128(R13)(R8*4)
+	PREFETCHT0 192(R13)(R8*4)
+	MOVQ a0+8(FP), AX
+	MOVQ a1+16(FP), R10
+	MOVQ DX, CX
+	ZERO_Y0_Y7
+	TESTQ CX, CX
+	JZ s4qend
+
+s4qloop:
+	VMOVUPS (AX), Y8
+	VMOVUPS 32(AX), Y9
+	VMOVUPS (R10), Y10
+	VMOVUPS 32(R10), Y11
+	VMOVUPS (SI), Y12
+	VMOVUPS 32(SI), Y13
+	VMOVUPS (SI)(R8*1), Y14
+	VMOVUPS 32(SI)(R8*1), Y15
+	VFMADD231PS Y12, Y8, Y0
+	VFMADD231PS Y13, Y9, Y1
+	VFMADD231PS Y12, Y10, Y2
+	VFMADD231PS Y13, Y11, Y3
+	VFMADD231PS Y14, Y8, Y4
+	VFMADD231PS Y15, Y9, Y5
+	VFMADD231PS Y14, Y10, Y6
+	VFMADD231PS Y15, Y11, Y7
+	ADDQ $64, AX
+	ADDQ $64, R10
+	ADDQ $64, SI
+	DECQ CX
+	JNZ s4qloop
+
+s4qend:
+	VADDPS Y1, Y0, Y0
+	VADDPS Y3, Y2, Y2
+	VADDPS Y5, Y4, Y4
+	VADDPS Y7, Y6, Y6
+	// e, f, g, h = (a0, row 2), (a1, row 2), (a0, row 3), (a1, row 3) in Y0, Y2, Y4, Y6
+	VMOVUPS 0(SP), Y1
+	VMOVUPS 32(SP), Y3
+	VMOVUPS 64(SP), Y5
+	VMOVUPS 96(SP), Y7
+	// SDRRED's second add, lanes i and i+4 of each: [wa | wb] and so on
+	VPERM2F128 $0x20, Y3, Y1, Y8
+	VPERM2F128 $0x31, Y3, Y1, Y9
+	VADDPS Y9, Y8, Y8
+	VPERM2F128 $0x20, Y7, Y5, Y10
+	VPERM2F128 $0x31, Y7, Y5, Y11
+	VADDPS Y11, Y10, Y10
+	VPERM2F128 $0x20, Y2, Y0, Y12
+	VPERM2F128 $0x31, Y2, Y0, Y13
+	VADDPS Y13, Y12, Y12
+	VPERM2F128 $0x20, Y6, Y4, Y14
+	VPERM2F128 $0x31, Y6, Y4, Y15
+	VADDPS Y15, Y14, Y14
+	// the third, lanes i and i+2 of each w: [xa xc | xb xd], [xe xg | xf xh]
+	VSHUFPS $0x44, Y10, Y8, Y1
+	VSHUFPS $0xEE, Y10, Y8, Y3
+	VADDPS Y3, Y1, Y1
+	VSHUFPS $0x44, Y14, Y12, Y5
+	VSHUFPS $0xEE, Y14, Y12, Y7
+	VADDPS Y7, Y5, Y5
+	// the last, lanes 0 and 1 of each x: [ya yc ye yg | yb yd yf yh]
+	VSHUFPS $0x88, Y5, Y1, Y9
+	VSHUFPS $0xDD, Y5, Y1, Y11
+	VADDPS Y11, Y9, Y9
+	VMOVUPS X9, (DI)
+	VEXTRACTF128 $1, Y9, (R11)
+	ADDQ $16, DI
+	ADDQ $16, R11
+	LEAQ (BX)(R8*4), BX
+	DECQ R9
+	JMP s4group
+
+s4done:
+	VZEROUPPER
+	RET

@@ -11,7 +11,42 @@ import "golang.org/x/sys/cpu"
 //go:noescape
 func wsumF64(n int, p *float64, v *float32, ldv int, nb int, acc *float64)
 
-var hasWsum = cpu.X86.HasAVX
+// wsum2F64 is wsumF64(n, p0, v, ldv, nb, acc0) and wsumF64(n, p1, v, ldv, nb, acc1) in
+// one pass over the rows of v, with their bits.
+//
+//go:noescape
+func wsum2F64(n int, p0, p1 *float64, v *float32, ldv int, nb int, acc0, acc1 *float64)
+
+// wsum2F64x64 is wsum2F64 over nb blocks of 64 lanes, with AVX-512F.
+//
+//go:noescape
+func wsum2F64x64(n int, p0, p1 *float64, v *float32, ldv int, nb int, acc0, acc1 *float64)
+
+var (
+	hasWsum    = cpu.X86.HasAVX
+	hasWsum512 = cpu.X86.HasAVX512F
+)
+
+// weightedSum2 is weightedSum(acc0, p0, v, ldv) and weightedSum(acc1, p1, v, ldv) with
+// their bits (len(p1) = len(p0), len(acc1) = len(acc0)): two heads that share their value
+// rows, read once for both.
+func weightedSum2[T Float](acc0, acc1, p0, p1 []float64, v []T, ldv int) {
+	hd, d0 := len(acc0), 0
+	if vf, ok := any(v).([]float32); ok && hasWsum && len(p0) > 0 {
+		n := len(p0)
+		_, _, _ = vf[(n-1)*ldv+hd-1], p1[n-1], acc1[hd-1]
+		if nb := hd / 64; hasWsum512 && nb > 0 {
+			wsum2F64x64(n, &p0[0], &p1[0], &vf[0], ldv, nb, &acc0[0], &acc1[0])
+			d0 = 64 * nb
+		}
+		if nb := (hd - d0) / 16; nb > 0 {
+			wsum2F64(n, &p0[0], &p1[0], &vf[d0], ldv, nb, &acc0[d0], &acc1[d0])
+			d0 += 16 * nb
+		}
+	}
+	weightedSumFrom(acc0, p0, v, ldv, d0)
+	weightedSumFrom(acc1, p1, v, ldv, d0)
+}
 
 // weightedSum sets acc[d] += Σ_{j<len(p)} p[j]·float64(v[j·ldv+d]) for d < len(acc), j in
 // order (a multiply then an add per term, as written here), so every element has the same

@@ -6,8 +6,9 @@ func init() { selectKernelFromEnv() }
 
 // Without the amd64 row kernels, sgemmNTRows uses the dot kernel (kernels_rows_amd64.go).
 var (
-	hasRowDot = false
-	rowTile   = 0
+	hasRowDot  = false
+	rowTile    = 0
+	hasWsum512 = false // no AVX-512 attention kernel
 )
 
 func rowTiles() []int { return nil }
@@ -53,6 +54,18 @@ func expAffine[T Float](x []T, scale, shift float64, out []float64) {
 
 // dotRows sets out[j] = dot(a, b[j·ldb:j·ldb+len(a)]) for j < len(out).
 func dotRows[T Float](out, a, b []T, ldb int) { dotRowsGo(out, a, b, ldb) }
+
+// dotRows2 is dotRows(o0, a0, b, ldb) and dotRows(o1, a1, b, ldb).
+func dotRows2[T Float](o0, o1, a0, a1, b []T, ldb int) {
+	dotRowsGo(o0, a0, b, ldb)
+	dotRowsGo(o1, a1, b, ldb)
+}
+
+// weightedSum2 is weightedSum(acc0, p0, v, ldv) and weightedSum(acc1, p1, v, ldv).
+func weightedSum2[T Float](acc0, acc1, p0, p1 []float64, v []T, ldv int) {
+	weightedSumFrom(acc0, p0, v, ldv, 0)
+	weightedSumFrom(acc1, p1, v, ldv, 0)
+}
 
 func rowDotTileInto(k8 int, a *float32, lda int, b *float32, ldb int, ng int, c *float32, ldc int, acc bool) bool {
 	return false

@@ -434,7 +434,7 @@ func clipSegs[T Float](out, segs []seg[T], r0, r1 int) []seg[T] {
 // attnFwd computes causal softmax attention for every (sequence, head), saving the
 // log-sum-exp of each score row.
 func (m *Model[T]) attnFwd(b *batchLayout[T], a *layerAct[T], l int) {
-	runPooled(&attnFwdTasks, len(b.seqs)*m.Cfg.Heads, 1<<30, attnFwdTask[T]{m: m, b: b, a: a, l: l})
+	runPooled(&attnFwdTasks, len(b.seqs)*m.Cfg.Heads/attnPair(&m.Cfg), 1<<30, attnFwdTask[T]{m: m, b: b, a: a, l: l})
 }
 
 // attnTask is one attnFwd or attnBwd call (the gradients set for attnBwd).
@@ -446,7 +446,16 @@ type attnTask[T Float] struct {
 	datt, dq, dk, dv []T
 }
 
-// attnFwdTask runs attnFwd for task = (sequence, head).
+// attnPair is how many query heads an attention task takes at once: two when the heads of
+// a kv head come in pairs (they share its keys and values, read once for both), else one.
+func attnPair(c *Config) int {
+	if (c.Heads/c.KVHeads)%2 == 0 {
+		return 2
+	}
+	return 1
+}
+
+// attnFwdTask runs attnFwd for task = (sequence, group of attnPair heads).
 type attnFwdTask[T Float] attnTask[T]
 
 var attnFwdTasks, attnBwdTasks sync.Pool
@@ -454,8 +463,8 @@ var attnFwdTasks, attnBwdTasks sync.Pool
 // attnScratch holds a task's work rows (f1, f2 and t one per key, f3 one per head
 // dimension); tasks take them from attnScratches.
 type attnScratch[T Float] struct {
-	f1, f2, f3 []float64
-	t          []T
+	f1, f2, f3, f4 []float64
+	t, t2          []T
 }
 
 var attnScratches sync.Pool
@@ -469,11 +478,14 @@ func scratch[T Float](n, hd int) *attnScratch[T] {
 		}
 		return x[:n]
 	}
-	s.f1, s.f2, s.f3 = grow(s.f1, n), grow(s.f2, n), grow(s.f3, hd)
+	s.f1, s.f2, s.f3, s.f4 = grow(s.f1, n), grow(s.f2, n), grow(s.f3, hd), grow(s.f4, hd)
 	if cap(s.t) < n {
 		s.t = make([]T, n)
 	}
-	s.t = s.t[:n]
+	if cap(s.t2) < n {
+		s.t2 = make([]T, n)
+	}
+	s.t, s.t2 = s.t[:n], s.t2[:n]
 	return s
 }
 
@@ -484,43 +496,66 @@ func (t *attnFwdTask[T]) do(task int) {
 	grp := H / KH
 	QD, KVD := H*hd, KH*hd
 	scale := c.attnScale()
-	si, h := task/H, task%H
-	kh := h / grp
+	hp := attnPair(c)
+	si, h0 := task/(H/hp), task%(H/hp)*hp
+	kh := h0 / grp
 	off, n := b.off[si], len(b.seqs[si].Tokens)
 	ws := scratch[T](n, hd)
 	defer attnScratches.Put(ws)
 	for i := 0; i < n; i++ {
 		j0 := c.firstKey(t.l, i) // keys j0…i (a sliding window's)
-		sc, qk, acc := ws.f1[:i+1-j0], ws.t[:i+1-j0], ws.f3
-		q := a.q[(off+i)*QD+h*hd : (off+i)*QD+(h+1)*hd]
 		kv := (off+j0)*KVD + kh*hd
-		dotRows(qk, q, a.k[kv:], KVD)
-		mx := math.Inf(-1)
-		for j := range sc {
-			s := float64(qk[j]) * scale
-			sc[j] = s
-			if s > mx {
-				mx = s
+		sc := [2][]float64{ws.f1[:i+1-j0], ws.f2[:i+1-j0]}
+		qk := [2][]T{ws.t[:i+1-j0], ws.t2[:i+1-j0]}
+		acc := [2][]float64{ws.f3, ws.f4}
+		var q [2][]T
+		for e := range hp {
+			h := h0 + e
+			q[e] = a.q[(off+i)*QD+h*hd : (off+i)*QD+(h+1)*hd]
+		}
+		if hp == 2 {
+			dotRows2(qk[0], qk[1], q[0], q[1], a.k[kv:], KVD)
+		} else {
+			dotRows(qk[0], q[0], a.k[kv:], KVD)
+		}
+		var lse [2]T
+		for e := range hp {
+			sc, qk := sc[e], qk[e]
+			mx := math.Inf(-1)
+			for j := range sc {
+				s := float64(qk[j]) * scale
+				sc[j] = s
+				if s > mx {
+					mx = s
+				}
 			}
+			for j := range sc {
+				sc[j] -= mx
+			}
+			expInPlace(sc)
+			var sum float64
+			for j := range sc {
+				sum += sc[j]
+			}
+			clear(acc[e])
+			for j := range sc {
+				sc[j] /= sum
+			}
+			lse[e] = T(mx + math.Log(sum))
 		}
-		for j := range sc {
-			sc[j] -= mx
+		if hp == 2 {
+			weightedSum2(acc[0], acc[1], sc[0], sc[1], a.v[kv:], KVD)
+		} else {
+			weightedSum(acc[0], sc[0], a.v[kv:], KVD)
 		}
-		expInPlace(sc)
-		var sum float64
-		for j := range sc {
-			sum += sc[j]
+		for e := range hp {
+			h := h0 + e
+			o := a.att[(off+i)*QD+h*hd : (off+i)*QD+(h+1)*hd]
+			for d := range o {
+				o[d] = T(acc[e][d])
+			}
+			a.lse[(off+i)*H+h] = lse[e]
 		}
-		clear(acc)
-		for j := range sc {
-			sc[j] /= sum
-		}
-		weightedSum(acc, sc, a.v[kv:], KVD)
-		o := a.att[(off+i)*QD+h*hd : (off+i)*QD+(h+1)*hd]
-		for d := range o {
-			o[d] = T(acc[d])
-		}
-		a.lse[(off+i)*H+h] = T(mx + math.Log(sum))
 	}
 }
 
