@@ -243,6 +243,16 @@ def test_unknown_family_is_refused(tmp_path):
         with pytest.raises(ValueError) as e:
             BaseModel("m", str(d), torch.device("cpu"), torch.float32, 8)
         assert "kimi_k2 model refused" in str(e.value) and want in str(e.value), str(e.value)
+    # a MoE config whose router loss transformers would add to the training loss is refused,
+    # as on the reference engine; off (the released checkpoints) or at coefficient 0 it loads
+    moe = AutoConfig.for_model("qwen3_moe", vocab_size=64, hidden_size=16, num_hidden_layers=1, num_experts=4,
+                               output_router_logits=True, router_aux_loss_coef=0.01)
+    with pytest.raises(ValueError) as e:
+        families.for_config(moe)
+    assert "qwen3_moe model refused" in str(e.value) and "output_router_logits" in str(e.value), str(e.value)
+    for off in (dict(output_router_logits=False), dict(router_aux_loss_coef=0.0)):
+        assert families.for_config(AutoConfig.for_model("qwen3_moe", vocab_size=64, hidden_size=16, num_hidden_layers=1,
+                                                        num_experts=4, **{"output_router_logits": True, **off})).name == "qwen3_moe"
     # every family file names its publisher and renderer, and no model_type twice
     for f in families.FAMILIES:
         assert f.publisher and f.renderer and (f.model_types or f.vision)

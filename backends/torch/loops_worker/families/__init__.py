@@ -186,8 +186,22 @@ def for_config(config, model_type: Optional[str] = None) -> Family:
         raise ValueError(
             f"model family {mt!r} ({arch}) is not served by the torch worker{why}; it serves the model_types "
             f"{supported()} (docs/models.md says how to add a family)")
-    if fam.check is not None:
-        why = fam.check(config)
-        if why:
-            raise ValueError(f"{fam.name} model refused: {why}")
+    why = (fam.check(config) if fam.check is not None else None) or (_aux_loss(config) if fam.experts else None)
+    if why:
+        raise ValueError(f"{fam.name} model refused: {why}")
     return fam
+
+
+def _aux_loss(config) -> Optional[str]:
+    """Why a MoE config is refused for its router's load-balancing loss: with
+    output_router_logits on and a non-zero router_aux_loss_coef, transformers adds that loss
+    to the training loss, and the worker's losses (Tinker's loss functions) never do. The
+    released checkpoints leave output_router_logits off; the reference engine refuses the
+    same configs (docs/semantics.md)."""
+    for cfg in (config, getattr(config, "text_config", None)):
+        if cfg is not None and getattr(cfg, "output_router_logits", False) and getattr(cfg, "router_aux_loss_coef", 0):
+            return (f"its config sets output_router_logits with router_aux_loss_coef {cfg.router_aux_loss_coef}: "
+                    "transformers would add the router's load-balancing loss to the training loss, which Loops' "
+                    "loss functions do not; set output_router_logits to false in config.json (the released "
+                    "checkpoints do)")
+    return None
