@@ -77,26 +77,17 @@ var configFields = map[string]fieldCheck{
 
 	// Which modules: target_modules names them (each backend checks the names against its
 	// model); anything that narrows or widens that set otherwise is refused.
-	"target_modules": func(v any) string {
-		list, ok := v.([]any)
-		if !ok {
-			return fmt.Sprintf("is %s: give a list of module names (a regular expression or \"all-linear\" cannot be checked against the base model)", show(v))
-		}
-		for _, m := range list {
-			if _, ok := m.(string); !ok {
-				return fmt.Sprintf("holds %s: give a list of module names", show(m))
-			}
-		}
-		return ""
-	},
+	"target_modules":  func(v any) string { return names(v, "module names", false) },
 	"exclude_modules": emptyBecause("Loops adapts exactly the modules target_modules lists and the weights file holds: list only those in target_modules"),
 	"layers_to_transform": emptyBecause("Loops applies the adapter to every layer whose tensors adapter_model.safetensors holds, and cannot honour a narrower list: " +
 		"remove the field (and the tensors of the other layers, if any)"),
-	"layers_pattern":    emptyBecause("it only serves layers_to_transform, which Loops does not support"),
-	"rank_pattern":      emptyBecause("every module must have rank r"),
-	"alpha_pattern":     emptyBecause("every module must have the scale lora_alpha / r"),
-	"modules_to_save":   emptyBecause("Loops stores and applies LoRA tensors only, not full copies of modules"),
-	"target_parameters": emptyBecause("Loops adapts modules (target_modules), not parameters"),
+	"layers_pattern":  emptyBecause("it only serves layers_to_transform, which Loops does not support"),
+	"rank_pattern":    emptyBecause("every module must have rank r"),
+	"alpha_pattern":   emptyBecause("every module must have the scale lora_alpha / r"),
+	"modules_to_save": emptyBecause("Loops stores and applies LoRA tensors only, not full copies of modules"),
+	// A MoE model's expert parameters (gate_up_proj, down_proj): the backend checks
+	// each name against its model's experts, and refuses them on a model without experts.
+	"target_parameters": func(v any) string { return names(v, "parameter names", true) },
 	"layer_replication": emptyBecause("Loops does not replicate layers of the base model"),
 	"trainable_token_indices": emptyBecause(
 		"Loops does not apply trainable token embeddings"),
@@ -191,6 +182,24 @@ func CheckConfig(b []byte) error {
 		}
 	}
 	return nil
+}
+
+// names checks a list of module or parameter names (what, for the message); null is an
+// empty list where orNull.
+func names(v any, what string, orNull bool) string {
+	if v == nil && orNull {
+		return ""
+	}
+	list, ok := v.([]any)
+	if !ok {
+		return fmt.Sprintf("is %s: give a list of %s (a regular expression or \"all-linear\" cannot be checked against the base model)", show(v), what)
+	}
+	for _, m := range list {
+		if _, ok := m.(string); !ok {
+			return fmt.Sprintf("holds %s: give a list of %s", show(m), what)
+		}
+	}
+	return ""
 }
 
 func stringOrNull(v any) string {

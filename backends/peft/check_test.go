@@ -43,6 +43,9 @@ func with(t *testing.T, field string, v any) []byte {
 func TestCheckConfigTakesWhatPEFTWrites(t *testing.T) {
 	require.NoError(t, CheckConfig([]byte(written)))
 	require.NoError(t, CheckConfig([]byte(`{"r": 4, "lora_alpha": 32, "target_modules": ["q_proj"]}`)))
+	// a MoE adapter as PEFT writes it: the experts' fused parameters by name (the backend
+	// checks them against its model)
+	require.NoError(t, CheckConfig(with(t, "target_parameters", []any{"gate_up_proj", "down_proj"})))
 	for _, init := range []any{false, "gaussian", "eva", "orthogonal", "MiCA"} {
 		require.NoError(t, CheckConfig(with(t, "init_lora_weights", init)), "%v", init)
 	}
@@ -73,6 +76,8 @@ func TestCheckConfigRefusesWithTheReason(t *testing.T) {
 		{"init_lora_weights", 3, "not an initialization"},
 		{"target_modules", "all-linear", "list of module names"},
 		{"target_modules", []any{1}, "list of module names"},
+		{"target_parameters", "experts.*", "list of parameter names"},
+		{"target_parameters", []any{2}, "list of parameter names"},
 		{"peft_type", "LOHA", "only LoRA"},
 		{"inference_mode", "yes", "true or false"},
 		{"a_future_option", []int{1}, "does not know this option"},

@@ -1,12 +1,14 @@
 package reference
 
 import (
+	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/loops-dev/loops/backends"
+	"github.com/loops-dev/loops/backends/peft"
 	"github.com/loops-dev/loops/backends/reference/nn"
 	"github.com/loops-dev/loops/backends/reference/safetensors"
 	"github.com/loops-dev/loops/backends/tiny"
@@ -62,6 +64,15 @@ func TestQwen3MoeServed(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, r.Result.Sequences, 2)
 	require.Len(t, r.Result.Sequences[0].Tokens, 5)
+
+	// the saved adapter (PEFT's layout: experts by target_parameters) passes the import
+	// checks a PEFT adapter of this model passes: adapter_config.json, then the engine's
+	cfg, err := os.ReadFile(filepath.Join(ckpt, peft.AdapterConfigFile))
+	require.NoError(t, err)
+	require.Contains(t, string(cfg), "target_parameters")
+	require.NoError(t, peft.CheckConfig(cfg))
+	_, err = e.CheckAdapter(ctx, info.Name, ckpt)
+	require.NoError(t, err)
 
 	out := t.TempDir()
 	_, err = e.MergeAdapter(ctx, backends.MergeRequest{BaseModel: info.Name, AdapterDir: ckpt, OutDir: out})
