@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 
@@ -12,16 +13,16 @@ import (
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	publicv1 "github.com/loops-dev/loops/gen/go/tinker/public/v1"
+	"github.com/loops-dev/loops/internal/imagefetch"
 	"github.com/loops-dev/loops/internal/shape"
 	"github.com/loops-dev/loops/internal/vision"
 )
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
-// noAssetPointer and noDmel are the messages for the model input chunks Loops does not take.
+// noDmel is the message for the model input chunks Loops does not take.
 const (
-	noAssetPointer = "image_asset_pointer chunks (an image by location) are not served: Loops fetches no images; send the image's bytes in an image chunk (tinker.types.ImageChunk)"
-	noDmel         = "dmel chunks are not served: send encoded_text and image chunks"
+	noDmel = "dmel chunks are not served: send encoded_text and image chunks"
 )
 
 // inputBuilder turns a model input's chunks into a token list and its images (Datum.images):
@@ -53,6 +54,31 @@ func (b *inputBuilder) image(data []byte, format string, expected *int64) error 
 	b.images = append(b.images, &loopsv1.Image{Data: data, Format: format, Offset: int32(len(b.tokens)), Tokens: int32(n), Width: int32(w), Height: int32(h)})
 	b.tokens = append(b.tokens, make([]int32, n)...)
 	return nil
+}
+
+// assetPointer adds an image_asset_pointer chunk: its format and expected_tokens are
+// checked first, then its location against the allowed hosts, then it is fetched and
+// added as an image chunk with the fetched bytes.
+func (b *inputBuilder) assetPointer(c jsonChunk, fetch fetchImage) error {
+	if !slices.Contains(vision.Formats, c.Format) {
+		return fmt.Errorf("format %q is not served: send %q or %q", c.Format, "png", "jpeg")
+	}
+	if c.ExpectedTokens == nil || *c.ExpectedTokens < 1 || *c.ExpectedTokens > vision.MaxTokens {
+		return fmt.Errorf("set expected_tokens to the number of tokens the model makes of the image, from 1 to %d", vision.MaxTokens)
+	}
+	if *b.count >= vision.MaxImages {
+		return fmt.Errorf("the request has more than %d images, the limit: split it", vision.MaxImages)
+	}
+	if fetch == nil {
+		var none *imagefetch.Fetcher
+		_, err := none.Allowed(c.Location)
+		return err
+	}
+	data, err := fetch(c.Location)
+	if err != nil {
+		return err
+	}
+	return b.image(data, c.Format, c.ExpectedTokens)
 }
 
 // limits bounds what a decoder may allocate.
@@ -378,6 +404,9 @@ type jsonChunk struct {
 	Data           []byte `json:"data"`
 	Format         string `json:"format"`
 	ExpectedTokens *int64 `json:"expected_tokens"`
+	// image_asset_pointer chunks: the image's URL (fetched from the hosts the operator
+	// allows: internal/imagefetch), with format and expected_tokens as above
+	Location string `json:"location"`
 }
 
 // jsonTensorData is the SDK's TensorData JSON.
@@ -391,7 +420,7 @@ type jsonTensorData struct {
 
 // decodeForwardBackwardJSON decodes the JSON-era body. forwardOnly is set for /forward
 // and for a body that carries forward_input.
-func decodeForwardBackwardJSON(b []byte, forwardOnly bool, lim limits) (*loopsv1.ForwardBackwardRequest, error) {
+func decodeForwardBackwardJSON(b []byte, forwardOnly bool, lim limits, fetch fetchImage) (*loopsv1.ForwardBackwardRequest, error) {
 	var in jsonForwardBackward
 	if err := decodeJSON(b, &in); err != nil {
 		return nil, err
@@ -420,7 +449,7 @@ func decodeForwardBackwardJSON(b []byte, forwardOnly bool, lim limits) (*loopsv1
 	images := 0
 	for i, d := range fb.Data {
 		od := &loopsv1.Datum{}
-		toks, ims, err := chunksToInput(d.ModelInput.Chunks, &images)
+		toks, ims, err := chunksToInput(d.ModelInput.Chunks, &images, fetch)
 		if err != nil {
 			return nil, badRequest("data[%d].model_input: %v", i, err)
 		}
@@ -460,9 +489,14 @@ func numericConfig(m map[string]json.RawMessage) (map[string]float64, error) {
 	return out, nil
 }
 
+// fetchImage returns the bytes of the image at an image_asset_pointer chunk's location
+// (imagefetch.Fetcher.ForRequest); nil: the server fetches no images.
+type fetchImage func(location string) ([]byte, error)
+
 // chunksToInput concatenates encoded_text chunks and places image chunks (inputBuilder);
-// images counts the request's images. Other chunk types are refused.
-func chunksToInput(chunks []jsonChunk, images *int) ([]int32, []*loopsv1.Image, error) {
+// images counts the request's images. An image_asset_pointer chunk's image is fetched
+// (fetch) from its location. Other chunk types are refused.
+func chunksToInput(chunks []jsonChunk, images *int, fetch fetchImage) ([]int32, []*loopsv1.Image, error) {
 	b := inputBuilder{count: images}
 	for j, c := range chunks {
 		switch c.Type {
@@ -478,7 +512,9 @@ func chunksToInput(chunks []jsonChunk, images *int) ([]int32, []*loopsv1.Image, 
 				return nil, nil, fmt.Errorf("chunk %d: %v", j, err)
 			}
 		case "image_asset_pointer":
-			return nil, nil, fmt.Errorf("chunk %d: %s", j, noAssetPointer)
+			if err := b.assetPointer(c, fetch); err != nil {
+				return nil, nil, fmt.Errorf("chunk %d (image_asset_pointer): %v", j, err)
+			}
 		case "dmel":
 			return nil, nil, fmt.Errorf("chunk %d: %s", j, noDmel)
 		default:

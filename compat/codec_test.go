@@ -120,7 +120,7 @@ func TestForwardBackwardJSONDecodes(t *testing.T) {
 	  "loss_fn_inputs":{"target_tokens":{"data":[2,3,9223372036854775807],"dtype":"int64","shape":[3]},
 	  "weights":{"data":[1],"dtype":"float32","shape":[1,3],"sparse_crow_indices":[0,1],"sparse_col_indices":[1]}}}],
 	  "loss_fn":"ppo","loss_fn_config":{"clip_low_threshold":0.8}},"model_id":"run1","seq_id":4,"type":"forward_backward"}`
-	got, err := decodeForwardBackwardJSON([]byte(body), false, testLimits)
+	got, err := decodeForwardBackwardJSON([]byte(body), false, testLimits, nil)
 	require.NoError(t, err)
 	want := &loopsv1.ForwardBackwardRequest{TrainingRunId: "run1", SeqId: 4, LossFn: "ppo", LossFnConfig: map[string]float64{"clip_low_threshold": 0.8},
 		Data: []*loopsv1.Datum{{Tokens: []int32{1, 2, 3}, LossFnInputs: map[string]*loopsv1.Tensor{
@@ -129,7 +129,7 @@ func TestForwardBackwardJSONDecodes(t *testing.T) {
 		}}}}
 	require.Empty(t, cmp.Diff(want, got, protocmp.Transform()))
 
-	fwd, err := decodeForwardBackwardJSON([]byte(`{"forward_input":{"data":[],"loss_fn":"cross_entropy"},"model_id":"m","seq_id":1}`), false, testLimits)
+	fwd, err := decodeForwardBackwardJSON([]byte(`{"forward_input":{"data":[],"loss_fn":"cross_entropy"},"model_id":"m","seq_id":1}`), false, testLimits, nil)
 	require.NoError(t, err)
 	require.True(t, fwd.ForwardOnly)
 
@@ -141,7 +141,7 @@ func TestForwardBackwardJSONDecodes(t *testing.T) {
 		`{"model_id":"m"}`,
 		`{"forward_backward_input":`,
 	} {
-		_, err := decodeForwardBackwardJSON([]byte(bad), false, testLimits)
+		_, err := decodeForwardBackwardJSON([]byte(bad), false, testLimits, nil)
 		requireClientError(t, err)
 	}
 }
@@ -197,7 +197,7 @@ func TestImageChunks(t *testing.T) {
 
 	js := fmt.Sprintf(`{"forward_backward_input":{"data":[{"model_input":{"chunks":[{"type":"encoded_text","tokens":[7]},{"type":"image","data":%q,"format":"png","expected_tokens":3},{"type":"encoded_text","tokens":[8]}]},"loss_fn_inputs":{}}],"loss_fn":"cross_entropy"}}`,
 		base64.StdEncoding.EncodeToString(pic))
-	gotJ, err := decodeForwardBackwardJSON([]byte(js), false, testLimits)
+	gotJ, err := decodeForwardBackwardJSON([]byte(js), false, testLimits, nil)
 	require.NoError(t, err)
 	require.Empty(t, cmp.Diff(want, gotJ.GetData()[0], protocmp.Transform()))
 
@@ -209,20 +209,69 @@ func TestImageChunks(t *testing.T) {
 
 	img := base64.StdEncoding.EncodeToString(pic)
 	for chunk, why := range map[string]string{
-		fmt.Sprintf(`{"type":"image","data":%q,"format":"png"}`, img):                          "without expected_tokens",
-		fmt.Sprintf(`{"type":"image","data":%q,"format":"jpeg","expected_tokens":3}`, img):     `set format to "png"`,
-		fmt.Sprintf(`{"type":"image","data":%q,"format":"png","expected_tokens":-1}`, img):     "expected_tokens -1 is out of range",
-		fmt.Sprintf(`{"type":"image","data":%q,"format":"png","expected_tokens":1e9}`, img):    "",
-		`{"type":"image_asset_pointer","location":"https://example.com/a.png","format":"png"}`: "Loops fetches no images",
+		fmt.Sprintf(`{"type":"image","data":%q,"format":"png"}`, img):                                              "without expected_tokens",
+		fmt.Sprintf(`{"type":"image","data":%q,"format":"jpeg","expected_tokens":3}`, img):                         `set format to "png"`,
+		fmt.Sprintf(`{"type":"image","data":%q,"format":"png","expected_tokens":-1}`, img):                         "expected_tokens -1 is out of range",
+		fmt.Sprintf(`{"type":"image","data":%q,"format":"png","expected_tokens":1e9}`, img):                        "",
+		`{"type":"image_asset_pointer","location":"https://example.com/a.png","format":"png","expected_tokens":3}`: "this server fetches no images",
+		`{"type":"image_asset_pointer","location":"https://example.com/a.png","format":"png"}`:                     "set expected_tokens",
 		`{"type":"dmel","dmel":"AA=="}`: "dmel chunks are not served",
 	} {
-		_, err := decodeForwardBackwardJSON([]byte(`{"forward_backward_input":{"data":[{"model_input":{"chunks":[`+chunk+`]},"loss_fn_inputs":{}}],"loss_fn":"cross_entropy"}}`), false, testLimits)
+		_, err := decodeForwardBackwardJSON([]byte(`{"forward_backward_input":{"data":[{"model_input":{"chunks":[`+chunk+`]},"loss_fn_inputs":{}}],"loss_fn":"cross_entropy"}}`), false, testLimits, nil)
 		requireClientError(t, err)
 		require.ErrorContains(t, err, why, chunk)
 	}
 	many := strings.Repeat(fmt.Sprintf(`{"type":"image","data":%q,"format":"png","expected_tokens":1},`, img), vision.MaxImages)
-	_, err = decodeForwardBackwardJSON([]byte(`{"forward_backward_input":{"data":[{"model_input":{"chunks":[`+many+`{"type":"encoded_text","tokens":[1]}]},"loss_fn_inputs":{}},{"model_input":{"chunks":[`+many[:len(many)-1]+`]},"loss_fn_inputs":{}}],"loss_fn":"cross_entropy"}}`), false, testLimits)
+	_, err = decodeForwardBackwardJSON([]byte(`{"forward_backward_input":{"data":[{"model_input":{"chunks":[`+many+`{"type":"encoded_text","tokens":[1]}]},"loss_fn_inputs":{}},{"model_input":{"chunks":[`+many[:len(many)-1]+`]},"loss_fn_inputs":{}}],"loss_fn":"cross_entropy"}}`), false, testLimits, nil)
 	require.ErrorContains(t, err, "more than 16 images")
+}
+
+// An image_asset_pointer chunk's image is fetched (the fetcher the operator configured) and
+// placed as an image chunk with the fetched bytes; a fetch that fails, or fetched bytes that
+// are not the image the chunk says, are a 400 naming the chunk; nothing is fetched for a
+// chunk whose format or expected_tokens is wrong, or past the request's image limit.
+func TestImageAssetPointers(t *testing.T) {
+	pic := testPNG(t, 48, 40)
+	var asked []string
+	fetch := func(loc string) ([]byte, error) {
+		asked = append(asked, loc)
+		switch loc {
+		case "https://img.example/a.png":
+			return pic, nil
+		case "https://img.example/text":
+			return []byte("not an image"), nil
+		}
+		return nil, errString(`host "elsewhere" is not one this server fetches images from (img.example)`)
+	}
+	images := 0
+	toks, ims, err := chunksToInput([]jsonChunk{{Type: "encoded_text", Tokens: []int64{3}},
+		{Type: "image_asset_pointer", Location: "https://img.example/a.png", Format: "png", ExpectedTokens: ptr(int64(4))}}, &images, fetch)
+	require.NoError(t, err)
+	require.Equal(t, []int32{3, 0, 0, 0, 0}, toks)
+	require.Len(t, ims, 1)
+	require.Equal(t, pic, ims[0].GetData())
+	require.Equal(t, [4]int32{1, 4, 48, 40}, [4]int32{ims[0].GetOffset(), ims[0].GetTokens(), ims[0].GetWidth(), ims[0].GetHeight()})
+
+	asked = nil
+	for _, tc := range []struct {
+		c    jsonChunk
+		want string
+	}{
+		{jsonChunk{Type: "image_asset_pointer", Location: "https://elsewhere/a.png", Format: "png", ExpectedTokens: ptr(int64(4))}, `host "elsewhere" is not one this server fetches images from`},
+		{jsonChunk{Type: "image_asset_pointer", Location: "https://img.example/text", Format: "png", ExpectedTokens: ptr(int64(4))}, "the image is not a readable png"},
+		{jsonChunk{Type: "image_asset_pointer", Location: "https://img.example/a.png", Format: "gif", ExpectedTokens: ptr(int64(4))}, `format "gif" is not served`},
+		{jsonChunk{Type: "image_asset_pointer", Location: "https://img.example/a.png", Format: "png"}, "set expected_tokens"},
+	} {
+		images := 0
+		_, _, err := chunksToInput([]jsonChunk{tc.c}, &images, fetch)
+		require.ErrorContains(t, err, "chunk 0 (image_asset_pointer): "+tc.want)
+	}
+	require.Equal(t, []string{"https://elsewhere/a.png", "https://img.example/text"}, asked, "a chunk refused from its fields is never fetched")
+
+	asked, images = nil, vision.MaxImages
+	_, _, err = chunksToInput([]jsonChunk{{Type: "image_asset_pointer", Location: "https://img.example/a.png", Format: "png", ExpectedTokens: ptr(int64(4))}}, &images, fetch)
+	require.ErrorContains(t, err, "more than 16 images")
+	require.Empty(t, asked)
 }
 
 // FuzzImageChunk: any image chunk in a sample prompt decodes to a 4xx or to a prompt whose
@@ -233,7 +282,7 @@ func FuzzImageChunk(f *testing.F) {
 	f.Add([]byte{0xff, 0xd8, 0xff}, "jpeg", int64(0))
 	f.Fuzz(func(t *testing.T, data []byte, format string, expected int64) {
 		images := 0
-		toks, ims, err := chunksToInput([]jsonChunk{{Type: "encoded_text", Tokens: []int64{3}}, {Type: "image", Data: data, Format: format, ExpectedTokens: &expected}}, &images)
+		toks, ims, err := chunksToInput([]jsonChunk{{Type: "encoded_text", Tokens: []int64{3}}, {Type: "image", Data: data, Format: format, ExpectedTokens: &expected}}, &images, nil)
 		if err != nil {
 			requireClientError(t, badRequest("%v", err))
 			return
@@ -250,3 +299,5 @@ func FuzzImageChunk(f *testing.F) {
 type errString string
 
 func (e errString) Error() string { return string(e) }
+
+func ptr[T any](v T) *T { return &v }

@@ -59,7 +59,7 @@ func FuzzDecodeForwardBackwardJSON(f *testing.F) {
 	f.Add([]byte(`{"forward_input":{"data":[],"loss_fn":"cross_entropy"}}`))
 	f.Add([]byte(`{}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if _, err := decodeForwardBackwardJSON(b, false, fuzzLimits); err != nil {
+		if _, err := decodeForwardBackwardJSON(b, false, fuzzLimits, nil); err != nil {
 			requireFuzzClientError(t, err)
 		}
 	})

@@ -23,6 +23,7 @@ import (
 	"github.com/loops-dev/loops/internal/bounded"
 	"github.com/loops-dev/loops/internal/errs"
 	"github.com/loops-dev/loops/internal/httpedge"
+	"github.com/loops-dev/loops/internal/imagefetch"
 )
 
 // Services are the core handlers compat translates onto. All must be non-nil.
@@ -56,6 +57,9 @@ type Options struct {
 	// internal/bounded). The gateway shares one budget between every surface. Default: a
 	// budget of MaxDecompressedBytes for this handler alone.
 	DecompressBudget *bounded.Budget
+	// ImageFetcher fetches the images of image_asset_pointer chunks from the hosts the
+	// operator allows; nil: such chunks are refused (the client sends the bytes).
+	ImageFetcher *imagefetch.Fetcher
 	// LongPoll is how long retrieve_future waits for a result before answering try_again.
 	// It must stay below the SDK's 45 s client timeout. Default 25 s.
 	LongPoll time.Duration

@@ -177,7 +177,7 @@ func (s *server) asample(w http.ResponseWriter, r *http.Request) error {
 		return badRequest("num_samples must be at least 1, got %d", n)
 	}
 	images := 0
-	prompt, promptImages, err := chunksToInput(req.Prompt.Chunks, &images)
+	prompt, promptImages, err := chunksToInput(req.Prompt.Chunks, &images, s.opt.ImageFetcher.ForRequest(r.Context()))
 	if err != nil {
 		return badRequest("prompt: %v", err)
 	}

@@ -200,7 +200,7 @@ func (s *server) doForwardBackward(w http.ResponseWriter, r *http.Request, forwa
 	var req *loopsv1.ForwardBackwardRequest
 	ct := r.Header.Get("Content-Type")
 	if isJSONContent(r) || (ct == "" && len(b) > 0 && b[0] == '{') {
-		req, err = decodeForwardBackwardJSON(b, forwardOnly, s.limits())
+		req, err = decodeForwardBackwardJSON(b, forwardOnly, s.limits(), s.opt.ImageFetcher.ForRequest(r.Context()))
 	} else {
 		req, err = decodeForwardBackwardProto(b, s.limits())
 		if req != nil && forwardOnly {

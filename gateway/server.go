@@ -35,6 +35,7 @@ import (
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/internal/bounded"
+	"github.com/loops-dev/loops/internal/imagefetch"
 	"github.com/loops-dev/loops/internal/telemetry"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -125,6 +126,10 @@ type Config struct {
 	// X-Forwarded-For (the client address the throttle counts) and X-Forwarded-Proto
 	// (https makes the console's cookie Secure) believed.
 	TrustedProxies auth.TrustedProxies
+	// ImageFetcher fetches the images Tinker's image_asset_pointer chunks name, from the
+	// hosts the operator allows (loops serve --image-fetch-hosts); nil: such chunks are
+	// refused.
+	ImageFetcher *imagefetch.Fetcher
 	// Audit tunes the audit log (gateway/audit): retention, the per-workspace cap, the
 	// write buffer. Its Logger and Registerer are the server's.
 	Audit audit.Options
@@ -468,6 +473,7 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 		LongPoll:             s.cfg.Limits.LongPoll,
 		Keys:                 keySvc,
 		DisableJWTAuth:       s.cfg.APIKeys.DisableJWTAuth,
+		ImageFetcher:         s.cfg.ImageFetcher,
 	})))
 
 	// OpenAI- and Anthropic-compatible inference, over one sampling engine.

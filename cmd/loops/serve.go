@@ -24,6 +24,7 @@ import (
 	"github.com/loops-dev/loops/gateway/core"
 	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/prices"
+	"github.com/loops-dev/loops/internal/imagefetch"
 	"github.com/loops-dev/loops/internal/telemetry"
 	"github.com/spf13/cobra"
 )
@@ -88,6 +89,9 @@ type serveFlags struct {
 	// trustedProxies are --trusted-proxy: the reverse proxies whose X-Forwarded-For and
 	// X-Forwarded-Proto are believed.
 	trustedProxies []string
+	// imageFetchHosts are --image-fetch-hosts: the hosts image_asset_pointer chunks may
+	// name (internal/imagefetch).
+	imageFetchHosts []string
 	// minTransferRate and transferRateWindow are --min-transfer-rate and
 	// --transfer-rate-window (gateway/ckhttp).
 	minTransferRate    int64
@@ -187,6 +191,7 @@ file at start refuses to start. See "Prices" in docs/operations.md.`,
 	fl.DurationVar(&f.drainDelay, "drain-delay", 0, fmt.Sprintf("on shutdown (SIGTERM), how long to keep serving once gRPC health and /readyz say NOT_SERVING, so that load balancers and Kubernetes stop sending first (at most %s, within the %s shutdown grace)", maxDrainDelay, shutdownGrace))
 	fl.IntVar(&f.maxRequestsPerKey, "max-requests-per-key", auth.DefaultMaxRequestsPerKey, "requests one API key may have in flight at once (429 beyond); -1 for no cap")
 	fl.StringVar(&f.checkpointStore, "checkpoint-store", env("LOOPS_CHECKPOINT_STORE", ""), "where checkpoint files go: s3://bucket/prefix (AWS_* environment variables) or a folder; default: checkpoint-store in --data-dir")
+	fl.StringSliceVar(&f.imageFetchHosts, "image-fetch-hosts", envList("LOOPS_IMAGE_FETCH_HOSTS", nil), "host (name or name:port) whose https URLs Tinker image_asset_pointer chunks may name (repeatable): the gateway fetches those images (no redirects, 8 MiB each, 20 s a request); none: such chunks are refused and clients send the bytes")
 	fl.StringSliceVar(&f.trustedProxies, "trusted-proxy", envList("LOOPS_TRUSTED_PROXIES", nil), "address or CIDR of a reverse proxy in front of the server (repeatable): only from these is X-Forwarded-For (the client address that wrong keys are throttled by) and X-Forwarded-Proto (https makes the console's cookie Secure) believed")
 	fl.Int64Var(&f.minTransferRate, "min-transfer-rate", ckhttp.DefaultMinRate, "bytes a second a checkpoint download, export or import must keep up over --transfer-rate-window; a slower one is cut")
 	fl.DurationVar(&f.transferRateWindow, "transfer-rate-window", ckhttp.DefaultRateWindow, "how long a checkpoint transfer may stay under --min-transfer-rate")
@@ -308,6 +313,10 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return fmt.Errorf("--trusted-proxy: %w", err)
 	}
+	fetcher, err := imagefetch.New(imagefetch.Options{Hosts: f.imageFetchHosts})
+	if err != nil {
+		return fmt.Errorf("--image-fetch-hosts: %w", err)
+	}
 	var pol *policy.Policy
 	if f.workspacePolicy != "" {
 		if pol, err = policy.Load(f.workspacePolicy); err != nil {
@@ -396,6 +405,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 		Lease:          leaseCfg,
 		Jobs:           f.jobs.config(),
 		TrustedProxies: proxies,
+		ImageFetcher:   fetcher,
 		Transfers:      ckhttp.Options{MinRate: f.minTransferRate, RateWindow: f.transferRateWindow},
 		APIKeys: gateway.APIKeysConfig{
 			Cache:          auth.DirectoryOptions{TTL: f.keyCacheTTL},
