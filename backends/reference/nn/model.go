@@ -247,6 +247,11 @@ type Model[T Float] struct {
 	// cosL, sinL are the sliding-window layers' rotary tables (Gemma 3's local base
 	// frequency); nil when every layer uses cos and sin.
 	cosL, sinL []T
+	// CheckpointRows is the number of rows from which a training pass checkpoints its
+	// layers (recomputes each layer's activations in the backward pass instead of keeping
+	// them all): 0 means DefaultCheckpointRows, a negative number never. Losses and
+	// gradients are the same bits either way.
+	CheckpointRows int
 	// packs holds the weights packed for decoding (packed.go), built at the first
 	// decoding step: the weights must not change after construction.
 	packs *weightPacks
