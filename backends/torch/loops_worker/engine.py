@@ -24,6 +24,15 @@ from .proto import tpb
 from .revision import dir_revision
 
 MAX_SEQ_CAP = 32768
+# A training pass over at least this many tokens (rows × padded length) checkpoints its
+# decoder layers on CPU (nn.DefaultCheckpointRows): each layer's input is kept and the layer
+# recomputed in backward. GPUs checkpoint every training pass (the worker's default there).
+DEFAULT_CHECKPOINT_TOKENS = 4096
+# Elements of float32 logits the loss head computes at a time (rows of the chunk × vocab):
+# the logits of a long sequence are never materialised at once; each chunk's are recomputed
+# in backward.
+DEFAULT_LOGITS_BUDGET_CPU = 1 << 26
+DEFAULT_LOGITS_BUDGET_CUDA = 1 << 28
 DEFAULT_CLIP_LOW = 0.8
 DEFAULT_CLIP_HIGH = 1.2
 DEFAULT_DRO_BETA = 0.05
@@ -107,7 +116,8 @@ class BaseModel:
 
     def __init__(self, name: str, path: Optional[str], device: torch.device, dtype: torch.dtype,
                  max_lora_rank: int, attn_impl: str = "auto", grad_checkpointing: bool = False,
-                 model=None, pad: Optional[bool] = None):
+                 model=None, pad: Optional[bool] = None, checkpoint_tokens: Optional[int] = None,
+                 logits_budget: int = 0):
         from transformers import AutoConfig, AutoModelForCausalLM
 
         self.name = name
@@ -143,11 +153,27 @@ class BaseModel:
         self.model.eval()
         self.model.requires_grad_(False)
         self.config = self.model.config
-        self.grad_checkpointing = grad_checkpointing
+        # Activation checkpointing: a training pass over at least checkpoint_tokens tokens
+        # (rows × padded length) recomputes each decoder layer in backward (None:
+        # DEFAULT_CHECKPOINT_TOKENS; 0: never; grad_checkpointing: every training pass). Only the decoder layers are put in
+        # training mode for it (transformers checkpoints a layer only then); their modules
+        # stay in eval mode, so no dropout: the same values either way.
+        if checkpoint_tokens is None:
+            checkpoint_tokens = DEFAULT_CHECKPOINT_TOKENS
+        self.checkpoint_tokens = 1 if grad_checkpointing else max(0, int(checkpoint_tokens))
+        self.grad_checkpointing = self.checkpoint_tokens > 0
+        if logits_budget <= 0:
+            logits_budget = DEFAULT_LOGITS_BUDGET_CUDA if device.type == "cuda" else DEFAULT_LOGITS_BUDGET_CPU
+        self.logits_budget = int(logits_budget)
         self.pad = device.type == "cuda" if pad is None else pad
-        if grad_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ctx = BatchContext(torch.float64 if device.type == "cpu" else None)
+        self._ck_layers: List[torch.nn.Module] = []
+        if self.grad_checkpointing:
+            from transformers.modeling_layers import GradientCheckpointingLayer
+
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
+                "use_reentrant": False, "context_fn": self.ctx.checkpoint_contexts})
+            self._ck_layers = [m for m in self.model.modules() if isinstance(m, GradientCheckpointingLayer)]
         # {PEFT key: MultiLoraLinear or ExpertTarget}, the family's LoRA targets in model order
         self.layers: Dict[str, object] = wrap_model(
             self.model, self.ctx, self.family, families.vl_name if self.vision_checkpoint else (lambda n: n))
@@ -240,8 +266,9 @@ class BaseModel:
         self.ctx.segments = segs
         try:
             with torch.set_grad_enabled(train):
-                if train and self.grad_checkpointing:
-                    self.model.train()
+                if train and self.checkpoints(B * T):
+                    for layer in self._ck_layers:
+                        layer.training = True
                 inner = self.model.model
                 full_mask = bool(mask.all())
                 out = inner(input_ids=ids, attention_mask=None if full_mask else mask, use_cache=False)
@@ -256,6 +283,10 @@ class BaseModel:
             self.end_pass()
         return [lp[i, : len(s), : targets[i].shape[1]] for i, s in enumerate(seqs)]
 
+    def checkpoints(self, tokens: int) -> bool:
+        """Whether a training pass over tokens (rows × padded length) checkpoints its layers."""
+        return bool(self._ck_layers) and tokens >= self.checkpoint_tokens
+
     def end_pass(self) -> None:
         """Clears the row segments of the last pass (after its backward, for training)."""
         self.ctx.segments = []
@@ -263,9 +294,9 @@ class BaseModel:
     def _chunked_logprobs(self, h: torch.Tensor, tg: torch.Tensor, train: bool) -> torch.Tensor:
         head = self.model.lm_head
         B, T, _ = h.shape
-        # Chunk over time so [B, chunk, V] float32 logits stay small; recompute in backward.
-        budget = 1 << 28 if self.device.type == "cuda" else 1 << 26  # elements of fp32 logits
-        chunk = max(1, min(T, budget // max(1, B * self.vocab)))
+        # Chunk over time so [B, chunk, V] logits stay within logits_budget elements; each
+        # chunk's logits are recomputed in backward (so they are never all held at once).
+        chunk = max(1, min(T, self.logits_budget // max(1, B * self.vocab)))
 
         cap = self.softcap
 
@@ -284,7 +315,7 @@ class BaseModel:
             if train and chunk < T:
                 from torch.utils.checkpoint import checkpoint
 
-                outs.append(checkpoint(piece, hc, tc, use_reentrant=False))
+                outs.append(checkpoint(piece, hc, tc, use_reentrant=False, context_fn=self.ctx.checkpoint_contexts))
             else:
                 outs.append(piece(hc, tc))
         return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
