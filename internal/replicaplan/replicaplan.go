@@ -102,6 +102,24 @@ func (m Model) TokenBytes() int64 {
 	return m.ElemBytes * (m.Layers*m.Hidden + 2*layer + 2*m.Hidden)
 }
 
+// bound is one input's range: every product the arithmetic forms stays below 2^63 when
+// each input is within its bound.
+type bound struct {
+	name string
+	v    int64
+	max  int64
+}
+
+// check says which input is out of range, if one is.
+func check(bs []bound) error {
+	for _, b := range bs {
+		if b.v < 0 || b.v > b.max {
+			return fmt.Errorf("replicaplan: %s %d is out of range (0 to %d)", b.name, b.v, b.max)
+		}
+	}
+	return nil
+}
+
 // Make computes the plan of a model on a deployment, or says why it cannot fit: a
 // replica of cfg.Devices devices that cannot hold a sequence of MinSequence tokens (or
 // the model's maximum, when shorter) is refused with the arithmetic in the error.
@@ -115,9 +133,23 @@ func Make(m Model, cfg Config) (Plan, error) {
 	}
 	n := max(cfg.Devices, 1)
 	adapters := max(cfg.Adapters, 1)
+	if err := check([]bound{{"parameter_count", m.Params, 1 << 42}, {"bytes per weight", m.ElemBytes, 8},
+		{"num_layers", m.Layers, 1 << 10}, {"hidden_size", m.Hidden, 1 << 18}, {"intermediate_size", m.Inter, 1 << 20},
+		{"num_attention_heads", m.Heads, 1 << 10}, {"num_key_value_heads", m.KVHeads, 1 << 10}, {"head_dim", m.HeadDim, 1 << 12},
+		{"lora_parameters_per_rank", m.LoraPerRank, 1 << 32}, {"max_lora_rank", m.MaxLoraRank, 1 << 12},
+		{"logits_chunk_elements", m.LogitsChunk, 1 << 40}, {"max_sequence_length", m.MaxSeq, 1 << 24},
+		{"device memory", mem, 1 << 50}, {"devices per replica", n, 1 << 12}, {"adapters", adapters, 1 << 8}}); err != nil {
+		return Plan{}, fmt.Errorf("%s: %w", m.Name, err)
+	}
+	if m.MaxSeq < 1 {
+		return Plan{}, fmt.Errorf("%s: replicaplan: max_sequence_length 0", m.Name)
+	}
 	p := Plan{WeightBytes: m.Params * m.ElemBytes, LoraBytes: adapters * m.MaxLoraRank * m.LoraPerRank * LoraBytesPerParam,
 		HeadBytes: m.LogitsChunk * logitsBytes, TokenBytes: m.TokenBytes(), DeviceMemory: mem, Devices: n}
 	sharded := p.WeightBytes + p.LoraBytes
+	if p.TokenBytes <= 0 {
+		return Plan{}, fmt.Errorf("%s: replicaplan: the model's shape gives no activations (num_layers, hidden_size, … are 0)", m.Name)
+	}
 	// a device of n holds sharded/n + HeadBytes + S × TokenBytes
 	p.MaxSeq = min(m.MaxSeq, (mem-ceilDiv(sharded, n)-p.HeadBytes)/p.TokenBytes)
 	if free := mem - p.HeadBytes - m.MaxSeq*p.TokenBytes; free > 0 {
@@ -152,10 +184,11 @@ func (p Plan) advice() string {
 
 // Apply plans info in place for cfg: it sets devices_per_replica, device_memory_bytes,
 // replica_bytes and lowers max_sequence_length to what a replica holds. A model whose
-// backend does not report the planning fields is left as it is (planned false).
+// backend does not report the planning fields, or with no device memory configured nor
+// reported, is left as it is (planned false).
 func Apply(info *loopsv1.ModelInfo, cfg Config) (planned bool, err error) {
 	m, ok := FromInfo(info)
-	if !ok {
+	if !ok || (cfg.DeviceMemory <= 0 && m.DeviceMemory <= 0) {
 		return false, nil
 	}
 	p, err := Make(m, cfg)
@@ -171,6 +204,12 @@ func Apply(info *loopsv1.ModelInfo, cfg Config) (planned bool, err error) {
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
-func gib(b int64) string { return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30)) }
+// gib writes a size in GiB, or MiB below 1 GiB.
+func gib(b int64) string {
+	if b < 1<<30 {
+		return fmt.Sprintf("%.2f MiB", float64(b)/(1<<20))
+	}
+	return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
+}
 
 func mib(b int64) string { return fmt.Sprintf("%.3f MiB", float64(b)/(1<<20)) }

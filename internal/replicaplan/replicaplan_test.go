@@ -97,3 +97,32 @@ func TestApplySetsTheCatalogFields(t *testing.T) {
 	require.False(t, planned)
 	require.Equal(t, int32(4096), bare.GetMaxSequenceLength())
 }
+
+// FuzzMake: any inputs give a plan or an error, never a panic or an overflow; a plan's
+// replica holds what it says on each device, and no longer a sequence than the model's.
+func FuzzMake(f *testing.F) {
+	q := qwen3_8b()
+	f.Add(q.GetParameterCount(), int64(2), int64(36), int64(4096), int64(12288), int64(32), int64(8), int64(128),
+		q.GetLoraParametersPerRank(), int64(1<<28), int64(32768), int64(64), int64(24<<30), int64(2), int64(1))
+	f.Add(int64(3279616), int64(4), int64(4), int64(256), int64(768), int64(4), int64(2), int64(64), int64(20224),
+		int64(131072), int64(2048), int64(64), int64(1<<50), int64(1<<12), int64(1<<8))
+	f.Add(int64(-1), int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), int64(0))
+	f.Fuzz(func(t *testing.T, params, elem, layers, hidden, inter, heads, kv, hd, lora, chunk, maxSeq, rank, mem, devices, adapters int64) {
+		m := Model{Name: "m", Params: params, ElemBytes: elem, Layers: layers, Hidden: hidden, Inter: inter, Heads: heads,
+			KVHeads: kv, HeadDim: hd, LoraPerRank: lora, LogitsChunk: chunk, MaxSeq: maxSeq, MaxLoraRank: rank}
+		p, err := Make(m, Config{DeviceMemory: mem, Devices: devices, Adapters: adapters})
+		if err != nil {
+			return
+		}
+		require.Positive(t, p.MaxSeq)
+		require.LessOrEqual(t, p.MaxSeq, maxSeq)
+		n := p.Devices
+		perDevice := (p.WeightBytes+p.LoraBytes+n-1)/n + p.HeadBytes + p.MaxSeq*p.TokenBytes
+		require.LessOrEqual(t, perDevice, p.DeviceMemory)
+		require.Positive(t, p.ReplicaBytes)
+		if p.FullDevices > 0 {
+			full := (p.WeightBytes+p.LoraBytes+p.FullDevices-1)/p.FullDevices + p.HeadBytes + maxSeq*p.TokenBytes
+			require.LessOrEqual(t, full, p.DeviceMemory, "FullDevices hold the full context")
+		}
+	})
+}

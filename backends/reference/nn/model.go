@@ -314,6 +314,21 @@ func ropeTables[T Float](inv []float64, n int) (cos, sin []T) {
 	return cos, sin
 }
 
+// LoraParamsPerRank is the LoRA parameters of an adapter on every target per unit of rank:
+// Σ in + out over the layers' targets and lm_head (replicaplan's LoRA term).
+func (m *Model[T]) LoraParamsPerRank() int {
+	n := m.Cfg.Hidden + m.Cfg.Vocab // lm_head
+	for _, l := range m.Layers {
+		for _, li := range l.Lin {
+			n += li.In + li.Out
+		}
+	}
+	return n
+}
+
+// LogitsChunk is the number of logits the loss head computes at a time (headChunk rows).
+func (m *Model[T]) LogitsChunk() int { return headChunk * m.Cfg.Vocab }
+
 // ParamCount returns the number of base parameters.
 func (m *Model[T]) ParamCount() int {
 	n := len(m.Embed) + len(m.Norm)
