@@ -77,3 +77,15 @@ def test_chunked_head_and_checkpointing_equal_the_plain_pass(tiny_dir, checkpoin
             assert float(want_g[aid][n].abs().max()) > 0, n
             worst = max(worst, float((want_g[aid][n] - got_g[aid][n]).abs().max()))
     assert worst <= 1e-6, worst
+
+
+def test_model_info_reports_the_planning_inputs(tiny_dir):
+    """The ModelInfo fields the gateway's replica plan reads (internal/replicaplan), by hand
+    for the tiny Qwen3 (vocab 320, hidden 64, 2 layers, 4 heads and 2 kv heads of 16, MLP
+    128, untied): parameters 2·320·64 + 64 + 2 × (2·64 + 2·16 + 64·64 + 2·64·32 + 64·64 +
+    3·64·128) = 115072; LoRA per rank 64 + 320 + 2 × (128 + 96 + 96 + 128 + 3·192) = 2432."""
+    bm = BaseModel("tiny", tiny_dir, torch.device("cpu"), torch.float32, 64, logits_budget=12345)
+    i = bm.info
+    assert (i.parameter_count, i.weight_dtype, i.num_layers, i.intermediate_size) == (115072, "float32", 2, 128)
+    assert (i.num_attention_heads, i.num_key_value_heads, i.head_dim) == (4, 2, 16)
+    assert (i.lora_parameters_per_rank, i.logits_chunk_elements, i.device_memory_bytes) == (2432, 12345, 0)
