@@ -2,6 +2,8 @@
 a token threshold give the unchunked, un-checkpointed pass's log-probs, losses and LoRA
 gradients (float64, within 1e-6), and really chunk and recompute."""
 
+import functools
+
 import pytest
 import torch
 
@@ -16,6 +18,11 @@ def _datum(toks):
     w = [0.5 + (i % 3) * 0.25 for i in range(n)]
     d.loss_fn_inputs["weights"].CopyFrom(tpb.Tensor(dtype=tpb.DTYPE_FLOAT32, shape=[n], float32_data=w))
     return d
+
+
+@functools.lru_cache(maxsize=1)
+def _plain(tiny_dir):
+    return _run(tiny_dir, 0, 1 << 30)
 
 
 def _run(tiny_dir, checkpoint_tokens, logits_budget):
@@ -49,7 +56,7 @@ def _run(tiny_dir, checkpoint_tokens, logits_budget):
 
 @pytest.mark.parametrize("checkpoint_tokens,logits_budget", [(0, 320 * 7), (150, 0), (1, 320 * 5)])
 def test_chunked_head_and_checkpointing_equal_the_plain_pass(tiny_dir, checkpoint_tokens, logits_budget):
-    want, want_g, plain = _run(tiny_dir, 0, 1 << 30)
+    want, want_g, plain = _plain(tiny_dir)
     got, got_g, calls = _run(tiny_dir, checkpoint_tokens, logits_budget)
     # the plain pass: one head call per length group, each layer once per group
     assert plain == {"attn": 2, "head": 2}
