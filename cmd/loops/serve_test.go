@@ -161,13 +161,14 @@ func sessionClient(url string) loopsv1connect.SessionServiceClient {
 //	  norms + 256·256 q + 2·256·128 k, v + 256·256 o + 3·256·768 MLP) = 3279616
 //	  → weights 13118464 B
 //	LoRA per rank: 256 + 512 (lm_head) + 4 × (512 + 2·384 + 512 + 2·1024 + 1024) = 20224
-//	  → rank 64: 64 × 20224 × 16 B = 20709376 B; sharded total 33827840 B
+//	  → rank 64: 64 × 20224 × 16 B = 20709376 B (on each device)
 //	loss head: 256 rows × 512 logits × 8 B = 1048576 B
 //	per token: 4 B × (4·256 + 2·(5·256 + 2·256 + 2·128 + 3·768) + 2·256) = 40960 B
 //
-// 0.1 GiB = 107374182 B: (107374182 − 33827840 − 1048576) / 40960 = 1769.96 → 1769 tokens;
-// the full 2048 tokens (83886080 B) leave 107374182 − 1048576 − 83886080 = 22439526 B per
-// device for the sharded 33827840 B: ⌈1.51⌉ = 2 devices.
+// 0.1 GiB = 107374182 B: (107374182 − 13118464 − 20709376 − 1048576) / 40960 = 1769.96 →
+// 1769 tokens; the full 2048 tokens (83886080 B) leave 107374182 − 20709376 − 1048576 −
+// 83886080 = 1730150 B per device for the weights' shard: ⌈13118464 / 1730150⌉ = ⌈7.58⌉ = 8
+// devices.
 func TestServePlansReplicas(t *testing.T) {
 	url, stop := startServe(t, t.TempDir(), "--device-memory-gib", "0.1")
 	defer stop()
@@ -185,11 +186,11 @@ func TestServePlansReplicas(t *testing.T) {
 	require.Equal(t, int64(3279616), m.GetParameterCount())
 	require.Equal(t, int64(20224), m.GetLoraParametersPerRank())
 	require.Equal(t, int32(1769), m.GetMaxSequenceLength(), "what one 0.1 GiB device holds")
-	require.Equal(t, int32(2), m.GetDevicesPerReplica(), "devices for the full 2048 tokens")
+	require.Equal(t, int32(8), m.GetDevicesPerReplica(), "devices for the full 2048 tokens")
 	require.Equal(t, int64(107374182), m.GetDeviceMemoryBytes())
-	require.Equal(t, int64(33827840+1048576+1769*40960), m.GetReplicaBytes())
+	require.Equal(t, int64(13118464+20709376+1048576+1769*40960), m.GetReplicaBytes())
 
-	// 0.03 GiB = 32212254 B holds not even the sharded weights and LoRA state
+	// 0.03 GiB = 32212254 B holds not even the weights and LoRA state
 	cmd := rootCmd()
 	cmd.SetArgs([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--device-memory-gib", "0.03"})
 	err = cmd.ExecuteContext(t.Context())

@@ -49,8 +49,8 @@ type Config struct {
 
 // Plan is the arithmetic's result, with its terms.
 type Plan struct {
-	WeightBytes  int64 // Params × ElemBytes, sharded over the devices
-	LoraBytes    int64 // Adapters × MaxLoraRank × LoraPerRank × LoraBytesPerParam, sharded
+	WeightBytes  int64 // Params × ElemBytes, sharded over the devices (FSDP2)
+	LoraBytes    int64 // Adapters × MaxLoraRank × LoraPerRank × LoraBytesPerParam, on each device
 	HeadBytes    int64 // LogitsChunk × 8 on each device
 	TokenBytes   int64 // the activations of one token of a sequence, on its device
 	DeviceMemory int64
@@ -146,30 +146,31 @@ func Make(m Model, cfg Config) (Plan, error) {
 	}
 	p := Plan{WeightBytes: m.Params * m.ElemBytes, LoraBytes: adapters * m.MaxLoraRank * m.LoraPerRank * LoraBytesPerParam,
 		HeadBytes: m.LogitsChunk * logitsBytes, TokenBytes: m.TokenBytes(), DeviceMemory: mem, Devices: n}
-	sharded := p.WeightBytes + p.LoraBytes
 	if p.TokenBytes <= 0 {
 		return Plan{}, fmt.Errorf("%s: replicaplan: the model's shape gives no activations (num_layers, hidden_size, … are 0)", m.Name)
 	}
-	// a device of n holds sharded/n + HeadBytes + S × TokenBytes
-	p.MaxSeq = min(m.MaxSeq, (mem-ceilDiv(sharded, n)-p.HeadBytes)/p.TokenBytes)
-	if free := mem - p.HeadBytes - m.MaxSeq*p.TokenBytes; free > 0 {
-		p.FullDevices = ceilDiv(sharded, free)
+	// a device of n holds ⌈weights/n⌉ + LoRA state + head + S × TokenBytes
+	shard := ceilDiv(p.WeightBytes, n)
+	fixed := shard + p.LoraBytes + p.HeadBytes
+	p.MaxSeq = min(m.MaxSeq, (mem-fixed)/p.TokenBytes)
+	if free := mem - p.LoraBytes - p.HeadBytes - m.MaxSeq*p.TokenBytes; free > 0 {
+		p.FullDevices = ceilDiv(p.WeightBytes, free)
 	}
 	floor := min(int64(MinSequence), m.MaxSeq)
 	if p.MaxSeq < floor {
-		return p, fmt.Errorf("%s does not fit a replica of %d device(s) of %s: %s; each device holds %s/%d + %s = %s, "+
+		return p, fmt.Errorf("%s does not fit a replica of %d device(s) of %s: %s; each device holds %s/%d + %s + %s = %s, "+
 			"which leaves %s of its %s for activations, less than the %s (%s per token) of a %d-token sequence. %s",
-			m.Name, n, gib(mem), p.terms(m, adapters), gib(sharded), n, gib(p.HeadBytes), gib(ceilDiv(sharded, n)+p.HeadBytes),
-			gib(max(mem-ceilDiv(sharded, n)-p.HeadBytes, 0)), gib(mem), gib(floor*p.TokenBytes), mib(p.TokenBytes), floor, p.advice())
+			m.Name, n, gib(mem), p.terms(m, adapters), gib(p.WeightBytes), n, gib(p.LoraBytes), gib(p.HeadBytes), gib(fixed),
+			gib(max(mem-fixed, 0)), gib(mem), gib(floor*p.TokenBytes), mib(p.TokenBytes), floor, p.advice())
 	}
-	p.ReplicaBytes = sharded + n*(p.HeadBytes+p.MaxSeq*p.TokenBytes)
+	p.ReplicaBytes = p.WeightBytes + n*(p.LoraBytes+p.HeadBytes+p.MaxSeq*p.TokenBytes)
 	return p, nil
 }
 
 // terms writes the arithmetic's terms out.
 func (p Plan) terms(m Model, adapters int64) string {
 	return fmt.Sprintf("weights %d parameters × %d B (%s) = %s, LoRA state %d adapter(s) × rank %d × %d parameters per rank × %d B = %s "+
-		"(both sharded over the devices), loss head %d logits × %d B = %s on each device",
+		"(weights sharded over the devices, LoRA state and loss head %d logits × %d B = %s on each)",
 		m.Params, m.ElemBytes, m.WeightDType, gib(p.WeightBytes), adapters, m.MaxLoraRank, m.LoraPerRank, LoraBytesPerParam,
 		gib(p.LoraBytes), m.LogitsChunk, logitsBytes, gib(p.HeadBytes))
 }
@@ -179,7 +180,8 @@ func (p Plan) advice() string {
 		return fmt.Sprintf("Give each replica %d devices (--backend-opt gpus_per_replica=%d) for the model's full context, "+
 			"or devices with more memory (--device-memory-gib), or a smaller --max-lora-rank.", p.FullDevices, p.FullDevices)
 	}
-	return "Use devices with more memory (--device-memory-gib) or a smaller --max-lora-rank: more devices shard the weights but not a sequence's activations."
+	return "Use devices with more memory (--device-memory-gib) or a smaller --max-lora-rank: more devices shard the weights, " +
+		"not the LoRA state nor a sequence's activations."
 }
 
 // Apply plans info in place for cfg: it sets devices_per_replica, device_memory_bytes,

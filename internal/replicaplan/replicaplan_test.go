@@ -23,8 +23,8 @@ func qwen3_8b() *loopsv1.ModelInfo {
 
 // The figures below were computed by hand (docs/scale-out.md's formulas):
 //
-//	weights  8190735360 × 2 B            = 16381470720 B
-//	LoRA     64 × 2883968 × 16 B          =  2953183232 B   (sharded: 19334653952 B)
+//	weights  8190735360 × 2 B            = 16381470720 B   (sharded over the devices)
+//	LoRA     64 × 2883968 × 16 B          =  2953183232 B   (on each device)
 //	head     2^28 × 8 B                   =  2147483648 B   (2 GiB, on each device)
 //	token    2 × (36·4096 + 2·(5·4096 + 2·4096 + 2·1024 + 3·12288) + 2·4096)
 //	       = 2 × (147456 + 135168 + 8192) =      581632 B
@@ -34,35 +34,39 @@ func TestPlanMatchesHandComputation(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, int64(581632), m.TokenBytes())
 	gib := int64(1 << 30)
+	const lo, head, tok = 2953183232, 2147483648, 581632
 	for _, tc := range []struct {
 		mem, devices, maxSeq, full, replica int64
 	}{
-		// 80 GiB, 1 device: (85899345920 − 19334653952 − 2147483648) / 581632 = 110752 > 32768;
-		// full context: free 85899345920 − 2147483648 − 19058917376 = 64692944896 ≥ 19334653952: 1 device
-		{80, 1, 32768, 1, 19334653952 + 2147483648 + 19058917376},
-		// 24 GiB, 1 device: (25769803776 − 19334653952 − 2147483648) / 581632 = 7371.8;
-		// full: free 4563402752, ⌈19334653952 / 4563402752⌉ = ⌈4.24⌉ = 5
-		{24, 1, 7371, 5, 19334653952 + 2147483648 + 7371*581632},
-		// 24 GiB, 2 devices: (25769803776 − 9667326976 − 2147483648) / 581632 = 23992.6
-		{24, 2, 23992, 5, 19334653952 + 2*(2147483648+23992*581632)},
-		// 16 GiB, 4 devices: (17179869184 − 4833663488 − 2147483648) / 581632 = 17534.6; the
-		// full context (19058917376 B of activations) fits no 16 GiB device
-		{16, 4, 17534, 0, 19334653952 + 4*(2147483648+17534*581632)},
+		// 80 GiB, 1 device: (85899345920 − 16381470720 − 2953183232 − 2147483648) / 581632 =
+		// 110752 > 32768; full context: free 85899345920 − 2953183232 − 2147483648 −
+		// 19058917376 = 61739761664 ≥ 16381470720: 1 device
+		{80, 1, 32768, 1, 16381470720 + lo + head + 32768*tok},
+		// 24 GiB, 1 device: (25769803776 − 16381470720 − 2953183232 − 2147483648) / 581632 =
+		// 7371.8; full: free 25769803776 − 2953183232 − 2147483648 − 19058917376 = 1610219520,
+		// ⌈16381470720 / 1610219520⌉ = ⌈10.17⌉ = 11
+		{24, 1, 7371, 11, 16381470720 + lo + head + 7371*tok},
+		// 24 GiB, 2 devices: (25769803776 − 8190735360 − 2953183232 − 2147483648) / 581632 = 21454.2
+		{24, 2, 21454, 11, 16381470720 + 2*(lo+head+21454*tok)},
+		// 16 GiB, 4 devices: (17179869184 − 4095367680 − 2953183232 − 2147483648) / 581632 =
+		// 13726.5; the full context's 19058917376 B of activations fit no 16 GiB device
+		{16, 4, 13726, 0, 16381470720 + 4*(lo+head+13726*tok)},
 	} {
 		p, err := Make(m, Config{DeviceMemory: tc.mem * gib, Devices: tc.devices})
 		require.NoError(t, err, "%d GiB × %d", tc.mem, tc.devices)
-		require.Equal(t, Plan{WeightBytes: 16381470720, LoraBytes: 2953183232, HeadBytes: 2147483648, TokenBytes: 581632,
+		require.Equal(t, Plan{WeightBytes: 16381470720, LoraBytes: lo, HeadBytes: head, TokenBytes: tok,
 			DeviceMemory: tc.mem * gib, Devices: tc.devices, FullDevices: tc.full, MaxSeq: tc.maxSeq, ReplicaBytes: tc.replica}, p,
 			"%d GiB × %d", tc.mem, tc.devices)
 	}
 	// two resident adapters double the LoRA state
 	p, err := Make(m, Config{DeviceMemory: 80 * gib, Devices: 1, Adapters: 2})
 	require.NoError(t, err)
-	require.Equal(t, int64(2*2953183232), p.LoraBytes)
+	require.Equal(t, int64(2*lo), p.LoraBytes)
 }
 
-// A replica that cannot hold the weights (16 GiB, 1 device: 19334653952 B > 17179869184 B)
-// or a MinSequence-token sequence is refused, with the arithmetic and what to change.
+// A replica that cannot hold the weights (16 GiB, 1 device: 16381470720 + 2953183232 B >
+// 17179869184 B) or a MinSequence-token sequence is refused, with the arithmetic and what
+// to change.
 func TestPlanRefusesWhatCannotFit(t *testing.T) {
 	m, _ := FromInfo(qwen3_8b())
 	_, err := Make(m, Config{DeviceMemory: 16 << 30, Devices: 1})
@@ -72,11 +76,13 @@ func TestPlanRefusesWhatCannotFit(t *testing.T) {
 		"loss head 268435456 logits × 8 B = 2.00 GiB", "0.555 MiB per token", "1024-token sequence", "more memory"} {
 		require.Contains(t, err.Error(), want)
 	}
-	// 20 GiB, 1 device: 21474836480 − 19334653952 − 2147483648 < 0: refused; the full
-	// context leaves 21474836480 − 2147483648 − 19058917376 = 268435456 B per device for
-	// the sharded 19334653952 B: ⌈72.03⌉ = 73 devices
+	// the model cut to 4096 tokens, 20 GiB, 1 device: 21474836480 − 16381470720 −
+	// 2953183232 − 2147483648 < 0: refused; its full context leaves 21474836480 −
+	// 2953183232 − 2147483648 − 4096·581632 = 13991804928 B per device for the weights'
+	// shard: ⌈16381470720 / 13991804928⌉ = ⌈1.17⌉ = 2 devices
+	m.MaxSeq = 4096
 	_, err = Make(m, Config{DeviceMemory: 20 << 30, Devices: 1})
-	require.ErrorContains(t, err, "Give each replica 73 devices (--backend-opt gpus_per_replica=73)")
+	require.ErrorContains(t, err, "Give each replica 2 devices (--backend-opt gpus_per_replica=2)")
 	_, err = Make(m, Config{})
 	require.ErrorContains(t, err, "no device memory configured")
 }
@@ -87,8 +93,8 @@ func TestApplySetsTheCatalogFields(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, planned)
 	want := qwen3_8b()
-	want.DevicesPerReplica, want.DeviceMemoryBytes, want.MaxSequenceLength = 5, 24<<30, 23992
-	want.ReplicaBytes = 19334653952 + 2*(2147483648+23992*581632)
+	want.DevicesPerReplica, want.DeviceMemoryBytes, want.MaxSequenceLength = 11, 24<<30, 21454
+	want.ReplicaBytes = 16381470720 + 2*(2953183232+2147483648+21454*581632)
 	require.Empty(t, cmp.Diff(want, info, protocmp.Transform()))
 	// a backend that does not report the model's size is not planned
 	bare := &loopsv1.ModelInfo{Name: "x", MaxSequenceLength: 4096}
@@ -117,11 +123,11 @@ func FuzzMake(f *testing.F) {
 		require.Positive(t, p.MaxSeq)
 		require.LessOrEqual(t, p.MaxSeq, maxSeq)
 		n := p.Devices
-		perDevice := (p.WeightBytes+p.LoraBytes+n-1)/n + p.HeadBytes + p.MaxSeq*p.TokenBytes
+		perDevice := (p.WeightBytes+n-1)/n + p.LoraBytes + p.HeadBytes + p.MaxSeq*p.TokenBytes
 		require.LessOrEqual(t, perDevice, p.DeviceMemory)
 		require.Positive(t, p.ReplicaBytes)
 		if p.FullDevices > 0 {
-			full := (p.WeightBytes+p.LoraBytes+p.FullDevices-1)/p.FullDevices + p.HeadBytes + maxSeq*p.TokenBytes
+			full := (p.WeightBytes+p.FullDevices-1)/p.FullDevices + p.LoraBytes + p.HeadBytes + maxSeq*p.TokenBytes
 			require.LessOrEqual(t, full, p.DeviceMemory, "FullDevices hold the full context")
 		}
 	})

@@ -78,7 +78,7 @@ func run(dir string, n, ckpt, rank, threads int) error {
 	for _, l := range out[0].Loss {
 		loss += l
 	}
-	return json.NewEncoder(os.Stdout).Encode(result{Engine: "reference", Tokens: n, Checkpoint: ckpt >= 0 && (ckpt > 0 || n >= nn.DefaultCheckpointRows),
+	return json.NewEncoder(os.Stdout).Encode(result{Engine: "reference", Tokens: n, Checkpoint: (ckpt == 0 && n >= nn.DefaultCheckpointRows) || (ckpt > 0 && n >= ckpt),
 		StepSeconds: dt.Seconds(), PeakRSSMiB: peak, RSSBeforeMiB: before, Loss: loss, Threads: threads, CheckpointRow: ckpt})
 }
 
