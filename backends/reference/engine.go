@@ -243,6 +243,10 @@ func (e *Engine) loadModel(name string) (*baseModel, error) {
 		Backend: Implementation, HiddenSize: int32(m.Cfg.Hidden), LoraTargets: nn.LoraTargets(&m.Cfg),
 		Modalities:     []string{"text"}, // the engine serves text decoders only
 		TiedEmbeddings: m.Cfg.Tied,
+		// replica planning (internal/replicaplan): the engine holds weights and activations in float32
+		ParameterCount: int64(m.ParamCount()), WeightDtype: "float32", NumLayers: int32(m.Cfg.Layers),
+		IntermediateSize: int32(m.Cfg.Inter), NumAttentionHeads: int32(m.Cfg.Heads), NumKeyValueHeads: int32(m.Cfg.KVHeads),
+		HeadDim: int32(m.Cfg.HeadDim), LoraParametersPerRank: int64(m.LoraParamsPerRank()), LogitsChunkElements: int64(m.LogitsChunk()),
 	}
 	if f, ok := nn.Families[m.Cfg.ModelType]; ok {
 		bm.info.Family, bm.info.Publisher, bm.info.Renderer = f.Name, f.Publisher, f.Renderer

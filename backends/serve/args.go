@@ -41,7 +41,8 @@ const LogLevelEnv = "LOOPS_WORKER_LOG"
 // pythonOnly are flags of the Python worker that the Go worker has no use for.
 var pythonOnly = map[string]bool{"dtype": true, "sampler": true, "attn-implementation": true, "grad-checkpointing": true,
 	"no-grad-checkpointing": true, "vllm-gpu-memory-utilization": true, "vllm-max-loras": true,
-	"vllm-max-model-len": true, "vllm-enforce-eager": true, "grpc-threads": true}
+	"vllm-max-model-len": true, "vllm-enforce-eager": true, "grpc-threads": true,
+	"checkpoint-tokens": true, "logits-budget": true}
 
 var poolIDRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
 

@@ -59,7 +59,8 @@ func cookbookRenderer(name string) (renderer string, auto bool) {
 // family's renderer (ModelInfo.renderer) when the backend names one.
 func printModels(w io.Writer, models []*loopsv1.ModelInfo) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MODEL\tFAMILY\tPUBLISHER\tARCH\tMODALITIES\tMAX SEQ LEN\tVOCAB\tMAX LORA RANK\tBACKEND\tCOOKBOOK RENDERER")
+	fmt.Fprintln(tw, "MODEL\tFAMILY\tPUBLISHER\tARCH\tMODALITIES\tMAX SEQ LEN\tVOCAB\tMAX LORA RANK\tPARAMS\tDTYPE\tDEVICES/REPLICA\tBACKEND\tCOOKBOOK RENDERER")
+	planned := false
 	var hint *loopsv1.ModelInfo
 	hintRenderer := ""
 	for _, m := range models {
@@ -76,11 +77,17 @@ func printModels(w io.Writer, models []*loopsv1.ModelInfo) error {
 		case hint == nil:
 			hint, hintRenderer = m, renderer
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", m.GetName(), dash(m.GetFamily()), dash(m.GetPublisher()),
-			m.GetArchitecture(), dash(strings.Join(m.GetModalities(), ",")), m.GetMaxSequenceLength(), m.GetVocabSize(), m.GetMaxLoraRank(), m.GetBackend(), col)
+		planned = planned || m.GetDeviceMemoryBytes() > 0
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", m.GetName(), dash(m.GetFamily()), dash(m.GetPublisher()),
+			m.GetArchitecture(), dash(strings.Join(m.GetModalities(), ",")), m.GetMaxSequenceLength(), m.GetVocabSize(), m.GetMaxLoraRank(),
+			params(m.GetParameterCount()), dash(m.GetWeightDtype()), devices(m), m.GetBackend(), col)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if planned {
+		fmt.Fprint(w, "\nDEVICES/REPLICA: devices of that memory one replica needs for the model's full context, one adapter of MAX LORA RANK; "+
+			"MAX SEQ LEN: the longest sequence a replica of the configured size holds (docs/scale-out.md).\n")
 	}
 	if hint != nil {
 		fmt.Fprintf(w, "\ntinker-cookbook looks a renderer up by model name and does not know these models "+
@@ -89,4 +96,31 @@ func printModels(w io.Writer, models []*loopsv1.ModelInfo) error {
 			hint.GetName(), hintRenderer)
 	}
 	return nil
+}
+
+// params writes a parameter count in billions or millions ("8.19B", "0.6M"); "-" for 0.
+func params(n int64) string {
+	switch {
+	case n <= 0:
+		return "-"
+	case n >= 1e9:
+		return fmt.Sprintf("%.2fB", float64(n)/1e9)
+	default:
+		return fmt.Sprintf("%.2fM", float64(n)/1e6)
+	}
+}
+
+// devices writes a planned model's devices per replica and their memory ("2 × 80 GiB");
+// "none" when no number of devices holds its full context (a sequence is not split), "-"
+// when the model was not planned.
+func devices(m *loopsv1.ModelInfo) string {
+	mem := m.GetDeviceMemoryBytes()
+	switch {
+	case mem <= 0:
+		return "-"
+	case m.GetDevicesPerReplica() <= 0:
+		return fmt.Sprintf("none of %.4g GiB", float64(mem)/(1<<30))
+	default:
+		return fmt.Sprintf("%d × %.4g GiB", m.GetDevicesPerReplica(), float64(mem)/(1<<30))
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/prices"
 	"github.com/loops-dev/loops/internal/imagefetch"
+	"github.com/loops-dev/loops/internal/replicaplan"
 	"github.com/loops-dev/loops/internal/telemetry"
 	"github.com/spf13/cobra"
 )
@@ -68,6 +70,10 @@ type serveFlags struct {
 	// --train-concurrency: the piece size of forward/backward work and the batches of one
 	// base model that run at once (core.Options.ChunkTokens, LaneConcurrency).
 	trainChunkTokens, trainConcurrency int
+	// deviceMemoryGiB is --device-memory-gib: the memory of one device, for planning the
+	// replicas (internal/replicaplan); 0: what the backend reports (a GPU worker its
+	// device's), else the models are not planned.
+	deviceMemoryGiB float64
 	// maxReceiptSteps and maxRecordDataBytes bound each run's receipt and recorded batches
 	// (docs/receipts.md).
 	maxReceiptSteps    int
@@ -180,6 +186,7 @@ file at start refuses to start. See "Prices" in docs/operations.md.`,
 	fl.IntVar(&f.samplerSlots, "sampler-slots", 0, "sampling calls that run at once, decoded together by a batching backend (0: the default, 4); serving many concurrent inference requests wants about one per request in flight (bench/serving)")
 	fl.IntVar(&f.maxReceiptSteps, "max-receipt-steps", 100000, "steps a run's receipt lists at most (forward_backward, optim_step, saves, loads); past it the receipt says truncated (docs/receipts.md)")
 	fl.Int64Var(&f.maxRecordDataBytes, "max-record-data-bytes", 1<<30, "bytes of batches a run created with record_data keeps in the checkpoint store at most; past it recording stops and the receipt says why (docs/receipts.md)")
+	fl.Float64Var(&f.deviceMemoryGiB, "device-memory-gib", 0, fmt.Sprintf("memory of one device (GiB) the models' replicas are planned for: loops models shows the devices a replica needs and the longest sequence a replica of --backend-opt gpus_per_replica devices (else 1) holds, and a model that cannot fit stops the server (0: the GPU worker's report, else no planning; at most %d)", maxDeviceMemoryGiB))
 	fl.IntVar(&f.trainChunkTokens, "train-chunk-tokens", core.DefaultChunkTokens, fmt.Sprintf("forward/backward work runs in pieces of whole datums of at most this many tokens, scheduled fairly between workspaces piece by piece: bigger pieces cost less per token, smaller ones make another workspace wait less behind a big step (%d to %d; bench/fairness)", core.MinChunkTokens, core.MaxChunkTokens))
 	fl.IntVar(&f.trainConcurrency, "train-concurrency", core.DefaultLaneConcurrency, fmt.Sprintf("forward/backward batches of one base model that run at once, at most one per workspace (1 to %d)", core.MaxLaneConcurrency))
 	fl.IntVar(&f.maxLoraRank, "max-lora-rank", 64, "largest LoRA rank accepted")
@@ -288,6 +295,9 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if f.trainChunkTokens < core.MinChunkTokens || f.trainChunkTokens > core.MaxChunkTokens {
 		return fmt.Errorf("--train-chunk-tokens %d is out of range: use %d to %d", f.trainChunkTokens, core.MinChunkTokens, core.MaxChunkTokens)
 	}
+	if !(f.deviceMemoryGiB >= 0 && f.deviceMemoryGiB <= maxDeviceMemoryGiB) {
+		return fmt.Errorf("--device-memory-gib %g is out of range: use 0 (not set) to %d", f.deviceMemoryGiB, maxDeviceMemoryGiB)
+	}
 	if f.drainDelay < 0 || f.drainDelay > maxDrainDelay {
 		return fmt.Errorf("--drain-delay %v is out of range: use 0 to %s (the shutdown grace is %s)", f.drainDelay, maxDrainDelay, shutdownGrace)
 	}
@@ -394,7 +404,8 @@ func runServe(ctx context.Context, f serveFlags) error {
 		Keys: keys,
 		Core: core.Options{SessionTTL: f.sessionTTL, Policy: pol, Prices: sheet, CheckpointStore: cks, SamplingConcurrency: f.samplerSlots, RecoverSteps: f.stepRecovery,
 			FairnessTarget: f.fairnessTarget, ChunkTokens: f.trainChunkTokens, LaneConcurrency: f.trainConcurrency,
-			Limits: core.Limits{MaxReceiptStepsPerRun: f.maxReceiptSteps, MaxRecordDataBytesPerRun: int(f.maxRecordDataBytes)}},
+			Replica: replicaConfig(f.deviceMemoryGiB, backendOpts),
+			Limits:  core.Limits{MaxReceiptStepsPerRun: f.maxReceiptSteps, MaxRecordDataBytesPerRun: int(f.maxRecordDataBytes)}},
 		Limits: gateway.Limits{
 			BodyReadTimeout:   f.bodyReadTimeout,
 			MaxRequestsPerKey: f.maxRequestsPerKey,
@@ -506,4 +517,18 @@ func defaultDataDir() string {
 		return filepath.Join(h, ".local", "share", "loops")
 	}
 	return "loops-data"
+}
+
+// maxDeviceMemoryGiB bounds --device-memory-gib (a host's memory, for the CPU engine, fits).
+const maxDeviceMemoryGiB = 1 << 16
+
+// replicaConfig is the deployment the models are planned for: --device-memory-gib per
+// device and the pool's gpus_per_replica devices (1 when unset or 0: a CPU replica is one
+// device, its host's memory; the backend checks the option's value itself).
+func replicaConfig(memGiB float64, backendOpts map[string]string) replicaplan.Config {
+	devices := int64(1)
+	if n, err := strconv.ParseInt(backendOpts["gpus_per_replica"], 10, 32); err == nil && n > 0 {
+		devices = n
+	}
+	return replicaplan.Config{DeviceMemory: int64(memGiB * (1 << 30)), Devices: devices}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/loops-dev/loops/gateway/store/postgres/pgtest"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
+	"github.com/loops-dev/loops/internal/replicaplan"
 )
 
 // TestServeDatabaseSurvivesRestart starts loops serve on each store, creates a session,
@@ -150,4 +151,63 @@ func sessionClient(url string) loopsv1connect.SessionServiceClient {
 				return next(ctx, req)
 			}
 		})))
+}
+
+// TestServePlansReplicas: with --device-memory-gib the catalog says what a replica of
+// loops/tiny needs and holds, and a device too small for it stops loops serve with the
+// arithmetic. loops/tiny on the reference engine (float32), computed by hand:
+//
+//	parameters 512·256 (tied embedding) + 256 (final norm) + 4 × (2·256 norms + 2·64 q/k
+//	  norms + 256·256 q + 2·256·128 k, v + 256·256 o + 3·256·768 MLP) = 3279616
+//	  → weights 13118464 B
+//	LoRA per rank: 256 + 512 (lm_head) + 4 × (512 + 2·384 + 512 + 2·1024 + 1024) = 20224
+//	  → rank 64: 64 × 20224 × 16 B = 20709376 B (on each device)
+//	loss head: 256 rows × 512 logits × 8 B = 1048576 B
+//	per token: 4 B × (4·256 + 2·(5·256 + 2·256 + 2·128 + 3·768) + 2·256) = 40960 B
+//
+// 0.1 GiB = 107374182 B: (107374182 − 13118464 − 20709376 − 1048576) / 40960 = 1769.96 →
+// 1769 tokens; the full 2048 tokens (83886080 B) leave 107374182 − 20709376 − 1048576 −
+// 83886080 = 1730150 B per device for the weights' shard: ⌈13118464 / 1730150⌉ = ⌈7.58⌉ = 8
+// devices.
+func TestServePlansReplicas(t *testing.T) {
+	url, stop := startServe(t, t.TempDir(), "--device-memory-gib", "0.1")
+	defer stop()
+	cl := loopsv1connect.NewModelServiceClient(http.DefaultClient, url, connect.WithInterceptors(
+		connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+			return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+				req.Header().Set("X-API-Key", "tml-serve-test")
+				return next(ctx, req)
+			}
+		})))
+	resp, err := cl.ListModels(t.Context(), &loopsv1.ListModelsRequest{})
+	require.NoError(t, err)
+	require.Len(t, resp.GetModels(), 1)
+	m := resp.GetModels()[0]
+	require.Equal(t, int64(3279616), m.GetParameterCount())
+	require.Equal(t, int64(20224), m.GetLoraParametersPerRank())
+	require.Equal(t, int32(1769), m.GetMaxSequenceLength(), "what one 0.1 GiB device holds")
+	require.Equal(t, int32(8), m.GetDevicesPerReplica(), "devices for the full 2048 tokens")
+	require.Equal(t, int64(107374182), m.GetDeviceMemoryBytes())
+	require.Equal(t, int64(13118464+20709376+1048576+1769*40960), m.GetReplicaBytes())
+
+	// 0.03 GiB = 32212254 B holds not even the weights and LoRA state
+	cmd := rootCmd()
+	cmd.SetArgs([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--device-memory-gib", "0.03"})
+	err = cmd.ExecuteContext(t.Context())
+	require.ErrorContains(t, err, "loops/tiny does not fit a replica of 1 device(s) of 30.72 MiB")
+	require.ErrorContains(t, err, "weights 3279616 parameters × 4 B (float32) = 12.51 MiB")
+	require.ErrorContains(t, err, "LoRA state 1 adapter(s) × rank 64 × 20224 parameters per rank × 16 B = 19.75 MiB")
+	require.ErrorContains(t, err, "(0.039 MiB per token) of a 1024-token sequence")
+	// the full 2048 tokens' activations (80 MiB) fit no such device, however many
+	require.ErrorContains(t, err, "Use devices with more memory (--device-memory-gib)")
+	cmd = rootCmd()
+	cmd.SetArgs([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--device-memory-gib", "-1"})
+	require.ErrorContains(t, cmd.ExecuteContext(t.Context()), "--device-memory-gib -1 is out of range")
+}
+
+// The replica's devices are the pool's gpus_per_replica (1 for a CPU replica).
+func TestReplicaConfig(t *testing.T) {
+	require.Equal(t, replicaplan.Config{DeviceMemory: 80 << 30, Devices: 4}, replicaConfig(80, map[string]string{"gpus_per_replica": "4"}))
+	require.Equal(t, replicaplan.Config{DeviceMemory: 3 << 29, Devices: 1}, replicaConfig(1.5, map[string]string{"gpus_per_replica": "0"}))
+	require.Equal(t, replicaplan.Config{Devices: 1}, replicaConfig(0, nil))
 }

@@ -27,9 +27,11 @@ import (
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/lifecycle"
 	"github.com/loops-dev/loops/internal/lockorder"
+	"github.com/loops-dev/loops/internal/replicaplan"
 	"github.com/loops-dev/loops/internal/semantics"
 	"github.com/loops-dev/loops/internal/telemetry"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
 )
 
 // spillFolder is where the slot table offloads adapters, under the data dir.
@@ -126,6 +128,12 @@ type Options struct {
 	// RecoverSteps keeps step recovery (recovery.go) for the runs of every base model, not
 	// only those the backend places on preemptible replicas (backends.Preemptible).
 	RecoverSteps bool
+	// Replica is the deployment the catalog's models are planned for (loops serve
+	// --device-memory-gib and the pool's gpus_per_replica; internal/replicaplan): each
+	// model's devices_per_replica and max_sequence_length (what a replica can hold) come
+	// from it, and a model a replica cannot hold stops New. With no device memory
+	// configured nor reported by the backend, models are not planned.
+	Replica replicaplan.Config
 	// RecoveryTimeout bounds how long a run whose replica was lost waits for its adapter to
 	// be rebuilt on another one (default 5 min); then its task fails and the run is marked
 	// corrupted.
@@ -327,6 +335,10 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 		return nil, fmt.Errorf("core: asking the backend for its capabilities: %w", err)
 	}
 	for _, m := range caps.GetModels() {
+		m = proto.Clone(m).(*loopsv1.ModelInfo) // planned: its max_sequence_length is what a replica holds
+		if _, err := replicaplan.Apply(m, opts.Replica); err != nil {
+			return nil, fmt.Errorf("core: %w", err)
+		}
 		c.models[m.GetName()] = m
 	}
 	if caps.GetCheckpointUrls() {

@@ -266,6 +266,11 @@ type Model[T Float] struct {
 	// cosL, sinL are the sliding-window layers' rotary tables (Gemma 3's local base
 	// frequency); nil when every layer uses cos and sin.
 	cosL, sinL []T
+	// CheckpointRows is the number of rows from which a training pass checkpoints its
+	// layers (recomputes each layer's activations in the backward pass instead of keeping
+	// them all): 0 means DefaultCheckpointRows, a negative number never. Losses and
+	// gradients are the same bits either way.
+	CheckpointRows int
 	// packs holds the weights packed for decoding (packed.go), built at the first
 	// decoding step: the weights must not change after construction.
 	packs *weightPacks
@@ -327,6 +332,31 @@ func ropeTables[T Float](inv []float64, n int) (cos, sin []T) {
 	}
 	return cos, sin
 }
+
+// LoraParamsPerRank is the LoRA parameters of an adapter on every target per unit of rank:
+// Σ in + out over the layers' targets and lm_head (replicaplan's LoRA term).
+func (m *Model[T]) LoraParamsPerRank() int {
+	n := m.Cfg.Hidden + m.Cfg.Vocab // lm_head
+	for _, l := range m.Layers {
+		for t, li := range l.Lin {
+			if Target(t) > TO && m.Cfg.moe.on {
+				continue // a MoE model's MLP LoRA is its experts' (NewAdapter): dense MLP layers are not adapted
+			}
+			n += li.In + li.Out
+		}
+		if l.MoE != nil { // rank r per expert on each expert target (ExpertLoRA)
+			for _, e := range [][]Linear[T]{l.MoE.GateUp, l.MoE.Down} {
+				for _, li := range e {
+					n += li.In + li.Out
+				}
+			}
+		}
+	}
+	return n
+}
+
+// LogitsChunk is the number of logits the loss head computes at a time (headChunk rows).
+func (m *Model[T]) LogitsChunk() int { return headChunk * m.Cfg.Vocab }
 
 // ParamCount returns the number of base parameters.
 func (m *Model[T]) ParamCount() int {

@@ -452,3 +452,19 @@ func FuzzLoadMoEAdapter(f *testing.F) {
 func regexpReplace(s, pat, with string) string {
 	return regexp.MustCompile(pat).ReplaceAllString(s, with)
 }
+
+// LoraParamsPerRank (the replica plan's LoRA size) counts what an adapter of every target
+// holds per unit of rank, the experts' LoRA included (rank r per expert).
+func TestLoraParamsPerRank(t *testing.T) {
+	for name, cfg := range map[string]Config{"dense": microConfig(false), "qwen3_moe": moeMicro(true)} {
+		m, err := NewRandom[float64](cfg, RandomOptions{QKNorm: true, Std: 0.3, Seed: 3})
+		require.NoError(t, err)
+		a, err := NewAdapter(m, LoraConfig{Rank: 3, Seed: 1, Attn: true, MLP: true, Unembed: true})
+		require.NoError(t, err)
+		n := 0
+		for _, p := range a.Params {
+			n += len(p.W)
+		}
+		require.Equal(t, n, 3*m.LoraParamsPerRank(), name)
+	}
+}

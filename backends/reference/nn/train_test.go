@@ -188,3 +188,66 @@ func TestTrainingStepAllocatesOnlyItsOutputs(t *testing.T) {
 	allocs = testing.AllocsPerRun(3, func() { m.ForwardBackward(seqs, testLoss, false) })
 	require.LessOrEqual(t, allocs, float64(1+2*len(seqs)), "forward-only pass")
 }
+
+// TestCheckpointedPassIsBitIdentical: a training pass that recomputes each layer in the
+// backward pass (CheckpointRows) gives the same bits as one that keeps every layer's
+// activations: log-probs, losses and every LoRA gradient, for two adapters (one with the
+// unembedding LoRA of a tied model, which also adapts the embedding lookup), two targets
+// per position, rows over several head chunks, Qwen3's q/k norms and Gemma 3's post-norms
+// and sliding window.
+func TestCheckpointedPassIsBitIdentical(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		opts RandomOptions
+	}{
+		{"qwen3-tied", microConfig(true), RandomOptions{QKNorm: true, Std: 0.3, Seed: 7}},
+		{"qwen2-bias", microConfig(false), RandomOptions{AttnBias: true, Std: 0.3, Seed: 8}},
+		{"gemma3", gemmaMicro(), RandomOptions{Std: 0.3, Seed: 9}},
+		{"qwen3_moe", moeMicro(true), RandomOptions{QKNorm: true, Std: 0.3, Seed: 10}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := NewRandom[float64](tc.cfg, tc.opts)
+			require.NoError(t, err)
+			if tc.cfg.ModelType == gemma3Type {
+				require.NotNil(t, m.Layers[0].PostAttnNorm, "the Gemma 3 layers have post-norms")
+			}
+			a1, err := NewAdapter(m, LoraConfig{Rank: 3, Seed: 1, Attn: true, MLP: true, Unembed: true})
+			require.NoError(t, err)
+			a2, err := NewAdapter(m, LoraConfig{Rank: 2, Seed: 2, Attn: true, MLP: true})
+			require.NoError(t, err)
+			randomizeAdapter(a1, 3, 0.2)
+			randomizeAdapter(a2, 4, 0.2)
+			r := rand.New(rand.NewPCG(4, 4))
+			var seqs []Seq[float64]
+			for i, n := range []int{60, 64, 50, 63, 40, 47} { // 324 rows: two head chunks
+				ad, k := a1, 1
+				if i%3 == 1 {
+					ad, k = a2, 2
+				}
+				toks, tg := randSeq(r, n, m.Cfg.Vocab, k)
+				seqs = append(seqs, Seq[float64]{Tokens: toks, Targets: tg, K: k, Adapter: ad})
+			}
+			run := func(rows int) ([]Output, *Adapter[float64], *Adapter[float64]) {
+				b1, b2 := a1.Clone(), a2.Clone()
+				ss := append([]Seq[float64](nil), seqs...)
+				for i := range ss {
+					ss[i].Adapter = map[*Adapter[float64]]*Adapter[float64]{a1: b1, a2: b2}[ss[i].Adapter]
+				}
+				m.CheckpointRows = rows
+				defer func() { m.CheckpointRows = 0 }()
+				return m.ForwardBackward(ss, testLoss, true), b1, b2
+			}
+			o1, k1, k2 := run(-1)
+			o2, c1, c2 := run(100)
+			require.Equal(t, o1, o2, "log-probs and losses")
+			for i := range k1.Params {
+				require.NotZero(t, k1.Params[i].G[0]+k1.Params[i].G[len(k1.Params[i].G)-1], k1.Params[i].Name)
+				require.Equal(t, k1.Params[i].G, c1.Params[i].G, k1.Params[i].Name)
+			}
+			for i := range k2.Params {
+				require.Equal(t, k2.Params[i].G, c2.Params[i].G, k2.Params[i].Name)
+			}
+		})
+	}
+}

@@ -47,9 +47,12 @@ def build(args):
         name, _, path = spec.partition("=")
         if name in models:
             continue
+        # checkpointing: every training pass on GPU, from --checkpoint-tokens tokens on CPU
         gc = args.grad_checkpointing if args.grad_checkpointing is not None else device.type == "cuda"
+        ck = args.checkpoint_tokens if args.grad_checkpointing is not False else 0
         models[name] = BaseModel(name, path or None, device, dtype, args.max_lora_rank,
-                                 attn_impl=args.attn_implementation, grad_checkpointing=gc)
+                                 attn_impl=args.attn_implementation, grad_checkpointing=gc,
+                                 checkpoint_tokens=ck, logits_budget=args.logits_budget)
         order.append(name)
     engine = Engine(models, order, max_lora_rank=args.max_lora_rank, max_adapters=args.max_adapters)
     if args.world_size > 1:
@@ -88,6 +91,12 @@ def parser() -> argparse.ArgumentParser:
                    help="transformers' attn_implementation; auto = the family's (sdpa, or eager where the family has no sdpa: gpt-oss)")
     p.add_argument("--grad-checkpointing", dest="grad_checkpointing", action="store_true", default=None)
     p.add_argument("--no-grad-checkpointing", dest="grad_checkpointing", action="store_false")
+    p.add_argument("--checkpoint-tokens", type=int, default=None,
+                   help="a training pass over at least this many tokens recomputes each layer in backward "
+                        "(activation checkpointing; default engine.DEFAULT_CHECKPOINT_TOKENS, 4096; "
+                        "--grad-checkpointing: every pass, the GPU default; 0: never)")
+    p.add_argument("--logits-budget", type=int, default=0,
+                   help="elements of logits the loss head computes at a time (0: 2^26 on CPU, 2^28 on GPU)")
     p.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.4)
     p.add_argument("--vllm-max-loras", type=int, default=8)
     p.add_argument("--vllm-max-model-len", type=int, default=0)

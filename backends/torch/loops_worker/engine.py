@@ -25,6 +25,15 @@ from .proto import tpb
 from .revision import dir_revision
 
 MAX_SEQ_CAP = 32768
+# A training pass over at least this many tokens (rows × padded length) checkpoints its
+# decoder layers on CPU (nn.DefaultCheckpointRows): each layer's input is kept and the layer
+# recomputed in backward. GPUs checkpoint every training pass (the worker's default there).
+DEFAULT_CHECKPOINT_TOKENS = 4096
+# Elements of float32 logits the loss head computes at a time (rows of the chunk × vocab):
+# the logits of a long sequence are never materialised at once; each chunk's are recomputed
+# in backward.
+DEFAULT_LOGITS_BUDGET_CPU = 1 << 26
+DEFAULT_LOGITS_BUDGET_CUDA = 1 << 28
 DEFAULT_CLIP_LOW = 0.8
 DEFAULT_CLIP_HIGH = 1.2
 DEFAULT_DRO_BETA = 0.05
@@ -110,7 +119,8 @@ class BaseModel:
 
     def __init__(self, name: str, path: Optional[str], device: torch.device, dtype: torch.dtype,
                  max_lora_rank: int, attn_impl: str = "auto", grad_checkpointing: bool = False,
-                 model=None, pad: Optional[bool] = None):
+                 model=None, pad: Optional[bool] = None, checkpoint_tokens: Optional[int] = None,
+                 logits_budget: int = 0):
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
         self.name = name
@@ -154,14 +164,30 @@ class BaseModel:
         self.model.requires_grad_(False)
         # the language model's config (a full VL model's text_config)
         self.config = families.text_config(self.model.config) if self.full_vl else self.model.config
-        self.grad_checkpointing = grad_checkpointing
+        # Activation checkpointing: a training pass over at least checkpoint_tokens tokens
+        # (rows × padded length) recomputes each decoder layer in backward (None:
+        # DEFAULT_CHECKPOINT_TOKENS; 0: never; grad_checkpointing: every training pass). Only the decoder layers are put in
+        # training mode for it (transformers checkpoints a layer only then); their modules
+        # stay in eval mode, so no dropout: the same values either way.
+        if checkpoint_tokens is None:
+            checkpoint_tokens = DEFAULT_CHECKPOINT_TOKENS
+        self.checkpoint_tokens = 1 if grad_checkpointing else max(0, int(checkpoint_tokens))
+        self.grad_checkpointing = self.checkpoint_tokens > 0
+        if logits_budget <= 0:
+            logits_budget = DEFAULT_LOGITS_BUDGET_CUDA if device.type == "cuda" else DEFAULT_LOGITS_BUDGET_CPU
+        self.logits_budget = int(logits_budget)
         self.pad = device.type == "cuda" if pad is None else pad
-        if grad_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ctx = BatchContext(torch.float64 if device.type == "cpu" else None)
         # a multi-rank replica's process group and gradient anchor (shard.shard_model)
         self.dist = None
         self.anchor: Optional[torch.Tensor] = None
+        self._ck_layers: List[torch.nn.Module] = []
+        if self.grad_checkpointing:
+            from transformers.modeling_layers import GradientCheckpointingLayer
+
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
+                "use_reentrant": False, "context_fn": self.ctx.checkpoint_contexts})
+            self._ck_layers = [m for m in self.model.modules() if isinstance(m, GradientCheckpointingLayer)]
         # {PEFT key: MultiLoraLinear or ExpertTarget}, the family's LoRA targets in model order
         # (a full VL model's module names are already the VL names; only its language model
         # and head are adapted, never the vision tower)
@@ -217,9 +243,28 @@ class BaseModel:
             lora_targets=list(dict.fromkeys(t.target for t in self.layers.values())),
             modalities=list(MODALITIES) + ([IMAGE] if self.images is not None else []),
             tied_embeddings=bool(self.tied),
-            language_model_prefix=families.VL_PREFIX if self.vision_checkpoint else "")
+            language_model_prefix=families.VL_PREFIX if self.vision_checkpoint else "", **self._plan_fields())
         if self.images is not None:
             self.info.vision.CopyFrom(self.images.info())
+
+    def _plan_fields(self) -> dict:
+        """ModelInfo's replica-planning inputs (the gateway's internal/replicaplan does the
+        arithmetic): the model's size, dtype and shape, its LoRA parameters per unit of rank,
+        the loss head's chunk and, on a GPU, the device's memory."""
+        c = self.config
+        heads = int(getattr(c, "num_attention_heads", 0) or 0)
+        hidden = int(getattr(c, "hidden_size", 0) or 0)
+        head_dim = int(getattr(c, "head_dim", 0) or 0) or (hidden // heads if heads else 0)
+        mem = 0
+        if self.device.type == "cuda":
+            mem = int(torch.cuda.get_device_properties(self.device).total_memory)
+        return dict(
+            parameter_count=sum(p.numel() for p in self.model.parameters()),  # a tied weight once
+            weight_dtype=str(self.dtype).removeprefix("torch."), num_layers=self.num_layers,
+            intermediate_size=int(getattr(c, "intermediate_size", 0) or 0), num_attention_heads=heads,
+            num_key_value_heads=int(getattr(c, "num_key_value_heads", 0) or heads), head_dim=head_dim,
+            lora_parameters_per_rank=sum((t.in_features + t.out_features) * max(1, t.experts) for t in self.layers.values()),
+            logits_chunk_elements=self.logits_budget, device_memory_bytes=mem)
 
     # -- the pass ------------------------------------------------------------------------
 
@@ -276,8 +321,9 @@ class BaseModel:
         self.ctx.segments = segs
         try:
             with torch.set_grad_enabled(train):
-                if train and self.grad_checkpointing:
-                    self.model.train()
+                if train and self.checkpoints(B * T):
+                    for layer in self._ck_layers:
+                        layer.training = True
                 inner = self.model.model
                 full_mask = bool(mask.all())
                 out = inner(input_ids=ids, attention_mask=None if full_mask else mask, use_cache=False,
@@ -323,6 +369,10 @@ class BaseModel:
         pv, grid = self.images.pixels(where, images)
         return ids, RowImages(kinds=kinds, pixel_values=pv, grid=grid)
 
+    def checkpoints(self, tokens: int) -> bool:
+        """Whether a training pass over tokens (rows × padded length) checkpoints its layers."""
+        return bool(self._ck_layers) and tokens >= self.checkpoint_tokens
+
     def end_pass(self) -> None:
         """Clears the row segments of the last pass (after its backward, for training)."""
         self.ctx.segments = []
@@ -330,9 +380,9 @@ class BaseModel:
     def _chunked_logprobs(self, h: torch.Tensor, tg: torch.Tensor, train: bool) -> torch.Tensor:
         head = self.model.lm_head
         B, T, _ = h.shape
-        # Chunk over time so [B, chunk, V] float32 logits stay small; recompute in backward.
-        budget = 1 << 28 if self.device.type == "cuda" else 1 << 26  # elements of fp32 logits
-        chunk = max(1, min(T, budget // max(1, B * self.vocab)))
+        # Chunk over time so [B, chunk, V] logits stay within logits_budget elements; each
+        # chunk's logits are recomputed in backward (so they are never all held at once).
+        chunk = max(1, min(T, self.logits_budget // max(1, B * self.vocab)))
 
         cap = self.softcap
 
@@ -351,7 +401,7 @@ class BaseModel:
             if train and chunk < T:
                 from torch.utils.checkpoint import checkpoint
 
-                outs.append(checkpoint(piece, hc, tc, use_reentrant=False))
+                outs.append(checkpoint(piece, hc, tc, use_reentrant=False, context_fn=self.ctx.checkpoint_contexts))
             else:
                 outs.append(piece(hc, tc))
         return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]

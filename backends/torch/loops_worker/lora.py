@@ -22,6 +22,7 @@ their adapter_config.json) keep the head-only rule they were trained with (Adapt
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import threading
@@ -58,6 +59,23 @@ class BatchContext:
     def __init__(self, lora_dtype: Optional[torch.dtype] = None) -> None:
         self.segments: List[Tuple[int, int, Optional["Adapter"]]] = []
         self.lora_dtype = lora_dtype
+
+    def checkpoint_contexts(self):
+        """torch.utils.checkpoint's context_fn: a recomputation in backward runs with the
+        segments of the pass that ran the forward. A batch of several lengths on CPU is several
+        passes whose backward runs after the last one, when segments hold the last pass's."""
+        segs = list(self.segments)
+
+        @contextlib.contextmanager
+        def restore():
+            prev = self.segments
+            self.segments = segs
+            try:
+                yield
+            finally:
+                self.segments = prev
+
+        return contextlib.nullcontext(), restore()
 
     def spans(self, n: int) -> List[Tuple[int, int, Optional["Adapter"]]]:
         """The segments in units of the first dimension n of a layer's input: batch rows

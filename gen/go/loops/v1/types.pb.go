@@ -1502,6 +1502,29 @@ type ModelInfo struct {
 	// ("model.language_model."; PEFT's names on the full vision-language model), which
 	// Tinker's layout names as the text model's ("model."); empty for a text model.
 	LanguageModelPrefix string `protobuf:"bytes,201,opt,name=language_model_prefix,json=languageModelPrefix,proto3" json:"language_model_prefix,omitempty"`
+	// Devices one replica needs to hold the model at its full context (the model's own
+	// maximum sequence length) with one adapter of max_lora_rank.
+	DevicesPerReplica int32 `protobuf:"varint,140,opt,name=devices_per_replica,json=devicesPerReplica,proto3" json:"devices_per_replica,omitempty"`
+	// The base model's parameters (every weight tensor, a tied embedding counted once).
+	ParameterCount int64 `protobuf:"varint,141,opt,name=parameter_count,json=parameterCount,proto3" json:"parameter_count,omitempty"`
+	// The dtype the backend holds the weights and activations in ("bfloat16", "float32").
+	WeightDtype string `protobuf:"bytes,142,opt,name=weight_dtype,json=weightDtype,proto3" json:"weight_dtype,omitempty"`
+	// The model's shape: decoder layers, MLP width, attention heads, key/value heads and
+	// head size.
+	NumLayers         int32 `protobuf:"varint,143,opt,name=num_layers,json=numLayers,proto3" json:"num_layers,omitempty"`
+	IntermediateSize  int32 `protobuf:"varint,144,opt,name=intermediate_size,json=intermediateSize,proto3" json:"intermediate_size,omitempty"`
+	NumAttentionHeads int32 `protobuf:"varint,145,opt,name=num_attention_heads,json=numAttentionHeads,proto3" json:"num_attention_heads,omitempty"`
+	NumKeyValueHeads  int32 `protobuf:"varint,146,opt,name=num_key_value_heads,json=numKeyValueHeads,proto3" json:"num_key_value_heads,omitempty"`
+	HeadDim           int32 `protobuf:"varint,147,opt,name=head_dim,json=headDim,proto3" json:"head_dim,omitempty"`
+	// LoRA parameters of an adapter on every target, per unit of rank (Σ in + out over the
+	// targets): an adapter of rank r has r times this many.
+	LoraParametersPerRank int64 `protobuf:"varint,148,opt,name=lora_parameters_per_rank,json=loraParametersPerRank,proto3" json:"lora_parameters_per_rank,omitempty"`
+	// The memory of one device the plan used (bytes).
+	DeviceMemoryBytes int64 `protobuf:"varint,149,opt,name=device_memory_bytes,json=deviceMemoryBytes,proto3" json:"device_memory_bytes,omitempty"`
+	// What a replica holds at max_sequence_length, summed over its devices (bytes).
+	ReplicaBytes int64 `protobuf:"varint,150,opt,name=replica_bytes,json=replicaBytes,proto3" json:"replica_bytes,omitempty"`
+	// Elements of logits the backend's loss head computes at a time (its chunk).
+	LogitsChunkElements int64 `protobuf:"varint,151,opt,name=logits_chunk_elements,json=logitsChunkElements,proto3" json:"logits_chunk_elements,omitempty"`
 	unknownFields       protoimpl.UnknownFields
 	sizeCache           protoimpl.SizeCache
 }
@@ -1653,6 +1676,90 @@ func (x *ModelInfo) GetLanguageModelPrefix() string {
 		return x.LanguageModelPrefix
 	}
 	return ""
+}
+
+func (x *ModelInfo) GetDevicesPerReplica() int32 {
+	if x != nil {
+		return x.DevicesPerReplica
+	}
+	return 0
+}
+
+func (x *ModelInfo) GetParameterCount() int64 {
+	if x != nil {
+		return x.ParameterCount
+	}
+	return 0
+}
+
+func (x *ModelInfo) GetWeightDtype() string {
+	if x != nil {
+		return x.WeightDtype
+	}
+	return ""
+}
+
+func (x *ModelInfo) GetNumLayers() int32 {
+	if x != nil {
+		return x.NumLayers
+	}
+	return 0
+}
+
+func (x *ModelInfo) GetIntermediateSize() int32 {
+	if x != nil {
+		return x.IntermediateSize
+	}
+	return 0
+}
+
+func (x *ModelInfo) GetNumAttentionHeads() int32 {
+	if x != nil {
+		return x.NumAttentionHeads
+	}
+	return 0
+}
+
+func (x *ModelInfo) GetNumKeyValueHeads() int32 {
+	if x != nil {
+		return x.NumKeyValueHeads
+	}
+	return 0
+}
+
+func (x *ModelInfo) GetHeadDim() int32 {
+	if x != nil {
+		return x.HeadDim
+	}
+	return 0
+}
+
+func (x *ModelInfo) GetLoraParametersPerRank() int64 {
+	if x != nil {
+		return x.LoraParametersPerRank
+	}
+	return 0
+}
+
+func (x *ModelInfo) GetDeviceMemoryBytes() int64 {
+	if x != nil {
+		return x.DeviceMemoryBytes
+	}
+	return 0
+}
+
+func (x *ModelInfo) GetReplicaBytes() int64 {
+	if x != nil {
+		return x.ReplicaBytes
+	}
+	return 0
+}
+
+func (x *ModelInfo) GetLogitsChunkElements() int64 {
+	if x != nil {
+		return x.LogitsChunkElements
+	}
+	return 0
 }
 
 // ClientInfo is the client that created a training run, as its request headers name it
@@ -1860,7 +1967,7 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x0fPromptAltTokens\x12\f\n" +
 	"\x01k\x18\x01 \x01(\x05R\x01k\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\x05R\btokenIds\x12\x1a\n" +
-	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xd2\x04\n" +
+	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xe2\b\n" +
 	"\tModelInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x13max_sequence_length\x18\x02 \x01(\x05R\x11maxSequenceLength\x12\x1d\n" +
@@ -1883,7 +1990,20 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"modalities\x12,\n" +
 	"\x06vision\x18d \x01(\v2\x14.loops.v1.VisionInfoR\x06vision\x12(\n" +
 	"\x0ftied_embeddings\x18\xc8\x01 \x01(\bR\x0etiedEmbeddings\x123\n" +
-	"\x15language_model_prefix\x18\xc9\x01 \x01(\tR\x13languageModelPrefix\"s\n" +
+	"\x15language_model_prefix\x18\xc9\x01 \x01(\tR\x13languageModelPrefix\x12/\n" +
+	"\x13devices_per_replica\x18\x8c\x01 \x01(\x05R\x11devicesPerReplica\x12(\n" +
+	"\x0fparameter_count\x18\x8d\x01 \x01(\x03R\x0eparameterCount\x12\"\n" +
+	"\fweight_dtype\x18\x8e\x01 \x01(\tR\vweightDtype\x12\x1e\n" +
+	"\n" +
+	"num_layers\x18\x8f\x01 \x01(\x05R\tnumLayers\x12,\n" +
+	"\x11intermediate_size\x18\x90\x01 \x01(\x05R\x10intermediateSize\x12/\n" +
+	"\x13num_attention_heads\x18\x91\x01 \x01(\x05R\x11numAttentionHeads\x12.\n" +
+	"\x13num_key_value_heads\x18\x92\x01 \x01(\x05R\x10numKeyValueHeads\x12\x1a\n" +
+	"\bhead_dim\x18\x93\x01 \x01(\x05R\aheadDim\x128\n" +
+	"\x18lora_parameters_per_rank\x18\x94\x01 \x01(\x03R\x15loraParametersPerRank\x12/\n" +
+	"\x13device_memory_bytes\x18\x95\x01 \x01(\x03R\x11deviceMemoryBytes\x12$\n" +
+	"\rreplica_bytes\x18\x96\x01 \x01(\x03R\freplicaBytes\x123\n" +
+	"\x15logits_chunk_elements\x18\x97\x01 \x01(\x03R\x13logitsChunkElements\"s\n" +
 	"\n" +
 	"ClientInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
