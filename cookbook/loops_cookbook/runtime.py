@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import random
 import sys
 import time
 from typing import Any, Iterable, Sequence
@@ -147,3 +148,37 @@ def mean_nll(tc: tinker.TrainingClient, data: Sequence[types.Datum]) -> float:
     out = tc.forward(list(data), "cross_entropy").result()
     total = -sum(weighted_logprob_sums(data, out.loss_fn_outputs))
     return total / max(1.0, sum(datum_weight(d) for d in data))
+
+
+def supervised_loop(run: Run, cfg: Any, train_data: Sequence[types.Datum], eval_data: Sequence[types.Datum]) -> dict:
+    """Supervised training with a held-out loss: each step trains on cfg.batch_size datums
+    (cross_entropy; the order is a fresh shuffle from cfg.seed each pass), and the per-token
+    NLL of eval_data is measured with `forward` at the start, on the first and last steps and
+    every cfg.eval_every steps. Logs a metrics row per step (train_loss, tokens, eval_loss),
+    saves every cfg.save_every steps and at the end; returns the run's summary."""
+    rng = random.Random(cfg.seed)
+    order: list[int] = []
+    first_eval = mean_nll(run.training, eval_data)
+    eval_loss = first_eval
+    for step in range(1, cfg.steps + 1):
+        if len(order) < cfg.batch_size:
+            more = list(range(len(train_data)))
+            rng.shuffle(more)
+            order += more
+        batch = [train_data[i] for i in order[:cfg.batch_size]]
+        del order[:cfg.batch_size]
+        fb = run.training.forward_backward(batch, "cross_entropy").result()
+        tokens = sum(datum_weight(d) for d in batch)
+        train_loss = float(fb.metrics["loss:sum"]) / max(1.0, tokens)
+        run.optim_step()
+        row = {"train_loss": train_loss, "tokens": tokens}
+        if step == 1 or step == cfg.steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0):
+            eval_loss = mean_nll(run.training, eval_data)
+            row["eval_loss"] = eval_loss
+        if step == 1:
+            row["eval_loss_start"] = first_eval
+        run.log(step, **row)
+        run.maybe_save(step)
+    final = run.finish(cfg.steps)
+    return {"run_id": run.run_id, "eval_loss_start": first_eval, "eval_loss_end": eval_loss,
+            "log_dir": str(run.log_dir), "final": final}
