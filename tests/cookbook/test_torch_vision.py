@@ -233,8 +233,11 @@ def test_vision_sft_recipe_lowers_held_out_loss(vl_server, recipe_env, tmp_path)
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     start, end = summary["eval_loss_start"], summary["eval_loss_end"]
     rows = [json.loads(x) for x in (log_dir / "metrics.jsonl").read_text().splitlines()]
-    print(f"VISION_SFT eval_loss {start:.4f} -> {end:.4f} ({(start - end) / start:.1%} lower); train_loss",
-          " ".join(f"{r['train_loss']:.3f}" for r in rows), f"; {time.time() - t0:.0f}s")
+    acc = summary["eval_accuracy_start"], summary["eval_accuracy_end"]
+    print(f"VISION_SFT eval_loss {start:.4f} -> {end:.4f} ({(start - end) / start:.1%} lower); eval accuracy"
+          f" {acc[0]:.3f} -> {acc[1]:.3f}; train_loss", " ".join(f"{r['train_loss']:.3f}" for r in rows),
+          f"; {time.time() - t0:.0f}s")
+    assert all(0 <= a <= 1 for a in acc), acc
     assert [r["step"] for r in rows] == list(range(1, 13))
     assert summary["final"]["sampler_path"].startswith("tinker://")
     assert end <= 0.8 * start, (start, end)

@@ -94,4 +94,5 @@ def main(cfg: Config) -> dict:
 
     train_data = [to_datum(r) for r in train]
     eval_data = [to_datum(r) for r in evals]
-    return supervised_loop(run, cfg, train_data, eval_data)
+    summary = supervised_loop(run, cfg, train_data, eval_data)
+    return {**summary, "final": run.finish(cfg.steps)}

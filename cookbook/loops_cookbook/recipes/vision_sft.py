@@ -10,6 +10,8 @@ puts each picture in the model input as an image chunk (its bytes and its expect
 count, from the model's image processor) between <|vision_start|> and <|vision_end|>; the loss
 is cross-entropy on the answer tokens only. metrics.jsonl rows: train_loss (per answer token)
 and eval_loss on the steps that evaluate (per answer token, nats, by `forward`: no gradient).
+The summary adds eval_accuracy_start/_end: the share of held-out pictures whose most likely
+answer, among every colour's word, is the right one (chance is 1/8).
 
 Needs tinker-cookbook (its renderers and image helper) and Pillow on the client: `pip install
 "loops-cookbook[vision]"`. The model must take images (a Qwen3-VL checkpoint served by `loops
@@ -35,6 +37,9 @@ COLOURS: dict[str, tuple[int, int, int]] = {
     "black": (15, 15, 15), "white": (240, 240, 240), "purple": (140, 40, 170), "orange": (245, 140, 20),
 }
 JITTER = 25
+# images one request may carry on Loops (the gateway's limit): a training batch is one
+# request, and the evaluations are sent in requests of this many pictures
+MAX_IMAGES = 16
 QUESTION = "What colour is this?"
 
 
@@ -110,7 +115,10 @@ def main(cfg: Config) -> dict:
     except ImportError as e:
         raise RuntimeError(f"vision_sft needs tinker-cookbook and Pillow ({e}): pip install 'loops-cookbook[vision]'") from e
 
-    from loops_cookbook.runtime import Run, supervised_loop
+    if not 1 <= cfg.batch_size <= MAX_IMAGES:
+        raise ValueError(f"batch_size={cfg.batch_size}: want 1 to {MAX_IMAGES} (one picture per conversation, and a "
+                         f"request carries at most {MAX_IMAGES} images)")
+    from loops_cookbook.runtime import Run, forward_logprob_sums, supervised_loop
 
     run = Run("vision_sft", cfg)
     renderer = renderer_for(cfg, run.tokenizer)
@@ -120,5 +128,19 @@ def main(cfg: Config) -> dict:
         return datum_from_model_input_weights(model_input, weights, cfg.max_length)
 
     train_data = [to_datum(*p) for p in pictures(cfg.seed, cfg.train_size, cfg.image_size, "train")]
-    eval_data = [to_datum(*p) for p in pictures(cfg.seed, cfg.eval_size, cfg.image_size, "eval")]
-    return supervised_loop(run, cfg, train_data, eval_data)
+    held_out = pictures(cfg.seed, cfg.eval_size, cfg.image_size, "eval")
+    eval_data = [to_datum(*p) for p in held_out]
+    # every held-out picture with every colour's answer: the model's choice is the answer it
+    # gives the highest log-likelihood (chance: 1/len(COLOURS))
+    words = list(COLOURS)
+    choices = [to_datum(img, w) for img, _ in held_out for w in words]
+
+    def accuracy() -> float:
+        lp = forward_logprob_sums(run.training, choices, MAX_IMAGES)
+        picked = [words[max(range(len(words)), key=lambda j: lp[i * len(words) + j])] for i in range(len(held_out))]
+        return sum(p == w for p, (_, w) in zip(picked, held_out)) / max(1, len(held_out))
+
+    accuracy_start = accuracy()
+    summary = supervised_loop(run, cfg, train_data, eval_data, MAX_IMAGES)
+    summary.update(eval_accuracy_start=accuracy_start, eval_accuracy_end=accuracy())
+    return {**summary, "final": run.finish(cfg.steps)}
