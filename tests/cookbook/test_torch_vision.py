@@ -1,10 +1,13 @@
 """The tinker 0.38 SDK trains and samples with image chunks through `loops serve --backend
 torch --model DIR` on a tiny random Qwen3-VL (written from a fixed seed with transformers,
-with its image processor's preprocessor_config.json and loops/tiny's tokenizer): the
+with its image processor's preprocessor_config.json and loops/tiny's tokenizer plus Qwen-VL's
+vision special tokens): the
 catalog says modalities text and image; forward_backward with an image chunk (weights on
 the text targets, as a renderer gives) lowers the loss over a few steps; seeded sampling and
 compute_logprobs with the image repeat; an expected_tokens that is not the processor's, a
-30000×30000 image header and the wrong format are 400s that say so.
+30000×30000 image header and the wrong format are 400s that say so. On the same server:
+tinker-cookbook's Qwen3-VL renderer round-trips a conversation with an image, and our
+cookbook's vision_sft recipe learns (held-out loss and accuracy).
 
 The worker runs transformers' image processor, which needs Pillow in the worker's
 environment; without it the test is skipped (the worker then serves the model for text)."""
@@ -219,13 +222,16 @@ def test_vision_sft_recipe_lowers_held_out_loss(vl_server, recipe_env, tmp_path)
     """Our cookbook's vision_sft recipe (cookbook/loops_cookbook/recipes/vision_sft.py), run as
     `python -m loops_cookbook run vision_sft` against the tiny Qwen3-VL: pictures it draws from
     its seed, rendered by the cookbook's Qwen3-VL renderer as image chunks, trained with
-    cross_entropy on the answer tokens; its held-out loss falls by at least 20%."""
+    cross_entropy on the answer tokens; in 40 steps its held-out loss falls by at least 20%
+    and the held-out accuracy (the most likely of the eight colour words) reaches 0.5, where
+    chance is 0.125 (measured, seed 0: loss 6.25 -> 0.83 nats per answer token, accuracy 0.25 ->
+    0.81)."""
     import time
 
     srv, base, _ = vl_server
     env = {**recipe_env, "TINKER_BASE_URL": srv.url, "PYTHONPATH": str(REPO_ROOT / "cookbook")}
     log_dir = tmp_path / "vision_sft"
-    cmd = [sys.executable, "-m", "loops_cookbook", "run", "vision_sft", f"model={base}", "steps=12", "eval_every=6",
+    cmd = [sys.executable, "-m", "loops_cookbook", "run", "vision_sft", f"model={base}", "steps=40", "eval_every=10",
            "seed=0", f"log_dir={log_dir}", "progress=false"]
     t0 = time.time()
     p = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=540)
@@ -237,7 +243,8 @@ def test_vision_sft_recipe_lowers_held_out_loss(vl_server, recipe_env, tmp_path)
     print(f"VISION_SFT eval_loss {start:.4f} -> {end:.4f} ({(start - end) / start:.1%} lower); eval accuracy"
           f" {acc[0]:.3f} -> {acc[1]:.3f}; train_loss", " ".join(f"{r['train_loss']:.3f}" for r in rows),
           f"; {time.time() - t0:.0f}s")
-    assert all(0 <= a <= 1 for a in acc), acc
-    assert [r["step"] for r in rows] == list(range(1, 13))
+    # it reads the picture: most held-out pictures get their own colour's word (chance 1/8)
+    assert acc[1] >= 0.5, acc
+    assert [r["step"] for r in rows] == list(range(1, 41))
     assert summary["final"]["sampler_path"].startswith("tinker://")
     assert end <= 0.8 * start, (start, end)

@@ -2,8 +2,8 @@
 held-out eval loss before and after.
 
 The data set is synthetic and made from `seed`: each example is a small picture (a random
-shade of one of the colours below, filling the image, with a shape of another shade drawn on
-it) and the question "What colour is this?"; the answer is the colour's word. Train and eval
+shade of one of eight colours, red, green, blue, yellow, black, white, purple or orange,
+filling the image, with a shape of another colour's shade drawn on it) and the question "What colour is this?"; the answer is the colour's word. Train and eval
 pictures are drawn from different random streams, so the eval pictures are never trained on.
 Each conversation is rendered with tinker-cookbook's Qwen3-VL renderer (`renderer`), which
 puts each picture in the model input as an image chunk (its bytes and its expected token
