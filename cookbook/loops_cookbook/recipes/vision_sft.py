@@ -118,6 +118,8 @@ def main(cfg: Config) -> dict:
     if not 1 <= cfg.batch_size <= MAX_IMAGES:
         raise ValueError(f"batch_size={cfg.batch_size}: want 1 to {MAX_IMAGES} (one picture per conversation, and a "
                          f"request carries at most {MAX_IMAGES} images)")
+    if not 8 <= cfg.image_size <= 2048:
+        raise ValueError(f"image_size={cfg.image_size}: want 8 to 2048 pixels a side")
     from loops_cookbook.runtime import Run, forward_logprob_sums, supervised_loop
 
     run = Run("vision_sft", cfg)
