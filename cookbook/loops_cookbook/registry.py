@@ -14,6 +14,7 @@ RECIPES: dict[str, str] = {
     "sandboxed_agent": "Multi-turn RL: the policy runs shell/Python commands in a sandbox; reward from the final state",
     "coding_agent": "RL: the policy writes a function; reward = share of hidden unit tests passing in the sandbox",
     "dpo": "Direct preference optimisation on (prompt, chosen, rejected) pairs",
+    "vision_sft": "Supervised fine-tuning of a vision-language model on pictures it draws (colour -> word), with a held-out eval loss",
     "rl_async": "RL on verifiable prompt/answer tasks, off-policy with bounded staleness (0 = synchronous)",
 }
 

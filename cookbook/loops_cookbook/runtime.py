@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import random
 import sys
 import time
 from typing import Any, Iterable, Sequence
@@ -142,8 +143,54 @@ def weighted_logprob_sums(data: Sequence[types.Datum], outputs: Iterable[Any]) -
     return sums
 
 
-def mean_nll(tc: tinker.TrainingClient, data: Sequence[types.Datum]) -> float:
+def forward_logprob_sums(tc: tinker.TrainingClient, data: Sequence[types.Datum], per_request: int | None = None) -> list[float]:
+    """Σ weight·logprob per datum under the current weights (forward only), in requests of at
+    most per_request datums (all at once when None; Loops takes at most 16 images a request)."""
+    data = list(data)
+    step = per_request or max(1, len(data))
+    futures = [tc.forward(data[i:i + step], "cross_entropy") for i in range(0, len(data), step)]
+    sums: list[float] = []
+    for i, f in zip(range(0, len(data), step), futures):
+        sums += weighted_logprob_sums(data[i:i + step], f.result().loss_fn_outputs)
+    return sums
+
+
+def mean_nll(tc: tinker.TrainingClient, data: Sequence[types.Datum], per_request: int | None = None) -> float:
     """Per-token negative log-likelihood of data under the current weights (forward only)."""
-    out = tc.forward(list(data), "cross_entropy").result()
-    total = -sum(weighted_logprob_sums(data, out.loss_fn_outputs))
+    total = -sum(forward_logprob_sums(tc, data, per_request))
     return total / max(1.0, sum(datum_weight(d) for d in data))
+
+
+def supervised_loop(run: Run, cfg: Any, train_data: Sequence[types.Datum], eval_data: Sequence[types.Datum],
+                    per_request: int | None = None) -> dict:
+    """Supervised training with a held-out loss: each step trains on cfg.batch_size datums
+    (cross_entropy; the order is a fresh shuffle from cfg.seed each pass), and the per-token
+    NLL of eval_data is measured with `forward` at the start, on the first and last steps and
+    every cfg.eval_every steps (in forward requests of at most per_request datums). Logs a metrics row per step (train_loss, tokens, eval_loss) and
+    saves every cfg.save_every steps; returns the run's summary so far (the caller finishes
+    the run)."""
+    rng = random.Random(cfg.seed)
+    order: list[int] = []
+    first_eval = mean_nll(run.training, eval_data, per_request)
+    eval_loss = first_eval
+    for step in range(1, cfg.steps + 1):
+        if len(order) < cfg.batch_size:
+            more = list(range(len(train_data)))
+            rng.shuffle(more)
+            order += more
+        batch = [train_data[i] for i in order[:cfg.batch_size]]
+        del order[:cfg.batch_size]
+        fb = run.training.forward_backward(batch, "cross_entropy").result()
+        tokens = sum(datum_weight(d) for d in batch)
+        train_loss = float(fb.metrics["loss:sum"]) / max(1.0, tokens)
+        run.optim_step()
+        row = {"train_loss": train_loss, "tokens": tokens}
+        if step == 1 or step == cfg.steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0):
+            eval_loss = mean_nll(run.training, eval_data, per_request)
+            row["eval_loss"] = eval_loss
+        if step == 1:
+            row["eval_loss_start"] = first_eval
+        run.log(step, **row)
+        run.maybe_save(step)
+    return {"run_id": run.run_id, "eval_loss_start": first_eval, "eval_loss_end": eval_loss,
+            "log_dir": str(run.log_dir)}

@@ -81,7 +81,7 @@ def estimate(cfg: Config, chat) -> dict:
 
 def main(cfg: Config) -> dict:
     from loops_cookbook.chat import ChatML
-    from loops_cookbook.runtime import Run, mean_nll, sft_datum
+    from loops_cookbook.runtime import Run, sft_datum, supervised_loop
 
     files = data_files(cfg)
     train = load_jsonl(*files["train_data"])
@@ -94,29 +94,5 @@ def main(cfg: Config) -> dict:
 
     train_data = [to_datum(r) for r in train]
     eval_data = [to_datum(r) for r in evals]
-    rng = random.Random(cfg.seed)
-    order: list[int] = []
-    first_eval = mean_nll(run.training, eval_data)
-    eval_loss = first_eval
-    for step in range(1, cfg.steps + 1):
-        if len(order) < cfg.batch_size:
-            more = list(range(len(train_data)))
-            rng.shuffle(more)
-            order += more
-        batch = [train_data[i] for i in order[:cfg.batch_size]]
-        del order[:cfg.batch_size]
-        fb = run.training.forward_backward(batch, "cross_entropy").result()
-        tokens = sum(sum(d.loss_fn_inputs["weights"].tolist()) for d in batch)
-        train_loss = float(fb.metrics["loss:sum"]) / max(1.0, tokens)
-        run.optim_step()
-        row = {"train_loss": train_loss, "tokens": tokens}
-        if step == 1 or step == cfg.steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0):
-            eval_loss = mean_nll(run.training, eval_data)
-            row["eval_loss"] = eval_loss
-        if step == 1:
-            row["eval_loss_start"] = first_eval
-        run.log(step, **row)
-        run.maybe_save(step)
-    final = run.finish(cfg.steps)
-    return {"run_id": run.run_id, "eval_loss_start": first_eval, "eval_loss_end": eval_loss,
-            "log_dir": str(run.log_dir), "final": final}
+    summary = supervised_loop(run, cfg, train_data, eval_data)
+    return {**summary, "final": run.finish(cfg.steps)}
