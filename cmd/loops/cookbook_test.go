@@ -225,7 +225,7 @@ func TestCookbookCommandDrivesThePythonCLI(t *testing.T) {
 	require.NoError(t, err)
 	var names []string
 	require.NoError(t, json.Unmarshal(want, &names))
-	require.Len(t, names, 6)
+	require.Len(t, names, 7)
 
 	out, code := runLoops(t, append([]string{"cookbook", "list"}, common...)...)
 	require.Equal(t, 0, code)
