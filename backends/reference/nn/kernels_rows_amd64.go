@@ -119,3 +119,11 @@ var packedKernel = func() *sgemmKernel {
 func packedRow(kc int, a *float32, b *float32, bs int, c *float32, accum bool) {
 	sgemv16x4(kc, a, b, bs, c, accum)
 }
+
+// widenBF16AVX2 is widenBF16 for n a multiple of 8 (widen_amd64.s).
+//
+//go:noescape
+func widenBF16AVX2(dst *float32, src *uint16, n int)
+
+// hasWiden is whether widenBF16AVX2 runs here.
+var hasWiden = cpu.X86.HasAVX2

@@ -1,0 +1,113 @@
+package nn
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// roundBF16 rounds every decoder linear weight of m to bfloat16 (as a BF16 checkpoint
+// holds them), to nearest even.
+func roundBF16(m *Model[float32]) {
+	for l := range m.Layers {
+		for t := range m.Layers[l].Lin {
+			w := m.Layers[l].Lin[t].W
+			for i, v := range w {
+				b := math.Float32bits(v)
+				b += 0x7fff + (b>>16)&1
+				w[i] = math.Float32frombits(b &^ 0xffff)
+			}
+		}
+	}
+}
+
+func bits64(x []float64) []uint64 {
+	o := make([]uint64, len(x))
+	for i, v := range x {
+		o[i] = math.Float64bits(v)
+	}
+	return o
+}
+
+// TestBF16HeldIsBitIdentical: a model whose linear weights are bfloat16, held as bf16
+// (HoldBF16) and held as the same values in float32, gives bit-identical prompt log-probs
+// (prefill of one and of several chunks), sampled tokens and their log-probs (batched
+// decoding), and forward_backward log-probs, losses and LoRA gradients, with every kernel,
+// packed weights or not, and dimensions that leave k tails (Hidden 200).
+func TestBF16HeldIsBitIdentical(t *testing.T) {
+	shapes := map[string]Config{"k8": benchDecodeConfig, "ktail": benchDecodeConfig}
+	c := shapes["k8"]
+	c.Layers = 2
+	shapes["k8"] = c
+	c.Hidden, c.Inter, c.Layers = 200, 332, 1
+	shapes["ktail"] = c
+	for _, kn := range availableKernels {
+		for name, cfg := range shapes {
+			for _, packed := range []bool{true, false} {
+				t.Run(fmt.Sprintf("%s/%s/packed=%v", kn.name, name, packed), func(t *testing.T) {
+					withKernel(kn, func() {
+						f32, err := NewRandom[float32](cfg, RandomOptions{Seed: 11, QKNorm: true, AttnBias: name == "ktail"})
+						require.NoError(t, err)
+						roundBF16(f32)
+						held := Convert[float32](f32)
+						require.Equal(t, int(NumLayerTargets)*cfg.Layers, HoldBF16(held))
+						for _, li := range held.Layers[0].Lin {
+							require.True(t, li.Held16())
+							require.Nil(t, li.W)
+						}
+						if !packed {
+							f32.packs, held.packs = nil, nil
+						}
+						r := rand.New(rand.NewPCG(5, 6))
+						ad32 := testAdapters(t, f32, r, 4)[0]
+						adH := ad32.Clone()
+						for _, n := range []int{40, 600} {
+							prompt := make([]int, n)
+							for i := range prompt {
+								prompt[i] = r.IntN(cfg.Vocab)
+							}
+							seed := uint64(n)
+							p := SampleParams{MaxTokens: 12, Temperature: 1, Seed: &seed}
+							s32, ps32 := f32.Sample(prompt, ad32, 2, p, true, 0)
+							sH, psH := held.Sample(prompt, adH, 2, p, true, 0)
+							require.Equal(t, bits64(ps32.LogProbs), bits64(psH.LogProbs), "prompt log-probs, %d tokens", n)
+							require.Len(t, sH, len(s32))
+							for i := range s32 {
+								require.Equal(t, s32[i].Tokens, sH[i].Tokens)
+								require.Equal(t, bits64(s32[i].LogProbs), bits64(sH[i].LogProbs))
+							}
+						}
+						toks, tg := randSeq(r, 70, cfg.Vocab, 1)
+						o32 := f32.ForwardBackward([]Seq[float32]{{Tokens: toks, Targets: tg, K: 1, Adapter: ad32}}, testLoss, true)
+						oH := held.ForwardBackward([]Seq[float32]{{Tokens: toks, Targets: tg, K: 1, Adapter: adH}}, testLoss, true)
+						require.Equal(t, bits64(o32[0].LogProbs), bits64(oH[0].LogProbs))
+						require.Equal(t, bits64(o32[0].Loss), bits64(oH[0].Loss))
+						for i := range ad32.Params {
+							require.Equal(t, ad32.Params[i].G, adH.Params[i].G, ad32.Params[i].Name)
+						}
+					})
+				})
+			}
+		}
+	}
+}
+
+// TestWidenBF16: the widening kernel gives bits<<16 for every length (its 32- and 8-lane
+// blocks and the Go tail).
+func TestWidenBF16(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{1, 7, 8, 9, 31, 32, 33, 64, 100, 1027} {
+		src := make([]uint16, n)
+		for i := range src {
+			src[i] = uint16(r.Uint32())
+		}
+		dst := make([]float32, n)
+		widenBF16(dst, src)
+		for i, h := range src {
+			require.Equal(t, uint32(h)<<16, math.Float32bits(dst[i]), "n=%d i=%d", n, i)
+		}
+	}
+}
