@@ -444,7 +444,7 @@ func sgemmNTRows(kn *sgemmKernel, C, A, B []float32, B16 []uint16, M, N, K int, 
 		ti, tj := t/nt, t%nt
 		i0, i1 := ti*rowsPerTask, min(ti*rowsPerTask+rowsPerTask, M)
 		j0, j1 := tj*colsPerTask, min(tj*colsPerTask+colsPerTask, N)
-		B, jb := B, 0 // row j of B is B[(j-jb)*K:]
+		B, jb := B, 0   // row j of B is B[(j-jb)*K:]
 		if B16 != nil { // the task's rows of B widened from bf16 (exact), in L1
 			wb := widePool.get((j1 - j0) * K)
 			defer widePool.put(wb)
