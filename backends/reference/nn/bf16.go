@@ -81,17 +81,9 @@ func HoldBF16[T Float](m *Model[T]) int {
 	n := 0
 	for l := range m.Layers {
 		for t := range m.Layers[l].Lin {
-			li := &m.Layers[l].Lin[t]
-			w, _ := any(li.W).([]float32)
-			if len(w) == 0 || !isBF16(w) {
-				continue
+			if holdLinear(&m.Layers[l].Lin[t]) {
+				n++
 			}
-			h := make([]uint16, len(w))
-			for i, v := range w {
-				h[i] = uint16(math.Float32bits(v) >> 16)
-			}
-			li.W16, li.W = h, nil
-			n++
 		}
 	}
 	if n > 0 && m.packs != nil {
@@ -132,3 +124,23 @@ func linMatMulTWide[T Float](pk *packedNT, Y, X []T, li *Linear[T], M int) {
 	}
 	withWeights(li, func(w []T) { matMulTWide(pk, Y, X, w, M, li.Out, li.In, false) })
 }
+
+// holdLinear holds li's weight as bfloat16 when T is float32 and every value is a
+// bfloat16, and reports whether it did.
+func holdLinear[T Float](li *Linear[T]) bool {
+	w, _ := any(li.W).([]float32)
+	if len(w) == 0 || !isBF16(w) {
+		return false
+	}
+	h := make([]uint16, len(w))
+	for i, v := range w {
+		h[i] = uint16(math.Float32bits(v) >> 16)
+	}
+	li.W16, li.W = h, nil
+	return true
+}
+
+// LoadBF16 is whether Load holds the decoder linear weights that a checkpoint stores in
+// BF16 as bfloat16 (HoldBF16) in a float32 model: half their memory, the same results to
+// the bit. It is on by default.
+var LoadBF16 = true

@@ -1,10 +1,16 @@
 package nn
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/loops-dev/loops/backends/reference/safetensors"
 
 	"github.com/stretchr/testify/require"
 )
@@ -109,5 +115,79 @@ func TestWidenBF16(t *testing.T) {
 		for i, h := range src {
 			require.Equal(t, uint32(h)<<16, math.Float32bits(dst[i]), "n=%d i=%d", n, i)
 		}
+	}
+}
+
+// writeBF16Checkpoint writes m (config and weights) to dir in one safetensors file, the
+// decoder's projection weights in BF16 (their values must be bfloat16) and the rest in F32.
+func writeBF16Checkpoint(t *testing.T, m *Model[float32], dir string) {
+	require.NoError(t, WriteConfig(dir, m.Cfg, nil))
+	infos := map[string]safetensors.Info{}
+	var data []byte
+	for _, ts := range m.Tensors() {
+		dtype, size := "F32", 4
+		if strings.HasSuffix(ts.Name, "_proj.weight") {
+			dtype, size = "BF16", 2
+		}
+		off := int64(len(data))
+		for _, v := range ts.Data {
+			b := math.Float32bits(v)
+			if size == 2 {
+				require.Zero(t, b&0xffff)
+				data = binary.LittleEndian.AppendUint16(data, uint16(b>>16))
+			} else {
+				data = binary.LittleEndian.AppendUint32(data, b)
+			}
+		}
+		infos[ts.Name] = safetensors.Info{DType: dtype, Shape: ts.Shape, Offsets: [2]int64{off, int64(len(data))}}
+	}
+	hdr, err := safetensors.EncodeHeader(infos, nil)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.safetensors"), append(hdr, data...), 0o644))
+}
+
+// TestLoadHoldsBF16: Load holds a BF16 checkpoint's projection weights as bfloat16 (not
+// with LoadBF16 off, nor in a float64 model), and the model held so gives the
+// forward_backward bits of the same checkpoint loaded as float32.
+func TestLoadHoldsBF16(t *testing.T) {
+	cfg := microConfig(true)
+	cfg.Architectures, cfg.ModelType, cfg.HiddenAct = []string{"Qwen3ForCausalLM"}, "qwen3", "silu"
+	m, err := NewRandom[float32](cfg, RandomOptions{Seed: 3, QKNorm: true, Std: 0.3})
+	require.NoError(t, err)
+	roundBF16(m)
+	dir := t.TempDir()
+	writeBF16Checkpoint(t, m, dir)
+	held, err := Load[float32](dir)
+	require.NoError(t, err)
+	for _, L := range held.Layers {
+		for _, li := range L.Lin {
+			require.True(t, li.Held16())
+		}
+	}
+	LoadBF16 = false
+	wide, err := Load[float32](dir)
+	LoadBF16 = true
+	require.NoError(t, err)
+	require.False(t, wide.Layers[0].Lin[TQ].Held16())
+	m64, err := Load[float64](dir)
+	require.NoError(t, err)
+	require.False(t, m64.Layers[0].Lin[TQ].Held16())
+	require.Equal(t, held.ParamCount(), wide.ParamCount())
+	r := rand.New(rand.NewPCG(1, 1))
+	toks, tg := randSeq(r, 30, cfg.Vocab, 1)
+	oH := held.ForwardBackward([]Seq[float32]{{Tokens: toks, Targets: tg, K: 1}}, testLoss, false)
+	oW := wide.ForwardBackward([]Seq[float32]{{Tokens: toks, Targets: tg, K: 1}}, testLoss, false)
+	require.Equal(t, bits64(oW[0].LogProbs), bits64(oH[0].LogProbs))
+	// merged with an adapter, and written back, the held model gives the float32 model's
+	// values
+	a, err := NewAdapter(wide, LoraConfig{Rank: 2, Seed: 4, Attn: true, MLP: true})
+	require.NoError(t, err)
+	randomizeAdapter(a, 4, 0.1)
+	mH, mW := Merged(held, a), Merged(wide, a)
+	require.False(t, mH.Layers[0].Lin[TQ].Held16())
+	require.Equal(t, mW.Tensors(), mH.Tensors())
+	require.Equal(t, MergedBytes(wide, a), MergedBytes(held, a))
+	for i, ts := range held.Tensors() {
+		require.Equal(t, wide.Tensors()[i].Data, ts.Data, ts.Name)
 	}
 }

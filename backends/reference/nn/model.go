@@ -484,6 +484,9 @@ func Load[T Float](dir string) (*Model[T], error) {
 				return nil, err
 			}
 			li := Linear[T]{W: w, Out: out, In: in}
+			if LoadBF16 && where[name+".weight"].Tensors[name+".weight"].DType == "BF16" {
+				holdLinear(&li)
+			}
 			if has(name + ".bias") {
 				if li.B, err = get(name+".bias", out); err != nil {
 					return nil, err
