@@ -444,7 +444,19 @@ func sgemmNTRows(kn *sgemmKernel, C, A, B []float32, B16 []uint16, M, N, K int, 
 		ti, tj := t/nt, t%nt
 		i0, i1 := ti*rowsPerTask, min(ti*rowsPerTask+rowsPerTask, M)
 		j0, j1 := tj*colsPerTask, min(tj*colsPerTask+colsPerTask, N)
-		B, jb := B, 0   // row j of B is B[(j-jb)*K:]
+		B, jb := B, 0 // row j of B is B[(j-jb)*K:]
+		if B16 != nil && hasRowDot && k8 > 0 && 8*k8 == K && j1-j0 >= 8 && (rowTile == 0 || i1-i0 < rowTile) {
+			// every row takes rowDot8 for the groups of eight columns (as below): read
+			// them as bf16, widened in the kernel; the last j1-j0 mod 8 columns as below
+			ng := (j1 - j0) / 8
+			for i := i0; i < i1; i++ {
+				_ = C[i*N+j0+8*ng-1]
+				rowDot8BF16(k8, &A[i*K], &B16[j0*K], K, ng, &C[i*N+j0], acc)
+			}
+			if j0 += 8 * ng; j0 == j1 {
+				return
+			}
+		}
 		if B16 != nil { // the task's rows of B widened from bf16 (exact), in L1
 			wb := widePool.get((j1 - j0) * K)
 			defer widePool.put(wb)

@@ -96,3 +96,7 @@ func kernelDot(kn *sgemmKernel, k8 int, a0, a1, b *float32, ldb int, out *[64]fl
 const hasWiden = false
 
 func widenBF16AVX2(dst *float32, src *uint16, n int) { panic("nn: no widen kernel") }
+
+func rowDot8BF16(k8 int, a *float32, b *uint16, ldb int, ng int, c *float32, acc bool) {
+	panic("nn: no row kernels")
+}
