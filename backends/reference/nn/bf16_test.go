@@ -191,3 +191,46 @@ func TestLoadHoldsBF16(t *testing.T) {
 		require.Equal(t, wide.Tensors()[i].Data, ts.Data, ts.Name)
 	}
 }
+
+// TestRowsBF16Bits: sgemmNTRows on bf16 rows of B gives the bits of sgemmNTRows on the
+// same rows widened to float32, for every row-kernel width this CPU has (AVX2's 3, and 0:
+// no tile), row counts across the tile and pair paths, column counts with and without
+// groups of eight and four, and k with and without a tail.
+func TestRowsBF16Bits(t *testing.T) {
+	kn := activeKernel
+	if kn.fn == nil || kn.dot == nil {
+		t.Skip("no SGEMM kernel")
+	}
+	r := rand.New(rand.NewPCG(9, 9))
+	best := rowTile
+	defer func() { rowTile = best }()
+	for _, tile := range append(rowTiles(), 0) {
+		rowTile = tile
+		for _, K := range []int{64, 200, 37, 8} {
+			for _, N := range []int{1, 3, 8, 13, 70} {
+				for _, M := range []int{1, 2, 3, 4, 5, 9} {
+					A := make([]float32, M*K)
+					for i := range A {
+						A[i] = float32(r.NormFloat64())
+					}
+					B16 := make([]uint16, N*K)
+					for i := range B16 {
+						B16[i] = uint16(math.Float32bits(float32(r.NormFloat64())) >> 16)
+					}
+					B := make([]float32, N*K)
+					widenBF16(B, B16)
+					for _, acc := range []bool{false, true} {
+						want, got := make([]float32, M*N), make([]float32, M*N)
+						for i := range want {
+							want[i] = float32(i)
+							got[i] = float32(i)
+						}
+						sgemmNTRows(kn, want, A, B, nil, M, N, K, acc)
+						sgemmNTRows(kn, got, A, nil, B16, M, N, K, acc)
+						require.Equal(t, want, got, "tile %d M %d N %d K %d acc %v", tile, M, N, K, acc)
+					}
+				}
+			}
+		}
+	}
+}
