@@ -296,9 +296,16 @@ func (m *Model[T]) Logits(h []T, M int, ad *Adapter[T]) []T {
 // and its segment's adapter. The adapter's pair is layer l's target t (the head's when
 // l < 0); xa is scratch for the LoRA rows.
 func linRows[T Float](X []T, M int, li *Linear[T], pk *packedNT, segs []seg[T], l int, t Target, Y []T, xa *[]T) {
-	if packs(pk, li.W, li.Out, li.In, false) {
+	switch {
+	case packs16(pk, li, false):
 		sgemmNTPacked(any(Y).([]float32), any(X).([]float32), pk, M, false)
-	} else {
+	case li.W16 != nil && M > 0 && activeKernel.fn != nil && activeKernel.dot != nil:
+		sgemmNTRows(activeKernel, any(Y).([]float32), any(X).([]float32), nil, li.W16, M, li.Out, li.In, false)
+	case li.W16 != nil:
+		withWeights(li, func(w []T) { matMulTRows(Y, X, w, M, li.Out, li.In, false) })
+	case packs(pk, li.W, li.Out, li.In, false):
+		sgemmNTPacked(any(Y).([]float32), any(X).([]float32), pk, M, false)
+	default:
 		matMulTRows(Y, X, li.W, M, li.Out, li.In, false)
 	}
 	linLoRA(X, M, li, segs, l, t, Y, xa, matMulTRows[T])
@@ -308,7 +315,7 @@ func linRows[T Float](X []T, M int, li *Linear[T], pk *packedNT, segs []seg[T], 
 // matMulTWide: each output row gets the bits linFwd gives it in a product of more than
 // smallM rows, however many rows run (prodWide).
 func linWide[T Float](X []T, M int, li *Linear[T], pk *packedNT, segs []seg[T], l int, t Target, Y []T, xa *[]T) {
-	matMulTWide(pk, Y, X, li.W, M, li.Out, li.In, false)
+	linMatMulTWide(pk, Y, X, li, M)
 	linLoRA(X, M, li, segs, l, t, Y, xa, matMulTWideUnpacked[T])
 }
 
@@ -392,7 +399,7 @@ func matMulTRows[T Float](C, A, B []T, M, N, K int, acc bool) {
 	_ = B[N*K-1]
 	_ = C[M*N-1]
 	if c, ok := any(C).([]float32); ok && activeKernel.fn != nil && activeKernel.dot != nil {
-		sgemmNTRows(activeKernel, c, any(A).([]float32), any(B).([]float32), M, N, K, acc)
+		sgemmNTRows(activeKernel, c, any(A).([]float32), any(B).([]float32), nil, M, N, K, acc)
 		return
 	}
 	mb := (M + blkM - 1) / blkM
@@ -418,7 +425,7 @@ const rowsL1Bytes = 32 << 10
 // order, then the k tail), whichever task and row group (4, 2 or 1 rows of A per load of
 // B) it falls in, so a row's bits do not depend on M, on its place in the batch, nor on the
 // number of threads.
-func sgemmNTRows(kn *sgemmKernel, C, A, B []float32, M, N, K int, acc bool) {
+func sgemmNTRows(kn *sgemmKernel, C, A, B []float32, B16 []uint16, M, N, K int, acc bool) {
 	// A task's rows of B (colsPerTask × K) stay in L1 while all its rows of A pass over
 	// them, so B is read from memory once per step when the columns alone make tasks
 	// enough for the threads (the rows are cut in two otherwise); how the work is cut
@@ -437,9 +444,28 @@ func sgemmNTRows(kn *sgemmKernel, C, A, B []float32, M, N, K int, acc bool) {
 		ti, tj := t/nt, t%nt
 		i0, i1 := ti*rowsPerTask, min(ti*rowsPerTask+rowsPerTask, M)
 		j0, j1 := tj*colsPerTask, min(tj*colsPerTask+colsPerTask, N)
+		B, jb := B, 0 // row j of B is B[(j-jb)*K:]
+		if B16 != nil && hasRowDot && k8 > 0 && 8*k8 == K && j1-j0 >= 8 && (rowTile == 0 || i1-i0 < rowTile) {
+			// every row takes rowDot8 for the groups of eight columns (as below): read
+			// them as bf16, widened in the kernel; the last j1-j0 mod 8 columns as below
+			ng := (j1 - j0) / 8
+			for i := i0; i < i1; i++ {
+				_ = C[i*N+j0+8*ng-1]
+				rowDot8BF16(k8, &A[i*K], &B16[j0*K], K, ng, &C[i*N+j0], acc)
+			}
+			if j0 += 8 * ng; j0 == j1 {
+				return
+			}
+		}
+		if B16 != nil { // the task's rows of B widened from bf16 (exact), in L1
+			wb := widePool.get((j1 - j0) * K)
+			defer widePool.put(wb)
+			widenBF16(*wb, B16[j0*K:j1*K])
+			B, jb = *wb, j0
+		}
 		for i := i0; i < i1; {
 			if rt := rowTile; rt > 0 && k8 > 0 && i1-i >= rt {
-				rowsTile(C, A, B, i, rt, j0, j1, N, K, acc)
+				rowsTile(C, A, B, jb, i, rt, j0, j1, N, K, acc)
 				i += rt
 				continue
 			}
@@ -454,7 +480,7 @@ func sgemmNTRows(kn *sgemmKernel, C, A, B []float32, M, N, K int, acc bool) {
 					ng := (j1 - j) / 8
 					for r := range nr {
 						_ = C[(i+r)*N+j+8*ng-1]
-						rowDot8(k8, &A[(i+r)*K], &B[j*K], K, ng, &C[(i+r)*N+j], acc)
+						rowDot8(k8, &A[(i+r)*K], &B[(j-jb)*K], K, ng, &C[(i+r)*N+j], acc)
 					}
 					j += 8 * ng
 					continue
@@ -468,22 +494,22 @@ func sgemmNTRows(kn *sgemmKernel, C, A, B []float32, M, N, K int, acc bool) {
 				case k8 == 0:
 				case !hasRowDot:
 					var lanes [64]float32
-					kernelDot(kn, k8, &a0[0], &a1[0], &B[j*K], ldb, &lanes)
+					kernelDot(kn, k8, &a0[0], &a1[0], &B[(j-jb)*K], ldb, &lanes)
 					for o := range 8 {
 						l := lanes[8*o : 8*o+8]
 						out[o] = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
 					}
 				case nr == 2:
-					rowDot2(k8, &a0[0], &a1[0], &B[j*K], ldb, &out)
+					rowDot2(k8, &a0[0], &a1[0], &B[(j-jb)*K], ldb, &out)
 				default:
-					rowDot1(k8, &a0[0], &B[j*K], ldb, &out)
+					rowDot1(k8, &a0[0], &B[(j-jb)*K], ldb, &out)
 				}
 				for r := range nr {
 					a := A[(i+r)*K : (i+r)*K+K]
 					c := C[(i+r)*N+j : (i+r)*N+j+w]
 					for jj := range c {
 						s := out[r*4+jj]
-						b := B[(j+jj)*K : (j+jj)*K+K]
+						b := B[(j+jj-jb)*K : (j+jj-jb)*K+K]
 						for k := 8 * k8; k < K; k++ {
 							s += a[k] * b[k]
 						}
@@ -505,24 +531,24 @@ func sgemmNTRows(kn *sgemmKernel, C, A, B []float32, M, N, K int, acc bool) {
 // j0..j1 of B (j1-j0 ≤ 64) through rowDotTile: the groups of four rows of B in one call,
 // each of the last (j1-j0) mod 4 rows in a call of its own (the row repeated in the four
 // slots).
-func rowsTile(C, A, B []float32, i, nr, j0, j1, N, K int, acc bool) {
+func rowsTile(C, A, B []float32, jb, i, nr, j0, j1, N, K int, acc bool) {
 	k8 := K / 8
 	ng := (j1 - j0) / 4
 	_ = C[(i+nr-1)*N+j1-1]
-	if 8*k8 == K && ng > 0 && rowDotTileInto(k8, &A[i*K], K, &B[j0*K], K, ng, &C[i*N+j0], N, acc) {
+	if 8*k8 == K && ng > 0 && rowDotTileInto(k8, &A[i*K], K, &B[(j0-jb)*K], K, ng, &C[i*N+j0], N, acc) {
 		// the groups of four columns are in C: the last columns alone are left
 		if j0+4*ng < j1 {
-			rowsTile(C, A, B, i, nr, j0+4*ng, j1, N, K, acc)
+			rowsTile(C, A, B, jb, i, nr, j0+4*ng, j1, N, K, acc)
 		}
 		return
 	}
 	var buf [16 * 16]float32
 	if ng > 0 {
-		rowDotTile(k8, &A[i*K], K, &B[j0*K], K, ng, &buf[0])
+		rowDotTile(k8, &A[i*K], K, &B[(j0-jb)*K], K, ng, &buf[0])
 	}
 	var tail [3][16]float32
 	for t := range (j1 - j0) % 4 {
-		rowDotTile(k8, &A[i*K], K, &B[(j0+4*ng+t)*K], 0, 1, &tail[t][0])
+		rowDotTile(k8, &A[i*K], K, &B[(j0+4*ng+t-jb)*K], 0, 1, &tail[t][0])
 	}
 	gs := 4 * nr // results per group
 	for r := range nr {
@@ -553,7 +579,7 @@ func rowsTile(C, A, B []float32, i, nr, j0, j1, N, K int, acc bool) {
 			} else {
 				s = tail[jj-4*ng][r*4]
 			}
-			b := B[(j0+jj)*K : (j0+jj)*K+K]
+			b := B[(j0+jj-jb)*K : (j0+jj-jb)*K+K]
 			for k := 8 * k8; k < K; k++ {
 				s += a[k] * b[k]
 			}

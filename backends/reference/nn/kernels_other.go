@@ -91,3 +91,12 @@ func kernelTileA(kn *sgemmKernel, kc int, a *float32, lda int, b, c *float32, ld
 func kernelDot(kn *sgemmKernel, k8 int, a0, a1, b *float32, ldb int, out *[64]float32) {
 	panic("nn: no micro-kernels")
 }
+
+// hasWiden is false: widenBF16 widens in Go.
+const hasWiden = false
+
+func widenBF16AVX2(dst *float32, src *uint16, n int) { panic("nn: no widen kernel") }
+
+func rowDot8BF16(k8 int, a *float32, b *uint16, ldb int, ng int, c *float32, acc bool) {
+	panic("nn: no row kernels")
+}

@@ -119,3 +119,21 @@ var packedKernel = func() *sgemmKernel {
 func packedRow(kc int, a *float32, b *float32, bs int, c *float32, accum bool) {
 	sgemv16x4(kc, a, b, bs, c, accum)
 }
+
+// widenBF16AVX2 is widenBF16 for n a multiple of 8 (widen_amd64.s).
+//
+//go:noescape
+func widenBF16AVX2(dst *float32, src *uint16, n int)
+
+// hasWiden is whether widenBF16AVX2 runs here.
+var hasWiden = cpu.X86.HasAVX2
+
+// sdot1x8cBF16 is sdot1x8c with B's rows held as bfloat16 (widen_amd64.s).
+//
+//go:noescape
+func sdot1x8cBF16(k8 int, a *float32, b *uint16, ldb int, ng int, c *float32, acc bool)
+
+// rowDot8BF16 is rowDot8 with B's rows held as bfloat16, widened in the kernel (hasRowDot).
+func rowDot8BF16(k8 int, a *float32, b *uint16, ldb int, ng int, c *float32, acc bool) {
+	sdot1x8cBF16(k8, a, b, ldb, ng, c, acc)
+}

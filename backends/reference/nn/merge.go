@@ -19,7 +19,8 @@ func Merged[T Float](m *Model[T], a *Adapter[T]) *Model[T] {
 		}
 		for t, p := range a.Layers[i] {
 			if p != nil {
-				out.Layers[i].Lin[t].W = mergedWeight(m.Layers[i].Lin[t].W, p, a.Scale)
+				li := &out.Layers[i].Lin[t]
+				li.W, li.W16 = mergedWeight(m.Layers[i].Lin[t].Weights(), p, a.Scale), nil
 			}
 		}
 		if mo := m.Layers[i].MoE; mo != nil && a.Experts != nil {
@@ -47,7 +48,7 @@ func MergedBytes[T Float](m *Model[T], a *Adapter[T]) int64 {
 	for _, L := range m.Layers {
 		n += len(L.AttnNorm) + len(L.MLPNorm) + len(L.QNorm) + len(L.KNorm) + len(L.PostAttnNorm) + len(L.PostMLPNorm)
 		for _, li := range L.Lin {
-			n += len(li.W) + len(li.B)
+			n += li.size() + len(li.B)
 		}
 		if L.MoE != nil {
 			n += L.MoE.paramCount()

@@ -211,7 +211,10 @@ func (c *Config) Arch() string {
 
 // Linear is a frozen dense layer y = x·Wᵀ + b with W of shape [Out, In].
 type Linear[T Float] struct {
-	W       []T
+	W []T
+	// W16, when not nil, holds the weight as bfloat16 halves instead of W (which is then
+	// nil): see HoldBF16. Only float32 models hold it.
+	W16     []uint16
 	B       []T // optional bias
 	Out, In int
 }
@@ -364,7 +367,7 @@ func (m *Model[T]) ParamCount() int {
 	for _, l := range m.Layers {
 		n += len(l.AttnNorm) + len(l.MLPNorm) + len(l.QNorm) + len(l.KNorm) + len(l.PostAttnNorm) + len(l.PostMLPNorm)
 		for _, li := range l.Lin {
-			n += len(li.W) + len(li.B)
+			n += li.size() + len(li.B)
 		}
 		if l.MoE != nil {
 			n += l.MoE.paramCount()
@@ -511,6 +514,9 @@ func Load[T Float](dir string) (*Model[T], error) {
 				return nil, err
 			}
 			li := Linear[T]{W: w, Out: out, In: in}
+			if LoadBF16 && where[name+".weight"].Tensors[name+".weight"].DType == "BF16" {
+				holdLinear(&li)
+			}
 			if has(name + ".bias") {
 				if li.B, err = get(name+".bias", out); err != nil {
 					return nil, err
@@ -569,11 +575,11 @@ func (m *Model[T]) Tensors() []safetensors.Tensor {
 			L.MoE.tensors(p, add)
 		}
 		for t, li := range L.Lin {
-			if li.W == nil {
+			if li.size() == 0 {
 				continue // a MoE layer's MLP
 			}
 			name := p + targetPrefix(Target(t)) + TargetNames[t]
-			add(name+".weight", li.W, int64(li.Out), int64(li.In))
+			add(name+".weight", li.Weights(), int64(li.Out), int64(li.In))
 			if li.B != nil {
 				add(name+".bias", li.B, int64(li.Out))
 			}
@@ -677,7 +683,7 @@ func Convert[U, T Float](m *Model[T]) *Model[U] {
 		o.PostAttnNorm, o.PostMLPNorm = cv(L.PostAttnNorm), cv(L.PostMLPNorm)
 		o.MoE = convertMoE(L.MoE, cv)
 		for t, li := range L.Lin {
-			o.Lin[t] = Linear[U]{W: cv(li.W), B: cv(li.B), Out: li.Out, In: li.In}
+			o.Lin[t] = Linear[U]{W: cv(li.Weights()), B: cv(li.B), Out: li.Out, In: li.In}
 		}
 	}
 	out.InitRope()

@@ -18,7 +18,7 @@ type pickFn[T Float] func(a *Adapter[T]) *Pair[T]
 // pair applies) for the backward pass, in arrays from ar. pk, when not nil, is W packed
 // (packNT).
 func linFwd[T Float](ar *fbArena[T], X []T, M int, li *Linear[T], pk *packedNT, segs []seg[T], pick pickFn[T], Y []T) [][]T {
-	matMulTWith(pk, Y, X, li.W, M, li.Out, li.In, false)
+	linMatMulT(pk, Y, X, li, M)
 	if li.B != nil {
 		for i := 0; i < M; i++ {
 			y := Y[i*li.Out : (i+1)*li.Out]
@@ -57,7 +57,7 @@ func linFwd[T Float](ar *fbArena[T], X []T, M int, li *Linear[T], pk *packedNT, 
 // input gradients (packNN). Its work arrays come from ar.
 func linBwd[T Float](ar *fbArena[T], dY, X []T, M int, li *Linear[T], pk *packedNT, segs []seg[T], pick pickFn[T], xs [][]T, dX []T, acc bool) {
 	if dX != nil {
-		matMulWith(pk, dX, dY, li.W, M, li.In, li.Out, acc)
+		linMatMul(pk, dX, dY, li, M, acc)
 	}
 	if xs == nil {
 		return

@@ -29,6 +29,7 @@ const maxPackedModelBytes = 256 << 20
 // Linear, N its in and K its out features); sgemmNTPacked takes either.
 type packedNT struct {
 	w        *float32 // &W[0] of the weight packed
+	w16      *uint16  // &W16[0] of a bf16 weight packed (w nil)
 	n, k, ns int
 	nn       bool // packed for A·W rather than A·Wᵀ
 	data     []float32
@@ -118,21 +119,27 @@ func packModel[T Float](p *weightPacks, m *Model[T]) {
 	bytes := 4 * int64(len(m.Head.W))
 	for _, L := range m.Layers {
 		for _, li := range L.Lin {
-			bytes += 4 * int64(len(li.W))
+			bytes += 4 * int64(li.size())
 		}
 	}
 	if bytes > maxPackedModelBytes {
 		return
 	}
 	pack := func(li *Linear[T], nn bool) *packedNT {
-		w := any(li.W).([]float32)
+		w := any(li.Weights()).([]float32)
 		if len(w) == 0 || len(w) != li.Out*li.In {
 			return nil
 		}
+		var p *packedNT
 		if nn {
-			return packNN(w, li.In, li.Out)
+			p = packNN(w, li.In, li.Out)
+		} else {
+			p = packNT(w, li.Out, li.In)
 		}
-		return packNT(w, li.Out, li.In)
+		if li.W16 != nil { // packed from the widened halves: the pack of W16
+			p.w, p.w16 = nil, &li.W16[0]
+		}
+		return p
 	}
 	all := func(nn bool) [][NumLayerTargets]*packedNT {
 		layers := make([][NumLayerTargets]*packedNT, len(m.Layers))
