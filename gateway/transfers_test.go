@@ -213,14 +213,16 @@ func postImport(t *testing.T, url, key string, r io.Reader) (int, string, time.D
 
 // TestSlowImportOutlastsTheBodyTimeout: an import is not bound by the body read timeout of
 // other requests: one arriving over several body timeouts, above the minimum rate, is
-// taken.
+// taken. The rate window (3 s) is wide enough that the trickling goroutine stalling for a
+// second on a loaded CI machine under -race does not take the body under the rate (at 1 s
+// it did: 408).
 func TestSlowImportOutlastsTheBodyTimeout(t *testing.T) {
 	dataDir := t.TempDir()
 	addr := startServerWith(t, func(c *gateway.Config) {
 		c.DataDir = dataDir
 		c.Limits.BodyReadTimeout = 300 * time.Millisecond
 		c.Transfers.MinRate = 1 << 10
-		c.Transfers.RateWindow = time.Second
+		c.Transfers.RateWindow = 3 * time.Second
 	})
 	body := tinyAdapterTar(t, dataDir)
 	pr, pw := io.Pipe()
