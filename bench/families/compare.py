@@ -196,15 +196,24 @@ def run_family(family, d, args):
 
     attn = fams.for_config(*fams.load_config(d)).attn_implementation
     adapter = os.path.join(d, "adapter")
-    loops = Child("loops", args, d, adapter)
-    lr = loops.recv()  # the adapter is saved before the plain side reads it
-    plain = Child("plain", args, d, adapter, attn)
-    pr = plain.recv()
-    times = {"loops": [], "plain": []}
-    for _ in range(args.rounds):
-        for c in (loops, plain):
-            times[c.side] += c.send(op="run", steps=args.steps)["times"]
-    mem = {"loops": loops.close(), "plain": plain.close()}
+    kids = []
+    try:
+        loops = Child("loops", args, d, adapter)
+        kids.append(loops)
+        lr = loops.recv()  # the adapter is saved before the plain side reads it
+        plain = Child("plain", args, d, adapter, attn)
+        kids.append(plain)
+        pr = plain.recv()
+        times = {"loops": [], "plain": []}
+        for _ in range(args.rounds):
+            for c in (loops, plain):
+                times[c.side] += c.send(op="run", steps=args.steps)["times"]
+        mem = {"loops": loops.close(), "plain": plain.close()}
+    finally:
+        for c in kids:  # a child that is still running reads EOF and exits
+            if c.p.poll() is None:
+                c.p.stdin.close()
+                c.p.wait()
     med = {s: statistics.median(t) for s, t in times.items()}
     return dict(family=family, attn=attn, loss={"loops": lr["loss"], "plain": pr["loss"]}, times=times,
                 median_ms={s: v * 1e3 for s, v in med.items()}, ratio=med["loops"] / med["plain"], memory=mem)
@@ -266,7 +275,12 @@ def main():
         print(hdr, flush=True)
         for f in names:
             d = build(f, os.path.join(tmp, f))
-            r = run_family(f, d, args)
+            try:
+                r = run_family(f, d, args)
+            except Exception as e:  # one family's failure does not lose the others' rows
+                print(f"{f:<13} failed: {e}", flush=True)
+                info["results"].append(dict(family=f, error=str(e)))
+                continue
             info["results"].append(r)
             m, mem = r["median_ms"], r["memory"]
             print(f"{f:<13} {m['loops']:>9.1f} {m['plain']:>9.1f} {r['ratio']:>6.2f} "
