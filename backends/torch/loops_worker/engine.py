@@ -252,17 +252,26 @@ class BaseModel:
         arithmetic): the model's size, dtype and shape, its LoRA parameters per unit of rank,
         the loss head's chunk and, on a GPU, the device's memory."""
         c = self.config
-        heads = int(getattr(c, "num_attention_heads", 0) or 0)
-        hidden = int(getattr(c, "hidden_size", 0) or 0)
-        head_dim = int(getattr(c, "head_dim", 0) or 0) or (hidden // heads if heads else 0)
+
+        def num(name: str) -> int:
+            # 0 where unknown, or where the config holds it per layer (Gemma 4's head_dim:
+            # transformers refuses a global read of a heterogeneous attribute)
+            try:
+                return int(getattr(c, name, 0) or 0)
+            except Exception:  # noqa: BLE001 - AmbiguousGlobalPerLayerAttributeError and kin
+                return 0
+
+        heads = num("num_attention_heads")
+        hidden = num("hidden_size")
+        head_dim = num("head_dim") or (hidden // heads if heads else 0)
         mem = 0
         if self.device.type == "cuda":
             mem = int(torch.cuda.get_device_properties(self.device).total_memory)
         return dict(
             parameter_count=sum(p.numel() for p in self.model.parameters()),  # a tied weight once
             weight_dtype=str(self.dtype).removeprefix("torch."), num_layers=self.num_layers,
-            intermediate_size=int(getattr(c, "intermediate_size", 0) or 0), num_attention_heads=heads,
-            num_key_value_heads=int(getattr(c, "num_key_value_heads", 0) or heads), head_dim=head_dim,
+            intermediate_size=num("intermediate_size"), num_attention_heads=heads,
+            num_key_value_heads=num("num_key_value_heads") or heads, head_dim=head_dim,
             lora_parameters_per_rank=sum((t.in_features + t.out_features) * max(1, t.experts) for t in self.layers.values()),
             logits_chunk_elements=self.logits_budget, device_memory_bytes=mem)
 
