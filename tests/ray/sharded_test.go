@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/backends/pools"
+	rayprov "github.com/loops-dev/loops/backends/pools/ray"
 	"github.com/loops-dev/loops/backends/worker"
 	"github.com/loops-dev/loops/gateway"
 )
@@ -49,6 +51,13 @@ func TestRayShardedReplica(t *testing.T) {
 	root, err := filepath.Abs("../..")
 	require.NoError(t, err)
 	ctx := t.Context()
+	pool := worker.PoolID("loops/tiny")
+	// The pool (and so its driver job's id) is TestRayPool's: wait until Ray has let that
+	// job's supervisor go, or the new submission races with it.
+	require.Eventually(t, func() bool {
+		return len(rayState(t, dash, "actors", url.Values{"filter_keys": {"name", "state"}, "filter_predicates": {"=", "="},
+			"filter_values": {"_ray_internal_job_actor_" + rayprov.JobID(pool), "ALIVE"}})) == 0
+	}, 3*time.Minute, time.Second, "the previous driver job's supervisor is still alive")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t0 := time.Now()
@@ -66,7 +75,6 @@ func TestRayShardedReplica(t *testing.T) {
 	b := be
 	beMu.Unlock()
 	prov, _ := b.Pools()
-	pool := worker.PoolID("loops/tiny")
 	t.Cleanup(func() { _ = prov.DeletePool(context.Background(), pool) })
 	ups := make(chan pools.Event, 64)
 	evs, err := prov.Watch(ctx, pool)
