@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -52,12 +53,24 @@ func TestRayShardedReplica(t *testing.T) {
 	require.NoError(t, err)
 	ctx := t.Context()
 	pool := worker.PoolID("loops/tiny")
-	// The pool (and so its driver job's id) is TestRayPool's: wait until Ray has let that
-	// job's supervisor go, or the new submission races with it.
+	// The pool (and so its driver job's id) is TestRayPool's, whose job that test stopped:
+	// delete that job and wait until Ray has let its supervisor go. A submission under the
+	// id right after the delete can find the supervisor's name still taken (seen here).
+	job := dash + "/api/jobs/" + rayprov.JobID(pool)
 	require.Eventually(t, func() bool {
-		return len(rayState(t, dash, "actors", url.Values{"filter_keys": {"name", "state"}, "filter_predicates": {"=", "="},
-			"filter_values": {"_ray_internal_job_actor_" + rayprov.JobID(pool), "ALIVE"}})) == 0
-	}, 3*time.Minute, time.Second, "the previous driver job's supervisor is still alive")
+		req, _ := http.NewRequest(http.MethodDelete, job, nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+		resp, err := http.Get(job)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusNotFound && len(rayState(t, dash, "actors", url.Values{"filter_keys": {"name", "state"},
+			"filter_predicates": {"=", "="}, "filter_values": {"_ray_internal_job_actor_" + rayprov.JobID(pool), "ALIVE"}})) == 0
+	}, 3*time.Minute, time.Second, "the previous driver job is still there")
+	time.Sleep(3 * time.Second)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t0 := time.Now()
