@@ -163,7 +163,7 @@ test-clients: protodeps ## Generated TypeScript (Connect) and Python (gRPC) clie
 	bash clients/lmeval/run.sh
 
 .PHONY: test-ray
-test-ray: ## Worker pools on a real local Ray cluster (3 raylets, logical GPUs, CPU workers): tinker trains and samples while the pool scales 1→3→1 and an actor, then a raylet, is killed (cached venv with ray[default]; ~5 min warm)
+test-ray: ## Worker pools on a real local Ray cluster (5 raylets, logical GPUs, CPU workers): tinker trains and samples while the pool scales 1→3→1 and an actor, then a raylet, is killed; a 2-rank replica spans two raylets and survives one being killed (cached venv with ray[default]; ~5 min warm)
 	bash tests/ray/run.sh
 
 .PHONY: test-torch

@@ -24,6 +24,17 @@ activation checkpointing are not counted (model FLOPs, not hardware FLOPs); mfu_
 leaves attention out. Peak: 989 TFLOP/s dense bf16 (H100/H200 SXM), override with
 --peak-tflops. vLLM runs with CUDA graphs off by default (both sides)
 to stay in the time budget; --cuda-graphs turns them on for both.
+
+  python bench/gpu/bench.py --world-size N [--out results.json]   # N GPUs on one machine
+  python bench/gpu/bench.py --world-size 2 --dry-run               # CPU, gloo
+
+--world-size N measures one sharded training replica (the worker with --world-size N:
+FSDP2-sharded base, N ranks on cuda:0..N-1, NCCL; docs/scale-out.md): forward_backward
+tokens/s and MFU against N × peak, optim_step time, and each rank's peak memory (GPU:
+the peak of nvidia-smi's used memory per GPU, polled every 50 ms, so CUDA context and the
+caching allocator's reserve included: what must fit; CPU: each rank process's peak resident
+set, VmHWM). A multi-rank replica
+does not sample, so the raw-vLLM, sampling and publish stages are skipped.
 """
 
 from __future__ import annotations
@@ -154,6 +165,44 @@ def raw_vllm(args) -> None:
     print("RAW_VLLM_RESULT " + json.dumps({"tokens": n, "seconds": dt, "tokens_per_s": n / dt, "startup_s": start}), flush=True)
 
 
+class PeakMemory:
+    """Each rank's peak memory while it runs (module doc): GPU via nvidia-smi, polled; CPU via
+    the rank processes' VmHWM (the worker is rank 0, its children the other ranks)."""
+
+    def __init__(self, proc, gpu: bool, world: int):
+        self.proc, self.gpu, self.world = proc, gpu, world
+        self.peak = [0] * world
+        self.stop = threading.Event()
+        if gpu:
+            threading.Thread(target=self._poll, daemon=True).start()
+
+    def _poll(self) -> None:
+        while not self.stop.wait(0.05):
+            out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True).stdout
+            for line in out.splitlines():
+                i, used = (int(x) for x in line.split(","))
+                if i < self.world:
+                    self.peak[i] = max(self.peak[i], used << 20)
+
+    def result(self) -> dict:
+        self.stop.set()
+        if not self.gpu:
+            pids = [self.proc.pid]
+            try:
+                with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+                    pids += [int(x) for x in f.read().split()]
+            except OSError:
+                pass
+            for r, pid in enumerate(pids[: self.world]):
+                with open(f"/proc/{pid}/status") as f:
+                    for line in f:
+                        if line.startswith("VmHWM:"):
+                            self.peak[r] = int(line.split()[1]) << 10
+        kind = "gpu_used_bytes (nvidia-smi)" if self.gpu else "rss_peak_bytes (VmHWM)"
+        return {"kind": kind, "per_rank": self.peak, "max_gib": round(max(self.peak) / 2**30, 2)}
+
+
 def start_worker(args, certs_dir):
     """Starts the worker with test credentials (loops_worker.testcerts: the worker serves
     mutual TLS only) and the work folder allowed."""
@@ -164,12 +213,17 @@ def start_worker(args, certs_dir):
     if args.dry_run:
         cmd = [sys.executable, "-m", "loops_worker", "--listen", "127.0.0.1:0", "--device", "cpu", "--sampler", "transformers",
                "--model", f"{BASE}={args.model_dir}", "--max-lora-rank", str(RANK), *common]
+    elif args.world_size > 1:
+        cmd = [sys.executable, "-m", "loops_worker", "--listen", "127.0.0.1:0", "--device", "cuda",
+               "--model", f"{BASE}={args.model_dir}", "--max-lora-rank", str(RANK), *common]
     else:
         cmd = [sys.executable, "-m", "loops_worker", "--listen", "127.0.0.1:0", "--device", "cuda", "--sampler", "vllm",
                "--model", f"{BASE}={args.model_dir}", "--max-lora-rank", str(RANK), *common,
                "--vllm-gpu-memory-utilization", str(args.vllm_mem), "--vllm-max-model-len", str(args.max_model_len)]
         if not args.cuda_graphs:
             cmd.append("--vllm-enforce-eager")
+    if args.world_size > 1:
+        cmd += ["--world-size", str(args.world_size)]
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     t0 = time.time()
     for line in p.stdout:
@@ -201,7 +255,9 @@ def main() -> int:
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--vllm-mem", type=float, default=0.45)
     ap.add_argument("--cuda-graphs", action="store_true")
-    ap.add_argument("--peak-tflops", type=float, default=989.0)
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="per GPU")
+    ap.add_argument("--world-size", type=int, default=1,
+                    help="ranks of one sharded training replica (N GPUs; module doc): training only")
     ap.add_argument("--skip-raw", action="store_true")
     ap.add_argument("--raw-timeout", type=int, default=300)
     ap.add_argument("--raw-vllm", action="store_true", help=argparse.SUPPRESS)
@@ -211,6 +267,16 @@ def main() -> int:
     if args.raw_vllm:
         raw_vllm(args)
         return 0
+    if args.world_size < 1:
+        ap.error("--world-size must be at least 1")
+    if args.world_size > 1:
+        args.skip_raw = True  # a multi-rank replica does not sample
+        if not args.dry_run:
+            import torch
+
+            if torch.cuda.device_count() < args.world_size:
+                ap.error(f"--world-size {args.world_size} needs {args.world_size} GPUs; "
+                         f"this machine shows {torch.cuda.device_count()}")
     if args.dry_run:
         args.skip_raw = True
         if args.workdir == ap.get_default("workdir"):
@@ -222,7 +288,7 @@ def main() -> int:
     c = dict(TINY if args.dry_run else QWEN3_8B, num_hidden_layers=args.layers)
     T0 = time.time()
     res: dict = {"model": ("tiny (dry run, CPU)" if args.dry_run else "Qwen3-8B-shaped") + ", random bf16 weights",
-                 "layers": args.layers, "rank": RANK}
+                 "layers": args.layers, "rank": RANK, "world_size": args.world_size}
 
     def save() -> None:
         if args.out:
@@ -261,12 +327,19 @@ def main() -> int:
         log(f"raw vLLM: {res.get('raw_vllm') or res['raw_vllm_error']}")
         save()
 
+    def finish() -> int:
+        res["total_s"] = round(time.time() - T0, 1)
+        print(json.dumps(res, indent=2))
+        save()
+        return 0
+
     from loops_worker import testcerts
     from loops_worker.proto import bgrpc, bpb, tpb
 
     certs_dir = os.path.join(workdir, "certs")
     certs = testcerts.make(certs_dir)
     proc, addr, res["worker_start_s"] = start_worker(args, certs_dir)
+    mem = PeakMemory(proc, not args.dry_run, args.world_size) if args.world_size > 1 else None
     save()
     try:
         ch = testcerts.channel(certs, addr, options=[("grpc.max_send_message_length", 1 << 30), ("grpc.max_receive_message_length", 1 << 30)])
@@ -297,13 +370,17 @@ def main() -> int:
         P = L * (H * hd * (c["num_attention_heads"] * 2 + c["num_key_value_heads"] * 2) + 3 * H * I) + H * c["vocab_size"]
         attn = 6 * L * args.fb_batch * args.fb_seqlen ** 2 * c["num_attention_heads"] * hd
         best = min(times)
-        peak = args.peak_tflops * 1e12
+        peak = args.peak_tflops * 1e12 * args.world_size
         res["forward_backward"] = {"tokens_per_call": toks, "seconds_per_call": times, "tokens_per_s": toks / best,
                                    "mfu": (4 * P * toks + attn) / best / peak, "mfu_matmul_only": 4 * P * toks / best / peak,
                                    "model_flops_per_call": 4 * P * toks + attn, "params_non_embedding": P,
                                    "optim_step_s": optim_s}
+        if mem is not None:
+            res["forward_backward"]["peak_memory"] = mem.result()
         log(f"forward_backward: {res['forward_backward']}")
         save()
+        if args.world_size > 1:
+            return finish()
         # --- sampling through the worker ---
         ps = prompts(args.prompts, args.prompt_len, c["vocab_size"])
 
@@ -343,10 +420,7 @@ def main() -> int:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
-    res["total_s"] = round(time.time() - T0, 1)
-    print(json.dumps(res, indent=2))
-    save()
-    return 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -301,6 +301,11 @@ func TestRayPool(t *testing.T) {
 	require.Equal(t, dcold.Loss, warm.Loss, "the same first step on a fresh adapter")
 	s.do("quit", "bye")
 	require.NoError(t, prov.DeletePool(ctx, pool))
+	// the warm dedicated pool too: its job would keep its actor (a GPU) on the cluster,
+	// which the next test (TestRayShardedReplica) needs
+	for _, id := range dfirst {
+		require.NoError(t, prov.DeletePool(ctx, id))
+	}
 }
 
 // midTraining has the script train until told to stop, kills something after its first

@@ -2,10 +2,12 @@
 # tests/ray/run.sh (make test-ray): the Ray pool test against a real local Ray cluster.
 #
 # Builds/reuses the venv (scripts/pyenv.sh ray-pool: the torch worker's CPU requirements,
-# ray[default] for the dashboard and its Jobs API, the tinker SDK), starts a cluster of three
-# raylets on this machine (a head with no GPUs, where the pool driver job runs, and two nodes
-# declaring 2 logical GPUs each: 4 in all; Ray GPUs are only labels here, the workers run on
-# the CPU), runs the Go test tests/ray (LOOPS_TEST_RAY=1), and stops the cluster.
+# ray[default] for the dashboard and its Jobs API, the tinker SDK), starts a cluster of five
+# raylets on this machine (a head with no GPUs, where the pool driver job runs, and four nodes
+# declaring 1 logical GPU each: Ray GPUs are only labels here, the workers run on the CPU; a
+# 2-GPU replica must span two nodes), runs the Go tests tests/ray (LOOPS_TEST_RAY=1: the
+# sharded replica's, which kills one node, then the pool's, which needs three more), and
+# stops the cluster.
 # Ports: RAY_PORT (6390), RAY_DASHBOARD_PORT (8290). Cold cost: the venv (~1.5 GB of wheels;
 # minutes, cached afterwards), then about a minute of cluster start-up.
 set -euo pipefail
@@ -37,14 +39,14 @@ try3() {
 start=$(date +%s)
 try3 "$tmp/head.log" "$venv/bin/ray" start --head --node-ip-address=127.0.0.1 --port="$port" --dashboard-host=127.0.0.1 \
   --dashboard-port="$dport" --num-cpus=2 --num-gpus=0 --temp-dir="$tmp" --disable-usage-stats
-for n in a b; do
+for n in a b c d; do
   try3 "$tmp/node-$n.log" "$venv/bin/ray" start --address="127.0.0.1:$port" --node-ip-address=127.0.0.1 --num-cpus=2 \
-    --num-gpus=2 --resources="{\"loops_node_$n\": 1}" --disable-usage-stats
+    --num-gpus=1 --resources="{\"loops_node_$n\": 1}" --disable-usage-stats
 done
-echo "test-ray: cluster of 3 raylets up in $(( $(date +%s) - start ))s (dashboard http://127.0.0.1:$dport; load: $(cut -d' ' -f1-3 /proc/loadavg))"
+echo "test-ray: cluster of 5 raylets up in $(( $(date +%s) - start ))s (dashboard http://127.0.0.1:$dport; load: $(cut -d' ' -f1-3 /proc/loadavg))"
 cd "$root"
 LOOPS_TEST_RAY=1 LOOPS_RAY_ADDRESS="http://127.0.0.1:$dport" LOOPS_RAY_PYTHON="$venv/bin/python" \
-  ${GO:-go} test -count=1 -v -timeout 30m -run TestRayPool ./tests/ray/ 2>&1 | tee "$tmp/test.log" | grep -E 'FIGURE|EVENT|SCRIPT|killed|^(---|ok|FAIL|PASS)|Error' || true
+  ${GO:-go} test -count=1 -v -timeout 30m -run 'TestRayShardedReplica|TestRayPool' ./tests/ray/ 2>&1 | tee "$tmp/test.log" | grep -E 'FIGURE|EVENT|SCRIPT|killed|^(---|ok|FAIL|PASS)|Error' || true
 
 grep -q '^ok' "$tmp/test.log" || { tail -80 "$tmp/test.log"; exit 1; }
 echo "test-ray: load after: $(cut -d' ' -f1-3 /proc/loadavg)"

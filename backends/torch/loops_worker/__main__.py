@@ -25,7 +25,9 @@ import sys
 import threading
 
 
-def build(args):
+def build(args, local_rank: int | None = None):
+    """The engine, sampler, device and dtype of args. On CUDA a rank of a multi-rank replica
+    uses visible GPU local_rank (its rank when None: the replica's GPUs all visible to it)."""
     import torch
 
     from .engine import BaseModel, Engine
@@ -35,7 +37,7 @@ def build(args):
     else:
         device = torch.device(args.device)
     if device.type == "cuda" and args.world_size > 1 and device.index is None:
-        device = torch.device("cuda", args.rank)  # rank r on the replica's r-th visible GPU
+        device = torch.device("cuda", args.rank if local_rank is None else local_rank)
     if args.dtype == "auto":
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     else:

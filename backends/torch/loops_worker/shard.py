@@ -227,7 +227,12 @@ class Leader:
         return getattr(self._e, name)
 
     def _send(self, name: str, payload, files=None) -> None:
-        self._d.broadcast((name, payload, files))
+        try:
+            self._d.broadcast((name, payload, files))
+        except Exception:  # noqa: BLE001 - a rank is gone (its process or its node)
+            log.exception("sending %s to the other %d ranks failed: the replica is lost; exiting", name, self._d.world - 1)
+            logging.shutdown()
+            os._exit(1)
         self._last = time.monotonic()
 
     def forward_backward(self, req):
@@ -308,9 +313,11 @@ def follow(engine, d: Dist) -> int:
 # -- processes -----------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on host now (for rank 0's torch.distributed store)."""
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
