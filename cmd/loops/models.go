@@ -59,7 +59,7 @@ func cookbookRenderer(name string) (renderer string, auto bool) {
 // family's renderer (ModelInfo.renderer) when the backend names one.
 func printModels(w io.Writer, models []*loopsv1.ModelInfo) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MODEL\tFAMILY\tPUBLISHER\tARCH\tMODALITIES\tMAX SEQ LEN\tVOCAB\tMAX LORA RANK\tBACKEND\tCOOKBOOK RENDERER")
+	fmt.Fprintln(tw, "MODEL\tFAMILY\tPUBLISHER\tARCH\tMODALITIES\tMAX SEQ LEN\tVOCAB\tMAX LORA RANK\tUSE\tAVAILABILITY\tBACKEND\tCOOKBOOK RENDERER")
 	var hint *loopsv1.ModelInfo
 	hintRenderer := ""
 	for _, m := range models {
@@ -76,8 +76,9 @@ func printModels(w io.Writer, models []*loopsv1.ModelInfo) error {
 		case hint == nil:
 			hint, hintRenderer = m, renderer
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", m.GetName(), dash(m.GetFamily()), dash(m.GetPublisher()),
-			m.GetArchitecture(), dash(strings.Join(m.GetModalities(), ",")), m.GetMaxSequenceLength(), m.GetVocabSize(), m.GetMaxLoraRank(), m.GetBackend(), col)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", m.GetName(), dash(m.GetFamily()), dash(m.GetPublisher()),
+			m.GetArchitecture(), dash(strings.Join(m.GetModalities(), ",")), m.GetMaxSequenceLength(), m.GetVocabSize(), m.GetMaxLoraRank(),
+			uses(m), dash(strings.Join(m.GetAvailability(), ",")), m.GetBackend(), col)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -89,4 +90,16 @@ func printModels(w io.Writer, models []*loopsv1.ModelInfo) error {
 			hint.GetName(), hintRenderer)
 	}
 	return nil
+}
+
+// uses says what a model may be used for: "train,sample", "train", "sample" or "-".
+func uses(m *loopsv1.ModelInfo) string {
+	var out []string
+	if m.GetTrainable() {
+		out = append(out, "train")
+	}
+	if m.GetSampleable() {
+		out = append(out, "sample")
+	}
+	return dash(strings.Join(out, ","))
 }

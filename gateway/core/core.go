@@ -326,8 +326,9 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	if err != nil {
 		return nil, fmt.Errorf("core: asking the backend for its capabilities: %w", err)
 	}
+	_, dedicated := be.(backends.DedicatedPools)
 	for _, m := range caps.GetModels() {
-		c.models[m.GetName()] = m
+		c.models[m.GetName()] = catalogEntry(m, dedicated)
 	}
 	if caps.GetCheckpointUrls() {
 		c.ckpt.UseURLs() // the backend reads and writes the store itself, if the store lets it

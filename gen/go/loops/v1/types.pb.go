@@ -1502,8 +1502,18 @@ type ModelInfo struct {
 	// ("model.language_model."; PEFT's names on the full vision-language model), which
 	// Tinker's layout names as the text model's ("model."); empty for a text model.
 	LanguageModelPrefix string `protobuf:"bytes,201,opt,name=language_model_prefix,json=languageModelPrefix,proto3" json:"language_model_prefix,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Whether runs may train LoRA adapters on the model (CreateTrainingRun), and whether it
+	// may be sampled (its base weights and its runs' checkpoints). The gateway fills both:
+	// every backend Loops has trains and samples each model it serves.
+	Trainable  bool `protobuf:"varint,280,opt,name=trainable,proto3" json:"trainable,omitempty"`
+	Sampleable bool `protobuf:"varint,281,opt,name=sampleable,proto3" json:"sampleable,omitempty"`
+	// How the model's runs may be placed, as the caller's workspace sees it:
+	// "serverless" (the shared pools of the base model) and "dedicated" (a pool of the
+	// run's own, when the backend gives dedicated pools: docs/scale-out.md). The workspace
+	// policy's dedicated key narrows it (off: serverless only; always: dedicated only).
+	Availability  []string `protobuf:"bytes,282,rep,name=availability,proto3" json:"availability,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ModelInfo) Reset() {
@@ -1653,6 +1663,27 @@ func (x *ModelInfo) GetLanguageModelPrefix() string {
 		return x.LanguageModelPrefix
 	}
 	return ""
+}
+
+func (x *ModelInfo) GetTrainable() bool {
+	if x != nil {
+		return x.Trainable
+	}
+	return false
+}
+
+func (x *ModelInfo) GetSampleable() bool {
+	if x != nil {
+		return x.Sampleable
+	}
+	return false
+}
+
+func (x *ModelInfo) GetAvailability() []string {
+	if x != nil {
+		return x.Availability
+	}
+	return nil
 }
 
 // ClientInfo is the client that created a training run, as its request headers name it
@@ -1860,7 +1891,7 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x0fPromptAltTokens\x12\f\n" +
 	"\x01k\x18\x01 \x01(\x05R\x01k\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\x05R\btokenIds\x12\x1a\n" +
-	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xd2\x04\n" +
+	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xb7\x05\n" +
 	"\tModelInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x13max_sequence_length\x18\x02 \x01(\x05R\x11maxSequenceLength\x12\x1d\n" +
@@ -1883,7 +1914,12 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"modalities\x12,\n" +
 	"\x06vision\x18d \x01(\v2\x14.loops.v1.VisionInfoR\x06vision\x12(\n" +
 	"\x0ftied_embeddings\x18\xc8\x01 \x01(\bR\x0etiedEmbeddings\x123\n" +
-	"\x15language_model_prefix\x18\xc9\x01 \x01(\tR\x13languageModelPrefix\"s\n" +
+	"\x15language_model_prefix\x18\xc9\x01 \x01(\tR\x13languageModelPrefix\x12\x1d\n" +
+	"\ttrainable\x18\x98\x02 \x01(\bR\ttrainable\x12\x1f\n" +
+	"\n" +
+	"sampleable\x18\x99\x02 \x01(\bR\n" +
+	"sampleable\x12#\n" +
+	"\favailability\x18\x9a\x02 \x03(\tR\favailability\"s\n" +
 	"\n" +
 	"ClientInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +

@@ -285,7 +285,7 @@ class PromptAltTokens(_message.Message):
     def __init__(self, k: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "max_sequence_length", "vocab_size", "architecture", "tokenizer_id", "max_lora_rank", "backend", "hidden_size", "revision", "family", "publisher", "renderer", "lora_targets", "modalities", "vision", "tied_embeddings", "language_model_prefix")
+    __slots__ = ("name", "max_sequence_length", "vocab_size", "architecture", "tokenizer_id", "max_lora_rank", "backend", "hidden_size", "revision", "family", "publisher", "renderer", "lora_targets", "modalities", "vision", "tied_embeddings", "language_model_prefix", "trainable", "sampleable", "availability")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MAX_SEQUENCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +303,9 @@ class ModelInfo(_message.Message):
     VISION_FIELD_NUMBER: _ClassVar[int]
     TIED_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     LANGUAGE_MODEL_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    TRAINABLE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLEABLE_FIELD_NUMBER: _ClassVar[int]
+    AVAILABILITY_FIELD_NUMBER: _ClassVar[int]
     name: str
     max_sequence_length: int
     vocab_size: int
@@ -320,7 +323,10 @@ class ModelInfo(_message.Message):
     vision: VisionInfo
     tied_embeddings: bool
     language_model_prefix: str
-    def __init__(self, name: _Optional[str] = ..., max_sequence_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., architecture: _Optional[str] = ..., tokenizer_id: _Optional[str] = ..., max_lora_rank: _Optional[int] = ..., backend: _Optional[str] = ..., hidden_size: _Optional[int] = ..., revision: _Optional[str] = ..., family: _Optional[str] = ..., publisher: _Optional[str] = ..., renderer: _Optional[str] = ..., lora_targets: _Optional[_Iterable[str]] = ..., modalities: _Optional[_Iterable[str]] = ..., vision: _Optional[_Union[VisionInfo, _Mapping]] = ..., tied_embeddings: _Optional[bool] = ..., language_model_prefix: _Optional[str] = ...) -> None: ...
+    trainable: bool
+    sampleable: bool
+    availability: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., max_sequence_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., architecture: _Optional[str] = ..., tokenizer_id: _Optional[str] = ..., max_lora_rank: _Optional[int] = ..., backend: _Optional[str] = ..., hidden_size: _Optional[int] = ..., revision: _Optional[str] = ..., family: _Optional[str] = ..., publisher: _Optional[str] = ..., renderer: _Optional[str] = ..., lora_targets: _Optional[_Iterable[str]] = ..., modalities: _Optional[_Iterable[str]] = ..., vision: _Optional[_Union[VisionInfo, _Mapping]] = ..., tied_embeddings: _Optional[bool] = ..., language_model_prefix: _Optional[str] = ..., trainable: _Optional[bool] = ..., sampleable: _Optional[bool] = ..., availability: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ClientInfo(_message.Message):
     __slots__ = ("name", "version", "runtime", "user_agent")
