@@ -40,7 +40,8 @@ if [[ -z ${LOOPS_URL:-} ]]; then
   trap 'rm -rf "$vl"' EXIT
   t0=$SECONDS
   "$torch/bin/python" "$here/vl_model.py" "$vl/qwen3_vl"
-  TOKENIZERS_PARALLELISM=false LOOPS_WORKER_PYTHON=$torch/bin/python LOOPS_WORKER_PYTHONPATH=$root/backends/torch:$root/gen/python \
+  (cd "$root" && go build -o "$vl/loops" ./cmd/loops) # vision.py runs `loops deploy create` too
+  LOOPS_BIN=$vl/loops TOKENIZERS_PARALLELISM=false LOOPS_WORKER_PYTHON=$torch/bin/python LOOPS_WORKER_PYTHONPATH=$root/backends/torch:$root/gen/python \
     LOOPS_SERVE_ARGS="--backend torch --backend-opt device=cpu --model $vl/qwen3_vl" \
     "$root/clients/with-server.sh" "$venv/bin/python" "$here/vision.py" "$vl/qwen3_vl"
   echo "openai/run.sh: images through the openai and anthropic clients on the torch worker in $((SECONDS - t0))s" >&2
