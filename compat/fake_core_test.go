@@ -40,8 +40,9 @@ func newFakeCore() *fakeCore {
 		last: map[string]proto.Message{}, errs: map[string]error{},
 		sessions: map[string]*loopsv1.Session{}, runs: map[string]*loopsv1.TrainingRun{}, aliases: map[string]string{},
 		samplers: map[string]*loopsv1.Sampler{}, ops: map[string]*loopsv1.Operation{},
-		ckpts:  map[string]*loopsv1.Checkpoint{},
-		models: []*loopsv1.ModelInfo{{Name: "Qwen/Qwen3-8B", MaxSequenceLength: 32768, TokenizerId: "/models/qwen3/tokenizer", Architecture: "qwen3"}},
+		ckpts: map[string]*loopsv1.Checkpoint{},
+		models: []*loopsv1.ModelInfo{{Name: "Qwen/Qwen3-8B", MaxSequenceLength: 32768, TokenizerId: "/models/qwen3/tokenizer", Architecture: "qwen3",
+			Trainable: true, Sampleable: true}},
 	}
 }
 

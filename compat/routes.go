@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/loops-dev/loops/compat/internal/catalog"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/auditnote"
 )
@@ -276,18 +277,12 @@ func (s *server) healthz(w http.ResponseWriter, r *http.Request) error {
 }
 
 // supportedModel is one entry of get_server_capabilities. The SDK reads model_name (and
-// keeps the rest); family, publisher, renderer_name (the tinker-cookbook renderer) and
-// lora_targets and modalities are Loops' catalog (ModelInfo), present when the backend says them.
+// keeps the rest); the rest is Loops' catalog (ModelInfo: family, modalities, limits,
+// trainable / sampleable, availability, backend), present when the backend says it.
 type supportedModel struct {
-	ModelName        string   `json:"model_name"`
-	MaxContextLength int32    `json:"max_context_length,omitempty"`
-	Trainable        bool     `json:"trainable"`
-	Sampleable       bool     `json:"sampleable"`
-	Family           string   `json:"family,omitempty"`
-	Publisher        string   `json:"publisher,omitempty"`
-	RendererName     string   `json:"renderer_name,omitempty"`
-	LoraTargets      []string `json:"lora_targets,omitempty"`
-	Modalities       []string `json:"modalities,omitempty"`
+	ModelName        string `json:"model_name"`
+	MaxContextLength int32  `json:"max_context_length,omitempty"`
+	*catalog.Entry
 }
 
 func (s *server) serverCapabilities(w http.ResponseWriter, r *http.Request) error {
@@ -300,10 +295,7 @@ func (s *server) serverCapabilities(w http.ResponseWriter, r *http.Request) erro
 	}{SupportedModels: []supportedModel{}}
 	for _, m := range res.GetModels() {
 		out.SupportedModels = append(out.SupportedModels, supportedModel{
-			ModelName: m.GetName(), MaxContextLength: m.GetMaxSequenceLength(), Trainable: true, Sampleable: true,
-			Family: m.GetFamily(), Publisher: m.GetPublisher(), RendererName: m.GetRenderer(), LoraTargets: m.GetLoraTargets(),
-			Modalities: m.GetModalities(),
-		})
+			ModelName: m.GetName(), MaxContextLength: m.GetMaxSequenceLength(), Entry: catalog.Of(m)})
 	}
 	s.edge.WriteJSON(w, http.StatusOK, out)
 	return nil

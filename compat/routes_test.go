@@ -58,13 +58,15 @@ func TestBootstrapRoutes(t *testing.T) {
 
 	r = e.get("/api/v1/get_server_capabilities")
 	require.Equal(t, 200, r.status)
-	require.JSONEq(t, `{"supported_models":[{"model_name":"Qwen/Qwen3-8B","max_context_length":32768,"trainable":true,"sampleable":true}]}`, string(r.body))
+	require.JSONEq(t, `{"supported_models":[{"model_name":"Qwen/Qwen3-8B","max_context_length":32768,"max_sequence_length":32768,"trainable":true,"sampleable":true}]}`, string(r.body))
 	e.core.models = append(e.core.models, &loopsv1.ModelInfo{Name: "/m/moe", MaxSequenceLength: 256, Family: "qwen3_moe",
-		Publisher: "Qwen", Renderer: "qwen3", LoraTargets: []string{"q_proj", "gate_up_proj"}, Modalities: []string{"text"}})
+		Publisher: "Qwen", Renderer: "qwen3", LoraTargets: []string{"q_proj", "gate_up_proj"}, Modalities: []string{"text", "image"},
+		MaxLoraRank: 32, Trainable: false, Sampleable: true, Availability: []string{"serverless", "dedicated"}, Backend: "torch"})
 	r = e.get("/api/v1/get_server_capabilities")
-	require.JSONEq(t, `{"supported_models":[{"model_name":"Qwen/Qwen3-8B","max_context_length":32768,"trainable":true,"sampleable":true},`+
-		`{"model_name":"/m/moe","max_context_length":256,"trainable":true,"sampleable":true,"family":"qwen3_moe","publisher":"Qwen",`+
-		`"renderer_name":"qwen3","lora_targets":["q_proj","gate_up_proj"],"modalities":["text"]}]}`, string(r.body))
+	require.JSONEq(t, `{"supported_models":[{"model_name":"Qwen/Qwen3-8B","max_context_length":32768,"max_sequence_length":32768,"trainable":true,"sampleable":true},`+
+		`{"model_name":"/m/moe","max_context_length":256,"max_sequence_length":256,"trainable":false,"sampleable":true,"family":"qwen3_moe","publisher":"Qwen",`+
+		`"renderer_name":"qwen3","lora_targets":["q_proj","gate_up_proj"],"modalities":["text","image"],"max_lora_rank":32,`+
+		`"availability":["serverless","dedicated"],"backend":"torch"}]}`, string(r.body))
 	e.core.models = e.core.models[:1]
 
 	require.Equal(t, 200, e.postJSON("/api/v1/sessions/"+sid+"/finish", `{"reason":{"type":"success"},"detail":null}`).status)

@@ -478,7 +478,10 @@ func (s *Server) handler(ctx context.Context, reg *prometheus.Registry) (http.Ha
 
 	// OpenAI- and Anthropic-compatible inference, over one sampling engine.
 	eng := inference.New(inference.Services{Sampling: svc.Sampling, Operations: svc.Operations, Models: svc.Models},
-		inference.Options{MaxSamplers: s.cfg.Core.Limits.MaxSamplersInMemory, Workspace: auth.Workspace})
+		inference.Options{MaxSamplers: s.cfg.Core.Limits.MaxSamplersInMemory, Workspace: auth.Workspace,
+			AllowModality: func(ctx context.Context, modality, what string) error {
+				return s.core.Policy().AllowModality(auth.Workspace(ctx), modality, what)
+			}})
 	s.mu.Lock()
 	s.infer = eng
 	s.mu.Unlock()

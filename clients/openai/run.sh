@@ -13,7 +13,8 @@
 # then again on the torch worker (`loops serve --backend torch`, a local CPU worker from the
 # torch-worker venv, scripts/pyenv.sh); then vision.py on a tiny Qwen3-VL (vl_model.py) served by
 # the torch worker: an image sent as an OpenAI image_url part and as an Anthropic image block is
-# answered as the same prompt sent as Tinker image chunks; then, with the venv's transformers and jinja2, the Go
+# answered as the same prompt sent as Tinker image chunks, and an image sent to a deployed VL
+# checkpoint (one step trained, `loops deploy create`) is its tinker sample; then, with the venv's transformers and jinja2, the Go
 # tests that the chat prompt of loops/tiny (with tools too) is token for token transformers'
 # apply_chat_template and that gonja renders Hugging Face style templates as jinja2 does.
 # Exits non-zero on failure.
@@ -40,7 +41,8 @@ if [[ -z ${LOOPS_URL:-} ]]; then
   trap 'rm -rf "$vl"' EXIT
   t0=$SECONDS
   "$torch/bin/python" "$here/vl_model.py" "$vl/qwen3_vl"
-  TOKENIZERS_PARALLELISM=false LOOPS_WORKER_PYTHON=$torch/bin/python LOOPS_WORKER_PYTHONPATH=$root/backends/torch:$root/gen/python \
+  (cd "$root" && go build -o "$vl/loops" ./cmd/loops) # vision.py runs `loops deploy create` too
+  LOOPS_BIN=$vl/loops TOKENIZERS_PARALLELISM=false LOOPS_WORKER_PYTHON=$torch/bin/python LOOPS_WORKER_PYTHONPATH=$root/backends/torch:$root/gen/python \
     LOOPS_SERVE_ARGS="--backend torch --backend-opt device=cpu --model $vl/qwen3_vl" \
     "$root/clients/with-server.sh" "$venv/bin/python" "$here/vision.py" "$vl/qwen3_vl"
   echo "openai/run.sh: images through the openai and anthropic clients on the torch worker in $((SECONDS - t0))s" >&2

@@ -12,7 +12,12 @@ message holding an image is the answer to the same prompt sent as Tinker image c
 - Anthropic: the same message as text and a base64 image block, greedy, is the SDK's greedy
   sample;
 - an http(s) image URL is a 400 saying Loops fetches no URLs, an Anthropic url source too,
-  a JPEG data URL holding a PNG is a 400 saying which format the bytes are.
+  a JPEG data URL holding a PNG is a 400 saying which format the bytes are;
+- a deployed VL checkpoint: one SFT step with an image chunk (tinker SDK), the sampler
+  weights saved and deployed with `loops deploy create` (LOOPS_BIN, the loops binary), then
+  GET /models lists the deployment with its catalog fields (modalities text and image,
+  sampleable, not trainable) and the openai client's image_url message to the deployment is,
+  seeded, token for token the tinker SDK's sample of the checkpoint with the image chunk.
 
 Exits 1 on any failure.
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 import base64
 import os
 import struct
+import subprocess
 import sys
 import zlib
 
@@ -119,6 +125,51 @@ def main(model: str) -> None:
         check(False, "an anthropic url source is refused")
     except anthropic.BadRequestError as e:
         check("Loops fetches no URLs" in str(e), "anthropic url source: 400 'Loops fetches no URLs'")
+
+    deployed(service, oai, model, tok, prompt, parts, want.sequences[0])
+
+
+def deployed(service, oai, model: str, tok, prompt: types.ModelInput, parts: list, base) -> None:
+    """One SFT step with an image chunk, its sampler weights deployed by `loops deploy
+    create`, then an image sent to the deployment by the openai client."""
+    answer = tok.encode(" a picture of stripes", add_special_tokens=False)
+    n = prompt.length + len(answer) - 1
+    datum = types.Datum(
+        model_input=types.ModelInput(chunks=[*prompt.chunks, types.EncodedTextChunk(tokens=answer[:-1])]),
+        loss_fn_inputs={"target_tokens": types.TensorData(data=[0] * (prompt.length - 1) + answer, dtype="int64", shape=[n]),
+                        "weights": types.TensorData(data=[0.0] * (prompt.length - 1) + [1.0] * len(answer), dtype="float32", shape=[n])})
+    assert datum.model_input.length == n
+    tc = service.create_lora_training_client(base_model=model, rank=4).result(timeout=300)
+    fb = tc.forward_backward([datum], "cross_entropy").result(timeout=300)
+    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=300)
+    check(fb.loss_fn_outputs is not None, "a training step with an image chunk on the VL model")
+    path = tc.save_weights_for_sampler(name="vl-step1").result(timeout=300).path
+    out = subprocess.run([os.environ["LOOPS_BIN"], "deploy", "create", "--name", "vl-demo", "--checkpoint", path],
+                         env={**os.environ, "LOOPS_URL": URL, "LOOPS_API_KEY": KEY}, capture_output=True, text=True, timeout=300)
+    check(out.returncode == 0, f"loops deploy create --checkpoint {path}: {out.stdout.strip()} {out.stderr.strip()}")
+
+    listed = {m.id: m for m in oai.models.list().data}
+    check("vl-demo" in listed, f"GET /models lists the deployment: {sorted(listed)}")
+    dep, bm = listed["vl-demo"], listed[model]
+    check(bm.modalities == ["text", "image"] and bm.trainable and bm.sampleable and bm.backend == "torch"
+          and "serverless" in bm.availability and bm.family == "qwen3_vl",
+          f"the base model's catalog fields: {bm.model_extra}")
+    check(dep.base_model == model and dep.modalities == ["text", "image"] and dep.sampleable and not dep.trainable,
+          f"the deployment's catalog fields: {dep.model_extra}")
+
+    got = oai.chat.completions.create(model="vl-demo", messages=[{"role": "user", "content": parts}], max_tokens=8,
+                                      temperature=1.0, seed=7, logprobs=True)
+    sc = service.create_sampling_client(model_path=path).result(timeout=300)
+    seq = sc.sample(prompt, num_samples=1, sampling_params=types.SamplingParams(max_tokens=8, temperature=1.0, seed=7)).result(timeout=300).sequences[0]
+    lps = [c.logprob for c in got.choices[0].logprobs.content]
+    n = len(lps)
+    check(n > 0 and [c.token for c in got.choices[0].logprobs.content] == [tok.decode([t]) for t in seq.tokens[:n]],
+          f"deployed VL checkpoint, openai image_url: the tokens are the SDK's image-chunk sample of the checkpoint ({n} tokens)")
+    d = max(abs(a - b) for a, b in zip(lps, seq.logprobs[:n]))
+    check(d < 1e-5, f"deployed VL checkpoint: the log-probs are the SDK's (max |Δ| {d:.2e})")
+    if seq.tokens[0] == base.tokens[0]:
+        check(abs(seq.logprobs[0] - base.logprobs[0]) > 1e-6,
+              f"the trained step changed the answer's log-prob ({base.logprobs[0]:.6f} → {seq.logprobs[0]:.6f}): the adapter is applied")
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ func cookbookRenderer(name string) (renderer string, auto bool) {
 // family's renderer (ModelInfo.renderer) when the backend names one.
 func printModels(w io.Writer, models []*loopsv1.ModelInfo) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MODEL\tFAMILY\tPUBLISHER\tARCH\tMODALITIES\tMAX SEQ LEN\tVOCAB\tMAX LORA RANK\tPARAMS\tDTYPE\tDEVICES/REPLICA\tBACKEND\tCOOKBOOK RENDERER")
+	fmt.Fprintln(tw, "MODEL\tFAMILY\tPUBLISHER\tARCH\tMODALITIES\tMAX SEQ LEN\tVOCAB\tMAX LORA RANK\tUSE\tAVAILABILITY\tPARAMS\tDTYPE\tDEVICES/REPLICA\tBACKEND\tCOOKBOOK RENDERER")
 	planned := false
 	var hint *loopsv1.ModelInfo
 	hintRenderer := ""
@@ -78,9 +78,9 @@ func printModels(w io.Writer, models []*loopsv1.ModelInfo) error {
 			hint, hintRenderer = m, renderer
 		}
 		planned = planned || m.GetDeviceMemoryBytes() > 0
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", m.GetName(), dash(m.GetFamily()), dash(m.GetPublisher()),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.GetName(), dash(m.GetFamily()), dash(m.GetPublisher()),
 			m.GetArchitecture(), dash(strings.Join(m.GetModalities(), ",")), m.GetMaxSequenceLength(), m.GetVocabSize(), m.GetMaxLoraRank(),
-			params(m.GetParameterCount()), dash(m.GetWeightDtype()), devices(m), m.GetBackend(), col)
+			uses(m), dash(strings.Join(m.GetAvailability(), ",")), params(m.GetParameterCount()), dash(m.GetWeightDtype()), devices(m), m.GetBackend(), col)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -123,4 +123,16 @@ func devices(m *loopsv1.ModelInfo) string {
 	default:
 		return fmt.Sprintf("%d × %.4g GiB", m.GetDevicesPerReplica(), float64(mem)/(1<<30))
 	}
+}
+
+// uses says what a model may be used for: "train,sample", "train", "sample" or "-".
+func uses(m *loopsv1.ModelInfo) string {
+	var out []string
+	if m.GetTrainable() {
+		out = append(out, "train")
+	}
+	if m.GetSampleable() {
+		out = append(out, "sample")
+	}
+	return dash(strings.Join(out, ","))
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/loops-dev/loops/compat/internal/catalog"
 	"github.com/loops-dev/loops/compat/internal/infer"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/tokenstream"
@@ -398,12 +399,26 @@ func (req *request) echoText(c *infer.Completion, i int) string {
 	return c.Text.Decode(c.Prompts[p])
 }
 
-// model is one entry of GET /models.
+// model is one entry of GET /models: OpenAI's model object, with Loops' catalog entry of
+// the model (or of the base model its weights were trained on) beside it, as extra fields
+// the openai client keeps (docs/openai.md, "Models").
 type model struct {
 	ID      string `json:"id"`
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
+	// BaseModel is the base model of a checkpoint's or a deployment's weights.
+	BaseModel string `json:"base_model,omitempty"`
+	*catalog.Entry
+}
+
+// weights returns the catalog entry of weights trained on base model name (nil when it is
+// not served).
+func weights(bases map[string]*loopsv1.ModelInfo, name string) *catalog.Entry {
+	if m, ok := bases[name]; ok {
+		return catalog.Weights(m)
+	}
+	return nil
 }
 
 // listModels answers the served base models, then the sampler checkpoints of the caller's
@@ -417,8 +432,10 @@ func (s *server) listModels(w http.ResponseWriter, r *http.Request) error {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
 	}{Object: "list", Data: []model{}}
+	bases := map[string]*loopsv1.ModelInfo{}
 	for _, m := range res.GetModels() {
-		out.Data = append(out.Data, model{ID: m.GetName(), Object: "model", OwnedBy: "loops"})
+		bases[m.GetName()] = m
+		out.Data = append(out.Data, model{ID: m.GetName(), Object: "model", OwnedBy: "loops", Entry: catalog.Of(m)})
 	}
 	cks, err := s.svc.Checkpoints.ListCheckpoints(r.Context(), &loopsv1.ListCheckpointsRequest{})
 	if err != nil {
@@ -428,7 +445,8 @@ func (s *server) listModels(w http.ResponseWriter, r *http.Request) error {
 		if !strings.Contains(ck.GetTinkerPath(), "/sampler_weights/") {
 			continue
 		}
-		out.Data = append(out.Data, model{ID: ck.GetTinkerPath(), Object: "model", Created: ck.GetCreateTime().GetSeconds(), OwnedBy: "workspace"})
+		out.Data = append(out.Data, model{ID: ck.GetTinkerPath(), Object: "model", Created: ck.GetCreateTime().GetSeconds(), OwnedBy: "workspace",
+			BaseModel: ck.GetBaseModel(), Entry: weights(bases, ck.GetBaseModel())})
 	}
 	if s.svc.Deployments != nil {
 		deps, err := s.svc.Deployments.ListDeployments(r.Context(), &loopsv1.ListDeploymentsRequest{})
@@ -437,7 +455,8 @@ func (s *server) listModels(w http.ResponseWriter, r *http.Request) error {
 		}
 		for _, d := range deps.GetDeployments() {
 			for _, m := range d.GetModels() {
-				out.Data = append(out.Data, model{ID: m, Object: "model", Created: d.GetCreateTime().GetSeconds(), OwnedBy: d.GetOwner()})
+				out.Data = append(out.Data, model{ID: m, Object: "model", Created: d.GetCreateTime().GetSeconds(), OwnedBy: d.GetOwner(),
+					BaseModel: d.GetBaseModel(), Entry: weights(bases, d.GetBaseModel())})
 			}
 		}
 	}
@@ -457,19 +476,21 @@ func (s *server) getModel(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	res, err := s.svc.Models.ListModels(r.Context(), &loopsv1.ListModelsRequest{})
+	if err != nil {
+		return err
+	}
+	bases := map[string]*loopsv1.ModelInfo{}
+	for _, m := range res.GetModels() {
+		bases[m.GetName()] = m
+	}
 	out := model{ID: id, Object: "model", OwnedBy: "loops"}
 	if base != "" {
-		res, err := s.svc.Models.ListModels(r.Context(), &loopsv1.ListModelsRequest{})
-		if err != nil {
-			return err
-		}
-		found := false
-		for _, m := range res.GetModels() {
-			found = found || m.GetName() == base
-		}
+		m, found := bases[base]
 		if !found && path == "" {
 			if d := s.deploymentModel(r.Context(), base); d != nil {
 				out.Created, out.OwnedBy = d.GetCreateTime().GetSeconds(), d.GetOwner()
+				out.BaseModel, out.Entry = d.GetBaseModel(), weights(bases, d.GetBaseModel())
 				s.edge.WriteJSON(w, http.StatusOK, out)
 				return nil
 			}
@@ -478,6 +499,7 @@ func (s *server) getModel(w http.ResponseWriter, r *http.Request) error {
 			return &apiError{status: http.StatusNotFound, typ: typeInvalidRequest, param: "model", code: "model_not_found",
 				message: "model " + infer.Truncate(base) + " is not served (GET /models lists those that are)"}
 		}
+		out.Entry = catalog.Of(m)
 	}
 	if path != "" {
 		ck, err := s.svc.Checkpoints.GetCheckpoint(r.Context(), &loopsv1.GetCheckpointRequest{Path: path})
@@ -488,6 +510,7 @@ func (s *server) getModel(w http.ResponseWriter, r *http.Request) error {
 			return badField("model", "checkpoint %s was trained on %s, not %s", path, ck.GetBaseModel(), base)
 		}
 		out.Created, out.OwnedBy = ck.GetCreateTime().GetSeconds(), "workspace"
+		out.BaseModel, out.Entry = ck.GetBaseModel(), weights(bases, ck.GetBaseModel())
 	}
 	s.edge.WriteJSON(w, http.StatusOK, out)
 	return nil

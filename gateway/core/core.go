@@ -31,7 +31,6 @@ import (
 	"github.com/loops-dev/loops/internal/semantics"
 	"github.com/loops-dev/loops/internal/telemetry"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/protobuf/proto"
 )
 
 // spillFolder is where the slot table offloads adapters, under the data dir.
@@ -334,8 +333,9 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	if err != nil {
 		return nil, fmt.Errorf("core: asking the backend for its capabilities: %w", err)
 	}
+	_, dedicated := be.(backends.DedicatedPools)
 	for _, m := range caps.GetModels() {
-		m = proto.Clone(m).(*loopsv1.ModelInfo) // planned: its max_sequence_length is what a replica holds
+		m = catalogEntry(m, dedicated) // a clone; planned: its max_sequence_length is what a replica holds
 		if _, err := replicaplan.Apply(m, opts.Replica); err != nil {
 			return nil, fmt.Errorf("core: %w", err)
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/core/ckfiles"
 	"github.com/loops-dev/loops/gateway/core/validate"
+	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -513,6 +514,11 @@ func (s SamplingService) sample(ctx context.Context, req *loopsv1.SampleRequest,
 	model, err := c.model(st.info.GetBaseModel())
 	if err != nil {
 		return nil, err
+	}
+	if len(req.GetPromptImages()) > 0 { // before the images are checked against the model
+		if err := c.policy.AllowModality(ws, policy.ModalityImage, "the prompt has image chunks"); err != nil {
+			return nil, err
+		}
 	}
 	params, err := validate.Sample(model, req, c.opts.MaxSamplesPerRequest)
 	if err != nil {

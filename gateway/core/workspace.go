@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/loops-dev/loops/gateway/auth"
@@ -70,4 +71,17 @@ func (c *Core) modelList() []*loopsv1.ModelInfo {
 		out = append(out, c.models[name])
 	}
 	return out
+}
+
+// catalogEntry is the backend's entry of a served model with what the gateway knows of it
+// filled in: every backend trains and samples each model it serves, serverless on the
+// shared pools, and dedicated too when the backend gives runs pools of their own.
+func catalogEntry(m *loopsv1.ModelInfo, dedicated bool) *loopsv1.ModelInfo {
+	m = proto.CloneOf(m)
+	m.Trainable, m.Sampleable = true, true
+	m.Availability = []string{policy.AvailabilityServerless}
+	if dedicated {
+		m.Availability = append(m.Availability, policy.AvailabilityDedicated)
+	}
+	return m
 }

@@ -22,6 +22,7 @@
 //	  max_job_memory_mb: 0       # a job's memory in MiB, at least 256 (0: the server's default, 8192)
 //	  max_deployment_replicas: 0 # replicas one deployment may ask for (0: the server's bound, 8)
 //	  dedicated: allowed         # runs with pools of their own: off, allowed (when asked), always
+//	  allowed_modalities: [text, image] # input it may send: text, image (left out: every modality)
 //	  budget_usd_month: "0"      # US dollars it may spend in a UTC month, priced by --prices (0: no budget)
 //	  budget_usd_total: "0"      # US dollars it may spend in all (0: no budget)
 //	workspaces:
@@ -41,7 +42,8 @@
 // # Errors
 //
 // A base model the workspace may not use is PermissionDenied (HTTP 403) naming the model and
-// the allowed ones. A sequence or LoRA rank over the workspace's limit is InvalidArgument
+// the allowed ones; so is input of a modality its allowed_modalities leaves out (an image
+// chunk, an OpenAI image_url part, an Anthropic image block), refused before any work. A sequence or LoRA rank over the workspace's limit is InvalidArgument
 // (400). A workspace at max_concurrent_runs or max_queued_operations gets ResourceExhausted
 // (429, which the tinker SDK backs off and retries) naming the limit. Sampling over
 // sampling_concurrency is not refused: the sample waits for one of the workspace's slots

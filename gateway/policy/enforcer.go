@@ -22,6 +22,9 @@ const (
 	// ReasonWorkspaceLimit: a request is over one of the workspace's limits: a sequence
 	// length or LoRA rank (400), live runs (429).
 	ReasonWorkspaceLimit = "WORKSPACE_LIMIT"
+	// ReasonModalityNotAllowed: the workspace's policy does not allow input of the
+	// modality (allowed_modalities; 403).
+	ReasonModalityNotAllowed = "MODALITY_NOT_ALLOWED"
 )
 
 // Use is a workspace's current use.
@@ -113,8 +116,24 @@ func (e *Enforcer) AllowModel(ws, model string) error {
 		"workspace %q may not use base model %q: its policy allows %s (models in its policy); ask a workspace admin for it: %s", ws, model, list, AskCommand(model))))
 }
 
+// AllowModality returns PermissionDenied if the workspace may not send input of modality
+// m (allowed_modalities): what, such as "an image chunk", names the input in the message.
+func (e *Enforcer) AllowModality(ws, m, what string) error {
+	if e == nil {
+		return nil
+	}
+	l := e.forWorkspace(ws)
+	if l.AllowsModality(m) {
+		return nil
+	}
+	return errs.Final(errs.New(connect.CodePermissionDenied, ReasonModalityNotAllowed, fmt.Errorf(
+		"workspace %q may not send %s input (%s): its policy allows %s input only (allowed_modalities in its workspace policy): send %s input only, or ask an operator to add %s to allowed_modalities in the workspace's section of the policy file (loops serve --workspace-policy FILE)",
+		ws, m, what, strings.Join(l.AllowedModalities, ", "), strings.Join(l.AllowedModalities, ", "), m)))
+}
+
 // Models returns the models the workspace may use, each a copy with max_sequence_length and
-// max_lora_rank lowered to the workspace's limits.
+// max_lora_rank lowered to the workspace's limits, modalities to those it may send and
+// availability to what its dedicated key allows.
 func (e *Enforcer) Models(ws string, models []*loopsv1.ModelInfo) []*loopsv1.ModelInfo {
 	if e == nil {
 		return models
@@ -126,9 +145,17 @@ func (e *Enforcer) Models(ws string, models []*loopsv1.ModelInfo) []*loopsv1.Mod
 			continue
 		}
 		seq, rank := lower(m.GetMaxSequenceLength(), l.MaxSequenceLength), lower(m.GetMaxLoraRank(), l.MaxLoraRank)
-		if seq != m.GetMaxSequenceLength() || rank != m.GetMaxLoraRank() {
+		mods := slices.DeleteFunc(slices.Clone(m.GetModalities()), func(x string) bool { return !l.AllowsModality(x) })
+		avail := slices.DeleteFunc(slices.Clone(m.GetAvailability()), func(x string) bool {
+			return l.Dedicated == DedicatedOff && x == AvailabilityDedicated || l.Dedicated == DedicatedAlways && x == AvailabilityServerless
+		})
+		if seq != m.GetMaxSequenceLength() || rank != m.GetMaxLoraRank() ||
+			len(mods) != len(m.GetModalities()) || len(avail) != len(m.GetAvailability()) {
 			m = proto.CloneOf(m)
 			m.MaxSequenceLength, m.MaxLoraRank = seq, rank
+			m.Modalities, m.Availability = mods, avail
+			// dedicated: always on a backend without dedicated pools: its runs are refused.
+			m.Trainable = m.Trainable && len(avail) > 0
 		}
 		out = append(out, m)
 	}
@@ -303,13 +330,21 @@ func (e *Enforcer) EndOp(opID string) {
 
 // CheckData checks forward/backward data of the workspace on a base model: PermissionDenied
 // if the workspace may not use the model (its policy changed since the run was created),
-// InvalidArgument for a datum longer than its max_sequence_length.
+// or for image chunks when its allowed_modalities leaves out image, InvalidArgument for a
+// datum longer than its max_sequence_length.
 func (e *Enforcer) CheckData(ws, model string, data []*loopsv1.Datum) error {
 	if e == nil {
 		return nil
 	}
 	if err := e.AllowModel(ws, model); err != nil {
 		return err
+	}
+	for i, d := range data {
+		if len(d.GetImages()) > 0 {
+			if err := e.AllowModality(ws, ModalityImage, fmt.Sprintf("datum %d has image chunks", i)); err != nil {
+				return err
+			}
+		}
 	}
 	limit := e.forModel(ws, model).MaxSequenceLength
 	if limit <= 0 {

@@ -46,6 +46,9 @@ type Section struct {
 	// Dedicated says whether the workspace's runs get worker pools of their own (dedicated
 	// mode): "off" (refused), "allowed" (when a run asks; the default) or "always".
 	Dedicated *string `json:"dedicated,omitempty"`
+	// AllowedModalities are the input modalities the workspace may send (Modalities:
+	// "text", "image"); left out, every modality its models take. text must be listed.
+	AllowedModalities *[]string `json:"allowed_modalities,omitempty"`
 	// CheckpointKeepNewest and CheckpointKeepBest turn on checkpoint retention: per run the
 	// newest N checkpoints of each kind and the N best sampler checkpoints by the eval
 	// CheckpointKeepBestEval are kept, the others deleted CheckpointRetentionGraceSeconds
@@ -94,6 +97,8 @@ type Limits struct {
 	MaxDeploymentReplicas int
 	// Dedicated is DedicatedOff, DedicatedAllowed (the default) or DedicatedAlways.
 	Dedicated string
+	// AllowedModalities are the input modalities the workspace may send; nil: every one.
+	AllowedModalities []string
 	// Checkpoint retention (Section.CheckpointKeepNewest): off while both counts are 0.
 	CheckpointKeepNewest, CheckpointKeepBest int
 	CheckpointKeepBestEval                   string
@@ -112,6 +117,27 @@ const (
 	DedicatedAllowed = "allowed"
 	DedicatedAlways  = "always"
 )
+
+// The input modalities a policy's allowed_modalities may list (ModelInfo.modalities).
+const (
+	ModalityText  = "text"
+	ModalityImage = "image"
+)
+
+// Modalities are the input modalities a policy's allowed_modalities may list.
+var Modalities = []string{ModalityText, ModalityImage}
+
+// The availability of a model (ModelInfo.availability): runs on the shared pools of its
+// base model (serverless), or on a pool of their own (dedicated, the dedicated key).
+const (
+	AvailabilityServerless = "serverless"
+	AvailabilityDedicated  = "dedicated"
+)
+
+// AllowsModality reports whether the limits allow input of a modality.
+func (l Limits) AllowsModality(m string) bool {
+	return l.AllowedModalities == nil || slices.Contains(l.AllowedModalities, m)
+}
 
 // Policy is a parsed, validated policy: the limits of each listed workspace and of the rest.
 // The zero value and nil give every workspace no limits of its own.
@@ -141,7 +167,7 @@ func Load(file string) (*Policy, error) {
 func Parse(data []byte) (*Policy, error) {
 	var f File
 	if err := yaml.UnmarshalStrict(data, &f); err != nil {
-		return nil, fmt.Errorf("%s (the keys are default and workspaces; each section takes models, max_sequence_length, max_lora_rank, max_concurrent_runs, max_queued_operations, sampling_concurrency, allow_jobs, max_running_jobs, max_job_seconds, max_job_memory_mb, max_deployment_replicas, dedicated, checkpoint_keep_newest, checkpoint_keep_best, checkpoint_keep_best_eval, checkpoint_retention_grace_seconds, budget_usd_month, budget_usd_total)", strings.TrimPrefix(strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: "), "json: "))
+		return nil, fmt.Errorf("%s (the keys are default and workspaces; each section takes models, max_sequence_length, max_lora_rank, max_concurrent_runs, max_queued_operations, sampling_concurrency, allow_jobs, max_running_jobs, max_job_seconds, max_job_memory_mb, max_deployment_replicas, dedicated, allowed_modalities, checkpoint_keep_newest, checkpoint_keep_best, checkpoint_keep_best_eval, checkpoint_retention_grace_seconds, budget_usd_month, budget_usd_total)", strings.TrimPrefix(strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: "), "json: "))
 	}
 	return f.Compile()
 }
@@ -191,6 +217,9 @@ func resolve(base Limits, s Section) Limits {
 	if s.Dedicated != nil {
 		out.Dedicated = *s.Dedicated
 	}
+	if s.AllowedModalities != nil {
+		out.AllowedModalities = slices.Clone(*s.AllowedModalities)
+	}
 	set(&out.CheckpointKeepNewest, s.CheckpointKeepNewest)
 	set(&out.CheckpointKeepBest, s.CheckpointKeepBest)
 	set(&out.CheckpointRetentionGraceSeconds, s.CheckpointRetentionGraceSeconds)
@@ -238,6 +267,16 @@ func (s Section) validate(where string) error {
 			if _, err := budget(*v); err != nil {
 				return fmt.Errorf("%s.%s: %v (US dollars such as \"250.00\")", where, name, err)
 			}
+		}
+	}
+	if s.AllowedModalities != nil {
+		for _, m := range *s.AllowedModalities {
+			if !slices.Contains(Modalities, m) {
+				return fmt.Errorf("%s.allowed_modalities has %q: use %s", where, m, strings.Join(Modalities, " or "))
+			}
+		}
+		if !slices.Contains(*s.AllowedModalities, ModalityText) {
+			return fmt.Errorf("%s.allowed_modalities must list text (every request holds text tokens): use [text] to deny images, or [text, image]", where)
 		}
 	}
 	if s.Dedicated != nil {

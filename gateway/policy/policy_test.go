@@ -72,6 +72,8 @@ func TestParseErrors(t *testing.T) {
 		"negative budget":      {"workspaces:\n  w: {budget_usd_month: -5}\n", "workspaces.w.budget_usd_month: a budget may not be negative"},
 		"budget not money":     {"default: {budget_usd_total: \"lots\"}\n", "invalid number literal"},
 		"budget too precise":   {"default: {budget_usd_total: \"0.0000001\"}\n", "more than 6 decimal places"},
+		"unknown modality":     {"default: {allowed_modalities: [text, video]}\n", `default.allowed_modalities has "video": use text or image`},
+		"modalities sans text": {"workspaces:\n  w: {allowed_modalities: [image]}\n", "workspaces.w.allowed_modalities must list text"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.in))
@@ -269,4 +271,46 @@ func TestSamplingConcurrencyQueues(t *testing.T) {
 	hold()
 	hold2()
 	require.Zero(t, e.tracked())
+}
+
+// TestAllowedModalities: allowed_modalities is inherited like every key; an image from a
+// workspace that leaves image out is PermissionDenied (MODALITY_NOT_ALLOWED) naming the key,
+// in CheckData and AllowModality, and its catalog lists only the modalities it may send and
+// the availability its dedicated key allows.
+func TestAllowedModalities(t *testing.T) {
+	p, err := Parse([]byte(`
+default:
+  allowed_modalities: [text]
+workspaces:
+  vis: {allowed_modalities: [text, image], dedicated: "off"}
+  solo: {dedicated: always}
+`))
+	require.NoError(t, err)
+	e, err := NewEnforcer(p, []string{"m"})
+	require.NoError(t, err)
+	require.NoError(t, e.AllowModality("vis", ModalityImage, "x"))
+	require.NoError(t, e.AllowModality("other", ModalityText, "x"))
+	err = e.AllowModality("other", ModalityImage, "an image part")
+	require.Equal(t, connect.CodePermissionDenied, connect.CodeOf(err))
+	require.Equal(t, ReasonModalityNotAllowed, errs.Reason(err))
+	require.ErrorContains(t, err, `workspace "other" may not send image input (an image part): its policy allows text input only (allowed_modalities in its workspace policy)`)
+
+	img := &loopsv1.Datum{Tokens: []int32{1, 0}, Images: []*loopsv1.Image{{Offset: 1, Tokens: 1}}}
+	err = e.CheckData("solo", "m", []*loopsv1.Datum{{Tokens: []int32{1}}, img})
+	require.Equal(t, connect.CodePermissionDenied, connect.CodeOf(err))
+	require.ErrorContains(t, err, "(datum 1 has image chunks)")
+	require.NoError(t, e.CheckData("vis", "m", []*loopsv1.Datum{img}))
+	require.NoError(t, e.CheckData("solo", "m", []*loopsv1.Datum{{Tokens: []int32{1}}}))
+
+	m := &loopsv1.ModelInfo{Name: "m", Modalities: []string{"text", "image"}, Trainable: true, Sampleable: true,
+		Availability: []string{AvailabilityServerless, AvailabilityDedicated}}
+	view := func(ws string) *loopsv1.ModelInfo { return e.Models(ws, []*loopsv1.ModelInfo{m})[0] }
+	require.Equal(t, []string{"text"}, view("other").GetModalities())
+	require.Equal(t, []string{"text", "image"}, view("vis").GetModalities())
+	require.Equal(t, []string{AvailabilityServerless}, view("vis").GetAvailability())
+	require.Equal(t, []string{AvailabilityDedicated}, view("solo").GetAvailability())
+	require.True(t, view("solo").GetTrainable())
+	require.Equal(t, []string{"text", "image"}, m.GetModalities(), "the served entry is not changed")
+	text := &loopsv1.ModelInfo{Name: "m", Trainable: true, Availability: []string{AvailabilityServerless}}
+	require.False(t, e.Models("solo", []*loopsv1.ModelInfo{text})[0].GetTrainable(), "dedicated always without dedicated pools: no run can be created")
 }

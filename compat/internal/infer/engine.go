@@ -12,6 +12,7 @@ import (
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/internal/semantics"
 	"github.com/loops-dev/loops/internal/tokenstream"
+	"github.com/loops-dev/loops/internal/vision"
 )
 
 // notDonePause is how long the engine waits before asking again when WaitOperation answers
@@ -36,6 +37,11 @@ type Options struct {
 	// auth.Workspace): the sampler cache is keyed by it. Default: one shared key, which is
 	// only right when the core serves one workspace.
 	Workspace func(ctx context.Context) string
+	// AllowModality returns the error that refuses input of a modality ("image") the
+	// caller's workspace may not send (the workspace policy's allowed_modalities; the
+	// gateway's policy.Enforcer.AllowModality); what names the input. It is asked before any
+	// work. Default: every modality is allowed (the core still checks its own requests).
+	AllowModality func(ctx context.Context, modality, what string) error
 }
 
 // Engine samples the requests of the inference adapters on the core.
@@ -53,6 +59,9 @@ func New(s Services, o Options) *Engine {
 	}
 	if o.Workspace == nil {
 		o.Workspace = func(context.Context) string { return "" }
+	}
+	if o.AllowModality == nil {
+		o.AllowModality = func(context.Context, string, string) error { return nil }
 	}
 	return &Engine{svc: s, opt: o, samplers: newSamplerCache(o.MaxSamplers), models: newModelCache(s.Models)}
 }
@@ -258,6 +267,9 @@ func (e *Engine) modelInfo(ctx context.Context, name string) (*Text, *loopsv1.Mo
 // Tokens renders and tokenizes the request's messages and prompts as Sample would, for the
 // base model of its model string, without sampling (token counting), under the same bounds.
 func (e *Engine) Tokens(ctx context.Context, req *Request) ([][]int32, error) {
+	if err := e.allowImages(ctx, req); err != nil {
+		return nil, err
+	}
 	sm, _, err := e.samplerFor(ctx, req.Model)
 	if err != nil {
 		return nil, err
@@ -472,4 +484,14 @@ func done(op *loopsv1.Operation) bool {
 	st := op.GetState()
 	return st == loopsv1.OperationState_OPERATION_STATE_SUCCEEDED || st == loopsv1.OperationState_OPERATION_STATE_FAILED ||
 		st == loopsv1.OperationState_OPERATION_STATE_CANCELLED
+}
+
+// allowImages refuses a request whose messages hold images when the caller's workspace may
+// not send them (Options.AllowModality), before the sampler or the model is looked up.
+func (e *Engine) allowImages(ctx context.Context, req *Request) error {
+	n := len(Images(req.Messages))
+	if n == 0 {
+		return nil
+	}
+	return e.opt.AllowModality(ctx, vision.Modality, fmt.Sprintf("the messages hold %d images", n))
 }

@@ -97,6 +97,9 @@ func (s offsetSink) Gone() <-chan struct{} { return s.buf.Gone() }
 // samples to end. So a client that leaves stops its samples, streamed or not, and its
 // request lasts, and counts against its key, until they have really stopped.
 func (e *Engine) start(ctx context.Context, req *Request, stream bool) (*Run, error) {
+	if err := e.allowImages(ctx, req); err != nil {
+		return nil, err
+	}
 	sm, key, err := e.samplerFor(ctx, req.Model)
 	if err != nil {
 		return nil, err

@@ -1525,8 +1525,18 @@ type ModelInfo struct {
 	ReplicaBytes int64 `protobuf:"varint,150,opt,name=replica_bytes,json=replicaBytes,proto3" json:"replica_bytes,omitempty"`
 	// Elements of logits the backend's loss head computes at a time (its chunk).
 	LogitsChunkElements int64 `protobuf:"varint,151,opt,name=logits_chunk_elements,json=logitsChunkElements,proto3" json:"logits_chunk_elements,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Whether runs may train LoRA adapters on the model (CreateTrainingRun), and whether it
+	// may be sampled (its base weights and its runs' checkpoints). The gateway fills both:
+	// every backend Loops has trains and samples each model it serves.
+	Trainable  bool `protobuf:"varint,280,opt,name=trainable,proto3" json:"trainable,omitempty"`
+	Sampleable bool `protobuf:"varint,281,opt,name=sampleable,proto3" json:"sampleable,omitempty"`
+	// How the model's runs may be placed, as the caller's workspace sees it:
+	// "serverless" (the shared pools of the base model) and "dedicated" (a pool of the
+	// run's own, when the backend gives dedicated pools: docs/scale-out.md). The workspace
+	// policy's dedicated key narrows it (off: serverless only; always: dedicated only).
+	Availability  []string `protobuf:"bytes,282,rep,name=availability,proto3" json:"availability,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ModelInfo) Reset() {
@@ -1762,6 +1772,27 @@ func (x *ModelInfo) GetLogitsChunkElements() int64 {
 	return 0
 }
 
+func (x *ModelInfo) GetTrainable() bool {
+	if x != nil {
+		return x.Trainable
+	}
+	return false
+}
+
+func (x *ModelInfo) GetSampleable() bool {
+	if x != nil {
+		return x.Sampleable
+	}
+	return false
+}
+
+func (x *ModelInfo) GetAvailability() []string {
+	if x != nil {
+		return x.Availability
+	}
+	return nil
+}
+
 // ClientInfo is the client that created a training run, as its request headers name it
 // (the tinker SDK's X-Stainless-* headers and User-Agent; docs/receipts.md).
 type ClientInfo struct {
@@ -1967,7 +1998,7 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x0fPromptAltTokens\x12\f\n" +
 	"\x01k\x18\x01 \x01(\x05R\x01k\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\x05R\btokenIds\x12\x1a\n" +
-	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xe2\b\n" +
+	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xc7\t\n" +
 	"\tModelInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x13max_sequence_length\x18\x02 \x01(\x05R\x11maxSequenceLength\x12\x1d\n" +
@@ -2003,7 +2034,12 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x18lora_parameters_per_rank\x18\x94\x01 \x01(\x03R\x15loraParametersPerRank\x12/\n" +
 	"\x13device_memory_bytes\x18\x95\x01 \x01(\x03R\x11deviceMemoryBytes\x12$\n" +
 	"\rreplica_bytes\x18\x96\x01 \x01(\x03R\freplicaBytes\x123\n" +
-	"\x15logits_chunk_elements\x18\x97\x01 \x01(\x03R\x13logitsChunkElements\"s\n" +
+	"\x15logits_chunk_elements\x18\x97\x01 \x01(\x03R\x13logitsChunkElements\x12\x1d\n" +
+	"\ttrainable\x18\x98\x02 \x01(\bR\ttrainable\x12\x1f\n" +
+	"\n" +
+	"sampleable\x18\x99\x02 \x01(\bR\n" +
+	"sampleable\x12#\n" +
+	"\favailability\x18\x9a\x02 \x03(\tR\favailability\"s\n" +
 	"\n" +
 	"ClientInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
