@@ -425,7 +425,10 @@ func TestWorkerDies(t *testing.T) {
 		t.Fatal("the in-flight call did not fail after the worker died")
 	}
 	require.Equal(t, connect.CodeUnavailable, connect.CodeOf(err), "%v", err)
-	require.Contains(t, err.Error(), "died")
+	// The call says the worker died when its liveness answers within dropWait; on a loaded
+	// machine the probe can time out first, and the call then says the worker is unreachable
+	// (the same Unavailable, the same recovery; the worker's death is asserted below).
+	require.Regexp(t, `died|is unreachable`, err.Error())
 	t.Logf("in-flight call: %v", err)
 
 	// It comes back; its adapters are gone (NotFound), and the run reloads its checkpoint.
