@@ -40,6 +40,7 @@ SPECIALS = {  # family -> (special tokens, bos, eos)
     "qwen3_moe": (QWEN, None, "<|im_end|>"),
     "qwen3_5_moe": (QWEN, None, "<|im_end|>"),
     "qwen3_next": (QWEN, None, "<|im_end|>"),
+    "qwen3_vl": (QWEN, None, "<|im_end|>"),  # a text conversation; with an image: test_torch_vision.py
     "llama": (["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
                "<|eom_id|>", "<|python_tag|>"], "<|begin_of_text|>", "<|eot_id|>"),
     "mistral": (["<unk>", "<s>", "</s>", "[INST]", "[/INST]"], "<s>", "</s>"),
