@@ -434,6 +434,9 @@ func TestWorkerDies(t *testing.T) {
 	// It comes back; its adapters are gone (NotFound), and the run reloads its checkpoint.
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
+	// (the supervisor sees the exit and starts a new process; only then is WaitReady about
+	// the new worker, not the dead one it may not have noticed yet)
+	require.Eventually(t, func() bool { p := b.WorkerPID(0); return p != 0 && p != pid }, 2*time.Minute, 50*time.Millisecond)
 	require.NoError(t, b.WaitReady(wctx))
 	require.NotEqual(t, pid, b.WorkerPID(0))
 	res, err := fb()
