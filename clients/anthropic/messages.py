@@ -99,7 +99,9 @@ def main() -> None:
         model="no/such-model", messages=MSGS, max_tokens=4))
     expect_error(anthropic.BadRequestError, "temperature", lambda: client.messages.create(
         model=BASE, messages=MSGS, max_tokens=4, extra_body={"temperature": 1.5}))
-    expect_error(anthropic.BadRequestError, "messages[0].content[0].type", lambda: client.messages.create(
+    # an image block whose bytes are not the PNG it says is a 400 naming the block's source
+    # (images themselves are taken by vision-language models: clients/openai/vision.py)
+    expect_error(anthropic.BadRequestError, "messages[0].content[0].source", lambda: client.messages.create(
         model=BASE, max_tokens=4, messages=[{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]))
     try:
         anthropic.Anthropic(base_url=URL + "/anthropic/api", api_key="sk-not-a-loops-key", max_retries=0).messages.create(
