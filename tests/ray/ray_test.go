@@ -99,6 +99,45 @@ func (s *script) wait(want string) line {
 	}
 }
 
+// startDriver starts tests/ray/drive.py, the tinker script both tests drive line by line,
+// against the gateway at addr, and reads its events (losses, errors, reloads) as it runs.
+func startDriver(t *testing.T, ctx context.Context, py, root, addr string) *script {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, py, filepath.Join(root, "tests/ray/drive.py"))
+	stopFile := filepath.Join(t.TempDir(), "stop")
+	cmd.Env = append(os.Environ(), "TINKER_BASE_URL=http://"+addr, "TINKER_API_KEY=tml-ray-test", "HF_HUB_OFFLINE=1", "LOOPS_DRIVE_STOP="+stopFile)
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	s := &script{t: t, stdin: stdin, lines: make(chan line, 256), stop: stopFile}
+	go func() {
+		defer close(s.lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			t.Logf("SCRIPT %s", sc.Text())
+			var l line
+			if json.Unmarshal(sc.Bytes(), &l) == nil {
+				s.mu.Lock()
+				switch l.Event {
+				case "step":
+					s.losses = append(s.losses, l.Loss)
+				case "error":
+					s.errors = append(s.errors, l.What)
+				case "reloaded":
+					s.reloaded++
+				}
+				s.mu.Unlock()
+				s.lines <- l
+			}
+		}
+	}()
+	t.Cleanup(func() { _ = stdin.Close(); _ = cmd.Wait() })
+	return s
+}
+
 // rayState calls the dashboard's state API (GET /api/v0/<kind>) and returns its rows.
 func rayState(t *testing.T, dash, kind string, filter url.Values) []map[string]any {
 	t.Helper()
@@ -188,38 +227,7 @@ func TestRayPool(t *testing.T) {
 	}()
 	<-ups
 
-	cmd := exec.CommandContext(ctx, py, filepath.Join(root, "tests/ray/drive.py"))
-	stopFile := filepath.Join(t.TempDir(), "stop")
-	cmd.Env = append(os.Environ(), "TINKER_BASE_URL=http://"+ln.Addr().String(), "TINKER_API_KEY=tml-ray-test", "HF_HUB_OFFLINE=1", "LOOPS_DRIVE_STOP="+stopFile)
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Start())
-	s := &script{t: t, stdin: stdin, lines: make(chan line, 256), stop: stopFile}
-	go func() {
-		defer close(s.lines)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			t.Logf("SCRIPT %s", sc.Text())
-			var l line
-			if json.Unmarshal(sc.Bytes(), &l) == nil {
-				s.mu.Lock()
-				switch l.Event {
-				case "step":
-					s.losses = append(s.losses, l.Loss)
-				case "error":
-					s.errors = append(s.errors, l.What)
-				case "reloaded":
-					s.reloaded++
-				}
-				s.mu.Unlock()
-				s.lines <- l
-			}
-		}
-	}()
-	t.Cleanup(func() { _ = stdin.Close(); _ = cmd.Wait() })
+	s := startDriver(t, ctx, py, root, ln.Addr().String())
 	s.wait("ready")
 	first := s.do("step", "step")
 	s.do("step", "step")

@@ -1,15 +1,12 @@
 package ray
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -105,38 +102,7 @@ func TestRayShardedReplica(t *testing.T) {
 	t.Logf("ranks on nodes %v", nodes)
 	require.NotEqual(t, nodes[0], nodes[1], "no node holds two GPUs: the replica spans two raylets")
 
-	cmd := exec.CommandContext(ctx, py, filepath.Join(root, "tests/ray/drive.py"))
-	stopFile := filepath.Join(t.TempDir(), "stop")
-	cmd.Env = append(os.Environ(), "TINKER_BASE_URL=http://"+ln.Addr().String(), "TINKER_API_KEY=tml-ray-test", "HF_HUB_OFFLINE=1", "LOOPS_DRIVE_STOP="+stopFile)
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Start())
-	s := &script{t: t, stdin: stdin, lines: make(chan line, 256), stop: stopFile}
-	go func() {
-		defer close(s.lines)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			t.Logf("SCRIPT %s", sc.Text())
-			var l line
-			if json.Unmarshal(sc.Bytes(), &l) == nil {
-				s.mu.Lock()
-				switch l.Event {
-				case "step":
-					s.losses = append(s.losses, l.Loss)
-				case "error":
-					s.errors = append(s.errors, l.What)
-				case "reloaded":
-					s.reloaded++
-				}
-				s.mu.Unlock()
-				s.lines <- l
-			}
-		}
-	}()
-	t.Cleanup(func() { _ = stdin.Close(); _ = cmd.Wait() })
+	s := startDriver(t, ctx, py, root, ln.Addr().String())
 	s.wait("ready")
 	first := s.do("step", "step")
 	s.do("step", "step")
