@@ -322,6 +322,25 @@ func (ops *operations) view(o *operation) (*loopsv1.Operation, error) {
 		}
 		return op, nil
 	}
+	return ops.full(op)
+}
+
+// current is o as it stands, for the answer to the request that created it (or a retry of
+// that request): the work may have finished before the answer is written, and memory then
+// holds the small copy, so a finished operation's full result comes from the result cache
+// (never a SUCCEEDED operation without its outputs). It takes only leaf locks, so it may be
+// called under a run's or a sampler's lock, unlike view.
+func (ops *operations) current(o *operation) (*loopsv1.Operation, error) {
+	op := o.snapshot()
+	if !isDone(op) {
+		return op, nil
+	}
+	return ops.full(op)
+}
+
+// full is the finished op (the small copy memory and the store hold) with its large
+// result from the result cache, or the result-expired error once the cache dropped it.
+func (ops *operations) full(op *loopsv1.Operation) (*loopsv1.Operation, error) {
 	if !resultcache.HasLarge(op) {
 		return op, nil
 	}

@@ -94,7 +94,7 @@ func (c *Core) submit(ctx context.Context, r *run, seq int64, kind loopsv1.Opera
 			if err != nil {
 				return nil, err
 			}
-			return o.snapshot(), nil
+			return c.ops.current(o)
 		}
 		if adm.Wait == nil {
 			break
@@ -116,7 +116,7 @@ func (c *Core) submit(ctx context.Context, r *run, seq int64, kind loopsv1.Opera
 		c.ops.finish(t.Op, nil, err)
 		return nil, err
 	}
-	return t.Op.snapshot(), nil
+	return c.ops.current(t.Op) // the work may have finished already
 }
 
 // clientError reports whether err is the client's mistake: its request's seq_id is then

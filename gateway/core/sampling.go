@@ -553,7 +553,7 @@ func (s SamplingService) sample(ctx context.Context, req *loopsv1.SampleRequest,
 	if err != nil {
 		return nil, err
 	}
-	return o.snapshot(), nil
+	return c.ops.current(o)
 }
 
 // startSample creates a sampling operation on sampler st and queues it.
@@ -609,7 +609,7 @@ func (c *Core) startSample(ctx context.Context, ws string, st *samplerState, req
 		adapter.Release()
 		c.ops.finish(o, nil, errShuttingDown()) // a shutdown began meanwhile
 	}
-	return o.snapshot(), nil
+	return c.ops.current(o) // the sample may have finished already
 }
 
 // runSample runs a sampling operation on a sampler slot the queue gave it.

@@ -78,7 +78,7 @@ func (s TrainingService) CreateTrainingRun(ctx context.Context, req *loopsv1.Cre
 	if err != nil {
 		return nil, err
 	}
-	return o.snapshot(), nil
+	return c.ops.current(o)
 }
 
 // createRun creates a run (in the session sess, if not nil) and queues its adapter's creation.
