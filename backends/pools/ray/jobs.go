@@ -30,6 +30,10 @@ func Terminal(status string) bool {
 // ErrNotFound is returned (wrapped) for a job the cluster does not know.
 var ErrNotFound = errors.New("ray job not found")
 
+// ErrExists is returned (wrapped) when a submission id is still taken: a job of that id
+// exists, or was deleted so recently that the cluster still holds its name.
+var ErrExists = errors.New("ray job id still taken")
+
 // SubmitRequest is the body of POST /api/jobs/.
 type SubmitRequest struct {
 	Entrypoint        string            `json:"entrypoint"`
@@ -103,6 +107,8 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	switch {
 	case resp.StatusCode == http.StatusNotFound:
 		return fmt.Errorf("ray %s %s: %w: %s", method, path, ErrNotFound, firstLine(b))
+	case resp.StatusCode == http.StatusBadRequest && bytes.Contains(b, []byte("already exists")):
+		return fmt.Errorf("ray %s %s: %w: %s", method, path, ErrExists, firstLine(b))
 	case resp.StatusCode/100 != 2:
 		return fmt.Errorf("ray %s %s: HTTP %d: %s", method, path, resp.StatusCode, firstLine(b))
 	}

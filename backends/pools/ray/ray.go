@@ -220,12 +220,37 @@ func (p *Provider) submit(ctx context.Context, spec pools.Spec) error {
 	case !errors.Is(err, ErrNotFound):
 		return fmt.Errorf("pool %s: %w", spec.ID, err)
 	}
-	if _, err := p.opts.Client.Submit(ctx, req); err != nil {
+	if err := p.submitFreed(ctx, req); err != nil {
 		// the dashboard's answer may quote the request: none of its secrets goes further
 		return fmt.Errorf("pool %s: submitting the pool driver: %w", spec.ID, redacted(err, req.RuntimeEnv))
 	}
 	p.log.Info("pool driver submitted", slog.String("pool", spec.ID), slog.String("job", id), slog.Int("replicas", spec.Replicas))
 	return nil
+}
+
+// idFreedWithin bounds how long submit waits for the cluster to free a deleted driver
+// job's submission id, and idFreedPoll is how often it asks meanwhile.
+const (
+	idFreedWithin = 30 * time.Second
+	idFreedPoll   = 250 * time.Millisecond
+)
+
+// submitFreed submits req once its submission id is free: Ray deletes a job's record
+// asynchronously, so a submission right after the delete can find the id still taken
+// (ErrExists); it is tried again until the id is free, for up to idFreedWithin.
+func (p *Provider) submitFreed(ctx context.Context, req SubmitRequest) error {
+	deadline := time.Now().Add(idFreedWithin)
+	for {
+		_, err := p.opts.Client.Submit(ctx, req)
+		if !errors.Is(err, ErrExists) || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(idFreedPoll):
+		}
+	}
 }
 
 // monitor resubmits the driver when its job ends while the pool should exist.

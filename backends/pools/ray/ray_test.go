@@ -30,6 +30,10 @@ type fakeRay struct {
 	mu   sync.Mutex
 	jobs map[string]*fakeJob
 	reqs []string
+	// lingering: after a DELETE, a submission of the same id is refused as existing this
+	// many times (Ray frees a deleted job's id asynchronously).
+	lingering int
+	linger    map[string]int
 }
 
 type fakeJob struct {
@@ -59,6 +63,12 @@ func (f *fakeRay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		f.mu.Lock()
+		if f.linger[req.SubmissionID] > 0 {
+			f.linger[req.SubmissionID]--
+			f.mu.Unlock()
+			http.Error(w, "Job with submission_id "+req.SubmissionID+" already exists", http.StatusBadRequest)
+			return
+		}
 		if f.jobs[req.SubmissionID] != nil {
 			f.mu.Unlock()
 			http.Error(w, "Job with submission_id "+req.SubmissionID+" already exists", http.StatusBadRequest)
@@ -93,6 +103,12 @@ func (f *fakeRay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case r.Method == http.MethodDelete && action == "":
 		f.mu.Lock()
 		delete(f.jobs, id)
+		if f.lingering > 0 {
+			if f.linger == nil {
+				f.linger = map[string]int{}
+			}
+			f.linger[id] = f.lingering
+		}
 		f.mu.Unlock()
 		writeJSON(map[string]bool{"deleted": true})
 	default:
@@ -238,8 +254,9 @@ func TestContract(t *testing.T) {
 	})
 }
 
-// A driver job that ends while its pool should exist is submitted again; the job request
-// carries the spec, the token and the metadata.
+// A driver job that ends while its pool should exist is submitted again, also while the
+// cluster still holds the deleted job's id; the job request carries the spec, the token and
+// the metadata.
 func TestResubmit(t *testing.T) {
 	p, reg, fr := newProvider(t)
 	ctx := t.Context()
@@ -254,6 +271,9 @@ func TestResubmit(t *testing.T) {
 	for _, secret := range []string{"tok'en", "PRIVATE KEY"} {
 		require.NotContains(t, j.req.Entrypoint, secret, "secrets go in the job's environment, never on its command line")
 	}
+	fr.mu.Lock()
+	fr.lingering = 8 // the cluster still holds the deleted job's id for a while
+	fr.mu.Unlock()
 	j.cancel() // the driver dies
 	require.Eventually(t, func() bool {
 		fr.mu.Lock()
