@@ -57,6 +57,12 @@ workspaces:
 	data, err := base64.StdEncoding.DecodeString(pic)
 	require.NoError(t, err)
 
+	// The workspace shows the modalities it may send: its policy's, or every one.
+	for key, want := range map[string][]string{keyText: {policy.ModalityText}, keyAny: policy.Modalities} {
+		ws := must(loopsv1connect.NewWorkspaceServiceClient(http.DefaultClient, url, withKey(key)).GetWorkspace(ctx, &loopsv1.GetWorkspaceRequest{}))
+		require.Equal(t, want, ws.GetLimits().GetAllowedModalities(), key)
+	}
+
 	// The catalog, on each surface.
 	m := must(loopsv1connect.NewModelServiceClient(http.DefaultClient, url, withKey(keyAny)).ListModels(ctx, &loopsv1.ListModelsRequest{})).GetModels()[0]
 	require.True(t, m.GetTrainable())

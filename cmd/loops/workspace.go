@@ -76,6 +76,9 @@ func printWorkspace(w io.Writer, ws *loopsv1.Workspace) error {
 	fmt.Fprintf(tw, "sampling_concurrency\t%s\t%d running, %d waiting\n", limit(l.GetSamplingConcurrency()), u.GetRunningSamples(), u.GetWaitingSamples())
 	fmt.Fprintf(tw, "max_sequence_length\t%s\n", limit(l.GetMaxSequenceLength()))
 	fmt.Fprintf(tw, "max_lora_rank\t%s\n", limit(l.GetMaxLoraRank()))
+	if m := l.GetAllowedModalities(); len(m) > 0 {
+		fmt.Fprintf(tw, "allowed_modalities\t%s\n", strings.Join(m, ", "))
+	}
 	for _, b := range ws.GetBudgets() {
 		fmt.Fprintf(tw, "%s\t%s USD\t%s\n", b.GetName(), b.GetLimitUsd(), budgetUse(b))
 	}

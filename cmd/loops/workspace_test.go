@@ -16,6 +16,7 @@ func TestPrintWorkspaceShowsLimitsBesideUse(t *testing.T) {
 			Models:            []*loopsv1.ModelInfo{{Name: "loops/tiny", MaxSequenceLength: 128, MaxLoraRank: 8}},
 			MaxLoraRank:       8,
 			MaxConcurrentRuns: 2, MaxQueuedOperations: 100, MaxSequenceLength: 128,
+			AllowedModalities: []string{"text"},
 		},
 		Use: &loopsv1.WorkspaceUse{LiveRuns: 1, QueuedOperations: 3, RunningSamples: 1, WaitingSamples: 2},
 	}))
@@ -28,6 +29,7 @@ func TestPrintWorkspaceShowsLimitsBesideUse(t *testing.T) {
 		"sampling_concurrency   none   1 running, 2 waiting",
 		"max_sequence_length    128",
 		"max_lora_rank          8",
+		"allowed_modalities     text",
 		"",
 		"MODEL       MAX SEQ LEN  MAX LORA RANK",
 		"loops/tiny  128          8",

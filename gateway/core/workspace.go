@@ -43,6 +43,7 @@ func (s WorkspaceService) GetWorkspace(ctx context.Context, _ *loopsv1.GetWorksp
 			MaxConcurrentRuns:   int32(l.MaxConcurrentRuns),
 			MaxQueuedOperations: int32(l.MaxQueuedOperations),
 			SamplingConcurrency: int32(l.SamplingConcurrency),
+			AllowedModalities:   l.Modalities(),
 		},
 		Use: &loopsv1.WorkspaceUse{
 			LiveRuns:         int32(u.LiveRuns),

@@ -134,6 +134,15 @@ const (
 	AvailabilityDedicated  = "dedicated"
 )
 
+// Modalities are the input modalities the limits allow: AllowedModalities, or every one
+// (Modalities) when the policy leaves it out.
+func (l Limits) Modalities() []string {
+	if l.AllowedModalities == nil {
+		return slices.Clone(Modalities)
+	}
+	return slices.Clone(l.AllowedModalities)
+}
+
 // AllowsModality reports whether the limits allow input of a modality.
 func (l Limits) AllowsModality(m string) bool {
 	return l.AllowedModalities == nil || slices.Contains(l.AllowedModalities, m)

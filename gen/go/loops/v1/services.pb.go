@@ -3901,8 +3901,12 @@ type WorkspaceLimits struct {
 	MaxQueuedOperations int32 `protobuf:"varint,5,opt,name=max_queued_operations,json=maxQueuedOperations,proto3" json:"max_queued_operations,omitempty"`
 	// Sampling operations running at once; more wait their turn.
 	SamplingConcurrency int32 `protobuf:"varint,6,opt,name=sampling_concurrency,json=samplingConcurrency,proto3" json:"sampling_concurrency,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The input modalities the workspace may send ("text", "image"): its policy's
+	// allowed_modalities, or every modality the server knows when the policy leaves it out.
+	// Input of another modality is refused (403 MODALITY_NOT_ALLOWED).
+	AllowedModalities []string `protobuf:"bytes,460,rep,name=allowed_modalities,json=allowedModalities,proto3" json:"allowed_modalities,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *WorkspaceLimits) Reset() {
@@ -3975,6 +3979,13 @@ func (x *WorkspaceLimits) GetSamplingConcurrency() int32 {
 		return x.SamplingConcurrency
 	}
 	return 0
+}
+
+func (x *WorkspaceLimits) GetAllowedModalities() []string {
+	if x != nil {
+		return x.AllowedModalities
+	}
+	return nil
 }
 
 // WorkspaceUse is what a workspace uses now.
@@ -4479,14 +4490,15 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\freserved_usd\x18\x04 \x01(\tR\vreservedUsd\x12\x16\n" +
 	"\x06period\x18\x05 \x01(\tR\x06period\x12\x16\n" +
 	"\x06alerts\x18\x06 \x03(\x05R\x06alerts\x12\x15\n" +
-	"\x06key_id\x18x \x01(\tR\x05keyId\"\xa9\x02\n" +
+	"\x06key_id\x18x \x01(\tR\x05keyId\"\xd9\x02\n" +
 	"\x0fWorkspaceLimits\x12+\n" +
 	"\x06models\x18\x01 \x03(\v2\x13.loops.v1.ModelInfoR\x06models\x12.\n" +
 	"\x13max_sequence_length\x18\x02 \x01(\x05R\x11maxSequenceLength\x12\"\n" +
 	"\rmax_lora_rank\x18\x03 \x01(\x05R\vmaxLoraRank\x12.\n" +
 	"\x13max_concurrent_runs\x18\x04 \x01(\x05R\x11maxConcurrentRuns\x122\n" +
 	"\x15max_queued_operations\x18\x05 \x01(\x05R\x13maxQueuedOperations\x121\n" +
-	"\x14sampling_concurrency\x18\x06 \x01(\x05R\x13samplingConcurrency\"\xe3\x01\n" +
+	"\x14sampling_concurrency\x18\x06 \x01(\x05R\x13samplingConcurrency\x12.\n" +
+	"\x12allowed_modalities\x18\xcc\x03 \x03(\tR\x11allowedModalities\"\xe3\x01\n" +
 	"\fWorkspaceUse\x12\x1b\n" +
 	"\tlive_runs\x18\x01 \x01(\x05R\bliveRuns\x12+\n" +
 	"\x11queued_operations\x18\x02 \x01(\x05R\x10queuedOperations\x12'\n" +
