@@ -8,7 +8,8 @@ it). Logs go to stderr. Folders a request names must be inside the --allow-dir f
 checkpoint URLs of a --checkpoint-origin (confine.py).
 
 With --world-size N the worker is rank 0 of a replica of N processes (shard.py): it starts
-ranks 1..N-1, the frozen base is sharded over them with FSDP2, and it alone serves.
+ranks 1..N-1, the frozen base is sharded over them with FSDP2, and it alone serves; every
+rank runs each forward pass of a sample (the transformers sampler), rank 0 answers.
 
 With --register URL --pool P --replica N --join-token-file F the worker also registers with
 the gateway's RegistryService at URL (https://) and holds its lease with heartbeats
@@ -32,6 +33,10 @@ def build(args, local_rank: int | None = None):
 
     from .engine import BaseModel, Engine
 
+    if args.world_size > 1 and args.sampler == "vllm":
+        from . import shard
+
+        raise shard.refuse_vllm(args.world_size)
     if args.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
@@ -60,7 +65,7 @@ def build(args, local_rank: int | None = None):
     if args.world_size > 1:
         from . import shard
 
-        return engine, shard.RefusingSampler(args.world_size), device, dtype
+        return engine, None, device, dtype  # rank 0's sampler is shard.sampler(its Leader)
     sampler_kind = args.sampler
     if sampler_kind == "auto":
         from . import vllm_sampler
@@ -159,6 +164,7 @@ def main(argv=None) -> int:
             d = shard.init(0, args.world_size, args.dist_init, device)
             shard.setup(engine, d)
             engine = shard.Leader(engine, d)
+            sampler = shard.sampler(engine)
     except Exception as e:  # noqa: BLE001
         print(f"loops_worker: startup failed: {type(e).__name__}: {e}", file=sys.stderr)
         if ranks is not None:

@@ -152,7 +152,7 @@ class Rank:
         from .server import serve
 
         leader = shard.Leader(engine, d)
-        server = serve(leader, shard.RefusingSampler(self.world), args.listen, creds, confine, threads=args.grpc_threads)
+        server = serve(leader, shard.sampler(leader), args.listen, creds, confine, threads=args.grpc_threads)
         reg = wm.start_registration(args, leader, server.bound_port, creds, gpus=gpus * self.world)
         log.info("replica %d of pool %s: rank 0 of %d serving on port %d (pid %d, device %s)",
                  self.replica, pool["id"], self.world, server.bound_port, self.pid, device)
