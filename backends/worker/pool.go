@@ -255,10 +255,6 @@ func (b *Backend) startPooled(ctx context.Context) error {
 	}
 	b.pools, b.registry = prov, reg
 	b.poolReplicas, b.poolSlots = po.Replicas, po.Slots
-	if po.Provider == "local" && po.GPUsPerReplica > 1 && po.SamplerReplicas == 0 {
-		b.log.Warn("trainer replicas of several GPUs are sharded replicas that do not sample; set sampler_replicas for sampling",
-			slog.Int("gpus_per_replica", po.GPUsPerReplica))
-	}
 	b.closers = append(b.closers, func() { _ = prov.Close() })
 	margs, err := b.modelArgs()
 	if err != nil {

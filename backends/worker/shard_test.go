@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,7 +21,7 @@ import (
 
 // TestShardedReplica: a torch worker replica of 2 ranks (--world-size 2, FSDP2 over gloo)
 // behind the one endpoint trains as the reference engine does (log-probs, losses, the
-// adapter after an AdamW step); then its rank 1 dies in the middle of a step (the
+// adapter after an AdamW step) and samples as it does (seeded, with the adapter); then its rank 1 dies in the middle of a step (the
 // __rank_crash__ test fault): the call fails as a lost worker, the replica is rebuilt, and
 // the run goes on from its checkpoint with the same loss.
 func TestShardedReplica(t *testing.T) {
@@ -83,6 +84,32 @@ func TestShardedReplica(t *testing.T) {
 	require.Less(t, lp, 1e-4)
 	require.Less(t, el, 1e-4)
 	require.Less(t, dw, 1e-5)
+
+	// the replica samples (rank 0 announces each forward pass, every rank runs one, rank 0
+	// answers) as the reference engine does, with the trained adapter and without
+	for _, adapter := range []string{filepath.Join(dir, "ref"), ""} {
+		sreq := &backendv1.SampleRequest{BaseModel: tiny.Name, Prompt: []int32{72, 101, 108, 108, 111, 32, 119}, NumSamples: 2,
+			AdapterDir: adapter, PromptLogprobs: true, TopkPromptLogprobs: 3,
+			Params: &loopsv1.SamplingParams{MaxTokens: 8, Temperature: 0.8, TopK: 50, TopP: 0.9, Seed: new(uint64(7))}}
+		sa, err := ref.Sample(ctx, sreq)
+		require.NoError(t, err)
+		sb, err := b.Sampler().Sample(ctx, sreq)
+		require.NoError(t, err)
+		require.Len(t, sb.Result.Sequences, 2)
+		var m float64
+		for i, q := range sa.Result.Sequences {
+			require.Equal(t, q.Tokens, sb.Result.Sequences[i].Tokens, "adapter %q sequence %d", adapter, i)
+			for j, v := range q.Logprobs {
+				m = math.Max(m, math.Abs(float64(v)-float64(sb.Result.Sequences[i].Logprobs[j])))
+			}
+		}
+		for i, v := range sa.Result.PromptLogprobs[1:] {
+			m = math.Max(m, math.Abs(float64(v)-float64(sb.Result.PromptLogprobs[i+1])))
+		}
+		require.Equal(t, sa.Result.TopkPromptLogprobs.TokenIds, sb.Result.TopkPromptLogprobs.TokenIds)
+		t.Logf("2-rank replica sample vs reference (adapter %q): same tokens, max |Δ| logprobs %.3g", adapter, m)
+		require.Less(t, m, 1e-4)
+	}
 
 	// rank 1 dies mid-step: the replica is lost and rebuilt; the run reloads its checkpoint
 	pid := b.WorkerPID(0)

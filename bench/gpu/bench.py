@@ -33,8 +33,19 @@ FSDP2-sharded base, N ranks on cuda:0..N-1, NCCL; docs/scale-out.md): forward_ba
 tokens/s and MFU against N × peak, optim_step time, and each rank's peak memory (GPU:
 the peak of nvidia-smi's used memory per GPU, polled every 50 ms, so CUDA context and the
 caching allocator's reserve included: what must fit; CPU: each rank process's peak resident
-set, VmHWM). A multi-rank replica
-does not sample, so the raw-vLLM, sampling and publish stages are skipped.
+set, VmHWM). The training replica's sampling is the transformers sampler over the sharded
+base (for correctness, not speed: docs/scale-out.md), so the raw-vLLM, sampling and publish
+stages are skipped.
+
+  python bench/gpu/bench.py --tensor-parallel N [--out results.json]   # N GPUs on one machine
+  python bench/gpu/bench.py --tensor-parallel 2 --dry-run               # CPU: the script only
+
+--tensor-parallel N measures one sampler replica of N GPUs (the worker with --sampler vllm
+--vllm-tensor-parallel-size N: vLLM tensor-parallel over cuda:0..N-1, its mp executor): it
+checks that the replica refuses training (no weights in torch), that its greedy tokens with
+the adapter equal raw vLLM's (same engine arguments, tensor_parallel_size N), and measures
+sampling tokens/s against raw vLLM and each GPU's peak memory. The dry run starts a CPU
+worker (the transformers sampler: the flag has no effect there) to check the script.
 """
 
 from __future__ import annotations
@@ -65,6 +76,7 @@ QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, nu
 TINY = dict(QWEN3_8B, vocab_size=1024, hidden_size=64, intermediate_size=128, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=512, eos_token_id=1023, bos_token_id=1022)
 RANK = 32
+GREEDY_PROMPTS, GREEDY_TOKENS = 4, 16  # the greedy check: worker against raw vLLM
 
 
 def log(msg: str) -> None:
@@ -146,10 +158,11 @@ def raw_vllm(args) -> None:
 
     t0 = time.time()
     # The engine arguments VLLMSampler uses (backends/torch/loops_worker/vllm_sampler.py).
+    tp = {"tensor_parallel_size": args.tensor_parallel, "distributed_executor_backend": "mp"} if args.tensor_parallel > 1 else {}
     llm = LLM(model=args.model_dir, tokenizer=args.model_dir, enable_lora=True, max_lora_rank=RANK, max_loras=8,
               max_cpu_loras=64, dtype="bfloat16", gpu_memory_utilization=args.vllm_mem,
               max_model_len=args.max_model_len, enforce_eager=not args.cuda_graphs, enable_prefix_caching=True,
-              logprobs_mode="processed_logprobs", max_logprobs=1024)
+              logprobs_mode="processed_logprobs", max_logprobs=1024, **tp)
     start = time.time() - t0
     lora = LoRARequest("bench", 1, args.adapter_dir)
     ps = [{"prompt_token_ids": p} for p in prompts(args.prompts, args.prompt_len, QWEN3_8B["vocab_size"])]
@@ -162,7 +175,11 @@ def raw_vllm(args) -> None:
     outs = llm.generate(ps, sp, lora_request=lora, use_tqdm=False)
     dt = time.time() - t1
     n = sum(len(o.token_ids) for out in outs for o in out.outputs)
-    print("RAW_VLLM_RESULT " + json.dumps({"tokens": n, "seconds": dt, "tokens_per_s": n / dt, "startup_s": start}), flush=True)
+    # greedy tokens of the first prompts, for the worker's check (same engine arguments)
+    greedy = llm.generate(ps[:GREEDY_PROMPTS], SamplingParams(n=1, max_tokens=GREEDY_TOKENS, temperature=0.0, detokenize=False,
+                                                               skip_special_tokens=False), lora_request=lora, use_tqdm=False)
+    print("RAW_VLLM_RESULT " + json.dumps({"tokens": n, "seconds": dt, "tokens_per_s": n / dt, "startup_s": start,
+                                           "greedy": [list(o.outputs[0].token_ids) for o in greedy]}), flush=True)
 
 
 class PeakMemory:
@@ -216,6 +233,7 @@ def start_worker(args, certs_dir):
     elif args.world_size > 1:
         cmd = [sys.executable, "-m", "loops_worker", "--listen", "127.0.0.1:0", "--device", "cuda",
                "--model", f"{BASE}={args.model_dir}", "--max-lora-rank", str(RANK), *common]
+
     else:
         cmd = [sys.executable, "-m", "loops_worker", "--listen", "127.0.0.1:0", "--device", "cuda", "--sampler", "vllm",
                "--model", f"{BASE}={args.model_dir}", "--max-lora-rank", str(RANK), *common,
@@ -224,6 +242,8 @@ def start_worker(args, certs_dir):
             cmd.append("--vllm-enforce-eager")
     if args.world_size > 1:
         cmd += ["--world-size", str(args.world_size)]
+    if args.tensor_parallel > 1:
+        cmd += ["--vllm-tensor-parallel-size", str(args.tensor_parallel)]
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     t0 = time.time()
     for line in p.stdout:
@@ -237,6 +257,49 @@ def start_worker(args, certs_dir):
 
 
 BASE = "bench/qwen3-8b-random"
+
+
+def sample_replica(args, res, sa, tr, c, mem) -> None:
+    """--tensor-parallel N: a sampler replica (vLLM tensor-parallel over N GPUs). Checks that
+    it refuses training (it holds no weights in torch) and that its greedy tokens with the
+    adapter equal raw vLLM's with the same engine arguments, then measures sampling tokens/s
+    (concurrent requests, the workload of the 1-GPU run) and each GPU's peak memory."""
+    import grpc
+
+    from loops_worker.proto import bpb, tpb
+
+    ps = prompts(args.prompts, args.prompt_len, c["vocab_size"])
+    try:
+        tr.CreateAdapter(bpb.CreateAdapterRequest(adapter_id="x", base_model=BASE, lora=tpb.LoraConfig(rank=8, train_attn=True)))
+        res["refuses_training"] = False
+    except grpc.RpcError as e:
+        res["refuses_training"] = e.code() == grpc.StatusCode.FAILED_PRECONDITION
+    greedy = []
+    for p in ps[:GREEDY_PROMPTS]:
+        r = sa.Sample(bpb.SampleRequest(base_model=BASE, adapter_dir=args.adapter_dir, prompt=p, num_samples=1,
+                                        params=tpb.SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0)))
+        greedy.append(list(r.result.sequences[0].tokens))
+    res["greedy_tokens"] = greedy
+    if "raw_vllm" in res:
+        res["greedy_equals_raw_vllm"] = greedy == res["raw_vllm"].get("greedy")
+    log(f"refuses training: {res['refuses_training']}; greedy equals raw vLLM: {res.get('greedy_equals_raw_vllm')}")
+
+    def one(p):
+        return sa.Sample(bpb.SampleRequest(base_model=BASE, adapter_dir=args.adapter_dir, prompt=p, num_samples=args.samples,
+                                           params=tpb.SamplingParams(max_tokens=args.max_tokens, temperature=1.0, top_p=1.0, seed=0)))
+
+    one(ps[0])  # warm-up
+    t = time.time()
+    with cf.ThreadPoolExecutor(max_workers=len(ps)) as ex:
+        outs = list(ex.map(one, ps))
+    dt = time.time() - t
+    n = sum(len(s.tokens) for o in outs for s in o.result.sequences)
+    res["sampling_worker"] = {"tokens": n, "seconds": dt, "tokens_per_s": n / dt}
+    if "raw_vllm" in res:
+        res["sampling_worker"]["vs_raw_vllm"] = (n / dt) / res["raw_vllm"]["tokens_per_s"]
+    if mem is not None:
+        res["sampling_worker"]["peak_memory"] = mem.result()
+    log(f"sampling through the tensor-parallel replica: {res['sampling_worker']}")
 
 
 def main() -> int:
@@ -258,6 +321,8 @@ def main() -> int:
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="per GPU")
     ap.add_argument("--world-size", type=int, default=1,
                     help="ranks of one sharded training replica (N GPUs; module doc): training only")
+    ap.add_argument("--tensor-parallel", type=int, default=1,
+                    help="a sampler replica of N GPUs: vLLM tensor-parallel over them (module doc): sampling only")
     ap.add_argument("--skip-raw", action="store_true")
     ap.add_argument("--raw-timeout", type=int, default=300)
     ap.add_argument("--raw-vllm", action="store_true", help=argparse.SUPPRESS)
@@ -267,16 +332,18 @@ def main() -> int:
     if args.raw_vllm:
         raw_vllm(args)
         return 0
-    if args.world_size < 1:
-        ap.error("--world-size must be at least 1")
+    if args.world_size < 1 or args.tensor_parallel < 1:
+        ap.error("--world-size and --tensor-parallel must be at least 1")
+    if args.world_size > 1 and args.tensor_parallel > 1:
+        ap.error("--world-size (a training replica) and --tensor-parallel (a sampler replica) are two runs")
+    gpus = max(args.world_size, args.tensor_parallel)
     if args.world_size > 1:
-        args.skip_raw = True  # a multi-rank replica does not sample
-        if not args.dry_run:
-            import torch
+        args.skip_raw = True  # training only: its sampling is the transformers sampler's (not vLLM's)
+    if gpus > 1 and not args.dry_run:
+        import torch
 
-            if torch.cuda.device_count() < args.world_size:
-                ap.error(f"--world-size {args.world_size} needs {args.world_size} GPUs; "
-                         f"this machine shows {torch.cuda.device_count()}")
+        if torch.cuda.device_count() < gpus:
+            ap.error(f"{gpus} GPUs needed; this machine shows {torch.cuda.device_count()}")
     if args.dry_run:
         args.skip_raw = True
         if args.workdir == ap.get_default("workdir"):
@@ -288,7 +355,7 @@ def main() -> int:
     c = dict(TINY if args.dry_run else QWEN3_8B, num_hidden_layers=args.layers)
     T0 = time.time()
     res: dict = {"model": ("tiny (dry run, CPU)" if args.dry_run else "Qwen3-8B-shaped") + ", random bf16 weights",
-                 "layers": args.layers, "rank": RANK, "world_size": args.world_size}
+                 "layers": args.layers, "rank": RANK, "world_size": args.world_size, "tensor_parallel": args.tensor_parallel}
 
     def save() -> None:
         if args.out:
@@ -309,7 +376,8 @@ def main() -> int:
         log("raw vLLM baseline")
         cmd = [sys.executable, __file__, "--raw-vllm", "--model-dir", args.model_dir, "--adapter-dir", args.adapter_dir,
                "--prompts", str(args.prompts), "--prompt-len", str(args.prompt_len), "--samples", str(args.samples),
-               "--max-tokens", str(args.max_tokens), "--max-model-len", str(args.max_model_len), "--vllm-mem", str(args.vllm_mem)]
+               "--max-tokens", str(args.max_tokens), "--max-model-len", str(args.max_model_len), "--vllm-mem", str(args.vllm_mem),
+               "--tensor-parallel", str(args.tensor_parallel)]
         if args.cuda_graphs:
             cmd.append("--cuda-graphs")
         try:
@@ -339,12 +407,15 @@ def main() -> int:
     certs_dir = os.path.join(workdir, "certs")
     certs = testcerts.make(certs_dir)
     proc, addr, res["worker_start_s"] = start_worker(args, certs_dir)
-    mem = PeakMemory(proc, not args.dry_run, args.world_size) if args.world_size > 1 else None
+    mem = PeakMemory(proc, not args.dry_run, gpus) if gpus > 1 else None
     save()
     try:
         ch = testcerts.channel(certs, addr, options=[("grpc.max_send_message_length", 1 << 30), ("grpc.max_receive_message_length", 1 << 30)])
         tr, sa = bgrpc.TrainerServiceStub(ch), bgrpc.SamplerServiceStub(ch)
         base = BASE
+        if args.tensor_parallel > 1:
+            sample_replica(args, res, sa, tr, c, mem)
+            return finish()
         # --- forward_backward ---
         tr.LoadAdapter(bpb.LoadAdapterRequest(adapter_id="bench", dir=args.adapter_dir))
         data = []

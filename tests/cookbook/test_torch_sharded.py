@@ -2,7 +2,7 @@
 --backend torch` with a local pool of `gpus_per_replica=2` (GPU ids from a listed inventory,
 the worker on the CPU, so gloo) starts each trainer replica as `--world-size 2`; a few
 optimizer steps lower the loss and the saved weights sample on the sampler pool (a
-multi-rank replica does not sample). Equality with one rank is backends/torch's
+multi-rank replica samples too when the model has no sampler pool). Equality with one rank is backends/torch's
 test_shard.py and backends/worker's TestShardedReplica."""
 
 from __future__ import annotations

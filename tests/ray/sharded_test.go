@@ -107,6 +107,10 @@ func TestRayShardedReplica(t *testing.T) {
 	first := s.do("step", "step")
 	s.do("step", "step")
 	s.do("save s2", "saved")
+	// the model has no sampler pool: the 2-rank replica samples (every rank runs each pass)
+	sampled := s.do("sample w2", "sampled")
+	require.NotEmpty(t, sampled.Tokens, "the 2-rank replica sampled")
+	t.Logf("FIGURE the 2-rank replica sampled %v", sampled.Tokens)
 
 	// kill the raylet of rank 1's node (a follower: rank 0, the endpoint, lives on): the
 	// replica is lost whole and placed again

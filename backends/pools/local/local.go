@@ -39,7 +39,8 @@ type Options struct {
 	// Command starts a worker (default: python3 -m loops_worker); the provider appends
 	// --listen 127.0.0.1:0 --register URL --pool ID --replica N --join-token-file F
 	// --tls-cert F --tls-key F --tls-ca F --allow-dir D... --model BASE, --world-size N for a
-	// trainer replica of N > 1 GPUs, and the spec's Args.
+	// trainer replica of N > 1 GPUs or --vllm-tensor-parallel-size N for such a sampler
+	// replica (rankArgs), and the spec's Args.
 	Command []string
 	// Env are extra KEY=VALUE variables for the workers.
 	Env []string
@@ -378,15 +379,21 @@ func (p *Provider) credentials(pool string, i int) (files mtls.Files, remove fun
 	return files, func() { _ = os.RemoveAll(dir) }, nil
 }
 
-// rankArgs are the worker arguments that make a trainer replica of N > 1 GPUs one process
-// group of N ranks (--world-size N: the torch worker's sharded training, its rank 0
-// starting the others on the replica's GPUs); none for one GPU, CPU or a sampler (a sampler
-// replica's tensor parallelism is vLLM's own).
+// rankArgs are the worker arguments that spread a replica of N > 1 GPUs over its GPUs: a
+// trainer replica is one process group of N ranks (--world-size N: the torch worker's
+// sharded training and sampling, its rank 0 starting the others), a sampler replica one
+// process whose vLLM is tensor-parallel over the N GPUs (--vllm-tensor-parallel-size N:
+// vLLM starts a worker process per GPU); none for one GPU or CPU.
 func rankArgs(spec pools.Spec) []string {
-	if spec.Role != pools.RoleTrainer || spec.GPUsPerReplica < 2 {
+	switch {
+	case spec.GPUsPerReplica < 2:
 		return nil
+	case spec.Role == pools.RoleTrainer:
+		return []string{"--world-size", strconv.Itoa(spec.GPUsPerReplica)}
+	case spec.Role == pools.RoleSampler:
+		return []string{"--vllm-tensor-parallel-size", strconv.Itoa(spec.GPUsPerReplica)}
 	}
-	return []string{"--world-size", strconv.Itoa(spec.GPUsPerReplica)}
+	return nil
 }
 
 func (p *Provider) runOnce(ctx context.Context, spec pools.Spec, i int, r *replica, log *slog.Logger) error {

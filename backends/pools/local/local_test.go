@@ -76,13 +76,15 @@ func TestGPUAssignment(t *testing.T) {
 	require.Error(t, p.EnsurePool(ctx, pools.Spec{ID: "h", Role: pools.RoleTrainer, BaseModel: "other", Replicas: 2, GPUsPerReplica: 1}), "another shape under the same id")
 }
 
-// A trainer replica of N > 1 GPUs is started as N ranks (--world-size N); one GPU, a CPU
-// replica and a sampler replica are one process.
+// A trainer replica of N > 1 GPUs is started as N ranks (--world-size N), a sampler
+// replica of N > 1 GPUs as one process whose vLLM is tensor-parallel over them; one GPU or
+// a CPU replica gets neither.
 func TestRankArgs(t *testing.T) {
 	require.Equal(t, []string{"--world-size", "4"}, rankArgs(pools.Spec{Role: pools.RoleTrainer, GPUsPerReplica: 4}))
 	require.Empty(t, rankArgs(pools.Spec{Role: pools.RoleTrainer, GPUsPerReplica: 1}))
 	require.Empty(t, rankArgs(pools.Spec{Role: pools.RoleTrainer}))
-	require.Empty(t, rankArgs(pools.Spec{Role: pools.RoleSampler, GPUsPerReplica: 2}))
+	require.Equal(t, []string{"--vllm-tensor-parallel-size", "2"}, rankArgs(pools.Spec{Role: pools.RoleSampler, GPUsPerReplica: 2}))
+	require.Empty(t, rankArgs(pools.Spec{Role: pools.RoleSampler, GPUsPerReplica: 1}))
 }
 
 // TestWorkerSecretsStayPrivate: a worker process gets its join token and TLS key by files

@@ -8,7 +8,8 @@ it). Logs go to stderr. Folders a request names must be inside the --allow-dir f
 checkpoint URLs of a --checkpoint-origin (confine.py).
 
 With --world-size N the worker is rank 0 of a replica of N processes (shard.py): it starts
-ranks 1..N-1, the frozen base is sharded over them with FSDP2, and it alone serves.
+ranks 1..N-1, the frozen base is sharded over them with FSDP2, and it alone serves; every
+rank runs each forward pass of a sample (the transformers sampler), rank 0 answers.
 
 With --register URL --pool P --replica N --join-token-file F the worker also registers with
 the gateway's RegistryService at URL (https://) and holds its lease with heartbeats
@@ -32,10 +33,26 @@ def build(args, local_rank: int | None = None):
 
     from .engine import BaseModel, Engine
 
+    if args.world_size > 1 and args.sampler == "vllm":
+        from . import shard
+
+        raise shard.refuse_vllm(args.world_size)
+    tp = args.vllm_tensor_parallel_size
+    if args.world_size > 1 and tp > 1:
+        raise ValueError(f"--vllm-tensor-parallel-size {tp} is for a sampler replica of {tp} GPUs; "
+                         f"a training replica of --world-size {args.world_size} samples over its sharded base")
     if args.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
         device = torch.device(args.device)
+    sampler_kind = args.sampler
+    if sampler_kind == "auto":
+        from . import vllm_sampler
+
+        sampler_kind = "vllm" if device.type == "cuda" and args.world_size == 1 and vllm_sampler.available() else "transformers"
+    if tp > 1 and sampler_kind != "vllm":
+        logging.warning("--vllm-tensor-parallel-size %d has no effect: this worker samples with the transformers "
+                        "sampler, on %s", tp, device)
     if device.type == "cuda" and args.world_size > 1 and device.index is None:
         device = torch.device("cuda", args.rank if local_rank is None else local_rank)
     if args.dtype == "auto":
@@ -52,7 +69,9 @@ def build(args, local_rank: int | None = None):
         # checkpointing: every training pass on GPU, from --checkpoint-tokens tokens on CPU
         gc = args.grad_checkpointing if args.grad_checkpointing is not None else device.type == "cuda"
         ck = args.checkpoint_tokens if args.grad_checkpointing is not False else 0
-        models[name] = BaseModel(name, path or None, device, dtype, args.max_lora_rank,
+        # a tensor-parallel vLLM sampler: vLLM holds the weights; the engine keeps shapes
+        models[name] = BaseModel(name, path or None, torch.device("meta") if tp > 1 and sampler_kind == "vllm" else device,
+                                 dtype, args.max_lora_rank,
                                  attn_impl=args.attn_implementation, grad_checkpointing=gc,
                                  checkpoint_tokens=ck, logits_budget=args.logits_budget)
         order.append(name)
@@ -60,18 +79,13 @@ def build(args, local_rank: int | None = None):
     if args.world_size > 1:
         from . import shard
 
-        return engine, shard.RefusingSampler(args.world_size), device, dtype
-    sampler_kind = args.sampler
-    if sampler_kind == "auto":
-        from . import vllm_sampler
-
-        sampler_kind = "vllm" if device.type == "cuda" and vllm_sampler.available() else "transformers"
+        return engine, None, device, dtype  # rank 0's sampler is shard.sampler(its Leader)
     if sampler_kind == "vllm":
         from .vllm_sampler import VLLMSampler
 
         sampler = VLLMSampler(engine, gpu_memory_utilization=args.vllm_gpu_memory_utilization,
                               max_loras=args.vllm_max_loras, enforce_eager=args.vllm_enforce_eager,
-                              max_model_len=args.vllm_max_model_len)
+                              max_model_len=args.vllm_max_model_len, tensor_parallel_size=tp)
     else:
         from .sampler import HFSampler
 
@@ -103,6 +117,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm-max-loras", type=int, default=8)
     p.add_argument("--vllm-max-model-len", type=int, default=0)
     p.add_argument("--vllm-enforce-eager", action="store_true")
+    p.add_argument("--vllm-tensor-parallel-size", type=int, default=1,
+                   help="a sampler replica of N GPUs: vLLM shards each model over the N GPUs it sees (tensor parallel, "
+                        "its mp executor); the worker then keeps no weights in torch and does not train")
     p.add_argument("--world-size", type=int, default=1,
                    help="ranks of this replica (torch.distributed, FSDP2-sharded base; shard.py): this process is rank 0 and starts the others")
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)  # set by rank 0 for the ranks it starts
@@ -135,6 +152,10 @@ def main(argv=None) -> int:
         return 2
     from .shard import MAX_WORLD_SIZE
 
+    if not 1 <= args.vllm_tensor_parallel_size <= MAX_WORLD_SIZE:
+        print(f"loops_worker: --vllm-tensor-parallel-size {args.vllm_tensor_parallel_size} must be from 1 to {MAX_WORLD_SIZE}",
+              file=sys.stderr)
+        return 2
     if not 1 <= args.world_size <= MAX_WORLD_SIZE or not 0 <= args.rank < args.world_size:
         print(f"loops_worker: --world-size {args.world_size} must be from 1 to {MAX_WORLD_SIZE} "
               f"(and --rank {args.rank} below it)", file=sys.stderr)
@@ -159,6 +180,7 @@ def main(argv=None) -> int:
             d = shard.init(0, args.world_size, args.dist_init, device)
             shard.setup(engine, d)
             engine = shard.Leader(engine, d)
+            sampler = shard.sampler(engine)
     except Exception as e:  # noqa: BLE001
         print(f"loops_worker: startup failed: {type(e).__name__}: {e}", file=sys.stderr)
         if ranks is not None:

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import checkpoint as ckpt
-from .errors import ALREADY_EXISTS, INTERNAL, RESOURCE_EXHAUSTED, WorkerError, invalid, not_found
+from .errors import ALREADY_EXISTS, FAILED_PRECONDITION, INTERNAL, RESOURCE_EXHAUSTED, WorkerError, invalid, not_found
 from . import families
 from .lora import Adapter, BatchContext, LoraSpec, embeddings_tied, wrap_embedding, wrap_model
 from .proto import tpb
@@ -121,6 +121,9 @@ class BaseModel:
                  max_lora_rank: int, attn_impl: str = "auto", grad_checkpointing: bool = False,
                  model=None, pad: Optional[bool] = None, checkpoint_tokens: Optional[int] = None,
                  logits_budget: int = 0):
+        """A model on the meta device (device meta) has its modules' shapes and no weights:
+        a worker whose sampling is vLLM's and that does not train (a tensor-parallel sampler
+        replica, vllm_sampler.py) checks adapter folders against it; it cannot compute."""
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
         self.name = name
@@ -148,14 +151,21 @@ class BaseModel:
                 kw["experts_implementation"] = "eager"  # grouped_mm has no float64 kernel
             if attn_impl == "auto":
                 attn_impl = self.family.attn_implementation
+
+            def load(cls, **kw):
+                if device.type != "meta":
+                    return cls.from_pretrained(path, dtype=dtype, attn_implementation=attn_impl, **kw)
+                with torch.device("meta"):  # the shapes only (class doc)
+                    return cls.from_config(kw.get("config", cfg), dtype=dtype)
+
             if self.full_vl:
-                model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, attn_implementation=attn_impl, **kw)
+                model = load(AutoModelForImageTextToText, **kw)
             else:
                 if self.vision_checkpoint:
                     kw.update(config=families.text_config(cfg), key_mapping=families.key_mapping(self.family))
                 elif self.family.loads_as:  # config.json names a model_type transformers lacks (load_config)
                     kw.update(config=cfg)
-                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_impl, **kw)
+                model = load(AutoModelForCausalLM, **kw)
         if self.vision_checkpoint and not self.full_vl and families.is_vision(model.config):
             raise ValueError(f"{cfg.model_type} checkpoint: transformers loaded {type(model).__name__}, not the text model "
                              f"of its language model; this transformers version cannot serve it on the torch worker")
@@ -701,6 +711,7 @@ class Engine:
         if not req.adapter_id:
             raise invalid("adapter_id is required")
         bm = self.model(req.base_model)
+        self._check_trains(bm)
         spec = self._check_lora(req.lora if req.HasField("lora") else None)
         with self.mu:
             if req.adapter_id in self.adapters:
@@ -712,6 +723,13 @@ class Engine:
             if req.adapter_id in self.adapters:
                 raise WorkerError(ALREADY_EXISTS, f"adapter {req.adapter_id!r} already exists; delete it first or pick another id")
             self.adapters[req.adapter_id] = ad
+
+    @staticmethod
+    def _check_trains(bm: BaseModel) -> None:
+        if bm.device.type == "meta":
+            raise WorkerError(FAILED_PRECONDITION, f"this worker holds no weights of {bm.name} in torch: it is a sampler "
+                              f"replica whose vLLM is tensor-parallel (--vllm-tensor-parallel-size); it samples and "
+                              f"does not train (train on the model's trainer pool)")
 
     def delete_adapter(self, adapter_id: str) -> None:
         with self.mu:
@@ -957,6 +975,7 @@ class Engine:
                 raise e
         else:
             bm = existing.base
+        self._check_trains(bm)
         with self.compute:
             ad = self.load_adapter_from(req.dir, bm, req.load_optimizer, req.adapter_id, req.load_gradients)
         with self.mu:

@@ -4,7 +4,9 @@ The gateway's ray provider (backends/pools/ray) submits it through the Ray Jobs 
 follows the pool's desired size from the gateway (RegistryService.WatchPool over TLS,
 authenticated by $LOOPS_JOIN_TOKEN) and keeps one worker actor per replica, each in a placement group of its
 own (one bundle {CPU: 1, GPU: gpus_per_replica}, STRICT_PACK; Ray re-places the group when
-its node dies). An actor serves the worker protocol in process (the same engine as
+its node dies). A sampler pool of gpus_per_replica = N > 1 is such an actor with N GPUs, its
+vLLM tensor-parallel over them (--vllm-tensor-parallel-size N: vLLM's mp executor, one worker
+process per GPU the actor sees); such a replica fits on one node. An actor serves the worker protocol in process (the same engine as
 `python -m loops_worker`) and registers with the gateway as pool/replica; Ray restarts a dead
 actor (max_restarts), and the restarted one registers as a new incarnation. Scaling down
 kills the highest replicas' actors and removes their groups. When the gateway deletes the
@@ -79,7 +81,9 @@ def _argv(spec: dict, replica: int, token_file: str, host: str) -> list:
     """The worker arguments of a replica's serving process (Worker, or a Rank's rank 0)."""
     pool = spec["pool"]
     listen = f"[{host}]:0" if ":" in host else f"{host}:0"
-    return ["--listen", listen, "--model", pool["base_model"], *pool.get("args", []),
+    tp = tensor_parallel(spec)
+    return ["--listen", listen, "--model", pool["base_model"],
+            *(["--vllm-tensor-parallel-size", str(tp)] if tp > 1 else []), *pool.get("args", []),
             "--register", spec["registry_url"], "--pool", pool["id"], "--replica", str(replica),
             "--join-token-file", token_file]
 
@@ -90,6 +94,23 @@ def world_size(spec: dict) -> int:
     pool = spec["pool"]
     g = int(pool.get("gpus_per_replica", 0))
     return g if pool.get("role") == "trainer" and g > 1 else 1
+
+
+def tensor_parallel(spec: dict) -> int:
+    """vLLM's tensor-parallel size in one replica: gpus_per_replica for a sampler pool, else
+    1 (as the local provider's rankArgs). The replica is one actor whose one bundle holds its
+    N GPUs (bundle): vLLM's mp executor starts its N workers on the GPUs Ray shows the actor."""
+    pool = spec["pool"]
+    g = int(pool.get("gpus_per_replica", 0))
+    return g if pool.get("role") == "sampler" and g > 1 else 1
+
+
+def bundle(spec: dict) -> dict:
+    """The one bundle of a single-actor replica (placed STRICT_PACK: one node): a CPU and the
+    replica's GPUs. A sampler replica of N GPUs is so one node's N GPUs, all visible to its
+    actor, where vLLM runs tensor-parallel (vllm_sampler.engine_args)."""
+    g = int(spec["pool"].get("gpus_per_replica", 0))
+    return {"CPU": 1.0, **({"GPU": float(g)} if g else {})}
 
 
 class Rank:
@@ -152,7 +173,7 @@ class Rank:
         from .server import serve
 
         leader = shard.Leader(engine, d)
-        server = serve(leader, shard.RefusingSampler(self.world), args.listen, creds, confine, threads=args.grpc_threads)
+        server = serve(leader, shard.sampler(leader), args.listen, creds, confine, threads=args.grpc_threads)
         reg = wm.start_registration(args, leader, server.bound_port, creds, gpus=gpus * self.world)
         log.info("replica %d of pool %s: rank 0 of %d serving on port %d (pid %d, device %s)",
                  self.replica, pool["id"], self.world, server.bound_port, self.pid, device)
@@ -172,7 +193,7 @@ class Driver:
         self.ray, self.pg, self.rm_pg, self.strategy = ray, placement_group, remove_placement_group, PlacementGroupSchedulingStrategy
         self.spec, self.token = spec, token
         g = int(spec["pool"].get("gpus_per_replica", 0))
-        self.bundle = {"CPU": 1.0, **({"GPU": float(g)} if g else {})}
+        self.bundle = bundle(spec)
         self.cls = ray.remote(Worker)
         self.opts = dict(num_cpus=1, num_gpus=g, max_restarts=int(spec.get("actor_restarts", -1)), max_concurrency=4)
         self.replicas: dict[int, tuple] = {}

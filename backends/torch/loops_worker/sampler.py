@@ -10,6 +10,7 @@ sequence, which includes the stop. Prompt log-probs at temperature 1, first NaN.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -318,13 +319,19 @@ def _repeatable(layer) -> bool:
 
 
 class HFSampler:
-    """Sampling with the trainer's own transformers model (CPU, or GPU without vLLM)."""
+    """Sampling with the trainer's own transformers model (CPU, or GPU without vLLM).
+
+    On a multi-rank replica (shard.py) lockstep is rank 0's shard.Leader: a sample holds the
+    replica's command order for its whole run (Leader.sampling) and every forward pass is
+    announced to the other ranks first (Leader.sample_pass), which run a pass of their own
+    so that the sharded base's all-gathers find every rank; rank 0 alone samples and answers."""
 
     name = "transformers"
     streams = True  # sample takes on_token
 
-    def __init__(self, engine):
+    def __init__(self, engine, lockstep=None):
         self.engine = engine
+        self.lockstep = lockstep
         self.cache: "OrderedDict[str, object]" = OrderedDict()
         self.mu = threading.Lock()
         self.grammars = adjust.Grammars()
@@ -352,7 +359,7 @@ class HFSampler:
                 raise invalid("an embedding takes a text prompt; send it without images")
             prompt = validate_embed(req, bm)
             ad = self._adapter(bm, req.adapter_dir) if req.adapter_dir else None
-            with self.engine.compute:
+            with self._passes():
                 return self._embed(bm, ad, prompt)
         spec = validate(req, bm)
         if len(req.prompt_images) > 0:
@@ -360,20 +367,40 @@ class HFSampler:
         ad = self._adapter(bm, req.adapter_dir) if req.adapter_dir else None
         if spec.response_format is not None:
             self.grammars.matcher(bm, spec.response_format)  # refuse a schema before any compute
-        with self.engine.compute:
+        with self._passes():
             seqs, plp, topk, extras = self._generate(bm, ad, spec, on_token)
         return build_result(seqs, plp, topk, spec, extras)
+
+    @contextlib.contextmanager
+    def _passes(self):
+        """Holds what one sample's forward passes need: the engine's compute lock, and on a
+        multi-rank replica the replica's command order before it (the Leader's order of locks)."""
+        if self.lockstep is None:
+            with self.engine.compute:
+                yield
+            return
+        with self.lockstep.sampling(), self.engine.compute:
+            yield
+
+    def _forward(self, bm, module=None, **kw):
+        """One forward pass of bm's model, or of its module (with every rank of a multi-rank
+        replica: class doc)."""
+        m = bm.model if module is None else module
+        if self.lockstep is None:
+            return m(**kw)
+        return self.lockstep.sample_pass(bm.name, lambda: m(**kw))
 
     @torch.no_grad()
     def _embed(self, bm, ad, prompt: List[int]):
         """SampleRequest.embed: the mean over the prompt's tokens of the last hidden state
-        (hidden_states[-1], which transformers returns after the model's final norm), summed
-        in float64, as float32."""
+        (the decoder stack's output after its final norm, transformers' hidden_states[-1]),
+        summed in float64, as float32. The stack is called for it: a sharded stack (shard.py)
+        records no hidden_states."""
         bm.ctx.segments = [(0, 1 << 30, ad)]
         try:
             ids = torch.tensor([prompt], dtype=torch.long, device=bm.device)
-            out = bm.model(input_ids=ids, output_hidden_states=True, use_cache=False, logits_to_keep=1)
-            mean = out.hidden_states[-1][0].to(torch.float64).mean(dim=0).cpu()
+            out = self._forward(bm, module=bm.model.model, input_ids=ids, use_cache=False)
+            mean = out.last_hidden_state[0].to(torch.float64).mean(dim=0).cpu()
         finally:
             bm.ctx.segments = []
         res = tpb.SampleResult()
@@ -403,8 +430,8 @@ class HFSampler:
             # multimodal positions either way, so decoding uses this prompt's)
             vis = bm.vision_inputs([s.images] * rows, len(s.prompt))
             want_prompt = s.want_prompt
-            out = model(input_ids=ids, past_key_values=cache, use_cache=True,
-                        logits_to_keep=0 if want_prompt else 1, **vis)
+            out = self._forward(bm, input_ids=ids, past_key_values=cache, use_cache=True,
+                                logits_to_keep=0 if want_prompt else 1, **vis)
             logits = out.logits[0].to(torch.float64).cpu()
             plp, topk, extras = None, None, None
             seed = s.seed if s.seed is not None else random.getrandbits(64)
@@ -472,7 +499,7 @@ class HFSampler:
                     break
                 # every row advances (finished rows feed their last token; results ignored)
                 feed = torch.tensor([[toks[i][-1]] for i in range(n)], dtype=torch.long, device=dev)
-                out = model(input_ids=feed, past_key_values=cache, use_cache=True)
+                out = self._forward(bm, input_ids=feed, past_key_values=cache, use_cache=True)
                 lg = out.logits[:, -1].to(torch.float64).cpu().numpy()
                 rows = [lg[i] for i in range(n)]
             return [(toks[i], lps[i], stopped[i], tops[i]) for i in range(n)], plp, topk, extras

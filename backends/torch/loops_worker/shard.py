@@ -21,12 +21,20 @@ and applied by every rank in the one order rank 0's lock gives (Leader, follow):
   follower exits when rank 0 does (its stdin, a pipe from rank 0, closes), so the gateway
   sees the replica lost and its step recovery rebuilds it.
 
-Sampling needs every rank in its forward passes; a multi-rank replica refuses it (a sampler
-pool samples: issue 28 item 2 is tensor-parallel sampling).
+- Sampling (the transformers sampler, sampler.HFSampler with the Leader as its lockstep):
+  a sample holds rank 0's command order for its whole run, and before each of its forward
+  passes rank 0 broadcasts a "sample_pass" command naming the base model. Every other rank
+  then runs a one-token pass of that model whose output it drops: the pass exists only so
+  that each layer's FSDP all-gather finds every rank. Rank 0 runs the real pass (the
+  prompt, the KV cache, the adapter), draws the tokens and answers alone. This is data
+  parallelism's sharded storage, not tensor parallelism: each pass's compute is rank 0's
+  alone, and the base's memory is what is split. The GPU path for sampler pools is vLLM's
+  tensor parallelism (vllm_sampler.py), not this.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -42,7 +50,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .errors import FAILED_PRECONDITION, WorkerError
+from .errors import WorkerError
 
 log = logging.getLogger("loops_worker")
 
@@ -139,23 +147,27 @@ def shard_model(bm, d: Dist) -> None:
     bm.pad = True
 
 
-def refuse_sampling(world: int):
-    return WorkerError(FAILED_PRECONDITION,
-                       f"this worker is a {world}-rank training replica (--world-size {world}); it does not sample: "
-                       f"sample on a sampler pool (sampler_replicas) or a 1-rank worker")
+def sampler(leader: "Leader"):
+    """The sampler of a multi-rank replica: the transformers sampler over rank 0's engine,
+    every forward pass run by every rank (module doc)."""
+    from .sampler import HFSampler
+
+    return HFSampler(leader, lockstep=leader)
 
 
-class RefusingSampler:
-    """The sampler of a multi-rank replica: every request refused (module doc)."""
+def refuse_vllm(world: int) -> ValueError:
+    return ValueError(f"--sampler vllm does not run in a {world}-rank training replica (--world-size {world}): "
+                      f"its sampling is the transformers sampler over the sharded base; for vLLM give the model "
+                      f"sampler replicas (sampler_replicas), whose vLLM is tensor-parallel over their GPUs")
 
-    name = "none (multi-rank training replica)"
-    streams = False
 
-    def __init__(self, world: int):
-        self.world = world
-
-    def sample(self, req, on_token=None):
-        raise refuse_sampling(self.world)
+@torch.no_grad()
+def follow_pass(bm) -> None:
+    """A follower's share of one of rank 0's sampling passes over bm: a one-token pass
+    (output dropped) that joins each layer's all-gather (module doc)."""
+    bm.ctx.segments = []
+    ids = torch.zeros((1, 1), dtype=torch.long, device=bm.device)
+    bm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
 
 
 # -- commands ------------------------------------------------------------------------------
@@ -268,6 +280,24 @@ class Leader:
             self._e.load_adapter(req)
             self._send("load_adapter", req.SerializeToString(), _read_folder(req.dir))
 
+    @contextlib.contextmanager
+    def sampling(self):
+        """Holds the replica's command order for one sample's passes (sample_pass)."""
+        with self._mu:
+            yield
+
+    def sample_pass(self, model: str, run):
+        """run(), one forward pass of base model model, with every other rank running its
+        share (follow_pass); under sampling(). A pass that fails here may leave the other
+        ranks inside a collective: the replica is lost."""
+        self._send("sample_pass", model)
+        try:
+            return run()
+        except BaseException:  # noqa: BLE001
+            log.exception("a sampling pass failed on rank 0 of %d: the replica is lost; exiting", self._d.world)
+            logging.shutdown()
+            os._exit(1)
+
     def stop(self) -> None:
         """Tells the other ranks to exit (after the command in flight)."""
         with self._mu:
@@ -296,6 +326,13 @@ def follow(engine, d: Dist) -> int:
         if name == "exit":
             return 0
         if name == "ping":
+            continue
+        if name == "sample_pass":
+            try:
+                follow_pass(engine.models[payload])
+            except Exception:  # noqa: BLE001 - this rank left the replica's collectives
+                log.exception("rank %d: a sampling pass failed", d.rank)
+                return 1
             continue
         if _FAULTS and name == "forward_backward" and any(it.adapter_id == "__rank_crash__" for it in _parse(name, payload).items):
             os._exit(17)  # a test fault: this rank dies in the middle of rank 0's step

@@ -14,6 +14,10 @@ num_samples > 1 are run once and repeated (vLLM refuses n > 1 when greedy). An a
 unembedding LoRA adapts the shared matrix of a model with tied embeddings (ensure_weight_tying:
 the input embedding too) is refused: vLLM's LoRA adapts the head's logits only.
 
+A sampler replica of N GPUs runs vLLM with tensor_parallel_size N (engine_args); the
+worker then keeps the base models' shapes only (the meta device: no weights in torch), as
+it samples with vLLM and does not train.
+
 API as of vLLM 0.33.0 (the pinned version): AsyncLLM.generate is an async generator;
 n > 1 must use RequestOutputKind.FINAL_ONLY, otherwise each streamed RequestOutput carries
 only the child sequence that just advanced (and the last one only the last to finish).
@@ -53,7 +57,8 @@ class VLLMSampler:
     name = "vllm"
 
     def __init__(self, engine, gpu_memory_utilization: float = 0.4, max_loras: int = 8,
-                 max_cpu_loras: int = 64, max_model_len: int = 0, enforce_eager: bool = False):
+                 max_cpu_loras: int = 64, max_model_len: int = 0, enforce_eager: bool = False,
+                 tensor_parallel_size: int = 1):
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         from vllm import SamplingParams  # noqa: F401
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -70,16 +75,8 @@ class VLLMSampler:
         self.mu = threading.Lock()
         for name in engine.order:
             bm = engine.models[name]
-            kw = dict(model=bm.dir, tokenizer=bm.dir, enable_lora=True, max_lora_rank=_vllm_rank(engine.max_lora_rank),
-                      max_loras=max_loras, max_cpu_loras=max(max_cpu_loras, max_loras), dtype="bfloat16",
-                      gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
-                      enforce_eager=enforce_eager, logprobs_mode="processed_logprobs",
-                      max_logprobs=1024)
-            if max_model_len > 0:
-                kw["max_model_len"] = max_model_len
-            else:
-                kw["max_model_len"] = bm.max_seq
-            args = AsyncEngineArgs(**kw)
+            args = AsyncEngineArgs(**engine_args(bm, engine.max_lora_rank, gpu_memory_utilization, max_loras, max_cpu_loras,
+                                                 max_model_len, enforce_eager, tensor_parallel_size))
             fut = asyncio.run_coroutine_threadsafe(_make(AsyncLLM, args), self.loop)
             self.llms[name] = fut.result()
 
@@ -193,6 +190,24 @@ class VLLMSampler:
         resp = build_result(seqs, plp, topk, s)
         resp.result.prompt_cached_tokens = cached_tokens(out, len(s.prompt))
         return resp
+
+
+def engine_args(bm, max_lora_rank: int, gpu_memory_utilization: float, max_loras: int, max_cpu_loras: int,
+                max_model_len: int, enforce_eager: bool, tensor_parallel_size: int = 1) -> dict:
+    """vLLM's engine arguments (AsyncEngineArgs) for base model bm. With tensor_parallel_size
+    N > 1 (a sampler replica of N GPUs) vLLM shards the model over the N GPUs this process
+    sees (CUDA_VISIBLE_DEVICES: the local provider's replica GPUs, or the Ray actor's) with
+    its multiprocessing executor: it starts one worker process per GPU. "mp" is named, not
+    left to vLLM: inside a Ray actor vLLM would otherwise pick its Ray executor, whose engine
+    core process does not see the actor's placement group (vLLM issue 30016)."""
+    kw = dict(model=bm.dir, tokenizer=bm.dir, enable_lora=True, max_lora_rank=_vllm_rank(max_lora_rank),
+              max_loras=max_loras, max_cpu_loras=max(max_cpu_loras, max_loras), dtype="bfloat16",
+              gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
+              enforce_eager=enforce_eager, logprobs_mode="processed_logprobs", max_logprobs=1024,
+              max_model_len=max_model_len if max_model_len > 0 else bm.max_seq)
+    if tensor_parallel_size > 1:
+        kw.update(tensor_parallel_size=tensor_parallel_size, distributed_executor_backend="mp")
+    return kw
 
 
 def cache_salt(workspace: str) -> str:

@@ -1,7 +1,9 @@
-"""Sharded training (shard.py): an N-rank replica (gloo on CPU, FSDP2-sharded base) gives
-the 1-rank replica's losses, log-probs, LoRA gradients, Adam steps and saved adapter within
-1e-5, on a tiny random Qwen3 and on loops/tiny (tied embeddings), with every rank holding
-the same adapter state and 1/N of each decoder layer. A rank killed mid-step, and the
+"""Sharded training and sampling (shard.py): an N-rank replica (gloo on CPU, FSDP2-sharded
+base) gives the 1-rank replica's losses, log-probs, LoRA gradients, Adam steps and saved
+adapter within 1e-5, and its seeded samples (the same tokens, log-probs within 1e-5, with
+and without an adapter) and embeddings, on a tiny random Qwen3 and on loops/tiny (tied
+embeddings), with every rank holding the same adapter state and 1/N of each decoder layer;
+a rank killed mid-sample loses the replica. A rank killed mid-step, and the
 replica rebuilt, is backends/worker's TestShardedReplica (through the Go backend)."""
 
 import multiprocessing
@@ -103,7 +105,50 @@ def _engine(model_dir):
     return Engine({"m": bm}, ["m"])
 
 
-def _rank(rank, world, init, model_dir, out_dir):
+def _nan(v):
+    return "nan" if isinstance(v, float) and v != v else v
+
+
+def _seen(res, streamed=None):
+    """A SampleResponse as compared: tokens, stop reasons, log-probs (NaN as "nan"), top
+    log-probs, prompt log-probs and their extras, the embedding."""
+    r = res.result
+    out = {"seqs": [(list(q.tokens), [_nan(v) for v in q.logprobs], q.stop_reason,
+                     list(q.top_logprobs.token_ids), list(q.top_logprobs.logprobs)) for q in r.sequences],
+           "prompt": [_nan(v) for v in r.prompt_logprobs],
+           "topk": (list(r.topk_prompt_logprobs.token_ids), list(r.topk_prompt_logprobs.logprobs)),
+           "targets": [_nan(v) for v in r.target_prompt_logprobs.logprobs],
+           "alts": (list(r.prompt_alt_tokens.token_ids), list(r.prompt_alt_tokens.logprobs)),
+           "embedding": list(r.embedding)}
+    if streamed is not None:
+        out["streamed"] = streamed
+    return out
+
+
+def _sampling(sampler, adapter_dir, tokenizer):
+    """Seeded samples (stop tokens and strings, top-k/top-p, top log-probs, prompt log-probs
+    and their extras, greedy, streamed), with and without a trained adapter, and
+    embeddings: what an N-rank replica must answer as one rank does."""
+    got = {}
+    prompt = [5, 9, 33, 70, 11, 2, 8, 19]
+    for name, ad in (("base", ""), ("lora", adapter_dir)):
+        params = tpb.SamplingParams(max_tokens=10, temperature=0.9, top_k=40, top_p=0.95, seed=11,
+                                    stop_tokens=[17, 23], top_logprobs=3)
+        if tokenizer:
+            params.stop_strings.append("e")
+        req = bpb.SampleRequest(base_model="m", prompt=prompt, num_samples=3, adapter_dir=ad, params=params,
+                                prompt_logprobs=True, topk_prompt_logprobs=4, prompt_alt_tokens_k=2,
+                                target_prompt_tokens=tpb.TargetPromptTokens(k=2, token_ids=[3, -1] * (len(prompt) - 1)))
+        got[f"{name}/sample"] = _seen(sampler.sample(req))
+        streamed = []
+        greedy = bpb.SampleRequest(base_model="m", prompt=prompt[:3], num_samples=2, adapter_dir=ad,
+                                   params=tpb.SamplingParams(max_tokens=6, temperature=0.0, seed=3, top_logprobs=2))
+        got[f"{name}/greedy"] = _seen(sampler.sample(greedy, lambda i, t, lp, top: streamed.append((i, t, lp))), streamed)
+        got[f"{name}/embed"] = _seen(sampler.sample(bpb.SampleRequest(base_model="m", prompt=prompt, adapter_dir=ad, embed=True)))
+    return got
+
+
+def _rank(rank, world, init, model_dir, out_dir, sample_dir=""):
     from loops_worker import shard
 
     torch.set_num_threads(1)
@@ -121,6 +166,7 @@ def _rank(rank, world, init, model_dir, out_dir):
     local = sum(p.to_local().numel() for p in layer_params if isinstance(p, DTensor))
     leader = shard.Leader(engine, d)
     got = _scenario(leader, out_dir)
+    got["sampling"] = _sampling(shard.sampler(leader), sample_dir, engine.models["m"].tokenizer is not None)
     leader.stop()
     states = d.gather(_state(engine))
     got["ranks_agree"] = all(_same(states[0], st) for st in states[1:])
@@ -139,12 +185,12 @@ def _same(a, b):
     return a == b
 
 
-def _sharded(model_dir, world, out_dir):
+def _sharded(model_dir, world, out_dir, sample_dir):
     from loops_worker import shard
 
     init = f"tcp://127.0.0.1:{shard.free_port()}"
     ctx = multiprocessing.get_context("fork")
-    ps = [ctx.Process(target=_rank, args=(r, world, init, model_dir, out_dir)) for r in range(world)]
+    ps = [ctx.Process(target=_rank, args=(r, world, init, model_dir, out_dir, sample_dir)) for r in range(world)]
     for p in ps:
         p.start()
     for p in ps:
@@ -166,8 +212,8 @@ def _close(a, b, where):
         assert a.shape == b.shape, where
         diff = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
         assert diff <= TOL * max(1.0, float(b.double().abs().max())), f"{where}: max |diff| {diff:g}"
-    elif isinstance(a, str):
-        assert a == b, where
+    elif isinstance(a, (str, int)) and not isinstance(a, bool) and not isinstance(b, float):
+        assert a == b, f"{where}: {a!r} vs {b!r}"
     else:
         assert abs(a - b) <= TOL * max(1.0, abs(b)), f"{where}: {a} vs {b}"
 
@@ -183,13 +229,22 @@ def _files(d):
 
 
 def _compare(model_dir, tmp_path, worlds):
+    from loops_worker.sampler import HFSampler
+
     one = tmp_path / "one"
     one.mkdir()
-    want = _scenario(_engine(model_dir), str(one))
+    engine = _engine(model_dir)
+    want = _scenario(engine, str(one))
+    # samples with the 1-rank replica's trained adapter, on every replica alike
+    sample_dir = str(one / "saved")
+    want["sampling"] = _sampling(HFSampler(engine), sample_dir, engine.models["m"].tokenizer is not None)
+    seqs = [q for k, v in want["sampling"].items() if not k.endswith("embed") for q in v["seqs"]]
+    assert any(q[2] == tpb.STOP_REASON_STOP for q in seqs) and any(q[2] == tpb.STOP_REASON_LENGTH for q in seqs)
+    assert want["sampling"]["base/sample"]["seqs"] != want["sampling"]["lora/sample"]["seqs"], "the adapter changes the samples"
     for w in worlds:
         out = tmp_path / f"n{w}"
         out.mkdir()
-        got = _sharded(model_dir, w, str(out))
+        got = _sharded(model_dir, w, str(out), sample_dir)
         assert got.pop("ranks_agree"), f"{w} ranks hold different adapter state"
         assert abs(got.pop("layer_share") - 1 / w) < 0.02, f"rank 0 of {w} does not hold 1/{w} of the layers"
         assert any(float(g.abs().max()) > 0 for g in want["grads_a1"].values())
@@ -216,13 +271,55 @@ def test_sharded_equals_one_rank_loops_tiny(tmp_path):
     _compare(d, tmp_path, (2, 4))
 
 
-def test_sharded_replica_refuses_sampling():
-    from loops_worker import shard
-    from loops_worker.errors import FAILED_PRECONDITION, WorkerError
+def test_sharded_replica_refuses_vllm():
+    from loops_worker import __main__ as wm
 
-    with pytest.raises(WorkerError) as e:
-        shard.RefusingSampler(2).sample(bpb.SampleRequest())
-    assert e.value.code == FAILED_PRECONDITION and "2-rank" in e.value.message
+    args = wm.parser().parse_args(["--model", "m", "--world-size", "2", "--sampler", "vllm"])
+    with pytest.raises(ValueError, match="sampler_replicas"):
+        wm.build(args)
+
+
+def _killed_rank(rank, init, model_dir, pid):
+    """Rank 0 kills rank 1 (pid) after the third token of a sample; it must not answer."""
+    import signal
+
+    from loops_worker import shard
+
+    torch.set_num_threads(1)
+    if rank > 0:
+        pid.value = os.getpid()
+    engine = _engine(model_dir)
+    d = shard.init(rank, 2, init, torch.device("cpu"), timeout_s=60)
+    shard.setup(engine, d)
+    if rank > 0:
+        os._exit(shard.follow(engine, d))
+    leader = shard.Leader(engine, d)
+
+    def on_token(i, t, lp, top):
+        if i == 0 and t >= 0 and len(seen) == 3:
+            os.kill(pid.value, signal.SIGKILL)
+        seen.append(t)
+
+    seen = []
+    shard.sampler(leader).sample(bpb.SampleRequest(base_model="m", prompt=[5, 6, 7], params=tpb.SamplingParams(
+        max_tokens=40, temperature=1.0, seed=1)), on_token)
+    os._exit(0)  # answered: the test fails
+
+
+def test_rank_killed_mid_sample_is_a_lost_replica(tiny_dir):
+    """A follower killed between two passes of a sample: rank 0 exits 1 instead of answering
+    (the replica is lost; backends/worker's TestShardedReplica shows the rebuild)."""
+    from loops_worker import shard
+
+    init = f"tcp://127.0.0.1:{shard.free_port()}"
+    ctx = multiprocessing.get_context("fork")
+    pid = ctx.Value("i", 0)
+    ps = [ctx.Process(target=_killed_rank, args=(r, init, tiny_dir, pid)) for r in range(2)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join(120)
+    assert [p.exitcode for p in ps] == [1, -9]
 
 
 def _idle_rank(rank, init, model_dir, out_dir):

@@ -23,7 +23,7 @@ from loops_worker.proto import bpb, tpb
 
 ENGINE_FIELDS = {"model", "tokenizer", "enable_lora", "max_lora_rank", "max_loras", "max_cpu_loras", "dtype",
                  "gpu_memory_utilization", "enable_prefix_caching", "enforce_eager", "logprobs_mode",
-                 "max_logprobs", "max_model_len"}
+                 "max_logprobs", "max_model_len", "tensor_parallel_size", "distributed_executor_backend"}
 
 
 class VLLMValidationError(ValueError):
@@ -355,3 +355,78 @@ def test_vllm_prefix_cache_hits_reported_per_workspace(fake_vllm, engine):
         assert sample("ws-b") == 0
     finally:
         vs.loop.call_soon_threadsafe(vs.loop.stop)
+
+
+def test_tensor_parallel_sampler_replica(fake_vllm, engine, tiny_dir, tmp_path):
+    """A sampler replica of 4 GPUs (--vllm-tensor-parallel-size 4, as the local provider and
+    the Ray driver start it): vLLM gets tensor_parallel_size 4 and its mp executor; the torch
+    side holds the model's shapes only (meta), checks adapter folders against them, samples
+    through vLLM and refuses to train. One GPU: vLLM's defaults (no such arguments)."""
+    from loops_worker import __main__ as wm
+    from loops_worker.errors import FAILED_PRECONDITION
+
+    args = wm.parser().parse_args(["--model", f"tiny={tiny_dir}", "--device", "cpu", "--sampler", "vllm",
+                                   "--vllm-tensor-parallel-size", "4"])
+    eng, sampler, _, _ = wm.build(args)
+    kw = sampler.llms["tiny"].args.kw
+    assert (kw["tensor_parallel_size"], kw["distributed_executor_backend"]) == (4, "mp")
+    bm = eng.models["tiny"]
+    assert bm.device.type == "meta" and all(p.device.type == "meta" for p in bm.model.parameters())
+    # an adapter trained on a 1-GPU worker is checked against the shapes and sampled
+    engine.create_adapter(bpb.CreateAdapterRequest(adapter_id="tp", base_model="tiny", lora=tpb.LoraConfig(rank=4, train_attn=True)))
+    d = str(tmp_path / "tp")
+    engine.save_adapter(bpb.SaveAdapterRequest(adapter_id="tp", dir=d))
+    engine.delete_adapter("tp")
+    res = sampler.sample(_req([5, 6, 7], max_tokens=3, seed=1, adapter_dir=d))
+    assert len(res.result.sequences[0].tokens) == 3 and AsyncLLM.added[-1].lora_path == d
+    # a folder whose first LoRA matrix has another model's width: refused from the shapes
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for n in os.listdir(d):
+        with open(os.path.join(d, n), "rb") as src, open(bad / n, "wb") as dst:
+            dst.write(src.read())
+    ws = load_file(str(bad / "adapter_model.safetensors"))
+    k = sorted(k for k in ws if "lora_A" in k)[0]
+    ws[k] = ws[k].new_zeros((ws[k].shape[0], ws[k].shape[1] + 8))
+    save_file(ws, str(bad / "adapter_model.safetensors"))
+    with pytest.raises(WorkerError) as e:
+        sampler.sample(_req([5, 6, 7], max_tokens=3, seed=1, adapter_dir=str(bad)))
+    assert e.value.code == INVALID_ARGUMENT and "shape" in e.value.message, e.value.message
+    with pytest.raises(WorkerError) as e:
+        eng.create_adapter(bpb.CreateAdapterRequest(adapter_id="x", base_model="tiny", lora=tpb.LoraConfig(rank=2, train_attn=True)))
+    assert e.value.code == FAILED_PRECONDITION and "does not train" in e.value.message
+    with pytest.raises(WorkerError) as e:
+        eng.load_adapter(bpb.LoadAdapterRequest(adapter_id="x", dir=d))
+    assert e.value.code == FAILED_PRECONDITION
+    one = wm.build(wm.parser().parse_args(["--model", f"tiny={tiny_dir}", "--device", "cpu", "--sampler", "vllm"]))[1]
+    kw1 = one.llms["tiny"].args.kw
+    assert "tensor_parallel_size" not in kw1 and "distributed_executor_backend" not in kw1
+    with pytest.raises(ValueError, match="sampler replica"):
+        wm.build(wm.parser().parse_args(["--model", "m", "--world-size", "2", "--vllm-tensor-parallel-size", "2"]))
+
+
+def test_ray_sampler_replica_layout():
+    """The Ray driver's sampler replica of N GPUs: one actor, one bundle holding the N GPUs
+    (placed STRICT_PACK on one node), started with --vllm-tensor-parallel-size N; a trainer
+    pool's replica gets no such argument (its N ranks are the sharded replica)."""
+    from loops_worker import ray_pool
+
+    def spec(role, g):
+        return {"pool": {"id": "p", "role": role, "base_model": "m", "gpus_per_replica": g, "args": ["--threads", "1"]},
+                "registry_url": "https://127.0.0.1:1"}
+
+    s = spec("sampler", 4)
+    assert ray_pool.bundle(s) == {"CPU": 1.0, "GPU": 4.0}
+    assert (ray_pool.tensor_parallel(s), ray_pool.world_size(s)) == (4, 1)
+    argv = ray_pool._argv(s, 0, "/tok", "127.0.0.1")
+    assert argv[argv.index("--vllm-tensor-parallel-size") + 1] == "4"
+    from loops_worker import __main__ as wm
+
+    assert wm.parser().parse_args(argv).vllm_tensor_parallel_size == 4
+    t = spec("trainer", 4)
+    assert (ray_pool.tensor_parallel(t), ray_pool.world_size(t)) == (1, 4)
+    assert "--vllm-tensor-parallel-size" not in ray_pool._argv(t, 0, "/tok", "127.0.0.1")
+    assert "--vllm-tensor-parallel-size" not in ray_pool._argv(spec("sampler", 1), 0, "/tok", "127.0.0.1")
+    assert ray_pool.bundle(spec("sampler", 0)) == {"CPU": 1.0}
