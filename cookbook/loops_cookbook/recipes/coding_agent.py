@@ -141,6 +141,7 @@ def estimate(cfg: Config, chat, pilot: dict | None = None) -> dict:
     return request(cfg.model, [rl_part(pilot, cfg, steps)])
 
 
+def main(cfg: Config) -> dict:
     import sys
 
     from loops_cookbook.chat import ChatML
