@@ -25,9 +25,9 @@ import (
 	"github.com/loops-dev/loops/cookbook"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
+	"github.com/loops-dev/loops/internal/money"
 	"github.com/loops-dev/loops/scripts"
 	"github.com/spf13/cobra"
-	"github.com/loops-dev/loops/internal/money"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )

@@ -16,8 +16,9 @@ they count as measured. Each later step's group is extrapolated from the pilot's
 prefill, cached and training tokens per prompt token of the group's episodes, sampled
 tokens per episode. The band is two standard errors from the spread of those ratios over
 the pilot's groups (the group-to-group spread of the later groups plus the uncertainty of
-the pilot's mean); it assumes the later steps behave like the pilot's and does not cover a
-policy whose behaviour drifts as it learns.
+the pilot's mean), over its groups or over its steps, whichever is wider; it assumes the
+later steps behave like the pilot's, and a policy whose behaviour changes as it learns (the
+share of groups trained rising with the reward, say) can end outside it.
 """
 
 from __future__ import annotations
@@ -75,24 +76,40 @@ def _stats(ratios: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(var)
 
 
+def _half_width(units: Sequence[dict], future: Sequence[dict], kind: str, driver: str) -> float:
+    """Two standard errors of Σ over future units of kind, each at the ratio of kind to
+    driver measured on units: for ratios r_f spread like the measured ones (sd) around a
+    mean estimated from n units, Var(Σ r_f·d_f − r̂·Σ d_f) = sd²·Σ d_f² + sd²·(Σ d_f)²/n."""
+    if len(units) < 2:
+        return 0.0
+    _, sd = _stats([u[kind] / u[driver] if u[driver] else 0.0 for u in units])
+    ahead = sum(f[driver] for f in future)
+    return 2 * sd * math.sqrt(sum(f[driver] ** 2 for f in future) + ahead ** 2 / len(units))
+
+
+def _sum(groups: Sequence[dict]) -> dict:
+    return {k: sum(g[k] for g in groups) for k in groups[0]} if groups else {}
+
+
 def extrapolate(pilot_steps: Sequence[Sequence[dict]], later: Sequence[Sequence[dict]]) -> dict[str, list[int]]:
     """Tokens by kind of a run whose first steps were measured (pilot_steps: group_usage
     dicts) and whose later steps' groups are known by their drivers only (later: dicts with
     "prompt" and "episodes"): {kind: [amount, low, high]}. Measured steps count as they
     are; each later group at the pilot's ratio of kind to driver (the sum of the kind over
-    the sum of the driver), with a band of two standard errors."""
+    the sum of the driver). The band is two standard errors, from the spread of the ratio
+    over the pilot's groups, or over its steps when that is wider (a ratio that moves from
+    step to step, as a policy learns, widens it; with one pilot step only the groups' spread
+    is known)."""
     groups = [g for step in pilot_steps for g in step]
     future = [g for step in later for g in step]
+    steps = [_sum(step) for step in pilot_steps if step]
+    future_steps = [_sum(step) for step in later if step]
     out: dict[str, list[int]] = {}
     for kind, driver in DRIVER.items():
         measured = sum(g[kind] for g in groups)
         base = sum(g[driver] for g in groups)
-        ratio = measured / base if base else 0.0
-        _, sd = _stats([g[kind] / g[driver] if g[driver] else 0.0 for g in groups])
-        ahead = sum(g[driver] for g in future)
-        # Var of Σ_f r_f·d_f − r̂·Σ_f d_f for iid r_f with spread sd: sd²·Σd_f² + sd²·(Σd_f)²/n.
-        half = 2 * sd * math.sqrt(sum(g[driver] ** 2 for g in future) + ahead ** 2 / len(groups)) if groups else 0.0
-        point = measured + ratio * ahead
+        point = measured + (measured / base if base else 0.0) * sum(g[driver] for g in future)
+        half = max(_half_width(groups, future, kind, driver), _half_width(steps, future_steps, kind, driver))
         out[kind] = [round(point), max(measured, math.floor(point - half)), math.ceil(point + half)]
     return out
 
