@@ -54,10 +54,13 @@ workspaces:
 	// RL in team-b: 2 steps of 1 prompt of 5 tokens, a group of 2 samples of at most 6
 	// tokens, each sample trained on as prompt + completion less one.
 	b := newCostClient(t, url, keyB)
+	var sampled, trained int64 // what a pilot counts on the client
 	for range 2 {
 		op, _ := b.sample()
 		for _, s := range op.GetSample().GetSequences() {
 			b.train(5 + len(s.GetTokens()) - 1)
+			sampled += int64(len(s.GetTokens()))
+			trained += int64(5 + len(s.GetTokens()) - 1)
 		}
 	}
 	est = must(b.usage.EstimateCost(t.Context(), &loopsv1.EstimateCostRequest{
@@ -76,6 +79,15 @@ workspaces:
 	ratio := float64(estimated) / float64(metered)
 	t.Logf("RL: estimated %s, metered %s, ratio %.3f", estimated, metered, ratio)
 	require.InDelta(t, 1, ratio, 0.10, "estimated %s, metered %s", estimated, metered)
+
+	// The same run as a pilot counts it on the client (each request's prompt once, every
+	// sampled token, each datum's model input), given as usage: exactly the metered cost.
+	est = must(b.usage.EstimateCost(t.Context(), &loopsv1.EstimateCostRequest{BaseModel: tiny.Name, Usage: []*loopsv1.UsageEstimate{
+		{Kind: loopsv1.UsageKind_USAGE_KIND_SAMPLING_PREFILL_TOKENS, Amount: 2 * 5},
+		{Kind: loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS, Amount: sampled},
+		{Kind: loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, Amount: trained, AmountLow: trained - 1, AmountHigh: trained + 1},
+	}}))
+	require.Equal(t, metered.String(), est.GetTotalUsd(), "the pilot's counts priced are the metered cost")
 }
 
 // TestEstimateErrors: no price sheet is a FailedPrecondition naming the flag; bad requests
