@@ -232,6 +232,7 @@ func sampleToProto(r *loopsv1.SampleResult) *publicv1.SampleResponse {
 		out.PromptLogprobs = appendFloat32s([]byte{}, r.GetPromptLogprobs())
 	}
 	out.TopkPromptLogprobs = topkProto(r.GetTopkPromptLogprobs())
+	out.PromptCacheHitTokens = r.GetPromptCachedTokens()
 	if t := r.GetTargetPromptLogprobs(); t != nil {
 		out.TargetPromptLogprobs = targetPromptLogprobsProto(t)
 	}
@@ -257,7 +258,7 @@ type legacySequence struct {
 }
 
 func sampleToJSON(r *loopsv1.SampleResult) legacySample {
-	out := legacySample{Type: "sample", Sequences: []legacySequence{}}
+	out := legacySample{Type: "sample", Sequences: []legacySequence{}, PromptCacheHitTokens: int(r.GetPromptCachedTokens())}
 	for _, s := range r.GetSequences() {
 		reason := "stop"
 		if s.GetStopReason() == loopsv1.StopReason_STOP_REASON_LENGTH {

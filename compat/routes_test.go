@@ -401,6 +401,7 @@ func TestSamplingRoutes(t *testing.T) {
 			Sequences: []*loopsv1.SampledSequence{{Tokens: []int32{5}, Logprobs: []float32{-1}, StopReason: loopsv1.StopReason_STOP_REASON_STOP},
 				{Tokens: []int32{6, 7}, Logprobs: []float32{-1, -2}, StopReason: loopsv1.StopReason_STOP_REASON_LENGTH}},
 			TopkPromptLogprobs: &loopsv1.TopKLogprobs{K: 1, Length: 2, TokenIds: []int32{0, 4}, Logprobs: []float32{-99999, -0.5}},
+			PromptCachedTokens: 2,
 		}}
 	})
 	r = e.do("POST", "/api/v1/retrieve_future", []byte(fmt.Sprintf(`{"request_id":%q}`, id)), map[string]string{"Accept": contentTypeProto})
@@ -410,9 +411,10 @@ func TestSamplingRoutes(t *testing.T) {
 	require.Len(t, sr.Sequences, 2)
 	require.Equal(t, publicv1.StopReason_STOP_REASON_LENGTH, sr.Sequences[1].StopReason)
 	require.Equal(t, uint32(2), sr.TopkPromptLogprobs.GetLength())
+	require.Equal(t, int32(2), sr.GetPromptCacheHitTokens(), "the prompt tokens served from the prefix cache")
 	r = e.do("POST", "/api/v1/retrieve_future", []byte(fmt.Sprintf(`{"request_id":%q}`, id)), map[string]string{"Accept": "application/json"})
 	require.JSONEq(t, `{"type":"sample","sequences":[{"stop_reason":"stop","tokens":[5],"logprobs":[-1]},{"stop_reason":"length","tokens":[6,7],"logprobs":[-1,-2]}],
-		"topk_prompt_logprobs":[null,[[4,-0.5]]],"prompt_cache_hit_tokens":0}`, string(r.body))
+		"topk_prompt_logprobs":[null,[[4,-0.5]]],"prompt_cache_hit_tokens":2}`, string(r.body))
 
 	// Unsupported or malformed requests are 400 on the POST.
 	for _, bad := range []string{

@@ -54,10 +54,13 @@ workspaces:
 	// RL in team-b: 2 steps of 1 prompt of 5 tokens, a group of 2 samples of at most 6
 	// tokens, each sample trained on as prompt + completion less one.
 	b := newCostClient(t, url, keyB)
+	var sampled, trained int64 // what a pilot counts on the client
 	for range 2 {
 		op, _ := b.sample()
 		for _, s := range op.GetSample().GetSequences() {
 			b.train(5 + len(s.GetTokens()) - 1)
+			sampled += int64(len(s.GetTokens()))
+			trained += int64(5 + len(s.GetTokens()) - 1)
 		}
 	}
 	est = must(b.usage.EstimateCost(t.Context(), &loopsv1.EstimateCostRequest{
@@ -76,6 +79,15 @@ workspaces:
 	ratio := float64(estimated) / float64(metered)
 	t.Logf("RL: estimated %s, metered %s, ratio %.3f", estimated, metered, ratio)
 	require.InDelta(t, 1, ratio, 0.10, "estimated %s, metered %s", estimated, metered)
+
+	// The same run as a pilot counts it on the client (each request's prompt once, every
+	// sampled token, each datum's model input), given as usage: exactly the metered cost.
+	est = must(b.usage.EstimateCost(t.Context(), &loopsv1.EstimateCostRequest{BaseModel: tiny.Name, Usage: []*loopsv1.UsageEstimate{
+		{Kind: loopsv1.UsageKind_USAGE_KIND_SAMPLING_PREFILL_TOKENS, Amount: 2 * 5},
+		{Kind: loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS, Amount: sampled},
+		{Kind: loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, Amount: trained, AmountLow: trained - 1, AmountHigh: trained + 1},
+	}}))
+	require.Equal(t, metered.String(), est.GetTotalUsd(), "the pilot's counts priced are the metered cost")
 }
 
 // TestEstimateErrors: no price sheet is a FailedPrecondition naming the flag; bad requests
@@ -88,6 +100,7 @@ func TestEstimateErrors(t *testing.T) {
 	require.ErrorContains(t, err, "no prices are configured")
 	require.ErrorContains(t, err, "--prices")
 
+	train := loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS
 	for _, tc := range []struct {
 		req  *loopsv1.EstimateCostRequest
 		want string
@@ -100,9 +113,51 @@ func TestEstimateErrors(t *testing.T) {
 		{&loopsv1.EstimateCostRequest{BaseModel: tiny.Name, Steps: 1, BatchSize: 1, PromptTokens: []int64{3}, GroupSize: 5000}, "group_size is 5000"},
 		{&loopsv1.EstimateCostRequest{BaseModel: tiny.Name, Steps: 1, BatchSize: 1, ExampleTokens: []int64{3}, GroupSize: 4}, "describe RL sampling"},
 		{&loopsv1.EstimateCostRequest{BaseModel: tiny.Name, Steps: 1, BatchSize: 1, ExampleTokens: make([]int64, 100_001)}, "at most 100000"},
+		{&loopsv1.EstimateCostRequest{BaseModel: tiny.Name, Steps: 1, Usage: []*loopsv1.UsageEstimate{{Kind: train, Amount: 3}}}, "set it with base_model only"},
+		{&loopsv1.EstimateCostRequest{BaseModel: tiny.Name, Usage: []*loopsv1.UsageEstimate{{Kind: train, Amount: 3}, {Kind: train, Amount: 4}}}, "appears twice"},
+		{&loopsv1.EstimateCostRequest{BaseModel: tiny.Name, Usage: []*loopsv1.UsageEstimate{{Kind: loopsv1.UsageKind_USAGE_KIND_CHECKPOINTS, Amount: 3}}}, "want a token kind"},
+		{&loopsv1.EstimateCostRequest{BaseModel: tiny.Name, Usage: []*loopsv1.UsageEstimate{{Kind: train, Amount: 3, AmountLow: 4, AmountHigh: 5}}}, "amount_low <= amount <= amount_high"},
+		{&loopsv1.EstimateCostRequest{BaseModel: tiny.Name, Usage: []*loopsv1.UsageEstimate{{Kind: train, Amount: -3}}}, "usage[0].amount is -3"},
+		{&loopsv1.EstimateCostRequest{BaseModel: tiny.Name, Usage: []*loopsv1.UsageEstimate{{Kind: train, Amount: 3, CostUsd: "1"}}}, "leave the costs empty"},
 	} {
 		_, err := u.EstimateCost(t.Context(), tc.req)
 		require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), tc.want)
 		require.ErrorContains(t, err, tc.want)
 	}
+}
+
+// TestEstimateGivenUsage: tokens by kind that a caller extrapolated (a pilot) are priced as
+// given, each line and the total with its band, in UsageKind order; cached prefill at its
+// own price, and a line without a band is its own band.
+func TestEstimateGivenUsage(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "prices.yaml")
+	writeSheet(t, file, `
+models:
+  loops/tiny: {prefill: "0.20", cached_prefill: "0.05", sample: "0.60", train: "0.40"}
+`, time.Hour)
+	sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	url := "http://" + startServerWith(t, func(c *gateway.Config) { c.Core.Prices = sheet })
+	u := newCostClient(t, url, keyA).usage
+	est := must(u.EstimateCost(t.Context(), &loopsv1.EstimateCostRequest{BaseModel: tiny.Name, Usage: []*loopsv1.UsageEstimate{
+		{Kind: loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS, Amount: 3000, AmountLow: 2500, AmountHigh: 3600},
+		{Kind: loopsv1.UsageKind_USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS, Amount: 700, AmountLow: 600, AmountHigh: 800},
+		{Kind: loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, Amount: 10_000, AmountLow: 9000, AmountHigh: 12_000},
+		{Kind: loopsv1.UsageKind_USAGE_KIND_SAMPLING_PREFILL_TOKENS, Amount: 2000},
+	}}))
+	line := func(kind loopsv1.UsageKind, price string, n, lo, hi int64) *loopsv1.UsageEstimate {
+		return &loopsv1.UsageEstimate{Kind: kind, Amount: n, CostUsd: usd(t, price, n), AmountLow: lo, AmountHigh: hi,
+			CostLowUsd: usd(t, price, lo), CostHighUsd: usd(t, price, hi)}
+	}
+	require.Empty(t, cmpProto(&loopsv1.EstimateCostResponse{
+		Usage: []*loopsv1.UsageEstimate{
+			line(loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, "0.40", 10_000, 9000, 12_000),
+			line(loopsv1.UsageKind_USAGE_KIND_SAMPLING_PREFILL_TOKENS, "0.20", 2000, 2000, 2000),
+			line(loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS, "0.60", 3000, 2500, 3600),
+			line(loopsv1.UsageKind_USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS, "0.05", 700, 600, 800),
+		},
+		// 0.004 + 0.0004 + 0.0018 + 0.000035; low 0.0036 + 0.0004 + 0.0015 + 0.00003;
+		// high 0.0048 + 0.0004 + 0.00216 + 0.00004
+		TotalUsd: "0.006235", TotalLowUsd: "0.00553", TotalHighUsd: "0.0074", PriceVersion: sheet.Current().Version(),
+	}, est))
 }

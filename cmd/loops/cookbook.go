@@ -25,9 +25,11 @@ import (
 	"github.com/loops-dev/loops/cookbook"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
+	"github.com/loops-dev/loops/internal/money"
 	"github.com/loops-dev/loops/scripts"
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // Exit codes of `loops cookbook` (also in its help and cookbook/README.md). 1-4 are the
@@ -57,6 +59,7 @@ type cookbookFlags struct {
 	python   string
 	dir      string
 	estimate bool
+	pilot    int
 }
 
 const cookbookHelp = `Check and run the Loops cookbook's recipes (Python, tinker SDK only; see cookbook/README.md).
@@ -139,6 +142,7 @@ func cookbookCmd() *cobra.Command {
 		},
 	}
 	check.Flags().BoolVar(&cf.estimate, "estimate", false, "also estimate the run's cost from its data and settings with the server's price sheet (UsageService.EstimateCost)")
+	check.Flags().IntVar(&cf.pilot, "pilot", 0, "with --estimate: run the recipe's first K RL steps for real (metered and billed) and extrapolate the rest of the run from them (RL and agent recipes; docs/operations.md, \"Estimates\")")
 	cmd.AddCommand(check)
 	cmd.AddCommand(&cobra.Command{
 		Use:   "run NAME [key=value ...]",
@@ -152,14 +156,19 @@ func cookbookCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			env := []string{"TINKER_BASE_URL=" + strings.TrimRight(cf.url, "/"), "LOOPS_CONSOLE_URL=" + strings.TrimRight(cf.url, "/") + "/"}
-			if cf.apiKey != "" {
-				env = append(env, "TINKER_API_KEY="+cf.apiKey)
-			}
-			return py.run(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), env, append([]string{"run"}, args...)...)
+			return py.run(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), cf.sdkEnv(), append([]string{"run"}, args...)...)
 		},
 	})
 	return cmd
+}
+
+// sdkEnv is the environment that points a recipe's tinker SDK at --url with --api-key.
+func (cf *cookbookFlags) sdkEnv() []string {
+	env := []string{"TINKER_BASE_URL=" + strings.TrimRight(cf.url, "/"), "LOOPS_CONSOLE_URL=" + strings.TrimRight(cf.url, "/") + "/"}
+	if cf.apiKey != "" {
+		env = append(env, "TINKER_API_KEY="+cf.apiKey)
+	}
+	return env
 }
 
 // cookbookPython is how to run `python -m loops_cookbook`: an interpreter and extra environment.
@@ -326,7 +335,12 @@ func (p *cookbookPython) run(ctx context.Context, stdout, stderr io.Writer, env 
 
 // output runs the Python CLI and returns its stdout (stderr passed through).
 func (p *cookbookPython) output(ctx context.Context, stderr io.Writer, args ...string) ([]byte, error) {
-	cmd := p.command(ctx, nil, args...)
+	return p.outputEnv(ctx, stderr, nil, args...)
+}
+
+// outputEnv is output with extra environment.
+func (p *cookbookPython) outputEnv(ctx context.Context, stderr io.Writer, env []string, args ...string) ([]byte, error) {
+	cmd := p.command(ctx, env, args...)
 	cmd.Stderr = stderr
 	out, err := cmd.Output()
 	return out, pythonExit(err, p.exe)
@@ -449,17 +463,35 @@ func (cf *cookbookFlags) check(ctx context.Context, py *cookbookPython, name str
 		return nil, nil, err
 	}
 	rows, maxSeqLen := serverChecks(ctx, cf.url, cf.apiKey, settings)
+	if cf.pilot < 0 || (cf.pilot > 0 && !cf.estimate) {
+		return nil, nil, &exitError{exitCookbookUsage, "--pilot K takes a number of steps K >= 1, with --estimate"}
+	}
 	// Overrides right after the name: argparse takes positionals before the options.
 	args := append(append([]string{"check", name}, overrides...), "--json", "--max-seq-len", strconv.Itoa(maxSeqLen))
+	var env []string
 	if cf.estimate {
 		args = append(args, "--estimate")
 	}
-	out, err := py.output(ctx, os.Stderr, args...)
+	usage := loopsv1connect.NewUsageServiceClient(&http.Client{Timeout: time.Minute}, strings.TrimRight(cf.url, "/"), cf.options()...)
+	var before money.USD
+	if cf.pilot > 0 {
+		// The pilot trains for real: it is billed, and what the workspace was metered while
+		// it ran is reported (other work of the workspace meanwhile would count too).
+		if !slices.ContainsFunc(rows, func(r checkRow) bool { return !r.OK }) {
+			args = append(args, "--pilot", strconv.Itoa(cf.pilot))
+			env = cf.sdkEnv()
+		}
+		var err error
+		if before, err = workspaceCost(ctx, usage); err != nil {
+			return append(rows, checkRow{"cost estimate", false, "reading the workspace's usage: " + err.Error()}), nil, nil
+		}
+	}
+	out, err := py.outputEnv(ctx, os.Stderr, env, args...)
 	var ee *exitError
 	if err != nil && !(errors.As(err, &ee) && ee.code == exitCookbookFailed) {
 		return nil, nil, err // a usage or environment error: no table to show
 	}
-	local, estReq, perr := parseCheckOutput(out)
+	local, estReq, estErr, perr := parseCheckOutput(out)
 	if perr != nil {
 		return nil, nil, perr
 	}
@@ -467,53 +499,112 @@ func (cf *cookbookFlags) check(ctx context.Context, py *cookbookPython, name str
 	if !cf.estimate || slices.ContainsFunc(rows, func(r checkRow) bool { return !r.OK }) {
 		return rows, nil, nil
 	}
-	if estReq == nil {
+	if cf.pilot > 0 {
+		after, err := workspaceCost(ctx, usage)
+		pilot := checkRow{"pilot", err == nil, ""}
+		if err != nil {
+			pilot.Detail = "reading the workspace's usage: " + err.Error()
+		} else {
+			pilot.Detail = fmt.Sprintf("ran its first %d RL steps for real: the workspace was metered $%s meanwhile", cf.pilot, max(after-before, 0))
+		}
+		rows = append(rows, pilot)
+	}
+	switch {
+	case estErr != "":
+		return append(rows, checkRow{"cost estimate", false, estErr}), nil, nil
+	case estReq == nil:
 		return append(rows, checkRow{"cost estimate", false, name + " cannot estimate its run (the recipe has no estimate function)"}), nil, nil
 	}
-	est, err := loopsv1connect.NewUsageServiceClient(&http.Client{Timeout: time.Minute}, strings.TrimRight(cf.url, "/"), cf.options()...).EstimateCost(ctx, estReq)
+	est, err := usage.EstimateCost(ctx, estReq)
 	if err != nil {
 		return append(rows, checkRow{"cost estimate", false, err.Error()}), nil, nil
 	}
-	return append(rows, checkRow{"cost estimate", true, "$" + est.GetTotalUsd() + " (prices " + est.GetPriceVersion() + ")"}), est, nil
+	detail := "$" + est.GetTotalUsd()
+	if est.GetTotalLowUsd() != "" {
+		detail += fmt.Sprintf(" (band $%s to $%s, from %d pilot steps)", est.GetTotalLowUsd(), est.GetTotalHighUsd(), cf.pilot)
+	}
+	return append(rows, checkRow{"cost estimate", true, detail + " (prices " + est.GetPriceVersion() + ")"}), est, nil
+}
+
+// workspaceCost is what the caller's workspace was metered over the last 24 hours (the sum
+// of its usage buckets' costs).
+func workspaceCost(ctx context.Context, usage loopsv1connect.UsageServiceClient) (money.USD, error) {
+	end := time.Now().Add(time.Minute)
+	resp, err := usage.GetUsage(ctx, &loopsv1.GetUsageRequest{StartTime: timestamppb.New(end.Add(-24 * time.Hour)), EndTime: timestamppb.New(end)})
+	if err != nil {
+		return 0, err
+	}
+	var total money.USD
+	for _, b := range resp.GetBuckets() {
+		if b.GetCostUsd() == "" {
+			continue
+		}
+		c, err := money.ParseUSD(b.GetCostUsd(), money.Digits)
+		if err != nil {
+			return 0, err
+		}
+		if total, err = money.Add(total, c); err != nil {
+			return 0, err
+		}
+	}
+	return total, nil
 }
 
 // parseCheckOutput parses `check --json` output: {"checks": [{check, ok, detail}, ...],
-// "estimate": EstimateCostRequest (with --estimate)}.
-func parseCheckOutput(out []byte) ([]checkRow, *loopsv1.EstimateCostRequest, error) {
+// "estimate": EstimateCostRequest (with --estimate), "estimate_error": why the recipe
+// cannot give one}.
+func parseCheckOutput(out []byte) ([]checkRow, *loopsv1.EstimateCostRequest, string, error) {
 	var res struct {
-		Checks   []checkRow      `json:"checks"`
-		Estimate json.RawMessage `json:"estimate"`
+		Checks        []checkRow      `json:"checks"`
+		Estimate      json.RawMessage `json:"estimate"`
+		EstimateError string          `json:"estimate_error"`
 	}
 	if err := json.Unmarshal(bytes.TrimSpace(out), &res); err != nil {
-		return nil, nil, fmt.Errorf("cookbook: check --json printed no result: %w", err)
+		return nil, nil, "", fmt.Errorf("cookbook: check --json printed no result: %w", err)
 	}
 	for i, r := range res.Checks {
 		if r.Check == "" {
-			return nil, nil, fmt.Errorf("cookbook: check --json: row %d has no name", i)
+			return nil, nil, "", fmt.Errorf("cookbook: check --json: row %d has no name", i)
 		}
 	}
 	if len(res.Estimate) == 0 || string(res.Estimate) == "null" {
-		return res.Checks, nil, nil
+		return res.Checks, nil, res.EstimateError, nil
 	}
 	var req loopsv1.EstimateCostRequest
 	if err := protojson.Unmarshal(res.Estimate, &req); err != nil {
-		return nil, nil, fmt.Errorf("cookbook: check --json: estimate: %w", err)
+		return nil, nil, "", fmt.Errorf("cookbook: check --json: estimate: %w", err)
 	}
-	return res.Checks, &req, nil
+	return res.Checks, &req, res.EstimateError, nil
 }
 
 // printEstimate writes an estimate's tokens and cost by usage kind, and its total.
 func printEstimate(w io.Writer, est *loopsv1.EstimateCostResponse) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "KIND\tTOKENS\tUSD")
-	for _, u := range est.GetUsage() {
-		cost := u.GetCostUsd()
-		if cost == "" {
-			cost = "-"
+	banded := est.GetTotalLowUsd() != ""
+	orDash := func(s string) string {
+		if s == "" {
+			return "-"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\n", strings.ToLower(strings.TrimPrefix(u.GetKind().String(), "USAGE_KIND_")), u.GetAmount(), cost)
+		return s
 	}
-	fmt.Fprintf(tw, "total\t\t%s\n", est.GetTotalUsd())
+	if banded {
+		fmt.Fprintln(tw, "KIND\tTOKENS\tUSD\tTOKENS LOW-HIGH\tUSD LOW-HIGH")
+	} else {
+		fmt.Fprintln(tw, "KIND\tTOKENS\tUSD")
+	}
+	for _, u := range est.GetUsage() {
+		kind := strings.ToLower(strings.TrimPrefix(u.GetKind().String(), "USAGE_KIND_"))
+		fmt.Fprintf(tw, "%s\t%d\t%s", kind, u.GetAmount(), orDash(u.GetCostUsd()))
+		if banded {
+			fmt.Fprintf(tw, "\t%d-%d\t%s-%s", u.GetAmountLow(), u.GetAmountHigh(), orDash(u.GetCostLowUsd()), orDash(u.GetCostHighUsd()))
+		}
+		fmt.Fprintln(tw)
+	}
+	if banded {
+		fmt.Fprintf(tw, "total\t\t%s\t\t%s-%s\n", est.GetTotalUsd(), est.GetTotalLowUsd(), est.GetTotalHighUsd())
+	} else {
+		fmt.Fprintf(tw, "total\t\t%s\n", est.GetTotalUsd())
+	}
 	_ = tw.Flush()
 }
 

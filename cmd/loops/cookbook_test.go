@@ -131,16 +131,25 @@ func TestCookbookParseOutputs(t *testing.T) {
 	_, err = parseRecipeList([]byte(`Traceback ...`))
 	require.Error(t, err)
 
-	rows, est, err := parseCheckOutput([]byte(`{"recipe":"a","checks":[{"check":"data","ok":true,"detail":"3 records"}]}`))
+	rows, est, why, err := parseCheckOutput([]byte(`{"recipe":"a","checks":[{"check":"data","ok":true,"detail":"3 records"}]}`))
 	require.NoError(t, err)
 	require.Equal(t, []checkRow{{"data", true, "3 records"}}, rows)
 	require.Nil(t, est)
-	_, _, err = parseCheckOutput([]byte(`{"checks":[{"ok":true}]}`))
+	require.Empty(t, why)
+	_, _, _, err = parseCheckOutput([]byte(`{"checks":[{"ok":true}]}`))
 	require.ErrorContains(t, err, "no name")
-	_, est, err = parseCheckOutput([]byte(`{"checks":[],"estimate":{"base_model":"loops/tiny","steps":1,"batch_size":2,"example_tokens":[5,7]}}`))
+	_, est, why, err = parseCheckOutput([]byte(`{"checks":[],"estimate_error":"needs a pilot"}`))
+	require.NoError(t, err)
+	require.Nil(t, est)
+	require.Equal(t, "needs a pilot", why)
+	_, est, _, err = parseCheckOutput([]byte(`{"checks":[],"estimate":{"base_model":"loops/tiny","steps":1,"batch_size":2,"example_tokens":[5,7]}}`))
 	require.NoError(t, err)
 	require.Empty(t, cmp.Diff(&loopsv1.EstimateCostRequest{BaseModel: "loops/tiny", Steps: 1, BatchSize: 2, ExampleTokens: []int64{5, 7}}, est, protocmp.Transform()))
-	_, _, err = parseCheckOutput([]byte(`{"checks":[],"estimate":{"steps":"x"}}`))
+	_, est, _, err = parseCheckOutput([]byte(`{"checks":[],"estimate":{"base_model":"m","usage":[{"kind":"USAGE_KIND_TRAINING_TOKENS","amount":5,"amount_low":4,"amount_high":7}]}}`))
+	require.NoError(t, err)
+	require.Empty(t, cmp.Diff(&loopsv1.EstimateCostRequest{BaseModel: "m", Usage: []*loopsv1.UsageEstimate{
+		{Kind: loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, Amount: 5, AmountLow: 4, AmountHigh: 7}}}, est, protocmp.Transform()))
+	_, _, _, err = parseCheckOutput([]byte(`{"checks":[],"estimate":{"steps":"x"}}`))
 	require.ErrorContains(t, err, "estimate")
 
 	buf0 := &bytes.Buffer{}
@@ -149,6 +158,12 @@ func TestCookbookParseOutputs(t *testing.T) {
 		{Kind: loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS, Amount: 3},
 	}})
 	require.Equal(t, "KIND                    TOKENS  USD\ntraining_tokens         12      0.0000048\nsampling_sample_tokens  3       -\ntotal                           0.0000088\n", buf0.String())
+	buf0.Reset()
+	printEstimate(buf0, &loopsv1.EstimateCostResponse{TotalUsd: "0.0000048", TotalLowUsd: "0.000004", TotalHighUsd: "0.0000056", Usage: []*loopsv1.UsageEstimate{
+		{Kind: loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, Amount: 12, CostUsd: "0.0000048", AmountLow: 10, AmountHigh: 14, CostLowUsd: "0.000004", CostHighUsd: "0.0000056"},
+	}})
+	require.Equal(t, "KIND             TOKENS  USD        TOKENS LOW-HIGH  USD LOW-HIGH\ntraining_tokens  12      0.0000048  10-14            0.000004-0.0000056\n"+
+		"total                    0.0000048                   0.000004-0.0000056\n", buf0.String())
 
 	var buf bytes.Buffer
 	printChecks(&buf, []checkRow{{"server reachable", true, "http://x"}, {"sandbox", false, "plain: network is reachable"}})
@@ -273,7 +288,7 @@ func FuzzCookbookOutputs(f *testing.F) {
 				require.NotEmpty(t, r.Name)
 			}
 		}
-		if rows, _, err := parseCheckOutput(out); err == nil {
+		if rows, _, _, err := parseCheckOutput(out); err == nil {
 			for _, r := range rows {
 				require.NotEmpty(t, r.Check)
 			}

@@ -11,6 +11,7 @@ refused or could not be reached (connection, API key, rejected request).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     ck.add_argument("--json", action="store_true")
     ck.add_argument("--estimate", action="store_true",
                     help="with --json: add the run's token counts and settings (an EstimateCost request) as \"estimate\"")
+    ck.add_argument("--pilot", type=int, default=0, metavar="K",
+                    help="with --estimate: run the recipe's first K RL steps for real (metered) and extrapolate the rest")
     rn = sub.add_parser("run", help="run a recipe")
     rn.add_argument("name")
     rn.add_argument("overrides", nargs="*", help="config key=value")
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_for(args.name, args.overrides)
         hub.offline_when_cached(getattr(cfg, "model", ""))
         if args.cmd == "check":
-            return cmd_check(args.name, cfg, args.max_seq_len, args.json, args.estimate)
+            return cmd_check(args.name, cfg, args.max_seq_len, args.json, args.estimate, args.pilot)
         return cmd_run(args.name, cfg)
     except (KeyError, ValueError) as e:
         if isinstance(e, DataError):
@@ -140,9 +143,11 @@ def check_rows(name: str, cfg: Any, max_seq_len: int) -> list[dict]:
     return rows
 
 
-def estimate_request(name: str, cfg: Any) -> dict | None:
+def estimate_request(name: str, cfg: Any, pilot_steps: int = 0) -> dict | None:
     """The recipe's EstimateCost request (token counts through the model's tokenizer, steps,
-    batch and group sizes), or None for a recipe that cannot say (no `estimate` function)."""
+    batch and group sizes; with pilot_steps > 0, tokens by kind from a pilot of that many RL
+    steps, loops_cookbook.pilot), {"error": why} when it cannot give one, or None for a
+    recipe with no `estimate` function."""
     mod = registry.load(name)
     if not hasattr(mod, "estimate"):
         return None
@@ -150,15 +155,28 @@ def estimate_request(name: str, cfg: Any) -> dict | None:
 
     from loops_cookbook.chat import ChatML
 
-    return mod.estimate(cfg, ChatML(AutoTokenizer.from_pretrained(cfg.model)))
+    chat = ChatML(AutoTokenizer.from_pretrained(cfg.model))
+    if pilot_steps <= 0:
+        return mod.estimate(cfg, chat)
+    if "pilot" not in inspect.signature(mod.estimate).parameters:
+        return {"error": f"{name} is estimated exactly from its data: leave out --pilot"}
+    if pilot_steps >= cfg.steps:
+        return {"error": f"--pilot {pilot_steps} would run all of its {cfg.steps} RL steps: run it instead, or pilot fewer"}
+    from loops_cookbook import pilot
+
+    return mod.estimate(cfg, chat, pilot.run(mod, cfg, pilot_steps))
 
 
-def cmd_check(name: str, cfg: Any, max_seq_len: int, as_json: bool, estimate: bool = False) -> int:
+def cmd_check(name: str, cfg: Any, max_seq_len: int, as_json: bool, estimate: bool = False, pilot_steps: int = 0) -> int:
     rows = check_rows(name, cfg, max_seq_len)
     if as_json:
         out: dict = {"recipe": name, "checks": rows}
         if estimate and all(r["ok"] for r in rows):
-            out["estimate"] = estimate_request(name, cfg)
+            req = estimate_request(name, cfg, pilot_steps)
+            if isinstance(req, dict) and "error" in req:
+                out["estimate_error"] = req["error"]
+            else:
+                out["estimate"] = req
         print(json.dumps(out))
     else:
         width = max(len(r["check"]) for r in rows)

@@ -37,3 +37,9 @@ class Episode:
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     turns: int = 0
     sampler_step: int = 0
+    # What the episode's sample requests were metered: prompt tokens (prefill, once per
+    # request; a one-turn group's shared request is counted on its first episode) and the
+    # part of them served from the server's prefix cache. prompt: the first prompt's length.
+    prompt: int = 0
+    prefill: int = 0
+    cached: int = 0

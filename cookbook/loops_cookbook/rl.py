@@ -32,10 +32,13 @@ def rollout(sampler: tinker.SamplingClient, env: Env, params: types.SamplingPara
     """Plays one episode to its end (or to max_turns / max_length, scored by the env's last step).
     Turn t samples with seed+t, so a run's samples follow from its seed."""
     prompt = env.reset()
-    ep = Episode(list(prompt), [0.0] * len(prompt), [0.0] * len(prompt))
+    ep = Episode(list(prompt), [0.0] * len(prompt), [0.0] * len(prompt), prompt=len(prompt))
     while True:
         turn_params = params.model_copy(update={"seed": seed + ep.turns})
-        seq = sampler.sample(types.ModelInput.from_ints(ep.tokens), 1, turn_params).result().sequences[0]
+        res = sampler.sample(types.ModelInput.from_ints(ep.tokens), 1, turn_params).result()
+        ep.prefill += len(ep.tokens)
+        ep.cached += int(getattr(res, "prompt_cache_hit_tokens", 0) or 0)
+        seq = res.sequences[0]
         ep.tokens += seq.tokens
         ep.logprobs += [float(x) for x in (seq.logprobs or [0.0] * len(seq.tokens))]
         ep.mask += [1.0] * len(seq.tokens)
@@ -67,10 +70,26 @@ def datums(group: Sequence[Episode]) -> list[types.Datum]:
     return out
 
 
+# Called with each step's group_usage once the step has trained (the pilot of `loops
+# cookbook check --estimate --pilot K` listens here; it may raise to stop the run).
+STEP_OBSERVERS: list[Callable[[list[dict[str, int]]], None]] = []
+
+
+def group_usage(group: Sequence[Episode], data: Sequence[types.Datum]) -> dict[str, int]:
+    """What one group was metered, by the server's rules: prefill and cached prompt tokens
+    of its sample requests, sampled tokens, and training tokens (the model input lengths of
+    its datums); with `prompt` (Σ of its episodes' first prompt lengths) and `episodes`,
+    which a run's data decides before it starts."""
+    return {"prompt": sum(e.prompt for e in group), "episodes": len(group),
+            "prefill": sum(e.prefill - e.cached for e in group), "cached": sum(e.cached for e in group),
+            "sampled": int(sum(sum(e.mask) for e in group)), "trained": sum(d.model_input.length for d in data)}
+
+
 def train_on(tc: tinker.TrainingClient, groups: Sequence[Sequence[Episode]], learning_rate: float) -> dict[str, float]:
     """One importance-sampling step on the groups; returns reward and KL metrics."""
     episodes = [e for g in groups for e in g]
-    data = [d for g in groups for d in datums(g)]
+    per_group = [datums(g) for g in groups]
+    data = [d for ds in per_group for d in ds]
     m: dict[str, float] = {
         "reward": sum(e.reward for e in episodes) / len(episodes),
         "frac_mixed": sum(len({e.reward for e in g}) > 1 for g in groups) / len(groups),
@@ -94,6 +113,9 @@ def train_on(tc: tinker.TrainingClient, groups: Sequence[Sequence[Episode]], lea
                     n += 1
         m["kl_sample_train"] = diff / max(1.0, n)
         tc.optim_step(types.AdamParams(learning_rate=learning_rate)).result()
+    usage = [group_usage(g, ds) for g, ds in zip(groups, per_group)]
+    for observe in list(STEP_OBSERVERS):
+        observe(usage)
     return m
 
 
@@ -106,6 +128,19 @@ def sampling_params(cfg: RLConfig, stop: list[int]) -> types.SamplingParams:
 TaskSampler = Callable[[random.Random], Callable[[], Env]]
 
 
+def draw_groups(rng: random.Random, tasks: TaskSampler, n: int) -> list[tuple[Callable[[], Env], int]]:
+    """The next n groups of a step: each one's task and sampling seed, drawn in order."""
+    return [(tasks(rng), rng.randrange(1 << 30)) for _ in range(n)]
+
+
+def drawn_records(records: Sequence[Any], cfg: RLConfig) -> list[list[Any]]:
+    """The task records every step of a run draws, per step, for a recipe whose task
+    sampler is `rng.choice(records)`: the same draws train_sync and train_async make."""
+    rng = random.Random(cfg.seed)
+    return [[rec for rec, _ in draw_groups(rng, lambda r: r.choice(records), cfg.groups_per_batch)]
+            for _ in range(cfg.steps)]
+
+
 def play_group(sampler: tinker.SamplingClient, make_env: Callable[[], Env], cfg: RLConfig,
                params: types.SamplingParams, pool: ThreadPoolExecutor, max_turns: int, seed: int) -> list[Episode]:
     if max_turns == 1:
@@ -114,9 +149,13 @@ def play_group(sampler: tinker.SamplingClient, make_env: Callable[[], Env], cfg:
         prompts = [e.reset() for e in envs]
         if all(p == prompts[0] for p in prompts):
             group_params = params.model_copy(update={"seed": seed})
-            seqs = sampler.sample(types.ModelInput.from_ints(prompts[0]), cfg.group_size, group_params).result().sequences
-            futs = [pool.submit(_finish_one_turn, env, prompts[0], seq) for env, seq in zip(envs, seqs)]
-            return [f.result() for f in futs]
+            res = sampler.sample(types.ModelInput.from_ints(prompts[0]), cfg.group_size, group_params).result()
+            futs = [pool.submit(_finish_one_turn, env, prompts[0], seq) for env, seq in zip(envs, res.sequences)]
+            group = [f.result() for f in futs]
+            # one request for the group: its prompt is metered once
+            group[0].prefill = len(prompts[0])
+            group[0].cached = int(getattr(res, "prompt_cache_hit_tokens", 0) or 0)
+            return group
     futs = [pool.submit(rollout, sampler, make_env(), params, cfg.max_length, max_turns, seed + 1000 * i)
             for i in range(cfg.group_size)]
     return [f.result() for f in futs]
@@ -127,7 +166,8 @@ def _finish_one_turn(env: Env, prompt: list[int], seq: Any) -> Episode:
     st = env.step(list(seq.tokens))
     return Episode(tokens=list(prompt) + list(seq.tokens),
                    logprobs=[0.0] * len(prompt) + [float(x) for x in (seq.logprobs or [0.0] * len(seq.tokens))],
-                   mask=[0.0] * len(prompt) + [1.0] * len(seq.tokens), reward=st.reward, metrics=dict(st.metrics), turns=1)
+                   mask=[0.0] * len(prompt) + [1.0] * len(seq.tokens), reward=st.reward, metrics=dict(st.metrics), turns=1,
+                   prompt=len(prompt))
 
 
 def train_sync(run: Any, cfg: RLConfig, tasks: TaskSampler, stop: list[int], max_turns: int = 1,
@@ -139,7 +179,7 @@ def train_sync(run: Any, cfg: RLConfig, tasks: TaskSampler, stop: list[int], max
     with ThreadPoolExecutor(cfg.concurrency) as pool, ThreadPoolExecutor(cfg.groups_per_batch) as groups_pool:
         for step in range(1, cfg.steps + 1):
             sampler = resolved(run.training.save_weights_and_get_sampling_client())
-            makers = [(tasks(rng), rng.randrange(1 << 30)) for _ in range(cfg.groups_per_batch)]
+            makers = draw_groups(rng, tasks, cfg.groups_per_batch)
             groups = list(groups_pool.map(lambda m: play_group(sampler, m[0], cfg, params, pool, max_turns, m[1]), makers))
             m = train_on(run.training, groups, cfg.learning_rate)
             rows.append(m)
@@ -164,7 +204,7 @@ def train_async(run: Any, cfg: RLConfig, tasks: TaskSampler, stop: list[int], ma
             ThreadPoolExecutor(cfg.groups_per_batch * (max_staleness + 1)) as groups_pool:
         def launch(sampler: tinker.SamplingClient) -> list[Any]:
             # tasks and seeds are drawn here, in step order, so they do not depend on timing
-            makers = [(tasks(rng), rng.randrange(1 << 30)) for _ in range(cfg.groups_per_batch)]
+            makers = draw_groups(rng, tasks, cfg.groups_per_batch)
             return [groups_pool.submit(play_group, sampler, m, cfg, params, pool, max_turns, seed)
                     for m, seed in makers]
 

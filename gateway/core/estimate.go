@@ -2,7 +2,9 @@ package core
 
 import (
 	"context"
+	"fmt"
 	"math/bits"
+	"slices"
 
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/store"
@@ -19,7 +21,17 @@ const (
 	estimateMaxGroup     = 1024
 	estimateMaxPasses    = 16
 	estimateMaxEvalCalls = 10_000_000
+	estimateMaxLines     = 16
+	estimateMaxAmount    = 1 << 53
 )
+
+// estimateTokenKinds are the usage kinds an EstimateCostRequest.usage line may name.
+var estimateTokenKinds = map[loopsv1.UsageKind]string{
+	loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS:                store.UsageTraining,
+	loopsv1.UsageKind_USAGE_KIND_SAMPLING_PREFILL_TOKENS:        store.UsageSamplingPrefill,
+	loopsv1.UsageKind_USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS: store.UsageSamplingCachedPrefill,
+	loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS:         store.UsageSamplingSample,
+}
 
 // errEstimateTooLarge is the error of a run whose token counts do not fit an int64.
 const errEstimateTooLarge = "the run is too large to estimate (its token count passes 2^63): estimate it in parts"
@@ -40,29 +52,93 @@ func (s UsageService) EstimateCost(ctx context.Context, req *loopsv1.EstimateCos
 		return nil, failedPrecondition("no prices are configured on this server (loops serve --prices FILE): there is nothing to estimate a cost with")
 	}
 	out := &loopsv1.EstimateCostResponse{PriceVersion: sheet.Version()}
-	var total money.USD
+	var total, low, high money.USD
+	banded := len(req.GetUsage()) > 0
 	for _, a := range amounts {
 		line := &loopsv1.UsageEstimate{Kind: usageKinds[a.kind], Amount: a.n}
-		cost, ok, err := sheet.Cost(ws, req.GetBaseModel(), a.kind, "", a.n)
-		if err != nil {
+		// price adds what n tokens of a's kind cost to *sum; "" when the kind is unpriced.
+		price := func(n int64, sum *money.USD) (string, error) {
+			cost, ok, err := sheet.Cost(ws, req.GetBaseModel(), a.kind, "", n)
+			if err != nil || !ok {
+				return "", err
+			}
+			if *sum, err = money.Add(*sum, cost); err != nil {
+				return "", err
+			}
+			return cost.String(), nil
+		}
+		if line.CostUsd, err = price(a.n, &total); err != nil {
 			return nil, invalidArgument("%s: %v", errEstimateTooLarge, err)
 		}
-		if ok {
-			line.CostUsd = cost.String()
-			if total, err = money.Add(total, cost); err != nil {
+		if banded {
+			line.AmountLow, line.AmountHigh = a.low, a.high
+			if line.CostLowUsd, err = price(a.low, &low); err == nil {
+				line.CostHighUsd, err = price(a.high, &high)
+			}
+			if err != nil {
 				return nil, invalidArgument("%s: %v", errEstimateTooLarge, err)
 			}
 		}
 		out.Usage = append(out.Usage, line)
 	}
 	out.TotalUsd = total.String()
+	if banded {
+		out.TotalLowUsd, out.TotalHighUsd = low.String(), high.String()
+	}
 	return out, nil
 }
 
-// kindAmount is the tokens of one usage kind of an estimate.
+// kindAmount is the tokens of one usage kind of an estimate, and its band (low, high) when
+// the caller gave one.
 type kindAmount struct {
-	kind string
-	n    int64
+	kind      string
+	n         int64
+	low, high int64
+}
+
+// givenAmounts checks the lines of an EstimateCostRequest.usage (the tokens by kind a
+// caller worked out, with their bands) and returns them in UsageKind order.
+func givenAmounts(req *loopsv1.EstimateCostRequest) ([]kindAmount, error) {
+	if req.GetSteps() != 0 || req.GetBatchSize() != 0 || len(req.GetExampleTokens()) > 0 || len(req.GetPromptTokens()) > 0 ||
+		req.GetPasses() != 0 || req.GetGroupSize() != 0 || req.GetCompletionTokens() != 0 || req.GetEvalRequests() != 0 || req.GetEvalPromptTokens() != 0 {
+		return nil, invalidArgument("usage gives the run's tokens by kind: set it with base_model only, not with steps, batch_size or token counts")
+	}
+	if len(req.GetUsage()) > estimateMaxLines {
+		return nil, invalidArgument("usage has %d lines; at most %d (one per token kind)", len(req.GetUsage()), estimateMaxLines)
+	}
+	seen := map[loopsv1.UsageKind]bool{}
+	var out []kindAmount
+	for i, u := range req.GetUsage() {
+		kind, ok := estimateTokenKinds[u.GetKind()]
+		if !ok {
+			return nil, invalidArgument("usage[%d].kind is %s; want a token kind: training, sampling prefill, cached prefill or sampled tokens", i, u.GetKind())
+		}
+		if seen[u.GetKind()] {
+			return nil, invalidArgument("usage[%d]: %s appears twice; give each kind once", i, u.GetKind())
+		}
+		seen[u.GetKind()] = true
+		low, high := u.GetAmountLow(), u.GetAmountHigh()
+		if low == 0 && high == 0 {
+			low, high = u.GetAmount(), u.GetAmount()
+		}
+		for _, f := range []struct {
+			name string
+			v    int64
+		}{{"amount", u.GetAmount()}, {"amount_low", low}, {"amount_high", high}} {
+			if err := inRange(fmt.Sprintf("usage[%d].%s", i, f.name), f.v, 0, estimateMaxAmount); err != nil {
+				return nil, err
+			}
+		}
+		if low > u.GetAmount() || u.GetAmount() > high {
+			return nil, invalidArgument("usage[%d]: want amount_low <= amount <= amount_high, got %d, %d, %d", i, low, u.GetAmount(), high)
+		}
+		if u.GetCostUsd() != "" || u.GetCostLowUsd() != "" || u.GetCostHighUsd() != "" {
+			return nil, invalidArgument("usage[%d]: leave the costs empty: the server prices the amounts", i)
+		}
+		out = append(out, kindAmount{kind, u.GetAmount(), low, high})
+	}
+	slices.SortFunc(out, func(a, b kindAmount) int { return int(usageKinds[a.kind]) - int(usageKinds[b.kind]) })
+	return out, nil
 }
 
 // estimateAmounts checks req's bounds and computes the tokens of each usage kind the run
@@ -75,6 +151,9 @@ func estimateAmounts(req *loopsv1.EstimateCostRequest) ([]kindAmount, error) {
 	}
 	if len(req.GetBaseModel()) > 512 {
 		return nil, invalidArgument("base_model is longer than 512 bytes")
+	}
+	if len(req.GetUsage()) > 0 {
+		return givenAmounts(req)
 	}
 	if err := inRange("steps", req.GetSteps(), 1, estimateMaxSteps); err != nil {
 		return nil, err
@@ -142,9 +221,9 @@ func estimateAmounts(req *loopsv1.EstimateCostRequest) ([]kindAmount, error) {
 	}
 	var out []kindAmount
 	for _, a := range []kindAmount{
-		{store.UsageTraining, training},
-		{store.UsageSamplingPrefill, prefill},
-		{store.UsageSamplingSample, sampled},
+		{kind: store.UsageTraining, n: training},
+		{kind: store.UsageSamplingPrefill, n: prefill},
+		{kind: store.UsageSamplingSample, n: sampled},
 	} {
 		if a.n > 0 {
 			out = append(out, a)

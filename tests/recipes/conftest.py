@@ -45,9 +45,16 @@ def loops_bin():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+# The session server's price sheet: every recipe run is metered in US dollars, so the
+# estimate tests compare `loops cookbook check --estimate` with the cost of the same runs.
+PRICES = 'models:\n  "*": {prefill: "0.20", cached_prefill: "0.05", sample: "0.60", train: "0.40"}\n'
+
+
 @pytest.fixture(scope="session")
-def loops_url(loops_bin):
-    with running_server("recipes") as server:
+def loops_url(loops_bin, tmp_path_factory):
+    sheet = tmp_path_factory.mktemp("prices") / "prices.yaml"
+    sheet.write_text(PRICES)
+    with running_server("recipes", ["--prices", str(sheet)]) as server:
         yield server.url
 
 
@@ -90,3 +97,45 @@ def run_recipe(env: dict, tmp_path: Path, name: str, *overrides: str) -> Result:
     assert p.returncode == 0, f"{' '.join(cmd)}\nexit {p.returncode} after {took:.0f}s\n{p.stderr[-6000:]}"
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     return Result(summary, log_dir, p.stderr, took)
+
+
+def loops_cli(loops_bin: Path, url: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`loops ARGS --url URL --api-key API_KEY`."""
+    return subprocess.run([str(loops_bin), *args, "--url", url, "--api-key", API_KEY],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def workspace_cost(loops_bin: Path, url: str) -> float:
+    """What the recipes' workspace has been metered so far (loops usage --cost)."""
+    import re
+
+    p = loops_cli(loops_bin, url, "usage", "--cost", "--since", "7d")
+    assert p.returncode == 0, p.stderr
+    m = re.search(r"^TOTAL COST\s+([0-9.]+)", p.stdout, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+class Estimated:
+    """A recipe's `check --estimate --pilot K` and then its run: the estimate, its band, the
+    pilot's cost and what the run itself was metered (the workspace's cost before and after
+    it; the recipe tests run one at a time)."""
+
+    def __init__(self, loops_bin: Path, url: str, env: dict, tmp_path: Path, name: str, pilot: int, *overrides: str) -> None:
+        import re
+
+        self.name, self.pilot = name, pilot
+        before = workspace_cost(loops_bin, url)
+        p = loops_cli(loops_bin, url, "cookbook", "check", name, *overrides, "progress=false", f"log_dir={tmp_path / 'pilot'}",
+                      "--estimate", "--pilot", str(pilot), "--python", sys.executable, "--cookbook-dir", str(COOKBOOK))
+        assert p.returncode == 0, p.stdout + p.stderr[-4000:]
+        m = re.search(r"^cost estimate\s+PASS\s+\$([0-9.]+) \(band \$([0-9.]+) to \$([0-9.]+), from (\d+) pilot steps", p.stdout, re.M)
+        assert m, p.stdout
+        self.estimate, self.low, self.high = float(m.group(1)), float(m.group(2)), float(m.group(3))
+        self.output = p.stdout
+        start = workspace_cost(loops_bin, url)
+        self.pilot_cost = start - before
+        self.result = run_recipe(env, tmp_path, name, *overrides)
+        self.metered = workspace_cost(loops_bin, url) - start
+        self.ratio = self.estimate / self.metered
+        report("estimate", recipe=name, pilot_steps=pilot, estimated_usd=self.estimate, band_usd=[self.low, self.high],
+               metered_usd=round(self.metered, 12), ratio=round(self.ratio, 4), pilot_usd=round(self.pilot_cost, 12))

@@ -49,31 +49,31 @@ def test_cookbook_check_then_run(loops_bin, loops_url, recipe_env, tmp_path):
 
 
 def test_cookbook_check_estimate_matches_the_metered_run(loops_bin, loops_url, recipe_env, tmp_path):
-    """`check --estimate` on sft_chat under a price sheet against what its run is metered
-    (within ±10%; SFT's items are known before the run, so it is exact today), and without a
-    sheet a failed row that says no prices are configured."""
+    """`check --estimate` on sft_chat under the session's price sheet against what its run is
+    metered (within ±10%; SFT's items are known before the run, so it is exact), and without
+    a sheet a failed row that says no prices are configured. An agent recipe without
+    --pilot says it needs one."""
     import sys
 
-    from conftest import COOKBOOK
+    from conftest import COOKBOOK, workspace_cost
     from loops_server import running_server
 
     py = ["--python", sys.executable, "--cookbook-dir", str(COOKBOOK)]
     recipe = ["sft_chat", "steps=6", "eval_every=3", "seed=3"]
-    p = loops(loops_bin, loops_url, "cookbook", "check", *recipe, "--estimate", *py)
+    with running_server("no-prices", ["--log-level", "info"]) as server:  # its own server, with no --prices
+        p = loops(loops_bin, server.url, "cookbook", "check", *recipe, "--estimate", *py)
     assert p.returncode == 1 and re.search(r"^cost estimate\s+FAIL\s+.*no prices are configured", p.stdout, re.M), p.stdout
 
-    sheet = tmp_path / "prices.yaml"
-    sheet.write_text('models:\n  "*": {prefill: "0.20", sample: "0.60", train: "0.40"}\n')
-    with running_server("estimate", ["--prices", str(sheet)]) as server:
-        p = loops(loops_bin, server.url, "cookbook", "check", *recipe, "--estimate", *py)
-        assert p.returncode == 0, p.stdout + p.stderr
-        estimated = float(re.search(r"^cost estimate\s+PASS\s+\$([0-9.]+)", p.stdout, re.M).group(1))
-        env = dict(recipe_env, TINKER_BASE_URL=server.url)
-        p = subprocess.run([sys.executable, "-m", "loops_cookbook", "run", *recipe, f"log_dir={tmp_path / 'run'}", "progress=false"],
-                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-        assert p.returncode == 0, p.stderr[-4000:]
-        u = loops(loops_bin, server.url, "usage", "--cost")
-        assert u.returncode == 0, u.stderr
-        metered = float(re.search(r"^TOTAL COST\s+([0-9.]+)", u.stdout, re.M).group(1))
+    p = loops(loops_bin, loops_url, "cookbook", "check", "sandboxed_agent", "--estimate", *py)
+    assert p.returncode == 1 and re.search(r"^cost estimate\s+FAIL\s+.*estimate it with a pilot \(--pilot K", p.stdout, re.M), p.stdout
+
+    p = loops(loops_bin, loops_url, "cookbook", "check", *recipe, "--estimate", *py)
+    assert p.returncode == 0, p.stdout + p.stderr
+    estimated = float(re.search(r"^cost estimate\s+PASS\s+\$([0-9.]+)", p.stdout, re.M).group(1))
+    before = workspace_cost(loops_bin, loops_url)
+    p = subprocess.run([sys.executable, "-m", "loops_cookbook", "run", *recipe, f"log_dir={tmp_path / 'run'}", "progress=false"],
+                       env=recipe_env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    metered = workspace_cost(loops_bin, loops_url) - before
     report("cookbook_estimate", recipe="sft_chat", estimated_usd=estimated, metered_usd=metered, ratio=estimated / metered)
     assert abs(estimated / metered - 1) <= 0.10, (estimated, metered, p.stdout)

@@ -127,6 +127,20 @@ class CodingEnv:
         return Step(done=True, reward=r, metrics=m)
 
 
+def estimate(cfg: Config, chat, pilot: dict | None = None) -> dict:
+    """The run's EstimateCost request, from a pilot (loops_cookbook.pilot): every step's
+    prompts are the ones main() draws, through the tokenizer; what the policy writes
+    (lengths, turns, the sandbox's outputs it reads back) and the share of groups trained
+    are measured on the pilot's steps and the later steps extrapolated."""
+    if pilot is None:
+        return {"error": "coding_agent's episodes depend on what the model writes: estimate it with a pilot (--pilot K runs its first K steps)"}
+    from loops_cookbook.pilot import request, rl_part
+    from loops_cookbook.rl import drawn_records
+
+    steps = [[len(chat.prompt(messages(r))) for r in step] for step in drawn_records(load_jsonl(*data_files(cfg)["data"]), cfg)]
+    return request(cfg.model, [rl_part(pilot, cfg, steps)])
+
+
 def main(cfg: Config) -> dict:
     import sys
 

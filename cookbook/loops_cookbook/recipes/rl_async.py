@@ -97,22 +97,23 @@ class AnswerEnv:
         return Step(done=True, reward=r, metrics=m)
 
 
-def estimate(cfg: Config, chat) -> dict:
-    """The run's EstimateCost request: the prompts main() draws (the same rng draws, in
-    order), groups_per_batch per step, each one sample request of group_size samples of
-    max_tokens tokens (the digit task's answers are max_tokens long). It assumes every group
-    is trained on; the run leaves out groups whose rewards are all equal, so the training
-    part is an upper bound."""
-    import random
+def estimate(cfg: Config, chat, pilot: dict | None = None) -> dict:
+    """The run's EstimateCost request. Every step's prompts are the ones main() draws (the
+    same rng draws, in order), through the tokenizer; each group is one sample request of
+    group_size samples. Without a pilot it is an upper bound: every sample max_tokens long
+    and every group trained on (the run leaves out groups whose rewards are all equal). With
+    a pilot (loops_cookbook.pilot), sampled lengths, the share trained and cache hits are
+    measured on its steps and the later steps extrapolated."""
+    from loops_cookbook.pilot import request, rl_part
+    from loops_cookbook.rl import drawn_records
 
-    tasks = load_jsonl(*data_files(cfg)["data"])
-    rng = random.Random(cfg.seed)
-    prompts = []
-    for _ in range(cfg.steps * cfg.groups_per_batch):
-        prompts.append(len(prompt_tokens(cfg, chat, rng.choice(tasks))))
-        rng.randrange(1 << 30)
+    steps = [[len(prompt_tokens(cfg, chat, r)) for r in step]
+             for step in drawn_records(load_jsonl(*data_files(cfg)["data"]), cfg)]
+    if pilot is not None:
+        return request(cfg.model, [rl_part(pilot, cfg, steps)])
     return {"base_model": cfg.model, "steps": cfg.steps, "batch_size": cfg.groups_per_batch,
-            "prompt_tokens": prompts, "group_size": cfg.group_size, "completion_tokens": cfg.max_tokens}
+            "prompt_tokens": [n for step in steps for n in step], "group_size": cfg.group_size,
+            "completion_tokens": cfg.max_tokens}
 
 
 def main(cfg: Config) -> dict:

@@ -146,13 +146,20 @@ def evaluate(cfg: Config, model: str, tasks: list[dict]) -> dict:
 
     from loops_cookbook import tools
 
-    out = {"tasks": 0, "answers_with_tool_calls": 0, "calls_run": 0, "correct": 0}
+    out = {"tasks": 0, "answers_with_tool_calls": 0, "calls_run": 0, "correct": 0, "usage": []}
     for rec in tasks[:cfg.eval_tasks]:
         out["tasks"] += 1
         messages = task_messages(rec)
+        used = {"prefill": 0, "cached": 0, "sampled": 0}  # what the task's requests were metered
+        out["usage"].append(used)
         for _ in range(cfg.max_turns):
             res = openai_chat(cfg, {"model": model, "messages": messages, "tools": tools.OPENAI_TOOLS,
                                     "temperature": 0, "max_tokens": cfg.max_tokens})
+            u = res.get("usage") or {}
+            cached = int((u.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+            used["prefill"] += int(u.get("prompt_tokens", 0)) - cached
+            used["cached"] += cached
+            used["sampled"] += int(u.get("completion_tokens", 0))
             msg = res["choices"][0]["message"]
             calls = msg.get("tool_calls") or []
             if not calls:
@@ -167,6 +174,40 @@ def evaluate(cfg: Config, model: str, tasks: list[dict]) -> dict:
                 out["calls_run"] += int(ok)
                 messages.append({"role": "tool", "tool_call_id": c["id"], "content": result})
     return out
+
+
+def estimate(cfg: Config, chat, pilot: dict | None = None) -> dict:
+    """The run's EstimateCost request, from a pilot (loops_cookbook.pilot). The SFT phase is
+    computed exactly (the same batch draws, each transcript's model input length); the RL
+    steps' prompts are the ones main() draws, and what the policy does (turns, tool calls and
+    their results, lengths, the share of groups trained) is measured on the pilot's steps,
+    the later steps extrapolated. The evaluation through the OpenAI route is measured once
+    on the pilot's weights (its band: the tasks' least and most)."""
+    if pilot is None:
+        return {"error": "tool_calling's episodes depend on what the model writes: estimate it with a pilot (--pilot K runs its SFT steps and its first K RL steps)"}
+    from loops_cookbook.pilot import exact, request, rl_part
+    from loops_cookbook.rl import drawn_records
+
+    files = data_files(cfg)
+    sft = [max(min(len(chat.conversation(r["messages"])[0]), cfg.max_length) - 1, 0) for r in load_jsonl(*files["transcripts"])]
+    rng = random.Random(cfg.seed)
+    trained = sum(sum(rng.sample(sft, min(cfg.sft_batch_size, len(sft)))) for _ in range(cfg.sft_steps))
+    steps = [[len(chat.prompt(task_messages(r))) for r in step] for step in drawn_records(load_jsonl(*files["tasks"]), cfg)]
+    parts = [exact(trained=trained), rl_part(pilot, cfg, steps)]
+    if ev := pilot.get("extra"):
+        n = len(ev)
+        parts.append({k: [sum(t[k] for t in ev), n * min(t[k] for t in ev), n * max(t[k] for t in ev)]
+                      for k in ("prefill", "cached", "sampled")})
+    return request(cfg.model, parts)
+
+
+def pilot_extra(cfg: Config, run) -> list[dict] | None:
+    """The pilot's measure of the evaluation: its tasks through the OpenAI route on the
+    pilot's weights, what each task's requests were metered."""
+    if cfg.eval_tasks <= 0:
+        return None
+    path = run.training.save_weights_for_sampler("pilot").result().path
+    return evaluate(cfg, path, load_jsonl(*data_files(cfg)["tasks"]))["usage"]
 
 
 def main(cfg: Config) -> dict:

@@ -3430,8 +3430,15 @@ type EstimateCostRequest struct {
 	// prompt tokens and group_size samples of completion_tokens tokens (at most 10,000,000).
 	EvalRequests     int64 `protobuf:"varint,9,opt,name=eval_requests,json=evalRequests,proto3" json:"eval_requests,omitempty"`
 	EvalPromptTokens int64 `protobuf:"varint,10,opt,name=eval_prompt_tokens,json=evalPromptTokens,proto3" json:"eval_prompt_tokens,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Tokens by usage kind that the caller worked out itself, priced as given: a pilot's
+	// measurement and extrapolation (`loops cookbook check --estimate --pilot K` runs a
+	// recipe's first K steps and extrapolates the rest). Each line names a token kind
+	// (training, sampling prefill, cached prefill or sampled tokens) at most once, with its
+	// amount and, optionally, the band amount_low <= amount <= amount_high. Set it with
+	// base_model only (no steps, batch_size or token lists); at most 16 lines.
+	Usage         []*UsageEstimate `protobuf:"bytes,380,rep,name=usage,proto3" json:"usage,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EstimateCostRequest) Reset() {
@@ -3534,6 +3541,13 @@ func (x *EstimateCostRequest) GetEvalPromptTokens() int64 {
 	return 0
 }
 
+func (x *EstimateCostRequest) GetUsage() []*UsageEstimate {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
 // EstimateCostResponse is the estimated usage by kind and its cost under the workspace's
 // price sheet.
 type EstimateCostResponse struct {
@@ -3543,7 +3557,11 @@ type EstimateCostResponse struct {
 	// The sum of the lines' costs, in exact decimal US dollars (unpriced kinds count 0).
 	TotalUsd string `protobuf:"bytes,2,opt,name=total_usd,json=totalUsd,proto3" json:"total_usd,omitempty"`
 	// The price sheet's version (docs/operations.md, "Prices").
-	PriceVersion  string `protobuf:"bytes,3,opt,name=price_version,json=priceVersion,proto3" json:"price_version,omitempty"`
+	PriceVersion string `protobuf:"bytes,3,opt,name=price_version,json=priceVersion,proto3" json:"price_version,omitempty"`
+	// The band of total_usd: the sums of the lines' cost_low_usd and cost_high_usd. Set only
+	// when the request gave bands (EstimateCostRequest.usage); empty for an exact estimate.
+	TotalLowUsd   string `protobuf:"bytes,380,opt,name=total_low_usd,json=totalLowUsd,proto3" json:"total_low_usd,omitempty"`
+	TotalHighUsd  string `protobuf:"bytes,381,opt,name=total_high_usd,json=totalHighUsd,proto3" json:"total_high_usd,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3599,6 +3617,20 @@ func (x *EstimateCostResponse) GetPriceVersion() string {
 	return ""
 }
 
+func (x *EstimateCostResponse) GetTotalLowUsd() string {
+	if x != nil {
+		return x.TotalLowUsd
+	}
+	return ""
+}
+
+func (x *EstimateCostResponse) GetTotalHighUsd() string {
+	if x != nil {
+		return x.TotalHighUsd
+	}
+	return ""
+}
+
 // UsageEstimate is one usage kind of an estimate.
 type UsageEstimate struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -3606,7 +3638,14 @@ type UsageEstimate struct {
 	Amount int64                  `protobuf:"varint,2,opt,name=amount,proto3" json:"amount,omitempty"`
 	// What amount costs in exact decimal US dollars; empty when the sheet has no price for
 	// this kind on the model.
-	CostUsd       string `protobuf:"bytes,3,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
+	CostUsd string `protobuf:"bytes,3,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
+	// The band of amount (amount_low <= amount <= amount_high), when it is extrapolated
+	// (EstimateCostRequest.usage); both 0 for an amount computed exactly.
+	AmountLow  int64 `protobuf:"varint,380,opt,name=amount_low,json=amountLow,proto3" json:"amount_low,omitempty"`
+	AmountHigh int64 `protobuf:"varint,381,opt,name=amount_high,json=amountHigh,proto3" json:"amount_high,omitempty"`
+	// What amount_low and amount_high cost; set with the band.
+	CostLowUsd    string `protobuf:"bytes,382,opt,name=cost_low_usd,json=costLowUsd,proto3" json:"cost_low_usd,omitempty"`
+	CostHighUsd   string `protobuf:"bytes,383,opt,name=cost_high_usd,json=costHighUsd,proto3" json:"cost_high_usd,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3658,6 +3697,34 @@ func (x *UsageEstimate) GetAmount() int64 {
 func (x *UsageEstimate) GetCostUsd() string {
 	if x != nil {
 		return x.CostUsd
+	}
+	return ""
+}
+
+func (x *UsageEstimate) GetAmountLow() int64 {
+	if x != nil {
+		return x.AmountLow
+	}
+	return 0
+}
+
+func (x *UsageEstimate) GetAmountHigh() int64 {
+	if x != nil {
+		return x.AmountHigh
+	}
+	return 0
+}
+
+func (x *UsageEstimate) GetCostLowUsd() string {
+	if x != nil {
+		return x.CostLowUsd
+	}
+	return ""
+}
+
+func (x *UsageEstimate) GetCostHighUsd() string {
+	if x != nil {
+		return x.CostHighUsd
 	}
 	return ""
 }
@@ -4451,7 +4518,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\bcost_usd\x18\b \x01(\tR\acostUsd\x12#\n" +
 	"\rpriced_amount\x18\t \x01(\x03R\fpricedAmount\x12\x15\n" +
 	"\x06key_id\x18\n" +
-	" \x01(\tR\x05keyId\"\xec\x02\n" +
+	" \x01(\tR\x05keyId\"\x9c\x03\n" +
 	"\x13EstimateCostRequest\x12\x1d\n" +
 	"\n" +
 	"base_model\x18\x01 \x01(\tR\tbaseModel\x12\x14\n" +
@@ -4466,15 +4533,25 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x11completion_tokens\x18\b \x01(\x03R\x10completionTokens\x12#\n" +
 	"\reval_requests\x18\t \x01(\x03R\fevalRequests\x12,\n" +
 	"\x12eval_prompt_tokens\x18\n" +
-	" \x01(\x03R\x10evalPromptTokens\"\x87\x01\n" +
+	" \x01(\x03R\x10evalPromptTokens\x12.\n" +
+	"\x05usage\x18\xfc\x02 \x03(\v2\x17.loops.v1.UsageEstimateR\x05usage\"\xd3\x01\n" +
 	"\x14EstimateCostResponse\x12-\n" +
 	"\x05usage\x18\x01 \x03(\v2\x17.loops.v1.UsageEstimateR\x05usage\x12\x1b\n" +
 	"\ttotal_usd\x18\x02 \x01(\tR\btotalUsd\x12#\n" +
-	"\rprice_version\x18\x03 \x01(\tR\fpriceVersion\"k\n" +
+	"\rprice_version\x18\x03 \x01(\tR\fpriceVersion\x12#\n" +
+	"\rtotal_low_usd\x18\xfc\x02 \x01(\tR\vtotalLowUsd\x12%\n" +
+	"\x0etotal_high_usd\x18\xfd\x02 \x01(\tR\ftotalHighUsd\"\xf5\x01\n" +
 	"\rUsageEstimate\x12'\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x13.loops.v1.UsageKindR\x04kind\x12\x16\n" +
 	"\x06amount\x18\x02 \x01(\x03R\x06amount\x12\x19\n" +
-	"\bcost_usd\x18\x03 \x01(\tR\acostUsd\"\x15\n" +
+	"\bcost_usd\x18\x03 \x01(\tR\acostUsd\x12\x1e\n" +
+	"\n" +
+	"amount_low\x18\xfc\x02 \x01(\x03R\tamountLow\x12 \n" +
+	"\vamount_high\x18\xfd\x02 \x01(\x03R\n" +
+	"amountHigh\x12!\n" +
+	"\fcost_low_usd\x18\xfe\x02 \x01(\tR\n" +
+	"costLowUsd\x12#\n" +
+	"\rcost_high_usd\x18\xff\x02 \x01(\tR\vcostHighUsd\"\x15\n" +
 	"\x13GetWorkspaceRequest\"\xed\x01\n" +
 	"\tWorkspace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x121\n" +
@@ -4706,82 +4783,83 @@ var file_loops_v1_services_proto_depIdxs = []int32{
 	64, // 35: loops.v1.UsageBucket.start_time:type_name -> google.protobuf.Timestamp
 	64, // 36: loops.v1.UsageBucket.end_time:type_name -> google.protobuf.Timestamp
 	1,  // 37: loops.v1.UsageBucket.kind:type_name -> loops.v1.UsageKind
-	51, // 38: loops.v1.EstimateCostResponse.usage:type_name -> loops.v1.UsageEstimate
-	1,  // 39: loops.v1.UsageEstimate.kind:type_name -> loops.v1.UsageKind
-	55, // 40: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
-	56, // 41: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
-	54, // 42: loops.v1.Workspace.budgets:type_name -> loops.v1.WorkspaceBudget
-	54, // 43: loops.v1.Workspace.key_budgets:type_name -> loops.v1.WorkspaceBudget
-	76, // 44: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
-	57, // 45: loops.v1.WorkspaceUse.fairness:type_name -> loops.v1.WorkspaceFairness
-	77, // 46: loops.v1.WorkspaceFairness.wait_p50:type_name -> google.protobuf.Duration
-	2,  // 47: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
-	3,  // 48: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
-	5,  // 49: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
-	6,  // 50: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
-	7,  // 51: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
-	9,  // 52: loops.v1.SessionService.SearchSessions:input_type -> loops.v1.SearchSessionsRequest
-	13, // 53: loops.v1.SessionService.SetSessionProject:input_type -> loops.v1.SetSessionProjectRequest
-	14, // 54: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
-	16, // 55: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
-	21, // 56: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
-	23, // 57: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
-	24, // 58: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
-	25, // 59: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
-	26, // 60: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
-	27, // 61: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
-	17, // 62: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
-	28, // 63: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
-	30, // 64: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
-	31, // 65: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
-	33, // 66: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
-	34, // 67: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
-	39, // 68: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
-	35, // 69: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
-	37, // 70: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
-	41, // 71: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
-	42, // 72: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
-	43, // 73: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
-	44, // 74: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
-	52, // 75: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
-	46, // 76: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
-	49, // 77: loops.v1.UsageService.EstimateCost:input_type -> loops.v1.EstimateCostRequest
-	63, // 78: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
-	4,  // 79: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
-	63, // 80: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
-	63, // 81: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
-	8,  // 82: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
-	12, // 83: loops.v1.SessionService.SearchSessions:output_type -> loops.v1.SearchSessionsResponse
-	63, // 84: loops.v1.SessionService.SetSessionProject:output_type -> loops.v1.Session
-	78, // 85: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
-	68, // 86: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
-	22, // 87: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
-	78, // 88: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
-	78, // 89: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
-	78, // 90: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
-	78, // 91: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
-	78, // 92: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
-	18, // 93: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
-	29, // 94: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
-	72, // 95: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
-	32, // 96: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
-	72, // 97: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
-	72, // 98: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
-	40, // 99: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
-	36, // 100: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
-	38, // 101: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
-	79, // 102: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
-	79, // 103: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
-	78, // 104: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
-	45, // 105: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
-	53, // 106: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
-	47, // 107: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
-	50, // 108: loops.v1.UsageService.EstimateCost:output_type -> loops.v1.EstimateCostResponse
-	78, // [78:109] is the sub-list for method output_type
-	47, // [47:78] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	51, // 38: loops.v1.EstimateCostRequest.usage:type_name -> loops.v1.UsageEstimate
+	51, // 39: loops.v1.EstimateCostResponse.usage:type_name -> loops.v1.UsageEstimate
+	1,  // 40: loops.v1.UsageEstimate.kind:type_name -> loops.v1.UsageKind
+	55, // 41: loops.v1.Workspace.limits:type_name -> loops.v1.WorkspaceLimits
+	56, // 42: loops.v1.Workspace.use:type_name -> loops.v1.WorkspaceUse
+	54, // 43: loops.v1.Workspace.budgets:type_name -> loops.v1.WorkspaceBudget
+	54, // 44: loops.v1.Workspace.key_budgets:type_name -> loops.v1.WorkspaceBudget
+	76, // 45: loops.v1.WorkspaceLimits.models:type_name -> loops.v1.ModelInfo
+	57, // 46: loops.v1.WorkspaceUse.fairness:type_name -> loops.v1.WorkspaceFairness
+	77, // 47: loops.v1.WorkspaceFairness.wait_p50:type_name -> google.protobuf.Duration
+	2,  // 48: loops.v1.SessionService.CreateSession:input_type -> loops.v1.CreateSessionRequest
+	3,  // 49: loops.v1.SessionService.HeartbeatSession:input_type -> loops.v1.HeartbeatSessionRequest
+	5,  // 50: loops.v1.SessionService.FinishSession:input_type -> loops.v1.FinishSessionRequest
+	6,  // 51: loops.v1.SessionService.GetSession:input_type -> loops.v1.GetSessionRequest
+	7,  // 52: loops.v1.SessionService.ListSessions:input_type -> loops.v1.ListSessionsRequest
+	9,  // 53: loops.v1.SessionService.SearchSessions:input_type -> loops.v1.SearchSessionsRequest
+	13, // 54: loops.v1.SessionService.SetSessionProject:input_type -> loops.v1.SetSessionProjectRequest
+	14, // 55: loops.v1.TrainingService.CreateTrainingRun:input_type -> loops.v1.CreateTrainingRunRequest
+	16, // 56: loops.v1.TrainingService.GetTrainingRun:input_type -> loops.v1.GetTrainingRunRequest
+	21, // 57: loops.v1.TrainingService.ListTrainingRuns:input_type -> loops.v1.ListTrainingRunsRequest
+	23, // 58: loops.v1.TrainingService.UnloadTrainingRun:input_type -> loops.v1.UnloadTrainingRunRequest
+	24, // 59: loops.v1.TrainingService.ForwardBackward:input_type -> loops.v1.ForwardBackwardRequest
+	25, // 60: loops.v1.TrainingService.OptimStep:input_type -> loops.v1.OptimStepRequest
+	26, // 61: loops.v1.TrainingService.SaveWeights:input_type -> loops.v1.SaveWeightsRequest
+	27, // 62: loops.v1.TrainingService.LoadWeights:input_type -> loops.v1.LoadWeightsRequest
+	17, // 63: loops.v1.TrainingService.GetTrainingRunMetrics:input_type -> loops.v1.GetTrainingRunMetricsRequest
+	28, // 64: loops.v1.CheckpointService.ListCheckpoints:input_type -> loops.v1.ListCheckpointsRequest
+	30, // 65: loops.v1.CheckpointService.GetCheckpoint:input_type -> loops.v1.GetCheckpointRequest
+	31, // 66: loops.v1.CheckpointService.DeleteCheckpoint:input_type -> loops.v1.DeleteCheckpointRequest
+	33, // 67: loops.v1.CheckpointService.SetCheckpointPublic:input_type -> loops.v1.SetCheckpointPublicRequest
+	34, // 68: loops.v1.CheckpointService.SetCheckpointTTL:input_type -> loops.v1.SetCheckpointTTLRequest
+	39, // 69: loops.v1.CheckpointService.GetCheckpointFileURLs:input_type -> loops.v1.GetCheckpointFileURLsRequest
+	35, // 70: loops.v1.CheckpointService.GetCheckpointArchiveURL:input_type -> loops.v1.GetCheckpointArchiveURLRequest
+	37, // 71: loops.v1.CheckpointService.GetCheckpointExportURL:input_type -> loops.v1.GetCheckpointExportURLRequest
+	41, // 72: loops.v1.SamplingService.CreateSampler:input_type -> loops.v1.CreateSamplerRequest
+	42, // 73: loops.v1.SamplingService.GetSampler:input_type -> loops.v1.GetSamplerRequest
+	43, // 74: loops.v1.SamplingService.Sample:input_type -> loops.v1.SampleRequest
+	44, // 75: loops.v1.ModelService.ListModels:input_type -> loops.v1.ListModelsRequest
+	52, // 76: loops.v1.WorkspaceService.GetWorkspace:input_type -> loops.v1.GetWorkspaceRequest
+	46, // 77: loops.v1.UsageService.GetUsage:input_type -> loops.v1.GetUsageRequest
+	49, // 78: loops.v1.UsageService.EstimateCost:input_type -> loops.v1.EstimateCostRequest
+	63, // 79: loops.v1.SessionService.CreateSession:output_type -> loops.v1.Session
+	4,  // 80: loops.v1.SessionService.HeartbeatSession:output_type -> loops.v1.HeartbeatSessionResponse
+	63, // 81: loops.v1.SessionService.FinishSession:output_type -> loops.v1.Session
+	63, // 82: loops.v1.SessionService.GetSession:output_type -> loops.v1.Session
+	8,  // 83: loops.v1.SessionService.ListSessions:output_type -> loops.v1.ListSessionsResponse
+	12, // 84: loops.v1.SessionService.SearchSessions:output_type -> loops.v1.SearchSessionsResponse
+	63, // 85: loops.v1.SessionService.SetSessionProject:output_type -> loops.v1.Session
+	78, // 86: loops.v1.TrainingService.CreateTrainingRun:output_type -> loops.v1.Operation
+	68, // 87: loops.v1.TrainingService.GetTrainingRun:output_type -> loops.v1.TrainingRun
+	22, // 88: loops.v1.TrainingService.ListTrainingRuns:output_type -> loops.v1.ListTrainingRunsResponse
+	78, // 89: loops.v1.TrainingService.UnloadTrainingRun:output_type -> loops.v1.Operation
+	78, // 90: loops.v1.TrainingService.ForwardBackward:output_type -> loops.v1.Operation
+	78, // 91: loops.v1.TrainingService.OptimStep:output_type -> loops.v1.Operation
+	78, // 92: loops.v1.TrainingService.SaveWeights:output_type -> loops.v1.Operation
+	78, // 93: loops.v1.TrainingService.LoadWeights:output_type -> loops.v1.Operation
+	18, // 94: loops.v1.TrainingService.GetTrainingRunMetrics:output_type -> loops.v1.GetTrainingRunMetricsResponse
+	29, // 95: loops.v1.CheckpointService.ListCheckpoints:output_type -> loops.v1.ListCheckpointsResponse
+	72, // 96: loops.v1.CheckpointService.GetCheckpoint:output_type -> loops.v1.Checkpoint
+	32, // 97: loops.v1.CheckpointService.DeleteCheckpoint:output_type -> loops.v1.DeleteCheckpointResponse
+	72, // 98: loops.v1.CheckpointService.SetCheckpointPublic:output_type -> loops.v1.Checkpoint
+	72, // 99: loops.v1.CheckpointService.SetCheckpointTTL:output_type -> loops.v1.Checkpoint
+	40, // 100: loops.v1.CheckpointService.GetCheckpointFileURLs:output_type -> loops.v1.GetCheckpointFileURLsResponse
+	36, // 101: loops.v1.CheckpointService.GetCheckpointArchiveURL:output_type -> loops.v1.GetCheckpointArchiveURLResponse
+	38, // 102: loops.v1.CheckpointService.GetCheckpointExportURL:output_type -> loops.v1.GetCheckpointExportURLResponse
+	79, // 103: loops.v1.SamplingService.CreateSampler:output_type -> loops.v1.Sampler
+	79, // 104: loops.v1.SamplingService.GetSampler:output_type -> loops.v1.Sampler
+	78, // 105: loops.v1.SamplingService.Sample:output_type -> loops.v1.Operation
+	45, // 106: loops.v1.ModelService.ListModels:output_type -> loops.v1.ListModelsResponse
+	53, // 107: loops.v1.WorkspaceService.GetWorkspace:output_type -> loops.v1.Workspace
+	47, // 108: loops.v1.UsageService.GetUsage:output_type -> loops.v1.GetUsageResponse
+	50, // 109: loops.v1.UsageService.EstimateCost:output_type -> loops.v1.EstimateCostResponse
+	79, // [79:110] is the sub-list for method output_type
+	48, // [48:79] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_loops_v1_services_proto_init() }

@@ -617,7 +617,7 @@ class UsageBucket(_message.Message):
     def __init__(self, start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., base_model: _Optional[str] = ..., session_id: _Optional[str] = ..., kind: _Optional[_Union[UsageKind, str]] = ..., amount: _Optional[int] = ..., deployment: _Optional[str] = ..., cost_usd: _Optional[str] = ..., priced_amount: _Optional[int] = ..., key_id: _Optional[str] = ...) -> None: ...
 
 class EstimateCostRequest(_message.Message):
-    __slots__ = ("base_model", "steps", "batch_size", "example_tokens", "passes", "prompt_tokens", "group_size", "completion_tokens", "eval_requests", "eval_prompt_tokens")
+    __slots__ = ("base_model", "steps", "batch_size", "example_tokens", "passes", "prompt_tokens", "group_size", "completion_tokens", "eval_requests", "eval_prompt_tokens", "usage")
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -628,6 +628,7 @@ class EstimateCostRequest(_message.Message):
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EVAL_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     EVAL_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     base_model: str
     steps: int
     batch_size: int
@@ -638,27 +639,40 @@ class EstimateCostRequest(_message.Message):
     completion_tokens: int
     eval_requests: int
     eval_prompt_tokens: int
-    def __init__(self, base_model: _Optional[str] = ..., steps: _Optional[int] = ..., batch_size: _Optional[int] = ..., example_tokens: _Optional[_Iterable[int]] = ..., passes: _Optional[int] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., group_size: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., eval_requests: _Optional[int] = ..., eval_prompt_tokens: _Optional[int] = ...) -> None: ...
+    usage: _containers.RepeatedCompositeFieldContainer[UsageEstimate]
+    def __init__(self, base_model: _Optional[str] = ..., steps: _Optional[int] = ..., batch_size: _Optional[int] = ..., example_tokens: _Optional[_Iterable[int]] = ..., passes: _Optional[int] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., group_size: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., eval_requests: _Optional[int] = ..., eval_prompt_tokens: _Optional[int] = ..., usage: _Optional[_Iterable[_Union[UsageEstimate, _Mapping]]] = ...) -> None: ...
 
 class EstimateCostResponse(_message.Message):
-    __slots__ = ("usage", "total_usd", "price_version")
+    __slots__ = ("usage", "total_usd", "price_version", "total_low_usd", "total_high_usd")
     USAGE_FIELD_NUMBER: _ClassVar[int]
     TOTAL_USD_FIELD_NUMBER: _ClassVar[int]
     PRICE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_LOW_USD_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_HIGH_USD_FIELD_NUMBER: _ClassVar[int]
     usage: _containers.RepeatedCompositeFieldContainer[UsageEstimate]
     total_usd: str
     price_version: str
-    def __init__(self, usage: _Optional[_Iterable[_Union[UsageEstimate, _Mapping]]] = ..., total_usd: _Optional[str] = ..., price_version: _Optional[str] = ...) -> None: ...
+    total_low_usd: str
+    total_high_usd: str
+    def __init__(self, usage: _Optional[_Iterable[_Union[UsageEstimate, _Mapping]]] = ..., total_usd: _Optional[str] = ..., price_version: _Optional[str] = ..., total_low_usd: _Optional[str] = ..., total_high_usd: _Optional[str] = ...) -> None: ...
 
 class UsageEstimate(_message.Message):
-    __slots__ = ("kind", "amount", "cost_usd")
+    __slots__ = ("kind", "amount", "cost_usd", "amount_low", "amount_high", "cost_low_usd", "cost_high_usd")
     KIND_FIELD_NUMBER: _ClassVar[int]
     AMOUNT_FIELD_NUMBER: _ClassVar[int]
     COST_USD_FIELD_NUMBER: _ClassVar[int]
+    AMOUNT_LOW_FIELD_NUMBER: _ClassVar[int]
+    AMOUNT_HIGH_FIELD_NUMBER: _ClassVar[int]
+    COST_LOW_USD_FIELD_NUMBER: _ClassVar[int]
+    COST_HIGH_USD_FIELD_NUMBER: _ClassVar[int]
     kind: UsageKind
     amount: int
     cost_usd: str
-    def __init__(self, kind: _Optional[_Union[UsageKind, str]] = ..., amount: _Optional[int] = ..., cost_usd: _Optional[str] = ...) -> None: ...
+    amount_low: int
+    amount_high: int
+    cost_low_usd: str
+    cost_high_usd: str
+    def __init__(self, kind: _Optional[_Union[UsageKind, str]] = ..., amount: _Optional[int] = ..., cost_usd: _Optional[str] = ..., amount_low: _Optional[int] = ..., amount_high: _Optional[int] = ..., cost_low_usd: _Optional[str] = ..., cost_high_usd: _Optional[str] = ...) -> None: ...
 
 class GetWorkspaceRequest(_message.Message):
     __slots__ = ()
