@@ -92,14 +92,15 @@ const (
 	// Checkpoint saves (weights and sampler weights).
 	UsageKind_USAGE_KIND_CHECKPOINTS UsageKind = 4
 	// Seconds the replicas of dedicated pools ran bound to the workspace's runs, summed over
-	// replicas (time scaled to zero excluded).
+	// replicas (time scaled to zero excluded), per run (UsageBucket.training_run_id).
 	UsageKind_USAGE_KIND_DEDICATED_REPLICA_SECONDS UsageKind = 5
 	// The same times each replica's GPUs (dedicated GPU time; 0 for CPU pools).
 	UsageKind_USAGE_KIND_DEDICATED_GPU_SECONDS UsageKind = 6
 	// Prompt tokens of sample requests served from the engine's prefix cache
 	// (SampleResult.prompt_cached_tokens), priced at the price sheet's cached_prefill.
 	UsageKind_USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS UsageKind = 7
-	// Bytes of a session's checkpoints held over time, in byte-seconds (bytes × seconds,
+	// Bytes of a run's checkpoints (UsageBucket.training_run_id; the whole session's in rows
+	// metered before runs were recorded) held over time, in byte-seconds (bytes × seconds,
 	// sampled every janitor sweep and integrated over each hour), priced at the price
 	// sheet's storage_gb_month (a GB-month is 1e9 bytes for 730 hours).
 	UsageKind_USAGE_KIND_CHECKPOINT_BYTE_SECONDS UsageKind = 120

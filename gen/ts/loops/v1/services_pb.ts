@@ -2228,7 +2228,7 @@ export enum UsageKind {
 
   /**
    * Seconds the replicas of dedicated pools ran bound to the workspace's runs, summed over
-   * replicas (time scaled to zero excluded).
+   * replicas (time scaled to zero excluded), per run (UsageBucket.training_run_id).
    *
    * @generated from enum value: USAGE_KIND_DEDICATED_REPLICA_SECONDS = 5;
    */
@@ -2250,7 +2250,8 @@ export enum UsageKind {
   SAMPLING_CACHED_PREFILL_TOKENS = 7,
 
   /**
-   * Bytes of a session's checkpoints held over time, in byte-seconds (bytes × seconds,
+   * Bytes of a run's checkpoints (UsageBucket.training_run_id; the whole session's in rows
+   * metered before runs were recorded) held over time, in byte-seconds (bytes × seconds,
    * sampled every janitor sweep and integrated over each hour), priced at the price
    * sheet's storage_gb_month (a GB-month is 1e9 bytes for 730 hours).
    *
