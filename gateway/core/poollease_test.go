@@ -82,8 +82,9 @@ func (p *clockPools) ScaleIdleToZero(_ context.Context, pool string, idle time.D
 //     15 s past the end of its last lease (435 + 60 = 495 s): spent 0.51 USD, 0.01 past the
 //     budget, within the stated bound (the pool's time past its lease: 15 s × 0.001 USD).
 //
-// The run's work queued before the stop and any new work are refused with the same final
-// ResourceExhausted error naming the budget.
+// The run's work queued before the stop is refused with the error the pool was stopped
+// with, and new work (a forward_backward, a sample of its checkpoint, which its pool
+// samples) with the final ResourceExhausted error naming the budget.
 func TestDedicatedPoolHeldToItsBudget(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "prices.yaml")
 	require.NoError(t, os.WriteFile(file, []byte("gpu_hour: {H100: \"3.6\"}\n"), 0o600))
@@ -128,6 +129,17 @@ func TestDedicatedPoolHeldToItsBudget(t *testing.T) {
 			}
 			_, reserved := book()
 			require.Equal(t, usd("0.06"), reserved, "a minute of the pool ahead")
+			// A sampler of the run's checkpoint samples on its pool.
+			sop, err := h.svc.Training.SaveWeights(h.ctx, &loopsv1.SaveWeightsRequest{TrainingRunId: run, SeqId: 1, Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_SAMPLER, Name: "s"})
+			require.NoError(t, err)
+			smp, err := h.svc.Sampling.CreateSampler(h.ctx, &loopsv1.CreateSamplerRequest{ModelPath: h.wait(sop).GetSaveWeights().GetPath()})
+			require.NoError(t, err)
+			sample := func() (*loopsv1.Operation, error) {
+				return h.svc.Sampling.Sample(h.ctx, &loopsv1.SampleRequest{SamplerId: smp.GetId(), Prompt: []int32{1}, NumSamples: 1, Params: &loopsv1.SamplingParams{MaxTokens: 2}})
+			}
+			op, err := sample()
+			require.NoError(t, err)
+			require.Equal(t, loopsv1.OperationState_OPERATION_STATE_SUCCEEDED, h.wait(op).GetState())
 
 			sweep := func() { // the janitor's round of pools
 				mu.Lock()
@@ -147,10 +159,10 @@ func TestDedicatedPoolHeldToItsBudget(t *testing.T) {
 
 			// Work admitted before the stop: one running (held in the backend), one queued.
 			h.fake.gate, h.fake.entered = make(chan struct{}), make(chan struct{}, 1)
-			running, err := h.fb(run, 1, datum(1, 2, 3))
+			running, err := h.fb(run, 2, datum(1, 2, 3))
 			require.NoError(t, err)
 			<-h.fake.entered
-			queued, err := h.fb(run, 2, datum(1, 2, 3))
+			queued, err := h.fb(run, 3, datum(1, 2, 3))
 			require.NoError(t, err)
 
 			for now.Sub(t0) < tc.stoppedAt {
@@ -187,12 +199,15 @@ func TestDedicatedPoolHeldToItsBudget(t *testing.T) {
 			require.Equal(t, loopsv1.OperationState_OPERATION_STATE_FAILED, got.GetState())
 			require.Equal(t, why, got.GetError().GetMessage(), "queued work is refused once its pool is stopped")
 
-			_, err = h.fb(run, 3, datum(1, 2, 3))
-			require.Equal(t, connect.CodeResourceExhausted, connect.CodeOf(err))
-			require.Equal(t, errs.ReasonBudgetExceeded, errs.Reason(err))
-			require.True(t, errs.IsFinal(err), "the SDK does not retry it: %v", err)
-			require.ErrorContains(t, err, "budget_usd_total")
-			require.ErrorContains(t, err, "dedicated pool p-1")
+			_, fbErr := h.fb(run, 4, datum(1, 2, 3))
+			_, sampleErr := sample()
+			for _, err := range []error{fbErr, sampleErr} { // new work on the pool: refused at admission
+				require.Equal(t, connect.CodeResourceExhausted, connect.CodeOf(err))
+				require.Equal(t, errs.ReasonBudgetExceeded, errs.Reason(err))
+				require.True(t, errs.IsFinal(err), "the SDK does not retry it: %v", err)
+				require.ErrorContains(t, err, "budget_usd_total")
+				require.ErrorContains(t, err, "dedicated pool p-1")
+			}
 		})
 	}
 }
