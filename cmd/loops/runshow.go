@@ -11,6 +11,7 @@ import (
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/gen/go/loops/v1/loopsv1connect"
 	"github.com/loops-dev/loops/internal/money"
+	"github.com/loops-dev/loops/internal/runcost"
 	"github.com/loops-dev/loops/internal/runhealth"
 	"github.com/spf13/cobra"
 )
@@ -277,33 +278,30 @@ func printRunStorage(cmd *cobra.Command, cf *clientFlags, runID, sessionID strin
 	if err != nil {
 		return err
 	}
-	cost, priced, err := storageCost(usage.GetBuckets(), sessionID)
-	if err != nil || !priced {
-		return err
-	}
-	fmt.Fprintf(w, "storage cost: %s USD for its session's checkpoints held in the last 30 days (metered by the hour)\n", cost)
-	return nil
+	return printRunCosts(w, usage.GetBuckets(), runID, sessionID)
 }
 
-// storageCost sums the cost of a session's checkpoint storage in buckets, and says whether
-// any of it was priced.
-func storageCost(buckets []*loopsv1.UsageBucket, sessionID string) (money.USD, bool, error) {
-	var sum money.USD
-	priced := false
-	for _, b := range buckets {
-		if b.GetKind() != loopsv1.UsageKind_USAGE_KIND_CHECKPOINT_BYTE_SECONDS || b.GetSessionId() != sessionID || b.GetCostUsd() == "" {
-			continue
+// printRunCosts writes what the run's checkpoint storage and its dedicated pool's time cost
+// in buckets (the last 30 days) (runcost.Of): the run's own storage, and its session's
+// storage metered before storage was metered per run, said apart.
+func printRunCosts(w io.Writer, buckets []*loopsv1.UsageBucket, runID, sessionID string) error {
+	c := runcost.Of(buckets, runID, sessionID)
+	for _, line := range []struct {
+		format string
+		t      money.Tally
+	}{
+		{"storage cost: %s USD for the run's checkpoints held in the last 30 days (metered by the hour)\n", c.Storage},
+		{"              and %s USD for its session's checkpoints metered before storage was metered per run\n", c.SessionStorage},
+		{"pool cost:    %s USD for its dedicated pool's time in the last 30 days\n", c.Pool},
+	} {
+		if line.t.Err != nil {
+			return fmt.Errorf("summing the run's cost: %w", line.t.Err)
 		}
-		c, err := money.ParseUSD(b.GetCostUsd(), money.Digits)
-		if err == nil {
-			sum, err = money.Add(sum, c)
+		if line.t.Priced > 0 {
+			fmt.Fprintf(w, line.format, line.t.Cost)
 		}
-		if err != nil {
-			return 0, false, fmt.Errorf("summing the run's storage cost: %w", err)
-		}
-		priced = true
 	}
-	return sum, priced, nil
+	return nil
 }
 
 // mib writes a byte count in MiB.

@@ -132,19 +132,32 @@ func TestRunsShow(t *testing.T) {
 
 // TestStorageCost sums the priced checkpoint storage of one session exactly, leaving out
 // other sessions, other kinds and unpriced rows.
+// TestStorageCost: loops runs show sums the run's own storage rows, says apart its session's
+// rows metered before storage was metered per run, and sums its pool time; unpriced rows and
+// other runs' and kinds' rows add nothing, and nothing priced prints nothing.
 func TestStorageCost(t *testing.T) {
-	b := func(kind loopsv1.UsageKind, session, cost string) *loopsv1.UsageBucket {
-		return &loopsv1.UsageBucket{Kind: kind, SessionId: session, CostUsd: cost}
+	b := func(kind loopsv1.UsageKind, session, run, cost string) *loopsv1.UsageBucket {
+		u := &loopsv1.UsageBucket{Kind: kind, SessionId: session, TrainingRunId: run, Amount: 1, CostUsd: cost}
+		if cost != "" {
+			u.PricedAmount = 1
+		}
+		return u
 	}
 	const storage = loopsv1.UsageKind_USAGE_KIND_CHECKPOINT_BYTE_SECONDS
-	sum, priced, err := storageCost([]*loopsv1.UsageBucket{
-		b(storage, "s1", "0.000084931507"), b(storage, "s1", "0.000000235921"), b(storage, "s2", "1"),
-		b(loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, "s1", "1"), b(storage, "s1", ""),
-	}, "s1")
-	require.NoError(t, err)
-	require.True(t, priced)
-	require.Equal(t, "0.000085167428", sum.String())
-	_, priced, err = storageCost([]*loopsv1.UsageBucket{b(storage, "s1", "")}, "s1")
-	require.NoError(t, err)
-	require.False(t, priced)
+	var out strings.Builder
+	require.NoError(t, printRunCosts(&out, []*loopsv1.UsageBucket{
+		b(storage, "s1", "run-1", "0.000084931507"), b(storage, "s1", "run-1", "0.000000235921"), b(storage, "s1", "run-2", "1"),
+		b(storage, "s1", "", "0.000042465753"), b(storage, "s2", "", "2"),
+		b(loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, "s1", "", "1"), b(storage, "s1", "run-1", ""),
+		b(loopsv1.UsageKind_USAGE_KIND_DEDICATED_GPU_SECONDS, "s1", "run-1", "3"),
+		b(loopsv1.UsageKind_USAGE_KIND_DEDICATED_REPLICA_SECONDS, "s1", "run-1", "0.25"),
+		b(loopsv1.UsageKind_USAGE_KIND_DEDICATED_GPU_SECONDS, "s1", "run-2", "7"),
+	}, "run-1", "s1"))
+	require.Equal(t, `storage cost: 0.000085167428 USD for the run's checkpoints held in the last 30 days (metered by the hour)
+              and 0.000042465753 USD for its session's checkpoints metered before storage was metered per run
+pool cost:    3.25 USD for its dedicated pool's time in the last 30 days
+`, out.String())
+	out.Reset()
+	require.NoError(t, printRunCosts(&out, []*loopsv1.UsageBucket{b(storage, "s1", "run-1", "")}, "run-1", "s1"))
+	require.Empty(t, out.String(), "nothing priced")
 }

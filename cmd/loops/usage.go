@@ -28,7 +28,7 @@ func usageCmd() *cobra.Command {
 		Short: "Show the API key's metered usage by hour or day, with totals per kind and costs",
 		Long: "Show the workspace's metered usage (training tokens, sampling prompt and generated tokens,\n" +
 			"checkpoint saves, dedicated replica and GPU seconds) in hour (or --by-day day) buckets, summed\n" +
-			"over sessions (--by-key: one row per API key), and the totals per kind. --cost adds what it cost in exact US dollars, each\n" +
+			"over sessions (--by-key: one row per API key; --by-run: per training run), and the totals per kind. --cost adds what it cost in exact US dollars, each\n" +
 			"part priced with the server's price sheet in force when it was metered (loops serve --prices;\n" +
 			"docs/operations.md, \"Prices\"); usage metered with no price for it shows \"-\".",
 		Args: cobra.NoArgs,
@@ -52,6 +52,7 @@ func usageCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&view.cost, "cost", false, "add what each row and kind cost (exact USD) and the total cost")
 	cmd.Flags().BoolVar(&view.byDay, "by-day", false, "one row per UTC day instead of per hour")
 	cmd.Flags().BoolVar(&view.byKey, "by-key", false, "one row per API key (its id, as loops keys names it; - for usage no request did)")
+	cmd.Flags().BoolVar(&view.byRun, "by-run", false, "one row per training run for checkpoint storage and dedicated pool time (- for usage kept per session)")
 	cf.register(cmd)
 	cmd.AddCommand(checkpointStorageCmd())
 	return cmd
@@ -97,10 +98,10 @@ func usageKindName(k loopsv1.UsageKind) string {
 	return k.String()
 }
 
-// usageView is how printUsage lays usage out: with costs, by day instead of by hour, and
-// with a row per API key.
+// usageView is how printUsage lays usage out: with costs, by day instead of by hour, with a
+// row per API key, and per training run.
 type usageView struct {
-	cost, byDay, byKey bool
+	cost, byDay, byKey, byRun bool
 }
 
 // printUsage writes one row per (bucket, model, deployment, kind), summed over sessions, in
@@ -113,7 +114,7 @@ func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket, v usageView) error 
 		start      time.Time
 		model      string
 		deployment string
-		key        string
+		key, run   string
 		kind       loopsv1.UsageKind
 	}
 	sums := map[row]*money.Tally{}
@@ -128,6 +129,9 @@ func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket, v usageView) error 
 		r := row{start: start, model: b.GetBaseModel(), deployment: b.GetDeployment(), kind: b.GetKind()}
 		if v.byKey {
 			r.key = b.GetKeyId()
+		}
+		if v.byRun {
+			r.run = b.GetTrainingRunId()
 		}
 		if sums[r] == nil {
 			sums[r] = &money.Tally{}
@@ -160,6 +164,9 @@ func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket, v usageView) error 
 		if c := strings.Compare(a.key, b.key); c != 0 {
 			return c
 		}
+		if c := strings.Compare(a.run, b.run); c != 0 {
+			return c
+		}
 		return int(a.kind) - int(b.kind)
 	})
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -183,23 +190,25 @@ func printUsage(w io.Writer, buckets []*loopsv1.UsageBucket, v usageView) error 
 	if v.byDay {
 		bucket, layout = "DAY (UTC)", "2006-01-02"
 	}
-	key := func(k string) string {
-		if !v.byKey {
+	column := func(on bool, id string) string { // a KEY or RUN cell
+		if !on {
 			return ""
 		}
-		if k == "" {
-			k = "-"
+		if id == "" {
+			id = "-"
 		}
-		return k + "\t"
+		return id + "\t"
 	}
-	fmt.Fprintf(tw, "%s\tMODEL\t%s%sKIND\tAMOUNT%s\n", bucket, map[bool]string{true: "DEPLOYMENT\t"}[deployments], map[bool]string{true: "KEY\t"}[v.byKey], map[bool]string{true: "\tCOST (USD)"}[v.cost])
+	fmt.Fprintf(tw, "%s\tMODEL\t%s%s%sKIND\tAMOUNT%s\n", bucket, map[bool]string{true: "DEPLOYMENT\t"}[deployments], map[bool]string{true: "KEY\t"}[v.byKey],
+		map[bool]string{true: "RUN\t"}[v.byRun], map[bool]string{true: "\tCOST (USD)"}[v.cost])
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s%s%s\t%d%s\n", r.start.Format(layout), r.model, dep(r.deployment), key(r.key), usageKindName(r.kind), sums[r].Amount, cost(sums[r]))
+		fmt.Fprintf(tw, "%s\t%s\t%s%s%s%s\t%d%s\n", r.start.Format(layout), r.model, dep(r.deployment), column(v.byKey, r.key), column(v.byRun, r.run),
+			usageKindName(r.kind), sums[r].Amount, cost(sums[r]))
 	}
 	if len(rows) == 0 {
 		fmt.Fprintln(tw, "(no usage in this range)")
 	}
-	pad := map[bool]string{true: "\t"}[deployments] + map[bool]string{true: "\t"}[v.byKey]
+	pad := map[bool]string{true: "\t"}[deployments] + map[bool]string{true: "\t"}[v.byKey] + map[bool]string{true: "\t"}[v.byRun]
 	kinds := make([]loopsv1.UsageKind, 0, len(totals))
 	for k := range totals {
 		kinds = append(kinds, k)

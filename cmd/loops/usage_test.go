@@ -117,3 +117,26 @@ func TestPrintUsageByKey(t *testing.T) {
 		"",
 	}, "\n"), out.String())
 }
+
+// TestPrintUsageByRun: --by-run gives each run its storage and pool rows; usage kept per
+// session (tokens, storage metered before runs were) is "-".
+func TestPrintUsageByRun(t *testing.T) {
+	start := timestamppb.New(time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC))
+	const storage = loopsv1.UsageKind_USAGE_KIND_CHECKPOINT_BYTE_SECONDS
+	var out strings.Builder
+	require.NoError(t, printUsage(&out, []*loopsv1.UsageBucket{
+		{StartTime: start, SessionId: "s1", TrainingRunId: "run-2", Kind: storage, Amount: 5, PricedAmount: 5, CostUsd: "0.5"},
+		{StartTime: start, SessionId: "s1", TrainingRunId: "run-1", Kind: storage, Amount: 2, PricedAmount: 2, CostUsd: "0.2"},
+		{StartTime: start, SessionId: "s1", Kind: storage, Amount: 1, PricedAmount: 1, CostUsd: "0.1"},
+		{StartTime: start, SessionId: "s2", TrainingRunId: "run-1", Kind: storage, Amount: 3, PricedAmount: 3, CostUsd: "0.3"},
+	}, usageView{cost: true, byRun: true}))
+	require.Equal(t, strings.Join([]string{
+		"BUCKET (UTC)      MODEL  RUN    KIND                     AMOUNT  COST (USD)",
+		"2025-03-01 12:00         -      checkpoint_byte_seconds  1       0.1",
+		"2025-03-01 12:00         run-1  checkpoint_byte_seconds  5       0.5",
+		"2025-03-01 12:00         run-2  checkpoint_byte_seconds  5       0.5",
+		"TOTAL                           checkpoint_byte_seconds  11      1.1",
+		"TOTAL COST                                                       1.1",
+		"",
+	}, "\n"), out.String())
+}

@@ -22,6 +22,7 @@ import (
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
 	"github.com/loops-dev/loops/internal/money"
+	"github.com/loops-dev/loops/internal/runcost"
 	"github.com/loops-dev/loops/internal/runhealth"
 )
 
@@ -255,7 +256,13 @@ type runView struct {
 	// Deleted names the checkpoint just deleted (after the confirmation's redirect).
 	Deleted string
 	Now     time.Time
+	// Costs are the run's storage and pool costs in the last 30 days, beside its training
+	// cost (the cost chart); unpriced ones show nothing.
+	Costs []runCost
 }
+
+// runCost is one line of a run's costs: what, and its cost in USD ("?" when it did not sum).
+type runCost struct{ What, USD string }
 
 // liveView fills what the live fragment shows: the run, its alerts and its charts.
 func (c *Console) liveView(r *http.Request) (*runView, error) {
@@ -318,6 +325,23 @@ func (c *Console) runPage(w http.ResponseWriter, r *http.Request, s *session) er
 	v.Checkpoints, v.CkTotal, v.CkNext, v.CkPage = cks.GetCheckpoints(), cks.GetTotalCount(), cks.GetNextPageToken(), tok
 	if d := r.URL.Query().Get("deleted"); len(d) <= 200 {
 		v.Deleted = d
+	}
+	usage, err := c.svc.Usage.GetUsage(r.Context(), &loopsv1.GetUsageRequest{}) // the last 30 days
+	if err != nil {
+		return err
+	}
+	rc := runcost.Of(usage.GetBuckets(), v.Run.GetId(), v.Run.GetSessionId())
+	for _, l := range []struct {
+		what string
+		t    *money.Tally
+	}{
+		{"Checkpoint storage, last 30 days", &rc.Storage},
+		{"Session checkpoint storage metered before runs were metered apart", &rc.SessionStorage},
+		{"Dedicated pool time, last 30 days", &rc.Pool},
+	} {
+		if l.t.Priced > 0 {
+			v.Costs = append(v.Costs, runCost{l.what, costText(l.t)})
+		}
 	}
 	c.render(w, http.StatusOK, "run", "Run "+v.Run.GetId(), "runs", s, v)
 	return nil

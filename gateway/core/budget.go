@@ -23,8 +23,8 @@ import (
 // operation's exact cost is added to spent as it is metered (recordOpUsage) and its
 // reservation released when it finishes. Estimates are upper bounds (a forward_backward's
 // tokens are known; a sample's generated tokens are at most num_samples × max_tokens), so
-// a workspace never spends past its budget by more than the usage no operation admits
-// (dedicated pool time).
+// operations never take a workspace past its budget. Dedicated pool time, which no
+// operation's estimate covers, is reserved by its pool's lease (poollease.go).
 //
 // An API key's budgets (its record's budget_usd_month and budget_usd_total, set by
 // KeyService) are checked the same way against the key's own usage: the book keeps a
@@ -37,6 +37,9 @@ type budgetBook struct {
 	mu sync.Mutex
 	// ws is the spend of each budgeted workspace (key "") and of each budgeted API key.
 	ws map[spendID]*wsSpend
+	// leases are the dedicated pools' leases (poollease.go), by run: one per live run
+	// holding a pool of a budgeted workspace.
+	leases map[string]*poolLease
 	// alerts wait for writeAlerts (budgetalert.go), which kick wakes; dropped counts those
 	// dropped past maxPendingAlerts.
 	alerts  []budgetAlert
@@ -62,7 +65,7 @@ type wsSpend struct {
 }
 
 func newBudgetBook() *budgetBook {
-	return &budgetBook{ws: map[spendID]*wsSpend{}, kick: make(chan struct{}, 1)}
+	return &budgetBook{ws: map[spendID]*wsSpend{}, leases: map[string]*poolLease{}, kick: make(chan struct{}, 1)}
 }
 
 func monthOf(t time.Time) time.Time {
@@ -275,9 +278,7 @@ func (c *Core) reserveBudget(ctx context.Context, ws string, estimate money.USD)
 		we.rollLocked(now)
 		if name, bud, ok := we.passes(l.BudgetMonth, l.BudgetTotal, estimate); !ok {
 			b.alertLocked(spendID{ws: ws}, we, l.BudgetMonth, l.BudgetTotal, name, now) // the cap is reached
-			return "", errs.Final(errs.New(connect.CodeResourceExhausted, errs.ReasonBudgetExceeded, fmt.Errorf(
-				"workspace %q has spent %s USD %s (and has %s USD of work running) of its budget of %s USD (%s in its policy); this work's estimated cost, %s USD, would pass it: ask an operator to raise %s in the workspace policy (loops serve --workspace-policy)",
-				ws, bud.spent, bud.when, we.reserved, bud.limit, name, estimate, name)))
+			return "", wsBudgetError(ws, we, name, bud, fmt.Sprintf("this work's estimated cost, %s USD,", estimate), "")
 		}
 	}
 	if keyOK {
@@ -301,6 +302,15 @@ func (c *Core) reserveBudget(ctx context.Context, ws string, estimate money.USD)
 	}
 	ke.reserved += estimate
 	return kb.id, nil
+}
+
+// wsBudgetError is the error that refuses work of ws whose cost (what, "… X USD,") would
+// pass its budget name: ResourceExhausted, marked final (the SDK does not retry it), naming
+// the budget, what was spent and how to raise it; then says what else happens.
+func wsBudgetError(ws string, e *wsSpend, name string, bud spentOf, what, then string) error {
+	return errs.Final(errs.New(connect.CodeResourceExhausted, errs.ReasonBudgetExceeded, fmt.Errorf(
+		"workspace %q has spent %s USD %s (and has %s USD of work running) of its budget of %s USD (%s in its policy); %s would pass it%s: ask an operator to raise %s in the workspace policy (loops serve --workspace-policy)",
+		ws, bud.spent, bud.when, e.reserved, bud.limit, name, what, then, name)))
 }
 
 // spentOf is one budget of a spend: its limit, what was spent and when.

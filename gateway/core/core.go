@@ -464,6 +464,7 @@ func (c *Core) sweep(ctx context.Context) {
 	c.archives.sweep(now)
 	c.traceLinks.sweep(now)
 	c.meterPools()
+	c.renewLeases(ctx)
 	c.zeroPoolsAtCap(ctx)
 	c.meterStorage(ctx, false)
 	c.flushUsage(ctx)

@@ -101,8 +101,12 @@ func (c *Core) acquirePool(ctx context.Context, r *run, shape dedicatedShape) er
 	if err != nil {
 		return err
 	}
-	r.SetPool(g.Pool, g.GPUsPerReplica, g.GPUKind)
+	r.SetPool(g.Pool, shape.replicas+shape.samplers, g.GPUsPerReplica, g.GPUKind)
 	c.updateRun(r, func(i *loopsv1.TrainingRun) { i.DedicatedPool = g.Pool })
+	if err := c.holdPool(ctx, r, ", so the pool is released and the run is not created"); err != nil {
+		c.releasePool(ctx, r) // its time so far (under a second) is metered
+		return err
+	}
 	kind := "cold"
 	if g.Warm {
 		kind = "warm"
@@ -119,6 +123,7 @@ func (c *Core) releasePool(ctx context.Context, r *run) {
 		return
 	}
 	c.meterPool(r, true)
+	c.releaseLease(r.ID())
 	c.dedicatedPools.ReleasePool(ctx, pool)
 	r.ClearPool()
 	c.updateRun(r, func(i *loopsv1.TrainingRun) { i.DedicatedPool = "" })
@@ -141,27 +146,29 @@ func (c *Core) meterPool(r *run, final bool) {
 		return
 	}
 	info := r.Record()
-	c.recordUsage(r.Workspace(), info.GetBaseModel(), info.GetSessionId(), store.UsageDedicatedReplicaSeconds, delta)
+	rd := reading{bucket: c.now().UTC().Truncate(usageBucket), ws: r.Workspace(), model: info.GetBaseModel(), session: info.GetSessionId(),
+		run: r.ID(), kind: store.UsageDedicatedReplicaSeconds, amount: delta}
+	c.recordUsageIn(nil, rd)
 	if gpus > 0 { // priced by the pool's GPU kind
-		c.recordUsageIn(nil, c.now().UTC().Truncate(usageBucket), r.Workspace(), info.GetBaseModel(), info.GetSessionId(), "",
-			store.UsageDedicatedGPUSeconds, delta*int64(gpus), r.PoolGPUKind())
+		rd.kind, rd.amount, rd.gpuKind = store.UsageDedicatedGPUSeconds, delta*int64(gpus), r.PoolGPUKind()
+		c.recordUsageIn(nil, rd)
 	}
 }
 
-// samplerPool is the dedicated pool that samples a checkpoint (tinker path): that of the
-// run that saved it while the run holds one, else "" (the shared pools).
-func (c *Core) samplerPool(path string) string {
+// poolRunOf is the run whose dedicated pool samples a checkpoint (tinker path): the run that
+// saved it while the run holds a pool; nil for the shared pools.
+func (c *Core) poolRunOf(path string) *run {
 	if c.dedicatedPools == nil || path == "" {
-		return ""
+		return nil
 	}
 	runID, _, _, err := ParsePath(path)
 	if err != nil {
-		return ""
+		return nil
 	}
-	if r := c.runs.peek(runID); r != nil {
-		return r.Pool()
+	if r := c.runs.peek(runID); r != nil && r.Pool() != "" {
+		return r
 	}
-	return ""
+	return nil
 }
 
 // capIdle is how long a dedicated pool of a workspace at a budget's cap must have had no call

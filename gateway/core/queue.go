@@ -105,7 +105,12 @@ func (c *Core) submit(ctx context.Context, r *run, seq int64, kind loopsv1.Opera
 			return nil, connect.NewError(connect.CodeCanceled, ctx.Err())
 		}
 	}
-	t, err := prepare(adm.Seq)
+	// A run on a dedicated pool holds the pool's time ahead against its budgets (poollease.go).
+	err := c.holdPool(ctx, r, "")
+	var t *task
+	if err == nil {
+		t, err = prepare(adm.Seq)
+	}
 	if err != nil {
 		r.Abandon(adm.Seq, kind, clientError(err) || seq == 0)
 		return nil, err
@@ -181,8 +186,12 @@ func (c *Core) taskDone(r *run) {
 // finishes their operations.
 type coreRunner struct{ c *Core }
 
-// Prepare marks t's operation running and recreates a lost adapter.
+// Prepare refuses t when its run's dedicated pool was stopped at a budget, marks its
+// operation running and recreates a lost adapter.
 func (cr coreRunner) Prepare(ctx context.Context, r *run, t *task) error {
+	if err := cr.c.poolRefusal(r.ID()); err != nil {
+		return err // its dedicated pool was stopped at a budget (poollease.go)
+	}
 	cr.c.ops.setRunning(t.Op)
 	return cr.c.ensureAdapter(ctx, r, t)
 }

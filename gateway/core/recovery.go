@@ -238,6 +238,11 @@ func transientLoss(err error) bool {
 // to Options.RecoveryTimeout. On failure the run falls back to a corrupted run (see
 // ensureAdapter) and the error fails the task that was to run again.
 func (c *Core) rebuild(ctx context.Context, r *run) error {
+	if err := c.poolRefusal(r.ID()); err != nil {
+		// Its dedicated pool was stopped at a budget (poollease.go): the run stays lost, and
+		// is rebuilt, scaling the pool up, once its work is admitted again.
+		return err
+	}
 	waitSnapshot(ctx, r)
 	start := time.Now()
 	deadline := start.Add(c.opts.RecoveryTimeout)

@@ -79,6 +79,8 @@ type sampleJob struct {
 	modelPath string
 	// queued is when it was submitted (for the time to first token).
 	queued time.Time
+	// poolRun is the run whose dedicated pool samples it (req.Pool), "" for the shared pools.
+	poolRun string
 }
 
 // sampleCost is a sampling request's size in tokens, its weight in the round robin.

@@ -537,6 +537,13 @@ func (s SamplingService) sample(ctx context.Context, req *loopsv1.SampleRequest,
 			store.UsageSamplingSample:  int64(max(req.GetNumSamples(), 1)) * int64(params.GetMaxTokens()),
 		}))
 	}
+	if r := c.poolRunOf(st.info.GetModelPath()); r != nil {
+		// Its run's dedicated pool samples it: the pool's time ahead is held against that
+		// run's workspace's budgets (poollease.go).
+		if err := c.holdPool(ctx, r, ""); err != nil {
+			return nil, err
+		}
+	}
 	if req.SeqId == nil || st.shared != "" { // a shared sampler has no client to de-duplicate for
 		return c.startSample(ctx, ws, st, req, params, sink)
 	}
@@ -593,19 +600,25 @@ func (c *Core) startSample(ctx context.Context, ws string, st *samplerState, req
 		c.samplers.queue.unreserve(ws)
 		return nil, err
 	}
+	poolRun := c.poolRunOf(st.info.GetModelPath())
 	breq := &backendv1.SampleRequest{
 		BaseModel: st.info.GetBaseModel(), AdapterDir: adapterDir, AdapterFiles: adapterFiles, Prompt: req.GetPrompt(),
 		NumSamples: max(req.GetNumSamples(), 1), Params: params,
 		PromptLogprobs: req.GetPromptLogprobs(), TopkPromptLogprobs: req.GetTopkPromptLogprobs(),
 		TargetPromptTokens: req.GetTargetPromptTokens(), PromptAltTokensK: req.GetPromptAltTokensK(),
-		Pool: c.samplerPool(st.info.GetModelPath()), Workspace: ws, Embed: req.GetEmbed(),
+		Workspace: ws, Embed: req.GetEmbed(),
 		PromptImages: req.GetPromptImages(),
+	}
+	job := &sampleJob{o: o, session: st.info.GetSessionId(), deployment: deploymentUsage(st.info.GetDeployment()), req: breq, sink: sink, adapter: adapter,
+		lastN: int(req.GetPromptLogprobsLastN()), modelPath: path, queued: c.now()}
+	if poolRun != nil {
+		breq.Pool, job.poolRun = poolRun.Pool(), poolRun.ID()
 	}
 	if breq.Embed { // an embedding samples nothing
 		breq.Params, breq.NumSamples = nil, 0
 	}
-	if !c.samplers.queue.push(&sampleJob{o: o, session: st.info.GetSessionId(), deployment: deploymentUsage(st.info.GetDeployment()), req: breq, cost: sampleCost(breq), sink: sink, adapter: adapter,
-		lastN: int(req.GetPromptLogprobsLastN()), modelPath: path, queued: c.now()}) {
+	job.cost = sampleCost(breq)
+	if !c.samplers.queue.push(job) {
 		adapter.Release()
 		c.ops.finish(o, nil, errShuttingDown()) // a shutdown began meanwhile
 	}
@@ -616,6 +629,10 @@ func (c *Core) startSample(ctx context.Context, ws string, st *samplerState, req
 func (c *Core) runSample(j *sampleJob) {
 	defer j.adapter.Release()
 	o, session, req := j.o, j.session, j.req
+	if err := c.poolRefusal(j.poolRun); err != nil {
+		c.ops.finish(o, nil, err) // the dedicated pool that samples it was stopped at a budget
+		return
+	}
 	// One of the workspace's sampling slots: the queue starts no more of a workspace's
 	// samples than its sampling_concurrency, so this never waits; it keeps the count.
 	defer c.policy.AcquireSample(c.ctx, o.workspace)()

@@ -11,19 +11,19 @@ import (
 )
 
 // Checkpoint storage metering (docs/operations.md, "Prices"): every janitor sweep samples
-// the bytes of each session's checkpoints (store.CheckpointBytes, one aggregate query) and
+// the bytes of each run's checkpoints (store.CheckpointBytes, one aggregate query) and
 // integrates what was held since the previous sample into byte-seconds; each hour's
 // integral is metered once, when the hour ends (and the current hour's part when the core
-// closes), as usage of kind checkpoint_byte_seconds of the session, priced at the sheet's
+// closes), as usage of kind checkpoint_byte_seconds of the run and its session, priced at the sheet's
 // storage_gb_month. A gateway that crashes loses at most the current hour's integral: it
 // bills less, never more. Bytes count from the sample after a save and stop at the sample
 // after a delete, so each change is off by at most one sweep (15 s by default).
 
-// maxStorageRows bounds one sample: the sessions with checkpoints metered per sweep.
+// maxStorageRows bounds one sample: the runs with checkpoints metered per sweep.
 const maxStorageRows = 100_000
 
-// storageKey is whose checkpoints: a workspace's session's.
-type storageKey struct{ ws, session string }
+// storageKey is whose checkpoints: a workspace's run's, of its session.
+type storageKey struct{ ws, session, run string }
 
 // storageMeter integrates checkpoint bytes held over time.
 type storageMeter struct {
@@ -36,7 +36,7 @@ type storageMeter struct {
 	acc  map[storageKey]int64
 }
 
-// storageRecord is one session's byte-seconds in the hour bucket that starts at bucket.
+// storageRecord is one run's byte-seconds in the hour bucket that starts at bucket.
 type storageRecord struct {
 	key         storageKey
 	bucket      time.Time
@@ -122,7 +122,8 @@ func addSat(a, b int64) int64 {
 // now. A failed sample keeps the last one.
 func (c *Core) meterStorage(ctx context.Context, final bool) {
 	for _, r := range c.storage.advance(c.now(), final) {
-		c.recordUsageIn(nil, r.bucket, r.key.ws, "", r.key.session, "", store.UsageCheckpointByteSeconds, r.byteSeconds, "")
+		c.recordUsageIn(nil, reading{bucket: r.bucket, ws: r.key.ws, session: r.key.session, run: r.key.run,
+			kind: store.UsageCheckpointByteSeconds, amount: r.byteSeconds})
 	}
 	if final {
 		return
@@ -133,11 +134,11 @@ func (c *Core) meterStorage(ctx context.Context, final bool) {
 		return
 	}
 	if len(rows) == maxStorageRows {
-		c.log.Warn("sampling checkpoint storage: more sessions hold checkpoints than one sample meters; the rest are not metered", slog.Int("max", maxStorageRows))
+		c.log.Warn("sampling checkpoint storage: more runs hold checkpoints than one sample meters; the rest are not metered", slog.Int("max", maxStorageRows))
 	}
 	held := make(map[storageKey]int64, len(rows))
 	for _, r := range rows {
-		held[storageKey{r.Workspace, r.SessionID}] = r.Bytes
+		held[storageKey{r.Workspace, r.SessionID, r.RunID}] = r.Bytes
 	}
 	c.storage.set(held)
 }

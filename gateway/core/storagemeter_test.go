@@ -87,14 +87,75 @@ func TestCheckpointStorageMetered(t *testing.T) {
 	}, got)
 }
 
+// TestCheckpointStoragePerRun: two runs of one session hold checkpoints of different sizes,
+// and each run's storage is metered and priced on its own (storage_gb_month 0.031: a
+// GB-month is 1e9 bytes × 730 h = 2.628e15 byte-seconds), checked by hand:
+//
+//	run-1  2e9 B from 10:00:00 to 11:00:00:              7.2e12 B·s → 0.031 × 7.2e12 / 2.628e15 = 84931506.85 p$
+//	run-2  5e8 B to 10:30:00, then 1.5e9 B to 11:00:00: 9e11 + 2.7e12 = 3.6e12 B·s → 42465753.42 p$
+//
+// The usage API groups them by run (training_run_id), and the two add up to the session's.
+func TestCheckpointStoragePerRun(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "prices.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("storage_gb_month: \"0.031\"\n"), 0o600))
+	sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	var (
+		mu  sync.Mutex
+		now = time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
+	)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	set := func(t time.Time) { mu.Lock(); now = t; mu.Unlock() }
+	h := newHarness(t, t.TempDir(), Options{Prices: sheet, Now: clock, SweepInterval: time.Hour})
+	st := h.core.store
+	hold := func(run string, bytes int64) {
+		require.NoError(t, st.PutTrainingRun(h.ctx, "ws-a", &loopsv1.TrainingRun{Id: run, SessionId: "sess-1", BaseModel: "fake/model",
+			CreateTime: timestamppb.New(clock())}))
+		require.NoError(t, st.PutCheckpoint(h.ctx, "ws-a", &loopsv1.Checkpoint{Id: "c", TrainingRunId: run, SizeBytes: bytes,
+			Kind: loopsv1.CheckpointKind_CHECKPOINT_KIND_TRAINING, TinkerPath: "tinker://" + run + "/weights/c", CreateTime: timestamppb.New(clock())}))
+	}
+	hold("run-1", 2e9)
+	hold("run-2", 5e8)
+	h.core.meterStorage(h.ctx, false) // 10:00:00
+	set(time.Date(2026, 12, 6, 10, 30, 0, 0, time.UTC))
+	h.core.meterStorage(h.ctx, false)
+	hold("run-2", 1.5e9) // its checkpoint overwritten, larger, after the 10:30 sample
+	h.core.meterStorage(h.ctx, false)
+	set(time.Date(2026, 12, 6, 11, 0, 0, 0, time.UTC))
+	h.core.meterStorage(h.ctx, false) // the 10:00 hour ends: metered
+
+	res, err := h.svc.Usage.GetUsage(h.ctx, &loopsv1.GetUsageRequest{})
+	require.NoError(t, err)
+	type row struct {
+		hour, session, run string
+		amount             int64
+		cost               string
+	}
+	var got []row
+	var sum money.USD
+	for _, b := range res.GetBuckets() {
+		if b.GetKind() == loopsv1.UsageKind_USAGE_KIND_CHECKPOINT_BYTE_SECONDS {
+			got = append(got, row{b.GetStartTime().AsTime().Format("15:04"), b.GetSessionId(), b.GetTrainingRunId(), b.GetAmount(), b.GetCostUsd()})
+			c, err := money.ParseUSD(b.GetCostUsd(), money.Digits)
+			require.NoError(t, err)
+			sum += c
+		}
+	}
+	require.Equal(t, []row{
+		{"10:00", "sess-1", "run-1", 7_200_000_000_000, "0.000084931507"},
+		{"10:00", "sess-1", "run-2", 3_600_000_000_000, "0.000042465753"},
+	}, got)
+	require.Equal(t, "0.00012739726", sum.String(), "the session's: both runs'")
+}
+
 // TestStorageMeterSaturates: an integral past int64 stays at the maximum, never wraps.
 func TestStorageMeterSaturates(t *testing.T) {
 	m := newStorageMeter()
 	t0 := time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
 	require.Empty(t, m.advance(t0, false))
-	m.set(map[storageKey]int64{{"ws", "s"}: 1 << 62})
+	m.set(map[storageKey]int64{{"ws", "s", "r"}: 1 << 62})
 	out := m.advance(t0.Add(time.Hour), false)
-	require.Equal(t, []storageRecord{{key: storageKey{"ws", "s"}, bucket: t0, byteSeconds: 1<<63 - 1}}, out)
+	require.Equal(t, []storageRecord{{key: storageKey{"ws", "s", "r"}, bucket: t0, byteSeconds: 1<<63 - 1}}, out)
 	require.Empty(t, m.advance(t0.Add(time.Hour), true), "nothing held for no time")
 }
 
@@ -110,9 +171,8 @@ func (f fakePools) ReplicaSeconds(pool string) float64  { return f.seconds[pool]
 // TestDedicatedGPUTimePricedByKind: a dedicated pool's GPU-seconds are priced by the pool's
 // GPU kind. Two runs hold pools of 2 GPUs a replica for 1800 replica-seconds (3600
 // GPU-seconds = 1 GPU-hour each): the H100 pool at gpu_hour H100 3 → 3 USD, the A10 pool
-// (not listed) at "*" 2.50 → 2.5 USD. Both are of one session and model, so they share a
-// usage row: 7200 GPU-seconds for 5.5 USD (all at "*" would be 5, all at H100 6);
-// replica-seconds have no price.
+// (not listed) at "*" 2.50 → 2.5 USD. Pool time is metered per run, so each run has its
+// rows (of one session and model); replica-seconds have no price.
 func TestDedicatedGPUTimePricedByKind(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "prices.yaml")
 	require.NoError(t, os.WriteFile(file, []byte("gpu_hour: {\"*\": \"2.50\", H100: 3}\n"), 0o600))
@@ -120,28 +180,32 @@ func TestDedicatedGPUTimePricedByKind(t *testing.T) {
 	require.NoError(t, err)
 	h := newHarness(t, t.TempDir(), Options{Prices: sheet, SweepInterval: time.Hour})
 	h.core.dedicatedPools = fakePools{seconds: map[string]float64{"p-h100": 1800, "p-a10": 1800}}
+	want := map[string]string{}
 	for pool, kind := range map[string]string{"p-h100": "H100", "p-a10": "A10"} {
-		r := h.core.runs.peek(h.newRun())
+		run := h.newRun()
+		r := h.core.runs.peek(run)
 		require.NotNil(t, r)
-		r.SetPool(pool, 2, kind)
+		r.SetPool(pool, 1, 2, kind)
 		h.core.meterPool(r, false)
+		want[run] = map[string]string{"H100": "3", "A10": "2.5"}[kind]
 	}
 	res, err := h.svc.Usage.GetUsage(h.ctx, &loopsv1.GetUsageRequest{})
 	require.NoError(t, err)
-	var gpu, replica int
+	got := map[string]string{}
+	var replica int
 	for _, b := range res.GetBuckets() {
 		switch b.GetKind() {
 		case loopsv1.UsageKind_USAGE_KIND_DEDICATED_GPU_SECONDS:
-			gpu++
-			require.Equal(t, int64(7200), b.GetAmount())
-			require.Equal(t, "5.5", b.GetCostUsd())
+			require.Equal(t, int64(3600), b.GetAmount())
+			got[b.GetTrainingRunId()] = b.GetCostUsd()
 		case loopsv1.UsageKind_USAGE_KIND_DEDICATED_REPLICA_SECONDS:
 			replica++
-			require.Equal(t, int64(3600), b.GetAmount())
+			require.Equal(t, int64(1800), b.GetAmount())
 			require.Empty(t, b.GetCostUsd())
 		}
 	}
-	require.Equal(t, [2]int{1, 1}, [2]int{gpu, replica})
+	require.Equal(t, want, got)
+	require.Equal(t, 2, replica)
 }
 
 // zeroingPools is fakePools that can scale a pool to zero: it records each call, and scales
@@ -179,7 +243,7 @@ func TestPoolsScaledToZeroAtTheCap(t *testing.T) {
 	z := &zeroingPools{zero: map[string]bool{}}
 	h.core.dedicatedPools = z
 	r := h.core.runs.peek(h.newRun())
-	r.SetPool("p-1", 1, "H100")
+	r.SetPool("p-1", 1, 1, "H100")
 	require.NoError(t, h.core.budgetReady(h.ctx, "ws-a"))
 	spend := func(usd string) {
 		v, err := money.ParseUSD(usd, money.Digits)

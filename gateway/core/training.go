@@ -18,6 +18,7 @@ import (
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/errs"
 	"github.com/loops-dev/loops/internal/semantics"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -228,7 +229,7 @@ func (c *Core) createAdapter(ctx context.Context, r *run, from *checkpointOf, wi
 	if err == nil {
 		err = create()
 	}
-	if err != nil && (c.recoversSteps(info.GetBaseModel()) || r.Pool() != "") {
+	if err != nil && errs.Reason(err) != errs.ReasonBudgetExceeded && (c.recoversSteps(info.GetBaseModel()) || r.Pool() != "") {
 		err = c.retryCreate(ctx, r, create, err)
 	}
 	if err != nil {

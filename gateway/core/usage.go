@@ -22,10 +22,11 @@ const (
 )
 
 // usageKey is one usage counter: a workspace's amount of one kind for a base model,
-// session, deployment and API key in one hour bucket.
+// session, training run (the kinds metered per run: checkpoint storage, dedicated pool
+// time; "" for the others), deployment and API key in one hour bucket.
 type usageKey struct {
-	ws, model, session, deployment, key, kind string
-	bucket                                    time.Time
+	ws, model, session, run, deployment, key, kind string
+	bucket                                         time.Time
 }
 
 // usageMeter accumulates usage in memory; flush adds it to the store. Work that succeeds
@@ -68,18 +69,35 @@ func (c *Core) recordUsage(ws, model, session, kind string, amount int64) {
 // key that created o and added to o's cost, done through a deployment ("<owner>:<name>", "" for none), which the counter is kept
 // under.
 func (c *Core) recordOpUsage(o *operation, ws, model, session, deployment, kind string, amount int64) {
-	c.recordUsageIn(o, c.now().UTC().Truncate(usageBucket), ws, model, session, deployment, kind, amount, "")
+	c.recordUsageIn(o, reading{bucket: c.now().UTC().Truncate(usageBucket), ws: ws, model: model, session: session,
+		deployment: deployment, kind: kind, amount: amount})
 }
 
-// recordUsageIn is recordOpUsage into the hour bucket that starts at bucket, priced for
-// gpuKind (dedicated GPU-seconds: the pool's GPU kind, "" unnamed).
-func (c *Core) recordUsageIn(o *operation, bucket time.Time, ws, model, session, deployment, kind string, amount int64, gpuKind string) {
-	if amount <= 0 {
+// reading is one meter reading: amount of kind, for whom, in the hour bucket that starts at
+// bucket. run is the training run of the kinds metered per run; gpuKind prices dedicated
+// GPU-seconds (the pool's GPU kind, "" unnamed).
+type reading struct {
+	bucket                                             time.Time
+	ws, model, session, run, deployment, kind, gpuKind string
+	amount                                             int64
+}
+
+// poolKind reports whether kind meters a dedicated pool's time, which its run's pool lease
+// pays for (poollease.go).
+func poolKind(kind string) bool {
+	return kind == store.UsageDedicatedReplicaSeconds || kind == store.UsageDedicatedGPUSeconds
+}
+
+// recordUsageIn records a meter reading for the work of operation o (nil: none): priced
+// with the sheet in force now, added to o's cost and taken off its reservation (budget.go),
+// or, for a run's dedicated pool time, taken off the run's pool lease (poollease.go).
+func (c *Core) recordUsageIn(o *operation, rd reading) {
+	if rd.amount <= 0 {
 		return
 	}
-	u := usageAmount{amount: amount}
-	if cost, ok, version := c.priceUsage(ws, model, kind, gpuKind, amount); ok {
-		u.priced, u.cost = amount, cost
+	u := usageAmount{amount: rd.amount}
+	if cost, ok, version := c.priceUsage(rd.ws, rd.model, rd.kind, rd.gpuKind, rd.amount); ok {
+		u.priced, u.cost = rd.amount, cost
 		if o != nil {
 			c.ops.addCost(o, cost, version)
 		}
@@ -94,12 +112,16 @@ func (c *Core) recordUsageIn(o *operation, bucket time.Time, ws, model, session,
 			settled = o.settle(u.cost) // its reservation becomes spend (budget.go)
 		}
 	}
-	k := usageKey{ws: ws, model: model, session: session, deployment: deployment, key: key, kind: kind, bucket: bucket}
-	lim := c.policy.Limits(ws)
+	k := usageKey{ws: rd.ws, model: rd.model, session: rd.session, run: rd.run, deployment: rd.deployment, key: key, kind: rd.kind, bucket: rd.bucket}
+	lim := c.policy.Limits(rd.ws)
 	c.usage.mu.Lock()
 	c.usage.pending[k] = c.usage.pending[k].add(u)
-	if u.priced > 0 {
-		c.budgets.spend(ws, key, o != nil && o.budgetKey != "", lim, u.cost, settled, c.now()) // under mu: see budgetReady
+	switch {
+	case u.priced == 0:
+	case o == nil && rd.run != "" && poolKind(rd.kind):
+		c.budgets.spendPool(rd.ws, rd.run, lim, u.cost, c.now()) // under mu: see budgetReady
+	default:
+		c.budgets.spend(rd.ws, key, o != nil && o.budgetKey != "", lim, u.cost, settled, c.now()) // under mu: see budgetReady
 	}
 	c.usage.mu.Unlock()
 }
@@ -122,7 +144,7 @@ func (c *Core) flushUsage(ctx context.Context) {
 	var failed int
 	for k, a := range batch {
 		err := c.store.AddUsage(ctx, k.ws, store.UsageRecord{
-			BucketStart: k.bucket, BaseModel: k.model, SessionID: k.session, Deployment: k.deployment, KeyID: k.key, Kind: k.kind, Amount: a.amount,
+			BucketStart: k.bucket, BaseModel: k.model, SessionID: k.session, RunID: k.run, Deployment: k.deployment, KeyID: k.key, Kind: k.kind, Amount: a.amount,
 			PricedAmount: a.priced, Cost: int64(a.cost),
 		})
 		if err != nil {
@@ -190,14 +212,15 @@ func (s UsageService) GetUsage(ctx context.Context, req *loopsv1.GetUsageRequest
 	out := &loopsv1.GetUsageResponse{Buckets: make([]*loopsv1.UsageBucket, 0, len(recs))}
 	for _, r := range recs {
 		out.Buckets = append(out.Buckets, &loopsv1.UsageBucket{
-			StartTime:  timestamppb.New(r.BucketStart),
-			EndTime:    timestamppb.New(r.BucketStart.Add(usageBucket)),
-			BaseModel:  r.BaseModel,
-			SessionId:  r.SessionID,
-			Kind:       usageKinds[r.Kind],
-			Amount:     r.Amount,
-			Deployment: r.Deployment,
-			KeyId:      r.KeyID,
+			StartTime:     timestamppb.New(r.BucketStart),
+			EndTime:       timestamppb.New(r.BucketStart.Add(usageBucket)),
+			BaseModel:     r.BaseModel,
+			SessionId:     r.SessionID,
+			TrainingRunId: r.RunID,
+			Kind:          usageKinds[r.Kind],
+			Amount:        r.Amount,
+			Deployment:    r.Deployment,
+			KeyId:         r.KeyID,
 		})
 		if r.PricedAmount > 0 {
 			b := out.Buckets[len(out.Buckets)-1]

@@ -100,15 +100,15 @@ type CheckpointStorageReader interface {
 	// CheckpointStorage returns the count and total size of the workspace's checkpoints
 	// (one aggregate query over the checkpoints' size column).
 	CheckpointStorage(ctx context.Context, workspace string) (CheckpointStorage, error)
-	// CheckpointBytes sums the sizes of every workspace's checkpoints by the session of
-	// their training run (SessionID "" for a run not found), at most limit rows, ordered by
-	// workspace and session: what checkpoint storage metering samples. Checkpoints written
-	// before migration 0007 (no size column) are left out.
+	// CheckpointBytes sums the sizes of every workspace's checkpoints by their training
+	// run, with the run's session (SessionID "" for a run not found), at most limit rows,
+	// ordered by workspace, session and run: what checkpoint storage metering samples.
+	// Checkpoints written before migration 0007 (no size column) are left out.
 	CheckpointBytes(ctx context.Context, limit int) ([]SessionCheckpointBytes, error)
 }
 
-// SessionCheckpointBytes is the size of a session's checkpoints.
+// SessionCheckpointBytes is the size of a run's checkpoints, with the run's session.
 type SessionCheckpointBytes struct {
-	Workspace, SessionID string
-	Bytes                int64
+	Workspace, SessionID, RunID string
+	Bytes                       int64
 }

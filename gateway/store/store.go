@@ -214,11 +214,13 @@ type ReceiptReader interface {
 // UsageStore keeps the hourly usage counters.
 type UsageStore interface {
 	// AddUsage adds u.Amount to the workspace's usage row keyed by (u.BucketStart,
-	// u.BaseModel, u.SessionID, u.Deployment, u.Kind), creating the row when there is none. BucketStart is
+	// u.BaseModel, u.SessionID, u.RunID, u.Deployment, u.KeyID, u.Kind), creating the row
+	// when there is none. BucketStart is
 	// stored as given (callers truncate it to the hour, in UTC).
 	AddUsage(ctx context.Context, workspace string, u UsageRecord) error
 	// ListUsage lists the workspace's usage rows with from <= BucketStart < to, ordered by
-	// BucketStart, then Kind, then BaseModel, then SessionID, then Deployment. Times come back in UTC.
+	// BucketStart, then Kind, then BaseModel, then SessionID, then RunID, then Deployment,
+	// then KeyID. Times come back in UTC.
 	ListUsage(ctx context.Context, workspace string, from, to time.Time) ([]UsageRecord, error)
 	// UsageCost sums the Cost of the workspace's usage rows with from <= BucketStart < to,
 	// in pico-dollars (an error when the sum overflows an int64).
@@ -259,11 +261,15 @@ const (
 )
 
 // UsageRecord is one usage counter: Amount of Kind (one of the Usage* constants) for a base
-// model, session and deployment in the hour bucket starting at BucketStart (UTC).
+// model, session, run and deployment in the hour bucket starting at BucketStart (UTC).
 type UsageRecord struct {
 	BucketStart time.Time
 	BaseModel   string
 	SessionID   string
+	// RunID is the training run whose usage it is, for the kinds metered per run
+	// (checkpoint storage, dedicated pool time); empty for the others, and for rows metered
+	// before migration 0015, which count the whole session.
+	RunID string
 	// Deployment is the deployment sampled ("[<owner>:]<name>"), empty for other usage.
 	Deployment string
 	// KeyID is the API key whose request did the work (auth.KeyIDOf), empty for usage no

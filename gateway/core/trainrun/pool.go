@@ -1,18 +1,26 @@
 package trainrun
 
-// pool is a run's dedicated pool ("" for the shared pools), its GPUs per replica and their
-// kind, and the replica-seconds already metered.
+// pool is a run's dedicated pool ("" for the shared pools), its replicas (trainers and
+// samplers: the most it runs at once), its GPUs per replica and their kind, and the
+// replica-seconds already metered.
 type pool struct {
-	name, gpuKind string
-	gpus          int
-	metered       int64
+	name, gpuKind  string
+	replicas, gpus int
+	metered        int64
 }
 
-// SetPool binds a dedicated pool to the run.
-func (r *Run[O]) SetPool(name string, gpusPerReplica int, gpuKind string) {
+// SetPool binds a dedicated pool of replicas replicas to the run.
+func (r *Run[O]) SetPool(name string, replicas, gpusPerReplica int, gpuKind string) {
 	r.mu.Lock()
-	r.pool = pool{name: name, gpus: gpusPerReplica, gpuKind: gpuKind}
+	r.pool = pool{name: name, replicas: replicas, gpus: gpusPerReplica, gpuKind: gpuKind}
 	r.mu.Unlock()
+}
+
+// PoolShape is the run's dedicated pool's replicas, GPUs per replica and GPU kind.
+func (r *Run[O]) PoolShape() (replicas, gpusPerReplica int, gpuKind string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pool.replicas, r.pool.gpus, r.pool.gpuKind
 }
 
 // PoolGPUKind is the kind of GPU of the run's dedicated pool ("" unnamed or none).

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -100,4 +101,44 @@ func migrationCount(t *testing.T) int {
 	require.NoError(t, err)
 	require.NotEmpty(t, files)
 	return len(files)
+}
+
+// TestUsageRowsSurviveMigration15: usage rows written before migration 0015 (no run column)
+// keep their amounts, costs, session and key, with no run, and new rows of a run of the same
+// session, hour and kind are kept apart from them.
+func TestUsageRowsSurviveMigration15(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "loops.db")
+	db, err := sql.Open("sqlite", path)
+	require.NoError(t, err)
+	files, err := filepath.Glob(filepath.Join("migrations", "*.sql"))
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(files), 15)
+	_, err = db.Exec(`CREATE TABLE schema_version (version INTEGER NOT NULL) STRICT; INSERT INTO schema_version VALUES (14)`)
+	require.NoError(t, err)
+	for _, f := range files[:14] {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		_, err = db.Exec(string(b))
+		require.NoError(t, err, f)
+	}
+	hour := int64(1_800_000_000) * 1e9
+	_, err = db.Exec(`INSERT INTO usage (workspace, bucket_start, base_model, session_id, kind, amount, deployment, key_id, priced_amount, cost)
+		VALUES ('ws-a', ?, '', 'sess-1', 'checkpoint_byte_seconds', 7, '', '', 7, 70)`, hour)
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+
+	s, err := sqlite.Open(t.Context(), path)
+	require.NoError(t, err)
+	defer s.Close()
+	start := time.Unix(0, hour).UTC()
+	old := store.UsageRecord{BucketStart: start, SessionID: "sess-1", Kind: store.UsageCheckpointByteSeconds, Amount: 7, PricedAmount: 7, Cost: 70}
+	run := old
+	run.RunID, run.Amount, run.PricedAmount, run.Cost = "run-1", 3, 3, 30
+	require.NoError(t, s.AddUsage(t.Context(), "ws-a", run))
+	got, err := s.ListUsage(t.Context(), "ws-a", start, start.Add(time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, []store.UsageRecord{old, run}, got)
+	sum, err := s.UsageCost(t.Context(), "ws-a", start, start.Add(time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, int64(100), sum)
 }

@@ -157,14 +157,24 @@ func testCheckpointStorage(t *testing.T, open func(t *testing.T) store.Store) {
 	require.NoError(t, err)
 	require.Equal(t, store.CheckpointStorage{Checkpoints: 1, Bytes: 77}, cs)
 
-	// By session, every workspace: run-1 is sess-1's (its run record), run-b has none.
+	// By run with its session, every workspace: run-1 is sess-1's (its run record), run-b
+	// has none.
 	require.NoError(t, st.PutTrainingRun(ctx, wsA, trainingRun("run-1", 0)))
 	c4 := checkpoint("run-1", "c4", 2*time.Second)
 	c4.SizeBytes = 30
 	require.NoError(t, st.PutCheckpoint(ctx, wsA, c4))
+	// run-2 is of the same session: its checkpoints are summed apart, by run.
+	require.NoError(t, st.PutTrainingRun(ctx, wsA, trainingRun("run-2", 0)))
+	c5 := checkpoint("run-2", "c5", 3*time.Second)
+	c5.SizeBytes = 500
+	require.NoError(t, st.PutCheckpoint(ctx, wsA, c5))
 	byRun, err := st.CheckpointBytes(ctx, 100)
 	require.NoError(t, err)
-	require.Equal(t, []store.SessionCheckpointBytes{{Workspace: wsA, SessionID: "sess-1", Bytes: 2030}, {Workspace: wsB, Bytes: 77}}, byRun)
+	require.Equal(t, []store.SessionCheckpointBytes{
+		{Workspace: wsA, SessionID: "sess-1", RunID: "run-1", Bytes: 2030},
+		{Workspace: wsA, SessionID: "sess-1", RunID: "run-2", Bytes: 500},
+		{Workspace: wsB, RunID: "run-b", Bytes: 77},
+	}, byRun)
 	byRun, err = st.CheckpointBytes(ctx, 1)
 	require.NoError(t, err)
 	require.Len(t, byRun, 1, "at most limit rows")

@@ -1130,6 +1130,24 @@ func testUsage(t *testing.T, open func(t *testing.T) store.Store) {
 	sum, err = st.KeyUsageCost(ctx, wsA, "key-none", base, base.Add(9*time.Hour))
 	require.NoError(t, err)
 	require.Zero(t, sum)
+
+	// Each run of a session has its rows (checkpoint storage, pool time), beside the
+	// session's row of no run (usage metered before runs were recorded); all sum.
+	ofRun := func(run string, amount, cost int64) store.UsageRecord {
+		u := usage(10, "m", "s1", store.UsageCheckpointByteSeconds, amount)
+		u.RunID, u.PricedAmount, u.Cost = run, amount, cost
+		return u
+	}
+	require.NoError(t, st.AddUsage(ctx, wsA, ofRun("run-2", 5, 50)))
+	require.NoError(t, st.AddUsage(ctx, wsA, ofRun("run-1", 2, 20)))
+	require.NoError(t, st.AddUsage(ctx, wsA, ofRun("", 1, 10)))
+	require.NoError(t, st.AddUsage(ctx, wsA, ofRun("run-2", 3, 30)))
+	got, err = st.ListUsage(ctx, wsA, base.Add(10*time.Hour), base.Add(11*time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, []store.UsageRecord{ofRun("", 1, 10), ofRun("run-1", 2, 20), ofRun("run-2", 8, 80)}, got)
+	sum, err = st.UsageCost(ctx, wsA, base.Add(10*time.Hour), base.Add(11*time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, int64(110), sum)
 }
 
 func testUsageWorkspaces(t *testing.T, open func(t *testing.T) store.Store) {

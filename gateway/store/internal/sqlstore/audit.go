@@ -27,11 +27,11 @@ const (
 	// size column, and how many rows have none (written before migration 0007).
 	CheckpointStorage = `SELECT count(*), CAST(coalesce(sum(size_bytes), 0) AS BIGINT), count(*) - count(size_bytes)
 		FROM checkpoints WHERE workspace = $1`
-	// CheckpointBytes sums every workspace's checkpoint sizes by the session of their run,
-	// at most $1 rows.
-	CheckpointBytes = `SELECT c.workspace, coalesce(r.session_id, ''), CAST(sum(c.size_bytes) AS BIGINT)
+	// CheckpointBytes sums every workspace's checkpoint sizes by their run (with the run's
+	// session), at most $1 rows.
+	CheckpointBytes = `SELECT c.workspace, coalesce(r.session_id, ''), c.training_run_id, CAST(sum(c.size_bytes) AS BIGINT)
 		FROM checkpoints c LEFT JOIN training_runs r ON r.id = c.training_run_id AND r.workspace = c.workspace
-		WHERE c.size_bytes IS NOT NULL GROUP BY c.workspace, r.session_id ORDER BY 1, 2 LIMIT $1`
+		WHERE c.size_bytes IS NOT NULL GROUP BY c.workspace, r.session_id, c.training_run_id ORDER BY 1, 2, 3 LIMIT $1`
 	// UnsizedCheckpoints selects the data of a workspace's checkpoints without a size column.
 	UnsizedCheckpoints = `SELECT data FROM checkpoints WHERE workspace = $1 AND size_bytes IS NULL`
 )
@@ -125,7 +125,7 @@ func ScanCheckpointBytes(rows Rows) ([]store.SessionCheckpointBytes, error) {
 	var out []store.SessionCheckpointBytes
 	for rows.Next() {
 		var b store.SessionCheckpointBytes
-		if err := rows.Scan(&b.Workspace, &b.SessionID, &b.Bytes); err != nil {
+		if err := rows.Scan(&b.Workspace, &b.SessionID, &b.RunID, &b.Bytes); err != nil {
 			return nil, err
 		}
 		out = append(out, b)

@@ -134,9 +134,9 @@ const (
 	KeyUsageCost = `SELECT CAST(COALESCE(SUM(cost), 0) AS BIGINT) FROM usage
 		WHERE workspace = $1 AND key_id = $2 AND bucket_start >= $3 AND bucket_start < $4`
 	// ListUsage selects the usage rows of a workspace in a time range (ScanUsage).
-	ListUsage = `SELECT bucket_start, base_model, session_id, kind, amount, deployment, priced_amount, cost, key_id FROM usage
+	ListUsage = `SELECT bucket_start, base_model, session_id, kind, amount, deployment, priced_amount, cost, key_id, training_run_id FROM usage
 		WHERE workspace = $1 AND bucket_start >= $2 AND bucket_start < $3
-		ORDER BY bucket_start, kind, base_model, session_id, deployment, key_id`
+		ORDER BY bucket_start, kind, base_model, session_id, training_run_id, deployment, key_id`
 )
 
 // Deletes, each of one record of a workspace (none deleted: store.ErrNotFound), or of old
@@ -153,12 +153,12 @@ func AddUsage(workspace string, u store.UsageRecord) (Query, error) {
 	if u.Kind == "" {
 		return Query{}, fmt.Errorf("add usage: missing kind")
 	}
-	return Query{SQL: `INSERT INTO usage (workspace, bucket_start, base_model, session_id, kind, amount, deployment, priced_amount, cost, key_id)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-		ON CONFLICT (workspace, bucket_start, base_model, session_id, deployment, key_id, kind)
+	return Query{SQL: `INSERT INTO usage (workspace, bucket_start, base_model, session_id, kind, amount, deployment, priced_amount, cost, key_id, training_run_id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+		ON CONFLICT (workspace, bucket_start, base_model, session_id, training_run_id, deployment, key_id, kind)
 		DO UPDATE SET amount = usage.amount + excluded.amount, priced_amount = usage.priced_amount + excluded.priced_amount,
 			cost = usage.cost + excluded.cost`,
-		Args: []any{workspace, u.BucketStart.UnixNano(), u.BaseModel, u.SessionID, u.Kind, u.Amount, u.Deployment, u.PricedAmount, u.Cost, u.KeyID}}, nil
+		Args: []any{workspace, u.BucketStart.UnixNano(), u.BaseModel, u.SessionID, u.Kind, u.Amount, u.Deployment, u.PricedAmount, u.Cost, u.KeyID, u.RunID}}, nil
 }
 
 // PutDeployment is the statements that replace a deployment with its pins and grants, to run

@@ -76,7 +76,7 @@ func ScanUsage(rows Rows) ([]store.UsageRecord, error) {
 	for rows.Next() {
 		var u store.UsageRecord
 		var start int64
-		if err := rows.Scan(&start, &u.BaseModel, &u.SessionID, &u.Kind, &u.Amount, &u.Deployment, &u.PricedAmount, &u.Cost, &u.KeyID); err != nil {
+		if err := rows.Scan(&start, &u.BaseModel, &u.SessionID, &u.Kind, &u.Amount, &u.Deployment, &u.PricedAmount, &u.Cost, &u.KeyID, &u.RunID); err != nil {
 			return nil, err
 		}
 		u.BucketStart = time.Unix(0, start).UTC()

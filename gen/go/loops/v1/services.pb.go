@@ -92,14 +92,15 @@ const (
 	// Checkpoint saves (weights and sampler weights).
 	UsageKind_USAGE_KIND_CHECKPOINTS UsageKind = 4
 	// Seconds the replicas of dedicated pools ran bound to the workspace's runs, summed over
-	// replicas (time scaled to zero excluded).
+	// replicas (time scaled to zero excluded), per run (UsageBucket.training_run_id).
 	UsageKind_USAGE_KIND_DEDICATED_REPLICA_SECONDS UsageKind = 5
 	// The same times each replica's GPUs (dedicated GPU time; 0 for CPU pools).
 	UsageKind_USAGE_KIND_DEDICATED_GPU_SECONDS UsageKind = 6
 	// Prompt tokens of sample requests served from the engine's prefix cache
 	// (SampleResult.prompt_cached_tokens), priced at the price sheet's cached_prefill.
 	UsageKind_USAGE_KIND_SAMPLING_CACHED_PREFILL_TOKENS UsageKind = 7
-	// Bytes of a session's checkpoints held over time, in byte-seconds (bytes × seconds,
+	// Bytes of a run's checkpoints (UsageBucket.training_run_id; the whole session's in rows
+	// metered before runs were recorded) held over time, in byte-seconds (bytes × seconds,
 	// sampled every janitor sweep and integrated over each hour), priced at the price
 	// sheet's storage_gb_month (a GB-month is 1e9 bytes for 730 hours).
 	UsageKind_USAGE_KIND_CHECKPOINT_BYTE_SECONDS UsageKind = 120
@@ -3272,8 +3273,8 @@ func (x *GetUsageResponse) GetBuckets() []*UsageBucket {
 	return nil
 }
 
-// UsageBucket is the amount of one kind of usage of one base model, session, deployment and
-// API key in one hour.
+// UsageBucket is the amount of one kind of usage of one base model, session, training run,
+// deployment and API key in one hour.
 type UsageBucket struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	StartTime *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
@@ -3292,7 +3293,12 @@ type UsageBucket struct {
 	// The API key whose requests did the work ("key-" and 16 hex digits, as loops keys and
 	// the audit log name keys); empty for usage no request did (dedicated pool time) and for
 	// usage metered before keys were recorded.
-	KeyId         string `protobuf:"bytes,10,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
+	KeyId string `protobuf:"bytes,10,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
+	// The training run whose usage it is, for the kinds metered per run: checkpoint storage
+	// (USAGE_KIND_CHECKPOINT_BYTE_SECONDS) and dedicated pool time. Empty for the other kinds
+	// (kept per session) and for rows metered before runs were recorded, which count the
+	// whole session's.
+	TrainingRunId string `protobuf:"bytes,400,opt,name=training_run_id,json=trainingRunId,proto3" json:"training_run_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3393,6 +3399,13 @@ func (x *UsageBucket) GetPricedAmount() int64 {
 func (x *UsageBucket) GetKeyId() string {
 	if x != nil {
 		return x.KeyId
+	}
+	return ""
+}
+
+func (x *UsageBucket) GetTrainingRunId() string {
+	if x != nil {
+		return x.TrainingRunId
 	}
 	return ""
 }
@@ -4501,7 +4514,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
 	"\bend_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\"C\n" +
 	"\x10GetUsageResponse\x12/\n" +
-	"\abuckets\x18\x01 \x03(\v2\x15.loops.v1.UsageBucketR\abuckets\"\xf5\x02\n" +
+	"\abuckets\x18\x01 \x03(\v2\x15.loops.v1.UsageBucketR\abuckets\"\x9e\x03\n" +
 	"\vUsageBucket\x129\n" +
 	"\n" +
 	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
@@ -4518,7 +4531,8 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\bcost_usd\x18\b \x01(\tR\acostUsd\x12#\n" +
 	"\rpriced_amount\x18\t \x01(\x03R\fpricedAmount\x12\x15\n" +
 	"\x06key_id\x18\n" +
-	" \x01(\tR\x05keyId\"\x9c\x03\n" +
+	" \x01(\tR\x05keyId\x12'\n" +
+	"\x0ftraining_run_id\x18\x90\x03 \x01(\tR\rtrainingRunId\"\x9c\x03\n" +
 	"\x13EstimateCostRequest\x12\x1d\n" +
 	"\n" +
 	"base_model\x18\x01 \x01(\tR\tbaseModel\x12\x14\n" +

@@ -593,7 +593,7 @@ class GetUsageResponse(_message.Message):
     def __init__(self, buckets: _Optional[_Iterable[_Union[UsageBucket, _Mapping]]] = ...) -> None: ...
 
 class UsageBucket(_message.Message):
-    __slots__ = ("start_time", "end_time", "base_model", "session_id", "kind", "amount", "deployment", "cost_usd", "priced_amount", "key_id")
+    __slots__ = ("start_time", "end_time", "base_model", "session_id", "kind", "amount", "deployment", "cost_usd", "priced_amount", "key_id", "training_run_id")
     START_TIME_FIELD_NUMBER: _ClassVar[int]
     END_TIME_FIELD_NUMBER: _ClassVar[int]
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -604,6 +604,7 @@ class UsageBucket(_message.Message):
     COST_USD_FIELD_NUMBER: _ClassVar[int]
     PRICED_AMOUNT_FIELD_NUMBER: _ClassVar[int]
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     start_time: _timestamp_pb2.Timestamp
     end_time: _timestamp_pb2.Timestamp
     base_model: str
@@ -614,7 +615,8 @@ class UsageBucket(_message.Message):
     cost_usd: str
     priced_amount: int
     key_id: str
-    def __init__(self, start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., base_model: _Optional[str] = ..., session_id: _Optional[str] = ..., kind: _Optional[_Union[UsageKind, str]] = ..., amount: _Optional[int] = ..., deployment: _Optional[str] = ..., cost_usd: _Optional[str] = ..., priced_amount: _Optional[int] = ..., key_id: _Optional[str] = ...) -> None: ...
+    training_run_id: str
+    def __init__(self, start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., base_model: _Optional[str] = ..., session_id: _Optional[str] = ..., kind: _Optional[_Union[UsageKind, str]] = ..., amount: _Optional[int] = ..., deployment: _Optional[str] = ..., cost_usd: _Optional[str] = ..., priced_amount: _Optional[int] = ..., key_id: _Optional[str] = ..., training_run_id: _Optional[str] = ...) -> None: ...
 
 class EstimateCostRequest(_message.Message):
     __slots__ = ("base_model", "steps", "batch_size", "example_tokens", "passes", "prompt_tokens", "group_size", "completion_tokens", "eval_requests", "eval_prompt_tokens", "usage")
