@@ -245,3 +245,58 @@ func testWeightedSum2Bits(t *testing.T) {
 		}
 	}
 }
+
+// TestWeightedSum2WBits: weightedSum2W on values widened to float64 gives weightedSum2's
+// bits on the float32 values, with and without its AVX-512 blocks.
+func TestWeightedSum2WBits(t *testing.T) {
+	defer func(v bool) { hasWsum512 = v }(hasWsum512)
+	r := rand.New(rand.NewPCG(21, 22))
+	for _, on := range []bool{hasWsum512, false} {
+		hasWsum512 = on
+		for _, hd := range []int{128, 64, 192, 80, 40, 8} {
+			for _, n := range []int{1, 7, 33, 300} {
+				ldv := hd + 64*(n%2) // head-major rows (ldv = hd) and strided ones
+				v := make([]float32, n*ldv)
+				for i := range v {
+					v[i] = float32(r.NormFloat64())
+				}
+				vw := make([]float64, len(v))
+				headMajor(vw, v, 1, 1, len(v)) // one row of one head: a widening copy
+				p0, p1 := make([]float64, n), make([]float64, n)
+				for i := range p0 {
+					p0[i], p1[i] = r.Float64(), r.Float64()
+				}
+				w0, w1, g0, g1 := make([]float64, hd), make([]float64, hd), make([]float64, hd), make([]float64, hd)
+				for d := range w0 {
+					w0[d], w1[d] = r.NormFloat64(), r.NormFloat64()
+				}
+				copy(g0, w0)
+				copy(g1, w1)
+				weightedSum2(w0, w1, p0, p1, v, ldv)
+				weightedSum2W(g0, g1, p0, p1, vw, ldv)
+				require.Equal(t, w0, g0, "hd=%d n=%d avx512=%v", hd, n, on)
+				require.Equal(t, w1, g1, "hd=%d n=%d avx512=%v", hd, n, on)
+			}
+		}
+	}
+}
+
+// TestHeadMajor: headMajor lays rows out head by head, widening when dst is float64.
+func TestHeadMajor(t *testing.T) {
+	const n, kh, hd = 3, 2, 4
+	src := make([]float32, n*kh*hd)
+	for i := range src {
+		src[i] = float32(i) + 0.5
+	}
+	d32, d64 := make([]float32, len(src)), make([]float64, len(src))
+	headMajor(d32, src, n, kh, hd)
+	headMajor(d64, src, n, kh, hd)
+	for j := range n {
+		for h := range kh {
+			for d := range hd {
+				require.Equal(t, src[j*kh*hd+h*hd+d], d32[(h*n+j)*hd+d])
+				require.Equal(t, float64(src[j*kh*hd+h*hd+d]), d64[(h*n+j)*hd+d])
+			}
+		}
+	}
+}

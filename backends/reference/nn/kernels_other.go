@@ -25,6 +25,15 @@ func rowDot8(k8 int, a, b *float32, ldb int, ng int, c *float32, acc bool) {
 	panic("nn: no row kernels")
 }
 
+// wideValues says whether weightedSum2W has a kernel for head size hd (none here).
+func wideValues(hd int) bool { return false }
+
+// weightedSum2W is weightedSum2 on values already widened to float64, with its bits.
+func weightedSum2W(acc0, acc1, p0, p1, v []float64, ldv int) {
+	weightedSumFrom(acc0, p0, v, ldv, 0)
+	weightedSumFrom(acc1, p1, v, ldv, 0)
+}
+
 // weightedSum sets acc[d] += Σ_{j<len(p)} p[j]·float64(v[j·ldv+d]) for d < len(acc), j in
 // order.
 func weightedSum[T Float](acc []float64, p []float64, v []T, ldv int) {
