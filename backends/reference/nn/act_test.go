@@ -188,8 +188,16 @@ func TestDotRowsBits(t *testing.T) {
 // TestDotRows2Bits: dotRows2 gives each of its two vectors dotRows' bits, for row counts
 // odd and even and head sizes with and without a tail.
 func TestDotRows2Bits(t *testing.T) {
+	defer func(v bool) { hasDot512 = v }(hasDot512)
+	for _, on := range []bool{hasDot512, false} { // the AVX-512 kernel and AVX2's
+		hasDot512 = on
+		testDotRows2Bits(t)
+	}
+}
+
+func testDotRows2Bits(t *testing.T) {
 	r := rand.New(rand.NewPCG(17, 18))
-	for _, K := range []int{128, 64, 37, 16, 17, 8, 1} {
+	for _, K := range []int{128, 64, 37, 16, 17, 8, 1, 192} {
 		for _, n := range []int{1, 2, 3, 4, 5, 8, 29, 30, 31} {
 			const ldb = 200
 			a0, a1, b := make([]float32, K), make([]float32, K), make([]float32, n*ldb)

@@ -9,6 +9,7 @@ var (
 	hasRowDot  = false
 	rowTile    = 0
 	hasWsum512 = false // no AVX-512 attention kernel
+	hasDot512  = false
 )
 
 func rowTiles() []int { return nil }
