@@ -251,11 +251,15 @@ func Numel(shape []int64) int64 {
 }
 
 // ReadFloat64 reads a tensor converted to float64.
-func (f *File) ReadFloat64(name string) ([]float64, []int64, error) { return readFloats[float64](f, name) }
+func (f *File) ReadFloat64(name string) ([]float64, []int64, error) {
+	return readFloats[float64](f, name)
+}
 
 // ReadFloat32 reads a tensor converted to float32: each value is float32 of what
 // ReadFloat64 returns (exact for F32, F16 and BF16), without the float64 copy.
-func (f *File) ReadFloat32(name string) ([]float32, []int64, error) { return readFloats[float32](f, name) }
+func (f *File) ReadFloat32(name string) ([]float32, []int64, error) {
+	return readFloats[float32](f, name)
+}
 
 // readChunkBytes is how much of a tensor's bytes readFloats holds at a time: the peak of
 // a read is the converted tensor plus one chunk.
