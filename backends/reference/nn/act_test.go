@@ -308,3 +308,47 @@ func TestHeadMajor(t *testing.T) {
 		}
 	}
 }
+
+// TestSoftmax2Bits: softmax2 gives each head the bits of the one-head loop (scalar
+// quotients), with and without the AVX-512 division.
+func TestSoftmax2Bits(t *testing.T) {
+	defer func(v bool) { hasWsum512 = v }(hasWsum512)
+	r := rand.New(rand.NewPCG(23, 24))
+	one := func(sc []float64, qk []float32, scale float64) {
+		mx := maxScaled(sc, qk, scale)
+		for j := range sc {
+			sc[j] -= mx
+		}
+		expInPlace(sc)
+		var sum float64
+		for j := range sc {
+			sum += sc[j]
+		}
+		for j := range sc {
+			sc[j] /= sum
+		}
+	}
+	for _, on := range []bool{hasWsum512, false} {
+		hasWsum512 = on
+		for _, n := range []int{1, 7, 8, 9, 64, 701} {
+			qk0, qk1 := make([]float32, n), make([]float32, n)
+			for j := range qk0 {
+				qk0[j], qk1[j] = float32(r.NormFloat64()*4), float32(r.NormFloat64()*4)
+			}
+			w0, w1, g0, g1 := make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n)
+			one(w0, qk0, 0.0883883)
+			one(w1, qk1, 0.0883883)
+			softmax2(g0, g1, qk0, qk1, 0.0883883)
+			require.Equal(t, bitsOf64(w0), bitsOf64(g0), "n=%d avx512=%v", n, on)
+			require.Equal(t, bitsOf64(w1), bitsOf64(g1), "n=%d avx512=%v", n, on)
+		}
+	}
+}
+
+func bitsOf64(x []float64) []uint64 {
+	out := make([]uint64, len(x))
+	for i, v := range x {
+		out[i] = math.Float64bits(v)
+	}
+	return out
+}

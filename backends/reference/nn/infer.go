@@ -187,7 +187,16 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 			var accBuf [2][256]float64
 			var acc [2][]float64
 			for e := range hp {
-				sc, qk := sc[e], qk[e]
+				if hd <= len(accBuf[e]) {
+					acc[e] = accBuf[e][:hd]
+				} else {
+					acc[e] = make([]float64, hd)
+				}
+			}
+			if hp == 2 {
+				softmax2(sc[0], sc[1], qk[0], qk[1], scale)
+			} else {
+				sc, qk := sc[0], qk[0]
 				mx := maxScaled(sc, qk, scale)
 				for j := range sc {
 					sc[j] -= mx
@@ -197,14 +206,7 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 				for j := range sc {
 					sum += sc[j]
 				}
-				if hd <= len(accBuf[e]) {
-					acc[e] = accBuf[e][:hd]
-				} else {
-					acc[e] = make([]float64, hd)
-				}
-				for j := range sc {
-					sc[j] /= sum
-				}
+				divBy(sc, sum)
 			}
 			switch {
 			case wide:
@@ -246,6 +248,28 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 	}
 	rmsnorm(x, m.Norm, h, nil, M, D, c.Eps)
 	return h
+}
+
+// softmax2 sets sc0 and sc1 to the softmax of scale·qk0 and scale·qk1 (len(sc1) =
+// len(sc0)), each with the bits of the one-head loop in step: the maximum, the
+// differences, their exponentials, their sum in order, the quotients. The two sums run in
+// one loop (two chains of adds in flight, each in its own order).
+func softmax2[T Float](sc0, sc1 []float64, qk0, qk1 []T, scale float64) {
+	mx0, mx1 := maxScaled(sc0, qk0, scale), maxScaled(sc1, qk1, scale)
+	sc1 = sc1[:len(sc0)]
+	for j := range sc0 {
+		sc0[j] -= mx0
+		sc1[j] -= mx1
+	}
+	expInPlace(sc0)
+	expInPlace(sc1)
+	var s0, s1 float64
+	for j, v := range sc0 {
+		s0 += v
+		s1 += sc1[j]
+	}
+	divBy(sc0, s0)
+	divBy(sc1, s1)
 }
 
 // headMajorRows is the least number of rows of one cache for which step's attention reads

@@ -28,6 +28,23 @@ func wsum2F64x64(n int, p0, p1 *float64, v *float32, ldv int, nb int, acc0, acc1
 //go:noescape
 func wsum2F64x64W(n int, p0, p1 *float64, v *float64, ldv int, nb int, acc0, acc1 *float64)
 
+// divF64x8 sets x[i] /= d for i < 8·n8 with AVX-512F, with the scalar loop's bits.
+//
+//go:noescape
+func divF64x8(n8 int, x *float64, d float64)
+
+// divBy sets x[i] /= d for every i, with the bits of the scalar loop.
+func divBy(x []float64, d float64) {
+	i := 0
+	if n8 := len(x) / 8; hasWsum512 && n8 > 0 {
+		divF64x8(n8, &x[0], d)
+		i = 8 * n8
+	}
+	for ; i < len(x); i++ {
+		x[i] /= d
+	}
+}
+
 var (
 	hasWsum    = cpu.X86.HasAVX
 	hasWsum512 = cpu.X86.HasAVX512F

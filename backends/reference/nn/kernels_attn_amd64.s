@@ -534,3 +534,25 @@ wwstore:
 wwdone:
 	VZEROUPPER
 	RET
+
+// func divF64x8(n8 int, x *float64, d float64)
+// x[i] /= d for i < 8·n8, eight lanes a division (VDIVPD rounds each quotient as DIVSD
+// does: the bits of the scalar loop).
+TEXT ·divF64x8(SB), NOSPLIT, $0-24
+	MOVQ n8+0(FP), CX
+	MOVQ x+8(FP), SI
+	VBROADCASTSD d+16(FP), Z0
+	TESTQ CX, CX
+	JZ dvdone
+
+dvloop:
+	VMOVUPD (SI), Z1
+	VDIVPD Z0, Z1, Z1
+	VMOVUPD Z1, (SI)
+	ADDQ $64, SI
+	DECQ CX
+	JNZ dvloop
+
+dvdone:
+	VZEROUPPER
+	RET

@@ -26,6 +26,13 @@ func rowDot8(k8 int, a, b *float32, ldb int, ng int, c *float32, acc bool) {
 	panic("nn: no row kernels")
 }
 
+// divBy sets x[i] /= d for every i.
+func divBy(x []float64, d float64) {
+	for i := range x {
+		x[i] /= d
+	}
+}
+
 // wideValues says whether weightedSum2W has a kernel for head size hd (none here).
 func wideValues(hd int) bool { return false }
 
