@@ -188,8 +188,16 @@ func TestDotRowsBits(t *testing.T) {
 // TestDotRows2Bits: dotRows2 gives each of its two vectors dotRows' bits, for row counts
 // odd and even and head sizes with and without a tail.
 func TestDotRows2Bits(t *testing.T) {
+	defer func(v bool) { hasDot512 = v }(hasDot512)
+	for _, on := range []bool{hasDot512, false} { // the AVX-512 kernel and AVX2's
+		hasDot512 = on
+		testDotRows2Bits(t)
+	}
+}
+
+func testDotRows2Bits(t *testing.T) {
 	r := rand.New(rand.NewPCG(17, 18))
-	for _, K := range []int{128, 64, 37, 16, 17, 8, 1} {
+	for _, K := range []int{128, 64, 37, 16, 17, 8, 1, 192} {
 		for _, n := range []int{1, 2, 3, 4, 5, 8, 29, 30, 31} {
 			const ldb = 200
 			a0, a1, b := make([]float32, K), make([]float32, K), make([]float32, n*ldb)
@@ -244,4 +252,103 @@ func testWeightedSum2Bits(t *testing.T) {
 			require.Equal(t, w1, g1, "hd=%d n=%d", hd, n)
 		}
 	}
+}
+
+// TestWeightedSum2WBits: weightedSum2W on values widened to float64 gives weightedSum2's
+// bits on the float32 values, with and without its AVX-512 blocks.
+func TestWeightedSum2WBits(t *testing.T) {
+	defer func(v bool) { hasWsum512 = v }(hasWsum512)
+	r := rand.New(rand.NewPCG(21, 22))
+	for _, on := range []bool{hasWsum512, false} {
+		hasWsum512 = on
+		for _, hd := range []int{128, 64, 192, 80, 40, 8} {
+			for _, n := range []int{1, 7, 33, 300} {
+				ldv := hd + 64*(n%2) // head-major rows (ldv = hd) and strided ones
+				v := make([]float32, n*ldv)
+				for i := range v {
+					v[i] = float32(r.NormFloat64())
+				}
+				vw := make([]float64, len(v))
+				headMajor(vw, v, 1, 1, len(v)) // one row of one head: a widening copy
+				p0, p1 := make([]float64, n), make([]float64, n)
+				for i := range p0 {
+					p0[i], p1[i] = r.Float64(), r.Float64()
+				}
+				w0, w1, g0, g1 := make([]float64, hd), make([]float64, hd), make([]float64, hd), make([]float64, hd)
+				for d := range w0 {
+					w0[d], w1[d] = r.NormFloat64(), r.NormFloat64()
+				}
+				copy(g0, w0)
+				copy(g1, w1)
+				weightedSum2(w0, w1, p0, p1, v, ldv)
+				weightedSum2W(g0, g1, p0, p1, vw, ldv)
+				require.Equal(t, w0, g0, "hd=%d n=%d avx512=%v", hd, n, on)
+				require.Equal(t, w1, g1, "hd=%d n=%d avx512=%v", hd, n, on)
+			}
+		}
+	}
+}
+
+// TestHeadMajor: headMajor lays rows out head by head, widening when dst is float64.
+func TestHeadMajor(t *testing.T) {
+	const n, kh, hd = 3, 2, 4
+	src := make([]float32, n*kh*hd)
+	for i := range src {
+		src[i] = float32(i) + 0.5
+	}
+	d32, d64 := make([]float32, len(src)), make([]float64, len(src))
+	headMajor(d32, src, n, kh, hd)
+	headMajor(d64, src, n, kh, hd)
+	for j := range n {
+		for h := range kh {
+			for d := range hd {
+				require.Equal(t, src[j*kh*hd+h*hd+d], d32[(h*n+j)*hd+d])
+				require.Equal(t, float64(src[j*kh*hd+h*hd+d]), d64[(h*n+j)*hd+d])
+			}
+		}
+	}
+}
+
+// TestSoftmax2Bits: softmax2 gives each head the bits of the one-head loop (scalar
+// quotients), with and without the AVX-512 division.
+func TestSoftmax2Bits(t *testing.T) {
+	defer func(v bool) { hasWsum512 = v }(hasWsum512)
+	r := rand.New(rand.NewPCG(23, 24))
+	one := func(sc []float64, qk []float32, scale float64) {
+		mx := maxScaled(sc, qk, scale)
+		for j := range sc {
+			sc[j] -= mx
+		}
+		expInPlace(sc)
+		var sum float64
+		for j := range sc {
+			sum += sc[j]
+		}
+		for j := range sc {
+			sc[j] /= sum
+		}
+	}
+	for _, on := range []bool{hasWsum512, false} {
+		hasWsum512 = on
+		for _, n := range []int{1, 7, 8, 9, 64, 701} {
+			qk0, qk1 := make([]float32, n), make([]float32, n)
+			for j := range qk0 {
+				qk0[j], qk1[j] = float32(r.NormFloat64()*4), float32(r.NormFloat64()*4)
+			}
+			w0, w1, g0, g1 := make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n)
+			one(w0, qk0, 0.0883883)
+			one(w1, qk1, 0.0883883)
+			softmax2(g0, g1, qk0, qk1, 0.0883883)
+			require.Equal(t, bitsOf64(w0), bitsOf64(g0), "n=%d avx512=%v", n, on)
+			require.Equal(t, bitsOf64(w1), bitsOf64(g1), "n=%d avx512=%v", n, on)
+		}
+	}
+}
+
+func bitsOf64(x []float64) []uint64 {
+	out := make([]uint64, len(x))
+	for i, v := range x {
+		out[i] = math.Float64bits(v)
+	}
+	return out
 }

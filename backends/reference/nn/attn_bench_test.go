@@ -35,5 +35,13 @@ func BenchmarkAttnRows(b *testing.B) {
 			}
 			b.ReportMetric(4*float64(n*hd)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 		})
+		kw := make([]float64, len(k))
+		headMajor(kw, k, 1, 1, len(k))
+		b.Run(fmt.Sprintf("weightedSum2W/n=%d/ld=%d", n, ldk), func(b *testing.B) {
+			for range b.N {
+				weightedSum2W(acc0, acc1, p0, p1, kw, ldk)
+			}
+			b.ReportMetric(4*float64(n*hd)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
 	}
 }

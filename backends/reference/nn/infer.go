@@ -139,15 +139,24 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 		// head-major copy (kh, position, lane): a kv head's rows then lie hd apart, not KVD,
 		// and stay in L2 from one task to the next (rows KVD·4 bytes apart, a multiple of
 		// 4 KiB, fall into a few of its sets). Same values, same kernels: same bits.
+		// With a pair of heads and a kernel for it (wideValues), that copy of the values
+		// is widened to float64 as it is made: once per layer rather than once per row
+		// that reads it (float64 of a float32 is exact: same sums, same bits).
 		ldkv := KVD
 		nkv := 0 // positions in the head-major copy (0: none)
+		wide := false
 		if M >= headMajorRows && oneCache(caches) {
 			cc := caches[0]
 			nkv = pos[M-1] + 1 // rows of one cache come in increasing positions
+			wide = hp == 2 && wideValues(hd)
 			buf.kT = grow(buf.kT[:0], nkv*KVD)
-			buf.vT = grow(buf.vT[:0], nkv*KVD)
 			headMajor(buf.kT, cc.K[l][:nkv*KVD], nkv, KH, hd)
-			headMajor(buf.vT, cc.V[l][:nkv*KVD], nkv, KH, hd)
+			if wide {
+				headMajor(growF64(&buf.vW, nkv*KVD), cc.V[l][:nkv*KVD], nkv, KH, hd)
+			} else {
+				buf.vT = grow(buf.vT[:0], nkv*KVD)
+				headMajor(buf.vT, cc.V[l][:nkv*KVD], nkv, KH, hd)
+			}
 			ldkv = hd
 		}
 		parallelFor(M*H/hp, M*H*(pos[M-1]+1)*hd*2, func(task int) {
@@ -178,7 +187,16 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 			var accBuf [2][256]float64
 			var acc [2][]float64
 			for e := range hp {
-				sc, qk := sc[e], qk[e]
+				if hd <= len(accBuf[e]) {
+					acc[e] = accBuf[e][:hd]
+				} else {
+					acc[e] = make([]float64, hd)
+				}
+			}
+			if hp == 2 {
+				softmax2(sc[0], sc[1], qk[0], qk[1], scale)
+			} else {
+				sc, qk := sc[0], qk[0]
 				mx := maxScaled(sc, qk, scale)
 				for j := range sc {
 					sc[j] -= mx
@@ -188,18 +206,14 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 				for j := range sc {
 					sum += sc[j]
 				}
-				if hd <= len(accBuf[e]) {
-					acc[e] = accBuf[e][:hd]
-				} else {
-					acc[e] = make([]float64, hd)
-				}
-				for j := range sc {
-					sc[j] /= sum
-				}
+				divBy(sc, sum)
 			}
-			if hp == 2 {
+			switch {
+			case wide:
+				weightedSum2W(acc[0], acc[1], sc[0], sc[1], buf.vW[kv:], ldkv)
+			case hp == 2:
 				weightedSum2(acc[0], acc[1], sc[0], sc[1], vc[kv:], ldkv)
-			} else {
+			default:
 				weightedSum(acc[0], sc[0], vc[kv:], ldkv)
 			}
 			for e := range hp {
@@ -236,6 +250,28 @@ func (m *Model[T]) step(toks, pos []int, caches []*KVCache[T], segs []seg[T], mo
 	return h
 }
 
+// softmax2 sets sc0 and sc1 to the softmax of scale·qk0 and scale·qk1 (len(sc1) =
+// len(sc0)), each with the bits of the one-head loop in step: the maximum, the
+// differences, their exponentials, their sum in order, the quotients. The two sums run in
+// one loop (two chains of adds in flight, each in its own order).
+func softmax2[T Float](sc0, sc1 []float64, qk0, qk1 []T, scale float64) {
+	mx0, mx1 := maxScaled(sc0, qk0, scale), maxScaled(sc1, qk1, scale)
+	sc1 = sc1[:len(sc0)]
+	for j := range sc0 {
+		sc0[j] -= mx0
+		sc1[j] -= mx1
+	}
+	expInPlace(sc0)
+	expInPlace(sc1)
+	var s0, s1 float64
+	for j, v := range sc0 {
+		s0 += v
+		s1 += sc1[j]
+	}
+	divBy(sc0, s0)
+	divBy(sc1, s1)
+}
+
 // headMajorRows is the least number of rows of one cache for which step's attention reads
 // a head-major copy of the keys and values (copying them costs about what one row's
 // attention reads).
@@ -251,13 +287,25 @@ func oneCache[T Float](caches []*KVCache[T]) bool {
 	return true
 }
 
-// headMajor writes the n rows of src (kh heads of hd lanes a row) to dst head by head:
-// dst[(h·n + j)·hd + d] = src[j·kh·hd + h·hd + d].
-func headMajor[T Float](dst, src []T, n, kh, hd int) {
+// headMajor writes the n rows of src (kh heads of hd lanes a row) to dst head by head,
+// converted to dst's type: dst[(h·n + j)·hd + d] = src[j·kh·hd + h·hd + d].
+func headMajor[T, U Float](dst []U, src []T, n, kh, hd int) {
+	if d, ok := any(dst).([]T); ok {
+		for j := range n {
+			row := src[j*kh*hd : (j+1)*kh*hd]
+			for h := range kh {
+				copy(d[(h*n+j)*hd:(h*n+j+1)*hd], row[h*hd:(h+1)*hd])
+			}
+		}
+		return
+	}
 	for j := range n {
 		row := src[j*kh*hd : (j+1)*kh*hd]
 		for h := range kh {
-			copy(dst[(h*n+j)*hd:(h*n+j+1)*hd], row[h*hd:(h+1)*hd])
+			d := dst[(h*n+j)*hd : (h*n+j+1)*hd]
+			for e, v := range row[h*hd : (h+1)*hd][:len(d)] {
+				d[e] = U(v)
+			}
 		}
 	}
 }
@@ -358,7 +406,8 @@ func linLoRA[T Float](X []T, M int, li *Linear[T], segs []seg[T], l int, t Targe
 type stepBuf[T Float] struct {
 	x, h, q, k, v, att, o, g, u, xa, logits []T
 	dots                                    []T
-	kT, vT                                  []T // head-major keys and values (step)
+	kT, vT                                  []T       // head-major keys and values (step)
+	vW                                      []float64 // head-major values widened (step)
 	sc                                      []float64
 	scOff                                   []int
 	toks, pos                               []int

@@ -145,9 +145,7 @@ func parallelRun(n int, work int, t task) {
 		j.release()
 	}
 	// Every index is taken; wait for the workers still running one.
-	for j.active.Load() > 0 {
-		runtime.Gosched()
-	}
+	j.wait()
 	p := j.panicked.Swap(nil)
 	j.release()
 	if p != nil {
@@ -170,6 +168,37 @@ type parallelJob struct {
 	active   atomic.Int32 // goroutines inside run
 	refs     atomic.Int32 // holders: the caller and the workers handed it
 	panicked atomic.Pointer[workerPanic]
+	// waiting is 1 while the caller blocks (or is about to) in wait; whoever moves it back
+	// to 0 owns the wake-up: the worker that leaves run last sends on wake, or the caller
+	// that finds no worker left takes its own flag back.
+	waiting atomic.Int32
+	wake    chan struct{}
+}
+
+// callerSpin is how long parallelRun's caller polls for the workers still running an
+// index of its job before it blocks until the last one leaves: a worker preempted by the
+// OS in the middle of an index (a loaded machine) would otherwise keep the caller spinning
+// a whole time slice, CPU time taken from the other processes for nothing.
+const callerSpin = 50 * time.Microsecond
+
+// wait returns once no goroutine is inside j.run: it polls for up to callerSpin, yielding
+// its thread in between, then blocks.
+func (j *parallelJob) wait() {
+	if j.active.Load() == 0 {
+		return
+	}
+	deadline := time.Now().Add(callerSpin)
+	for i := 1; j.active.Load() > 0; i++ {
+		if i%16 == 0 && time.Now().After(deadline) {
+			j.waiting.Store(1)
+			if j.active.Load() == 0 && j.waiting.CompareAndSwap(1, 0) {
+				return // the last worker left before it could see the flag
+			}
+			<-j.wake
+			return
+		}
+		runtime.Gosched()
+	}
 }
 
 // release lets go of one reference; the last returns j to the pool.
@@ -196,7 +225,9 @@ func (j *parallelJob) run(spin bool) {
 		if spin {
 			spinningWorkers.Add(1)
 		}
-		j.active.Add(-1)
+		if j.active.Add(-1) == 0 && j.waiting.CompareAndSwap(1, 0) {
+			j.wake <- struct{}{} // the caller blocked in wait (buffered: never blocks)
+		}
 	}()
 	for {
 		i := j.next.Add(1) - 1
@@ -209,7 +240,7 @@ func (j *parallelJob) run(spin bool) {
 
 var (
 	// parallelJobs recycles parallelFor's jobs.
-	parallelJobs = sync.Pool{New: func() any { return new(parallelJob) }}
+	parallelJobs = sync.Pool{New: func() any { return &parallelJob{wake: make(chan struct{}, 1)} }}
 	// idleWorkers hands a job to a worker waiting for one.
 	idleWorkers = make(chan *parallelJob)
 	// offered is the job offered to spinning workers; its caller takes it back if no worker

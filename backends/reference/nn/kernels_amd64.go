@@ -45,6 +45,15 @@ func sdotRows2AVX2(n16 int, a0, a1, b *float32, ldb, nrows int, out0, out1 *floa
 //go:noescape
 func sdotRows2x4AVX2(n16 int, a0, a1, b *float32, ldb, ng int, out0, out1 *float32)
 
+// sdotRows2x4AVX512 is sdotRows2x4AVX2 with AVX-512F (16-lane accumulators), with its
+// bits.
+//
+//go:noescape
+func sdotRows2x4AVX512(n16 int, a0, a1, b *float32, ldb, ng int, out0, out1 *float32)
+
+// hasDot512 says whether dotRows2 takes sdotRows2x4AVX512.
+var hasDot512 = cpu.X86.HasAVX512F
+
 // transpose8x8Strips transposes eight rows of src (lds floats apart) into eight columns
 // of a packed 16-wide B strip, eight columns of src at a time (k8 times).
 //
@@ -146,7 +155,11 @@ func dotRows2[T Float](o0, o1, a0, a1, b []T, ldb int) {
 	p0, p1 := any(o0).([]float32), any(o1).([]float32)[:n]
 	_ = b32[(n-1)*ldb+K-1]
 	ng := n / 4
-	if ng > 0 {
+	switch {
+	case ng == 0:
+	case hasDot512:
+		sdotRows2x4AVX512(K/16, &a32[0], &a132[0], &b32[0], ldb, ng, &p0[0], &p1[0])
+	default:
 		sdotRows2x4AVX2(K/16, &a32[0], &a132[0], &b32[0], ldb, ng, &p0[0], &p1[0])
 	}
 	if r := 4 * ng; r < n {

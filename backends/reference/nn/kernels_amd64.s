@@ -1100,3 +1100,130 @@ s4qend:
 s4done:
 	VZEROUPPER
 	RET
+
+// func sdotRows2x4AVX512(n16 int, a0, a1, b *float32, ldb, ng int, out0, out1 *float32)
+// sdotRows2x4AVX2 with AVX-512F: a dot product's two 8-lane accumulators (k = 16t+l and
+// 16t+8+l) are the two halves of one 16-lane register, FMAs in the same order, so the four
+// rows of a group take half the FMAs, in one pass; the halves are added (lo + hi, as
+// there) and reduced by sdotRows2x4AVX2's transposed tree: the same bits.
+TEXT ·sdotRows2x4AVX512(SB), NOSPLIT, $0-64
+	MOVQ n16+0(FP), DX
+	MOVQ b+24(FP), BX
+	MOVQ ldb+32(FP), R8
+	SHLQ $2, R8
+	MOVQ ng+40(FP), R9
+	MOVQ out0+48(FP), DI
+	MOVQ out1+56(FP), R11
+	LEAQ (R8)(R8*2), R12 // three rows
+
+z4group:
+	TESTQ R9, R9
+	JZ z4done
+	MOVQ BX, SI
+	PREFETCHT0 (SI)(R8*4)
+	PREFETCHT0 64(SI)(R8*4)
+	PREFETCHT0 128(SI)(R8*4)
+	PREFETCHT0 192(SI)(R8*4)
+	LEAQ (SI)(R8*1), R13
+	PREFETCHT0 (R13)(R8*4)
+	PREFETCHT0 64(R13)(R8*4)
+	PREFETCHT0 128(R13)(R8*4)
+	PREFETCHT0 192(R13)(R8*4)
+	LEAQ (SI)(R8*2), R13
+	PREFETCHT0 (R13)(R8*4)
+	PREFETCHT0 64(R13)(R8*4)
+	PREFETCHT0 128(R13)(R8*4)
+	PREFETCHT0 192(R13)(R8*4)
+	LEAQ (SI)(R12*1), R13
+	PREFETCHT0 (R13)(R8*4)
+	PREFETCHT0 64(R13)(R8*4)
+	PREFETCHT0 128(R13)(R8*4)
+	PREFETCHT0 192(R13)(R8*4)
+	MOVQ a0+8(FP), AX
+	MOVQ a1+16(FP), R10
+	MOVQ DX, CX
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	TESTQ CX, CX
+	JZ z4end
+
+z4loop:
+	VMOVUPS (AX), Z8
+	VMOVUPS (R10), Z9
+	VMOVUPS (SI), Z10
+	VMOVUPS (SI)(R8*1), Z11
+	VMOVUPS (SI)(R8*2), Z12
+	VMOVUPS (SI)(R12*1), Z13
+	VFMADD231PS Z10, Z8, Z1 // a = (a0, row 0)
+	VFMADD231PS Z10, Z9, Z3 // b = (a1, row 0)
+	VFMADD231PS Z11, Z8, Z5 // c = (a0, row 1)
+	VFMADD231PS Z11, Z9, Z7 // d = (a1, row 1)
+	VFMADD231PS Z12, Z8, Z0 // e = (a0, row 2)
+	VFMADD231PS Z12, Z9, Z2 // f = (a1, row 2)
+	VFMADD231PS Z13, Z8, Z4 // g = (a0, row 3)
+	VFMADD231PS Z13, Z9, Z6 // h = (a1, row 3)
+	ADDQ $64, AX
+	ADDQ $64, R10
+	ADDQ $64, SI
+	DECQ CX
+	JNZ z4loop
+
+z4end:
+	// lo + hi of each, as sdotRows2x4AVX2's first adds
+	VEXTRACTF64X4 $1, Z0, Y15
+	VADDPS Y15, Y0, Y0
+	VEXTRACTF64X4 $1, Z1, Y15
+	VADDPS Y15, Y1, Y1
+	VEXTRACTF64X4 $1, Z2, Y15
+	VADDPS Y15, Y2, Y2
+	VEXTRACTF64X4 $1, Z3, Y15
+	VADDPS Y15, Y3, Y3
+	VEXTRACTF64X4 $1, Z4, Y15
+	VADDPS Y15, Y4, Y4
+	VEXTRACTF64X4 $1, Z5, Y15
+	VADDPS Y15, Y5, Y5
+	VEXTRACTF64X4 $1, Z6, Y15
+	VADDPS Y15, Y6, Y6
+	VEXTRACTF64X4 $1, Z7, Y15
+	VADDPS Y15, Y7, Y7
+	// SDRRED's second add, lanes i and i+4 of each: [wa | wb] and so on
+	VPERM2F128 $0x20, Y3, Y1, Y8
+	VPERM2F128 $0x31, Y3, Y1, Y9
+	VADDPS Y9, Y8, Y8
+	VPERM2F128 $0x20, Y7, Y5, Y10
+	VPERM2F128 $0x31, Y7, Y5, Y11
+	VADDPS Y11, Y10, Y10
+	VPERM2F128 $0x20, Y2, Y0, Y12
+	VPERM2F128 $0x31, Y2, Y0, Y13
+	VADDPS Y13, Y12, Y12
+	VPERM2F128 $0x20, Y6, Y4, Y14
+	VPERM2F128 $0x31, Y6, Y4, Y15
+	VADDPS Y15, Y14, Y14
+	// the third, lanes i and i+2 of each w: [xa xc | xb xd], [xe xg | xf xh]
+	VSHUFPS $0x44, Y10, Y8, Y1
+	VSHUFPS $0xEE, Y10, Y8, Y3
+	VADDPS Y3, Y1, Y1
+	VSHUFPS $0x44, Y14, Y12, Y5
+	VSHUFPS $0xEE, Y14, Y12, Y7
+	VADDPS Y7, Y5, Y5
+	// the last, lanes 0 and 1 of each x: [ya yc ye yg | yb yd yf yh]
+	VSHUFPS $0x88, Y5, Y1, Y9
+	VSHUFPS $0xDD, Y5, Y1, Y11
+	VADDPS Y11, Y9, Y9
+	VMOVUPS X9, (DI)
+	VEXTRACTF128 $1, Y9, (R11)
+	ADDQ $16, DI
+	ADDQ $16, R11
+	LEAQ (BX)(R8*4), BX
+	DECQ R9
+	JMP z4group
+
+z4done:
+	VZEROUPPER
+	RET

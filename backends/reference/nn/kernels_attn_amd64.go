@@ -22,6 +22,29 @@ func wsum2F64(n int, p0, p1 *float64, v *float32, ldv int, nb int, acc0, acc1 *f
 //go:noescape
 func wsum2F64x64(n int, p0, p1 *float64, v *float32, ldv int, nb int, acc0, acc1 *float64)
 
+// wsum2F64x64W is wsum2F64x64 on values already widened to float64 (rows ldv apart),
+// with its bits.
+//
+//go:noescape
+func wsum2F64x64W(n int, p0, p1 *float64, v *float64, ldv int, nb int, acc0, acc1 *float64)
+
+// divF64x8 sets x[i] /= d for i < 8·n8 with AVX-512F, with the scalar loop's bits.
+//
+//go:noescape
+func divF64x8(n8 int, x *float64, d float64)
+
+// divBy sets x[i] /= d for every i, with the bits of the scalar loop.
+func divBy(x []float64, d float64) {
+	i := 0
+	if n8 := len(x) / 8; hasWsum512 && n8 > 0 {
+		divF64x8(n8, &x[0], d)
+		i = 8 * n8
+	}
+	for ; i < len(x); i++ {
+		x[i] /= d
+	}
+}
+
 var (
 	hasWsum    = cpu.X86.HasAVX
 	hasWsum512 = cpu.X86.HasAVX512F
@@ -43,6 +66,25 @@ func weightedSum2[T Float](acc0, acc1, p0, p1 []float64, v []T, ldv int) {
 			wsum2F64(n, &p0[0], &p1[0], &vf[d0], ldv, nb, &acc0[d0], &acc1[d0])
 			d0 += 16 * nb
 		}
+	}
+	weightedSumFrom(acc0, p0, v, ldv, d0)
+	weightedSumFrom(acc1, p1, v, ldv, d0)
+}
+
+// wideValues says whether weightedSum2W has a kernel for head size hd: prompt chunks then
+// widen their values to float64 once per layer (headMajorWide) rather than once per row
+// read.
+func wideValues(hd int) bool { return hasWsum512 && hd%64 == 0 }
+
+// weightedSum2W is weightedSum2 on values already widened to float64 (v[j·ldv+d] =
+// float64 of the value), with its bits: each lane is the same multiply then add, j in
+// order.
+func weightedSum2W(acc0, acc1, p0, p1, v []float64, ldv int) {
+	hd, d0 := len(acc0), 0
+	if n, nb := len(p0), hd/64; hasWsum512 && n > 0 && nb > 0 {
+		_, _, _ = v[(n-1)*ldv+64*nb-1], p1[n-1], acc1[64*nb-1]
+		wsum2F64x64W(n, &p0[0], &p1[0], &v[0], ldv, nb, &acc0[0], &acc1[0])
+		d0 = 64 * nb
 	}
 	weightedSumFrom(acc0, p0, v, ldv, d0)
 	weightedSumFrom(acc1, p1, v, ldv, d0)

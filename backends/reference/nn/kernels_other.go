@@ -9,6 +9,7 @@ var (
 	hasRowDot  = false
 	rowTile    = 0
 	hasWsum512 = false // no AVX-512 attention kernel
+	hasDot512  = false
 )
 
 func rowTiles() []int { return nil }
@@ -23,6 +24,22 @@ func rowDot1(k8 int, a0, b *float32, ldb int, out *[8]float32) { panic("nn: no r
 
 func rowDot8(k8 int, a, b *float32, ldb int, ng int, c *float32, acc bool) {
 	panic("nn: no row kernels")
+}
+
+// divBy sets x[i] /= d for every i.
+func divBy(x []float64, d float64) {
+	for i := range x {
+		x[i] /= d
+	}
+}
+
+// wideValues says whether weightedSum2W has a kernel for head size hd (none here).
+func wideValues(hd int) bool { return false }
+
+// weightedSum2W is weightedSum2 on values already widened to float64, with its bits.
+func weightedSum2W(acc0, acc1, p0, p1, v []float64, ldv int) {
+	weightedSumFrom(acc0, p0, v, ldv, 0)
+	weightedSumFrom(acc1, p1, v, ldv, 0)
 }
 
 // weightedSum sets acc[d] += Σ_{j<len(p)} p[j]·float64(v[j·ldv+d]) for d < len(acc), j in

@@ -395,6 +395,27 @@ func ReadConfig(dir string) (Config, error) {
 	return c, c.normalize()
 }
 
+// readTensor reads a tensor as T: a float32 model's straight into float32 (no float64
+// copy of the tensor at load), with the bits of T of the float64 read.
+func readTensor[T Float](f *safetensors.File, name string) ([]T, []int64, error) {
+	if _, ok := any([]T(nil)).([]float32); ok {
+		d, s, err := f.ReadFloat32(name)
+		return any(d).([]T), s, err
+	}
+	d, s, err := f.ReadFloat64(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if out, ok := any(d).([]T); ok {
+		return out, s, nil
+	}
+	out := make([]T, len(d))
+	for i, v := range d {
+		out[i] = T(v)
+	}
+	return out, s, nil
+}
+
 // Load reads a Hugging Face model folder: config.json and every *.safetensors file in it.
 func Load[T Float](dir string) (*Model[T], error) {
 	cfg, err := ReadConfig(dir)
@@ -422,7 +443,7 @@ func Load[T Float](dir string) (*Model[T], error) {
 		if !ok {
 			return nil, fmt.Errorf("tensor %s not found in %s", name, dir)
 		}
-		d, s, err := f.ReadFloat64(name)
+		out, s, err := readTensor[T](f, name)
 		if err != nil {
 			return nil, err
 		}
@@ -431,13 +452,9 @@ func Load[T Float](dir string) (*Model[T], error) {
 			for _, x := range shape {
 				want *= x
 			}
-			if len(d) != want {
+			if len(out) != want {
 				return nil, fmt.Errorf("tensor %s has shape %v, want %v", name, s, shape)
 			}
-		}
-		out := make([]T, len(d))
-		for i, v := range d {
-			out[i] = T(v)
 		}
 		return out, nil
 	}

@@ -252,6 +252,21 @@ func Numel(shape []int64) int64 {
 
 // ReadFloat64 reads a tensor converted to float64.
 func (f *File) ReadFloat64(name string) ([]float64, []int64, error) {
+	return readFloats[float64](f, name)
+}
+
+// ReadFloat32 reads a tensor converted to float32: each value is float32 of what
+// ReadFloat64 returns (exact for F32, F16 and BF16), without the float64 copy.
+func (f *File) ReadFloat32(name string) ([]float32, []int64, error) {
+	return readFloats[float32](f, name)
+}
+
+// readChunkBytes is how much of a tensor's bytes readFloats holds at a time: the peak of
+// a read is the converted tensor plus one chunk.
+var readChunkBytes int64 = 4 << 20
+
+// readFloats reads a tensor converted to E, a chunk of its bytes at a time.
+func readFloats[E float32 | float64](f *File, name string) ([]E, []int64, error) {
 	info, ok := f.Tensors[name]
 	if !ok {
 		return nil, nil, fmt.Errorf("tensor %q not found", name)
@@ -261,44 +276,44 @@ func (f *File) ReadFloat64(name string) ([]float64, []int64, error) {
 	}
 	es := elemSizes[info.DType]
 	nb := info.Offsets[1] - info.Offsets[0] // validated by Parse: numel*es, inside the file
-	n := nb / es
-	buf := make([]byte, nb)
-	if _, err := f.r.ReadAt(buf, f.base+info.Offsets[0]); err != nil {
-		return nil, nil, fmt.Errorf("tensor %q: %w", name, err)
-	}
-	out := make([]float64, n)
-	switch info.DType {
-	case "F32":
-		for i := range out {
-			out[i] = float64(math.Float32frombits(binary.LittleEndian.Uint32(buf[4*i:])))
+	out := make([]E, nb/es)
+	buf := make([]byte, min(nb, max(readChunkBytes/es, 1)*es))
+	for off := int64(0); off < nb; off += int64(len(buf)) {
+		b := buf[:min(int64(len(buf)), nb-off)]
+		if _, err := f.r.ReadAt(b, f.base+info.Offsets[0]+off); err != nil {
+			return nil, nil, fmt.Errorf("tensor %q: %w", name, err)
 		}
-	case "F64":
-		for i := range out {
-			out[i] = math.Float64frombits(binary.LittleEndian.Uint64(buf[8*i:]))
-		}
-	case "BF16":
-		for i := range out {
-			out[i] = float64(math.Float32frombits(uint32(binary.LittleEndian.Uint16(buf[2*i:])) << 16))
-		}
-	case "F16":
-		for i := range out {
-			out[i] = float64(F16ToF32(binary.LittleEndian.Uint16(buf[2*i:])))
+		o := out[off/es:][:int64(len(b))/es]
+		switch info.DType {
+		case "F32":
+			for i := range o {
+				o[i] = E(math.Float32frombits(quiet(binary.LittleEndian.Uint32(b[4*i:]))))
+			}
+		case "F64":
+			for i := range o {
+				o[i] = E(math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:])))
+			}
+		case "BF16":
+			for i := range o {
+				o[i] = E(math.Float32frombits(quiet(uint32(binary.LittleEndian.Uint16(b[2*i:])) << 16)))
+			}
+		case "F16":
+			for i := range o {
+				o[i] = E(math.Float32frombits(quiet(math.Float32bits(F16ToF32(binary.LittleEndian.Uint16(b[2*i:]))))))
+			}
 		}
 	}
 	return out, info.Shape, nil
 }
 
-// ReadFloat32 reads a tensor converted to float32.
-func (f *File) ReadFloat32(name string) ([]float32, []int64, error) {
-	d, s, err := f.ReadFloat64(name)
-	if err != nil {
-		return nil, nil, err
+// quiet returns the float32 bits x with a signalling NaN made quiet (its quiet bit set),
+// as the float64 of the value would be: a float32 read directly gets the bits that
+// float32 of the float64 read gives, NaNs included.
+func quiet(x uint32) uint32 {
+	if x&0x7f800000 == 0x7f800000 && x&0x007fffff != 0 {
+		return x | 0x00400000
 	}
-	out := make([]float32, len(d))
-	for i, v := range d {
-		out[i] = float32(v)
-	}
-	return out, s, nil
+	return x
 }
 
 // F16ToF32 converts an IEEE half-precision value.

@@ -3,6 +3,9 @@ package safetensors
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -161,4 +164,46 @@ func FuzzParse(f *testing.F) {
 		}
 		require.Equal(t, int64(len(b))-file.base, total, "the tensors do not tile the data section")
 	})
+}
+
+// TestReadFloat32IsFloat32OfReadFloat64: for every float dtype, random bit patterns
+// (NaNs, infinities and subnormals among them) read as float32 have the bits of float32
+// of the float64 read, also when the tensor spans several read chunks.
+func TestReadFloat32IsFloat32OfReadFloat64(t *testing.T) {
+	defer func(n int64) { readChunkBytes = n }(readChunkBytes)
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, chunk := range []int64{4 << 20, 24, 7} {
+		readChunkBytes = chunk
+		for _, dt := range FloatDTypes {
+			es := elemSizes[dt]
+			const n = 301
+			data := make([]byte, n*es)
+			for i := range data {
+				data[i] = byte(r.Uint32())
+			}
+			// a signalling NaN and an infinity in the first elements of each width
+			switch dt {
+			case "F32":
+				binary.LittleEndian.PutUint32(data, 0x7f800001)
+				binary.LittleEndian.PutUint32(data[4:], 0xff800000)
+			case "BF16":
+				binary.LittleEndian.PutUint16(data, 0x7f81)
+			case "F16":
+				binary.LittleEndian.PutUint16(data, 0x7c01)
+			case "F64":
+				binary.LittleEndian.PutUint64(data, 0x7ff0000000000001)
+			}
+			hdr := fmt.Sprintf(`{"x":{"dtype":%q,"shape":[%d],"data_offsets":[0,%d]}}`, dt, n, len(data))
+			f, err := parse(img(hdr, data), Limits{})
+			require.NoError(t, err)
+			d64, _, err := f.ReadFloat64("x")
+			require.NoError(t, err)
+			d32, _, err := f.ReadFloat32("x")
+			require.NoError(t, err)
+			require.Len(t, d32, n)
+			for i, v := range d64 {
+				require.Equal(t, math.Float32bits(float32(v)), math.Float32bits(d32[i]), "%s element %d, chunk %d", dt, i, chunk)
+			}
+		}
+	}
 }

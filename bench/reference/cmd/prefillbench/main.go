@@ -24,14 +24,15 @@ import (
 
 func main() {
 	var (
-		layers  = flag.Int("layers", 4, "decoder layers (Qwen3-0.6B has 28)")
-		prompt  = flag.Int("prompt", 700, "prompt tokens to prefill")
-		fbBatch = flag.Int("fb-batch", 4, "forward pass: sequences")
-		fbSeq   = flag.Int("fb-seq", 128, "forward pass: tokens per sequence")
-		rounds  = flag.Int("rounds", 5, "timed rounds (after one warm-up)")
-		threads = flag.Int("threads", runtime.NumCPU(), "kernel goroutines")
-		modes   = flag.String("modes", "prefill,fwd", "prefill, fwd or both")
-		cpuProf = flag.String("cpuprofile", "", "write a CPU profile of the timed end-to-end runs (the kernel's runs are then left out)")
+		layers   = flag.Int("layers", 4, "decoder layers (Qwen3-0.6B has 28)")
+		prompt   = flag.Int("prompt", 700, "prompt tokens to prefill")
+		fbBatch  = flag.Int("fb-batch", 4, "forward pass: sequences")
+		fbSeq    = flag.Int("fb-seq", 128, "forward pass: tokens per sequence")
+		rounds   = flag.Int("rounds", 5, "timed rounds (after one warm-up)")
+		threads  = flag.Int("threads", runtime.NumCPU(), "kernel goroutines")
+		modes    = flag.String("modes", "prefill,fwd", "prefill, fwd or both")
+		cpuProf  = flag.String("cpuprofile", "", "write a CPU profile of the timed end-to-end runs (the kernel's runs are then left out)")
+		kernProf = flag.String("kernelprofile", "", "write a CPU profile of the timed kernel runs (the end-to-end runs are then left out)")
 	)
 	flag.Parse()
 	nn.SetThreads(*threads)
@@ -85,8 +86,8 @@ func main() {
 	res := map[string]*meas{"prefill": {}, "fwd": {}}
 	var prof *os.File
 	for i := 0; i <= *rounds; i++ {
-		if i == 1 && *cpuProf != "" {
-			prof, _ = os.Create(*cpuProf)
+		if i == 1 && (*cpuProf != "" || *kernProf != "") {
+			prof, _ = os.Create(*cpuProf + *kernProf)
 			_ = pprof.StartCPUProfile(prof)
 		}
 		for _, name := range []string{"prefill", "fwd"} {
@@ -97,7 +98,10 @@ func main() {
 			if name == "fwd" {
 				e2e, rows, head = fwd, []int{fbRows}, headChunks(fbRows)
 			}
-			d, dc := timeIt(e2e)
+			d, dc := 1.0, 1.0
+			if *kernProf == "" {
+				d, dc = timeIt(e2e)
+			}
 			k, kc := 1.0, 1.0
 			if *cpuProf == "" {
 				k, kc = timeIt(func() { kern.run(rows, head) })
@@ -129,6 +133,11 @@ func main() {
 		if *cpuProf != "" {
 			fmt.Printf("%-8s %.2f GFLOP | wall %.3f s, cpu %.3f s (the kernel is not run while profiling)\n",
 				name, total/1e9, median(ms.e2e), median(ms.e2eCPU))
+			return
+		}
+		if *kernProf != "" {
+			fmt.Printf("%-8s kernel %.2f GFLOP | wall %.3f s, cpu %.3f s (the end-to-end run is left out while profiling)\n",
+				name, lin/1e9, median(ms.kern), median(ms.kernCPU))
 			return
 		}
 		e, k := median(ms.e2e), median(ms.kern)
