@@ -702,8 +702,17 @@ class Engine:
     def capabilities(self):
         from .proto import bpb
 
+        models = []
+        for n in self.order:
+            bm = self.models[n]
+            m = tpb.ModelInfo()
+            m.CopyFrom(bm.info)
+            # full fine-tuning (rank 0): on one rank, not of a vision-language checkpoint (_new_full)
+            m.full_finetune = (self.full_runs > 0 and self.dist is None and not bm.vision_checkpoint
+                               and bm.device.type != "meta")
+            models.append(m)
         return bpb.GetCapabilitiesResponse(
-            models=[self.models[n].info for n in self.order], loss_functions=list(LOSS_FUNCTIONS),
+            models=models, loss_functions=list(LOSS_FUNCTIONS),
             max_adapters=self.max_adapters, implementation=IMPLEMENTATION, saves_gradients=True,
             checkpoint_urls=True)
 
