@@ -770,7 +770,8 @@ class Engine:
         if n >= self.full_runs:
             raise WorkerError(RESOURCE_EXHAUSTED, f"the worker holds {n} full fine-tuning runs, its limit of {self.full_runs} "
                               f"(each holds its own copy of the model with gradients, master weights and Adam state); "
-                              f"end one, or train a LoRA adapter (rank 1 or more)")
+                              f"end one (loops runs unload RUN, or end its session), or train a LoRA adapter (rank 1 or more); "
+                              f"an operator raises the limit with the worker's --full-finetune-runs")
 
     def _new_full(self, adapter_id: str, bm: BaseModel) -> "full.FullRun":
         """A full fine-tuning run on bm: its own copy of the model (full.py)."""
