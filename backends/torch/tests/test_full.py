@@ -221,7 +221,10 @@ def test_refusals(tiny_dir, tmp_path):
         engine.load_adapter(bpb.LoadAdapterRequest(adapter_id="full", dir=d))
     assert e.value.code == INVALID_ARGUMENT and "model.norm.weight" in e.value.message and "shape" in e.value.message
     assert torch.equal(engine.adapter("full").params[k], before)
+    # the catalog says which worker serves it
+    assert engine.capabilities().models[0].full_finetune
     off = _engine(tiny_dir, torch.float32, full_runs=0)
+    assert not off.capabilities().models[0].full_finetune
     with pytest.raises(WorkerError) as e:
         _create(off, "full")
     assert e.value.code == RESOURCE_EXHAUSTED
