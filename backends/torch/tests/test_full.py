@@ -82,7 +82,8 @@ def test_full_finetune_equals_float64_adamw(tiny_dir):
         for r in rows:
             ids = torch.tensor([r])
             lp = torch.log_softmax(ref(input_ids=ids).logits[0], dim=-1)
-            tl = -(torch.tensor(_weights(len(r)), dtype=torch.float64) * lp[torch.arange(len(r)), torch.tensor(r[1:] + [0])]).sum()
+            # (the weights travel as float32 on the wire)
+            tl = -(torch.tensor(_weights(len(r)), dtype=torch.float32).double() * lp[torch.arange(len(r)), torch.tensor(r[1:] + [0])]).sum()
             tl.backward()
             want += float(tl)
         assert abs(got.metrics["loss:sum"] - want) <= TOL * max(1.0, abs(want))
