@@ -91,7 +91,7 @@ func (s *server) trainingRunToJSON(r *http.Request, t *loopsv1.TrainingRun) trai
 		last = t.GetCreateTime()
 	}
 	return trainingRunJSON{
-		TrainingRunID: t.GetId(), BaseModel: t.GetBaseModel(), ModelOwner: s.opt.Owner(r.Context()), IsLora: true,
+		TrainingRunID: t.GetId(), BaseModel: t.GetBaseModel(), ModelOwner: s.opt.Owner(r.Context()), IsLora: t.GetLora().GetRank() > 0,
 		Corrupted: t.GetCorrupted(), LoraRank: t.GetLora().GetRank(), LastRequestTime: rfc3339(last),
 		LastCheckpoint: checkpointToJSON(t.GetLastCheckpoint()), LastSamplerCheckpoint: checkpointToJSON(t.GetLastSamplerCheckpoint()),
 		UserMetadata: t.GetUserMetadata(),

@@ -50,8 +50,8 @@ func (l *loraConfigJSON) toProto() (*loopsv1.LoraConfig, error) {
 	if l == nil {
 		return nil, badRequest("lora_config is required: Loops trains LoRA adapters (use create_lora_training_client)")
 	}
-	if l.Rank == nil || *l.Rank <= 0 || *l.Rank > 1<<20 {
-		return nil, badRequest("lora_config.rank must be a positive integer")
+	if l.Rank == nil || *l.Rank < 0 || *l.Rank > 1<<20 {
+		return nil, badRequest("lora_config.rank must be a positive integer, or 0 for full fine-tuning (every weight trained)")
 	}
 	out := &loopsv1.LoraConfig{
 		Rank:         int32(*l.Rank),
@@ -156,7 +156,7 @@ func (s *server) getInfo(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	s.edge.WriteJSON(w, http.StatusOK, getInfoResponse{
-		Type: "get_info", ModelID: req.ModelID, ModelData: md, IsLora: true, LoraRank: run.GetLora().GetRank(),
+		Type: "get_info", ModelID: req.ModelID, ModelData: md, IsLora: run.GetLora().GetRank() > 0, LoraRank: run.GetLora().GetRank(),
 		ModelName: run.GetBaseModel(), OptimizerConfig: optimizerConfig{Type: "adamw"},
 	})
 	return nil
@@ -490,7 +490,7 @@ func (s *server) weightsInfo(w http.ResponseWriter, r *http.Request) error {
 	}
 	l := ck.GetLora()
 	s.edge.WriteJSON(w, http.StatusOK, weightsInfoResponse{
-		BaseModel: ck.GetBaseModel(), IsLora: true, LoraRank: l.GetRank(), TrainUnembed: l.GetTrainUnembed(),
+		BaseModel: ck.GetBaseModel(), IsLora: l.GetRank() > 0, LoraRank: l.GetRank(), TrainUnembed: l.GetTrainUnembed(),
 		TrainMLP: l.GetTrainMlp(), TrainAttn: l.GetTrainAttn(), OptimizerConfig: optimizerConfig{Type: "adamw"},
 	})
 	return nil

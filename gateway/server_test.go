@@ -183,7 +183,8 @@ func TestSurfacesShareOneCore(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode, string(b))
-	require.Contains(t, string(b), "rank must be positive")
+	// rank 0 is full fine-tuning, which the reference engine does not serve
+	require.Contains(t, string(b), "full fine-tuning (lora rank 0) of loops/tiny is not served by its backend (the reference engine): the torch worker serves it (loops serve --backend torch)")
 
 	// Tinker.
 	req, _ = http.NewRequestWithContext(ctx, http.MethodPost, url+"/api/v1/create_session", bytes.NewReader([]byte(`{"tags":[],"user_metadata":{},"sdk_version":"0.38.0","type":"create_session"}`)))

@@ -296,6 +296,11 @@ func (e *Engine) checkLora(lc *loopsv1.LoraConfig) (nn.LoraConfig, error) {
 	if lc == nil {
 		return nn.LoraConfig{}, invalid("lora config is required")
 	}
+	if lc.Rank == 0 {
+		return nn.LoraConfig{}, connect.NewError(connect.CodeFailedPrecondition, errors.New(
+			"full fine-tuning (LoRA rank 0) is not served by the reference engine, which trains LoRA adapters only: "+
+				"the torch worker serves it (loops serve --backend torch); or give a LoRA rank from 1 to "+fmt.Sprint(e.opts.MaxLoraRank)))
+	}
 	if lc.Rank < 1 || int(lc.Rank) > e.opts.MaxLoraRank {
 		return nn.LoraConfig{}, invalid("LoRA rank %d is out of range: use a rank from 1 to %d", lc.Rank, e.opts.MaxLoraRank)
 	}

@@ -510,6 +510,10 @@ func TestBadInput(t *testing.T) {
 	createAdapter(t, e, "bad", 4, 1)
 	code := func(err error) connect.Code { return connect.CodeOf(err) }
 	_, err := e.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "r0", BaseModel: tiny.Name, Lora: &loopsv1.LoraConfig{Rank: 0, TrainAttn: true}})
+	// rank 0 is full fine-tuning, which the torch worker serves
+	require.Equal(t, connect.CodeFailedPrecondition, code(err))
+	require.Contains(t, err.Error(), "full fine-tuning (LoRA rank 0) is not served by the reference engine, which trains LoRA adapters only: the torch worker serves it (loops serve --backend torch)")
+	_, err = e.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "neg", BaseModel: tiny.Name, Lora: &loopsv1.LoraConfig{Rank: -1, TrainAttn: true}})
 	require.Equal(t, connect.CodeInvalidArgument, code(err))
 	_, err = e.CreateAdapter(ctx, &backendv1.CreateAdapterRequest{AdapterId: "r99", BaseModel: tiny.Name, Lora: &loopsv1.LoraConfig{Rank: 99, TrainAttn: true}})
 	require.Equal(t, connect.CodeInvalidArgument, code(err))

@@ -42,7 +42,7 @@ const LogLevelEnv = "LOOPS_WORKER_LOG"
 var pythonOnly = map[string]bool{"dtype": true, "sampler": true, "attn-implementation": true, "grad-checkpointing": true,
 	"no-grad-checkpointing": true, "vllm-gpu-memory-utilization": true, "vllm-max-loras": true,
 	"vllm-max-model-len": true, "vllm-enforce-eager": true, "grpc-threads": true,
-	"checkpoint-tokens": true, "logits-budget": true}
+	"checkpoint-tokens": true, "logits-budget": true, "full-finetune-runs": true}
 
 var poolIDRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
 

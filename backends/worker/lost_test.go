@@ -20,7 +20,7 @@ func TestLostIsBounded(t *testing.T) {
 	for round := range 3 {
 		w := &worker{b: b, alive: true, up: make(chan struct{}), addr: fmt.Sprintf("w%d", round)}
 		for i := range maxLost {
-			b.bind(fmt.Sprintf("r%d-a%d", round, i), w)
+			b.bind(fmt.Sprintf("r%d-a%d", round, i), w, false)
 		}
 		w.fail(-1, "killed")
 		require.LessOrEqual(t, len(b.lost), maxLost)

@@ -16,6 +16,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -228,6 +229,10 @@ type Backend struct {
 	workers  []*worker
 	adapters map[string]*worker
 	lost     map[string]lostEntry // adapter id -> why it is gone (lost.go: bounded)
+	// full are the adapters that are full fine-tuning runs (LoRA rank 0), known from their
+	// CreateAdapter or their checkpoint folder; an entry goes with DeleteAdapter. Placement
+	// keeps them apart (pickAdapter): a worker holds few of them (--full-finetune-runs).
+	full map[string]bool
 	// lostOrder are the records of lost, oldest first; lostSeq numbers them
 	lostOrder []lostRef
 	lostSeq   uint64
@@ -435,6 +440,7 @@ type worker struct {
 	cl     *clients
 	caps   *backendv1.GetCapabilitiesResponse
 	nAdapt int
+	nFull  int         // of nAdapt, the full fine-tuning runs (Backend.full)
 	load   samplerLoad // route.go
 	// pool mode: the registered replica the slot is attached to (pool empty when none)
 	pool    string
@@ -577,6 +583,7 @@ func (w *worker) fail(gen int, reason string) {
 		}
 	}
 	w.nAdapt = 0
+	w.nFull = 0
 	w.b.mu.Unlock()
 }
 
@@ -782,6 +789,14 @@ func serves(caps *backendv1.GetCapabilitiesResponse, names ...string) bool {
 // pick chooses a worker of pool ("": the shared pools) serving the model (fewest adapters
 // first; alive preferred).
 func (b *Backend) pick(pool string, names ...string) (*worker, error) {
+	return b.pickAdapter(pool, false, names...)
+}
+
+// pickAdapter is pick for a new adapter; full (a full fine-tuning run, LoRA rank 0) prefers
+// the workers holding the fewest full runs, before the fewest adapters: each such run holds
+// its own copy of the model, and a worker holds few (the torch worker's
+// --full-finetune-runs).
+func (b *Backend) pickAdapter(pool string, full bool, names ...string) (*worker, error) {
 	var best *worker
 	var served []string
 	seen := map[string]bool{}
@@ -791,7 +806,7 @@ func (b *Backend) pick(pool string, names ...string) (*worker, error) {
 	for k := range n {
 		w := b.workers[(b.rr+k)%n]
 		w.mu.Lock()
-		caps, alive, na, wpool := w.caps, w.alive, w.nAdapt, w.pool
+		caps, alive, na, nf, wpool := w.caps, w.alive, w.nAdapt, w.nFull, w.pool
 		w.mu.Unlock()
 		if !b.inPoolLocked(wpool, pool) || b.roles[wpool] == pools.RoleSampler {
 			continue // another pool's, or a sampler replica (pick places adapters)
@@ -810,9 +825,12 @@ func (b *Backend) pick(pool string, names ...string) (*worker, error) {
 			continue
 		}
 		best.mu.Lock()
-		bAlive, bN := best.alive, best.nAdapt
+		bAlive, bN, bF := best.alive, best.nAdapt, best.nFull
 		best.mu.Unlock()
-		if (alive && !bAlive) || (alive == bAlive && na < bN) {
+		if !full {
+			nf, bF = 0, 0
+		}
+		if (alive && !bAlive) || (alive == bAlive && (nf < bF || nf == bF && na < bN)) {
 			best = w
 		}
 	}
@@ -899,7 +917,8 @@ func (t *trainer) CreateAdapter(ctx context.Context, req *backendv1.CreateAdapte
 	if err := b.usePool(ctx, req.GetPool(), false); err != nil {
 		return nil, err
 	}
-	w, err := b.pick(req.GetPool(), req.GetBaseModel())
+	full := req.GetLora() != nil && req.GetLora().GetRank() == 0
+	w, err := b.pickAdapter(req.GetPool(), full, req.GetBaseModel())
 	if err != nil {
 		return nil, err
 	}
@@ -922,13 +941,34 @@ func (t *trainer) CreateAdapter(ctx context.Context, req *backendv1.CreateAdapte
 	if err != nil {
 		return nil, err
 	}
-	b.bind(req.GetAdapterId(), w)
+	b.bind(req.GetAdapterId(), w, full)
 	return resp, nil
 }
 
-func (b *Backend) bind(id string, w *worker) {
+// unbindLocked forgets that worker w holds adapter id (a deleted adapter); b.mu is held.
+func (b *Backend) unbindLocked(id string, w *worker) {
+	if b.adapters[id] == w {
+		delete(b.adapters, id)
+		w.mu.Lock()
+		w.nAdapt--
+		if b.full[id] {
+			w.nFull--
+		}
+		w.mu.Unlock()
+	}
+	delete(b.full, id)
+}
+
+// bind records that worker w holds adapter id; full marks it a full fine-tuning run.
+func (b *Backend) bind(id string, w *worker, full bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if full {
+		if b.full == nil {
+			b.full = map[string]bool{}
+		}
+		b.full[id] = true
+	}
 	if old, ok := b.adapters[id]; ok && old == w {
 		return
 	}
@@ -936,6 +976,9 @@ func (b *Backend) bind(id string, w *worker) {
 	delete(b.lost, id)
 	w.mu.Lock()
 	w.nAdapt++
+	if b.full[id] {
+		w.nFull++
+	}
 	w.mu.Unlock()
 }
 
@@ -955,12 +998,7 @@ func (t *trainer) DeleteAdapter(ctx context.Context, req *backendv1.DeleteAdapte
 		return nil, err
 	}
 	b.mu.Lock()
-	if b.adapters[req.GetAdapterId()] == w {
-		delete(b.adapters, req.GetAdapterId())
-		w.mu.Lock()
-		w.nAdapt--
-		w.mu.Unlock()
-	}
+	b.unbindLocked(req.GetAdapterId(), w)
 	b.mu.Unlock()
 	if resp == nil {
 		resp = &backendv1.DeleteAdapterResponse{}
@@ -1070,12 +1108,16 @@ func (t *trainer) LoadAdapter(ctx context.Context, req *backendv1.LoadAdapterReq
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("adapter_id is required"))
 	}
 	w, err := b.adapterWorker(req.GetAdapterId())
+	full := false
 	if err != nil {
 		base := folderBaseModel(req.GetDir())
 		if base == "" {
+			base, full = fullFolderBaseModel(req.GetDir())
+		}
+		if base == "" {
 			return nil, err
 		}
-		w2, perr := b.pick("", base)
+		w2, perr := b.pickAdapter("", full, base)
 		if perr != nil {
 			return nil, err
 		}
@@ -1087,8 +1129,32 @@ func (t *trainer) LoadAdapter(ctx context.Context, req *backendv1.LoadAdapterReq
 	if err != nil {
 		return nil, err
 	}
-	b.bind(req.GetAdapterId(), w)
+	b.bind(req.GetAdapterId(), w, full)
 	return resp, nil
+}
+
+// FullMarker is the file that makes a folder a full fine-tuning checkpoint of the torch
+// worker (its full.MARKER): JSON naming base_model, among other fields.
+const FullMarker = "loops_full_finetune.json"
+
+// fullFolderBaseModel returns the base model a full fine-tuning checkpoint folder names
+// (its FullMarker, read through a 64 KiB cap) and true, or "" and false.
+func fullFolderBaseModel(dir string) (string, bool) {
+	if !filepath.IsAbs(dir) {
+		return "", false
+	}
+	f, err := os.Open(filepath.Join(dir, FullMarker))
+	if err != nil {
+		return "", false
+	}
+	defer f.Close()
+	var m struct {
+		BaseModel string `json:"base_model"`
+	}
+	if json.NewDecoder(io.LimitReader(f, 64<<10)).Decode(&m) != nil || m.BaseModel == "" {
+		return "", false
+	}
+	return m.BaseModel, true
 }
 
 func folderBaseModel(dir string) string {

@@ -44,14 +44,15 @@ func accessCmd() *cobra.Command {
 
 	var model, reason, workspace, state string
 	var seq, rank, runs int32
+	var fullFT bool
 	var dur time.Duration
 	request := &cobra.Command{
-		Use:   "request --model M [--max-seq-len N] [--max-rank R] [--runs K] --reason \"...\"",
-		Short: "Ask your workspace's admins for a model, longer sequences, a larger rank or more runs",
+		Use:   "request --model M [--max-seq-len N] [--max-rank R] [--runs K] [--full-finetune] --reason \"...\"",
+		Short: "Ask your workspace's admins for a model, longer sequences, a larger rank, more runs or full fine-tuning",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			r, err := client().RequestAccess(cmd.Context(), &loopsv1.RequestAccessRequest{
-				Amounts: &loopsv1.AccessAmounts{Model: model, MaxSequenceLength: seq, MaxLoraRank: rank, MaxConcurrentRuns: runs},
+				Amounts: &loopsv1.AccessAmounts{Model: model, MaxSequenceLength: seq, MaxLoraRank: rank, MaxConcurrentRuns: runs, FullFinetune: fullFT},
 				Reason:  reason})
 			if err != nil {
 				return err
@@ -69,6 +70,7 @@ func accessCmd() *cobra.Command {
 		c.Flags().Int32Var(&runs, "runs", 0, "training runs live at once in the workspace")
 	}
 	amountFlags(request)
+	request.Flags().BoolVar(&fullFT, "full-finetune", false, "full fine-tuning (LoRA rank 0: every weight trained) on that model")
 	request.Flags().StringVar(&reason, "reason", "", "why you need it (at most 1024 bytes)")
 	_ = request.MarkFlagRequired("model")
 	_ = request.MarkFlagRequired("reason")
@@ -120,7 +122,8 @@ func accessCmd() *cobra.Command {
 					return err
 				}
 				a := cur.GetRequested()
-				req.Amounts = &loopsv1.AccessAmounts{Model: a.GetModel(), MaxSequenceLength: a.GetMaxSequenceLength(), MaxLoraRank: a.GetMaxLoraRank(), MaxConcurrentRuns: a.GetMaxConcurrentRuns()}
+				req.Amounts = &loopsv1.AccessAmounts{Model: a.GetModel(), MaxSequenceLength: a.GetMaxSequenceLength(), MaxLoraRank: a.GetMaxLoraRank(),
+					MaxConcurrentRuns: a.GetMaxConcurrentRuns(), FullFinetune: a.GetFullFinetune()}
 				if cmd.Flags().Changed("max-seq-len") {
 					req.Amounts.MaxSequenceLength = seq
 				}
@@ -203,11 +206,11 @@ func printAccessRequest(w io.Writer, r *loopsv1.AccessRequest) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	a := r.GetRequested()
 	fmt.Fprintf(tw, "ID\t%s\nWORKSPACE\t%s\nSTATE\t%s\nREQUESTED BY\t%s\n", r.GetId(), r.GetWorkspace(), accessStateName(r.GetState()), r.GetRequestedBy())
-	fmt.Fprintf(tw, "ASKED\tmodel %s, max_sequence_length %s, max_lora_rank %s, runs %s\nREASON\t%s\n", a.GetModel(),
-		amount(a.GetMaxSequenceLength()), amount(a.GetMaxLoraRank()), amount(a.GetMaxConcurrentRuns()), oneLine(r.GetReason()))
+	fmt.Fprintf(tw, "ASKED\tmodel %s, max_sequence_length %s, max_lora_rank %s, runs %s%s\nREASON\t%s\n", a.GetModel(),
+		amount(a.GetMaxSequenceLength()), amount(a.GetMaxLoraRank()), amount(a.GetMaxConcurrentRuns()), fullNote(a), oneLine(r.GetReason()))
 	if g := r.GetGranted(); g != nil {
-		fmt.Fprintf(tw, "GRANTED\tmodel %s, max_sequence_length %s, max_lora_rank %s, runs %s\n", g.GetModel(),
-			amount(g.GetMaxSequenceLength()), amount(g.GetMaxLoraRank()), amount(g.GetMaxConcurrentRuns()))
+		fmt.Fprintf(tw, "GRANTED\tmodel %s, max_sequence_length %s, max_lora_rank %s, runs %s%s\n", g.GetModel(),
+			amount(g.GetMaxSequenceLength()), amount(g.GetMaxLoraRank()), amount(g.GetMaxConcurrentRuns()), fullNote(g))
 	}
 	if r.GetExpireTime() != nil {
 		fmt.Fprintf(tw, "EXPIRES\t%s\n", r.GetExpireTime().AsTime().Format(time.RFC3339))
@@ -233,3 +236,11 @@ func amount(n int32) string {
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// fullNote is ", full fine-tuning" for amounts that ask for or grant it, else nothing.
+func fullNote(a *loopsv1.AccessAmounts) string {
+	if a.GetFullFinetune() {
+		return ", full fine-tuning"
+	}
+	return ""
+}

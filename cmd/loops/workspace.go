@@ -79,6 +79,7 @@ func printWorkspace(w io.Writer, ws *loopsv1.Workspace) error {
 	if m := l.GetAllowedModalities(); len(m) > 0 {
 		fmt.Fprintf(tw, "allowed_modalities\t%s\n", strings.Join(m, ", "))
 	}
+	fmt.Fprintf(tw, "allow_full_finetune\t%s\n", yesNo(l.GetAllowFullFinetune()))
 	for _, b := range ws.GetBudgets() {
 		fmt.Fprintf(tw, "%s\t%s USD\t%s\n", b.GetName(), b.GetLimitUsd(), budgetUse(b))
 	}
@@ -96,7 +97,15 @@ func printWorkspace(w io.Writer, ws *loopsv1.Workspace) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintln(w, "\nNeed more (another model, longer sequences, a larger rank, more runs)? Ask a workspace admin:\n"+
-		`  loops access request --model M [--max-seq-len N] [--max-rank R] [--runs K] --reason "..."`)
+	_, err := fmt.Fprintln(w, "\nNeed more (another model, longer sequences, a larger rank, more runs, full fine-tuning)? Ask a workspace admin:\n"+
+		`  loops access request --model M [--max-seq-len N] [--max-rank R] [--runs K] [--full-finetune] --reason "..."`)
 	return err
+}
+
+// yesNo writes a policy switch.
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
 }

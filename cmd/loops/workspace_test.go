@@ -30,12 +30,13 @@ func TestPrintWorkspaceShowsLimitsBesideUse(t *testing.T) {
 		"max_sequence_length    128",
 		"max_lora_rank          8",
 		"allowed_modalities     text",
+		"allow_full_finetune    no",
 		"",
 		"MODEL       MAX SEQ LEN  MAX LORA RANK",
 		"loops/tiny  128          8",
 		"",
-		"Need more (another model, longer sequences, a larger rank, more runs)? Ask a workspace admin:",
-		`  loops access request --model M [--max-seq-len N] [--max-rank R] [--runs K] --reason "..."`,
+		"Need more (another model, longer sequences, a larger rank, more runs, full fine-tuning)? Ask a workspace admin:",
+		`  loops access request --model M [--max-seq-len N] [--max-rank R] [--runs K] [--full-finetune] --reason "..."`,
 		"",
 	}, "\n"), out.String())
 }

@@ -88,11 +88,19 @@ func errorCases() []testCase {
 		}},
 		{"errors/rank", func(h *harness) {
 			maxRank := h.caps().GetMaxLoraRank()
-			for _, r := range []int32{0, -1, maxRank + 1} {
+			for _, r := range []int32{-1, maxRank + 1} {
 				lc := loraConfig()
 				lc.Rank = r
 				_, err := h.tr.CreateAdapter(h.ctx, &backendv1.CreateAdapterRequest{AdapterId: "bt-bad-rank", BaseModel: h.opts.ModelName, Lora: lc})
 				require.Equal(h.t, connect.CodeInvalidArgument, code(err), "rank %d: %v", r, err)
+			}
+			// rank 0 is full fine-tuning: a backend that does not say it serves it refuses it
+			// as a precondition (the model's backend), never as bad input
+			if !h.caps().GetFullFinetune() {
+				lc := loraConfig()
+				lc.Rank = 0
+				_, err := h.tr.CreateAdapter(h.ctx, &backendv1.CreateAdapterRequest{AdapterId: "bt-bad-rank", BaseModel: h.opts.ModelName, Lora: lc})
+				require.Equal(h.t, connect.CodeFailedPrecondition, code(err), "rank 0: %v", err)
 			}
 		}},
 		{"errors/sample", func(h *harness) {

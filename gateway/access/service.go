@@ -157,7 +157,7 @@ func (s *Service) Reload(ctx context.Context) error {
 func grantOf(r *loopsv1.AccessRequest) policy.Grant {
 	g := r.GetGranted()
 	out := policy.Grant{Workspace: r.GetWorkspace(), Model: g.GetModel(), MaxSequenceLength: int(g.GetMaxSequenceLength()),
-		MaxLoraRank: int(g.GetMaxLoraRank()), MaxConcurrentRuns: int(g.GetMaxConcurrentRuns())}
+		MaxLoraRank: int(g.GetMaxLoraRank()), MaxConcurrentRuns: int(g.GetMaxConcurrentRuns()), FullFinetune: g.GetFullFinetune()}
 	if r.GetExpireTime() != nil {
 		out.Expires = r.GetExpireTime().AsTime()
 	}
@@ -455,6 +455,10 @@ func (s *Service) checkCatalog(a *loopsv1.AccessAmounts) error {
 		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(
 			"max_lora_rank %d is more than %s serves: the maximum is %d", a.GetMaxLoraRank(), a.GetModel(), mx))
 	}
+	if a.GetFullFinetune() && !m.GetFullFinetune() {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(
+			"full_finetune: the backend serving %s does not do full fine-tuning (LoRA rank 0); ask without it", a.GetModel()))
+	}
 	return nil
 }
 
@@ -466,7 +470,8 @@ func limitsJSON(model string, l policy.Limits) string {
 		MaxSequenceLength int    `json:"max_sequence_length"`
 		MaxLoraRank       int    `json:"max_lora_rank"`
 		MaxConcurrentRuns int    `json:"max_concurrent_runs"`
-	}{model, l.Allows(model), l.MaxSequenceLength, l.MaxLoraRank, l.MaxConcurrentRuns})
+		FullFinetune      bool   `json:"full_finetune,omitempty"`
+	}{model, l.Allows(model), l.MaxSequenceLength, l.MaxLoraRank, l.MaxConcurrentRuns, l.AllowFullFinetune})
 	return string(b)
 }
 

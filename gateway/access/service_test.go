@@ -38,7 +38,7 @@ func (c *clock) Add(d time.Duration) {
 }
 
 var catalog = []*loopsv1.ModelInfo{
-	{Name: "small", MaxSequenceLength: 4096, MaxLoraRank: 64},
+	{Name: "small", MaxSequenceLength: 4096, MaxLoraRank: 64, FullFinetune: true},
 	{Name: "big", MaxSequenceLength: 32768, MaxLoraRank: 128},
 }
 
@@ -381,4 +381,32 @@ func TestWebhookURLIsOperatorOnly(t *testing.T) {
 	for i := range d.Fields().Len() {
 		require.NotContains(t, strings.ToLower(string(d.Fields().Get(i).Name())), "url", "a delivery never shows the webhook's URL")
 	}
+}
+
+// TestGrantFullFinetune: full fine-tuning (LoRA rank 0) is asked for and granted on one
+// model like the other amounts; refused on a model whose backend does not serve it; the grant
+// lets the workspace start rank-0 runs on that model, and survives a restart (it is stored
+// with the request).
+func TestGrantFullFinetune(t *testing.T) {
+	e := newEnv(t, access.WebhookOptions{})
+	alice, adminA := member(t, "team-a", "key-alice"), admin(t, "team-a", "key-admin-a")
+	full := func(model string) *loopsv1.RequestAccessRequest {
+		return &loopsv1.RequestAccessRequest{Amounts: &loopsv1.AccessAmounts{Model: model, FullFinetune: true}, Reason: "full fine-tune"}
+	}
+	_, err := e.svc.RequestAccess(alice, full("big"))
+	requireCode(t, err, connect.CodeInvalidArgument, "full_finetune: the backend serving big does not do full fine-tuning (LoRA rank 0)")
+	err = e.pol.StartRun("team-a", "run-0", "small", 0)
+	requireCode(t, err, connect.CodePermissionDenied, "loops access request --model small --full-finetune --reason")
+	r, err := e.svc.RequestAccess(alice, full("small"))
+	require.NoError(t, err)
+	g, err := e.svc.GrantAccessRequest(adminA, &loopsv1.GrantAccessRequestRequest{Id: r.GetId()})
+	require.NoError(t, err)
+	require.True(t, g.GetGranted().GetFullFinetune())
+	require.Contains(t, g.GetPolicyAfter(), `"full_finetune":true`)
+	require.NotContains(t, g.GetPolicyBefore(), "full_finetune")
+	require.NoError(t, e.pol.StartRun("team-a", "run-1", "small", 0))
+	e.pol.EndRun("run-1")
+	e.open(t, access.WebhookOptions{}) // a restart: the grants are reloaded from the store
+	require.NoError(t, e.pol.StartRun("team-a", "run-2", "small", 0))
+	require.Error(t, e.pol.StartRun("team-b", "run-3", "small", 0), "another workspace is not granted")
 }

@@ -171,8 +171,12 @@ func TestBadInputIsRejectedAtSubmission(t *testing.T) {
 			require.Contains(t, err.Error(), tc.want)
 		})
 	}
-	_, err := h.svc.Training.CreateTrainingRun(h.ctx, &loopsv1.CreateTrainingRunRequest{BaseModel: "fake/model", Lora: &loopsv1.LoraConfig{Rank: 0, TrainMlp: true}})
+	_, err := h.svc.Training.CreateTrainingRun(h.ctx, &loopsv1.CreateTrainingRunRequest{BaseModel: "fake/model", Lora: &loopsv1.LoraConfig{Rank: -1, TrainMlp: true}})
 	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
+	// rank 0 is full fine-tuning, which fake/model's backend does not serve
+	_, err = h.svc.Training.CreateTrainingRun(h.ctx, &loopsv1.CreateTrainingRunRequest{BaseModel: "fake/model", Lora: &loopsv1.LoraConfig{Rank: 0, TrainMlp: true}})
+	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err))
+	require.ErrorContains(t, err, "full fine-tuning (lora rank 0) of fake/model is not served by its backend")
 	_, err = h.svc.Training.CreateTrainingRun(h.ctx, &loopsv1.CreateTrainingRunRequest{BaseModel: "fake/model", Lora: &loopsv1.LoraConfig{Rank: 17, TrainMlp: true}})
 	require.ErrorContains(t, err, "over fake/model's limit of 16")
 	_, err = h.svc.Training.CreateTrainingRun(h.ctx, &loopsv1.CreateTrainingRunRequest{BaseModel: "nope", Lora: &loopsv1.LoraConfig{Rank: 1, TrainMlp: true}})

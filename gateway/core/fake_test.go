@@ -12,6 +12,7 @@ import (
 	"github.com/loops-dev/loops/backends"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"google.golang.org/protobuf/proto"
 )
 
 // fakeBackend is a test-only backend: it records calls, can be held at a gate, and computes
@@ -34,6 +35,8 @@ type fakeBackend struct {
 	embedReqs []*backendv1.SampleRequest
 	// tiedEmbeddings is fake/model's ModelInfo.tied_embeddings.
 	tiedEmbeddings bool
+	// info, when set, is fake/model's ModelInfo instead.
+	info *loopsv1.ModelInfo
 }
 
 func newFakeBackend() *fakeBackend {
@@ -45,8 +48,12 @@ func (f *fakeBackend) Sampler() backends.Sampler { return f }
 func (f *fakeBackend) Close() error              { return nil }
 
 func (f *fakeBackend) GetCapabilities(context.Context, *backendv1.GetCapabilitiesRequest) (*backendv1.GetCapabilitiesResponse, error) {
+	m := &loopsv1.ModelInfo{Name: "fake/model", MaxSequenceLength: 64, VocabSize: 100, MaxLoraRank: 16, TokenizerId: "/tmp/tok", TiedEmbeddings: f.tiedEmbeddings}
+	if f.info != nil {
+		m = proto.CloneOf(f.info)
+	}
 	return &backendv1.GetCapabilitiesResponse{
-		Models:        []*loopsv1.ModelInfo{{Name: "fake/model", MaxSequenceLength: 64, VocabSize: 100, MaxLoraRank: 16, TokenizerId: "/tmp/tok", TiedEmbeddings: f.tiedEmbeddings}},
+		Models:        []*loopsv1.ModelInfo{m},
 		LossFunctions: []string{"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"},
 	}, nil
 }

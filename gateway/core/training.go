@@ -19,6 +19,7 @@ import (
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
+	"github.com/loops-dev/loops/internal/replicaplan"
 	"github.com/loops-dev/loops/internal/semantics"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -114,6 +115,11 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 	}
 	if err := validate.Lora(model, lora); err != nil {
 		return nil, err
+	}
+	if lora.GetRank() == 0 { // full fine-tuning: a replica must hold it (internal/replicaplan)
+		if err := replicaplan.CheckFullFinetune(model, c.opts.Replica); err != nil {
+			return nil, failedPrecondition("%v", err)
+		}
 	}
 	dedicated, err := c.dedicatedFor(ws, req.GetUserMetadata(), req.GetDedicated())
 	if err != nil {

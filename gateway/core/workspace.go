@@ -44,6 +44,7 @@ func (s WorkspaceService) GetWorkspace(ctx context.Context, _ *loopsv1.GetWorksp
 			MaxQueuedOperations: int32(l.MaxQueuedOperations),
 			SamplingConcurrency: int32(l.SamplingConcurrency),
 			AllowedModalities:   l.Modalities(),
+			AllowFullFinetune:   l.AllowFullFinetune,
 		},
 		Use: &loopsv1.WorkspaceUse{
 			LiveRuns:         int32(u.LiveRuns),

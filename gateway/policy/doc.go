@@ -17,6 +17,7 @@
 //	  max_queued_operations: 0   # operations queued or running at once
 //	  sampling_concurrency: 0    # samples running at once; more wait (and count as queued)
 //	  allow_jobs: false          # may its keys run managed jobs (`loops jobs`, docs/jobs.md)
+//	  allow_full_finetune: false # may it start full fine-tuning runs (LoRA rank 0, docs/semantics.md)
 //	  max_running_jobs: 0        # jobs running at once (0: the server's default, 2)
 //	  max_job_seconds: 0         # a job's wall time (0: the server's default, 3600)
 //	  max_job_memory_mb: 0       # a job's memory in MiB, at least 256 (0: the server's default, 8192)
@@ -43,7 +44,9 @@
 //
 // A base model the workspace may not use is PermissionDenied (HTTP 403) naming the model and
 // the allowed ones; so is input of a modality its allowed_modalities leaves out (an image
-// chunk, an OpenAI image_url part, an Anthropic image block), refused before any work. A sequence or LoRA rank over the workspace's limit is InvalidArgument
+// chunk, an OpenAI image_url part, an Anthropic image block), refused before any work, and a
+// full fine-tuning run (LoRA rank 0) where allow_full_finetune is off and no access grant
+// allows it on the model (reason FULL_FINETUNE_NOT_ALLOWED). A sequence or LoRA rank over the workspace's limit is InvalidArgument
 // (400). A workspace at max_concurrent_runs or max_queued_operations gets ResourceExhausted
 // (429, which the tinker SDK backs off and retries) naming the limit. Sampling over
 // sampling_concurrency is not refused: the sample waits for one of the workspace's slots

@@ -25,6 +25,9 @@ const (
 	// ReasonModalityNotAllowed: the workspace's policy does not allow input of the
 	// modality (allowed_modalities; 403).
 	ReasonModalityNotAllowed = "MODALITY_NOT_ALLOWED"
+	// ReasonFullFinetuneNotAllowed: a full fine-tuning run (LoRA rank 0) where the
+	// workspace's policy does not set allow_full_finetune and no grant allows it (403).
+	ReasonFullFinetuneNotAllowed = "FULL_FINETUNE_NOT_ALLOWED"
 )
 
 // Use is a workspace's current use.
@@ -172,7 +175,8 @@ func lower(model int32, ws int) int32 {
 
 // StartRun admits a new training run of the workspace on a base model with a LoRA rank and
 // counts it live until EndRun: PermissionDenied for a model the workspace may not use,
-// InvalidArgument for a rank over its limit, ResourceExhausted when it has
+// InvalidArgument for a rank over its limit, PermissionDenied for rank 0 (full fine-tuning)
+// where its policy and grants do not allow it, ResourceExhausted when it has
 // max_concurrent_runs live or max_queued_operations queued. Starting a live run again is a
 // no-op.
 func (e *Enforcer) StartRun(ws, runID, model string, rank int32) error {
@@ -183,6 +187,13 @@ func (e *Enforcer) StartRun(ws, runID, model string, rank int32) error {
 		return err
 	}
 	l := e.forModel(ws, model)
+	if rank == 0 && !l.AllowFullFinetune {
+		return errs.Final(errs.New(connect.CodePermissionDenied, ReasonFullFinetuneNotAllowed, fmt.Errorf(
+			"workspace %q may not start full fine-tuning runs (LoRA rank 0) on %s: allow_full_finetune is off in its policy (the default); "+
+				"give a LoRA rank of at least 1, or ask a workspace admin for it: %s (an operator may instead set allow_full_finetune: true "+
+				"in the workspace's section of the policy file, loops serve --workspace-policy FILE)",
+			ws, model, AskCommand(model, "--full-finetune"))))
+	}
 	if l.MaxLoraRank > 0 && int(rank) > l.MaxLoraRank {
 		return errs.Final(errs.New(connect.CodeInvalidArgument, ReasonWorkspaceLimit, fmt.Errorf(
 			"LoRA rank %d is over workspace %q's limit of %d (max_lora_rank in its policy, on %s): use a rank of at most %d, or ask a workspace admin for more: %s",

@@ -10,7 +10,8 @@ import (
 
 // Grant is an access grant in force (gateway/access): what it adds to its workspace's
 // policy. A grant is about one base model: the workspace may use the model, and its
-// sequence-length and LoRA-rank limits on that model rise to the grant's; its
+// sequence-length and LoRA-rank limits on that model rise to the grant's (and full
+// fine-tuning on it is allowed when the grant says so); its
 // max_concurrent_runs rises to the grant's for the whole workspace. A limit of the policy
 // that is 0 (none) stays 0, and a grant never lowers a limit.
 type Grant struct {
@@ -18,6 +19,8 @@ type Grant struct {
 	MaxSequenceLength int
 	MaxLoraRank       int
 	MaxConcurrentRuns int
+	// FullFinetune allows full fine-tuning runs (LoRA rank 0) on the model.
+	FullFinetune bool
 	// Expires is when the grant stops applying (zero: never).
 	Expires time.Time
 }
@@ -93,6 +96,7 @@ func (e *Enforcer) forModel(ws, model string, extra ...Grant) Limits {
 		l = l.withModel(model)
 		l.MaxSequenceLength = raise(l.MaxSequenceLength, g.MaxSequenceLength)
 		l.MaxLoraRank = raise(l.MaxLoraRank, g.MaxLoraRank)
+		l.AllowFullFinetune = l.AllowFullFinetune || g.FullFinetune
 	}
 	return l
 }

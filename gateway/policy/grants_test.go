@@ -63,3 +63,36 @@ func TestGrantsRaiseLimitsUntilTheyExpire(t *testing.T) {
 func TestAskCommand(t *testing.T) {
 	require.Equal(t, `loops access request --model m --max-seq-len 9 --reason "..."`, AskCommand("m", flag("max-seq-len", 9)))
 }
+
+// TestFullFinetuneIsOffUntilAllowed: a run of LoRA rank 0 (full fine-tuning) is refused by
+// default, with the exact access request and the policy key; allow_full_finetune allows it
+// on every model, a grant with FullFinetune on its model only, until it expires.
+func TestFullFinetuneIsOffUntilAllowed(t *testing.T) {
+	p, err := Parse([]byte("default:\n  models: [a, b]\nworkspaces:\n  open:\n    allow_full_finetune: true\n"))
+	require.NoError(t, err)
+	e, err := NewEnforcer(p, []string{"a", "b"})
+	require.NoError(t, err)
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	e.SetClock(func() time.Time { return now })
+
+	err = e.StartRun("w", "r1", "a", 0)
+	code, reason := codeReason(t, err)
+	require.Equal(t, connect.CodePermissionDenied, code)
+	require.Equal(t, ReasonFullFinetuneNotAllowed, reason)
+	require.True(t, errs.IsFinal(err))
+	require.Equal(t, `workspace "w" may not start full fine-tuning runs (LoRA rank 0) on a: allow_full_finetune is off in its policy (the default); `+
+		`give a LoRA rank of at least 1, or ask a workspace admin for it: loops access request --model a --full-finetune --reason "..." `+
+		`(an operator may instead set allow_full_finetune: true in the workspace's section of the policy file, loops serve --workspace-policy FILE)`, errs.Message(err))
+	require.NoError(t, e.StartRun("w", "r2", "a", 8)) // LoRA runs are not concerned
+	require.NoError(t, e.StartRun("open", "r3", "b", 0))
+	require.True(t, e.ModelLimits("open", "a").AllowFullFinetune)
+
+	e.SetGrants([]Grant{{Workspace: "w", Model: "a", FullFinetune: true, Expires: now.Add(time.Hour)}})
+	require.NoError(t, e.StartRun("w", "r4", "a", 0))
+	require.Error(t, e.StartRun("w", "r5", "b", 0), "the grant is for model a only")
+	now = now.Add(2 * time.Hour)
+	require.Error(t, e.StartRun("w", "r6", "a", 0), "the grant expired")
+
+	_, err = Parse([]byte("default:\n  allow_full_finetune: 3\n"))
+	require.Error(t, err)
+}

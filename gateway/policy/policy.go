@@ -32,6 +32,9 @@ type Section struct {
 	SamplingConcurrency *int `json:"sampling_concurrency,omitempty"`
 	// AllowJobs lets the workspace's keys run managed jobs (`loops jobs`); off by default.
 	AllowJobs *bool `json:"allow_jobs,omitempty"`
+	// AllowFullFinetune lets the workspace start full fine-tuning runs (LoRA rank 0: every
+	// weight of the model trained) on its models; off by default.
+	AllowFullFinetune *bool `json:"allow_full_finetune,omitempty"`
 	// MaxRunningJobs caps the workspace's jobs running at once (0: the server's default).
 	MaxRunningJobs *int `json:"max_running_jobs,omitempty"`
 	// MaxJobSeconds caps a job's wall time (0: the server's default).
@@ -88,6 +91,9 @@ type Limits struct {
 	SamplingConcurrency int
 	// AllowJobs says whether the workspace may run managed jobs.
 	AllowJobs bool
+	// AllowFullFinetune says whether the workspace may start full fine-tuning runs (LoRA
+	// rank 0); an access grant allows it on one model (Grant.FullFinetune).
+	AllowFullFinetune bool
 	// MaxRunningJobs, MaxJobSeconds and MaxJobMemoryMB are the workspace's job quotas; 0
 	// takes the job service's defaults.
 	MaxRunningJobs int
@@ -176,7 +182,7 @@ func Load(file string) (*Policy, error) {
 func Parse(data []byte) (*Policy, error) {
 	var f File
 	if err := yaml.UnmarshalStrict(data, &f); err != nil {
-		return nil, fmt.Errorf("%s (the keys are default and workspaces; each section takes models, max_sequence_length, max_lora_rank, max_concurrent_runs, max_queued_operations, sampling_concurrency, allow_jobs, max_running_jobs, max_job_seconds, max_job_memory_mb, max_deployment_replicas, dedicated, allowed_modalities, checkpoint_keep_newest, checkpoint_keep_best, checkpoint_keep_best_eval, checkpoint_retention_grace_seconds, budget_usd_month, budget_usd_total)", strings.TrimPrefix(strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: "), "json: "))
+		return nil, fmt.Errorf("%s (the keys are default and workspaces; each section takes models, max_sequence_length, max_lora_rank, max_concurrent_runs, max_queued_operations, sampling_concurrency, allow_jobs, allow_full_finetune, max_running_jobs, max_job_seconds, max_job_memory_mb, max_deployment_replicas, dedicated, allowed_modalities, checkpoint_keep_newest, checkpoint_keep_best, checkpoint_keep_best_eval, checkpoint_retention_grace_seconds, budget_usd_month, budget_usd_total)", strings.TrimPrefix(strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: "), "json: "))
 	}
 	return f.Compile()
 }
@@ -218,6 +224,9 @@ func resolve(base Limits, s Section) Limits {
 	set(&out.SamplingConcurrency, s.SamplingConcurrency)
 	if s.AllowJobs != nil {
 		out.AllowJobs = *s.AllowJobs
+	}
+	if s.AllowFullFinetune != nil {
+		out.AllowFullFinetune = *s.AllowFullFinetune
 	}
 	set(&out.MaxRunningJobs, s.MaxRunningJobs)
 	set(&out.MaxJobSeconds, s.MaxJobSeconds)

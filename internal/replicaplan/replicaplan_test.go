@@ -126,6 +126,11 @@ func FuzzMake(f *testing.F) {
 		perDevice := (p.WeightBytes+n-1)/n + p.LoraBytes + p.HeadBytes + p.MaxSeq*p.TokenBytes
 		require.LessOrEqual(t, perDevice, p.DeviceMemory)
 		require.Positive(t, p.ReplicaBytes)
+		if fp, err := FullFinetune(m, Config{DeviceMemory: mem, Devices: devices, Adapters: adapters}); err == nil {
+			perDevice := (fp.WeightBytes+fp.FullBytes+n-1)/n + fp.LoraBytes + fp.HeadBytes + min(MinSequence, maxSeq)*fp.TokenBytes
+			require.Equal(t, perDevice, fp.DeviceBytes)
+			require.LessOrEqual(t, fp.DeviceBytes, fp.DeviceMemory, "a full fine-tuning run that fits")
+		}
 		if p.FullDevices > 0 {
 			full := (p.WeightBytes+p.FullDevices-1)/p.FullDevices + p.LoraBytes + p.HeadBytes + maxSeq*p.TokenBytes
 			require.LessOrEqual(t, full, p.DeviceMemory, "FullDevices hold the full context")

@@ -75,7 +75,8 @@ def build(args, local_rank: int | None = None):
                                  attn_impl=args.attn_implementation, grad_checkpointing=gc,
                                  checkpoint_tokens=ck, logits_budget=args.logits_budget)
         order.append(name)
-    engine = Engine(models, order, max_lora_rank=args.max_lora_rank, max_adapters=args.max_adapters)
+    engine = Engine(models, order, max_lora_rank=args.max_lora_rank, max_adapters=args.max_adapters,
+                    full_runs=args.full_finetune_runs)
     if args.world_size > 1:
         from . import shard
 
@@ -102,6 +103,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sampler", default="auto", choices=["auto", "vllm", "transformers"], help="auto = vLLM on GPU when installed")
     p.add_argument("--max-lora-rank", type=int, default=64)
     p.add_argument("--max-adapters", type=int, default=256)
+    p.add_argument("--full-finetune-runs", type=int, default=1,
+                   help="full fine-tuning runs (LoRA rank 0) held at once, each with its own copy of the model, "
+                        "float32 master weights, gradients and Adam state (0: refused)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = torch's default)")
     p.add_argument("--attn-implementation", default="auto",
                    help="transformers' attn_implementation; auto = the family's (sdpa, or eager where the family has no sdpa: gpt-oss)")

@@ -20,6 +20,7 @@ import torch
 from . import checkpoint as ckpt
 from .errors import ALREADY_EXISTS, FAILED_PRECONDITION, INTERNAL, RESOURCE_EXHAUSTED, WorkerError, invalid, not_found
 from . import families
+from . import full
 from .lora import Adapter, BatchContext, LoraSpec, embeddings_tied, wrap_embedding, wrap_model
 from .proto import tpb
 from .revision import dir_revision
@@ -120,10 +121,13 @@ class BaseModel:
     def __init__(self, name: str, path: Optional[str], device: torch.device, dtype: torch.dtype,
                  max_lora_rank: int, attn_impl: str = "auto", grad_checkpointing: bool = False,
                  model=None, pad: Optional[bool] = None, checkpoint_tokens: Optional[int] = None,
-                 logits_budget: int = 0):
+                 logits_budget: int = 0, lora: bool = True):
         """A model on the meta device (device meta) has its modules' shapes and no weights:
         a worker whose sampling is vLLM's and that does not train (a tensor-parallel sampler
-        replica, vllm_sampler.py) checks adapter folders against it; it cannot compute."""
+        replica, vllm_sampler.py) checks adapter folders against it; it cannot compute.
+        lora False: no LoRA layers are wrapped (a full fine-tuning run's own copy of the
+        model, or a full sampler checkpoint: full.py), so its parameters keep their Hugging
+        Face names."""
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
         self.name = name
@@ -187,6 +191,9 @@ class BaseModel:
             logits_budget = DEFAULT_LOGITS_BUDGET_CUDA if device.type == "cuda" else DEFAULT_LOGITS_BUDGET_CPU
         self.logits_budget = int(logits_budget)
         self.pad = device.type == "cuda" if pad is None else pad
+        # how to load another copy of this model alike (a full fine-tuning run's: full.py)
+        self.options = dict(max_lora_rank=max_lora_rank, attn_impl=attn_impl, pad=self.pad,
+                            checkpoint_tokens=self.checkpoint_tokens, logits_budget=self.logits_budget)
         self.ctx = BatchContext(torch.float64 if device.type == "cpu" else None)
         # a multi-rank replica's process group and gradient anchor (shard.shard_model)
         self.dist = None
@@ -204,10 +211,10 @@ class BaseModel:
         self.layers: Dict[str, object] = wrap_model(
             self.model, self.ctx, self.family,
             families.vl_name if self.vision_checkpoint and not self.full_vl else (lambda n: n),
-            (families.VL_PREFIX, families.UNEMBED) if self.full_vl else None)
+            (families.VL_PREFIX, families.UNEMBED) if self.full_vl else None) if lora else {}
         # tied embeddings: an adapter's head LoRA adapts the embedding lookup too (lora.py)
         self.tied = embeddings_tied(self.model)
-        if self.tied:
+        if self.tied and lora:
             wrap_embedding(self.model, self.ctx)
         # Gemma-style final logit soft-capping (cap·tanh(logits/cap)), as the model's own head
         self.softcap = float(getattr(self.config, "final_logit_softcapping", None) or 0.0)
@@ -658,8 +665,13 @@ def _item_error(e: WorkerError):
 
 class Engine:
     def __init__(self, models: Dict[str, BaseModel], order: List[str], max_lora_rank: int = 64,
-                 max_adapters: int = 256):
+                 max_adapters: int = 256, full_runs: int = 1):
+        """full_runs: the full fine-tuning runs (LoRA rank 0, full.py) held at once, each
+        with its own copy of its model (0: full fine-tuning refused)."""
         self.models = models
+        self.full_runs = full_runs
+        # the largest safetensors file of a full fine-tuning checkpoint
+        self.full_shard_bytes = full.SHARD_BYTES
         self.order = order
         self.max_lora_rank = max_lora_rank
         self.max_adapters = max_adapters
@@ -690,16 +702,30 @@ class Engine:
     def capabilities(self):
         from .proto import bpb
 
+        models = []
+        for n in self.order:
+            bm = self.models[n]
+            m = tpb.ModelInfo()
+            m.CopyFrom(bm.info)
+            # full fine-tuning (rank 0): on one rank, not of a vision-language checkpoint (_new_full)
+            m.full_finetune = (self.full_runs > 0 and self.dist is None and not bm.vision_checkpoint
+                               and bm.device.type != "meta")
+            models.append(m)
         return bpb.GetCapabilitiesResponse(
-            models=[self.models[n].info for n in self.order], loss_functions=list(LOSS_FUNCTIONS),
+            models=models, loss_functions=list(LOSS_FUNCTIONS),
             max_adapters=self.max_adapters, implementation=IMPLEMENTATION, saves_gradients=True,
             checkpoint_urls=True)
 
     def _check_lora(self, lc) -> LoraSpec:
         if lc is None:
             raise invalid("lora config is required")
+        if lc.rank == 0:
+            if not (lc.train_attn and lc.train_mlp and lc.train_unembed):
+                raise invalid("rank 0 is full fine-tuning, which trains every weight of the model: leave train_attn, "
+                              "train_mlp and train_unembed on, or give a LoRA rank of at least 1")
+            return LoraSpec(rank=0)
         if lc.rank < 1 or lc.rank > self.max_lora_rank:
-            raise invalid(f"LoRA rank {lc.rank} is out of range: use a rank from 1 to {self.max_lora_rank}")
+            raise invalid(f"LoRA rank {lc.rank} is out of range: use a rank from 1 to {self.max_lora_rank}, or 0 for full fine-tuning")
         if not (lc.train_attn or lc.train_mlp or lc.train_unembed):
             raise invalid("the adapter would train nothing: set at least one of train_attn, train_mlp, train_unembed")
         return LoraSpec(rank=int(lc.rank), seed=int(lc.seed), attn=lc.train_attn, mlp=lc.train_mlp,
@@ -713,6 +739,9 @@ class Engine:
         bm = self.model(req.base_model)
         self._check_trains(bm)
         spec = self._check_lora(req.lora if req.HasField("lora") else None)
+        if spec.rank == 0:
+            self._add_full(req.adapter_id, bm)
+            return
         with self.mu:
             if req.adapter_id in self.adapters:
                 raise WorkerError(ALREADY_EXISTS, f"adapter {req.adapter_id!r} already exists; delete it first or pick another id")
@@ -730,6 +759,41 @@ class Engine:
             raise WorkerError(FAILED_PRECONDITION, f"this worker holds no weights of {bm.name} in torch: it is a sampler "
                               f"replica whose vLLM is tensor-parallel (--vllm-tensor-parallel-size); it samples and "
                               f"does not train (train on the model's trainer pool)")
+
+    def _full_room(self, adapter_id: str, bm: BaseModel) -> None:
+        """Refuses a new full fine-tuning run the worker cannot hold (call under self.mu)."""
+        if adapter_id in self.adapters:
+            raise WorkerError(ALREADY_EXISTS, f"adapter {adapter_id!r} already exists; delete it first or pick another id")
+        if len(self.adapters) >= self.max_adapters:
+            raise WorkerError(RESOURCE_EXHAUSTED, f"the worker already holds {len(self.adapters)} adapters (its limit); delete one first")
+        n = sum(1 for a in self.adapters.values() if getattr(a, "full", False))
+        if n >= self.full_runs:
+            raise WorkerError(RESOURCE_EXHAUSTED, f"the worker holds {n} full fine-tuning runs, its limit of {self.full_runs} "
+                              f"(each holds its own copy of the model with gradients, master weights and Adam state); "
+                              f"end one (loops runs unload RUN, or end its session), or train a LoRA adapter (rank 1 or more); "
+                              f"an operator raises the limit with the worker's --full-finetune-runs")
+
+    def _new_full(self, adapter_id: str, bm: BaseModel) -> "full.FullRun":
+        """A full fine-tuning run on bm: its own copy of the model (full.py)."""
+        self._check_trains(bm)
+        if self.dist is not None:
+            raise WorkerError(FAILED_PRECONDITION, "full fine-tuning (rank 0) is not served on a multi-rank replica yet; "
+                              "serve the model on a one-GPU trainer pool (gpus_per_replica = 1) for it, or give a LoRA rank")
+        if bm.vision_checkpoint:
+            raise invalid(f"full fine-tuning (rank 0) of a vision-language checkpoint ({bm.name}) is not served: "
+                          f"give a LoRA rank of at least 1")
+        with self.mu:
+            self._full_room(adapter_id, bm)
+        with self.compute:
+            own = BaseModel(bm.name, bm.dir, bm.device, bm.dtype, lora=False, **bm.options)
+        return full.FullRun(adapter_id, bm, own)
+
+    def _add_full(self, adapter_id: str, bm: BaseModel, run: Optional["full.FullRun"] = None) -> None:
+        if run is None:
+            run = self._new_full(adapter_id, bm)
+        with self.mu:
+            self._full_room(adapter_id, bm)
+            self.adapters[adapter_id] = run
 
     def delete_adapter(self, adapter_id: str) -> None:
         with self.mu:
@@ -774,12 +838,13 @@ class Engine:
             if fi.err is not None:
                 results[fi.idx] = _item_error(fi.err)
                 continue
-            key = (fi.adapter.base.name, bool(req.items[fi.idx].forward_only))
+            # (a full fine-tuning run computes with its own copy of the model)
+            key = (fi.adapter.base, bool(req.items[fi.idx].forward_only))
             groups.setdefault(key, []).append(fi)
         with self.compute:
-            for (mname, fwd_only), g in groups.items():
+            for (base, fwd_only), g in groups.items():
                 try:
-                    self._run_group(self.models[mname], g, req, not fwd_only, results)
+                    self._run_group(base, g, req, not fwd_only, results)
                 except WorkerError as e:
                     for fi in g:
                         results[fi.idx] = _item_error(e)
@@ -903,6 +968,8 @@ class Engine:
         a = self.adapter(req.adapter_id)
         with self.compute:
             try:
+                if getattr(a, "full", False):
+                    return full.save(req.dir, a, req.include_optimizer, req.include_gradients, self.full_shard_bytes)
                 return ckpt.save(req.dir, a, a.base.tokenizer_id, req.include_optimizer, req.include_gradients)
             except OSError as e:
                 raise WorkerError(INTERNAL, f"saving adapter {req.adapter_id!r}: {e}")
@@ -956,6 +1023,8 @@ class Engine:
         self._check_dir(req.dir)
         if not req.adapter_id:
             raise invalid("adapter_id is required")
+        if full.is_full_dir(req.dir):
+            return self._load_full(req)
         try:
             existing = self.adapter(req.adapter_id)
         except WorkerError as e:
@@ -974,6 +1043,9 @@ class Engine:
             if bm is None:
                 raise e
         else:
+            if getattr(existing, "full", False):
+                raise invalid(f"{req.dir} is a LoRA adapter folder; adapter {req.adapter_id!r} is a full fine-tuning run "
+                              f"(rank 0), which loads full fine-tuning checkpoints only")
             bm = existing.base
         self._check_trains(bm)
         with self.compute:
@@ -985,3 +1057,30 @@ class Engine:
             if len(self.adapters) >= self.max_adapters:
                 raise WorkerError(RESOURCE_EXHAUSTED, f"the worker already holds {len(self.adapters)} adapters (its limit); delete one first")
             self.adapters[req.adapter_id] = ad
+
+    def _load_full(self, req) -> None:
+        """LoadAdapter of a full fine-tuning checkpoint: into the run of that id, or a new run
+        on the served model the checkpoint names."""
+        try:
+            mk = full.read_marker(req.dir)
+        except (OSError, ValueError) as e:
+            raise invalid(f"cannot load full fine-tuning checkpoint from {req.dir}: {e}")
+        with self.mu:
+            run = self.adapters.get(req.adapter_id)
+        if run is not None and not getattr(run, "full", False):
+            raise invalid(f"{req.dir} is a full fine-tuning checkpoint; adapter {req.adapter_id!r} is a LoRA adapter "
+                          f"(rank {run.spec.rank}): load it into a run of rank 0")
+        fresh = run is None
+        if fresh:
+            bm = self.models.get(mk["base_model"])
+            if bm is None:
+                raise invalid(f"{req.dir} is a full fine-tuning checkpoint of {mk['base_model']!r}, "
+                              f"which this worker does not serve (it serves {self.order})")
+            run = self._new_full(req.adapter_id, bm)
+        with self.compute:
+            try:
+                full.load_into(req.dir, run, req.load_optimizer, req.load_gradients)
+            except (OSError, ValueError) as e:
+                raise invalid(f"cannot load full fine-tuning checkpoint from {req.dir}: {e}")
+        if fresh:
+            self._add_full(req.adapter_id, run.shared, run)

@@ -436,15 +436,27 @@ class Adapter:
         for name, p in self.params.items():
             # no gradient is -0.0, the additive identity (how gradients.safetensors stores it), so
             # a step after an offload and restore is bit-identical to one without
-            g = p.grad.double() * coef if p.grad is not None else torch.full_like(p, -0.0, dtype=torch.float64)
-            m = self.exp_avg[name].double().mul_(beta1).add_(g, alpha=1 - beta1)
-            v = self.exp_avg_sq[name].double().mul_(beta2).add_(g * g, alpha=1 - beta2)
-            self.exp_avg[name].copy_(m)
-            self.exp_avg_sq[name].copy_(v)
-            before = p.detach().double()
-            w = before - lr * wd * before
-            w = w - lr * (m / bc1) / ((v / bc2).sqrt() + eps)
-            p.data.copy_(w)
-            upd += (p.detach().double() - before).pow(2).sum()
+            upd += adamw_apply(p.data, p.grad, coef, self.exp_avg[name], self.exp_avg_sq[name],
+                               lr, beta1, beta2, eps, wd, bc1, bc2)
             p.grad = None
         return norm, float(upd.sqrt().item())
+
+
+@torch.no_grad()
+def adamw_apply(w: torch.Tensor, grad: Optional[torch.Tensor], coef: float, exp_avg: torch.Tensor,
+                exp_avg_sq: torch.Tensor, lr: float, beta1: float, beta2: float, eps: float, wd: float,
+                bc1: float, bc2: float) -> torch.Tensor:
+    """One AdamW update of the weights w in place (Adapter.adam_step's arithmetic, shared with
+    full fine-tuning's chunks: elementwise, so a tensor updated whole or in slices gets the same
+    bits): the moments and weights updated in float64 and stored in their own dtypes. grad None
+    is -0.0 (no gradient). Returns the float64 sum of squares of the stored weights' change."""
+    g = grad.double() * coef if grad is not None else torch.full_like(w, -0.0, dtype=torch.float64)
+    m = exp_avg.double().mul_(beta1).add_(g, alpha=1 - beta1)
+    v = exp_avg_sq.double().mul_(beta2).add_(g * g, alpha=1 - beta2)
+    exp_avg.copy_(m)
+    exp_avg_sq.copy_(v)
+    before = w.to(torch.float64, copy=True)  # (a float64 w is updated in place below)
+    nw = before - lr * wd * before
+    nw = nw - lr * (m / bc1) / ((v / bc2).sqrt() + eps)
+    w.copy_(nw)
+    return (w.double() - before).pow(2).sum()

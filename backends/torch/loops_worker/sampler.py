@@ -24,7 +24,8 @@ import torch
 
 from . import adjust
 from . import checkpoint as ckpt
-from .errors import invalid
+from . import full
+from .errors import FAILED_PRECONDITION, WorkerError, invalid
 from .pcg import PCG
 from .proto import bpb, tpb
 
@@ -32,6 +33,8 @@ MAX_SAMPLES = 256
 MAX_TOPK_PROMPT_LOGPROBS = 1024
 MAX_TOP_LOGPROBS = 20  # semantics.MaxTopLogprobs
 SAMPLER_CACHE_SIZE = 16
+# Full fine-tuning sampler checkpoints (whole models) held loaded at once.
+FULL_SAMPLER_CACHE_SIZE = 1
 
 
 @dataclass
@@ -333,8 +336,49 @@ class HFSampler:
         self.engine = engine
         self.lockstep = lockstep
         self.cache: "OrderedDict[str, object]" = OrderedDict()
+        self.full_cache: "OrderedDict[str, object]" = OrderedDict()
         self.mu = threading.Lock()
         self.grammars = adjust.Grammars()
+
+    def _weights(self, bm, dir_: str):
+        """(model, adapter) a sample computes with: bm and dir_'s LoRA adapter (None: no
+        dir_), or a full fine-tuning checkpoint's own model (full.py) and no adapter."""
+        if not dir_:
+            return bm, None
+        if full.is_full_dir(dir_):
+            if self.lockstep is not None:  # the other ranks hold the base model only
+                raise WorkerError(FAILED_PRECONDITION, f"{dir_} is a full fine-tuning checkpoint (a whole model); a multi-rank "
+                                  f"replica samples LoRA adapters on its base only: sample it on a one-rank sampler replica")
+            return self._full(bm, dir_), None
+        return bm, self._adapter(bm, dir_)
+
+    def _full(self, bm, dir_: str):
+        """A full fine-tuning sampler checkpoint loaded as a model of its own (the Hugging Face
+        folder, as from_pretrained loads it), cached by folder."""
+        from .engine import BaseModel
+
+        if not os.path.isabs(dir_):
+            raise invalid(f"dir must be an absolute path, got {dir_!r}")
+        try:
+            mk = full.read_marker(dir_)
+            key = full.marker_key(dir_)
+        except (OSError, ValueError) as e:
+            raise invalid(f"cannot sample full fine-tuning checkpoint {dir_}: {e}")
+        if mk["base_model"] != bm.name:
+            raise invalid(f"{dir_} is a full fine-tuning checkpoint of {mk['base_model']!r}, not of {bm.name!r}; "
+                          f"sample it with base model {mk['base_model']!r}")
+        with self.mu:
+            m = self.full_cache.get(key)
+            if m is not None:
+                self.full_cache.move_to_end(key)
+                return m
+        with self.engine.compute:
+            m = BaseModel(bm.name, dir_, bm.device, bm.dtype, lora=False, **bm.options)
+        with self.mu:
+            self.full_cache[key] = m
+            while len(self.full_cache) > FULL_SAMPLER_CACHE_SIZE:
+                self.full_cache.popitem(last=False)
+        return m
 
     def _adapter(self, bm, dir_: str):
         key = adapter_cache_key(bm, dir_)
@@ -358,13 +402,13 @@ class HFSampler:
             if len(req.prompt_images) > 0:
                 raise invalid("an embedding takes a text prompt; send it without images")
             prompt = validate_embed(req, bm)
-            ad = self._adapter(bm, req.adapter_dir) if req.adapter_dir else None
+            bm, ad = self._weights(bm, req.adapter_dir)
             with self._passes():
                 return self._embed(bm, ad, prompt)
         spec = validate(req, bm)
         if len(req.prompt_images) > 0:
             spec.input_ids, spec.images = bm.row_images("prompt", spec.prompt, req.prompt_images)
-        ad = self._adapter(bm, req.adapter_dir) if req.adapter_dir else None
+        bm, ad = self._weights(bm, req.adapter_dir)
         if spec.response_format is not None:
             self.grammars.matcher(bm, spec.response_format)  # refuse a schema before any compute
         with self._passes():

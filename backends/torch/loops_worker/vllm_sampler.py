@@ -33,6 +33,7 @@ import threading
 import uuid
 from typing import Dict
 
+from . import full
 from .errors import FAILED_PRECONDITION, INTERNAL, UNAVAILABLE, WorkerError, invalid
 from .adjust import vllm_kwargs
 from .sampler import adapter_cache_key, build_result, validate
@@ -83,6 +84,9 @@ class VLLMSampler:
     def _lora(self, bm, dir_: str):
         from vllm.lora.request import LoRARequest
 
+        if full.is_full_dir(dir_):
+            raise invalid(f"{dir_} is a full fine-tuning checkpoint (a whole model); the vLLM sampler serves LoRA "
+                          f"adapters on its base only: sample it on a worker started with --sampler transformers")
         key = adapter_cache_key(bm, dir_)
         with self.mu:
             if key not in self.lora_ids:

@@ -204,13 +204,24 @@ func tensorShape(t *loopsv1.Tensor) ([]int64, error) {
 	return dims, nil
 }
 
-// Lora checks a LoRA config against the model.
+// Lora checks a LoRA config against the model. Rank 0 is full fine-tuning, which the
+// model's backend must serve (ModelInfo.full_finetune) and which trains every weight.
 func Lora(model *loopsv1.ModelInfo, l *loopsv1.LoraConfig) error {
 	if l == nil {
 		return apierr.InvalidArgument("lora config is required: give at least rank")
 	}
-	if l.GetRank() <= 0 {
-		return apierr.InvalidArgument("lora rank must be positive, got %d", l.GetRank())
+	if l.GetRank() < 0 {
+		return apierr.InvalidArgument("lora rank must be positive (or 0 for full fine-tuning), got %d", l.GetRank())
+	}
+	if l.GetRank() == 0 {
+		if !model.GetFullFinetune() {
+			return apierr.FailedPrecondition("full fine-tuning (lora rank 0) of %s is not served by its backend (%s): the torch worker serves it "+
+				"(loops serve --backend torch); or give a LoRA rank from 1 to %d", model.GetName(), backendName(model), model.GetMaxLoraRank())
+		}
+		if !l.GetTrainAttn() || !l.GetTrainMlp() || !l.GetTrainUnembed() {
+			return apierr.InvalidArgument("lora rank 0 is full fine-tuning, which trains every weight of the model: leave train_attn, train_mlp and train_unembed on, or give a LoRA rank of at least 1")
+		}
+		return nil
 	}
 	if m := model.GetMaxLoraRank(); m > 0 && l.GetRank() > m {
 		return apierr.InvalidArgument("lora rank %d is over %s's limit of %d", l.GetRank(), model.GetName(), m)
@@ -261,4 +272,14 @@ func CheckpointName(name string) error {
 		return apierr.InvalidArgument("checkpoint name %q is reserved", name)
 	}
 	return nil
+}
+
+// backendName names a model's backend for a message ("the reference engine" for reference).
+func backendName(m *loopsv1.ModelInfo) string {
+	switch b := m.GetBackend(); b {
+	case "", "reference":
+		return "the reference engine"
+	default:
+		return b
+	}
 }

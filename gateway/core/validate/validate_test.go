@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -230,7 +231,7 @@ func TestLora(t *testing.T) {
 		want string
 	}{
 		{nil, "lora config is required"},
-		{&loopsv1.LoraConfig{TrainMlp: true}, "lora rank must be positive, got 0"},
+		{&loopsv1.LoraConfig{Rank: -1, TrainMlp: true}, "lora rank must be positive (or 0 for full fine-tuning), got -1"},
 		{&loopsv1.LoraConfig{Rank: 9, TrainMlp: true}, "lora rank 9 is over tiny's limit of 8"},
 		{&loopsv1.LoraConfig{Rank: 4}, "lora config trains nothing"},
 	} {
@@ -238,6 +239,23 @@ func TestLora(t *testing.T) {
 		require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
 		require.Contains(t, errs.Message(err), c.want)
 	}
+}
+
+// Rank 0 is full fine-tuning: refused on a backend that does not serve it (the reference
+// engine), naming the one that does; every weight is trained, so no train_* flag may be off.
+func TestLoraRankZero(t *testing.T) {
+	all := &loopsv1.LoraConfig{TrainAttn: true, TrainMlp: true, TrainUnembed: true}
+	ref := proto.CloneOf(model)
+	ref.Backend = "reference"
+	err := Lora(ref, all)
+	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err))
+	require.Equal(t, "full fine-tuning (lora rank 0) of tiny is not served by its backend (the reference engine): the torch worker serves it (loops serve --backend torch); or give a LoRA rank from 1 to 8", errs.Message(err))
+	torch := proto.CloneOf(model)
+	torch.Backend, torch.FullFinetune = "torch", true
+	require.NoError(t, Lora(torch, all))
+	err = Lora(torch, &loopsv1.LoraConfig{TrainAttn: true, TrainMlp: true})
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
+	require.Contains(t, errs.Message(err), "trains every weight of the model: leave train_attn, train_mlp and train_unembed on")
 }
 
 func TestAdam(t *testing.T) {

@@ -95,8 +95,10 @@ type AccessAmounts struct {
 	MaxLoraRank int32 `protobuf:"varint,3,opt,name=max_lora_rank,json=maxLoraRank,proto3" json:"max_lora_rank,omitempty"`
 	// Training runs live at once in the workspace.
 	MaxConcurrentRuns int32 `protobuf:"varint,4,opt,name=max_concurrent_runs,json=maxConcurrentRuns,proto3" json:"max_concurrent_runs,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Full fine-tuning (LoRA rank 0) on that model.
+	FullFinetune  bool `protobuf:"varint,361,opt,name=full_finetune,json=fullFinetune,proto3" json:"full_finetune,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AccessAmounts) Reset() {
@@ -155,6 +157,13 @@ func (x *AccessAmounts) GetMaxConcurrentRuns() int32 {
 		return x.MaxConcurrentRuns
 	}
 	return 0
+}
+
+func (x *AccessAmounts) GetFullFinetune() bool {
+	if x != nil {
+		return x.FullFinetune
+	}
+	return false
 }
 
 // AccessRequest is a request and, once decided, its decision.
@@ -890,12 +899,13 @@ var File_loops_v1_access_proto protoreflect.FileDescriptor
 
 const file_loops_v1_access_proto_rawDesc = "" +
 	"\n" +
-	"\x15loops/v1/access.proto\x12\bloops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa9\x01\n" +
+	"\x15loops/v1/access.proto\x12\bloops.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcf\x01\n" +
 	"\rAccessAmounts\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12.\n" +
 	"\x13max_sequence_length\x18\x02 \x01(\x05R\x11maxSequenceLength\x12\"\n" +
 	"\rmax_lora_rank\x18\x03 \x01(\x05R\vmaxLoraRank\x12.\n" +
-	"\x13max_concurrent_runs\x18\x04 \x01(\x05R\x11maxConcurrentRuns\"\xd6\x04\n" +
+	"\x13max_concurrent_runs\x18\x04 \x01(\x05R\x11maxConcurrentRuns\x12$\n" +
+	"\rfull_finetune\x18\xe9\x02 \x01(\bR\ffullFinetune\"\xd6\x04\n" +
 	"\rAccessRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
 	"\tworkspace\x18\x02 \x01(\tR\tworkspace\x12!\n" +

@@ -3985,6 +3985,9 @@ type WorkspaceLimits struct {
 	// allowed_modalities, or every modality the server knows when the policy leaves it out.
 	// Input of another modality is refused (403 MODALITY_NOT_ALLOWED).
 	AllowedModalities []string `protobuf:"bytes,460,rep,name=allowed_modalities,json=allowedModalities,proto3" json:"allowed_modalities,omitempty"`
+	// Whether the workspace may start full fine-tuning runs (LoRA rank 0) on any model; an
+	// access grant allows it on one model (AccessAmounts.full_finetune).
+	AllowFullFinetune bool `protobuf:"varint,362,opt,name=allow_full_finetune,json=allowFullFinetune,proto3" json:"allow_full_finetune,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -4066,6 +4069,13 @@ func (x *WorkspaceLimits) GetAllowedModalities() []string {
 		return x.AllowedModalities
 	}
 	return nil
+}
+
+func (x *WorkspaceLimits) GetAllowFullFinetune() bool {
+	if x != nil {
+		return x.AllowFullFinetune
+	}
+	return false
 }
 
 // WorkspaceUse is what a workspace uses now.
@@ -4581,7 +4591,7 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\freserved_usd\x18\x04 \x01(\tR\vreservedUsd\x12\x16\n" +
 	"\x06period\x18\x05 \x01(\tR\x06period\x12\x16\n" +
 	"\x06alerts\x18\x06 \x03(\x05R\x06alerts\x12\x15\n" +
-	"\x06key_id\x18x \x01(\tR\x05keyId\"\xd9\x02\n" +
+	"\x06key_id\x18x \x01(\tR\x05keyId\"\x8a\x03\n" +
 	"\x0fWorkspaceLimits\x12+\n" +
 	"\x06models\x18\x01 \x03(\v2\x13.loops.v1.ModelInfoR\x06models\x12.\n" +
 	"\x13max_sequence_length\x18\x02 \x01(\x05R\x11maxSequenceLength\x12\"\n" +
@@ -4589,7 +4599,8 @@ const file_loops_v1_services_proto_rawDesc = "" +
 	"\x13max_concurrent_runs\x18\x04 \x01(\x05R\x11maxConcurrentRuns\x122\n" +
 	"\x15max_queued_operations\x18\x05 \x01(\x05R\x13maxQueuedOperations\x121\n" +
 	"\x14sampling_concurrency\x18\x06 \x01(\x05R\x13samplingConcurrency\x12.\n" +
-	"\x12allowed_modalities\x18\xcc\x03 \x03(\tR\x11allowedModalities\"\xe3\x01\n" +
+	"\x12allowed_modalities\x18\xcc\x03 \x03(\tR\x11allowedModalities\x12/\n" +
+	"\x13allow_full_finetune\x18\xea\x02 \x01(\bR\x11allowFullFinetune\"\xe3\x01\n" +
 	"\fWorkspaceUse\x12\x1b\n" +
 	"\tlive_runs\x18\x01 \x01(\x05R\bliveRuns\x12+\n" +
 	"\x11queued_operations\x18\x02 \x01(\x05R\x10queuedOperations\x12'\n" +

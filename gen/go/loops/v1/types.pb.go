@@ -492,12 +492,15 @@ func (x *VisionInfo) GetImageTokenId() int32 {
 
 // LoraConfig describes a LoRA adapter. alpha is fixed at 32 (scale alpha/rank).
 type LoraConfig struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rank          int32                  `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
-	Seed          uint64                 `protobuf:"varint,2,opt,name=seed,proto3" json:"seed,omitempty"`
-	TrainAttn     bool                   `protobuf:"varint,3,opt,name=train_attn,json=trainAttn,proto3" json:"train_attn,omitempty"`
-	TrainMlp      bool                   `protobuf:"varint,4,opt,name=train_mlp,json=trainMlp,proto3" json:"train_mlp,omitempty"`
-	TrainUnembed  bool                   `protobuf:"varint,5,opt,name=train_unembed,json=trainUnembed,proto3" json:"train_unembed,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The LoRA rank; 0 is full fine-tuning: every weight of the model is trained (a backend
+	// and model with ModelInfo.full_finetune, a workspace whose policy sets
+	// allow_full_finetune, and a replica that holds it: docs/semantics.md).
+	Rank          int32  `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	Seed          uint64 `protobuf:"varint,2,opt,name=seed,proto3" json:"seed,omitempty"`
+	TrainAttn     bool   `protobuf:"varint,3,opt,name=train_attn,json=trainAttn,proto3" json:"train_attn,omitempty"`
+	TrainMlp      bool   `protobuf:"varint,4,opt,name=train_mlp,json=trainMlp,proto3" json:"train_mlp,omitempty"`
+	TrainUnembed  bool   `protobuf:"varint,5,opt,name=train_unembed,json=trainUnembed,proto3" json:"train_unembed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1525,6 +1528,9 @@ type ModelInfo struct {
 	ReplicaBytes int64 `protobuf:"varint,150,opt,name=replica_bytes,json=replicaBytes,proto3" json:"replica_bytes,omitempty"`
 	// Elements of logits the backend's loss head computes at a time (its chunk).
 	LogitsChunkElements int64 `protobuf:"varint,151,opt,name=logits_chunk_elements,json=logitsChunkElements,proto3" json:"logits_chunk_elements,omitempty"`
+	// Whether the backend trains every weight of the model for a run of LoRA rank 0 (full
+	// fine-tuning: docs/semantics.md). The torch worker does; the reference engine does not.
+	FullFinetune bool `protobuf:"varint,360,opt,name=full_finetune,json=fullFinetune,proto3" json:"full_finetune,omitempty"`
 	// Whether runs may train LoRA adapters on the model (CreateTrainingRun), and whether it
 	// may be sampled (its base weights and its runs' checkpoints). The gateway fills both:
 	// every backend Loops has trains and samples each model it serves.
@@ -1772,6 +1778,13 @@ func (x *ModelInfo) GetLogitsChunkElements() int64 {
 	return 0
 }
 
+func (x *ModelInfo) GetFullFinetune() bool {
+	if x != nil {
+		return x.FullFinetune
+	}
+	return false
+}
+
 func (x *ModelInfo) GetTrainable() bool {
 	if x != nil {
 		return x.Trainable
@@ -1998,7 +2011,7 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x0fPromptAltTokens\x12\f\n" +
 	"\x01k\x18\x01 \x01(\x05R\x01k\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\x05R\btokenIds\x12\x1a\n" +
-	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xc7\t\n" +
+	"\blogprobs\x18\x03 \x03(\x02R\blogprobs\"\xed\t\n" +
 	"\tModelInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x13max_sequence_length\x18\x02 \x01(\x05R\x11maxSequenceLength\x12\x1d\n" +
@@ -2034,7 +2047,8 @@ const file_loops_v1_types_proto_rawDesc = "" +
 	"\x18lora_parameters_per_rank\x18\x94\x01 \x01(\x03R\x15loraParametersPerRank\x12/\n" +
 	"\x13device_memory_bytes\x18\x95\x01 \x01(\x03R\x11deviceMemoryBytes\x12$\n" +
 	"\rreplica_bytes\x18\x96\x01 \x01(\x03R\freplicaBytes\x123\n" +
-	"\x15logits_chunk_elements\x18\x97\x01 \x01(\x03R\x13logitsChunkElements\x12\x1d\n" +
+	"\x15logits_chunk_elements\x18\x97\x01 \x01(\x03R\x13logitsChunkElements\x12$\n" +
+	"\rfull_finetune\x18\xe8\x02 \x01(\bR\ffullFinetune\x12\x1d\n" +
 	"\ttrainable\x18\x98\x02 \x01(\bR\ttrainable\x12\x1f\n" +
 	"\n" +
 	"sampleable\x18\x99\x02 \x01(\bR\n" +

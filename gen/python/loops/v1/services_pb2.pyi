@@ -713,7 +713,7 @@ class WorkspaceBudget(_message.Message):
     def __init__(self, name: _Optional[str] = ..., limit_usd: _Optional[str] = ..., spent_usd: _Optional[str] = ..., reserved_usd: _Optional[str] = ..., period: _Optional[str] = ..., alerts: _Optional[_Iterable[int]] = ..., key_id: _Optional[str] = ...) -> None: ...
 
 class WorkspaceLimits(_message.Message):
-    __slots__ = ("models", "max_sequence_length", "max_lora_rank", "max_concurrent_runs", "max_queued_operations", "sampling_concurrency", "allowed_modalities")
+    __slots__ = ("models", "max_sequence_length", "max_lora_rank", "max_concurrent_runs", "max_queued_operations", "sampling_concurrency", "allowed_modalities", "allow_full_finetune")
     MODELS_FIELD_NUMBER: _ClassVar[int]
     MAX_SEQUENCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     MAX_LORA_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -721,6 +721,7 @@ class WorkspaceLimits(_message.Message):
     MAX_QUEUED_OPERATIONS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     ALLOWED_MODALITIES_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_FULL_FINETUNE_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[_types_pb2.ModelInfo]
     max_sequence_length: int
     max_lora_rank: int
@@ -728,7 +729,8 @@ class WorkspaceLimits(_message.Message):
     max_queued_operations: int
     sampling_concurrency: int
     allowed_modalities: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, models: _Optional[_Iterable[_Union[_types_pb2.ModelInfo, _Mapping]]] = ..., max_sequence_length: _Optional[int] = ..., max_lora_rank: _Optional[int] = ..., max_concurrent_runs: _Optional[int] = ..., max_queued_operations: _Optional[int] = ..., sampling_concurrency: _Optional[int] = ..., allowed_modalities: _Optional[_Iterable[str]] = ...) -> None: ...
+    allow_full_finetune: bool
+    def __init__(self, models: _Optional[_Iterable[_Union[_types_pb2.ModelInfo, _Mapping]]] = ..., max_sequence_length: _Optional[int] = ..., max_lora_rank: _Optional[int] = ..., max_concurrent_runs: _Optional[int] = ..., max_queued_operations: _Optional[int] = ..., sampling_concurrency: _Optional[int] = ..., allowed_modalities: _Optional[_Iterable[str]] = ..., allow_full_finetune: _Optional[bool] = ...) -> None: ...
 
 class WorkspaceUse(_message.Message):
     __slots__ = ("live_runs", "queued_operations", "running_samples", "waiting_samples", "fairness")

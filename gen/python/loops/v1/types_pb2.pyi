@@ -285,7 +285,7 @@ class PromptAltTokens(_message.Message):
     def __init__(self, k: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "max_sequence_length", "vocab_size", "architecture", "tokenizer_id", "max_lora_rank", "backend", "hidden_size", "revision", "family", "publisher", "renderer", "lora_targets", "modalities", "vision", "tied_embeddings", "language_model_prefix", "devices_per_replica", "parameter_count", "weight_dtype", "num_layers", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "lora_parameters_per_rank", "device_memory_bytes", "replica_bytes", "logits_chunk_elements", "trainable", "sampleable", "availability")
+    __slots__ = ("name", "max_sequence_length", "vocab_size", "architecture", "tokenizer_id", "max_lora_rank", "backend", "hidden_size", "revision", "family", "publisher", "renderer", "lora_targets", "modalities", "vision", "tied_embeddings", "language_model_prefix", "devices_per_replica", "parameter_count", "weight_dtype", "num_layers", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "lora_parameters_per_rank", "device_memory_bytes", "replica_bytes", "logits_chunk_elements", "full_finetune", "trainable", "sampleable", "availability")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MAX_SEQUENCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -315,6 +315,7 @@ class ModelInfo(_message.Message):
     DEVICE_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     REPLICA_BYTES_FIELD_NUMBER: _ClassVar[int]
     LOGITS_CHUNK_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    FULL_FINETUNE_FIELD_NUMBER: _ClassVar[int]
     TRAINABLE_FIELD_NUMBER: _ClassVar[int]
     SAMPLEABLE_FIELD_NUMBER: _ClassVar[int]
     AVAILABILITY_FIELD_NUMBER: _ClassVar[int]
@@ -347,10 +348,11 @@ class ModelInfo(_message.Message):
     device_memory_bytes: int
     replica_bytes: int
     logits_chunk_elements: int
+    full_finetune: bool
     trainable: bool
     sampleable: bool
     availability: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., max_sequence_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., architecture: _Optional[str] = ..., tokenizer_id: _Optional[str] = ..., max_lora_rank: _Optional[int] = ..., backend: _Optional[str] = ..., hidden_size: _Optional[int] = ..., revision: _Optional[str] = ..., family: _Optional[str] = ..., publisher: _Optional[str] = ..., renderer: _Optional[str] = ..., lora_targets: _Optional[_Iterable[str]] = ..., modalities: _Optional[_Iterable[str]] = ..., vision: _Optional[_Union[VisionInfo, _Mapping]] = ..., tied_embeddings: _Optional[bool] = ..., language_model_prefix: _Optional[str] = ..., devices_per_replica: _Optional[int] = ..., parameter_count: _Optional[int] = ..., weight_dtype: _Optional[str] = ..., num_layers: _Optional[int] = ..., intermediate_size: _Optional[int] = ..., num_attention_heads: _Optional[int] = ..., num_key_value_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., lora_parameters_per_rank: _Optional[int] = ..., device_memory_bytes: _Optional[int] = ..., replica_bytes: _Optional[int] = ..., logits_chunk_elements: _Optional[int] = ..., trainable: _Optional[bool] = ..., sampleable: _Optional[bool] = ..., availability: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., max_sequence_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., architecture: _Optional[str] = ..., tokenizer_id: _Optional[str] = ..., max_lora_rank: _Optional[int] = ..., backend: _Optional[str] = ..., hidden_size: _Optional[int] = ..., revision: _Optional[str] = ..., family: _Optional[str] = ..., publisher: _Optional[str] = ..., renderer: _Optional[str] = ..., lora_targets: _Optional[_Iterable[str]] = ..., modalities: _Optional[_Iterable[str]] = ..., vision: _Optional[_Union[VisionInfo, _Mapping]] = ..., tied_embeddings: _Optional[bool] = ..., language_model_prefix: _Optional[str] = ..., devices_per_replica: _Optional[int] = ..., parameter_count: _Optional[int] = ..., weight_dtype: _Optional[str] = ..., num_layers: _Optional[int] = ..., intermediate_size: _Optional[int] = ..., num_attention_heads: _Optional[int] = ..., num_key_value_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., lora_parameters_per_rank: _Optional[int] = ..., device_memory_bytes: _Optional[int] = ..., replica_bytes: _Optional[int] = ..., logits_chunk_elements: _Optional[int] = ..., full_finetune: _Optional[bool] = ..., trainable: _Optional[bool] = ..., sampleable: _Optional[bool] = ..., availability: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ClientInfo(_message.Message):
     __slots__ = ("name", "version", "runtime", "user_agent")
