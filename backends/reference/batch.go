@@ -86,6 +86,15 @@ const (
 	// smaller ones keep its steps closer together (bench/fairness: 16 against 32, its
 	// latency 15% lower, the prompts' workspace's tokens/s the same).
 	minPiece = 16
+	// minAlonePiece is the fewest prompt tokens a prefill piece runs when no other
+	// workspace decodes (fewer only at the end of a chunk). aloneSlice alone gives a few
+	// tokens a piece on a large model (about 4 at the Qwen3-0.6B shape on 2 cores, so
+	// minPiece), and pieces that small run through the row kernels and read every weight
+	// for each: a 700-token prompt at that shape took 42–45 CPU-seconds through the
+	// OpenAI route against 8.5 for the engine's own prefill (bench/llamacpp). Pieces of 128
+	// go through the packed SGEMM and read the weights once per 128 rows; a workspace that
+	// arrives meanwhile waits for at most one such piece.
+	minAlonePiece = 128
 )
 
 // decodeJob is one Sample call in the decoder.
@@ -372,11 +381,11 @@ func (d *decoder) prefill(st *decodeState) {
 	// the time it may take: up to a slice ahead of the others that decode (or of one that
 	// has just left: a client that samples in a loop is back within a round trip), else a
 	// longer slice
-	slice := aloneSlice
+	slice, floor := aloneSlice, minAlonePiece
 	if othersDecode || time.Since(st.left) < leftGrace {
-		slice = prefillSlice - lead
+		slice, floor = prefillSlice-lead, minPiece
 	}
-	budget := max(st.cost.tokens(slice, f.nextPosition()), minPiece)
+	budget := max(st.cost.tokens(slice, f.nextPosition()), floor)
 	if d.maxPiece > 0 {
 		budget = min(budget, d.maxPiece)
 	}
