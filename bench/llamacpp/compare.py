@@ -23,7 +23,7 @@ tokens, up to float32 summation order on near ties).
 
 Weights: the HF folder (bf16 safetensors) is read as float32 by Loops; llama.cpp gets a GGUF
 converted from the same folder by the llama.cpp tree's own convert_hf_to_gguf.py with
-``--outtype f32`` (bf16 → f32 is exact, so both hold the same float32 values). With
+``--outtype f32`` (its own gguf-py; bf16 → f32 is exact, so both hold the same float32 values). With
 ``--llama-dtypes f32,bf16`` a bf16 GGUF is served by a second llama-server too, as an extra
 row: Loops' serving path holds float32 weights only (the bf16-held weights of issue 38 item 3
 are not wired into ``loops serve``), so there is no bf16 pair to compare.
@@ -107,6 +107,16 @@ def gguf_pylib():
     return d
 
 
+def sentencepiece_pylib():
+    """sentencepiece from PyPI, in the cache: the converter imports it before it looks for a
+    tokenizer.model (Qwen2Model.set_vocab), though a BPE folder never uses it."""
+    d = os.path.join(CACHE, "pylib-sentencepiece")
+    if not os.path.exists(os.path.join(d, "sentencepiece")):
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", d,
+                        "sentencepiece"], check=True)
+    return d
+
+
 def write_tokenizer(folder):
     """Writes tokenizer.json and tokenizer_config.json from llama.cpp's Qwen2 test vocabulary."""
     if os.path.exists(os.path.join(folder, "tokenizer.json")):
@@ -151,7 +161,10 @@ def convert(folder, dtype):
     out = f"{folder}-{dtype}.gguf"
     if os.path.exists(out):
         return out
-    env = dict(os.environ, NO_LOCAL_GGUF="1", PYTHONPATH=gguf_pylib(), HF_HUB_OFFLINE="1")
+    # The converter's own gguf-py (same tree; PyPI's gguf 0.19.0 lacks newer architectures
+    # that the converter's modules name at import).
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_LOCAL_GGUF",)}
+    env.update(HF_HUB_OFFLINE="1", PYTHONPATH=sentencepiece_pylib())
     subprocess.run(["nice", "-n", "10", sys.executable, os.path.join(llama_tree(), "convert_hf_to_gguf.py"), folder,
                     "--outtype", dtype, "--outfile", out + ".tmp"], env=env, check=True)
     os.replace(out + ".tmp", out)
