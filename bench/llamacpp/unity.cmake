@@ -13,13 +13,14 @@ function(loops_llamabench_unity)
       set_target_properties(${t} PROPERTIES UNITY_BUILD ON)
     endif()
   endforeach()
-  # mtmd-helper*.cpp refuse to be compiled after mtmd's internal headers (an #error).
   # common/json.cpp specialises templates that other files of common instantiate.
   if(TARGET llama-common)
-    set_source_files_properties(json.cpp DIRECTORY ${CMAKE_SOURCE_DIR}/common PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
+    set_source_files_properties(${CMAKE_SOURCE_DIR}/common/json.cpp DIRECTORY ${CMAKE_SOURCE_DIR}/common PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
   endif()
+  # mtmd-helper*.cpp refuse to be compiled after mtmd's internal headers (an #error).
   if(TARGET mtmd)
-    set_source_files_properties(mtmd-helper.cpp mtmd-helper-gen.cpp DIRECTORY ${CMAKE_SOURCE_DIR}/tools/mtmd
+    set_source_files_properties(${CMAKE_SOURCE_DIR}/tools/mtmd/mtmd-helper.cpp
+      ${CMAKE_SOURCE_DIR}/tools/mtmd/mtmd-helper-gen.cpp DIRECTORY ${CMAKE_SOURCE_DIR}/tools/mtmd
       PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
   endif()
 endfunction()
