@@ -92,6 +92,10 @@ fuzz: ## Every Go fuzz target for longer (FUZZTIME, default 5 min each)
 conformance-skyrl: ## `loops conformance` against SkyRL's Tinker server (PyPI, JAX on CPU) and loops serve side by side; writes docs/conformance-skyrl.md (not in `make test`: its own venv, 10-15 min)
 	bash tests/skyrl/run.sh
 
+.PHONY: bench-llamacpp
+bench-llamacpp: ## Benchmark, not in `make test`: Loops' OpenAI route against llama.cpp's llama-server (built from the llama-cpp-python sdist once, ~/.cache/loops/llama.cpp) on a Qwen3-0.6B-shaped model, and forward_backward/sampling against PyTorch (bench/llamacpp; BENCH_ARGS, e.g. "--rounds 5")
+	$$(bash scripts/pyenv.sh torch-worker $$(cat backends/torch/requirements-cpu.txt))/bin/python bench/llamacpp/compare.py --train $(BENCH_ARGS)
+
 .PHONY: check
 check: checkgenerate lint breaking ## gofmt, go vet, buf lint, buf format, buf breaking and generated-code drift
 

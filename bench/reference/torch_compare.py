@@ -154,39 +154,45 @@ def torch_worker(a):
         model.train()
         ids = torch.tensor(toks["fb"], dtype=torch.long)
         inp, tgt = ids[:, :-1], ids[:, 1:]
-        times = []
+        times, cpu = [], []
         for i in range(a.warmup + a.iters):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             logits = model(input_ids=inp).logits
             lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
             loss = -lp.sum()
             loss.backward()
-            d = time.perf_counter() - t
+            d, dc = time.perf_counter() - t, time.process_time() - c
             model.zero_grad(set_to_none=True)
             if i == 0:
                 res["fb_loss_sum"] = loss.item()
             del logits, lp, loss
             if i >= a.warmup:
                 times.append(d)
+                cpu.append(dc)
         res["fb_seconds"] = times
         res["fb_tokens_per_s"] = inp.numel() / sorted(times)[len(times) // 2]
+        res["fb_cpu_seconds"] = cpu
+        res["fb_tokens_per_cpu_s"] = inp.numel() / sorted(cpu)[len(cpu) // 2]
     if "sample" in modes:
         model.eval()
         prompt = torch.tensor([toks["prompt"]] * a.samples, dtype=torch.long)
-        times = []
+        times, cpu = [], []
         torch.manual_seed(1)
         for i in range(a.warmup + a.iters):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             with torch.no_grad():
                 out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=True,
                                      temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=a.new,
                                      min_new_tokens=a.new, use_cache=True, pad_token_id=0)
-            d = time.perf_counter() - t
+            d, dc = time.perf_counter() - t, time.process_time() - c
             gen = (out.shape[1] - prompt.shape[1]) * out.shape[0]
             if i >= a.warmup:
                 times.append(d)
+                cpu.append(dc)
         res["sample_seconds"] = times
         res["sample_tokens_per_s"] = gen / sorted(times)[len(times) // 2]
+        res["sample_cpu_seconds"] = cpu
+        res["sample_tokens_per_cpu_s"] = gen / sorted(cpu)[len(cpu) // 2]
     res["peak_rss_mib"] = peak_rss_mib()
     print(json.dumps(res))
 
@@ -291,7 +297,8 @@ def print_table(results):
     print(f"{'model':<18} {'measure':<22} {'loops':>10} {'torch':>10} {'loops/torch':>12}")
     for r in results:
         g, t = r.get("go", {}), r.get("torch", {})
-        for key, label in (("fb_tokens_per_s", "forward_backward tok/s"), ("sample_tokens_per_s", "sample tok/s"),
+        for key, label in (("fb_tokens_per_s", "forward_backward tok/s"), ("fb_tokens_per_cpu_s", "fb tok/CPU-s"),
+                           ("sample_tokens_per_s", "sample tok/s"), ("sample_tokens_per_cpu_s", "sample tok/CPU-s"),
                            ("peak_rss_mib", "peak RSS MiB")):
             gv, tv = g.get(key), t.get(key)
             ratio = f"{gv / tv:.2f}" if gv and tv else "-"

@@ -33,7 +33,12 @@ type result struct {
 	FBSeqLen       int       `json:"fb_seq_len"`
 	FBSeconds      []float64 `json:"fb_seconds,omitempty"`
 	FBTokensPerSec float64   `json:"fb_tokens_per_s,omitempty"`
-	FBLoss         float64   `json:"fb_loss_sum,omitempty"`
+	// FBCPUSeconds is the process's CPU time (user + system, all threads) of each timed
+	// step; FBTokensPerCPUSec divides by their median (on a loaded machine the wall
+	// clock counts the time other processes hold the cores, CPU time does not).
+	FBCPUSeconds      []float64 `json:"fb_cpu_seconds,omitempty"`
+	FBTokensPerCPUSec float64   `json:"fb_tokens_per_cpu_s,omitempty"`
+	FBLoss            float64   `json:"fb_loss_sum,omitempty"`
 	// FBFlopsPerToken counts a forward_backward token's floating-point operations: 4 per
 	// weight of every linear layer and the lm_head (2 forward, 2 for the input gradient;
 	// the base weights are frozen, and the rank-r LoRA terms are left out), plus attention:
@@ -50,6 +55,9 @@ type result struct {
 	NewTokens          int       `json:"new_tokens"`
 	SampleSeconds      []float64 `json:"sample_seconds,omitempty"`
 	SampleTokensPerSec float64   `json:"sample_tokens_per_s,omitempty"`
+	// SampleCPUSeconds and SampleTokensPerCPUSec: as FBCPUSeconds, for sampling.
+	SampleCPUSeconds      []float64 `json:"sample_cpu_seconds,omitempty"`
+	SampleTokensPerCPUSec float64   `json:"sample_tokens_per_cpu_s,omitempty"`
 
 	PeakRSSMiB float64 `json:"peak_rss_mib"`
 }
@@ -152,9 +160,9 @@ func main() {
 		}
 		ce := func(_, _, _ int, lp float64) (float64, float64) { return -lp, -1 }
 		for i := 0; i < *warmup+*iters; i++ {
-			t := time.Now()
+			t, c := time.Now(), cpuSeconds()
 			outs := m.ForwardBackward(seqs, ce, true)
-			d := time.Since(t).Seconds()
+			d, dc := time.Since(t).Seconds(), cpuSeconds()-c
 			ad.ZeroGrad()
 			if i == 0 {
 				for _, o := range outs {
@@ -165,9 +173,11 @@ func main() {
 			}
 			if i >= *warmup {
 				res.FBSeconds = append(res.FBSeconds, d)
+				res.FBCPUSeconds = append(res.FBCPUSeconds, dc)
 			}
 		}
 		res.FBTokensPerSec = float64(tokens) / median(res.FBSeconds)
+		res.FBTokensPerCPUSec = float64(tokens) / median(res.FBCPUSeconds)
 		res.FBFlopsPerToken = fbFlopsPerToken(m.Cfg, float64(res.FBSeqLen))
 		res.KernelGFLOPs = kernelGFLOPs(tokens, m.Cfg.Inter, m.Cfg.Hidden)
 		res.RooflineShare = res.FBTokensPerSec * res.FBFlopsPerToken / (res.KernelGFLOPs * 1e9)
@@ -175,9 +185,9 @@ func main() {
 	if want["sample"] {
 		seed := uint64(1)
 		for i := 0; i < *warmup+*iters; i++ {
-			t := time.Now()
+			t, c := time.Now(), cpuSeconds()
 			out, _ := m.Sample(prompt, ad, *samples, nn.SampleParams{MaxTokens: *newTok, Temperature: 1, TopP: 1, Seed: &seed}, false, 0)
-			d := time.Since(t).Seconds()
+			d, dc := time.Since(t).Seconds(), cpuSeconds()-c
 			gen := 0
 			for _, s := range out {
 				gen += len(s.Tokens)
@@ -185,6 +195,8 @@ func main() {
 			if i >= *warmup {
 				res.SampleSeconds = append(res.SampleSeconds, d)
 				res.SampleTokensPerSec = float64(gen) / median(res.SampleSeconds)
+				res.SampleCPUSeconds = append(res.SampleCPUSeconds, dc)
+				res.SampleTokensPerCPUSec = float64(gen) / median(res.SampleCPUSeconds)
 			}
 		}
 	}
@@ -245,6 +257,13 @@ func kernelGFLOPs(rows, inter, hidden int) float64 {
 		}
 	}
 	return 2 * float64(rows) * float64(inter) * float64(hidden) / median(secs) / 1e9
+}
+
+// cpuSeconds is the process's CPU time so far, user + system, all threads.
+func cpuSeconds() float64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
 func median(x []float64) float64 {
