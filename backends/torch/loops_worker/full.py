@@ -39,7 +39,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from . import checkpoint as ckpt
-from .lora import LoraSpec, adamw_apply
+from .lora import LoraSpec, Trained, adamw_apply
 
 MARKER = "loops_full_finetune.json"
 FORMAT = 1
@@ -67,7 +67,7 @@ def marker_key(d: str) -> str:
     return f"{d}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
 
 
-class FullRun:
+class FullRun(Trained):
     """A full fine-tuning run, in the engine's place of an Adapter: its own copy of the model
     (base), the trained weights by Hugging Face name (params: the masters, each with .grad),
     and AdamW state."""
@@ -100,15 +100,6 @@ class FullRun:
                 p.requires_grad_(True)
             self.params[name] = m
         self.reset_optimizer()
-
-    def reset_optimizer(self) -> None:
-        self.step = 0
-        self.exp_avg = {k: torch.zeros_like(p, memory_format=torch.contiguous_format) for k, p in self.params.items()}
-        self.exp_avg_sq = {k: torch.zeros_like(p, memory_format=torch.contiguous_format) for k, p in self.params.items()}
-
-    def zero_grad(self) -> None:
-        for p in self.params.values():
-            p.grad = None
 
     @torch.no_grad()
     def sync(self) -> None:

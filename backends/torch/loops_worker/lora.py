@@ -341,7 +341,23 @@ def init_lora_a(name_a: str, seed: int, rank: int, fan_in: int) -> np.ndarray:
     return ((u * 2.0 - 1.0) * bound).astype(np.float32).reshape(rank, fan_in)
 
 
-class Adapter:
+class Trained:
+    """The AdamW state of a run's trained tensors (params: name → tensor, each with its
+    .grad), shared by LoRA adapters and full fine-tuning runs (full.FullRun)."""
+
+    params: Dict[str, torch.Tensor]
+
+    def reset_optimizer(self) -> None:
+        self.step = 0
+        self.exp_avg = {k: torch.zeros_like(p, memory_format=torch.contiguous_format) for k, p in self.params.items()}
+        self.exp_avg_sq = {k: torch.zeros_like(p, memory_format=torch.contiguous_format) for k, p in self.params.items()}
+
+    def zero_grad(self) -> None:
+        for p in self.params.values():
+            p.grad = None
+
+
+class Adapter(Trained):
     """One LoRA adapter: fp32 A/B tensors, gradients (in .grad) and AdamW moments."""
 
     def __init__(self, adapter_id: str, base, spec: LoraSpec, device: torch.device,
@@ -377,15 +393,6 @@ class Adapter:
             self.pairs[key] = (a, b)
             self.params[na], self.params[nb] = a, b
         self.reset_optimizer()
-
-    def reset_optimizer(self) -> None:
-        self.step = 0
-        self.exp_avg = {k: torch.zeros_like(p, memory_format=torch.contiguous_format) for k, p in self.params.items()}
-        self.exp_avg_sq = {k: torch.zeros_like(p, memory_format=torch.contiguous_format) for k, p in self.params.items()}
-
-    def zero_grad(self) -> None:
-        for p in self.params.values():
-            p.grad = None
 
     def keep_only(self, keys: List[str]) -> None:
         """Restricts the adapter to the given module keys (a loaded checkpoint's subset)."""
