@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
 
@@ -146,7 +147,7 @@ func main() {
 		defer pprof.StopCPUProfile()
 	}
 	want := map[string]bool{}
-	for _, s := range splitComma(*modes) {
+	for _, s := range strings.FieldsFunc(*modes, func(r rune) bool { return r == ',' }) {
 		want[s] = true
 	}
 	if want["fb"] {
@@ -274,20 +275,6 @@ func median(x []float64) float64 {
 		return s[n/2]
 	}
 	return (s[n/2-1] + s[n/2]) / 2
-}
-
-func splitComma(s string) []string {
-	var out []string
-	start := 0
-	for i := 0; i <= len(s); i++ {
-		if i == len(s) || s[i] == ',' {
-			if i > start {
-				out = append(out, s[start:i])
-			}
-			start = i + 1
-		}
-	}
-	return out
 }
 
 func fail(err error) {

@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
 
@@ -57,7 +58,7 @@ func main() {
 		seqs = append(seqs, nn.Seq[float32]{Tokens: t[:*fbSeq], Targets: t[1:], K: 1})
 	}
 	want := map[string]bool{}
-	for _, s := range split(*modes) {
+	for _, s := range strings.FieldsFunc(*modes, func(r rune) bool { return r == ',' }) {
 		want[s] = true
 	}
 	prefill := func() {
@@ -268,20 +269,6 @@ func pct(x []float64) []string {
 	out := make([]string, len(x))
 	for i, v := range x {
 		out[i] = fmt.Sprintf("%.0f%%", 100*v)
-	}
-	return out
-}
-
-func split(s string) []string {
-	var out []string
-	start := 0
-	for i := 0; i <= len(s); i++ {
-		if i == len(s) || s[i] == ',' {
-			if i > start {
-				out = append(out, s[start:i])
-			}
-			start = i + 1
-		}
 	}
 	return out
 }
