@@ -291,3 +291,37 @@ func FuzzDecoderSchedule(f *testing.F) {
 		require.LessOrEqual(t, d.stats.maxRows, maxSeqs)
 	})
 }
+
+// TestAlonePromptRunsInLargePieces: a workspace whose prompt is the only work prefills it in
+// pieces of at least minAlonePiece tokens (fewer only at the end of a chunk), however slow
+// the cost model says a token is; pieces that small would read every weight for a few rows
+// (bench/llamacpp: a 700-token prompt took 5× the engine's own prefill in 4-token pieces).
+func TestAlonePromptRunsInLargePieces(t *testing.T) {
+	m, err := nn.NewRandom[float32](nn.Config{Architectures: []string{"Qwen3ForCausalLM"}, ModelType: "qwen3",
+		Vocab: 64, Hidden: 32, Layers: 1, Heads: 2, KVHeads: 1, HeadDim: 16, Inter: 64, MaxPos: 1024,
+		RopeTheta: 1e4, Eps: 1e-6, Tied: true, HiddenAct: "silu"}, nn.RandomOptions{Seed: 3, QKNorm: true})
+	require.NoError(t, err)
+	const plen = 300
+	prompt := make([]int, plen)
+	for i := range prompt {
+		prompt[i] = (i * 7) % 64
+	}
+	seed := uint64(1)
+	p := nn.SampleParams{MaxTokens: 2, Temperature: 1, Seed: &seed, EOS: []int{5}}
+	want, _ := m.Sample(prompt, nil, 1, p, false, 0)
+
+	d := newDecoder(m, 4, 1<<30)
+	var st decodeState
+	st.cost.observe(1, 0, time.Second) // a token takes a second: the time slice alone gives none
+	g := m.NewGen(prompt, nil, 1, p, false, 0)
+	st.add(&decodeJob{ctx: context.Background(), g: g, ws: "a", kv: int64(g.Positions()) * kvBytesPerPosition(m), done: make(chan struct{})})
+	for b := 0; len(st.flows) > 0; b++ {
+		require.Less(t, b, 100, "the request did not end")
+		d.boundary(&st)
+	}
+	require.Equal(t, want, g.Out, "the tokens it gets sampled alone")
+	require.Equal(t, plen, d.stats.prefilled)
+	// the first piece is minAlonePiece tokens; once it is timed the model may size the next
+	// ones larger, never smaller
+	require.LessOrEqual(t, d.stats.pieces, (plen+127)/128, "pieces of at least 128 tokens")
+}
