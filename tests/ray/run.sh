@@ -17,19 +17,35 @@ port=${RAY_PORT:-6390}
 dport=${RAY_DASHBOARD_PORT:-8290}
 tmp=$(mktemp -d /tmp/loops-ray.XXXXXX)
 export RAY_USAGE_STATS_ENABLED=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# Each `ray start` runs in a session of its own (setsid), and every process of this cluster
+# (GCS, raylets, dashboard, workers) stays in the session of the start that made it; job
+# drivers, in sessions of their own, are killed by Ray's watcher when their supervisor dies.
+# Stopping kills those sessions only: `ray stop` would stop every Ray cluster of this user on
+# the machine (another test run's, a developer's).
+sessions=()
 stop() {
-  # ray stop has no per-cluster switch: it stops this user's Ray processes on the machine
-  "$venv/bin/ray" stop --force >/dev/null 2>&1 || true
+  local s i alive
+  for s in "${sessions[@]}"; do pkill -TERM -s "$s" 2>/dev/null || true; done
+  for i in $(seq 40); do
+    alive=0
+    for s in "${sessions[@]}"; do pgrep -s "$s" >/dev/null 2>&1 && alive=1; done
+    [ "$alive" = 0 ] && break
+    sleep 0.25
+  done
+  for s in "${sessions[@]}"; do pkill -KILL -s "$s" 2>/dev/null || true; done
   rm -rf "$tmp"
 }
 trap stop EXIT
 # `ray start` gives a node 30 s to come up (hard-coded); on a loaded machine that can fail,
 # so each start is tried three times.
 try3() {
-  local log=$1
+  local log=$1 attempt pid
   shift
   for attempt in 1 2 3; do
-    "$@" >"$log" 2>&1 && return 0
+    setsid "$@" >"$log" 2>&1 &
+    pid=$!
+    sessions+=("$pid")
+    wait "$pid" && return 0
     echo "test-ray: '$*' failed (attempt $attempt): $(tail -1 "$log")" >&2
     sleep 5
   done
