@@ -44,6 +44,10 @@ var pythonOnly = map[string]bool{"dtype": true, "sampler": true, "attn-implement
 	"vllm-max-model-len": true, "vllm-enforce-eager": true, "grpc-threads": true,
 	"checkpoint-tokens": true, "logits-budget": true, "full-finetune-runs": true}
 
+// multiGPU are the flags that spread a replica over several GPUs (the pool provider passes
+// them for gpus_per_replica ≥ 2); the Go worker is one process on the CPU.
+var multiGPU = map[string]bool{"world-size": true, "vllm-tensor-parallel-size": true}
+
 var poolIDRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
 
 // flags are the command-line settings before they are checked.
@@ -141,6 +145,9 @@ func ParseArgs(args []string) (Options, error) {
 		}
 		if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: "); ok {
 			name = strings.TrimLeft(name, "-")
+			if multiGPU[name] {
+				return Options{}, fmt.Errorf("--%s spreads a replica over several GPUs, which only the Python worker does; the Go worker is one process on the CPU: give its pool gpus_per_replica 0 or 1, or use the torch worker (no worker_command)", name)
+			}
 			if pythonOnly[name] {
 				return Options{}, fmt.Errorf("--%s is a flag of the Python worker (python -m loops_worker); the Go worker computes in float32 on the CPU and does not take it", name)
 			}

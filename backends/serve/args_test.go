@@ -86,6 +86,8 @@ func TestParseArgsErrors(t *testing.T) {
 		{[]string{"--device", "cuda:0"}, "the Go worker runs on the CPU"},
 		{[]string{"--dtype", "bfloat16"}, "--dtype is a flag of the Python worker"},
 		{[]string{"--vllm-enforce-eager"}, "flag of the Python worker"},
+		{[]string{"--world-size", "2"}, "--world-size spreads a replica over several GPUs, which only the Python worker does"},
+		{[]string{"--vllm-tensor-parallel-size", "4"}, "give its pool gpus_per_replica 0 or 1"},
 		{[]string{"--gpus", "2"}, "unknown flag --gpus"},
 		{[]string{"stray"}, `unexpected argument "stray"`},
 		{[]string{"--model"}, "flag needs an argument"},
