@@ -16,8 +16,8 @@ import (
 
 // TestSessionHeaderMetersTheSession: a chat completion sent with X-Loops-Session is metered
 // to that session (its usage rows carry the session id, the tokens the response reported);
-// one without the header to no session; a malformed header is a 400 naming it, and another
-// workspace's session a 404.
+// one without the header to no session; a malformed header is a 400 naming it, an ended
+// session a 400, and another workspace's session a 404.
 func TestSessionHeaderMetersTheSession(t *testing.T) {
 	base := startServer(t, nil)
 	ctx := t.Context()
@@ -67,6 +67,15 @@ func TestSessionHeaderMetersTheSession(t *testing.T) {
 	require.Contains(t, string(body), "X-Loops-Session")
 	status, body = send(keyA, strings.Repeat("s", 200))
 	require.Equal(t, http.StatusBadRequest, status, string(body))
+	// an ended session gets no new sampler
+	sessions := loopsv1connect.NewSessionServiceClient(http.DefaultClient, base, withKey(keyA))
+	ended, err := sessions.CreateSession(ctx, &loopsv1.CreateSessionRequest{})
+	require.NoError(t, err)
+	_, err = sessions.FinishSession(ctx, &loopsv1.FinishSessionRequest{Id: ended.GetId()})
+	require.NoError(t, err)
+	status, body = send(keyA, ended.GetId())
+	require.Equal(t, http.StatusBadRequest, status, string(body))
+	require.Contains(t, string(body), "ended")
 	status, body = send(keyB, sess.GetId())
 	require.Equal(t, http.StatusNotFound, status, string(body))
 	var e struct {
