@@ -136,7 +136,7 @@ def _sum(groups: Sequence[dict]) -> dict:
 def share_settled(pilot_steps: Sequence[Sequence[dict]]) -> bool:
     """Whether the pilot saw the share of episodes trained settle (SHARE_RULE): each of its
     last SETTLED_STEPS steps trained every episode (group_usage "datums" == "episodes")."""
-    last = [step for step in pilot_steps][-SETTLED_STEPS:]
+    last = list(pilot_steps)[-SETTLED_STEPS:]
     return len(last) == SETTLED_STEPS and all(
         step and sum(g.get("datums", 0) for g in step) >= sum(g["episodes"] for g in step) for step in last)
 
