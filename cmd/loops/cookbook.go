@@ -473,25 +473,19 @@ func (cf *cookbookFlags) check(ctx context.Context, py *cookbookPython, name str
 		args = append(args, "--estimate")
 	}
 	usage := loopsv1connect.NewUsageServiceClient(&http.Client{Timeout: time.Minute}, strings.TrimRight(cf.url, "/"), cf.options()...)
-	var before money.USD
-	if cf.pilot > 0 {
-		// The pilot trains for real: it is billed, and what the workspace was metered while
-		// it ran is reported (other work of the workspace meanwhile would count too).
-		if !slices.ContainsFunc(rows, func(r checkRow) bool { return !r.OK }) {
-			args = append(args, "--pilot", strconv.Itoa(cf.pilot))
-			env = cf.sdkEnv()
-		}
-		var err error
-		if before, err = workspaceCost(ctx, usage); err != nil {
-			return append(rows, checkRow{"cost estimate", false, "reading the workspace's usage: " + err.Error()}), nil, nil
-		}
+	started := time.Now()
+	if cf.pilot > 0 && !slices.ContainsFunc(rows, func(r checkRow) bool { return !r.OK }) {
+		// The pilot trains for real: it is billed, and what its own sessions and runs were
+		// metered is reported (pilotCost), not the workspace's other work meanwhile.
+		args = append(args, "--pilot", strconv.Itoa(cf.pilot))
+		env = cf.sdkEnv()
 	}
 	out, err := py.outputEnv(ctx, os.Stderr, env, args...)
 	var ee *exitError
 	if err != nil && !(errors.As(err, &ee) && ee.code == exitCookbookFailed) {
 		return nil, nil, err // a usage or environment error: no table to show
 	}
-	local, estReq, estErr, perr := parseCheckOutput(out)
+	local, estReq, estErr, used, perr := parseCheckOutput(out)
 	if perr != nil {
 		return nil, nil, perr
 	}
@@ -500,14 +494,7 @@ func (cf *cookbookFlags) check(ctx context.Context, py *cookbookPython, name str
 		return rows, nil, nil
 	}
 	if cf.pilot > 0 {
-		after, err := workspaceCost(ctx, usage)
-		pilot := checkRow{"pilot", err == nil, ""}
-		if err != nil {
-			pilot.Detail = "reading the workspace's usage: " + err.Error()
-		} else {
-			pilot.Detail = fmt.Sprintf("ran its first %d RL steps for real: the workspace was metered $%s meanwhile", cf.pilot, max(after-before, 0))
-		}
-		rows = append(rows, pilot)
+		rows = append(rows, pilotRow(ctx, usage, cf.pilot, started, used))
 	}
 	switch {
 	case estErr != "":
@@ -526,17 +513,64 @@ func (cf *cookbookFlags) check(ctx context.Context, py *cookbookPython, name str
 	return append(rows, checkRow{"cost estimate", true, detail + " (prices " + est.GetPriceVersion() + ")"}), est, nil
 }
 
-// workspaceCost is what the caller's workspace was metered over the last 24 hours (the sum
-// of its usage buckets' costs).
-func workspaceCost(ctx context.Context, usage loopsv1connect.UsageServiceClient) (money.USD, error) {
+// pilotUsage names what a pilot used: the server sessions its runs (and its OpenAI-route
+// evaluation, X-Loops-Session) were metered to, and its training runs (the usage kept per
+// run: dedicated pool time).
+type pilotUsage struct {
+	Sessions []string `json:"pilot_sessions"`
+	Runs     []string `json:"pilot_runs"`
+}
+
+// pilotRow is the "pilot" row: what the pilot's own sessions and runs were metered since
+// it started.
+func pilotRow(ctx context.Context, usage loopsv1connect.UsageServiceClient, steps int, started time.Time, used pilotUsage) checkRow {
+	if len(used.Sessions) == 0 {
+		return checkRow{"pilot", false, "the pilot named no server session, so its cost is unknown"}
+	}
+	cost, err := pilotCost(ctx, usage, started, used)
+	if err != nil {
+		return checkRow{"pilot", false, "reading the pilot's usage: " + err.Error()}
+	}
+	return checkRow{"pilot", true, fmt.Sprintf("ran its first %d RL steps for real: its %s metered $%s",
+		steps, plural(len(used.Sessions), "session was", "sessions were"), cost)}
+}
+
+// plural is one when n is 1, else many.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// pilotCost is what the usage buckets of a pilot's sessions and runs cost, from the hour
+// it started to now (the sum of their costs). Other work of the workspace meanwhile is in
+// other sessions and does not count.
+func pilotCost(ctx context.Context, usage loopsv1connect.UsageServiceClient, started time.Time, used pilotUsage) (money.USD, error) {
+	sessions := map[string]bool{}
+	for _, s := range used.Sessions {
+		sessions[s] = true
+	}
+	runs := map[string]bool{}
+	for _, r := range used.Runs {
+		runs[r] = true
+	}
+	return usageCost(ctx, usage, started.Add(-time.Hour), func(b *loopsv1.UsageBucket) bool {
+		return (b.GetSessionId() != "" && sessions[b.GetSessionId()]) || (b.GetTrainingRunId() != "" && runs[b.GetTrainingRunId()])
+	})
+}
+
+// usageCost is the sum of the costs of the caller's workspace's usage buckets from start to
+// now that keep says to count.
+func usageCost(ctx context.Context, usage loopsv1connect.UsageServiceClient, start time.Time, keep func(*loopsv1.UsageBucket) bool) (money.USD, error) {
 	end := time.Now().Add(time.Minute)
-	resp, err := usage.GetUsage(ctx, &loopsv1.GetUsageRequest{StartTime: timestamppb.New(end.Add(-24 * time.Hour)), EndTime: timestamppb.New(end)})
+	resp, err := usage.GetUsage(ctx, &loopsv1.GetUsageRequest{StartTime: timestamppb.New(start), EndTime: timestamppb.New(end)})
 	if err != nil {
 		return 0, err
 	}
 	var total money.USD
 	for _, b := range resp.GetBuckets() {
-		if b.GetCostUsd() == "" {
+		if b.GetCostUsd() == "" || !keep(b) {
 			continue
 		}
 		c, err := money.ParseUSD(b.GetCostUsd(), money.Digits)
@@ -552,29 +586,30 @@ func workspaceCost(ctx context.Context, usage loopsv1connect.UsageServiceClient)
 
 // parseCheckOutput parses `check --json` output: {"checks": [{check, ok, detail}, ...],
 // "estimate": EstimateCostRequest (with --estimate), "estimate_error": why the recipe
-// cannot give one}.
-func parseCheckOutput(out []byte) ([]checkRow, *loopsv1.EstimateCostRequest, string, error) {
+// cannot give one, "pilot_sessions" and "pilot_runs": what a pilot used (pilotUsage)}.
+func parseCheckOutput(out []byte) ([]checkRow, *loopsv1.EstimateCostRequest, string, pilotUsage, error) {
 	var res struct {
+		pilotUsage
 		Checks        []checkRow      `json:"checks"`
 		Estimate      json.RawMessage `json:"estimate"`
 		EstimateError string          `json:"estimate_error"`
 	}
 	if err := json.Unmarshal(bytes.TrimSpace(out), &res); err != nil {
-		return nil, nil, "", fmt.Errorf("cookbook: check --json printed no result: %w", err)
+		return nil, nil, "", pilotUsage{}, fmt.Errorf("cookbook: check --json printed no result: %w", err)
 	}
 	for i, r := range res.Checks {
 		if r.Check == "" {
-			return nil, nil, "", fmt.Errorf("cookbook: check --json: row %d has no name", i)
+			return nil, nil, "", pilotUsage{}, fmt.Errorf("cookbook: check --json: row %d has no name", i)
 		}
 	}
 	if len(res.Estimate) == 0 || string(res.Estimate) == "null" {
-		return res.Checks, nil, res.EstimateError, nil
+		return res.Checks, nil, res.EstimateError, res.pilotUsage, nil
 	}
 	var req loopsv1.EstimateCostRequest
 	if err := protojson.Unmarshal(res.Estimate, &req); err != nil {
-		return nil, nil, "", fmt.Errorf("cookbook: check --json: estimate: %w", err)
+		return nil, nil, "", pilotUsage{}, fmt.Errorf("cookbook: check --json: estimate: %w", err)
 	}
-	return res.Checks, &req, res.EstimateError, nil
+	return res.Checks, &req, res.EstimateError, res.pilotUsage, nil
 }
 
 // printEstimate writes an estimate's tokens and cost by usage kind, and its total.

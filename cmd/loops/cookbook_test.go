@@ -131,25 +131,28 @@ func TestCookbookParseOutputs(t *testing.T) {
 	_, err = parseRecipeList([]byte(`Traceback ...`))
 	require.Error(t, err)
 
-	rows, est, why, err := parseCheckOutput([]byte(`{"recipe":"a","checks":[{"check":"data","ok":true,"detail":"3 records"}]}`))
+	rows, est, why, _, err := parseCheckOutput([]byte(`{"recipe":"a","checks":[{"check":"data","ok":true,"detail":"3 records"}]}`))
 	require.NoError(t, err)
 	require.Equal(t, []checkRow{{"data", true, "3 records"}}, rows)
 	require.Nil(t, est)
 	require.Empty(t, why)
-	_, _, _, err = parseCheckOutput([]byte(`{"checks":[{"ok":true}]}`))
+	_, _, _, _, err = parseCheckOutput([]byte(`{"checks":[{"ok":true}]}`))
 	require.ErrorContains(t, err, "no name")
-	_, est, why, err = parseCheckOutput([]byte(`{"checks":[],"estimate_error":"needs a pilot"}`))
+	_, est, why, _, err = parseCheckOutput([]byte(`{"checks":[],"estimate_error":"needs a pilot"}`))
 	require.NoError(t, err)
 	require.Nil(t, est)
 	require.Equal(t, "needs a pilot", why)
-	_, est, _, err = parseCheckOutput([]byte(`{"checks":[],"estimate":{"base_model":"loops/tiny","steps":1,"batch_size":2,"example_tokens":[5,7]}}`))
+	_, est, _, _, err = parseCheckOutput([]byte(`{"checks":[],"estimate":{"base_model":"loops/tiny","steps":1,"batch_size":2,"example_tokens":[5,7]}}`))
 	require.NoError(t, err)
 	require.Empty(t, cmp.Diff(&loopsv1.EstimateCostRequest{BaseModel: "loops/tiny", Steps: 1, BatchSize: 2, ExampleTokens: []int64{5, 7}}, est, protocmp.Transform()))
-	_, est, _, err = parseCheckOutput([]byte(`{"checks":[],"estimate":{"base_model":"m","usage":[{"kind":"USAGE_KIND_TRAINING_TOKENS","amount":5,"amount_low":4,"amount_high":7}]}}`))
+	_, est, _, _, err = parseCheckOutput([]byte(`{"checks":[],"estimate":{"base_model":"m","usage":[{"kind":"USAGE_KIND_TRAINING_TOKENS","amount":5,"amount_low":4,"amount_high":7}]}}`))
 	require.NoError(t, err)
 	require.Empty(t, cmp.Diff(&loopsv1.EstimateCostRequest{BaseModel: "m", Usage: []*loopsv1.UsageEstimate{
 		{Kind: loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, Amount: 5, AmountLow: 4, AmountHigh: 7}}}, est, protocmp.Transform()))
-	_, _, _, err = parseCheckOutput([]byte(`{"checks":[],"estimate":{"steps":"x"}}`))
+	_, _, _, used, err := parseCheckOutput([]byte(`{"checks":[],"estimate_error":"x","pilot_sessions":["s1","s2"],"pilot_runs":["run-a"]}`))
+	require.NoError(t, err)
+	require.Equal(t, pilotUsage{Sessions: []string{"s1", "s2"}, Runs: []string{"run-a"}}, used)
+	_, _, _, _, err = parseCheckOutput([]byte(`{"checks":[],"estimate":{"steps":"x"}}`))
 	require.ErrorContains(t, err, "estimate")
 
 	buf0 := &bytes.Buffer{}
@@ -288,7 +291,7 @@ func FuzzCookbookOutputs(f *testing.F) {
 				require.NotEmpty(t, r.Name)
 			}
 		}
-		if rows, _, _, err := parseCheckOutput(out); err == nil {
+		if rows, _, _, _, err := parseCheckOutput(out); err == nil {
 			for _, r := range rows {
 				require.NotEmpty(t, r.Check)
 			}

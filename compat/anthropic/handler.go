@@ -76,7 +76,7 @@ func NewHandler(s Services, o Options) http.Handler {
 		return &apiError{status: http.StatusNotFound, typ: typeNotFound,
 			message: r.Method + " " + r.URL.Path + " is not an Anthropic-compatible route served by Loops (POST v1/messages, POST v1/messages/count_tokens)"}
 	})
-	return srv.edge.Recover(mux)
+	return srv.edge.Recover(infer.WithSessions(mux))
 }
 
 // errorSurface returns the HTTP edge (internal/httpedge) that answers errors and panics in

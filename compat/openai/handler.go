@@ -117,7 +117,7 @@ func NewHandler(s Services, o Options) http.Handler {
 		return &apiError{status: http.StatusNotFound, typ: typeInvalidRequest, code: "unknown_route",
 			message: r.Method + " " + r.URL.Path + " is not an OpenAI-compatible route served by Loops (POST chat/completions, POST completions, POST embeddings, GET models)"}
 	})
-	return srv.edge.Recover(mux)
+	return srv.edge.Recover(infer.WithSessions(mux))
 }
 
 // errorSurface returns the HTTP edge (internal/httpedge) that answers errors and panics in

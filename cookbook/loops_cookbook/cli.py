@@ -143,11 +143,12 @@ def check_rows(name: str, cfg: Any, max_seq_len: int) -> list[dict]:
     return rows
 
 
-def estimate_request(name: str, cfg: Any, pilot_steps: int = 0) -> dict | None:
+def estimate_request(name: str, cfg: Any, pilot_steps: int = 0, used: dict | None = None) -> dict | None:
     """The recipe's EstimateCost request (token counts through the model's tokenizer, steps,
     batch and group sizes; with pilot_steps > 0, tokens by kind from a pilot of that many RL
     steps, loops_cookbook.pilot), {"error": why} when it cannot give one, or None for a
-    recipe with no `estimate` function."""
+    recipe with no `estimate` function. A pilot puts the server sessions and training runs
+    it used in `used` ("sessions", "runs"): its cost is their usage."""
     mod = registry.load(name)
     if not hasattr(mod, "estimate"):
         return None
@@ -164,7 +165,10 @@ def estimate_request(name: str, cfg: Any, pilot_steps: int = 0) -> dict | None:
         return {"error": f"--pilot {pilot_steps} would run all of its {cfg.steps} RL steps: run it instead, or pilot fewer"}
     from loops_cookbook import pilot
 
-    return mod.estimate(cfg, chat, pilot.run(mod, cfg, pilot_steps))
+    measured = pilot.run(mod, cfg, pilot_steps)
+    if used is not None:
+        used.update(sessions=measured["sessions"], runs=measured["runs"])
+    return mod.estimate(cfg, chat, measured)
 
 
 def cmd_check(name: str, cfg: Any, max_seq_len: int, as_json: bool, estimate: bool = False, pilot_steps: int = 0) -> int:
@@ -172,7 +176,10 @@ def cmd_check(name: str, cfg: Any, max_seq_len: int, as_json: bool, estimate: bo
     if as_json:
         out: dict = {"recipe": name, "checks": rows}
         if estimate and all(r["ok"] for r in rows):
-            req = estimate_request(name, cfg, pilot_steps)
+            used: dict = {}
+            req = estimate_request(name, cfg, pilot_steps, used)
+            if used:
+                out["pilot_sessions"], out["pilot_runs"] = used["sessions"], used["runs"]
             if isinstance(req, dict) and "error" in req:
                 out["estimate_error"] = req["error"]
             else:

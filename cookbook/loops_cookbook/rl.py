@@ -79,10 +79,12 @@ def group_usage(group: Sequence[Episode], data: Sequence[types.Datum]) -> dict[s
     """What one group was metered, by the server's rules: prefill and cached prompt tokens
     of its sample requests, sampled tokens, and training tokens (the model input lengths of
     its datums); with `prompt` (Σ of its episodes' first prompt lengths) and `episodes`,
-    which a run's data decides before it starts."""
+    which a run's data decides before it starts, and `datums` (how many it trained: the
+    pilot's SHARE_RULE)."""
     return {"prompt": sum(e.prompt for e in group), "episodes": len(group),
             "prefill": sum(e.prefill - e.cached for e in group), "cached": sum(e.cached for e in group),
-            "sampled": int(sum(sum(e.mask) for e in group)), "trained": sum(d.model_input.length for d in data)}
+            "sampled": int(sum(sum(e.mask) for e in group)), "trained": sum(d.model_input.length for d in data),
+            "datums": len(data)}
 
 
 def train_on(tc: tinker.TrainingClient, groups: Sequence[Sequence[Episode]], learning_rate: float) -> dict[str, float]:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -115,25 +116,54 @@ def workspace_cost(loops_bin: Path, url: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
+def other_work(url: str, samples: int = 3) -> Decimal:
+    """Work of another client of the workspace (the same key, no session): a few short chat
+    completions on the OpenAI route. Returns their cost by hand from the responses' usage and
+    PRICES (USD per million tokens: prefill 0.20, cached prefill 0.05, sampled 0.60)."""
+    import urllib.request
+
+    cost = Decimal(0)
+    for i in range(samples):
+        body = {"model": "loops/tiny", "messages": [{"role": "user", "content": f"other work {i}"}], "max_tokens": 2}
+        req = urllib.request.Request(url + "/oai/api/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "X-API-Key": API_KEY})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            u = json.loads(r.read())["usage"]
+        cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        cost += (Decimal("0.20") * (u["prompt_tokens"] - cached) + Decimal("0.05") * cached
+                 + Decimal("0.60") * u["completion_tokens"]) / 1_000_000
+    return cost
+
+
 class Estimated:
     """A recipe's `check --estimate --pilot K` and then its run: the estimate, its band, the
     pilot's cost and what the run itself was metered (the workspace's cost before and after
-    it; the recipe tests run one at a time)."""
+    it; the recipe tests run one at a time). While the pilot runs, another client of the
+    workspace does a little work (other_work): the pilot row must report the pilot's own
+    cost, the workspace's delta less that work, to the last digit."""
 
     def __init__(self, loops_bin: Path, url: str, env: dict, tmp_path: Path, name: str, pilot: int, *overrides: str) -> None:
         import re
 
         self.name, self.pilot = name, pilot
         before = workspace_cost(loops_bin, url)
-        p = loops_cli(loops_bin, url, "cookbook", "check", name, *overrides, "progress=false", f"log_dir={tmp_path / 'pilot'}",
-                      "--estimate", "--pilot", str(pilot), "--python", sys.executable, "--cookbook-dir", str(COOKBOOK))
-        assert p.returncode == 0, p.stdout + p.stderr[-4000:]
-        m = re.search(r"^cost estimate\s+PASS\s+\$([0-9.]+) \(band \$([0-9.]+) to \$([0-9.]+), from (\d+) pilot steps", p.stdout, re.M)
-        assert m, p.stdout
+        cmd = [str(loops_bin), "cookbook", "check", name, *overrides, "progress=false", f"log_dir={tmp_path / 'pilot'}",
+               "--estimate", "--pilot", str(pilot), "--python", sys.executable, "--cookbook-dir", str(COOKBOOK),
+               "--url", url, "--api-key", API_KEY]
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+            other = other_work(url)
+            out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out + err[-4000:]
+        m = re.search(r"^cost estimate\s+PASS\s+\$([0-9.]+) \(band \$([0-9.]+) to \$([0-9.]+), from (\d+) pilot steps", out, re.M)
+        assert m, out
         self.estimate, self.low, self.high = float(m.group(1)), float(m.group(2)), float(m.group(3))
-        self.output = p.stdout
+        self.output = out
         start = workspace_cost(loops_bin, url)
-        self.pilot_cost = start - before
+        m = re.search(r"^pilot\s+PASS\s+ran its first \d+ RL steps for real: its sessions? (?:was|were) metered \$([0-9.]+)$", out, re.M)
+        assert m, out
+        self.pilot_cost = float(m.group(1))
+        assert other > 0 and Decimal(m.group(1)) == Decimal(str(start)) - Decimal(str(before)) - other, (
+            f"pilot row {m.group(1)}, workspace delta {start - before}, other work {other}", out)
         self.result = run_recipe(env, tmp_path, name, *overrides)
         self.metered = workspace_cost(loops_bin, url) - start
         self.ratio = self.estimate / self.metered

@@ -14,12 +14,13 @@ import (
 // createSampler creates the core sampler of a model string (ParseModel). A string that is
 // neither a checkpoint path nor a served base model names a deployment:
 // "[<owner>:]<name>[/<checkpoint name>]" (docs/deployments.md); the core resolves it and
-// checks that the caller's workspace owns it or was granted it.
-func (e *Engine) createSampler(ctx context.Context, base, path string) (*loopsv1.Sampler, error) {
+// checks that the caller's workspace owns it or was granted it. A session ("" for none) is
+// the one its usage is metered to (SessionHeader).
+func (e *Engine) createSampler(ctx context.Context, session, base, path string) (*loopsv1.Sampler, error) {
 	if path != "" || e.served(ctx, base) {
-		return e.svc.Sampling.CreateSampler(ctx, &loopsv1.CreateSamplerRequest{BaseModel: base, ModelPath: path})
+		return e.svc.Sampling.CreateSampler(ctx, &loopsv1.CreateSamplerRequest{SessionId: session, BaseModel: base, ModelPath: path})
 	}
-	info, err := e.svc.Sampling.CreateSampler(ctx, &loopsv1.CreateSamplerRequest{Deployment: base})
+	info, err := e.svc.Sampling.CreateSampler(ctx, &loopsv1.CreateSamplerRequest{SessionId: session, Deployment: base})
 	var ce *connect.Error
 	if errors.As(err, &ce) {
 		switch ce.Code() {

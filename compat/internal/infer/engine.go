@@ -430,18 +430,22 @@ func checkTopLogprobs(req *Request, limit, scored int) error {
 	return nil
 }
 
-// samplerFor returns the workspace's sampler for model, creating it on first use, and its
-// cache key.
+// samplerFor returns the workspace's sampler for model (in the request's session, when it
+// names one: SessionHeader), creating it on first use, and its cache key.
 func (e *Engine) samplerFor(ctx context.Context, model string) (sampler, string, error) {
 	base, path, err := ParseModel(model)
 	if err != nil {
 		return sampler{}, "", err
 	}
-	key := e.opt.Workspace(ctx) + "\x00" + base + "\x00" + path
+	session, err := sessionOf(ctx)
+	if err != nil {
+		return sampler{}, "", err
+	}
+	key := e.opt.Workspace(ctx) + "\x00" + session + "\x00" + base + "\x00" + path
 	if sm, ok := e.samplers.get(key); ok {
 		return sm, key, nil
 	}
-	info, err := e.createSampler(ctx, base, path)
+	info, err := e.createSampler(ctx, session, base, path)
 	if err != nil {
 		return sampler{}, "", err
 	}

@@ -110,7 +110,7 @@ def estimate(cfg: Config, chat, pilot: dict | None = None) -> dict:
     steps = [[len(prompt_tokens(cfg, chat, r)) for r in step]
              for step in drawn_records(load_jsonl(*data_files(cfg)["data"]), cfg)]
     if pilot is not None:
-        return request(cfg.model, [rl_part(pilot, cfg, steps)])
+        return request(cfg.model, [rl_part(pilot, cfg, steps, single_turn=True)])
     return {"base_model": cfg.model, "steps": cfg.steps, "batch_size": cfg.groups_per_batch,
             "prompt_tokens": [n for step in steps for n in step], "group_size": cfg.group_size,
             "completion_tokens": cfg.max_tokens}

@@ -124,8 +124,9 @@ class ToolEnv:
                 "answered": answered}
 
 
-def openai_chat(cfg: Config, body: dict) -> dict:
-    """POST /oai/api/v1/chat/completions on the recipe's server (with the SDK's API key)."""
+def openai_chat(cfg: Config, body: dict, session: str | None = None) -> dict:
+    """POST /oai/api/v1/chat/completions on the recipe's server (with the SDK's API key), in
+    the server session `session` when given (X-Loops-Session: its usage is metered there)."""
     import json
     import os
     import urllib.request
@@ -134,14 +135,16 @@ def openai_chat(cfg: Config, body: dict) -> dict:
 
     url = (base_url(cfg) or "http://127.0.0.1:8000").rstrip("/") + "/oai/api/v1/chat/completions"
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
-        "Content-Type": "application/json", "X-API-Key": os.environ.get("TINKER_API_KEY", "tml-cookbook")})
+        "Content-Type": "application/json", "X-API-Key": os.environ.get("TINKER_API_KEY", "tml-cookbook"),
+        **({"X-Loops-Session": session} if session else {})})
     with urllib.request.urlopen(req, timeout=300) as r:
         return json.loads(r.read())
 
 
-def evaluate(cfg: Config, model: str, tasks: list[dict]) -> dict:
+def evaluate(cfg: Config, model: str, tasks: list[dict], session: str | None = None) -> dict:
     """The agent loop over the OpenAI route with tools on the first eval_tasks tasks: the
-    route's tool_calls are executed locally and answered with tool messages."""
+    route's tool_calls are executed locally and answered with tool messages (its requests
+    metered to the server session `session` when given)."""
     import json
 
     from loops_cookbook import tools
@@ -154,7 +157,7 @@ def evaluate(cfg: Config, model: str, tasks: list[dict]) -> dict:
         out["usage"].append(used)
         for _ in range(cfg.max_turns):
             res = openai_chat(cfg, {"model": model, "messages": messages, "tools": tools.OPENAI_TOOLS,
-                                    "temperature": 0, "max_tokens": cfg.max_tokens})
+                                    "temperature": 0, "max_tokens": cfg.max_tokens}, session)
             u = res.get("usage") or {}
             cached = int((u.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
             used["prefill"] += int(u.get("prompt_tokens", 0)) - cached
@@ -203,11 +206,14 @@ def estimate(cfg: Config, chat, pilot: dict | None = None) -> dict:
 
 def pilot_extra(cfg: Config, run) -> list[dict] | None:
     """The pilot's measure of the evaluation: its tasks through the OpenAI route on the
-    pilot's weights, what each task's requests were metered."""
+    pilot's weights, what each task's requests were metered (in the pilot's session, so
+    that the pilot's cost counts them)."""
+    from loops_cookbook.pilot import session_of
+
     if cfg.eval_tasks <= 0:
         return None
     path = run.training.save_weights_for_sampler("pilot").result().path
-    return evaluate(cfg, path, load_jsonl(*data_files(cfg)["tasks"]))["usage"]
+    return evaluate(cfg, path, load_jsonl(*data_files(cfg)["tasks"]), session_of(run))["usage"]
 
 
 def main(cfg: Config) -> dict:
