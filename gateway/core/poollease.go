@@ -107,12 +107,15 @@ func (c *Core) holdPool(ctx context.Context, r *run, then string) error {
 		return nil
 	}
 	want, priced := c.leaseCost(r)
-	kb, keyOK, err := c.ownerBudget(ctx, r)
-	if err != nil {
-		return err
+	var holds []hold
+	if priced {
+		kb, keyOK, err := c.ownerBudget(ctx, r)
+		if err != nil {
+			return err
+		}
+		holds = c.holdsOf(r.Workspace(), kb, keyOK, want)
 	}
-	holds := c.holdsOf(r.Workspace(), kb, keyOK, want)
-	if !priced || len(holds) == 0 {
+	if len(holds) == 0 {
 		c.budgets.dropLease(r.ID())
 		return nil
 	}
