@@ -18,6 +18,7 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/prices"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -88,7 +89,9 @@ func (p *clockPoolSet) ScaleIdleToZero(_ context.Context, pool string, idle time
 //   - one whose backend cannot stop it for 3 sweeps stops at 300 s, the end of its last
 //     lease (240 + 60 s): spent 0.3 USD, exactly the budget, never past it.
 //
-// Run B's pool is held to nothing and runs on; its time is metered under key B.
+// Run B's pool is held to nothing and runs on; its time is metered under key B. With a
+// workspace budget of 10 USD as well, both pools' leases are also held against the
+// workspace's, and key A's budget stops run A's pool the same way.
 func TestDedicatedPoolHeldToItsKeyBudget(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "prices.yaml")
 	require.NoError(t, os.WriteFile(file, []byte("gpu_hour: {H100: \"3.6\"}\n"), 0o600))
@@ -101,20 +104,28 @@ func TestDedicatedPoolHeldToItsKeyBudget(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		refuse    int
+		wsBudget  bool
 		spent     string
 		stoppedAt time.Duration
 	}{
 		{refuse: 0, spent: "0.255", stoppedAt: 255 * time.Second},
 		{refuse: 3, spent: "0.3", stoppedAt: 300 * time.Second},
+		{refuse: 0, wsBudget: true, spent: "0.255", stoppedAt: 255 * time.Second},
 	} {
-		t.Run(fmt.Sprintf("refused %d times", tc.refuse), func(t *testing.T) {
+		t.Run(fmt.Sprintf("refused %d times, workspace budget %v", tc.refuse, tc.wsBudget), func(t *testing.T) {
+			var pol *policy.Policy
+			if tc.wsBudget {
+				var err error
+				pol, err = policy.Parse([]byte("workspaces:\n  ws-a: {budget_usd_total: \"10\"}\n"))
+				require.NoError(t, err)
+			}
 			var (
 				mu  sync.Mutex
 				now = time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
 			)
 			t0 := now
 			clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-			h := newHarness(t, t.TempDir(), Options{Prices: sheet, Now: clock, SweepInterval: 15 * time.Second})
+			h := newHarness(t, t.TempDir(), Options{Prices: sheet, Policy: pol, Now: clock, SweepInterval: 15 * time.Second})
 			pools := &clockPoolSet{now: clock, start: map[string]time.Time{}, stop: map[string]time.Time{}, refuse: tc.refuse}
 			h.core.dedicatedPools = pools
 
@@ -150,11 +161,23 @@ func TestDedicatedPoolHeldToItsKeyBudget(t *testing.T) {
 			}
 			_, reserved := keyBook(keyA)
 			require.Equal(t, usd("0.06"), reserved, "a minute of run A's pool ahead, held against key A")
-			b := h.core.budgets
-			b.mu.Lock()
-			require.Nil(t, b.ws[spendID{ws: "ws-a"}], "the workspace has no budget: nothing is held against it")
-			require.Nil(t, b.leases[runB], "key B has no budget: its run's pool holds no lease")
-			b.mu.Unlock()
+			wsBook := func() (spent, reserved money.USD, leaseB bool) {
+				b := h.core.budgets
+				b.mu.Lock()
+				defer b.mu.Unlock()
+				if e := b.ws[spendID{ws: "ws-a"}]; e != nil {
+					spent, reserved = e.totalSpent, e.reserved
+				}
+				return spent, reserved, b.leases[runB] != nil
+			}
+			_, wsReserved, leaseB := wsBook()
+			if tc.wsBudget {
+				require.Equal(t, usd("0.12"), wsReserved, "a minute of each pool ahead, held against the workspace")
+				require.True(t, leaseB)
+			} else {
+				require.Zero(t, wsReserved, "the workspace has no budget: nothing is held against it")
+				require.False(t, leaseB, "key B has no budget: its run's pool holds no lease")
+			}
 
 			sweep := func() { // the janitor's round of pools
 				mu.Lock()
@@ -244,6 +267,12 @@ func TestDedicatedPoolHeldToItsKeyBudget(t *testing.T) {
 				cost, err := h.core.store.KeyUsageCost(h.ctx, "ws-a", k, t0, now.Add(time.Hour))
 				require.NoError(t, err)
 				require.Equal(t, want, money.USD(cost).String(), k)
+			}
+
+			wsSpent, wsReserved, _ := wsBook()
+			if tc.wsBudget { // A's pool's time and B's, which still holds its minute ahead
+				require.Equal(t, usd(tc.spent)+money.USD(int64(now.Sub(t0)/time.Second)*1_000_000_000), wsSpent)
+				require.Equal(t, usd("0.06"), wsReserved)
 			}
 
 			// Raised, key A's budget admits the run's work again: its lease is topped up.
