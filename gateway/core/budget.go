@@ -25,7 +25,8 @@ import (
 // reservation released when it finishes. Estimates are upper bounds (a forward_backward's
 // tokens are known; a sample's generated tokens are at most num_samples × max_tokens), so
 // operations never take a workspace past its budget. Dedicated pool time, which no
-// operation's estimate covers, is reserved by its pool's lease (poollease.go).
+// operation's estimate covers, is reserved by its pool's lease (poollease.go), against the
+// workspace's budgets and those of the API key that created the run.
 //
 // An API key's budgets (its record's budget_usd_month and budget_usd_total, set by
 // KeyService) are checked the same way against the key's own usage: the book keeps a
