@@ -12,6 +12,7 @@ import (
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/store"
+	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
 	"github.com/loops-dev/loops/internal/money"
 )
@@ -24,7 +25,8 @@ import (
 // reservation released when it finishes. Estimates are upper bounds (a forward_backward's
 // tokens are known; a sample's generated tokens are at most num_samples × max_tokens), so
 // operations never take a workspace past its budget. Dedicated pool time, which no
-// operation's estimate covers, is reserved by its pool's lease (poollease.go).
+// operation's estimate covers, is reserved by its pool's lease (poollease.go), against the
+// workspace's budgets and those of the API key that created the run.
 //
 // An API key's budgets (its record's budget_usd_month and budget_usd_total, set by
 // KeyService) are checked the same way against the key's own usage: the book keeps a
@@ -136,21 +138,66 @@ type keyBudget struct {
 }
 
 // keyBudgetOf is the budgets of the stored API key that ctx's request came with, and
-// whether it has one and a price sheet is in force. KeyService checked them when it set
-// them.
+// whether it has one and a price sheet is in force.
 func (c *Core) keyBudgetOf(ctx context.Context) (keyBudget, bool) {
 	who, ok := auth.IdentityOf(ctx)
-	if !ok || who.Record == nil || c.opts.Prices.Current() == nil {
+	if !ok {
 		return keyBudget{}, false
 	}
-	kb := keyBudget{id: who.KeyID}
-	if s := who.Record.GetBudgetUsdMonth(); s != "" {
+	return c.keyBudgetIn(who.KeyID, who.Record)
+}
+
+// keyBudgetIn is the budgets of API key id in its record (nil: a key given by flag or
+// file, which has none), and whether it has one and a price sheet is in force. KeyService
+// checked them when it set them.
+func (c *Core) keyBudgetIn(id string, rec *loopsv1.ApiKey) (keyBudget, bool) {
+	if rec == nil || c.opts.Prices.Current() == nil {
+		return keyBudget{}, false
+	}
+	kb := keyBudget{id: id}
+	if s := rec.GetBudgetUsdMonth(); s != "" {
 		kb.month, _ = policy.ParseBudget(s)
 	}
-	if s := who.Record.GetBudgetUsdTotal(); s != "" {
+	if s := rec.GetBudgetUsdTotal(); s != "" {
 		kb.total, _ = policy.ParseBudget(s)
 	}
 	return kb, kb.month > 0 || kb.total > 0
+}
+
+// hold is a spend that work is checked against, with that spend's budgets (month, total;
+// 0 for none), and what the work reserves there: the workspace's spend (key "") under
+// its policy's budgets, or an API key's under the key's own.
+type hold struct {
+	id     spendID
+	limits [2]money.USD
+	amount money.USD
+}
+
+// holdsOf is the spends that work in ws is checked against, amount at each: the
+// workspace's when its policy has a budget, and API key kb's when keyOK (it has one).
+func (c *Core) holdsOf(ws string, kb keyBudget, keyOK bool, amount money.USD) []hold {
+	var holds []hold
+	if l, ok := c.budgeted(ws); ok {
+		holds = append(holds, hold{id: spendID{ws: ws}, limits: [2]money.USD{l.BudgetMonth, l.BudgetTotal}, amount: amount})
+	}
+	if keyOK {
+		holds = append(holds, hold{id: spendID{ws, kb.id}, limits: [2]money.USD{kb.month, kb.total}, amount: amount})
+	}
+	return holds
+}
+
+// loadHolds loads the spends of holds from the store the first time each is needed
+// (loadSpend). It does I/O: call it before any lock is taken.
+func (c *Core) loadHolds(ctx context.Context, holds []hold) error {
+	for _, h := range holds {
+		if err := c.loadSpend(ctx, h.id, h.limits); err != nil {
+			if h.id.key != "" {
+				return internal("reading the API key's spend for its budget", err)
+			}
+			return internal("reading the workspace's spend for its budget", err)
+		}
+	}
+	return nil
 }
 
 // anyBudget reports whether the work of ctx in ws is checked against a budget: the
@@ -167,17 +214,8 @@ func (c *Core) anyBudget(ctx context.Context, ws string) bool {
 // store the first time each is needed: the budgeted workspace's and the budgeted API
 // key's. It does I/O: call it before any lock is taken.
 func (c *Core) budgetReady(ctx context.Context, ws string) error {
-	if l, ok := c.budgeted(ws); ok {
-		if err := c.loadSpend(ctx, spendID{ws: ws}, [2]money.USD{l.BudgetMonth, l.BudgetTotal}); err != nil {
-			return internal("reading the workspace's spend for its budget", err)
-		}
-	}
-	if kb, ok := c.keyBudgetOf(ctx); ok {
-		if err := c.loadSpend(ctx, spendID{ws, kb.id}, [2]money.USD{kb.month, kb.total}); err != nil {
-			return internal("reading the API key's spend for its budget", err)
-		}
-	}
-	return nil
+	kb, keyOK := c.keyBudgetOf(ctx)
+	return c.loadHolds(ctx, c.holdsOf(ws, kb, keyOK, 0))
 }
 
 // loadSpend loads a spend (a workspace's, or an API key's) unless it is loaded: the costs
@@ -261,47 +299,63 @@ func (c *Core) loadSpend(ctx context.Context, id spendID, limits [2]money.USD) e
 // estimate would pass a budget. It returns the key the estimate is held against ("" for
 // none), for release.
 func (c *Core) reserveBudget(ctx context.Context, ws string, estimate money.USD) (string, error) {
-	l, wsOK := c.budgeted(ws)
 	kb, keyOK := c.keyBudgetOf(ctx)
-	if !wsOK && !keyOK {
+	holds := c.holdsOf(ws, kb, keyOK, estimate)
+	if len(holds) == 0 {
 		return "", nil
 	}
 	b := c.budgets
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	now := c.now()
-	var we, ke *wsSpend
-	if wsOK {
-		if we = b.ws[spendID{ws: ws}]; we == nil || !we.loaded {
-			return "", connect.NewError(connect.CodeUnavailable, fmt.Errorf("workspace %q's spend is not loaded yet: retry", ws))
-		}
-		we.rollLocked(now)
-		if name, bud, ok := we.passes(l.BudgetMonth, l.BudgetTotal, estimate); !ok {
-			b.alertLocked(spendID{ws: ws}, we, l.BudgetMonth, l.BudgetTotal, name, now) // the cap is reached
-			return "", wsBudgetError(ws, we, name, bud, fmt.Sprintf("this work's estimated cost, %s USD,", estimate), "")
-		}
+	err := b.reserveLocked(holds, func(amount money.USD) string {
+		return fmt.Sprintf("this work's estimated cost, %s USD,", amount)
+	}, "", c.now())
+	if err != nil || !keyOK {
+		return "", err
 	}
-	if keyOK {
-		if ke = b.ws[spendID{ws, kb.id}]; ke == nil || !ke.loaded {
-			return "", connect.NewError(connect.CodeUnavailable, fmt.Errorf("API key %s's spend is not loaded yet: retry", kb.id))
-		}
-		ke.rollLocked(now)
-		ke.keyLimits = [2]money.USD{kb.month, kb.total}
-		if name, bud, ok := ke.passes(kb.month, kb.total, estimate); !ok {
-			b.alertLocked(spendID{ws, kb.id}, ke, kb.month, kb.total, name, now) // the cap is reached
-			return "", errs.Final(errs.New(connect.CodeResourceExhausted, errs.ReasonBudgetExceeded, fmt.Errorf(
-				"API key %s has spent %s USD %s (and has %s USD of work running) of its budget of %s USD (%s of the key); this work's estimated cost, %s USD, would pass it: ask a workspace admin to raise it (loops keys update %s --%s USD)",
-				kb.id, bud.spent, bud.when, ke.reserved, bud.limit, name, estimate, kb.id, strings.ReplaceAll(name, "_", "-"))))
-		}
-	}
-	if we != nil {
-		we.reserved += estimate // within the budget, so no overflow
-	}
-	if ke == nil {
-		return "", nil
-	}
-	ke.reserved += estimate
 	return kb.id, nil
+}
+
+// reserveLocked checks each hold's spend, what it has reserved and the hold's amount
+// against the hold's budgets and, only when every one passes, reserves each amount
+// (b.mu held). A spend not loaded yet is Unavailable (retry). A hold that would pass a
+// budget records the cap's alert and is the budget error (budgetError), which says that
+// what(amount) ("… X USD,") would pass it, then then.
+func (b *budgetBook) reserveLocked(holds []hold, what func(money.USD) string, then string, now time.Time) error {
+	for _, h := range holds {
+		e := b.ws[h.id]
+		if e == nil || !e.loaded {
+			if h.id.key != "" {
+				return unavailable("API key %s's spend is not loaded yet: retry", h.id.key)
+			}
+			return unavailable("workspace %q's spend is not loaded yet: retry", h.id.ws)
+		}
+		e.rollLocked(now)
+		if h.id.key != "" {
+			e.keyLimits = h.limits
+		}
+		if name, bud, ok := e.passes(h.limits[0], h.limits[1], h.amount); !ok {
+			b.alertLocked(h.id, e, h.limits[0], h.limits[1], name, now) // the cap is reached
+			return budgetError(h.id, e, name, bud, what(h.amount), then)
+		}
+	}
+	for _, h := range holds {
+		b.ws[h.id].reserved += h.amount // within the budget, so no overflow
+	}
+	return nil
+}
+
+// budgetError is the error that refuses work whose cost (what, "… X USD,") would pass
+// budget name of spend id (a workspace's or an API key's): ResourceExhausted, marked
+// final (the SDK does not retry it), naming the budget, what was spent and how to raise
+// it; then says what else happens.
+func budgetError(id spendID, e *wsSpend, name string, bud spentOf, what, then string) error {
+	if id.key == "" {
+		return wsBudgetError(id.ws, e, name, bud, what, then)
+	}
+	return errs.Final(errs.New(connect.CodeResourceExhausted, errs.ReasonBudgetExceeded, fmt.Errorf(
+		"API key %s has spent %s USD %s (and has %s USD of work running) of its budget of %s USD (%s of the key); %s would pass it%s: ask a workspace admin to raise it (loops keys update %s --%s USD)",
+		id.key, bud.spent, bud.when, e.reserved, bud.limit, name, what, then, id.key, strings.ReplaceAll(name, "_", "-"))))
 }
 
 // wsBudgetError is the error that refuses work of ws whose cost (what, "… X USD,") would

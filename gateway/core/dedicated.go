@@ -24,8 +24,9 @@ import (
 // or starts one while the run's creation waits, keeps the pool when the run ends for its
 // keep-warm period, and scales a pool idle long enough to zero. Dedicated runs keep step
 // recovery, so a pool that was scaled to zero (or lost a replica) rebuilds the run's adapter
-// on its next call. The replicas' time is metered per workspace as dedicated replica-seconds
-// and GPU-seconds, beside the serverless token meters.
+// on its next call. The replicas' time is metered per workspace and run, under the API key
+// that created the run, as dedicated replica-seconds and GPU-seconds, beside the serverless
+// token meters.
 
 // Run metadata keys of dedicated mode.
 const (
@@ -130,8 +131,9 @@ func (c *Core) releasePool(ctx context.Context, r *run) {
 }
 
 // meterPool records the replica-seconds (and GPU-seconds) a run's dedicated pool ran
-// since the last time, as the workspace's usage: whole seconds as they pass, and a started
-// second counted whole when the pool is released (final).
+// since the last time, as the workspace's usage kept under the API key that created the
+// run (its owner; "" for runs created before owners were recorded): whole seconds as they
+// pass, and a started second counted whole when the pool is released (final).
 func (c *Core) meterPool(r *run, final bool) {
 	pool := r.Pool()
 	if pool == "" {
@@ -147,7 +149,7 @@ func (c *Core) meterPool(r *run, final bool) {
 	}
 	info := r.Record()
 	rd := reading{bucket: c.now().UTC().Truncate(usageBucket), ws: r.Workspace(), model: info.GetBaseModel(), session: info.GetSessionId(),
-		run: r.ID(), kind: store.UsageDedicatedReplicaSeconds, amount: delta}
+		run: r.ID(), key: info.GetOwner(), kind: store.UsageDedicatedReplicaSeconds, amount: delta}
 	c.recordUsageIn(nil, rd)
 	if gpus > 0 { // priced by the pool's GPU kind
 		rd.kind, rd.amount, rd.gpuKind = store.UsageDedicatedGPUSeconds, delta*int64(gpus), r.PoolGPUKind()

@@ -2,12 +2,14 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
 
 	"github.com/loops-dev/loops/backends"
+	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/policy"
 	"github.com/loops-dev/loops/gateway/store"
 	"github.com/loops-dev/loops/internal/errs"
@@ -15,14 +17,17 @@ import (
 )
 
 // Dedicated pool leases (docs/operations.md, "Budgets"). A dedicated pool bills for its
-// time while its run holds it, busy or idle, so no operation's estimate covers it. A
-// budgeted workspace's pool therefore holds a lease: the cost of the look-ahead
-// (poolLookahead) of the pool's time at its full shape (every replica and GPU), reserved
-// against the workspace's budgets beside the operations' estimates. The pool's metered time
-// is taken off the lease as it is spent (spendPool), and the lease is topped up to a whole
-// look-ahead again at each admission of the run's work or of a sample on its pool
-// (holdPool), and at each janitor sweep (renewLeases). When topping it up would pass a
-// budget:
+// time while its run holds it, busy or idle, so no operation's estimate covers it. The
+// pool's time is metered under the API key that created its run (the run record's owner),
+// and a pool whose workspace or owner key has a budget therefore holds a lease: the cost
+// of the look-ahead (poolLookahead) of the pool's time at its full shape (every replica
+// and GPU), reserved against the workspace's budgets and the owner key's (the same
+// reservation as an operation's estimate: reserveLocked) beside the operations'
+// estimates. A run created before owners were recorded has none: its pool is held to the
+// workspace's budgets only. The pool's metered time is taken off the lease as it is spent
+// (spendPool), and the lease is topped up to a whole look-ahead again at each admission
+// of the run's work or of a sample on its pool (holdPool), and at each janitor sweep
+// (renewLeases). When topping it up would pass a budget (the workspace's or the key's):
 //   - admission refuses the work with the budget error (ResourceExhausted, final, naming
 //     the budget, what was spent and how to raise it);
 //   - the janitor stops the pool at once, busy or idle (backends.PoolZeroer), audits it
@@ -33,15 +38,18 @@ import (
 // The bound: a sweep that cannot top the lease up comes at most one sweep after the last
 // top-up, so the lease still holds at least poolLookahead − SweepInterval (three sweeps)
 // of the pool's time when it stops the pool. The pool's time is therefore paid for by what
-// was reserved, and the workspace spends past its budget only by the pool's time after its
-// lease ran out: none while the janitor sweeps on time and the backend stops the pool
-// within those three sweeps (the worker backend stops it synchronously).
+// was reserved, and the workspace (or the key) spends past its budget only by the pool's
+// time after its lease ran out: none while the janitor sweeps on time and the backend
+// stops the pool within those three sweeps (the worker backend stops it synchronously).
 
-// poolLease is what a run's dedicated pool holds against its workspace's budgets.
+// poolLease is what a run's dedicated pool holds against its workspace's budgets and its
+// owner key's.
 type poolLease struct {
-	ws string
-	// held is reserved (part of the workspace spend's reserved), not yet metered.
-	held money.USD
+	// ws is the run's workspace and key its owner key ("" for none).
+	ws, key string
+	// held is reserved, not yet metered: [0] part of the workspace spend's reserved, [1]
+	// of the owner key's.
+	held [2]money.USD
 	// stopped is the budget error the pool was stopped with (nil while it may run); down
 	// that the backend scaled it to zero for it (its held given back).
 	stopped error
@@ -88,27 +96,58 @@ func (c *Core) leaseCost(r *run) (money.USD, bool) {
 }
 
 // holdPool meters r's dedicated pool and tops its lease up to a whole look-ahead, reserved
-// against its workspace's budgets: the budget error (final) when that would pass a budget,
-// its message ending with then. Nothing when r holds no pool, or its workspace has no
-// budget or no price for the pool's time (a lease held is then given back). It may load
-// the workspace's spend: call it before any lock is taken.
+// against its workspace's budgets and its owner key's: the budget error (final) when that
+// would pass a budget, its message ending with then. Nothing when r holds no pool, or
+// neither has a budget, or the sheet has no price for the pool's time (a lease held is
+// then given back). It may read the owner key's record and load spends: call it before
+// any lock is taken.
 func (c *Core) holdPool(ctx context.Context, r *run, then string) error {
 	pool := r.Pool()
 	if pool == "" {
 		return nil
 	}
-	ws := r.Workspace()
-	l, budgeted := c.budgeted(ws)
 	want, priced := c.leaseCost(r)
-	if !budgeted || !priced {
+	var holds []hold
+	if priced {
+		kb, keyOK, err := c.ownerBudget(ctx, r)
+		if err != nil {
+			return err
+		}
+		holds = c.holdsOf(r.Workspace(), kb, keyOK, want)
+	}
+	if len(holds) == 0 {
 		c.budgets.dropLease(r.ID())
 		return nil
 	}
-	if err := c.loadSpend(ctx, spendID{ws: ws}, [2]money.USD{l.BudgetMonth, l.BudgetTotal}); err != nil {
-		return internal("reading the workspace's spend for its budget", err)
+	if err := c.loadHolds(ctx, holds); err != nil {
+		return err
 	}
 	c.meterPool(r, false) // what it ran so far comes off the lease first
-	return c.budgets.topUpLease(ws, r.ID(), pool, l, want, c.poolLookahead(), then, c.now())
+	return c.budgets.topUpLease(r.ID(), pool, r.Record().GetOwner(), holds, c.poolLookahead(), then, c.now())
+}
+
+// ownerBudget is the budgets of the API key that created r (its record's owner), and
+// whether it has one: from ctx's identity when the request came with that key, else from
+// the key's record in the store (a key given by flag or file has none; a run created
+// before owners were recorded has no owner).
+func (c *Core) ownerBudget(ctx context.Context, r *run) (keyBudget, bool, error) {
+	owner := r.Record().GetOwner()
+	if owner == "" || c.opts.Prices.Current() == nil {
+		return keyBudget{}, false, nil
+	}
+	if who, ok := auth.IdentityOf(ctx); ok && who.KeyID == owner {
+		kb, ok := c.keyBudgetIn(owner, who.Record)
+		return kb, ok, nil
+	}
+	rec, err := c.store.GetAPIKey(ctx, r.Workspace(), owner)
+	if errors.Is(err, store.ErrNotFound) {
+		return keyBudget{}, false, nil
+	}
+	if err != nil {
+		return keyBudget{}, false, internal("reading the budgets of the API key that created the run", err)
+	}
+	kb, ok := c.keyBudgetIn(owner, rec)
+	return kb, ok, nil
 }
 
 // poolRefusal is the budget error run's dedicated pool was stopped with, nil while it may
@@ -164,13 +203,13 @@ func (c *Core) stopPool(ctx context.Context, r *run, why error) {
 	c.budgets.stopLease(r.ID(), why)
 	z, ok := c.dedicatedPools.(backends.PoolZeroer)
 	if !ok {
-		c.log.Error("a dedicated pool passed its workspace's budget but its backend cannot scale it to zero; its run's work is refused", slog.String("pool", pool))
+		c.log.Error("a dedicated pool passed a budget but its backend cannot scale it to zero; its run's work is refused", slog.String("pool", pool))
 		return
 	}
 	reason := connectMessage(why)
 	down, err := z.ScaleIdleToZero(ctx, pool, 0, reason)
 	if err != nil {
-		c.log.Error("stopping a dedicated pool at its workspace's budget", slog.String("pool", pool), slog.Any("err", err))
+		c.log.Error("stopping a dedicated pool at a budget", slog.String("pool", pool), slog.Any("err", err))
 		return
 	}
 	if !down {
@@ -178,7 +217,7 @@ func (c *Core) stopPool(ctx context.Context, r *run, why error) {
 	}
 	c.meterPool(r, true) // up to the stop, a started second whole
 	c.budgets.leaseStoppedDown(r.ID())
-	c.log.Info("dedicated pool stopped at its workspace's budget", slog.String("pool", pool), slog.String("run", r.ID()), slog.String("why", reason))
+	c.log.Info("dedicated pool stopped at a budget", slog.String("pool", pool), slog.String("run", r.ID()), slog.String("why", reason))
 	err = c.store.AppendAuditEvents(ctx, []store.OwnedAuditEvent{{Workspace: r.Workspace(), Event: store.AuditEvent{
 		Time: c.now().UTC(), Surface: "budget", Action: reason, Event: "pool_scale_to_zero", Resource: "pool", Target: pool,
 		Status: http.StatusOK, Code: "ok"}}})
@@ -190,59 +229,101 @@ func (c *Core) stopPool(ctx context.Context, r *run, why error) {
 // releaseLease gives back what run's lease holds and forgets it (its pool is released).
 func (c *Core) releaseLease(run string) { c.budgets.dropLease(run) }
 
-// topUpLease makes run's lease of ws hold want (the look-ahead ahead of its pool) against
-// ws's budgets l, clearing a stop; the budget error, ending with then, when holding it
+// topUpLease makes run's lease (its pool pool, its owner key) hold each hold's amount (the
+// look-ahead ahead of the pool) against the hold's spend, reserving only what it lacks
+// (reserveLocked), and gives back what it holds against a spend no longer in holds (its
+// budget removed); it clears a stop. The budget error, ending with then, when holding it
 // would pass a budget.
-func (b *budgetBook) topUpLease(ws, run, pool string, l policy.Limits, want money.USD, ahead time.Duration, then string, now time.Time) error {
+func (b *budgetBook) topUpLease(run, pool, key string, holds []hold, ahead time.Duration, then string, now time.Time) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	e := b.ws[spendID{ws: ws}]
-	if e == nil || !e.loaded {
-		return unavailable("workspace %q's spend is not loaded yet: retry", ws)
-	}
 	ls := b.leases[run]
 	if ls == nil {
-		ls = &poolLease{ws: ws}
+		ls = &poolLease{ws: holds[0].id.ws, key: key}
 		b.leases[run] = ls
 	}
-	e.rollLocked(now)
-	need := max(want-ls.held, 0)
-	if name, bud, ok := e.passes(l.BudgetMonth, l.BudgetTotal, need); !ok {
-		b.alertLocked(spendID{ws: ws}, e, l.BudgetMonth, l.BudgetTotal, name, now) // the cap is reached
-		return wsBudgetError(ws, e, name, bud, fmt.Sprintf("holding the next %s of training run %s's dedicated pool %s (%s USD at its full shape; %s USD more than its lease holds)",
-			ahead, run, pool, want, need), then)
+	want := holds[0].amount
+	needs := make([]hold, len(holds))
+	kept := [2]bool{}
+	for i, h := range holds {
+		side := leaseSide(h.id)
+		kept[side] = true
+		needs[i] = h
+		needs[i].amount = max(h.amount-ls.held[side], 0)
 	}
-	e.reserved += need // within the budget, so no overflow
-	ls.held += need
+	err := b.reserveLocked(needs, func(need money.USD) string {
+		return fmt.Sprintf("holding the next %s of training run %s's dedicated pool %s (%s USD at its full shape; %s USD more than its lease holds)",
+			ahead, run, pool, want, need)
+	}, then, now)
+	if err != nil {
+		return err
+	}
+	for _, h := range needs {
+		ls.held[leaseSide(h.id)] += h.amount
+	}
+	for side, ok := range kept {
+		if !ok {
+			b.giveBackSideLocked(ls, side)
+		}
+	}
 	ls.stopped, ls.down = nil, false
 	return nil
 }
 
-// spendPool adds a metered cost of run's dedicated pool to ws's loaded spend, taking it off
-// the run's lease as far as the lease holds it. The caller holds the usage meter's mu (see
-// spend).
-func (b *budgetBook) spendPool(ws, run string, l policy.Limits, cost money.USD, now time.Time) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	e := b.ws[spendID{ws: ws}]
-	if e == nil || !e.loaded {
-		return
+// leaseSide is the index in poolLease.held of what a lease holds against spend id: 0 the
+// workspace's, 1 the owner key's.
+func leaseSide(id spendID) int {
+	if id.key == "" {
+		return 0
 	}
-	var settled money.USD
-	if ls := b.leases[run]; ls != nil {
-		settled = min(ls.held, cost)
-		ls.held -= settled
-	}
-	e.add(cost, settled, now)
-	b.alertLocked(spendID{ws: ws}, e, l.BudgetMonth, l.BudgetTotal, "", now)
+	return 1
 }
 
-// giveBackLocked takes what ls holds off its workspace's reservations (b.mu held).
-func (b *budgetBook) giveBackLocked(ls *poolLease) {
-	if e := b.ws[spendID{ws: ls.ws}]; e != nil {
-		e.reserved = max(e.reserved-ls.held, 0)
+// spendPool adds a metered cost of run's dedicated pool to its workspace's loaded spend and
+// its owner key's (key, "" for none), taking it off what the run's lease holds against
+// each as far as it holds it, and records the alerts each spend crosses. The caller holds
+// the usage meter's mu (see spend).
+func (b *budgetBook) spendPool(ws, key, run string, l policy.Limits, cost money.USD, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ls := b.leases[run]
+	for side, id := range []spendID{{ws: ws}, {ws, key}} {
+		e := b.ws[id]
+		if (side == 1 && key == "") || e == nil || !e.loaded {
+			continue
+		}
+		var settled money.USD
+		if ls != nil {
+			settled = min(ls.held[side], cost)
+			ls.held[side] -= settled
+		}
+		e.add(cost, settled, now)
+		limits := [2]money.USD{l.BudgetMonth, l.BudgetTotal}
+		if side == 1 {
+			limits = e.keyLimits
+		}
+		b.alertLocked(id, e, limits[0], limits[1], "", now)
 	}
-	ls.held = 0
+}
+
+// giveBackLocked takes what ls holds off its workspace's and its owner key's reservations
+// (b.mu held).
+func (b *budgetBook) giveBackLocked(ls *poolLease) {
+	b.giveBackSideLocked(ls, 0)
+	b.giveBackSideLocked(ls, 1)
+}
+
+// giveBackSideLocked takes what ls holds against one spend (leaseSide) off its
+// reservations (b.mu held).
+func (b *budgetBook) giveBackSideLocked(ls *poolLease, side int) {
+	id := spendID{ws: ls.ws}
+	if side == 1 {
+		id.key = ls.key
+	}
+	if e := b.ws[id]; e != nil && (side == 0 || ls.key != "") {
+		e.reserved = max(e.reserved-ls.held[side], 0)
+	}
+	ls.held[side] = 0
 }
 
 // dropLease gives back what run's lease holds and forgets it.

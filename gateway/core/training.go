@@ -148,6 +148,8 @@ func (c *Core) createRun(ctx context.Context, ws string, sess *sessionState, req
 		BaseModelRevision: model.GetRevision(),
 		RecordData:        record,
 		FromCheckpoint:    req.GetFromCheckpoint(),
+		// Its dedicated pool's time is kept under and held to this key (poollease.go).
+		Owner: auth.CallerOf(ctx).KeyID,
 	}
 	if err := c.policy.StartRun(ws, info.Id, baseModel, lora.GetRank()); err != nil { // counted live until EndRun
 		return nil, err

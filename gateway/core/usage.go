@@ -75,11 +75,12 @@ func (c *Core) recordOpUsage(o *operation, ws, model, session, deployment, kind 
 
 // reading is one meter reading: amount of kind, for whom, in the hour bucket that starts at
 // bucket. run is the training run of the kinds metered per run; gpuKind prices dedicated
-// GPU-seconds (the pool's GPU kind, "" unnamed).
+// GPU-seconds (the pool's GPU kind, "" unnamed); key is the API key the reading is kept
+// under when no operation is (a dedicated pool's time: its run's owner).
 type reading struct {
-	bucket                                             time.Time
-	ws, model, session, run, deployment, kind, gpuKind string
-	amount                                             int64
+	bucket                                                  time.Time
+	ws, model, session, run, deployment, kind, gpuKind, key string
+	amount                                                  int64
 }
 
 // poolKind reports whether kind meters a dedicated pool's time, which its run's pool lease
@@ -89,8 +90,9 @@ func poolKind(kind string) bool {
 }
 
 // recordUsageIn records a meter reading for the work of operation o (nil: none): priced
-// with the sheet in force now, added to o's cost and taken off its reservation (budget.go),
-// or, for a run's dedicated pool time, taken off the run's pool lease (poollease.go).
+// with the sheet in force now, kept under o's API key (else rd.key), added to o's cost and
+// taken off its reservation (budget.go), or, for a run's dedicated pool time, taken off
+// the run's pool lease (poollease.go).
 func (c *Core) recordUsageIn(o *operation, rd reading) {
 	if rd.amount <= 0 {
 		return
@@ -103,7 +105,7 @@ func (c *Core) recordUsageIn(o *operation, rd reading) {
 		}
 	}
 	var (
-		key     string
+		key     = rd.key
 		settled money.USD
 	)
 	if o != nil {
@@ -119,7 +121,7 @@ func (c *Core) recordUsageIn(o *operation, rd reading) {
 	switch {
 	case u.priced == 0:
 	case o == nil && rd.run != "" && poolKind(rd.kind):
-		c.budgets.spendPool(rd.ws, rd.run, lim, u.cost, c.now()) // under mu: see budgetReady
+		c.budgets.spendPool(rd.ws, key, rd.run, lim, u.cost, c.now()) // under mu: see budgetReady
 	default:
 		c.budgets.spend(rd.ws, key, o != nil && o.budgetKey != "", lim, u.cost, settled, c.now()) // under mu: see budgetReady
 	}

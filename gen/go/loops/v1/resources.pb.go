@@ -276,8 +276,13 @@ type TrainingRun struct {
 	ReceiptTruncated bool  `protobuf:"varint,23,opt,name=receipt_truncated,json=receiptTruncated,proto3" json:"receipt_truncated,omitempty"`
 	// The checkpoint the run was created from (tinker:// path), if any.
 	FromCheckpoint string `protobuf:"bytes,24,opt,name=from_checkpoint,json=fromCheckpoint,proto3" json:"from_checkpoint,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The id of the API key that created it ("key-<16 hex>"), set by the server: its
+	// dedicated pool's time is metered under this key and held to its budgets as well as
+	// the workspace's. Empty for runs created before owners were recorded, whose pool's
+	// time bills to the workspace only.
+	Owner         string `protobuf:"bytes,500,opt,name=owner,proto3" json:"owner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TrainingRun) Reset() {
@@ -474,6 +479,13 @@ func (x *TrainingRun) GetReceiptTruncated() bool {
 func (x *TrainingRun) GetFromCheckpoint() string {
 	if x != nil {
 		return x.FromCheckpoint
+	}
+	return ""
+}
+
+func (x *TrainingRun) GetOwner() string {
+	if x != nil {
+		return x.Owner
 	}
 	return ""
 }
@@ -779,7 +791,7 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\x05owner\x18\r \x01(\tR\x05owner\x1a?\n" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbc\t\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd3\t\n" +
 	"\vTrainingRun\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -810,7 +822,8 @@ const file_loops_v1_resources_proto_rawDesc = "" +
 	"\x13record_data_stopped\x18\x15 \x01(\tR\x11recordDataStopped\x12#\n" +
 	"\rreceipt_steps\x18\x16 \x01(\x03R\freceiptSteps\x12+\n" +
 	"\x11receipt_truncated\x18\x17 \x01(\bR\x10receiptTruncated\x12'\n" +
-	"\x0ffrom_checkpoint\x18\x18 \x01(\tR\x0efromCheckpoint\x1a?\n" +
+	"\x0ffrom_checkpoint\x18\x18 \x01(\tR\x0efromCheckpoint\x12\x15\n" +
+	"\x05owner\x18\xf4\x03 \x01(\tR\x05owner\x1a?\n" +
 	"\x11UserMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +

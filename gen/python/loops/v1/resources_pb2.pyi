@@ -60,7 +60,7 @@ class Session(_message.Message):
     def __init__(self, id: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., sdk_version: _Optional[str] = ..., project_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., training_run_ids: _Optional[_Iterable[str]] = ..., sampler_ids: _Optional[_Iterable[str]] = ..., expired: _Optional[bool] = ..., end_reason: _Optional[str] = ..., display_name: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class TrainingRun(_message.Message):
-    __slots__ = ("id", "session_id", "base_model", "lora", "user_metadata", "create_time", "last_request_time", "last_checkpoint", "last_sampler_checkpoint", "corrupted", "last_seq_id", "client_seq_id", "unload_reason", "optim_steps", "dedicated_pool", "inflight_sampler_checkpoint", "client", "base_model_revision", "record_data", "recorded_data_bytes", "record_data_stopped", "receipt_steps", "receipt_truncated", "from_checkpoint")
+    __slots__ = ("id", "session_id", "base_model", "lora", "user_metadata", "create_time", "last_request_time", "last_checkpoint", "last_sampler_checkpoint", "corrupted", "last_seq_id", "client_seq_id", "unload_reason", "optim_steps", "dedicated_pool", "inflight_sampler_checkpoint", "client", "base_model_revision", "record_data", "recorded_data_bytes", "record_data_stopped", "receipt_steps", "receipt_truncated", "from_checkpoint", "owner")
     class UserMetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,7 @@ class TrainingRun(_message.Message):
     RECEIPT_STEPS_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     FROM_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     id: str
     session_id: str
     base_model: str
@@ -116,7 +117,8 @@ class TrainingRun(_message.Message):
     receipt_steps: int
     receipt_truncated: bool
     from_checkpoint: str
-    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., base_model: _Optional[str] = ..., lora: _Optional[_Union[_types_pb2.LoraConfig, _Mapping]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_request_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., last_sampler_checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., corrupted: _Optional[bool] = ..., last_seq_id: _Optional[int] = ..., client_seq_id: _Optional[int] = ..., unload_reason: _Optional[str] = ..., optim_steps: _Optional[int] = ..., dedicated_pool: _Optional[str] = ..., inflight_sampler_checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., client: _Optional[_Union[_types_pb2.ClientInfo, _Mapping]] = ..., base_model_revision: _Optional[str] = ..., record_data: _Optional[bool] = ..., recorded_data_bytes: _Optional[int] = ..., record_data_stopped: _Optional[str] = ..., receipt_steps: _Optional[int] = ..., receipt_truncated: _Optional[bool] = ..., from_checkpoint: _Optional[str] = ...) -> None: ...
+    owner: str
+    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., base_model: _Optional[str] = ..., lora: _Optional[_Union[_types_pb2.LoraConfig, _Mapping]] = ..., user_metadata: _Optional[_Mapping[str, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_request_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., last_sampler_checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., corrupted: _Optional[bool] = ..., last_seq_id: _Optional[int] = ..., client_seq_id: _Optional[int] = ..., unload_reason: _Optional[str] = ..., optim_steps: _Optional[int] = ..., dedicated_pool: _Optional[str] = ..., inflight_sampler_checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., client: _Optional[_Union[_types_pb2.ClientInfo, _Mapping]] = ..., base_model_revision: _Optional[str] = ..., record_data: _Optional[bool] = ..., recorded_data_bytes: _Optional[int] = ..., record_data_stopped: _Optional[str] = ..., receipt_steps: _Optional[int] = ..., receipt_truncated: _Optional[bool] = ..., from_checkpoint: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
     __slots__ = ("id", "training_run_id", "kind", "name", "tinker_path", "size_bytes", "public", "create_time", "expire_time", "base_model", "lora", "project_id", "copied_from", "step", "retention_delete_time")
