@@ -131,7 +131,7 @@ func cookbookCmd() *cobra.Command {
 			}
 			printChecks(cmd.OutOrStdout(), rows)
 			if est != nil {
-				printEstimate(cmd.OutOrStdout(), est)
+				printEstimate(cmd.OutOrStdout(), est, cf.pilot > 0)
 			}
 			for _, r := range rows {
 				if !r.OK {
@@ -507,7 +507,7 @@ func (cf *cookbookFlags) check(ctx context.Context, py *cookbookPython, name str
 		return append(rows, checkRow{"cost estimate", false, err.Error()}), nil, nil
 	}
 	detail := "$" + est.GetTotalUsd()
-	if est.GetTotalLowUsd() != "" {
+	if cf.pilot > 0 && est.GetTotalLowUsd() != "" {
 		detail += fmt.Sprintf(" (band $%s to $%s, from %d pilot steps)", est.GetTotalLowUsd(), est.GetTotalHighUsd(), cf.pilot)
 	}
 	return append(rows, checkRow{"cost estimate", true, detail + " (prices " + est.GetPriceVersion() + ")"}), est, nil
@@ -612,10 +612,12 @@ func parseCheckOutput(out []byte) ([]checkRow, *loopsv1.EstimateCostRequest, str
 	return res.Checks, &req, res.EstimateError, res.pilotUsage, nil
 }
 
-// printEstimate writes an estimate's tokens and cost by usage kind, and its total.
-func printEstimate(w io.Writer, est *loopsv1.EstimateCostResponse) {
+// printEstimate writes an estimate's tokens and cost by usage kind, and its total; with
+// pilot (an estimate extrapolated from a pilot), also its band. An estimate computed exactly
+// from the recipe's data (vision_sft's tokens by kind, each line's band its amount) has none.
+func printEstimate(w io.Writer, est *loopsv1.EstimateCostResponse, pilot bool) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	banded := est.GetTotalLowUsd() != ""
+	banded := pilot && est.GetTotalLowUsd() != ""
 	orDash := func(s string) string {
 		if s == "" {
 			return "-"

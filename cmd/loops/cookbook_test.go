@@ -159,14 +159,20 @@ func TestCookbookParseOutputs(t *testing.T) {
 	printEstimate(buf0, &loopsv1.EstimateCostResponse{TotalUsd: "0.0000088", Usage: []*loopsv1.UsageEstimate{
 		{Kind: loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, Amount: 12, CostUsd: "0.0000048"},
 		{Kind: loopsv1.UsageKind_USAGE_KIND_SAMPLING_SAMPLE_TOKENS, Amount: 3},
-	}})
+	}}, false)
 	require.Equal(t, "KIND                    TOKENS  USD\ntraining_tokens         12      0.0000048\nsampling_sample_tokens  3       -\ntotal                           0.0000088\n", buf0.String())
 	buf0.Reset()
 	printEstimate(buf0, &loopsv1.EstimateCostResponse{TotalUsd: "0.0000048", TotalLowUsd: "0.000004", TotalHighUsd: "0.0000056", Usage: []*loopsv1.UsageEstimate{
 		{Kind: loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, Amount: 12, CostUsd: "0.0000048", AmountLow: 10, AmountHigh: 14, CostLowUsd: "0.000004", CostHighUsd: "0.0000056"},
-	}})
+	}}, true)
 	require.Equal(t, "KIND             TOKENS  USD        TOKENS LOW-HIGH  USD LOW-HIGH\ntraining_tokens  12      0.0000048  10-14            0.000004-0.0000056\n"+
 		"total                    0.0000048                   0.000004-0.0000056\n", buf0.String())
+	// exact tokens by kind (no pilot: low = amount = high on every line) print without a band
+	buf0.Reset()
+	printEstimate(buf0, &loopsv1.EstimateCostResponse{TotalUsd: "0.0000048", TotalLowUsd: "0.0000048", TotalHighUsd: "0.0000048", Usage: []*loopsv1.UsageEstimate{
+		{Kind: loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, Amount: 12, CostUsd: "0.0000048", AmountLow: 12, AmountHigh: 12, CostLowUsd: "0.0000048", CostHighUsd: "0.0000048"},
+	}}, false)
+	require.Equal(t, "KIND             TOKENS  USD\ntraining_tokens  12      0.0000048\ntotal                    0.0000048\n", buf0.String())
 
 	var buf bytes.Buffer
 	printChecks(&buf, []checkRow{{"server reachable", true, "http://x"}, {"sandbox", false, "plain: network is reachable"}})

@@ -158,7 +158,10 @@ def estimate_request(name: str, cfg: Any, pilot_steps: int = 0, used: dict | Non
 
     chat = ChatML(AutoTokenizer.from_pretrained(cfg.model))
     if pilot_steps <= 0:
-        return mod.estimate(cfg, chat)
+        try:
+            return mod.estimate(cfg, chat)
+        except RuntimeError as e:  # a client package the recipe needs is missing (vision_sft)
+            return {"error": str(e)}
     if "pilot" not in inspect.signature(mod.estimate).parameters:
         return {"error": f"{name} is estimated exactly from its data: leave out --pilot"}
     if pilot_steps >= cfg.steps:

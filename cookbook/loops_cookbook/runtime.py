@@ -9,7 +9,7 @@ import os
 import random
 import sys
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import tinker
 from tinker import types
@@ -161,6 +161,24 @@ def mean_nll(tc: tinker.TrainingClient, data: Sequence[types.Datum], per_request
     return total / max(1.0, sum(datum_weight(d) for d in data))
 
 
+def supervised_schedule(cfg: Any, n_train: int) -> Iterator[tuple[int, list[int], bool]]:
+    """The steps of supervised_loop over n_train training items: (step, the indices of its
+    batch, whether it measures the eval loss after training). Each step takes cfg.batch_size
+    indices from a fresh shuffle from cfg.seed each pass; the eval loss is measured on the
+    first and last steps and every cfg.eval_every steps. Recipes' cost estimates walk the
+    same schedule."""
+    rng = random.Random(cfg.seed)
+    order: list[int] = []
+    for step in range(1, cfg.steps + 1):
+        if len(order) < cfg.batch_size:
+            more = list(range(n_train))
+            rng.shuffle(more)
+            order += more
+        batch = order[:cfg.batch_size]
+        del order[:cfg.batch_size]
+        yield step, batch, step == 1 or step == cfg.steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0)
+
+
 def supervised_loop(run: Run, cfg: Any, train_data: Sequence[types.Datum], eval_data: Sequence[types.Datum],
                     per_request: int | None = None) -> dict:
     """Supervised training with a held-out loss: each step trains on cfg.batch_size datums
@@ -169,23 +187,16 @@ def supervised_loop(run: Run, cfg: Any, train_data: Sequence[types.Datum], eval_
     every cfg.eval_every steps (in forward requests of at most per_request datums). Logs a metrics row per step (train_loss, tokens, eval_loss) and
     saves every cfg.save_every steps; returns the run's summary so far (the caller finishes
     the run)."""
-    rng = random.Random(cfg.seed)
-    order: list[int] = []
     first_eval = mean_nll(run.training, eval_data, per_request)
     eval_loss = first_eval
-    for step in range(1, cfg.steps + 1):
-        if len(order) < cfg.batch_size:
-            more = list(range(len(train_data)))
-            rng.shuffle(more)
-            order += more
-        batch = [train_data[i] for i in order[:cfg.batch_size]]
-        del order[:cfg.batch_size]
+    for step, picked, evaluates in supervised_schedule(cfg, len(train_data)):
+        batch = [train_data[i] for i in picked]
         fb = run.training.forward_backward(batch, "cross_entropy").result()
         tokens = sum(datum_weight(d) for d in batch)
         train_loss = float(fb.metrics["loss:sum"]) / max(1.0, tokens)
         run.optim_step()
         row = {"train_loss": train_loss, "tokens": tokens}
-        if step == 1 or step == cfg.steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0):
+        if evaluates:
             eval_loss = mean_nll(run.training, eval_data, per_request)
             row["eval_loss"] = eval_loss
         if step == 1:

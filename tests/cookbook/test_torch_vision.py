@@ -34,9 +34,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 sys.path.insert(0, str(REPO_ROOT / "cookbook"))  # the vision_sft recipe's picture maker
 from conftest import API_KEY  # noqa: E402
-from loops_server import running_server  # noqa: E402
+from loops_server import loops_binary, running_server  # noqa: E402
 from test_weights import _torch_python, tiny_tokenizer  # noqa: E402,F401 - the fixture is reused
 
+# The server's price sheet: vision_sft's `loops cookbook check --estimate` is checked against
+# what its run was metered.
+PRICES = 'models:\n  "*": {prefill: "0.20", cached_prefill: "0.05", sample: "0.60", train: "0.40"}\n'
 PIC = (24, 16)  # 6×4 patches of 4 pixels, merged 2×2: 6 tokens
 VISION_TOKENS = dict(image_token_id="<|image_pad|>", video_token_id="<|video_pad|>",
                      vision_start_token_id="<|vision_start|>", vision_end_token_id="<|vision_end|>")
@@ -98,7 +101,10 @@ def vl_server(tiny_tokenizer, tmp_path_factory, recipe_env):  # noqa: F811
                     "image chunks are not served there (the model is served for text)")
     d = tmp_path_factory.mktemp("vision") / "qwen3_vl"
     ids = _build(d, tiny_tokenizer)
-    args = ["--backend", "torch", "--backend-opt", f"python={py}", "--backend-opt", f"pythonpath={pp}", "--model", str(d)]
+    sheet = d.parent / "prices.yaml"
+    sheet.write_text(PRICES)
+    args = ["--backend", "torch", "--backend-opt", f"python={py}", "--backend-opt", f"pythonpath={pp}", "--model", str(d),
+            "--prices", str(sheet)]
     with running_server("vision-torch", extra_args=args) as srv:
         yield srv, str(d), ids
 
@@ -231,8 +237,8 @@ def test_vision_sft_recipe_lowers_held_out_loss(vl_server, recipe_env, tmp_path)
     srv, base, _ = vl_server
     env = {**recipe_env, "TINKER_BASE_URL": srv.url, "PYTHONPATH": str(REPO_ROOT / "cookbook")}
     log_dir = tmp_path / "vision_sft"
-    cmd = [sys.executable, "-m", "loops_cookbook", "run", "vision_sft", f"model={base}", "steps=40", "eval_every=10",
-           "seed=0", f"log_dir={log_dir}", "progress=false"]
+    settings = [f"model={base}", "steps=40", "eval_every=10", "seed=0"]
+    cmd = [sys.executable, "-m", "loops_cookbook", "run", "vision_sft", *settings, f"log_dir={log_dir}", "progress=false"]
     t0 = time.time()
     p = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=540)
     assert p.returncode == 0, f"{' '.join(cmd)}\nexit {p.returncode}\n{p.stderr[-6000:]}"
@@ -248,3 +254,45 @@ def test_vision_sft_recipe_lowers_held_out_loss(vl_server, recipe_env, tmp_path)
     assert [r["step"] for r in rows] == list(range(1, 41))
     assert summary["final"]["sampler_path"].startswith("tinker://")
     assert end <= 0.8 * start, (start, end)
+    _estimate_is_the_metered_cost(srv.url, env, summary["run_id"], settings)
+
+
+def _loops_v1(url: str, method: str, body: dict) -> dict:
+    """A loops.v1 call over Connect's JSON protocol ("UsageService/GetUsage", ...)."""
+    r = httpx.post(f"{url}/loops.v1.{method}", json=body, headers={"X-API-Key": API_KEY}, timeout=60)
+    assert r.status_code == 200, (method, r.status_code, r.text)
+    return r.json()
+
+
+def _estimate_is_the_metered_cost(url: str, env: dict, run_id: str, overrides: list[str]) -> None:
+    """`loops cookbook check vision_sft … --estimate` with the run's own settings prices it
+    exactly: its training tokens (text and image tokens of every forward and
+    forward_backward datum) and its cost equal what the run's session was metered, by kind
+    (GetUsage rows of that session; the other tests of the module use other sessions)."""
+    import re
+    import time
+    from decimal import Decimal
+
+    t0 = time.time()
+    p = subprocess.run([str(loops_binary()), "cookbook", "check", "vision_sft", *overrides, "--estimate",
+                        "--python", sys.executable, "--cookbook-dir", str(REPO_ROOT / "cookbook"),
+                        "--url", url, "--api-key", API_KEY], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr[-4000:]
+    m = re.search(r"^cost estimate\s+PASS\s+\$([0-9.]+) \(prices ", p.stdout, re.M)
+    assert m, p.stdout
+    estimated = {k.upper(): int(n) for k, n in re.findall(r"^(\w+_tokens)\s+(\d+)\s", p.stdout, re.M)}
+
+    session = _loops_v1(url, "TrainingService/GetTrainingRun", {"id": run_id})["sessionId"]
+    metered: dict[str, int] = {}
+    cost = Decimal(0)
+    for b in _loops_v1(url, "UsageService/GetUsage", {}).get("buckets", []):
+        if b.get("sessionId") != session:
+            continue
+        cost += Decimal(b.get("costUsd") or 0)
+        if b["kind"].endswith("_TOKENS"):
+            kind = b["kind"].removeprefix("USAGE_KIND_")
+            metered[kind] = metered.get(kind, 0) + int(b["amount"])
+    print(f"VISION_SFT estimate ${m.group(1)} {estimated} (check --estimate: {time.time() - t0:.0f}s); metered ${cost} {metered}")
+    print(p.stdout)
+    assert estimated == metered and set(metered) == {"TRAINING_TOKENS"}, (estimated, metered, p.stdout)
+    assert Decimal(m.group(1)) == cost > 0, (m.group(1), cost)

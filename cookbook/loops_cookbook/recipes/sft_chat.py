@@ -8,7 +8,6 @@ and eval_loss on the steps that evaluate."""
 from __future__ import annotations
 
 import dataclasses
-import random
 
 from loops_cookbook.config import BaseConfig, field, resolve_data
 from loops_cookbook.data import load_jsonl, messages_error
@@ -54,9 +53,11 @@ def token_lengths(cfg: Config, chat) -> list[int]:
 
 def estimate(cfg: Config, chat) -> dict:
     """The run's EstimateCost request: the model input length of every item main() passes to
-    forward_backward (the batches in run order, from the same shuffle) and to forward (the
-    eval file, at the start, on the first step, every eval_every steps and on the last), as
-    one step over that list."""
+    forward_backward (the batches in run order: supervised_loop's own schedule) and to
+    forward (the eval file, at the start and on the steps that evaluate), as one step over
+    that list."""
+    from loops_cookbook.runtime import supervised_schedule
+
     files = data_files(cfg)
 
     def length(rec: dict) -> int:
@@ -64,18 +65,9 @@ def estimate(cfg: Config, chat) -> dict:
 
     train = [length(r) for r in load_jsonl(*files["train_data"])]
     evals = [length(r) for r in load_jsonl(*files["eval_data"])]
-    rng = random.Random(cfg.seed)
-    order: list[int] = []
     items: list[int] = list(evals)
-    for step in range(1, cfg.steps + 1):
-        if len(order) < cfg.batch_size:
-            more = list(range(len(train)))
-            rng.shuffle(more)
-            order += more
-        items += [train[i] for i in order[:cfg.batch_size]]
-        del order[:cfg.batch_size]
-        if step == 1 or step == cfg.steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0):
-            items += evals
+    for _, batch, evaluates in supervised_schedule(cfg, len(train)):
+        items += [train[i] for i in batch] + (evals if evaluates else [])
     return {"base_model": cfg.model, "steps": 1, "batch_size": len(items), "example_tokens": items}
 
 

@@ -61,8 +61,9 @@ def data_files(cfg: Config) -> dict:
 
 
 def token_lengths(cfg: Config, chat) -> list[int]:
-    """The text tokens of one conversation (the same for every picture); `check` cannot
-    count image tokens without the model's image processor, which `run` loads."""
+    """The text tokens of one conversation (the same for every picture), for check's
+    sequence-length row; the image tokens are counted by estimate(), which loads the
+    model's image processor (check --estimate)."""
     return [len(chat.conversation([{"role": "user", "content": QUESTION},
                                    {"role": "assistant", "content": w}])[0]) for w in COLOURS]
 
@@ -108,41 +109,87 @@ def renderer_for(cfg: Config, tokenizer):
     return renderers.get_renderer(cfg.renderer, tokenizer, get_image_processor(cfg.model))
 
 
-def main(cfg: Config) -> dict:
+@dataclasses.dataclass
+class Data:
+    """Every datum the run sends, built by the renderer: train (forward_backward batches are
+    drawn from it), evals (its eval loss, by forward), held_out (the eval pictures and their
+    words) and choices (each held-out picture with every colour's word, in that order: the
+    accuracy's forward requests, at the start and at the end)."""
+
+    train: list
+    evals: list
+    held_out: list[tuple[object, str]]
+    choices: list
+
+
+def check_config(cfg: Config) -> None:
+    """Refuses a config the run cannot do, before it starts: the client packages it needs,
+    batch_size and image_size in range."""
     try:
         import PIL  # noqa: F401
-        from tinker_cookbook.supervised.common import datum_from_model_input_weights
+        import tinker_cookbook  # noqa: F401
     except ImportError as e:
         raise RuntimeError(f"vision_sft needs tinker-cookbook and Pillow ({e}): pip install 'loops-cookbook[vision]'") from e
-
     if not 1 <= cfg.batch_size <= MAX_IMAGES:
         raise ValueError(f"batch_size={cfg.batch_size}: want 1 to {MAX_IMAGES} (one picture per conversation, and a "
                          f"request carries at most {MAX_IMAGES} images)")
     if not 8 <= cfg.image_size <= 2048:
         raise ValueError(f"image_size={cfg.image_size}: want 8 to 2048 pixels a side")
-    from loops_cookbook.runtime import Run, forward_logprob_sums, supervised_loop
 
-    run = Run("vision_sft", cfg)
-    renderer = renderer_for(cfg, run.tokenizer)
+
+def datasets(cfg: Config, tokenizer) -> Data:
+    """The run's datums: each conversation rendered by renderer_for (its image chunk's
+    expected_tokens from the model's image processor, which the server checks) and cut to
+    cfg.max_length. main() trains and evaluates on them; estimate() counts them."""
+    check_config(cfg)
+    from tinker_cookbook.supervised.common import datum_from_model_input_weights
+
+    renderer = renderer_for(cfg, tokenizer)
 
     def to_datum(img: object, word: str):
         model_input, weights = renderer.build_supervised_example(conversation(img, word))
         return datum_from_model_input_weights(model_input, weights, cfg.max_length)
 
-    train_data = [to_datum(*p) for p in pictures(cfg.seed, cfg.train_size, cfg.image_size, "train")]
     held_out = pictures(cfg.seed, cfg.eval_size, cfg.image_size, "eval")
-    eval_data = [to_datum(*p) for p in held_out]
-    # every held-out picture with every colour's answer: the model's choice is the answer it
-    # gives the highest log-likelihood (chance: 1/len(COLOURS))
+    return Data(train=[to_datum(*p) for p in pictures(cfg.seed, cfg.train_size, cfg.image_size, "train")],
+                evals=[to_datum(*p) for p in held_out], held_out=held_out,
+                choices=[to_datum(img, w) for img, _ in held_out for w in COLOURS])
+
+
+def estimate(cfg: Config, chat) -> dict:
+    """The run's EstimateCost request, exact: the model input length (text tokens and each
+    image chunk's expected_tokens, as the server meters them) of every datum main() sends,
+    as training tokens: the accuracy's forward over `choices` at the start and at the end,
+    the eval loss's forward at the start and on the steps that evaluate, and each step's
+    forward_backward batch (supervised_loop's own schedule)."""
+    from loops_cookbook import pilot
+    from loops_cookbook.runtime import supervised_schedule
+
+    data = datasets(cfg, chat.tok)
+    train = [d.model_input.length for d in data.train]
+    evals = sum(d.model_input.length for d in data.evals)
+    tokens = 2 * sum(d.model_input.length for d in data.choices) + evals
+    for _, batch, evaluates in supervised_schedule(cfg, len(train)):
+        tokens += sum(train[i] for i in batch) + (evals if evaluates else 0)
+    return pilot.request(cfg.model, [pilot.exact(trained=tokens)])
+
+
+def main(cfg: Config) -> dict:
+    from loops_cookbook.runtime import Run, forward_logprob_sums, supervised_loop
+
+    check_config(cfg)
+    run = Run("vision_sft", cfg)
+    data = datasets(cfg, run.tokenizer)
     words = list(COLOURS)
-    choices = [to_datum(img, w) for img, _ in held_out for w in words]
 
     def accuracy() -> float:
-        lp = forward_logprob_sums(run.training, choices, MAX_IMAGES)
-        picked = [words[max(range(len(words)), key=lambda j: lp[i * len(words) + j])] for i in range(len(held_out))]
-        return sum(p == w for p, (_, w) in zip(picked, held_out)) / max(1, len(held_out))
+        """The share of held-out pictures whose most likely answer, among every colour's word,
+        is the right one (chance: 1/len(COLOURS))."""
+        lp = forward_logprob_sums(run.training, data.choices, MAX_IMAGES)
+        picked = [words[max(range(len(words)), key=lambda j: lp[i * len(words) + j])] for i in range(len(data.held_out))]
+        return sum(p == w for p, (_, w) in zip(picked, data.held_out)) / max(1, len(data.held_out))
 
     accuracy_start = accuracy()
-    summary = supervised_loop(run, cfg, train_data, eval_data, MAX_IMAGES)
+    summary = supervised_loop(run, cfg, data.train, data.evals, MAX_IMAGES)
     summary.update(eval_accuracy_start=accuracy_start, eval_accuracy_end=accuracy())
     return {**summary, "final": run.finish(cfg.steps)}
