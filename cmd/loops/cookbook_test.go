@@ -151,6 +151,10 @@ func TestCookbookParseOutputs(t *testing.T) {
 		{Kind: loopsv1.UsageKind_USAGE_KIND_TRAINING_TOKENS, Amount: 5, AmountLow: 4, AmountHigh: 7}}}, est, protocmp.Transform()))
 	_, _, _, err = parseCheckOutput([]byte(`{"checks":[],"estimate":{"steps":"x"}}`))
 	require.ErrorContains(t, err, "estimate")
+	// a pilot's output names its log folder, which `run --resume` continues from
+	require.Equal(t, "/tmp/p", resumeDir([]byte(`{"checks":[],"resume":"/tmp/p","estimate":{"base_model":"m"}}`)))
+	require.Empty(t, resumeDir([]byte(`{"checks":[]}`)))
+	require.Empty(t, resumeDir([]byte(`Traceback ...`)))
 
 	buf0 := &bytes.Buffer{}
 	printEstimate(buf0, &loopsv1.EstimateCostResponse{TotalUsd: "0.0000088", Usage: []*loopsv1.UsageEstimate{

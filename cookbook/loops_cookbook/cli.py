@@ -47,13 +47,16 @@ def main(argv: list[str] | None = None) -> int:
     rn = sub.add_parser("run", help="run a recipe")
     rn.add_argument("name")
     rn.add_argument("overrides", nargs="*", help="config key=value")
+    rn.add_argument("--resume", metavar="DIR",
+                    help="continue the run logged in DIR (a pilot's or an interrupted run's) from its last checkpoint, with its config")
     args = p.parse_args(argv)
     try:
         if args.cmd == "list":
             return cmd_list(args.json)
         if args.cmd == "show":
             return cmd_show(args.name, args.json)
-        cfg = config_for(args.name, args.overrides)
+        resume = getattr(args, "resume", None)
+        cfg = resumed_config(args.name, resume, args.overrides) if resume else config_for(args.name, args.overrides)
         hub.offline_when_cached(getattr(cfg, "model", ""))
         if args.cmd == "check":
             return cmd_check(args.name, cfg, args.max_seq_len, args.json, args.estimate, args.pilot)
@@ -68,6 +71,36 @@ def main(argv: list[str] | None = None) -> int:
 
 def config_for(name: str, overrides: list[str]) -> Any:
     return apply_overrides(registry.load(name).Config(), overrides)
+
+
+# What a resumed run may set differently from the run it continues: where it connects, how
+# it shows progress and how often it saves. Anything else would not continue the same run.
+RESUME_MAY_CHANGE = {"base_url", "progress", "save_every", "log_dir", "resume"}
+
+
+def resumed_config(name: str, log_dir: str, overrides: list[str]) -> Any:
+    """The config of the run logged in log_dir (its config.json), with overrides that do not
+    change what it computes, and resume=log_dir."""
+    import dataclasses
+    from pathlib import Path
+
+    path = Path(log_dir) / "config.json"
+    if not path.exists():
+        raise ValueError(f"--resume {log_dir}: no config.json there (want the log folder of a run or a pilot)")
+    from loops_cookbook.runtime import resume_point
+
+    resume_point(name, Path(log_dir))  # a checkpoint to continue from, or why there is none
+    saved = json.loads(path.read_text())
+    fields = {f.name for f in dataclasses.fields(registry.load(name).Config)}
+    if unknown := sorted(set(saved) - fields):
+        raise ValueError(f"--resume {log_dir}: its config.json has fields {name} does not ({', '.join(unknown)}): is it a {name} run?")
+    base = dataclasses.replace(registry.load(name).Config(), **saved)
+    cfg = apply_overrides(base, overrides)
+    for f in sorted(fields - RESUME_MAY_CHANGE):
+        if getattr(cfg, f) != getattr(base, f):
+            raise ValueError(f"--resume {log_dir}: {f}={getattr(cfg, f)!r} differs from the run's {getattr(base, f)!r}; "
+                             f"a resumed run keeps its config (only {', '.join(sorted(RESUME_MAY_CHANGE - {'resume'}))} may change)")
+    return dataclasses.replace(cfg, resume=log_dir, log_dir=log_dir)
 
 
 def cmd_list(as_json: bool) -> int:
@@ -146,8 +179,8 @@ def check_rows(name: str, cfg: Any, max_seq_len: int) -> list[dict]:
 def estimate_request(name: str, cfg: Any, pilot_steps: int = 0) -> dict | None:
     """The recipe's EstimateCost request (token counts through the model's tokenizer, steps,
     batch and group sizes; with pilot_steps > 0, tokens by kind from a pilot of that many RL
-    steps, loops_cookbook.pilot), {"error": why} when it cannot give one, or None for a
-    recipe with no `estimate` function."""
+    steps, loops_cookbook.pilot, and "resume": the pilot's log folder), {"error": why} when
+    it cannot give one, or None for a recipe with no `estimate` function."""
     mod = registry.load(name)
     if not hasattr(mod, "estimate"):
         return None
@@ -164,7 +197,9 @@ def estimate_request(name: str, cfg: Any, pilot_steps: int = 0) -> dict | None:
         return {"error": f"--pilot {pilot_steps} would run all of its {cfg.steps} RL steps: run it instead, or pilot fewer"}
     from loops_cookbook import pilot
 
-    return mod.estimate(cfg, chat, pilot.run(mod, cfg, pilot_steps))
+    measured = pilot.run(mod, cfg, pilot_steps)
+    # "resume": the pilot's log folder, which `run NAME --resume` continues from
+    return {**mod.estimate(cfg, chat, measured), "resume": measured["resume"]}
 
 
 def cmd_check(name: str, cfg: Any, max_seq_len: int, as_json: bool, estimate: bool = False, pilot_steps: int = 0) -> int:
@@ -173,6 +208,9 @@ def cmd_check(name: str, cfg: Any, max_seq_len: int, as_json: bool, estimate: bo
         out: dict = {"recipe": name, "checks": rows}
         if estimate and all(r["ok"] for r in rows):
             req = estimate_request(name, cfg, pilot_steps)
+            if isinstance(req, dict) and req.get("resume"):
+                # the pilot's steps need not run twice: the run continues from them
+                out["resume"] = req.pop("resume")
             if isinstance(req, dict) and "error" in req:
                 out["estimate_error"] = req["error"]
             else:

@@ -34,39 +34,32 @@ KINDS = {"trained": "USAGE_KIND_TRAINING_TOKENS", "prefill": "USAGE_KIND_SAMPLIN
 DRIVER = {"trained": "prompt", "prefill": "prompt", "cached": "prompt", "sampled": "episodes"}
 
 
-class PilotDone(Exception):
-    """Raised by the pilot's step observer to stop the recipe after its K-th RL step."""
-
-
 def run(mod: Any, cfg: Any, k: int) -> dict:
     """Runs the recipe's main(cfg) until its K-th RL step has trained, then stops it (its
-    session is ended) and returns {"steps": [[group_usage, ...] per step], "extra": ...}:
-    `extra` is what the recipe's pilot_extra(cfg, run) measured after (tool_calling's
-    evaluation), or None."""
+    session is ended) and returns {"steps": [[group_usage, ...] per step], "extra": ...,
+    "resume": log_dir}: `extra` is what the recipe's pilot_extra(cfg, run) measured after
+    (tool_calling's evaluation), or None; the run's log folder holds a resumable checkpoint
+    of the K-th step (`run NAME --resume log_dir` continues the run from it)."""
     from loops_cookbook import rl, runtime
 
     steps: list[list[dict]] = []
-
-    def observe(usage: list[dict]) -> None:
-        steps.append(usage)
-        if len(steps) >= k:
-            raise PilotDone
-
-    rl.STEP_OBSERVERS.append(observe)
+    rl.STEP_OBSERVERS.append(steps.append)
+    rl.PAUSE_AFTER = k
     extra = None
     try:
         try:
             mod.main(cfg)
-        except PilotDone:
-            pass
+        except rl.Paused as p:
+            paused = p
         else:
             raise ValueError(f"the run ended after {len(steps)} RL steps, before the pilot's {k}")
         if hasattr(mod, "pilot_extra") and runtime._OPEN:
             extra = mod.pilot_extra(cfg, runtime._OPEN[-1])
     finally:
-        rl.STEP_OBSERVERS.remove(observe)
+        rl.PAUSE_AFTER = 0
+        rl.STEP_OBSERVERS.remove(steps.append)
         runtime.close_open_runs("success", f"pilot of {k} steps for a cost estimate")
-    return {"steps": steps, "extra": extra}
+    return {"steps": steps, "extra": extra, "resume": paused.log_dir}
 
 
 def _stats(ratios: Sequence[float]) -> tuple[float, float]:
