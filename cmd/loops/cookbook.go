@@ -144,21 +144,32 @@ func cookbookCmd() *cobra.Command {
 	check.Flags().BoolVar(&cf.estimate, "estimate", false, "also estimate the run's cost from its data and settings with the server's price sheet (UsageService.EstimateCost)")
 	check.Flags().IntVar(&cf.pilot, "pilot", 0, "with --estimate: run the recipe's first K RL steps for real (metered and billed) and extrapolate the rest of the run from them (RL and agent recipes; docs/operations.md, \"Estimates\")")
 	cmd.AddCommand(check)
-	cmd.AddCommand(&cobra.Command{
+	var resume string
+	run := &cobra.Command{
 		Use:   "run NAME [key=value ...]",
 		Short: "Run a recipe against the server with live progress",
 		Long: "Run a recipe against --url with --api-key (passed to the SDK as TINKER_BASE_URL and\n" +
 			"TINKER_API_KEY). It prints the run id and `loops runs show RUN` to watch it, a progress\n" +
-			"bar, and at the end a JSON summary on stdout. Config fields are key=value (see `show`).",
+			"bar, and at the end a JSON summary on stdout. Config fields are key=value (see `show`).\n\n" +
+			"--resume DIR continues the run logged in DIR from its last checkpoint, with the config it\n" +
+			"ran with: a pilot's (`check --estimate --pilot K` prints its folder), or one saved every\n" +
+			"save_every steps by a run that was interrupted. The steps done are not run again, and the\n" +
+			"run draws and trains what the uninterrupted run would have.",
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			py, err := cf.prepare(cmd.Context(), cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
-			return py.run(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), cf.sdkEnv(), append([]string{"run"}, args...)...)
+			pyArgs := append([]string{"run"}, args...)
+			if resume != "" {
+				pyArgs = append(pyArgs, "--resume", resume)
+			}
+			return py.run(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), cf.sdkEnv(), pyArgs...)
 		},
-	})
+	}
+	run.Flags().StringVar(&resume, "resume", "", "continue the run logged in this folder (a pilot's, or an interrupted run's with save_every) from its last checkpoint")
+	cmd.AddCommand(run)
 	return cmd
 }
 
@@ -494,7 +505,11 @@ func (cf *cookbookFlags) check(ctx context.Context, py *cookbookPython, name str
 		return rows, nil, nil
 	}
 	if cf.pilot > 0 {
-		rows = append(rows, pilotRow(ctx, usage, cf.pilot, started, used))
+		pilot := pilotRow(ctx, usage, cf.pilot, started, used)
+		if dir := resumeDir(out); dir != "" {
+			pilot.Detail += fmt.Sprintf("; the run continues from them (not run twice): loops cookbook run %s --resume %s", name, dir)
+		}
+		rows = append(rows, pilot)
 	}
 	switch {
 	case estErr != "":
@@ -582,6 +597,18 @@ func usageCost(ctx context.Context, usage loopsv1connect.UsageServiceClient, sta
 		}
 	}
 	return total, nil
+}
+
+// resumeDir is the pilot's log folder in `check --json --pilot K` output ("resume"), which
+// `run NAME --resume DIR` continues from; "" when there is none.
+func resumeDir(out []byte) string {
+	var res struct {
+		Resume string `json:"resume"`
+	}
+	if json.Unmarshal(bytes.TrimSpace(out), &res) != nil {
+		return ""
+	}
+	return res.Resume
 }
 
 // parseCheckOutput parses `check --json` output: {"checks": [{check, ok, detail}, ...],

@@ -154,6 +154,10 @@ func TestCookbookParseOutputs(t *testing.T) {
 	require.Equal(t, pilotUsage{Sessions: []string{"s1", "s2"}, Runs: []string{"run-a"}}, used)
 	_, _, _, _, err = parseCheckOutput([]byte(`{"checks":[],"estimate":{"steps":"x"}}`))
 	require.ErrorContains(t, err, "estimate")
+	// a pilot's output names its log folder, which `run --resume` continues from
+	require.Equal(t, "/tmp/p", resumeDir([]byte(`{"checks":[],"resume":"/tmp/p","estimate":{"base_model":"m"}}`)))
+	require.Empty(t, resumeDir([]byte(`{"checks":[]}`)))
+	require.Empty(t, resumeDir([]byte(`Traceback ...`)))
 
 	buf0 := &bytes.Buffer{}
 	printEstimate(buf0, &loopsv1.EstimateCostResponse{TotalUsd: "0.0000088", Usage: []*loopsv1.UsageEstimate{

@@ -47,13 +47,16 @@ def main(argv: list[str] | None = None) -> int:
     rn = sub.add_parser("run", help="run a recipe")
     rn.add_argument("name")
     rn.add_argument("overrides", nargs="*", help="config key=value")
+    rn.add_argument("--resume", metavar="DIR",
+                    help="continue the run logged in DIR (a pilot's or an interrupted run's) from its last checkpoint, with its config")
     args = p.parse_args(argv)
     try:
         if args.cmd == "list":
             return cmd_list(args.json)
         if args.cmd == "show":
             return cmd_show(args.name, args.json)
-        cfg = config_for(args.name, args.overrides)
+        resume = getattr(args, "resume", None)
+        cfg = resumed_config(args.name, resume, args.overrides) if resume else config_for(args.name, args.overrides)
         hub.offline_when_cached(getattr(cfg, "model", ""))
         if args.cmd == "check":
             return cmd_check(args.name, cfg, args.max_seq_len, args.json, args.estimate, args.pilot)
@@ -68,6 +71,36 @@ def main(argv: list[str] | None = None) -> int:
 
 def config_for(name: str, overrides: list[str]) -> Any:
     return apply_overrides(registry.load(name).Config(), overrides)
+
+
+# What a resumed run may set differently from the run it continues: where it connects, how
+# it shows progress and how often it saves. Anything else would not continue the same run.
+RESUME_MAY_CHANGE = {"base_url", "progress", "save_every", "log_dir", "resume"}
+
+
+def resumed_config(name: str, log_dir: str, overrides: list[str]) -> Any:
+    """The config of the run logged in log_dir (its config.json), with overrides that do not
+    change what it computes, and resume=log_dir."""
+    import dataclasses
+    from pathlib import Path
+
+    path = Path(log_dir) / "config.json"
+    if not path.exists():
+        raise ValueError(f"--resume {log_dir}: no config.json there (want the log folder of a run or a pilot)")
+    from loops_cookbook.runtime import resume_point
+
+    resume_point(name, Path(log_dir))  # a checkpoint to continue from, or why there is none
+    saved = json.loads(path.read_text())
+    fields = {f.name for f in dataclasses.fields(registry.load(name).Config)}
+    if unknown := sorted(set(saved) - fields):
+        raise ValueError(f"--resume {log_dir}: its config.json has fields {name} does not ({', '.join(unknown)}): is it a {name} run?")
+    base = dataclasses.replace(registry.load(name).Config(), **saved)
+    cfg = apply_overrides(base, overrides)
+    for f in sorted(fields - RESUME_MAY_CHANGE):
+        if getattr(cfg, f) != getattr(base, f):
+            raise ValueError(f"--resume {log_dir}: {f}={getattr(cfg, f)!r} differs from the run's {getattr(base, f)!r}; "
+                             f"a resumed run keeps its config (only {', '.join(sorted(RESUME_MAY_CHANGE - {'resume'}))} may change)")
+    return dataclasses.replace(cfg, resume=log_dir, log_dir=log_dir)
 
 
 def cmd_list(as_json: bool) -> int:
@@ -148,7 +181,8 @@ def estimate_request(name: str, cfg: Any, pilot_steps: int = 0, used: dict | Non
     batch and group sizes; with pilot_steps > 0, tokens by kind from a pilot of that many RL
     steps, loops_cookbook.pilot), {"error": why} when it cannot give one, or None for a
     recipe with no `estimate` function. A pilot puts the server sessions and training runs
-    it used in `used` ("sessions", "runs"): its cost is their usage."""
+    it used in `used` ("sessions", "runs"): its cost is their usage; and "resume": its log
+    folder, which `run NAME --resume` continues from."""
     mod = registry.load(name)
     if not hasattr(mod, "estimate"):
         return None
@@ -170,7 +204,7 @@ def estimate_request(name: str, cfg: Any, pilot_steps: int = 0, used: dict | Non
 
     measured = pilot.run(mod, cfg, pilot_steps)
     if used is not None:
-        used.update(sessions=measured["sessions"], runs=measured["runs"])
+        used.update(sessions=measured["sessions"], runs=measured["runs"], resume=measured["resume"])
     return mod.estimate(cfg, chat, measured)
 
 
@@ -183,6 +217,9 @@ def cmd_check(name: str, cfg: Any, max_seq_len: int, as_json: bool, estimate: bo
             req = estimate_request(name, cfg, pilot_steps, used)
             if used:
                 out["pilot_sessions"], out["pilot_runs"] = used["sessions"], used["runs"]
+                if used.get("resume"):
+                    # the pilot's steps need not run twice: the run continues from them
+                    out["resume"] = used["resume"]
             if isinstance(req, dict) and "error" in req:
                 out["estimate_error"] = req["error"]
             else:

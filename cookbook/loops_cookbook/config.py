@@ -29,6 +29,7 @@ class BaseConfig:
     save_every: int = field(0, "save a checkpoint (state + sampler weights) every N steps; 0 = only the final one")
     max_length: int = field(512, "longest training sequence in tokens; longer examples are truncated (check counts them)")
     progress: bool = field(True, "show a progress bar on stderr")
+    resume: str | None = field(None, "continue the run logged in this folder from its last checkpoint (a pilot's, or a save_every one), with its config (`run NAME --resume DIR`)")
 
 
 @dataclasses.dataclass

@@ -51,10 +51,6 @@ DRIVER = {"trained": "prompt", "prefill": "prompt", "cached": "prompt", "sampled
 SETTLED_STEPS = 2
 
 
-class PilotDone(Exception):
-    """Raised by the pilot's step observer to stop the recipe after its K-th RL step."""
-
-
 def session_of(run: Any) -> str:
     """The server session of a runtime.Run (the Tinker SDK's session id): everything the run
     does is metered to it, and the OpenAI route meters to it a request that names it in its
@@ -70,12 +66,14 @@ def session_of(run: Any) -> str:
 def run(mod: Any, cfg: Any, k: int) -> dict:
     """Runs the recipe's main(cfg) until its K-th RL step has trained, then stops it (its
     session is ended) and returns {"steps": [[group_usage, ...] per step], "extra": ...,
-    "sessions": [...], "runs": [...]}: `extra` is what the recipe's pilot_extra(cfg, run)
-    measured after (tool_calling's evaluation), or None; `sessions` and `runs` are the
-    server sessions and training runs the pilot used, everything it was metered (its
-    cost: the usage rows of those sessions, and runs for the rows kept per run). The
-    async loop's batches still in flight when the pilot stops finish before main() returns
-    (its thread pools wait for them), so they are metered, to the pilot's session, by then."""
+    "sessions": [...], "runs": [...], "resume": log_dir}: `extra` is what the recipe's
+    pilot_extra(cfg, run) measured after (tool_calling's evaluation), or None; `sessions`
+    and `runs` are the server sessions and training runs the pilot used, everything it was
+    metered (its cost: the usage rows of those sessions, and runs for the rows kept per
+    run); the run's log folder holds a resumable checkpoint of the K-th step (`run NAME
+    --resume log_dir` continues the run from it). The async loop's batches still in flight
+    when the pilot stops finish before main() returns (its thread pools wait for them), so
+    they are metered, to the pilot's session, by then."""
     from loops_cookbook import rl, runtime
 
     steps: list[list[dict]] = []
@@ -90,25 +88,25 @@ def run(mod: Any, cfg: Any, k: int) -> dict:
     def observe(usage: list[dict]) -> None:
         note_open()
         steps.append(usage)
-        if len(steps) >= k:
-            raise PilotDone
 
     rl.STEP_OBSERVERS.append(observe)
+    rl.PAUSE_AFTER = k
     extra = None
     try:
         try:
             mod.main(cfg)
-        except PilotDone:
-            pass
+        except rl.Paused as p:
+            paused = p
         else:
             raise ValueError(f"the run ended after {len(steps)} RL steps, before the pilot's {k}")
         note_open()
         if hasattr(mod, "pilot_extra") and runtime._OPEN:
             extra = mod.pilot_extra(cfg, runtime._OPEN[-1])
     finally:
+        rl.PAUSE_AFTER = 0
         rl.STEP_OBSERVERS.remove(observe)
         runtime.close_open_runs("success", f"pilot of {k} steps for a cost estimate")
-    return {"steps": steps, "extra": extra, "sessions": list(sessions), "runs": list(runs)}
+    return {"steps": steps, "extra": extra, "sessions": list(sessions), "runs": list(runs), "resume": paused.log_dir}
 
 
 def _stats(ratios: Sequence[float]) -> tuple[float, float]:

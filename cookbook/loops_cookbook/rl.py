@@ -15,8 +15,9 @@ rewards are all equal teach nothing and are left out. The loss is `importance_sa
 
 from __future__ import annotations
 
+import dataclasses
 import random
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 import tinker
@@ -24,7 +25,7 @@ from tinker import types
 
 from loops_cookbook.config import RLConfig
 from loops_cookbook.env import Env, Episode
-from loops_cookbook.runtime import resolved
+from loops_cookbook.runtime import resolved, rng_state
 
 
 def rollout(sampler: tinker.SamplingClient, env: Env, params: types.SamplingParams, max_length: int,
@@ -172,21 +173,67 @@ def _finish_one_turn(env: Env, prompt: list[int], seq: Any) -> Episode:
                    prompt=len(prompt))
 
 
+# Set by a pilot (loops_cookbook.pilot): after this many RL steps a loop saves a resumable
+# checkpoint (training state with the optimizer, and its loop state) and raises Paused.
+PAUSE_AFTER = 0
+
+
+class Paused(Exception):
+    """A loop stopped after PAUSE_AFTER RL steps; `run --resume` continues it from its log_dir."""
+
+    def __init__(self, log_dir: str, step: int) -> None:
+        super().__init__(f"paused after step {step}; continue with --resume {log_dir}")
+        self.log_dir, self.step = log_dir, step
+
+
+def _end_step(run: Any, step: int, rl_step: int, loop_state: Callable[[], dict]) -> None:
+    """After a logged step: the pilot's pause (a resumable checkpoint, then Paused), else a
+    periodic checkpoint with the loop state."""
+    if PAUSE_AFTER and rl_step >= PAUSE_AFTER:
+        run.save(f"pilot-{step:06d}", step, loop_state())
+        raise Paused(str(run.log_dir.resolve()), step)
+    run.maybe_save(step, loop_state)
+
+
+def _resumed_rl(run: Any, rng: random.Random) -> int:
+    """The RL steps done before a resumed run's checkpoint (0 when it starts fresh or resumes
+    in an earlier phase), with rng set to where that run's draws stood. The loops return
+    the earlier steps' rows (from metrics.jsonl) with theirs."""
+    state = getattr(run, "resumed", None)
+    if state is None or state.get("phase") != "rl":
+        return 0
+    rng.setstate(rng_state(state["rng"]))
+    return int(state["rl_step"])
+
+
+def episode_json(e: Episode) -> dict:
+    return dataclasses.asdict(e)
+
+
+def _done(value: Any) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
 def train_sync(run: Any, cfg: RLConfig, tasks: TaskSampler, stop: list[int], max_turns: int = 1,
                step_offset: int = 0) -> list[dict]:
-    """On-policy RL: each step samples with the newest weights, then trains on those samples."""
+    """On-policy RL: each step samples with the newest weights, then trains on those samples.
+    A checkpoint's loop state is the step and the task draws' rng position; a resumed run
+    (run.resumed) continues from it and returns the rows of the steps it ran."""
     rng = random.Random(cfg.seed)
+    start = _resumed_rl(run, rng)
     params = sampling_params(cfg, stop)
-    rows = []
+    rows = [r for r in run.earlier if "reward" in r] if start else []
     with ThreadPoolExecutor(cfg.concurrency) as pool, ThreadPoolExecutor(cfg.groups_per_batch) as groups_pool:
-        for step in range(1, cfg.steps + 1):
+        for step in range(start + 1, cfg.steps + 1):
             sampler = resolved(run.training.save_weights_and_get_sampling_client())
             makers = draw_groups(rng, tasks, cfg.groups_per_batch)
             groups = list(groups_pool.map(lambda m: play_group(sampler, m[0], cfg, params, pool, max_turns, m[1]), makers))
             m = train_on(run.training, groups, cfg.learning_rate)
             rows.append(m)
             run.log(step_offset + step, **m)
-            run.maybe_save(step_offset + step)
+            _end_step(run, step_offset + step, step, lambda: {"phase": "rl", "rl_step": step, "rng": rng.getstate()})
     return rows
 
 
@@ -196,12 +243,17 @@ def train_async(run: Any, cfg: RLConfig, tasks: TaskSampler, stop: list[int], ma
     with the weights of step max(0, t - 1 - max_staleness), so they are sampled while the
     trainer is still on the steps before (up to max_staleness + 1 batches in flight) and are
     exactly min(t - 1, max_staleness) steps old when trained on. The schedule does not depend
-    on thread timing, so a run repeats exactly like the synchronous loop."""
+    on thread timing, so a run repeats exactly like the synchronous loop.
+
+    A checkpoint waits for the batches in flight and saves their episodes with the step and
+    the draws' rng position: a resumed run trains on those same episodes (sampled, and
+    billed, once) and launches the later batches as the uninterrupted run would."""
     if max_staleness <= 0:
         return train_sync(run, cfg, tasks, stop, max_turns)
     rng = random.Random(cfg.seed)
+    start = _resumed_rl(run, rng)
     params = sampling_params(cfg, stop)
-    rows = []
+    rows = [r for r in run.earlier if "reward" in r] if start else []
     with ThreadPoolExecutor(cfg.concurrency) as pool, \
             ThreadPoolExecutor(cfg.groups_per_batch * (max_staleness + 1)) as groups_pool:
         def launch(sampler: tinker.SamplingClient) -> list[Any]:
@@ -210,10 +262,18 @@ def train_async(run: Any, cfg: RLConfig, tasks: TaskSampler, stop: list[int], ma
             return [groups_pool.submit(play_group, sampler, m, cfg, params, pool, max_turns, seed)
                     for m, seed in makers]
 
-        first = resolved(run.training.save_weights_and_get_sampling_client())
-        # steps 1 .. max_staleness + 1 sample with the initial weights
-        in_flight = {t: launch(first) for t in range(1, min(cfg.steps, max_staleness + 1) + 1)}
-        for step in range(1, cfg.steps + 1):
+        def loop_state() -> dict:
+            flight = {str(t): [[episode_json(e) for e in f.result()] for f in fs] for t, fs in in_flight.items()}
+            return {"phase": "rl", "rl_step": step, "rng": rng.getstate(), "in_flight": flight}
+
+        if start:
+            saved = run.resumed["in_flight"]
+            in_flight = {int(t): [_done([Episode(**e) for e in g]) for g in groups] for t, groups in saved.items()}
+        else:
+            first = resolved(run.training.save_weights_and_get_sampling_client())
+            # steps 1 .. max_staleness + 1 sample with the initial weights
+            in_flight = {t: launch(first) for t in range(1, min(cfg.steps, max_staleness + 1) + 1)}
+        for step in range(start + 1, cfg.steps + 1):
             groups = [f.result() for f in in_flight.pop(step)]
             m = train_on(run.training, groups, cfg.learning_rate)
             lag = float(min(step - 1, max_staleness))  # every group of the step is this old
@@ -224,6 +284,5 @@ def train_async(run: Any, cfg: RLConfig, tasks: TaskSampler, stop: list[int], ma
                 in_flight[nxt] = launch(sampler)
             rows.append(m)
             run.log(step, **m)
-            run.maybe_save(step)
+            _end_step(run, step, step, loop_state)
     return rows
-

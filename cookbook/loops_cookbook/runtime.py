@@ -9,7 +9,8 @@ import os
 import random
 import sys
 import time
-from typing import Any, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import tinker
 from tinker import types
@@ -27,24 +28,40 @@ class Run:
     def __init__(self, recipe: str, cfg: BaseConfig, total: int | None = None) -> None:
         self.recipe = recipe
         self.cfg = cfg
-        self.log_dir = log_dir_for(recipe, cfg)
+        # With cfg.resume: the loop state of the checkpoint the run continues from (what the
+        # recipe's loops read to skip the steps done and draw what comes next), else None.
+        self.resumed: dict | None = None
+        self.start_step = 0
+        self.earlier: list[dict] = []  # a resumed run's metrics rows up to its checkpoint
+        ckpt = resume_point(recipe, Path(cfg.resume)) if cfg.resume else None
+        self.log_dir = Path(cfg.resume) if cfg.resume else log_dir_for(recipe, cfg)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        (self.log_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str) + "\n")
+        (self.log_dir / "config.json").write_text(json.dumps(dataclasses.asdict(
+            dataclasses.replace(cfg, resume=None)), indent=2, default=str) + "\n")
+        if ckpt is not None:
+            self.resumed, self.start_step = ckpt["resume"], int(ckpt["step"])
+            self.earlier = _keep_rows(self.log_dir / "metrics.jsonl", self.start_step)
         self._metrics = open(self.log_dir / "metrics.jsonl", "a", buffering=1)
         self._checkpoints = open(self.log_dir / "checkpoints.jsonl", "a", buffering=1)
         self.service = tinker.ServiceClient(base_url=base_url(cfg), user_metadata={"recipe": recipe})
         _OPEN.append(self)
-        self.training: tinker.TrainingClient = resolved(self.service.create_lora_training_client(
-            base_model=cfg.model, rank=cfg.lora_rank, seed=cfg.seed, user_metadata={"recipe": recipe}))
+        if ckpt is not None:
+            # weights and Adam state (moments and step count) as they were after its step
+            self.training: tinker.TrainingClient = resolved(self.service.create_training_client_from_state_with_optimizer(
+                ckpt["state_path"], user_metadata={"recipe": recipe}))
+        else:
+            self.training = resolved(self.service.create_lora_training_client(
+                base_model=cfg.model, rank=cfg.lora_rank, seed=cfg.seed, user_metadata={"recipe": recipe}))
         self.run_id = str(self.training.model_id)
         self.tokenizer = self.training.get_tokenizer()
-        print(f"run {self.run_id} ({recipe}, {cfg.model}); logs in {self.log_dir}", file=sys.stderr, flush=True)
+        resumed = f", resumed after step {self.start_step} from {ckpt['state_path']}" if ckpt is not None else ""
+        print(f"run {self.run_id} ({recipe}, {cfg.model}{resumed}); logs in {self.log_dir}", file=sys.stderr, flush=True)
         url = base_url(cfg)
         console = os.environ.get("LOOPS_CONSOLE_URL") or (url.rstrip("/") + "/" if url else "")
         print(f"watch it: loops runs show {self.run_id}" + (f", or the console at {console}" if console else ""),
               file=sys.stderr, flush=True)
         self.total = total if total is not None else cfg.steps
-        self._bar = tqdm(total=self.total, desc=recipe, unit="step",
+        self._bar = tqdm(total=self.total, initial=self.start_step, desc=recipe, unit="step",
                          disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
         self._t0 = time.time()
 
@@ -57,18 +74,23 @@ class Run:
         self._bar.set_postfix(dict(list(shown.items())[:4]), refresh=False)
         self._bar.update(1)
 
-    def save(self, name: str, step: int) -> dict:
-        """Saves training state (weights + optimizer) and sampler weights; records both paths."""
+    def save(self, name: str, step: int, resume: dict | None = None) -> dict:
+        """Saves training state (weights + optimizer) and sampler weights; records both paths,
+        and with resume the loop state a resumed run continues from (`resume`: the recipe
+        and what its loops need, JSON)."""
         state = self.training.save_state(name).result().path
         sampler = self.training.save_weights_for_sampler(name).result().path
         rec = {"name": name, "step": step, "state_path": state, "sampler_path": sampler}
+        if resume is not None:
+            rec["resume"] = {"recipe": self.recipe, **resume}
         self._checkpoints.write(json.dumps(rec) + "\n")
         return rec
 
-    def maybe_save(self, step: int) -> None:
-        """Saves every cfg.save_every steps (step counts from 1)."""
+    def maybe_save(self, step: int, resume: Callable[[], dict] | None = None) -> None:
+        """Saves every cfg.save_every steps (step counts from 1), with the loop state
+        resume() returns when given (a run can then continue from the checkpoint)."""
         if self.cfg.save_every > 0 and step % self.cfg.save_every == 0 and step < self.total:
-            self.save(f"{step:06d}", step)
+            self.save(f"{step:06d}", step, resume() if resume else None)
 
     def finish(self, step: int) -> dict:
         """Saves the final checkpoint, closes the files, ends the session (which frees the
@@ -103,6 +125,40 @@ class Run:
         return dict(getattr(out, "metrics", None) or {})
 
 
+def resume_point(recipe: str, log_dir: Path) -> dict:
+    """The checkpoint a run logged in log_dir continues from: the last record of its
+    checkpoints.jsonl with a state and loop state (as tinker-cookbook's
+    checkpoint_utils.get_last_checkpoint takes the last with a state_path). ValueError
+    says why there is none."""
+    path = log_dir / "checkpoints.jsonl"
+    if not path.exists():
+        raise ValueError(f"--resume {log_dir}: no checkpoints.jsonl there (a run's log folder, or a pilot's, has one)")
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = [r for r in records if r.get("state_path")]
+    if not records:
+        raise ValueError(f"--resume {log_dir}: no checkpoint saved yet (save_every=N saves one every N steps; a pilot saves one)")
+    last = records[-1]
+    if last.get("name") == "final":
+        raise ValueError(f"--resume {log_dir}: that run finished (final checkpoint at step {last.get('step')}): nothing to continue")
+    state = last.get("resume")
+    if not isinstance(state, dict):
+        raise ValueError(f"--resume {log_dir}: its last checkpoint ({last.get('name')}) has no loop state: {recipe} cannot continue from it")
+    if state.get("recipe") != recipe:
+        raise ValueError(f"--resume {log_dir}: that folder holds a {state.get('recipe')} run, not {recipe}")
+    return last
+
+
+def _keep_rows(path: Path, last_step: int) -> list[dict]:
+    """Drops the metrics rows after last_step (logged after the checkpoint by a run that was
+    then interrupted: the resumed run logs those steps again); returns the rows kept."""
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    kept = [r for r in rows if r.get("step", 0) <= last_step]
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    return kept
+
+
 # Runs whose session is still open: cli.cmd_run ends them when a recipe stops early.
 _OPEN: list[Run] = []
 
@@ -118,6 +174,12 @@ def resolved(client: Any) -> Any:
     (using the future as the client is deprecated and warns), earlier releases the client."""
     result = getattr(client, "result", None)
     return result() if callable(result) else client
+
+
+def rng_state(saved: Any) -> tuple:
+    """A random.Random state from its JSON form (getstate()'s tuples come back as lists)."""
+    version, internal, gauss = saved
+    return (version, tuple(internal), gauss)
 
 
 def sft_datum(tokens: Sequence[int], weights: Sequence[float], max_length: int) -> types.Datum:
@@ -187,9 +249,20 @@ def supervised_loop(run: Run, cfg: Any, train_data: Sequence[types.Datum], eval_
     every cfg.eval_every steps (in forward requests of at most per_request datums). Logs a metrics row per step (train_loss, tokens, eval_loss) and
     saves every cfg.save_every steps; returns the run's summary so far (the caller finishes
     the run)."""
-    first_eval = mean_nll(run.training, eval_data, per_request)
-    eval_loss = first_eval
+    start = 0
+    if (state := run.resumed) is not None and state.get("phase") == "sft":  # continue after its step
+        start, first_eval, eval_loss = state["step"], state["eval_loss_start"], state["eval_loss"]
+    else:
+        first_eval = mean_nll(run.training, eval_data, per_request)
+        eval_loss = first_eval
+
+    def loop_state() -> dict:
+        # the schedule is replayed from cfg.seed on resume, so the step is all it needs
+        return {"phase": "sft", "step": step, "eval_loss_start": first_eval, "eval_loss": eval_loss}
+
     for step, picked, evaluates in supervised_schedule(cfg, len(train_data)):
+        if step <= start:
+            continue
         batch = [train_data[i] for i in picked]
         fb = run.training.forward_backward(batch, "cross_entropy").result()
         tokens = sum(datum_weight(d) for d in batch)
@@ -202,6 +275,6 @@ def supervised_loop(run: Run, cfg: Any, train_data: Sequence[types.Datum], eval_
         if step == 1:
             row["eval_loss_start"] = first_eval
         run.log(step, **row)
-        run.maybe_save(step)
+        run.maybe_save(step, loop_state)
     return {"run_id": run.run_id, "eval_loss_start": first_eval, "eval_loss_end": eval_loss,
             "log_dir": str(run.log_dir)}

@@ -230,13 +230,20 @@ def main(cfg: Config) -> dict:
     rng = random.Random(cfg.seed)
     from tinker import types
 
-    for step in range(1, cfg.sft_steps + 1):
+    from loops_cookbook.runtime import rng_state
+
+    start = 0
+    if (state := run.resumed) is not None:  # SFT steps done (all of them when it resumes in RL)
+        start = state["step"] if state["phase"] == "sft" else cfg.sft_steps
+        if state["phase"] == "sft":
+            rng.setstate(rng_state(state["rng"]))
+    for step in range(start + 1, cfg.sft_steps + 1):
         batch = rng.sample(sft, min(cfg.sft_batch_size, len(sft)))
         out = run.training.forward_backward(batch, "cross_entropy").result()
         tokens = sum(sum(d.loss_fn_inputs["weights"].tolist()) for d in batch)
         run.training.optim_step(types.AdamParams(learning_rate=cfg.sft_learning_rate)).result()
         run.log(step, phase="sft", train_loss=float(out.metrics["loss:sum"]) / max(1.0, tokens))
-        run.maybe_save(step)
+        run.maybe_save(step, lambda: {"phase": "sft", "step": step, "rng": rng.getstate()})
 
     def sample_task(r):
         rec = r.choice(tasks)
