@@ -101,6 +101,37 @@ func TestCheckModelsAgainstServed(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// TestSetPolicy: a policy put in force while the gateway runs (an operator reloaded it)
+// applies to the next check, a workspace's budget included; what was counted before stays
+// counted; one naming a model the gateway does not serve is refused and the one in force
+// kept; nil is the default policy.
+func TestSetPolicy(t *testing.T) {
+	before, err := Parse([]byte("workspaces:\n  w: {max_concurrent_runs: 1, budget_usd_total: \"0.075\"}\n"))
+	require.NoError(t, err)
+	e, err := NewEnforcer(before, []string{"loops/tiny"})
+	require.NoError(t, err)
+	require.NoError(t, e.StartRun("w", "r1", "loops/tiny", 4))
+	require.Equal(t, connect.CodeResourceExhausted, connect.CodeOf(e.StartRun("w", "r2", "loops/tiny", 4)))
+	require.Equal(t, "0.075", e.Limits("w").BudgetTotal.String())
+
+	after, err := Parse([]byte("workspaces:\n  w: {max_concurrent_runs: 2, budget_usd_total: \"1\"}\n"))
+	require.NoError(t, err)
+	require.NoError(t, e.SetPolicy(after))
+	require.Equal(t, "1", e.Limits("w").BudgetTotal.String(), "the budget raised")
+	require.Equal(t, 1, e.Use("w").LiveRuns, "the live run still counted")
+	require.NoError(t, e.StartRun("w", "r2", "loops/tiny", 4))
+	require.Equal(t, connect.CodeResourceExhausted, connect.CodeOf(e.StartRun("w", "r3", "loops/tiny", 4)))
+
+	bad, err := Parse([]byte("workspaces:\n  w: {models: [Qwen/*]}\n"))
+	require.NoError(t, err)
+	require.ErrorContains(t, e.SetPolicy(bad), "matches no model this server serves")
+	require.Equal(t, "1", e.Limits("w").BudgetTotal.String(), "the policy in force kept")
+
+	require.NoError(t, e.SetPolicy(nil))
+	require.Zero(t, e.Limits("w").BudgetTotal, "the default policy has no budget")
+	require.NoError(t, (*Enforcer)(nil).SetPolicy(after))
+}
+
 func codeReason(t *testing.T, err error) (connect.Code, string) {
 	t.Helper()
 	require.Error(t, err)

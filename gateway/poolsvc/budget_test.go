@@ -34,8 +34,8 @@ import (
 
 // TestBusyDedicatedPoolStoppedAtItsBudget: a dedicated pool of real Go worker processes
 // (local provider, one H100-kind replica at 3.6 USD a GPU-hour: 0.001 USD a second) in a
-// workspace with a total budget of 0.075 USD, swept every second. Its lease holds the next
-// minute (0.06 USD), so once the pool has run about 15 s the lease cannot be topped up, while
+// workspace with a total budget of 0.07 USD, swept every second. Its lease holds the next
+// minute (0.06 USD), so once the pool has run about 10 s the lease cannot be topped up, while
 // a stream of long forward_backward calls keeps it busy. Through loops.v1 and Tinker's HTTP
 // routes:
 //   - the pool's worker processes are stopped (gone from /proc), the pool shows why
@@ -68,7 +68,10 @@ func TestBusyDedicatedPoolStoppedAtItsBudget(t *testing.T) {
 		return p
 	}
 	srv, url := startServer(t, gateway.Config{DataDir: dir, Backend: worker.Name, Keys: keys,
-		Core: core.Options{Prices: sheet, Policy: budgetPolicy("0.075"), SweepInterval: time.Second},
+		// Each forward_backward below is one piece (docs/semantics.md, "Pieces"), so one
+		// that fails leaves no gradient behind, and the state after the stop is exactly that
+		// of the calls that succeeded.
+		Core: core.Options{Prices: sheet, Policy: budgetPolicy("0.07"), SweepInterval: time.Second, ChunkTokens: 8192},
 		BackendConfig: backendsConfig(dir, map[string]string{"provider": "local", "replicas": "1",
 			"gpus": "0,1", "gpus_per_replica": "1", "gpu_kind": "H100"})})
 	ctx := t.Context()
@@ -109,7 +112,7 @@ func TestBusyDedicatedPoolStoppedAtItsBudget(t *testing.T) {
 
 	// Busy: long forward_backward calls back to back, two submitted at a time, until
 	// admission refuses one. No optim_step, so the weights stay those saved.
-	long := make([]*loopsv1.Datum, 48)
+	long := make([]*loopsv1.Datum, 24)
 	for i := range long {
 		long[i] = budgetDatum(i, 96)
 	}
@@ -133,10 +136,11 @@ func TestBusyDedicatedPoolStoppedAtItsBudget(t *testing.T) {
 	requireBudgetError(t, refusal, pool)
 
 	// Every call admitted ended: done, or failed with the error the pool was stopped with.
-	stopped := 0
+	stopped, done := 0, 0
 	for _, op := range submitted {
 		got := wait(op)
 		if got.GetState() == loopsv1.OperationState_OPERATION_STATE_SUCCEEDED {
+			done++
 			continue
 		}
 		require.Equal(t, loopsv1.OperationState_OPERATION_STATE_FAILED, got.GetState())
@@ -168,7 +172,7 @@ func TestBusyDedicatedPoolStoppedAtItsBudget(t *testing.T) {
 	require.Equal(t, got.GetZeroReason(), audit.GetEvents()[0].GetAction())
 
 	// The spend ends within the bound (not past the budget) and stays put while stopped.
-	budget := usd(t, "0.075")
+	budget := usd(t, "0.07")
 	spent, reserved := totalBudget(t, url, key)
 	require.LessOrEqual(t, spent, budget, "spent %s of the budget", spent)
 	require.Positive(t, spent)
@@ -176,7 +180,7 @@ func TestBusyDedicatedPoolStoppedAtItsBudget(t *testing.T) {
 	time.Sleep(3 * time.Second) // three sweeps
 	again, _ := totalBudget(t, url, key)
 	require.Equal(t, spent, again, "a stopped pool bills nothing")
-	t.Logf("spent %s USD of the 0.075 USD budget", spent)
+	t.Logf("spent %s USD of the 0.07 USD budget", spent)
 
 	// The next calls are refused at once, on loops.v1 and on Tinker's routes.
 	_, err = training.ForwardBackward(ctx, &loopsv1.ForwardBackwardRequest{TrainingRunId: run.GetId(), LossFn: "cross_entropy", Data: []*loopsv1.Datum{probe}})
@@ -188,20 +192,28 @@ func TestBusyDedicatedPoolStoppedAtItsBudget(t *testing.T) {
 	require.Contains(t, body["detail"], "budget_usd_total in its policy")
 	require.Contains(t, body["detail"], "dedicated pool "+pool)
 
-	// The checkpoint saved before is intact: another run (on the shared pool) loads it and
-	// computes the same loss.
+	// The checkpoint saved before is intact: another run (on the shared pool) loads it,
+	// with its Adam state, and computes the same loss.
 	other := succeeded(training.CreateTrainingRun(ctx, &loopsv1.CreateTrainingRunRequest{BaseModel: tiny.Name,
 		Lora: &loopsv1.LoraConfig{Rank: 4, Seed: 2, TrainAttn: true}})).GetTrainingRun()
 	require.Empty(t, other.GetDedicatedPool())
-	succeeded(training.LoadWeights(ctx, &loopsv1.LoadWeightsRequest{TrainingRunId: other.GetId(), Path: saved}))
+	succeeded(training.LoadWeights(ctx, &loopsv1.LoadWeightsRequest{TrainingRunId: other.GetId(), Path: saved, WithOptimizer: true}))
 	require.Equal(t, lossBefore, forward(other.GetId()), "the checkpoint loads and computes as before")
 
-	// An operator raises the budget: the run's next call scales its pool up and it goes on.
+	// An operator raises the budget: the run's next call scales its pool up and it goes on
+	// from its state: its weights, and the gradients of the calls that succeeded (only
+	// those), as the other run computes them from the checkpoint.
 	require.NoError(t, srv.Core().Policy().SetPolicy(budgetPolicy("1")))
-	require.Equal(t, lossBefore, forward(run.GetId()), "the run goes on from its state")
+	raised := time.Now()
+	require.Equal(t, lossBefore, forward(run.GetId()), "the run goes on from its weights")
+	t.Logf("its first call after the raise took %v (the pool scaled up, the adapter rebuilt)", time.Since(raised).Round(time.Millisecond))
 	require.NotEmpty(t, poolPIDs(t, pool), "a worker process of the pool runs again")
-	succeeded(training.ForwardBackward(ctx, &loopsv1.ForwardBackwardRequest{TrainingRunId: run.GetId(), LossFn: "cross_entropy", Data: []*loopsv1.Datum{probe}}))
 	succeeded(training.OptimStep(ctx, &loopsv1.OptimStepRequest{TrainingRunId: run.GetId(), Adam: adam}))
+	for range done {
+		succeeded(training.ForwardBackward(ctx, &loopsv1.ForwardBackwardRequest{TrainingRunId: other.GetId(), LossFn: "cross_entropy", Data: long}))
+	}
+	succeeded(training.OptimStep(ctx, &loopsv1.OptimStepRequest{TrainingRunId: other.GetId(), Adam: adam}))
+	require.Equal(t, forward(other.GetId()), forward(run.GetId()), "the step after the stop is the step of the %d calls that succeeded", done)
 	info, err := training.GetTrainingRun(ctx, &loopsv1.GetTrainingRunRequest{Id: run.GetId()})
 	require.NoError(t, err)
 	require.False(t, info.GetCorrupted())
@@ -218,7 +230,7 @@ func requireBudgetError(t *testing.T, err error, pool string) {
 	require.Equal(t, errs.ReasonBudgetExceeded, errs.Reason(err))
 	require.True(t, errs.IsFinal(err), "not retried: %v", err)
 	require.ErrorContains(t, err, `workspace "team-a" has spent`)
-	require.ErrorContains(t, err, "budget of 0.075 USD (budget_usd_total in its policy)")
+	require.ErrorContains(t, err, "budget of 0.07 USD (budget_usd_total in its policy)")
 	require.ErrorContains(t, err, "dedicated pool "+pool)
 	require.ErrorContains(t, err, "raise budget_usd_total in the workspace policy")
 }
