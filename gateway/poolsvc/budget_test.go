@@ -46,7 +46,7 @@ import (
 //   - the spend ends within the documented bound (docs/operations.md "Budgets": none past
 //     the budget while the janitor sweeps on time) and stays put while the pool is stopped;
 //   - the checkpoint saved before loads into another run and computes the same loss;
-//   - once an operator raises the budget (the workspace policy reloaded), the run's next
+//   - once an operator raises the budget in the policy file (reloaded), the run's next
 //     call scales its pool up again (a new worker process) and the run goes on from its
 //     state: the same loss as before the stop, not corrupted.
 func TestBusyDedicatedPoolStoppedAtItsBudget(t *testing.T) {
@@ -62,16 +62,18 @@ func TestBusyDedicatedPoolStoppedAtItsBudget(t *testing.T) {
 	require.NoError(t, os.WriteFile(file, []byte("gpu_hour: {H100: \"3.6\"}\n"), 0o600))
 	sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
-	budgetPolicy := func(usd string) *policy.Policy {
-		p, err := policy.Parse([]byte("workspaces:\n  team-a: {budget_usd_total: \"" + usd + "\"}\n"))
-		require.NoError(t, err)
-		return p
+	polFile := filepath.Join(dir, "policy.yaml")
+	budget := func(usd string) { // as an operator edits the policy file
+		require.NoError(t, os.WriteFile(polFile, []byte("workspaces:\n  team-a: {budget_usd_total: \""+usd+"\"}\n"), 0o600))
 	}
-	srv, url := startServer(t, gateway.Config{DataDir: dir, Backend: worker.Name, Keys: keys,
+	budget("0.07")
+	pol, err := policy.Watch(polFile, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	_, url := startServer(t, gateway.Config{DataDir: dir, Backend: worker.Name, Keys: keys,
 		// Each forward_backward below is one piece (docs/semantics.md, "Pieces"), so one
 		// that fails leaves no gradient behind, and the state after the stop is exactly that
 		// of the calls that succeeded.
-		Core: core.Options{Prices: sheet, Policy: budgetPolicy("0.07"), SweepInterval: time.Second, ChunkTokens: 8192},
+		Core: core.Options{Prices: sheet, PolicyFile: pol, SweepInterval: time.Second, ChunkTokens: 8192},
 		BackendConfig: backendsConfig(dir, map[string]string{"provider": "local", "replicas": "1",
 			"gpus": "0,1", "gpus_per_replica": "1", "gpu_kind": "H100"})})
 	ctx := t.Context()
@@ -172,9 +174,8 @@ func TestBusyDedicatedPoolStoppedAtItsBudget(t *testing.T) {
 	require.Equal(t, got.GetZeroReason(), audit.GetEvents()[0].GetAction())
 
 	// The spend ends within the bound (not past the budget) and stays put while stopped.
-	budget := usd(t, "0.07")
 	spent, reserved := totalBudget(t, url, key)
-	require.LessOrEqual(t, spent, budget, "spent %s of the budget", spent)
+	require.LessOrEqual(t, spent, usd(t, "0.07"), "spent %s of the budget", spent)
 	require.Positive(t, spent)
 	require.Zero(t, reserved, "the lease given back")
 	time.Sleep(3 * time.Second) // three sweeps
@@ -203,9 +204,19 @@ func TestBusyDedicatedPoolStoppedAtItsBudget(t *testing.T) {
 	// An operator raises the budget: the run's next call scales its pool up and it goes on
 	// from its state: its weights, and the gradients of the calls that succeeded (only
 	// those), as the other run computes them from the checkpoint.
-	require.NoError(t, srv.Core().Policy().SetPolicy(budgetPolicy("1")))
+	budget("1")
 	raised := time.Now()
-	require.Equal(t, lossBefore, forward(run.GetId()), "the run goes on from its weights")
+	var first *loopsv1.Operation
+	require.Eventually(t, func() bool { // the gateway reads the file within 2 s (filewatch.PollInterval)
+		op, err := training.ForwardBackward(ctx, &loopsv1.ForwardBackwardRequest{TrainingRunId: run.GetId(), LossFn: "cross_entropy", ForwardOnly: true, Data: []*loopsv1.Datum{probe}})
+		if err != nil {
+			requireBudgetError(t, err, pool)
+			return false
+		}
+		first = op
+		return true
+	}, 20*time.Second, 100*time.Millisecond, "admitted once the policy file is reloaded")
+	require.Equal(t, lossBefore, succeeded(first, nil).GetForwardBackward().GetMetrics()["loss:sum"], "the run goes on from its weights")
 	t.Logf("its first call after the raise took %v (the pool scaled up, the adapter rebuilt)", time.Since(raised).Round(time.Millisecond))
 	require.NotEmpty(t, poolPIDs(t, pool), "a worker process of the pool runs again")
 	succeeded(training.OptimStep(ctx, &loopsv1.OptimStepRequest{TrainingRunId: run.GetId(), Adam: adam}))
