@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -81,11 +82,12 @@ func TestParseErrors(t *testing.T) {
 		})
 	}
 
-	_, err := Load(filepath.Join(t.TempDir(), "missing.yaml"))
+	log := slog.New(slog.DiscardHandler)
+	_, err := Watch(filepath.Join(t.TempDir(), "missing.yaml"), log)
 	require.ErrorContains(t, err, "workspace policy")
 	f := filepath.Join(t.TempDir(), "p.yaml")
 	require.NoError(t, os.WriteFile(f, []byte("default:\n  max_lora_rank: -2\n"), 0o600))
-	_, err = Load(f)
+	_, err = Watch(f, log)
 	require.ErrorContains(t, err, f)
 	require.ErrorContains(t, err, "default.max_lora_rank is -2")
 }
