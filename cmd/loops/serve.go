@@ -144,7 +144,9 @@ once operator keys are set, only they are (docs/pools.md).
 
 --workspace-policy FILE gives workspaces limits (allowed base models, max sequence length,
 max LoRA rank, runs at once, queued operations, sampling concurrency): see the
-"Workspace policy" section of docs/semantics.md for the format.
+"Workspace policy" section of docs/semantics.md for the format. The file is reloaded when
+it changes (a bad change is logged and the policy in force kept); a bad file at start
+refuses to start.
 
 --prices FILE is the price sheet (YAML or JSON): USD per million tokens by base model
 (prefill, cached_prefill, sample, train), per GPU-hour of a dedicated replica, per GB-month
@@ -203,7 +205,7 @@ file at start refuses to start. See "Prices" in docs/operations.md.`,
 	fl.Int64Var(&f.minTransferRate, "min-transfer-rate", ckhttp.DefaultMinRate, "bytes a second a checkpoint download, export or import must keep up over --transfer-rate-window; a slower one is cut")
 	fl.DurationVar(&f.transferRateWindow, "transfer-rate-window", ckhttp.DefaultRateWindow, "how long a checkpoint transfer may stay under --min-transfer-rate")
 	fl.StringVar(&f.prices, "prices", env("LOOPS_PRICES", ""), "YAML or JSON price sheet: USD per million tokens by model, per GPU-hour, per GB-month, per workspace; reloaded when it changes (see docs/operations.md, Prices); none: no costs shown")
-	fl.StringVar(&f.workspacePolicy, "workspace-policy", env("LOOPS_WORKSPACE_POLICY", ""), "YAML or JSON file of per-workspace limits: allowed models, max sequence length and LoRA rank, runs, queued operations, sampling concurrency (see docs/semantics.md)")
+	fl.StringVar(&f.workspacePolicy, "workspace-policy", env("LOOPS_WORKSPACE_POLICY", ""), "YAML or JSON file of per-workspace limits: allowed models, max sequence length and LoRA rank, runs, queued operations, sampling concurrency, budgets (see docs/semantics.md); reloaded when it changes")
 	return cmd
 }
 
@@ -327,9 +329,9 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return fmt.Errorf("--image-fetch-hosts: %w", err)
 	}
-	var pol *policy.Policy
+	var polFile *policy.Watcher
 	if f.workspacePolicy != "" {
-		if pol, err = policy.Load(f.workspacePolicy); err != nil {
+		if polFile, err = policy.Watch(f.workspacePolicy, log); err != nil {
 			return err
 		}
 	}
@@ -402,7 +404,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 			Options:     backendOpts,
 		},
 		Keys: keys,
-		Core: core.Options{SessionTTL: f.sessionTTL, Policy: pol, Prices: sheet, CheckpointStore: cks, SamplingConcurrency: f.samplerSlots, RecoverSteps: f.stepRecovery,
+		Core: core.Options{SessionTTL: f.sessionTTL, Policy: polFile.Current(), PolicyFile: polFile, Prices: sheet, CheckpointStore: cks, SamplingConcurrency: f.samplerSlots, RecoverSteps: f.stepRecovery,
 			FairnessTarget: f.fairnessTarget, ChunkTokens: f.trainChunkTokens, LaneConcurrency: f.trainConcurrency,
 			Replica: replicaConfig(f.deviceMemoryGiB, backendOpts),
 			Limits:  core.Limits{MaxReceiptStepsPerRun: f.maxReceiptSteps, MaxRecordDataBytesPerRun: int(f.maxRecordDataBytes)}},

@@ -100,6 +100,35 @@ func TestServeRefusesABadPriceSheet(t *testing.T) {
 	require.ErrorContains(t, cmd.ExecuteContext(t.Context()), "--prices")
 }
 
+// TestServeReloadsTheWorkspacePolicy: loops serve --workspace-policy refuses a file it
+// cannot use at start, and puts a change of the file in force while it runs (GetWorkspace
+// shows the new limit), without a restart.
+func TestServeReloadsTheWorkspacePolicy(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "policy.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("default: {max_concurrent_runs: many}\n"), 0o600))
+	cmd := rootCmd()
+	cmd.SetArgs([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--workspace-policy", file})
+	require.ErrorContains(t, cmd.ExecuteContext(t.Context()), "workspace policy "+file)
+
+	require.NoError(t, os.WriteFile(file, []byte("default: {max_concurrent_runs: 1}\n"), 0o600))
+	url, _ := startServe(t, t.TempDir(), "--workspace-policy", file)
+	ws := loopsv1connect.NewWorkspaceServiceClient(http.DefaultClient, url, connect.WithInterceptors(
+		connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+			return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+				req.Header().Set("X-API-Key", "tml-serve-test")
+				return next(ctx, req)
+			}
+		})))
+	limit := func() int32 {
+		got, err := ws.GetWorkspace(t.Context(), &loopsv1.GetWorkspaceRequest{})
+		require.NoError(t, err)
+		return got.GetLimits().GetMaxConcurrentRuns()
+	}
+	require.Equal(t, int32(1), limit())
+	require.NoError(t, os.WriteFile(file, []byte("default: {max_concurrent_runs: 12}\n"), 0o600))
+	require.Eventually(t, func() bool { return limit() == 12 }, 20*time.Second, 100*time.Millisecond, "reloaded within its 2 s poll")
+}
+
 // startServe runs loops serve with args on a free loopback port until stop, which waits for
 // it to shut down cleanly. It returns once the server answers /healthz.
 func startServe(t *testing.T, dataDir string, args ...string) (url string, stop func()) {

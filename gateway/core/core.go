@@ -25,6 +25,7 @@ import (
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
+	"github.com/loops-dev/loops/internal/filewatch"
 	"github.com/loops-dev/loops/internal/lifecycle"
 	"github.com/loops-dev/loops/internal/lockorder"
 	"github.com/loops-dev/loops/internal/replicaplan"
@@ -108,6 +109,11 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Policy is the workspace policy (nil: no workspace has limits of its own).
 	Policy *policy.Policy
+	// PolicyFile, when set, is the workspace policy's file (loops serve
+	// --workspace-policy): its policy is used in place of Policy, and the core polls the
+	// file while it runs and puts each change in force (docs/semantics.md, "Workspace
+	// policy"), so an operator raises a budget without a restart.
+	PolicyFile *policy.Watcher
 	// Prices is the price sheet (nil: no prices, and no costs anywhere); the core polls
 	// its file for changes while it runs (docs/operations.md, "Prices").
 	Prices *prices.Watcher
@@ -358,6 +364,9 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	if len(c.models) == 0 {
 		return nil, errors.New("core: the backend serves no models")
 	}
+	if opts.PolicyFile != nil {
+		opts.Policy = opts.PolicyFile.Current()
+	}
 	if c.policy, err = policy.NewEnforcer(opts.Policy, slices.Sorted(maps.Keys(c.models))); err != nil {
 		return nil, err
 	}
@@ -387,6 +396,11 @@ func New(ctx context.Context, st store.Store, be backends.Backend, opts Options)
 	}
 	if opts.Prices != nil {
 		if err := c.life.Go("prices", opts.Prices.Run); err != nil {
+			return nil, err
+		}
+	}
+	if opts.PolicyFile != nil {
+		if err := c.life.Go("workspace policy", c.followPolicy); err != nil {
 			return nil, err
 		}
 	}
@@ -432,6 +446,32 @@ func (c *Core) close() {
 }
 
 func (c *Core) now() time.Time { return c.opts.Now() }
+
+// followPolicy polls the workspace policy's file until ctx ends and puts each change in
+// force: new admissions, limits and budgets follow it at once. A policy naming a model this
+// gateway does not serve is logged and the one in force kept.
+func (c *Core) followPolicy(ctx context.Context) {
+	t := time.NewTicker(filewatch.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			c.reloadPolicy()
+		}
+	}
+}
+
+// reloadPolicy puts the policy file's change, if any, in force (followPolicy's round).
+func (c *Core) reloadPolicy() {
+	if !c.opts.PolicyFile.Poll() {
+		return
+	}
+	if err := c.policy.SetPolicy(c.opts.PolicyFile.Current()); err != nil {
+		c.log.Error("workspace policy: the changed file is refused; the policy in force is kept", slog.Any("err", err))
+	}
+}
 
 // janitor expires sessions and checkpoints, forgets old operations and writes usage.
 func (c *Core) janitor(ctx context.Context) {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"connectrpc.com/connect"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
@@ -52,7 +53,8 @@ func (u *wsUse) idle() bool {
 // Enforcer answers a policy's checks and keeps every workspace's current use. Its methods
 // are safe for concurrent use; a nil *Enforcer enforces nothing and counts nothing.
 type Enforcer struct {
-	p      *Policy
+	// p is the policy in force: SetPolicy replaces it whole, never changes it.
+	p      atomic.Pointer[Policy]
 	served []string
 
 	grants grantState
@@ -78,8 +80,29 @@ func NewEnforcer(p *Policy, served []string) (*Enforcer, error) {
 	if err := p.CheckModels(served); err != nil {
 		return nil, err
 	}
-	return &Enforcer{p: p, served: slices.Sorted(slices.Values(served)),
-		use: map[string]*wsUse{}, runs: map[string]string{}, ops: map[string]string{}}, nil
+	e := &Enforcer{served: slices.Sorted(slices.Values(served)),
+		use: map[string]*wsUse{}, runs: map[string]string{}, ops: map[string]string{}}
+	e.p.Store(p)
+	return e, nil
+}
+
+// SetPolicy puts p (nil: Default) in force in place of the policy loaded at the start (an
+// operator reloaded the workspace policy, loops serve --workspace-policy): new checks,
+// admissions and budgets follow it at once; the runs, operations and samples counted so
+// far stay counted. A policy that names a base model the gateway does not serve is refused
+// and the one in force kept.
+func (e *Enforcer) SetPolicy(p *Policy) error {
+	if e == nil {
+		return nil
+	}
+	if p == nil {
+		p = Default()
+	}
+	if err := p.CheckModels(e.served); err != nil {
+		return err
+	}
+	e.p.Store(p)
+	return nil
 }
 
 // Limits returns the workspace's limits, with the grants in force: the granted models
@@ -226,7 +249,7 @@ func (e *Enforcer) CheckDeploymentReplicas(ws string, replicas int32) error {
 	if e == nil {
 		return nil
 	}
-	if l := e.p.For(ws).MaxDeploymentReplicas; l > 0 && int(replicas) > l {
+	if l := e.p.Load().For(ws).MaxDeploymentReplicas; l > 0 && int(replicas) > l {
 		return errs.New(connect.CodeInvalidArgument, ReasonWorkspaceLimit, fmt.Errorf(
 			"replicas %d is over workspace %q's limit of %d (max_deployment_replicas in its policy): ask for at most %d", replicas, ws, l, l))
 	}
@@ -240,7 +263,7 @@ func (e *Enforcer) Dedicated(ws string, ask bool) (bool, error) {
 	if e == nil {
 		return ask, nil
 	}
-	switch e.p.For(ws).Dedicated {
+	switch e.p.Load().For(ws).Dedicated {
 	case DedicatedOff:
 		if ask {
 			return false, errs.New(connect.CodeInvalidArgument, ReasonWorkspaceLimit, fmt.Errorf(
@@ -296,7 +319,7 @@ func (e *Enforcer) StartOp(ws, opID string, kind loopsv1.OperationKind) error {
 	if e == nil {
 		return nil
 	}
-	l := e.p.For(ws)
+	l := e.p.Load().For(ws)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if _, ok := e.ops[opID]; ok {
@@ -421,7 +444,7 @@ func (e *Enforcer) AcquireSample(ctx context.Context, ws string) (release func()
 	if e == nil {
 		return func() {}
 	}
-	limit := e.p.For(ws).SamplingConcurrency
+	limit := e.p.Load().For(ws).SamplingConcurrency
 	e.mu.Lock()
 	u := e.useLocked(ws)
 	if limit <= 0 || u.sampling < limit {

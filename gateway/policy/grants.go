@@ -76,7 +76,7 @@ func (e *Enforcer) active(ws string) []Grant {
 // forWorkspace returns the workspace's limits with its grants in force: the granted models
 // allowed and max_concurrent_runs raised (the per-model limits are forModel's).
 func (e *Enforcer) forWorkspace(ws string) Limits {
-	l := e.p.For(ws)
+	l := e.p.Load().For(ws)
 	for _, g := range e.active(ws) {
 		l = l.withModel(g.Model)
 		l.MaxConcurrentRuns = raise(l.MaxConcurrentRuns, g.MaxConcurrentRuns)
@@ -87,7 +87,7 @@ func (e *Enforcer) forWorkspace(ws string) Limits {
 // forModel returns the workspace's limits on a base model: forWorkspace's, with the
 // sequence-length and rank limits raised by the grants on that model.
 func (e *Enforcer) forModel(ws, model string, extra ...Grant) Limits {
-	l := e.p.For(ws)
+	l := e.p.Load().For(ws)
 	for _, g := range append(e.active(ws), extra...) {
 		l.MaxConcurrentRuns = raise(l.MaxConcurrentRuns, g.MaxConcurrentRuns)
 		if g.Model != model {

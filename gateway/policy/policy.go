@@ -4,13 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
+	"log/slog"
 	"path"
 	"slices"
 	"sort"
 	"strings"
 
 	"github.com/loops-dev/loops/gateway/auth"
+	"github.com/loops-dev/loops/internal/filewatch"
 	"github.com/loops-dev/loops/internal/money"
 	"sigs.k8s.io/yaml"
 )
@@ -165,17 +166,24 @@ type Policy struct {
 // limits of its own.
 func Default() *Policy { return &Policy{} }
 
-// Load reads and parses a policy file.
-func Load(file string) (*Policy, error) {
-	data, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("workspace policy: %w", err)
-	}
-	p, err := Parse(data)
-	if err != nil {
-		return nil, fmt.Errorf("workspace policy %s: %w", file, err)
-	}
-	return p, nil
+// MaxFileBytes bounds a policy file.
+const MaxFileBytes = 4 << 20
+
+// Watcher holds the workspace policy of a file, reloaded when the file changes
+// (filewatch: a changed policy that does not parse is logged and the one in force kept).
+type Watcher = filewatch.Watcher[Policy]
+
+// Watch reads and parses a policy file (an error names the file and the line or key) and
+// returns its Watcher; the core (core.Options.PolicyFile) runs it and puts each change in
+// force (Enforcer.SetPolicy).
+func Watch(file string, log *slog.Logger) (*Watcher, error) {
+	return filewatch.Load(file, filewatch.Options[Policy]{Flag: "workspace policy", What: "workspace policy", MaxBytes: MaxFileBytes,
+		Parse: func(data []byte) (*Policy, error) {
+			if len(data) > MaxFileBytes {
+				return nil, fmt.Errorf("the policy is %d bytes, more than the %d allowed", len(data), MaxFileBytes)
+			}
+			return Parse(data)
+		}}, log)
 }
 
 // Parse parses and validates a policy file's contents (YAML or JSON).

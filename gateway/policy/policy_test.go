@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -81,11 +82,12 @@ func TestParseErrors(t *testing.T) {
 		})
 	}
 
-	_, err := Load(filepath.Join(t.TempDir(), "missing.yaml"))
+	log := slog.New(slog.DiscardHandler)
+	_, err := Watch(filepath.Join(t.TempDir(), "missing.yaml"), log)
 	require.ErrorContains(t, err, "workspace policy")
 	f := filepath.Join(t.TempDir(), "p.yaml")
 	require.NoError(t, os.WriteFile(f, []byte("default:\n  max_lora_rank: -2\n"), 0o600))
-	_, err = Load(f)
+	_, err = Watch(f, log)
 	require.ErrorContains(t, err, f)
 	require.ErrorContains(t, err, "default.max_lora_rank is -2")
 }
@@ -99,6 +101,37 @@ func TestCheckModelsAgainstServed(t *testing.T) {
 	require.NoError(t, err)
 	_, err = NewEnforcer(nil, []string{"loops/tiny"})
 	require.NoError(t, err)
+}
+
+// TestSetPolicy: a policy put in force while the gateway runs (an operator reloaded it)
+// applies to the next check, a workspace's budget included; what was counted before stays
+// counted; one naming a model the gateway does not serve is refused and the one in force
+// kept; nil is the default policy.
+func TestSetPolicy(t *testing.T) {
+	before, err := Parse([]byte("workspaces:\n  w: {max_concurrent_runs: 1, budget_usd_total: \"0.075\"}\n"))
+	require.NoError(t, err)
+	e, err := NewEnforcer(before, []string{"loops/tiny"})
+	require.NoError(t, err)
+	require.NoError(t, e.StartRun("w", "r1", "loops/tiny", 4))
+	require.Equal(t, connect.CodeResourceExhausted, connect.CodeOf(e.StartRun("w", "r2", "loops/tiny", 4)))
+	require.Equal(t, "0.075", e.Limits("w").BudgetTotal.String())
+
+	after, err := Parse([]byte("workspaces:\n  w: {max_concurrent_runs: 2, budget_usd_total: \"1\"}\n"))
+	require.NoError(t, err)
+	require.NoError(t, e.SetPolicy(after))
+	require.Equal(t, "1", e.Limits("w").BudgetTotal.String(), "the budget raised")
+	require.Equal(t, 1, e.Use("w").LiveRuns, "the live run still counted")
+	require.NoError(t, e.StartRun("w", "r2", "loops/tiny", 4))
+	require.Equal(t, connect.CodeResourceExhausted, connect.CodeOf(e.StartRun("w", "r3", "loops/tiny", 4)))
+
+	bad, err := Parse([]byte("workspaces:\n  w: {models: [Qwen/*]}\n"))
+	require.NoError(t, err)
+	require.ErrorContains(t, e.SetPolicy(bad), "matches no model this server serves")
+	require.Equal(t, "1", e.Limits("w").BudgetTotal.String(), "the policy in force kept")
+
+	require.NoError(t, e.SetPolicy(nil))
+	require.Zero(t, e.Limits("w").BudgetTotal, "the default policy has no budget")
+	require.NoError(t, (*Enforcer)(nil).SetPolicy(after))
 }
 
 func codeReason(t *testing.T, err error) (connect.Code, string) {

@@ -56,6 +56,13 @@ const (
 // startGateway runs a gateway with cfg on a loopback port until the test ends.
 func startGateway(t *testing.T, cfg gateway.Config) string {
 	t.Helper()
+	_, url := startServer(t, cfg)
+	return url
+}
+
+// startServer is startGateway that also returns the server.
+func startServer(t *testing.T, cfg gateway.Config) (*gateway.Server, string) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv, err := gateway.New(t.Context(), ln, cfg)
@@ -66,7 +73,7 @@ func startGateway(t *testing.T, cfg gateway.Config) string {
 		defer cancel()
 		_ = srv.Close(ctx)
 	})
-	return "http://" + ln.Addr().String()
+	return srv, "http://" + ln.Addr().String()
 }
 
 // poolGateway runs a gateway whose torch backend runs a local pool of two Go worker
