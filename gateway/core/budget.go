@@ -54,7 +54,10 @@ type spendID struct{ ws, key string }
 
 // wsSpend is a workspace's or an API key's spend.
 type wsSpend struct {
+	// loaded: its stored costs are in and work is checked against it; until then ready is
+	// open while one loadSpend call loads it, and closed when that call is done.
 	loaded bool
+	ready  chan struct{}
 	// month is the UTC month monthSpent is for.
 	month                            time.Time
 	monthSpent, totalSpent, reserved money.USD
@@ -82,8 +85,8 @@ func (e *wsSpend) rollLocked(now time.Time) {
 	}
 }
 
-// spend adds a metered cost to a loaded workspace's spend, and to its API key's (key, ""
-// for none) when the key's is loaded, and takes settled (the part of the cost its
+// spend adds a metered cost to a workspace's spend, and to its API key's (key, "" for
+// none), each when it is loaded or loading (loadSpend), and takes settled (the part of the cost its
 // operation had reserved) off their reservations (the key's only when keySettled: the
 // operation reserved against the key's budgets), at once, so the cost is never counted
 // twice. The caller holds the usage meter's mu, so loading (budgetReady) sees every cost
@@ -93,19 +96,23 @@ func (e *wsSpend) rollLocked(now time.Time) {
 func (b *budgetBook) spend(ws, key string, keySettled bool, l policy.Limits, cost, settled money.USD, now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if e := b.ws[spendID{ws: ws}]; e != nil && e.loaded {
+	if e := b.ws[spendID{ws: ws}]; e != nil {
 		e.add(cost, settled, now)
-		b.alertLocked(spendID{ws: ws}, e, l.BudgetMonth, l.BudgetTotal, "", now)
+		if e.loaded { // a spend loading is alerted when loaded (loadAlertsLocked)
+			b.alertLocked(spendID{ws: ws}, e, l.BudgetMonth, l.BudgetTotal, "", now)
+		}
 	}
 	if key == "" {
 		return
 	}
-	if e := b.ws[spendID{ws, key}]; e != nil && e.loaded {
+	if e := b.ws[spendID{ws, key}]; e != nil {
 		if !keySettled {
 			settled = 0
 		}
 		e.add(cost, settled, now)
-		b.alertLocked(spendID{ws, key}, e, e.keyLimits[0], e.keyLimits[1], "", now)
+		if e.loaded {
+			b.alertLocked(spendID{ws, key}, e, e.keyLimits[0], e.keyLimits[1], "", now)
+		}
 	}
 }
 
@@ -223,30 +230,71 @@ func (c *Core) budgetReady(ctx context.Context, ws string) error {
 // its budgets (month, total): the alert thresholds its spend passes that were never
 // recorded (the gateway stopped between crossing and recording them) are alerted now
 // (budgetalert.go).
+//
+// One call loads a spend; others that need it meanwhile wait for it (or their ctx), and no
+// work is checked against a spend before its stored costs are in (reserveLocked refuses a
+// spend not loaded). The store is read with no lock held: the loader takes the pending
+// counters of the spend, then reads what the store holds, and the two are disjoint when no
+// flush moved counters from one to the other meanwhile (usageMeter.flushing, flushes);
+// when one did, it loads again. Costs metered after the pending snapshot go to the spend as
+// they are metered (spend, spendPool count a spend that is loading). After
+// loadSpendAttempts such tries it reads the store with flushes held off (flushMu), which a
+// tenant calling GetUsage in a loop could otherwise cause without end.
 func (c *Core) loadSpend(ctx context.Context, id spendID, limits [2]money.USD) error {
-	ws := id.ws
-	b := c.budgets
-	b.mu.Lock()
-	loaded := b.ws[id] != nil && b.ws[id].loaded
-	b.mu.Unlock()
-	if loaded {
-		return nil
+	for attempt := 1; ; attempt++ {
+		done, err := c.loadSpendOnce(ctx, id, limits, attempt >= loadSpendAttempts)
+		if done || err != nil {
+			return err
+		}
 	}
-	u := c.usage
-	// No flush runs while the store is read, so what it holds and what is pending are
-	// disjoint; costs metered after the pending snapshot go to the book (spend).
-	u.flushMu.Lock()
-	defer u.flushMu.Unlock()
+}
+
+// loadSpendAttempts is how many times loadSpend reads the store with flushes running before
+// it holds them off.
+const loadSpendAttempts = 3
+
+// loadSpendOnce is one try of loadSpend: done when the spend is loaded (by it or by
+// another call), false to try again (a flush moved counters while the store was read, or
+// another call's load failed or moved).
+func (c *Core) loadSpendOnce(ctx context.Context, id spendID, limits [2]money.USD, holdFlushes bool) (bool, error) {
+	ws := id.ws
+	b, u := c.budgets, c.usage
+	b.mu.Lock()
+	if e := b.ws[id]; e != nil {
+		loaded, ready := e.loaded, e.ready
+		b.mu.Unlock()
+		if loaded {
+			return true, nil
+		}
+		select { // another call loads it
+		case <-ready:
+			return false, nil
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
+	b.mu.Unlock()
+	if holdFlushes {
+		u.flushMu.Lock()
+		defer u.flushMu.Unlock()
+	}
 	now := c.now()
 	month := monthOf(now)
 	u.mu.Lock()
+	if u.flushing { // wait for it to end (no lock of ours held), then snapshot
+		u.mu.Unlock()
+		u.flushMu.Lock()
+		u.flushMu.Unlock() //nolint:staticcheck // an empty critical section: waiting for the flush
+		return false, nil
+	}
+	flushes := u.flushes
 	b.mu.Lock()
-	if e := b.ws[id]; e != nil && e.loaded {
+	if b.ws[id] != nil { // another call started meanwhile
 		b.mu.Unlock()
 		u.mu.Unlock()
-		return nil
+		return false, nil
 	}
-	e := &wsSpend{loaded: true, month: month, keyLimits: limits}
+	e := &wsSpend{month: month, keyLimits: limits, ready: make(chan struct{})}
 	var err error
 	for k, a := range u.pending {
 		if k.ws != ws || (id.key != "" && k.key != id.key) || err != nil {
@@ -259,6 +307,7 @@ func (c *Core) loadSpend(ctx context.Context, id spendID, limits [2]money.USD) e
 	b.ws[id] = e
 	b.mu.Unlock()
 	u.mu.Unlock()
+
 	var recorded []store.BudgetAlert
 	cost := func(from time.Time) (int64, error) {
 		if id.key != "" {
@@ -276,21 +325,25 @@ func (c *Core) loadSpend(ctx context.Context, id spendID, limits [2]money.USD) e
 	if err == nil {
 		recorded, err = c.store.ListBudgetAlerts(ctx, ws, id.key, month.Format(periodLayout))
 	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if err == nil {
+	moved := u.flushing || u.flushes != flushes
+	if err == nil && !moved {
 		if e.totalSpent, err = money.Add(e.totalSpent, money.USD(total0)); err == nil && e.month.Equal(month) {
 			e.monthSpent, err = money.Add(e.monthSpent, money.USD(month0))
 		}
 	}
-	if err == nil {
-		b.loadAlertsLocked(id, e, limits, recorded, now)
+	if err != nil || moved {
+		delete(b.ws, id) // loaded again, by this call (moved) or the next
+		close(e.ready)
+		return false, err
 	}
-	if err != nil {
-		delete(b.ws, id) // loaded again next time
-		return err
-	}
-	return nil
+	e.loaded = true
+	close(e.ready)
+	b.loadAlertsLocked(id, e, limits, recorded, now)
+	return true, nil
 }
 
 // reserveBudget admits the work of ctx in ws with an estimated cost against the

@@ -83,7 +83,11 @@
 // leaves: nothing is taken under them and no I/O runs under them. One checkpoint's own lock
 // (ckfiles.Files.Lock) is held across the store calls of its record's read-check-write, by
 // design, and is taken with none of the listed locks held; nothing of the core is taken
-// under it.
+// under it. The usage meter's mu is taken before the budget book's (budget.go: a cost is
+// metered and added to its spend in one step), and its flushMu serializes flushes, whose
+// store writes run under it: it is taken with none of the listed locks held, and a
+// workspace's spend is read from the store without it (loadSpend), so only flushes (the
+// janitor's, GetUsage's, Close's) wait for one another.
 //
 // What must survive a restart (sessions, runs, checkpoints, operation outcomes) is in the
 // store; queues and adapters live in memory. At start-up, operations left unfinished by a

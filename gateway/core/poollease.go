@@ -289,7 +289,7 @@ func (b *budgetBook) spendPool(ws, key, run string, l policy.Limits, cost money.
 	ls := b.leases[run]
 	for side, id := range []spendID{{ws: ws}, {ws, key}} {
 		e := b.ws[id]
-		if (side == 1 && key == "") || e == nil || !e.loaded {
+		if (side == 1 && key == "") || e == nil { // loaded or loading (loadSpend)
 			continue
 		}
 		var settled money.USD
@@ -298,6 +298,9 @@ func (b *budgetBook) spendPool(ws, key, run string, l policy.Limits, cost money.
 			ls.held[side] -= settled
 		}
 		e.add(cost, settled, now)
+		if !e.loaded {
+			continue // alerted when loaded (loadAlertsLocked)
+		}
 		limits := [2]money.USD{l.BudgetMonth, l.BudgetTotal}
 		if side == 1 {
 			limits = e.keyLimits

@@ -39,6 +39,11 @@ type usageMeter struct {
 	// flushMu serializes flushes, so a flush that returns has written everything recorded
 	// before it started (GetUsage reads its own writes).
 	flushMu sync.Mutex
+	// flushing is set (under mu) while a flush moves counters from pending to the store,
+	// and flushes counts the flushes that did (under mu): a reader of the store that saw
+	// neither change while it read knows the store and pending were disjoint (loadSpend).
+	flushing bool
+	flushes  uint64
 }
 
 // usageAmount is a pending counter: the amount, the part of it priced, and that part's
@@ -141,7 +146,14 @@ func (c *Core) flushUsage(ctx context.Context) {
 		return
 	}
 	u.pending = map[usageKey]usageAmount{}
+	u.flushing = true
 	u.mu.Unlock()
+	defer func() {
+		u.mu.Lock()
+		u.flushing = false
+		u.flushes++
+		u.mu.Unlock()
+	}()
 
 	var failed int
 	for k, a := range batch {

@@ -159,7 +159,8 @@ class Estimated:
         self.estimate, self.low, self.high = float(m.group(1)), float(m.group(2)), float(m.group(3))
         self.output = out
         start = workspace_cost(loops_bin, url)
-        m = re.search(r"^pilot\s+PASS\s+ran its first \d+ RL steps for real: its sessions? (?:was|were) metered \$([0-9.]+)$", out, re.M)
+        m = re.search(r"^pilot\s+PASS\s+ran its first \d+ RL steps for real: its sessions? (?:was|were) metered \$([0-9.]+); "
+                      r"the run continues from them \(not run twice\): loops cookbook run \S+ --resume \S+$", out, re.M)
         assert m, out
         self.pilot_cost = float(m.group(1))
         assert other > 0 and Decimal(m.group(1)) == Decimal(str(start)) - Decimal(str(before)) - other, (
