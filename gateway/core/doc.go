@@ -86,7 +86,8 @@
 // under it. The usage meter's mu is taken before the budget book's (budget.go: a cost is
 // metered and added to its spend in one step), and its flushMu serializes flushes, whose
 // store writes run under it: it is taken with none of the listed locks held, and a
-// workspace's spend is read from the store without it (loadSpend), so only flushes (the
+// workspace's spend is read from the store without it (loadSpend; with it only after three
+// reads a flush disturbed), so otherwise only flushes (the
 // janitor's, GetUsage's, Close's) wait for one another.
 //
 // What must survive a restart (sessions, runs, checkpoints, operation outcomes) is in the
