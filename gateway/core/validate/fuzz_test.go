@@ -51,7 +51,8 @@ func FuzzForwardBackward(f *testing.F) {
 }
 
 // FuzzSample: any sampling request is accepted or refused with InvalidArgument, never a
-// panic; accepted parameters fit the model's sequence length and have top_p in (0, 1].
+// panic; accepted parameters fit the model's sequence length and have top_p in (0, 1] (an
+// embedding's are empty: it samples nothing).
 func FuzzSample(f *testing.F) {
 	for _, req := range []*loopsv1.SampleRequest{
 		{Prompt: ints(4)},
@@ -72,6 +73,12 @@ func FuzzSample(f *testing.F) {
 		if err != nil {
 			if connect.CodeOf(err) != connect.CodeInvalidArgument {
 				t.Fatalf("refused with %v, not InvalidArgument", err)
+			}
+			return
+		}
+		if req.GetEmbed() { // an embedding samples nothing: no parameters
+			if !proto.Equal(p, &loopsv1.SamplingParams{}) {
+				t.Fatalf("accepted an embedding with sampling parameters %v", p)
 			}
 			return
 		}
