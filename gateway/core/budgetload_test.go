@@ -3,9 +3,6 @@ package core
 import (
 	"context"
 	"errors"
-	"log/slog"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -14,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/loops-dev/loops/gateway/policy"
-	"github.com/loops-dev/loops/gateway/prices"
 	"github.com/loops-dev/loops/gateway/store"
 	"github.com/loops-dev/loops/internal/money"
 )
@@ -44,18 +40,11 @@ func (s *slowCostStore) UsageCost(ctx context.Context, ws string, from, to time.
 // once. The workspace spent 0.90 USD of its 1 USD before the gateway started and has 0.05
 // not yet written: work estimated at 0.10 is refused (1.05 > 1), not admitted against 0.05.
 func TestSpendLoadHoldsNoLockAndAdmitsNothingEarly(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "prices.yaml")
-	require.NoError(t, os.WriteFile(file, []byte("models:\n  \"*\": {train: \"1\"}\n"), 0o600))
-	sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
+	sheet := testPrices(t, "models:\n  \"*\": {train: \"1\"}\n")
 	pol, err := policy.Parse([]byte("workspaces:\n  ws-a: {budget_usd_total: \"1\"}\n"))
 	require.NoError(t, err)
 	h := newHarness(t, t.TempDir(), Options{Prices: sheet, Policy: pol, SweepInterval: time.Hour})
-	usd := func(s string) money.USD {
-		v, err := money.ParseUSD(s, money.Digits)
-		require.NoError(t, err)
-		return v
-	}
+	usd := func(s string) money.USD { return testUSD(t, s) }
 	now := h.core.now().UTC().Truncate(usageBucket)
 	require.NoError(t, h.core.store.AddUsage(h.ctx, "ws-a", store.UsageRecord{BucketStart: now.Add(-24 * time.Hour),
 		BaseModel: "fake/model", Kind: store.UsageTraining, Amount: 900000, PricedAmount: 900000, Cost: int64(usd("0.9"))}))

@@ -3,9 +3,6 @@ package core
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -16,66 +13,13 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
-	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/auth"
 	"github.com/loops-dev/loops/gateway/policy"
-	"github.com/loops-dev/loops/gateway/prices"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
 	"github.com/loops-dev/loops/internal/money"
 )
-
-// clockPoolSet is dedicated pools of one 1-GPU H100 replica each ("p-1", "p-2", … in the
-// order they are acquired) that run on the test's clock from their acquisition until they
-// are scaled to zero; ScaleIdleToZero answers false refuse times first, as a backend does
-// while a replica is starting.
-type clockPoolSet struct {
-	mu          sync.Mutex
-	now         func() time.Time
-	start, stop map[string]time.Time
-	refuse      int
-	calls       []string
-}
-
-func (p *clockPoolSet) AcquirePool(context.Context, backends.PoolRequest) (backends.PoolGrant, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	pool := fmt.Sprintf("p-%d", len(p.start)+1)
-	p.start[pool] = p.now()
-	return backends.PoolGrant{Pool: pool, GPUsPerReplica: 1, GPUKind: "H100"}, nil
-}
-
-func (p *clockPoolSet) ReleasePool(_ context.Context, pool string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.calls = append(p.calls, "released "+pool)
-}
-
-func (p *clockPoolSet) ReplicaSeconds(pool string) float64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	end, ok := p.stop[pool]
-	if !ok {
-		end = p.now()
-	}
-	return end.Sub(p.start[pool]).Seconds()
-}
-
-func (p *clockPoolSet) ScaleIdleToZero(_ context.Context, pool string, idle time.Duration, reason string) (bool, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.calls = append(p.calls, fmt.Sprintf("%s after %s: %s", pool, idle, reason))
-	if _, ok := p.stop[pool]; ok {
-		return false, nil
-	}
-	if p.refuse > 0 {
-		p.refuse--
-		return false, nil
-	}
-	p.stop[pool] = p.now()
-	return true, nil
-}
 
 // TestDedicatedPoolHeldToItsKeyBudget: two API keys of one workspace that has no budget of
 // its own each create a dedicated run (1 H100 at gpu_hour 3.6: 0.001 USD a GPU-second),
@@ -93,15 +37,8 @@ func (p *clockPoolSet) ScaleIdleToZero(_ context.Context, pool string, idle time
 // workspace budget of 10 USD as well, both pools' leases are also held against the
 // workspace's, and key A's budget stops run A's pool the same way.
 func TestDedicatedPoolHeldToItsKeyBudget(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "prices.yaml")
-	require.NoError(t, os.WriteFile(file, []byte("gpu_hour: {H100: \"3.6\"}\n"), 0o600))
-	sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
-	usd := func(s string) money.USD {
-		v, err := money.ParseUSD(s, money.Digits)
-		require.NoError(t, err)
-		return v
-	}
+	sheet := testPrices(t, "gpu_hour: {H100: \"3.6\"}\n")
+	usd := func(s string) money.USD { return testUSD(t, s) }
 	for _, tc := range []struct {
 		refuse    int
 		wsBudget  bool
@@ -126,7 +63,7 @@ func TestDedicatedPoolHeldToItsKeyBudget(t *testing.T) {
 			t0 := now
 			clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 			h := newHarness(t, t.TempDir(), Options{Prices: sheet, Policy: pol, Now: clock, SweepInterval: 15 * time.Second})
-			pools := &clockPoolSet{now: clock, start: map[string]time.Time{}, stop: map[string]time.Time{}, refuse: tc.refuse}
+			pools := newClockPools(clock, tc.refuse)
 			h.core.dedicatedPools = pools
 
 			keyA := &loopsv1.ApiKey{Id: "key-aaaaaaaaaaaaaaaa", Workspace: "ws-a", Role: loopsv1.KeyRole_KEY_ROLE_MEMBER, BudgetUsdTotal: "0.3"}

@@ -3,9 +3,6 @@ package core
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -15,60 +12,67 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/policy"
-	"github.com/loops-dev/loops/gateway/prices"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
 	"github.com/loops-dev/loops/internal/money"
 )
 
-// clockPools is one dedicated pool of one replica that runs on the test's clock from start
-// until it is scaled to zero; ScaleIdleToZero answers false refuse times first, as a
-// backend does while a replica is starting.
-type clockPools struct {
+// clockPoolSet is dedicated pools of one 1-GPU H100 replica each ("p-1", "p-2", … in the
+// order they are acquired) that run on the test's clock from their acquisition until they
+// are scaled to zero; ScaleIdleToZero answers false refuse times first, as a backend does
+// while a replica is starting.
+type clockPoolSet struct {
 	mu          sync.Mutex
 	now         func() time.Time
-	start, stop time.Time
+	start, stop map[string]time.Time
 	refuse      int
 	calls       []string
 }
 
-func (p *clockPools) AcquirePool(context.Context, backends.PoolRequest) (backends.PoolGrant, error) {
+func (p *clockPoolSet) AcquirePool(context.Context, backends.PoolRequest) (backends.PoolGrant, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.start = p.now()
-	return backends.PoolGrant{Pool: "p-1", GPUsPerReplica: 1, GPUKind: "H100"}, nil
+	pool := fmt.Sprintf("p-%d", len(p.start)+1)
+	p.start[pool] = p.now()
+	return backends.PoolGrant{Pool: pool, GPUsPerReplica: 1, GPUKind: "H100"}, nil
 }
 
-func (p *clockPools) ReleasePool(_ context.Context, pool string) {
+func (p *clockPoolSet) ReleasePool(_ context.Context, pool string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.calls = append(p.calls, "released "+pool)
 }
 
-func (p *clockPools) ReplicaSeconds(string) float64 {
+func (p *clockPoolSet) ReplicaSeconds(pool string) float64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	end := p.now()
-	if !p.stop.IsZero() {
-		end = p.stop
+	end, ok := p.stop[pool]
+	if !ok {
+		end = p.now()
 	}
-	return end.Sub(p.start).Seconds()
+	return end.Sub(p.start[pool]).Seconds()
 }
 
-func (p *clockPools) ScaleIdleToZero(_ context.Context, pool string, idle time.Duration, reason string) (bool, error) {
+func (p *clockPoolSet) ScaleIdleToZero(_ context.Context, pool string, idle time.Duration, reason string) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.calls = append(p.calls, fmt.Sprintf("%s after %s: %s", pool, idle, reason))
-	if !p.stop.IsZero() {
+	if _, ok := p.stop[pool]; ok {
 		return false, nil
 	}
 	if p.refuse > 0 {
 		p.refuse--
 		return false, nil
 	}
-	p.stop = p.now()
+	p.stop[pool] = p.now()
 	return true, nil
+}
+
+// newClockPools is a clockPoolSet on the clock now whose ScaleIdleToZero refuses refuse
+// times first.
+func newClockPools(now func() time.Time, refuse int) *clockPoolSet {
+	return &clockPoolSet{now: now, start: map[string]time.Time{}, stop: map[string]time.Time{}, refuse: refuse}
 }
 
 // TestDedicatedPoolHeldToItsBudget: a dedicated pool of 1 H100 at gpu_hour 3.6 (0.001 USD a
@@ -86,17 +90,10 @@ func (p *clockPools) ScaleIdleToZero(_ context.Context, pool string, idle time.D
 // with, and new work (a forward_backward, a sample of its checkpoint, which its pool
 // samples) with the final ResourceExhausted error naming the budget.
 func TestDedicatedPoolHeldToItsBudget(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "prices.yaml")
-	require.NoError(t, os.WriteFile(file, []byte("gpu_hour: {H100: \"3.6\"}\n"), 0o600))
-	sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
+	sheet := testPrices(t, "gpu_hour: {H100: \"3.6\"}\n")
 	pol, err := policy.Parse([]byte("workspaces:\n  ws-a: {budget_usd_total: \"0.5\"}\n"))
 	require.NoError(t, err)
-	usd := func(s string) money.USD {
-		v, err := money.ParseUSD(s, money.Digits)
-		require.NoError(t, err)
-		return v
-	}
+	usd := func(s string) money.USD { return testUSD(t, s) }
 	for _, tc := range []struct {
 		refuse     int
 		spent      string
@@ -114,7 +111,8 @@ func TestDedicatedPoolHeldToItsBudget(t *testing.T) {
 			t0 := now
 			clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 			h := newHarness(t, t.TempDir(), Options{Prices: sheet, Policy: pol, Now: clock, SweepInterval: 15 * time.Second})
-			pools := &clockPools{now: clock, start: t0, refuse: tc.refuse}
+			pools := newClockPools(clock, tc.refuse)
+			pools.start["p-1"] = t0 // bound below, as acquirePool binds it
 			h.core.dedicatedPools = pools
 			run := h.newRun()
 			r := h.core.runs.peek(run)
@@ -217,16 +215,13 @@ func TestDedicatedPoolHeldToItsBudget(t *testing.T) {
 // released at once and the creation fails with the final budget error; no lease is left
 // reserved.
 func TestDedicatedRunRefusedAtItsBudget(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "prices.yaml")
-	require.NoError(t, os.WriteFile(file, []byte("gpu_hour: {H100: \"3.6\"}\n"), 0o600))
-	sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
+	sheet := testPrices(t, "gpu_hour: {H100: \"3.6\"}\n")
 	pol, err := policy.Parse([]byte("workspaces:\n  ws-a: {budget_usd_total: \"0.05\"}\n"))
 	require.NoError(t, err)
 	now := time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }
 	h := newHarness(t, t.TempDir(), Options{Prices: sheet, Policy: pol, Now: clock, SweepInterval: 15 * time.Second})
-	pools := &clockPools{now: clock}
+	pools := newClockPools(clock, 0)
 	h.core.dedicatedPools = pools
 	op, err := h.svc.Training.CreateTrainingRun(h.ctx, &loopsv1.CreateTrainingRunRequest{
 		BaseModel: "fake/model", Lora: &loopsv1.LoraConfig{Rank: 4, TrainAttn: true}, Dedicated: &loopsv1.DedicatedPool{Replicas: 1},

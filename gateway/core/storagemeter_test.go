@@ -3,9 +3,6 @@ package core
 import (
 	"context"
 	"errors"
-	"log/slog"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -15,7 +12,6 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/policy"
-	"github.com/loops-dev/loops/gateway/prices"
 	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/money"
@@ -33,10 +29,7 @@ import (
 //	12:00 sess-1  2e9 × 10 s   = 2e10     → 235920.85 p$ (metered at close)
 //	12:00 sess-2  1e9 × 10 s   = 1e10     → 117960.43 p$
 func TestCheckpointStorageMetered(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "prices.yaml")
-	require.NoError(t, os.WriteFile(file, []byte("storage_gb_month: \"0.031\"\n"), 0o600))
-	sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
+	sheet := testPrices(t, "storage_gb_month: \"0.031\"\n")
 	var (
 		mu  sync.Mutex
 		now = time.Date(2026, 12, 6, 10, 59, 0, 0, time.UTC)
@@ -96,10 +89,7 @@ func TestCheckpointStorageMetered(t *testing.T) {
 //
 // The usage API groups them by run (training_run_id), and the two add up to the session's.
 func TestCheckpointStoragePerRun(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "prices.yaml")
-	require.NoError(t, os.WriteFile(file, []byte("storage_gb_month: \"0.031\"\n"), 0o600))
-	sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
+	sheet := testPrices(t, "storage_gb_month: \"0.031\"\n")
 	var (
 		mu  sync.Mutex
 		now = time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
@@ -174,10 +164,7 @@ func (f fakePools) ReplicaSeconds(pool string) float64  { return f.seconds[pool]
 // (not listed) at "*" 2.50 → 2.5 USD. Pool time is metered per run, so each run has its
 // rows (of one session and model); replica-seconds have no price.
 func TestDedicatedGPUTimePricedByKind(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "prices.yaml")
-	require.NoError(t, os.WriteFile(file, []byte("gpu_hour: {\"*\": \"2.50\", H100: 3}\n"), 0o600))
-	sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
+	sheet := testPrices(t, "gpu_hour: {\"*\": \"2.50\", H100: 3}\n")
 	h := newHarness(t, t.TempDir(), Options{Prices: sheet, SweepInterval: time.Hour})
 	h.core.dedicatedPools = fakePools{seconds: map[string]float64{"p-h100": 1800, "p-a10": 1800}}
 	want := map[string]string{}
@@ -233,10 +220,7 @@ func (z *zeroingPools) ScaleIdleToZero(_ context.Context, pool string, idle time
 // once it has idled a minute, with a reason naming the budget, and audits it once
 // (pool_scale_to_zero); a pool already at zero is not audited again.
 func TestPoolsScaledToZeroAtTheCap(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "prices.yaml")
-	require.NoError(t, os.WriteFile(file, []byte("models:\n  \"*\": {train: \"1\"}\n"), 0o600))
-	sheet, err := prices.Load(file, slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
+	sheet := testPrices(t, "models:\n  \"*\": {train: \"1\"}\n")
 	pol, err := policy.Parse([]byte("workspaces:\n  ws-a: {budget_usd_total: \"0.00001\"}\n"))
 	require.NoError(t, err)
 	h := newHarness(t, t.TempDir(), Options{Prices: sheet, Policy: pol, SweepInterval: time.Hour})
@@ -246,8 +230,7 @@ func TestPoolsScaledToZeroAtTheCap(t *testing.T) {
 	r.SetPool("p-1", 1, 1, "H100")
 	require.NoError(t, h.core.budgetReady(h.ctx, "ws-a"))
 	spend := func(usd string) {
-		v, err := money.ParseUSD(usd, money.Digits)
-		require.NoError(t, err)
+		v := testUSD(t, usd)
 		b := h.core.budgets
 		b.mu.Lock()
 		b.ws[spendID{ws: "ws-a"}].totalSpent = v
