@@ -25,7 +25,6 @@ import (
 	"github.com/loops-dev/loops/gateway/store"
 	backendv1 "github.com/loops-dev/loops/gen/go/loops/backend/v1"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
-	"github.com/loops-dev/loops/internal/filewatch"
 	"github.com/loops-dev/loops/internal/lifecycle"
 	"github.com/loops-dev/loops/internal/lockorder"
 	"github.com/loops-dev/loops/internal/replicaplan"
@@ -448,27 +447,16 @@ func (c *Core) close() {
 func (c *Core) now() time.Time { return c.opts.Now() }
 
 // followPolicy polls the workspace policy's file until ctx ends and puts each change in
-// force: new admissions, limits and budgets follow it at once. A policy naming a model this
-// gateway does not serve is logged and the one in force kept.
-func (c *Core) followPolicy(ctx context.Context) {
-	t := time.NewTicker(filewatch.PollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			c.reloadPolicy()
-		}
-	}
-}
+// force (putPolicy): new admissions, limits and budgets follow it at once.
+func (c *Core) followPolicy(ctx context.Context) { c.opts.PolicyFile.Follow(ctx, c.putPolicy) }
 
 // reloadPolicy puts the policy file's change, if any, in force (followPolicy's round).
-func (c *Core) reloadPolicy() {
-	if !c.opts.PolicyFile.Poll() {
-		return
-	}
-	if err := c.policy.SetPolicy(c.opts.PolicyFile.Current()); err != nil {
+func (c *Core) reloadPolicy() { c.opts.PolicyFile.Reload(c.putPolicy) }
+
+// putPolicy puts a changed policy in force; one naming a model this gateway does not serve
+// is logged and the one in force kept.
+func (c *Core) putPolicy(p *policy.Policy) {
+	if err := c.policy.SetPolicy(p); err != nil {
 		c.log.Error("workspace policy: the changed file is refused; the policy in force is kept", slog.Any("err", err))
 	}
 }

@@ -67,7 +67,11 @@ func (w *Watcher[T]) Current() *T {
 }
 
 // Run polls the file every PollInterval until ctx ends.
-func (w *Watcher[T]) Run(ctx context.Context) {
+func (w *Watcher[T]) Run(ctx context.Context) { w.Follow(ctx, nil) }
+
+// Follow polls the file every PollInterval until ctx ends, and calls changed (when not nil)
+// with each new value put in force (Reload).
+func (w *Watcher[T]) Follow(ctx context.Context, changed func(*T)) {
 	t := time.NewTicker(PollInterval)
 	defer t.Stop()
 	for {
@@ -75,8 +79,16 @@ func (w *Watcher[T]) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			w.Poll()
+			w.Reload(changed)
 		}
+	}
+}
+
+// Reload polls the file once (Poll) and, when a new value is in force, calls changed (when
+// not nil) with it.
+func (w *Watcher[T]) Reload(changed func(*T)) {
+	if w.Poll() && changed != nil {
+		changed(w.Current())
 	}
 }
 
