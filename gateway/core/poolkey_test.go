@@ -154,14 +154,7 @@ func TestDedicatedPoolHeldToItsKeyBudget(t *testing.T) {
 			require.Equal(t, "p-1 after 0s: "+first, calls[0], "the first stop (at 255 s) names the key's budget")
 			why := connectMessage(h.core.poolRefusal(runA)) // as of the sweep that stopped it
 			require.Equal(t, "p-1 after 0s: "+why, calls[tc.refuse])
-			events, err := h.core.store.ListAuditEvents(h.ctx, "ws-a", store.AuditQuery{})
-			require.NoError(t, err)
-			var audited []string
-			for _, e := range events {
-				if e.Event == "pool_scale_to_zero" {
-					audited = append(audited, e.Target+": "+e.Action)
-				}
-			}
+			audited := h.poolStopsAudited()
 			require.Equal(t, []string{"p-1: " + why}, audited)
 
 			// Key A's new work on its run is refused at admission with the final error

@@ -12,7 +12,6 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/policy"
-	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/errs"
 	"github.com/loops-dev/loops/internal/money"
@@ -181,14 +180,7 @@ func TestDedicatedPoolHeldToItsBudget(t *testing.T) {
 			require.Equal(t, `p-1 after 0s: workspace "ws-a" has spent 0.45 USD in all (and has 0.045 USD of work running) of its budget of 0.5 USD (budget_usd_total in its policy); holding the next 1m0s of training run `+run+`'s dedicated pool p-1 (0.06 USD at its full shape; 0.015 USD more than its lease holds) would pass it, so the pool is stopped (scaled to zero) and the run's work is refused until the budget is raised: ask an operator to raise budget_usd_total in the workspace policy (loops serve --workspace-policy)`, calls[0])
 			why := connectMessage(h.core.poolRefusal(run)) // as of the sweep that stopped it
 			require.Equal(t, "p-1 after 0s: "+why, calls[tc.refuse])
-			events, err := h.core.store.ListAuditEvents(h.ctx, "ws-a", store.AuditQuery{})
-			require.NoError(t, err)
-			var audited []string
-			for _, e := range events {
-				if e.Event == "pool_scale_to_zero" {
-					audited = append(audited, e.Target+": "+e.Action)
-				}
-			}
+			audited := h.poolStopsAudited()
 			require.Equal(t, []string{"p-1: " + why}, audited)
 
 			close(h.fake.gate)

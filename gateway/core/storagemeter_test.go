@@ -12,7 +12,6 @@ import (
 
 	"github.com/loops-dev/loops/backends"
 	"github.com/loops-dev/loops/gateway/policy"
-	"github.com/loops-dev/loops/gateway/store"
 	loopsv1 "github.com/loops-dev/loops/gen/go/loops/v1"
 	"github.com/loops-dev/loops/internal/money"
 )
@@ -244,13 +243,6 @@ func TestPoolsScaledToZeroAtTheCap(t *testing.T) {
 	h.core.zeroPoolsAtCap(h.ctx)
 	why := "workspace ws-a reached its budget_usd_total (0.00001 of 0.00001 USD spent): its idle dedicated pools are scaled to zero until an operator raises it"
 	require.Equal(t, []string{"p-1 after 1m0s: " + why, "p-1 after 1m0s: " + why}, z.calls)
-	events, err := h.core.store.ListAuditEvents(h.ctx, "ws-a", store.AuditQuery{})
-	require.NoError(t, err)
-	var got []string
-	for _, e := range events {
-		if e.Event == "pool_scale_to_zero" {
-			got = append(got, e.Target+": "+e.Action)
-		}
-	}
+	got := h.poolStopsAudited()
 	require.Equal(t, []string{"p-1: " + why}, got, "audited once")
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/loops-dev/loops/gateway/prices"
+	"github.com/loops-dev/loops/gateway/store"
 	"github.com/loops-dev/loops/internal/money"
 )
 
@@ -20,6 +21,20 @@ func testPrices(t *testing.T, sheet string) *prices.Watcher {
 	w, err := prices.Load(file, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	return w
+}
+
+// poolStopsAudited is ws-a's pool_scale_to_zero audit events, as "pool: action".
+func (h *harness) poolStopsAudited() []string {
+	h.t.Helper()
+	events, err := h.core.store.ListAuditEvents(h.ctx, "ws-a", store.AuditQuery{})
+	require.NoError(h.t, err)
+	var out []string
+	for _, e := range events {
+		if e.Event == "pool_scale_to_zero" {
+			out = append(out, e.Target+": "+e.Action)
+		}
+	}
+	return out
 }
 
 // testUSD is the amount s ("0.45") in USD.
