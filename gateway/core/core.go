@@ -491,11 +491,17 @@ func (c *Core) sweep(ctx context.Context) {
 	}
 	c.archives.sweep(now)
 	c.traceLinks.sweep(now)
+	c.sweepPools(ctx)
+	c.meterStorage(ctx, false)
+	c.flushUsage(ctx)
+}
+
+// sweepPools is the janitor's round of dedicated pools: meter their time, top up (or stop
+// at a budget) their leases, and scale to zero the idle pools of workspaces at a cap.
+func (c *Core) sweepPools(ctx context.Context) {
 	c.meterPools()
 	c.renewLeases(ctx)
 	c.zeroPoolsAtCap(ctx)
-	c.meterStorage(ctx, false)
-	c.flushUsage(ctx)
 }
 
 // Services returns the loops.v1 service implementations.

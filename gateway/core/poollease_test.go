@@ -142,9 +142,7 @@ func TestDedicatedPoolHeldToItsBudget(t *testing.T) {
 				mu.Lock()
 				now = now.Add(15 * time.Second)
 				mu.Unlock()
-				h.core.meterPools()
-				h.core.renewLeases(h.ctx)
-				h.core.zeroPoolsAtCap(h.ctx)
+				h.core.sweepPools(h.ctx)
 			}
 			for range 29 {
 				sweep()
