@@ -29,7 +29,7 @@ type Services struct {
 
 // Options tune the engine. The zero value gives the defaults noted per field.
 type Options struct {
-	// MaxSamplers bounds the samplers remembered, one per (workspace, model): past it the
+	// MaxSamplers bounds the samplers remembered, one per (workspace, session (SessionHeader), model): past it the
 	// least recently used is forgotten (its next request creates a new sampler). Default
 	// semantics.MaxSamplersInMemory, the core's bound too.
 	MaxSamplers int
